@@ -1,0 +1,72 @@
+"""``ScoreResult``: everything one scorer run produced. It travels through the queue as JSON."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["STEP_NAMES", "JudgeAttempt", "JudgeExecution", "JudgeUsage", "ScoreResult", "StepName"]
+
+StepName = Literal["preprocess", "analyze", "generate_score", "generate_reason"]
+STEP_NAMES: tuple[StepName, ...] = ("preprocess", "analyze", "generate_score", "generate_reason")
+
+
+class JudgeUsage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class JudgeAttempt(BaseModel):
+    """One call to the judge model (the first try or a retry)."""
+
+    status: Literal["ok", "error"]
+    duration_ms: float
+    usage: JudgeUsage | None = None
+    error: str | None = None
+    error_type: str | None = None
+    status_code: int | None = None
+    request_id: str | None = None
+    retry_delay_ms: float | None = None
+    prompt_injection: str | None = None
+
+
+class JudgeExecution(BaseModel):
+    """The judge's work for one prompt step: the prompt, the answer, and every attempt."""
+
+    step: StepName
+    status: Literal["ok", "error"]
+    prompt: str
+    output: Any = None
+    raw_output: str | None = None
+    model: str
+    provider: str
+    usage: JudgeUsage = Field(default_factory=JudgeUsage)
+    attempt_count: int = 0
+    duration_ms: float = 0.0
+    error: str | None = None
+    attempts: list[JudgeAttempt] = Field(default_factory=list)
+
+
+class ScoreResult(BaseModel):
+    """What ``Scorer.run`` returns. Step results are stored JSON-ready, so a round trip is exact."""
+
+    run_id: str
+    scorer_id: str = ""
+    score: float | None = None
+    reason: str | None = None
+    label: str | None = None
+    preprocess_step_result: Any = None
+    analyze_step_result: Any = None
+    preprocess_prompt: str | None = None
+    analyze_prompt: str | None = None
+    generate_score_prompt: str | None = None
+    generate_reason_prompt: str | None = None
+    judge: dict[StepName, JudgeExecution] = Field(default_factory=dict)
+    not_scorable: dict[str, str] | None = None
+    completed_steps: list[StepName] = Field(default_factory=list)

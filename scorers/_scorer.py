@@ -1,0 +1,499 @@
+"""``create_scorer`` and ``Scorer``: the preprocess → analyze → generate_score → generate_reason pipeline.
+
+The pipeline is written once, as a generator (``_flow``) that yields each awaitable it
+needs resolved. ``Scorer.run`` awaits them; ``Scorer.run_sync`` resolves them on one event
+loop kept per thread. A scorer of plain sync functions yields nothing, so ``run_sync`` runs it
+without touching an event loop at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import to_jsonable_python
+
+from scorers._errors import RunInputError, ScorerConfigError, ScorerRunError
+from scorers._not_scorable import NotScorable
+from scorers._result import JudgeExecution, ScoreResult, StepName
+from scorers._run import ScorerRun, StepResults
+from scorers._steps import FunctionStep, PromptStep, Step, StepFunction, declared_params
+from scorers.agent import ScorerRunInputForAgent, ScorerRunOutputForAgent
+from scorers.judge import Judge, ask_judge
+
+__all__ = ["PrepareRun", "Scorer", "ScorerType", "create_scorer"]
+
+PrepareRun: TypeAlias = Callable[[ScorerRun], ScorerRun | Awaitable[ScorerRun]]
+ScorerType: TypeAlias = Literal["agent"] | tuple[type[BaseModel], type[BaseModel]] | None
+Direction: TypeAlias = Literal["higher", "lower"]
+
+_STEP_ARGS: dict[StepName, frozenset[str]] = {
+    "preprocess": frozenset({"run", "results"}),
+    "analyze": frozenset({"run", "results"}),
+    "generate_score": frozenset({"run", "results"}),
+    "generate_reason": frozenset({"run", "results", "score"}),
+}
+_SCORE_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {"score": {"type": "number"}},
+    "required": ["score"],
+    "additionalProperties": False,
+}
+_Flow: TypeAlias = Generator[Awaitable[Any], Any, ScoreResult]
+
+
+@dataclass(frozen=True, slots=True)
+class _Steps:
+    preprocess: Step | None = None
+    analyze: Step | None = None
+    generate_score: Step | None = None
+    generate_reason: Step | None = None
+
+
+class Scorer:
+    """An immutable scorer. Each step method returns a new scorer; the receiver is unchanged."""
+
+    __slots__ = (
+        "_steps",
+        "description",
+        "direction",
+        "id",
+        "judge",
+        "label",
+        "name",
+        "prepare_run",
+        "score_range",
+        "type",
+        "version",
+    )
+
+    id: str
+    name: str
+    description: str
+    judge: Judge | None
+    type: ScorerType
+    prepare_run: PrepareRun | None
+    version: str
+    score_range: tuple[float, float] | None
+    direction: Direction
+    label: Callable[[float], str | None] | None
+    _steps: _Steps
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        name: str,
+        description: str,
+        judge: Judge | None,
+        type: ScorerType,
+        prepare_run: PrepareRun | None,
+        version: str,
+        score_range: tuple[float, float] | None,
+        direction: Direction,
+        label: Callable[[float], str | None] | None,
+        steps: _Steps,
+    ) -> None:
+        for attr, value in (
+            ("id", id),
+            ("name", name),
+            ("description", description),
+            ("judge", judge),
+            ("type", type),
+            ("prepare_run", prepare_run),
+            ("version", version),
+            ("score_range", score_range),
+            ("direction", direction),
+            ("label", label),
+            ("_steps", steps),
+        ):
+            object.__setattr__(self, attr, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Scorer is immutable; build a new one instead of setting {name!r}")
+
+    def __repr__(self) -> str:
+        steps = [s for s in ("preprocess", "analyze", "generate_score", "generate_reason") if getattr(self._steps, s)]
+        return f"<Scorer {self.id!r} v{self.version} steps={steps}>"
+
+    # --- builder -------------------------------------------------------------------------
+
+    def _with(self, step: StepName, value: StepFunction | PromptStep) -> Scorer:
+        what = f"scorer {self.id!r} {step} step"
+        if isinstance(value, PromptStep):
+            if step in ("preprocess", "analyze") and value.output_schema is None:
+                raise ScorerConfigError(
+                    f"{what}: a PromptStep for {step} needs output_schema (a pydantic model or a JSON-schema dict)"
+                )
+            if step == "generate_reason" and value.calculate_score is not None:
+                raise ScorerConfigError(f"{what}: calculate_score only applies to generate_score")
+            built: Step = value
+        else:
+            built = FunctionStep(value, declared_params(value, _STEP_ARGS[step], what))
+        return Scorer(
+            id=self.id,
+            name=self.name,
+            description=self.description,
+            judge=self.judge,
+            type=self.type,
+            prepare_run=self.prepare_run,
+            version=self.version,
+            score_range=self.score_range,
+            direction=self.direction,
+            label=self.label,
+            steps=replace(self._steps, **{step: built}),
+        )
+
+    def preprocess(self, step: StepFunction | PromptStep) -> Scorer:
+        return self._with("preprocess", step)
+
+    def analyze(self, step: StepFunction | PromptStep) -> Scorer:
+        return self._with("analyze", step)
+
+    def generate_score(self, step: StepFunction | PromptStep) -> Scorer:
+        return self._with("generate_score", step)
+
+    def generate_reason(self, step: StepFunction | PromptStep) -> Scorer:
+        return self._with("generate_reason", step)
+
+    @property
+    def has_judge_steps(self) -> bool:
+        return any(isinstance(getattr(self._steps, s), PromptStep) for s in _STEP_ARGS)
+
+    def step_judges(self) -> dict[StepName, Judge | None]:
+        """The effective judge of each prompt step (the step's fields over the scorer's)."""
+        out: dict[StepName, Judge | None] = {}
+        for name in _STEP_ARGS:
+            step = getattr(self._steps, name)
+            if isinstance(step, PromptStep):
+                out[name] = step.judge.over(self.judge) if step.judge is not None else self.judge
+        return out
+
+    # --- drivers -------------------------------------------------------------------------
+
+    async def run(
+        self,
+        *,
+        input: Any,
+        output: Any,
+        run_id: str | None = None,
+        ground_truth: Any = None,
+        request_context: Any = None,
+        runtime_context: Any = None,
+        resume: ScoreResult | None = None,
+    ) -> ScoreResult:
+        """Score one input/output pair. ``runtime_context`` is the older name of ``request_context``.
+
+        ``resume`` takes a partial result (a checkpoint): steps it already holds are not run again.
+        """
+        flow = self._flow(
+            input, output, run_id, ground_truth, _context(request_context, runtime_context), resume
+        )
+        sent: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                awaitable = flow.send(sent) if error is None else flow.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                sent, error = await awaitable, None
+            except Exception as exc:
+                sent, error = None, exc
+
+    def run_sync(
+        self,
+        *,
+        input: Any,
+        output: Any,
+        run_id: str | None = None,
+        ground_truth: Any = None,
+        request_context: Any = None,
+        runtime_context: Any = None,
+        resume: ScoreResult | None = None,
+    ) -> ScoreResult:
+        """Blocking ``run``. Must not be called from a running event loop (use ``await run``)."""
+        flow = self._flow(
+            input, output, run_id, ground_truth, _context(request_context, runtime_context), resume
+        )
+        sent: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                awaitable = flow.send(sent) if error is None else flow.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                sent, error = _thread_loop().run_until_complete(awaitable), None
+            except Exception as exc:
+                sent, error = None, exc
+
+    # --- the pipeline --------------------------------------------------------------------
+
+    def _flow(
+        self,
+        input: Any,
+        output: Any,
+        run_id: str | None,
+        ground_truth: Any,
+        request_context: Any,
+        resume: ScoreResult | None,
+    ) -> _Flow:
+        steps = self._steps
+        if steps.generate_score is None:
+            raise ScorerConfigError(
+                f"scorer {self.id!r} has no generate_score step; add one with .generate_score(...)"
+            )
+        run = ScorerRun(
+            input=self._coerce(input, "input"),
+            output=self._coerce(output, "output"),
+            run_id=run_id or (resume.run_id if resume else None) or str(uuid.uuid4()),
+            ground_truth=ground_truth,
+            request_context=request_context,
+        )
+        result = ScoreResult(run_id=run.run_id, scorer_id=self.id)
+        current: str = "prepare_run"
+        try:
+            if self.prepare_run is not None:
+                prepared = self.prepare_run(run)
+                if inspect.isawaitable(prepared):
+                    prepared = yield prepared
+                if not isinstance(prepared, ScorerRun):
+                    raise TypeError(f"prepare_run must return a ScorerRun, got {type(prepared).__name__}")
+                run = prepared
+
+            results = StepResults()
+            for current in ("preprocess", "analyze"):
+                step = getattr(steps, current)
+                if step is None:
+                    continue
+                if resume is not None and current in resume.completed_steps:
+                    value = getattr(resume, f"{current}_step_result")
+                    _restore(result, resume, current)
+                else:
+                    value = yield from self._step(current, step, run, results, None, result)
+                if isinstance(value, NotScorable):
+                    raise value
+                results = replace(results, **{f"{current}_step_result": value})
+                setattr(result, f"{current}_step_result", to_jsonable_python(value))
+                result.completed_steps.append(current)
+
+            current = "generate_score"
+            if resume is not None and current in resume.completed_steps and resume.score is not None:
+                score = resume.score
+                _restore(result, resume, current)
+            else:
+                value = yield from self._step(current, steps.generate_score, run, results, None, result)
+                if isinstance(value, NotScorable):
+                    raise value
+                score = self._check_score(value)
+            result.score = score
+            if self.label is not None:
+                result.label = self.label(score)
+            result.completed_steps.append(current)
+
+            if steps.generate_reason is not None:
+                current = "generate_reason"
+                reason = yield from self._step(current, steps.generate_reason, run, results, score, result)
+                if isinstance(reason, NotScorable):
+                    raise reason
+                if reason is not None and not isinstance(reason, str):
+                    raise TypeError(f"generate_reason must return a string, got {type(reason).__name__}")
+                result.reason = reason
+                result.completed_steps.append(current)
+        except NotScorable as signal:
+            result.score = None
+            result.not_scorable = {"step": current, "reason": signal.reason}
+        except Exception as exc:
+            execution = getattr(exc, "execution", None)
+            if isinstance(execution, JudgeExecution) and current != "prepare_run":
+                result.judge[current] = execution  # type: ignore[index]
+            raise ScorerRunError(
+                f"scorer {self.id!r} failed in step {current}: {type(exc).__name__}: {exc}",
+                scorer_id=self.id,
+                failed_step=current,  # type: ignore[arg-type]
+                completed_steps=tuple(result.completed_steps),
+                partial=result,
+                cause=exc,
+            ) from exc
+        return result
+
+    def _step(
+        self,
+        name: StepName,
+        step: Step,
+        run: ScorerRun,
+        results: StepResults,
+        score: float | None,
+        result: ScoreResult,
+    ) -> Generator[Awaitable[Any], Any, Any]:
+        kwargs: dict[str, Any] = {"run": run, "results": results}
+        if name == "generate_reason":
+            kwargs["score"] = score
+        if isinstance(step, FunctionStep):
+            fn_kwargs = kwargs if step.params is None else {k: kwargs[k] for k in step.params}
+            value = step.fn(**fn_kwargs)
+            if inspect.isawaitable(value):
+                value = yield value
+            return value
+
+        prompt = step.render_prompt(kwargs)
+        if inspect.isawaitable(prompt):
+            prompt = yield prompt
+        if isinstance(prompt, NotScorable):
+            return prompt
+        if not isinstance(prompt, str):
+            raise TypeError(f"create_prompt must return a string, got {type(prompt).__name__}")
+        setattr(result, f"{name}_prompt", prompt)
+        schema = step.output_schema
+        if name == "generate_score" and schema is None:
+            schema = _SCORE_SCHEMA
+        judge = step.judge.over(self.judge) if step.judge is not None else self.judge
+        answer = yield ask_judge(
+            scorer_id=self.id, step=name, judge=judge, prompt=prompt, output_schema=schema
+        )
+        result.judge[name] = answer.execution
+        value = answer.value
+        if name != "generate_score":
+            return value
+        if step.calculate_score is not None:
+            computed = step.compute_score(
+                {
+                    "run": run,
+                    "results": results,
+                    "analyze_step_result": results.analyze_step_result,
+                    "judge_output": value,
+                }
+            )
+            if inspect.isawaitable(computed):
+                computed = yield computed
+            return computed
+        return _field(value, "score")
+
+    def _check_score(self, value: Any) -> float:
+        where = f"scorer {self.id!r} generate_score"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"{where} must yield a number, got {type(value).__name__}: {value!r:.80}")
+        score = float(value)
+        if not math.isfinite(score):
+            raise ValueError(f"{where} must yield a finite number, got {score}")
+        if self.score_range is not None and not self.score_range[0] <= score <= self.score_range[1]:
+            raise ValueError(f"{where} yielded {score}, outside the declared range {self.score_range}")
+        return score
+
+    def _coerce(self, value: Any, which: Literal["input", "output"]) -> Any:
+        if self.type is None:
+            return value
+        if self.type == "agent":
+            model: Any = ScorerRunInputForAgent if which == "input" else ScorerRunOutputForAgent
+        else:
+            model = self.type[0] if which == "input" else self.type[1]
+        try:
+            if model is ScorerRunOutputForAgent:
+                return ScorerRunOutputForAgent.validate(value)
+            return value if isinstance(value, model) else model.model_validate(value)
+        except ValidationError as exc:
+            raise RunInputError(
+                f"scorer {self.id!r}: run {which} is not a valid {model.__name__}: "
+                + "; ".join(_describe(e) for e in exc.errors()[:5])
+            ) from exc
+
+
+def create_scorer(
+    id: str,
+    *,
+    name: str | None = None,
+    description: str = "",
+    judge: Judge | None = None,
+    type: ScorerType = None,
+    prepare_run: PrepareRun | None = None,
+    version: str = "1",
+    score_range: tuple[float, float] | None = None,
+    direction: Direction = "higher",
+    label: Callable[[float], str | None] | None = None,
+) -> Scorer:
+    """Start a scorer; chain ``.preprocess/.analyze/.generate_score/.generate_reason`` on it.
+
+    ``version`` goes into score ids: bump it when the scorer's logic changes so backfills
+    score again. ``score_range`` (if given) is enforced; ``label`` maps a score to a label.
+    """
+    if not isinstance(id, str) or not id.strip():
+        raise ScorerConfigError("create_scorer needs an id: a non-empty string")
+    if type is not None and type != "agent" and not (
+        isinstance(type, tuple)
+        and len(type) == 2
+        and all(isinstance(t, builtins_type) and issubclass(t, BaseModel) for t in type)
+    ):
+        raise ScorerConfigError(
+            f"scorer {id!r}: type must be 'agent', an (InputModel, OutputModel) pair of pydantic models, or None; got {type!r}"
+        )
+    if judge is not None and not isinstance(judge, Judge):
+        raise ScorerConfigError(f"scorer {id!r}: judge must be a Judge, got {builtins_type(judge).__name__}")
+    if direction not in ("higher", "lower"):
+        raise ScorerConfigError(f"scorer {id!r}: direction must be 'higher' or 'lower', got {direction!r}")
+    if prepare_run is not None and not callable(prepare_run):
+        raise ScorerConfigError(f"scorer {id!r}: prepare_run must be callable")
+    return Scorer(
+        id=id,
+        name=name or id,
+        description=description,
+        judge=judge,
+        type=type,
+        prepare_run=prepare_run,
+        version=str(version),
+        score_range=score_range,
+        direction=direction,
+        label=label,
+        steps=_Steps(),
+    )
+
+
+builtins_type = type
+
+
+def _context(request_context: Any, runtime_context: Any) -> Any:
+    return request_context if request_context is not None else runtime_context
+
+
+def _field(value: Any, name: str) -> Any:
+    if isinstance(value, Mapping):
+        return value.get(name)
+    return getattr(value, name, None)
+
+
+def _describe(error: Any) -> str:
+    loc = ".".join(str(p) for p in error.get("loc", ())) or "(root)"
+    return f"{loc}: {error.get('msg')}"
+
+
+def _restore(result: ScoreResult, resume: ScoreResult, step: StepName) -> None:
+    prompt = getattr(resume, f"{step}_prompt")
+    if prompt is not None:
+        setattr(result, f"{step}_prompt", prompt)
+    if step in resume.judge:
+        result.judge[step] = resume.judge[step]
+
+
+_local = threading.local()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    """One event loop per thread for ``run_sync``, reused across calls (judge clients live on it)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("Scorer.run_sync was called inside a running event loop; use `await scorer.run(...)`")
+    loop: asyncio.AbstractEventLoop | None = getattr(_local, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        _local.loop = loop
+    return loop

@@ -1,0 +1,112 @@
+"""Step kinds: a plain function, or a ``PromptStep`` that asks the LLM judge.
+
+A step function is called with keyword arguments and receives only those it declares
+(``run``, ``results``, ``score``; ``**kwargs`` gets them all). The declared names are read
+once, when the step is added, so the hot path does no introspection.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from scorers._errors import ScorerConfigError
+
+if TYPE_CHECKING:
+    from scorers.judge import Judge
+
+__all__ = ["FunctionStep", "PromptStep", "Step", "StepFunction", "call_declared", "declared_params"]
+
+StepFunction: TypeAlias = Callable[..., Any]
+OutputSchema: TypeAlias = type[Any] | Mapping[str, Any]
+
+
+def declared_params(fn: Callable[..., Any], allowed: frozenset[str], what: str) -> frozenset[str] | None:
+    """Keyword names ``fn`` accepts out of ``allowed``; None when it takes ``**kwargs``."""
+    if not callable(fn):
+        raise ScorerConfigError(f"{what} must be callable, got {type(fn).__name__}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: give them everything
+        return None
+    names: set[str] = set()
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            return None
+        if p.kind is p.VAR_POSITIONAL:
+            continue
+        if p.kind is p.POSITIONAL_ONLY:
+            raise ScorerConfigError(
+                f"{what} takes positional-only parameter {p.name!r}; steps are called with "
+                f"keyword arguments (any of: {', '.join(sorted(allowed))})"
+            )
+        if p.name in allowed:
+            names.add(p.name)
+        elif p.default is p.empty:
+            raise ScorerConfigError(
+                f"{what} requires parameter {p.name!r}, which is never passed; "
+                f"a step may declare: {', '.join(sorted(allowed))}"
+            )
+    return frozenset(names)
+
+
+def call_declared(fn: Callable[..., Any], params: frozenset[str] | None, kwargs: dict[str, Any]) -> Any:
+    if params is None:
+        return fn(**kwargs)
+    return fn(**{k: v for k, v in kwargs.items() if k in params})
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionStep:
+    fn: StepFunction
+    params: frozenset[str] | None
+
+
+@dataclass(frozen=True)
+class PromptStep:
+    """A step answered by the LLM judge.
+
+    ``create_prompt`` takes the same keyword arguments as a step function and returns the
+    prompt text (it may be async). preprocess/analyze need ``output_schema`` (a pydantic
+    model or a JSON-schema dict); generate_score's judge answers ``{"score": number}`` unless
+    ``output_schema`` says otherwise, and ``calculate_score(run=, results=,
+    analyze_step_result=, judge_output=)`` maps the answer to the score. generate_reason's
+    judge answers free text.
+    """
+
+    description: str
+    create_prompt: Callable[..., str | Awaitable[str]]
+    output_schema: OutputSchema | None = None
+    judge: Judge | None = None
+    calculate_score: Callable[..., float | Awaitable[float]] | None = None
+    _prompt_params: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
+    _score_params: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.description, str):
+            raise ScorerConfigError("PromptStep.description must be a string")
+        prompt_params = declared_params(
+            self.create_prompt,
+            frozenset({"run", "results", "score"}),
+            f"PromptStep({self.description!r}).create_prompt",
+        )
+        object.__setattr__(self, "_prompt_params", prompt_params)
+        if self.calculate_score is not None:
+            score_params = declared_params(
+                self.calculate_score,
+                frozenset({"run", "results", "analyze_step_result", "judge_output"}),
+                f"PromptStep({self.description!r}).calculate_score",
+            )
+            object.__setattr__(self, "_score_params", score_params)
+
+    def render_prompt(self, kwargs: dict[str, Any]) -> str | Awaitable[str]:
+        return call_declared(self.create_prompt, self._prompt_params, kwargs)  # type: ignore[no-any-return]
+
+    def compute_score(self, kwargs: dict[str, Any]) -> float | Awaitable[float]:
+        assert self.calculate_score is not None
+        return call_declared(self.calculate_score, self._score_params, kwargs)  # type: ignore[no-any-return]
+
+
+Step: TypeAlias = FunctionStep | PromptStep

@@ -1,0 +1,1 @@
+"""OpenTelemetry side of tracescore: span → run transform, the exporter, score write-back."""

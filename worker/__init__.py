@@ -1,0 +1,1 @@
+"""Celery workers that run the scorers, and the ``tracescore`` command line."""
