@@ -28,8 +28,9 @@ from scorers._steps import FunctionStep, PromptStep, Step, StepFunction, declare
 from scorers.agent import ScorerRunInputForAgent, ScorerRunOutputForAgent
 from scorers.judge import Judge, ask_judge
 
-__all__ = ["PrepareRun", "Scorer", "ScorerType", "create_scorer"]
+__all__ = ["OnStep", "PrepareRun", "Scorer", "ScorerType", "create_scorer"]
 
+OnStep: TypeAlias = Callable[[ScoreResult], Awaitable[None] | None]
 PrepareRun: TypeAlias = Callable[[ScorerRun], ScorerRun | Awaitable[ScorerRun]]
 ScorerType: TypeAlias = Literal["agent"] | tuple[type[BaseModel], type[BaseModel]] | None
 Direction: TypeAlias = Literal["higher", "lower"]
@@ -188,13 +189,16 @@ class Scorer:
         request_context: Any = None,
         runtime_context: Any = None,
         resume: ScoreResult | None = None,
+        on_step: OnStep | None = None,
     ) -> ScoreResult:
         """Score one input/output pair. ``runtime_context`` is the older name of ``request_context``.
 
-        ``resume`` takes a partial result (a checkpoint): steps it already holds are not run again.
+        ``resume`` takes a partial result (a checkpoint): the steps in its ``completed_steps``
+        are not run again. ``on_step(result)`` (sync or async) is called after each completed
+        step with the result so far, e.g. to store a checkpoint.
         """
         flow = self._flow(
-            input, output, run_id, ground_truth, _context(request_context, runtime_context), resume
+            input, output, run_id, ground_truth, _context(request_context, runtime_context), resume, on_step
         )
         sent: Any = None
         error: Exception | None = None
@@ -218,10 +222,11 @@ class Scorer:
         request_context: Any = None,
         runtime_context: Any = None,
         resume: ScoreResult | None = None,
+        on_step: OnStep | None = None,
     ) -> ScoreResult:
         """Blocking ``run``. Must not be called from a running event loop (use ``await run``)."""
         flow = self._flow(
-            input, output, run_id, ground_truth, _context(request_context, runtime_context), resume
+            input, output, run_id, ground_truth, _context(request_context, runtime_context), resume, on_step
         )
         sent: Any = None
         error: Exception | None = None
@@ -245,6 +250,7 @@ class Scorer:
         ground_truth: Any,
         request_context: Any,
         resume: ScoreResult | None,
+        on_step: OnStep | None,
     ) -> _Flow:
         steps = self._steps
         if steps.generate_score is None:
@@ -284,6 +290,8 @@ class Scorer:
                 results = replace(results, **{f"{current}_step_result": value})
                 setattr(result, f"{current}_step_result", to_jsonable_python(value))
                 result.completed_steps.append(current)
+                if on_step is not None:
+                    yield from _notify(on_step, result)
 
             current = "generate_score"
             if resume is not None and current in resume.completed_steps and resume.score is not None:
@@ -298,6 +306,8 @@ class Scorer:
             if self.label is not None:
                 result.label = self.label(score)
             result.completed_steps.append(current)
+            if on_step is not None:
+                yield from _notify(on_step, result)
 
             if steps.generate_reason is not None:
                 current = "generate_reason"
@@ -308,6 +318,8 @@ class Scorer:
                     raise TypeError(f"generate_reason must return a string, got {type(reason).__name__}")
                 result.reason = reason
                 result.completed_steps.append(current)
+                if on_step is not None:
+                    yield from _notify(on_step, result)
         except NotScorable as signal:
             result.score = None
             result.not_scorable = {"step": current, "reason": signal.reason}
@@ -456,6 +468,12 @@ def create_scorer(
 
 
 builtins_type = type
+
+
+def _notify(on_step: OnStep, result: ScoreResult) -> Generator[Awaitable[Any], Any, None]:
+    pending = on_step(result)
+    if pending is not None and inspect.isawaitable(pending):
+        yield pending
 
 
 def _context(request_context: Any, runtime_context: Any) -> Any:
