@@ -1,0 +1,50 @@
+"""Hooks the judge calls around every provider request, so the host (the worker) can
+rate-limit judge calls across machines and mark their spans, without scorers/ knowing how.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["JudgeHooks", "JudgeLimiter", "get_judge_hooks", "set_judge_hooks"]
+
+
+class JudgeLimiter(Protocol):
+    """Admission control for judge calls, keyed by model id (``"openai/gpt-4o-mini"``)."""
+
+    def slot(self, model_id: str, estimated_tokens: int) -> AbstractAsyncContextManager[None]:
+        """Held for the duration of one provider request; waits while the model is paused,
+        over its concurrency limit, or out of request/token budget."""
+        ...
+
+    async def record_usage(self, model_id: str, tokens: int) -> None:
+        """Tokens a finished request really used (corrects the estimate)."""
+        ...
+
+    async def pause(self, model_id: str, seconds: float) -> None:
+        """The provider said 429 + Retry-After: stop every caller of this model for ``seconds``."""
+        ...
+
+
+@dataclass(frozen=True)
+class JudgeHooks:
+    limiter: JudgeLimiter | None = None
+    # Wraps each provider request (sync context manager, entered in the calling task), e.g. an
+    # OpenTelemetry span marked as a judge call so the exporter never scores judge traffic.
+    call_context: Callable[[str], AbstractContextManager[None]] | None = None
+
+
+_hooks = JudgeHooks()
+
+
+def set_judge_hooks(hooks: JudgeHooks) -> None:
+    """Install process-wide judge hooks (the worker does this once at start-up)."""
+    global _hooks
+    _hooks = hooks
+
+
+def get_judge_hooks() -> JudgeHooks:
+    return _hooks

@@ -1,0 +1,1 @@
+"""pytest fixtures for the fake LLM server (filled in by the judge work)."""
