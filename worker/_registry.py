@@ -1,0 +1,84 @@
+"""The scorer registry: scorers looked up by id from a user module (``--scorers pkg.module``).
+
+Messages carry runs, never code, so every process that scores loads the same module. The
+module either defines ``SCORERS`` (a list of scorers, or a dict id → scorer) or simply has
+scorers as module-level names.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+
+from scorers import Scorer
+
+__all__ = ["Registry", "RegistryError", "UnknownScorerError", "load_registry"]
+
+
+class RegistryError(Exception):
+    """The scorer module cannot be loaded or defines no usable scorers."""
+
+
+class UnknownScorerError(KeyError):
+    """A message names a scorer id the registry does not have."""
+
+    def __init__(self, scorer_id: str, known: Iterable[str]) -> None:
+        known_ids = sorted(known)
+        super().__init__(scorer_id)
+        self.scorer_id = scorer_id
+        self.message = f"unknown scorer id {scorer_id!r}; this worker knows: {', '.join(known_ids) or '(none)'}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Registry(Mapping[str, Scorer]):
+    """Scorers by id; ``registry[id]`` raises ``UnknownScorerError`` naming the known ids."""
+
+    def __init__(self, scorers: Iterable[Scorer], module: str = "") -> None:
+        self.module = module
+        self._by_id: dict[str, Scorer] = {}
+        for scorer in scorers:
+            if scorer.id in self._by_id and self._by_id[scorer.id] is not scorer:
+                raise RegistryError(f"scorer id {scorer.id!r} is defined twice in {module or 'the registry'}")
+            self._by_id[scorer.id] = scorer
+
+    def __getitem__(self, scorer_id: str) -> Scorer:
+        try:
+            return self._by_id[scorer_id]
+        except KeyError:
+            raise UnknownScorerError(scorer_id, self._by_id) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
+def load_registry(module_name: str) -> Registry:
+    """Import ``module_name`` (the current directory is importable, as for ``celery -A``)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RegistryError(f"cannot import scorer module {module_name!r}: {exc}") from exc
+    declared = getattr(module, "SCORERS", None)
+    found: list[Scorer]
+    if declared is None:
+        found = [v for v in vars(module).values() if isinstance(v, Scorer)]
+    elif isinstance(declared, Mapping):
+        found = list(declared.values())
+    else:
+        found = list(declared)
+    bad = [repr(s) for s in found if not isinstance(s, Scorer)]
+    if bad:
+        raise RegistryError(f"{module_name}.SCORERS holds things that are not scorers: {', '.join(bad[:3])}")
+    if not found:
+        raise RegistryError(
+            f"scorer module {module_name!r} defines no scorers: add SCORERS = [...] or module-level scorers"
+        )
+    return Registry(found, module_name)

@@ -1,0 +1,42 @@
+"""The ``tracescore`` command line: one group, one module per subcommand.
+
+Errors print one clear line (``--verbose`` adds the traceback) and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import click
+
+from worker._cli_common import CliError, run_command
+from worker._cli_score import score_command
+
+__all__ = ["cli", "main"]
+
+
+def _version() -> str:
+    try:
+        return version("tracescore")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(_version(), "--version", prog_name="tracescore")
+@click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and debug logs.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
+    """Score LLM-agent traces after the fact; write the scores back into your traces."""
+    ctx.obj = {"verbose": verbose}
+
+
+cli.add_command(score_command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(cli, argv if argv is not None else sys.argv[1:])
+
+
+__all__ += ["CliError"]
