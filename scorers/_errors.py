@@ -11,7 +11,7 @@ and request id there).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from scorers._result import ScoreResult, StepName
@@ -39,7 +39,7 @@ class ScorerRunError(ScorerError):
         message: str,
         *,
         scorer_id: str,
-        failed_step: StepName,
+        failed_step: StepName | Literal["prepare_run"],
         completed_steps: tuple[StepName, ...],
         partial: ScoreResult,
         cause: BaseException | None = None,

@@ -26,7 +26,10 @@ def filter_run(
     ``tool_names``; a message left with no parts is dropped, a message that had none is
     kept. Then only the last ``max_*`` messages are kept. Input messages are never filtered.
     """
-    for name, limit in (("max_remembered_messages", max_remembered_messages), ("max_output_messages", max_output_messages)):
+    for name, limit in (
+        ("max_remembered_messages", max_remembered_messages),
+        ("max_output_messages", max_output_messages),
+    ):
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise ValueError(f"filter_run: {name} must be a non-negative int, got {limit!r}")
     types = tuple(part_types) if part_types is not None else None

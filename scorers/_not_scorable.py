@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ["NotScorable", "not_scorable"]
 
 
-class NotScorable(Exception):  # noqa: N818 - a signal, not an error; named for what it says
+class NotScorable(Exception):
     """Returned (or raised) by a step to stop the run without an error."""
 
     def __init__(self, reason: str) -> None:

@@ -236,7 +236,14 @@ class Scorer:
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
             try:
-                sent, error = _thread_loop().run_until_complete(awaitable), None
+                loop = _thread_loop()
+            except RuntimeError:
+                if inspect.iscoroutine(awaitable):
+                    awaitable.close()
+                flow.close()
+                raise
+            try:
+                sent, error = loop.run_until_complete(awaitable), None
             except Exception as exc:
                 sent, error = None, exc
 
@@ -254,9 +261,7 @@ class Scorer:
     ) -> _Flow:
         steps = self._steps
         if steps.generate_score is None:
-            raise ScorerConfigError(
-                f"scorer {self.id!r} has no generate_score step; add one with .generate_score(...)"
-            )
+            raise ScorerConfigError(f"scorer {self.id!r} has no generate_score step; add one with .generate_score(...)")
         run = ScorerRun(
             input=self._coerce(input, "input"),
             output=self._coerce(output, "output"),
@@ -265,7 +270,7 @@ class Scorer:
             request_context=request_context,
         )
         result = ScoreResult(run_id=run.run_id, scorer_id=self.id)
-        current: str = "prepare_run"
+        current: StepName | Literal["prepare_run"] = "prepare_run"
         try:
             if self.prepare_run is not None:
                 prepared = self.prepare_run(run)
@@ -276,66 +281,70 @@ class Scorer:
                 run = prepared
 
             results = StepResults()
-            for current in ("preprocess", "analyze"):
-                step = getattr(steps, current)
+            name: StepName
+            for name in ("preprocess", "analyze"):
+                step = getattr(steps, name)
                 if step is None:
                     continue
-                if resume is not None and current in resume.completed_steps:
-                    value = getattr(resume, f"{current}_step_result")
-                    _restore(result, resume, current)
+                current = name
+                if resume is not None and name in resume.completed_steps:
+                    value = getattr(resume, f"{name}_step_result")
+                    _restore(result, resume, name)
                 else:
-                    value = yield from self._step(current, step, run, results, None, result)
+                    value = yield from self._step(name, step, run, results, None, result)
                 if isinstance(value, NotScorable):
                     raise value
-                results = replace(results, **{f"{current}_step_result": value})
-                setattr(result, f"{current}_step_result", to_jsonable_python(value))
-                result.completed_steps.append(current)
-                if on_step is not None:
-                    yield from _notify(on_step, result)
+                results = replace(results, **{f"{name}_step_result": value})
+                setattr(result, f"{name}_step_result", to_jsonable_python(value))
+                yield from self._completed(name, result, on_step)
 
-            current = "generate_score"
-            if resume is not None and current in resume.completed_steps and resume.score is not None:
+            current = name = "generate_score"
+            if resume is not None and name in resume.completed_steps and resume.score is not None:
                 score = resume.score
-                _restore(result, resume, current)
+                _restore(result, resume, name)
             else:
-                value = yield from self._step(current, steps.generate_score, run, results, None, result)
+                value = yield from self._step(name, steps.generate_score, run, results, None, result)
                 if isinstance(value, NotScorable):
                     raise value
                 score = self._check_score(value)
             result.score = score
             if self.label is not None:
                 result.label = self.label(score)
-            result.completed_steps.append(current)
-            if on_step is not None:
-                yield from _notify(on_step, result)
+            yield from self._completed(name, result, on_step)
 
             if steps.generate_reason is not None:
-                current = "generate_reason"
-                reason = yield from self._step(current, steps.generate_reason, run, results, score, result)
+                current = name = "generate_reason"
+                reason = yield from self._step(name, steps.generate_reason, run, results, score, result)
                 if isinstance(reason, NotScorable):
                     raise reason
                 if reason is not None and not isinstance(reason, str):
                     raise TypeError(f"generate_reason must return a string, got {type(reason).__name__}")
                 result.reason = reason
-                result.completed_steps.append(current)
-                if on_step is not None:
-                    yield from _notify(on_step, result)
+                yield from self._completed(name, result, on_step)
         except NotScorable as signal:
             result.score = None
             result.not_scorable = {"step": current, "reason": signal.reason}
         except Exception as exc:
             execution = getattr(exc, "execution", None)
             if isinstance(execution, JudgeExecution) and current != "prepare_run":
-                result.judge[current] = execution  # type: ignore[index]
+                result.judge[current] = execution
             raise ScorerRunError(
                 f"scorer {self.id!r} failed in step {current}: {type(exc).__name__}: {exc}",
                 scorer_id=self.id,
-                failed_step=current,  # type: ignore[arg-type]
+                failed_step=current,
                 completed_steps=tuple(result.completed_steps),
                 partial=result,
                 cause=exc,
             ) from exc
         return result
+
+    @staticmethod
+    def _completed(name: StepName, result: ScoreResult, on_step: OnStep | None) -> Generator[Awaitable[Any], Any, None]:
+        result.completed_steps.append(name)
+        if on_step is not None:
+            pending = on_step(result)
+            if pending is not None and inspect.isawaitable(pending):
+                yield pending
 
     def _step(
         self,
@@ -368,9 +377,7 @@ class Scorer:
         if name == "generate_score" and schema is None:
             schema = _SCORE_SCHEMA
         judge = step.judge.over(self.judge) if step.judge is not None else self.judge
-        answer = yield ask_judge(
-            scorer_id=self.id, step=name, judge=judge, prompt=prompt, output_schema=schema
-        )
+        answer = yield ask_judge(scorer_id=self.id, step=name, judge=judge, prompt=prompt, output_schema=schema)
         result.judge[name] = answer.execution
         value = answer.value
         if name != "generate_score":
@@ -438,13 +445,18 @@ def create_scorer(
     """
     if not isinstance(id, str) or not id.strip():
         raise ScorerConfigError("create_scorer needs an id: a non-empty string")
-    if type is not None and type != "agent" and not (
-        isinstance(type, tuple)
-        and len(type) == 2
-        and all(isinstance(t, builtins_type) and issubclass(t, BaseModel) for t in type)
+    if (
+        type is not None
+        and type != "agent"
+        and not (
+            isinstance(type, tuple)
+            and len(type) == 2
+            and all(isinstance(t, builtins_type) and issubclass(t, BaseModel) for t in type)
+        )
     ):
         raise ScorerConfigError(
-            f"scorer {id!r}: type must be 'agent', an (InputModel, OutputModel) pair of pydantic models, or None; got {type!r}"
+            f"scorer {id!r}: type must be 'agent', an (InputModel, OutputModel) pair of pydantic models, "
+            f"or None; got {type!r}"
         )
     if judge is not None and not isinstance(judge, Judge):
         raise ScorerConfigError(f"scorer {id!r}: judge must be a Judge, got {builtins_type(judge).__name__}")
@@ -468,12 +480,6 @@ def create_scorer(
 
 
 builtins_type = type
-
-
-def _notify(on_step: OnStep, result: ScoreResult) -> Generator[Awaitable[Any], Any, None]:
-    pending = on_step(result)
-    if pending is not None and inspect.isawaitable(pending):
-        yield pending
 
 
 def _context(request_context: Any, runtime_context: Any) -> Any:

@@ -54,9 +54,7 @@ Role = Literal["user", "assistant", "system", "tool"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, serialize_by_alias=False, frozen=False
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=False, frozen=False)
 
 
 class TextPart(_Model):
@@ -129,8 +127,7 @@ Part: TypeAlias = Annotated[
         _part_tag,
         custom_error_type="invalid_part",
         custom_error_message=(
-            "unknown message part type; expected text, tool-invocation, reasoning, file, "
-            "source, step-start or data-*"
+            "unknown message part type; expected text, tool-invocation, reasoning, file, source, step-start or data-*"
         ),
     ),
 ]
@@ -239,9 +236,7 @@ class ScorerRunOutputForAgent(list[Message]):
         return cls(_MESSAGES.validate_python(value))
 
     @classmethod
-    def __get_pydantic_core_schema__(
-        cls, source: Any, handler: GetCoreSchemaHandler
-    ) -> core_schema.CoreSchema:
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return core_schema.no_info_plain_validator_function(
             cls.validate,
             serialization=core_schema.plain_serializer_function_ser_schema(

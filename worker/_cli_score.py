@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from scorers import Scorer, ScoreResult, ScorerError, ScorerRunError
+from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from worker._cli_common import CliError
 from worker._registry import RegistryError, load_registry
 
@@ -41,7 +41,9 @@ async def _score_all(
 ) -> list[tuple[int, str, Scorer, ScoreResult | ScorerError]]:
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(number: int, run: dict[str, Any], scorer: Scorer) -> tuple[int, str, Scorer, ScoreResult | ScorerError]:
+    async def one(
+        number: int, run: dict[str, Any], scorer: Scorer
+    ) -> tuple[int, str, Scorer, ScoreResult | ScorerError]:
         run_id = str(run.get("run_id") or f"line-{number}")
         async with gate:
             try:

@@ -1,0 +1,349 @@
+"""create_scorer and the step pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from scorers import (
+    RunInputError,
+    ScorerConfigError,
+    ScoreResult,
+    ScorerRun,
+    ScorerRunError,
+    StepResults,
+    create_scorer,
+    not_scorable,
+)
+
+
+def _overlap_scorer() -> Any:
+    return (
+        create_scorer("overlap", description="shared words")
+        .preprocess(lambda run: (set(run.input.split()), set(run.output.split())))
+        .analyze(lambda results: len(results.preprocess_step_result[0] & results.preprocess_step_result[1]))
+        .generate_score(lambda results: results.analyze_step_result / len(results.preprocess_step_result[0]))
+        .generate_reason(lambda score, results: f"{results.analyze_step_result} shared, {score:.2f}")
+    )
+
+
+def test_create_scorer_requires_id() -> None:
+    """A missing or blank id is rejected when the scorer is created."""
+    with pytest.raises(ScorerConfigError, match="needs an id"):
+        create_scorer("")
+    with pytest.raises(TypeError):
+        create_scorer()  # type: ignore[call-arg]
+
+
+def test_name_defaults_to_id() -> None:
+    """name falls back to id; an explicit name is kept."""
+    assert create_scorer("abc").name == "abc"
+    assert create_scorer("abc", name="Nice").name == "Nice"
+
+
+def test_step_methods_return_new_scorers() -> None:
+    """Adding a step leaves the original scorer unchanged."""
+    base = create_scorer("s")
+    with_score = base.generate_score(lambda: 1.0)
+    assert with_score is not base
+    with pytest.raises(ScorerConfigError, match="no generate_score"):
+        base.run_sync(input="a", output="b")
+    assert with_score.run_sync(input="a", output="b").score == 1.0
+    with pytest.raises(AttributeError, match="immutable"):
+        base.name = "x"  # type: ignore[misc]
+
+
+def test_steps_run_in_order_and_see_previous_results() -> None:
+    """Each step sees the results of the steps before it; the result carries them all."""
+    result = _overlap_scorer().run_sync(input="a b c d", output="b d x", run_id="r1")
+    assert result.run_id == "r1"
+    assert result.scorer_id == "overlap"
+    assert result.analyze_step_result == 2
+    assert result.score == 0.5
+    assert result.reason == "2 shared, 0.50"
+    assert sorted(result.preprocess_step_result[0]) == ["a", "b", "c", "d"]
+    assert result.completed_steps == ["preprocess", "analyze", "generate_score", "generate_reason"]
+    assert (
+        result.preprocess_prompt,
+        result.analyze_prompt,
+        result.generate_score_prompt,
+        result.generate_reason_prompt,
+    ) == (None,) * 4
+    assert result.judge == {}
+    assert result.not_scorable is None
+
+
+def test_missing_generate_score_raises_before_any_step() -> None:
+    """No step runs when generate_score is missing."""
+    calls: list[str] = []
+    scorer = create_scorer("s").preprocess(lambda: calls.append("pre"))
+    with pytest.raises(ScorerConfigError, match="'s' has no generate_score"):
+        scorer.run_sync(input=1, output=2)
+    assert calls == []
+
+
+def test_async_and_sync_steps_mix() -> None:
+    """Async step functions are awaited, sync ones called, in both drivers."""
+
+    async def analyze(results: StepResults) -> int:
+        await asyncio.sleep(0)
+        return int(results.preprocess_step_result) * 2
+
+    async def reason(score: float) -> str:
+        return f"score={score}"
+
+    scorer = (
+        create_scorer("mix")
+        .preprocess(lambda run: len(run.output))
+        .analyze(analyze)
+        .generate_score(lambda results: results.analyze_step_result / 10)
+        .generate_reason(reason)
+    )
+    sync_result = scorer.run_sync(input="", output="abcd")
+    async_result = asyncio.run(scorer.run(input="", output="abcd"))
+    assert sync_result.score == async_result.score == 0.8
+    assert sync_result.reason == "score=0.8"
+
+
+def test_run_sync_inside_running_loop_is_an_error() -> None:
+    """run_sync refuses to block a running event loop when it would need one."""
+
+    async def step() -> float:
+        return 1.0
+
+    scorer = create_scorer("s").generate_score(step)
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match=r"await scorer\.run"):
+            scorer.run_sync(input=1, output=2)
+
+    asyncio.run(main())
+
+
+def test_step_receives_only_declared_arguments() -> None:
+    """A step gets only the keyword arguments it declares; **kwargs gets all."""
+    seen: dict[str, Any] = {}
+
+    def score_all(**kwargs: Any) -> float:
+        seen["score"] = set(kwargs)
+        return 0.0
+
+    def reason_only_score(score: float) -> str:
+        seen["reason"] = score
+        return "ok"
+
+    scorer = create_scorer("s").generate_score(score_all).generate_reason(reason_only_score)
+    scorer.run_sync(input=1, output=2)
+    assert seen == {"score": {"run", "results"}, "reason": 0.0}
+
+
+def test_step_declaring_unknown_required_parameter_is_rejected() -> None:
+    """A required parameter that is never passed fails when the step is added, naming it."""
+    with pytest.raises(ScorerConfigError, match=r"'context'.*may declare: results, run"):
+        create_scorer("s").generate_score(lambda context: 1.0)
+    with pytest.raises(ScorerConfigError, match="'score'"):
+        create_scorer("s").analyze(lambda score: 1)
+
+
+def test_run_context_and_ids() -> None:
+    """run exposes input, output, run_id, ground_truth and request_context (runtime_context alias)."""
+    captured: list[ScorerRun] = []
+    scorer = create_scorer("s").generate_score(lambda run: captured.append(run) or 1.0)
+    scorer.run_sync(input="i", output="o", ground_truth="g", runtime_context={"tenant": "t1"})
+    scorer.run_sync(input="i", output="o", request_context={"tenant": "t2"})
+    first, second = captured
+    assert (first.input, first.output, first.ground_truth) == ("i", "o", "g")
+    assert first.request_context == {"tenant": "t1"}
+    assert second.request_context == {"tenant": "t2"}
+    assert first.run_id != second.run_id
+    assert len(first.run_id) == 36  # a uuid4
+
+
+@pytest.mark.parametrize("bad", [None, math.nan, math.inf, "0.5", True, [1]])
+def test_generate_score_must_be_a_finite_number(bad: Any) -> None:
+    """Anything but a finite number fails the run, naming the scorer and the step."""
+    scorer = create_scorer("strict").generate_score(lambda: bad)
+    with pytest.raises(ScorerRunError, match="scorer 'strict' failed in step generate_score") as info:
+        scorer.run_sync(input=1, output=2)
+    assert info.value.failed_step == "generate_score"
+    assert "generate_score" in str(info.value.cause)
+
+
+def test_score_range_is_enforced() -> None:
+    """A declared score range rejects scores outside it."""
+    scorer = create_scorer("r", score_range=(0, 1)).generate_score(lambda run: run.output)
+    assert scorer.run_sync(input=0, output=1).score == 1.0
+    with pytest.raises(ScorerRunError, match=r"outside the declared range \(0, 1\)"):
+        scorer.run_sync(input=0, output=1.5)
+
+
+def test_failing_step_reports_partial_result() -> None:
+    """A failing step raises ScorerRunError with failed_step, completed_steps and partial results."""
+
+    def boom(results: StepResults) -> float:
+        raise KeyError("missing")
+
+    scorer = create_scorer("f").preprocess(lambda: {"a": 1}).analyze(lambda: 7).generate_score(boom)
+    with pytest.raises(ScorerRunError) as info:
+        scorer.run_sync(input=1, output=2, run_id="rid")
+    err = info.value
+    assert err.failed_step == "generate_score"
+    assert err.completed_steps == ("preprocess", "analyze")
+    assert err.partial.preprocess_step_result == {"a": 1}
+    assert err.partial.analyze_step_result == 7
+    assert err.partial.score is None
+    assert err.partial.run_id == "rid"
+    assert isinstance(err.cause, KeyError)
+    assert err.error_type == "KeyError"
+
+
+def test_failing_reason_keeps_the_score_in_partial() -> None:
+    """When generate_reason fails the partial result still has the score."""
+
+    def bad_reason() -> str:
+        raise ValueError("nope")
+
+    with pytest.raises(ScorerRunError) as info:
+        create_scorer("f").generate_score(lambda: 0.25).generate_reason(bad_reason).run_sync(input=1, output=2)
+    assert info.value.failed_step == "generate_reason"
+    assert info.value.partial.score == 0.25
+
+
+def test_reason_must_be_a_string() -> None:
+    """generate_reason returning a non-string fails the run."""
+    with pytest.raises(ScorerRunError, match="must return a string"):
+        create_scorer("f").generate_score(lambda: 1.0).generate_reason(lambda: 3).run_sync(input=1, output=2)
+
+
+@pytest.mark.parametrize("step", ["preprocess", "analyze", "generate_score", "generate_reason"])
+def test_not_scorable_stops_early(step: str) -> None:
+    """A step returning not_scorable ends the run with score None, not an error."""
+    calls: list[str] = []
+
+    def make(name: str, value: Any) -> Any:
+        def fn() -> Any:
+            calls.append(name)
+            return not_scorable(f"no {name}") if name == step else value
+
+        return fn
+
+    scorer = (
+        create_scorer("ns")
+        .preprocess(make("preprocess", 1))
+        .analyze(make("analyze", 2))
+        .generate_score(make("generate_score", 0.5))
+        .generate_reason(make("generate_reason", "why"))
+    )
+    result = scorer.run_sync(input=1, output=2)
+    assert result.score is None
+    assert result.not_scorable == {"step": step, "reason": f"no {step}"}
+    assert calls[-1] == step
+
+
+def test_not_scorable_may_be_raised() -> None:
+    """Raising the signal works like returning it."""
+
+    def pre() -> None:
+        raise not_scorable("empty output")
+
+    result = create_scorer("ns").preprocess(pre).generate_score(lambda: 1.0).run_sync(input=1, output=2)
+    assert result.not_scorable == {"step": "preprocess", "reason": "empty output"}
+
+
+def test_prepare_run_sync_and_async() -> None:
+    """prepare_run transforms the run before any step; it may be async."""
+
+    async def upper(run: ScorerRun) -> ScorerRun:
+        return run.replace(output=run.output.upper())
+
+    sync = create_scorer("p", prepare_run=lambda run: run.replace(output=run.output * 2)).generate_score(
+        lambda run: len(run.output)
+    )
+    assert sync.run_sync(input="", output="ab").score == 4
+    asynchronous = create_scorer("p", prepare_run=upper).generate_score(lambda run: float(run.output == "AB"))
+    assert asyncio.run(asynchronous.run(input="", output="ab")).score == 1.0
+
+
+def test_prepare_run_must_return_a_run() -> None:
+    """A prepare_run returning something else fails clearly."""
+    scorer = create_scorer("p", prepare_run=lambda run: {"output": 1}).generate_score(lambda: 1.0)  # type: ignore[arg-type,return-value]
+    with pytest.raises(ScorerRunError, match="prepare_run must return a ScorerRun") as info:
+        scorer.run_sync(input=1, output=2)
+    assert info.value.failed_step == "prepare_run"
+    assert info.value.completed_steps == ()
+
+
+def test_custom_model_pair_types_the_run() -> None:
+    """A (InputModel, OutputModel) pair validates and coerces input and output."""
+
+    class Question(BaseModel):
+        query: str
+        context: list[str]
+
+    class Answer(BaseModel):
+        answer: str
+        confidence: float
+
+    scorer = create_scorer("typed", type=(Question, Answer)).generate_score(lambda run: run.output.confidence)
+    assert (
+        scorer.run_sync(input={"query": "q", "context": []}, output={"answer": "a", "confidence": "0.75"}).score == 0.75
+    )
+    with pytest.raises(RunInputError, match="run output is not a valid Answer: confidence"):
+        scorer.run_sync(input={"query": "q", "context": []}, output={"answer": "a"})
+
+
+def test_bad_type_is_rejected() -> None:
+    """type must be 'agent', a model pair or None."""
+    with pytest.raises(ScorerConfigError, match="type must be 'agent'"):
+        create_scorer("t", type="workflow")  # type: ignore[arg-type]
+
+
+def test_result_round_trips_through_json() -> None:
+    """A ScoreResult serialises to JSON and back without loss."""
+
+    class Stats(BaseModel):
+        words: int
+
+    scorer = (
+        create_scorer("rt")
+        .preprocess(lambda: Stats(words=3))
+        .analyze(lambda: {"tuple": (1, 2), "nested": [{"x": None}]})
+        .generate_score(lambda: 0.125)
+        .generate_reason(lambda: "fine")
+    )
+    result = scorer.run_sync(input="a", output="b", run_id="x")
+    text = result.model_dump_json()
+    again = ScoreResult.model_validate_json(text)
+    assert again == result
+    assert json.loads(text)["preprocess_step_result"] == {"words": 3}
+    assert again.analyze_step_result == {"tuple": [1, 2], "nested": [{"x": None}]}
+
+
+def test_resume_skips_completed_steps_and_on_step_reports_progress() -> None:
+    """A checkpoint's completed steps are not run again; on_step sees each step complete."""
+    calls: list[str] = []
+    checkpoints: list[list[str]] = []
+    scorer = (
+        create_scorer("cp")
+        .preprocess(lambda: calls.append("pre") or 1)
+        .generate_score(lambda: calls.append("score") or 0.5)
+        .generate_reason(lambda score: calls.append("reason") or f"{score}")
+    )
+    full = scorer.run_sync(input=1, output=2, run_id="r", on_step=lambda r: checkpoints.append(list(r.completed_steps)))
+    assert checkpoints == [
+        ["preprocess"],
+        ["preprocess", "generate_score"],
+        ["preprocess", "generate_score", "generate_reason"],
+    ]
+    checkpoint = full.model_copy(update={"completed_steps": ["preprocess", "generate_score"], "reason": None})
+    calls.clear()
+    resumed = scorer.run_sync(input=1, output=2, resume=checkpoint)
+    assert calls == ["reason"]
+    assert resumed.score == 0.5
+    assert resumed.reason == "0.5"
+    assert resumed.run_id == "r"
