@@ -1,0 +1,86 @@
+"""``textual_difference``: how similar two texts are, with the edits between them.
+
+Algorithm (rapidfuzz): the score is the normalized Indel similarity,
+``1 - indel_distance / (len(a) + len(b))`` = ``2·LCS / (len(a) + len(b))`` — the ratio
+difflib's ``SequenceMatcher`` approximates and Mastra reports, computed exactly. ``changes``
+is the number of non-equal blocks in rapidfuzz's Levenshtein opcodes (each a replace, insert
+or delete run), ``edit_distance`` the Levenshtein distance, ``length_difference`` is
+``|len(a) - len(b)| / max(len(a), len(b))`` and ``confidence`` is ``1 - length_difference``.
+Two empty texts are identical (score 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rapidfuzz.distance import Indel, Levenshtein
+
+from scorers import Scorer, ScorerRun, StepResults, create_scorer
+from scorers.builtin._runs import Reference, assistant_text, check_reference, reference_text
+
+__all__ = ["compare_texts", "textual_difference"]
+
+
+def compare_texts(a: str, b: str) -> dict[str, Any]:
+    """Similarity ratio, change blocks, edit distance and length difference of ``a`` → ``b``."""
+    opcodes = Levenshtein.opcodes(a, b)
+    longest = max(len(a), len(b))
+    length_difference = abs(len(a) - len(b)) / longest if longest else 0.0
+    return {
+        "ratio": float(Indel.normalized_similarity(a, b)),
+        "changes": sum(1 for op in opcodes if op.tag != "equal"),
+        "edit_distance": int(Levenshtein.distance(a, b)),
+        "length_difference": length_difference,
+        "confidence": 1.0 - length_difference,
+    }
+
+
+def textual_difference(
+    *,
+    ignore_case: bool = False,
+    reference: Reference = "input",
+    id: str = "textual-difference",
+    name: str | None = None,
+) -> Scorer:
+    """Similarity ratio of the reference and the output (0–1, higher means more similar).
+
+    The preprocess result also carries ``changes``, ``edit_distance``, ``length_difference``
+    and ``confidence``.
+
+    Options:
+        ignore_case: compare lower-cased text (default False: case changes count).
+        reference: ``"input"`` (the user's message, default) or ``"ground_truth"``.
+        id, name: the scorer's identity.
+    """
+    check_reference(id, reference)
+
+    def preprocess(run: ScorerRun) -> dict[str, Any]:
+        a, b = reference_text(run, reference, id), assistant_text(run)
+        if ignore_case:
+            a, b = a.lower(), b.lower()
+        return compare_texts(a, b)
+
+    def score(results: StepResults) -> float:
+        return float(results.preprocess_step_result["ratio"])
+
+    def reason(results: StepResults) -> str:
+        pre = results.preprocess_step_result
+        return (
+            f"Similarity ratio {pre['ratio']:.2f}: {pre['changes']} changed block(s), "
+            f"edit distance {pre['edit_distance']}, "
+            f"length difference {pre['length_difference']:.0%}."
+        )
+
+    return (
+        create_scorer(
+            id,
+            name=name or "Textual difference",
+            description=f"Similarity ratio of the {reference} and the output, with the edits.",
+            type="agent",
+            score_range=(0.0, 1.0),
+            direction="higher",
+        )
+        .preprocess(preprocess)
+        .generate_score(score)
+        .generate_reason(reason)
+    )

@@ -1,0 +1,30 @@
+"""Tests for the textual_difference scorer."""
+
+import pytest
+
+from scorers.builtin import textual_difference
+
+
+def test_worked_example() -> None:
+    """kitten → sitting: LCS 'ittn' (4) → 2·4/13; Levenshtein 3 edits in 3 blocks."""
+    result = textual_difference().run_sync(input="kitten", output="sitting")
+    pre = result.preprocess_step_result
+    assert result.score == pytest.approx(8 / 13)
+    assert pre["changes"] == 3  # k→s, e→i, +g
+    assert pre["edit_distance"] == 3
+    assert pre["length_difference"] == pytest.approx(1 / 7)
+    assert pre["confidence"] == pytest.approx(6 / 7)
+
+
+def test_case_option() -> None:
+    """ignore_case makes a case-only difference vanish."""
+    assert textual_difference().run_sync(input="Hello", output="hello").score == pytest.approx(0.8)
+    assert textual_difference(ignore_case=True).run_sync(input="Hello", output="hello").score == 1.0
+
+
+def test_empty_texts() -> None:
+    """An empty output against a non-empty input scores 0 with full length difference."""
+    result = textual_difference().run_sync(input="abc", output="")
+    assert result.score == 0.0
+    assert result.preprocess_step_result["length_difference"] == 1.0
+    assert textual_difference().run_sync(input="", output="").score == 1.0
