@@ -1,1 +1,17 @@
 """OpenTelemetry side of tracescore: span → run transform, the exporter, score write-back."""
+
+from tracing._errors import TraceReadError
+from tracing._run import SCORE_TASK_NAME, RunIdentity, ScoreBatch, ScoreRequest, TracedRun
+from tracing._transform import find_targets, trace_to_run, trace_to_runs
+
+__all__ = [
+    "SCORE_TASK_NAME",
+    "RunIdentity",
+    "ScoreBatch",
+    "ScoreRequest",
+    "TraceReadError",
+    "TracedRun",
+    "find_targets",
+    "trace_to_run",
+    "trace_to_runs",
+]

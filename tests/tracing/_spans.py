@@ -1,0 +1,41 @@
+"""Build real SDK spans by hand: a tracer whose finished spans are collected in memory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Span, Tracer
+
+
+class Recorder:
+    """A tracer provider of its own (never the global one) and the spans it finished."""
+
+    def __init__(self, service: str = "shop-app", scope: str = "my.app") -> None:
+        self.memory = InMemorySpanExporter()
+        self.provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        self.provider.add_span_processor(SimpleSpanProcessor(self.memory))
+        self.tracer: Tracer = self.provider.get_tracer(scope)
+
+    @contextmanager
+    def span(self, name: str, attrs: Mapping[str, Any] | None = None) -> Iterator[Span]:
+        with self.tracer.start_as_current_span(name, attributes=_flat(attrs or {})) as span:
+            yield span
+
+    def spans(self) -> list[ReadableSpan]:
+        return list(self.memory.get_finished_spans())
+
+
+def _flat(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    # OTel attributes hold only primitives and lists of them: structured values go as JSON.
+    return {k: v if isinstance(v, str | int | float | bool) else json.dumps(v) for k, v in attrs.items()}
+
+
+def genai_messages(*pairs: tuple[str, str]) -> str:
+    return json.dumps([{"role": r, "parts": [{"type": "text", "content": t}]} for r, t in pairs])

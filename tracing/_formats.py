@@ -1,0 +1,372 @@
+"""Per-producer readers: what one span says about messages, tools, agent and model.
+
+Each reader names the attribute it read, so a bad value becomes a ``TraceReadError`` that
+points at the span and the attribute. Readers are tried from the most to the least specific
+convention; the first that finds content wins (a span carrying both OTel GenAI and
+OpenInference attributes describes the same messages twice).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tracing._errors import TraceReadError
+from tracing._messages import (
+    MessageShapeError,
+    Msg,
+    TextPart,
+    ToolCall,
+    ToolResult,
+    decode_json_text,
+    parse_message,
+    parse_messages,
+    parse_system,
+)
+from tracing._span import SpanView
+
+__all__ = [
+    "SpanKind",
+    "ToolSpan",
+    "agent_name",
+    "conversation_id",
+    "model_name",
+    "read_input",
+    "read_output",
+    "read_system",
+    "read_tool",
+    "span_kind",
+]
+
+SpanKind = Literal["agent", "llm", "tool", "other"]
+
+# gen_ai.operation.name values (OTel GenAI semconv) by kind.
+_GENAI_AGENT_OPS = {"invoke_agent"}
+_GENAI_LLM_OPS = {"chat", "text_completion", "generate_content"}
+_GENAI_TOOL_OPS = {"execute_tool"}
+# openinference.span.kind values.
+_OI_KINDS: dict[str, SpanKind] = {"AGENT": "agent", "LLM": "llm", "TOOL": "tool"}
+# mastra.span.type values (Mastra AI tracing, both the ai-tracing and observability exporters).
+_MASTRA_KINDS: dict[str, SpanKind] = {
+    "agent_run": "agent",
+    "model_generation": "llm",
+    "llm_generation": "llm",
+    "tool_call": "tool",
+    "mcp_tool_call": "tool",
+}
+_OP_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
+_LEGACY_MESSAGE_EVENTS = {
+    "gen_ai.system.message": "system",
+    "gen_ai.user.message": "user",
+    "gen_ai.assistant.message": "assistant",
+    "gen_ai.tool.message": "tool",
+}
+_CHOICE_EVENT = "gen_ai.choice"
+
+
+def span_kind(span: SpanView) -> SpanKind:
+    mastra = span.attr("mastra.span.type")
+    if isinstance(mastra, str):
+        return _MASTRA_KINDS.get(mastra, "other")
+    oi = span.attr("openinference.span.kind")
+    if isinstance(oi, str):
+        return _OI_KINDS.get(oi.upper(), "other")
+    op = span.attr("gen_ai.operation.name")
+    if isinstance(op, str):
+        if op in _GENAI_AGENT_OPS:
+            return "agent"
+        if op in _GENAI_LLM_OPS:
+            return "llm"
+        if op in _GENAI_TOOL_OPS:
+            return "tool"
+        return "other"
+    if span.name.startswith("invoke_agent"):
+        return "agent"
+    return "other"
+
+
+def _fail(span: SpanView, attribute: str, exc: MessageShapeError) -> TraceReadError:
+    return TraceReadError(
+        exc.reason, str(exc), span_name=span.name, span_id=span.span_id, attribute=attribute
+    )
+
+
+def _read_attr(
+    span: SpanView, attrs: Mapping[str, Any], key: str, parse: Callable[[Any], list[Msg]]
+) -> list[Msg] | None:
+    value = attrs.get(key)
+    if value is None or value == "":
+        return None
+    try:
+        return parse(value)
+    except MessageShapeError as exc:
+        raise _fail(span, key, exc) from None
+
+
+def _details_attrs(span: SpanView) -> list[Mapping[str, Any]]:
+    return [e.attributes for e in span.events if e.name == _OP_DETAILS_EVENT]
+
+
+# --- OpenInference flattened lists ------------------------------------------------------
+
+_OI_RE = re.compile(r"^(\d+)\.message\.(.+)$")
+_OI_TC_RE = re.compile(r"^tool_calls\.(\d+)\.tool_call\.(.+)$")
+_OI_CONTENTS_RE = re.compile(r"^contents\.(\d+)\.message_content\.(.+)$")
+
+
+def _oi_messages(span: SpanView, prefix: str) -> list[Msg] | None:
+    grouped: dict[int, dict[str, Any]] = {}
+    plen = len(prefix)
+    for key, value in span.attributes.items():
+        if not key.startswith(prefix):
+            continue
+        m = _OI_RE.match(key[plen:])
+        if m is None:
+            continue
+        grouped.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    if not grouped:
+        return None
+    out: list[Msg] = []
+    for index in sorted(grouped):
+        fields = grouped[index]
+        attribute = f"{prefix}{index}.message.role"
+        msg: dict[str, Any] = {"role": fields.get("role")}
+        tool_calls: dict[int, dict[str, Any]] = {}
+        contents: dict[int, dict[str, Any]] = {}
+        for sub, value in fields.items():
+            if sub in ("content", "name", "tool_call_id"):
+                msg[sub] = value
+            elif sub == "function_call_name":
+                msg.setdefault("function_call", {})["name"] = value
+            elif sub == "function_call_arguments_json":
+                msg.setdefault("function_call", {})["arguments"] = value
+            elif (tc := _OI_TC_RE.match(sub)) is not None:
+                tool_calls.setdefault(int(tc.group(1)), {})[tc.group(2)] = value
+            elif (ct := _OI_CONTENTS_RE.match(sub)) is not None:
+                contents.setdefault(int(ct.group(1)), {})[ct.group(2)] = value
+        if tool_calls:
+            msg["tool_calls"] = [
+                {
+                    "id": tc.get("id"),
+                    "function": {"name": tc.get("function.name"), "arguments": tc.get("function.arguments")},
+                }
+                for _, tc in sorted(tool_calls.items())
+            ]
+        if contents and "content" not in msg:
+            msg["content"] = [
+                {"type": c.get("type", "text"), **{k: v for k, v in c.items() if k != "type"}}
+                for _, c in sorted(contents.items())
+            ]
+        try:
+            out.append(parse_message(msg))
+        except MessageShapeError as exc:
+            raise _fail(span, attribute, exc) from None
+    return out
+
+
+# --- older GenAI per-message events -------------------------------------------------------
+
+
+def _event_body(attrs: Mapping[str, Any], body: Any) -> dict[str, Any]:
+    if isinstance(body, Mapping):
+        return dict(body)
+    content = attrs.get("gen_ai.event.content")
+    if isinstance(content, str):
+        loaded = json.loads(content)
+        if isinstance(loaded, Mapping):
+            return dict(loaded)
+    out = {k: v for k, v in attrs.items() if not k.startswith("gen_ai.") and k != "event.name"}
+    for key in ("tool_calls", "message"):
+        if isinstance(out.get(key), str):
+            out[key] = json.loads(out[key])
+    return out
+
+
+def _legacy_events(span: SpanView) -> tuple[list[Msg] | None, list[Msg] | None]:
+    inputs: list[Msg] = []
+    choices: list[tuple[int, Msg]] = []
+    for event in span.events:
+        role = _LEGACY_MESSAGE_EVENTS.get(event.name)
+        if role is None and event.name != _CHOICE_EVENT:
+            continue
+        try:
+            try:
+                body = _event_body(event.attributes, event.body)
+            except ValueError as exc:
+                raise MessageShapeError("bad_json", f"event payload is not valid JSON: {exc}") from exc
+            if role is not None:
+                raw = {
+                    "role": body.get("role") or role,
+                    "content": body.get("content"),
+                    "tool_calls": body.get("tool_calls"),
+                    "tool_call_id": body.get("id") or body.get("tool_call_id"),
+                }
+                inputs.append(parse_message(raw))
+            else:
+                message = body.get("message") or {}
+                if not isinstance(message, Mapping):
+                    raise MessageShapeError("bad_message", f"gen_ai.choice message is {message!r}")
+                raw = {
+                    "role": message.get("role") or "assistant",
+                    "content": message.get("content"),
+                    "tool_calls": message.get("tool_calls"),
+                }
+                index = body.get("index", len(choices))
+                choices.append((index if isinstance(index, int) else len(choices), parse_message(raw)))
+        except MessageShapeError as exc:
+            raise TraceReadError(
+                exc.reason, str(exc), span_name=span.name, span_id=span.span_id,
+                attribute=f"event {event.name}",
+            ) from None
+    # Only the first choice is the answer the application went on with.
+    output = [sorted(choices, key=lambda c: c[0])[0][1]] if choices else None
+    return (inputs or None), output
+
+
+# --- input.value / output.value and Mastra's own input/output ------------------------------
+
+
+def _value_messages(value: Any, role: str) -> list[Msg]:
+    """``input.value`` / ``output.value`` / Mastra input-output: text or JSON."""
+    data = decode_json_text(value)
+    if isinstance(data, str):
+        return [Msg(role, [TextPart(data)])] if data else []
+    if isinstance(data, Mapping):
+        if isinstance(data.get("messages"), list):
+            return parse_messages(data["messages"], default_role=role)
+        choices = data.get("choices")  # an OpenAI chat completion (OpenInference output.value)
+        if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+            return [parse_message(choices[0].get("message"), default_role=role)]
+        if "role" in data:
+            return [parse_message(data)]
+        text = data.get("text")
+        if isinstance(text, str):  # Mastra agent/model output: {text, toolCalls?, reasoning?}
+            msg = Msg(role, [TextPart(text)] if text else [])
+            for tc in data.get("toolCalls") or []:
+                if isinstance(tc, Mapping):
+                    payload = tc.get("payload", tc)
+                    msg.parts.append(
+                        ToolCall(
+                            payload.get("toolCallId"),
+                            str(payload.get("toolName", "")),
+                            decode_json_text(payload.get("args", payload.get("input"))),
+                        )
+                    )
+            return [msg]
+    if isinstance(data, list) and all(isinstance(m, str) or (isinstance(m, Mapping) and "role" in m) for m in data):
+        return parse_messages(data, default_role=role)
+    # JSON that is no message shape: the literal text is what the span received or returned.
+    return [Msg(role, [TextPart(value if isinstance(value, str) else json.dumps(value))])]
+
+
+def _value(span: SpanView, keys: tuple[str, ...], role: str) -> list[Msg] | None:
+    for key in keys:
+        value = span.attr(key)
+        if value is None or value == "":
+            continue
+        try:
+            return _value_messages(value, role)
+        except MessageShapeError as exc:
+            raise _fail(span, key, exc) from None
+    return None
+
+
+def _mastra_keys(span: SpanView, side: str) -> tuple[str, ...]:
+    kind = span.attr("mastra.span.type")
+    if not isinstance(kind, str):
+        return ()
+    if side == "input":
+        return (f"mastra.{kind}.input", "gen_ai.prompt", "input")
+    return (f"mastra.{kind}.output", "gen_ai.completion", "output")
+
+
+def read_input(span: SpanView) -> list[Msg] | None:
+    """The messages the span received, or None when it recorded none."""
+    for attrs in (span.attributes, *_details_attrs(span)):
+        found = _read_attr(span, attrs, "gen_ai.input.messages", parse_messages)
+        if found is not None:
+            return found
+    found = _oi_messages(span, "llm.input_messages.")
+    if found is not None:
+        return found
+    legacy, _ = _legacy_events(span)
+    if legacy is not None:
+        return legacy
+    keys = (*_mastra_keys(span, "input"), "input.value")
+    return _value(span, keys, "user")
+
+
+def read_output(span: SpanView) -> list[Msg] | None:
+    """The messages the span produced, or None when it recorded none."""
+    for attrs in (span.attributes, *_details_attrs(span)):
+        found = _read_attr(span, attrs, "gen_ai.output.messages", parse_messages)
+        if found is not None:
+            return found
+    found = _oi_messages(span, "llm.output_messages.")
+    if found is not None:
+        return found
+    _, legacy = _legacy_events(span)
+    if legacy is not None:
+        return legacy
+    keys = (*_mastra_keys(span, "output"), "output.value")
+    return _value(span, keys, "assistant")
+
+
+def read_system(span: SpanView) -> list[Msg]:
+    for attrs in (span.attributes, *_details_attrs(span)):
+        found = _read_attr(span, attrs, "gen_ai.system_instructions", parse_system)
+        if found is not None:
+            return found
+    return []
+
+
+@dataclass(slots=True)
+class ToolSpan:
+    span: SpanView
+    call_id: str | None
+    name: str | None
+    args: Any
+    result: Any
+    has_result: bool
+
+    def as_result(self) -> ToolResult:
+        return ToolResult(self.call_id, self.name, self.result)
+
+
+def read_tool(span: SpanView) -> ToolSpan:
+    name = span.str_attr("gen_ai.tool.name", "tool.name")
+    if name is None and span.name.startswith("execute_tool "):
+        name = span.name[len("execute_tool ") :]
+    call_id = span.str_attr("gen_ai.tool.call.id", "tool_call.id", "toolCallId")
+    args: Any = None
+    for key in ("gen_ai.tool.call.arguments", "gen_ai.tool.input", "input.value", "input", "tool.parameters"):
+        if key in span.attributes:
+            args = decode_json_text(span.attributes[key])
+            break
+    result: Any = None
+    has_result = False
+    for key in ("gen_ai.tool.call.result", "gen_ai.tool.output", "output.value", "output"):
+        if key in span.attributes:
+            result, has_result = decode_json_text(span.attributes[key]), True
+            break
+    return ToolSpan(span, call_id, name, args, result, has_result)
+
+
+def agent_name(span: SpanView) -> str | None:
+    name = span.str_attr("gen_ai.agent.name", "agent.name", "gen_ai.agent.id", "agent.id")
+    if name is None and span.name.startswith("invoke_agent "):
+        name = span.name[len("invoke_agent ") :]
+    return name
+
+
+def conversation_id(span: SpanView) -> str | None:
+    return span.str_attr("gen_ai.conversation.id", "session.id", "threadId")
+
+
+def model_name(span: SpanView) -> str | None:
+    return span.str_attr(
+        "gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "llm.response.model_name"
+    )

@@ -1,0 +1,370 @@
+"""Chat messages as producers write them → one neutral shape → Mastra stored messages.
+
+Producers disagree on the message shape; each shape is recognised by its keys, never guessed:
+
+- OTel GenAI (``gen_ai.input.messages``): ``{role, parts: [{type: text|tool_call|
+  tool_call_response|reasoning|..., ...}]}``
+- OpenAI chat: ``{role, content: str | [{type: text, text}], tool_calls: [{id, function:
+  {name, arguments}}], tool_call_id}``
+- AI SDK / Mastra model messages: ``{role, content: [{type: text|tool-call|tool-result|
+  reasoning, ...}]}``
+- Mastra stored messages: ``{role, content: {format: 2, parts: [...]}}``
+
+A part type nobody defines here is kept as a ``data-<type>`` part, not dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "MessageShapeError",
+    "Msg",
+    "OtherPart",
+    "ReasoningPart",
+    "StepBreak",
+    "TextPart",
+    "ToolCall",
+    "ToolResult",
+    "attach_results",
+    "decode_json_text",
+    "parse_message",
+    "parse_messages",
+    "parse_system",
+    "render_messages",
+]
+
+_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "model": "assistant",
+    "ai": "assistant",
+    "tool": "tool",
+    "function": "tool",
+}
+
+
+class MessageShapeError(ValueError):
+    """A message payload that is not one of the known shapes. ``reason`` is a counter key."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+@dataclass(slots=True)
+class TextPart:
+    text: str
+
+
+@dataclass(slots=True)
+class ReasoningPart:
+    text: str
+
+
+@dataclass(slots=True)
+class ToolCall:
+    id: str | None
+    name: str
+    args: Any = None
+    result: Any = None
+    has_result: bool = False
+
+
+@dataclass(slots=True)
+class ToolResult:
+    id: str | None
+    name: str | None
+    result: Any
+    attached: bool = False
+
+
+@dataclass(slots=True)
+class OtherPart:
+    type: str
+    data: Any
+
+
+@dataclass(slots=True)
+class StepBreak:
+    """Marks the start of an agent step inside a merged assistant message."""
+
+    step: int = 0
+
+
+NeutralPart = TextPart | ReasoningPart | ToolCall | ToolResult | OtherPart | StepBreak
+
+
+@dataclass(slots=True)
+class Msg:
+    role: str
+    parts: list[NeutralPart] = field(default_factory=list)
+    tag: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "\n".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+
+def decode_json_text(value: Any) -> Any:
+    """A JSON object/array held in a string, decoded; anything else unchanged.
+
+    Only ``{...}`` / ``[...]`` are decoded, so a tool result ``"true"`` stays the text it was.
+    """
+    if isinstance(value, str):
+        stripped = value.strip()
+        if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
+            try:
+                return json.loads(stripped)
+            except ValueError:
+                return value
+    return value
+
+
+def _role(value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in _ROLES:
+        raise MessageShapeError(
+            "unknown_role",
+            f"message role {value!r} is not one of {sorted(_ROLES)}",
+        )
+    return _ROLES[value.lower()]
+
+
+def _first(d: Mapping[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if key in d and d[key] is not None:
+            return d[key]
+    return None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _part(raw: Any) -> NeutralPart | None:
+    """One content part of any known shape (GenAI, OpenAI, AI SDK, Mastra, Anthropic)."""
+    if isinstance(raw, str):
+        return TextPart(raw)
+    if not isinstance(raw, Mapping):
+        raise MessageShapeError("bad_message", f"message part {raw!r} is neither text nor an object")
+    kind = raw.get("type")
+    if kind in ("text", "input_text", "output_text"):
+        text = _first(raw, "content", "text")
+        if not isinstance(text, str):
+            raise MessageShapeError("bad_message", f"text part without a string text: {raw!r}")
+        return TextPart(text)
+    if kind in ("reasoning", "thinking"):
+        text = _first(raw, "content", "text", "reasoning", "thinking")
+        return ReasoningPart(text if isinstance(text, str) else json.dumps(text))
+    if kind in ("tool_call", "tool-call", "function_call", "tool_use"):
+        name = _first(raw, "name", "toolName")
+        if not isinstance(name, str):
+            raise MessageShapeError("bad_message", f"tool call part without a tool name: {raw!r}")
+        args = _first(raw, "arguments", "input", "args")
+        return ToolCall(
+            _str_or_none(_first(raw, "id", "toolCallId", "call_id")), name, decode_json_text(args)
+        )
+    if kind in ("tool_call_response", "tool-result", "tool_result", "function_call_output"):
+        result = _first(raw, "response", "result", "output", "content")
+        if isinstance(result, Mapping) and "value" in result and "type" in result:
+            result = result["value"]  # AI SDK v5 tool output: {type: "json"|"text", value}
+        return ToolResult(
+            _str_or_none(_first(raw, "id", "toolCallId", "tool_use_id", "call_id")),
+            _str_or_none(_first(raw, "name", "toolName")),
+            decode_json_text(result),
+        )
+    if kind == "tool-invocation" and isinstance(raw.get("toolInvocation"), Mapping):
+        inv = raw["toolInvocation"]
+        call = ToolCall(
+            _str_or_none(inv.get("toolCallId")), str(inv.get("toolName", "")), inv.get("args")
+        )
+        if inv.get("state") == "result":
+            call.result, call.has_result = inv.get("result"), True
+        return call
+    if kind == "step-start":
+        return None
+    if isinstance(kind, str) and kind:
+        return OtherPart(kind, dict(raw))
+    raise MessageShapeError("bad_message", f"message part without a type: {raw!r}")
+
+
+def _openai_tool_calls(raw: Any) -> list[NeutralPart]:
+    if not isinstance(raw, list | tuple):
+        raise MessageShapeError("bad_message", f"tool_calls is not a list: {raw!r}")
+    calls: list[NeutralPart] = []
+    for tc in raw:
+        fn = tc.get("function") if isinstance(tc, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise MessageShapeError("bad_message", f"tool call without function.name: {tc!r}")
+        calls.append(ToolCall(_str_or_none(tc.get("id")), fn["name"], decode_json_text(fn.get("arguments"))))
+    return calls
+
+
+def parse_message(raw: Any, default_role: str | None = None) -> Msg:
+    """One message of any known shape. A bare string is a ``default_role`` message."""
+    if isinstance(raw, str) and default_role is not None:
+        return Msg(default_role, [TextPart(raw)])
+    if not isinstance(raw, Mapping):
+        raise MessageShapeError("bad_message", f"message {raw!r} is not an object")
+    role = _role(raw.get("role", default_role))
+    parts: list[NeutralPart] = []
+    if isinstance(raw.get("parts"), list | tuple):  # OTel GenAI
+        parts = [p for p in map(_part, raw["parts"]) if p is not None]
+    else:
+        content = raw.get("content")
+        if isinstance(content, Mapping) and isinstance(content.get("parts"), list):  # Mastra
+            parts = [p for p in map(_part, content["parts"]) if p is not None]
+        elif isinstance(content, str):
+            if role == "tool":
+                tool_id = _str_or_none(_first(raw, "tool_call_id", "id", "toolCallId"))
+                parts = [ToolResult(tool_id, _str_or_none(raw.get("name")), decode_json_text(content))]
+            elif content:
+                parts = [TextPart(content)]
+        elif isinstance(content, list | tuple):
+            if role == "tool" and all(
+                isinstance(p, Mapping) and p.get("type") in ("text", "input_text") for p in content
+            ):
+                text = "".join(str(p.get("text", "")) for p in content)
+                tool_id = _str_or_none(_first(raw, "tool_call_id", "id", "toolCallId"))
+                parts = [ToolResult(tool_id, _str_or_none(raw.get("name")), decode_json_text(text))]
+            else:
+                parts = [p for p in map(_part, content) if p is not None]
+        elif content is not None:
+            raise MessageShapeError("bad_message", f"message content {content!r} is not text or parts")
+        if raw.get("tool_calls"):
+            parts.extend(_openai_tool_calls(raw["tool_calls"]))
+        fc = raw.get("function_call")
+        if isinstance(fc, Mapping) and isinstance(fc.get("name"), str):
+            parts.append(ToolCall(None, fc["name"], decode_json_text(fc.get("arguments"))))
+    tag = raw.get("tag")
+    if not isinstance(tag, str):
+        meta = raw.get("metadata")
+        tag = meta.get("tag") if isinstance(meta, Mapping) else None
+    return Msg(role, parts, tag if isinstance(tag, str) and tag else None)
+
+
+def _load(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise MessageShapeError("bad_json", f"not valid JSON ({exc}): {value[:80]!r}") from exc
+    return value
+
+
+def parse_messages(value: Any, default_role: str | None = None) -> list[Msg]:
+    """A message list: JSON text, a list of message objects (or of JSON texts), or
+    ``{"messages": [...]}``."""
+    data = _load(value)
+    if isinstance(data, Mapping) and "messages" in data:
+        data = data["messages"]
+    if isinstance(data, Mapping) and "role" in data:
+        data = [data]
+    if not isinstance(data, list | tuple):
+        raise MessageShapeError("bad_message", f"expected a list of messages, got {type(data).__name__}")
+    out: list[Msg] = []
+    for item in data:
+        if isinstance(item, str) and default_role is None:
+            item = _load(item)
+        out.append(parse_message(item, default_role))
+    return out
+
+
+def parse_system(value: Any) -> list[Msg]:
+    """System instructions: GenAI parts (JSON or structured), messages, or plain text."""
+    if isinstance(value, str):
+        try:
+            data: Any = json.loads(value)
+        except ValueError:
+            return [Msg("system", [TextPart(value)])] if value else []
+        if isinstance(data, str):
+            return [Msg("system", [TextPart(data)])]
+    else:
+        data = value
+    if isinstance(data, Mapping):
+        data = [data]
+    if not isinstance(data, list | tuple):
+        raise MessageShapeError("bad_message", f"system instructions of type {type(data).__name__}")
+    out: list[Msg] = []
+    loose: list[NeutralPart] = []
+    for item in data:
+        if isinstance(item, Mapping) and "role" in item:
+            out.append(parse_message(item))
+        else:
+            part = _part(_load(item) if isinstance(item, str) and item[:1] == "{" else item)
+            if part is not None:
+                loose.append(part)
+    if loose:
+        out.insert(0, Msg("system", loose))
+    return out
+
+
+def _call_id(call: ToolCall, index: int) -> str:
+    # A producer that records no call id (old Mastra tool spans): a stable, visible stand-in.
+    return call.id if call.id else f"{call.name}-{index}"
+
+
+def attach_results(messages: Iterable[Msg], results: Iterable[ToolResult]) -> list[ToolResult]:
+    """Fill tool calls with their results (by call id, else by tool name in call order).
+
+    Returns the results that matched no call.
+    """
+    calls = [p for m in messages for p in m.parts if isinstance(p, ToolCall)]
+    by_id = {c.id: c for c in calls if c.id}
+    left: list[ToolResult] = []
+    for res in results:
+        call = by_id.get(res.id) if res.id else None
+        if call is None and res.id is None and res.name:
+            call = next((c for c in calls if c.name == res.name and not c.has_result), None)
+        if call is None or call.has_result:
+            left.append(res)
+            continue
+        call.result, call.has_result = res.result, True
+        res.attached = True
+    return left
+
+
+def render_messages(messages: Iterable[Msg], *, steps: bool = False) -> list[dict[str, Any]]:
+    """Neutral messages → Mastra stored-message dicts (``scorers.agent.Message`` input)."""
+    out: list[dict[str, Any]] = []
+    counter = 0
+    for msg in messages:
+        parts: list[dict[str, Any]] = []
+        for part in msg.parts:
+            if isinstance(part, TextPart):
+                parts.append({"type": "text", "text": part.text})
+            elif isinstance(part, ReasoningPart):
+                parts.append({"type": "reasoning", "reasoning": part.text, "details": []})
+            elif isinstance(part, ToolCall | ToolResult):
+                counter += 1
+                if isinstance(part, ToolCall):
+                    inv = {
+                        "state": "result" if part.has_result else "call",
+                        "toolCallId": _call_id(part, counter),
+                        "toolName": part.name,
+                        "args": part.args,
+                        "result": part.result,
+                    }
+                else:
+                    inv = {
+                        "state": "result",
+                        "toolCallId": part.id or f"{part.name or 'tool'}-{counter}",
+                        "toolName": part.name or "",
+                        "result": part.result,
+                    }
+                parts.append({"type": "tool-invocation", "toolInvocation": inv})
+            elif isinstance(part, StepBreak):
+                if steps:
+                    parts.append({"type": "step-start"})
+            else:
+                parts.append({"type": f"data-{part.type}", "data": part.data})
+        out.append({"role": msg.role, "content": {"format": 2, "parts": parts}})
+    return out

@@ -1,0 +1,270 @@
+"""``trace_to_run``: one trace (its spans) → the agent-typed run a scorer sees. Pure; no I/O.
+
+Target: the outermost agent span (``invoke_agent`` / OpenInference ``AGENT`` / Mastra
+``agent_run``); a trace without one is scored on its outermost LLM span.
+
+What the model saw is read from the target's first LLM call (else from the target's own
+input): system messages and ``gen_ai.system_instructions`` become ``system_messages`` (those
+carrying a ``tag`` go to ``tagged_system_messages``); the trailing run of user messages is
+this turn's ``input_messages``; everything before it is ``remembered_messages``. The output
+is one assistant message holding every LLM call's answer in order, tool calls as
+``tool-invocation`` parts, filled with their results (``state="result"``) when the trace
+has them (a tool span with the call id, or a later LLM call's tool message).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+
+from scorers.agent import ScorerRunInputForAgent, ScorerRunOutputForAgent
+from tracing._errors import TraceReadError
+from tracing._formats import (
+    agent_name,
+    conversation_id,
+    model_name,
+    read_input,
+    read_output,
+    read_system,
+    read_tool,
+    span_kind,
+)
+from tracing._messages import (
+    Msg,
+    StepBreak,
+    ToolResult,
+    attach_results,
+    render_messages,
+)
+from tracing._run import RunIdentity, TracedRun
+from tracing._span import SpanEvent, SpanView, view_spans
+
+__all__ = ["find_targets", "trace_to_run", "trace_to_runs"]
+
+
+def _nearest(span: SpanView, kind: str) -> SpanView | None:
+    for anc in span.ancestors():
+        if span_kind(anc) == kind:
+            return anc
+    return None
+
+
+def _targets(views: Sequence[SpanView]) -> list[SpanView]:
+    agents = [v for v in views if span_kind(v) == "agent" and _nearest(v, "agent") is None]
+    if agents:
+        return sorted(agents, key=lambda v: (v.start_ns or 0, v.span_id))
+    llms = [
+        v
+        for v in views
+        if span_kind(v) == "llm" and _nearest(v, "llm") is None and _nearest(v, "agent") is None
+    ]
+    return sorted(llms, key=lambda v: (v.start_ns or 0, v.span_id))
+
+
+def _attach_log_records(views: Sequence[SpanView], log_records: Iterable[Any]) -> None:
+    """Log-based GenAI events (OTel logs API) → events of the span they were emitted in."""
+    by_id = {v.span_id: v for v in views}
+    for item in log_records:
+        record = getattr(item, "log_record", item)
+        span_id = getattr(record, "span_id", None)
+        name = getattr(record, "event_name", None) or (record.attributes or {}).get("event.name")
+        if not isinstance(span_id, int) or not isinstance(name, str):
+            continue
+        view = by_id.get(format(span_id, "016x"))
+        if view is not None:
+            view.events.append(SpanEvent(name, dict(record.attributes or {}), record.body))
+
+
+def _split(span: SpanView, context: list[Msg], system_extra: list[Msg]) -> dict[str, Any]:
+    system: list[Msg] = []
+    tagged: dict[str, list[Msg]] = {}
+    seen: set[str] = set()
+    for msg in [*system_extra, *(m for m in context if m.role == "system")]:
+        key = msg.text
+        if key in seen:  # instructions recorded both as an attribute and as a message
+            continue
+        seen.add(key)
+        if msg.tag:
+            tagged.setdefault(msg.tag, []).append(msg)
+        else:
+            system.append(msg)
+    rest = [m for m in context if m.role != "system"]
+    start = len(rest)
+    while start > 0 and rest[start - 1].role == "user":
+        start -= 1
+    if start == len(rest):  # the context does not end with the user's turn
+        last_user = max((i for i, m in enumerate(rest) if m.role == "user"), default=None)
+        start = last_user if last_user is not None else 0
+    remembered, current = rest[:start], rest[start:]
+    attach_results(remembered + current, _results_of(remembered + current))
+    remembered = [m for m in remembered if not _only_attached_results(m)]
+    current = [m for m in current if not _only_attached_results(m)]
+    return {
+        "input_messages": render_messages(current),
+        "remembered_messages": render_messages(remembered),
+        "system_messages": render_messages(system),
+        "tagged_system_messages": {k: render_messages(v) for k, v in tagged.items()},
+    }
+
+
+def _results_of(messages: Iterable[Msg]) -> list[ToolResult]:
+    return [p for m in messages if m.role == "tool" for p in m.parts if isinstance(p, ToolResult)]
+
+
+def _only_attached_results(msg: Msg) -> bool:
+    # A tool message whose results now sit in the assistant's tool-invocation parts.
+    return msg.role == "tool" and bool(msg.parts) and all(
+        isinstance(p, ToolResult) and p.attached for p in msg.parts
+    )
+
+
+def _members(target: SpanView, kind: str) -> list[SpanView]:
+    """Outermost ``kind`` spans under ``target`` that belong to it (not to a nested agent)."""
+    out = []
+    for span in target.descendants():
+        if span_kind(span) != kind:
+            continue
+        owner = _nearest(span, "agent")
+        if owner is not None and owner is not target:
+            continue
+        inner = next((a for a in span.ancestors() if a is target or span_kind(a) == kind), None)
+        if inner is target or inner is None:
+            out.append(span)
+    return sorted(out, key=lambda s: (s.start_ns or 0, s.span_id))
+
+
+def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
+    is_agent = span_kind(target) == "agent"
+    llms = _members(target, "llm") if is_agent else [target]
+    tools = [read_tool(s) for s in _members(target, "tool")]
+
+    context: list[Msg] | None = None
+    first_llm = None
+    for llm in llms:
+        context = read_input(llm)
+        if context is not None:
+            first_llm = llm
+            break
+    if context is None and is_agent:
+        context = read_input(target)
+    if context is None:
+        source = llms[0] if llms else target
+        raise TraceReadError(
+            "no_content",
+            "no input messages recorded (is message content capture on? e.g. "
+            "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT)",
+            span_name=source.name,
+            span_id=source.span_id,
+            attribute="gen_ai.input.messages",
+        )
+    system_extra = read_system(target) if is_agent else []
+    if first_llm is not None:
+        system_extra = system_extra + read_system(first_llm)
+
+    answer = Msg("assistant", [])
+    later_results: list[ToolResult] = []
+    steps = 0
+    for llm in llms:
+        out = read_output(llm)
+        if llm is not first_llm:
+            later_results.extend(_results_of(read_input(llm) or []))
+        if not out:
+            continue
+        for msg in out:
+            if msg.role != "assistant":
+                continue
+            answer.parts.append(StepBreak(steps))
+            answer.parts.extend(msg.parts)
+            steps += 1
+    if steps == 0 and is_agent:
+        for msg in read_output(target) or []:
+            if msg.role == "assistant":
+                answer.parts.append(StepBreak(steps))
+                answer.parts.extend(msg.parts)
+                steps += 1
+    if steps == 0:
+        source = llms[0] if llms else target
+        raise TraceReadError(
+            "no_content",
+            "no output messages recorded (is message content capture on?)",
+            span_name=source.name,
+            span_id=source.span_id,
+            attribute="gen_ai.output.messages",
+        )
+    with_id = [t.as_result() for t in tools if t.has_result and t.call_id]
+    by_name = [t.as_result() for t in tools if t.has_result and not t.call_id]
+    attach_results([answer], with_id + later_results + by_name)
+
+    model_src = first_llm or (llms[0] if llms else target)
+    identity = RunIdentity(
+        trace_id=target.trace_id,
+        span_id=target.span_id,
+        span_name=target.name,
+        agent_name=agent_name(target) if is_agent else None,
+        conversation_id=conversation_id(target)
+        or next((c for s in llms if (c := conversation_id(s))), None),
+        model=model_name(model_src) or model_name(target),
+        service_name=target.service,
+        start_time_ns=target.start_ns,
+        end_time_ns=target.end_ns,
+    )
+    return TracedRun(
+        identity=identity,
+        input=ScorerRunInputForAgent.model_validate(_split(target, context, system_extra)),
+        output=ScorerRunOutputForAgent.validate(render_messages([answer], steps=steps > 1)),
+    )
+
+
+def find_targets(spans: Sequence[ReadableSpan]) -> list[str]:
+    """Span ids (hex) of every run in the trace: top-level agent spans, else top-level LLM spans."""
+    return [v.span_id for v in _targets(view_spans(spans))]
+
+
+def trace_to_runs(spans: Sequence[ReadableSpan], *, log_records: Iterable[Any] = ()) -> list[TracedRun]:
+    """Every run of the trace (see ``find_targets``), in start order. Raises ``TraceReadError``."""
+    views = view_spans(spans)
+    _attach_log_records(views, log_records)
+    targets = _targets(views)
+    if not targets:
+        raise TraceReadError("no_target", "the trace has no agent span and no LLM span")
+    return [_run_for(t, views) for t in targets]
+
+
+def trace_to_run(
+    spans: Sequence[ReadableSpan],
+    target_span_id: str | None = None,
+    *,
+    log_records: Iterable[Any] = (),
+) -> TracedRun:
+    """Read one trace into the run a scorer sees. Raises ``TraceReadError``, never guesses.
+
+    ``target_span_id`` (16 hex digits) picks the span to score; default: the first top-level
+    agent span, else the first top-level LLM span. ``log_records`` are OTel log records
+    (``LogData`` or ``LogRecord``) of the same trace, for instrumentations that emit their
+    GenAI events through the logs API.
+    """
+    views = view_spans(spans)
+    if not views:
+        raise TraceReadError("no_target", "the trace has no spans")
+    _attach_log_records(views, log_records)
+    if target_span_id is not None:
+        target = next((v for v in views if v.span_id == target_span_id.lower()), None)
+        if target is None:
+            raise TraceReadError(
+                "no_target", f"span {target_span_id} is not in the trace ({len(views)} spans)"
+            )
+        return _run_for(target, views)
+    targets = _targets(views)
+    if not targets:
+        root = next((v for v in views if v.parent is None), views[0])
+        raise TraceReadError(
+            "no_target",
+            "the trace has no agent span (invoke_agent, openinference AGENT, mastra agent_run) "
+            "and no LLM span (chat, openinference LLM, mastra model_generation)",
+            span_name=root.name,
+            span_id=root.span_id,
+            attribute="gen_ai.operation.name",
+        )
+    return _run_for(targets[0], views)
