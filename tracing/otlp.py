@@ -1,0 +1,564 @@
+"""OTLP traces to and from OpenTelemetry SDK ``ReadableSpan`` objects.
+
+Decoding reads what stored traces look like in the wild:
+
+- OTLP/JSON (the OTel Collector's file exporter, the OTLP HTTP JSON body): one
+  ``ExportTraceServiceRequest`` object (``{"resourceSpans": [...]}``) per line. Trace and span
+  ids are hex as the OTLP/JSON spec says; base64 ids (protobuf's generic JSON mapping, Tempo's
+  API) are accepted too, as are ``snake_case`` field names, integer enums or their names, and
+  64-bit integers as strings or numbers. Tempo's ``{"batches": [...]}`` and
+  ``{"trace": {"resourceSpans": ...}}`` envelopes are unwrapped.
+- OTLP/protobuf: the bytes of an ``ExportTraceServiceRequest`` (or Tempo's ``Trace`` message,
+  which has the same wire layout).
+
+Every decoding error is an :class:`OtlpDecodeError` naming where (file:line, when the caller
+gives it) and which field (``resourceSpans[0].scopeSpans[1].spans[3].traceId``) was wrong.
+
+Encoding (:func:`spans_to_otlp_json`) writes the Collector file exporter's form, used by the
+examples and the benchmark to produce realistic input.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue as PbAnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans as PbResourceSpans
+from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.util.types import AttributeValue
+
+__all__ = [
+    "OtlpDecodeError",
+    "decode_otlp_json",
+    "decode_otlp_json_line",
+    "decode_otlp_protobuf",
+    "spans_to_otlp_json",
+]
+
+_Value = Any  # an attribute value: str, bool, int, float, bytes, a list of them, or a mapping
+
+
+class OtlpDecodeError(ValueError):
+    """Input that is not valid OTLP: ``where`` is the file:line, ``field`` the JSON path."""
+
+    def __init__(self, message: str, *, where: str = "", field: str = "") -> None:
+        self.where = where
+        self.field = field
+        self.reason = message
+        prefix = f"{where}: " if where else ""
+        at = f" at {field}" if field else ""
+        super().__init__(f"{prefix}{message}{at}")
+
+
+# --- JSON ----------------------------------------------------------------------------------
+
+_KINDS = {
+    "SPAN_KIND_UNSPECIFIED": SpanKind.INTERNAL,
+    "SPAN_KIND_INTERNAL": SpanKind.INTERNAL,
+    "SPAN_KIND_SERVER": SpanKind.SERVER,
+    "SPAN_KIND_CLIENT": SpanKind.CLIENT,
+    "SPAN_KIND_PRODUCER": SpanKind.PRODUCER,
+    "SPAN_KIND_CONSUMER": SpanKind.CONSUMER,
+}
+# OTLP numbers kinds from 1 (INTERNAL); the SDK enum numbers them from 0.
+_KIND_NUMBERS = {
+    0: SpanKind.INTERNAL,
+    1: SpanKind.INTERNAL,
+    2: SpanKind.SERVER,
+    3: SpanKind.CLIENT,
+    4: SpanKind.PRODUCER,
+    5: SpanKind.CONSUMER,
+}
+_OTLP_KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
+_STATUS = {
+    "STATUS_CODE_UNSET": StatusCode.UNSET,
+    "STATUS_CODE_OK": StatusCode.OK,
+    "STATUS_CODE_ERROR": StatusCode.ERROR,
+    "UNSET": StatusCode.UNSET,
+    "OK": StatusCode.OK,
+    "ERROR": StatusCode.ERROR,
+}
+_STATUS_NUMBERS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
+_OTLP_STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
+_UNSET_STATUS = Status(StatusCode.UNSET)
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _get(obj: Mapping[str, Any], camel: str, snake: str) -> Any:
+    value = obj.get(camel)
+    return obj.get(snake) if value is None else value
+
+
+def _list(obj: Mapping[str, Any], camel: str, snake: str, field: str, where: str) -> list[Any]:
+    value = _get(obj, camel, snake)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise OtlpDecodeError(f"expected a list, got {type(value).__name__}", where=where, field=f"{field}.{camel}")
+    return value
+
+
+def _object(value: Any, field: str, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise OtlpDecodeError(f"expected an object, got {type(value).__name__}", where=where, field=field)
+    return value
+
+
+def _id(value: Any, size: int, field: str, where: str, *, required: bool = True) -> int:
+    """A hex id (OTLP/JSON) or a base64 one (protobuf JSON mapping); 0 when absent and optional."""
+    if value is None or value == "":
+        if required:
+            raise OtlpDecodeError("missing id", where=where, field=field)
+        return 0
+    if not isinstance(value, str):
+        raise OtlpDecodeError(f"id must be a string, got {type(value).__name__}", where=where, field=field)
+    if len(value) == size * 2 and _HEX.issuperset(value):
+        number = int(value, 16)
+    else:
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) != size:
+            raise OtlpDecodeError(
+                f"id {value!r} is neither {size * 2} hex digits nor base64 of {size} bytes",
+                where=where,
+                field=field,
+            )
+        number = int.from_bytes(raw, "big")
+    if number == 0 and required:
+        raise OtlpDecodeError("id is all zeros (invalid)", where=where, field=field)
+    return number
+
+
+def _int(value: Any, field: str, where: str) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise OtlpDecodeError("expected an integer, got a boolean", where=where, field=field)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise OtlpDecodeError(f"expected an integer, got {value!r}", where=where, field=field)
+
+
+def _any_value(value: Any, field: str, where: str) -> _Value:
+    if not isinstance(value, dict):
+        raise OtlpDecodeError(f"expected an AnyValue object, got {type(value).__name__}", where=where, field=field)
+    if not value:
+        return None
+    for key, kind in value.items():
+        if key in ("stringValue", "string_value"):
+            return str(kind)
+        if key in ("boolValue", "bool_value"):
+            return bool(kind)
+        if key in ("intValue", "int_value"):
+            return _int(kind, field, where)
+        if key in ("doubleValue", "double_value"):
+            if isinstance(kind, str):  # NaN / Infinity are strings in proto JSON
+                return float(kind)
+            if not isinstance(kind, int | float):
+                raise OtlpDecodeError(f"expected a number, got {kind!r}", where=where, field=field)
+            return float(kind)
+        if key in ("bytesValue", "bytes_value"):
+            try:
+                return base64.b64decode(kind)
+            except (binascii.Error, TypeError, ValueError) as exc:
+                raise OtlpDecodeError(f"bytesValue is not base64 ({exc})", where=where, field=field) from None
+        if key in ("arrayValue", "array_value"):
+            items = _list(_object(kind, field, where), "values", "values", field, where)
+            return tuple(_any_value(v, f"{field}.arrayValue.values[{i}]", where) for i, v in enumerate(items))
+        if key in ("kvlistValue", "kvlist_value"):
+            items = _list(_object(kind, field, where), "values", "values", field, where)
+            return _attributes(items, f"{field}.kvlistValue", where)
+    raise OtlpDecodeError(f"unknown AnyValue kind {sorted(value)!r}", where=where, field=field)
+
+
+def _attributes(items: Iterable[Any], field: str, where: str) -> dict[str, _Value]:
+    out: dict[str, _Value] = {}
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+            raise OtlpDecodeError("expected {key, value}", where=where, field=f"{field}[{i}]")
+        raw = item.get("value")
+        value = None if raw is None else _any_value(raw, f"{field}[{i}].value", where)
+        if value is not None:
+            out[item["key"]] = value
+    return out
+
+
+def _kind(value: Any, field: str, where: str) -> SpanKind:
+    if value is None:
+        return SpanKind.INTERNAL
+    kind = _KINDS.get(value) if isinstance(value, str) else _KIND_NUMBERS.get(value)
+    if kind is None:
+        raise OtlpDecodeError(f"unknown span kind {value!r}", where=where, field=field)
+    return kind
+
+
+def _status(value: Any, field: str, where: str) -> Status:
+    if not value:
+        return _UNSET_STATUS
+    status = _object(value, field, where)
+    code_value = status.get("code", 0)
+    code = _STATUS.get(code_value) if isinstance(code_value, str) else _STATUS_NUMBERS.get(code_value)
+    if code is None:
+        raise OtlpDecodeError(f"unknown status code {code_value!r}", where=where, field=f"{field}.code")
+    message = status.get("message") or None
+    return Status(code, message if code is StatusCode.ERROR else None)
+
+
+def _trace_state(value: Any) -> TraceState | None:
+    if not value or not isinstance(value, str):
+        return None
+    return TraceState.from_header([value])
+
+
+def _json_span(
+    raw: Any, resource: Resource, scope: InstrumentationScope | None, field: str, where: str
+) -> ReadableSpan:
+    span = _object(raw, field, where)
+    trace_id = _id(_get(span, "traceId", "trace_id"), 16, f"{field}.traceId", where)
+    span_id = _id(_get(span, "spanId", "span_id"), 8, f"{field}.spanId", where)
+    parent_id = _id(_get(span, "parentSpanId", "parent_span_id"), 8, f"{field}.parentSpanId", where, required=False)
+    flags = _int(span.get("flags"), f"{field}.flags", where) or 1
+    name = span.get("name")
+    if not isinstance(name, str):
+        raise OtlpDecodeError("span has no name", where=where, field=f"{field}.name")
+    context = SpanContext(
+        trace_id, span_id, False, TraceFlags(flags & 0xFF), _trace_state(_get(span, "traceState", "trace_state"))
+    )
+    parent = SpanContext(trace_id, parent_id, False, TraceFlags(flags & 0xFF)) if parent_id else None
+    events = [
+        _json_event(e, f"{field}.events[{i}]", where)
+        for i, e in enumerate(_list(span, "events", "events", field, where))
+    ]
+    links = [
+        _json_link(link, f"{field}.links[{i}]", where)
+        for i, link in enumerate(_list(span, "links", "links", field, where))
+    ]
+    return ReadableSpan(
+        name=name,
+        context=context,
+        parent=parent,
+        resource=resource,
+        attributes=_attributes(_list(span, "attributes", "attributes", field, where), f"{field}.attributes", where),
+        events=events,
+        links=links,
+        kind=_kind(span.get("kind"), f"{field}.kind", where),
+        status=_status(span.get("status"), f"{field}.status", where),
+        start_time=_int(_get(span, "startTimeUnixNano", "start_time_unix_nano"), f"{field}.startTimeUnixNano", where),
+        end_time=_int(_get(span, "endTimeUnixNano", "end_time_unix_nano"), f"{field}.endTimeUnixNano", where),
+        instrumentation_scope=scope,
+    )
+
+
+def _json_event(raw: Any, field: str, where: str) -> Event:
+    event = _object(raw, field, where)
+    return Event(
+        name=str(event.get("name", "")),
+        attributes=_attributes(_list(event, "attributes", "attributes", field, where), f"{field}.attributes", where),
+        timestamp=_int(_get(event, "timeUnixNano", "time_unix_nano"), f"{field}.timeUnixNano", where),
+    )
+
+
+def _json_link(raw: Any, field: str, where: str) -> Link:
+    link = _object(raw, field, where)
+    flags = _int(link.get("flags"), f"{field}.flags", where) or 0
+    context = SpanContext(
+        _id(_get(link, "traceId", "trace_id"), 16, f"{field}.traceId", where),
+        _id(_get(link, "spanId", "span_id"), 8, f"{field}.spanId", where),
+        True,
+        TraceFlags(flags & 0xFF),
+        _trace_state(_get(link, "traceState", "trace_state")),
+    )
+    return Link(
+        context, _attributes(_list(link, "attributes", "attributes", field, where), f"{field}.attributes", where)
+    )
+
+
+def _resource_spans_list(document: Any, where: str) -> tuple[list[Any], str]:
+    """The ResourceSpans list of one document, and its field name (for error paths)."""
+    body = _object(document, "$", where)
+    if "trace" in body and isinstance(body["trace"], dict):  # Tempo /api/v2/traces
+        body = body["trace"]
+    for key in ("resourceSpans", "resource_spans", "batches"):
+        if key in body:
+            value = body[key]
+            if not isinstance(value, list):
+                raise OtlpDecodeError(f"expected a list, got {type(value).__name__}", where=where, field=key)
+            return value, key
+    if not body:
+        return [], "resourceSpans"
+    raise OtlpDecodeError(
+        f"not an OTLP traces document: expected 'resourceSpans' (or 'batches'), found keys {sorted(body)[:5]}",
+        where=where,
+    )
+
+
+def decode_otlp_json(document: Any, *, where: str = "") -> list[ReadableSpan]:
+    """The spans of one parsed OTLP/JSON ``ExportTraceServiceRequest`` (or ``TracesData``)."""
+    resource_spans, key = _resource_spans_list(document, where)
+    spans: list[ReadableSpan] = []
+    for r, raw_rs in enumerate(resource_spans):
+        rs_field = f"{key}[{r}]"
+        rs = _object(raw_rs, rs_field, where)
+        raw_resource = rs.get("resource") or {}
+        resource = Resource(
+            _attributes(
+                _list(
+                    _object(raw_resource, f"{rs_field}.resource", where), "attributes", "attributes", rs_field, where
+                ),
+                f"{rs_field}.resource.attributes",
+                where,
+            ),
+            _get(rs, "schemaUrl", "schema_url") or "",
+        )
+        scope_list = _get(rs, "scopeSpans", "scope_spans")
+        scope_key = "scopeSpans"
+        if scope_list is None:  # OTLP < 0.15 and older Tempo/Jaeger JSON
+            scope_list = _get(rs, "instrumentationLibrarySpans", "instrumentation_library_spans") or []
+            scope_key = "instrumentationLibrarySpans"
+        if not isinstance(scope_list, list):
+            raise OtlpDecodeError("expected a list", where=where, field=f"{rs_field}.{scope_key}")
+        for s, raw_ss in enumerate(scope_list):
+            ss_field = f"{rs_field}.{scope_key}[{s}]"
+            ss = _object(raw_ss, ss_field, where)
+            raw_scope = _get(ss, "scope", "instrumentationLibrary") or {}
+            scope = None
+            if raw_scope:
+                scope_obj = _object(raw_scope, f"{ss_field}.scope", where)
+                scope = InstrumentationScope(
+                    str(scope_obj.get("name", "")),
+                    scope_obj.get("version") or None,
+                    _get(ss, "schemaUrl", "schema_url") or None,
+                    _attributes(
+                        _list(scope_obj, "attributes", "attributes", ss_field, where),
+                        f"{ss_field}.scope.attributes",
+                        where,
+                    )
+                    or None,
+                )
+            for i, raw_span in enumerate(_list(ss, "spans", "spans", ss_field, where)):
+                spans.append(_json_span(raw_span, resource, scope, f"{ss_field}.spans[{i}]", where))
+    return spans
+
+
+def decode_otlp_json_line(line: str | bytes, *, where: str = "") -> list[ReadableSpan]:
+    """Parse and decode one line of an OTLP/JSON Lines file."""
+    try:
+        document = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        detail = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise OtlpDecodeError(f"not JSON ({detail})", where=where) from None
+    return decode_otlp_json(document, where=where)
+
+
+# --- protobuf ------------------------------------------------------------------------------
+
+
+def _pb_value(value: PbAnyValue) -> _Value:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return tuple(_pb_value(v) for v in value.array_value.values)
+    if kind == "kvlist_value":
+        return {kv.key: _pb_value(kv.value) for kv in value.kvlist_value.values}
+    return getattr(value, kind)
+
+
+def _pb_attributes(items: Iterable[Any]) -> dict[str, _Value]:
+    out: dict[str, _Value] = {}
+    for kv in items:
+        value = _pb_value(kv.value)
+        if value is not None:
+            out[kv.key] = value
+    return out
+
+
+def _pb_id(raw: bytes, size: int, field: str, where: str, *, required: bool = True) -> int:
+    if not raw:
+        if required:
+            raise OtlpDecodeError("missing id", where=where, field=field)
+        return 0
+    if len(raw) != size:
+        raise OtlpDecodeError(f"id has {len(raw)} bytes, expected {size}", where=where, field=field)
+    return int.from_bytes(raw, "big")
+
+
+def _pb_resource_spans(rs_list: Sequence[PbResourceSpans], where: str) -> list[ReadableSpan]:
+    spans: list[ReadableSpan] = []
+    for r, rs in enumerate(rs_list):
+        resource = Resource(_pb_attributes(rs.resource.attributes), rs.schema_url or "")
+        for s, ss in enumerate(rs.scope_spans):
+            scope = None
+            if ss.HasField("scope"):
+                scope = InstrumentationScope(
+                    ss.scope.name,
+                    ss.scope.version or None,
+                    ss.schema_url or None,
+                    _pb_attributes(ss.scope.attributes) or None,
+                )
+            for i, span in enumerate(ss.spans):
+                field = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
+                trace_id = _pb_id(span.trace_id, 16, f"{field}.traceId", where)
+                span_id = _pb_id(span.span_id, 8, f"{field}.spanId", where)
+                parent_id = _pb_id(span.parent_span_id, 8, f"{field}.parentSpanId", where, required=False)
+                flags = TraceFlags((span.flags or 1) & 0xFF)
+                status_code = _STATUS_NUMBERS.get(span.status.code, StatusCode.UNSET)
+                spans.append(
+                    ReadableSpan(
+                        name=span.name,
+                        context=SpanContext(trace_id, span_id, False, flags, _trace_state(span.trace_state)),
+                        parent=SpanContext(trace_id, parent_id, False, flags) if parent_id else None,
+                        resource=resource,
+                        attributes=_pb_attributes(span.attributes),
+                        events=[
+                            Event(e.name, _pb_attributes(e.attributes), e.time_unix_nano or None) for e in span.events
+                        ],
+                        links=[
+                            Link(
+                                SpanContext(
+                                    _pb_id(link.trace_id, 16, f"{field}.links[{j}].traceId", where),
+                                    _pb_id(link.span_id, 8, f"{field}.links[{j}].spanId", where),
+                                    True,
+                                    TraceFlags(link.flags & 0xFF),
+                                    _trace_state(link.trace_state),
+                                ),
+                                _pb_attributes(link.attributes),
+                            )
+                            for j, link in enumerate(span.links)
+                        ],
+                        kind=_KIND_NUMBERS.get(span.kind, SpanKind.INTERNAL),
+                        status=Status(
+                            status_code, span.status.message or None if status_code is StatusCode.ERROR else None
+                        ),
+                        start_time=span.start_time_unix_nano or None,
+                        end_time=span.end_time_unix_nano or None,
+                        instrumentation_scope=scope,
+                    )
+                )
+    return spans
+
+
+def decode_otlp_protobuf(data: bytes, *, where: str = "") -> list[ReadableSpan]:
+    """The spans of a protobuf ``ExportTraceServiceRequest`` / ``TracesData`` / Tempo ``Trace``.
+
+    All three put their ``ResourceSpans`` in field 1, so one message type reads them all.
+    """
+    message = TracesData()
+    try:
+        message.ParseFromString(data)
+    except Exception as exc:  # protobuf raises its own DecodeError (not exported with types)
+        raise OtlpDecodeError(f"not an OTLP protobuf message ({exc})", where=where) from None
+    return _pb_resource_spans(message.resource_spans, where)
+
+
+# --- encoding (the Collector file exporter's form) -----------------------------------------
+
+
+def _encode_value(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, bytes):
+        return {"bytesValue": base64.b64encode(value).decode()}
+    if isinstance(value, Mapping):
+        return {"kvlistValue": {"values": _encode_attributes(value)}}
+    if isinstance(value, list | tuple):
+        return {"arrayValue": {"values": [_encode_value(v) for v in value]}}
+    return {"stringValue": str(value)}
+
+
+def _encode_attributes(attributes: Mapping[str, AttributeValue] | Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    return [{"key": k, "value": _encode_value(v)} for k, v in (attributes or {}).items()]
+
+
+def _encode_span(span: ReadableSpan) -> dict[str, Any]:
+    context = span.get_span_context()
+    assert context is not None
+    out: dict[str, Any] = {
+        "traceId": f"{context.trace_id:032x}",
+        "spanId": f"{context.span_id:016x}",
+    }
+    if context.trace_state:
+        out["traceState"] = context.trace_state.to_header()
+    if span.parent is not None:
+        out["parentSpanId"] = f"{span.parent.span_id:016x}"
+    out["flags"] = int(context.trace_flags) | 0x100  # bit 8: "has is_remote" per OTLP 1.1
+    out["name"] = span.name
+    out["kind"] = _OTLP_KIND[span.kind]
+    out["startTimeUnixNano"] = str(span.start_time or 0)
+    out["endTimeUnixNano"] = str(span.end_time or 0)
+    out["attributes"] = _encode_attributes(span.attributes)
+    if span.events:
+        out["events"] = [
+            {"timeUnixNano": str(e.timestamp), "name": e.name, "attributes": _encode_attributes(e.attributes)}
+            for e in span.events
+        ]
+    if span.links:
+        out["links"] = [
+            {
+                "traceId": f"{link.context.trace_id:032x}",
+                "spanId": f"{link.context.span_id:016x}",
+                "attributes": _encode_attributes(link.attributes),
+            }
+            for link in span.links
+        ]
+    status: dict[str, Any] = {}
+    if span.status.status_code is not StatusCode.UNSET:
+        status["code"] = _OTLP_STATUS[span.status.status_code]
+    if span.status.description:
+        status["message"] = span.status.description
+    out["status"] = status
+    return out
+
+
+def spans_to_otlp_json(spans: Iterable[ReadableSpan]) -> dict[str, Any]:
+    """One ``ExportTraceServiceRequest`` as OTLP/JSON (hex ids), grouped by resource and scope."""
+    by_resource: dict[int, tuple[Resource, dict[tuple[str, str, str], list[dict[str, Any]]]]] = {}
+    scopes: dict[tuple[str, str, str], InstrumentationScope | None] = {}
+    for span in spans:
+        entry = by_resource.setdefault(id(span.resource), (span.resource, {}))
+        scope = span.instrumentation_scope
+        key = (scope.name, scope.version or "", scope.schema_url or "") if scope else ("", "", "")
+        scopes.setdefault(key, scope)
+        entry[1].setdefault(key, []).append(_encode_span(span))
+    resource_spans = []
+    for resource, groups in by_resource.values():
+        scope_spans = []
+        for key, encoded in groups.items():
+            scope = scopes[key]
+            block: dict[str, Any] = {"scope": {"name": key[0]}, "spans": encoded}
+            if key[1]:
+                block["scope"]["version"] = key[1]
+            if scope is not None and scope.attributes:
+                block["scope"]["attributes"] = _encode_attributes(scope.attributes)
+            if key[2]:
+                block["schemaUrl"] = key[2]
+            scope_spans.append(block)
+        rs: dict[str, Any] = {
+            "resource": {"attributes": _encode_attributes(resource.attributes)},
+            "scopeSpans": scope_spans,
+        }
+        if resource.schema_url:
+            rs["schemaUrl"] = resource.schema_url
+        resource_spans.append(rs)
+    return {"resourceSpans": resource_spans}

@@ -1,0 +1,40 @@
+"""Stored traces for backfill: OTLP files (JSON Lines, JSON, protobuf, gzip, directories) and
+Grafana Tempo over HTTP, plus the bounded-memory assembler that groups spans into traces.
+
+    source = open_source(["examples/traces"])          # or "tempo+http://tempo:3200"
+    assembler = TraceAssembler()
+    for item in source.read():
+        if isinstance(item, SpanBatch):
+            for trace in assembler.add(item.spans, item.position): ...
+"""
+
+from tracing.sources._assemble import AssembledTrace, AssemblerStats, TraceAssembler
+from tracing.sources._base import (
+    Malformed,
+    Position,
+    SourceError,
+    SourceItem,
+    SpanBatch,
+    TraceSource,
+    UnitEnd,
+)
+from tracing.sources._files import FileSource
+from tracing.sources._open import open_source, source_from_description
+from tracing.sources._tempo import TempoSource
+
+__all__ = [
+    "AssembledTrace",
+    "AssemblerStats",
+    "FileSource",
+    "Malformed",
+    "Position",
+    "SourceError",
+    "SourceItem",
+    "SpanBatch",
+    "TempoSource",
+    "TraceAssembler",
+    "TraceSource",
+    "UnitEnd",
+    "open_source",
+    "source_from_description",
+]

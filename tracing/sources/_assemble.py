@@ -1,0 +1,199 @@
+"""Group a stream of spans into whole traces, in bounded memory.
+
+Spans of one trace may be scattered (several lines, even several files: the exporter flushes
+in batches and children can end after their parent). The assembler keeps each open trace until
+it is complete:
+
+- a trace whose root span (no parent) has been seen is complete once ``window_spans`` more
+  spans have been read without any of them belonging to it;
+- a trace without a root yet is kept across file boundaries, and is released (incomplete; the
+  transform then picks its outermost agent/LLM span) once it has been idle for ``window_spans``
+  spans *and* ``window_files`` file boundaries;
+- at the end of the input every open trace is released.
+
+Memory is bounded whatever the input: at most ``max_open_spans`` spans are held (over it the
+least recently touched trace is released early and counted as ``evicted``), and a trace keeps
+at most ``max_spans_per_trace`` spans (the rest are dropped and counted).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from opentelemetry.sdk.trace import ReadableSpan
+
+from tracing.sources._base import Position
+
+__all__ = ["AssembledTrace", "AssemblerStats", "TraceAssembler"]
+
+Completion = Literal["root", "idle", "evicted", "end"]
+
+
+@dataclass(slots=True)
+class AssembledTrace:
+    """One trace's spans, where its first span was read, and why it was released."""
+
+    trace_id: str
+    spans: list[ReadableSpan]
+    first: Position
+    completion: Completion
+    dropped_spans: int = 0
+
+
+@dataclass(slots=True)
+class AssemblerStats:
+    spans_read: int = 0
+    duplicate_spans: int = 0
+    dropped_spans: int = 0
+    traces: int = 0
+    evicted: int = 0
+    max_open_traces: int = 0
+    max_open_spans: int = 0
+
+
+@dataclass(slots=True)
+class _Open:
+    trace_id: int
+    first: Position
+    spans: list[ReadableSpan] = field(default_factory=list)
+    span_ids: set[int] = field(default_factory=set)
+    last_seen: int = 0  # spans_read when last touched
+    last_unit: int = 0
+    dropped: int = 0
+
+
+class TraceAssembler:
+    """Feed spans with :meth:`add`; completed traces come out of :meth:`add` and :meth:`finish`."""
+
+    def __init__(
+        self,
+        *,
+        window_spans: int = 10_000,
+        window_files: int = 1,
+        max_open_spans: int = 100_000,
+        max_spans_per_trace: int = 10_000,
+    ) -> None:
+        if window_spans < 1 or window_files < 0 or max_open_spans < 1 or max_spans_per_trace < 1:
+            raise ValueError("window_spans, max_open_spans and max_spans_per_trace must be >= 1 and window_files >= 0")
+        self.window_spans = window_spans
+        self.window_files = window_files
+        self.max_open_spans = max_open_spans
+        self.max_spans_per_trace = max_spans_per_trace
+        self.stats = AssemblerStats()
+        # Least recently touched first; a trace moves from _rootless to _rooted when its root arrives.
+        self._rooted: OrderedDict[int, _Open] = OrderedDict()
+        self._rootless: OrderedDict[int, _Open] = OrderedDict()
+        self._open_spans = 0
+        self._unit = 0
+        # (first position, trace id) of open traces; stale entries are skipped lazily.
+        self._firsts: list[tuple[Position, int]] = []
+
+    @property
+    def open_traces(self) -> int:
+        return len(self._rooted) + len(self._rootless)
+
+    @property
+    def open_spans(self) -> int:
+        return self._open_spans
+
+    def low_watermark(self) -> Position | None:
+        """The earliest position of any span still held (None when nothing is open)."""
+        while self._firsts:
+            first, trace_id = self._firsts[0]
+            held = self._rooted.get(trace_id) or self._rootless.get(trace_id)
+            if held is not None and held.first == first:
+                return first
+            heapq.heappop(self._firsts)
+        return None
+
+    def _compact(self) -> None:
+        self._firsts = [(t.first, t.trace_id) for t in (*self._rooted.values(), *self._rootless.values())]
+        heapq.heapify(self._firsts)
+
+    def add(self, spans: list[ReadableSpan], position: Position) -> Iterator[AssembledTrace]:
+        """Take the spans of one input record; yields the traces this completes."""
+        if position.unit != self._unit:
+            self._unit = position.unit
+        stats = self.stats
+        for span in spans:
+            context = span.get_span_context()
+            if context is None:
+                continue
+            stats.spans_read += 1
+            trace_id = context.trace_id
+            held = self._rooted.get(trace_id)
+            if held is not None:
+                self._rooted.move_to_end(trace_id)
+            else:
+                held = self._rootless.get(trace_id)
+                if held is None:
+                    held = _Open(trace_id, position)
+                    self._rootless[trace_id] = held
+                    heapq.heappush(self._firsts, (position, trace_id))
+                    if len(self._firsts) > 4 * self.open_traces + 1024:
+                        self._compact()
+                else:
+                    self._rootless.move_to_end(trace_id)
+            held.last_seen = stats.spans_read
+            held.last_unit = position.unit
+            if context.span_id in held.span_ids:
+                stats.duplicate_spans += 1
+                continue
+            if len(held.spans) >= self.max_spans_per_trace:
+                held.dropped += 1
+                stats.dropped_spans += 1
+                continue
+            held.spans.append(span)
+            held.span_ids.add(context.span_id)
+            self._open_spans += 1
+            if span.parent is None and trace_id in self._rootless:
+                self._rooted[trace_id] = self._rootless.pop(trace_id)
+        stats.max_open_traces = max(stats.max_open_traces, self.open_traces)
+        stats.max_open_spans = max(stats.max_open_spans, self._open_spans)
+        yield from self._release_due()
+
+    def end_unit(self, unit: int) -> Iterator[AssembledTrace]:
+        """A file ended: rootless traces idle for long enough may now be released."""
+        self._unit = unit + 1
+        yield from self._release_due()
+
+    def finish(self) -> Iterator[AssembledTrace]:
+        """End of input: release every open trace, oldest first."""
+        everything = sorted([*self._rooted.values(), *self._rootless.values()], key=lambda t: t.first)
+        self._rooted.clear()
+        self._rootless.clear()
+        self._firsts.clear()
+        for held in everything:
+            yield self._emit(held, "end")
+
+    def _release_due(self) -> Iterator[AssembledTrace]:
+        horizon = self.stats.spans_read - self.window_spans
+        while self._rooted:
+            held = next(iter(self._rooted.values()))
+            if held.last_seen > horizon:
+                break
+            self._rooted.popitem(last=False)
+            yield self._emit(held, "root")
+        unit_horizon = self._unit - self.window_files
+        while self._rootless:
+            held = next(iter(self._rootless.values()))
+            if held.last_seen > horizon or held.last_unit >= unit_horizon:
+                break
+            self._rootless.popitem(last=False)
+            yield self._emit(held, "idle")
+        while self._open_spans > self.max_open_spans:
+            # Over the memory bound: release the least recently touched trace, rootless first
+            # (a trace with its root is more likely complete already).
+            queue = self._rootless if self._rootless else self._rooted
+            _, held = queue.popitem(last=False)
+            self.stats.evicted += 1
+            yield self._emit(held, "evicted")
+
+    def _emit(self, held: _Open, completion: Completion) -> AssembledTrace:
+        self._open_spans -= len(held.spans)
+        self.stats.traces += 1
+        return AssembledTrace(f"{held.trace_id:032x}", held.spans, held.first, completion, held.dropped)

@@ -1,0 +1,213 @@
+"""Grafana Tempo over HTTP: search a time range, then fetch each trace as OTLP.
+
+- Search: ``GET /api/search?q=<TraceQL>&start=<s>&end=<s>&limit=<n>`` (Tempo's search API). The
+  range is walked in fixed windows (one unit each, so a resume restarts at a window); a window
+  whose search comes back full (``limit`` results: Tempo may have more) is split in halves
+  until each part fits, so no trace is silently missed.
+- Fetch: ``GET /api/traces/<id>`` with ``Accept: application/protobuf`` (Tempo's ``Trace``
+  message, the OTLP layout); a JSON answer (``{"batches": ...}``, base64 ids) is read too.
+
+Trace ids from search may lack leading zeros; they are padded to 32 hex digits. Transient
+failures (connection errors, 429, 5xx) are retried with backoff; a backend that stays down
+raises ``SourceError``; a single trace that cannot be fetched or decoded is a ``Malformed`` item.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from tracing.otlp import OtlpDecodeError, decode_otlp_json, decode_otlp_protobuf
+from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
+
+__all__ = ["TempoSource"]
+
+_RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
+_NS = 1_000_000_000
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class TempoSource:
+    """Traces stored in Grafana Tempo, between ``since_ns`` and ``until_ns``.
+
+    ``until_ns`` defaults to now and ``since_ns`` to 24 hours before it; both are fixed when the
+    source is made, so a resumed job reads the same range.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        query: str | None = None,
+        window_s: int = 3600,
+        limit: int = 1000,
+        timeout_s: float = 30.0,
+        retries: int = 5,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise SourceError(f"{url!r} is not a Tempo URL; expected e.g. tempo+http://localhost:3200")
+        self.url = url.rstrip("/")
+        self.until_ns = until_ns if until_ns is not None else time.time_ns()
+        self.since_ns = since_ns if since_ns is not None else self.until_ns - 24 * 3600 * _NS
+        if self.since_ns >= self.until_ns:
+            raise SourceError("--since must be before --until")
+        if window_s < 1 or limit < 1:
+            raise SourceError("the Tempo search window and limit must be positive")
+        self.query = query or "{}"
+        self.window_s = window_s
+        self.limit = limit
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.headers = dict(headers or {})
+        self.requests = 0
+
+    @classmethod
+    def from_description(cls, description: Mapping[str, Any]) -> TempoSource:
+        return cls(
+            description["url"],
+            since_ns=description["since_ns"],
+            until_ns=description["until_ns"],
+            query=description.get("query"),
+            window_s=description.get("window_s", 3600),
+            limit=description.get("limit", 1000),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "tempo",
+            "url": self.url,
+            "since_ns": self.since_ns,
+            "until_ns": self.until_ns,
+            "query": self.query,
+            "window_s": self.window_s,
+            "limit": self.limit,
+        }
+
+    def label(self) -> str:
+        start = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.since_ns / _NS))
+        end = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.until_ns / _NS))
+        return f"Tempo {self.url} {self.query} from {start} to {end} UTC"
+
+    # --- HTTP ---------------------------------------------------------------------------
+
+    def _get(
+        self, path: str, params: Mapping[str, str] | None = None, accept: str = "application/json"
+    ) -> tuple[bytes, str]:
+        url = f"{self.url}{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        request = urllib.request.Request(url, headers={"Accept": accept, **self.headers})
+        delay = 0.2
+        for attempt in range(self.retries + 1):
+            self.requests += 1
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    return response.read(), response.headers.get("Content-Type", "")
+            except urllib.error.HTTPError as exc:
+                body = exc.read()[:200].decode("utf-8", "replace")
+                if exc.code not in _RETRYABLE or attempt == self.retries:
+                    raise _HttpError(exc.code, f"HTTP {exc.code} from {url}: {body.strip()}") from None
+                retry_after = exc.headers.get("Retry-After")
+                wait = float(retry_after) if retry_after and retry_after.isdigit() else delay
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+                if attempt == self.retries:
+                    raise SourceError(f"Tempo at {self.url} is unreachable: {exc}") from None
+                wait = delay
+            time.sleep(wait * (0.5 + random.random()))
+            delay = min(delay * 2, 10.0)
+        raise AssertionError("unreachable")
+
+    def _search(self, start_s: int, end_s: int) -> list[dict[str, Any]]:
+        params = {"q": self.query, "start": str(start_s), "end": str(end_s), "limit": str(self.limit)}
+        try:
+            body, _ = self._get("/api/search", params)
+        except _HttpError as exc:
+            raise SourceError(f"Tempo search failed: {exc}") from None
+        try:
+            found = json.loads(body).get("traces") or []
+        except (ValueError, AttributeError):
+            raise SourceError(f"Tempo search at {self.url} did not answer JSON") from None
+        return [t for t in found if isinstance(t, dict) and t.get("traceID")]
+
+    def _window_traces(self, start_s: int, end_s: int) -> Iterator[tuple[int, str] | str]:
+        """(start ns, trace id) of the traces starting in [start_s, end_s); a str is a warning."""
+        found = self._search(start_s, end_s)
+        if len(found) >= self.limit:
+            if end_s - start_s > 1:
+                middle = (start_s + end_s) // 2
+                yield from self._window_traces(start_s, middle)
+                yield from self._window_traces(middle, end_s)
+                return
+            yield (
+                f"more than {self.limit} traces start within second {start_s}; "
+                "some may be missed (raise the search limit)"
+            )
+        for entry in found:
+            begin = int(entry.get("startTimeUnixNano") or 0)
+            # Tempo's end bound is inclusive at second granularity: keep each trace in one window.
+            if begin and not (start_s * _NS <= begin < end_s * _NS):
+                continue
+            yield begin, str(entry["traceID"]).lower().rjust(32, "0")
+
+    def _fetch(self, trace_id: str) -> SourceItem:
+        where = f"tempo trace {trace_id}"
+        try:
+            body, content_type = self._get(f"/api/traces/{trace_id}", accept="application/protobuf")
+        except _HttpError as exc:
+            return Malformed(Position(0), where, f"cannot fetch: {exc}")
+        try:
+            if "json" in content_type or body[:1] == b"{":
+                spans = decode_otlp_json(json.loads(body), where=where)
+            else:
+                spans = decode_otlp_protobuf(body, where=where)
+        except (OtlpDecodeError, ValueError) as exc:
+            return Malformed(Position(0), where, str(exc))
+        return SpanBatch(spans, Position(0), where)
+
+    def read(self, start: Position | None = None) -> Iterator[SourceItem]:
+        start = start or Position(0)
+        first_s = self.since_ns // _NS
+        last_s = -(-self.until_ns // _NS)
+        unit = 0
+        for window_start in range(first_s, last_s, self.window_s):
+            window_end = min(window_start + self.window_s, last_s)
+            if unit >= start.unit:
+                listed: list[tuple[int, str]] = []
+                for entry in self._window_traces(window_start, window_end):
+                    if isinstance(entry, str):
+                        yield Malformed(Position(unit), f"tempo search {window_start}..{window_end}", entry)
+                    elif self.since_ns <= entry[0] < self.until_ns or not entry[0]:
+                        listed.append(entry)
+                listed = sorted(set(listed))
+                skip = start.line - 1 if unit == start.unit else 0
+                for index, (_, trace_id) in enumerate(listed, 1):
+                    if index <= skip:
+                        continue
+                    item = self._fetch(trace_id)
+                    position = Position(unit, index)
+                    if isinstance(item, SpanBatch):
+                        yield SpanBatch(item.spans, position, item.where)
+                    elif isinstance(item, Malformed):
+                        yield Malformed(position, item.where, item.reason)
+            yield UnitEnd(unit, Position(unit + 1))
+            unit += 1
+
+    def window_count(self) -> int:
+        first_s = self.since_ns // _NS
+        last_s = -(-self.until_ns // _NS)
+        return max(1, -(-(last_s - first_s) // self.window_s))
