@@ -1,0 +1,104 @@
+"""Scorers the worker tests load by module name (``--scorers tests.worker.sample_scorers``).
+
+Side effects the tests observe go to Redis (db from TRACESCORE_REDIS_URL) under ``tstest:``:
+- ``tstest:calls:<scorer>:<step>`` counts step executions,
+- ``tstest:fail:<scorer>:<step>`` set → that step raises once (the flag is consumed),
+- ``tstest:judge_calls`` sorted set of judge-call timestamps (the rate-limit test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from scorers import create_scorer
+from scorers.judge import get_judge_hooks
+
+_clients: dict[int, Any] = {}
+
+
+def _redis() -> Any:
+    loop = asyncio.get_running_loop()
+    client = _clients.get(id(loop))
+    if client is None:
+        url = os.environ.get("TRACESCORE_REDIS_URL") or os.environ.get(
+            "TRACESCORE_BROKER_URL", "redis://127.0.0.1:6379/11"
+        )
+        client = _clients[id(loop)] = aioredis.Redis.from_url(url, decode_responses=True)
+    return client
+
+
+def _text(output: Any) -> str:
+    return " ".join(m.text for m in output or [])
+
+
+async def _counted(scorer: str, step: str) -> None:
+    client = _redis()
+    await client.incr(f"tstest:calls:{scorer}:{step}")
+    if await client.delete(f"tstest:fail:{scorer}:{step}"):
+        raise RuntimeError(f"{scorer}.{step} failed on purpose (test flag)")
+
+
+def _length(output: Any) -> float:
+    return min(1.0, len(_text(output)) / 100)
+
+
+# Function-only, no Redis: the fast path.
+length = create_scorer("length", type="agent").generate_score(lambda run: _length(run.output))
+
+
+async def _slow_score(run: Any) -> float:
+    await asyncio.sleep(float(os.environ.get("TSTEST_SLOW_S", "0.3")))
+    await _counted("slow", "generate_score")
+    return _length(run.output)
+
+
+slow = create_scorer("slow", type="agent").generate_score(_slow_score)
+
+
+async def _pre(run: Any) -> dict[str, Any]:
+    await _counted("steps", "preprocess")
+    return {"chars": len(_text(run.output))}
+
+
+async def _score(results: Any) -> float:
+    await _counted("steps", "generate_score")
+    return min(1.0, results.preprocess_step_result["chars"] / 100)
+
+
+async def _reason(score: float) -> str:
+    await _counted("steps", "generate_reason")
+    return f"score {score:.2f}"
+
+
+steps = (
+    create_scorer("steps", type="agent", label=lambda s: "long" if s >= 0.5 else "short")
+    .preprocess(_pre)
+    .generate_score(_score)
+    .generate_reason(_reason)
+)
+
+
+async def _limited(run: Any) -> float:
+    """A stand-in judge call: takes a slot from the installed limiter, records the time."""
+    limiter = get_judge_hooks().limiter
+    assert limiter is not None, "the worker installs its rate limiter at start"
+    async with limiter.slot("fake/judge", 100):
+        await _redis().zadd("tstest:judge_calls", {uuid.uuid4().hex: time.time()})
+        await asyncio.sleep(0.01)
+    return 1.0
+
+
+limited = create_scorer("limited", type="agent").generate_score(_limited)
+
+
+async def _broken(run: Any) -> float:
+    raise ValueError("this scorer always fails")
+
+
+broken = create_scorer("broken", type="agent").generate_score(_broken)

@@ -1,0 +1,177 @@
+"""score_batch on the in-memory store: skip, claim, checkpoint, error records, writer once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from scorers import ScoreResult, create_scorer
+from tests.worker._batches import batch
+from tracing._score_record import score_id_for
+from tracing._score_writer import MemoryScoreWriter
+from worker._registry import Registry
+from worker._scoring import ScoringDeps, score_batch
+from worker._store import MemoryScoreStore
+
+calls: dict[str, int] = {}
+
+
+def _count(name: str) -> None:
+    calls[name] = calls.get(name, 0) + 1
+
+
+def _score(run: Any) -> float:
+    _count("plain")
+    return 0.5
+
+
+plain = create_scorer("plain", type="agent").generate_score(_score)
+labelled = create_scorer("labelled", type="agent", label=lambda s: "half").generate_score(lambda: 0.5)
+unscorable = create_scorer("unscorable", type="agent").generate_score(
+    lambda run: __import__("scorers").not_scorable("no tools")
+)
+failing = create_scorer("failing", type="agent").generate_score(lambda: 1 / 0)
+
+
+def _deps(*scorers: Any, **kw: Any) -> tuple[ScoringDeps, MemoryScoreStore, MemoryScoreWriter]:
+    store, writer = MemoryScoreStore(), MemoryScoreWriter()
+    return ScoringDeps(registry=Registry(scorers), store=store, writer=writer, **kw), store, writer
+
+
+@pytest.fixture(autouse=True)
+def _reset_calls() -> None:
+    calls.clear()
+
+
+def test_scores_every_run_and_scorer_once() -> None:
+    """Each run × scorer yields one stored and one written record with the deterministic id."""
+    deps, store, writer = _deps(plain, labelled)
+    msg = batch(range(5), ["plain", "labelled"])
+    report = asyncio.run(score_batch(msg, deps))
+    assert report.scored == 10
+    assert not report.failed
+    ident = msg.requests[0].run.identity
+    expected = score_id_for(ident.trace_id, ident.span_id, "labelled", "1")
+    assert store.records[expected].label == "half"
+    assert len(writer.records) == 10
+    assert len({r.score_id for r in writer.records}) == 10
+    # One write per run: each scored span gets one carrier span.
+    assert writer.writes == 5
+
+
+def test_redelivery_skips_scored_and_writes_nothing_twice() -> None:
+    """Delivering the same batch again runs no scorer and writes nothing."""
+    deps, _, writer = _deps(plain)
+    msg = batch(range(4), ["plain"])
+    asyncio.run(score_batch(msg, deps))
+    again = asyncio.run(score_batch(msg, deps))
+    assert calls["plain"] == 4
+    assert again.skipped == {"already_scored": 4}
+    assert len(writer.records) == 4
+
+
+def test_claimed_pairs_are_left_to_their_holder() -> None:
+    """A pair claimed by another delivery is skipped, not scored a second time."""
+    deps, store, _writer = _deps(plain)
+    msg = batch(range(2), ["plain"])
+    ident = msg.requests[0].run.identity
+    asyncio.run(store.claim([score_id_for(ident.trace_id, ident.span_id, "plain", "1")], "other", 60))
+    report = asyncio.run(score_batch(msg, deps))
+    assert report.scored == 1
+    assert report.skipped == {"claimed_elsewhere": 1}
+
+
+def test_failures_and_unknown_ids_become_error_records() -> None:
+    """A failing scorer and an unknown id each give an error record for that pair only."""
+    deps, _store, writer = _deps(plain, failing, unscorable)
+    report = asyncio.run(score_batch(batch(range(2), ["plain", "failing", "nope", "unscorable"]), deps))
+    assert report.scored == 2
+    assert report.not_scorable == 2
+    assert report.failed == {"ZeroDivisionError": 2, "UnknownScorerError": 2}
+    errors = [r for r in writer.records if r.error_type]
+    assert {r.error_type for r in errors} == {"ZeroDivisionError", "UnknownScorerError"}
+    unknown = next(r for r in errors if r.error_type == "UnknownScorerError")
+    assert "this worker knows" in (unknown.error_message or "")
+    assert all(r.not_scorable == "generate_score: no tools" for r in writer.records if r.scorer_id == "unscorable")
+
+
+def test_transient_failure_is_left_for_retry_then_recorded_on_final_attempt() -> None:
+    """A timeout is not recorded on a non-final attempt; on the final one it is an error record."""
+
+    async def flaky(run: Any) -> float:
+        raise TimeoutError("judge did not answer")
+
+    scorer = create_scorer("flaky", type="agent").generate_score(flaky)
+    deps, store, writer = _deps(scorer)
+    msg = batch(range(3), ["flaky"])
+    first = asyncio.run(score_batch(msg, deps, final_attempt=False))
+    assert first.needs_retry
+    assert len(first.retry) == 3
+    assert not store.records
+    # Claims were released, so the retry can claim them again.
+    last = asyncio.run(score_batch(msg, deps, final_attempt=True))
+    assert last.failed == {"TimeoutError": 3}
+    assert len(writer.records) == 3
+
+
+def test_checkpoint_resume_skips_finished_steps() -> None:
+    """After a failure in generate_reason, the next delivery resumes there (earlier steps not rerun)."""
+    fail_once = {"reason": True}
+
+    def pre(run: Any) -> dict[str, int]:
+        _count("pre")
+        return {"n": 3}
+
+    def score(results: Any) -> float:
+        _count("score")
+        return results.preprocess_step_result["n"] / 10
+
+    def reason(score: float) -> str:
+        _count("reason")
+        if fail_once.pop("reason", False):
+            raise TimeoutError("provider timed out")
+        return f"got {score}"
+
+    scorer = create_scorer("multi", type="agent").preprocess(pre).generate_score(score).generate_reason(reason)
+    deps, store, writer = _deps(scorer, checkpoint="all")
+    msg = batch(range(1), ["multi"])
+    first = asyncio.run(score_batch(msg, deps, final_attempt=False))
+    assert first.needs_retry
+    saved = asyncio.run(store.get_checkpoints(first.retry))
+    assert isinstance(saved[first.retry[0]], ScoreResult)
+    assert saved[first.retry[0]].completed_steps == ["preprocess", "generate_score"]
+    second = asyncio.run(score_batch(msg, deps))
+    assert second.scored == 1
+    assert calls == {"pre": 1, "score": 1, "reason": 2}
+    assert writer.records[0].reason == "got 0.3"
+    assert not asyncio.run(store.get_checkpoints(first.retry))  # cleared once recorded
+
+
+def test_job_counters_do_not_double_count_redelivery() -> None:
+    """Per-job progress counts a redelivered score once; another job's score counts as skipped."""
+    deps, store, _ = _deps(plain)
+    asyncio.run(score_batch(batch(range(3), ["plain"], job_id="j1"), deps))
+    asyncio.run(score_batch(batch(range(3), ["plain"], job_id="j1"), deps))
+    assert asyncio.run(store.job_progress("j1")) == {"scored": 3}
+    asyncio.run(score_batch(batch(range(4), ["plain"], job_id="j2"), deps))
+    assert asyncio.run(store.job_progress("j2")) == {"scored": 1, "skipped": 3, "skipped:already_scored": 3}
+
+
+def test_concurrency_is_bounded_per_model() -> None:
+    """Runs of a judge-less scorer never exceed run_concurrency at once."""
+    state = {"now": 0, "peak": 0}
+
+    async def slow(run: Any) -> float:
+        state["now"] += 1
+        state["peak"] = max(state["peak"], state["now"])
+        await asyncio.sleep(0.01)
+        state["now"] -= 1
+        return 1.0
+
+    scorer = create_scorer("slow", type="agent").generate_score(slow)
+    deps, _, _ = _deps(scorer, run_concurrency=4)
+    report = asyncio.run(score_batch(batch(range(20), ["slow"]), deps))
+    assert report.scored == 20
+    assert state["peak"] == 4

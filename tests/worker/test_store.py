@@ -1,0 +1,122 @@
+"""The ScoreStore contract, on Redis (DB 11) and in memory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from scorers import ScoreResult
+from tracing._score_record import ScoreRecord, score_id_for
+from worker._store import DeadLetter, MemoryScoreStore, RedisScoreStore
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Each test runs against both implementations."""
+    if request.param == "memory":
+        yield MemoryScoreStore()
+        return
+    url = request.getfixturevalue("redis_url")
+    yield RedisScoreStore(url)
+
+
+def _record(n: int, **kw: Any) -> ScoreRecord:
+    trace, span = f"{n:032x}", f"{n:016x}"
+    return ScoreRecord(score_id=score_id_for(trace, span, "s", "1"), trace_id=trace, span_id=span, scorer_id="s", **kw)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_put_records_first_writer_wins(store: Any) -> None:
+    """A score id is recorded once; the second put reports a duplicate and keeps the first."""
+
+    async def go() -> tuple[list[bool], list[bool], list[ScoreRecord]]:
+        first = await store.put_records([_record(1, score=0.1), _record(2, score=0.2)], "w1", 60)
+        second = await store.put_records([_record(1, score=0.9)], "w2", 60)
+        found = await store.records_for_trace(f"{1:032x}")
+        await store.close()
+        return first, second, found
+
+    first, second, found = run(go())
+    assert first == [True, True]
+    assert second == [False]
+    assert [r.score for r in found] == [0.1]
+
+
+def test_concurrent_puts_record_exactly_once(store: Any) -> None:
+    """Many concurrent puts of the same score: exactly one is new."""
+
+    async def go() -> list[bool]:
+        results = await asyncio.gather(*(store.put_records([_record(7, score=i)], f"w{i}", 60) for i in range(20)))
+        await store.close()
+        return [r[0] for r in results]
+
+    assert sum(run(go())) == 1
+
+
+def test_claims_exclude_other_owners_until_released(store: Any) -> None:
+    """A claim blocks other owners, is re-entrant for its owner, and release frees it."""
+
+    async def go() -> tuple[set[str], set[str], set[str], set[str]]:
+        a = await store.claim(["x", "y"], "w1", 60)
+        b = await store.claim(["x", "z"], "w2", 60)
+        again = await store.claim(["x"], "w1", 60)
+        await store.release(["x"], "w2")  # not w2's: no effect
+        await store.release(["x"], "w1")
+        c = await store.claim(["x"], "w2", 60)
+        await store.close()
+        return a, b, again, c
+
+    a, b, again, c = run(go())
+    assert a == {"x", "y"}
+    assert b == {"z"}
+    assert again == {"x"}
+    assert c == {"x"}
+
+
+def test_recording_clears_checkpoint_and_counts_job(store: Any) -> None:
+    """put_records drops the checkpoint and counts scored/failed per job and failure reason."""
+
+    async def go() -> tuple[dict[str, Any], dict[str, int], dict[str, int]]:
+        rec = _record(3, score=1.0, job_id="job")
+        await store.put_checkpoint(rec.score_id, ScoreResult(run_id="r", completed_steps=["preprocess"]), 60)
+        before = await store.get_checkpoints([rec.score_id])
+        await store.put_records([rec, _record(4, job_id="job", error_type="JudgeAuthError")], "w", 60)
+        after = await store.get_checkpoints([rec.score_id])
+        progress = await store.job_progress("job")
+        failures = await store.recent_failures()
+        await store.close()
+        return {"before": before, "after": after}, progress, failures
+
+    cps, progress, failures = run(go())
+    assert next(iter(cps["before"].values())).completed_steps == ["preprocess"]
+    assert cps["after"] == {}
+    assert progress == {"scored": 1, "failed": 1, "failed:JudgeAuthError": 1}
+    assert failures == {"JudgeAuthError": 1}
+
+
+def test_dead_letters_list_and_take(store: Any) -> None:
+    """Dead letters come back newest first and can be taken out by id."""
+
+    async def go() -> tuple[list[str], DeadLetter | None, int, DeadLetter | None]:
+        a, b = DeadLetter(reason="invalid_payload", payload={"x": 1}), DeadLetter(reason="retry_budget_exhausted")
+        await store.dlq_push(a)
+        await store.dlq_push(b)
+        listed = [d.reason for d in await store.dlq_list()]
+        taken = await store.dlq_take(a.id)
+        left = await store.dlq_len()
+        missing = await store.dlq_take("nope")
+        await store.close()
+        return listed, taken, left, missing
+
+    listed, taken, left, missing = run(go())
+    assert listed == ["retry_budget_exhausted", "invalid_payload"]
+    assert taken is not None
+    assert taken.payload == {"x": 1}
+    assert left == 1
+    assert missing is None

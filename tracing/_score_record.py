@@ -1,0 +1,57 @@
+"""``ScoreRecord``: one score of one span by one scorer, as stored and as written back.
+
+The score id is deterministic — sha256 of (trace id, span id, scorer id, scorer version) —
+so a redelivered or re-run request finds the score it already produced and writes nothing twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ScoreRecord", "score_id_for"]
+
+
+def score_id_for(trace_id: str, span_id: str, scorer_id: str, scorer_version: str) -> str:
+    """The deterministic id of one score (64 hex characters)."""
+    key = "\x1f".join((trace_id, span_id, scorer_id, scorer_version))
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class ScoreRecord(BaseModel):
+    """A finished score, or a failed one (``error_type`` set, ``score`` None)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    score_id: str
+    trace_id: str
+    span_id: str
+    span_name: str = ""
+    scorer_id: str
+    scorer_name: str | None = None
+    scorer_version: str = "1"
+    score: float | None = None
+    label: str | None = None
+    reason: str | None = None
+    # Set when the scorer declared the run not scorable (the step and its reason).
+    not_scorable: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    failed_step: str | None = None
+    judge_models: list[str] = Field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    run_id: str | None = None
+    job_id: str | None = None
+    source: Literal["live", "backfill"] = "live"
+    created_at: float = Field(default_factory=time.time)
+    # Epoch seconds: when the run was handed to the queue, and when scoring finished.
+    enqueued_at: float | None = None
+    scored_at: float = Field(default_factory=time.time)
+
+    @property
+    def ok(self) -> bool:
+        return self.error_type is None

@@ -1,0 +1,136 @@
+"""The Celery app: JSON only, late acks, prefetch 1, time limits inside the visibility timeout.
+
+``celery -A worker worker --scorers my.module`` and ``tracescore worker`` both start it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+import structlog
+from celery import Celery, bootsteps, signals
+
+from worker._settings import Settings, SettingsError, get_settings
+
+__all__ = ["app", "configure_app", "settings_error"]
+
+log = structlog.get_logger("tracescore.worker")
+
+settings_error: SettingsError | None = None
+
+
+def _settings() -> Settings:
+    global settings_error
+    try:
+        return get_settings()
+    except SettingsError as exc:
+        # Reported when a worker starts (see _check_settings); importing must not fail, or
+        # even `tracescore --help` would.
+        settings_error = exc
+        return Settings.model_construct()
+
+
+def configure_app(app: Celery, settings: Settings) -> None:
+    """Apply ``settings`` to ``app`` (also used after ``--scorers`` and env changes)."""
+    app.conf.update(
+        broker_url=settings.broker_url,
+        broker_connection_retry_on_startup=True,
+        accept_content=["json"],
+        task_serializer="json",
+        result_serializer="json",
+        event_serializer="json",
+        result_accept_content=["json"],
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_soft_time_limit=settings.task_soft_time_limit,
+        task_time_limit=settings.task_time_limit,
+        task_default_queue=settings.queue,
+        task_create_missing_queues=True,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        broker_transport_options={
+            # Longer than the longest task, so Redis never hands a running task to a second worker.
+            "visibility_timeout": settings.visibility_timeout,
+            "unacked_restore_interval": settings.unacked_restore_interval,
+            "unacked_restore_throttle": settings.unacked_restore_throttle,
+        },
+    )
+
+
+app = Celery("tracescore", set_as_current=False)
+configure_app(app, _settings())
+
+app.user_options["worker"].add(
+    click.Option(
+        ["--scorers"],
+        default=None,
+        help="Module that defines the scorers (sets TRACESCORE_SCORERS), e.g. my_app.scorers.",
+    )
+)
+
+
+class ScorersOption(bootsteps.Step):
+    """Takes ``--scorers`` from the worker's command line and loads the registry once, up front,
+    so a wrong module fails the start instead of every task."""
+
+    def __init__(self, parent: Any, scorers: str | None = None, **options: Any) -> None:
+        if scorers:
+            os.environ["TRACESCORE_SCORERS"] = scorers
+            get_settings.cache_clear()
+        super().__init__(parent, **options)
+
+
+app.steps["worker"].add(ScorersOption)
+
+
+@signals.worker_init.connect
+def _check_settings(**_: Any) -> None:
+    from worker._registry import load_registry
+
+    if settings_error is not None:
+        raise settings_error
+    settings = get_settings()
+    if not settings.scorers:
+        raise SettingsError("no scorer module: start the worker with --scorers my.module (or TRACESCORE_SCORERS)")
+    registry = load_registry(settings.scorers)
+    log.info(
+        "worker_starting",
+        broker=_redact(settings.broker_url),
+        store=_redact(settings.store_url),
+        scorers=",".join(registry),
+        queue=settings.queue,
+        writer=settings.writer,
+    )
+
+
+@signals.worker_process_shutdown.connect
+@signals.worker_shutdown.connect
+def _flush_writer(**_: Any) -> None:
+    from worker._loop import run_coro, stop_loop
+    from worker._runtime import reset_runtime
+
+    runtime = reset_runtime()
+    if runtime is None:
+        return
+    if runtime.writer is not None:
+        runtime.writer.flush(5.0)
+        runtime.writer.close()
+    try:
+        run_coro(runtime.store.close(), 5.0)
+        run_coro(runtime.limiter.close(), 5.0)
+    except Exception:
+        log.warning("worker_close_failed", exc_info=True)
+    stop_loop()
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for logs."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"

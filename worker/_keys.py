@@ -1,0 +1,63 @@
+"""Every Redis key tracescore uses, in one place. All start with ``tracescore:``."""
+
+from __future__ import annotations
+
+__all__ = [
+    "PREFIX",
+    "checkpoint_key",
+    "claim_key",
+    "dlq_key",
+    "failures_key",
+    "job_key",
+    "limiter_bucket_key",
+    "limiter_pause_key",
+    "record_key",
+    "trace_key",
+]
+
+PREFIX = "tracescore:"
+
+
+def claim_key(score_id: str) -> str:
+    """Held by the worker scoring ``score_id`` right now (SET NX with a TTL)."""
+    return f"{PREFIX}claim:{score_id}"
+
+
+def record_key(score_id: str) -> str:
+    """The stored ``ScoreRecord`` JSON; its presence means "scored, do not score again"."""
+    return f"{PREFIX}score:{score_id}"
+
+
+def trace_key(trace_id: str) -> str:
+    """Set of score ids recorded for one trace (``tracescore scores --trace``)."""
+    return f"{PREFIX}trace:{trace_id}"
+
+
+def checkpoint_key(score_id: str) -> str:
+    """The partial ``ScoreResult`` after the last completed step."""
+    return f"{PREFIX}checkpoint:{score_id}"
+
+
+def job_key(job_id: str) -> str:
+    """Hash of per-job counters: scored, failed, skipped, failed:<reason>."""
+    return f"{PREFIX}job:{job_id}"
+
+
+def dlq_key() -> str:
+    """List of dead letters (JSON), newest first."""
+    return f"{PREFIX}dlq"
+
+
+def failures_key() -> str:
+    """Hash of failure counts by reason, for ``tracescore status``."""
+    return f"{PREFIX}failures"
+
+
+def limiter_bucket_key(model_id: str, kind: str) -> str:
+    """Token bucket of one judge model; ``kind`` is ``req`` or ``tok``."""
+    return f"{PREFIX}limiter:{kind}:{model_id}"
+
+
+def limiter_pause_key(model_id: str) -> str:
+    """Set (with a TTL) while a provider asked us to back off from ``model_id``."""
+    return f"{PREFIX}limiter:pause:{model_id}"

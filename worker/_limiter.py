@@ -1,0 +1,212 @@
+"""The judge rate limiter: a Redis token bucket per model shared by every worker process.
+
+Each judge model has a requests bucket and a tokens bucket (refilled continuously at the
+configured per-minute rates, using Redis' clock so machines agree). A 429 with Retry-After
+sets a pause key for the model that every worker checks before each call. Inside one
+process, calls per model are also bounded by a semaphore (``model_concurrency``).
+Implements ``scorers.judge.JudgeLimiter``; install it with ``set_judge_hooks``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import structlog
+
+from worker import _keys
+from worker._settings import ModelRateLimit
+
+__all__ = ["RedisRateLimiter"]
+
+log = structlog.get_logger("tracescore.worker.limiter")
+
+# Requests may burst this many seconds' worth of budget; tokens a little more, so one large
+# request still fits (a request costing more than the whole bucket is charged the bucket).
+REQUEST_BURST_SECONDS = 1.0
+TOKEN_BURST_SECONDS = 6.0
+MAX_WAIT_SLICE_S = 1.0
+
+# KEYS: requests bucket, tokens bucket, pause key
+# ARGV: req rate/ms, req capacity, tok rate/ms, tok capacity, tok cost, key ttl s
+# Returns 0 when admitted, else milliseconds to wait.
+_ACQUIRE = """
+local pause = redis.call('PTTL', KEYS[3])
+if pause > 0 then return pause end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function level(key, rate, cap)
+  local v = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens = tonumber(v[1])
+  local ts = tonumber(v[2])
+  if tokens == nil then tokens = cap; ts = now end
+  tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
+  return tokens
+end
+local req_rate = tonumber(ARGV[1]); local req_cap = tonumber(ARGV[2])
+local tok_rate = tonumber(ARGV[3]); local tok_cap = tonumber(ARGV[4])
+local cost = math.min(tonumber(ARGV[5]), tok_cap)
+local wait = 0
+local req, tok
+if req_rate > 0 then
+  req = level(KEYS[1], req_rate, req_cap)
+  if req < 1 then wait = math.max(wait, math.ceil((1 - req) / req_rate)) end
+end
+if tok_rate > 0 then
+  tok = level(KEYS[2], tok_rate, tok_cap)
+  if tok < cost then wait = math.max(wait, math.ceil((cost - tok) / tok_rate)) end
+end
+if wait > 0 then return wait end
+local ttl = tonumber(ARGV[6])
+if req_rate > 0 then
+  redis.call('HSET', KEYS[1], 'tokens', req - 1, 'ts', now)
+  redis.call('EXPIRE', KEYS[1], ttl)
+end
+if tok_rate > 0 then
+  redis.call('HSET', KEYS[2], 'tokens', tok - cost, 'ts', now)
+  redis.call('EXPIRE', KEYS[2], ttl)
+end
+return 0
+"""
+
+# KEYS: tokens bucket. ARGV: correction (tokens used - estimate).
+_CORRECT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBYFLOAT', KEYS[1], 'tokens', -tonumber(ARGV[1]))
+end
+return 0
+"""
+
+# KEYS: pause key. ARGV: milliseconds. Only ever lengthens a pause.
+_PAUSE = """
+local ms = tonumber(ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ms then
+  redis.call('SET', KEYS[1], '1', 'PX', ms)
+end
+return 0
+"""
+
+_estimate: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
+    "tracescore_limiter_estimate", default=None
+)
+
+
+class RedisRateLimiter:
+    """``JudgeLimiter`` backed by Redis; ``limits(model_id)`` gives each model's budget."""
+
+    def __init__(
+        self,
+        url: str,
+        limits: Callable[[str], ModelRateLimit],
+        *,
+        model_concurrency: int = 64,
+    ) -> None:
+        self.url = url
+        self._limits = limits
+        self._concurrency = model_concurrency
+        self._client: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._gates: dict[str, asyncio.Semaphore] = {}
+        self.waits = 0  # how many times a caller had to wait (for logs and tests)
+
+    def _redis(self) -> Any:
+        import redis.asyncio as aioredis
+
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client = aioredis.Redis.from_url(self.url, decode_responses=True, max_connections=64)
+            self._loop = loop
+            self._gates = {}
+            self._acquire = self._client.register_script(_ACQUIRE)
+            self._correct = self._client.register_script(_CORRECT)
+            self._pause = self._client.register_script(_PAUSE)
+        return self._client
+
+    def _gate(self, model_id: str) -> asyncio.Semaphore:
+        gate = self._gates.get(model_id)
+        if gate is None:
+            gate = self._gates[model_id] = asyncio.Semaphore(self._concurrency)
+        return gate
+
+    async def _try(self, model_id: str, estimated_tokens: int) -> int:
+        self._redis()
+        limit = self._limits(model_id)
+        rpm = limit.requests_per_minute or 0.0
+        tpm = limit.tokens_per_minute or 0.0
+        waited = await self._acquire(
+            keys=[
+                _keys.limiter_bucket_key(model_id, "req"),
+                _keys.limiter_bucket_key(model_id, "tok"),
+                _keys.limiter_pause_key(model_id),
+            ],
+            args=[
+                rpm / 60_000,
+                max(1.0, rpm / 60 * REQUEST_BURST_SECONDS),
+                tpm / 60_000,
+                max(1.0, tpm / 60 * TOKEN_BURST_SECONDS),
+                max(0, estimated_tokens) if tpm else 0,
+                3600,
+            ],
+        )
+        return int(waited)
+
+    def slot(self, model_id: str, estimated_tokens: int) -> AbstractAsyncContextManager[None]:
+        return self._slot(model_id, estimated_tokens)
+
+    @asynccontextmanager
+    async def _slot(self, model_id: str, estimated_tokens: int) -> AsyncIterator[None]:
+        self._redis()
+        async with self._gate(model_id):
+            while True:
+                wait_ms = await self._try(model_id, estimated_tokens)
+                if wait_ms <= 0:
+                    break
+                self.waits += 1
+                # A slice, with jitter, so waiters across processes do not all wake at once.
+                await asyncio.sleep(min(wait_ms / 1000, MAX_WAIT_SLICE_S) * random.uniform(1.0, 1.2))
+            marker = _estimate.set((model_id, estimated_tokens))
+            try:
+                yield
+            finally:
+                _estimate.reset(marker)
+
+    async def record_usage(self, model_id: str, tokens: int) -> None:
+        limit = self._limits(model_id)
+        if not limit.tokens_per_minute:
+            return
+        current = _estimate.get()
+        estimate = current[1] if current is not None and current[0] == model_id else 0
+        if tokens != estimate:
+            self._redis()
+            await self._correct(keys=[_keys.limiter_bucket_key(model_id, "tok")], args=[tokens - estimate])
+
+    async def pause(self, model_id: str, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        self._redis()
+        await self._pause(keys=[_keys.limiter_pause_key(model_id)], args=[int(seconds * 1000)])
+        log.warning("judge_model_paused", model=model_id, seconds=round(seconds, 3))
+
+    async def state(self) -> dict[str, dict[str, float]]:
+        """Per model: remaining pause (s) and bucket levels, from whatever keys exist now."""
+        client = self._redis()
+        out: dict[str, dict[str, float]] = {}
+        prefix = f"{_keys.PREFIX}limiter:"
+        async for key in client.scan_iter(match=f"{prefix}*", count=500):
+            kind, _, model = key[len(prefix) :].partition(":")
+            entry = out.setdefault(model, {})
+            if kind == "pause":
+                entry["paused_s"] = max(0.0, await client.pttl(key) / 1000)
+            else:
+                tokens = await client.hget(key, "tokens")
+                entry[f"{kind}_bucket"] = round(float(tokens or 0), 1)
+        return out
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose(close_connection_pool=True)

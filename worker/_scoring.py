@@ -1,0 +1,350 @@
+"""``score_batch``: score every run × scorer of one queue message on the current event loop.
+
+No Celery here: the Celery task, the embedded mode and tests all call this one function.
+
+For each (run, scorer) pair the score id is deterministic (``score_id_for``). A pair whose
+score is already stored is skipped; the rest are claimed (so two deliveries of the same message
+do not both pay for judge calls), resumed from their last step checkpoint if a previous delivery
+died midway, scored concurrently (bounded per judge model, and overall), recorded once
+(``store.put_records`` is atomic: the first writer wins) and only then handed to the writer.
+A failure becomes an error record — except a transient one (timeouts, 429/5xx after the
+judge's own retries) on a non-final attempt, which is left unrecorded for the task to retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+
+from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
+from scorers.judge import JudgeModel
+from tracing._run import ScoreBatch, ScoreRequest
+from tracing._score_record import ScoreRecord, score_id_for
+from tracing._score_writer import ScoreWriter
+from worker._registry import UnknownScorerError
+from worker._store import ScoreStore
+
+__all__ = ["TRANSIENT_STATUS_CODES", "BatchReport", "ScoringDeps", "is_transient", "score_batch"]
+
+log = structlog.get_logger("tracescore.worker.scoring")
+
+TRANSIENT_STATUS_CODES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+_GENERAL = "*"
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    """Worth another delivery later: timeouts, connection errors, 429/5xx from a provider."""
+    if exc is None:
+        return False
+    if getattr(exc, "retryable", None) is True or getattr(exc, "category", None) == "retryable":
+        return True
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and status in TRANSIENT_STATUS_CODES:
+        return True
+    return isinstance(exc, TimeoutError | ConnectionError)
+
+
+@dataclass
+class ScoringDeps:
+    """What ``score_batch`` needs: where scorers, scores and write-back live, and the limits."""
+
+    registry: Mapping[str, Scorer]
+    store: ScoreStore
+    writer: ScoreWriter | None = None
+    model_concurrency: int = 64
+    run_concurrency: int = 256
+    score_ttl_s: int = 7 * 24 * 3600
+    claim_ttl_s: int = 330
+    checkpoint_ttl_s: int = 24 * 3600
+    # Which scorers keep step checkpoints: "judge" (those with prompt steps: judge calls cost
+    # money), "all" (function-only scorers too, one store write per step) or "none".
+    checkpoint: Literal["judge", "all", "none"] = "judge"
+    owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    _gates: dict[tuple[int, str], asyncio.Semaphore] = field(default_factory=dict, repr=False)
+
+    def gate(self, key: str) -> asyncio.Semaphore:
+        """The semaphore for one judge model (or ``"*"``: runs without a judge), per event loop."""
+        loop_key = (id(asyncio.get_running_loop()), key)
+        gate = self._gates.get(loop_key)
+        if gate is None:
+            size = self.run_concurrency if key == _GENERAL else self.model_concurrency
+            gate = self._gates[loop_key] = asyncio.Semaphore(size)
+        return gate
+
+
+@dataclass
+class BatchReport:
+    """What one ``score_batch`` call did. ``retry`` holds score ids left for another attempt."""
+
+    batch_id: str
+    requests: int = 0
+    pairs: int = 0
+    scored: int = 0
+    not_scorable: int = 0
+    failed: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
+    transient: Counter[str] = field(default_factory=Counter)
+    retry: list[str] = field(default_factory=list)
+    written: int = 0
+    write_failed: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def needs_retry(self) -> bool:
+        return bool(self.retry)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id,
+            "requests": self.requests,
+            "pairs": self.pairs,
+            "scored": self.scored,
+            "not_scorable": self.not_scorable,
+            "failed": dict(self.failed),
+            "skipped": dict(self.skipped),
+            "transient": dict(self.transient),
+            "written": self.written,
+            "write_failed": self.write_failed,
+            "elapsed_s": round(self.elapsed_s, 4),
+        }
+
+
+@dataclass
+class _Pair:
+    request: ScoreRequest
+    scorer_id: str
+    scorer: Scorer | None
+    score_id: str
+    unknown: UnknownScorerError | None = None
+
+
+@dataclass
+class _Transient:
+    pair: _Pair
+    error_type: str
+
+
+def _model_key(scorer: Scorer) -> str:
+    for judge in scorer.step_judges().values():
+        model = judge.model if judge is not None else None
+        if isinstance(model, str):
+            return model
+        if isinstance(model, JudgeModel):
+            return model.model_id
+    return _GENERAL
+
+
+def _checkpointed(scorer: Scorer, deps: ScoringDeps) -> bool:
+    if deps.checkpoint == "judge":
+        return scorer.has_judge_steps
+    return deps.checkpoint == "all"
+
+
+def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:
+    pairs: list[_Pair] = []
+    for request in batch.requests:
+        ident = request.run.identity
+        for scorer_id in dict.fromkeys(request.scorer_ids):
+            try:
+                scorer: Scorer | None = registry[scorer_id]
+                unknown = None
+            except UnknownScorerError as exc:
+                scorer, unknown = None, exc
+            except KeyError:
+                scorer = None
+                unknown = UnknownScorerError(scorer_id, registry.keys())
+            version = scorer.version if scorer is not None else "unknown"
+            score_id = score_id_for(ident.trace_id, ident.span_id, scorer_id, version)
+            pairs.append(_Pair(request, scorer_id, scorer, score_id, unknown))
+    return pairs
+
+
+def _record(
+    pair: _Pair,
+    result: ScoreResult | None,
+    *,
+    error: BaseException | None = None,
+    error_type: str | None = None,
+    failed_step: str | None = None,
+) -> ScoreRecord:
+    request = pair.request
+    ident = request.run.identity
+    executions = list(result.judge.values()) if result is not None else []
+    not_scorable = None
+    if result is not None and result.not_scorable:
+        ns = result.not_scorable
+        not_scorable = f"{ns.get('step', '?')}: {ns.get('reason', '')}"
+    return ScoreRecord(
+        score_id=pair.score_id,
+        trace_id=ident.trace_id,
+        span_id=ident.span_id,
+        span_name=ident.span_name,
+        scorer_id=pair.scorer_id,
+        scorer_name=pair.scorer.name if pair.scorer is not None else None,
+        scorer_version=pair.scorer.version if pair.scorer is not None else "unknown",
+        score=result.score if result is not None and error is None else None,
+        label=result.label if result is not None and error is None else None,
+        reason=result.reason if result is not None and error is None else None,
+        not_scorable=not_scorable if error is None else None,
+        error_type=error_type,
+        error_message=str(error)[:2000] if error is not None else None,
+        failed_step=failed_step,
+        judge_models=sorted({e.model for e in executions}),
+        input_tokens=sum(e.usage.input_tokens for e in executions),
+        output_tokens=sum(e.usage.output_tokens for e in executions),
+        run_id=result.run_id if result is not None else None,
+        job_id=request.job_id,
+        source=request.source,
+        enqueued_at=request.enqueued_at,
+        scored_at=time.time(),
+    )
+
+
+async def _score_pair(
+    pair: _Pair, deps: ScoringDeps, checkpoint: ScoreResult | None, final_attempt: bool
+) -> ScoreRecord | _Transient:
+    scorer = pair.scorer
+    if scorer is None:
+        assert pair.unknown is not None
+        return _record(pair, None, error=pair.unknown, error_type="UnknownScorerError")
+    run = pair.request.run
+    ident = run.identity
+    on_step = None
+    if _checkpointed(scorer, deps):
+        # Judge steps cost money: keep each finished step so a redelivery resumes after it.
+        async def on_step(partial: ScoreResult) -> None:
+            await deps.store.put_checkpoint(pair.score_id, partial, deps.checkpoint_ttl_s)
+
+    async with deps.gate(_model_key(scorer)):
+        try:
+            result = await scorer.run(
+                input=run.input,
+                output=run.output,
+                run_id=f"{ident.trace_id}:{ident.span_id}",
+                ground_truth=run.ground_truth,
+                request_context=run.request_context,
+                resume=checkpoint,
+                on_step=on_step,
+            )
+        except ScorerRunError as exc:
+            if not final_attempt and is_transient(exc.cause):
+                return _Transient(pair, exc.error_type)
+            return _record(pair, exc.partial, error=exc, error_type=exc.error_type, failed_step=exc.failed_step)
+        except ScorerError as exc:
+            return _record(pair, None, error=exc, error_type=type(exc).__name__)
+        except Exception as exc:  # a bug in a scorer outside its steps: still a visible record
+            log.exception("scorer_crashed", scorer=pair.scorer_id, score_id=pair.score_id)
+            return _record(pair, None, error=exc, error_type=type(exc).__name__)
+    return _record(pair, result)
+
+
+async def _score_request(
+    pairs: list[_Pair],
+    deps: ScoringDeps,
+    checkpoints: dict[str, ScoreResult],
+    final_attempt: bool,
+    report: BatchReport,
+) -> None:
+    outcomes = await asyncio.gather(*(_score_pair(p, deps, checkpoints.get(p.score_id), final_attempt) for p in pairs))
+    records = [o for o in outcomes if isinstance(o, ScoreRecord)]
+    transient = [o for o in outcomes if isinstance(o, _Transient)]
+    if transient:
+        await deps.store.release([t.pair.score_id for t in transient], deps.owner)
+        for t in transient:
+            report.transient[t.error_type] += 1
+            report.retry.append(t.pair.score_id)
+    fresh = await deps.store.put_records(records, deps.owner, deps.score_ttl_s)
+    new = [r for r, is_new in zip(records, fresh, strict=True) if is_new]
+    report.skipped["duplicate"] += len(records) - len(new)
+    for record in new:
+        if record.error_type:
+            report.failed[record.error_type] += 1
+        elif record.score is None:
+            report.not_scorable += 1
+        else:
+            report.scored += 1
+    if new and deps.writer is not None:
+        try:
+            deps.writer.write(new)
+            report.written += len(new)
+        except Exception:
+            # The score is stored (and visible via `tracescore scores`); only the write-back failed.
+            log.exception("score_write_failed", records=len(new), trace_id=new[0].trace_id)
+            report.write_failed += len(new)
+
+
+async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bool = True) -> BatchReport:
+    """Score every request × scorer in ``batch``; see the module docstring for the guarantees.
+
+    With ``final_attempt=False`` transient failures are not recorded but listed in
+    ``report.retry`` (their claims released, checkpoints kept) for the caller to retry.
+    """
+    started = time.perf_counter()
+    report = BatchReport(batch_id=batch.batch_id, requests=len(batch.requests))
+    pairs = _pairs(batch, deps.registry)
+    report.pairs = len(pairs)
+
+    existing = await deps.store.existing([p.score_id for p in pairs])
+    skipped_by_job: Counter[str] = Counter()
+    todo: list[_Pair] = []
+    for pair in pairs:
+        record = existing.get(pair.score_id)
+        if record is None:
+            todo.append(pair)
+            continue
+        report.skipped["already_scored"] += 1
+        # Counted for a job only if another job (or live traffic) scored it; a redelivery of
+        # this job's own message was already counted when the score was recorded.
+        if pair.request.job_id and record.job_id != pair.request.job_id:
+            skipped_by_job[pair.request.job_id] += 1
+    for job_id, n in skipped_by_job.items():
+        await deps.store.count_skipped(job_id, "already_scored", n)
+
+    held = await deps.store.claim([p.score_id for p in todo], deps.owner, deps.claim_ttl_s)
+    mine = [p for p in todo if p.score_id in held]
+    # Held by another delivery that is scoring it right now; its own message guarantees it.
+    report.skipped["claimed_elsewhere"] += len(todo) - len(mine)
+
+    checkpoints = await deps.store.get_checkpoints(
+        [p.score_id for p in mine if p.scorer is not None and _checkpointed(p.scorer, deps)]
+    )
+    by_request: dict[int, list[_Pair]] = defaultdict(list)
+    for pair in mine:
+        by_request[id(pair.request)].append(pair)
+    try:
+        await asyncio.gather(
+            *(_score_request(group, deps, checkpoints, final_attempt, report) for group in by_request.values())
+        )
+    except BaseException:
+        # Cancelled (time limit) or the store failed: let a redelivery claim what is unfinished.
+        stored = await _safe_existing(deps, [p.score_id for p in mine])
+        await _safe_release(deps, [p.score_id for p in mine if p.score_id not in stored])
+        raise
+    finally:
+        report.elapsed_s = time.perf_counter() - started
+    for key in [k for k, v in report.skipped.items() if not v]:
+        del report.skipped[key]
+    log.debug("batch_scored", **report.as_dict())
+    return report
+
+
+async def _safe_existing(deps: ScoringDeps, ids: list[str]) -> set[str]:
+    try:
+        return set(await deps.store.existing(ids))
+    except Exception:
+        return set()
+
+
+async def _safe_release(deps: ScoringDeps, ids: list[str]) -> None:
+    try:
+        await deps.store.release(ids, deps.owner)
+    except Exception:
+        log.warning("claim_release_failed", claims=len(ids))

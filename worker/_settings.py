@@ -1,0 +1,124 @@
+"""The worker's settings: one pydantic-settings object read from ``TRACESCORE_*`` variables.
+
+A bad value fails at start-up with the variable's name and what it expects, never later.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["ModelRateLimit", "Settings", "SettingsError", "get_settings", "load_settings"]
+
+
+class SettingsError(ValueError):
+    """A ``TRACESCORE_*`` environment variable holds a value the worker cannot use."""
+
+
+class ModelRateLimit(BaseModel):
+    """Budget of one judge model, shared by every worker: requests and tokens per minute."""
+
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    tokens_per_minute: float | None = Field(default=None, gt=0)
+
+
+class Settings(BaseSettings):
+    """Every knob of the worker. Environment: ``TRACESCORE_<FIELD>`` (case-insensitive)."""
+
+    model_config = SettingsConfigDict(env_prefix="TRACESCORE_", extra="ignore", frozen=True)
+
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    # The score store (claims, checkpoints, records, DLQ, limiter); defaults to broker_url.
+    redis_url: str | None = None
+    scorers: str | None = None
+    queue: str = "tracescore"
+
+    # Concurrency inside one worker process: judge calls in flight per judge model, and scorer
+    # runs in flight overall (function-only scorers are bounded by this alone).
+    model_concurrency: int = Field(default=64, ge=1)
+    run_concurrency: int = Field(default=256, ge=1)
+    # {"openai/gpt-4o-mini": {"requests_per_minute": 500, "tokens_per_minute": 200000}}
+    rate_limits: dict[str, ModelRateLimit] = Field(default_factory=dict)
+    default_requests_per_minute: float | None = Field(default=None, gt=0)
+    default_tokens_per_minute: float | None = Field(default=None, gt=0)
+
+    score_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=60)
+    claim_ttl_seconds: int = Field(default=0, ge=0)  # 0 → task hard time limit + 30 s
+    checkpoint_ttl_seconds: int = Field(default=24 * 3600, ge=60)
+
+    task_soft_time_limit: float = Field(default=240.0, gt=0)
+    task_time_limit: float = Field(default=300.0, gt=0)
+    visibility_timeout: float = Field(default=360.0, gt=0)
+    # kombu's sweep that redelivers a dead worker's unacked messages runs every
+    # interval × throttle seconds (kombu's default 10 × 10); 1 keeps it at the interval.
+    unacked_restore_interval: int = Field(default=10, ge=1)
+    unacked_restore_throttle: int = Field(default=1, ge=1)
+    max_payload_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    retry_budget: int = Field(default=3, ge=0)
+    retry_backoff_seconds: float = Field(default=2.0, ge=0)
+
+    writer: Literal["otlp", "jsonl", "console", "none"] = "otlp"
+    writer_path: str | None = None  # for writer=jsonl
+
+    @field_validator("rate_limits", mode="before")
+    @classmethod
+    def _parse_rate_limits(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip() else {}
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.task_soft_time_limit >= self.task_time_limit:
+            raise ValueError(
+                f"TRACESCORE_TASK_SOFT_TIME_LIMIT ({self.task_soft_time_limit}) must be below "
+                f"TRACESCORE_TASK_TIME_LIMIT ({self.task_time_limit})"
+            )
+        if self.visibility_timeout <= self.task_time_limit:
+            # A task still running when Redis redelivers it would run twice at once.
+            raise ValueError(
+                f"TRACESCORE_VISIBILITY_TIMEOUT ({self.visibility_timeout}) must exceed "
+                f"TRACESCORE_TASK_TIME_LIMIT ({self.task_time_limit})"
+            )
+        if self.writer == "jsonl" and not self.writer_path:
+            raise ValueError("TRACESCORE_WRITER=jsonl needs TRACESCORE_WRITER_PATH (a file to append to)")
+        return self
+
+    @property
+    def store_url(self) -> str:
+        return self.redis_url or self.broker_url
+
+    @property
+    def claim_ttl(self) -> int:
+        return self.claim_ttl_seconds or int(self.task_time_limit) + 30
+
+    def rate_limit(self, model_id: str) -> ModelRateLimit:
+        return self.rate_limits.get(model_id) or ModelRateLimit(
+            requests_per_minute=self.default_requests_per_minute,
+            tokens_per_minute=self.default_tokens_per_minute,
+        )
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment (and ``overrides``); a bad value raises ``SettingsError``."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(p) for p in error["loc"]) or "settings"
+            name = f"TRACESCORE_{field.split('.')[0].upper()}" if error["loc"] else field
+            problems.append(f"{name}: {error['msg']}")
+        raise SettingsError("bad worker settings: " + "; ".join(problems)) from None
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"TRACESCORE_RATE_LIMITS is not JSON: {exc}") from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once."""
+    return load_settings()

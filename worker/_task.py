@@ -1,0 +1,126 @@
+"""The scoring task (``tracescore.score_batch``): validate, score on the loop thread, retry or
+dead-letter. It never lets a bad message crash the worker."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import structlog
+from celery import Task
+from celery.exceptions import Retry, SoftTimeLimitExceeded
+from pydantic import ValidationError
+
+from tracing._run import SCORE_TASK_NAME, ScoreBatch
+from worker._app import app
+from worker._loop import run_coro
+from worker._runtime import WorkerRuntime, get_runtime
+from worker._scoring import score_batch
+from worker._store import DeadLetter
+
+__all__ = ["score_batch_task"]
+
+log = structlog.get_logger("tracescore.worker.task")
+
+# A dead letter keeps the payload for `tracescore dlq retry` unless it is larger than this.
+MAX_DEAD_PAYLOAD_BYTES = 1024 * 1024
+
+
+def _dead_letter(
+    runtime: WorkerRuntime,
+    *,
+    reason: str,
+    error: str,
+    payload: Any,
+    size: int,
+    batch_id: str | None,
+    attempts: int,
+    retryable: bool,
+) -> None:
+    keep = payload if size <= MAX_DEAD_PAYLOAD_BYTES else None
+    letter = DeadLetter(
+        reason=reason,
+        error=error[:2000],
+        batch_id=batch_id,
+        task_name=SCORE_TASK_NAME,
+        attempts=attempts,
+        payload=keep,
+        retryable=retryable and keep is not None,
+    )
+    run_coro(runtime.store.dlq_push(letter), 30.0)
+    log.error("message_dead_lettered", reason=reason, error=error[:300], batch_id=batch_id, attempts=attempts)
+
+
+@app.task(
+    name=SCORE_TASK_NAME,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    max_retries=None,  # our own budget (TRACESCORE_RETRY_BUDGET) decides
+)
+def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
+    """Score one ``ScoreBatch`` (its ``model_dump(mode="json")``)."""
+    runtime = get_runtime()
+    settings = runtime.settings
+    attempt = int(self.request.retries or 0)
+    try:
+        size = len(json.dumps(payload, separators=(",", ":")))
+    except (TypeError, ValueError):
+        size = -1
+    if size > settings.max_payload_bytes or size < 0:
+        _dead_letter(
+            runtime,
+            reason="payload_too_large" if size > 0 else "payload_not_json",
+            error=f"message is {size} bytes; TRACESCORE_MAX_PAYLOAD_BYTES is {settings.max_payload_bytes}"
+            " — send fewer runs per batch",
+            payload=None,
+            size=size,
+            batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
+            attempts=attempt + 1,
+            retryable=False,
+        )
+        return None
+    try:
+        batch = ScoreBatch.model_validate(payload)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()[:5])
+        _dead_letter(
+            runtime,
+            reason="invalid_payload",
+            error=f"not a ScoreBatch: {problems}",
+            payload=payload,
+            size=size,
+            batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
+            attempts=attempt + 1,
+            retryable=False,
+        )
+        return None
+
+    final = attempt >= settings.retry_budget
+    try:
+        report = run_coro(score_batch(batch, runtime.deps, final_attempt=final), timeout=settings.task_soft_time_limit)
+    except Retry:
+        raise
+    except (Exception, SoftTimeLimitExceeded) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        if final:
+            _dead_letter(
+                runtime,
+                reason="retry_budget_exhausted",
+                error=error,
+                payload=payload,
+                size=size,
+                batch_id=batch.batch_id,
+                attempts=attempt + 1,
+                retryable=True,
+            )
+            return None
+        log.warning("batch_retry", batch_id=batch.batch_id, attempt=attempt + 1, error=error[:300])
+        raise self.retry(countdown=settings.retry_backoff_seconds * 2**attempt, exc=exc) from exc
+    summary = report.as_dict()
+    if report.needs_retry:
+        log.warning("batch_retry", batch_id=batch.batch_id, attempt=attempt + 1, transient=dict(report.transient))
+        raise self.retry(countdown=settings.retry_backoff_seconds * 2**attempt)
+    log.info("batch_done", **summary)
+    return summary
