@@ -1,17 +1,30 @@
 """OpenTelemetry side of tracescore: span → run transform, the exporter, score write-back."""
 
 from tracing._errors import TraceReadError
+from tracing._exporter import ScoringSpanExporter
+from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE
+from tracing._rules import ScoringRule, sampled
 from tracing._run import SCORE_TASK_NAME, RunIdentity, ScoreBatch, ScoreRequest, TracedRun
-from tracing._transform import find_targets, trace_to_run, trace_to_runs
+from tracing._sinks import CallbackSink, CelerySink, Sink
+from tracing._transform import find_targets, read_trace, trace_to_run, trace_to_runs
 
 __all__ = [
+    "JUDGE_ROLE",
+    "ROLE_ATTRIBUTE",
     "SCORE_TASK_NAME",
+    "CallbackSink",
+    "CelerySink",
     "RunIdentity",
     "ScoreBatch",
     "ScoreRequest",
+    "ScoringRule",
+    "ScoringSpanExporter",
+    "Sink",
     "TraceReadError",
     "TracedRun",
     "find_targets",
+    "read_trace",
+    "sampled",
     "trace_to_run",
     "trace_to_runs",
 ]

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
+from pydantic import ValidationError
 
 from scorers.agent import ScorerRunInputForAgent, ScorerRunOutputForAgent
 from tracing._errors import TraceReadError
@@ -41,7 +42,7 @@ from tracing._messages import (
 from tracing._run import RunIdentity, TracedRun
 from tracing._span import SpanEvent, SpanView, view_spans
 
-__all__ = ["find_targets", "trace_to_run", "trace_to_runs"]
+__all__ = ["find_targets", "read_trace", "trace_to_run", "trace_to_runs"]
 
 
 def _nearest(span: SpanView, kind: str) -> SpanView | None:
@@ -210,11 +211,19 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
         start_time_ns=target.start_ns,
         end_time_ns=target.end_ns,
     )
-    return TracedRun(
-        identity=identity,
-        input=ScorerRunInputForAgent.model_validate(_split(target, context, system_extra)),
-        output=ScorerRunOutputForAgent.validate(render_messages([answer], steps=steps > 1)),
-    )
+    try:
+        return TracedRun(
+            identity=identity,
+            input=ScorerRunInputForAgent.model_validate(_split(target, context, system_extra)),
+            output=ScorerRunOutputForAgent.validate(render_messages([answer], steps=steps > 1)),
+        )
+    except ValidationError as exc:
+        raise TraceReadError(
+            "bad_message",
+            f"the messages read do not form a valid agent run: {exc.errors()[0]['msg']}",
+            span_name=target.name,
+            span_id=target.span_id,
+        ) from None
 
 
 def find_targets(spans: Sequence[ReadableSpan]) -> list[str]:
@@ -230,6 +239,28 @@ def trace_to_runs(spans: Sequence[ReadableSpan], *, log_records: Iterable[Any] =
     if not targets:
         raise TraceReadError("no_target", "the trace has no agent span and no LLM span")
     return [_run_for(t, views) for t in targets]
+
+
+def read_trace(
+    spans: Sequence[ReadableSpan], *, exclude_under: Iterable[str] = ()
+) -> list[TracedRun | TraceReadError]:
+    """Every run of the trace, each read on its own: one unreadable run does not hide the others.
+
+    Targets at or under a span in ``exclude_under`` (span ids, hex) are skipped (the loop guard).
+    """
+    views = view_spans(spans)
+    excluded = set(exclude_under)
+    out: list[TracedRun | TraceReadError] = []
+    for target in _targets(views):
+        if excluded and (
+            target.span_id in excluded or any(a.span_id in excluded for a in target.ancestors())
+        ):
+            continue
+        try:
+            out.append(_run_for(target, views))
+        except TraceReadError as exc:
+            out.append(exc)
+    return out
 
 
 def trace_to_run(

@@ -1,0 +1,47 @@
+"""Helpers for exporter tests: a clock the test moves, a recording sink, waiting with a deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from tracing import ScoreBatch, ScoreRequest
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Recording:
+    """A CallbackSink target that keeps every batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[ScoreBatch] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: ScoreBatch) -> None:
+        with self._lock:
+            self.batches.append(batch)
+
+    @property
+    def requests(self) -> list[ScoreRequest]:
+        with self._lock:
+            return [r for b in self.batches for r in b.requests]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll ``condition`` until true or the deadline; the assertion is on the condition."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()

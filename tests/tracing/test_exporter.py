@@ -1,0 +1,387 @@
+"""ScoringSpanExporter: grace window, bounds, sampling, loop guard, errors, hand-off and flush."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from tests.tracing._exporting import FakeClock, Recording, wait_for
+from tests.tracing._spans import Recorder, genai_messages
+from tracing import (
+    JUDGE_ROLE,
+    ROLE_ATTRIBUTE,
+    CallbackSink,
+    ScoreBatch,
+    ScoringRule,
+    ScoringSpanExporter,
+    sampled,
+)
+
+CHAT = "chat"
+
+
+def agent_trace(rec: Recorder, question: str = "Hi?", answer: str = "Hello.", *, tool: bool = False) -> str:
+    """One agent trace (agent → chat [→ tool]); returns its trace id (hex)."""
+    with rec.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}) as root:
+        with rec.span(
+            "chat m",
+            {
+                "gen_ai.operation.name": CHAT,
+                "gen_ai.input.messages": genai_messages(("user", question)),
+                "gen_ai.output.messages": json.dumps(
+                    [
+                        {
+                            "role": "assistant",
+                            "parts": [
+                                {"type": "text", "content": answer},
+                                *([{"type": "tool_call", "id": "c1", "name": "t", "arguments": {}}] if tool else []),
+                            ],
+                        }
+                    ]
+                ),
+            },
+        ):
+            pass
+        if tool:
+            with rec.span(
+                "execute_tool t",
+                {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": "c1", "gen_ai.tool.call.result": "ok"},
+            ):
+                pass
+    return format(root.get_span_context().trace_id, "032x")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def sink() -> Recording:
+    return Recording()
+
+
+@pytest.fixture
+def exporter(clock: FakeClock, sink: Recording) -> Iterator[ScoringSpanExporter]:
+    exp = ScoringSpanExporter([ScoringRule(["s1"])], CallbackSink(sink), grace_s=2.0, clock=clock)
+    yield exp
+    exp.shutdown(timeout_millis=2000)
+
+
+def test_trace_completes_after_grace_window(exporter: ScoringSpanExporter, clock: FakeClock, sink: Recording) -> None:
+    """A finished agent trace is read only once the grace window after its root has passed."""
+    rec = Recorder()
+    trace_id = agent_trace(rec)
+    assert exporter.export(rec.spans()) is SpanExportResult.SUCCESS
+    assert exporter.tick() == 0
+    clock.advance(2.5)
+    assert exporter.tick() == 1
+    assert wait_for(lambda: len(sink.requests) == 1)
+    request = sink.requests[0]
+    assert request.scorer_ids == ["s1"]
+    assert request.run.identity.trace_id == trace_id
+    assert request.run.output.text == "Hello."
+    assert request.enqueued_at is not None
+    stats = exporter.stats()
+    assert (stats["spans_seen"], stats["traces_completed"], stats["runs_enqueued"]) == (2, 1, 1)
+    assert wait_for(lambda: exporter.stats()["runs_sent"] == 1)
+
+
+def test_children_ending_after_root_within_grace(
+    exporter: ScoringSpanExporter, clock: FakeClock, sink: Recording
+) -> None:
+    """Spans exported after the root, inside the grace window, still belong to the run."""
+    rec = Recorder()
+    agent_trace(rec, tool=True)
+    spans = {s.name: s for s in rec.spans()}
+    exporter.export([spans["invoke_agent a"]])
+    clock.advance(1.0)
+    exporter.export([spans["chat m"], spans["execute_tool t"]])
+    exporter.tick()
+    clock.advance(1.5)
+    assert exporter.tick() == 1
+    assert wait_for(lambda: len(sink.requests) == 1)
+    inv = sink.requests[0].run.output[0].tool_invocations[0]
+    assert (inv.state, inv.result) == ("result", "ok")
+
+
+def test_span_after_grace_is_not_in_the_run(exporter: ScoringSpanExporter, clock: FakeClock, sink: Recording) -> None:
+    """A child arriving after completion starts a new buffer that expires, counted by age."""
+    rec = Recorder()
+    agent_trace(rec, tool=True)
+    spans = {s.name: s for s in rec.spans()}
+    exporter.export([spans["invoke_agent a"], spans["chat m"]])
+    clock.advance(3)
+    exporter.tick()
+    exporter.export([spans["execute_tool t"]])
+    assert wait_for(lambda: len(sink.requests) == 1)
+    assert sink.requests[0].run.output[0].tool_invocations[0].state == "call"
+    clock.advance(301)
+    exporter.tick()
+    assert exporter.stats()["dropped"] == {"max_trace_age": 1}
+
+
+def test_max_traces_drops_oldest(clock: FakeClock, sink: Recording) -> None:
+    """Over max_traces the oldest buffered trace is dropped and counted."""
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_traces=2, clock=clock)
+    try:
+        recs = [Recorder() for _ in range(3)]
+        ids = [agent_trace(r, question=f"q{i}") for i, r in enumerate(recs)]
+        for r in recs:
+            exp.export(r.spans())
+        assert exp.stats()["dropped"] == {"max_traces": 1}
+        assert exp.stats()["traces_buffered"] == 2
+        assert exp.force_flush(5000)
+        assert sorted(r.run.identity.trace_id for r in sink.requests) == sorted(ids[1:])
+    finally:
+        exp.shutdown(2000)
+
+
+def test_max_spans_per_trace_drops_oldest_span(clock: FakeClock, sink: Recording) -> None:
+    """Over max_spans_per_trace the trace's oldest span is dropped and counted."""
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_spans_per_trace=2, clock=clock)
+    try:
+        rec = Recorder()
+        agent_trace(rec, tool=True)  # 3 spans: chat, tool, agent (export order = end order)
+        exp.export(rec.spans())
+        assert exp.stats()["dropped"] == {"max_spans_per_trace": 1}
+        assert exp.force_flush(5000)
+        # The chat span (oldest) is gone: the agent has no LLM content left to read.
+        assert exp.stats()["errors"] == {"no_content": 1}
+    finally:
+        exp.shutdown(2000)
+
+
+def test_malformed_spans_are_counted_never_raised(exporter: ScoringSpanExporter, sink: Recording) -> None:
+    """A trace with unreadable messages is a counted, named error; export() still succeeds."""
+    rec = Recorder()
+    with rec.span("chat m", {"gen_ai.operation.name": CHAT, "gen_ai.input.messages": "{not json"}):
+        pass
+    with rec.span("chat m", {"gen_ai.operation.name": CHAT, "gen_ai.input.messages": genai_messages(("bot", "x"))}):
+        pass
+    assert exporter.export(rec.spans()) is SpanExportResult.SUCCESS
+    assert exporter.force_flush(5000)
+    assert exporter.stats()["errors"] == {"bad_json": 1, "unknown_role": 1}
+    assert sink.requests == []
+
+
+def test_export_of_garbage_does_not_raise(exporter: ScoringSpanExporter) -> None:
+    """Even a non-span in the batch gives FAILURE and a counted error, never an exception."""
+    result = exporter.export([object()])  # type: ignore[list-item]
+    assert result is SpanExportResult.FAILURE
+    assert exporter.stats()["errors"] == {"export": 1}
+
+
+def _independent_sample(trace_id: str, rate: float) -> bool:
+    value = int(hashlib.sha256(trace_id.encode()).hexdigest()[:16], 16)
+    return value < rate * 2**64
+
+
+def test_sampling_is_deterministic_on_trace_id(clock: FakeClock, sink: Recording) -> None:
+    """Exactly the traces whose sha256(trace_id) falls under the rate are scored."""
+    exp = ScoringSpanExporter([ScoringRule(["s"], sample_rate=0.5)], CallbackSink(sink), clock=clock)
+    try:
+        ids = []
+        for i in range(40):
+            rec = Recorder()
+            ids.append(agent_trace(rec, question=f"q{i}"))
+            exp.export(rec.spans())
+        assert exp.force_flush(5000)
+        scored = {r.run.identity.trace_id for r in sink.requests}
+        expected = {t for t in ids if _independent_sample(t, 0.5)}
+        assert scored == expected
+        assert 0 < len(expected) < 40
+        assert exp.stats()["skipped"] == {"sampled_out": 40 - len(expected)}
+    finally:
+        exp.shutdown(2000)
+
+
+def test_sampled_edges_and_agreement() -> None:
+    """sampled() matches an independent sha256 computation; rate 0 and 1 are absolute."""
+    ids = [hashlib.md5(str(i).encode()).hexdigest() for i in range(500)]
+    for t in ids:
+        assert sampled(t, 0.3) == _independent_sample(t, 0.3)
+    assert not any(sampled(t, 0.0) for t in ids)
+    assert all(sampled(t, 1.0) for t in ids)
+    assert 100 < sum(sampled(t, 0.3) for t in ids) < 200
+
+
+def test_loop_guard_judge_root_trace(exporter: ScoringSpanExporter, sink: Recording) -> None:
+    """A trace rooted in a judge span (tracescore.role=judge) is never scored."""
+    rec = Recorder()
+    with rec.span("judge helpfulness", {ROLE_ATTRIBUTE: JUDGE_ROLE}), rec.span(
+        "chat judge-model",
+        {
+            "gen_ai.operation.name": CHAT,
+            "gen_ai.input.messages": genai_messages(("user", "Rate this")),
+            "gen_ai.output.messages": genai_messages(("assistant", '{"score": 1}')),
+        },
+    ):
+        pass
+    exporter.export(rec.spans())
+    assert exporter.force_flush(5000)
+    assert sink.requests == []
+    assert exporter.stats()["skipped"] == {"loop_guard": 1}
+    assert exporter.stats()["traces_buffered"] == 0
+
+
+def test_loop_guard_judge_subtree_inside_app_trace(exporter: ScoringSpanExporter, sink: Recording) -> None:
+    """In the embedded mode a judge span inside an app trace hides only its own subtree."""
+    rec = Recorder()
+    with rec.span("request"):
+        agent_trace(rec, question="app question")
+        with rec.span("judge", {ROLE_ATTRIBUTE: JUDGE_ROLE}), rec.span(
+            "chat judge",
+            {
+                "gen_ai.operation.name": CHAT,
+                "gen_ai.input.messages": genai_messages(("user", "judge prompt")),
+                "gen_ai.output.messages": genai_messages(("assistant", "judge answer")),
+            },
+        ):
+            pass
+    exporter.export(rec.spans())
+    assert exporter.force_flush(5000)
+    assert [r.run.input.input_messages[0].text for r in sink.requests] == ["app question"]
+
+
+def test_loop_guard_own_service(exporter: ScoringSpanExporter, sink: Recording) -> None:
+    """Spans from tracescore's own service or tracer scope exclude their trace."""
+    for rec in (Recorder(service="tracescore-worker"), Recorder(scope="tracescore.score_writer")):
+        agent_trace(rec)
+        exporter.export(rec.spans())
+    assert exporter.force_flush(5000)
+    assert sink.requests == []
+    assert exporter.stats()["skipped"] == {"loop_guard": 2}
+
+
+def test_rules_filter_union_and_delay(clock: FakeClock, sink: Recording) -> None:
+    """Rules filter on the run, merge scorer ids, and delay_s holds a request back."""
+    rules = [
+        ScoringRule(["a", "b"]),
+        ScoringRule(["b", "c"], filter=lambda run: "refund" in (run.input.input_messages[0].text)),
+        ScoringRule(["slow"], delay_s=60),
+    ]
+    exp = ScoringSpanExporter(rules, CallbackSink(sink), clock=clock)
+    try:
+        rec = Recorder()
+        agent_trace(rec, question="I want a refund")
+        exp.export(rec.spans())
+        assert exp.force_flush(5000)
+        assert [r.scorer_ids for r in sink.requests] == [["a", "b", "c"]]
+        assert exp.stats()["delayed"] == 1
+        clock.advance(61)
+        exp.tick()
+        assert wait_for(lambda: len(sink.requests) == 2)
+        assert sink.requests[1].scorer_ids == ["slow"]
+    finally:
+        exp.shutdown(2000)
+
+
+def test_filter_rejecting_and_raising(clock: FakeClock, sink: Recording) -> None:
+    """A filter that rejects skips the run; one that raises is counted, not propagated."""
+
+    def boom(run: object) -> bool:
+        raise RuntimeError("bad filter")
+
+    exp = ScoringSpanExporter(
+        [ScoringRule(["a"], filter=lambda run: False), ScoringRule(["b"], filter=boom)], CallbackSink(sink), clock=clock
+    )
+    try:
+        rec = Recorder()
+        agent_trace(rec)
+        exp.export(rec.spans())
+        assert exp.force_flush(5000)
+        assert sink.requests == []
+        assert exp.stats()["skipped"] == {"filtered_out": 1}
+        assert exp.stats()["errors"] == {"filter": 1}
+    finally:
+        exp.shutdown(2000)
+
+
+def test_queue_full_drops_without_blocking(clock: FakeClock) -> None:
+    """With the sink stuck, export and completion never block; overflow is dropped and counted."""
+    release = threading.Event()
+    got: list[ScoreBatch] = []
+
+    def stuck(batch: ScoreBatch) -> None:
+        release.wait(10)
+        got.append(batch)
+
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(stuck), queue_size=2, batch_size=1, clock=clock)
+    try:
+        for i in range(6):
+            rec = Recorder()
+            agent_trace(rec, question=f"q{i}")
+            assert exp.export(rec.spans()) is SpanExportResult.SUCCESS
+        assert exp.force_flush(200) is False  # the sink is stuck: the deadline wins
+        stats = exp.stats()
+        assert stats["runs_read"] == 6
+        assert stats["dropped"]["queue_full"] >= 3
+        assert stats["runs_enqueued"] + stats["dropped"]["queue_full"] == 6
+        release.set()
+        assert wait_for(lambda: exp.stats()["runs_sent"] == stats["runs_enqueued"])
+    finally:
+        release.set()
+        exp.shutdown(2000)
+
+
+def test_sink_failures_are_retried(clock: FakeClock) -> None:
+    """A sink that fails twice then succeeds gets the batch delivered; failures are counted."""
+    calls: list[int] = []
+
+    def flaky(batch: ScoreBatch) -> None:
+        calls.append(len(batch.requests))
+        if len(calls) < 3:
+            raise ConnectionError("broker down")
+
+    exp = ScoringSpanExporter(
+        [ScoringRule(["s"])], CallbackSink(flaky), retry_initial_s=0.01, retry_max_s=0.02, clock=clock
+    )
+    try:
+        rec = Recorder()
+        agent_trace(rec)
+        exp.export(rec.spans())
+        assert exp.force_flush(5000)
+        assert len(calls) == 3
+        assert exp.stats()["send_failures"] == 2
+        assert exp.stats()["runs_sent"] == 1
+    finally:
+        exp.shutdown(2000)
+
+
+def test_shutdown_sends_delayed_and_counts_incomplete(clock: FakeClock, sink: Recording) -> None:
+    """shutdown() sends delayed requests now and counts traces whose root never ended."""
+    exp = ScoringSpanExporter([ScoringRule(["s"], delay_s=600)], CallbackSink(sink), clock=clock)
+    rec = Recorder()
+    agent_trace(rec)
+    exp.export(rec.spans())
+    exp.force_flush(5000)
+    assert sink.requests == []
+    rec2 = Recorder()
+    agent_trace(rec2)
+    child_only = [s for s in rec2.spans() if s.name == "chat m"]
+    exp.export(child_only)
+    exp.shutdown(5000)
+    assert len(sink.requests) == 1
+    assert exp.stats()["dropped"] == {"shutdown_incomplete_trace": 1}
+    assert exp.export(rec.spans()) is SpanExportResult.FAILURE
+
+
+def test_bad_arguments_raise_at_once() -> None:
+    """Bad rules or bounds are refused when the exporter is built."""
+    sink = CallbackSink(lambda b: None)
+    with pytest.raises(ValueError, match="ScoringRule"):
+        ScoringSpanExporter([], sink)
+    with pytest.raises(ValueError, match="max_traces"):
+        ScoringSpanExporter([ScoringRule(["s"])], sink, max_traces=0)
+    with pytest.raises(ValueError, match="sample_rate"):
+        ScoringRule(["s"], sample_rate=1.5)
+    with pytest.raises(TypeError, match="list of scorer ids"):
+        ScoringRule("s")
+    with pytest.raises(ValueError, match="non-empty"):
+        ScoringRule([])

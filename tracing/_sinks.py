@@ -1,0 +1,134 @@
+"""Where the exporter hands its batches: the broker (producer side only) or a function.
+
+A sink's ``send`` raises on failure; the exporter's sender thread retries with backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from tracing._run import SCORE_TASK_NAME, ScoreBatch
+
+__all__ = ["CallbackSink", "CelerySink", "Sink"]
+
+
+@runtime_checkable
+class Sink(Protocol):
+    def send(self, batch: ScoreBatch) -> None:
+        """Deliver ``batch`` or raise (the exporter retries)."""
+
+
+class CallbackSink:
+    """In-process sink: calls ``fn(batch)`` (the embedded mode scores right there; tests record)."""
+
+    def __init__(self, fn: Callable[[ScoreBatch], object]) -> None:
+        if not callable(fn):
+            raise TypeError("CallbackSink needs a callable taking a ScoreBatch")
+        self._fn = fn
+
+    def send(self, batch: ScoreBatch) -> None:
+        self._fn(batch)
+
+
+class CelerySink:
+    """Enqueue ``tracescore.score_batch`` tasks on the Celery broker, with kombu only.
+
+    The message is Celery's task protocol 2, JSON: ``args=[batch.model_dump(mode="json")]``, so
+    ``celery -A worker worker`` consumes it; the worker package is never imported here. Connect
+    and socket timeouts are short so a down broker fails a send quickly (the exporter retries).
+    """
+
+    def __init__(
+        self,
+        broker_url: str,
+        *,
+        queue: str = "tracescore",
+        connect_timeout_s: float = 2.0,
+        publish_timeout_s: float = 2.0,
+    ) -> None:
+        if not broker_url:
+            raise ValueError("CelerySink needs a broker URL, e.g. redis://localhost:6379/0")
+        self.broker_url = broker_url
+        self.queue = queue
+        self._connect_timeout = connect_timeout_s
+        self._publish_timeout = publish_timeout_s
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._producer: Any = None
+        self._origin = f"tracescore-exporter@{socket.gethostname()}"
+
+    def _connect(self) -> Any:
+        from kombu import Connection, Exchange, Queue
+
+        conn = Connection(
+            self.broker_url,
+            connect_timeout=self._connect_timeout,
+            transport_options={
+                "socket_timeout": self._publish_timeout,
+                "socket_connect_timeout": self._connect_timeout,
+                "max_retries": 0,
+            },
+        )
+        conn.ensure_connection(max_retries=0, timeout=max(1, math.ceil(self._connect_timeout)))
+        queue = Queue(self.queue, Exchange(self.queue, type="direct"), routing_key=self.queue)
+        producer = conn.Producer(serializer="json")
+        queue(conn.default_channel).declare()
+        self._conn, self._producer = conn, producer
+        return producer
+
+    def _close(self) -> None:
+        conn, self._conn, self._producer = self._conn, None, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # a dead connection may fail to close; dropped anyway
+                conn.release()
+
+    def send(self, batch: ScoreBatch) -> None:
+        payload = batch.model_dump(mode="json")
+        task_id = str(uuid.uuid4())
+        headers = {
+            "lang": "py",
+            "task": SCORE_TASK_NAME,
+            "id": task_id,
+            "root_id": task_id,
+            "parent_id": None,
+            "group": None,
+            "shadow": None,
+            "eta": None,
+            "expires": None,
+            "retries": 0,
+            "timelimit": [None, None],
+            "argsrepr": f"(<ScoreBatch {batch.batch_id}: {len(batch.requests)} runs>,)",
+            "kwargsrepr": "{}",
+            "origin": self._origin,
+            "ignore_result": True,
+        }
+        embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+        body: tuple[list[Any], dict[str, Any], dict[str, Any]] = ([payload], {}, embed)
+        with self._lock:
+            try:
+                producer = self._producer or self._connect()
+                producer.publish(
+                    body,
+                    exchange=self.queue,
+                    routing_key=self.queue,
+                    headers=headers,
+                    correlation_id=task_id,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    serializer="json",
+                    retry=False,
+                    delivery_mode=2,
+                )
+            except Exception:
+                self._close()
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
