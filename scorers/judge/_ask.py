@@ -1,20 +1,77 @@
-"""One judge question: prompt in, validated answer out."""
+"""One judge question: prompt in, validated answer out, with processors, retries and records.
+
+Flow of ``ask_judge`` (one prompt step's judge call):
+
+1. resolve the model; messages = system (preamble + instructions) + the user prompt;
+   input processors transform them once.
+2. each attempt: build the request for the current mode (native / system / inline / free
+   text), send it through the host's hooks (limiter slot held during the request,
+   ``call_context`` entered around it, usage recorded after, the model paused on a 429 with
+   Retry-After).
+3. a provider error goes to the error processors; a retry decision within
+   ``max_processor_retries`` waits its delay and tries again, anything else is final.
+4. a response goes through the output processors, is parsed and validated; native output
+   that fails is retried once with the schema in the system message; a final failure is a
+   ``JudgeOutputError`` naming the model, the step and what was wrong.
+
+Every attempt is recorded in the ``JudgeExecution``; on failure the raised error carries it
+as ``.execution`` and is the original provider error (status, request id).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+import structlog
+from pydantic_core import to_jsonable_python
 
 from scorers._errors import ScorerConfigError
-from scorers._result import JudgeExecution, StepName
+from scorers._result import JudgeAttempt, JudgeExecution, JudgeUsage, StepName
 from scorers.judge._config import Judge
+from scorers.judge._errors import (
+    JudgeError,
+    JudgeOutputError,
+    JudgeProcessorError,
+    JudgeProviderError,
+    JudgeRateLimitError,
+    JudgeTimeoutError,
+)
+from scorers.judge._hooks import JudgeHooks, get_judge_hooks
+from scorers.judge._model import JudgeMessage, JudgeModel, JudgeRequest, JudgeResponse
+from scorers.judge._processors import ErrorContext, JudgeCallInfo, RetryDecision
+from scorers.judge._providers import resolve_model
+from scorers.judge._request import (
+    WRAP_KEY,
+    Mode,
+    base_messages,
+    build_request,
+    initial_mode,
+    output_spec,
+)
+from scorers.judge._schema import OutputSpec, SchemaMismatch, drop_optional_nulls, parse_json_text
 
-__all__ = ["JudgeAnswer", "ask_judge"]
+__all__ = ["MAX_PAUSE_S", "JudgeAnswer", "ask_judge"]
+
+log = structlog.get_logger("scorers.judge")
+
+# A 429's Retry-After pauses every caller of the model through the limiter, capped here so a
+# bogus header cannot stall a worker for hours.
+MAX_PAUSE_S = 60.0
+# Built-in models time out in the SDK; this outer guard (judge timeout + grace) catches a
+# custom JudgeModel that never returns.
+_TIMEOUT_GRACE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class JudgeAnswer:
+    """``value``: the validated answer (a model instance, a dict, or the text for free text)."""
+
     value: Any
     execution: JudgeExecution
 
@@ -27,5 +84,308 @@ async def ask_judge(
     prompt: str,
     output_schema: type[Any] | Mapping[str, Any] | None,
 ) -> JudgeAnswer:
-    """Ask the judge; ``output_schema=None`` asks for free text."""
-    raise ScorerConfigError(f"scorer {scorer_id!r} step {step}: LLM judges are not available yet")
+    """Ask the judge; ``output_schema=None`` asks for free text.
+
+    Raises ``ScorerConfigError`` when the judge is not usable, otherwise a ``JudgeError``
+    carrying ``.execution`` (a ``JudgeExecution`` with status "error").
+    """
+    where = f"scorer {scorer_id!r} step {step}"
+    if judge is None or judge.model is None:
+        raise ScorerConfigError(
+            f"{where}: a prompt step needs a judge model; pass create_scorer(..., "
+            "judge=Judge(model='openai/<model>', ...)) or PromptStep(..., judge=Judge(...))"
+        )
+    model = resolve_model(judge.model, base_url=judge.base_url, api_key=judge.api_key)
+    spec = output_spec(output_schema) if output_schema is not None else None
+    mode = initial_mode(judge, model, spec, where)
+    call = _JudgeCall(
+        judge=judge,
+        model=model,
+        spec=spec,
+        info=JudgeCallInfo(scorer_id, step, model.model_id, model.provider),
+        hooks=get_judge_hooks(),
+        prompt=prompt,
+        step=step,
+    )
+    return await call.run(mode)
+
+
+class _JudgeCall:
+    def __init__(
+        self,
+        *,
+        judge: Judge,
+        model: JudgeModel,
+        spec: OutputSpec | None,
+        info: JudgeCallInfo,
+        hooks: JudgeHooks,
+        prompt: str,
+        step: StepName,
+    ) -> None:
+        self.judge = judge
+        self.model = model
+        self.spec = spec
+        self.info = info
+        self.hooks = hooks
+        self.prompt = prompt
+        self.sent_prompt = prompt
+        self.attempts: list[JudgeAttempt] = []
+        self.usage = JudgeUsage()
+        self.started = time.perf_counter()
+        self.raw_output: str | None = None
+        self.where = f"scorer {info.scorer_id!r} step {info.step}"
+        self.step = step
+
+    async def run(self, mode: Mode) -> JudgeAnswer:
+        try:
+            messages = await self._input(base_messages(self.judge, self.prompt))
+        except JudgeError as exc:
+            raise self._fail(exc) from exc.__cause__
+        users = [m.content for m in messages if m.role == "user"]
+        self.sent_prompt = users[-1] if users else ""
+        cap = self.judge.effective_max_processor_retries
+        retries = 0
+        fell_back = False
+        while True:
+            request = build_request(self.judge, messages, self.spec, mode)
+            began = time.perf_counter()
+            try:
+                response = await self._send(request)
+            except JudgeProviderError as err:
+                attempt = self._record_error(err, began, mode)
+                decision = await self._decide(err, retries, cap)
+                if decision is None or not decision.retry or retries >= cap:
+                    log.warning(
+                        "judge.failed",
+                        model=self.info.model_id,
+                        step=self.info.step,
+                        status=err.status_code,
+                        retries=retries,
+                        reason=decision.reason if decision else "no error processor decided",
+                    )
+                    raise self._fail(err) from err.__cause__
+                retries += 1
+                attempt.retry_delay_ms = decision.delay_ms
+                log.info(
+                    "judge.retry",
+                    model=self.info.model_id,
+                    step=self.info.step,
+                    status=err.status_code,
+                    retry=retries,
+                    delay_ms=decision.delay_ms,
+                )
+                await self.hooks.wait(decision.delay_ms / 1000)
+                continue
+            attempt = self._record_ok(response, began, mode)
+            try:
+                response = await self._output(response)
+                value = self._validate(response, mode)
+            except (ValueError, SchemaMismatch) as problem:
+                attempt.status = "error"
+                attempt.error = f"invalid answer: {problem}"
+                attempt.error_type = "JudgeOutputError"
+                if mode == "native" and not fell_back:
+                    fell_back = True
+                    mode = "system"
+                    log.info("judge.fallback", model=self.info.model_id, step=self.info.step, problem=str(problem))
+                    continue
+                raise self._fail(self._output_error(problem, response, fell_back)) from problem
+            except JudgeError as exc:
+                raise self._fail(exc) from exc.__cause__
+            return JudgeAnswer(value, self._execution("ok", output=to_jsonable_python(value)))
+
+    # --- one provider request, through the host's hooks ----------------------------------
+
+    async def _send(self, request: JudgeRequest) -> JudgeResponse:
+        model_id = self.info.model_id
+        limiter = self.hooks.limiter
+        enter = self.hooks.call_context
+        try:
+            if limiter is not None:
+                async with limiter.slot(model_id, _estimate_tokens(request)):
+                    response = await self._generate(request, enter)
+            else:
+                response = await self._generate(request, enter)
+        except JudgeProviderError as err:
+            if limiter is not None:
+                await limiter.record_usage(model_id, 0)
+                if isinstance(err, JudgeRateLimitError) and err.retry_after_ms is not None:
+                    await limiter.pause(model_id, min(err.retry_after_ms / 1000, MAX_PAUSE_S))
+            raise
+        if limiter is not None:
+            await limiter.record_usage(model_id, response.usage.total_tokens)
+        return response
+
+    async def _generate(self, request: JudgeRequest, enter: Any) -> JudgeResponse:
+        context = enter(self.info.model_id) if enter is not None else contextlib.nullcontext()
+        with context:
+            try:
+                async with asyncio.timeout(request.timeout_s + _TIMEOUT_GRACE_S):
+                    response = await self.model.generate(request)
+            except JudgeProviderError:
+                raise
+            except TimeoutError as exc:
+                raise JudgeTimeoutError(
+                    f"{self.info.model_id}: no answer within {request.timeout_s:g}s",
+                    provider=self.info.provider,
+                    model_id=self.info.model_id,
+                ) from exc
+            except Exception as exc:
+                # A custom JudgeModel raised something of its own: an "unknown" error for
+                # retry policies, with the original kept as __cause__.
+                raise JudgeProviderError(
+                    f"{self.info.model_id}: {type(exc).__name__}: {exc}",
+                    provider=self.info.provider,
+                    model_id=self.info.model_id,
+                ) from exc
+        if not isinstance(response, JudgeResponse):
+            raise JudgeProviderError(
+                f"{self.info.model_id}: generate() returned {type(response).__name__}, "
+                "expected a scorers.judge.JudgeResponse",
+                provider=self.info.provider,
+                model_id=self.info.model_id,
+            )
+        return response
+
+    # --- processors ------------------------------------------------------------------------
+
+    async def _input(self, messages: list[JudgeMessage]) -> list[JudgeMessage]:
+        for processor in self.judge.input_processors:
+            result = await _call(processor, "process_input", messages, self.info, self.where)
+            if not isinstance(result, list) or not all(isinstance(m, JudgeMessage) for m in result):
+                raise JudgeProcessorError(
+                    f"{self.where}: input processor {processor!r} must return a list of "
+                    f"JudgeMessage, got {type(result).__name__}"
+                )
+            messages = result
+        return messages
+
+    async def _output(self, response: JudgeResponse) -> JudgeResponse:
+        for processor in self.judge.output_processors:
+            result = await _call(processor, "process_output", response, self.info, self.where)
+            if not isinstance(result, JudgeResponse):
+                raise JudgeProcessorError(
+                    f"{self.where}: output processor {processor!r} must return a JudgeResponse, "
+                    f"got {type(result).__name__}"
+                )
+            response = result
+        return response
+
+    async def _decide(self, err: JudgeProviderError, retries: int, cap: int) -> RetryDecision | None:
+        context = ErrorContext(self.info, retries, cap)
+        for processor in self.judge.error_processors:
+            try:
+                decision = await _call(processor, "process_error", err, context, self.where)
+            except JudgeProcessorError as exc:
+                raise self._fail(exc) from exc.__cause__
+            if decision is not None:
+                if not isinstance(decision, RetryDecision):
+                    raise self._fail(
+                        JudgeProcessorError(
+                            f"{self.where}: error processor {processor!r} must return a "
+                            f"RetryDecision or None, got {type(decision).__name__}"
+                        )
+                    ) from err
+                return decision
+        return None
+
+    # --- answers ---------------------------------------------------------------------------
+
+    def _validate(self, response: JudgeResponse, mode: Mode) -> Any:
+        if self.spec is None:
+            text = response.text.strip()
+            if not text:
+                raise ValueError("the answer is empty")
+            return text
+        data = response.parsed if response.parsed is not None else parse_json_text(response.text)
+        if mode == "native":
+            if not self.spec.is_object:
+                if not isinstance(data, dict) or WRAP_KEY not in data:
+                    raise ValueError(f"the answer has no {WRAP_KEY!r} field")
+                data = data[WRAP_KEY]
+            data = drop_optional_nulls(data, self.spec.json_schema)
+        return self.spec.validate(data)
+
+    def _output_error(self, problem: Exception, response: JudgeResponse, fell_back: bool) -> JudgeOutputError:
+        after = " (also after retrying with the schema in the system message)" if fell_back else ""
+        what = "does not fit the output schema" if isinstance(problem, SchemaMismatch) else "could not be read"
+        return JudgeOutputError(
+            f"{self.where}: the answer of judge model {self.info.model_id} {what}{after}: "
+            f"{problem}; raw answer: {response.text!r:.300}",
+            model_id=self.info.model_id,
+            step=self.info.step,
+            raw_output=response.text,
+        )
+
+    # --- records ---------------------------------------------------------------------------
+
+    def _record_ok(self, response: JudgeResponse, began: float, mode: Mode) -> JudgeAttempt:
+        self.usage = JudgeUsage(
+            input_tokens=self.usage.input_tokens + response.usage.input_tokens,
+            output_tokens=self.usage.output_tokens + response.usage.output_tokens,
+        )
+        self.raw_output = response.text
+        attempt = JudgeAttempt(
+            status="ok",
+            duration_ms=(time.perf_counter() - began) * 1000,
+            usage=response.usage,
+            request_id=response.request_id,
+            prompt_injection=mode,
+        )
+        self.attempts.append(attempt)
+        return attempt
+
+    def _record_error(self, err: JudgeProviderError, began: float, mode: Mode) -> JudgeAttempt:
+        attempt = JudgeAttempt(
+            status="error",
+            duration_ms=(time.perf_counter() - began) * 1000,
+            error=str(err),
+            error_type=type(err).__name__,
+            status_code=err.status_code,
+            request_id=err.request_id,
+            prompt_injection=mode,
+        )
+        self.attempts.append(attempt)
+        return attempt
+
+    def _execution(
+        self, status: Literal["ok", "error"], *, output: Any = None, error: str | None = None
+    ) -> JudgeExecution:
+        return JudgeExecution(
+            step=self.step,
+            status=status,
+            prompt=self.sent_prompt,
+            output=output,
+            raw_output=self.raw_output,
+            model=self.info.model_id,
+            provider=self.info.provider,
+            usage=self.usage,
+            attempt_count=len(self.attempts),
+            duration_ms=(time.perf_counter() - self.started) * 1000,
+            error=error,
+            attempts=list(self.attempts),
+        )
+
+    def _fail(self, exc: JudgeError) -> JudgeError:
+        exc.execution = self._execution("error", error=f"{type(exc).__name__}: {exc}")
+        return exc
+
+
+async def _call(processor: Any, method: str, first: Any, second: Any, where: str) -> Any:
+    fn = getattr(processor, method, None)
+    fn = fn if callable(fn) else processor
+    try:
+        result = fn(first, second)
+        if inspect.isawaitable(result):
+            result = await result
+    except JudgeError:
+        raise
+    except Exception as exc:
+        raise JudgeProcessorError(f"{where}: {method} of {processor!r} raised {type(exc).__name__}: {exc}") from exc
+    return result
+
+
+def _estimate_tokens(request: JudgeRequest) -> int:
+    """A rough prompt-size estimate (4 characters a token) plus the answer budget."""
+    chars = len(request.system) + sum(len(m.content) for m in request.messages)
+    return chars // 4 + min(request.max_tokens, 512)

@@ -4,7 +4,8 @@ rate-limit judge calls across machines and mark their spans, without scorers/ kn
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,6 +36,14 @@ class JudgeHooks:
     # Wraps each provider request (sync context manager, entered in the calling task), e.g. an
     # OpenTelemetry span marked as a judge call so the exporter never scores judge traffic.
     call_context: Callable[[str], AbstractContextManager[None]] | None = None
+    # How the judge waits before a retry (seconds); None means asyncio.sleep. Tests inject a
+    # recorder so retry delays are asserted without waiting.
+    sleep: Callable[[float], Awaitable[None]] | None = None
+
+    async def wait(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        await (self.sleep or asyncio.sleep)(seconds)
 
 
 _hooks = JudgeHooks()

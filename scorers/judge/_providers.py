@@ -1,0 +1,206 @@
+"""Built-in judge models: ``"openai/<model>"`` and ``"anthropic/<model>"`` over the official
+async SDKs, with the SDKs' own retries off (``max_retries=0``: retries are the judge's).
+
+API keys and base URLs come from the SDKs' usual environment variables (``OPENAI_API_KEY``,
+``OPENAI_BASE_URL``, ``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL``) unless the Judge sets
+``api_key=`` / ``base_url=``. The environment is read at call time, so a missing key fails the
+call (``JudgeAuthError``), never the import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import anthropic
+import openai
+
+from scorers._errors import ScorerConfigError
+from scorers._result import JudgeUsage
+from scorers.judge._clients import client_for
+from scorers.judge._model import JudgeModel, JudgeRequest, JudgeResponse
+from scorers.judge._schema import strict_openai_schema
+from scorers.judge._translate import translate_sdk_errors
+
+__all__ = ["PROVIDERS", "AnthropicJudgeModel", "OpenAIJudgeModel", "resolve_model"]
+
+PROVIDERS = ("openai", "anthropic")
+
+
+class OpenAIJudgeModel:
+    """An OpenAI chat-completions model (or any OpenAI-compatible endpoint via ``base_url``)."""
+
+    provider = "openai"
+    supports_native_structured_output = True
+
+    def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None) -> None:
+        self.model = model
+        self.model_id = f"openai/{model}"
+        self.base_url = base_url
+        self.api_key = api_key
+
+    def __repr__(self) -> str:
+        return f"OpenAIJudgeModel({self.model!r}, base_url={self.base_url!r})"
+
+    async def _client(self) -> openai.AsyncOpenAI:
+        base_url = self.base_url or os.environ.get("OPENAI_BASE_URL") or None
+        api_key = self.api_key or os.environ.get("OPENAI_API_KEY") or None
+
+        def build() -> openai.AsyncOpenAI:
+            return openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0)
+
+        client: openai.AsyncOpenAI = await client_for(("openai", base_url, api_key), build)
+        return client
+
+    async def generate(self, request: JudgeRequest) -> JudgeResponse:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": request.system}]
+        messages += [{"role": m.role, "content": m.content} for m in request.messages]
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_completion_tokens": request.max_tokens,
+            "timeout": request.timeout_s,
+        }
+        if request.temperature is not None:
+            kwargs["temperature"] = request.temperature
+        if request.mode == "native" and request.output_schema is not None:
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": request.schema_name,
+                    "strict": True,
+                    "schema": _strict(request.output_schema),
+                },
+            }
+        with translate_sdk_errors(self.provider, self.model_id):
+            client = await self._client()
+            completion = await client.chat.completions.create(**kwargs)
+        choice = completion.choices[0] if completion.choices else None
+        text = ""
+        finish = None
+        if choice is not None:
+            finish = choice.finish_reason
+            text = choice.message.content or ""
+            refusal = getattr(choice.message, "refusal", None)
+            if not text and refusal:
+                text = f"[refusal] {refusal}"
+        usage = completion.usage
+        return JudgeResponse(
+            text=text,
+            usage=JudgeUsage(
+                input_tokens=usage.prompt_tokens if usage else 0,
+                output_tokens=usage.completion_tokens if usage else 0,
+            ),
+            model=completion.model,
+            request_id=getattr(completion, "_request_id", None),
+            finish_reason=finish,
+        )
+
+
+class AnthropicJudgeModel:
+    """An Anthropic messages model; native structured output is a forced tool call."""
+
+    provider = "anthropic"
+    supports_native_structured_output = True
+
+    def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None) -> None:
+        self.model = model
+        self.model_id = f"anthropic/{model}"
+        self.base_url = base_url
+        self.api_key = api_key
+
+    def __repr__(self) -> str:
+        return f"AnthropicJudgeModel({self.model!r}, base_url={self.base_url!r})"
+
+    async def _client(self) -> anthropic.AsyncAnthropic:
+        base_url = self.base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
+        api_key = self.api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+
+        def build() -> anthropic.AsyncAnthropic:
+            return anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0)
+
+        client: anthropic.AsyncAnthropic = await client_for(("anthropic", base_url, api_key), build)
+        return client
+
+    async def generate(self, request: JudgeRequest) -> JudgeResponse:
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "system": request.system,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "max_tokens": request.max_tokens,
+            "timeout": request.timeout_s,
+        }
+        if request.temperature is not None:
+            kwargs["temperature"] = request.temperature
+        tool = request.schema_name
+        native = request.mode == "native" and request.output_schema is not None
+        if native:
+            kwargs["tools"] = [
+                {
+                    "name": tool,
+                    "description": "Submit the evaluation. Call this tool with your answer.",
+                    "input_schema": request.output_schema,
+                }
+            ]
+            kwargs["tool_choice"] = {"type": "tool", "name": tool}
+        with translate_sdk_errors(self.provider, self.model_id):
+            client = await self._client()
+            message = await client.messages.create(**kwargs)
+        parsed: Any = None
+        texts: list[str] = []
+        for block in message.content:
+            if block.type == "tool_use" and native and block.name == tool:
+                parsed = block.input
+            elif block.type == "text":
+                texts.append(block.text)
+        text = json.dumps(parsed) if parsed is not None else "".join(texts)
+        return JudgeResponse(
+            text=text,
+            parsed=parsed,
+            usage=JudgeUsage(input_tokens=message.usage.input_tokens, output_tokens=message.usage.output_tokens),
+            model=message.model,
+            request_id=getattr(message, "_request_id", None),
+            finish_reason=message.stop_reason,
+        )
+
+
+_strict_cache: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+
+def _strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """``strict_openai_schema``, cached by identity (a step sends the same schema each run)."""
+    hit = _strict_cache.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    strict = strict_openai_schema(schema)
+    if len(_strict_cache) > 1024:
+        _strict_cache.clear()
+    _strict_cache[id(schema)] = (schema, strict)
+    return strict
+
+
+_resolved: dict[tuple[str, str | None, str | None], JudgeModel] = {}
+
+
+def resolve_model(model: str | JudgeModel, *, base_url: str | None, api_key: str | None) -> JudgeModel:
+    """``"openai/<model>"`` / ``"anthropic/<model>"`` → a built-in model; objects pass through."""
+    if not isinstance(model, str):
+        return model
+    key = (model, base_url, api_key)
+    found = _resolved.get(key)
+    if found is not None:
+        return found
+    provider, _, name = model.partition("/")
+    built: JudgeModel
+    if provider == "openai" and name:
+        built = OpenAIJudgeModel(name, base_url=base_url, api_key=api_key)
+    elif provider == "anthropic" and name:
+        built = AnthropicJudgeModel(name, base_url=base_url, api_key=api_key)
+    else:
+        raise ScorerConfigError(
+            f"judge model {model!r} is not understood: use 'openai/<model>', "
+            "'anthropic/<model>', or an object implementing scorers.judge.JudgeModel"
+        )
+    _resolved[key] = built
+    return built
