@@ -11,7 +11,12 @@ from importlib.metadata import PackageNotFoundError, version
 import click
 
 from worker._cli_common import CliError, run_command
+from worker._cli_backfill import backfill_command
+from worker._cli_dlq import dlq_group
 from worker._cli_score import score_command
+from worker._cli_scores import scores_command
+from worker._cli_status import status_command
+from worker._cli_worker import worker_command
 
 __all__ = ["cli", "main"]
 
@@ -33,6 +38,11 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 
 cli.add_command(score_command)
+cli.add_command(backfill_command)
+cli.add_command(worker_command)
+cli.add_command(scores_command)
+cli.add_command(dlq_group)
+cli.add_command(status_command)
 
 
 def main(argv: list[str] | None = None) -> int:

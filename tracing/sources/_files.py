@@ -78,6 +78,22 @@ class FileSource:
                 raise SourceError(f"{path}: no such file or directory")
         self.files = files
         self._roots = [str(p) for p in paths]
+        self._sizes = [p.stat().st_size for p in files]
+        self._total = max(1, sum(self._sizes))
+        self._done_bytes = 0
+        self._handle: IO[bytes] | None = None
+
+    def fraction_done(self) -> float:
+        """Share of the input bytes read so far (compressed bytes for .gz files)."""
+        position = 0
+        handle = self._handle
+        if handle is not None:
+            raw = getattr(handle, "fileobj", None) or handle  # GzipFile: the compressed file
+            try:
+                position = raw.tell()
+            except (OSError, ValueError):
+                position = 0
+        return min(1.0, (self._done_bytes + position) / self._total)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "files", "files": [str(p) for p in self.files]}
@@ -92,6 +108,7 @@ class FileSource:
             if index < start.unit:
                 continue
             begin = start if index == start.unit else Position(index)
+            self._done_bytes = sum(self._sizes[:index])
             try:
                 if _kind(path) == "proto":
                     yield from self._read_proto(index, path, begin)
@@ -100,11 +117,14 @@ class FileSource:
             except (OSError, EOFError, gzip.BadGzipFile) as exc:
                 # A truncated or unreadable file: report it where it broke and go on with the next.
                 yield Malformed(Position(index, 0, 0), str(path), f"cannot read the file: {exc}")
+            self._handle = None
+            self._done_bytes = sum(self._sizes[: index + 1])
             yield UnitEnd(index, Position(index + 1))
 
     def _read_json(self, index: int, path: Path, begin: Position) -> Iterator[SourceItem]:
         whole_candidate = path.name.lower().removesuffix(".gz").endswith(".json")
         with _open(path) as handle:
+            self._handle = handle
             # A start position names the record to read first: its line number and byte offset.
             line, offset = max(begin.line - 1, 0), begin.offset
             if offset:
@@ -150,6 +170,7 @@ class FileSource:
 
     def _read_proto(self, index: int, path: Path, begin: Position) -> Iterator[SourceItem]:
         with _open(path) as handle:
+            self._handle = handle
             number, offset = max(begin.line - 1, 0), begin.offset
             if offset:
                 handle.seek(offset)

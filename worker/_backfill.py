@@ -1,0 +1,263 @@
+"""The backfill driver: stored traces → runs → score requests in batches → a scorer.
+
+    source ─read─▶ TraceAssembler ─traces─▶ filter (--since/--until, --sample) ─▶ trace_to_runs
+           ─runs─▶ ScoreRequest batches ─▶ Submitter (Redis queue with backpressure, or embedded)
+
+Streaming: the source is read one record at a time and the assembler's memory is bounded, so
+a source of any size runs in bounded memory. A trace that cannot be read into a run is counted
+by reason and reported, and the job goes on; so does a malformed input line.
+
+Resumable: after each batch is handed over, the job state (checkpoint = the earliest input
+position not fully enqueued, the counters) and the enqueued trace ids are saved together, so an
+interrupted job (Ctrl-C, crash, SIGKILL) resumes from there without re-enqueuing finished work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import structlog
+from opentelemetry.sdk.trace import ReadableSpan
+
+from tracing._errors import TraceReadError
+from tracing._run import ScoreBatch, ScoreRequest, TracedRun
+from tracing._transform import trace_to_runs
+from tracing.sources import (
+    AssembledTrace,
+    Malformed,
+    Position,
+    SpanBatch,
+    TraceAssembler,
+    TraceSource,
+    UnitEnd,
+)
+from worker._backfill_progress import ProgressReporter
+from worker._backfill_state import BackfillState, RedisJobStore
+
+__all__ = ["Backfill", "Submitter", "is_sampled", "trace_start_ns"]
+
+log = structlog.get_logger("tracescore.backfill")
+
+# Malformed lines and unreadable traces printed one by one; past this only counted.
+MAX_REPORTED = 20
+
+
+def is_sampled(trace_id: str, rate: float) -> bool:
+    """Deterministic on the trace id: the first 8 bytes of sha256(trace id hex) below ``rate``."""
+    if rate >= 1.0:
+        return True
+    if rate <= 0.0:
+        return False
+    digest = hashlib.sha256(trace_id.lower().encode("ascii")).digest()
+    return int.from_bytes(digest[:8], "big") < rate * 2**64
+
+
+def trace_start_ns(spans: Sequence[ReadableSpan]) -> int | None:
+    starts = [s.start_time for s in spans if s.start_time]
+    return min(starts) if starts else None
+
+
+class Submitter(Protocol):
+    """Where batches go: the Redis queue (workers score them) or an embedded scorer."""
+
+    mode: str
+
+    def submit(self, batch: ScoreBatch) -> None:
+        """Hand over one batch; may block (backpressure, or scoring in place)."""
+        ...
+
+    def progress(self, job_id: str) -> dict[str, int]:
+        """The job's counters: scored, failed, failed:<reason>, skipped, skipped:<reason>."""
+        ...
+
+    def pending(self) -> int:
+        """Batches waiting in the queue (0 when there is no queue)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Backfill:
+    """One run of a job: reads the source from the state's checkpoint to the end."""
+
+    def __init__(
+        self,
+        source: TraceSource,
+        state: BackfillState,
+        submitter: Submitter | None,
+        *,
+        job_store: RedisJobStore | None = None,
+        reporter: ProgressReporter | None = None,
+        on_batch: Callable[[ScoreBatch], None] | None = None,
+    ) -> None:
+        self.source = source
+        self.state = state
+        self.submitter = submitter  # None: dry run
+        self.job_store = job_store
+        self.reporter = reporter or ProgressReporter()
+        self.on_batch = on_batch
+        options = state.options
+        self.assembler = TraceAssembler(
+            window_spans=options.window_spans,
+            window_files=options.window_files,
+            max_open_spans=options.max_open_spans,
+        )
+        self.resumed = state.checkpoint != (0, 0, 0)
+        self._chunk: list[ScoreRequest] = []
+        self._chunk_traces: list[str] = []
+        self._waiting: deque[AssembledTrace] = deque()
+        self._current = Position(0)
+        self._started = time.monotonic()
+        self._reported = 0
+        self._saved: BackfillState | None = None
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def run(self) -> BackfillState:
+        """Read, transform and submit everything; returns the state (status ``enqueued``)."""
+        counters = self.state.counters
+        self._current = self.state.position
+        for item in self.source.read(self.state.position):
+            if isinstance(item, SpanBatch):
+                self._current = item.position
+                self._waiting.extend(self.assembler.add(item.spans, item.position))
+            elif isinstance(item, Malformed):
+                self._current = item.position
+                counters.bad_line(item.where)
+                self._report(f"{item.where}: skipped: {item.reason}")
+            elif isinstance(item, UnitEnd):
+                self._current = item.next
+                self._waiting.extend(self.assembler.end_unit(item.unit))
+            self._drain()
+            self._show()
+        self._waiting.extend(self.assembler.finish())
+        self._current = Position(2**62)
+        self._drain()
+        self._flush()
+        counters.evicted_traces = self.assembler.stats.evicted
+        self.state.status = "enqueued"
+        self.state.elapsed_s += time.monotonic() - self._started
+        self._save([])
+        self._show(force=True)
+        return self.state
+
+    def _drain(self) -> None:
+        while self._waiting:
+            trace = self._waiting.popleft()
+            self._handle(trace)
+            if len(self._chunk) >= self.state.options.batch_size:
+                self._flush()
+
+    def _handle(self, trace: AssembledTrace) -> None:
+        counters = self.state.counters
+        options = self.state.options
+        counters.traces_read += 1
+        start = trace_start_ns(trace.spans)
+        if options.since_ns is not None and (start is None or start < options.since_ns):
+            counters.skip("before_since")
+            return
+        if options.until_ns is not None and (start is None or start >= options.until_ns):
+            counters.skip("after_until")
+            return
+        if not is_sampled(trace.trace_id, options.sample_rate):
+            counters.skip("sampled_out")
+            return
+        try:
+            runs = trace_to_runs(trace.spans)
+        except TraceReadError as exc:
+            counters.unread(exc.reason)
+            self._report(f"trace {trace.trace_id}: not scored ({exc.reason}): {exc}")
+            return
+        except Exception as exc:  # a transform bug must not end a long job: count it, say it
+            counters.unread(type(exc).__name__)
+            self._report(f"trace {trace.trace_id}: not scored ({type(exc).__name__}): {exc}")
+            log.warning("backfill_transform_failed", trace_id=trace.trace_id, exc_info=True)
+            return
+        counters.runs_read += len(runs)
+        if self.submitter is None:
+            return
+        now = time.time()
+        for run in runs:
+            self._chunk.append(self._request(run, now))
+        self._chunk_traces.append(trace.trace_id)
+
+    def _request(self, run: TracedRun, now: float) -> ScoreRequest:
+        return ScoreRequest(
+            run=run,
+            scorer_ids=self.state.options.scorer_ids,
+            source="backfill",
+            job_id=self.state.job_id,
+            enqueued_at=now,
+        )
+
+    def _checkpoint(self) -> Position:
+        candidates = [self._current]
+        low = self.assembler.low_watermark()
+        if low is not None:
+            candidates.append(low)
+        candidates.extend(t.first for t in self._waiting)
+        return min(candidates)
+
+    def _flush(self) -> None:
+        requests, trace_ids = self._chunk, self._chunk_traces
+        self._chunk, self._chunk_traces = [], []
+        if requests and self.resumed and self.job_store is not None:
+            # Read again after a resume: some of these traces were enqueued before the stop.
+            done = self.job_store.already_enqueued(self.state.job_id, trace_ids)
+            if done:
+                self.state.counters.skip("already_enqueued", len(done))
+                requests = [r for r in requests if r.run.identity.trace_id not in done]
+                trace_ids = [t for t in trace_ids if t not in done]
+        if requests and self.submitter is not None:
+            counters = self.state.counters
+            batch = ScoreBatch(batch_id=f"{self.state.job_id}-{counters.batches:06d}", requests=requests)
+            self.submitter.submit(batch)
+            if self.on_batch is not None:
+                self.on_batch(batch)
+            counters.batches += 1
+            counters.runs_enqueued += len(requests)
+            counters.traces_enqueued += len(trace_ids)
+        self._save(trace_ids)
+
+    def _save(self, trace_ids: Sequence[str]) -> None:
+        self.state.checkpoint = tuple(self._checkpoint())  # type: ignore[assignment]
+        if self.job_store is not None and self.submitter is not None:
+            self.job_store.save(self.state, trace_ids)
+            self._saved = self.state.model_copy(deep=True)
+
+    def interrupted(self) -> None:
+        """Mark the job resumable, as of the last saved batch (work after it is read again)."""
+        if self.job_store is None or self.submitter is None:
+            return
+        saved = self._saved or self.state.model_copy(deep=True)
+        if saved.status == "reading":
+            saved.status = "interrupted"
+        saved.elapsed_s += time.monotonic() - self._started
+        self.job_store.save(saved)
+
+    # --- output ---------------------------------------------------------------------------
+
+    def _report(self, text: str) -> None:
+        self._reported += 1
+        if self._reported <= MAX_REPORTED:
+            self.reporter.message(text)
+        elif self._reported == MAX_REPORTED + 1:
+            self.reporter.message("(more problems are only counted; see the summary)")
+
+    def _show(self, *, force: bool = False) -> None:
+        fraction_done = getattr(self.source, "fraction_done", None)
+        fraction = fraction_done() if callable(fraction_done) else None
+        counters = self.state.counters
+        verb = "would score" if self.submitter is None else "enqueued"
+        self.reporter.update(
+            "reading",
+            counters.traces_read,
+            "traces",
+            fraction,
+            extra=f"{counters.runs_enqueued if self.submitter else counters.runs_read:,} runs {verb}",
+            force=force,
+        )

@@ -1,0 +1,563 @@
+"""``tracescore backfill``: re-score stored traces (files or Tempo), embedded or through Redis."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+import structlog
+
+from tracing._score_writer import JsonlScoreWriter, OtlpScoreWriter, ScoreWriter
+from tracing.sources import SourceError, TraceSource, open_source, source_from_description
+from worker._backfill import Backfill, Submitter
+from worker._backfill_progress import ProgressReporter, format_duration
+from worker._backfill_state import BackfillOptions, BackfillState, RedisJobStore, new_job_id
+from worker._cli_common import CliError
+from worker._registry import Registry, RegistryError, load_registry
+from worker._settings import Settings, SettingsError, load_settings
+
+__all__ = ["backfill_command", "parse_time"]
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_time(value: str, *, now: float | None = None) -> int:
+    """Epoch nanoseconds from ISO 8601 (``2026-11-30T10:00Z``, ``2026-11-30``), a duration ago
+    (``2h``, ``30m``, ``7d``) or epoch seconds."""
+    text = value.strip()
+    relative = _RELATIVE.match(text)
+    if relative:
+        ago = float(relative.group(1)) * _UNITS[relative.group(2)]
+        return int(((time.time() if now is None else now) - ago) * 1e9)
+    try:
+        return int(float(text) * 1e9)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not a time; use ISO 8601 (2026-11-30T10:00:00Z), a duration ago (2h, 7d) or epoch seconds"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1e9)
+
+
+class _Fanout:
+    def __init__(self, writers: list[ScoreWriter]) -> None:
+        self.writers = writers
+
+    def write(self, records: Any) -> None:
+        for writer in self.writers:
+            writer.write(records)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        return all([w.flush(timeout_s) for w in self.writers])  # noqa: C419  (flush every writer)
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a container stopping) ends the job like Ctrl-C: resumable, with a summary."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _quiet_logs(verbose: bool) -> None:
+    """The table and the progress bar are the output; logs only from warnings up (all with -v)."""
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
+def _settings(broker: str | None) -> Settings:
+    try:
+        return load_settings(broker_url=broker) if broker else load_settings()
+    except SettingsError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _load_registry(module: str) -> Registry:
+    try:
+        return load_registry(module)
+    except RegistryError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, elapsed: float) -> dict[str, Any]:
+    counters = state.counters
+    failed = {k.split(":", 1)[1]: v for k, v in (progress or {}).items() if k.startswith("failed:")}
+    skipped_scores = {k.split(":", 1)[1]: v for k, v in (progress or {}).items() if k.startswith("skipped:")}
+    return {
+        "job_id": state.job_id,
+        "mode": mode,
+        "status": state.status,
+        "source": state.source_label,
+        "scorers": state.options.scorer_ids,
+        "traces_read": counters.traces_read,
+        "runs_read": counters.runs_read,
+        "runs_enqueued": counters.runs_enqueued,
+        "scores_expected": state.expected_scores,
+        "scored": (progress or {}).get("scored", 0),
+        "failed": (progress or {}).get("failed", 0),
+        "failed_by_reason": failed,
+        "scores_skipped": skipped_scores,
+        "traces_skipped": counters.skipped,
+        "traces_unreadable": counters.unreadable,
+        "malformed_lines": counters.malformed,
+        "malformed_where": counters.malformed_where[:10],
+        "evicted_traces": counters.evicted_traces,
+        "elapsed_s": round(elapsed, 3),
+    }
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    def by_reason(counts: dict[str, int]) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) if counts else ""
+
+    elapsed = summary["elapsed_s"]
+    rate = summary["traces_read"] / elapsed if elapsed else 0.0
+    lines = [
+        f"backfill {summary['job_id']} ({summary['mode']}): {summary['status']}",
+        f"  traces read       {summary['traces_read']:,}" + (f"   ({rate:,.0f}/s)" if summary["traces_read"] else ""),
+        f"  runs enqueued     {summary['runs_enqueued']:,}  × {len(summary['scorers'])} scorers "
+        f"= {summary['scores_expected']:,} scores",
+        f"  scored            {summary['scored']:,}",
+        f"  failed            {summary['failed']:,}"
+        + (f"   ({by_reason(summary['failed_by_reason'])})" if summary["failed_by_reason"] else ""),
+    ]
+    skipped = summary["traces_skipped"]
+    if skipped:
+        lines.append(f"  traces skipped    {sum(skipped.values()):,}   ({by_reason(skipped)})")
+    if summary["scores_skipped"]:
+        lines.append(
+            f"  scores skipped    {sum(summary['scores_skipped'].values()):,}   "
+            f"({by_reason(summary['scores_skipped'])})"
+        )
+    unreadable = summary["traces_unreadable"]
+    if unreadable:
+        lines.append(f"  unreadable traces {sum(unreadable.values()):,}   ({by_reason(unreadable)})")
+    if summary["malformed_lines"]:
+        where = ", ".join(summary["malformed_where"][:5])
+        more = "…" if summary["malformed_lines"] > 5 else ""
+        lines.append(f"  malformed lines   {summary['malformed_lines']:,}   ({where}{more})")
+    if summary["evicted_traces"]:
+        lines.append(f"  traces released early (memory bound) {summary['evicted_traces']:,}")
+    lines.append(f"  elapsed           {format_duration(elapsed)} ({elapsed:.2f}s)")
+    click.echo("\n".join(lines), err=True)
+
+
+def _wait_for_workers(
+    submitter: Submitter, state: BackfillState, reporter: ProgressReporter, timeout_s: float | None
+) -> dict[str, int]:
+    expected = state.expected_scores
+    started = time.monotonic()
+    progress = submitter.progress(state.job_id)
+    while True:
+        done = progress.get("scored", 0) + progress.get("failed", 0) + progress.get("skipped", 0)
+        reporter.update(
+            "scoring",
+            done,
+            "scores",
+            (done / expected) if expected else 1.0,
+            extra=f"of {expected:,}; queue {submitter.pending()}",
+        )
+        if done >= expected and submitter.pending() == 0:
+            return progress
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            reporter.message(f"stopped waiting after {timeout_s:.0f}s: {done:,} of {expected:,} scores done")
+            return progress
+        time.sleep(0.25)
+        progress = submitter.progress(state.job_id)
+
+
+@click.command("backfill")
+@click.argument("sources", nargs=-1)
+@click.option("--scorers", "module", help="Module that defines the scorers, e.g. examples.scorers.")
+@click.option("--scorer", "only", multiple=True, help="Only this scorer id (repeatable; default: all in --scorers).")
+@click.option("--since", help="Only traces that started at or after this time (ISO 8601, '2h', '7d', epoch s).")
+@click.option("--until", help="Only traces that started before this time.")
+@click.option(
+    "--sample",
+    type=click.FloatRange(0.0, 1.0),
+    default=1.0,
+    show_default=True,
+    help="Score this share of traces (deterministic on the trace id, like the exporter).",
+)
+@click.option("--broker", help="Broker URL (default: TRACESCORE_BROKER_URL; with neither, score in this process).")
+@click.option("--resume", "resume_id", metavar="JOB_ID", help="Continue an interrupted job (Redis mode).")
+@click.option("--dry-run", is_flag=True, help="Only count the traces and runs that would be scored.")
+@click.option("--no-wait", is_flag=True, help="Redis mode: return once everything is enqueued.")
+@click.option(
+    "--wait-timeout", type=float, default=None, help="Redis mode: stop waiting for the workers after this many seconds."
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Embedded mode: write scores as JSON Lines here instead of the table.",
+)
+@click.option(
+    "--otlp", is_flag=True, help="Embedded mode: also write scores back over OTLP (OTEL_EXPORTER_OTLP_* settings)."
+)
+@click.option(
+    "--batch-size", type=click.IntRange(1, 5000), default=200, show_default=True, help="Runs per queue message."
+)
+@click.option(
+    "--high-water",
+    type=click.IntRange(1),
+    default=40,
+    show_default=True,
+    help="Redis mode: wait while more batches than this are queued.",
+)
+@click.option(
+    "--window-spans",
+    type=click.IntRange(1),
+    default=10_000,
+    show_default=True,
+    help="Assembly window: a trace is complete this many spans after its last one (once its root is seen).",
+)
+@click.option(
+    "--window-files",
+    type=click.IntRange(0),
+    default=1,
+    show_default=True,
+    help="Assembly window: keep a rootless trace open across this many file boundaries.",
+)
+@click.option(
+    "--max-open-spans",
+    type=click.IntRange(1),
+    default=100_000,
+    show_default=True,
+    help="Memory bound: spans held while assembling.",
+)
+@click.option("--query", "tempo_query", help="Tempo sources: the TraceQL query (default '{}': every trace).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object on stdout.")
+@click.pass_context
+def backfill_command(
+    ctx: click.Context,
+    sources: tuple[str, ...],
+    module: str | None,
+    only: tuple[str, ...],
+    since: str | None,
+    until: str | None,
+    sample: float,
+    broker: str | None,
+    resume_id: str | None,
+    dry_run: bool,
+    no_wait: bool,
+    wait_timeout: float | None,
+    out: Path | None,
+    otlp: bool,
+    batch_size: int,
+    high_water: int,
+    window_spans: int,
+    window_files: int,
+    max_open_spans: int,
+    tempo_query: str | None,
+    as_json: bool,
+) -> None:
+    """Score stored traces: OTLP JSON/protobuf files (JSON Lines, .gz, directories) or Tempo.
+
+    With no broker configured (no --broker, no TRACESCORE_BROKER_URL) the scoring runs in
+    this process and prints a table; with a broker the runs go to the Redis queue in batches
+    and the command waits for the workers (unless --no-wait). Interrupted Redis jobs resume
+    with --resume JOB_ID.
+
+    \b
+    Examples:
+      tracescore backfill examples/traces --scorers examples.scorers
+      tracescore backfill traces/ --scorers my.scorers --scorer relevancy --since 2026-11-01 --sample 0.1
+      tracescore backfill traces/*.jsonl.gz --scorers my.scorers --broker redis://127.0.0.1:6379/0
+      tracescore backfill tempo+http://tempo:3200 --since 24h --query '{}' --scorers my.scorers
+      tracescore backfill --resume bf-20261130-152233-1a2b3c
+      tracescore backfill examples/traces --scorers examples.scorers --dry-run
+    """
+    _quiet_logs(bool((ctx.obj or {}).get("verbose")))
+    broker = broker or os.environ.get("TRACESCORE_BROKER_URL") or None
+    reporter = ProgressReporter()
+    if resume_id:
+        if not broker:
+            raise CliError("--resume needs the Redis the job ran with: pass --broker URL or set TRACESCORE_BROKER_URL")
+        _resume(
+            resume_id,
+            broker,
+            reporter,
+            no_wait=no_wait,
+            wait_timeout=wait_timeout,
+            high_water=high_water,
+            as_json=as_json,
+        )
+        return
+    if not sources:
+        raise CliError("give a source (trace files, a directory, or tempo+http://HOST:3200), or --resume JOB_ID")
+    if not module:
+        raise CliError("give the scorers with --scorers my.module (the module that defines them)")
+    registry = _load_registry(module)
+    unknown = [s for s in only if s not in registry]
+    if unknown:
+        raise CliError(f"unknown scorer id(s) {', '.join(unknown)}; {module} has: {', '.join(registry)}")
+    since_ns = parse_time(since) if since else None
+    until_ns = parse_time(until) if until else None
+    if since_ns is not None and until_ns is not None and since_ns >= until_ns:
+        raise CliError("--since must be before --until")
+    try:
+        source = open_source(list(sources), since_ns=since_ns, until_ns=until_ns, query=tempo_query)
+    except SourceError as exc:
+        raise CliError(str(exc)) from exc
+    options = BackfillOptions(
+        scorers_module=module,
+        scorer_ids=list(only or registry),
+        since_ns=since_ns,
+        until_ns=until_ns,
+        sample_rate=sample,
+        batch_size=batch_size,
+        window_spans=window_spans,
+        window_files=window_files,
+        max_open_spans=max_open_spans,
+    )
+    state = BackfillState(job_id=new_job_id(), source=source.describe(), source_label=source.label(), options=options)
+
+    if dry_run:
+        _dry_run(source, state, reporter, as_json)
+        return
+    if broker:
+        _run_redis(
+            source,
+            state,
+            _settings(broker),
+            reporter,
+            no_wait=no_wait,
+            wait_timeout=wait_timeout,
+            high_water=high_water,
+            as_json=as_json,
+        )
+    else:
+        _run_embedded(source, state, registry, reporter, out=out, otlp=otlp, as_json=as_json)
+
+
+def _dry_run(source: TraceSource, state: BackfillState, reporter: ProgressReporter, as_json: bool) -> None:
+    reporter.message(f"dry run: reading {state.source_label}; nothing is scored")
+    started = time.monotonic()
+    Backfill(source, state, None, reporter=reporter).run()
+    reporter.close()
+    summary = _summary(state, "dry-run", None, time.monotonic() - started)
+    summary["runs_to_score"] = state.counters.runs_read
+    summary["scores_to_compute"] = state.counters.runs_read * len(state.options.scorer_ids)
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    counters = state.counters
+    click.echo(
+        f"would score {counters.runs_read:,} runs from {counters.traces_read:,} traces "
+        f"with {len(state.options.scorer_ids)} scorers ({', '.join(state.options.scorer_ids)}): "
+        f"{summary['scores_to_compute']:,} scores"
+    )
+    if counters.skipped:
+        click.echo("skipped traces: " + ", ".join(f"{k}: {v}" for k, v in sorted(counters.skipped.items())))
+    if counters.unreadable:
+        click.echo("unreadable traces: " + ", ".join(f"{k}: {v}" for k, v in sorted(counters.unreadable.items())))
+    if counters.malformed:
+        click.echo(f"malformed lines: {counters.malformed} ({', '.join(counters.malformed_where[:5])})")
+
+
+def _run_embedded(
+    source: TraceSource,
+    state: BackfillState,
+    registry: Registry,
+    reporter: ProgressReporter,
+    *,
+    out: Path | None,
+    otlp: bool,
+    as_json: bool,
+) -> None:
+    from worker._embedded import EmbeddedScorer, TableScoreWriter
+
+    agents: dict[str, str] = {}
+    writers: list[ScoreWriter] = []
+    if out is not None:
+        writers.append(JsonlScoreWriter(out))
+    elif not as_json:
+        writers.append(TableScoreWriter(sys.stdout, agents=agents, before_write=reporter.clear))
+    if otlp:
+        writers.append(OtlpScoreWriter())
+    scorer = EmbeddedScorer(
+        {s: registry[s] for s in state.options.scorer_ids},
+        _Fanout(writers) if writers else None,
+        agents=agents,
+    )
+    reporter.message(
+        f"backfill {state.job_id}: embedded mode (no broker configured: scoring in this process; "
+        f"set --broker or TRACESCORE_BROKER_URL to use Redis workers)"
+    )
+    reporter.message(f"reading {state.source_label}; scorers: {', '.join(state.options.scorer_ids)}")
+    started = time.monotonic()
+    interrupted = False
+    try:
+        with _sigterm_as_interrupt():
+            Backfill(source, state, scorer, reporter=reporter).run()
+        state.status = "finished"
+    except KeyboardInterrupt:
+        interrupted = True
+        state.status = "interrupted"
+    finally:
+        progress = scorer.progress(state.job_id)
+        scorer.close()
+        reporter.close()
+    summary = _summary(state, "embedded", progress, time.monotonic() - started)
+    if out is not None:
+        summary["out"] = str(out)
+    if as_json:
+        click.echo(json.dumps(summary))
+    _print_summary(summary)
+    if out is not None:
+        click.echo(f"  scores written to {out}", err=True)
+    if interrupted:
+        click.echo("interrupted (embedded jobs keep no state: run the command again to start over)", err=True)
+        raise SystemExit(130)
+
+
+def _run_redis(
+    source: TraceSource,
+    state: BackfillState,
+    settings: Settings,
+    reporter: ProgressReporter,
+    *,
+    no_wait: bool,
+    wait_timeout: float | None,
+    high_water: int,
+    as_json: bool,
+    resumed: bool = False,
+) -> None:
+    import redis
+
+    from worker._backfill_submit import RedisSubmitter
+
+    submitter = RedisSubmitter(settings, high_water=high_water)
+    try:
+        submitter.ping()
+    except redis.exceptions.RedisError as exc:
+        raise CliError(f"cannot reach Redis at {settings.broker_url}: {exc}") from exc
+    job_store = RedisJobStore(submitter.store)
+    verb = "resuming" if resumed else "starting"
+    reporter.message(
+        f"backfill {state.job_id}: {verb} in Redis mode (broker {_redact(settings.broker_url)}, "
+        f"queue {settings.queue!r}; workers: tracescore worker --scorers {state.options.scorers_module})"
+    )
+    reporter.message(f"reading {state.source_label}; scorers: {', '.join(state.options.scorer_ids)}")
+    started = time.monotonic()
+    backfill = Backfill(source, state, submitter, job_store=job_store, reporter=reporter)
+    progress: dict[str, int] | None = None
+    try:
+        with _sigterm_as_interrupt():
+            if state.status in ("reading", "interrupted"):
+                state.status = "reading"
+                backfill.run()
+            if not no_wait:
+                progress = _wait_for_workers(submitter, state, reporter, wait_timeout)
+                expected = state.expected_scores
+                done = sum(progress.get(k, 0) for k in ("scored", "failed", "skipped"))
+                if done >= expected:
+                    state.status = "finished"
+                    job_store.save(state)
+    except KeyboardInterrupt:
+        reporter.close()
+        backfill.interrupted()
+        click.echo(
+            f"interrupted; nothing enqueued is lost. Resume with: tracescore backfill --resume {state.job_id}"
+            + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {_redact(settings.broker_url)}"),
+            err=True,
+        )
+        raise SystemExit(130) from None
+    finally:
+        reporter.close()
+    if progress is None:
+        progress = submitter.progress(state.job_id)
+    submitter.close()
+    summary = _summary(state, "redis", progress, time.monotonic() - started + 0.0)
+    summary["throttled_s"] = round(submitter.throttled_s, 3)
+    if as_json:
+        click.echo(json.dumps(summary))
+    _print_summary(summary)
+    if no_wait and state.status == "enqueued":
+        click.echo(
+            f"  enqueued; the workers score it. Follow with: tracescore backfill --resume {state.job_id}", err=True
+        )
+
+
+def _resume(
+    job_id: str,
+    broker: str,
+    reporter: ProgressReporter,
+    *,
+    no_wait: bool,
+    wait_timeout: float | None,
+    high_water: int,
+    as_json: bool,
+) -> None:
+    import redis
+
+    settings = _settings(broker)
+    client = redis.Redis.from_url(settings.store_url, decode_responses=True)
+    try:
+        state = RedisJobStore(client).load(job_id)
+    except redis.exceptions.RedisError as exc:
+        raise CliError(f"cannot reach Redis at {settings.store_url}: {exc}") from exc
+    finally:
+        client.close()
+    if state is None:
+        raise CliError(f"no backfill job {job_id!r} in {_redact(settings.store_url)} (job state expires after 7 days)")
+    registry = _load_registry(state.options.scorers_module)
+    missing = [s for s in state.options.scorer_ids if s not in registry]
+    if missing:
+        raise CliError(f"{state.options.scorers_module} no longer defines scorer(s) {', '.join(missing)}")
+    try:
+        source = source_from_description(state.source)
+    except SourceError as exc:
+        raise CliError(f"cannot reopen the job's source: {exc}") from exc
+    _run_redis(
+        source,
+        state,
+        settings,
+        reporter,
+        no_wait=no_wait,
+        wait_timeout=wait_timeout,
+        high_water=high_water,
+        as_json=as_json,
+        resumed=True,
+    )
+
+
+def _redact(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"
