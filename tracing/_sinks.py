@@ -91,13 +91,14 @@ class CelerySink:
     def send(self, batch: ScoreBatch) -> None:
         payload = batch.model_dump(mode="json")
         task_id = str(uuid.uuid4())
-        headers = {
+        headers: dict[str, Any] = {
             "lang": "py",
             "task": SCORE_TASK_NAME,
             "id": task_id,
             "root_id": task_id,
             "parent_id": None,
             "group": None,
+            "group_index": None,
             "shadow": None,
             "eta": None,
             "expires": None,
@@ -107,6 +108,9 @@ class CelerySink:
             "kwargsrepr": "{}",
             "origin": self._origin,
             "ignore_result": True,
+            "replaced_task_nesting": 0,
+            "stamped_headers": None,
+            "stamps": {},
         }
         embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
         body: tuple[list[Any], dict[str, Any], dict[str, Any]] = ([payload], {}, embed)
@@ -115,12 +119,10 @@ class CelerySink:
                 producer = self._producer or self._connect()
                 producer.publish(
                     body,
-                    exchange=self.queue,
+                    exchange="",  # the default exchange: straight to the queue, as Celery does
                     routing_key=self.queue,
                     headers=headers,
                     correlation_id=task_id,
-                    content_type="application/json",
-                    content_encoding="utf-8",
                     serializer="json",
                     retry=False,
                     delivery_mode=2,

@@ -1,0 +1,162 @@
+"""CelerySink against a real Redis of the test's own: messages, and a broker that goes away."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from tests.tracing._exporting import FakeClock, wait_for
+from tests.tracing._spans import Recorder
+from tests.tracing.test_exporter import agent_trace
+from tracing import SCORE_TASK_NAME, CelerySink, ScoreBatch, ScoringRule, ScoringSpanExporter, trace_to_run
+
+QUEUE = "tracescore-sink-test"
+DB = 3
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
+
+
+class OwnRedis:
+    """A redis-server subprocess on a fixed free port, which the test may stop and start again."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/{DB}"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, db=DB, socket_timeout=1, socket_connect_timeout=1)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--daemonize", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        assert wait_for(self._up, 10), "redis-server did not start"
+
+    def _up(self) -> bool:
+        try:
+            return bool(self.client().ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture
+def own_redis() -> Iterator[OwnRedis]:
+    server = OwnRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _messages(server: OwnRedis) -> list[dict[str, Any]]:
+    """The Celery messages waiting in the queue's Redis list, oldest first."""
+    raw = server.client().lrange(QUEUE, 0, -1)
+    return [json.loads(m) for m in reversed(raw)]  # kombu LPUSHes, workers BRPOP
+
+
+def _batch(message: dict[str, Any]) -> ScoreBatch:
+    assert message["headers"]["task"] == SCORE_TASK_NAME
+    assert message["content-type"] == "application/json"
+    body = message["body"]
+    if message["properties"].get("body_encoding") == "base64":
+        body = base64.b64decode(body)
+    args, kwargs, _embed = json.loads(body)
+    assert kwargs == {}
+    return ScoreBatch.model_validate(args[0])
+
+
+def test_message_is_a_celery_task(own_redis: OwnRedis) -> None:
+    """A sent batch is a JSON Celery protocol-2 message for tracescore.score_batch."""
+    clock = FakeClock()
+    exp = ScoringSpanExporter(
+        [ScoringRule(["helpfulness"])], CelerySink(own_redis.url, queue=QUEUE), clock=clock
+    )
+    try:
+        rec = Recorder()
+        trace_id = agent_trace(rec, question="Where is my order?")
+        exp.export(rec.spans())
+        assert exp.force_flush(10_000)
+        messages = _messages(own_redis)
+        assert len(messages) == 1
+        batch = _batch(messages[0])
+        assert batch.requests[0].scorer_ids == ["helpfulness"]
+        assert batch.requests[0].run.identity.trace_id == trace_id
+        assert batch.requests[0].run.input.input_messages[0].text == "Where is my order?"
+    finally:
+        exp.shutdown(5000)
+
+
+def test_broker_down_then_back(own_redis: OwnRedis) -> None:
+    """Redis stops while spans flow: nothing raises, the app goes on, and the runs arrive later."""
+    clock = FakeClock()
+    sink = CelerySink(own_redis.url, queue=QUEUE, connect_timeout_s=0.5, publish_timeout_s=0.5)
+    exp = ScoringSpanExporter(
+        [ScoringRule(["s"])], sink, retry_initial_s=0.05, retry_max_s=0.3, clock=clock
+    )
+    try:
+        first = Recorder()
+        ids = [agent_trace(first, question="before")]
+        exp.export(first.spans())
+        assert exp.force_flush(10_000)
+        assert len(_messages(own_redis)) == 1
+
+        own_redis.stop()
+        for i in range(3):
+            rec = Recorder()
+            ids.append(agent_trace(rec, question=f"during {i}"))
+            assert exp.export(rec.spans()).name == "SUCCESS"
+        clock.advance(10)
+        exp.tick()  # completes the three traces and hands them to the (failing) sender
+        assert wait_for(lambda: exp.stats()["send_failures"] >= 2, 20)
+        assert exp.stats()["runs_sent"] == 1
+        assert exp.force_flush(100) is False  # still pending, and force_flush kept its deadline
+
+        own_redis.start()  # same port, empty (no persistence): only the buffered runs can arrive
+        assert wait_for(lambda: exp.stats()["runs_sent"] == 4, 30)
+        arrived = [r for m in _messages(own_redis) for r in _batch(m).requests]
+        assert sorted(r.run.identity.trace_id for r in arrived) == sorted(ids[1:])
+        assert exp.stats()["dropped"] == {}
+    finally:
+        exp.shutdown(5000)
+
+
+def test_down_broker_fails_fast() -> None:
+    """With no broker listening a send raises within the connect timeout instead of hanging."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sink = CelerySink(f"redis://127.0.0.1:{port}/{DB}", queue=QUEUE, connect_timeout_s=0.5)
+    rec = Recorder()
+    agent_trace(rec)
+    batch = ScoreBatch(
+        batch_id="b1", requests=[{"run": trace_to_run(rec.spans()), "scorer_ids": ["s"]}]  # type: ignore[list-item]
+    )
+    started = time.monotonic()
+    with pytest.raises(Exception):  # noqa: B017 - any broker error: the exporter retries them all
+        sink.send(batch)
+    assert time.monotonic() - started < 5
