@@ -14,7 +14,6 @@ interrupted job (Ctrl-C, crash, SIGKILL) resumes from there without re-enqueuing
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ import structlog
 from opentelemetry.sdk.trace import ReadableSpan
 
 from tracing._errors import TraceReadError
+from tracing._rules import sampled
 from tracing._run import ScoreBatch, ScoreRequest, TracedRun
 from tracing._transform import trace_to_runs
 from tracing.sources import (
@@ -38,22 +38,12 @@ from tracing.sources import (
 from worker._backfill_progress import ProgressReporter
 from worker._backfill_state import BackfillState, RedisJobStore
 
-__all__ = ["Backfill", "Submitter", "is_sampled", "trace_start_ns"]
+__all__ = ["Backfill", "Submitter", "trace_start_ns"]
 
 log = structlog.get_logger("tracescore.backfill")
 
 # Malformed lines and unreadable traces printed one by one; past this only counted.
 MAX_REPORTED = 20
-
-
-def is_sampled(trace_id: str, rate: float) -> bool:
-    """Deterministic on the trace id: the first 8 bytes of sha256(trace id hex) below ``rate``."""
-    if rate >= 1.0:
-        return True
-    if rate <= 0.0:
-        return False
-    digest = hashlib.sha256(trace_id.lower().encode("ascii")).digest()
-    return int.from_bytes(digest[:8], "big") < rate * 2**64
 
 
 def trace_start_ns(spans: Sequence[ReadableSpan]) -> int | None:
@@ -163,7 +153,7 @@ class Backfill:
         if options.until_ns is not None and (start is None or start >= options.until_ns):
             counters.skip("after_until")
             return
-        if not is_sampled(trace.trace_id, options.sample_rate):
+        if not sampled(trace.trace_id, options.sample_rate):  # the exporter's rule
             counters.skip("sampled_out")
             return
         try:

@@ -20,10 +20,12 @@ from scorers import Scorer
 from tracing._run import ScoreBatch
 from tracing._score_record import ScoreRecord
 from tracing._score_writer import ScoreWriter
+from tracing._sinks import CallbackSink
+from worker._registry import load_registry
 from worker._scoring import BatchReport, ScoringDeps, score_batch
 from worker._store import MemoryScoreStore, ScoreStore
 
-__all__ = ["EmbeddedScorer", "TableScoreWriter"]
+__all__ = ["EmbeddedScorer", "TableScoreWriter", "embedded_sink"]
 
 
 def _cell(text: str, width: int) -> str:
@@ -170,3 +172,25 @@ class EmbeddedScorer:
             if self.writer is not None:
                 self.writer.flush(10.0)
             self._runner.close()
+
+
+def embedded_sink(
+    scorers: str | Mapping[str, Scorer],
+    writer: ScoreWriter | None = None,
+    *,
+    store: ScoreStore | None = None,
+) -> CallbackSink:
+    """The exporter's in-process sink: each batch is scored right away in this process.
+
+    ``scorers`` is a registry module name (``"my_app.scorers"``) or a mapping id → scorer.
+    Use it when there is no broker::
+
+        exporter = ScoringSpanExporter(rules=[ScoringRule(scorers=["relevancy"])],
+                                       sink=embedded_sink("my_app.scorers", ConsoleScoreWriter()))
+
+    The exporter calls the sink from its own sender thread, so scoring never runs inside the
+    application's ``export()`` call.
+    """
+    registry = load_registry(scorers) if isinstance(scorers, str) else scorers
+    scorer = EmbeddedScorer(registry, writer, store=store)
+    return CallbackSink(scorer.submit)
