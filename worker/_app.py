@@ -14,7 +14,7 @@ from celery import Celery, bootsteps, signals
 
 from worker._settings import Settings, SettingsError, get_settings
 
-__all__ = ["app", "configure_app", "settings_error"]
+__all__ = ["app", "configure_app", "redact", "settings_error"]
 
 log = structlog.get_logger("tracescore.worker")
 
@@ -100,8 +100,8 @@ def _check_settings(**_: Any) -> None:
     registry = load_registry(settings.scorers)
     log.info(
         "worker_starting",
-        broker=_redact(settings.broker_url),
-        store=_redact(settings.store_url),
+        broker=redact(settings.broker_url),
+        store=redact(settings.store_url),
         scorers=",".join(registry),
         queue=settings.queue,
         writer=settings.writer,
@@ -128,7 +128,7 @@ def _flush_writer(**_: Any) -> None:
     stop_loop()
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     """The URL without its password, for logs."""
     if "@" not in url:
         return url

@@ -168,11 +168,9 @@ class RedisRateLimiter:
                 self.waits += 1
                 # A slice, with jitter, so waiters across processes do not all wake at once.
                 await asyncio.sleep(min(wait_ms / 1000, MAX_WAIT_SLICE_S) * random.uniform(1.0, 1.2))
-            marker = _estimate.set((model_id, estimated_tokens))
-            try:
-                yield
-            finally:
-                _estimate.reset(marker)
+            # Left set after the slot: the judge reports usage once the request is over.
+            _estimate.set((model_id, estimated_tokens))
+            yield
 
     async def record_usage(self, model_id: str, tokens: int) -> None:
         limit = self._limits(model_id)
@@ -180,6 +178,7 @@ class RedisRateLimiter:
             return
         current = _estimate.get()
         estimate = current[1] if current is not None and current[0] == model_id else 0
+        _estimate.set(None)
         if tokens != estimate:
             self._redis()
             await self._correct(keys=[_keys.limiter_bucket_key(model_id, "tok")], args=[tokens - estimate])

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from scorers import create_scorer
+from scorers import Judge, PromptStep, create_scorer
 from scorers.judge import get_judge_hooks
 
 _clients: dict[int, Any] = {}
@@ -102,3 +102,30 @@ async def _broken(run: Any) -> float:
 
 
 broken = create_scorer("broken", type="agent").generate_score(_broken)
+
+
+# --- LLM-judge scorers (the worker's env points OPENAI_BASE_URL at tests/fakellm) ---------
+
+_JUDGE = Judge(model="openai/fake-judge", instructions="You grade an assistant's answers.")
+
+judged = create_scorer("judged", type="agent", judge=_JUDGE).generate_score(
+    PromptStep(
+        description="one judge call",
+        create_prompt=lambda run: f"SCORE this answer from 0 to 1: {_text(run.output)}",
+    )
+)
+
+judged_steps = (
+    create_scorer("judged_steps", type="agent", judge=_JUDGE)
+    .preprocess(
+        PromptStep(
+            description="topic",
+            create_prompt=lambda run: f"PRE: name the topic of: {_text(run.output)}",
+            output_schema={"type": "object", "properties": {"topic": {"type": "string"}}, "required": ["topic"]},
+        )
+    )
+    .generate_score(
+        PromptStep(description="score", create_prompt=lambda run, results: f"SCORE: rate {_text(run.output)}")
+    )
+    .generate_reason(PromptStep(description="reason", create_prompt=lambda score: f"REASON: explain {score}"))
+)

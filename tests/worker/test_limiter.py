@@ -1,0 +1,82 @@
+"""The Redis rate limiter: a shared budget per model, shared pauses, token corrections."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from worker import _keys
+from worker._limiter import RedisRateLimiter
+from worker._settings import ModelRateLimit
+
+
+def _limits(rpm: float | None = None, tpm: float | None = None) -> object:
+    return lambda model_id: ModelRateLimit(requests_per_minute=rpm, tokens_per_minute=tpm)
+
+
+def test_two_limiters_share_one_request_budget(redis_url: str) -> None:
+    """Two limiters (as two processes would) together stay within requests/min."""
+    # 600/min = 10/s with a 1 s burst: 30 calls need about 2 s whoever makes them.
+    a = RedisRateLimiter(redis_url, _limits(rpm=600))  # type: ignore[arg-type]
+    b = RedisRateLimiter(redis_url, _limits(rpm=600))  # type: ignore[arg-type]
+    stamps: list[float] = []
+
+    async def call(limiter: RedisRateLimiter) -> None:
+        async with limiter.slot("m", 10):
+            stamps.append(time.monotonic())
+
+    async def go() -> None:
+        await asyncio.gather(*(call(a if i % 2 else b) for i in range(30)))
+        await a.close()
+        await b.close()
+
+    asyncio.run(go())
+    stamps.sort()
+    # After the initial burst of 10, calls arrive at no more than 10/s (+10 % for clock jitter).
+    span = stamps[-1] - stamps[0]
+    assert span >= (30 - 10) / 10 / 1.1
+    for i, start in enumerate(stamps):
+        in_window = sum(1 for s in stamps[i:] if s < start + 1.0)
+        assert in_window <= 10 + 10 + 1  # burst + one second of refill
+
+
+def test_pause_from_one_process_stops_the_other(redis_url: str) -> None:
+    """A 429 pause set through one limiter makes another wait for that model only."""
+    a = RedisRateLimiter(redis_url, _limits())  # type: ignore[arg-type]
+    b = RedisRateLimiter(redis_url, _limits())  # type: ignore[arg-type]
+
+    async def go() -> tuple[int, int]:
+        await a.pause("openai/x", 30)
+        waits = await b._try("openai/x", 1), await b._try("openai/other", 1)
+        state = await b.state()
+        await a.close()
+        await b.close()
+        assert state["openai/x"]["paused_s"] > 25
+        return waits
+
+    paused, other = asyncio.run(go())
+    assert paused > 25_000
+    assert other == 0
+
+
+def test_record_usage_corrects_the_token_estimate(redis_url: str) -> None:
+    """Tokens really used replace the estimate taken when the slot was granted."""
+    import redis
+
+    limiter = RedisRateLimiter(redis_url, _limits(tpm=60_000))  # type: ignore[arg-type]
+    key = _keys.limiter_bucket_key("m", "tok")
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+
+    async def go() -> None:
+        async with limiter.slot("m", 100):
+            pass
+        before = float(client.hget(key, "tokens") or 0)
+        await limiter.record_usage("m", 700)
+        after = float(client.hget(key, "tokens") or 0)
+        await limiter.close()
+        # Capacity 6000 (6 s of 1000/s): 100 taken, then corrected to 700.
+        assert 5890 <= before <= 5910
+        assert after == before - 600
+
+    asyncio.run(go())
+    client.close()

@@ -1,0 +1,69 @@
+"""``tracescore scores --trace ID``: the stored scores of one trace."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import re
+
+import click
+from redis.exceptions import RedisError
+
+from tracing._score_record import ScoreRecord
+from worker._app import redact
+from worker._cli_common import CliError
+from worker._settings import SettingsError, get_settings
+from worker._store import RedisScoreStore
+
+__all__ = ["scores_command"]
+
+
+async def _fetch(url: str, trace_id: str) -> list[ScoreRecord]:
+    store = RedisScoreStore(url)
+    try:
+        return await store.records_for_trace(trace_id)
+    finally:
+        await store.close()
+
+
+@click.command("scores")
+@click.option("--trace", "trace_id", required=True, help="Trace id (32 hex characters).")
+@click.option("--json", "as_json", is_flag=True, help="One ScoreRecord JSON object per line.")
+def scores_command(trace_id: str, as_json: bool) -> None:
+    """Show the scores stored for one trace (kept in Redis for TRACESCORE_SCORE_TTL_SECONDS).
+
+    \b
+    Examples:
+      tracescore scores --trace 0af7651916cd43dd8448eb211c80319c
+      tracescore scores --trace 0af7651916cd43dd8448eb211c80319c --json | jq .score
+    """
+    trace_id = trace_id.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{32}", trace_id):
+        raise CliError(f"--trace must be 32 hex characters (an OTel trace id), got {trace_id!r}")
+    try:
+        url = get_settings().store_url
+    except SettingsError as exc:
+        raise CliError(str(exc)) from exc
+    try:
+        records = asyncio.run(_fetch(url, trace_id))
+    except (RedisError, OSError) as exc:
+        raise CliError(f"cannot reach the score store at {redact(url)}: {exc}") from exc
+    if as_json:
+        for record in records:
+            click.echo(record.model_dump_json())
+        return
+    if not records:
+        raise CliError(f"no scores stored for trace {trace_id} (expired, not scored yet, or another store)")
+    for r in sorted(records, key=lambda r: (r.span_id, r.scorer_id)):
+        when = dt.datetime.fromtimestamp(r.scored_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        if r.error_type:
+            value = f"error {r.error_type}: {r.error_message or ''}"
+        elif r.score is None:
+            value = f"not scorable ({r.not_scorable})"
+        else:
+            value = f"{r.score:.3f}" + (f" [{r.label}]" if r.label else "")
+            if r.reason:
+                value += f"  {' '.join(r.reason.split())[:80]}"
+        click.echo(
+            f"{r.span_id}  {r.span_name or '-':<20.20}  {r.scorer_id:<20.20} v{r.scorer_version:<3} {when}  {value}"
+        )

@@ -1,0 +1,106 @@
+"""``tracescore status``: queue depth, live workers, rate-limit state, recent failures.
+
+Exit code 1 when the broker cannot be reached, so it doubles as a health check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import click
+import redis
+from redis.exceptions import RedisError
+
+from worker._app import redact
+from worker._cli_common import CliError
+from worker._limiter import RedisRateLimiter
+from worker._settings import SettingsError, get_settings
+from worker._store import RedisScoreStore
+
+__all__ = ["collect_status", "status_command"]
+
+
+async def _store_status(url: str, limits: Any) -> dict[str, Any]:
+    store = RedisScoreStore(url)
+    limiter = RedisRateLimiter(url, limits)
+    try:
+        return {
+            "dead_letters": await store.dlq_len(),
+            "recent_failures": await store.recent_failures(),
+            "rate_limits": await limiter.state(),
+        }
+    finally:
+        await store.close()
+        await limiter.close()
+
+
+def collect_status(ping_timeout: float = 1.0) -> dict[str, Any]:
+    """Everything ``tracescore status`` shows; raises ``CliError`` if the broker is unreachable."""
+    try:
+        settings = get_settings()
+    except SettingsError as exc:
+        raise CliError(str(exc)) from exc
+    broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        broker.ping()
+        depth = int(broker.llen(settings.queue))
+        unacked = int(broker.hlen("unacked"))
+    except (RedisError, OSError) as exc:
+        raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {exc}") from exc
+    finally:
+        broker.close()
+    from worker._app import app
+
+    try:
+        replies = app.control.inspect(timeout=ping_timeout).ping() or {}
+    except Exception as exc:
+        raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {exc}") from exc
+    status: dict[str, Any] = {
+        "broker": redact(settings.broker_url),
+        "queue": settings.queue,
+        "queue_depth": depth,
+        "unacked": unacked,
+        "workers": sorted(replies),
+    }
+    try:
+        status.update(asyncio.run(_store_status(settings.store_url, settings.rate_limit)))
+    except (RedisError, OSError) as exc:
+        raise CliError(f"score store unreachable at {redact(settings.store_url)}: {exc}") from exc
+    return status
+
+
+@click.command("status")
+@click.option("--timeout", type=float, default=1.0, show_default=True, help="Seconds to wait for worker pings.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status_command(timeout: float, as_json: bool) -> None:
+    """Show queue depth, workers, rate-limit state and failures of the last hour.
+
+    Exits 1 when the broker is unreachable (use it as a health check).
+
+    \b
+    Examples:
+      tracescore status
+      tracescore status --json --timeout 3
+      tracescore status >/dev/null || echo "broker down"
+    """
+    status = collect_status(timeout)
+    if as_json:
+        click.echo(json.dumps(status, sort_keys=True))
+        return
+    click.echo(f"broker      {status['broker']}  (queue {status['queue']})")
+    click.echo(f"queue depth {status['queue_depth']} waiting, {status['unacked']} in progress (unacked)")
+    workers = status["workers"]
+    click.echo(f"workers     {len(workers)}" + (f": {', '.join(workers)}" if workers else " (none answered the ping)"))
+    limits = status["rate_limits"]
+    if limits:
+        for model, state in sorted(limits.items()):
+            parts = [f"{k}={v}" for k, v in sorted(state.items())]
+            click.echo(f"rate limit  {model}: {', '.join(parts)}")
+    else:
+        click.echo("rate limit  no judge calls limited yet")
+    failures = status["recent_failures"]
+    summary = ", ".join(f"{k}={v}" for k, v in sorted(failures.items(), key=lambda kv: -kv[1])) or "none"
+    click.echo(f"failures    last hour: {summary}")
+    click.echo(f"dead letters {status['dead_letters']}")
