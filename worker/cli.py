@@ -10,8 +10,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import click
 
-from worker._cli_common import CliError, run_command
 from worker._cli_backfill import backfill_command
+from worker._cli_common import CliError, run_command
 from worker._cli_dlq import dlq_group
 from worker._cli_score import score_command
 from worker._cli_scores import scores_command
