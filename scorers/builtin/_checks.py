@@ -65,18 +65,14 @@ def _check(check_id: str, name: str, description: str, decide: Verdict, explain:
 
 def _text_arg(check_id: str, option: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise ScorerConfigError(
-            f"scorer {check_id!r}: {option} must be a non-empty string, got {value!r}"
-        )
+        raise ScorerConfigError(f"scorer {check_id!r}: {option} must be a non-empty string, got {value!r}")
     return value
 
 
 # --- output text ---------------------------------------------------------------------------
 
 
-def includes(
-    expected: str, *, ignore_case: bool = True, id: str = "check-includes", name: str | None = None
-) -> Scorer:
+def includes(expected: str, *, ignore_case: bool = True, id: str = "check-includes", name: str | None = None) -> Scorer:
     """1 when the output text contains ``expected`` (case-insensitive by default)."""
     target = _text_arg(id, "expected", expected)
 
@@ -94,9 +90,7 @@ def includes(
     )
 
 
-def excludes(
-    unwanted: str, *, ignore_case: bool = True, id: str = "check-excludes", name: str | None = None
-) -> Scorer:
+def excludes(unwanted: str, *, ignore_case: bool = True, id: str = "check-excludes", name: str | None = None) -> Scorer:
     """1 when the output text does NOT contain ``unwanted``."""
     target = _text_arg(id, "unwanted", unwanted)
 
@@ -159,13 +153,9 @@ def matches(
     try:
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
     except re.error as exc:
-        raise ScorerConfigError(
-            f"scorer {id!r}: invalid regular expression {pattern!r}: {exc}"
-        ) from exc
+        raise ScorerConfigError(f"scorer {id!r}: invalid regular expression {pattern!r}: {exc}") from exc
     if not isinstance(regex, re.Pattern):
-        raise ScorerConfigError(
-            f"scorer {id!r}: pattern must be a str or re.Pattern, got {pattern!r}"
-        )
+        raise ScorerConfigError(f"scorer {id!r}: pattern must be a str or re.Pattern, got {pattern!r}")
 
     def decide(run: ScorerRun) -> dict[str, Any]:
         text = assistant_text(run)
@@ -189,9 +179,7 @@ def matches(
 # --- tool calls ----------------------------------------------------------------------------
 
 
-def called_tool(
-    tool_name: str, *, times: int = 1, id: str = "check-called-tool", name: str | None = None
-) -> Scorer:
+def called_tool(tool_name: str, *, times: int = 1, id: str = "check-called-tool", name: str | None = None) -> Scorer:
     """1 when ``tool_name`` was called at least ``times`` times (default once)."""
     tool = _text_arg(id, "tool_name", tool_name)
     if isinstance(times, bool) or not isinstance(times, int) or times < 1:
@@ -210,9 +198,7 @@ def called_tool(
     )
 
 
-def did_not_call(
-    tool_name: str, *, id: str = "check-did-not-call", name: str | None = None
-) -> Scorer:
+def did_not_call(tool_name: str, *, id: str = "check-did-not-call", name: str | None = None) -> Scorer:
     """1 when ``tool_name`` was never called."""
     tool = _text_arg(id, "tool_name", tool_name)
 
@@ -229,15 +215,11 @@ def did_not_call(
     )
 
 
-def tool_order(
-    expected_order: Sequence[str], *, id: str = "check-tool-order", name: str | None = None
-) -> Scorer:
+def tool_order(expected_order: Sequence[str], *, id: str = "check-tool-order", name: str | None = None) -> Scorer:
     """1 when the tools in ``expected_order`` were called in that order (gaps allowed)."""
     order = list(expected_order) if not isinstance(expected_order, str) else []
     if not order or not all(isinstance(t, str) and t for t in order):
-        raise ScorerConfigError(
-            f"scorer {id!r}: expected_order must be a non-empty list of tool names"
-        )
+        raise ScorerConfigError(f"scorer {id!r}: expected_order must be a non-empty list of tool names")
 
     def decide(run: ScorerRun) -> dict[str, Any]:
         actual = extract_tool_calls(run.output).tools
@@ -258,9 +240,7 @@ def tool_order(
     )
 
 
-def max_tool_calls(
-    limit: int, *, id: str = "check-max-tool-calls", name: str | None = None
-) -> Scorer:
+def max_tool_calls(limit: int, *, id: str = "check-max-tool-calls", name: str | None = None) -> Scorer:
     """1 when the agent made at most ``limit`` tool calls."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ScorerConfigError(f"scorer {id!r}: limit must be an int >= 0, got {limit!r}")
@@ -341,14 +321,11 @@ def _combine(kind: str, checks: tuple[Scorer, ...], combine_id: str, name: str |
         raise ScorerConfigError(f"scorer {combine_id!r}: {kind} needs at least one scorer")
     bad = [repr(c) for c in checks if not isinstance(c, Scorer)]
     if bad:
-        raise ScorerConfigError(
-            f"scorer {combine_id!r}: {kind} takes scorers, got {', '.join(bad)}"
-        )
+        raise ScorerConfigError(f"scorer {combine_id!r}: {kind} takes scorers, got {', '.join(bad)}")
     ids = [c.id for c in checks]
     if len(set(ids)) != len(ids):
         raise ScorerConfigError(
-            f"scorer {combine_id!r}: {kind} got two scorers with the same id; "
-            "give each check its own id="
+            f"scorer {combine_id!r}: {kind} got two scorers with the same id; give each check its own id="
         )
 
     async def preprocess(run: ScorerRun) -> dict[str, Any]:
@@ -381,11 +358,7 @@ def _combine(kind: str, checks: tuple[Scorer, ...], combine_id: str, name: str |
         head = f"{len(outcomes) - len(failed)} of {len(outcomes)} checks passed"
         if not failed:
             return head + "."
-        return (
-            head
-            + "; failed: "
-            + "; ".join(f"{o['id']}: {o['reason'] or 'not scorable'}" for o in failed)
-        )
+        return head + "; failed: " + "; ".join(f"{o['id']}: {o['reason'] or 'not scorable'}" for o in failed)
 
     joiner = " and " if kind == "all_of" else " or "
     return (

@@ -17,7 +17,5 @@ def check_language(scorer_id: str, language: str) -> None:
 
 def check_positive(scorer_id: str, option: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ScorerConfigError(
-            f"scorer {scorer_id!r}: {option} must be a positive number, got {value!r}"
-        )
+        raise ScorerConfigError(f"scorer {scorer_id!r}: {option} must be a positive number, got {value!r}")
     return float(value)

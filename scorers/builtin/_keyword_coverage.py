@@ -89,9 +89,7 @@ def keyword_coverage(
 
     def reason(results: StepResults) -> str:
         pre = results.preprocess_step_result
-        head = (
-            f"{len(pre['matched_keywords'])} of {len(pre['reference_keywords'])} keywords covered"
-        )
+        head = f"{len(pre['matched_keywords'])} of {len(pre['reference_keywords'])} keywords covered"
         missing = pre["missing_keywords"]
         return f"{head}; missing: {', '.join(missing)}" if missing else f"{head}."
 

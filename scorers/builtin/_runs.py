@@ -54,9 +54,7 @@ def ground_truth_text(run: ScorerRun) -> str | None:
 
 def check_reference(scorer_id: str, reference: str) -> Reference:
     if reference not in ("input", "ground_truth"):
-        raise ScorerConfigError(
-            f"scorer {scorer_id!r}: reference must be 'input' or 'ground_truth', got {reference!r}"
-        )
+        raise ScorerConfigError(f"scorer {scorer_id!r}: reference must be 'input' or 'ground_truth', got {reference!r}")
     return reference  # type: ignore[return-value]
 
 
@@ -84,11 +82,7 @@ def tool_results(run: ScorerRun) -> list[str]:
         if info.state != "result" or info.result is None:
             continue
         result: Any = info.result
-        text = (
-            result
-            if isinstance(result, str)
-            else json.dumps(result, ensure_ascii=False, default=str)
-        )
+        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
         out.append(f"{info.tool_name}: {text}")
     out.extend(m.text for m in run.output or () if m.role == "tool" and m.text)
     return out

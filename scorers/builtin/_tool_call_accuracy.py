@@ -48,9 +48,7 @@ def tool_call_accuracy(
             "expected_tool_order (a list of tool names)"
         )
     if order is not None and (not order or not all(isinstance(t, str) and t for t in order)):
-        raise ScorerConfigError(
-            f"scorer {id!r}: expected_tool_order must be a non-empty list of tool names"
-        )
+        raise ScorerConfigError(f"scorer {id!r}: expected_tool_order must be a non-empty list of tool names")
     if expected_tool is not None and (not isinstance(expected_tool, str) or not expected_tool):
         raise ScorerConfigError(f"scorer {id!r}: expected_tool must be a non-empty tool name")
 
@@ -75,9 +73,7 @@ def tool_call_accuracy(
     def reason(results: StepResults) -> str:
         pre = results.preprocess_step_result
         called = ", ".join(pre["actual_tools"]) or "no tools"
-        wanted = (
-            f"the order {' → '.join(order)}" if order is not None else f"the tool {expected_tool!r}"
-        )
+        wanted = f"the order {' → '.join(order)}" if order is not None else f"the tool {expected_tool!r}"
         verdict = "matches" if pre["passed"] else "does not match"
         mode = "strict" if strict_mode else "lenient"
         return f"Called {called}; this {verdict} {wanted} ({mode} mode)."

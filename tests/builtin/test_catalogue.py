@@ -33,6 +33,24 @@ def test_entries_match_the_scorers_they_build() -> None:
         assert scorer.description
 
 
+def test_llm_entries_build_with_a_model_and_scale() -> None:
+    """Each LLM entry builds with a model; its range follows scale and it has a judge."""
+    required: dict[str, dict[str, Any]] = {
+        "noise-sensitivity": {"baseline_response": "b", "noisy_query": "q"},
+        "tool-call-accuracy-llm": {"available_tools": ["search"]},
+    }
+    llm = [e for e in CATALOGUE.values() if e.kind == "llm"]
+    assert len(llm) == 11
+    for entry in llm:
+        scorer = entry.factory("openai/gpt-4o-mini", scale=5, **required.get(entry.id, {}))
+        assert scorer.id == entry.id
+        assert scorer.score_range == (0.0, 5.0)
+        assert scorer.direction == entry.direction
+        assert scorer.judge is not None
+        assert scorer.judge.model == "openai/gpt-4o-mini"
+        assert scorer.has_judge_steps
+
+
 def test_markdown_table_lists_every_entry() -> None:
     """The README table has a header, a rule and one row per entry."""
     table = catalogue_markdown().splitlines()

@@ -1,0 +1,143 @@
+"""What every LLM-judge builtin shares: judge set-up, options, context and fenced run content.
+
+Policy for missing material (the same in every LLM builtin):
+
+- The run lacks what it would be judged on (no output text, no user message, no context from
+  the options or the run's tool results): ``not_scorable`` — the run cannot be judged, and no
+  judge call is paid for.
+- The scorer was configured for material the run should carry but does not (``answer_similarity``
+  without ``ground_truth``): a ``ValueError`` naming the fix, so the step fails loudly.
+- A bad option (``scale`` <= 0, an empty ``context`` list, a model that is not
+  ``"provider/model"`` or a ``JudgeModel``): ``ScorerConfigError`` when the scorer is built.
+
+Scores are rounded to two decimals (as Mastra does) and multiplied by ``scale``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeAlias, TypeVar
+
+from pydantic import BaseModel
+
+from scorers import Judge, ScorerConfigError, ScorerRun, not_scorable
+from scorers.builtin._runs import assistant_text, tool_results, user_text
+from scorers.judge import JudgeModel, fence
+
+__all__ = [
+    "ContextOption",
+    "ModelOption",
+    "as_json",
+    "check_context_option",
+    "check_scale",
+    "fenced",
+    "make_judge",
+    "numbered",
+    "parse",
+    "require_output",
+    "require_user",
+    "resolve_context",
+    "rounded",
+]
+
+ModelOption: TypeAlias = str | JudgeModel
+ContextOption: TypeAlias = Sequence[str] | Callable[[ScorerRun], Sequence[str]] | None
+M = TypeVar("M", bound=BaseModel)
+
+
+def make_judge(scorer_id: str, model: ModelOption, instructions: str, judge: Judge | None) -> Judge:
+    """The scorer's judge: ``model`` + our instructions, with ``judge``'s set fields on top."""
+    if isinstance(model, str):
+        provider, _, name = model.partition("/")
+        if not provider or not name:
+            raise ScorerConfigError(
+                f"scorer {scorer_id!r}: model must be 'provider/model' "
+                f"(e.g. 'openai/gpt-4o-mini') or a JudgeModel, got {model!r}"
+            )
+    elif not isinstance(model, JudgeModel):
+        raise ScorerConfigError(
+            f"scorer {scorer_id!r}: model must be 'provider/model' or a JudgeModel, got {type(model).__name__}"
+        )
+    if judge is not None and not isinstance(judge, Judge):
+        raise ScorerConfigError(f"scorer {scorer_id!r}: judge must be a Judge, got {type(judge).__name__}")
+    base = Judge(model=model, instructions=instructions)
+    return judge.over(base) if judge is not None else base
+
+
+def check_scale(scorer_id: str, scale: float) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0:
+        raise ScorerConfigError(f"scorer {scorer_id!r}: scale must be a positive number, got {scale!r}")
+    return float(scale)
+
+
+def check_context_option(scorer_id: str, context: ContextOption) -> ContextOption:
+    if context is None or callable(context):
+        return context
+    if isinstance(context, str) or not all(isinstance(c, str) for c in context):
+        raise ScorerConfigError(
+            f"scorer {scorer_id!r}: context must be a list of strings, a function of the run, or None"
+        )
+    if not context:
+        raise ScorerConfigError(
+            f"scorer {scorer_id!r}: context is an empty list; give context pieces, or leave it "
+            "None to use the run's tool results"
+        )
+    return list(context)
+
+
+def resolve_context(run: ScorerRun, context: ContextOption) -> list[str]:
+    """Context pieces from the option (a list or a function of the run), else tool results.
+
+    Raises ``not_scorable`` when there is none: without context the run cannot be judged.
+    """
+    if callable(context):
+        pieces = [str(c) for c in context(run) if str(c).strip()]
+        source = "the context function"
+    elif context is not None:
+        pieces = list(context)
+        source = "the context option"
+    else:
+        pieces = tool_results(run)
+        source = "the run's tool results"
+    if not pieces:
+        raise not_scorable(f"no context to judge against ({source} gave none)")
+    return pieces
+
+
+def require_output(run: ScorerRun) -> str:
+    text = assistant_text(run)
+    if not text.strip():
+        raise not_scorable("the output has no text to judge")
+    return text
+
+
+def require_user(run: ScorerRun) -> str:
+    text = user_text(run)
+    if not text.strip():
+        raise not_scorable("the run has no user message to judge against")
+    return text
+
+
+def fenced(label: str, text: str) -> str:
+    """Traced content, fenced by the judge layer so the judge reads it as data, not orders."""
+    return fence(text, label)
+
+
+def numbered(label: str, items: Iterable[str]) -> str:
+    """A numbered list of traced items, each fenced."""
+    return "\n".join(fenced(f"{label} {i}", item) for i, item in enumerate(items, start=1))
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=1, default=str)
+
+
+def parse(model: type[M], value: Any) -> M:
+    """A step result as ``model`` (judge answers and resumed checkpoints arrive as dicts)."""
+    return value if isinstance(value, model) else model.model_validate(value)
+
+
+def rounded(value: float, scale: float) -> float:
+    """Clamp to [0, 1], multiply by ``scale`` and round to two decimals."""
+    return min(scale, round(min(1.0, max(0.0, value)) * scale, 2))
