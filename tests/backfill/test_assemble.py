@@ -1,0 +1,113 @@
+"""TraceAssembler: spans grouped into traces within a bounded window and bounded memory."""
+
+from __future__ import annotations
+
+import random
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from tracing.sources import Position, TraceAssembler
+
+_RESOURCE = Resource({"service.name": "t"})
+
+
+def span(trace: int, span_id: int, parent: int | None = None) -> ReadableSpan:
+    context = SpanContext(trace, span_id, False, TraceFlags(1))
+    parent_context = SpanContext(trace, parent, False, TraceFlags(1)) if parent else None
+    return ReadableSpan(f"s{span_id}", context, parent_context, _RESOURCE, start_time=1, end_time=2)
+
+
+def test_trace_split_across_files_assembles() -> None:
+    """Children in file 0 and the root in file 1 come out as one trace, released after the window."""
+    assembler = TraceAssembler(window_spans=3, window_files=1)
+    out = list(assembler.add([span(1, 2, parent=1), span(1, 3, parent=1)], Position(0, 1)))
+    out += list(assembler.end_unit(0))
+    assert out == []  # no root yet, and only one file boundary passed
+    out += list(assembler.add([span(1, 1)], Position(1, 1)))
+    assert out == []  # root seen, but the window has not passed
+    out += list(assembler.add([span(2, 10), span(2, 11, 10), span(2, 12, 10)], Position(1, 2)))
+    (trace,) = out
+    assert trace.trace_id == f"{1:032x}"
+    assert trace.completion == "root"
+    assert sorted(s.context.span_id for s in trace.spans) == [1, 2, 3]
+    assert trace.first == Position(0, 1)
+
+
+def test_late_children_within_the_window_join_their_trace() -> None:
+    """A child arriving after its root but within the window is in the same trace."""
+    assembler = TraceAssembler(window_spans=5)
+    list(assembler.add([span(7, 1)], Position(0, 1)))
+    list(assembler.add([span(8, 1)], Position(0, 2)))
+    list(assembler.add([span(7, 2, 1)], Position(0, 3)))
+    traces = {t.trace_id: t for t in assembler.finish()}
+    assert len(traces[f"{7:032x}"].spans) == 2
+    assert traces[f"{7:032x}"].completion == "end"
+
+
+def test_rootless_trace_is_released_after_file_distance_and_window() -> None:
+    """A trace whose root never comes is released once idle for the window and the file distance."""
+    assembler = TraceAssembler(window_spans=2, window_files=1)
+    list(assembler.add([span(1, 2, 1)], Position(0, 1)))
+    out = list(assembler.add([span(2, 1), span(2, 2, 1), span(2, 3, 1)], Position(0, 2)))
+    assert [t.trace_id for t in out] == []  # idle enough, but still in the same file
+    list(assembler.end_unit(0))
+    out = list(assembler.add([span(3, 1)], Position(1, 1)))
+    out += list(assembler.end_unit(1))
+    ids = [t.trace_id for t in out]
+    assert f"{1:032x}" in ids
+    assert next(t for t in out if t.trace_id == f"{1:032x}").completion == "idle"
+
+
+def test_memory_stays_bounded_whatever_the_input() -> None:
+    """Thousands of interleaved, partly rootless traces: open spans never exceed the bound, no span is lost."""
+    rng = random.Random(3)
+    assembler = TraceAssembler(window_spans=200, max_open_spans=500)
+    total_spans = 0
+    emitted_spans = 0
+    peak = 0
+    open_traces = list(range(1, 60))
+    next_trace = 60
+    for line in range(4000):
+        batch = []
+        for _ in range(3):
+            trace = rng.choice(open_traces)
+            sid = rng.randrange(2, 2**40)
+            batch.append(span(trace, sid, parent=1))
+            if rng.random() < 0.1:  # the root arrives; the trace id is retired
+                batch.append(span(trace, 1))
+                open_traces.remove(trace)
+                open_traces.append(next_trace)
+                next_trace += 1
+        total_spans += len(batch)
+        emitted_spans += sum(len(t.spans) for t in assembler.add(batch, Position(line // 1000, line)))
+        peak = max(peak, assembler.open_spans)
+    emitted_spans += sum(len(t.spans) for t in assembler.finish())
+    assert peak <= 500 + 4  # the bound, plus at most one record's spans before release
+    assert emitted_spans + assembler.stats.duplicate_spans == total_spans
+    assert assembler.open_spans == 0
+    assert assembler.open_traces == 0
+
+
+def test_low_watermark_is_the_earliest_open_position() -> None:
+    """low_watermark is where the oldest still-open trace began, None when nothing is open."""
+    assembler = TraceAssembler(window_spans=1)
+    assert assembler.low_watermark() is None
+    list(assembler.add([span(1, 2, 1)], Position(0, 1)))
+    list(assembler.add([span(2, 2, 1)], Position(0, 2)))
+    assert assembler.low_watermark() == Position(0, 1)
+    list(assembler.add([span(1, 1)], Position(0, 3)))
+    list(assembler.add([span(3, 1)], Position(0, 4)))  # trace 1 completes (root + window)
+    assert assembler.low_watermark() == Position(0, 2)
+
+
+def test_duplicates_and_oversized_traces_are_counted() -> None:
+    """A span seen twice is kept once; spans past max_spans_per_trace are dropped and counted."""
+    assembler = TraceAssembler(max_spans_per_trace=3)
+    list(assembler.add([span(1, 1), span(1, 1), *(span(1, i, 1) for i in range(2, 6))], Position(0, 1)))
+    (trace,) = list(assembler.finish())
+    assert len(trace.spans) == 3
+    assert trace.dropped_spans == 2
+    assert assembler.stats.duplicate_spans == 1
+    assert assembler.stats.dropped_spans == 2

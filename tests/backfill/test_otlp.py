@@ -1,0 +1,143 @@
+"""tracing.otlp: OTLP/JSON and protobuf into ReadableSpan, and back to OTLP/JSON."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from tracing.otlp import (
+    OtlpDecodeError,
+    decode_otlp_json,
+    decode_otlp_json_line,
+    decode_otlp_protobuf,
+    spans_to_otlp_json,
+)
+
+
+@pytest.fixture(scope="module")
+def sdk_spans() -> list[ReadableSpan]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "svc", "n": 3}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("my.scope", "2.1")
+    with tracer.start_as_current_span(
+        "invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent", "f": 1.5, "tags": ["x", "y"]}
+    ) as root:
+        with tracer.start_as_current_span("chat m", kind=SpanKind.CLIENT) as chat:
+            chat.add_event("gen_ai.user.message", {"content": "hi", "n": 2})
+            chat.set_status(Status(StatusCode.ERROR, "boom"))
+        with tracer.start_as_current_span("linked", links=[Link(root.get_span_context(), {"why": "follows"})]):
+            pass
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+def _same(a: ReadableSpan, b: ReadableSpan) -> None:
+    assert json.loads(a.to_json()) == json.loads(b.to_json())
+    assert a.instrumentation_scope == b.instrumentation_scope
+
+
+def test_json_round_trip_keeps_everything(sdk_spans: list[ReadableSpan]) -> None:
+    """Encoded then decoded spans equal the SDK's (ids, parent, resource, scope, events, links, status, times)."""
+    line = json.dumps(spans_to_otlp_json(sdk_spans))
+    decoded = decode_otlp_json_line(line)
+    assert len(decoded) == len(sdk_spans)
+    for original, back in zip(sdk_spans, decoded, strict=True):
+        _same(original, back)
+    chat = next(s for s in decoded if s.name == "chat m")
+    assert chat.kind is SpanKind.CLIENT
+    assert chat.status.status_code is StatusCode.ERROR
+    assert chat.status.description == "boom"
+    assert chat.events[0].attributes == {"content": "hi", "n": 2}
+
+
+def test_protobuf_decodes_like_the_sdk(sdk_spans: list[ReadableSpan]) -> None:
+    """The SDK's own OTLP protobuf encoding decodes back to equal spans."""
+    decoded = decode_otlp_protobuf(encode_spans(sdk_spans).SerializeToString())
+    for original, back in zip(sdk_spans, decoded, strict=True):
+        _same(original, back)
+
+
+def test_protobuf_json_mapping_with_base64_ids_and_snake_case(sdk_spans: list[ReadableSpan]) -> None:
+    """protobuf's generic JSON mapping (base64 ids, snake_case names, enum names) is read too."""
+    message = encode_spans(sdk_spans)
+    for document in (MessageToDict(message), MessageToDict(message, preserving_proto_field_name=True)):
+        decoded = decode_otlp_json(document)
+        for original, back in zip(sdk_spans, decoded, strict=True):
+            _same(original, back)
+
+
+def test_tempo_batches_envelope(sdk_spans: list[ReadableSpan]) -> None:
+    """Tempo's {"batches": [...]} and {"trace": {"resourceSpans": ...}} answers are unwrapped."""
+    body = spans_to_otlp_json(sdk_spans)
+    assert len(decode_otlp_json({"batches": body["resourceSpans"]})) == len(sdk_spans)
+    assert len(decode_otlp_json({"trace": body})) == len(sdk_spans)
+
+
+def test_errors_name_the_line_and_the_field() -> None:
+    """A bad id, a missing name, a bad enum and non-JSON each say where and which field."""
+    good_id = "0af7651916cd43dd8448eb211c80319c"
+    span = {"traceId": good_id, "spanId": "b7ad6b7169203331", "name": "x"}
+
+    def doc(**changes: object) -> str:
+        return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{**span, **changes}]}]}]})
+
+    with pytest.raises(
+        OtlpDecodeError, match=r"^f.jsonl:7: id 'zz' .* at resourceSpans\[0\]\.scopeSpans\[0\]\.spans\[0\]\.traceId$"
+    ):
+        decode_otlp_json_line(doc(traceId="zz"), where="f.jsonl:7")
+    with pytest.raises(OtlpDecodeError, match=r"span has no name at .*spans\[0\]\.name"):
+        decode_otlp_json_line(doc(name=None))
+    with pytest.raises(OtlpDecodeError, match=r"unknown span kind 'SPAN_KIND_NOPE' at .*\.kind"):
+        decode_otlp_json_line(doc(kind="SPAN_KIND_NOPE"))
+    with pytest.raises(OtlpDecodeError, match=r"all zeros"):
+        decode_otlp_json_line(doc(spanId="0" * 16))
+    with pytest.raises(OtlpDecodeError, match=r"^a:1: not JSON"):
+        decode_otlp_json_line('{"resourceSpans": [', where="a:1")
+    with pytest.raises(OtlpDecodeError, match=r"expected 'resourceSpans'"):
+        decode_otlp_json({"spans": []})
+    with pytest.raises(OtlpDecodeError, match=r"not an OTLP protobuf message"):
+        decode_otlp_protobuf(b"\x0a\xff\xff\xff")
+
+
+def test_attribute_value_kinds() -> None:
+    """Every AnyValue kind decodes: ints as strings, bytes, arrays (tuples), kvlists (dicts)."""
+    attributes = [
+        {"key": "s", "value": {"stringValue": "a"}},
+        {"key": "i", "value": {"intValue": "9007199254740993"}},
+        {"key": "d", "value": {"doubleValue": 0.25}},
+        {"key": "b", "value": {"boolValue": True}},
+        {"key": "y", "value": {"bytesValue": base64.b64encode(b"\x00\x01").decode()}},
+        {"key": "a", "value": {"arrayValue": {"values": [{"intValue": 1}, {"intValue": "2"}]}}},
+        {"key": "m", "value": {"kvlistValue": {"values": [{"key": "k", "value": {"stringValue": "v"}}]}}},
+        {"key": "empty", "value": {}},
+    ]
+    span = {
+        "trace_id": "0af7651916cd43dd8448eb211c80319c",
+        "span_id": "b7ad6b7169203331",
+        "name": "x",
+        "attributes": attributes,
+        "kind": "SPAN_KIND_SERVER",
+        "status": {"code": "STATUS_CODE_OK"},
+    }
+    (decoded,) = decode_otlp_json({"resource_spans": [{"scope_spans": [{"spans": [span]}]}]})
+    assert dict(decoded.attributes or {}) == {
+        "s": "a",
+        "i": 9007199254740993,
+        "d": 0.25,
+        "b": True,
+        "y": b"\x00\x01",
+        "a": (1, 2),
+        "m": {"k": "v"},
+    }
+    assert decoded.kind is SpanKind.SERVER
+    assert decoded.status.status_code is StatusCode.OK
