@@ -108,6 +108,8 @@ def translate_sdk_errors(provider: str, model_id: str) -> Iterator[None]:
         if "authentication method" not in str(exc):
             raise
         raise _missing_credentials(provider, model_id, exc) from exc
+    except (anthropic.CredentialsError, anthropic.IdentityTokenFileError) as exc:
+        raise _missing_credentials(provider, model_id, exc) from exc
     except (openai.OpenAIError, anthropic.AnthropicError) as exc:
         if "credential" in str(exc).lower() or "api_key" in str(exc):
             raise _missing_credentials(provider, model_id, exc) from exc

@@ -16,6 +16,7 @@ answers automatically: a schema-valid instance for structured requests, else ``d
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -62,11 +63,8 @@ class FakeJudgeModel:
             return reply
         n = self._n()
         if reply is None:
-            if request.output_schema is not None or _injected(request):
-                schema = request.output_schema or {}
-                reply = example_for_schema(schema) if schema else {}
-            else:
-                reply = self.default_text
+            schema = request.output_schema or _injected_schema(request)
+            reply = example_for_schema(schema) if schema is not None else self.default_text
         if isinstance(reply, str):
             return JudgeResponse(text=reply, usage=_usage(request, reply), model=self.model_id, request_id=n)
         text = json.dumps(reply)
@@ -100,8 +98,20 @@ def server_error(status: int = 500, model_id: str = "fake/judge") -> JudgeProvid
     )
 
 
-def _injected(request: JudgeRequest) -> bool:
-    return "```json" in request.system or any("```json" in m.content for m in request.messages)
+_FENCED_JSON = re.compile(r"```json\s*\n(.*?)\n```", re.DOTALL)
+
+
+def _injected_schema(request: JudgeRequest) -> dict[str, Any] | None:
+    """The schema a prompt-injected request carries (the last ```json block that is one)."""
+    text = "\n".join([request.system, *(m.content for m in request.messages)])
+    for block in reversed(_FENCED_JSON.findall(text)):
+        try:
+            data = json.loads(block)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and ("properties" in data or "type" in data):
+            return data
+    return None
 
 
 def _usage(request: JudgeRequest, answer: str) -> JudgeUsage:

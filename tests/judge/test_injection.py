@@ -1,0 +1,158 @@
+"""Structured output through the real SDKs: injection modes, native output, the JSON fallback."""
+
+from __future__ import annotations
+
+import pytest
+
+from scorers import Judge, PromptStep, ScorerRunError, create_scorer
+from scorers.judge import JUDGE_SYSTEM_PREAMBLE, JudgeOutputError
+from tests.fakellm import FakeLLMServer, Reply
+from tests.judge.helpers import MODELS, full_scorer, run, score_scorer
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(
+    ("setting", "where"),
+    [("auto", "native"), (True, "system"), ("system", "system"), ("inline", "inline"), (False, "native")],
+)
+def test_injection_modes(fake_llm: FakeLLMServer, model: str, setting: object, where: str) -> None:
+    """Each json_prompt_injection value puts the schema where it says, for both providers."""
+    result = run(score_scorer(Judge(model, "Be strict.", json_prompt_injection=setting)))  # type: ignore[arg-type]
+    assert result.score == 0.5
+    (req,) = fake_llm.requests
+    assert req.provider == model.split("/")[0]
+    assert req.model == model.split("/", 1)[1]
+    schema_in_system = "```json" in req.system
+    schema_in_user = "```json" in req.last_user_text
+    if where == "native":
+        expected = "openai_json_schema" if req.provider == "openai" else "anthropic_tool"
+        assert req.structured == expected
+        assert (schema_in_system, schema_in_user) == (False, False)
+    else:
+        assert req.structured is None
+        assert (schema_in_system, schema_in_user) == (where == "system", where == "inline")
+    assert req.system.startswith(JUDGE_SYSTEM_PREAMBLE)
+    assert "Be strict." in req.system
+    assert result.judge["generate_score"].attempts[0].prompt_injection == where
+
+
+def test_openai_native_schema_is_strict(fake_llm: FakeLLMServer) -> None:
+    """OpenAI strict mode gets closed objects with every property required."""
+    schema = {
+        "type": "object",
+        "properties": {"score": {"type": "number", "minimum": 0, "maximum": 1}, "note": {"type": "string"}},
+        "required": ["score"],
+    }
+    scorer = create_scorer("x", judge=Judge("openai/gpt-4o-mini")).generate_score(
+        PromptStep(
+            "s", lambda: "score", output_schema=schema, calculate_score=lambda judge_output: judge_output["score"]
+        )
+    )
+    fake_llm.script(Reply.json({"score": 0.25, "note": None}))
+    result = run(scorer)
+    body = fake_llm.requests[0].body["response_format"]["json_schema"]
+    assert body["strict"] is True
+    assert body["schema"]["additionalProperties"] is False
+    assert sorted(body["schema"]["required"]) == ["note", "score"]
+    assert result.score == 0.25
+    # the strict-mode null for the optional property is dropped again
+    assert result.judge["generate_score"].output == {"score": 0.25}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_unparseable_native_output_falls_back_to_prompt_injection(fake_llm: FakeLLMServer, model: str) -> None:
+    """Native output that is not JSON is retried once with the schema in the system message."""
+    fake_llm.script(Reply.text("I would say about 0.7"), Reply.json({"score": 0.7}))
+    result = run(score_scorer(Judge(model)))
+    assert result.score == 0.7
+    first, second = fake_llm.requests
+    assert first.structured is not None
+    assert second.structured is None
+    assert "```json" in second.system
+    attempts = result.judge["generate_score"].attempts
+    assert [(a.status, a.prompt_injection) for a in attempts] == [("error", "native"), ("ok", "system")]
+    assert "not valid JSON" in (attempts[0].error or "")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_schema_invalid_native_output_falls_back(fake_llm: FakeLLMServer, model: str) -> None:
+    """Native output outside a declared range is retried once with prompt injection."""
+    fake_llm.script(Reply.json({"verdict": "good", "confidence": 1.5}))
+    result = run(full_scorer(Judge(model)))
+    assert result.analyze_step_result == {"verdict": "fake", "confidence": 0.5}
+    assert fake_llm.count() == 4  # analyze twice, score, reason
+    assert "less than or equal to 1" in (result.judge["analyze"].attempts[0].error or "")
+
+
+def test_answer_still_invalid_fails_with_model_step_and_problem(fake_llm: FakeLLMServer) -> None:
+    """When the fallback answer is also invalid, the step fails naming model, step and problem."""
+    fake_llm.script(
+        Reply.json({"verdict": "good", "confidence": 3}), Reply.text('{"verdict": "good", "confidence": 2}')
+    )
+    with pytest.raises(ScorerRunError) as info:
+        run(full_scorer(Judge("anthropic/claude-3-5-haiku-latest")))
+    err = info.value
+    assert err.failed_step == "analyze"
+    assert isinstance(err.cause, JudgeOutputError)
+    message = str(err.cause)
+    assert "anthropic/claude-3-5-haiku-latest" in message
+    assert "step analyze" in message
+    assert "confidence" in message
+    assert "less than or equal to 1" in message
+    execution = err.partial.judge["analyze"]
+    assert execution.status == "error"
+    assert execution.attempt_count == 2
+    assert fake_llm.count() == 2
+
+
+def test_no_fallback_when_prompt_injection_answer_is_invalid(fake_llm: FakeLLMServer) -> None:
+    """Prompt-injected output is not retried: one invalid answer fails the step."""
+    fake_llm.script(Reply.text("no json here"))
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(Judge("openai/gpt-4o-mini", json_prompt_injection="inline")))
+    assert isinstance(info.value.cause, JudgeOutputError)
+    assert "not valid JSON" in str(info.value.cause)
+    assert fake_llm.count() == 1
+
+
+def test_truncated_json_answer_falls_back(fake_llm: FakeLLMServer) -> None:
+    """A truncated JSON answer (cut off by max_tokens) counts as unparseable native output."""
+    fake_llm.script(Reply.text('{"score": 0.'))
+    result = run(score_scorer(Judge("openai/gpt-4o-mini")))
+    assert result.score == 0.5
+    assert fake_llm.count() == 2
+
+
+def test_fenced_json_in_prose_is_accepted(fake_llm: FakeLLMServer) -> None:
+    """A prompt-injected answer wrapped in a ```json fence still parses."""
+    fake_llm.script(Reply.text('Sure!\n```json\n{"score": 0.9}\n```'))
+    result = run(score_scorer(Judge("anthropic/claude-3-5-haiku-latest", json_prompt_injection="system")))
+    assert result.score == 0.9
+
+
+def test_per_step_judge_overrides_field_by_field(fake_llm: FakeLLMServer) -> None:
+    """A step judge with only model= set uses that model and inherits the scorer's instructions."""
+    scorer = full_scorer(
+        Judge("openai/gpt-4o-mini", "Scorer-level instructions.", json_prompt_injection="inline"),
+        generate_reason=Judge(model="anthropic/claude-3-5-haiku-latest"),
+        generate_score=Judge(json_prompt_injection="system"),
+    )
+    result = run(scorer)
+    analyze, score, reason = fake_llm.requests
+    assert (analyze.provider, score.provider, reason.provider) == ("openai", "openai", "anthropic")
+    assert all("Scorer-level instructions." in r.system for r in fake_llm.requests)
+    assert "```json" in analyze.last_user_text  # inline, inherited
+    assert "```json" in score.system  # step override
+    assert result.judge["generate_reason"].model == "anthropic/claude-3-5-haiku-latest"
+    assert result.judge["generate_reason"].provider == "anthropic"
+    assert result.reason == "This is the fake judge's answer."
+
+
+def test_generate_reason_is_free_text(fake_llm: FakeLLMServer) -> None:
+    """generate_reason sends no schema and returns the judge's text."""
+    fake_llm.rule(Reply.text("  It is correct.  "), user_contains="Explain")
+    result = run(full_scorer(Judge("openai/gpt-4o-mini")))
+    reason_request = fake_llm.requests[-1]
+    assert reason_request.structured is None
+    assert reason_request.schema is None
+    assert result.reason == "It is correct."

@@ -1,0 +1,274 @@
+"""Retries through the real SDKs: StreamErrorRetryProcessor rules, Retry-After, exhaustion."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+
+import pytest
+
+from scorers import Judge, ScorerRunError
+from scorers.judge import (
+    JudgeAuthError,
+    JudgeConnectionError,
+    JudgeContextLengthError,
+    JudgeProviderError,
+    JudgeRateLimitError,
+    JudgeResponseError,
+    JudgeServerError,
+    JudgeTimeoutError,
+    RetryMatcher,
+    StreamErrorRetryProcessor,
+    parse_retry_after_ms,
+)
+from tests.fakellm import FakeLLMServer, Reply
+from tests.judge.helpers import MODELS, full_scorer, run, score_scorer
+
+OPENAI = "openai/gpt-4o-mini"
+
+
+def judge(processor: StreamErrorRetryProcessor | None = None, **kw: object) -> Judge:
+    processors = [processor] if processor is not None else None
+    return Judge(OPENAI, error_processors=processors, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Reply.error(408, "timeout"),
+        Reply.error(409, "conflict"),
+        Reply.rate_limited(),
+        Reply.error(500, "boom"),
+        Reply.error(503, "unavailable"),
+        Reply.overloaded(),
+        Reply.drop(),
+    ],
+    ids=["408", "409", "429", "500", "503", "529", "connection"],
+)
+def test_retryable_errors_are_retried(fake_llm: FakeLLMServer, sleeps: list[float], model: str, fault: Reply) -> None:
+    """408, 409, 429, 5xx, 529 overloaded and connection errors are retried."""
+    fake_llm.script(fault)
+    scorer = score_scorer(Judge(model, error_processors=[StreamErrorRetryProcessor(max_retries=2)]))
+    result = run(scorer)
+    assert result.score == 0.5
+    assert fake_llm.count() == 2
+    attempts = result.judge["generate_score"].attempts
+    assert [a.status for a in attempts] == ["error", "ok"]
+
+
+def test_timeout_is_retried(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """A request that hangs past the judge's timeout is retried."""
+    fake_llm.script(Reply.hang(10))
+    result = run(score_scorer(judge(StreamErrorRetryProcessor(), timeout=0.3)))
+    assert result.score == 0.5
+    assert result.judge["generate_score"].attempts[0].error_type == "JudgeTimeoutError"
+    assert fake_llm.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("fault", "error_type"),
+    [
+        (Reply.error(401, "bad key"), JudgeAuthError),
+        (Reply.error(403, "forbidden"), JudgeAuthError),
+        (Reply.error(400, "bad request"), JudgeProviderError),
+        (Reply.context_length(), JudgeContextLengthError),
+    ],
+    ids=["401", "403", "400", "context-length"],
+)
+@pytest.mark.parametrize("unknown", [False, True], ids=["plain", "retry_unknown"])
+def test_auth_and_invalid_requests_are_not_retried(
+    fake_llm: FakeLLMServer, sleeps: list[float], fault: Reply, error_type: type, unknown: bool
+) -> None:
+    """401/403/400/context length fail at once, even with retry_unknown_errors."""
+    fake_llm.script(fault, fault, fault)
+    proc = StreamErrorRetryProcessor(max_retries=3, retry_unknown_errors=unknown)
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(judge(proc)))
+    assert isinstance(info.value.cause, error_type)
+    assert fake_llm.count() == 1
+    assert sleeps == []
+
+
+def test_matcher_can_retry_an_auth_error(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """A matcher that matches a 401 makes it retryable, with the matcher's own budget and delay."""
+    fake_llm.script(Reply.error(401, "token expired"), Reply.error(401, "token expired"), Reply.error(401, "x"))
+    matcher = RetryMatcher(match=lambda e: "token expired" in str(e), max_retries=5, delay_ms=7)
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(judge(StreamErrorRetryProcessor(max_retries=0, matchers=[matcher]))))
+    # two matched retries, then "x" does not match, and a 401 is never retried by default
+    assert isinstance(info.value.cause, JudgeAuthError)
+    assert fake_llm.count() == 3
+    assert sleeps == [0.007, 0.007]
+
+
+def test_first_matching_matcher_wins(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """The first matcher that matches decides; later matchers are not consulted."""
+    fake_llm.script(Reply.error(500, "flaky"), Reply.error(500, "flaky"))
+    seen: list[str] = []
+
+    def first(err: JudgeProviderError) -> bool:
+        seen.append("first")
+        return True
+
+    def second(err: JudgeProviderError) -> bool:
+        seen.append("second")
+        return True
+
+    stop_first = RetryMatcher(match=first, max_retries=0)
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(judge(StreamErrorRetryProcessor(max_retries=5, matchers=[stop_first, second]))))
+    assert isinstance(info.value.cause, JudgeServerError)
+    assert seen == ["first"]
+    assert fake_llm.count() == 1
+
+
+def test_callable_matcher_with_processor_budget(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """A plain callable matcher retries with the processor's max_retries and delay."""
+    fake_llm.script(*[Reply.error(400, "transient gateway hiccup")] * 3)
+    proc = StreamErrorRetryProcessor(max_retries=2, delay_ms=40, matchers=[lambda e: "hiccup" in str(e)])
+    with pytest.raises(ScorerRunError):
+        run(score_scorer(judge(proc)))
+    assert fake_llm.count() == 3
+    assert sleeps == [0.04, 0.04]
+
+
+def test_unknown_errors_need_retry_unknown_errors(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """An unreadable response is retried only with retry_unknown_errors=True."""
+    fake_llm.script(Reply.malformed_body())
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(judge(StreamErrorRetryProcessor(max_retries=3))))
+    assert isinstance(info.value.cause, JudgeResponseError)
+    assert fake_llm.count() == 1
+
+    fake_llm.reset()
+    fake_llm.script(Reply.malformed_body())
+    result = run(score_scorer(judge(StreamErrorRetryProcessor(max_retries=3, retry_unknown_errors=True))))
+    assert result.score == 0.5
+    assert fake_llm.count() == 2
+
+
+def test_max_retries_exhausted_preserves_provider_error(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """After max_retries the last provider error (status, request id) is the ScorerRunError cause."""
+    fake_llm.script(*[Reply.error(503, "down")] * 5)
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(judge(StreamErrorRetryProcessor(max_retries=2), max_processor_retries=2)))
+    cause = info.value.cause
+    assert isinstance(cause, JudgeServerError)
+    assert cause.status_code == 503
+    assert cause.request_id == fake_llm.requests[-1].request_id
+    assert fake_llm.count() == 3  # the request and two retries
+    execution = info.value.partial.judge["generate_score"]
+    assert execution.status == "error"
+    assert [a.status_code for a in execution.attempts] == [503, 503, 503]
+    assert [a.request_id for a in execution.attempts] == [r.request_id for r in fake_llm.requests]
+    assert "503" in (execution.error or "")
+
+
+def test_max_processor_retries_caps_processor(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """max_processor_retries caps retries even when the processor allows more."""
+    fake_llm.script(*[Reply.error(500, "down")] * 6)
+    with pytest.raises(ScorerRunError):
+        run(score_scorer(judge(StreamErrorRetryProcessor(max_retries=5), max_processor_retries=1)))
+    assert fake_llm.count() == 2
+
+
+def test_default_cap_is_ten_with_error_processors(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """Error processors without max_processor_retries get a cap of 10 retries."""
+    fake_llm.rule(Reply.error(500, "down"))
+    with pytest.raises(ScorerRunError):
+        run(score_scorer(judge(StreamErrorRetryProcessor(max_retries=50))))
+    assert fake_llm.count() == 11
+
+
+def test_no_error_processors_no_retry(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """Without error processors a retryable error fails at once."""
+    fake_llm.script(Reply.rate_limited(retry_after="1"))
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(judge(max_processor_retries=3)))
+    assert isinstance(info.value.cause, JudgeRateLimitError)
+    assert fake_llm.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "configured", "expected_s"),
+    [
+        ({"retry_after": "2"}, 0, 2.0),  # Retry-After seconds
+        ({"retry_after_ms": "250", "retry_after": "9"}, 0, 0.25),  # retry-after-ms first
+        ({"retry_after": "120"}, 0, 30.0),  # capped by max_retry_after_ms
+        ({"retry_after": "0.01"}, 500, 0.5),  # configured delay is the floor
+        ({"retry_after": "soon"}, 100, 0.1),  # malformed: ignored
+        ({"retry_after_ms": "-5"}, 0, 0.0),  # negative: ignored
+    ],
+)
+def test_retry_after_delay(
+    fake_llm: FakeLLMServer, sleeps: list[float], headers: dict[str, str], configured: int, expected_s: float
+) -> None:
+    """delay = max(configured, min(Retry-After, max_retry_after_ms)); malformed values ignored."""
+    fake_llm.script(Reply.rate_limited(**headers))
+    result = run(score_scorer(judge(StreamErrorRetryProcessor(delay_ms=configured))))
+    assert result.score == 0.5
+    assert sleeps == ([pytest.approx(expected_s)] if expected_s > 0 else [])
+    assert result.judge["generate_score"].attempts[0].retry_delay_ms == pytest.approx(expected_s * 1000)
+
+
+def test_max_retry_after_ms_and_callable_delay(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """max_retry_after_ms caps Retry-After; delay_ms may be a callable of the retry count."""
+    fake_llm.script(Reply.rate_limited(retry_after="5"), Reply.error(500, "x"), Reply.error(500, "y"))
+    proc = StreamErrorRetryProcessor(max_retries=3, max_retry_after_ms=1_000, delay_ms=lambda n: 10 * 2**n)
+    result = run(score_scorer(judge(proc)))
+    assert result.score == 0.5
+    assert sleeps == [pytest.approx(1.0), pytest.approx(0.02), pytest.approx(0.04)]
+
+
+def test_retry_after_http_date() -> None:
+    """retry-after may be an HTTP date; the delay is the time until then."""
+    now = 1_800_000_000.0
+    date = email.utils.formatdate(now + 3, usegmt=True)
+    assert parse_retry_after_ms({"retry-after": date}, now=now) == pytest.approx(3000)
+    assert parse_retry_after_ms({"Retry-After": "1.5"}) == 1500
+    assert parse_retry_after_ms({"retry-after": "Mon, 99 Foo"}) is None
+    assert parse_retry_after_ms({"retry-after-ms": "nan", "retry-after": "2"}) == 2000
+    assert parse_retry_after_ms({"retry-after": email.utils.formatdate(time.time() - 60, usegmt=True)}) == 0
+
+
+def test_retry_reruns_only_the_failing_step(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """A retry in generate_reason re-sends only generate_reason's request."""
+    fake_llm.rule(Reply.error(503, "down"), user_contains="Explain", times=1)
+    result = run(full_scorer(judge(StreamErrorRetryProcessor())))
+    steps = [r.user_text.split()[0] for r in fake_llm.requests]
+    assert steps == ["Analyze:", "Verdict", "Explain", "Explain"]
+    assert result.judge["generate_reason"].attempt_count == 2
+    assert result.judge["generate_score"].attempt_count == 1
+
+
+def test_generate_reason_failure_keeps_generate_score(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """A final generate_reason failure does not re-run earlier steps; their results are kept."""
+    fake_llm.rule(Reply.error(500, "down"), user_contains="Explain")
+    with pytest.raises(ScorerRunError) as info:
+        run(full_scorer(judge(StreamErrorRetryProcessor(max_retries=2), max_processor_retries=2)))
+    err = info.value
+    assert err.failed_step == "generate_reason"
+    assert err.completed_steps == ("analyze", "generate_score")
+    assert err.partial.score == 0.5
+    assert fake_llm.count(model="gpt-4o-mini") == 5  # analyze, score, reason x3
+    assert sum("Verdict" in r.user_text for r in fake_llm.requests) == 1
+
+
+def test_step_error_processors_replace_the_scorers(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """A step judge with error_processors=[] does not inherit the scorer's retry processor."""
+    fake_llm.script(Reply.error(500, "down"))
+    scorer = score_scorer(judge(StreamErrorRetryProcessor(max_retries=3)), step_judge=Judge(error_processors=[]))
+    with pytest.raises(ScorerRunError):
+        run(scorer)
+    assert fake_llm.count() == 1
+
+
+def test_connection_error_message_names_the_cause(fake_llm: FakeLLMServer) -> None:
+    """A dropped connection becomes JudgeConnectionError with the transport's reason."""
+    fake_llm.script(Reply.drop())
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(judge()))
+    assert isinstance(info.value.cause, JudgeConnectionError)
+    assert not isinstance(info.value.cause, JudgeTimeoutError)
+    assert "disconnected" in str(info.value.cause).lower()
