@@ -171,6 +171,7 @@ class EmbeddedScorer:
         with self._lock:
             if self.writer is not None:
                 self.writer.flush(10.0)
+                self.writer.close()
             self._runner.close()
 
 

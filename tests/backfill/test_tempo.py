@@ -1,0 +1,139 @@
+"""TempoSource against a fake Tempo HTTP API: time-range search, fetch by id, retries, resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+
+from tests.backfill._synth import BASE_NS, trace_id, trace_spans
+from tests.backfill.faketempo import FakeTempo
+from tracing.otlp import decode_otlp_json
+from tracing.sources import Malformed, Position, SourceError, SpanBatch, TempoSource
+from worker.cli import cli
+
+STEP_NS = 10 * 10**9  # a trace every 10 s
+
+
+def _trace(i: int) -> list:  # type: ignore[type-arg]
+    children, root = trace_spans(i, step_ns=STEP_NS)
+    return decode_otlp_json({"resourceSpans": [{"scopeSpans": [{"spans": [*children, root]}]}]})
+
+
+@pytest.fixture
+def tempo() -> Iterator[FakeTempo]:
+    fake = FakeTempo().start()
+    for i in range(40):
+        fake.add(_trace(i))
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def _read_ids(source: TempoSource, start: Position | None = None) -> list[str]:
+    return [f"{i.spans[0].context.trace_id:032x}" for i in source.read(start) if isinstance(i, SpanBatch)]
+
+
+def test_time_range_reads_each_trace_once_even_when_search_is_full(tempo: FakeTempo) -> None:
+    """Windows whose search hits the limit are split, so every trace in range comes exactly once."""
+    source = TempoSource(
+        tempo.url, since_ns=BASE_NS + 5 * STEP_NS, until_ns=BASE_NS + 35 * STEP_NS, window_s=120, limit=5
+    )
+    ids = _read_ids(source)
+    assert sorted(ids) == sorted(trace_id(i) for i in range(5, 35))
+    assert any("limit=5" in r for r in tempo.requests)
+    assert source.window_count() == 3
+
+
+def test_json_answers_and_stripped_ids(tempo: FakeTempo) -> None:
+    """Tempo's JSON form (base64 ids, batches) decodes to the same spans as protobuf."""
+    tempo.json_only = True
+    source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS)
+    batches = [i for i in source.read() if isinstance(i, SpanBatch)]
+    assert [len(b.spans) for b in batches] == [3, 3, 3]
+    assert {s.name for s in batches[0].spans} == {
+        "invoke_agent weather-agent",
+        "chat gpt-4o-mini",
+        "execute_tool get_weather",
+    }
+
+
+def test_transient_errors_are_retried_and_leading_zero_ids_padded(tempo: FakeTempo) -> None:
+    """503s are retried with backoff; an id that search lists without its leading zeros is padded."""
+    children, root = trace_spans(2, step_ns=STEP_NS)
+    small_id = "0" * 31 + "f"
+    del tempo.traces[trace_id(2)]
+    tempo.add(
+        decode_otlp_json(
+            {"resourceSpans": [{"scopeSpans": [{"spans": [{**s, "traceId": small_id} for s in [*children, root]]}]}]}
+        )
+    )
+    tempo.fail_next = 2
+    source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 4 * STEP_NS, retries=3)
+    items = list(source.read())
+    assert not [i for i in items if isinstance(i, Malformed)]
+    ids = [f"{i.spans[0].context.trace_id:032x}" for i in items if isinstance(i, SpanBatch)]
+    assert sorted(ids) == sorted([trace_id(0), trace_id(1), small_id, trace_id(3)])
+    assert sum("/api/search" in r for r in tempo.requests) == 3  # two 503s, then the answer
+
+
+def test_missing_trace_is_malformed(tempo: FakeTempo) -> None:
+    """A trace listed by search but not fetchable becomes a Malformed item naming the trace."""
+    source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 2 * STEP_NS)
+    original = source._fetch
+    gone = trace_id(1)
+
+    def fetch(tid: str):  # type: ignore[no-untyped-def]
+        return original("f" * 32) if tid == gone else original(tid)
+
+    source._fetch = fetch  # type: ignore[method-assign]
+    items = list(source.read())
+    (bad,) = [i for i in items if isinstance(i, Malformed)]
+    assert "HTTP 404" in bad.reason
+    assert bad.position == Position(0, 2)
+
+
+def test_unreachable_tempo_is_a_source_error() -> None:
+    """A backend that never answers raises SourceError after the retries."""
+    source = TempoSource("http://127.0.0.1:9", since_ns=BASE_NS, until_ns=BASE_NS + STEP_NS, retries=1)
+    with pytest.raises(SourceError, match="unreachable"):
+        list(source.read())
+
+
+def test_resume_position_skips_what_was_read(tempo: FakeTempo) -> None:
+    """Reading from (window, index) yields that trace and the rest, as a resumed job needs."""
+    source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 24 * STEP_NS, window_s=60)
+    everything = [i for i in source.read() if isinstance(i, SpanBatch)]
+    middle = everything[10]
+    rest = _read_ids(source, middle.position)
+    assert rest == [f"{b.spans[0].context.trace_id:032x}" for b in everything[10:]]
+    assert TempoSource.from_description(source.describe()).describe() == source.describe()
+
+
+def test_backfill_command_reads_tempo(tempo: FakeTempo) -> None:
+    """`tracescore backfill tempo+http://...` with a time range scores the traces in it."""
+    since = str((BASE_NS + 10 * STEP_NS) / 1e9)
+    until = str((BASE_NS + 20 * STEP_NS) / 1e9)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "backfill",
+            f"tempo+{tempo.url}",
+            "--since",
+            since,
+            "--until",
+            until,
+            "--scorers",
+            "examples.scorers",
+            "--json",
+        ],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["mode"] == "embedded"
+    assert summary["traces_read"] == 10
+    assert summary["scored"] == 30
