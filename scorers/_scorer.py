@@ -9,6 +9,8 @@ without touching an event loop at all.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import inspect
 import math
 import threading
@@ -506,6 +508,20 @@ def _restore(result: ScoreResult, resume: ScoreResult, step: StepName) -> None:
 
 
 _local = threading.local()
+_loops: list[asyncio.AbstractEventLoop] = []
+_loops_lock = threading.Lock()
+
+
+@atexit.register
+def _close_thread_loops() -> None:
+    """Close run_sync's loops at exit (after their async generators), so nothing leaks a warning."""
+    with _loops_lock:
+        loops, _loops[:] = list(_loops), []
+    for loop in loops:
+        if not loop.is_closed() and not loop.is_running():
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
 
 
 def _thread_loop() -> asyncio.AbstractEventLoop:
@@ -520,4 +536,6 @@ def _thread_loop() -> asyncio.AbstractEventLoop:
     if loop is None or loop.is_closed():
         loop = asyncio.new_event_loop()
         _local.loop = loop
+        with _loops_lock:
+            _loops.append(loop)
     return loop
