@@ -1,15 +1,26 @@
 """Example scorer registry: `tracescore ... --scorers examples.scorers` loads SCORERS.
 
-Function-only scorers, so the README's run command needs no API key.
+Two hand-written scorers (how to write your own) plus code-based built-ins, so the README's
+run command needs no API key. Set TRACESCORE_JUDGE_MODEL (e.g. "openai/gpt-4o-mini", with
+OPENAI_API_KEY) to add the LLM-judge built-ins.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
-from scorers import Scorer, StepResults, create_scorer, not_scorable
-from scorers._run import ScorerRun
-from scorers.agent import extract_tool_calls, get_assistant_message, get_user_message
+from scorers import Scorer, ScorerRun, StepResults, create_scorer, not_scorable
+from scorers.agent import get_assistant_message, get_user_message
+from scorers.builtin import (
+    answer_relevancy,
+    checks,
+    completeness,
+    faithfulness,
+    hallucination,
+    prompt_alignment,
+    tone_consistency,
+)
 
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP = frozenset(
@@ -75,30 +86,6 @@ question_overlap: Scorer = (
 )
 
 
-def _tool_errors(run: ScorerRun) -> list[str]:
-    calls = extract_tool_calls(run.output).tool_call_infos
-    return [c.tool_name for c in calls if isinstance(c.result, dict) and "error" in c.result]
-
-
-tool_health: Scorer = (
-    create_scorer(
-        "tool-health",
-        description="1 when every tool call returned a result without an error, 0 otherwise.",
-        type="agent",
-        score_range=(0, 1),
-    )
-    .preprocess(lambda run: _tool_errors(run))
-    .generate_score(lambda results: 0.0 if results.preprocess_step_result else 1.0)
-    .generate_reason(
-        lambda results: (
-            f"tool errors in: {', '.join(results.preprocess_step_result)}"
-            if results.preprocess_step_result
-            else "no tool errors"
-        )
-    )
-)
-
-
 def _conciseness(results: StepResults) -> float:
     words: int = results.analyze_step_result
     return 1.0 if words <= 40 else max(0.0, 1 - (words - 40) / 160)
@@ -117,6 +104,20 @@ conciseness: Scorer = (
     .generate_reason(lambda results, score: f"{results.analyze_step_result} words")
 )
 
-SCORERS = [question_overlap, tool_health, conciseness]
+SCORERS: list[Scorer] = [
+    question_overlap,
+    conciseness,
+    completeness(),
+    tone_consistency(),
+    checks.all_of(
+        checks.matches(r"\S", id="has-answer"),
+        checks.excludes("as an AI", id="no-ai-disclaimer"),
+        checks.no_tool_errors(),
+        checks.max_tool_calls(5),
+        id="answer-guard",
+    ),
+]
+if model := os.environ.get("TRACESCORE_JUDGE_MODEL"):
+    SCORERS += [answer_relevancy(model), faithfulness(model), hallucination(model), prompt_alignment(model)]
 
 __all__ = ["SCORERS"]
