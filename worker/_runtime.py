@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import structlog
+from opentelemetry import trace
 
 from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
+from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE
 from tracing._score_writer import ConsoleScoreWriter, JsonlScoreWriter, OtlpScoreWriter, ScoreWriter
 from worker._limiter import RedisRateLimiter
 from worker._registry import Registry, RegistryError, load_registry
@@ -21,9 +25,20 @@ from worker._scoring import ScoringDeps
 from worker._settings import Settings, get_settings
 from worker._store import RedisScoreStore
 
-__all__ = ["WorkerRuntime", "build_writer", "get_runtime", "reset_runtime"]
+__all__ = ["WorkerRuntime", "build_writer", "get_runtime", "judge_call_span", "reset_runtime"]
 
 log = structlog.get_logger("tracescore.worker")
+
+
+@contextmanager
+def judge_call_span(model_id: str) -> Iterator[None]:
+    """Marks each judge request (and the HTTP spans an instrumented SDK makes under it) as the
+    judge's, so a ScoringSpanExporter in this process never scores judge traffic (loop guard)."""
+    tracer = trace.get_tracer("tracescore.judge")
+    with tracer.start_as_current_span(
+        "tracescore.judge", attributes={ROLE_ATTRIBUTE: JUDGE_ROLE, "gen_ai.request.model": model_id}
+    ):
+        yield
 
 
 def build_writer(settings: Settings) -> ScoreWriter | None:
@@ -60,7 +75,7 @@ class WorkerRuntime:
         limiter = RedisRateLimiter(
             settings.store_url, settings.rate_limit, model_concurrency=settings.model_concurrency
         )
-        set_judge_hooks(JudgeHooks(limiter=limiter, call_context=get_judge_hooks().call_context))
+        set_judge_hooks(JudgeHooks(limiter=limiter, call_context=get_judge_hooks().call_context or judge_call_span))
         deps = ScoringDeps(
             registry=registry,
             store=store,

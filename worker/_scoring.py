@@ -62,7 +62,7 @@ class ScoringDeps:
     model_concurrency: int = 64
     run_concurrency: int = 256
     score_ttl_s: int = 7 * 24 * 3600
-    claim_ttl_s: int = 330
+    claim_ttl_s: int = 300
     checkpoint_ttl_s: int = 24 * 3600
     # Which scorers keep step checkpoints: "judge" (those with prompt steps: judge calls cost
     # money), "all" (function-only scorers too, one store write per step) or "none".
@@ -93,13 +93,15 @@ class BatchReport:
     skipped: Counter[str] = field(default_factory=Counter)
     transient: Counter[str] = field(default_factory=Counter)
     retry: list[str] = field(default_factory=list)
+    # Claimed by another delivery: done by it, or free again once its claim lapses.
+    deferred: list[str] = field(default_factory=list)
     written: int = 0
     write_failed: int = 0
     elapsed_s: float = 0.0
 
     @property
     def needs_retry(self) -> bool:
-        return bool(self.retry)
+        return bool(self.retry or self.deferred)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +113,7 @@ class BatchReport:
             "failed": dict(self.failed),
             "skipped": dict(self.skipped),
             "transient": dict(self.transient),
+            "deferred": len(self.deferred),
             "written": self.written,
             "write_failed": self.write_failed,
             "elapsed_s": round(self.elapsed_s, 4),
@@ -286,6 +289,8 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
 
     With ``final_attempt=False`` transient failures are not recorded but listed in
     ``report.retry`` (their claims released, checkpoints kept) for the caller to retry.
+    Pairs claimed by another delivery are listed in ``report.deferred``: retry them after a
+    while (once that delivery recorded them, or its claim lapsed).
     """
     started = time.perf_counter()
     report = BatchReport(batch_id=batch.batch_id, requests=len(batch.requests))
@@ -310,8 +315,9 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
 
     held = await deps.store.claim([p.score_id for p in todo], deps.owner, deps.claim_ttl_s)
     mine = [p for p in todo if p.score_id in held]
-    # Held by another delivery that is scoring it right now; its own message guarantees it.
-    report.skipped["claimed_elsewhere"] += len(todo) - len(mine)
+    # Held by another delivery: scoring it now, or dead (its claim lapses within claim_ttl_s).
+    # Either way try again later rather than pay twice or lose the score.
+    report.deferred = [p.score_id for p in todo if p.score_id not in held]
 
     checkpoints = await deps.store.get_checkpoints(
         [p.score_id for p in mine if p.scorer is not None and _checkpointed(p.scorer, deps)]

@@ -6,6 +6,7 @@ A bad value fails at start-up with the variable's name and what it expects, neve
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -47,7 +48,9 @@ class Settings(BaseSettings):
     default_tokens_per_minute: float | None = Field(default=None, gt=0)
 
     score_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=60)
-    claim_ttl_seconds: int = Field(default=0, ge=0)  # 0 → task hard time limit + 30 s
+    # How long a worker's claim on a score lasts; 0 → the task's hard time limit (a claim is
+    # never needed longer than the task that holds it, and must lapse before a redelivery).
+    claim_ttl_seconds: int = Field(default=0, ge=0)
     checkpoint_ttl_seconds: int = Field(default=24 * 3600, ge=60)
 
     task_soft_time_limit: float = Field(default=240.0, gt=0)
@@ -84,6 +87,12 @@ class Settings(BaseSettings):
                 f"TRACESCORE_VISIBILITY_TIMEOUT ({self.visibility_timeout}) must exceed "
                 f"TRACESCORE_TASK_TIME_LIMIT ({self.task_time_limit})"
             )
+        if self.claim_ttl >= self.visibility_timeout:
+            raise ValueError(
+                f"TRACESCORE_CLAIM_TTL_SECONDS ({self.claim_ttl}) must be below "
+                f"TRACESCORE_VISIBILITY_TIMEOUT ({self.visibility_timeout}), or a redelivered message "
+                "would find its scores still claimed by the dead worker"
+            )
         if self.writer == "jsonl" and not self.writer_path:
             raise ValueError("TRACESCORE_WRITER=jsonl needs TRACESCORE_WRITER_PATH (a file to append to)")
         return self
@@ -94,7 +103,7 @@ class Settings(BaseSettings):
 
     @property
     def claim_ttl(self) -> int:
-        return self.claim_ttl_seconds or int(self.task_time_limit) + 30
+        return self.claim_ttl_seconds or math.ceil(self.task_time_limit)
 
     def rate_limit(self, model_id: str) -> ModelRateLimit:
         return self.rate_limits.get(model_id) or ModelRateLimit(

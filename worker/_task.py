@@ -120,7 +120,30 @@ def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | Non
         raise self.retry(countdown=settings.retry_backoff_seconds * 2**attempt, exc=exc) from exc
     summary = report.as_dict()
     if report.needs_retry:
-        log.warning("batch_retry", batch_id=batch.batch_id, attempt=attempt + 1, transient=dict(report.transient))
-        raise self.retry(countdown=settings.retry_backoff_seconds * 2**attempt)
+        if final:  # only deferred pairs are left: claimed by a delivery that never finished
+            _dead_letter(
+                runtime,
+                reason="still_claimed",
+                error=f"{len(report.deferred)} score(s) stayed claimed by another delivery through every retry",
+                payload=payload,
+                size=size,
+                batch_id=batch.batch_id,
+                attempts=attempt + 1,
+                retryable=True,
+            )
+            return summary
+        countdown = settings.retry_backoff_seconds * 2**attempt
+        if report.deferred:
+            # Spread the retries over one claim lifetime: by then the holder finished or lapsed.
+            countdown = max(countdown, settings.claim_ttl / max(1, settings.retry_budget))
+        log.warning(
+            "batch_retry",
+            batch_id=batch.batch_id,
+            attempt=attempt + 1,
+            transient=dict(report.transient),
+            deferred=len(report.deferred),
+            countdown_s=countdown,
+        )
+        raise self.retry(countdown=countdown)
     log.info("batch_done", **summary)
     return summary

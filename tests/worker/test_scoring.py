@@ -72,15 +72,22 @@ def test_redelivery_skips_scored_and_writes_nothing_twice() -> None:
     assert len(writer.records) == 4
 
 
-def test_claimed_pairs_are_left_to_their_holder() -> None:
-    """A pair claimed by another delivery is skipped, not scored a second time."""
-    deps, store, _writer = _deps(plain)
+def test_claimed_pairs_are_deferred_to_a_later_attempt() -> None:
+    """A pair claimed by another delivery is not scored now but deferred for a retry."""
+    deps, store, _ = _deps(plain)
     msg = batch(range(2), ["plain"])
     ident = msg.requests[0].run.identity
-    asyncio.run(store.claim([score_id_for(ident.trace_id, ident.span_id, "plain", "1")], "other", 60))
+    held = score_id_for(ident.trace_id, ident.span_id, "plain", "1")
+    asyncio.run(store.claim([held], "other", 60))
     report = asyncio.run(score_batch(msg, deps))
     assert report.scored == 1
-    assert report.skipped == {"claimed_elsewhere": 1}
+    assert report.deferred == [held]
+    assert report.needs_retry
+    asyncio.run(store.release([held], "other"))
+    again = asyncio.run(score_batch(msg, deps))
+    assert again.scored == 1
+    assert again.skipped == {"already_scored": 1}
+    assert not again.needs_retry
 
 
 def test_failures_and_unknown_ids_become_error_records() -> None:

@@ -1,0 +1,94 @@
+"""Real ``celery -A worker worker`` processes for the tests, and waiting with deadlines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CELERY = str(Path(sys.executable).with_name("celery"))
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
+    """Poll ``condition`` until it holds or the deadline passes; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
+
+
+class WorkerProcess:
+    """One worker process; ``log`` is its combined output."""
+
+    def __init__(
+        self,
+        name: str,
+        redis_url: str,
+        tmp: Path,
+        *,
+        scores_path: Path,
+        env: dict[str, str] | None = None,
+        pool: str = "solo",
+    ) -> None:
+        self.name = name
+        self.log = tmp / f"{name}.log"
+        full_env = {
+            **os.environ,
+            "TRACESCORE_BROKER_URL": redis_url,
+            "TRACESCORE_REDIS_URL": redis_url,
+            "TRACESCORE_WRITER": "jsonl",
+            "TRACESCORE_WRITER_PATH": str(scores_path),
+            "TRACESCORE_RETRY_BACKOFF_SECONDS": "0.2",
+            "PYTHONPATH": str(ROOT),
+            **(env or {}),
+        }
+        cmd = [
+            CELERY, "-A", "worker", "worker",
+            "--scorers", "tests.worker.sample_scorers",
+            "--pool", pool, "--concurrency", "1",
+            "--hostname", f"{name}@%h",
+            "--loglevel", "INFO",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]  # fmt: skip
+        self._out = self.log.open("w")
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=full_env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        ok = wait_for(lambda: " ready." in self.text() or self.proc.poll() is not None, timeout)
+        if not ok or self.proc.poll() is not None:
+            raise AssertionError(f"worker {self.name} did not start:\n{self.text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (its process group: no graceful shutdown at all)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._out.close()
+
+
+def read_scores(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
