@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +29,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tracing._errors import TraceReadError
-from tracing._markers import is_judge_span, is_own_span
+from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE, is_own_span
 from tracing._rules import ScoringRule, sampled
 from tracing._run import ScoreBatch, ScoreRequest, TracedRun
 from tracing._sinks import Sink
+from tracing._span import plain_attributes
 from tracing._transform import read_trace
 
 __all__ = ["ScoringSpanExporter"]
@@ -42,8 +43,7 @@ log = structlog.get_logger("tracescore.exporter")
 Clock = Callable[[], float]
 
 
-def _is_agent_span(span: ReadableSpan) -> bool:
-    attrs = span.attributes or {}
+def _is_agent_span(span: ReadableSpan, attrs: Mapping[str, Any]) -> bool:
     return (
         attrs.get("gen_ai.operation.name") == "invoke_agent"
         or attrs.get("openinference.span.kind") == "AGENT"
@@ -185,7 +185,9 @@ class ScoringSpanExporter(SpanExporter):
             return
         parent = span.parent
         is_root = parent is None or parent.is_remote
-        if is_own_span(span) or (is_root and is_judge_span(span)):
+        attrs = plain_attributes(span)
+        is_judge = attrs.get(ROLE_ATTRIBUTE) == JUDGE_ROLE
+        if (is_root and is_judge) or is_own_span(span):
             self._guard(tid)
             return
         entry = self._traces.get(tid)
@@ -198,9 +200,9 @@ class ScoringSpanExporter(SpanExporter):
             entry.spans.popleft()
             self._drop("max_spans_per_trace")
         entry.spans.append(span)
-        if is_judge_span(span):
+        if is_judge:
             entry.judge_ids.add(format(ctx.span_id, "016x"))
-        if is_root or _is_agent_span(span):
+        if is_root or _is_agent_span(span, attrs):
             entry.due = now + self._grace
 
     def _guard(self, tid: int) -> None:

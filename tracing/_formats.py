@@ -68,6 +68,12 @@ _CHOICE_EVENT = "gen_ai.choice"
 
 
 def span_kind(span: SpanView) -> SpanKind:
+    if not span.kind:
+        span.kind = _classify(span)
+    return span.kind  # type: ignore[return-value]
+
+
+def _classify(span: SpanView) -> SpanKind:
     mastra = span.attr("mastra.span.type")
     if isinstance(mastra, str):
         return _MASTRA_KINDS.get(mastra, "other")
@@ -328,7 +334,6 @@ class ToolSpan:
     span: SpanView
     call_id: str | None
     name: str | None
-    args: Any
     result: Any
     has_result: bool
 
@@ -337,22 +342,19 @@ class ToolSpan:
 
 
 def read_tool(span: SpanView) -> ToolSpan:
+    """A tool execution span: its call id, tool name and result (the arguments are read from
+    the model's tool call, which every producer records)."""
     name = span.str_attr("gen_ai.tool.name", "tool.name")
     if name is None and span.name.startswith("execute_tool "):
         name = span.name[len("execute_tool ") :]
     call_id = span.str_attr("gen_ai.tool.call.id", "tool_call.id", "toolCallId")
-    args: Any = None
-    for key in ("gen_ai.tool.call.arguments", "gen_ai.tool.input", "input.value", "input", "tool.parameters"):
-        if key in span.attributes:
-            args = decode_json_text(span.attributes[key])
-            break
     result: Any = None
     has_result = False
     for key in ("gen_ai.tool.call.result", "gen_ai.tool.output", "output.value", "output"):
         if key in span.attributes:
             result, has_result = decode_json_text(span.attributes[key]), True
             break
-    return ToolSpan(span, call_id, name, args, result, has_result)
+    return ToolSpan(span, call_id, name, result, has_result)
 
 
 def agent_name(span: SpanView) -> str | None:

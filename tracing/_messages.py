@@ -151,9 +151,13 @@ def _part(raw: Any) -> NeutralPart | None:
     """One content part of any known shape (GenAI, OpenAI, AI SDK, Mastra, Anthropic)."""
     if isinstance(raw, str):
         return TextPart(raw)
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, dict):
         raise MessageShapeError("bad_message", f"message part {raw!r} is neither text nor an object")
     kind = raw.get("type")
+    if kind == "text":  # the common case first
+        text = raw.get("content")
+        if isinstance(text, str):
+            return TextPart(text)
     if kind in ("text", "input_text", "output_text"):
         text = _first(raw, "content", "text")
         if not isinstance(text, str):
@@ -172,14 +176,14 @@ def _part(raw: Any) -> NeutralPart | None:
         )
     if kind in ("tool_call_response", "tool-result", "tool_result", "function_call_output"):
         result = _first(raw, "response", "result", "output", "content")
-        if isinstance(result, Mapping) and "value" in result and "type" in result:
+        if isinstance(result, dict) and "value" in result and "type" in result:
             result = result["value"]  # AI SDK v5 tool output: {type: "json"|"text", value}
         return ToolResult(
             _str_or_none(_first(raw, "id", "toolCallId", "tool_use_id", "call_id")),
             _str_or_none(_first(raw, "name", "toolName")),
             decode_json_text(result),
         )
-    if kind == "tool-invocation" and isinstance(raw.get("toolInvocation"), Mapping):
+    if kind == "tool-invocation" and isinstance(raw.get("toolInvocation"), dict):
         inv = raw["toolInvocation"]
         call = ToolCall(
             _str_or_none(inv.get("toolCallId")), str(inv.get("toolName", "")), inv.get("args")
@@ -199,8 +203,8 @@ def _openai_tool_calls(raw: Any) -> list[NeutralPart]:
         raise MessageShapeError("bad_message", f"tool_calls is not a list: {raw!r}")
     calls: list[NeutralPart] = []
     for tc in raw:
-        fn = tc.get("function") if isinstance(tc, Mapping) else None
-        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise MessageShapeError("bad_message", f"tool call without function.name: {tc!r}")
         calls.append(ToolCall(_str_or_none(tc.get("id")), fn["name"], decode_json_text(fn.get("arguments"))))
     return calls
@@ -210,15 +214,16 @@ def parse_message(raw: Any, default_role: str | None = None) -> Msg:
     """One message of any known shape. A bare string is a ``default_role`` message."""
     if isinstance(raw, str) and default_role is not None:
         return Msg(default_role, [TextPart(raw)])
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, dict):
         raise MessageShapeError("bad_message", f"message {raw!r} is not an object")
     role = _role(raw.get("role", default_role))
     parts: list[NeutralPart] = []
-    if isinstance(raw.get("parts"), list | tuple):  # OTel GenAI
-        parts = [p for p in map(_part, raw["parts"]) if p is not None]
+    raw_parts = raw.get("parts")
+    if type(raw_parts) is list or isinstance(raw_parts, tuple):  # OTel GenAI
+        parts = [p for p in map(_part, raw_parts) if p is not None]
     else:
         content = raw.get("content")
-        if isinstance(content, Mapping) and isinstance(content.get("parts"), list):  # Mastra
+        if isinstance(content, dict) and isinstance(content.get("parts"), list):  # Mastra
             parts = [p for p in map(_part, content["parts"]) if p is not None]
         elif isinstance(content, str):
             if role == "tool":
@@ -228,7 +233,7 @@ def parse_message(raw: Any, default_role: str | None = None) -> Msg:
                 parts = [TextPart(content)]
         elif isinstance(content, list | tuple):
             if role == "tool" and all(
-                isinstance(p, Mapping) and p.get("type") in ("text", "input_text") for p in content
+                isinstance(p, dict) and p.get("type") in ("text", "input_text") for p in content
             ):
                 text = "".join(str(p.get("text", "")) for p in content)
                 tool_id = _str_or_none(_first(raw, "tool_call_id", "id", "toolCallId"))
@@ -240,12 +245,12 @@ def parse_message(raw: Any, default_role: str | None = None) -> Msg:
         if raw.get("tool_calls"):
             parts.extend(_openai_tool_calls(raw["tool_calls"]))
         fc = raw.get("function_call")
-        if isinstance(fc, Mapping) and isinstance(fc.get("name"), str):
+        if isinstance(fc, dict) and isinstance(fc.get("name"), str):
             parts.append(ToolCall(None, fc["name"], decode_json_text(fc.get("arguments"))))
     tag = raw.get("tag")
     if not isinstance(tag, str):
         meta = raw.get("metadata")
-        tag = meta.get("tag") if isinstance(meta, Mapping) else None
+        tag = meta.get("tag") if isinstance(meta, dict) else None
     return Msg(role, parts, tag if isinstance(tag, str) and tag else None)
 
 
@@ -264,9 +269,9 @@ def parse_messages(value: Any, default_role: str | None = None) -> list[Msg]:
     """A message list: JSON text, a list of message objects (or of JSON texts), or
     ``{"messages": [...]}``."""
     data = _load(value)
-    if isinstance(data, Mapping) and "messages" in data:
+    if isinstance(data, dict) and "messages" in data:
         data = data["messages"]
-    if isinstance(data, Mapping) and "role" in data:
+    if isinstance(data, dict) and "role" in data:
         data = [data]
     if not isinstance(data, list | tuple):
         raise MessageShapeError("bad_message", f"expected a list of messages, got {type(data).__name__}")
@@ -289,14 +294,14 @@ def parse_system(value: Any) -> list[Msg]:
             return [Msg("system", [TextPart(data)])]
     else:
         data = value
-    if isinstance(data, Mapping):
+    if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list | tuple):
         raise MessageShapeError("bad_message", f"system instructions of type {type(data).__name__}")
     out: list[Msg] = []
     loose: list[NeutralPart] = []
     for item in data:
-        if isinstance(item, Mapping) and "role" in item:
+        if isinstance(item, dict) and "role" in item:
             out.append(parse_message(item))
         else:
             part = _part(_load(item) if isinstance(item, str) and item[:1] == "{" else item)

@@ -1,14 +1,18 @@
-"""A read-only view of one span, the same for SDK ``ReadableSpan``s and decoded OTLP spans."""
+"""A read-only view of one span, the same for SDK ``ReadableSpan``s and decoded OTLP spans.
+
+Cheap to build (the exporter builds one per buffered span): only ids, name and attributes
+are read up front; the rest is read from the span when asked.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-__all__ = ["SpanEvent", "SpanView", "view_spans"]
+__all__ = ["SpanEvent", "SpanView", "plain_attributes", "view_spans"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,21 +22,69 @@ class SpanEvent:
     body: Any = None  # log-record events carry their payload here
 
 
-@dataclass(slots=True)
+def plain_attributes(span: ReadableSpan) -> Mapping[str, Any]:
+    """The span's attributes as a plain dict, without copying when possible.
+
+    ``ReadableSpan.attributes`` is a proxy over the SDK's ``BoundedAttributes``, whose ``.get``
+    of a missing key goes through a raised ``KeyError``; most keys we look up are missing, so
+    the hot path reads the (frozen once the span ended) dict underneath when it is there.
+    """
+    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+    if isinstance(inner, dict):
+        return inner
+    attrs = span.attributes
+    return dict(attrs) if attrs is not None else {}
+
+
 class SpanView:
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str | None
-    parent_is_remote: bool
-    attributes: Mapping[str, Any]
-    events: list[SpanEvent]
-    start_ns: int | None
-    end_ns: int | None
-    scope: str
-    service: str | None
-    children: list[SpanView] = field(default_factory=list)
-    parent: SpanView | None = None
+    __slots__ = ("_events", "_span", "attributes", "children", "kind", "name", "parent", "parent_sid", "sid")
+
+    def __init__(self, span: ReadableSpan) -> None:
+        ctx = span.context
+        if ctx is None:
+            raise ValueError(f"span {span.name!r} has no span context")
+        self._span = span
+        self.sid: int = ctx.span_id
+        parent = span.parent
+        self.parent_sid: int | None = parent.span_id if parent is not None else None
+        self.name: str = span.name
+        self.attributes: Mapping[str, Any] = plain_attributes(span)
+        self.children: list[SpanView] = []
+        self.parent: SpanView | None = None
+        self.kind = ""  # filled by the transform (agent/llm/tool/other), once per span
+        self._events: list[SpanEvent] | None = None
+
+    # --- read on demand ------------------------------------------------------------------
+
+    @property
+    def span_id(self) -> str:
+        return format(self.sid, "016x")
+
+    @property
+    def trace_id(self) -> str:
+        ctx = self._span.context
+        return format(ctx.trace_id, "032x") if ctx is not None else ""
+
+    @property
+    def start_ns(self) -> int | None:
+        return self._span.start_time
+
+    @property
+    def end_ns(self) -> int | None:
+        return self._span.end_time
+
+    @property
+    def service(self) -> str | None:
+        resource = self._span.resource
+        value = resource.attributes.get("service.name") if resource is not None else None
+        return value if isinstance(value, str) else None
+
+    @property
+    def events(self) -> list[SpanEvent]:
+        if self._events is None:
+            raw = self._span.events
+            self._events = [SpanEvent(e.name, dict(e.attributes or {})) for e in raw] if raw else []
+        return self._events
 
     def attr(self, key: str) -> Any:
         return self.attributes.get(key)
@@ -61,45 +113,21 @@ class SpanView:
             stack.extend(reversed(node.children))
         return out
 
-
-def _hex(value: int, width: int) -> str:
-    return format(value, f"0{width}x")
-
-
-def view_span(span: ReadableSpan) -> SpanView:
-    ctx = span.context
-    if ctx is None:
-        raise ValueError(f"span {span.name!r} has no span context")
-    parent = span.parent
-    resource = span.resource
-    service = resource.attributes.get("service.name") if resource is not None else None
-    scope = span.instrumentation_scope
-    events = [SpanEvent(e.name, dict(e.attributes or {})) for e in span.events]
-    return SpanView(
-        name=span.name,
-        trace_id=_hex(ctx.trace_id, 32),
-        span_id=_hex(ctx.span_id, 16),
-        parent_id=_hex(parent.span_id, 16) if parent is not None else None,
-        parent_is_remote=bool(parent is not None and parent.is_remote),
-        attributes=span.attributes or {},
-        events=events,
-        start_ns=span.start_time,
-        end_ns=span.end_time,
-        scope=scope.name if scope is not None else "",
-        service=service if isinstance(service, str) else None,
-    )
+    def order_key(self) -> tuple[int, int]:
+        return (self._span.start_time or 0, self.sid)
 
 
 def view_spans(spans: Sequence[ReadableSpan]) -> list[SpanView]:
     """Views of ``spans`` with parent/child links resolved inside the trace."""
-    views = [view_span(s) for s in spans]
-    by_id = {v.span_id: v for v in views}
+    views = [SpanView(s) for s in spans]
+    by_id = {v.sid: v for v in views}
     for v in views:
-        if v.parent_id is not None:
-            parent = by_id.get(v.parent_id)
+        if v.parent_sid is not None:
+            parent = by_id.get(v.parent_sid)
             if parent is not None and parent is not v:
                 v.parent = parent
                 parent.children.append(v)
     for v in views:
-        v.children.sort(key=lambda c: (c.start_ns or 0, c.span_id))
+        if len(v.children) > 1:
+            v.children.sort(key=SpanView.order_key)
     return views

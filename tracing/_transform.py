@@ -20,7 +20,6 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from pydantic import ValidationError
 
-from scorers.agent import ScorerRunInputForAgent, ScorerRunOutputForAgent
 from tracing._errors import TraceReadError
 from tracing._formats import (
     agent_name,
@@ -35,6 +34,7 @@ from tracing._formats import (
 from tracing._messages import (
     Msg,
     StepBreak,
+    ToolCall,
     ToolResult,
     attach_results,
     render_messages,
@@ -55,30 +55,30 @@ def _nearest(span: SpanView, kind: str) -> SpanView | None:
 def _targets(views: Sequence[SpanView]) -> list[SpanView]:
     agents = [v for v in views if span_kind(v) == "agent" and _nearest(v, "agent") is None]
     if agents:
-        return sorted(agents, key=lambda v: (v.start_ns or 0, v.span_id))
+        return sorted(agents, key=SpanView.order_key)
     llms = [
         v
         for v in views
         if span_kind(v) == "llm" and _nearest(v, "llm") is None and _nearest(v, "agent") is None
     ]
-    return sorted(llms, key=lambda v: (v.start_ns or 0, v.span_id))
+    return sorted(llms, key=SpanView.order_key)
 
 
 def _attach_log_records(views: Sequence[SpanView], log_records: Iterable[Any]) -> None:
     """Log-based GenAI events (OTel logs API) → events of the span they were emitted in."""
-    by_id = {v.span_id: v for v in views}
+    by_id = {v.sid: v for v in views}
     for item in log_records:
         record = getattr(item, "log_record", item)
         span_id = getattr(record, "span_id", None)
         name = getattr(record, "event_name", None) or (record.attributes or {}).get("event.name")
         if not isinstance(span_id, int) or not isinstance(name, str):
             continue
-        view = by_id.get(format(span_id, "016x"))
+        view = by_id.get(span_id)
         if view is not None:
             view.events.append(SpanEvent(name, dict(record.attributes or {}), record.body))
 
 
-def _split(span: SpanView, context: list[Msg], system_extra: list[Msg]) -> dict[str, Any]:
+def _split(context: list[Msg], system_extra: list[Msg]) -> dict[str, Any]:
     system: list[Msg] = []
     tagged: dict[str, list[Msg]] = {}
     seen: set[str] = set()
@@ -110,6 +110,10 @@ def _split(span: SpanView, context: list[Msg], system_extra: list[Msg]) -> dict[
     }
 
 
+def _open_calls(msg: Msg) -> bool:
+    return any(isinstance(p, ToolCall) and not p.has_result for p in msg.parts)
+
+
 def _results_of(messages: Iterable[Msg]) -> list[ToolResult]:
     return [p for m in messages if m.role == "tool" for p in m.parts if isinstance(p, ToolResult)]
 
@@ -133,7 +137,7 @@ def _members(target: SpanView, kind: str) -> list[SpanView]:
         inner = next((a for a in span.ancestors() if a is target or span_kind(a) == kind), None)
         if inner is target or inner is None:
             out.append(span)
-    return sorted(out, key=lambda s: (s.start_ns or 0, s.span_id))
+    return sorted(out, key=SpanView.order_key)
 
 
 def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
@@ -165,12 +169,9 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
         system_extra = system_extra + read_system(first_llm)
 
     answer = Msg("assistant", [])
-    later_results: list[ToolResult] = []
     steps = 0
     for llm in llms:
         out = read_output(llm)
-        if llm is not first_llm:
-            later_results.extend(_results_of(read_input(llm) or []))
         if not out:
             continue
         for msg in out:
@@ -196,7 +197,14 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
         )
     with_id = [t.as_result() for t in tools if t.has_result and t.call_id]
     by_name = [t.as_result() for t in tools if t.has_result and not t.call_id]
-    attach_results([answer], with_id + later_results + by_name)
+    attach_results([answer], with_id)
+    if _open_calls(answer):
+        # Results not in tool spans: a later LLM call's input carries them as tool messages.
+        # Read only when needed: those inputs repeat the whole history and are the biggest.
+        later = [r for llm in llms if llm is not first_llm for r in _results_of(read_input(llm) or [])]
+        attach_results([answer], later)
+    if by_name and _open_calls(answer):
+        attach_results([answer], by_name)
 
     model_src = first_llm or (llms[0] if llms else target)
     identity = RunIdentity(
@@ -212,10 +220,14 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
         end_time_ns=target.end_ns,
     )
     try:
-        return TracedRun(
-            identity=identity,
-            input=ScorerRunInputForAgent.model_validate(_split(target, context, system_extra)),
-            output=ScorerRunOutputForAgent.validate(render_messages([answer], steps=steps > 1)),
+        # One validation pass through pydantic's compiled schema: faster than building the
+        # message models piece by piece, and it checks what we produced.
+        return TracedRun.model_validate(
+            {
+                "identity": identity,
+                "input": _split(context, system_extra),
+                "output": render_messages([answer], steps=steps > 1),
+            }
         )
     except ValidationError as exc:
         raise TraceReadError(

@@ -1,0 +1,219 @@
+"""CPU cost of ScoringSpanExporter behind BatchSpanProcessor, against a no-op exporter.
+
+An app emits agent traces (1 invoke_agent span, 3 chat spans with OTel GenAI message
+attributes, 2 execute_tool spans) through the SDK's BatchSpanProcessor. The same app runs
+twice: once with a no-op exporter, once with ScoringSpanExporter (one rule, sample_rate 1,
+every trace read and handed to a no-op CallbackSink so the broker is not measured). CPU is
+``time.process_time`` (all threads of the process: app, batch processor, flusher, sender),
+measured from the first span to ``force_flush`` returning.
+
+    .venv/bin/python bench/exporter.py [--traces 3000] [--rounds 3]
+
+Target: ratio (ours / no-op) <= 1.3. Writes bench/results/exporter.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from tracing import CallbackSink, ScoreBatch, ScoringRule, ScoringSpanExporter
+
+SYSTEM = "You are the support agent of an online shop. Be concise, polite and accurate. " * 3
+HISTORY = [
+    ("user", "Hi, I ordered a blue mug last week and it has not arrived yet."),
+    ("assistant", "Sorry to hear that! Could you give me the order number?"),
+    ("user", "It is order 4711, placed on Monday."),
+]
+
+
+class NoopExporter(SpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def _msgs(pairs: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    return [{"role": r, "parts": [{"type": "text", "content": t}]} for r, t in pairs]
+
+
+def _payloads() -> dict[str, str]:
+    base = [{"role": "system", "parts": [{"type": "text", "content": SYSTEM}]}, *_msgs(HISTORY)]
+    call1 = {"type": "tool_call", "id": "call_1", "name": "order_status", "arguments": {"order": 4711}}
+    call2 = {"type": "tool_call", "id": "call_2", "name": "carrier_tracking", "arguments": {"code": "ZX9"}}
+    resp1 = {"type": "tool_call_response", "id": "call_1", "response": {"status": "shipped", "carrier": "ZX9"}}
+    resp2 = {"type": "tool_call_response", "id": "call_2", "response": {"eta": "tomorrow"}}
+    in2 = [*base, {"role": "assistant", "parts": [call1]}, {"role": "tool", "parts": [resp1]}]
+    in3 = [*in2, {"role": "assistant", "parts": [call2]}, {"role": "tool", "parts": [resp2]}]
+    answer = "Your order 4711 has shipped with carrier ZX9 and should arrive tomorrow."
+    return {
+        "in1": json.dumps(base),
+        "out1": json.dumps([{"role": "assistant", "parts": [call1], "finish_reason": "tool_call"}]),
+        "in2": json.dumps(in2),
+        "out2": json.dumps([{"role": "assistant", "parts": [call2], "finish_reason": "tool_call"}]),
+        "in3": json.dumps(in3),
+        "out3": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]),
+    }
+
+
+def emit(provider: TracerProvider, n: int) -> None:
+    """The app: n agent traces of 6 spans each."""
+    tracer = provider.get_tracer("shop.agent")
+    p = _payloads()
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o-mini", "gen_ai.provider.name": "openai"}
+    for i in range(n):
+        with tracer.start_as_current_span(
+            "invoke_agent support",
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": "support",
+                "gen_ai.conversation.id": f"conv-{i}",
+            },
+        ):
+            for step in (1, 2, 3):
+                with tracer.start_as_current_span(
+                    "chat gpt-4o-mini",
+                    attributes={
+                        **chat,
+                        "gen_ai.input.messages": p[f"in{step}"],
+                        "gen_ai.output.messages": p[f"out{step}"],
+                        "gen_ai.usage.input_tokens": 120 * step,
+                        "gen_ai.usage.output_tokens": 20,
+                    },
+                ):
+                    pass
+                if step < 3:
+                    name = "order_status" if step == 1 else "carrier_tracking"
+                    with tracer.start_as_current_span(
+                        f"execute_tool {name}",
+                        attributes={
+                            "gen_ai.operation.name": "execute_tool",
+                            "gen_ai.tool.name": name,
+                            "gen_ai.tool.call.id": f"call_{step}",
+                            "gen_ai.tool.call.arguments": '{"order": 4711}',
+                            "gen_ai.tool.call.result": '{"status": "shipped"}',
+                        },
+                    ):
+                        pass
+
+
+class GcTimer:
+    """CPU spent in the cyclic garbage collector while the app runs (both variants pay it)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.process_time()
+        else:
+            self.total += time.process_time() - self._start
+
+
+def run_once(kind: str, n: int, sample_rate: float = 1.0) -> dict[str, Any]:
+    sent = [0]
+
+    def count(batch: ScoreBatch) -> None:
+        sent[0] += len(batch.requests)
+
+    exporter: SpanExporter
+    if kind == "noop":
+        exporter = NoopExporter()
+    else:
+        rule = ScoringRule(["helpfulness"], sample_rate=sample_rate)
+        exporter = ScoringSpanExporter([rule], CallbackSink(count), grace_s=0.0,
+                                       flush_interval_s=0.2, max_traces=4096)
+    provider = TracerProvider(resource=Resource.create({"service.name": "bench-app"}))
+    processor = BatchSpanProcessor(exporter, max_queue_size=n * 6 + 1, schedule_delay_millis=100)
+    provider.add_span_processor(processor)
+    gc.collect()
+    timer = GcTimer()
+    gc.callbacks.append(timer)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    try:
+        emit(provider, n)
+        processor.force_flush(120_000)
+        if isinstance(exporter, ScoringSpanExporter):
+            exporter.force_flush(120_000)
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    finally:
+        gc.callbacks.remove(timer)
+    stats = exporter.stats() if isinstance(exporter, ScoringSpanExporter) else None
+    provider.shutdown()
+    if stats is not None:
+        expected = stats["runs_read"]
+        assert sent[0] == expected == stats["traces_completed"] - stats["skipped"].get("sampled_out", 0), stats
+    return {
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "cpu_us_per_trace": cpu / n * 1e6,
+        "gc_us_per_trace": timer.total / n * 1e6,
+        "stats": stats,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--traces", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    run_once("noop", 200)  # warm-up: imports, caches
+    run_once("ours", 200)
+    kinds = {"noop": ("noop", 1.0), "ours": ("ours", 1.0), "ours_sampled_10pct": ("ours", 0.1)}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    gc_us: dict[str, list[float]] = {k: [] for k in kinds}
+    last_stats: Any = None
+    for _ in range(args.rounds):
+        for key, (kind, rate) in kinds.items():  # interleaved: a busy neighbour hurts all alike
+            r = run_once(kind, args.traces, rate)
+            cpu[key].append(r["cpu_us_per_trace"])
+            gc_us[key].append(r["gc_us_per_trace"])
+            if key == "ours":
+                last_stats = r["stats"]
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    gc_med = {k: statistics.median(v) for k, v in gc_us.items()}
+    noop, ours, sampled = med["noop"], med["ours"], med["ours_sampled_10pct"]
+    ratio = ours / noop
+    out = {
+        "traces_per_round": args.traces,
+        "rounds": args.rounds,
+        "spans_per_trace": 6,
+        "noop_cpu_us_per_trace": round(noop, 1),
+        "ours_cpu_us_per_trace": round(ours, 1),
+        "added_cpu_us_per_trace": round(ours - noop, 1),
+        "ratio": round(ratio, 3),
+        "target_ratio": 1.3,
+        "meets_target": ratio <= 1.3,
+        "gc_us_per_trace": {k: round(v, 1) for k, v in gc_med.items()},
+        "ours_sampled_10pct_cpu_us_per_trace": round(sampled, 1),
+        "ratio_sampled_10pct": round(sampled / noop, 3),
+        "rounds_cpu_us": {k: [round(x, 1) for x in v] for k, v in cpu.items()},
+        "exporter_stats_last_round": last_stats,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "note": "shared with other jobs"},
+    }
+    print(f"no-op pipeline : {noop:8.1f} us CPU per trace (of which GC {gc_med['noop']:.1f})")
+    print(f"with exporter  : {ours:8.1f} us CPU per trace (of which GC {gc_med['ours']:.1f}), +{ours - noop:.1f} us")
+    print(f"ratio          : {ratio:.3f}  (target <= 1.3: {'met' if ratio <= 1.3 else 'NOT met'})")
+    print(f"sample_rate 0.1: {sampled:8.1f} us CPU per trace, ratio {sampled / noop:.3f}")
+    path = Path(__file__).resolve().parent / "results" / "exporter.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
