@@ -5,14 +5,11 @@ from __future__ import annotations
 import email.utils
 import json
 import math
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
-
-import anthropic
-import httpx2
-import openai
 
 from scorers.judge._errors import (
     JudgeAuthError,
@@ -69,51 +66,72 @@ def parse_retry_after_ms(headers: Mapping[str, str], now: float | None = None) -
 
 @contextmanager
 def translate_sdk_errors(provider: str, model_id: str) -> Iterator[None]:
-    """Re-raise any SDK/transport error from the block as a ``JudgeProviderError``."""
-    where = f"{model_id}"
+    """Re-raise any SDK/transport error from the block as a ``JudgeProviderError``.
+
+    Other exceptions (bugs) pass through unchanged. The SDKs are looked up in ``sys.modules``
+    rather than imported: an SDK error can only exist once its SDK is loaded, and importing
+    ``scorers`` stays free of the SDKs (and of the OpenTelemetry API anthropic pulls in).
+    """
     try:
         yield
     except JudgeError:
         raise
-    except (openai.APIStatusError, anthropic.APIStatusError) as exc:
-        raise _status_error(exc, provider, model_id) from exc
-    except (openai.APITimeoutError, anthropic.APITimeoutError, httpx2.TimeoutException) as exc:
-        raise JudgeTimeoutError(
-            f"{where}: the provider did not answer in time ({_root(exc)}); "
+    except Exception as exc:
+        translated = _translate(exc, provider, model_id)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
+def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderError | None:
+    oa: Any = sys.modules.get("openai")
+    an: Any = sys.modules.get("anthropic")
+    hx: Any = sys.modules.get("httpx2")
+
+    def kind(*names: str) -> tuple[type[BaseException], ...]:
+        found = [getattr(m, n) for m in (oa, an) if m is not None for n in names if hasattr(m, n)]
+        return tuple(found)
+
+    if isinstance(exc, kind("APIStatusError")):
+        return _status_error(exc, provider, model_id)
+    timeouts = kind("APITimeoutError") + ((hx.TimeoutException,) if hx is not None else ())
+    if isinstance(exc, timeouts):
+        return JudgeTimeoutError(
+            f"{model_id}: the provider did not answer in time ({_root(exc)}); "
             "raise Judge(timeout=...) if the model is just slow",
             provider=provider,
             model_id=model_id,
-        ) from exc
-    except (openai.APIConnectionError, anthropic.APIConnectionError, httpx2.TransportError) as exc:
-        raise JudgeConnectionError(
-            f"{where}: connection to the provider failed: {_root(exc)}",
+        )
+    connection = kind("APIConnectionError") + ((hx.TransportError,) if hx is not None else ())
+    if isinstance(exc, connection):
+        return JudgeConnectionError(
+            f"{model_id}: connection to the provider failed: {_root(exc)}",
             provider=provider,
             model_id=model_id,
-        ) from exc
-    except (openai.APIResponseValidationError, anthropic.APIResponseValidationError) as exc:
-        raise JudgeResponseError(
-            f"{where}: the provider's response did not have the expected shape: {exc}",
+        )
+    if isinstance(exc, kind("APIResponseValidationError")):
+        return JudgeResponseError(
+            f"{model_id}: the provider's response did not have the expected shape: {exc}",
             provider=provider,
             model_id=model_id,
-            status_code=exc.status_code,
-        ) from exc
-    except json.JSONDecodeError as exc:
-        raise JudgeResponseError(
-            f"{where}: the provider's response body is not valid JSON ({exc})",
+            status_code=getattr(exc, "status_code", None),
+        )
+    if isinstance(exc, json.JSONDecodeError):
+        return JudgeResponseError(
+            f"{model_id}: the provider's response body is not valid JSON ({exc})",
             provider=provider,
             model_id=model_id,
-        ) from exc
-    except TypeError as exc:
-        # anthropic raises a bare TypeError when it finds no credentials at request time.
-        if "authentication method" not in str(exc):
-            raise
-        raise _missing_credentials(provider, model_id, exc) from exc
-    except (anthropic.CredentialsError, anthropic.IdentityTokenFileError) as exc:
-        raise _missing_credentials(provider, model_id, exc) from exc
-    except (openai.OpenAIError, anthropic.AnthropicError) as exc:
+        )
+    # anthropic raises a bare TypeError when it finds no credentials at request time.
+    if isinstance(exc, TypeError) and "authentication method" in str(exc):
+        return _missing_credentials(provider, model_id, exc)
+    if isinstance(exc, kind("CredentialsError")):
+        return _missing_credentials(provider, model_id, exc)
+    if isinstance(exc, kind("OpenAIError", "AnthropicError")):
         if "credential" in str(exc).lower() or "api_key" in str(exc):
-            raise _missing_credentials(provider, model_id, exc) from exc
-        raise JudgeProviderError(f"{where}: {type(exc).__name__}: {exc}", provider=provider, model_id=model_id) from exc
+            return _missing_credentials(provider, model_id, exc)
+        return JudgeProviderError(f"{model_id}: {type(exc).__name__}: {exc}", provider=provider, model_id=model_id)
+    return None
 
 
 def _missing_credentials(provider: str, model_id: str, exc: BaseException) -> JudgeAuthError:
@@ -125,9 +143,7 @@ def _missing_credentials(provider: str, model_id: str, exc: BaseException) -> Ju
     )
 
 
-def _status_error(
-    exc: openai.APIStatusError | anthropic.APIStatusError, provider: str, model_id: str
-) -> JudgeStatusError:
+def _status_error(exc: Any, provider: str, model_id: str) -> JudgeStatusError:
     status = exc.status_code
     headers = {k: v for k, v in exc.response.headers.items() if k.lower() in _KEPT_HEADERS}
     error_type, code, detail = _error_fields(exc.body)

@@ -1,0 +1,210 @@
+"""Judge throughput: 2,000 runs of a two-prompt-step scorer against the fake LLM server.
+
+The fake server runs in its own process with 200 ms latency per call; judge calls are
+limited to 100 at a time by a JudgeLimiter (an asyncio.Semaphore) installed through
+JudgeHooks, exactly where the worker's limiter sits. The ceiling is 100 / 0.2 s = 500
+calls/s; the target is at least 0.8 of it.
+
+    .venv/bin/python bench/judge.py [--runs 2000] [--concurrency 100] [--latency-ms 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scorers import Judge, PromptStep, Scorer, create_scorer  # noqa: E402
+from scorers.judge import JudgeHooks, fence, set_judge_hooks  # noqa: E402
+
+
+class SemaphoreLimiter:
+    """At most ``limit`` judge requests in flight (a JudgeLimiter)."""
+
+    def __init__(self, limit: int) -> None:
+        self.semaphore = asyncio.Semaphore(limit)
+        self.in_flight = 0
+        self.peak = 0
+
+    @asynccontextmanager
+    async def slot(self, model_id: str, estimated_tokens: int) -> AsyncIterator[None]:
+        async with self.semaphore:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            try:
+                yield
+            finally:
+                self.in_flight -= 1
+
+    async def record_usage(self, model_id: str, tokens: int) -> None:
+        return None
+
+    async def pause(self, model_id: str, seconds: float) -> None:
+        return None
+
+
+class Analysis(BaseModel):
+    relevant: bool
+    issues: list[str]
+    confidence: float = Field(ge=0, le=1)
+
+
+def build_scorer() -> Scorer:
+    judge = Judge("openai/bench-judge", "You grade answers for relevance and accuracy.")
+    return (
+        create_scorer("bench-relevance", judge=judge)
+        .analyze(
+            PromptStep(
+                "find issues",
+                lambda run: (
+                    "Question:\n"
+                    + fence(run.input, "user question")
+                    + "\nAnswer:\n"
+                    + fence(run.output, "assistant answer")
+                ),
+                output_schema=Analysis,
+            )
+        )
+        .generate_score(
+            PromptStep(
+                "score",
+                lambda results: f"Given this analysis, score 0..1:\n{results.analyze_step_result.model_dump_json()}",
+            )
+        )
+    )
+
+
+def start_server(latency_ms: float) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakellm", "--port", "0", "--latency-ms", str(latency_ms), "--no-record"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("fakellm listening on "):
+        proc.kill()
+        raise RuntimeError(f"fake server did not start: {line!r}")
+    return proc, line.rsplit(" ", 1)[-1]
+
+
+def server_stats(url: str) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/_fake/stats", timeout=10) as resp:
+        data: dict[str, Any] = json.loads(resp.read())
+        return data
+
+
+async def bench(runs: int, concurrency: int) -> dict[str, Any]:
+    limiter = SemaphoreLimiter(concurrency)
+    set_judge_hooks(JudgeHooks(limiter=limiter))
+    scorer = build_scorer()
+    # warm-up: client, connection pool and schema caches
+    await asyncio.gather(*(scorer.run(input="warm", output="up") for _ in range(concurrency)))
+    limiter.peak = 0
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    results = await asyncio.gather(
+        *(scorer.run(input=f"What is {i} + {i}?", output=f"It is {2 * i}.") for i in range(runs)),
+        return_exceptions=True,
+    )
+    elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
+    failures = [r for r in results if isinstance(r, BaseException)]
+    calls = 2 * (runs - len(failures))
+    return {
+        "runs": runs,
+        "failures": len(failures),
+        "first_failure": repr(failures[0]) if failures else None,
+        "judge_calls": calls,
+        "elapsed_s": round(elapsed, 3),
+        "client_cpu_s": round(cpu, 3),
+        "calls_per_s": round(calls / elapsed, 1),
+        "peak_in_flight": limiter.peak,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--latency-ms", type=float, default=200.0)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; the median round is reported")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "judge.json")
+    args = parser.parse_args()
+
+    proc, url = start_server(args.latency_ms)
+    try:
+        os.environ.update(
+            OPENAI_BASE_URL=f"{url}/v1",
+            OPENAI_API_KEY="sk-bench",
+            ANTHROPIC_BASE_URL=url,
+            ANTHROPIC_API_KEY="sk-ant-bench",
+        )
+        rounds = []
+        for _ in range(args.repeat):
+            before = server_stats(url)["total"]
+            figures = asyncio.run(bench(args.runs, args.concurrency))
+            # the warm-up's calls are included in what the server saw
+            figures["server_saw"] = server_stats(url)["total"] - before
+            rounds.append(figures)
+            print(f"  round: {figures['calls_per_s']} calls/s, client CPU {figures['client_cpu_s']} s")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    rounds.sort(key=lambda r: r["calls_per_s"])
+    figures = rounds[len(rounds) // 2]
+    limit = args.concurrency / (args.latency_ms / 1000)
+    ratio = figures["calls_per_s"] / limit
+    report = {
+        "benchmark": "judge",
+        "scorer": "two prompt steps (analyze with a pydantic schema, generate_score) on openai/bench-judge",
+        "concurrency_limit": args.concurrency,
+        "latency_ms": args.latency_ms,
+        "limit_calls_per_s": limit,
+        **figures,
+        "ratio_to_limit": round(ratio, 3),
+        "target_ratio": 0.8,
+        "meets_target": ratio >= 0.8 and figures["failures"] == 0,
+        "client_cpu_ms_per_call": round(1000 * figures["client_cpu_s"] / max(1, figures["judge_calls"]), 3),
+        "rounds_calls_per_s": [r["calls_per_s"] for r in rounds],
+        "best_ratio": round(rounds[-1]["calls_per_s"] / limit, 3),
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m_at_end": os.getloadavg()[0],
+            "note": "2 cores shared with other jobs; wall-clock figures depend on their load",
+        },
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    print(
+        f"median of {len(rounds)} rounds: {figures['judge_calls']} judge calls in {figures['elapsed_s']} s"
+        f" = {figures['calls_per_s']} calls/s; limit {limit:.0f} calls/s; ratio {ratio:.3f} (target 0.8);"
+        f" failures {figures['failures']}; client CPU {figures['client_cpu_s']} s;"
+        f" peak in flight {figures['peak_in_flight']}"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
