@@ -152,6 +152,9 @@ class ScoringSpanExporter(SpanExporter):
 
         self._closed = False
         self._stop = threading.Event()
+        # Set when a trace is due at once (grace_s == 0): the flusher reads it right away, so
+        # its spans do not stay alive (and keep the GC busy) until the next interval.
+        self._wake = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="tracescore-flusher", daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name="tracescore-sender", daemon=True)
         self._flusher.start()
@@ -204,6 +207,8 @@ class ScoringSpanExporter(SpanExporter):
             entry.judge_ids.add(format(ctx.span_id, "016x"))
         if is_root or _is_agent_span(span, attrs):
             entry.due = now + self._grace
+            if not self._grace:
+                self._wake.set()
 
     def _guard(self, tid: int) -> None:
         if self._traces.pop(tid, None) is not None or tid not in self._guarded:
@@ -250,6 +255,7 @@ class ScoringSpanExporter(SpanExporter):
             self._wait_idle(deadline)
         finally:
             self._stop.set()
+            self._wake.set()
             self._flusher.join(max(0.0, deadline - time.monotonic()) + 0.1)
             self._sender.join(max(0.0, deadline - time.monotonic()) + 0.1)
             dropped = self._queue.qsize()
@@ -274,28 +280,40 @@ class ScoringSpanExporter(SpanExporter):
     def _process(self, *, force: bool) -> int:
         with self._process_lock:
             now = self._clock()
-            due: list[tuple[str, _Trace]] = []
+            due: list[int] = []
             ready: list[ScoreRequest] = []
             with self._lock:
-                for tid, entry in list(self._traces.items()):
+                for tid, entry in self._traces.items():
                     if entry.due is not None and (force or entry.due <= now):
-                        del self._traces[tid]
-                        due.append((format(tid, "032x"), entry))
+                        due.append(tid)
                     elif entry.due is None and now - entry.first_seen >= self._max_age:
-                        del self._traces[tid]
-                        self._drop("max_trace_age")
+                        due.append(-tid - 1)  # expired: marked by sign, dropped below
                 while self._delayed and ((force and self._closed) or self._delayed[0][0] <= now):
                     ready.append(heapq.heappop(self._delayed)[2])
             for request in ready:
                 self._enqueue(request)
-            for trace_id, entry in due:
+            done = 0
+            for tid in due:
+                # Take traces out one at a time: a trace's spans become garbage as soon as it
+                # is read, instead of surviving (and being promoted by the GC) until the end.
+                with self._lock:
+                    if tid < 0:
+                        if self._traces.pop(-tid - 1, None) is not None:
+                            self._drop("max_trace_age")
+                        continue
+                    taken = self._traces.pop(tid, None)
+                if taken is None:
+                    continue
+                done += 1
+                trace_id = format(tid, "032x")
                 try:
-                    self._complete(trace_id, entry, now)
+                    self._complete(trace_id, taken, now)
                 except Exception as exc:  # one bad trace must not stop the others
                     with self._lock:
                         self._errors.add("internal")
                     log.error("exporter_trace_failed", trace_id=trace_id, error=repr(exc))
-            return len(due)
+                del taken
+            return done
 
     def _complete(self, trace_id: str, entry: _Trace, now: float) -> None:
         with self._lock:
@@ -372,7 +390,11 @@ class ScoringSpanExporter(SpanExporter):
     # --- threads --------------------------------------------------------------------------
 
     def _flush_loop(self) -> None:
-        while not self._stop.wait(self._interval):
+        while not self._stop.is_set():
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._process(force=False)
             except Exception as exc:

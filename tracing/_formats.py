@@ -340,10 +340,17 @@ class ToolSpan:
     def as_result(self) -> ToolResult:
         return ToolResult(self.call_id, self.name, self.result)
 
+    @property
+    def args(self) -> Any:
+        """The arguments as the tool span recorded them (read only when no model call has them)."""
+        for key in ("gen_ai.tool.call.arguments", "gen_ai.tool.input", "input.value", "input", "tool.parameters"):
+            if key in self.span.attributes:
+                return decode_json_text(self.span.attributes[key])
+        return None
+
 
 def read_tool(span: SpanView) -> ToolSpan:
-    """A tool execution span: its call id, tool name and result (the arguments are read from
-    the model's tool call, which every producer records)."""
+    """A tool execution span: its call id, tool name and result (arguments: ``ToolSpan.args``)."""
     name = span.str_attr("gen_ai.tool.name", "tool.name")
     if name is None and span.name.startswith("execute_tool "):
         name = span.name[len("execute_tool ") :]

@@ -14,7 +14,8 @@ has them (a tool span with the call id, or a later LLM call's tool message).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -168,25 +169,15 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
     if first_llm is not None:
         system_extra = system_extra + read_system(first_llm)
 
-    answer = Msg("assistant", [])
-    steps = 0
+    # One Msg per LLM step (with the step's start time), merged into one answer at the end.
+    steps: list[tuple[int, Msg]] = []
     for llm in llms:
-        out = read_output(llm)
-        if not out:
-            continue
-        for msg in out:
-            if msg.role != "assistant":
-                continue
-            answer.parts.append(StepBreak(steps))
-            answer.parts.extend(msg.parts)
-            steps += 1
-    if steps == 0 and is_agent:
-        for msg in read_output(target) or []:
+        for msg in read_output(llm) or []:
             if msg.role == "assistant":
-                answer.parts.append(StepBreak(steps))
-                answer.parts.extend(msg.parts)
-                steps += 1
-    if steps == 0:
+                steps.append((llm.start_ns or 0, Msg("assistant", list(msg.parts))))
+    if not steps and is_agent:
+        steps = [(target.start_ns or 0, m) for m in read_output(target) or [] if m.role == "assistant"]
+    if not steps:
         source = llms[0] if llms else target
         raise TraceReadError(
             "no_content",
@@ -195,16 +186,30 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
             span_id=source.span_id,
             attribute="gen_ai.output.messages",
         )
-    with_id = [t.as_result() for t in tools if t.has_result and t.call_id]
-    by_name = [t.as_result() for t in tools if t.has_result and not t.call_id]
-    attach_results([answer], with_id)
-    if _open_calls(answer):
+    step_msgs = [m for _, m in steps]
+    from_spans = [(t, t.as_result()) for t in tools]
+    attach_results(step_msgs, [r for t, r in from_spans if t.has_result and t.call_id])
+    if any(_open_calls(m) for m in step_msgs):
         # Results not in tool spans: a later LLM call's input carries them as tool messages.
         # Read only when needed: those inputs repeat the whole history and are the biggest.
         later = [r for llm in llms if llm is not first_llm for r in _results_of(read_input(llm) or [])]
-        attach_results([answer], later)
-    if by_name and _open_calls(answer):
-        attach_results([answer], by_name)
+        attach_results(step_msgs, later)
+    attach_results(step_msgs, [r for t, r in from_spans if t.has_result and not t.call_id])
+    # A tool span no recorded model call asked for (the LLM output was not captured with its
+    # tool calls) is still a tool the agent invoked: add it to the step it ran in.
+    call_ids = {p.id for m in step_msgs for p in m.parts if isinstance(p, ToolCall) and p.id}
+    for tool, res in from_spans:
+        if res.attached or (tool.call_id is not None and tool.call_id in call_ids):
+            continue
+        start = tool.span.start_ns or 0
+        owner = next((m for t0, m in reversed(steps) if t0 <= start), step_msgs[0])
+        owner.parts.append(
+            ToolCall(tool.call_id, tool.name or "", tool.args, tool.result, tool.has_result)
+        )
+    answer = Msg("assistant", [])
+    for index, msg in enumerate(step_msgs):
+        answer.parts.append(StepBreak(index))
+        answer.parts.extend(msg.parts)
 
     model_src = first_llm or (llms[0] if llms else target)
     identity = RunIdentity(
@@ -226,7 +231,7 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
             {
                 "identity": identity,
                 "input": _split(context, system_extra),
-                "output": render_messages([answer], steps=steps > 1),
+                "output": render_messages([answer], steps=len(step_msgs) > 1),
             }
         )
     except ValidationError as exc:
@@ -238,19 +243,33 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
         ) from None
 
 
+@contextmanager
+def _views(spans: Sequence[ReadableSpan]) -> Iterator[list[SpanView]]:
+    """Span views, unlinked afterwards: parent/child links are reference cycles, which only the
+    cyclic GC would free; on the exporter's hot path that GC work cost more than the reading."""
+    views = view_spans(spans)
+    try:
+        yield views
+    finally:
+        for v in views:
+            v.parent = None
+            v.children = []
+
+
 def find_targets(spans: Sequence[ReadableSpan]) -> list[str]:
     """Span ids (hex) of every run in the trace: top-level agent spans, else top-level LLM spans."""
-    return [v.span_id for v in _targets(view_spans(spans))]
+    with _views(spans) as views:
+        return [v.span_id for v in _targets(views)]
 
 
 def trace_to_runs(spans: Sequence[ReadableSpan], *, log_records: Iterable[Any] = ()) -> list[TracedRun]:
     """Every run of the trace (see ``find_targets``), in start order. Raises ``TraceReadError``."""
-    views = view_spans(spans)
-    _attach_log_records(views, log_records)
-    targets = _targets(views)
-    if not targets:
-        raise TraceReadError("no_target", "the trace has no agent span and no LLM span")
-    return [_run_for(t, views) for t in targets]
+    with _views(spans) as views:
+        _attach_log_records(views, log_records)
+        targets = _targets(views)
+        if not targets:
+            raise TraceReadError("no_target", "the trace has no agent span and no LLM span")
+        return [_run_for(t, views) for t in targets]
 
 
 def read_trace(
@@ -260,18 +279,18 @@ def read_trace(
 
     Targets at or under a span in ``exclude_under`` (span ids, hex) are skipped (the loop guard).
     """
-    views = view_spans(spans)
     excluded = set(exclude_under)
     out: list[TracedRun | TraceReadError] = []
-    for target in _targets(views):
-        if excluded and (
-            target.span_id in excluded or any(a.span_id in excluded for a in target.ancestors())
-        ):
-            continue
-        try:
-            out.append(_run_for(target, views))
-        except TraceReadError as exc:
-            out.append(exc)
+    with _views(spans) as views:
+        for target in _targets(views):
+            if excluded and (
+                target.span_id in excluded or any(a.span_id in excluded for a in target.ancestors())
+            ):
+                continue
+            try:
+                out.append(_run_for(target, views))
+            except TraceReadError as exc:
+                out.append(exc.with_traceback(None))  # a kept traceback would keep every frame
     return out
 
 
@@ -288,26 +307,26 @@ def trace_to_run(
     (``LogData`` or ``LogRecord``) of the same trace, for instrumentations that emit their
     GenAI events through the logs API.
     """
-    views = view_spans(spans)
-    if not views:
-        raise TraceReadError("no_target", "the trace has no spans")
-    _attach_log_records(views, log_records)
-    if target_span_id is not None:
-        target = next((v for v in views if v.span_id == target_span_id.lower()), None)
-        if target is None:
+    with _views(spans) as views:
+        if not views:
+            raise TraceReadError("no_target", "the trace has no spans")
+        _attach_log_records(views, log_records)
+        if target_span_id is not None:
+            target = next((v for v in views if v.span_id == target_span_id.lower()), None)
+            if target is None:
+                raise TraceReadError(
+                    "no_target", f"span {target_span_id} is not in the trace ({len(views)} spans)"
+                )
+            return _run_for(target, views)
+        targets = _targets(views)
+        if not targets:
+            root = next((v for v in views if v.parent is None), views[0])
             raise TraceReadError(
-                "no_target", f"span {target_span_id} is not in the trace ({len(views)} spans)"
+                "no_target",
+                "the trace has no agent span (invoke_agent, openinference AGENT, mastra agent_run) "
+                "and no LLM span (chat, openinference LLM, mastra model_generation)",
+                span_name=root.name,
+                span_id=root.span_id,
+                attribute="gen_ai.operation.name",
             )
-        return _run_for(target, views)
-    targets = _targets(views)
-    if not targets:
-        root = next((v for v in views if v.parent is None), views[0])
-        raise TraceReadError(
-            "no_target",
-            "the trace has no agent span (invoke_agent, openinference AGENT, mastra agent_run) "
-            "and no LLM span (chat, openinference LLM, mastra model_generation)",
-            span_name=root.name,
-            span_id=root.span_id,
-            attribute="gen_ai.operation.name",
-        )
-    return _run_for(targets[0], views)
+        return _run_for(targets[0], views)

@@ -47,6 +47,10 @@ def _check_run(out: dict[str, Any]) -> None:
     assert [m.text for m in inp.remembered_messages] == ["Hi, I'm Ann.", "Hello Ann! How can I help?"]
     assert [m.text for m in inp.system_messages] == ["You are the support agent of a shop."]
     assert output.text == "Let me look that up.\nOrder 42 has shipped."
+    # The fake model asks for no tool, but the agent ran one (its span): it is in the first step.
+    (inv,) = output[0].tool_invocations
+    assert (inv.tool_name, inv.tool_call_id, inv.result) == ("order_status", "call_42", "shipped")
+    assert inv.args == {"order": 42}
     assert run["identity"]["agent_name"] == "support"
     assert run["identity"]["conversation_id"] == "conv-1"
     assert run["identity"]["model"] == "gpt-4o-mini"

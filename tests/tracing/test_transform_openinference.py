@@ -103,6 +103,35 @@ def test_agent_input_value_only() -> None:
     assert run.output.text == "Hello!"
 
 
+def test_tool_span_without_recorded_call() -> None:
+    """A TOOL span no recorded model call asked for is still an invocation, in the step it ran in."""
+    rec = Recorder()
+    with rec.span("Agent", {"openinference.span.kind": "AGENT", "input.value": "Find the file"}):
+        for answer in ("Searching.", "Found it."):
+            with rec.span(
+                "llm",
+                {
+                    "openinference.span.kind": "LLM",
+                    **_msgs("llm.input_messages", {"role": "user", "content": "Find the file"}),
+                    **_msgs("llm.output_messages", {"role": "assistant", "content": answer}),
+                },
+            ):
+                pass
+            if answer == "Searching.":
+                with rec.span(
+                    "search",
+                    {"openinference.span.kind": "TOOL", "tool.name": "search",
+                     "input.value": '{"q": "file"}', "output.value": "a.txt"},
+                ):
+                    pass
+    run = trace_to_run(rec.spans())
+    parts = run.output[0].parts
+    kinds = [getattr(p, "type", "") for p in parts]
+    assert kinds == ["step-start", "text", "tool-invocation", "step-start", "text"]
+    inv = run.output[0].tool_invocations[0]
+    assert (inv.tool_name, inv.args, inv.result, inv.state) == ("search", {"q": "file"}, "a.txt", "result")
+
+
 def test_chain_root_scores_its_llm() -> None:
     """A CHAIN root is not an agent: the outermost LLM span under it is the target."""
     rec = Recorder()
