@@ -58,6 +58,7 @@ class _Trace:
     spans: deque[ReadableSpan] = field(default_factory=deque)
     due: float | None = None
     judge_ids: set[str] = field(default_factory=set)
+    rules: list[ScoringRule] = field(default_factory=list)  # the rules whose sample took it
 
 
 class _Counter(dict[str, int]):
@@ -132,6 +133,10 @@ class ScoringSpanExporter(SpanExporter):
         self._traces: OrderedDict[int, _Trace] = OrderedDict()
         # Traces the loop guard excluded whole: their later spans are ignored at once.
         self._guarded: OrderedDict[int, None] = OrderedDict()
+        # Traces no rule's sample takes: decided on their first span (the sample is a function
+        # of the trace id), so their spans are never buffered.
+        self._unsampled: OrderedDict[int, None] = OrderedDict()
+        self._all_sampled = all(r.sample_rate >= 1.0 for r in rules)
         self._delayed: list[tuple[float, int, ScoreRequest]] = []
         self._seq = itertools.count()
         self._queue: queue.Queue[ScoreRequest] = queue.Queue(maxsize=queue_size)
@@ -184,7 +189,7 @@ class ScoringSpanExporter(SpanExporter):
             self._dropped.add("no_context")
             return
         tid = ctx.trace_id
-        if tid in self._guarded:
+        if tid in self._guarded or tid in self._unsampled:
             return
         parent = span.parent
         is_root = parent is None or parent.is_remote
@@ -195,10 +200,21 @@ class ScoringSpanExporter(SpanExporter):
             return
         entry = self._traces.get(tid)
         if entry is None:
+            if self._all_sampled:
+                rules = self._rules
+            else:
+                trace_id = format(tid, "032x")
+                rules = [r for r in self._rules if sampled(trace_id, r.sample_rate)]
+                if not rules:
+                    self._skipped.add("sampled_out")
+                    self._unsampled[tid] = None
+                    if len(self._unsampled) > self._max_traces:
+                        self._unsampled.popitem(last=False)
+                    return
             if len(self._traces) >= self._max_traces:
                 self._traces.popitem(last=False)
                 self._drop("max_traces")
-            entry = self._traces[tid] = _Trace(first_seen=now)
+            entry = self._traces[tid] = _Trace(first_seen=now, rules=rules)
         if len(entry.spans) >= self._max_spans:
             entry.spans.popleft()
             self._drop("max_spans_per_trace")
@@ -318,11 +334,7 @@ class ScoringSpanExporter(SpanExporter):
     def _complete(self, trace_id: str, entry: _Trace, now: float) -> None:
         with self._lock:
             self._traces_completed += 1
-        rules = [r for r in self._rules if sampled(trace_id, r.sample_rate)]
-        if not rules:
-            with self._lock:
-                self._skipped.add("sampled_out")
-            return
+        rules = entry.rules
         results = read_trace(list(entry.spans), exclude_under=entry.judge_ids)
         if not results:
             with self._lock:
@@ -466,9 +478,18 @@ class ScoringSpanExporter(SpanExporter):
     # --- observability --------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters since start: spans_seen, traces_buffered, traces_completed, runs_read,
-        runs_enqueued, runs_sent, batches_sent, send_failures, queue_depth, delayed, and
-        ``dropped`` / ``skipped`` / ``errors`` by reason."""
+        """Counters since start.
+
+        ``spans_seen``; ``traces_buffered`` (now); ``traces_completed`` (read after their
+        agent/root span ended, sampled-in only); ``runs_read``; ``runs_enqueued``; ``runs_sent``;
+        ``batches_sent``; ``send_failures`` (sink attempts that raised, each retried);
+        ``queue_depth`` (waiting for or in the sink); ``delayed`` (held by ``delay_s``);
+        ``dropped`` by reason (``max_traces``, ``max_spans_per_trace``, ``max_trace_age``,
+        ``queue_full``, ``delay_queue_full``, ``shutdown_incomplete_trace``, ``shutdown_unsent``,
+        ``no_context``); ``skipped`` by reason (``sampled_out``, ``loop_guard``, ``no_target``,
+        ``filtered_out``); ``errors`` by reason (``TraceReadError.reason`` values such as
+        ``bad_json`` / ``bad_message`` / ``unknown_role`` / ``no_content``, and ``filter``,
+        ``export``, ``internal``)."""
         with self._lock:
             return {
                 "spans_seen": self._spans_seen,
