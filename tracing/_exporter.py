@@ -1,13 +1,14 @@
 """``ScoringSpanExporter``: an OTel ``SpanExporter`` that turns finished agent traces into
 score requests, without ever slowing down or breaking the application.
 
-Flow: ``export()`` only files spans by trace id (O(spans), under one lock) and notes when an
-agent span or a trace's local root ended. A flusher thread completes a trace ``grace_s``
-after that (children that end after their root still make it), applies the loop guard, the
-rules' sample and filter, reads the runs with ``read_trace`` and puts ``ScoreRequest``s on a
-bounded hand-off queue. A sender thread drains that queue in batches into the sink,
-retrying with capped exponential backoff. Every bound drops the oldest (or the newest, for
-the hand-off queue) and counts it under ``stats()["dropped"]``.
+Flow: ``export()`` only files spans by trace id (O(spans), under one lock), drops traces no
+rule's sample takes (decided on their first span: the sample is a function of the trace id)
+and those of tracescore itself (loop guard), and notes when an agent span or a trace's local
+root ended. A flusher thread completes a trace ``grace_s`` after that (children that end
+after their root still make it), reads its runs with ``read_trace``, applies the rules'
+filters and puts ``ScoreRequest``s on a bounded hand-off queue. A sender thread drains that
+queue in batches into the sink, retrying with capped exponential backoff. Every bound drops
+the oldest (or the newest, for the hand-off queue) and counts it under ``stats()["dropped"]``.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class ScoringSpanExporter(SpanExporter):
         flush_interval_s: float = 0.5,
         retry_initial_s: float = 0.1,
         retry_max_s: float = 5.0,
+        shutdown_timeout_s: float = 5.0,
         clock: Clock = time.monotonic,
     ) -> None:
         rules = list(rules)
@@ -112,6 +114,7 @@ class ScoringSpanExporter(SpanExporter):
             ("flush_interval_s", flush_interval_s),
             ("retry_initial_s", retry_initial_s),
             ("retry_max_s", retry_max_s),
+            ("shutdown_timeout_s", shutdown_timeout_s),
         ):
             if fvalue <= 0:
                 raise ValueError(f"{name} must be > 0, got {fvalue}")
@@ -127,6 +130,7 @@ class ScoringSpanExporter(SpanExporter):
         self._interval = flush_interval_s
         self._retry_initial = retry_initial_s
         self._retry_max = retry_max_s
+        self._shutdown_timeout = shutdown_timeout_s
         self._clock = clock
 
         self._lock = threading.Lock()
@@ -250,9 +254,12 @@ class ScoringSpanExporter(SpanExporter):
             log.error("exporter_flush_failed", error=repr(exc))
             return False
 
-    def shutdown(self, timeout_millis: int = 30_000) -> None:
-        """Flush what can be flushed within the deadline, then stop; the rest is counted."""
-        deadline = time.monotonic() + timeout_millis / 1000
+    def shutdown(self, timeout_millis: int | None = None) -> None:
+        """Flush what can be flushed within the deadline (default ``shutdown_timeout_s``: the
+        SDK calls this without one, and a down broker must not hold the app's exit), then stop;
+        what is left is counted as dropped."""
+        timeout_s = self._shutdown_timeout if timeout_millis is None else timeout_millis / 1000
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             if self._closed:
                 return
@@ -274,9 +281,11 @@ class ScoringSpanExporter(SpanExporter):
             self._wake.set()
             self._flusher.join(max(0.0, deadline - time.monotonic()) + 0.1)
             self._sender.join(max(0.0, deadline - time.monotonic()) + 0.1)
-            dropped = self._queue.qsize()
+            with self._lock:
+                dropped = self._queue.qsize() + self._inflight  # in flight: a sink still stuck
             if dropped:
-                self._drop("shutdown_unsent", dropped)
+                with self._lock:
+                    self._drop("shutdown_unsent", dropped)
             close = getattr(self._sink, "close", None)
             if callable(close):
                 try:

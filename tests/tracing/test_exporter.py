@@ -372,6 +372,25 @@ def test_shutdown_sends_delayed_and_counts_incomplete(clock: FakeClock, sink: Re
     assert exp.export(rec.spans()) is SpanExportResult.FAILURE
 
 
+def test_shutdown_with_stuck_sink_keeps_its_deadline(clock: FakeClock) -> None:
+    """shutdown() as the SDK calls it (no timeout) gives up after shutdown_timeout_s, counting."""
+    release = threading.Event()
+    exp = ScoringSpanExporter(
+        [ScoringRule(["s"])], CallbackSink(lambda b: release.wait(30)), shutdown_timeout_s=0.2, clock=clock
+    )
+    try:
+        for i in range(3):
+            rec = Recorder()
+            agent_trace(rec, question=f"q{i}")
+            exp.export(rec.spans())
+        exp.shutdown()
+        stats = exp.stats()
+        assert stats["runs_sent"] == 0
+        assert stats["dropped"] == {"shutdown_unsent": 3}
+    finally:
+        release.set()
+
+
 def test_bad_arguments_raise_at_once() -> None:
     """Bad rules or bounds are refused when the exporter is built."""
     sink = CallbackSink(lambda b: None)
