@@ -12,10 +12,12 @@ from click.testing import CliRunner, Result
 
 from tests.backfill._synth import BASE_NS, trace_id, write_otlp_files
 from tracing import sampled
+from worker._registry import load_registry
 from worker.cli import cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces"
 NO_BROKER = {"TRACESCORE_BROKER_URL": ""}
+SCORERS = "tests.backfill.scorers"  # answer-words, mentions-city, confident (fails on every 5th synthetic trace)
 
 
 def _run(*args: str) -> Result:
@@ -30,25 +32,25 @@ def _summary(result: Result) -> dict[str, Any]:
 
 def test_examples_print_a_score_table_and_a_summary() -> None:
     """The README command: every example trace scored by every example scorer, shown as a table."""
+    n_scorers = len(load_registry("examples.scorers"))
     result = _run(str(EXAMPLES), "--scorers", "examples.scorers")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["trace", "agent", "scorer", "score", "reason"]
     rows = [line for line in lines[2:] if line.strip()]
-    assert len(rows) == 300 * 3
+    assert len(rows) == 300 * n_scorers
     assert {row.split()[1] for row in rows} == {"weather-agent", "shop-assistant", "travel-helper"}
-    scores = {row.split()[3] for row in rows}
-    assert {"0.000", "1.000"} <= scores  # poor and good answers score differently
+    assert len({row.split()[3] for row in rows}) > 5  # poor and good answers score differently
     assert "embedded mode" in result.stderr
     assert "traces read       300" in result.stderr
-    assert "scored            900" in result.stderr
+    assert f"scored            {300 * n_scorers:,}" in result.stderr
 
 
 def test_dry_run_counts_without_scoring() -> None:
     """--dry-run says how many runs and scores, with which scorers, and scores nothing."""
-    result = _run(str(EXAMPLES), "--scorers", "examples.scorers", "--scorer", "conciseness", "--dry-run")
+    result = _run(str(EXAMPLES), "--scorers", SCORERS, "--scorer", "answer-words", "--scorer", "confident", "--dry-run")
     assert result.exit_code == 0, result.output
-    assert "would score 300 runs from 300 traces with 1 scorers (conciseness): 300 scores" in result.stdout
+    assert "would score 300 runs from 300 traces with 2 scorers (answer-words, confident): 600 scores" in result.stdout
     assert "trace  " not in result.stdout
 
 
@@ -61,20 +63,21 @@ def test_malformed_lines_are_reported_and_skipped(tmp_path: Path) -> None:
     lines.insert(3, "garbage")
     with gzip.open(paths[1], "wt") as out:
         out.write("\n".join(lines) + "\n")
-    result = _run(str(tmp_path), "--scorers", "examples.scorers", "--json")
+    result = _run(str(tmp_path), "--scorers", SCORERS, "--json")
     summary = _summary(result)
     assert f"{paths[1]}:2: skipped: id must be a string" in result.stderr
     assert f"{paths[1]}:4: skipped: not JSON" in result.stderr
     assert summary["malformed_lines"] == 2
     assert summary["malformed_where"] == [f"{paths[1]}:2", f"{paths[1]}:4"]
     assert summary["traces_read"] == 30
-    assert summary["scored"] == 90
+    assert summary["scored"] == 84
+    assert summary["failed_by_reason"] == {"ValueError": 6}
 
 
 def test_sample_is_deterministic_and_matches_the_exporter(tmp_path: Path) -> None:
     """--sample keeps exactly the traces the exporter's sampled() keeps."""
     write_otlp_files(tmp_path, 200, files=1)
-    summary = _summary(_run(str(tmp_path), "--scorers", "examples.scorers", "--sample", "0.3", "--json", "--dry-run"))
+    summary = _summary(_run(str(tmp_path), "--scorers", SCORERS, "--sample", "0.3", "--json", "--dry-run"))
     expected = sum(sampled(trace_id(i), 0.3) for i in range(200))
     assert summary["runs_to_score"] == expected
     assert summary["traces_skipped"] == {"sampled_out": 200 - expected}
@@ -85,7 +88,7 @@ def test_since_until_filter_on_trace_start(tmp_path: Path) -> None:
     write_otlp_files(tmp_path, 50, files=1)  # trace i starts at BASE_NS + i seconds
     since, until = str(BASE_NS / 1e9 + 10), str(BASE_NS / 1e9 + 20)
     summary = _summary(
-        _run(str(tmp_path), "--scorers", "examples.scorers", "--since", since, "--until", until, "--json", "--dry-run")
+        _run(str(tmp_path), "--scorers", SCORERS, "--since", since, "--until", until, "--json", "--dry-run")
     )
     assert summary["runs_to_score"] == 10
     assert summary["traces_skipped"] == {"before_since": 10, "after_until": 30}
@@ -108,18 +111,18 @@ def test_unreadable_traces_are_counted_by_reason(tmp_path: Path) -> None:
         ]
     }
     (tmp_path / "stray.jsonl").write_text(json.dumps(stray) + "\n")
-    result = _run(str(tmp_path), "--scorers", "examples.scorers", "--json")
+    result = _run(str(tmp_path), "--scorers", SCORERS, "--json")
     summary = _summary(result)
     assert summary["traces_unreadable"] == {"no_target": 1}
     assert f"trace {'ab' * 16}: not scored (no_target)" in result.stderr
-    assert summary["scored"] == 15
+    assert summary["scored"] + summary["failed"] == 15
 
 
 def test_out_writes_score_records_as_json_lines(tmp_path: Path) -> None:
     """--out writes one ScoreRecord per score, tagged with the job and source=backfill."""
     write_otlp_files(tmp_path / "in", 12, files=2)
     out = tmp_path / "scores.jsonl"
-    summary = _summary(_run(str(tmp_path / "in"), "--scorers", "examples.scorers", "--out", str(out), "--json"))
+    summary = _summary(_run(str(tmp_path / "in"), "--scorers", SCORERS, "--out", str(out), "--json"))
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 36
     assert {r["job_id"] for r in records} == {summary["job_id"]}

@@ -1,0 +1,261 @@
+"""Backfill through Redis and real `celery -A worker worker` processes (Redis DB 12).
+
+Two worker processes are started once for the module; every test empties DB 12 first and
+reads the scores each worker wrote (JSON Lines writer), filtered by the job id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from tests.backfill._synth import write_otlp_files
+from worker.cli import cli
+
+pytestmark = pytest.mark.redis
+
+REDIS_URL = "redis://127.0.0.1:6379/12"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "traces"
+
+
+def _client() -> redis.Redis:
+    return redis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+
+def _wait_for(condition: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[list[Path]]:
+    """Two Celery worker processes on DB 12, each writing its scores to its own JSONL file."""
+    client = _client()
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.skip("needs a Redis server on 127.0.0.1:6379")
+    client.flushdb()
+    # Not tmp_path: concurrent pytest sessions prune old basetemp directories while these run.
+    holder = tempfile.TemporaryDirectory(prefix="tracescore-backfill-")
+    out = Path(holder.name)
+    processes: list[subprocess.Popen[bytes]] = []
+    logs: list[Any] = []
+    files: list[Path] = []
+    for n in range(2):
+        scores = out / f"scores-{n}.jsonl"
+        scores.touch()
+        files.append(scores)
+        env = {
+            **os.environ,
+            "TRACESCORE_BROKER_URL": REDIS_URL,
+            "TRACESCORE_WRITER": "jsonl",
+            "TRACESCORE_WRITER_PATH": str(scores),
+            "PYTHONPATH": str(ROOT),
+        }
+        logs.append((out / f"worker-{n}.log").open("wb"))
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "worker",
+                    "worker",
+                    "--scorers",
+                    "tests.backfill.scorers",
+                    "--concurrency",
+                    "1",
+                    "--loglevel",
+                    "info",
+                    "-n",
+                    f"backfill{n}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=logs[-1],
+            )
+        )
+    try:
+        _wait_for(
+            lambda: all(b"ready." in (out / f"worker-{n}.log").read_bytes() for n in range(2)),
+            60,
+            "the workers to start",
+        )
+        yield files
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for log in logs:
+            log.close()
+        holder.cleanup()
+        client.flushdb()
+        client.close()
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A private temporary directory (see ``workers``)."""
+    with tempfile.TemporaryDirectory(prefix="tracescore-backfill-") as name:
+        yield Path(name)
+
+
+@pytest.fixture
+def db(workers: list[Path]) -> Iterator[redis.Redis]:
+    client = _client()
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+def _worker_logs(files: list[Path]) -> str:
+    logs = sorted(files[0].parent.glob("worker-*.log"))
+    return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:]) for p in logs)
+
+
+def _records(files: list[Path], job_id: str) -> list[dict[str, Any]]:
+    out = []
+    for path in files:
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("job_id") == job_id:
+                out.append(record)
+    return out
+
+
+def _backfill(*args: str) -> dict[str, Any]:
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", *args, "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert result.exit_code == 0, result.output
+    summary: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return summary
+
+
+def test_multi_file_source_through_redis_workers(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
+    """600 traces in 3 gzip files (some split across files) are scored once each by the workers."""
+    write_otlp_files(tmp_path, 600, files=3)
+    summary = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers", "--batch-size", "50")
+    assert summary["mode"] == "redis"
+    assert summary["status"] == "finished", _worker_logs(workers)
+    assert summary["traces_read"] == 600
+    assert summary["runs_enqueued"] == 600
+    assert summary["scored"] == 1680
+    assert summary["failed_by_reason"] == {"ValueError": 120}  # "confident" refuses every 5th answer
+    records = _records(workers, summary["job_id"])
+    assert len(records) == 1800
+    assert len({r["score_id"] for r in records}) == 1800
+    state = json.loads(db.get(f"tracescore:backfill:{summary['job_id']}") or "{}")
+    assert state["status"] == "finished"
+    assert db.scard(f"tracescore:backfill:{summary['job_id']}:traces") == 600
+
+
+def test_embedded_mode_gives_the_same_scores_as_redis(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
+    """The example traces score identically in this process and through the Redis workers."""
+    out = tmp_path / "embedded.jsonl"
+    embedded = CliRunner().invoke(
+        cli,
+        ["backfill", str(EXAMPLES), "--scorers", "tests.backfill.scorers", "--out", str(out)],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert embedded.exit_code == 0, embedded.output
+    summary = _backfill(str(EXAMPLES), "--scorers", "tests.backfill.scorers")
+
+    def table(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], tuple[Any, ...]]:
+        return {
+            (r["trace_id"], r["span_id"], r["scorer_id"]): (r["score_id"], r["score"], r["reason"], r["error_type"])
+            for r in records
+        }
+
+    local = table([json.loads(line) for line in out.read_text().splitlines()])
+    remote = table(_records(workers, summary["job_id"]))
+    assert len(local) == 900
+    assert remote == local
+
+
+def test_resume_after_sigkill_scores_every_trace_exactly_once(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """A backfill killed with SIGKILL midway resumes with --resume; every trace × scorer is scored once."""
+    write_otlp_files(tmp_path / "in", 3000, files=3)
+    env = {**os.environ, "TRACESCORE_BROKER_URL": REDIS_URL, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from worker.cli import main; raise SystemExit(main())",
+            "backfill",
+            str(tmp_path / "in"),
+            "--scorers",
+            "tests.backfill.scorers",
+            "--batch-size",
+            "20",
+            "--high-water",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    keys: list[str] = []
+
+    def midway() -> bool:
+        keys[:] = [k for k in db.scan_iter("tracescore:backfill:*") if not k.endswith(":traces")]
+        if not keys:
+            return False
+        state = json.loads(db.get(keys[0]) or "{}")
+        return int(state.get("counters", {}).get("runs_enqueued", 0)) >= 600
+
+    try:
+        _wait_for(midway, 120, "the backfill to enqueue 600 runs")
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait(timeout=30)
+        assert process.stderr is not None
+        process.stderr.close()
+    job_id = keys[0].rsplit(":", 1)[1]
+    before = json.loads(db.get(keys[0]) or "{}")
+    assert before["status"] == "reading"
+    assert before["counters"]["runs_enqueued"] < 3000
+
+    summary = _backfill("--resume", job_id)
+    assert summary["job_id"] == job_id
+    assert summary["status"] == "finished"
+    records = _records(workers, job_id)
+    counts = Counter(r["score_id"] for r in records)
+    assert len(counts) == 9000
+    assert max(counts.values()) == 1  # written exactly once
+    assert summary["scored"] + summary["failed"] == 9000
