@@ -173,6 +173,8 @@ class ScoringSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """File spans by trace; never raises, never waits on the sink."""
+        bad = 0
+        error: Exception | None = None
         try:
             now = self._clock()
             with self._lock:
@@ -180,12 +182,21 @@ class ScoringSpanExporter(SpanExporter):
                     return SpanExportResult.FAILURE
                 for span in spans:
                     self._spans_seen += 1
-                    self._file(span, now)
-            return SpanExportResult.SUCCESS
+                    try:
+                        self._file(span, now)
+                    except Exception as exc:  # one bad span must not lose the rest of the batch
+                        bad += 1
+                        error = exc
+                if bad:
+                    self._errors.add("export", bad)
         except Exception as exc:  # the application must never see our failure
-            self._errors.add("export")
-            log.error("exporter_export_failed", error=repr(exc))
+            with self._lock:
+                self._errors.add("export")
+            bad, error = bad + 1, exc
+        if bad:
+            log.error("exporter_export_failed", spans=bad, error=repr(error))
             return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
 
     def _file(self, span: ReadableSpan, now: float) -> None:
         ctx = span.context
@@ -250,7 +261,8 @@ class ScoringSpanExporter(SpanExporter):
             self._process(force=True)
             return self._wait_idle(deadline)
         except Exception as exc:
-            self._errors.add("flush")
+            with self._lock:
+                self._errors.add("flush")
             log.error("exporter_flush_failed", error=repr(exc))
             return False
 
@@ -271,8 +283,8 @@ class ScoringSpanExporter(SpanExporter):
                 self._traces.clear()
                 delayed = [r for _, _, r in sorted(self._delayed)]
                 self._delayed.clear()
-            if left:
-                self._drop("shutdown_incomplete_trace", left)
+                if left:
+                    self._drop("shutdown_incomplete_trace", left)
             for request in delayed:  # held back by delay_s: better early than never
                 self._enqueue(request)
             self._wait_idle(deadline)

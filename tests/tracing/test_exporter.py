@@ -170,11 +170,15 @@ def test_malformed_spans_are_counted_never_raised(exporter: ScoringSpanExporter,
     assert sink.requests == []
 
 
-def test_export_of_garbage_does_not_raise(exporter: ScoringSpanExporter) -> None:
-    """Even a non-span in the batch gives FAILURE and a counted error, never an exception."""
-    result = exporter.export([object()])  # type: ignore[list-item]
+def test_export_of_garbage_does_not_raise(exporter: ScoringSpanExporter, sink: Recording) -> None:
+    """A non-span in the batch gives FAILURE and a counted error; the good spans still count."""
+    rec = Recorder()
+    agent_trace(rec)
+    result = exporter.export([object(), *rec.spans()])  # type: ignore[list-item]
     assert result is SpanExportResult.FAILURE
     assert exporter.stats()["errors"] == {"export": 1}
+    assert exporter.force_flush(5000)
+    assert len(sink.requests) == 1
 
 
 def _independent_sample(trace_id: str, rate: float) -> bool:
