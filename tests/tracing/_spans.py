@@ -39,3 +39,34 @@ def _flat(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 def genai_messages(*pairs: tuple[str, str]) -> str:
     return json.dumps([{"role": r, "parts": [{"type": "text", "content": t}]} for r, t in pairs])
+
+
+def agent_trace(rec: Recorder, question: str = "Hi?", answer: str = "Hello.", *, tool: bool = False) -> str:
+    """One agent trace (agent → chat [→ tool]); returns its trace id (hex)."""
+    with rec.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}) as root:
+        with rec.span(
+            "chat m",
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.input.messages": genai_messages(("user", question)),
+                "gen_ai.output.messages": json.dumps(
+                    [
+                        {
+                            "role": "assistant",
+                            "parts": [
+                                {"type": "text", "content": answer},
+                                *([{"type": "tool_call", "id": "c1", "name": "t", "arguments": {}}] if tool else []),
+                            ],
+                        }
+                    ]
+                ),
+            },
+        ):
+            pass
+        if tool:
+            with rec.span(
+                "execute_tool t",
+                {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": "c1", "gen_ai.tool.call.result": "ok"},
+            ):
+                pass
+    return format(root.get_span_context().trace_id, "032x")

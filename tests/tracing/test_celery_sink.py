@@ -15,8 +15,7 @@ import pytest
 import redis
 
 from tests.tracing._exporting import FakeClock, wait_for
-from tests.tracing._spans import Recorder
-from tests.tracing.test_exporter import agent_trace
+from tests.tracing._spans import Recorder, agent_trace
 from tracing import SCORE_TASK_NAME, CelerySink, ScoreBatch, ScoringRule, ScoringSpanExporter, trace_to_run
 
 QUEUE = "tracescore-sink-test"

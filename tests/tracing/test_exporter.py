@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from collections.abc import Iterator
 
@@ -11,7 +10,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from tests.tracing._exporting import FakeClock, Recording, wait_for
-from tests.tracing._spans import Recorder, genai_messages
+from tests.tracing._spans import Recorder, agent_trace, genai_messages
 from tracing import (
     JUDGE_ROLE,
     ROLE_ATTRIBUTE,
@@ -23,37 +22,6 @@ from tracing import (
 )
 
 CHAT = "chat"
-
-
-def agent_trace(rec: Recorder, question: str = "Hi?", answer: str = "Hello.", *, tool: bool = False) -> str:
-    """One agent trace (agent → chat [→ tool]); returns its trace id (hex)."""
-    with rec.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}) as root:
-        with rec.span(
-            "chat m",
-            {
-                "gen_ai.operation.name": CHAT,
-                "gen_ai.input.messages": genai_messages(("user", question)),
-                "gen_ai.output.messages": json.dumps(
-                    [
-                        {
-                            "role": "assistant",
-                            "parts": [
-                                {"type": "text", "content": answer},
-                                *([{"type": "tool_call", "id": "c1", "name": "t", "arguments": {}}] if tool else []),
-                            ],
-                        }
-                    ]
-                ),
-            },
-        ):
-            pass
-        if tool:
-            with rec.span(
-                "execute_tool t",
-                {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": "c1", "gen_ai.tool.call.result": "ok"},
-            ):
-                pass
-    return format(root.get_span_context().trace_id, "032x")
 
 
 @pytest.fixture
