@@ -9,6 +9,8 @@ from tracing import trace_to_run
 from tracing.otlp import decode_otlp_json
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
+INPUT = genai_messages(("system", "Be brief."), ("user", "2+2?"))
+OUTPUT = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "4"}]}])
 
 
 def _attr(key: str, value: str) -> dict[str, object]:
@@ -45,10 +47,8 @@ def test_otlp_json_agent_trace() -> None:
                                 "endTimeUnixNano": "8000",
                                 "attributes": [
                                     _attr("gen_ai.operation.name", "chat"),
-                                    _attr("gen_ai.input.messages", genai_messages(("system", "Be brief."), ("user", "2+2?"))),
-                                    _attr("gen_ai.output.messages", json.dumps(
-                                        [{"role": "assistant", "parts": [{"type": "text", "content": "4"}]}]
-                                    )),
+                                    _attr("gen_ai.input.messages", INPUT),
+                                    _attr("gen_ai.output.messages", OUTPUT),
                                 ],
                             },
                         ],
