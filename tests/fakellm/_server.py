@@ -77,6 +77,7 @@ class FakeLLMServer:
         self._record_bodies = True
         self._total = 0
         self._per_second: Counter[int] = Counter()
+        self._per_model: Counter[str] = Counter()
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -205,6 +206,7 @@ class FakeLLMServer:
             self._requests.clear()
             self._total = 0
             self._per_second.clear()
+            self._per_model.clear()
             self.latency_ms = 0.0
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._release_hangs)
@@ -239,10 +241,9 @@ class FakeLLMServer:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            models = Counter(r.model for r in self._requests)
             return {
                 "total": self._total,
-                "per_model": dict(models),
+                "per_model": dict(self._per_model),
                 "per_second": {str(k): v for k, v in sorted(self._per_second.items())},
                 "pending_script": len(self._queue),
             }
@@ -317,6 +318,7 @@ class FakeLLMServer:
         with self._lock:
             self._total += 1
             self._per_second[int(now)] += 1
+            self._per_model[req.model] += 1
             if self._record_bodies:
                 self._requests.append(req)
         latency = reply.latency_ms if reply.latency_ms is not None else self.latency_ms

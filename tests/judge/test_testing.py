@@ -92,3 +92,15 @@ def test_list_schema_is_wrapped_for_native_output() -> None:
     assert result.score == 2
     assert model.requests[0].output_schema is not None
     assert model.requests[0].output_schema["required"] == ["value"]
+
+
+def test_overloaded_without_status_is_retryable(sleeps: list[float]) -> None:
+    """An 'overloaded' provider error without an HTTP status (e.g. a stream error) is retried."""
+    overloaded = JudgeProviderError(
+        "fake/judge: Overloaded", provider="fake", model_id="fake/judge", error_type="overloaded_error"
+    )
+    assert overloaded.category == "retryable"
+    model = FakeJudgeModel(overloaded, {"score": 0.3})
+    judge = Judge(model, error_processors=[StreamErrorRetryProcessor()])
+    result = run(create_scorer("x", judge=judge).generate_score(PromptStep("s", lambda: "p")))
+    assert result.score == 0.3

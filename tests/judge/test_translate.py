@@ -128,3 +128,13 @@ def test_unrelated_errors_are_not_swallowed() -> None:
     """A bug (e.g. a KeyError) inside the block is not disguised as a provider error."""
     with pytest.raises(KeyError), translate_sdk_errors("openai", "openai/m"):
         raise KeyError("bug")
+
+
+def test_importing_scorers_loads_no_sdk() -> None:
+    """`import scorers` loads neither the provider SDKs nor OpenTelemetry (they load on first call)."""
+    import subprocess
+    import sys
+
+    code = "import sys, scorers; print(sorted(m for m in ('openai', 'anthropic', 'opentelemetry') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
