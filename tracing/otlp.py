@@ -191,12 +191,21 @@ def _any_value(value: Any, field: str, where: str) -> _Value:
 def _attributes(items: Iterable[Any], field: str, where: str) -> dict[str, _Value]:
     out: dict[str, _Value] = {}
     for i, item in enumerate(items):
-        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+        key = item.get("key") if isinstance(item, dict) else None
+        if not isinstance(key, str):
             raise OtlpDecodeError("expected {key, value}", where=where, field=f"{field}[{i}]")
         raw = item.get("value")
-        value = None if raw is None else _any_value(raw, f"{field}[{i}].value", where)
+        if raw is None:
+            continue
+        # Fast path: most attribute values are strings (no error path to build).
+        if type(raw) is dict and len(raw) == 1:
+            text = raw.get("stringValue")
+            if type(text) is str:
+                out[key] = text
+                continue
+        value = _any_value(raw, f"{field}[{i}].value", where)
         if value is not None:
-            out[item["key"]] = value
+            out[key] = value
     return out
 
 

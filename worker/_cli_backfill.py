@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import resource
 import signal
 import sys
 import time
@@ -137,6 +138,9 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
         "malformed_where": counters.malformed_where[:10],
         "evicted_traces": counters.evicted_traces,
         "elapsed_s": round(elapsed, 3),
+        "reading_s": round(state.elapsed_s, 3),
+        # ru_maxrss is in KiB on Linux: the backfill process's own peak, whatever the source size.
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 
 
@@ -145,7 +149,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) if counts else ""
 
     elapsed = summary["elapsed_s"]
-    rate = summary["traces_read"] / elapsed if elapsed else 0.0
+    reading = summary["reading_s"] or elapsed
+    rate = summary["traces_read"] / reading if reading else 0.0
     lines = [
         f"backfill {summary['job_id']} ({summary['mode']}): {summary['status']}",
         f"  traces read       {summary['traces_read']:,}" + (f"   ({rate:,.0f}/s)" if summary["traces_read"] else ""),

@@ -1,0 +1,172 @@
+"""Backfill benchmark: 100,000 traces from OTLP JSON Lines through 2 Redis workers.
+
+    .venv/bin/python bench/backfill.py [--traces 100000] [--redis redis://127.0.0.1:6379/12]
+
+Writes synthetic agent traces (invoke_agent + chat + execute_tool, GenAI conventions; some
+traces split across files) as gzip OTLP JSON Lines, starts two ``celery -A worker worker``
+processes with function-only scorers (bench/backfill_scorers.py, writer off), runs
+``tracescore backfill`` as a subprocess, and measures end to end (start of the backfill to
+the last score stored): traces/s, the reading/enqueue rate, and the backfill process's peak RSS
+(its own ``ru_maxrss``, cross-checked by sampling it with psutil). Targets: >= 2,000 traces/s,
+RSS < 300 MB. Writes bench/results/backfill.json. Uses (and empties) the given Redis DB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.backfill._synth import write_otlp_files  # noqa: E402
+
+
+def _sample_rss(pid: int, peak: list[float], stop: threading.Event) -> None:
+    try:
+        process = psutil.Process(pid)
+        while not stop.is_set():
+            peak[0] = max(peak[0], process.memory_info().rss / 2**20)
+            time.sleep(0.05)
+    except psutil.NoSuchProcess:
+        return
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traces", type=int, default=100_000)
+    parser.add_argument("--files", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/12")
+    args = parser.parse_args()
+
+    client = redis.Redis.from_url(args.redis)
+    client.flushdb()
+    env = {**os.environ, "TRACESCORE_BROKER_URL": args.redis, "TRACESCORE_WRITER": "none", "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory(prefix="tracescore-bench-") as tmp:
+        data = Path(tmp) / "traces"
+        started = time.perf_counter()
+        paths = write_otlp_files(data, args.traces, files=args.files, traces_per_line=20)
+        size_mb = sum(p.stat().st_size for p in paths) / 2**20
+        print(
+            f"wrote {args.traces:,} traces in {len(paths)} files ({size_mb:.1f} MiB gzip) "
+            f"in {time.perf_counter() - started:.1f}s"
+        )
+
+        workers = []
+        logs = []
+        for n in range(args.workers):
+            logs.append((Path(tmp) / f"worker-{n}.log").open("wb"))
+            workers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "worker",
+                        "worker",
+                        "--scorers",
+                        "bench.backfill_scorers",
+                        "--concurrency",
+                        "1",
+                        "--loglevel",
+                        "warning",
+                        "-n",
+                        f"bench{n}@%h",
+                        "--without-gossip",
+                        "--without-mingle",
+                        "--without-heartbeat",
+                    ],
+                    cwd=ROOT,
+                    env={**env, "TRACESCORE_LOG_LEVEL": "warning"},
+                    stdout=subprocess.DEVNULL,
+                    stderr=logs[-1],
+                )
+            )
+        try:
+            time.sleep(8)  # let both workers connect before the clock starts
+            command = [
+                sys.executable,
+                "-c",
+                "from worker.cli import main; raise SystemExit(main())",
+                "backfill",
+                str(data),
+                "--scorers",
+                "bench.backfill_scorers",
+                "--batch-size",
+                str(args.batch_size),
+                "--json",
+            ]
+            peak = [0.0]
+            stop = threading.Event()
+            started = time.perf_counter()
+            backfill = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            sampler = threading.Thread(target=_sample_rss, args=(backfill.pid, peak, stop), daemon=True)
+            sampler.start()
+            stdout, stderr = backfill.communicate(timeout=1800)
+            elapsed = time.perf_counter() - started
+            stop.set()
+            if backfill.returncode != 0:
+                sys.stderr.write(stderr.decode(errors="replace"))
+                raise SystemExit(f"backfill failed with exit code {backfill.returncode}")
+            summary = json.loads(stdout.decode().strip().splitlines()[-1])
+        finally:
+            for worker in workers:
+                worker.send_signal(signal.SIGTERM)
+            for worker in workers:
+                try:
+                    worker.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+                    worker.wait()
+            for log in logs:
+                log.close()
+            client.flushdb()
+
+    scores = summary["scored"] + summary["failed"]
+    result = {
+        "traces": args.traces,
+        "files": args.files,
+        "workers": args.workers,
+        "batch_size": args.batch_size,
+        "scorers": summary["scorers"],
+        "scores": scores,
+        "elapsed_s": round(elapsed, 2),
+        "traces_per_s": round(args.traces / elapsed, 1),
+        "scores_per_s": round(scores / elapsed, 1),
+        "reading_s": summary["reading_s"],
+        "read_enqueue_traces_per_s": round(args.traces / summary["reading_s"], 1) if summary["reading_s"] else None,
+        "peak_rss_mb": summary["peak_rss_mb"],
+        "peak_rss_sampled_mb": round(peak[0], 1),
+        "malformed_lines": summary["malformed_lines"],
+        "targets": {"traces_per_s": 2000, "peak_rss_mb": 300},
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared with other work while measured)",
+        "python": platform.python_version(),
+    }
+    print(json.dumps(result, indent=2))
+    ok = result["traces_per_s"] >= 2000 and result["peak_rss_mb"] < 300
+    print(
+        f"{'PASS' if ok else 'BELOW TARGET'}: {result['traces_per_s']:,.0f} traces/s end to end "
+        f"(read+enqueue {result['read_enqueue_traces_per_s']:,.0f}/s), peak RSS {result['peak_rss_mb']} MB"
+    )
+    out = ROOT / "bench" / "results" / "backfill.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
