@@ -23,9 +23,10 @@ import structlog
 from opentelemetry.sdk.trace import ReadableSpan
 
 from tracing._errors import TraceReadError
+from tracing._markers import is_judge_span, is_own_span
 from tracing._rules import sampled
 from tracing._run import ScoreBatch, ScoreRequest, TracedRun
-from tracing._transform import trace_to_runs
+from tracing._transform import read_trace
 from tracing.sources import (
     AssembledTrace,
     Malformed,
@@ -156,16 +157,32 @@ class Backfill:
         if not sampled(trace.trace_id, options.sample_rate):  # the exporter's rule
             counters.skip("sampled_out")
             return
+        # The exporter's loop guard: tracescore's own spans (score carriers, the worker's
+        # tracers) exclude their trace; judge-call spans exclude what is under them.
+        judge_ids: list[str] = []
+        for span in trace.spans:
+            if is_own_span(span) or (span.parent is None and is_judge_span(span)):
+                counters.skip("loop_guard")
+                return
+            if is_judge_span(span) and span.context is not None:
+                judge_ids.append(f"{span.context.span_id:016x}")
         try:
-            runs = trace_to_runs(trace.spans)
-        except TraceReadError as exc:
-            counters.unread(exc.reason)
-            self._report(f"trace {trace.trace_id}: not scored ({exc.reason}): {exc}")
-            return
+            found = read_trace(trace.spans, exclude_under=judge_ids)
+            if not found:
+                found = [TraceReadError("no_target", "the trace has no agent span and no LLM span")]
         except Exception as exc:  # a transform bug must not end a long job: count it, say it
             counters.unread(type(exc).__name__)
             self._report(f"trace {trace.trace_id}: not scored ({type(exc).__name__}): {exc}")
             log.warning("backfill_transform_failed", trace_id=trace.trace_id, exc_info=True)
+            return
+        runs: list[TracedRun] = []
+        for item in found:
+            if isinstance(item, TraceReadError):
+                counters.unread(item.reason)
+                self._report(f"trace {trace.trace_id}: not scored ({item.reason}): {item}")
+            else:
+                runs.append(item)
+        if not runs:
             return
         counters.runs_read += len(runs)
         if self.submitter is None:

@@ -146,3 +146,19 @@ def test_usage_errors_are_one_line(args: list[str]) -> None:
     assert result.exit_code == 1
     assert len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.startswith("Error: ")
+
+
+def test_tracescores_own_traces_are_never_scored(tmp_path: Path) -> None:
+    """The exporter's loop guard applies: a trace from tracescore's own services is skipped."""
+    write_otlp_files(tmp_path, 4, files=1)
+    with gzip.open(tmp_path / "part-000.jsonl.gz", "rt") as handle:
+        own = json.loads(handle.readline())
+    own["resourceSpans"][0]["resource"]["attributes"] = [
+        {"key": "service.name", "value": {"stringValue": "tracescore-worker"}}
+    ]
+    for span in own["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        span["traceId"] = "ee" * 16
+    (tmp_path / "own.jsonl").write_text(json.dumps(own) + "\n")
+    summary = _summary(_run(str(tmp_path), "--scorers", SCORERS, "--json", "--dry-run"))
+    assert summary["traces_skipped"] == {"loop_guard": 1}
+    assert summary["runs_to_score"] == 4
