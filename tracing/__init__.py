@@ -48,3 +48,25 @@ __all__ += [
     "ScoreWriter",
     "score_id_for",
 ]
+
+# Stored traces (backfill): OTLP JSON/protobuf decoding, file and Tempo sources, trace assembly.
+from tracing.otlp import (  # noqa: E402  (appended after the write-back block)
+    OtlpDecodeError,
+    decode_otlp_json,
+    decode_otlp_json_line,
+    decode_otlp_protobuf,
+    spans_to_otlp_json,
+)
+from tracing.sources import FileSource, TempoSource, TraceAssembler, open_source  # noqa: E402
+
+__all__ += [
+    "FileSource",
+    "OtlpDecodeError",
+    "TempoSource",
+    "TraceAssembler",
+    "decode_otlp_json",
+    "decode_otlp_json_line",
+    "decode_otlp_protobuf",
+    "open_source",
+    "spans_to_otlp_json",
+]
