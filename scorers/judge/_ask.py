@@ -161,7 +161,7 @@ class _JudgeCall:
                         step=self.info.step,
                         status=err.status_code,
                         retries=retries,
-                        reason=decision.reason if decision else "no error processor decided",
+                        reason=_why_final(decision, retries, cap),
                     )
                     raise self._fail(err) from err.__cause__
                 retries += 1
@@ -383,6 +383,14 @@ async def _call(processor: Any, method: str, first: Any, second: Any, where: str
     except Exception as exc:
         raise JudgeProcessorError(f"{where}: {method} of {processor!r} raised {type(exc).__name__}: {exc}") from exc
     return result
+
+
+def _why_final(decision: RetryDecision | None, retries: int, cap: int) -> str:
+    if decision is None:
+        return "no error processor asked for a retry"
+    if decision.retry and retries >= cap:
+        return f"max_processor_retries ({cap}) reached"
+    return decision.reason or "an error processor declined to retry"
 
 
 def _estimate_tokens(request: JudgeRequest) -> int:

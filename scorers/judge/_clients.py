@@ -22,8 +22,8 @@ from typing import Any
 
 __all__ = ["MAX_CLIENTS", "REQUESTS_PER_CLIENT", "aclose_clients", "lease_client"]
 
-REQUESTS_PER_CLIENT = 8
-MAX_CLIENTS = 16
+REQUESTS_PER_CLIENT = 4
+MAX_CLIENTS = 32
 ClientKey = tuple[str, str | None, str | None]
 
 

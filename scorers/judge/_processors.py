@@ -9,7 +9,9 @@ sync or async (an awaitable result is awaited). They run in list order.
   after input processors.
 - Output processor — ``process_output(response, info) -> JudgeResponse``: gets each
   successful :class:`JudgeResponse` before it is parsed and validated, and returns the one to
-  use (e.g. ``dataclasses.replace(response, text=clean(response.text))``).
+  use (e.g. ``dataclasses.replace(response, text=clean(response.text))``). For native
+  structured output ``response.parsed`` may already hold the value (Anthropic tool input); it
+  wins over ``text``, so change it too, or set it to None to have ``text`` parsed.
 - Error processor — ``process_error(error, context) -> RetryDecision | None``: gets the
   :class:`JudgeProviderError` of a failed request and an :class:`ErrorContext`; returns
   ``RetryDecision(retry=True, delay_ms=...)`` to retry, ``RetryDecision(retry=False)`` to stop,
