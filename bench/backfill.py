@@ -124,6 +124,15 @@ def main() -> None:
                 sys.stderr.write(stderr.decode(errors="replace"))
                 raise SystemExit(f"backfill failed with exit code {backfill.returncode}")
             summary = json.loads(stdout.decode().strip().splitlines()[-1])
+            worker_cpu = 0.0
+            for worker in workers:
+                try:
+                    parent = psutil.Process(worker.pid)
+                    for proc in [parent, *parent.children(recursive=True)]:
+                        times = proc.cpu_times()
+                        worker_cpu += times.user + times.system
+                except psutil.NoSuchProcess:
+                    pass
         finally:
             for worker in workers:
                 worker.send_signal(signal.SIGTERM)
@@ -151,6 +160,14 @@ def main() -> None:
         "reading_s": summary["reading_s"],
         "read_enqueue_traces_per_s": round(args.traces / summary["reading_s"], 1) if summary["reading_s"] else None,
         "peak_rss_mb": summary["peak_rss_mb"],
+        # CPU per trace, independent of how busy the shared machine was: what 2 dedicated
+        # cores could sustain is 2 / (backfill + workers) traces per CPU-second.
+        "backfill_cpu_ms_per_trace": round(summary["cpu_s"] * 1000 / args.traces, 3),
+        "workers_cpu_ms_per_trace": round(worker_cpu * 1000 / args.traces, 3),
+        "capacity_on_2_idle_cores_traces_per_s": round(2 * args.traces / (summary["cpu_s"] + worker_cpu), 0)
+        if summary["cpu_s"] + worker_cpu
+        else None,
+        "load_average_after": os.getloadavg()[0],
         "peak_rss_sampled_mb": round(peak[0], 1),
         "malformed_lines": summary["malformed_lines"],
         "targets": {"traces_per_s": 2000, "peak_rss_mb": 300},

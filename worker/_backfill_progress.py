@@ -24,9 +24,13 @@ class ProgressReporter:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.interval_s = interval_s if not self.tty else 0.1
-        self._last = 0.0
+        self._last = float("-inf")  # the first update always shows
         self._drawn = False
         self._phase_started: dict[str, float] = {}
+
+    def start(self, phase: str, at: float | None = None) -> None:
+        """Start the clock of ``phase`` (its rate and ETA count from here); else its first update."""
+        self._phase_started[phase] = time.monotonic() if at is None else at
 
     def message(self, text: str) -> None:
         """A line of its own (a warning, a notice), without breaking the bar."""

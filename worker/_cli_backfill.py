@@ -114,6 +114,11 @@ def _load_registry(module: str) -> Registry:
         raise CliError(str(exc)) from exc
 
 
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, elapsed: float) -> dict[str, Any]:
     counters = state.counters
     failed = {k.split(":", 1)[1]: v for k, v in (progress or {}).items() if k.startswith("failed:")}
@@ -141,6 +146,7 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
         "reading_s": round(state.elapsed_s, 3),
         # ru_maxrss is in KiB on Linux: the backfill process's own peak, whatever the source size.
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "cpu_s": round(_cpu_seconds(), 2),
     }
 
 
@@ -478,6 +484,8 @@ def _run_redis(
         f"queue {settings.queue!r}; workers: tracescore worker --scorers {state.options.scorers_module})"
     )
     reporter.message(f"reading {state.source_label}; scorers: {', '.join(state.options.scorer_ids)}")
+    if not resumed:
+        job_store.save(state)  # resumable from the first moment, even if killed before a batch
     started = time.monotonic()
     backfill = Backfill(source, state, submitter, job_store=job_store, reporter=reporter)
     progress: dict[str, int] | None = None

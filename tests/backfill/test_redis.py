@@ -259,3 +259,44 @@ def test_resume_after_sigkill_scores_every_trace_exactly_once(
     assert len(counts) == 9000
     assert max(counts.values()) == 1  # written exactly once
     assert summary["scored"] + summary["failed"] == 9000
+
+
+def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
+    """SIGINT midway: exit 130, the state says interrupted, stderr names the resume command."""
+    write_otlp_files(tmp_path / "in", 1500, files=2)
+    env = {**os.environ, "TRACESCORE_BROKER_URL": REDIS_URL, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from worker.cli import main; raise SystemExit(main())",
+            "backfill",
+            str(tmp_path / "in"),
+            "--scorers",
+            "tests.backfill.scorers",
+            "--batch-size",
+            "20",
+            "--high-water",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    keys: list[str] = []
+
+    def started() -> bool:
+        keys[:] = [k for k in db.scan_iter("tracescore:backfill:*") if not k.endswith(":traces")]
+        return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 200
+
+    _wait_for(started, 120, "the backfill to enqueue 200 runs")
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    job_id = keys[0].rsplit(":", 1)[1]
+    assert process.returncode == 130
+    assert f"Resume with: tracescore backfill --resume {job_id}" in stderr.decode()
+    assert json.loads(db.get(keys[0]) or "{}")["status"] == "interrupted"
+    summary = _backfill("--resume", job_id)
+    assert summary["scored"] + summary["failed"] == 4500
+    assert Counter(r["score_id"] for r in _records(workers, job_id)).most_common(1)[0][1] == 1
