@@ -118,7 +118,11 @@ class RedisRateLimiter:
 
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            self._client = aioredis.Redis.from_url(self.url, decode_responses=True, max_connections=64)
+            # Blocking pool: callers beyond max_connections wait for a connection, never fail.
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self.url, max_connections=64, timeout=30, decode_responses=True
+            )
+            self._client = aioredis.Redis(connection_pool=pool)
             self._loop = loop
             self._gates = {}
             self._acquire = self._client.register_script(_ACQUIRE)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import structlog
+from redis import exceptions as redis_errors
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeModel
@@ -49,7 +50,7 @@ def is_transient(exc: BaseException | None) -> bool:
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and status in TRANSIENT_STATUS_CODES:
         return True
-    return isinstance(exc, TimeoutError | ConnectionError)
+    return isinstance(exc, TimeoutError | ConnectionError | redis_errors.ConnectionError | redis_errors.TimeoutError)
 
 
 @dataclass
@@ -249,12 +250,54 @@ async def _score_pair(
     return _record(pair, result)
 
 
+class _GroupCommit:
+    """Records finished runs in groups: while one ``put_records`` call is in flight, the records
+    of runs finishing meanwhile wait and go together in the next one (one round trip for many)."""
+
+    def __init__(self, deps: ScoringDeps) -> None:
+        self._deps = deps
+        self._pending: list[tuple[list[ScoreRecord], asyncio.Future[list[bool]]]] = []
+        self._draining = False
+
+    async def submit(self, records: list[ScoreRecord]) -> list[bool]:
+        if not records:
+            return []
+        future: asyncio.Future[list[bool]] = asyncio.get_running_loop().create_future()
+        self._pending.append((records, future))
+        if not self._draining:
+            self._draining = True
+            try:
+                await self._drain()
+            finally:
+                self._draining = False
+        return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            group, self._pending = self._pending, []
+            flat = [r for records, _ in group for r in records]
+            try:
+                fresh = await self._deps.store.put_records(flat, self._deps.owner, self._deps.score_ttl_s)
+            except BaseException as exc:
+                for _, future in group:
+                    if not future.done():
+                        future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            start = 0
+            for records, future in group:
+                future.set_result(fresh[start : start + len(records)])
+                start += len(records)
+
+
 async def _score_request(
     pairs: list[_Pair],
     deps: ScoringDeps,
     checkpoints: dict[str, ScoreResult],
     final_attempt: bool,
     report: BatchReport,
+    recorder: _GroupCommit,
 ) -> None:
     outcomes = await asyncio.gather(*(_score_pair(p, deps, checkpoints.get(p.score_id), final_attempt) for p in pairs))
     records = [o for o in outcomes if isinstance(o, ScoreRecord)]
@@ -264,7 +307,7 @@ async def _score_request(
         for t in transient:
             report.transient[t.error_type] += 1
             report.retry.append(t.pair.score_id)
-    fresh = await deps.store.put_records(records, deps.owner, deps.score_ttl_s)
+    fresh = await recorder.submit(records)
     new = [r for r, is_new in zip(records, fresh, strict=True) if is_new]
     report.skipped["duplicate"] += len(records) - len(new)
     for record in new:
@@ -322,12 +365,16 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
     checkpoints = await deps.store.get_checkpoints(
         [p.score_id for p in mine if p.scorer is not None and _checkpointed(p.scorer, deps)]
     )
+    recorder = _GroupCommit(deps)
     by_request: dict[int, list[_Pair]] = defaultdict(list)
     for pair in mine:
         by_request[id(pair.request)].append(pair)
     try:
         await asyncio.gather(
-            *(_score_request(group, deps, checkpoints, final_attempt, report) for group in by_request.values())
+            *(
+                _score_request(group, deps, checkpoints, final_attempt, report, recorder)
+                for group in by_request.values()
+            )
         )
     except BaseException:
         # Cancelled (time limit) or the store failed: let a redelivery claim what is unfinished.

@@ -13,10 +13,11 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
+from redis.exceptions import NoScriptError
 
 from scorers import ScoreResult
 from tracing._score_record import ScoreRecord
@@ -266,7 +267,7 @@ class RedisScoreStore:
         self._job_ttl_s = job_ttl_s
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._put_sha: str | None = None
+        self._shas: dict[str, str] = {}
 
     @property
     def client(self) -> Any:
@@ -279,9 +280,24 @@ class RedisScoreStore:
             )
             self._client = aioredis.Redis(connection_pool=pool)
             self._loop = loop
-            self._put = self._client.register_script(_PUT_RECORD)
-            self._release = self._client.register_script(_RELEASE)
         return self._client
+
+    async def _evalsha_many(self, script: str, numkeys: int, calls: Sequence[Sequence[str]]) -> list[Any]:
+        """Run ``script`` once per argument list in one pipeline, by SHA (loaded on first use
+        and again if Redis lost it), without redis-py's per-pipeline SCRIPT EXISTS."""
+        client = self.client
+        sha = self._shas.get(script)
+        for _ in range(2):
+            if sha is None:
+                sha = self._shas[script] = await client.script_load(script)
+            async with client.pipeline(transaction=False) as pipe:
+                for args in calls:
+                    pipe.evalsha(sha, numkeys, *args)
+                try:
+                    return list(await pipe.execute())
+                except NoScriptError:
+                    sha = None
+        raise RuntimeError("Redis keeps losing tracescore's Lua scripts (SCRIPT FLUSH in a loop?)")
 
     async def ping(self) -> bool:
         return bool(await self.client.ping())
@@ -314,11 +330,7 @@ class RedisScoreStore:
     async def release(self, score_ids: Sequence[str], owner: str) -> None:
         if not score_ids:
             return
-        client = self.client
-        async with client.pipeline(transaction=False) as pipe:
-            for score_id in score_ids:
-                await self._release(keys=[_keys.claim_key(score_id)], args=[owner], client=pipe)
-            await pipe.execute()
+        await self._evalsha_many(_RELEASE, 1, [(_keys.claim_key(s), owner) for s in score_ids])
 
     async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]:
         if not score_ids:
@@ -335,31 +347,28 @@ class RedisScoreStore:
         client = self.client
         failures_key = f"{_keys.failures_key()}:{failure_bucket()}"
         failures_ttl = str(FAILURE_WINDOW_SECONDS * 12)
-        async with client.pipeline(transaction=False) as pipe:
-            for record in records:
-                outcome, reason = _outcome(record)
-                await self._put(
-                    keys=[
-                        _keys.record_key(record.score_id),
-                        _keys.trace_key(record.trace_id),
-                        _keys.checkpoint_key(record.score_id),
-                        _keys.claim_key(record.score_id),
-                        _keys.job_key(record.job_id or "-"),
-                        failures_key,
-                    ],
-                    args=[
-                        record.model_dump_json(),
-                        str(ttl_s),
-                        record.score_id,
-                        owner,
-                        "1" if record.job_id else "0",
-                        outcome,
-                        reason,
-                        failures_ttl,
-                    ],
-                    client=pipe,
+        calls = []
+        for record in records:
+            outcome, reason = _outcome(record)
+            calls.append(
+                (
+                    _keys.record_key(record.score_id),
+                    _keys.trace_key(record.trace_id),
+                    _keys.checkpoint_key(record.score_id),
+                    _keys.claim_key(record.score_id),
+                    _keys.job_key(record.job_id or "-"),
+                    failures_key,
+                    record.model_dump_json(),
+                    str(ttl_s),
+                    record.score_id,
+                    owner,
+                    "1" if record.job_id else "0",
+                    outcome,
+                    reason,
+                    failures_ttl,
                 )
-            done = await pipe.execute()
+            )
+        done = await self._evalsha_many(_PUT_RECORD, 6, calls)
         jobs = {r.job_id for r in records if r.job_id}
         if jobs:
             async with client.pipeline(transaction=False) as pipe:
@@ -417,7 +426,3 @@ class RedisScoreStore:
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose(close_connection_pool=True)
-
-
-def _ids(records: Iterable[ScoreRecord]) -> list[str]:
-    return [r.score_id for r in records]

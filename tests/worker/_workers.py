@@ -38,6 +38,7 @@ class WorkerProcess:
         scores_path: Path,
         env: dict[str, str] | None = None,
         pool: str = "solo",
+        concurrency: int = 1,
     ) -> None:
         self.name = name
         self.log = tmp / f"{name}.log"
@@ -54,7 +55,7 @@ class WorkerProcess:
         cmd = [
             CELERY, "-A", "worker", "worker",
             "--scorers", "tests.worker.sample_scorers",
-            "--pool", pool, "--concurrency", "1",
+            "--pool", pool, "--concurrency", str(concurrency),
             "--hostname", f"{name}@%h",
             "--loglevel", "INFO",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
