@@ -1,0 +1,434 @@
+"""deploy/ stays true to the code: every file parses, and every setting, command, option, file and
+trace attribute it names is one the code really has (read from the code, never copied here)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from worker._settings import Settings, load_settings
+from worker.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+COMPOSE = DEPLOY / "docker-compose.yml"
+DOCKERFILE = DEPLOY / "Dockerfile"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "tracescore-scores.json"
+WRITER_SOURCE = ROOT / "tracing" / "_score_writer.py"
+
+_VARIABLE = re.compile(r"\bTRACESCORE_[A-Z0-9_]*[A-Z0-9]\b")
+_COMPOSE_DEFAULT = re.compile(r"\$\{([A-Z0-9_]+):-([^}]*)\}")
+
+
+def _deploy_files() -> list[Path]:
+    return sorted(p for p in DEPLOY.rglob("*") if p.is_file())
+
+
+def _yaml_docs(path: Path) -> list[Any]:
+    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
+
+
+def _k8s_objects() -> list[tuple[Path, dict[str, Any]]]:
+    return [(p, d) for p in sorted(K8S.rglob("*.yaml")) if p.name != "kustomization.yaml" for d in _yaml_docs(p)]
+
+
+def _one(kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for _, d in _k8s_objects() if d["kind"] == kind and name in (None, d["metadata"].get("name"))]
+    assert len(found) == 1, f"expected one {kind} {name or ''} in deploy/k8s, found {len(found)}"
+    return found[0]
+
+
+def _compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    return data
+
+
+def _compose_value(text: str) -> str:
+    """A compose string with ``${VAR:-default}`` resolved to its default (the out-of-the-box value)."""
+    return _COMPOSE_DEFAULT.sub(lambda m: m.group(2), text)
+
+
+def _settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for name in list(os.environ):
+        if name.startswith("TRACESCORE_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name.startswith("TRACESCORE_"):
+            monkeypatch.setenv(name, value)
+    return load_settings()
+
+
+def _duration_s(text: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
+    assert match, f"not a compose duration: {text!r}"
+    return float(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+# --- invocations of the `tracescore` command -------------------------------------------------
+
+
+def _code_fragments(text: str) -> Iterator[str]:
+    """Shell-ish code in prose and comments: fenced blocks (line by line) and `inline` spans."""
+    text = text.replace("\\\n", " ")
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+        yield from block.splitlines()
+    yield from re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+
+
+def _tokens_after_tracescore(fragment: str) -> Iterator[list[str]]:
+    for segment in re.split(r"\|\||&&|[|;>]|\$\(|\)", fragment):
+        try:
+            words = shlex.split(segment, comments=False)
+        except ValueError:
+            words = segment.split()
+        for i, word in enumerate(words):
+            if i and words[i - 1] in {"-n", "--namespace"}:  # kubectl -n tracescore: the namespace
+                continue
+            if word == "tracescore" and i + 1 < len(words) and re.fullmatch(r"[a-z][a-z-]*", words[i + 1]):
+                yield words[i + 1 :]
+
+
+def _structured_invocations() -> Iterator[tuple[str, list[str]]]:
+    """Arguments handed to the image's `tracescore` entrypoint, and exec probes calling it."""
+    for path, obj in _k8s_objects():
+        pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+        for container in pod.get("containers", []):
+            if container["image"].split(":")[0].endswith("tracescore"):
+                yield f"{path.name}:{container['name']}", [str(a) for a in container["args"]]
+            for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+                command = container.get(probe, {}).get("exec", {}).get("command", [])
+                if command[:1] == ["tracescore"]:
+                    yield f"{path.name}:{probe}", command[1:]
+    images = {name: s.get("image", "") for name, s in _compose()["services"].items()}
+    for name, service in _compose()["services"].items():
+        if images[name].startswith("tracescore"):
+            yield f"docker-compose.yml:{name}", [str(a) for a in service["command"]]
+    for line in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        match = re.search(r"\bCMD\s+(\[.*\])\s*$", line)
+        if match:
+            # HEALTHCHECK CMD runs the program itself; a bare CMD is arguments to the entrypoint.
+            argv = json.loads(match.group(1))
+            yield "Dockerfile", argv[1:] if argv[:1] == ["tracescore"] else argv
+
+
+def _all_invocations() -> list[tuple[str, list[str]]]:
+    found = list(_structured_invocations())
+    for path in _deploy_files():
+        if path.suffix in {".json", ".gz"}:
+            continue
+        for fragment in _code_fragments(path.read_text(encoding="utf-8")):
+            for words in _tokens_after_tracescore(fragment):
+                found.append((str(path.relative_to(ROOT)), words))
+    return found
+
+
+def _option_names(command: click.Command) -> set[str]:
+    names = {"--help", "-h"}
+    for param in command.params:
+        if isinstance(param, click.Option):
+            names.update(param.opts + param.secondary_opts)
+    return names
+
+
+def _check_invocation(where: str, words: list[str]) -> None:
+    command: click.Command = cli
+    rest = list(words)
+    while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
+        name = rest.pop(0)
+        assert name in command.commands, (
+            f"{where}: `tracescore {' '.join(words)}`: {name!r} is not a command; "
+            f"{command.name or 'tracescore'} has {sorted(command.commands)}"
+        )
+        command = command.commands[name]
+    for word in rest:
+        option = word.split("=", 1)[0]
+        if option.startswith("--"):
+            assert option in _option_names(command), (
+                f"{where}: `tracescore {' '.join(words)}`: {command.name} has no option {option}; "
+                f"it has {sorted(_option_names(command))}"
+            )
+
+
+# --- what the score writer really writes ---------------------------------------------------------
+
+
+def _writer_attributes() -> tuple[set[str], set[str], set[str]]:
+    """(carrier span attribute keys, evaluation event attribute keys, every string in the module)."""
+    tree = ast.parse(WRITER_SOURCE.read_text(encoding="utf-8"))
+    constants = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    }
+
+    def keys(d: ast.Dict) -> set[str]:
+        out = set()
+        for key in d.keys:
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                out.add(key.value)
+            elif isinstance(key, ast.Name) and key.id in constants:
+                out.add(constants[key.id])
+        return out
+
+    span_keys: set[str] = set()
+    event_keys: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "start_span":
+            for kw in node.keywords:
+                if kw.arg == "attributes" and isinstance(kw.value, ast.Dict):
+                    span_keys |= keys(kw.value)
+        if isinstance(node, ast.FunctionDef) and node.name == "evaluation_attributes":
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Dict):
+                    event_keys |= keys(inner)
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return span_keys, event_keys, strings
+
+
+def _dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return [t["query"] for panel in dashboard["panels"] for t in panel["targets"]]
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+def test_every_yaml_and_json_file_parses() -> None:
+    """Each YAML (all documents) and JSON file under deploy/ parses to something non-empty."""
+    checked = 0
+    for path in _deploy_files():
+        if path.suffix in {".yaml", ".yml"}:
+            assert _yaml_docs(path), f"{path} is empty"
+            checked += 1
+        elif path.suffix == ".json":
+            assert json.loads(path.read_text(encoding="utf-8")), f"{path} is empty"
+            checked += 1
+    assert checked >= 15
+
+
+def test_tracescore_variables_are_settings_fields() -> None:
+    """Every TRACESCORE_* name in deploy/ is a Settings field (or one the example scorer module reads)."""
+    fields = {f"TRACESCORE_{name.upper()}" for name in Settings.model_fields}
+    example_reads = {
+        m.group(1)
+        for p in (ROOT / "examples").glob("*.py")
+        for m in re.finditer(r"environ(?:\.get\(|\[)\s*[\"'](TRACESCORE_[A-Z0-9_]+)", p.read_text(encoding="utf-8"))
+    }
+    used: dict[str, set[str]] = {}
+    for path in _deploy_files():
+        for name in _VARIABLE.findall(path.read_text(encoding="utf-8")):
+            used.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    unknown = {name: sorted(where) for name, where in used.items() if name not in fields | example_reads}
+    assert not unknown, f"not Settings fields: {unknown}; the fields are {sorted(fields)}"
+    assert len(used) >= 10
+
+
+def test_configmap_and_compose_settings_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ConfigMap's and the compose workers' TRACESCORE_* values pass the Settings validation."""
+    config = _one("ConfigMap", "tracescore-config")["data"]
+    settings = _settings_from(config, monkeypatch)
+    assert settings.queue == config["TRACESCORE_QUEUE"]
+    assert settings.rate_limits, "TRACESCORE_RATE_LIMITS in the ConfigMap should parse to per-model limits"
+    compose_env = {k: _compose_value(str(v)) for k, v in _compose()["x-tracescore-env"].items()}
+    assert _settings_from(compose_env, monkeypatch).writer == "otlp"
+
+
+def test_grace_periods_outlast_the_task_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pods and compose workers wait longer than the hard time limit before SIGKILL."""
+    limit = _settings_from(_one("ConfigMap", "tracescore-config")["data"], monkeypatch).task_time_limit
+    pod = _one("Deployment", "tracescore-worker")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] > limit
+    compose_env = {k: _compose_value(str(v)) for k, v in _compose()["x-tracescore-env"].items()}
+    compose_limit = _settings_from(compose_env, monkeypatch).task_time_limit
+    assert _duration_s(_compose()["services"]["worker"]["stop_grace_period"]) > compose_limit
+
+
+def test_tracescore_invocations_are_real_commands_and_options() -> None:
+    """Every `tracescore <command> --option` in deploy/ exists in worker.cli's click group."""
+    invocations = _all_invocations()
+    for where, words in invocations:
+        _check_invocation(where, words)
+    commands = {words[0] for _, words in invocations}
+    assert {"worker", "status", "backfill", "dlq", "scores"} <= commands
+
+
+def test_invocation_check_rejects_unknown_commands_and_options() -> None:
+    """The invocation check itself fails on a made-up command, subcommand or option."""
+    for words in (["serve"], ["dlq", "purge"], ["worker", "--threads", "4"]):
+        with pytest.raises(AssertionError):
+            _check_invocation("test", words)
+
+
+def test_dockerfile_entrypoint_is_the_console_script() -> None:
+    """ENTRYPOINT is pyproject's console script, which resolves to a callable; the user is not root."""
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    entrypoint = json.loads(re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", text, flags=re.M).group(1))  # type: ignore[union-attr]
+    assert len(entrypoint) == 1
+    assert entrypoint[0] in scripts
+    module, _, attr = scripts[entrypoint[0]].partition(":")
+    assert callable(getattr(__import__(module, fromlist=[attr]), attr))
+    users = re.findall(r"^USER\s+(\S+)", text, flags=re.M)
+    assert users
+    assert all(u.split(":")[0] not in {"root", "0"} for u in users)
+    assert re.search(r'HEALTHCHECK .*CMD \["tracescore", "status"', text.replace("\\\n", " "))
+    assert "--extra" not in text
+    assert "[dev]" not in text
+
+
+def test_dockerfile_copies_exist_and_pass_the_dockerignore() -> None:
+    """Every build-context path the Dockerfile COPYs exists and is re-included by dockerignore.example."""
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, flags=re.M))
+    sources = []
+    for line in re.findall(r"^COPY\s+(?!--from)(.*)$", text, flags=re.M):
+        parts = [p for p in line.split() if not p.startswith("--")][:-1]
+        sources += [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], p).rstrip("/") for p in parts]
+    allowed = {
+        line[1:].rstrip("/")
+        for line in (DEPLOY / "dockerignore.example").read_text(encoding="utf-8").splitlines()
+        if line.startswith("!")
+    }
+    assert sources
+    for source in sources:
+        assert (ROOT / source).exists(), f"Dockerfile copies {source}, which is not in the repository"
+        assert source in allowed, f"dockerignore.example excludes {source}, which the Dockerfile copies"
+
+
+def test_compose_services_reference_existing_files() -> None:
+    """Build contexts, Dockerfiles, bind mounts, env files and dependencies of compose services exist."""
+    services = _compose()["services"]
+    built_images = {s["image"] for s in services.values() if "build" in s}
+    for name, service in services.items():
+        if "build" in service:
+            context = DEPLOY / service["build"]["context"]
+            assert (context / service["build"]["dockerfile"]).is_file(), name
+        elif service["image"].startswith("tracescore"):
+            assert service["image"] in built_images, f"{name} uses {service['image']}, which no service builds"
+        for volume in service.get("volumes", []):
+            source = _compose_value(volume).split(":")[0]
+            if source.startswith("."):
+                assert (DEPLOY / source).exists(), f"{name} mounts {source}, which does not exist"
+        for env_file in service.get("env_file", []):
+            path = DEPLOY / env_file["path"]
+            assert path.exists() or (env_file.get("required") is False and path.with_suffix(".env.example").exists())
+        for dependency in service.get("depends_on", []):
+            assert dependency in services, f"{name} depends on unknown service {dependency}"
+
+
+def test_compose_workers_export_to_the_collectors_http_port() -> None:
+    """The workers' OTLP/HTTP endpoint is the Collector's HTTP receiver port, and the Collector exports to Tempo."""
+    compose = _compose()
+    endpoint = compose["x-tracescore-env"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    collector = yaml.safe_load((DEPLOY / "otel-collector.yaml").read_text(encoding="utf-8"))
+    http_port = collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"].rsplit(":", 1)[1]
+    assert endpoint == f"http://otel-collector:{http_port}"
+    tempo_endpoint = compose["services"]["otel-collector"]["environment"]["TEMPO_OTLP_ENDPOINT"]
+    assert tempo_endpoint.split(":")[0] in compose["services"]
+
+
+def test_collector_pipeline_is_complete_and_keeps_span_events() -> None:
+    """Pipelines use defined components, memory_limiter runs first, nothing filters spans or events."""
+    collector = yaml.safe_load((DEPLOY / "otel-collector.yaml").read_text(encoding="utf-8"))
+    protocols = collector["receivers"]["otlp"]["protocols"]
+    assert protocols["grpc"]["endpoint"].endswith(":4317")
+    assert protocols["http"]["endpoint"].endswith(":4318")
+    for name, pipeline in collector["service"]["pipelines"].items():
+        for kind in ("receivers", "processors", "exporters"):
+            for component in pipeline[kind]:
+                assert component in collector[kind], f"pipeline {name} uses undefined {kind[:-1]} {component}"
+        assert pipeline["processors"][0] == "memory_limiter"
+        assert not [p for p in pipeline["processors"] if p.split("/")[0] in {"filter", "transform", "attributes"}]
+        assert "debug" in pipeline["exporters"]
+        assert any(e.startswith("otlp") for e in pipeline["exporters"])
+
+
+def test_dashboard_queries_use_attributes_the_writer_writes() -> None:
+    """span./event. attributes in the dashboard's TraceQL are ones tracing/_score_writer.py sets in that scope."""
+    span_keys, event_keys, strings = _writer_attributes()
+    assert "tracescore.role" in span_keys
+    assert "gen_ai.evaluation.name" in event_keys
+    queries = _dashboard_queries()
+    assert queries
+    scopes = {"span": span_keys, "event": event_keys, "resource": strings}
+    for query in queries:
+        for scope, name in re.findall(r"\b(span|event|resource)\.([A-Za-z_][A-Za-z0-9_.]*[A-Za-z0-9_])", query):
+            assert name in scopes[scope], (
+                f"{scope}.{name} in {query!r}: the score writer sets no such {scope} attribute"
+            )
+        for value in re.findall(r'span\.tracescore\.role\s*=\s*"([^"]+)"', query):
+            assert value in strings, f"tracescore.role {value!r} is never written"
+        for value in re.findall(r'event:name\s*=\s*"([^"]+)"', query):
+            assert value in strings
+    assert any("event.gen_ai.evaluation.score.value" in q for q in queries)
+    assert any("event.error.type" in q for q in queries)
+    assert any("gen_ai.usage.input_tokens" in q for q in queries)
+
+
+def test_dashboard_default_scorer_exists_and_datasource_is_provisioned() -> None:
+    """The dashboard's default scorer is in examples.scorers; its datasource uid and folder are provisioned."""
+    from worker._registry import load_registry
+
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    variable = next(v for v in dashboard["templating"]["list"] if v["name"] == "scorer")
+    names = {s.name for s in load_registry("examples.scorers").values()}
+    assert variable["query"] in names
+    datasources = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/tempo.yaml").read_text(encoding="utf-8"))
+    uids = {d["uid"] for d in datasources["datasources"]}
+    assert {p["datasource"]["uid"] for p in dashboard["panels"]} <= uids
+    providers = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/tracescore.yaml").read_text(encoding="utf-8"))
+    grafana_mounts = _compose()["services"]["grafana"]["volumes"]
+    assert f"./grafana/dashboards:{providers['providers'][0]['options']['path']}:ro" in grafana_mounts
+
+
+def test_kustomization_resources_exist_and_wire_together() -> None:
+    """Kustomize resources exist; HPA, PDB, KEDA and env sources point at what the manifests define."""
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
+    for resource in kustomization["resources"]:
+        assert (K8S / resource).is_file(), f"kustomization lists missing {resource}"
+    deployment = _one("Deployment", "tracescore-worker")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert _one("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["name"] == "tracescore-worker"
+    assert _one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    keda = _one("ScaledObject")
+    assert keda["spec"]["scaleTargetRef"]["name"] == "tracescore-worker"
+    queue = _one("ConfigMap", "tracescore-config")["data"]["TRACESCORE_QUEUE"]
+    assert keda["spec"]["triggers"][0]["metadata"]["listName"] == queue
+    defined = {(d["kind"], d["metadata"].get("name")) for _, d in _k8s_objects()}
+    for path, obj in _k8s_objects():
+        pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+        for container in pod.get("containers", []):
+            for source in container.get("envFrom", []):
+                kind, ref = next(iter(source.items()))
+                expected = ("ConfigMap" if kind == "configMapRef" else "Secret", ref["name"])
+                assert expected in defined, f"{path.name} reads {expected}, which deploy/k8s does not define"
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_kustomize_builds() -> None:
+    """`kubectl kustomize deploy/k8s` renders the worker Deployment into the tracescore namespace."""
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    objects = [d for d in yaml.safe_load_all(out) if d]
+    worker = next(d for d in objects if d["kind"] == "Deployment")
+    assert worker["metadata"]["namespace"] == "tracescore"
+    assert not [d for d in objects if d["kind"] in {"Secret", "ScaledObject", "Job"}]
