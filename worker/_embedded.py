@@ -25,7 +25,7 @@ from worker._registry import load_registry
 from worker._scoring import BatchReport, ScoringDeps, score_batch
 from worker._store import MemoryScoreStore, ScoreStore
 
-__all__ = ["EmbeddedScorer", "TableScoreWriter", "embedded_sink"]
+__all__ = ["EmbeddedScorer", "EmbeddedSink", "TableScoreWriter", "embedded_sink"]
 
 
 def _cell(text: str, width: int) -> str:
@@ -175,12 +175,23 @@ class EmbeddedScorer:
             self._runner.close()
 
 
+class EmbeddedSink(CallbackSink):
+    """A ``CallbackSink`` that scores in process; the exporter's shutdown closes it."""
+
+    def __init__(self, scorer: EmbeddedScorer) -> None:
+        super().__init__(scorer.submit)
+        self.scorer = scorer
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
 def embedded_sink(
     scorers: str | Mapping[str, Scorer],
     writer: ScoreWriter | None = None,
     *,
     store: ScoreStore | None = None,
-) -> CallbackSink:
+) -> EmbeddedSink:
     """The exporter's in-process sink: each batch is scored right away in this process.
 
     ``scorers`` is a registry module name (``"my_app.scorers"``) or a mapping id → scorer.
@@ -193,5 +204,4 @@ def embedded_sink(
     application's ``export()`` call.
     """
     registry = load_registry(scorers) if isinstance(scorers, str) else scorers
-    scorer = EmbeddedScorer(registry, writer, store=store)
-    return CallbackSink(scorer.submit)
+    return EmbeddedSink(EmbeddedScorer(registry, writer, store=store))

@@ -1,0 +1,101 @@
+"""worker._embedded: the in-process scorer behind backfill's embedded mode and the exporter's sink."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from tests.backfill._synth import trace_spans
+from tracing import MemoryScoreWriter, ScoringRule, ScoringSpanExporter, decode_otlp_json, trace_to_runs
+from tracing._run import ScoreBatch, ScoreRequest
+from worker._embedded import EmbeddedScorer, TableScoreWriter, embedded_sink
+from worker._registry import load_registry
+
+
+def _batch(n: int, job_id: str = "job-1") -> ScoreBatch:
+    requests = []
+    for i in range(n):
+        children, root = trace_spans(i)
+        spans = decode_otlp_json({"resourceSpans": [{"scopeSpans": [{"spans": [*children, root]}]}]})
+        (run,) = trace_to_runs(spans)
+        requests.append(
+            ScoreRequest(run=run, scorer_ids=["answer-words", "confident"], source="backfill", job_id=job_id)
+        )
+    return ScoreBatch(batch_id=f"{job_id}-0", requests=requests)
+
+
+def test_embedded_scorer_scores_once_and_counts_the_job() -> None:
+    """A batch is scored in process; submitting it again writes nothing new (deterministic ids)."""
+    writer = MemoryScoreWriter()
+    scorer = EmbeddedScorer(load_registry("tests.backfill.scorers"), writer)
+    batch = _batch(10)
+    scorer.submit(batch)
+    scorer.submit(batch)
+    progress = scorer.progress("job-1")
+    scorer.close()
+    assert len(writer.records) == 20
+    assert len({r.score_id for r in writer.records}) == 20
+    assert progress["scored"] == 18
+    assert progress["failed:ValueError"] == 2  # "confident" refuses the two "not sure" answers
+    assert scorer.totals.skipped["already_scored"] == 20
+
+
+def test_table_writer_shows_agent_scorer_score_and_reason() -> None:
+    """The table names the agent (from the run), the scorer, the score and a shortened reason."""
+    stream = io.StringIO()
+    agents: dict[str, str] = {}
+    scorer = EmbeddedScorer(
+        load_registry("tests.backfill.scorers"), TableScoreWriter(stream, agents=agents, width=100), agents=agents
+    )
+    scorer.submit(_batch(5))
+    scorer.close()
+    lines = stream.getvalue().splitlines()
+    assert lines[0].split() == ["trace", "agent", "scorer", "score", "reason"]
+    assert len(lines) == 2 + 10
+    assert all(len(line) <= 100 for line in lines)
+    assert any(
+        "weather-agent" in line and "answer-words" in line and "0.400" in line and "8 words" in line for line in lines
+    )
+    assert any("confident" in line and "error" in line and "ValueError" in line for line in lines)
+    assert agents == {}  # labels are dropped once their batch is written
+
+
+def test_embedded_sink_scores_what_the_exporter_captures() -> None:
+    """ScoringSpanExporter with embedded_sink scores finished agent traces in this process."""
+    writer = MemoryScoreWriter()
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["answer-words"])],
+        embedded_sink("tests.backfill.scorers", writer),
+        grace_s=0.0,
+        flush_interval_s=0.05,
+    )
+    provider = TracerProvider(resource=Resource({"service.name": "shop"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("app")
+    chat = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Hi there?"}]}]),
+        "gen_ai.output.messages": json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": "Hello, how can I help?"}]}]
+        ),
+    }
+    agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper"}
+    with (
+        tracer.start_as_current_span("invoke_agent helper", attributes=agent),
+        tracer.start_as_current_span("chat m", attributes=chat),
+    ):
+        pass
+    deadline = time.monotonic() + 10
+    while not writer.records and time.monotonic() < deadline:
+        exporter.force_flush(1000)
+        time.sleep(0.02)
+    provider.shutdown()
+    (record,) = writer.records
+    assert record.scorer_id == "answer-words"
+    assert record.score == 0.25
+    assert record.source == "live"
