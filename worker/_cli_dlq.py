@@ -6,9 +6,11 @@ import asyncio
 import datetime as dt
 
 import click
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from tracing._run import SCORE_TASK_NAME
+from tracing._run import ScoreBatch
+from tracing._sinks import CelerySink
 from worker._app import redact
 from worker._cli_common import CliError
 from worker._settings import SettingsError, get_settings
@@ -72,8 +74,8 @@ def dlq_list(limit: int, as_json: bool) -> None:
 
 
 async def _retry(store: RedisScoreStore, ids: list[str] | None) -> tuple[list[DeadLetter], list[str]]:
-    from worker._app import app
-
+    settings = get_settings()
+    sink = CelerySink(settings.broker_url, queue=settings.queue)
     requeued: list[DeadLetter] = []
     problems: list[str] = []
     try:
@@ -89,13 +91,18 @@ async def _retry(store: RedisScoreStore, ids: list[str] | None) -> tuple[list[De
                 problems.append(f"{letter_id}: not retryable ({letter.reason}); fix the producer instead")
                 continue
             try:
-                app.send_task(letter.task_name or SCORE_TASK_NAME, args=[letter.payload], queue=get_settings().queue)
+                sink.send(ScoreBatch.model_validate(letter.payload))
+            except ValidationError as exc:
+                await store.dlq_push(letter)
+                problems.append(f"{letter_id}: the stored message is not a valid ScoreBatch: {exc.errors()[0]['msg']}")
+                continue
             except Exception as exc:
                 await store.dlq_push(letter)
                 problems.append(f"{letter_id}: could not requeue: {type(exc).__name__}: {exc}")
                 continue
             requeued.append(letter)
     finally:
+        sink.close()
         await store.close()
     return requeued, problems
 

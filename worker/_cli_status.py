@@ -51,12 +51,17 @@ def collect_status(ping_timeout: float = 1.0) -> dict[str, Any]:
         raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {exc}") from exc
     finally:
         broker.close()
-    from worker._app import app
+    from celery import Celery
 
+    # A throwaway app on exactly this broker, for the control channel (worker pings).
+    control = Celery("tracescore-status", broker=settings.broker_url, set_as_current=False)
+    control.conf.update(accept_content=["json"], broker_connection_retry_on_startup=False)
     try:
-        replies = app.control.inspect(timeout=ping_timeout).ping() or {}
+        replies = control.control.inspect(timeout=ping_timeout).ping() or {}
     except Exception as exc:
         raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {exc}") from exc
+    finally:
+        control.close()
     status: dict[str, Any] = {
         "broker": redact(settings.broker_url),
         "queue": settings.queue,

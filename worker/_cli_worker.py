@@ -25,15 +25,17 @@ __all__ = ["worker_command"]
     "--concurrency",
     "-c",
     type=click.IntRange(min=1),
-    default=None,
-    help="Worker processes (prefork) or threads; default: one per CPU.",
+    default=8,
+    show_default=True,
+    help="Messages handled at once: threads (threads pool) or child processes (prefork).",
 )
 @click.option(
     "--pool",
     type=click.Choice(["prefork", "solo", "threads"]),
-    default="prefork",
+    default="threads",
     show_default=True,
-    help="Celery pool. Each process runs one event loop for its tasks.",
+    help="threads: all messages share this process's one event loop (judge calls are I/O bound); "
+    "prefork: one event loop per child process (CPU-heavy function scorers); solo: one at a time.",
 )
 @click.option(
     "--model-concurrency",
@@ -45,7 +47,7 @@ __all__ = ["worker_command"]
 @click.option("--loglevel", "-l", default="INFO", show_default=True, help="Celery log level.")
 def worker_command(
     module: str,
-    concurrency: int | None,
+    concurrency: int,
     pool: str,
     model_concurrency: int | None,
     queue: str | None,
@@ -60,7 +62,7 @@ def worker_command(
     \b
     Examples:
       tracescore worker --scorers examples.scorers
-      tracescore worker --scorers my_app.scorers --concurrency 2 --pool prefork
+      tracescore worker --scorers my_app.scorers --pool prefork --concurrency 2
       TRACESCORE_BROKER_URL=redis://redis:6379/0 TRACESCORE_WRITER=console \\
         tracescore worker --scorers my_app.scorers --pool solo
       TRACESCORE_RATE_LIMITS='{"openai/gpt-4o-mini": {"requests_per_minute": 500}}' \\

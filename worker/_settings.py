@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 __all__ = ["ModelRateLimit", "Settings", "SettingsError", "get_settings", "load_settings"]
 
@@ -119,12 +120,18 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            field = ".".join(str(p) for p in error["loc"]) or "settings"
-            name = f"TRACESCORE_{field.split('.')[0].upper()}" if error["loc"] else field
-            problems.append(f"{name}: {error['msg']}")
+            message = str(error["msg"]).removeprefix("Value error, ")
+            if error["loc"]:
+                problems.append(f"TRACESCORE_{str(error['loc'][0]).upper()}: {message}")
+            else:
+                problems.append(message)
         raise SettingsError("bad worker settings: " + "; ".join(problems)) from None
-    except json.JSONDecodeError as exc:
-        raise SettingsError(f"TRACESCORE_RATE_LIMITS is not JSON: {exc}") from None
+    except (json.JSONDecodeError, PydanticSettingsError) as exc:
+        # pydantic-settings parses dict-valued variables as JSON before validation.
+        raise SettingsError(
+            f"TRACESCORE_RATE_LIMITS must be a JSON object like "
+            f'{{"openai/gpt-4o-mini": {{"requests_per_minute": 500}}}}: {exc}'
+        ) from None
 
 
 @lru_cache(maxsize=1)

@@ -86,3 +86,27 @@ def test_terminal_judge_error_is_an_error_record(
     (record,) = writer.records
     assert record.error_type == "JudgeAuthError"
     assert record.failed_step == "generate_score"
+
+
+def test_429_pauses_the_model_for_every_worker(
+    fake_llm: FakeLLMServer, redis_url: str, limiter: RedisRateLimiter
+) -> None:
+    """A 429 with Retry-After sets the shared pause for that model; the run is left for a retry."""
+    fake_llm.rule(Reply.rate_limited(retry_after="20"))
+    writer = MemoryScoreWriter()
+    other_process = RedisRateLimiter(redis_url, lambda m: ModelRateLimit())
+
+    async def go() -> tuple[object, int]:
+        store = RedisScoreStore(redis_url)
+        deps = ScoringDeps(registry=Registry([sample_scorers.judged]), store=store, writer=writer)
+        report = await score_batch(batch(range(1), ["judged"], salt="429"), deps, final_attempt=False)
+        wait_ms = await other_process._try("openai/fake-judge", 1)
+        await store.close()
+        await limiter.close()
+        await other_process.close()
+        return report, wait_ms
+
+    report, wait_ms = asyncio.run(go())
+    assert report.transient == {"JudgeRateLimitError": 1}  # type: ignore[attr-defined]
+    assert not writer.records
+    assert wait_ms > 5_000  # another process would wait out the provider's Retry-After

@@ -1,0 +1,157 @@
+"""The worker's commands: worker, scores, dlq list|retry, status (Redis DB 11)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.worker._batches import batch, payload
+from tests.worker._workers import ROOT, read_scores, wait_for
+from tracing import CelerySink
+from tracing._score_record import ScoreRecord, score_id_for
+from worker._settings import get_settings
+from worker._store import DeadLetter, RedisScoreStore
+from worker.cli import main
+
+
+@pytest.fixture
+def env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """TRACESCORE_* pointing at DB 11 for in-process commands."""
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", redis_url)
+    monkeypatch.delenv("TRACESCORE_REDIS_URL", raising=False)
+    get_settings.cache_clear()
+    yield redis_url
+    get_settings.cache_clear()
+
+
+def _store_records(url: str, records: list[ScoreRecord]) -> None:
+    async def go() -> None:
+        store = RedisScoreStore(url)
+        await store.put_records(records, "test", 600)
+        await store.close()
+
+    asyncio.run(go())
+
+
+def test_scores_shows_the_stored_scores_of_a_trace(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`scores --trace` lists each stored score of that trace (and only that trace)."""
+    trace, span = "ab" * 16, "cd" * 8
+    records = [
+        ScoreRecord(
+            score_id=score_id_for(trace, span, s, "1"), trace_id=trace, span_id=span, scorer_id=s, score=v, label=lab
+        )
+        for s, v, lab in (("relevancy", 0.75, "good"), ("toxicity", 0.0, None))
+    ]
+    other = ScoreRecord(score_id="x" * 64, trace_id="ef" * 16, span_id=span, scorer_id="other", score=1.0)
+    _store_records(env, [*records, other])
+    assert main(["scores", "--trace", trace]) == 0
+    out = capsys.readouterr().out
+    assert "relevancy" in out
+    assert "0.750 [good]" in out
+    assert "toxicity" in out
+    assert "other" not in out
+    assert main(["scores", "--trace", trace.upper(), "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(r["scorer_id"] for r in lines) == ["relevancy", "toxicity"]
+
+
+def test_scores_rejects_a_malformed_trace_id(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace id that is not 32 hex characters is one clear error line, exit 1."""
+    assert main(["scores", "--trace", "nope"]) == 1
+    assert "32 hex characters" in capsys.readouterr().err
+
+
+def test_dlq_list_and_retry(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dlq list` shows dead letters; `dlq retry --all` requeues the retryable ones only."""
+    good = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(2), ["length"]))
+    bad = DeadLetter(reason="invalid_payload", error="not a ScoreBatch", payload={"x": 1}, retryable=False)
+
+    async def push() -> None:
+        store = RedisScoreStore(env)
+        await store.dlq_push(good)
+        await store.dlq_push(bad)
+        await store.close()
+
+    asyncio.run(push())
+    assert main(["dlq", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "2 dead letter(s)" in out
+    assert good.id in out
+    assert "invalid_payload (not retryable)" in out
+
+    assert main(["dlq", "retry", "--all"]) == 0
+    captured = capsys.readouterr()
+    assert f"requeued {good.id}" in captured.out
+    assert f"{bad.id}: not retryable" in captured.err
+    client = redis.Redis.from_url(env)
+    assert client.llen("tracescore") == 1  # the requeued message waits in the scoring queue
+    assert client.llen("tracescore:dlq") == 1
+    client.close()
+    assert main(["dlq", "retry"]) == 1  # neither ids nor --all
+
+
+def test_status_is_a_health_check(
+    env: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status` exits 0 with the queue figures when the broker answers, 1 when it does not."""
+    CelerySink(env).send(batch(range(1), ["length"]))
+    assert main(["status", "--json", "--timeout", "0.3"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["queue_depth"] == 1
+    assert status["workers"] == []
+    assert status["dead_letters"] == 0
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", "redis://127.0.0.1:1/11")
+    get_settings.cache_clear()
+    assert main(["status"]) == 1
+    assert "broker unreachable" in capsys.readouterr().err
+
+
+def test_worker_command_starts_a_worker_that_scores(redis_url: str, tmp_path: Path) -> None:
+    """`tracescore worker` says which broker it uses, starts, and scores what is queued."""
+    scores = tmp_path / "scores.jsonl"
+    log = tmp_path / "worker.log"
+    env = {
+        **os.environ,
+        "TRACESCORE_BROKER_URL": redis_url,
+        "TRACESCORE_WRITER": "jsonl",
+        "TRACESCORE_WRITER_PATH": str(scores),
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [
+        str(Path(sys.executable).with_name("tracescore")),
+        "worker", "--scorers", "tests.worker.sample_scorers", "--concurrency", "2",
+    ]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert wait_for(lambda: " ready." in log.read_text() or proc.poll() is not None, 60), log.read_text()
+        text = log.read_text()
+        assert "Redis mode" in text
+        assert "redis://127.0.0.1:6379/11" in text
+        assert "pool threads x2" in text
+        sink = CelerySink(redis_url)
+        sink.send(batch(range(5), ["length", "steps"], salt="cli"))
+        sink.close()
+        assert wait_for(lambda: len(read_scores(scores)) >= 10, 30), log.read_text()[-2000:]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def test_worker_command_rejects_a_missing_scorer_module(capsys: pytest.CaptureFixture[str]) -> None:
+    """A scorer module that cannot be imported fails at once with one clear line."""
+    assert main(["worker", "--scorers", "no_such_module_here"]) == 1
+    assert "cannot import scorer module 'no_such_module_here'" in capsys.readouterr().err
