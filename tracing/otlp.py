@@ -112,17 +112,21 @@ def _object(value: Any, field: str, where: str) -> Mapping[str, Any]:
     return value
 
 
-def _id(value: Any, size: int, field: str, where: str, *, required: bool = True) -> int:
-    """A hex id (OTLP/JSON) or a base64 one (protobuf JSON mapping); 0 when absent and optional."""
+def _id(value: Any, size: int, field: str, where: str, *, required: bool = True, suffix: str = "") -> int:
+    """A hex id (OTLP/JSON) or a base64 one (protobuf JSON mapping); 0 when absent and optional.
+
+    The error's field is ``field.suffix`` when a suffix is given (built only on error).
+    """
     if value is None or value == "":
         if required:
-            raise OtlpDecodeError("missing id", where=where, field=field)
+            raise OtlpDecodeError("missing id", where=where, field=f"{field}.{suffix}" if suffix else field)
         return 0
-    if not isinstance(value, str):
-        raise OtlpDecodeError(f"id must be a string, got {type(value).__name__}", where=where, field=field)
-    if len(value) == size * 2 and _HEX.issuperset(value):
+    if type(value) is str and len(value) == size * 2 and _HEX.issuperset(value):
         number = int(value, 16)
     else:
+        at = f"{field}.{suffix}" if suffix else field
+        if not isinstance(value, str):
+            raise OtlpDecodeError(f"id must be a string, got {type(value).__name__}", where=where, field=at)
         try:
             raw = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
@@ -131,11 +135,11 @@ def _id(value: Any, size: int, field: str, where: str, *, required: bool = True)
             raise OtlpDecodeError(
                 f"id {value!r} is neither {size * 2} hex digits nor base64 of {size} bytes",
                 where=where,
-                field=field,
+                field=at,
             )
         number = int.from_bytes(raw, "big")
     if number == 0 and required:
-        raise OtlpDecodeError("id is all zeros (invalid)", where=where, field=field)
+        raise OtlpDecodeError("id is all zeros (invalid)", where=where, field=f"{field}.{suffix}" if suffix else field)
     return number
 
 
@@ -239,38 +243,59 @@ def _trace_state(value: Any) -> TraceState | None:
 def _json_span(
     raw: Any, resource: Resource, scope: InstrumentationScope | None, field: str, where: str
 ) -> ReadableSpan:
+    # Hot path (every span of a backfill): error field paths are only built when an error is raised.
     span = _object(raw, field, where)
-    trace_id = _id(_get(span, "traceId", "trace_id"), 16, f"{field}.traceId", where)
-    span_id = _id(_get(span, "spanId", "span_id"), 8, f"{field}.spanId", where)
-    parent_id = _id(_get(span, "parentSpanId", "parent_span_id"), 8, f"{field}.parentSpanId", where, required=False)
-    flags = _int(span.get("flags"), f"{field}.flags", where) or 1
+    trace_id = _id(_get(span, "traceId", "trace_id"), 16, field, where, suffix="traceId")
+    span_id = _id(_get(span, "spanId", "span_id"), 8, field, where, suffix="spanId")
+    parent_id = _id(
+        _get(span, "parentSpanId", "parent_span_id"), 8, field, where, required=False, suffix="parentSpanId"
+    )
+    raw_flags = span.get("flags")
+    flags = TraceFlags(((_int(raw_flags, f"{field}.flags", where) or 1) if raw_flags is not None else 1) & 0xFF)
     name = span.get("name")
     if not isinstance(name, str):
         raise OtlpDecodeError("span has no name", where=where, field=f"{field}.name")
-    context = SpanContext(
-        trace_id, span_id, False, TraceFlags(flags & 0xFF), _trace_state(_get(span, "traceState", "trace_state"))
+    trace_state = _get(span, "traceState", "trace_state")
+    context = SpanContext(trace_id, span_id, False, flags, _trace_state(trace_state) if trace_state else None)
+    parent = SpanContext(trace_id, parent_id, False, flags) if parent_id else None
+    raw_events = span.get("events")
+    events = (
+        [
+            _json_event(e, f"{field}.events[{i}]", where)
+            for i, e in enumerate(_list(span, "events", "events", field, where))
+        ]
+        if raw_events
+        else []
     )
-    parent = SpanContext(trace_id, parent_id, False, TraceFlags(flags & 0xFF)) if parent_id else None
-    events = [
-        _json_event(e, f"{field}.events[{i}]", where)
-        for i, e in enumerate(_list(span, "events", "events", field, where))
-    ]
-    links = [
-        _json_link(link, f"{field}.links[{i}]", where)
-        for i, link in enumerate(_list(span, "links", "links", field, where))
-    ]
+    raw_links = span.get("links")
+    links = (
+        [_json_link(k, f"{field}.links[{i}]", where) for i, k in enumerate(_list(span, "links", "links", field, where))]
+        if raw_links
+        else []
+    )
+    raw_attributes = span.get("attributes")
+    if raw_attributes is not None and not isinstance(raw_attributes, list):
+        raise OtlpDecodeError(
+            f"expected a list, got {type(raw_attributes).__name__}", where=where, field=f"{field}.attributes"
+        )
+    start = _get(span, "startTimeUnixNano", "start_time_unix_nano")
+    end = _get(span, "endTimeUnixNano", "end_time_unix_nano")
+    kind = span.get("kind")
+    status = span.get("status")
     return ReadableSpan(
         name=name,
         context=context,
         parent=parent,
         resource=resource,
-        attributes=_attributes(_list(span, "attributes", "attributes", field, where), f"{field}.attributes", where),
+        attributes=_attributes(raw_attributes, f"{field}.attributes", where) if raw_attributes else {},
         events=events,
         links=links,
-        kind=_kind(span.get("kind"), f"{field}.kind", where),
-        status=_status(span.get("status"), f"{field}.status", where),
-        start_time=_int(_get(span, "startTimeUnixNano", "start_time_unix_nano"), f"{field}.startTimeUnixNano", where),
-        end_time=_int(_get(span, "endTimeUnixNano", "end_time_unix_nano"), f"{field}.endTimeUnixNano", where),
+        kind=SpanKind.INTERNAL if kind is None else _kind(kind, f"{field}.kind", where),
+        status=_status(status, f"{field}.status", where) if status else _UNSET_STATUS,
+        start_time=int(start)
+        if type(start) is str and start.isdigit()
+        else _int(start, f"{field}.startTimeUnixNano", where),
+        end_time=int(end) if type(end) is str and end.isdigit() else _int(end, f"{field}.endTimeUnixNano", where),
         instrumentation_scope=scope,
     )
 
