@@ -256,6 +256,8 @@ class Backfill:
             self.reporter.message("(more problems are only counted; see the summary)")
 
     def _show(self, *, force: bool = False) -> None:
+        if not force and not self.reporter.due():
+            return
         fraction_done = getattr(self.source, "fraction_done", None)
         fraction = fraction_done() if callable(fraction_done) else None
         counters = self.state.counters

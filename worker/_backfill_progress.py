@@ -28,6 +28,10 @@ class ProgressReporter:
         self._drawn = False
         self._phase_started: dict[str, float] = {}
 
+    def due(self) -> bool:
+        """Whether an update now would be shown (callers skip computing it otherwise)."""
+        return time.monotonic() - self._last >= self.interval_s
+
     def start(self, phase: str, at: float | None = None) -> None:
         """Start the clock of ``phase`` (its rate and ETA count from here); else its first update."""
         self._phase_started[phase] = time.monotonic() if at is None else at

@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 
 from tests.backfill._synth import BASE_NS, trace_id, write_otlp_files
 from tracing import sampled
+from worker._cli_backfill import parse_time
 from worker._registry import load_registry
 from worker.cli import cli
 
@@ -162,3 +164,15 @@ def test_tracescores_own_traces_are_never_scored(tmp_path: Path) -> None:
     summary = _summary(_run(str(tmp_path), "--scorers", SCORERS, "--json", "--dry-run"))
     assert summary["traces_skipped"] == {"loop_guard": 1}
     assert summary["runs_to_score"] == 4
+
+
+def test_time_arguments() -> None:
+    """--since/--until take ISO 8601 (UTC unless an offset is given), a duration ago, or epoch seconds."""
+    assert parse_time("2026-11-30T10:00:00Z") == 1_796_032_800 * 10**9
+    assert parse_time("2026-11-30T11:00:00+01:00") == 1_796_032_800 * 10**9
+    assert parse_time("2026-11-30") == 1_795_996_800 * 10**9
+    assert parse_time("1796032800.5") == 1_796_032_800_500_000_000
+    assert parse_time("2h", now=10_000.0) == (10_000 - 7200) * 10**9
+    assert parse_time("7d", now=1_000_000.0) == (1_000_000 - 7 * 86400) * 10**9
+    with pytest.raises(click.BadParameter, match="not a time"):
+        parse_time("yesterday")
