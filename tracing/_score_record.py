@@ -41,6 +41,9 @@ class ScoreRecord(BaseModel):
     error_type: str | None = None
     error_message: str | None = None
     failed_step: str | None = None
+    # The failure was transient (timeouts, 429/5xx) and outlasted the retry budget: a later
+    # delivery of the run (e.g. `tracescore dlq retry`) may score it and replace this record.
+    retryable: bool = False
     judge_models: list[str] = Field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0

@@ -52,6 +52,8 @@ def configure_app(app: Celery, settings: Settings) -> None:
         task_default_queue=settings.queue,
         task_create_missing_queues=True,
         worker_hijack_root_logger=False,
+        # structlog writes its own lines; Celery would re-log them as WARNING otherwise.
+        worker_redirect_stdouts=False,
         worker_send_task_events=False,
         broker_transport_options={
             # Longer than the longest task, so Redis never hands a running task to a second worker.

@@ -94,6 +94,8 @@ class BatchReport:
     skipped: Counter[str] = field(default_factory=Counter)
     transient: Counter[str] = field(default_factory=Counter)
     retry: list[str] = field(default_factory=list)
+    # Recorded as errors after transient failures on the final attempt (retryable records).
+    exhausted: list[str] = field(default_factory=list)
     # Claimed by another delivery: done by it, or free again once its claim lapses.
     deferred: list[str] = field(default_factory=list)
     written: int = 0
@@ -115,6 +117,7 @@ class BatchReport:
             "skipped": dict(self.skipped),
             "transient": dict(self.transient),
             "deferred": len(self.deferred),
+            "exhausted": len(self.exhausted),
             "written": self.written,
             "write_failed": self.write_failed,
             "elapsed_s": round(self.elapsed_s, 4),
@@ -178,6 +181,7 @@ def _record(
     error: BaseException | None = None,
     error_type: str | None = None,
     failed_step: str | None = None,
+    retryable: bool = False,
 ) -> ScoreRecord:
     request = pair.request
     ident = request.run.identity
@@ -201,6 +205,7 @@ def _record(
         error_type=error_type,
         error_message=str(error)[:2000] if error is not None else None,
         failed_step=failed_step,
+        retryable=retryable,
         judge_models=sorted({e.model for e in executions}),
         input_tokens=sum(e.usage.input_tokens for e in executions),
         output_tokens=sum(e.usage.output_tokens for e in executions),
@@ -239,9 +244,17 @@ async def _score_pair(
                 on_step=on_step,
             )
         except ScorerRunError as exc:
-            if not final_attempt and is_transient(exc.cause):
+            transient = is_transient(exc.cause)
+            if transient and not final_attempt:
                 return _Transient(pair, exc.error_type)
-            return _record(pair, exc.partial, error=exc, error_type=exc.error_type, failed_step=exc.failed_step)
+            return _record(
+                pair,
+                exc.partial,
+                error=exc,
+                error_type=exc.error_type,
+                failed_step=exc.failed_step,
+                retryable=transient,
+            )
         except ScorerError as exc:
             return _record(pair, None, error=exc, error_type=type(exc).__name__)
         except Exception as exc:  # a bug in a scorer outside its steps: still a visible record
@@ -313,6 +326,8 @@ async def _score_request(
     for record in new:
         if record.error_type:
             report.failed[record.error_type] += 1
+            if record.retryable:
+                report.exhausted.append(record.score_id)
         elif record.score is None:
             report.not_scorable += 1
         else:
@@ -345,7 +360,7 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
     todo: list[_Pair] = []
     for pair in pairs:
         record = existing.get(pair.score_id)
-        if record is None:
+        if record is None or record.retryable:  # a retryable error record may be replaced
             todo.append(pair)
             continue
         report.skipped["already_scored"] += 1
@@ -385,7 +400,6 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
         report.elapsed_s = time.perf_counter() - started
     for key in [k for k, v in report.skipped.items() if not v]:
         del report.skipped[key]
-    log.debug("batch_scored", **report.as_dict())
     return report
 
 

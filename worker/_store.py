@@ -79,7 +79,8 @@ class ScoreStore(Protocol):
 
     async def put_records(self, records: Sequence[ScoreRecord], owner: str, ttl_s: int) -> list[bool]:
         """Record each score unless already recorded (True = newly recorded), clear its
-        checkpoint and claim, and count it for its job and the failure statistics."""
+        checkpoint and claim, and count it for its job and the failure statistics. A stored
+        error record marked ``retryable`` is replaced (its job's failed count corrected)."""
         ...
 
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]: ...
@@ -159,11 +160,17 @@ class MemoryScoreStore:
         fresh: list[bool] = []
         with self._lock:
             for record in records:
-                if record.score_id in self.records:
-                    fresh.append(False)
-                    continue
+                prev = self.records.get(record.score_id)
+                if prev is not None:
+                    if not prev.retryable:
+                        fresh.append(False)
+                        continue
+                    if record.job_id and prev.job_id == record.job_id:
+                        self._jobs[record.job_id]["failed"] -= 1
+                        self._jobs[record.job_id][f"failed:{prev.error_type}"] -= 1
+                else:
+                    self._by_trace[record.trace_id].append(record.score_id)
                 self.records[record.score_id] = record
-                self._by_trace[record.trace_id].append(record.score_id)
                 self._checkpoints.pop(record.score_id, None)
                 if self._claims.get(record.score_id, ("", 0.0))[0] == owner:
                     del self._claims[record.score_id]
@@ -223,10 +230,22 @@ class MemoryScoreStore:
 
 
 # KEYS: record, trace set, checkpoint, claim, job hash, failures hash
-# ARGV: record json, ttl, score id, owner, has_job (0/1), outcome, reason, failures ttl
+# ARGV: record json, ttl, score id, owner, has_job (0/1), outcome, reason, failures ttl, job id
 _PUT_RECORD = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) then
-  return 0
+  -- Taken. Only an error record marked retryable (its retries ran out on a transient failure)
+  -- may be replaced, by a later delivery (e.g. `tracescore dlq retry`).
+  local ok, prev = pcall(cjson.decode, redis.call('GET', KEYS[1]) or '')
+  if not ok or type(prev) ~= 'table' or prev['retryable'] ~= true then
+    return 0
+  end
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
+  if ARGV[5] == '1' and prev['job_id'] == ARGV[9] then
+    redis.call('HINCRBY', KEYS[5], 'failed', -1)
+    if type(prev['error_type']) == 'string' then
+      redis.call('HINCRBY', KEYS[5], 'failed:' .. prev['error_type'], -1)
+    end
+  end
 end
 redis.call('SADD', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
@@ -366,6 +385,7 @@ class RedisScoreStore:
                     outcome,
                     reason,
                     failures_ttl,
+                    record.job_id or "",
                 )
             )
         done = await self._evalsha_many(_PUT_RECORD, 6, calls)

@@ -119,19 +119,31 @@ def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | Non
         log.warning("batch_retry", batch_id=batch.batch_id, attempt=attempt + 1, error=error[:300])
         raise self.retry(countdown=settings.retry_backoff_seconds * 2**attempt, exc=exc) from exc
     summary = report.as_dict()
-    if report.needs_retry:
-        if final:  # only deferred pairs are left: claimed by a delivery that never finished
-            _dead_letter(
-                runtime,
-                reason="still_claimed",
-                error=f"{len(report.deferred)} score(s) stayed claimed by another delivery through every retry",
-                payload=payload,
-                size=size,
-                batch_id=batch.batch_id,
-                attempts=attempt + 1,
-                retryable=True,
+    if final and (report.exhausted or report.deferred):
+        # Error records for the exhausted runs are written (visible); the message is kept so
+        # `tracescore dlq retry` can score what is missing once the cause is gone.
+        reasons: list[str] = []
+        if report.exhausted:
+            reasons.append(
+                f"{len(report.exhausted)} score(s) still failing after {attempt + 1} attempts ("
+                + ", ".join(f"{k}×{v}" for k, v in report.failed.items())
+                + ")"
             )
-            return summary
+        if report.deferred:
+            reasons.append(f"{len(report.deferred)} score(s) stayed claimed by another delivery")
+        _dead_letter(
+            runtime,
+            reason="retry_budget_exhausted" if report.exhausted else "still_claimed",
+            error="; ".join(reasons),
+            payload=payload,
+            size=size,
+            batch_id=batch.batch_id,
+            attempts=attempt + 1,
+            retryable=True,
+        )
+        log.info("batch_done", **summary)
+        return summary
+    if report.needs_retry:
         countdown = settings.retry_backoff_seconds * 2**attempt
         if report.deferred:
             # Spread the retries over one claim lifetime: by then the holder finished or lapsed.

@@ -182,3 +182,41 @@ def test_concurrency_is_bounded_per_model() -> None:
     report = asyncio.run(score_batch(batch(range(20), ["slow"]), deps))
     assert report.scored == 20
     assert state["peak"] == 4
+
+
+def test_retryable_error_record_is_replaced_by_a_later_success() -> None:
+    """Transient failures past the budget leave retryable error records; a later delivery replaces them."""
+    healthy = {"on": False}
+
+    async def judge_like(run: Any) -> float:
+        if not healthy["on"]:
+            raise TimeoutError("provider down")
+        return 0.9
+
+    scorer = create_scorer("flaky2", type="agent").generate_score(judge_like)
+    deps, store, writer = _deps(scorer)
+    msg = batch(range(2), ["flaky2"], job_id="job")
+    first = asyncio.run(score_batch(msg, deps, final_attempt=True))
+    assert first.failed == {"TimeoutError": 2}
+    assert len(first.exhausted) == 2
+    assert all(r.retryable for r in writer.records)
+    assert asyncio.run(store.job_progress("job"))["failed"] == 2
+    healthy["on"] = True
+    again = asyncio.run(score_batch(msg, deps))
+    assert again.scored == 2
+    assert [r.score for r in writer.records[2:]] == [0.9, 0.9]
+    assert all(r.score == 0.9 for r in store.records.values())
+    progress = asyncio.run(store.job_progress("job"))
+    assert progress["scored"] == 2
+    assert progress["failed"] == 0
+
+
+def test_terminal_error_record_is_not_rescored() -> None:
+    """A non-transient failure is final: a redelivery skips it."""
+    deps, _, writer = _deps(failing)
+    msg = batch(range(1), ["failing"])
+    asyncio.run(score_batch(msg, deps))
+    again = asyncio.run(score_batch(msg, deps))
+    assert again.skipped == {"already_scored": 1}
+    assert len(writer.records) == 1
+    assert not writer.records[0].retryable

@@ -120,3 +120,23 @@ def test_dead_letters_list_and_take(store: Any) -> None:
     assert taken.payload == {"x": 1}
     assert left == 1
     assert missing is None
+
+
+def test_retryable_error_record_can_be_replaced_once(store: Any) -> None:
+    """A retryable error record gives way to a score (job counts corrected); a score never does."""
+
+    async def go() -> tuple[list[bool], list[bool], list[bool], dict[str, int], float | None]:
+        err = _record(9, job_id="j", error_type="JudgeTimeoutError", retryable=True)
+        first = await store.put_records([err], "w", 60)
+        second = await store.put_records([_record(9, job_id="j", score=0.5)], "w", 60)
+        third = await store.put_records([_record(9, job_id="j", score=0.7)], "w", 60)
+        progress = await store.job_progress("j")
+        (kept,) = await store.records_for_trace(f"{9:032x}")
+        await store.close()
+        return first, second, third, progress, kept.score
+
+    first, second, third, progress, kept = run(go())
+    assert (first, second, third) == ([True], [True], [False])
+    assert kept == 0.5
+    assert progress["scored"] == 1
+    assert progress["failed"] == 0

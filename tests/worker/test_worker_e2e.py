@@ -14,7 +14,7 @@ from celery import Celery
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from tests.fakellm import FakeLLMServer
+from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink, ScoringRule, ScoringSpanExporter
@@ -30,8 +30,8 @@ class Workers:
         self.scores = tmp / "scores.jsonl"
         self.started: list[WorkerProcess] = []
 
-    def start(self, name: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        worker = WorkerProcess(name, self.redis_url, self.tmp, scores_path=self.scores, env=env)
+    def start(self, name: str, env: dict[str, str] | None = None, **options: Any) -> WorkerProcess:
+        worker = WorkerProcess(name, self.redis_url, self.tmp, scores_path=self.scores, env=env, **options)
         self.started.append(worker)
         worker.wait_ready()
         return worker
@@ -90,7 +90,8 @@ def _agent_trace(tracer: Any, n: int) -> tuple[str, str]:
 
 def test_spans_to_score_events_through_a_worker(workers: Workers, redis_url: str) -> None:
     """Agent spans → ScoringSpanExporter → CelerySink → worker → one JSONL score per run × scorer."""
-    workers.start("e2e")
+    # Prefork: each child process builds its own event loop, Redis clients and writer.
+    workers.start("e2e", pool="prefork", concurrency=2)
     sink = CelerySink(redis_url)
     exporter = ScoringSpanExporter([ScoringRule(["length", "steps"])], sink, grace_s=0.0)
     provider = TracerProvider()
@@ -211,3 +212,42 @@ def test_rate_limit_is_shared_by_two_workers(
     assert stamps[-1] - stamps[0] >= (120 - 2 * per_s) / per_s * 0.85
     assert "batch_done" in a.text()
     assert "batch_done" in b.text()
+
+
+def test_retry_budget_then_dead_letter_then_dlq_retry(
+    workers: Workers,
+    fake_llm: FakeLLMServer,
+    fake_llm_env: dict[str, str],
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A judge down through every retry: error records + a dead letter; `dlq retry` then scores it."""
+    from worker._settings import get_settings
+    from worker.cli import main
+
+    fake_llm.rule(Reply.error(503, "down for maintenance"))
+    worker = workers.start("budget", {**fake_llm_env, "TRACESCORE_RETRY_BUDGET": "1"})
+    sink = CelerySink(redis_url)
+    sink.send(batch(range(2), ["judged"], salt="budget"))
+    sink.close()
+    assert wait_for(lambda: len(_dlq(redis_url)) == 1, 30), worker.text()[-3000:]
+    (letter,) = _dlq(redis_url)
+    assert letter.reason == "retry_budget_exhausted"
+    assert letter.attempts == 2
+    assert "JudgeServerError" in letter.error
+    errors = read_scores(workers.scores)
+    assert [e["error_type"] for e in errors] == ["JudgeServerError", "JudgeServerError"]
+    assert all(e["retryable"] for e in errors)
+
+    fake_llm.reset()  # the provider is back
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", redis_url)
+    get_settings.cache_clear()
+    try:
+        assert main(["dlq", "retry", "--all"]) == 0
+    finally:
+        get_settings.cache_clear()
+    assert wait_for(lambda: len(read_scores(workers.scores)) == 4, 30), worker.text()[-3000:]
+    retried = read_scores(workers.scores)[2:]
+    assert {r["score_id"] for r in retried} == {e["score_id"] for e in errors}
+    assert all(r["error_type"] is None and r["score"] is not None for r in retried)
+    assert _dlq(redis_url) == []
