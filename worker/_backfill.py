@@ -112,6 +112,7 @@ class Backfill:
         """Read, transform and submit everything; returns the state (status ``enqueued``)."""
         counters = self.state.counters
         self._current = self.state.position
+        self.reporter.start("reading")
         for item in self.source.read(self.state.position):
             if isinstance(item, SpanBatch):
                 self._current = item.position
@@ -261,7 +262,9 @@ class Backfill:
         fraction_done = getattr(self.source, "fraction_done", None)
         fraction = fraction_done() if callable(fraction_done) else None
         counters = self.state.counters
-        verb = "would score" if self.submitter is None else "enqueued"
+        verb = (
+            "would score" if self.submitter is None else ("scored" if self.submitter.mode == "embedded" else "enqueued")
+        )
         self.reporter.update(
             "reading",
             counters.traces_read,

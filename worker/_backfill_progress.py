@@ -24,7 +24,8 @@ class ProgressReporter:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.interval_s = interval_s if not self.tty else 0.1
-        self._last = float("-inf")  # the first update always shows
+        # A terminal shows the bar at once; plain output starts after one interval (no "0 done" line).
+        self._last = float("-inf") if self.tty else time.monotonic()
         self._drawn = False
         self._phase_started: dict[str, float] = {}
 

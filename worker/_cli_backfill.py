@@ -160,7 +160,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     lines = [
         f"backfill {summary['job_id']} ({summary['mode']}): {summary['status']}",
         f"  traces read       {summary['traces_read']:,}" + (f"   ({rate:,.0f}/s)" if summary["traces_read"] else ""),
-        f"  runs enqueued     {summary['runs_enqueued']:,}  × {len(summary['scorers'])} scorers "
+        f"  runs {'scored  ' if summary['mode'] == 'embedded' else 'enqueued'}     {summary['runs_enqueued']:,}"
+        f"  × {len(summary['scorers'])} scorers "
         f"= {summary['scores_expected']:,} scores",
         f"  scored            {summary['scored']:,}",
         f"  failed            {summary['failed']:,}"
@@ -192,6 +193,7 @@ def _wait_for_workers(
 ) -> dict[str, int]:
     expected = state.expected_scores
     started = time.monotonic()
+    reporter.start("scoring")
     progress = submitter.progress(state.job_id)
     while True:
         done = progress.get("scored", 0) + progress.get("failed", 0) + progress.get("skipped", 0)

@@ -38,7 +38,7 @@ def test_plain_output_is_one_line_per_interval() -> None:
         reporter.update("reading", done, "traces", done / 100)
     reporter.update("reading", 100, "traces", 1.0, force=True)
     lines = stream.getvalue().splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 1
     assert "\r" not in stream.getvalue()
     assert lines[-1].startswith("reading: 100 traces")
     assert lines[-1].endswith("(100.0%)")
