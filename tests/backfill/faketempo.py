@@ -29,6 +29,7 @@ class FakeTempo:
         self.requests: list[str] = []
         self.fail_next = 0
         self.json_only = False
+        self.required_headers: dict[str, str] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -67,6 +68,10 @@ class FakeTempo:
         url = urllib.parse.urlsplit(handler.path)
         with self._lock:
             self.requests.append(handler.path)
+            missing = {k: v for k, v in self.required_headers.items() if handler.headers.get(k) != v}
+            if missing:
+                self._send(handler, 401, f"missing headers {sorted(missing)}".encode(), "text/plain")
+                return
             if self.fail_next > 0:
                 self.fail_next -= 1
                 self._send(handler, 503, b"ingester unavailable", "text/plain")

@@ -11,7 +11,16 @@ from click.testing import CliRunner
 from tests.backfill._synth import BASE_NS, trace_id, trace_spans
 from tests.backfill.faketempo import FakeTempo
 from tracing.otlp import decode_otlp_json
-from tracing.sources import Malformed, Position, SourceError, SpanBatch, TempoSource
+from tracing.sources import (
+    Malformed,
+    Position,
+    SourceError,
+    SpanBatch,
+    TempoSource,
+    TraceSource,
+    open_source,
+    source_from_description,
+)
 from worker.cli import cli
 
 STEP_NS = 10 * 10**9  # a trace every 10 s
@@ -33,7 +42,7 @@ def tempo() -> Iterator[FakeTempo]:
         fake.stop()
 
 
-def _read_ids(source: TempoSource, start: Position | None = None) -> list[str]:
+def _read_ids(source: TraceSource, start: Position | None = None) -> list[str]:
     return [f"{i.spans[0].context.trace_id:032x}" for i in source.read(start) if isinstance(i, SpanBatch)]
 
 
@@ -137,3 +146,19 @@ def test_backfill_command_reads_tempo(tempo: FakeTempo) -> None:
     assert summary["mode"] == "embedded"
     assert summary["traces_read"] == 10
     assert summary["scored"] + summary["failed"] == 30
+
+
+def test_tenant_and_auth_headers_come_from_the_environment(tempo: FakeTempo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRACESCORE_TEMPO_HEADERS (OTLP headers format) reaches Tempo, and is never stored in the job."""
+    tempo.required_headers = {"X-Scope-OrgID": "tenant-1", "Authorization": "Basic dTpw"}
+    monkeypatch.setenv("TRACESCORE_TEMPO_HEADERS", "X-Scope-OrgID=tenant-1,Authorization=Basic%20dTpw")
+    source = open_source([f"tempo+{tempo.url}"], since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS)
+    assert len(_read_ids(source)) == 3
+    assert "tenant-1" not in json.dumps(source.describe())
+    assert len(_read_ids(source_from_description(source.describe()))) == 3
+    monkeypatch.setenv("TRACESCORE_TEMPO_HEADERS", "nonsense")
+    with pytest.raises(SourceError, match="TRACESCORE_TEMPO_HEADERS: 'nonsense' is not key=value"):
+        open_source([f"tempo+{tempo.url}"])
+    monkeypatch.delenv("TRACESCORE_TEMPO_HEADERS")
+    with pytest.raises(SourceError, match="HTTP 401"):
+        list(open_source([f"tempo+{tempo.url}"], since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS).read())

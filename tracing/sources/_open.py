@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import urllib.parse
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tracing.sources._base import SourceError, TraceSource
 from tracing.sources._files import FileSource
 from tracing.sources._tempo import TempoSource
 
-__all__ = ["open_source", "source_from_description"]
+__all__ = ["TEMPO_HEADERS_ENV", "open_source", "source_from_description", "tempo_headers"]
 
 _TEMPO_SCHEMES = ("tempo+http://", "tempo+https://")
+TEMPO_HEADERS_ENV = "TRACESCORE_TEMPO_HEADERS"
+
+
+def tempo_headers(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Extra HTTP headers for Tempo (auth, ``X-Scope-OrgID``) from ``TRACESCORE_TEMPO_HEADERS``.
+
+    Same format as ``OTEL_EXPORTER_OTLP_HEADERS``: ``key1=value1,key2=value2``, values
+    URL-encoded. Read from the environment on every start and resume, never stored in job state.
+    """
+    raw = (os.environ if environ is None else environ).get(TEMPO_HEADERS_ENV, "")
+    headers: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SourceError(f"{TEMPO_HEADERS_ENV}: {item!r} is not key=value (e.g. X-Scope-OrgID=tenant-1)")
+        headers[key.strip()] = urllib.parse.unquote(value.strip())
+    return headers
 
 
 def open_source(
@@ -27,7 +46,9 @@ def open_source(
     if tempo:
         if len(specs) != 1:
             raise SourceError("a tempo+http:// source cannot be combined with other sources")
-        return TempoSource(tempo[0].removeprefix("tempo+"), since_ns=since_ns, until_ns=until_ns, query=query)
+        return TempoSource(
+            tempo[0].removeprefix("tempo+"), since_ns=since_ns, until_ns=until_ns, query=query, headers=tempo_headers()
+        )
     return FileSource(list(specs))
 
 
@@ -37,5 +58,5 @@ def source_from_description(description: dict[str, Any]) -> TraceSource:
     if kind == "files":
         return FileSource(list(description["files"]))
     if kind == "tempo":
-        return TempoSource.from_description(description)
+        return TempoSource.from_description(description, headers=tempo_headers())
     raise SourceError(f"unknown source kind {kind!r} in the job state; expected 'files' or 'tempo'")

@@ -77,7 +77,9 @@ class TempoSource:
         self.requests = 0
 
     @classmethod
-    def from_description(cls, description: Mapping[str, Any]) -> TempoSource:
+    def from_description(
+        cls, description: Mapping[str, Any], *, headers: Mapping[str, str] | None = None
+    ) -> TempoSource:
         return cls(
             description["url"],
             since_ns=description["since_ns"],
@@ -85,6 +87,7 @@ class TempoSource:
             query=description.get("query"),
             window_s=description.get("window_s", 3600),
             limit=description.get("limit", 1000),
+            headers=headers,
         )
 
     def describe(self) -> dict[str, Any]:
