@@ -303,7 +303,8 @@ def backfill_command(
     With no broker configured (no --broker, no TRACESCORE_BROKER_URL) the scoring runs in
     this process and prints a table; with a broker the runs go to the Redis queue in batches
     and the command waits for the workers (unless --no-wait). Interrupted Redis jobs resume
-    with --resume JOB_ID.
+    with --resume JOB_ID. Tempo auth or tenant headers come from TRACESCORE_TEMPO_HEADERS
+    (key=value,key2=value2, like OTEL_EXPORTER_OTLP_HEADERS).
 
     \b
     Examples:
@@ -311,7 +312,7 @@ def backfill_command(
       tracescore backfill traces/ --scorers my.scorers --scorer relevancy --since 2026-11-01 --sample 0.1
       tracescore backfill traces/*.jsonl.gz --scorers my.scorers --broker redis://127.0.0.1:6379/0
       tracescore backfill tempo+http://tempo:3200 --since 24h --query '{}' --scorers my.scorers
-      tracescore backfill --resume bf-20261130-152233-1a2b3c
+      tracescore backfill --resume bf-20261130-152233-1a2b3c --broker redis://127.0.0.1:6379/0
       tracescore backfill examples/traces --scorers examples.scorers --dry-run
     """
     _quiet_logs(bool((ctx.obj or {}).get("verbose")))
