@@ -147,8 +147,10 @@ class TempoSource:
             raise SourceError(f"Tempo search at {self.url} did not answer JSON") from None
         return [t for t in found if isinstance(t, dict) and t.get("traceID")]
 
-    def _window_traces(self, start_s: int, end_s: int) -> Iterator[tuple[int, str] | str]:
-        """(start ns, trace id) of the traces starting in [start_s, end_s); a str is a warning."""
+    def _window_traces(self, start_s: int, end_s: int) -> Iterator[list[tuple[int, str]] | str]:
+        """Lists of (start ns, trace id) of the traces starting in [start_s, end_s), one per
+        search that fitted under ``limit`` (so memory stays at one search's worth); a str is a
+        warning."""
         found = self._search(start_s, end_s)
         if len(found) >= self.limit:
             if end_s - start_s > 1:
@@ -160,12 +162,16 @@ class TempoSource:
                 f"more than {self.limit} traces start within second {start_s}; "
                 "some may be missed (raise the search limit)"
             )
+        listed: set[tuple[int, str]] = set()
         for entry in found:
             begin = int(entry.get("startTimeUnixNano") or 0)
             # Tempo's end bound is inclusive at second granularity: keep each trace in one window.
             if begin and not (start_s * _NS <= begin < end_s * _NS):
                 continue
-            yield begin, str(entry["traceID"]).lower().rjust(32, "0")
+            if begin and not (self.since_ns <= begin < self.until_ns):
+                continue
+            listed.add((begin, str(entry["traceID"]).lower().rjust(32, "0")))
+        yield sorted(listed)
 
     def _fetch(self, trace_id: str) -> SourceItem:
         where = f"tempo trace {trace_id}"
@@ -190,23 +196,22 @@ class TempoSource:
         for window_start in range(first_s, last_s, self.window_s):
             window_end = min(window_start + self.window_s, last_s)
             if unit >= start.unit:
-                listed: list[tuple[int, str]] = []
-                for entry in self._window_traces(window_start, window_end):
-                    if isinstance(entry, str):
-                        yield Malformed(Position(unit), f"tempo search {window_start}..{window_end}", entry)
-                    elif self.since_ns <= entry[0] < self.until_ns or not entry[0]:
-                        listed.append(entry)
-                listed = sorted(set(listed))
                 skip = start.line - 1 if unit == start.unit else 0
-                for index, (_, trace_id) in enumerate(listed, 1):
-                    if index <= skip:
+                index = 0
+                for listed in self._window_traces(window_start, window_end):
+                    if isinstance(listed, str):
+                        yield Malformed(Position(unit), f"tempo search {window_start}..{window_end}", listed)
                         continue
-                    item = self._fetch(trace_id)
-                    position = Position(unit, index)
-                    if isinstance(item, SpanBatch):
-                        yield SpanBatch(item.spans, position, item.where)
-                    elif isinstance(item, Malformed):
-                        yield Malformed(position, item.where, item.reason)
+                    for _, trace_id in listed:
+                        index += 1  # the order is stable: sub-windows in time order, sorted within
+                        if index <= skip:
+                            continue
+                        item = self._fetch(trace_id)
+                        position = Position(unit, index)
+                        if isinstance(item, SpanBatch):
+                            yield SpanBatch(item.spans, position, item.where)
+                        elif isinstance(item, Malformed):
+                            yield Malformed(position, item.where, item.reason)
             yield UnitEnd(unit, Position(unit + 1))
             unit += 1
 
