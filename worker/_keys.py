@@ -6,6 +6,7 @@ __all__ = [
     "PREFIX",
     "checkpoint_key",
     "claim_key",
+    "delivery_key",
     "dlq_key",
     "failures_key",
     "job_key",
@@ -61,3 +62,8 @@ def limiter_bucket_key(model_id: str, kind: str) -> str:
 def limiter_pause_key(model_id: str) -> str:
     """Set (with a TTL) while a provider asked us to back off from ``model_id``."""
     return f"{PREFIX}limiter:pause:{model_id}"
+
+
+def delivery_key(task_id: str) -> str:
+    """How many times one queue message (task id; retries keep it) was delivered."""
+    return f"{PREFIX}delivery:{task_id}"

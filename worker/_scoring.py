@@ -372,6 +372,8 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
         await deps.store.count_skipped(job_id, "already_scored", n)
 
     held = await deps.store.claim([p.score_id for p in todo], deps.owner, deps.claim_ttl_s)
+    if len(held) < len(todo):
+        held |= await _take_over_dead_local_owners([p.score_id for p in todo if p.score_id not in held], deps)
     mine = [p for p in todo if p.score_id in held]
     # Held by another delivery: scoring it now, or dead (its claim lapses within claim_ttl_s).
     # Either way try again later rather than pay twice or lose the score.
@@ -401,6 +403,31 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
     for key in [k for k, v in report.skipped.items() if not v]:
         del report.skipped[key]
     return report
+
+
+def _owner_is_dead_here(owner: str, me: str) -> bool:
+    """True when ``owner`` ("host:pid") is a process of this host that no longer exists."""
+    host, _, pid = owner.rpartition(":")
+    if host != me.rpartition(":")[0] or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+async def _take_over_dead_local_owners(score_ids: list[str], deps: ScoringDeps) -> set[str]:
+    """Claims left by a crashed process of this host (e.g. a prefork child killed for memory)
+    need not wait out their TTL: the process is gone, so its redelivered work is ours."""
+    owners = await deps.store.claim_owners(score_ids)
+    dead = [(s, o) for s, o in owners.items() if o != deps.owner and _owner_is_dead_here(o, deps.owner)]
+    vanished = [(s, "") for s in score_ids if s not in owners]  # lapsed since we tried
+    if not dead and not vanished:
+        return set()
+    return await deps.store.take_over([*dead, *vanished], deps.owner, deps.claim_ttl_s)
 
 
 async def _safe_existing(deps: ScoringDeps, ids: list[str]) -> set[str]:

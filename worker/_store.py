@@ -73,6 +73,14 @@ class ScoreStore(Protocol):
         """Drop ``owner``'s claims (others' claims are left alone)."""
         ...
 
+    async def claim_owners(self, score_ids: Sequence[str]) -> dict[str, str]:
+        """Who holds each claimed id (ids without a claim are left out)."""
+        ...
+
+    async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> set[str]:
+        """For each (score id, previous owner): claim it for ``owner`` if that owner still holds it."""
+        ...
+
     async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]: ...
 
     async def put_checkpoint(self, score_id: str, partial: ScoreResult, ttl_s: int) -> None: ...
@@ -84,6 +92,10 @@ class ScoreStore(Protocol):
         ...
 
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]: ...
+
+    async def count_delivery(self, task_id: str, ttl_s: int) -> int:
+        """Count one more delivery of a queue message; returns the count so far (survives crashes)."""
+        ...
 
     async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None: ...
 
@@ -122,6 +134,7 @@ class MemoryScoreStore:
         self._jobs: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._failures: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._dlq: list[DeadLetter] = []
+        self._deliveries: dict[str, int] = {}
 
     async def existing(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
         with self._lock:
@@ -147,6 +160,22 @@ class MemoryScoreStore:
             for score_id in score_ids:
                 if self._claims.get(score_id, ("", 0.0))[0] == owner:
                     del self._claims[score_id]
+
+    async def claim_owners(self, score_ids: Sequence[str]) -> dict[str, str]:
+        now = time.monotonic()
+        with self._lock:
+            return {s: c[0] for s in score_ids if (c := self._claims.get(s)) is not None and c[1] > now}
+
+    async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> set[str]:
+        now = time.monotonic()
+        taken: set[str] = set()
+        with self._lock:
+            for score_id, previous in claims:
+                current = self._claims.get(score_id)
+                if current is None or current[1] <= now or current[0] == previous:
+                    self._claims[score_id] = (owner, now + ttl_s)
+                    taken.add(score_id)
+        return taken
 
     async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]:
         with self._lock:
@@ -187,6 +216,11 @@ class MemoryScoreStore:
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]:
         with self._lock:
             return [self.records[s] for s in self._by_trace.get(trace_id, [])]
+
+    async def count_delivery(self, task_id: str, ttl_s: int) -> int:
+        with self._lock:
+            self._deliveries[task_id] = self._deliveries.get(task_id, 0) + 1
+            return self._deliveries[task_id]
 
     async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None:
         with self._lock:
@@ -264,6 +298,16 @@ if ARGV[7] ~= '' then
   redis.call('EXPIRE', KEYS[6], tonumber(ARGV[8]))
 end
 return 1
+"""
+
+# KEYS: claim. ARGV: previous owner, new owner, ttl. Compare-and-set (a vanished claim is free).
+_TAKE_OVER = """
+local current = redis.call('GET', KEYS[1])
+if current == false or current == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', tonumber(ARGV[3]))
+  return 1
+end
+return 0
 """
 
 _RELEASE = """
@@ -351,6 +395,20 @@ class RedisScoreStore:
             return
         await self._evalsha_many(_RELEASE, 1, [(_keys.claim_key(s), owner) for s in score_ids])
 
+    async def claim_owners(self, score_ids: Sequence[str]) -> dict[str, str]:
+        if not score_ids:
+            return {}
+        owners = await self.client.mget([_keys.claim_key(s) for s in score_ids])
+        return {s: o for s, o in zip(score_ids, owners, strict=True) if o is not None}
+
+    async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> set[str]:
+        if not claims:
+            return set()
+        done = await self._evalsha_many(
+            _TAKE_OVER, 1, [(_keys.claim_key(s), previous, owner, str(max(1, ttl_s))) for s, previous in claims]
+        )
+        return {s for (s, _), ok in zip(claims, done, strict=True) if ok}
+
     async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]:
         if not score_ids:
             return {}
@@ -401,6 +459,13 @@ class RedisScoreStore:
         ids = sorted(await self.client.smembers(_keys.trace_key(trace_id)))
         found = await self.existing(ids)
         return [found[s] for s in ids if s in found]
+
+    async def count_delivery(self, task_id: str, ttl_s: int) -> int:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.incr(_keys.delivery_key(task_id))
+            pipe.expire(_keys.delivery_key(task_id), ttl_s)
+            count, _ = await pipe.execute()
+        return int(count)
 
     async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None:
         async with self.client.pipeline(transaction=False) as pipe:

@@ -24,6 +24,8 @@ log = structlog.get_logger("tracescore.worker.task")
 
 # A dead letter keeps the payload for `tracescore dlq retry` unless it is larger than this.
 MAX_DEAD_PAYLOAD_BYTES = 1024 * 1024
+# Deliveries beyond the retry budget tolerated for worker crashes before dead-lettering.
+MAX_CRASHED_DELIVERIES = 2
 
 
 def _dead_letter(
@@ -97,6 +99,23 @@ def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | Non
         )
         return None
 
+    # Deliveries are counted in Redis: a message that kills its worker (OOM, segfault) comes
+    # back via reject_on_worker_lost / the visibility timeout without a retry count of its own.
+    task_id = str(self.request.id or batch.batch_id)
+    deliveries = run_coro(runtime.store.count_delivery(task_id, int(settings.visibility_timeout) * 10), 30.0)
+    if deliveries > settings.retry_budget + 1 + MAX_CRASHED_DELIVERIES:
+        _dead_letter(
+            runtime,
+            reason="too_many_deliveries",
+            error=f"delivered {deliveries} times (retry budget {settings.retry_budget}); "
+            "its worker probably died while scoring it each time",
+            payload=payload,
+            size=size,
+            batch_id=batch.batch_id,
+            attempts=deliveries,
+            retryable=True,
+        )
+        return None
     final = attempt >= settings.retry_budget
     try:
         report = run_coro(score_batch(batch, runtime.deps, final_attempt=final), timeout=settings.task_soft_time_limit)

@@ -129,3 +129,14 @@ judged_steps = (
     )
     .generate_reason(PromptStep(description="reason", create_prompt=lambda score: f"REASON: explain {score}"))
 )
+
+
+def _crash(run: Any) -> float:
+    """Kills the process scoring it (a stand-in for an OOM kill or a segfault)."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+    return 0.0
+
+
+crash = create_scorer("crash", type="agent").generate_score(_crash)

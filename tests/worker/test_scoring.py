@@ -220,3 +220,20 @@ def test_terminal_error_record_is_not_rescored() -> None:
     assert again.skipped == {"already_scored": 1}
     assert len(writer.records) == 1
     assert not writer.records[0].retryable
+
+
+def test_claim_of_a_dead_local_process_is_taken_over() -> None:
+    """A claim left by a process of this host that no longer exists does not defer the pair."""
+    import socket
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    deps, store, _ = _deps(plain)
+    msg = batch(range(1), ["plain"])
+    ident = msg.requests[0].run.identity
+    held = score_id_for(ident.trace_id, ident.span_id, "plain", "1")
+    asyncio.run(store.claim([held], f"{socket.gethostname()}:{gone.pid}", 60))
+    report = asyncio.run(score_batch(msg, deps))
+    assert report.scored == 1
+    assert not report.deferred

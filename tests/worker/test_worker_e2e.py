@@ -251,3 +251,18 @@ def test_retry_budget_then_dead_letter_then_dlq_retry(
     assert {r["score_id"] for r in retried} == {e["score_id"] for e in errors}
     assert all(r["error_type"] is None and r["score"] is not None for r in retried)
     assert _dlq(redis_url) == []
+
+
+def test_message_that_keeps_killing_its_worker_is_dead_lettered(workers: Workers, redis_url: str) -> None:
+    """A batch whose scoring kills the pool child each time ends in the DLQ, not in a crash loop."""
+    worker = workers.start("crashy", {"TRACESCORE_RETRY_BUDGET": "0"}, pool="prefork", concurrency=1)
+    sink = CelerySink(redis_url)
+    sink.send(batch(range(1), ["crash"], salt="crash"))
+    sink.send(batch(range(2), ["length"], salt="fine"))
+    sink.close()
+    assert wait_for(lambda: len(_dlq(redis_url)) == 1, 90), worker.text()[-3000:]
+    (letter,) = _dlq(redis_url)
+    assert letter.reason == "too_many_deliveries"
+    assert letter.attempts == 4  # 1 attempt + 2 tolerated crashes, dead-lettered on the 4th delivery
+    assert wait_for(lambda: len(read_scores(workers.scores)) == 2, 30), worker.text()[-3000:]
+    assert worker.proc.poll() is None
