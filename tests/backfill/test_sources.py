@@ -123,3 +123,18 @@ def test_synthetic_ids_are_valid() -> None:
     assert len(ids) == 1000
     assert all(len(t) == 32 and int(t, 16) for t in ids)
     assert Position(1, 2, 3) < Position(2, 0, 0)
+
+
+def test_truncated_gzip_yields_what_it_can_then_says_where_it_broke(tmp_path: Path) -> None:
+    """A .gz cut short (a file still being written) gives its whole lines, then one Malformed, then the next file."""
+    paths = write_otlp_files(tmp_path, 40, files=2, traces_per_line=4)
+    data = paths[0].read_bytes()
+    paths[0].write_bytes(data[: len(data) * 2 // 3])
+    items = list(FileSource([tmp_path]).read())
+    (bad,) = [i for i in items if isinstance(i, Malformed)]
+    complete = [i for i in items if isinstance(i, SpanBatch) and i.position.unit == 0]
+    assert complete
+    assert bad.where == f"{paths[0]}:{len(complete) + 1}"
+    assert "cannot read the file further" in bad.reason
+    assert bad.position.line == len(complete) + 1
+    assert any(isinstance(i, SpanBatch) and i.position.unit == 1 for i in items)

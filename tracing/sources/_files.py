@@ -82,6 +82,7 @@ class FileSource:
         self._total = max(1, sum(self._sizes))
         self._done_bytes = 0
         self._handle: IO[bytes] | None = None
+        self._last = Position(0)  # where the record after the last one read whole starts
 
     def fraction_done(self) -> float:
         """Share of the input bytes read so far (compressed bytes for .gz files)."""
@@ -108,6 +109,7 @@ class FileSource:
             if index < start.unit:
                 continue
             begin = start if index == start.unit else Position(index)
+            self._last = Position(index, max(begin.line, 1), begin.offset)
             self._done_bytes = sum(self._sizes[:index])
             try:
                 if _kind(path) == "proto":
@@ -115,8 +117,11 @@ class FileSource:
                 else:
                     yield from self._read_json(index, path, begin)
             except (OSError, EOFError, gzip.BadGzipFile) as exc:
-                # A truncated or unreadable file: report it where it broke and go on with the next.
-                yield Malformed(Position(index, 0, 0), str(path), f"cannot read the file: {exc}")
+                # A truncated or unreadable file (e.g. a .gz still being written): report where it
+                # broke and go on with the next file.
+                broke = self._last
+                where = f"{path}:{'message ' if _kind(path) == 'proto' else ''}{broke.line}"
+                yield Malformed(broke, where, f"cannot read the file further: {exc}")
             self._handle = None
             self._done_bytes = sum(self._sizes[: index + 1])
             yield UnitEnd(index, Position(index + 1))
@@ -133,6 +138,7 @@ class FileSource:
                 line += 1
                 position = Position(index, line, offset)
                 offset += len(raw)
+                self._last = Position(index, line + 1, offset)
                 if not raw.strip():
                     continue
                 where = f"{path}:{line}"
@@ -188,6 +194,7 @@ class FileSource:
                 (size,) = struct.unpack(">I", header)
                 body = reader.read(size)
                 offset += 4 + len(body)
+                self._last = Position(index, number + 1, offset)
                 if len(body) < size:
                     yield Malformed(position, where, f"truncated message ({len(body)} of {size} bytes)")
                     return
