@@ -3,7 +3,9 @@
 The fake server runs in its own process with 200 ms latency per call; judge calls are
 limited to 100 at a time by a JudgeLimiter (an asyncio.Semaphore) installed through
 JudgeHooks, exactly where the worker's limiter sits. The ceiling is 100 / 0.2 s = 500
-calls/s; the target is at least 0.8 of it.
+calls/s; the target is at least 0.8 of it. Rounds alternate between the interpreter's default
+GC settings (the headline figure) and a tuned GC (``gc.freeze()`` + higher thresholds, as a
+long-running worker may use); the median round of each is reported.
 
     .venv/bin/python bench/judge.py [--runs 2000] [--concurrency 100] [--latency-ms 200]
 """
@@ -12,14 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +148,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--latency-ms", type=float, default=200.0)
-    parser.add_argument("--repeat", type=int, default=3, help="rounds; the median round is reported")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per GC mode; medians are reported")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "judge.json")
     args = parser.parse_args()
 
@@ -157,53 +160,89 @@ def main() -> None:
             ANTHROPIC_BASE_URL=url,
             ANTHROPIC_API_KEY="sk-ant-bench",
         )
-        rounds = []
+        by_mode: dict[str, list[dict[str, Any]]] = {"default_gc": [], "tuned_gc": []}
         for _ in range(args.repeat):
-            before = server_stats(url)["total"]
-            figures = asyncio.run(bench(args.runs, args.concurrency))
-            # the warm-up's calls are included in what the server saw
-            figures["server_saw"] = server_stats(url)["total"] - before
-            rounds.append(figures)
-            print(f"  round: {figures['calls_per_s']} calls/s, client CPU {figures['client_cpu_s']} s")
+            # Alternate the modes so both see the same background load.
+            for mode, rounds in by_mode.items():
+                with gc_mode(mode):
+                    before = server_stats(url)["total"]
+                    figures = asyncio.run(bench(args.runs, args.concurrency))
+                figures["server_saw_incl_warmup"] = server_stats(url)["total"] - before
+                rounds.append(figures)
+                print(f"  {mode} round: {figures['calls_per_s']} calls/s, client CPU {figures['client_cpu_s']} s")
     finally:
         proc.terminate()
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
 
-    rounds.sort(key=lambda r: r["calls_per_s"])
-    figures = rounds[len(rounds) // 2]
     limit = args.concurrency / (args.latency_ms / 1000)
-    ratio = figures["calls_per_s"] / limit
+    summaries = {mode: summarize(rounds, limit) for mode, rounds in by_mode.items()}
+    headline = summaries["default_gc"]
     report = {
         "benchmark": "judge",
         "scorer": "two prompt steps (analyze with a pydantic schema, generate_score) on openai/bench-judge",
+        "runs": args.runs,
         "concurrency_limit": args.concurrency,
         "latency_ms": args.latency_ms,
         "limit_calls_per_s": limit,
-        **figures,
-        "ratio_to_limit": round(ratio, 3),
+        "calls_per_s": headline["calls_per_s"],
+        "ratio_to_limit": headline["ratio_to_limit"],
         "target_ratio": 0.8,
-        "meets_target": ratio >= 0.8 and figures["failures"] == 0,
-        "client_cpu_ms_per_call": round(1000 * figures["client_cpu_s"] / max(1, figures["judge_calls"]), 3),
-        "rounds_calls_per_s": [r["calls_per_s"] for r in rounds],
-        "best_ratio": round(rounds[-1]["calls_per_s"] / limit, 3),
+        "meets_target": headline["ratio_to_limit"] >= 0.8 and headline["failures"] == 0,
+        **summaries,
+        "gc_note": (
+            "default_gc: the interpreter's defaults (the headline). tuned_gc: gc.freeze() after start-up and "
+            f"gc.set_threshold{TUNED_GC_THRESHOLD}, as a long-running worker process may do; the cyclic GC "
+            "otherwise costs about 15% of the client's CPU here"
+        ),
         "machine": {
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
-            "load_avg_1m_at_end": os.getloadavg()[0],
+            "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
             "note": "2 cores shared with other jobs; wall-clock figures depend on their load",
         },
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    print(
-        f"median of {len(rounds)} rounds: {figures['judge_calls']} judge calls in {figures['elapsed_s']} s"
-        f" = {figures['calls_per_s']} calls/s; limit {limit:.0f} calls/s; ratio {ratio:.3f} (target 0.8);"
-        f" failures {figures['failures']}; client CPU {figures['client_cpu_s']} s;"
-        f" peak in flight {figures['peak_in_flight']}"
-    )
+    for mode, summary in summaries.items():
+        print(
+            f"{mode}: median of {len(by_mode[mode])} rounds: {summary['judge_calls']} judge calls in "
+            f"{summary['elapsed_s']} s = {summary['calls_per_s']} calls/s; limit {limit:.0f} calls/s; "
+            f"ratio {summary['ratio_to_limit']:.3f} (target 0.8); failures {summary['failures']}; "
+            f"client CPU {summary['client_cpu_ms_per_call']} ms/call; peak in flight {summary['peak_in_flight']}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+TUNED_GC_THRESHOLD = (50_000, 20, 100)
+
+
+@contextmanager
+def gc_mode(mode: str) -> Iterator[None]:
+    """``tuned_gc``: freeze what start-up allocated and collect less often; restored after."""
+    if mode != "tuned_gc":
+        yield
+        return
+    saved = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*TUNED_GC_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
+        gc.unfreeze()
+
+
+def summarize(rounds: list[dict[str, Any]], limit: float) -> dict[str, Any]:
+    ordered = sorted(rounds, key=lambda r: r["calls_per_s"])
+    median = dict(ordered[len(ordered) // 2])
+    median["ratio_to_limit"] = round(median["calls_per_s"] / limit, 3)
+    median["client_cpu_ms_per_call"] = round(1000 * median["client_cpu_s"] / max(1, median["judge_calls"]), 3)
+    median["rounds_calls_per_s"] = [r["calls_per_s"] for r in rounds]
+    median["best_ratio"] = round(ordered[-1]["calls_per_s"] / limit, 3)
+    return median
 
 
 if __name__ == "__main__":
