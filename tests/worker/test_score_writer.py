@@ -89,3 +89,36 @@ def test_console_writer_prints_one_line_per_score() -> None:
     assert "scorer=a 0.250 (low)" in first
     assert TRACE in first
     assert "error X: m" in second
+
+
+def test_score_batch_to_otlp_events_and_the_exporter_skips_them() -> None:
+    """score_batch → OTLP writer → carrier spans; fed back to the capture exporter, none is scored."""
+    import asyncio
+
+    from tests.worker._batches import batch
+    from tests.worker.sample_scorers import length
+    from tracing import CallbackSink, ScoringRule, ScoringSpanExporter
+    from worker._registry import Registry
+    from worker._scoring import ScoringDeps, score_batch
+    from worker._store import MemoryScoreStore
+
+    exporter = InMemorySpanExporter()
+    writer = OtlpScoreWriter(exporter)
+    msg = batch(range(3), ["length"], salt="otlp")
+    deps = ScoringDeps(registry=Registry([length]), store=MemoryScoreStore(), writer=writer)
+    assert asyncio.run(score_batch(msg, deps)).scored == 3
+    assert writer.flush(5)
+    spans = exporter.get_finished_spans()
+    assert sorted(format(s.parent.span_id, "016x") for s in spans if s.parent) == sorted(
+        r.run.identity.span_id for r in msg.requests
+    )
+    assert all(s.events[0].attributes["gen_ai.evaluation.name"] == "length" for s in spans)
+
+    sent: list[object] = []
+    capture = ScoringSpanExporter([ScoringRule(["length"])], CallbackSink(sent.append), grace_s=0.0)
+    capture.export(spans)
+    assert capture.force_flush(5000)
+    assert sent == []  # the loop guard: tracescore's own spans are never scored
+    assert capture.stats()["skipped"].get("loop_guard") == 3
+    capture.shutdown()
+    writer.close()
