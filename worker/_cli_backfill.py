@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -90,6 +91,23 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _tuned_gc() -> Iterator[None]:
+    """Fewer cyclic-GC passes while the job runs: a backfill allocates millions of short-lived
+    objects that reference counting frees anyway, and the collector's scans over every imported
+    module cost ~25% of the process's CPU (measured: 215 → 166 µs per trace). Objects alive now
+    (modules, the registry) are frozen out of the scans; collection still runs, less often. The
+    previous settings come back afterwards (the command may run inside another program)."""
+    previous = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)
+        gc.unfreeze()
 
 
 def _quiet_logs(verbose: bool) -> None:
@@ -361,8 +379,39 @@ def backfill_command(
     state = BackfillState(job_id=new_job_id(), source=source.describe(), source_label=source.label(), options=options)
 
     if dry_run:
-        _dry_run(source, state, reporter, as_json)
+        with _tuned_gc():
+            _dry_run(source, state, reporter, as_json)
         return
+    with _tuned_gc():
+        _start(
+            source,
+            state,
+            registry,
+            reporter,
+            broker,
+            no_wait=no_wait,
+            wait_timeout=wait_timeout,
+            high_water=high_water,
+            as_json=as_json,
+            out=out,
+            otlp=otlp,
+        )
+
+
+def _start(
+    source: TraceSource,
+    state: BackfillState,
+    registry: Registry,
+    reporter: ProgressReporter,
+    broker: str | None,
+    *,
+    no_wait: bool,
+    wait_timeout: float | None,
+    high_water: int,
+    as_json: bool,
+    out: Path | None,
+    otlp: bool,
+) -> None:
     if broker:
         _run_redis(
             source,
@@ -559,17 +608,18 @@ def _resume(
         source = source_from_description(state.source)
     except SourceError as exc:
         raise CliError(f"cannot reopen the job's source: {exc}") from exc
-    _run_redis(
-        source,
-        state,
-        settings,
-        reporter,
-        no_wait=no_wait,
-        wait_timeout=wait_timeout,
-        high_water=high_water,
-        as_json=as_json,
-        resumed=True,
-    )
+    with _tuned_gc():
+        _run_redis(
+            source,
+            state,
+            settings,
+            reporter,
+            no_wait=no_wait,
+            wait_timeout=wait_timeout,
+            high_water=high_water,
+            as_json=as_json,
+            resumed=True,
+        )
 
 
 def _redact(url: str) -> str:
