@@ -181,6 +181,12 @@ def test_multi_file_source_through_redis_workers(tmp_path: Path, workers: list[P
     assert state["status"] == "finished"
     assert db.scard(f"tracescore:backfill:{summary['job_id']}:traces") == 600
 
+    again = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers", "--batch-size", "50")
+    assert again["status"] == "finished"
+    assert again["scored"] == 0
+    assert again["scores_skipped"] == {"already_scored": 1800}
+    assert _records(workers, again["job_id"]) == []  # a re-run writes nothing twice
+
 
 def test_embedded_mode_gives_the_same_scores_as_redis(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
     """The example traces score identically in this process and through the Redis workers."""
