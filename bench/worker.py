@@ -119,6 +119,7 @@ def bench_judge(tmp: Path, runs: int, rpm: float, latency_ms: float) -> dict[str
             raise RuntimeError(f"judge phase incomplete: {progress(client, 'bench-judge')}/{runs}")
         elapsed = time.time() - started
         stats = judge_stats(url)
+        granted = {int(k): int(v) for k, v in client.hgetall("tracescore:limiter:granted:openai/fake-judge").items()}
         calls = stats["total"] - calls_before
         per_second = [v for k, v in stats["per_second"].items() if started + 2 <= int(k) <= started + elapsed - 2]
         limit_per_s = rpm / 60
@@ -150,6 +151,10 @@ def bench_judge(tmp: Path, runs: int, rpm: float, latency_ms: float) -> dict[str
             "steady_calls_per_s_mean": round(statistics.mean(per_second), 2) if per_second else None,
             "steady_calls_per_s_max": max(per_second) if per_second else None,
             "fraction_of_limit": round(calls / elapsed / limit_per_s, 3),
+            # Admissions by the shared limiter per second (Redis clock), all workers together.
+            "limiter_grants_per_second_series": [granted[k] for k in sorted(granted)],
+            "limiter_grants_per_second_max": max(granted.values()) if granted else None,
+            # Arrivals at the fake judge per second (its clock): granted calls can arrive late.
             "calls_per_second_series": [
                 v for k, v in stats["per_second"].items() if started - 1 <= int(k) <= started + elapsed + 1
             ],

@@ -11,6 +11,7 @@ __all__ = [
     "failures_key",
     "job_key",
     "limiter_bucket_key",
+    "limiter_granted_key",
     "limiter_pause_key",
     "record_key",
     "trace_key",
@@ -67,3 +68,8 @@ def limiter_pause_key(model_id: str) -> str:
 def delivery_key(task_id: str) -> str:
     """How many times one queue message (task id; retries keep it) was delivered."""
     return f"{PREFIX}delivery:{task_id}"
+
+
+def limiter_granted_key(model_id: str) -> str:
+    """Hash: epoch second → judge calls admitted in that second (kept one hour)."""
+    return f"{PREFIX}limiter:granted:{model_id}"

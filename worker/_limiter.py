@@ -31,7 +31,7 @@ REQUEST_BURST_SECONDS = 1.0
 TOKEN_BURST_SECONDS = 6.0
 MAX_WAIT_SLICE_S = 1.0
 
-# KEYS: requests bucket, tokens bucket, pause key
+# KEYS: requests bucket, tokens bucket, pause key, granted-per-second hash
 # ARGV: req rate/ms, req capacity, tok rate/ms, tok capacity, tok cost, key ttl s
 # Returns 0 when admitted, else milliseconds to wait.
 _ACQUIRE = """
@@ -70,6 +70,8 @@ if tok_rate > 0 then
   redis.call('HSET', KEYS[2], 'tokens', tok - cost, 'ts', now)
   redis.call('EXPIRE', KEYS[2], ttl)
 end
+redis.call('HINCRBY', KEYS[4], math.floor(now / 1000), 1)
+redis.call('EXPIRE', KEYS[4], ttl)
 return 0
 """
 
@@ -146,6 +148,7 @@ class RedisRateLimiter:
                 _keys.limiter_bucket_key(model_id, "req"),
                 _keys.limiter_bucket_key(model_id, "tok"),
                 _keys.limiter_pause_key(model_id),
+                _keys.limiter_granted_key(model_id),
             ],
             args=[
                 rpm / 60_000,
@@ -195,7 +198,7 @@ class RedisRateLimiter:
         log.warning("judge_model_paused", model=model_id, seconds=round(seconds, 3))
 
     async def state(self) -> dict[str, dict[str, float]]:
-        """Per model: remaining pause (s) and bucket levels, from whatever keys exist now."""
+        """Per model: remaining pause (s), bucket levels and calls admitted in the last minute."""
         client = self._redis()
         out: dict[str, dict[str, float]] = {}
         prefix = f"{_keys.PREFIX}limiter:"
@@ -204,10 +207,19 @@ class RedisRateLimiter:
             entry = out.setdefault(model, {})
             if kind == "pause":
                 entry["paused_s"] = max(0.0, await client.pttl(key) / 1000)
+            elif kind == "granted":
+                now = int((await client.time())[0])
+                counts = await client.hmget(key, [str(now - i) for i in range(1, 61)])
+                entry["calls_last_60s"] = float(sum(int(c or 0) for c in counts))
             else:
                 tokens = await client.hget(key, "tokens")
                 entry[f"{kind}_bucket"] = round(float(tokens or 0), 1)
         return out
+
+    async def granted_per_second(self, model_id: str) -> dict[int, int]:
+        """Judge calls admitted per epoch second (the last hour), across every worker."""
+        raw = await self._redis().hgetall(_keys.limiter_granted_key(model_id))
+        return {int(k): int(v) for k, v in sorted(raw.items(), key=lambda kv: int(kv[0]))}
 
     async def close(self) -> None:
         if self._client is not None:
