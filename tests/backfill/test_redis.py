@@ -306,3 +306,17 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: l
     summary = _backfill("--resume", job_id)
     assert summary["scored"] + summary["failed"] == 4500
     assert Counter(r["score_id"] for r in _records(workers, job_id)).most_common(1)[0][1] == 1
+
+
+def test_no_wait_returns_once_enqueued_and_resume_follows_the_job(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """--no-wait ends after enqueuing (status enqueued); --resume on it only waits for the workers."""
+    write_otlp_files(tmp_path, 200, files=2)
+    first = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait")
+    assert first["status"] == "enqueued"
+    assert first["runs_enqueued"] == 200
+    followed = _backfill("--resume", first["job_id"])
+    assert followed["status"] == "finished"
+    assert followed["traces_read"] == 200  # nothing read twice
+    assert followed["scored"] + followed["failed"] == 600
