@@ -1,9 +1,38 @@
 """Celery workers that run the scorers, and the ``tracescore`` command line.
 
 ``from worker import app`` is the Celery app (``celery -A worker worker --scorers my.module``).
+``score_batch`` is the scoring core the task, the embedded mode and tests share.
 """
 
 from worker._app import app
+from worker._limiter import RedisRateLimiter
+from worker._loop import run_coro
+from worker._registry import Registry, RegistryError, UnknownScorerError, load_registry
+from worker._scoring import BatchReport, ScoringDeps, is_transient, score_batch
+from worker._settings import ModelRateLimit, Settings, SettingsError, get_settings, load_settings
+from worker._store import DeadLetter, MemoryScoreStore, RedisScoreStore, ScoreStore
 from worker._task import score_batch_task
 
-__all__ = ["app", "score_batch_task"]
+__all__ = [
+    "BatchReport",
+    "DeadLetter",
+    "MemoryScoreStore",
+    "ModelRateLimit",
+    "RedisRateLimiter",
+    "RedisScoreStore",
+    "Registry",
+    "RegistryError",
+    "ScoreStore",
+    "ScoringDeps",
+    "Settings",
+    "SettingsError",
+    "UnknownScorerError",
+    "app",
+    "get_settings",
+    "is_transient",
+    "load_registry",
+    "load_settings",
+    "run_coro",
+    "score_batch",
+    "score_batch_task",
+]
