@@ -84,6 +84,8 @@ class Backfill:
         job_store: RedisJobStore | None = None,
         reporter: ProgressReporter | None = None,
         on_batch: Callable[[ScoreBatch], None] | None = None,
+        resumed: bool = False,
+        should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
         self.source = source
         self.state = state
@@ -91,13 +93,16 @@ class Backfill:
         self.job_store = job_store
         self.reporter = reporter or ProgressReporter()
         self.on_batch = on_batch
+        # Checked between input records: a requested stop raises KeyboardInterrupt there.
+        self.should_stop = should_stop
         options = state.options
         self.assembler = TraceAssembler(
             window_spans=options.window_spans,
             window_files=options.window_files,
             max_open_spans=options.max_open_spans,
         )
-        self.resumed = state.checkpoint != (0, 0, 0)
+        # A resumed job checks each batch against the traces it already enqueued.
+        self.resumed = resumed or state.checkpoint != (0, 0, 0)
         self._chunk: list[ScoreRequest] = []
         self._chunk_traces: list[str] = []
         self._waiting: deque[AssembledTrace] = deque()
@@ -112,6 +117,7 @@ class Backfill:
         """Read, transform and submit everything; returns the state (status ``enqueued``)."""
         counters = self.state.counters
         self._current = self.state.position
+        self._saved = self.state.model_copy(deep=True)  # what an interrupt before any batch keeps
         self.reporter.start("reading")
         for item in self.source.read(self.state.position):
             if isinstance(item, SpanBatch):
@@ -126,6 +132,8 @@ class Backfill:
                 self._waiting.extend(self.assembler.end_unit(item.unit))
             self._drain()
             self._show()
+            if self.should_stop():
+                raise KeyboardInterrupt
         self._waiting.extend(self.assembler.finish())
         self._current = Position(2**62)
         self._drain()
@@ -241,7 +249,7 @@ class Backfill:
         """Mark the job resumable, as of the last saved batch (work after it is read again)."""
         if self.job_store is None or self.submitter is None:
             return
-        saved = self._saved or self.state.model_copy(deep=True)
+        saved = (self._saved or self.state).model_copy(deep=True)
         if saved.status == "reading":
             saved.status = "interrupted"
         saved.elapsed_s += time.monotonic() - self._started

@@ -14,6 +14,7 @@ from __future__ import annotations
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -42,6 +43,8 @@ class RedisSubmitter:
         self.high_water = max(1, high_water)
         self.low_water = max(0, self.high_water // 2 if low_water is None else low_water)
         self.poll_s = poll_s
+        # Set by the CLI: a requested stop ends a backpressure wait (raises KeyboardInterrupt).
+        self.should_stop: Callable[[], bool] = lambda: False
         self.throttled_s = 0.0
         self._origin = f"tracescore-backfill@{socket.gethostname()}"
         self._connection: Any = Connection(settings.broker_url)
@@ -67,6 +70,8 @@ class RedisSubmitter:
             return
         started = time.monotonic()
         while self.pending() > self.low_water:
+            if self.should_stop():
+                raise KeyboardInterrupt
             time.sleep(self.poll_s)
         self.throttled_s += time.monotonic() - started
 
@@ -102,9 +107,7 @@ class RedisSubmitter:
             "stamps": {},
         }
         # Protocol 2 body: [args, kwargs, embed], args = [the batch as JSON].
-        body = (
-            "[[" + batch.model_dump_json() + '],{},{"callbacks":null,"errbacks":null,"chain":null,"chord":null}]'
-        )
+        body = "[[" + batch.model_dump_json() + '],{},{"callbacks":null,"errbacks":null,"chain":null,"chord":null}]'
         self._producer_for().publish(
             body,
             exchange="",

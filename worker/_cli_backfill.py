@@ -11,7 +11,7 @@ import resource
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,22 +75,36 @@ class _Fanout:
             writer.close()
 
 
+class _StopSignal:
+    """Ctrl-C / SIGTERM ask the job to stop at the next safe point (between input records or
+    batches), so no Redis or broker call is cut in half; a second signal stops at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        sys.stderr.write("\nstopping after the current batch (press Ctrl-C again to stop at once)\n")
+
+
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a container stopping) ends the job like Ctrl-C: resumable, with a summary."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
+def _stop_on_signals() -> Iterator[_StopSignal]:
+    stop = _StopSignal()
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
+        previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: signals stay as they are
+        yield stop
         return
     try:
-        yield
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextmanager
@@ -207,7 +221,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def _wait_for_workers(
-    submitter: Submitter, state: BackfillState, reporter: ProgressReporter, timeout_s: float | None
+    submitter: Submitter,
+    state: BackfillState,
+    reporter: ProgressReporter,
+    timeout_s: float | None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> dict[str, int]:
     expected = state.expected_scores
     started = time.monotonic()
@@ -228,6 +246,8 @@ def _wait_for_workers(
             reporter.message(f"stopped waiting after {timeout_s:.0f}s: {done:,} of {expected:,} scores done")
             return progress
         time.sleep(0.25)
+        if should_stop():
+            raise KeyboardInterrupt
         progress = submitter.progress(state.job_id)
 
 
@@ -485,8 +505,8 @@ def _run_embedded(
     started = time.monotonic()
     interrupted = False
     try:
-        with _sigterm_as_interrupt():
-            Backfill(source, state, scorer, reporter=reporter).run()
+        with _stop_on_signals() as stop:
+            Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run()
         state.status = "finished"
     except KeyboardInterrupt:
         interrupted = True
@@ -539,15 +559,17 @@ def _run_redis(
     if not resumed:
         job_store.save(state)  # resumable from the first moment, even if killed before a batch
     started = time.monotonic()
-    backfill = Backfill(source, state, submitter, job_store=job_store, reporter=reporter)
+    backfill = Backfill(source, state, submitter, job_store=job_store, reporter=reporter, resumed=resumed)
     progress: dict[str, int] | None = None
     try:
-        with _sigterm_as_interrupt():
+        with _stop_on_signals() as stop:
+            backfill.should_stop = stop
+            submitter.should_stop = stop
             if state.status in ("reading", "interrupted"):
                 state.status = "reading"
                 backfill.run()
             if not no_wait:
-                progress = _wait_for_workers(submitter, state, reporter, wait_timeout)
+                progress = _wait_for_workers(submitter, state, reporter, wait_timeout, stop)
                 expected = state.expected_scores
                 done = sum(progress.get(k, 0) for k in ("scored", "failed", "skipped"))
                 if done >= expected:

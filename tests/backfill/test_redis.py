@@ -300,7 +300,8 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: l
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     job_id = keys[0].rsplit(":", 1)[1]
-    assert process.returncode == 130
+    assert process.returncode == 130, stderr.decode()[-2000:]
+    assert "stopping after the current batch" in stderr.decode()
     assert f"Resume with: tracescore backfill --resume {job_id}" in stderr.decode()
     assert json.loads(db.get(keys[0]) or "{}")["status"] == "interrupted"
     summary = _backfill("--resume", job_id)
