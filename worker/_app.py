@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import click
@@ -84,19 +85,24 @@ class ScorersOption(bootsteps.Step):
         if scorers:
             os.environ["TRACESCORE_SCORERS"] = scorers
             get_settings.cache_clear()
+        try:
+            _check_settings()
+        except Exception as exc:  # Celery would swallow it and stop silently: say why, exit 1
+            sys.stderr.write(f"tracescore worker cannot start: {exc}\n")
+            raise SystemExit(1) from exc
         super().__init__(parent, **options)
 
 
 app.steps["worker"].add(ScorersOption)
 
 
-@signals.worker_init.connect
-def _check_settings(**_: Any) -> None:
+def _check_settings() -> None:
     from worker._registry import load_registry
 
     if settings_error is not None:
         raise settings_error
     settings = get_settings()
+    configure_app(app, settings)
     if not settings.scorers:
         raise SettingsError("no scorer module: start the worker with --scorers my.module (or TRACESCORE_SCORERS)")
     registry = load_registry(settings.scorers)
