@@ -155,3 +155,19 @@ def test_worker_command_rejects_a_missing_scorer_module(capsys: pytest.CaptureFi
     """A scorer module that cannot be imported fails at once with one clear line."""
     assert main(["worker", "--scorers", "no_such_module_here"]) == 1
     assert "cannot import scorer module 'no_such_module_here'" in capsys.readouterr().err
+
+
+def test_celery_worker_with_a_bad_scorer_module_exits_with_one_line(redis_url: str) -> None:
+    """`celery -A worker worker --scorers <missing>` exits 1 saying what is wrong."""
+    celery = str(Path(sys.executable).with_name("celery"))
+    done = subprocess.run(
+        [celery, "-A", "worker", "worker", "--pool", "solo", "--scorers", "no_such.scorers"],
+        cwd=ROOT,
+        env={**os.environ, "TRACESCORE_BROKER_URL": redis_url, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "tracescore worker cannot start: cannot import scorer module 'no_such.scorers'" in done.stderr
