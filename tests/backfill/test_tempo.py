@@ -55,6 +55,7 @@ def test_time_range_reads_each_trace_once_even_when_search_is_full(tempo: FakeTe
     assert sorted(ids) == sorted(trace_id(i) for i in range(5, 35))
     assert any("limit=5" in r for r in tempo.requests)
     assert source.window_count() == 3
+    assert source.fraction_done() == 1.0
 
 
 def test_json_answers_and_stripped_ids(tempo: FakeTempo) -> None:

@@ -75,6 +75,7 @@ class TempoSource:
         self.retries = retries
         self.headers = dict(headers or {})
         self.requests = 0
+        self._windows_done = 0
 
     @classmethod
     def from_description(
@@ -212,8 +213,13 @@ class TempoSource:
                             yield SpanBatch(item.spans, position, item.where)
                         elif isinstance(item, Malformed):
                             yield Malformed(position, item.where, item.reason)
-            yield UnitEnd(unit, Position(unit + 1))
             unit += 1
+            self._windows_done = unit
+            yield UnitEnd(unit - 1, Position(unit))
+
+    def fraction_done(self) -> float:
+        """Share of the time range's windows searched and fetched so far."""
+        return min(1.0, self._windows_done / self.window_count())
 
     def window_count(self) -> int:
         first_s = self.since_ns // _NS
