@@ -226,7 +226,7 @@ class Backfill:
             done = self.job_store.already_enqueued(self.state.job_id, trace_ids)
             if done:
                 self.state.counters.skip("already_enqueued", len(done))
-                requests = [r for r in requests if r.run.identity.trace_id not in done]
+                requests = [r for r in requests if r.run is None or r.run.identity.trace_id not in done]
                 trace_ids = [t for t in trace_ids if t not in done]
         if requests and self.submitter is not None:
             counters = self.state.counters

@@ -142,8 +142,10 @@ class EmbeddedScorer:
         with self._lock:
             if self.agents is not None:
                 for request in batch.requests:
-                    identity = request.run.identity
-                    self.agents[identity.span_id] = identity.agent_name or identity.span_name
+                    # Runs shipped as spans (the exporter's compact form) are labelled by span name.
+                    identity = request.run.identity if request.run is not None else None
+                    if identity is not None:
+                        self.agents[identity.span_id] = identity.agent_name or identity.span_name
             try:
                 for attempt in range(self.retry_budget):
                     final = attempt == self.retry_budget - 1
@@ -155,7 +157,8 @@ class EmbeddedScorer:
             finally:
                 if self.agents is not None:
                     for request in batch.requests:
-                        self.agents.pop(request.run.identity.span_id, None)
+                        if request.run is not None:
+                            self.agents.pop(request.run.identity.span_id, None)
 
     def progress(self, job_id: str) -> dict[str, int]:
         with self._lock:
