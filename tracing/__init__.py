@@ -4,7 +4,15 @@ from tracing._errors import TraceReadError
 from tracing._exporter import ScoringSpanExporter
 from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE
 from tracing._rules import ScoringRule, sampled
-from tracing._run import SCORE_TASK_NAME, RunIdentity, ScoreBatch, ScoreRequest, TracedRun
+from tracing._run import (
+    SCORE_TASK_NAME,
+    RunIdentity,
+    ScoreBatch,
+    ScoreRequest,
+    SpanRecord,
+    SpanRecordEvent,
+    TracedRun,
+)
 from tracing._sinks import CallbackSink, CelerySink, Sink
 from tracing._transform import find_targets, read_trace, trace_to_run, trace_to_runs
 
@@ -20,6 +28,8 @@ __all__ = [
     "ScoringRule",
     "ScoringSpanExporter",
     "Sink",
+    "SpanRecord",
+    "SpanRecordEvent",
     "TraceReadError",
     "TracedRun",
     "find_targets",

@@ -29,10 +29,15 @@ from tracing._messages import (
 from tracing._span import SpanView
 
 __all__ = [
+    "READ_ATTRIBUTES",
+    "READ_ATTRIBUTE_PREFIXES",
+    "READ_EVENTS",
     "SpanKind",
     "ToolSpan",
     "agent_name",
+    "classify",
     "conversation_id",
+    "is_read_attribute",
     "model_name",
     "read_input",
     "read_output",
@@ -66,21 +71,77 @@ _LEGACY_MESSAGE_EVENTS = {
 }
 _CHOICE_EVENT = "gen_ai.choice"
 
+# Every span attribute the readers of this module look at: exact keys, then key families.
+# The exporter ships only these to the worker (``is_read_attribute``), so a reader that starts
+# reading another key must list it here too, or the worker would never see it
+# (tests/tracing/test_span_record.py reads each producer's traces both ways and compares).
+READ_ATTRIBUTES = frozenset(
+    {
+        # span kind
+        "mastra.span.type",
+        "openinference.span.kind",
+        "gen_ai.operation.name",
+        # messages
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.system_instructions",
+        "gen_ai.prompt",
+        "gen_ai.completion",
+        "input",
+        "output",
+        "input.value",
+        "output.value",
+        *(f"mastra.{kind}.{side}" for kind in _MASTRA_KINDS for side in ("input", "output")),
+        # tools
+        "gen_ai.tool.name",
+        "tool.name",
+        "gen_ai.tool.call.id",
+        "tool_call.id",
+        "toolCallId",
+        "gen_ai.tool.call.arguments",
+        "gen_ai.tool.input",
+        "tool.parameters",
+        "gen_ai.tool.call.result",
+        "gen_ai.tool.output",
+        # identity
+        "gen_ai.agent.name",
+        "agent.name",
+        "gen_ai.agent.id",
+        "agent.id",
+        "gen_ai.conversation.id",
+        "session.id",
+        "threadId",
+        "gen_ai.response.model",
+        "gen_ai.request.model",
+        "llm.model_name",
+        "llm.response.model_name",
+    }
+)
+READ_ATTRIBUTE_PREFIXES = ("llm.input_messages.", "llm.output_messages.")  # OpenInference lists
+# The span events the readers look at (every attribute of theirs is read: message payloads).
+READ_EVENTS = frozenset({_OP_DETAILS_EVENT, *_LEGACY_MESSAGE_EVENTS, _CHOICE_EVENT})
+
+
+def is_read_attribute(key: str) -> bool:
+    """Whether some reader of this module may look at span attribute ``key``."""
+    return key in READ_ATTRIBUTES or key.startswith(READ_ATTRIBUTE_PREFIXES)
+
 
 def span_kind(span: SpanView) -> SpanKind:
     if not span.kind:
-        span.kind = _classify(span)
+        span.kind = classify(span.name, span.attributes)
     return span.kind  # type: ignore[return-value]
 
 
-def _classify(span: SpanView) -> SpanKind:
-    mastra = span.attr("mastra.span.type")
+def classify(name: str, attrs: Mapping[str, Any]) -> SpanKind:
+    """A span's kind from its name and attributes alone (cheap: a few dict lookups)."""
+    mastra = attrs.get("mastra.span.type")
     if isinstance(mastra, str):
         return _MASTRA_KINDS.get(mastra, "other")
-    oi = span.attr("openinference.span.kind")
+    oi = attrs.get("openinference.span.kind")
     if isinstance(oi, str):
         return _OI_KINDS.get(oi.upper(), "other")
-    op = span.attr("gen_ai.operation.name")
+    op = attrs.get("gen_ai.operation.name")
     if isinstance(op, str):
         if op in _GENAI_AGENT_OPS:
             return "agent"
@@ -89,7 +150,7 @@ def _classify(span: SpanView) -> SpanKind:
         if op in _GENAI_TOOL_OPS:
             return "tool"
         return "other"
-    if span.name.startswith("invoke_agent"):
+    if name.startswith("invoke_agent"):
         return "agent"
     return "other"
 

@@ -61,6 +61,7 @@ class CelerySink:
         self._lock = threading.Lock()
         self._conn: Any = None
         self._producer: Any = None
+        self._closed = False
         self._origin = f"tracescore-exporter@{socket.gethostname()}"
 
     def _connect(self) -> Any:
@@ -115,6 +116,8 @@ class CelerySink:
         embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
         body: tuple[list[Any], dict[str, Any], dict[str, Any]] = ([payload], {}, embed)
         with self._lock:
+            if self._closed:  # never reconnect once closed: a late send must not reach the broker
+                raise RuntimeError("CelerySink is closed; this batch was not sent")
             try:
                 producer = self._producer or self._connect()
                 producer.publish(
@@ -132,5 +135,7 @@ class CelerySink:
                 raise
 
     def close(self) -> None:
+        """Release the connection and refuse every later ``send`` (waits for one under way)."""
         with self._lock:
+            self._closed = True
             self._close()

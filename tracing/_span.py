@@ -1,7 +1,8 @@
-"""A read-only view of one span, the same for SDK ``ReadableSpan``s and decoded OTLP spans.
+"""A read-only view of one span, the same for SDK ``ReadableSpan``s, decoded OTLP spans and the
+compact ``SpanRecord``s the exporter ships to the worker.
 
-Cheap to build (the exporter builds one per buffered span): only ids, name and attributes
-are read up front; the rest is read from the span when asked.
+Cheap to build: only ids, name and attributes are read up front; the rest is read from the
+span when asked.
 """
 
 from __future__ import annotations
@@ -12,7 +13,12 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-__all__ = ["SpanEvent", "SpanView", "plain_attributes", "view_spans"]
+from tracing._run import SpanRecord
+
+__all__ = ["SpanEvent", "SpanLike", "SpanView", "plain_attributes", "view_spans"]
+
+# What the transform reads: SDK spans (live, or decoded from OTLP) and shipped span records.
+SpanLike = ReadableSpan | SpanRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +120,56 @@ class SpanView:
         return out
 
     def order_key(self) -> tuple[int, int]:
-        return (self._span.start_time or 0, self.sid)
+        return (self.start_ns or 0, self.sid)
 
 
-def view_spans(spans: Sequence[ReadableSpan]) -> list[SpanView]:
+class RecordView(SpanView):
+    """A ``SpanView`` of a shipped ``SpanRecord`` (everything is already plain data)."""
+
+    __slots__ = ("_record",)
+
+    def __init__(self, record: SpanRecord) -> None:  # not super(): that one reads a ReadableSpan
+        self._record = record
+        self.sid = int(record.span_id, 16)
+        parent = record.parent_span_id
+        self.parent_sid = int(parent, 16) if parent else None
+        self.name = record.name
+        self.attributes = record.attributes
+        self.children = []
+        self.parent = None
+        self.kind = ""
+        self._events = None
+
+    @property
+    def span_id(self) -> str:
+        return self._record.span_id
+
+    @property
+    def trace_id(self) -> str:
+        return self._record.trace_id
+
+    @property
+    def start_ns(self) -> int | None:
+        return self._record.start_time_ns
+
+    @property
+    def end_ns(self) -> int | None:
+        return self._record.end_time_ns
+
+    @property
+    def service(self) -> str | None:
+        return self._record.service_name
+
+    @property
+    def events(self) -> list[SpanEvent]:
+        if self._events is None:
+            self._events = [SpanEvent(e.name, dict(e.attributes)) for e in self._record.events]
+        return self._events
+
+
+def view_spans(spans: Sequence[SpanLike]) -> list[SpanView]:
     """Views of ``spans`` with parent/child links resolved inside the trace."""
-    views = [SpanView(s) for s in spans]
+    views = [RecordView(s) if isinstance(s, SpanRecord) else SpanView(s) for s in spans]
     by_id = {v.sid: v for v in views}
     for v in views:
         if v.parent_sid is not None:

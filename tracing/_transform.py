@@ -1,5 +1,8 @@
 """``trace_to_run``: one trace (its spans) → the agent-typed run a scorer sees. Pure; no I/O.
 
+Spans are SDK ``ReadableSpan``s (live or decoded from OTLP) or the ``SpanRecord``s the
+exporter ships to the worker; both read the same.
+
 Target: the outermost agent span (``invoke_agent`` / OpenInference ``AGENT`` / Mastra
 ``agent_run``); a trace without one is scored on its outermost LLM span.
 
@@ -18,7 +21,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from opentelemetry.sdk.trace import ReadableSpan
 from pydantic import ValidationError
 
 from tracing._errors import TraceReadError
@@ -41,7 +43,7 @@ from tracing._messages import (
     render_messages,
 )
 from tracing._run import RunIdentity, TracedRun
-from tracing._span import SpanEvent, SpanView, view_spans
+from tracing._span import SpanEvent, SpanLike, SpanView, view_spans
 
 __all__ = ["find_targets", "read_trace", "trace_to_run", "trace_to_runs"]
 
@@ -244,7 +246,7 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
 
 
 @contextmanager
-def _views(spans: Sequence[ReadableSpan]) -> Iterator[list[SpanView]]:
+def _views(spans: Sequence[SpanLike]) -> Iterator[list[SpanView]]:
     """Span views, unlinked afterwards: parent/child links are reference cycles, which only the
     cyclic GC would free; on the exporter's hot path that GC work cost more than the reading."""
     views = view_spans(spans)
@@ -256,13 +258,13 @@ def _views(spans: Sequence[ReadableSpan]) -> Iterator[list[SpanView]]:
             v.children = []
 
 
-def find_targets(spans: Sequence[ReadableSpan]) -> list[str]:
+def find_targets(spans: Sequence[SpanLike]) -> list[str]:
     """Span ids (hex) of every run in the trace: top-level agent spans, else top-level LLM spans."""
     with _views(spans) as views:
         return [v.span_id for v in _targets(views)]
 
 
-def trace_to_runs(spans: Sequence[ReadableSpan], *, log_records: Iterable[Any] = ()) -> list[TracedRun]:
+def trace_to_runs(spans: Sequence[SpanLike], *, log_records: Iterable[Any] = ()) -> list[TracedRun]:
     """Every run of the trace (see ``find_targets``), in start order. Raises ``TraceReadError``."""
     with _views(spans) as views:
         _attach_log_records(views, log_records)
@@ -273,7 +275,7 @@ def trace_to_runs(spans: Sequence[ReadableSpan], *, log_records: Iterable[Any] =
 
 
 def read_trace(
-    spans: Sequence[ReadableSpan], *, exclude_under: Iterable[str] = ()
+    spans: Sequence[SpanLike], *, exclude_under: Iterable[str] = ()
 ) -> list[TracedRun | TraceReadError]:
     """Every run of the trace, each read on its own: one unreadable run does not hide the others.
 
@@ -295,7 +297,7 @@ def read_trace(
 
 
 def trace_to_run(
-    spans: Sequence[ReadableSpan],
+    spans: Sequence[SpanLike],
     target_span_id: str | None = None,
     *,
     log_records: Iterable[Any] = (),

@@ -9,6 +9,14 @@ died midway, scored concurrently (bounded per judge model, and overall), recorde
 (``store.put_records`` is atomic: the first writer wins) and only then handed to the writer.
 A failure becomes an error record — except a transient one (timeouts, 429/5xx after the
 judge's own retries) on a non-final attempt, which is left unrecorded for the task to retry.
+
+A request that carries spans (the exporter's default) is read here, with
+``trace_to_run(spans, target_span_id)``: only the target span is scored (the exporter sends one
+request per run it found, nested agents included, each naming its target). It is read once,
+and only when some of its pairs are claimed for scoring (a redelivery of scored runs reads
+nothing). A trace that cannot be read gives one error record per requested scorer, with
+``error_type`` the ``TraceReadError`` reason (``bad_json``, ``no_content``...) and a message
+naming the span and attribute: visible and counted, never a crashed batch.
 """
 
 from __future__ import annotations
@@ -27,9 +35,11 @@ from redis import exceptions as redis_errors
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeModel
-from tracing._run import ScoreBatch, ScoreRequest
+from tracing._errors import TraceReadError
+from tracing._run import ScoreBatch, ScoreRequest, TracedRun
 from tracing._score_record import ScoreRecord, score_id_for
 from tracing._score_writer import ScoreWriter
+from tracing._transform import trace_to_run
 from worker._registry import UnknownScorerError
 from worker._store import ScoreStore
 
@@ -158,7 +168,7 @@ def _checkpointed(scorer: Scorer, deps: ScoringDeps) -> bool:
 def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:
     pairs: list[_Pair] = []
     for request in batch.requests:
-        ident = request.run.identity
+        trace_id, span_id = request.trace_id, request.span_id
         for scorer_id in dict.fromkeys(request.scorer_ids):
             try:
                 scorer: Scorer | None = registry[scorer_id]
@@ -169,7 +179,7 @@ def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:
                 scorer = None
                 unknown = UnknownScorerError(scorer_id, registry.keys())
             version = scorer.version if scorer is not None else "unknown"
-            score_id = score_id_for(ident.trace_id, ident.span_id, scorer_id, version)
+            score_id = score_id_for(trace_id, span_id, scorer_id, version)
             pairs.append(_Pair(request, scorer_id, scorer, score_id, unknown))
     return pairs
 
@@ -184,7 +194,6 @@ def _record(
     retryable: bool = False,
 ) -> ScoreRecord:
     request = pair.request
-    ident = request.run.identity
     executions = list(result.judge.values()) if result is not None else []
     not_scorable = None
     if result is not None and result.not_scorable:
@@ -192,9 +201,9 @@ def _record(
         not_scorable = f"{ns.get('step', '?')}: {ns.get('reason', '')}"
     return ScoreRecord(
         score_id=pair.score_id,
-        trace_id=ident.trace_id,
-        span_id=ident.span_id,
-        span_name=ident.span_name,
+        trace_id=request.trace_id,
+        span_id=request.span_id,
+        span_name=request.span_name,
         scorer_id=pair.scorer_id,
         scorer_name=pair.scorer.name if pair.scorer is not None else None,
         scorer_version=pair.scorer.version if pair.scorer is not None else "unknown",
@@ -218,13 +227,14 @@ def _record(
 
 
 async def _score_pair(
-    pair: _Pair, deps: ScoringDeps, checkpoint: ScoreResult | None, final_attempt: bool
+    pair: _Pair, run: TracedRun | TraceReadError, deps: ScoringDeps, checkpoint: ScoreResult | None, final_attempt: bool
 ) -> ScoreRecord | _Transient:
     scorer = pair.scorer
     if scorer is None:
         assert pair.unknown is not None
         return _record(pair, None, error=pair.unknown, error_type="UnknownScorerError")
-    run = pair.request.run
+    if isinstance(run, TraceReadError):  # the shipped trace could not be read into a run
+        return _record(pair, None, error=run, error_type=run.reason)
     ident = run.identity
     on_step = None
     if _checkpointed(scorer, deps):
@@ -304,6 +314,24 @@ class _GroupCommit:
                 start += len(records)
 
 
+def _read_run(request: ScoreRequest) -> TracedRun | TraceReadError:
+    """The request's run: as sent, or read from its spans (an unreadable trace: the error)."""
+    if request.run is not None:
+        return request.run
+    try:
+        return trace_to_run(request.spans or [], request.target_span_id)
+    except TraceReadError as exc:
+        log.warning(
+            "trace_unreadable",
+            trace_id=request.trace_id,
+            span_id=exc.span_id,
+            span_name=exc.span_name,
+            attribute=exc.attribute,
+            reason=exc.reason,
+        )
+        return exc.with_traceback(None)
+
+
 async def _score_request(
     pairs: list[_Pair],
     deps: ScoringDeps,
@@ -312,7 +340,10 @@ async def _score_request(
     report: BatchReport,
     recorder: _GroupCommit,
 ) -> None:
-    outcomes = await asyncio.gather(*(_score_pair(p, deps, checkpoints.get(p.score_id), final_attempt) for p in pairs))
+    run = _read_run(pairs[0].request)
+    outcomes = await asyncio.gather(
+        *(_score_pair(p, run, deps, checkpoints.get(p.score_id), final_attempt) for p in pairs)
+    )
     records = [o for o in outcomes if isinstance(o, ScoreRecord)]
     transient = [o for o in outcomes if isinstance(o, _Transient)]
     if transient:

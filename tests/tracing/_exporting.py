@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tracing import ScoreBatch, ScoreRequest
+from tracing import ScoreBatch, ScoreRequest, TracedRun, trace_to_run
 
 
 class FakeClock:
@@ -45,3 +45,13 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.005)
     return condition()
+
+
+def read(request: ScoreRequest) -> TracedRun:
+    """The run a worker scores for ``request``: through the JSON message, read from the spans
+    when it carries them (raises ``TraceReadError`` as the worker would see it)."""
+    received = ScoreRequest.model_validate_json(request.model_dump_json())
+    if received.run is not None:
+        return received.run
+    assert received.spans is not None
+    return trace_to_run(received.spans, received.target_span_id)

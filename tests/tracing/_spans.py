@@ -13,11 +13,16 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Span, Tracer
 
+# Every Recorder a test made: tests/tracing/conftest.py reads their traces a second time from
+# shipped span records after each test (the exporter's default path must read the same).
+CREATED: list[Recorder] = []
+
 
 class Recorder:
     """A tracer provider of its own (never the global one) and the spans it finished."""
 
     def __init__(self, service: str = "shop-app", scope: str = "my.app") -> None:
+        CREATED.append(self)
         self.memory = InMemorySpanExporter()
         self.provider = TracerProvider(resource=Resource.create({"service.name": service}))
         self.provider.add_span_processor(SimpleSpanProcessor(self.memory))

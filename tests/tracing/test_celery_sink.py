@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.tracing._exporting import FakeClock, wait_for
+from tests.tracing._exporting import FakeClock, read, wait_for
 from tests.tracing._spans import Recorder, agent_trace
 from tracing import SCORE_TASK_NAME, CelerySink, ScoreBatch, ScoringRule, ScoringSpanExporter, trace_to_run
 
@@ -104,8 +104,8 @@ def test_message_is_a_celery_task(own_redis: OwnRedis) -> None:
         assert len(messages) == 1
         batch = _batch(messages[0])
         assert batch.requests[0].scorer_ids == ["helpfulness"]
-        assert batch.requests[0].run.identity.trace_id == trace_id
-        assert batch.requests[0].run.input.input_messages[0].text == "Where is my order?"
+        assert batch.requests[0].trace_id == trace_id
+        assert read(batch.requests[0]).input.input_messages[0].text == "Where is my order?"
     finally:
         exp.shutdown(5000)
 
@@ -138,7 +138,7 @@ def test_broker_down_then_back(own_redis: OwnRedis) -> None:
         own_redis.start()  # same port, empty (no persistence): only the buffered runs can arrive
         assert wait_for(lambda: exp.stats()["runs_sent"] == 4, 30)
         arrived = [r for m in _messages(own_redis) for r in _batch(m).requests]
-        assert sorted(r.run.identity.trace_id for r in arrived) == sorted(ids[1:])
+        assert sorted(r.trace_id for r in arrived) == sorted(ids[1:])
         assert exp.stats()["dropped"] == {}
     finally:
         exp.shutdown(5000)
@@ -159,3 +159,29 @@ def test_down_broker_fails_fast() -> None:
     with pytest.raises(Exception):  # noqa: B017 - any broker error: the exporter retries them all
         sink.send(batch)
     assert time.monotonic() - started < 5
+
+
+def test_no_late_batch_after_shutdown_and_close(own_redis: OwnRedis) -> None:
+    """Broker down at shutdown: the runs are dropped and counted, and none arrives once it is back."""
+    clock = FakeClock()
+    sink = CelerySink(own_redis.url, queue=QUEUE, connect_timeout_s=0.3, publish_timeout_s=0.3)
+    exp = ScoringSpanExporter(
+        [ScoringRule(["s"])], sink, batch_size=1, retry_initial_s=0.05, retry_max_s=0.1, clock=clock
+    )
+    own_redis.stop()
+    for i in range(5):
+        rec = Recorder()
+        agent_trace(rec, question=f"late {i}")
+        exp.export(rec.spans())
+    exp.tick()
+    clock.advance(10)
+    exp.tick()
+    assert wait_for(lambda: exp.stats()["send_failures"] >= 1, 20)
+    exp.shutdown(300)
+    sink.close()  # what the application does next; closing again is harmless
+    assert exp.stats()["dropped"] == {"shutdown_unsent": 5}
+    assert not exp._sender.is_alive()  # the only thread that sends is gone
+    own_redis.start()  # same port, empty: anything that arrives now was sent after shutdown
+    with pytest.raises(RuntimeError, match="closed"):
+        sink.send(ScoreBatch.model_construct(batch_id="late", requests=[]))
+    assert _messages(own_redis) == []

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from tests.tracing._exporting import FakeClock, Recording, wait_for
+from tests.tracing._exporting import FakeClock, Recording, read, wait_for
 from tests.tracing._spans import Recorder, agent_trace, genai_messages
 from tracing import (
     JUDGE_ROLE,
@@ -18,6 +19,7 @@ from tracing import (
     ScoreBatch,
     ScoringRule,
     ScoringSpanExporter,
+    TraceReadError,
     sampled,
 )
 
@@ -52,11 +54,12 @@ def test_trace_completes_after_grace_window(exporter: ScoringSpanExporter, clock
     assert wait_for(lambda: len(sink.requests) == 1)
     request = sink.requests[0]
     assert request.scorer_ids == ["s1"]
-    assert request.run.identity.trace_id == trace_id
-    assert request.run.output.text == "Hello."
+    assert request.trace_id == trace_id
+    assert read(request).output.text == "Hello."
     assert request.enqueued_at is not None
     stats = exporter.stats()
     assert (stats["spans_seen"], stats["traces_completed"], stats["runs_enqueued"]) == (2, 1, 1)
+    assert (stats["runs_found"], stats["runs_read_in_app"]) == (1, 0)
     assert wait_for(lambda: exporter.stats()["runs_sent"] == 1)
 
 
@@ -74,7 +77,7 @@ def test_children_ending_after_root_within_grace(
     clock.advance(1.5)
     assert exporter.tick() == 1
     assert wait_for(lambda: len(sink.requests) == 1)
-    inv = sink.requests[0].run.output[0].tool_invocations[0]
+    inv = read(sink.requests[0]).output[0].tool_invocations[0]
     assert (inv.state, inv.result) == ("result", "ok")
 
 
@@ -88,7 +91,7 @@ def test_span_after_grace_is_not_in_the_run(exporter: ScoringSpanExporter, clock
     exporter.tick()
     exporter.export([spans["execute_tool t"]])
     assert wait_for(lambda: len(sink.requests) == 1)
-    assert sink.requests[0].run.output[0].tool_invocations[0].state == "call"
+    assert read(sink.requests[0]).output[0].tool_invocations[0].state == "call"
     clock.advance(301)
     exporter.tick()
     assert exporter.stats()["dropped"] == {"max_trace_age": 1}
@@ -105,7 +108,7 @@ def test_max_traces_drops_oldest(clock: FakeClock, sink: Recording) -> None:
         assert exp.stats()["dropped"] == {"max_traces": 1}
         assert exp.stats()["traces_buffered"] == 2
         assert exp.force_flush(5000)
-        assert sorted(r.run.identity.trace_id for r in sink.requests) == sorted(ids[1:])
+        assert sorted(r.trace_id for r in sink.requests) == sorted(ids[1:])
     finally:
         exp.shutdown(2000)
 
@@ -119,23 +122,50 @@ def test_max_spans_per_trace_drops_oldest_span(clock: FakeClock, sink: Recording
         exp.export(rec.spans())
         assert exp.stats()["dropped"] == {"max_spans_per_trace": 1}
         assert exp.force_flush(5000)
-        # The chat span (oldest) is gone: the agent has no LLM content left to read.
-        assert exp.stats()["errors"] == {"no_content": 1}
+        # The chat span (oldest) is gone: the worker finds no LLM content left to read.
+        (request,) = sink.requests
+        assert [s.name for s in request.spans or []] == ["execute_tool t", "invoke_agent a"]
+        with pytest.raises(TraceReadError) as err:
+            read(request)
+        assert err.value.reason == "no_content"
     finally:
         exp.shutdown(2000)
 
 
-def test_malformed_spans_are_counted_never_raised(exporter: ScoringSpanExporter, sink: Recording) -> None:
-    """A trace with unreadable messages is a counted, named error; export() still succeeds."""
+def _malformed_traces() -> Recorder:
     rec = Recorder()
     with rec.span("chat m", {"gen_ai.operation.name": CHAT, "gen_ai.input.messages": "{not json"}):
         pass
     with rec.span("chat m", {"gen_ai.operation.name": CHAT, "gen_ai.input.messages": genai_messages(("bot", "x"))}):
         pass
+    return rec
+
+
+def test_malformed_spans_are_shipped_unread(exporter: ScoringSpanExporter, sink: Recording) -> None:
+    """By default nothing is parsed in the app: unreadable traces go out, the worker names the error."""
+    rec = _malformed_traces()
     assert exporter.export(rec.spans()) is SpanExportResult.SUCCESS
     assert exporter.force_flush(5000)
-    assert exporter.stats()["errors"] == {"bad_json": 1, "unknown_role": 1}
-    assert sink.requests == []
+    assert exporter.stats()["errors"] == {}
+    reasons = []
+    for request in sink.requests:
+        with pytest.raises(TraceReadError) as err:
+            read(request)
+        assert err.value.attribute == "gen_ai.input.messages"
+        reasons.append(err.value.reason)
+    assert sorted(reasons) == ["bad_json", "unknown_role"]
+
+
+def test_malformed_spans_with_a_filter_are_counted_never_raised(clock: FakeClock, sink: Recording) -> None:
+    """With a filter the trace is read in the app: unreadable ones are counted, named errors."""
+    exp = ScoringSpanExporter([ScoringRule(["s"], filter=lambda run: True)], CallbackSink(sink), clock=clock)
+    try:
+        assert exp.export(_malformed_traces().spans()) is SpanExportResult.SUCCESS
+        assert exp.force_flush(5000)
+        assert exp.stats()["errors"] == {"bad_json": 1, "unknown_role": 1}
+        assert sink.requests == []
+    finally:
+        exp.shutdown(2000)
 
 
 def test_export_of_garbage_does_not_raise(exporter: ScoringSpanExporter, sink: Recording) -> None:
@@ -164,7 +194,7 @@ def test_sampling_is_deterministic_on_trace_id(clock: FakeClock, sink: Recording
             ids.append(agent_trace(rec, question=f"q{i}"))
             exp.export(rec.spans())
         assert exp.force_flush(5000)
-        scored = {r.run.identity.trace_id for r in sink.requests}
+        scored = {r.trace_id for r in sink.requests}
         expected = {t for t in ids if _independent_sample(t, 0.5)}
         assert scored == expected
         assert 0 < len(expected) < 40
@@ -218,7 +248,9 @@ def test_loop_guard_judge_subtree_inside_app_trace(exporter: ScoringSpanExporter
             pass
     exporter.export(rec.spans())
     assert exporter.force_flush(5000)
-    assert [r.run.input.input_messages[0].text for r in sink.requests] == ["app question"]
+    assert [read(r).input.input_messages[0].text for r in sink.requests] == ["app question"]
+    # Only the agent's own subtree travels: neither the request root nor the judge's spans.
+    assert sorted(s.name for s in sink.requests[0].spans or []) == ["chat m", "invoke_agent a"]
 
 
 def test_loop_guard_own_service(exporter: ScoringSpanExporter, sink: Recording) -> None:
@@ -232,7 +264,7 @@ def test_loop_guard_own_service(exporter: ScoringSpanExporter, sink: Recording) 
 
 
 def test_rules_filter_union_and_delay(clock: FakeClock, sink: Recording) -> None:
-    """Rules filter on the run, merge scorer ids, and delay_s holds a request back."""
+    """A filter makes the app read the run; rules merge scorer ids; delay_s holds a request back."""
     rules = [
         ScoringRule(["a", "b"]),
         ScoringRule(["b", "c"], filter=lambda run: "refund" in (run.input.input_messages[0].text)),
@@ -245,6 +277,10 @@ def test_rules_filter_union_and_delay(clock: FakeClock, sink: Recording) -> None
         exp.export(rec.spans())
         assert exp.force_flush(5000)
         assert [r.scorer_ids for r in sink.requests] == [["a", "b", "c"]]
+        assert sink.requests[0].spans is None
+        assert sink.requests[0].run is not None
+        assert sink.requests[0].run.input.input_messages[0].text == "I want a refund"
+        assert exp.stats()["runs_read_in_app"] == 1
         assert exp.stats()["delayed"] == 1
         clock.advance(61)
         exp.tick()
@@ -292,7 +328,7 @@ def test_queue_full_drops_without_blocking(clock: FakeClock) -> None:
             assert exp.export(rec.spans()) is SpanExportResult.SUCCESS
         assert exp.force_flush(200) is False  # the sink is stuck: the deadline wins
         stats = exp.stats()
-        assert stats["runs_read"] == 6
+        assert stats["runs_found"] == 6
         assert stats["dropped"]["queue_full"] >= 3
         assert stats["runs_enqueued"] + stats["dropped"]["queue_full"] == 6
         release.set()
@@ -376,3 +412,93 @@ def test_bad_arguments_raise_at_once() -> None:
         ScoringRule("s")
     with pytest.raises(ValueError, match="non-empty"):
         ScoringRule([])
+
+
+def test_default_path_ships_compact_spans(exporter: ScoringSpanExporter, sink: Recording) -> None:
+    """Without a filter the run's spans travel unread, keeping only what the transform reads."""
+    rec = Recorder(service="shop-app", scope="shop.agent")
+    chat_attrs = {
+        "gen_ai.operation.name": CHAT,
+        "gen_ai.input.messages": genai_messages(("user", "Hi?")),
+        "gen_ai.output.messages": genai_messages(("assistant", "Hello.")),
+        "gen_ai.usage.input_tokens": 12,
+    }
+    agent_attrs = {"gen_ai.operation.name": "invoke_agent", "http.route": "/chat"}
+    with rec.span("invoke_agent a", agent_attrs) as root, rec.span("chat m", chat_attrs) as chat:
+        chat.add_event("exception", {"exception.message": "not read"})
+        chat.add_event("gen_ai.choice", {"index": 0})
+    exporter.export(rec.spans())
+    assert exporter.force_flush(5000)
+    (request,) = sink.requests
+    assert request.run is None
+    assert request.target_span_id == format(root.get_span_context().span_id, "016x")
+    spans = {s.name: s for s in request.spans or []}
+    assert spans["invoke_agent a"].attributes == {"gen_ai.operation.name": "invoke_agent"}
+    assert set(spans["chat m"].attributes) == {
+        "gen_ai.operation.name",
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+    }
+    assert [e.name for e in spans["chat m"].events] == ["gen_ai.choice"]
+    assert (spans["chat m"].service_name, spans["chat m"].scope_name) == ("shop-app", "shop.agent")
+    assert spans["chat m"].parent_span_id == request.target_span_id
+    assert read(request).output.text == "Hello."
+    assert exporter.stats()["runs_read_in_app"] == 0
+
+
+def test_each_top_level_agent_ships_its_own_subtree(exporter: ScoringSpanExporter, sink: Recording) -> None:
+    """Two agents under one request root: two requests, each with its agent's spans only."""
+    rec = Recorder()
+    with rec.span("request"):
+        agent_trace(rec, question="first")
+        with rec.span("invoke_agent outer", {"gen_ai.operation.name": "invoke_agent"}):
+            agent_trace(rec, question="nested")  # a sub-agent: part of the outer agent's run
+            with rec.span(
+                "chat m",
+                {
+                    "gen_ai.operation.name": CHAT,
+                    "gen_ai.input.messages": genai_messages(("user", "second")),
+                    "gen_ai.output.messages": genai_messages(("assistant", "ok")),
+                },
+            ):
+                pass
+    exporter.export(rec.spans())
+    assert exporter.force_flush(5000)
+    requests = sink.requests
+    assert [sorted(s.name for s in r.spans or []) for r in requests] == [
+        ["chat m", "invoke_agent a"],
+        ["chat m", "chat m", "invoke_agent a", "invoke_agent outer"],
+    ]
+    assert [read(r).input.input_messages[0].text for r in requests] == ["first", "second"]
+    assert exporter.stats()["runs_found"] == 2
+
+
+def test_nothing_is_sent_after_shutdown(clock: FakeClock) -> None:
+    """With the broker down, shutdown() stops the sender at its deadline: no attempt after it."""
+    attempts: list[int] = []
+
+    def down(batch: ScoreBatch) -> None:  # like a broker connect that times out
+        attempts.append(len(batch.requests))
+        time.sleep(0.05)
+        raise ConnectionError("broker down")
+
+    exp = ScoringSpanExporter(
+        [ScoringRule(["s"])], CallbackSink(down), batch_size=1, retry_initial_s=0.01, retry_max_s=0.02, clock=clock
+    )
+    for i in range(4):
+        rec = Recorder()
+        agent_trace(rec, question=f"q{i}")
+        exp.export(rec.spans())
+    assert exp.force_flush(100) is False
+    assert wait_for(lambda: len(attempts) >= 3)
+    exp.shutdown(200)
+    assert not exp._sender.is_alive()
+    assert not exp._flusher.is_alive()
+    made = len(attempts)
+    stats = exp.stats()
+    assert stats["runs_sent"] == 0
+    assert stats["dropped"] == {"shutdown_unsent": 4}  # each counted once
+    assert stats["queue_depth"] == 0
+    # Both threads are gone, so no attempt can follow; one more export is refused outright.
+    assert exp.export(Recorder().spans()) is SpanExportResult.FAILURE
+    assert len(attempts) == made

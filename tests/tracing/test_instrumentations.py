@@ -18,6 +18,8 @@ import pytest
 from scorers.agent import ScorerRunInputForAgent, ScorerRunOutputForAgent
 from tests.fakellm._script import Reply
 from tests.fakellm._server import FakeLLMServer
+from tests.tracing._exporting import read
+from tracing import ScoreBatch, TraceReadError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,9 +57,11 @@ def _check_run(out: dict[str, Any]) -> None:
     assert run["identity"]["conversation_id"] == "conv-1"
     assert run["identity"]["model"] == "gpt-4o-mini"
     assert run["identity"]["service_name"] == "shop-support"
-    # The exporter, behind a span processor, sent the same run.
+    # The exporter, behind a span processor, sent the spans; read on the worker, the same run.
     assert out["stats"]["runs_sent"] == 1
-    assert out["sent"][0]["requests"][0]["run"] == run
+    (request,) = ScoreBatch.model_validate(out["sent"][0]).requests
+    assert request.run is None
+    assert read(request).model_dump(mode="json") == run
 
 
 @pytest.mark.parametrize("mode", ["otel-latest", "openinference"])
@@ -80,6 +84,9 @@ def test_otel_legacy_log_events(fake_llm: FakeLLMServer, fake_llm_env: dict[str,
     assert [m.text for m in inp.input_messages] == ["Where is order 42?"]
     assert [m.text for m in inp.system_messages] == ["You are the support agent of a shop."]
     assert ScorerRunOutputForAgent.validate(run["output"]).text == "Let me look that up.\nOrder 42 has shipped."
-    # Without the log records the exporter sees no content: a counted error, nothing sent.
-    assert out["stats"]["errors"] == {"no_content": 1}
-    assert out["sent"] == []
+    # Spans alone carry no content here (it went to log records): the worker cannot read the
+    # shipped trace and says why.
+    (request,) = ScoreBatch.model_validate(out["sent"][0]).requests
+    with pytest.raises(TraceReadError) as err:
+        read(request)
+    assert err.value.reason == "no_content"
