@@ -17,7 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tracing.sources import Position
-from worker._keys import PREFIX
+from worker._keys import backfill_state_key as state_key
+from worker._keys import backfill_traces_key as traces_key
 
 __all__ = [
     "BackfillOptions",
@@ -36,14 +37,6 @@ MAX_MALFORMED_KEPT = 50
 def new_job_id() -> str:
     """Short, sortable by time, unique enough: ``bf-<yyyymmdd-hhmmss>-<6 hex>``."""
     return time.strftime("bf-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
-
-
-def state_key(job_id: str) -> str:
-    return f"{PREFIX}backfill:{job_id}"
-
-
-def traces_key(job_id: str) -> str:
-    return f"{PREFIX}backfill:{job_id}:traces"
 
 
 class BackfillOptions(BaseModel):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 __all__ = [
     "PREFIX",
+    "backfill_state_key",
+    "backfill_traces_key",
     "checkpoint_key",
     "claim_key",
     "delivery_key",
@@ -73,3 +75,13 @@ def delivery_key(task_id: str) -> str:
 def limiter_granted_key(model_id: str) -> str:
     """Hash: epoch second → judge calls admitted in that second (kept one hour)."""
     return f"{PREFIX}limiter:granted:{model_id}"
+
+
+def backfill_state_key(job_id: str) -> str:
+    """A backfill job's resumable state (JSON: source, options, per-source progress)."""
+    return f"{PREFIX}backfill:{job_id}"
+
+
+def backfill_traces_key(job_id: str) -> str:
+    """Set of trace ids a backfill job has enqueued (so a resume never enqueues them twice)."""
+    return f"{PREFIX}backfill:{job_id}:traces"
