@@ -17,8 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tracing.sources import Position
-from worker._keys import backfill_state_key as state_key
-from worker._keys import backfill_traces_key as traces_key
+from worker._keys import backfill_state_key, backfill_traces_key
 
 __all__ = [
     "BackfillOptions",
@@ -26,8 +25,6 @@ __all__ = [
     "JobCounters",
     "RedisJobStore",
     "new_job_id",
-    "state_key",
-    "traces_key",
 ]
 
 JOB_TTL_SECONDS = 7 * 24 * 3600
@@ -113,7 +110,7 @@ class RedisJobStore:
         self.client = client
 
     def load(self, job_id: str) -> BackfillState | None:
-        raw = self.client.get(state_key(job_id))
+        raw = self.client.get(backfill_state_key(job_id))
         return None if raw is None else BackfillState.model_validate_json(raw)
 
     def save(self, state: BackfillState, newly_enqueued: Sequence[str] = ()) -> None:
@@ -121,16 +118,16 @@ class RedisJobStore:
         state.updated_at = time.time()
         pipe = self.client.pipeline(transaction=True)
         if newly_enqueued:
-            pipe.sadd(traces_key(state.job_id), *newly_enqueued)
-            pipe.expire(traces_key(state.job_id), JOB_TTL_SECONDS)
-        pipe.set(state_key(state.job_id), state.model_dump_json(), ex=JOB_TTL_SECONDS)
+            pipe.sadd(backfill_traces_key(state.job_id), *newly_enqueued)
+            pipe.expire(backfill_traces_key(state.job_id), JOB_TTL_SECONDS)
+        pipe.set(backfill_state_key(state.job_id), state.model_dump_json(), ex=JOB_TTL_SECONDS)
         pipe.execute()
 
     def already_enqueued(self, job_id: str, trace_ids: Sequence[str]) -> set[str]:
         if not trace_ids:
             return set()
-        flags = self.client.smismember(traces_key(job_id), list(trace_ids))
+        flags = self.client.smismember(backfill_traces_key(job_id), list(trace_ids))
         return {t for t, f in zip(trace_ids, flags, strict=True) if f}
 
     def delete(self, job_id: str) -> None:
-        self.client.delete(state_key(job_id), traces_key(job_id))
+        self.client.delete(backfill_state_key(job_id), backfill_traces_key(job_id))
