@@ -13,9 +13,11 @@ handed to a no-op CallbackSink so the broker is not measured) in three settings:
 CPU is ``time.process_time`` (all threads of the process: app, batch processor, flusher,
 sender), measured from the first span to ``force_flush`` returning.
 
-    .venv/bin/python bench/exporter.py [--traces 3000] [--rounds 3]
+    .venv/bin/python bench/exporter.py [--traces 3000] [--rounds 9]
 
-Target: ratio (ours / no-op) <= 1.3. Writes bench/results/exporter.json.
+Target: ratio (ours / no-op) <= 1.3, on the medians of the interleaved rounds; the ratio of
+the fastest rounds is reported beside it (on a shared machine a round can lose 20-40% to a
+neighbour or to where the cyclic GC's full collections fall). Writes bench/results/exporter.json.
 """
 
 from __future__ import annotations
@@ -179,7 +181,7 @@ def run_once(kind: str, n: int, sample_rate: float = 1.0, *, with_filter: bool =
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--traces", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     run_once("noop", 200)  # warm-up: imports, caches
     run_once("ours", 200)
@@ -201,6 +203,7 @@ def main() -> None:
             if key == "ours":
                 last_stats = r["stats"]
     med = {k: statistics.median(v) for k, v in cpu.items()}
+    best = {k: min(v) for k, v in cpu.items()}
     gc_med = {k: statistics.median(v) for k, v in gc_us.items()}
     noop, ours, sampled = med["noop"], med["ours"], med["ours_sampled_10pct"]
     filtered = med["ours_filter"]
@@ -213,6 +216,7 @@ def main() -> None:
         "ours_cpu_us_per_trace": round(ours, 1),
         "added_cpu_us_per_trace": round(ours - noop, 1),
         "ratio": round(ratio, 3),
+        "ratio_of_fastest_rounds": round(best["ours"] / best["noop"], 3),
         "target_ratio": 1.3,
         "meets_target": ratio <= 1.3,
         "gc_us_per_trace": {k: round(v, 1) for k, v in gc_med.items()},
@@ -228,7 +232,8 @@ def main() -> None:
     }
     print(f"no-op pipeline : {noop:8.1f} us CPU per trace (of which GC {gc_med['noop']:.1f})")
     print(f"with exporter  : {ours:8.1f} us CPU per trace (of which GC {gc_med['ours']:.1f}), +{ours - noop:.1f} us")
-    print(f"ratio          : {ratio:.3f}  (target <= 1.3: {'met' if ratio <= 1.3 else 'NOT met'})")
+    print(f"ratio          : {ratio:.3f}  (target <= 1.3: {'met' if ratio <= 1.3 else 'NOT met'}); "
+          f"fastest rounds {best['ours'] / best['noop']:.3f}")
     print(f"with a filter  : {filtered:8.1f} us CPU per trace, ratio {filtered / noop:.3f} (run read in the app)")
     print(f"sample_rate 0.1: {sampled:8.1f} us CPU per trace, ratio {sampled / noop:.3f}")
     path = Path(__file__).resolve().parent / "results" / "exporter.json"

@@ -80,9 +80,9 @@ def build_record(
     # Positional: the cheapest way to build a dataclass (field order of ``SpanRecord``).
     return SpanRecord(
         trace_id,
-        format(ctx.span_id, "016x"),
+        "%016x" % ctx.span_id,  # %-formatting: twice as fast as format() for this  # noqa: UP031
         name,
-        format(parent.span_id, "016x") if parent is not None else None,
+        "%016x" % parent.span_id if parent is not None else None,  # noqa: UP031
         span.kind._name_,  # Enum.name is a descriptor call; _name_ is the same string
         span.start_time,
         span.end_time,

@@ -35,6 +35,12 @@ class ScoringRule:
     ``sample_rate`` keeps that fraction of traces (deterministic on the trace id); ``filter``
     (a function of the ``TracedRun``) keeps the runs it returns True for; ``delay_s`` holds
     the run back that long before it is sent (e.g. to let user feedback arrive first).
+
+    A ``filter`` costs CPU in the application: it needs the run, so the exporter reads every
+    trace the rule samples in the application's process (JSON parsing, validation), where
+    without one the trace's spans travel unread and the worker reads them (about 5× less
+    exporter CPU per trace; bench/exporter.py). Prefer ``sample_rate``, or a scorer that
+    returns ``not_scorable`` for runs it should not judge.
     """
 
     scorers: Sequence[str]
