@@ -19,6 +19,7 @@ from opentelemetry import trace
 from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
 from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE
 from tracing._score_writer import ConsoleScoreWriter, JsonlScoreWriter, OtlpScoreWriter, ScoreWriter
+from worker._gc import freeze_startup_objects
 from worker._limiter import RedisRateLimiter
 from worker._registry import Registry, RegistryError, load_registry
 from worker._scoring import ScoringDeps
@@ -86,6 +87,7 @@ class WorkerRuntime:
             claim_ttl_s=settings.claim_ttl,
             checkpoint_ttl_s=settings.checkpoint_ttl_seconds,
         )
+        freeze_startup_objects()
         log.info(
             "worker_runtime_ready",
             pid=os.getpid(),
