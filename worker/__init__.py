@@ -5,6 +5,7 @@
 """
 
 from worker._app import app
+from worker._embedded import EmbeddedScorer, embedded_sink
 from worker._limiter import RedisRateLimiter
 from worker._loop import run_coro
 from worker._registry import Registry, RegistryError, UnknownScorerError, load_registry
@@ -16,6 +17,7 @@ from worker._task import score_batch_task
 __all__ = [
     "BatchReport",
     "DeadLetter",
+    "EmbeddedScorer",
     "MemoryScoreStore",
     "ModelRateLimit",
     "RedisRateLimiter",
@@ -28,6 +30,7 @@ __all__ = [
     "SettingsError",
     "UnknownScorerError",
     "app",
+    "embedded_sink",
     "get_settings",
     "is_transient",
     "load_registry",
