@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,7 +129,9 @@ class ScoringSpanExporter(SpanExporter):
 
     Bounds: ``max_traces`` buffered traces, ``max_spans_per_trace`` spans each, traces older
     than ``max_trace_age_s`` without an ended agent/root span are dropped; ``queue_size``
-    requests wait for the sink (plus those held back by a rule's ``delay_s``). ``clock``
+    requests wait for the sink (plus those held back by a rule's ``delay_s``). A batch holds up
+    to ``batch_size`` requests and, roughly, ``max_batch_bytes`` of span records (keep it under
+    the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES``, 8 MiB by default). ``clock``
     (monotonic seconds) is injectable so tests drive the grace window without sleeping.
     """
 
@@ -144,6 +146,7 @@ class ScoringSpanExporter(SpanExporter):
         grace_s: float = 2.0,
         queue_size: int = 10_000,
         batch_size: int = 50,
+        max_batch_bytes: int = 4 * 1024 * 1024,
         flush_interval_s: float = 0.5,
         retry_initial_s: float = 0.1,
         retry_max_s: float = 5.0,
@@ -160,6 +163,7 @@ class ScoringSpanExporter(SpanExporter):
             ("max_spans_per_trace", max_spans_per_trace),
             ("queue_size", queue_size),
             ("batch_size", batch_size),
+            ("max_batch_bytes", max_batch_bytes),
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -181,6 +185,7 @@ class ScoringSpanExporter(SpanExporter):
         self._max_age = max_trace_age_s
         self._grace = grace_s
         self._batch_size = batch_size
+        self._max_batch_bytes = max_batch_bytes
         self._interval = flush_interval_s
         self._retry_initial = retry_initial_s
         self._retry_max = retry_max_s
@@ -415,43 +420,46 @@ class ScoringSpanExporter(SpanExporter):
 
     def _process(self, *, force: bool) -> int:
         with self._process_lock:
-            now = self._clock()
-            due: list[int] = []
-            ready: list[ScoreRequest] = []
-            with self._lock:
-                for tid, entry in self._traces.items():
-                    if entry.due is not None and (force or entry.due <= now):
-                        due.append(tid)
-                    elif entry.due is None and now - entry.first_seen >= self._max_age:
-                        due.append(-tid - 1)  # expired: marked by sign, dropped below
-                while self._delayed and ((force and self._closed) or self._delayed[0][0] <= now):
-                    ready.append(heapq.heappop(self._delayed)[2])
-            for request in ready:
-                self._enqueue(request)
-            taken: list[_Trace] = []
-            with self._lock:
-                for tid in due:
-                    if tid < 0:
-                        if self._traces.pop(-tid - 1, None) is not None:
-                            self._drop("max_trace_age")
-                        continue
-                    found = self._traces.pop(tid, None)
-                    if found is not None:
-                        taken.append(found)
-            # Completed one at a time, each dropped when done: its records become garbage at
-            # once instead of surviving (and being promoted by the GC) until the end.
-            taken.reverse()
-            done = len(taken)
-            while taken:
-                entry = taken.pop()
-                try:
-                    self._complete(entry, now)
-                except Exception as exc:  # one bad trace must not stop the others
-                    with self._lock:
-                        self._errors.add("internal")
-                    log.error("exporter_trace_failed", trace_id=entry.trace_id, error=repr(exc))
-                del entry
-            return done
+            return self._process_pass(force)
+
+    def _process_pass(self, force: bool) -> int:
+        now = self._clock()
+        due: list[int] = []
+        ready: list[ScoreRequest] = []
+        with self._lock:
+            for tid, entry in self._traces.items():
+                if entry.due is not None and (force or entry.due <= now):
+                    due.append(tid)
+                elif entry.due is None and now - entry.first_seen >= self._max_age:
+                    due.append(-tid - 1)  # expired: marked by sign, dropped below
+            while self._delayed and ((force and self._closed) or self._delayed[0][0] <= now):
+                ready.append(heapq.heappop(self._delayed)[2])
+        for request in ready:
+            self._enqueue(request)
+        taken: list[_Trace] = []
+        with self._lock:
+            for tid in due:
+                if tid < 0:
+                    if self._traces.pop(-tid - 1, None) is not None:
+                        self._drop("max_trace_age")
+                    continue
+                found = self._traces.pop(tid, None)
+                if found is not None:
+                    taken.append(found)
+        # Completed one at a time, each dropped when done: its records become garbage at
+        # once instead of surviving (and being promoted by the GC) until the end.
+        taken.reverse()
+        done = len(taken)
+        while taken:
+            entry = taken.pop()
+            try:
+                self._complete(entry, now)
+            except Exception as exc:  # one bad trace must not stop the others
+                with self._lock:
+                    self._errors.add("internal")
+                log.error("exporter_trace_failed", trace_id=entry.trace_id, error=repr(exc))
+            del entry
+        return done
 
     def _complete(self, entry: _Trace, now: float) -> None:
         rules = entry.rules
@@ -577,26 +585,38 @@ class ScoringSpanExporter(SpanExporter):
         # Stops taking batches at once when stopped: shutdown() drops what is still queued.
         while not self._stop.is_set():
             requests = self._take_batch()
-            if not requests:
-                continue
-            sent = False
-            try:
-                sent = self._deliver(requests)
-            finally:
-                with self._lock:
-                    self._inflight -= len(requests)
-                    if sent:
-                        self._runs_sent += len(requests)
-                        self._batches_sent += 1
-                    elif not self._gave_up:
-                        self._drop("shutdown_unsent", len(requests))
-                    self._idle.notify_all()
+            for chunk in self._chunks(requests):
+                sent = False
+                try:
+                    sent = self._deliver(chunk)
+                finally:
+                    with self._lock:
+                        self._inflight -= len(chunk)
+                        if sent:
+                            self._runs_sent += len(chunk)
+                            self._batches_sent += 1
+                        elif not self._gave_up:
+                            self._drop("shutdown_unsent", len(chunk))
+                        self._idle.notify_all()
+
+    def _chunks(self, requests: list[ScoreRequest]) -> Iterator[list[ScoreRequest]]:
+        """Compact the requests' span records (the hand-off carries only what the worker's
+        transform reads) and split them into batches of at most ``max_batch_bytes`` (roughly:
+        spans travel with every message the model saw, which a worker's payload limit caps)."""
+        chunk: list[ScoreRequest] = []
+        size = 0
+        for request in requests:
+            n = sum(compact(record) for record in request.spans) if request.spans else 0
+            if chunk and size + n > self._max_batch_bytes:
+                yield chunk
+                chunk, size = [], 0
+            chunk.append(request)
+            size += n
+        if chunk:
+            yield chunk
 
     def _deliver(self, requests: list[ScoreRequest]) -> bool:
         """Send one batch, retrying until it is sent (True) or the exporter stops (False)."""
-        for request in requests:
-            for record in request.spans or ():
-                compact(record)  # the hand-off carries only what the worker's transform reads
         batch = ScoreBatch.model_construct(batch_id=uuid.uuid4().hex, requests=requests)
         delay = self._retry_initial
         while not self._stop.is_set():  # checked before every attempt: no send after shutdown

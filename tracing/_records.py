@@ -39,14 +39,25 @@ def span_record(span: ReadableSpan) -> SpanRecord:
         service_name(span.resource),
         scope.name if scope is not None else None,
     )
-    return compact(record)
-
-
-def compact(record: SpanRecord) -> SpanRecord:
-    """Keep only the attributes the transform reads (in place; idempotent)."""
-    keys, prefixes = READ_ATTRIBUTES, READ_ATTRIBUTE_PREFIXES
-    record.attributes = {k: v for k, v in record.attributes.items() if k in keys or k.startswith(prefixes)}
+    compact(record)
     return record
+
+
+# A record's JSON apart from its text attribute values (ids, name, times, keys): a rough
+# upper bound, for sizing batches.
+RECORD_OVERHEAD_BYTES = 600
+
+
+def compact(record: SpanRecord) -> int:
+    """Keep only the attributes the transform reads (in place; idempotent). Returns the
+    record's approximate JSON size in bytes (its text values plus a fixed overhead)."""
+    keys, prefixes = READ_ATTRIBUTES, READ_ATTRIBUTE_PREFIXES
+    kept = {k: v for k, v in record.attributes.items() if k in keys or k.startswith(prefixes)}
+    record.attributes = kept
+    size = RECORD_OVERHEAD_BYTES + sum(len(v) for v in kept.values() if type(v) is str)
+    for event in record.events:  # older GenAI conventions carry message content in events
+        size += 100 + sum(len(v) for v in event.attributes.values() if type(v) is str)
+    return size
 
 
 def build_record(

@@ -502,3 +502,21 @@ def test_nothing_is_sent_after_shutdown(clock: FakeClock) -> None:
     # Both threads are gone, so no attempt can follow; one more export is refused outright.
     assert exp.export(Recorder().spans()) is SpanExportResult.FAILURE
     assert len(attempts) == made
+
+
+def test_batches_are_split_by_size(clock: FakeClock, sink: Recording) -> None:
+    """Span-carrying requests go in batches of about max_batch_bytes, never one run split."""
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_batch_bytes=6000, clock=clock)
+    try:
+        for i in range(6):
+            rec = Recorder()
+            agent_trace(rec, question=f"q{i} " + "x" * 1500)
+            exp.export(rec.spans())
+        assert exp.force_flush(5000)
+        assert len(sink.requests) == 6
+        assert all(1 <= len(b.requests) <= 3 for b in sink.batches)
+        assert len(sink.batches) >= 2
+        assert exp.stats()["batches_sent"] == len(sink.batches)
+        assert all(len(b.model_dump_json()) <= 6000 or len(b.requests) == 1 for b in sink.batches)
+    finally:
+        exp.shutdown(2000)
