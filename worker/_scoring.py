@@ -15,8 +15,9 @@ A request that carries spans (the exporter's default) is read here, with
 request per run it found, nested agents included, each naming its target). It is read once,
 and only when some of its pairs are claimed for scoring (a redelivery of scored runs reads
 nothing). A trace that cannot be read gives one error record per requested scorer, with
-``error_type`` the ``TraceReadError`` reason (``bad_json``, ``no_content``...) and a message
-naming the span and attribute: visible and counted, never a crashed batch.
+``error_type`` the ``TraceReadError`` reason (``bad_json``, ``no_content``...; ``read_failed``
+when the reading itself crashed) and a message naming the span and attribute: visible and
+counted, never a crashed batch.
 """
 
 from __future__ import annotations
@@ -330,6 +331,13 @@ def _read_run(request: ScoreRequest) -> TracedRun | TraceReadError:
             reason=exc.reason,
         )
         return exc.with_traceback(None)
+    except Exception as exc:  # a bug in the transform: still visible records, the batch goes on
+        log.exception("trace_read_crashed", trace_id=request.trace_id, span_id=request.target_span_id)
+        return TraceReadError(
+            "read_failed",
+            f"reading the trace failed: {type(exc).__name__}: {exc}",
+            span_id=request.target_span_id,
+        )
 
 
 async def _score_request(

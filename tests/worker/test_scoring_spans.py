@@ -138,3 +138,18 @@ def test_exporter_batches_score_in_process_without_json() -> None:
     assert report.scored == 2
     assert {r.scorer_id: r.score for r in writer.records} == {"length": 0.5, "asked": 1.0}
     json.loads(batch.model_dump_json())  # and it is a valid JSON message too
+
+
+def test_a_crash_while_reading_is_an_error_record_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even a bug in the transform gives error records for that request only."""
+
+    def broken(spans: Any, target_span_id: str | None = None, **kw: Any) -> Any:
+        raise KeyError("boom")
+
+    rec = Recorder()
+    agent_trace(rec)
+    deps, writer = _deps()
+    monkeypatch.setattr(_scoring, "trace_to_run", broken)
+    report = asyncio.run(score_batch(ScoreBatch(batch_id="crash", requests=_shipped(rec)), deps))
+    assert report.failed == {"read_failed": 2}
+    assert all("KeyError" in (r.error_message or "") for r in writer.records)
