@@ -54,10 +54,17 @@ def compact(record: SpanRecord) -> int:
     keys, prefixes = READ_ATTRIBUTES, READ_ATTRIBUTE_PREFIXES
     kept = {k: v for k, v in record.attributes.items() if k in keys or k.startswith(prefixes)}
     record.attributes = kept
-    size = RECORD_OVERHEAD_BYTES + sum(len(v) for v in kept.values() if type(v) is str)
+    size = RECORD_OVERHEAD_BYTES + _text_size(kept)
     for event in record.events:  # older GenAI conventions carry message content in events
-        size += 100 + sum(len(v) for v in event.attributes.values() if type(v) is str)
+        size += 100 + _text_size(event.attributes)
     return size
+
+
+def _text_size(attributes: Mapping[str, Any]) -> int:
+    try:  # the read attributes are nearly always text: one C-level pass
+        return sum(map(len, attributes.values()))
+    except TypeError:  # a number among them (a sequence counts its items: small anyway)
+        return sum(len(v) for v in attributes.values() if isinstance(v, str))
 
 
 def build_record(
@@ -131,7 +138,7 @@ def plan_runs(
         # The common case, cheaply: one agent span, and it is the trace's only (local) root.
         root = records[kinds.index("agent")]
         ids = {r.span_id for r in records}
-        if root.parent_span_id not in ids and sum(r.parent_span_id not in ids for r in records) == 1:
+        if [r for r in records if r.parent_span_id not in ids] == [root]:
             return [(root, records if isinstance(records, list) else list(records))]
     kind_of = {r.span_id: k for r, k in zip(records, kinds, strict=True)}
     parent_of = {r.span_id: r.parent_span_id for r in records}
