@@ -102,6 +102,11 @@ def spans_request(
     return request
 
 
+# A run to ship as spans, waiting in the hand-off queue: (spans, target span id, scorer ids,
+# enqueued at). The sender builds its ScoreRequest: one object queued instead of four.
+_Shipment = tuple[list[SpanRecord], str, list[str], float]
+
+
 @dataclass(slots=True)
 class _Trace:
     trace_id: str  # hex
@@ -205,7 +210,7 @@ class ScoringSpanExporter(SpanExporter):
         self._seq = itertools.count()
         # The hand-off queue, guarded by _lock: the sender waits on _has_work (no polling) and
         # takes a batch and counts it in flight in one step (so _wait_idle never sees neither).
-        self._pending: deque[ScoreRequest] = deque()
+        self._pending: deque[ScoreRequest | _Shipment] = deque()
         self._queue_size = queue_size
         self._has_work = threading.Condition(self._lock)
         self._inflight = 0
@@ -482,8 +487,8 @@ class ScoringSpanExporter(SpanExporter):
             for delay, ids in groups:
                 if delay > 0:
                     self._submit(spans_request(spans, target.span_id, ids), delay, now)
-                else:  # stamped here: cheaper than a pydantic attribute set in _enqueue
-                    self._enqueue(spans_request(spans, target.span_id, ids, stamp), stamped=True)
+                else:  # the request is built by the sender: fewer objects live in the queue
+                    self._enqueue((spans, target.span_id, ids, stamp))
 
     def _complete_in_app(self, entry: _Trace, now: float) -> None:
         """A rule's filter needs the run: read the trace here (the application pays for it)."""
@@ -544,8 +549,8 @@ class ScoringSpanExporter(SpanExporter):
         else:
             self._enqueue(request)
 
-    def _enqueue(self, request: ScoreRequest, *, stamped: bool = False) -> None:
-        if not stamped:
+    def _enqueue(self, request: ScoreRequest | _Shipment) -> None:
+        if isinstance(request, ScoreRequest):
             request.enqueued_at = time.time()
         with self._lock:
             if self._stop.is_set():  # shut down: the sender is gone, nothing may be sent any more
@@ -570,7 +575,7 @@ class ScoringSpanExporter(SpanExporter):
             except Exception as exc:
                 log.error("exporter_flusher_failed", error=repr(exc))
 
-    def _take_batch(self) -> list[ScoreRequest]:
+    def _take_batch(self) -> list[ScoreRequest | _Shipment]:
         with self._lock:
             while not self._pending and not self._stop.is_set():
                 self._has_work.wait()
@@ -599,13 +604,14 @@ class ScoringSpanExporter(SpanExporter):
                             self._drop("shutdown_unsent", len(chunk))
                         self._idle.notify_all()
 
-    def _chunks(self, requests: list[ScoreRequest]) -> Iterator[list[ScoreRequest]]:
-        """Compact the requests' span records (the hand-off carries only what the worker's
-        transform reads) and split them into batches of at most ``max_batch_bytes`` (roughly:
+    def _chunks(self, items: list[ScoreRequest | _Shipment]) -> Iterator[list[ScoreRequest]]:
+        """Requests of the taken items, their span records compacted (the hand-off carries only
+        what the worker's transform reads), in batches of at most ``max_batch_bytes`` (roughly:
         spans travel with every message the model saw, which a worker's payload limit caps)."""
         chunk: list[ScoreRequest] = []
         size = 0
-        for request in requests:
+        for item in items:
+            request = item if isinstance(item, ScoreRequest) else spans_request(*item)
             n = sum(compact(record) for record in request.spans) if request.spans else 0
             if chunk and size + n > self._max_batch_bytes:
                 yield chunk
