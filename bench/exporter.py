@@ -228,7 +228,12 @@ def main() -> None:
         "ratio_sampled_10pct": round(sampled / noop, 3),
         "rounds_cpu_us": {k: [round(x, 1) for x in v] for k, v in cpu.items()},
         "exporter_stats_last_round": last_stats,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "note": "shared with other jobs"},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m_after": round(os.getloadavg()[0], 2),
+            "note": "shared with other jobs: rounds vary by 20-40% when a neighbour is busy",
+        },
     }
     print(f"no-op pipeline : {noop:8.1f} us CPU per trace (of which GC {gc_med['noop']:.1f})")
     print(f"with exporter  : {ours:8.1f} us CPU per trace (of which GC {gc_med['ours']:.1f}), +{ours - noop:.1f} us")
