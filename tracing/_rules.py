@@ -38,7 +38,7 @@ class ScoringRule:
 
     A ``filter`` costs CPU in the application: it needs the run, so the exporter reads every
     trace the rule samples in the application's process (JSON parsing, validation), where
-    without one the trace's spans travel unread and the worker reads them (about 5× less
+    without one the trace's spans travel unread and the worker reads them (4-5× less
     exporter CPU per trace; bench/exporter.py). Prefer ``sample_rate``, or a scorer that
     returns ``not_scorable`` for runs it should not judge.
     """
