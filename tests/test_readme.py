@@ -1,0 +1,37 @@
+"""The README stays true: its built-in table and the commands it shows."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+
+from scorers.builtin import catalogue_markdown
+from worker.cli import cli
+
+README = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+
+
+def test_builtin_table_matches_the_catalogue() -> None:
+    """The README's built-in scorer table is exactly what the catalogue generates."""
+    table = README.split("<!-- builtin-table", 1)[1].split("-->", 1)[1].split("<!-- /builtin-table -->", 1)[0]
+    assert table.strip() == catalogue_markdown().strip()
+
+
+def test_every_tracescore_command_shown_exists() -> None:
+    """Each `tracescore <command> --option` in the README is a real command and option."""
+    code = "\n".join(re.findall(r"```[a-z]*\n(.*?)```", README, re.S) + re.findall(r"`([^`\n]+)`", README))
+    lines = [m.group(1) for m in re.finditer(r"(?:^|\s|/)tracescore ([a-z][^\n`#&]*)", code, re.M)]
+    assert len(lines) >= 8
+    for line in lines:
+        words = shlex.split(line.split("|")[0])
+        command: click.Command = cli
+        while isinstance(command, click.Group) and words and words[0] in command.commands:
+            command = command.commands[words.pop(0)]
+        assert command is not cli, f"README shows an unknown command: tracescore {line}"
+        known = {opt for param in command.params for opt in getattr(param, "opts", [])}
+        for word in words:
+            if word.startswith("--"):
+                assert word.split("=")[0] in known, f"README shows unknown option {word} in: tracescore {line}"
