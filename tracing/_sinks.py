@@ -9,11 +9,11 @@ import contextlib
 import math
 import socket
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from tracing._run import SCORE_TASK_NAME, ScoreBatch
+from tracing._run import ScoreBatch
+from tracing._task_message import CONTENT_ENCODING, CONTENT_TYPE, task_message
 
 __all__ = ["CallbackSink", "CelerySink", "Sink"]
 
@@ -90,43 +90,20 @@ class CelerySink:
                 conn.release()
 
     def send(self, batch: ScoreBatch) -> None:
-        payload = batch.model_dump(mode="json")
-        task_id = str(uuid.uuid4())
-        headers: dict[str, Any] = {
-            "lang": "py",
-            "task": SCORE_TASK_NAME,
-            "id": task_id,
-            "root_id": task_id,
-            "parent_id": None,
-            "group": None,
-            "group_index": None,
-            "shadow": None,
-            "eta": None,
-            "expires": None,
-            "retries": 0,
-            "timelimit": [None, None],
-            "argsrepr": f"(<ScoreBatch {batch.batch_id}: {len(batch.requests)} runs>,)",
-            "kwargsrepr": "{}",
-            "origin": self._origin,
-            "ignore_result": True,
-            "replaced_task_nesting": 0,
-            "stamped_headers": None,
-            "stamps": {},
-        }
-        embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-        body: tuple[list[Any], dict[str, Any], dict[str, Any]] = ([payload], {}, embed)
+        message = task_message(batch, self._origin)
         with self._lock:
             if self._closed:  # never reconnect once closed: a late send must not reach the broker
                 raise RuntimeError("CelerySink is closed; this batch was not sent")
             try:
                 producer = self._producer or self._connect()
                 producer.publish(
-                    body,
+                    message.body,
                     exchange="",  # the default exchange: straight to the queue, as Celery does
                     routing_key=self.queue,
-                    headers=headers,
-                    correlation_id=task_id,
-                    serializer="json",
+                    headers=message.headers,
+                    correlation_id=message.task_id,
+                    content_type=CONTENT_TYPE,
+                    content_encoding=CONTENT_ENCODING,
                     retry=False,
                     delivery_mode=2,
                 )

@@ -4,23 +4,21 @@ Before each send the queue's length (the Redis list kombu keeps per queue) is ch
 ``high_water`` batches the backfill waits until the workers bring it down to ``low_water``.
 Progress comes from the per-job counters the workers keep in the score store.
 
-Messages are Celery's task protocol 2 (JSON), exactly what ``send_task`` would produce, but the
-body is encoded once by pydantic's JSON serializer (``model_dump_json``): several times cheaper
-than ``model_dump`` followed by kombu's own ``json.dumps``, which was the largest cost per trace.
+Messages are the exporter's (``tracing._task_message``): Celery's task protocol 2 in JSON.
 """
 
 from __future__ import annotations
 
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import redis
 from kombu import Connection, Exchange, Queue
 
-from tracing._run import SCORE_TASK_NAME, ScoreBatch
+from tracing._run import ScoreBatch
+from tracing._task_message import CONTENT_ENCODING, CONTENT_TYPE, task_message
 from worker._keys import job_key
 from worker._settings import Settings
 
@@ -84,38 +82,15 @@ class RedisSubmitter:
 
     def submit(self, batch: ScoreBatch) -> None:
         self._wait_for_room()
-        task_id = str(uuid.uuid4())
-        headers: dict[str, Any] = {
-            "lang": "py",
-            "task": SCORE_TASK_NAME,
-            "id": task_id,
-            "root_id": task_id,
-            "parent_id": None,
-            "group": None,
-            "group_index": None,
-            "shadow": None,
-            "eta": None,
-            "expires": None,
-            "retries": 0,
-            "timelimit": [None, None],
-            "argsrepr": f"(<ScoreBatch {batch.batch_id}: {len(batch.requests)} runs>,)",
-            "kwargsrepr": "{}",
-            "origin": self._origin,
-            "ignore_result": True,
-            "replaced_task_nesting": 0,
-            "stamped_headers": None,
-            "stamps": {},
-        }
-        # Protocol 2 body: [args, kwargs, embed], args = [the batch as JSON].
-        body = "[[" + batch.model_dump_json() + '],{},{"callbacks":null,"errbacks":null,"chain":null,"chord":null}]'
+        message = task_message(batch, self._origin)
         self._producer_for().publish(
-            body,
+            message.body,
             exchange="",
             routing_key=self.queue,
-            headers=headers,
-            correlation_id=task_id,
-            content_type="application/json",
-            content_encoding="utf-8",
+            headers=message.headers,
+            correlation_id=message.task_id,
+            content_type=CONTENT_TYPE,
+            content_encoding=CONTENT_ENCODING,
             delivery_mode=2,
             retry=True,
             retry_policy={"max_retries": 5, "interval_start": 0.5, "interval_step": 1.0, "interval_max": 5.0},
