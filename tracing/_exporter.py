@@ -49,7 +49,7 @@ from tracing._records import build_record, compact, plan_runs, service_name
 from tracing._rules import ScoringRule, sampled
 from tracing._run import ScoreBatch, ScoreRequest, SpanRecord, TracedRun
 from tracing._sinks import Sink
-from tracing._span import plain_attributes
+from tracing._span import span_fields
 from tracing._transform import read_trace
 
 __all__ = ["ScoringSpanExporter"]
@@ -103,8 +103,9 @@ def spans_request(
 
 
 # A run to ship as spans, waiting in the hand-off queue: (spans, target span id, scorer ids,
-# enqueued at). The sender builds its ScoreRequest: one object queued instead of four.
-_Shipment = tuple[list[SpanRecord], str, list[str], float]
+# enqueued at, approximate JSON size of the spans). The sender builds its ScoreRequest: one
+# object queued instead of four.
+_Shipment = tuple[list[SpanRecord], str, list[str], float, int]
 
 
 @dataclass(slots=True)
@@ -116,6 +117,7 @@ class _Trace:
     # by the cyclic GC, which cost the application more than building the records).
     spans: list[SpanRecord] = field(default_factory=list)
     kinds: list[SpanKind] = field(default_factory=list)  # each span's, classified when filed
+    size: int = 0  # the records' approximate JSON size (batches are cut by it)
     due: float | None = None
     judge_ids: set[str] | None = None
     rules: list[ScoringRule] = field(default_factory=list)  # the rules whose sample took it
@@ -281,18 +283,15 @@ class ScoringSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
     def _file(self, span: ReadableSpan, now: float) -> None:
-        ctx = span.context
+        ctx, parent, attrs, name, okind, start, end, status, events, scope, resource = span_fields(span)
         if ctx is None:
             self._dropped.add("no_context")
             return
-        tid = ctx.trace_id
+        tid = ctx[0]  # SpanContext is a tuple (trace_id, span_id, is_remote, ...): no property call
         if tid in self._guarded or tid in self._unsampled:
             return
-        parent = span.parent
-        is_root = parent is None or parent.is_remote
-        attrs = plain_attributes(span)
-        is_judge = attrs.get(ROLE_ATTRIBUTE) == JUDGE_ROLE
-        scope, resource = span.instrumentation_scope, span.resource
+        is_root = parent is None or parent[2]
+        is_judge = ROLE_ATTRIBUTE in attrs and attrs[ROLE_ATTRIBUTE] == JUDGE_ROLE
         if scope is not self._seen_scope or resource is not self._seen_resource:
             # The spans of one tracer share scope and resource objects: read each pair once.
             self._seen_scope, self._seen_resource = scope, resource
@@ -320,15 +319,30 @@ class ScoringSpanExporter(SpanExporter):
                 self._drop("max_traces")
             entry = self._traces[tid] = _Trace(trace_id=trace_id, first_seen=now, rules=rules)
         if len(entry.spans) >= self._max_spans:
+            entry.size -= compact(entry.spans[0])  # its size (compacted already: nothing changes)
             del entry.spans[0], entry.kinds[0]  # O(n), but only over a bound (rare, n small)
             self._drop("max_spans_per_trace")
-        name = span.name
         kind = classify(name, attrs)
-        record = build_record(
-            span, ctx, parent, name, entry.trace_id, attrs, self._seen_service, self._seen_scope_name
+        # Compacted now, while the span's fields are at hand; the record keeps the span's own
+        # attribute dict when the transform reads all of it (nothing copied, nothing compacted
+        # again at the hand-off).
+        record, size = build_record(
+            ctx,
+            parent,
+            name,
+            entry.trace_id,
+            attrs,
+            okind,
+            start,
+            end,
+            status,
+            events,
+            self._seen_service,
+            self._seen_scope_name,
         )
         entry.spans.append(record)
         entry.kinds.append(kind)
+        entry.size += size
         if is_judge:
             if entry.judge_ids is None:
                 entry.judge_ids = set()
@@ -452,21 +466,30 @@ class ScoringSpanExporter(SpanExporter):
                 if found is not None:
                     taken.append(found)
         # Completed one at a time, each dropped when done: its records become garbage at
-        # once instead of surviving (and being promoted by the GC) until the end.
+        # once instead of surviving (and being promoted by the GC) until the end. What they
+        # ship is handed off (and counted) a batch at a time: one lock and one wake of the
+        # sender per batch, not per trace.
         taken.reverse()
         done = len(taken)
+        out: list[_Shipment] = []
+        tally = [0, 0, 0]  # traces completed (default path), runs found, traces without one
         while taken:
             entry = taken.pop()
             try:
-                self._complete(entry, now)
+                self._complete(entry, now, out, tally)
             except Exception as exc:  # one bad trace must not stop the others
                 with self._lock:
                     self._errors.add("internal")
                 log.error("exporter_trace_failed", trace_id=entry.trace_id, error=repr(exc))
             del entry
+            if len(out) >= self._batch_size:
+                self._hand_off(out, tally)
+                out, tally = [], [0, 0, 0]
+        if out or tally[0]:
+            self._hand_off(out, tally)
         return done
 
-    def _complete(self, entry: _Trace, now: float) -> None:
+    def _complete(self, entry: _Trace, now: float, out: list[_Shipment], tally: list[int]) -> None:
         rules = entry.rules
         if any(rule.filter is not None for rule in rules):
             with self._lock:
@@ -474,21 +497,43 @@ class ScoringSpanExporter(SpanExporter):
             self._complete_in_app(entry, now)
             return
         # The default path: no transform here, the worker reads each run from its spans.
-        runs = plan_runs(entry.spans, kinds=entry.kinds, exclude_under=entry.judge_ids or ())
-        with self._lock:
-            self._traces_completed += 1
-            if runs:
-                self._runs_found += len(runs)
-            else:
-                self._skipped.add("no_target")
+        records = entry.spans
+        runs = plan_runs(records, kinds=entry.kinds, exclude_under=entry.judge_ids or ())
+        tally[0] += 1
+        tally[1] += len(runs)
+        if not runs:
+            tally[2] += 1
         groups = self._all_groups if rules is self._rules else _scorer_groups(rules)
         stamp = time.time()
         for target, spans in runs:
+            # A run is a subset of the trace: as many spans means all of them.
+            size = entry.size if len(spans) == len(records) else sum(compact(r) for r in spans)
             for delay, ids in groups:
                 if delay > 0:
                     self._submit(spans_request(spans, target.span_id, ids), delay, now)
                 else:  # the request is built by the sender: fewer objects live in the queue
-                    self._enqueue((spans, target.span_id, ids, stamp))
+                    out.append((spans, target.span_id, ids, stamp, size))
+
+    def _hand_off(self, shipments: list[_Shipment], tally: list[int]) -> None:
+        """Count a pass's completed traces and queue what they ship: one lock, one wake."""
+        with self._lock:
+            self._traces_completed += tally[0]
+            self._runs_found += tally[1]
+            if tally[2]:
+                self._skipped.add("no_target", tally[2])
+            if not shipments:
+                return
+            if self._stop.is_set():  # shut down: the sender is gone, nothing may be sent any more
+                self._drop("shutdown_unsent", len(shipments))
+                return
+            room = self._queue_size - len(self._pending)
+            if room < len(shipments):  # the newest are dropped, as _enqueue drops them
+                self._drop("queue_full", len(shipments) - max(room, 0))
+                shipments = shipments[: max(room, 0)]
+            if shipments:
+                self._pending.extend(shipments)
+                self._runs_enqueued += len(shipments)
+                self._has_work.notify()
 
     def _complete_in_app(self, entry: _Trace, now: float) -> None:
         """A rule's filter needs the run: read the trace here (the application pays for it)."""
@@ -611,8 +656,12 @@ class ScoringSpanExporter(SpanExporter):
         chunk: list[ScoreRequest] = []
         size = 0
         for item in items:
-            request = item if isinstance(item, ScoreRequest) else spans_request(*item)
-            n = sum(compact(record) for record in request.spans) if request.spans else 0
+            if isinstance(item, ScoreRequest):
+                request = item
+                n = sum(compact(record) for record in request.spans) if request.spans else 0
+            else:  # filed compacted: its size is known
+                spans, target_span_id, scorer_ids, enqueued_at, n = item
+                request = spans_request(spans, target_span_id, scorer_ids, enqueued_at)
             if chunk and size + n > self._max_batch_bytes:
                 yield chunk
                 chunk, size = [], 0

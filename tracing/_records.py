@@ -1,10 +1,10 @@
 """SDK spans → the compact ``SpanRecord``s the exporter ships, and which records each run needs.
 
-The exporter turns each span into a record when it files it (the SDK span is then freed) and,
-on its default path, ships the records as they are: no message is parsed and nothing is
-validated in the application (the worker validates the message and reads the run). Only the
-attributes and events the transform reads are kept (``tracing._formats.is_read_attribute`` /
-``READ_EVENTS``).
+The exporter turns each span into a compacted record when it files it (the SDK span is then
+freed) and, on its default path, ships the records as they are: no message is parsed and
+nothing is validated in the application (the worker validates the message and reads the run).
+Only the attributes and events the transform reads are kept (``tracing._formats.is_read_attribute``
+/ ``READ_EVENTS``).
 """
 
 from __future__ import annotations
@@ -18,28 +18,30 @@ from opentelemetry.trace import SpanContext
 
 from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVENTS, SpanKind, classify
 from tracing._run import SpanRecord, SpanRecordEvent
-from tracing._span import plain_attributes
+from tracing._span import span_fields
 
-__all__ = ["build_record", "compact", "plan_runs", "service_name", "span_record"]
+__all__ = ["build_record", "compact", "plan_runs", "read_attributes", "service_name", "span_record"]
 
 
 def span_record(span: ReadableSpan) -> SpanRecord:
     """``span`` as a ``SpanRecord``, not validated (its ids come from the SDK's own context)."""
-    ctx = span.context
+    ctx, parent, attrs, name, kind, start, end, status, events, scope, resource = span_fields(span)
     if ctx is None:
-        raise ValueError(f"span {span.name!r} has no span context")
-    scope = span.instrumentation_scope
-    record = build_record(
-        span,
+        raise ValueError(f"span {name!r} has no span context")
+    record, _ = build_record(
         ctx,
-        span.parent,
-        span.name,
+        parent,
+        name,
         format(ctx.trace_id, "032x"),
-        plain_attributes(span),
-        service_name(span.resource),
+        attrs,
+        kind,
+        start,
+        end,
+        status,
+        events,
+        service_name(resource),
         scope.name if scope is not None else None,
     )
-    compact(record)
     return record
 
 
@@ -47,17 +49,48 @@ def span_record(span: ReadableSpan) -> SpanRecord:
 # upper bound, for sizing batches.
 RECORD_OVERHEAD_BYTES = 600
 
+# Per attribute key tuple (the spans of one instrumentation share theirs, in order): the keys
+# the transform does not read among them, or None when it reads them all (the span's own dict,
+# frozen once it ended, is then kept as it is: nothing copied). Bounded: cleared when full.
+_PLANS: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+_MAX_PLANS = 1024
+
+
+def _plan(keys: tuple[str, ...]) -> tuple[str, ...] | None:
+    read, prefixes = READ_ATTRIBUTES, READ_ATTRIBUTE_PREFIXES
+    dropped = tuple(k for k in keys if not (k in read or k.startswith(prefixes)))
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    plan = _PLANS[keys] = dropped or None
+    return plan
+
+
+def read_attributes(attributes: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """The attributes the transform reads (``attributes`` itself when it is a dict holding
+    only those) and their approximate text size in bytes."""
+    keys = tuple(attributes)
+    dropped = _PLANS.get(keys, ())
+    if dropped == ():
+        dropped = _plan(keys)
+    if dropped is None:
+        out = attributes if isinstance(attributes, dict) else dict(attributes)
+    else:  # a C-level copy, then the few unread keys out: cheaper than picking the read ones
+        out = dict(attributes)
+        for key in dropped:
+            del out[key]
+    return out, _text_size(out)
+
 
 def compact(record: SpanRecord) -> int:
     """Keep only the attributes the transform reads (in place; idempotent). Returns the
     record's approximate JSON size in bytes (its text values plus a fixed overhead)."""
-    keys, prefixes = READ_ATTRIBUTES, READ_ATTRIBUTE_PREFIXES
-    kept = {k: v for k, v in record.attributes.items() if k in keys or k.startswith(prefixes)}
-    record.attributes = kept
-    size = RECORD_OVERHEAD_BYTES + _text_size(kept)
-    for event in record.events:  # older GenAI conventions carry message content in events
-        size += 100 + _text_size(event.attributes)
-    return size
+    record.attributes, size = read_attributes(record.attributes)
+    return RECORD_OVERHEAD_BYTES + size + _events_size(record.events)
+
+
+def _events_size(events: Sequence[SpanRecordEvent]) -> int:
+    # Older GenAI conventions carry message content in events.
+    return sum(100 + _text_size(e.attributes) for e in events) if events else 0
 
 
 def _text_size(attributes: Mapping[str, Any]) -> int:
@@ -68,49 +101,46 @@ def _text_size(attributes: Mapping[str, Any]) -> int:
 
 
 def build_record(
-    span: ReadableSpan,
     ctx: SpanContext,
     parent: SpanContext | None,
     name: str,
     trace_id: str,
     attributes: Mapping[str, Any],
+    kind: str,
+    start_ns: int | None,
+    end_ns: int | None,
+    status: str,
+    events: Sequence[Any],
     service: str | None,
     scope: str | None,
-) -> SpanRecord:
-    """``span_record`` from what the exporter has read already (every property read of an SDK
-    span is a Python call: on its hot path each one counts), with ``attributes`` as given: the
-    exporter passes the span's own (immutable once ended) dict and ``compact``s the record
-    right before the hand-off, so the kept copy only lives while the batch is being sent
-    (objects that live on in buffers are what makes the cyclic GC work)."""
-    # The SDK's events property copies them through a generator; the list underneath is read
-    # as is when there (most spans have none).
-    raw_events = getattr(span, "_events", None)
-    if raw_events is None:
-        raw_events = span.events
-    events: tuple[SpanRecordEvent, ...] = (
-        tuple(
-            SpanRecordEvent(e.name, e.timestamp, dict(e.attributes or {})) for e in raw_events if e.name in READ_EVENTS
+) -> tuple[SpanRecord, int]:
+    """The ``SpanRecord`` of a span from its fields (``tracing._span.span_fields``), compacted
+    (``compact``), and its approximate JSON size. The record keeps the span's own attribute
+    dict when the transform reads every key of it (the common case): nothing is copied."""
+    if events:
+        kept_events = tuple(
+            SpanRecordEvent(e.name, e.timestamp, dict(e.attributes or {})) for e in events if e.name in READ_EVENTS
         )
-        if raw_events
-        else ()
-    )
-    status = span.status
+    else:
+        kept_events = ()
+    attrs, size = read_attributes(attributes)
     # Positional: the cheapest way to build a dataclass (field order of ``SpanRecord``).
-    return SpanRecord(
+    # SpanContext is a tuple: [1] is span_id (a property read costs a Python call).
+    record = SpanRecord(
         trace_id,
-        "%016x" % ctx.span_id,  # %-formatting: twice as fast as format() for this  # noqa: UP031
+        "%016x" % ctx[1],  # %-formatting: twice as fast as format() for this  # noqa: UP031
         name,
-        "%016x" % parent.span_id if parent is not None else None,  # noqa: UP031
-        span.kind._name_,  # Enum.name is a descriptor call; _name_ is the same string
-        span.start_time,
-        span.end_time,
-        status.status_code._name_ if status is not None else "UNSET",
-        # Every attribute for now: ``compact`` keeps the read ones before the hand-off.
-        attributes if isinstance(attributes, dict) else dict(attributes),
-        events,
+        "%016x" % parent[1] if parent is not None else None,  # noqa: UP031
+        kind,
+        start_ns,
+        end_ns,
+        status,
+        attrs,
+        kept_events,
         service,
         scope,
     )
+    return record, RECORD_OVERHEAD_BYTES + size + (_events_size(kept_events) if kept_events else 0)
 
 
 def service_name(resource: Resource | None) -> str | None:
