@@ -283,13 +283,16 @@ class ScoringSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
     def _file(self, span: ReadableSpan, now: float) -> None:
-        ctx, parent, attrs, name, okind, start, end, status, events, scope, resource = span_fields(span)
+        # The context alone first: a span of a trace that is not kept costs one field read (a
+        # span's other fields are cold in the CPU's caches by the time the batch comes here).
+        ctx = span._context if type(span) is ReadableSpan else span.context
         if ctx is None:
             self._dropped.add("no_context")
             return
         tid = ctx[0]  # SpanContext is a tuple (trace_id, span_id, is_remote, ...): no property call
         if tid in self._guarded or tid in self._unsampled:
             return
+        _, parent, attrs, name, okind, start, end, status, events, scope, resource = span_fields(span)
         is_root = parent is None or parent[2]
         is_judge = ROLE_ATTRIBUTE in attrs and attrs[ROLE_ATTRIBUTE] == JUDGE_ROLE
         if scope is not self._seen_scope or resource is not self._seen_resource:
