@@ -245,6 +245,9 @@ class ScoringSpanExporter(SpanExporter):
         # its spans do not stay alive (and keep the GC busy) until the next interval.
         self._wake = threading.Event()
         self._due_now = False
+        # Set (under _lock) while the flusher sleeps with nothing buffered or delayed: it then
+        # waits for export() to file a new trace instead of waking every interval for nothing.
+        self._flusher_idle = False
         self._flusher = threading.Thread(target=self._flush_loop, name="tracescore-flusher", daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name="tracescore-sender", daemon=True)
         self._flusher.start()
@@ -321,6 +324,9 @@ class ScoringSpanExporter(SpanExporter):
                 self._traces.popitem(last=False)
                 self._drop("max_traces")
             entry = self._traces[tid] = _Trace(trace_id=trace_id, first_seen=now, rules=rules)
+            if self._flusher_idle:  # woken once per batch, by export()
+                self._flusher_idle = False
+                self._due_now = True
         if len(entry.spans) >= self._max_spans:
             entry.size -= compact(entry.spans[0])  # its size (compacted already: nothing changes)
             del entry.spans[0], entry.kinds[0]  # O(n), but only over a bound (rare, n small)
@@ -614,8 +620,14 @@ class ScoringSpanExporter(SpanExporter):
 
     def _flush_loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self._interval)
-            self._wake.clear()
+            # Not during a pass (tick/force_flush in another thread): one may have taken the
+            # last traces and not yet queued their delayed requests.
+            with self._process_lock, self._lock:
+                self._flusher_idle = idle = not self._traces and not self._delayed
+            # Idle: nothing can become due or expire until export() files a trace (and wakes
+            # us); a wake between the check and the wait leaves the event set.
+            self._wake.wait(None if idle else self._interval)
+            self._wake.clear()  # before the pass: a wake after this is seen by the next one
             if self._stop.is_set():
                 return
             try:
