@@ -1,8 +1,8 @@
 """``ScoringSpanExporter``: an OTel ``SpanExporter`` that turns finished agent traces into
 score requests, without ever slowing down or breaking the application.
 
-Flow: ``export()`` only files each span by trace id as a ``SpanRecord`` (O(spans), under one
-lock; the SDK span is not kept), drops traces no rule's sample takes (decided on their first
+Flow: ``export()`` only files each span by trace id as a compacted ``SpanRecord`` (O(spans),
+under one lock; the SDK span is not kept), drops traces no rule's sample takes (decided on their first
 span: the sample is a function of the trace id) and those of tracescore itself (loop guard),
 and notes when an agent span or a trace's local root ended. A flusher thread completes a
 trace ``grace_s`` after that (children that end after their root still make it) and puts
@@ -666,7 +666,8 @@ class ScoringSpanExporter(SpanExporter):
 
     def _chunks(self, items: list[ScoreRequest | _Shipment]) -> Iterator[list[ScoreRequest]]:
         """Requests of the taken items, their span records compacted (the hand-off carries only
-        what the worker's transform reads), in batches of at most ``max_batch_bytes`` (roughly:
+        what the worker's transform reads; shipments were compacted when filed and carry their
+        size), in batches of at most ``max_batch_bytes`` (roughly:
         spans travel with every message the model saw, which a worker's payload limit caps)."""
         chunk: list[ScoreRequest] = []
         size = 0
