@@ -54,7 +54,8 @@ def filter_run(
                 content = message.content.model_copy(update={"parts": parts})
                 kept.append(message.model_copy(update={"content": content}))
         if limit is not None:
-            kept = kept[len(kept) - limit :] if limit else []
+            # kept[-limit:], not kept[len - limit:]: a limit above the count must keep everything
+            kept = kept[-limit:] if limit else []
         return kept
 
     def prepare(run: ScorerRun) -> ScorerRun:

@@ -65,6 +65,13 @@ def test_keep_last_n_messages_after_filtering() -> None:
     assert _prepared(max_output_messages=0).output == []
 
 
+def test_limit_above_message_count_keeps_all() -> None:
+    """A max_* larger than the number of messages keeps every message."""
+    run = _prepared(max_remembered_messages=5, max_output_messages=4)
+    assert len(run.input.remembered_messages) == len(RUN_INPUT["remembered_messages"])
+    assert len(run.output) == len(RUN_OUTPUT)
+
+
 def test_drop_request_context_and_ground_truth() -> None:
     """The drop_* options clear those fields; by default they are kept."""
     kept = _prepared()
