@@ -26,7 +26,7 @@ from scorers._errors import RunInputError, ScorerConfigError, ScorerRunError
 from scorers._not_scorable import NotScorable
 from scorers._result import JudgeExecution, ScoreResult, StepName
 from scorers._run import ScorerRun, StepResults
-from scorers._steps import FunctionStep, PromptStep, Step, StepFunction, declared_params
+from scorers._steps import FunctionStep, PromptStep, Step, StepFunction, call_declared, declared_params
 from scorers.agent import ScorerRunInputForAgent, ScorerRunOutputForAgent
 from scorers.judge import Judge, ask_judge
 
@@ -361,8 +361,7 @@ class Scorer:
         if name == "generate_reason":
             kwargs["score"] = score
         if isinstance(step, FunctionStep):
-            fn_kwargs = kwargs if step.params is None else {k: kwargs[k] for k in step.params}
-            value = step.fn(**fn_kwargs)
+            value = call_declared(step.fn, step.params, kwargs)
             if inspect.isawaitable(value):
                 value = yield value
             return value

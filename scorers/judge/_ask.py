@@ -276,7 +276,7 @@ class _JudgeCall:
         for processor in self.judge.error_processors:
             try:
                 decision = await _call(processor, "process_error", err, context, self.where)
-            except JudgeProcessorError as exc:
+            except JudgeError as exc:  # any judge error a processor raises, not only wrapped ones
                 raise self._fail(exc) from exc.__cause__
             if decision is not None:
                 if not isinstance(decision, RetryDecision):

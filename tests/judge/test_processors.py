@@ -133,3 +133,18 @@ def test_processors_are_checked_at_construction() -> None:
         Judge("openai/gpt-4o-mini", input_processors=[42])
     with pytest.raises(ScorerConfigError, match="list of processors"):
         Judge("openai/gpt-4o-mini", error_processors="retry")  # type: ignore[arg-type]
+
+
+def test_error_processor_raising_a_judge_error_keeps_the_record(fake_llm: FakeLLMServer) -> None:
+    """An error processor that re-raises the provider error still leaves the step's judge record."""
+
+    def reraise(error: JudgeProviderError, context: ErrorContext) -> RetryDecision | None:
+        raise error
+
+    fake_llm.script(Reply.error(500, "boom"))
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(Judge("openai/gpt-4o-mini", error_processors=[reraise])))
+    assert isinstance(info.value.cause, JudgeProviderError)
+    execution = info.value.partial.judge["generate_score"]
+    assert execution.status == "error"
+    assert execution.attempt_count == 1
