@@ -137,6 +137,11 @@ class Scorer:
                 )
             if step == "generate_reason" and value.calculate_score is not None:
                 raise ScorerConfigError(f"{what}: calculate_score only applies to generate_score")
+            if step != "generate_reason" and "score" in (value.prompt_params or ()):
+                raise ScorerConfigError(
+                    f"{what}: create_prompt declares 'score', which only generate_reason receives; "
+                    f"a {step} prompt may declare: results, run"
+                )
             built: Step = value
         else:
             built = FunctionStep(value, declared_params(value, _STEP_ARGS[step], what))
@@ -395,7 +400,15 @@ class Scorer:
             if inspect.isawaitable(computed):
                 computed = yield computed
             return computed
-        return _field(value, "score")
+        if isinstance(value, Mapping):
+            if "score" in value:
+                return value["score"]
+        elif hasattr(value, "score"):
+            return value.score
+        raise TypeError(
+            f"the judge's answer has no 'score' field ({type(value).__name__}); give the PromptStep "
+            "a calculate_score that maps its output_schema's answer to a number"
+        )
 
     def _check_score(self, value: Any) -> float:
         where = f"scorer {self.id!r} generate_score"
@@ -465,6 +478,10 @@ def create_scorer(
         raise ScorerConfigError(f"scorer {id!r}: direction must be 'higher' or 'lower', got {direction!r}")
     if prepare_run is not None and not callable(prepare_run):
         raise ScorerConfigError(f"scorer {id!r}: prepare_run must be callable")
+    if label is not None and not callable(label):
+        raise ScorerConfigError(f"scorer {id!r}: label must be a function of the score, got {label!r}")
+    if score_range is not None:
+        score_range = _check_range(id, score_range)
     return Scorer(
         id=id,
         name=name or id,
@@ -483,14 +500,20 @@ def create_scorer(
 builtins_type = type
 
 
+def _check_range(scorer_id: str, score_range: Any) -> tuple[float, float]:
+    """``(low, high)`` as given; checked when the scorer is built, not at the first run."""
+    bounds = tuple(score_range) if isinstance(score_range, tuple | list) else ()
+    if len(bounds) == 2 and all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds):
+        low, high = bounds
+        if math.isfinite(low) and math.isfinite(high) and low <= high:
+            return low, high
+    raise ScorerConfigError(
+        f"scorer {scorer_id!r}: score_range must be (low, high) with finite numbers low <= high, got {score_range!r}"
+    )
+
+
 def _context(request_context: Any, runtime_context: Any) -> Any:
     return request_context if request_context is not None else runtime_context
-
-
-def _field(value: Any, name: str) -> Any:
-    if isinstance(value, Mapping):
-        return value.get(name)
-    return getattr(value, name, None)
 
 
 def _describe(error: Any) -> str:

@@ -101,6 +101,11 @@ class PromptStep:
             )
             object.__setattr__(self, "_score_params", score_params)
 
+    @property
+    def prompt_params(self) -> frozenset[str] | None:
+        """The names ``create_prompt`` declares (None when it takes ``**kwargs``)."""
+        return self._prompt_params
+
     def render_prompt(self, kwargs: dict[str, Any]) -> str | Awaitable[str]:
         return call_declared(self.create_prompt, self._prompt_params, kwargs)  # type: ignore[no-any-return]
 

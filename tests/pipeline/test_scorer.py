@@ -11,6 +11,8 @@ import pytest
 from pydantic import BaseModel
 
 from scorers import (
+    Judge,
+    PromptStep,
     RunInputError,
     ScorerConfigError,
     ScoreResult,
@@ -20,6 +22,7 @@ from scorers import (
     create_scorer,
     not_scorable,
 )
+from scorers.judge.testing import FakeJudgeModel
 
 
 def _overlap_scorer() -> Any:
@@ -347,3 +350,33 @@ def test_resume_skips_completed_steps_and_on_step_reports_progress() -> None:
     assert resumed.score == 0.5
     assert resumed.reason == "0.5"
     assert resumed.run_id == "r"
+
+
+@pytest.mark.parametrize("bad", [(1, 0), (0,), (0, math.inf), ("0", "1"), 1.0])
+def test_bad_score_range_is_rejected_when_built(bad: Any) -> None:
+    """A score_range that is not (low, high) finite numbers with low <= high fails create_scorer."""
+    with pytest.raises(ScorerConfigError, match="score_range must be"):
+        create_scorer("r", score_range=bad)
+
+
+def test_label_must_be_callable() -> None:
+    """A label that is not a function fails create_scorer."""
+    with pytest.raises(ScorerConfigError, match="label must be a function"):
+        create_scorer("r", label="good")  # type: ignore[arg-type]
+
+
+def test_prompt_declaring_score_outside_generate_reason_is_rejected() -> None:
+    """Only generate_reason's create_prompt receives 'score'; elsewhere it fails when added."""
+    step = PromptStep("p", lambda score: f"{score}", output_schema={"type": "object"})
+    with pytest.raises(ScorerConfigError, match=r"declares 'score'.*analyze"):
+        create_scorer("s").analyze(step)
+    create_scorer("s").generate_reason(PromptStep("r", lambda score: f"{score}"))
+
+
+def test_score_answer_without_score_field_names_the_fix() -> None:
+    """A generate_score judge answer with no 'score' field fails saying to add calculate_score."""
+    model = FakeJudgeModel({"verdict": "good"})
+    step = PromptStep("s", lambda: "score it", output_schema={"type": "object", "properties": {"verdict": {}}})
+    scorer = create_scorer("s", judge=Judge(model)).generate_score(step)
+    with pytest.raises(ScorerRunError, match=r"no 'score' field.*calculate_score"):
+        scorer.run_sync(input=1, output=2)
