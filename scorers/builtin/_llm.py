@@ -22,6 +22,7 @@ from typing import Any, TypeAlias, TypeVar
 from pydantic import BaseModel
 
 from scorers import Judge, ScorerConfigError, ScorerRun, not_scorable
+from scorers.builtin._common import check_positive
 from scorers.builtin._runs import assistant_text, tool_results, user_text
 from scorers.judge import JudgeModel, fence
 
@@ -66,9 +67,7 @@ def make_judge(scorer_id: str, model: ModelOption, instructions: str, judge: Jud
 
 
 def check_scale(scorer_id: str, scale: float) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0:
-        raise ScorerConfigError(f"scorer {scorer_id!r}: scale must be a positive number, got {scale!r}")
-    return float(scale)
+    return check_positive(scorer_id, "scale", scale)
 
 
 def check_context_option(scorer_id: str, context: ContextOption) -> ContextOption:

@@ -12,7 +12,16 @@ from scorers.judge._fence import JUDGE_SYSTEM_PREAMBLE
 from scorers.judge._model import JudgeMessage, JudgeModel, JudgeRequest
 from scorers.judge._schema import OutputSpec
 
-__all__ = ["Mode", "base_messages", "build_request", "initial_mode", "output_spec", "schema_instructions"]
+__all__ = [
+    "WRAP_KEY",
+    "Mode",
+    "base_messages",
+    "build_request",
+    "initial_mode",
+    "output_spec",
+    "schema_instructions",
+    "wrap_schema",
+]
 
 # How one attempt asks for the answer: native structured output, the schema in the system
 # message, the schema appended to the user message, or free text.
