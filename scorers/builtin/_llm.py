@@ -77,12 +77,14 @@ def check_context_option(scorer_id: str, context: ContextOption) -> ContextOptio
         raise ScorerConfigError(
             f"scorer {scorer_id!r}: context must be a list of strings, a function of the run, or None"
         )
-    if not context:
+    # Blank pieces are dropped, as resolve_context drops them from a context function.
+    pieces = [c for c in context if c.strip()]
+    if not pieces:
         raise ScorerConfigError(
-            f"scorer {scorer_id!r}: context is an empty list; give context pieces, or leave it "
-            "None to use the run's tool results"
+            f"scorer {scorer_id!r}: context is an empty list (or only blank strings); give context "
+            "pieces, or leave it None to use the run's tool results"
         )
-    return list(context)
+    return pieces
 
 
 def resolve_context(run: ScorerRun, context: ContextOption) -> list[str]:

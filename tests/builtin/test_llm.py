@@ -38,6 +38,9 @@ def test_context_option_shapes() -> None:
     assert check_context_option("s", None) is None
     with pytest.raises(ScorerConfigError, match="list of strings"):
         check_context_option("s", "just a string")
+    assert check_context_option("s", ["a", " ", ""]) == ["a"]
+    with pytest.raises(ScorerConfigError, match="empty list"):
+        check_context_option("s", ["", "  "])
 
 
 def test_rounded_clamps_scales_and_rounds() -> None:
