@@ -321,7 +321,12 @@ class Scorer:
 
             if steps.generate_reason is not None:
                 current = name = "generate_reason"
-                reason = yield from self._step(name, steps.generate_reason, run, results, score, result)
+                if resume is not None and name in resume.completed_steps:
+                    # A redelivery after the last checkpoint must not pay for the reason again.
+                    reason = resume.reason
+                    _restore(result, resume, name)
+                else:
+                    reason = yield from self._step(name, steps.generate_reason, run, results, score, result)
                 if isinstance(reason, NotScorable):
                     raise reason
                 if reason is not None and not isinstance(reason, str):

@@ -350,6 +350,10 @@ def test_resume_skips_completed_steps_and_on_step_reports_progress() -> None:
     assert resumed.score == 0.5
     assert resumed.reason == "0.5"
     assert resumed.run_id == "r"
+    calls.clear()
+    again = scorer.run_sync(input=1, output=2, resume=full)
+    assert calls == []
+    assert (again.score, again.reason, again.completed_steps) == (0.5, "0.5", full.completed_steps)
 
 
 @pytest.mark.parametrize("bad", [(1, 0), (0,), (0, math.inf), ("0", "1"), 1.0])
