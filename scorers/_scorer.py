@@ -181,8 +181,11 @@ class Scorer:
         for name in _STEP_ARGS:
             step = getattr(self._steps, name)
             if isinstance(step, PromptStep):
-                out[name] = step.judge.over(self.judge) if step.judge is not None else self.judge
+                out[name] = self._judge_of(step)
         return out
+
+    def _judge_of(self, step: PromptStep) -> Judge | None:
+        return step.judge.over(self.judge) if step.judge is not None else self.judge
 
     # --- drivers -------------------------------------------------------------------------
 
@@ -387,8 +390,9 @@ class Scorer:
         schema = step.output_schema
         if name == "generate_score" and schema is None:
             schema = _SCORE_SCHEMA
-        judge = step.judge.over(self.judge) if step.judge is not None else self.judge
-        answer = yield ask_judge(scorer_id=self.id, step=name, judge=judge, prompt=prompt, output_schema=schema)
+        answer = yield ask_judge(
+            scorer_id=self.id, step=name, judge=self._judge_of(step), prompt=prompt, output_schema=schema
+        )
         result.judge[name] = answer.execution
         value = answer.value
         if name != "generate_score":
