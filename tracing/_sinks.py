@@ -76,11 +76,13 @@ class CelerySink:
                 "max_retries": 0,
             },
         )
+        # Kept before anything can fail, so a failed connect or declare is released by _close().
+        self._conn = conn
         conn.ensure_connection(max_retries=0, timeout=max(1, math.ceil(self._connect_timeout)))
         queue = Queue(self.queue, Exchange(self.queue, type="direct"), routing_key=self.queue)
         producer = conn.Producer(serializer="json")
         queue(conn.default_channel).declare()
-        self._conn, self._producer = conn, producer
+        self._producer = producer
         return producer
 
     def _close(self) -> None:

@@ -161,6 +161,32 @@ def test_down_broker_fails_fast() -> None:
     assert time.monotonic() - started < 5
 
 
+def test_failed_connect_releases_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send whose connect fails releases the kombu connection it opened instead of leaking it."""
+    import kombu
+
+    released: list[object] = []
+    real_release = kombu.Connection.release
+
+    def release(self: kombu.Connection) -> None:
+        released.append(self)
+        real_release(self)
+
+    monkeypatch.setattr(kombu.Connection, "release", release)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sink = CelerySink(f"redis://127.0.0.1:{port}/{DB}", queue=QUEUE, connect_timeout_s=0.5)
+    rec = Recorder()
+    agent_trace(rec)
+    batch = ScoreBatch(
+        batch_id="b1", requests=[{"run": trace_to_run(rec.spans()), "scorer_ids": ["s"]}]  # type: ignore[list-item]
+    )
+    with pytest.raises(Exception):  # noqa: B017 - any broker error
+        sink.send(batch)
+    assert len(released) == 1
+
+
 def test_no_late_batch_after_shutdown_and_close(own_redis: OwnRedis) -> None:
     """Broker down at shutdown: the runs are dropped and counted, and none arrives once it is back."""
     clock = FakeClock()
