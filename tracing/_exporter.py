@@ -650,19 +650,31 @@ class ScoringSpanExporter(SpanExporter):
         # Stops taking batches at once when stopped: shutdown() drops what is still queued.
         while not self._stop.is_set():
             requests = self._take_batch()
-            for chunk in self._chunks(requests):
-                sent = False
-                try:
-                    sent = self._deliver(chunk)
-                finally:
-                    with self._lock:
-                        self._inflight -= len(chunk)
-                        if sent:
-                            self._runs_sent += len(chunk)
-                            self._batches_sent += 1
-                        elif not self._gave_up:
-                            self._drop("shutdown_unsent", len(chunk))
-                        self._idle.notify_all()
+            settled = 0
+            try:
+                for chunk in self._chunks(requests):
+                    sent = False
+                    try:
+                        sent = self._deliver(chunk)
+                    finally:
+                        settled += len(chunk)
+                        with self._lock:
+                            self._inflight -= len(chunk)
+                            if sent:
+                                self._runs_sent += len(chunk)
+                                self._batches_sent += 1
+                            elif not self._gave_up:
+                                self._drop("shutdown_unsent", len(chunk))
+                            self._idle.notify_all()
+            except Exception as exc:  # a request that cannot be built: the sender must live on
+                log.error("exporter_sender_failed", error=repr(exc))
+                with self._lock:
+                    left = len(requests) - settled
+                    self._inflight -= left
+                    self._errors.add("send")
+                    if not self._gave_up:
+                        self._drop("send_failed", left)
+                    self._idle.notify_all()
 
     def _chunks(self, items: list[ScoreRequest | _Shipment]) -> Iterator[list[ScoreRequest]]:
         """Requests of the taken items, their span records compacted (the hand-off carries only
@@ -729,11 +741,11 @@ class ScoringSpanExporter(SpanExporter):
         ``queue_depth`` (waiting for or in the sink); ``delayed`` (held by ``delay_s``);
         ``dropped`` by reason (``max_traces``, ``max_spans_per_trace``, ``max_trace_age``,
         ``queue_full``, ``delay_queue_full``, ``shutdown_incomplete_trace``, ``shutdown_unsent``,
-        ``no_context``); ``skipped`` by reason (``sampled_out``, ``loop_guard``, ``no_target``,
+        ``send_failed``, ``no_context``); ``skipped`` by reason (``sampled_out``, ``loop_guard``, ``no_target``,
         ``filtered_out``); ``errors`` by reason (``TraceReadError.reason`` values such as
         ``bad_json`` / ``bad_message`` / ``unknown_role`` / ``no_content`` for runs read here
         — a trace shipped as spans that the worker cannot read becomes error score records
-        there — and ``filter``, ``export``, ``internal``)."""
+        there — and ``filter``, ``export``, ``flush``, ``send``, ``internal``)."""
         with self._lock:
             return {
                 "spans_seen": self._spans_seen,

@@ -362,6 +362,38 @@ def test_sink_failures_are_retried(clock: FakeClock) -> None:
         exp.shutdown(2000)
 
 
+def test_sender_survives_a_request_it_cannot_build(
+    clock: FakeClock, sink: Recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch whose requests cannot be built is dropped and counted; the sender sends the next one."""
+    import tracing._exporter as exporter_module
+
+    real = exporter_module.spans_request
+    calls: list[int] = []
+
+    def breaks_once(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("cannot build")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(exporter_module, "spans_request", breaks_once)
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), clock=clock)
+    try:
+        for _ in range(2):
+            rec = Recorder()
+            agent_trace(rec)
+            exp.export(rec.spans())
+            assert exp.force_flush(5000)
+        stats = exp.stats()
+        assert stats["dropped"] == {"send_failed": 1}
+        assert stats["errors"] == {"send": 1}
+        assert (stats["runs_sent"], stats["queue_depth"]) == (1, 0)
+        assert len(sink.requests) == 1
+    finally:
+        exp.shutdown(2000)
+
+
 def test_shutdown_sends_delayed_and_counts_incomplete(clock: FakeClock, sink: Recording) -> None:
     """shutdown() sends delayed requests now and counts traces whose root never ended."""
     exp = ScoringSpanExporter([ScoringRule(["s"], delay_s=600)], CallbackSink(sink), clock=clock)
