@@ -425,15 +425,19 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
     by_request: dict[int, list[_Pair]] = defaultdict(list)
     for pair in mine:
         by_request[id(pair.request)].append(pair)
+    tasks = [
+        asyncio.ensure_future(_score_request(group, deps, checkpoints, final_attempt, report, recorder))
+        for group in by_request.values()
+    ]
     try:
-        await asyncio.gather(
-            *(
-                _score_request(group, deps, checkpoints, final_attempt, report, recorder)
-                for group in by_request.values()
-            )
-        )
+        await asyncio.gather(*tasks)
     except BaseException:
-        # Cancelled (time limit) or the store failed: let a redelivery claim what is unfinished.
+        # Cancelled (time limit) or the store failed: stop the other requests first (gather
+        # leaves them running on an error, and they would keep paying for judge calls on
+        # claims released below), then let a redelivery claim what is unfinished.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         stored = await _safe_existing(deps, [p.score_id for p in mine])
         await _safe_release(deps, [p.score_id for p in mine if p.score_id not in stored])
         raise

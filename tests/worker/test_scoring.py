@@ -184,6 +184,40 @@ def test_concurrency_is_bounded_per_model() -> None:
     assert state["peak"] == 4
 
 
+def test_store_failure_stops_the_other_requests_and_frees_their_claims() -> None:
+    """When recording fails, score_batch cancels the runs still scoring before it releases their claims."""
+    state = {"started": 0, "cancelled": 0}
+
+    async def first_quick_then_stuck(run: Any) -> float:
+        state["started"] += 1
+        if state["started"] > 1:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                state["cancelled"] += 1
+                raise
+        return 1.0
+
+    class FailingStore(MemoryScoreStore):
+        async def put_records(self, records: Any, owner: str, ttl_s: int) -> list[bool]:
+            raise ConnectionError("store down")
+
+    scorer = create_scorer("stuck", type="agent").generate_score(first_quick_then_stuck)
+    store = FailingStore()
+    deps = ScoringDeps(registry=Registry([scorer]), store=store)
+    msg = batch(range(3), ["stuck"])
+
+    async def main() -> tuple[int, dict[str, str]]:
+        with pytest.raises(ConnectionError):
+            await score_batch(msg, deps)
+        ids = [score_id_for(r.trace_id, r.span_id, "stuck", "1") for r in msg.requests]
+        return state["cancelled"], await store.claim_owners(ids)
+
+    cancelled, owners = asyncio.run(main())
+    assert (state["started"], cancelled) == (3, 2)
+    assert owners == {}
+
+
 def test_retryable_error_record_is_replaced_by_a_later_success() -> None:
     """Transient failures past the budget leave retryable error records; a later delivery replaces them."""
     healthy = {"on": False}
