@@ -15,6 +15,7 @@ __all__ = [
     "limiter_bucket_key",
     "limiter_granted_key",
     "limiter_pause_key",
+    "limiter_prefix",
     "record_key",
     "trace_key",
 ]
@@ -52,19 +53,20 @@ def dlq_key() -> str:
     return f"{PREFIX}dlq"
 
 
-def failures_key() -> str:
-    """Hash of failure counts by reason, for ``tracescore status``."""
-    return f"{PREFIX}failures"
+def failures_key(bucket: int) -> str:
+    """Hash of failure counts by reason in one time bucket (``_store.failure_bucket``), for
+    ``tracescore status``."""
+    return f"{PREFIX}failures:{bucket}"
 
 
 def limiter_bucket_key(model_id: str, kind: str) -> str:
     """Token bucket of one judge model; ``kind`` is ``req`` or ``tok``."""
-    return f"{PREFIX}limiter:{kind}:{model_id}"
+    return f"{limiter_prefix()}{kind}:{model_id}"
 
 
 def limiter_pause_key(model_id: str) -> str:
     """Set (with a TTL) while a provider asked us to back off from ``model_id``."""
-    return f"{PREFIX}limiter:pause:{model_id}"
+    return f"{limiter_prefix()}pause:{model_id}"
 
 
 def delivery_key(task_id: str) -> str:
@@ -72,9 +74,14 @@ def delivery_key(task_id: str) -> str:
     return f"{PREFIX}delivery:{task_id}"
 
 
+def limiter_prefix() -> str:
+    """What every limiter key starts with (``tracescore status`` scans them)."""
+    return f"{PREFIX}limiter:"
+
+
 def limiter_granted_key(model_id: str) -> str:
     """Hash: epoch second → judge calls admitted in that second (kept one hour)."""
-    return f"{PREFIX}limiter:granted:{model_id}"
+    return f"{limiter_prefix()}granted:{model_id}"
 
 
 def backfill_state_key(job_id: str) -> str:

@@ -201,7 +201,7 @@ class RedisRateLimiter:
         """Per model: remaining pause (s), bucket levels and calls admitted in the last minute."""
         client = self._redis()
         out: dict[str, dict[str, float]] = {}
-        prefix = f"{_keys.PREFIX}limiter:"
+        prefix = _keys.limiter_prefix()
         async for key in client.scan_iter(match=f"{prefix}*", count=500):
             kind, _, model = key[len(prefix) :].partition(":")
             entry = out.setdefault(model, {})

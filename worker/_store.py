@@ -422,7 +422,7 @@ class RedisScoreStore:
         if not records:
             return []
         client = self.client
-        failures_key = f"{_keys.failures_key()}:{failure_bucket()}"
+        failures_key = _keys.failures_key(failure_bucket())
         failures_ttl = str(FAILURE_WINDOW_SECONDS * 12)
         calls = []
         for record in records:
@@ -483,7 +483,7 @@ class RedisScoreStore:
         totals: dict[str, int] = defaultdict(int)
         async with self.client.pipeline(transaction=False) as pipe:
             for bucket in range(now - buckets + 1, now + 1):
-                pipe.hgetall(f"{_keys.failures_key()}:{bucket}")
+                pipe.hgetall(_keys.failures_key(bucket))
             for counts in await pipe.execute():
                 for reason, n in counts.items():
                     totals[reason] += int(n)
