@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -74,12 +73,6 @@ class JobCounters(BaseModel):
         self.malformed += 1
         if len(self.malformed_where) < MAX_MALFORMED_KEPT:
             self.malformed_where.append(where)
-
-    def skipped_total(self) -> int:
-        return sum(self.skipped.values())
-
-    def merged_counts(self) -> Counter[str]:
-        return Counter(self.skipped)
 
 
 class BackfillState(BaseModel):
