@@ -93,11 +93,16 @@ class JudgeProviderError(JudgeError):
         """How retry policies see this error (see ``StreamErrorRetryProcessor``)."""
         if isinstance(self, JudgeAuthError) or self.status_code in (401, 403):
             return "auth"
-        if isinstance(self, JudgeConnectionError) or self.status_code in _RETRYABLE_STATUS:
+        # The class counts as much as the status: a custom JudgeModel may raise
+        # JudgeRateLimitError("...") without a status_code and still mean "retry me".
+        if (
+            isinstance(self, JudgeConnectionError | JudgeRateLimitError | JudgeServerError)
+            or self.status_code in _RETRYABLE_STATUS
+        ):
             return "retryable"
         if "overloaded" in f"{self.error_type or ''} {self.message}".lower():
             return "retryable"
-        if self.status_code is not None and 400 <= self.status_code < 500:
+        if isinstance(self, JudgeBadRequestError) or (self.status_code is not None and 400 <= self.status_code < 500):
             return "invalid_request"
         return "unknown"
 

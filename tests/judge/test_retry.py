@@ -10,6 +10,7 @@ import pytest
 from scorers import Judge, ScorerRunError
 from scorers.judge import (
     JudgeAuthError,
+    JudgeBadRequestError,
     JudgeConnectionError,
     JudgeContextLengthError,
     JudgeProviderError,
@@ -272,3 +273,12 @@ def test_connection_error_message_names_the_cause(fake_llm: FakeLLMServer) -> No
     assert isinstance(info.value.cause, JudgeConnectionError)
     assert not isinstance(info.value.cause, JudgeTimeoutError)
     assert "disconnected" in str(info.value.cause).lower()
+
+
+def test_error_class_alone_sets_the_retry_category() -> None:
+    """Without a status code, a rate-limit/server/bad-request error is still categorised by its class."""
+    fields = {"provider": "fake", "model_id": "fake/judge"}
+    assert JudgeRateLimitError("slow down", **fields).category == "retryable"
+    assert JudgeServerError("down", **fields).category == "retryable"
+    assert JudgeBadRequestError("bad", **fields).category == "invalid_request"
+    assert JudgeProviderError("odd", **fields).category == "unknown"
