@@ -93,6 +93,8 @@ class PromptStep:
             f"PromptStep({self.description!r}).create_prompt",
         )
         object.__setattr__(self, "_prompt_params", prompt_params)
+        if self.output_schema is not None:
+            _check_output_schema(self.description, self.output_schema)
         if self.calculate_score is not None:
             score_params = declared_params(
                 self.calculate_score,
@@ -115,3 +117,17 @@ class PromptStep:
 
 
 Step: TypeAlias = FunctionStep | PromptStep
+
+
+def _check_output_schema(description: str, schema: Any) -> None:
+    """Build the schema's validator now (it is cached), so a bad schema fails here, not mid-run."""
+    from scorers.judge._request import output_spec  # scorers.judge imports this package's types
+
+    try:
+        output_spec(schema)
+    except Exception as exc:
+        first_line = str(exc).partition("\n")[0]
+        raise ScorerConfigError(
+            f"PromptStep({description!r}).output_schema must be a pydantic model (or another type "
+            f"pydantic validates) or a JSON-schema dict; {schema!r:.80} is not usable: {first_line}"
+        ) from exc

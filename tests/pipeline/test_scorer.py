@@ -384,3 +384,10 @@ def test_score_answer_without_score_field_names_the_fix() -> None:
     scorer = create_scorer("s", judge=Judge(model)).generate_score(step)
     with pytest.raises(ScorerRunError, match=r"no 'score' field.*calculate_score"):
         scorer.run_sync(input=1, output=2)
+
+
+def test_unusable_output_schema_is_rejected_when_built() -> None:
+    """A PromptStep output_schema pydantic cannot use fails at construction, not mid-run."""
+    with pytest.raises(ScorerConfigError, match="output_schema must be a pydantic model"):
+        PromptStep("p", lambda: "p", output_schema=42)  # type: ignore[arg-type]
+    PromptStep("p", lambda: "p", output_schema=list[str] | None)
