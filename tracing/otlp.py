@@ -174,7 +174,10 @@ def _any_value(value: Any, field: str, where: str) -> _Value:
             return _int(kind, field, where)
         if key in ("doubleValue", "double_value"):
             if isinstance(kind, str):  # NaN / Infinity are strings in proto JSON
-                return float(kind)
+                try:
+                    return float(kind)
+                except ValueError:
+                    raise OtlpDecodeError(f"expected a number, got {kind!r}", where=where, field=field) from None
             if not isinstance(kind, int | float):
                 raise OtlpDecodeError(f"expected a number, got {kind!r}", where=where, field=field)
             return float(kind)
@@ -216,7 +219,10 @@ def _attributes(items: Iterable[Any], field: str, where: str) -> dict[str, _Valu
 def _kind(value: Any, field: str, where: str) -> SpanKind:
     if value is None:
         return SpanKind.INTERNAL
-    kind = _KINDS.get(value) if isinstance(value, str) else _KIND_NUMBERS.get(value)
+    try:
+        kind = _KINDS.get(value) if isinstance(value, str) else _KIND_NUMBERS.get(value)
+    except TypeError:  # a list or an object: not even hashable
+        kind = None
     if kind is None:
         raise OtlpDecodeError(f"unknown span kind {value!r}", where=where, field=field)
     return kind
@@ -227,7 +233,10 @@ def _status(value: Any, field: str, where: str) -> Status:
         return _UNSET_STATUS
     status = _object(value, field, where)
     code_value = status.get("code", 0)
-    code = _STATUS.get(code_value) if isinstance(code_value, str) else _STATUS_NUMBERS.get(code_value)
+    try:
+        code = _STATUS.get(code_value) if isinstance(code_value, str) else _STATUS_NUMBERS.get(code_value)
+    except TypeError:  # a list or an object: not even hashable
+        code = None
     if code is None:
         raise OtlpDecodeError(f"unknown status code {code_value!r}", where=where, field=f"{field}.code")
     message = status.get("message") or None

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 
 import pytest
 from google.protobuf.json_format import MessageToDict
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -107,6 +110,42 @@ def test_errors_name_the_line_and_the_field() -> None:
         decode_otlp_json({"spans": []})
     with pytest.raises(OtlpDecodeError, match=r"not an OTLP protobuf message"):
         decode_otlp_protobuf(b"\x0a\xff\xff\xff")
+
+
+def test_wrongly_typed_fields_are_decode_errors() -> None:
+    """A list or object where an enum belongs, or a non-number double, is an OtlpDecodeError, not a crash."""
+    span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x"}
+
+    def doc(**changes: object) -> dict[str, object]:
+        return {"resourceSpans": [{"scopeSpans": [{"spans": [{**span, **changes}]}]}]}
+
+    with pytest.raises(OtlpDecodeError, match=r"unknown span kind \[\] at .*\.kind"):
+        decode_otlp_json(doc(kind=[]))
+    with pytest.raises(OtlpDecodeError, match=r"unknown status code \{\} at .*\.status\.code"):
+        decode_otlp_json(doc(status={"code": {}}))
+    with pytest.raises(OtlpDecodeError, match=r"expected a number, got 'abc' at .*attributes\[0\]\.value"):
+        decode_otlp_json(doc(attributes=[{"key": "k", "value": {"doubleValue": "abc"}}]))
+
+
+_JSON_KEYS = st.sampled_from(
+    ["resourceSpans", "scopeSpans", "spans", "traceId", "spanId", "parentSpanId", "name", "kind", "status",
+     "code", "attributes", "key", "value", "stringValue", "intValue", "doubleValue", "arrayValue", "values",
+     "kvlistValue", "bytesValue", "events", "links", "resource", "scope", "startTimeUnixNano"]
+)  # fmt: skip
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_JSON_KEYS, inner, max_size=5),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.dictionaries(_JSON_KEYS, _JSON, max_size=6))
+def test_any_json_span_decodes_or_raises_a_decode_error(fields: dict[str, object]) -> None:
+    """Whatever JSON sits in a span, decoding gives spans or an OtlpDecodeError (the backfill skips the line)."""
+    span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x", **fields}
+    with contextlib.suppress(OtlpDecodeError):
+        decode_otlp_json({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
 
 
 def test_attribute_value_kinds() -> None:
