@@ -157,6 +157,7 @@ class _JudgeCall:
                 if decision is None or not decision.retry or retries >= cap:
                     log.warning(
                         "judge.failed",
+                        scorer=self.info.scorer_id,
                         model=self.info.model_id,
                         step=self.info.step,
                         status=err.status_code,
@@ -168,6 +169,7 @@ class _JudgeCall:
                 attempt.retry_delay_ms = decision.delay_ms
                 log.info(
                     "judge.retry",
+                    scorer=self.info.scorer_id,
                     model=self.info.model_id,
                     step=self.info.step,
                     status=err.status_code,
@@ -187,7 +189,13 @@ class _JudgeCall:
                 if mode == "native" and not fell_back:
                     fell_back = True
                     mode = "system"
-                    log.info("judge.fallback", model=self.info.model_id, step=self.info.step, problem=str(problem))
+                    log.info(
+                        "judge.fallback",
+                        scorer=self.info.scorer_id,
+                        model=self.info.model_id,
+                        step=self.info.step,
+                        problem=str(problem),
+                    )
                     continue
                 raise self._fail(self._output_error(problem, response, fell_back)) from problem
             except JudgeError as exc:
