@@ -32,6 +32,10 @@ def filter_run(
     ):
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise ValueError(f"filter_run: {name} must be a non-negative int, got {limit!r}")
+    for name, prefixes in (("part_types", part_types), ("tool_names", tool_names)):
+        # A bare string would be split into one-letter prefixes that match almost everything.
+        if prefixes is not None and (isinstance(prefixes, str) or not all(isinstance(p, str) for p in prefixes)):
+            raise ValueError(f"filter_run: {name} must be a list of strings, got {prefixes!r}")
     types = tuple(part_types) if part_types is not None else None
     tools = tuple(tool_names) if tool_names is not None else None
 

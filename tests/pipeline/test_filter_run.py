@@ -87,3 +87,11 @@ def test_bad_limits_and_untyped_runs_are_rejected() -> None:
     untyped = create_scorer("u", prepare_run=filter_run()).generate_score(lambda: 1.0)
     with pytest.raises(Exception, match="type='agent'"):
         untyped.run_sync(input="a", output="b")
+
+
+def test_prefix_options_must_be_lists_of_strings() -> None:
+    """A bare string for part_types/tool_names is refused rather than split into letters."""
+    with pytest.raises(ValueError, match="part_types must be a list of strings"):
+        filter_run(part_types="text")
+    with pytest.raises(ValueError, match="tool_names must be a list of strings"):
+        filter_run(tool_names=["search", 3])  # type: ignore[list-item]
