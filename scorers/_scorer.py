@@ -349,7 +349,9 @@ class Scorer:
                 failed_step=current,
                 completed_steps=tuple(result.completed_steps),
                 partial=result,
-                cause=exc,
+                # A scorer run inside a step (checks.all_of) failed: keep its original cause, so
+                # retry policies still see e.g. the judge's 429 rather than a wrapper.
+                cause=exc.cause if isinstance(exc, ScorerRunError) else exc,
             ) from exc
         return result
 

@@ -391,3 +391,22 @@ def test_unusable_output_schema_is_rejected_when_built() -> None:
     with pytest.raises(ScorerConfigError, match="output_schema must be a pydantic model"):
         PromptStep("p", lambda: "p", output_schema=42)  # type: ignore[arg-type]
     PromptStep("p", lambda: "p", output_schema=list[str] | None)
+
+
+def test_nested_scorer_failure_keeps_the_original_cause() -> None:
+    """A scorer that fails inside another scorer's step leaves the original error as .cause."""
+
+    def boom() -> float:
+        raise ConnectionError("judge unreachable")
+
+    inner = create_scorer("inner").generate_score(boom)
+
+    async def outer_step(run: ScorerRun) -> float:
+        return (await inner.run(input=run.input, output=run.output)).score or 0.0
+
+    outer = create_scorer("outer").generate_score(outer_step)
+    with pytest.raises(ScorerRunError, match=r"'outer' failed in step generate_score.*'inner'") as info:
+        outer.run_sync(input=1, output=2)
+    assert isinstance(info.value.cause, ConnectionError)
+    assert info.value.error_type == "ConnectionError"
+    assert isinstance(info.value.__cause__, ScorerRunError)
