@@ -122,6 +122,13 @@ class Scorer:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Scorer is immutable; build a new one instead of setting {name!r}")
 
+    # Immutable: a copy is the same scorer (the default copy protocol would set attributes).
+    def __copy__(self) -> Scorer:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Scorer:
+        return self
+
     def __repr__(self) -> str:
         steps = [s for s in ("preprocess", "analyze", "generate_score", "generate_reason") if getattr(self._steps, s)]
         return f"<Scorer {self.id!r} v{self.version} steps={steps}>"

@@ -108,6 +108,13 @@ class Judge:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Judge is immutable; build a new Judge instead of setting {name!r}")
 
+    # Immutable: a copy is the same judge (the default copy protocol would set attributes).
+    def __copy__(self) -> Judge:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Judge:
+        return self
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Judge):
             return NotImplemented

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from scorers import Judge, PromptStep, ScorerConfigError, ScorerRunError, create_scorer
@@ -104,3 +106,10 @@ def test_native_only_needs_native_support() -> None:
     with pytest.raises(ScorerRunError) as info:
         scorer.run_sync(input="i", output="o")
     assert "does not support" in str(info.value.cause)
+
+
+def test_judge_copies_to_itself() -> None:
+    """An immutable Judge survives copy/deepcopy (as part of a copied config)."""
+    judge = Judge("openai/gpt-4o-mini", error_processors=[StreamErrorRetryProcessor()])
+    assert copy.deepcopy({"judge": judge})["judge"] is judge
+    assert copy.copy(judge) is judge

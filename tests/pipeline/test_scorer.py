@@ -410,3 +410,12 @@ def test_nested_scorer_failure_keeps_the_original_cause() -> None:
     assert isinstance(info.value.cause, ConnectionError)
     assert info.value.error_type == "ConnectionError"
     assert isinstance(info.value.__cause__, ScorerRunError)
+
+
+def test_scorer_copies_to_itself() -> None:
+    """An immutable scorer survives copy/deepcopy (as part of a copied config)."""
+    import copy
+
+    scorer = create_scorer("c", judge=Judge("openai/gpt-4o-mini")).generate_score(lambda: 1.0)
+    assert copy.deepcopy({"scorer": scorer})["scorer"] is scorer
+    assert copy.copy(scorer) is scorer
