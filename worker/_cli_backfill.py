@@ -22,6 +22,7 @@ import structlog
 
 from tracing._score_writer import JsonlScoreWriter, OtlpScoreWriter, ScoreWriter
 from tracing.sources import SourceError, TraceSource, open_source, source_from_description
+from worker._app import redact
 from worker._backfill import Backfill, Submitter
 from worker._backfill_progress import ProgressReporter, format_duration
 from worker._backfill_state import BackfillOptions, BackfillState, RedisJobStore, new_job_id
@@ -531,11 +532,12 @@ def _run_redis(
     try:
         submitter.ping()
     except redis.exceptions.RedisError as exc:
-        raise CliError(f"cannot reach Redis at {settings.broker_url}: {exc}") from exc
+        submitter.close()
+        raise CliError(f"cannot reach Redis at {redact(settings.broker_url)}: {exc}") from exc
     job_store = RedisJobStore(submitter.store)
     verb = "resuming" if resumed else "starting"
     reporter.message(
-        f"backfill {state.job_id}: {verb} in Redis mode (broker {_redact(settings.broker_url)}, "
+        f"backfill {state.job_id}: {verb} in Redis mode (broker {redact(settings.broker_url)}, "
         f"queue {settings.queue!r}; workers: tracescore worker --scorers {state.options.scorers_module})"
     )
     reporter.message(f"reading {state.source_label}; scorers: {', '.join(state.options.scorer_ids)}")
@@ -563,10 +565,14 @@ def _run_redis(
         backfill.interrupted()
         click.echo(
             f"interrupted; nothing enqueued is lost. Resume with: tracescore backfill --resume {state.job_id}"
-            + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {_redact(settings.broker_url)}"),
+            + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}"),
             err=True,
         )
+        submitter.close()
         raise SystemExit(130) from None
+    except BaseException:
+        submitter.close()
+        raise
     finally:
         reporter.close()
     if progress is None:
@@ -600,11 +606,11 @@ def _resume(
     try:
         state = RedisJobStore(client).load(job_id)
     except redis.exceptions.RedisError as exc:
-        raise CliError(f"cannot reach Redis at {settings.store_url}: {exc}") from exc
+        raise CliError(f"cannot reach Redis at {redact(settings.store_url)}: {exc}") from exc
     finally:
         client.close()
     if state is None:
-        raise CliError(f"no backfill job {job_id!r} in {_redact(settings.store_url)} (job state expires after 7 days)")
+        raise CliError(f"no backfill job {job_id!r} in {redact(settings.store_url)} (job state expires after 7 days)")
     registry = _load_registry(state.options.scorers_module)
     missing = [s for s in state.options.scorer_ids if s not in registry]
     if missing:
@@ -625,10 +631,3 @@ def _resume(
             as_json=as_json,
             resumed=True,
         )
-
-
-def _redact(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"

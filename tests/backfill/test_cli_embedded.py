@@ -150,6 +150,21 @@ def test_usage_errors_are_one_line(args: list[str]) -> None:
     assert result.stderr.startswith("Error: ")
 
 
+def test_unreachable_broker_error_hides_the_password() -> None:
+    """A broker URL with a password that cannot be reached is one error line without the password."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    broker = f"redis://:s3cret@127.0.0.1:{port}/12"
+    result = _run(str(EXAMPLES), "--scorers", "examples.scorers", "--broker", broker)
+    assert result.exit_code == 1
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith(f"Error: cannot reach Redis at redis://***@127.0.0.1:{port}/12")
+    assert "s3cret" not in result.output
+
+
 def test_tracescores_own_traces_are_never_scored(tmp_path: Path) -> None:
     """The exporter's loop guard applies: a trace from tracescore's own services is skipped."""
     write_otlp_files(tmp_path, 4, files=1)
