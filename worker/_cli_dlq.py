@@ -79,27 +79,30 @@ async def _retry(store: RedisScoreStore, ids: list[str] | None) -> tuple[list[De
     requeued: list[DeadLetter] = []
     problems: list[str] = []
     try:
+        listed = {d.id: d for d in await store.dlq_list(limit=1_000_000)}
         if ids is None:
-            ids = [d.id for d in await store.dlq_list(limit=1_000_000)]
+            ids = list(listed)
         for letter_id in ids:
-            letter = await store.dlq_take(letter_id)
+            letter = listed.get(letter_id)
             if letter is None:
                 problems.append(f"{letter_id}: no such dead letter (see `tracescore dlq list`)")
                 continue
             if not letter.retryable or letter.payload is None:
-                await store.dlq_push(letter)
                 problems.append(f"{letter_id}: not retryable ({letter.reason}); fix the producer instead")
                 continue
             try:
-                sink.send(ScoreBatch.model_validate(letter.payload))
+                batch = ScoreBatch.model_validate(letter.payload)
             except ValidationError as exc:
-                await store.dlq_push(letter)
                 problems.append(f"{letter_id}: the stored message is not a valid ScoreBatch: {exc.errors()[0]['msg']}")
                 continue
+            try:
+                sink.send(batch)
             except Exception as exc:
-                await store.dlq_push(letter)
                 problems.append(f"{letter_id}: could not requeue: {type(exc).__name__}: {exc}")
                 continue
+            # Removed only once sent: interrupted before this, the letter stays listed (a later
+            # retry sends it again, which the idempotent score ids make harmless), never lost.
+            await store.dlq_take(letter_id)
             requeued.append(letter)
     finally:
         sink.close()

@@ -99,6 +99,32 @@ def test_dlq_list_and_retry(env: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["dlq", "retry"]) == 1  # neither ids nor --all
 
 
+def test_dlq_retry_interrupted_mid_send_keeps_the_letter(
+    env: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `dlq retry` interrupted while sending leaves the dead letter listed instead of losing it."""
+    letter = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
+
+    async def push() -> None:
+        store = RedisScoreStore(env)
+        await store.dlq_push(letter)
+        await store.close()
+
+    asyncio.run(push())
+
+    def interrupted(self: CelerySink, batch: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(CelerySink, "send", interrupted)
+    assert main(["dlq", "retry", letter.id]) == 130
+    capsys.readouterr()
+    client = redis.Redis.from_url(env)
+    try:
+        assert [DeadLetter.model_validate_json(raw).id for raw in client.lrange("tracescore:dlq", 0, -1)] == [letter.id]
+    finally:
+        client.close()
+
+
 def test_status_is_a_health_check(
     env: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
