@@ -138,3 +138,16 @@ def test_truncated_gzip_yields_what_it_can_then_says_where_it_broke(tmp_path: Pa
     assert "cannot read the file further" in bad.reason
     assert bad.position.line == len(complete) + 1
     assert any(isinstance(i, SpanBatch) and i.position.unit == 1 for i in items)
+
+
+def test_corrupt_gzip_is_reported_and_the_next_file_is_read(tmp_path: Path) -> None:
+    """A .gz whose deflate data is corrupt (zlib.error) gives one Malformed, not a crashed job."""
+    paths = write_otlp_files(tmp_path, 40, files=2, traces_per_line=4)
+    corrupt_member = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + b"\x07" + b"\x00" * 20  # reserved block type
+    paths[0].write_bytes(paths[0].read_bytes() + corrupt_member)
+    items = list(FileSource([tmp_path]).read())
+    (bad,) = [i for i in items if isinstance(i, Malformed)]
+    assert "cannot read the file further" in bad.reason
+    assert bad.position.unit == 0
+    assert any(isinstance(i, SpanBatch) and i.position.unit == 0 for i in items)
+    assert any(isinstance(i, SpanBatch) and i.position.unit == 1 for i in items)

@@ -18,6 +18,7 @@ import gzip
 import json
 import os
 import struct
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -116,9 +117,9 @@ class FileSource:
                     yield from self._read_proto(index, path, begin)
                 else:
                     yield from self._read_json(index, path, begin)
-            except (OSError, EOFError, gzip.BadGzipFile) as exc:
-                # A truncated or unreadable file (e.g. a .gz still being written): report where it
-                # broke and go on with the next file.
+            except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+                # A truncated, corrupt (zlib.error: bad deflate data) or unreadable file (e.g. a .gz
+                # still being written): report where it broke and go on with the next file.
                 broke = self._last
                 where = f"{path}:{'message ' if _kind(path) == 'proto' else ''}{broke.line}"
                 yield Malformed(broke, where, f"cannot read the file further: {exc}")
