@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import socket
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import structlog
@@ -390,6 +391,9 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
     while (once that delivery recorded them, or its claim lapsed).
     """
     started = time.perf_counter()
+    # Claims belong to this delivery, not to the process: two deliveries of one message (two
+    # exporters saw the trace, a requeued dead letter) in one worker process must not both pay.
+    deps = replace(deps, owner=f"{deps.owner}:d{secrets.token_hex(4)}")
     report = BatchReport(batch_id=batch.batch_id, requests=len(batch.requests))
     pairs = _pairs(batch, deps.registry)
     report.pairs = len(pairs)
@@ -448,10 +452,19 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
     return report
 
 
-def _owner_is_dead_here(owner: str, me: str) -> bool:
-    """True when ``owner`` ("host:pid") is a process of this host that no longer exists."""
+def _host_and_pid(owner: str) -> tuple[str, str]:
+    """An owner is ``host:pid:delivery`` (``host:pid`` before deliveries had their own)."""
+    parts = owner.rsplit(":", 2)
+    if len(parts) == 3 and not parts[2].isdigit():
+        return parts[0], parts[1]
     host, _, pid = owner.rpartition(":")
-    if host != me.rpartition(":")[0] or not pid.isdigit():
+    return host, pid
+
+
+def _owner_is_dead_here(owner: str, me: str) -> bool:
+    """True when ``owner``'s process ran on this host and no longer exists."""
+    host, pid = _host_and_pid(owner)
+    if host != _host_and_pid(me)[0] or not pid.isdigit():
         return False
     try:
         os.kill(int(pid), 0)

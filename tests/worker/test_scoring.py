@@ -271,3 +271,44 @@ def test_claim_of_a_dead_local_process_is_taken_over() -> None:
     report = asyncio.run(score_batch(msg, deps))
     assert report.scored == 1
     assert not report.deferred
+
+
+def test_two_deliveries_in_one_process_score_each_pair_once() -> None:
+    """Claims belong to a delivery: the same message twice at once in one process pays once."""
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(run: Any) -> float:
+        _count("slow")
+        if not started.is_set():  # only the first call blocks, so a regression fails, not hangs
+            started.set()
+            await release.wait()
+        return 0.25
+
+    deps, _store, writer = _deps(create_scorer("slow", type="agent").generate_score(slow))
+    msg = batch(range(3), ["slow"])
+
+    async def main() -> tuple[Any, Any]:
+        first = asyncio.create_task(score_batch(msg, deps))
+        await started.wait()
+        second = await score_batch(msg, deps)  # runs while the first delivery holds the claims
+        release.set()
+        return await first, second
+
+    first, second = asyncio.run(main())
+    assert calls["slow"] == 3
+    assert first.scored == 3
+    assert second.scored == 0
+    assert len(second.deferred) == 3
+    assert len(writer.records) == 3
+
+
+def test_dead_owner_detection_reads_delivery_owners() -> None:
+    """A claim's owner names host, pid and delivery; a dead pid on this host is recognised."""
+    from worker._scoring import _owner_is_dead_here
+
+    me = "host-a:1:dabc"
+    assert _owner_is_dead_here("host-a:999999999:d1234", me)
+    assert _owner_is_dead_here("host-a:999999999", me)  # owners written before deliveries had ids
+    assert not _owner_is_dead_here(f"host-a:{__import__('os').getpid()}:d1234", me)
+    assert not _owner_is_dead_here("host-b:999999999:d1234", me)
