@@ -36,6 +36,7 @@ from tests.worker._batches import request  # noqa: E402
 from tests.worker._workers import WorkerProcess, read_scores, wait_for  # noqa: E402
 from tracing import CelerySink  # noqa: E402
 from tracing._run import ScoreBatch  # noqa: E402
+from worker._keys import job_key, limiter_granted_key  # noqa: E402
 
 REDIS_URL = os.environ.get("TRACESCORE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
 
@@ -79,7 +80,7 @@ def stamp(batch: ScoreBatch) -> ScoreBatch:
 
 
 def progress(client: redis.Redis, job_id: str) -> int:
-    raw = client.hmget(f"tracescore:job:{job_id}", "scored", "failed")
+    raw = client.hmget(job_key(job_id), "scored", "failed")
     return sum(int(v or 0) for v in raw)
 
 
@@ -119,7 +120,7 @@ def bench_judge(tmp: Path, runs: int, rpm: float, latency_ms: float) -> dict[str
             raise RuntimeError(f"judge phase incomplete: {progress(client, 'bench-judge')}/{runs}")
         elapsed = time.time() - started
         stats = judge_stats(url)
-        granted = {int(k): int(v) for k, v in client.hgetall("tracescore:limiter:granted:openai/fake-judge").items()}
+        granted = {int(k): int(v) for k, v in client.hgetall(limiter_granted_key("openai/fake-judge")).items()}
         calls = stats["total"] - calls_before
         per_second = [v for k, v in stats["per_second"].items() if started + 2 <= int(k) <= started + elapsed - 2]
         limit_per_s = rpm / 60

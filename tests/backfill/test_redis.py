@@ -23,6 +23,7 @@ import redis
 from click.testing import CliRunner
 
 from tests.backfill._synth import write_otlp_files
+from worker._keys import backfill_state_key
 from worker.cli import cli
 
 pytestmark = pytest.mark.redis
@@ -211,35 +212,31 @@ def test_embedded_mode_gives_the_same_scores_as_redis(tmp_path: Path, workers: l
     assert remote == local
 
 
+def _start_backfill(source: Path) -> subprocess.Popen[bytes]:
+    """A Redis-mode backfill of ``source`` in its own process (small batches, low high-water)."""
+    env = {**os.environ, "TRACESCORE_BROKER_URL": REDIS_URL, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-c", "from worker.cli import main; raise SystemExit(main())", "backfill"]
+    options = ["--scorers", "tests.backfill.scorers", "--batch-size", "20", "--high-water", "2"]
+    return subprocess.Popen(
+        [*command, str(source), *options], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+
+
+def _job_state_keys(db: redis.Redis) -> list[str]:
+    """The Redis keys of backfill job states (not their enqueued-trace sets)."""
+    return [k for k in db.scan_iter(backfill_state_key("*")) if not k.endswith(":traces")]
+
+
 def test_resume_after_sigkill_scores_every_trace_exactly_once(
     tmp_path: Path, workers: list[Path], db: redis.Redis
 ) -> None:
     """A backfill killed with SIGKILL midway resumes with --resume; every trace × scorer is scored once."""
     write_otlp_files(tmp_path / "in", 3000, files=3)
-    env = {**os.environ, "TRACESCORE_BROKER_URL": REDIS_URL, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from worker.cli import main; raise SystemExit(main())",
-            "backfill",
-            str(tmp_path / "in"),
-            "--scorers",
-            "tests.backfill.scorers",
-            "--batch-size",
-            "20",
-            "--high-water",
-            "2",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    process = _start_backfill(tmp_path / "in")
     keys: list[str] = []
 
     def midway() -> bool:
-        keys[:] = [k for k in db.scan_iter("tracescore:backfill:*") if not k.endswith(":traces")]
+        keys[:] = _job_state_keys(db)
         if not keys:
             return False
         state = json.loads(db.get(keys[0]) or "{}")
@@ -270,30 +267,11 @@ def test_resume_after_sigkill_scores_every_trace_exactly_once(
 def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
     """SIGINT midway: exit 130, the state says interrupted, stderr names the resume command."""
     write_otlp_files(tmp_path / "in", 1500, files=2)
-    env = {**os.environ, "TRACESCORE_BROKER_URL": REDIS_URL, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from worker.cli import main; raise SystemExit(main())",
-            "backfill",
-            str(tmp_path / "in"),
-            "--scorers",
-            "tests.backfill.scorers",
-            "--batch-size",
-            "20",
-            "--high-water",
-            "2",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    process = _start_backfill(tmp_path / "in")
     keys: list[str] = []
 
     def started() -> bool:
-        keys[:] = [k for k in db.scan_iter("tracescore:backfill:*") if not k.endswith(":traces")]
+        keys[:] = _job_state_keys(db)
         return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 200
 
     _wait_for(started, 120, "the backfill to enqueue 200 runs")
