@@ -1,4 +1,4 @@
-"""Backfill through Redis and real `celery -A worker worker` processes (Redis DB 12).
+"""Backfill through Redis (DB 12 of the session's own server) and real `celery -A worker worker` processes.
 
 Two worker processes are started once for the module; every test empties DB 12 first and
 reads the scores each worker wrote (JSON Lines writer), filtered by the job id.
@@ -22,15 +22,18 @@ import pytest
 import redis
 from click.testing import CliRunner
 
+from tests._redis import RedisServer
 from tests.backfill._synth import write_otlp_files
 from worker._keys import backfill_state_key
 from worker.cli import cli
 
 pytestmark = pytest.mark.redis
 
-REDIS_URL = "redis://127.0.0.1:6379/12"
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "traces"
+
+
+REDIS_URL = ""  # set by the ``workers`` fixture: DB 12 of the session's own Redis
 
 
 def _client() -> redis.Redis:
@@ -47,13 +50,11 @@ def _wait_for(condition: Any, timeout_s: float, what: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def workers() -> Iterator[list[Path]]:
+def workers(redis_server: RedisServer) -> Iterator[list[Path]]:
     """Two Celery worker processes on DB 12, each writing its scores to its own JSONL file."""
+    global REDIS_URL
+    REDIS_URL = redis_server.url(12)
     client = _client()
-    try:
-        client.ping()
-    except redis.ConnectionError:
-        pytest.skip("needs a Redis server on 127.0.0.1:6379")
     client.flushdb()
     # Not tmp_path: concurrent pytest sessions prune old basetemp directories while these run.
     holder = tempfile.TemporaryDirectory(prefix="tracescore-backfill-")

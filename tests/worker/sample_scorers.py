@@ -26,9 +26,7 @@ def _redis() -> Any:
     loop = asyncio.get_running_loop()
     client = _clients.get(id(loop))
     if client is None:
-        url = os.environ.get("TRACESCORE_REDIS_URL") or os.environ.get(
-            "TRACESCORE_BROKER_URL", "redis://127.0.0.1:6379/11"
-        )
+        url = os.environ.get("TRACESCORE_REDIS_URL") or os.environ["TRACESCORE_BROKER_URL"]
         client = _clients[id(loop)] = aioredis.Redis.from_url(url, decode_responses=True)
     return client
 

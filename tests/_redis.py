@@ -1,0 +1,76 @@
+"""A private ``redis-server`` per test session: its own port and password.
+
+The machine is shared: a worker left by another test run on the default port would consume our
+queue, so no test talks to 127.0.0.1:6379. ``RedisServer`` starts one server, can be stopped and
+started again on the same port (the broker-restart tests), and is stopped by its pid only.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """One redis-server process on a free loopback port with a random password."""
+
+    def __init__(self, port: int | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        self.binary = binary
+        self.port = port or free_port()
+        self.password = secrets.token_hex(12)
+        self._dir = tempfile.TemporaryDirectory(prefix="tracescore-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/{db}"
+
+    def client(self, db: int = 0, **kwargs: object) -> redis.Redis:
+        return redis.Redis.from_url(self.url(db), **kwargs)  # type: ignore[arg-type]
+
+    def start(self, timeout: float = 10.0) -> None:
+        log = Path(self._dir.name) / "redis.log"
+        self.proc = subprocess.Popen(
+            [
+                self.binary, "--bind", "127.0.0.1", "--port", str(self.port),
+                "--requirepass", self.password, "--save", "", "--appendonly", "no",
+                "--dir", self._dir.name, "--logfile", str(log), "--databases", "16",
+            ],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited: {log.read_text(errors='replace')[-2000:]}")
+            try:
+                with self.client() as c:
+                    if c.ping():
+                        return
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        self._dir.cleanup()
