@@ -1,6 +1,6 @@
 """Backfill benchmark: 100,000 traces from OTLP JSON Lines through 2 Redis workers.
 
-    .venv/bin/python bench/backfill.py [--traces 100000] [--redis redis://127.0.0.1:6379/12]
+    .venv/bin/python bench/backfill.py [--traces 100000] [--redis URL]
 
 Writes synthetic agent traces (invoke_agent + chat + execute_tool, GenAI conventions; some
 traces split across files) as gzip OTLP JSON Lines, starts two ``celery -A worker worker``
@@ -8,7 +8,8 @@ processes with function-only scorers (bench/backfill_scorers.py, writer off), ru
 ``tracescore backfill`` as a subprocess, and measures end to end (start of the backfill to
 the last score stored): traces/s, the reading/enqueue rate, and the backfill process's peak RSS
 (its own ``ru_maxrss``, cross-checked by sampling it with psutil). Targets: >= 2,000 traces/s,
-RSS < 300 MB. Writes bench/results/backfill.json. Uses (and empties) the given Redis DB.
+RSS < 300 MB. Writes bench/results/backfill.json. Starts its own redis-server (free port,
+password) unless ``--redis`` names one, whose DB it empties.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests._redis import RedisServer  # noqa: E402
 from tests.backfill._synth import write_otlp_files  # noqa: E402
 
 
@@ -44,16 +46,15 @@ def _sample_rss(pid: int, peak: list[float], stop: threading.Event) -> None:
         return
 
 
-def _redis_server_cpu() -> float | None:
-    """CPU seconds of the local redis-server so far (it is shared: other clients count too)."""
-    for process in psutil.process_iter(["name"]):
-        if process.info["name"] == "redis-server":
-            try:
-                times = process.cpu_times()
-            except psutil.Error:
-                return None
-            return float(times.user + times.system)
-    return None
+def _redis_server_cpu(pid: int | None) -> float | None:
+    """CPU seconds of our own redis-server so far (None for a server we did not start)."""
+    if pid is None:
+        return None
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return float(times.user + times.system)
 
 
 def main() -> None:
@@ -62,9 +63,22 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=500)
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/12")
+    parser.add_argument("--redis", default=None, help="an existing Redis URL (default: start a private one)")
     args = parser.parse_args()
+    server: RedisServer | None = None
+    if args.redis is None:
+        server = RedisServer()
+        server.start()
+        args.redis = server.url(12)
+    try:
+        _run(args, server)
+    finally:
+        if server is not None:
+            server.close()
 
+
+def _run(args: argparse.Namespace, server: RedisServer | None) -> None:
+    redis_pid = server.proc.pid if server is not None and server.proc is not None else None
     client = redis.Redis.from_url(args.redis)
     client.flushdb()
     env = {**os.environ, "TRACESCORE_BROKER_URL": args.redis, "TRACESCORE_WRITER": "none", "PYTHONPATH": str(ROOT)}
@@ -125,7 +139,7 @@ def main() -> None:
             ]
             peak = [0.0]
             stop = threading.Event()
-            redis_cpu_before = _redis_server_cpu()
+            redis_cpu_before = _redis_server_cpu(redis_pid)
             started = time.perf_counter()
             backfill = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             sampler = threading.Thread(target=_sample_rss, args=(backfill.pid, peak, stop), daemon=True)
@@ -137,7 +151,7 @@ def main() -> None:
                 sys.stderr.write(stderr.decode(errors="replace"))
                 raise SystemExit(f"backfill failed with exit code {backfill.returncode}")
             summary = json.loads(stdout.decode().strip().splitlines()[-1])
-            redis_cpu_after = _redis_server_cpu()
+            redis_cpu_after = _redis_server_cpu(redis_pid)
             redis_cpu = (
                 redis_cpu_after - redis_cpu_before
                 if redis_cpu_before is not None and redis_cpu_after is not None

@@ -10,7 +10,8 @@ B. Function-only scorer: 50,000 runs through Redis (batches of runs per message)
 
     .venv/bin/python bench/worker.py [--runs-judge 5000] [--runs-fast 50000] [--rpm 6000]
 
-Uses Redis DB 11 (emptied before and after). Writes bench/results/worker.json.
+Starts its own redis-server (free port, password) unless TRACESCORE_BENCH_REDIS_URL names one
+(whose DB it empties before and after). Writes bench/results/worker.json.
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
+from tests._redis import RedisServer  # noqa: E402
 from tests.worker._batches import request  # noqa: E402
 from tests.worker._workers import WorkerProcess, read_scores, wait_for  # noqa: E402
 from tracing import CelerySink  # noqa: E402
 from tracing._run import ScoreBatch  # noqa: E402
 from worker._keys import job_key, limiter_granted_key  # noqa: E402
 
-REDIS_URL = os.environ.get("TRACESCORE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
+REDIS_URL = os.environ.get("TRACESCORE_BENCH_REDIS_URL", "")  # empty: main() starts a private server
 
 
 def start_fake_judge(latency_ms: float) -> tuple[subprocess.Popen[str], str]:
@@ -221,7 +223,20 @@ def main() -> None:
     parser.add_argument("--skip-judge", action="store_true")
     parser.add_argument("--skip-fast", action="store_true")
     args = parser.parse_args()
+    global REDIS_URL
+    server: RedisServer | None = None
+    if not REDIS_URL:
+        server = RedisServer()
+        server.start()
+        REDIS_URL = server.url(11)
+    try:
+        _run(args)
+    finally:
+        if server is not None:
+            server.close()
 
+
+def _run(args: argparse.Namespace) -> None:
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "note": "2 cores shared with other work"}}
