@@ -13,7 +13,9 @@ shorter than two characters has no bigrams and scores 0 against anything else. I
 from __future__ import annotations
 
 import re
+from array import array
 from collections import Counter
+from itertools import pairwise
 from typing import Any
 
 from scorers import Scorer, ScorerRun, StepResults, create_scorer
@@ -24,18 +26,24 @@ __all__ = ["bigram_dice", "content_similarity"]
 _SPACE = re.compile(r"\s+")
 
 
-def _bigrams(text: str) -> Counter[str]:
-    return Counter(text[i : i + 2] for i in range(len(text) - 1))
+def utf16_units(text: str) -> array[int]:
+    """The text as JavaScript sees it: UTF-16 code units (a surrogate pair for astral characters)."""
+    return array("H", text.encode("utf-16-le", "surrogatepass"))
+
+
+def _bigrams(units: array[int]) -> Counter[tuple[int, int]]:
+    return Counter(pairwise(units))
 
 
 def bigram_dice(a: str, b: str) -> float:
-    """Dice coefficient of the character-bigram multisets of ``a`` and ``b``."""
+    """Dice coefficient of the UTF-16 code-unit bigram multisets of ``a`` and ``b``."""
     if a == b:
         return 1.0
-    if len(a) < 2 or len(b) < 2:
+    ua, ub = utf16_units(a), utf16_units(b)
+    if len(ua) < 2 or len(ub) < 2:
         return 0.0
-    shared = sum((_bigrams(a) & _bigrams(b)).values())
-    return 2.0 * shared / (len(a) - 1 + len(b) - 1)
+    shared = sum((_bigrams(ua) & _bigrams(ub)).values())
+    return 2.0 * shared / (len(ua) - 1 + len(ub) - 1)
 
 
 def content_similarity(

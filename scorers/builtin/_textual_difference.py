@@ -7,6 +7,11 @@ is the number of non-equal blocks in rapidfuzz's Levenshtein opcodes (each a rep
 or delete run), ``edit_distance`` the Levenshtein distance, ``length_difference`` is
 ``|len(a) - len(b)| / max(len(a), len(b))`` and ``confidence`` is ``1 - length_difference``.
 Two empty texts are identical (score 1).
+
+Lengths and edits count UTF-16 code units, as JavaScript strings (and so Mastra's difflib port)
+do: an emoji or other character outside the Basic Multilingual Plane is two units, so
+``"hi 😀"`` → ``"hi 😃"`` is one changed unit of five (the surrogate pairs share their high
+half), not one changed character of four.
 """
 
 from __future__ import annotations
@@ -16,20 +21,23 @@ from typing import Any
 from rapidfuzz.distance import Indel, Levenshtein
 
 from scorers import Scorer, ScorerRun, StepResults, create_scorer
+from scorers.builtin._content_similarity import utf16_units
 from scorers.builtin._runs import Reference, assistant_text, check_reference, reference_text
 
 __all__ = ["compare_texts", "textual_difference"]
 
 
 def compare_texts(a: str, b: str) -> dict[str, Any]:
-    """Similarity ratio, change blocks, edit distance and length difference of ``a`` → ``b``."""
-    opcodes = Levenshtein.opcodes(a, b)
-    longest = max(len(a), len(b))
-    length_difference = abs(len(a) - len(b)) / longest if longest else 0.0
+    """Similarity ratio, change blocks, edit distance and length difference of ``a`` → ``b``
+    (counted in UTF-16 code units, like Mastra)."""
+    units_a, units_b = utf16_units(a).tolist(), utf16_units(b).tolist()
+    opcodes = Levenshtein.opcodes(units_a, units_b)
+    longest = max(len(units_a), len(units_b))
+    length_difference = abs(len(units_a) - len(units_b)) / longest if longest else 0.0
     return {
-        "ratio": float(Indel.normalized_similarity(a, b)),
+        "ratio": float(Indel.normalized_similarity(units_a, units_b)),
         "changes": sum(1 for op in opcodes if op.tag != "equal"),
-        "edit_distance": int(Levenshtein.distance(a, b)),
+        "edit_distance": int(Levenshtein.distance(units_a, units_b)),
         "length_difference": length_difference,
         "confidence": 1.0 - length_difference,
     }

@@ -31,3 +31,20 @@ def test_empty_output() -> None:
     assert content_similarity().run_sync(input="hello", output="").score == 0.0
     assert bigram_dice("", "") == 1.0
     assert bigram_dice("a", "b") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        # Each value is what string-similarity's compareTwoStrings returns under Node (JS strings
+        # are UTF-16: an emoji is a surrogate pair, two units, so it makes two bigrams).
+        ("😀😀", "😀", 0.5),  # code points: "😀" has no bigram → 0
+        ("a😀b", "a😀c", 2 / 3),  # code points: 2·1/4 = 0.5
+        ("𝒳y", "𝒳z", 0.5),  # mathematical script letters are astral too
+        ("great 👍 thanks", "great 👍👍 thanks", 0.9230769230769231),
+    ],
+)
+def test_astral_characters_count_as_utf16_units_like_mastra(a: str, b: str, expected: float) -> None:
+    """Emoji and other astral characters are two UTF-16 units, as in Mastra's JavaScript."""
+    assert bigram_dice(a.replace(" ", ""), b.replace(" ", "")) == pytest.approx(expected)
+    assert content_similarity().run_sync(input=a, output=b).score == pytest.approx(expected)

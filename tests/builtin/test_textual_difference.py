@@ -28,3 +28,16 @@ def test_empty_texts() -> None:
     assert result.score == 0.0
     assert result.preprocess_step_result["length_difference"] == 1.0
     assert textual_difference().run_sync(input="", output="").score == 1.0
+
+
+def test_astral_characters_count_as_utf16_units_like_mastra() -> None:
+    """Lengths and edits count UTF-16 code units (JS string semantics), so emoji weigh two."""
+    # "hi 😀" → "hi 😃": 5 units each, the surrogate pairs share their high half: 1 substitution.
+    result = textual_difference().run_sync(input="hi 😀", output="hi 😃")
+    assert result.score == pytest.approx(1 - 2 / 10)  # code points would give 1 - 2/8
+    assert result.preprocess_step_result["edit_distance"] == 1
+    # "ab" (2 units) vs "ab😀" (4 units): JS length difference 2/4, not 1/3.
+    pre = textual_difference().run_sync(input="ab", output="ab😀").preprocess_step_result
+    assert pre["length_difference"] == pytest.approx(0.5)
+    assert pre["confidence"] == pytest.approx(0.5)
+    assert pre["ratio"] == pytest.approx(2 * 2 / 6)
