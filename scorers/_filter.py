@@ -25,6 +25,10 @@ def filter_run(
     ``part_types`` and, for tool invocations, their tool name starts with one of
     ``tool_names``; a message left with no parts is dropped, a message that had none is
     kept. Then only the last ``max_*`` messages are kept. Input messages are never filtered.
+
+    Unlike Mastra, whose filters keep or drop whole messages, this filters the parts inside a
+    message: with ``part_types=["tool-invocation"], tool_names=["calc"]``, an assistant message
+    holding a ``search_web`` call, a ``calc`` call and text keeps only its ``calc`` part.
     """
     for name, limit in (
         ("max_remembered_messages", max_remembered_messages),

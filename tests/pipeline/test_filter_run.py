@@ -95,3 +95,15 @@ def test_prefix_options_must_be_lists_of_strings() -> None:
         filter_run(part_types="text")
     with pytest.raises(ValueError, match="tool_names must be a list of strings"):
         filter_run(tool_names=["search", 3])  # type: ignore[list-item]
+
+
+def test_filters_parts_inside_a_multi_part_message_unlike_mastra() -> None:
+    """One message with a search call, a calc call and text: filter_run keeps the message but
+    only its matching part (Mastra's filters keep or drop the whole message)."""
+    run = _prepared(part_types=["tool-invocation"], tool_names=["calc"])
+    first = run.output[0]
+    assert [p.type for p in first.parts] == ["tool-invocation"]
+    assert first.parts[0].tool_invocation.tool_name == "calc"
+    assert first.text == ""  # the text part of the same message is gone
+    # the chart+text message had no matching part and goes; the one that never had parts stays
+    assert len(run.output) == 2

@@ -419,3 +419,14 @@ def test_scorer_copies_to_itself() -> None:
     scorer = create_scorer("c", judge=Judge("openai/gpt-4o-mini")).generate_score(lambda: 1.0)
     assert copy.deepcopy({"scorer": scorer})["scorer"] is scorer
     assert copy.copy(scorer) is scorer
+
+
+def test_not_scorable_reason_is_optional() -> None:
+    """As in Mastra, not_scorable() needs no reason; the result says none was given."""
+    result = (
+        create_scorer("ns").preprocess(lambda: not_scorable()).generate_score(lambda: 1.0).run_sync(input=1, output=2)
+    )
+    assert result.score is None
+    assert result.not_scorable == {"step": "preprocess", "reason": "no reason given"}
+    with pytest.raises(TypeError, match="string or nothing"):
+        not_scorable(42)  # type: ignore[arg-type]
