@@ -22,13 +22,14 @@ sync or async (an awaitable result is awaited). They run in list order.
 
 from __future__ import annotations
 
+import errno
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from scorers._errors import ScorerConfigError
-from scorers.judge._errors import JudgeProviderError
+from scorers.judge._errors import JudgeProviderError, JudgeStatusError, JudgeTimeoutError
 from scorers.judge._model import JudgeMessage, JudgeResponse
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "RetryDecision",
     "RetryMatcher",
     "StreamErrorRetryProcessor",
+    "matcher_view",
 ]
 
 DelayMs: TypeAlias = float | Callable[[int], float]
@@ -128,6 +130,13 @@ class StreamErrorRetryProcessor:
 
     Set ``max_retries`` and ``Judge(max_processor_retries=...)`` to the same value: the cap is
     10 when error processors are set without it.
+
+    A matcher sees the provider's own error fields directly, as Mastra's matchers do (see
+    :func:`matcher_view`): ``error.code`` (``"ECONNRESET"``, ``"rate_limit_exceeded"``),
+    ``error.status``, ``error.type`` (``"overloaded_error"``) and ``error.message`` (the
+    provider's text, not tracescore's summary), e.g. ``matchers=[lambda e: e.code ==
+    "ECONNRESET"]``. It is still the same ``JudgeProviderError`` class, so ``isinstance``,
+    ``status_code``, ``category`` and ``retry_after_ms`` work too.
     """
 
     def __init__(
@@ -200,10 +209,87 @@ class StreamErrorRetryProcessor:
 
 
 def _matches(matcher: Matcher, error: JudgeProviderError) -> bool:
+    view = matcher_view(error)
     method = getattr(matcher, "match", None)
     if callable(method):
-        return bool(method(error))
-    return bool(matcher(error))  # type: ignore[operator]  # checked callable in __init__
+        return bool(method(view))
+    return bool(matcher(view))  # type: ignore[operator]  # checked callable in __init__
+
+
+def matcher_view(error: JudgeProviderError) -> JudgeProviderError:
+    """What a retry matcher sees: a copy of ``error`` (same class) carrying the provider's own
+    fields, which the translation into tracescore's error tree otherwise leaves on
+    ``__cause__`` (the SDK's or a custom ``JudgeModel``'s exception):
+
+    - ``code``: the provider's error code, else the OS error name of a failed connection
+      (``ECONNRESET``, ``ECONNREFUSED``, ...; ``ETIMEDOUT`` for a timeout), else None;
+    - ``status`` (and ``status_code``): the HTTP status, or None without a response;
+    - ``type``: the provider's error type (``rate_limit_error``, ``overloaded_error``);
+    - ``message``: the provider's own message (the error body's, else the exception's text);
+    - ``provider_error``: the provider's exception itself (None if there is none).
+
+    The original error is left untouched: records, logs and ``ScorerRunError.cause`` keep it.
+    """
+    cause = error.__cause__
+    view = type(error).__new__(type(error))
+    view.__dict__.update(error.__dict__)
+    view.args = error.args
+    view.__cause__ = cause
+    view.code = error.code or _text(getattr(cause, "code", None)) or _errno_name(error)
+    view.status_code = error.status_code if error.status_code is not None else _status(cause)
+    view.status = view.status_code  # type: ignore[attr-defined]  # Mastra's name, on the copy only
+    view.type = error.error_type or _text(getattr(cause, "type", None))  # type: ignore[attr-defined]
+    view.error_type = view.type  # type: ignore[attr-defined]
+    view.message = _provider_message(error, cause)
+    view.provider_error = cause  # type: ignore[attr-defined]
+    return view
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _status(cause: BaseException | None) -> int | None:
+    for name in ("status_code", "status"):
+        value = getattr(cause, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and everything below it (explicit causes first, then implicit contexts)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not s for s in seen) and len(seen) < 32:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _errno_name(error: JudgeProviderError) -> str | None:
+    if isinstance(error, JudgeStatusError):
+        return None  # an HTTP answer came back: no socket error to name
+    for exc in _chain(error):
+        if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno in errno.errorcode:
+            return errno.errorcode[exc.errno]
+    return "ETIMEDOUT" if isinstance(error, JudgeTimeoutError) else None
+
+
+def _provider_message(error: JudgeProviderError, cause: BaseException | None) -> str:
+    body = error.body
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping) and _text(inner.get("message")):
+            return str(inner["message"])
+    if cause is None:
+        return error.message
+    if error.status_code is None:
+        # No HTTP answer: the innermost exception says what happened ("Connection reset by
+        # peer"), where the SDK's own text is a generic "Connection error.".
+        innermost = _chain(cause)[-1]
+        return str(innermost) or str(cause) or type(innermost).__name__
+    return _text(getattr(cause, "message", None)) or str(cause) or error.message
 
 
 def _non_negative(value: object) -> bool:

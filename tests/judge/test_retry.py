@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import socket
+import struct
+import threading
 import time
 
 import pytest
@@ -282,3 +286,123 @@ def test_error_class_alone_sets_the_retry_category() -> None:
     assert JudgeServerError("down", **fields).category == "retryable"
     assert JudgeBadRequestError("bad", **fields).category == "invalid_request"
     assert JudgeProviderError("odd", **fields).category == "unknown"
+
+
+# --- matchers see the provider error's own fields (issue 14) ------------------------------------
+
+
+class _ResetServer:
+    """A TCP server that reads each request and answers with a reset (RST): the client's
+    socket read fails with ECONNRESET, as when a proxy or provider drops the connection."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.accepted = 0
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.settimeout(5)
+            with contextlib.suppress(OSError):
+                conn.recv(65536)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_matcher_sees_econnreset_from_the_socket(sleeps: list[float]) -> None:
+    """A connection reset reaches a Mastra-style matcher as error.code == "ECONNRESET"
+    (the wrapper's own code is empty; the errno is deep in the SDK error's cause chain)."""
+    server = _ResetServer()
+    seen: list[tuple[str | None, int | None, str]] = []
+
+    def reset(error: JudgeProviderError) -> bool:
+        seen.append((error.code, error.status, type(error).__name__))  # type: ignore[attr-defined]
+        return error.code == "ECONNRESET"
+
+    try:
+        judge = Judge(
+            OPENAI,
+            base_url=f"http://127.0.0.1:{server.port}/v1",
+            api_key="sk-test",
+            error_processors=[StreamErrorRetryProcessor(max_retries=2, matchers=[RetryMatcher(reset, delay_ms=5)])],
+            max_processor_retries=2,
+        )
+        with pytest.raises(ScorerRunError) as info:
+            run(score_scorer(judge))
+    finally:
+        server.close()
+    assert seen == [("ECONNRESET", None, "JudgeConnectionError")] * 3
+    assert sleeps == [0.005, 0.005]  # the matcher's delay, not the processor's (0): the matcher decided
+    assert server.accepted == 3
+    assert isinstance(info.value.cause, JudgeConnectionError)
+    assert info.value.cause.code is None  # the original error is untouched
+
+
+class _ProviderSdkError(Exception):
+    """What a provider SDK (or a custom JudgeModel's client) raises: fields of its own."""
+
+    def __init__(self, message: str, *, code: str, status: int, type: str) -> None:
+        super().__init__(message)
+        self.message, self.code, self.status, self.type = message, code, status, type
+
+
+def test_matcher_sees_a_custom_models_error_fields(sleeps: list[float]) -> None:
+    """A custom JudgeModel's exception is wrapped as an 'unknown' JudgeProviderError; the matcher
+    still reads its code, status, type and message directly, and keeps working on retries."""
+    from scorers.judge.testing import FakeJudgeModel
+
+    error = _ProviderSdkError("upstream reset", code="ECONNRESET", status=502, type="api_error")
+    model = FakeJudgeModel(error, error, '{"score": 0.5}')
+    fields: list[tuple[object, ...]] = []
+
+    def mastra_style(e: JudgeProviderError) -> bool:
+        fields.append((e.code, e.status, e.type, e.message, type(e.provider_error)))  # type: ignore[attr-defined]
+        return e.code == "ECONNRESET" and e.status == 502  # type: ignore[attr-defined]
+
+    judge = Judge(model, error_processors=[StreamErrorRetryProcessor(max_retries=3, matchers=[mastra_style])])
+    assert run(score_scorer(judge)).score == 0.5
+    assert fields == [("ECONNRESET", 502, "api_error", "upstream reset", _ProviderSdkError)] * 2
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_matcher_sees_the_providers_message_status_and_type(
+    fake_llm: FakeLLMServer, sleeps: list[float], model: str
+) -> None:
+    """error.message is the provider's text (not tracescore's summary with the model id),
+    error.status the HTTP status, error.type the provider's error type; str() still works."""
+    fake_llm.script(Reply.error(400, "gateway hiccup", error_type="proxy_error"))
+
+    def hiccup(e: JudgeProviderError) -> bool:
+        return (
+            e.message == "gateway hiccup"
+            and e.status == 400  # type: ignore[attr-defined]
+            and e.type == "proxy_error"  # type: ignore[attr-defined]
+            and isinstance(e, JudgeBadRequestError)
+            and "gateway hiccup" in str(e)
+        )
+
+    result = run(score_scorer(Judge(model, error_processors=[StreamErrorRetryProcessor(matchers=[hiccup])])))
+    assert result.score == 0.5
+    assert fake_llm.count() == 2
+
+
+def test_timeout_reaches_a_matcher_as_etimedout(fake_llm: FakeLLMServer, sleeps: list[float]) -> None:
+    """A judge timeout has no errno; matchers see it as Node's ETIMEDOUT."""
+    fake_llm.script(Reply.hang(10))
+    codes: list[str | None] = []
+    proc = StreamErrorRetryProcessor(matchers=[lambda e: codes.append(e.code) or e.code == "ETIMEDOUT"])
+    result = run(score_scorer(judge(proc, timeout=0.3)))
+    assert result.score == 0.5
+    assert codes == ["ETIMEDOUT"]
