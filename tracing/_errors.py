@@ -13,7 +13,7 @@ class TraceReadError(ValueError):
     """A trace that ``trace_to_run`` cannot read. Never a guess: the run is refused.
 
     ``reason`` is a stable short code (``no_target``, ``bad_json``, ``bad_message``,
-    ``no_content``, ``unknown_role``, ``unknown_span``) used as a counter key; ``span_name``,
+    ``no_content``, ``unknown_role``, ``unknown_span``, ``parent_cycle``) used as a counter key; ``span_name``,
     ``span_id`` and ``attribute`` say where the problem is.
     """
 

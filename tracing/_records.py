@@ -148,6 +148,22 @@ def service_name(resource: Resource | None) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _has_parent_cycle(parent_of: dict[str, str | None]) -> bool:
+    """Whether some span ids never lead up to a root (so they sit in or under a cycle). O(n)."""
+    children: dict[str, list[str]] = {}
+    stack: list[str] = []
+    for span_id, parent in parent_of.items():
+        if parent is None or parent not in parent_of:
+            stack.append(span_id)
+        else:
+            children.setdefault(parent, []).append(span_id)
+    reached = 0
+    while stack:
+        reached += 1
+        stack.extend(children.get(stack.pop(), ()))
+    return reached != len(parent_of)
+
+
 def plan_runs(
     records: Sequence[SpanRecord],
     *,
@@ -173,6 +189,12 @@ def plan_runs(
     kind_of = {r.span_id: k for r, k in zip(records, kinds, strict=True)}
     parent_of = {r.span_id: r.parent_span_id for r in records}
     limit = len(records)
+    if _has_parent_cycle(parent_of):
+        # Walking up from a span in a cycle never reaches a root: no top-level span can be told
+        # apart. Ship the whole trace as one run so the worker reads it and records its
+        # TraceReadError (parent_cycle) where it can be seen, instead of dropping it here.
+        first = next((r for r, k in zip(records, kinds, strict=True) if k in ("agent", "llm")), None)
+        return [] if first is None else [(first, list(records))]
 
     def chain(span_id: str) -> list[str]:
         out: list[str] = []

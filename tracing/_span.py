@@ -19,6 +19,7 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext
 
+from tracing._errors import TraceReadError
 from tracing._run import SpanRecord
 
 __all__ = ["SpanEvent", "SpanFields", "SpanLike", "SpanView", "plain_attributes", "span_fields", "view_spans"]
@@ -240,16 +241,73 @@ class RecordView(SpanView):
 
 
 def view_spans(spans: Sequence[SpanLike]) -> list[SpanView]:
-    """Views of ``spans`` with parent/child links resolved inside the trace."""
+    """Views of ``spans`` with parent/child links resolved inside the trace.
+
+    Raises ``TraceReadError`` (reason ``parent_cycle``) when parent ids form a cycle (a span
+    that is its own parent included): every walk up or down the tree would never end.
+    """
     views = [RecordView(s) if isinstance(s, SpanRecord) else SpanView(s) for s in spans]
     by_id = {v.sid: v for v in views}
     for v in views:
         if v.parent_sid is not None:
             parent = by_id.get(v.parent_sid)
-            if parent is not None and parent is not v:
+            if parent is not None:
                 v.parent = parent
                 parent.children.append(v)
+    # Each view is in exactly one children list or is a root, so a walk down from the roots
+    # reaches every view unless some hang in (or under) a cycle. O(n), no recursion.
+    reached = 0
+    stack = [v for v in views if v.parent is None]
+    while stack:
+        node = stack.pop()
+        reached += 1
+        stack.extend(node.children)
+    if reached != len(views):
+        error = _cycle_error(views)
+        _unlink(views)
+        raise error
     for v in views:
         if len(v.children) > 1:
             v.children.sort(key=SpanView.order_key)
     return views
+
+
+def _unlink(views: Sequence[SpanView]) -> None:
+    # Parent/child links are reference cycles: drop them so plain refcounting frees the views.
+    for v in views:
+        v.parent = None
+        v.children = []
+
+
+def _cycle_error(views: Sequence[SpanView]) -> TraceReadError:
+    """The error naming one cycle (called while the links are still in place)."""
+    reached: set[int] = set()
+    stack = [v for v in views if v.parent is None]
+    while stack:
+        node = stack.pop()
+        reached.add(id(node))
+        stack.extend(node.children)
+    # A view no root reaches has a parent, and that parent is not reached either: walking up
+    # from one stays among those (finitely many) views, so it comes back to one of them.
+    current = next(v for v in views if id(v) not in reached)
+    seen: dict[int, int] = {}
+    path: list[SpanView] = []
+    while id(current) not in seen:
+        seen[id(current)] = len(path)
+        path.append(current)
+        assert current.parent is not None
+        current = current.parent
+    cycle = path[seen[id(current)] :]
+    shown = " -> ".join(v.span_id for v in cycle[:4]) + (" -> ..." if len(cycle) > 4 else "")
+    what = (
+        "the span is its own parent"
+        if len(cycle) == 1
+        else f"span parent ids form a cycle of {len(cycle)} spans ({shown} -> {cycle[0].span_id})"
+    )
+    return TraceReadError(
+        "parent_cycle",
+        f"{what}: the trace's parent span ids are corrupt and it has no root to read from",
+        span_name=cycle[0].name,
+        span_id=cycle[0].span_id,
+        attribute="parent_span_id",
+    )

@@ -280,19 +280,23 @@ def read_trace(
     """Every run of the trace, each read on its own: one unreadable run does not hide the others.
 
     Targets at or under a span in ``exclude_under`` (span ids, hex) are skipped (the loop guard).
+    A trace that cannot be read at all (parent ids forming a cycle) is one ``TraceReadError``.
     """
     excluded = set(exclude_under)
     out: list[TracedRun | TraceReadError] = []
-    with _views(spans) as views:
-        for target in _targets(views):
-            if excluded and (
-                target.span_id in excluded or any(a.span_id in excluded for a in target.ancestors())
-            ):
-                continue
-            try:
-                out.append(_run_for(target, views))
-            except TraceReadError as exc:
-                out.append(exc.with_traceback(None))  # a kept traceback would keep every frame
+    try:
+        with _views(spans) as views:
+            for target in _targets(views):
+                if excluded and (
+                    target.span_id in excluded or any(a.span_id in excluded for a in target.ancestors())
+                ):
+                    continue
+                try:
+                    out.append(_run_for(target, views))
+                except TraceReadError as exc:
+                    out.append(exc.with_traceback(None))  # a kept traceback would keep every frame
+    except TraceReadError as exc:  # the trace as a whole cannot be read (its parent ids form a cycle)
+        return [exc.with_traceback(None)]
     return out
 
 
