@@ -42,6 +42,7 @@ from scorers.judge._errors import (
     JudgeRateLimitError,
     JudgeTimeoutError,
 )
+from scorers.judge._fence import well_formed
 from scorers.judge._hooks import JudgeHooks, get_judge_hooks
 from scorers.judge._model import JudgeMessage, JudgeModel, JudgeRequest, JudgeResponse
 from scorers.judge._processors import ErrorContext, JudgeCallInfo, RetryDecision
@@ -55,6 +56,7 @@ from scorers.judge._request import (
     output_spec,
 )
 from scorers.judge._schema import OutputSpec, SchemaMismatch, drop_optional_nulls, parse_json_text
+from scorers.judge._translate import scrub_secrets
 
 __all__ = ["MAX_PAUSE_S", "JudgeAnswer", "ask_judge"]
 
@@ -141,6 +143,8 @@ class _JudgeCall:
             messages = await self._input(base_messages(self.judge, self.prompt))
         except JudgeError as exc:
             raise self._fail(exc) from exc.__cause__
+        # Traced text may hold lone surrogates (a truncated emoji): no SDK can encode them.
+        messages = [JudgeMessage(m.role, well_formed(m.content)) for m in messages]
         users = [m.content for m in messages if m.role == "user"]
         self.sent_prompt = users[-1] if users else ""
         cap = self.judge.effective_max_processor_retries
@@ -242,7 +246,7 @@ class _JudgeCall:
                 # A custom JudgeModel raised something of its own: an "unknown" error for
                 # retry policies, with the original kept as __cause__.
                 raise JudgeProviderError(
-                    f"{self.info.model_id}: {type(exc).__name__}: {exc}",
+                    scrub_secrets(f"{self.info.model_id}: {type(exc).__name__}: {exc}"),
                     provider=self.info.provider,
                     model_id=self.info.model_id,
                 ) from exc

@@ -20,7 +20,7 @@ from scorers.judge._clients import lease_client
 from scorers.judge._errors import JudgeResponseError
 from scorers.judge._model import JudgeModel, JudgeRequest, JudgeResponse
 from scorers.judge._schema import strict_openai_schema
-from scorers.judge._translate import translate_sdk_errors
+from scorers.judge._translate import scrub_secrets, translate_sdk_errors
 
 if TYPE_CHECKING:
     import anthropic
@@ -47,10 +47,13 @@ class OpenAIJudgeModel:
     def __repr__(self) -> str:
         return f"OpenAIJudgeModel({self.model!r}, base_url={self.base_url!r})"
 
+    def _api_key(self) -> str | None:
+        return self.api_key or os.environ.get("OPENAI_API_KEY") or None
+
     def _client(self) -> AbstractAsyncContextManager[openai.AsyncOpenAI]:
         """Lease a client; the environment is read per call so tests and rotations apply."""
         base_url = self.base_url or os.environ.get("OPENAI_BASE_URL") or None
-        api_key = self.api_key or os.environ.get("OPENAI_API_KEY") or None
+        api_key = self._api_key()
 
         def build() -> openai.AsyncOpenAI:
             import openai
@@ -78,7 +81,7 @@ class OpenAIJudgeModel:
                     "schema": _strict(request.output_schema),
                 },
             }
-        with translate_sdk_errors(self.provider, self.model_id):
+        with translate_sdk_errors(self.provider, self.model_id, api_key=self._api_key()):
             # The SDK's generic POST (its documented way to send a raw body) rather than
             # chat.completions.create: create() runs a TypedDict transform over the params
             # that costs ~2 ms of CPU per call, the largest share of a judge call's overhead.
@@ -117,8 +120,11 @@ class OpenAIJudgeModel:
             )
         except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
             raise JudgeResponseError(
-                f"{self.model_id}: the chat completion could not be read ({type(exc).__name__}: {exc}): "
-                f"{raw.content[:200]!r}",
+                scrub_secrets(
+                    f"{self.model_id}: the chat completion could not be read ({type(exc).__name__}: {exc}): "
+                    f"{raw.content[:200]!r}",
+                    self._api_key(),
+                ),
                 provider=self.provider,
                 model_id=self.model_id,
                 status_code=raw.status_code,
@@ -141,10 +147,13 @@ class AnthropicJudgeModel:
     def __repr__(self) -> str:
         return f"AnthropicJudgeModel({self.model!r}, base_url={self.base_url!r})"
 
+    def _api_key(self) -> str | None:
+        return self.api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+
     def _client(self) -> AbstractAsyncContextManager[anthropic.AsyncAnthropic]:
         """Lease a client; the environment is read per call so tests and rotations apply."""
         base_url = self.base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
-        api_key = self.api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+        api_key = self._api_key()
 
         def build() -> anthropic.AsyncAnthropic:
             import anthropic
@@ -174,7 +183,7 @@ class AnthropicJudgeModel:
                 }
             ]
             kwargs["tool_choice"] = {"type": "tool", "name": tool}
-        with translate_sdk_errors(self.provider, self.model_id):
+        with translate_sdk_errors(self.provider, self.model_id, api_key=self._api_key()):
             async with self._client() as client:
                 message = await client.messages.create(**kwargs)
         parsed: Any = None

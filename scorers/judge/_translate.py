@@ -1,15 +1,23 @@
-"""The one place where OpenAI/Anthropic SDK (and httpx2) errors become ``JudgeProviderError``s."""
+"""The one place where OpenAI/Anthropic SDK (and httpx2) errors become ``JudgeProviderError``s.
+
+It is also where provider error text is scrubbed of credentials, once, before anything can
+store, log, dead-letter or write it back: a gateway or provider that echoes the request's key
+in its error body (``Incorrect API key provided: sk-...``) must not leak it into score
+records. The SDK's own exception (kept as ``__cause__`` and shown in tracebacks) is scrubbed
+in place too.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from scorers.judge._errors import (
     JudgeAuthError,
@@ -25,7 +33,47 @@ from scorers.judge._errors import (
     JudgeTimeoutError,
 )
 
-__all__ = ["parse_retry_after_ms", "translate_sdk_errors"]
+__all__ = ["parse_retry_after_ms", "scrub_secrets", "translate_sdk_errors"]
+
+T = TypeVar("T")
+_MASK = "***"
+# What a credential looks like in an error body, a header dump or a URL. Each keeps its
+# label (so the message still says "Authorization: ***") and masks the value.
+_SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # "Authorization: Bearer abc", "authorization": "Basic abc" — the whole value, to line end
+    (re.compile(r"""(\bauthorization["']?\s*[:=]\s*["']?)[^"'\r\n,}]+""", re.IGNORECASE), rf"\g<1>{_MASK}"),
+    (re.compile(r"(\bbearer\s+)[A-Za-z0-9._~+/=-]{4,}", re.IGNORECASE), rf"\g<1>{_MASK}"),
+    # api_key=..., api-key: ..., x-api-key: ..., "apiKey": "..."
+    (
+        re.compile(r"""(\b(?:x-)?api[_-]?key["']?\s*[:=]\s*["']?)[^\s"'&,;}]+""", re.IGNORECASE),
+        rf"\g<1>{_MASK}",
+    ),
+    # OpenAI (sk-..., sk-proj-...), Anthropic (sk-ant-...), Google (AIza...) key shapes
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"), f"sk-{_MASK}"),
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{30,}"), _MASK),
+)
+
+
+def scrub_secrets(value: T, *secrets: str | None) -> T:
+    """``value`` (a string, or dicts/lists/tuples of them) with credentials masked: the
+    literal ``secrets`` (the configured API key) and anything shaped like a key or token."""
+    literals = [s for s in secrets if s and len(s) >= 6]  # a tiny "key" would mask half the text
+    return _scrub(value, literals)  # type: ignore[no-any-return]
+
+
+def _scrub(value: Any, literals: list[str]) -> Any:
+    if isinstance(value, str):
+        for literal in literals:
+            value = value.replace(literal, _MASK)
+        for pattern, replacement in _SECRET_PATTERNS:
+            value = pattern.sub(replacement, value)
+        return value
+    if isinstance(value, Mapping):
+        return {_scrub(k, literals): _scrub(v, literals) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_scrub(v, literals) for v in value)
+    return value
+
 
 _KEPT_HEADERS = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
 _CREDENTIAL_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -64,9 +112,10 @@ def parse_retry_after_ms(headers: Mapping[str, str], now: float | None = None) -
     return None
 
 
-@contextmanager
-def translate_sdk_errors(provider: str, model_id: str) -> Iterator[None]:
-    """Re-raise any SDK/transport error from the block as a ``JudgeProviderError``.
+@contextlib.contextmanager
+def translate_sdk_errors(provider: str, model_id: str, *, api_key: str | None = None) -> Iterator[None]:
+    """Re-raise any SDK/transport error from the block as a ``JudgeProviderError``, with
+    ``api_key`` and anything shaped like a credential scrubbed from it and from the SDK error.
 
     Other exceptions (bugs) pass through unchanged. The SDKs are looked up in ``sys.modules``
     rather than imported: an SDK error can only exist once its SDK is loaded, and importing
@@ -80,7 +129,33 @@ def translate_sdk_errors(provider: str, model_id: str) -> Iterator[None]:
         translated = _translate(exc, provider, model_id)
         if translated is None:
             raise
-        raise translated from exc
+        _scrub_exception_chain(exc, api_key)
+        raise _scrubbed(translated, api_key) from exc
+
+
+def _scrubbed(err: JudgeProviderError, api_key: str | None) -> JudgeProviderError:
+    err.message = scrub_secrets(err.message, api_key)
+    err.args = scrub_secrets(err.args, api_key)
+    err.body = scrub_secrets(err.body, api_key)
+    err.headers = scrub_secrets(err.headers, api_key)
+    return err
+
+
+def _scrub_exception_chain(exc: BaseException, api_key: str | None) -> None:
+    """Mask credentials in the SDK's exception and its causes, in place: they stay reachable
+    as ``__cause__`` and a logged traceback prints them."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.args = scrub_secrets(current.args, api_key)
+        for attr in ("message", "body"):
+            value = getattr(current, attr, None)
+            if isinstance(value, str | Mapping | list):
+                # a read-only property is left alone: args above already covers str()
+                with contextlib.suppress(AttributeError):
+                    setattr(current, attr, scrub_secrets(value, api_key))
+        current = current.__cause__ or current.__context__
 
 
 def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderError | None:

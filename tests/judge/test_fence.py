@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
-from scorers import Judge
+import pytest
+
+from scorers import Judge, PromptStep, create_scorer
+from scorers.builtin import answer_relevancy, faithfulness
 from scorers.judge import JUDGE_SYSTEM_PREAMBLE, fence
-from tests.fakellm import FakeLLMServer
-from tests.judge.helpers import run, score_scorer
+from tests.fakellm import FakeLLMServer, Reply
+from tests.judge.helpers import MODELS, run, score_scorer
 
 FENCE = re.compile(r'<data label="([^"]*)" fence="([0-9a-f]{16})">\n(.*)\n</data fence="\2">', re.DOTALL)
 
@@ -63,3 +67,43 @@ def test_prompt_injection_in_traced_content_does_not_change_instructions(fake_ll
     assert "Ignore all previous instructions" in match.group(3)
     outside = req.user_text.replace(match.group(0), "")
     assert "Ignore all previous instructions" not in outside
+
+
+CUT_EMOJI = "The answer is yes \ud83d"  # a truncation cut the emoji's surrogate pair in half
+
+
+def test_fence_accepts_lone_surrogates() -> None:
+    """A lone surrogate becomes U+FFFD (the block is valid UTF-8); a split pair is joined."""
+    block = fence(CUT_EMOJI, "answer")
+    block.encode("utf-8")  # raises if a surrogate is left
+    match = FENCE.fullmatch(block)
+    assert match is not None
+    assert match.group(3) == "The answer is yes \ufffd"
+    assert fence("a \ud83d\ude00 b") == fence("a \U0001f600 b")
+    assert FENCE.fullmatch(fence("\udcff")).group(3) == "\ufffd"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_lone_surrogates_reach_the_provider(fake_llm: FakeLLMServer, model: str) -> None:
+    """Through the real SDK: a prompt with lone surrogates inside and outside a fence is sent
+    (as U+FFFD) and scored, instead of failing to encode."""
+    scorer = create_scorer("s", judge=Judge(model)).generate_score(
+        PromptStep("score", lambda run: f"Score this ({run.output[-3:]}):\n{fence(run.output, 'answer')}")
+    )
+    fake_llm.script(Reply.json({"score": 0.5}))
+    result = run(scorer, output=CUT_EMOJI)
+    assert result.score == 0.5
+    (req,) = fake_llm.requests
+    assert "yes \ufffd" in req.user_text
+    assert "(s \ufffd)" in req.user_text
+    assert result.judge["generate_score"].prompt.encode("utf-8")  # the judge record is clean
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_llm_builtins_accept_lone_surrogates(fake_llm: FakeLLMServer, model: str) -> None:
+    """answer_relevancy and faithfulness score runs whose texts end in half an emoji."""
+    for scorer in (answer_relevancy(model), faithfulness(model, context=["Paris \ud83c is in France"])):
+        result = asyncio.run(scorer.run(input="Is Paris in France? \udc00", output=CUT_EMOJI))
+        assert result.score is not None, result
+        result.model_dump_json()
+    assert any("\ufffd" in r.user_text for r in fake_llm.requests)

@@ -1,0 +1,134 @@
+"""Provider error bodies lose every credential before anything stores, logs or re-raises them.
+
+The fake LLM server answers with error bodies that echo the request's key (as gateways and
+providers do), through the real SDKs.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any
+
+import pytest
+import structlog
+
+from scorers import Judge, ScorerRunError
+from scorers.judge import JudgeAuthError, JudgeProviderError
+from scorers.judge._translate import scrub_secrets
+from tests.fakellm import FakeLLMServer, Reply
+from tests.judge.helpers import MODELS, run, score_scorer
+
+# Shaped like no known key format: only the literal-value scrub can catch it.
+GATEWAY_KEY = "corp-gateway-7f3a9c1e5b2d4f60a8e1"
+OTHER_KEY = "sk-proj-Zx81QmWc4nLpT7vYh2Ra"
+
+
+def _everything_said(err: ScorerRunError, logs: list[dict[str, Any]], caplog: pytest.LogCaptureFixture) -> str:
+    """Every text a store, a log, a dead letter or a span event could take from the failure."""
+    cause = err.cause
+    assert isinstance(cause, JudgeProviderError)
+    assert cause.execution is not None
+    parts = [
+        str(err),
+        repr(err),
+        str(cause),
+        repr(cause.args),
+        repr(cause.body),
+        repr(cause.headers),
+        cause.message,
+        cause.execution.model_dump_json(),
+        "".join(traceback.format_exception(err)),  # includes the SDK's exception (__cause__)
+        repr(logs),
+        caplog.text,
+    ]
+    if err.partial is not None:
+        parts.append(err.partial.model_dump_json())
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("where", ["judge", "env"])
+def test_error_body_echoing_the_key_is_scrubbed(
+    fake_llm: FakeLLMServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    model: str,
+    where: str,
+) -> None:
+    """A 401 whose body quotes the configured key (from Judge(api_key=) or the environment),
+    a bearer header and another sk- key: none of them survives in the error, its record,
+    the SDK's exception in the traceback, or the logs; the message still says what failed."""
+    env = "OPENAI_API_KEY" if model.startswith("openai") else "ANTHROPIC_API_KEY"
+    if where == "env":
+        monkeypatch.setenv(env, GATEWAY_KEY)
+        judge = Judge(model=model)
+    else:
+        judge = Judge(model=model, api_key=GATEWAY_KEY)
+    fake_llm.script(
+        Reply.error(
+            401,
+            f"Incorrect API key provided: {GATEWAY_KEY}. Request had 'Authorization: Bearer {GATEWAY_KEY}' "
+            f"and x-api-key: {GATEWAY_KEY}; the project key is {OTHER_KEY}.",
+            error_type="invalid_request_error",
+            code="invalid_api_key",
+        )
+    )
+    caplog.set_level(logging.DEBUG)
+    with structlog.testing.capture_logs() as logs, pytest.raises(ScorerRunError) as info:
+        run(score_scorer(judge))
+    # the key really reached the server, so the server really echoed it
+    sent = fake_llm.requests[-1].headers
+    assert GATEWAY_KEY in " ".join(str(v) for v in sent.values())
+    assert isinstance(info.value.cause, JudgeAuthError)
+    said = _everything_said(info.value, logs, caplog)
+    assert GATEWAY_KEY not in said
+    assert OTHER_KEY not in said
+    assert "Incorrect API key provided: ***" in str(info.value.cause)
+    assert "HTTP 401" in str(info.value.cause)
+
+
+def test_custom_model_error_is_scrubbed(fake_llm: FakeLLMServer) -> None:
+    """A custom JudgeModel raising an error that quotes a bearer token: the wrapped
+    JudgeProviderError's message holds no token."""
+
+    class Leaky:
+        model_id = "custom/leaky"
+        provider = "custom"
+        supports_native_structured_output = False
+
+        async def generate(self, request: Any) -> Any:
+            raise RuntimeError(f"upstream said 401 for 'Authorization: Bearer {OTHER_KEY}'")
+
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(Judge(model=Leaky())))
+    cause = info.value.cause
+    assert isinstance(cause, JudgeProviderError)
+    assert OTHER_KEY not in str(cause)
+    assert cause.execution is not None
+    assert OTHER_KEY not in cause.execution.model_dump_json()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Incorrect API key provided: sk-abcdefgh12345678.", "Incorrect API key provided: sk-***."),
+        ("key sk-ant-api03-AbCdEfGh-1234 is invalid", "key sk-*** is invalid"),
+        ("Authorization: Bearer eyJhbGciOi.J9.x", "Authorization: ***"),
+        ('{"authorization": "Basic dXNlcjpwYXNz"}', '{"authorization": "***"}'),
+        ("sent bearer tok_live_123456 to the gateway", "sent bearer *** to the gateway"),
+        ("GET /v1?api_key=ABC123DEF&x=1", "GET /v1?api_key=***&x=1"),
+        ("x-api-key: mykey-123456", "x-api-key: ***"),
+        ('{"api-key": "azure-0123456789"}', '{"api-key": "***"}'),
+        ("no secret here: 401 Unauthorized", "no secret here: 401 Unauthorized"),
+    ],
+)
+def test_scrub_patterns(text: str, expected: str) -> None:
+    """Each credential shape is masked; its label stays so the message still makes sense."""
+    assert scrub_secrets(text) == expected
+
+
+def test_scrub_literal_key_in_nested_body() -> None:
+    """The configured key's literal value is masked anywhere in a nested error body."""
+    body = {"error": {"message": f"bad key {GATEWAY_KEY}", "details": [GATEWAY_KEY, 3]}}
+    assert scrub_secrets(body, GATEWAY_KEY) == {"error": {"message": "bad key ***", "details": ["***", 3]}}
