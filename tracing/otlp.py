@@ -354,6 +354,13 @@ def _resource_spans_list(document: Any, where: str) -> tuple[list[Any], str]:
 
 def decode_otlp_json(document: Any, *, where: str = "") -> list[ReadableSpan]:
     """The spans of one parsed OTLP/JSON ``ExportTraceServiceRequest`` (or ``TracesData``)."""
+    try:
+        return _decode_document(document, where)
+    except RecursionError:  # attribute values nested (arrayValue/kvlistValue) beyond the stack
+        raise OtlpDecodeError("attribute values nested too deeply", where=where) from None
+
+
+def _decode_document(document: Any, where: str) -> list[ReadableSpan]:
     resource_spans, key = _resource_spans_list(document, where)
     spans: list[ReadableSpan] = []
     for r, raw_rs in enumerate(resource_spans):
@@ -401,12 +408,14 @@ def decode_otlp_json(document: Any, *, where: str = "") -> list[ReadableSpan]:
 
 
 def decode_otlp_json_line(line: str | bytes, *, where: str = "") -> list[ReadableSpan]:
-    """Parse and decode one line of an OTLP/JSON Lines file."""
+    """Parse and decode one line of an OTLP/JSON Lines file (bytes: UTF-8, a BOM allowed)."""
     try:
-        document = json.loads(line)
+        document = json.loads(line.removeprefix("\ufeff") if isinstance(line, str) else line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         detail = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise OtlpDecodeError(f"not JSON ({detail})", where=where) from None
+    except RecursionError:  # e.g. 100,000 nested brackets: the parser gives up, so do we
+        raise OtlpDecodeError("not JSON (nested too deeply)", where=where) from None
     return decode_otlp_json(document, where=where)
 
 
@@ -508,7 +517,10 @@ def decode_otlp_protobuf(data: bytes, *, where: str = "") -> list[ReadableSpan]:
         message.ParseFromString(data)
     except Exception as exc:  # protobuf raises its own DecodeError (not exported with types)
         raise OtlpDecodeError(f"not an OTLP protobuf message ({exc})", where=where) from None
-    return _pb_resource_spans(message.resource_spans, where)
+    try:
+        return _pb_resource_spans(message.resource_spans, where)
+    except RecursionError:
+        raise OtlpDecodeError("attribute values nested too deeply", where=where) from None
 
 
 # --- encoding (the Collector file exporter's form) -----------------------------------------

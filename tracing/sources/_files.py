@@ -10,6 +10,13 @@
 
 Reading streams: one line (or message) at a time; a bad line is a ``Malformed`` item with its
 file and line number, and reading goes on.
+
+Sizes are capped before anything is decoded: a line (or protobuf message, or whole ``*.json``
+document) longer than ``max_line_bytes`` is skipped without being held in memory, and a ``.gz``
+file stops being read once it has decompressed to ``max_decompressed_bytes`` (a small gzip
+can hold a huge line: a gzip bomb). Both are reported as ``Malformed`` with file:line and the
+setting to raise (``TRACESCORE_BACKFILL_MAX_LINE_BYTES``,
+``TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES``).
 """
 
 from __future__ import annotations
@@ -26,12 +33,37 @@ from typing import IO, Any
 from tracing.otlp import OtlpDecodeError, decode_otlp_json, decode_otlp_json_line, decode_otlp_protobuf
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
 
-__all__ = ["FileSource"]
+__all__ = ["MAX_DECOMPRESSED_BYTES_ENV", "MAX_LINE_BYTES_ENV", "FileSource"]
 
 _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PROTO_SUFFIXES = (".pb", ".binpb", ".proto")
-# A pretty-printed *.json file is parsed whole; bigger ones must be JSON Lines.
-_WHOLE_DOCUMENT_LIMIT = 64 * 1024 * 1024
+MAX_LINE_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_LINE_BYTES"
+MAX_DECOMPRESSED_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES"
+# One record (line, protobuf message, whole *.json document): decoding takes several times its
+# size in Python objects, so this bounds the backfill's memory. The Collector's file exporter
+# writes one export batch per line, far smaller than this.
+DEFAULT_MAX_LINE_BYTES = 32 * 2**20
+# Per .gz file, decompressed: stops a gzip bomb from costing minutes of CPU.
+DEFAULT_MAX_DECOMPRESSED_BYTES = 8 * 2**30
+_SKIP_CHUNK = 2**20
+
+
+def _cap(value: int | None, env: str, default: int) -> int:
+    if value is None:
+        raw = os.environ.get(env, "").strip().replace("_", "")
+        if not raw:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SourceError(f"{env}={raw!r} is not a number of bytes (e.g. {default})") from None
+    if value < 1024:
+        raise SourceError(f"{env} must be at least 1024 bytes, got {value}")
+    return value
+
+
+def _record_error(exc: OtlpDecodeError) -> str:
+    return exc.reason + (f" at {exc.field}" if exc.field else "")
 
 
 def _kind(path: Path) -> str | None:
@@ -54,9 +86,21 @@ def _open(path: Path) -> IO[bytes]:
 class FileSource:
     """OTLP files, in the order given (directories expanded, sorted)."""
 
-    def __init__(self, paths: Sequence[str | os.PathLike[str]]) -> None:
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]],
+        *,
+        max_line_bytes: int | None = None,
+        max_decompressed_bytes: int | None = None,
+    ) -> None:
         if not paths:
             raise SourceError("no input files given")
+        # Caps come from the environment on every start and resume (not job state): raising
+        # one to read a skipped record again is a matter of setting it and resuming.
+        self.max_line_bytes = _cap(max_line_bytes, MAX_LINE_BYTES_ENV, DEFAULT_MAX_LINE_BYTES)
+        self.max_decompressed_bytes = _cap(
+            max_decompressed_bytes, MAX_DECOMPRESSED_BYTES_ENV, DEFAULT_MAX_DECOMPRESSED_BYTES
+        )
         files: list[Path] = []
         for raw in paths:
             path = Path(raw)
@@ -127,55 +171,106 @@ class FileSource:
             self._done_bytes = sum(self._sizes[: index + 1])
             yield UnitEnd(index, Position(index + 1))
 
+    def _too_long(self, what: str, size: int | None = None) -> str:
+        got = f" ({size:,} bytes)" if size is not None else ""
+        return (
+            f"{what}{got} is longer than {self.max_line_bytes:,} bytes; skipped without decoding "
+            f"(raise {MAX_LINE_BYTES_ENV} to read it)"
+        )
+
+    def _bomb(self) -> str:
+        return (
+            f"the file decompresses to more than {self.max_decompressed_bytes:,} bytes; the rest of it "
+            f"is skipped (raise {MAX_DECOMPRESSED_BYTES_ENV} to read it)"
+        )
+
+    def _skip_line(self, handle: IO[bytes], budget: int) -> tuple[int, bool]:
+        """Read past the rest of an over-long line, a chunk at a time; (bytes skipped, whether
+        the line ended within ``budget`` bytes)."""
+        skipped = 0
+        while skipped <= budget:
+            chunk = handle.readline(_SKIP_CHUNK)
+            skipped += len(chunk)
+            if not chunk or chunk.endswith(b"\n"):
+                return skipped, True
+        return skipped, False
+
     def _read_json(self, index: int, path: Path, begin: Position) -> Iterator[SourceItem]:
         whole_candidate = path.name.lower().removesuffix(".gz").endswith(".json")
+        # A plain file's size is known and reading it costs what it costs; a .gz is capped.
+        budget = self.max_decompressed_bytes if path.name.lower().endswith(".gz") else 2**62
+        max_line = self.max_line_bytes
         with _open(path) as handle:
             self._handle = handle
             # A start position names the record to read first: its line number and byte offset.
             line, offset = max(begin.line - 1, 0), begin.offset
             if offset:
                 handle.seek(offset)
-            for raw in handle:
+            readline = handle.readline
+            while True:
+                # Never more than the cap (+1, to tell a line of exactly the cap from a longer one).
+                raw = readline(max_line + 1)
+                if not raw:
+                    return
                 line += 1
                 position = Position(index, line, offset)
                 offset += len(raw)
+                where = f"{path}:{line}"
+                if len(raw) > max_line and raw[-1:] != b"\n":
+                    skipped, ended = self._skip_line(handle, budget - offset)
+                    offset += skipped
+                    self._last = Position(index, line + 1, offset)
+                    yield Malformed(position, where, self._too_long("the line"))
+                    if not ended:
+                        yield Malformed(self._last, f"{path}:{line + 1}", self._bomb())
+                        return
+                    continue
                 self._last = Position(index, line + 1, offset)
+                if offset > budget:
+                    yield Malformed(position, where, self._bomb())
+                    return
                 if not raw.strip():
                     continue
-                where = f"{path}:{line}"
                 try:
                     spans = decode_otlp_json_line(raw, where=where)
                 except OtlpDecodeError as exc:
                     if whole_candidate and line == 1 and exc.reason.startswith("not JSON"):
                         yield from self._read_whole(index, path)
                         return
-                    yield Malformed(position, where, exc.reason + (f" at {exc.field}" if exc.field else ""))
+                    yield Malformed(position, where, _record_error(exc))
                     continue
                 yield SpanBatch(spans, position, where)
 
     def _read_whole(self, index: int, path: Path) -> Iterator[SourceItem]:
         where = f"{path}:1"
         with _open(path) as handle:
-            data = handle.read(_WHOLE_DOCUMENT_LIMIT + 1)
-        if len(data) > _WHOLE_DOCUMENT_LIMIT:
+            data = handle.read(self.max_line_bytes + 1)
+        if len(data) > self.max_line_bytes:
             yield Malformed(
                 Position(index, 1),
                 where,
-                "line 1 is not a JSON document and the file is too big to read whole; "
-                "write one OTLP JSON object per line (JSON Lines)",
+                self._too_long("line 1 is not a JSON document and the whole file")
+                + "; or write one OTLP JSON object per line (JSON Lines)",
             )
             return
         try:
-            spans = decode_otlp_json(json.loads(data), where=where)
+            document = json.loads(data)
         except json.JSONDecodeError as exc:
             yield Malformed(Position(index, 1), f"{path}:{exc.lineno}", f"not JSON ({exc.msg} at column {exc.colno})")
             return
+        except (ValueError, RecursionError) as exc:  # not UTF-8 (UnicodeDecodeError), nested too deeply
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            yield Malformed(Position(index, 1), where, f"not JSON ({reason})")
+            return
+        try:
+            spans = decode_otlp_json(document, where=where)
         except OtlpDecodeError as exc:
-            yield Malformed(Position(index, 1), where, exc.reason + (f" at {exc.field}" if exc.field else ""))
+            yield Malformed(Position(index, 1), where, _record_error(exc))
             return
         yield SpanBatch(spans, Position(index, 1), where)
 
     def _read_proto(self, index: int, path: Path, begin: Position) -> Iterator[SourceItem]:
+        budget = self.max_decompressed_bytes if path.name.lower().endswith(".gz") else 2**62
         with _open(path) as handle:
             self._handle = handle
             number, offset = max(begin.line - 1, 0), begin.offset
@@ -193,6 +288,24 @@ class FileSource:
                     yield Malformed(position, where, "truncated length prefix at the end of the file")
                     return
                 (size,) = struct.unpack(">I", header)
+                if size > self.max_line_bytes or offset + 4 + size > budget:
+                    # Skipped a chunk at a time: the length prefix is untrusted input.
+                    skipped = 0
+                    while skipped < size and offset + 4 + skipped <= budget:
+                        chunk = reader.read(min(_SKIP_CHUNK, size - skipped))
+                        if not chunk:
+                            break
+                        skipped += len(chunk)
+                    offset += 4 + skipped
+                    self._last = Position(index, number + 1, offset)
+                    if size > self.max_line_bytes:
+                        yield Malformed(position, where, self._too_long("the message", size))
+                    if offset > budget:
+                        yield Malformed(self._last, f"{path}:message {number + 1}", self._bomb())
+                        return
+                    if skipped < size:
+                        return  # the file ended inside it (reported as too long already)
+                    continue
                 body = reader.read(size)
                 offset += 4 + len(body)
                 self._last = Position(index, number + 1, offset)
@@ -202,6 +315,6 @@ class FileSource:
                 try:
                     spans = decode_otlp_protobuf(body, where=where)
                 except OtlpDecodeError as exc:
-                    yield Malformed(position, where, exc.reason + (f" at {exc.field}" if exc.field else ""))
+                    yield Malformed(position, where, _record_error(exc))
                     continue
                 yield SpanBatch(spans, position, where)

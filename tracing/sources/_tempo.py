@@ -187,6 +187,8 @@ class TempoSource:
                 spans = decode_otlp_protobuf(body, where=where)
         except (OtlpDecodeError, ValueError) as exc:
             return Malformed(Position(0), where, str(exc))
+        except RecursionError:  # json.loads of a body nested beyond the parser's depth
+            return Malformed(Position(0), where, "not JSON (nested too deeply)")
         return SpanBatch(spans, Position(0), where)
 
     def read(self, start: Position | None = None) -> Iterator[SourceItem]:

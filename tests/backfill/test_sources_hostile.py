@@ -1,0 +1,221 @@
+"""Hostile and broken input files: size caps before decoding, bad lines, gzip bombs.
+
+Every bad record is one ``Malformed`` item with file:line (or file:message N); reading goes on
+with the next record or file, and the traces already read are kept.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import resource
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+from tests.backfill._synth import trace_id, trace_spans
+from tracing.otlp import OtlpDecodeError, decode_otlp_json
+from tracing.sources import FileSource, Malformed, SourceError, SpanBatch, UnitEnd
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_LINE_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_LINE_BYTES"
+MAX_DECOMPRESSED_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES"
+
+
+def _doc(i: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    children, root = trace_spans(i)
+    if extra:
+        root["attributes"] = [*root["attributes"], extra]
+    return {"resourceSpans": [{"scopeSpans": [{"scope": {"name": "synth"}, "spans": [*children, root]}]}]}
+
+
+def _line(i: int, extra: dict[str, Any] | None = None) -> bytes:
+    return json.dumps(_doc(i, extra), separators=(",", ":")).encode() + b"\n"
+
+
+def _traces(items: list[Any]) -> set[str]:
+    return {f"{s.context.trace_id:032x}" for i in items if isinstance(i, SpanBatch) for s in i.spans}
+
+
+def _bad(items: list[Any]) -> list[Malformed]:
+    return [i for i in items if isinstance(i, Malformed)]
+
+
+def test_a_line_over_the_cap_is_skipped_undecoded_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3 MB line under a 1 MiB cap is one Malformed (file:2, the cap's setting); lines 1 and 3 read."""
+    monkeypatch.setenv(MAX_LINE_BYTES_ENV, str(2**20))
+    big = {"key": "blob", "value": {"stringValue": "x" * 3_000_000}}
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(_line(1) + _line(2, big) + _line(3))
+    items = list(FileSource([path]).read())
+    (bad,) = _bad(items)
+    assert bad.where == f"{path}:2"
+    assert MAX_LINE_BYTES_ENV in bad.reason
+    assert "1,048,576" in bad.reason
+    assert _traces(items) == {trace_id(1), trace_id(3)}
+    # Positions stay exact after a skipped line: resuming at line 3 reads line 3.
+    third = next(i for i in items if isinstance(i, SpanBatch) and i.position.line == 3)
+    assert _traces(list(FileSource([path]).read(third.position))) == {trace_id(3)}
+
+
+def test_bad_lines_are_one_malformed_each_and_lose_nothing(tmp_path: Path) -> None:
+    """Invalid UTF-8, 100,000 nested brackets and a BOM: reading goes on, every good trace is read."""
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(
+        b"\xef\xbb\xbf" + _line(1)  # a BOM on line 1: read (it is valid UTF-8 JSON)
+        + _line(2).replace(b"weather-agent", b"weather-\xff\xfeagent")  # invalid UTF-8
+        + b"[" * 100_000 + b"]" * 100_000 + b"\n"  # nested beyond any parser
+        + _line(4)
+        + b'{"resourceSpans":[{"scopeSpans":[{"spans":[' + b"{" * 50_000 + b"\n"  # cut short, deep
+        + _line(6)
+    )  # fmt: skip
+    items = list(FileSource([path]).read())
+    bad = _bad(items)
+    assert [b.where for b in bad] == [f"{path}:2", f"{path}:3", f"{path}:5"]
+    assert "utf-8" in bad[0].reason.lower()
+    assert "nested too deeply" in bad[1].reason
+    assert _traces(items) == {trace_id(1), trace_id(4), trace_id(6)}
+    assert isinstance(items[-1], UnitEnd)
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"stringValue": "leaf"}
+    for _ in range(depth):
+        value = {"arrayValue": {"values": [value]}}
+    return value
+
+
+def test_deeply_nested_attribute_values_are_an_otlp_error() -> None:
+    """An arrayValue nested a few hundred levels (valid JSON) is an OtlpDecodeError, not RecursionError."""
+    _, root = trace_spans(1)
+    root["attributes"] = [{"key": "deep", "value": _nested(2000)}]
+    document = {"resourceSpans": [{"scopeSpans": [{"spans": [root]}]}]}
+    with pytest.raises(OtlpDecodeError, match="nested too deeply"):
+        decode_otlp_json(document, where="f:1")
+
+
+def test_a_json_file_whose_line_1_is_not_utf8_is_reported_and_the_next_file_read(tmp_path: Path) -> None:
+    """*.json with bad bytes on line 1 (read as a whole document) was an uncaught UnicodeDecodeError."""
+    bad_file = tmp_path / "a.json"
+    bad_file.write_bytes(b'{"resourceSpans": [\xff\xfe\n]}\n')
+    nested = tmp_path / "b.json"
+    nested.write_bytes(b"[" * 100_000 + b"\n" + b"]" * 100_000)
+    good = tmp_path / "c.jsonl"
+    good.write_bytes(_line(7))
+    items = list(FileSource([bad_file, nested, good]).read())
+    assert [b.where for b in _bad(items)] == [f"{bad_file}:1", f"{nested}:1"]
+    assert _traces(items) == {trace_id(7)}
+
+
+def test_decompressed_size_cap_stops_a_gz_file_and_reads_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A .gz past its decompressed cap: the lines before it are read, one Malformed, the next file read."""
+    monkeypatch.setenv(MAX_DECOMPRESSED_BYTES_ENV, str(64 * 1024))
+    first = tmp_path / "a.jsonl.gz"
+    lines = [_line(i) for i in range(40)]  # ~4 KB each: ~160 KB in all
+    first.write_bytes(gzip.compress(b"".join(lines)))
+    second = tmp_path / "b.jsonl.gz"
+    second.write_bytes(gzip.compress(_line(99)))
+    items = list(FileSource([tmp_path]).read())
+    (bad,) = _bad(items)
+    assert bad.where.startswith(f"{first}:")
+    assert MAX_DECOMPRESSED_BYTES_ENV in bad.reason
+    read_before = [i for i in items if isinstance(i, SpanBatch) and i.position.unit == 0]
+    assert 0 < len(read_before) < 40
+    assert sum(len(line) for line in lines[: len(read_before)]) <= 64 * 1024
+    assert bad.position.line == len(read_before) + 1
+    assert trace_id(99) in _traces(items)
+
+
+def test_protobuf_message_over_the_cap_is_skipped_and_the_rest_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A length prefix over the cap: that message is one Malformed (file:message N), the next ones read."""
+    monkeypatch.setenv(MAX_LINE_BYTES_ENV, str(2**20))
+    big = {"key": "blob", "value": {"stringValue": "y" * 2_000_000}}
+    bodies = [encode_spans(decode_otlp_json(_doc(i, big if i == 2 else None))).SerializeToString() for i in (1, 2, 3)]
+    for name, opener in (("t.pb", open), ("t.pb.gz", gzip.open)):
+        path = tmp_path / name
+        with opener(path, "wb") as out:
+            for body in bodies:
+                out.write(struct.pack(">I", len(body)) + body)
+            out.write(struct.pack(">I", 3_000_000_000))  # a lying prefix at the end: 3 GB
+        items = list(FileSource([path]).read())
+        assert [b.where for b in _bad(items)] == [f"{path}:message 2", f"{path}:message 4"], name
+        assert "3,000,000,000 bytes" in _bad(items)[1].reason
+        assert _traces(items) == {trace_id(1), trace_id(3)}
+
+
+def test_bad_cap_settings_are_clear_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(_line(1))
+    monkeypatch.setenv(MAX_LINE_BYTES_ENV, "lots")
+    with pytest.raises(SourceError, match=MAX_LINE_BYTES_ENV):
+        FileSource([path])
+    monkeypatch.setenv(MAX_LINE_BYTES_ENV, "16_777_216")
+    assert FileSource([path]).max_line_bytes == 16 * 2**20
+
+
+# --- the gzip bomb: peak memory, measured in a subprocess ---------------------------------------
+
+BOMB_LINE_BYTES = 300 * 2**20
+
+
+def _write_bomb(path: Path) -> None:
+    """Good trace, then one ~300 MB JSON line (a few hundred KB compressed), then a good trace."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip framing
+    chunk = b"a" * 2**20
+    with path.open("wb") as out:
+        out.write(compressor.compress(_line(1)))
+        out.write(compressor.compress(b'{"resourceSpans":[],"padding":"'))
+        for _ in range(BOMB_LINE_BYTES // len(chunk)):
+            out.write(compressor.compress(chunk))
+        out.write(compressor.compress(b'"}\n'))
+        out.write(compressor.compress(_line(2)))
+        out.write(compressor.flush())
+
+
+def _read_and_measure(path: str) -> dict[str, Any]:
+    """Read the file; the growth of peak RSS while reading (ru_maxrss is a high-water mark)."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    items = list(FileSource([path]).read())
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "growth_mb": (after - before) / 1024,
+        "bad": [[b.where, b.reason] for b in _bad(items)],
+        "traces": sorted(_traces(items)),
+    }
+
+
+def test_gzip_bomb_line_is_skipped_in_bounded_memory(tmp_path: Path) -> None:
+    """A ~300 KB .gz holding a 300 MB line: skipped with a Malformed, peak RSS grows < 48 MB
+    (the old reader held the whole line and parsed it: well over 600 MB)."""
+    path = tmp_path / "bomb.jsonl.gz"
+    _write_bomb(path)
+    assert path.stat().st_size < 2 * 2**20
+    code = (
+        "import json, sys\n"
+        "from tests.backfill.test_sources_hostile import _read_and_measure\n"
+        "print(json.dumps(_read_and_measure(sys.argv[1])))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", MAX_LINE_BYTES_ENV: str(8 * 2**20)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["growth_mb"] < 48, result
+    assert result["traces"] == sorted([trace_id(1), trace_id(2)])
+    assert [where for where, _ in result["bad"]] == [f"{path}:2"]
+    assert MAX_LINE_BYTES_ENV in result["bad"][0][1]
