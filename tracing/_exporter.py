@@ -20,9 +20,11 @@ trace ``grace_s`` after that (children that end after their root still make it) 
   times the default path's CPU (see bench/results/exporter.json, ``ours_filter``).
 
 A sender thread drains the queue in batches into the sink (keeping only the span attributes
-the transform reads), retrying with capped exponential backoff. Every bound drops the oldest
-(or the newest, for the hand-off queue) and counts it under ``stats()["dropped"]``. After
-``shutdown()`` nothing is sent any more.
+the transform reads), retrying with capped exponential backoff. When the trace buffer is full a
+trace whose root already ended is completed early (it is deliverable) rather than dropped; only
+when none has, the oldest unfinished trace is dropped. The hand-off queue is bounded in runs and
+in bytes and drops the newest. Every drop is counted by reason under ``stats()["dropped"]``.
+After ``shutdown()`` nothing is sent any more.
 """
 
 from __future__ import annotations
@@ -106,6 +108,10 @@ def spans_request(
 # enqueued at, approximate JSON size of the spans). The sender builds its ScoreRequest: one
 # object queued instead of four.
 _Shipment = tuple[list[SpanRecord], str, list[str], float, int]
+# A built request (a rule's filter or delay_s made it) and its approximate JSON size. Both forms
+# end with the size, which the byte bound of the hand-off queue reads.
+_Built = tuple[ScoreRequest, int]
+_Queued = _Shipment | _Built
 
 
 @dataclass(slots=True)
@@ -136,10 +142,13 @@ class ScoringSpanExporter(SpanExporter):
 
     Bounds: ``max_traces`` buffered traces, ``max_spans_per_trace`` spans each, traces older
     than ``max_trace_age_s`` without an ended agent/root span are dropped; ``queue_size``
-    requests wait for the sink (plus those held back by a rule's ``delay_s``). A batch holds up
-    to ``batch_size`` requests and, roughly, ``max_batch_bytes`` of span records (keep it under
-    the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES``, 8 MiB by default). ``clock``
-    (monotonic seconds) is injectable so tests drive the grace window without sleeping.
+    requests wait for the sink (plus those held back by a rule's ``delay_s``), and together no
+    more than ``max_queue_bytes`` of span records (approximate JSON size: with the broker down,
+    large traces cannot grow the application past it). A batch holds up to ``batch_size``
+    requests and, roughly, ``max_batch_bytes`` of span records (keep it under the workers'
+    ``TRACESCORE_MAX_PAYLOAD_BYTES``, 8 MiB by default). ``shutdown()`` takes at most
+    ``shutdown_timeout_s`` (whatever timeout the SDK passes), plus one sink attempt under way.
+    ``clock`` (monotonic seconds) is injectable so tests drive the grace window without sleeping.
     """
 
     def __init__(
@@ -152,6 +161,7 @@ class ScoringSpanExporter(SpanExporter):
         max_trace_age_s: float = 300.0,
         grace_s: float = 2.0,
         queue_size: int = 10_000,
+        max_queue_bytes: int = 64 * 1024 * 1024,
         batch_size: int = 50,
         max_batch_bytes: int = 4 * 1024 * 1024,
         flush_interval_s: float = 0.5,
@@ -169,6 +179,7 @@ class ScoringSpanExporter(SpanExporter):
             ("max_traces", max_traces),
             ("max_spans_per_trace", max_spans_per_trace),
             ("queue_size", queue_size),
+            ("max_queue_bytes", max_queue_bytes),
             ("batch_size", batch_size),
             ("max_batch_bytes", max_batch_bytes),
         ):
@@ -208,12 +219,20 @@ class ScoringSpanExporter(SpanExporter):
         self._unsampled: OrderedDict[int, None] = OrderedDict()
         self._all_sampled = all(r.sample_rate >= 1.0 for r in rules)
         self._all_groups = _scorer_groups(rules)
-        self._delayed: list[tuple[float, int, ScoreRequest]] = []
+        self._delayed: list[tuple[float, int, ScoreRequest, int]] = []
         self._seq = itertools.count()
+        # Buffered traces whose agent/root span ended, oldest first: when the buffer is full
+        # the oldest of these is completed early instead of an unfinished trace being dropped.
+        self._due_order: OrderedDict[int, None] = OrderedDict()
+        # Traces taken from a full buffer that way, waiting for the flusher to complete them.
+        self._ready: list[_Trace] = []
         # The hand-off queue, guarded by _lock: the sender waits on _has_work (no polling) and
         # takes a batch and counts it in flight in one step (so _wait_idle never sees neither).
-        self._pending: deque[ScoreRequest | _Shipment] = deque()
+        self._pending: deque[_Queued] = deque()
         self._queue_size = queue_size
+        self._max_queue_bytes = max_queue_bytes
+        # Approximate JSON size of the records in _ready, _pending and _delayed.
+        self._queued_bytes = 0
         self._has_work = threading.Condition(self._lock)
         self._inflight = 0
         self._idle = threading.Condition(self._lock)
@@ -241,8 +260,8 @@ class ScoringSpanExporter(SpanExporter):
         # Set by shutdown() once it counted what is left as dropped (the sender must not again).
         self._gave_up = False
         self._stop = threading.Event()
-        # Set when a trace is due at once (grace_s == 0): the flusher reads it right away, so
-        # its spans do not stay alive (and keep the GC busy) until the next interval.
+        # Set when the flusher has work at once (a trace due with grace_s == 0, a new trace while
+        # it sleeps idle, a trace taken from a full buffer): export() wakes it once per batch.
         self._wake = threading.Event()
         self._due_now = False
         # Set (under _lock) while the flusher sleeps with nothing buffered or delayed: it then
@@ -321,8 +340,7 @@ class ScoringSpanExporter(SpanExporter):
                         self._unsampled.popitem(last=False)
                     return
             if len(self._traces) >= self._max_traces:
-                self._traces.popitem(last=False)
-                self._drop("max_traces")
+                self._make_room()
             entry = self._traces[tid] = _Trace(trace_id=trace_id, first_seen=now, rules=rules)
             if self._flusher_idle:  # woken once per batch, by export()
                 self._flusher_idle = False
@@ -357,10 +375,40 @@ class ScoringSpanExporter(SpanExporter):
                 entry.judge_ids = set()
             entry.judge_ids.add(record.span_id)
         if is_root or kind == "agent":
+            if entry.due is None:
+                self._due_order[tid] = None
             entry.due = now + self._grace
-            self._due_now = not self._grace
+            if not self._grace:  # never cleared here: that lost the wake of an idle flusher
+                self._due_now = True
+
+    def _make_room(self) -> None:
+        """The buffer is full: hand the oldest trace whose root ended to the flusher (it is
+        complete but for late children), else drop the oldest unfinished trace."""
+        while self._due_order:
+            tid, _ = self._due_order.popitem(last=False)
+            entry = self._traces.pop(tid, None)
+            if entry is not None:
+                reason = self._queue_reason(entry.size)
+                if reason:
+                    self._drop(reason)
+                else:
+                    self._ready.append(entry)
+                    self._queued_bytes += entry.size
+                    self._due_now = True
+                return
+        self._traces.popitem(last=False)
+        self._drop("max_traces")
+
+    def _queue_reason(self, size: int, n: int = 1) -> str | None:
+        """Why ``n`` more items of ``size`` bytes do not fit the hand-off queue, or None."""
+        if len(self._pending) + len(self._ready) + n > self._queue_size:
+            return "queue_full"
+        if self._queued_bytes + size > self._max_queue_bytes:
+            return "queue_bytes"
+        return None
 
     def _guard(self, tid: int) -> None:
+        self._due_order.pop(tid, None)
         if self._traces.pop(tid, None) is not None or tid not in self._guarded:
             self._skipped.add("loop_guard")
         self._guarded[tid] = None
@@ -394,7 +442,10 @@ class ScoringSpanExporter(SpanExporter):
         once stopped, and a ``CelerySink`` refuses sends once closed. Closing waits for a send
         already under way (bounded by the sink's own timeouts), so none lands after this returns.
         """
-        timeout_s = self._shutdown_timeout if timeout_millis is None else timeout_millis / 1000
+        # The SDK passes what is left of its own 30 s: a down broker must not hold the app that long.
+        timeout_s = self._shutdown_timeout
+        if timeout_millis is not None:
+            timeout_s = min(timeout_s, timeout_millis / 1000)
         deadline = time.monotonic() + timeout_s
         with self._lock:
             if self._closed:
@@ -405,12 +456,14 @@ class ScoringSpanExporter(SpanExporter):
             with self._lock:
                 left = len(self._traces)
                 self._traces.clear()
-                delayed = [r for _, _, r in sorted(self._delayed)]
+                self._due_order.clear()
+                delayed = [(r, n) for _, _, r, n in sorted(self._delayed, key=lambda d: d[:2])]
                 self._delayed.clear()
+                self._queued_bytes -= sum(n for _, n in delayed)
                 if left:
                     self._drop("shutdown_incomplete_trace", left)
-            for request in delayed:  # held back by delay_s: better early than never
-                self._enqueue(request)
+            for request, size in delayed:  # held back by delay_s: better early than never
+                self._enqueue(request, size)
             self._wait_idle(deadline)
         finally:
             with self._lock:
@@ -431,6 +484,7 @@ class ScoringSpanExporter(SpanExporter):
                 # here once (the sender no longer counts what it finishes after this).
                 unsent = len(self._pending) + self._inflight
                 self._pending.clear()
+                self._queued_bytes = 0
                 self._gave_up = True
                 if unsent:
                     self._drop("shutdown_unsent", unsent)
@@ -453,18 +507,22 @@ class ScoringSpanExporter(SpanExporter):
     def _process_pass(self, force: bool) -> int:
         now = self._clock()
         due: list[int] = []
-        ready: list[ScoreRequest] = []
+        ready: list[tuple[ScoreRequest, int]] = []
         with self._lock:
+            # Taken from a full buffer: the oldest, completed first.
+            taken, self._ready = self._ready, []
+            self._queued_bytes -= sum(entry.size for entry in taken)
             for tid, entry in self._traces.items():
                 if entry.due is not None and (force or entry.due <= now):
                     due.append(tid)
                 elif entry.due is None and now - entry.first_seen >= self._max_age:
                     due.append(-tid - 1)  # expired: marked by sign, dropped below
             while self._delayed and ((force and self._closed) or self._delayed[0][0] <= now):
-                ready.append(heapq.heappop(self._delayed)[2])
-        for request in ready:
-            self._enqueue(request)
-        taken: list[_Trace] = []
+                _, _, request, size = heapq.heappop(self._delayed)
+                self._queued_bytes -= size
+                ready.append((request, size))
+        for request, size in ready:
+            self._enqueue(request, size)
         with self._lock:
             for tid in due:
                 if tid < 0:
@@ -473,6 +531,7 @@ class ScoringSpanExporter(SpanExporter):
                     continue
                 found = self._traces.pop(tid, None)
                 if found is not None:
+                    self._due_order.pop(tid, None)
                     taken.append(found)
         # Completed one at a time, each dropped when done: its records become garbage at
         # once instead of surviving (and being promoted by the GC) until the end. What they
@@ -519,7 +578,7 @@ class ScoringSpanExporter(SpanExporter):
             size = entry.size if len(spans) == len(records) else sum(compact(r) for r in spans)
             for delay, ids in groups:
                 if delay > 0:
-                    self._submit(spans_request(spans, target.span_id, ids), delay, now)
+                    self._submit(spans_request(spans, target.span_id, ids), size, delay, now)
                 else:  # the request is built by the sender: fewer objects live in the queue
                     out.append((spans, target.span_id, ids, stamp, size))
 
@@ -535,13 +594,21 @@ class ScoringSpanExporter(SpanExporter):
             if self._stop.is_set():  # shut down: the sender is gone, nothing may be sent any more
                 self._drop("shutdown_unsent", len(shipments))
                 return
-            room = self._queue_size - len(self._pending)
+            room = self._queue_size - len(self._pending) - len(self._ready)
             if room < len(shipments):  # the newest are dropped, as _enqueue drops them
                 self._drop("queue_full", len(shipments) - max(room, 0))
                 shipments = shipments[: max(room, 0)]
-            if shipments:
-                self._pending.extend(shipments)
-                self._runs_enqueued += len(shipments)
+            kept = 0
+            for shipment in shipments:
+                size = shipment[4]
+                if self._queued_bytes + size > self._max_queue_bytes:
+                    self._drop("queue_bytes")  # a smaller one after it may still fit
+                    continue
+                self._pending.append(shipment)
+                self._queued_bytes += size
+                kept += 1
+            if kept:
+                self._runs_enqueued += kept
                 self._has_work.notify()
 
     def _complete_in_app(self, entry: _Trace, now: float) -> None:
@@ -570,9 +637,10 @@ class ScoringSpanExporter(SpanExporter):
                 continue
             with self._lock:
                 self._runs_read_in_app += 1
-            self._route(result, entry.rules, now)
+            # The run is read from the trace's records: their size bounds its own, roughly.
+            self._route(result, entry.rules, now, entry.size)
 
-    def _route(self, run: TracedRun, rules: Sequence[ScoringRule], now: float) -> None:
+    def _route(self, run: TracedRun, rules: Sequence[ScoringRule], now: float, size: int) -> None:
         kept: list[ScoringRule] = []
         for rule in rules:
             if rule.filter is not None:
@@ -591,28 +659,31 @@ class ScoringSpanExporter(SpanExporter):
                 self._skipped.add("filtered_out")
             return
         for delay, ids in _scorer_groups(kept):
-            self._submit(ScoreRequest(run=run, scorer_ids=ids), delay, now)
+            self._submit(ScoreRequest(run=run, scorer_ids=ids), size, delay, now)
 
-    def _submit(self, request: ScoreRequest, delay: float, now: float) -> None:
+    def _submit(self, request: ScoreRequest, size: int, delay: float, now: float) -> None:
         if delay > 0:
             with self._lock:
                 if len(self._delayed) >= self._queue_size:
                     self._drop("delay_queue_full")
                     return
-                heapq.heappush(self._delayed, (now + delay, next(self._seq), request))
+                if self._queued_bytes + size > self._max_queue_bytes:
+                    self._drop("queue_bytes")
+                    return
+                heapq.heappush(self._delayed, (now + delay, next(self._seq), request, size))
+                self._queued_bytes += size
         else:
-            self._enqueue(request)
+            self._enqueue(request, size)
 
-    def _enqueue(self, request: ScoreRequest | _Shipment) -> None:
-        if isinstance(request, ScoreRequest):
-            request.enqueued_at = time.time()
+    def _enqueue(self, request: ScoreRequest, size: int) -> None:
+        request.enqueued_at = time.time()
         with self._lock:
-            if self._stop.is_set():  # shut down: the sender is gone, nothing may be sent any more
-                self._drop("shutdown_unsent")
-            elif len(self._pending) >= self._queue_size:
-                self._drop("queue_full")
+            reason = "shutdown_unsent" if self._stop.is_set() else self._queue_reason(size)
+            if reason:  # after shutdown the sender is gone: nothing may be sent any more
+                self._drop(reason)
             else:
-                self._pending.append(request)
+                self._pending.append((request, size))
+                self._queued_bytes += size
                 self._runs_enqueued += 1
                 self._has_work.notify()
 
@@ -623,7 +694,7 @@ class ScoringSpanExporter(SpanExporter):
             # Not during a pass (tick/force_flush in another thread): one may have taken the
             # last traces and not yet queued their delayed requests.
             with self._process_lock, self._lock:
-                self._flusher_idle = idle = not self._traces and not self._delayed
+                self._flusher_idle = idle = not self._traces and not self._delayed and not self._ready
             # Idle: nothing can become due or expire until export() files a trace (and wakes
             # us); a wake between the check and the wait leaves the event set.
             self._wake.wait(None if idle else self._interval)
@@ -635,14 +706,24 @@ class ScoringSpanExporter(SpanExporter):
             except Exception as exc:
                 log.error("exporter_flusher_failed", error=repr(exc))
 
-    def _take_batch(self) -> list[ScoreRequest | _Shipment]:
+    def _take_batch(self) -> list[_Queued]:
+        """Up to ``batch_size`` items and about ``max_batch_bytes``: what is in flight (outside
+        the queue's byte bound while the sink is down) stays one batch's worth."""
         with self._lock:
             while not self._pending and not self._stop.is_set():
                 self._has_work.wait()
             if self._stop.is_set():
                 return []
             pending = self._pending
-            batch = [pending.popleft() for _ in range(min(len(pending), self._batch_size))]
+            batch: list[_Queued] = []
+            size = 0
+            while pending and len(batch) < self._batch_size:
+                n = pending[0][-1]
+                if batch and size + n > self._max_batch_bytes:
+                    break
+                batch.append(pending.popleft())
+                size += n
+            self._queued_bytes -= size
             self._inflight += len(batch)
             return batch
 
@@ -676,7 +757,7 @@ class ScoringSpanExporter(SpanExporter):
                         self._drop("send_failed", left)
                     self._idle.notify_all()
 
-    def _chunks(self, items: list[ScoreRequest | _Shipment]) -> Iterator[list[ScoreRequest]]:
+    def _chunks(self, items: list[_Queued]) -> Iterator[list[ScoreRequest]]:
         """Requests of the taken items, their span records compacted (the hand-off carries only
         what the worker's transform reads; shipments were compacted when filed and carry their
         size), in batches of at most ``max_batch_bytes`` (roughly:
@@ -684,9 +765,10 @@ class ScoringSpanExporter(SpanExporter):
         chunk: list[ScoreRequest] = []
         size = 0
         for item in items:
-            if isinstance(item, ScoreRequest):
-                request = item
-                n = sum(compact(record) for record in request.spans) if request.spans else 0
+            if len(item) == 2:
+                request, n = item
+                if request.spans:  # compacted now: only what the worker reads travels
+                    n = sum(compact(record) for record in request.spans)
             else:  # filed compacted: its size is known
                 spans, target_span_id, scorer_ids, enqueued_at, n = item
                 request = spans_request(spans, target_span_id, scorer_ids, enqueued_at)
@@ -720,7 +802,7 @@ class ScoringSpanExporter(SpanExporter):
 
     def _wait_idle(self, deadline: float) -> bool:
         with self._idle:
-            while self._pending or self._inflight:
+            while self._pending or self._ready or self._inflight:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -738,11 +820,14 @@ class ScoringSpanExporter(SpanExporter):
         filter; the others travel as spans and the worker reads them); ``runs_enqueued`` and
         ``runs_sent`` (score requests: one per run and distinct ``delay_s``);
         ``batches_sent``; ``send_failures`` (sink attempts that raised, each retried);
-        ``queue_depth`` (waiting for or in the sink); ``delayed`` (held by ``delay_s``);
-        ``dropped`` by reason (``max_traces``, ``max_spans_per_trace``, ``max_trace_age``,
-        ``queue_full``, ``delay_queue_full``, ``shutdown_incomplete_trace``, ``shutdown_unsent``,
-        ``send_failed``, ``no_context``); ``skipped`` by reason (``sampled_out``, ``loop_guard``, ``no_target``,
-        ``filtered_out``); ``errors`` by reason (``TraceReadError.reason`` values such as
+        ``queue_depth`` (waiting for or in the sink); ``queue_bytes`` (approximate JSON size of
+        what waits, bounded by ``max_queue_bytes``); ``delayed`` (held by ``delay_s``);
+        ``dropped`` by reason: traces (``max_traces``: the buffer was full of unfinished traces,
+        ``max_trace_age``, ``shutdown_incomplete_trace``), spans (``max_spans_per_trace``,
+        ``no_context``) and runs (``queue_full`` and ``queue_bytes``: the hand-off queue's run and
+        byte bounds, ``delay_queue_full``, ``shutdown_unsent``, ``send_failed``); ``skipped`` by
+        reason (``sampled_out``, ``loop_guard``, ``no_target``, ``filtered_out``); ``errors`` by
+        reason (``TraceReadError.reason`` values such as
         ``bad_json`` / ``bad_message`` / ``unknown_role`` / ``no_content`` for runs read here
         — a trace shipped as spans that the worker cannot read becomes error score records
         there — and ``filter``, ``export``, ``flush``, ``send``, ``internal``)."""
@@ -757,7 +842,8 @@ class ScoringSpanExporter(SpanExporter):
                 "runs_sent": self._runs_sent,
                 "batches_sent": self._batches_sent,
                 "send_failures": self._send_failures,
-                "queue_depth": len(self._pending) + self._inflight,
+                "queue_depth": len(self._pending) + len(self._ready) + self._inflight,
+                "queue_bytes": self._queued_bytes,
                 "delayed": len(self._delayed),
                 "dropped": dict(self._dropped),
                 "skipped": dict(self._skipped),

@@ -97,18 +97,39 @@ def test_span_after_grace_is_not_in_the_run(exporter: ScoringSpanExporter, clock
     assert exporter.stats()["dropped"] == {"max_trace_age": 1}
 
 
-def test_max_traces_drops_oldest(clock: FakeClock, sink: Recording) -> None:
-    """Over max_traces the oldest buffered trace is dropped and counted."""
+def test_max_traces_completes_finished_traces_early(clock: FakeClock, sink: Recording) -> None:
+    """Over max_traces a trace whose root ended is completed early (before its grace window),
+    not dropped: the flusher ships it without force_flush or a clock move."""
     exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_traces=2, clock=clock)
     try:
         recs = [Recorder() for _ in range(3)]
         ids = [agent_trace(r, question=f"q{i}") for i, r in enumerate(recs)]
         for r in recs:
             exp.export(r.spans())
-        assert exp.stats()["dropped"] == {"max_traces": 1}
+        assert wait_for(lambda: [r.trace_id for r in sink.requests] == ids[:1])
+        assert exp.stats()["dropped"] == {}
         assert exp.stats()["traces_buffered"] == 2
         assert exp.force_flush(5000)
+        assert sorted(r.trace_id for r in sink.requests) == sorted(ids)
+    finally:
+        exp.shutdown(2000)
+
+
+def test_max_traces_drops_oldest_unfinished(clock: FakeClock, sink: Recording) -> None:
+    """Over max_traces with no finished trace buffered, the oldest unfinished one is dropped
+    and counted; a finished one later is still delivered."""
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_traces=2, clock=clock)
+    try:
+        recs = [Recorder() for _ in range(3)]
+        ids = [agent_trace(r, question=f"q{i}") for i, r in enumerate(recs)]
+        for r in recs:  # children only: no root ended yet
+            exp.export([s for s in r.spans() if s.name == "chat m"])
+        assert exp.stats()["dropped"] == {"max_traces": 1}
+        for r in recs[1:]:
+            exp.export([s for s in r.spans() if s.name != "chat m"])
+        assert exp.force_flush(5000)
         assert sorted(r.trace_id for r in sink.requests) == sorted(ids[1:])
+        assert exp.stats()["dropped"] == {"max_traces": 1}
     finally:
         exp.shutdown(2000)
 

@@ -1,0 +1,271 @@
+"""ScoringSpanExporter behind a real BatchSpanProcessor, in real time: traces that trickle in are
+handed off by the exporter's own threads (no force_flush), a burst through a small buffer loses
+nothing deliverable, ``TracerProvider.shutdown()`` keeps the exporter's deadline with the broker
+down, and the hand-off queue is bounded in bytes.
+
+Intervals are shortened through constructor arguments (grace 0.2 s, flush interval 0.1 s, the
+processor's schedule delay 0.1 s) but stay real: background threads do every hand-off.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import tracemalloc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from tests._redis import RedisServer
+from tests.tracing._exporting import read, wait_for
+from tests.tracing._spans import genai_messages
+from tracing import CallbackSink, CelerySink, ScoreBatch, ScoringRule, ScoringSpanExporter
+
+GRACE_S = 0.2
+FLUSH_S = 0.1
+SCHEDULE_S = 0.1
+# What a loaded 2-core machine may add to a hand-off (thread wake-ups, GC, other test runs).
+SLACK_S = 1.5
+DROP_REASONS = {"max_traces", "queue_full", "queue_bytes"}
+
+
+class Arrivals:
+    """A sink target that stamps when each trace's request arrived (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, float] = {}
+        self.batches: list[ScoreBatch] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: ScoreBatch) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.batches.append(batch)
+            for request in batch.requests:
+                assert request.trace_id is not None
+                self.at.setdefault(request.trace_id, now)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.at)
+
+
+class App:
+    """An application's tracer provider with the exporter behind a real BatchSpanProcessor."""
+
+    def __init__(self, exporter: ScoringSpanExporter, **bsp: Any) -> None:
+        self.exporter = exporter
+        self.provider = TracerProvider(resource=Resource.create({"service.name": "shop-app"}))
+        bsp.setdefault("schedule_delay_millis", SCHEDULE_S * 1000)
+        self.provider.add_span_processor(BatchSpanProcessor(exporter, **bsp))
+        self.tracer = self.provider.get_tracer("my.app")
+
+    def agent_run(self, question: str, *, pause_s: float = 0.0, content: str = "") -> tuple[str, float]:
+        """One agent run (agent → chat → tool); returns its trace id and when its root ended.
+        ``pause_s`` sleeps between the spans so they reach the exporter in separate batches."""
+        with self.tracer.start_as_current_span(
+            "invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}
+        ) as root:
+            with self.tracer.start_as_current_span(
+                "chat m",
+                attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.input.messages": genai_messages(("user", question + content)),
+                    "gen_ai.output.messages": genai_messages(("assistant", f"answer to {question}")),
+                },
+            ):
+                pass
+            time.sleep(pause_s)
+            with self.tracer.start_as_current_span(
+                "execute_tool t", attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"}
+            ):
+                pass
+            time.sleep(pause_s)
+        return format(root.get_span_context().trace_id, "032x"), time.monotonic()
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+@pytest.fixture
+def arrivals() -> Arrivals:
+    return Arrivals()
+
+
+@pytest.fixture
+def app(arrivals: Arrivals) -> Iterator[App]:
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["s"])], CallbackSink(arrivals), grace_s=GRACE_S, flush_interval_s=FLUSH_S
+    )
+    application = App(exporter)
+    try:
+        yield application
+    finally:
+        application.shutdown()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_trickling_traces_are_handed_off_while_the_app_runs(app: App, arrivals: Arrivals) -> None:
+    """One agent run every 0.5 s: each reaches the sink within grace + flush interval + the
+    processor's delay (plus slack), with no force_flush. (The flusher's wake-up used to be lost
+    when a trace's first span and its root came in one batch: nothing left before shutdown.)"""
+    bound = GRACE_S + FLUSH_S + SCHEDULE_S + SLACK_S
+    for i in range(4):
+        trace_id, ended = app.agent_run(f"question {i}")
+        assert wait_for(lambda t=trace_id: t in arrivals.at, bound + 5), f"run {i} was not handed off"
+        assert arrivals.at[trace_id] - ended <= bound, f"run {i} took {arrivals.at[trace_id] - ended:.2f}s"
+        time.sleep(0.5)
+    stats = app.exporter.stats()
+    assert (stats["traces_completed"], stats["runs_sent"], stats["dropped"]) == (4, 4, {})
+
+
+def test_a_run_spread_over_several_batches_is_handed_off(app: App, arrivals: Arrivals) -> None:
+    """Spans of one run that reach the exporter across several batches (a slow agent), then a
+    quiet app: the run is complete and handed off within the bound after its root ends."""
+    bound = GRACE_S + FLUSH_S + SCHEDULE_S + SLACK_S
+    trace_id, ended = app.agent_run("slow", pause_s=3 * SCHEDULE_S)
+    assert wait_for(lambda: trace_id in arrivals.at, bound + 5)
+    assert arrivals.at[trace_id] - ended <= bound
+    (request,) = [r for b in arrivals.batches for r in b.requests]
+    assert {s.name for s in request.spans or []} == {"invoke_agent a", "chat m", "execute_tool t"}
+    assert read(request).input.input_messages[0].text == "slow"
+
+
+def test_flood_through_a_small_buffer_drops_nothing_deliverable(arrivals: Arrivals) -> None:
+    """A burst of 600 runs through a 16-trace buffer: every run is delivered, none dropped (the
+    buffer used to drop its oldest traces, which were finished and only waiting for the grace
+    window)."""
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["s"])], CallbackSink(arrivals), grace_s=GRACE_S, flush_interval_s=FLUSH_S, max_traces=16
+    )
+    app = App(exporter, max_queue_size=8192)
+    try:
+        ids = [app.agent_run(f"q{i}")[0] for i in range(600)]
+        assert wait_for(lambda: arrivals.count() == len(ids), 30), exporter.stats()
+        assert set(arrivals.at) == set(ids)
+        stats = exporter.stats()
+        assert stats["dropped"] == {}
+        assert stats["traces_completed"] == stats["runs_sent"] == len(ids)
+    finally:
+        app.shutdown()
+
+
+def test_flood_with_a_stuck_sink_counts_every_drop_by_reason() -> None:
+    """The same burst with a sink that blocks and a small queue: what cannot be kept is dropped,
+    and every run is either sent or counted under a drop reason; export never blocks."""
+    release = threading.Event()
+    arrivals = Arrivals()
+
+    def stuck(batch: ScoreBatch) -> None:
+        release.wait(30)
+        arrivals(batch)
+
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["s"])], CallbackSink(stuck), grace_s=GRACE_S, flush_interval_s=FLUSH_S,
+        max_traces=16, queue_size=40, batch_size=10,
+    )  # fmt: skip
+    app = App(exporter, max_queue_size=8192)
+    try:
+        started = time.monotonic()
+        n = 400
+        for i in range(n):
+            app.agent_run(f"q{i}")
+        assert time.monotonic() - started < 20  # the app was never held up by the stuck sink
+
+        def settled() -> bool:
+            s = exporter.stats()
+            return s["traces_buffered"] == 0 and s["spans_seen"] == 3 * n
+
+        assert wait_for(settled, 30), exporter.stats()
+        stats = exporter.stats()
+        assert stats["dropped"], stats
+        assert set(stats["dropped"]) <= DROP_REASONS, stats
+        release.set()
+        assert wait_for(lambda: exporter.stats()["queue_depth"] == 0, 30)
+        stats = exporter.stats()
+        assert stats["runs_sent"] == arrivals.count()
+        assert arrivals.count() + sum(stats["dropped"].values()) == n, stats
+        assert arrivals.count() >= 40  # a full queue's worth was kept and sent
+    finally:
+        release.set()
+        app.shutdown()
+
+
+@pytest.mark.parametrize("broker", ["closed_port", "stopped_redis"])
+def test_provider_shutdown_with_the_broker_down_keeps_the_exporter_deadline(
+    broker: str, redis_server: RedisServer
+) -> None:
+    """``TracerProvider.shutdown()`` (which passes the SDK's 30 s) returns within the exporter's
+    ``shutdown_timeout_s`` plus a little when the broker is down; the unsent runs are counted."""
+    if broker == "closed_port":
+        url = f"redis://127.0.0.1:{_closed_port()}/3"
+        restart = False
+    else:
+        url, restart = redis_server.url(3), True
+        redis_server.stop()
+    try:
+        sink = CelerySink(url, queue="tracescore-h2-shutdown", connect_timeout_s=0.5, publish_timeout_s=0.5)
+        exporter = ScoringSpanExporter(
+            [ScoringRule(["s"])], sink, grace_s=GRACE_S, flush_interval_s=FLUSH_S, shutdown_timeout_s=1.0,
+            retry_initial_s=0.05, retry_max_s=0.2,
+        )  # fmt: skip
+        app = App(exporter)
+        for i in range(3):
+            app.agent_run(f"q{i}")
+        assert wait_for(lambda: exporter.stats()["send_failures"] >= 1, 10)
+        started = time.monotonic()
+        app.shutdown()
+        took = time.monotonic() - started
+        assert took < 1.0 + 1.5, f"shutdown took {took:.1f}s"
+        stats = exporter.stats()
+        assert stats["runs_sent"] == 0
+        assert stats["dropped"] == {"shutdown_unsent": 3}
+    finally:
+        if restart:
+            redis_server.start()
+
+
+def test_hand_off_queue_is_bounded_in_bytes_with_the_broker_down() -> None:
+    """Large traces with the broker down: the queue holds at most ``max_queue_bytes`` of
+    records, the rest is dropped as ``queue_bytes``, and the process does not grow with them."""
+    limit = 4 * 1024 * 1024
+    big = 256 * 1024
+    n = 120  # 30 MB of message content in all
+    sink = CelerySink(f"redis://127.0.0.1:{_closed_port()}/3", queue="tracescore-h2-bytes", connect_timeout_s=0.2)
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["s"])], sink, grace_s=0.0, flush_interval_s=FLUSH_S, max_queue_bytes=limit,
+        batch_size=5, max_batch_bytes=4 * big, retry_initial_s=0.05, retry_max_s=0.2, shutdown_timeout_s=0.5,
+    )  # fmt: skip
+    app = App(exporter)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        peak_queue = 0
+        for i in range(n):
+            # Built here per run (not interned): each run's content is freed once dropped.
+            app.agent_run(f"q{i}", content=f"{i:07d}" * (big // 7))
+            app.provider.force_flush()  # the processor's: its spans reach export(), nothing more
+            peak_queue = max(peak_queue, exporter.stats()["queue_bytes"])
+        assert wait_for(lambda: exporter.stats()["spans_seen"] == 3 * n and exporter.stats()["traces_buffered"] == 0)
+        held = tracemalloc.get_traced_memory()[0] - base
+        stats = exporter.stats()
+        assert stats["runs_sent"] == 0
+        assert stats["queue_bytes"] <= limit
+        assert peak_queue <= limit
+        assert stats["dropped"].get("queue_bytes", 0) >= n - (limit + 6 * big) // big, stats
+        # The queue's records, one batch in flight and the message being built: not 30 MB.
+        assert held < 2 * limit, f"{held / 1e6:.1f} MB held"
+    finally:
+        tracemalloc.stop()
+        app.shutdown()
+    assert sum(exporter.stats()["dropped"].values()) == n
