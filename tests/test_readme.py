@@ -35,3 +35,22 @@ def test_every_tracescore_command_shown_exists() -> None:
         for word in words:
             if word.startswith("--"):
                 assert word.split("=")[0] in known, f"README shows unknown option {word} in: tracescore {line}"
+
+
+def test_run_command_output_shown_is_what_it_prints() -> None:
+    """The per-scorer table (and first worst run) the README shows under its run command is
+    what the command really prints."""
+    from click.testing import CliRunner
+
+    shown = README.split("<!-- run-output", 1)[1].split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    table, worst = shown[: shown.index("")], shown[shown.index("") + 1 :]
+    traces = str(Path(__file__).parent.parent / "examples" / "traces")
+    result = CliRunner().invoke(
+        cli, ["backfill", traces, "--scorers", "examples.scorers"], env={"TRACESCORE_BROKER_URL": ""}
+    )
+    assert result.exit_code == 0, result.output
+    printed = result.stdout.splitlines()
+    start = printed.index(table[0])  # the header
+    assert printed[start + 2 : start + len(table)] == table[2:], "the README's per-scorer table is stale"
+    assert worst[0] in printed
+    assert any(line.startswith(worst[1][:60]) for line in printed)

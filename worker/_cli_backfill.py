@@ -30,8 +30,18 @@ from worker._cli_common import CliError
 from worker._gc import tuned_gc
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
+from worker._summary import Summary, SummaryScoreWriter
 
-__all__ = ["backfill_command", "parse_time"]
+__all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
+
+# Exit codes beyond the shared ones (README, "Exit codes"): 1 also means "nothing came out"
+# (every score failed, every line malformed); 3 means the workers were not done in time.
+EXIT_WAIT_TIMEOUT = 3
+
+
+class WaitTimeoutError(CliError):
+    exit_code = EXIT_WAIT_TIMEOUT
+
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -158,6 +168,8 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
         "malformed_lines": counters.malformed,
         "malformed_where": counters.malformed_where[:10],
         "evicted_traces": counters.evicted_traces,
+        # Counted by the assembler when a trace's root span came after its window had closed.
+        "late_roots": int(getattr(counters, "late_roots", 0) or 0),
         "elapsed_s": round(elapsed, 3),
         "reading_s": round(state.elapsed_s, 3),
         # ru_maxrss is in KiB on Linux: the backfill process's own peak, whatever the source size.
@@ -200,8 +212,25 @@ def _print_summary(summary: dict[str, Any]) -> None:
         lines.append(f"  malformed lines   {summary['malformed_lines']:,}   ({where}{more})")
     if summary["evicted_traces"]:
         lines.append(f"  traces released early (memory bound) {summary['evicted_traces']:,}")
+    if summary.get("late_roots"):
+        lines.append(
+            f"  late roots        {summary['late_roots']:,}   (root span arrived after the assembly window; "
+            "widen it with --window-spans / --window-files)"
+        )
     lines.append(f"  elapsed           {format_duration(elapsed)} ({elapsed:.2f}s)")
     click.echo("\n".join(lines), err=True)
+
+
+def _check_outcome(summary: dict[str, Any]) -> None:
+    """Exit non-zero when nothing useful came out, after the summary was printed."""
+    if summary["malformed_lines"] and not summary["traces_read"]:
+        raise CliError(
+            f"every input line was malformed ({summary['malformed_lines']:,}; first at "
+            f"{(summary['malformed_where'] or ['?'])[0]}): is this OTLP JSON / protobuf?"
+        )
+    if summary.get("failed") and not summary.get("scored"):
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary["failed_by_reason"].items()))
+        raise CliError(f"every score failed ({summary['failed']:,}{'; ' + reasons if reasons else ''})")
 
 
 def _wait_for_workers(
@@ -258,7 +287,15 @@ def _wait_for_workers(
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Embedded mode: write scores as JSON Lines here instead of the table.",
+    help="Embedded mode: also write every score record as JSON Lines here (for tracescore compare).",
+)
+@click.option("--table", "show_table", is_flag=True, help="Embedded mode: also print one row per score as it is made.")
+@click.option(
+    "--worst",
+    type=click.IntRange(0, 100),
+    default=3,
+    show_default=True,
+    help="Embedded mode: worst runs listed per scorer in the summary.",
 )
 @click.option(
     "--otlp", is_flag=True, help="Embedded mode: also write scores back over OTLP (OTEL_EXPORTER_OTLP_* settings)."
@@ -311,6 +348,8 @@ def backfill_command(
     no_wait: bool,
     wait_timeout: float | None,
     out: Path | None,
+    show_table: bool,
+    worst: int,
     otlp: bool,
     batch_size: int,
     high_water: int,
@@ -323,9 +362,10 @@ def backfill_command(
     """Score stored traces: OTLP JSON/protobuf files (JSON Lines, .gz, directories) or Tempo.
 
     With no broker configured (no --broker, no TRACESCORE_BROKER_URL) the scoring runs in
-    this process and prints a table; with a broker the runs go to the Redis queue in batches
-    and the command waits for the workers (unless --no-wait). Interrupted Redis jobs resume
-    with --resume JOB_ID. Tempo auth or tenant headers come from TRACESCORE_TEMPO_HEADERS
+    this process and prints a summary per scorer (runs, mean, distribution, failures, worst
+    runs; --table adds one row per score, --out writes every record); with a broker the runs
+    go to the Redis queue in batches and the command waits for the workers (unless --no-wait).
+    Interrupted Redis jobs resume with --resume JOB_ID. Tempo auth or tenant headers come from TRACESCORE_TEMPO_HEADERS
     (key=value,key2=value2, like OTEL_EXPORTER_OTLP_HEADERS).
 
     \b
@@ -399,6 +439,8 @@ def backfill_command(
             as_json=as_json,
             out=out,
             otlp=otlp,
+            show_table=show_table,
+            worst=worst,
         )
 
 
@@ -415,6 +457,8 @@ def _start(
     as_json: bool,
     out: Path | None,
     otlp: bool,
+    show_table: bool,
+    worst: int,
 ) -> None:
     if broker:
         _run_redis(
@@ -428,7 +472,17 @@ def _start(
             as_json=as_json,
         )
     else:
-        _run_embedded(source, state, registry, reporter, out=out, otlp=otlp, as_json=as_json)
+        _run_embedded(
+            source,
+            state,
+            registry,
+            reporter,
+            out=out,
+            otlp=otlp,
+            as_json=as_json,
+            show_table=show_table,
+            worst=worst,
+        )
 
 
 def _dry_run(source: TraceSource, state: BackfillState, reporter: ProgressReporter, as_json: bool) -> None:
@@ -441,6 +495,7 @@ def _dry_run(source: TraceSource, state: BackfillState, reporter: ProgressReport
     summary["scores_to_compute"] = state.counters.runs_read * len(state.options.scorer_ids)
     if as_json:
         click.echo(json.dumps(summary))
+        _check_outcome(summary)
         return
     counters = state.counters
     click.echo(
@@ -454,6 +509,12 @@ def _dry_run(source: TraceSource, state: BackfillState, reporter: ProgressReport
         click.echo("unreadable traces: " + ", ".join(f"{k}: {v}" for k, v in sorted(counters.unreadable.items())))
     if counters.malformed:
         click.echo(f"malformed lines: {counters.malformed} ({', '.join(counters.malformed_where[:5])})")
+    if summary["late_roots"]:
+        click.echo(
+            f"late roots: {summary['late_roots']} (root span arrived after the assembly window; "
+            "widen it with --window-spans / --window-files)"
+        )
+    _check_outcome(summary)
 
 
 def _run_embedded(
@@ -465,14 +526,17 @@ def _run_embedded(
     out: Path | None,
     otlp: bool,
     as_json: bool,
+    show_table: bool = False,
+    worst: int = 3,
 ) -> None:
     from worker._embedded import EmbeddedScorer, TableScoreWriter
 
     agents: dict[str, str] = {}
-    writers: list[ScoreWriter] = []
+    by_scorer = Summary({s: registry[s] for s in state.options.scorer_ids}, worst_n=worst)
+    writers: list[ScoreWriter] = [SummaryScoreWriter(by_scorer, agents)]
     if out is not None:
         writers.append(JsonlScoreWriter(out))
-    elif not as_json:
+    if show_table:
         writers.append(TableScoreWriter(sys.stdout, agents=agents, before_write=reporter.clear))
     if otlp:
         writers.append(OtlpScoreWriter())
@@ -500,16 +564,28 @@ def _run_embedded(
         scorer.close()
         reporter.close()
     summary = _summary(state, "embedded", progress, time.monotonic() - started)
+    summary["by_scorer"] = by_scorer.as_json()
     if out is not None:
         summary["out"] = str(out)
     if as_json:
         click.echo(json.dumps(summary))
     _print_summary(summary)
     if out is not None:
-        click.echo(f"  scores written to {out}", err=True)
+        click.echo(f"  scores written to {out} (compare two runs: tracescore compare OLD.jsonl {out})", err=True)
+    # The picture per scorer is the output (stdout); the job's counts above are the footer.
+    click.echo(
+        "\n"
+        + by_scorer.render(
+            title=f"scores by scorer ({state.counters.runs_enqueued:,} runs)",
+            hint="every score as a row: --table · every record to a file: --out scores.jsonl · "
+            "two versions side by side: tracescore compare OLD.jsonl NEW.jsonl",
+        ),
+        err=as_json,
+    )
     if interrupted:
         click.echo("interrupted (embedded jobs keep no state: run the command again to start over)", err=True)
         raise SystemExit(130)
+    _check_outcome(summary)
 
 
 def _run_redis(
@@ -586,6 +662,12 @@ def _run_redis(
     if no_wait and state.status == "enqueued":
         click.echo(
             f"  enqueued; the workers score it. Follow with: tracescore backfill --resume {state.job_id}", err=True
+        )
+    _check_outcome(summary)
+    if not no_wait and wait_timeout is not None and state.status != "finished":
+        raise WaitTimeoutError(
+            f"--wait-timeout {wait_timeout:g}s expired before the workers finished; the job goes on: "
+            f"follow it with tracescore backfill --resume {state.job_id}"
         )
 
 

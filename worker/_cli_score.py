@@ -1,27 +1,36 @@
-"""``tracescore score``: score a JSON Lines file of runs in this process and print a table."""
+"""``tracescore score``: score a JSON Lines file of runs in this process and print a summary.
+
+The file is streamed: runs are read and scored in chunks of ``--chunk`` lines, so memory
+stays bounded whatever the file size; the summary is built as scores come (see
+``worker._summary``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import click
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from worker._cli_common import CliError
 from worker._registry import RegistryError, load_registry
+from worker._summary import RunTable, Summary, cell
 
 __all__ = ["score_command"]
 
+_MESSAGES_SHOWN = 20  # per kind (bad lines, failures) on stderr; all are counted
+
 
 def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
-    """(line number, run) pairs; a line that is not a JSON object yields an error string."""
-    with path.open(encoding="utf-8") as lines:
+    """(line number, run) pairs; a line that is not a run object yields an error string."""
+    with path.open(encoding="utf-8", errors="replace") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -36,14 +45,13 @@ def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
             yield number, run
 
 
-async def _score_all(
-    scorers: list[Scorer], runs: list[tuple[int, dict[str, Any]]], concurrency: int
-) -> list[tuple[int, str, Scorer, ScoreResult | ScorerError]]:
-    gate = asyncio.Semaphore(concurrency)
+Outcome = tuple[int, str, Scorer, ScoreResult | ScorerError]
 
-    async def one(
-        number: int, run: dict[str, Any], scorer: Scorer
-    ) -> tuple[int, str, Scorer, ScoreResult | ScorerError]:
+
+async def _score_chunk(
+    scorers: list[Scorer], runs: list[tuple[int, dict[str, Any]]], gate: asyncio.Semaphore
+) -> list[Outcome]:
+    async def one(number: int, run: dict[str, Any], scorer: Scorer) -> Outcome:
         run_id = str(run.get("run_id") or f"line-{number}")
         async with gate:
             try:
@@ -61,9 +69,47 @@ async def _score_all(
     return await asyncio.gather(*(one(n, r, s) for n, r in runs for s in scorers))
 
 
-def _cell(text: str, width: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _record(number: int, run_id: str, scorer: Scorer, result: ScoreResult | ScorerError) -> dict[str, Any]:
+    """One --out line: ScoreRecord's field names, so ``tracescore compare`` reads both kinds."""
+    record: dict[str, Any] = {
+        "run_id": run_id,
+        "line": number,
+        "scorer_id": scorer.id,
+        "scorer_version": scorer.version,
+    }
+    if isinstance(result, ScoreResult):
+        ns = result.not_scorable
+        record.update(
+            score=result.score,
+            reason=result.reason,
+            not_scorable=f"{ns.get('step', '?')}: {ns.get('reason', '')}" if ns else None,
+        )
+    else:
+        cause = result.cause if isinstance(result, ScorerRunError) else result
+        record.update(
+            score=None,
+            error_type=type(cause).__name__,
+            error_message=str(result),
+            failed_step=getattr(result, "failed_step", None),
+        )
+    return record
+
+
+class _Limited:
+    """Messages to stderr, the first few of each kind; the rest are only counted."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.count = 0
+
+    def __call__(self, message: str) -> None:
+        self.count += 1
+        if self.count <= _MESSAGES_SHOWN:
+            click.echo(message, err=True)
+
+    def close(self) -> None:
+        if self.count > _MESSAGES_SHOWN:
+            click.echo(f"… and {self.count - _MESSAGES_SHOWN:,} more {self.what} (not shown)", err=True)
 
 
 @click.command("score")
@@ -71,14 +117,43 @@ def _cell(text: str, width: int) -> str:
 @click.option("--scorers", "module", required=True, help="Module that defines the scorers, e.g. examples.scorers.")
 @click.option("--scorer", "only", multiple=True, help="Only this scorer id (repeatable).")
 @click.option("--concurrency", default=32, show_default=True, help="Runs scored at once.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON result per line instead of a table.")
-def score_command(runs_file: Path, module: str, only: tuple[str, ...], concurrency: int, as_json: bool) -> None:
-    """Score the runs in RUNS_FILE (JSON Lines of {input, output, ...}) right here, no broker.
+@click.option(
+    "--chunk",
+    type=click.IntRange(1),
+    default=1000,
+    show_default=True,
+    help="Lines read and scored at a time (memory stays bounded by this).",
+)
+@click.option("--table", "show_table", is_flag=True, help="Also print one row per score as it is made.")
+@click.option(
+    "--worst", type=click.IntRange(0, 100), default=3, show_default=True, help="Worst runs listed per scorer."
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every score record as JSON Lines here (for tracescore compare).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON result per line on stdout; the summary goes to stderr."
+)
+def score_command(
+    runs_file: Path,
+    module: str,
+    only: tuple[str, ...],
+    concurrency: int,
+    chunk: int,
+    show_table: bool,
+    worst: int,
+    out: Path | None,
+    as_json: bool,
+) -> None:
+    """Score the runs in RUNS_FILE (JSON Lines of {input, output, ...}) right here, no broker,
+    and print a summary per scorer: runs, mean, distribution, failures and the worst runs.
 
     \b
     Example:
       tracescore score examples/runs.jsonl --scorers examples.scorers
-      tracescore score runs.jsonl --scorers my.scorers --scorer relevancy --json
+      tracescore score runs.jsonl --scorers my.scorers --scorer relevancy --out scores.jsonl
     """
     try:
         registry = load_registry(module)
@@ -88,44 +163,95 @@ def score_command(runs_file: Path, module: str, only: tuple[str, ...], concurren
     if unknown:
         raise CliError(f"unknown scorer id(s) {', '.join(unknown)}; {module} has: {', '.join(registry)}")
     scorers = [registry[s] for s in (only or registry)]
-
-    runs: list[tuple[int, dict[str, Any]]] = []
-    bad = 0
-    for number, run in _read_runs(runs_file):
-        if isinstance(run, str):
-            bad += 1
-            click.echo(f"{runs_file}:{number}: skipped: {run}", err=True)
-        else:
-            runs.append((number, run))
-
+    summary = Summary({s.id: s for s in scorers}, worst_n=worst)
+    table = RunTable(sys.stdout) if show_table and not as_json else None
+    bad_lines = _Limited("malformed lines")
+    failures = _Limited("failed scores")
+    runs_total = 0
     started = time.perf_counter()
-    scored = asyncio.run(_score_all(scorers, runs, max(1, concurrency)))
+
+    try:
+        out_file: IO[str] | None = out.open("w", encoding="utf-8") if out is not None else None
+    except OSError as exc:
+        raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
+    try:
+        lines = _read_runs(runs_file)
+        with asyncio.Runner() as runner:
+            gate = asyncio.Semaphore(max(1, concurrency))
+            while batch := list(islice(lines, chunk)):
+                runs: list[tuple[int, dict[str, Any]]] = []
+                for number, run in batch:
+                    if isinstance(run, str):
+                        bad_lines(f"{runs_file}:{number}: skipped: {run}")
+                    else:
+                        runs.append((number, run))
+                runs_total += len(runs)
+                for number, run_id, scorer, result in runner.run(_score_chunk(scorers, runs, gate)):
+                    _emit(number, run_id, scorer, result, summary, table, out_file, as_json, failures, runs_file)
+                sys.stdout.flush()  # each chunk's rows reach a pipe now, not when the buffer fills
+    except UnicodeError as exc:  # errors="replace" covers decoding; this is a defensive net
+        raise CliError(f"{runs_file}: cannot read: {exc}") from exc
+    finally:
+        if out_file is not None:
+            out_file.close()
+        bad_lines.close()
+        failures.close()
     elapsed = time.perf_counter() - started
 
-    failures: Counter[str] = Counter()
-    rows: list[tuple[str, str, str, str]] = []
-    for number, run_id, scorer, result in scored:
-        if isinstance(result, ScoreResult):
-            if as_json:
-                click.echo(result.model_dump_json())
-            value = "n/a" if result.score is None else f"{result.score:.3f}"
-            note = result.reason or (result.not_scorable or {}).get("reason", "")
-        else:
-            failures[type(result.cause if isinstance(result, ScorerRunError) else result).__name__] += 1
-            if as_json:
-                click.echo(json.dumps({"run_id": run_id, "scorer_id": scorer.id, "error": str(result)}))
-            value, note = "error", str(result)
-            click.echo(f"{runs_file}:{number}: {result}", err=True)
-        rows.append((run_id, scorer.id, value, note))
-
-    if not as_json:
-        widths = (max([6, *(len(r[0]) for r in rows)]), max([6, *(len(r[1]) for r in rows)]), 7)
-        click.echo(f"{'run':<{widths[0]}}  {'scorer':<{widths[1]}}  {'score':>{widths[2]}}  reason")
-        for run_id, scorer_id, value, note in rows:
-            click.echo(f"{run_id:<{widths[0]}}  {scorer_id:<{widths[1]}}  {value:>{widths[2]}}  {_cell(note, 70)}")
-    summary = (
-        f"{len(runs)} runs × {len(scorers)} scorers: {len(rows) - sum(failures.values())} scored, "
-        f"{sum(failures.values())} failed{' ' + dict(failures).__repr__() if failures else ''}, "
-        f"{bad} bad lines skipped, {elapsed:.2f}s"
+    not_scorable = summary.not_scorable_total
+    footer = (
+        f"{runs_total:,} runs × {len(scorers)} scorers: "
+        f"{summary.scores_total - summary.failed_total - not_scorable:,} scored, {not_scorable:,} not scorable, "
+        f"{summary.failed_total:,} failed, {bad_lines.count:,} bad lines skipped, {elapsed:.2f}s"
+        + (f"; every record written to {out}" if out is not None else "")
     )
-    click.echo(summary, err=as_json)
+    click.echo(
+        "\n"
+        + summary.render(
+            title=f"scores by scorer ({runs_total:,} runs)",
+            hint="every score as a row: --table · every record to a file: --out scores.jsonl",
+        ),
+        err=as_json,
+    )
+    click.echo(footer, err=True)
+    if bad_lines.count and not runs_total:
+        raise CliError(f"every line of {runs_file} was malformed ({bad_lines.count:,} lines)")
+    if summary.failed_total and summary.failed_total == summary.scores_total:
+        raise CliError(f"every score failed ({summary.failed_total:,}); see the errors above")
+
+
+def _emit(
+    number: int,
+    run_id: str,
+    scorer: Scorer,
+    result: ScoreResult | ScorerError,
+    summary: Summary,
+    table: RunTable | None,
+    out_file: IO[str] | None,
+    as_json: bool,
+    failures: _Limited,
+    runs_file: Path,
+) -> None:
+    record = _record(number, run_id, scorer, result)
+    if out_file is not None:
+        out_file.write(json.dumps(record) + "\n")
+    summary.add(
+        scorer.id,
+        run=run_id,
+        score=record.get("score"),
+        reason=record.get("reason"),
+        error_type=record.get("error_type"),
+        not_scorable=record.get("not_scorable"),
+    )
+    if isinstance(result, ScoreResult):
+        if as_json:
+            click.echo(result.model_dump_json())
+        value = "n/a" if result.score is None else f"{result.score:.3f}"
+        note = result.reason or (result.not_scorable or {}).get("reason", "")
+    else:
+        failures(f"{runs_file}:{number}: {result}")
+        if as_json:
+            click.echo(json.dumps({"run_id": run_id, "scorer_id": scorer.id, "error": str(result)}))
+        value, note = "error", str(result)
+    if table is not None:
+        table.row(run_id, scorer.id, value, cell(note, 500))

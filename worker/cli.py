@@ -12,6 +12,7 @@ import click
 
 from worker._cli_backfill import backfill_command
 from worker._cli_common import CliError, run_command
+from worker._cli_compare import compare_command
 from worker._cli_dlq import dlq_group
 from worker._cli_score import score_command
 from worker._cli_scores import scores_command
@@ -39,6 +40,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 cli.add_command(score_command)
 cli.add_command(backfill_command)
+cli.add_command(compare_command)
 cli.add_command(worker_command)
 cli.add_command(scores_command)
 cli.add_command(dlq_group)

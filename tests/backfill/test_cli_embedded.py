@@ -32,20 +32,52 @@ def _summary(result: Result) -> dict[str, Any]:
     return parsed
 
 
-def test_examples_print_a_score_table_and_a_summary() -> None:
-    """The README command: every example trace scored by every example scorer, shown as a table."""
-    n_scorers = len(load_registry("examples.scorers"))
+def test_examples_print_the_per_scorer_summary() -> None:
+    """The README command: every example trace scored by every example scorer, shown as one
+    summary row per scorer (runs, mean, quantiles, failures) and each scorer's worst runs."""
+    registry = load_registry("examples.scorers")
     result = _run(str(EXAMPLES), "--scorers", "examples.scorers")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
+    assert "scores by scorer (300 runs)" in lines
+    header = lines.index(next(line for line in lines if line.startswith("scorer ")))
+    rows = {line.split()[0]: line.split() for line in lines[header + 2 : header + 2 + len(registry)]}
+    assert set(rows) == set(registry)
+    assert all(row[1] == "300" for row in rows.values())
+    assert len({row[2] for row in rows.values()}) > 2  # scorers' means differ
+    worst = [line for line in lines if line.startswith("    ") and line.split()[0].replace(".", "").isdigit()]
+    assert len(worst) == 3 * len(registry)
+    assert {w.split()[2] for w in worst} <= {"weather-agent", "shop-assistant", "travel-helper"}
+    assert "trace  " not in result.stdout  # no per-run table by default
+    assert "embedded mode" in result.stderr
+    assert "traces read       300" in result.stderr
+    assert f"scored            {300 * len(registry):,}" in result.stderr
+
+
+def test_table_option_prints_one_row_per_score() -> None:
+    """--table adds the per-run table (trace, agent, scorer, score, reason) before the summary."""
+    n_scorers = len(load_registry("examples.scorers"))
+    result = _run(str(EXAMPLES), "--scorers", "examples.scorers", "--table")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
     assert lines[0].split() == ["trace", "agent", "scorer", "score", "reason"]
-    rows = [line for line in lines[2:] if line.strip()]
+    rows = lines[2 : lines.index("")]
     assert len(rows) == 300 * n_scorers
     assert {row.split()[1] for row in rows} == {"weather-agent", "shop-assistant", "travel-helper"}
     assert len({row.split()[3] for row in rows}) > 5  # poor and good answers score differently
-    assert "embedded mode" in result.stderr
-    assert "traces read       300" in result.stderr
-    assert f"scored            {300 * n_scorers:,}" in result.stderr
+    assert "scores by scorer (300 runs)" in lines
+
+
+def test_json_summary_has_the_per_scorer_figures(tmp_path: Path) -> None:
+    """--json keeps its keys and adds by_scorer (runs, mean, quantiles, failures, worst runs)."""
+    write_otlp_files(tmp_path, 30, files=1)
+    summary = _summary(_run(str(tmp_path), "--scorers", SCORERS, "--json"))
+    confident = summary["by_scorer"]["confident"]
+    assert confident["runs"] == 30
+    assert confident["failed_by_reason"] == {"ValueError": 6}
+    assert confident["scored"] == 24
+    assert set(summary["by_scorer"]) == {"answer-words", "mentions-city", "confident"}
+    assert len(summary["by_scorer"]["answer-words"]["worst"]) == 3
 
 
 def test_dry_run_counts_without_scoring() -> None:
@@ -161,7 +193,8 @@ def test_unreachable_broker_error_hides_the_password() -> None:
     result = _run(str(EXAMPLES), "--scorers", "examples.scorers", "--broker", broker)
     assert result.exit_code == 1
     assert len(result.stderr.strip().splitlines()) == 1
-    assert result.stderr.startswith(f"Error: cannot reach Redis at redis://***@127.0.0.1:{port}/12")
+    assert result.stderr.startswith("Error: cannot reach Redis at redis://")
+    assert f"***@127.0.0.1:{port}/12" in result.stderr  # the redaction's exact form belongs to worker._app
     assert "s3cret" not in result.output
 
 

@@ -1,0 +1,261 @@
+"""The per-scorer summary of `tracescore score` and `tracescore backfill`, streaming, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests._redis import RedisServer
+from worker._cli_backfill import _print_summary
+from worker._summary import Summary, percentile
+from worker.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "traces"
+V1 = "tests.summary_scorers_v1"  # length, shouting (lower is better), broken (always fails)
+NO_BROKER = {"TRACESCORE_BROKER_URL": ""}
+TRACESCORE = str(Path(sys.executable).parent / "tracescore")
+
+RUNS = [
+    {"run_id": "short", "input": "q", "output": "ab"},
+    {"run_id": "long", "input": "q", "output": "a long enough answer."},
+    {"run_id": "LOUD", "input": "q", "output": "ALL CAPS!!"},
+    {"run_id": "empty", "input": "q", "output": ""},
+    {"run_id": "mid", "input": "q", "output": "medium"},
+]
+
+
+def _write_runs(path: Path, runs: list[dict[str, Any]], extra_lines: tuple[str, ...] = ()) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in runs) + "".join(line + "\n" for line in extra_lines))
+    return path
+
+
+def _score(*args: str) -> Result:
+    return CliRunner().invoke(cli, ["score", *args])
+
+
+# --- the summary itself ------------------------------------------------------------------------
+
+
+def test_summary_figures_and_worst_runs_follow_the_direction() -> None:
+    """Mean and quantiles are over the scores; the worst runs are the lowest for
+    higher-is-better scorers and the highest for lower-is-better ones; failures and
+    not-scorable runs are counted apart."""
+    from tests.summary_scorers_v1 import length, shouting
+
+    summary = Summary({"length": length, "shouting": shouting}, worst_n=2)
+    for i, value in enumerate([0.5, 0.1, 0.9, 0.3, 0.7]):
+        summary.add("length", run=f"r{i}", score=value, reason=f"reason {i}")
+        summary.add("shouting", run=f"r{i}", score=value, reason=f"reason {i}")
+    summary.add("length", run="x", error_type="ValueError")
+    summary.add("length", run="y", not_scorable="preprocess: empty")
+    data = summary.as_json()
+    length_json = data["length"]
+    assert length_json["runs"] == 7
+    assert length_json["scored"] == 5
+    assert length_json["mean"] == pytest.approx(0.5)
+    assert (length_json["min"], length_json["median"], length_json["max"]) == (0.1, 0.5, 0.9)
+    assert length_json["p10"] == pytest.approx(0.18)
+    assert length_json["failed_by_reason"] == {"ValueError": 1}
+    assert length_json["not_scorable_reasons"] == {"preprocess: empty": 1}
+    assert [w["run"] for w in length_json["worst"]] == ["r1", "r3"]  # 0.1, 0.3
+    assert [w["run"] for w in data["shouting"]["worst"]] == ["r2", "r4"]  # 0.9, 0.7
+    text = summary.render(width=100)
+    assert "shouting ↓" in text
+    assert "reason 1" in text
+    assert percentile([1.0, 2.0], 0.5) == 1.5
+
+
+def test_worst_runs_are_kept_in_a_bounded_heap() -> None:
+    """A million scores keep only the worst N entries (plus 8 bytes per score)."""
+    summary = Summary(["s"], worst_n=3)
+    for i in range(20_000):
+        summary.add("s", run=str(i), score=(i * 7919 % 20_000) / 20_000, reason="r" * 1000)
+    scorer = summary.by_scorer["s"]
+    assert len(scorer._worst) == 3
+    assert [w.score for w in scorer.worst()] == [0.0, 0.00005, 0.0001]
+    assert all(len(w.reason) <= 300 for w in scorer.worst())
+
+
+# --- tracescore score --------------------------------------------------------------------------
+
+
+def test_score_prints_the_per_scorer_summary_by_default(tmp_path: Path) -> None:
+    """No per-run table unless --table; the summary shows runs, figures, failures, worst runs."""
+    runs = _write_runs(tmp_path / "runs.jsonl", RUNS)
+    result = _score(str(runs), "--scorers", V1, "--scorer", "length", "--scorer", "shouting")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "scores by scorer (5 runs)" in out
+    header = next(line for line in out.splitlines() if line.startswith("scorer "))
+    assert header.split()[:9] == ["scorer", "runs", "mean", "min", "p10", "median", "p90", "max", "failed"]
+    row = next(line for line in out.splitlines() if line.startswith("length "))
+    assert row.split()[1:3] == ["5", "0.700"]  # mean of 0.2, 1, 1, 0.6 (and one not scorable)
+    assert "length: worst 3 run(s)" in out
+    assert "not scorable: 'generate_score: empty output' 1" in out
+    worst_long = out.split("shouting: worst")[1].splitlines()[1]
+    assert "LOUD" in worst_long  # lower is better: the loudest run is the worst
+    assert "run  " not in out  # no per-run table
+    table = _score(str(runs), "--scorers", V1, "--scorer", "length", "--table")
+    assert table.stdout.splitlines()[0].split() == ["run", "scorer", "score", "reason"]
+    assert sum(" length " in line for line in table.stdout.splitlines()) >= 5
+
+
+def test_score_out_writes_every_record(tmp_path: Path) -> None:
+    """--out has one record per (run, scorer): scores, not-scorable runs and failures."""
+    runs = _write_runs(tmp_path / "runs.jsonl", RUNS)
+    out = tmp_path / "scores.jsonl"
+    result = _score(str(runs), "--scorers", V1, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 15
+    by = {(r["run_id"], r["scorer_id"]): r for r in records}
+    assert by[("short", "length")]["score"] == pytest.approx(0.2)
+    assert by[("empty", "length")]["not_scorable"] == "generate_score: empty output"
+    assert by[("mid", "broken")]["error_type"] == "ValueError"
+    assert {r["scorer_version"] for r in records} == {"1"}
+
+
+def test_score_exit_codes(tmp_path: Path) -> None:
+    """Non-zero when every score failed or every line was malformed; 0 when some scored."""
+    runs = _write_runs(tmp_path / "runs.jsonl", RUNS)
+    all_failed = _score(str(runs), "--scorers", V1, "--scorer", "broken")
+    assert all_failed.exit_code == 1
+    assert "every score failed (5)" in all_failed.stderr
+    assert "broken" in all_failed.stdout  # the summary is still printed
+    bad = _write_runs(tmp_path / "bad.jsonl", [], ("not json", '{"input": "no output"}'))
+    all_bad = _score(str(bad), "--scorers", V1)
+    assert all_bad.exit_code == 1
+    assert f"{bad}:1: skipped: not JSON" in all_bad.stderr
+    assert f"every line of {bad} was malformed (2 lines)" in all_bad.stderr
+    mixed = _write_runs(tmp_path / "mixed.jsonl", RUNS[:2], ("garbage",))
+    partly = _score(str(mixed), "--scorers", V1)
+    assert partly.exit_code == 0, partly.output
+    assert "1 bad lines skipped" in partly.stderr
+
+
+def test_score_streams_its_input(tmp_path: Path) -> None:
+    """Rows come out while the input is still being written (a FIFO): runs are read and
+    scored in chunks, not loaded whole first."""
+    fifo = tmp_path / "runs.fifo"
+    os.mkfifo(fifo)
+    process = subprocess.Popen(
+        [TRACESCORE, "score", str(fifo), "--scorers", V1, "--scorer", "length", "--table", "--chunk", "2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        with fifo.open("w") as writer:
+            for run in RUNS[:2]:
+                writer.write(json.dumps(run) + "\n")
+            writer.flush()
+            seen: list[str] = []
+            deadline = time.monotonic() + 30
+            while not any(line.startswith("long ") for line in seen):
+                assert time.monotonic() < deadline, f"no row while the input was open; got {seen}"
+                try:
+                    seen.append(lines.get(timeout=0.1))
+                except queue.Empty:
+                    assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            writer.write(json.dumps(RUNS[4]) + "\n")
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        reader.join(timeout=10)
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+# --- tracescore backfill -----------------------------------------------------------------------
+
+
+def test_backfill_exit_code_when_every_line_is_malformed(tmp_path: Path) -> None:
+    """A source whose every line is broken exits 1 with a clear line (the summary first)."""
+    (tmp_path / "bad.jsonl").write_text("garbage\nmore garbage\n")
+    result = CliRunner().invoke(cli, ["backfill", str(tmp_path), "--scorers", V1], env=NO_BROKER)
+    assert result.exit_code == 1
+    assert "every input line was malformed (2; first at" in result.stderr
+    dry = CliRunner().invoke(cli, ["backfill", str(tmp_path), "--scorers", V1, "--dry-run"], env=NO_BROKER)
+    assert dry.exit_code == 1
+
+
+def test_late_roots_are_printed_with_the_window_hint(capsys: pytest.CaptureFixture[str]) -> None:
+    """When the assembler counted roots that came after the window, the summary says so and
+    names the options that widen it; with none, nothing is printed."""
+    summary: dict[str, Any] = {
+        "job_id": "bf-x",
+        "mode": "embedded",
+        "status": "finished",
+        "traces_read": 10,
+        "reading_s": 1.0,
+        "elapsed_s": 1.0,
+        "runs_enqueued": 10,
+        "scorers": ["a"],
+        "scores_expected": 10,
+        "scored": 10,
+        "failed": 0,
+        "failed_by_reason": {},
+        "traces_skipped": {},
+        "scores_skipped": {},
+        "traces_unreadable": {},
+        "malformed_lines": 0,
+        "malformed_where": [],
+        "evicted_traces": 0,
+        "late_roots": 4,
+    }
+    _print_summary(summary)
+    err = capsys.readouterr().err
+    assert "late roots        4" in err
+    assert "--window-spans / --window-files" in err
+    _print_summary({**summary, "late_roots": 0})
+    assert "late roots" not in capsys.readouterr().err
+
+
+@pytest.mark.redis
+def test_backfill_wait_timeout_exits_3(redis_server: RedisServer) -> None:
+    """Redis mode with no worker running: --wait-timeout expires, the summary is printed and
+    the exit code is 3 (the job stays resumable)."""
+    client = redis_server.client(13)
+    client.flushdb()
+    try:
+        result = CliRunner().invoke(
+            cli,
+            [
+                *("backfill", str(EXAMPLES), "--scorers", "examples.scorers", "--broker", redis_server.url(13)),
+                *("--wait-timeout", "0.5", "--json"),
+            ],
+            env=NO_BROKER,
+        )
+        assert result.exit_code == 3, result.output
+        assert "--wait-timeout 0.5s expired" in result.stderr
+        assert "--resume bf-" in result.stderr
+        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        assert summary["runs_enqueued"] == 300
+        assert summary["scored"] == 0
+    finally:
+        client.flushdb()
+        client.close()

@@ -1,0 +1,144 @@
+"""`tracescore compare OLD.jsonl NEW.jsonl`: per-scorer movement between two record files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from worker._cli_compare import compare_files
+from worker.cli import cli
+
+
+def _rec(trace: str, scorer: str, score: float | None, reason: str, version: str = "1", **kw: Any) -> dict[str, Any]:
+    return {
+        "score_id": f"{trace}-{scorer}-{version}",
+        "trace_id": trace,
+        "span_id": "s" + trace,
+        "scorer_id": scorer,
+        "scorer_version": version,
+        "score": score,
+        "reason": reason,
+        **kw,
+    }
+
+
+def _write(path: Path, records: list[dict[str, Any]], extra: tuple[str, ...] = ()) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + "".join(e + "\n" for e in extra))
+    return path
+
+
+def _compare(*args: str) -> Result:
+    return CliRunner().invoke(cli, ["compare", *args])
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    """Known changes: 'rel' v1 → v2 moves t1 up 0.5, t2 down 0.25, t3 unchanged, t4 fails in
+    v2, t5 only old, t6 only new; 'len' is identical in both; one malformed line in new."""
+    old = [
+        _rec("t1", "rel", 0.25, "old t1"),
+        _rec("t2", "rel", 1.0, "old t2"),
+        _rec("t3", "rel", 0.5, "old t3"),
+        _rec("t4", "rel", 0.75, "old t4"),
+        _rec("t5", "rel", 0.0, "old t5"),
+        _rec("t1", "len", 0.5, "len"),
+        _rec("t2", "len", 0.5, "len"),
+    ]
+    new = [
+        _rec("t1", "rel", 0.75, "new t1", "2"),
+        _rec("t2", "rel", 0.75, "new t2", "2"),
+        _rec("t3", "rel", 0.5, "new t3", "2"),
+        _rec("t4", "rel", None, "", "2", error_type="JudgeServerError"),
+        _rec("t6", "rel", 1.0, "new t6", "2"),
+        _rec("t1", "len", 0.5, "len"),
+        _rec("t2", "len", 0.5, "len"),
+    ]
+    bad = '{"trace_id": "t9", "scorer_id": "rel", "score": "high"}'
+    return _write(tmp_path / "old.jsonl", old), _write(tmp_path / "new.jsonl", new, (bad,))
+
+
+def test_known_changes_per_scorer(files: tuple[Path, Path]) -> None:
+    """Means over runs scored in both, up/down/unchanged, only-old/only-new, versions, and the
+    runs that moved most (largest change first) with both reasons."""
+    old, new = files
+    result = compare_files(old, new, top=5)
+    rel = result["by_scorer"]["rel"]
+    assert rel["runs_in_both"] == 4
+    assert rel["scored_in_both"] == 3
+    assert rel["mean_old"] == pytest.approx((0.25 + 1.0 + 0.5) / 3)
+    assert rel["mean_new"] == pytest.approx((0.75 + 0.75 + 0.5) / 3)
+    assert rel["mean_delta"] == pytest.approx(0.25 / 3)
+    assert (rel["up"], rel["down"], rel["unchanged"]) == (1, 1, 1)
+    assert (rel["only_old"], rel["only_new"]) == (1, 1)
+    assert rel["newly_failed_or_not_scorable"] == 1
+    assert (rel["versions_old"], rel["versions_new"]) == (["1"], ["2"])
+    moved = rel["moved_most"]
+    assert [(m["run"], m["delta"]) for m in moved] == [("t1", 0.5), ("t2", -0.25)]
+    assert (moved[0]["old_reason"], moved[0]["new_reason"]) == ("old t1", "new t1")
+    length = result["by_scorer"]["len"]
+    assert (length["up"], length["down"], length["unchanged"], length["mean_delta"]) == (0, 0, 2, 0.0)
+    assert result["new"]["malformed_lines"] == 1
+
+
+def test_cli_prints_table_and_movers_and_reports_bad_lines(files: tuple[Path, Path]) -> None:
+    """The text output has one row per scorer and the movers with both reasons; a malformed
+    line is reported as file:line and skipped; --json is the same data."""
+    old, new = files
+    result = _compare(str(old), str(new), "--top", "1")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if line.startswith("rel "))
+    assert row.split()[1:5] == ["4", "0.583", "0.667", "+0.083"]
+    assert "0.250 → 0.750 (+0.500)  t1" in result.stdout
+    assert "old: old t1" in result.stdout
+    assert "new: new t1" in result.stdout
+    assert "t2" not in result.stdout.split("moved most")[1]  # --top 1
+    assert f"{new}:8: skipped: 'score' must be a number or null, got str" in result.stderr
+    as_json = json.loads(_compare(str(old), str(new), "--json").stdout)
+    assert as_json["by_scorer"]["rel"]["up"] == 1
+
+
+def test_score_out_files_compare_across_scorer_versions(tmp_path: Path) -> None:
+    """End to end: `score --out` with version 1 and version 2 of a scorer, then compare."""
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(
+        "".join(
+            json.dumps({"run_id": rid, "input": "q", "output": out}) + "\n"
+            for rid, out in [("a", "exactly ten"), ("b", "done."), ("c", "x")]
+        )
+    )
+    v1, v2 = tmp_path / "v1.jsonl", tmp_path / "v2.jsonl"
+    scored = CliRunner().invoke(
+        cli, ["score", str(runs), "--scorers", "tests.summary_scorers_v1", "--scorer", "length", "--out", str(v1)]
+    )
+    assert scored.exit_code == 0, scored.output
+    assert (
+        CliRunner()
+        .invoke(cli, ["score", str(runs), "--scorers", "tests.summary_scorers_v2", "--out", str(v2)])
+        .exit_code
+        == 0
+    )
+    rel = compare_files(v1, v2)["by_scorer"]["length"]
+    # v2 halves outputs without a final period: a (1.0 → 0.5) and c (0.1 → 0.05) go down, b stays.
+    assert (rel["up"], rel["down"], rel["unchanged"]) == (0, 2, 1)
+    assert [m["run"] for m in rel["moved_most"]] == ["a", "c"]
+    assert rel["moved_most"][0]["old_reason"] == "v1: 11 chars"
+    assert rel["moved_most"][0]["new_reason"] == "v2: 11 chars, period=False"
+
+
+def test_unreadable_input_is_a_clear_error(tmp_path: Path) -> None:
+    """A file of garbage exits 1 naming it; a missing file is a usage error naming it."""
+    good = _write(tmp_path / "good.jsonl", [_rec("t1", "rel", 0.5, "r")])
+    bad = _write(tmp_path / "bad.jsonl", [], ("garbage", "[1, 2]", '{"trace_id": "t"}'))
+    result = _compare(str(good), str(bad))
+    assert result.exit_code == 1
+    assert f"{bad}:1: skipped: not JSON" in result.stderr
+    assert f"{bad}:2: skipped: expected a score record" in result.stderr
+    assert f"{bad}:3: skipped: no 'scorer_id'" in result.stderr
+    assert f"every line of {bad} was malformed (3)" in result.stderr
+    missing = _compare(str(good), str(tmp_path / "nope.jsonl"))
+    assert missing.exit_code == 2
+    assert "nope.jsonl" in missing.stderr

@@ -1,0 +1,323 @@
+"""The per-scorer summary that ``tracescore backfill`` and ``tracescore score`` print.
+
+One accumulator per scorer, fed one score at a time so a file of any size is summarised in
+bounded memory: the scores themselves (8 bytes each in an ``array``, enough for millions),
+failure and not-scorable counts, and the worst few runs in a heap. ``render`` prints the table
+and the worst runs; ``as_json`` gives the same figures to scripts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import shutil
+import threading
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Literal
+
+from scorers import Scorer
+from tracing._score_record import ScoreRecord
+
+__all__ = [
+    "RunTable",
+    "ScorerSummary",
+    "Summary",
+    "SummaryScoreWriter",
+    "cell",
+    "percentile",
+]
+
+Direction = Literal["higher", "lower"]
+_BARS = "▁▂▃▄▅▆▇█"
+_REASON_CHARS = 300  # a kept worst run's reason; enough for the widest terminal line
+_DISTINCT_REASONS = 50  # not-scorable / failure reasons counted one by one; the rest are "other"
+
+
+def cell(text: str, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters with an ellipsis."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The q-th quantile (0–1) of sorted values, interpolating linearly between ranks."""
+    if not ordered:
+        return math.nan
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass(order=True)
+class _Worst:
+    badness: float  # the heap keeps the largest: -score for higher-is-better scorers
+    order: int  # ties: the first seen stays
+    score: float = field(compare=False)
+    run: str = field(compare=False)
+    label: str = field(compare=False)
+    reason: str = field(compare=False)
+
+
+def _count(counter: Counter[str], key: str) -> None:
+    if key in counter or len(counter) < _DISTINCT_REASONS:
+        counter[key] += 1
+    else:
+        counter["other"] += 1
+
+
+@dataclass
+class ScorerSummary:
+    """Everything the summary shows for one scorer."""
+
+    scorer_id: str
+    direction: Direction = "higher"
+    score_range: tuple[float, float] | None = None
+    worst_n: int = 3
+    scores: array[float] = field(default_factory=lambda: array("d"))
+    failed: Counter[str] = field(default_factory=Counter)
+    not_scorable: Counter[str] = field(default_factory=Counter)
+    _worst: list[_Worst] = field(default_factory=list)
+    _seen: int = 0
+
+    @property
+    def runs(self) -> int:
+        return len(self.scores) + sum(self.failed.values()) + sum(self.not_scorable.values())
+
+    def add_score(self, score: float, run: str, label: str, reason: str) -> None:
+        self.scores.append(score)
+        self._seen += 1
+        if self.worst_n <= 0:
+            return
+        badness = score if self.direction == "lower" else -score
+        entry = _Worst(badness, -self._seen, score, run, label, cell(reason, _REASON_CHARS))
+        if len(self._worst) < self.worst_n:
+            heapq.heappush(self._worst, entry)
+        elif entry > self._worst[0]:
+            heapq.heapreplace(self._worst, entry)
+
+    def add_failure(self, error_type: str) -> None:
+        _count(self.failed, error_type or "error")
+
+    def add_not_scorable(self, reason: str) -> None:
+        _count(self.not_scorable, cell(reason or "no reason given", 80))
+
+    def worst(self) -> list[_Worst]:
+        return sorted(self._worst, reverse=True)
+
+    def stats(self) -> dict[str, float]:
+        ordered = sorted(self.scores)
+        if not ordered:
+            return {}
+        return {
+            "mean": math.fsum(ordered) / len(ordered),
+            "min": ordered[0],
+            "p10": percentile(ordered, 0.1),
+            "median": percentile(ordered, 0.5),
+            "p90": percentile(ordered, 0.9),
+            "max": ordered[-1],
+        }
+
+    def histogram(self, bins: int = 10) -> tuple[float, float, list[int]]:
+        """(low, high, counts): over the scorer's declared range, else the observed one."""
+        if not self.scores:
+            return 0.0, 0.0, []
+        low, high = min(self.scores), max(self.scores)
+        if self.score_range is not None and all(math.isfinite(v) for v in self.score_range):
+            low, high = min(low, self.score_range[0]), max(high, self.score_range[1])
+        counts = [0] * bins
+        span = high - low
+        for value in self.scores:
+            index = int((value - low) / span * bins) if span > 0 else 0
+            counts[min(max(index, 0), bins - 1)] += 1
+        return low, high, counts
+
+    def as_json(self) -> dict[str, Any]:
+        stats = self.stats()
+        return {
+            "direction": self.direction,
+            "runs": self.runs,
+            "scored": len(self.scores),
+            **{k: round(v, 6) for k, v in stats.items()},
+            "failed": sum(self.failed.values()),
+            "failed_by_reason": dict(self.failed),
+            "not_scorable": sum(self.not_scorable.values()),
+            "not_scorable_reasons": dict(self.not_scorable),
+            "worst": [{"score": w.score, "run": w.run, "label": w.label, "reason": w.reason} for w in self.worst()],
+        }
+
+
+def _sparkline(counts: list[int]) -> str:
+    top = max(counts, default=0)
+    if top == 0:
+        return ""
+    return "".join(" " if c == 0 else _BARS[min(len(_BARS) - 1, (c * len(_BARS) - 1) // top)] for c in counts)
+
+
+def _number(value: float) -> str:
+    return f"{value:.3f}" if abs(value) < 1000 else f"{value:.4g}"
+
+
+class Summary:
+    """The per-scorer summary of one command: add scores as they come, render once at the end."""
+
+    def __init__(self, scorers: Mapping[str, Scorer] | Iterable[str], *, worst_n: int = 3) -> None:
+        self.worst_n = worst_n
+        self.by_scorer: dict[str, ScorerSummary] = {}
+        self._lock = threading.Lock()
+        items = scorers.items() if isinstance(scorers, Mapping) else ((s, None) for s in scorers)
+        for scorer_id, scorer in items:
+            self._scorer(scorer_id, scorer)
+
+    def _scorer(self, scorer_id: str, scorer: Scorer | None = None) -> ScorerSummary:
+        summary = self.by_scorer.get(scorer_id)
+        if summary is None:
+            direction: Direction = "lower" if getattr(scorer, "direction", "higher") == "lower" else "higher"
+            summary = ScorerSummary(scorer_id, direction, getattr(scorer, "score_range", None), worst_n=self.worst_n)
+            self.by_scorer[scorer_id] = summary
+        return summary
+
+    def add(
+        self,
+        scorer_id: str,
+        *,
+        run: str,
+        label: str = "",
+        score: float | None = None,
+        reason: str | None = None,
+        error_type: str | None = None,
+        not_scorable: str | None = None,
+    ) -> None:
+        """One outcome: an error (``error_type``), a not-scorable run, or a score."""
+        with self._lock:
+            summary = self._scorer(scorer_id)
+            if error_type:
+                summary.add_failure(error_type)
+            elif score is None or not math.isfinite(score):
+                summary.add_not_scorable(not_scorable or reason or "")
+            else:
+                summary.add_score(score, run, label, reason or "")
+
+    def add_record(self, record: ScoreRecord, label: str = "") -> None:
+        self.add(
+            record.scorer_id,
+            run=record.trace_id,
+            label=label or record.span_name,
+            score=record.score,
+            reason=record.reason,
+            error_type=record.error_type,
+            not_scorable=record.not_scorable,
+        )
+
+    @property
+    def scores_total(self) -> int:
+        return sum(s.runs for s in self.by_scorer.values())
+
+    @property
+    def not_scorable_total(self) -> int:
+        return sum(sum(s.not_scorable.values()) for s in self.by_scorer.values())
+
+    @property
+    def failed_total(self) -> int:
+        return sum(sum(s.failed.values()) for s in self.by_scorer.values())
+
+    def as_json(self) -> dict[str, Any]:
+        return {scorer_id: s.as_json() for scorer_id, s in self.by_scorer.items()}
+
+    def render(self, width: int | None = None, *, title: str = "", hint: str = "") -> str:
+        """The table (runs, mean, min/p10/median/p90/max, failed, not scorable, distribution),
+        then each scorer's worst runs with their reasons; ``title`` above, ``hint`` below."""
+        width = width or max(80, min(shutil.get_terminal_size((120, 20)).columns, 160))
+        if not self.by_scorer:
+            return "no scorers"
+        name_w = max(12, *(len(s) + 2 for s in self.by_scorer))
+        head = (
+            f"{'scorer':<{name_w}} {'runs':>6} {'mean':>6} {'min':>6} {'p10':>6} {'median':>6} {'p90':>6} "
+            f"{'max':>6} {'failed':>6} {'n/a':>5}  distribution"
+        )
+        lines = [title] if title else []
+        lines += [head, "-" * min(width, len(head) + 6)]
+        lower = False
+        for scorer_id, s in self.by_scorer.items():
+            name = scorer_id + (" ↓" if s.direction == "lower" else "")
+            lower = lower or s.direction == "lower"
+            stats = s.stats()
+            figures = " ".join(
+                f"{_number(stats[k]) if stats else '-':>6}" for k in ("mean", "min", "p10", "median", "p90", "max")
+            )
+            low, high, counts = s.histogram()
+            spark = f"{low:g} [{_sparkline(counts)}] {high:g}" if counts else ""
+            lines.append(
+                f"{name:<{name_w}} {s.runs:>6,} {figures} {sum(s.failed.values()):>6,} "
+                f"{sum(s.not_scorable.values()):>5,}  {spark}"
+            )
+        if lower:
+            lines.append("↓ lower is better (its worst runs are its highest scores)")
+        shown = [w for s in self.by_scorer.values() for w in s.worst()]
+        run_w = min(40, max((len(w.run) for w in shown), default=0))
+        label_w = min(18, max((len(w.label) for w in shown), default=0))
+        for scorer_id, s in self.by_scorer.items():
+            notes = []
+            if s.failed:
+                notes.append("failed: " + ", ".join(f"{k} {v:,}" for k, v in s.failed.most_common(3)))
+            if s.not_scorable:
+                notes.append(
+                    "not scorable: " + ", ".join(f"{cell(k, 60)!r} {v:,}" for k, v in s.not_scorable.most_common(2))
+                )
+            worst = s.worst()
+            if not worst and not notes:
+                continue
+            lines.append("")
+            lines.append(f"{scorer_id}: worst {len(worst)} run(s)" + (f"   ({'; '.join(notes)})" if notes else ""))
+            for w in worst:
+                label = f"{cell(w.label, label_w):<{label_w}}  " if label_w else ""
+                fixed = f"  {_number(w.score):>7}  {cell(w.run, run_w):<{run_w}}  {label}"
+                lines.append(fixed + cell(w.reason, max(10, width - len(fixed))))
+        if hint:
+            lines += ["", hint]
+        return "\n".join(lines)
+
+
+class SummaryScoreWriter:
+    """A ``ScoreWriter`` that feeds a :class:`Summary` (the backfill's default output);
+    ``agents`` maps scored span ids to agent names, as for the table."""
+
+    def __init__(self, summary: Summary, agents: Mapping[str, str] | None = None) -> None:
+        self.summary = summary
+        self.agents = agents if agents is not None else {}
+
+    def write(self, records: Sequence[ScoreRecord]) -> None:
+        for record in records:
+            self.summary.add_record(record, self.agents.get(record.span_id) or record.span_name)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        return True
+
+    def close(self) -> None:
+        return None
+
+
+class RunTable:
+    """The per-run table of ``tracescore score --table``: one row per score as it is made."""
+
+    def __init__(self, stream: IO[str], *, width: int | None = None, before_write: Callable[[], None] | None = None):
+        self.stream = stream
+        self.width = width or max(80, min(shutil.get_terminal_size((120, 20)).columns, 160))
+        self.before_write = before_write
+        self._header = False
+
+    def _line(self, run: str, scorer: str, score: str, reason: str) -> str:
+        fixed = f"{cell(run, 24):<24}  {cell(scorer, 20):<20}  {score:>7}  "
+        return fixed + cell(reason, max(10, self.width - len(fixed)))
+
+    def row(self, run: str, scorer: str, score: str, reason: str) -> None:
+        if self.before_write is not None:
+            self.before_write()
+        if not self._header:
+            self.stream.write(self._line("run", "scorer", "score", "reason") + "\n")
+            self.stream.write(self._line("-" * 24, "-" * 20, "-" * 7, "-" * 6) + "\n")
+            self._header = True
+        self.stream.write(self._line(run, scorer, score, reason) + "\n")
