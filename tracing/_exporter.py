@@ -140,11 +140,13 @@ class ScoringSpanExporter(SpanExporter):
     """Put behind ``BatchSpanProcessor``: ``provider.add_span_processor(BatchSpanProcessor(
     ScoringSpanExporter(rules=[ScoringRule(["helpfulness"])], sink=CelerySink(url))))``.
 
-    Bounds: ``max_traces`` buffered traces, ``max_spans_per_trace`` spans each, traces older
-    than ``max_trace_age_s`` without an ended agent/root span are dropped; ``queue_size``
-    requests wait for the sink (plus those held back by a rule's ``delay_s``), and together no
-    more than ``max_queue_bytes`` of span records (approximate JSON size: with the broker down,
-    large traces cannot grow the application past it). A batch holds up to ``batch_size``
+    Bounds: ``max_traces`` buffered traces and ``max_buffer_bytes`` of their span records
+    (approximate JSON size), ``max_spans_per_trace`` spans each; traces older than
+    ``max_trace_age_s`` without an ended agent/root span are dropped. When the buffer is full
+    the oldest trace whose agent/root span ended is completed early, else the oldest trace is
+    dropped. ``queue_size`` requests wait for the sink (plus those held back by a rule's
+    ``delay_s``), together no more than ``max_queue_bytes`` of span records (with the broker
+    down, large traces cannot grow the application past it). A batch holds up to ``batch_size``
     requests and, roughly, ``max_batch_bytes`` of span records (keep it under the workers'
     ``TRACESCORE_MAX_PAYLOAD_BYTES``, 8 MiB by default). ``shutdown()`` takes at most
     ``shutdown_timeout_s`` (whatever timeout the SDK passes), plus one sink attempt under way.
@@ -161,6 +163,7 @@ class ScoringSpanExporter(SpanExporter):
         max_trace_age_s: float = 300.0,
         grace_s: float = 2.0,
         queue_size: int = 10_000,
+        max_buffer_bytes: int = 64 * 1024 * 1024,
         max_queue_bytes: int = 64 * 1024 * 1024,
         batch_size: int = 50,
         max_batch_bytes: int = 4 * 1024 * 1024,
@@ -179,6 +182,7 @@ class ScoringSpanExporter(SpanExporter):
             ("max_traces", max_traces),
             ("max_spans_per_trace", max_spans_per_trace),
             ("queue_size", queue_size),
+            ("max_buffer_bytes", max_buffer_bytes),
             ("max_queue_bytes", max_queue_bytes),
             ("batch_size", batch_size),
             ("max_batch_bytes", max_batch_bytes),
@@ -231,6 +235,9 @@ class ScoringSpanExporter(SpanExporter):
         self._pending: deque[_Queued] = deque()
         self._queue_size = queue_size
         self._max_queue_bytes = max_queue_bytes
+        self._max_buffer_bytes = max_buffer_bytes
+        # Approximate JSON size of the records in _traces.
+        self._buffered_bytes = 0
         # Approximate JSON size of the records in _ready, _pending and _delayed.
         self._queued_bytes = 0
         self._has_work = threading.Condition(self._lock)
@@ -340,13 +347,15 @@ class ScoringSpanExporter(SpanExporter):
                         self._unsampled.popitem(last=False)
                     return
             if len(self._traces) >= self._max_traces:
-                self._make_room()
+                self._make_room("max_traces")
             entry = self._traces[tid] = _Trace(trace_id=trace_id, first_seen=now, rules=rules)
             if self._flusher_idle:  # woken once per batch, by export()
                 self._flusher_idle = False
                 self._due_now = True
         if len(entry.spans) >= self._max_spans:
-            entry.size -= compact(entry.spans[0])  # its size (compacted already: nothing changes)
+            dropped = compact(entry.spans[0])  # its size (compacted already: nothing changes)
+            entry.size -= dropped
+            self._buffered_bytes -= dropped
             del entry.spans[0], entry.kinds[0]  # O(n), but only over a bound (rare, n small)
             self._drop("max_spans_per_trace")
         kind = classify(name, attrs)
@@ -370,6 +379,7 @@ class ScoringSpanExporter(SpanExporter):
         entry.spans.append(record)
         entry.kinds.append(kind)
         entry.size += size
+        self._buffered_bytes += size
         if is_judge:
             if entry.judge_ids is None:
                 entry.judge_ids = set()
@@ -380,24 +390,34 @@ class ScoringSpanExporter(SpanExporter):
             entry.due = now + self._grace
             if not self._grace:  # never cleared here: that lost the wake of an idle flusher
                 self._due_now = True
+        if self._buffered_bytes > self._max_buffer_bytes:  # last: this trace may be the one to go
+            while self._buffered_bytes > self._max_buffer_bytes and self._traces:
+                self._make_room("max_buffer_bytes")
 
-    def _make_room(self) -> None:
-        """The buffer is full: hand the oldest trace whose root ended to the flusher (it is
-        complete but for late children), else drop the oldest unfinished trace."""
+    def _make_room(self, reason: str) -> None:
+        """The buffer is full (``reason``): hand the oldest trace whose root ended to the flusher
+        (it is complete but for late children), else drop the oldest unfinished trace."""
         while self._due_order:
-            tid, _ = self._due_order.popitem(last=False)
-            entry = self._traces.pop(tid, None)
+            entry = self._pop_trace(next(iter(self._due_order)))
             if entry is not None:
-                reason = self._queue_reason(entry.size)
-                if reason:
-                    self._drop(reason)
+                full = self._queue_reason(entry.size)
+                if full:
+                    self._drop(full)
                 else:
                     self._ready.append(entry)
                     self._queued_bytes += entry.size
                     self._due_now = True
                 return
-        self._traces.popitem(last=False)
-        self._drop("max_traces")
+        self._pop_trace(next(iter(self._traces)))
+        self._drop(reason)
+
+    def _pop_trace(self, tid: int) -> _Trace | None:
+        """Take a trace out of the buffer (and its byte count); None if it is not there."""
+        self._due_order.pop(tid, None)
+        entry = self._traces.pop(tid, None)
+        if entry is not None:
+            self._buffered_bytes -= entry.size
+        return entry
 
     def _queue_reason(self, size: int, n: int = 1) -> str | None:
         """Why ``n`` more items of ``size`` bytes do not fit the hand-off queue, or None."""
@@ -408,8 +428,7 @@ class ScoringSpanExporter(SpanExporter):
         return None
 
     def _guard(self, tid: int) -> None:
-        self._due_order.pop(tid, None)
-        if self._traces.pop(tid, None) is not None or tid not in self._guarded:
+        if self._pop_trace(tid) is not None or tid not in self._guarded:
             self._skipped.add("loop_guard")
         self._guarded[tid] = None
         if len(self._guarded) > self._max_traces:
@@ -457,6 +476,7 @@ class ScoringSpanExporter(SpanExporter):
                 left = len(self._traces)
                 self._traces.clear()
                 self._due_order.clear()
+                self._buffered_bytes = 0
                 delayed = [(r, n) for _, _, r, n in sorted(self._delayed, key=lambda d: d[:2])]
                 self._delayed.clear()
                 self._queued_bytes -= sum(n for _, n in delayed)
@@ -526,12 +546,11 @@ class ScoringSpanExporter(SpanExporter):
         with self._lock:
             for tid in due:
                 if tid < 0:
-                    if self._traces.pop(-tid - 1, None) is not None:
+                    if self._pop_trace(-tid - 1) is not None:
                         self._drop("max_trace_age")
                     continue
-                found = self._traces.pop(tid, None)
+                found = self._pop_trace(tid)
                 if found is not None:
-                    self._due_order.pop(tid, None)
                     taken.append(found)
         # Completed one at a time, each dropped when done: its records become garbage at
         # once instead of surviving (and being promoted by the GC) until the end. What they
@@ -814,7 +833,8 @@ class ScoringSpanExporter(SpanExporter):
     def stats(self) -> dict[str, Any]:
         """Counters since start.
 
-        ``spans_seen``; ``traces_buffered`` (now); ``traces_completed`` (taken after their
+        ``spans_seen``; ``traces_buffered`` and ``buffer_bytes`` (now; the records' approximate
+        JSON size, bounded by ``max_buffer_bytes``); ``traces_completed`` (taken after their
         agent/root span ended, sampled-in only); ``runs_found`` (runs to score found in them);
         ``runs_read_in_app`` (of those, read into a ``TracedRun`` here because a rule has a
         filter; the others travel as spans and the worker reads them); ``runs_enqueued`` and
@@ -822,8 +842,8 @@ class ScoringSpanExporter(SpanExporter):
         ``batches_sent``; ``send_failures`` (sink attempts that raised, each retried);
         ``queue_depth`` (waiting for or in the sink); ``queue_bytes`` (approximate JSON size of
         what waits, bounded by ``max_queue_bytes``); ``delayed`` (held by ``delay_s``);
-        ``dropped`` by reason: traces (``max_traces``: the buffer was full of unfinished traces,
-        ``max_trace_age``, ``shutdown_incomplete_trace``), spans (``max_spans_per_trace``,
+        ``dropped`` by reason: traces (``max_traces`` and ``max_buffer_bytes``: the buffer was
+        full of unfinished traces, ``max_trace_age``, ``shutdown_incomplete_trace``), spans (``max_spans_per_trace``,
         ``no_context``) and runs (``queue_full`` and ``queue_bytes``: the hand-off queue's run and
         byte bounds, ``delay_queue_full``, ``shutdown_unsent``, ``send_failed``); ``skipped`` by
         reason (``sampled_out``, ``loop_guard``, ``no_target``, ``filtered_out``); ``errors`` by
@@ -835,6 +855,7 @@ class ScoringSpanExporter(SpanExporter):
             return {
                 "spans_seen": self._spans_seen,
                 "traces_buffered": len(self._traces),
+                "buffer_bytes": self._buffered_bytes,
                 "traces_completed": self._traces_completed,
                 "runs_found": self._runs_found,
                 "runs_read_in_app": self._runs_read_in_app,

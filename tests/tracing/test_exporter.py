@@ -134,6 +134,35 @@ def test_max_traces_drops_oldest_unfinished(clock: FakeClock, sink: Recording) -
         exp.shutdown(2000)
 
 
+def test_buffer_is_bounded_in_bytes(clock: FakeClock, sink: Recording) -> None:
+    """max_buffer_bytes bounds the buffered records: large unfinished traces beyond it are
+    dropped oldest first (counted), finished ones are handed off early instead."""
+    big = 64 * 1024
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_buffer_bytes=4 * big, clock=clock)
+    try:
+        recs = [Recorder() for _ in range(8)]
+        ids = [agent_trace(r, question=f"{i}" * big) for i, r in enumerate(recs)]
+        for r in recs:  # children only: unfinished
+            exp.export([s for s in r.spans() if s.name == "chat m"])
+            assert exp.stats()["buffer_bytes"] <= 4 * big
+        assert exp.stats()["dropped"] == {"max_buffer_bytes": 5}
+        for r in recs[5:]:
+            exp.export([s for s in r.spans() if s.name != "chat m"])
+        assert exp.force_flush(5000)
+        assert sorted(r.trace_id for r in sink.requests) == sorted(ids[5:])
+
+        more = [Recorder() for _ in range(8)]
+        ids = [agent_trace(r, question=f"{i}" * big) for i, r in enumerate(more)]
+        for r in more:  # finished: completed early when the buffer is full, never dropped
+            exp.export(r.spans())
+        assert exp.stats()["dropped"] == {"max_buffer_bytes": 5}
+        assert exp.force_flush(5000)
+        assert {r.trace_id for r in sink.requests} >= set(ids)
+        assert exp.stats()["buffer_bytes"] == 0
+    finally:
+        exp.shutdown(2000)
+
+
 def test_max_spans_per_trace_drops_oldest_span(clock: FakeClock, sink: Recording) -> None:
     """Over max_spans_per_trace the trace's oldest span is dropped and counted."""
     exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_spans_per_trace=2, clock=clock)
