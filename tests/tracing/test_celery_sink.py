@@ -1,4 +1,4 @@
-"""CelerySink against a real Redis of the test's own: messages, and a broker that goes away."""
+"""CelerySink against this session's Redis (password, own port): messages, and a broker that goes away."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ import base64
 import json
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 
+from tests._redis import RedisServer
 from tests.tracing._exporting import FakeClock, read, wait_for
 from tests.tracing._spans import Recorder, agent_trace
 from tracing import SCORE_TASK_NAME, CelerySink, ScoreBatch, ScoringRule, ScoringSpanExporter, trace_to_run
@@ -24,57 +23,20 @@ DB = 3
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
 
 
-class OwnRedis:
-    """A redis-server subprocess on a fixed free port, which the test may stop and start again."""
-
-    def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/{DB}"
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, db=DB, socket_timeout=1, socket_connect_timeout=1)
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--daemonize", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        assert wait_for(self._up, 10), "redis-server did not start"
-
-    def _up(self) -> bool:
-        try:
-            return bool(self.client().ping())
-        except redis.RedisError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-
-
 @pytest.fixture
-def own_redis() -> Iterator[OwnRedis]:
-    server = OwnRedis()
-    server.start()
+def own_redis(redis_server: RedisServer) -> Iterator[RedisServer]:
+    """The session's Redis (own port and password), DB 3 emptied; started again if a test stopped it."""
+    redis_server.client(DB).flushdb()
     try:
-        yield server
+        yield redis_server
     finally:
-        server.stop()
+        if redis_server.proc is None:
+            redis_server.start()
 
 
-def _messages(server: OwnRedis) -> list[dict[str, Any]]:
+def _messages(server: RedisServer) -> list[dict[str, Any]]:
     """The Celery messages waiting in the queue's Redis list, oldest first."""
-    raw = server.client().lrange(QUEUE, 0, -1)
+    raw = server.client(DB).lrange(QUEUE, 0, -1)
     return [json.loads(m) for m in reversed(raw)]  # kombu LPUSHes, workers BRPOP
 
 
@@ -89,11 +51,11 @@ def _batch(message: dict[str, Any]) -> ScoreBatch:
     return ScoreBatch.model_validate(args[0])
 
 
-def test_message_is_a_celery_task(own_redis: OwnRedis) -> None:
+def test_message_is_a_celery_task(own_redis: RedisServer) -> None:
     """A sent batch is a JSON Celery protocol-2 message for tracescore.score_batch."""
     clock = FakeClock()
     exp = ScoringSpanExporter(
-        [ScoringRule(["helpfulness"])], CelerySink(own_redis.url, queue=QUEUE), clock=clock
+        [ScoringRule(["helpfulness"])], CelerySink(own_redis.url(DB), queue=QUEUE), clock=clock
     )
     try:
         rec = Recorder()
@@ -110,10 +72,10 @@ def test_message_is_a_celery_task(own_redis: OwnRedis) -> None:
         exp.shutdown(5000)
 
 
-def test_broker_down_then_back(own_redis: OwnRedis) -> None:
+def test_broker_down_then_back(own_redis: RedisServer) -> None:
     """Redis stops while spans flow: nothing raises, the app goes on, and the runs arrive later."""
     clock = FakeClock()
-    sink = CelerySink(own_redis.url, queue=QUEUE, connect_timeout_s=0.5, publish_timeout_s=0.5)
+    sink = CelerySink(own_redis.url(DB), queue=QUEUE, connect_timeout_s=0.5, publish_timeout_s=0.5)
     exp = ScoringSpanExporter(
         [ScoringRule(["s"])], sink, retry_initial_s=0.05, retry_max_s=0.3, clock=clock
     )
@@ -187,10 +149,10 @@ def test_failed_connect_releases_the_connection(monkeypatch: pytest.MonkeyPatch)
     assert len(released) == 1
 
 
-def test_no_late_batch_after_shutdown_and_close(own_redis: OwnRedis) -> None:
+def test_no_late_batch_after_shutdown_and_close(own_redis: RedisServer) -> None:
     """Broker down at shutdown: the runs are dropped and counted, and none arrives once it is back."""
     clock = FakeClock()
-    sink = CelerySink(own_redis.url, queue=QUEUE, connect_timeout_s=0.3, publish_timeout_s=0.3)
+    sink = CelerySink(own_redis.url(DB), queue=QUEUE, connect_timeout_s=0.3, publish_timeout_s=0.3)
     exp = ScoringSpanExporter(
         [ScoringRule(["s"])], sink, batch_size=1, retry_initial_s=0.05, retry_max_s=0.1, clock=clock
     )
