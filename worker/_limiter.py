@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from worker import _keys
+from worker._reconnect import reconnecting_client, unavailable_as_error
 from worker._settings import ModelRateLimit
 
 __all__ = ["RedisRateLimiter"]
@@ -97,8 +98,12 @@ _estimate: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextV
 )
 
 
+@unavailable_as_error
 class RedisRateLimiter:
-    """``JudgeLimiter`` backed by Redis; ``limits(model_id)`` gives each model's budget."""
+    """``JudgeLimiter`` backed by Redis; ``limits(model_id)`` gives each model's budget.
+
+    Its client reconnects by itself (a Redis restart) for ``reconnect_s`` seconds per command;
+    after that a judge call fails with ``StoreUnavailableError`` (transient: retried later)."""
 
     def __init__(
         self,
@@ -106,8 +111,10 @@ class RedisRateLimiter:
         limits: Callable[[str], ModelRateLimit],
         *,
         model_concurrency: int = 64,
+        reconnect_s: float = 2.0,
     ) -> None:
         self.url = url
+        self.reconnect_s = reconnect_s
         self._limits = limits
         self._concurrency = model_concurrency
         self._client: Any = None
@@ -116,15 +123,10 @@ class RedisRateLimiter:
         self.waits = 0  # how many times a caller had to wait (for logs and tests)
 
     def _redis(self) -> Any:
-        import redis.asyncio as aioredis
-
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
             # Blocking pool: callers beyond max_connections wait for a connection, never fail.
-            pool = aioredis.BlockingConnectionPool.from_url(
-                self.url, max_connections=64, timeout=30, decode_responses=True
-            )
-            self._client = aioredis.Redis(connection_pool=pool)
+            self._client = reconnecting_client(self.url, max_connections=64, reconnect_s=self.reconnect_s)
             self._loop = loop
             self._gates = {}
             self._acquire = self._client.register_script(_ACQUIRE)

@@ -4,34 +4,116 @@ Celery has no native ``async def`` tasks; a task hands its coroutine to this loo
 ``run_coro`` and waits. All tasks of a process share the loop, so the judge clients, Redis
 connections and semaphores on it are shared too. Fork safety: the loop belongs to the
 process that created it; a forked child (prefork pool) gets a fresh one on first use.
+
+A scorer step that never returns without awaiting (a sync step, or an async one stuck in a
+CPU loop) blocks the loop, and with it every batch of the process. ``LoopWatchdog`` notices
+(the loop's heartbeat stops), raises ``LoopBlockedError`` inside the blocking code, and when
+that cannot end it (a C call that never returns, a step that swallows the error) hands over
+to ``on_wedged``, which records what it can and ends the process so the pool replaces it and
+the broker redelivers its unacknowledged messages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
+import faulthandler
 import os
 import threading
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["LoopThread", "get_loop_thread", "run_coro", "stop_loop"]
+import structlog
+
+__all__ = [
+    "LoopBlockedError",
+    "LoopThread",
+    "LoopWatchdog",
+    "get_loop_thread",
+    "run_coro",
+    "start_watchdog",
+    "stop_loop",
+]
 
 T = TypeVar("T")
 
+log = structlog.get_logger("tracescore.worker.loop")
+
+HEARTBEAT_S = 0.2
+
+
+class LoopBlockedError(Exception):
+    """Raised inside code that kept the worker's event loop busy past the run timeout.
+
+    It is raised asynchronously (a class, without arguments), so the message is fixed here."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(
+            *(args or ("the step kept the worker's event loop blocked past TRACESCORE_RUN_TIMEOUT_SECONDS",))
+        )
+
 
 class LoopThread:
-    """An event loop running forever in a daemon thread."""
+    """An event loop running forever in a daemon thread, with a heartbeat the watchdog reads."""
 
     def __init__(self, name: str = "tracescore-loop") -> None:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
+        self.beat = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        self.loop.call_soon(self._heartbeat)
+        while True:
+            try:
+                self.loop.run_forever()
+                return
+            except LoopBlockedError:
+                # Delivered just after the blocking code returned, into the loop's own code:
+                # the callback it hit is lost (maybe the heartbeat: start another), the loop
+                # itself is fine; keep it running.
+                log.warning("loop_interrupt_missed_its_step")
+                self.loop.call_soon(self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        self.beat = time.monotonic()
+        self.loop.call_later(HEARTBEAT_S, self._heartbeat)
+
+    @property
+    def thread_id(self) -> int | None:
+        return self._thread.ident
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self.loop.is_closed()
+
+    def blocked_for(self) -> float:
+        """Seconds the loop has been stuck in one callback (0 while it keeps turning)."""
+        return max(0.0, time.monotonic() - self.beat - HEARTBEAT_S)
+
+    def interrupt(self) -> bool:
+        """Raise ``LoopBlockedError`` in the loop thread at its next Python instruction (a C call
+        in progress is not interrupted). True if the exception was scheduled."""
+        ident = self._thread.ident
+        if ident is None or not self._thread.is_alive():
+            return False
+        set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+        return int(set_async_exc(ctypes.c_ulong(ident), ctypes.py_object(LoopBlockedError))) == 1
+
+    def cancel_interrupt(self) -> None:
+        ident = self._thread.ident
+        if ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+
+    def current_task(self) -> asyncio.Task[Any] | None:
+        """The task the loop is running now (for the watchdog: the loop is stuck inside it)."""
+        try:
+            return asyncio.current_task(self.loop)
+        except RuntimeError:
+            return None
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the loop and wait for it. On timeout (``TimeoutError``) or when the
@@ -55,8 +137,91 @@ class LoopThread:
             self.loop.close()
 
 
+OnWedged = Callable[[asyncio.Task[Any] | None, float], None]
+
+
+class LoopWatchdog:
+    """Watches one ``LoopThread``: blocked longer than ``limit_s`` → interrupt the blocking code;
+    still blocked ``grace_s`` later → ``on_wedged(task, blocked_s)`` (which should end the process).
+
+    ``can_interrupt(task)`` says whether the task the loop is stuck in may take the exception
+    (a scorer run does: its error becomes the run's error record); otherwise the watchdog goes
+    straight to ``on_wedged``. With ``backstop`` a C-level timer (``faulthandler``) ends the
+    process if even this thread cannot run (a C call holding the GIL)."""
+
+    def __init__(
+        self,
+        loop_thread: LoopThread,
+        *,
+        limit_s: float,
+        on_wedged: OnWedged,
+        can_interrupt: Callable[[asyncio.Task[Any] | None], bool] = lambda task: task is not None,
+        grace_s: float = 3.0,
+        backstop: bool = False,
+    ) -> None:
+        self.loop_thread = loop_thread
+        self.limit_s = limit_s
+        self.grace_s = grace_s
+        self._on_wedged = on_wedged
+        self._can_interrupt = can_interrupt
+        self._backstop_s = limit_s + grace_s + 60.0 if backstop else None
+        self._armed_at = 0.0
+        self.interrupted = 0  # blocked steps ended by the exception (for logs and tests)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="tracescore-loop-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._backstop_s is not None:
+            faulthandler.cancel_dump_traceback_later()
+
+    def _arm_backstop(self) -> None:
+        now = time.monotonic()
+        if self._backstop_s is not None and now - self._armed_at >= 1.0:
+            faulthandler.dump_traceback_later(self._backstop_s, exit=True)
+            self._armed_at = now
+
+    def _watch(self) -> None:
+        interval = min(0.25, self.limit_s / 4)
+        while not self._stop.wait(interval):
+            lt = self.loop_thread
+            if not lt.alive() or lt.pid != os.getpid():
+                return
+            blocked = lt.blocked_for()
+            if blocked < self.limit_s:
+                self._arm_backstop()
+                continue
+            task = lt.current_task()
+            if self._can_interrupt(task) and self._interrupt(lt):
+                self.interrupted += 1
+                continue
+            if self._stop.is_set():
+                return
+            self._on_wedged(task, lt.blocked_for())
+            return
+
+    def _interrupt(self, lt: LoopThread) -> bool:
+        """True if the loop turned again within the grace period after the interrupt."""
+        stuck_since = lt.beat
+        if not lt.interrupt():
+            return False
+        log.warning("loop_blocked_interrupting", blocked_s=round(lt.blocked_for(), 1), limit_s=self.limit_s)
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if lt.beat != stuck_since:
+                return True
+            time.sleep(0.02)
+        if lt.beat != stuck_since:
+            return True
+        # Not delivered (a C call): withdraw it, or it would fire later in whatever runs then.
+        lt.cancel_interrupt()
+        return False
+
+
 _lock = threading.Lock()
 _current: LoopThread | None = None
+_watchdog: LoopWatchdog | None = None
 
 
 def get_loop_thread() -> LoopThread:
@@ -68,14 +233,44 @@ def get_loop_thread() -> LoopThread:
         return _current
 
 
+def start_watchdog(
+    limit_s: float,
+    on_wedged: OnWedged,
+    *,
+    can_interrupt: Callable[[asyncio.Task[Any] | None], bool] = lambda task: task is not None,
+    grace_s: float = 3.0,
+) -> LoopWatchdog:
+    """Watch this process's loop (one watchdog per process; a second call replaces the first).
+
+    The C-level backstop is armed only when nobody else uses ``faulthandler``'s timer (pytest
+    and ``PYTHONFAULTHANDLER`` turn faulthandler on; their own timeouts must stay theirs)."""
+    global _watchdog
+    loop_thread = get_loop_thread()
+    with _lock:
+        if _watchdog is not None:
+            _watchdog.stop()
+        _watchdog = LoopWatchdog(
+            loop_thread,
+            limit_s=limit_s,
+            on_wedged=on_wedged,
+            can_interrupt=can_interrupt,
+            grace_s=grace_s,
+            backstop=not faulthandler.is_enabled(),
+        )
+        return _watchdog
+
+
 def run_coro(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     """Run ``coro`` on this process's loop thread from synchronous code; see ``LoopThread.run``."""
     return get_loop_thread().run(coro, timeout)
 
 
 def stop_loop() -> None:
-    global _current
+    global _current, _watchdog
     with _lock:
         current, _current = _current, None
+        watchdog, _watchdog = _watchdog, None
+    if watchdog is not None:
+        watchdog.stop()
     if current is not None and current.pid == os.getpid():
         current.stop()

@@ -18,11 +18,17 @@ nothing). A trace that cannot be read gives one error record per requested score
 ``error_type`` the ``TraceReadError`` reason (``bad_json``, ``no_content``...; ``read_failed``
 when the reading itself crashed) and a message naming the span and attribute: visible and
 counted, never a crashed batch.
+
+Limits: a run longer than ``run_timeout_s`` (awaiting, or blocking the loop: see
+``worker._loop.LoopWatchdog``) and a run that exhausts memory (``MemoryError``, e.g. at the
+worker's address-space limit) become error records with ``error_type`` ``timeout`` and
+``memory``; the batch's other runs go on. Both are final: the same run would do it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import secrets
 import socket
@@ -42,10 +48,20 @@ from tracing._run import ScoreBatch, ScoreRequest, TracedRun
 from tracing._score_record import ScoreRecord, score_id_for
 from tracing._score_writer import ScoreWriter
 from tracing._transform import trace_to_run
+from worker._loop import LoopBlockedError
 from worker._registry import UnknownScorerError
-from worker._store import ScoreStore
+from worker._store import ScoreStore, StoreUnavailableError
 
-__all__ = ["TRANSIENT_STATUS_CODES", "BatchReport", "ScoringDeps", "is_transient", "score_batch"]
+__all__ = [
+    "TRANSIENT_STATUS_CODES",
+    "BatchReport",
+    "ScoringDeps",
+    "StoreUnavailableError",
+    "is_transient",
+    "score_batch",
+    "scoring_run_of",
+    "wedged_record",
+]
 
 log = structlog.get_logger("tracescore.worker.scoring")
 
@@ -80,6 +96,8 @@ class ScoringDeps:
     # Which scorers keep step checkpoints: "judge" (those with prompt steps: judge calls cost
     # money), "all" (function-only scorers too, one store write per step) or "none".
     checkpoint: Literal["judge", "all", "none"] = "judge"
+    # A scorer run longer than this becomes a ``timeout`` error record (None: no limit).
+    run_timeout_s: float | None = None
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     _gates: dict[tuple[int, str], asyncio.Semaphore] = field(default_factory=dict, repr=False)
 
@@ -149,6 +167,40 @@ class _Pair:
 class _Transient:
     pair: _Pair
     error_type: str
+
+
+# The scorer run each task is in, so the loop watchdog can name (and record) the run that
+# blocks the loop: it is the task the loop is stuck in.
+_running: dict[asyncio.Task[Any], tuple[_Pair, ScoringDeps]] = {}
+
+
+def scoring_run_of(task: asyncio.Task[Any] | None) -> bool:
+    """True when ``task`` is inside a scorer run (its steps may take the watchdog's exception)."""
+    return task is not None and task in _running
+
+
+def wedged_record(task: asyncio.Task[Any] | None, blocked_s: float) -> tuple[ScoreRecord, ScoringDeps] | None:
+    """The ``timeout`` error record for the run that ``task`` is stuck in (None if it is not a
+    run), for the watchdog to store before the process is replaced."""
+    found = _running.get(task) if task is not None else None
+    if found is None:
+        return None
+    pair, deps = found
+    error = LoopBlockedError(
+        f"scorer {pair.scorer_id!r} blocked the worker's event loop for {blocked_s:.0f} s "
+        f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {deps.run_timeout_s}) in code that could not be "
+        "interrupted; the worker process was replaced"
+    )
+    return _record(pair, None, error=error, error_type="timeout"), deps
+
+
+def _limit_error_type(exc: BaseException | None) -> str | None:
+    """``timeout`` / ``memory`` when ``exc`` is a run hitting the worker's limits."""
+    if isinstance(exc, LoopBlockedError):
+        return "timeout"
+    if isinstance(exc, MemoryError):
+        return "memory"
+    return None
 
 
 def _model_key(scorer: Scorer) -> str:
@@ -245,17 +297,39 @@ async def _score_pair(
             await deps.store.put_checkpoint(pair.score_id, partial, deps.checkpoint_ttl_s)
 
     async with deps.gate(_model_key(scorer)):
+        task = asyncio.current_task()
+        if task is not None:
+            _running[task] = (pair, deps)
+        deadline = asyncio.timeout(deps.run_timeout_s)
         try:
-            result = await scorer.run(
-                input=run.input,
-                output=run.output,
-                run_id=f"{ident.trace_id}:{ident.span_id}",
-                ground_truth=run.ground_truth,
-                request_context=run.request_context,
-                resume=checkpoint,
-                on_step=on_step,
+            async with deadline:
+                result = await scorer.run(
+                    input=run.input,
+                    output=run.output,
+                    run_id=f"{ident.trace_id}:{ident.span_id}",
+                    ground_truth=run.ground_truth,
+                    request_context=run.request_context,
+                    resume=checkpoint,
+                    on_step=on_step,
+                )
+        except TimeoutError as exc:
+            if not deadline.expired():  # not ours: a bug outside the steps, still a record
+                log.exception("scorer_crashed", scorer=pair.scorer_id, score_id=pair.score_id)
+                return _record(pair, None, error=exc, error_type=type(exc).__name__)
+            log.warning("scorer_run_timeout", scorer=pair.scorer_id, score_id=pair.score_id, limit_s=deps.run_timeout_s)
+            return _record(
+                pair,
+                None,
+                error=TimeoutError(
+                    f"scorer {pair.scorer_id!r} did not finish within TRACESCORE_RUN_TIMEOUT_SECONDS "
+                    f"({deps.run_timeout_s} s); it was cancelled"
+                ),
+                error_type="timeout",
             )
         except ScorerRunError as exc:
+            limit = _limit_error_type(exc.cause)
+            if limit is not None:
+                return _limit_record(pair, exc, limit, deps)
             transient = is_transient(exc.cause)
             if transient and not final_attempt:
                 return _Transient(pair, exc.error_type)
@@ -270,9 +344,36 @@ async def _score_pair(
         except ScorerError as exc:
             return _record(pair, None, error=exc, error_type=type(exc).__name__)
         except Exception as exc:  # a bug in a scorer outside its steps: still a visible record
+            limit = _limit_error_type(exc)
+            if limit is not None:
+                return _limit_record(pair, exc, limit, deps)
             log.exception("scorer_crashed", scorer=pair.scorer_id, score_id=pair.score_id)
             return _record(pair, None, error=exc, error_type=type(exc).__name__)
+        finally:
+            if task is not None:
+                _running.pop(task, None)
     return _record(pair, result)
+
+
+def _limit_record(pair: _Pair, exc: BaseException, error_type: str, deps: ScoringDeps) -> ScoreRecord:
+    failed_step = exc.failed_step if isinstance(exc, ScorerRunError) else None
+    if error_type == "timeout":
+        message = (
+            f"scorer {pair.scorer_id!r} blocked the worker's event loop past TRACESCORE_RUN_TIMEOUT_SECONDS "
+            f"({deps.run_timeout_s} s) in step {failed_step or '?'} and was interrupted"
+        )
+    else:
+        message = f"scorer {pair.scorer_id!r} ran out of memory in step {failed_step or '?'} (MemoryError)"
+    log.warning(f"scorer_run_{error_type}", scorer=pair.scorer_id, score_id=pair.score_id, step=failed_step)
+    partial = exc.partial if isinstance(exc, ScorerRunError) else None
+    record = _record(pair, partial, error=RuntimeError(message), error_type=error_type, failed_step=failed_step)
+    if error_type == "memory":
+        # What the step allocated is reachable from the exception's frames until they go:
+        # free it now, before the next allocation anywhere in the process fails too.
+        exc.__traceback__ = None
+        exc.__cause__ = exc.__context__ = None
+        gc.collect()
+    return record
 
 
 class _GroupCommit:

@@ -68,6 +68,13 @@ class Settings(BaseSettings):
     writer: Literal["otlp", "jsonl", "console", "none"] = "otlp"
     writer_path: str | None = None  # for writer=jsonl
 
+    # A scorer run longer than this is stopped and recorded as error_type "timeout" (a step
+    # blocking the event loop is interrupted, or its process replaced); 0 → ¾ of the soft limit.
+    run_timeout_seconds: float = Field(default=0.0, ge=0)
+    # Address-space cap per worker process (RLIMIT_AS), in MB; a run allocating past it fails
+    # with error_type "memory" and the process goes on. 0 → no cap (the OOM killer decides).
+    memory_limit_mb: int = Field(default=0, ge=0)
+
     @field_validator("rate_limits", mode="before")
     @classmethod
     def _parse_rate_limits(cls, value: Any) -> Any:
@@ -111,6 +118,25 @@ class Settings(BaseSettings):
             requests_per_minute=self.default_requests_per_minute,
             tokens_per_minute=self.default_tokens_per_minute,
         )
+
+    @property
+    def run_timeout(self) -> float:
+        return self.run_timeout_seconds or self.task_soft_time_limit * 0.75
+
+    @model_validator(mode="after")
+    def _check_run_limits(self) -> Settings:
+        if self.run_timeout >= self.task_soft_time_limit:
+            # The run's own timeout must fire first, or the whole batch is cut off and retried.
+            raise ValueError(
+                f"TRACESCORE_RUN_TIMEOUT_SECONDS ({self.run_timeout}) must be below "
+                f"TRACESCORE_TASK_SOFT_TIME_LIMIT ({self.task_soft_time_limit})"
+            )
+        if 0 < self.memory_limit_mb < 256:
+            raise ValueError(
+                f"TRACESCORE_MEMORY_LIMIT_MB ({self.memory_limit_mb}) is too small for a worker process "
+                "(its threads alone reserve more address space); use 0 (no cap) or 256 and above"
+            )
+        return self
 
 
 def load_settings(**overrides: Any) -> Settings:

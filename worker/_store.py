@@ -4,6 +4,10 @@
 process (the embedded mode and tests). Recording a score is one atomic step (a Lua script in
 Redis, a lock in memory): the first writer wins, every later attempt learns it was a duplicate,
 so each score is recorded — and written back — exactly once.
+
+The Redis store reconnects by itself (a Redis restart, a failover) and retries the command;
+when Redis stays away it raises ``StoreUnavailableError``, which hands a task's message back
+to the queue (see ``worker._reconnect``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from redis.exceptions import NoScriptError
 from scorers import ScoreResult
 from tracing._score_record import ScoreRecord
 from worker import _keys
+from worker._reconnect import StoreUnavailableError, reconnecting_client, unavailable_as_error
 
 __all__ = [
     "FAILURE_WINDOW_SECONDS",
@@ -29,6 +34,7 @@ __all__ = [
     "MemoryScoreStore",
     "RedisScoreStore",
     "ScoreStore",
+    "StoreUnavailableError",
     "failure_bucket",
 ]
 
@@ -191,6 +197,9 @@ class MemoryScoreStore:
             for record in records:
                 prev = self.records.get(record.score_id)
                 if prev is not None:
+                    if prev == record:  # this very record again (as Redis answers a retried put)
+                        fresh.append(True)
+                        continue
                     if not prev.retryable:
                         fresh.append(False)
                         continue
@@ -267,6 +276,11 @@ class MemoryScoreStore:
 # ARGV: record json, ttl, score id, owner, has_job (0/1), outcome, reason, failures ttl, job id
 _PUT_RECORD = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) then
+  -- This very record, stored by our own earlier try whose reply a dropped connection lost
+  -- (the client retried): it is new to us, and its counters are already in.
+  if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return 1
+  end
   -- Taken. Only an error record marked retryable (its retries ran out on a transient failure)
   -- may be replaced, by a later delivery (e.g. `tracescore dlq retry`).
   local ok, prev = pcall(cjson.decode, redis.call('GET', KEYS[1]) or '')
@@ -318,14 +332,20 @@ return 0
 """
 
 
+@unavailable_as_error
 class RedisScoreStore:
     """The store in Redis (``redis.asyncio``); every worker process shares it.
 
-    The client is created on first use, on the event loop that uses it.
+    The client is created on first use, on the event loop that uses it, and reconnects by
+    itself; ``StoreUnavailableError`` means Redis stayed unreachable through the retries.
     """
 
-    def __init__(self, url: str, *, max_connections: int = 32, job_ttl_s: int = 7 * 24 * 3600) -> None:
+    def __init__(
+        self, url: str, *, max_connections: int = 32, job_ttl_s: int = 7 * 24 * 3600, reconnect_s: float = 2.0
+    ) -> None:
         self.url = url
+        # How long a command keeps reconnecting before StoreUnavailableError (workers: 30 s).
+        self.reconnect_s = reconnect_s
         self._max_connections = max_connections
         self._job_ttl_s = job_ttl_s
         self._client: Any = None
@@ -334,14 +354,11 @@ class RedisScoreStore:
 
     @property
     def client(self) -> Any:
-        import redis.asyncio as aioredis
-
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            pool = aioredis.BlockingConnectionPool.from_url(
-                self.url, max_connections=self._max_connections, timeout=30, decode_responses=True
+            self._client = reconnecting_client(
+                self.url, max_connections=self._max_connections, reconnect_s=self.reconnect_s
             )
-            self._client = aioredis.Redis(connection_pool=pool)
             self._loop = loop
         return self._client
 

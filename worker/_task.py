@@ -15,7 +15,7 @@ from tracing._run import SCORE_TASK_NAME, ScoreBatch
 from worker._app import app
 from worker._loop import run_coro
 from worker._runtime import WorkerRuntime, get_runtime
-from worker._scoring import score_batch
+from worker._scoring import StoreUnavailableError, score_batch
 from worker._store import DeadLetter
 
 __all__ = ["score_batch_task"]
@@ -119,7 +119,7 @@ def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | Non
     final = attempt >= settings.retry_budget
     try:
         report = run_coro(score_batch(batch, runtime.deps, final_attempt=final), timeout=settings.task_soft_time_limit)
-    except Retry:
+    except (Retry, StoreUnavailableError):  # Redis unreachable: a Reject that requeues, not a retry
         raise
     except (Exception, SoftTimeLimitExceeded) as exc:
         error = f"{type(exc).__name__}: {exc}"

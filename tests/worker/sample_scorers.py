@@ -138,3 +138,63 @@ def _crash(run: Any) -> float:
 
 
 crash = create_scorer("crash", type="agent").generate_score(_crash)
+
+
+# --- Runs that hit the worker's limits (tests/worker/test_timeouts.py) ----------------------
+
+
+def _spin(run: Any) -> float:
+    """A sync step that never returns and never awaits: it blocks the event loop (pure Python,
+    so the loop watchdog's exception can reach it)."""
+    n = 0
+    while True:
+        n += 1
+
+
+spin = create_scorer("spin", type="agent").generate_score(_spin)
+
+
+def _sleep_forever(run: Any) -> float:
+    """A sync step stuck in a C call that never returns: nothing can interrupt it in-process."""
+    time.sleep(10**6)
+    return 0.0
+
+
+sleep_forever = create_scorer("sleep_forever", type="agent").generate_score(_sleep_forever)
+
+
+async def _stuck(run: Any) -> float:
+    """An async step that never returns (awaits something that never happens)."""
+    await asyncio.Event().wait()
+    return 0.0
+
+
+stuck = create_scorer("stuck", type="agent").generate_score(_stuck)
+
+
+def _hog(run: Any) -> float:
+    """Allocates until the process's memory limit stops it."""
+    chunks = []
+    while True:
+        chunks.append(bytearray(64 * 1024 * 1024))
+
+
+hog = create_scorer("hog", type="agent").generate_score(_hog)
+
+
+# --- A run that kills any process scoring it (tests/worker/test_poison.py) -------------------
+
+POISON_MARKER = "POISON-RUN-7f3a"
+
+
+def _poison(run: Any) -> float:
+    """SIGKILLs its own process for a run whose output holds ``POISON_MARKER`` (a stand-in for
+    a segfault or an OOM kill caused by one run); scores every other run like ``length``."""
+    if POISON_MARKER in _text(run.output):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _length(run.output)
+
+
+poison = create_scorer("poison", type="agent").generate_score(_poison)

@@ -80,3 +80,27 @@ def test_record_usage_corrects_the_token_estimate(redis_url: str) -> None:
 
     asyncio.run(go())
     client.close()
+
+
+def test_limiter_reconnects_after_a_redis_restart() -> None:
+    """The limiter's pooled connections go stale when Redis restarts; the next slot reconnects."""
+    from tests._redis import RedisServer
+
+    server = RedisServer()
+    server.start()
+    limiter = RedisRateLimiter(server.url(0), _limits(rpm=6000), reconnect_s=10)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        async with limiter.slot("m", 1):
+            pass
+        server.stop()
+        server.start()
+        async with limiter.slot("m", 1):
+            pass
+        await limiter.pause("m", 0.01)
+        await limiter.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()

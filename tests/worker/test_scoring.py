@@ -312,3 +312,86 @@ def test_dead_owner_detection_reads_delivery_owners() -> None:
     assert _owner_is_dead_here("host-a:999999999", me)  # owners written before deliveries had ids
     assert not _owner_is_dead_here(f"host-a:{__import__('os').getpid()}:d1234", me)
     assert not _owner_is_dead_here("host-b:999999999:d1234", me)
+
+
+# --- limits: run timeout, a blocked loop, memory ------------------------------------------------
+
+
+async def _never(run: Any) -> float:
+    await asyncio.Event().wait()
+    return 0.0
+
+
+def _busy(run: Any) -> float:
+    while True:
+        pass
+
+
+def _huge(run: Any) -> float:
+    return float(len(bytearray(1 << 62)))  # more than any machine: MemoryError at once
+
+
+never = create_scorer("never", type="agent").generate_score(_never)
+busy = create_scorer("busy", type="agent").generate_score(_busy)
+huge = create_scorer("huge", type="agent").generate_score(_huge)
+
+
+def _mixed(bad: str, salt: str) -> Any:
+    """Run 0 goes to ``bad``, runs 1-3 to ``plain``."""
+    good = batch(range(1, 4), ["plain"], salt=salt)
+    odd = batch(range(1), [bad], salt=salt)
+    return good.model_copy(update={"requests": odd.requests + good.requests})
+
+
+def test_async_step_past_the_run_timeout_is_a_timeout_record() -> None:
+    """An async step that never returns: its run is recorded as `timeout` after run_timeout_s,
+    the batch's other runs are scored, and score_batch returns."""
+    deps, store, writer = _deps(plain, never, run_timeout_s=0.5)
+    report = asyncio.run(asyncio.wait_for(score_batch(_mixed("never", "t"), deps), 10))
+    assert report.scored == 3
+    assert report.failed == {"timeout": 1}
+    (record,) = [r for r in store.records.values() if r.error_type]
+    assert record.scorer_id == "never"
+    assert "TRACESCORE_RUN_TIMEOUT_SECONDS" in (record.error_message or "")
+    assert not record.retryable
+    assert len(writer.records) == 4
+
+
+def test_sync_step_blocking_the_loop_is_interrupted_and_the_loop_keeps_scoring() -> None:
+    """A sync step that never returns blocks the loop: the watchdog interrupts it, the run is a
+    `timeout` record, the others are scored, and later batches on the same loop are scored."""
+    from tests.worker._workers import wait_for
+    from worker._loop import LoopThread, LoopWatchdog
+    from worker._scoring import scoring_run_of
+
+    wedged: list[float] = []
+    lt = LoopThread("test-loop")
+    watchdog = LoopWatchdog(
+        lt, limit_s=0.5, grace_s=2.0, can_interrupt=scoring_run_of, on_wedged=lambda t, s: wedged.append(s)
+    )
+    try:
+        deps, store, _ = _deps(plain, busy, run_timeout_s=0.5)
+        report = lt.run(score_batch(_mixed("busy", "w"), deps), 20)
+        assert report.failed == {"timeout": 1}
+        assert report.scored == 3
+        (record,) = [r for r in store.records.values() if r.error_type]
+        assert record.scorer_id == "busy"
+        assert record.failed_step == "generate_score"
+        later = lt.run(score_batch(batch(range(10, 14), ["plain"], salt="w"), deps), 10)
+        assert later.scored == 4
+        assert wait_for(lambda: watchdog.interrupted == 1, 5)
+        assert wedged == []
+    finally:
+        watchdog.stop()
+        lt.stop()
+
+
+def test_memory_error_in_a_step_is_a_memory_record() -> None:
+    """A step that cannot get its memory: a `memory` error record; the other runs are scored."""
+    deps, store, _ = _deps(plain, huge)
+    report = asyncio.run(score_batch(_mixed("huge", "m"), deps))
+    assert report.failed == {"memory": 1}
+    assert report.scored == 3
+    (record,) = [r for r in store.records.values() if r.error_type]
+    assert record.failed_step == "generate_score"
+    assert "MemoryError" in (record.error_message or "")

@@ -140,3 +140,83 @@ def test_retryable_error_record_can_be_replaced_once(store: Any) -> None:
     assert kept == 0.5
     assert progress["scored"] == 1
     assert progress["failed"] == 0
+
+
+def test_put_records_retried_after_a_lost_reply_is_new_again(store: Any) -> None:
+    """The same record put twice (the client retrying after a dropped connection lost the first
+    reply) is reported new both times and counted once, so it is still written back; a
+    different record for the same score id stays a duplicate."""
+
+    async def go() -> tuple[list[bool], list[bool], list[bool], dict[str, int]]:
+        rec = _record(11, job_id="lost", score=0.4)
+        first = await store.put_records([rec], "w", 60)
+        retried = await store.put_records([rec], "w", 60)
+        other = await store.put_records([_record(11, job_id="lost", score=0.9)], "w2", 60)
+        progress = await store.job_progress("lost")
+        await store.close()
+        return first, retried, other, progress
+
+    first, retried, other, progress = run(go())
+    assert (first, retried, other) == ([True], [True], [False])
+    assert progress == {"scored": 1}
+
+
+@pytest.fixture
+def restartable() -> Iterator[Any]:
+    """A Redis of this test's own, to kill and start again on the same port."""
+    from tests._redis import RedisServer
+
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_redis_store_reconnects_after_a_redis_restart(restartable: Any) -> None:
+    """Redis killed and started again on the same port: the store's pooled connections are
+    stale, and its next commands reconnect instead of failing with ConnectionError."""
+    store = RedisScoreStore(restartable.url(0), reconnect_s=10)
+
+    async def go() -> tuple[set[str], list[bool], int]:
+        await store.claim(["a"], "w", 60)  # the pool now holds a live connection
+        restartable.stop()
+        restartable.start()
+        held = await store.claim(["b"], "w", 60)
+        fresh = await store.put_records([_record(12, score=0.3)], "w", 60)
+        deliveries = await store.count_delivery("t", 60)
+        await store.close()
+        return held, fresh, deliveries
+
+    assert run(go()) == ({"b"}, [True], 1)
+
+
+def test_redis_store_outage_raises_a_requeueing_error(restartable: Any) -> None:
+    """Redis down through every reconnect attempt: StoreUnavailableError, which Celery treats as
+    "reject and requeue" (the message is given back, not failed and acknowledged) and the CLI
+    still catches as a Redis ConnectionError."""
+    from celery.exceptions import Reject
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from worker._store import StoreUnavailableError
+
+    store = RedisScoreStore(restartable.url(0), reconnect_s=0.5)
+    restartable.stop()
+
+    async def go() -> BaseException:
+        try:
+            await store.count_delivery("t", 60)
+        except BaseException as exc:
+            return exc
+        finally:
+            await store.close()
+        raise AssertionError("no error with Redis down")
+
+    exc = run(go())
+    assert isinstance(exc, StoreUnavailableError)
+    assert isinstance(exc, Reject)
+    assert exc.requeue
+    assert isinstance(exc, RedisConnectionError)
+    assert "count_delivery" in str(exc)
+    assert restartable.password not in str(exc)

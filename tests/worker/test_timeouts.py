@@ -1,0 +1,127 @@
+"""Runs that hit the worker's limits, on real ``celery -A worker worker`` processes (DB 11).
+
+A sync step that never returns, an async step that never returns, a step stuck in a C call, and
+a step that allocates until the memory cap: each run becomes an error record (``timeout`` /
+``memory``), the batch's other runs are scored, and the worker goes on scoring later batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.worker._batches import batch
+from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tracing import CelerySink
+from tracing._run import ScoreBatch
+
+LIMITS = {
+    "TRACESCORE_RUN_TIMEOUT_SECONDS": "2",
+    "TRACESCORE_TASK_SOFT_TIME_LIMIT": "20",
+    "TRACESCORE_TASK_TIME_LIMIT": "25",
+    "TRACESCORE_VISIBILITY_TIMEOUT": "30",
+    "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+}
+
+
+@pytest.fixture
+def started(redis_url: str, tmp_path: Path) -> Iterator[list[WorkerProcess]]:
+    workers: list[WorkerProcess] = []
+    try:
+        yield workers
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+def _start(
+    started: list[WorkerProcess], redis_url: str, tmp: Path, env: dict[str, str], **options: Any
+) -> WorkerProcess:
+    worker = WorkerProcess("limits", redis_url, tmp, scores_path=tmp / "scores.jsonl", env={**LIMITS, **env}, **options)
+    started.append(worker)
+    worker.wait_ready()
+    return worker
+
+
+def _mixed(bad: str, salt: str) -> ScoreBatch:
+    """Run 0 is scored by ``bad``; runs 1-3 by ``length``."""
+    good = batch(range(1, 4), ["length"], salt=salt)
+    odd = batch(range(1), [bad], salt=salt)
+    return good.model_copy(update={"batch_id": f"mixed-{salt}", "requests": odd.requests + good.requests})
+
+
+def _send(redis_url: str, *batches: ScoreBatch) -> None:
+    sink = CelerySink(redis_url)
+    try:
+        for b in batches:
+            sink.send(b)
+    finally:
+        sink.close()
+
+
+def _check(worker: WorkerProcess, scores_path: Path, bad: str, error_type: str) -> list[dict[str, Any]]:
+    """The bad run has one `error_type` record, the 3 neighbours and the 4 later runs are scored."""
+    assert wait_for(lambda: len(read_scores(scores_path)) >= 8, 90), worker.text()[-4000:]
+    scores = read_scores(scores_path)
+    assert len(scores) == 8, scores
+    assert len({s["score_id"] for s in scores}) == 8
+    (failed,) = [s for s in scores if s["error_type"]]
+    assert failed["scorer_id"] == bad
+    assert failed["error_type"] == error_type
+    assert not failed["retryable"]
+    assert sorted(s["scorer_id"] for s in scores if not s["error_type"]) == ["length"] * 7
+    assert all(s["score"] is not None for s in scores if not s["error_type"])
+    return scores
+
+
+@pytest.mark.parametrize("pool", ["threads", "solo"])
+def test_sync_step_that_never_returns_is_interrupted(
+    started: list[WorkerProcess], redis_url: str, tmp_path: Path, pool: str
+) -> None:
+    """A sync step in an endless loop blocks the event loop: the watchdog interrupts it, the run
+    is a `timeout` record, and the same process scores its neighbours and the next batch."""
+    worker = _start(started, redis_url, tmp_path, {}, pool=pool, concurrency=2 if pool == "threads" else 1)
+    _send(redis_url, _mixed("spin", f"spin-{pool}"), batch(range(10, 14), ["length"], salt=f"after-{pool}"))
+    scores = _check(worker, tmp_path / "scores.jsonl", "spin", "timeout")
+    (failed,) = [s for s in scores if s["error_type"]]
+    assert failed["failed_step"] == "generate_score"
+    assert "loop_blocked_interrupting" in worker.text()
+    assert worker.proc.poll() is None
+
+
+def test_async_step_that_never_returns_times_out(started: list[WorkerProcess], redis_url: str, tmp_path: Path) -> None:
+    """An async step awaiting forever is cancelled at the run timeout: a `timeout` record, the
+    rest of the batch and the next batch scored, the worker alive."""
+    worker = _start(started, redis_url, tmp_path, {}, pool="solo")
+    _send(redis_url, _mixed("stuck", "stuck"), batch(range(10, 14), ["length"], salt="after-stuck"))
+    scores = _check(worker, tmp_path / "scores.jsonl", "stuck", "timeout")
+    (failed,) = [s for s in scores if s["error_type"]]
+    assert "TRACESCORE_RUN_TIMEOUT_SECONDS (2.0 s)" in failed["error_message"]
+    assert worker.proc.poll() is None
+
+
+def test_step_stuck_in_a_c_call_recycles_the_child_and_redelivers(
+    started: list[WorkerProcess], redis_url: str, tmp_path: Path
+) -> None:
+    """time.sleep(10**6) cannot be interrupted: the run's `timeout` record is stored, the prefork
+    child exits and is replaced, the message is redelivered and its other runs scored once."""
+    worker = _start(started, redis_url, tmp_path, {}, pool="prefork", concurrency=1)
+    _send(redis_url, _mixed("sleep_forever", "sleepy"), batch(range(10, 14), ["length"], salt="after-sleepy"))
+    _check(worker, tmp_path / "scores.jsonl", "sleep_forever", "timeout")
+    assert "worker_loop_wedged_exiting" in worker.text()
+    assert "already_scored" in worker.text()  # the redelivery skipped the recorded run
+    assert worker.proc.poll() is None
+
+
+def test_step_allocating_past_the_memory_cap_is_a_memory_record(
+    started: list[WorkerProcess], redis_url: str, tmp_path: Path
+) -> None:
+    """A step allocating 64 MB chunks until TRACESCORE_MEMORY_LIMIT_MB stops it: a `memory`
+    record, the others scored, and the same process scores the next batch."""
+    worker = _start(started, redis_url, tmp_path, {"TRACESCORE_MEMORY_LIMIT_MB": "2048"}, pool="solo")
+    _send(redis_url, _mixed("hog", "hog"), batch(range(10, 14), ["length"], salt="after-hog"))
+    _check(worker, tmp_path / "scores.jsonl", "hog", "memory")
+    assert worker.proc.poll() is None

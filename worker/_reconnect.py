@@ -1,0 +1,105 @@
+"""Redis clients that survive a Redis restart, and the error they raise when Redis stays away.
+
+Every asyncio Redis client the worker holds (score store, rate limiter) is built here: a
+connection found dead (Redis restarted, a failover, an idle connection cut by a proxy) is
+replaced and the command retried with exponential backoff for up to ``reconnect_s`` seconds;
+only then does the caller see ``StoreUnavailableError``.
+
+``StoreUnavailableError`` is a Celery ``Reject(requeue=True)``: escaping a task, it hands the
+message back to the broker (or, with the broker down too, leaves it unacknowledged for the
+visibility-timeout sweep) instead of the task failing and its message being acknowledged and
+lost. It is also a ``redis.exceptions.ConnectionError``, so code catching Redis errors (the
+CLI) keeps working.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from celery.exceptions import Reject
+from redis import exceptions as redis_errors
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+__all__ = ["RECONNECT_S", "StoreUnavailableError", "reconnecting_client", "unavailable_as_error"]
+
+# For a worker: long enough for a Redis restart or a failover, short enough that a task gives
+# its message back well inside its soft time limit. (A CLI command passes less: it should say
+# "unreachable" quickly.)
+RECONNECT_S = 30.0
+_BACKOFF_BASE_S = 0.05
+_BACKOFF_CAP_S = 1.0
+
+C = TypeVar("C", bound=type)
+
+
+class StoreUnavailableError(Reject, redis_errors.ConnectionError):
+    """Redis (the score store) did not answer through every reconnect attempt."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, True)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message,))
+
+
+def _retries_for(seconds: float) -> int:
+    """How many retries the backoff (0.1, 0.2, 0.4, 0.8, then 1 s each) needs to span ``seconds``."""
+    waited, retries = 0.0, 0
+    while waited < seconds:
+        retries += 1
+        waited += min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2**retries)
+    return retries
+
+
+def reconnecting_client(url: str, *, max_connections: int, reconnect_s: float) -> Any:
+    """An asyncio client on a blocking pool (callers beyond ``max_connections`` wait for a
+    connection) that reconnects and retries for ``reconnect_s`` seconds before failing."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=30,
+        decode_responses=True,
+        retry=Retry(ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S), _retries_for(reconnect_s)),
+        retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
+        # A connection idle this long is checked (PING) before use: a stale one is replaced
+        # before a command is sent on it.
+        health_check_interval=15,
+        socket_connect_timeout=5,
+        socket_timeout=30,
+        socket_keepalive=True,
+    )
+    return aioredis.Redis(connection_pool=pool)
+
+
+def _translated(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(method)
+    async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except StoreUnavailableError:
+            raise
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, ConnectionError) as exc:
+            raise StoreUnavailableError(
+                f"Redis is unreachable: {name} failed after reconnecting for "
+                f"{getattr(self, 'reconnect_s', 0):.0f} s ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    return call
+
+
+def unavailable_as_error(cls: C) -> C:
+    """Class decorator: every public coroutine method raises ``StoreUnavailableError`` when
+    Redis stays unreachable (instead of redis-py's ConnectionError/TimeoutError)."""
+    for name, member in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.iscoroutinefunction(member):
+            setattr(cls, name, _translated(f"{cls.__name__}.{name}", member))
+    return cls
