@@ -190,6 +190,31 @@ def test_score_streams_its_input(tmp_path: Path) -> None:
                 pipe.close()
 
 
+def test_score_memory_stays_bounded_on_100k_runs(tmp_path: Path) -> None:
+    """100,000 runs (14 MB of JSON Lines) are scored in about 70 MB peak RSS; loading the
+    whole file and every result first (the old way) took about 340 MB."""
+    runs = tmp_path / "big.jsonl"
+    line = {"input": "what is the weather in paris today", "output": "It is sunny and 21 degrees in Paris today."}
+    with runs.open("w") as handle:
+        for i in range(100_000):
+            handle.write(json.dumps({"run_id": f"r{i}", **line}) + "\n")
+    # A fresh parent whose only child is the command: RUSAGE_CHILDREN's peak is that command's.
+    probe = (
+        "import resource, subprocess, sys\n"
+        "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+        "sys.stderr.write(done.stdout + done.stderr)\n"
+    )
+    command = [TRACESCORE, "score", str(runs), "--scorers", V1, "--scorer", "length"]
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *command], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    code, peak_kb = map(int, done.stdout.split())
+    assert code == 0, done.stderr[-2000:]
+    assert "100,000 runs × 1 scorers: 100,000 scored" in done.stderr
+    assert peak_kb < 150 * 1024, f"peak RSS {peak_kb / 1024:.0f} MB"
+
+
 # --- tracescore backfill -----------------------------------------------------------------------
 
 
