@@ -284,3 +284,24 @@ def test_backfill_wait_timeout_exits_3(redis_server: RedisServer) -> None:
     finally:
         client.flushdb()
         client.close()
+
+
+def test_backfill_reports_late_roots_end_to_end(tmp_path: Path) -> None:
+    """A trace whose root span comes after the assembly window (real assembler, real file):
+    the summary counts it and names the options that widen the window."""
+    from tests.backfill._synth import _line, trace_spans
+
+    children, late_root = trace_spans(0)
+    lines = [_line(children)]
+    for i in range(1, 6):
+        spans, root = trace_spans(i)
+        lines.append(_line([*spans, root]))
+    (tmp_path / "a.jsonl").write_text("".join(lines))
+    (tmp_path / "b.jsonl").write_text(_line([late_root]))  # the next file: past --window-files 0
+    args = [str(tmp_path), "--scorers", "tests.backfill.scorers", "--window-spans", "2", "--window-files", "0"]
+    result = CliRunner().invoke(cli, ["backfill", *args, "--json"], env=NO_BROKER)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["late_roots"] == 1
+    assert "late roots        1" in result.stderr
+    assert "--window-spans / --window-files" in result.stderr
