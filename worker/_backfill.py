@@ -7,6 +7,11 @@ Streaming: the source is read one record at a time and the assembler's memory is
 a source of any size runs in bounded memory. A trace that cannot be read into a run is counted
 by reason and reported, and the job goes on; so does a malformed input line.
 
+Batches are cut by count (``batch_size``) and, in broker mode, by bytes: a batch never grows
+past the workers' message cap (``TRACESCORE_MAX_PAYLOAD_BYTES``), so one big run cannot make
+its neighbours' message too large; a run over the cap on its own is counted (``runs_rejected``)
+and reported, and the rest go on. Each request is serialized once, to size it and to send it.
+
 Resumable: after each batch is handed over, the job state (checkpoint = the earliest input
 position not fully enqueued, the counters) and the enqueued trace ids are saved together, so an
 interrupted job (Ctrl-C, crash, SIGKILL) resumes from there without re-enqueuing finished work.
@@ -38,6 +43,7 @@ from tracing.sources import (
 )
 from worker._backfill_progress import ProgressReporter
 from worker._backfill_state import BackfillState, RedisJobStore
+from worker._backfill_submit import MESSAGE_ENVELOPE_BYTES, wire_size
 
 __all__ = ["Backfill", "Submitter", "trace_start_ns"]
 
@@ -53,7 +59,12 @@ def trace_start_ns(spans: Sequence[ReadableSpan]) -> int | None:
 
 
 class Submitter(Protocol):
-    """Where batches go: the Redis queue (workers score them) or an embedded scorer."""
+    """Where batches go: the Redis queue (workers score them) or an embedded scorer.
+
+    A submitter with a message cap also has ``max_batch_bytes`` (the room for the requests'
+    JSON in one message) and ``submit_encoded(batch, requests_json)``: the driver then cuts
+    batches by bytes and hands over the JSON it measured.
+    """
 
     mode: str
 
@@ -105,6 +116,13 @@ class Backfill:
         self.resumed = resumed or state.checkpoint != (0, 0, 0)
         self._chunk: list[ScoreRequest] = []
         self._chunk_traces: list[str] = []
+        self._submit_encoded: Callable[[ScoreBatch, Sequence[str]], None] | None = getattr(
+            submitter, "submit_encoded", None
+        )
+        self._max_bytes: int | None = getattr(submitter, "max_batch_bytes", None) if self._submit_encoded else None
+        self._chunk_json: list[str] = []  # the chunk's requests as JSON, when batches are cut by bytes
+        self._chunk_bytes = 0
+        self._handling: Position | None = None  # first position of the trace being turned into requests
         self._waiting: deque[AssembledTrace] = deque()
         self._current = Position(0)
         self._started = time.monotonic()
@@ -155,6 +173,17 @@ class Backfill:
     def _handle(self, trace: AssembledTrace) -> None:
         counters = self.state.counters
         options = self.state.options
+        if trace.late_root:
+            # The rest of a trace already read (and counted) without its root: not a trace of
+            # its own. Reading it would score its root span a second time, with no content.
+            if not sampled(trace.trace_id, options.sample_rate):
+                return  # its first part was sampled out (and counted) too
+            counters.late_roots += 1
+            self._report(
+                f"trace {trace.trace_id}: its root span arrived after the assembly window; the trace was "
+                f"read without it (raise --window-spans, now {options.window_spans:,})"
+            )
+            return
         counters.traces_read += 1
         start = trace_start_ns(trace.spans)
         if options.since_ns is not None and (start is None or start < options.since_ns):
@@ -197,9 +226,41 @@ class Backfill:
         if self.submitter is None:
             return
         now = time.time()
-        for run in runs:
-            self._chunk.append(self._request(run, now))
+        if self._max_bytes is None:
+            for run in runs:
+                self._chunk.append(self._request(run, now))
+        else:
+            self._handling = trace.first
+            added = [self._add_sized(self._request(run, now), self._max_bytes) for run in runs]
+            self._handling = None
+            if not any(added):
+                return  # every run was over the cap (counted and reported)
         self._chunk_traces.append(trace.trace_id)
+
+    def _add_sized(self, request: ScoreRequest, cap: int) -> bool:
+        """Add ``request`` to the chunk, cutting a batch first when it would not fit; False when
+        it is over the cap on its own (rejected)."""
+        encoded = request.model_dump_json()
+        size = wire_size(encoded) + 1  # the comma between requests
+        if size > cap:
+            identity = request.run.identity if request.run is not None else None
+            self.state.counters.reject("too_large")
+            self._report(
+                f"trace {request.trace_id} span {identity.span_id if identity else '?'}: run not enqueued "
+                f"(too_large): its message would be {size:,} bytes, over TRACESCORE_MAX_PAYLOAD_BYTES "
+                f"({cap + MESSAGE_ENVELOPE_BYTES:,} with the message envelope); raise it on the workers and here"
+            )
+            log.warning("backfill_run_too_large", trace_id=request.trace_id, bytes=size, cap=cap)
+            return False
+        if self._chunk and self._chunk_bytes + size > cap:
+            # Cut here: the batch so far fits one message. The trace being read may span two
+            # batches; it is recorded as enqueued with the second (a resume re-reads it whole,
+            # and the workers' deterministic score ids keep its first runs from counting twice).
+            self._flush()
+        self._chunk.append(request)
+        self._chunk_json.append(encoded)
+        self._chunk_bytes += size
+        return True
 
     def _request(self, run: TracedRun, now: float) -> ScoreRequest:
         return ScoreRequest(
@@ -216,22 +277,30 @@ class Backfill:
         if low is not None:
             candidates.append(low)
         candidates.extend(t.first for t in self._waiting)
+        if self._handling is not None:
+            candidates.append(self._handling)
         return min(candidates)
 
     def _flush(self) -> None:
-        requests, trace_ids = self._chunk, self._chunk_traces
-        self._chunk, self._chunk_traces = [], []
+        requests, trace_ids, encoded = self._chunk, self._chunk_traces, self._chunk_json
+        self._chunk, self._chunk_traces, self._chunk_json, self._chunk_bytes = [], [], [], 0
         if requests and self.resumed and self.job_store is not None:
             # Read again after a resume: some of these traces were enqueued before the stop.
             done = self.job_store.already_enqueued(self.state.job_id, trace_ids)
             if done:
                 self.state.counters.skip("already_enqueued", len(done))
-                requests = [r for r in requests if r.run is None or r.run.identity.trace_id not in done]
+                keep = [r.run is None or r.run.identity.trace_id not in done for r in requests]
+                requests = [r for r, k in zip(requests, keep, strict=True) if k]
+                if encoded:
+                    encoded = [e for e, k in zip(encoded, keep, strict=True) if k]
                 trace_ids = [t for t in trace_ids if t not in done]
         if requests and self.submitter is not None:
             counters = self.state.counters
             batch = ScoreBatch(batch_id=f"{self.state.job_id}-{counters.batches:06d}", requests=requests)
-            self.submitter.submit(batch)
+            if encoded and self._submit_encoded is not None:
+                self._submit_encoded(batch, encoded)
+            else:
+                self.submitter.submit(batch)
             if self.on_batch is not None:
                 self.on_batch(batch)
             counters.batches += 1

@@ -62,12 +62,19 @@ class JobCounters(BaseModel):
     malformed: int = 0
     malformed_where: list[str] = Field(default_factory=list)
     evicted_traces: int = 0
+    # Roots that arrived after their trace was released without one (read without its root).
+    late_roots: int = 0
+    # Runs not enqueued, by reason (``too_large``: one run over the broker's message cap).
+    runs_rejected: dict[str, int] = Field(default_factory=dict)
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
 
     def unread(self, reason: str) -> None:
         self.unreadable[reason] = self.unreadable.get(reason, 0) + 1
+
+    def reject(self, reason: str) -> None:
+        self.runs_rejected[reason] = self.runs_rejected.get(reason, 0) + 1
 
     def bad_line(self, where: str) -> None:
         self.malformed += 1

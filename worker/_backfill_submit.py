@@ -5,24 +5,40 @@ Before each send the queue's length (the Redis list kombu keeps per queue) is ch
 Progress comes from the per-job counters the workers keep in the score store.
 
 Messages are the exporter's (``tracing._task_message``): Celery's task protocol 2 in JSON.
+The backfill sizes its batches to fit the workers' message cap (``max_batch_bytes``) and hands
+over the requests' JSON it measured (``submit_encoded``), so nothing is serialized twice.
 """
 
 from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 from kombu import Connection, Exchange, Queue
 
 from tracing._run import ScoreBatch
-from tracing._task_message import CONTENT_ENCODING, CONTENT_TYPE, task_message
+from tracing._task_message import CONTENT_ENCODING, CONTENT_TYPE, TaskMessage, task_message
 from worker._keys import job_key
 from worker._settings import Settings
 
-__all__ = ["RedisSubmitter"]
+__all__ = ["MESSAGE_ENVELOPE_BYTES", "RedisSubmitter", "wire_size"]
+
+# Room kept in a message for what surrounds the requests' JSON: the task envelope
+# ``[[{"batch_id": ..., "requests": [...]}], {}, {callbacks...}]`` (~150 bytes) and slack.
+MESSAGE_ENVELOPE_BYTES = 1024
+
+
+def wire_size(encoded: str) -> int:
+    """An upper bound of the size of JSON text ``encoded`` however a worker measures it: its
+    UTF-8 bytes, or ``json.dumps`` with ASCII escapes (a non-ASCII character of k UTF-8 bytes
+    becomes a 6- or 12-character escape, at most 5 more per extra byte)."""
+    length = len(encoded)
+    if encoded.isascii():
+        return length
+    return length + 5 * (len(encoded.encode("utf-8", "surrogatepass")) - length)
 
 
 class RedisSubmitter:
@@ -80,9 +96,29 @@ class RedisSubmitter:
             self._producer = self._connection.Producer()
         return self._producer
 
+    @property
+    def max_batch_bytes(self) -> int:
+        """Room for the requests' JSON in one message under the workers' cap."""
+        return max(1, self.settings.max_payload_bytes - MESSAGE_ENVELOPE_BYTES)
+
     def submit(self, batch: ScoreBatch) -> None:
         self._wait_for_room()
-        message = task_message(batch, self._origin)
+        self._publish(task_message(batch, self._origin))
+
+    def submit_encoded(self, batch: ScoreBatch, requests_json: Sequence[str]) -> None:
+        """Publish ``batch`` whose requests are already JSON (``model_dump_json`` of each, in
+        order): the same message ``submit`` sends, without serializing the requests again."""
+        self._wait_for_room()
+        empty = ScoreBatch.model_construct(batch_id=batch.batch_id, requests=[])
+        shell = task_message(empty, self._origin)
+        empty_json = empty.model_dump_json()  # {"batch_id":"...","requests":[]}
+        if not (shell.body.startswith("[[" + empty_json) and empty_json.endswith("[]}")):
+            raise AssertionError("the task message layout changed; update RedisSubmitter.submit_encoded")
+        body = "[[" + empty_json[:-2] + ",".join(requests_json) + "]}" + shell.body[2 + len(empty_json) :]
+        headers = {**shell.headers, "argsrepr": f"(<ScoreBatch {batch.batch_id}: {len(batch.requests)} runs>,)"}
+        self._publish(TaskMessage(shell.task_id, body, headers))
+
+    def _publish(self, message: TaskMessage) -> None:
         self._producer_for().publish(
             message.body,
             exchange="",

@@ -13,7 +13,13 @@ it is complete:
 
 Memory is bounded whatever the input: at most ``max_open_spans`` spans are held (over it the
 least recently touched trace is released early and counted as ``evicted``), and a trace keeps
-at most ``max_spans_per_trace`` spans (the rest are dropped and counted).
+at most ``max_spans_per_trace`` spans (the rest are dropped and counted; its root span is always
+kept, so a big trace whose root ends last still has it).
+
+A root that arrives after its trace was released without one (the trace was idle for the whole
+window, or evicted) is a *late root*: counted (``stats.late_roots``) and its trace's remaining
+spans come out as an ``AssembledTrace`` with ``late_root=True``, so the caller can report that
+the trace was read without its root instead of scoring the fragment as a trace of its own.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class AssembledTrace:
     first: Position
     completion: Completion
     dropped_spans: int = 0
+    late_root: bool = False  # the rest of a trace released earlier without its root
 
 
 @dataclass(slots=True)
@@ -51,6 +58,7 @@ class AssemblerStats:
     dropped_spans: int = 0
     traces: int = 0
     evicted: int = 0
+    late_roots: int = 0
     max_open_traces: int = 0
     max_open_spans: int = 0
 
@@ -64,6 +72,8 @@ class _Open:
     last_seen: int = 0  # spans_read when last touched
     last_unit: int = 0
     dropped: int = 0
+    late: bool = False  # an earlier part of this trace was released without its root
+    rooted: bool = False
 
 
 class TraceAssembler:
@@ -91,6 +101,10 @@ class TraceAssembler:
         self._unit = 0
         # (first position, trace id) of open traces; stale entries are skipped lazily.
         self._firsts: list[tuple[Position, int]] = []
+        # Traces released without a root, most recent last (bounded: ids only), to tell a late
+        # root from a new trace.
+        self._released_rootless: OrderedDict[int, None] = OrderedDict()
+        self._released_limit = max(10_000, max_open_spans)
 
     @property
     def open_traces(self) -> int:
@@ -131,7 +145,7 @@ class TraceAssembler:
             else:
                 held = self._rootless.get(trace_id)
                 if held is None:
-                    held = _Open(trace_id, position)
+                    held = _Open(trace_id, position, late=trace_id in self._released_rootless)
                     self._rootless[trace_id] = held
                     heapq.heappush(self._firsts, (position, trace_id))
                     if len(self._firsts) > 4 * self.open_traces + 1024:
@@ -143,15 +157,19 @@ class TraceAssembler:
             if context.span_id in held.span_ids:
                 stats.duplicate_spans += 1
                 continue
-            if len(held.spans) >= self.max_spans_per_trace:
+            is_root = span.parent is None
+            if len(held.spans) >= self.max_spans_per_trace and not is_root:
                 held.dropped += 1
                 stats.dropped_spans += 1
                 continue
             held.spans.append(span)
             held.span_ids.add(context.span_id)
             self._open_spans += 1
-            if span.parent is None and trace_id in self._rootless:
+            if is_root and not held.rooted:
+                held.rooted = True
                 self._rooted[trace_id] = self._rootless.pop(trace_id)
+                if held.late:
+                    stats.late_roots += 1
         stats.max_open_traces = max(stats.max_open_traces, self.open_traces)
         stats.max_open_spans = max(stats.max_open_spans, self._open_spans)
         yield from self._release_due()
@@ -196,4 +214,13 @@ class TraceAssembler:
     def _emit(self, held: _Open, completion: Completion) -> AssembledTrace:
         self._open_spans -= len(held.spans)
         self.stats.traces += 1
-        return AssembledTrace(f"{held.trace_id:032x}", held.spans, held.first, completion, held.dropped)
+        rooted = held.rooted
+        if not rooted:
+            released = self._released_rootless
+            released[held.trace_id] = None
+            released.move_to_end(held.trace_id)
+            if len(released) > self._released_limit:
+                released.popitem(last=False)
+        return AssembledTrace(
+            f"{held.trace_id:032x}", held.spans, held.first, completion, held.dropped, late_root=held.late and rooted
+        )

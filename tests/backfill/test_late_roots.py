@@ -1,0 +1,93 @@
+"""Roots that arrive late: counted and reported, never a silent second (rootless) trace.
+
+Exporters write children before their root (the root ends last). A trace whose root comes
+after the assembly window has been released without it; when the root then arrives it is a
+*late root*. A trace with more spans than the per-trace cap keeps its root all the same.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.backfill._synth import trace_id, trace_spans
+from tracing.otlp import decode_otlp_json
+from tracing.sources import FileSource, Position, TraceAssembler
+from worker._backfill import Backfill
+from worker._backfill_progress import ProgressReporter
+from worker._backfill_state import BackfillOptions, BackfillState
+
+
+def _line(spans: list[dict[str, Any]]) -> str:
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"scope": {"name": "synth"}, "spans": spans}]}]}) + "\n"
+
+
+def _whole(i: int) -> str:
+    children, root = trace_spans(i)
+    return _line([*children, root])
+
+
+class Messages(ProgressReporter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_a_root_after_the_window_is_a_counted_late_root(tmp_path: Path) -> None:
+    """Trace 0's children in file a, its root two files later (after 50+ spans and a file
+    boundary): the trace is read once, without its root, and the root is one late root with
+    a message naming the trace and the window option; not a second, unreadable trace."""
+    late_children, late_root = trace_spans(0)
+    (tmp_path / "a.jsonl").write_text(_line(late_children) + "".join(_whole(i) for i in range(1, 31)))
+    (tmp_path / "b.jsonl").write_text("".join(_whole(i) for i in range(31, 61)))
+    (tmp_path / "c.jsonl").write_text(_line([late_root]) + "".join(_whole(i) for i in range(61, 71)))
+    source = FileSource([tmp_path])
+    options = BackfillOptions(
+        scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50, window_files=1
+    )
+    state = BackfillState(job_id="bf-late", source=source.describe(), options=options)
+    reporter = Messages()
+    done = Backfill(source, state, None, reporter=reporter).run()
+
+    counters = done.counters
+    assert counters.late_roots == 1
+    assert counters.unreadable == {}  # the old driver read the root alone: "no_content"
+    assert counters.traces_read == 71
+    assert counters.runs_read == 71
+    (message,) = [line for line in reporter.lines if "root span arrived after" in line]
+    assert trace_id(0) in message
+    assert "--window-spans" in message
+
+
+def test_a_root_within_the_window_is_not_late(tmp_path: Path) -> None:
+    """The same files with the default window: the trace is whole, nothing is late."""
+    late_children, late_root = trace_spans(0)
+    (tmp_path / "a.jsonl").write_text(_line(late_children) + "".join(_whole(i) for i in range(1, 31)))
+    (tmp_path / "b.jsonl").write_text(_line([late_root]))
+    source = FileSource([tmp_path])
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"])
+    state = BackfillState(job_id="bf-late", source=source.describe(), options=options)
+    done = Backfill(source, state, None).run()
+    assert done.counters.late_roots == 0
+    assert done.counters.traces_read == 31
+
+
+def test_a_trace_over_the_span_cap_keeps_its_root_when_it_ends_last() -> None:
+    """10,050 spans, root last, cap 10,000: the root is kept (the old assembler dropped it, and
+    the trace was released rootless); the 49 spans over the cap are dropped and counted."""
+    children, root = trace_spans(5)
+    chat, tool = children
+    many = [{**tool, "spanId": f"{0xC000000000000000 + k:016x}"} for k in range(10_048)]
+    spans = decode_otlp_json({"resourceSpans": [{"scopeSpans": [{"spans": [chat, *many, root]}]}]})
+    assembler = TraceAssembler(window_spans=100)
+    released = list(assembler.add(spans, Position(0, 1)))
+    released += list(assembler.finish())
+    (trace,) = released
+    assert any(s.parent is None for s in trace.spans)
+    assert len(trace.spans) == 10_001
+    assert trace.dropped_spans == 49
+    assert assembler.stats.late_roots == 0
