@@ -218,9 +218,10 @@ class ScoringSpanExporter(SpanExporter):
         self._traces: OrderedDict[int, _Trace] = OrderedDict()
         # Traces the loop guard excluded whole: their later spans are ignored at once.
         self._guarded: OrderedDict[int, None] = OrderedDict()
-        # Traces no rule's sample takes: decided on their first span (the sample is a function
-        # of the trace id), so their spans are never buffered.
-        self._unsampled: OrderedDict[int, None] = OrderedDict()
+        # Traces whose spans are ignored: no rule's sample takes them (decided on their first
+        # span: the sample is a function of the trace id), or they were dropped whole (a later
+        # span, e.g. the root, must not start a fragment that would be scored as the run).
+        self._ignored: OrderedDict[int, None] = OrderedDict()
         self._all_sampled = all(r.sample_rate >= 1.0 for r in rules)
         self._all_groups = _scorer_groups(rules)
         self._delayed: list[tuple[float, int, ScoreRequest, int]] = []
@@ -319,7 +320,7 @@ class ScoringSpanExporter(SpanExporter):
             self._dropped.add("no_context")
             return
         tid = ctx[0]  # SpanContext is a tuple (trace_id, span_id, is_remote, ...): no property call
-        if tid in self._guarded or tid in self._unsampled:
+        if tid in self._guarded or tid in self._ignored:
             return
         _, parent, attrs, name, okind, start, end, status, events, scope, resource = span_fields(span)
         is_root = parent is None or parent[2]
@@ -342,9 +343,7 @@ class ScoringSpanExporter(SpanExporter):
                 rules = [r for r in self._rules if sampled(trace_id, r.sample_rate)]
                 if not rules:
                     self._skipped.add("sampled_out")
-                    self._unsampled[tid] = None
-                    if len(self._unsampled) > self._max_traces:
-                        self._unsampled.popitem(last=False)
+                    self._ignore(tid)
                     return
             if len(self._traces) >= self._max_traces:
                 self._make_room("max_traces")
@@ -391,6 +390,10 @@ class ScoringSpanExporter(SpanExporter):
             if not self._grace:  # never cleared here: that lost the wake of an idle flusher
                 self._due_now = True
         if self._buffered_bytes > self._max_buffer_bytes:  # last: this trace may be the one to go
+            if entry.size > self._max_buffer_bytes:  # alone over the bound: it goes, not the others
+                self._pop_trace(tid)
+                self._ignore(tid)
+                self._drop("max_buffer_bytes")
             while self._buffered_bytes > self._max_buffer_bytes and self._traces:
                 self._make_room("max_buffer_bytes")
 
@@ -398,18 +401,27 @@ class ScoringSpanExporter(SpanExporter):
         """The buffer is full (``reason``): hand the oldest trace whose root ended to the flusher
         (it is complete but for late children), else drop the oldest unfinished trace."""
         while self._due_order:
-            entry = self._pop_trace(next(iter(self._due_order)))
+            tid = next(iter(self._due_order))
+            entry = self._pop_trace(tid)
             if entry is not None:
                 full = self._queue_reason(entry.size)
                 if full:
+                    self._ignore(tid)
                     self._drop(full)
                 else:
                     self._ready.append(entry)
                     self._queued_bytes += entry.size
                     self._due_now = True
                 return
-        self._pop_trace(next(iter(self._traces)))
+        tid = next(iter(self._traces))
+        self._pop_trace(tid)
+        self._ignore(tid)
         self._drop(reason)
+
+    def _ignore(self, tid: int) -> None:
+        self._ignored[tid] = None
+        if len(self._ignored) > self._max_traces:
+            self._ignored.popitem(last=False)
 
     def _pop_trace(self, tid: int) -> _Trace | None:
         """Take a trace out of the buffer (and its byte count); None if it is not there."""
@@ -547,6 +559,7 @@ class ScoringSpanExporter(SpanExporter):
             for tid in due:
                 if tid < 0:
                     if self._pop_trace(-tid - 1) is not None:
+                        self._ignore(-tid - 1)
                         self._drop("max_trace_age")
                     continue
                 found = self._pop_trace(tid)

@@ -117,7 +117,7 @@ def test_max_traces_completes_finished_traces_early(clock: FakeClock, sink: Reco
 
 def test_max_traces_drops_oldest_unfinished(clock: FakeClock, sink: Recording) -> None:
     """Over max_traces with no finished trace buffered, the oldest unfinished one is dropped
-    and counted; a finished one later is still delivered."""
+    and counted; its later spans (the root) are ignored, not shipped as a fragment run."""
     exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_traces=2, clock=clock)
     try:
         recs = [Recorder() for _ in range(3)]
@@ -125,7 +125,7 @@ def test_max_traces_drops_oldest_unfinished(clock: FakeClock, sink: Recording) -
         for r in recs:  # children only: no root ended yet
             exp.export([s for s in r.spans() if s.name == "chat m"])
         assert exp.stats()["dropped"] == {"max_traces": 1}
-        for r in recs[1:]:
+        for r in recs:
             exp.export([s for s in r.spans() if s.name != "chat m"])
         assert exp.force_flush(5000)
         assert sorted(r.trace_id for r in sink.requests) == sorted(ids[1:])
@@ -159,6 +159,28 @@ def test_buffer_is_bounded_in_bytes(clock: FakeClock, sink: Recording) -> None:
         assert exp.force_flush(5000)
         assert {r.trace_id for r in sink.requests} >= set(ids)
         assert exp.stats()["buffer_bytes"] == 0
+    finally:
+        exp.shutdown(2000)
+
+
+def test_a_trace_over_the_byte_bound_alone_is_dropped_alone(clock: FakeClock, sink: Recording) -> None:
+    """One trace larger than max_buffer_bytes is dropped (with its later spans), not the
+    traces buffered beside it."""
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_buffer_bytes=64 * 1024, clock=clock)
+    try:
+        small = [Recorder() for _ in range(3)]
+        ids = [agent_trace(r, question=f"q{i}") for i, r in enumerate(small)]
+        for r in small:
+            exp.export([s for s in r.spans() if s.name == "chat m"])
+        huge = Recorder()
+        agent_trace(huge, question="x" * 100_000)
+        exp.export([s for s in huge.spans() if s.name == "chat m"])
+        exp.export([s for s in huge.spans() if s.name != "chat m"])
+        assert exp.stats()["dropped"] == {"max_buffer_bytes": 1}
+        for r in small:
+            exp.export([s for s in r.spans() if s.name != "chat m"])
+        assert exp.force_flush(5000)
+        assert sorted(r.trace_id for r in sink.requests) == sorted(ids)
     finally:
         exp.shutdown(2000)
 

@@ -9,6 +9,7 @@ processor's schedule delay 0.1 s) but stay real: background threads do every han
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
@@ -122,7 +123,8 @@ def test_trickling_traces_are_handed_off_while_the_app_runs(app: App, arrivals: 
     bound = GRACE_S + FLUSH_S + SCHEDULE_S + SLACK_S
     for i in range(4):
         trace_id, ended = app.agent_run(f"question {i}")
-        assert wait_for(lambda t=trace_id: t in arrivals.at, bound + 5), f"run {i} was not handed off"
+        arrived = functools.partial(arrivals.at.__contains__, trace_id)
+        assert wait_for(arrived, bound + 5), f"run {i} was not handed off"
         assert arrivals.at[trace_id] - ended <= bound, f"run {i} took {arrivals.at[trace_id] - ended:.2f}s"
         time.sleep(0.5)
     stats = app.exporter.stats()
@@ -184,7 +186,7 @@ def test_flood_with_a_stuck_sink_counts_every_drop_by_reason() -> None:
 
         def settled() -> bool:
             s = exporter.stats()
-            return s["traces_buffered"] == 0 and s["spans_seen"] == 3 * n
+            return bool(s["traces_buffered"] == 0 and s["spans_seen"] == 3 * n)
 
         assert wait_for(settled, 30), exporter.stats()
         stats = exporter.stats()
