@@ -57,16 +57,18 @@ def test_summary_figures_and_worst_runs_follow_the_direction() -> None:
     for i, value in enumerate([0.5, 0.1, 0.9, 0.3, 0.7]):
         summary.add("length", run=f"r{i}", score=value, reason=f"reason {i}")
         summary.add("shouting", run=f"r{i}", score=value, reason=f"reason {i}")
-    summary.add("length", run="x", error_type="ValueError")
+    summary.add("length", run="x", error_type="ValueError", error_message="boom")
+    summary.add("length", run="z", error_type="ValueError", error_message="boom again")
     summary.add("length", run="y", not_scorable="preprocess: empty")
     data = summary.as_json()
     length_json = data["length"]
-    assert length_json["runs"] == 7
+    assert length_json["runs"] == 8
     assert length_json["scored"] == 5
     assert length_json["mean"] == pytest.approx(0.5)
     assert (length_json["min"], length_json["median"], length_json["max"]) == (0.1, 0.5, 0.9)
     assert length_json["p10"] == pytest.approx(0.18)
-    assert length_json["failed_by_reason"] == {"ValueError": 1}
+    assert length_json["failed_by_reason"] == {"ValueError": 2}
+    assert length_json["failure_examples"] == {"ValueError": {"run": "x", "error": "boom"}}  # the first
     assert length_json["not_scorable_reasons"] == {"preprocess: empty": 1}
     assert [w["run"] for w in length_json["worst"]] == ["r1", "r3"]  # 0.1, 0.3
     assert [w["run"] for w in data["shouting"]["worst"]] == ["r2", "r4"]  # 0.9, 0.7
@@ -132,7 +134,8 @@ def test_score_exit_codes(tmp_path: Path) -> None:
     all_failed = _score(str(runs), "--scorers", V1, "--scorer", "broken")
     assert all_failed.exit_code == 1
     assert "every score failed (5)" in all_failed.stderr
-    assert "broken" in all_failed.stdout  # the summary is still printed
+    assert "broken: no scores" in all_failed.stdout  # the summary is still printed
+    assert "failed  short  ValueError: scorer 'broken' failed" in all_failed.stdout  # with a first example
     bad = _write_runs(tmp_path / "bad.jsonl", [], ("not json", '{"input": "no output"}'))
     all_bad = _score(str(bad), "--scorers", V1)
     assert all_bad.exit_code == 1

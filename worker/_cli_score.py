@@ -241,6 +241,7 @@ def _emit(
         score=record.get("score"),
         reason=record.get("reason"),
         error_type=record.get("error_type"),
+        error_message=record.get("error_message"),
         not_scorable=record.get("not_scorable"),
     )
     if isinstance(result, ScoreResult):

@@ -79,6 +79,8 @@ class ScorerSummary:
     worst_n: int = 3
     scores: array[float] = field(default_factory=lambda: array("d"))
     failed: Counter[str] = field(default_factory=Counter)
+    # The first failure of each kind (run, message): what to look at first.
+    failure_examples: dict[str, tuple[str, str]] = field(default_factory=dict)
     not_scorable: Counter[str] = field(default_factory=Counter)
     _worst: list[_Worst] = field(default_factory=list)
     _seen: int = 0
@@ -99,8 +101,11 @@ class ScorerSummary:
         elif entry > self._worst[0]:
             heapq.heapreplace(self._worst, entry)
 
-    def add_failure(self, error_type: str) -> None:
-        _count(self.failed, error_type or "error")
+    def add_failure(self, error_type: str, run: str = "", message: str = "") -> None:
+        kind = error_type or "error"
+        _count(self.failed, kind)
+        if kind not in self.failure_examples and len(self.failure_examples) < _DISTINCT_REASONS:
+            self.failure_examples[kind] = (run, cell(message, _REASON_CHARS))
 
     def add_not_scorable(self, reason: str) -> None:
         _count(self.not_scorable, cell(reason or "no reason given", 80))
@@ -144,6 +149,7 @@ class ScorerSummary:
             **{k: round(v, 6) for k, v in stats.items()},
             "failed": sum(self.failed.values()),
             "failed_by_reason": dict(self.failed),
+            "failure_examples": {k: {"run": run, "error": msg} for k, (run, msg) in self.failure_examples.items()},
             "not_scorable": sum(self.not_scorable.values()),
             "not_scorable_reasons": dict(self.not_scorable),
             "worst": [{"score": w.score, "run": w.run, "label": w.label, "reason": w.reason} for w in self.worst()],
@@ -189,13 +195,14 @@ class Summary:
         score: float | None = None,
         reason: str | None = None,
         error_type: str | None = None,
+        error_message: str | None = None,
         not_scorable: str | None = None,
     ) -> None:
         """One outcome: an error (``error_type``), a not-scorable run, or a score."""
         with self._lock:
             summary = self._scorer(scorer_id)
             if error_type:
-                summary.add_failure(error_type)
+                summary.add_failure(error_type, run, error_message or "")
             elif score is None or not math.isfinite(score):
                 summary.add_not_scorable(not_scorable or reason or "")
             else:
@@ -209,6 +216,7 @@ class Summary:
             score=record.score,
             reason=record.reason,
             error_type=record.error_type,
+            error_message=record.error_message,
             not_scorable=record.not_scorable,
         )
 
@@ -257,7 +265,10 @@ class Summary:
         if lower:
             lines.append("↓ lower is better (its worst runs are its highest scores)")
         shown = [w for s in self.by_scorer.values() for w in s.worst()]
-        run_w = min(40, max((len(w.run) for w in shown), default=0))
+        runs_shown = [w.run for w in shown] + [
+            r for s in self.by_scorer.values() for r, _ in s.failure_examples.values()
+        ]
+        run_w = min(40, max((len(r) for r in runs_shown), default=0))
         label_w = min(18, max((len(w.label) for w in shown), default=0))
         for scorer_id, s in self.by_scorer.items():
             notes = []
@@ -271,11 +282,17 @@ class Summary:
             if not worst and not notes:
                 continue
             lines.append("")
-            lines.append(f"{scorer_id}: worst {len(worst)} run(s)" + (f"   ({'; '.join(notes)})" if notes else ""))
+            lines.append(
+                (f"{scorer_id}: worst {len(worst)} run(s)" if worst else f"{scorer_id}: no scores")
+                + (f"   ({'; '.join(notes)})" if notes else "")
+            )
             for w in worst:
                 label = f"{cell(w.label, label_w):<{label_w}}  " if label_w else ""
                 fixed = f"  {_number(w.score):>7}  {cell(w.run, run_w):<{run_w}}  {label}"
                 lines.append(fixed + cell(w.reason, max(10, width - len(fixed))))
+            for kind, (run, message) in list(s.failure_examples.items())[:3]:
+                fixed = f"  {'failed':>7}  {cell(run, run_w):<{run_w}}  "
+                lines.append(fixed + cell(f"{kind}: {message}", max(10, width - len(fixed))))
         if hint:
             lines += ["", hint]
         return "\n".join(lines)
