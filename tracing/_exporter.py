@@ -420,7 +420,9 @@ class ScoringSpanExporter(SpanExporter):
 
     def _ignore(self, tid: int) -> None:
         self._ignored[tid] = None
-        if len(self._ignored) > self._max_traces:
+        # Remembered well beyond the buffer: in a flood, a dropped trace's root may come a few
+        # thousand traces later (~100 bytes an entry).
+        if len(self._ignored) > max(4 * self._max_traces, 16_384):
             self._ignored.popitem(last=False)
 
     def _pop_trace(self, tid: int) -> _Trace | None:

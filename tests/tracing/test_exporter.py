@@ -117,19 +117,20 @@ def test_max_traces_completes_finished_traces_early(clock: FakeClock, sink: Reco
 
 def test_max_traces_drops_oldest_unfinished(clock: FakeClock, sink: Recording) -> None:
     """Over max_traces with no finished trace buffered, the oldest unfinished one is dropped
-    and counted; its later spans (the root) are ignored, not shipped as a fragment run."""
+    and counted; its later spans (the root, even many traces later) are ignored, not shipped
+    as a fragment run."""
     exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_traces=2, clock=clock)
     try:
-        recs = [Recorder() for _ in range(3)]
+        recs = [Recorder() for _ in range(40)]
         ids = [agent_trace(r, question=f"q{i}") for i, r in enumerate(recs)]
         for r in recs:  # children only: no root ended yet
             exp.export([s for s in r.spans() if s.name == "chat m"])
-        assert exp.stats()["dropped"] == {"max_traces": 1}
+        assert exp.stats()["dropped"] == {"max_traces": 38}
         for r in recs:
             exp.export([s for s in r.spans() if s.name != "chat m"])
         assert exp.force_flush(5000)
-        assert sorted(r.trace_id for r in sink.requests) == sorted(ids[1:])
-        assert exp.stats()["dropped"] == {"max_traces": 1}
+        assert sorted(r.trace_id for r in sink.requests) == sorted(ids[38:])
+        assert exp.stats()["dropped"] == {"max_traces": 38}
     finally:
         exp.shutdown(2000)
 
