@@ -433,9 +433,9 @@ class ScoringSpanExporter(SpanExporter):
             self._buffered_bytes -= entry.size
         return entry
 
-    def _queue_reason(self, size: int, n: int = 1) -> str | None:
-        """Why ``n`` more items of ``size`` bytes do not fit the hand-off queue, or None."""
-        if len(self._pending) + len(self._ready) + n > self._queue_size:
+    def _queue_reason(self, size: int) -> str | None:
+        """Why one more item of ``size`` bytes does not fit the hand-off queue, or None."""
+        if len(self._pending) + len(self._ready) >= self._queue_size:
             return "queue_full"
         if self._queued_bytes + size > self._max_queue_bytes:
             return "queue_bytes"

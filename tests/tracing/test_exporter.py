@@ -186,6 +186,37 @@ def test_a_trace_over_the_byte_bound_alone_is_dropped_alone(clock: FakeClock, si
         exp.shutdown(2000)
 
 
+def test_delayed_and_filtered_requests_count_against_the_byte_bound(clock: FakeClock, sink: Recording) -> None:
+    """Requests held by delay_s, and runs read in the app for a filter, are within
+    max_queue_bytes too: beyond it they are dropped as queue_bytes."""
+    big = 64 * 1024
+    for rule in (ScoringRule(["s"], delay_s=600), ScoringRule(["s"], filter=lambda run: True)):
+        stuck = _Stuck()
+        exp = ScoringSpanExporter([rule], CallbackSink(stuck), max_queue_bytes=4 * big, batch_size=1, clock=clock)
+        try:
+            for i in range(8):
+                rec = Recorder()
+                agent_trace(rec, question=f"{i}" * big)
+                exp.export(rec.spans())
+                exp.force_flush(0)
+            stats = exp.stats()
+            assert stats["queue_bytes"] <= 4 * big, stats
+            assert stats["dropped"].get("queue_bytes", 0) >= 3, stats
+        finally:
+            stuck.release.set()
+            exp.shutdown(2000)
+
+
+class _Stuck:
+    """A sink target that blocks until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __call__(self, batch: ScoreBatch) -> None:
+        self.release.wait(10)
+
+
 def test_max_spans_per_trace_drops_oldest_span(clock: FakeClock, sink: Recording) -> None:
     """Over max_spans_per_trace the trace's oldest span is dropped and counted."""
     exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_spans_per_trace=2, clock=clock)
