@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from tracing._broker import BrokerTLS
 from tracing._run import ScoreBatch
 from tracing._task_message import CONTENT_ENCODING, CONTENT_TYPE, task_message
 
@@ -51,6 +52,7 @@ class CelerySink:
         queue: str = "tracescore",
         connect_timeout_s: float = 2.0,
         publish_timeout_s: float = 2.0,
+        tls: BrokerTLS | None = None,
     ) -> None:
         if not broker_url:
             raise ValueError("CelerySink needs a broker URL, e.g. redis://localhost:6379/0")
@@ -63,6 +65,8 @@ class CelerySink:
         self._producer: Any = None
         self._closed = False
         self._origin = f"tracescore-exporter@{socket.gethostname()}"
+        # rediss:// verifies the certificate; default: TRACESCORE_BROKER_CA_FILE / _TLS_INSECURE
+        self._ssl = (tls or BrokerTLS.from_env()).kombu_ssl(broker_url)
 
     def _connect(self) -> Any:
         from kombu import Connection, Exchange, Queue
@@ -70,6 +74,7 @@ class CelerySink:
         conn = Connection(
             self.broker_url,
             connect_timeout=self._connect_timeout,
+            ssl=self._ssl or False,
             transport_options={
                 "socket_timeout": self._publish_timeout,
                 "socket_connect_timeout": self._connect_timeout,

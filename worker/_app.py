@@ -13,6 +13,7 @@ import click
 import structlog
 from celery import Celery, bootsteps, signals
 
+from tracing._broker import redact
 from worker._settings import Settings, SettingsError, get_settings
 
 __all__ = ["app", "configure_app", "redact", "settings_error"]
@@ -37,6 +38,8 @@ def configure_app(app: Celery, settings: Settings) -> None:
     """Apply ``settings`` to ``app`` (also used after ``--scorers`` and env changes)."""
     app.conf.update(
         broker_url=settings.broker_url,
+        # rediss:// verifies the certificate (kombu alone would not); None for redis://
+        broker_use_ssl=settings.tls.kombu_ssl(settings.broker_url),
         broker_connection_retry_on_startup=True,
         accept_content=["json"],
         task_serializer="json",
@@ -134,11 +137,3 @@ def _flush_writer(**_: Any) -> None:
     except Exception:
         log.warning("worker_close_failed", exc_info=True)
     stop_loop()
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for logs."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"

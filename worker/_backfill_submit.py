@@ -61,10 +61,13 @@ class RedisSubmitter:
         self.should_stop: Callable[[], bool] = lambda: False
         self.throttled_s = 0.0
         self._origin = f"tracescore-backfill@{socket.gethostname()}"
-        self._connection: Any = Connection(settings.broker_url)
+        tls = settings.tls  # rediss:// verifies the certificate, as the workers do
+        self._connection: Any = Connection(settings.broker_url, ssl=tls.kombu_ssl(settings.broker_url) or False)
         self._producer: Any = None
         self._broker: Any = (
-            redis.Redis.from_url(settings.broker_url) if settings.broker_url.startswith(("redis", "rediss")) else None
+            redis.Redis.from_url(settings.broker_url, **tls.redis_kwargs(settings.broker_url))
+            if settings.broker_url.startswith(("redis", "rediss"))
+            else None
         )
         self.store: Any = redis.Redis.from_url(settings.store_url, decode_responses=True)
 

@@ -9,8 +9,8 @@ import re
 import click
 from redis.exceptions import RedisError
 
+from tracing._broker import redact
 from tracing._score_record import ScoreRecord
-from worker._app import redact
 from worker._cli_common import CliError
 from worker._settings import SettingsError, get_settings
 from worker._store import RedisScoreStore
@@ -47,7 +47,7 @@ def scores_command(trace_id: str, as_json: bool) -> None:
     try:
         records = asyncio.run(_fetch(url, trace_id))
     except (RedisError, OSError) as exc:
-        raise CliError(f"cannot reach the score store at {redact(url)}: {exc}") from exc
+        raise CliError(f"cannot reach the score store at {redact(url)}: {redact(str(exc))}") from exc
     if as_json:
         for record in records:
             click.echo(record.model_dump_json())

@@ -13,7 +13,7 @@ import click
 import redis
 from redis.exceptions import RedisError
 
-from worker._app import redact
+from tracing._broker import redact
 from worker._cli_common import CliError
 from worker._limiter import RedisRateLimiter
 from worker._settings import SettingsError, get_settings
@@ -42,24 +42,29 @@ def collect_status(ping_timeout: float = 1.0) -> dict[str, Any]:
         settings = get_settings()
     except SettingsError as exc:
         raise CliError(str(exc)) from exc
-    broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=2, socket_timeout=2)
+    tls = settings.tls.redis_kwargs(settings.broker_url)  # rediss:// verifies, as the workers do
+    broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=2, socket_timeout=2, **tls)
     try:
         broker.ping()
         depth = int(broker.llen(settings.queue))
         unacked = int(broker.hlen("unacked"))
     except (RedisError, OSError) as exc:
-        raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {exc}") from exc
+        raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {redact(str(exc))}") from exc
     finally:
         broker.close()
     from celery import Celery
 
     # A throwaway app on exactly this broker, for the control channel (worker pings).
     control = Celery("tracescore-status", broker=settings.broker_url, set_as_current=False)
-    control.conf.update(accept_content=["json"], broker_connection_retry_on_startup=False)
+    control.conf.update(
+        accept_content=["json"],
+        broker_connection_retry_on_startup=False,
+        broker_use_ssl=settings.tls.kombu_ssl(settings.broker_url),
+    )
     try:
         replies = control.control.inspect(timeout=ping_timeout).ping() or {}
     except Exception as exc:
-        raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {exc}") from exc
+        raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {redact(str(exc))}") from exc
     finally:
         control.close()
     status: dict[str, Any] = {
@@ -72,7 +77,7 @@ def collect_status(ping_timeout: float = 1.0) -> dict[str, Any]:
     try:
         status.update(asyncio.run(_store_status(settings.store_url, settings.rate_limit)))
     except (RedisError, OSError) as exc:
-        raise CliError(f"score store unreachable at {redact(settings.store_url)}: {exc}") from exc
+        raise CliError(f"score store unreachable at {redact(settings.store_url)}: {redact(str(exc))}") from exc
     return status
 
 

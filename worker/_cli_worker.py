@@ -3,14 +3,62 @@
 from __future__ import annotations
 
 import os
+import ssl
+from typing import Any
 
 import click
+import redis
+from redis.exceptions import AuthenticationError, ResponseError
 
+from tracing._broker import redact
 from worker._cli_common import CliError
 from worker._registry import RegistryError, load_registry
-from worker._settings import SettingsError, get_settings
+from worker._settings import Settings, SettingsError, get_settings
 
-__all__ = ["worker_command"]
+__all__ = ["check_connections", "worker_command"]
+
+_AUTH_REPLIES = ("WRONGPASS", "NOAUTH", "AUTH")
+
+
+def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
+    """Fail fast on what no retry can fix: a refused password or a TLS certificate that does
+    not verify, on the broker or the score store. A broker that is merely down is left to
+    Celery, which waits for it to come up."""
+    targets: list[tuple[str, str, dict[str, Any]]] = [
+        ("broker", settings.broker_url, settings.tls.redis_kwargs(settings.broker_url)),
+    ]
+    if settings.store_url != settings.tls.url(settings.broker_url):
+        targets.append(("score store", settings.store_url, {}))  # its URL carries the TLS options
+    for what, url, tls_kwargs in targets:
+        if not url.startswith(("redis://", "rediss://")):
+            continue
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, **tls_kwargs)
+        try:
+            client.ping()
+        except (AuthenticationError, ResponseError) as exc:
+            if isinstance(exc, AuthenticationError) or any(r in str(exc) for r in _AUTH_REPLIES):
+                raise CliError(
+                    f"the {what} at {redact(url)} refused the credentials (authentication failed: "
+                    f"{redact(str(exc))}); fix the password in TRACESCORE_"
+                    f"{'BROKER' if what == 'broker' else 'REDIS'}_URL"
+                ) from None
+            # any other reply means the server is there and talking: Celery takes it from here
+        except redis.ConnectionError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                raise CliError(
+                    f"the {what}'s TLS certificate at {redact(url)} did not verify ({redact(str(cause or exc))}): "
+                    "set TRACESCORE_BROKER_CA_FILE to the PEM of the CA that signed it "
+                    "(or TRACESCORE_BROKER_TLS_INSECURE=true to skip the check, for tests only)"
+                ) from None
+            if isinstance(cause, ssl.SSLError):
+                raise CliError(
+                    f"TLS with the {what} at {redact(url)} failed ({redact(str(cause))}): "
+                    "is the server listening for TLS (rediss://) on that port?"
+                ) from None
+            # down or unreachable: Celery retries the broker until it is up
+        finally:
+            client.close()
 
 
 @click.command("worker")
@@ -84,9 +132,8 @@ def worker_command(
 
     if settings_error is not None:
         raise CliError(str(settings_error))
+    check_connections(settings)
     configure_app(app, settings)
-    from worker._app import redact
-
     click.echo(
         f"tracescore worker: broker {redact(settings.broker_url)} (Redis mode), "
         f"store {redact(settings.store_url)}, queue {settings.queue}, pool {pool}"

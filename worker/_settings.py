@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -14,7 +16,11 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
+from tracing._broker import BrokerTLS, redact
+
 __all__ = ["ModelRateLimit", "Settings", "SettingsError", "get_settings", "load_settings"]
+
+_QUERY_PASSWORD = re.compile(r"[?&]password=", re.IGNORECASE)
 
 
 class SettingsError(ValueError):
@@ -68,6 +74,11 @@ class Settings(BaseSettings):
     writer: Literal["otlp", "jsonl", "console", "none"] = "otlp"
     writer_path: str | None = None  # for writer=jsonl
 
+    # rediss:// (broker and store): the PEM CA bundle that signed the server's certificate
+    # (default: the system's CAs). Verification is on unless BROKER_TLS_INSECURE asks otherwise.
+    broker_ca_file: str | None = None
+    broker_tls_insecure: bool = False
+
     # A scorer run longer than this is stopped and recorded as error_type "timeout" (a step
     # blocking the event loop is interrupted, or its process replaced); 0 → ¾ of the soft limit.
     run_timeout_seconds: float = Field(default=0.0, ge=0)
@@ -101,13 +112,35 @@ class Settings(BaseSettings):
                 f"TRACESCORE_VISIBILITY_TIMEOUT ({self.visibility_timeout}), or a redelivered message "
                 "would find its scores still claimed by the dead worker"
             )
+        if _QUERY_PASSWORD.search(self.broker_url):
+            # kombu cannot read it (it fails with a TypeError naming no variable)
+            raise ValueError(
+                f"TRACESCORE_BROKER_URL ({redact(self.broker_url)}) carries the password as a query "
+                "parameter; put it in the user-info part instead: redis://:PASSWORD@host:6379/0"
+            )
+        if self.broker_ca_file and not os.path.isfile(self.broker_ca_file):
+            raise ValueError(
+                f"TRACESCORE_BROKER_CA_FILE ({self.broker_ca_file}) is not a readable file: "
+                "give the PEM file of the CA that signed the Redis server's certificate"
+            )
+        if self.broker_ca_file and self.broker_tls_insecure:
+            raise ValueError(
+                "TRACESCORE_BROKER_CA_FILE and TRACESCORE_BROKER_TLS_INSECURE are both set: "
+                "verify against the CA file, or turn verification off, not both"
+            )
         if self.writer == "jsonl" and not self.writer_path:
             raise ValueError("TRACESCORE_WRITER=jsonl needs TRACESCORE_WRITER_PATH (a file to append to)")
         return self
 
     @property
+    def tls(self) -> BrokerTLS:
+        return BrokerTLS(ca_file=self.broker_ca_file, insecure=self.broker_tls_insecure)
+
+    @property
     def store_url(self) -> str:
-        return self.redis_url or self.broker_url
+        """The score store's URL, with the TLS settings as query parameters for redis-py
+        (the store and the limiter take only a URL); a plain ``redis://`` URL is unchanged."""
+        return self.tls.url(self.redis_url or self.broker_url)
 
     @property
     def claim_ttl(self) -> int:

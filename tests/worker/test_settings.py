@@ -50,3 +50,60 @@ def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch, env: dict
         monkeypatch.setenv(key, value)
     with pytest.raises(SettingsError, match=message):
         load_settings()
+
+
+def test_broker_url_with_query_password_is_refused_without_echoing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kombu cannot read ?password= (it raised a TypeError naming nothing): a clear error that
+    says where the password goes, and does not print it."""
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", "redis://10.0.0.5:6379/0?password=hunter2-secret")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert "TRACESCORE_BROKER_URL" in str(info.value)
+    assert "redis://:PASSWORD@host" in str(info.value)
+    assert "hunter2-secret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TRACESCORE_BROKER_CA_FILE": "/nonexistent/ca.pem"}, "TRACESCORE_BROKER_CA_FILE .* is not a readable file"),
+        ({"TRACESCORE_BROKER_TLS_INSECURE": "maybe"}, "TRACESCORE_BROKER_TLS_INSECURE"),
+        (
+            {"TRACESCORE_BROKER_CA_FILE": __file__, "TRACESCORE_BROKER_TLS_INSECURE": "true"},
+            "both set",
+        ),
+    ],
+)
+def test_bad_tls_settings_name_the_variable(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str) -> None:
+    """A missing CA file, a non-boolean insecure flag, or both at once fail at start-up."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SettingsError, match=message):
+        load_settings()
+
+
+def test_tls_settings_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rediss:// gets verification (with the CA file) for Celery/kombu, redis-py and the store's
+    URL; plain redis:// URLs are left exactly as they were."""
+    import ssl
+
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", "rediss://:pw@redis.internal:6380/0")
+    monkeypatch.setenv("TRACESCORE_BROKER_CA_FILE", __file__)
+    settings = load_settings()
+    assert settings.tls.kombu_ssl(settings.broker_url) == {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": __file__}
+    assert settings.tls.redis_kwargs(settings.broker_url) == {"ssl_cert_reqs": "required", "ssl_ca_certs": __file__}
+    assert "ssl_cert_reqs=required" in settings.store_url
+    assert "ssl_ca_certs=" in settings.store_url
+
+    from celery import Celery
+
+    from worker._app import configure_app
+
+    app = Celery("tls-settings-test", set_as_current=False)
+    configure_app(app, settings)
+    assert app.conf.broker_use_ssl == {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": __file__}
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", "redis://127.0.0.1:6379/0")
+    plain = load_settings()
+    assert plain.store_url == "redis://127.0.0.1:6379/0"
+    configure_app(app, plain)
+    assert app.conf.broker_use_ssl is None

@@ -1,0 +1,114 @@
+"""Broker and store URLs: redacted for every log line, and TLS that verifies by default.
+
+``redact(text)`` hides every password a URL in ``text`` carries (``scheme://user:pass@``,
+``scheme://:pass@``, ``?password=...``), in any number of URLs (sentinel lists, error messages
+that quote the URL). Every place that prints a broker or store URL goes through it.
+
+``BrokerTLS`` holds the two TLS settings (``TRACESCORE_BROKER_CA_FILE``,
+``TRACESCORE_BROKER_TLS_INSECURE``) and renders them for each client library: kombu/Celery
+(``ssl=`` / ``broker_use_ssl``), redis-py keyword arguments, and redis-py URL query
+parameters (for code that only takes a URL). A ``rediss://`` URL always verifies the server's
+certificate (against the CA file, else the system's CAs) unless insecure is asked for by name:
+kombu alone would silently turn verification off for ``rediss://``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import ssl
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+__all__ = ["CA_FILE_ENV", "INSECURE_ENV", "BrokerTLS", "redact"]
+
+CA_FILE_ENV = "TRACESCORE_BROKER_CA_FILE"
+INSECURE_ENV = "TRACESCORE_BROKER_TLS_INSECURE"
+_MASK = "***"
+
+# scheme://userinfo@ — userinfo runs to the last '@' before the host (a password may hold an
+# unescaped '@'), and stops at '/', '?', '#' or whitespace, so the next URL of a list is safe.
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#]*)@")
+# password-like query parameters (redis-py reads ?password=, kombu/sentinel ?sentinel_password=)
+_SECRET_PARAM = re.compile(
+    r"(?P<key>[?&;](?:[A-Za-z_]*password|passwd|pass|pwd|secret|token|auth|api_key|apikey|access_key)=)"
+    r"(?P<value>[^&#\s;]*)",
+    re.IGNORECASE,
+)
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """``text`` with every URL password (and each literal in ``secrets``) replaced by ``***``.
+
+    The user name stays (it helps to see which account failed); a user-info part without a
+    ``:`` is masked whole, since ``redis://secret@host`` is how some write a password alone.
+    """
+    for secret in secrets:
+        if secret and len(secret) >= 4:  # a tiny "secret" would mask half the message
+            text = text.replace(secret, _MASK)
+    text = _USERINFO.sub(_mask_userinfo, text)
+    return _SECRET_PARAM.sub(lambda m: f"{m.group('key')}{_MASK}", text)
+
+
+def _mask_userinfo(match: re.Match[str]) -> str:
+    user, colon, _ = match.group("userinfo").partition(":")
+    if not match.group("userinfo"):
+        return match.group(0)
+    kept = f"{user}:{_MASK}" if colon else _MASK
+    return f"{match.group('scheme')}{kept}@"
+
+
+def _is_tls(url: str) -> bool:
+    return url.lower().startswith("rediss://")
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerTLS:
+    """How ``rediss://`` connections check the server: ``ca_file`` (PEM) or the system CAs;
+    ``insecure=True`` skips the check (only for tests and known self-signed set-ups)."""
+
+    ca_file: str | None = None
+    insecure: bool = False
+
+    @classmethod
+    def from_env(cls) -> BrokerTLS:
+        """From ``TRACESCORE_BROKER_CA_FILE`` / ``TRACESCORE_BROKER_TLS_INSECURE``."""
+        raw = os.environ.get(INSECURE_ENV, "").strip().lower()
+        if raw not in _TRUE | _FALSE:
+            raise ValueError(f"{INSECURE_ENV} must be true or false, got {raw!r}")
+        return cls(ca_file=os.environ.get(CA_FILE_ENV) or None, insecure=raw in _TRUE)
+
+    def kombu_ssl(self, url: str) -> dict[str, Any] | None:
+        """kombu ``Connection(ssl=...)`` / Celery ``broker_use_ssl``; None for plain ``redis://``."""
+        if not _is_tls(url):
+            return None
+        options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_NONE if self.insecure else ssl.CERT_REQUIRED}
+        if self.ca_file and not self.insecure:
+            options["ssl_ca_certs"] = self.ca_file
+        return options
+
+    def redis_kwargs(self, url: str) -> dict[str, Any]:
+        """Keyword arguments for ``redis.Redis.from_url(url, **...)``; empty for ``redis://``."""
+        if not _is_tls(url):
+            return {}
+        if self.insecure:
+            return {"ssl_cert_reqs": "none", "ssl_check_hostname": False}
+        kwargs: dict[str, Any] = {"ssl_cert_reqs": "required"}
+        if self.ca_file:
+            kwargs["ssl_ca_certs"] = self.ca_file
+        return kwargs
+
+    def url(self, url: str) -> str:
+        """``url`` with the TLS options as query parameters, for code that takes only a URL
+        (redis-py's ``from_url`` reads them); parameters already in the URL win."""
+        extra = {k: str(v) for k, v in self.redis_kwargs(url).items()}
+        if not extra:
+            return url
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        present = {k for k, _ in query}
+        query += [(k, v) for k, v in extra.items() if k not in present]
+        return urlunsplit(parts._replace(query=urlencode(query)))
