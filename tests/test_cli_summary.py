@@ -308,3 +308,63 @@ def test_backfill_reports_late_roots_end_to_end(tmp_path: Path) -> None:
     assert summary["late_roots"] == 1
     assert "late roots        1" in result.stderr
     assert "--window-spans / --window-files" in result.stderr
+
+
+@pytest.mark.redis
+def test_redis_mode_prints_the_per_scorer_summary(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Through a real Celery worker: the backfill reads the workers' records back by their
+    deterministic ids and prints the same per-scorer summary as the embedded mode."""
+    from tests.backfill._synth import write_otlp_files
+
+    url = redis_server.url(14)
+    client = redis_server.client(14)
+    client.flushdb()
+    write_otlp_files(tmp_path / "in", 30, files=2)
+    log = (tmp_path / "worker.log").open("wb")
+    env = {
+        **os.environ,
+        "TRACESCORE_BROKER_URL": url,
+        "TRACESCORE_REDIS_URL": url,
+        "TRACESCORE_WRITER": "none",
+        "PYTHONPATH": str(ROOT),
+    }
+    worker = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "celery", "-A", "worker", "worker", "--scorers", "tests.backfill.scorers"),
+            *("--pool", "solo", "--hostname", "summary@%h", "--loglevel", "info"),
+            *("--without-gossip", "--without-mingle", "--without-heartbeat"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while b"ready." not in (tmp_path / "worker.log").read_bytes():
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "the worker did not start in 60 s"
+            time.sleep(0.05)
+        args = ["backfill", str(tmp_path / "in"), "--scorers", "tests.backfill.scorers", "--broker", url]
+        result = CliRunner().invoke(cli, [*args, "--wait-timeout", "120", "--json"], env=NO_BROKER)
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        confident = summary["by_scorer"]["confident"]
+        assert (confident["runs"], confident["scored"], confident["failed_by_reason"]) == (30, 24, {"ValueError": 6})
+        assert summary["by_scorer"]["answer-words"]["runs"] == 30
+        assert "scores by scorer (30 runs)" in result.stderr  # --json: the text goes to stderr
+        again = CliRunner().invoke(cli, [*args, "--wait-timeout", "120"], env=NO_BROKER)
+        assert again.exit_code == 0, again.output
+        assert "scores by scorer (30 runs)" in again.stdout  # already scored: read back all the same
+        assert "confident: worst 3 run(s)   (failed: ValueError 6)" in again.stdout
+    finally:
+        os.killpg(worker.pid, 15)
+        try:
+            worker.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, 9)
+            worker.wait(10)
+        log.close()
+        client.flushdb()
+        client.close()

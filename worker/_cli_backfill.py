@@ -20,6 +20,8 @@ from typing import Any
 import click
 import structlog
 
+from tracing._run import ScoreBatch
+from tracing._score_record import score_id_for
 from tracing._score_writer import JsonlScoreWriter, OtlpScoreWriter, ScoreWriter
 from tracing.sources import SourceError, TraceSource, open_source, source_from_description
 from worker._app import redact
@@ -28,6 +30,7 @@ from worker._backfill_progress import ProgressReporter, format_duration
 from worker._backfill_state import BackfillOptions, BackfillState, RedisJobStore, new_job_id
 from worker._cli_common import CliError
 from worker._gc import tuned_gc
+from worker._keys import record_key
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Summary, SummaryScoreWriter
@@ -221,6 +224,52 @@ def _print_summary(summary: dict[str, Any]) -> None:
     click.echo("\n".join(lines), err=True)
 
 
+class _Enqueued:
+    """The runs this process enqueued (trace, span, agent, scorer ids), so the workers' score
+    records can be read back by their deterministic ids for the per-scorer summary."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, str, str, tuple[str, ...]]] = []
+        self._ids: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple shared by every run
+
+    def __call__(self, batch: ScoreBatch) -> None:
+        for request in batch.requests:
+            if request.run is None:
+                continue  # the exporter's compact form; the backfill always ships runs
+            identity = request.run.identity
+            ids = tuple(request.scorer_ids)
+            ids = self._ids.setdefault(ids, ids)
+            self.runs.append((identity.trace_id, identity.span_id, identity.agent_name or identity.span_name, ids))
+
+    def summary(self, store: Any, registry: Registry, scorer_ids: list[str], worst: int) -> Summary:
+        """Read the records (MGET in chunks; only the fields the summary shows are parsed)."""
+        summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
+        versions = {s: registry[s].version for s in scorer_ids if s in registry}
+        wanted: list[tuple[str, str]] = []  # (record key, agent)
+        for trace_id, span_id, agent, ids in self.runs:
+            for scorer_id in ids:
+                if scorer_id in versions:
+                    score_id = score_id_for(trace_id, span_id, scorer_id, versions[scorer_id])
+                    wanted.append((record_key(score_id), agent))
+        for start in range(0, len(wanted), 1000):
+            chunk = wanted[start : start + 1000]
+            for (_, agent), raw in zip(chunk, store.mget([k for k, _ in chunk]), strict=True):
+                if not raw:
+                    continue  # not scored (yet), or skipped
+                record = json.loads(raw)
+                summary.add(
+                    record["scorer_id"],
+                    run=record["trace_id"],
+                    label=agent,
+                    score=record.get("score"),
+                    reason=record.get("reason"),
+                    error_type=record.get("error_type"),
+                    error_message=record.get("error_message"),
+                    not_scorable=record.get("not_scorable"),
+                )
+        return summary
+
+
 def _check_outcome(summary: dict[str, Any]) -> None:
     """Exit non-zero when nothing useful came out, after the summary was printed."""
     if summary["malformed_lines"] and not summary["traces_read"]:
@@ -295,7 +344,7 @@ def _wait_for_workers(
     type=click.IntRange(0, 100),
     default=3,
     show_default=True,
-    help="Embedded mode: worst runs listed per scorer in the summary.",
+    help="Worst runs listed per scorer in the summary.",
 )
 @click.option(
     "--otlp", is_flag=True, help="Embedded mode: also write scores back over OTLP (OTEL_EXPORTER_OTLP_* settings)."
@@ -470,6 +519,8 @@ def _start(
             wait_timeout=wait_timeout,
             high_water=high_water,
             as_json=as_json,
+            registry=registry,
+            worst=worst,
         )
     else:
         _run_embedded(
@@ -599,6 +650,8 @@ def _run_redis(
     high_water: int,
     as_json: bool,
     resumed: bool = False,
+    registry: Registry | None = None,
+    worst: int = 3,
 ) -> None:
     import redis
 
@@ -620,7 +673,10 @@ def _run_redis(
     if not resumed:
         job_store.save(state)  # resumable from the first moment, even if killed before a batch
     started = time.monotonic()
-    backfill = Backfill(source, state, submitter, job_store=job_store, reporter=reporter, resumed=resumed)
+    enqueued = _Enqueued()
+    backfill = Backfill(
+        source, state, submitter, job_store=job_store, reporter=reporter, resumed=resumed, on_batch=enqueued
+    )
     progress: dict[str, int] | None = None
     try:
         with _stop_on_signals() as stop:
@@ -653,12 +709,28 @@ def _run_redis(
         reporter.close()
     if progress is None:
         progress = submitter.progress(state.job_id)
+    elapsed = time.monotonic() - started
+    by_scorer: Summary | None = None
+    if not no_wait and registry is not None and enqueued.runs:
+        try:
+            by_scorer = enqueued.summary(submitter.store, registry, state.options.scorer_ids, worst)
+        except redis.exceptions.RedisError as exc:
+            click.echo(f"  per-scorer summary unavailable: cannot read the scores back ({exc})", err=True)
     submitter.close()
-    summary = _summary(state, "redis", progress, time.monotonic() - started + 0.0)
+    summary = _summary(state, "redis", progress, elapsed)
     summary["throttled_s"] = round(submitter.throttled_s, 3)
+    if by_scorer is not None:
+        summary["by_scorer"] = by_scorer.as_json()
     if as_json:
         click.echo(json.dumps(summary))
     _print_summary(summary)
+    if by_scorer is not None:
+        partial = " so far" if state.status != "finished" else ""
+        earlier = " (this run's part of a resumed job)" if resumed else ""
+        click.echo(
+            "\n" + by_scorer.render(title=f"scores by scorer{partial}{earlier} ({len(enqueued.runs):,} runs)"),
+            err=as_json,
+        )
     if no_wait and state.status == "enqueued":
         click.echo(
             f"  enqueued; the workers score it. Follow with: tracescore backfill --resume {state.job_id}", err=True
@@ -712,4 +784,5 @@ def _resume(
             high_water=high_water,
             as_json=as_json,
             resumed=True,
+            registry=registry,
         )
