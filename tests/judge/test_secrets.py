@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +17,12 @@ import structlog
 from scorers import Judge, ScorerRunError
 from scorers.judge import JudgeAuthError, JudgeProviderError
 from scorers.judge._translate import scrub_secrets
+from tests._redis import RedisServer
 from tests.fakellm import FakeLLMServer, Reply
 from tests.judge.helpers import MODELS, run, score_scorer
+from tests.worker._batches import batch
+from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tracing._sinks import CelerySink
 
 # Shaped like no known key format: only the literal-value scrub can catch it.
 GATEWAY_KEY = "corp-gateway-7f3a9c1e5b2d4f60a8e1"
@@ -132,3 +137,39 @@ def test_scrub_literal_key_in_nested_body() -> None:
     """The configured key's literal value is masked anywhere in a nested error body."""
     body = {"error": {"message": f"bad key {GATEWAY_KEY}", "details": [GATEWAY_KEY, 3]}}
     assert scrub_secrets(body, GATEWAY_KEY) == {"error": {"message": "bad key ***", "details": ["***", 3]}}
+
+
+def test_worker_stores_and_writes_no_key(
+    fake_llm: FakeLLMServer, fake_llm_env: dict[str, str], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """End to end through a real worker process: a 401 echoing the key and a bearer token
+    becomes an error record; neither the written record (what the OTLP writer turns into the
+    span event), anything in Redis (records, dead letters, failure counters) nor the worker's
+    log holds the key."""
+    client = redis_server.client(12)
+    client.flushdb()
+    url = redis_server.url(12)
+    fake_llm.rule(Reply.error(401, f"Incorrect API key provided: {GATEWAY_KEY} (Authorization: Bearer {GATEWAY_KEY})"))
+    scores = tmp_path / "scores.jsonl"
+    worker = WorkerProcess(
+        "secrets", url, tmp_path, scores_path=scores, env={**fake_llm_env, "OPENAI_API_KEY": GATEWAY_KEY}
+    )
+    try:
+        worker.wait_ready()
+        sink = CelerySink(url)
+        sink.send(batch(range(2), ["judged"], salt="secrets"))
+        sink.close()
+        assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
+    finally:
+        worker.stop()
+    assert fake_llm.count() >= 2
+    records = read_scores(scores)
+    assert all(r["error_type"] == "JudgeAuthError" for r in records)
+    assert all("Incorrect API key provided: ***" in r["error_message"] for r in records), records
+    stored = [client.dump(key) or b"" for key in client.scan_iter()]
+    assert stored  # the records are in the store
+    assert not any(GATEWAY_KEY.encode() in value for value in stored)
+    assert GATEWAY_KEY not in scores.read_text()
+    assert GATEWAY_KEY not in worker.text()
+    client.flushdb()
+    client.close()
