@@ -8,7 +8,7 @@ import re
 import pytest
 
 from scorers import Judge, PromptStep, create_scorer
-from scorers.builtin import answer_relevancy, faithfulness
+from scorers import builtin as b
 from scorers.judge import JUDGE_SYSTEM_PREAMBLE, fence
 from tests.fakellm import FakeLLMServer, Reply
 from tests.judge.helpers import MODELS, run, score_scorer
@@ -101,9 +101,29 @@ def test_lone_surrogates_reach_the_provider(fake_llm: FakeLLMServer, model: str)
 
 @pytest.mark.parametrize("model", MODELS)
 def test_llm_builtins_accept_lone_surrogates(fake_llm: FakeLLMServer, model: str) -> None:
-    """answer_relevancy and faithfulness score runs whose texts end in half an emoji."""
-    for scorer in (answer_relevancy(model), faithfulness(model, context=["Paris \ud83c is in France"])):
-        result = asyncio.run(scorer.run(input="Is Paris in France? \udc00", output=CUT_EMOJI))
-        assert result.score is not None, result
+    """Every LLM built-in scores a run whose texts (messages, context, options, ground truth)
+    end in half an emoji, and its result serialises."""
+    ctx = ["Paris \ud83c is in France", "The Seine \udc00 flows"]
+    scorers = [
+        b.answer_relevancy(model),
+        b.faithfulness(model, context=ctx),
+        b.hallucination(model, context=ctx),
+        b.bias(model),
+        b.toxicity(model),
+        b.prompt_alignment(model),
+        b.context_precision(model, context=ctx),
+        b.context_relevance(model, context=ctx),
+        b.noise_sensitivity(model, baseline_response="Paris \ud83d", noisy_query="Is Paris in France?? \ud83d"),
+        b.answer_similarity(model),
+        b.tool_call_accuracy_llm(model, available_tools=["search", ("lookup", "find \ud83d")]),
+    ]
+    run_input = {
+        "input_messages": [{"role": "user", "content": "Is Paris in France? \udc00"}],
+        "system_messages": [{"role": "system", "content": "Be brief \ud83d"}],
+    }
+    output = [{"role": "assistant", "content": CUT_EMOJI}]
+    for scorer in scorers:
+        result = asyncio.run(scorer.run(input=run_input, output=output, ground_truth="yes \ud83d"))
+        assert result.score is not None, (scorer.id, result)
         result.model_dump_json()
     assert any("\ufffd" in r.user_text for r in fake_llm.requests)
