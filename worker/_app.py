@@ -66,6 +66,10 @@ def configure_app(app: Celery, settings: Settings) -> None:
             "unacked_restore_throttle": settings.unacked_restore_throttle,
         },
     )
+    # Every message is screened before Celery decodes it; refusals are dead letters (_guard.py).
+    app.conf.worker_consumer = "worker._guard:GuardedConsumer"
+    if settings.broker_url.partition("://")[0] in ("redis", "rediss"):
+        app.conf.broker_transport = "worker._guard:GuardedRedisTransport"
 
 
 app = Celery("tracescore", set_as_current=False)

@@ -28,6 +28,7 @@ async def _store_status(url: str, limits: Any) -> dict[str, Any]:
     try:
         return {
             "dead_letters": await store.dlq_len(),
+            "dead_letters_by_reason": await store.dlq_counts(),
             "recent_failures": await store.recent_failures(),
             "rate_limits": await limiter.state(),
         }
@@ -113,4 +114,6 @@ def status_command(timeout: float, as_json: bool) -> None:
     failures = status["recent_failures"]
     summary = ", ".join(f"{k}={v}" for k, v in sorted(failures.items(), key=lambda kv: -kv[1])) or "none"
     click.echo(f"failures    last hour: {summary}")
-    click.echo(f"dead letters {status['dead_letters']}")
+    letters = sorted(status["dead_letters_by_reason"].items(), key=lambda kv: -kv[1])
+    by_reason = ", ".join(f"{k}={v}" for k, v in letters)
+    click.echo(f"dead letters {status['dead_letters']}" + (f" ({by_reason})" if by_reason else ""))

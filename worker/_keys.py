@@ -10,6 +10,8 @@ __all__ = [
     "claim_key",
     "delivery_key",
     "dlq_key",
+    "dlq_reasons_key",
+    "dlq_seen_key",
     "failures_key",
     "job_key",
     "limiter_bucket_key",
@@ -51,6 +53,17 @@ def job_key(job_id: str) -> str:
 def dlq_key() -> str:
     """List of dead letters (JSON), newest first."""
     return f"{PREFIX}dlq"
+
+
+def dlq_seen_key(message_key: str) -> str:
+    """Set (with a TTL) once a message was dead-lettered, so a redelivery of the same message
+    (a consumer restart before its ack) never becomes a second dead letter."""
+    return f"{PREFIX}dlq:seen:{message_key}"
+
+
+def dlq_reasons_key() -> str:
+    """Hash: dead-letter reason → letters on the list with that reason (``tracescore status``)."""
+    return f"{PREFIX}dlq:reasons"
 
 
 def failures_key(bucket: int) -> str:

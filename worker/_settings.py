@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     # with error_type "memory" and the process goes on. 0 → no cap (the OOM killer decides).
     memory_limit_mb: int = Field(default=0, ge=0)
 
+    # A task message whose ETA lies further ahead than this is refused (a far-future ETA would
+    # sit in a worker's memory); the task's own retries are delayed by at most this much.
+    max_eta_seconds: float = Field(default=900.0, gt=0)
+
     @field_validator("rate_limits", mode="before")
     @classmethod
     def _parse_rate_limits(cls, value: Any) -> Any:

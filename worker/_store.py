@@ -13,6 +13,7 @@ to the queue (see ``worker._reconnect``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
 import uuid
@@ -29,12 +30,15 @@ from worker import _keys
 from worker._reconnect import StoreUnavailableError, reconnecting_client, unavailable_as_error
 
 __all__ = [
+    "DLQ_PUSH_SCRIPT",
     "FAILURE_WINDOW_SECONDS",
     "DeadLetter",
     "MemoryScoreStore",
     "RedisScoreStore",
     "ScoreStore",
     "StoreUnavailableError",
+    "dead_letter_id",
+    "dlq_push_args",
     "failure_bucket",
 ]
 
@@ -59,6 +63,21 @@ class DeadLetter(BaseModel):
     # The task's argument as received (JSON); None when it was too large or unreadable to keep.
     payload: Any = None
     retryable: bool = True
+    # Identifies the queue message (delivery tag or task id + retry): a redelivery of the same
+    # message is not dead-lettered twice. None: never deduplicated.
+    message_key: str | None = None
+    # The runs ("trace_id:span_id") this letter is about, when it is about particular runs
+    # (a run that killed its worker is dead-lettered alone).
+    run_ids: list[str] = Field(default_factory=list)
+
+
+# A message key is remembered this long after its dead letter (longer than any redelivery).
+DLQ_SEEN_TTL_S = 7 * 24 * 3600
+
+
+def dead_letter_id(message_key: str) -> str:
+    """The letter id for a message key: the same message always makes the same letter."""
+    return hashlib.sha256(message_key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 @runtime_checkable
@@ -109,7 +128,13 @@ class ScoreStore(Protocol):
 
     async def recent_failures(self, buckets: int = 6) -> dict[str, int]: ...
 
-    async def dlq_push(self, letter: DeadLetter) -> None: ...
+    async def dlq_push(self, letter: DeadLetter) -> bool:
+        """Add ``letter`` unless its ``message_key`` was dead-lettered before; True if added."""
+        ...
+
+    async def dlq_counts(self) -> dict[str, int]:
+        """Dead letters on the list, by reason."""
+        ...
 
     async def dlq_list(self, limit: int = 100) -> list[DeadLetter]: ...
 
@@ -140,6 +165,7 @@ class MemoryScoreStore:
         self._jobs: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._failures: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._dlq: list[DeadLetter] = []
+        self._dlq_seen: set[str] = set()
         self._deliveries: dict[str, int] = {}
 
     async def existing(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
@@ -249,9 +275,21 @@ class MemoryScoreStore:
                     totals[reason] += n
         return dict(totals)
 
-    async def dlq_push(self, letter: DeadLetter) -> None:
+    async def dlq_push(self, letter: DeadLetter) -> bool:
         with self._lock:
+            if letter.message_key is not None:
+                if letter.message_key in self._dlq_seen:
+                    return False
+                self._dlq_seen.add(letter.message_key)
             self._dlq.insert(0, letter)
+            return True
+
+    async def dlq_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = defaultdict(int)
+        with self._lock:
+            for letter in self._dlq:
+                counts[letter.reason] += 1
+        return dict(counts)
 
     async def dlq_list(self, limit: int = 100) -> list[DeadLetter]:
         with self._lock:
@@ -323,6 +361,41 @@ if current == false or current == ARGV[1] then
 end
 return 0
 """
+
+# KEYS: dlq list, seen key, reasons hash. ARGV: letter json, reason, push nonce, seen ttl.
+# Seen-check, push and count in one step: two deliveries of one message make one letter.
+DLQ_PUSH_SCRIPT = """
+if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'EX', tonumber(ARGV[4])) then
+  -- 1 when our own earlier try (its reply lost, the client retried) pushed this very letter
+  return redis.call('GET', KEYS[2]) == ARGV[3] and 1 or 0
+end
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+return 1
+"""
+
+# KEYS: dlq list, reasons hash. ARGV: letter json, reason.
+_DLQ_TAKE = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
+  return 0
+end
+if redis.call('HINCRBY', KEYS[2], ARGV[2], -1) <= 0 then
+  redis.call('HDEL', KEYS[2], ARGV[2])
+end
+return 1
+"""
+
+
+def dlq_push_args(letter: DeadLetter) -> tuple[list[str], list[str]]:
+    """Keys and arguments of ``DLQ_PUSH_SCRIPT`` for ``letter`` (the consumer's guard runs it
+    with a synchronous client)."""
+    seen = _keys.dlq_seen_key(letter.message_key or f"letter:{letter.id}")
+    return (
+        [_keys.dlq_key(), seen, _keys.dlq_reasons_key()],
+        # A fresh nonce per push: the client's own retry of this push sends the same one.
+        [letter.model_dump_json(), letter.reason, uuid.uuid4().hex, str(DLQ_SEEN_TTL_S)],
+    )
+
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -506,8 +579,14 @@ class RedisScoreStore:
                     totals[reason] += int(n)
         return dict(totals)
 
-    async def dlq_push(self, letter: DeadLetter) -> None:
-        await self.client.lpush(_keys.dlq_key(), letter.model_dump_json())
+    async def dlq_push(self, letter: DeadLetter) -> bool:
+        keys, args = dlq_push_args(letter)
+        (pushed,) = await self._evalsha_many(DLQ_PUSH_SCRIPT, len(keys), [(*keys, *args)])
+        return bool(pushed)
+
+    async def dlq_counts(self) -> dict[str, int]:
+        raw = await self.client.hgetall(_keys.dlq_reasons_key())
+        return {k: int(v) for k, v in raw.items() if int(v) > 0}
 
     async def dlq_list(self, limit: int = 100) -> list[DeadLetter]:
         raw = await self.client.lrange(_keys.dlq_key(), 0, max(0, limit - 1))
@@ -517,7 +596,9 @@ class RedisScoreStore:
         for raw in await self.client.lrange(_keys.dlq_key(), 0, -1):
             letter = DeadLetter.model_validate_json(raw)
             if letter.id == letter_id:
-                removed = await self.client.lrem(_keys.dlq_key(), 1, raw)
+                (removed,) = await self._evalsha_many(
+                    _DLQ_TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, letter.reason)]
+                )
                 return letter if removed else None
         return None
 

@@ -1,9 +1,15 @@
 """The scoring task (``tracescore.score_batch``): validate, score on the loop thread, retry or
-dead-letter. It never lets a bad message crash the worker."""
+dead-letter. It never lets a bad message crash the worker (the consumer's guard, ``_guard.py``,
+refuses what is not a task message before this runs).
+
+A batch whose delivery killed its worker process (segfault, OOM kill: the message comes back
+without finishing) is split on redelivery into one message per run, so the run that kills its
+process is dead-lettered alone and its neighbours are scored."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import structlog
@@ -16,7 +22,7 @@ from worker._app import app
 from worker._loop import run_coro
 from worker._runtime import WorkerRuntime, get_runtime
 from worker._scoring import StoreUnavailableError, score_batch
-from worker._store import DeadLetter
+from worker._store import DeadLetter, dead_letter_id
 
 __all__ = ["score_batch_task"]
 
@@ -24,8 +30,11 @@ log = structlog.get_logger("tracescore.worker.task")
 
 # A dead letter keeps the payload for `tracescore dlq retry` unless it is larger than this.
 MAX_DEAD_PAYLOAD_BYTES = 1024 * 1024
-# Deliveries beyond the retry budget tolerated for worker crashes before dead-lettering.
+# Crashed deliveries of a one-run message tolerated before it is dead-lettered (a crash may be
+# the machine's fault, not the run's).
 MAX_CRASHED_DELIVERIES = 2
+# Names the per-run messages of a split batch (deterministic: a second split sends the same ids).
+_SPLIT_NAMESPACE = uuid.UUID("5b0c1f0e-7a53-4d0b-9f7e-3a2f4c8d9e10")
 
 
 def _dead_letter(
@@ -38,9 +47,14 @@ def _dead_letter(
     batch_id: str | None,
     attempts: int,
     retryable: bool,
+    message_key: str,
+    run_ids: list[str] | None = None,
 ) -> None:
-    keep = payload if size <= MAX_DEAD_PAYLOAD_BYTES else None
+    keep = payload if 0 <= size <= MAX_DEAD_PAYLOAD_BYTES else None
     letter = DeadLetter(
+        id=dead_letter_id(message_key),
+        message_key=message_key,
+        run_ids=run_ids or [],
         reason=reason,
         error=error[:2000],
         batch_id=batch_id,
@@ -49,8 +63,25 @@ def _dead_letter(
         payload=keep,
         retryable=retryable and keep is not None,
     )
-    run_coro(runtime.store.dlq_push(letter), 30.0)
-    log.error("message_dead_lettered", reason=reason, error=error[:300], batch_id=batch_id, attempts=attempts)
+    pushed = run_coro(runtime.store.dlq_push(letter), 30.0)
+    log.error(
+        "message_dead_lettered",
+        reason=reason,
+        error=error[:300],
+        batch_id=batch_id,
+        attempts=attempts,
+        letter=letter.id,
+        duplicate=not pushed,
+    )
+
+
+def _split(task: Task[Any, Any], payload: dict[str, Any], batch: ScoreBatch, task_id: str, queue: str) -> None:
+    """Requeue each run of ``batch`` as its own message (the original is then acked)."""
+    for i, request in enumerate(payload["requests"]):
+        sub_id = str(uuid.uuid5(_SPLIT_NAMESPACE, f"{task_id}/{i}"))
+        task.apply_async(
+            args=({"batch_id": f"{batch.batch_id}/{i}", "requests": [request]},), task_id=sub_id, queue=queue
+        )
 
 
 @app.task(
@@ -66,9 +97,13 @@ def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | Non
     runtime = get_runtime()
     settings = runtime.settings
     attempt = int(self.request.retries or 0)
+    task_id = str(self.request.id or (payload.get("batch_id") if isinstance(payload, dict) else None) or "-")
+    # One dead letter per message: a redelivery of this very message (same id, same retry)
+    # finds the letter already there.
+    message_key = f"task:{task_id}:{attempt}"
     try:
         size = len(json.dumps(payload, separators=(",", ":")))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         size = -1
     if size > settings.max_payload_bytes or size < 0:
         _dead_letter(
@@ -81,12 +116,18 @@ def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | Non
             batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
             attempts=attempt + 1,
             retryable=False,
+            message_key=message_key,
         )
         return None
     try:
         batch = ScoreBatch.model_validate(payload)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()[:5])
+    except (ValidationError, RecursionError) as exc:
+        if isinstance(exc, RecursionError):
+            problems = "nested too deeply"
+        else:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()[:5]
+            )
         _dead_letter(
             runtime,
             reason="invalid_payload",
@@ -96,24 +137,37 @@ def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | Non
             batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
             attempts=attempt + 1,
             retryable=False,
+            message_key=message_key,
         )
         return None
 
     # Deliveries are counted in Redis: a message that kills its worker (OOM, segfault) comes
-    # back via reject_on_worker_lost / the visibility timeout without a retry count of its own.
-    task_id = str(self.request.id or batch.batch_id)
+    # back via reject_on_worker_lost / the visibility timeout without a retry count of its own,
+    # so deliveries beyond its retries are deliveries that never finished.
     deliveries = run_coro(runtime.store.count_delivery(task_id, int(settings.visibility_timeout) * 10), 30.0)
-    if deliveries > settings.retry_budget + 1 + MAX_CRASHED_DELIVERIES:
+    crashes = deliveries - (attempt + 1)
+    if crashes > 0 and len(batch.requests) > 1:
+        # One of these runs may kill whatever process scores it: score each on its own, so
+        # only that one is lost. Runs already scored are skipped by their score ids.
+        assert isinstance(payload, dict)
+        _split(self, payload, batch, task_id, settings.queue)
+        log.warning("batch_split", batch_id=batch.batch_id, runs=len(batch.requests), crashed_deliveries=crashes)
+        return None
+    if crashes > MAX_CRASHED_DELIVERIES:
+        request = batch.requests[0]
+        run_id = f"{request.trace_id}:{request.span_id}"
         _dead_letter(
             runtime,
             reason="too_many_deliveries",
-            error=f"delivered {deliveries} times (retry budget {settings.retry_budget}); "
-            "its worker probably died while scoring it each time",
+            error=f"run {run_id} (scorers {', '.join(request.scorer_ids)[:200]}) was being scored each time "
+            f"its worker process died: delivered {deliveries} times, {crashes} of them never finished",
             payload=payload,
             size=size,
             batch_id=batch.batch_id,
             attempts=deliveries,
             retryable=True,
+            message_key=message_key,
+            run_ids=[run_id],
         )
         return None
     final = attempt >= settings.retry_budget
@@ -133,10 +187,12 @@ def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | Non
                 batch_id=batch.batch_id,
                 attempts=attempt + 1,
                 retryable=True,
+                message_key=message_key,
             )
             return None
         log.warning("batch_retry", batch_id=batch.batch_id, attempt=attempt + 1, error=error[:300])
-        raise self.retry(countdown=settings.retry_backoff_seconds * 2**attempt, exc=exc) from exc
+        countdown = min(settings.retry_backoff_seconds * 2**attempt, settings.max_eta_seconds)
+        raise self.retry(countdown=countdown, exc=exc) from exc
     summary = report.as_dict()
     if final and (report.exhausted or report.deferred):
         # Error records for the exhausted runs are written (visible); the message is kept so
@@ -159,6 +215,7 @@ def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | Non
             batch_id=batch.batch_id,
             attempts=attempt + 1,
             retryable=True,
+            message_key=message_key,
         )
         log.info("batch_done", **summary)
         return summary
@@ -167,6 +224,8 @@ def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | Non
         if report.deferred:
             # Spread the retries over one claim lifetime: by then the holder finished or lapsed.
             countdown = max(countdown, settings.claim_ttl / max(1, settings.retry_budget))
+        # The guard refuses ETAs further ahead than this; our own retries must not be refused.
+        countdown = min(countdown, settings.max_eta_seconds)
         log.warning(
             "batch_retry",
             batch_id=batch.batch_id,

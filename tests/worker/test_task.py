@@ -65,3 +65,14 @@ def test_valid_payload_is_scored_and_reported(runtime_env: str) -> None:
     letters, progress = _dlq_and_progress(runtime_env, "ok")
     assert letters == []
     assert progress == {"scored": 4}
+
+
+def test_the_same_message_twice_is_one_dead_letter(runtime_env: str) -> None:
+    """A redelivery of a message the task dead-lettered (same task id, same retry: its ack was
+    lost to a consumer restart) finds the letter already there instead of adding a second."""
+    bad = {"batch_id": "bad-twice", "requests": [{"run": 42, "scorer_ids": ["length"]}]}
+    score_batch_task.apply(args=[bad], task_id="0f6c8a4e-6a57-4b0c-9d43-3f1d2b7c9e01")
+    score_batch_task.apply(args=[bad], task_id="0f6c8a4e-6a57-4b0c-9d43-3f1d2b7c9e01")
+    score_batch_task.apply(args=[bad], task_id="5a1d0c9b-2f3e-4a6b-8c7d-9e0f1a2b3c4d")  # another message
+    letters, _ = _dlq_and_progress(runtime_env, "-")
+    assert letters == ["invalid_payload", "invalid_payload"]

@@ -141,7 +141,7 @@ def test_pickle_payload_is_refused(workers: Workers, redis_url: str) -> None:
     )
     producer.send_task(SCORE_TASK_NAME, args=[payload(range(2), ["length"], salt="json")], queue="tracescore")
     assert wait_for(lambda: len(read_scores(workers.scores)) >= 2, 30), worker.text()[-2000:]
-    assert wait_for(lambda: "untrusted content" in worker.text(), 10), worker.text()[-2000:]
+    assert wait_for(lambda: "reason=content_type_refused" in worker.text(), 10), worker.text()[-2000:]
     pickled = {r.run.identity.trace_id for r in batch(range(2), ["length"], salt="pickled").requests}
     assert not pickled & {s["trace_id"] for s in read_scores(workers.scores)}
     assert len(read_scores(workers.scores)) == 2

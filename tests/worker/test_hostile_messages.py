@@ -1,0 +1,292 @@
+"""Hostile and broken queue messages, written straight into the Redis list in kombu's wire
+format, against real ``celery -A worker worker`` processes: each is refused, becomes exactly
+one dead letter with a named reason, is counted by ``tracescore status``, never reaches the
+worker's log, and the worker goes on scoring."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import datetime as dt
+import hashlib
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.worker._batches import payload
+from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tracing._run import SCORE_TASK_NAME
+from worker._settings import get_settings
+from worker._store import DeadLetter, MemoryScoreStore, RedisScoreStore
+
+MARKER = "AGENT-CONTENT-MARKER-51d2"
+QUEUE = "tracescore"
+MAX_PAYLOAD = 512 * 1024  # above the 100k-deep body (200 KB), so that one is refused for its depth
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+def envelope(
+    body: bytes | str,
+    *,
+    task: Any = SCORE_TASK_NAME,
+    content_type: str = "application/json",
+    content_encoding: str = "utf-8",
+    body_encoding: Any = "base64",
+    headers: dict[str, Any] | None = None,
+    drop_headers: tuple[str, ...] = (),
+    tag: str | None = None,
+) -> tuple[str, bytes]:
+    """One Redis list entry as kombu writes it; returns (delivery tag, entry)."""
+    task_id = str(uuid.uuid4())
+    tag = tag or str(uuid.uuid4())
+    head: dict[str, Any] = {
+        "lang": "py",
+        "task": task,
+        "id": task_id,
+        "root_id": task_id,
+        "parent_id": None,
+        "group": None,
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "argsrepr": f"({MARKER},)",
+        "kwargsrepr": "{}",
+        "origin": "test",
+        **(headers or {}),
+    }
+    for name in drop_headers:
+        head.pop(name, None)
+    raw = body.encode() if isinstance(body, str) else body
+    entry = {
+        "body": base64.b64encode(raw).decode() if body_encoding == "base64" else raw.decode("latin-1"),
+        "content-encoding": content_encoding,
+        "content-type": content_type,
+        "headers": head,
+        "properties": {
+            "correlation_id": task_id,
+            "reply_to": None,
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": QUEUE},
+            "priority": 0,
+            "body_encoding": body_encoding,
+            "delivery_tag": tag,
+        },
+    }
+    return tag, json.dumps(entry).encode()
+
+
+def task_body(args: list[Any], kwargs: dict[str, Any] | None = None, embed: dict[str, Any] | None = None) -> str:
+    return json.dumps([args, kwargs or {}, embed or _EMBED])
+
+
+def secret_batch(salt: str) -> dict[str, Any]:
+    """A valid ScoreBatch whose agent content carries the marker."""
+    p = payload(range(1), ["length"], salt=salt)
+    p["requests"][0]["run"]["output"][0]["content"] = f"the answer is {MARKER}"
+    return p
+
+
+def hostile_messages() -> list[tuple[str, str, bytes]]:
+    """(expected reason, message key, entry) for every kind of bad message."""
+    good = secret_batch("hostile")
+    soon = (dt.datetime.now(dt.UTC) + dt.timedelta(days=30)).isoformat()
+    deep = "[" * 100_000 + "]" * 100_000
+    nested: Any = MARKER
+    for _ in range(150):
+        nested = {"x": nested}
+    deep_args = dict(good, requests=[{**good["requests"][0], "ground_truth": nested}])
+    cases: list[tuple[str, str | None, bytes]] = []
+
+    def add(reason: str, built: tuple[str, bytes]) -> None:
+        cases.append((reason, built[0], built[1]))
+
+    def raw(reason: str, entry: bytes) -> None:
+        cases.append((reason, None, entry))
+
+    # The Redis entry itself (kombu's envelope) is broken.
+    raw("not_json", f"not an envelope {MARKER}".encode())
+    raw("bad_envelope", json.dumps({"body": MARKER, "headers": {}}).encode())
+    raw("payload_too_large", b"x" * (MAX_PAYLOAD * 3) + MARKER.encode())  # oversized and not JSON
+    add("bad_encoding", envelope(task_body([good]), body_encoding="rot13"))
+    add("bad_encoding", _not_base64())
+    # The body.
+    add("not_json", envelope(f"not json {MARKER}"))
+    add("bad_body", envelope(json.dumps(MARKER)))
+    add("bad_body", envelope(json.dumps({"args": [MARKER]})))
+    add("bad_encoding", envelope(task_body([good]).encode("utf-16"), content_encoding="utf-16"))
+    add("bad_encoding", envelope(b'[["\xff\xfe' + MARKER.encode() + b'"],{},{}]'))
+    add("too_deep", envelope(deep))
+    add("too_deep", envelope(task_body([deep_args])))
+    add("payload_too_large", envelope(f"not json, just big {MARKER} " + "y" * MAX_PAYLOAD))
+    # Arguments.
+    add("bad_arguments", envelope(task_body([good, 1])))
+    add("bad_arguments", envelope(task_body([good], {"payload": MARKER})))
+    add("bad_arguments", envelope(task_body([])))
+    add("bad_arguments", envelope(task_body([MARKER])))
+    # Serializers other than JSON.
+    pickled = b"\x80\x04\x95" + MARKER.encode()
+    add("content_type_refused", envelope(pickled, content_type="application/x-python-serialize",
+                                         content_encoding="binary"))  # fmt: skip
+    add("content_type_refused", envelope(f"!!python/object/apply:os.system ['echo {MARKER}']",
+                                         content_type="application/x-yaml"))  # fmt: skip
+    add("content_type_refused", envelope(b"\x93\x91\xa4" + MARKER.encode(), content_type="application/x-msgpack",
+                                         content_encoding="binary"))  # fmt: skip
+    # Tasks that are not ours, and what would run more than our task.
+    add("unknown_task", envelope(task_body([MARKER]), task="celery.backend_cleanup"))
+    add("unknown_task", envelope(task_body([MARKER]), task="celery.chord_unlock"))
+    add("unknown_task", envelope(task_body([MARKER]), task="evil.not_ours"))
+    add("not_a_task", envelope(json.dumps({"task": SCORE_TASK_NAME, "args": [good]}), drop_headers=("task",)))
+    callback = {"task": "celery.backend_cleanup", "args": [], "kwargs": {}, "options": {}, "subtask_type": None}
+    add("callbacks_refused", envelope(task_body([good], embed={**_EMBED, "callbacks": [callback]})))
+    add("callbacks_refused", envelope(task_body([good], embed={**_EMBED, "chain": [callback]})))
+    add("eta_too_far", envelope(task_body([good]), headers={"eta": soon}))
+    add("bad_headers", envelope(task_body([good]), headers={"eta": f"tomorrow {MARKER}"}))
+    add("bad_headers", envelope(task_body([good]), headers={"timelimit": [10**9, 10**9]}))
+    add("bad_headers", envelope(task_body([good]), headers={"retries": "many"}))
+    return [(reason, f"msg:{tag or hashlib.sha256(entry).hexdigest()}", entry) for reason, tag, entry in cases]
+
+
+def _not_base64() -> tuple[str, bytes]:
+    """A base64 body that is not base64 (kombu would raise while building the message)."""
+    tag, entry = envelope(task_body([MARKER]))
+    data = json.loads(entry)
+    data["body"] = "%%% not base64 %%% " + MARKER
+    return tag, json.dumps(data).encode()
+
+
+def _dlq(redis_url: str) -> list[DeadLetter]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return [DeadLetter.model_validate_json(raw) for raw in client.lrange("tracescore:dlq", 0, -1)]
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def worker(redis_url: str, tmp_path: Path) -> Iterator[WorkerProcess]:
+    proc = WorkerProcess(
+        "hostile",
+        redis_url,
+        tmp_path,
+        scores_path=tmp_path / "scores.jsonl",
+        env={"TRACESCORE_MAX_PAYLOAD_BYTES": str(MAX_PAYLOAD)},
+    )
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _status(redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    from worker.cli import main
+
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", redis_url)
+    get_settings.cache_clear()
+    try:
+        capsys.readouterr()
+        assert main(["status", "--json", "--timeout", "0.5"]) == 0
+        status: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return status
+    finally:
+        get_settings.cache_clear()
+
+
+def test_hostile_messages_are_each_one_dead_letter_and_the_worker_keeps_scoring(
+    worker: WorkerProcess,
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Not-JSON (envelope and body), string bodies, wrong encodings, wrong arguments, 100k-deep
+    JSON, pickle/YAML/msgpack, unknown and built-in task names, callbacks, far ETAs, oversized
+    entries: the worker survives all of them, dead-letters each once with its reason, never
+    logs their content, and scores a good batch sent after them."""
+    cases = hostile_messages()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for _, _, entry in cases:
+            client.lpush(QUEUE, entry)
+        client.lpush(QUEUE, envelope(task_body([payload(range(3), ["length"], salt="after")]))[1])
+    finally:
+        client.close()
+
+    scores = tmp_path / "scores.jsonl"
+    assert wait_for(lambda: len(read_scores(scores)) == 3, 60), worker.text()[-3000:]
+    assert worker.proc.poll() is None
+    letters = _dlq(redis_url)
+    assert {d.message_key: d.reason for d in letters} == {key: reason for reason, key, _ in cases}
+    assert len(letters) == len(cases)
+    for letter in letters:
+        assert not letter.retryable
+        assert letter.error
+        assert MARKER not in letter.model_dump_json()
+    # The size cap comes before decoding: oversized bodies that are not JSON are too large, not bad JSON.
+    too_large = [d for d in letters if d.reason == "payload_too_large"]
+    assert len(too_large) == 2
+    assert all("TRACESCORE_MAX_PAYLOAD_BYTES" in d.error for d in too_large)
+
+    status = _status(redis_url, monkeypatch, capsys)
+    assert status["dead_letters"] == len(cases)
+    assert status["dead_letters_by_reason"] == dict(collections.Counter(reason for reason, _, _ in cases))
+
+    log = worker.text()
+    assert MARKER not in log
+    assert "message_refused" in log
+    assert "Traceback" not in log
+
+
+def test_a_refused_message_delivered_twice_is_one_dead_letter(worker: WorkerProcess, redis_url: str,
+                                                              tmp_path: Path) -> None:  # fmt: skip
+    """The same message coming back (kombu redelivers it, same delivery tag, after a consumer
+    restart before its ack) is not dead-lettered a second time, whether the consumer refuses it
+    or the task does (a ScoreBatch that does not validate)."""
+    _, refused = envelope(json.dumps(MARKER))
+    task_id = str(uuid.uuid4())
+    _, invalid = envelope(task_body([{"batch_id": "bad", "requests": [{"run": 42}]}]), headers={"id": task_id})
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for entry in (refused, invalid, refused, invalid):
+            client.lpush(QUEUE, entry)
+        client.lpush(QUEUE, envelope(task_body([payload(range(2), ["length"], salt="twice")]))[1])
+    finally:
+        client.close()
+    assert wait_for(lambda: len(read_scores(tmp_path / "scores.jsonl")) == 2, 60), worker.text()[-3000:]
+    assert sorted(d.reason for d in _dlq(redis_url)) == ["bad_body", "invalid_payload"]
+    assert worker.text().count("duplicate=True") == 2
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_dead_letter_store_dedupes_by_message_and_counts_by_reason(kind: str, redis_url: str) -> None:
+    """dlq_push adds a message key once; dlq_counts follows pushes and takes."""
+
+    async def go() -> tuple[list[bool], dict[str, int], dict[str, int], int]:
+        store: Any = MemoryScoreStore() if kind == "memory" else RedisScoreStore(redis_url)
+        a = DeadLetter(reason="not_json", message_key="msg:a")
+        pushed = [
+            await store.dlq_push(a),
+            await store.dlq_push(DeadLetter(reason="not_json", message_key="msg:a")),
+            await store.dlq_push(DeadLetter(reason="bad_body", message_key="msg:b")),
+            await store.dlq_push(DeadLetter(reason="bad_body")),
+        ]
+        before = await store.dlq_counts()
+        await store.dlq_take(a.id)
+        after = await store.dlq_counts()
+        length = await store.dlq_len()
+        await store.close()
+        return pushed, before, after, length
+
+    pushed, before, after, length = asyncio.run(go())
+    assert pushed == [True, False, True, True]
+    assert before == {"not_json": 1, "bad_body": 2}
+    assert after == {"bad_body": 2}
+    assert length == 2

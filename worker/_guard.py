@@ -1,0 +1,468 @@
+"""Refusing hostile or broken queue messages before Celery touches them.
+
+Celery decodes a message and builds its request before any task code runs, and several bad
+messages (a string body, a wrong argument list, a non-JSON Redis entry) crash the whole worker
+there, while others are only logged, body included. So every message is screened twice, at the
+two places where it still is raw bytes:
+
+- ``GuardedRedisTransport``: the Redis list entry (kombu's JSON envelope) is checked for size
+  *before* it is decoded, and an entry kombu could not turn into a message (not JSON, no
+  properties, a body encoding it cannot undo) is replaced by a small stand-in that carries only
+  the refusal reason;
+- ``GuardedConsumer``: the body (size first, then content type, encoding, JSON, depth, the
+  ``[args, kwargs, embed]`` shape) and the headers (task name, ETA, time limits, retries) are
+  checked before Celery's own handler sees the message.
+
+A refused message is acked and becomes exactly one dead letter (reason + what was wrong, never
+the body: it holds agent content); a redelivery of the same message (same delivery tag) finds its
+letter already there. Only tracescore's own tasks run: Celery's built-in tasks, callbacks, chains
+and chords, and far-future ETAs are refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import structlog
+from celery.worker.consumer import Consumer
+from kombu.transport import redis as _kombu_redis
+from kombu.transport import virtual as _kombu_virtual
+
+from tracing._run import SCORE_TASK_NAME
+from worker._settings import Settings, get_settings
+from worker._store import DLQ_PUSH_SCRIPT, DeadLetter, dead_letter_id, dlq_push_args
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "GuardedConsumer",
+    "GuardedRedisTransport",
+    "Refusal",
+    "check_message",
+    "envelope_limit",
+    "screen_envelope",
+]
+
+# kombu's Redis transport has no type information for what is subclassed here.
+kombu_redis: Any = _kombu_redis
+kombu_virtual: Any = _kombu_virtual
+
+log = structlog.get_logger("tracescore.worker.guard")
+# kombu's ack/reject helpers log through a stdlib logger.
+_stdlog = logging.getLogger("tracescore.worker.guard")
+
+# Nesting deeper than this is refused: real runs stay far below it, and decoding, validating or
+# serialising deeper input risks RecursionError in the worker (100k-deep JSON is a known attack).
+MAX_JSON_DEPTH = 100
+# The header that marks a stand-in envelope (see screen_envelope).
+REFUSED_HEADER = "x-tracescore-refused"
+_DETAIL_HEADER = "x-tracescore-refused-detail"
+_REFUSED_CONTENT_TYPE = "application/x-tracescore-refused"
+# A kombu envelope is the body in base64 (4/3 of it) plus headers and properties.
+_ENVELOPE_OVERHEAD = 64 * 1024
+_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
+_EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a message is refused: a short reason (the dead letter's ``reason``) and a sentence."""
+
+    reason: str
+    detail: str
+
+
+def _token(value: Any) -> str:
+    """``value`` for a dead letter or a log line only when it is a short plain token."""
+    return value if isinstance(value, str) and _SAFE_TOKEN.match(value) else "(not shown)"
+
+
+def envelope_limit(max_payload_bytes: int) -> int:
+    """The largest Redis list entry that can hold a body of ``max_payload_bytes``."""
+    return max_payload_bytes * 4 // 3 + _ENVELOPE_OVERHEAD
+
+
+def _stand_in(reason: str, detail: str, tag: str, routing_key: str) -> bytes:
+    envelope = {
+        "body": "",
+        "content-type": _REFUSED_CONTENT_TYPE,
+        "content-encoding": "binary",
+        "headers": {REFUSED_HEADER: reason, _DETAIL_HEADER: detail},
+        "properties": {
+            "delivery_tag": tag,
+            "body_encoding": "base64",
+            "delivery_info": {"exchange": "", "routing_key": routing_key},
+            "priority": 0,
+        },
+    }
+    return json.dumps(envelope).encode()
+
+
+def screen_envelope(item: bytes, max_bytes: int, routing_key: str = "") -> bytes:
+    """``item`` unchanged when kombu can make a message of it, else a stand-in envelope (same
+    delivery tag when it has one) that the consumer refuses. The size is checked first, so an
+    oversized entry is never decoded."""
+    if len(item) > max_bytes:
+        return _stand_in(
+            "payload_too_large",
+            f"the queue entry is {len(item)} bytes, over the {max_bytes} a message of "
+            "TRACESCORE_MAX_PAYLOAD_BYTES can take; send fewer runs per batch",
+            hashlib.sha256(item).hexdigest(),
+            routing_key,
+        )
+    try:
+        envelope = json.loads(item)
+    except (ValueError, RecursionError):
+        return _stand_in(
+            "not_json",
+            "the queue entry is not a JSON kombu envelope",
+            hashlib.sha256(item).hexdigest(),
+            routing_key,
+        )
+    properties = envelope.get("properties") if isinstance(envelope, dict) else None
+    tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
+    if not isinstance(tag, str) or not tag:
+        return _stand_in(
+            "bad_envelope",
+            "the queue entry has no properties.delivery_tag (not written by kombu)",
+            hashlib.sha256(item).hexdigest(),
+            routing_key,
+        )
+    assert isinstance(envelope, dict)
+    assert isinstance(properties, dict)
+    body = envelope.get("body")
+    encoding = properties.get("body_encoding")
+    problem = None
+    if not isinstance(envelope.get("headers"), dict | None):
+        problem = "the envelope's headers are not an object"
+    elif not isinstance(properties.get("delivery_info", {}), dict):
+        problem = "properties.delivery_info is not an object"
+    elif body is not None and not isinstance(body, str):
+        problem = "the envelope's body is not a string"
+    elif encoding not in (None, "base64"):
+        problem = f"body_encoding {_token(encoding)!s} is not base64"
+    # (Broken base64 is caught where kombu decodes it: _ScreenedMessage.)
+    if problem is None:
+        return item
+    return _stand_in("bad_encoding", problem, tag, routing_key)
+
+
+class _ScreeningRedis(redis.Redis):
+    """kombu's BRPOP client: every popped entry goes through ``screen_envelope`` before kombu's
+    own ``loads`` (the one place between Redis and the decoder)."""
+
+    max_entry_bytes = envelope_limit(8 * 1024 * 1024)
+
+    def parse_response(self, connection: Any, command_name: str | bytes, **options: Any) -> Any:
+        response = super().parse_response(connection, command_name, **options)  # type: ignore[no-untyped-call]
+        if command_name == "BRPOP" and response:
+            dest, item = response
+            key = dest.decode(errors="replace") if isinstance(dest, bytes) else str(dest)
+            raw = item if isinstance(item, bytes) else str(item).encode("utf-8", "surrogatepass")
+            response = (dest, screen_envelope(raw, self.max_entry_bytes, key))
+        return response
+
+
+class _ScreenedMessage(kombu_virtual.Message):  # type: ignore[misc]  # Any base
+    """kombu's message; one it cannot build (a body that is not valid base64) becomes a
+    stand-in the consumer refuses, instead of an exception that ends the worker."""
+
+    def __init__(self, payload: Any, channel: Any = None, **kwargs: Any) -> None:
+        try:
+            super().__init__(payload, channel=channel, **kwargs)
+        except Exception as exc:
+            properties = payload.get("properties") if isinstance(payload, dict) else None
+            tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
+            if not isinstance(tag, str) or not tag:
+                tag = hashlib.sha256(json.dumps(payload, default=str).encode()).hexdigest()
+            stand_in = _stand_in("bad_encoding", f"kombu could not decode the body ({type(exc).__name__})", tag, "")
+            super().__init__(json.loads(stand_in), channel=channel, **kwargs)
+
+
+class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
+    Message = _ScreenedMessage
+
+    def _get_client(self) -> Any:
+        client = super()._get_client()
+        if client is not redis.Redis:
+            return client  # a global_keyprefix client: kombu's own (no screening)
+        limit = envelope_limit(get_settings().max_payload_bytes)
+        return type("ScreeningRedis", (_ScreeningRedis,), {"max_entry_bytes": limit})
+
+
+class GuardedRedisTransport(kombu_redis.Transport):  # type: ignore[misc]  # Any base
+    """kombu's Redis transport (``redis://`` and ``rediss://``) with entries screened."""
+
+    Channel = _GuardedChannel
+
+
+def _parse_time(value: Any) -> dt.datetime | None:
+    if not isinstance(value, str):
+        raise ValueError("not an ISO 8601 string")
+    when = dt.datetime.fromisoformat(value)
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` (decoded JSON) nests deeper than ``limit``: one level at a time, the
+    cheapest walk in Python (this runs on every message)."""
+    level = [value]
+    for _ in range(limit):
+        deeper: list[Any] = []
+        for node in level:
+            children = node.values() if node.__class__ is dict else node
+            deeper += [c for c in children if c.__class__ is dict or c.__class__ is list]
+        if not deeper:
+            return False
+        level = deeper
+    return True
+
+
+def _check_headers(headers: dict[str, Any], settings: Settings, allowed: frozenset[str]) -> Refusal | None:
+    name = headers.get("task")
+    if name not in allowed:
+        return Refusal(
+            "unknown_task",
+            f"task {_token(name)} is not one of tracescore's ({', '.join(sorted(allowed))}); "
+            "Celery's built-in tasks and other apps' tasks do not run on tracescore workers",
+        )
+    task_id = headers.get("id")
+    if not isinstance(task_id, str) or not task_id or len(task_id) > 255:
+        return Refusal("bad_headers", "the id header is not a string of 1–255 characters")
+    retries = headers.get("retries", 0)
+    if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 1000:
+        return Refusal("bad_headers", "the retries header is not an integer from 0 to 1000")
+    for field in ("eta", "expires"):
+        value = headers.get(field)
+        if value is None:
+            continue
+        try:
+            when = _parse_time(value)
+        except ValueError:
+            return Refusal("bad_headers", f"the {field} header is not an ISO 8601 time")
+        if field == "eta" and when is not None:
+            ahead = when.timestamp() - time.time()
+            if ahead > settings.max_eta_seconds:
+                return Refusal(
+                    "eta_too_far",
+                    f"eta is {ahead:.0f} s ahead, over TRACESCORE_MAX_ETA_SECONDS ({settings.max_eta_seconds:g})",
+                )
+    limits = headers.get("timelimit")
+    if limits is not None:
+        ours = (settings.task_soft_time_limit, settings.task_time_limit)
+        if (
+            not isinstance(limits, list | tuple)
+            or len(limits) != 2
+            or any(
+                v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or not 0 < v <= cap)
+                for v, cap in zip(limits, ours[::-1], strict=True)
+            )
+        ):
+            return Refusal(
+                "bad_headers",
+                f"timelimit must be [hard, soft] seconds within the worker's ({ours[1]:g}, {ours[0]:g}) or null",
+            )
+    for field in ("shadow", "group", "root_id", "parent_id"):
+        if headers.get(field) is not None and not isinstance(headers.get(field), str):
+            return Refusal("bad_headers", f"the {field} header is not a string")
+    return None
+
+
+def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> tuple[Refusal | None, Any]:
+    """Screen one kombu message; returns (refusal or None, the decoded body when it got that far)."""
+    headers = message.headers
+    if isinstance(headers, dict) and REFUSED_HEADER in headers:
+        reason = headers.get(REFUSED_HEADER)
+        detail = headers.get(_DETAIL_HEADER)
+        return Refusal(
+            reason if isinstance(reason, str) and _SAFE_TOKEN.match(reason) else "refused",
+            detail if isinstance(detail, str) else "refused by the transport screen",
+        ), None
+    if not isinstance(headers, dict) or "task" not in headers:
+        return Refusal("not_a_task", "no task header: only Celery task messages (protocol 2) are accepted"), None
+    refusal = _check_headers(headers, settings, allowed)
+    if refusal is not None:
+        return refusal, None
+    body = message.body
+    raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+    if not isinstance(raw, bytes | bytearray | memoryview):
+        return Refusal("bad_body", "the body is not bytes"), None
+    if len(raw) > settings.max_payload_bytes:
+        return Refusal(
+            "payload_too_large",
+            f"message is {len(raw)} bytes; TRACESCORE_MAX_PAYLOAD_BYTES is {settings.max_payload_bytes}"
+            " — send fewer runs per batch",
+        ), None
+    if message.content_type != "application/json":
+        return Refusal(
+            "content_type_refused",
+            f"content type {_token(message.content_type)} refused: JSON (application/json) is the only serializer",
+        ), None
+    if str(message.content_encoding or "").lower() not in ("utf-8", "utf8"):
+        return Refusal("bad_encoding", f"content encoding {_token(message.content_encoding)} is not utf-8"), None
+    try:
+        text = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Refusal("bad_encoding", f"the body is not valid UTF-8 (byte {exc.start})"), None
+    try:
+        decoded = json.loads(text)
+    except RecursionError:
+        return Refusal("too_deep", f"the body nests deeper than the decoder allows (limit {MAX_JSON_DEPTH})"), None
+    except ValueError as exc:
+        where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        return Refusal("not_json", f"the body is not JSON{where}"), None
+    if not (
+        isinstance(decoded, list)
+        and len(decoded) == 3
+        and isinstance(decoded[0], list)
+        and isinstance(decoded[1], dict)
+        and isinstance(decoded[2], dict | None)
+    ):
+        return Refusal(
+            "bad_body", f"the body is a JSON {type(decoded).__name__}, not the [args, kwargs, embed] of a task"
+        ), decoded
+    args, kwargs, embed = decoded
+    if len(args) != 1 or kwargs or not isinstance(args[0], dict):
+        return Refusal(
+            "bad_arguments",
+            f"{headers['task']} takes exactly one argument, a ScoreBatch object "
+            f"(got {len(args)} positional, {len(kwargs)} keyword)",
+        ), decoded
+    if embed and any(embed.get(k) for k in _EMBED_KEYS):
+        return Refusal(
+            "callbacks_refused", "callbacks, errbacks, chains and chords do not run on tracescore workers"
+        ), decoded
+    if _too_deep(args[0], MAX_JSON_DEPTH):
+        return Refusal("too_deep", f"the batch nests deeper than {MAX_JSON_DEPTH} levels"), decoded
+    return None, decoded
+
+
+class DeadLetterWriter:
+    """Pushes dead letters from the consumer (a plain thread: no event loop) to the store."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client: redis.Redis | None = None
+        self._script: Any = None
+
+    def push(self, letter: DeadLetter) -> bool:
+        if self._client is None:
+            self._client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
+            self._script = self._client.register_script(DLQ_PUSH_SCRIPT)
+        keys, args = dlq_push_args(letter)
+        return bool(self._script(keys=keys, args=args))
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+class GuardedConsumer(Consumer):
+    """Celery's consumer with every task message screened (``check_message``) before Celery's
+    handler, and Celery's own bad-message handlers (which log the body) replaced by refusals."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._settings = get_settings()
+        self._dead_letters = DeadLetterWriter(self._settings.store_url)
+        super().__init__(*args, **kwargs)
+
+    def _allowed(self) -> frozenset[str]:
+        return frozenset(name for name in self.app.tasks if name.startswith("tracescore."))
+
+    def create_task_handler(self, promise: Any = None) -> Callable[[Any], Any]:
+        handle = super().create_task_handler() if promise is None else super().create_task_handler(promise)
+        settings, allowed = self._settings, self._allowed() or frozenset({SCORE_TASK_NAME})
+        consumer: Any = self  # celery-types does not list the consumer's error tuples
+        passthrough = tuple(consumer.connection_errors) + tuple(consumer.channel_errors)
+
+        def on_task_received(message: Any) -> Any:
+            try:
+                refusal, decoded = check_message(message, settings, allowed)
+            except Exception as exc:  # the screen itself must never take the consumer down
+                refusal = Refusal("unreadable", f"the message could not be screened ({type(exc).__name__})")
+                decoded = None
+            if refusal is not None:
+                return self.refuse(message, refusal, decoded)
+            # Celery decodes the body again to tell the protocol apart: hand it ours. Its logs
+            # show these reprs; they must never carry the batch's content.
+            message._decoded_cache = decoded
+            message.headers["argsrepr"] = "(<ScoreBatch>,)"
+            message.headers["kwargsrepr"] = "{}"
+            try:
+                return handle(message)
+            except passthrough:
+                raise
+            except Exception as exc:
+                return self.refuse(message, Refusal("unreadable", f"Celery could not read it ({type(exc).__name__})"))
+
+        return on_task_received
+
+    def _connection_errors(self) -> tuple[type[BaseException], ...]:
+        consumer: Any = self
+        return tuple(consumer.connection_errors)
+
+    def refuse(self, message: Any, refusal: Refusal, decoded: Any = None) -> None:
+        """Dead-letter ``message`` once (by delivery tag) and ack it; never log its body."""
+        headers = message.headers if isinstance(message.headers, dict) else {}
+        key = f"msg:{message.delivery_tag}"
+        batch_id = None
+        if isinstance(decoded, list) and decoded and isinstance(decoded[0], list) and decoded[0]:
+            first = decoded[0][0]
+            if isinstance(first, dict):
+                batch_id = _token(first.get("batch_id")) if first.get("batch_id") is not None else None
+        body = message.body
+        size = len(body) if isinstance(body, bytes | str) else -1
+        letter = DeadLetter(
+            id=dead_letter_id(key),
+            reason=refusal.reason,
+            error=refusal.detail[:2000],
+            batch_id=batch_id,
+            task_name=_token(headers.get("task")),
+            attempts=1,
+            payload=None,
+            retryable=False,
+            message_key=key,
+        )
+        try:
+            pushed = self._dead_letters.push(letter)
+        except Exception as exc:
+            # Not recorded: the message goes back to the queue rather than being lost unseen.
+            log.error("message_refusal_not_recorded", reason=refusal.reason, letter=letter.id, error=type(exc).__name__)
+            self._dead_letters.close()
+            message.reject_log_error(_stdlog, self._connection_errors(), requeue=True)
+            return
+        log.warning(
+            "message_refused",
+            reason=refusal.reason,
+            letter=letter.id,
+            task_id=_token(headers.get("id")),
+            size=size,
+            duplicate=not pushed,
+        )
+        message.ack_log_error(_stdlog, self._connection_errors())
+
+    # Celery's handlers for what slipped past the screen: they log the body and drop the message.
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        self.refuse(message, Refusal("not_a_task", "not a Celery task message"))
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        self.refuse(message, Refusal("unknown_task", "no such task on tracescore workers"))
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        self.refuse(message, Refusal("invalid_task", f"Celery refused it ({type(exc).__name__})"))
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        self.refuse(message, Refusal("not_json", f"the body could not be decoded ({type(exc).__name__})"))
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._dead_letters.close()
