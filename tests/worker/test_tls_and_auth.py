@@ -293,22 +293,30 @@ def test_worker_refuses_an_unverified_certificate(tls_redis: TlsRedis) -> None:
     assert PASSWORD not in result.stdout + result.stderr
 
 
-def test_worker_exits_on_a_wrong_password(redis_server: RedisServer) -> None:
-    """A wrong broker password: `tracescore worker` exits 1 within seconds with a message about
-    authentication, printing neither the wrong password nor the right one."""
+@pytest.mark.parametrize("case", ["wrong broker password", "no broker password", "wrong store password"])
+def test_worker_exits_on_a_wrong_password(redis_server: RedisServer, case: str) -> None:
+    """A refused password (wrong, or missing) on the broker or the store: `tracescore worker`
+    exits 1 within seconds naming the authentication problem and the variable to fix, printing
+    neither the wrong password nor the right one."""
     wrong = "not-the-password-4242"
+    host = f"127.0.0.1:{redis_server.port}/11"
+    env = {
+        "wrong broker password": {"TRACESCORE_BROKER_URL": f"redis://:{wrong}@{host}"},
+        "no broker password": {"TRACESCORE_BROKER_URL": f"redis://{host}"},
+        "wrong store password": {
+            "TRACESCORE_BROKER_URL": redis_server.url(11),
+            "TRACESCORE_REDIS_URL": f"redis://:{wrong}@{host}",
+        },
+    }[case]
     started = time.monotonic()
-    result = _run_cli(
-        ["worker", "--scorers", "tests.worker.sample_scorers", "--pool", "solo"],
-        _env(TRACESCORE_BROKER_URL=f"redis://:{wrong}@127.0.0.1:{redis_server.port}/11"),
-        timeout=90,
-    )
+    result = _run_cli(["worker", "--scorers", "tests.worker.sample_scorers", "--pool", "solo"], _env(**env), 90)
     elapsed = time.monotonic() - started
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert elapsed < 30, elapsed
     assert "authentication failed" in result.stderr, output
-    assert "TRACESCORE_BROKER_URL" in result.stderr
+    variable = "TRACESCORE_REDIS_URL" if "store" in case else "TRACESCORE_BROKER_URL"
+    assert variable in result.stderr
     assert wrong not in output
     assert redis_server.password not in output
 
