@@ -13,12 +13,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from itertools import islice
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import click
 import structlog
+from pydantic_core import from_json
 
 from tracing._run import ScoreBatch
 from tracing._score_record import score_id_for
@@ -230,7 +232,9 @@ class _Enqueued:
 
     def __init__(self) -> None:
         self.runs: list[tuple[str, str, str, tuple[str, ...]]] = []
-        self._ids: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple shared by every run
+        # One tuple of scorer ids and one string per agent name, shared by every run.
+        self._ids: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._agents: dict[str, str] = {}
 
     def __call__(self, batch: ScoreBatch) -> None:
         for request in batch.requests:
@@ -239,24 +243,25 @@ class _Enqueued:
             identity = request.run.identity
             ids = tuple(request.scorer_ids)
             ids = self._ids.setdefault(ids, ids)
-            self.runs.append((identity.trace_id, identity.span_id, identity.agent_name or identity.span_name, ids))
+            agent = identity.agent_name or identity.span_name
+            agent = self._agents.setdefault(agent, agent)
+            self.runs.append((identity.trace_id, identity.span_id, agent, ids))
 
     def summary(self, store: Any, registry: Registry, scorer_ids: list[str], worst: int) -> Summary:
         """Read the records (MGET in chunks; only the fields the summary shows are parsed)."""
         summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
         versions = {s: registry[s].version for s in scorer_ids if s in registry}
-        wanted: list[tuple[str, str]] = []  # (record key, agent)
-        for trace_id, span_id, agent, ids in self.runs:
-            for scorer_id in ids:
-                if scorer_id in versions:
-                    score_id = score_id_for(trace_id, span_id, scorer_id, versions[scorer_id])
-                    wanted.append((record_key(score_id), agent))
-        for start in range(0, len(wanted), 1000):
-            chunk = wanted[start : start + 1000]
+        wanted = (
+            (record_key(score_id_for(trace_id, span_id, scorer_id, versions[scorer_id])), agent)
+            for trace_id, span_id, agent, ids in self.runs
+            for scorer_id in ids
+            if scorer_id in versions
+        )
+        while chunk := list(islice(wanted, 1000)):
             for (_, agent), raw in zip(chunk, store.mget([k for k, _ in chunk]), strict=True):
                 if not raw:
                     continue  # not scored (yet), or skipped
-                record = json.loads(raw)
+                record = from_json(raw)  # pydantic-core's parser: the read-back is mostly parsing
                 summary.add(
                     record["scorer_id"],
                     run=record["trace_id"],

@@ -95,11 +95,14 @@ class ScorerSummary:
         if self.worst_n <= 0:
             return
         badness = score if self.direction == "lower" else -score
+        full = len(self._worst) >= self.worst_n
+        if full and (badness, -self._seen) <= (self._worst[0].badness, self._worst[0].order):
+            return  # the common case: not among the worst, nothing to build
         entry = _Worst(badness, -self._seen, score, run, label, cell(reason, _REASON_CHARS))
-        if len(self._worst) < self.worst_n:
-            heapq.heappush(self._worst, entry)
-        elif entry > self._worst[0]:
+        if full:
             heapq.heapreplace(self._worst, entry)
+        else:
+            heapq.heappush(self._worst, entry)
 
     def add_failure(self, error_type: str, run: str = "", message: str = "") -> None:
         kind = error_type or "error"
