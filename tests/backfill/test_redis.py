@@ -300,3 +300,26 @@ def test_no_wait_returns_once_enqueued_and_resume_follows_the_job(
     assert followed["status"] == "finished"
     assert followed["traces_read"] == 200  # nothing read twice
     assert followed["scored"] + followed["failed"] == 600
+
+
+def test_one_huge_run_does_not_sink_its_neighbours(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
+    """A 10 MB run among 3 MB and small ones, workers at the default 8 MiB message cap: batches
+    are cut by bytes, every neighbour is scored, the 10 MB run is one counted reject (job
+    state runs_rejected) and nothing is dead-lettered as payload_too_large (the old driver put
+    them all in one ~25 MB batch, which the workers dead-lettered whole)."""
+    from tests.backfill.test_batch_bytes import big_trace_line
+    from worker._keys import dlq_key
+
+    sizes = {2: 3_000_000, 4: 3_000_000, 6: 10_000_000, 8: 3_000_000, 10: 3_000_000}
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(big_trace_line(i, sizes.get(i, 0)) for i in range(20)))
+    summary = _backfill(str(source), "--scorers", "tests.backfill.scorers")
+    assert summary["status"] == "finished", _worker_logs(workers)
+    assert summary["runs_enqueued"] == 19
+    state = json.loads(db.get(backfill_state_key(summary["job_id"])) or "{}")
+    assert state["counters"]["runs_rejected"] == {"too_large": 1}
+    assert state["counters"]["batches"] >= 2  # 4 x 3 MB cannot share one 8 MiB message
+    records = _records(workers, summary["job_id"])
+    assert len({r["score_id"] for r in records}) == 19 * 3
+    letters = db.lrange(dlq_key(), 0, -1)
+    assert not [letter for letter in letters if "payload_too_large" in letter]
