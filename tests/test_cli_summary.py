@@ -354,10 +354,17 @@ def test_redis_mode_prints_the_per_scorer_summary(redis_server: RedisServer, tmp
         assert (confident["runs"], confident["scored"], confident["failed_by_reason"]) == (30, 24, {"ValueError": 6})
         assert summary["by_scorer"]["answer-words"]["runs"] == 30
         assert "scores by scorer (30 runs)" in result.stderr  # --json: the text goes to stderr
-        again = CliRunner().invoke(cli, [*args, "--wait-timeout", "120"], env=NO_BROKER)
+        out = tmp_path / "scores.jsonl"
+        again = CliRunner().invoke(cli, [*args, "--wait-timeout", "120", "--out", str(out)], env=NO_BROKER)
         assert again.exit_code == 0, again.output
         assert "scores by scorer (30 runs)" in again.stdout  # already scored: read back all the same
         assert "confident: worst 3 run(s)   (failed: ValueError 6)" in again.stdout
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(records) == 90  # --out: every record the workers stored, for tracescore compare
+        assert {r["job_id"] for r in records} == {summary["job_id"]}  # the first job scored them
+        no_wait = CliRunner().invoke(cli, [*args, "--no-wait", "--out", str(out)], env=NO_BROKER)
+        assert no_wait.exit_code == 1
+        assert "drop --no-wait" in no_wait.stderr
     finally:
         os.killpg(worker.pid, 15)
         try:

@@ -11,12 +11,12 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 import click
 import structlog
@@ -247,8 +247,11 @@ class _Enqueued:
             agent = self._agents.setdefault(agent, agent)
             self.runs.append((identity.trace_id, identity.span_id, agent, ids))
 
-    def summary(self, store: Any, registry: Registry, scorer_ids: list[str], worst: int) -> Summary:
-        """Read the records (MGET in chunks; only the fields the summary shows are parsed)."""
+    def summary(
+        self, store: Any, registry: Registry, scorer_ids: list[str], worst: int, out: IO[str] | None = None
+    ) -> Summary:
+        """Read the records (MGET in chunks; only the fields the summary shows are parsed);
+        ``out`` gets each record's JSON as one line."""
         summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
         versions = {s: registry[s].version for s in scorer_ids if s in registry}
         wanted = (
@@ -261,6 +264,8 @@ class _Enqueued:
             for (_, agent), raw in zip(chunk, store.mget([k for k, _ in chunk]), strict=True):
                 if not raw:
                     continue  # not scored (yet), or skipped
+                if out is not None:
+                    out.write(raw + "\n")
                 record = from_json(raw)  # pydantic-core's parser: the read-back is mostly parsing
                 summary.add(
                     record["scorer_id"],
@@ -341,7 +346,8 @@ def _wait_for_workers(
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Embedded mode: also write every score record as JSON Lines here (for tracescore compare).",
+    help="Also write every score record as JSON Lines here (for tracescore compare; with a broker, once the "
+    "workers are done).",
 )
 @click.option("--table", "show_table", is_flag=True, help="Embedded mode: also print one row per score as it is made.")
 @click.option(
@@ -434,6 +440,12 @@ def backfill_command(
     _quiet_logs(bool((ctx.obj or {}).get("verbose")))
     broker = broker or os.environ.get("TRACESCORE_BROKER_URL") or None
     reporter = ProgressReporter()
+    if out is not None and broker and (no_wait or resume_id):
+        raise CliError(
+            "--out with a broker writes the workers' records once they are done: drop --no-wait; "
+            "after --resume it would hold only the resumed part, so re-run the backfill instead "
+            "(finished scores are read back, not recomputed)"
+        )
     if resume_id:
         if not broker:
             raise CliError("--resume needs the Redis the job ran with: pass --broker URL or set TRACESCORE_BROKER_URL")
@@ -526,6 +538,7 @@ def _start(
             as_json=as_json,
             registry=registry,
             worst=worst,
+            out=out,
         )
     else:
         _run_embedded(
@@ -657,6 +670,7 @@ def _run_redis(
     resumed: bool = False,
     registry: Registry | None = None,
     worst: int = 3,
+    out: Path | None = None,
 ) -> None:
     import redis
 
@@ -718,7 +732,11 @@ def _run_redis(
     by_scorer: Summary | None = None
     if not no_wait and registry is not None and enqueued.runs:
         try:
-            by_scorer = enqueued.summary(submitter.store, registry, state.options.scorer_ids, worst)
+            with ExitStack() as closing:
+                out_file = closing.enter_context(out.open("w", encoding="utf-8")) if out is not None else None
+                by_scorer = enqueued.summary(submitter.store, registry, state.options.scorer_ids, worst, out_file)
+        except OSError as exc:
+            click.echo(f"  cannot write --out {out}: {exc.strerror or exc}", err=True)
         except redis.exceptions.RedisError as exc:
             click.echo(f"  per-scorer summary unavailable: cannot read the scores back ({exc})", err=True)
     submitter.close()
