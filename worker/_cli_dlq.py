@@ -68,7 +68,8 @@ def dlq_list(limit: int, as_json: bool) -> None:
     for d in letters:
         when = dt.datetime.fromtimestamp(d.failed_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         retry = "" if d.retryable else " (not retryable)"
-        click.echo(f"{d.id}  {when}  {d.reason}{retry}  batch={d.batch_id or '-'}  attempts={d.attempts}")
+        runs = f"  runs={','.join(d.run_ids)}" if d.run_ids else ""
+        click.echo(f"{d.id}  {when}  {d.reason}{retry}  batch={d.batch_id or '-'}  attempts={d.attempts}{runs}")
         if d.error:
             click.echo(f"    {' '.join(d.error.split())[:160]}")
 

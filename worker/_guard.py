@@ -204,7 +204,7 @@ class GuardedRedisTransport(kombu_redis.Transport):  # type: ignore[misc]  # Any
     Channel = _GuardedChannel
 
 
-def _parse_time(value: Any) -> dt.datetime | None:
+def _parse_time(value: Any) -> dt.datetime:
     if not isinstance(value, str):
         raise ValueError("not an ISO 8601 string")
     when = dt.datetime.fromisoformat(value)
@@ -240,21 +240,20 @@ def _check_headers(headers: dict[str, Any], settings: Settings, allowed: frozens
     retries = headers.get("retries", 0)
     if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 1000:
         return Refusal("bad_headers", "the retries header is not an integer from 0 to 1000")
-    for field in ("eta", "expires"):
-        value = headers.get(field)
-        if value is None:
-            continue
+    if headers.get("expires") is not None:
+        # Celery would drop an expired task with no trace; runs are never meant to expire.
+        return Refusal("bad_headers", "the expires header is set; tracescore tasks do not expire")
+    if headers.get("eta") is not None:
         try:
-            when = _parse_time(value)
+            when = _parse_time(headers["eta"])
         except ValueError:
-            return Refusal("bad_headers", f"the {field} header is not an ISO 8601 time")
-        if field == "eta" and when is not None:
-            ahead = when.timestamp() - time.time()
-            if ahead > settings.max_eta_seconds:
-                return Refusal(
-                    "eta_too_far",
-                    f"eta is {ahead:.0f} s ahead, over TRACESCORE_MAX_ETA_SECONDS ({settings.max_eta_seconds:g})",
-                )
+            return Refusal("bad_headers", "the eta header is not an ISO 8601 time")
+        ahead = when.timestamp() - time.time()
+        if ahead > settings.max_eta_seconds:
+            return Refusal(
+                "eta_too_far",
+                f"eta is {ahead:.0f} s ahead, over TRACESCORE_MAX_ETA_SECONDS ({settings.max_eta_seconds:g})",
+            )
     limits = headers.get("timelimit")
     if limits is not None:
         ours = (settings.task_soft_time_limit, settings.task_time_limit)

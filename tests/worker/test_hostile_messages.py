@@ -151,6 +151,7 @@ def hostile_messages() -> list[tuple[str, str, bytes]]:
     add("bad_headers", envelope(task_body([good]), headers={"eta": f"tomorrow {MARKER}"}))
     add("bad_headers", envelope(task_body([good]), headers={"timelimit": [10**9, 10**9]}))
     add("bad_headers", envelope(task_body([good]), headers={"retries": "many"}))
+    add("bad_headers", envelope(task_body([good]), headers={"expires": "2000-01-01T00:00:00+00:00"}))
     return [(reason, f"msg:{tag or hashlib.sha256(entry).hexdigest()}", entry) for reason, tag, entry in cases]
 
 
