@@ -61,6 +61,16 @@ log = structlog.get_logger("tracescore.exporter")
 Clock = Callable[[], float]
 
 
+def _describe(exc: BaseException) -> str:
+    """An error for the application's log, without agent content: the exception's type only,
+    as its text may quote span attributes (a TraceReadError quotes the bad JSON, a pydantic
+    error its input, a filter's error the run) — except network errors, whose text says which
+    broker address failed and how."""
+    if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("kombu", "redis", "amqp"):
+        return repr(exc)
+    return type(exc).__name__
+
+
 def _scorer_groups(rules: Sequence[ScoringRule]) -> list[tuple[float, list[str]]]:
     """Scorer ids by ``delay_s``: one request per delay, ids merged in rule order."""
     by_delay: dict[float, list[str]] = {}
@@ -308,7 +318,7 @@ class ScoringSpanExporter(SpanExporter):
                 self._errors.add("export")
             bad, error = bad + 1, exc
         if bad:
-            log.error("exporter_export_failed", spans=bad, error=repr(error))
+            log.error("exporter_export_failed", spans=bad, error=_describe(error) if error else None)
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
@@ -463,7 +473,7 @@ class ScoringSpanExporter(SpanExporter):
         except Exception as exc:
             with self._lock:
                 self._errors.add("flush")
-            log.error("exporter_flush_failed", error=repr(exc))
+            log.error("exporter_flush_failed", error=_describe(exc))
             return False
 
     def shutdown(self, timeout_millis: int | None = None) -> None:
@@ -511,7 +521,7 @@ class ScoringSpanExporter(SpanExporter):
                 try:
                     close()
                 except Exception as exc:
-                    log.warning("exporter_sink_close_failed", error=repr(exc))
+                    log.warning("exporter_sink_close_failed", error=_describe(exc))
             self._sender.join(0.1)  # a send the close just ended: let the sender count it
             with self._lock:
                 # Still queued, or still in the sink (a stuck callback): given up on, counted
@@ -582,7 +592,7 @@ class ScoringSpanExporter(SpanExporter):
             except Exception as exc:  # one bad trace must not stop the others
                 with self._lock:
                     self._errors.add("internal")
-                log.error("exporter_trace_failed", trace_id=entry.trace_id, error=repr(exc))
+                log.error("exporter_trace_failed", trace_id=entry.trace_id, error=_describe(exc))
             del entry
             if len(out) >= self._batch_size:
                 self._hand_off(out, tally)
@@ -666,7 +676,6 @@ class ScoringSpanExporter(SpanExporter):
                     span_name=result.span_name,
                     attribute=result.attribute,
                     reason=result.reason,
-                    error=str(result),
                 )
                 continue
             with self._lock:
@@ -683,7 +692,7 @@ class ScoringSpanExporter(SpanExporter):
                 except Exception as exc:
                     with self._lock:
                         self._errors.add("filter")
-                    log.warning("rule_filter_failed", span_id=run.identity.span_id, error=repr(exc))
+                    log.warning("rule_filter_failed", span_id=run.identity.span_id, error=_describe(exc))
                     continue
                 if not keep:
                     continue
@@ -738,7 +747,7 @@ class ScoringSpanExporter(SpanExporter):
             try:
                 self._process(force=False)
             except Exception as exc:
-                log.error("exporter_flusher_failed", error=repr(exc))
+                log.error("exporter_flusher_failed", error=_describe(exc))
 
     def _take_batch(self) -> list[_Queued]:
         """Up to ``batch_size`` items and about ``max_batch_bytes``: what is in flight (outside
@@ -782,7 +791,7 @@ class ScoringSpanExporter(SpanExporter):
                                 self._drop("shutdown_unsent", len(chunk))
                             self._idle.notify_all()
             except Exception as exc:  # a request that cannot be built: the sender must live on
-                log.error("exporter_sender_failed", error=repr(exc))
+                log.error("exporter_sender_failed", error=_describe(exc))
                 with self._lock:
                     left = len(requests) - settled
                     self._inflight -= left
@@ -826,7 +835,7 @@ class ScoringSpanExporter(SpanExporter):
                     self._send_failures += 1
                     failures = self._send_failures
                 if failures == 1 or failures % 100 == 0:
-                    log.warning("sink_send_failed", error=repr(exc), runs=len(requests), failures=failures)
+                    log.warning("sink_send_failed", error=_describe(exc), runs=len(requests), failures=failures)
                 # Jitter so several exporters do not hammer a recovering broker in step.
                 self._stop.wait(delay * (0.5 + random.random() / 2))
                 delay = min(self._retry_max, delay * 2)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import structlog.testing
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from tests.tracing._exporting import FakeClock, Recording, read, wait_for
@@ -268,6 +269,32 @@ def test_malformed_spans_with_a_filter_are_counted_never_raised(clock: FakeClock
         assert exp.force_flush(5000)
         assert exp.stats()["errors"] == {"bad_json": 1, "unknown_role": 1}
         assert sink.requests == []
+    finally:
+        exp.shutdown(2000)
+
+
+def test_logs_never_quote_agent_content(clock: FakeClock, sink: Recording) -> None:
+    """Unreadable messages and a filter that raises are logged by reason, span and error type,
+    never with the message text (agent content) the errors quote."""
+    marker = "customer-4711-private-text"
+
+    def nosy(run: object) -> bool:
+        raise ValueError(f"cannot judge {run!r}")
+
+    exp = ScoringSpanExporter([ScoringRule(["s"], filter=nosy)], CallbackSink(sink), clock=clock)
+    try:
+        rec = Recorder()
+        with rec.span("chat m", {"gen_ai.operation.name": CHAT, "gen_ai.input.messages": "{" + marker}):
+            pass
+        readable = Recorder()
+        agent_trace(readable, question=marker)
+        with structlog.testing.capture_logs() as logs:
+            exp.export([*rec.spans(), *readable.spans()])
+            assert exp.force_flush(5000)
+        assert exp.stats()["errors"] == {"bad_json": 1, "filter": 1}
+        events = {entry["event"] for entry in logs}
+        assert {"trace_unreadable", "rule_filter_failed"} <= events
+        assert marker not in repr(logs)
     finally:
         exp.shutdown(2000)
 
