@@ -24,7 +24,9 @@ def sampled(trace_id: str, rate: float) -> bool:
         return True
     if rate <= 0.0:
         return False
-    digest = hashlib.sha256(trace_id.lower().encode("ascii")).digest()
+    # UTF-8 is ASCII for a hex id; any other string (a malformed id read from a file) is
+    # still sampled deterministically instead of raising in the middle of a backfill.
+    digest = hashlib.sha256(trace_id.lower().encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:8], "big") / _SCALE < rate
 
 

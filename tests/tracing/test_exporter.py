@@ -344,6 +344,13 @@ def test_sampled_edges_and_agreement() -> None:
     assert 100 < sum(sampled(t, 0.3) for t in ids) < 200
 
 
+def test_sampled_takes_any_string() -> None:
+    """A malformed trace id (non-ASCII, a lone surrogate) is sampled deterministically, not an error."""
+    for bad in ("zz-é-not-hex", "abc\udc80", ""):
+        assert sampled(bad, 0.5) in (True, False)
+        assert sampled(bad, 0.5) == sampled(bad, 0.5)
+
+
 def test_loop_guard_judge_root_trace(exporter: ScoringSpanExporter, sink: Recording) -> None:
     """A trace rooted in a judge span (tracescore.role=judge) is never scored."""
     rec = Recorder()
