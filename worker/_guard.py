@@ -140,8 +140,12 @@ def screen_envelope(item: bytes, max_bytes: int, routing_key: str = "") -> bytes
     assert isinstance(properties, dict)
     body = envelope.get("body")
     encoding = properties.get("body_encoding")
+    headers = envelope.get("headers")
+    if isinstance(headers, dict) and headers.get("compression") is not None:
+        # kombu would inflate it, without a bound, while building the message.
+        return _stand_in("compression_refused", "compressed bodies are refused (unbounded inflation)", tag, routing_key)
     problem = None
-    if not isinstance(envelope.get("headers"), dict | None):
+    if not isinstance(headers, dict | None):
         problem = "the envelope's headers are not an object"
     elif not isinstance(properties.get("delivery_info", {}), dict):
         problem = "properties.delivery_info is not an object"

@@ -12,6 +12,7 @@ import datetime as dt
 import hashlib
 import json
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,8 @@ def hostile_messages() -> list[tuple[str, str, bytes]]:
     raw("payload_too_large", b"x" * (MAX_PAYLOAD * 3) + MARKER.encode())  # oversized and not JSON
     add("bad_encoding", envelope(task_body([good]), body_encoding="rot13"))
     add("bad_encoding", _not_base64())
+    bomb = zlib.compress(b"[" * 50_000_000)  # 50 MB of brackets in about 50 KB
+    add("compression_refused", envelope(bomb, headers={"compression": "application/x-gzip"}))
     # The body.
     add("not_json", envelope(f"not json {MARKER}"))
     add("bad_body", envelope(json.dumps(MARKER)))
