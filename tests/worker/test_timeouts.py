@@ -125,3 +125,14 @@ def test_step_allocating_past_the_memory_cap_is_a_memory_record(
     _send(redis_url, _mixed("hog", "hog"), batch(range(10, 14), ["length"], salt="after-hog"))
     _check(worker, tmp_path / "scores.jsonl", "hog", "memory")
     assert worker.proc.poll() is None
+
+
+def test_run_timeout_defaults_below_the_soft_limit_and_must_stay_there() -> None:
+    """The run timeout defaults to 3/4 of the soft limit; one at or above it is refused by name."""
+    from worker._settings import SettingsError, load_settings
+
+    assert load_settings(task_soft_time_limit=40, task_time_limit=50).run_timeout == 30
+    with pytest.raises(SettingsError, match="TRACESCORE_RUN_TIMEOUT_SECONDS"):
+        load_settings(run_timeout_seconds=240)
+    with pytest.raises(SettingsError, match="TRACESCORE_MEMORY_LIMIT_MB"):
+        load_settings(memory_limit_mb=64)
