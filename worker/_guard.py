@@ -140,6 +140,8 @@ def screen_envelope(item: bytes, max_bytes: int, routing_key: str = "") -> bytes
     assert isinstance(properties, dict)
     body = envelope.get("body")
     encoding = properties.get("body_encoding")
+    if _too_deep(envelope, MAX_JSON_DEPTH):  # kombu re-encodes the envelope (unacked copy)
+        return _stand_in("too_deep", f"the envelope nests deeper than {MAX_JSON_DEPTH} levels", tag, routing_key)
     headers = envelope.get("headers")
     if isinstance(headers, dict) and headers.get("compression") is not None:
         # kombu would inflate it, without a bound, while building the message.

@@ -118,6 +118,10 @@ def hostile_messages() -> list[tuple[str, str, bytes]]:
     raw("payload_too_large", b"x" * (MAX_PAYLOAD * 3) + MARKER.encode())  # oversized and not JSON
     add("bad_encoding", envelope(task_body([good]), body_encoding="rot13"))
     add("bad_encoding", _not_base64())
+    deep_header: Any = MARKER
+    for _ in range(900):
+        deep_header = [deep_header]
+    add("too_deep", envelope(task_body([good]), headers={"x-deep": deep_header}))
     bomb = zlib.compress(b"[" * 50_000_000)  # 50 MB of brackets in about 50 KB
     add("compression_refused", envelope(bomb, headers={"compression": "application/x-gzip"}))
     # The body.
