@@ -70,6 +70,8 @@ _REFUSED_CONTENT_TYPE = "application/x-tracescore-refused"
 _ENVELOPE_OVERHEAD = 64 * 1024
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
 _EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
+# How long the consumer pauses after failing to record a refusal (the store is unreachable).
+_STORE_DOWN_PAUSE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +174,7 @@ class _ScreeningRedis(redis.Redis):
         if command_name == "BRPOP" and response:
             dest, item = response
             key = dest.decode(errors="replace") if isinstance(dest, bytes) else str(dest)
+            key = key.rsplit(kombu_redis.Channel.sep, 1)[0]  # the queue, without kombu's priority suffix
             raw = item if isinstance(item, bytes) else str(item).encode("utf-8", "surrogatepass")
             response = (dest, screen_envelope(raw, self.max_entry_bytes, key))
         return response
@@ -444,6 +447,8 @@ class GuardedConsumer(Consumer):
             log.error("message_refusal_not_recorded", reason=refusal.reason, letter=letter.id, error=type(exc).__name__)
             self._dead_letters.close()
             message.reject_log_error(_stdlog, self._connection_errors(), requeue=True)
+            # The message comes straight back: do not spin on it while the store is away.
+            time.sleep(_STORE_DOWN_PAUSE_S)
             return
         log.warning(
             "message_refused",

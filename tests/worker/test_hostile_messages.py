@@ -298,3 +298,34 @@ def test_dead_letter_store_dedupes_by_message_and_counts_by_reason(kind: str, re
     assert before == {"not_json": 1, "bad_body": 2}
     assert after == {"bad_body": 2}
     assert length == 2
+
+
+def test_a_refusal_the_store_cannot_record_is_kept_until_it_can(redis_url: str, tmp_path: Path) -> None:
+    """With the score store down the refused message goes back to the queue (not lost, not
+    logged); once the store is up it becomes its one dead letter."""
+    from tests._redis import RedisServer
+
+    store = RedisServer()  # not started yet: the store is down
+    worker = WorkerProcess(
+        "store-down", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl",
+        env={"TRACESCORE_REDIS_URL": store.url(11)},
+    )  # fmt: skip
+    try:
+        worker.wait_ready()
+        tag, entry = envelope(json.dumps(MARKER))
+        client = redis.Redis.from_url(redis_url)
+        try:
+            client.lpush(QUEUE, entry)
+            assert wait_for(lambda: "message_refusal_not_recorded" in worker.text(), 30), worker.text()[-3000:]
+            assert worker.proc.poll() is None
+            store.start()
+            assert wait_for(lambda: len(_dlq(store.url(11))) == 1, 30), worker.text()[-3000:]
+            (letter,) = _dlq(store.url(11))
+            assert (letter.reason, letter.message_key) == ("bad_body", f"msg:{tag}")
+            assert wait_for(lambda: client.llen(QUEUE) == 0 and client.hlen("unacked") == 0, 10)
+        finally:
+            client.close()
+        assert MARKER not in worker.text()
+    finally:
+        worker.stop()
+        store.close()
