@@ -146,8 +146,8 @@ class LoopWatchdog:
 
     ``can_interrupt(task)`` says whether the task the loop is stuck in may take the exception
     (a scorer run does: its error becomes the run's error record); otherwise the watchdog goes
-    straight to ``on_wedged``. With ``backstop`` a C-level timer (``faulthandler``) ends the
-    process if even this thread cannot run (a C call holding the GIL)."""
+    straight to ``on_wedged``. With ``backstop_s`` a C-level timer (``faulthandler``) ends the
+    process if this thread itself cannot run for that long (a C call holding the GIL)."""
 
     def __init__(
         self,
@@ -157,17 +157,18 @@ class LoopWatchdog:
         on_wedged: OnWedged,
         can_interrupt: Callable[[asyncio.Task[Any] | None], bool] = lambda task: task is not None,
         grace_s: float = 3.0,
-        backstop: bool = False,
+        backstop_s: float | None = None,
     ) -> None:
         self.loop_thread = loop_thread
         self.limit_s = limit_s
         self.grace_s = grace_s
         self._on_wedged = on_wedged
         self._can_interrupt = can_interrupt
-        self._backstop_s = limit_s + grace_s + 60.0 if backstop else None
+        self._backstop_s = backstop_s
         self._armed_at = 0.0
         self.interrupted = 0  # blocked steps ended by the exception (for logs and tests)
         self._stop = threading.Event()
+        self._arm_backstop()  # now: the loop may take the GIL before this thread first runs
         self._thread = threading.Thread(target=self._watch, name="tracescore-loop-watchdog", daemon=True)
         self._thread.start()
 
@@ -179,7 +180,13 @@ class LoopWatchdog:
     def _arm_backstop(self) -> None:
         now = time.monotonic()
         if self._backstop_s is not None and now - self._armed_at >= 1.0:
-            faulthandler.dump_traceback_later(self._backstop_s, exit=True)
+            try:
+                faulthandler.dump_traceback_later(self._backstop_s, exit=True)
+            except (AttributeError, OSError, RuntimeError, ValueError):
+                # stderr is not a real file (redirected to a logger): no backstop, the watchdog
+                # itself must not die of it.
+                log.warning("loop_backstop_unavailable", exc_info=True)
+                self._backstop_s = None
             self._armed_at = now
 
     def _watch(self) -> None:
@@ -255,7 +262,8 @@ def start_watchdog(
             on_wedged=on_wedged,
             can_interrupt=can_interrupt,
             grace_s=grace_s,
-            backstop=not faulthandler.is_enabled(),
+            # Well after the watchdog's own turn (and its recording of the run) would have come.
+            backstop_s=None if faulthandler.is_enabled() else limit_s + grace_s + 60.0,
         )
         return _watchdog
 

@@ -136,3 +136,24 @@ def test_run_timeout_defaults_below_the_soft_limit_and_must_stay_there() -> None
         load_settings(run_timeout_seconds=240)
     with pytest.raises(SettingsError, match="TRACESCORE_MEMORY_LIMIT_MB"):
         load_settings(memory_limit_mb=64)
+
+
+def test_backstop_ends_a_process_whose_loop_holds_the_gil(tmp_path: Path) -> None:
+    """A step stuck in C code that never releases the GIL stops the watchdog thread too; the
+    C-level backstop still ends the process (status 1, tracebacks on stderr) instead of leaving
+    it wedged forever."""
+    import subprocess
+    import sys
+
+    script = """
+import asyncio
+from worker._loop import LoopThread, LoopWatchdog
+lt = LoopThread()
+LoopWatchdog(lt, limit_s=0.5, grace_s=0.5, on_wedged=lambda task, s: None, backstop_s=2.0)
+async def hold_the_gil():
+    return sum(range(10**15))  # one C call: no bytecode boundary, the GIL never released
+lt.run(hold_the_gil())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60, cwd=tmp_path, check=False)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert b"Timeout (0:00:02)!" in done.stderr
