@@ -14,6 +14,7 @@ CLI) keeps working.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
@@ -25,12 +26,15 @@ from redis import exceptions as redis_errors
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-__all__ = ["RECONNECT_S", "StoreUnavailableError", "reconnecting_client", "unavailable_as_error"]
+__all__ = ["COMMAND_SLACK_S", "RECONNECT_S", "StoreUnavailableError", "reconnecting_client", "unavailable_as_error"]
 
-# For a worker: long enough for a Redis restart or a failover, short enough that a task gives
-# its message back well inside its soft time limit. (A CLI command passes less: it should say
-# "unreachable" quickly.)
-RECONNECT_S = 30.0
+# For a worker: long enough for a Redis restart or a failover, short enough that a store call
+# ends (StoreUnavailableError at RECONNECT_S + COMMAND_SLACK_S at the latest) before the task's
+# own 30 s wait for it gives up with a plain TimeoutError, which would fail (and ack) the task.
+# A CLI command passes less: it should say "unreachable" quickly.
+RECONNECT_S = 15.0
+# A command's own time on top of the reconnect budget, for the hard deadline of one store call.
+COMMAND_SLACK_S = 10.0
 _BACKOFF_BASE_S = 0.05
 _BACKOFF_CAP_S = 1.0
 
@@ -73,8 +77,8 @@ def reconnecting_client(url: str, *, max_connections: int, reconnect_s: float) -
         # A connection idle this long is checked (PING) before use: a stale one is replaced
         # before a command is sent on it.
         health_check_interval=15,
-        socket_connect_timeout=5,
-        socket_timeout=30,
+        socket_connect_timeout=2,
+        socket_timeout=COMMAND_SLACK_S,
         socket_keepalive=True,
     )
     return aioredis.Redis(connection_pool=pool)
@@ -83,14 +87,18 @@ def reconnecting_client(url: str, *, max_connections: int, reconnect_s: float) -
 def _translated(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     @functools.wraps(method)
     async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reconnect_s = float(getattr(self, "reconnect_s", 0.0))
         try:
-            return await method(self, *args, **kwargs)
+            # Retries are counted, not timed (a connect that hangs takes its full timeout each
+            # time): this deadline is what bounds one call.
+            async with asyncio.timeout(reconnect_s + COMMAND_SLACK_S):
+                return await method(self, *args, **kwargs)
         except StoreUnavailableError:
             raise
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, ConnectionError) as exc:
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, ConnectionError, TimeoutError) as exc:
             raise StoreUnavailableError(
-                f"Redis is unreachable: {name} failed after reconnecting for "
-                f"{getattr(self, 'reconnect_s', 0):.0f} s ({type(exc).__name__}: {exc})"
+                f"Redis is unreachable: {name} failed after reconnecting for up to "
+                f"{reconnect_s:.0f} s ({type(exc).__name__}: {exc})"
             ) from exc
 
     return call

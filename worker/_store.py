@@ -417,7 +417,7 @@ class RedisScoreStore:
         self, url: str, *, max_connections: int = 32, job_ttl_s: int = 7 * 24 * 3600, reconnect_s: float = 2.0
     ) -> None:
         self.url = url
-        # How long a command keeps reconnecting before StoreUnavailableError (workers: 30 s).
+        # How long a command keeps reconnecting before StoreUnavailableError (workers: 15 s).
         self.reconnect_s = reconnect_s
         self._max_connections = max_connections
         self._job_ttl_s = job_ttl_s

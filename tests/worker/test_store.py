@@ -220,3 +220,33 @@ def test_redis_store_outage_raises_a_requeueing_error(restartable: Any) -> None:
     assert isinstance(exc, RedisConnectionError)
     assert "count_delivery" in str(exc)
     assert restartable.password not in str(exc)
+
+
+def test_redis_store_call_to_a_silent_server_ends_in_bounded_time() -> None:
+    """A server that accepts connections and never answers (a hung Redis, a black-holing proxy):
+    each store call still ends, with StoreUnavailableError, within reconnect_s + COMMAND_SLACK_S,
+    so a task's 30 s wait for it never gives up first (which would fail and acknowledge it)."""
+    import socket
+    import time
+
+    from worker._reconnect import COMMAND_SLACK_S
+    from worker._store import StoreUnavailableError
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        store = RedisScoreStore(f"redis://:pw@127.0.0.1:{silent.getsockname()[1]}/0", reconnect_s=0.5)
+
+        async def go() -> tuple[BaseException | None, float]:
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(store.existing(["x"]), 30)
+            except BaseException as exc:
+                return exc, time.monotonic() - started
+            finally:
+                await store.close()
+            return None, time.monotonic() - started
+
+        exc, took = run(go())
+    assert isinstance(exc, StoreUnavailableError), repr(exc)
+    assert took < 0.5 + COMMAND_SLACK_S + 2
