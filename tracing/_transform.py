@@ -48,23 +48,27 @@ from tracing._span import SpanEvent, SpanLike, SpanView, view_spans
 __all__ = ["find_targets", "read_trace", "trace_to_run", "trace_to_runs"]
 
 
-def _nearest(span: SpanView, kind: str) -> SpanView | None:
-    for anc in span.ancestors():
-        if span_kind(anc) == kind:
-            return anc
-    return None
-
-
 def _targets(views: Sequence[SpanView]) -> list[SpanView]:
-    agents = [v for v in views if span_kind(v) == "agent" and _nearest(v, "agent") is None]
-    if agents:
-        return sorted(agents, key=SpanView.order_key)
-    llms = [
-        v
-        for v in views
-        if span_kind(v) == "llm" and _nearest(v, "llm") is None and _nearest(v, "agent") is None
-    ]
-    return sorted(llms, key=SpanView.order_key)
+    """Top-level agent spans (no agent above them), else top-level LLM spans (no agent or LLM
+    above them). One walk down from the roots, carrying what is above: linear in the spans
+    whatever the depth (a walk up from every span was quadratic on a 10,000-deep chain)."""
+    agents: list[SpanView] = []
+    llms: list[SpanView] = []
+    stack: list[tuple[SpanView, bool, bool]] = [(v, False, False) for v in views if v.parent is None]
+    while stack:
+        view, under_agent, under_llm = stack.pop()
+        kind = span_kind(view)
+        if kind == "agent":
+            if not under_agent:
+                agents.append(view)
+            under_agent = True
+        elif kind == "llm":
+            if not under_agent and not under_llm:
+                llms.append(view)
+            under_llm = True
+        if view.children:
+            stack.extend((child, under_agent, under_llm) for child in view.children)
+    return sorted(agents or llms, key=SpanView.order_key)
 
 
 def _attach_log_records(views: Sequence[SpanView], log_records: Iterable[Any]) -> None:
@@ -129,17 +133,22 @@ def _only_attached_results(msg: Msg) -> bool:
 
 
 def _members(target: SpanView, kind: str) -> list[SpanView]:
-    """Outermost ``kind`` spans under ``target`` that belong to it (not to a nested agent)."""
+    """Outermost ``kind`` spans under ``target`` that belong to it (not to a nested agent).
+
+    A walk down from ``target`` that stops at a nested agent (what is under it is that agent's)
+    and at a ``kind`` span (those under it are not outermost): linear, whatever the depth.
+    """
     out = []
-    for span in target.descendants():
-        if span_kind(span) != kind:
+    stack = list(target.children)
+    while stack:
+        span = stack.pop()
+        found = span_kind(span)
+        if found == "agent":
             continue
-        owner = _nearest(span, "agent")
-        if owner is not None and owner is not target:
-            continue
-        inner = next((a for a in span.ancestors() if a is target or span_kind(a) == kind), None)
-        if inner is target or inner is None:
+        if found == kind:
             out.append(span)
+            continue
+        stack.extend(span.children)
     return sorted(out, key=SpanView.order_key)
 
 
@@ -274,6 +283,21 @@ def trace_to_runs(spans: Sequence[SpanLike], *, log_records: Iterable[Any] = ())
         return [_run_for(t, views) for t in targets]
 
 
+def _under(views: Sequence[SpanView], span_ids: set[str]) -> set[int]:
+    """``id()`` of every view at or under a span in ``span_ids`` (each view visited once)."""
+    blocked: set[int] = set()
+    for view in views:
+        if view.span_id not in span_ids or id(view) in blocked:
+            continue
+        stack = [view]
+        while stack:
+            node = stack.pop()
+            if id(node) not in blocked:
+                blocked.add(id(node))
+                stack.extend(node.children)
+    return blocked
+
+
 def read_trace(
     spans: Sequence[SpanLike], *, exclude_under: Iterable[str] = ()
 ) -> list[TracedRun | TraceReadError]:
@@ -286,10 +310,9 @@ def read_trace(
     out: list[TracedRun | TraceReadError] = []
     try:
         with _views(spans) as views:
+            blocked = _under(views, excluded) if excluded else set()
             for target in _targets(views):
-                if excluded and (
-                    target.span_id in excluded or any(a.span_id in excluded for a in target.ancestors())
-                ):
+                if id(target) in blocked:
                     continue
                 try:
                     out.append(_run_for(target, views))

@@ -179,3 +179,29 @@ def test_cycle_free_traces_with_remote_and_duplicate_parents_still_read() -> Non
     spans = decode_otlp_json(document([*children, root, dict(children[0])]))
     run = trace_to_run(spans)
     assert run.identity.span_id == root["spanId"]
+
+
+def test_a_10000_deep_chain_is_read_in_linear_time() -> None:
+    """No cycle, but a 10,000-span chain between the agent and its LLM call: finding targets,
+    members and the loop guard walk down once (walking up from every span took ~5 s of CPU)."""
+    import time
+
+    from tracing import read_trace
+    from tracing.otlp import decode_otlp_json
+
+    children, root = trace_spans(7)
+    chat, tool = children
+    steps, parent = [], root["spanId"]
+    for k in range(10_000):
+        span_id = f"{0xABC0000000000000 + k:016x}"
+        steps.append({**tool, "spanId": span_id, "parentSpanId": parent, "name": f"step {k}"})
+        parent = span_id
+    spans = decode_otlp_json(document([root, *steps, {**chat, "parentSpanId": parent}]))
+    started = time.process_time()
+    (run,) = read_trace(spans, exclude_under=["00000000000000aa"])
+    cpu_s = time.process_time() - started
+    assert not isinstance(run, Exception), run
+    assert run.identity.span_id == root["spanId"]
+    # only the outermost tool span of the chain is a call of the agent (the rest are nested in it)
+    assert len([p for m in run.output for p in m.content.parts if p.type == "tool-invocation"]) == 1
+    assert cpu_s < 1.5, f"{cpu_s:.2f} s of CPU for one 10,002-span trace"
