@@ -188,7 +188,6 @@ def plan_runs(
             return [(root, records if isinstance(records, list) else list(records))]
     kind_of = {r.span_id: k for r, k in zip(records, kinds, strict=True)}
     parent_of = {r.span_id: r.parent_span_id for r in records}
-    limit = len(records)
     if _has_parent_cycle(parent_of):
         # Walking up from a span in a cycle never reaches a root: no top-level span can be told
         # apart. Ship the whole trace as one run so the worker reads it and records its
@@ -196,41 +195,37 @@ def plan_runs(
         first = next((r for r, k in zip(records, kinds, strict=True) if k in ("agent", "llm")), None)
         return [] if first is None else [(first, list(records))]
 
-    def chain(span_id: str) -> list[str]:
-        out: list[str] = []
-        parent = parent_of[span_id]
-        while parent is not None and parent in parent_of and len(out) < limit:  # bounded: cycles end
-            out.append(parent)
-            parent = parent_of[parent]
-        return out
-
-    agents = [r for r, k in zip(records, kinds, strict=True) if k == "agent"]
-    if agents:
-        targets = [r for r in agents if not any(kind_of[a] == "agent" for a in chain(r.span_id))]
-    else:
-        targets = [
-            r
-            for r, k in zip(records, kinds, strict=True)
-            if k == "llm" and not any(kind_of[a] in ("agent", "llm") for a in chain(r.span_id))
-        ]
-    if exclude_under:
-        targets = [
-            t
-            for t in targets
-            if t.span_id not in exclude_under and not any(a in exclude_under for a in chain(t.span_id))
-        ]
+    # One walk down from the local roots, carrying whether an agent (or, with no agents in
+    # the trace, an LLM span) is above, whether an excluded span is, and the run above: linear
+    # whatever the depth (walking up from every span was quadratic on a deep chain).
+    want = "agent" if "agent" in kind_of.values() else "llm"
+    children: dict[str, list[str]] = {}
+    roots: list[str] = []
+    for span_id, parent in parent_of.items():
+        if parent is None or parent not in parent_of:
+            roots.append(span_id)
+        else:
+            children.setdefault(parent, []).append(span_id)
+    owner_of: dict[str, str | None] = {}
+    stack: list[tuple[str, bool, bool, str | None]] = [(r, False, False, None) for r in roots]
+    while stack:
+        span_id, blocked, excluded, owner = stack.pop()
+        kind = kind_of[span_id]
+        excluded = excluded or span_id in exclude_under
+        if kind == want and not blocked and not excluded:
+            owner = span_id
+        owner_of[span_id] = owner
+        below = blocked or kind == want
+        stack.extend((child, below, excluded, owner) for child in children.get(span_id, ()))
+    targets = [r for r in records if owner_of.get(r.span_id) == r.span_id]
     if not targets:
         return []
-    if len(targets) == 1:
-        roots = [sid for sid, parent in parent_of.items() if parent is None or parent not in parent_of]
-        if roots == [targets[0].span_id]:  # the common case: one run owns the whole trace
-            return [(targets[0], list(records))]
+    if len(targets) == 1 and roots == [targets[0].span_id]:  # the common case: one run owns the whole trace
+        return [(targets[0], list(records))]
     groups: dict[str, list[SpanRecord]] = {t.span_id: [] for t in targets}
     for r in records:
-        group = groups.get(r.span_id)
-        if group is None:
-            group = next((groups[a] for a in chain(r.span_id) if a in groups), None)
-        if group is not None:
-            group.append(r)
+        owner = owner_of.get(r.span_id)
+        if owner is not None:
+            groups[owner].append(r)
     targets.sort(key=lambda t: (t.start_time_ns or 0, t.span_id))
     return [(t, groups[t.span_id]) for t in targets]

@@ -205,3 +205,30 @@ def test_a_10000_deep_chain_is_read_in_linear_time() -> None:
     # only the outermost tool span of the chain is a call of the agent (the rest are nested in it)
     assert len([p for m in run.output for p in m.content.parts if p.type == "tool-invocation"]) == 1
     assert cpu_s < 1.5, f"{cpu_s:.2f} s of CPU for one 10,002-span trace"
+
+
+def test_plan_runs_on_a_10000_deep_chain_is_linear() -> None:
+    """The exporter's run planning (in the application's process) on the same deep chain, with
+    the loop guard on: one walk down (walking up from every span took seconds of CPU)."""
+    import time
+
+    from tracing._records import plan_runs, span_record
+    from tracing.otlp import decode_otlp_json
+
+    children, root = trace_spans(8)
+    chat, tool = children
+    steps, parent = [], root["spanId"]
+    for k in range(10_000):
+        span_id = f"{0xABD0000000000000 + k:016x}"
+        steps.append({**tool, "spanId": span_id, "parentSpanId": parent, "name": f"step {k}"})
+        parent = span_id
+    # A second local root (its parent is in another service) makes the run a subset of the trace.
+    stray = {**tool, "spanId": "00000000000000bb", "parentSpanId": "00000000000000cc", "name": "stray"}
+    spans = decode_otlp_json(document([root, *steps, {**chat, "parentSpanId": parent}, stray]))
+    records = [span_record(s) for s in spans]
+    started = time.process_time()
+    ((target, shipped),) = plan_runs(records, exclude_under=["00000000000000aa"])
+    cpu_s = time.process_time() - started
+    assert target.span_id == root["spanId"]
+    assert len(shipped) == len(records) - 1
+    assert cpu_s < 1.0, f"{cpu_s:.2f} s of CPU to plan one 10,003-span trace"
