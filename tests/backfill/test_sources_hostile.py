@@ -219,3 +219,26 @@ def test_gzip_bomb_line_is_skipped_in_bounded_memory(tmp_path: Path) -> None:
     assert result["traces"] == sorted([trace_id(1), trace_id(2)])
     assert [where for where, _ in result["bad"]] == [f"{path}:2"]
     assert MAX_LINE_BYTES_ENV in result["bad"][0][1]
+
+
+def test_a_tempo_trace_over_the_cap_is_malformed_and_not_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tempo's answer for one trace is read up to the cap only: over it, one Malformed naming
+    the trace and the setting; the other traces are read."""
+    from tests.backfill._synth import BASE_NS
+    from tests.backfill.faketempo import FakeTempo
+    from tracing.sources import TempoSource
+
+    monkeypatch.setenv(MAX_LINE_BYTES_ENV, str(2**20))
+    fake = FakeTempo().start()
+    try:
+        big = {"key": "blob", "value": {"stringValue": "z" * 2_000_000}}
+        for i in range(3):
+            fake.add(decode_otlp_json(_doc(i, big if i == 1 else None)))
+        source = TempoSource(fake.url, since_ns=BASE_NS - 10**9, until_ns=BASE_NS + 10 * 10**9)
+        items = list(source.read())
+    finally:
+        fake.stop()
+    (bad,) = _bad(items)
+    assert bad.where == f"tempo trace {trace_id(1)}"
+    assert MAX_LINE_BYTES_ENV in bad.reason
+    assert _traces(items) == {trace_id(0), trace_id(2)}

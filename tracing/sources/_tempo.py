@@ -9,7 +9,8 @@
 
 Trace ids from search may lack leading zeros; they are padded to 32 hex digits. Transient
 failures (connection errors, 429, 5xx) are retried with backoff; a backend that stays down
-raises ``SourceError``; a single trace that cannot be fetched or decoded is a ``Malformed`` item.
+raises ``SourceError``; a single trace that cannot be fetched or decoded is a ``Malformed`` item,
+and so is one whose body is over ``TRACESCORE_BACKFILL_MAX_LINE_BYTES`` (read no further).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from tracing.otlp import OtlpDecodeError, decode_otlp_json, decode_otlp_protobuf
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
+from tracing.sources._files import DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_ENV, _cap
 
 __all__ = ["TempoSource"]
 
@@ -36,6 +38,10 @@ class _HttpError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class _TooLarge(Exception):
+    pass
 
 
 class TempoSource:
@@ -57,6 +63,7 @@ class TempoSource:
         timeout_s: float = 30.0,
         retries: int = 5,
         headers: Mapping[str, str] | None = None,
+        max_trace_bytes: int | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -74,6 +81,8 @@ class TempoSource:
         self.timeout_s = timeout_s
         self.retries = retries
         self.headers = dict(headers or {})
+        # One fetched trace is one record: the same cap as a file's line (from the environment).
+        self.max_trace_bytes = _cap(max_trace_bytes, MAX_LINE_BYTES_ENV, DEFAULT_MAX_LINE_BYTES)
         self.requests = 0
         self._windows_done = 0
 
@@ -110,8 +119,13 @@ class TempoSource:
     # --- HTTP ---------------------------------------------------------------------------
 
     def _get(
-        self, path: str, params: Mapping[str, str] | None = None, accept: str = "application/json"
+        self,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        accept: str = "application/json",
+        limit: int | None = None,
     ) -> tuple[bytes, str]:
+        """The body and its content type; ``_TooLarge`` past ``limit`` bytes (not read further)."""
         url = f"{self.url}{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
@@ -121,7 +135,10 @@ class TempoSource:
             self.requests += 1
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    return response.read(), response.headers.get("Content-Type", "")
+                    body = response.read() if limit is None else response.read(limit + 1)
+                    if limit is not None and len(body) > limit:
+                        raise _TooLarge
+                    return body, response.headers.get("Content-Type", "")
             except urllib.error.HTTPError as exc:
                 body = exc.read()[:200].decode("utf-8", "replace")
                 if exc.code not in _RETRYABLE or attempt == self.retries:
@@ -177,9 +194,18 @@ class TempoSource:
     def _fetch(self, trace_id: str) -> SourceItem:
         where = f"tempo trace {trace_id}"
         try:
-            body, content_type = self._get(f"/api/traces/{trace_id}", accept="application/protobuf")
+            body, content_type = self._get(
+                f"/api/traces/{trace_id}", accept="application/protobuf", limit=self.max_trace_bytes
+            )
         except _HttpError as exc:
             return Malformed(Position(0), where, f"cannot fetch: {exc}")
+        except _TooLarge:
+            return Malformed(
+                Position(0),
+                where,
+                f"the trace is longer than {self.max_trace_bytes:,} bytes; skipped without decoding "
+                f"(raise {MAX_LINE_BYTES_ENV} to read it)",
+            )
         try:
             if "json" in content_type or body[:1] == b"{":
                 spans = decode_otlp_json(json.loads(body), where=where)
