@@ -242,3 +242,22 @@ def test_a_tempo_trace_over_the_cap_is_malformed_and_not_read_whole(monkeypatch:
     assert bad.where == f"tempo trace {trace_id(1)}"
     assert MAX_LINE_BYTES_ENV in bad.reason
     assert _traces(items) == {trace_id(0), trace_id(2)}
+
+
+def test_backfill_counts_bad_lines_and_scores_every_good_trace(tmp_path: Path) -> None:
+    """Through the driver (dry run): the bad lines are counted with file:line, nothing else is
+    lost (a RecursionError used to end the whole job, losing the traces assembled so far)."""
+    from worker._backfill import Backfill
+    from worker._backfill_state import BackfillOptions, BackfillState
+
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(
+        b"\xef\xbb\xbf" + _line(1) + b"[" * 100_000 + b"\n" + _line(2).replace(b"agent", b"\xc3(agent") + _line(3)
+    )
+    source = FileSource([path])
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"])
+    state = BackfillState(job_id="bf-bad", source=source.describe(), options=options)
+    done = Backfill(source, state, None).run()
+    assert done.counters.malformed == 2
+    assert done.counters.malformed_where == [f"{path}:2", f"{path}:3"]
+    assert done.counters.runs_read == 2
