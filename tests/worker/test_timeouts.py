@@ -157,3 +157,27 @@ lt.run(hold_the_gil())
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60, cwd=tmp_path, check=False)
     assert done.returncode == 1, done.stderr[-2000:]
     assert b"Timeout (0:00:02)!" in done.stderr
+
+
+def test_step_stuck_in_a_c_call_ends_a_solo_worker_whose_restart_finishes_the_batch(
+    started: list[WorkerProcess], redis_url: str, tmp_path: Path
+) -> None:
+    """Solo pool (no pool to replace a child): the stuck run's `timeout` record is stored, the
+    worker exits with status 70, and once it is started again (as a supervisor would) the
+    unacknowledged message comes back after the visibility timeout: its other runs are scored
+    and the stuck run is not run again."""
+    scores_path = tmp_path / "scores.jsonl"
+    first = _start(started, redis_url, tmp_path, {}, pool="solo")
+    _send(redis_url, _mixed("sleep_forever", "solo-sleepy"))
+    assert wait_for(lambda: first.proc.poll() is not None, 60), first.text()[-3000:]
+    assert first.proc.returncode == 70
+    (recorded,) = read_scores(scores_path)
+    assert recorded["scorer_id"] == "sleep_forever"
+    assert recorded["error_type"] == "timeout"
+
+    second = WorkerProcess("limits-again", redis_url, tmp_path, scores_path=scores_path, env=LIMITS, pool="solo")
+    started.append(second)
+    second.wait_ready()
+    _send(redis_url, batch(range(10, 14), ["length"], salt="after-solo-sleepy"))
+    _check(second, scores_path, "sleep_forever", "timeout")
+    assert "already_scored" in second.text()
