@@ -175,23 +175,6 @@ class SpanView:
                 return value
         return None
 
-    def ancestors(self) -> list[SpanView]:
-        out: list[SpanView] = []
-        node = self.parent
-        while node is not None:
-            out.append(node)
-            node = node.parent
-        return out
-
-    def descendants(self) -> list[SpanView]:
-        out: list[SpanView] = []
-        stack = list(reversed(self.children))
-        while stack:
-            node = stack.pop()
-            out.append(node)
-            stack.extend(reversed(node.children))
-        return out
-
     def order_key(self) -> tuple[int, int]:
         return (self.start_ns or 0, self.sid)
 
