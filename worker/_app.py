@@ -50,6 +50,11 @@ def configure_app(app: Celery, settings: Settings) -> None:
         task_ignore_result=True,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
+        # A retry republishes the message before the delivery is acked. Celery's default publish
+        # retry gives up after ~0.6 s and then discards the delivery (Reject(requeue=False)): a
+        # broker restart mid-retry would lose the batch. Ride out a restart instead.
+        task_publish_retry=True,
+        task_publish_retry_policy={"max_retries": 30, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2},
         worker_prefetch_multiplier=1,
         task_soft_time_limit=settings.task_soft_time_limit,
         task_time_limit=settings.task_time_limit,
@@ -108,8 +113,12 @@ def _check_settings() -> None:
 
     if settings_error is not None:
         raise settings_error
+    from worker._cli_worker import check_connections
+
     settings = get_settings()
     configure_app(app, settings)
+    # A wrong password or an unverifiable certificate fails the start; Celery would retry for minutes.
+    check_connections(settings)
     if not settings.scorers:
         raise SettingsError("no scorer module: start the worker with --scorers my.module (or TRACESCORE_SCORERS)")
     registry = load_registry(settings.scorers)

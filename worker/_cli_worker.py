@@ -132,7 +132,6 @@ def worker_command(
 
     if settings_error is not None:
         raise CliError(str(settings_error))
-    check_connections(settings)
     configure_app(app, settings)
     click.echo(
         f"tracescore worker: broker {redact(settings.broker_url)} (Redis mode), "

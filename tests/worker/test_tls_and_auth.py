@@ -293,11 +293,15 @@ def test_worker_refuses_an_unverified_certificate(tls_redis: TlsRedis) -> None:
     assert PASSWORD not in result.stdout + result.stderr
 
 
+CELERY = str(Path(sys.executable).with_name("celery"))
+
+
+@pytest.mark.parametrize("command", ["tracescore", "celery"])
 @pytest.mark.parametrize("case", ["wrong broker password", "no broker password", "wrong store password"])
-def test_worker_exits_on_a_wrong_password(redis_server: RedisServer, case: str) -> None:
-    """A refused password (wrong, or missing) on the broker or the store: `tracescore worker`
-    exits 1 within seconds naming the authentication problem and the variable to fix, printing
-    neither the wrong password nor the right one."""
+def test_worker_exits_on_a_wrong_password(redis_server: RedisServer, case: str, command: str) -> None:
+    """A refused password (wrong, or missing) on the broker or the store: `tracescore worker` and
+    `celery -A worker worker` exit 1 within seconds naming the authentication problem and the
+    variable to fix, printing neither the wrong password nor the right one."""
     wrong = "not-the-password-4242"
     host = f"127.0.0.1:{redis_server.port}/11"
     env = {
@@ -309,7 +313,13 @@ def test_worker_exits_on_a_wrong_password(redis_server: RedisServer, case: str) 
         },
     }[case]
     started = time.monotonic()
-    result = _run_cli(["worker", "--scorers", "tests.worker.sample_scorers", "--pool", "solo"], _env(**env), 90)
+    args = ["worker", "--scorers", "tests.worker.sample_scorers", "--pool", "solo"]
+    if command == "tracescore":
+        result = _run_cli(args, _env(**env), 90)
+    else:
+        result = subprocess.run(
+            [CELERY, "-A", "worker", *args], cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=90
+        )
     elapsed = time.monotonic() - started
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
