@@ -6,6 +6,8 @@ import traceback
 
 import click
 
+from tracing._broker import redact
+
 __all__ = ["EXIT_ERROR", "EXIT_USAGE", "CliError", "run_command"]
 
 EXIT_ERROR = 1
@@ -34,7 +36,8 @@ def run_command(group: click.Group, argv: list[str]) -> int:
     except Exception as exc:
         if verbose:
             traceback.print_exc()
-        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        # An unexpected error's text may quote a connection URL: never print its password.
+        click.echo(f"error: {type(exc).__name__}: {redact(str(exc))}", err=True)
         if not verbose:
             click.echo("(run with --verbose for the traceback)", err=True)
         return EXIT_ERROR

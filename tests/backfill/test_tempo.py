@@ -113,6 +113,20 @@ def test_unreachable_tempo_is_a_source_error() -> None:
         list(source.read())
 
 
+def test_tempo_errors_never_print_the_urls_password(tempo: FakeTempo) -> None:
+    """A Tempo URL with credentials: its label, unreachable and HTTP errors show ``***``."""
+    secret = "tempo-s3cret-pw"
+    down = TempoSource(f"http://bob:{secret}@127.0.0.1:9", since_ns=BASE_NS, until_ns=BASE_NS + STEP_NS, retries=1)
+    with pytest.raises(SourceError) as caught:
+        list(down.read())
+    assert secret not in str(caught.value)
+    assert "bob:***@" in str(caught.value)
+    assert secret not in down.label()
+    with pytest.raises(SourceError) as bad:
+        TempoSource(f"ftp://bob:{secret}@host")
+    assert secret not in str(bad.value)
+
+
 def test_resume_position_skips_what_was_read(tempo: FakeTempo) -> None:
     """Reading from (window, index) yields that trace and the rest, as a resumed job needs."""
     source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 24 * STEP_NS, window_s=60)

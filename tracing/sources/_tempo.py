@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from tracing._broker import redact
 from tracing.otlp import OtlpDecodeError, decode_otlp_json, decode_otlp_protobuf
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
 from tracing.sources._files import DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_ENV, _cap
@@ -67,8 +68,9 @@ class TempoSource:
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise SourceError(f"{url!r} is not a Tempo URL; expected e.g. tempo+http://localhost:3200")
+            raise SourceError(f"{redact(url)!r} is not a Tempo URL; expected e.g. tempo+http://localhost:3200")
         self.url = url.rstrip("/")
+        self._shown = redact(self.url)  # what messages print: never the URL's password
         self.until_ns = until_ns if until_ns is not None else time.time_ns()
         self.since_ns = since_ns if since_ns is not None else self.until_ns - 24 * 3600 * _NS
         if self.since_ns >= self.until_ns:
@@ -114,7 +116,7 @@ class TempoSource:
     def label(self) -> str:
         start = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.since_ns / _NS))
         end = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.until_ns / _NS))
-        return f"Tempo {self.url} {self.query} from {start} to {end} UTC"
+        return f"Tempo {self._shown} {self.query} from {start} to {end} UTC"
 
     # --- HTTP ---------------------------------------------------------------------------
 
@@ -142,12 +144,12 @@ class TempoSource:
             except urllib.error.HTTPError as exc:
                 body = exc.read()[:200].decode("utf-8", "replace")
                 if exc.code not in _RETRYABLE or attempt == self.retries:
-                    raise _HttpError(exc.code, f"HTTP {exc.code} from {url}: {body.strip()}") from None
+                    raise _HttpError(exc.code, f"HTTP {exc.code} from {redact(url)}: {redact(body.strip())}") from None
                 retry_after = exc.headers.get("Retry-After")
                 wait = float(retry_after) if retry_after and retry_after.isdigit() else delay
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 if attempt == self.retries:
-                    raise SourceError(f"Tempo at {self.url} is unreachable: {exc}") from None
+                    raise SourceError(f"Tempo at {self._shown} is unreachable: {redact(str(exc))}") from None
                 wait = delay
             time.sleep(wait * (0.5 + random.random()))
             delay = min(delay * 2, 10.0)
@@ -162,7 +164,7 @@ class TempoSource:
         try:
             found = json.loads(body).get("traces") or []
         except (ValueError, AttributeError):
-            raise SourceError(f"Tempo search at {self.url} did not answer JSON") from None
+            raise SourceError(f"Tempo search at {self._shown} did not answer JSON") from None
         return [t for t in found if isinstance(t, dict) and t.get("traceID")]
 
     def _window_traces(self, start_s: int, end_s: int) -> Iterator[list[tuple[int, str]] | str]:
