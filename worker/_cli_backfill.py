@@ -174,7 +174,9 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
         "malformed_where": counters.malformed_where[:10],
         "evicted_traces": counters.evicted_traces,
         # Counted by the assembler when a trace's root span came after its window had closed.
-        "late_roots": int(getattr(counters, "late_roots", 0) or 0),
+        "late_roots": counters.late_roots,
+        # Runs refused before enqueueing, by reason (too_large: one run over the message cap).
+        "runs_rejected": dict(counters.runs_rejected),
         "elapsed_s": round(elapsed, 3),
         "reading_s": round(state.elapsed_s, 3),
         # ru_maxrss is in KiB on Linux: the backfill process's own peak, whatever the source size.
@@ -221,6 +223,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
         lines.append(
             f"  late roots        {summary['late_roots']:,}   (root span arrived after the assembly window; "
             "widen it with --window-spans / --window-files)"
+        )
+    if summary.get("runs_rejected"):
+        rejected = summary["runs_rejected"]
+        lines.append(
+            f"  runs rejected     {sum(rejected.values()):,}   ({by_reason(rejected)}; a run larger than "
+            "TRACESCORE_MAX_PAYLOAD_BYTES cannot be sent to the workers)"
         )
     lines.append(f"  elapsed           {format_duration(elapsed)} ({elapsed:.2f}s)")
     click.echo("\n".join(lines), err=True)

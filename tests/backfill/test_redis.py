@@ -318,6 +318,7 @@ def test_one_huge_run_does_not_sink_its_neighbours(tmp_path: Path, workers: list
     assert summary["runs_enqueued"] == 19
     state = json.loads(db.get(backfill_state_key(summary["job_id"])) or "{}")
     assert state["counters"]["runs_rejected"] == {"too_large": 1}
+    assert summary["runs_rejected"] == {"too_large": 1}  # the summary names the reject too
     assert state["counters"]["batches"] >= 2  # 4 x 3 MB cannot share one 8 MiB message
     records = _records(workers, summary["job_id"])
     assert len({r["score_id"] for r in records}) == 19 * 3
