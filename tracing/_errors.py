@@ -2,11 +2,45 @@
 
     TraceReadError     a trace (or one span of it) could not be read into a run; carries
                        ``reason`` (a short code the exporter counts by), the span and the attribute.
+
+Messages of these errors reach logs, error records and dead letters: they say what was wrong
+and where (span, attribute, index, expected shape) and describe a bad value only by its shape
+(``shape_of``), never by quoting it: span attributes hold prompts, answers and secrets.
 """
 
 from __future__ import annotations
 
-__all__ = ["TraceReadError"]
+import json
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["TraceReadError", "json_error", "shape_of"]
+
+
+def shape_of(value: Any) -> str:
+    """What a bad value is, for an error message, without any of its content."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, str):
+        return f"a string of {len(value)} chars"
+    if isinstance(value, bytes | bytearray):
+        return f"{len(value)} bytes"
+    if isinstance(value, Mapping):
+        return f"an object with {len(value)} keys"
+    if isinstance(value, list | tuple):
+        return f"a list of {len(value)} items"
+    return f"a {type(value).__name__}"
+
+
+def json_error(exc: BaseException) -> str:
+    """Why a JSON text did not parse, by position: ``str()`` of some decoders quotes the text."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return type(exc).__name__
 
 
 class TraceReadError(ValueError):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tracing._errors import TraceReadError
+from tracing._errors import TraceReadError, json_error, shape_of
 from tracing._messages import (
     MessageShapeError,
     Msg,
@@ -263,7 +263,7 @@ def _legacy_events(span: SpanView) -> tuple[list[Msg] | None, list[Msg] | None]:
             try:
                 body = _event_body(event.attributes, event.body)
             except ValueError as exc:
-                raise MessageShapeError("bad_json", f"event payload is not valid JSON: {exc}") from exc
+                raise MessageShapeError("bad_json", f"event payload is not valid JSON ({json_error(exc)})") from None
             if role is not None:
                 raw = {
                     "role": body.get("role") or role,
@@ -275,7 +275,9 @@ def _legacy_events(span: SpanView) -> tuple[list[Msg] | None, list[Msg] | None]:
             else:
                 message = body.get("message") or {}
                 if not isinstance(message, Mapping):
-                    raise MessageShapeError("bad_message", f"gen_ai.choice message is {message!r}")
+                    raise MessageShapeError(
+                        "bad_message", f"gen_ai.choice 'message' is {shape_of(message)}, expected an object"
+                    )
                 raw = {
                     "role": message.get("role") or "assistant",
                     "content": message.get("content"),

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracing._errors import json_error, shape_of
+
 __all__ = [
     "MessageShapeError",
     "Msg",
@@ -51,11 +53,18 @@ _ROLES = {
 
 
 class MessageShapeError(ValueError):
-    """A message payload that is not one of the known shapes. ``reason`` is a counter key."""
+    """A message payload that is not one of the known shapes. ``reason`` is a counter key.
+
+    The message names the field and the expected shape, never the payload (see ``shape_of``).
+    """
 
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
         super().__init__(message)
+
+    def at(self, where: str) -> MessageShapeError:
+        """The same error, its message prefixed with where in the payload it is."""
+        return MessageShapeError(self.reason, f"{where}: {self}")
 
 
 @dataclass(slots=True)
@@ -131,7 +140,7 @@ def _role(value: Any) -> str:
     if not isinstance(value, str) or value.lower() not in _ROLES:
         raise MessageShapeError(
             "unknown_role",
-            f"message role {value!r} is not one of {sorted(_ROLES)}",
+            f"message role is {shape_of(value)}, expected one of {sorted(_ROLES)}",
         )
     return _ROLES[value.lower()]
 
@@ -152,7 +161,7 @@ def _part(raw: Any) -> NeutralPart | None:
     if isinstance(raw, str):
         return TextPart(raw)
     if not isinstance(raw, dict):
-        raise MessageShapeError("bad_message", f"message part {raw!r} is neither text nor an object")
+        raise MessageShapeError("bad_message", f"part is {shape_of(raw)}, expected a string or an object")
     kind = raw.get("type")
     if kind == "text":  # the common case first
         text = raw.get("content")
@@ -161,7 +170,9 @@ def _part(raw: Any) -> NeutralPart | None:
     if kind in ("text", "input_text", "output_text"):
         text = _first(raw, "content", "text")
         if not isinstance(text, str):
-            raise MessageShapeError("bad_message", f"text part without a string text: {raw!r}")
+            raise MessageShapeError(
+                "bad_message", f"{kind} part has no string 'content' or 'text' (it is {shape_of(text)})"
+            )
         return TextPart(text)
     if kind in ("reasoning", "thinking"):
         text = _first(raw, "content", "text", "reasoning", "thinking")
@@ -169,7 +180,9 @@ def _part(raw: Any) -> NeutralPart | None:
     if kind in ("tool_call", "tool-call", "function_call", "tool_use"):
         name = _first(raw, "name", "toolName")
         if not isinstance(name, str):
-            raise MessageShapeError("bad_message", f"tool call part without a tool name: {raw!r}")
+            raise MessageShapeError(
+                "bad_message", f"{kind} part has no string 'name' or 'toolName' (it is {shape_of(name)})"
+            )
         args = _first(raw, "arguments", "input", "args")
         return ToolCall(
             _str_or_none(_first(raw, "id", "toolCallId", "call_id")), name, decode_json_text(args)
@@ -195,19 +208,34 @@ def _part(raw: Any) -> NeutralPart | None:
         return None
     if isinstance(kind, str) and kind:
         return OtherPart(kind, dict(raw))
-    raise MessageShapeError("bad_message", f"message part without a type: {raw!r}")
+    raise MessageShapeError("bad_message", f"part's 'type' is {shape_of(kind)}, expected a non-empty string")
 
 
 def _openai_tool_calls(raw: Any) -> list[NeutralPart]:
     if not isinstance(raw, list | tuple):
-        raise MessageShapeError("bad_message", f"tool_calls is not a list: {raw!r}")
+        raise MessageShapeError("bad_message", f"'tool_calls' is {shape_of(raw)}, expected a list")
     calls: list[NeutralPart] = []
-    for tc in raw:
+    for index, tc in enumerate(raw):
         fn = tc.get("function") if isinstance(tc, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise MessageShapeError("bad_message", f"tool call without function.name: {tc!r}")
+            got = shape_of(fn.get("name")) if isinstance(fn, dict) else f"'function' is {shape_of(fn)}"
+            raise MessageShapeError(
+                "bad_message", f"tool_calls[{index}] has no string 'function.name' ({got})"
+            )
         calls.append(ToolCall(_str_or_none(tc.get("id")), fn["name"], decode_json_text(fn.get("arguments"))))
     return calls
+
+
+def _parts(raw: Iterable[Any], field: str) -> list[NeutralPart]:
+    parts: list[NeutralPart] = []
+    for index, item in enumerate(raw):
+        try:
+            part = _part(item)
+        except MessageShapeError as exc:
+            raise exc.at(f"{field}[{index}]") from None
+        if part is not None:
+            parts.append(part)
+    return parts
 
 
 def parse_message(raw: Any, default_role: str | None = None) -> Msg:
@@ -215,16 +243,16 @@ def parse_message(raw: Any, default_role: str | None = None) -> Msg:
     if isinstance(raw, str) and default_role is not None:
         return Msg(default_role, [TextPart(raw)])
     if not isinstance(raw, dict):
-        raise MessageShapeError("bad_message", f"message {raw!r} is not an object")
+        raise MessageShapeError("bad_message", f"message is {shape_of(raw)}, expected an object")
     role = _role(raw.get("role", default_role))
     parts: list[NeutralPart] = []
     raw_parts = raw.get("parts")
     if type(raw_parts) is list or isinstance(raw_parts, tuple):  # OTel GenAI
-        parts = [p for p in map(_part, raw_parts) if p is not None]
+        parts = _parts(raw_parts, "parts")
     else:
         content = raw.get("content")
         if isinstance(content, dict) and isinstance(content.get("parts"), list):  # Mastra
-            parts = [p for p in map(_part, content["parts"]) if p is not None]
+            parts = _parts(content["parts"], "content.parts")
         elif isinstance(content, str):
             if role == "tool":
                 tool_id = _str_or_none(_first(raw, "tool_call_id", "id", "toolCallId"))
@@ -239,9 +267,11 @@ def parse_message(raw: Any, default_role: str | None = None) -> Msg:
                 tool_id = _str_or_none(_first(raw, "tool_call_id", "id", "toolCallId"))
                 parts = [ToolResult(tool_id, _str_or_none(raw.get("name")), decode_json_text(text))]
             else:
-                parts = [p for p in map(_part, content) if p is not None]
+                parts = _parts(content, "content")
         elif content is not None:
-            raise MessageShapeError("bad_message", f"message content {content!r} is not text or parts")
+            raise MessageShapeError(
+                "bad_message", f"message 'content' is {shape_of(content)}, expected text or a list of parts"
+            )
         if raw.get("tool_calls"):
             parts.extend(_openai_tool_calls(raw["tool_calls"]))
         fc = raw.get("function_call")
@@ -261,7 +291,9 @@ def _load(value: Any) -> Any:
         try:
             return json.loads(value)
         except ValueError as exc:
-            raise MessageShapeError("bad_json", f"not valid JSON ({exc}): {value[:80]!r}") from exc
+            raise MessageShapeError(
+                "bad_json", f"not valid JSON ({json_error(exc)}) in {shape_of(value)}"
+            ) from None
     return value
 
 
@@ -276,10 +308,13 @@ def parse_messages(value: Any, default_role: str | None = None) -> list[Msg]:
     if not isinstance(data, list | tuple):
         raise MessageShapeError("bad_message", f"expected a list of messages, got {type(data).__name__}")
     out: list[Msg] = []
-    for item in data:
-        if isinstance(item, str) and default_role is None:
-            item = _load(item)
-        out.append(parse_message(item, default_role))
+    for index, item in enumerate(data):
+        try:
+            if isinstance(item, str) and default_role is None:
+                item = _load(item)
+            out.append(parse_message(item, default_role))
+        except MessageShapeError as exc:
+            raise exc.at(f"messages[{index}]") from None
     return out
 
 
@@ -297,7 +332,9 @@ def parse_system(value: Any) -> list[Msg]:
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list | tuple):
-        raise MessageShapeError("bad_message", f"system instructions of type {type(data).__name__}")
+        raise MessageShapeError(
+            "bad_message", f"system instructions are {shape_of(data)}, expected text, an object or a list"
+        )
     out: list[Msg] = []
     loose: list[NeutralPart] = []
     for item in data:

@@ -248,10 +248,19 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
     except ValidationError as exc:
         raise TraceReadError(
             "bad_message",
-            f"the messages read do not form a valid agent run: {exc.errors()[0]['msg']}",
+            f"the messages read do not form a valid agent run: {_validation_summary(exc)}",
             span_name=target.name,
             span_id=target.span_id,
         ) from None
+
+
+def _validation_summary(exc: ValidationError) -> str:
+    """Where and which rule, from the first error: its ``msg`` of a custom validator may quote
+    the value, pydantic's own messages state the rule only."""
+    first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+    where = ".".join(str(p) for p in first["loc"]) or "run"
+    custom = first["type"] in ("value_error", "assertion_error")
+    return f"{where}: {first['type'] if custom else first['msg']} ({exc.error_count()} errors)"
 
 
 @contextmanager

@@ -35,6 +35,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 from opentelemetry.util.types import AttributeValue
 
+from tracing._errors import shape_of
+
 __all__ = [
     "OtlpDecodeError",
     "decode_otlp_json",
@@ -106,6 +108,19 @@ def _list(obj: Mapping[str, Any], camel: str, snake: str, field: str, where: str
     return value
 
 
+def _enum_value(value: Any) -> str:
+    """An enum field's bad value for an error: a number as is, anything else by its shape only
+    (a document can hold anything where an enum belongs, and error texts reach logs)."""
+    return repr(value) if type(value) is int else f"({shape_of(value)})"
+
+
+def _key_names(obj: Mapping[Any, Any]) -> str:
+    """An object's first keys for an error: field names of the format, not values; cut short, as a
+    document that is not OTLP may be anything."""
+    names = sorted(str(k)[:40] for k in obj)
+    return repr(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 def _object(value: Any, field: str, where: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise OtlpDecodeError(f"expected an object, got {type(value).__name__}", where=where, field=field)
@@ -133,7 +148,7 @@ def _id(value: Any, size: int, field: str, where: str, *, required: bool = True,
             raw = b""
         if len(raw) != size:
             raise OtlpDecodeError(
-                f"id {value!r} is neither {size * 2} hex digits nor base64 of {size} bytes",
+                f"id ({shape_of(value)}) is neither {size * 2} hex digits nor base64 of {size} bytes",
                 where=where,
                 field=at,
             )
@@ -157,7 +172,7 @@ def _int(value: Any, field: str, where: str) -> int | None:
             pass
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    raise OtlpDecodeError(f"expected an integer, got {value!r}", where=where, field=field)
+    raise OtlpDecodeError(f"expected an integer, got {shape_of(value)}", where=where, field=field)
 
 
 def _any_value(value: Any, field: str, where: str) -> _Value:
@@ -177,9 +192,11 @@ def _any_value(value: Any, field: str, where: str) -> _Value:
                 try:
                     return float(kind)
                 except ValueError:
-                    raise OtlpDecodeError(f"expected a number, got {kind!r}", where=where, field=field) from None
+                    raise OtlpDecodeError(
+                        f"expected a number, got {shape_of(kind)}", where=where, field=field
+                    ) from None
             if not isinstance(kind, int | float):
-                raise OtlpDecodeError(f"expected a number, got {kind!r}", where=where, field=field)
+                raise OtlpDecodeError(f"expected a number, got {shape_of(kind)}", where=where, field=field)
             return float(kind)
         if key in ("bytesValue", "bytes_value"):
             try:
@@ -192,7 +209,7 @@ def _any_value(value: Any, field: str, where: str) -> _Value:
         if key in ("kvlistValue", "kvlist_value"):
             items = _list(_object(kind, field, where), "values", "values", field, where)
             return _attributes(items, f"{field}.kvlistValue", where)
-    raise OtlpDecodeError(f"unknown AnyValue kind {sorted(value)!r}", where=where, field=field)
+    raise OtlpDecodeError(f"unknown AnyValue kind {_key_names(value)}", where=where, field=field)
 
 
 def _attributes(items: Iterable[Any], field: str, where: str) -> dict[str, _Value]:
@@ -224,7 +241,7 @@ def _kind(value: Any, field: str, where: str) -> SpanKind:
     except TypeError:  # a list or an object: not even hashable
         kind = None
     if kind is None:
-        raise OtlpDecodeError(f"unknown span kind {value!r}", where=where, field=field)
+        raise OtlpDecodeError(f"unknown span kind {_enum_value(value)}", where=where, field=field)
     return kind
 
 
@@ -238,7 +255,7 @@ def _status(value: Any, field: str, where: str) -> Status:
     except TypeError:  # a list or an object: not even hashable
         code = None
     if code is None:
-        raise OtlpDecodeError(f"unknown status code {code_value!r}", where=where, field=f"{field}.code")
+        raise OtlpDecodeError(f"unknown status code {_enum_value(code_value)}", where=where, field=f"{field}.code")
     message = status.get("message") or None
     return Status(code, message if code is StatusCode.ERROR else None)
 
@@ -347,7 +364,7 @@ def _resource_spans_list(document: Any, where: str) -> tuple[list[Any], str]:
     if not body:
         return [], "resourceSpans"
     raise OtlpDecodeError(
-        f"not an OTLP traces document: expected 'resourceSpans' (or 'batches'), found keys {sorted(body)[:5]}",
+        f"not an OTLP traces document: expected 'resourceSpans' (or 'batches'), found keys {_key_names(body)}",
         where=where,
     )
 
