@@ -34,6 +34,7 @@ import os
 import secrets
 import socket
 import time
+import traceback
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -363,7 +364,7 @@ async def _score_pair(
             limit = _limit_error_type(exc)
             if limit is not None:
                 return _limit_record(pair, exc, limit, deps)
-            log.exception("scorer_crashed", scorer=pair.scorer_id, score_id=pair.score_id)
+            log.error("scorer_crashed", scorer=pair.scorer_id, score_id=pair.score_id, **_crash_fields(exc))
             return _record(pair, None, error=exc, error_type=type(exc).__name__)
         finally:
             if task is not None:
@@ -434,6 +435,18 @@ class _GroupCommit:
                 start += len(records)
 
 
+def _crash_fields(exc: BaseException) -> dict[str, Any]:
+    """A crash for the log: its type and stack (code locations and lines), not its text, which
+    may quote the run (a KeyError of a message key, a scorer's own f-string of the answer).
+    The score record still carries the text, for whoever reads the scores."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return {
+        "error_type": type(exc).__name__,
+        # Not "stack": structlog's renderers take that key for a formatted stack_info string.
+        "frames": [f"{f.filename}:{f.lineno} in {f.name}: {f.line or ''}" for f in frames[-8:]],
+    }
+
+
 def _read_run(request: ScoreRequest) -> TracedRun | TraceReadError:
     """The request's run: as sent, or read from its spans (an unreadable trace: the error)."""
     if request.run is not None:
@@ -451,10 +464,11 @@ def _read_run(request: ScoreRequest) -> TracedRun | TraceReadError:
         )
         return exc.with_traceback(None)
     except Exception as exc:  # a bug in the transform: still visible records, the batch goes on
-        log.exception("trace_read_crashed", trace_id=request.trace_id, span_id=request.target_span_id)
+        log.error("trace_read_crashed", trace_id=request.trace_id, span_id=request.target_span_id, **_crash_fields(exc))
         return TraceReadError(
             "read_failed",
-            f"reading the trace failed: {type(exc).__name__}: {exc}",
+            f"reading the trace failed: {type(exc).__name__} (a bug in the trace reader; "
+            "the worker log has where, under trace_read_crashed)",
             span_id=request.target_span_id,
         )
 
