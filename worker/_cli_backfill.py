@@ -606,7 +606,7 @@ def _run_embedded(
     show_table: bool = False,
     worst: int = 3,
 ) -> None:
-    from worker._embedded import EmbeddedScorer, TableScoreWriter
+    from worker._embedded import EmbeddedScorer, TableScoreWriter, cli_limits
 
     agents: dict[str, str] = {}
     by_scorer = Summary({s: registry[s] for s in state.options.scorer_ids}, worst_n=worst)
@@ -621,6 +621,7 @@ def _run_embedded(
         {s: registry[s] for s in state.options.scorer_ids},
         _Fanout(writers) if writers else None,
         agents=agents,
+        run_timeout_s=cli_limits(_settings(None)),  # the worker's run timeout and memory cap
     )
     reporter.message(
         f"backfill {state.job_id}: embedded mode (no broker configured: scoring in this process; "

@@ -7,7 +7,6 @@ stays bounded whatever the file size; the summary is built as scores come (see
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -20,7 +19,9 @@ import click
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from worker._cli_common import CliError
+from worker._embedded import GuardedLoop, Job, cli_limits, score_runs
 from worker._registry import RegistryError, load_registry
+from worker._settings import SettingsError, load_settings
 from worker._summary import RunTable, Summary, cell
 
 __all__ = ["score_command"]
@@ -48,25 +49,31 @@ def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
 Outcome = tuple[int, str, Scorer, ScoreResult | ScorerError]
 
 
-async def _score_chunk(
-    scorers: list[Scorer], runs: list[tuple[int, dict[str, Any]]], gate: asyncio.Semaphore
+def _score_chunk(
+    loop: GuardedLoop, scorers: list[Scorer], runs: list[tuple[int, dict[str, Any]]], concurrency: int
 ) -> list[Outcome]:
-    async def one(number: int, run: dict[str, Any], scorer: Scorer) -> Outcome:
+    # Under the worker's limits (TRACESCORE_RUN_TIMEOUT_SECONDS): a run that hangs or runs out
+    # of memory is a timeout/memory error and the chunk's other runs are scored.
+    keys: list[tuple[int, str, Scorer]] = []
+    jobs: list[Job] = []
+    for number, run in runs:
         run_id = str(run.get("run_id") or f"line-{number}")
-        async with gate:
-            try:
-                result: ScoreResult | ScorerError = await scorer.run(
-                    input=run.get("input"),
-                    output=run["output"],
-                    run_id=run_id,
-                    ground_truth=run.get("ground_truth"),
-                    request_context=run.get("request_context"),
+        for scorer in scorers:
+            keys.append((number, run_id, scorer))
+            jobs.append(
+                (
+                    scorer,
+                    {
+                        "input": run.get("input"),
+                        "output": run["output"],
+                        "run_id": run_id,
+                        "ground_truth": run.get("ground_truth"),
+                        "request_context": run.get("request_context"),
+                    },
                 )
-            except ScorerError as exc:
-                result = exc
-        return number, run_id, scorer, result
-
-    return await asyncio.gather(*(one(n, r, s) for n, r in runs for s in scorers))
+            )
+    results = score_runs(loop, jobs, concurrency)
+    return [(number, run_id, scorer, result) for (number, run_id, scorer), result in zip(keys, results, strict=True)]
 
 
 def _record(number: int, run_id: str, scorer: Scorer, result: ScoreResult | ScorerError) -> dict[str, Any]:
@@ -88,7 +95,8 @@ def _record(number: int, run_id: str, scorer: Scorer, result: ScoreResult | Scor
         cause = result.cause if isinstance(result, ScorerRunError) else result
         record.update(
             score=None,
-            error_type=type(cause).__name__,
+            # RunLimitError says "timeout" / "memory", as the worker's records do.
+            error_type=getattr(result, "error_type", None) or type(cause).__name__,
             error_message=str(result),
             failed_step=getattr(result, "failed_step", None),
         )
@@ -171,27 +179,31 @@ def score_command(
     started = time.perf_counter()
 
     try:
+        loop = GuardedLoop(cli_limits(load_settings()))
+    except SettingsError as exc:
+        raise CliError(str(exc)) from exc
+    try:
         out_file: IO[str] | None = out.open("w", encoding="utf-8") if out is not None else None
     except OSError as exc:
+        loop.close()
         raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
     try:
         lines = _read_runs(runs_file)
-        with asyncio.Runner() as runner:
-            gate = asyncio.Semaphore(max(1, concurrency))
-            while batch := list(islice(lines, chunk)):
-                runs: list[tuple[int, dict[str, Any]]] = []
-                for number, run in batch:
-                    if isinstance(run, str):
-                        bad_lines(f"{runs_file}:{number}: skipped: {run}")
-                    else:
-                        runs.append((number, run))
-                runs_total += len(runs)
-                for number, run_id, scorer, result in runner.run(_score_chunk(scorers, runs, gate)):
-                    _emit(number, run_id, scorer, result, summary, table, out_file, as_json, failures, runs_file)
-                sys.stdout.flush()  # each chunk's rows reach a pipe now, not when the buffer fills
+        while batch := list(islice(lines, chunk)):
+            runs: list[tuple[int, dict[str, Any]]] = []
+            for number, run in batch:
+                if isinstance(run, str):
+                    bad_lines(f"{runs_file}:{number}: skipped: {run}")
+                else:
+                    runs.append((number, run))
+            runs_total += len(runs)
+            for number, run_id, scorer, result in _score_chunk(loop, scorers, runs, concurrency):
+                _emit(number, run_id, scorer, result, summary, table, out_file, as_json, failures, runs_file)
+            sys.stdout.flush()  # each chunk's rows reach a pipe now, not when the buffer fills
     except UnicodeError as exc:  # errors="replace" covers decoding; this is a defensive net
         raise CliError(f"{runs_file}: cannot read: {exc}") from exc
     finally:
+        loop.close()
         if out_file is not None:
             out_file.close()
         bad_lines.close()

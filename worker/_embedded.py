@@ -3,29 +3,193 @@
 ``tracescore backfill`` without a broker, and the exporter's default sink, score here with the
 same ``score_batch`` the Celery task calls, a ``MemoryScoreStore`` and a writer — so the results
 are the same as through Redis workers, on a machine that has neither.
+
+Limits are the worker's (``TRACESCORE_RUN_TIMEOUT_SECONDS``, default ¾ of the task soft time
+limit): scoring runs on a ``GuardedLoop`` — a loop thread watched by the worker's
+``LoopWatchdog`` — so a run past the timeout (awaiting, or blocking the loop) and a run out of
+memory become ``timeout`` / ``memory`` error records and the other runs are scored. A step that
+blocks the loop in code that cannot be interrupted (a C call such as ``time.sleep``) cannot end
+this process the way a worker is replaced; instead its run is recorded as a ``timeout``, the
+stuck loop thread is abandoned (a daemon: it does not keep the process alive) and the rest of the
+batch is scored on a fresh loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import shutil
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from typing import IO
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import IO, Any, TypeVar
 
-from scorers import Scorer
+import structlog
+
+from scorers import Scorer, ScorerError, ScoreResult
 from tracing._run import ScoreBatch
 from tracing._score_record import ScoreRecord
 from tracing._score_writer import ScoreWriter
 from tracing._sinks import CallbackSink
+from worker._loop import LoopThread, LoopWatchdog
 from worker._registry import load_registry
-from worker._scoring import BatchReport, ScoringDeps, score_batch
+from worker._runtime import _cap_memory
+from worker._scoring import (
+    BatchReport,
+    RunLimitError,
+    ScoringDeps,
+    batch_score_ids,
+    expire_runs,
+    run_limited,
+    running_label,
+    score_batch,
+    scoring_run_of,
+    wedged_record,
+)
+from worker._settings import Settings, load_settings
 from worker._store import MemoryScoreStore, ScoreStore
 
-__all__ = ["EmbeddedScorer", "EmbeddedSink", "TableScoreWriter", "embedded_sink"]
+__all__ = [
+    "EmbeddedScorer",
+    "EmbeddedSink",
+    "GuardedLoop",
+    "LoopWedgedError",
+    "TableScoreWriter",
+    "cli_limits",
+    "embedded_sink",
+    "score_runs",
+]
+
+T = TypeVar("T")
+
+log = structlog.get_logger("tracescore.embedded")
+
+_WEDGED_OUTCOME = "its loop was abandoned and the batch's other runs were scored on a new one"
+
+
+class LoopWedgedError(Exception):
+    """A ``GuardedLoop``'s loop stayed blocked in code its watchdog could not interrupt; the loop
+    was replaced. ``task`` is the task it is stuck in (``running_label(task)`` names the run)."""
+
+    def __init__(self, task: asyncio.Task[Any] | None, blocked_s: float) -> None:
+        super().__init__(f"the event loop was blocked for {blocked_s:.0f} s in code that could not be interrupted")
+        self.task = task
+        self.blocked_s = blocked_s
+
+
+def cli_limits(settings: Settings) -> float:
+    """For a command that scores in its own process (``tracescore score``, ``backfill`` without
+    a broker): the worker's memory cap (``TRACESCORE_MEMORY_LIMIT_MB``) on this process, and
+    the run timeout to score with. (Not for the exporter's sink: that process is the app's.)"""
+    _cap_memory(settings.memory_limit_mb)
+    return settings.run_timeout
+
+
+class GuardedLoop:
+    """An event loop in a thread of its own, watched like a worker's (``LoopWatchdog`` at
+    ``run_timeout_s``): ``run(coro)`` waits for ``coro``; when the loop is wedged it raises
+    ``LoopWedgedError`` and runs later coroutines on a fresh loop."""
+
+    def __init__(self, run_timeout_s: float | None, *, grace_s: float = 3.0) -> None:
+        self.run_timeout_s = run_timeout_s or None
+        self.grace_s = grace_s
+        self._waiting: concurrent.futures.Future[Any] | None = None
+        self._start()
+
+    def _start(self) -> None:
+        self.loop_thread = LoopThread(name="tracescore-embedded-loop")
+        self.watchdog = (
+            LoopWatchdog(
+                self.loop_thread,
+                limit_s=self.run_timeout_s,
+                on_wedged=self._on_wedged,
+                can_interrupt=scoring_run_of,
+                grace_s=self.grace_s,
+            )
+            if self.run_timeout_s
+            else None
+        )
+
+    def _on_wedged(self, task: asyncio.Task[Any] | None, blocked_s: float) -> None:
+        # The watchdog's thread: wake the caller waiting on the stuck loop.
+        waiting = self._waiting
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(LoopWedgedError(task, blocked_s))
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop_thread.loop)
+        self._waiting = future
+        try:
+            return future.result()
+        except LoopWedgedError as exc:
+            log.error("embedded_loop_wedged_replaced", blocked_s=round(exc.blocked_s, 1))
+            if self.watchdog is not None:
+                self.watchdog.stop()
+            self._start()  # the stuck thread is left to itself: a daemon, it ends with the process
+            raise
+        except BaseException:
+            future.cancel()
+            raise
+        finally:
+            self._waiting = None
+
+    def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        self.loop_thread.stop()
+
+
+Job = tuple[Scorer, dict[str, Any]]  # a scorer and the keyword arguments of its run
+
+
+def score_runs(loop: GuardedLoop, jobs: Sequence[Job], concurrency: int) -> list[ScoreResult | ScorerError]:
+    """Run every job on ``loop``, at most ``concurrency`` at once, under the run timeout: a run
+    hitting a limit gives a ``RunLimitError`` (``error_type`` timeout/memory), a failed run its
+    ``ScorerError``; the other runs are scored. Results are in the order of ``jobs``."""
+    results: dict[int, ScoreResult | ScorerError] = {}
+    while len(results) < len(jobs):
+        todo = [i for i in range(len(jobs)) if i not in results]
+        try:
+            loop.run(_score_jobs(jobs, todo, results, concurrency, loop.run_timeout_s))
+        except LoopWedgedError as wedged:
+            index = running_label(wedged.task)
+            if not isinstance(index, int) or index in results:
+                raise
+            scorer = jobs[index][0]
+            results[index] = RunLimitError(
+                f"scorer {scorer.id!r} blocked the event loop for {wedged.blocked_s:.0f} s "
+                f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {loop.run_timeout_s}) in code that could not be "
+                f"interrupted; {_WEDGED_OUTCOME}",
+                error_type="timeout",
+            )
+    return [results[i] for i in range(len(jobs))]
+
+
+async def _score_jobs(
+    jobs: Sequence[Job],
+    todo: list[int],
+    results: dict[int, ScoreResult | ScorerError],
+    concurrency: int,
+    run_timeout_s: float | None,
+) -> None:
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(index: int) -> None:
+        scorer, run = jobs[index]
+        async with gate:
+            try:
+                results[index] = await run_limited(scorer, run_timeout_s, label=index, **run)
+            except ScorerError as exc:
+                results[index] = exc
+
+    expiry = asyncio.ensure_future(expire_runs(min(1.0, run_timeout_s / 4))) if run_timeout_s else None
+    try:
+        await asyncio.gather(*(one(i) for i in todo))
+    finally:
+        if expiry is not None:
+            expiry.cancel()
 
 
 def _cell(text: str, width: int) -> str:
@@ -92,7 +256,9 @@ class TableScoreWriter:
 
 class EmbeddedScorer:
     """A backfill submitter (and a building block for the exporter's in-process sink) that
-    scores each batch right here, on one event loop of its own."""
+    scores each batch right here, on one event loop of its own (a ``GuardedLoop``).
+
+    ``run_timeout_s``: None → ``TRACESCORE_RUN_TIMEOUT_SECONDS`` as the worker reads it; 0 → no limit."""
 
     mode = "embedded"
 
@@ -107,7 +273,10 @@ class EmbeddedScorer:
         retry_budget: int = 3,
         retry_backoff_s: float = 1.0,
         agents: dict[str, str] | None = None,
+        run_timeout_s: float | None = None,
     ) -> None:
+        if run_timeout_s is None:
+            run_timeout_s = load_settings().run_timeout
         self.store: ScoreStore = store if store is not None else MemoryScoreStore()
         self.writer = writer
         self.deps = ScoringDeps(
@@ -117,12 +286,13 @@ class EmbeddedScorer:
             model_concurrency=model_concurrency,
             run_concurrency=run_concurrency,
             checkpoint="none",  # the store dies with the process: nothing to resume from
+            run_timeout_s=run_timeout_s or None,
         )
         self.retry_budget = max(1, retry_budget)
         self.retry_backoff_s = retry_backoff_s
         self.agents = agents
         self.totals = BatchReport(batch_id="*")
-        self._runner = asyncio.Runner()
+        self._loop = GuardedLoop(run_timeout_s)
         self._lock = threading.Lock()
 
     def submit(self, batch: ScoreBatch) -> None:
@@ -149,7 +319,7 @@ class EmbeddedScorer:
             try:
                 for attempt in range(self.retry_budget):
                     final = attempt == self.retry_budget - 1
-                    report = self._runner.run(score_batch(batch, self.deps, final_attempt=final))
+                    report = self._score_once(batch, final)
                     if not report.retry:
                         return report
                     time.sleep(self.retry_backoff_s * 2**attempt)
@@ -160,9 +330,45 @@ class EmbeddedScorer:
                         if request.run is not None:
                             self.agents.pop(request.run.identity.span_id, None)
 
+    def _score_once(self, batch: ScoreBatch, final: bool) -> BatchReport:
+        ids = batch_score_ids(batch, self.deps.registry)
+        before = set(self._loop.run(self.store.existing(ids)))
+        stuck_done: dict[str, ScoreRecord] = {}
+        while True:
+            try:
+                report = self._loop.run(score_batch(batch, self.deps, final_attempt=final))
+                break
+            except LoopWedgedError as exc:
+                # A run stuck where the watchdog could not interrupt it: record it as a
+                # timeout, free the stuck delivery's claims, and score the rest again on the
+                # fresh loop (what the stuck delivery recorded is skipped, not scored twice).
+                found = wedged_record(exc.task, exc.blocked_s, outcome=_WEDGED_OUTCOME)
+                if found is None:
+                    raise
+                record, deps = found
+                fresh = self._loop.run(self.store.put_records([record], deps.owner, deps.score_ttl_s))[0]
+                if fresh and self.writer is not None:
+                    self.writer.write([record])
+                self._loop.run(self.store.release(ids, deps.owner))
+                stuck_done = self._loop.run(self.store.existing([i for i in ids if i not in before]))
+        # What the stuck attempts recorded (and wrote) is this batch's work, not a skip.
+        if stuck_done:
+            report.skipped["already_scored"] -= len(stuck_done)
+            if report.skipped["already_scored"] <= 0:
+                del report.skipped["already_scored"]
+            report.written += len(stuck_done)
+            for record in stuck_done.values():
+                if record.error_type:
+                    report.failed[record.error_type] += 1
+                elif record.score is None:
+                    report.not_scorable += 1
+                else:
+                    report.scored += 1
+        return report
+
     def progress(self, job_id: str) -> dict[str, int]:
         with self._lock:
-            return self._runner.run(self.store.job_progress(job_id))
+            return self._loop.run(self.store.job_progress(job_id))
 
     def pending(self) -> int:
         return 0
@@ -175,7 +381,7 @@ class EmbeddedScorer:
             if self.writer is not None:
                 self.writer.flush(10.0)
                 self.writer.close()
-            self._runner.close()
+            self._loop.close()
 
 
 class EmbeddedSink(CallbackSink):

@@ -57,9 +57,14 @@ from worker._store import ScoreStore, StoreUnavailableError
 __all__ = [
     "TRANSIENT_STATUS_CODES",
     "BatchReport",
+    "RunLimitError",
     "ScoringDeps",
     "StoreUnavailableError",
+    "batch_score_ids",
+    "expire_runs",
     "is_transient",
+    "run_limited",
+    "running_label",
     "score_batch",
     "scoring_run_of",
     "wedged_record",
@@ -171,24 +176,107 @@ class _Transient:
     error_type: str
 
 
-# The scorer run each task is in, and its deadline: ``_expire_runs`` cancels the runs past it,
-# and the loop watchdog names (and records) the run that blocks the loop — the task it is stuck
-# in. (One dict entry per run instead of an ``asyncio.timeout`` each: that cost ~6 µs a run.)
-_running: dict[asyncio.Task[Any], tuple[_Pair, ScoringDeps, float]] = {}
-# Runs cancelled for their deadline (their CancelledError becomes a timeout record).
+# The scorer run each task is in (its pair and deps for ``score_batch``'s runs, the caller's
+# label for other ``run_limited`` callers) and its deadline: ``expire_runs`` cancels the runs past
+# it, and the loop watchdog names (and records) the run that blocks the loop — the task it is
+# stuck in. (One dict entry per run instead of an ``asyncio.timeout`` each: that cost ~6 µs a run.)
+_running: dict[asyncio.Task[Any], tuple[object, float]] = {}
+# Runs cancelled for their deadline (their CancelledError becomes a timeout).
 _expired: set[asyncio.Task[Any]] = set()
 
 
-async def _expire_runs(every_s: float) -> None:
-    """Cancel this loop's runs that are past their deadline, every ``every_s`` seconds."""
+@dataclass(frozen=True)
+class _PairRun:
+    pair: _Pair
+    deps: ScoringDeps
+
+
+class RunLimitError(ScorerError):
+    """A scorer run hit a limit: ``error_type`` is ``timeout`` (past the run timeout, cancelled or
+    interrupted) or ``memory`` (``MemoryError``). Final: the same run would do it again."""
+
+    def __init__(self, message: str, *, error_type: str, failed_step: str | None = None) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.failed_step = failed_step
+        self.partial: ScoreResult | None = None
+
+
+async def expire_runs(every_s: float) -> None:
+    """Cancel this loop's runs that are past their deadline, every ``every_s`` seconds (run it
+    as a task next to the runs, and cancel it when they are done)."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(every_s)
         now = time.monotonic()
-        for task, (_, _, deadline) in list(_running.items()):
+        for task, (_, deadline) in list(_running.items()):
             if deadline <= now and task not in _expired and task.get_loop() is loop and not task.done():
                 _expired.add(task)
                 task.cancel()
+
+
+async def run_limited(scorer: Scorer, run_timeout_s: float | None, *, label: object = None, **run: Any) -> ScoreResult:
+    """``await scorer.run(**run)`` under the worker's limits: past ``run_timeout_s`` (enforced by
+    ``expire_runs`` on this loop, or by a ``LoopWatchdog`` when a step blocks the loop) or out of
+    memory, it raises ``RunLimitError``. ``label`` names the run for ``running_label``."""
+    task = asyncio.current_task()
+    if task is not None:
+        _running[task] = (label, time.monotonic() + run_timeout_s if run_timeout_s else math.inf)
+    try:
+        return await scorer.run(**run)
+    except asyncio.CancelledError:
+        # Ours (``expire_runs``) → a timeout; anyone else's (the batch is being cancelled) goes on up.
+        if task is None or task not in _expired or task.uncancel() > 0:
+            raise
+        log.warning("scorer_run_timeout", scorer=scorer.id, limit_s=run_timeout_s)
+        raise RunLimitError(
+            f"scorer {scorer.id!r} did not finish within TRACESCORE_RUN_TIMEOUT_SECONDS "
+            f"({run_timeout_s} s); it was cancelled",
+            error_type="timeout",
+        ) from None
+    except ScorerRunError as exc:
+        limit = _limit_error_type(exc.cause)
+        if limit is None:
+            raise
+        raise _limit_error(scorer, exc, limit, run_timeout_s) from None
+    except ScorerError:
+        raise
+    except Exception as exc:  # outside the steps (a bug in the scorer): a limit, or the caller's to record
+        limit = _limit_error_type(exc)
+        if limit is None:
+            raise
+        raise _limit_error(scorer, exc, limit, run_timeout_s) from None
+    finally:
+        if task is not None:
+            _running.pop(task, None)
+            _expired.discard(task)
+
+
+def _limit_error(scorer: Scorer, exc: BaseException, error_type: str, run_timeout_s: float | None) -> RunLimitError:
+    failed_step = exc.failed_step if isinstance(exc, ScorerRunError) else None
+    if error_type == "timeout":
+        message = (
+            f"scorer {scorer.id!r} blocked the event loop past TRACESCORE_RUN_TIMEOUT_SECONDS "
+            f"({run_timeout_s} s) in step {failed_step or '?'} and was interrupted"
+        )
+    else:
+        message = f"scorer {scorer.id!r} ran out of memory in step {failed_step or '?'} (MemoryError)"
+    log.warning(f"scorer_run_{error_type}", scorer=scorer.id, step=failed_step)
+    error = RunLimitError(message, error_type=error_type, failed_step=failed_step)
+    error.partial = exc.partial if isinstance(exc, ScorerRunError) else None
+    if error_type == "memory":
+        # What the step allocated is reachable from the exception's frames until they go:
+        # free it now, before the next allocation anywhere in the process fails too.
+        exc.__traceback__ = None
+        exc.__cause__ = exc.__context__ = None
+        gc.collect()
+    return error
+
+
+def running_label(task: asyncio.Task[Any] | None) -> object:
+    """The ``label`` of the ``run_limited`` run ``task`` is in (None if it is in none)."""
+    found = _running.get(task) if task is not None else None
+    return found[0] if found is not None else None
 
 
 def scoring_run_of(task: asyncio.Task[Any] | None) -> bool:
@@ -196,17 +284,19 @@ def scoring_run_of(task: asyncio.Task[Any] | None) -> bool:
     return task is not None and task in _running
 
 
-def wedged_record(task: asyncio.Task[Any] | None, blocked_s: float) -> tuple[ScoreRecord, ScoringDeps] | None:
+def wedged_record(
+    task: asyncio.Task[Any] | None, blocked_s: float, *, outcome: str = "the worker process was replaced"
+) -> tuple[ScoreRecord, ScoringDeps] | None:
     """The ``timeout`` error record for the run that ``task`` is stuck in (None if it is not a
-    run), for the watchdog to store before the process is replaced."""
-    found = _running.get(task) if task is not None else None
-    if found is None:
+    run), for the watchdog to store before the process is replaced (or, embedded, the loop)."""
+    found = running_label(task)
+    if not isinstance(found, _PairRun):
         return None
-    pair, deps, _ = found
+    pair, deps = found.pair, found.deps
     error = LoopBlockedError(
         f"scorer {pair.scorer_id!r} blocked the worker's event loop for {blocked_s:.0f} s "
         f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {deps.run_timeout_s}) in code that could not be "
-        "interrupted; the worker process was replaced"
+        f"interrupted; {outcome}"
     )
     return _record(pair, None, error=error, error_type="timeout"), deps
 
@@ -234,6 +324,11 @@ def _checkpointed(scorer: Scorer, deps: ScoringDeps) -> bool:
     if deps.checkpoint == "judge":
         return scorer.has_judge_steps
     return deps.checkpoint == "all"
+
+
+def batch_score_ids(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[str]:
+    """The score id of every run × scorer pair of ``batch``."""
+    return [p.score_id for p in _pairs(batch, registry)]
 
 
 def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:
@@ -314,12 +409,11 @@ async def _score_pair(
             await deps.store.put_checkpoint(pair.score_id, partial, deps.checkpoint_ttl_s)
 
     async with deps.gate(_model_key(scorer)):
-        task = asyncio.current_task()
-        if task is not None:
-            timeout = deps.run_timeout_s
-            _running[task] = (pair, deps, time.monotonic() + timeout if timeout else math.inf)
         try:
-            result = await scorer.run(
+            result = await run_limited(
+                scorer,
+                deps.run_timeout_s,
+                label=_PairRun(pair, deps),
                 input=run.input,
                 output=run.output,
                 run_id=f"{ident.trace_id}:{ident.span_id}",
@@ -328,25 +422,11 @@ async def _score_pair(
                 resume=checkpoint,
                 on_step=on_step,
             )
-        except asyncio.CancelledError:
-            # Ours (``_expire_runs``) → a timeout record; anyone else's (the batch is being
-            # cancelled) goes on up.
-            if task is None or task not in _expired or task.uncancel() > 0:
-                raise
-            log.warning("scorer_run_timeout", scorer=pair.scorer_id, score_id=pair.score_id, limit_s=deps.run_timeout_s)
+        except RunLimitError as exc:
             return _record(
-                pair,
-                None,
-                error=TimeoutError(
-                    f"scorer {pair.scorer_id!r} did not finish within TRACESCORE_RUN_TIMEOUT_SECONDS "
-                    f"({deps.run_timeout_s} s); it was cancelled"
-                ),
-                error_type="timeout",
+                pair, exc.partial, error=RuntimeError(str(exc)), error_type=exc.error_type, failed_step=exc.failed_step
             )
         except ScorerRunError as exc:
-            limit = _limit_error_type(exc.cause)
-            if limit is not None:
-                return _limit_record(pair, exc, limit, deps)
             transient = is_transient(exc.cause)
             if transient and not final_attempt:
                 return _Transient(pair, exc.error_type)
@@ -361,37 +441,9 @@ async def _score_pair(
         except ScorerError as exc:
             return _record(pair, None, error=exc, error_type=type(exc).__name__)
         except Exception as exc:  # a bug in a scorer outside its steps: still a visible record
-            limit = _limit_error_type(exc)
-            if limit is not None:
-                return _limit_record(pair, exc, limit, deps)
             log.error("scorer_crashed", scorer=pair.scorer_id, score_id=pair.score_id, **_crash_fields(exc))
             return _record(pair, None, error=exc, error_type=type(exc).__name__)
-        finally:
-            if task is not None:
-                _running.pop(task, None)
-                _expired.discard(task)
     return _record(pair, result)
-
-
-def _limit_record(pair: _Pair, exc: BaseException, error_type: str, deps: ScoringDeps) -> ScoreRecord:
-    failed_step = exc.failed_step if isinstance(exc, ScorerRunError) else None
-    if error_type == "timeout":
-        message = (
-            f"scorer {pair.scorer_id!r} blocked the worker's event loop past TRACESCORE_RUN_TIMEOUT_SECONDS "
-            f"({deps.run_timeout_s} s) in step {failed_step or '?'} and was interrupted"
-        )
-    else:
-        message = f"scorer {pair.scorer_id!r} ran out of memory in step {failed_step or '?'} (MemoryError)"
-    log.warning(f"scorer_run_{error_type}", scorer=pair.scorer_id, score_id=pair.score_id, step=failed_step)
-    partial = exc.partial if isinstance(exc, ScorerRunError) else None
-    record = _record(pair, partial, error=RuntimeError(message), error_type=error_type, failed_step=failed_step)
-    if error_type == "memory":
-        # What the step allocated is reachable from the exception's frames until they go:
-        # free it now, before the next allocation anywhere in the process fails too.
-        exc.__traceback__ = None
-        exc.__cause__ = exc.__context__ = None
-        gc.collect()
-    return record
 
 
 class _GroupCommit:
@@ -566,7 +618,7 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
         for group in by_request.values()
     ]
     expiry = (
-        asyncio.ensure_future(_expire_runs(min(1.0, deps.run_timeout_s / 4))) if deps.run_timeout_s and tasks else None
+        asyncio.ensure_future(expire_runs(min(1.0, deps.run_timeout_s / 4))) if deps.run_timeout_s and tasks else None
     )
     try:
         await asyncio.gather(*tasks)

@@ -1,0 +1,134 @@
+"""Issue 10 in the embedded (no-broker) commands: `tracescore score` and `tracescore backfill`
+without a broker give a run that hangs (sync step, async step, a C call nothing can interrupt)
+or allocates until the memory cap one error record (`timeout` / `memory`) in the summary and
+`--out`, score the other runs, and finish. Real subprocesses, real time, polled with a deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.backfill._synth import write_otlp_files
+from tests.worker._workers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+SCORERS = "tests.backfill.hanging_scorers"
+TIMEOUT_S = 2
+# Generous: the run timeout, the watchdog's grace, a fresh interpreter's imports on a busy box.
+DEADLINE_S = 90
+
+
+def _tracescore(tmp_path: Path, args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Run `tracescore ARGS` and wait for it with a deadline (killed, and the test fails, past it)."""
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TRACESCORE_BROKER_URL": "",
+        "TRACESCORE_RUN_TIMEOUT_SECONDS": str(TIMEOUT_S),
+        **env,
+    }
+    full_env.pop("PYTHONFAULTHANDLER", None)
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    cmd = [str(Path(sys.executable).with_name("tracescore")), *args]
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=stdout, stderr=stderr, start_new_session=True)
+    try:
+        finished = wait_for(lambda: proc.poll() is not None, DEADLINE_S, interval=0.1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert finished, f"tracescore {' '.join(args)} still running after {DEADLINE_S} s:\n{err.read_text()[-3000:]}"
+    return proc.returncode, out.read_text(), err.read_text()
+
+
+def _runs_file(tmp_path: Path, n: int, marked: int) -> Path:
+    path = tmp_path / "runs.jsonl"
+    with path.open("w") as f:
+        for i in range(n):
+            question = f"question {i}" + (" TRAP" if i == marked else "")
+            run = {
+                "run_id": f"run-{i}",
+                "input": {"input_messages": [question]},
+                "output": [{"role": "assistant", "content": f"answer number {i} in five words"}],
+            }
+            f.write(json.dumps(run) + "\n")
+    return path
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    ("scorer", "mode", "error_type", "env"),
+    [
+        ("trap", "spin", "timeout", {}),  # a sync step that never returns: interrupted
+        ("trap-async", "stuck", "timeout", {}),  # an async step that never returns: cancelled
+        ("trap", "sleep", "timeout", {}),  # a C call: the stuck loop is abandoned
+        ("trap", "hog", "memory", {"TRACESCORE_MEMORY_LIMIT_MB": "2048"}),  # allocates until the cap
+    ],
+    ids=["sync-spin", "async-stuck", "c-call-sleep", "memory-hog"],
+)
+def test_score_records_the_hanging_run_and_scores_the_others(
+    tmp_path: Path, scorer: str, mode: str, error_type: str, env: dict[str, str]
+) -> None:
+    runs = _runs_file(tmp_path, n=6, marked=2)
+    out = tmp_path / "scores.jsonl"
+    code, stdout, stderr = _tracescore(
+        tmp_path,
+        ["score", str(runs), "--scorers", SCORERS, "--scorer", scorer, "--scorer", "words", "--out", str(out)],
+        {"TRAP_MODE": mode, **env},
+    )
+    assert code == 0, stderr[-3000:]
+    records = _records(out)
+    assert len(records) == 12  # 6 runs x 2 scorers, each exactly once
+    failed = [r for r in records if r.get("error_type")]
+    assert [(r["run_id"], r["scorer_id"], r["error_type"]) for r in failed] == [("run-2", scorer, error_type)]
+    if error_type == "timeout":
+        assert f"TRACESCORE_RUN_TIMEOUT_SECONDS ({float(TIMEOUT_S)} s)" in failed[0]["error_message"] or (
+            f"TRACESCORE_RUN_TIMEOUT_SECONDS is {float(TIMEOUT_S)}" in failed[0]["error_message"]
+        )
+    else:
+        assert "ran out of memory" in failed[0]["error_message"]
+    assert "TRAP" not in failed[0]["error_message"]  # no agent content in the error
+    scored = [r for r in records if not r.get("error_type")]
+    assert len(scored) == 11
+    assert all(r["score"] is not None for r in scored)
+    assert "6 runs × 2 scorers: 11 scored, 0 not scorable, 1 failed" in stderr
+    row = next(line.split() for line in stdout.splitlines() if line.startswith(f"{scorer} "))
+    assert (row[1], row[8]) == ("6", "1"), stdout  # the scorer's summary row: 6 runs, 1 failed
+
+
+def test_backfill_without_broker_records_a_run_stuck_in_a_c_call(tmp_path: Path) -> None:
+    """The embedded backfill (EmbeddedScorer → score_batch): the run whose question names Oslo
+    sleeps in C forever; it becomes a `timeout` record, every other run is scored once, the
+    command ends and its summary counts the failure."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    write_otlp_files(traces, 16, files=2, compress=False)
+    out = tmp_path / "scores.jsonl"
+    args = ["backfill", str(traces), "--scorers", SCORERS, "--scorer", "trap", "--scorer", "words"]
+    code, stdout, stderr = _tracescore(
+        tmp_path, [*args, "--out", str(out), "--json"], {"TRAP_MODE": "sleep", "TRAP_MARKER": "Oslo"}
+    )
+    records = _records(out)
+    assert len(records) == 32, stderr[-3000:]  # 16 runs x 2 scorers, each exactly once
+    assert len({r["score_id"] for r in records}) == 32
+    failed = [r for r in records if r.get("error_type")]
+    assert len(failed) == 2, failed  # traces 4 and 12 ask about Oslo
+    assert {(r["scorer_id"], r["error_type"]) for r in failed} == {("trap", "timeout")}
+    assert all("could not be interrupted" in r["error_message"] for r in failed)
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert code == 0, stderr[-3000:]
+    assert summary["status"] == "finished"
+    assert summary["failed"] == 2, summary
+    assert summary["failed_by_reason"] == {"timeout": 2}, summary
+    assert summary["scored"] == 30, summary
