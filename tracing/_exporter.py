@@ -50,8 +50,9 @@ from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE, is_own_span
 from tracing._records import build_record, compact, plan_runs, service_name
 from tracing._rules import ScoringRule, sampled
 from tracing._run import ScoreBatch, ScoreRequest, SpanRecord, TracedRun
-from tracing._sinks import Sink
+from tracing._sinks import EncodedSink, Sink
 from tracing._span import span_fields
+from tracing._task_message import MESSAGE_ENVELOPE_BYTES, wire_size
 from tracing._transform import read_trace
 
 __all__ = ["ScoringSpanExporter"]
@@ -122,6 +123,9 @@ _Shipment = tuple[list[SpanRecord], str, list[str], float, int]
 # end with the size, which the byte bound of the hand-off queue reads.
 _Built = tuple[ScoreRequest, int]
 _Queued = _Shipment | _Built
+# What the sender hands the sink at once: requests, their JSON when the sink takes it encoded
+# (None otherwise), and how many requests before them were dropped as too large.
+_Chunk = tuple[list[ScoreRequest], list[str] | None, int]
 
 
 @dataclass(slots=True)
@@ -157,8 +161,10 @@ class ScoringSpanExporter(SpanExporter):
     dropped. ``queue_size`` requests wait for the sink (plus those held back by a rule's
     ``delay_s``), together no more than ``max_queue_bytes`` of span records (with the broker
     down, large traces cannot grow the application past it). A batch holds up to ``batch_size``
-    requests and, roughly, ``max_batch_bytes`` of span records (keep it under the workers'
-    ``TRACESCORE_MAX_PAYLOAD_BYTES``, 8 MiB by default). ``shutdown()`` takes at most
+    requests and, roughly, ``max_batch_bytes`` of span records; a sink with a message cap
+    (``CelerySink(max_payload_bytes=...)``, the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES``) gets
+    each message cut under it by the requests' encoded size, and a run over it alone is dropped
+    (``dropped.too_large``) while its neighbours are sent. ``shutdown()`` takes at most
     ``shutdown_timeout_s`` (whatever timeout the SDK passes), plus one sink attempt under way.
     ``clock`` (monotonic seconds) is injectable so tests drive the grace window without sleeping.
     """
@@ -212,6 +218,11 @@ class ScoringSpanExporter(SpanExporter):
             raise ValueError(f"grace_s must be >= 0, got {grace_s}")
         self._rules = rules
         self._sink = sink
+        # Room for the requests' JSON in one message when the sink has a cap, else None (an
+        # in-process sink: nothing is encoded, batches are cut by approximate size only).
+        self._payload_room: int | None = None
+        if isinstance(sink, EncodedSink):
+            self._payload_room = max(1, sink.max_payload_bytes - MESSAGE_ENVELOPE_BYTES)
         self._max_traces = max_traces
         self._max_spans = max_spans_per_trace
         self._max_age = max_trace_age_s
@@ -776,10 +787,19 @@ class ScoringSpanExporter(SpanExporter):
             requests = self._take_batch()
             settled = 0
             try:
-                for chunk in self._chunks(requests):
+                for chunk, encoded, rejected in self._chunks(requests):
+                    if rejected:
+                        settled += rejected
+                        with self._lock:
+                            self._inflight -= rejected
+                            if not self._gave_up:
+                                self._drop("too_large", rejected)
+                            self._idle.notify_all()
+                    if not chunk:
+                        continue
                     sent = False
                     try:
-                        sent = self._deliver(chunk)
+                        sent = self._deliver(chunk, encoded)
                     finally:
                         settled += len(chunk)
                         with self._lock:
@@ -800,13 +820,21 @@ class ScoringSpanExporter(SpanExporter):
                         self._drop("send_failed", left)
                     self._idle.notify_all()
 
-    def _chunks(self, items: list[_Queued]) -> Iterator[list[ScoreRequest]]:
+    def _chunks(self, items: list[_Queued]) -> Iterator[_Chunk]:
         """Requests of the taken items, their span records compacted (the hand-off carries only
         what the worker's transform reads; shipments were compacted when filed and carry their
         size), in batches of at most ``max_batch_bytes`` (roughly:
-        spans travel with every message the model saw, which a worker's payload limit caps)."""
+        spans travel with every message the model saw, which a worker's payload limit caps).
+
+        For a sink with a cap each request is encoded here, once: the batch is cut by that
+        size too, so no message exceeds the cap, and the JSON goes to the sink as is. A request
+        over the cap alone is counted in the next chunk's ``rejected``; its neighbours go on."""
+        room = self._payload_room
         chunk: list[ScoreRequest] = []
+        encoded: list[str] | None = None if room is None else []
+        rejected = 0
         size = 0
+        limit = self._max_batch_bytes if room is None else min(self._max_batch_bytes, room)
         for item in items:
             if len(item) == 2:
                 request, n = item
@@ -815,21 +843,43 @@ class ScoringSpanExporter(SpanExporter):
             else:  # filed compacted: its size is known
                 spans, target_span_id, scorer_ids, enqueued_at, n = item
                 request = spans_request(spans, target_span_id, scorer_ids, enqueued_at)
-            if chunk and size + n > self._max_batch_bytes:
-                yield chunk
-                chunk, size = [], 0
+            text = ""
+            if room is not None:
+                text = request.model_dump_json()
+                n = wire_size(text) + 1  # and the comma between requests
+                if n - 1 > room:
+                    # Only ids and sizes: the spans are the agent's content.
+                    log.warning(
+                        "exporter_run_too_large",
+                        trace_id=request.trace_id,
+                        span_id=request.span_id,
+                        bytes=n - 1,
+                        max_payload_bytes=room + MESSAGE_ENVELOPE_BYTES,
+                    )
+                    rejected += 1
+                    continue
+            if chunk and size + n > limit:
+                yield chunk, encoded, rejected
+                chunk, size, rejected = [], 0, 0
+                encoded = None if room is None else []
             chunk.append(request)
+            if encoded is not None:
+                encoded.append(text)
             size += n
-        if chunk:
-            yield chunk
+        if chunk or rejected:
+            yield chunk, encoded, rejected
 
-    def _deliver(self, requests: list[ScoreRequest]) -> bool:
+    def _deliver(self, requests: list[ScoreRequest], encoded: list[str] | None) -> bool:
         """Send one batch, retrying until it is sent (True) or the exporter stops (False)."""
         batch = ScoreBatch.model_construct(batch_id=uuid.uuid4().hex, requests=requests)
+        sink = self._sink
         delay = self._retry_initial
         while not self._stop.is_set():  # checked before every attempt: no send after shutdown
             try:
-                self._sink.send(batch)
+                if encoded is not None and isinstance(sink, EncodedSink):
+                    sink.send_encoded(batch, encoded)
+                else:
+                    sink.send(batch)
             except Exception as exc:
                 with self._lock:
                     self._send_failures += 1
@@ -869,7 +919,8 @@ class ScoringSpanExporter(SpanExporter):
         ``dropped`` by reason: traces (``max_traces`` and ``max_buffer_bytes``: the buffer was
         full of unfinished traces, ``max_trace_age``, ``shutdown_incomplete_trace``), spans (``max_spans_per_trace``,
         ``no_context``) and runs (``queue_full`` and ``queue_bytes``: the hand-off queue's run and
-        byte bounds, ``delay_queue_full``, ``shutdown_unsent``, ``send_failed``); ``skipped`` by
+        byte bounds, ``delay_queue_full``, ``shutdown_unsent``, ``send_failed``, ``too_large``: alone
+        over the sink's ``max_payload_bytes``); ``skipped`` by
         reason (``sampled_out``, ``loop_guard``, ``no_target``, ``filtered_out``); ``errors`` by
         reason (``TraceReadError.reason`` values such as
         ``bad_json`` / ``bad_message`` / ``unknown_role`` / ``no_content`` for runs read here

@@ -1,6 +1,8 @@
 """Where the exporter hands its batches: the broker (producer side only) or a function.
 
-A sink's ``send`` raises on failure; the exporter's sender thread retries with backoff.
+A sink's ``send`` raises on failure; the exporter's sender thread retries with backoff. A sink
+with a message cap (``EncodedSink``: ``CelerySink``) gets its batches cut by bytes: the exporter
+encodes each request once, sizes the messages with it and hands the JSON over.
 """
 
 from __future__ import annotations
@@ -9,20 +11,39 @@ import contextlib
 import math
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from tracing._broker import BrokerTLS
 from tracing._run import ScoreBatch
-from tracing._task_message import CONTENT_ENCODING, CONTENT_TYPE, task_message
+from tracing._task_message import (
+    CONTENT_ENCODING,
+    CONTENT_TYPE,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MESSAGE_ENVELOPE_BYTES,
+    task_message,
+    wire_size,
+)
 
-__all__ = ["CallbackSink", "CelerySink", "Sink"]
+__all__ = ["CallbackSink", "CelerySink", "EncodedSink", "Sink"]
 
 
 @runtime_checkable
 class Sink(Protocol):
     def send(self, batch: ScoreBatch) -> None:
         """Deliver ``batch`` or raise (the exporter retries)."""
+
+
+@runtime_checkable
+class EncodedSink(Protocol):
+    """A sink whose messages are capped at ``max_payload_bytes`` (the workers'
+    ``TRACESCORE_MAX_PAYLOAD_BYTES``) and that takes its requests already encoded."""
+
+    max_payload_bytes: int
+
+    def send_encoded(self, batch: ScoreBatch, requests_json: Sequence[str]) -> None:
+        """Deliver ``batch`` whose requests are ``requests_json`` (``model_dump_json()`` of each),
+        or raise (the exporter retries)."""
 
 
 class CallbackSink:
@@ -43,6 +64,8 @@ class CelerySink:
     The message is Celery's task protocol 2, JSON: ``args=[batch.model_dump(mode="json")]``, so
     ``celery -A worker worker`` consumes it; the worker package is never imported here. Connect
     and socket timeouts are short so a down broker fails a send quickly (the exporter retries).
+    ``max_payload_bytes`` is the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES`` (the same default): the
+    exporter cuts messages under it and drops a run that alone exceeds it (``dropped.too_large``).
     """
 
     def __init__(
@@ -53,9 +76,16 @@ class CelerySink:
         connect_timeout_s: float = 2.0,
         publish_timeout_s: float = 2.0,
         tls: BrokerTLS | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         if not broker_url:
             raise ValueError("CelerySink needs a broker URL, e.g. redis://localhost:6379/0")
+        if max_payload_bytes <= MESSAGE_ENVELOPE_BYTES:
+            raise ValueError(
+                f"max_payload_bytes must be over {MESSAGE_ENVELOPE_BYTES} (the message envelope), got"
+                f" {max_payload_bytes}: pass the workers' TRACESCORE_MAX_PAYLOAD_BYTES"
+            )
+        self.max_payload_bytes = max_payload_bytes
         self.broker_url = broker_url
         self.queue = queue
         self._connect_timeout = connect_timeout_s
@@ -97,7 +127,17 @@ class CelerySink:
                 conn.release()
 
     def send(self, batch: ScoreBatch) -> None:
-        message = task_message(batch, self._origin)
+        self.send_encoded(batch, [request.model_dump_json() for request in batch.requests])
+
+    def send_encoded(self, batch: ScoreBatch, requests_json: Sequence[str]) -> None:
+        message = task_message(batch, self._origin, requests_json)
+        size = wire_size(message.body)
+        if size > self.max_payload_bytes:
+            # A worker would dead-letter it whole (payload_too_large); retrying cannot help.
+            raise ValueError(
+                f"batch {batch.batch_id} is {size} bytes, over max_payload_bytes={self.max_payload_bytes}:"
+                " send fewer or smaller runs per batch (ScoringSpanExporter cuts them by it)"
+            )
         with self._lock:
             if self._closed:  # never reconnect once closed: a late send must not reach the broker
                 raise RuntimeError("CelerySink is closed; this batch was not sent")

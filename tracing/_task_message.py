@@ -2,21 +2,38 @@
 
 Producers (the exporter's ``CelerySink``, the backfill submitter) publish it with kombu so they
 never import the worker. The body is encoded once by pydantic (``model_dump_json``), several
-times cheaper than ``model_dump`` followed by kombu's own ``json.dumps``.
+times cheaper than ``model_dump`` followed by kombu's own ``json.dumps``. A producer that already
+encoded each request (to size its messages under the workers' cap) passes that JSON in
+``requests_json`` and nothing is serialized twice.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tracing._run import SCORE_TASK_NAME, ScoreBatch
 
-__all__ = ["CONTENT_ENCODING", "CONTENT_TYPE", "TaskMessage", "task_message"]
+__all__ = [
+    "CONTENT_ENCODING",
+    "CONTENT_TYPE",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MESSAGE_ENVELOPE_BYTES",
+    "TaskMessage",
+    "task_message",
+    "wire_size",
+]
 
 CONTENT_TYPE = "application/json"
 CONTENT_ENCODING = "utf-8"
+# The workers' default cap on one message (TRACESCORE_MAX_PAYLOAD_BYTES defaults from it): here
+# so producers know it without importing the worker.
+DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+# Room kept in a message for what surrounds the requests' JSON: the task envelope
+# ``[[{"batch_id": ..., "requests": [...]}], {}, {callbacks...}]`` (~150 bytes) and slack.
+MESSAGE_ENVELOPE_BYTES = 1024
 _EMBED = '{"callbacks":null,"errbacks":null,"chain":null,"chord":null}'
 
 
@@ -27,9 +44,20 @@ class TaskMessage:
     headers: dict[str, Any]
 
 
-def task_message(batch: ScoreBatch, origin: str) -> TaskMessage:
+def wire_size(encoded: str) -> int:
+    """An upper bound of the size of JSON text ``encoded`` however a worker measures it: its
+    UTF-8 bytes, or ``json.dumps`` with ASCII escapes (a non-ASCII character of k UTF-8 bytes
+    becomes a 6- or 12-character escape, at most 5 more per extra byte)."""
+    length = len(encoded)
+    if encoded.isascii():
+        return length
+    return length + 5 * (len(encoded.encode("utf-8", "surrogatepass")) - length)
+
+
+def task_message(batch: ScoreBatch, origin: str, requests_json: Sequence[str] | None = None) -> TaskMessage:
     """``SCORE_TASK_NAME`` with ``args=[batch]``: body ``[args, kwargs, embed]`` plus the headers
-    a Celery worker reads (what ``send_task`` would produce)."""
+    a Celery worker reads (what ``send_task`` would produce). ``requests_json``, when given, is
+    ``model_dump_json()`` of each of ``batch.requests`` in order, spliced in as is."""
     task_id = str(uuid.uuid4())
     headers: dict[str, Any] = {
         "lang": "py",
@@ -52,5 +80,16 @@ def task_message(batch: ScoreBatch, origin: str) -> TaskMessage:
         "stamped_headers": None,
         "stamps": {},
     }
-    body = "[[" + batch.model_dump_json() + "],{}," + _EMBED + "]"
+    if requests_json is None:
+        batch_json = batch.model_dump_json()
+    elif len(requests_json) != len(batch.requests):
+        raise ValueError(f"requests_json has {len(requests_json)} entries for {len(batch.requests)} requests")
+    else:
+        # The batch without its requests, {"batch_id":"...","requests":[]}, is pydantic's own
+        # encoding (escaping, field order); the requests go between its last two characters.
+        shell = ScoreBatch.model_construct(batch_id=batch.batch_id, requests=[]).model_dump_json()
+        if not shell.endswith("[]}"):
+            raise AssertionError("ScoreBatch no longer ends with its requests; update task_message")
+        batch_json = shell[:-2] + ",".join(requests_json) + "]}"
+    body = "[[" + batch_json + "],{}," + _EMBED + "]"
     return TaskMessage(task_id, body, headers)

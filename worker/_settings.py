@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from tracing._broker import BrokerTLS, redact
+from tracing._task_message import DEFAULT_MAX_PAYLOAD_BYTES
 
 __all__ = ["ModelRateLimit", "Settings", "SettingsError", "get_settings", "load_settings"]
 
@@ -67,7 +68,7 @@ class Settings(BaseSettings):
     # interval × throttle seconds (kombu's default 10 × 10); 1 keeps it at the interval.
     unacked_restore_interval: int = Field(default=10, ge=1)
     unacked_restore_throttle: int = Field(default=1, ge=1)
-    max_payload_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_payload_bytes: int = Field(default=DEFAULT_MAX_PAYLOAD_BYTES, ge=1024)
     retry_budget: int = Field(default=3, ge=0)
     retry_backoff_seconds: float = Field(default=2.0, ge=0)
 
