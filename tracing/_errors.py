@@ -1,7 +1,18 @@
-"""Errors of the capture side.
+"""The tracing package's exception tree, grouped by who must handle the error.
 
-    TraceReadError     a trace (or one span of it) could not be read into a run; carries
-                       ``reason`` (a short code the exporter counts by), the span and the attribute.
+    TracingError                    anything tracing/ raises on purpose            category
+    ├── TraceReadError (ValueError) a trace (or one span of it) could not be read
+    │                               into a run; ``reason`` is a counter key        invalid_input
+    ├── MessageShapeError (ValueError)  a chat message payload of no known shape   invalid_input
+    ├── OtlpDecodeError (ValueError)    input that is not valid OTLP (file:line,
+    │                               JSON path)                                     invalid_input
+    └── SourceError                 a trace source cannot be read at all (missing
+                                    path, unreachable backend, bad arguments)      config
+
+``category`` is the scorers' ``ErrorCategory`` (``scorers.judge.ErrorCategory``), decided per
+class here.
+Vendor errors (JSON, protobuf, HTTP) are translated into this tree where they are read
+(``tracing.otlp``, ``tracing.sources``); none escapes a decoder.
 
 Messages of these errors reach logs, error records and dead letters: they say what was wrong
 and where (span, attribute, index, expected shape) and describe a bad value only by its shape
@@ -12,9 +23,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-__all__ = ["TraceReadError", "json_error", "shape_of"]
+if TYPE_CHECKING:
+    from scorers.judge import ErrorCategory
+
+__all__ = [
+    "MessageShapeError",
+    "OtlpDecodeError",
+    "SourceError",
+    "TraceReadError",
+    "TracingError",
+    "json_error",
+    "shape_of",
+]
 
 
 def shape_of(value: Any) -> str:
@@ -43,13 +65,26 @@ def json_error(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-class TraceReadError(ValueError):
+class TracingError(Exception):
+    """Base of the errors tracing/ raises on purpose."""
+
+    _category: ClassVar[ErrorCategory] = "internal"
+
+    @property
+    def category(self) -> ErrorCategory:
+        """What kind of failure this is (see ``scorers._errors.ErrorCategory``)."""
+        return self._category
+
+
+class TraceReadError(TracingError, ValueError):
     """A trace that ``trace_to_run`` cannot read. Never a guess: the run is refused.
 
     ``reason`` is a stable short code (``no_target``, ``bad_json``, ``bad_message``,
     ``no_content``, ``unknown_role``, ``unknown_span``, ``parent_cycle``) used as a counter key; ``span_name``,
     ``span_id`` and ``attribute`` say where the problem is.
     """
+
+    _category: ClassVar[ErrorCategory] = "invalid_input"
 
     def __init__(
         self,
@@ -71,3 +106,40 @@ class TraceReadError(ValueError):
                 where += f", attribute {attribute!r}"
             where += ": "
         super().__init__(f"{where}{message}")
+
+
+class MessageShapeError(TracingError, ValueError):
+    """A message payload that is not one of the known shapes. ``reason`` is a counter key.
+
+    The message names the field and the expected shape, never the payload (see ``shape_of``).
+    """
+
+    _category: ClassVar[ErrorCategory] = "invalid_input"
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+    def at(self, where: str) -> MessageShapeError:
+        """The same error, its message prefixed with where in the payload it is."""
+        return MessageShapeError(self.reason, f"{where}: {self}")
+
+
+class OtlpDecodeError(TracingError, ValueError):
+    """Input that is not valid OTLP: ``where`` is the file:line, ``field`` the JSON path."""
+
+    _category: ClassVar[ErrorCategory] = "invalid_input"
+
+    def __init__(self, message: str, *, where: str = "", field: str = "") -> None:
+        self.where = where
+        self.field = field
+        self.reason = message
+        prefix = f"{where}: " if where else ""
+        at = f" at {field}" if field else ""
+        super().__init__(f"{prefix}{message}{at}")
+
+
+class SourceError(TracingError):
+    """The source cannot be read at all (missing path, unreachable backend, bad arguments)."""
+
+    _category: ClassVar[ErrorCategory] = "config"

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracing._errors import json_error, shape_of
+from tracing._errors import MessageShapeError, json_error, shape_of
 
 __all__ = [
     "MessageShapeError",
@@ -50,21 +50,6 @@ _ROLES = {
     "tool": "tool",
     "function": "tool",
 }
-
-
-class MessageShapeError(ValueError):
-    """A message payload that is not one of the known shapes. ``reason`` is a counter key.
-
-    The message names the field and the expected shape, never the payload (see ``shape_of``).
-    """
-
-    def __init__(self, reason: str, message: str) -> None:
-        self.reason = reason
-        super().__init__(message)
-
-    def at(self, where: str) -> MessageShapeError:
-        """The same error, its message prefixed with where in the payload it is."""
-        return MessageShapeError(self.reason, f"{where}: {self}")
 
 
 @dataclass(slots=True)

@@ -35,7 +35,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 from opentelemetry.util.types import AttributeValue
 
-from tracing._errors import shape_of
+from tracing._errors import OtlpDecodeError, shape_of
 
 __all__ = [
     "OtlpDecodeError",
@@ -46,18 +46,6 @@ __all__ = [
 ]
 
 _Value = Any  # an attribute value: str, bool, int, float, bytes, a list of them, or a mapping
-
-
-class OtlpDecodeError(ValueError):
-    """Input that is not valid OTLP: ``where`` is the file:line, ``field`` the JSON path."""
-
-    def __init__(self, message: str, *, where: str = "", field: str = "") -> None:
-        self.where = where
-        self.field = field
-        self.reason = message
-        prefix = f"{where}: " if where else ""
-        at = f" at {field}" if field else ""
-        super().__init__(f"{prefix}{message}{at}")
 
 
 # --- JSON ----------------------------------------------------------------------------------

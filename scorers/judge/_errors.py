@@ -2,18 +2,21 @@
 
     JudgeError (ScorerError)          anything the judge layer raises; ``.execution`` is the record
     ├── JudgeProviderError            the provider call failed (status, request id, retry-after)
-    │   ├── JudgeConnectionError      no HTTP response: refused, reset, dropped
-    │   │   └── JudgeTimeoutError     no answer within ``Judge.timeout``
-    │   ├── JudgeStatusError          the provider answered 4xx/5xx
-    │   │   ├── JudgeAuthError        401/403, or no credentials configured (never retried by default)
-    │   │   ├── JudgeBadRequestError  other 4xx: the request itself is wrong (never retried by default)
+    │   │                             category: by status (``category_for_status``), else class
+    │   ├── JudgeConnectionError      no HTTP response: refused, reset, dropped        retryable
+    │   │   └── JudgeTimeoutError     no answer within ``Judge.timeout``               retryable
+    │   ├── JudgeStatusError          the provider answered 4xx/5xx (408/409/425 here) by status
+    │   │   ├── JudgeAuthError        401/403, or no credentials configured            auth
+    │   │   ├── JudgeBadRequestError  other 4xx: the request itself is wrong           invalid_request
     │   │   │   └── JudgeContextLengthError   the prompt does not fit the model's context
-    │   │   ├── JudgeRateLimitError   429 (retryable; honours Retry-After)
-    │   │   └── JudgeServerError      5xx, 529 overloaded (retryable)
-    │   └── JudgeResponseError        a response came back but could not be read
-    ├── JudgeOutputError              the answer did not parse or did not fit the output schema
-    └── JudgeProcessorError           an input/output/error processor raised
+    │   │   ├── JudgeRateLimitError   429 (honours Retry-After)                        retryable
+    │   │   └── JudgeServerError      5xx, 529 overloaded                              retryable
+    │   └── JudgeResponseError        a response came back but could not be read       unknown
+    ├── JudgeOutputError              the answer did not parse or fit the schema       invalid_output
+    └── JudgeProcessorError           an input/output/error processor raised           internal
 
+A provider error without a status or class that says more is ``unknown`` (a custom
+``JudgeModel``'s own exception), unless its text says "overloaded" (``retryable``).
 Errors from the OpenAI and Anthropic SDKs are translated into this tree in exactly one place,
 ``scorers.judge._translate.translate_sdk_errors``; the SDK error stays available as ``__cause__``.
 """
@@ -21,9 +24,9 @@ Errors from the OpenAI and Anthropic SDKs are translated into this tree in exact
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from scorers._errors import ScorerError
+from scorers._errors import ErrorCategory, ScorerError, category_for_status
 
 if TYPE_CHECKING:
     from scorers._result import JudgeExecution
@@ -45,9 +48,6 @@ __all__ = [
     "JudgeTimeoutError",
 ]
 
-ErrorCategory = Literal["auth", "invalid_request", "retryable", "unknown"]
-_RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
-
 
 class JudgeError(ScorerError):
     """Base of the judge's errors. ``execution`` is filled in when ``ask_judge`` gives up."""
@@ -61,6 +61,8 @@ class JudgeProviderError(JudgeError):
     ``retry_after_ms`` is the server's Retry-After (``retry-after-ms`` first, then
     ``retry-after`` as seconds or an HTTP date), already parsed; malformed values are None.
     """
+
+    _category: ClassVar[ErrorCategory] = "unknown"
 
     def __init__(
         self,
@@ -91,18 +93,16 @@ class JudgeProviderError(JudgeError):
     @property
     def category(self) -> ErrorCategory:
         """How retry policies see this error (see ``StreamErrorRetryProcessor``)."""
-        if isinstance(self, JudgeAuthError) or self.status_code in (401, 403):
-            return "auth"
+        by_status = category_for_status(self.status_code) if self.status_code is not None else None
         # The class counts as much as the status: a custom JudgeModel may raise
         # JudgeRateLimitError("...") without a status_code and still mean "retry me".
-        if (
-            isinstance(self, JudgeConnectionError | JudgeRateLimitError | JudgeServerError)
-            or self.status_code in _RETRYABLE_STATUS
-        ):
+        if self._category == "auth" or by_status == "auth":
+            return "auth"
+        if self._category == "retryable" or by_status == "retryable":
             return "retryable"
         if "overloaded" in f"{self.error_type or ''} {self.message}".lower():
             return "retryable"
-        if isinstance(self, JudgeBadRequestError) or (self.status_code is not None and 400 <= self.status_code < 500):
+        if self._category == "invalid_request" or by_status == "invalid_request":
             return "invalid_request"
         return "unknown"
 
@@ -116,6 +116,8 @@ class JudgeProviderError(JudgeError):
 class JudgeConnectionError(JudgeProviderError):
     """The request got no HTTP response (connection refused, reset or dropped)."""
 
+    _category: ClassVar[ErrorCategory] = "retryable"
+
 
 class JudgeTimeoutError(JudgeConnectionError):
     """The provider did not answer within the judge's timeout."""
@@ -128,9 +130,13 @@ class JudgeStatusError(JudgeProviderError):
 class JudgeAuthError(JudgeStatusError):
     """401/403, or no credentials at all: fix the API key or permissions."""
 
+    _category: ClassVar[ErrorCategory] = "auth"
+
 
 class JudgeBadRequestError(JudgeStatusError):
-    """The provider rejected the request as invalid (4xx other than 408/409/429)."""
+    """The provider rejected the request as invalid (4xx other than 401/403/408/409/425/429)."""
+
+    _category: ClassVar[ErrorCategory] = "invalid_request"
 
 
 class JudgeContextLengthError(JudgeBadRequestError):
@@ -140,9 +146,13 @@ class JudgeContextLengthError(JudgeBadRequestError):
 class JudgeRateLimitError(JudgeStatusError):
     """429: too many requests or tokens; ``retry_after_ms`` says how long to wait."""
 
+    _category: ClassVar[ErrorCategory] = "retryable"
+
 
 class JudgeServerError(JudgeStatusError):
     """5xx or 529 (overloaded): the provider failed; usually transient."""
+
+    _category: ClassVar[ErrorCategory] = "retryable"
 
 
 class JudgeResponseError(JudgeProviderError):
@@ -151,6 +161,8 @@ class JudgeResponseError(JudgeProviderError):
 
 class JudgeOutputError(JudgeError):
     """The judge's answer did not parse, or did not validate against the step's schema."""
+
+    _category: ClassVar[ErrorCategory] = "invalid_output"
 
     def __init__(self, message: str, *, model_id: str, step: str, raw_output: str | None) -> None:
         super().__init__(message)

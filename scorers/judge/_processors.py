@@ -116,8 +116,9 @@ class StreamErrorRetryProcessor:
     1. a matcher matches it — matchers are callables ``error -> bool`` or objects with a
        ``match(error)`` method and optional ``max_retries`` / ``delay_ms`` of their own; the
        first matching matcher decides (even for auth or invalid-request errors); or
-    2. the provider error is retryable: HTTP 408, 409, 429, 5xx (incl. 529), connection
-       errors, timeouts, or an "overloaded" error; or
+    2. the provider error's ``category`` is ``retryable``: HTTP 408, 409, 425, 429, 5xx (incl.
+       529), connection errors, timeouts, or an "overloaded" error (one status table,
+       which the worker's redelivery of a failed run reads too); or
     3. ``retry_unknown_errors=True`` and the error is neither retryable nor an HTTP error
        (e.g. an unreadable response, or an exception from a custom ``JudgeModel``).
 

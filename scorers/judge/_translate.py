@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
+from scorers._errors import category_for_status
 from scorers.judge._errors import (
     JudgeAuthError,
     JudgeBadRequestError,
@@ -223,19 +224,19 @@ def _status_error(exc: Any, provider: str, model_id: str) -> JudgeStatusError:
     headers = {k: v for k, v in exc.response.headers.items() if k.lower() in _KEPT_HEADERS}
     error_type, code, detail = _error_fields(exc.body)
     message = detail or getattr(exc, "message", None) or str(exc)
-    cls: type[JudgeStatusError]
-    if status in (401, 403):
+    # The class follows the category (one table, ``category_for_status``); within a category
+    # the status picks the most precise class.
+    category = category_for_status(status)
+    cls: type[JudgeStatusError] = JudgeStatusError  # retryable 408/409/425, or an odd status
+    if category == "auth":
         cls = JudgeAuthError
     elif status == 429:
         cls = JudgeRateLimitError
-    elif status >= 500:
+    elif category == "retryable" and status >= 500:
         cls = JudgeServerError
-    elif status == 400 and _is_context_length(code, error_type, message):
-        cls = JudgeContextLengthError
-    elif status in (408, 409):
-        cls = JudgeStatusError
-    else:
-        cls = JudgeBadRequestError
+    elif category == "invalid_request":
+        context_length = status == 400 and _is_context_length(code, error_type, message)
+        cls = JudgeContextLengthError if context_length else JudgeBadRequestError
     return cls(
         f"{model_id}: {provider} returned HTTP {status}: {message}",
         provider=provider,

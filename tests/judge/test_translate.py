@@ -9,6 +9,7 @@ import httpx2
 import openai
 import pytest
 
+from scorers._errors import category_for_status
 from scorers.judge import (
     AnthropicJudgeModel,
     JudgeAuthError,
@@ -38,6 +39,7 @@ FAULTS = [
     (Reply.error(404, "no model"), JudgeBadRequestError),
     (Reply.error(408, "slow"), JudgeStatusError),
     (Reply.error(409, "conflict"), JudgeStatusError),
+    (Reply.error(425, "too early"), JudgeStatusError),
     (Reply.error(422, "unprocessable"), JudgeBadRequestError),
     (Reply.rate_limited(retry_after="3"), JudgeRateLimitError),
     (Reply.error(500, "boom"), JudgeServerError),
@@ -77,6 +79,7 @@ def test_no_sdk_error_escapes(
     assert exc.model_id == f"{provider}/m"
     if fault.kind == "error":
         assert exc.status_code == fault.status
+        assert exc.category == category_for_status(fault.status)
         assert exc.request_id == fake_llm.requests[0].request_id
     assert isinstance(exc.__cause__, openai.OpenAIError | anthropic.AnthropicError | ValueError)
 
@@ -138,3 +141,21 @@ def test_importing_scorers_loads_no_sdk() -> None:
     code = "import sys, scorers; print(sorted(m for m in ('openai', 'anthropic', 'opentelemetry') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("status", range(400, 600))
+def test_status_class_follows_the_category_table(status: int) -> None:
+    """Every 4xx/5xx becomes the class its category says: retryable statuses are never a
+    JudgeBadRequestError, auth is JudgeAuthError, other 4xx are JudgeBadRequestError."""
+    request = httpx2.Request("POST", "http://x/v1/chat/completions")
+    response = httpx2.Response(status, request=request, json={"error": {"message": "m"}})
+    error = openai.APIStatusError("m", response=response, body={"error": {"message": "m"}})
+    with pytest.raises(JudgeStatusError) as info, translate_sdk_errors("openai", "openai/m"):
+        raise error
+    category = category_for_status(status)
+    assert info.value.category == category
+    expected = {"auth": JudgeAuthError, "invalid_request": JudgeBadRequestError}.get(category)
+    if expected is not None:
+        assert isinstance(info.value, expected)
+    else:
+        assert not isinstance(info.value, JudgeBadRequestError | JudgeAuthError)

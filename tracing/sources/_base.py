@@ -14,11 +14,9 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from tracing._errors import SourceError
+
 __all__ = ["Malformed", "Position", "SourceError", "SourceItem", "SpanBatch", "TraceSource", "UnitEnd"]
-
-
-class SourceError(Exception):
-    """The source cannot be read at all (missing path, unreachable backend, bad arguments)."""
 
 
 class Position(NamedTuple):
