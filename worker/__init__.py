@@ -4,7 +4,7 @@
 ``score_batch`` is the scoring core the task, the embedded mode and tests share.
 """
 
-from worker._app import app
+from worker._app import app, score_batch_task
 from worker._embedded import EmbeddedScorer, embedded_sink
 from worker._limiter import RedisRateLimiter
 from worker._loop import run_coro
@@ -12,7 +12,6 @@ from worker._registry import Registry, RegistryError, UnknownScorerError, load_r
 from worker._scoring import BatchReport, ScoringDeps, is_transient, score_batch
 from worker._settings import ModelRateLimit, Settings, SettingsError, get_settings, load_settings
 from worker._store import DeadLetter, MemoryScoreStore, RedisScoreStore, ScoreStore
-from worker._task import score_batch_task
 
 __all__ = [
     "BatchReport",

@@ -1,41 +1,71 @@
 """The Celery app: JSON only, late acks, prefetch 1, time limits inside the visibility timeout.
 
-``celery -A worker worker --scorers my.module`` and ``tracescore worker`` both start it.
+``create_app(settings)`` builds an app from one ``Settings`` object, which the app then hands
+to everything it runs (the task's runtime, the message guard, the broker transport): nothing
+reads or rewrites the environment after that. ``tracescore worker`` builds its Settings from
+its options and calls it; the module-level ``app`` (``celery -A worker worker``) is the
+environment's app: its settings are ``TRACESCORE_*``, read once per process, and a bad value
+is reported when a worker starts (importing ``worker`` never fails on one).
 """
 
 from __future__ import annotations
 
-import os
+import ssl
 import sys
 from typing import Any
 
 import click
+import redis
 import structlog
-from celery import Celery, bootsteps, signals
+from celery import Celery, Task, bootsteps, signals
+from redis.exceptions import AuthenticationError, ResponseError
 
 from tracing._broker import redact
-from worker._settings import Settings, SettingsError, get_settings
+from worker._settings import Settings, SettingsError, get_settings, load_settings
 
-__all__ = ["app", "configure_app", "redact", "settings_error"]
+__all__ = [
+    "TracescoreApp",
+    "app",
+    "check_connections",
+    "configure_app",
+    "create_app",
+    "redact",
+    "score_batch_task",
+]
 
 log = structlog.get_logger("tracescore.worker")
 
-settings_error: SettingsError | None = None
+_AUTH_REPLIES = ("WRONGPASS", "NOAUTH", "AUTH")
 
 
-def _settings() -> Settings:
-    global settings_error
-    try:
-        return get_settings()
-    except SettingsError as exc:
-        # Reported when a worker starts (see _check_settings); importing must not fail, or
-        # even `tracescore --help` would.
-        settings_error = exc
-        return Settings.model_construct()
+class TracescoreApp(Celery):
+    """A Celery app that knows the ``Settings`` it was created with."""
+
+    score_batch_task: Task[Any, Any]
+
+    def __init__(self, settings: Settings | None) -> None:
+        super().__init__("tracescore", set_as_current=False)
+        self._settings = settings
+
+    @property
+    def settings(self) -> Settings:
+        """The app's settings; the environment's app reads ``TRACESCORE_*`` once per process
+        (a bad value raises ``SettingsError`` here, when a worker or task first needs them)."""
+        return self._settings if self._settings is not None else get_settings()
+
+    def use_scorers(self, module: str) -> None:
+        """The worker's ``--scorers`` option: the same settings with this scorer module."""
+        if self._settings is None:
+            self._settings = load_settings(scorers=module)
+        else:
+            self._settings = self._settings.model_copy(update={"scorers": module})
+        configure_app(self, self._settings)
 
 
 def configure_app(app: Celery, settings: Settings) -> None:
-    """Apply ``settings`` to ``app`` (also used after ``--scorers`` and env changes)."""
+    """Apply ``settings`` to ``app``'s Celery configuration."""
+    from worker._guard import MAX_ENTRY_BYTES_OPTION, envelope_limit
+
     app.conf.update(
         broker_url=settings.broker_url,
         # rediss:// verifies the certificate (kombu alone would not); None for redis://
@@ -69,6 +99,8 @@ def configure_app(app: Celery, settings: Settings) -> None:
             "visibility_timeout": settings.visibility_timeout,
             "unacked_restore_interval": settings.unacked_restore_interval,
             "unacked_restore_throttle": settings.unacked_restore_throttle,
+            # read by the guarded channel (kombu ignores options it does not know)
+            MAX_ENTRY_BYTES_OPTION: envelope_limit(settings.max_payload_bytes),
         },
     )
     # Every message is screened before Celery decodes it; refusals are dead letters (_guard.py).
@@ -77,45 +109,89 @@ def configure_app(app: Celery, settings: Settings) -> None:
         app.conf.broker_transport = "worker._guard:GuardedRedisTransport"
 
 
-app = Celery("tracescore", set_as_current=False)
-configure_app(app, _settings())
+def create_app(settings: Settings | None) -> TracescoreApp:
+    """A Celery app for ``settings`` with the scoring task, the message guard and the worker's
+    start-up checks; ``None`` is the environment's settings (the module-level ``app``)."""
+    from worker._task import register_score_task
 
-app.user_options["worker"].add(
-    click.Option(
-        ["--scorers"],
-        default=None,
-        help="Module that defines the scorers (sets TRACESCORE_SCORERS), e.g. my_app.scorers.",
+    app = TracescoreApp(settings)
+    try:
+        initial = app.settings
+    except SettingsError:
+        # Reported when a worker starts (ScorersOption); importing must not fail, or even
+        # `tracescore --help` would.
+        initial = Settings.model_construct()
+    configure_app(app, initial)
+    app.user_options["worker"].add(
+        click.Option(["--scorers"], default=None, help="Module that defines the scorers, e.g. my_app.scorers.")
     )
-)
+    app.steps["worker"].add(ScorersOption)
+    app.score_batch_task = register_score_task(app)
+    return app
+
+
+def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
+    """Fail fast on what no retry can fix: a refused password or a TLS certificate that does
+    not verify, on the broker or the score store (``SettingsError``). A broker that is merely
+    down is left to Celery, which waits for it to come up."""
+    targets: list[tuple[str, str, dict[str, Any]]] = [
+        ("broker", settings.broker_url, settings.tls.redis_kwargs(settings.broker_url)),
+    ]
+    if settings.store_url != settings.tls.url(settings.broker_url):
+        targets.append(("score store", settings.store_url, {}))  # its URL carries the TLS options
+    for what, url, tls_kwargs in targets:
+        if not url.startswith(("redis://", "rediss://")):
+            continue
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, **tls_kwargs)
+        try:
+            client.ping()
+        except (AuthenticationError, ResponseError) as exc:
+            if isinstance(exc, AuthenticationError) or any(r in str(exc) for r in _AUTH_REPLIES):
+                raise SettingsError(
+                    f"the {what} at {redact(url)} refused the credentials (authentication failed: "
+                    f"{redact(str(exc))}); fix the password in "
+                    f"{'--broker or TRACESCORE_BROKER_URL' if what == 'broker' else 'TRACESCORE_REDIS_URL'}"
+                ) from None
+            # any other reply means the server is there and talking: Celery takes it from here
+        except redis.ConnectionError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                raise SettingsError(
+                    f"the {what}'s TLS certificate at {redact(url)} did not verify ({redact(str(cause or exc))}): "
+                    "set TRACESCORE_BROKER_CA_FILE to the PEM of the CA that signed it "
+                    "(or TRACESCORE_BROKER_TLS_INSECURE=true to skip the check, for tests only)"
+                ) from None
+            if isinstance(cause, ssl.SSLError):
+                raise SettingsError(
+                    f"TLS with the {what} at {redact(url)} failed ({redact(str(cause))}): "
+                    "is the server listening for TLS (rediss://) on that port?"
+                ) from None
+            # down or unreachable: Celery retries the broker until it is up
+        finally:
+            client.close()
 
 
 class ScorersOption(bootsteps.Step):
-    """Takes ``--scorers`` from the worker's command line and loads the registry once, up front,
-    so a wrong module fails the start instead of every task."""
+    """Takes ``--scorers`` from the worker's command line into the app's settings and checks
+    them once, up front (settings, credentials, the scorer module), so a wrong value fails the
+    start instead of every task."""
 
     def __init__(self, parent: Any, scorers: str | None = None, **options: Any) -> None:
-        if scorers:
-            os.environ["TRACESCORE_SCORERS"] = scorers
-            get_settings.cache_clear()
+        app: TracescoreApp = parent.app
         try:
-            _check_settings()
+            if scorers:
+                app.use_scorers(scorers)
+            _check_start(app)
         except Exception as exc:  # Celery would swallow it and stop silently: say why, exit 1
             sys.stderr.write(f"tracescore worker cannot start: {exc}\n")
             raise SystemExit(1) from exc
         super().__init__(parent, **options)
 
 
-app.steps["worker"].add(ScorersOption)
-
-
-def _check_settings() -> None:
+def _check_start(app: TracescoreApp) -> None:
     from worker._registry import load_registry
 
-    if settings_error is not None:
-        raise settings_error
-    from worker._cli_worker import check_connections
-
-    settings = get_settings()
+    settings = app.settings
     configure_app(app, settings)
     # A wrong password or an unverifiable certificate fails the start; Celery would retry for minutes.
     check_connections(settings)
@@ -150,3 +226,7 @@ def _flush_writer(**_: Any) -> None:
     except Exception:
         log.warning("worker_close_failed", exc_info=True)
     stop_loop()
+
+
+app = create_app(None)
+score_batch_task = app.score_batch_task

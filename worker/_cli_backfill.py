@@ -30,12 +30,12 @@ from worker._app import redact
 from worker._backfill import Backfill, Submitter
 from worker._backfill_progress import ProgressReporter, format_duration
 from worker._backfill_state import BackfillOptions, BackfillState, RedisJobStore, new_job_id
-from worker._cli_common import CliError
 from worker._gc import tuned_gc
 from worker._keys import record_key
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Summary, SummaryScoreWriter
+from worker.cli._common import CliError
 
 __all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
 

@@ -29,7 +29,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
@@ -38,10 +38,18 @@ from kombu.transport import redis as _kombu_redis
 from kombu.transport import virtual as _kombu_virtual
 
 from tracing._run import SCORE_TASK_NAME
-from worker._settings import Settings, get_settings
+from tracing._task_message import DEFAULT_MAX_PAYLOAD_BYTES
+from worker._settings import Settings
 from worker._store import DLQ_PUSH_SCRIPT, DeadLetter, dead_letter_id, dlq_push_args
 
+if TYPE_CHECKING:
+    from worker._app import TracescoreApp
+
+# The broker transport option carrying envelope_limit(max_payload_bytes) to the channel.
+MAX_ENTRY_BYTES_OPTION = "tracescore_max_entry_bytes"
+
 __all__ = [
+    "MAX_ENTRY_BYTES_OPTION",
     "MAX_JSON_DEPTH",
     "GuardedConsumer",
     "GuardedRedisTransport",
@@ -203,7 +211,10 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
         client = super()._get_client()
         if client is not redis.Redis:
             return client  # a global_keyprefix client: kombu's own (no screening)
-        limit = envelope_limit(get_settings().max_payload_bytes)
+        # the app's settings, through its broker transport options (see configure_app)
+        limit = self.connection.client.transport_options.get(MAX_ENTRY_BYTES_OPTION)
+        if not isinstance(limit, int):
+            limit = envelope_limit(DEFAULT_MAX_PAYLOAD_BYTES)
         return type("ScreeningRedis", (_ScreeningRedis,), {"max_entry_bytes": limit})
 
 
@@ -379,9 +390,10 @@ class GuardedConsumer(Consumer):
     handler, and Celery's own bad-message handlers (which log the body) replaced by refusals."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._settings = get_settings()
-        self._dead_letters = DeadLetterWriter(self._settings.store_url)
         super().__init__(*args, **kwargs)
+        app: TracescoreApp = self.app  # type: ignore[assignment]  # worker_consumer of create_app's apps
+        self._settings = app.settings
+        self._dead_letters = DeadLetterWriter(self._settings.store_url)
 
     def _allowed(self) -> frozenset[str]:
         return frozenset(name for name in self.app.tasks if name.startswith("tracescore."))

@@ -35,7 +35,7 @@ from worker._loop import start_watchdog
 from worker._reconnect import RECONNECT_S
 from worker._registry import Registry, RegistryError, load_registry
 from worker._scoring import ScoringDeps, scoring_run_of, wedged_record
-from worker._settings import Settings, get_settings
+from worker._settings import Settings
 from worker._store import RedisScoreStore
 
 # Exit status of a worker process whose event loop was wedged (EX_SOFTWARE).
@@ -174,12 +174,13 @@ _lock = threading.Lock()
 _runtime: WorkerRuntime | None = None
 
 
-def get_runtime() -> WorkerRuntime:
-    """This process's runtime, built on first use (a forked child builds its own)."""
+def get_runtime(settings: Settings) -> WorkerRuntime:
+    """This process's runtime, built from ``settings`` (the app's) on first use (a forked
+    child builds its own)."""
     global _runtime
     with _lock:
         if _runtime is None or _runtime.pid != os.getpid():
-            _runtime = WorkerRuntime.build(get_settings())
+            _runtime = WorkerRuntime.build(settings)
         return _runtime
 
 

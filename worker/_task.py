@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from celery import Task
@@ -18,13 +18,15 @@ from celery.exceptions import Retry, SoftTimeLimitExceeded
 from pydantic import ValidationError
 
 from tracing._run import SCORE_TASK_NAME, ScoreBatch
-from worker._app import app
 from worker._loop import run_coro
 from worker._runtime import WorkerRuntime, get_runtime
 from worker._scoring import StoreUnavailableError, score_batch
 from worker._store import DeadLetter, dead_letter_id
 
-__all__ = ["score_batch_task"]
+if TYPE_CHECKING:
+    from worker._app import TracescoreApp
+
+__all__ = ["register_score_task"]
 
 log = structlog.get_logger("tracescore.worker.task")
 
@@ -84,17 +86,23 @@ def _split(task: Task[Any, Any], payload: dict[str, Any], batch: ScoreBatch, tas
         )
 
 
-@app.task(
-    name=SCORE_TASK_NAME,
-    bind=True,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    ignore_result=True,
-    max_retries=None,  # our own budget (TRACESCORE_RETRY_BUDGET) decides
-)
-def score_batch_task(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
+def register_score_task(app: TracescoreApp) -> Task[Any, Any]:
+    """Register the scoring task on ``app`` (``create_app`` does, for every app it builds)."""
+    task: Task[Any, Any] = app.task(
+        name=SCORE_TASK_NAME,
+        bind=True,
+        acks_late=True,
+        reject_on_worker_lost=True,
+        ignore_result=True,
+        max_retries=None,  # our own budget (TRACESCORE_RETRY_BUDGET) decides
+    )(_score_batch)
+    return task
+
+
+def _score_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
     """Score one ``ScoreBatch`` (its ``model_dump(mode="json")``)."""
-    runtime = get_runtime()
+    app: TracescoreApp = self.app  # type: ignore[assignment]  # create_app registers this task
+    runtime = get_runtime(app.settings)
     settings = runtime.settings
     attempt = int(self.request.retries or 0)
     task_id = str(self.request.id or (payload.get("batch_id") if isinstance(payload, dict) else None) or "-")

@@ -8,29 +8,38 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 import redis
 
 from tests.worker._batches import batch, payload
 from tests.worker._workers import ROOT, read_scores, wait_for
 from tracing import CelerySink
+from tracing._broker import redact
 from tracing._score_record import ScoreRecord, score_id_for
-from worker._settings import get_settings
 from worker._store import DeadLetter, RedisScoreStore
 from worker.cli import main
 
+# A broker nothing listens on: a command that reached Redis through it would fail.
+NOWHERE = "redis://127.0.0.1:1/11"
+
 
 @pytest.fixture
-def env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """TRACESCORE_* pointing at DB 11 for in-process commands."""
     monkeypatch.setenv("TRACESCORE_BROKER_URL", redis_url)
     monkeypatch.delenv("TRACESCORE_REDIS_URL", raising=False)
-    get_settings.cache_clear()
-    yield redis_url
-    get_settings.cache_clear()
+    return redis_url
+
+
+@pytest.fixture
+def wrong_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """TRACESCORE_BROKER_URL pointing nowhere; the tests pass DB 11 as --broker."""
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", NOWHERE)
+    monkeypatch.delenv("TRACESCORE_REDIS_URL", raising=False)
+    return redis_url
 
 
 def _store_records(url: str, records: list[ScoreRecord]) -> None:
@@ -135,8 +144,7 @@ def test_status_is_a_health_check(
     assert status["queue_depth"] == 1
     assert status["workers"] == []
     assert status["dead_letters"] == 0
-    monkeypatch.setenv("TRACESCORE_BROKER_URL", "redis://127.0.0.1:1/11")
-    get_settings.cache_clear()
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", NOWHERE)
     assert main(["status"]) == 1
     assert "broker unreachable" in capsys.readouterr().err
 
@@ -198,3 +206,116 @@ def test_celery_worker_with_a_bad_scorer_module_exits_with_one_line(redis_url: s
     )
     assert done.returncode == 1
     assert "tracescore worker cannot start: cannot import scorer module 'no_such.scorers'" in done.stderr
+
+
+def test_redis_commands_share_one_broker_option_and_json() -> None:
+    """Every command that talks to Redis takes --broker with the same meaning, and --json."""
+    from worker.cli import cli
+    from worker.cli._common import BROKER_HELP
+
+    dlq = cli.commands["dlq"]
+    assert isinstance(dlq, click.Group)
+    commands = {
+        "status": cli.commands["status"],
+        "scores": cli.commands["scores"],
+        "dlq list": dlq.commands["list"],
+        "dlq retry": dlq.commands["retry"],
+        "worker": cli.commands["worker"],
+    }
+    for name, command in commands.items():
+        options = {opt: param for param in command.params for opt in getattr(param, "opts", [])}
+        assert "--broker" in options, f"tracescore {name} has no --broker"
+        broker = options["--broker"]
+        assert isinstance(broker, click.Option)
+        assert broker.help == BROKER_HELP, name
+        assert broker.envvar is None, name  # one precedence, decided in cli_settings: flag > variable > default
+        if name != "worker":
+            assert "--json" in options, f"tracescore {name} has no --json"
+
+
+def test_broker_flag_wins_over_the_environment(wrong_env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """With TRACESCORE_BROKER_URL pointing nowhere, --broker alone makes status, scores and
+    dlq list|retry reach the right Redis (broker and score store)."""
+    url = wrong_env
+    trace, span = "ab" * 16, "cd" * 8
+    _store_records(url, [ScoreRecord(score_id=score_id_for(trace, span, "s", "1"), trace_id=trace, span_id=span,
+                                     scorer_id="relevancy", score=0.5)])  # fmt: skip
+    letter = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
+
+    async def push() -> None:
+        store = RedisScoreStore(url)
+        await store.dlq_push(letter)
+        await store.close()
+
+    asyncio.run(push())
+    capsys.readouterr()
+    assert main(["status", "--json", "--timeout", "0.3"]) == 1  # the environment's broker: down
+    assert "broker unreachable" in capsys.readouterr().err
+
+    assert main(["status", "--json", "--timeout", "0.3", "--broker", url]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["dead_letters"] == 1
+    assert status["broker"] == redact(url)
+
+    assert main(["scores", "--trace", trace, "--json", "--broker", url]) == 0
+    assert [json.loads(line)["scorer_id"] for line in capsys.readouterr().out.splitlines()] == ["relevancy"]
+
+    assert main(["dlq", "list", "--json", "--broker", url]) == 0
+    assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [letter.id]
+
+    assert main(["dlq", "retry", "--all", "--json", "--broker", url]) == 0
+    assert json.loads(capsys.readouterr().out) == {"requeued": [letter.id], "problems": []}
+    client = redis.Redis.from_url(url)
+    try:
+        assert client.llen("tracescore") == 1  # requeued through the --broker, not the environment's
+    finally:
+        client.close()
+
+
+def test_worker_command_does_not_rewrite_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tracescore worker`'s options become its Settings; TRACESCORE_* are left as they were."""
+    for var in ("TRACESCORE_SCORERS", "TRACESCORE_QUEUE", "TRACESCORE_MODEL_CONCURRENCY"):
+        monkeypatch.delenv(var, raising=False)
+    before = {k: v for k, v in os.environ.items() if k.startswith("TRACESCORE_")}
+    argv = ["worker", "--scorers", "no_such_module_here", "--queue", "q2", "--model-concurrency", "3"]
+    assert main([*argv, "--broker", NOWHERE]) == 1
+    assert "cannot import scorer module 'no_such_module_here'" in capsys.readouterr().err
+    assert {k: v for k, v in os.environ.items() if k.startswith("TRACESCORE_")} == before
+
+
+def test_worker_command_takes_the_broker_flag_into_prefork_children(redis_url: str, tmp_path: Path) -> None:
+    """`tracescore worker --broker URL --pool prefork` scores through that broker and store
+    while TRACESCORE_BROKER_URL points nowhere: the settings reach the forked children."""
+    scores = tmp_path / "scores.jsonl"
+    log = tmp_path / "worker.log"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRACESCORE_")},
+        "TRACESCORE_BROKER_URL": NOWHERE,
+        "TRACESCORE_WRITER": "jsonl",
+        "TRACESCORE_WRITER_PATH": str(scores),
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [
+        str(Path(sys.executable).with_name("tracescore")),
+        "worker", "--scorers", "tests.worker.sample_scorers", "--pool", "prefork", "--concurrency", "1",
+        "--queue", "r4q", "--broker", redis_url,
+    ]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert wait_for(lambda: " ready." in log.read_text() or proc.poll() is not None, 60), log.read_text()
+        assert proc.poll() is None, log.read_text()
+        sink = CelerySink(redis_url, queue="r4q")
+        sink.send(batch(range(3), ["length"], salt="prefork-broker"))
+        sink.close()
+        assert wait_for(lambda: len(read_scores(scores)) >= 3, 30), log.read_text()[-2000:]
+        assert redis_url.split("@")[0].rpartition(":")[2] not in log.read_text()  # the password never
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)

@@ -107,3 +107,30 @@ def test_tls_settings_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> Non
     assert plain.store_url == "redis://127.0.0.1:6379/0"
     configure_app(app, plain)
     assert app.conf.broker_use_ssl is None
+
+
+def test_create_app_carries_its_own_settings_to_task_and_transport(redis_url: str) -> None:
+    """Two apps built with different Settings in one process keep their own: the Celery config,
+    the registered scoring task, and the guarded transport's entry-size cap; the module-level app
+    and the environment are untouched."""
+    import os
+
+    from tracing._run import SCORE_TASK_NAME
+    from worker import app as env_app
+    from worker._app import create_app
+    from worker._guard import envelope_limit
+
+    env_before = dict(os.environ)
+    env_conf = (env_app.conf.broker_url, env_app.conf.task_default_queue)
+    small = create_app(load_settings(broker_url=redis_url, queue="small", max_payload_bytes=4096))
+    large = create_app(load_settings(broker_url=redis_url, queue="large", max_payload_bytes=8 * 1024 * 1024))
+    assert (small.settings.queue, large.settings.queue) == ("small", "large")
+    assert (small.conf.task_default_queue, large.conf.task_default_queue) == ("small", "large")
+    assert small.tasks[SCORE_TASK_NAME].app is small
+    assert large.tasks[SCORE_TASK_NAME].app is large
+    for app, cap in ((small, 4096), (large, 8 * 1024 * 1024)):
+        with app.connection_for_read() as connection:
+            client_class = connection.default_channel._get_client()
+            assert client_class.max_entry_bytes == envelope_limit(cap)
+    assert (env_app.conf.broker_url, env_app.conf.task_default_queue) == env_conf
+    assert dict(os.environ) == env_before

@@ -9,11 +9,11 @@ import pytest
 
 from scorers.judge import get_judge_hooks, set_judge_hooks
 from tests.worker._batches import payload
+from worker._app import score_batch_task
 from worker._loop import stop_loop
 from worker._runtime import reset_runtime
 from worker._settings import get_settings
 from worker._store import RedisScoreStore
-from worker._task import score_batch_task
 
 
 @pytest.fixture

@@ -4,26 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 
 import click
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from tracing._broker import redact
 from tracing._run import ScoreBatch
 from tracing._sinks import CelerySink
-from worker._app import redact
-from worker._cli_common import CliError
-from worker._settings import SettingsError, get_settings
+from worker._settings import Settings
 from worker._store import DeadLetter, RedisScoreStore
+from worker.cli._common import CliError, broker_option, cli_settings, json_option
 
 __all__ = ["dlq_group"]
-
-
-def _store() -> RedisScoreStore:
-    try:
-        return RedisScoreStore(get_settings().store_url)
-    except SettingsError as exc:
-        raise CliError(str(exc)) from exc
 
 
 async def _list(store: RedisScoreStore, limit: int) -> tuple[int, list[DeadLetter]]:
@@ -47,19 +41,21 @@ def dlq_group() -> None:
 
 @dlq_group.command("list")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="One dead letter JSON object per line.")
-def dlq_list(limit: int, as_json: bool) -> None:
+@json_option("One dead letter JSON object per line.")
+@broker_option
+def dlq_list(broker: str | None, limit: int, as_json: bool) -> None:
     """List dead letters, newest first: id, when, reason, batch, attempts, error.
 
     \b
     Example:
       tracescore dlq list --limit 10
+      tracescore dlq list --json --broker redis://:PASSWORD@redis:6379/0
     """
-    store = _store()
+    store = RedisScoreStore(cli_settings(broker).store_url)
     try:
         total, letters = asyncio.run(_list(store, limit))
     except (RedisError, OSError) as exc:
-        raise CliError(f"cannot reach the score store at {redact(store.url)}: {exc}") from exc
+        raise CliError(f"cannot reach the score store at {redact(store.url)}: {redact(str(exc))}") from exc
     if as_json:
         for letter in letters:
             click.echo(letter.model_dump_json())
@@ -74,8 +70,9 @@ def dlq_list(limit: int, as_json: bool) -> None:
             click.echo(f"    {' '.join(d.error.split())[:160]}")
 
 
-async def _retry(store: RedisScoreStore, ids: list[str] | None) -> tuple[list[DeadLetter], list[str]]:
-    settings = get_settings()
+async def _retry(
+    settings: Settings, store: RedisScoreStore, ids: list[str] | None
+) -> tuple[list[DeadLetter], list[str]]:
     sink = CelerySink(settings.broker_url, queue=settings.queue)
     requeued: list[DeadLetter] = []
     problems: list[str] = []
@@ -99,7 +96,7 @@ async def _retry(store: RedisScoreStore, ids: list[str] | None) -> tuple[list[De
             try:
                 sink.send(batch)
             except Exception as exc:
-                problems.append(f"{letter_id}: could not requeue: {type(exc).__name__}: {exc}")
+                problems.append(f"{letter_id}: could not requeue: {type(exc).__name__}: {redact(str(exc))}")
                 continue
             # Removed only once sent: interrupted before this, the letter stays listed (a later
             # retry sends it again, which the idempotent score ids make harmless), never lost.
@@ -114,7 +111,9 @@ async def _retry(store: RedisScoreStore, ids: list[str] | None) -> tuple[list[De
 @dlq_group.command("retry")
 @click.argument("ids", nargs=-1)
 @click.option("--all", "retry_all", is_flag=True, help="Requeue every retryable dead letter.")
-def dlq_retry(ids: tuple[str, ...], retry_all: bool) -> None:
+@json_option("One JSON object: the requeued letters' ids and the problems, one line each.")
+@broker_option
+def dlq_retry(broker: str | None, ids: tuple[str, ...], retry_all: bool, as_json: bool) -> None:
     """Requeue dead letters (by ID, or --all) to the scoring queue; they leave the list.
 
     Scores already recorded are skipped by the worker, so a retry never writes duplicates.
@@ -122,19 +121,23 @@ def dlq_retry(ids: tuple[str, ...], retry_all: bool) -> None:
     \b
     Examples:
       tracescore dlq retry 3f2a9c0b1d2e4f5a6b7c8d9e0f1a2b3c
-      tracescore dlq retry --all
+      tracescore dlq retry --all --json --broker redis://:PASSWORD@redis:6379/0
     """
     if bool(ids) == retry_all:
         raise CliError("give dead letter ID(s) or --all (not both)")
-    store = _store()
+    settings = cli_settings(broker)
+    store = RedisScoreStore(settings.store_url)
     try:
-        requeued, problems = asyncio.run(_retry(store, None if retry_all else list(ids)))
+        requeued, problems = asyncio.run(_retry(settings, store, None if retry_all else list(ids)))
     except (RedisError, OSError) as exc:
-        raise CliError(f"cannot reach the broker/store at {redact(store.url)}: {exc}") from exc
-    for letter in requeued:
+        raise CliError(f"cannot reach the broker/store at {redact(store.url)}: {redact(str(exc))}") from exc
+    if as_json:
+        click.echo(json.dumps({"requeued": [letter.id for letter in requeued], "problems": problems}))
+    for letter in [] if as_json else requeued:
         click.echo(f"requeued {letter.id} (batch {letter.batch_id or '-'})")
-    for problem in problems:
+    for problem in [] if as_json else problems:
         click.echo(problem, err=True)
-    click.echo(f"{len(requeued)} requeued, {len(problems)} not", err=True)
+    if not as_json:
+        click.echo(f"{len(requeued)} requeued, {len(problems)} not", err=True)
     if problems and not requeued:
         raise CliError("nothing requeued")

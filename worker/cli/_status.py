@@ -14,10 +14,10 @@ import redis
 from redis.exceptions import RedisError
 
 from tracing._broker import redact
-from worker._cli_common import CliError
 from worker._limiter import RedisRateLimiter
-from worker._settings import SettingsError, get_settings
+from worker._settings import Settings
 from worker._store import RedisScoreStore
+from worker.cli._common import CliError, broker_option, cli_settings, json_option
 
 __all__ = ["collect_status", "status_command"]
 
@@ -37,12 +37,11 @@ async def _store_status(url: str, limits: Any) -> dict[str, Any]:
         await limiter.close()
 
 
-def collect_status(ping_timeout: float = 1.0) -> dict[str, Any]:
-    """Everything ``tracescore status`` shows; raises ``CliError`` if the broker is unreachable."""
-    try:
-        settings = get_settings()
-    except SettingsError as exc:
-        raise CliError(str(exc)) from exc
+def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) -> dict[str, Any]:
+    """Everything ``tracescore status`` shows, for ``settings`` (default: ``TRACESCORE_*``);
+    raises ``CliError`` if the broker is unreachable."""
+    if settings is None:
+        settings = cli_settings()
     tls = settings.tls.redis_kwargs(settings.broker_url)  # rediss:// verifies, as the workers do
     broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=2, socket_timeout=2, **tls)
     try:
@@ -84,8 +83,9 @@ def collect_status(ping_timeout: float = 1.0) -> dict[str, Any]:
 
 @click.command("status")
 @click.option("--timeout", type=float, default=1.0, show_default=True, help="Seconds to wait for worker pings.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def status_command(timeout: float, as_json: bool) -> None:
+@json_option("Print one JSON object.")
+@broker_option
+def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
     """Show queue depth, workers, rate-limit state and failures of the last hour.
 
     Exits 1 when the broker is unreachable (use it as a health check).
@@ -94,9 +94,10 @@ def status_command(timeout: float, as_json: bool) -> None:
     Examples:
       tracescore status
       tracescore status --json --timeout 3
+      tracescore status --broker redis://:PASSWORD@redis:6379/0
       tracescore status >/dev/null || echo "broker down"
     """
-    status = collect_status(timeout)
+    status = collect_status(timeout, cli_settings(broker))
     if as_json:
         click.echo(json.dumps(status, sort_keys=True))
         return

@@ -1,7 +1,4 @@
-"""The ``tracescore`` command line: one group, one module per subcommand.
-
-Errors print one clear line (``--verbose`` adds the traceback) and exit non-zero.
-"""
+"""The ``tracescore`` group: global options and one subcommand per module."""
 
 from __future__ import annotations
 
@@ -11,13 +8,13 @@ from importlib.metadata import PackageNotFoundError, version
 import click
 
 from worker._cli_backfill import backfill_command
-from worker._cli_common import CliError, run_command
-from worker._cli_compare import compare_command
-from worker._cli_dlq import dlq_group
-from worker._cli_score import score_command
-from worker._cli_scores import scores_command
-from worker._cli_status import status_command
-from worker._cli_worker import worker_command
+from worker.cli._common import run_command
+from worker.cli._compare import compare_command
+from worker.cli._dlq import dlq_group
+from worker.cli._score import score_command
+from worker.cli._scores import scores_command
+from worker.cli._status import status_command
+from worker.cli._worker import worker_command
 
 __all__ = ["cli", "main"]
 
@@ -49,6 +46,3 @@ cli.add_command(status_command)
 
 def main(argv: list[str] | None = None) -> int:
     return run_command(cli, argv if argv is not None else sys.argv[1:])
-
-
-__all__ += ["CliError"]

@@ -11,9 +11,8 @@ from redis.exceptions import RedisError
 
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
-from worker._cli_common import CliError
-from worker._settings import SettingsError, get_settings
 from worker._store import RedisScoreStore
+from worker.cli._common import CliError, broker_option, cli_settings, json_option
 
 __all__ = ["scores_command"]
 
@@ -28,8 +27,9 @@ async def _fetch(url: str, trace_id: str) -> list[ScoreRecord]:
 
 @click.command("scores")
 @click.option("--trace", "trace_id", required=True, help="Trace id (32 hex characters).")
-@click.option("--json", "as_json", is_flag=True, help="One ScoreRecord JSON object per line.")
-def scores_command(trace_id: str, as_json: bool) -> None:
+@json_option("One ScoreRecord JSON object per line.")
+@broker_option
+def scores_command(broker: str | None, trace_id: str, as_json: bool) -> None:
     """Show the scores stored for one trace (kept in Redis for TRACESCORE_SCORE_TTL_SECONDS).
 
     \b
@@ -40,10 +40,7 @@ def scores_command(trace_id: str, as_json: bool) -> None:
     trace_id = trace_id.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{32}", trace_id):
         raise CliError(f"--trace must be 32 hex characters (an OTel trace id), got {trace_id!r}")
-    try:
-        url = get_settings().store_url
-    except SettingsError as exc:
-        raise CliError(str(exc)) from exc
+    url = cli_settings(broker).store_url
     try:
         records = asyncio.run(_fetch(url, trace_id))
     except (RedisError, OSError) as exc:

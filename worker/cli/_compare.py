@@ -18,8 +18,8 @@ from typing import Any
 
 import click
 
-from worker._cli_common import CliError
 from worker._summary import cell
+from worker.cli._common import CliError
 
 __all__ = ["compare_command", "compare_files"]
 

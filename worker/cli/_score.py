@@ -18,11 +18,11 @@ from typing import IO, Any
 import click
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
-from worker._cli_common import CliError
 from worker._embedded import GuardedLoop, Job, cli_limits, score_runs
 from worker._registry import RegistryError, load_registry
 from worker._settings import SettingsError, load_settings
 from worker._summary import RunTable, Summary, cell
+from worker.cli._common import CliError
 
 __all__ = ["score_command"]
 

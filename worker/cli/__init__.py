@@ -1,0 +1,29 @@
+"""The ``tracescore`` command line: thin click commands over the worker's functions.
+
+One module per command (``_worker``, ``_status``, ``_scores``, ``_dlq``, ``_score``, ``_compare``;
+``backfill`` lives in ``worker/_cli_backfill.py``); ``_common`` holds what they share: the
+one-line error contract, the exit codes, and the options that mean the same everywhere
+(``--broker``, ``--json``). Errors print one clear line (``--verbose`` adds the traceback)
+and exit non-zero.
+
+``main`` is the console script (``tracescore = "worker.cli:main"``) and ``cli`` the click group.
+They load on first use, so a command module outside this package may import
+``worker.cli._common`` without an import cycle.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.cli._main import cli, main
+
+__all__ = ["cli", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from worker.cli import _main
+
+        return getattr(_main, name)
+    raise AttributeError(f"module 'worker.cli' has no attribute {name!r}")

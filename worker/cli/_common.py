@@ -1,0 +1,89 @@
+"""What every subcommand shares: the one-line error contract, the exit codes, and the options
+that mean the same in every command (``--broker``, ``--json``)."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from tracing._broker import redact
+from worker._settings import Settings, SettingsError, load_settings
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_USAGE",
+    "CliError",
+    "broker_option",
+    "cli_settings",
+    "json_option",
+    "run_command",
+]
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+BROKER_HELP = (
+    "Redis broker URL, e.g. redis://:PASSWORD@host:6379/0 (default: TRACESCORE_BROKER_URL, "
+    "else redis://127.0.0.1:6379/0). The score store is TRACESCORE_REDIS_URL, else this broker."
+)
+
+
+class CliError(click.ClickException):
+    """An expected failure: printed as one line, exit code 1."""
+
+    exit_code = EXIT_ERROR
+
+
+def broker_option(command: F) -> F:
+    """``--broker URL``: the flag, else ``TRACESCORE_BROKER_URL``, else the default."""
+    return click.option("--broker", default=None, metavar="URL", help=BROKER_HELP)(command)
+
+
+def json_option(help_text: str) -> Callable[[F], F]:
+    """``--json``: output for scripts (what each line or object is, in ``help_text``)."""
+
+    def decorate(command: F) -> F:
+        return click.option("--json", "as_json", is_flag=True, help=help_text)(command)
+
+    return decorate
+
+
+def cli_settings(broker: str | None = None, **overrides: Any) -> Settings:
+    """The worker settings a command runs with: ``TRACESCORE_*`` with its options on top
+    (``None`` keeps the variable's value); a bad value is one ``CliError`` line."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if broker:
+        given["broker_url"] = broker
+    try:
+        return load_settings(**given)
+    except SettingsError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def run_command(group: click.Group, argv: list[str]) -> int:
+    verbose = "--verbose" in argv or "-v" in argv
+    try:
+        group.main(args=argv, prog_name="tracescore", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130
+    except Exception as exc:
+        if verbose:
+            traceback.print_exc()
+        # An unexpected error's text may quote a connection URL: never print its password.
+        click.echo(f"error: {type(exc).__name__}: {redact(str(exc))}", err=True)
+        if not verbose:
+            click.echo("(run with --verbose for the traceback)", err=True)
+        return EXIT_ERROR
+    return 0

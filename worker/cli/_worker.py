@@ -1,0 +1,93 @@
+"""``tracescore worker``: start a Celery worker that scores what the exporter and backfills send.
+
+Its options become the ``Settings`` of a fresh app (``create_app``); the worker's start-up
+checks (credentials, certificate, scorer module) run as it starts.
+"""
+
+from __future__ import annotations
+
+import click
+
+from tracing._broker import redact
+from worker._app import create_app
+from worker._registry import RegistryError, load_registry
+from worker.cli._common import CliError, broker_option, cli_settings
+
+__all__ = ["worker_command"]
+
+
+@click.command("worker")
+@click.option(
+    "--scorers",
+    "module",
+    envvar="TRACESCORE_SCORERS",
+    required=True,
+    help="Module that defines the scorers, e.g. my_app.scorers (or TRACESCORE_SCORERS).",
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Messages handled at once: threads (threads pool) or child processes (prefork).",
+)
+@click.option(
+    "--pool",
+    type=click.Choice(["prefork", "solo", "threads"]),
+    default="threads",
+    show_default=True,
+    help="threads: all messages share this process's one event loop (judge calls are I/O bound); "
+    "prefork: one event loop per child process (CPU-heavy function scorers); solo: one at a time.",
+)
+@click.option(
+    "--model-concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Judge calls in flight per model in each process (TRACESCORE_MODEL_CONCURRENCY).",
+)
+@click.option("--queue", "-Q", default=None, help="Queue to consume (TRACESCORE_QUEUE, default tracescore).")
+@click.option("--loglevel", "-l", default="INFO", show_default=True, help="Celery log level.")
+@broker_option
+def worker_command(
+    broker: str | None,
+    module: str,
+    concurrency: int,
+    pool: str,
+    model_concurrency: int | None,
+    queue: str | None,
+    loglevel: str,
+) -> None:
+    """Start a scoring worker on the Redis broker (--broker or TRACESCORE_BROKER_URL).
+
+    Equivalent to `celery -A worker worker --scorers MODULE`. Scores are stored in Redis
+    (TRACESCORE_REDIS_URL, default: the broker) and written back by TRACESCORE_WRITER
+    (otlp, jsonl, console or none). Rate limits: TRACESCORE_RATE_LIMITS as JSON.
+
+    \b
+    Examples:
+      tracescore worker --scorers examples.scorers
+      tracescore worker --scorers my_app.scorers --pool prefork --concurrency 2
+      tracescore worker --scorers my_app.scorers --broker redis://:PASSWORD@redis:6379/0
+      TRACESCORE_BROKER_URL=redis://redis:6379/0 TRACESCORE_WRITER=console \\
+        tracescore worker --scorers my_app.scorers --pool solo
+      TRACESCORE_RATE_LIMITS='{"openai/gpt-4o-mini": {"requests_per_minute": 500}}' \\
+        tracescore worker --scorers my_app.scorers
+    """
+    settings = cli_settings(broker, scorers=module, model_concurrency=model_concurrency, queue=queue)
+    try:
+        registry = load_registry(module)
+    except RegistryError as exc:
+        raise CliError(str(exc)) from exc
+    app = create_app(settings)
+    click.echo(
+        f"tracescore worker: broker {redact(settings.broker_url)} (Redis mode), "
+        f"store {redact(settings.store_url)}, queue {settings.queue}, pool {pool}"
+        f"{f' x{concurrency}' if concurrency else ''}, writer {settings.writer}; "
+        f"scorers from {module}: {', '.join(registry)}",
+        err=True,
+    )
+    argv = ["worker", "--pool", pool, "--loglevel", loglevel, "-Q", settings.queue]
+    if concurrency:
+        argv += ["--concurrency", str(concurrency)]
+    app.worker_main(argv=argv)
