@@ -1,7 +1,6 @@
 """OpenTelemetry side of tracescore: span → run transform, the exporter, score write-back."""
 
 from tracing._errors import TraceReadError
-from tracing._exporter import ScoringSpanExporter
 from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE
 from tracing._rules import ScoringRule, sampled
 from tracing._run import (
@@ -15,6 +14,7 @@ from tracing._run import (
 )
 from tracing._sinks import CallbackSink, CelerySink, Sink
 from tracing._transform import find_targets, read_trace, trace_to_run, trace_to_runs
+from tracing.capture import ScoringSpanExporter
 
 __all__ = [
     "JUDGE_ROLE",

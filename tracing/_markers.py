@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-__all__ = ["JUDGE_ROLE", "OWN_PREFIX", "ROLE_ATTRIBUTE", "is_judge_span", "is_own_span"]
+__all__ = ["JUDGE_ROLE", "OWN_PREFIX", "ROLE_ATTRIBUTE", "is_judge_span", "is_own_origin", "is_own_span"]
 
 ROLE_ATTRIBUTE = "tracescore.role"
 JUDGE_ROLE = "judge"
@@ -24,8 +26,12 @@ def is_judge_span(span: ReadableSpan) -> bool:
 
 
 def is_own_span(span: ReadableSpan) -> bool:
-    scope = span.instrumentation_scope
+    return is_own_origin(span.instrumentation_scope, span.resource)
+
+
+def is_own_origin(scope: InstrumentationScope | None, resource: Resource | None) -> bool:
+    """Whether spans of this instrumentation scope and resource are tracescore's own."""
     if scope is not None and scope.name.startswith(OWN_PREFIX):
         return True
-    service = span.resource.attributes.get("service.name") if span.resource is not None else None
+    service = resource.attributes.get("service.name") if resource is not None else None
     return isinstance(service, str) and service.startswith(OWN_PREFIX)

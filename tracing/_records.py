@@ -18,29 +18,29 @@ from opentelemetry.trace import SpanContext
 
 from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVENTS, SpanKind, classify
 from tracing._run import SpanRecord, SpanRecordEvent
-from tracing._span import span_fields
+from tracing._sdk import read_span
 
 __all__ = ["build_record", "compact", "plan_runs", "read_attributes", "service_name", "span_record"]
 
 
 def span_record(span: ReadableSpan) -> SpanRecord:
     """``span`` as a ``SpanRecord``, not validated (its ids come from the SDK's own context)."""
-    ctx, parent, attrs, name, kind, start, end, status, events, scope, resource = span_fields(span)
-    if ctx is None:
-        raise ValueError(f"span {name!r} has no span context")
+    f = read_span(span)
+    if f is None:
+        raise ValueError(f"span {span.name!r} has no span context")
     record, _ = build_record(
-        ctx,
-        parent,
-        name,
-        format(ctx.trace_id, "032x"),
-        attrs,
-        kind,
-        start,
-        end,
-        status,
-        events,
-        service_name(resource),
-        scope.name if scope is not None else None,
+        f.context,
+        f.parent,
+        f.name,
+        format(f.context.trace_id, "032x"),
+        f.attributes,
+        f.kind,
+        f.start_ns,
+        f.end_ns,
+        f.status,
+        f.events,
+        service_name(f.resource),
+        f.scope.name if f.scope is not None else None,
     )
     return record
 
@@ -114,7 +114,7 @@ def build_record(
     service: str | None,
     scope: str | None,
 ) -> tuple[SpanRecord, int]:
-    """The ``SpanRecord`` of a span from its fields (``tracing._span.span_fields``), compacted
+    """The ``SpanRecord`` of a span from its fields (``tracing._sdk.read_span``), compacted
     (``compact``), and its approximate JSON size. The record keeps the span's own attribute
     dict when the transform reads every key of it (the common case): nothing is copied."""
     if events:

@@ -9,20 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any
 
-from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.util import BoundedList
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext
 
 from tracing._errors import TraceReadError
 from tracing._run import SpanRecord
+from tracing._sdk import plain_attributes
 
-__all__ = ["SpanEvent", "SpanFields", "SpanLike", "SpanView", "plain_attributes", "span_fields", "view_spans"]
+__all__ = ["SpanEvent", "SpanLike", "SpanView", "view_spans"]
 
 # What the transform reads: SDK spans (live, or decoded from OTLP) and shipped span records.
 SpanLike = ReadableSpan | SpanRecord
@@ -33,86 +28,6 @@ class SpanEvent:
     name: str
     attributes: Mapping[str, Any]
     body: Any = None  # log-record events carry their payload here
-
-
-def plain_attributes(span: ReadableSpan) -> Mapping[str, Any]:
-    """The span's attributes as a plain dict, without copying when possible.
-
-    ``ReadableSpan.attributes`` is a proxy over the SDK's ``BoundedAttributes``, whose ``.get``
-    of a missing key goes through a raised ``KeyError``; most keys we look up are missing, so
-    the hot path reads the (frozen once the span ended) dict underneath when it is there.
-    """
-    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
-    if isinstance(inner, dict):
-        return inner
-    attrs = span.attributes
-    return dict(attrs) if attrs is not None else {}
-
-
-# What the exporter reads of each span it files: (context, parent, attributes, name, kind name,
-# start ns, end ns, status name, events, instrumentation scope, resource).
-SpanFields = tuple[
-    SpanContext | None,
-    SpanContext | None,
-    Mapping[str, Any],
-    str,
-    str,
-    int | None,
-    int | None,
-    str,
-    Sequence[Any],
-    InstrumentationScope | None,
-    Resource | None,
-]
-
-# The SDK's ReadableSpan keeps each property's value in a private field of the same name: one
-# C-level call reads them all, where each property read is a Python call (~11 a span).
-_SDK_FIELDS = attrgetter(
-    "_context",
-    "_parent",
-    "_attributes",
-    "_name",
-    "_kind",
-    "_start_time",
-    "_end_time",
-    "_status",
-    "_events",
-    "_instrumentation_scope",
-    "_resource",
-)
-
-
-def span_fields(span: ReadableSpan) -> SpanFields:
-    """What the exporter reads of ``span``, as the public properties give it; the private
-    fields directly when ``span`` is exactly the SDK's ``ReadableSpan`` (what every SDK span
-    processor hands an exporter), the properties for anything else (subclasses may override
-    them)."""
-    if type(span) is ReadableSpan:
-        ctx, parent, attributes, name, kind, start, end, status, events, scope, resource = _SDK_FIELDS(span)
-        if type(attributes) is BoundedAttributes:
-            attrs: Mapping[str, Any] = attributes._dict
-        elif isinstance(attributes, dict):
-            attrs = attributes
-        else:
-            attrs = plain_attributes(span)
-        if type(events) is BoundedList:  # its len() is a Python call; the deque's is not
-            events = events._dq  # type: ignore[attr-defined]
-        status_name = status.status_code._name_ if status is not None else "UNSET"
-        return (ctx, parent, attrs, name, kind._name_, start, end, status_name, events, scope, resource)
-    status = span.status
-    return (
-        span.context,
-        span.parent,
-        plain_attributes(span),
-        span.name,
-        span.kind.name,
-        span.start_time,
-        span.end_time,
-        status.status_code.name if status is not None else "UNSET",
-        span.events,
-        span.instrumentation_scope,
-        span.resource,
-    )
 
 
 class SpanView:

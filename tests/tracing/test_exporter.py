@@ -415,9 +415,8 @@ def test_rules_filter_union_and_delay(clock: FakeClock, sink: Recording) -> None
         exp.export(rec.spans())
         assert exp.force_flush(5000)
         assert [r.scorer_ids for r in sink.requests] == [["a", "b", "c"]]
-        assert sink.requests[0].spans is None
-        assert sink.requests[0].run is not None
-        assert sink.requests[0].run.input.input_messages[0].text == "I want a refund"
+        # The filter read the run here; it travels as span records all the same.
+        assert read(sink.requests[0]).input.input_messages[0].text == "I want a refund"
         assert exp.stats()["runs_read_in_app"] == 1
         assert exp.stats()["delayed"] == 1
         clock.advance(61)
@@ -504,7 +503,7 @@ def test_sender_survives_a_request_it_cannot_build(
     clock: FakeClock, sink: Recording, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch whose requests cannot be built is dropped and counted; the sender sends the next one."""
-    import tracing._exporter as exporter_module
+    import tracing.capture._sender as exporter_module
 
     real = exporter_module.spans_request
     calls: list[int] = []
@@ -600,7 +599,6 @@ def test_default_path_ships_compact_spans(exporter: ScoringSpanExporter, sink: R
     exporter.export(rec.spans())
     assert exporter.force_flush(5000)
     (request,) = sink.requests
-    assert request.run is None
     assert request.target_span_id == format(root.get_span_context().span_id, "016x")
     spans = {s.name: s for s in request.spans or []}
     assert spans["invoke_agent a"].attributes == {"gen_ai.operation.name": "invoke_agent"}

@@ -8,8 +8,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from tests.tracing._spans import Recorder, agent_trace, genai_messages
 from tracing import ScoreRequest, SpanRecord, TracedRun, trace_to_run
-from tracing._exporter import spans_request
 from tracing._records import compact, plan_runs, span_record
+from tracing.queue import spans_request
 
 CHAT = {"gen_ai.operation.name": "chat"}
 
@@ -77,23 +77,25 @@ def test_plan_without_agent_targets_top_level_llm_spans() -> None:
     assert len(plan_runs(records)) == 3
 
 
-def test_request_carries_run_or_spans_never_both() -> None:
-    """Exactly one of run / spans+target_span_id; the target is among the spans of one trace."""
+def test_request_carries_spans_and_the_target_among_them() -> None:
+    """One shape: span records + target_span_id; the target is among the spans of one trace."""
     rec = Recorder()
     agent_trace(rec)
     spans = rec.spans()
     records = [span_record(s) for s in spans]
     target = records[-1].span_id  # the agent span ends last
     run = trace_to_run(spans)
-    assert ScoreRequest(run=run, scorer_ids=["s"]).span_id == run.identity.span_id
     ok = ScoreRequest(spans=records, target_span_id=target, scorer_ids=["s"])
     assert (ok.trace_id, ok.span_id, ok.span_name) == (run.identity.trace_id, target, "invoke_agent a")
-    with pytest.raises(ValidationError, match="either run or spans"):
-        ScoreRequest(run=run, spans=records, target_span_id=target, scorer_ids=["s"])
-    with pytest.raises(ValidationError, match="needs run"):
-        ScoreRequest(scorer_ids=["s"])
-    with pytest.raises(ValidationError, match="needs target_span_id"):
+    assert ok.agent_label == run.identity.agent_name == "a"
+    with pytest.raises(ValidationError, match="spans"):
+        ScoreRequest(scorer_ids=["s"], target_span_id=target)
+    with pytest.raises(ValidationError, match="too_short"):
+        ScoreRequest(spans=[], target_span_id=target, scorer_ids=["s"])
+    with pytest.raises(ValidationError, match="target_span_id"):
         ScoreRequest(spans=records, scorer_ids=["s"])
+    with pytest.raises(ValidationError, match="run"):  # the old second shape is refused, not ignored
+        ScoreRequest.model_validate({"run": run.model_dump(), "scorer_ids": ["s"]})
     with pytest.raises(ValidationError, match="not among"):
         ScoreRequest(spans=records, target_span_id="0" * 16, scorer_ids=["s"])
     other = SpanRecord(trace_id="1" * 32, span_id="2" * 16, name="x")

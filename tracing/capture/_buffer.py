@@ -1,0 +1,295 @@
+"""``TraceBuffer``: spans filed by trace until the trace is complete. Pure: no threads, no clock
+of its own (every call that needs the time takes ``now``), so tests drive it step by step.
+
+Each span becomes a compacted ``SpanRecord`` when it is filed (the SDK span is then freed with
+the processor's batch). A trace is decided on its first span: no rule's sample takes it, or it
+is tracescore's own (loop guard), and its later spans are ignored at once. A trace is complete
+``grace_s`` after its agent span or local root ended (children that end after their root
+still make it), and ``poll(now)`` hands it over.
+
+Bounds (issue 10): ``max_traces`` traces and ``max_buffer_bytes`` of records (approximate JSON
+size), ``max_spans_per_trace`` spans each (the oldest span goes), ``max_trace_age_s`` without an
+ended root. When full, the oldest trace whose root ended is completed early (it is deliverable,
+if the hand-off queue has room for it), else the oldest unfinished trace is dropped, and with it
+its later spans: a dropped trace never comes back as a partial run.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from tracing._formats import SpanKind, classify
+from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE, is_own_origin
+from tracing._records import build_record, compact, service_name
+from tracing._rules import ScoringRule, sampled
+from tracing._run import SpanRecord
+from tracing._sdk import read_span, span_context
+from tracing.capture._tally import Tally
+
+__all__ = ["BufferLimits", "BufferedTrace", "Polled", "TraceBuffer"]
+
+# Reserves room for ``size`` bytes in the hand-off queue for a trace completed early; returns
+# why there is none ("queue_full", "queue_bytes") or None once reserved.
+Reserve = Callable[[int], "str | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class BufferLimits:
+    max_traces: int = 2048
+    max_spans_per_trace: int = 512
+    max_buffer_bytes: int = 64 * 1024 * 1024
+    max_trace_age_s: float = 300.0
+    grace_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_traces", "max_spans_per_trace", "max_buffer_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_trace_age_s <= 0:
+            raise ValueError(f"max_trace_age_s must be > 0, got {self.max_trace_age_s}")
+        if self.grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0, got {self.grace_s}")
+
+
+@dataclass(slots=True)
+class BufferedTrace:
+    trace_id: str  # hex
+    first_seen: float
+    rules: list[ScoringRule]  # the rules whose sample took it
+    spans: list[SpanRecord] = field(default_factory=list)
+    kinds: list[SpanKind] = field(default_factory=list)  # each span's, classified when filed
+    size: int = 0  # the records' approximate JSON size
+    due: float | None = None  # when it is complete: grace_s after its agent/root span ended
+    judge_ids: set[str] | None = None  # judge spans in it: what is under them is not scored
+
+
+@dataclass(slots=True)
+class Polled:
+    """What ``poll`` hands over: complete traces, oldest first, of which ``early`` (at the
+    front) were completed early from a full buffer and hold ``early_bytes`` reserved in the
+    hand-off queue (the caller releases them as it queues what they ship)."""
+
+    traces: list[BufferedTrace]
+    early: int = 0
+    early_bytes: int = 0
+
+
+class TraceBuffer:
+    """Not thread-safe: the exporter calls it under its lock."""
+
+    def __init__(
+        self, rules: Sequence[ScoringRule], limits: BufferLimits, tally: Tally, reserve: Reserve | None = None
+    ) -> None:
+        self._rules = list(rules)
+        self._all_sampled = all(r.sample_rate >= 1.0 for r in self._rules)
+        self.limits = limits
+        self._tally = tally
+        self._reserve: Reserve = reserve or (lambda size: None)
+        self._traces: OrderedDict[int, BufferedTrace] = OrderedDict()
+        # Buffered traces whose agent/root span ended, oldest first (completed early when full).
+        self._due_order: OrderedDict[int, None] = OrderedDict()
+        # Taken from a full buffer that way, waiting for the next poll.
+        self._early: list[BufferedTrace] = []
+        # Traces the loop guard excluded whole: their later spans are ignored at once.
+        self._guarded: OrderedDict[int, None] = OrderedDict()
+        # Traces no rule's sample takes, or dropped whole (a later span, e.g. the root, must
+        # not start a fragment that would be scored as the run).
+        self._ignored: OrderedDict[int, None] = OrderedDict()
+        self.bytes = 0  # approximate JSON size of the buffered records
+        self.spans_seen = 0
+        # Set when a poll is worth doing at once (a trace due with grace_s == 0, a trace taken
+        # from a full buffer, a new trace while ``sleeping``); the caller clears it.
+        self.wake = False
+        # Set by the caller while it waits with nothing buffered: a new trace then sets ``wake``.
+        self.sleeping = False
+        # The last (scope, resource) pair seen and what it says: the spans of one tracer share
+        # these objects, so each pair is read once.
+        self._seen: tuple[object, object] = (None, None)
+        self._seen_own = False
+        self._seen_service: str | None = None
+        self._seen_scope_name: str | None = None
+
+    def __len__(self) -> int:
+        return len(self._traces)
+
+    @property
+    def empty(self) -> bool:
+        return not self._traces and not self._early
+
+    # --- filing ----------------------------------------------------------------------------
+
+    def add(self, span: ReadableSpan, now: float) -> None:
+        """File one span (raises only on a span the SDK itself would not produce)."""
+        self.spans_seen += 1
+        ctx = span_context(span)
+        if ctx is None:
+            self._tally.drop("no_context")
+            return
+        tid = ctx[0]  # SpanContext is a tuple (trace_id, span_id, ...): no property call
+        if tid in self._guarded or tid in self._ignored:
+            return
+        f = read_span(span)
+        if f is None:
+            self._tally.drop("no_context")
+            return
+        parent, attrs, scope, resource = f.parent, f.attributes, f.scope, f.resource
+        is_root = parent is None or parent[2]  # no parent, or a remote one: a local root
+        is_judge = ROLE_ATTRIBUTE in attrs and attrs[ROLE_ATTRIBUTE] == JUDGE_ROLE
+        if scope is not self._seen[0] or resource is not self._seen[1]:
+            self._note_origin(scope, resource)
+        if (is_root and is_judge) or self._seen_own:
+            self._guard(tid)
+            return
+        entry = self._traces.get(tid)
+        if entry is None:
+            entry = self._open(tid, now)
+            if entry is None:
+                return
+        limits = self.limits
+        if len(entry.spans) >= limits.max_spans_per_trace:
+            dropped = compact(entry.spans[0])  # its size (compacted already: nothing changes)
+            entry.size -= dropped
+            self.bytes -= dropped
+            del entry.spans[0], entry.kinds[0]  # O(n), but only over a bound (rare, n small)
+            self._tally.drop("max_spans_per_trace")
+        kind = classify(f.name, attrs)
+        record, size = build_record(
+            ctx,
+            parent,
+            f.name,
+            entry.trace_id,
+            attrs,
+            f.kind,
+            f.start_ns,
+            f.end_ns,
+            f.status,
+            f.events,
+            self._seen_service,
+            self._seen_scope_name,
+        )
+        entry.spans.append(record)
+        entry.kinds.append(kind)
+        entry.size += size
+        self.bytes += size
+        if is_judge:
+            if entry.judge_ids is None:
+                entry.judge_ids = set()
+            entry.judge_ids.add(record.span_id)
+        if is_root or kind == "agent":
+            if entry.due is None:
+                self._due_order[tid] = None
+            entry.due = now + limits.grace_s
+            if not limits.grace_s:
+                self.wake = True
+        if self.bytes > limits.max_buffer_bytes:  # last: this trace may be the one to go
+            if entry.size > limits.max_buffer_bytes:  # alone over the bound: it goes, not the others
+                self._pop(tid)
+                self._ignore(tid)
+                self._tally.drop("max_buffer_bytes")
+            while self.bytes > limits.max_buffer_bytes and self._traces:
+                self._make_room("max_buffer_bytes")
+
+    def _note_origin(self, scope: InstrumentationScope | None, resource: Resource | None) -> None:
+        self._seen = (scope, resource)
+        self._seen_own = is_own_origin(scope, resource)
+        self._seen_service = service_name(resource)
+        self._seen_scope_name = scope.name if scope is not None else None
+
+    def _open(self, tid: int, now: float) -> BufferedTrace | None:
+        trace_id = format(tid, "032x")
+        if self._all_sampled:
+            rules = self._rules
+        else:
+            rules = [r for r in self._rules if sampled(trace_id, r.sample_rate)]
+            if not rules:
+                self._tally.skip("sampled_out")
+                self._ignore(tid)
+                return None
+        if len(self._traces) >= self.limits.max_traces:
+            self._make_room("max_traces")
+        entry = self._traces[tid] = BufferedTrace(trace_id=trace_id, first_seen=now, rules=rules)
+        if self.sleeping:
+            self.sleeping = False
+            self.wake = True
+        return entry
+
+    def _make_room(self, reason: str) -> None:
+        """Full (``reason``): complete the oldest trace whose root ended early, else drop the
+        oldest unfinished trace."""
+        while self._due_order:
+            tid = next(iter(self._due_order))
+            entry = self._pop(tid)
+            if entry is not None:
+                full = self._reserve(entry.size)
+                if full:
+                    self._ignore(tid)
+                    self._tally.drop(full)
+                else:
+                    self._early.append(entry)
+                    self.wake = True
+                return
+        tid = next(iter(self._traces))
+        self._pop(tid)
+        self._ignore(tid)
+        self._tally.drop(reason)
+
+    def _ignore(self, tid: int) -> None:
+        self._ignored[tid] = None
+        # Remembered well beyond the buffer: in a flood, a dropped trace's root may come a few
+        # thousand traces later (~100 bytes an entry).
+        if len(self._ignored) > max(4 * self.limits.max_traces, 16_384):
+            self._ignored.popitem(last=False)
+
+    def _guard(self, tid: int) -> None:
+        if self._pop(tid) is not None or tid not in self._guarded:
+            self._tally.skip("loop_guard")
+        self._guarded[tid] = None
+        if len(self._guarded) > self.limits.max_traces:
+            self._guarded.popitem(last=False)
+
+    def _pop(self, tid: int) -> BufferedTrace | None:
+        self._due_order.pop(tid, None)
+        entry = self._traces.pop(tid, None)
+        if entry is not None:
+            self.bytes -= entry.size
+        return entry
+
+    # --- completing ------------------------------------------------------------------------
+
+    def poll(self, now: float, *, force: bool = False) -> Polled:
+        """The traces complete at ``now`` (with ``force``, every trace whose root ended, grace
+        or not); traces ``max_trace_age_s`` old without an ended root are dropped."""
+        early, self._early = self._early, []
+        out = Polled(early, len(early), sum(e.size for e in early))
+        max_age = self.limits.max_trace_age_s
+        due: list[int] = []
+        expired: list[int] = []
+        for tid, entry in self._traces.items():
+            if entry.due is not None:
+                if force or entry.due <= now:
+                    due.append(tid)
+            elif now - entry.first_seen >= max_age:
+                expired.append(tid)
+        for tid in expired:
+            self._pop(tid)
+            self._ignore(tid)
+            self._tally.drop("max_trace_age")
+        for tid in due:
+            taken = self._pop(tid)
+            if taken is not None:
+                out.traces.append(taken)
+        return out
+
+    def drain(self) -> int:
+        """Forget every buffered trace (shutdown); returns how many there were."""
+        left = len(self._traces)
+        self._traces.clear()
+        self._due_order.clear()
+        self.bytes = 0
+        return left

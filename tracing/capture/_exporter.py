@@ -1,0 +1,402 @@
+"""``ScoringSpanExporter``: an OTel ``SpanExporter`` that turns finished agent traces into
+score requests, without ever slowing down or breaking the application.
+
+It wires three parts: ``export()`` files spans into the ``TraceBuffer`` (pure, under one lock);
+a flusher thread polls it every ``flush_interval_s`` and completes each trace it hands over
+(plans the trace's runs from span names and kinds alone: no message parsed, nothing validated
+in the application; a rule with a ``filter`` reads the run here to ask it, which costs the
+application that reading); the ``Sender`` queues each run's span records and ships them to the
+sink in batches, with retries. A rule's ``delay_s`` holds a run back that long first. Every drop
+is counted by reason under ``stats()["dropped"]``; after ``shutdown()`` nothing is sent.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from tracing._errors import TraceReadError
+from tracing._records import plan_runs
+from tracing._rules import ScoringRule
+from tracing._run import SpanRecord
+from tracing._sinks import Sink
+from tracing._transform import trace_to_run
+from tracing.capture._buffer import BufferedTrace, BufferLimits, TraceBuffer
+from tracing.capture._sender import Sender, SenderLimits, Shipment, describe, shipment_size
+from tracing.capture._tally import Tally
+
+__all__ = ["ScoringSpanExporter"]
+
+log = structlog.get_logger("tracescore.exporter")
+
+Clock = Callable[[], float]
+
+
+def _scorer_groups(rules: Sequence[ScoringRule]) -> list[tuple[float, list[str]]]:
+    """Scorer ids by ``delay_s``: one request per delay, ids merged in rule order."""
+    by_delay: dict[float, list[str]] = {}
+    for rule in rules:
+        ids = by_delay.setdefault(rule.delay_s, [])
+        ids.extend(i for i in rule.scorer_ids if i not in ids)
+    return sorted(by_delay.items())
+
+
+class ScoringSpanExporter(SpanExporter):
+    """Put behind ``BatchSpanProcessor``: ``provider.add_span_processor(BatchSpanProcessor(
+    ScoringSpanExporter(rules=[ScoringRule(["helpfulness"])], sink=CelerySink(url))))``.
+
+    Bounds: ``max_traces`` buffered traces and ``max_buffer_bytes`` of their span records
+    (approximate JSON size), ``max_spans_per_trace`` spans each; traces older than
+    ``max_trace_age_s`` without an ended agent/root span are dropped. When the buffer is full
+    the oldest trace whose agent/root span ended is completed early, else the oldest trace is
+    dropped. ``queue_size`` runs wait for the sink (plus those held back by a rule's
+    ``delay_s``), together no more than ``max_queue_bytes`` of span records. A batch holds up
+    to ``batch_size`` runs and, roughly, ``max_batch_bytes``; a sink with a message cap
+    (``CelerySink(max_payload_bytes=...)``) gets each message cut under it, and a run over it
+    alone is dropped (``dropped.too_large``) while its neighbours are sent. ``shutdown()`` takes
+    at most ``shutdown_timeout_s`` (whatever timeout the SDK passes), plus one sink attempt under
+    way. ``clock`` (monotonic seconds) is injectable so tests drive the grace window without
+    sleeping.
+    """
+
+    def __init__(
+        self,
+        rules: Sequence[ScoringRule],
+        sink: Sink,
+        *,
+        max_traces: int = 2048,
+        max_spans_per_trace: int = 512,
+        max_trace_age_s: float = 300.0,
+        grace_s: float = 2.0,
+        queue_size: int = 10_000,
+        max_buffer_bytes: int = 64 * 1024 * 1024,
+        max_queue_bytes: int = 64 * 1024 * 1024,
+        batch_size: int = 50,
+        max_batch_bytes: int = 4 * 1024 * 1024,
+        flush_interval_s: float = 0.5,
+        retry_initial_s: float = 0.1,
+        retry_max_s: float = 5.0,
+        shutdown_timeout_s: float = 5.0,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        rules = list(rules)
+        if not rules or not all(isinstance(r, ScoringRule) for r in rules):
+            raise ValueError("ScoringSpanExporter needs at least one ScoringRule in rules=[...]")
+        if not callable(getattr(sink, "send", None)):
+            raise TypeError("sink must have a send(batch) method (CelerySink, CallbackSink, ...)")
+        for name, fvalue in (("flush_interval_s", flush_interval_s), ("shutdown_timeout_s", shutdown_timeout_s)):
+            if fvalue <= 0:
+                raise ValueError(f"{name} must be > 0, got {fvalue}")
+        self._tally = Tally()
+        sender_limits = SenderLimits(
+            queue_size=queue_size,
+            max_queue_bytes=max_queue_bytes,
+            batch_size=batch_size,
+            max_batch_bytes=max_batch_bytes,
+            retry_initial_s=retry_initial_s,
+            retry_max_s=retry_max_s,
+        )
+        buffer_limits = BufferLimits(
+            max_traces=max_traces,
+            max_spans_per_trace=max_spans_per_trace,
+            max_buffer_bytes=max_buffer_bytes,
+            max_trace_age_s=max_trace_age_s,
+            grace_s=grace_s,
+        )
+        self._rules = rules
+        self._sender = Sender(sink, sender_limits, self._tally)
+        self._buffer = TraceBuffer(rules, buffer_limits, self._tally, reserve=self._sender.reserve)
+        self._all_groups = _scorer_groups(rules)
+        self._batch_size = batch_size
+        self._queue_size = queue_size
+        self._interval = flush_interval_s
+        self._shutdown_timeout = shutdown_timeout_s
+        self._clock = clock
+
+        # Guards the buffer, the delayed heap and the counters below.
+        self._lock = threading.Lock()
+        # One completion pass at a time (flusher, tick, force_flush, shutdown).
+        self._process_lock = threading.Lock()
+        # Runs held back by a rule's delay_s: (due, sequence, shipment).
+        self._delayed: list[tuple[float, int, Shipment]] = []
+        self._seq = itertools.count()
+        self._traces_completed = 0
+        self._runs_found = 0
+        self._runs_read_in_app = 0
+        self._closed = False
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, name="tracescore-flusher", daemon=True)
+        self._flusher.start()
+        self._sender.start()
+
+    # --- SpanExporter ----------------------------------------------------------------------
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """File spans by trace; never raises, never waits on the sink."""
+        bad = 0
+        error: Exception | None = None
+        try:
+            now = self._clock()
+            buffer = self._buffer
+            with self._lock:
+                if self._closed:
+                    return SpanExportResult.FAILURE
+                for span in spans:
+                    try:
+                        buffer.add(span, now)
+                    except Exception as exc:  # one bad span must not lose the rest of the batch
+                        bad += 1
+                        error = exc
+                wake, buffer.wake = buffer.wake, False
+            if bad:
+                self._tally.error("export", bad)
+            if wake:  # once per batch, not per trace
+                self._wake.set()
+        except Exception as exc:  # the application must never see our failure
+            self._tally.error("export")
+            bad, error = bad + 1, exc
+        if bad:
+            log.error("exporter_export_failed", spans=bad, error=describe(error) if error else None)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Complete every trace whose agent/root span ended (skipping the grace window), then
+        wait until the sink has everything queued. False when the deadline passed first."""
+        deadline = time.monotonic() + timeout_millis / 1000
+        try:
+            self._process(force=True)
+            return self._sender.wait_idle(deadline)
+        except Exception as exc:
+            self._tally.error("flush")
+            log.error("exporter_flush_failed", error=describe(exc))
+            return False
+
+    def shutdown(self, timeout_millis: int | None = None) -> None:
+        """Flush what can be flushed within the deadline (default ``shutdown_timeout_s``: the
+        SDK calls this without one, and a down broker must not hold the app's exit), then stop
+        both threads and close the sink; what is left is counted as dropped.
+
+        From the deadline on nothing new is sent: the sender starts no send attempt (nor retry)
+        once stopped, and a ``CelerySink`` refuses sends once closed. Closing waits for a send
+        already under way (bounded by the sink's own timeouts), so none lands after this returns.
+        """
+        timeout_s = self._shutdown_timeout
+        if timeout_millis is not None:
+            timeout_s = min(timeout_s, timeout_millis / 1000)
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._process(force=True)  # delayed runs too: better early than never
+            with self._lock:
+                left = self._buffer.drain()
+            self._tally.drop("shutdown_incomplete_trace", left)
+            self._sender.wait_idle(deadline)
+        finally:
+            self._stop.set()
+            self._sender.stop()
+            self._wake.set()
+            self._flusher.join(max(0.0, deadline - time.monotonic()) + 0.1)
+            self._sender.close(deadline)
+
+    # --- completion -----------------------------------------------------------------------
+
+    def tick(self) -> int:
+        """Complete the traces that are due at the clock's current time; returns how many.
+
+        The flusher thread calls this every ``flush_interval_s``; tests call it after moving
+        an injected clock."""
+        return self._process(force=False)
+
+    def _process(self, *, force: bool) -> int:
+        with self._process_lock:
+            return self._process_pass(force)
+
+    def _process_pass(self, force: bool) -> int:
+        now = self._clock()
+        delayed: list[Shipment] = []
+        with self._lock:
+            polled = self._buffer.poll(now, force=force)
+            heap = self._delayed
+            while heap and ((force and self._closed) or heap[0][0] <= now):
+                delayed.append(heapq.heappop(heap)[2])
+        sender = self._sender
+        if polled.early:
+            sender.release(polled.early_bytes, polled.early)
+        if delayed:
+            sender.release(sum(s.size for s in delayed))
+            sender.put(delayed)
+        # Completed one at a time, each dropped when done: its records become garbage at once
+        # instead of surviving (and being promoted by the GC) until the end. What they ship is
+        # queued a batch at a time: one lock and one wake of the sender per batch.
+        traces = polled.traces
+        done = len(traces)
+        traces.reverse()
+        out: list[Shipment] = []
+        while traces:
+            entry = traces.pop()
+            try:
+                self._complete(entry, now, out)
+            except Exception as exc:  # one bad trace must not stop the others
+                self._tally.error("internal")
+                log.error("exporter_trace_failed", trace_id=entry.trace_id, error=describe(exc))
+            del entry
+            if len(out) >= self._batch_size:
+                sender.put(out)
+                out = []
+        sender.put(out)
+        return done
+
+    def _complete(self, entry: BufferedTrace, now: float, out: list[Shipment]) -> None:
+        records = entry.spans
+        runs = plan_runs(records, kinds=entry.kinds, exclude_under=entry.judge_ids or ())
+        with self._lock:
+            self._traces_completed += 1
+            self._runs_found += len(runs)
+        if not runs:
+            self._tally.skip("no_target")
+            return
+        rules = entry.rules
+        filtered = any(rule.filter is not None for rule in rules)
+        for target, spans in runs:
+            if filtered:
+                kept = self._filter(target.span_id, spans, rules, entry.trace_id)
+                if not kept:
+                    continue
+                groups = _scorer_groups(kept)
+            else:
+                groups = self._all_groups if rules is self._rules else _scorer_groups(rules)
+            # A run is a subset of the trace: as many spans means all of them.
+            size = entry.size if len(spans) == len(records) else shipment_size(spans)
+            for delay, ids in groups:
+                shipment = Shipment(spans, target.span_id, ids, size)
+                if delay > 0:
+                    self._hold(shipment, now + delay)
+                else:
+                    out.append(shipment)
+
+    def _filter(
+        self, target_span_id: str, spans: list[SpanRecord], rules: Sequence[ScoringRule], trace_id: str
+    ) -> list[ScoringRule]:
+        """The rules that keep this run: a rule's filter needs the run, read here (the
+        application pays for it) as the worker will read it."""
+        try:
+            run = trace_to_run(spans, target_span_id)
+        except TraceReadError as error:
+            self._tally.error(error.reason)
+            log.warning(
+                "trace_unreadable",
+                trace_id=trace_id,
+                span_id=error.span_id,
+                span_name=error.span_name,
+                attribute=error.attribute,
+                reason=error.reason,
+            )
+            return []
+        with self._lock:
+            self._runs_read_in_app += 1
+        kept: list[ScoringRule] = []
+        for rule in rules:
+            if rule.filter is not None:
+                try:
+                    keep = bool(rule.filter(run))
+                except Exception as exc:
+                    self._tally.error("filter")
+                    log.warning("rule_filter_failed", span_id=target_span_id, error=describe(exc))
+                    continue
+                if not keep:
+                    continue
+            kept.append(rule)
+        if not kept:
+            self._tally.skip("filtered_out")
+        return kept
+
+    def _hold(self, shipment: Shipment, due: float) -> None:
+        with self._lock:
+            if len(self._delayed) >= self._queue_size:
+                self._tally.drop("delay_queue_full")
+                return
+            if not self._sender.hold_bytes(shipment.size):
+                self._tally.drop("queue_bytes")
+                return
+            heapq.heappush(self._delayed, (due, next(self._seq), shipment))
+
+    def _flush_loop(self) -> None:
+        while not self._stop.is_set():
+            # Not during a pass (tick/force_flush in another thread): one may have taken the
+            # last traces and not yet queued their delayed runs.
+            with self._process_lock, self._lock:
+                idle = self._buffer.empty and not self._delayed
+                self._buffer.sleeping = idle
+            # Idle: nothing can become due or expire until export() files a trace (and wakes
+            # us); a wake between the check and the wait leaves the event set.
+            self._wake.wait(None if idle else self._interval)
+            self._wake.clear()  # before the pass: a wake after this is seen by the next one
+            if self._stop.is_set():
+                return
+            try:
+                self._process(force=False)
+            except Exception as exc:
+                log.error("exporter_flusher_failed", error=describe(exc))
+
+    # --- observability --------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start.
+
+        ``spans_seen``; ``traces_buffered`` and ``buffer_bytes`` (now; the records' approximate
+        JSON size, bounded by ``max_buffer_bytes``); ``traces_completed`` (taken after their
+        agent/root span ended, sampled-in only); ``runs_found`` (runs to score found in them);
+        ``runs_read_in_app`` (of those, read into a ``TracedRun`` here because a rule has a
+        filter; every run travels as span records and the worker reads it); ``runs_enqueued``
+        and ``runs_sent`` (one per run and distinct ``delay_s``); ``batches_sent``;
+        ``send_failures`` (sink attempts that raised, each retried); ``queue_depth`` (waiting
+        for or in the sink); ``queue_bytes`` (approximate JSON size of what waits, bounded by
+        ``max_queue_bytes``); ``delayed`` (held by ``delay_s``); ``dropped`` by reason: traces
+        (``max_traces`` and ``max_buffer_bytes``: the buffer was full of unfinished traces,
+        ``max_trace_age``, ``shutdown_incomplete_trace``), spans (``max_spans_per_trace``,
+        ``no_context``) and runs (``queue_full`` and ``queue_bytes``: the hand-off queue's run
+        and byte bounds, ``delay_queue_full``, ``shutdown_unsent``, ``send_failed``,
+        ``too_large``: alone over the sink's ``max_payload_bytes``); ``skipped`` by reason
+        (``sampled_out``, ``loop_guard``, ``no_target``, ``filtered_out``); ``errors`` by reason
+        (``TraceReadError.reason`` values for runs read here — a run the worker cannot read
+        becomes error score records there — and ``filter``, ``export``, ``flush``, ``send``,
+        ``internal``)."""
+        depth, queued = self._sender.depth()
+        dropped, skipped, errors = self._tally.snapshot()
+        with self._lock:
+            out: dict[str, Any] = {
+                "spans_seen": self._buffer.spans_seen,
+                "traces_buffered": len(self._buffer),
+                "buffer_bytes": self._buffer.bytes,
+                "traces_completed": self._traces_completed,
+                "runs_found": self._runs_found,
+                "runs_read_in_app": self._runs_read_in_app,
+            }
+            delayed = len(self._delayed)
+        counters = self._sender.counters()
+        out.update(
+            runs_enqueued=counters["runs_enqueued"],
+            runs_sent=counters["runs_sent"],
+            batches_sent=counters["batches_sent"],
+            send_failures=counters["send_failures"],
+            queue_depth=depth,
+            queue_bytes=queued,
+            delayed=delayed,
+            dropped=dropped,
+            skipped=skipped,
+            errors=errors,
+        )
+        return out

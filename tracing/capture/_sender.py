@@ -1,0 +1,356 @@
+"""``Sender``: the hand-off queue between completed traces and the sink, and the thread that
+drains it.
+
+The queue is bounded in runs (``queue_size``) and in bytes (``max_queue_bytes``, the records'
+approximate JSON size; with the broker down, large traces cannot grow the application past it)
+and drops the newest. The sender takes up to ``batch_size`` runs and about ``max_batch_bytes``
+at once (what is in flight stays one batch's worth), builds their requests, and hands them to
+the sink; a sink with a message cap (``EncodedSink``, the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES``)
+gets each message cut under it by the requests' encoded size (``tracing.queue.RequestCutter``),
+and a run over it alone is dropped (``too_large``) while its neighbours go on. A failed send is
+retried with jittered exponential backoff until it succeeds or the sender stops; after ``stop``
+no attempt (nor retry) starts, and ``close`` counts what is left as dropped.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from tracing._records import compact
+from tracing._run import SpanRecord
+from tracing._sinks import EncodedSink, Sink
+from tracing.capture._tally import Tally
+from tracing.queue import RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, spans_request
+
+__all__ = ["Sender", "SenderLimits", "Shipment", "describe", "shipment_size"]
+
+log = structlog.get_logger("tracescore.exporter")
+
+
+def describe(exc: BaseException) -> str:
+    """An error for the application's log, without agent content: the exception's type only,
+    as its text may quote span attributes (a TraceReadError quotes the bad JSON, a pydantic
+    error its input, a filter's error the run) — except network errors, whose text says which
+    broker address failed and how."""
+    if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("kombu", "redis", "amqp"):
+        return repr(exc)
+    return type(exc).__name__
+
+
+@dataclass(slots=True)
+class Shipment:
+    """One run waiting in the queue: the sender builds its request (fewer objects queued)."""
+
+    spans: list[SpanRecord]
+    target_span_id: str
+    scorer_ids: list[str]
+    size: int  # the spans' approximate JSON size (compacted records)
+    enqueued_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SenderLimits:
+    queue_size: int = 10_000
+    max_queue_bytes: int = 64 * 1024 * 1024
+    batch_size: int = 50
+    max_batch_bytes: int = 4 * 1024 * 1024
+    retry_initial_s: float = 0.1
+    retry_max_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("queue_size", "max_queue_bytes", "batch_size", "max_batch_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("retry_initial_s", "retry_max_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """What the sink gets at once: requests, their JSON when the sink takes it encoded, and how
+    many runs before them were dropped as too large."""
+
+    requests: list[ScoreRequest]
+    encoded: list[str] | None
+    rejected: int
+
+
+class Sender:
+    def __init__(self, sink: Sink, limits: SenderLimits, tally: Tally) -> None:
+        self._sink = sink
+        self.limits = limits
+        self._tally = tally
+        # Room for one message when the sink has a cap, else None (an in-process sink: nothing
+        # is encoded, batches are cut by approximate size only).
+        self._max_payload: int | None = sink.max_payload_bytes if isinstance(sink, EncodedSink) else None
+        self._lock = threading.Lock()
+        self._has_work = threading.Condition(self._lock)
+        self._idle = threading.Condition(self._lock)
+        self._pending: deque[Shipment] = deque()
+        # Approximate JSON size of what waits: pending, plus what the owner holds against the
+        # bound (traces completed early, runs held back by delay_s).
+        self._queued_bytes = 0
+        self._held = 0  # runs held by the owner that count against queue_size
+        self._inflight = 0
+        self._stop = threading.Event()
+        self._gave_up = False  # close() counted what is left: the thread no longer does
+        self.runs_enqueued = 0
+        self.runs_sent = 0
+        self.batches_sent = 0
+        self.send_failures = 0
+        self._thread = threading.Thread(target=self._run, name="tracescore-sender", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # --- the queue -------------------------------------------------------------------------
+
+    def _full(self, size: int, runs: int = 1) -> str | None:
+        if len(self._pending) + self._held + runs > self.limits.queue_size:
+            return "queue_full"
+        if self._queued_bytes + size > self.limits.max_queue_bytes:
+            return "queue_bytes"
+        return None
+
+    def reserve(self, size: int) -> str | None:
+        """Hold room for one run of ``size`` bytes (a trace completed early, queued later);
+        returns why there is none, or None."""
+        with self._lock:
+            reason = self._full(size)
+            if reason is None:
+                self._held += 1
+                self._queued_bytes += size
+            return reason
+
+    def hold_bytes(self, size: int) -> bool:
+        """Hold ``size`` bytes against the byte bound only (a run held back by ``delay_s``)."""
+        with self._lock:
+            if self._queued_bytes + size > self.limits.max_queue_bytes:
+                return False
+            self._queued_bytes += size
+            return True
+
+    def release(self, size: int, runs: int = 0) -> None:
+        with self._lock:
+            self._queued_bytes -= size
+            self._held -= runs
+
+    def put(self, shipments: Sequence[Shipment]) -> None:
+        """Queue ``shipments`` (stamped now); what does not fit is dropped and counted: the
+        newest first by count, then each one over the byte bound (a smaller one after it may
+        still fit)."""
+        if not shipments:
+            return
+        stamp = time.time()
+        with self._lock:
+            if self._stop.is_set():  # stopped: nothing may be sent any more
+                self._tally.drop("shutdown_unsent", len(shipments))
+                return
+            room = self.limits.queue_size - len(self._pending) - self._held
+            if room < len(shipments):
+                self._tally.drop("queue_full", len(shipments) - max(room, 0))
+                shipments = shipments[: max(room, 0)]
+            kept = 0
+            for shipment in shipments:
+                if self._queued_bytes + shipment.size > self.limits.max_queue_bytes:
+                    self._tally.drop("queue_bytes")
+                    continue
+                if shipment.enqueued_at is None:
+                    shipment.enqueued_at = stamp
+                self._pending.append(shipment)
+                self._queued_bytes += shipment.size
+                kept += 1
+            if kept:
+                self.runs_enqueued += kept
+                self._has_work.notify()
+
+    def is_alive(self) -> bool:
+        """Whether the sending thread still runs (the only thread that calls the sink)."""
+        return self._thread.is_alive()
+
+    def depth(self) -> tuple[int, int]:
+        """(runs waiting for or in the sink, approximate bytes held against the bound)."""
+        with self._lock:
+            return len(self._pending) + self._held + self._inflight, self._queued_bytes
+
+    def wait_idle(self, deadline: float) -> bool:
+        """Wait until nothing waits or is in the sink (True), or ``deadline`` (monotonic) passed."""
+        with self._idle:
+            while self._pending or self._held or self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(min(left, 0.05))
+        return True
+
+    def stop(self) -> None:
+        """No new send attempt (nor retry) starts from now on."""
+        with self._lock:
+            self._stop.set()
+            self._has_work.notify_all()
+
+    def close(self, deadline: float) -> None:
+        """After ``stop``: wait for the thread until ``deadline``, close the sink (which ends a
+        send under way), and count what is still queued or in the sink as dropped."""
+        self._thread.join(max(0.0, deadline - time.monotonic()) + 0.1)
+        close = getattr(self._sink, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception as exc:
+                log.warning("exporter_sink_close_failed", error=describe(exc))
+        self._thread.join(0.1)  # a send the close just ended: let the thread count it
+        with self._lock:
+            unsent = len(self._pending) + self._inflight
+            self._pending.clear()
+            self._queued_bytes = 0
+            self._held = 0
+            self._gave_up = True
+            self._tally.drop("shutdown_unsent", unsent)
+        if self._thread.is_alive():
+            log.warning("exporter_sink_still_busy", runs=self._inflight)
+
+    # --- the thread ------------------------------------------------------------------------
+
+    def _take(self) -> list[Shipment]:
+        with self._lock:
+            while not self._pending and not self._stop.is_set():
+                self._has_work.wait()
+            if self._stop.is_set():
+                return []
+            pending = self._pending
+            batch: list[Shipment] = []
+            size = 0
+            while pending and len(batch) < self.limits.batch_size:
+                n = pending[0].size
+                if batch and size + n > self.limits.max_batch_bytes:
+                    break
+                batch.append(pending.popleft())
+                size += n
+            self._queued_bytes -= size
+            self._inflight += len(batch)  # in the same step: wait_idle never sees neither
+            return batch
+
+    def _settle(self, runs: int, *, sent: bool = False, reason: str = "shutdown_unsent") -> None:
+        with self._lock:
+            self._inflight -= runs
+            if sent:
+                self.runs_sent += runs
+                self.batches_sent += 1
+            elif not self._gave_up:
+                self._tally.drop(reason, runs)
+            self._idle.notify_all()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            batch = self._take()
+            settled = 0
+            try:
+                for chunk in self._chunks(batch):
+                    if chunk.rejected:
+                        settled += chunk.rejected
+                        self._settle(chunk.rejected, reason="too_large")
+                    if not chunk.requests:
+                        continue
+                    sent = False
+                    try:
+                        sent = self._deliver(chunk)
+                    finally:
+                        settled += len(chunk.requests)
+                        self._settle(len(chunk.requests), sent=sent)
+            except Exception as exc:  # a request that cannot be built: the sender must live on
+                log.error("exporter_sender_failed", error=describe(exc))
+                self._tally.error("send")
+                self._settle(len(batch) - settled, reason="send_failed")
+
+    def _chunks(self, batch: list[Shipment]) -> Iterator[_Chunk]:
+        """The batch's requests in chunks of about ``max_batch_bytes`` (spans travel with every
+        message the model saw, which a worker's payload limit caps), and under the sink's
+        message cap when it has one (each request encoded once, here)."""
+        if self._max_payload is not None:
+            yield from self._encoded_chunks(batch, self._max_payload)
+            return
+        limit = self.limits.max_batch_bytes
+        chunk: list[ScoreRequest] = []
+        size = 0
+        for s in batch:
+            if chunk and size + s.size > limit:
+                yield _Chunk(chunk, None, 0)
+                chunk, size = [], 0
+            chunk.append(spans_request(s.spans, s.target_span_id, s.scorer_ids, s.enqueued_at))
+            size += s.size
+        if chunk:
+            yield _Chunk(chunk, None, 0)
+
+    def _encoded_chunks(self, batch: list[Shipment], max_payload: int) -> Iterator[_Chunk]:
+        cutter = RequestCutter(max_payload, max_bytes=self.limits.max_batch_bytes)
+        rejected = 0
+        for s in batch:
+            request = spans_request(s.spans, s.target_span_id, s.scorer_ids, s.enqueued_at)
+            try:
+                closed = cutter.add(request)
+            except RunTooLarge as exc:
+                # Only ids and sizes: the spans are the agent's content.
+                log.warning(
+                    "exporter_run_too_large",
+                    trace_id=exc.trace_id,
+                    span_id=exc.span_id,
+                    bytes=exc.size,
+                    max_payload_bytes=exc.max_payload_bytes,
+                )
+                rejected += 1
+                continue
+            if closed is not None:
+                yield _Chunk(closed.requests, closed.encoded, rejected)
+                rejected = 0
+        last = cutter.take()
+        if last.requests or rejected:
+            yield _Chunk(last.requests, last.encoded, rejected)
+
+    def _deliver(self, chunk: _Chunk) -> bool:
+        """Send one chunk, retrying until it is sent (True) or the sender stops (False)."""
+        batch = ScoreBatch.model_construct(batch_id=uuid.uuid4().hex, requests=chunk.requests)
+        sink = self._sink
+        delay = self.limits.retry_initial_s
+        while not self._stop.is_set():  # checked before every attempt: no send after stop
+            try:
+                if chunk.encoded is not None and isinstance(sink, EncodedSink):
+                    sink.send_encoded(batch, chunk.encoded)
+                else:
+                    sink.send(batch)
+            except Exception as exc:
+                with self._lock:
+                    self.send_failures += 1
+                    failures = self.send_failures
+                if failures == 1 or failures % 100 == 0:
+                    log.warning("sink_send_failed", error=describe(exc), runs=len(chunk.requests), failures=failures)
+                # Jitter so several exporters do not hammer a recovering broker in step.
+                self._stop.wait(delay * (0.5 + random.random() / 2))
+                delay = min(self.limits.retry_max_s, delay * 2)
+                continue
+            return True
+        return False
+
+    def counters(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "runs_enqueued": self.runs_enqueued,
+                "runs_sent": self.runs_sent,
+                "batches_sent": self.batches_sent,
+                "send_failures": self.send_failures,
+            }
+
+
+def shipment_size(spans: Sequence[SpanRecord]) -> int:
+    """The approximate JSON size of ``spans`` (compacted in place: idempotent)."""
+    return sum(compact(r) for r in spans)
