@@ -20,9 +20,8 @@ import click
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from worker._embedded import GuardedLoop, Job, cli_limits, score_runs
 from worker._registry import RegistryError, load_registry
-from worker._settings import SettingsError, load_settings
 from worker._summary import RunTable, Summary, cell
-from worker.cli._common import CliError
+from worker.cli._common import CliError, cli_settings
 
 __all__ = ["score_command"]
 
@@ -178,10 +177,7 @@ def score_command(
     runs_total = 0
     started = time.perf_counter()
 
-    try:
-        loop = GuardedLoop(cli_limits(load_settings()))
-    except SettingsError as exc:
-        raise CliError(str(exc)) from exc
+    loop = GuardedLoop(cli_limits(cli_settings()))
     try:
         out_file: IO[str] | None = out.open("w", encoding="utf-8") if out is not None else None
     except OSError as exc:
