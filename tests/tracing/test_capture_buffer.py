@@ -1,0 +1,214 @@
+"""TraceBuffer alone: a pure, clock-driven buffer (no threads, no sleeps; the time is an argument)."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.trace import ReadableSpan
+
+from tests.tracing._spans import Recorder, agent_trace
+from tracing import ScoringRule
+from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE
+from tracing._rules import sampled
+from tracing.capture._buffer import BufferLimits, TraceBuffer
+from tracing.capture._tally import Tally
+
+RULES = [ScoringRule(["s"])]
+
+
+def _buffer(reserve: object = None, **limits: float) -> tuple[TraceBuffer, Tally]:
+    tally = Tally()
+    return TraceBuffer(RULES, BufferLimits(**limits), tally, reserve=reserve), tally  # type: ignore[arg-type]
+
+
+def _trace(question: str = "Hi?") -> list[ReadableSpan]:
+    rec = Recorder()
+    agent_trace(rec, question=question)
+    return rec.spans()  # children first, the agent root last
+
+
+def _file(buffer: TraceBuffer, spans: list[ReadableSpan], now: float) -> None:
+    for span in spans:
+        buffer.add(span, now)
+
+
+def _ids(polled_traces: list[object]) -> list[str]:
+    return [t.trace_id for t in polled_traces]  # type: ignore[attr-defined]
+
+
+def test_a_trace_is_handed_over_grace_after_its_root_ended() -> None:
+    """Not before ``grace_s`` after the root ended; then once, with every span."""
+    buffer, _ = _buffer(grace_s=2.0)
+    spans = _trace()
+    _file(buffer, spans, now=100.0)
+    assert buffer.poll(101.9).traces == []
+    (trace,) = buffer.poll(102.0).traces
+    assert len(trace.spans) == len(spans)
+    assert buffer.poll(500.0).traces == []
+    assert (len(buffer), buffer.bytes) == (0, 0)
+
+
+def test_a_child_ending_after_its_root_within_grace_is_kept() -> None:
+    """The root first, a late child inside the grace window: both in the run."""
+    buffer, _ = _buffer(grace_s=2.0)
+    *children, root = _trace()
+    buffer.add(root, 10.0)
+    _file(buffer, children, now=11.5)
+    (trace,) = buffer.poll(12.0).traces
+    assert len(trace.spans) == 1 + len(children)
+
+
+def test_force_hands_over_ended_traces_only() -> None:
+    """force skips the grace window, never a trace whose root has not ended."""
+    buffer, _ = _buffer(grace_s=60.0)
+    done = _trace("done")
+    *unfinished, _root = _trace("open")
+    _file(buffer, done, 0.0)
+    _file(buffer, unfinished, 0.0)
+    polled = buffer.poll(0.0, force=True)
+    assert len(polled.traces) == 1
+    assert len(buffer) == 1
+
+
+def test_an_unfinished_trace_expires_and_its_late_spans_are_ignored() -> None:
+    """max_trace_age_s without a root: dropped, and its root arriving later starts nothing."""
+    buffer, tally = _buffer(max_trace_age_s=30.0, grace_s=0.0)
+    *children, root = _trace()
+    _file(buffer, children, 0.0)
+    assert buffer.poll(29.9).traces == []
+    assert buffer.poll(30.0).traces == []
+    assert tally.dropped == {"max_trace_age": 1}
+    buffer.add(root, 31.0)
+    assert buffer.poll(40.0).traces == []
+    assert len(buffer) == 0
+
+
+def test_full_buffer_completes_the_oldest_ended_trace_early() -> None:
+    """At max_traces, the oldest trace whose root ended goes early (room reserved downstream)."""
+    reserved: list[int] = []
+
+    def reserve(size: int) -> str | None:
+        reserved.append(size)
+        return None
+
+    buffer, tally = _buffer(reserve, max_traces=2, grace_s=60.0)
+    first, second, third = _trace("1"), _trace("2"), _trace("3")
+    _file(buffer, first, 0.0)
+    _file(buffer, second, 0.0)
+    buffer.wake = False
+    _file(buffer, third, 0.0)
+    assert buffer.wake  # worth a poll at once
+    polled = buffer.poll(0.0)
+    assert (polled.early, len(polled.traces)) == (1, 1)
+    assert polled.early_bytes == reserved[0] > 0
+    assert polled.traces[0].trace_id == format(first[0].context.trace_id, "032x")  # type: ignore[union-attr]
+    assert tally.dropped == {}
+    assert len(buffer) == 2
+
+
+def test_full_buffer_drops_the_early_trace_when_the_queue_has_no_room() -> None:
+    """The hand-off queue is full: the early trace is dropped with the queue's reason."""
+    buffer, tally = _buffer(lambda size: "queue_full", max_traces=1, grace_s=60.0)
+    _file(buffer, _trace("1"), 0.0)
+    _file(buffer, _trace("2"), 0.0)
+    assert tally.dropped == {"queue_full": 1}
+    assert buffer.poll(0.0).traces == []
+
+
+def test_full_buffer_of_unfinished_traces_drops_the_oldest_whole() -> None:
+    """No root ended: the oldest unfinished trace is dropped, and its root later is ignored."""
+    buffer, tally = _buffer(max_traces=1, grace_s=0.0)
+    *old_children, old_root = _trace("old")
+    _file(buffer, old_children, 0.0)
+    *new_children, new_root = _trace("new")
+    _file(buffer, new_children, 1.0)
+    assert tally.dropped == {"max_traces": 1}
+    buffer.add(old_root, 2.0)  # a dropped trace never comes back as a partial run
+    buffer.add(new_root, 2.0)
+    (trace,) = buffer.poll(2.0).traces
+    assert trace.trace_id == format(new_root.context.trace_id, "032x")  # type: ignore[union-attr]
+
+
+def test_a_trace_alone_over_max_buffer_bytes_goes_not_the_others() -> None:
+    """Bytes: a trace bigger than the whole bound is dropped; the buffered one stays."""
+    buffer, tally = _buffer(max_buffer_bytes=20_000, grace_s=0.0)
+    small = _trace("small")
+    _file(buffer, small, 0.0)
+    _file(buffer, _trace("x" * 30_000), 0.0)
+    assert tally.dropped == {"max_buffer_bytes": 1}
+    (trace,) = buffer.poll(0.0).traces
+    assert trace.trace_id == format(small[0].context.trace_id, "032x")  # type: ignore[union-attr]
+
+
+def test_max_spans_per_trace_drops_the_oldest_spans() -> None:
+    """Over max_spans_per_trace the oldest span goes, counted; the bytes follow."""
+    buffer, tally = _buffer(max_spans_per_trace=2, grace_s=0.0)
+    rec = Recorder()
+    agent_trace(rec, tool=True)
+    spans = rec.spans()
+    _file(buffer, spans, 0.0)
+    assert tally.dropped == {"max_spans_per_trace": len(spans) - 2}
+    (trace,) = buffer.poll(0.0).traces
+    assert [r.name for r in trace.spans] == [s.name for s in spans[-2:]]
+    assert buffer.bytes == 0
+
+
+def test_sampled_out_and_own_traces_are_decided_on_their_first_span() -> None:
+    """No rule's sample takes it, or tracescore made it: counted once, its spans ignored."""
+    tally = Tally()
+    buffer = TraceBuffer([ScoringRule(["s"], sample_rate=0.5)], BufferLimits(grace_s=0.0), tally)
+    taken = 0
+    for i in range(20):
+        spans = _trace(f"q{i}")
+        _file(buffer, spans, 0.0)
+        taken += sampled(format(spans[0].context.trace_id, "032x"), 0.5)  # type: ignore[union-attr]
+    assert len(buffer.poll(0.0).traces) == taken
+    assert tally.skipped == {"sampled_out": 20 - taken}
+
+    own, tally = _buffer(grace_s=0.0)
+    worker = Recorder(service="tracescore-worker")
+    agent_trace(worker)
+    _file(own, worker.spans(), 0.0)
+    judge = Recorder()
+    with judge.span("judge", {ROLE_ATTRIBUTE: JUDGE_ROLE}):
+        agent_trace(judge)
+    _file(own, judge.spans(), 0.0)
+    assert own.poll(0.0).traces == []
+    assert tally.skipped == {"loop_guard": 2}
+
+
+def test_a_judge_span_inside_a_trace_is_noted_not_guarded() -> None:
+    """A judge span under the app's root: the trace is kept, the judge span's id noted."""
+    buffer, _ = _buffer(grace_s=0.0)
+    rec = Recorder()
+    with (
+        rec.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent"}),
+        rec.span("judge", {ROLE_ATTRIBUTE: JUDGE_ROLE}) as judge,
+    ):
+        pass
+    _file(buffer, rec.spans(), 0.0)
+    (trace,) = buffer.poll(0.0).traces
+    assert trace.judge_ids == {format(judge.get_span_context().span_id, "016x")}
+
+
+def test_wake_when_a_trace_is_due_at_once_or_arrives_while_sleeping() -> None:
+    """grace_s == 0 asks for a poll at once; so does a new trace while the caller sleeps."""
+    buffer, _ = _buffer(grace_s=0.0)
+    _file(buffer, _trace(), 0.0)
+    assert buffer.wake
+    lazy, _ = _buffer(grace_s=5.0)
+    *children, _root = _trace()
+    lazy.add(children[0], 0.0)
+    assert not lazy.wake
+    lazy.poll(0.0)
+    lazy.sleeping = True
+    lazy.add(_trace()[0], 0.0)
+    assert lazy.wake
+    assert not lazy.sleeping
+
+
+def test_drain_forgets_everything() -> None:
+    """Shutdown: every buffered trace is counted and forgotten."""
+    buffer, _ = _buffer(grace_s=60.0)
+    _file(buffer, _trace("1"), 0.0)
+    _file(buffer, _trace("2")[:1], 0.0)
+    assert buffer.drain() == 2
+    assert (len(buffer), buffer.bytes, buffer.poll(1e9).traces) == (0, 0, [])

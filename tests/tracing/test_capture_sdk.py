@@ -1,0 +1,158 @@
+"""tracing/_sdk.py: private SDK fields only on a tested SDK version, the public API otherwise,
+the same records either way, on the oldest and the newest SDK the project allows."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+
+import tracing._sdk as sdk
+from tests.tracing._capture_sdk_check import check, make_spans
+from tracing._records import span_record
+
+ROOT = Path(__file__).resolve().parents[2]
+OLDEST = "1.27.0"
+
+
+def _pins() -> dict[str, str]:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return {d.split(">")[0]: d for d in deps if d.startswith(("opentelemetry-api", "opentelemetry-sdk"))}
+
+
+def test_tested_range_is_the_pyproject_pin() -> None:
+    """TESTED_SDK's bounds are pyproject's: >= oldest minor, < the minor after the newest."""
+    (lo_major, lo_minor), (hi_major, hi_minor) = sdk.TESTED_SDK
+    for name, spec in _pins().items():
+        assert f">={lo_major}.{lo_minor}" in spec, (name, spec)
+        assert f"<{hi_major}.{hi_minor + 1}" in spec, (name, spec)
+    assert OLDEST.startswith(f"{lo_major}.{lo_minor}.")
+
+
+def test_newest_installed_sdk_takes_the_fast_path_and_matches_the_public_api() -> None:
+    """The installed SDK is in the tested range: fast path on, same records as the public API."""
+    version = sdk.sdk_version()
+    assert version is not None
+    assert sdk.TESTED_SDK[0] <= version <= sdk.TESTED_SDK[1]
+    summary = check()
+    assert summary["fast_path"] is True
+    assert [r["name"] for r in summary["records"]] == ["chat m", "invoke_agent a"]
+
+
+def test_an_sdk_outside_the_tested_range_reads_the_public_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newer (or unknown) SDK version turns the private-field path off."""
+    monkeypatch.setattr(sdk, "sdk_version", lambda: (sdk.TESTED_SDK[1][0], sdk.TESTED_SDK[1][1] + 1))
+    assert sdk._fast_path_allowed() is False
+    monkeypatch.setattr(sdk, "sdk_version", lambda: None)
+    assert sdk._fast_path_allowed() is False
+    monkeypatch.setattr(sdk, "sdk_version", lambda: sdk.TESTED_SDK[0])
+    assert sdk._fast_path_allowed() is True
+
+
+def test_a_changed_span_layout_fails_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In range but the private fields moved: the probe says no, the public API is read."""
+    monkeypatch.setattr(sdk, "_FIELDS", lambda span: (None,) * 11)
+    assert sdk._probe() is False
+    assert sdk._fast_path_allowed() is False
+
+
+def test_a_subclass_is_read_through_its_properties() -> None:
+    """A ReadableSpan subclass may override properties: they are what is read, not the fields."""
+    (span, *_) = make_spans()
+
+    class Renamed(ReadableSpan):
+        @property
+        def name(self) -> str:
+            return "renamed"
+
+    sub = Renamed(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=span.attributes,
+        events=span.events,
+        kind=span.kind,
+        status=span.status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+    assert span_record(sub).name == "renamed"
+    assert span_record(span).name == span.name
+
+
+def _oldest_sdk(cache: Path) -> Path:
+    target = cache / f"otel-{OLDEST}"
+    done = target / ".installed"
+    if done.exists():
+        return target
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            f"opentelemetry-api=={OLDEST}",
+            f"opentelemetry-sdk=={OLDEST}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        if re.search(r"connect|network|resolve|timed out|unreachable|No matching distribution", proc.stderr, re.I):
+            pytest.skip(f"cannot install opentelemetry-sdk=={OLDEST} (package registry unreachable?): {last}")
+        pytest.fail(f"pip install opentelemetry-sdk=={OLDEST} failed: {last}")
+    done.touch()
+    return target
+
+
+def test_oldest_allowed_sdk_gives_the_same_records(pytestconfig: pytest.Config) -> None:
+    """On opentelemetry-sdk 1.27.0 (a subprocess, that SDK first on the path): fast path on,
+    fast == public, and the records equal the newest SDK's."""
+    target = _oldest_sdk(Path(pytestconfig.cache.mkdir("tracescore-sdk")))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(ROOT)])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.tracing._capture_sdk_check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    old = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert old["sdk"] == OLDEST
+    assert old["fast_path"] is True
+    assert old["records"] == check()["records"]
+
+
+def test_fast_and_public_paths_agree_on_a_span_without_attributes_or_events() -> None:
+    """Empty attributes and no events read alike on both paths."""
+    from opentelemetry.trace import SpanContext
+
+    span = ReadableSpan(name="bare", context=SpanContext(1, 2, is_remote=False), start_time=1, end_time=2)
+    fast = span_record(span)
+    on = sdk.FAST_PATH
+    sdk.FAST_PATH = False
+    try:
+        public = span_record(span)
+    finally:
+        sdk.FAST_PATH = on
+    assert fast == public
+    assert (fast.attributes, fast.events) == ({}, ())
