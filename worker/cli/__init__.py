@@ -7,22 +7,24 @@ one-line error contract, the exit codes, and the options that mean the same ever
 and exit non-zero.
 
 ``main`` is the console script (``tracescore = "worker.cli:main"``) and ``cli`` the click group.
-They load on first use, so a command module outside this package may import
-``worker.cli._common`` without an import cycle.
+They load on first use, so a command module outside this package (``worker/_cli_backfill.py``)
+may import ``CliError``, the expected failure printed as one line, without an import cycle.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from worker.cli._common import CliError
+
 if TYPE_CHECKING:
     from worker.cli._main import cli, main
 
-__all__ = ["cli", "main"]
+__all__ = ["CliError", "cli", "main"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name in ("cli", "main"):
         from worker.cli import _main
 
         return getattr(_main, name)
