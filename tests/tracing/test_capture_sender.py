@@ -1,0 +1,152 @@
+"""Sender alone: the bounded hand-off queue, batches cut by count and bytes, retries, and stop/close
+(its own thread, a real one: waits poll with a deadline)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from tests.tracing._exporting import wait_for
+from tests.tracing._spans import Recorder, agent_trace
+from tracing import ScoreBatch
+from tracing._records import span_record
+from tracing.capture._sender import Sender, SenderLimits, Shipment, shipment_size
+from tracing.capture._tally import Tally
+
+
+def _shipment(question: str = "Hi?") -> Shipment:
+    rec = Recorder()
+    agent_trace(rec, question=question)
+    spans = [span_record(s) for s in rec.spans()]
+    return Shipment(spans, spans[-1].span_id, ["s"], shipment_size(spans))
+
+
+class Blocked:
+    """A sink stuck until released; records what it got."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.batches: list[ScoreBatch] = []
+
+    def send(self, batch: ScoreBatch) -> None:
+        self.release.wait(10)
+        self.batches.append(batch)
+
+
+def test_the_queue_drops_the_newest_over_its_run_and_byte_bounds() -> None:
+    """queue_size and max_queue_bytes: what does not fit is dropped and counted, never blocks."""
+    sink, tally = Blocked(), Tally()
+    one = _shipment()
+    sender = Sender(sink, SenderLimits(queue_size=3, max_queue_bytes=10 * one.size, batch_size=1), tally)
+    sender.put([_shipment(f"q{i}") for i in range(6)])  # before the thread starts: three wait
+    assert tally.dropped == {"queue_full": 3}
+    assert sender.reserve(one.size) == "queue_full"
+    sender.start()
+    try:
+        big = _shipment("x" * 20 * one.size)
+        sink.release.set()
+        assert sender.wait_idle(time.monotonic() + 10)
+        sender.put([big])
+        assert tally.dropped == {"queue_full": 3, "queue_bytes": 1}
+        assert sender.counters()["runs_sent"] == 3
+    finally:
+        sink.release.set()
+        sender.stop()
+        sender.close(time.monotonic() + 1)
+
+
+def test_batches_are_cut_by_count_and_by_bytes() -> None:
+    """Up to batch_size runs and about max_batch_bytes a batch; a run is never split."""
+    got: list[ScoreBatch] = []
+    one = _shipment()
+    sender = Sender(_Callback(got.append), SenderLimits(batch_size=3, max_batch_bytes=int(2.5 * one.size)), Tally())
+    sender.put([_shipment(f"q{i}") for i in range(7)])  # queued before the thread starts: one take
+    sender.start()
+    try:
+        assert sender.wait_idle(time.monotonic() + 10)
+        assert [len(b.requests) for b in got] == [2, 2, 2, 1]
+        assert sender.counters()["batches_sent"] == 4
+    finally:
+        sender.stop()
+        sender.close(time.monotonic() + 1)
+
+
+def test_a_failing_sink_is_retried_until_it_takes_the_batch() -> None:
+    """Each failure is counted and retried with backoff; the batch arrives once."""
+    calls: list[int] = []
+
+    def flaky(batch: ScoreBatch) -> None:
+        calls.append(len(batch.requests))
+        if len(calls) < 3:
+            raise ConnectionError("broker down")
+
+    sender = Sender(_Callback(flaky), SenderLimits(retry_initial_s=0.01, retry_max_s=0.02), Tally())
+    sender.start()
+    try:
+        sender.put([_shipment()])
+        assert sender.wait_idle(time.monotonic() + 10)
+        assert calls == [1, 1, 1]
+        assert (sender.counters()["send_failures"], sender.counters()["runs_sent"]) == (2, 1)
+    finally:
+        sender.stop()
+        sender.close(time.monotonic() + 1)
+
+
+def test_after_stop_nothing_is_attempted_and_close_counts_the_rest() -> None:
+    """stop(): no attempt (nor retry) starts; close() counts queued and in-flight runs once."""
+    attempts: list[int] = []
+
+    def down(batch: ScoreBatch) -> None:
+        attempts.append(1)
+        raise ConnectionError("broker down")
+
+    tally = Tally()
+    sender = Sender(_Callback(down), SenderLimits(batch_size=1, retry_initial_s=0.01, retry_max_s=0.02), tally)
+    sender.start()
+    sender.put([_shipment(f"q{i}") for i in range(3)])
+    assert wait_for(lambda: len(attempts) >= 2)
+    sender.stop()
+    sender.close(time.monotonic() + 1)
+    made = len(attempts)
+    assert not sender.is_alive()
+    assert tally.dropped == {"shutdown_unsent": 3}
+    sender.put([_shipment()])  # refused: stopped
+    assert tally.dropped == {"shutdown_unsent": 4}
+    assert len(attempts) == made
+
+
+def test_a_capped_sink_gets_encoded_messages_and_a_run_alone_over_the_cap_is_dropped() -> None:
+    """EncodedSink: each message under max_payload_bytes; an oversize run goes, its neighbours not."""
+    got: list[tuple[ScoreBatch, Sequence[str]]] = []
+
+    class Capped:
+        max_payload_bytes = 40_000
+
+        def send(self, batch: ScoreBatch) -> None:
+            raise AssertionError("a capped sink gets encoded requests")
+
+        def send_encoded(self, batch: ScoreBatch, requests_json: Sequence[str]) -> None:
+            got.append((batch, requests_json))
+
+    tally = Tally()
+    sender = Sender(Capped(), SenderLimits(), tally)
+    sender.put([_shipment("a"), _shipment("x" * 60_000), _shipment("b")])
+    sender.start()
+    try:
+        assert sender.wait_idle(time.monotonic() + 10)
+        assert tally.dropped == {"too_large": 1}
+        sent = [r for batch, _ in got for r in batch.requests]
+        assert len(sent) == 2
+        assert all(sum(len(j) for j in encoded) < 40_000 for _, encoded in got)
+    finally:
+        sender.stop()
+        sender.close(time.monotonic() + 1)
+
+
+class _Callback:
+    def __init__(self, fn: object) -> None:
+        self._fn = fn
+
+    def send(self, batch: ScoreBatch) -> None:
+        self._fn(batch)  # type: ignore[operator]
