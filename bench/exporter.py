@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import json
 import os
 import platform
@@ -45,7 +46,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from tracing import CallbackSink, ScoreBatch, ScoringRule, ScoringSpanExporter
-from tracing._task_message import DEFAULT_MAX_PAYLOAD_BYTES, task_message
+from tracing._sdk import FAST_PATH as sdk_fast_path
+from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, task_message
 
 SYSTEM = "You are the support agent of an online shop. Be concise, polite and accurate. " * 3
 HISTORY = [
@@ -270,6 +272,9 @@ def main() -> None:
         "exporter_stats_last_round": last_stats,
         "machine": {
             "python": platform.python_version(),
+            # The exporter reads SDK span fields directly only on a tested SDK (tracing/_sdk.py).
+            "opentelemetry_sdk": importlib.metadata.version("opentelemetry-sdk"),
+            "sdk_fast_path": sdk_fast_path,
             "cpus": os.cpu_count(),
             "load_avg_1m_after": round(os.getloadavg()[0], 2),
             "note": "shared with other jobs: rounds vary by 20-40% when a neighbour is busy",

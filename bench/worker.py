@@ -37,7 +37,7 @@ from tests._redis import RedisServer  # noqa: E402
 from tests.worker._batches import request  # noqa: E402
 from tests.worker._workers import WorkerProcess, read_scores, wait_for  # noqa: E402
 from tracing import CelerySink  # noqa: E402
-from tracing._run import ScoreBatch  # noqa: E402
+from tracing.queue import ScoreBatch  # noqa: E402
 from worker._keys import job_key, limiter_granted_key  # noqa: E402
 
 REDIS_URL = os.environ.get("TRACESCORE_BENCH_REDIS_URL", "")  # empty: main() starts a private server

@@ -115,6 +115,8 @@ READ_ATTRIBUTES = frozenset(
         "gen_ai.request.model",
         "llm.model_name",
         "llm.response.model_name",
+        # the loop guard (tracing._markers.ROLE_ATTRIBUTE): judge spans, read over records
+        "tracescore.role",
     }
 )
 READ_ATTRIBUTE_PREFIXES = ("llm.input_messages.", "llm.output_messages.")  # OpenInference lists

@@ -1,42 +1,28 @@
-"""What travels from capture (exporter, backfill) to the workers: what to score, in batches.
+"""Span records (the one shape of a span between the app, the queue, backfill and the worker)
+and the run read from them (``TracedRun``).
 
-This is the queue's message contract. The producer side (tracing) builds it; the worker
-validates it. JSON only.
-
-A ``ScoreRequest`` carries one of two things:
-
-- ``run``: a ``TracedRun`` already read from its trace (backfill; the exporter when a rule has
-  a ``filter``, which needs the run in the application's process);
-- ``spans`` + ``target_span_id``: the trace's spans in a compact form (``SpanRecord``: only the
-  attributes and events the transform reads). The worker reads the run itself with
-  ``trace_to_run(spans, target_span_id)``: the exporter's default path, so that reading (JSON
-  parsing, validation) costs the worker CPU and never the instrumented application's.
+The queue contract that carries the records is ``tracing.queue``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from scorers.agent import ScorerRunInputForAgent, ScorerRunOutputForAgent
 
 __all__ = [
-    "SCORE_TASK_NAME",
+    "SPAN_ID_PATTERN",
     "RunIdentity",
-    "ScoreBatch",
-    "ScoreRequest",
     "SpanRecord",
     "SpanRecordEvent",
     "TracedRun",
 ]
 
-# The Celery task name producers send to; the worker registers its task under this name.
-SCORE_TASK_NAME = "tracescore.score_batch"
-
 _TRACE_ID = r"^[0-9a-f]{32}$"
-_SPAN_ID = r"^[0-9a-f]{16}$"
+SPAN_ID_PATTERN = _SPAN_ID = r"^[0-9a-f]{16}$"
 
 
 class RunIdentity(BaseModel):
@@ -101,68 +87,3 @@ class SpanRecord:
     events: tuple[SpanRecordEvent, ...] = ()
     service_name: str | None = None
     scope_name: str | None = None
-
-
-class ScoreRequest(BaseModel):
-    """Score one run with each of ``scorer_ids`` (ids in the worker's registry).
-
-    The run is given either as ``run`` or as ``spans`` + ``target_span_id`` (the worker reads
-    it); exactly one of the two.
-    """
-
-    run: TracedRun | None = None
-    spans: list[SpanRecord] | None = None
-    # The span to score among ``spans`` (16 hex digits); only with ``spans``.
-    target_span_id: str | None = Field(default=None, pattern=_SPAN_ID)
-    scorer_ids: list[str] = Field(min_length=1)
-    source: Literal["live", "backfill"] = "live"
-    job_id: str | None = None
-    # Wall-clock (epoch seconds) when the run was handed to the queue; for latency figures.
-    enqueued_at: float | None = None
-
-    @model_validator(mode="after")
-    def _one_run(self) -> ScoreRequest:
-        if self.run is not None:
-            if self.spans is not None or self.target_span_id is not None:
-                raise ValueError("a ScoreRequest carries either run or spans + target_span_id, not both")
-            return self
-        if self.spans is None:
-            raise ValueError("a ScoreRequest needs run, or spans + target_span_id")
-        if not self.spans:
-            raise ValueError("spans is empty: ship at least the target span")
-        if self.target_span_id is None:
-            raise ValueError("spans needs target_span_id: the span (16 hex digits) to score")
-        trace_ids = {s.trace_id for s in self.spans}
-        if len(trace_ids) > 1:
-            raise ValueError(f"spans belong to {len(trace_ids)} traces; a request carries one trace")
-        if not any(s.span_id == self.target_span_id for s in self.spans):
-            raise ValueError(f"target_span_id {self.target_span_id} is not among the {len(self.spans)} spans")
-        return self
-
-    @property
-    def trace_id(self) -> str:
-        """The scored trace's id, whichever form the run has."""
-        if self.run is not None:
-            return self.run.identity.trace_id
-        return self.spans[0].trace_id if self.spans else ""
-
-    @property
-    def span_id(self) -> str:
-        """The scored span's id, whichever form the run has."""
-        if self.run is not None:
-            return self.run.identity.span_id
-        return self.target_span_id or ""
-
-    @property
-    def span_name(self) -> str:
-        if self.run is not None:
-            return self.run.identity.span_name
-        target = next((s for s in self.spans or () if s.span_id == self.target_span_id), None)
-        return target.name if target is not None else ""
-
-
-class ScoreBatch(BaseModel):
-    """One queue message: several requests, so the worker can fan out on one event loop."""
-
-    batch_id: str
-    requests: list[ScoreRequest] = Field(min_length=1)

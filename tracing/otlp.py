@@ -1,4 +1,9 @@
-"""OTLP traces to and from OpenTelemetry SDK ``ReadableSpan`` objects.
+"""OTLP traces to span records (backfill's path) and to and from OpenTelemetry SDK ``ReadableSpan`` objects.
+
+Backfill decodes straight into the compact ``SpanRecord`` the exporter ships
+(:func:`decode_otlp_records`): only the attributes and events the trace readers use are decoded
+(``tracing._formats.is_read_attribute`` / ``READ_EVENTS``); others are skipped undecoded (so a
+malformed value there is not an error), and links, flags and trace state are not read.
 
 Decoding reads what stored traces look like in the wild:
 
@@ -36,12 +41,16 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.util.types import AttributeValue
 
 from tracing._errors import OtlpDecodeError, shape_of
+from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVENTS
+from tracing._run import SpanRecord, SpanRecordEvent
 
 __all__ = [
     "OtlpDecodeError",
     "decode_otlp_json",
     "decode_otlp_json_line",
     "decode_otlp_protobuf",
+    "decode_otlp_records",
+    "decode_otlp_records_line",
     "spans_to_otlp_json",
 ]
 
@@ -414,14 +423,173 @@ def _decode_document(document: Any, where: str) -> list[ReadableSpan]:
 
 def decode_otlp_json_line(line: str | bytes, *, where: str = "") -> list[ReadableSpan]:
     """Parse and decode one line of an OTLP/JSON Lines file (bytes: UTF-8, a BOM allowed)."""
+    return decode_otlp_json(_parse_line(line, where), where=where)
+
+
+# --- JSON straight to span records (backfill) ------------------------------------------------
+
+_KIND_NAMES: dict[str | int, str] = {
+    **{name: kind.name for name, kind in _KINDS.items()},
+    **{number: kind.name for number, kind in _KIND_NUMBERS.items()},
+}
+_STATUS_NAMES: dict[str | int, str] = {
+    **{name: code.name for name, code in _STATUS.items()},
+    **{number: code.name for number, code in _STATUS_NUMBERS.items()},
+}
+
+
+def _hex_id(value: Any, size: int, field: str, where: str, *, required: bool = True, suffix: str = "") -> str | None:
+    """``_id`` as lowercase hex (None when absent and optional); hex input passes as is."""
+    if type(value) is str and len(value) == size * 2 and _HEX.issuperset(value) and value.strip("0"):
+        return value.lower()
+    number = _id(value, size, field, where, required=required, suffix=suffix)
+    return None if number == 0 else format(number, f"0{size * 2}x")
+
+
+def _read_attributes(items: Any, field: str, where: str) -> dict[str, _Value]:
+    """The attributes the trace readers use; the others' values are not decoded."""
+    if type(items) is not list:
+        raise OtlpDecodeError(f"expected a list, got {type(items).__name__}", where=where, field=field)
+    out: dict[str, _Value] = {}
+    read, prefixes = READ_ATTRIBUTES, READ_ATTRIBUTE_PREFIXES
+    for i, item in enumerate(items):
+        key = item.get("key") if type(item) is dict else None
+        if type(key) is not str:
+            raise OtlpDecodeError("expected {key, value}", where=where, field=f"{field}[{i}]")
+        if not (key in read or key.startswith(prefixes)):
+            continue
+        raw = item.get("value")
+        if raw is None:
+            continue
+        if type(raw) is dict and len(raw) == 1:
+            text = raw.get("stringValue")
+            if type(text) is str:
+                out[key] = text
+                continue
+        value = _any_value(raw, f"{field}[{i}].value", where)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _json_record(raw: Any, service: str | None, scope: str | None, field: str, where: str) -> SpanRecord:
+    # Hot path (every span of a backfill): error field paths are only built when an error is raised.
+    span = _object(raw, field, where)
+    trace_id = _hex_id(_get(span, "traceId", "trace_id"), 16, field, where, suffix="traceId")
+    span_id = _hex_id(_get(span, "spanId", "span_id"), 8, field, where, suffix="spanId")
+    raw_parent = _get(span, "parentSpanId", "parent_span_id")
+    parent_id = _hex_id(raw_parent, 8, field, where, required=False, suffix="parentSpanId") if raw_parent else None
+    name = span.get("name")
+    if type(name) is not str:
+        raise OtlpDecodeError("span has no name", where=where, field=f"{field}.name")
+    raw_events = span.get("events")
+    events: tuple[SpanRecordEvent, ...] = ()
+    if raw_events:
+        kept: list[SpanRecordEvent] = []
+        for i, e in enumerate(_list(span, "events", "events", field, where)):
+            event = _object(e, f"{field}.events[{i}]", where)
+            event_name = str(event.get("name", ""))
+            if event_name in READ_EVENTS:
+                at = f"{field}.events[{i}]"
+                kept.append(
+                    SpanRecordEvent(
+                        event_name,
+                        _int(_get(event, "timeUnixNano", "time_unix_nano"), f"{at}.timeUnixNano", where),
+                        _attributes(_list(event, "attributes", "attributes", at, where), f"{at}.attributes", where),
+                    )
+                )
+        events = tuple(kept)
+    raw_attributes = span.get("attributes")
+    start = _get(span, "startTimeUnixNano", "start_time_unix_nano")
+    end = _get(span, "endTimeUnixNano", "end_time_unix_nano")
+    kind = span.get("kind")
+    if kind is None:
+        kind_name = "INTERNAL"
+    else:
+        try:
+            kind_name = _KIND_NAMES[kind] if type(kind) in (str, int) else ""
+        except KeyError:
+            kind_name = ""
+        if not kind_name:
+            raise OtlpDecodeError(f"unknown span kind {_enum_value(kind)}", where=where, field=f"{field}.kind")
+    status = span.get("status")
+    status_name = "UNSET"
+    if status:
+        code = _object(status, f"{field}.status", where).get("code", 0)
+        try:
+            status_name = _STATUS_NAMES[code] if type(code) in (str, int) else ""
+        except KeyError:
+            status_name = ""
+        if not status_name:
+            raise OtlpDecodeError(f"unknown status code {_enum_value(code)}", where=where, field=f"{field}.status.code")
+    # Positional, in SpanRecord's field order: the cheapest way to build the dataclass.
+    return SpanRecord(
+        trace_id,  # type: ignore[arg-type]  # required: never None
+        span_id,  # type: ignore[arg-type]
+        name,
+        parent_id,
+        kind_name,
+        int(start) if type(start) is str and start.isdigit() else _int(start, f"{field}.startTimeUnixNano", where),
+        int(end) if type(end) is str and end.isdigit() else _int(end, f"{field}.endTimeUnixNano", where),
+        status_name,
+        _read_attributes(raw_attributes, f"{field}.attributes", where) if raw_attributes else {},
+        events,
+        service,
+        scope,
+    )
+
+
+def decode_otlp_records(document: Any, *, where: str = "") -> list[SpanRecord]:
+    """The span records of one parsed OTLP/JSON ``ExportTraceServiceRequest`` (or ``TracesData``):
+    what the exporter would ship of the same spans (only what the trace readers use)."""
     try:
-        document = json.loads(line.removeprefix("\ufeff") if isinstance(line, str) else line)
+        return _decode_records(document, where)
+    except RecursionError:  # attribute values nested (arrayValue/kvlistValue) beyond the stack
+        raise OtlpDecodeError("attribute values nested too deeply", where=where) from None
+
+
+def _decode_records(document: Any, where: str) -> list[SpanRecord]:
+    resource_spans, key = _resource_spans_list(document, where)
+    records: list[SpanRecord] = []
+    for r, raw_rs in enumerate(resource_spans):
+        rs_field = f"{key}[{r}]"
+        rs = _object(raw_rs, rs_field, where)
+        raw_resource = _object(rs.get("resource") or {}, f"{rs_field}.resource", where)
+        service = None
+        for item in _list(raw_resource, "attributes", "attributes", rs_field, where):
+            if type(item) is dict and item.get("key") == "service.name":
+                value = _any_value(item.get("value") or {}, f"{rs_field}.resource.attributes", where)
+                service = value if isinstance(value, str) else None
+        scope_list = _get(rs, "scopeSpans", "scope_spans")
+        scope_key = "scopeSpans"
+        if scope_list is None:  # OTLP < 0.15 and older Tempo/Jaeger JSON
+            scope_list = _get(rs, "instrumentationLibrarySpans", "instrumentation_library_spans") or []
+            scope_key = "instrumentationLibrarySpans"
+        if not isinstance(scope_list, list):
+            raise OtlpDecodeError("expected a list", where=where, field=f"{rs_field}.{scope_key}")
+        for s, raw_ss in enumerate(scope_list):
+            ss_field = f"{rs_field}.{scope_key}[{s}]"
+            ss = _object(raw_ss, ss_field, where)
+            raw_scope = _get(ss, "scope", "instrumentationLibrary") or {}
+            scope = str(_object(raw_scope, f"{ss_field}.scope", where).get("name", "")) if raw_scope else None
+            for i, raw_span in enumerate(_list(ss, "spans", "spans", ss_field, where)):
+                records.append(_json_record(raw_span, service, scope, f"{ss_field}.spans[{i}]", where))
+    return records
+
+
+def decode_otlp_records_line(line: str | bytes, *, where: str = "") -> list[SpanRecord]:
+    """Parse one line of an OTLP/JSON Lines file (bytes: UTF-8, a BOM allowed) into span records."""
+    return decode_otlp_records(_parse_line(line, where), where=where)
+
+
+def _parse_line(line: str | bytes, where: str) -> Any:
+    try:
+        return json.loads(line.removeprefix("\ufeff") if isinstance(line, str) else line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         detail = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise OtlpDecodeError(f"not JSON ({detail})", where=where) from None
     except RecursionError:  # e.g. 100,000 nested brackets: the parser gives up, so do we
         raise OtlpDecodeError("not JSON (nested too deeply)", where=where) from None
-    return decode_otlp_json(document, where=where)
 
 
 # --- protobuf ------------------------------------------------------------------------------

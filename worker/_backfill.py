@@ -1,16 +1,22 @@
-"""The backfill driver: stored traces → runs → score requests in batches → a scorer.
+"""The backfill driver: stored traces → span records → planned runs → score requests in batches.
 
-    source ─read─▶ TraceAssembler ─traces─▶ filter (--since/--until, --sample) ─▶ trace_to_runs
-           ─runs─▶ ScoreRequest batches ─▶ Submitter (Redis queue with backpressure, or embedded)
+    source ─read─▶ TraceAssembler ─traces─▶ filter (--since/--until, --sample) ─▶ loop guard
+           ─▶ plan_runs ─runs─▶ ScoreRequest batches ─▶ Submitter (Redis queue with
+           backpressure, or embedded)
+
+The backfill ships span records, as the exporter does: the worker alone reads runs (an
+unreadable run becomes the worker's error record, counted as ``failed:<reason>``). A trace
+with nothing to score (no agent and no LLM span) is counted here (``no_target``) and reported.
 
 Streaming: the source is read one record at a time and the assembler's memory is bounded, so
-a source of any size runs in bounded memory. A trace that cannot be read into a run is counted
-by reason and reported, and the job goes on; so does a malformed input line.
+a source of any size runs in bounded memory; a malformed input line is counted and reported,
+and the job goes on.
 
-Batches are cut by count (``batch_size``) and, in broker mode, by bytes: a batch never grows
-past the workers' message cap (``TRACESCORE_MAX_PAYLOAD_BYTES``), so one big run cannot make
-its neighbours' message too large; a run over the cap on its own is counted (``runs_rejected``)
-and reported, and the rest go on. Each request is serialized once, to size it and to send it.
+Batches are cut by count (``batch_size``) and, in broker mode, by bytes
+(``tracing.queue.RequestCutter``): a batch never grows past the workers' message cap
+(``TRACESCORE_MAX_PAYLOAD_BYTES``), so one big run cannot make its neighbours' message too
+large; a run over the cap on its own is counted (``runs_rejected``) and reported, and the rest
+go on. Each request is serialized once, to size it and to send it.
 
 Resumable: after each batch is handed over, the job state (checkpoint = the earliest input
 position not fully enqueued, the counters) and the enqueued trace ids are saved together, so an
@@ -25,13 +31,12 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import structlog
-from opentelemetry.sdk.trace import ReadableSpan
 
-from tracing._errors import TraceReadError
-from tracing._markers import is_judge_span, is_own_span
+from tracing._records import span_record
 from tracing._rules import sampled
-from tracing._run import ScoreBatch, ScoreRequest, TracedRun
-from tracing._transform import read_trace
+from tracing._run import SpanRecord
+from tracing.queue import RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, spans_request
+from tracing.read import has_parent_cycle, loop_guard, plan_runs
 from tracing.sources import (
     AssembledTrace,
     Malformed,
@@ -43,7 +48,6 @@ from tracing.sources import (
 )
 from worker._backfill_progress import ProgressReporter
 from worker._backfill_state import BackfillState, RedisJobStore
-from worker._backfill_submit import MESSAGE_ENVELOPE_BYTES, wire_size
 
 __all__ = ["Backfill", "Submitter", "trace_start_ns"]
 
@@ -53,23 +57,29 @@ log = structlog.get_logger("tracescore.backfill")
 MAX_REPORTED = 20
 
 
-def trace_start_ns(spans: Sequence[ReadableSpan]) -> int | None:
-    starts = [s.start_time for s in spans if s.start_time]
+def trace_start_ns(records: Sequence[SpanRecord]) -> int | None:
+    starts = [r.start_time_ns for r in records if r.start_time_ns]
     return min(starts) if starts else None
 
 
 class Submitter(Protocol):
     """Where batches go: the Redis queue (workers score them) or an embedded scorer.
 
-    A submitter with a message cap also has ``max_batch_bytes`` (the room for the requests'
-    JSON in one message) and ``submit_encoded(batch, requests_json)``: the driver then cuts
-    batches by bytes and hands over the JSON it measured.
+    A submitter with a message cap has ``max_payload_bytes`` (the workers'
+    ``TRACESCORE_MAX_PAYLOAD_BYTES``; None: no cap): the driver then cuts batches by bytes and
+    hands over the requests' JSON it measured.
     """
 
     mode: str
 
-    def submit(self, batch: ScoreBatch) -> None:
-        """Hand over one batch; may block (backpressure, or scoring in place)."""
+    @property
+    def max_payload_bytes(self) -> int | None:
+        """The workers' message cap (None: no cap, batches are cut by count only)."""
+        ...
+
+    def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        """Hand over one batch (its requests' JSON when the driver has it); may block
+        (backpressure, or scoring in place)."""
         ...
 
     def progress(self, job_id: str) -> dict[str, int]:
@@ -116,12 +126,9 @@ class Backfill:
         self.resumed = resumed or state.checkpoint != (0, 0, 0)
         self._chunk: list[ScoreRequest] = []
         self._chunk_traces: list[str] = []
-        self._submit_encoded: Callable[[ScoreBatch, Sequence[str]], None] | None = getattr(
-            submitter, "submit_encoded", None
-        )
-        self._max_bytes: int | None = getattr(submitter, "max_batch_bytes", None) if self._submit_encoded else None
-        self._chunk_json: list[str] = []  # the chunk's requests as JSON, when batches are cut by bytes
-        self._chunk_bytes = 0
+        cap = getattr(submitter, "max_payload_bytes", None)
+        # Batches cut by bytes, each request's JSON kept for the submitter (broker mode).
+        self._cutter = RequestCutter(cap) if cap else None
         self._handling: Position | None = None  # first position of the trace being turned into requests
         self._waiting: deque[AssembledTrace] = deque()
         self._current = Position(0)
@@ -185,7 +192,8 @@ class Backfill:
             )
             return
         counters.traces_read += 1
-        start = trace_start_ns(trace.spans)
+        records = [span_record(span) for span in trace.spans]
+        start = trace_start_ns(records)
         if options.since_ns is not None and (start is None or start < options.since_ns):
             counters.skip("before_since")
             return
@@ -195,81 +203,70 @@ class Backfill:
         if not sampled(trace.trace_id, options.sample_rate):  # the exporter's rule
             counters.skip("sampled_out")
             return
-        # The exporter's loop guard: tracescore's own spans (score carriers, the worker's
-        # tracers) exclude their trace; judge-call spans exclude what is under them.
-        judge_ids: list[str] = []
-        for span in trace.spans:
-            if is_own_span(span) or (span.parent is None and is_judge_span(span)):
-                counters.skip("loop_guard")
-                return
-            if is_judge_span(span) and span.context is not None:
-                judge_ids.append(f"{span.context.span_id:016x}")
+        judge_ids = loop_guard(records)
+        if judge_ids is None:  # tracescore's own traffic (the exporter's loop guard)
+            counters.skip("loop_guard")
+            return
+        if has_parent_cycle(records):  # the planner would ship it whole; said here, as before
+            counters.unread("parent_cycle")
+            self._report(
+                f"trace {trace.trace_id}: not scored (parent_cycle): its span parent ids form a cycle,"
+                " so it has no root to read from"
+            )
+            return
         try:
-            found = read_trace(trace.spans, exclude_under=judge_ids)
-            if not found:
-                found = [TraceReadError("no_target", "the trace has no agent span and no LLM span")]
-        except Exception as exc:  # a transform bug must not end a long job: count it, say it
+            plans = plan_runs(records, exclude_under=judge_ids)
+        except Exception as exc:  # a planner bug must not end a long job: count it, say it
             counters.unread(type(exc).__name__)
-            self._report(f"trace {trace.trace_id}: not scored ({type(exc).__name__}): {exc}")
-            log.warning("backfill_transform_failed", trace_id=trace.trace_id, exc_info=True)
+            self._report(f"trace {trace.trace_id}: not scored ({type(exc).__name__})")
+            log.warning("backfill_plan_failed", trace_id=trace.trace_id, exc_info=True)
             return
-        runs: list[TracedRun] = []
-        for item in found:
-            if isinstance(item, TraceReadError):
-                counters.unread(item.reason)
-                self._report(f"trace {trace.trace_id}: not scored ({item.reason}): {item}")
-            else:
-                runs.append(item)
-        if not runs:
+        if not plans:
+            counters.unread("no_target")
+            self._report(f"trace {trace.trace_id}: not scored (no_target): the trace has no agent span and no LLM span")
             return
-        counters.runs_read += len(runs)
+        counters.runs_read += len(plans)
         if self.submitter is None:
             return
         now = time.time()
-        if self._max_bytes is None:
-            for run in runs:
-                self._chunk.append(self._request(run, now))
+        options = self.state.options
+        requests = [
+            spans_request(
+                members, target.span_id, options.scorer_ids, now, source="backfill", job_id=self.state.job_id
+            )
+            for target, members in plans
+        ]
+        if self._cutter is None:
+            self._chunk.extend(requests)
         else:
             self._handling = trace.first
-            added = [self._add_sized(self._request(run, now), self._max_bytes) for run in runs]
+            added = [self._add_sized(request, self._cutter) for request in requests]
             self._handling = None
             if not any(added):
                 return  # every run was over the cap (counted and reported)
         self._chunk_traces.append(trace.trace_id)
 
-    def _add_sized(self, request: ScoreRequest, cap: int) -> bool:
+    def _add_sized(self, request: ScoreRequest, cutter: RequestCutter) -> bool:
         """Add ``request`` to the chunk, cutting a batch first when it would not fit; False when
         it is over the cap on its own (rejected)."""
-        encoded = request.model_dump_json()
-        size = wire_size(encoded) + 1  # the comma between requests
-        if size > cap:
-            identity = request.run.identity if request.run is not None else None
+        try:
+            closed = cutter.add(request)
+        except RunTooLarge as exc:
             self.state.counters.reject("too_large")
             self._report(
-                f"trace {request.trace_id} span {identity.span_id if identity else '?'}: run not enqueued "
-                f"(too_large): its message would be {size:,} bytes, over TRACESCORE_MAX_PAYLOAD_BYTES "
-                f"({cap + MESSAGE_ENVELOPE_BYTES:,} with the message envelope); raise it on the workers and here"
+                f"trace {exc.trace_id} span {exc.span_id}: run not enqueued (too_large): its message would be"
+                f" {exc.size:,} bytes, over TRACESCORE_MAX_PAYLOAD_BYTES ({exc.max_payload_bytes:,} with the"
+                " message envelope); raise it on the workers and here"
             )
-            log.warning("backfill_run_too_large", trace_id=request.trace_id, bytes=size, cap=cap)
+            log.warning("backfill_run_too_large", trace_id=exc.trace_id, bytes=exc.size, cap=exc.max_payload_bytes)
             return False
-        if self._chunk and self._chunk_bytes + size > cap:
+        if closed is not None:
             # Cut here: the batch so far fits one message. The trace being read may span two
             # batches; it is recorded as enqueued with the second (a resume re-reads it whole,
             # and the workers' deterministic score ids keep its first runs from counting twice).
-            self._flush()
+            self._flush(closed.requests, closed.encoded)
         self._chunk.append(request)
-        self._chunk_json.append(encoded)
-        self._chunk_bytes += size
         return True
-
-    def _request(self, run: TracedRun, now: float) -> ScoreRequest:
-        return ScoreRequest(
-            run=run,
-            scorer_ids=self.state.options.scorer_ids,
-            source="backfill",
-            job_id=self.state.job_id,
-            enqueued_at=now,
-        )
 
     def _checkpoint(self) -> Position:
         candidates = [self._current]
@@ -281,15 +278,25 @@ class Backfill:
             candidates.append(self._handling)
         return min(candidates)
 
-    def _flush(self) -> None:
-        requests, trace_ids, encoded = self._chunk, self._chunk_traces, self._chunk_json
-        self._chunk, self._chunk_traces, self._chunk_json, self._chunk_bytes = [], [], [], 0
+    def _flush(self, closed: list[ScoreRequest] | None = None, closed_json: list[str] | None = None) -> None:
+        """Submit the chunk (``closed``: the cutter's chunk, whose requests are all of the chunk
+        but the one being added) and save the state."""
+        encoded: list[str] = []
+        if closed is not None:
+            requests, encoded = closed, closed_json or []
+            self._chunk = self._chunk[len(closed) :]
+        else:
+            requests = self._chunk
+            self._chunk = []
+            if self._cutter is not None:
+                encoded = self._cutter.take().encoded
+        trace_ids, self._chunk_traces = self._chunk_traces, []
         if requests and self.resumed and self.job_store is not None:
             # Read again after a resume: some of these traces were enqueued before the stop.
             done = self.job_store.already_enqueued(self.state.job_id, trace_ids)
             if done:
                 self.state.counters.skip("already_enqueued", len(done))
-                keep = [r.run is None or r.run.identity.trace_id not in done for r in requests]
+                keep = [r.trace_id not in done for r in requests]
                 requests = [r for r, k in zip(requests, keep, strict=True) if k]
                 if encoded:
                     encoded = [e for e, k in zip(encoded, keep, strict=True) if k]
@@ -297,10 +304,7 @@ class Backfill:
         if requests and self.submitter is not None:
             counters = self.state.counters
             batch = ScoreBatch(batch_id=f"{self.state.job_id}-{counters.batches:06d}", requests=requests)
-            if encoded and self._submit_encoded is not None:
-                self._submit_encoded(batch, encoded)
-            else:
-                self.submitter.submit(batch)
+            self.submitter.submit(batch, encoded or None)
             if self.on_batch is not None:
                 self.on_batch(batch)
             counters.batches += 1

@@ -22,9 +22,9 @@ import click
 import structlog
 from pydantic_core import from_json
 
-from tracing._run import ScoreBatch
 from tracing._score_record import score_id_for
 from tracing._score_writer import JsonlScoreWriter, OtlpScoreWriter, ScoreWriter
+from tracing.queue import ScoreBatch
 from tracing.sources import SourceError, TraceSource, open_source, source_from_description
 from worker._app import redact
 from worker._backfill import Backfill, Submitter
@@ -35,7 +35,7 @@ from worker._keys import record_key
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Summary, SummaryScoreWriter
-from worker.cli._common import CliError
+from worker.cli import CliError
 
 __all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
 
@@ -246,14 +246,11 @@ class _Enqueued:
 
     def __call__(self, batch: ScoreBatch) -> None:
         for request in batch.requests:
-            if request.run is None:
-                continue  # the exporter's compact form; the backfill always ships runs
-            identity = request.run.identity
             ids = tuple(request.scorer_ids)
             ids = self._ids.setdefault(ids, ids)
-            agent = identity.agent_name or identity.span_name
+            agent = request.agent_label
             agent = self._agents.setdefault(agent, agent)
-            self.runs.append((identity.trace_id, identity.span_id, agent, ids))
+            self.runs.append((request.trace_id, request.span_id, agent, ids))
 
     def summary(
         self, store: Any, registry: Registry, scorer_ids: list[str], worst: int, out: IO[str] | None = None

@@ -29,7 +29,7 @@ from typing import IO, Any, TypeVar
 import structlog
 
 from scorers import Scorer, ScorerError, ScoreResult
-from tracing._run import ScoreBatch
+from tracing.queue import ScoreBatch
 from tracing._score_record import ScoreRecord
 from tracing._score_writer import ScoreWriter
 from tracing._sinks import CallbackSink
@@ -295,7 +295,10 @@ class EmbeddedScorer:
         self._loop = GuardedLoop(run_timeout_s)
         self._lock = threading.Lock()
 
-    def submit(self, batch: ScoreBatch) -> None:
+    max_payload_bytes: int | None = None  # in process: no message, no cap
+
+    def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        """Score ``batch`` now (``requests_json`` is unused: nothing is sent)."""
         report = self.score(batch)
         totals = self.totals
         totals.requests += report.requests
@@ -312,10 +315,7 @@ class EmbeddedScorer:
         with self._lock:
             if self.agents is not None:
                 for request in batch.requests:
-                    # Runs shipped as spans (the exporter's compact form) are labelled by span name.
-                    identity = request.run.identity if request.run is not None else None
-                    if identity is not None:
-                        self.agents[identity.span_id] = identity.agent_name or identity.span_name
+                    self.agents[request.span_id] = request.agent_label
             try:
                 for attempt in range(self.retry_budget):
                     final = attempt == self.retry_budget - 1
@@ -327,8 +327,7 @@ class EmbeddedScorer:
             finally:
                 if self.agents is not None:
                     for request in batch.requests:
-                        if request.run is not None:
-                            self.agents.pop(request.run.identity.span_id, None)
+                        self.agents.pop(request.span_id, None)
 
     def _score_once(self, batch: ScoreBatch, final: bool) -> BatchReport:
         ids = batch_score_ids(batch, self.deps.registry)

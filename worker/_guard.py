@@ -37,8 +37,7 @@ from celery.worker.consumer import Consumer
 from kombu.transport import redis as _kombu_redis
 from kombu.transport import virtual as _kombu_virtual
 
-from tracing._run import SCORE_TASK_NAME
-from tracing._task_message import DEFAULT_MAX_PAYLOAD_BYTES
+from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME
 from worker._settings import Settings
 from worker._store import DLQ_PUSH_SCRIPT, DeadLetter, dead_letter_id, dlq_push_args
 

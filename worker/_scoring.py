@@ -46,10 +46,11 @@ from redis import exceptions as redis_errors
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeModel
 from tracing._errors import TraceReadError
-from tracing._run import ScoreBatch, ScoreRequest, TracedRun
+from tracing._run import TracedRun
 from tracing._score_record import ScoreRecord, score_id_for
 from tracing._score_writer import ScoreWriter
 from tracing._transform import trace_to_run
+from tracing.queue import ScoreBatch, ScoreRequest
 from worker._loop import LoopBlockedError
 from worker._registry import UnknownScorerError
 from worker._store import ScoreStore, StoreUnavailableError
@@ -500,11 +501,9 @@ def _crash_fields(exc: BaseException) -> dict[str, Any]:
 
 
 def _read_run(request: ScoreRequest) -> TracedRun | TraceReadError:
-    """The request's run: as sent, or read from its spans (an unreadable trace: the error)."""
-    if request.run is not None:
-        return request.run
+    """The request's run, read from its span records (an unreadable trace: the error)."""
     try:
-        return trace_to_run(request.spans or [], request.target_span_id)
+        return trace_to_run(request.spans, request.target_span_id)
     except TraceReadError as exc:
         log.warning(
             "trace_unreadable",

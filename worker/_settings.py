@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from tracing._broker import BrokerTLS, redact
-from tracing._task_message import DEFAULT_MAX_PAYLOAD_BYTES
+from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES
 
 __all__ = ["ModelRateLimit", "Settings", "SettingsError", "get_settings", "load_settings"]
 

@@ -17,7 +17,7 @@ from celery import Task
 from celery.exceptions import Retry, SoftTimeLimitExceeded
 from pydantic import ValidationError
 
-from tracing._run import SCORE_TASK_NAME, ScoreBatch
+from tracing.queue import SCORE_TASK_NAME, ScoreBatch
 from worker._loop import run_coro
 from worker._runtime import WorkerRuntime, get_runtime
 from worker._scoring import StoreUnavailableError, score_batch

@@ -1,7 +1,7 @@
 """Broker-mode batches are cut by bytes: one big run never sinks its neighbours.
 
 The driver sizes each request's JSON once; a batch is cut before the run that would take it
-past the submitter's ``max_batch_bytes``; a run over the cap alone is a counted, reported reject.
+past the submitter's ``max_payload_bytes``; a run over the cap alone is a counted, reported reject.
 """
 
 from __future__ import annotations
@@ -9,13 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from tests.backfill._synth import trace_spans
-from tracing._run import ScoreBatch
-from tracing._task_message import task_message
+from tracing.queue import MESSAGE_ENVELOPE_BYTES, ScoreBatch
 from tracing.sources import FileSource
 from worker._backfill import Backfill
 from worker._backfill_progress import ProgressReporter
@@ -42,14 +38,12 @@ class CapturingSubmitter:
 
     mode = "redis"
 
-    def __init__(self, max_batch_bytes: int) -> None:
-        self.max_batch_bytes = max_batch_bytes
+    def __init__(self, room: int) -> None:
+        self.max_payload_bytes = room + MESSAGE_ENVELOPE_BYTES  # ``room`` bytes of requests' JSON
         self.sent: list[tuple[ScoreBatch, list[str]]] = []
 
-    def submit(self, batch: ScoreBatch) -> None:
-        self.sent.append((batch, [r.model_dump_json() for r in batch.requests]))
-
-    def submit_encoded(self, batch: ScoreBatch, requests_json: Sequence[str]) -> None:
+    def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        assert requests_json is not None  # a capped submitter gets the JSON the driver measured
         self.sent.append((batch, list(requests_json)))
 
     def progress(self, job_id: str) -> dict[str, int]:
@@ -116,32 +110,3 @@ def test_count_cut_still_applies_under_the_byte_cap(tmp_path: Path) -> None:
     submitter = CapturingSubmitter(8 * 2**20)
     _run(path, submitter, batch_size=10)
     assert [len(b.requests) for b, _ in submitter.sent] == [10, 10, 5]
-
-
-def test_submit_encoded_sends_the_message_submit_would(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The body built from pre-serialized requests equals task_message's (non-ASCII included)."""
-    from worker._backfill_submit import RedisSubmitter, wire_size
-    from worker._settings import load_settings
-
-    path_line = big_trace_line(3, 300).replace("Paris", "Zürich 🌧")
-    from tracing import decode_otlp_json, trace_to_runs
-    from tracing._run import ScoreRequest
-
-    (run,) = trace_to_runs(decode_otlp_json(json.loads(path_line)))
-    requests = [ScoreRequest(run=run, scorer_ids=["a"], source="backfill", job_id="j")] * 3
-    batch = ScoreBatch(batch_id="j-000001", requests=requests)
-    submitter = RedisSubmitter(load_settings(broker_url="redis://:secret@127.0.0.1:9/0"))
-    published: list[Any] = []
-    monkeypatch.setattr(submitter, "_wait_for_room", lambda: None)
-    monkeypatch.setattr(submitter, "_publish", published.append)
-    submitter.submit_encoded(batch, [r.model_dump_json() for r in requests])
-    expected = task_message(batch, "x")
-    (message,) = published
-    assert message.body == expected.body
-    assert message.headers["argsrepr"] == expected.headers["argsrepr"]
-    assert message.headers["task"] == expected.headers["task"]
-    submitter.close()
-    encoded = requests[0].model_dump_json()
-    assert not encoded.isascii()
-    assert wire_size(encoded) >= len(json.dumps(json.loads(encoded), separators=(",", ":")))
-    assert wire_size(encoded) >= len(encoded.encode())

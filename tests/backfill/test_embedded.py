@@ -11,8 +11,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from tests.backfill._synth import trace_spans
-from tracing import MemoryScoreWriter, ScoringRule, ScoringSpanExporter, decode_otlp_json, trace_to_runs
-from tracing._run import ScoreBatch, ScoreRequest
+from tracing import MemoryScoreWriter, ScoringRule, ScoringSpanExporter
+from tracing.otlp import decode_otlp_records
+from tracing.read import plan_runs
+from tracing.queue import ScoreBatch, ScoreRequest
 from worker._embedded import EmbeddedScorer, TableScoreWriter, embedded_sink
 from worker._registry import load_registry
 
@@ -21,10 +23,16 @@ def _batch(n: int, job_id: str = "job-1") -> ScoreBatch:
     requests = []
     for i in range(n):
         children, root = trace_spans(i)
-        spans = decode_otlp_json({"resourceSpans": [{"scopeSpans": [{"spans": [*children, root]}]}]})
-        (run,) = trace_to_runs(spans)
+        records = decode_otlp_records({"resourceSpans": [{"scopeSpans": [{"spans": [*children, root]}]}]})
+        ((target, members),) = plan_runs(records)
         requests.append(
-            ScoreRequest(run=run, scorer_ids=["answer-words", "confident"], source="backfill", job_id=job_id)
+            ScoreRequest(
+                spans=members,
+                target_span_id=target.span_id,
+                scorer_ids=["answer-words", "confident"],
+                source="backfill",
+                job_id=job_id,
+            )
         )
     return ScoreBatch(batch_id=f"{job_id}-0", requests=requests)
 

@@ -51,7 +51,5 @@ def read(request: ScoreRequest) -> TracedRun:
     """The run a worker scores for ``request``: through the JSON message, read from the spans
     when it carries them (raises ``TraceReadError`` as the worker would see it)."""
     received = ScoreRequest.model_validate_json(request.model_dump_json())
-    if received.run is not None:
-        return received.run
     assert received.spans is not None
     return trace_to_run(received.spans, received.target_span_id)

@@ -15,7 +15,8 @@ import pytest
 from tests._redis import RedisServer
 from tests.tracing._exporting import FakeClock, read, wait_for
 from tests.tracing._spans import Recorder, agent_trace
-from tracing import SCORE_TASK_NAME, CelerySink, ScoreBatch, ScoringRule, ScoringSpanExporter, trace_to_run
+from tests.worker._batches import batch as make_batch
+from tracing import SCORE_TASK_NAME, CelerySink, ScoreBatch, ScoringRule, ScoringSpanExporter
 
 QUEUE = "tracescore-sink-test"
 DB = 3
@@ -112,11 +113,7 @@ def test_down_broker_fails_fast() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sink = CelerySink(f"redis://127.0.0.1:{port}/{DB}", queue=QUEUE, connect_timeout_s=0.5)
-    rec = Recorder()
-    agent_trace(rec)
-    batch = ScoreBatch(
-        batch_id="b1", requests=[{"run": trace_to_run(rec.spans()), "scorer_ids": ["s"]}]  # type: ignore[list-item]
-    )
+    batch = make_batch(range(1), ["s"], batch_id="b1")
     started = time.monotonic()
     with pytest.raises(Exception):  # noqa: B017 - any broker error: the exporter retries them all
         sink.send(batch)
@@ -139,11 +136,7 @@ def test_failed_connect_releases_the_connection(monkeypatch: pytest.MonkeyPatch)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sink = CelerySink(f"redis://127.0.0.1:{port}/{DB}", queue=QUEUE, connect_timeout_s=0.5)
-    rec = Recorder()
-    agent_trace(rec)
-    batch = ScoreBatch(
-        batch_id="b1", requests=[{"run": trace_to_run(rec.spans()), "scorer_ids": ["s"]}]  # type: ignore[list-item]
-    )
+    batch = make_batch(range(1), ["s"], batch_id="b1")
     with pytest.raises(Exception):  # noqa: B017 - any broker error
         sink.send(batch)
     assert len(released) == 1

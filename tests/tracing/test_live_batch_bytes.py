@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from tests._redis import RedisServer
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink, ScoreBatch, ScoreRequest, ScoringRule, ScoringSpanExporter
-from tracing._task_message import task_message, wire_size
+from tracing.queue import task_message, wire_size
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
 

@@ -70,7 +70,7 @@ def _probe(entry: str, shape: str, workdir: str) -> dict[str, Any]:
             assert isinstance(found, TraceReadError)
             raise found
         elif entry == "worker":  # what a worker does with the exporter's span records
-            from tracing._run import ScoreRequest
+            from tracing.queue import ScoreRequest
             from worker._scoring import _read_run
 
             records = [span_record(s) for s in spans]

@@ -1,12 +1,18 @@
-"""Building ScoreBatch messages for the worker tests and the benchmark."""
+"""Building ScoreBatch messages for the worker tests and the benchmark: one GenAI agent span per
+run, shipped as span records (the one request shape); the worker reads the run from it."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from typing import Any
 
-from tracing._run import RunIdentity, ScoreBatch, ScoreRequest, TracedRun
+from tracing import SpanRecord
+from tracing.queue import ScoreBatch, ScoreRequest
+
+# Where a run's answer text sits in its request's JSON: requests[i]["spans"][0]["attributes"][OUTPUT].
+OUTPUT = "gen_ai.output.messages"
 
 
 def trace_id(n: int, salt: str = "") -> str:
@@ -17,16 +23,27 @@ def span_id(n: int, salt: str = "") -> str:
     return hashlib.md5(f"span-{salt}-{n}".encode()).hexdigest()[:16]
 
 
+def output_messages(text: str) -> str:
+    """The ``gen_ai.output.messages`` value of an assistant answer ``text``."""
+    return json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}]}])
+
+
 def request(n: int, scorer_ids: list[str], *, salt: str = "", job_id: str | None = None) -> ScoreRequest:
-    run = TracedRun.model_validate(
-        {
-            "identity": RunIdentity(trace_id=trace_id(n, salt), span_id=span_id(n, salt), span_name="agent.run"),
-            "input": {"input_messages": [{"role": "user", "content": f"question {n}"}]},
-            "output": [{"role": "assistant", "content": "answer " * (n % 30)}],
-        }
+    span = SpanRecord(
+        trace_id=trace_id(n, salt),
+        span_id=span_id(n, salt),
+        name="agent.run",
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.input.messages": json.dumps(
+                [{"role": "user", "parts": [{"type": "text", "content": f"question {n}"}]}]
+            ),
+            OUTPUT: output_messages("answer " * (n % 30)),
+        },
     )
     return ScoreRequest(
-        run=run,
+        spans=[span],
+        target_span_id=span.span_id,
         scorer_ids=scorer_ids,
         source="backfill" if job_id else "live",
         job_id=job_id,

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import redis
 
-from tests.worker._batches import payload
+from tests.worker._batches import OUTPUT, output_messages, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
-from tracing._run import SCORE_TASK_NAME
+from tracing.queue import SCORE_TASK_NAME
 from worker._settings import get_settings
 from worker._store import DeadLetter, MemoryScoreStore, RedisScoreStore
 
@@ -91,7 +91,7 @@ def task_body(args: list[Any], kwargs: dict[str, Any] | None = None, embed: dict
 def secret_batch(salt: str) -> dict[str, Any]:
     """A valid ScoreBatch whose agent content carries the marker."""
     p = payload(range(1), ["length"], salt=salt)
-    p["requests"][0]["run"]["output"][0]["content"] = f"the answer is {MARKER}"
+    p["requests"][0]["spans"][0]["attributes"][OUTPUT] = output_messages(f"the answer is {MARKER}")
     return p
 
 

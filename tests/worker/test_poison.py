@@ -8,11 +8,11 @@ from pathlib import Path
 
 import redis
 
-from tests.worker._batches import batch, payload
+from tests.worker._batches import OUTPUT, batch, output_messages, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tests.worker.sample_scorers import POISON_MARKER
 from tracing import CelerySink
-from tracing._run import ScoreBatch
+from tracing.queue import ScoreBatch
 from worker._store import DeadLetter
 
 N = 6
@@ -38,7 +38,7 @@ def test_poison_run_is_dead_lettered_alone_and_its_neighbours_are_scored(redis_u
     try:
         worker.wait_ready()
         raw = payload(range(N), ["poison"], salt="poison", batch_id="poisoned-batch")
-        raw["requests"][POISON]["run"]["output"][0]["content"] = f"this one kills: {POISON_MARKER}"
+        raw["requests"][POISON]["spans"][0]["attributes"][OUTPUT] = output_messages(f"this one kills: {POISON_MARKER}")
         poisoned = ScoreBatch.model_validate(raw)
         request = poisoned.requests[POISON]
         poison_id = f"{request.trace_id}:{request.span_id}"
@@ -52,7 +52,7 @@ def test_poison_run_is_dead_lettered_alone_and_its_neighbours_are_scored(redis_u
         assert letter.reason == "too_many_deliveries"
         assert letter.batch_id == f"poisoned-batch/{POISON}"
         assert poison_id in letter.error
-        assert [r["run"]["identity"]["span_id"] for r in letter.payload["requests"]] == [request.span_id]
+        assert [r["target_span_id"] for r in letter.payload["requests"]] == [request.span_id]
 
         assert wait_for(lambda: len(read_scores(scores)) >= N - 1, 60), worker.text()[-3000:]
         recorded = read_scores(scores)

@@ -22,8 +22,8 @@ from tests._redis import RedisServer
 from tests.worker._batches import batch
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink
-from tracing._run import ScoreBatch
 from tracing._score_record import score_id_for
+from tracing.queue import ScoreBatch
 from worker._store import DeadLetter
 
 

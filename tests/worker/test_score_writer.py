@@ -110,7 +110,7 @@ def test_score_batch_to_otlp_events_and_the_exporter_skips_them() -> None:
     assert writer.flush(5)
     spans = exporter.get_finished_spans()
     assert sorted(format(s.parent.span_id, "016x") for s in spans if s.parent) == sorted(
-        r.run.identity.span_id for r in msg.requests
+        r.span_id for r in msg.requests
     )
     assert all(s.events[0].attributes["gen_ai.evaluation.name"] == "length" for s in spans)
 

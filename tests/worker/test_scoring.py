@@ -52,7 +52,7 @@ def test_scores_every_run_and_scorer_once() -> None:
     report = asyncio.run(score_batch(msg, deps))
     assert report.scored == 10
     assert not report.failed
-    ident = msg.requests[0].run.identity
+    ident = msg.requests[0]
     expected = score_id_for(ident.trace_id, ident.span_id, "labelled", "1")
     assert store.records[expected].label == "half"
     assert len(writer.records) == 10
@@ -76,7 +76,7 @@ def test_claimed_pairs_are_deferred_to_a_later_attempt() -> None:
     """A pair claimed by another delivery is not scored now but deferred for a retry."""
     deps, store, _ = _deps(plain)
     msg = batch(range(2), ["plain"])
-    ident = msg.requests[0].run.identity
+    ident = msg.requests[0]
     held = score_id_for(ident.trace_id, ident.span_id, "plain", "1")
     asyncio.run(store.claim([held], "other", 60))
     report = asyncio.run(score_batch(msg, deps))
@@ -265,7 +265,7 @@ def test_claim_of_a_dead_local_process_is_taken_over() -> None:
     gone.wait()
     deps, store, _ = _deps(plain)
     msg = batch(range(1), ["plain"])
-    ident = msg.requests[0].run.identity
+    ident = msg.requests[0]
     held = score_id_for(ident.trace_id, ident.span_id, "plain", "1")
     asyncio.run(store.claim([held], f"{socket.gethostname()}:{gone.pid}", 60))
     report = asyncio.run(score_batch(msg, deps))

@@ -54,15 +54,14 @@ def _scores(writer: MemoryScoreWriter) -> dict[tuple[str, str, str], Any]:
 
 
 def test_spans_score_like_the_run_read_in_the_app() -> None:
-    """The same traces as spans or as runs give the same score records (ids, scores, labels)."""
+    """The same traces as shipped in process or as a worker receives them (JSON) give the same score
+    records (ids, scores, labels)."""
     rec = Recorder()
     for i in range(3):
         agent_trace(rec, question=f"question {i}?", answer="word " * (i * 7))
     shipped = _shipped(rec)
     assert len(shipped) == 3
-    as_runs = [
-        ScoreRequest(run=trace_to_run(r.spans or [], r.target_span_id), scorer_ids=r.scorer_ids) for r in shipped
-    ]
+    as_runs = [ScoreRequest.model_validate_json(r.model_dump_json()) for r in shipped]  # as a worker gets them
     deps_a, writer_a = _deps()
     deps_b, writer_b = _deps()
     report = asyncio.run(score_batch(ScoreBatch(batch_id="spans", requests=shipped), deps_a))

@@ -115,7 +115,7 @@ def test_create_app_carries_its_own_settings_to_task_and_transport(redis_url: st
     and the environment are untouched."""
     import os
 
-    from tracing._run import SCORE_TASK_NAME
+    from tracing.queue import SCORE_TASK_NAME
     from worker import app as env_app
     from worker._app import create_app
     from worker._guard import envelope_limit

@@ -16,7 +16,7 @@ import pytest
 from tests.worker._batches import batch
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink
-from tracing._run import ScoreBatch
+from tracing.queue import ScoreBatch
 
 LIMITS = {
     "TRACESCORE_RUN_TIMEOUT_SECONDS": "2",

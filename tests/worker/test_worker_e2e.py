@@ -18,7 +18,7 @@ from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink, ScoringRule, ScoringSpanExporter
-from tracing._run import SCORE_TASK_NAME
+from tracing.queue import SCORE_TASK_NAME
 from worker._store import DeadLetter
 
 
@@ -120,13 +120,13 @@ def test_poison_message_goes_to_the_dead_letter_list(workers: Workers, redis_url
     """A payload that is not a ScoreBatch is dead-lettered with its reason; the worker carries on."""
     worker = workers.start("poison")
     producer = _producer(redis_url)
-    producer.send_task(SCORE_TASK_NAME, args=[{"batch_id": "bad", "requests": [{"run": 42}]}], queue="tracescore")
+    producer.send_task(SCORE_TASK_NAME, args=[{"batch_id": "bad", "requests": [{"spans": 42}]}], queue="tracescore")
     producer.send_task(SCORE_TASK_NAME, args=[payload(range(3), ["length"], salt="after")], queue="tracescore")
     assert wait_for(lambda: len(read_scores(workers.scores)) == 3, 30), worker.text()[-2000:]
     (letter,) = _dlq(redis_url)
     assert letter.reason == "invalid_payload"
     assert letter.batch_id == "bad"
-    assert "requests.0.run" in letter.error
+    assert "requests.0.spans" in letter.error
     assert not letter.retryable
     assert worker.proc.poll() is None
     producer.close()
@@ -142,7 +142,7 @@ def test_pickle_payload_is_refused(workers: Workers, redis_url: str) -> None:
     producer.send_task(SCORE_TASK_NAME, args=[payload(range(2), ["length"], salt="json")], queue="tracescore")
     assert wait_for(lambda: len(read_scores(workers.scores)) >= 2, 30), worker.text()[-2000:]
     assert wait_for(lambda: "reason=content_type_refused" in worker.text(), 10), worker.text()[-2000:]
-    pickled = {r.run.identity.trace_id for r in batch(range(2), ["length"], salt="pickled").requests}
+    pickled = {r.trace_id for r in batch(range(2), ["length"], salt="pickled").requests}
     assert not pickled & {s["trace_id"] for s in read_scores(workers.scores)}
     assert len(read_scores(workers.scores)) == 2
     client = redis.Redis.from_url(redis_url)

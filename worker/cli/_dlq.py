@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from tracing._broker import redact
-from tracing._run import ScoreBatch
 from tracing._sinks import CelerySink
+from tracing.queue import ScoreBatch
 from worker._settings import Settings
 from worker._store import DeadLetter, RedisScoreStore
 from worker.cli._common import CliError, broker_option, cli_settings, json_option

@@ -1,7 +1,8 @@
-"""The queue message for one ``ScoreBatch``: Celery's task protocol 2, JSON, built without Celery.
+"""The wire format of one ``ScoreBatch``: Celery's task protocol 2, JSON, built without Celery.
 
-Producers (the exporter's ``CelerySink``, the backfill submitter) publish it with kombu so they
-never import the worker. The body is encoded once by pydantic (``model_dump_json``), several
+The publisher (``tracing.queue.Publisher``, for the exporter and backfill alike) sends it with
+kombu, so producers never import the worker; the worker's guard (``worker/_guard.py``) screens
+this exact shape before Celery decodes it. The body is encoded once by pydantic (``model_dump_json``), several
 times cheaper than ``model_dump`` followed by kombu's own ``json.dumps``. A producer that already
 encoded each request (to size its messages under the workers' cap) passes that JSON in
 ``requests_json`` and nothing is serialized twice.
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tracing._run import SCORE_TASK_NAME, ScoreBatch
+from tracing.queue._contract import SCORE_TASK_NAME, ScoreBatch
 
 __all__ = [
     "CONTENT_ENCODING",

@@ -1,0 +1,185 @@
+"""tracing.queue: one request shape, one wire format, one publisher (exporter and backfill alike),
+backpressure as a wrapper; backfill ships span records and the worker alone reads runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from tests._redis import RedisServer
+from tests.backfill._synth import trace_spans
+from tests.tracing._spans import Recorder, agent_trace
+from tests.worker._batches import batch as make_batch
+from tracing import CelerySink, trace_to_run, trace_to_runs
+from tracing._records import span_record
+from tracing.otlp import decode_otlp_json, decode_otlp_records
+from tracing.queue import Backpressure, ScoreBatch, ScoreRequest, task_message
+from tracing.read import loop_guard
+from tracing.sources import FileSource
+from worker._backfill import Backfill
+from worker._backfill_state import BackfillOptions, BackfillState
+
+QUEUE = "tracescore-queue-test"
+DB = 4
+
+
+def test_a_request_has_one_shape_and_refuses_a_read_run() -> None:
+    """A request is span records + target; the old ``run`` shape fails validation naming it."""
+    rec = Recorder()
+    agent_trace(rec)
+    run = trace_to_run(rec.spans())
+    with pytest.raises(ValidationError, match="run"):
+        ScoreRequest.model_validate({"run": run.model_dump(mode="json"), "scorer_ids": ["s"]})
+    records = [span_record(s) for s in rec.spans()]
+    request = ScoreRequest(spans=records, target_span_id=run.identity.span_id, scorer_ids=["s"])
+    assert trace_to_run(request.spans, request.target_span_id) == run
+
+
+class Capturing:
+    """A capped submitter that keeps what the backfill hands it."""
+
+    mode = "redis"
+    max_payload_bytes = 8 * 2**20
+
+    def __init__(self) -> None:
+        self.sent: list[ScoreBatch] = []
+
+    def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        assert requests_json == [r.model_dump_json() for r in batch.requests]
+        self.sent.append(batch)
+
+    def progress(self, job_id: str) -> dict[str, int]:
+        return {}
+
+    def pending(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def _document(spans: list[dict[str, Any]], service: str = "my-app") -> dict[str, Any]:
+    resource = {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]}
+    return {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": {"name": "app"}, "spans": spans}]}]}
+
+
+def test_backfill_ships_span_records_and_the_worker_reads_the_same_runs(tmp_path: Path) -> None:
+    """Backfill requests carry span records (no run read on the sending side); reading them as
+    the worker does gives exactly the runs the transform reads from the stored trace."""
+    documents = [_document([*trace_spans(i)[0], trace_spans(i)[1]]) for i in range(6)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in documents))
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"])
+    source = FileSource([path])
+    state = BackfillState(job_id="bf-records", source=source.describe(), options=options)
+    submitter = Capturing()
+    Backfill(source, state, submitter).run()
+    requests = [r for b in submitter.sent for r in b.requests]
+    assert len(requests) == 6
+    for request in requests:
+        received = ScoreRequest.model_validate_json(request.model_dump_json())  # what a worker gets
+        assert (received.source, received.job_id) == ("backfill", "bf-records")
+        document = next(
+            d for d in documents if d["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] == received.trace_id
+        )
+        (expected,) = trace_to_runs(decode_otlp_json(document))
+        assert trace_to_run(received.spans, received.target_span_id) == expected
+
+
+def test_decoded_records_are_what_the_exporter_ships() -> None:
+    """OTLP JSON decodes straight to the records the exporter builds from the SDK spans."""
+    children, root = trace_spans(3)
+    root["attributes"].append({"key": "http.url", "value": {"kvlistValue": {"values": []}}})  # unread
+    document = _document([*children, root])
+    assert decode_otlp_records(document) == [span_record(s) for s in decode_otlp_json(document)]
+
+
+def test_loop_guard_over_records() -> None:
+    """tracescore's own service or a judge root excludes the trace; a judge child its subtree."""
+    children, root = trace_spans(1)
+    assert loop_guard(decode_otlp_records(_document([*children, root]))) == frozenset()
+    assert loop_guard(decode_otlp_records(_document([*children, root], service="tracescore-worker"))) is None
+    judge = {"key": "tracescore.role", "value": {"stringValue": "judge"}}
+    children[0]["attributes"].append(judge)
+    assert loop_guard(decode_otlp_records(_document([*children, root]))) == {children[0]["spanId"]}
+    root["attributes"].append(judge)
+    assert loop_guard(decode_otlp_records(_document([*children, root]))) is None
+
+
+class _Publisher:
+    max_payload_bytes = 2**20
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        self.published.append(batch.batch_id)
+
+    def close(self) -> None:
+        pass
+
+
+def test_backpressure_waits_for_the_low_water_mark() -> None:
+    """Above high water a publish waits until the queue drains to low water, and not before."""
+    depth = [10]
+    inner = _Publisher()
+    held = Backpressure(inner, lambda: depth[0], high_water=5, low_water=2, poll_s=0.01)
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (held.publish(make_batch(range(1), ["s"], batch_id="b")), done.set()))
+    thread.start()
+    assert not done.wait(0.2)
+    depth[0] = 3  # below high water but above low water: still held
+    assert not done.wait(0.2)
+    depth[0] = 2
+    assert done.wait(5)
+    thread.join()
+    assert inner.published == ["b"]
+    assert held.throttled_s > 0.3
+
+
+def test_backpressure_wait_ends_on_a_stop() -> None:
+    held = Backpressure(_Publisher(), lambda: 100, high_water=5, poll_s=0.01)
+    held.should_stop = lambda: True
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        held.publish(make_batch(range(1), ["s"]))
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
+def test_exporter_sink_and_backfill_submitter_publish_the_same_message(redis_server: RedisServer) -> None:
+    """CelerySink and RedisSubmitter go through one publisher: same body, same headers."""
+    from worker._backfill_submit import RedisSubmitter
+    from worker._settings import load_settings
+
+    client = redis_server.client(DB)
+    client.flushdb()
+    batch = make_batch(range(3), ["length"], batch_id="same")
+    sink = CelerySink(redis_server.url(DB), queue=QUEUE)
+    sink.send(batch)
+    sink.close()
+    submitter = RedisSubmitter(load_settings(broker_url=redis_server.url(DB), queue=QUEUE))
+    submitter.submit(batch)
+    submitter.close()
+    raw = [json.loads(m) for m in reversed(client.lrange(QUEUE, 0, -1))]
+    assert len(raw) == 2
+    expected = task_message(batch, "x")
+    import base64
+
+    bodies = [
+        base64.b64decode(m["body"]).decode() if m["properties"].get("body_encoding") == "base64" else m["body"]
+        for m in raw
+    ]
+    assert bodies == [expected.body, expected.body]
+    headers = [{k: v for k, v in m["headers"].items() if k not in ("id", "root_id", "origin")} for m in raw]
+    want = {k: v for k, v in expected.headers.items() if k not in ("id", "root_id", "origin")}
+    assert headers == [want, want]
+    assert [m["headers"]["origin"].split("@")[0] for m in raw] == ["tracescore-exporter", "tracescore-backfill"]

@@ -1,0 +1,195 @@
+"""The one publisher of score batches (kombu, no Celery app), and backpressure as a wrapper.
+
+The exporter's ``CelerySink`` and the backfill both publish through ``Publisher``: the same
+message (``task_message``), the same queue declaration, the same TLS handling. What differs is
+configuration: the exporter fails fast (short timeouts, no retry: its sender thread retries
+with backoff), the backfill rides out a broker blip (kombu's retry policy). ``Backpressure``
+holds a producer back while the queue is above a high-water mark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from tracing._broker import BrokerTLS
+from tracing.queue._contract import ScoreBatch
+from tracing.queue._wire import (
+    CONTENT_ENCODING,
+    CONTENT_TYPE,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MESSAGE_ENVELOPE_BYTES,
+    task_message,
+    wire_size,
+)
+
+__all__ = ["Backpressure", "BatchPublisher", "Publisher"]
+
+
+class BatchPublisher(Protocol):
+    """What producers hand batches to."""
+
+    max_payload_bytes: int
+
+    def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        """Deliver ``batch`` (its requests already JSON when ``requests_json`` is given) or raise."""
+
+    def close(self) -> None: ...
+
+
+class Publisher:
+    """Publishes ``tracescore.score_batch`` messages to ``queue`` on ``broker_url`` with kombu.
+
+    ``connect_timeout_s`` / ``publish_timeout_s`` bound a connect and a socket call (None: kombu's
+    defaults); ``retry_policy`` is kombu's publish retry policy (None: no retry, the caller
+    retries). A message over ``max_payload_bytes`` (the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES``)
+    is refused with ``ValueError`` before it is sent: a worker would dead-letter it whole.
+    Thread-safe; ``close()`` refuses every later publish.
+    """
+
+    def __init__(
+        self,
+        broker_url: str,
+        *,
+        queue: str = "tracescore",
+        origin: str = "tracescore",
+        tls: BrokerTLS | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        connect_timeout_s: float | None = None,
+        publish_timeout_s: float | None = None,
+        retry_policy: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not broker_url:
+            raise ValueError("a publisher needs a broker URL, e.g. redis://localhost:6379/0")
+        if max_payload_bytes <= MESSAGE_ENVELOPE_BYTES:
+            raise ValueError(
+                f"max_payload_bytes must be over {MESSAGE_ENVELOPE_BYTES} (the message envelope), got"
+                f" {max_payload_bytes}: pass the workers' TRACESCORE_MAX_PAYLOAD_BYTES"
+            )
+        self.broker_url = broker_url
+        self.queue = queue
+        self.max_payload_bytes = max_payload_bytes
+        self._origin = origin
+        self._connect_timeout = connect_timeout_s
+        self._publish_timeout = publish_timeout_s
+        self._retry_policy = dict(retry_policy) if retry_policy is not None else None
+        # rediss:// verifies the certificate; default: TRACESCORE_BROKER_CA_FILE / _TLS_INSECURE
+        self._ssl = (tls or BrokerTLS.from_env()).kombu_ssl(broker_url)
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._producer: Any = None
+        self._closed = False
+
+    def _connect(self) -> Any:
+        from kombu import Connection, Exchange, Queue
+
+        options: dict[str, Any] = {}
+        if self._connect_timeout is not None:
+            options["connect_timeout"] = self._connect_timeout
+            options["transport_options"] = {
+                "socket_timeout": self._publish_timeout,
+                "socket_connect_timeout": self._connect_timeout,
+                "max_retries": 0,
+            }
+        conn = Connection(self.broker_url, ssl=self._ssl or False, **options)
+        # Kept before anything can fail, so a failed connect or declare is released by _close().
+        self._conn = conn
+        if self._connect_timeout is not None:
+            conn.ensure_connection(max_retries=0, timeout=max(1, math.ceil(self._connect_timeout)))
+        queue = Queue(self.queue, Exchange(self.queue, type="direct"), routing_key=self.queue)
+        queue(conn.default_channel).declare()
+        self._producer = conn.Producer(serializer="json")
+        return self._producer
+
+    def _close(self) -> None:
+        conn, self._conn, self._producer = self._conn, None, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # a dead connection may fail to close; dropped anyway
+                conn.release()
+
+    def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        if requests_json is None:
+            requests_json = [request.model_dump_json() for request in batch.requests]
+        message = task_message(batch, self._origin, requests_json)
+        size = wire_size(message.body)
+        if size > self.max_payload_bytes:
+            raise ValueError(
+                f"batch {batch.batch_id} is {size} bytes, over max_payload_bytes={self.max_payload_bytes}:"
+                " send fewer or smaller runs per batch (tracing.queue.RequestCutter cuts them by it)"
+            )
+        retry: dict[str, Any] = (
+            {"retry": False} if self._retry_policy is None else {"retry": True, "retry_policy": self._retry_policy}
+        )
+        with self._lock:
+            if self._closed:  # never reconnect once closed: a late publish must not reach the broker
+                raise RuntimeError("the publisher is closed; this batch was not sent")
+            try:
+                producer = self._producer or self._connect()
+                producer.publish(
+                    message.body,
+                    exchange="",  # the default exchange: straight to the queue, as Celery does
+                    routing_key=self.queue,
+                    headers=message.headers,
+                    correlation_id=message.task_id,
+                    content_type=CONTENT_TYPE,
+                    content_encoding=CONTENT_ENCODING,
+                    delivery_mode=2,
+                    **retry,
+                )
+            except Exception:
+                self._close()
+                raise
+
+    def close(self) -> None:
+        """Release the connection and refuse every later ``publish`` (waits for one under way)."""
+        with self._lock:
+            self._closed = True
+            self._close()
+
+
+class Backpressure:
+    """``publisher`` held back while the queue is long: before each publish, above
+    ``high_water`` waiting batches (``pending()``) it waits until the workers bring the queue
+    down to ``low_water`` (default half). ``should_stop()`` ends a wait (KeyboardInterrupt);
+    ``throttled_s`` is the time spent waiting."""
+
+    def __init__(
+        self,
+        publisher: BatchPublisher,
+        pending: Callable[[], int],
+        *,
+        high_water: int = 40,
+        low_water: int | None = None,
+        poll_s: float = 0.05,
+    ) -> None:
+        self.publisher = publisher
+        self.max_payload_bytes = publisher.max_payload_bytes
+        self.pending = pending
+        self.high_water = max(1, high_water)
+        self.low_water = max(0, self.high_water // 2 if low_water is None else low_water)
+        self.poll_s = poll_s
+        self.should_stop: Callable[[], bool] = lambda: False
+        self.throttled_s = 0.0
+
+    def wait_for_room(self) -> None:
+        if self.pending() <= self.high_water:
+            return
+        started = time.monotonic()
+        try:
+            while self.pending() > self.low_water:
+                if self.should_stop():
+                    raise KeyboardInterrupt
+                time.sleep(self.poll_s)
+        finally:
+            self.throttled_s += time.monotonic() - started
+
+    def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        self.wait_for_room()
+        self.publisher.publish(batch, requests_json)
+
+    def close(self) -> None:
+        self.publisher.close()

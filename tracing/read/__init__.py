@@ -1,0 +1,13 @@
+"""Span records → runs: which runs a trace holds (the one planner) and which traffic is
+tracescore's own (the one loop guard), for the exporter, backfill and the worker alike.
+
+``loop_guard(records)`` says whether a trace is tracescore's own and which judge spans'
+subtrees are excluded; ``plan_runs(records, exclude_under=...)`` gives each run as its target
+span and the records its reading needs.
+"""
+
+from tracing._records import plan_runs
+from tracing.read._guard import loop_guard
+from tracing.read._shape import has_parent_cycle
+
+__all__ = ["has_parent_cycle", "loop_guard", "plan_runs"]
