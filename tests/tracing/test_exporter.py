@@ -549,6 +549,19 @@ def test_shutdown_sends_delayed_and_counts_incomplete(clock: FakeClock, sink: Re
     assert exp.export(rec.spans()) is SpanExportResult.FAILURE
 
 
+def test_shutdown_sends_a_delayed_run_of_a_trace_it_completes(clock: FakeClock, sink: Recording) -> None:
+    """A trace still in its grace window at shutdown is completed there; its delay_s run is sent
+    too, not left in the delay heap uncounted."""
+    exp = ScoringSpanExporter([ScoringRule(["s"], delay_s=600)], CallbackSink(sink), clock=clock)
+    rec = Recorder()
+    agent_trace(rec)
+    exp.export(rec.spans())
+    exp.shutdown(5000)
+    assert len(sink.requests) == 1
+    stats = exp.stats()
+    assert (stats["runs_sent"], stats["delayed"], stats["dropped"]) == (1, 0, {})
+
+
 def test_shutdown_with_stuck_sink_keeps_its_deadline(clock: FakeClock) -> None:
     """shutdown() as the SDK calls it (no timeout) gives up after shutdown_timeout_s, counting."""
     release = threading.Event()

@@ -199,10 +199,15 @@ class ScoringSpanExporter(SpanExporter):
                 return
             self._closed = True
         try:
-            self._process(force=True)  # delayed runs too: better early than never
+            self._process(force=True)
             with self._lock:
                 left = self._buffer.drain()
+                # Held back by delay_s (also those the pass just completed): better early than never.
+                delayed = [s for _, _, s in sorted(self._delayed, key=lambda d: d[:2])]
+                self._delayed.clear()
             self._tally.drop("shutdown_incomplete_trace", left)
+            self._sender.release(sum(s.size for s in delayed))
+            self._sender.put(delayed)
             self._sender.wait_idle(deadline)
         finally:
             self._stop.set()
