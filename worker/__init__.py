@@ -11,7 +11,7 @@ from worker._loop import run_coro
 from worker._registry import Registry, RegistryError, UnknownScorerError, load_registry
 from worker._scoring import BatchReport, ScoringDeps, is_transient, score_batch
 from worker._settings import ModelRateLimit, Settings, SettingsError, get_settings, load_settings
-from worker._store import DeadLetter, MemoryScoreStore, RedisScoreStore, ScoreStore
+from worker.store import DeadLetter, MemoryScoreStore, RedisScoreStore, ScoreStore
 
 __all__ = [
     "BatchReport",

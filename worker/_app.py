@@ -222,6 +222,7 @@ def _flush_writer(**_: Any) -> None:
         runtime.writer.close()
     try:
         run_coro(runtime.store.close(), 5.0)
+        run_coro(runtime.dead_letters.close(), 5.0)
         run_coro(runtime.limiter.close(), 5.0)
     except Exception:
         log.warning("worker_close_failed", exc_info=True)

@@ -29,10 +29,10 @@ from typing import IO, Any, TypeVar
 import structlog
 
 from scorers import Scorer, ScorerError, ScoreResult
-from tracing.queue import ScoreBatch
 from tracing._score_record import ScoreRecord
 from tracing._score_writer import ScoreWriter
 from tracing._sinks import CallbackSink
+from tracing.queue import ScoreBatch
 from worker._loop import LoopThread, LoopWatchdog
 from worker._registry import load_registry
 from worker._runtime import _cap_memory
@@ -49,7 +49,7 @@ from worker._scoring import (
     wedged_record,
 )
 from worker._settings import Settings, load_settings
-from worker._store import MemoryScoreStore, ScoreStore
+from worker.store import MemoryScoreStore, ScoreStore
 
 __all__ = [
     "EmbeddedScorer",
@@ -367,7 +367,7 @@ class EmbeddedScorer:
 
     def progress(self, job_id: str) -> dict[str, int]:
         with self._lock:
-            return self._loop.run(self.store.job_progress(job_id))
+            return self._loop.run(self.store.jobs.progress(job_id))
 
     def pending(self) -> int:
         return 0

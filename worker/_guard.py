@@ -39,7 +39,7 @@ from kombu.transport import virtual as _kombu_virtual
 
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME
 from worker._settings import Settings
-from worker._store import DLQ_PUSH_SCRIPT, DeadLetter, dead_letter_id, dlq_push_args
+from worker.store import DeadLetter, SyncRedisDeadLetters, dead_letter_id
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
@@ -363,27 +363,6 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
     return None, decoded
 
 
-class DeadLetterWriter:
-    """Pushes dead letters from the consumer (a plain thread: no event loop) to the store."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._client: redis.Redis | None = None
-        self._script: Any = None
-
-    def push(self, letter: DeadLetter) -> bool:
-        if self._client is None:
-            self._client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
-            self._script = self._client.register_script(DLQ_PUSH_SCRIPT)
-        keys, args = dlq_push_args(letter)
-        return bool(self._script(keys=keys, args=args))
-
-    def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-
 class GuardedConsumer(Consumer):
     """Celery's consumer with every task message screened (``check_message``) before Celery's
     handler, and Celery's own bad-message handlers (which log the body) replaced by refusals."""
@@ -392,7 +371,7 @@ class GuardedConsumer(Consumer):
         super().__init__(*args, **kwargs)
         app: TracescoreApp = self.app  # type: ignore[assignment]  # worker_consumer of create_app's apps
         self._settings = app.settings
-        self._dead_letters = DeadLetterWriter(self._settings.store_url)
+        self._dead_letters = SyncRedisDeadLetters(self._settings.store_url)
 
     def _allowed(self) -> frozenset[str]:
         return frozenset(name for name in self.app.tasks if name.startswith("tracescore."))

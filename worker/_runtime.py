@@ -36,7 +36,7 @@ from worker._reconnect import RECONNECT_S
 from worker._registry import Registry, RegistryError, load_registry
 from worker._scoring import ScoringDeps, scoring_run_of, wedged_record
 from worker._settings import Settings
-from worker._store import RedisScoreStore
+from worker.store import RedisDeadLetters, RedisScoreStore
 
 # Exit status of a worker process whose event loop was wedged (EX_SOFTWARE).
 EXIT_WEDGED = 70
@@ -74,6 +74,7 @@ class WorkerRuntime:
     settings: Settings
     registry: Registry
     store: RedisScoreStore
+    dead_letters: RedisDeadLetters
     writer: ScoreWriter | None
     limiter: RedisRateLimiter
     deps: ScoringDeps
@@ -116,7 +117,8 @@ class WorkerRuntime:
             module=settings.scorers,
             writer=settings.writer,
         )
-        return cls(settings, registry, store, writer, limiter, deps, os.getpid())
+        dead_letters = RedisDeadLetters(settings.store_url, reconnect_s=RECONNECT_S)
+        return cls(settings, registry, store, dead_letters, writer, limiter, deps, os.getpid())
 
 
 def _cap_memory(limit_mb: int) -> None:

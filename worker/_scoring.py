@@ -30,9 +30,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-import os
-import secrets
-import socket
 import time
 import traceback
 from collections import Counter, defaultdict
@@ -53,7 +50,7 @@ from tracing._transform import trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
 from worker._loop import LoopBlockedError
 from worker._registry import UnknownScorerError
-from worker._store import ScoreStore, StoreUnavailableError
+from worker.store import ScoreStore, StoreUnavailableError, claim, delivery_owner, process_owner
 
 __all__ = [
     "TRANSIENT_STATUS_CODES",
@@ -106,7 +103,7 @@ class ScoringDeps:
     checkpoint: Literal["judge", "all", "none"] = "judge"
     # A scorer run longer than this becomes a ``timeout`` error record (None: no limit).
     run_timeout_s: float | None = None
-    owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    owner: str = field(default_factory=process_owner)
     _gates: dict[tuple[int, str], asyncio.Semaphore] = field(default_factory=dict, repr=False)
 
     def gate(self, key: str) -> asyncio.Semaphore:
@@ -574,9 +571,8 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
     while (once that delivery recorded them, or its claim lapsed).
     """
     started = time.perf_counter()
-    # Claims belong to this delivery, not to the process: two deliveries of one message (two
-    # exporters saw the trace, a requeued dead letter) in one worker process must not both pay.
-    deps = replace(deps, owner=f"{deps.owner}:d{secrets.token_hex(4)}")
+    # Claims belong to this delivery, not to the process.
+    deps = replace(deps, owner=delivery_owner(deps.owner))
     report = BatchReport(batch_id=batch.batch_id, requests=len(batch.requests))
     pairs = _pairs(batch, deps.registry)
     report.pairs = len(pairs)
@@ -595,11 +591,9 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
         if pair.request.job_id and record.job_id != pair.request.job_id:
             skipped_by_job[pair.request.job_id] += 1
     for job_id, n in skipped_by_job.items():
-        await deps.store.count_skipped(job_id, "already_scored", n)
+        await deps.store.jobs.count_skipped(job_id, "already_scored", n)
 
-    held = await deps.store.claim([p.score_id for p in todo], deps.owner, deps.claim_ttl_s)
-    if len(held) < len(todo):
-        held |= await _take_over_dead_local_owners([p.score_id for p in todo if p.score_id not in held], deps)
+    held = await claim(deps.store, [p.score_id for p in todo], deps.owner, deps.claim_ttl_s)
     mine = [p for p in todo if p.score_id in held]
     # Held by another delivery: scoring it now, or dead (its claim lapses within claim_ttl_s).
     # Either way try again later rather than pay twice or lose the score.
@@ -638,40 +632,6 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
     for key in [k for k, v in report.skipped.items() if not v]:
         del report.skipped[key]
     return report
-
-
-def _host_and_pid(owner: str) -> tuple[str, str]:
-    """An owner is ``host:pid:delivery`` (``host:pid`` before deliveries had their own)."""
-    parts = owner.rsplit(":", 2)
-    if len(parts) == 3 and not parts[2].isdigit():
-        return parts[0], parts[1]
-    host, _, pid = owner.rpartition(":")
-    return host, pid
-
-
-def _owner_is_dead_here(owner: str, me: str) -> bool:
-    """True when ``owner``'s process ran on this host and no longer exists."""
-    host, pid = _host_and_pid(owner)
-    if host != _host_and_pid(me)[0] or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
-
-
-async def _take_over_dead_local_owners(score_ids: list[str], deps: ScoringDeps) -> set[str]:
-    """Claims left by a crashed process of this host (e.g. a prefork child killed for memory)
-    need not wait out their TTL: the process is gone, so its redelivered work is ours."""
-    owners = await deps.store.claim_owners(score_ids)
-    dead = [(s, o) for s, o in owners.items() if o != deps.owner and _owner_is_dead_here(o, deps.owner)]
-    vanished = [(s, "") for s in score_ids if s not in owners]  # lapsed since we tried
-    if not dead and not vanished:
-        return set()
-    return await deps.store.take_over([*dead, *vanished], deps.owner, deps.claim_ttl_s)
 
 
 async def _safe_existing(deps: ScoringDeps, ids: list[str]) -> set[str]:

@@ -21,7 +21,7 @@ from tracing.queue import SCORE_TASK_NAME, ScoreBatch
 from worker._loop import run_coro
 from worker._runtime import WorkerRuntime, get_runtime
 from worker._scoring import StoreUnavailableError, score_batch
-from worker._store import DeadLetter, dead_letter_id
+from worker.store import DeadLetter, dead_letter_id
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
@@ -65,7 +65,7 @@ def _dead_letter(
         payload=keep,
         retryable=retryable and keep is not None,
     )
-    pushed = run_coro(runtime.store.dlq_push(letter), 30.0)
+    pushed = run_coro(runtime.dead_letters.push(letter), 30.0)
     log.error(
         "message_dead_lettered",
         reason=reason,

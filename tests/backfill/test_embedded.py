@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from tests.backfill._synth import trace_spans
 from tracing import MemoryScoreWriter, ScoringRule, ScoringSpanExporter
 from tracing.otlp import decode_otlp_records
-from tracing.read import plan_runs
 from tracing.queue import ScoreBatch, ScoreRequest
+from tracing.read import plan_runs
 from worker._embedded import EmbeddedScorer, TableScoreWriter, embedded_sink
 from worker._registry import load_registry
 

@@ -38,7 +38,7 @@ from tracing.otlp import decode_otlp_json_line
 from worker import _scoring
 from worker._registry import Registry
 from worker._scoring import ScoringDeps, score_batch
-from worker._store import MemoryScoreStore
+from worker.store import MemoryScoreStore
 
 MARKER = "SECRET-7f3a-user-said-this"
 OK_INPUT = genai_messages(("user", "hi?"))

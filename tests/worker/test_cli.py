@@ -19,8 +19,8 @@ from tests.worker._workers import ROOT, read_scores, wait_for
 from tracing import CelerySink
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord, score_id_for
-from worker._store import DeadLetter, RedisScoreStore
 from worker.cli import main
+from worker.store import DeadLetter, RedisDeadLetters, RedisScoreStore
 
 # A broker nothing listens on: a command that reached Redis through it would fail.
 NOWHERE = "redis://127.0.0.1:1/11"
@@ -85,9 +85,9 @@ def test_dlq_list_and_retry(env: str, capsys: pytest.CaptureFixture[str]) -> Non
     bad = DeadLetter(reason="invalid_payload", error="not a ScoreBatch", payload={"x": 1}, retryable=False)
 
     async def push() -> None:
-        store = RedisScoreStore(env)
-        await store.dlq_push(good)
-        await store.dlq_push(bad)
+        store = RedisDeadLetters(env)
+        await store.push(good)
+        await store.push(bad)
         await store.close()
 
     asyncio.run(push())
@@ -115,8 +115,8 @@ def test_dlq_retry_interrupted_mid_send_keeps_the_letter(
     letter = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
 
     async def push() -> None:
-        store = RedisScoreStore(env)
-        await store.dlq_push(letter)
+        store = RedisDeadLetters(env)
+        await store.push(letter)
         await store.close()
 
     asyncio.run(push())
@@ -243,8 +243,8 @@ def test_broker_flag_wins_over_the_environment(wrong_env: str, capsys: pytest.Ca
     letter = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
 
     async def push() -> None:
-        store = RedisScoreStore(url)
-        await store.dlq_push(letter)
+        store = RedisDeadLetters(url)
+        await store.push(letter)
         await store.close()
 
     asyncio.run(push())

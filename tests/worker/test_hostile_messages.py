@@ -5,7 +5,6 @@ worker's log, and the worker goes on scoring."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import collections
 import datetime as dt
@@ -24,7 +23,7 @@ from tests.worker._batches import OUTPUT, output_messages, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing.queue import SCORE_TASK_NAME
 from worker._settings import get_settings
-from worker._store import DeadLetter, MemoryScoreStore, RedisScoreStore
+from worker.store import DeadLetter
 
 MARKER = "AGENT-CONTENT-MARKER-51d2"
 QUEUE = "tracescore"
@@ -271,33 +270,6 @@ def test_a_refused_message_delivered_twice_is_one_dead_letter(worker: WorkerProc
     assert wait_for(lambda: len(read_scores(tmp_path / "scores.jsonl")) == 2, 60), worker.text()[-3000:]
     assert sorted(d.reason for d in _dlq(redis_url)) == ["bad_body", "invalid_payload"]
     assert worker.text().count("duplicate=True") == 2
-
-
-@pytest.mark.parametrize("kind", ["memory", "redis"])
-def test_dead_letter_store_dedupes_by_message_and_counts_by_reason(kind: str, redis_url: str) -> None:
-    """dlq_push adds a message key once; dlq_counts follows pushes and takes."""
-
-    async def go() -> tuple[list[bool], dict[str, int], dict[str, int], int]:
-        store: Any = MemoryScoreStore() if kind == "memory" else RedisScoreStore(redis_url)
-        a = DeadLetter(reason="not_json", message_key="msg:a")
-        pushed = [
-            await store.dlq_push(a),
-            await store.dlq_push(DeadLetter(reason="not_json", message_key="msg:a")),
-            await store.dlq_push(DeadLetter(reason="bad_body", message_key="msg:b")),
-            await store.dlq_push(DeadLetter(reason="bad_body")),
-        ]
-        before = await store.dlq_counts()
-        await store.dlq_take(a.id)
-        after = await store.dlq_counts()
-        length = await store.dlq_len()
-        await store.close()
-        return pushed, before, after, length
-
-    pushed, before, after, length = asyncio.run(go())
-    assert pushed == [True, False, True, True]
-    assert before == {"not_json": 1, "bad_body": 2}
-    assert after == {"bad_body": 2}
-    assert length == 2
 
 
 def test_a_refusal_the_store_cannot_record_is_kept_until_it_can(redis_url: str, tmp_path: Path) -> None:

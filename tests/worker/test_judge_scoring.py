@@ -16,7 +16,7 @@ from worker._limiter import RedisRateLimiter
 from worker._registry import Registry
 from worker._scoring import ScoringDeps, score_batch
 from worker._settings import ModelRateLimit
-from worker._store import RedisScoreStore
+from worker.store import RedisScoreStore
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tests.worker.sample_scorers import POISON_MARKER
 from tracing import CelerySink
 from tracing.queue import ScoreBatch
-from worker._store import DeadLetter
+from worker.store import DeadLetter
 
 N = 6
 POISON = 3

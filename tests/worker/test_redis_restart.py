@@ -24,7 +24,7 @@ from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink
 from tracing._score_record import score_id_for
 from tracing.queue import ScoreBatch
-from worker._store import DeadLetter
+from worker.store import DeadLetter
 
 
 class PersistentRedis(RedisServer):

@@ -100,7 +100,7 @@ def test_score_batch_to_otlp_events_and_the_exporter_skips_them() -> None:
     from tracing import CallbackSink, ScoringRule, ScoringSpanExporter
     from worker._registry import Registry
     from worker._scoring import ScoringDeps, score_batch
-    from worker._store import MemoryScoreStore
+    from worker.store import MemoryScoreStore
 
     exporter = InMemorySpanExporter()
     writer = OtlpScoreWriter(exporter)

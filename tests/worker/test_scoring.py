@@ -13,7 +13,7 @@ from tracing._score_record import score_id_for
 from tracing._score_writer import MemoryScoreWriter
 from worker._registry import Registry
 from worker._scoring import ScoringDeps, score_batch
-from worker._store import MemoryScoreStore
+from worker.store import MemoryScoreStore
 
 calls: dict[str, int] = {}
 
@@ -161,9 +161,9 @@ def test_job_counters_do_not_double_count_redelivery() -> None:
     deps, store, _ = _deps(plain)
     asyncio.run(score_batch(batch(range(3), ["plain"], job_id="j1"), deps))
     asyncio.run(score_batch(batch(range(3), ["plain"], job_id="j1"), deps))
-    assert asyncio.run(store.job_progress("j1")) == {"scored": 3}
+    assert asyncio.run(store.jobs.progress("j1")) == {"scored": 3}
     asyncio.run(score_batch(batch(range(4), ["plain"], job_id="j2"), deps))
-    assert asyncio.run(store.job_progress("j2")) == {"scored": 1, "skipped": 3, "skipped:already_scored": 3}
+    assert asyncio.run(store.jobs.progress("j2")) == {"scored": 1, "skipped": 3, "skipped:already_scored": 3}
 
 
 def test_concurrency_is_bounded_per_model() -> None:
@@ -234,13 +234,13 @@ def test_retryable_error_record_is_replaced_by_a_later_success() -> None:
     assert first.failed == {"TimeoutError": 2}
     assert len(first.exhausted) == 2
     assert all(r.retryable for r in writer.records)
-    assert asyncio.run(store.job_progress("job"))["failed"] == 2
+    assert asyncio.run(store.jobs.progress("job"))["failed"] == 2
     healthy["on"] = True
     again = asyncio.run(score_batch(msg, deps))
     assert again.scored == 2
     assert [r.score for r in writer.records[2:]] == [0.9, 0.9]
     assert all(r.score == 0.9 for r in store.records.values())
-    progress = asyncio.run(store.job_progress("job"))
+    progress = asyncio.run(store.jobs.progress("job"))
     assert progress["scored"] == 2
     assert progress["failed"] == 0
 
@@ -305,7 +305,7 @@ def test_two_deliveries_in_one_process_score_each_pair_once() -> None:
 
 def test_dead_owner_detection_reads_delivery_owners() -> None:
     """A claim's owner names host, pid and delivery; a dead pid on this host is recognised."""
-    from worker._scoring import _owner_is_dead_here
+    from worker.store._scores import _owner_is_dead_here
 
     me = "host-a:1:dabc"
     assert _owner_is_dead_here("host-a:999999999:d1234", me)

@@ -13,7 +13,7 @@ from worker._app import score_batch_task
 from worker._loop import stop_loop
 from worker._runtime import reset_runtime
 from worker._settings import get_settings
-from worker._store import RedisScoreStore
+from worker.store import RedisDeadLetters, RedisScoreStore
 
 
 @pytest.fixture
@@ -32,6 +32,7 @@ def runtime_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
         from worker._loop import run_coro
 
         run_coro(runtime.store.close(), 5)
+        run_coro(runtime.dead_letters.close(), 5)
         run_coro(runtime.limiter.close(), 5)
     stop_loop()
     get_settings.cache_clear()
@@ -40,10 +41,11 @@ def runtime_env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
 
 def _dlq_and_progress(url: str, job: str) -> tuple[list[str], dict[str, int]]:
     async def go() -> tuple[list[str], dict[str, int]]:
-        store = RedisScoreStore(url)
-        letters = [d.reason for d in await store.dlq_list()]
-        progress = await store.job_progress(job)
+        store, dead = RedisScoreStore(url), RedisDeadLetters(url)
+        letters = [d.reason for d in await dead.latest()]
+        progress = await store.jobs.progress(job)
         await store.close()
+        await dead.close()
         return letters, progress
 
     return asyncio.run(go())

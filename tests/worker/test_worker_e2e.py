@@ -19,7 +19,7 @@ from tests.worker._batches import batch, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink, ScoringRule, ScoringSpanExporter
 from tracing.queue import SCORE_TASK_NAME
-from worker._store import DeadLetter
+from worker.store import DeadLetter
 
 
 class Workers:

@@ -14,15 +14,15 @@ from tracing._broker import redact
 from tracing._sinks import CelerySink
 from tracing.queue import ScoreBatch
 from worker._settings import Settings
-from worker._store import DeadLetter, RedisScoreStore
 from worker.cli._common import CliError, broker_option, cli_settings, json_option
+from worker.store import DeadLetter, RedisDeadLetters
 
 __all__ = ["dlq_group"]
 
 
-async def _list(store: RedisScoreStore, limit: int) -> tuple[int, list[DeadLetter]]:
+async def _list(store: RedisDeadLetters, limit: int) -> tuple[int, list[DeadLetter]]:
     try:
-        return await store.dlq_len(), await store.dlq_list(limit)
+        return await store.size(), await store.latest(limit)
     finally:
         await store.close()
 
@@ -51,7 +51,7 @@ def dlq_list(broker: str | None, limit: int, as_json: bool) -> None:
       tracescore dlq list --limit 10
       tracescore dlq list --json --broker redis://:PASSWORD@redis:6379/0
     """
-    store = RedisScoreStore(cli_settings(broker).store_url)
+    store = RedisDeadLetters(cli_settings(broker).store_url)
     try:
         total, letters = asyncio.run(_list(store, limit))
     except (RedisError, OSError) as exc:
@@ -71,13 +71,13 @@ def dlq_list(broker: str | None, limit: int, as_json: bool) -> None:
 
 
 async def _retry(
-    settings: Settings, store: RedisScoreStore, ids: list[str] | None
+    settings: Settings, store: RedisDeadLetters, ids: list[str] | None
 ) -> tuple[list[DeadLetter], list[str]]:
     sink = CelerySink(settings.broker_url, queue=settings.queue)
     requeued: list[DeadLetter] = []
     problems: list[str] = []
     try:
-        listed = {d.id: d for d in await store.dlq_list(limit=1_000_000)}
+        listed = {d.id: d for d in await store.latest(limit=1_000_000)}
         if ids is None:
             ids = list(listed)
         for letter_id in ids:
@@ -100,7 +100,7 @@ async def _retry(
                 continue
             # Removed only once sent: interrupted before this, the letter stays listed (a later
             # retry sends it again, which the idempotent score ids make harmless), never lost.
-            await store.dlq_take(letter_id)
+            await store.take(letter_id)
             requeued.append(letter)
     finally:
         sink.close()
@@ -126,7 +126,7 @@ def dlq_retry(broker: str | None, ids: tuple[str, ...], retry_all: bool, as_json
     if bool(ids) == retry_all:
         raise CliError("give dead letter ID(s) or --all (not both)")
     settings = cli_settings(broker)
-    store = RedisScoreStore(settings.store_url)
+    store = RedisDeadLetters(settings.store_url)
     try:
         requeued, problems = asyncio.run(_retry(settings, store, None if retry_all else list(ids)))
     except (RedisError, OSError) as exc:

@@ -11,8 +11,8 @@ from redis.exceptions import RedisError
 
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
-from worker._store import RedisScoreStore
 from worker.cli._common import CliError, broker_option, cli_settings, json_option
+from worker.store import RedisScoreStore
 
 __all__ = ["scores_command"]
 

@@ -16,24 +16,25 @@ from redis.exceptions import RedisError
 from tracing._broker import redact
 from worker._limiter import RedisRateLimiter
 from worker._settings import Settings
-from worker._store import RedisScoreStore
 from worker.cli._common import CliError, broker_option, cli_settings, json_option
+from worker.store import RedisDeadLetters, RedisJobStats
 
 __all__ = ["collect_status", "status_command"]
 
 
 async def _store_status(url: str, limits: Any) -> dict[str, Any]:
-    store = RedisScoreStore(url)
+    letters, jobs = RedisDeadLetters(url), RedisJobStats(url)
     limiter = RedisRateLimiter(url, limits)
     try:
         return {
-            "dead_letters": await store.dlq_len(),
-            "dead_letters_by_reason": await store.dlq_counts(),
-            "recent_failures": await store.recent_failures(),
+            "dead_letters": await letters.size(),
+            "dead_letters_by_reason": await letters.counts(),
+            "recent_failures": await jobs.recent_failures(),
             "rate_limits": await limiter.state(),
         }
     finally:
-        await store.close()
+        await letters.close()
+        await jobs.close()
         await limiter.close()
 
 

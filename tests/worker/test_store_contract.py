@@ -1,0 +1,429 @@
+"""The store contracts (ScoreStore, JobStats, DeadLetters), each on Redis (DB 11) and in memory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from scorers import ScoreResult
+from tracing._score_record import ScoreRecord, score_id_for
+from worker.store import (
+    DeadLetter,
+    DeadLetters,
+    JobStats,
+    MemoryDeadLetters,
+    MemoryScoreStore,
+    RedisDeadLetters,
+    RedisJobStats,
+    RedisScoreStore,
+    ScoreStore,
+    StoreUnavailableError,
+    SyncRedisDeadLetters,
+    claim,
+    delivery_owner,
+    process_owner,
+)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Each test runs against both implementations."""
+    if request.param == "memory":
+        yield MemoryScoreStore()
+        return
+    yield RedisScoreStore(request.getfixturevalue("redis_url"))
+
+
+@pytest.fixture(params=["memory", "redis"])
+def letters(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "memory":
+        yield MemoryDeadLetters()
+        return
+    yield RedisDeadLetters(request.getfixturevalue("redis_url"))
+
+
+def _record(n: int, **kw: Any) -> ScoreRecord:
+    trace, span = f"{n:032x}", f"{n:016x}"
+    return ScoreRecord(score_id=score_id_for(trace, span, "s", "1"), trace_id=trace, span_id=span, scorer_id="s", **kw)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_implementations_satisfy_their_protocols(redis_url: str) -> None:
+    """Each implementation is an instance of its protocol (methods and the ``jobs`` property)."""
+    for store in (MemoryScoreStore(), RedisScoreStore(redis_url)):
+        assert isinstance(store, ScoreStore)
+        assert isinstance(store.jobs, JobStats)
+    assert isinstance(RedisJobStats(redis_url), JobStats)
+    for dead in (MemoryDeadLetters(), RedisDeadLetters(redis_url)):
+        assert isinstance(dead, DeadLetters)
+
+
+# --- ScoreStore: records, claims, checkpoints, deliveries ----------------------------------------
+
+
+def test_put_records_first_writer_wins(store: Any) -> None:
+    """A score id is recorded once; the second put reports a duplicate and keeps the first."""
+
+    async def go() -> tuple[list[bool], list[bool], list[ScoreRecord]]:
+        first = await store.put_records([_record(1, score=0.1), _record(2, score=0.2)], "w1", 60)
+        second = await store.put_records([_record(1, score=0.9)], "w2", 60)
+        found = await store.records_for_trace(f"{1:032x}")
+        await store.close()
+        return first, second, found
+
+    first, second, found = run(go())
+    assert first == [True, True]
+    assert second == [False]
+    assert [r.score for r in found] == [0.1]
+
+
+def test_concurrent_puts_record_exactly_once(store: Any) -> None:
+    """Many concurrent puts of the same score: exactly one is new."""
+
+    async def go() -> list[bool]:
+        results = await asyncio.gather(*(store.put_records([_record(7, score=i)], f"w{i}", 60) for i in range(20)))
+        await store.close()
+        return [r[0] for r in results]
+
+    assert sum(run(go())) == 1
+
+
+def test_claims_exclude_other_owners_until_released(store: Any) -> None:
+    """A claim blocks other owners, is re-entrant for its owner, and release frees it."""
+
+    async def go() -> tuple[set[str], set[str], set[str], set[str]]:
+        a = await store.claim(["x", "y"], "w1", 60)
+        b = await store.claim(["x", "z"], "w2", 60)
+        again = await store.claim(["x"], "w1", 60)
+        await store.release(["x"], "w2")  # not w2's: no effect
+        await store.release(["x"], "w1")
+        c = await store.claim(["x"], "w2", 60)
+        await store.close()
+        return a, b, again, c
+
+    a, b, again, c = run(go())
+    assert a == {"x", "y"}
+    assert b == {"z"}
+    assert again == {"x"}
+    assert c == {"x"}
+
+
+def test_claim_takes_over_a_dead_local_owner_only(store: Any) -> None:
+    """``claim`` takes the claims of a process of this host that no longer exists; a live
+    owner's (this process, another delivery) and another host's are left alone."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    me = delivery_owner(process_owner())
+    host = socket.gethostname()
+
+    async def go() -> tuple[set[str], dict[str, str]]:
+        await store.claim(["dead"], f"{host}:{gone.pid}:d1234", 60)
+        await store.claim(["old-format"], f"{host}:{gone.pid}", 60)  # owners before deliveries had ids
+        await store.claim(["alive"], delivery_owner(process_owner()), 60)
+        await store.claim(["elsewhere"], f"{host}-other:{gone.pid}:d1234", 60)
+        held = await claim(store, ["dead", "old-format", "alive", "elsewhere", "free"], me, 60)
+        owners = await store.claim_owners(["dead", "old-format", "alive", "elsewhere", "free"])
+        await store.close()
+        return held, owners
+
+    held, owners = run(go())
+    assert held == {"dead", "old-format", "free"}
+    assert {owners[s] for s in held} == {me}
+    assert owners["alive"].startswith(f"{host}:{os.getpid()}:d")
+    assert owners["alive"] != me
+
+
+def test_recording_clears_checkpoint_and_claim_and_counts_job(store: Any) -> None:
+    """put_records drops the checkpoint and the owner's claim, and counts scored/failed per job
+    and failure reason in ``store.jobs``."""
+
+    async def go() -> tuple[dict[str, Any], dict[str, int], dict[str, int], dict[str, str]]:
+        rec = _record(3, score=1.0, job_id="job")
+        await store.claim([rec.score_id], "w", 60)
+        await store.put_checkpoint(rec.score_id, ScoreResult(run_id="r", completed_steps=["preprocess"]), 60)
+        before = await store.get_checkpoints([rec.score_id])
+        await store.put_records([rec, _record(4, job_id="job", error_type="JudgeAuthError")], "w", 60)
+        after = await store.get_checkpoints([rec.score_id])
+        progress = await store.jobs.progress("job")
+        failures = await store.jobs.recent_failures()
+        owners = await store.claim_owners([rec.score_id])
+        await store.close()
+        return {"before": before, "after": after}, progress, failures, owners
+
+    cps, progress, failures, owners = run(go())
+    assert next(iter(cps["before"].values())).completed_steps == ["preprocess"]
+    assert cps["after"] == {}
+    assert progress == {"scored": 1, "failed": 1, "failed:JudgeAuthError": 1}
+    assert failures == {"JudgeAuthError": 1}
+    assert owners == {}
+
+
+def test_retryable_error_record_can_be_replaced_once(store: Any) -> None:
+    """A retryable error record gives way to a score (job counts corrected); a score never does."""
+
+    async def go() -> tuple[list[bool], list[bool], list[bool], dict[str, int], float | None]:
+        err = _record(9, job_id="j", error_type="JudgeTimeoutError", retryable=True)
+        first = await store.put_records([err], "w", 60)
+        second = await store.put_records([_record(9, job_id="j", score=0.5)], "w", 60)
+        third = await store.put_records([_record(9, job_id="j", score=0.7)], "w", 60)
+        progress = await store.jobs.progress("j")
+        (kept,) = await store.records_for_trace(f"{9:032x}")
+        await store.close()
+        return first, second, third, progress, kept.score
+
+    first, second, third, progress, kept = run(go())
+    assert (first, second, third) == ([True], [True], [False])
+    assert kept == 0.5
+    assert progress["scored"] == 1
+    assert progress["failed"] == 0
+
+
+def test_put_records_retried_after_a_lost_reply_is_new_again(store: Any) -> None:
+    """The same record put twice (the client retrying after a dropped connection lost the first
+    reply) is reported new both times and counted once, so it is still written back; a
+    different record for the same score id stays a duplicate."""
+
+    async def go() -> tuple[list[bool], list[bool], list[bool], dict[str, int]]:
+        rec = _record(11, job_id="lost", score=0.4)
+        first = await store.put_records([rec], "w", 60)
+        retried = await store.put_records([rec], "w", 60)
+        other = await store.put_records([_record(11, job_id="lost", score=0.9)], "w2", 60)
+        progress = await store.jobs.progress("lost")
+        await store.close()
+        return first, retried, other, progress
+
+    first, retried, other, progress = run(go())
+    assert (first, retried, other) == ([True], [True], [False])
+    assert progress == {"scored": 1}
+
+
+def test_deliveries_are_counted_per_message(store: Any) -> None:
+    """Each delivery of a message adds one, per task id."""
+
+    async def go() -> list[int]:
+        counts = [await store.count_delivery("t1", 60) for _ in range(3)]
+        counts.append(await store.count_delivery("t2", 60))
+        await store.close()
+        return counts
+
+    assert run(go()) == [1, 2, 3, 1]
+
+
+# --- JobStats ------------------------------------------------------------------------------------
+
+
+def test_skips_are_counted_beside_recorded_scores(store: Any) -> None:
+    """count_skipped adds to the same job counters put_records counts into."""
+
+    async def go() -> dict[str, int]:
+        await store.put_records([_record(21, job_id="s", score=1.0)], "w", 60)
+        await store.jobs.count_skipped("s", "already_scored", 3)
+        await store.jobs.count_skipped("s", "too_large")
+        progress = await store.jobs.progress("s")
+        await store.close()
+        return progress
+
+    assert run(go()) == {
+        "scored": 1,
+        "skipped": 4,
+        "skipped:already_scored": 3,
+        "skipped:too_large": 1,
+    }
+
+
+def test_redis_job_stats_read_what_the_redis_store_counted(redis_url: str) -> None:
+    """A RedisJobStats of its own (``tracescore status``) sees the counters the store wrote."""
+
+    async def go() -> tuple[dict[str, int], dict[str, int]]:
+        store, stats = RedisScoreStore(redis_url), RedisJobStats(redis_url)
+        await store.put_records([_record(22, job_id="own", error_type="JudgeTimeoutError")], "w", 60)
+        result = await stats.progress("own"), await stats.recent_failures()
+        await store.close()
+        await stats.close()
+        return result
+
+    progress, failures = run(go())
+    assert progress == {"failed": 1, "failed:JudgeTimeoutError": 1}
+    assert failures["JudgeTimeoutError"] >= 1
+
+
+# --- DeadLetters ---------------------------------------------------------------------------------
+
+
+def test_dead_letters_list_and_take(letters: Any) -> None:
+    """Dead letters come back newest first and can be taken out by id."""
+
+    async def go() -> tuple[list[str], DeadLetter | None, int, DeadLetter | None]:
+        a, b = DeadLetter(reason="invalid_payload", payload={"x": 1}), DeadLetter(reason="retry_budget_exhausted")
+        await letters.push(a)
+        await letters.push(b)
+        listed = [d.reason for d in await letters.latest()]
+        taken = await letters.take(a.id)
+        left = await letters.size()
+        missing = await letters.take("nope")
+        await letters.close()
+        return listed, taken, left, missing
+
+    listed, taken, left, missing = run(go())
+    assert listed == ["retry_budget_exhausted", "invalid_payload"]
+    assert taken is not None
+    assert taken.payload == {"x": 1}
+    assert left == 1
+    assert missing is None
+
+
+def test_dead_letters_dedupe_by_message_and_count_by_reason(letters: Any) -> None:
+    """push adds a message key once; counts follow pushes and takes."""
+
+    async def go() -> tuple[list[bool], dict[str, int], dict[str, int], int]:
+        a = DeadLetter(reason="not_json", message_key="msg:a")
+        pushed = [
+            await letters.push(a),
+            await letters.push(DeadLetter(reason="not_json", message_key="msg:a")),
+            await letters.push(DeadLetter(reason="bad_body", message_key="msg:b")),
+            await letters.push(DeadLetter(reason="bad_body")),
+        ]
+        before = await letters.counts()
+        await letters.take(a.id)
+        after = await letters.counts()
+        length = await letters.size()
+        await letters.close()
+        return pushed, before, after, length
+
+    pushed, before, after, length = run(go())
+    assert pushed == [True, False, True, True]
+    assert before == {"not_json": 1, "bad_body": 2}
+    assert after == {"bad_body": 2}
+    assert length == 2
+
+
+def test_sync_dead_letters_share_the_list_and_its_dedupe(redis_url: str) -> None:
+    """The consumer's synchronous writer pushes onto the same list, deduplicated with the async one."""
+    sync = SyncRedisDeadLetters(redis_url)
+    try:
+        pushed = [sync.push(DeadLetter(reason="not_json", message_key="msg:s")) for _ in range(2)]
+    finally:
+        sync.close()
+
+    async def go() -> tuple[bool, dict[str, int]]:
+        dead = RedisDeadLetters(redis_url)
+        again = await dead.push(DeadLetter(reason="not_json", message_key="msg:s"))
+        counts = await dead.counts()
+        await dead.close()
+        return again, counts
+
+    again, counts = run(go())
+    assert pushed == [True, False]
+    assert not again
+    assert counts == {"not_json": 1}
+
+
+# --- Redis: reconnect and outage -----------------------------------------------------------------
+
+
+@pytest.fixture
+def restartable() -> Iterator[Any]:
+    """A Redis of this test's own, to kill and start again on the same port."""
+    from tests._redis import RedisServer
+
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_redis_store_reconnects_after_a_redis_restart(restartable: Any) -> None:
+    """Redis killed and started again on the same port: the store's pooled connections are
+    stale, and its next commands reconnect instead of failing with ConnectionError."""
+    store = RedisScoreStore(restartable.url(0), reconnect_s=10)
+    letters = RedisDeadLetters(restartable.url(0), reconnect_s=10)
+
+    async def go() -> tuple[set[str], list[bool], int, bool]:
+        await store.claim(["a"], "w", 60)  # the pools now hold a live connection
+        await letters.size()
+        restartable.stop()
+        restartable.start()
+        held = await store.claim(["b"], "w", 60)
+        fresh = await store.put_records([_record(12, score=0.3)], "w", 60)
+        deliveries = await store.count_delivery("t", 60)
+        pushed = await letters.push(DeadLetter(reason="r", message_key="k"))
+        await store.close()
+        await letters.close()
+        return held, fresh, deliveries, pushed
+
+    assert run(go()) == ({"b"}, [True], 1, True)
+
+
+@pytest.mark.parametrize("part", ["scores", "jobs", "dead_letters"])
+def test_redis_outage_raises_a_requeueing_error(restartable: Any, part: str) -> None:
+    """Redis down through every reconnect attempt: StoreUnavailableError, which Celery treats as
+    "reject and requeue" (the message is given back, not failed and acknowledged) and the CLI
+    still catches as a Redis ConnectionError — from every Redis store."""
+    from celery.exceptions import Reject
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    url = restartable.url(0)
+    target: Any
+    if part == "scores":
+        target, call, name = RedisScoreStore(url, reconnect_s=0.5), "count_delivery", ("t", 60)
+    elif part == "jobs":
+        target, call, name = RedisJobStats(url, reconnect_s=0.5), "progress", ("j",)
+    else:
+        target, call, name = RedisDeadLetters(url, reconnect_s=0.5), "size", ()
+    restartable.stop()
+
+    async def go() -> BaseException:
+        try:
+            await getattr(target, call)(*name)
+        except BaseException as exc:
+            return exc
+        finally:
+            await target.close()
+        raise AssertionError("no error with Redis down")
+
+    exc = run(go())
+    assert isinstance(exc, StoreUnavailableError)
+    assert isinstance(exc, Reject)
+    assert exc.requeue
+    assert isinstance(exc, RedisConnectionError)
+    assert call in str(exc)
+    assert restartable.password not in str(exc)
+
+
+def test_redis_store_call_to_a_silent_server_ends_in_bounded_time() -> None:
+    """A server that accepts connections and never answers (a hung Redis, a black-holing proxy):
+    each store call still ends, with StoreUnavailableError, within reconnect_s + COMMAND_SLACK_S,
+    so a task's 30 s wait for it never gives up first (which would fail and acknowledge it)."""
+    import time
+
+    from worker._reconnect import COMMAND_SLACK_S
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        store = RedisScoreStore(f"redis://:pw@127.0.0.1:{silent.getsockname()[1]}/0", reconnect_s=0.5)
+
+        async def go() -> tuple[BaseException | None, float]:
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(store.existing(["x"]), 30)
+            except BaseException as exc:
+                return exc, time.monotonic() - started
+            finally:
+                await store.close()
+            return None, time.monotonic() - started
+
+        exc, took = run(go())
+    assert isinstance(exc, StoreUnavailableError), repr(exc)
+    assert took < 0.5 + COMMAND_SLACK_S + 2

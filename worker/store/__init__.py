@@ -1,0 +1,41 @@
+"""Where the workers keep state, split by job; each part is a protocol with a Redis
+implementation (shared by every worker and the CLI) and an in-memory twin (the embedded mode,
+tests).
+
+- ``ScoreStore``: the exactly-once core — score records (the first writer wins), claims and
+  their owners (``claim`` takes over those of a dead local process), step checkpoints,
+  delivery counts.
+- ``DeadLetters``: messages that could not be scored, one letter per queue message, counted by
+  reason.
+- ``JobStats``: per-job counters and recent failures; a store's ``jobs`` are the statistics its
+  recorded scores are counted into, atomically with the record.
+
+The Redis implementations reconnect by themselves (a Redis restart, a failover) and retry the
+command; when Redis stays away they raise ``StoreUnavailableError``, which hands a task's
+message back to the queue.
+"""
+
+from worker._reconnect import StoreUnavailableError
+from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters, SyncRedisDeadLetters, dead_letter_id
+from worker.store._jobs import JobStats, RedisJobStats
+from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
+from worker.store._scores import RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
+
+__all__ = [
+    "DeadLetter",
+    "DeadLetters",
+    "JobStats",
+    "MemoryDeadLetters",
+    "MemoryJobStats",
+    "MemoryScoreStore",
+    "RedisDeadLetters",
+    "RedisJobStats",
+    "RedisScoreStore",
+    "ScoreStore",
+    "StoreUnavailableError",
+    "SyncRedisDeadLetters",
+    "claim",
+    "dead_letter_id",
+    "delivery_owner",
+    "process_owner",
+]

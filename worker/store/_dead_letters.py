@@ -1,0 +1,179 @@
+"""Dead letters: queue messages that could not be scored, kept (with their payload) to retry.
+
+A message is dead-lettered at most once: each letter carries the key of its queue message, and
+the seen-check, the push and the count by reason are one step (a Lua script in Redis, a lock in
+memory), so a redelivery of the same message (a consumer restarted before its ack) never makes
+a second letter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from typing import Any, Protocol, runtime_checkable
+
+import redis
+from pydantic import BaseModel, Field
+
+from worker import _keys
+from worker._reconnect import unavailable_as_error
+from worker.store._redis import RedisConnection
+
+__all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id"]
+
+
+class DeadLetter(BaseModel):
+    """A queue message that could not be scored: why, and the message itself (to retry)."""
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    reason: str
+    error: str = ""
+    batch_id: str | None = None
+    task_name: str = ""
+    attempts: int = 0
+    failed_at: float = Field(default_factory=time.time)
+    # The task's argument as received (JSON); None when it was too large or unreadable to keep.
+    payload: Any = None
+    retryable: bool = True
+    # Identifies the queue message (delivery tag or task id + retry): a redelivery of the same
+    # message is not dead-lettered twice. None: never deduplicated.
+    message_key: str | None = None
+    # The runs ("trace_id:span_id") this letter is about, when it is about particular runs
+    # (a run that killed its worker is dead-lettered alone).
+    run_ids: list[str] = Field(default_factory=list)
+
+
+# A message key is remembered this long after its dead letter (longer than any redelivery).
+DLQ_SEEN_TTL_S = 7 * 24 * 3600
+
+
+def dead_letter_id(message_key: str) -> str:
+    """The letter id for a message key: the same message always makes the same letter."""
+    return hashlib.sha256(message_key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+@runtime_checkable
+class DeadLetters(Protocol):
+    """The dead-letter list."""
+
+    async def push(self, letter: DeadLetter) -> bool:
+        """Add ``letter`` unless its ``message_key`` was dead-lettered before; True if added."""
+        ...
+
+    async def counts(self) -> dict[str, int]:
+        """Dead letters on the list, by reason."""
+        ...
+
+    async def latest(self, limit: int = 100) -> list[DeadLetter]:
+        """Up to ``limit`` letters, newest first."""
+        ...
+
+    async def take(self, letter_id: str) -> DeadLetter | None:
+        """Remove and return one dead letter by id (None if it is not there)."""
+        ...
+
+    async def size(self) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+# KEYS: dlq list, seen key, reasons hash. ARGV: letter json, reason, push nonce, seen ttl.
+# Seen-check, push and count in one step: two deliveries of one message make one letter.
+_PUSH = """
+if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'EX', tonumber(ARGV[4])) then
+  -- 1 when our own earlier try (its reply lost, the client retried) pushed this very letter
+  return redis.call('GET', KEYS[2]) == ARGV[3] and 1 or 0
+end
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+return 1
+"""
+
+# KEYS: dlq list, reasons hash. ARGV: letter json, reason.
+_TAKE = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
+  return 0
+end
+if redis.call('HINCRBY', KEYS[2], ARGV[2], -1) <= 0 then
+  redis.call('HDEL', KEYS[2], ARGV[2])
+end
+return 1
+"""
+
+
+def _push_args(letter: DeadLetter) -> tuple[list[str], list[str]]:
+    """Keys and arguments of ``_PUSH`` for ``letter``."""
+    seen = _keys.dlq_seen_key(letter.message_key or f"letter:{letter.id}")
+    return (
+        [_keys.dlq_key(), seen, _keys.dlq_reasons_key()],
+        # A fresh nonce per push: the client's own retry of this push sends the same one.
+        [letter.model_dump_json(), letter.reason, uuid.uuid4().hex, str(DLQ_SEEN_TTL_S)],
+    )
+
+
+@unavailable_as_error
+class RedisDeadLetters:
+    """The dead-letter list in Redis (``redis.asyncio``), shared by every worker and the CLI."""
+
+    def __init__(self, url: str, *, reconnect_s: float = 2.0, connection: RedisConnection | None = None) -> None:
+        self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
+
+    @property
+    def url(self) -> str:
+        return self._redis.url
+
+    @property
+    def reconnect_s(self) -> float:
+        return self._redis.reconnect_s
+
+    async def push(self, letter: DeadLetter) -> bool:
+        keys, args = _push_args(letter)
+        (pushed,) = await self._redis.evalsha_many(_PUSH, len(keys), [(*keys, *args)])
+        return bool(pushed)
+
+    async def counts(self) -> dict[str, int]:
+        raw = await self._redis.client.hgetall(_keys.dlq_reasons_key())
+        return {k: int(v) for k, v in raw.items() if int(v) > 0}
+
+    async def latest(self, limit: int = 100) -> list[DeadLetter]:
+        raw = await self._redis.client.lrange(_keys.dlq_key(), 0, max(0, limit - 1))
+        return [DeadLetter.model_validate_json(v) for v in raw]
+
+    async def take(self, letter_id: str) -> DeadLetter | None:
+        for raw in await self._redis.client.lrange(_keys.dlq_key(), 0, -1):
+            letter = DeadLetter.model_validate_json(raw)
+            if letter.id == letter_id:
+                (removed,) = await self._redis.evalsha_many(
+                    _TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, letter.reason)]
+                )
+                return letter if removed else None
+        return None
+
+    async def size(self) -> int:
+        return int(await self._redis.client.llen(_keys.dlq_key()))
+
+    async def close(self) -> None:
+        await self._redis.close()
+
+
+class SyncRedisDeadLetters:
+    """``push`` for a caller without an event loop (the consumer's guard, a plain thread):
+    the same script as ``RedisDeadLetters.push``, on a synchronous client."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client: redis.Redis | None = None
+        self._script: Any = None
+
+    def push(self, letter: DeadLetter) -> bool:
+        if self._client is None:
+            self._client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
+            self._script = self._client.register_script(_PUSH)
+        keys, args = _push_args(letter)
+        return bool(self._script(keys=keys, args=args))
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()

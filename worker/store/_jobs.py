@@ -1,0 +1,108 @@
+"""Job statistics: per-job counters (scored, failed, skipped, by reason) and failure counts in
+time buckets (``tracescore status``).
+
+Scored and failed are counted by the score store in the same atomic step that records the
+score (so a score is counted exactly once); skips are counted here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Protocol, runtime_checkable
+
+from tracing._score_record import ScoreRecord
+from worker import _keys
+from worker._reconnect import unavailable_as_error
+from worker.store._redis import RedisConnection
+
+__all__ = [
+    "FAILURE_WINDOW_SECONDS",
+    "JOB_TTL_S",
+    "JobStats",
+    "RedisJobStats",
+    "failure_bucket",
+    "outcome",
+]
+
+# Failure counts are kept in buckets of this many seconds (``tracescore status`` sums the last hour).
+FAILURE_WINDOW_SECONDS = 600
+# A job's counters outlive its last update by this long.
+JOB_TTL_S = 7 * 24 * 3600
+
+
+def failure_bucket(at: float | None = None) -> int:
+    return int((time.time() if at is None else at) // FAILURE_WINDOW_SECONDS)
+
+
+def outcome(record: ScoreRecord) -> tuple[str, str]:
+    """The job counter a recorded score adds to, and its reason (``""`` for a score)."""
+    if record.error_type:
+        return "failed", record.error_type
+    return "scored", ""
+
+
+@runtime_checkable
+class JobStats(Protocol):
+    """Counters per job and recent failures by reason."""
+
+    async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None: ...
+
+    async def progress(self, job_id: str) -> dict[str, int]:
+        """The job's counters: ``scored``, ``failed``, ``skipped`` and ``<counter>:<reason>``."""
+        ...
+
+    async def recent_failures(self, buckets: int = 6) -> dict[str, int]:
+        """Failed scores by reason over the last ``buckets`` × ``FAILURE_WINDOW_SECONDS``."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@unavailable_as_error
+class RedisJobStats:
+    """Job statistics in Redis (the keys ``RedisScoreStore`` counts recorded scores into)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        reconnect_s: float = 2.0,
+        job_ttl_s: int = JOB_TTL_S,
+        connection: RedisConnection | None = None,
+    ) -> None:
+        self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
+        self.job_ttl_s = job_ttl_s
+
+    @property
+    def url(self) -> str:
+        return self._redis.url
+
+    @property
+    def reconnect_s(self) -> float:
+        return self._redis.reconnect_s
+
+    async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None:
+        async with self._redis.client.pipeline(transaction=False) as pipe:
+            pipe.hincrby(_keys.job_key(job_id), "skipped", n)
+            pipe.hincrby(_keys.job_key(job_id), f"skipped:{reason}", n)
+            pipe.expire(_keys.job_key(job_id), self.job_ttl_s)
+            await pipe.execute()
+
+    async def progress(self, job_id: str) -> dict[str, int]:
+        raw = await self._redis.client.hgetall(_keys.job_key(job_id))
+        return {k: int(v) for k, v in raw.items()}
+
+    async def recent_failures(self, buckets: int = 6) -> dict[str, int]:
+        now = failure_bucket()
+        totals: dict[str, int] = defaultdict(int)
+        async with self._redis.client.pipeline(transaction=False) as pipe:
+            for bucket in range(now - buckets + 1, now + 1):
+                pipe.hgetall(_keys.failures_key(bucket))
+            for counts in await pipe.execute():
+                for reason, n in counts.items():
+                    totals[reason] += int(n)
+        return dict(totals)
+
+    async def close(self) -> None:
+        await self._redis.close()

@@ -1,0 +1,315 @@
+"""The exactly-once core: score records, claims, step checkpoints and delivery counts.
+
+Recording a score is one atomic step (a Lua script in Redis, a lock in memory): the first writer
+wins, every later attempt learns it was a duplicate, so each score is recorded — and written
+back — exactly once. The same step clears the score's checkpoint and claim and counts it in its
+job's statistics (``store.jobs``).
+
+A claim's owner is ``host:pid:d<delivery>``: one delivery of a message in one process. Claims
+left by a process of this host that no longer exists (a prefork child killed for memory) are
+taken over at once instead of waiting out their TTL (``claim``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from scorers import ScoreResult
+from tracing._score_record import ScoreRecord
+from worker import _keys
+from worker._reconnect import unavailable_as_error
+from worker.store._jobs import FAILURE_WINDOW_SECONDS, JOB_TTL_S, JobStats, RedisJobStats, failure_bucket, outcome
+from worker.store._redis import RedisConnection
+
+__all__ = ["RedisScoreStore", "ScoreStore", "claim", "delivery_owner", "process_owner"]
+
+
+@runtime_checkable
+class ScoreStore(Protocol):
+    """The storage contract ``score_batch`` and the CLI use."""
+
+    @property
+    def jobs(self) -> JobStats:
+        """The job statistics ``put_records`` counts recorded scores into."""
+        ...
+
+    async def existing(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
+        """The stored records among ``score_ids``."""
+        ...
+
+    async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
+        """Claim each id not claimed by someone else; returns the ids now held by ``owner``."""
+        ...
+
+    async def release(self, score_ids: Sequence[str], owner: str) -> None:
+        """Drop ``owner``'s claims (others' claims are left alone)."""
+        ...
+
+    async def claim_owners(self, score_ids: Sequence[str]) -> dict[str, str]:
+        """Who holds each claimed id (ids without a claim are left out)."""
+        ...
+
+    async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> set[str]:
+        """For each (score id, previous owner): claim it for ``owner`` if that owner still holds it."""
+        ...
+
+    async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]: ...
+
+    async def put_checkpoint(self, score_id: str, partial: ScoreResult, ttl_s: int) -> None: ...
+
+    async def put_records(self, records: Sequence[ScoreRecord], owner: str, ttl_s: int) -> list[bool]:
+        """Record each score unless already recorded (True = newly recorded), clear its
+        checkpoint and claim, and count it for its job and the failure statistics. A stored
+        error record marked ``retryable`` is replaced (its job's failed count corrected).
+        The very same record put again (a retry whose reply was lost) is new again and
+        counted once."""
+        ...
+
+    async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]: ...
+
+    async def count_delivery(self, task_id: str, ttl_s: int) -> int:
+        """Count one more delivery of a queue message; returns the count so far (survives crashes)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def process_owner() -> str:
+    """This process as a claim owner: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def delivery_owner(process: str) -> str:
+    """One delivery in ``process``: two deliveries of one message (two exporters saw the trace,
+    a requeued dead letter) in one worker process must not both pay."""
+    return f"{process}:d{secrets.token_hex(4)}"
+
+
+def _host_and_pid(owner: str) -> tuple[str, str]:
+    """An owner is ``host:pid:delivery`` (``host:pid`` before deliveries had their own)."""
+    parts = owner.rsplit(":", 2)
+    if len(parts) == 3 and not parts[2].isdigit():
+        return parts[0], parts[1]
+    host, _, pid = owner.rpartition(":")
+    return host, pid
+
+
+def _owner_is_dead_here(owner: str, me: str) -> bool:
+    """True when ``owner``'s process ran on this host and no longer exists."""
+    host, pid = _host_and_pid(owner)
+    if host != _host_and_pid(me)[0] or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+async def claim(store: ScoreStore, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
+    """``store.claim``, then take over the claims whose owner was a process of this host that
+    is gone (its redelivered work is ours) and those that lapsed since; returns what ``owner`` holds."""
+    held = await store.claim(score_ids, owner, ttl_s)
+    rest = [s for s in score_ids if s not in held]
+    if not rest:
+        return held
+    owners = await store.claim_owners(rest)
+    dead = [(s, o) for s, o in owners.items() if o != owner and _owner_is_dead_here(o, owner)]
+    vanished = [(s, "") for s in rest if s not in owners]
+    if dead or vanished:
+        held |= await store.take_over([*dead, *vanished], owner, ttl_s)
+    return held
+
+
+# KEYS: record, trace set, checkpoint, claim, job hash, failures hash
+# ARGV: record json, ttl, score id, owner, has_job (0/1), outcome, reason, failures ttl, job id
+_PUT_RECORD = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) then
+  -- This very record, stored by our own earlier try whose reply a dropped connection lost
+  -- (the client retried): it is new to us, and its counters are already in.
+  if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return 1
+  end
+  -- Taken. Only an error record marked retryable (its retries ran out on a transient failure)
+  -- may be replaced, by a later delivery (e.g. `tracescore dlq retry`).
+  local ok, prev = pcall(cjson.decode, redis.call('GET', KEYS[1]) or '')
+  if not ok or type(prev) ~= 'table' or prev['retryable'] ~= true then
+    return 0
+  end
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
+  if ARGV[5] == '1' and prev['job_id'] == ARGV[9] then
+    redis.call('HINCRBY', KEYS[5], 'failed', -1)
+    if type(prev['error_type']) == 'string' then
+      redis.call('HINCRBY', KEYS[5], 'failed:' .. prev['error_type'], -1)
+    end
+  end
+end
+redis.call('SADD', KEYS[2], ARGV[3])
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
+redis.call('DEL', KEYS[3])
+if redis.call('GET', KEYS[4]) == ARGV[4] then
+  redis.call('DEL', KEYS[4])
+end
+if ARGV[5] == '1' then
+  redis.call('HINCRBY', KEYS[5], ARGV[6], 1)
+  if ARGV[7] ~= '' then
+    redis.call('HINCRBY', KEYS[5], ARGV[6] .. ':' .. ARGV[7], 1)
+  end
+end
+if ARGV[7] ~= '' then
+  redis.call('HINCRBY', KEYS[6], ARGV[7], 1)
+  redis.call('EXPIRE', KEYS[6], tonumber(ARGV[8]))
+end
+return 1
+"""
+
+# KEYS: claim. ARGV: previous owner, new owner, ttl. Compare-and-set (a vanished claim is free).
+_TAKE_OVER = """
+local current = redis.call('GET', KEYS[1])
+if current == false or current == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', tonumber(ARGV[3]))
+  return 1
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+@unavailable_as_error
+class RedisScoreStore:
+    """The store in Redis (``redis.asyncio``); every worker process shares it.
+
+    The client is created on first use, on the event loop that uses it, and reconnects by
+    itself; ``StoreUnavailableError`` means Redis stayed unreachable through the retries.
+    """
+
+    def __init__(
+        self, url: str, *, max_connections: int = 32, job_ttl_s: int = JOB_TTL_S, reconnect_s: float = 2.0
+    ) -> None:
+        self._redis = RedisConnection(url, max_connections=max_connections, reconnect_s=reconnect_s)
+        self._jobs = RedisJobStats(url, job_ttl_s=job_ttl_s, connection=self._redis)
+
+    @property
+    def url(self) -> str:
+        return self._redis.url
+
+    @property
+    def reconnect_s(self) -> float:
+        return self._redis.reconnect_s
+
+    @property
+    def jobs(self) -> RedisJobStats:
+        return self._jobs
+
+    async def existing(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
+        if not score_ids:
+            return {}
+        values = await self._redis.client.mget([_keys.record_key(s) for s in score_ids])
+        return {s: ScoreRecord.model_validate_json(v) for s, v in zip(score_ids, values, strict=True) if v}
+
+    async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
+        if not score_ids:
+            return set()
+        client = self._redis.client
+        async with client.pipeline(transaction=False) as pipe:
+            for score_id in score_ids:
+                pipe.set(_keys.claim_key(score_id), owner, nx=True, ex=max(1, ttl_s))
+            got = await pipe.execute()
+        held = {s for s, ok in zip(score_ids, got, strict=True) if ok}
+        lost = [s for s in score_ids if s not in held]
+        if lost:
+            # A claim we already hold (this same delivery retrying) is still ours.
+            owners = await client.mget([_keys.claim_key(s) for s in lost])
+            held.update(s for s, o in zip(lost, owners, strict=True) if o == owner)
+        return held
+
+    async def release(self, score_ids: Sequence[str], owner: str) -> None:
+        if not score_ids:
+            return
+        await self._redis.evalsha_many(_RELEASE, 1, [(_keys.claim_key(s), owner) for s in score_ids])
+
+    async def claim_owners(self, score_ids: Sequence[str]) -> dict[str, str]:
+        if not score_ids:
+            return {}
+        owners = await self._redis.client.mget([_keys.claim_key(s) for s in score_ids])
+        return {s: o for s, o in zip(score_ids, owners, strict=True) if o is not None}
+
+    async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> set[str]:
+        if not claims:
+            return set()
+        done = await self._redis.evalsha_many(
+            _TAKE_OVER, 1, [(_keys.claim_key(s), previous, owner, str(max(1, ttl_s))) for s, previous in claims]
+        )
+        return {s for (s, _), ok in zip(claims, done, strict=True) if ok}
+
+    async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]:
+        if not score_ids:
+            return {}
+        values = await self._redis.client.mget([_keys.checkpoint_key(s) for s in score_ids])
+        return {s: ScoreResult.model_validate_json(v) for s, v in zip(score_ids, values, strict=True) if v}
+
+    async def put_checkpoint(self, score_id: str, partial: ScoreResult, ttl_s: int) -> None:
+        await self._redis.client.set(_keys.checkpoint_key(score_id), partial.model_dump_json(), ex=ttl_s)
+
+    async def put_records(self, records: Sequence[ScoreRecord], owner: str, ttl_s: int) -> list[bool]:
+        if not records:
+            return []
+        failures_key = _keys.failures_key(failure_bucket())
+        failures_ttl = str(FAILURE_WINDOW_SECONDS * 12)
+        calls = []
+        for record in records:
+            counter, reason = outcome(record)
+            calls.append(
+                (
+                    _keys.record_key(record.score_id),
+                    _keys.trace_key(record.trace_id),
+                    _keys.checkpoint_key(record.score_id),
+                    _keys.claim_key(record.score_id),
+                    _keys.job_key(record.job_id or "-"),
+                    failures_key,
+                    record.model_dump_json(),
+                    str(ttl_s),
+                    record.score_id,
+                    owner,
+                    "1" if record.job_id else "0",
+                    counter,
+                    reason,
+                    failures_ttl,
+                    record.job_id or "",
+                )
+            )
+        done = await self._redis.evalsha_many(_PUT_RECORD, 6, calls)
+        jobs = {r.job_id for r in records if r.job_id}
+        if jobs:
+            async with self._redis.client.pipeline(transaction=False) as pipe:
+                for job_id in jobs:
+                    pipe.expire(_keys.job_key(job_id), self._jobs.job_ttl_s)
+                await pipe.execute()
+        return [bool(d) for d in done]
+
+    async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]:
+        ids = sorted(await self._redis.client.smembers(_keys.trace_key(trace_id)))
+        found = await self.existing(ids)
+        return [found[s] for s in ids if s in found]
+
+    async def count_delivery(self, task_id: str, ttl_s: int) -> int:
+        async with self._redis.client.pipeline(transaction=True) as pipe:
+            pipe.incr(_keys.delivery_key(task_id))
+            pipe.expire(_keys.delivery_key(task_id), ttl_s)
+            count, _ = await pipe.execute()
+        return int(count)
+
+    async def close(self) -> None:
+        await self._redis.close()
