@@ -67,7 +67,7 @@ def dlq_reasons_key() -> str:
 
 
 def failures_key(bucket: int) -> str:
-    """Hash of failure counts by reason in one time bucket (``store.failure_bucket``), for
+    """Hash of failure counts by reason in one time bucket (``worker.store._jobs.failure_bucket``), for
     ``tracescore status``."""
     return f"{PREFIX}failures:{bucket}"
 

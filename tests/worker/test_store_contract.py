@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from scorers import ScoreResult
-from tracing._score_record import ScoreRecord, score_id_for
+from tracing import ScoreRecord, score_id_for
 from worker.store import (
     DeadLetter,
     DeadLetters,

@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from typing import Protocol, runtime_checkable
 
-from tracing._score_record import ScoreRecord
+from tracing import ScoreRecord
 from worker import _keys
 from worker._reconnect import unavailable_as_error
 from worker.store._redis import RedisConnection

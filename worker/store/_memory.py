@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from scorers import ScoreResult
-from tracing._score_record import ScoreRecord
+from tracing import ScoreRecord
 from worker.store._dead_letters import DeadLetter
 from worker.store._jobs import failure_bucket, outcome
 
