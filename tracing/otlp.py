@@ -42,6 +42,7 @@ from opentelemetry.util.types import AttributeValue
 
 from tracing._errors import OtlpDecodeError, shape_of
 from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVENTS
+from tracing._records import span_record
 from tracing._run import SpanRecord, SpanRecordEvent
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "decode_otlp_json",
     "decode_otlp_json_line",
     "decode_otlp_protobuf",
+    "decode_otlp_protobuf_records",
     "decode_otlp_records",
     "decode_otlp_records_line",
     "spans_to_otlp_json",
@@ -694,6 +696,11 @@ def decode_otlp_protobuf(data: bytes, *, where: str = "") -> list[ReadableSpan]:
         return _pb_resource_spans(message.resource_spans, where)
     except RecursionError:
         raise OtlpDecodeError("attribute values nested too deeply", where=where) from None
+
+
+def decode_otlp_protobuf_records(data: bytes, *, where: str = "") -> list[SpanRecord]:
+    """The span records of an OTLP/protobuf ``ExportTraceServiceRequest`` (or Tempo ``Trace``)."""
+    return [span_record(span) for span in decode_otlp_protobuf(data, where=where)]
 
 
 # --- encoding (the Collector file exporter's form) -----------------------------------------

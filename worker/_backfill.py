@@ -32,7 +32,6 @@ from typing import Protocol
 
 import structlog
 
-from tracing._records import span_record
 from tracing._rules import sampled
 from tracing._run import SpanRecord
 from tracing.queue import RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, spans_request
@@ -192,7 +191,7 @@ class Backfill:
             )
             return
         counters.traces_read += 1
-        records = [span_record(span) for span in trace.spans]
+        records = trace.spans
         start = trace_start_ns(records)
         if options.since_ns is not None and (start is None or start < options.since_ns):
             counters.skip("before_since")

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import random
 
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, TraceFlags
-
+from tracing import SpanRecord
 from tracing.sources import Position, TraceAssembler
 
-_RESOURCE = Resource({"service.name": "t"})
 
-
-def span(trace: int, span_id: int, parent: int | None = None) -> ReadableSpan:
-    context = SpanContext(trace, span_id, False, TraceFlags(1))
-    parent_context = SpanContext(trace, parent, False, TraceFlags(1)) if parent else None
-    return ReadableSpan(f"s{span_id}", context, parent_context, _RESOURCE, start_time=1, end_time=2)
+def span(trace: int, span_id: int, parent: int | None = None) -> SpanRecord:
+    return SpanRecord(
+        f"{trace:032x}", f"{span_id:016x}", f"s{span_id}", f"{parent:016x}" if parent else None, "INTERNAL", 1, 2
+    )
 
 
 def test_trace_split_across_files_assembles() -> None:
@@ -31,7 +26,7 @@ def test_trace_split_across_files_assembles() -> None:
     (trace,) = out
     assert trace.trace_id == f"{1:032x}"
     assert trace.completion == "root"
-    assert sorted(s.context.span_id for s in trace.spans) == [1, 2, 3]
+    assert sorted(int(s.span_id, 16) for s in trace.spans) == [1, 2, 3]
     assert trace.first == Position(0, 1)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.backfill._synth import trace_id, trace_spans
-from tracing.otlp import decode_otlp_json
+from tracing.otlp import decode_otlp_records
 from tracing.sources import FileSource, Position, TraceAssembler
 from worker._backfill import Backfill
 from worker._backfill_progress import ProgressReporter
@@ -82,12 +82,12 @@ def test_a_trace_over_the_span_cap_keeps_its_root_when_it_ends_last() -> None:
     children, root = trace_spans(5)
     chat, tool = children
     many = [{**tool, "spanId": f"{0xC000000000000000 + k:016x}"} for k in range(10_048)]
-    spans = decode_otlp_json({"resourceSpans": [{"scopeSpans": [{"spans": [chat, *many, root]}]}]})
+    spans = decode_otlp_records({"resourceSpans": [{"scopeSpans": [{"spans": [chat, *many, root]}]}]})
     assembler = TraceAssembler(window_spans=100)
     released = list(assembler.add(spans, Position(0, 1)))
     released += list(assembler.finish())
     (trace,) = released
-    assert any(s.parent is None for s in trace.spans)
+    assert any(s.parent_span_id is None for s in trace.spans)
     assert len(trace.spans) == 10_001
     assert trace.dropped_spans == 49
     assert assembler.stats.late_roots == 0

@@ -16,7 +16,7 @@ from tracing.sources import FileSource, Malformed, Position, SourceError, SpanBa
 
 
 def _span_ids(items: list[object]) -> list[str]:
-    return [f"{s.context.span_id:016x}" for i in items if isinstance(i, SpanBatch) for s in i.spans]
+    return [s.span_id for i in items if isinstance(i, SpanBatch) for s in i.spans]
 
 
 def test_directory_is_read_in_path_order_gz_and_plain(tmp_path: Path) -> None:

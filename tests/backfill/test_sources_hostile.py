@@ -40,7 +40,7 @@ def _line(i: int, extra: dict[str, Any] | None = None) -> bytes:
 
 
 def _traces(items: list[Any]) -> set[str]:
-    return {f"{s.context.trace_id:032x}" for i in items if isinstance(i, SpanBatch) for s in i.spans}
+    return {s.trace_id for i in items if isinstance(i, SpanBatch) for s in i.spans}
 
 
 def _bad(items: list[Any]) -> list[Malformed]:

@@ -43,7 +43,7 @@ def tempo() -> Iterator[FakeTempo]:
 
 
 def _read_ids(source: TraceSource, start: Position | None = None) -> list[str]:
-    return [f"{i.spans[0].context.trace_id:032x}" for i in source.read(start) if isinstance(i, SpanBatch)]
+    return [i.spans[0].trace_id for i in source.read(start) if isinstance(i, SpanBatch)]
 
 
 def test_time_range_reads_each_trace_once_even_when_search_is_full(tempo: FakeTempo) -> None:
@@ -85,7 +85,7 @@ def test_transient_errors_are_retried_and_leading_zero_ids_padded(tempo: FakeTem
     source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 4 * STEP_NS, retries=3)
     items = list(source.read())
     assert not [i for i in items if isinstance(i, Malformed)]
-    ids = [f"{i.spans[0].context.trace_id:032x}" for i in items if isinstance(i, SpanBatch)]
+    ids = [i.spans[0].trace_id for i in items if isinstance(i, SpanBatch)]
     assert sorted(ids) == sorted([trace_id(0), trace_id(1), small_id, trace_id(3)])
     assert sum("/api/search" in r for r in tempo.requests) == 3  # two 503s, then the answer
 
@@ -133,7 +133,7 @@ def test_resume_position_skips_what_was_read(tempo: FakeTempo) -> None:
     everything = [i for i in source.read() if isinstance(i, SpanBatch)]
     middle = everything[10]
     rest = _read_ids(source, middle.position)
-    assert rest == [f"{b.spans[0].context.trace_id:032x}" for b in everything[10:]]
+    assert rest == [b.spans[0].trace_id for b in everything[10:]]
     assert TempoSource.from_description(source.describe()).describe() == source.describe()
 
 

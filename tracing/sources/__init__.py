@@ -1,5 +1,7 @@
 """Stored traces for backfill: OTLP files (JSON Lines, JSON, protobuf, gzip, directories) and
 Grafana Tempo over HTTP, plus the bounded-memory assembler that groups spans into traces.
+Spans are decoded straight into ``SpanRecord``s (what the exporter ships), so backfill and live
+traffic reach the worker in the same shape.
 
     source = open_source(["examples/traces"])          # or "tempo+http://tempo:3200"
     assembler = TraceAssembler()

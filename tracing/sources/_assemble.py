@@ -30,8 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from opentelemetry.sdk.trace import ReadableSpan
-
+from tracing._run import SpanRecord
 from tracing.sources._base import Position
 
 __all__ = ["AssembledTrace", "AssemblerStats", "TraceAssembler"]
@@ -41,10 +40,10 @@ Completion = Literal["root", "idle", "evicted", "end"]
 
 @dataclass(slots=True)
 class AssembledTrace:
-    """One trace's spans, where its first span was read, and why it was released."""
+    """One trace's span records, where its first span was read, and why it was released."""
 
     trace_id: str
-    spans: list[ReadableSpan]
+    spans: list[SpanRecord]
     first: Position
     completion: Completion
     dropped_spans: int = 0
@@ -65,10 +64,10 @@ class AssemblerStats:
 
 @dataclass(slots=True)
 class _Open:
-    trace_id: int
+    trace_id: str
     first: Position
-    spans: list[ReadableSpan] = field(default_factory=list)
-    span_ids: set[int] = field(default_factory=set)
+    spans: list[SpanRecord] = field(default_factory=list)
+    span_ids: set[str] = field(default_factory=set)
     last_seen: int = 0  # spans_read when last touched
     last_unit: int = 0
     dropped: int = 0
@@ -95,15 +94,15 @@ class TraceAssembler:
         self.max_spans_per_trace = max_spans_per_trace
         self.stats = AssemblerStats()
         # Least recently touched first; a trace moves from _rootless to _rooted when its root arrives.
-        self._rooted: OrderedDict[int, _Open] = OrderedDict()
-        self._rootless: OrderedDict[int, _Open] = OrderedDict()
+        self._rooted: OrderedDict[str, _Open] = OrderedDict()
+        self._rootless: OrderedDict[str, _Open] = OrderedDict()
         self._open_spans = 0
         self._unit = 0
         # (first position, trace id) of open traces; stale entries are skipped lazily.
-        self._firsts: list[tuple[Position, int]] = []
+        self._firsts: list[tuple[Position, str]] = []
         # Traces released without a root, most recent last (bounded: ids only), to tell a late
         # root from a new trace.
-        self._released_rootless: OrderedDict[int, None] = OrderedDict()
+        self._released_rootless: OrderedDict[str, None] = OrderedDict()
         self._released_limit = max(10_000, max_open_spans)
 
     @property
@@ -128,17 +127,14 @@ class TraceAssembler:
         self._firsts = [(t.first, t.trace_id) for t in (*self._rooted.values(), *self._rootless.values())]
         heapq.heapify(self._firsts)
 
-    def add(self, spans: list[ReadableSpan], position: Position) -> Iterator[AssembledTrace]:
-        """Take the spans of one input record; yields the traces this completes."""
+    def add(self, spans: list[SpanRecord], position: Position) -> Iterator[AssembledTrace]:
+        """Take the span records of one input record; yields the traces this completes."""
         if position.unit != self._unit:
             self._unit = position.unit
         stats = self.stats
         for span in spans:
-            context = span.get_span_context()
-            if context is None:
-                continue
             stats.spans_read += 1
-            trace_id = context.trace_id
+            trace_id = span.trace_id
             held = self._rooted.get(trace_id)
             if held is not None:
                 self._rooted.move_to_end(trace_id)
@@ -154,16 +150,17 @@ class TraceAssembler:
                     self._rootless.move_to_end(trace_id)
             held.last_seen = stats.spans_read
             held.last_unit = position.unit
-            if context.span_id in held.span_ids:
+            span_id = span.span_id
+            if span_id in held.span_ids:
                 stats.duplicate_spans += 1
                 continue
-            is_root = span.parent is None
+            is_root = span.parent_span_id is None
             if len(held.spans) >= self.max_spans_per_trace and not is_root:
                 held.dropped += 1
                 stats.dropped_spans += 1
                 continue
             held.spans.append(span)
-            held.span_ids.add(context.span_id)
+            held.span_ids.add(span_id)
             self._open_spans += 1
             if is_root and not held.rooted:
                 held.rooted = True
@@ -222,5 +219,5 @@ class TraceAssembler:
             if len(released) > self._released_limit:
                 released.popitem(last=False)
         return AssembledTrace(
-            f"{held.trace_id:032x}", held.spans, held.first, completion, held.dropped, late_root=held.late and rooted
+            held.trace_id, held.spans, held.first, completion, held.dropped, late_root=held.late and rooted
         )

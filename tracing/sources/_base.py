@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from opentelemetry.sdk.trace import ReadableSpan
-
 from tracing._errors import SourceError
+from tracing._run import SpanRecord
 
 __all__ = ["Malformed", "Position", "SourceError", "SourceItem", "SpanBatch", "TraceSource", "UnitEnd"]
 
@@ -32,9 +31,9 @@ class Position(NamedTuple):
 
 @dataclass(slots=True)
 class SpanBatch:
-    """The spans of one input record (a line, a fetched trace), and where it was."""
+    """The spans of one input record (a line, a fetched trace) as span records, and where it was."""
 
-    spans: list[ReadableSpan]
+    spans: list[SpanRecord]
     position: Position
     where: str
 

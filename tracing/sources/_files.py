@@ -30,7 +30,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from tracing.otlp import OtlpDecodeError, decode_otlp_json, decode_otlp_json_line, decode_otlp_protobuf
+from tracing.otlp import (
+    OtlpDecodeError,
+    decode_otlp_protobuf_records,
+    decode_otlp_records,
+    decode_otlp_records_line,
+)
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
 
 __all__ = ["MAX_DECOMPRESSED_BYTES_ENV", "MAX_LINE_BYTES_ENV", "FileSource"]
@@ -232,7 +237,7 @@ class FileSource:
                 if not raw.strip():
                     continue
                 try:
-                    spans = decode_otlp_json_line(raw, where=where)
+                    spans = decode_otlp_records_line(raw, where=where)
                 except OtlpDecodeError as exc:
                     if whole_candidate and line == 1 and exc.reason.startswith("not JSON"):
                         yield from self._read_whole(index, path)
@@ -263,7 +268,7 @@ class FileSource:
             yield Malformed(Position(index, 1), where, f"not JSON ({reason})")
             return
         try:
-            spans = decode_otlp_json(document, where=where)
+            spans = decode_otlp_records(document, where=where)
         except OtlpDecodeError as exc:
             yield Malformed(Position(index, 1), where, _record_error(exc))
             return
@@ -313,7 +318,7 @@ class FileSource:
                     yield Malformed(position, where, f"truncated message ({len(body)} of {size} bytes)")
                     return
                 try:
-                    spans = decode_otlp_protobuf(body, where=where)
+                    spans = decode_otlp_protobuf_records(body, where=where)
                 except OtlpDecodeError as exc:
                     yield Malformed(position, where, _record_error(exc))
                     continue

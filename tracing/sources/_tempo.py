@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tracing._broker import redact
-from tracing.otlp import OtlpDecodeError, decode_otlp_json, decode_otlp_protobuf
+from tracing.otlp import OtlpDecodeError, decode_otlp_protobuf_records, decode_otlp_records
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
 from tracing.sources._files import DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_ENV, _cap
 
@@ -210,9 +210,9 @@ class TempoSource:
             )
         try:
             if "json" in content_type or body[:1] == b"{":
-                spans = decode_otlp_json(json.loads(body), where=where)
+                spans = decode_otlp_records(json.loads(body), where=where)
             else:
-                spans = decode_otlp_protobuf(body, where=where)
+                spans = decode_otlp_protobuf_records(body, where=where)
         except (OtlpDecodeError, ValueError) as exc:
             return Malformed(Position(0), where, str(exc))
         except RecursionError:  # json.loads of a body nested beyond the parser's depth
