@@ -13,25 +13,9 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 
 from scorers import Scorer
+from worker._errors import RegistryError, UnknownScorerError
 
 __all__ = ["Registry", "RegistryError", "UnknownScorerError", "load_registry"]
-
-
-class RegistryError(Exception):
-    """The scorer module cannot be loaded or defines no usable scorers."""
-
-
-class UnknownScorerError(KeyError):
-    """A message names a scorer id the registry does not have."""
-
-    def __init__(self, scorer_id: str, known: Iterable[str]) -> None:
-        known_ids = sorted(known)
-        super().__init__(scorer_id)
-        self.scorer_id = scorer_id
-        self.message = f"unknown scorer id {scorer_id!r}; this worker knows: {', '.join(known_ids) or '(none)'}"
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class Registry(Mapping[str, Scorer]):

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import structlog
-from redis import exceptions as redis_errors
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeModel
@@ -48,12 +47,12 @@ from tracing._score_record import ScoreRecord, score_id_for
 from tracing._score_writer import ScoreWriter
 from tracing._transform import trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
+from worker._errors import RunLimitError, is_transient
 from worker._loop import LoopBlockedError
 from worker._registry import UnknownScorerError
 from worker.store import ScoreStore, StoreUnavailableError, claim, delivery_owner, process_owner
 
 __all__ = [
-    "TRANSIENT_STATUS_CODES",
     "BatchReport",
     "RunLimitError",
     "ScoringDeps",
@@ -70,20 +69,7 @@ __all__ = [
 
 log = structlog.get_logger("tracescore.worker.scoring")
 
-TRANSIENT_STATUS_CODES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 _GENERAL = "*"
-
-
-def is_transient(exc: BaseException | None) -> bool:
-    """Worth another delivery later: timeouts, connection errors, 429/5xx from a provider."""
-    if exc is None:
-        return False
-    if getattr(exc, "retryable", None) is True or getattr(exc, "category", None) == "retryable":
-        return True
-    status = getattr(exc, "status_code", None)
-    if isinstance(status, int) and status in TRANSIENT_STATUS_CODES:
-        return True
-    return isinstance(exc, TimeoutError | ConnectionError | redis_errors.ConnectionError | redis_errors.TimeoutError)
 
 
 @dataclass
@@ -187,17 +173,6 @@ _expired: set[asyncio.Task[Any]] = set()
 class _PairRun:
     pair: _Pair
     deps: ScoringDeps
-
-
-class RunLimitError(ScorerError):
-    """A scorer run hit a limit: ``error_type`` is ``timeout`` (past the run timeout, cancelled or
-    interrupted) or ``memory`` (``MemoryError``). Final: the same run would do it again."""
-
-    def __init__(self, message: str, *, error_type: str, failed_step: str | None = None) -> None:
-        super().__init__(message)
-        self.error_type = error_type
-        self.failed_step = failed_step
-        self.partial: ScoreResult | None = None
 
 
 async def expire_runs(every_s: float) -> None:
@@ -425,7 +400,7 @@ async def _score_pair(
                 pair, exc.partial, error=RuntimeError(str(exc)), error_type=exc.error_type, failed_step=exc.failed_step
             )
         except ScorerRunError as exc:
-            transient = is_transient(exc.cause)
+            transient = is_transient(exc)  # the category of the step's error
             if transient and not final_attempt:
                 return _Transient(pair, exc.error_type)
             return _record(

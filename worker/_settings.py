@@ -18,14 +18,11 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 
 from tracing._broker import BrokerTLS, redact
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES
+from worker._errors import SettingsError
 
 __all__ = ["ModelRateLimit", "Settings", "SettingsError", "get_settings", "load_settings"]
 
 _QUERY_PASSWORD = re.compile(r"[?&]password=", re.IGNORECASE)
-
-
-class SettingsError(ValueError):
-    """A ``TRACESCORE_*`` environment variable holds a value the worker cannot use."""
 
 
 class ModelRateLimit(BaseModel):

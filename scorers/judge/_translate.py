@@ -168,7 +168,7 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
         found = [getattr(m, n) for m in (oa, an) if m is not None for n in names if hasattr(m, n)]
         return tuple(found)
 
-    if isinstance(exc, kind("APIStatusError")):
+    if isinstance(exc, kind("APIStatusError") + ((hx.HTTPStatusError,) if hx is not None else ())):
         return _status_error(exc, provider, model_id)
     timeouts = kind("APITimeoutError") + ((hx.TimeoutException,) if hx is not None else ())
     if isinstance(exc, timeouts):
@@ -178,7 +178,14 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
             provider=provider,
             model_id=model_id,
         )
-    connection = kind("APIConnectionError") + ((hx.TransportError,) if hx is not None else ())
+    if hx is not None and isinstance(exc, hx.DecodingError):
+        return JudgeResponseError(
+            f"{model_id}: the provider's response body could not be decoded ({exc})",
+            provider=provider,
+            model_id=model_id,
+        )
+    # httpx2's RequestError: the transport failures, and too many redirects (a proxy loop).
+    connection = kind("APIConnectionError") + ((hx.RequestError,) if hx is not None else ())
     if isinstance(exc, connection):
         return JudgeConnectionError(
             f"{model_id}: connection to the provider failed: {_root(exc)}",
@@ -203,7 +210,7 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
         return _missing_credentials(provider, model_id, exc)
     if isinstance(exc, kind("CredentialsError")):
         return _missing_credentials(provider, model_id, exc)
-    if isinstance(exc, kind("OpenAIError", "AnthropicError")):
+    if isinstance(exc, kind("OpenAIError", "AnthropicError") + ((hx.HTTPError,) if hx is not None else ())):
         if "credential" in str(exc).lower() or "api_key" in str(exc):
             return _missing_credentials(provider, model_id, exc)
         return JudgeProviderError(f"{model_id}: {type(exc).__name__}: {exc}", provider=provider, model_id=model_id)
@@ -220,9 +227,11 @@ def _missing_credentials(provider: str, model_id: str, exc: BaseException) -> Ju
 
 
 def _status_error(exc: Any, provider: str, model_id: str) -> JudgeStatusError:
-    status = exc.status_code
+    # An SDK's APIStatusError, or httpx2's HTTPStatusError (no status_code/body/request_id).
+    status = int(getattr(exc, "status_code", None) or exc.response.status_code)
     headers = {k: v for k, v in exc.response.headers.items() if k.lower() in _KEPT_HEADERS}
-    error_type, code, detail = _error_fields(exc.body)
+    body = getattr(exc, "body", None)
+    error_type, code, detail = _error_fields(body)
     message = detail or getattr(exc, "message", None) or str(exc)
     # The class follows the category (one table, ``category_for_status``); within a category
     # the status picks the most precise class.
@@ -242,12 +251,12 @@ def _status_error(exc: Any, provider: str, model_id: str) -> JudgeStatusError:
         provider=provider,
         model_id=model_id,
         status_code=status,
-        request_id=exc.request_id,
+        request_id=getattr(exc, "request_id", None) or headers.get("x-request-id") or headers.get("request-id"),
         retry_after_ms=parse_retry_after_ms(headers),
         error_type=error_type,
         code=code,
         headers=headers,
-        body=exc.body,
+        body=body,
     )
 
 

@@ -1,0 +1,119 @@
+"""The worker's exception tree, grouped by who must handle the error.
+
+    WorkerError                         anything worker/ raises on purpose         category
+    ├── SettingsError (ValueError)      a TRACESCORE_* variable the worker cannot
+    │                                   use (the operator fixes the environment)   config
+    ├── RegistryError                   the scorer module cannot be loaded or has
+    │                                   no usable scorers                          config
+    ├── UnknownScorerError (KeyError)   a message names a scorer id this worker
+    │                                   does not have (deploy the same module)     config
+    ├── StoreUnavailableError           Redis stayed unreachable through every
+    │   (a celery Reject and a redis    reconnect: the message goes back to the
+    │    ConnectionError)               queue                                      retryable
+    └── RunLimitError (ScorerError)     a run hit a limit: ``error_type`` timeout
+                                        or memory (final: it would do it again)    timeout | memory
+
+``category`` is the scorers' ``ErrorCategory``, decided per class here; a failed run's is its
+``ScorerRunError.category`` (``scorers``: one status table shared with the judge's retries).
+The worker decides "retry this run later" by reading ``category`` only (``is_transient``).
+Redis errors are translated into ``StoreUnavailableError`` in one place, the reconnecting
+client (``worker._reconnect.unavailable_as_error``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from celery.exceptions import Reject
+from redis import exceptions as redis_errors
+
+from scorers import ScorerError, ScoreResult
+
+if TYPE_CHECKING:
+    from scorers.judge import ErrorCategory
+
+__all__ = [
+    "RegistryError",
+    "RunLimitError",
+    "SettingsError",
+    "StoreUnavailableError",
+    "UnknownScorerError",
+    "WorkerError",
+    "is_transient",
+]
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    """Worth another delivery later: the error's ``category`` is ``retryable`` (timeouts,
+    connection errors, 408/409/425/429/5xx from a provider, Redis away)."""
+    return exc is not None and getattr(exc, "category", None) == "retryable"
+
+
+class WorkerError(Exception):
+    """Base of the errors worker/ raises on purpose."""
+
+    _category: ClassVar[ErrorCategory] = "internal"
+
+    @property
+    def category(self) -> ErrorCategory:
+        """What kind of failure this is (see ``scorers.judge.ErrorCategory``)."""
+        return self._category
+
+
+class SettingsError(WorkerError, ValueError):
+    """A ``TRACESCORE_*`` environment variable holds a value the worker cannot use."""
+
+    _category: ClassVar[ErrorCategory] = "config"
+
+
+class RegistryError(WorkerError):
+    """The scorer module cannot be loaded or defines no usable scorers."""
+
+    _category: ClassVar[ErrorCategory] = "config"
+
+
+class UnknownScorerError(WorkerError, KeyError):
+    """A message names a scorer id the registry does not have."""
+
+    _category: ClassVar[ErrorCategory] = "config"
+
+    def __init__(self, scorer_id: str, known: Iterable[str]) -> None:
+        known_ids = sorted(known)
+        super().__init__(scorer_id)
+        self.scorer_id = scorer_id
+        self.message = f"unknown scorer id {scorer_id!r}; this worker knows: {', '.join(known_ids) or '(none)'}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class StoreUnavailableError(Reject, redis_errors.ConnectionError, WorkerError):
+    """Redis (the score store) did not answer through every reconnect attempt."""
+
+    _category: ClassVar[ErrorCategory] = "retryable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, True)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message,))
+
+
+class RunLimitError(ScorerError, WorkerError):
+    """A scorer run hit a limit: ``error_type`` is ``timeout`` (past the run timeout, cancelled or
+    interrupted) or ``memory`` (``MemoryError``). Final: the same run would do it again."""
+
+    def __init__(self, message: str, *, error_type: str, failed_step: str | None = None) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.failed_step = failed_step
+        self.partial: ScoreResult | None = None
+
+    @property
+    def category(self) -> ErrorCategory:
+        return "memory" if self.error_type == "memory" else "timeout"
