@@ -80,6 +80,9 @@ def configure_app(app: Celery, settings: Settings) -> None:
         task_ignore_result=True,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
+        # A hard time limit hands the message back (requeue) instead of acking it; the task turns
+        # its own infrastructure failures into Reject(requeue=True) (worker/_task.py).
+        task_acks_on_failure_or_timeout=False,
         # A retry republishes the message before the delivery is acked. Celery's default publish
         # retry gives up after ~0.6 s and then discards the delivery (Reject(requeue=False)): a
         # broker restart mid-retry would lose the batch. Ride out a restart instead.

@@ -140,7 +140,11 @@ class RedisRateLimiter:
             gate = self._gates[model_id] = asyncio.Semaphore(self._concurrency)
         return gate
 
-    async def _try(self, model_id: str, estimated_tokens: int) -> int:
+    async def try_acquire(self, model_id: str, estimated_tokens: int) -> int:
+        """One attempt at a slot: 0 when admitted, else milliseconds to wait. Public so the class
+        decorator bounds it like every Redis call here (reconnect deadline, then
+        ``StoreUnavailableError``): a Redis outage must not hang or fail a run with a raw
+        redis ``ConnectionError``."""
         self._redis()
         limit = self._limits(model_id)
         rpm = limit.requests_per_minute or 0.0
@@ -163,6 +167,9 @@ class RedisRateLimiter:
         )
         return int(waited)
 
+    async def _try(self, model_id: str, estimated_tokens: int) -> int:
+        return await self.try_acquire(model_id, estimated_tokens)
+
     def slot(self, model_id: str, estimated_tokens: int) -> AbstractAsyncContextManager[None]:
         return self._slot(model_id, estimated_tokens)
 
@@ -171,7 +178,7 @@ class RedisRateLimiter:
         self._redis()
         async with self._gate(model_id):
             while True:
-                wait_ms = await self._try(model_id, estimated_tokens)
+                wait_ms = await self.try_acquire(model_id, estimated_tokens)
                 if wait_ms <= 0:
                     break
                 self.waits += 1

@@ -22,19 +22,23 @@ import faulthandler
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import structlog
 
 __all__ = [
+    "WATCHDOG_GRACE_S",
     "LoopBlockedError",
     "LoopThread",
     "LoopWatchdog",
     "get_loop_thread",
+    "resident_bytes",
     "run_coro",
     "start_watchdog",
     "stop_loop",
+    "was_targeted",
 ]
 
 T = TypeVar("T")
@@ -42,12 +46,20 @@ T = TypeVar("T")
 log = structlog.get_logger("tracescore.worker.loop")
 
 HEARTBEAT_S = 0.2
+# After interrupting a blocked step, how long the watchdog waits for the loop to turn again
+# before it gives up on the process.
+WATCHDOG_GRACE_S = 3.0
 
 
 class LoopBlockedError(Exception):
     """Raised inside code that kept the worker's event loop busy past the run timeout.
 
-    It is raised asynchronously (a class, without arguments), so the message is fixed here."""
+    It is raised asynchronously (a class, without arguments), so the message is fixed here.
+    Only in the task the watchdog targeted (``was_targeted``) is it the run's timeout; if the
+    step returned just before it fired, it may land in another run, which then failed through
+    no fault of its own: retryable."""
+
+    category = "retryable"
 
     def __init__(self, *args: object) -> None:
         super().__init__(
@@ -139,10 +151,22 @@ class LoopThread:
 
 OnWedged = Callable[[asyncio.Task[Any] | None, float], None]
 
+# The tasks a watchdog fired LoopBlockedError at (weak: a finished task drops out by itself).
+_targeted: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+def was_targeted(task: asyncio.Task[Any] | None) -> bool:
+    """True (once) when the watchdog fired its ``LoopBlockedError`` at ``task``."""
+    if task is None or task not in _targeted:
+        return False
+    _targeted.discard(task)
+    return True
+
 
 class LoopWatchdog:
     """Watches one ``LoopThread``: blocked longer than ``limit_s`` → interrupt the blocking code;
     still blocked ``grace_s`` later → ``on_wedged(task, blocked_s)`` (which should end the process).
+    With ``rss_limit_bytes``, resident memory over it → ``on_memory(task, rss_mb)`` (likewise).
 
     ``can_interrupt(task)`` says whether the task the loop is stuck in may take the exception
     (a scorer run does: its error becomes the run's error record); otherwise the watchdog goes
@@ -156,13 +180,17 @@ class LoopWatchdog:
         limit_s: float,
         on_wedged: OnWedged,
         can_interrupt: Callable[[asyncio.Task[Any] | None], bool] = lambda task: task is not None,
-        grace_s: float = 3.0,
+        grace_s: float = WATCHDOG_GRACE_S,
         backstop_s: float | None = None,
+        rss_limit_bytes: int = 0,
+        on_memory: OnWedged | None = None,
     ) -> None:
         self.loop_thread = loop_thread
         self.limit_s = limit_s
         self.grace_s = grace_s
         self._on_wedged = on_wedged
+        self._rss_limit = rss_limit_bytes if on_memory is not None and resident_bytes() is not None else 0
+        self._on_memory = on_memory
         self._can_interrupt = can_interrupt
         self._backstop_s = backstop_s
         self._armed_at = 0.0
@@ -191,16 +219,31 @@ class LoopWatchdog:
 
     def _watch(self) -> None:
         interval = min(0.25, self.limit_s / 4)
+        if self._rss_limit:
+            # A step allocating in a loop can add a few hundred MB per 0.25 s.
+            interval = min(interval, MEMORY_CHECK_S)
         while not self._stop.wait(interval):
             lt = self.loop_thread
             if not lt.alive() or lt.pid != os.getpid():
                 return
+            if self._rss_limit and self._on_memory is not None:
+                rss = resident_bytes() or 0
+                if rss > self._rss_limit:
+                    # The loop is stuck in the allocating step (a sync one) or between steps:
+                    # its current task, if any, is the run to blame.
+                    self._on_memory(lt.current_task(), rss / 2**20)
+                    return
             blocked = lt.blocked_for()
             if blocked < self.limit_s:
                 self._arm_backstop()
                 continue
+            beat = lt.beat
             task = lt.current_task()
-            if self._can_interrupt(task) and self._interrupt(lt):
+            if lt.beat != beat or lt.current_task() is not task:
+                # The step returned while we looked: the loop moved on, and an exception fired
+                # now would land in whatever runs next.
+                continue
+            if self._can_interrupt(task) and self._interrupt(lt, task, beat):
                 self.interrupted += 1
                 continue
             if self._stop.is_set():
@@ -208,10 +251,17 @@ class LoopWatchdog:
             self._on_wedged(task, lt.blocked_for())
             return
 
-    def _interrupt(self, lt: LoopThread) -> bool:
+    def _interrupt(self, lt: LoopThread, task: asyncio.Task[Any] | None, stuck_since: float) -> bool:
         """True if the loop turned again within the grace period after the interrupt."""
-        stuck_since = lt.beat
+        if task is not None:
+            _targeted.add(task)
+        if lt.beat != stuck_since or lt.current_task() is not task:  # moved on just now
+            if task is not None:
+                _targeted.discard(task)
+            return True
         if not lt.interrupt():
+            if task is not None:
+                _targeted.discard(task)
             return False
         log.warning("loop_blocked_interrupting", blocked_s=round(lt.blocked_for(), 1), limit_s=self.limit_s)
         deadline = time.monotonic() + self.grace_s
@@ -223,8 +273,22 @@ class LoopWatchdog:
             return True
         # Not delivered (a C call): withdraw it, or it would fire later in whatever runs then.
         lt.cancel_interrupt()
+        if task is not None:
+            _targeted.discard(task)
         return False
 
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (RSS), from ``/proc/self/statm``; None where there is none."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_SIZE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+MEMORY_CHECK_S = 0.05
 
 _lock = threading.Lock()
 _current: LoopThread | None = None
@@ -245,7 +309,9 @@ def start_watchdog(
     on_wedged: OnWedged,
     *,
     can_interrupt: Callable[[asyncio.Task[Any] | None], bool] = lambda task: task is not None,
-    grace_s: float = 3.0,
+    grace_s: float = WATCHDOG_GRACE_S,
+    rss_limit_bytes: int = 0,
+    on_memory: OnWedged | None = None,
 ) -> LoopWatchdog:
     """Watch this process's loop (one watchdog per process; a second call replaces the first).
 
@@ -264,6 +330,8 @@ def start_watchdog(
             grace_s=grace_s,
             # Well after the watchdog's own turn (and its recording of the run) would have come.
             backstop_s=None if faulthandler.is_enabled() else limit_s + grace_s + 60.0,
+            rss_limit_bytes=rss_limit_bytes,
+            on_memory=on_memory,
         )
         return _watchdog
 

@@ -4,11 +4,11 @@ Settings, the scorer registry, the Redis store, the score writer, and the Redis 
 installed as the judge's limiter (``set_judge_hooks``) so every judge call in this process
 takes a slot from the shared budget.
 
-Limits of the process: ``TRACESCORE_MEMORY_LIMIT_MB`` becomes its address-space cap, and a
-watchdog on its event loop interrupts a run that blocks the loop past the run timeout; if the
-blocking code cannot be interrupted, the run's ``timeout`` record is stored and the process
-exits, so the pool starts a fresh one and the broker redelivers what it held (the redelivery
-skips the recorded run and scores the others).
+Limits of the process: a watchdog on its event loop interrupts a run that blocks the loop past
+the run timeout; if the blocking code cannot be interrupted, the run's ``timeout`` record is
+stored and the process exits (likewise, with a ``memory`` record, when its resident memory
+passes ``TRACESCORE_MEMORY_LIMIT_MB``), so the pool starts a fresh one and the broker
+redelivers what it held (the redelivery skips the recorded run and scores the others).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ import structlog
 from opentelemetry import trace
 
 from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
-from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE
+from tracing import JUDGE_ROLE, ROLE_ATTRIBUTE
 from tracing._score_record import ScoreRecord
 from tracing._score_writer import ConsoleScoreWriter, JsonlScoreWriter, OtlpScoreWriter, ScoreWriter
+from worker._deliveries import DeliveryLog
 from worker._gc import freeze_startup_objects
 from worker._limiter import RedisRateLimiter
-from worker._loop import start_watchdog
+from worker._loop import run_coro, start_watchdog
 from worker._reconnect import RECONNECT_S
 from worker._registry import Registry, RegistryError, load_registry
 from worker._scoring import ScoringDeps, scoring_run_of, wedged_record
@@ -79,6 +80,7 @@ class WorkerRuntime:
     limiter: RedisRateLimiter
     deps: ScoringDeps
     pid: int
+    deliveries: DeliveryLog
 
     @classmethod
     def build(cls, settings: Settings) -> WorkerRuntime:
@@ -107,8 +109,13 @@ class WorkerRuntime:
             checkpoint_ttl_s=settings.checkpoint_ttl_seconds,
             run_timeout_s=settings.run_timeout,
         )
-        _cap_memory(settings.memory_limit_mb)
-        start_watchdog(settings.run_timeout, _recycle_wedged_process, can_interrupt=scoring_run_of)
+        start_watchdog(
+            settings.run_timeout,
+            _recycle_wedged_process,
+            can_interrupt=scoring_run_of,
+            rss_limit_bytes=settings.memory_limit_mb * 2**20,
+            on_memory=_recycle_process_over_memory,
+        )
         freeze_startup_objects()
         log.info(
             "worker_runtime_ready",
@@ -117,13 +124,20 @@ class WorkerRuntime:
             module=settings.scorers,
             writer=settings.writer,
         )
+        # Kept well past any redelivery of the message (its retries keep the task id).
+        deliveries = DeliveryLog(
+            settings.store_url, ttl_s=int(settings.visibility_timeout) * 10, reconnect_s=RECONNECT_S
+        )
         dead_letters = RedisDeadLetters(settings.store_url, reconnect_s=RECONNECT_S)
-        return cls(settings, registry, store, dead_letters, writer, limiter, deps, os.getpid())
+        return cls(settings, registry, store, dead_letters, writer, limiter, deps, os.getpid(), deliveries)
 
 
 def _cap_memory(limit_mb: int) -> None:
-    """RLIMIT_AS for this process: an allocation past it raises MemoryError in the allocating
-    run (recorded as error_type "memory") instead of the OOM killer taking the process."""
+    """RLIMIT_AS for a process scoring in place (``tracescore score``/``backfill`` without a
+    broker): an allocation past it raises MemoryError in the allocating run (recorded as
+    error_type "memory"). Not for workers: with the threads pool glibc reserves a 64 MiB arena
+    per thread, so an address-space cap fails far below its size in real memory, and the
+    MemoryError lands anywhere (kombu, the Redis client). Workers watch their RSS instead."""
     if not limit_mb:
         return
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -150,7 +164,27 @@ def _recycle_wedged_process(task: asyncio.Task[Any] | None, blocked_s: float) ->
     """The watchdog could not free the loop: record the run that blocks it, flush the writer,
     and exit. Unacknowledged messages are redelivered (prefork: at once, as the pool replaces
     the child; solo/threads: by the visibility-timeout sweep once the worker is restarted)."""
-    found = wedged_record(task, blocked_s)
+    _record_and_exit(wedged_record(task, blocked_s), event="worker_loop_wedged_exiting", blocked_s=round(blocked_s, 1))
+
+
+def _recycle_process_over_memory(task: asyncio.Task[Any] | None, rss_mb: float) -> None:
+    """Resident memory passed TRACESCORE_MEMORY_LIMIT_MB: record the run the loop is in (the
+    allocating one, when a sync step allocates) as ``memory`` and exit, as for a wedged loop.
+    A run allocating from async code is not known here: its redeliveries die the same way and
+    count as crashes, so it ends up alone in its message and dead-lettered."""
+    found = wedged_record(
+        task,
+        0.0,
+        error=MemoryError(
+            f"the worker process's resident memory reached {rss_mb:.0f} MB, over "
+            "TRACESCORE_MEMORY_LIMIT_MB, while this run's step was running; the process was replaced"
+        ),
+        error_type="memory",
+    )
+    _record_and_exit(found, event="worker_memory_limit_exiting", rss_mb=round(rss_mb))
+
+
+def _record_and_exit(found: tuple[ScoreRecord, ScoringDeps] | None, *, event: str, **fields: Any) -> None:
     runtime = _runtime if _runtime is not None and _runtime.pid == os.getpid() else None
     try:
         if found is not None:
@@ -162,9 +196,9 @@ def _recycle_wedged_process(task: asyncio.Task[Any] | None, blocked_s: float) ->
     except Exception:
         log.exception("wedged_run_not_recorded")
     log.error(
-        "worker_loop_wedged_exiting",
+        event,
         pid=os.getpid(),
-        blocked_s=round(blocked_s, 1),
+        **fields,
         scorer=found[0].scorer_id if found else None,
         score_id=found[0].score_id if found else None,
         exit_status=EXIT_WEDGED,
@@ -187,8 +221,15 @@ def get_runtime(settings: Settings) -> WorkerRuntime:
 
 
 def reset_runtime() -> WorkerRuntime | None:
-    """Forget this process's runtime (returns it, so the caller can flush its writer)."""
+    """Forget this process's runtime (returns it, so the caller can flush its writer and close
+    its store; the delivery log, which callers do not know about, is closed here)."""
     global _runtime
     with _lock:
         current, _runtime = _runtime, None
-    return current if current is not None and current.pid == os.getpid() else None
+    if current is None or current.pid != os.getpid():
+        return None
+    try:
+        run_coro(current.deliveries.close(), 5.0)
+    except Exception:
+        log.warning("delivery_log_close_failed", exc_info=True)
+    return current

@@ -48,7 +48,7 @@ from tracing._score_writer import ScoreWriter
 from tracing._transform import trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
 from worker._errors import RunLimitError, is_transient
-from worker._loop import LoopBlockedError
+from worker._loop import LoopBlockedError, was_targeted
 from worker._registry import UnknownScorerError
 from worker.store import ScoreStore, StoreUnavailableError, claim, delivery_owner, process_owner
 
@@ -208,14 +208,14 @@ async def run_limited(scorer: Scorer, run_timeout_s: float | None, *, label: obj
             error_type="timeout",
         ) from None
     except ScorerRunError as exc:
-        limit = _limit_error_type(exc.cause)
+        limit = _limit_error_type(exc.cause, task)
         if limit is None:
             raise
         raise _limit_error(scorer, exc, limit, run_timeout_s) from None
     except ScorerError:
         raise
     except Exception as exc:  # outside the steps (a bug in the scorer): a limit, or the caller's to record
-        limit = _limit_error_type(exc)
+        limit = _limit_error_type(exc, task)
         if limit is None:
             raise
         raise _limit_error(scorer, exc, limit, run_timeout_s) from None
@@ -258,26 +258,35 @@ def scoring_run_of(task: asyncio.Task[Any] | None) -> bool:
 
 
 def wedged_record(
-    task: asyncio.Task[Any] | None, blocked_s: float, *, outcome: str = "the worker process was replaced"
+    task: asyncio.Task[Any] | None,
+    blocked_s: float,
+    *,
+    outcome: str = "the worker process was replaced",
+    error: BaseException | None = None,
+    error_type: str = "timeout",
 ) -> tuple[ScoreRecord, ScoringDeps] | None:
-    """The ``timeout`` error record for the run that ``task`` is stuck in (None if it is not a
-    run), for the watchdog to store before the process is replaced (or, embedded, the loop)."""
+    """The ``timeout`` error record (or ``error_type`` with ``error``) for the run that ``task``
+    is stuck in (None if it is not a run), for the watchdog to store before the process is
+    replaced (or, embedded, the loop)."""
     found = running_label(task)
     if not isinstance(found, _PairRun):
         return None
     pair, deps = found.pair, found.deps
-    error = LoopBlockedError(
-        f"scorer {pair.scorer_id!r} blocked the worker's event loop for {blocked_s:.0f} s "
-        f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {deps.run_timeout_s}) in code that could not be "
-        f"interrupted; {outcome}"
-    )
-    return _record(pair, None, error=error, error_type="timeout"), deps
+    if error is None:
+        error = LoopBlockedError(
+            f"scorer {pair.scorer_id!r} blocked the worker's event loop for {blocked_s:.0f} s "
+            f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {deps.run_timeout_s}) in code that could not be "
+            f"interrupted; {outcome}"
+        )
+    return _record(pair, None, error=error, error_type=error_type), deps
 
 
-def _limit_error_type(exc: BaseException | None) -> str | None:
-    """``timeout`` / ``memory`` when ``exc`` is a run hitting the worker's limits."""
+def _limit_error_type(exc: BaseException | None, task: asyncio.Task[Any] | None) -> str | None:
+    """``timeout`` / ``memory`` when ``exc`` is a run hitting the worker's limits. The
+    watchdog's exception is a timeout only in the task it was fired at: elsewhere it landed by
+    mistake (the targeted step had just returned) and the run fails as retryable."""
     if isinstance(exc, LoopBlockedError):
-        return "timeout"
+        return "timeout" if was_targeted(task) else None
     if isinstance(exc, MemoryError):
         return "memory"
     return None
@@ -400,6 +409,11 @@ async def _score_pair(
                 pair, exc.partial, error=RuntimeError(str(exc)), error_type=exc.error_type, failed_step=exc.failed_step
             )
         except ScorerRunError as exc:
+            away = _store_unavailable_in(exc)
+            if away is not None:
+                # Redis went away under a step (its checkpoint, the judge's rate-limit slot): not
+                # the run's failure. The message goes back to the queue; the retry budget is kept.
+                raise away from None
             transient = is_transient(exc)  # the category of the step's error
             if transient and not final_attempt:
                 return _Transient(pair, exc.error_type)
@@ -417,6 +431,21 @@ async def _score_pair(
             log.error("scorer_crashed", scorer=pair.scorer_id, score_id=pair.score_id, **_crash_fields(exc))
             return _record(pair, None, error=exc, error_type=type(exc).__name__)
     return _record(pair, result)
+
+
+def _store_unavailable_in(exc: ScorerRunError) -> StoreUnavailableError | None:
+    """The ``StoreUnavailableError`` a failed step was caused by, if any (however wrapped)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc.cause, exc.__cause__]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, StoreUnavailableError):
+            return current
+        todo += [getattr(current, "cause", None), current.__cause__, current.__context__]
+    return None
 
 
 class _GroupCommit:

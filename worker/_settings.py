@@ -86,7 +86,10 @@ class Settings(BaseSettings):
 
     # A task message whose ETA lies further ahead than this is refused (a far-future ETA would
     # sit in a worker's memory); the task's own retries are delayed by at most this much.
-    max_eta_seconds: float = Field(default=900.0, gt=0)
+    # A worker holds an ETA message unacked until it runs: the wait plus the task's hard limit
+    # must stay under the visibility timeout, or Redis hands it to a second worker meanwhile.
+    # Unset: 30 s, lowered to fit when the timeouts are tight.
+    max_eta_seconds: float = Field(default=30.0, gt=0)
 
     @field_validator("rate_limits", mode="before")
     @classmethod
@@ -166,6 +169,17 @@ class Settings(BaseSettings):
                 f"TRACESCORE_RUN_TIMEOUT_SECONDS ({self.run_timeout}) must be below "
                 f"TRACESCORE_TASK_SOFT_TIME_LIMIT ({self.task_soft_time_limit})"
             )
+        room = self.visibility_timeout - self.task_time_limit
+        if self.max_eta_seconds >= room:
+            if "max_eta_seconds" in self.model_fields_set:
+                raise ValueError(
+                    f"TRACESCORE_MAX_ETA_SECONDS ({self.max_eta_seconds:g}) plus TRACESCORE_TASK_TIME_LIMIT "
+                    f"({self.task_time_limit:g}) must stay below TRACESCORE_VISIBILITY_TIMEOUT "
+                    f"({self.visibility_timeout:g}), or Redis redelivers a waiting retry to a second worker: "
+                    f"use a TRACESCORE_MAX_ETA_SECONDS below {room:g}"
+                )
+            # The default, fitted to tight timeouts (the model is frozen; this is its construction).
+            object.__setattr__(self, "max_eta_seconds", room / 2)
         if 0 < self.memory_limit_mb < 256:
             raise ValueError(
                 f"TRACESCORE_MEMORY_LIMIT_MB ({self.memory_limit_mb}) is too small for a worker process "

@@ -9,16 +9,21 @@ process is dead-lettered alone and its neighbours are scored."""
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from celery import Task
-from celery.exceptions import Retry, SoftTimeLimitExceeded
+from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
+from kombu.exceptions import OperationalError as KombuOperationalError
 from pydantic import ValidationError
+from redis import exceptions as redis_errors
 
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch
-from worker._loop import run_coro
+from worker._deliveries import END_WAIT_S, new_token
+from worker._loop import WATCHDOG_GRACE_S, run_coro
+from worker._reconnect import COMMAND_SLACK_S, RECONNECT_S
 from worker._runtime import WorkerRuntime, get_runtime
 from worker._scoring import StoreUnavailableError, score_batch
 from worker.store import DeadLetter, dead_letter_id
@@ -37,6 +42,17 @@ MAX_DEAD_PAYLOAD_BYTES = 1024 * 1024
 MAX_CRASHED_DELIVERIES = 2
 # Names the per-run messages of a split batch (deterministic: a second split sends the same ids).
 _SPLIT_NAMESPACE = uuid.UUID("5b0c1f0e-7a53-4d0b-9f7e-3a2f4c8d9e10")
+# Failures of the machinery around scoring (the broker, Redis, the loop wait): the message goes
+# back to the queue. Celery would otherwise fail the task and acknowledge (drop) its message.
+_INFRASTRUCTURE_ERRORS = (TimeoutError, OSError, KombuOperationalError, redis_errors.RedisError)
+
+
+def _loop_wait(runtime: WorkerRuntime) -> float:
+    """How long the task waits for one store call on the loop: a sync step may hold the loop
+    for the run timeout (plus the watchdog's turn and grace) before the call even starts, and
+    the call itself may reconnect for RECONNECT_S. A shorter wait would give up on a healthy
+    delivery while another batch's step blocks the shared loop."""
+    return runtime.settings.run_timeout + WATCHDOG_GRACE_S + 1.0 + RECONNECT_S + COMMAND_SLACK_S
 
 
 def _dead_letter(
@@ -65,7 +81,7 @@ def _dead_letter(
         payload=keep,
         retryable=retryable and keep is not None,
     )
-    pushed = run_coro(runtime.dead_letters.push(letter), 30.0)
+    pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
     log.error(
         "message_dead_lettered",
         reason=reason,
@@ -100,19 +116,83 @@ def register_score_task(app: TracescoreApp) -> Task[Any, Any]:
 
 
 def _score_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
-    """Score one ``ScoreBatch`` (its ``model_dump(mode="json")``)."""
+    """Score one ``ScoreBatch`` (its ``model_dump(mode="json")``).
+
+    Every way out marks this delivery as ended (see ``worker._deliveries``), so only a delivery
+    whose process died counts as a crash. A failure of the machinery (a loop wait that ran out,
+    the broker or Redis away) hands the message back to the queue; nothing is acked and dropped."""
     app: TracescoreApp = self.app  # type: ignore[assignment]  # create_app registers this task
     runtime = get_runtime(app.settings)
+    task_id = str(self.request.id or (payload.get("batch_id") if isinstance(payload, dict) else None) or "-")
+    token = new_token()
+    # Not in a `finally`: a delivery ended by its process going down (SystemExit, a kill) is
+    # exactly what must stay unended.
+    try:
+        report = _score_delivery(self, runtime, payload, task_id, token)
+    except (Retry, Reject):
+        _end_delivery(runtime, task_id, token)
+        raise
+    except Exception as exc:
+        _end_delivery(runtime, task_id, token)
+        _failed_around_scoring(self, runtime, payload, task_id, exc)
+        return None
+    _end_delivery(runtime, task_id, token)
+    return report
+
+
+def _failed_around_scoring(
+    self: Task[Any, Any], runtime: WorkerRuntime, payload: Any, task_id: str, exc: Exception
+) -> None:
+    """Celery would fail the task and ack (drop) its message: requeue it, or keep it as a letter."""
+    if isinstance(exc, _INFRASTRUCTURE_ERRORS):
+        # Not the message's fault: try again later (the error's type only: its text may quote a run).
+        log.warning("batch_requeued", task_id=task_id, error_type=type(exc).__name__)
+        raise Reject(f"requeued after {type(exc).__name__} (infrastructure)", requeue=True) from exc
+    # A bug in the task around scoring: requeueing would repeat it forever; keep the message.
+    log.error("batch_task_crashed", task_id=task_id, error_type=type(exc).__name__)
+    try:
+        _dead_letter(
+            runtime,
+            reason="task_crashed",
+            error=f"the scoring task failed around scoring: {type(exc).__name__} (see the worker log)",
+            payload=payload,
+            size=_size(payload),
+            batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
+            attempts=int(self.request.retries or 0) + 1,
+            retryable=True,
+            message_key=f"task:{task_id}:{int(self.request.retries or 0)}",
+        )
+    except Exception as dlq_exc:
+        raise Reject("the message could not be dead-lettered; requeued", requeue=True) from dlq_exc
+    return
+
+
+def _end_delivery(runtime: WorkerRuntime, task_id: str, token: str) -> None:
+    try:
+        run_coro(runtime.deliveries.end(task_id, token), END_WAIT_S + 1.0)
+    except Exception:
+        # The loop is busy or Redis away: write it before this process's next delivery.
+        runtime.deliveries.keep(task_id, token)
+
+
+def _size(payload: Any) -> int:
+    """The payload's size as the guard measures it (UTF-8 bytes of compact JSON; -1: not JSON).
+    ASCII escaping would count a CJK character 6 bytes instead of 3 (an emoji 12, not 4)."""
+    try:
+        return len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    except (TypeError, ValueError, RecursionError):
+        return -1
+
+
+def _score_delivery(
+    self: Task[Any, Any], runtime: WorkerRuntime, payload: Any, task_id: str, token: str
+) -> dict[str, Any] | None:
     settings = runtime.settings
     attempt = int(self.request.retries or 0)
-    task_id = str(self.request.id or (payload.get("batch_id") if isinstance(payload, dict) else None) or "-")
     # One dead letter per message: a redelivery of this very message (same id, same retry)
     # finds the letter already there.
     message_key = f"task:{task_id}:{attempt}"
-    try:
-        size = len(json.dumps(payload, separators=(",", ":")))
-    except (TypeError, ValueError, RecursionError):
-        size = -1
+    size = _size(payload)
     if size > settings.max_payload_bytes or size < 0:
         _dead_letter(
             runtime,
@@ -149,11 +229,11 @@ def _score_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
         )
         return None
 
-    # Deliveries are counted in Redis: a message that kills its worker (OOM, segfault) comes
-    # back via reject_on_worker_lost / the visibility timeout without a retry count of its own,
-    # so deliveries beyond its retries are deliveries that never finished.
-    deliveries = run_coro(runtime.store.count_delivery(task_id, int(settings.visibility_timeout) * 10), 30.0)
-    crashes = deliveries - (attempt + 1)
+    # A message that kills its worker (OOM, segfault) comes back via reject_on_worker_lost /
+    # the visibility timeout without a retry count of its own: its earlier deliveries that
+    # began and never ended are the crashes.
+    crashes = run_coro(runtime.deliveries.start(task_id, token), _loop_wait(runtime))
+    deliveries = attempt + 1 + crashes
     if crashes > 0 and len(batch.requests) > 1:
         # One of these runs may kill whatever process scores it: score each on its own, so
         # only that one is lost. Runs already scored are skipped by their score ids.
@@ -202,7 +282,10 @@ def _score_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
         countdown = min(settings.retry_backoff_seconds * 2**attempt, settings.max_eta_seconds)
         raise self.retry(countdown=countdown, exc=exc) from exc
     summary = report.as_dict()
-    if final and (report.exhausted or report.deferred):
+    # Retries of deferred scores wait at most max_eta_seconds each (inside the visibility
+    # timeout): enough of them to outlast the other delivery's claim before giving up on it.
+    claim_attempts = max(settings.retry_budget, math.ceil(settings.claim_ttl / settings.max_eta_seconds) + 1)
+    if final and (report.exhausted or (report.deferred and attempt >= claim_attempts)):
         # Error records for the exhausted runs are written (visible); the message is kept so
         # `tracescore dlq retry` can score what is missing once the cause is gone.
         reasons: list[str] = []

@@ -1,0 +1,99 @@
+"""TRACESCORE_MEMORY_LIMIT_MB on real ``celery -A worker worker`` processes (DB 11): the worker
+watches its resident memory (RSS), not its address space.
+
+An address-space cap (RLIMIT_AS) misfires on the threads pool: glibc reserves a 64 MiB malloc
+arena per thread, so a cap fails allocations far below its size in real memory, and the
+MemoryError lands wherever the next allocation happens to be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.worker._batches import batch
+from tests.worker._fault_workers import LIMITS, FaultWorker
+from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tracing import CelerySink
+from tracing.queue import ScoreBatch
+
+
+@pytest.fixture
+def started(redis_url: str) -> Iterator[list[WorkerProcess]]:
+    workers: list[WorkerProcess] = []
+    try:
+        yield workers
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+def _send(redis_url: str, *batches: ScoreBatch) -> None:
+    sink = CelerySink(redis_url)
+    try:
+        for b in batches:
+            sink.send(b)
+    finally:
+        sink.close()
+
+
+def test_a_large_run_under_the_limit_is_scored_on_the_threads_pool(
+    started: list[WorkerProcess], redis_url: str, tmp_path: Path
+) -> None:
+    """8 threads, a 1024 MB limit, two runs holding 300 MB of real memory each: they are scored, as are their
+    neighbours. (As an address-space cap the limit was mostly taken by the threads' arenas:
+    the run failed as `memory` far below 1 GB of real memory.)"""
+    worker = FaultWorker(
+        "threads-mem",
+        redis_url,
+        tmp_path,
+        env={**LIMITS, "TRACESCORE_MEMORY_LIMIT_MB": "1024"},
+        pool="threads",
+        concurrency=8,
+    )
+    started.append(worker)
+    worker.wait_ready()
+    big = batch(range(2), ["ballast"], salt="ballast")
+    _send(redis_url, big, batch(range(10, 16), ["length"], salt="beside-ballast"))
+    scores_path = tmp_path / "scores.jsonl"
+    assert wait_for(lambda: len(read_scores(scores_path)) >= 8, 90), worker.text()[-4000:]
+    scores = read_scores(scores_path)
+    assert len({s["score_id"] for s in scores}) == 8
+    assert [s for s in scores if s["error_type"]] == [], worker.text()[-3000:]
+    assert sorted(s["score"] for s in scores if s["scorer_id"] == "ballast") == [1.0, 1.0]
+    assert worker.proc.poll() is None
+
+
+def test_a_run_past_the_limit_is_a_memory_record_and_its_process_is_replaced(
+    started: list[WorkerProcess], redis_url: str, tmp_path: Path
+) -> None:
+    """A step allocating without end: once the process's RSS passes the limit, the run is
+    recorded as `memory`, the pool child exits and is replaced, the redelivered message scores
+    its other runs once, and the worker goes on with the next batch."""
+    worker = FaultWorker(
+        "prefork-mem",
+        redis_url,
+        tmp_path,
+        env={**LIMITS, "TRACESCORE_MEMORY_LIMIT_MB": "512"},
+        pool="prefork",
+        concurrency=1,
+    )
+    started.append(worker)
+    worker.wait_ready()
+    good = batch(range(1, 4), ["length"], salt="mem")
+    odd = batch(range(1), ["hog"], salt="mem")
+    mixed = good.model_copy(update={"batch_id": "mixed-mem", "requests": odd.requests + good.requests})
+    _send(redis_url, mixed, batch(range(10, 14), ["length"], salt="after-mem"))
+    scores_path = tmp_path / "scores.jsonl"
+    assert wait_for(lambda: len(read_scores(scores_path)) >= 8, 90), worker.text()[-4000:]
+    scores = read_scores(scores_path)
+    assert len(scores) == 8, scores
+    assert len({s["score_id"] for s in scores}) == 8
+    (failed,) = [s for s in scores if s["error_type"]]
+    assert failed["scorer_id"] == "hog"
+    assert failed["error_type"] == "memory"
+    assert "TRACESCORE_MEMORY_LIMIT_MB" in failed["error_message"]
+    assert "worker_memory_limit_exiting" in worker.text()
+    assert worker.proc.poll() is None
