@@ -17,7 +17,7 @@ has them (a tool span with the call id, or a later LLM call's tool message).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,33 +42,26 @@ from tracing._messages import (
     attach_results,
     render_messages,
 )
-from tracing._run import RunIdentity, TracedRun
+from tracing._run import RunIdentity, SpanRecord, TracedRun
 from tracing._span import SpanEvent, SpanLike, SpanView, view_spans
+from tracing.read._plan import plan_runs
 
 __all__ = ["find_targets", "read_trace", "trace_to_run", "trace_to_runs"]
 
 
-def _targets(views: Sequence[SpanView]) -> list[SpanView]:
-    """Top-level agent spans (no agent above them), else top-level LLM spans (no agent or LLM
-    above them). One walk down from the roots, carrying what is above: linear in the spans
-    whatever the depth (a walk up from every span was quadratic on a 10,000-deep chain)."""
-    agents: list[SpanView] = []
-    llms: list[SpanView] = []
-    stack: list[tuple[SpanView, bool, bool]] = [(v, False, False) for v in views if v.parent is None]
-    while stack:
-        view, under_agent, under_llm = stack.pop()
-        kind = span_kind(view)
-        if kind == "agent":
-            if not under_agent:
-                agents.append(view)
-            under_agent = True
-        elif kind == "llm":
-            if not under_agent and not under_llm:
-                llms.append(view)
-            under_llm = True
-        if view.children:
-            stack.extend((child, under_agent, under_llm) for child in view.children)
-    return sorted(agents or llms, key=SpanView.order_key)
+def _targets(views: Sequence[SpanView], exclude_under: Collection[str] = ()) -> list[SpanView]:
+    """The runs' target spans in start order, as the one planner (``tracing.read.plan_runs``)
+    chooses them for the exporter and backfill: top-level agent spans, else top-level LLM
+    spans, none at or under a span in ``exclude_under``."""
+    records = [
+        SpanRecord("", v.span_id, v.name, v.parent.span_id if v.parent is not None else None, "INTERNAL", v.start_ns)
+        for v in views
+    ]
+    for record, view in zip(records, views, strict=True):
+        record.attributes = view.attributes  # type: ignore[assignment]  # read-only here: no copy
+    by_id = {record.span_id: view for record, view in zip(records, views, strict=True)}
+    plans = plan_runs(records, kinds=[span_kind(v) for v in views], exclude_under=exclude_under)
+    return [by_id[target.span_id] for target, _ in plans]
 
 
 def _attach_log_records(views: Sequence[SpanView], log_records: Iterable[Any]) -> None:
@@ -292,21 +285,6 @@ def trace_to_runs(spans: Sequence[SpanLike], *, log_records: Iterable[Any] = ())
         return [_run_for(t, views) for t in targets]
 
 
-def _under(views: Sequence[SpanView], span_ids: set[str]) -> set[int]:
-    """``id()`` of every view at or under a span in ``span_ids`` (each view visited once)."""
-    blocked: set[int] = set()
-    for view in views:
-        if view.span_id not in span_ids or id(view) in blocked:
-            continue
-        stack = [view]
-        while stack:
-            node = stack.pop()
-            if id(node) not in blocked:
-                blocked.add(id(node))
-                stack.extend(node.children)
-    return blocked
-
-
 def read_trace(
     spans: Sequence[SpanLike], *, exclude_under: Iterable[str] = ()
 ) -> list[TracedRun | TraceReadError]:
@@ -319,10 +297,7 @@ def read_trace(
     out: list[TracedRun | TraceReadError] = []
     try:
         with _views(spans) as views:
-            blocked = _under(views, excluded) if excluded else set()
-            for target in _targets(views):
-                if id(target) in blocked:
-                    continue
+            for target in _targets(views, excluded):
                 try:
                     out.append(_run_for(target, views))
                 except TraceReadError as exc:

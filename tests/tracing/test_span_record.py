@@ -8,8 +8,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from tests.tracing._spans import Recorder, agent_trace, genai_messages
 from tracing import ScoreRequest, SpanRecord, TracedRun, trace_to_run
-from tracing._records import compact, plan_runs, span_record
+from tracing._records import compact, span_record
 from tracing.queue import spans_request
+from tracing.read import plan_runs
 
 CHAT = {"gen_ai.operation.name": "chat"}
 

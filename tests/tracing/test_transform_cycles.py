@@ -52,8 +52,9 @@ def document(spans: list[dict[str, Any]]) -> dict[str, Any]:
 def _probe(entry: str, shape: str, workdir: str) -> dict[str, Any]:
     """Run one entry point on one cyclic trace; what it answered, as JSON-able data."""
     from tracing import TraceReadError, find_targets, read_trace, trace_to_run, trace_to_runs
-    from tracing._records import plan_runs, span_record
+    from tracing._records import span_record
     from tracing.otlp import decode_otlp_json
+    from tracing.read import plan_runs
 
     spans = decode_otlp_json(document(cyclic_spans(shape)))
     try:
@@ -212,8 +213,9 @@ def test_plan_runs_on_a_10000_deep_chain_is_linear() -> None:
     the loop guard on: one walk down (walking up from every span took seconds of CPU)."""
     import time
 
-    from tracing._records import plan_runs, span_record
+    from tracing._records import span_record
     from tracing.otlp import decode_otlp_json
+    from tracing.read import plan_runs
 
     children, root = trace_spans(8)
     chat, tool = children

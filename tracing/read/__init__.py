@@ -6,8 +6,7 @@ subtrees are excluded; ``plan_runs(records, exclude_under=...)`` gives each run 
 span and the records its reading needs.
 """
 
-from tracing._records import plan_runs
 from tracing.read._guard import loop_guard
-from tracing.read._shape import has_parent_cycle
+from tracing.read._plan import has_parent_cycle, plan_runs
 
 __all__ = ["has_parent_cycle", "loop_guard", "plan_runs"]
