@@ -11,7 +11,7 @@ import json
 import random
 import socket
 from collections.abc import Callable, Iterable
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any, get_args
 
 import anthropic
@@ -24,6 +24,7 @@ import scorers.judge
 import tracing
 import tracing._errors
 import tracing.otlp
+import tracing.queue
 import tracing.sources
 from scorers import ScoreResult, ScorerRunError
 from scorers._errors import category_for_status
@@ -71,6 +72,11 @@ def _worker_modules() -> list[ModuleType]:
     return modules
 
 
+def _request() -> Any:
+    """What RunTooLarge reads of a request: its ids (the spans are never in the message)."""
+    return SimpleNamespace(trace_id="1" * 32, span_id="2" * 16)
+
+
 def _provider(cls: type[JudgeProviderError], status: int | None = None) -> JudgeProviderError:
     return cls("m", provider="openai", model_id="openai/m", status_code=status)
 
@@ -90,7 +96,14 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         JudgeServerError,
         JudgeTimeoutError,
     )
-    from tracing._errors import MessageShapeError, OtlpDecodeError, SourceError, TraceReadError, TracingError
+    from tracing._errors import (
+        MessageShapeError,
+        OtlpDecodeError,
+        RunTooLarge,
+        SourceError,
+        TraceReadError,
+        TracingError,
+    )
     from worker._errors import (
         RegistryError,
         RunLimitError,
@@ -123,6 +136,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         MessageShapeError: (MessageShapeError("bad_message", "m"), "invalid_input"),
         OtlpDecodeError: (OtlpDecodeError("m", where="f:1"), "invalid_input"),
         SourceError: (SourceError("m"), "config"),
+        RunTooLarge: (RunTooLarge(_request(), 3_000_000, 2_000_000), "invalid_input"),
         WorkerError: (WorkerError("m"), "internal"),
         SettingsError: (SettingsError("m"), "config"),
         RegistryError: (RegistryError("m"), "config"),
@@ -140,7 +154,7 @@ NOT_ERRORS: set[type[BaseException]] = {scorers.NotScorable}
     "modules",
     [
         pytest.param(lambda: [scorers, scorers.judge, scorers._errors, scorers.judge._errors], id="scorers"),
-        pytest.param(lambda: [tracing, tracing._errors, tracing.otlp, tracing.sources], id="tracing"),
+        pytest.param(lambda: [tracing, tracing._errors, tracing.otlp, tracing.queue, tracing.sources], id="tracing"),
         pytest.param(_worker_modules, id="worker"),
     ],
 )

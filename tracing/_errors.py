@@ -6,6 +6,8 @@
     ├── MessageShapeError (ValueError)  a chat message payload of no known shape   invalid_input
     ├── OtlpDecodeError (ValueError)    input that is not valid OTLP (file:line,
     │                               JSON path)                                     invalid_input
+    ├── RunTooLarge (ValueError)    one run's request is over the workers' message
+    │                               cap by itself (TRACESCORE_MAX_PAYLOAD_BYTES)   invalid_input
     └── SourceError                 a trace source cannot be read at all (missing
                                     path, unreachable backend, bad arguments)      config
 
@@ -27,10 +29,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from scorers.judge import ErrorCategory
+    from tracing.queue import ScoreRequest
 
 __all__ = [
     "MessageShapeError",
     "OtlpDecodeError",
+    "RunTooLarge",
     "SourceError",
     "TraceReadError",
     "TracingError",
@@ -143,3 +147,20 @@ class SourceError(TracingError):
     """The source cannot be read at all (missing path, unreachable backend, bad arguments)."""
 
     _category: ClassVar[ErrorCategory] = "config"
+
+
+class RunTooLarge(TracingError, ValueError):
+    """One request's JSON is over the workers' message cap by itself: no message can carry it."""
+
+    _category: ClassVar[ErrorCategory] = "invalid_input"
+
+    def __init__(self, request: ScoreRequest, size: int, max_payload_bytes: int) -> None:
+        # Ids and sizes only: the spans are the agent's content.
+        super().__init__(
+            f"trace {request.trace_id} span {request.span_id}: {size:,} bytes, over"
+            f" TRACESCORE_MAX_PAYLOAD_BYTES ({max_payload_bytes:,} with the message envelope)"
+        )
+        self.trace_id = request.trace_id
+        self.span_id = request.span_id
+        self.size = size
+        self.max_payload_bytes = max_payload_bytes

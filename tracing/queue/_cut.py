@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tracing._errors import RunTooLarge
 from tracing.queue._contract import ScoreRequest
 from tracing.queue._wire import MESSAGE_ENVELOPE_BYTES, wire_size
 
@@ -58,18 +59,3 @@ class RequestCutter:
         """The chunk so far (possibly empty); a new one starts."""
         chunk, self.chunk = self.chunk, Chunk()
         return chunk
-
-
-class RunTooLarge(ValueError):
-    """One request's JSON is over the workers' message cap by itself: no message can carry it."""
-
-    def __init__(self, request: ScoreRequest, size: int, max_payload_bytes: int) -> None:
-        # Ids and sizes only: the spans are the agent's content.
-        super().__init__(
-            f"trace {request.trace_id} span {request.span_id}: {size:,} bytes, over"
-            f" TRACESCORE_MAX_PAYLOAD_BYTES ({max_payload_bytes:,} with the message envelope)"
-        )
-        self.trace_id = request.trace_id
-        self.span_id = request.span_id
-        self.size = size
-        self.max_payload_bytes = max_payload_bytes
