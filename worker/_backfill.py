@@ -32,8 +32,7 @@ from typing import Protocol
 
 import structlog
 
-from tracing._rules import sampled
-from tracing._run import SpanRecord
+from tracing import SpanRecord, sampled
 from tracing.queue import RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, spans_request
 from tracing.read import has_parent_cycle, loop_guard, plan_runs
 from tracing.sources import (

@@ -22,8 +22,7 @@ import click
 import structlog
 from pydantic_core import from_json
 
-from tracing._score_record import score_id_for
-from tracing._score_writer import JsonlScoreWriter, OtlpScoreWriter, ScoreWriter
+from tracing import JsonlScoreWriter, OtlpScoreWriter, ScoreWriter, score_id_for
 from tracing.queue import ScoreBatch
 from tracing.sources import SourceError, TraceSource, open_source, source_from_description
 from worker._app import redact

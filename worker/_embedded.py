@@ -29,9 +29,7 @@ from typing import IO, Any, TypeVar
 import structlog
 
 from scorers import Scorer, ScorerError, ScoreResult
-from tracing._score_record import ScoreRecord
-from tracing._score_writer import ScoreWriter
-from tracing._sinks import CallbackSink
+from tracing import CallbackSink, ScoreRecord, ScoreWriter
 from tracing.queue import ScoreBatch
 from worker._loop import LoopThread, LoopWatchdog
 from worker._registry import load_registry

@@ -41,11 +41,7 @@ import structlog
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeModel
-from tracing._errors import TraceReadError
-from tracing._run import TracedRun
-from tracing._score_record import ScoreRecord, score_id_for
-from tracing._score_writer import ScoreWriter
-from tracing._transform import trace_to_run
+from tracing import ScoreRecord, ScoreWriter, TracedRun, TraceReadError, score_id_for, trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
 from worker._errors import RunLimitError, is_transient
 from worker._loop import LoopBlockedError, was_targeted

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
 from scorers import Scorer
-from tracing._score_record import ScoreRecord
+from tracing import ScoreRecord
 
 __all__ = [
     "RunTable",
