@@ -80,8 +80,9 @@ class Settings(BaseSettings):
     # A scorer run longer than this is stopped and recorded as error_type "timeout" (a step
     # blocking the event loop is interrupted, or its process replaced); 0 → ¾ of the soft limit.
     run_timeout_seconds: float = Field(default=0.0, ge=0)
-    # Address-space cap per worker process (RLIMIT_AS), in MB; a run allocating past it fails
-    # with error_type "memory" and the process goes on. 0 → no cap (the OOM killer decides).
+    # Resident memory (RSS) per worker process, in MB: past it, the run the loop is in becomes
+    # error_type "memory" and the process is replaced (scoring in place, without a broker, it is
+    # the address-space cap and the process goes on). 0 → no limit (the OOM killer decides).
     memory_limit_mb: int = Field(default=0, ge=0)
 
     # A task message whose ETA lies further ahead than this is refused (a far-future ETA would
