@@ -10,8 +10,8 @@ import click
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from tracing import CelerySink
 from tracing._broker import redact
-from tracing._sinks import CelerySink
 from tracing.queue import ScoreBatch
 from worker._settings import Settings
 from worker.cli._common import CliError, broker_option, cli_settings, json_option

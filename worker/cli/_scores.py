@@ -9,8 +9,8 @@ import re
 import click
 from redis.exceptions import RedisError
 
+from tracing import ScoreRecord
 from tracing._broker import redact
-from tracing._score_record import ScoreRecord
 from worker.cli._common import CliError, broker_option, cli_settings, json_option
 from worker.store import RedisScoreStore
 
