@@ -29,7 +29,6 @@ from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
 from tracing import JUDGE_ROLE, ROLE_ATTRIBUTE
 from tracing._score_record import ScoreRecord
 from tracing._score_writer import ConsoleScoreWriter, JsonlScoreWriter, OtlpScoreWriter, ScoreWriter
-from worker._deliveries import DeliveryLog
 from worker._gc import freeze_startup_objects
 from worker._limiter import RedisRateLimiter
 from worker._loop import run_coro, start_watchdog
@@ -37,7 +36,7 @@ from worker._reconnect import RECONNECT_S
 from worker._registry import Registry, RegistryError, load_registry
 from worker._scoring import ScoringDeps, scoring_run_of, wedged_record
 from worker._settings import Settings
-from worker.store import RedisDeadLetters, RedisScoreStore
+from worker.store import DeliveryLog, RedisDeadLetters, RedisScoreStore
 
 # Exit status of a worker process whose event loop was wedged (EX_SOFTWARE).
 EXIT_WEDGED = 70

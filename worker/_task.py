@@ -21,12 +21,11 @@ from pydantic import ValidationError
 from redis import exceptions as redis_errors
 
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch
-from worker._deliveries import END_WAIT_S, new_token
 from worker._loop import WATCHDOG_GRACE_S, run_coro
 from worker._reconnect import COMMAND_SLACK_S, RECONNECT_S
 from worker._runtime import WorkerRuntime, get_runtime
 from worker._scoring import StoreUnavailableError, score_batch
-from worker.store import DeadLetter, dead_letter_id
+from worker.store import END_WAIT_S, DeadLetter, dead_letter_id, new_token
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
@@ -118,7 +117,7 @@ def register_score_task(app: TracescoreApp) -> Task[Any, Any]:
 def _score_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
     """Score one ``ScoreBatch`` (its ``model_dump(mode="json")``).
 
-    Every way out marks this delivery as ended (see ``worker._deliveries``), so only a delivery
+    Every way out marks this delivery as ended (see ``worker.store.DeliveryLog``), so only a delivery
     whose process died counts as a crash. A failure of the machinery (a loop wait that ran out,
     the broker or Redis away) hands the message back to the queue; nothing is acked and dropped."""
     app: TracescoreApp = self.app  # type: ignore[assignment]  # create_app registers this task

@@ -67,7 +67,7 @@ def test_implementations_satisfy_their_protocols(redis_url: str) -> None:
         assert isinstance(dead, DeadLetters)
 
 
-# --- ScoreStore: records, claims, checkpoints, deliveries ----------------------------------------
+# --- ScoreStore: records, claims, checkpoints ----------------------------------------------------
 
 
 def test_put_records_first_writer_wins(store: Any) -> None:
@@ -206,18 +206,6 @@ def test_put_records_retried_after_a_lost_reply_is_new_again(store: Any) -> None
     assert progress == {"scored": 1}
 
 
-def test_deliveries_are_counted_per_message(store: Any) -> None:
-    """Each delivery of a message adds one, per task id."""
-
-    async def go() -> list[int]:
-        counts = [await store.count_delivery("t1", 60) for _ in range(3)]
-        counts.append(await store.count_delivery("t2", 60))
-        await store.close()
-        return counts
-
-    assert run(go()) == [1, 2, 3, 1]
-
-
 # --- JobStats ------------------------------------------------------------------------------------
 
 
@@ -349,20 +337,19 @@ def test_redis_store_reconnects_after_a_redis_restart(restartable: Any) -> None:
     store = RedisScoreStore(restartable.url(0), reconnect_s=10)
     letters = RedisDeadLetters(restartable.url(0), reconnect_s=10)
 
-    async def go() -> tuple[set[str], list[bool], int, bool]:
+    async def go() -> tuple[set[str], list[bool], bool]:
         await store.claim(["a"], "w", 60)  # the pools now hold a live connection
         await letters.size()
         restartable.stop()
         restartable.start()
         held = await store.claim(["b"], "w", 60)
         fresh = await store.put_records([_record(12, score=0.3)], "w", 60)
-        deliveries = await store.count_delivery("t", 60)
         pushed = await letters.push(DeadLetter(reason="r", message_key="k"))
         await store.close()
         await letters.close()
-        return held, fresh, deliveries, pushed
+        return held, fresh, pushed
 
-    assert run(go()) == ({"b"}, [True], 1, True)
+    assert run(go()) == ({"b"}, [True], True)
 
 
 @pytest.mark.parametrize("part", ["scores", "jobs", "dead_letters"])
@@ -376,7 +363,7 @@ def test_redis_outage_raises_a_requeueing_error(restartable: Any, part: str) -> 
     url = restartable.url(0)
     target: Any
     if part == "scores":
-        target, call, name = RedisScoreStore(url, reconnect_s=0.5), "count_delivery", ("t", 60)
+        target, call, name = RedisScoreStore(url, reconnect_s=0.5), "claim_owners", (["x"],)
     elif part == "jobs":
         target, call, name = RedisJobStats(url, reconnect_s=0.5), "progress", ("j",)
     else:

@@ -28,13 +28,12 @@ from tests.worker.fault_scorers import SPINNING_KEY
 from tracing import CelerySink
 from tracing.queue import ScoreBatch
 from worker._app import TracescoreApp, create_app
-from worker._deliveries import DeliveryLog, new_token
 from worker._limiter import RedisRateLimiter
 from worker._loop import run_coro, stop_loop
 from worker._runtime import get_runtime, reset_runtime
 from worker._scoring import ScoringDeps, StoreUnavailableError, score_batch
 from worker._settings import ModelRateLimit, SettingsError, load_settings
-from worker.store import DeadLetter, MemoryScoreStore
+from worker.store import DeadLetter, DeliveryLog, MemoryScoreStore, new_token
 
 
 def _dlq(redis_url: str) -> list[DeadLetter]:

@@ -3,8 +3,10 @@ implementation (shared by every worker and the CLI) and an in-memory twin (the e
 tests).
 
 - ``ScoreStore``: the exactly-once core — score records (the first writer wins), claims and
-  their owners (``claim`` takes over those of a dead local process), step checkpoints,
-  delivery counts.
+  their owners (``claim`` takes over those of a dead local process), step checkpoints.
+- ``DeliveryLog``: which deliveries of a queue message began and never ended (their process
+  died), so that a message that kills its workers is split and dead-lettered (Redis only: the
+  Celery task is its one user).
 - ``DeadLetters``: messages that could not be scored, one letter per queue message, counted by
   reason.
 - ``JobStats``: per-job counters and recent failures; a store's ``jobs`` are the statistics its
@@ -17,13 +19,16 @@ message back to the queue.
 
 from worker._reconnect import StoreUnavailableError
 from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters, SyncRedisDeadLetters, dead_letter_id
+from worker.store._deliveries import END_WAIT_S, DeliveryLog, new_token
 from worker.store._jobs import JobStats, RedisJobStats
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
 from worker.store._scores import RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
 
 __all__ = [
+    "END_WAIT_S",
     "DeadLetter",
     "DeadLetters",
+    "DeliveryLog",
     "JobStats",
     "MemoryDeadLetters",
     "MemoryJobStats",
@@ -37,5 +42,6 @@ __all__ = [
     "claim",
     "dead_letter_id",
     "delivery_owner",
+    "new_token",
     "process_owner",
 ]

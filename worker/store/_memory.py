@@ -70,7 +70,6 @@ class MemoryScoreStore:
         self._claims: dict[str, tuple[str, float]] = {}
         self._checkpoints: dict[str, ScoreResult] = {}
         self._by_trace: dict[str, list[str]] = defaultdict(list)
-        self._deliveries: dict[str, int] = {}
 
     @property
     def jobs(self) -> MemoryJobStats:
@@ -146,11 +145,6 @@ class MemoryScoreStore:
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]:
         with self._lock:
             return [self.records[s] for s in self._by_trace.get(trace_id, [])]
-
-    async def count_delivery(self, task_id: str, ttl_s: int) -> int:
-        with self._lock:
-            self._deliveries[task_id] = self._deliveries.get(task_id, 0) + 1
-            return self._deliveries[task_id]
 
     async def close(self) -> None:
         return None

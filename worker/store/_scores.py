@@ -1,4 +1,4 @@
-"""The exactly-once core: score records, claims, step checkpoints and delivery counts.
+"""The exactly-once core: score records, claims and step checkpoints.
 
 Recording a score is one atomic step (a Lua script in Redis, a lock in memory): the first writer
 wins, every later attempt learns it was a duplicate, so each score is recorded — and written
@@ -70,10 +70,6 @@ class ScoreStore(Protocol):
         ...
 
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]: ...
-
-    async def count_delivery(self, task_id: str, ttl_s: int) -> int:
-        """Count one more delivery of a queue message; returns the count so far (survives crashes)."""
-        ...
 
     async def close(self) -> None: ...
 
@@ -303,13 +299,6 @@ class RedisScoreStore:
         ids = sorted(await self._redis.client.smembers(_keys.trace_key(trace_id)))
         found = await self.existing(ids)
         return [found[s] for s in ids if s in found]
-
-    async def count_delivery(self, task_id: str, ttl_s: int) -> int:
-        async with self._redis.client.pipeline(transaction=True) as pipe:
-            pipe.incr(_keys.delivery_key(task_id))
-            pipe.expire(_keys.delivery_key(task_id), ttl_s)
-            count, _ = await pipe.execute()
-        return int(count)
 
     async def close(self) -> None:
         await self._redis.close()
