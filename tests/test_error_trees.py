@@ -105,6 +105,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         TracingError,
     )
     from worker._errors import (
+        LoopBlockedError,
         RegistryError,
         RunLimitError,
         SettingsError,
@@ -143,6 +144,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         UnknownScorerError: (UnknownScorerError("x", ["a"]), "config"),
         StoreUnavailableError: (StoreUnavailableError("m"), "retryable"),
         RunLimitError: (RunLimitError("m", error_type="timeout"), "timeout"),
+        LoopBlockedError: (LoopBlockedError(), "retryable"),
     }
 
 

@@ -10,14 +10,19 @@
     ├── StoreUnavailableError           Redis stayed unreachable through every
     │   (a celery Reject and a redis    reconnect: the message goes back to the
     │    ConnectionError)               queue                                      retryable
-    └── RunLimitError (ScorerError)     a run hit a limit: ``error_type`` timeout
-                                        or memory (final: it would do it again)    timeout | memory
+    ├── RunLimitError (ScorerError)     a run hit a limit: ``error_type`` timeout
+    │                                   or memory (final: it would do it again)    timeout | memory
+    └── LoopBlockedError                the loop watchdog's exception, raised into
+                                        the code blocking the loop: the run's
+                                        timeout where it was aimed, elsewhere a
+                                        run failed through no fault of its own     retryable
 
 ``category`` is the scorers' ``ErrorCategory``, decided per class here; a failed run's is its
 ``ScorerRunError.category`` (``scorers``: one status table shared with the judge's retries).
 The worker decides "retry this run later" by reading ``category`` only (``is_transient``).
 Redis errors are translated into ``StoreUnavailableError`` in one place, the reconnecting
-client (``worker._reconnect.unavailable_as_error``).
+client (``worker._reconnect.unavailable_as_error``). ``worker.cli.CliError`` is not part of this
+tree: it is how the command line shows any error (one line, an exit code).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
     from scorers.judge import ErrorCategory
 
 __all__ = [
+    "LoopBlockedError",
     "RegistryError",
     "RunLimitError",
     "SettingsError",
@@ -117,3 +123,19 @@ class RunLimitError(ScorerError, WorkerError):
     @property
     def category(self) -> ErrorCategory:
         return "memory" if self.error_type == "memory" else "timeout"
+
+
+class LoopBlockedError(WorkerError):
+    """Raised inside code that kept the worker's event loop busy past the run timeout.
+
+    It is raised asynchronously (a class, without arguments), so the message is fixed here.
+    Only in the task the watchdog targeted (``was_targeted``) is it the run's timeout; if the
+    step returned just before it fired, it may land in another run, which then failed through
+    no fault of its own: retryable."""
+
+    _category: ClassVar[ErrorCategory] = "retryable"
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(
+            *(args or ("the step kept the worker's event loop blocked past TRACESCORE_RUN_TIMEOUT_SECONDS",))
+        )

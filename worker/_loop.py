@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 
 import structlog
 
+from worker._errors import LoopBlockedError
+
 __all__ = [
     "WATCHDOG_GRACE_S",
     "LoopBlockedError",
@@ -49,22 +51,6 @@ HEARTBEAT_S = 0.2
 # After interrupting a blocked step, how long the watchdog waits for the loop to turn again
 # before it gives up on the process.
 WATCHDOG_GRACE_S = 3.0
-
-
-class LoopBlockedError(Exception):
-    """Raised inside code that kept the worker's event loop busy past the run timeout.
-
-    It is raised asynchronously (a class, without arguments), so the message is fixed here.
-    Only in the task the watchdog targeted (``was_targeted``) is it the run's timeout; if the
-    step returned just before it fired, it may land in another run, which then failed through
-    no fault of its own: retryable."""
-
-    category = "retryable"
-
-    def __init__(self, *args: object) -> None:
-        super().__init__(
-            *(args or ("the step kept the worker's event loop blocked past TRACESCORE_RUN_TIMEOUT_SECONDS",))
-        )
 
 
 class LoopThread:
