@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests._redis import RedisServer
-from worker._cli_backfill import _print_summary
+from worker.backfill import print_summary as _print_summary
 from worker._summary import Summary, percentile
 from worker.cli import cli
 

@@ -1,51 +1,26 @@
-"""``tracescore backfill``: re-score stored traces (files or Tempo), embedded or through Redis."""
+"""``tracescore backfill``: the click command over the backfill job (``worker.backfill``): it parses
+the options, opens the source and builds the job's state; the job does the rest."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-import resource
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
-from itertools import islice
 from pathlib import Path
-from types import FrameType
-from typing import IO, Any
 
 import click
 import structlog
-from pydantic_core import from_json
 
-from tracing import JsonlScoreWriter, OtlpScoreWriter, ScoreWriter, score_id_for
-from tracing.queue import ScoreBatch
-from tracing.sources import SourceError, TraceSource, open_source, source_from_description
-from worker._app import redact
-from worker._backfill import Backfill, Submitter
-from worker._backfill_progress import ProgressReporter, format_duration
-from worker._backfill_state import BackfillOptions, BackfillState, RedisJobStore, new_job_id
+import worker.backfill as job
+from tracing.sources import SourceError, open_source
 from worker._gc import tuned_gc
-from worker._keys import record_key
-from worker._registry import Registry, RegistryError, load_registry
-from worker._settings import Settings, SettingsError, load_settings
-from worker._summary import Summary, SummaryScoreWriter
+from worker.backfill import EXIT_WAIT_TIMEOUT, BackfillOptions, BackfillState, ProgressReporter, new_job_id
 from worker.cli import CliError
 
 __all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
-
-# Exit codes beyond the shared ones (README, "Exit codes"): 1 also means "nothing came out"
-# (every score failed, every line malformed); 3 means the workers were not done in time.
-EXIT_WAIT_TIMEOUT = 3
-
-
-class WaitTimeoutError(CliError):
-    exit_code = EXIT_WAIT_TIMEOUT
-
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -74,257 +49,12 @@ def parse_time(value: str, *, now: float | None = None) -> int:
     return int(parsed.timestamp() * 1e9)
 
 
-class _Fanout:
-    def __init__(self, writers: list[ScoreWriter]) -> None:
-        self.writers = writers
-
-    def write(self, records: Any) -> None:
-        for writer in self.writers:
-            writer.write(records)
-
-    def flush(self, timeout_s: float = 10.0) -> bool:
-        return all([w.flush(timeout_s) for w in self.writers])  # noqa: C419  (flush every writer)
-
-    def close(self) -> None:
-        for writer in self.writers:
-            writer.close()
-
-
-class _StopSignal:
-    """Ctrl-C / SIGTERM ask the job to stop at the next safe point (between input records or
-    batches), so no Redis or broker call is cut in half; a second signal stops at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def __call__(self) -> bool:
-        return self.requested
-
-    def handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        sys.stderr.write("\nstopping after the current batch (press Ctrl-C again to stop at once)\n")
-
-
-@contextmanager
-def _stop_on_signals() -> Iterator[_StopSignal]:
-    stop = _StopSignal()
-    try:
-        previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread: signals stay as they are
-        yield stop
-        return
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def _quiet_logs(verbose: bool) -> None:
     """The table and the progress bar are the output; logs only from warnings up (all with -v)."""
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
-
-
-def _settings(broker: str | None) -> Settings:
-    try:
-        return load_settings(broker_url=broker) if broker else load_settings()
-    except SettingsError as exc:
-        raise CliError(str(exc)) from exc
-
-
-def _load_registry(module: str) -> Registry:
-    try:
-        return load_registry(module)
-    except RegistryError as exc:
-        raise CliError(str(exc)) from exc
-
-
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, elapsed: float) -> dict[str, Any]:
-    counters = state.counters
-    failed = {k.split(":", 1)[1]: v for k, v in (progress or {}).items() if k.startswith("failed:")}
-    skipped_scores = {k.split(":", 1)[1]: v for k, v in (progress or {}).items() if k.startswith("skipped:")}
-    return {
-        "job_id": state.job_id,
-        "mode": mode,
-        "status": state.status,
-        "source": state.source_label,
-        "scorers": state.options.scorer_ids,
-        "traces_read": counters.traces_read,
-        "runs_read": counters.runs_read,
-        "runs_enqueued": counters.runs_enqueued,
-        "scores_expected": state.expected_scores,
-        "scored": (progress or {}).get("scored", 0),
-        "failed": (progress or {}).get("failed", 0),
-        "failed_by_reason": failed,
-        "scores_skipped": skipped_scores,
-        "traces_skipped": counters.skipped,
-        "traces_unreadable": counters.unreadable,
-        "malformed_lines": counters.malformed,
-        "malformed_where": counters.malformed_where[:10],
-        "evicted_traces": counters.evicted_traces,
-        # Counted by the assembler when a trace's root span came after its window had closed.
-        "late_roots": counters.late_roots,
-        # Runs refused before enqueueing, by reason (too_large: one run over the message cap).
-        "runs_rejected": dict(counters.runs_rejected),
-        "elapsed_s": round(elapsed, 3),
-        "reading_s": round(state.elapsed_s, 3),
-        # ru_maxrss is in KiB on Linux: the backfill process's own peak, whatever the source size.
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "cpu_s": round(_cpu_seconds(), 2),
-    }
-
-
-def _print_summary(summary: dict[str, Any]) -> None:
-    def by_reason(counts: dict[str, int]) -> str:
-        return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) if counts else ""
-
-    elapsed = summary["elapsed_s"]
-    reading = summary["reading_s"] or elapsed
-    rate = summary["traces_read"] / reading if reading else 0.0
-    lines = [
-        f"backfill {summary['job_id']} ({summary['mode']}): {summary['status']}",
-        f"  traces read       {summary['traces_read']:,}" + (f"   ({rate:,.0f}/s)" if summary["traces_read"] else ""),
-        f"  runs {'scored  ' if summary['mode'] == 'embedded' else 'enqueued'}     {summary['runs_enqueued']:,}"
-        f"  × {len(summary['scorers'])} scorers "
-        f"= {summary['scores_expected']:,} scores",
-        f"  scored            {summary['scored']:,}",
-        f"  failed            {summary['failed']:,}"
-        + (f"   ({by_reason(summary['failed_by_reason'])})" if summary["failed_by_reason"] else ""),
-    ]
-    skipped = summary["traces_skipped"]
-    if skipped:
-        lines.append(f"  traces skipped    {sum(skipped.values()):,}   ({by_reason(skipped)})")
-    if summary["scores_skipped"]:
-        lines.append(
-            f"  scores skipped    {sum(summary['scores_skipped'].values()):,}   "
-            f"({by_reason(summary['scores_skipped'])})"
-        )
-    unreadable = summary["traces_unreadable"]
-    if unreadable:
-        lines.append(f"  unreadable traces {sum(unreadable.values()):,}   ({by_reason(unreadable)})")
-    if summary["malformed_lines"]:
-        where = ", ".join(summary["malformed_where"][:5])
-        more = "…" if summary["malformed_lines"] > 5 else ""
-        lines.append(f"  malformed lines   {summary['malformed_lines']:,}   ({where}{more})")
-    if summary["evicted_traces"]:
-        lines.append(f"  traces released early (memory bound) {summary['evicted_traces']:,}")
-    if summary.get("late_roots"):
-        lines.append(
-            f"  late roots        {summary['late_roots']:,}   (root span arrived after the assembly window; "
-            "widen it with --window-spans / --window-files)"
-        )
-    if summary.get("runs_rejected"):
-        rejected = summary["runs_rejected"]
-        lines.append(
-            f"  runs rejected     {sum(rejected.values()):,}   ({by_reason(rejected)}; a run larger than "
-            "TRACESCORE_MAX_PAYLOAD_BYTES cannot be sent to the workers)"
-        )
-    lines.append(f"  elapsed           {format_duration(elapsed)} ({elapsed:.2f}s)")
-    click.echo("\n".join(lines), err=True)
-
-
-class _Enqueued:
-    """The runs this process enqueued (trace, span, agent, scorer ids), so the workers' score
-    records can be read back by their deterministic ids for the per-scorer summary."""
-
-    def __init__(self) -> None:
-        self.runs: list[tuple[str, str, str, tuple[str, ...]]] = []
-        # One tuple of scorer ids and one string per agent name, shared by every run.
-        self._ids: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self._agents: dict[str, str] = {}
-
-    def __call__(self, batch: ScoreBatch) -> None:
-        for request in batch.requests:
-            ids = tuple(request.scorer_ids)
-            ids = self._ids.setdefault(ids, ids)
-            agent = request.agent_label
-            agent = self._agents.setdefault(agent, agent)
-            self.runs.append((request.trace_id, request.span_id, agent, ids))
-
-    def summary(
-        self, store: Any, registry: Registry, scorer_ids: list[str], worst: int, out: IO[str] | None = None
-    ) -> Summary:
-        """Read the records (MGET in chunks; only the fields the summary shows are parsed);
-        ``out`` gets each record's JSON as one line."""
-        summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
-        versions = {s: registry[s].version for s in scorer_ids if s in registry}
-        wanted = (
-            (record_key(score_id_for(trace_id, span_id, scorer_id, versions[scorer_id])), agent)
-            for trace_id, span_id, agent, ids in self.runs
-            for scorer_id in ids
-            if scorer_id in versions
-        )
-        while chunk := list(islice(wanted, 1000)):
-            for (_, agent), raw in zip(chunk, store.mget([k for k, _ in chunk]), strict=True):
-                if not raw:
-                    continue  # not scored (yet), or skipped
-                if out is not None:
-                    out.write(raw + "\n")
-                record = from_json(raw)  # pydantic-core's parser: the read-back is mostly parsing
-                summary.add(
-                    record["scorer_id"],
-                    run=record["trace_id"],
-                    label=agent,
-                    score=record.get("score"),
-                    reason=record.get("reason"),
-                    error_type=record.get("error_type"),
-                    error_message=record.get("error_message"),
-                    not_scorable=record.get("not_scorable"),
-                )
-        return summary
-
-
-def _check_outcome(summary: dict[str, Any]) -> None:
-    """Exit non-zero when nothing useful came out, after the summary was printed."""
-    if summary["malformed_lines"] and not summary["traces_read"]:
-        raise CliError(
-            f"every input line was malformed ({summary['malformed_lines']:,}; first at "
-            f"{(summary['malformed_where'] or ['?'])[0]}): is this OTLP JSON / protobuf?"
-        )
-    if summary.get("failed") and not summary.get("scored"):
-        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary["failed_by_reason"].items()))
-        raise CliError(f"every score failed ({summary['failed']:,}{'; ' + reasons if reasons else ''})")
-
-
-def _wait_for_workers(
-    submitter: Submitter,
-    state: BackfillState,
-    reporter: ProgressReporter,
-    timeout_s: float | None,
-    should_stop: Callable[[], bool] = lambda: False,
-) -> dict[str, int]:
-    expected = state.expected_scores
-    started = time.monotonic()
-    reporter.start("scoring")
-    progress = submitter.progress(state.job_id)
-    while True:
-        done = progress.get("scored", 0) + progress.get("failed", 0) + progress.get("skipped", 0)
-        reporter.update(
-            "scoring",
-            done,
-            "scores",
-            (done / expected) if expected else 1.0,
-            extra=f"of {expected:,}; queue {submitter.pending()}",
-        )
-        if done >= expected and submitter.pending() == 0:
-            return progress
-        if timeout_s is not None and time.monotonic() - started > timeout_s:
-            reporter.message(f"stopped waiting after {timeout_s:.0f}s: {done:,} of {expected:,} scores done")
-            return progress
-        time.sleep(0.25)
-        if should_stop():
-            raise KeyboardInterrupt
-        progress = submitter.progress(state.job_id)
 
 
 @click.command("backfill")
@@ -453,7 +183,7 @@ def backfill_command(
     if resume_id:
         if not broker:
             raise CliError("--resume needs the Redis the job ran with: pass --broker URL or set TRACESCORE_BROKER_URL")
-        _resume(
+        job.resume(
             resume_id,
             broker,
             reporter,
@@ -467,7 +197,7 @@ def backfill_command(
         raise CliError("give a source (trace files, a directory, or tempo+http://HOST:3200), or --resume JOB_ID")
     if not module:
         raise CliError("give the scorers with --scorers my.module (the module that defines them)")
-    registry = _load_registry(module)
+    registry = job.load_scorers(module)
     unknown = [s for s in only if s not in registry]
     if unknown:
         raise CliError(f"unknown scorer id(s) {', '.join(unknown)}; {module} has: {', '.join(registry)}")
@@ -494,10 +224,10 @@ def backfill_command(
 
     if dry_run:
         with tuned_gc():
-            _dry_run(source, state, reporter, as_json)
+            job.dry_run(source, state, reporter, as_json)
         return
     with tuned_gc():
-        _start(
+        job.start(
             source,
             state,
             registry,
@@ -514,303 +244,3 @@ def backfill_command(
         )
 
 
-def _start(
-    source: TraceSource,
-    state: BackfillState,
-    registry: Registry,
-    reporter: ProgressReporter,
-    broker: str | None,
-    *,
-    no_wait: bool,
-    wait_timeout: float | None,
-    high_water: int,
-    as_json: bool,
-    out: Path | None,
-    otlp: bool,
-    show_table: bool,
-    worst: int,
-) -> None:
-    if broker:
-        _run_redis(
-            source,
-            state,
-            _settings(broker),
-            reporter,
-            no_wait=no_wait,
-            wait_timeout=wait_timeout,
-            high_water=high_water,
-            as_json=as_json,
-            registry=registry,
-            worst=worst,
-            out=out,
-        )
-    else:
-        _run_embedded(
-            source,
-            state,
-            registry,
-            reporter,
-            out=out,
-            otlp=otlp,
-            as_json=as_json,
-            show_table=show_table,
-            worst=worst,
-        )
-
-
-def _dry_run(source: TraceSource, state: BackfillState, reporter: ProgressReporter, as_json: bool) -> None:
-    reporter.message(f"dry run: reading {state.source_label}; nothing is scored")
-    started = time.monotonic()
-    Backfill(source, state, None, reporter=reporter).run()
-    reporter.close()
-    summary = _summary(state, "dry-run", None, time.monotonic() - started)
-    summary["runs_to_score"] = state.counters.runs_read
-    summary["scores_to_compute"] = state.counters.runs_read * len(state.options.scorer_ids)
-    if as_json:
-        click.echo(json.dumps(summary))
-        _check_outcome(summary)
-        return
-    counters = state.counters
-    click.echo(
-        f"would score {counters.runs_read:,} runs from {counters.traces_read:,} traces "
-        f"with {len(state.options.scorer_ids)} scorers ({', '.join(state.options.scorer_ids)}): "
-        f"{summary['scores_to_compute']:,} scores"
-    )
-    if counters.skipped:
-        click.echo("skipped traces: " + ", ".join(f"{k}: {v}" for k, v in sorted(counters.skipped.items())))
-    if counters.unreadable:
-        click.echo("unreadable traces: " + ", ".join(f"{k}: {v}" for k, v in sorted(counters.unreadable.items())))
-    if counters.malformed:
-        click.echo(f"malformed lines: {counters.malformed} ({', '.join(counters.malformed_where[:5])})")
-    if summary["late_roots"]:
-        click.echo(
-            f"late roots: {summary['late_roots']} (root span arrived after the assembly window; "
-            "widen it with --window-spans / --window-files)"
-        )
-    _check_outcome(summary)
-
-
-def _run_embedded(
-    source: TraceSource,
-    state: BackfillState,
-    registry: Registry,
-    reporter: ProgressReporter,
-    *,
-    out: Path | None,
-    otlp: bool,
-    as_json: bool,
-    show_table: bool = False,
-    worst: int = 3,
-) -> None:
-    from worker._embedded import EmbeddedScorer, TableScoreWriter, cli_limits
-
-    agents: dict[str, str] = {}
-    by_scorer = Summary({s: registry[s] for s in state.options.scorer_ids}, worst_n=worst)
-    writers: list[ScoreWriter] = [SummaryScoreWriter(by_scorer, agents)]
-    if out is not None:
-        writers.append(JsonlScoreWriter(out))
-    if show_table:
-        writers.append(TableScoreWriter(sys.stdout, agents=agents, before_write=reporter.clear))
-    if otlp:
-        writers.append(OtlpScoreWriter())
-    scorer = EmbeddedScorer(
-        {s: registry[s] for s in state.options.scorer_ids},
-        _Fanout(writers) if writers else None,
-        agents=agents,
-        run_timeout_s=cli_limits(_settings(None)),  # the worker's run timeout and memory cap
-    )
-    reporter.message(
-        f"backfill {state.job_id}: embedded mode (no broker configured: scoring in this process; "
-        f"set --broker or TRACESCORE_BROKER_URL to use Redis workers)"
-    )
-    reporter.message(f"reading {state.source_label}; scorers: {', '.join(state.options.scorer_ids)}")
-    started = time.monotonic()
-    interrupted = False
-    try:
-        with _stop_on_signals() as stop:
-            Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run()
-        state.status = "finished"
-    except KeyboardInterrupt:
-        interrupted = True
-        state.status = "interrupted"
-    finally:
-        progress = scorer.progress(state.job_id)
-        scorer.close()
-        reporter.close()
-    summary = _summary(state, "embedded", progress, time.monotonic() - started)
-    summary["by_scorer"] = by_scorer.as_json()
-    if out is not None:
-        summary["out"] = str(out)
-    if as_json:
-        click.echo(json.dumps(summary))
-    _print_summary(summary)
-    if out is not None:
-        click.echo(f"  scores written to {out} (compare two runs: tracescore compare OLD.jsonl {out})", err=True)
-    # The picture per scorer is the output (stdout); the job's counts above are the footer.
-    click.echo(
-        "\n"
-        + by_scorer.render(
-            title=f"scores by scorer ({state.counters.runs_enqueued:,} runs)",
-            hint="every score as a row: --table · every record to a file: --out scores.jsonl · "
-            "two versions side by side: tracescore compare OLD.jsonl NEW.jsonl",
-        ),
-        err=as_json,
-    )
-    if interrupted:
-        click.echo("interrupted (embedded jobs keep no state: run the command again to start over)", err=True)
-        raise SystemExit(130)
-    _check_outcome(summary)
-
-
-def _run_redis(
-    source: TraceSource,
-    state: BackfillState,
-    settings: Settings,
-    reporter: ProgressReporter,
-    *,
-    no_wait: bool,
-    wait_timeout: float | None,
-    high_water: int,
-    as_json: bool,
-    resumed: bool = False,
-    registry: Registry | None = None,
-    worst: int = 3,
-    out: Path | None = None,
-) -> None:
-    import redis
-
-    from worker._backfill_submit import RedisSubmitter
-
-    submitter = RedisSubmitter(settings, high_water=high_water)
-    try:
-        submitter.ping()
-    except redis.exceptions.RedisError as exc:
-        submitter.close()
-        raise CliError(f"cannot reach Redis at {redact(settings.broker_url)}: {exc}") from exc
-    job_store = RedisJobStore(submitter.store)
-    verb = "resuming" if resumed else "starting"
-    reporter.message(
-        f"backfill {state.job_id}: {verb} in Redis mode (broker {redact(settings.broker_url)}, "
-        f"queue {settings.queue!r}; workers: tracescore worker --scorers {state.options.scorers_module})"
-    )
-    reporter.message(f"reading {state.source_label}; scorers: {', '.join(state.options.scorer_ids)}")
-    if not resumed:
-        job_store.save(state)  # resumable from the first moment, even if killed before a batch
-    started = time.monotonic()
-    enqueued = _Enqueued()
-    backfill = Backfill(
-        source, state, submitter, job_store=job_store, reporter=reporter, resumed=resumed, on_batch=enqueued
-    )
-    progress: dict[str, int] | None = None
-    try:
-        with _stop_on_signals() as stop:
-            backfill.should_stop = stop
-            submitter.should_stop = stop
-            if state.status in ("reading", "interrupted"):
-                state.status = "reading"
-                backfill.run()
-            if not no_wait:
-                progress = _wait_for_workers(submitter, state, reporter, wait_timeout, stop)
-                expected = state.expected_scores
-                done = sum(progress.get(k, 0) for k in ("scored", "failed", "skipped"))
-                if done >= expected:
-                    state.status = "finished"
-                    job_store.save(state)
-    except KeyboardInterrupt:
-        reporter.close()
-        backfill.interrupted()
-        click.echo(
-            f"interrupted; nothing enqueued is lost. Resume with: tracescore backfill --resume {state.job_id}"
-            + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}"),
-            err=True,
-        )
-        submitter.close()
-        raise SystemExit(130) from None
-    except BaseException:
-        submitter.close()
-        raise
-    finally:
-        reporter.close()
-    if progress is None:
-        progress = submitter.progress(state.job_id)
-    elapsed = time.monotonic() - started
-    by_scorer: Summary | None = None
-    if not no_wait and registry is not None and enqueued.runs:
-        try:
-            with ExitStack() as closing:
-                out_file = closing.enter_context(out.open("w", encoding="utf-8")) if out is not None else None
-                by_scorer = enqueued.summary(submitter.store, registry, state.options.scorer_ids, worst, out_file)
-        except OSError as exc:
-            click.echo(f"  cannot write --out {out}: {exc.strerror or exc}", err=True)
-        except redis.exceptions.RedisError as exc:
-            click.echo(f"  per-scorer summary unavailable: cannot read the scores back ({exc})", err=True)
-    submitter.close()
-    summary = _summary(state, "redis", progress, elapsed)
-    summary["throttled_s"] = round(submitter.throttled_s, 3)
-    if by_scorer is not None:
-        summary["by_scorer"] = by_scorer.as_json()
-    if as_json:
-        click.echo(json.dumps(summary))
-    _print_summary(summary)
-    if by_scorer is not None:
-        partial = " so far" if state.status != "finished" else ""
-        earlier = " (this run's part of a resumed job)" if resumed else ""
-        click.echo(
-            "\n" + by_scorer.render(title=f"scores by scorer{partial}{earlier} ({len(enqueued.runs):,} runs)"),
-            err=as_json,
-        )
-    if no_wait and state.status == "enqueued":
-        click.echo(
-            f"  enqueued; the workers score it. Follow with: tracescore backfill --resume {state.job_id}", err=True
-        )
-    _check_outcome(summary)
-    if not no_wait and wait_timeout is not None and state.status != "finished":
-        raise WaitTimeoutError(
-            f"--wait-timeout {wait_timeout:g}s expired before the workers finished; the job goes on: "
-            f"follow it with tracescore backfill --resume {state.job_id}"
-        )
-
-
-def _resume(
-    job_id: str,
-    broker: str,
-    reporter: ProgressReporter,
-    *,
-    no_wait: bool,
-    wait_timeout: float | None,
-    high_water: int,
-    as_json: bool,
-) -> None:
-    import redis
-
-    settings = _settings(broker)
-    client = redis.Redis.from_url(settings.store_url, decode_responses=True)
-    try:
-        state = RedisJobStore(client).load(job_id)
-    except redis.exceptions.RedisError as exc:
-        raise CliError(f"cannot reach Redis at {redact(settings.store_url)}: {exc}") from exc
-    finally:
-        client.close()
-    if state is None:
-        raise CliError(f"no backfill job {job_id!r} in {redact(settings.store_url)} (job state expires after 7 days)")
-    registry = _load_registry(state.options.scorers_module)
-    missing = [s for s in state.options.scorer_ids if s not in registry]
-    if missing:
-        raise CliError(f"{state.options.scorers_module} no longer defines scorer(s) {', '.join(missing)}")
-    try:
-        source = source_from_description(state.source)
-    except SourceError as exc:
-        raise CliError(f"cannot reopen the job's source: {exc}") from exc
-    with tuned_gc():
-        _run_redis(
-            source,
-            state,
-            settings,
-            reporter,
-            no_wait=no_wait,
-            wait_timeout=wait_timeout,
-            high_water=high_water,
-            as_json=as_json,
-            resumed=True,
-            registry=registry,
-        )

@@ -13,9 +13,9 @@ from pathlib import Path
 from tests.backfill._synth import trace_spans
 from tracing.queue import MESSAGE_ENVELOPE_BYTES, ScoreBatch
 from tracing.sources import FileSource
-from worker._backfill import Backfill
-from worker._backfill_progress import ProgressReporter
-from worker._backfill_state import BackfillOptions, BackfillState
+from worker.backfill._driver import Backfill
+from worker.backfill._progress import ProgressReporter
+from worker.backfill._state import BackfillOptions, BackfillState
 
 
 def big_trace_line(i: int, answer_bytes: int = 0) -> str:

@@ -14,9 +14,9 @@ from typing import Any
 from tests.backfill._synth import trace_id, trace_spans
 from tracing.otlp import decode_otlp_records
 from tracing.sources import FileSource, Position, TraceAssembler
-from worker._backfill import Backfill
-from worker._backfill_progress import ProgressReporter
-from worker._backfill_state import BackfillOptions, BackfillState
+from worker.backfill._driver import Backfill
+from worker.backfill._progress import ProgressReporter
+from worker.backfill._state import BackfillOptions, BackfillState
 
 
 def _line(spans: list[dict[str, Any]]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import time
 
-from worker._backfill_progress import ProgressReporter, format_duration
+from worker.backfill._progress import ProgressReporter, format_duration
 
 
 class _Tty(io.StringIO):

@@ -247,8 +247,8 @@ def test_a_tempo_trace_over_the_cap_is_malformed_and_not_read_whole(monkeypatch:
 def test_backfill_counts_bad_lines_and_scores_every_good_trace(tmp_path: Path) -> None:
     """Through the driver (dry run): the bad lines are counted with file:line, nothing else is
     lost (a RecursionError used to end the whole job, losing the traces assembled so far)."""
-    from worker._backfill import Backfill
-    from worker._backfill_state import BackfillOptions, BackfillState
+    from worker.backfill._driver import Backfill
+    from worker.backfill._state import BackfillOptions, BackfillState
 
     path = tmp_path / "t.jsonl"
     path.write_bytes(

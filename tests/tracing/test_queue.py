@@ -24,8 +24,8 @@ from tracing.otlp import decode_otlp_json, decode_otlp_records
 from tracing.queue import Backpressure, ScoreBatch, ScoreRequest, task_message
 from tracing.read import loop_guard
 from tracing.sources import FileSource
-from worker._backfill import Backfill
-from worker._backfill_state import BackfillOptions, BackfillState
+from worker.backfill._driver import Backfill
+from worker.backfill._state import BackfillOptions, BackfillState
 
 QUEUE = "tracescore-queue-test"
 DB = 4
@@ -157,7 +157,7 @@ def test_backpressure_wait_ends_on_a_stop() -> None:
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
 def test_exporter_sink_and_backfill_submitter_publish_the_same_message(redis_server: RedisServer) -> None:
     """CelerySink and RedisSubmitter go through one publisher: same body, same headers."""
-    from worker._backfill_submit import RedisSubmitter
+    from worker.backfill._submit import RedisSubmitter
     from worker._settings import load_settings
 
     client = redis_server.client(DB)

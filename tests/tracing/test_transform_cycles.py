@@ -98,8 +98,8 @@ def _probe(entry: str, shape: str, workdir: str) -> dict[str, Any]:
 def _probe_backfill(spans: list[Any], shape: str, workdir: Path) -> dict[str, Any]:
     """A dry-run backfill of a file holding the cyclic trace between two good ones."""
     from tracing.sources import FileSource
-    from worker._backfill import Backfill
-    from worker._backfill_state import BackfillOptions, BackfillState
+    from worker.backfill._driver import Backfill
+    from worker.backfill._state import BackfillOptions, BackfillState
 
     path = workdir / f"cycle-{shape}.jsonl"
     good_before, good_after = trace_spans(1), trace_spans(2)

@@ -44,8 +44,8 @@ from tracing.sources import (
     TraceSource,
     UnitEnd,
 )
-from worker._backfill_progress import ProgressReporter
-from worker._backfill_state import BackfillState, RedisJobStore
+from worker.backfill._progress import ProgressReporter
+from worker.backfill._state import BackfillState, RedisJobStore
 
 __all__ = ["Backfill", "Submitter", "trace_start_ns"]
 
