@@ -7,24 +7,13 @@ import datetime as dt
 import json
 
 import click
-from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from tracing import CelerySink
 from tracing._broker import redact
-from tracing.queue import ScoreBatch
-from worker._settings import Settings
+from worker._admin import dead_letters, requeue_dead_letters
 from worker.cli._common import CliError, broker_option, cli_settings, json_option
-from worker.store import DeadLetter, RedisDeadLetters
 
 __all__ = ["dlq_group"]
-
-
-async def _list(store: RedisDeadLetters, limit: int) -> tuple[int, list[DeadLetter]]:
-    try:
-        return await store.size(), await store.latest(limit)
-    finally:
-        await store.close()
 
 
 @click.group("dlq")
@@ -51,11 +40,11 @@ def dlq_list(broker: str | None, limit: int, as_json: bool) -> None:
       tracescore dlq list --limit 10
       tracescore dlq list --json --broker redis://:PASSWORD@redis:6379/0
     """
-    store = RedisDeadLetters(cli_settings(broker).store_url)
+    settings = cli_settings(broker)
     try:
-        total, letters = asyncio.run(_list(store, limit))
+        total, letters = asyncio.run(dead_letters(settings, limit))
     except (RedisError, OSError) as exc:
-        raise CliError(f"cannot reach the score store at {redact(store.url)}: {redact(str(exc))}") from exc
+        raise CliError(f"cannot reach the score store at {redact(settings.store_url)}: {redact(str(exc))}") from exc
     if as_json:
         for letter in letters:
             click.echo(letter.model_dump_json())
@@ -68,44 +57,6 @@ def dlq_list(broker: str | None, limit: int, as_json: bool) -> None:
         click.echo(f"{d.id}  {when}  {d.reason}{retry}  batch={d.batch_id or '-'}  attempts={d.attempts}{runs}")
         if d.error:
             click.echo(f"    {' '.join(d.error.split())[:160]}")
-
-
-async def _retry(
-    settings: Settings, store: RedisDeadLetters, ids: list[str] | None
-) -> tuple[list[DeadLetter], list[str]]:
-    sink = CelerySink(settings.broker_url, queue=settings.queue)
-    requeued: list[DeadLetter] = []
-    problems: list[str] = []
-    try:
-        listed = {d.id: d for d in await store.latest(limit=1_000_000)}
-        if ids is None:
-            ids = list(listed)
-        for letter_id in ids:
-            letter = listed.get(letter_id)
-            if letter is None:
-                problems.append(f"{letter_id}: no such dead letter (see `tracescore dlq list`)")
-                continue
-            if not letter.retryable or letter.payload is None:
-                problems.append(f"{letter_id}: not retryable ({letter.reason}); fix the producer instead")
-                continue
-            try:
-                batch = ScoreBatch.model_validate(letter.payload)
-            except ValidationError as exc:
-                problems.append(f"{letter_id}: the stored message is not a valid ScoreBatch: {exc.errors()[0]['msg']}")
-                continue
-            try:
-                sink.send(batch)
-            except Exception as exc:
-                problems.append(f"{letter_id}: could not requeue: {type(exc).__name__}: {redact(str(exc))}")
-                continue
-            # Removed only once sent: interrupted before this, the letter stays listed (a later
-            # retry sends it again, which the idempotent score ids make harmless), never lost.
-            await store.take(letter_id)
-            requeued.append(letter)
-    finally:
-        sink.close()
-        await store.close()
-    return requeued, problems
 
 
 @dlq_group.command("retry")
@@ -126,11 +77,13 @@ def dlq_retry(broker: str | None, ids: tuple[str, ...], retry_all: bool, as_json
     if bool(ids) == retry_all:
         raise CliError("give dead letter ID(s) or --all (not both)")
     settings = cli_settings(broker)
-    store = RedisDeadLetters(settings.store_url)
     try:
-        requeued, problems = asyncio.run(_retry(settings, store, None if retry_all else list(ids)))
+        requeued, problems = asyncio.run(requeue_dead_letters(settings, None if retry_all else list(ids)))
     except (RedisError, OSError) as exc:
-        raise CliError(f"cannot reach the broker/store at {redact(store.url)}: {redact(str(exc))}") from exc
+        raise CliError(
+            f"cannot reach the broker/store at {redact(settings.broker_url)} / {redact(settings.store_url)}: "
+            f"{redact(str(exc))}"
+        ) from exc
     if as_json:
         click.echo(json.dumps({"requeued": [letter.id for letter in requeued], "problems": problems}))
     for letter in [] if as_json else requeued:

@@ -10,73 +10,27 @@ import json
 from typing import Any
 
 import click
-import redis
 from redis.exceptions import RedisError
 
 from tracing._broker import redact
-from worker._limiter import RedisRateLimiter
+from worker._admin import broker_status, store_status
 from worker._settings import Settings
 from worker.cli._common import CliError, broker_option, cli_settings, json_option
-from worker.store import RedisDeadLetters, RedisJobStats
 
 __all__ = ["collect_status", "status_command"]
 
 
-async def _store_status(url: str, limits: Any) -> dict[str, Any]:
-    letters, jobs = RedisDeadLetters(url), RedisJobStats(url)
-    limiter = RedisRateLimiter(url, limits)
-    try:
-        return {
-            "dead_letters": await letters.size(),
-            "dead_letters_by_reason": await letters.counts(),
-            "recent_failures": await jobs.recent_failures(),
-            "rate_limits": await limiter.state(),
-        }
-    finally:
-        await letters.close()
-        await jobs.close()
-        await limiter.close()
-
-
 def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) -> dict[str, Any]:
     """Everything ``tracescore status`` shows, for ``settings`` (default: ``TRACESCORE_*``);
-    raises ``CliError`` if the broker is unreachable."""
+    raises ``CliError`` naming the server that cannot be reached."""
     if settings is None:
         settings = cli_settings()
-    tls = settings.tls.redis_kwargs(settings.broker_url)  # rediss:// verifies, as the workers do
-    broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=2, socket_timeout=2, **tls)
     try:
-        broker.ping()
-        depth = int(broker.llen(settings.queue))
-        unacked = int(broker.hlen("unacked"))
+        status = broker_status(settings, ping_timeout)
     except (RedisError, OSError) as exc:
         raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {redact(str(exc))}") from exc
-    finally:
-        broker.close()
-    from celery import Celery
-
-    # A throwaway app on exactly this broker, for the control channel (worker pings).
-    control = Celery("tracescore-status", broker=settings.broker_url, set_as_current=False)
-    control.conf.update(
-        accept_content=["json"],
-        broker_connection_retry_on_startup=False,
-        broker_use_ssl=settings.tls.kombu_ssl(settings.broker_url),
-    )
     try:
-        replies = control.control.inspect(timeout=ping_timeout).ping() or {}
-    except Exception as exc:
-        raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {redact(str(exc))}") from exc
-    finally:
-        control.close()
-    status: dict[str, Any] = {
-        "broker": redact(settings.broker_url),
-        "queue": settings.queue,
-        "queue_depth": depth,
-        "unacked": unacked,
-        "workers": sorted(replies),
-    }
-    try:
-        status.update(asyncio.run(_store_status(settings.store_url, settings.rate_limit)))
+        status.update(asyncio.run(store_status(settings)))
     except (RedisError, OSError) as exc:
         raise CliError(f"score store unreachable at {redact(settings.store_url)}: {redact(str(exc))}") from exc
     return status

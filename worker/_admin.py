@@ -1,0 +1,119 @@
+"""What the operator's commands read and change, for one ``Settings``: the queue's status
+(``tracescore status``) and the dead letters (``tracescore dlq list|retry``).
+
+A server that cannot be reached raises ``redis.RedisError`` or ``OSError`` (``ConnectionError``
+for the worker ping); the command line says which server, in one line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+
+from tracing import CelerySink
+from tracing._broker import redact
+from tracing.queue import ScoreBatch
+from worker._limiter import RedisRateLimiter
+from worker._settings import Settings
+from worker.store import DeadLetter, RedisDeadLetters, RedisJobStats
+
+__all__ = ["broker_status", "dead_letters", "requeue_dead_letters", "store_status"]
+
+
+def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, Any]:
+    """The broker's side: queue depth, unacked deliveries, the workers that answer a ping."""
+    tls = settings.tls.redis_kwargs(settings.broker_url)  # rediss:// verifies, as the workers do
+    broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=2, socket_timeout=2, **tls)
+    try:
+        broker.ping()
+        depth = int(broker.llen(settings.queue))
+        unacked = int(broker.hlen("unacked"))
+    finally:
+        broker.close()
+    from celery import Celery
+
+    # A throwaway app on exactly this broker, for the control channel (worker pings).
+    control = Celery("tracescore-status", broker=settings.broker_url, set_as_current=False)
+    control.conf.update(
+        accept_content=["json"],
+        broker_connection_retry_on_startup=False,
+        broker_use_ssl=settings.tls.kombu_ssl(settings.broker_url),
+    )
+    try:
+        replies = control.control.inspect(timeout=ping_timeout).ping() or {}
+    except Exception as exc:  # kombu's errors vary by transport: each means the ping got no answer
+        raise ConnectionError(f"worker ping failed: {type(exc).__name__}: {redact(str(exc))}") from exc
+    finally:
+        control.close()
+    return {
+        "broker": redact(settings.broker_url),
+        "queue": settings.queue,
+        "queue_depth": depth,
+        "unacked": unacked,
+        "workers": sorted(replies),
+    }
+
+
+async def store_status(settings: Settings) -> dict[str, Any]:
+    """The score store's side: dead letters by reason, failures of the last hour, rate limits."""
+    letters, jobs = RedisDeadLetters(settings.store_url), RedisJobStats(settings.store_url)
+    limiter = RedisRateLimiter(settings.store_url, settings.rate_limit)
+    try:
+        return {
+            "dead_letters": await letters.size(),
+            "dead_letters_by_reason": await letters.counts(),
+            "recent_failures": await jobs.recent_failures(),
+            "rate_limits": await limiter.state(),
+        }
+    finally:
+        await letters.close()
+        await jobs.close()
+        await limiter.close()
+
+
+async def dead_letters(settings: Settings, limit: int) -> tuple[int, list[DeadLetter]]:
+    """How many dead letters there are, and the newest ``limit`` of them."""
+    store = RedisDeadLetters(settings.store_url)
+    try:
+        return await store.size(), await store.latest(limit)
+    finally:
+        await store.close()
+
+
+async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tuple[list[DeadLetter], list[str]]:
+    """Send the dead letters ``ids`` (``None``: every one) back to the scoring queue; returns the
+    letters requeued and one line per letter that was not (and why)."""
+    store = RedisDeadLetters(settings.store_url)
+    sink = CelerySink(settings.broker_url, queue=settings.queue)
+    requeued: list[DeadLetter] = []
+    problems: list[str] = []
+    try:
+        listed = {d.id: d for d in await store.latest(limit=1_000_000)}
+        for letter_id in list(listed) if ids is None else ids:
+            letter = listed.get(letter_id)
+            if letter is None:
+                problems.append(f"{letter_id}: no such dead letter (see `tracescore dlq list`)")
+                continue
+            if not letter.retryable or letter.payload is None:
+                problems.append(f"{letter_id}: not retryable ({letter.reason}); fix the producer instead")
+                continue
+            try:
+                batch = ScoreBatch.model_validate(letter.payload)
+            except ValidationError as exc:
+                problems.append(f"{letter_id}: the stored message is not a valid ScoreBatch: {exc.errors()[0]['msg']}")
+                continue
+            try:
+                sink.send(batch)
+            except Exception as exc:
+                problems.append(f"{letter_id}: could not requeue: {type(exc).__name__}: {redact(str(exc))}")
+                continue
+            # Removed only once sent: interrupted before this, the letter stays listed (a later
+            # retry sends it again, which the idempotent score ids make harmless), never lost.
+            await store.take(letter_id)
+            requeued.append(letter)
+    finally:
+        sink.close()
+        await store.close()
+    return requeued, problems
