@@ -3,7 +3,7 @@
 Pure Python, pydantic and the judge SDKs; imports neither celery nor opentelemetry.
 """
 
-from scorers._errors import RunInputError, ScorerConfigError, ScorerError, ScorerRunError
+from scorers._errors import RunInputError, ScorerConfigError, ScorerError, ScorerRunError, category_of
 from scorers._filter import filter_run
 from scorers._not_scorable import NotScorable, not_scorable
 from scorers._result import JudgeAttempt, JudgeExecution, JudgeUsage, ScoreResult, StepName
@@ -30,6 +30,7 @@ __all__ = [
     "ScorerType",
     "StepName",
     "StepResults",
+    "category_of",
     "create_scorer",
     "filter_run",
     "not_scorable",

@@ -76,11 +76,24 @@ def category_of(exc: BaseException) -> ErrorCategory:
         by_status = category_for_status(status)
         if by_status != "unknown":
             return by_status
-    if isinstance(exc, TimeoutError | ConnectionError):
+    if isinstance(exc, TimeoutError | ConnectionError) or _is_network_error(type(exc)):
         return "retryable"
     if isinstance(exc, MemoryError):
         return "memory"
     return "internal"
+
+
+# A step's own client library (redis-py, requests, httpx, aiohttp, ...) has connection and timeout
+# errors that are not the builtin ones; scorers/ cannot import those libraries, so they are known
+# by the names in their class hierarchy.
+_NETWORK_ERROR_NAMES = frozenset(
+    {"ConnectionError", "ConnectError", "TimeoutError", "Timeout", "ConnectTimeout", "ReadTimeout",
+     "PoolTimeout", "ServerDisconnectedError", "ClientConnectionError", "RemoteProtocolError"}
+)  # fmt: skip
+
+
+def _is_network_error(cls: type[BaseException]) -> bool:
+    return any(base.__name__ in _NETWORK_ERROR_NAMES for base in cls.__mro__)
 
 
 class ScorerError(Exception):

@@ -402,3 +402,20 @@ def test_run_limits_and_bugs_are_final() -> None:
     assert is_transient(_failed(TimeoutError()))
     assert is_transient(_failed(ConnectionResetError()))
     assert not is_transient(None)
+
+
+def test_a_steps_own_network_errors_are_retryable_whatever_library_raised_them() -> None:
+    """A scorer step's own client errors (redis-py, requests/httpx-style) are worth another
+    delivery, as they were before the error trees; a plain bug is not."""
+    import redis.exceptions
+
+    from worker._errors import is_transient
+
+    class ConnectTimeout(Exception):  # the shape of httpx.ConnectTimeout / requests.ConnectTimeout
+        pass
+
+    assert is_transient(redis.exceptions.ConnectionError("Connection closed by server."))
+    assert is_transient(redis.exceptions.TimeoutError("Timeout reading from socket"))
+    assert is_transient(ConnectTimeout("timed out"))
+    assert not is_transient(ValueError("not a network problem"))
+    assert not is_transient(redis.exceptions.ResponseError("WRONGTYPE"))

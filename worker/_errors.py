@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from celery.exceptions import Reject
 from redis import exceptions as redis_errors
 
-from scorers import ScorerError, ScoreResult
+from scorers import ScorerError, ScoreResult, category_of
 
 if TYPE_CHECKING:
     from scorers.judge import ErrorCategory
@@ -53,7 +53,7 @@ __all__ = [
 def is_transient(exc: BaseException | None) -> bool:
     """Worth another delivery later: the error's ``category`` is ``retryable`` (timeouts,
     connection errors, 408/409/425/429/5xx from a provider, Redis away)."""
-    return exc is not None and getattr(exc, "category", None) == "retryable"
+    return exc is not None and category_of(exc) == "retryable"
 
 
 class WorkerError(Exception):
