@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from worker._compare import compare_files
 from worker.cli import cli
-from worker.cli._compare import compare_files
 
 
 def _rec(trace: str, scorer: str, score: float | None, reason: str, version: str = "1", **kw: Any) -> dict[str, Any]:
