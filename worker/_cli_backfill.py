@@ -14,10 +14,17 @@ from pathlib import Path
 import click
 import structlog
 
-import worker.backfill as job
 from tracing.sources import SourceError, open_source
 from worker._gc import tuned_gc
-from worker.backfill import EXIT_WAIT_TIMEOUT, BackfillOptions, BackfillState, ProgressReporter, new_job_id
+from worker.backfill import (
+    EXIT_WAIT_TIMEOUT,
+    BackfillJob,
+    BackfillOptions,
+    BackfillState,
+    ProgressReporter,
+    load_scorers,
+    new_job_id,
+)
 from worker.cli import CliError
 
 __all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
@@ -173,7 +180,18 @@ def backfill_command(
     """
     _quiet_logs(bool((ctx.obj or {}).get("verbose")))
     broker = broker or os.environ.get("TRACESCORE_BROKER_URL") or None
-    reporter = ProgressReporter()
+    job = BackfillJob(
+        ProgressReporter(),
+        broker,
+        no_wait=no_wait,
+        wait_timeout=wait_timeout,
+        high_water=high_water,
+        as_json=as_json,
+        out=out,
+        otlp=otlp,
+        show_table=show_table,
+        worst=worst,
+    )
     if out is not None and broker and (no_wait or resume_id):
         raise CliError(
             "--out with a broker writes the workers' records once they are done: drop --no-wait; "
@@ -181,23 +199,13 @@ def backfill_command(
             "(finished scores are read back, not recomputed)"
         )
     if resume_id:
-        if not broker:
-            raise CliError("--resume needs the Redis the job ran with: pass --broker URL or set TRACESCORE_BROKER_URL")
-        job.resume(
-            resume_id,
-            broker,
-            reporter,
-            no_wait=no_wait,
-            wait_timeout=wait_timeout,
-            high_water=high_water,
-            as_json=as_json,
-        )
+        job.resume(resume_id)
         return
     if not sources:
         raise CliError("give a source (trace files, a directory, or tempo+http://HOST:3200), or --resume JOB_ID")
     if not module:
         raise CliError("give the scorers with --scorers my.module (the module that defines them)")
-    registry = job.load_scorers(module)
+    registry = load_scorers(module)
     unknown = [s for s in only if s not in registry]
     if unknown:
         raise CliError(f"unknown scorer id(s) {', '.join(unknown)}; {module} has: {', '.join(registry)}")
@@ -222,25 +230,10 @@ def backfill_command(
     )
     state = BackfillState(job_id=new_job_id(), source=source.describe(), source_label=source.label(), options=options)
 
-    if dry_run:
-        with tuned_gc():
-            job.dry_run(source, state, reporter, as_json)
-        return
     with tuned_gc():
-        job.start(
-            source,
-            state,
-            registry,
-            reporter,
-            broker,
-            no_wait=no_wait,
-            wait_timeout=wait_timeout,
-            high_water=high_water,
-            as_json=as_json,
-            out=out,
-            otlp=otlp,
-            show_table=show_table,
-            worst=worst,
-        )
+        if dry_run:
+            job.dry_run(source, state)
+        else:
+            job.start(source, state, registry)
 
 

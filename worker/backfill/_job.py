@@ -1,7 +1,8 @@
 """The backfill job: read → assemble → plan → submit → follow, embedded or through Redis.
 
-``start`` runs a new job (its source, state, registry) in this process (``run_embedded``) or
-through the workers (``run_redis``: enqueue with backpressure, then follow the job's counters
+``BackfillJob`` holds how a job runs and reports (broker or none, waiting, outputs);
+``start`` runs a new job (its source, state, registry) in this process (``_run_embedded``) or
+through the workers (``_run_redis``: enqueue with backpressure, then follow the job's counters
 until the workers are done), ``dry_run`` only counts, ``resume`` continues an interrupted Redis
 job. Each ends with the per-scorer summary (``print_summary`` / ``--json``). The click command
 in ``worker/_cli_backfill.py`` only parses options and calls these.
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from types import FrameType
@@ -39,7 +41,7 @@ from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, RedisJobStore
 from worker.cli import CliError
 
-__all__ = ["EXIT_WAIT_TIMEOUT", "WaitTimeoutError", "dry_run", "load_scorers", "print_summary", "resume", "start"]
+__all__ = ["EXIT_WAIT_TIMEOUT", "BackfillJob", "WaitTimeoutError", "load_scorers", "print_summary"]
 
 # Exit codes beyond the shared ones (README, "Exit codes"): 1 also means "nothing came out"
 # (every score failed, every line malformed); 3 means the workers were not done in time.
@@ -48,7 +50,6 @@ EXIT_WAIT_TIMEOUT = 3
 
 class WaitTimeoutError(CliError):
     exit_code = EXIT_WAIT_TIMEOUT
-
 
 
 class _Fanout:
@@ -296,7 +297,7 @@ def _wait_for_workers(
         progress = submitter.progress(state.job_id)
 
 
-def start(
+def _start(
     source: TraceSource,
     state: BackfillState,
     registry: Registry,
@@ -340,7 +341,7 @@ def start(
         )
 
 
-def dry_run(source: TraceSource, state: BackfillState, reporter: ProgressReporter, as_json: bool) -> None:
+def _dry_run(source: TraceSource, state: BackfillState, reporter: ProgressReporter, as_json: bool) -> None:
     reporter.message(f"dry run: reading {state.source_label}; nothing is scored")
     started = time.monotonic()
     Backfill(source, state, None, reporter=reporter).run()
@@ -553,7 +554,7 @@ def _run_redis(
         )
 
 
-def resume(
+def _resume(
     job_id: str,
     broker: str,
     reporter: ProgressReporter,
@@ -595,4 +596,59 @@ def resume(
             as_json=as_json,
             resumed=True,
             registry=registry,
+        )
+
+
+@dataclass(frozen=True)
+class BackfillJob:
+    """How a backfill job runs and what it prints: with ``broker`` through the workers (else in
+    this process), waiting for them (unless ``no_wait``, at most ``wait_timeout`` s), enqueuing
+    with backpressure at ``high_water`` batches, and its outputs (``--json``, ``--out``, OTLP
+    write-back, the per-score table, ``worst`` runs per scorer)."""
+
+    reporter: ProgressReporter
+    broker: str | None = None
+    no_wait: bool = False
+    wait_timeout: float | None = None
+    high_water: int = 40
+    as_json: bool = False
+    out: Path | None = None
+    otlp: bool = False
+    show_table: bool = False
+    worst: int = 3
+
+    def start(self, source: TraceSource, state: BackfillState, registry: Registry) -> None:
+        """Read ``source`` from ``state``'s checkpoint, score every planned run, print the summary."""
+        _start(
+            source,
+            state,
+            registry,
+            self.reporter,
+            self.broker,
+            no_wait=self.no_wait,
+            wait_timeout=self.wait_timeout,
+            high_water=self.high_water,
+            as_json=self.as_json,
+            out=self.out,
+            otlp=self.otlp,
+            show_table=self.show_table,
+            worst=self.worst,
+        )
+
+    def dry_run(self, source: TraceSource, state: BackfillState) -> None:
+        """Read and plan only: count what would be scored."""
+        _dry_run(source, state, self.reporter, self.as_json)
+
+    def resume(self, job_id: str) -> None:
+        """Continue the interrupted Redis job ``job_id`` (needs ``broker``)."""
+        if not self.broker:
+            raise CliError("--resume needs the Redis the job ran with: pass --broker URL or set TRACESCORE_BROKER_URL")
+        _resume(
+            job_id,
+            self.broker,
+            self.reporter,
+            no_wait=self.no_wait,
+            wait_timeout=self.wait_timeout,
+            high_water=self.high_water,
+            as_json=self.as_json,
         )
