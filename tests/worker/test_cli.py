@@ -319,3 +319,14 @@ def test_worker_command_takes_the_broker_flag_into_prefork_children(redis_url: s
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+def test_a_bad_broker_flag_is_named_as_the_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --broker URL the settings refuse is one line naming --broker, its password masked."""
+    monkeypatch.delenv("TRACESCORE_BROKER_URL", raising=False)
+    assert main(["status", "--broker", "redis://:sekrit@127.0.0.1:1/0?password=sekrit"]) == 1
+    err = capsys.readouterr().err
+    assert "--broker (redis://:***@127.0.0.1:1/0?password=***) carries the password as a query parameter" in err
+    assert "sekrit" not in err

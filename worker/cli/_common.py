@@ -62,7 +62,10 @@ def cli_settings(broker: str | None = None, **overrides: Any) -> Settings:
     try:
         return load_settings(**given)
     except SettingsError as exc:
-        raise CliError(str(exc)) from exc
+        message = str(exc)
+        if broker:  # the bad URL came from the flag: name the flag, not the variable
+            message = message.replace("TRACESCORE_BROKER_URL", "--broker")
+        raise CliError(message) from exc
 
 
 def run_command(group: click.Group, argv: list[str]) -> int:
