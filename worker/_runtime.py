@@ -26,9 +26,15 @@ import structlog
 from opentelemetry import trace
 
 from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
-from tracing import JUDGE_ROLE, ROLE_ATTRIBUTE
-from tracing._score_record import ScoreRecord
-from tracing._score_writer import ConsoleScoreWriter, JsonlScoreWriter, OtlpScoreWriter, ScoreWriter
+from tracing import (
+    JUDGE_ROLE,
+    ROLE_ATTRIBUTE,
+    ConsoleScoreWriter,
+    JsonlScoreWriter,
+    OtlpScoreWriter,
+    ScoreRecord,
+    ScoreWriter,
+)
 from worker._gc import freeze_startup_objects
 from worker._limiter import RedisRateLimiter
 from worker._loop import run_coro, start_watchdog
