@@ -44,7 +44,7 @@ from tracing._messages import (
 )
 from tracing._run import RunIdentity, SpanRecord, TracedRun
 from tracing._span import SpanEvent, SpanLike, SpanView, view_spans
-from tracing.read._plan import plan_runs
+from tracing.read import plan_runs
 
 __all__ = ["find_targets", "read_trace", "trace_to_run", "trace_to_runs"]
 
