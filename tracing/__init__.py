@@ -1,5 +1,6 @@
 """OpenTelemetry side of tracescore: span → run transform, the exporter, score write-back."""
 
+from tracing._broker import BrokerTLS, redact
 from tracing._errors import TraceReadError
 from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE
 from tracing._rules import ScoringRule, sampled
@@ -13,6 +14,7 @@ __all__ = [
     "JUDGE_ROLE",
     "ROLE_ATTRIBUTE",
     "SCORE_TASK_NAME",
+    "BrokerTLS",
     "CallbackSink",
     "CelerySink",
     "RunIdentity",
@@ -27,6 +29,7 @@ __all__ = [
     "TracedRun",
     "find_targets",
     "read_trace",
+    "redact",
     "sampled",
     "trace_to_run",
     "trace_to_runs",

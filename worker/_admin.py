@@ -12,8 +12,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from tracing import CelerySink
-from tracing._broker import redact
+from tracing import CelerySink, redact
 from tracing.queue import ScoreBatch
 from worker._limiter import RedisRateLimiter
 from worker._settings import Settings

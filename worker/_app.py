@@ -20,7 +20,7 @@ import structlog
 from celery import Celery, Task, bootsteps, signals
 from redis.exceptions import AuthenticationError, ResponseError
 
-from tracing._broker import redact
+from tracing import redact
 from worker._settings import Settings, SettingsError, get_settings, load_settings
 
 __all__ = [

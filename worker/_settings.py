@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
-from tracing._broker import BrokerTLS, redact
+from tracing import BrokerTLS, redact
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES
 from worker._errors import SettingsError
 

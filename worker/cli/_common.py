@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from tracing._broker import redact
+from tracing import redact
 from worker._settings import Settings, SettingsError, load_settings
 
 __all__ = [

@@ -9,7 +9,7 @@ import json
 import click
 from redis.exceptions import RedisError
 
-from tracing._broker import redact
+from tracing import redact
 from worker._admin import dead_letters, requeue_dead_letters
 from worker.cli._common import CliError, broker_option, cli_settings, json_option
 

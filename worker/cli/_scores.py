@@ -9,8 +9,7 @@ import re
 import click
 from redis.exceptions import RedisError
 
-from tracing import ScoreRecord
-from tracing._broker import redact
+from tracing import ScoreRecord, redact
 from worker.cli._common import CliError, broker_option, cli_settings, json_option
 from worker.store import RedisScoreStore
 

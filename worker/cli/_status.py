@@ -12,7 +12,7 @@ from typing import Any
 import click
 from redis.exceptions import RedisError
 
-from tracing._broker import redact
+from tracing import redact
 from worker._admin import broker_status, store_status
 from worker._settings import Settings
 from worker.cli._common import CliError, broker_option, cli_settings, json_option

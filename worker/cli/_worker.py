@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from tracing._broker import redact
+from tracing import redact
 from worker._app import create_app
 from worker._registry import RegistryError, load_registry
 from worker.cli._common import CliError, broker_option, cli_settings
