@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests._redis import RedisServer
-from worker.backfill import print_summary as _print_summary
 from worker._summary import Summary, percentile
+from worker.backfill import print_summary as _print_summary
 from worker.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]

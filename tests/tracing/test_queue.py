@@ -157,8 +157,8 @@ def test_backpressure_wait_ends_on_a_stop() -> None:
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
 def test_exporter_sink_and_backfill_submitter_publish_the_same_message(redis_server: RedisServer) -> None:
     """CelerySink and RedisSubmitter go through one publisher: same body, same headers."""
-    from worker.backfill._submit import RedisSubmitter
     from worker._settings import load_settings
+    from worker.backfill._submit import RedisSubmitter
 
     client = redis_server.client(DB)
     client.flushdb()

@@ -11,7 +11,7 @@ import pytest
 from scorers import create_scorer
 from tests.tracing._exporting import Recording
 from tests.tracing._spans import Recorder, agent_trace
-from tracing import CallbackSink, ScoreBatch, ScoreRequest, ScoringRule, ScoringSpanExporter, trace_to_run
+from tracing import CallbackSink, ScoreBatch, ScoreRequest, ScoringRule, ScoringSpanExporter
 from tracing._records import span_record
 from tracing._score_writer import MemoryScoreWriter
 from tracing.read import plan_runs

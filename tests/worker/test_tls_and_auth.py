@@ -24,8 +24,8 @@ from tests.worker._batches import batch
 from tests.worker._workers import ROOT, read_scores, wait_for
 from tracing._broker import CA_FILE_ENV, INSECURE_ENV, BrokerTLS, redact
 from tracing._sinks import CelerySink
-from worker.backfill._submit import RedisSubmitter
 from worker._settings import get_settings, load_settings
+from worker.backfill._submit import RedisSubmitter
 from worker.cli._common import CliError
 from worker.cli._status import collect_status
 
