@@ -13,9 +13,9 @@ from click.testing import CliRunner, Result
 
 from tests.backfill._synth import BASE_NS, trace_id, write_otlp_files
 from tracing import sampled
-from worker._cli_backfill import parse_time
 from worker._registry import load_registry
 from worker.cli import cli
+from worker.cli._backfill import parse_time
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces"
 NO_BROKER = {"TRACESCORE_BROKER_URL": ""}

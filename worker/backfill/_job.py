@@ -5,7 +5,7 @@
 through the workers (``_run_redis``: enqueue with backpressure, then follow the job's counters
 until the workers are done), ``dry_run`` only counts, ``resume`` continues an interrupted Redis
 job. Each ends with the per-scorer summary (``print_summary`` / ``--json``). The click command
-in ``worker/_cli_backfill.py`` only parses options and calls these.
+in ``worker/cli/_backfill.py`` only parses options and calls these.
 """
 
 from __future__ import annotations

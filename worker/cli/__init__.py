@@ -1,14 +1,14 @@
 """The ``tracescore`` command line: thin click commands over the worker's functions.
 
-One module per command (``_worker``, ``_status``, ``_scores``, ``_dlq``, ``_score``, ``_compare``;
-``backfill`` lives in ``worker/_cli_backfill.py``); ``_common`` holds what they share: the
+One module per command (``_worker``, ``_status``, ``_scores``, ``_dlq``, ``_score``, ``_compare``,
+``_backfill``); ``_common`` holds what they share: the
 one-line error contract, the exit codes, and the options that mean the same everywhere
 (``--broker``, ``--json``). Errors print one clear line (``--verbose`` adds the traceback)
 and exit non-zero.
 
 ``main`` is the console script (``tracescore = "worker.cli:main"``) and ``cli`` the click group.
-They load on first use, so a command module outside this package (``worker/_cli_backfill.py``)
-may import ``CliError``, the expected failure printed as one line, without an import cycle.
+They load on first use, so ``worker.backfill`` (which the backfill command imports) may import
+``CliError``, the expected failure printed as one line, without an import cycle.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import click
 
-from worker._cli_backfill import backfill_command
+from worker.cli._backfill import backfill_command
 from worker.cli._common import run_command
 from worker.cli._compare import compare_command
 from worker.cli._dlq import dlq_group

@@ -25,7 +25,7 @@ from worker.backfill import (
     load_scorers,
     new_job_id,
 )
-from worker.cli import CliError
+from worker.cli._common import CliError
 
 __all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
 
