@@ -56,6 +56,26 @@ def test_a_child_ending_after_its_root_within_grace_is_kept() -> None:
     assert len(trace.spans) == 1 + len(children)
 
 
+def test_a_span_ending_after_the_hand_off_opens_no_fragment() -> None:
+    """After a trace is handed over (in time, or early from a full buffer) a straggler span of
+    it is one late_span drop: it never holds a slot until max_trace_age."""
+    buffer, tally = _buffer(grace_s=2.0, max_trace_age_s=300.0, max_traces=1)
+    *children, root = _trace("first")
+    _file(buffer, [*children[1:], root], now=10.0)
+    assert len(buffer.poll(12.0).traces) == 1
+    buffer.add(children[0], 12.5)  # a straggler of the trace just sent
+    assert len(buffer) == 0
+    *other_children, other_root = _trace("second")
+    _file(buffer, [*other_children[1:], other_root], now=20.0)
+    _file(buffer, _trace("third"), now=20.5)  # full: "second" is completed early
+    assert buffer.poll(20.5).early == 1
+    buffer.add(other_children[0], 21.0)  # a straggler inside second's cut-short grace window
+    assert _ids(buffer.poll(23.0).traces) != []  # third, in time
+    assert len(buffer) == 0
+    buffer.poll(1000.0)
+    assert tally.dropped == {"late_span": 2}
+
+
 def test_force_hands_over_ended_traces_only() -> None:
     """force skips the grace window, never a trace whose root has not ended."""
     buffer, _ = _buffer(grace_s=60.0)

@@ -150,3 +150,34 @@ class _Callback:
 
     def send(self, batch: ScoreBatch) -> None:
         self._fn(batch)  # type: ignore[operator]
+
+
+class RefusesFirst:
+    """A sink that refuses its first batch for good (as CelerySink does one over its cap)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.batches: list[ScoreBatch] = []
+
+    def send(self, batch: ScoreBatch) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise ValueError("batch is over the sink's message cap: retrying cannot help")
+        self.batches.append(batch)
+
+
+def test_a_batch_the_sink_refuses_is_counted_and_the_next_ones_are_sent() -> None:
+    """A ValueError from the sink is final: that batch is dropped as send_failed, never retried
+    forever in front of the rest of the queue."""
+    sink, tally = RefusesFirst(), Tally()
+    sender = Sender(sink, SenderLimits(batch_size=1), tally)
+    sender.put([_shipment(f"q{i}") for i in range(3)])
+    sender.start()
+    try:
+        assert sender.wait_idle(time.monotonic() + 10)
+        assert tally.dropped == {"send_failed": 1}
+        assert len(sink.batches) == 2
+        assert sink.calls == 3  # the refused batch was tried once
+    finally:
+        sender.stop()
+        sender.close(time.monotonic() + 1)

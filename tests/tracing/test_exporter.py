@@ -83,7 +83,8 @@ def test_children_ending_after_root_within_grace(
 
 
 def test_span_after_grace_is_not_in_the_run(exporter: ScoringSpanExporter, clock: FakeClock, sink: Recording) -> None:
-    """A child arriving after completion starts a new buffer that expires, counted by age."""
+    """A child arriving after its trace was handed over is not in the run: one late_span drop
+    (not a rootless fragment holding a slot until max_trace_age)."""
     rec = Recorder()
     agent_trace(rec, tool=True)
     spans = {s.name: s for s in rec.spans()}
@@ -93,9 +94,10 @@ def test_span_after_grace_is_not_in_the_run(exporter: ScoringSpanExporter, clock
     exporter.export([spans["execute_tool t"]])
     assert wait_for(lambda: len(sink.requests) == 1)
     assert read(sink.requests[0]).output[0].tool_invocations[0].state == "call"
+    assert exporter.stats()["traces_buffered"] == 0
     clock.advance(301)
     exporter.tick()
-    assert exporter.stats()["dropped"] == {"max_trace_age": 1}
+    assert exporter.stats()["dropped"] == {"late_span": 1}
 
 
 def test_max_traces_completes_finished_traces_early(clock: FakeClock, sink: Recording) -> None:

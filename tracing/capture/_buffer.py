@@ -101,6 +101,8 @@ class TraceBuffer:
         # Traces no rule's sample takes, or dropped whole (a later span, e.g. the root, must
         # not start a fragment that would be scored as the run).
         self._ignored: OrderedDict[int, None] = OrderedDict()
+        # Traces already handed over (bounded like _ignored): their stragglers are late_span drops.
+        self._sent: OrderedDict[int, None] = OrderedDict()
         self.bytes = 0  # approximate JSON size of the buffered records
         self.spans_seen = 0
         # Set when a poll is worth doing at once (a trace due with grace_s == 0, a trace taken
@@ -133,6 +135,11 @@ class TraceBuffer:
             return
         tid = ctx[0]  # SpanContext is a tuple (trace_id, span_id, ...): no property call
         if tid in self._guarded or tid in self._ignored:
+            return
+        if tid in self._sent:
+            # It ended after its trace was handed over: as a rootless fragment it would only
+            # hold a slot until max_trace_age. Counted per span.
+            self._tally.drop("late_span")
             return
         f = read_span(span)
         if f is None:
@@ -232,6 +239,7 @@ class TraceBuffer:
                     self._tally.drop(full)
                 else:
                     self._early.append(entry)
+                    self._remember_sent(tid)  # a child still inside its grace window: see add()
                     self.wake = True
                 return
         tid = next(iter(self._traces))
@@ -245,6 +253,11 @@ class TraceBuffer:
         # thousand traces later (~100 bytes an entry).
         if len(self._ignored) > max(4 * self.limits.max_traces, 16_384):
             self._ignored.popitem(last=False)
+
+    def _remember_sent(self, tid: int) -> None:
+        self._sent[tid] = None
+        if len(self._sent) > max(4 * self.limits.max_traces, 16_384):
+            self._sent.popitem(last=False)
 
     def _guard(self, tid: int) -> None:
         if self._pop(tid) is not None or tid not in self._guarded:
@@ -284,6 +297,7 @@ class TraceBuffer:
             taken = self._pop(tid)
             if taken is not None:
                 out.traces.append(taken)
+                self._remember_sent(tid)
         return out
 
     def drain(self) -> int:

@@ -262,12 +262,14 @@ class Sender:
                         self._settle(chunk.rejected, reason="too_large")
                     if not chunk.requests:
                         continue
-                    sent = False
+                    sent, reason = False, "shutdown_unsent"
                     try:
                         sent = self._deliver(chunk)
+                    except _Refused:
+                        reason = "send_failed"
                     finally:
                         settled += len(chunk.requests)
-                        self._settle(len(chunk.requests), sent=sent)
+                        self._settle(len(chunk.requests), sent=sent, reason=reason)
             except Exception as exc:  # a request that cannot be built: the sender must live on
                 log.error("exporter_sender_failed", error=describe(exc))
                 self._tally.error("send")
@@ -328,6 +330,12 @@ class Sender:
                     sink.send_encoded(batch, chunk.encoded)
                 else:
                     sink.send(batch)
+            except (ValueError, TypeError) as exc:
+                # The sink refuses this batch itself (too large for its cap, not encodable):
+                # retrying cannot help, and every batch queued behind it would wait forever.
+                log.error("sink_refused_batch", error=describe(exc), runs=len(chunk.requests))
+                self._tally.error("send")
+                raise _Refused from None
             except Exception as exc:
                 with self._lock:
                     self.send_failures += 1
@@ -349,6 +357,10 @@ class Sender:
                 "batches_sent": self.batches_sent,
                 "send_failures": self.send_failures,
             }
+
+
+class _Refused(Exception):
+    """The sink refused a batch for good (counted as ``send_failed``; the sender goes on)."""
 
 
 def shipment_size(spans: Sequence[SpanRecord]) -> int:
