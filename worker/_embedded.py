@@ -397,6 +397,7 @@ def embedded_sink(
     writer: ScoreWriter | None = None,
     *,
     store: ScoreStore | None = None,
+    run_timeout_s: float = 180.0,
 ) -> EmbeddedSink:
     """The exporter's in-process sink: each batch is scored right away in this process.
 
@@ -407,7 +408,9 @@ def embedded_sink(
                                        sink=embedded_sink("my_app.scorers", ConsoleScoreWriter()))
 
     The exporter calls the sink from its own sender thread, so scoring never runs inside the
-    application's ``export()`` call.
+    application's ``export()`` call. ``run_timeout_s`` (default: the workers' default, 180 s; 0 for
+    none) bounds each run; it is an argument, not a ``TRACESCORE_*`` variable, because this runs
+    inside the application, whose environment is not the workers'.
     """
     registry = load_registry(scorers) if isinstance(scorers, str) else scorers
-    return EmbeddedSink(EmbeddedScorer(registry, writer, store=store))
+    return EmbeddedSink(EmbeddedScorer(registry, writer, store=store, run_timeout_s=run_timeout_s))

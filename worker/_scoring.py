@@ -424,7 +424,7 @@ async def _score_pair(
         except ScorerError as exc:
             return _record(pair, None, error=exc, error_type=type(exc).__name__)
         except Exception as exc:  # a bug in a scorer outside its steps: still a visible record
-            log.error("scorer_crashed", scorer=pair.scorer_id, score_id=pair.score_id, **_crash_fields(exc))
+            log.error("scorer_crashed", scorer=pair.scorer_id, score_id=pair.score_id, **crash_fields(exc))
             return _record(pair, None, error=exc, error_type=type(exc).__name__)
     return _record(pair, result)
 
@@ -485,7 +485,7 @@ class _GroupCommit:
                 start += len(records)
 
 
-def _crash_fields(exc: BaseException) -> dict[str, Any]:
+def crash_fields(exc: BaseException) -> dict[str, Any]:
     """A crash for the log: its type and stack (code locations and lines), not its text, which
     may quote the run (a KeyError of a message key, a scorer's own f-string of the answer).
     The score record still carries the text, for whoever reads the scores."""
@@ -512,7 +512,7 @@ def _read_run(request: ScoreRequest) -> TracedRun | TraceReadError:
         )
         return exc.with_traceback(None)
     except Exception as exc:  # a bug in the transform: still visible records, the batch goes on
-        log.error("trace_read_crashed", trace_id=request.trace_id, span_id=request.target_span_id, **_crash_fields(exc))
+        log.error("trace_read_crashed", trace_id=request.trace_id, span_id=request.target_span_id, **crash_fields(exc))
         return TraceReadError(
             "read_failed",
             f"reading the trace failed: {type(exc).__name__} (a bug in the trace reader; "

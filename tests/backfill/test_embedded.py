@@ -6,6 +6,7 @@ import io
 import json
 import time
 
+import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -107,3 +108,11 @@ def test_embedded_sink_scores_what_the_exporter_captures() -> None:
     assert record.scorer_id == "answer-words"
     assert record.score == 0.25
     assert record.source == "live"
+
+
+def test_embedded_sink_does_not_read_the_workers_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sink runs inside the application: a TRACESCORE_* value meant for (or broken for) the
+    workers does not stop the app's exporter from being built; the run timeout is an argument."""
+    monkeypatch.setenv("TRACESCORE_RUN_TIMEOUT_SECONDS", "not-a-number")
+    sink = embedded_sink("tests.backfill.scorers", MemoryScoreWriter(), run_timeout_s=5.0)
+    sink.close()

@@ -13,6 +13,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -350,3 +351,27 @@ def test_exporter_logs_of_unreadable_traces_hold_no_content() -> None:
         exporter.shutdown(2000)
     assert sum(1 for line in lines if "trace_unreadable" in line) == len(_CASES)
     assert not [line for line in lines if MARKER in line]
+
+
+def test_backfill_log_of_a_planner_crash_holds_no_content(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planner bug whose exception quotes the trace is counted, and logged by type and stack."""
+    from click.testing import CliRunner
+
+    from worker.backfill import _driver
+    from worker.cli import cli
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError(MARKER)
+
+    monkeypatch.setattr(_driver, "plan_runs", broken)
+    examples = Path(__file__).resolve().parents[2] / "examples" / "traces"
+    with _everything_logged() as lines:
+        result = CliRunner().invoke(
+            cli, ["backfill", str(examples), "--scorers", "tests.backfill.scorers", "--json"],
+            env={"TRACESCORE_BROKER_URL": ""},
+        )
+    assert result.stdout.strip(), result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["traces_unreadable"] == {"KeyError": 300}
+    assert any("backfill_plan_failed" in line for line in lines)
+    assert not any(MARKER in line for line in lines)

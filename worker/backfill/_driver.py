@@ -44,6 +44,7 @@ from tracing.sources import (
     TraceSource,
     UnitEnd,
 )
+from worker._scoring import crash_fields
 from worker.backfill._progress import ProgressReporter
 from worker.backfill._state import BackfillState, RedisJobStore
 
@@ -217,7 +218,7 @@ class Backfill:
         except Exception as exc:  # a planner bug must not end a long job: count it, say it
             counters.unread(type(exc).__name__)
             self._report(f"trace {trace.trace_id}: not scored ({type(exc).__name__})")
-            log.warning("backfill_plan_failed", trace_id=trace.trace_id, exc_info=True)
+            log.warning("backfill_plan_failed", trace_id=trace.trace_id, **crash_fields(exc))
             return
         if not plans:
             counters.unread("no_target")
