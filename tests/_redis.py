@@ -27,7 +27,9 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server process on a free loopback port with a random password."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, persistent: bool = False) -> None:
+        """``persistent``: an append-only file fsynced on every write, so data survives a SIGKILL
+        of the server (the restart tests); otherwise nothing is kept on disk."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -36,6 +38,7 @@ class RedisServer:
         self.password = secrets.token_hex(12)
         self._dir = tempfile.TemporaryDirectory(prefix="tracescore-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
+        self._persistence = ["--appendonly", "yes", "--appendfsync", "always"] if persistent else ["--appendonly", "no"]
 
     def url(self, db: int = 0) -> str:
         return f"redis://:{self.password}@127.0.0.1:{self.port}/{db}"
@@ -48,7 +51,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [
                 self.binary, "--bind", "127.0.0.1", "--port", str(self.port),
-                "--requirepass", self.password, "--save", "", "--appendonly", "no",
+                "--requirepass", self.password, "--save", "", *self._persistence,
                 "--dir", self._dir.name, "--logfile", str(log), "--databases", "16",
             ],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,

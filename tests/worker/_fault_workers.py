@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
-from tests.worker._workers import CELERY, ROOT, WorkerProcess
+from tests.worker._workers import WorkerProcess
 
 LIMITS = {
     "TRACESCORE_RUN_TIMEOUT_SECONDS": "5",
@@ -18,30 +16,11 @@ LIMITS = {
 
 
 class FaultWorker(WorkerProcess):
-    """A ``WorkerProcess`` loading ``tests.worker.fault_scorers`` (the sample scorers and more)."""
+    """A ``WorkerProcess`` loading ``tests.worker.fault_scorers`` (the sample scorers and more),
+    writing its scores to ``tmp/scores.jsonl``."""
 
     def __init__(self, name: str, redis_url: str, tmp: Path, *, env: dict[str, str], pool: str, concurrency: int):
-        self.name = name
-        self.log = tmp / f"{name}.log"
-        full_env = {
-            **os.environ,
-            "TRACESCORE_BROKER_URL": redis_url,
-            "TRACESCORE_REDIS_URL": redis_url,
-            "TRACESCORE_WRITER": "jsonl",
-            "TRACESCORE_WRITER_PATH": str(tmp / "scores.jsonl"),
-            "TRACESCORE_RETRY_BACKOFF_SECONDS": "0.2",
-            "PYTHONPATH": str(ROOT),
-            **env,
-        }
-        cmd = [
-            CELERY, "-A", "worker", "worker",
-            "--scorers", "tests.worker.fault_scorers",
-            "--pool", pool, "--concurrency", str(concurrency),
-            "--hostname", f"{name}@%h",
-            "--loglevel", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ]  # fmt: skip
-        self._out = self.log.open("w")
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=full_env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        super().__init__(
+            name, redis_url, tmp, scores_path=tmp / "scores.jsonl", env=env, pool=pool,
+            concurrency=concurrency, scorers="tests.worker.fault_scorers",
+        )  # fmt: skip

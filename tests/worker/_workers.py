@@ -39,6 +39,7 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         pool: str = "solo",
         concurrency: int = 1,
+        scorers: str = "tests.worker.sample_scorers",
     ) -> None:
         self.name = name
         self.log = tmp / f"{name}.log"
@@ -54,7 +55,7 @@ class WorkerProcess:
         }
         cmd = [
             CELERY, "-A", "worker", "worker",
-            "--scorers", "tests.worker.sample_scorers",
+            "--scorers", scorers,
             "--pool", pool, "--concurrency", str(concurrency),
             "--hostname", f"{name}@%h",
             "--loglevel", "INFO",

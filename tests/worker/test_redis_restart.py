@@ -9,14 +9,12 @@ during or after the restart, is scored exactly once; none is silently dropped.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch
@@ -27,35 +25,10 @@ from tracing.queue import ScoreBatch
 from worker.store import DeadLetter
 
 
-class PersistentRedis(RedisServer):
-    """``RedisServer`` with an append-only file fsynced per write (survives SIGKILL)."""
-
-    def start(self, timeout: float = 10.0) -> None:
-        log = Path(self._dir.name) / "redis.log"
-        self.proc = subprocess.Popen(
-            [
-                self.binary, "--bind", "127.0.0.1", "--port", str(self.port),
-                "--requirepass", self.password, "--save", "", "--appendonly", "yes",
-                "--appendfsync", "always", "--dir", self._dir.name, "--logfile", str(log),
-            ],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {log.read_text(errors='replace')[-2000:]}")
-            try:
-                with self.client() as c:
-                    if c.ping():
-                        return
-            except redis.RedisError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout}s")
-
-
 @pytest.fixture
-def own_redis() -> Iterator[PersistentRedis]:
-    server = PersistentRedis()
+def own_redis() -> Iterator[RedisServer]:
+    """This test's own Redis, persistent so that a restart keeps the queue (survives SIGKILL)."""
+    server = RedisServer(persistent=True)
     server.start()
     try:
         yield server
@@ -90,7 +63,7 @@ class Producer(threading.Thread):
             sink.close()
 
 
-def test_redis_restart_under_load_loses_no_batch(own_redis: PersistentRedis, tmp_path: Path) -> None:
+def test_redis_restart_under_load_loses_no_batch(own_redis: RedisServer, tmp_path: Path) -> None:
     """Two workers (threads and prefork pools) score while a producer sends continuously; Redis
     is killed and started again on the same port mid-run. Every acknowledged batch is scored
     exactly once, with no error records and nothing dead-lettered."""
