@@ -7,9 +7,8 @@
 from worker._app import app, score_batch_task
 from worker._embedded import EmbeddedScorer, embedded_sink
 from worker._limiter import RedisRateLimiter
-from worker._loop import run_coro
 from worker._registry import Registry, RegistryError, UnknownScorerError, load_registry
-from worker._scoring import BatchReport, ScoringDeps, is_transient, score_batch
+from worker._scoring import BatchReport, ScoringDeps, score_batch
 from worker._settings import ModelRateLimit, Settings, SettingsError, get_settings, load_settings
 from worker.store import DeadLetter, MemoryScoreStore, RedisScoreStore, ScoreStore
 
@@ -31,10 +30,8 @@ __all__ = [
     "app",
     "embedded_sink",
     "get_settings",
-    "is_transient",
     "load_registry",
     "load_settings",
-    "run_coro",
     "score_batch",
     "score_batch_task",
 ]
