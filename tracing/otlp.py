@@ -211,12 +211,16 @@ def _any_value(value: Any, field: str, where: str) -> _Value:
     raise OtlpDecodeError(f"unknown AnyValue kind {_key_names(value)}", where=where, field=field)
 
 
-def _attributes(items: Iterable[Any], field: str, where: str) -> dict[str, _Value]:
+def _attributes(items: Iterable[Any], field: str, where: str, *, only_read: bool = False) -> dict[str, _Value]:
+    """Decoded attributes; ``only_read``: just those the trace readers use (backfill's hot path)."""
     out: dict[str, _Value] = {}
+    read, prefixes = READ_ATTRIBUTES, READ_ATTRIBUTE_PREFIXES
     for i, item in enumerate(items):
         key = item.get("key") if isinstance(item, dict) else None
         if not isinstance(key, str):
             raise OtlpDecodeError("expected {key, value}", where=where, field=f"{field}[{i}]")
+        if only_read and not (key in read or key.startswith(prefixes)):
+            continue
         raw = item.get("value")
         if raw is None:
             continue
@@ -452,26 +456,7 @@ def _read_attributes(items: Any, field: str, where: str) -> dict[str, _Value]:
     """The attributes the trace readers use; the others' values are not decoded."""
     if type(items) is not list:
         raise OtlpDecodeError(f"expected a list, got {type(items).__name__}", where=where, field=field)
-    out: dict[str, _Value] = {}
-    read, prefixes = READ_ATTRIBUTES, READ_ATTRIBUTE_PREFIXES
-    for i, item in enumerate(items):
-        key = item.get("key") if type(item) is dict else None
-        if type(key) is not str:
-            raise OtlpDecodeError("expected {key, value}", where=where, field=f"{field}[{i}]")
-        if not (key in read or key.startswith(prefixes)):
-            continue
-        raw = item.get("value")
-        if raw is None:
-            continue
-        if type(raw) is dict and len(raw) == 1:
-            text = raw.get("stringValue")
-            if type(text) is str:
-                out[key] = text
-                continue
-        value = _any_value(raw, f"{field}[{i}].value", where)
-        if value is not None:
-            out[key] = value
-    return out
+    return _attributes(items, field, where, only_read=True)
 
 
 def _json_record(raw: Any, service: str | None, scope: str | None, field: str, where: str) -> SpanRecord:

@@ -25,7 +25,7 @@ from worker.backfill import (
     load_scorers,
     new_job_id,
 )
-from worker.cli._common import CliError
+from worker.cli._common import CliError, json_option
 
 __all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
 
@@ -133,7 +133,7 @@ def _quiet_logs(verbose: bool) -> None:
     help="Memory bound: spans held while assembling.",
 )
 @click.option("--query", "tempo_query", help="Tempo sources: the TraceQL query (default '{}': every trace).")
-@click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object on stdout.")
+@json_option("Print the final summary as one JSON object on stdout.")
 @click.pass_context
 def backfill_command(
     ctx: click.Context,

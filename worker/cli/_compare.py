@@ -11,7 +11,7 @@ import click
 
 from worker._compare import compare_files
 from worker._summary import cell
-from worker.cli._common import CliError
+from worker.cli._common import CliError, json_option
 
 __all__ = ["compare_command"]
 
@@ -58,7 +58,7 @@ def _render(result: dict[str, Any], width: int = 120) -> str:
 @click.argument("old", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("new", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--top", type=click.IntRange(0, 1000), default=5, show_default=True, help="Runs shown per scorer.")
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON object.")
+@json_option("Print the comparison as one JSON object.")
 def compare_command(old: Path, new: Path, top: int, as_json: bool) -> None:
     """Show how each scorer's scores moved between two record files (OLD → NEW).
 

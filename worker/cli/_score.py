@@ -21,7 +21,7 @@ from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from worker._embedded import GuardedLoop, Job, cli_limits, score_runs
 from worker._registry import RegistryError, load_registry
 from worker._summary import RunTable, Summary, cell
-from worker.cli._common import CliError, cli_settings
+from worker.cli._common import CliError, cli_settings, json_option
 
 __all__ = ["score_command"]
 
@@ -140,9 +140,7 @@ class _Limited:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write every score record as JSON Lines here (for tracescore compare).",
 )
-@click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON result per line on stdout; the summary goes to stderr."
-)
+@json_option("Print one JSON result per line on stdout; the summary goes to stderr.")
 def score_command(
     runs_file: Path,
     module: str,
