@@ -5,9 +5,8 @@ from tracing._errors import TraceReadError
 from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE
 from tracing._rules import ScoringRule, sampled
 from tracing._run import RunIdentity, SpanRecord, SpanRecordEvent, TracedRun
-from tracing._sinks import CallbackSink, CelerySink, Sink
 from tracing._transform import find_targets, read_trace, trace_to_run, trace_to_runs
-from tracing.capture import ScoringSpanExporter
+from tracing.capture import CallbackSink, CelerySink, ScoringSpanExporter, Sink
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch, ScoreRequest
 
 __all__ = [

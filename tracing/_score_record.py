@@ -47,6 +47,14 @@ class ScoreRecord(BaseModel):
     judge_models: list[str] = Field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0
+    # Input tokens the provider served from its prompt cache (a part of input_tokens).
+    cached_input_tokens: int = 0
+    # What the judge calls cost in US dollars by the price table (None: a model with no price).
+    cost_usd: float | None = None
+    judge_calls: int = 0
+    # The scored span's own start and end (epoch ns), so that write-back stays inside it.
+    span_start_ns: int | None = None
+    span_end_ns: int | None = None
     run_id: str | None = None
     job_id: str | None = None
     source: Literal["live", "backfill"] = "live"

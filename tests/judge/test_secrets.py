@@ -22,7 +22,7 @@ from tests.fakellm import FakeLLMServer, Reply
 from tests.judge.helpers import MODELS, run, score_scorer
 from tests.worker._batches import batch
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
-from tracing._sinks import CelerySink
+from tracing import CelerySink
 
 # Shaped like no known key format: only the literal-value scrub can catch it.
 GATEWAY_KEY = "corp-gateway-7f3a9c1e5b2d4f60a8e1"

@@ -22,8 +22,8 @@ import redis
 from tests._redis import RedisServer, free_port
 from tests.worker._batches import batch
 from tests.worker._workers import ROOT, read_scores, wait_for
+from tracing import CelerySink
 from tracing._broker import CA_FILE_ENV, INSECURE_ENV, BrokerTLS, redact
-from tracing._sinks import CelerySink
 from worker._settings import get_settings, load_settings
 from worker.backfill._submit import RedisSubmitter
 from worker.cli._common import CliError

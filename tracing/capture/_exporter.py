@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from tracing._errors import TraceReadError
 from tracing._rules import ScoringRule
 from tracing._run import SpanRecord
-from tracing._sinks import Sink
 from tracing._transform import trace_to_run
 from tracing.capture._buffer import BufferedTrace, BufferLimits, TraceBuffer
 from tracing.capture._sender import Sender, SenderLimits, Shipment, describe, shipment_size
+from tracing.capture._sinks import Sink
 from tracing.capture._tally import Tally
 from tracing.read import plan_runs
 

@@ -27,7 +27,7 @@ import structlog
 
 from tracing._records import compact
 from tracing._run import SpanRecord
-from tracing._sinks import EncodedSink, Sink
+from tracing.capture._sinks import EncodedSink, Sink
 from tracing.capture._tally import Tally
 from tracing.queue import RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, spans_request
 

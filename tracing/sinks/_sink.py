@@ -1,0 +1,61 @@
+"""The score-sink contract: one backend that receives finished scores.
+
+Stored score records are the outbox (``worker.store``): a worker drains it per sink, hands a
+sink a batch of records and acknowledges each record by the outcome the sink returns. A sink
+therefore never buffers, never retries on its own and never drops silently: ``deliver``
+returns one ``Delivery`` per record, in order.
+
+- ``Delivered``: the backend has it (a re-send of the same score must be an upsert: every sink
+  keys the backend's object on ``ScoreRecord.score_id``).
+- ``Retry``: try again later (backend down, 5xx, 429, a span the backend has not ingested yet);
+  ``after_s`` is a hint (e.g. Retry-After), the drainer backs off at least that long.
+- ``Refused``: the backend said no for good (4xx other than 408/409/425/429); ``detail`` is the
+  backend's own answer, cut short and scrubbed of secrets, never the score's content.
+
+``deliver`` itself raises only for a bug; network and HTTP failures are outcomes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from tracing._score_record import ScoreRecord
+
+__all__ = ["Delivered", "Delivery", "Refused", "Retry", "ScoreSink"]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    reason: str
+    after_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    reason: str
+    detail: str = ""
+
+
+Delivery = Delivered | Retry | Refused
+
+
+@runtime_checkable
+class ScoreSink(Protocol):
+    """A backend for scores. ``name`` keys its outbox, counters and dead letters
+    (``otlp``, ``phoenix``, ``mlflow``, ``langfuse``, ``jsonl``, ``console``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
+        """Write ``records`` (any spans, any traces) and say, per record, what happened."""
+        ...
+
+    def close(self) -> None: ...
