@@ -1,0 +1,182 @@
+"""Langfuse: each score becomes a Langfuse score on the trace and observation it judged.
+
+``POST {host}/api/public/scores`` (``CreateScoreRequest`` in Langfuse's public API definition,
+``fern/apis/server/definition/scores.yml``), Basic auth with the project's public key as user
+and secret key as password. Langfuse ingests OpenTelemetry traces under their 32-hex trace id and
+their spans as observations under the 16-hex span id, so those are ``traceId`` and
+``observationId``. One score per record:
+
+- ``id``: the score id. Langfuse upserts scores by id, so a re-sent score replaces itself.
+- ``name``: the scorer's name (its id when it has none); ``comment``: the scorer's reason.
+- A score: ``dataType`` NUMERIC, ``value`` the number (its label, if any, in metadata). A
+  label-only score: CATEGORICAL, ``value`` the label.
+- Not scorable: CATEGORICAL ``not scorable``, the reason as comment. A failed run: CATEGORICAL
+  ``error``, comment ``"<error type> in <step>: <message>"``. Langfuse keeps scores of one name
+  apart by data type, so errors never drag a numeric mean down, yet each run shows why it has
+  no number (sending nothing would hide the failure; a fake 0 would lie).
+- ``metadata``: scorer id and version, score id, label, source (live / backfill), job and run
+  ids, judge models, the error type and failed step.
+
+Outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
+(Retry-After honoured; after one request gets no answer the rest of the batch is ``Retry``
+without trying); any other 4xx ``Refused`` with Langfuse's message, never the keys or the
+score's text. Langfuse accepts a score before its trace arrives (it links them by id), so
+there is no "not ingested yet" wait here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from tracing._broker import redact
+from tracing._score_record import ScoreRecord
+from tracing.sinks._http import DETAIL_CHARS, is_retryable, retry_after, transport_retry
+from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
+
+__all__ = ["LangfuseSink"]
+
+_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
+_SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
+
+
+class LangfuseSink:
+    """Scores as Langfuse scores (see the module docstring for the mapping)."""
+
+    def __init__(self, host: str, public_key: str, secret_key: str, *, timeout_s: float = 10.0) -> None:
+        parts = urlsplit(host)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"Langfuse host must be http(s)://host[:port][/path], got {redact(host, secret_key)!r}"
+                " (TRACESCORE_LANGFUSE_HOST)"
+            )
+        if not public_key or not secret_key:
+            missing = "public" if not public_key else "secret"
+            raise ValueError(f"Langfuse needs the project's {missing} key (TRACESCORE_LANGFUSE_{missing.upper()}_KEY)")
+        if not (timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ValueError(f"Langfuse timeout must be a positive number of seconds, got {timeout_s!r}")
+        self._url = host.rstrip("/") + "/api/public/scores"
+        self._secrets = tuple(s for s in (secret_key, parts.password) if s)
+        self._client = httpx.Client(
+            auth=httpx.BasicAuth(public_key, secret_key),
+            headers={"Accept": "application/json"},
+            timeout=timeout_s,
+            follow_redirects=False,
+        )
+
+    @property
+    def name(self) -> str:
+        return "langfuse"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
+        """Upsert one score per record; one outcome per record, in order."""
+        outcomes: list[Delivery] = []
+        unreachable: Retry | None = None
+        for record in records:
+            body = _score(record)
+            if isinstance(body, Refused):
+                outcomes.append(body)
+            elif unreachable is not None:
+                outcomes.append(unreachable)
+            else:
+                try:
+                    response = self._client.post(self._url, json=body)
+                except httpx.TransportError as exc:
+                    unreachable = transport_retry("Langfuse", exc)
+                    outcomes.append(unreachable)
+                    continue
+                outcomes.append(self._outcome(response, record))
+        return outcomes
+
+    def _outcome(self, response: httpx.Response, record: ScoreRecord) -> Delivery:
+        status = response.status_code
+        if 200 <= status < 300:
+            return Delivered()
+        if is_retryable(status):
+            return Retry(f"Langfuse answered HTTP {status}", after_s=retry_after(response))
+        if status in (401, 403):
+            reason = (
+                f"Langfuse refused the credentials (HTTP {status}): check TRACESCORE_LANGFUSE_PUBLIC_KEY"
+                " and TRACESCORE_LANGFUSE_SECRET_KEY"
+            )
+        elif status == 404:
+            reason = "no Langfuse scores API at this URL (HTTP 404): check TRACESCORE_LANGFUSE_HOST"
+        else:
+            reason = f"Langfuse refused the score (HTTP {status})"
+        content = (record.reason, record.error_message, record.not_scorable, record.label)
+        detail = redact(_server_message(response.text), *self._secrets, *content)
+        return Refused(reason, detail=detail[:DETAIL_CHARS])
+
+
+def _score(record: ScoreRecord) -> dict[str, Any] | Refused:
+    """The Langfuse score of one record, or why it cannot be one (never sent)."""
+    trace_id = record.trace_id.lower()
+    span_id = record.span_id.lower()
+    if not _TRACE_ID.fullmatch(trace_id):
+        return Refused("trace id is not 32 hex digits (an OpenTelemetry trace id); Langfuse cannot match it")
+    if not _SPAN_ID.fullmatch(span_id):
+        return Refused("span id is not 16 hex digits (an OpenTelemetry span id); Langfuse cannot match it")
+    value: float | str
+    comment = record.reason
+    if not record.ok:
+        data_type, value = "CATEGORICAL", "error"
+        step = f" in {record.failed_step}" if record.failed_step else ""
+        message = f": {record.error_message}" if record.error_message else ""
+        comment = f"{record.error_type}{step}{message}"
+    elif record.score is None and record.not_scorable is not None:
+        data_type, value, comment = "CATEGORICAL", "not scorable", record.not_scorable
+    elif record.score is None:
+        if not record.label:
+            return Refused("score has neither a value nor a label (nothing for Langfuse to show)")
+        data_type, value = "CATEGORICAL", record.label
+    elif not math.isfinite(record.score):
+        return Refused("score is not a finite number (JSON cannot carry it)")
+    else:
+        data_type, value = "NUMERIC", record.score
+    metadata = {
+        "scorer_id": record.scorer_id,
+        "scorer_version": record.scorer_version,
+        "score_id": record.score_id,
+        "label": record.label,
+        "source": record.source,
+        "job_id": record.job_id,
+        "run_id": record.run_id,
+        "judge_models": record.judge_models or None,
+        "error_type": record.error_type,
+        "failed_step": record.failed_step,
+    }
+    body: dict[str, Any] = {
+        "id": record.score_id,
+        "traceId": trace_id,
+        "observationId": span_id,
+        "name": record.scorer_name or record.scorer_id,
+        "value": value,
+        "dataType": data_type,
+        "metadata": {key: val for key, val in metadata.items() if val is not None},
+    }
+    if comment:
+        body["comment"] = comment
+    return body
+
+
+def _server_message(body: str) -> str:
+    """Langfuse's ``message`` (its errors are JSON ``{"message": ..., "error": ...}``), else the
+    answer's text on one line."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return " ".join(body.split())
+    if isinstance(parsed, dict):
+        message = parsed.get("message") or parsed.get("error")
+        if isinstance(message, str):
+            return message
+    return f"an answer of JSON type {type(parsed).__name__}"

@@ -1,0 +1,238 @@
+"""MLflow: each score becomes a feedback assessment on the trace and span it judged.
+
+MLflow's REST API (checked against mlflow 3.17.2, ``mlflow server`` on SQLite). A trace that
+MLflow ingested over OTLP (``POST /v1/traces`` with the ``x-mlflow-experiment-id`` header) is
+``tr-<32 hex OpenTelemetry trace id>``; its spans keep their 16-hex ids. One assessment per score:
+
+- ``assessment_id``: ``a-`` + the first 32 hex digits of the score id (MLflow's own ids have this
+  shape; the column holds 50 characters), so a re-sent score finds its assessment.
+- ``assessment_name``: the scorer's name (its id when it has none); ``span_id``: the scored span.
+- ``source``: ``LLM_JUDGE`` when a judge model answered any step of the scorer, else ``CODE``;
+  ``source_id`` is the scorer id.
+- ``feedback.value``: the score; a label-only score: its label; not scorable: null, with the
+  reason in ``rationale``. A failed run: ``feedback.error`` (``error_code`` = the error type,
+  ``error_message``) and no value; MLflow shows it as an errored assessment.
+- ``rationale``: the scorer's reason. ``metadata`` (strings only): score id, scorer version,
+  label, source (live / backfill), job and run ids, judge models, the failed step.
+
+Why update first: MLflow answers a second create with the same id by HTTP 500 (a constraint
+violation), so every send is ``PATCH .../assessments/{id}`` (fields and metadata replaced) and,
+when MLflow answers RESOURCE_DOES_NOT_EXIST, ``POST .../assessments``. A create that says the
+trace does not exist is a trace MLflow has not ingested yet (the agent's exporter may be behind):
+``Retry`` until ``trace_wait_s`` after scoring, then ``Refused`` (a trace that never reaches
+this server, e.g. exported to another one, must not cycle in the outbox for ever).
+
+Other outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
+(Retry-After honoured; after one request gets no answer, the rest of the batch is ``Retry``
+without trying, so a down server costs one timeout per batch, not one per score); any other
+4xx ``Refused`` with MLflow's error code and message, scrubbed of the token and of the score's
+own text.
+
+Auth: ``Authorization: Bearer <token>`` when ``token`` is given (MLflow's
+``MLFLOW_TRACKING_TOKEN`` convention); user:password in the URL is HTTP basic auth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from tracing._broker import redact
+from tracing._score_record import ScoreRecord
+from tracing.sinks._http import DETAIL_CHARS, is_retryable, retry_after, transport_retry
+from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
+
+__all__ = ["MlflowSink"]
+
+_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
+_SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
+_NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
+# Every field a re-send may change; source and span are fixed by the score id anyway.
+_UPDATE_MASK = "assessmentName,feedback,rationale,metadata"
+# A hint for the drainer: MLflow writes an OTLP batch before it answers the exporter, so a
+# missing trace is one the agent has not exported yet.
+_NOT_INGESTED_AFTER_S = 2.0
+_TAGS = re.compile(r"<[^>]*>")
+
+
+class MlflowSink:
+    """Scores as MLflow feedback assessments (see the module docstring for the mapping)."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        trace_wait_s: float = 900.0,
+    ) -> None:
+        parts = urlsplit(tracking_uri)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"MLflow tracking URI must be http(s)://host[:port][/path], got {redact(tracking_uri, token)!r}"
+                " (TRACESCORE_MLFLOW_URL)"
+            )
+        if not (timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ValueError(f"MLflow timeout must be a positive number of seconds, got {timeout_s!r}")
+        if not (trace_wait_s >= 0 and math.isfinite(trace_wait_s)):
+            raise ValueError(f"MLflow trace_wait_s must be a non-negative number of seconds, got {trace_wait_s!r}")
+        self._base = tracking_uri.rstrip("/") + "/api/3.0/mlflow/traces"
+        self._trace_wait_s = trace_wait_s
+        self._secrets = tuple(s for s in (token, parts.password) if s)
+        headers = {"Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client = httpx.Client(headers=headers, timeout=timeout_s, follow_redirects=False)
+
+    @property
+    def name(self) -> str:
+        return "mlflow"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
+        """Upsert one assessment per record; one outcome per record, in order."""
+        outcomes: list[Delivery] = []
+        unreachable: Retry | None = None
+        for record in records:
+            assessment = _assessment(record)
+            if isinstance(assessment, Refused):
+                outcomes.append(assessment)
+            elif unreachable is not None:
+                outcomes.append(unreachable)
+            else:
+                try:
+                    outcomes.append(self._upsert(record, assessment))
+                except httpx.TransportError as exc:
+                    unreachable = transport_retry("MLflow", exc)
+                    outcomes.append(unreachable)
+        return outcomes
+
+    def _upsert(self, record: ScoreRecord, assessment: dict[str, Any]) -> Delivery:
+        trace = assessment["trace_id"]
+        url = f"{self._base}/{trace}/assessments"
+        updated = self._client.patch(
+            f"{url}/{assessment['assessment_id']}", json={"assessment": assessment, "update_mask": _UPDATE_MASK}
+        )
+        outcome = self._outcome(updated)
+        if outcome is not None:
+            return outcome
+        if _error_code(updated) != _NOT_FOUND:
+            return self._refused(updated, record)
+        # Not there yet (or the trace is not): create it. A create racing another worker's
+        # answers 500 (duplicate id), which is Retry; the next try finds it and updates.
+        created = self._client.post(url, json={"assessment": assessment})
+        outcome = self._outcome(created)
+        if outcome is not None:
+            return outcome
+        if _error_code(created) != _NOT_FOUND:
+            return self._refused(created, record)
+        waited = time.time() - record.scored_at
+        if waited <= self._trace_wait_s:
+            return Retry(f"trace {trace} not in MLflow yet (HTTP 404)", after_s=_NOT_INGESTED_AFTER_S)
+        return Refused(
+            f"trace {trace} still not in MLflow {waited:.0f}s after scoring (HTTP 404): was it exported to"
+            " this server?",
+            detail=self._detail(created, record),
+        )
+
+    def _outcome(self, response: httpx.Response) -> Delivery | None:
+        """Delivered or Retry by status; None for a refusal to look at."""
+        status = response.status_code
+        if 200 <= status < 300:
+            return Delivered()
+        if is_retryable(status):
+            return Retry(f"MLflow answered HTTP {status}", after_s=retry_after(response))
+        return None
+
+    def _refused(self, response: httpx.Response, record: ScoreRecord) -> Refused:
+        status = response.status_code
+        code = _error_code(response)
+        if status in (401, 403):
+            reason = f"MLflow refused the credentials (HTTP {status}): check TRACESCORE_MLFLOW_TOKEN"
+        elif code is None:
+            reason = f"no MLflow tracking API at this URL (HTTP {status}): check TRACESCORE_MLFLOW_URL"
+        else:
+            reason = f"MLflow refused the assessment (HTTP {status} {code})"
+        return Refused(reason, detail=self._detail(response, record))
+
+    def _detail(self, response: httpx.Response, record: ScoreRecord) -> str:
+        """MLflow's answer, short, without our credentials or the score's own text."""
+        code = _error_code(response)
+        if code is not None:
+            detail = f"{code}: {_json(response).get('message', '')}"
+        else:
+            detail = " ".join(_TAGS.sub(" ", response.text).split())
+        content = (record.reason, record.error_message, record.not_scorable, record.label)
+        return redact(detail, *self._secrets, *content)[:DETAIL_CHARS]
+
+
+def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
+    """The assessment of one score, or why it cannot be one (never sent)."""
+    trace_id = record.trace_id.lower()
+    span_id = record.span_id.lower()
+    if not _TRACE_ID.fullmatch(trace_id):
+        return Refused("trace id is not 32 hex digits (an OpenTelemetry trace id); MLflow cannot match it")
+    if not _SPAN_ID.fullmatch(span_id):
+        return Refused("span id is not 16 hex digits (an OpenTelemetry span id); MLflow cannot match it")
+    if record.score is not None and not math.isfinite(record.score):
+        return Refused("score is not a finite number (JSON cannot carry it)")
+    feedback: dict[str, Any]
+    rationale = record.reason
+    if not record.ok:
+        error = {"error_code": record.error_type, "error_message": record.error_message or ""}
+        feedback = {"value": None, "error": error}
+    elif record.score is None and record.not_scorable is not None:
+        feedback = {"value": None}
+        rationale = f"not scorable: {record.not_scorable}"
+    elif record.score is None:
+        feedback = {"value": record.label}
+    else:
+        feedback = {"value": record.score}
+    metadata = {
+        "score_id": record.score_id,
+        "scorer_version": record.scorer_version,
+        "label": record.label,
+        "source": record.source,
+        "job_id": record.job_id,
+        "run_id": record.run_id,
+        "judge_models": ",".join(record.judge_models) or None,
+        "failed_step": record.failed_step,
+        "not_scorable": record.not_scorable,
+    }
+    scored_at = datetime.fromtimestamp(record.scored_at, UTC).isoformat(timespec="milliseconds")
+    return {
+        "assessment_id": f"a-{record.score_id[:32]}",
+        "assessment_name": record.scorer_name or record.scorer_id,
+        "trace_id": f"tr-{trace_id}",
+        "span_id": span_id,
+        "source": {"source_type": "LLM_JUDGE" if record.judge_models else "CODE", "source_id": record.scorer_id},
+        "create_time": scored_at.replace("+00:00", "Z"),
+        "feedback": feedback,
+        "rationale": rationale or "",
+        "metadata": {key: value for key, value in metadata.items() if value is not None},
+    }
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        parsed = json.loads(response.text)
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    """MLflow's ``error_code`` (its REST errors are JSON); None for any other answer (a proxy's
+    or a web server's page: then this URL is not an MLflow tracking server)."""
+    code = _json(response).get("error_code")
+    return code if isinstance(code, str) else None
