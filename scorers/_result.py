@@ -13,13 +13,28 @@ STEP_NAMES: tuple[StepName, ...] = ("preprocess", "analyze", "generate_score", "
 
 
 class JudgeUsage(BaseModel):
+    """Tokens of judge calls. ``input_tokens`` is the whole prompt, cached parts included:
+    ``cached_input_tokens`` (read from the provider's prompt cache) and
+    ``cache_write_input_tokens`` (written to it, Anthropic's ``cache_creation_input_tokens``)
+    are shares of it, priced at their own rates (``scorers.judge.price_usage``)."""
+
     model_config = ConfigDict(frozen=True)
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_input_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: JudgeUsage) -> JudgeUsage:
+        return JudgeUsage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            cache_write_input_tokens=self.cache_write_input_tokens + other.cache_write_input_tokens,
+        )
 
 
 class JudgeAttempt(BaseModel):

@@ -4,7 +4,8 @@ Public names (see each module's docstring): ``Judge``; the ``JudgeModel`` protoc
 ``JudgeRequest`` / ``JudgeResponse`` / ``JudgeMessage``; the built-in ``OpenAIJudgeModel`` /
 ``AnthropicJudgeModel``; processors (``StreamErrorRetryProcessor``, ``RetryMatcher``,
 ``RetryDecision``, ``ErrorContext``, ``JudgeCallInfo``); ``fence`` and
-``JUDGE_SYSTEM_PREAMBLE``; the ``JudgeError`` tree; host hooks (``JudgeHooks``,
+``JUDGE_SYSTEM_PREAMBLE``; the ``JudgeError`` tree; the price table (``DEFAULT_PRICES``,
+``PRICES_TAKEN``, ``ModelPrice``, ``price_usage``); host hooks (``JudgeHooks``,
 ``set_judge_hooks``); and ``ask_judge``, which the scorer pipeline calls. A test double lives
 in ``scorers.judge.testing`` (``FakeJudgeModel``).
 """
@@ -29,8 +30,23 @@ from scorers.judge._errors import (
     JudgeTimeoutError,
 )
 from scorers.judge._fence import JUDGE_SYSTEM_PREAMBLE, fence
-from scorers.judge._hooks import JudgeHooks, JudgeLimiter, get_judge_hooks, set_judge_hooks
+from scorers.judge._hooks import (
+    JudgeCallRefused,
+    JudgeGuard,
+    JudgeHooks,
+    JudgeLimiter,
+    get_judge_hooks,
+    set_judge_hooks,
+)
 from scorers.judge._model import JudgeMessage, JudgeModel, JudgeRequest, JudgeResponse, StructuredMode
+from scorers.judge._prices import (
+    DEFAULT_PRICES,
+    PRICES_TAKEN,
+    ModelPrice,
+    find_price,
+    price_executions,
+    price_usage,
+)
 from scorers.judge._processors import (
     DelayMs,
     ErrorContext,
@@ -46,9 +62,11 @@ from scorers.judge._providers import AnthropicJudgeModel, OpenAIJudgeModel, reso
 from scorers.judge._translate import parse_retry_after_ms, translate_sdk_errors
 
 __all__ = [
+    "DEFAULT_PRICES",
     "JUDGE_DEFAULTS",
     "JUDGE_SYSTEM_PREAMBLE",
     "MAX_PAUSE_S",
+    "PRICES_TAKEN",
     "AnthropicJudgeModel",
     "DelayMs",
     "ErrorCategory",
@@ -61,9 +79,11 @@ __all__ = [
     "JudgeAuthError",
     "JudgeBadRequestError",
     "JudgeCallInfo",
+    "JudgeCallRefused",
     "JudgeConnectionError",
     "JudgeContextLengthError",
     "JudgeError",
+    "JudgeGuard",
     "JudgeHooks",
     "JudgeLimiter",
     "JudgeMessage",
@@ -78,6 +98,7 @@ __all__ = [
     "JudgeServerError",
     "JudgeStatusError",
     "JudgeTimeoutError",
+    "ModelPrice",
     "OpenAIJudgeModel",
     "OutputProcessor",
     "RetryDecision",
@@ -87,8 +108,11 @@ __all__ = [
     "aclose_clients",
     "ask_judge",
     "fence",
+    "find_price",
     "get_judge_hooks",
     "parse_retry_after_ms",
+    "price_executions",
+    "price_usage",
     "resolve_model",
     "set_judge_hooks",
     "translate_sdk_errors",

@@ -43,7 +43,7 @@ from scorers.judge._errors import (
     JudgeTimeoutError,
 )
 from scorers.judge._fence import well_formed
-from scorers.judge._hooks import JudgeHooks, get_judge_hooks
+from scorers.judge._hooks import JudgeCallRefused, JudgeHooks, get_judge_hooks
 from scorers.judge._model import JudgeMessage, JudgeModel, JudgeRequest, JudgeResponse
 from scorers.judge._processors import ErrorContext, JudgeCallInfo, RetryDecision
 from scorers.judge._providers import resolve_model
@@ -155,6 +155,15 @@ class _JudgeCall:
             began = time.perf_counter()
             try:
                 response = await self._send(request)
+            except JudgeCallRefused as refused:
+                log.warning(
+                    "judge.refused",
+                    scorer=self.info.scorer_id,
+                    model=self.info.model_id,
+                    step=self.info.step,
+                    reason=refused.error_type,
+                )
+                raise self._fail(refused) from None
             except JudgeProviderError as err:
                 attempt = self._record_error(err, began, mode)
                 decision = await self._decide(err, retries, cap)
@@ -212,6 +221,9 @@ class _JudgeCall:
         model_id = self.info.model_id
         limiter = self.hooks.limiter
         enter = self.hooks.call_context
+        guard = self.hooks.guard
+        if guard is not None:
+            await guard.before_call(model_id, self.info.scorer_id)
         try:
             if limiter is not None:
                 async with limiter.slot(model_id, _estimate_tokens(request)):
@@ -226,6 +238,8 @@ class _JudgeCall:
             raise
         if limiter is not None:
             await limiter.record_usage(model_id, response.usage.total_tokens)
+        if guard is not None:
+            await guard.after_call(model_id, self.info.scorer_id, response.usage)
         return response
 
     async def _generate(self, request: JudgeRequest, enter: Any) -> JudgeResponse:
@@ -332,10 +346,7 @@ class _JudgeCall:
     # --- records ---------------------------------------------------------------------------
 
     def _record_ok(self, response: JudgeResponse, began: float, mode: Mode) -> JudgeAttempt:
-        self.usage = JudgeUsage(
-            input_tokens=self.usage.input_tokens + response.usage.input_tokens,
-            output_tokens=self.usage.output_tokens + response.usage.output_tokens,
-        )
+        self.usage = self.usage + response.usage
         self.raw_output = response.text
         attempt = JudgeAttempt(
             status="ok",

@@ -1,5 +1,6 @@
 """Hooks the judge calls around every provider request, so the host (the worker) can
-rate-limit judge calls across machines and mark their spans, without scorers/ knowing how.
+rate-limit judge calls across machines, mark their spans, and keep their cost within budgets
+and their number per run within a cap (``JudgeGuard``), without scorers/ knowing how.
 """
 
 from __future__ import annotations
@@ -8,9 +9,38 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
-__all__ = ["JudgeHooks", "JudgeLimiter", "get_judge_hooks", "set_judge_hooks"]
+from scorers._errors import ErrorCategory
+from scorers._result import JudgeUsage
+from scorers.judge._errors import JudgeError
+
+__all__ = ["JudgeCallRefused", "JudgeGuard", "JudgeHooks", "JudgeLimiter", "get_judge_hooks", "set_judge_hooks"]
+
+
+class JudgeCallRefused(JudgeError):
+    """The host refused a judge call before it was made: ``error_type`` says why
+    (``budget_exhausted``, ``judge_attempts_exhausted``). Final for this run's delivery; the
+    run's record is ``retryable`` so a later delivery (after the budget resets) may replace it."""
+
+    _category: ClassVar[ErrorCategory] = "internal"
+
+    def __init__(self, message: str, *, error_type: str) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class JudgeGuard(Protocol):
+    """Spending control around each provider request (both may raise the host's own
+    "store unavailable" error, which fails the run as transient)."""
+
+    async def before_call(self, model_id: str, scorer_id: str) -> None:
+        """Raise ``JudgeCallRefused`` to stop the call (a budget spent, the run's cap reached)."""
+        ...
+
+    async def after_call(self, model_id: str, scorer_id: str, usage: JudgeUsage) -> None:
+        """What a successful request used (its cost is the host's to count)."""
+        ...
 
 
 class JudgeLimiter(Protocol):
@@ -39,6 +69,8 @@ class JudgeHooks:
     # How the judge waits before a retry (seconds); None means asyncio.sleep. Tests inject a
     # recorder so retry delays are asserted without waiting.
     sleep: Callable[[float], Awaitable[None]] | None = None
+    # Budgets and the per-run call cap (``JudgeGuard``); None: every call goes ahead.
+    guard: JudgeGuard | None = None
 
     async def wait(self, seconds: float) -> None:
         if seconds <= 0:

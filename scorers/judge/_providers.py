@@ -113,6 +113,9 @@ class OpenAIJudgeModel:
                 usage=JudgeUsage(
                     input_tokens=int(usage.get("prompt_tokens") or 0),
                     output_tokens=int(usage.get("completion_tokens") or 0),
+                    # OpenAI caches prompt prefixes by itself (≥ 1024 tokens): the system
+                    # message (the judge's instructions) comes first so every run shares it.
+                    cached_input_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
                 ),
                 model=data.get("model"),
                 request_id=request_id,
@@ -165,7 +168,10 @@ class AnthropicJudgeModel:
     async def generate(self, request: JudgeRequest) -> JudgeResponse:
         kwargs: dict[str, Any] = {
             "model": self.model,
-            "system": request.system,
+            # The judge's instructions are the same for every run of a step: mark them as a
+            # prompt-cache breakpoint (tools, then system, are the cached prefix). Anthropic
+            # ignores it below the model's minimum cacheable length.
+            "system": [{"type": "text", "text": request.system, "cache_control": {"type": "ephemeral"}}],
             "messages": [{"role": m.role, "content": m.content} for m in request.messages],
             "max_tokens": request.max_tokens,
             "timeout": request.timeout_s,
@@ -197,11 +203,25 @@ class AnthropicJudgeModel:
         return JudgeResponse(
             text=text,
             parsed=parsed,
-            usage=JudgeUsage(input_tokens=message.usage.input_tokens, output_tokens=message.usage.output_tokens),
+            usage=_anthropic_usage(message.usage),
             model=message.model,
             request_id=getattr(message, "_request_id", None),
             finish_reason=message.stop_reason,
         )
+
+
+def _anthropic_usage(usage: Any) -> JudgeUsage:
+    """Anthropic's ``input_tokens`` are only the tokens after the last cache breakpoint; the
+    cache reads and writes come separately. Ours counts the whole prompt (as OpenAI does), with
+    the reads and writes as shares of it."""
+    read = int(getattr(usage, "cache_read_input_tokens", None) or 0)
+    written = int(getattr(usage, "cache_creation_input_tokens", None) or 0)
+    return JudgeUsage(
+        input_tokens=int(usage.input_tokens or 0) + read + written,
+        output_tokens=int(usage.output_tokens or 0),
+        cached_input_tokens=read,
+        cache_write_input_tokens=written,
+    )
 
 
 _strict_cache: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}

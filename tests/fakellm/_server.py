@@ -21,7 +21,9 @@ from typing import Any
 from tests.fakellm._schema import instance_for
 from tests.fakellm._script import RecordedRequest, Reply, Rule
 
-__all__ = ["FakeLLMServer"]
+__all__ = ["DEFAULT_CACHE_MIN_TOKENS", "FakeLLMServer"]
+
+DEFAULT_CACHE_MIN_TOKENS = 1024
 
 _REASONS = {
     200: "OK",
@@ -84,6 +86,11 @@ class FakeLLMServer:
         self._thread: threading.Thread | None = None
         self._hang_release: asyncio.Event | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        # Prompt caching, as the providers do it: a prefix (here: the system text) seen before
+        # is served from the cache — OpenAI by itself, Anthropic where ``cache_control`` marks
+        # it — once it is at least this many tokens (both providers' minimum is 1024).
+        self.cache_min_tokens = DEFAULT_CACHE_MIN_TOKENS
+        self._cached_prefixes: set[tuple[str, str, str]] = set()
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -207,6 +214,8 @@ class FakeLLMServer:
             self._total = 0
             self._per_second.clear()
             self._per_model.clear()
+            self._cached_prefixes.clear()
+            self.cache_min_tokens = DEFAULT_CACHE_MIN_TOKENS
             self.latency_ms = 0.0
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._release_hangs)
@@ -378,6 +387,7 @@ class FakeLLMServer:
         prompt_tokens = reply.input_tokens
         if prompt_tokens is None:
             prompt_tokens = max(1, (len(req.system) + len(req.user_text)) // 4)
+        cached, written = self._prompt_cache(req, prompt_tokens)
         if req.provider == "anthropic":
             if structured is not None and req.tool_name is not None:
                 content: list[dict[str, Any]] = [
@@ -404,8 +414,11 @@ class FakeLLMServer:
                 "stop_reason": stop,
                 "stop_sequence": None,
                 "usage": {
-                    "input_tokens": prompt_tokens,
+                    # Anthropic counts the cache reads and writes apart from input_tokens.
+                    "input_tokens": prompt_tokens - cached - written,
                     "output_tokens": reply.output_tokens or max(1, out_len // 4),
+                    "cache_read_input_tokens": cached,
+                    "cache_creation_input_tokens": written,
                 },
             }
         body_text = text if text is not None else json.dumps(structured)
@@ -428,8 +441,28 @@ class FakeLLMServer:
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached},
             },
         }
+
+    def _prompt_cache(self, req: RecordedRequest, prompt_tokens: int) -> tuple[int, int]:
+        """(tokens read from the prompt cache, tokens written to it) for this request."""
+        prefix = min(prompt_tokens, len(req.system) // 4)
+        if prefix < max(1, self.cache_min_tokens):
+            return 0, 0
+        if req.provider == "anthropic":
+            system = req.body.get("system")
+            marked = isinstance(system, list) and any(isinstance(b, dict) and b.get("cache_control") for b in system)
+            if not marked:
+                return 0, 0
+        key = (req.provider, req.model, req.system)
+        with self._lock:
+            seen = key in self._cached_prefixes
+            self._cached_prefixes.add(key)
+        if seen:
+            return prefix, 0
+        # OpenAI caches for free on the way; Anthropic bills the first write.
+        return 0, prefix if req.provider == "anthropic" else 0
 
     async def _control(self, method: str, path: str, raw: bytes, writer: asyncio.StreamWriter) -> bool:
         if method == "GET" and path == "/_fake/stats":
