@@ -6,10 +6,18 @@ reads or rewrites the environment after that. ``tracescore worker`` builds its S
 its options and calls it; the module-level ``app`` (``celery -A worker worker``) is the
 environment's app: its settings are ``TRACESCORE_*``, read once per process, and a bad value
 is reported when a worker starts (importing ``worker`` never fails on one).
+
+SIGTERM (Celery's warm shutdown: no new messages, running tasks awaited without a limit) gets a
+deadline here: each process running tasks (this one in the threads and solo pools; each child,
+told by SIGUSR2, in the prefork pool) lets its batches run for ``TRACESCORE_SHUTDOWN_GRACE_SECONDS``,
+then cancels them (claims released) and requeues their messages (``worker._task``), so the
+worker exits within the grace period plus a few seconds and another one finishes the work.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import ssl
 import sys
 from typing import Any
@@ -21,6 +29,7 @@ from celery import Celery, Task, bootsteps, signals
 from redis.exceptions import AuthenticationError, ResponseError
 
 from tracing import redact
+from worker import _heartbeat as probe_files
 from worker._settings import Settings, SettingsError, get_settings, load_settings
 
 __all__ = [
@@ -129,6 +138,7 @@ def create_app(settings: Settings | None) -> TracescoreApp:
         click.Option(["--scorers"], default=None, help="Module that defines the scorers, e.g. my_app.scorers.")
     )
     app.steps["worker"].add(ScorersOption)
+    app.steps["consumer"].add(ProbeFiles)
     app.score_batch_task = register_score_task(app)
     return app
 
@@ -180,6 +190,7 @@ class ScorersOption(bootsteps.Step):
     start instead of every task."""
 
     def __init__(self, parent: Any, scorers: str | None = None, **options: Any) -> None:
+        global _controller
         app: TracescoreApp = parent.app
         try:
             if scorers:
@@ -188,7 +199,33 @@ class ScorersOption(bootsteps.Step):
         except Exception as exc:  # Celery would swallow it and stop silently: say why, exit 1
             sys.stderr.write(f"tracescore worker cannot start: {exc}\n")
             raise SystemExit(1) from exc
+        _controller = parent
         super().__init__(parent, **options)
+
+
+class ProbeFiles(bootsteps.StartStopStep):
+    """The consumer's heartbeat and readiness files for ``tracescore probe`` (``worker._heartbeat``):
+    started once the task consumer consumes, beating on the consumer's own event loop."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, parent: Any, **options: Any) -> None:
+        self._beat: Any = None
+        super().__init__(parent, **options)
+
+    def start(self, parent: Any) -> None:
+        probe_files.consumer_started()
+        if parent.timer is not None:
+            self._beat = parent.timer.call_repeatedly(1.0, probe_files.beat, (probe_files.CONSUMER_FILE,))
+
+    def stop(self, parent: Any) -> None:
+        probe_files.clear(probe_files.READY_FILE)
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
+
+    def shutdown(self, parent: Any) -> None:
+        self.stop(parent)
 
 
 def _check_start(app: TracescoreApp) -> None:
@@ -196,6 +233,7 @@ def _check_start(app: TracescoreApp) -> None:
 
     settings = app.settings
     configure_app(app, settings)
+    probe_files.set_probe_dir(settings.probe_dir)
     # A wrong password or an unverifiable certificate fails the start; Celery would retry for minutes.
     check_connections(settings)
     if not settings.scorers:
@@ -209,6 +247,43 @@ def _check_start(app: TracescoreApp) -> None:
         queue=settings.queue,
         writer=settings.writer,
     )
+
+
+# The WorkController this process runs (set as it starts; prefork children inherit it).
+_controller: Any = None
+
+
+@signals.worker_shutting_down.connect
+def _begin_grace_period(sig: str = "", how: str = "", **_: Any) -> None:
+    """SIGTERM/SIGINT in the main process (Celery sends this from its signal handler): stop being
+    ready, start the grace period here (threads/solo pools run their tasks here) and in every
+    prefork child. A cold shutdown (SIGQUIT) cancels at once, as Celery itself does."""
+    from worker._loop import begin_shutdown
+    from worker._task import DRAIN_SIGNAL
+
+    controller = _controller
+    if controller is None:
+        return
+    probe_files.clear(probe_files.READY_FILE)
+    grace = controller.app.settings.shutdown_grace_seconds if how == "Warm" else 0.0
+    if not begin_shutdown(grace):
+        return
+    pool_info = getattr(getattr(controller, "pool", None), "info", None) or {}
+    children = [pid for pid in pool_info.get("processes", []) if pid != os.getpid()]
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):  # a child that just exited
+            os.kill(pid, DRAIN_SIGNAL)
+    log.info("worker_draining", signal=sig, grace_s=grace, children=len(children))
+
+
+@signals.worker_process_init.connect
+def _init_child(**_: Any) -> None:
+    from worker._loop import install_drain_handler
+    from worker._task import DRAIN_SIGNAL
+
+    app = _controller.app if _controller is not None else None
+    if app is not None:
+        install_drain_handler(DRAIN_SIGNAL, app.settings.shutdown_grace_seconds)
 
 
 @signals.worker_process_shutdown.connect

@@ -10,16 +10,24 @@ CPU loop) blocks the loop, and with it every batch of the process. ``LoopWatchdo
 (the loop's heartbeat stops), raises ``LoopBlockedError`` inside the blocking code, and when
 that cannot end it (a C call that never returns, a step that swallows the error) hands over
 to ``on_wedged``, which records what it can and ends the process so the pool replaces it and
-the broker redelivers its unacknowledged messages.
+the broker redelivers its unacknowledged messages. While the loop turns, the watchdog also
+rewrites this process's heartbeat file (``worker._heartbeat``), which liveness probes read.
+
+SIGTERM's grace period lives here too (``begin_shutdown``): a coroutine run with
+``run_draining`` may finish within it; when it ends, the coroutine is cancelled (a scoring batch
+then releases its unfinished claims) and its waiter gets ``GraceExpired``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import ctypes
 import faulthandler
+import math
 import os
+import signal
 import threading
 import time
 import weakref
@@ -28,16 +36,22 @@ from typing import Any, TypeVar
 
 import structlog
 
+from worker import _heartbeat as probe_files
 from worker._errors import LoopBlockedError
 
 __all__ = [
     "WATCHDOG_GRACE_S",
+    "GraceExpired",
     "LoopBlockedError",
     "LoopThread",
     "LoopWatchdog",
+    "begin_shutdown",
     "get_loop_thread",
+    "install_drain_handler",
     "resident_bytes",
     "run_coro",
+    "run_draining",
+    "shutting_down",
     "start_watchdog",
     "stop_loop",
     "was_targeted",
@@ -51,6 +65,8 @@ HEARTBEAT_S = 0.2
 # After interrupting a blocked step, how long the watchdog waits for the loop to turn again
 # before it gives up on the process.
 WATCHDOG_GRACE_S = 3.0
+# The loop counts as turning (for the heartbeat file) if it beat within this long.
+LIVE_BEAT_S = 1.0
 
 
 class LoopThread:
@@ -181,6 +197,7 @@ class LoopWatchdog:
         self._backstop_s = backstop_s
         self._armed_at = 0.0
         self.interrupted = 0  # blocked steps ended by the exception (for logs and tests)
+        self._file_beat_at = 0.0
         self._stop = threading.Event()
         self._arm_backstop()  # now: the loop may take the GIL before this thread first runs
         self._thread = threading.Thread(target=self._watch, name="tracescore-loop-watchdog", daemon=True)
@@ -190,6 +207,13 @@ class LoopWatchdog:
         self._stop.set()
         if self._backstop_s is not None:
             faulthandler.cancel_dump_traceback_later()
+        probe_files.clear(probe_files.loop_file())
+
+    def _beat_file(self, lt: LoopThread) -> None:
+        now = time.monotonic()
+        if lt.blocked_for() < LIVE_BEAT_S and now - self._file_beat_at >= LIVE_BEAT_S:
+            probe_files.beat(probe_files.loop_file())
+            self._file_beat_at = now
 
     def _arm_backstop(self) -> None:
         now = time.monotonic()
@@ -212,6 +236,7 @@ class LoopWatchdog:
             lt = self.loop_thread
             if not lt.alive() or lt.pid != os.getpid():
                 return
+            self._beat_file(lt)
             if self._rss_limit and self._on_memory is not None:
                 rss = resident_bytes() or 0
                 if rss > self._rss_limit:
@@ -336,3 +361,142 @@ def stop_loop() -> None:
         watchdog.stop()
     if current is not None and current.pid == os.getpid():
         current.stop()
+
+
+# --- SIGTERM's grace period ---------------------------------------------------------------------
+
+# After the grace period's cancel, how long a waiter gives the coroutine to clean up (release
+# its claims) before it stops waiting anyway.
+CLEANUP_S = 5.0
+_WAIT_SLICE_S = 0.2
+
+
+class GraceExpired(Exception):
+    """The shutdown grace period ended while ``run_draining``'s coroutine ran: it was cancelled
+    (its own cleanup ran, unless that took longer than ``CLEANUP_S``)."""
+
+
+class _Drain:
+    """This process's shutdown: when it began, whether its grace period ran out, and the
+    coroutines (as loop tasks) to cancel when it does."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.begun = threading.Event()
+        self.expired = threading.Event()
+        self.tasks: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
+        self.timer: threading.Timer | None = None
+
+    def expire(self) -> None:
+        with self.lock:
+            self.expired.set()
+            tasks = list(self.tasks)
+        for loop, task in tasks:
+            # RuntimeError: the loop is closed, nothing left to cancel there
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(task.cancel)
+        if tasks:
+            log.warning("shutdown_grace_expired", cancelled=len(tasks))
+
+
+_drain = _Drain()
+
+
+def _process_drain() -> _Drain:
+    global _drain
+    with _lock:
+        if _drain.pid != os.getpid():  # a forked child starts with no shutdown of its own
+            _drain = _Drain()
+        return _drain
+
+
+def begin_shutdown(grace_s: float) -> bool:
+    """Start this process's grace period: coroutines under ``run_draining`` may finish within
+    ``grace_s``; then they are cancelled. False if it had already begun (a second SIGTERM)."""
+    drain = _process_drain()
+    with drain.lock:
+        if drain.begun.is_set():
+            return False
+        drain.begun.set()
+        if grace_s <= 0:
+            drain.timer = None
+        else:
+            drain.timer = threading.Timer(grace_s, drain.expire)
+            drain.timer.daemon = True
+            drain.timer.start()
+    if grace_s <= 0:
+        drain.expire()
+    return True
+
+
+def install_drain_handler(signum: int, grace_s: float) -> None:
+    """Make ``signum`` start this process's grace period (a prefork child: its main process got
+    SIGTERM). Called again before each task: billiard may reset handlers after its initializer."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signum)
+    if getattr(current, "grace_s", None) != grace_s:
+
+        def on_signal(signum: int, frame: object) -> None:
+            begin_shutdown(grace_s)
+
+        on_signal.grace_s = grace_s  # type: ignore[attr-defined]
+        signal.signal(signum, on_signal)
+
+
+def shutting_down() -> bool:
+    """True once this process's shutdown began (take no new work)."""
+    return _process_drain().begun.is_set()
+
+
+def run_draining(
+    coro: Coroutine[Any, Any, T], timeout: float | None = None, *, on_wait: Callable[[], None] | None = None
+) -> T:
+    """``run_coro`` that the shutdown's grace period can end: at its end ``coro`` is cancelled
+    where it stands, its ``except``/``finally`` blocks run on the loop, and this raises
+    ``GraceExpired``. ``on_wait`` is called about every 0.2 s while this thread waits."""
+    lt = get_loop_thread()
+    drain = _process_drain()
+
+    async def tracked() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        entry = (lt.loop, task)
+        with drain.lock:
+            expired = drain.expired.is_set()
+            drain.tasks.add(entry)
+        try:
+            if expired:
+                coro.close()
+                raise asyncio.CancelledError
+            return await coro
+        finally:
+            with drain.lock:
+                drain.tasks.discard(entry)
+
+    future = asyncio.run_coroutine_threadsafe(tracked(), lt.loop)
+    end = math.inf if timeout is None else time.monotonic() + timeout
+    give_up_at = math.inf
+    try:
+        while not future.done():
+            now = time.monotonic()
+            if now >= end:
+                future.cancel()
+                raise TimeoutError(f"coroutine did not finish within {timeout} s; it was cancelled")
+            if drain.expired.is_set() and give_up_at == math.inf:
+                give_up_at = now + CLEANUP_S
+            if now >= give_up_at:
+                future.cancel()
+                raise GraceExpired(f"the coroutine's cleanup did not finish within {CLEANUP_S} s")
+            concurrent.futures.wait([future], timeout=min(_WAIT_SLICE_S, end - now, give_up_at - now))
+            if on_wait is not None:
+                on_wait()
+        return future.result()
+    except concurrent.futures.CancelledError:
+        if drain.expired.is_set():
+            raise GraceExpired("the shutdown grace period ended; the coroutine was cancelled") from None
+        raise
+    except BaseException:
+        future.cancel()
+        raise

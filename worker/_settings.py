@@ -92,6 +92,15 @@ class Settings(BaseSettings):
     # Unset: 30 s, lowered to fit when the timeouts are tight.
     max_eta_seconds: float = Field(default=30.0, gt=0)
 
+    # --- shutdown and probes (helper F) ---
+    # After SIGTERM, how long runs in flight may go on; then they are cancelled, their claims
+    # released and their messages requeued. 25 s fits Kubernetes' default 30 s grace period.
+    shutdown_grace_seconds: float = Field(default=25.0, ge=0)
+    # Where the worker writes the heartbeat and readiness files `tracescore probe` reads
+    # (one directory per worker: a pod's /tmp). Unset: no files, and `probe` says so.
+    probe_dir: str | None = None
+    # --- end shutdown and probes ---
+
     @field_validator("rate_limits", mode="before")
     @classmethod
     def _parse_rate_limits(cls, value: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,15 @@ from pydantic import ValidationError
 from redis import exceptions as redis_errors
 
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch
-from worker._loop import WATCHDOG_GRACE_S, run_coro
+from worker import _heartbeat as probe_files
+from worker._loop import (
+    WATCHDOG_GRACE_S,
+    GraceExpired,
+    install_drain_handler,
+    run_coro,
+    run_draining,
+    shutting_down,
+)
 from worker._reconnect import COMMAND_SLACK_S, RECONNECT_S
 from worker._runtime import WorkerRuntime, get_runtime
 from worker._scoring import StoreUnavailableError, score_batch
@@ -30,7 +39,7 @@ from worker.store import END_WAIT_S, DeadLetter, dead_letter_id, new_token
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
 
-__all__ = ["register_score_task"]
+__all__ = ["DRAIN_SIGNAL", "register_score_task"]
 
 log = structlog.get_logger("tracescore.worker.task")
 
@@ -41,6 +50,8 @@ MAX_DEAD_PAYLOAD_BYTES = 1024 * 1024
 MAX_CRASHED_DELIVERIES = 2
 # Names the per-run messages of a split batch (deterministic: a second split sends the same ids).
 _SPLIT_NAMESPACE = uuid.UUID("5b0c1f0e-7a53-4d0b-9f7e-3a2f4c8d9e10")
+# The main process tells its prefork children to start their grace period with this (worker._app).
+DRAIN_SIGNAL = signal.SIGUSR2
 # Failures of the machinery around scoring (the broker, Redis, the loop wait): the message goes
 # back to the queue. Celery would otherwise fail the task and acknowledge (drop) its message.
 _INFRASTRUCTURE_ERRORS = (TimeoutError, OSError, KombuOperationalError, redis_errors.RedisError)
@@ -121,8 +132,14 @@ def _score_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
     whose process died counts as a crash. A failure of the machinery (a loop wait that ran out,
     the broker or Redis away) hands the message back to the queue; nothing is acked and dropped."""
     app: TracescoreApp = self.app  # type: ignore[assignment]  # create_app registers this task
-    runtime = get_runtime(app.settings)
     task_id = str(self.request.id or (payload.get("batch_id") if isinstance(payload, dict) else None) or "-")
+    if shutting_down():
+        # SIGTERM came: a message handed over since (prefetched, or queued in the pool) goes
+        # straight back for another worker, before any delivery is recorded or score claimed.
+        log.info("batch_requeued_at_shutdown", task_id=task_id, started=False)
+        raise Reject("the worker is shutting down; requeued", requeue=True)
+    runtime = get_runtime(app.settings)
+    install_drain_handler(DRAIN_SIGNAL, runtime.settings.shutdown_grace_seconds)
     token = new_token()
     # Not in a `finally`: a delivery ended by its process going down (SystemExit, a kill) is
     # exactly what must stay unended.
@@ -259,7 +276,17 @@ def _score_delivery(
         return None
     final = attempt >= settings.retry_budget
     try:
-        report = run_coro(score_batch(batch, runtime.deps, final_attempt=final), timeout=settings.task_soft_time_limit)
+        report = run_draining(
+            score_batch(batch, runtime.deps, final_attempt=final),
+            timeout=settings.task_soft_time_limit,
+            on_wait=probe_files.beat_from_task,
+        )
+    except GraceExpired:
+        # SIGTERM's grace period ended mid-batch: what finished is stored, the rest was cancelled
+        # and its claims released. Requeued as it is (same retry count; the delivery is marked
+        # ended, so not a crash): the next delivery scores only what is missing.
+        log.warning("batch_requeued_at_shutdown", task_id=task_id, batch_id=batch.batch_id, started=True)
+        raise Reject("shutdown grace period ended; requeued", requeue=True) from None
     except (Retry, StoreUnavailableError):  # Redis unreachable: a Reject that requeues, not a retry
         raise
     except (Exception, SoftTimeLimitExceeded) as exc:

@@ -1,0 +1,137 @@
+"""The files ``tracescore probe`` reads to tell a wedged worker from a busy one (``TRACESCORE_PROBE_DIR``).
+
+One directory per worker (a pod's ``/tmp``). Each is rewritten while the part it stands for
+makes progress, so its age is how long that part has been stuck:
+
+- ``loop-<pid>``: written by the loop watchdog of each scoring process (the threads pool's one,
+  each prefork child) while that process's event loop keeps turning. A loop busy with many runs
+  still turns between their awaits; a step that blocks it stops the file.
+- ``consumer``: written once a second by a timer on the Celery consumer's own event loop (and,
+  in the solo pool, by the task waiting on a beating loop: the consumer runs the task itself).
+- ``ready``: present while the consumer is connected and consuming; removed when it stops and on
+  SIGTERM (the worker takes no more messages).
+
+Writing is best effort: a full or read-only disk must never break scoring (the probe then
+reports the stale file, which is the truth about what it can see).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from pathlib import Path
+
+__all__ = [
+    "CONSUMER_FILE",
+    "LOOP_PREFIX",
+    "READY_FILE",
+    "beat",
+    "beat_from_task",
+    "clear",
+    "consumer_started",
+    "liveness_problems",
+    "loop_file",
+    "probe_dir",
+    "set_probe_dir",
+]
+
+CONSUMER_FILE = "consumer"
+READY_FILE = "ready"
+LOOP_PREFIX = "loop-"
+
+_dir: Path | None = None
+_consumer_pid = 0
+
+
+def set_probe_dir(path: str | None) -> None:
+    """Where this process (and the children it forks) write their files; None: nowhere."""
+    global _dir
+    _dir = Path(path) if path else None
+    if _dir is not None:
+        try:
+            _dir.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            _dir = None
+
+
+def probe_dir() -> Path | None:
+    return _dir
+
+
+def consumer_started() -> None:
+    """Called in the process (and on the thread) that runs the Celery consumer."""
+    global _consumer_pid
+    _consumer_pid = os.getpid()
+    beat(CONSUMER_FILE)
+    beat(READY_FILE)
+
+
+def beat_from_task() -> None:
+    """A task waiting on its loop: in the solo pool it runs on the consumer's own thread, which
+    therefore is not stuck but waiting on a loop that turns (its own heartbeat says so)."""
+    if os.getpid() == _consumer_pid and threading.current_thread() is threading.main_thread():
+        beat(CONSUMER_FILE)
+
+
+def loop_file() -> str:
+    return f"{LOOP_PREFIX}{os.getpid()}"
+
+
+def beat(name: str) -> None:
+    """(Re)write ``name`` with this process's pid; its modification time is the beat."""
+    if _dir is None:
+        return
+    path = _dir / name
+    try:
+        tmp = path.with_name(f".{name}.{os.getpid()}")
+        tmp.write_text(str(os.getpid()), encoding="ascii")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def clear(name: str) -> None:
+    if _dir is None:
+        return
+    with contextlib.suppress(OSError):
+        (_dir / name).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
+
+
+def _age(path: Path, now: float) -> float | None:
+    try:
+        return now - path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def liveness_problems(directory: Path, max_age_s: float) -> list[str]:
+    """What says the worker writing ``directory`` is wedged (empty: it is live)."""
+    now = time.time()
+    problems: list[str] = []
+    age = _age(directory / CONSUMER_FILE, now)
+    if age is None:
+        problems.append(f"no consumer heartbeat in {directory} (the worker has not started consuming)")
+    elif age > max_age_s:
+        problems.append(f"the consumer's event loop has not turned for {age:.0f} s (limit {max_age_s:g} s)")
+    for path in sorted(directory.glob(f"{LOOP_PREFIX}*")):
+        pid_text = path.name.removeprefix(LOOP_PREFIX)
+        if not pid_text.isdigit() or not _alive(int(pid_text)):
+            continue  # a replaced prefork child's file
+        age = _age(path, now)
+        if age is not None and age > max_age_s:
+            problems.append(
+                f"the scoring event loop of process {pid_text} has been blocked for {age:.0f} s (limit {max_age_s:g} s)"
+            )
+    return problems
