@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from tracing import CelerySink, redact
 from tracing.queue import ScoreBatch
+from worker._budget import RedisLedger, parse_budgets, spend_report
 from worker._limiter import RedisRateLimiter
 from worker._settings import Settings
 from worker.store import DeadLetter, RedisDeadLetters, RedisJobStats
@@ -59,17 +60,21 @@ async def store_status(settings: Settings) -> dict[str, Any]:
     """The score store's side: dead letters by reason, failures of the last hour, rate limits."""
     letters, jobs = RedisDeadLetters(settings.store_url), RedisJobStats(settings.store_url)
     limiter = RedisRateLimiter(settings.store_url, settings.rate_limit)
+    ledger = RedisLedger(settings.store_url)
     try:
         return {
             "dead_letters": await letters.size(),
             "dead_letters_by_reason": await letters.counts(),
             "recent_failures": await jobs.recent_failures(),
             "rate_limits": await limiter.state(),
+            # Judge spend today (UTC) per scorer and model, and each budget's remaining.
+            "spend": await spend_report(ledger, parse_budgets(settings.budgets)),
         }
     finally:
         await letters.close()
         await jobs.close()
         await limiter.close()
+        await ledger.close()
 
 
 async def dead_letters(settings: Settings, limit: int) -> tuple[int, list[DeadLetter]]:

@@ -13,12 +13,16 @@ __all__ = [
     "dlq_reasons_key",
     "dlq_seen_key",
     "failures_key",
+    "job_budget_key",
     "job_key",
+    "job_spend_key",
+    "judge_calls_key",
     "limiter_bucket_key",
     "limiter_granted_key",
     "limiter_pause_key",
     "limiter_prefix",
     "record_key",
+    "spend_key",
     "trace_key",
 ]
 
@@ -95,6 +99,26 @@ def limiter_prefix() -> str:
 def limiter_granted_key(model_id: str) -> str:
     """Hash: epoch second → judge calls admitted in that second (kept one hour)."""
     return f"{limiter_prefix()}granted:{model_id}"
+
+
+def spend_key(day: str) -> str:
+    """Hash: judge spend (USD) of one UTC day by ``scorer:<id>``, ``model:<id>`` and ``total``."""
+    return f"{PREFIX}spend:{day}"
+
+
+def job_spend_key(job_id: str) -> str:
+    """Hash: judge spend (USD) of one backfill job, fields as ``spend_key``."""
+    return f"{PREFIX}spend:job:{job_id}"
+
+
+def job_budget_key(job_id: str) -> str:
+    """A backfill job's ``--max-cost`` (USD)."""
+    return f"{PREFIX}budget:job:{job_id}"
+
+
+def judge_calls_key(score_id: str) -> str:
+    """Judge calls made for one run across its deliveries (INCR, with a TTL)."""
+    return f"{PREFIX}judge_calls:{score_id}"
 
 
 def backfill_state_key(job_id: str) -> str:

@@ -35,6 +35,7 @@ from tracing import (
     ScoreRecord,
     ScoreWriter,
 )
+from worker._budget import BudgetGuard, RedisLedger, parse_budgets
 from worker._gc import freeze_startup_objects
 from worker._limiter import RedisRateLimiter
 from worker._loop import run_coro, start_watchdog
@@ -102,7 +103,11 @@ class WorkerRuntime:
             model_concurrency=settings.model_concurrency,
             reconnect_s=RECONNECT_S,
         )
-        set_judge_hooks(JudgeHooks(limiter=limiter, call_context=get_judge_hooks().call_context or judge_call_span))
+        # Budgets, spend and the per-run judge-call cap, shared by every worker (worker/_budget.py).
+        guard = BudgetGuard(RedisLedger(settings.store_url, reconnect_s=RECONNECT_S), parse_budgets(settings.budgets))
+        set_judge_hooks(
+            JudgeHooks(limiter=limiter, call_context=get_judge_hooks().call_context or judge_call_span, guard=guard)
+        )
         deps = ScoringDeps(
             registry=registry,
             store=store,
@@ -113,6 +118,7 @@ class WorkerRuntime:
             claim_ttl_s=settings.claim_ttl,
             checkpoint_ttl_s=settings.checkpoint_ttl_seconds,
             run_timeout_s=settings.run_timeout,
+            judge_call_cap=settings.max_judge_attempts_per_run,
         )
         start_watchdog(
             settings.run_timeout,

@@ -40,9 +40,10 @@ from typing import Any, Literal
 import structlog
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
-from scorers.judge import JudgeModel
+from scorers.judge import JudgeCallRefused, JudgeModel, price_executions
 from tracing import ScoreRecord, ScoreWriter, TracedRun, TraceReadError, score_id_for, trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
+from worker._budget import default_attempt_cap, enter_run, price_table
 from worker._errors import RunLimitError, is_transient
 from worker._loop import LoopBlockedError, was_targeted
 from worker._registry import UnknownScorerError
@@ -83,6 +84,8 @@ class ScoringDeps:
     # Which scorers keep step checkpoints: "judge" (those with prompt steps: judge calls cost
     # money), "all" (function-only scorers too, one store write per step) or "none".
     checkpoint: Literal["judge", "all", "none"] = "judge"
+    # Judge calls one run may make across all its deliveries (0: what one delivery may make).
+    judge_call_cap: int = 0
     # A scorer run longer than this becomes a ``timeout`` error record (None: no limit).
     run_timeout_s: float | None = None
     owner: str = field(default_factory=process_owner)
@@ -362,6 +365,10 @@ def _record(
         judge_models=sorted({e.model for e in executions}),
         input_tokens=sum(e.usage.input_tokens for e in executions),
         output_tokens=sum(e.usage.output_tokens for e in executions),
+        cached_input_tokens=sum(e.usage.cached_input_tokens for e in executions),
+        # Every call the run's steps made (retries too; a failed run still shows what it spent).
+        judge_calls=sum(e.attempt_count for e in executions),
+        cost_usd=price_executions(executions, price_table()),
         run_id=result.run_id if result is not None else None,
         job_id=request.job_id,
         source=request.source,
@@ -386,6 +393,9 @@ async def _score_pair(
         async def on_step(partial: ScoreResult) -> None:
             await deps.store.put_checkpoint(pair.score_id, partial, deps.checkpoint_ttl_s)
 
+    # The judge calls below belong to this run: its budgets and its call cap (this coroutine
+    # runs in a task of its own, so the context ends with it).
+    enter_run(pair.score_id, pair.scorer_id, pair.request.job_id, deps.judge_call_cap or default_attempt_cap(scorer))
     async with deps.gate(_model_key(scorer)):
         try:
             result = await run_limited(
@@ -410,6 +420,17 @@ async def _score_pair(
                 # Redis went away under a step (its checkpoint, the judge's rate-limit slot): not
                 # the run's failure. The message goes back to the queue; the retry budget is kept.
                 raise away from None
+            if isinstance(exc.cause, JudgeCallRefused):
+                # A budget is spent or the run's judge-call cap reached: recorded now, and
+                # retryable, so a delivery once the budget resets (or `dlq retry`) replaces it.
+                return _record(
+                    pair,
+                    exc.partial,
+                    error=exc,
+                    error_type=exc.cause.error_type,
+                    failed_step=exc.failed_step,
+                    retryable=True,
+                )
             transient = is_transient(exc)  # the category of the step's error
             if transient and not final_attempt:
                 return _Transient(pair, exc.error_type)

@@ -101,6 +101,26 @@ class Settings(BaseSettings):
     probe_dir: str | None = None
     # --- end shutdown and probes ---
 
+    # --- judge cost (helper E) ---
+    # JSON: USD per UTC day {"scorers": {"<scorer id>": 5}, "models": {"<model id>": 20},
+    # "total": 50}, shared by every worker through Redis (worker/_budget.py).
+    budgets: str = ""
+    # JSON: model id → {"input", "output", "cached_input", "cache_write"} USD per million
+    # tokens, over the defaults in scorers/judge/_prices.py.
+    prices: str = ""
+    # Judge calls one run may make across every delivery (0: what one delivery may make).
+    max_judge_attempts_per_run: int = Field(default=0, ge=0)
+
+    @field_validator("budgets", "prices")
+    @classmethod
+    def _check_cost_json(cls, value: str, info: Any) -> str:
+        from worker._budget import parse_budgets, parse_prices
+
+        (parse_budgets if info.field_name == "budgets" else parse_prices)(value)
+        return value
+
+    # --- end judge cost ---
+
     @field_validator("rate_limits", mode="before")
     @classmethod
     def _parse_rate_limits(cls, value: Any) -> Any:

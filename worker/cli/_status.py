@@ -41,7 +41,7 @@ def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) 
 @json_option("Print one JSON object.")
 @broker_option
 def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
-    """Show queue depth, workers, rate-limit state and failures of the last hour.
+    """Show queue depth, workers, rate-limit state, failures of the last hour and judge spend today.
 
     Exits 1 when the broker is unreachable (use it as a health check).
 
@@ -70,6 +70,20 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
     failures = status["recent_failures"]
     summary = ", ".join(f"{k}={v}" for k, v in sorted(failures.items(), key=lambda kv: -kv[1])) or "none"
     click.echo(f"failures    last hour: {summary}")
+    _echo_spend(status["spend"])
     letters = sorted(status["dead_letters_by_reason"].items(), key=lambda kv: -kv[1])
     by_reason = ", ".join(f"{k}={v}" for k, v in letters)
     click.echo(f"dead letters {status['dead_letters']}" + (f" ({by_reason})" if by_reason else ""))
+
+
+def _echo_spend(spend: dict[str, Any]) -> None:
+    """Judge spend today (UTC) per scorer and model, and what each budget has left."""
+    click.echo(f"spend       {spend['day']} (UTC): {spend['total_usd']:.4f} USD")
+    for kind in ("by_scorer", "by_model"):
+        for name, usd in sorted(spend[kind].items(), key=lambda kv: -kv[1]):
+            click.echo(f"  {kind[3:]:<7} {name}: {usd:.4f} USD")
+    for field, budget in spend["budgets"].items():
+        click.echo(
+            f"budget      {field}: {budget['remaining_usd']:.4f} of {budget['limit_usd']:.4f} USD left today"
+            + (" (spent: runs are budget_exhausted)" if budget["remaining_usd"] <= 0 else "")
+        )

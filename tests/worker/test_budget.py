@@ -1,0 +1,146 @@
+"""Budgets and the judge-call cap with real worker processes, real Redis and tests/fakellm."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from tests.fakellm import FakeLLMServer, Reply
+from tests.worker._batches import batch
+from tests.worker._workers import WorkerProcess, wait_for
+from tracing import CelerySink
+from worker._settings import load_settings
+from worker.cli import cli as cli_main
+from worker.cli._status import collect_status
+
+# Pricey on purpose, so a handful of fake calls spend a tiny budget (and an override is tested).
+PRICES = json.dumps({"openai/fake-judge": {"input": 100.0, "output": 200.0}})
+BUDGET_USD = 0.01
+BUDGETS = json.dumps({"scorers": {"costly": BUDGET_USD}})
+
+
+def _records(redis_url: str) -> list[dict[str, Any]]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        keys = list(client.scan_iter(match="tracescore:score:*", count=500))
+        return [json.loads(v) for v in client.mget(keys) if v] if keys else []
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[WorkerProcess]]:
+    workers: list[WorkerProcess] = []
+    try:
+        yield workers
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def _start(
+    started: list[WorkerProcess], name: str, redis_url: str, tmp: Path, env: dict[str, str]
+) -> WorkerProcess:
+    worker = WorkerProcess(
+        name, redis_url, tmp, scores_path=tmp / "scores.jsonl", env=env, scorers="tests.worker.budget_scorers"
+    )
+    started.append(worker)
+    worker.wait_ready()
+    return worker
+
+
+def test_runs_past_a_tiny_budget_are_budget_exhausted_and_status_spend_matches_records(
+    fake_llm: FakeLLMServer,
+    fake_llm_env: dict[str, str],
+    redis_url: str,
+    tmp_path: Path,
+    started: list[WorkerProcess],
+) -> None:
+    """A real worker spends a 0.01 USD budget: the rest are retryable budget_exhausted records,
+    no judge call is made for them, and `status` shows exactly the records' summed cost."""
+    env = {
+        **fake_llm_env,
+        "TRACESCORE_PRICES": PRICES,
+        "TRACESCORE_BUDGETS": BUDGETS,
+        # One judge call at a time in the process: overshoot is then at most one call.
+        "TRACESCORE_MODEL_CONCURRENCY": "1",
+    }
+    worker = _start(started, "budget", redis_url, tmp_path, env)
+    sink = CelerySink(redis_url)
+    sink.send(batch(range(12), ["costly"], salt="budget"))
+    sink.close()
+    assert wait_for(lambda: len(_records(redis_url)) == 12, 60), worker.text()[-3000:]
+
+    records = _records(redis_url)
+    ok = [r for r in records if r["error_type"] is None]
+    spent = [r for r in records if r["error_type"] == "budget_exhausted"]
+    assert len(ok) + len(spent) == 12, [r["error_type"] for r in records]
+    assert ok, "the budget allowed no run at all"
+    assert spent, "the budget was never reached"
+    # Every scored run says what it cost; the refused ones made no call and cost nothing.
+    assert all(r["judge_calls"] == 1 and r["cost_usd"] > 0 and r["input_tokens"] > 0 for r in ok)
+    assert all(r["judge_calls"] == 0 and r["cost_usd"] == 0 for r in spent)
+    assert all(r["retryable"] for r in spent)
+    assert all("daily budget of scorer costly is spent" in r["error_message"] for r in spent)
+    assert fake_llm.count() == len(ok)
+    # The budget is reached, and passed by at most the one call in flight.
+    total = sum(r["cost_usd"] for r in records)
+    assert total >= BUDGET_USD
+    assert total - max(r["cost_usd"] for r in ok) < BUDGET_USD
+
+    settings = load_settings(broker_url=redis_url, redis_url=redis_url, budgets=BUDGETS)
+    status = collect_status(3.0, settings)
+    spend = status["spend"]
+    assert spend["by_scorer"]["costly"] == pytest.approx(total, rel=1e-9)
+    assert spend["by_model"]["openai/fake-judge"] == pytest.approx(total, rel=1e-9)
+    assert spend["total_usd"] == pytest.approx(total, rel=1e-9)
+    assert spend["budgets"]["scorer:costly"]["remaining_usd"] == 0
+    assert status["recent_failures"].get("budget_exhausted") == len(spent)
+
+    shown = CliRunner().invoke(
+        cli_main,
+        ["status", "--broker", redis_url, "--timeout", "3"],
+        env={"TRACESCORE_REDIS_URL": redis_url, "TRACESCORE_BUDGETS": BUDGETS},
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "scorer  costly:" in shown.output
+    assert "scorer:costly: 0.0000 of 0.0100 USD left today" in shown.output
+
+
+def test_judge_calls_per_run_are_capped_across_redeliveries(
+    fake_llm: FakeLLMServer,
+    fake_llm_env: dict[str, str],
+    redis_url: str,
+    tmp_path: Path,
+    started: list[WorkerProcess],
+) -> None:
+    """A judge that always answers 503, a worker killed mid-run and a second one taking the
+    redelivery: the run's judge calls stay within one delivery's attempts (4), not 4 × 4."""
+    fake_llm.rule(Reply.error(503, "overloaded", latency_ms=300))
+    env = {
+        **fake_llm_env,
+        "TRACESCORE_VISIBILITY_TIMEOUT": "8",
+        "TRACESCORE_TASK_TIME_LIMIT": "6",
+        "TRACESCORE_TASK_SOFT_TIME_LIMIT": "5",
+        "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+    }
+    first = _start(started, "doomed", redis_url, tmp_path, env)
+    sink = CelerySink(redis_url)
+    sink.send(batch(range(1), ["retrying"], salt="cap"))
+    sink.close()
+    assert wait_for(lambda: fake_llm.count() >= 2, 30), first.text()[-3000:]
+    first.kill()
+    second = _start(started, "rescuer", redis_url, tmp_path, env)
+    assert wait_for(lambda: len(_records(redis_url)) == 1, 90), second.text()[-3000:]
+    (record,) = _records(redis_url)
+    assert record["error_type"] == "judge_attempts_exhausted", record
+    assert record["retryable"] is True
+    assert 2 <= fake_llm.count() <= 4
+    # No later delivery calls the judge again.
+    assert not wait_for(lambda: fake_llm.count() > 4, 3)

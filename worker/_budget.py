@@ -1,0 +1,377 @@
+"""Judge spend: what each score cost, daily budgets shared by every worker, a backfill job's
+``--max-cost``, and the cap on judge calls per run across redeliveries.
+
+How a budget holds (``BudgetGuard``, installed as the judge's ``JudgeGuard``): before every
+judge call the day's spend of the run's scorer, of the call's model and in total (and the
+job's spend, for a backfill job with ``--max-cost``) is read from the ledger and compared with
+``TRACESCORE_BUDGETS``; after a successful call its real cost (by the price table) is added
+(Redis ``HINCRBYFLOAT``, atomic across workers). A call finding a budget spent is refused: the
+run ends as a retryable ``budget_exhausted`` record (never dropped; ``tracescore dlq retry`` or
+a later delivery after the budget resets at 00:00 UTC replaces it). Overshoot is bounded: a
+budget can be passed by the calls already admitted when it ran out — at most the calls in
+flight across all workers (``model_concurrency`` × processes) × the cost of one call.
+
+The call cap: every judge call of a run increments a counter kept in Redis per score id (with
+a TTL), so redeliveries share it; past ``TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN`` (default:
+what one delivery may make, the sum over the scorer's prompt steps of max_processor_retries + 1)
+the call is refused and the run gets a retryable ``judge_attempts_exhausted`` record.
+
+Days are UTC dates of the worker's clock. Spend is kept per day for ``SPEND_TTL_S`` and per
+job until the job's keys expire. ``MemoryLedger`` is the in-process twin (backfill without a
+broker).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scorers import Scorer
+from scorers.judge import DEFAULT_PRICES, JudgeCallRefused, ModelPrice, price_usage
+from worker import _keys
+from worker._reconnect import reconnecting_client, unavailable_as_error
+
+__all__ = [
+    "SPEND_TTL_S",
+    "BudgetGuard",
+    "Budgets",
+    "Ledger",
+    "MemoryLedger",
+    "RedisLedger",
+    "default_attempt_cap",
+    "enter_run",
+    "parse_budgets",
+    "parse_prices",
+    "price_table",
+    "run_scope",
+    "spend_report",
+    "utc_day",
+]
+
+SPEND_TTL_S = 35 * 24 * 3600
+TOTAL = "total"
+
+
+class Budgets(BaseModel):
+    """``TRACESCORE_BUDGETS``: USD per UTC day, per scorer id, per judge model id, and/or in
+    total, e.g. ``{"scorers": {"relevancy": 5}, "models": {"openai/gpt-4o": 20}, "total": 50}``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    scorers: dict[str, float] = Field(default_factory=dict)
+    models: dict[str, float] = Field(default_factory=dict)
+    total: float | None = Field(default=None, ge=0)
+
+    def limits(self) -> dict[str, float]:
+        """Ledger field → USD per day."""
+        out = {f"scorer:{k}": v for k, v in self.scorers.items()}
+        out.update({f"model:{k}": v for k, v in self.models.items()})
+        if self.total is not None:
+            out[TOTAL] = self.total
+        return out
+
+    def __bool__(self) -> bool:
+        return bool(self.scorers or self.models or self.total is not None)
+
+
+def parse_budgets(raw: str | Mapping[str, Any] | None) -> Budgets:
+    """``TRACESCORE_BUDGETS`` (JSON); a bad value raises ``ValueError`` saying what is expected."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return Budgets()
+    try:
+        data = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        budgets = Budgets.model_validate(data)
+    except (ValueError, ValidationError) as exc:
+        raise ValueError(
+            "TRACESCORE_BUDGETS must be JSON like "
+            '{"scorers": {"relevancy": 5}, "models": {"openai/gpt-4o-mini": 20}, "total": 50} '
+            f"(USD per UTC day): {exc}"
+        ) from None
+    negative = [k for k, v in budgets.limits().items() if v < 0]
+    if negative:
+        raise ValueError(f"TRACESCORE_BUDGETS: budgets must be ≥ 0 USD ({', '.join(negative)})")
+    return budgets
+
+
+def parse_prices(raw: str | Mapping[str, Any] | None) -> dict[str, ModelPrice]:
+    """The default price table overridden by ``TRACESCORE_PRICES`` (JSON: model id →
+    ``{"input": .., "output": .., "cached_input": .., "cache_write": ..}`` USD per million
+    tokens); a bad value raises ``ValueError``."""
+    table = dict(DEFAULT_PRICES)
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return table
+    try:
+        data = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        for model_id, price in data.items():
+            table[str(model_id)] = ModelPrice.model_validate(price)
+    except (ValueError, ValidationError) as exc:
+        raise ValueError(
+            'TRACESCORE_PRICES must be JSON like {"openai/gpt-4o-mini": {"input": 0.15, "output": 0.6, '
+            f'"cached_input": 0.075}}}} (USD per million tokens): {exc}'
+        ) from None
+    return table
+
+
+@lru_cache(maxsize=8)
+def _table(raw: str) -> dict[str, ModelPrice]:
+    return parse_prices(raw)
+
+
+def price_table() -> dict[str, ModelPrice]:
+    """The price table of this process (``TRACESCORE_PRICES`` over the defaults; read per call
+    so a test or a restart with a new value applies; a bad value was refused at start-up)."""
+    import os
+
+    try:
+        return _table(os.environ.get("TRACESCORE_PRICES", ""))
+    except ValueError:
+        return dict(DEFAULT_PRICES)
+
+
+def utc_day(now: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime("%Y-%m-%d")
+
+
+def default_attempt_cap(scorer: Scorer) -> int:
+    """Judge calls one delivery of a run may make: per prompt step, the first try and its retries."""
+    return sum(1 + (j.effective_max_processor_retries if j is not None else 0) for j in scorer.step_judges().values())
+
+
+class Ledger(Protocol):
+    """Where spend and call counts live (Redis for workers, memory for an in-process backfill)."""
+
+    async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None: ...
+
+    async def read(self, day: str, fields: list[str], job_id: str | None) -> tuple[list[float], float, float | None]:
+        """The day's spend of ``fields``, the job's spend and the job's limit."""
+        ...
+
+    async def count_call(self, score_id: str, ttl_s: int) -> int: ...
+
+    async def spent(self, day: str) -> dict[str, float]: ...
+
+    async def job_spent(self, job_id: str) -> dict[str, float]: ...
+
+    async def set_job_limit(self, job_id: str, usd: float, ttl_s: int) -> None: ...
+
+
+@unavailable_as_error
+class RedisLedger:
+    """``Ledger`` in Redis: ``spend:<day>`` and ``spend:job:<id>`` hashes (field → USD),
+    ``budget:job:<id>`` (a job's limit), ``judge_calls:<score id>`` counters."""
+
+    def __init__(self, url: str, *, reconnect_s: float = 2.0) -> None:
+        self.url = url
+        self.reconnect_s = reconnect_s
+        self._client: Any = None
+        self._loop: Any = None
+
+    def _redis(self) -> Any:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client = reconnecting_client(self.url, max_connections=32, reconnect_s=self.reconnect_s)
+            self._loop = loop
+        return self._client
+
+    async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None:
+        async with self._redis().pipeline(transaction=True) as pipe:
+            key = _keys.spend_key(day)
+            for f in fields:
+                pipe.hincrbyfloat(key, f, cost)
+            pipe.expire(key, SPEND_TTL_S)
+            if job_id:
+                job = _keys.job_spend_key(job_id)
+                for f in fields:
+                    pipe.hincrbyfloat(job, f, cost)
+                pipe.expire(job, SPEND_TTL_S)
+            await pipe.execute()
+
+    async def read(self, day: str, fields: list[str], job_id: str | None) -> tuple[list[float], float, float | None]:
+        async with self._redis().pipeline(transaction=False) as pipe:
+            pipe.hmget(_keys.spend_key(day), fields)
+            if job_id:
+                pipe.hget(_keys.job_spend_key(job_id), TOTAL)
+                pipe.get(_keys.job_budget_key(job_id))
+            out = await pipe.execute()
+        values = [float(v or 0) for v in out[0]]
+        if not job_id:
+            return values, 0.0, None
+        return values, float(out[1] or 0), float(out[2]) if out[2] is not None else None
+
+    async def count_call(self, score_id: str, ttl_s: int) -> int:
+        async with self._redis().pipeline(transaction=True) as pipe:
+            pipe.incr(_keys.judge_calls_key(score_id))
+            pipe.expire(_keys.judge_calls_key(score_id), ttl_s)
+            count, _ = await pipe.execute()
+        return int(count)
+
+    async def spent(self, day: str) -> dict[str, float]:
+        raw = await self._redis().hgetall(_keys.spend_key(day))
+        return {k: float(v) for k, v in raw.items()}
+
+    async def job_spent(self, job_id: str) -> dict[str, float]:
+        raw = await self._redis().hgetall(_keys.job_spend_key(job_id))
+        return {k: float(v) for k, v in raw.items()}
+
+    async def set_job_limit(self, job_id: str, usd: float, ttl_s: int) -> None:
+        await self._redis().set(_keys.job_budget_key(job_id), repr(float(usd)), ex=ttl_s)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose(close_connection_pool=True)
+
+
+class MemoryLedger:
+    """``Ledger`` in this process (no TTLs: it lives as long as the backfill that owns it)."""
+
+    def __init__(self) -> None:
+        self.days: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.jobs: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.job_limits: dict[str, float] = {}
+        self.calls: dict[str, int] = defaultdict(int)
+
+    async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None:
+        for f in fields:
+            self.days[day][f] += cost
+            if job_id:
+                self.jobs[job_id][f] += cost
+
+    async def read(self, day: str, fields: list[str], job_id: str | None) -> tuple[list[float], float, float | None]:
+        values = [self.days[day].get(f, 0.0) for f in fields]
+        if not job_id:
+            return values, 0.0, None
+        return values, self.jobs[job_id].get(TOTAL, 0.0), self.job_limits.get(job_id)
+
+    async def count_call(self, score_id: str, ttl_s: int) -> int:
+        self.calls[score_id] += 1
+        return self.calls[score_id]
+
+    async def spent(self, day: str) -> dict[str, float]:
+        return dict(self.days.get(day, {}))
+
+    async def job_spent(self, job_id: str) -> dict[str, float]:
+        return dict(self.jobs.get(job_id, {}))
+
+    async def set_job_limit(self, job_id: str, usd: float, ttl_s: int) -> None:
+        self.job_limits[job_id] = float(usd)
+
+
+@dataclass(frozen=True)
+class _Run:
+    score_id: str
+    scorer_id: str
+    job_id: str | None
+    max_calls: int
+
+
+_current: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("tracescore_budget_run", default=None)
+
+
+def enter_run(score_id: str, scorer_id: str, job_id: str | None, max_calls: int) -> None:
+    """``run_scope`` for the rest of the current task (for a coroutine that is a task of its own)."""
+    _current.set(_Run(score_id, scorer_id, job_id, max_calls))
+
+
+@contextmanager
+def run_scope(score_id: str, scorer_id: str, job_id: str | None, max_calls: int) -> Iterator[None]:
+    """The judge calls made inside belong to this run (its scorer's budget, its job's
+    ``--max-cost``, its call cap; ``max_calls`` 0 means no cap)."""
+    token = _current.set(_Run(score_id, scorer_id, job_id, max_calls))
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+class BudgetGuard:
+    """The worker's ``JudgeGuard``: budgets, spend accounting and the per-run call cap."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        budgets: Budgets,
+        *,
+        prices: Mapping[str, ModelPrice] | None = None,
+        calls_ttl_s: int = 24 * 3600,
+    ) -> None:
+        self.ledger = ledger
+        self.budgets = budgets
+        self._prices = prices
+        self.calls_ttl_s = calls_ttl_s
+
+    @property
+    def prices(self) -> Mapping[str, ModelPrice]:
+        return self._prices if self._prices is not None else price_table()
+
+    async def before_call(self, model_id: str, scorer_id: str) -> None:
+        run = _current.get()
+        scorer = run.scorer_id if run is not None else scorer_id
+        job_id = run.job_id if run is not None else None
+        limits = self.budgets.limits()
+        fields = [f for f in (f"scorer:{scorer}", f"model:{model_id}", TOTAL) if f in limits]
+        if fields or job_id:
+            values, job_spent, job_limit = await self.ledger.read(utc_day(), fields, job_id)
+            for field, spent in zip(fields, values, strict=True):
+                if spent >= limits[field]:
+                    raise JudgeCallRefused(
+                        f"the daily budget of {field.replace(':', ' ')} is spent "
+                        f"({spent:.4f} of {limits[field]:.4f} USD today, UTC); set in TRACESCORE_BUDGETS",
+                        error_type="budget_exhausted",
+                    )
+            if job_limit is not None and job_spent >= job_limit:
+                raise JudgeCallRefused(
+                    f"backfill job {job_id} reached its --max-cost ({job_spent:.4f} of {job_limit:.4f} USD)",
+                    error_type="budget_exhausted",
+                )
+        if run is not None and run.max_calls > 0:
+            calls = await self.ledger.count_call(run.score_id, self.calls_ttl_s)
+            if calls > run.max_calls:
+                raise JudgeCallRefused(
+                    f"this run already made {run.max_calls} judge call(s) across its deliveries "
+                    "(TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN); no more are made for it",
+                    error_type="judge_attempts_exhausted",
+                )
+
+    async def after_call(self, model_id: str, scorer_id: str, usage: Any) -> None:
+        cost = price_usage(model_id, usage, self.prices)
+        if not cost:
+            return  # unpriced (None) or free: nothing to count against a budget
+        run = _current.get()
+        scorer = run.scorer_id if run is not None else scorer_id
+        job_id = run.job_id if run is not None else None
+        await self.ledger.add(utc_day(), [f"scorer:{scorer}", f"model:{model_id}", TOTAL], cost, job_id)
+
+
+async def spend_report(ledger: Ledger, budgets: Budgets, day: str | None = None) -> dict[str, Any]:
+    """Today's spend per scorer and per model, and each budget's remaining (``tracescore status``)."""
+    day = day or utc_day()
+    spent = await ledger.spent(day)
+    return {
+        "day": day,
+        "total_usd": spent.get(TOTAL, 0.0),
+        "by_scorer": {k[7:]: v for k, v in sorted(spent.items()) if k.startswith("scorer:")},
+        "by_model": {k[6:]: v for k, v in sorted(spent.items()) if k.startswith("model:")},
+        "budgets": {
+            field: {
+                "limit_usd": limit,
+                "spent_usd": spent.get(field, 0.0),
+                "remaining_usd": max(0.0, limit - spent.get(field, 0.0)),
+            }
+            for field, limit in sorted(budgets.limits().items())
+        },
+    }
