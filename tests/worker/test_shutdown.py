@@ -84,7 +84,7 @@ def test_sigterm_mid_batch_requeues_the_rest_and_scores_every_run_once(
         try:
             first.proc.wait(GRACE_S + EXIT_SLACK_S)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the worker did not exit within {GRACE_S + EXIT_SLACK_S} s of SIGTERM:\n{first.text()[-3000:]}")
+            pytest.fail(f"no exit within {GRACE_S + EXIT_SLACK_S} s of SIGTERM:\n{first.text()[-3000:]}")
         took = time.monotonic() - sent_at
         assert took <= GRACE_S + EXIT_SLACK_S
         first_log = first.text()

@@ -11,6 +11,7 @@ from worker.cli._backfill import backfill_command
 from worker.cli._common import run_command
 from worker.cli._compare import compare_command
 from worker.cli._dlq import dlq_group
+from worker.cli._probe import probe_group
 from worker.cli._score import score_command
 from worker.cli._scores import scores_command
 from worker.cli._status import status_command
@@ -42,6 +43,7 @@ cli.add_command(worker_command)
 cli.add_command(scores_command)
 cli.add_command(dlq_group)
 cli.add_command(status_command)
+cli.add_command(probe_group)
 
 
 def main(argv: list[str] | None = None) -> int:

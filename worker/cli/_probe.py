@@ -1,0 +1,95 @@
+"""``tracescore probe live|ready``: exec probes for a worker's container (Kubernetes, compose).
+
+They read the files the worker writes in ``TRACESCORE_PROBE_DIR`` (``worker._heartbeat``), so a
+probe costs no broker round trip through the worker and cannot be fooled by a busy one: a worker
+scoring many runs keeps its event loops turning and its files fresh; one whose loop is blocked
+(a scorer step that never returns) or whose consumer is stuck lets them go stale.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import redis
+
+from tracing import redact
+from worker import _heartbeat as probe_files
+from worker.cli._common import CliError, broker_option, cli_settings
+
+__all__ = ["probe_group"]
+
+
+def _directory(given: str | None) -> Path:
+    directory = given or cli_settings().probe_dir
+    if not directory:
+        raise CliError(
+            "no probe directory: start the worker with TRACESCORE_PROBE_DIR set (and give the probe the same)"
+        )
+    path = Path(directory)
+    if not path.is_dir():
+        raise CliError(
+            f"probe directory {path} does not exist: has the worker started with TRACESCORE_PROBE_DIR={path}?"
+        )
+    return path
+
+
+_DIR_HELP = "The worker's TRACESCORE_PROBE_DIR (default: that variable)."
+
+
+@click.group("probe")
+def probe_group() -> None:
+    """Liveness and readiness checks for the worker in this container (exit 0: yes, 1: no).
+
+    \b
+    Examples:
+      TRACESCORE_PROBE_DIR=/tmp/tracescore tracescore probe live --max-age 60
+      tracescore probe ready --dir /tmp/tracescore
+    """
+
+
+@probe_group.command("live")
+@click.option("--dir", "directory", default=None, metavar="PATH", help=_DIR_HELP)
+@click.option(
+    "--max-age",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds a heartbeat may be old: the consumer's, and each scoring process's event loop.",
+)
+def live_command(directory: str | None, max_age: float) -> None:
+    """Live: the consumer and every scoring event loop turned within --max-age seconds.
+
+    A busy worker is live (its loops turn between awaits); a loop blocked by a step that does
+    not return is not, nor is a consumer that stopped turning."""
+    problems = probe_files.liveness_problems(_directory(directory), max_age)
+    if problems:
+        raise CliError("not live: " + "; ".join(problems))
+    click.echo("live")
+
+
+@probe_group.command("ready")
+@click.option("--dir", "directory", default=None, metavar="PATH", help=_DIR_HELP)
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Broker ping timeout.")
+@broker_option
+def ready_command(directory: str | None, timeout: float, broker: str | None) -> None:
+    """Ready: the worker's consumer is connected and consuming, and the broker answers a ping.
+
+    Not ready before the consumer starts, after it lost the broker, and from SIGTERM on."""
+    path = _directory(directory)
+    if not (path / probe_files.READY_FILE).exists():
+        raise CliError(f"not ready: the worker is not consuming (no {probe_files.READY_FILE} file in {path})")
+    settings = cli_settings(broker)
+    client = redis.Redis.from_url(
+        settings.broker_url,
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        **settings.tls.redis_kwargs(settings.broker_url),
+    )
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        raise CliError(f"not ready: broker {redact(settings.broker_url)} unreachable: {redact(str(exc))}") from None
+    finally:
+        client.close()
+    click.echo("ready")
