@@ -6,6 +6,8 @@ the outbox; see ``worker.store``); a sink answers per record ``Delivered``, ``Re
 ``Refused``.
 """
 
+from tracing.sinks._langfuse import LangfuseSink
+from tracing.sinks._mlflow import MlflowSink
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry, ScoreSink
 
-__all__ = ["Delivered", "Delivery", "Refused", "Retry", "ScoreSink"]
+__all__ = ["Delivered", "Delivery", "LangfuseSink", "MlflowSink", "Refused", "Retry", "ScoreSink"]

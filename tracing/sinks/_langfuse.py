@@ -169,14 +169,32 @@ def _score(record: ScoreRecord) -> dict[str, Any] | Refused:
 
 
 def _server_message(body: str) -> str:
-    """Langfuse's ``message`` (its errors are JSON ``{"message": ..., "error": ...}``), else the
-    answer's text on one line."""
+    """Langfuse's ``message`` and, for a validation error, the fields it names (its errors are
+    JSON ``{"message": ..., "error": ...}``); else the answer's text on one line."""
     try:
         parsed = json.loads(body)
     except ValueError:
         return " ".join(body.split())
-    if isinstance(parsed, dict):
-        message = parsed.get("message") or parsed.get("error")
-        if isinstance(message, str):
-            return message
-    return f"an answer of JSON type {type(parsed).__name__}"
+    if not isinstance(parsed, dict):
+        return f"an answer of JSON type {type(parsed).__name__}"
+    message = parsed.get("message")
+    message = message if isinstance(message, str) else ""
+    error = parsed.get("error")
+    if isinstance(error, str) and not message:
+        return error
+    if isinstance(error, list):
+        # Validation issues (zod): the field path and message of each, never the values.
+        issues = [_issue(item) for item in error]
+        return ": ".join(part for part in (message, "; ".join(i for i in issues if i)) if part)
+    return message
+
+
+def _issue(item: object) -> str:
+    if isinstance(item, str):
+        return item
+    if isinstance(item, dict):
+        path = item.get("path")
+        where = ".".join(str(p) for p in path) if isinstance(path, list) else ""
+        text = item.get("message")
+        return f"{where}: {text}".strip(": ") if isinstance(text, str) else where
+    return ""

@@ -1,0 +1,241 @@
+"""LangfuseSink against a local server that checks Langfuse's score API (``_fake_langfuse.py``):
+request shape by the public API definition, Basic auth, upsert by id, 503/429 for a while."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterator, Sequence
+
+import httpx
+import pytest
+
+from tests.integration._fake_langfuse import SCORES_PATH, FakeLangfuse
+from tracing import ScoreRecord, score_id_for
+from tracing.sinks import Delivered, Delivery, LangfuseSink, Refused, Retry
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SPANS = ("00f067aa0ba902b7", "00f067aa0ba902b8")
+
+
+@pytest.fixture
+def langfuse() -> Iterator[FakeLangfuse]:
+    server = FakeLangfuse().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def sink(langfuse: FakeLangfuse) -> Iterator[LangfuseSink]:
+    sink = LangfuseSink(langfuse.url, langfuse.public_key, langfuse.secret_key, timeout_s=5.0)
+    try:
+        yield sink
+    finally:
+        sink.close()
+
+
+def record(scorer_id: str, span_id: str = SPANS[0], **fields: object) -> ScoreRecord:
+    return ScoreRecord.model_validate(
+        {
+            "score_id": score_id_for(TRACE, span_id, scorer_id, "1"),
+            "trace_id": TRACE,
+            "span_id": span_id,
+            "scorer_id": scorer_id,
+            "source": "live",
+            **fields,
+        }
+    )
+
+
+def one_of_each() -> list[ScoreRecord]:
+    """A code score with a label, a judged score, a label-only score, not scorable, a failure."""
+    return [
+        record("answer-length", score=0.4, label="short", reason="80 characters"),
+        record("helpfulness", SPANS[1], score=0.75, reason="mostly helpful", judge_models=["openai/gpt-4o-mini"]),
+        record("tone", label="friendly", reason="warm wording"),
+        record("needs-ground-truth", not_scorable="generate_score: no ground truth"),
+        record(
+            "always-fails", error_type="IndexError", error_message="index out of range", failed_step="generate_score"
+        ),
+    ]
+
+
+def drain(sink: LangfuseSink, records: Sequence[ScoreRecord], timeout_s: float = 30.0) -> list[list[Delivery]]:
+    """Deliver until every record is Delivered (the outbox drainer's loop); every round's outcomes."""
+    rounds: list[list[Delivery]] = []
+    pending = list(records)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        outcomes = sink.deliver(pending)
+        assert len(outcomes) == len(pending)
+        assert not [o for o in outcomes if isinstance(o, Refused)], outcomes
+        rounds.append(outcomes)
+        pending = [r for r, o in zip(pending, outcomes, strict=True) if not isinstance(o, Delivered)]
+        if pending:
+            assert time.monotonic() < deadline, f"{len(pending)} records still not delivered: {outcomes[:3]}"
+            time.sleep(0.05)
+    return rounds
+
+
+def test_each_score_arrives_once_in_langfuses_shape(langfuse: FakeLangfuse, sink: LangfuseSink) -> None:
+    """One request and one Langfuse score per record: id, trace/observation, name, dataType,
+    value, comment and metadata by the mapping."""
+    records = one_of_each()
+    assert sink.deliver(records) == [Delivered()] * len(records)
+    assert langfuse.statuses == {200: len(records)}
+    assert set(langfuse.scores) == {r.score_id for r in records}
+
+    got = {score["name"]: score for score in langfuse.scores.values()}
+    for r in records:
+        score = got[r.scorer_id]
+        assert (score["traceId"], score["observationId"]) == (TRACE, r.span_id)
+        assert score["metadata"]["score_id"] == r.score_id
+        assert score["metadata"]["scorer_version"] == "1"
+        assert score["metadata"]["source"] == "live"
+    length = got["answer-length"]
+    assert (length["dataType"], length["value"], length["comment"]) == ("NUMERIC", 0.4, "80 characters")
+    assert got["answer-length"]["metadata"]["label"] == "short"
+    assert (got["helpfulness"]["dataType"], got["helpfulness"]["value"]) == ("NUMERIC", 0.75)
+    assert got["helpfulness"]["metadata"]["judge_models"] == ["openai/gpt-4o-mini"]
+    assert (got["tone"]["dataType"], got["tone"]["value"], got["tone"]["comment"]) == (
+        "CATEGORICAL",
+        "friendly",
+        "warm wording",
+    )
+    assert (got["needs-ground-truth"]["dataType"], got["needs-ground-truth"]["value"]) == (
+        "CATEGORICAL",
+        "not scorable",
+    )
+    assert got["needs-ground-truth"]["comment"] == "generate_score: no ground truth"
+    failed = got["always-fails"]
+    assert (failed["dataType"], failed["value"]) == ("CATEGORICAL", "error")
+    assert failed["comment"] == "IndexError in generate_score: index out of range"
+    assert failed["metadata"]["error_type"] == "IndexError"
+
+
+def test_a_resend_upserts_by_id(langfuse: FakeLangfuse, sink: LangfuseSink) -> None:
+    """Re-sending every score (and a changed one, twice) keeps one score per id; the change shows."""
+    records = one_of_each()
+    drain(sink, records)
+    first = {k: dict(v) for k, v in langfuse.scores.items()}
+
+    assert sink.deliver(records) == [Delivered()] * len(records)
+    changed = records[0].model_copy(update={"score": 0.9, "reason": "re-scored"})
+    assert sink.deliver([changed, changed]) == [Delivered(), Delivered()]
+
+    assert langfuse.scores.keys() == first.keys()
+    again = langfuse.scores[changed.score_id]
+    assert (again["value"], again["comment"]) == (0.9, "re-scored")
+    assert again["createdAt"] == first[changed.score_id]["createdAt"]
+    assert langfuse.statuses == {200: 2 * len(records) + 2}
+
+
+def test_wrong_keys_are_refused_naming_401_without_echoing_them(langfuse: FakeLangfuse) -> None:
+    """Wrong keys: every record Refused, naming HTTP 401 and the settings to check; neither key
+    appears in the outcome; nothing is stored."""
+    public, secret = "pk-lf-wrong-public-7f3a", "sk-lf-wrong-secret-9c1e"
+    sink = LangfuseSink(langfuse.url, public, secret)
+    try:
+        outcomes = sink.deliver(one_of_each()[:2])
+    finally:
+        sink.close()
+    assert langfuse.statuses == {401: 2}
+    assert langfuse.scores == {}
+    for outcome in outcomes:
+        assert isinstance(outcome, Refused), outcome
+        assert "HTTP 401" in outcome.reason
+        assert "TRACESCORE_LANGFUSE_SECRET_KEY" in outcome.reason
+        assert outcome.detail.startswith("Invalid credentials")
+        assert secret not in repr(outcome)
+        assert public not in repr(outcome)
+
+
+def test_503_then_recovery_is_retry_then_delivered_once(langfuse: FakeLangfuse, sink: LangfuseSink) -> None:
+    """Langfuse answering 503 for a while: those records Retry (named), the others Delivered;
+    afterwards every score is stored exactly once."""
+    records = one_of_each()
+    langfuse.fail_next(7, 503)
+    rounds = drain(sink, records)
+    assert rounds[0] == [Retry("Langfuse answered HTTP 503")] * len(records)
+    assert rounds[1][:2] == [Retry("Langfuse answered HTTP 503")] * 2
+    assert rounds[1][2:] == [Delivered()] * 3
+    assert rounds[2] == [Delivered()] * 2
+    assert set(langfuse.scores) == {r.score_id for r in records}
+    assert langfuse.statuses == {503: 7, 200: len(records)}
+
+
+def test_429_passes_retry_after_on(langfuse: FakeLangfuse, sink: LangfuseSink) -> None:
+    """429 with Retry-After: Retry with that hint for the drainer."""
+    langfuse.fail_next(1, 429, retry_after="7")
+    assert sink.deliver(one_of_each()[:1]) == [Retry("Langfuse answered HTTP 429", after_s=7.0)]
+
+
+def test_unreachable_langfuse_costs_one_attempt_per_batch(langfuse: FakeLangfuse) -> None:
+    """Nothing listening: every record Retry (named), after a single connection attempt."""
+    url = langfuse.url
+    langfuse.stop()
+    sink = LangfuseSink(url, "pk", "sk", timeout_s=2.0)
+    try:
+        outcomes = sink.deliver(one_of_each())
+    finally:
+        sink.close()
+    assert outcomes == [Retry("Langfuse unreachable (ConnectError)")] * 5
+
+
+def test_records_langfuse_cannot_match_are_refused_without_a_request(
+    langfuse: FakeLangfuse, sink: LangfuseSink
+) -> None:
+    """Non-hex trace or span ids, neither value nor label, an infinite score: Refused, named, not sent."""
+    bad = [
+        record("a").model_copy(update={"trace_id": "nope", "score": 1.0}),
+        record("b").model_copy(update={"span_id": "xyz", "score": 1.0}),
+        record("c"),
+        record("d", score=float("inf")),
+    ]
+    outcomes = sink.deliver(bad)
+    assert all(isinstance(o, Refused) for o in outcomes), outcomes
+    assert "trace id is not 32 hex digits" in str(outcomes[0])
+    assert "span id is not 16 hex digits" in str(outcomes[1])
+    assert "neither a value nor a label" in str(outcomes[2])
+    assert "not a finite number" in str(outcomes[3])
+    assert langfuse.requests == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ({"traceId": TRACE, "value": 1}, "name: required"),
+        ({"name": "x", "value": 1}, "traceId: one of"),
+        ({"name": "x", "traceId": TRACE, "value": "high"}, "NUMERIC score needs a finite number"),
+        ({"name": "x", "traceId": TRACE, "value": 0.5, "dataType": "CATEGORICAL"}, "CATEGORICAL score needs a string"),
+        ({"name": "x", "traceId": TRACE, "value": 2, "dataType": "BOOLEAN"}, "BOOLEAN score needs 0 or 1"),
+        ({"name": "x", "traceId": TRACE, "value": 1, "observation": "y"}, "observation: not a CreateScoreRequest"),
+        ({"name": "x", "observationId": SPANS[0], "sessionId": "s", "value": 1}, "observationId: only with traceId"),
+        ({"name": "x", "traceId": TRACE, "value": 1, "metadata": "m"}, "metadata: expected an object"),
+    ],
+)
+def test_the_fake_refuses_what_langfuse_refuses(langfuse: FakeLangfuse, body: dict[str, object], problem: str) -> None:
+    """The checker itself: bodies that break the definition get 400 naming the field (so the
+    tests above would catch a sink sending them)."""
+    auth = base64.b64encode(f"{langfuse.public_key}:{langfuse.secret_key}".encode()).decode()
+    response = httpx.post(langfuse.url + SCORES_PATH, json=body, headers={"Authorization": f"Basic {auth}"})
+    assert response.status_code == 400
+    assert any(problem in p for p in response.json()["error"]), response.json()
+    assert langfuse.scores == {}
+
+
+def test_a_400_is_refused_with_langfuses_message(langfuse: FakeLangfuse, sink: LangfuseSink) -> None:
+    """A score Langfuse's validation rejects (no name) is Refused with Langfuse's message and the
+    field it names, without the score's text; the other records are still Delivered."""
+    secret_reason = "the customer's order number 4711"
+    nameless = record("", score=0.5, reason=secret_reason)
+    outcomes = sink.deliver([nameless, *one_of_each()[:1]])
+    assert outcomes[1] == Delivered()
+    refused = outcomes[0]
+    assert isinstance(refused, Refused), refused
+    assert refused.reason == "Langfuse refused the score (HTTP 400)"
+    assert refused.detail == "Invalid request data: name: required, a non-empty string"
+    assert secret_reason not in repr(refused)
+    assert langfuse.statuses == {400: 1, 200: 1}
