@@ -31,6 +31,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 from tracing import redact
 from worker import _heartbeat as probe_files
 from worker._settings import Settings, SettingsError, get_settings, load_settings
+from worker.metrics import MetricsStep
 
 __all__ = [
     "TracescoreApp",
@@ -138,6 +139,7 @@ def create_app(settings: Settings | None) -> TracescoreApp:
         click.Option(["--scorers"], default=None, help="Module that defines the scorers, e.g. my_app.scorers.")
     )
     app.steps["worker"].add(ScorersOption)
+    app.steps["worker"].add(MetricsStep)  # the node's /metrics and OTLP metrics (worker.metrics)
     app.steps["consumer"].add(ProbeFiles)
     app.score_batch_task = register_score_task(app)
     return app

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -21,6 +22,7 @@ import structlog
 from worker import _keys
 from worker._reconnect import reconnecting_client, unavailable_as_error
 from worker._settings import ModelRateLimit
+from worker.metrics import observe_limiter_wait
 
 __all__ = ["RedisRateLimiter"]
 
@@ -177,13 +179,17 @@ class RedisRateLimiter:
     async def _slot(self, model_id: str, estimated_tokens: int) -> AsyncIterator[None]:
         self._redis()
         async with self._gate(model_id):
+            waited_since: float | None = None
             while True:
                 wait_ms = await self.try_acquire(model_id, estimated_tokens)
                 if wait_ms <= 0:
                     break
                 self.waits += 1
+                waited_since = waited_since or time.perf_counter()
                 # A slice, with jitter, so waiters across processes do not all wake at once.
                 await asyncio.sleep(min(wait_ms / 1000, MAX_WAIT_SLICE_S) * random.uniform(1.0, 1.2))
+            if waited_since is not None:
+                observe_limiter_wait(model_id, time.perf_counter() - waited_since)
             # Left set after the slot: the judge reports usage once the request is over.
             _estimate.set((model_id, estimated_tokens))
             yield

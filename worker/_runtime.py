@@ -43,6 +43,7 @@ from worker._reconnect import RECONNECT_S
 from worker._registry import Registry, RegistryError, load_registry
 from worker._scoring import ScoringDeps, scoring_run_of, wedged_record
 from worker._settings import Settings
+from worker.metrics import judge_request_context
 from worker.store import DeliveryLog, RedisDeadLetters, RedisScoreStore
 
 # Exit status of a worker process whose event loop was wedged (EX_SOFTWARE).
@@ -105,9 +106,8 @@ class WorkerRuntime:
         )
         # Budgets, spend and the per-run judge-call cap, shared by every worker (worker/_budget.py).
         guard = BudgetGuard(RedisLedger(settings.store_url, reconnect_s=RECONNECT_S), parse_budgets(settings.budgets))
-        set_judge_hooks(
-            JudgeHooks(limiter=limiter, call_context=get_judge_hooks().call_context or judge_call_span, guard=guard)
-        )
+        call_context = judge_request_context(get_judge_hooks().call_context or judge_call_span)
+        set_judge_hooks(JudgeHooks(limiter=limiter, call_context=call_context, guard=guard))
         deps = ScoringDeps(
             registry=registry,
             store=store,

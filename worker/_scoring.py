@@ -47,6 +47,7 @@ from worker._budget import default_attempt_cap, enter_run, price_table
 from worker._errors import RunLimitError, is_transient
 from worker._loop import LoopBlockedError, was_targeted
 from worker._registry import UnknownScorerError
+from worker.metrics import observe_batch, observe_records
 from worker.store import ScoreStore, StoreUnavailableError, claim, delivery_owner, process_owner
 
 __all__ = [
@@ -563,6 +564,7 @@ async def _score_request(
             report.retry.append(t.pair.score_id)
     fresh = await recorder.submit(records)
     new = [r for r, is_new in zip(records, fresh, strict=True) if is_new]
+    observe_records(new, [(t.pair.scorer_id, t.error_type) for t in transient])
     report.skipped["duplicate"] += len(records) - len(new)
     for record in new:
         if record.error_type:
@@ -650,6 +652,7 @@ async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bo
         if expiry is not None:
             expiry.cancel()
         report.elapsed_s = time.perf_counter() - started
+        observe_batch(report.elapsed_s)
     for key in [k for k, v in report.skipped.items() if not v]:
         del report.skipped[key]
     return report

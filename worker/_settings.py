@@ -92,6 +92,19 @@ class Settings(BaseSettings):
     # Unset: 30 s, lowered to fit when the timeouts are tight.
     max_eta_seconds: float = Field(default=30.0, gt=0)
 
+    # --- metrics (helper D, worker/metrics/) ---
+    # The node's Prometheus endpoint (/metrics on this port, served by the worker's parent
+    # process for all of its pool's children); 0 → no endpoint.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    # Where the pool's processes keep their metric files (<dir>/<node name>, emptied at start);
+    # unset → the temp dir. Give each container a writable, ideally tmpfs, path.
+    metrics_dir: str | None = None
+    # The same metrics through OTLP/HTTP when OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or
+    # OTEL_EXPORTER_OTLP_ENDPOINT is set (every OTEL_METRIC_EXPORT_INTERVAL ms); false keeps
+    # them off while the endpoint is there for the scores.
+    otlp_metrics: bool = True
+
     # --- shutdown and probes (helper F) ---
     # After SIGTERM, how long runs in flight may go on; then they are cancelled, their claims
     # released and their messages requeued. 25 s fits Kubernetes' default 30 s grace period.

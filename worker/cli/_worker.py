@@ -48,6 +48,19 @@ __all__ = ["worker_command"]
 )
 @click.option("--queue", "-Q", default=None, help="Queue to consume (TRACESCORE_QUEUE, default tracescore).")
 @click.option("--loglevel", "-l", default="INFO", show_default=True, help="Celery log level.")
+@click.option(
+    "--hostname",
+    "-n",
+    default=None,
+    help="Node name, as for `celery worker -n` (%h is the host): name each worker on one host, "
+    "e.g. -n scorer1@%h, or `tracescore status` lists them as one (default celery@<host>).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Serve Prometheus metrics on this port, /metrics (TRACESCORE_METRICS_PORT; 0: off).",
+)
 @broker_option
 def worker_command(
     broker: str | None,
@@ -57,6 +70,8 @@ def worker_command(
     model_concurrency: int | None,
     queue: str | None,
     loglevel: str,
+    hostname: str | None,
+    metrics_port: int | None,
 ) -> None:
     """Start a scoring worker on the Redis broker (--broker or TRACESCORE_BROKER_URL).
 
@@ -68,13 +83,16 @@ def worker_command(
     Examples:
       tracescore worker --scorers examples.scorers
       tracescore worker --scorers my_app.scorers --pool prefork --concurrency 2
+      tracescore worker --scorers my_app.scorers -n scorer1@%h --metrics-port 9464
       tracescore worker --scorers my_app.scorers --broker redis://:PASSWORD@redis:6379/0
       TRACESCORE_BROKER_URL=redis://redis:6379/0 TRACESCORE_WRITER=console \\
         tracescore worker --scorers my_app.scorers --pool solo
       TRACESCORE_RATE_LIMITS='{"openai/gpt-4o-mini": {"requests_per_minute": 500}}' \\
         tracescore worker --scorers my_app.scorers
     """
-    settings = cli_settings(broker, scorers=module, model_concurrency=model_concurrency, queue=queue)
+    settings = cli_settings(
+        broker, scorers=module, model_concurrency=model_concurrency, queue=queue, metrics_port=metrics_port
+    )
     try:
         registry = load_registry(module)
     except RegistryError as exc:
@@ -90,4 +108,6 @@ def worker_command(
     argv = ["worker", "--pool", pool, "--loglevel", loglevel, "-Q", settings.queue]
     if concurrency:
         argv += ["--concurrency", str(concurrency)]
+    if hostname:
+        argv += ["--hostname", hostname]
     app.worker_main(argv=argv)

@@ -1,0 +1,196 @@
+"""A real prefork worker with metrics on scores runs; its /metrics must say exactly what it did."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests._redis import free_port
+from tests.fakellm import FakeLLMServer, Reply
+from tests.worker._batches import batch
+from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tracing import CelerySink
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample of the node's /metrics, by series name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def series(samples: Samples, name: str, **match: str) -> dict[frozenset[tuple[str, str]], float]:
+    """The samples of ``name`` whose labels include ``match`` (zero values left out)."""
+    wanted = set(match.items())
+    return {labels: v for (n, labels), v in samples.items() if n == name and wanted <= labels and v}
+
+
+def total(samples: Samples, name: str, **match: str) -> float:
+    return sum(series(samples, name, **match).values())
+
+
+def _outcome(record: dict[str, Any]) -> tuple[str, str, str]:
+    if record["error_type"]:
+        return (record["scorer_id"], "failed", record["error_type"])
+    if record["score"] is None:
+        return (record["scorer_id"], "not_scorable", "")
+    return (record["scorer_id"], "scored", "")
+
+
+@pytest.fixture
+def metrics_worker(
+    redis_url: str, tmp_path: Path, fake_llm: FakeLLMServer, fake_llm_env: dict[str, str]
+) -> Iterator[tuple[WorkerProcess, int, Path]]:
+    port = free_port()
+    worker = WorkerProcess(
+        "metrics",
+        redis_url,
+        tmp_path,
+        scores_path=tmp_path / "scores.jsonl",
+        pool="prefork",
+        concurrency=2,
+        scorers="tests.worker.metrics_scorers",
+        env={
+            **fake_llm_env,
+            "TRACESCORE_METRICS_PORT": str(port),
+            "TRACESCORE_METRICS_HOST": "127.0.0.1",
+            "TRACESCORE_METRICS_DIR": str(tmp_path / "metrics"),
+            # Two requests of burst, then two a second: judge calls in one batch must wait.
+            "TRACESCORE_RATE_LIMITS": json.dumps({"openai/fake-judge": {"requests_per_minute": 120}}),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "",
+        },
+    )
+    try:
+        worker.wait_ready()
+        yield worker, port, tmp_path / "metrics"
+    finally:
+        worker.stop()
+
+
+def test_metrics_count_what_the_prefork_children_scored(
+    metrics_worker: tuple[WorkerProcess, int, Path], fake_llm: FakeLLMServer, redis_url: str, tmp_path: Path
+) -> None:
+    """Successes, failures, not-scorable runs, a judge 429 retried and a 401: the scraped
+    counters and histograms equal the stored records, summed over both pool children."""
+    worker, port, metrics_dir = metrics_worker
+    # The first judge request is rate limited (retried by the judge), the next one refused.
+    fake_llm.script(Reply.rate_limited(retry_after_ms="100"), Reply.error(401, "bad key"))
+    sink = CelerySink(redis_url)
+    for n in range(8):  # one run a message: the two children share them
+        sink.send(batch(range(n, n + 1), ["fast"], salt="m-fast"))
+    sink.send(batch(range(3), ["broken"], salt="m-broken"))
+    sink.send(batch(range(2), ["declines"], salt="m-declines"))
+    sink.send(batch(range(6), ["judged"], salt="m-judged"))
+    sink.close()
+    scores_path = tmp_path / "scores.jsonl"
+    assert wait_for(lambda: len(read_scores(scores_path)) >= 19, 60), worker.text()[-3000:]
+    records = read_scores(scores_path)
+    assert len(records) == 19
+
+    assert wait_for(lambda: total(scrape(port), "tracescore_runs_total") == 19, 10)
+    samples = scrape(port)
+
+    # Runs by scorer, outcome and reason: exactly the records.
+    runs = {
+        (dict(labels)["scorer"], dict(labels)["outcome"], dict(labels)["reason"]): v
+        for labels, v in series(samples, "tracescore_runs_total").items()
+    }
+    assert runs == dict(Counter(_outcome(r) for r in records))
+    assert runs[("fast", "scored", "")] == 8
+    assert runs[("broken", "failed", "ValueError")] == 3
+    assert runs[("declines", "not_scorable", "")] == 2
+    assert runs[("judged", "scored", "")] == 5
+    assert runs[("judged", "failed", "JudgeAuthError")] == 1
+
+    # Judge requests: five answers, one 429 (then retried), one 401; the fake judge saw 7.
+    model = "openai/fake-judge"
+    requests = {
+        dict(labels)["outcome"]: v
+        for labels, v in series(samples, "tracescore_judge_requests_total", model=model).items()
+    }
+    assert requests == {"ok": 5, "JudgeRateLimitError": 1, "JudgeAuthError": 1}
+    assert fake_llm.count(model="fake-judge") == 7
+    assert total(samples, "tracescore_judge_retries_total", model=model) == 1
+    assert total(samples, "tracescore_judge_request_duration_seconds_count", model=model) == 7
+    assert total(samples, "tracescore_judge_request_duration_seconds_sum", model=model) > 0
+
+    # Tokens and cost: the judged records' sums.
+    judged = [r for r in records if r["judge_models"]]
+    assert judged
+    assert all(r["judge_models"] == [model] for r in judged)
+    for kind, field in (("input", "input_tokens"), ("output", "output_tokens")):
+        expected = sum(r[field] for r in judged)
+        assert expected > 0
+        assert total(samples, "tracescore_judge_tokens_total", scorer="judged", model=model, kind=kind) == expected
+    priced = [r["cost_usd"] for r in judged if r["cost_usd"] is not None]
+    assert total(samples, "tracescore_judge_cost_usd_total") == pytest.approx(sum(priced))
+    assert total(samples, "tracescore_judge_unpriced_runs_total") == len(judged) - len(priced)
+
+    # The shared rate limiter made some judge calls wait (a burst of 2 for 6 runs at once).
+    assert total(samples, "tracescore_limiter_waits_total", model=model) >= 1
+    assert total(samples, "tracescore_limiter_wait_seconds_total", model=model) > 0
+
+    # Histograms: one batch observation per message, one latency per stored run.
+    assert total(samples, "tracescore_batch_duration_seconds_count") == 11
+    assert total(samples, "tracescore_run_latency_seconds_count") == 19
+    assert total(samples, "tracescore_run_latency_seconds_bucket", le="+Inf") == 19
+    assert total(samples, "tracescore_run_latency_seconds_count", scorer="fast", source="live") == 8
+
+    # Scrape-time gauges: the queue is empty, both children alive, nothing dead-lettered.
+    assert samples[("tracescore_queue_depth", frozenset({("queue", "tracescore")}))] == 0
+    assert samples[("tracescore_queue_oldest_age_seconds", frozenset({("queue", "tracescore")}))] == 0
+    assert samples[("tracescore_redis_up", frozenset({("target", "broker")}))] == 1
+    assert samples[("tracescore_redis_up", frozenset({("target", "store")}))] == 1
+    assert total(samples, "tracescore_worker_processes") == 2
+    assert series(samples, "tracescore_dead_letters") == {}
+    (node_dir,) = metrics_dir.iterdir()
+    assert node_dir.name.startswith("metrics@")
+
+    # Both children recorded runs; the endpoint shows their sum.
+    per_process = _runs_per_process(node_dir)
+    assert len([n for n in per_process.values() if n]) == 2, per_process
+    assert sum(per_process.values()) == 19
+
+    # A child killed outright: the pool replaces it, the scrape drops its live gauge, and what
+    # it counted stays counted.
+    victim = next(pid for pid, n in per_process.items() if n)
+    os.kill(victim, signal.SIGKILL)
+    # (the sweep of dead children's files runs at each scrape)
+    assert wait_for(
+        lambda: total(scrape(port), "tracescore_worker_processes") == 2 and victim not in _live_pids(node_dir), 30, 0.2
+    ), worker.text()[-2000:]
+    after = scrape(port)
+    assert total(after, "tracescore_runs_total") == 19
+    assert total(after, "tracescore_judge_requests_total") == 7
+
+
+def _runs_per_process(node_dir: Path) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for path in node_dir.glob("counter_*.db"):
+        pid = int(path.stem.rsplit("_", 1)[1])
+        families = MultiProcessCollector.merge([str(path)], accumulate=True)  # type: ignore[no-untyped-call]
+        out[pid] = sum(
+            s.value for f in families if f.name == "tracescore_runs" for s in f.samples if s.name.endswith("_total")
+        )
+    return out
+
+
+def _live_pids(node_dir: Path) -> set[int]:
+    return {int(p.stem.rsplit("_", 1)[1]) for p in node_dir.glob("gauge_livesum_*.db")}

@@ -1,0 +1,144 @@
+"""Gauges read from Redis when scraped: the queue, the dead letters, the score sinks' outbox.
+
+They describe the shared state every worker node sees (each node reports the same values:
+aggregate with ``max``, not ``sum``). A Redis that does not answer within a couple of seconds
+gives ``tracescore_redis_up 0`` and none of these gauges, never a failed scrape.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+import redis
+import structlog
+
+from worker import _keys
+from worker.metrics._instruments import MetricSpec
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from worker._settings import Settings
+
+__all__ = ["SCRAPED", "RedisStateCollector"]
+
+log = structlog.get_logger("tracescore.worker.metrics")
+
+SCRAPED: Final = (
+    MetricSpec("tracescore_redis_up", "gauge", ("target",), "1 when the broker / score store answered this scrape"),
+    MetricSpec("tracescore_queue_depth", "gauge", ("queue",), "Messages waiting in the queue (not taken by a worker)"),
+    MetricSpec(
+        "tracescore_queue_unacked",
+        "gauge",
+        (),
+        "Messages taken by workers and not yet acknowledged (being scored, or held for a retry), all queues",
+    ),
+    MetricSpec(
+        "tracescore_queue_oldest_age_seconds",
+        "gauge",
+        ("queue",),
+        "Age of the oldest waiting message: now minus the earliest enqueued_at of its runs (0 when empty)",
+    ),
+    MetricSpec("tracescore_dead_letters", "gauge", ("reason",), "Dead letters on the list, by reason"),
+    MetricSpec(
+        "tracescore_sink_scores",
+        "gauge",
+        ("sink", "state"),
+        "Score write-back per sink: pending and failed now; delivered, dropped, retried since the counters began",
+    ),
+    MetricSpec("tracescore_worker_info", "gauge", ("node", "queue"), "1 per worker node serving these metrics"),
+)
+
+# The requests' enqueued_at in a message body (protocol 2 JSON, written by pydantic):
+# read without decoding the whole (up to several MB) batch.
+_ENQUEUED_AT = re.compile(rb'"enqueued_at":\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)')
+_TIMEOUT_S = 2.0
+
+
+def _client(url: str, **kwargs: Any) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_connect_timeout=_TIMEOUT_S, socket_timeout=_TIMEOUT_S, **kwargs)
+
+
+def oldest_enqueued_at(raw_message: bytes) -> float | None:
+    """The earliest ``enqueued_at`` of the runs in one kombu Redis message (its JSON envelope
+    with the base64 body); None when the message carries none or cannot be read."""
+    try:
+        envelope = json.loads(raw_message)
+        body = envelope["body"]
+        data = base64.b64decode(body) if envelope.get("properties", {}).get("body_encoding") == "base64" else body
+        if isinstance(data, str):
+            data = data.encode()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    stamps = [float(m.group(1)) for m in _ENQUEUED_AT.finditer(data)]
+    return min(stamps) if stamps else None
+
+
+class RedisStateCollector:
+    """A ``prometheus_client`` collector (``collect()`` on every scrape) of the shared state."""
+
+    def __init__(self, settings: Settings, node: str) -> None:
+        self._queue = settings.queue
+        self._node = node
+        self._broker = _client(settings.broker_url, **settings.tls.redis_kwargs(settings.broker_url))
+        self._store = _client(settings.store_url)
+
+    def describe(self) -> list[Metric]:
+        return []  # not known ahead: the registry must not call collect() at registration
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        g = {s.name: GaugeMetricFamily(s.name, s.help, labels=list(s.labels)) for s in SCRAPED}
+        up, info = g["tracescore_redis_up"], g["tracescore_worker_info"]
+        depth, unacked = g["tracescore_queue_depth"], g["tracescore_queue_unacked"]
+        age, dead = g["tracescore_queue_oldest_age_seconds"], g["tracescore_dead_letters"]
+        sinks = g["tracescore_sink_scores"]
+        info.add_metric([self._node, self._queue], 1)
+        yield info
+        broker_ok = self._read_queue(depth, unacked, age)
+        up.add_metric(["broker"], 1 if broker_ok else 0)
+        store_ok = self._read_store(dead, sinks)
+        up.add_metric(["store"], 1 if store_ok else 0)
+        yield up
+        if broker_ok:
+            yield from (depth, unacked, age)
+        if store_ok:
+            yield from (dead, sinks)
+
+    def _read_queue(self, depth: Any, unacked: Any, age: Any) -> bool:
+        try:
+            pipe = self._broker.pipeline(transaction=False)
+            pipe.llen(self._queue)
+            # kombu pushes on the left and takes from the right: the oldest is the last.
+            pipe.lindex(self._queue, -1)
+            pipe.hlen("unacked")
+            waiting, oldest, taken = pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("metrics_broker_unavailable", error=type(exc).__name__)
+            return False
+        depth.add_metric([self._queue], int(waiting))
+        unacked.add_metric([], int(taken))
+        enqueued = oldest_enqueued_at(oldest) if oldest else None
+        age.add_metric([self._queue], max(0.0, time.time() - enqueued) if enqueued is not None else 0.0)
+        return True
+
+    def _read_store(self, dead: Any, sinks: Any) -> bool:
+        try:
+            reasons: dict[bytes, bytes] = self._store.hgetall(_keys.dlq_reasons_key())  # type: ignore[assignment]
+        except redis.RedisError as exc:
+            log.warning("metrics_store_unavailable", error=type(exc).__name__)
+            return False
+        for reason, letters in sorted(reasons.items()):
+            if int(letters) > 0:
+                dead.add_metric([reason.decode(errors="replace")], int(letters))
+        return True
+
+    def close(self) -> None:
+        self._broker.close()
+        self._store.close()

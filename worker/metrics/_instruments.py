@@ -1,0 +1,287 @@
+"""The recording API: every metric the worker processes write, defined once.
+
+``prometheus_client`` is imported on first use, not with this module: the worker's parent
+sets ``PROMETHEUS_MULTIPROC_DIR`` before anything records (``_node.start_node_metrics``), and
+the client picks its value store (in-memory, or the shared files of the prefork pool) when it
+is imported. A process that never starts a node (``tracescore score``, tests) records into
+the client's in-memory values, which nobody reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from tracing import ScoreRecord
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = [
+    "RECORDED",
+    "judge_request_context",
+    "observe_batch",
+    "observe_limiter_wait",
+    "observe_records",
+    "process_started",
+    "reset",
+    "set_budget_remaining",
+]
+
+# Judge answers take seconds; batches up to the task's time limit (minutes).
+_JUDGE_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_BATCH_BUCKETS: Final = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_LATENCY_BUCKETS: Final = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0)
+
+# A record of a scorer the worker does not know carries the id the message asked for: a
+# label value anyone who can publish could pick, so it is folded into one.
+UNKNOWN_SCORER: Final = "(unknown)"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric as exposed: its Prometheus name (series names add ``_total``,
+    ``_bucket``/``_sum``/``_count``), type, labels and help text."""
+
+    name: str
+    kind: str  # counter, gauge, histogram
+    labels: tuple[str, ...]
+    help: str
+
+
+# Everything the worker processes record (the scrape-time gauges are in _collector.py).
+RECORDED: Final = (
+    MetricSpec(
+        "tracescore_runs",
+        "counter",
+        ("scorer", "outcome", "reason"),
+        "Scorer runs finished and stored, by outcome (scored, not_scorable, failed) and reason "
+        "(the error_type of failed runs); retry: left unrecorded for another delivery (transient)",
+    ),
+    MetricSpec(
+        "tracescore_run_latency_seconds",
+        "histogram",
+        ("scorer", "source"),
+        "From the run's hand-over to the queue (enqueued_at) until its score was stored",
+    ),
+    MetricSpec("tracescore_batch_duration_seconds", "histogram", (), "Time to score one queue message (a batch)"),
+    MetricSpec(
+        "tracescore_judge_requests",
+        "counter",
+        ("model", "outcome"),
+        "Requests to judge models, by outcome: ok, or the judge error's type (JudgeRateLimitError is a 429)",
+    ),
+    MetricSpec(
+        "tracescore_judge_request_duration_seconds",
+        "histogram",
+        ("model",),
+        "Duration of one judge request (the provider's answer or error)",
+    ),
+    MetricSpec(
+        "tracescore_judge_retries",
+        "counter",
+        ("model",),
+        "Judge requests sent again after a failed request of the same judge call",
+    ),
+    MetricSpec(
+        "tracescore_judge_tokens",
+        "counter",
+        ("scorer", "model", "kind"),
+        "Judge tokens of stored runs, by kind: input, output, cached_input (a part of input)",
+    ),
+    MetricSpec(
+        "tracescore_judge_cost_usd",
+        "counter",
+        ("scorer", "model"),
+        "Judge cost of stored runs in US dollars, by the price table",
+    ),
+    MetricSpec(
+        "tracescore_judge_unpriced_runs",
+        "counter",
+        ("scorer", "model"),
+        "Stored runs that called a judge model with no price (their cost is not in the cost counter)",
+    ),
+    MetricSpec(
+        "tracescore_limiter_waits",
+        "counter",
+        ("model",),
+        "Judge calls that had to wait for the shared rate limiter (a budget or a 429 pause)",
+    ),
+    MetricSpec(
+        "tracescore_limiter_wait_seconds",
+        "counter",
+        ("model",),
+        "Seconds judge calls spent waiting for the shared rate limiter",
+    ),
+    MetricSpec(
+        "tracescore_worker_processes",
+        "gauge",
+        (),
+        "Worker processes scoring on this node (the prefork pool's children, or the worker itself)",
+    ),
+    MetricSpec(
+        "tracescore_budget_remaining_ratio",
+        "gauge",
+        ("budget",),
+        "Share of a daily budget (TRACESCORE_BUDGETS) still unspent, 0..1",
+    ),
+)
+
+
+class _Instruments:
+    def __init__(self) -> None:
+        self.runs: Counter = _build("tracescore_runs")
+        self.run_latency: Histogram = _build("tracescore_run_latency_seconds", buckets=_LATENCY_BUCKETS)
+        self.batch_duration: Histogram = _build("tracescore_batch_duration_seconds", buckets=_BATCH_BUCKETS)
+        self.judge_requests: Counter = _build("tracescore_judge_requests")
+        self.judge_duration: Histogram = _build("tracescore_judge_request_duration_seconds", buckets=_JUDGE_BUCKETS)
+        self.judge_retries: Counter = _build("tracescore_judge_retries")
+        self.tokens: Counter = _build("tracescore_judge_tokens")
+        self.cost: Counter = _build("tracescore_judge_cost_usd")
+        self.unpriced: Counter = _build("tracescore_judge_unpriced_runs")
+        self.limiter_waits: Counter = _build("tracescore_limiter_waits")
+        self.limiter_wait_seconds: Counter = _build("tracescore_limiter_wait_seconds")
+        # livesum: a dead child's file is removed (mark_process_dead), so the sum is the live ones.
+        self.processes: Gauge = _build("tracescore_worker_processes", multiprocess_mode="livesum")
+        # Every process sees the same shared budget: the latest value written wins.
+        self.budget_remaining: Gauge = _build("tracescore_budget_remaining_ratio", multiprocess_mode="mostrecent")
+
+
+def _build(name: str, **options: Any) -> Any:
+    from prometheus_client import Counter, Gauge, Histogram
+
+    spec = next(s for s in RECORDED if s.name == name)
+    kind = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}[spec.kind]
+    # Not in the client's global registry: the node serves the multiprocess files (or, in one
+    # process, nothing) through a registry of its own.
+    return kind(spec.name, spec.help, spec.labels, registry=None, **options)
+
+
+_lock = threading.Lock()
+_instruments: _Instruments | None = None
+
+
+def _metrics() -> _Instruments:
+    global _instruments
+    if _instruments is None:
+        with _lock:
+            if _instruments is None:
+                _instruments = _Instruments()
+    return _instruments
+
+
+def reset() -> None:
+    """Build the metric objects again on next use (the node switched the client to its files)."""
+    global _instruments
+    with _lock:
+        _instruments = None
+
+
+def _model_label(models: Sequence[str]) -> str:
+    # A run whose steps use several judge models is counted under all of them joined: the
+    # record keeps its tokens and cost as one sum. Configured models only: low cardinality.
+    return ",".join(models) if models else "none"
+
+
+def observe_records(records: Sequence[ScoreRecord], retried: Sequence[tuple[str, str]] = ()) -> None:
+    """Count the records just stored (first writes only: a duplicate is not counted twice) and
+    the runs left unrecorded for another delivery after a transient failure, as
+    ``(scorer_id, error_type)``."""
+    if not records and not retried:
+        return
+    m = _metrics()
+    for scorer_id, error_type in retried:
+        m.runs.labels(scorer_id, "retry", error_type).inc()
+    for record in records:
+        scorer = UNKNOWN_SCORER if record.error_type == "UnknownScorerError" else record.scorer_id
+        if record.error_type:
+            m.runs.labels(scorer, "failed", record.error_type).inc()
+        elif record.score is None:
+            m.runs.labels(scorer, "not_scorable", "").inc()
+        else:
+            m.runs.labels(scorer, "scored", "").inc()
+        if record.enqueued_at is not None:
+            m.run_latency.labels(scorer, record.source).observe(max(0.0, record.scored_at - record.enqueued_at))
+        if not record.judge_models:
+            continue
+        model = _model_label(record.judge_models)
+        for kind, tokens in (
+            ("input", record.input_tokens),
+            ("output", record.output_tokens),
+            ("cached_input", record.cached_input_tokens),
+        ):
+            if tokens:
+                m.tokens.labels(scorer, model, kind).inc(tokens)
+        if record.cost_usd is None:
+            m.unpriced.labels(scorer, model).inc()
+        elif record.cost_usd > 0:
+            m.cost.labels(scorer, model).inc(record.cost_usd)
+
+
+def observe_batch(seconds: float) -> None:
+    """One queue message scored (or given up on) in ``seconds``."""
+    _metrics().batch_duration.observe(seconds)
+
+
+def observe_limiter_wait(model_id: str, seconds: float) -> None:
+    """One judge call waited ``seconds`` in total for the shared rate limiter."""
+    m = _metrics()
+    m.limiter_waits.labels(model_id).inc()
+    m.limiter_wait_seconds.labels(model_id).inc(seconds)
+
+
+def set_budget_remaining(budget: str, ratio: float) -> None:
+    """The unspent share (0..1) of the budget named ``budget`` (e.g. ``scorer:faithfulness``)."""
+    _metrics().budget_remaining.labels(budget).set(min(1.0, max(0.0, ratio)))
+
+
+def process_started() -> None:
+    """This process scores (a pool child after its fork, or a threads/solo worker)."""
+    _metrics().processes.set(1)
+
+
+# The model whose last request failed in this task: the judge's next request to it is a retry.
+# (A judge call's attempts run one after another in one task; a task is one run.)
+_failed_model: ContextVar[str | None] = ContextVar("tracescore_metrics_failed_model", default=None)
+
+
+def judge_request_context(
+    inner: Callable[[str], AbstractContextManager[None]] | None,
+) -> Callable[[str], AbstractContextManager[None]]:
+    """A judge ``call_context`` (see ``scorers.judge.JudgeHooks``) that times and counts every
+    provider request around ``inner`` (the judge span, kept as it was)."""
+    if inner is not None and getattr(inner, "_tracescore_metered", False):
+        return inner  # a runtime built again in this process: count each request once
+
+    @contextmanager
+    def context(model_id: str) -> Iterator[None]:
+        m = _metrics()
+        if _failed_model.get() == model_id:
+            m.judge_retries.labels(model_id).inc()
+        outcome = "ok"
+        started = time.perf_counter()
+        try:
+            if inner is None:
+                yield
+            else:
+                with inner(model_id):
+                    yield
+        except asyncio.CancelledError:
+            outcome = "cancelled"  # the run's timeout, or the batch being stopped
+            raise
+        except Exception as exc:  # the judge's errors (it wraps any other inside)
+            outcome = type(exc).__name__
+            raise
+        finally:
+            m.judge_requests.labels(model_id, outcome).inc()
+            m.judge_duration.labels(model_id).observe(time.perf_counter() - started)
+            _failed_model.set(model_id if outcome != "ok" else None)
+
+    context._tracescore_metered = True  # type: ignore[attr-defined]
+    return context
