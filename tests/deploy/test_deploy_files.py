@@ -117,6 +117,9 @@ def _structured_invocations() -> Iterator[tuple[str, list[str]]]:
     for name, service in _compose()["services"].items():
         if images[name].startswith("tracescore"):
             yield f"docker-compose.yml:{name}", [str(a) for a in service["command"]]
+        check = [str(a) for a in service.get("healthcheck", {}).get("test", [])]
+        if check[:2] == ["CMD", "tracescore"]:
+            yield f"docker-compose.yml:{name}:healthcheck", check[2:]
     for line in DOCKERFILE.read_text(encoding="utf-8").splitlines():
         match = re.search(r"\bCMD\s+(\[.*\])\s*$", line)
         if match:
@@ -250,14 +253,37 @@ def test_configmap_and_compose_settings_load(monkeypatch: pytest.MonkeyPatch) ->
     assert _settings_from(compose_env, monkeypatch).writer == "otlp"
 
 
-def test_grace_periods_outlast_the_task_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pods and compose workers wait longer than the hard time limit before SIGKILL."""
-    limit = _settings_from(_one("ConfigMap", "tracescore-config")["data"], monkeypatch).task_time_limit
+def test_grace_periods_fit_the_shutdown_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pods and compose workers wait for TRACESCORE_SHUTDOWN_GRACE_SECONDS plus room to cancel,
+    requeue, flush and exit (at least the loop's cleanup wait and the writer's flush) before
+    SIGKILL, and not much longer (a rolling update waits for it); the pod grace stays inside
+    Kubernetes' default when the setting keeps its default."""
+    from worker._loop import CLEANUP_S
+
+    margin = CLEANUP_S + 5.0  # the writer's flush on the way out waits up to 5 s
+    config = _settings_from(_one("ConfigMap", "tracescore-config")["data"], monkeypatch)
     pod = _one("Deployment", "tracescore-worker")["spec"]["template"]["spec"]
-    assert pod["terminationGracePeriodSeconds"] > limit
+    assert config.shutdown_grace_seconds + margin <= pod["terminationGracePeriodSeconds"]
+    assert pod["terminationGracePeriodSeconds"] <= config.shutdown_grace_seconds + 30
+    assert Settings.model_fields["shutdown_grace_seconds"].default + margin <= 30 + margin
+    assert Settings.model_fields["shutdown_grace_seconds"].default < 30
     compose_env = {k: _compose_value(str(v)) for k, v in _compose()["x-tracescore-env"].items()}
-    compose_limit = _settings_from(compose_env, monkeypatch).task_time_limit
-    assert _duration_s(_compose()["services"]["worker"]["stop_grace_period"]) > compose_limit
+    compose_grace = _settings_from(compose_env, monkeypatch).shutdown_grace_seconds
+    stop = _duration_s(_compose()["services"]["worker"]["stop_grace_period"])
+    assert compose_grace + margin <= stop <= compose_grace + 30
+
+
+def test_probes_are_tracescore_probe_with_the_probe_dir_set() -> None:
+    """The worker's liveness/readiness/startup probes and the compose healthcheck run `tracescore
+    probe`, and TRACESCORE_PROBE_DIR is set where they run (ConfigMap, compose env)."""
+    container = _one("Deployment", "tracescore-worker")["spec"]["template"]["spec"]["containers"][0]
+    for probe, verb in (("livenessProbe", "live"), ("readinessProbe", "ready"), ("startupProbe", "ready")):
+        assert container[probe]["exec"]["command"][:3] == ["tracescore", "probe", verb], probe
+    assert _one("ConfigMap", "tracescore-config")["data"]["TRACESCORE_PROBE_DIR"].startswith("/tmp/")
+    assert {"mountPath": "/tmp", "name": "tmp"} in container["volumeMounts"]  # writable: the root fs is not
+    worker = _compose()["services"]["worker"]
+    assert worker["healthcheck"]["test"][:4] == ["CMD", "tracescore", "probe", "live"]
+    assert _compose()["x-tracescore-env"]["TRACESCORE_PROBE_DIR"]
 
 
 def test_tracescore_invocations_are_real_commands_and_options() -> None:
@@ -361,10 +387,10 @@ def test_collector_pipeline_is_complete_and_keeps_span_events() -> None:
 
 
 def test_dashboard_queries_use_attributes_the_writer_writes() -> None:
-    """span./event. attributes in the dashboard's TraceQL are ones tracing/_score_writer.py sets in that scope."""
+    """span./event. attributes in the dashboard's TraceQL are ones tracing/sinks/_otlp.py sets in that scope."""
     span_keys, event_keys, strings = _writer_attributes()
-    assert "tracescore.role" in span_keys
-    assert "gen_ai.evaluation.name" in event_keys
+    assert "tracescore.role" in span_keys, WRITER_SOURCE
+    assert "gen_ai.evaluation.name" in event_keys, WRITER_SOURCE
     queries = _dashboard_queries()
     assert queries
     scopes = {"span": span_keys, "event": event_keys, "resource": strings}
@@ -380,6 +406,33 @@ def test_dashboard_queries_use_attributes_the_writer_writes() -> None:
     assert any("event.gen_ai.evaluation.score.value" in q for q in queries)
     assert any("event.error.type" in q for q in queries)
     assert any("gen_ai.usage.input_tokens" in q for q in queries)
+
+
+def test_dashboard_metrics_count_score_events_not_carrier_spans() -> None:
+    """Each TraceQL metrics panel selects evaluation events (event:name) and groups by the scorer:
+    a carrier span holds one event per scorer, so each series counts scores, not carrier spans
+    (which would count a span scored by five scorers once)."""
+    _, _, strings = _writer_attributes()
+    metrics = [q for q in _dashboard_queries() if "|" in q]
+    assert len(metrics) >= 4
+    for query in metrics:
+        selector, _, function = query.partition("|")
+        assert re.search(r'event:name\s*=\s*"gen_ai\.evaluation\.result"', selector), query
+        assert function.strip().endswith("by (event.gen_ai.evaluation.name)"), query
+    assert "gen_ai.evaluation.result" in strings
+
+
+def test_tempo_is_2_6_or_later_and_keeps_carrier_spans_for_metrics() -> None:
+    """Compose pins a Tempo 2.x at or past 2.6 (TraceQL over events); its metrics generator's
+    local-blocks processor keeps every span, not only server spans (carriers are internal)."""
+    tempo = _compose()["services"]["tempo"]["image"]
+    match = re.fullmatch(r"grafana/tempo:(\d+)\.(\d+)\.(\d+)", tempo)
+    assert match, f"pin an exact Tempo version, not {tempo!r}"
+    assert (2, 6) <= (int(match.group(1)), int(match.group(2))) < (3, 0)
+    config = yaml.safe_load((DEPLOY / "tempo.yaml").read_text(encoding="utf-8"))
+    local_blocks = config["metrics_generator"]["processor"]["local_blocks"]
+    assert local_blocks["filter_server_spans"] is False
+    assert "local-blocks" in config["overrides"]["defaults"]["metrics_generator"]["processors"]
 
 
 def test_dashboard_default_scorer_exists_and_datasource_is_provisioned() -> None:
