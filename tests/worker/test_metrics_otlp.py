@@ -1,0 +1,154 @@
+"""The node's metrics through OTLP/HTTP: a local receiver decodes the protobuf the worker pushes
+and finds the same counters and histograms /metrics shows."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from tests._redis import free_port
+from tests.worker._batches import batch
+from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tests.worker.test_metrics import scrape, series, total
+from tracing import CelerySink
+
+
+class MetricsReceiver:
+    """POST /v1/metrics on a free loopback port; keeps every decoded export request."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.exports: list[ExportMetricsServiceRequest] = []
+        self.paths: list[str] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                request = ExportMetricsServiceRequest()
+                request.ParseFromString(body)
+                with receiver._lock:
+                    receiver.exports.append(request)
+                    receiver.paths.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def latest(self) -> ExportMetricsServiceRequest | None:
+        with self._lock:
+            return self.exports[-1] if self.exports else None
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _points(export: ExportMetricsServiceRequest | None, name: str) -> dict[frozenset[tuple[str, str]], Any]:
+    """The data points of metric ``name`` in one export, by their attributes."""
+    out: dict[frozenset[tuple[str, str]], Any] = {}
+    if export is None:
+        return out
+    for resource in export.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name != name:
+                    continue
+                kind = metric.WhichOneof("data")
+                for point in getattr(metric, kind).data_points:
+                    labels = frozenset((a.key, a.value.string_value) for a in point.attributes)
+                    out[labels] = point
+    return out
+
+
+@pytest.fixture
+def receiver() -> Iterator[MetricsReceiver]:
+    r = MetricsReceiver()
+    yield r
+    r.stop()
+
+
+def test_otlp_export_carries_the_same_counters_as_the_scrape(
+    receiver: MetricsReceiver, redis_url: str, tmp_path: Path
+) -> None:
+    """A prefork worker ×2 with both outputs on: the OTLP runs counter, batch histogram and
+    resource name match /metrics; stopping the worker sends a last export."""
+    port = free_port()
+    scores_path = tmp_path / "scores.jsonl"
+    worker = WorkerProcess(
+        "otlpm",
+        redis_url,
+        tmp_path,
+        scores_path=scores_path,
+        pool="prefork",
+        concurrency=2,
+        scorers="tests.worker.metrics_scorers",
+        env={
+            "TRACESCORE_METRICS_PORT": str(port),
+            "TRACESCORE_METRICS_HOST": "127.0.0.1",
+            "TRACESCORE_METRICS_DIR": str(tmp_path / "metrics"),
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"http://127.0.0.1:{receiver.port}/v1/metrics",
+            "OTEL_METRIC_EXPORT_INTERVAL": "300",
+        },
+    )
+    try:
+        worker.wait_ready()
+        sink = CelerySink(redis_url)
+        for n in range(5):
+            sink.send(batch(range(n, n + 1), ["fast"], salt="otlp-fast"))
+        sink.send(batch(range(2), ["broken"], salt="otlp-broken"))
+        sink.close()
+        assert wait_for(lambda: len(read_scores(scores_path)) >= 7, 60), worker.text()[-3000:]
+
+        def runs_in_latest_export() -> float:
+            return float(sum(p.as_double for p in _points(receiver.latest(), "tracescore_runs_total").values()))
+
+        assert wait_for(lambda: runs_in_latest_export() == 7, 20), receiver.paths
+        assert set(receiver.paths) == {"/v1/metrics"}
+        export = receiver.latest()
+        scraped = scrape(port)
+
+        runs = {labels: p.as_double for labels, p in _points(export, "tracescore_runs_total").items()}
+        assert runs == series(scraped, "tracescore_runs_total")
+        assert runs[frozenset({("scorer", "fast"), ("outcome", "scored"), ("reason", "")})] == 5
+        assert runs[frozenset({("scorer", "broken"), ("outcome", "failed"), ("reason", "ValueError")})] == 2
+
+        ((labels, hist),) = _points(export, "tracescore_batch_duration_seconds").items()
+        assert labels == frozenset()
+        assert hist.count == 6 == total(scraped, "tracescore_batch_duration_seconds_count")
+        assert hist.sum == pytest.approx(total(scraped, "tracescore_batch_duration_seconds_sum"))
+        # OTLP counts per bucket; Prometheus' "le" buckets are their running sums.
+        scraped_buckets = sorted(
+            (float(dict(k)["le"]), v)
+            for (name, k), v in scraped.items()
+            if name == "tracescore_batch_duration_seconds_bucket"
+        )
+        assert list(accumulate(hist.bucket_counts)) == [v for _, v in scraped_buckets]
+        assert list(hist.explicit_bounds) == [le for le, _ in scraped_buckets[:-1]]
+
+        processes = _points(export, "tracescore_worker_processes")
+        assert [p.as_double for p in processes.values()] == [2]
+        (resource,) = export.resource_metrics  # type: ignore[union-attr]
+        attributes = {a.key: a.value.string_value for a in resource.resource.attributes}
+        assert attributes["service.name"] == "tracescore-worker"
+        assert attributes["service.instance.id"].startswith("otlpm@")
+    finally:
+        exports_before_stop = len(receiver.exports)
+        worker.stop()
+    # The parent's shutdown pushes once more (what happened since the last interval).
+    assert len(receiver.exports) > exports_before_stop
