@@ -29,15 +29,24 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import to_jsonable_python
 
-from scorers import Scorer
-from scorers.judge import DEFAULT_PRICES, JudgeCallRefused, ModelPrice, price_usage
+from scorers import JudgeUsage, Scorer
+from scorers.judge import (
+    DEFAULT_PRICES,
+    JUDGE_SYSTEM_PREAMBLE,
+    JudgeCallRefused,
+    ModelPrice,
+    get_judge_hooks,
+    price_usage,
+    set_judge_hooks,
+)
 from worker import _keys
 from worker._reconnect import reconnecting_client, unavailable_as_error
 
@@ -45,11 +54,13 @@ __all__ = [
     "SPEND_TTL_S",
     "BudgetGuard",
     "Budgets",
+    "CostEstimate",
     "Ledger",
     "MemoryLedger",
     "RedisLedger",
     "default_attempt_cap",
     "enter_run",
+    "install_local_guard",
     "parse_budgets",
     "parse_prices",
     "price_table",
@@ -375,3 +386,113 @@ async def spend_report(ledger: Ledger, budgets: Budgets, day: str | None = None)
             for field, limit in sorted(budgets.limits().items())
         },
     }
+
+
+def install_local_guard(budgets: Budgets, job_id: str | None = None, max_cost_usd: float | None = None) -> MemoryLedger:
+    """Budgets for scoring in this process (a backfill without a broker): the in-memory twin of
+    the workers' ledger, installed as this process's judge guard; returns the ledger."""
+    ledger = MemoryLedger()
+    if job_id and max_cost_usd is not None:
+        ledger.job_limits[job_id] = float(max_cost_usd)
+    set_judge_hooks(replace(get_judge_hooks(), guard=BudgetGuard(ledger, budgets)))
+    return ledger
+
+
+# What the dry-run estimate assumes: a token is 4 characters; each judge step's prompt template
+# adds this many characters around the run; each answer is this many tokens (a score and a
+# sentence or two of JSON; capped by the judge's max_tokens).
+CHARS_PER_TOKEN = 4
+TEMPLATE_CHARS = 600
+ANSWER_TOKENS = 150
+
+
+@dataclass
+class _Estimate:
+    runs: int = 0
+    judge_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    unpriced_calls: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "judge_calls": self.judge_calls,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost_usd": self.cost_usd,
+            "unpriced_calls": self.unpriced_calls,
+        }
+
+
+class CostEstimate:
+    """``backfill --dry-run``'s estimate of judge tokens and cost, made without calling a judge.
+
+    Per run and scorer, each prompt step is one judge call whose prompt is the judge's system
+    text (preamble + instructions) + the run's input and output as JSON + ``TEMPLATE_CHARS``,
+    at ``CHARS_PER_TOKEN``; its answer ``ANSWER_TOKENS`` (at most the judge's max_tokens); no
+    prompt caching, no retries. Priced by the price table. Its error: prompts that quote only
+    part of the run (a filtered run, the last message) or add long context make it high or low;
+    real tokenizers differ from 4 characters a token by some ±25 % on English text; answers
+    vary. Read it as the order of magnitude, not the bill.
+    """
+
+    def __init__(self, scorers: Mapping[str, Scorer], prices: Mapping[str, ModelPrice] | None = None) -> None:
+        self.prices = prices if prices is not None else price_table()
+        self.by_scorer: dict[str, _Estimate] = {s: _Estimate() for s in scorers}
+        self.by_model: dict[str, _Estimate] = {}
+        self._steps: dict[str, list[tuple[str, int, int]]] = {}
+        for scorer_id, scorer in scorers.items():
+            steps = []
+            for judge in scorer.step_judges().values():
+                if judge is None or judge.model is None:
+                    continue
+                model = judge.model if isinstance(judge.model, str) else judge.model.model_id
+                system = len(JUDGE_SYSTEM_PREAMBLE) + len(judge.instructions or "")
+                steps.append((model, system, min(ANSWER_TOKENS, judge.max_tokens)))
+            self._steps[scorer_id] = steps
+
+    def add(self, run: Any) -> None:
+        """One run (a ``TracedRun``, or anything with ``input`` / ``output``) for every scorer."""
+        chars = len(json.dumps(to_jsonable_python(run.input))) + len(json.dumps(to_jsonable_python(run.output)))
+        for scorer_id, steps in self._steps.items():
+            self.by_scorer[scorer_id].runs += 1
+            for model, system, answer in steps:
+                prompt = (system + chars + TEMPLATE_CHARS) // CHARS_PER_TOKEN
+                cost = price_usage(model, JudgeUsage(input_tokens=prompt, output_tokens=answer), self.prices)
+                for e in (self.by_scorer[scorer_id], self.by_model.setdefault(model, _Estimate())):
+                    e.judge_calls += 1
+                    e.input_tokens += prompt
+                    e.output_tokens += answer
+                    if cost is None:
+                        e.unpriced_calls += 1
+                    else:
+                        e.cost_usd += cost
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "method": "characters / 4 of the judge's system text + the run's input and output + "
+            f"{TEMPLATE_CHARS} per prompt step; {ANSWER_TOKENS} answer tokens; no caching, no retries",
+            "cost_usd": sum(e.cost_usd for e in self.by_scorer.values()),
+            "input_tokens": sum(e.input_tokens for e in self.by_scorer.values()),
+            "output_tokens": sum(e.output_tokens for e in self.by_scorer.values()),
+            "judge_calls": sum(e.judge_calls for e in self.by_scorer.values()),
+            "unpriced_calls": sum(e.unpriced_calls for e in self.by_scorer.values()),
+            "by_scorer": {k: v.as_json() for k, v in self.by_scorer.items()},
+            "by_model": {k: v.as_json() for k, v in self.by_model.items()},
+        }
+
+    def lines(self) -> list[str]:
+        data = self.as_json()
+        if not data["judge_calls"]:
+            return ["estimated judge cost: none (no scorer asks a judge)"]
+        unpriced = f", {data['unpriced_calls']:,} calls to models without a price" if data["unpriced_calls"] else ""
+        out = [
+            f"estimated judge cost: ~{data['cost_usd']:.4f} USD for {data['judge_calls']:,} judge calls, "
+            f"~{data['input_tokens']:,} input + ~{data['output_tokens']:,} output tokens{unpriced} "
+            "(characters / 4; no caching, no retries: an order of magnitude, not the bill)"
+        ]
+        out += [f"  scorer {k}: ~{v.cost_usd:.4f} USD ({v.judge_calls:,} calls)" for k, v in self.by_scorer.items()]
+        out += [f"  model  {k}: ~{v.cost_usd:.4f} USD ({v.judge_calls:,} calls)" for k, v in self.by_model.items()]
+        return out

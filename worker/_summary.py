@@ -13,7 +13,7 @@ import math
 import shutil
 import threading
 from array import array
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
@@ -24,10 +24,12 @@ from tracing import ScoreRecord
 __all__ = [
     "RunTable",
     "ScorerSummary",
+    "Spend",
     "Summary",
     "SummaryScoreWriter",
     "cell",
     "percentile",
+    "spend_lines",
 ]
 
 Direction = Literal["higher", "lower"]
@@ -170,6 +172,50 @@ def _number(value: float) -> str:
     return f"{value:.3f}" if abs(value) < 1000 else f"{value:.4g}"
 
 
+@dataclass
+class Spend:
+    """Judge spend of a set of records: USD per scorer and per model (a record judged by several
+    models counts under their names joined by "+"), judge calls, and runs with no price."""
+
+    by_scorer: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    by_model: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    calls: int = 0
+    unpriced: Counter[str] = field(default_factory=Counter)
+
+    def add(self, scorer_id: str, models: Sequence[str], cost_usd: float | None, calls: int) -> None:
+        self.calls += calls
+        if not calls and not cost_usd:
+            return
+        model = "+".join(models) or "?"
+        if cost_usd is None:
+            self.unpriced[model] += 1
+            return
+        self.by_scorer[scorer_id] += cost_usd
+        self.by_model[model] += cost_usd
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "total_usd": sum(self.by_scorer.values()),
+            "by_scorer": dict(self.by_scorer),
+            "by_model": dict(self.by_model),
+            "judge_calls": self.calls,
+            "unpriced_runs": dict(self.unpriced),
+        }
+
+
+def spend_lines(spend: Mapping[str, Any] | None) -> list[str]:
+    """A ``Spend.as_json()`` for a summary footer (nothing when no judge was called)."""
+    if not spend or not spend.get("judge_calls"):
+        return []
+    out = [f"  judge spend       {spend['total_usd']:.4f} USD   ({spend['judge_calls']:,} judge calls)"]
+    out += [f"    scorer {k}: {v:.4f} USD" for k, v in sorted(spend["by_scorer"].items(), key=lambda kv: -kv[1])]
+    out += [f"    model  {k}: {v:.4f} USD" for k, v in sorted(spend["by_model"].items(), key=lambda kv: -kv[1])]
+    out += [
+        f"    model  {k}: unpriced ({v:,} runs; add it to TRACESCORE_PRICES)" for k, v in spend["unpriced_runs"].items()
+    ]
+    return out
+
+
 class Summary:
     """The per-scorer summary of one command: add scores as they come, render once at the end."""
 
@@ -177,6 +223,8 @@ class Summary:
         self.worst_n = worst_n
         self.by_scorer: dict[str, ScorerSummary] = {}
         self._lock = threading.Lock()
+        # Judge spend (USD) of the records added, per scorer and per judge model(s).
+        self.spend = Spend()
         items = scorers.items() if isinstance(scorers, Mapping) else ((s, None) for s in scorers)
         for scorer_id, scorer in items:
             self._scorer(scorer_id, scorer)
@@ -200,9 +248,14 @@ class Summary:
         error_type: str | None = None,
         error_message: str | None = None,
         not_scorable: str | None = None,
+        cost_usd: float | None = 0.0,
+        judge_models: Sequence[str] = (),
+        judge_calls: int = 0,
     ) -> None:
-        """One outcome: an error (``error_type``), a not-scorable run, or a score."""
+        """One outcome: an error (``error_type``), a not-scorable run, or a score; and what its
+        judge calls cost (``cost_usd`` None: a model without a price)."""
         with self._lock:
+            self.spend.add(scorer_id, judge_models, cost_usd, judge_calls)
             summary = self._scorer(scorer_id)
             if error_type:
                 summary.add_failure(error_type, run, error_message or "")
@@ -221,6 +274,9 @@ class Summary:
             error_type=record.error_type,
             error_message=record.error_message,
             not_scorable=record.not_scorable,
+            cost_usd=record.cost_usd,
+            judge_models=record.judge_models,
+            judge_calls=record.judge_calls,
         )
 
     @property

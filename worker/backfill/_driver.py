@@ -106,8 +106,11 @@ class Backfill:
         on_batch: Callable[[ScoreBatch], None] | None = None,
         resumed: bool = False,
         should_stop: Callable[[], bool] = lambda: False,
+        on_dry_run: Callable[[list[SpanRecord], str], None] | None = None,
     ) -> None:
         self.source = source
+        # Dry run: each planned run's spans and target span id (the cost estimate reads them).
+        self.on_dry_run = on_dry_run
         self.state = state
         self.submitter = submitter  # None: dry run
         self.job_store = job_store
@@ -226,6 +229,9 @@ class Backfill:
             return
         counters.runs_read += len(plans)
         if self.submitter is None:
+            if self.on_dry_run is not None:
+                for target, members in plans:
+                    self.on_dry_run(members, target.span_id)
             return
         now = time.time()
         options = self.state.options

@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -27,15 +27,24 @@ from typing import IO, Any
 import click
 from pydantic_core import from_json
 
-from tracing import JsonlScoreWriter, OtlpScoreWriter, ScoreWriter, score_id_for
+from tracing import (
+    JsonlScoreWriter,
+    OtlpScoreWriter,
+    ScoreWriter,
+    SpanRecord,
+    TraceReadError,
+    score_id_for,
+    trace_to_run,
+)
 from tracing.queue import ScoreBatch
 from tracing.sources import SourceError, TraceSource, source_from_description
 from worker._app import redact
+from worker._budget import SPEND_TTL_S, CostEstimate, install_local_guard, parse_budgets
 from worker._gc import tuned_gc
-from worker._keys import record_key
+from worker._keys import job_budget_key, record_key
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
-from worker._summary import Summary, SummaryScoreWriter
+from worker._summary import Summary, SummaryScoreWriter, spend_lines
 from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, RedisJobStore
@@ -199,6 +208,7 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"  runs rejected     {sum(rejected.values()):,}   ({by_reason(rejected)}; a run larger than "
             "TRACESCORE_MAX_PAYLOAD_BYTES cannot be sent to the workers)"
         )
+    lines += spend_lines(summary.get("spend"))
     lines.append(f"  elapsed           {format_duration(elapsed)} ({elapsed:.2f}s)")
     click.echo("\n".join(lines), err=True)
 
@@ -250,6 +260,9 @@ class _Enqueued:
                     error_type=record.get("error_type"),
                     error_message=record.get("error_message"),
                     not_scorable=record.get("not_scorable"),
+                    cost_usd=record.get("cost_usd"),
+                    judge_models=record.get("judge_models") or (),
+                    judge_calls=record.get("judge_calls") or 0,
                 )
         return summary
 
@@ -341,12 +354,28 @@ def _start(
         )
 
 
-def _dry_run(source: TraceSource, state: BackfillState, reporter: ProgressReporter, as_json: bool) -> None:
+def _dry_run(
+    source: TraceSource,
+    state: BackfillState,
+    reporter: ProgressReporter,
+    as_json: bool,
+    registry: Registry | None = None,
+) -> None:
     reporter.message(f"dry run: reading {state.source_label}; nothing is scored")
     started = time.monotonic()
-    Backfill(source, state, None, reporter=reporter).run()
+    estimate = CostEstimate({s: registry[s] for s in state.options.scorer_ids}) if registry is not None else None
+
+    def on_run(spans: list[SpanRecord], target_span_id: str) -> None:
+        # An unreadable run is not a cost (scoring it records the read error).
+        with suppress(TraceReadError):
+            if estimate is not None:
+                estimate.add(trace_to_run(spans, target_span_id))
+
+    Backfill(source, state, None, reporter=reporter, on_dry_run=on_run).run()
     reporter.close()
     summary = _summary(state, "dry-run", None, time.monotonic() - started)
+    if estimate is not None:
+        summary["estimate"] = estimate.as_json()
     summary["runs_to_score"] = state.counters.runs_read
     summary["scores_to_compute"] = state.counters.runs_read * len(state.options.scorer_ids)
     if as_json:
@@ -354,6 +383,8 @@ def _dry_run(source: TraceSource, state: BackfillState, reporter: ProgressReport
         _check_outcome(summary)
         return
     counters = state.counters
+    for line in estimate.lines() if estimate is not None else []:
+        click.echo(line)
     click.echo(
         f"would score {counters.runs_read:,} runs from {counters.traces_read:,} traces "
         f"with {len(state.options.scorer_ids)} scorers ({', '.join(state.options.scorer_ids)}): "
@@ -402,6 +433,11 @@ def _run_embedded(
         agents=agents,
         run_timeout_s=cli_limits(_settings(None)),  # the worker's run timeout and memory cap
     )
+    try:
+        # TRACESCORE_BUDGETS and --max-cost, held in this process (the workers' ledger's twin).
+        install_local_guard(parse_budgets(_settings(None).budgets), state.job_id, state.options.max_cost_usd)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
     reporter.message(
         f"backfill {state.job_id}: embedded mode (no broker configured: scoring in this process; "
         f"set --broker or TRACESCORE_BROKER_URL to use Redis workers)"
@@ -422,6 +458,7 @@ def _run_embedded(
         reporter.close()
     summary = _summary(state, "embedded", progress, time.monotonic() - started)
     summary["by_scorer"] = by_scorer.as_json()
+    summary["spend"] = by_scorer.spend.as_json()
     if out is not None:
         summary["out"] = str(out)
     if as_json:
@@ -479,6 +516,9 @@ def _run_redis(
     reporter.message(f"reading {state.source_label}; scorers: {', '.join(state.options.scorer_ids)}")
     if not resumed:
         job_store.save(state)  # resumable from the first moment, even if killed before a batch
+    if state.options.max_cost_usd is not None:
+        # The workers read it before each judge call of this job's runs (worker/_budget.py).
+        submitter.store.set(job_budget_key(state.job_id), repr(state.options.max_cost_usd), ex=SPEND_TTL_S)
     started = time.monotonic()
     enqueued = _Enqueued()
     backfill = Backfill(
@@ -532,6 +572,7 @@ def _run_redis(
     summary["throttled_s"] = round(submitter.throttled_s, 3)
     if by_scorer is not None:
         summary["by_scorer"] = by_scorer.as_json()
+        summary["spend"] = by_scorer.spend.as_json()
     if as_json:
         click.echo(json.dumps(summary))
     print_summary(summary)
@@ -635,9 +676,10 @@ class BackfillJob:
             worst=self.worst,
         )
 
-    def dry_run(self, source: TraceSource, state: BackfillState) -> None:
-        """Read and plan only: count what would be scored."""
-        _dry_run(source, state, self.reporter, self.as_json)
+    def dry_run(self, source: TraceSource, state: BackfillState, registry: Registry | None = None) -> None:
+        """Read and plan only: count what would be scored (and, given the scorers, estimate the
+        judge tokens and cost)."""
+        _dry_run(source, state, self.reporter, self.as_json, registry)
 
     def resume(self, job_id: str) -> None:
         """Continue the interrupted Redis job ``job_id`` (needs ``broker``)."""

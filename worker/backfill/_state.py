@@ -47,6 +47,8 @@ class BackfillOptions(BaseModel):
     window_spans: int = Field(default=10_000, ge=1)
     window_files: int = Field(default=1, ge=0)
     max_open_spans: int = Field(default=100_000, ge=1)
+    # --max-cost: the job's judge spend limit in USD (None: only the daily TRACESCORE_BUDGETS).
+    max_cost_usd: float | None = Field(default=None, ge=0)
 
 
 class JobCounters(BaseModel):

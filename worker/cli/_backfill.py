@@ -79,7 +79,17 @@ def _quiet_logs(verbose: bool) -> None:
 )
 @click.option("--broker", help="Broker URL (default: TRACESCORE_BROKER_URL; with neither, score in this process).")
 @click.option("--resume", "resume_id", metavar="JOB_ID", help="Continue an interrupted job (Redis mode).")
-@click.option("--dry-run", is_flag=True, help="Only count the traces and runs that would be scored.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Only count the traces and runs that would be scored, and estimate the judge tokens and cost.",
+)
+@click.option(
+    "--max-cost",
+    type=click.FloatRange(min=0),
+    metavar="USD",
+    help="Stop paying for judge calls once this job spent this much (runs past it: budget_exhausted records).",
+)
 @click.option("--no-wait", is_flag=True, help="Redis mode: return once everything is enqueued.")
 @click.option(
     "--wait-timeout", type=float, default=None, help="Redis mode: stop waiting for the workers after this many seconds."
@@ -146,6 +156,7 @@ def backfill_command(
     broker: str | None,
     resume_id: str | None,
     dry_run: bool,
+    max_cost: float | None,
     no_wait: bool,
     wait_timeout: float | None,
     out: Path | None,
@@ -177,6 +188,7 @@ def backfill_command(
       tracescore backfill tempo+http://tempo:3200 --since 24h --query '{}' --scorers my.scorers
       tracescore backfill --resume bf-20261130-152233-1a2b3c --broker redis://127.0.0.1:6379/0
       tracescore backfill examples/traces --scorers examples.scorers --dry-run
+      tracescore backfill traces/ --scorers my.scorers --max-cost 5
     """
     _quiet_logs(bool((ctx.obj or {}).get("verbose")))
     broker = broker or os.environ.get("TRACESCORE_BROKER_URL") or None
@@ -227,12 +239,13 @@ def backfill_command(
         window_spans=window_spans,
         window_files=window_files,
         max_open_spans=max_open_spans,
+        max_cost_usd=max_cost,
     )
     state = BackfillState(job_id=new_job_id(), source=source.describe(), source_label=source.label(), options=options)
 
     with tuned_gc():
         if dry_run:
-            job.dry_run(source, state)
+            job.dry_run(source, state, registry)
         else:
             job.start(source, state, registry)
 

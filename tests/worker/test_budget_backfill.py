@@ -1,0 +1,125 @@
+"""`tracescore backfill` without a broker: --dry-run's cost estimate, --max-cost held by the
+in-memory ledger, the summary's spend per scorer and model — judge calls through the real
+OpenAI SDK to tests/fakellm, priced by a TRACESCORE_PRICES override."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
+from tests.fakellm import FakeLLMServer
+from worker._budget import CostEstimate, price_table
+from worker._registry import load_registry
+from worker.cli import cli
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces"
+SCORERS = "tests.worker.budget_scorers"
+PRICES = json.dumps({"openai/fake-judge": {"input": 100.0, "output": 200.0}})
+
+
+@pytest.fixture(autouse=True)
+def _restore_hooks() -> Iterator[None]:
+    """The embedded backfill installs its own judge guard in this process: put the hooks back."""
+    previous = get_judge_hooks()
+    yield
+    set_judge_hooks(previous if isinstance(previous, JudgeHooks) else JudgeHooks())
+
+
+def _run(*args: str, as_json: bool = True, **env: str) -> Result:
+    return CliRunner().invoke(
+        cli,
+        [
+            "backfill",
+            str(EXAMPLES),
+            "--scorers",
+            SCORERS,
+            "--scorer",
+            "costly",
+            *(["--json"] if as_json else []),
+            *args,
+        ],
+        env={"TRACESCORE_BROKER_URL": "", "TRACESCORE_PRICES": PRICES, **env},
+    )
+
+
+def _summary(result: Result) -> dict[str, Any]:
+    assert result.exit_code == 0, result.output
+    parsed: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return parsed
+
+
+def test_dry_run_estimates_tokens_and_cost_without_calling_the_judge(fake_llm: FakeLLMServer) -> None:
+    """--dry-run prints the estimate (300 runs × 1 prompt step) and pays nothing; the real run's
+    spend is within the documented error (an order of magnitude) of it."""
+    estimate = _summary(_run("--dry-run"))["estimate"]
+    assert fake_llm.count() == 0
+    assert estimate["judge_calls"] == 300
+    assert estimate["by_scorer"]["costly"]["runs"] == 300
+    assert estimate["input_tokens"] > 300 * 50
+    assert estimate["cost_usd"] == pytest.approx(
+        (estimate["input_tokens"] * 100 + estimate["output_tokens"] * 200) / 1e6
+    )
+    text = _run("--dry-run", as_json=False).output
+    assert f"estimated judge cost: ~{estimate['cost_usd']:.4f} USD for 300 judge calls" in text
+
+    spent = _summary(_run())["spend"]
+    assert fake_llm.count() == 300
+    assert spent["judge_calls"] == 300
+    assert estimate["cost_usd"] / 10 < spent["total_usd"] < estimate["cost_usd"] * 10
+
+
+def test_max_cost_stops_paying_and_the_summary_shows_spend(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """--max-cost 0.05 in process: runs past it are budget_exhausted records (counted in the
+    summary), the judge is not called for them, and the spend shown is the records' sum."""
+    out = tmp_path / "scores.jsonl"
+    result = _run("--max-cost", "0.05", "--out", str(out), "--batch-size", "1")
+    summary = _summary(result)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 300
+    exhausted = [r for r in records if r["error_type"] == "budget_exhausted"]
+    ok = [r for r in records if r["error_type"] is None]
+    assert ok
+    assert exhausted
+    assert len(ok) + len(exhausted) == 300
+    assert all("--max-cost" in r["error_message"] for r in exhausted)
+    assert fake_llm.count() == len(ok)
+    assert summary["failed_by_reason"]["budget_exhausted"] == len(exhausted)
+    total = sum(r["cost_usd"] for r in records)
+    assert summary["spend"]["total_usd"] == pytest.approx(total)
+    assert summary["spend"]["by_scorer"]["costly"] == pytest.approx(total)
+    assert summary["spend"]["by_model"]["openai/fake-judge"] == pytest.approx(total)
+    assert total >= 0.05
+    assert "judge spend" in result.stderr
+    assert "model  openai/fake-judge:" in result.stderr
+
+
+def test_unpriced_model_is_shown_unpriced_not_free(fake_llm: FakeLLMServer) -> None:
+    """Without a price for the judge model, records carry cost None and the summary says so."""
+    summary = _summary(_run("--sample", "0.1", TRACESCORE_PRICES=""))
+    spend = summary["spend"]
+    assert spend["total_usd"] == 0
+    assert spend["unpriced_runs"]["openai/fake-judge"] == spend["judge_calls"] > 0
+
+
+def test_estimate_prices_by_the_table_and_counts_unpriced_calls() -> None:
+    """The estimator's arithmetic: characters / 4 per step, answer tokens, price table or unpriced."""
+    registry = load_registry(SCORERS)
+
+    class Run:
+        input = "x" * 400
+        output = "y" * 400
+
+    table = {**price_table()}
+    estimate = CostEstimate({"costly": registry["costly"]}, table)
+    estimate.add(Run())
+    data = estimate.as_json()
+    assert data["judge_calls"] == 1
+    assert data["unpriced_calls"] == 1  # fake-judge has no default price
+    assert data["cost_usd"] == 0
+    assert data["input_tokens"] > 200
