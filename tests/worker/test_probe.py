@@ -44,7 +44,7 @@ def test_probe_without_a_directory_is_a_clear_error(tmp_path: Path, monkeypatch:
     assert "does not exist" in result.output
 
 
-@pytest.mark.parametrize(("pool", "concurrency"), [("threads", 4), ("prefork", 2)])
+@pytest.mark.parametrize(("pool", "concurrency"), [("threads", 4), ("prefork", 2), ("solo", 1)])
 def test_busy_worker_is_live_and_ready_and_not_ready_after_sigterm(
     redis_url: str, tmp_path: Path, pool: str, concurrency: int
 ) -> None:

@@ -48,7 +48,7 @@ def _dlq_size(redis_url: str) -> int:
         client.close()
 
 
-@pytest.mark.parametrize(("pool", "concurrency"), [("prefork", 2), ("threads", 4)])
+@pytest.mark.parametrize(("pool", "concurrency"), [("prefork", 2), ("threads", 4), ("solo", 1)])
 def test_sigterm_mid_batch_requeues_the_rest_and_scores_every_run_once(
     redis_url: str, tmp_path: Path, pool: str, concurrency: int
 ) -> None:
