@@ -34,22 +34,25 @@ __all__ = [
     "trace_to_runs",
 ]
 
-# Score write-back (worker side of the pipeline).
+# Score write-back (worker side of the pipeline): the sinks live in tracing.sinks; the older
+# writer names stay importable from here (each of these sinks is also a ScoreWriter).
 from tracing._score_record import ScoreRecord, score_id_for
-from tracing._score_writer import (
-    ConsoleScoreWriter,
-    JsonlScoreWriter,
-    MemoryScoreWriter,
-    OtlpScoreWriter,
-    ScoreWriter,
-)
+from tracing.sinks import ConsoleSink, JsonlSink, MemorySink, OtlpSink, ScoreSink, ScoreWriter
+
+ConsoleScoreWriter = ConsoleSink
+JsonlScoreWriter = JsonlSink
+MemoryScoreWriter = MemorySink
 
 __all__ += [
     "ConsoleScoreWriter",
+    "ConsoleSink",
     "JsonlScoreWriter",
+    "JsonlSink",
     "MemoryScoreWriter",
-    "OtlpScoreWriter",
+    "MemorySink",
+    "OtlpSink",
     "ScoreRecord",
+    "ScoreSink",
     "ScoreWriter",
     "score_id_for",
 ]

@@ -29,8 +29,9 @@ from typing import IO, Any, TypeVar
 import structlog
 
 from scorers import Scorer, ScorerError, ScoreResult
-from tracing import CallbackSink, ScoreRecord, ScoreWriter
+from tracing import CallbackSink, ScoreRecord, ScoreSink, ScoreWriter
 from tracing.queue import ScoreBatch
+from worker._delivery import Deliveries, DrainerWaker, DrainPolicy
 from worker._loop import LoopThread, LoopWatchdog
 from worker._registry import load_registry
 from worker._runtime import _cap_memory
@@ -47,7 +48,7 @@ from worker._scoring import (
     wedged_record,
 )
 from worker._settings import Settings, load_settings
-from worker.store import MemoryScoreStore, ScoreStore
+from worker.store import MemoryScoreStore, ScoreStore, SinkCounts, SinkDeadLetter
 
 __all__ = [
     "EmbeddedScorer",
@@ -252,11 +253,34 @@ class TableScoreWriter:
         self.flush()
 
 
+class _Both:
+    """The caller's writer, then the drainers' wake-up."""
+
+    def __init__(self, writer: ScoreWriter | None, waker: DrainerWaker) -> None:
+        self.writer, self.waker = writer, waker
+
+    def write(self, records: Sequence[ScoreRecord]) -> None:
+        if self.writer is not None:
+            self.writer.write(records)
+        self.waker.write(records)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        return self.writer.flush(timeout_s) if self.writer is not None else True
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 class EmbeddedScorer:
     """A backfill submitter (and a building block for the exporter's in-process sink) that
     scores each batch right here, on one event loop of its own (a ``GuardedLoop``).
 
-    ``run_timeout_s``: None → ``TRACESCORE_RUN_TIMEOUT_SECONDS`` as the worker reads it; 0 → no limit."""
+    ``run_timeout_s``: None → ``TRACESCORE_RUN_TIMEOUT_SECONDS`` as the worker reads it; 0 → no limit.
+    ``sinks`` get every stored score through the in-memory outbox, as the workers' sinks do
+    from Redis: drainer threads deliver while scoring goes on, and ``close`` waits up to
+    ``drain_timeout_s`` for what is left (``sink_counts`` / ``sink_dead_letters`` then say how
+    it went)."""
 
     mode = "embedded"
 
@@ -272,15 +296,34 @@ class EmbeddedScorer:
         retry_backoff_s: float = 1.0,
         agents: dict[str, str] | None = None,
         run_timeout_s: float | None = None,
+        sinks: Sequence[ScoreSink] = (),
+        drain_policy: DrainPolicy | None = None,
+        drain_timeout_s: float = 30.0,
     ) -> None:
         if run_timeout_s is None:
             run_timeout_s = load_settings().run_timeout
-        self.store: ScoreStore = store if store is not None else MemoryScoreStore()
+        names = [s.name for s in sinks]
+        if store is None:
+            store = MemoryScoreStore(sinks=names)
+        elif sinks and not isinstance(store, MemoryScoreStore):
+            raise ValueError("EmbeddedScorer delivers to sinks from a MemoryScoreStore's outbox only")
+        self.store: ScoreStore = store
         self.writer = writer
+        self.deliveries: Deliveries | None = None
+        self.drain_timeout_s = drain_timeout_s
+        self.sink_counts: dict[str, SinkCounts] = {}
+        self.sink_dead_letters: dict[str, list[SinkDeadLetter]] = {}
+        hook: ScoreWriter | None = writer
+        if sinks:
+            assert isinstance(store, MemoryScoreStore)
+            store.outbox.register(names)
+            outbox = store.outbox
+            self.deliveries = Deliveries(sinks, lambda: outbox, drain_policy).start()
+            hook = _Both(writer, DrainerWaker(self.deliveries))
         self.deps = ScoringDeps(
             registry=registry,
             store=self.store,
-            writer=writer,
+            writer=hook,
             model_concurrency=model_concurrency,
             run_concurrency=run_concurrency,
             checkpoint="none",  # the store dies with the process: nothing to resume from
@@ -344,8 +387,8 @@ class EmbeddedScorer:
                     raise
                 record, deps = found
                 fresh = self._loop.run(self.store.put_records([record], deps.owner, deps.score_ttl_s))[0]
-                if fresh and self.writer is not None:
-                    self.writer.write([record])
+                if fresh and self.deps.writer is not None:
+                    self.deps.writer.write([record])
                 self._loop.run(self.store.release(ids, deps.owner))
                 stuck_done = self._loop.run(self.store.existing([i for i in ids if i not in before]))
         # What the stuck attempts recorded (and wrote) is this batch's work, not a skip.
@@ -379,6 +422,12 @@ class EmbeddedScorer:
                 self.writer.flush(10.0)
                 self.writer.close()
             self._loop.close()
+            if self.deliveries is not None:
+                deliveries, self.deliveries = self.deliveries, None
+                assert isinstance(self.store, MemoryScoreStore)
+                outbox = self.store.outbox
+                self.sink_counts = deliveries.finish(outbox, self.drain_timeout_s)
+                self.sink_dead_letters = {s: outbox.dead_letters(s, 5) for s in self.sink_counts}
 
 
 class EmbeddedSink(CallbackSink):

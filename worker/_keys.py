@@ -21,6 +21,11 @@ __all__ = [
     "limiter_granted_key",
     "limiter_pause_key",
     "limiter_prefix",
+    "outbox_attempts_key",
+    "outbox_counts_key",
+    "outbox_dead_key",
+    "outbox_key",
+    "outbox_sinks_key",
     "record_key",
     "spend_key",
     "trace_key",
@@ -129,3 +134,29 @@ def backfill_state_key(job_id: str) -> str:
 def backfill_traces_key(job_id: str) -> str:
     """Set of trace ids a backfill job has enqueued (so a resume never enqueues them twice)."""
     return f"{PREFIX}backfill:{job_id}:traces"
+
+
+def outbox_key(sink: str) -> str:
+    """Sorted set of score ids one sink still has to take, scored by when (epoch ms) each is due
+    next: when it was stored, when a drainer's lease on it runs out, or its next retry."""
+    return f"{PREFIX}outbox:{sink}"
+
+
+def outbox_attempts_key(sink: str) -> str:
+    """Hash: score id → how many times one sink's drainers took it (survives a crash)."""
+    return f"{PREFIX}outbox:{sink}:attempts"
+
+
+def outbox_counts_key(sink: str) -> str:
+    """Hash of one sink's counters: delivered, dropped, retried."""
+    return f"{PREFIX}outbox:{sink}:counts"
+
+
+def outbox_dead_key(sink: str) -> str:
+    """Hash: score id → the sink's dead letter (JSON) for a score it refused or never took."""
+    return f"{PREFIX}outbox:{sink}:dead"
+
+
+def outbox_sinks_key() -> str:
+    """Set of the sink names workers have drained (``tracescore status`` lists them)."""
+    return f"{PREFIX}outbox:sinks"

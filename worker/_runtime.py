@@ -1,6 +1,8 @@
 """Everything one worker process needs to score, built once per process (again after a fork).
 
-Settings, the scorer registry, the Redis store, the score writer, and the Redis rate limiter
+Settings, the scorer registry, the Redis store (queueing every score for the configured sinks),
+this process's sink drainers (``worker._delivery``; the main process starts them when the
+worker is ready, a prefork child with its runtime), and the Redis rate limiter
 installed as the judge's limiter (``set_judge_hooks``) so every judge call in this process
 takes a slot from the shared budget.
 
@@ -23,19 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from celery import signals
 from opentelemetry import trace
 
 from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
-from tracing import (
-    JUDGE_ROLE,
-    ROLE_ATTRIBUTE,
-    ConsoleScoreWriter,
-    JsonlScoreWriter,
-    OtlpScoreWriter,
-    ScoreRecord,
-    ScoreWriter,
-)
+from tracing import JUDGE_ROLE, ROLE_ATTRIBUTE, ScoreRecord, ScoreWriter
 from worker._budget import BudgetGuard, RedisLedger, parse_budgets
+from worker._delivery import DrainerWaker, start_process_deliveries, stop_process_deliveries
 from worker._gc import freeze_startup_objects
 from worker._limiter import RedisRateLimiter
 from worker._loop import run_coro, start_watchdog
@@ -49,7 +45,7 @@ from worker.store import DeliveryLog, RedisDeadLetters, RedisScoreStore
 # Exit status of a worker process whose event loop was wedged (EX_SOFTWARE).
 EXIT_WEDGED = 70
 
-__all__ = ["WorkerRuntime", "build_writer", "get_runtime", "judge_call_span", "reset_runtime"]
+__all__ = ["WorkerRuntime", "build_writer", "get_runtime", "judge_call_span", "reset_runtime", "start_deliveries"]
 
 log = structlog.get_logger("tracescore.worker")
 
@@ -66,15 +62,24 @@ def judge_call_span(model_id: str) -> Iterator[None]:
 
 
 def build_writer(settings: Settings) -> ScoreWriter | None:
-    """The writer ``TRACESCORE_WRITER`` names (``none`` → scores are only stored)."""
-    if settings.writer == "otlp":
-        return OtlpScoreWriter()
-    if settings.writer == "jsonl":
-        assert settings.writer_path is not None  # checked by Settings
-        return JsonlScoreWriter(settings.writer_path)
-    if settings.writer == "console":
-        return ConsoleScoreWriter()
-    return None
+    """What the scoring code calls after storing new records: this process's drainers' wake-up
+    (their sinks take the records from the outbox). None when no sink is configured."""
+    deliveries = start_process_deliveries(settings)
+    return DrainerWaker(deliveries) if deliveries is not None else None
+
+
+def start_deliveries(sender: Any = None, **_: Any) -> None:
+    """Celery's ``worker_ready``: start the main process's drainers at once, so that what a
+    previous worker stored and did not deliver goes out even before a task arrives."""
+    settings = getattr(getattr(sender, "app", None), "settings", None)
+    if isinstance(settings, Settings):
+        try:
+            start_process_deliveries(settings)
+        except Exception as exc:
+            log.error("drainers_not_started", error_type=type(exc).__name__, error=str(exc))
+
+
+signals.worker_ready.connect(start_deliveries, weak=False)
 
 
 @dataclass
@@ -96,7 +101,8 @@ class WorkerRuntime:
                 "no scorer module: start the worker with --scorers my.module (or set TRACESCORE_SCORERS=my.module)"
             )
         registry = load_registry(settings.scorers)
-        store = RedisScoreStore(settings.store_url, reconnect_s=RECONNECT_S)
+        # Every recorded score is queued for each sink (the outbox); the drainers deliver it.
+        store = RedisScoreStore(settings.store_url, reconnect_s=RECONNECT_S, sinks=settings.sink_names)
         writer = build_writer(settings)
         limiter = RedisRateLimiter(
             settings.store_url,
@@ -133,7 +139,7 @@ class WorkerRuntime:
             pid=os.getpid(),
             scorers=",".join(registry),
             module=settings.scorers,
-            writer=settings.writer,
+            sinks=",".join(settings.sink_names) or "none",
         )
         # Kept well past any redelivery of the message (its retries keep the task id).
         deliveries = DeliveryLog(
@@ -162,7 +168,7 @@ async def _store_alone(record: ScoreRecord, deps: ScoringDeps) -> bool:
     # The process's store is bound to the wedged loop: a client of our own, on this thread.
     store = deps.store
     if isinstance(store, RedisScoreStore):
-        store = RedisScoreStore(store.url, reconnect_s=5.0)
+        store = RedisScoreStore(store.url, reconnect_s=5.0, sinks=store.sinks)
     try:
         (fresh,) = await store.put_records([record], deps.owner, deps.score_ttl_s)
         return fresh
@@ -237,6 +243,7 @@ def reset_runtime() -> WorkerRuntime | None:
     global _runtime
     with _lock:
         current, _runtime = _runtime, None
+    stop_process_deliveries(5.0)
     if current is None or current.pid != os.getpid():
         return None
     try:

@@ -6,7 +6,9 @@ For each (run, scorer) pair the score id is deterministic (``score_id_for``). A 
 score is already stored is skipped; the rest are claimed (so two deliveries of the same message
 do not both pay for judge calls), resumed from their last step checkpoint if a previous delivery
 died midway, scored concurrently (bounded per judge model, and overall), recorded once
-(``store.put_records`` is atomic: the first writer wins) and only then handed to the writer.
+(``store.put_records`` is atomic: the first writer wins, and it queues each new record for
+every configured sink: the outbox) and only then handed to the writer, which wakes the sinks'
+drainers (``worker._delivery``) or shows the records (a command's table).
 A failure becomes an error record — except a transient one (timeouts, 429/5xx after the
 judge's own retries) on a non-final attempt, which is left unrecorded for the task to retry.
 
@@ -343,6 +345,7 @@ def _record(
 ) -> ScoreRecord:
     request = pair.request
     executions = list(result.judge.values()) if result is not None else []
+    target = request.target  # its times keep the sinks' write-back inside the scored span
     not_scorable = None
     if result is not None and result.not_scorable:
         ns = result.not_scorable
@@ -370,6 +373,8 @@ def _record(
         # Every call the run's steps made (retries too; a failed run still shows what it spent).
         judge_calls=sum(e.attempt_count for e in executions),
         cost_usd=price_executions(executions, price_table()),
+        span_start_ns=target.start_time_ns if target is not None else None,
+        span_end_ns=target.end_time_ns if target is not None else None,
         run_id=result.run_id if result is not None else None,
         job_id=request.job_id,
         source=request.source,

@@ -12,7 +12,7 @@ import re
 from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
@@ -20,7 +20,7 @@ from tracing import BrokerTLS, redact
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES
 from worker._errors import SettingsError
 
-__all__ = ["ModelRateLimit", "Settings", "SettingsError", "get_settings", "load_settings"]
+__all__ = ["SINK_NAMES", "ModelRateLimit", "Settings", "SettingsError", "get_settings", "load_settings"]
 
 _QUERY_PASSWORD = re.compile(r"[?&]password=", re.IGNORECASE)
 
@@ -69,8 +69,33 @@ class Settings(BaseSettings):
     retry_budget: int = Field(default=3, ge=0)
     retry_backoff_seconds: float = Field(default=2.0, ge=0)
 
+    # --- score sinks (helper A) ---
+    # Where scores go, each delivered at least once from the outbox: a comma list of
+    # otlp, jsonl, console, phoenix, mlflow, langfuse; "none" stores them only. Unset: WRITER.
+    sinks: str | None = None
+    # The older single-sink setting, read when SINKS is unset (WRITER_PATH: JSONL_PATH's older name).
     writer: Literal["otlp", "jsonl", "console", "none"] = "otlp"
-    writer_path: str | None = None  # for writer=jsonl
+    writer_path: str | None = None
+    jsonl_path: str | None = None
+    phoenix_url: str | None = None
+    phoenix_api_key: SecretStr | None = None
+    mlflow_url: str | None = None
+    mlflow_token: SecretStr | None = None
+    langfuse_host: str | None = None
+    langfuse_public_key: str | None = None
+    langfuse_secret_key: SecretStr | None = None
+    # Attempts per score and sink before it becomes the sink's dead letter (a refusal: at once),
+    # the retry backoff (first delay doubling to the cap; a sink's Retry-After is honoured), and
+    # how long a drainer's lease on a score lasts before another drainer may take it.
+    sink_max_attempts: int = Field(default=12, ge=1)
+    sink_backoff_seconds: float = Field(default=1.0, gt=0)
+    sink_backoff_max_seconds: float = Field(default=300.0, gt=0)
+    sink_lease_seconds: float = Field(default=60.0, gt=0)
+    sink_batch_size: int = Field(default=100, ge=1)
+    # Scoring in place (backfill without a broker): how long the command waits at the end for
+    # its sinks to take what is still queued.
+    sink_drain_timeout_seconds: float = Field(default=30.0, ge=0)
+    # --- end score sinks ---
 
     # rediss:// (broker and store): the PEM CA bundle that signed the server's certificate
     # (default: the system's CAs). Verification is on unless BROKER_TLS_INSECURE asks otherwise.
@@ -176,9 +201,22 @@ class Settings(BaseSettings):
                 "TRACESCORE_BROKER_CA_FILE and TRACESCORE_BROKER_TLS_INSECURE are both set: "
                 "verify against the CA file, or turn verification off, not both"
             )
-        if self.writer == "jsonl" and not self.writer_path:
-            raise ValueError("TRACESCORE_WRITER=jsonl needs TRACESCORE_WRITER_PATH (a file to append to)")
+        _check_sinks(self)
         return self
+
+    @property
+    def sink_names(self) -> tuple[str, ...]:
+        """The configured sinks, in order, without repeats (SINKS, else WRITER; none → ())."""
+        if self.sinks is not None:
+            names = [n.strip().lower() for n in self.sinks.split(",") if n.strip()]
+        else:
+            names = [self.writer]
+        return tuple(dict.fromkeys(n for n in names if n != "none"))
+
+    @property
+    def jsonl_file(self) -> str | None:
+        """The JSONL sink's file (JSONL_PATH, else the older WRITER_PATH)."""
+        return self.jsonl_path or self.writer_path
 
     @property
     def tls(self) -> BrokerTLS:
@@ -229,6 +267,35 @@ class Settings(BaseSettings):
                 "(its threads alone reserve more address space); use 0 (no cap) or 256 and above"
             )
         return self
+
+
+SINK_NAMES = ("otlp", "jsonl", "console", "phoenix", "mlflow", "langfuse")
+
+# What each sink needs set: (field, variable).
+_SINK_NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "jsonl": (("jsonl_file", "TRACESCORE_JSONL_PATH (or its older name TRACESCORE_WRITER_PATH)"),),
+    "phoenix": (("phoenix_url", "TRACESCORE_PHOENIX_URL"),),
+    "mlflow": (("mlflow_url", "TRACESCORE_MLFLOW_URL"),),
+    "langfuse": (
+        ("langfuse_host", "TRACESCORE_LANGFUSE_HOST"),
+        ("langfuse_public_key", "TRACESCORE_LANGFUSE_PUBLIC_KEY"),
+        ("langfuse_secret_key", "TRACESCORE_LANGFUSE_SECRET_KEY"),
+    ),
+}
+
+
+def _check_sinks(settings: Settings) -> None:
+    where = "TRACESCORE_SINKS" if settings.sinks is not None else "TRACESCORE_WRITER"
+    unknown = [n for n in settings.sink_names if n not in SINK_NAMES]
+    if unknown:
+        raise ValueError(
+            f"{where} names unknown sink(s) {', '.join(unknown)}: use a comma list of "
+            f"{', '.join(SINK_NAMES)} (or none)"
+        )
+    for name in settings.sink_names:
+        for attr, variable in _SINK_NEEDS.get(name, ()):
+            if not getattr(settings, attr):
+                raise ValueError(f"the {name} sink ({where}) needs {variable}")
 
 
 def load_settings(**overrides: Any) -> Settings:

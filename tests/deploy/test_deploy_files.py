@@ -28,7 +28,7 @@ K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "tracescore-scores.json"
-WRITER_SOURCE = ROOT / "tracing" / "_score_writer.py"
+WRITER_SOURCE = ROOT / "tracing" / "sinks" / "_otlp.py"
 
 _VARIABLE = re.compile(r"\bTRACESCORE_[A-Z0-9_]*[A-Z0-9]\b")
 _COMPOSE_DEFAULT = re.compile(r"\$\{([A-Z0-9_]+):-([^}]*)\}")
@@ -193,7 +193,8 @@ def _writer_attributes() -> tuple[set[str], set[str], set[str]]:
     span_keys: set[str] = set()
     event_keys: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "start_span":
+        # The carrier span is built whole (ReadableSpan(...)), its attributes a keyword argument.
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ReadableSpan":
             for kw in node.keywords:
                 if kw.arg == "attributes" and isinstance(kw.value, ast.Dict):
                     span_keys |= keys(kw.value)

@@ -34,7 +34,7 @@ from tracing import (
     trace_to_run,
 )
 from tracing._records import span_record
-from tracing._score_writer import MemoryScoreWriter
+from tracing import MemoryScoreWriter
 from tracing.otlp import decode_otlp_json_line
 from worker import _scoring
 from worker._registry import Registry

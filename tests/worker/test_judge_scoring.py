@@ -11,7 +11,7 @@ from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
 from tests.fakellm import FakeLLMServer, Reply
 from tests.worker import sample_scorers
 from tests.worker._batches import batch
-from tracing._score_writer import MemoryScoreWriter
+from tracing import MemoryScoreWriter
 from worker._limiter import RedisRateLimiter
 from worker._registry import Registry
 from worker._scoring import ScoringDeps, score_batch

@@ -13,7 +13,7 @@ from tests.tracing._exporting import Recording
 from tests.tracing._spans import Recorder, agent_trace
 from tracing import CallbackSink, ScoreBatch, ScoreRequest, ScoringRule, ScoringSpanExporter
 from tracing._records import span_record
-from tracing._score_writer import MemoryScoreWriter
+from tracing import MemoryScoreWriter
 from tracing.read import plan_runs
 from worker import _scoring
 from worker._registry import Registry

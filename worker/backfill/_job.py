@@ -27,15 +27,7 @@ from typing import IO, Any
 import click
 from pydantic_core import from_json
 
-from tracing import (
-    JsonlScoreWriter,
-    OtlpScoreWriter,
-    ScoreWriter,
-    SpanRecord,
-    TraceReadError,
-    score_id_for,
-    trace_to_run,
-)
+from tracing import JsonlScoreWriter, ScoreWriter, SpanRecord, TraceReadError, score_id_for, trace_to_run
 from tracing.queue import ScoreBatch
 from tracing.sources import SourceError, TraceSource, source_from_description
 from worker._app import redact
@@ -50,15 +42,62 @@ from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, RedisJobStore
 from worker.cli import CliError
 
-__all__ = ["EXIT_WAIT_TIMEOUT", "BackfillJob", "WaitTimeoutError", "load_scorers", "print_summary"]
+__all__ = ["EXIT_SINK_FAILED", "EXIT_WAIT_TIMEOUT", "BackfillJob", "WaitTimeoutError", "load_scorers", "print_summary"]
 
 # Exit codes beyond the shared ones (README, "Exit codes"): 1 also means "nothing came out"
 # (every score failed, every line malformed); 3 means the workers were not done in time.
 EXIT_WAIT_TIMEOUT = 3
+# A sink refused scores (its dead letters) or had not taken them all when the command ended.
+EXIT_SINK_FAILED = 4
 
 
 class WaitTimeoutError(CliError):
     exit_code = EXIT_WAIT_TIMEOUT
+
+
+class SinkFailedError(CliError):
+    exit_code = EXIT_SINK_FAILED
+
+
+def _sink_names(chosen: tuple[str, ...], otlp: bool) -> tuple[str, ...]:
+    """The sinks a command scoring in place delivers to: ``--sink`` (and ``--otlp``), else an
+    explicit ``TRACESCORE_SINKS``; never the workers' ``WRITER`` default (a local run writes
+    nowhere unless asked)."""
+    names = [*chosen, *(["otlp"] if otlp else [])]
+    if not names:
+        explicit = os.environ.get("TRACESCORE_SINKS")
+        names = [n.strip() for n in explicit.split(",") if n.strip() and n.strip() != "none"] if explicit else []
+    return tuple(dict.fromkeys(names))
+
+
+def _report_sinks(summary: dict[str, Any]) -> None:
+    """Print each sink's delivery line (and the backend's answer for its refusals)."""
+    for name, state in summary.get("sinks", {}).items():
+        line = (
+            f"  sink {name:<12} delivered {state['delivered']:,}, failed {state['failed']:,}, "
+            f"pending {state['pending']:,}"
+        )
+        if state.get("dropped"):
+            line += f", dropped {state['dropped']:,}"
+        click.echo(line, err=True)
+        for letter in state.get("dead_letters", [])[:3]:
+            click.echo(f"    {letter['reason']}: {letter['detail'][:300]}", err=True)
+
+
+def _check_sinks(summary: dict[str, Any]) -> None:
+    bad = {n: s for n, s in summary.get("sinks", {}).items() if s["failed"] or s["pending"]}
+    if bad:
+        parts = [f"{n}: {s['failed']:,} failed, {s['pending']:,} pending" for n, s in sorted(bad.items())]
+        raise SinkFailedError(
+            "scores did not all reach their sinks ("
+            + "; ".join(parts)
+            + "): see the sink lines above"
+            + (
+                "; retry a sink's failed scores with tracescore sinks retry SINK --all"
+                if summary.get("mode") == "redis"
+                else ""
+            )
+        )
 
 
 class _Fanout:
@@ -213,6 +252,33 @@ def print_summary(summary: dict[str, Any]) -> None:
     click.echo("\n".join(lines), err=True)
 
 
+def _job_delivery(settings: Settings, score_ids: list[str], reporter: ProgressReporter) -> dict[str, Any]:
+    """Where the job's scores stand with each sink the workers drain, waiting up to
+    ``TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS`` for the pending ones."""
+    from worker.store import RedisOutbox
+
+    outbox = RedisOutbox(settings.store_url, reconnect_s=2.0)
+    try:
+        deadline = time.monotonic() + settings.sink_drain_timeout_seconds
+        while True:
+            sinks = sorted(outbox.counts())
+            states = {name: outbox.states(name, score_ids) for name in sinks}
+            pending = sum(1 for by_id in states.values() for v in by_id.values() if v == "pending")
+            if not pending or time.monotonic() >= deadline:
+                break
+            reporter.message(f"waiting for the sinks: {pending:,} deliveries pending")
+            time.sleep(0.5)
+        out: dict[str, Any] = {}
+        for name, by_id in states.items():
+            counts = {k: sum(1 for v in by_id.values() if v == k) for k in ("delivered", "failed", "pending")}
+            wanted = {s for s, v in by_id.items() if v == "failed"}
+            letters = [x.model_dump() for x in outbox.dead_letters(name, 1000) if x.score_id in wanted][:5]
+            out[name] = {**counts, "dead_letters": letters}
+        return out
+    finally:
+        outbox.close()
+
+
 class _Enqueued:
     """The runs this process enqueued (trace, span, agent, scorer ids), so the workers' score
     records can be read back by their deterministic ids for the per-scorer summary."""
@@ -230,6 +296,16 @@ class _Enqueued:
             agent = request.agent_label
             agent = self._agents.setdefault(agent, agent)
             self.runs.append((request.trace_id, request.span_id, agent, ids))
+
+    def score_ids(self, registry: Registry, scorer_ids: list[str]) -> list[str]:
+        """Every score id the enqueued runs ask for."""
+        versions = {s: registry[s].version for s in scorer_ids if s in registry}
+        return [
+            score_id_for(trace_id, span_id, scorer_id, versions[scorer_id])
+            for trace_id, span_id, _, ids in self.runs
+            for scorer_id in ids
+            if scorer_id in versions
+        ]
 
     def summary(
         self, store: Any, registry: Registry, scorer_ids: list[str], worst: int, out: IO[str] | None = None
@@ -325,6 +401,8 @@ def _start(
     otlp: bool,
     show_table: bool,
     worst: int,
+    sinks: tuple[str, ...] = (),
+    sink_options: dict[str, Any] | None = None,
 ) -> None:
     if broker:
         _run_redis(
@@ -351,6 +429,8 @@ def _start(
             as_json=as_json,
             show_table=show_table,
             worst=worst,
+            sinks=sinks,
+            sink_options=sink_options,
         )
 
 
@@ -415,7 +495,10 @@ def _run_embedded(
     as_json: bool,
     show_table: bool = False,
     worst: int = 3,
+    sinks: tuple[str, ...] = (),
+    sink_options: dict[str, Any] | None = None,
 ) -> None:
+    from worker._delivery import DrainPolicy, build_sinks
     from worker._embedded import EmbeddedScorer, TableScoreWriter, cli_limits
 
     agents: dict[str, str] = {}
@@ -425,13 +508,20 @@ def _run_embedded(
         writers.append(JsonlScoreWriter(out))
     if show_table:
         writers.append(TableScoreWriter(sys.stdout, agents=agents, before_write=reporter.clear))
-    if otlp:
-        writers.append(OtlpScoreWriter())
+    names = _sink_names(sinks, otlp)
+    try:
+        settings = load_settings(**(sink_options or {}), **({"sinks": ",".join(names)} if names else {}))
+        built = build_sinks(settings) if names else []
+    except SettingsError as exc:
+        raise CliError(str(exc)) from exc
     scorer = EmbeddedScorer(
         {s: registry[s] for s in state.options.scorer_ids},
         _Fanout(writers) if writers else None,
         agents=agents,
-        run_timeout_s=cli_limits(_settings(None)),  # the worker's run timeout and memory cap
+        run_timeout_s=cli_limits(settings),  # the worker's run timeout and memory cap
+        sinks=built,
+        drain_policy=DrainPolicy.of(settings),
+        drain_timeout_s=settings.sink_drain_timeout_seconds,
     )
     try:
         # TRACESCORE_BUDGETS and --max-cost, held in this process (the workers' ledger's twin).
@@ -459,11 +549,20 @@ def _run_embedded(
     summary = _summary(state, "embedded", progress, time.monotonic() - started)
     summary["by_scorer"] = by_scorer.as_json()
     summary["spend"] = by_scorer.spend.as_json()
+    if scorer.sink_counts:
+        summary["sinks"] = {
+            name: {
+                **counts.as_dict(),
+                "dead_letters": [x.model_dump() for x in scorer.sink_dead_letters.get(name, [])],
+            }
+            for name, counts in scorer.sink_counts.items()
+        }
     if out is not None:
         summary["out"] = str(out)
     if as_json:
         click.echo(json.dumps(summary))
     print_summary(summary)
+    _report_sinks(summary)
     if out is not None:
         click.echo(f"  scores written to {out} (compare two runs: tracescore compare OLD.jsonl {out})", err=True)
     # The picture per scorer is the output (stdout); the job's counts above are the footer.
@@ -480,6 +579,7 @@ def _run_embedded(
         click.echo("interrupted (embedded jobs keep no state: run the command again to start over)", err=True)
         raise SystemExit(130)
     _check_outcome(summary)
+    _check_sinks(summary)
 
 
 def _run_redis(
@@ -570,6 +670,14 @@ def _run_redis(
     submitter.close()
     summary = _summary(state, "redis", progress, elapsed)
     summary["throttled_s"] = round(submitter.throttled_s, 3)
+    if not no_wait and registry is not None and enqueued.runs and state.status == "finished":
+        try:
+            sinks = _job_delivery(settings, enqueued.score_ids(registry, state.options.scorer_ids), reporter)
+        except redis.exceptions.RedisError as exc:
+            click.echo(f"  sink delivery unknown: cannot read the outbox ({exc})", err=True)
+        else:
+            if sinks:
+                summary["sinks"] = sinks
     if by_scorer is not None:
         summary["by_scorer"] = by_scorer.as_json()
         summary["spend"] = by_scorer.spend.as_json()
@@ -583,11 +691,13 @@ def _run_redis(
             "\n" + by_scorer.render(title=f"scores by scorer{partial}{earlier} ({len(enqueued.runs):,} runs)"),
             err=as_json,
         )
+    _report_sinks(summary)
     if no_wait and state.status == "enqueued":
         click.echo(
             f"  enqueued; the workers score it. Follow with: tracescore backfill --resume {state.job_id}", err=True
         )
     _check_outcome(summary)
+    _check_sinks(summary)
     if not no_wait and wait_timeout is not None and state.status != "finished":
         raise WaitTimeoutError(
             f"--wait-timeout {wait_timeout:g}s expired before the workers finished; the job goes on: "
@@ -657,6 +767,9 @@ class BackfillJob:
     otlp: bool = False
     show_table: bool = False
     worst: int = 3
+    # In this process only (--sink, --phoenix-url, ...): the workers use their own settings.
+    sinks: tuple[str, ...] = ()
+    sink_options: dict[str, Any] | None = None
 
     def start(self, source: TraceSource, state: BackfillState, registry: Registry) -> None:
         """Read ``source`` from ``state``'s checkpoint, score every planned run, print the summary."""
@@ -674,6 +787,8 @@ class BackfillJob:
             otlp=self.otlp,
             show_table=self.show_table,
             worst=self.worst,
+            sinks=self.sinks,
+            sink_options=self.sink_options,
         )
 
     def dry_run(self, source: TraceSource, state: BackfillState, registry: Registry | None = None) -> None:

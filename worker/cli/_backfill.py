@@ -26,6 +26,7 @@ from worker.backfill import (
     new_job_id,
 )
 from worker.cli._common import CliError, json_option
+from worker.cli._sinks import sink_options, sink_overrides
 
 __all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
 
@@ -108,9 +109,8 @@ def _quiet_logs(verbose: bool) -> None:
     show_default=True,
     help="Worst runs listed per scorer in the summary.",
 )
-@click.option(
-    "--otlp", is_flag=True, help="Embedded mode: also write scores back over OTLP (OTEL_EXPORTER_OTLP_* settings)."
-)
+@click.option("--otlp", is_flag=True, help="Embedded mode: same as --sink otlp (OTEL_EXPORTER_OTLP_* settings).")
+@sink_options
 @click.option(
     "--batch-size", type=click.IntRange(1, 5000), default=200, show_default=True, help="Runs per queue message."
 )
@@ -163,6 +163,10 @@ def backfill_command(
     show_table: bool,
     worst: int,
     otlp: bool,
+    sinks: tuple[str, ...],
+    phoenix_url: str | None,
+    mlflow_url: str | None,
+    langfuse_host: str | None,
     batch_size: int,
     high_water: int,
     window_spans: int,
@@ -189,6 +193,11 @@ def backfill_command(
       tracescore backfill --resume bf-20261130-152233-1a2b3c --broker redis://127.0.0.1:6379/0
       tracescore backfill examples/traces --scorers examples.scorers --dry-run
       tracescore backfill traces/ --scorers my.scorers --max-cost 5
+      tracescore backfill traces/ --scorers my.scorers --sink phoenix --phoenix-url http://127.0.0.1:6006
+
+    --sink (in this process; with a broker the workers' TRACESCORE_SINKS apply) delivers every
+    score to that backend; the summary shows each sink's delivered/failed/pending, and the exit
+    code is 4 when a sink refused scores or had not taken them all.
     """
     _quiet_logs(bool((ctx.obj or {}).get("verbose")))
     broker = broker or os.environ.get("TRACESCORE_BROKER_URL") or None
@@ -201,6 +210,10 @@ def backfill_command(
         as_json=as_json,
         out=out,
         otlp=otlp,
+        sinks=tuple(n for n in sinks if n != "none"),
+        sink_options={
+            k: v for k, v in sink_overrides((), phoenix_url, mlflow_url, langfuse_host).items() if v is not None
+        },
         show_table=show_table,
         worst=worst,
     )

@@ -14,6 +14,7 @@ from worker.cli._dlq import dlq_group
 from worker.cli._probe import probe_group
 from worker.cli._score import score_command
 from worker.cli._scores import scores_command
+from worker.cli._sinks import sinks_group
 from worker.cli._status import status_command
 from worker.cli._worker import worker_command
 
@@ -42,6 +43,7 @@ cli.add_command(compare_command)
 cli.add_command(worker_command)
 cli.add_command(scores_command)
 cli.add_command(dlq_group)
+cli.add_command(sinks_group)
 cli.add_command(status_command)
 cli.add_command(probe_group)
 

@@ -1,4 +1,5 @@
-"""``tracescore status``: queue depth, live workers, rate-limit state, recent failures.
+"""``tracescore status``: queue depth, live workers, rate-limit state, recent failures, and each
+score sink's delivered / pending / failed.
 
 Exit code 1 when the broker cannot be reached, so it doubles as a health check.
 """
@@ -16,6 +17,7 @@ from tracing import redact
 from worker._admin import broker_status, store_status
 from worker._settings import Settings
 from worker.cli._common import CliError, broker_option, cli_settings, json_option
+from worker.store import RedisOutbox
 
 __all__ = ["collect_status", "status_command"]
 
@@ -33,7 +35,19 @@ def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) 
         status.update(asyncio.run(store_status(settings)))
     except (RedisError, OSError) as exc:
         raise CliError(f"score store unreachable at {redact(settings.store_url)}: {redact(str(exc))}") from exc
+    status["sinks"] = _sink_counts(settings)
     return status
+
+
+def _sink_counts(settings: Settings) -> dict[str, dict[str, int]]:
+    """Per sink the workers drain: delivered, pending, failed (dead letters), dropped, retried."""
+    outbox = RedisOutbox(settings.store_url, reconnect_s=1.0)
+    try:
+        return {name: counts.as_dict() for name, counts in outbox.counts().items()}
+    except (RedisError, OSError) as exc:
+        raise CliError(f"score store unreachable at {redact(settings.store_url)}: {redact(str(exc))}") from exc
+    finally:
+        outbox.close()
 
 
 @click.command("status")
@@ -74,6 +88,14 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
     letters = sorted(status["dead_letters_by_reason"].items(), key=lambda kv: -kv[1])
     by_reason = ", ".join(f"{k}={v}" for k, v in letters)
     click.echo(f"dead letters {status['dead_letters']}" + (f" ({by_reason})" if by_reason else ""))
+    for name, counts in sorted(status["sinks"].items()):
+        click.echo(
+            f"sink        {name}: {counts['delivered']} delivered, {counts['pending']} pending, "
+            f"{counts['failed']} failed"
+            + (f", {counts['dropped']} dropped (record expired)" if counts["dropped"] else "")
+        )
+    if not status["sinks"]:
+        click.echo("sinks       none drained yet")
 
 
 def _echo_spend(spend: dict[str, Any]) -> None:

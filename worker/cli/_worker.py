@@ -12,6 +12,7 @@ from tracing import redact
 from worker._app import create_app
 from worker._registry import RegistryError, load_registry
 from worker.cli._common import CliError, broker_option, cli_settings
+from worker.cli._sinks import sink_options, sink_overrides
 
 __all__ = ["worker_command"]
 
@@ -61,6 +62,7 @@ __all__ = ["worker_command"]
     default=None,
     help="Serve Prometheus metrics on this port, /metrics (TRACESCORE_METRICS_PORT; 0: off).",
 )
+@sink_options
 @broker_option
 def worker_command(
     broker: str | None,
@@ -72,12 +74,17 @@ def worker_command(
     loglevel: str,
     hostname: str | None,
     metrics_port: int | None,
+    sinks: tuple[str, ...],
+    phoenix_url: str | None,
+    mlflow_url: str | None,
+    langfuse_host: str | None,
 ) -> None:
     """Start a scoring worker on the Redis broker (--broker or TRACESCORE_BROKER_URL).
 
     Equivalent to `celery -A worker worker --scorers MODULE`. Scores are stored in Redis
-    (TRACESCORE_REDIS_URL, default: the broker) and written back by TRACESCORE_WRITER
-    (otlp, jsonl, console or none). Rate limits: TRACESCORE_RATE_LIMITS as JSON.
+    (TRACESCORE_REDIS_URL, default: the broker) and delivered at least once to each sink of
+    --sink / TRACESCORE_SINKS (otlp, jsonl, console, phoenix, mlflow, langfuse; none).
+    Rate limits: TRACESCORE_RATE_LIMITS as JSON.
 
     \b
     Examples:
@@ -85,13 +92,19 @@ def worker_command(
       tracescore worker --scorers my_app.scorers --pool prefork --concurrency 2
       tracescore worker --scorers my_app.scorers -n scorer1@%h --metrics-port 9464
       tracescore worker --scorers my_app.scorers --broker redis://:PASSWORD@redis:6379/0
-      TRACESCORE_BROKER_URL=redis://redis:6379/0 TRACESCORE_WRITER=console \\
+      tracescore worker --scorers my_app.scorers --sink otlp --sink phoenix --phoenix-url http://phoenix:6006
+      TRACESCORE_BROKER_URL=redis://redis:6379/0 TRACESCORE_SINKS=console \\
         tracescore worker --scorers my_app.scorers --pool solo
       TRACESCORE_RATE_LIMITS='{"openai/gpt-4o-mini": {"requests_per_minute": 500}}' \\
         tracescore worker --scorers my_app.scorers
     """
     settings = cli_settings(
-        broker, scorers=module, model_concurrency=model_concurrency, queue=queue, metrics_port=metrics_port
+        broker,
+        scorers=module,
+        model_concurrency=model_concurrency,
+        queue=queue,
+        metrics_port=metrics_port,
+        **sink_overrides(sinks, phoenix_url, mlflow_url, langfuse_host),
     )
     try:
         registry = load_registry(module)
@@ -101,7 +114,7 @@ def worker_command(
     click.echo(
         f"tracescore worker: broker {redact(settings.broker_url)} (Redis mode), "
         f"store {redact(settings.store_url)}, queue {settings.queue}, pool {pool}"
-        f"{f' x{concurrency}' if concurrency else ''}, writer {settings.writer}; "
+        f"{f' x{concurrency}' if concurrency else ''}, sinks {','.join(settings.sink_names) or 'none'}; "
         f"scorers from {module}: {', '.join(registry)}",
         err=True,
     )

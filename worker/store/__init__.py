@@ -9,6 +9,8 @@ tests).
   Celery task is its one user).
 - ``DeadLetters``: messages that could not be scored, one letter per queue message, counted by
   reason.
+- ``Outbox``: stored score records waiting for each configured sink (queued by ``put_records``
+  in the same atomic step), drained by leases, with per-sink counts and dead letters.
 - ``JobStats``: per-job counters and recent failures; a store's ``jobs`` are the statistics its
   recorded scores are counted into, atomically with the record.
 
@@ -22,6 +24,7 @@ from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters
 from worker.store._deliveries import END_WAIT_S, DeliveryLog, new_token
 from worker.store._jobs import JobStats, RedisJobStats
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
+from worker.store._outbox import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter, SinkState
 from worker.store._scores import RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
 
 __all__ = [
@@ -30,13 +33,20 @@ __all__ = [
     "DeadLetters",
     "DeliveryLog",
     "JobStats",
+    "Lease",
     "MemoryDeadLetters",
     "MemoryJobStats",
+    "MemoryOutbox",
     "MemoryScoreStore",
+    "Outbox",
     "RedisDeadLetters",
     "RedisJobStats",
+    "RedisOutbox",
     "RedisScoreStore",
     "ScoreStore",
+    "SinkCounts",
+    "SinkDeadLetter",
+    "SinkState",
     "StoreUnavailableError",
     "SyncRedisDeadLetters",
     "claim",

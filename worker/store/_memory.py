@@ -13,6 +13,7 @@ from scorers import ScoreResult
 from tracing import ScoreRecord
 from worker.store._dead_letters import DeadLetter
 from worker.store._jobs import failure_bucket, outcome
+from worker.store._outbox import MemoryOutbox
 
 __all__ = ["MemoryDeadLetters", "MemoryJobStats", "MemoryScoreStore"]
 
@@ -63,10 +64,12 @@ class MemoryJobStats:
 class MemoryScoreStore:
     """The exactly-once core in memory."""
 
-    def __init__(self, jobs: MemoryJobStats | None = None) -> None:
+    def __init__(self, jobs: MemoryJobStats | None = None, *, sinks: Sequence[str] = ()) -> None:
         self._lock = threading.Lock()
         self._jobs = jobs if jobs is not None else MemoryJobStats()
         self.records: dict[str, ScoreRecord] = {}
+        # Every recorded score is queued here for each sink, as the Redis store's script does.
+        self.outbox = MemoryOutbox(self._records_among, sinks)
         self._claims: dict[str, tuple[str, float]] = {}
         self._checkpoints: dict[str, ScoreResult] = {}
         self._by_trace: dict[str, list[str]] = defaultdict(list)
@@ -76,6 +79,9 @@ class MemoryScoreStore:
         return self._jobs
 
     async def existing(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
+        return self._records_among(score_ids)
+
+    def _records_among(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
         with self._lock:
             return {s: self.records[s] for s in score_ids if s in self.records}
 
@@ -122,6 +128,7 @@ class MemoryScoreStore:
 
     async def put_records(self, records: Sequence[ScoreRecord], owner: str, ttl_s: int) -> list[bool]:
         fresh: list[bool] = []
+        owed: list[str] = []
         with self._lock:
             for record in records:
                 prev = self.records.get(record.score_id)
@@ -139,7 +146,11 @@ class MemoryScoreStore:
                 if self._claims.get(record.score_id, ("", 0.0))[0] == owner:
                     del self._claims[record.score_id]
                 self._jobs._recorded(record, replaced=prev)
+                owed.append(record.score_id)
                 fresh.append(True)
+            # Under the store's lock, as one step with the record (a drainer reads records
+            # without it: an id is never queued before its record is there).
+            self.outbox.enqueue_all(owed)
         return fresh
 
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]:

@@ -3,7 +3,8 @@
 Recording a score is one atomic step (a Lua script in Redis, a lock in memory): the first writer
 wins, every later attempt learns it was a duplicate, so each score is recorded — and written
 back — exactly once. The same step clears the score's checkpoint and claim and counts it in its
-job's statistics (``store.jobs``).
+job's statistics (``store.jobs``) and queues it for every configured sink (the outbox,
+``worker.store._outbox``): stored means owed to each sink.
 
 A claim's owner is ``host:pid:d<delivery>``: one delivery of a message in one process. Claims
 left by a process of this host that no longer exists (a prefork child killed for memory) are
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -123,8 +125,9 @@ async def claim(store: ScoreStore, score_ids: Sequence[str], owner: str, ttl_s: 
     return held
 
 
-# KEYS: record, trace set, checkpoint, claim, job hash, failures hash
-# ARGV: record json, ttl, score id, owner, has_job (0/1), outcome, reason, failures ttl, job id
+# KEYS: record, trace set, checkpoint, claim, job hash, failures hash, then per sink its outbox
+#       queue and attempts hash
+# ARGV: record json, ttl, score id, owner, has_job (0/1), outcome, reason, failures ttl, job id, now ms
 _PUT_RECORD = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) then
   -- This very record, stored by our own earlier try whose reply a dropped connection lost
@@ -148,6 +151,11 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) then
 end
 redis.call('SADD', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
+-- The outbox: owed to every sink from the moment it is stored (a replaced record anew).
+for i = 7, #KEYS, 2 do
+  redis.call('ZADD', KEYS[i], tonumber(ARGV[10]), ARGV[3])
+  redis.call('HDEL', KEYS[i + 1], ARGV[3])
+end
 redis.call('DEL', KEYS[3])
 if redis.call('GET', KEYS[4]) == ARGV[4] then
   redis.call('DEL', KEYS[4])
@@ -192,10 +200,19 @@ class RedisScoreStore:
     """
 
     def __init__(
-        self, url: str, *, max_connections: int = 32, job_ttl_s: int = JOB_TTL_S, reconnect_s: float = 2.0
+        self,
+        url: str,
+        *,
+        max_connections: int = 32,
+        job_ttl_s: int = JOB_TTL_S,
+        reconnect_s: float = 2.0,
+        sinks: Sequence[str] = (),
     ) -> None:
         self._redis = RedisConnection(url, max_connections=max_connections, reconnect_s=reconnect_s)
         self._jobs = RedisJobStats(url, job_ttl_s=job_ttl_s, connection=self._redis)
+        # Every recorded score is queued for these sinks (``worker.store.RedisOutbox``).
+        self.sinks = tuple(sinks)
+        self._outbox_keys = [k for s in self.sinks for k in (_keys.outbox_key(s), _keys.outbox_attempts_key(s))]
 
     @property
     def url(self) -> str:
@@ -264,6 +281,7 @@ class RedisScoreStore:
             return []
         failures_key = _keys.failures_key(failure_bucket())
         failures_ttl = str(FAILURE_WINDOW_SECONDS * 12)
+        now_ms = str(int(time.time() * 1000))
         calls = []
         for record in records:
             counter, reason = outcome(record)
@@ -275,6 +293,7 @@ class RedisScoreStore:
                     _keys.claim_key(record.score_id),
                     _keys.job_key(record.job_id or "-"),
                     failures_key,
+                    *self._outbox_keys,
                     record.model_dump_json(),
                     str(ttl_s),
                     record.score_id,
@@ -284,9 +303,10 @@ class RedisScoreStore:
                     reason,
                     failures_ttl,
                     record.job_id or "",
+                    now_ms,
                 )
             )
-        done = await self._redis.evalsha_many(_PUT_RECORD, 6, calls)
+        done = await self._redis.evalsha_many(_PUT_RECORD, 6 + len(self._outbox_keys), calls)
         jobs = {r.job_id for r in records if r.job_id}
         if jobs:
             async with self._redis.client.pipeline(transaction=False) as pipe:

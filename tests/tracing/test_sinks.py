@@ -1,0 +1,220 @@
+"""The score sinks: OTLP carrier spans (inside the scored span, sent synchronously, a refusal
+named), JSONL, console, and the outcome each one answers per record."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from tests._otlp_receiver import OtlpReceiver
+from tests._redis import free_port
+from tracing import ScoreRecord, score_id_for
+from tracing.sinks import (
+    ConsoleSink,
+    Delivered,
+    JsonlSink,
+    MemorySink,
+    OtlpSink,
+    Refused,
+    Retry,
+    ScoreSink,
+    ScoreWriter,
+)
+
+TRACE, SPAN = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+START, END = 1_764_000_000_000_000_000, 1_764_000_002_500_000_000  # a 2.5 s scored span
+
+
+def _rec(scorer: str, **kw: object) -> ScoreRecord:
+    fields: dict[str, object] = {"span_start_ns": START, "span_end_ns": END, "scored_at": END / 1e9 + 3600}
+    fields.update(kw)
+    return ScoreRecord(
+        score_id=score_id_for(TRACE, SPAN, scorer, "2"),
+        trace_id=TRACE,
+        span_id=SPAN,
+        span_name="invoke_agent",
+        scorer_id=scorer,
+        scorer_version="2",
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_every_sink_satisfies_the_contract(tmp_path: Path) -> None:
+    """OTLP, JSONL, console and memory sinks are ScoreSinks; the local ones are ScoreWriters too."""
+    sinks = [
+        OtlpSink(InMemorySpanExporter()),
+        JsonlSink(tmp_path / "s.jsonl"),
+        ConsoleSink(io.StringIO()),
+        MemorySink(),
+    ]
+    for sink in sinks:
+        assert isinstance(sink, ScoreSink)
+    assert all(isinstance(s, ScoreWriter) for s in sinks[1:])
+    assert [s.name for s in sinks] == ["otlp", "jsonl", "console", "memory"]
+    for sink in sinks:
+        sink.close()
+
+
+def test_otlp_sink_makes_one_child_carrier_span_inside_the_scored_span() -> None:
+    """Two scores of one span → one carrier span, child of and linked to it, lying inside the
+    scored span (events at its end); the real scoring time is an attribute."""
+    exporter = InMemorySpanExporter()
+    sink = OtlpSink(exporter)
+    outcomes = sink.deliver(
+        [
+            _rec(
+                "relevancy",
+                score=0.8,
+                label="relevant",
+                reason="on topic",
+                judge_models=["openai/gpt-4o-mini"],
+                input_tokens=120,
+                output_tokens=8,
+                cached_input_tokens=100,
+                cost_usd=0.0004,
+            ),
+            _rec("toxicity", error_type="JudgeAuthError", error_message="no key"),
+        ]
+    )
+    assert outcomes == [Delivered(), Delivered()]
+    (span,) = exporter.get_finished_spans()  # sent by deliver itself: no flush needed
+    assert span.kind is SpanKind.INTERNAL
+    assert span.context.trace_id == int(TRACE, 16)
+    assert span.parent is not None
+    assert span.parent.span_id == int(SPAN, 16)
+    assert span.parent.is_remote
+    assert [link.context.span_id for link in span.links] == [int(SPAN, 16)]
+    assert span.attributes["tracescore.role"] == "score_writer"
+    assert START <= span.start_time <= span.end_time <= END
+    ok, bad = span.events
+    assert ok.timestamp == bad.timestamp == END
+    assert ok.name == bad.name == "gen_ai.evaluation.result"
+    assert ok.attributes["gen_ai.evaluation.name"] == "relevancy"
+    assert ok.attributes["gen_ai.evaluation.score.value"] == 0.8
+    assert ok.attributes["gen_ai.evaluation.score.label"] == "relevant"
+    assert ok.attributes["gen_ai.evaluation.explanation"] == "on topic"
+    assert ok.attributes["tracescore.score.id"] == score_id_for(TRACE, SPAN, "relevancy", "2")
+    assert ok.attributes["tracescore.scored_at"] == END / 1e9 + 3600
+    assert ok.attributes["gen_ai.usage.input_tokens"] == 120
+    assert ok.attributes["gen_ai.usage.cache_read.input_tokens"] == 100
+    assert ok.attributes["tracescore.judge.cost_usd"] == 0.0004
+    assert ok.attributes["tracescore.judge.model"] == "openai/gpt-4o-mini"
+    assert "error.type" not in ok.attributes
+    assert bad.attributes["error.type"] == "JudgeAuthError"
+    assert "gen_ai.evaluation.score.value" not in bad.attributes
+    assert "tracescore.judge.cost_usd" not in bad.attributes
+
+
+def test_otlp_sink_resend_is_the_same_carrier_span() -> None:
+    """The carrier's span id comes from its scores' ids: a re-send repeats it, another score set does not."""
+    exporter = InMemorySpanExporter()
+    sink = OtlpSink(exporter)
+    sink.deliver([_rec("a", score=1.0)])
+    sink.deliver([_rec("a", score=1.0)])
+    sink.deliver([_rec("b", score=1.0)])
+    first, again, other = (s.context.span_id for s in exporter.get_finished_spans())
+    assert first == again != other
+
+
+def test_otlp_sink_without_span_times_falls_back_to_a_zero_length_carrier_at_enqueue_time() -> None:
+    """An older record (no span times): a zero-length carrier when its run was queued."""
+    exporter = InMemorySpanExporter()
+    OtlpSink(exporter).deliver([_rec("a", score=1.0, span_start_ns=None, span_end_ns=None, enqueued_at=1000.5)])
+    (span,) = exporter.get_finished_spans()
+    assert span.start_time == span.end_time == 1000_500_000_000
+
+
+class _Failing(InMemorySpanExporter):
+    def export(self, spans):  # type: ignore[no-untyped-def]
+        return SpanExportResult.FAILURE
+
+
+def test_otlp_sink_custom_exporter_failure_is_a_retry() -> None:
+    """A custom exporter's FAILURE tells no status: each record is a Retry."""
+    assert OtlpSink(_Failing()).deliver([_rec("a", score=1.0)]) == [Retry("otlp_export_failed")]
+
+
+def test_otlp_sink_over_http_delivers_refuses_and_retries() -> None:
+    """Against a real OTLP/HTTP receiver: 200 → Delivered (the receiver decodes the event); 400 →
+    Refused with the status and the receiver's answer; 503 and a closed port → Retry."""
+    receiver = OtlpReceiver().start()
+    try:
+        sink = OtlpSink(endpoint=receiver.endpoint, timeout_s=2)
+        assert sink.deliver([_rec("a", score=1.0)]) == [Delivered()]
+        assert receiver.score_ids() == {score_id_for(TRACE, SPAN, "a", "2"): 1}
+        receiver.status, receiver.answer = 400, b"missing header x-mlflow-experiment-id"
+        (refused,) = sink.deliver([_rec("b", score=1.0)])
+        assert refused == Refused("otlp_http_400", "missing header x-mlflow-experiment-id")
+        receiver.status = 503
+        (retry,) = sink.deliver([_rec("c", score=1.0)])
+        assert isinstance(retry, Retry)
+        assert retry.reason == "otlp_http_503"
+        sink.close()
+    finally:
+        receiver.stop()
+    closed = OtlpSink(endpoint=f"http://127.0.0.1:{free_port()}/v1/traces", timeout_s=1)
+    (down,) = closed.deliver([_rec("d", score=1.0)])
+    assert isinstance(down, Retry)
+    closed.close()
+
+
+def test_jsonl_sink_appends_records(tmp_path: Path) -> None:
+    """Each record is one JSON line that reads back as the same ScoreRecord."""
+    path = tmp_path / "scores" / "out.jsonl"
+    sink = JsonlSink(path)
+    records = [_rec("a", score=1.0), _rec("b", score=0.0)]
+    assert sink.deliver(records) == [Delivered(), Delivered()]
+    sink.close()
+    assert [ScoreRecord.model_validate(json.loads(line)) for line in path.read_text().splitlines()] == records
+
+
+def test_console_sink_prints_one_line_per_score() -> None:
+    """Console lines name the trace, scorer, and score or error."""
+    out = io.StringIO()
+    ConsoleSink(out).deliver([_rec("a", score=0.25, label="low"), _rec("b", error_type="X", error_message="m")])
+    first, second = out.getvalue().splitlines()
+    assert "scorer=a 0.250 (low)" in first
+    assert TRACE in first
+    assert "error X: m" in second
+
+
+def test_scored_records_carry_the_span_times_and_their_carriers_are_never_scored() -> None:
+    """score_batch records the target span's times; the OTLP sink's carriers lie inside those
+    spans; fed back to the capture exporter, none is scored (loop guard)."""
+    from tests.worker._batches import batch
+    from tests.worker.sample_scorers import length
+    from tracing import CallbackSink, ScoringRule, ScoringSpanExporter
+    from worker._registry import Registry
+    from worker._scoring import ScoringDeps, score_batch
+    from worker.store import MemoryScoreStore
+
+    msg = batch(range(3), ["length"], salt="otlp")
+    for request in msg.requests:
+        for span in request.spans:
+            span.start_time_ns, span.end_time_ns = START, END
+    store, memory = MemoryScoreStore(), MemorySink()
+    assert (
+        asyncio.run(score_batch(msg, ScoringDeps(registry=Registry([length]), store=store, writer=memory))).scored == 3
+    )
+    assert {(r.span_start_ns, r.span_end_ns) for r in memory.records} == {(START, END)}
+    exporter = InMemorySpanExporter()
+    OtlpSink(exporter).deliver(memory.records)
+    spans = exporter.get_finished_spans()
+    assert sorted(format(s.parent.span_id, "016x") for s in spans if s.parent) == sorted(
+        r.span_id for r in msg.requests
+    )
+    assert all(START <= s.start_time <= s.end_time <= END for s in spans)
+
+    sent: list[object] = []
+    capture = ScoringSpanExporter([ScoringRule(["length"])], CallbackSink(sent.append), grace_s=0.0)
+    capture.export(spans)
+    assert capture.force_flush(5000)
+    assert sent == []
+    assert capture.stats()["skipped"].get("loop_guard") == 3
+    capture.shutdown()

@@ -1,0 +1,181 @@
+"""The outbox contract (``worker.store.Outbox``) on Redis (DB 11) and in memory: what
+``put_records`` queues per sink, leases, acks, retries, dead letters, redrive, expired records."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.worker._workers import wait_for
+from tracing import ScoreRecord, score_id_for
+from tracing.sinks import Delivered, MemorySink, Refused, Retry
+from worker._delivery import DrainPolicy, drain_once
+from worker.store import MemoryOutbox, MemoryScoreStore, Outbox, RedisOutbox, RedisScoreStore, SinkDeadLetter
+
+SINKS = ("alpha", "beta")
+
+
+@pytest.fixture(params=["memory", "redis"])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Outbox]]:
+    """(store, outbox) of one implementation, with the sinks alpha and beta configured."""
+    if request.param == "memory":
+        memory = MemoryScoreStore(sinks=SINKS)
+        yield (lambda: memory), memory.outbox
+        return
+    url = request.getfixturevalue("redis_url")
+    outbox = RedisOutbox(url)
+    outbox.register(SINKS)
+    # A store per call: its asyncio client belongs to the event loop of that call.
+    yield (lambda: RedisScoreStore(url, sinks=SINKS)), outbox
+    outbox.close()
+
+
+def _record(n: int, **kw: Any) -> ScoreRecord:
+    trace, span = f"{n:032x}", f"{n:016x}"
+    return ScoreRecord(score_id=score_id_for(trace, span, "s", "1"), trace_id=trace, span_id=span, scorer_id="s", **kw)
+
+
+def _put(make_store: Any, *records: ScoreRecord) -> list[bool]:
+    async def go() -> list[bool]:
+        store = make_store()
+        try:
+            return list(await store.put_records(list(records), "w1", 600))
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def test_implementations_satisfy_the_protocol(redis_url: str) -> None:
+    """Both outboxes are Outboxes."""
+    redis_outbox = RedisOutbox(redis_url)
+    assert isinstance(redis_outbox, Outbox)
+    assert isinstance(MemoryOutbox(lambda ids: {}), Outbox)
+    redis_outbox.close()
+
+
+def test_put_records_queues_each_new_score_for_every_sink(pair: tuple[Any, Outbox]) -> None:
+    """A new record is pending for each sink; a duplicate put queues nothing more."""
+    store, outbox = pair
+    assert _put(store, _record(1, score=0.1), _record(2, score=0.2)) == [True, True]
+    assert _put(store, _record(1, score=0.9)) == [False]
+    counts = outbox.counts()
+    assert sorted(counts) == list(SINKS)
+    assert all(c.pending == 2 and c.delivered == c.failed == 0 for c in counts.values())
+
+
+def test_lease_hides_ids_until_it_runs_out_and_counts_attempts(pair: tuple[Any, Outbox]) -> None:
+    """Leased ids are invisible to a second drainer; when the lease runs out (its drainer died)
+    they come back with the attempt counted; other sinks are unaffected."""
+    store, outbox = pair
+    _put(store, _record(1, score=0.1), _record(2, score=0.2))
+    first = outbox.lease("alpha", 10, lease_s=0.3)
+    assert sorted(first.attempts.values()) == [1, 1]
+    assert outbox.lease("alpha", 10, lease_s=0.3).ids == []
+    assert len(outbox.lease("beta", 10, lease_s=30).ids) == 2
+    again: list[Any] = []
+    assert wait_for(lambda: bool(again.append(outbox.lease("alpha", 10, lease_s=30)) or again[-1].ids), 5)
+    assert sorted(again[-1].ids) == sorted(first.ids)
+    assert set(again[-1].attempts.values()) == {2}
+    # The dead drainer's late ack is ignored: the ids belong to the second lease now.
+    assert outbox.ack(first, first.ids) == 0
+    assert outbox.counts()["alpha"].pending == 2
+
+
+def test_ack_retry_dead_and_redrive(pair: tuple[Any, Outbox]) -> None:
+    """ack → delivered; retry → due again after its delay; dead → a dead letter (failed), which
+    redrive queues again with its attempts reset."""
+    store, outbox = pair
+    a, b, c = _record(1, score=0.1), _record(2, score=0.2), _record(3, score=0.3)
+    _put(store, a, b, c)
+    lease = outbox.lease("alpha", 10, lease_s=30)
+    assert outbox.ack(lease, [a.score_id]) == 1
+    assert outbox.retry(lease, {b.score_id: 0.4}) == 1
+    letter = SinkDeadLetter(score_id=c.score_id, sink="alpha", reason="http_400", detail="bad field", attempts=1)
+    assert outbox.dead(lease, [letter]) == 1
+    counts = outbox.counts()["alpha"]
+    assert (counts.delivered, counts.pending, counts.failed, counts.retried) == (1, 1, 1, 1)
+    assert outbox.states("alpha", [a.score_id, b.score_id, c.score_id]) == {
+        a.score_id: "delivered",
+        b.score_id: "pending",
+        c.score_id: "failed",
+    }
+    assert outbox.lease("alpha", 10, lease_s=30).ids == []  # b waits out its delay
+    later: list[Any] = []
+    assert wait_for(lambda: bool(later.append(outbox.lease("alpha", 10, lease_s=30)) or later[-1].ids), 5)
+    assert later[-1].attempts == {b.score_id: 2}
+    (stored,) = outbox.dead_letters("alpha")
+    assert (stored.reason, stored.detail) == ("http_400", "bad field")
+    assert outbox.redrive("alpha") == 1
+    assert outbox.dead_letters("alpha") == []
+    assert outbox.lease("alpha", 10, lease_s=30).attempts == {c.score_id: 1}
+    assert outbox.redrive("alpha", ["0" * 64]) == 0
+
+
+def test_a_replaced_record_is_queued_again_even_while_leased(pair: tuple[Any, Outbox]) -> None:
+    """A retryable error record replaced by its score while a drainer holds it: the old lease's
+    ack does not take the new record off the queue."""
+    store, outbox = pair
+    old = _record(1, error_type="timeout", retryable=True)
+    _put(store, old)
+    lease = outbox.lease("alpha", 10, lease_s=30)
+    assert _put(store, _record(1, score=0.7)) == [True]
+    assert outbox.ack(lease, [old.score_id]) == 0
+    fresh = outbox.lease("alpha", 10, lease_s=30)
+    assert fresh.ids == [old.score_id]
+    assert outbox.records(fresh.ids)[old.score_id].score == 0.7
+
+
+def test_drain_once_delivers_refuses_retries_and_drops_gone_records(pair: tuple[Any, Outbox]) -> None:
+    """The drainer step: delivered ids are acked, a refusal is a dead letter with the backend's
+    answer, a retry past max_attempts is a dead letter, an id whose record expired is dropped."""
+    store, outbox = pair
+    _put(store, _record(1, score=0.1))
+    outbox.enqueue("alpha", ["f" * 64])  # its record is gone (TTL)
+    sink = MemorySink("alpha")
+    policy = DrainPolicy(batch_size=10, lease_s=30, max_attempts=2, backoff_s=0.05, backoff_max_s=0.05)
+    assert drain_once(sink, outbox, policy) == 2
+    counts = outbox.counts()["alpha"]
+    assert (counts.delivered, counts.dropped, counts.pending) == (1, 1, 0)
+    assert [r.trace_id for r in sink.records] == [f"{1:032x}"]
+
+    _put(store, _record(2, score=0.2), _record(3, score=0.3))
+    sink = MemorySink("beta")
+    sink.outcome = Refused("http_422", "experiment header missing")
+    assert drain_once(sink, outbox, policy) == 3  # 1, 2 and 3 are all queued for beta
+    (first, *_) = letters = outbox.dead_letters("beta")
+    assert len(letters) == 3
+    assert (first.reason, first.detail) == ("http_422", "experiment header missing")
+
+    _put(store, _record(4, score=0.4))
+    sink = MemorySink("alpha")  # alpha still owes 2, 3 and 4
+    sink.outcome = Retry("http_503", after_s=0.0)
+    assert drain_once(sink, outbox, policy) == 3
+    # Each retry comes due after its own (jittered) backoff: drain until all three are settled.
+    assert wait_for(lambda: drain_once(sink, outbox, policy) >= 0 and len(outbox.dead_letters("alpha")) == 3, 5)
+    letters = outbox.dead_letters("alpha")
+    assert len(letters) == 3
+    assert {(x.reason, x.attempts) for x in letters} == {("max_attempts", 2)}
+    assert all("http_503" in x.detail for x in letters)
+    sink.outcome = Delivered()
+    assert outbox.redrive("alpha") == 3
+    assert drain_once(sink, outbox, policy) == 3
+    assert outbox.counts()["alpha"].delivered == 4
+
+
+def test_retry_after_is_respected(pair: tuple[Any, Outbox]) -> None:
+    """A sink's Retry.after_s is the least wait before the next attempt."""
+    store, outbox = pair
+    _put(store, _record(1, score=0.1))
+    sink = MemorySink("alpha")
+    sink.outcome = Retry("http_429", after_s=1.0)
+    policy = DrainPolicy(batch_size=10, lease_s=30, max_attempts=5, backoff_s=0.01, backoff_max_s=0.01)
+    started = time.monotonic()
+    assert drain_once(sink, outbox, policy) == 1
+    sink.outcome = Delivered()
+    assert wait_for(lambda: drain_once(sink, outbox, policy) == 1, 5)
+    assert time.monotonic() - started >= 0.8  # ≥ after_s, less the jitter

@@ -1,0 +1,121 @@
+"""Sinks on this machine: a JSON Lines file, the console, and memory (a test double).
+
+Each is also a ``ScoreWriter`` (``write``/``flush``/``close``), so the commands can use the same
+classes for their own outputs (``--out``, a table) that see records right after they are stored.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+from tracing._score_record import ScoreRecord
+from tracing.sinks._sink import Delivered, Delivery, Retry
+
+__all__ = ["ConsoleSink", "JsonlSink", "MemorySink"]
+
+
+class JsonlSink:
+    """Appends one ``ScoreRecord`` JSON object per line to ``path`` (safe across threads; a
+    re-sent score is a second line with the same ``score_id``: readers keep the last)."""
+
+    name = "jsonl"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._file: IO[str] = self.path.open("a", encoding="utf-8")
+
+    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
+        try:
+            self.write(records)
+        except OSError as exc:  # a full disk comes back; the outbox keeps the records meanwhile
+            return [Retry(f"jsonl_write_failed:{exc.errno}")] * len(records)
+        return [Delivered()] * len(records)
+
+    def write(self, records: Sequence[ScoreRecord]) -> None:
+        text = "".join(r.model_dump_json() + "\n" for r in records)
+        with self._lock:
+            # One write call per group: concurrent processes appending (O_APPEND) do not interleave.
+            self._file.write(text)
+            self._file.flush()
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        with self._lock:
+            self._file.flush()
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+class ConsoleSink:
+    """One short human-readable line per score, for local runs."""
+
+    name = "console"
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
+        self.write(records)
+        return [Delivered()] * len(records)
+
+    def write(self, records: Sequence[ScoreRecord]) -> None:
+        stream = self._stream or sys.stdout
+        lines = []
+        for r in records:
+            if r.error_type:
+                value = f"error {r.error_type}: {r.error_message or ''}"
+            elif r.score is None:
+                value = f"not scorable: {r.not_scorable or ''}"
+            else:
+                value = f"{r.score:.3f}" + (f" ({r.label})" if r.label else "")
+            lines.append(f"score trace={r.trace_id} span={r.span_id} scorer={r.scorer_id} {value}\n")
+        with self._lock:
+            stream.write("".join(lines))
+            stream.flush()
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        return True
+
+    def close(self) -> None:
+        return None
+
+
+class MemorySink:
+    """Keeps every record it is given in ``records`` (a test double; ``name`` is yours to pick).
+    ``outcome`` (settable) is what ``deliver`` answers, ``Delivered`` by default; only delivered
+    records are kept."""
+
+    def __init__(self, name: str = "memory") -> None:
+        self.name = name
+        self.records: list[ScoreRecord] = []
+        self.writes = 0
+        self.outcome: Delivery = Delivered()
+        self._lock = threading.Lock()
+
+    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
+        with self._lock:
+            outcome = self.outcome
+            if isinstance(outcome, Delivered):
+                self.records.extend(records)
+            self.writes += 1
+        return [outcome] * len(records)
+
+    def write(self, records: Sequence[ScoreRecord]) -> None:
+        with self._lock:
+            self.records.extend(records)
+            self.writes += 1
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        return True
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,198 @@
+"""``OtlpSink``: scores as span events on a carrier span, exported over OTLP synchronously.
+
+For each scored span the sink builds one carrier span, a child of the scored span that links to
+it, with one ``gen_ai.evaluation.result`` event per score (OpenTelemetry GenAI semantic
+conventions), and hands the batch to the span exporter's ``export()`` itself: its SUCCESS or
+FAILURE is the delivery outcome (no batch processor in between that could lose it).
+
+Times: the carrier lies inside the scored span (``span_start_ns``..``span_end_ns`` of the record)
+and its events sit at the scored span's end, so no backend draws the trace longer than it was;
+when scoring really happened is the event attribute ``tracescore.scored_at`` (epoch seconds).
+A record without the scored span's times (stored before they were kept) gets a zero-length
+carrier at the time its run was handed to the queue (``enqueued_at``), else at ``scored_at``.
+
+The carrier's span id is derived from its scores' ids, so a re-send is the same span again. It
+is marked ``tracescore.role=score_writer`` so the capture exporter never scores it (loop guard).
+
+The default exporter is the OTLP/HTTP one, configured by the standard ``OTEL_EXPORTER_OTLP_*``
+variables; its HTTP session is watched so that a refusal (4xx other than 408/409/425/429) is
+``Refused`` with the endpoint's status and answer instead of being retried for ever.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import requests
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+
+from tracing._score_record import ScoreRecord
+from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
+
+__all__ = [
+    "CARRIER_SPAN_NAME",
+    "EVALUATION_EVENT",
+    "ROLE_ATTRIBUTE",
+    "ROLE_SCORE_WRITER",
+    "OtlpSink",
+    "carrier_spans",
+    "evaluation_attributes",
+]
+
+EVALUATION_EVENT = "gen_ai.evaluation.result"
+CARRIER_SPAN_NAME = "tracescore.evaluation"
+ROLE_ATTRIBUTE = "tracescore.role"
+ROLE_SCORE_WRITER = "score_writer"
+SCOPE_NAME = "tracescore.score_writer"
+
+# Statuses that mean "later", not "no" (as scorers' classification of HTTP errors has it).
+_RETRYABLE_4XX = frozenset({408, 409, 425, 429})
+_DETAIL_CHARS = 500
+
+
+def evaluation_attributes(record: ScoreRecord) -> dict[str, Any]:
+    """The attributes of one ``gen_ai.evaluation.result`` event (None values left out)."""
+    attributes: dict[str, Any] = {
+        "gen_ai.evaluation.name": record.scorer_name or record.scorer_id,
+        "tracescore.score.id": record.score_id,
+        "tracescore.scorer.id": record.scorer_id,
+        "tracescore.scorer.version": record.scorer_version,
+        "tracescore.source": record.source,
+        "tracescore.scored_at": record.scored_at,
+    }
+    optional: dict[str, Any] = {
+        "gen_ai.evaluation.score.value": record.score,
+        "gen_ai.evaluation.score.label": record.label,
+        "gen_ai.evaluation.explanation": record.reason or record.not_scorable or record.error_message,
+        "error.type": record.error_type,
+        "tracescore.judge.model": ",".join(record.judge_models) or None,
+        "gen_ai.usage.input_tokens": record.input_tokens or None,
+        "gen_ai.usage.output_tokens": record.output_tokens or None,
+        "gen_ai.usage.cache_read.input_tokens": record.cached_input_tokens or None,
+        "tracescore.judge.cost_usd": record.cost_usd,
+        "tracescore.judge.calls": record.judge_calls or None,
+        "tracescore.job.id": record.job_id,
+        "tracescore.run.id": record.run_id,
+        "tracescore.failed_step": record.failed_step,
+    }
+    attributes.update({k: v for k, v in optional.items() if v is not None})
+    return attributes
+
+
+def _times(group: Sequence[ScoreRecord]) -> tuple[int, int]:
+    """The carrier's (start, end) in epoch ns: the scored span's, else a zero-length fallback."""
+    first = group[0]
+    if first.span_start_ns is not None and first.span_end_ns is not None:
+        return first.span_start_ns, max(first.span_start_ns, first.span_end_ns)
+    at = int((first.enqueued_at or min(r.scored_at for r in group)) * 1e9)
+    return at, at
+
+
+def carrier_spans(records: Sequence[ScoreRecord], resource: Resource | None = None) -> list[ReadableSpan]:
+    """One finished carrier span per scored span among ``records`` (a pure function)."""
+    by_span: dict[tuple[str, str], list[ScoreRecord]] = {}
+    for record in records:
+        by_span.setdefault((record.trace_id, record.span_id), []).append(record)
+    scope = InstrumentationScope(SCOPE_NAME)
+    spans = []
+    for (trace_id, span_id), group in by_span.items():
+        scored = SpanContext(
+            trace_id=int(trace_id, 16), span_id=int(span_id, 16), is_remote=True, trace_flags=TraceFlags(1)
+        )
+        ids = "\x1f".join(sorted(r.score_id for r in group))
+        carrier_id = int.from_bytes(hashlib.sha256(ids.encode()).digest()[:8], "big") or 1
+        start_ns, end_ns = _times(group)
+        spans.append(
+            ReadableSpan(
+                CARRIER_SPAN_NAME,
+                context=SpanContext(
+                    trace_id=scored.trace_id, span_id=carrier_id, is_remote=False, trace_flags=TraceFlags(1)
+                ),
+                parent=scored,
+                resource=resource,
+                kind=SpanKind.INTERNAL,
+                links=[Link(scored, {"tracescore.link": "scored_span"})],
+                attributes={
+                    ROLE_ATTRIBUTE: ROLE_SCORE_WRITER,
+                    "tracescore.scored.span_id": span_id,
+                    "tracescore.scored.span_name": group[0].span_name,
+                    "tracescore.scored_at": max(r.scored_at for r in group),
+                },
+                events=[Event(EVALUATION_EVENT, evaluation_attributes(r), timestamp=end_ns) for r in group],
+                start_time=start_ns,
+                end_time=end_ns,
+                instrumentation_scope=scope,
+            )
+        )
+    return spans
+
+
+class _WatchedSession(requests.Session):
+    """The HTTP exporter's session, keeping the last answer (status and a short body) per thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = threading.local()
+
+    def request(self, *args: Any, **kwargs: Any) -> requests.Response:
+        response = super().request(*args, **kwargs)
+        self.last.status, self.last.text = response.status_code, response.text[:_DETAIL_CHARS]
+        return response
+
+
+class OtlpSink:
+    """Carrier spans with evaluation events, exported synchronously by ``span_exporter``
+    (default: OTLP/HTTP from the ``OTEL_EXPORTER_OTLP_*`` variables; pass an in-memory one to
+    test). A custom exporter's FAILURE is a ``Retry`` (it tells no status)."""
+
+    name = "otlp"
+
+    def __init__(
+        self,
+        span_exporter: SpanExporter | None = None,
+        *,
+        endpoint: str | None = None,
+        timeout_s: float | None = None,
+        service_name: str = "tracescore-worker",
+    ) -> None:
+        """``endpoint`` (the full ``.../v1/traces`` URL) and ``timeout_s`` override the
+        ``OTEL_EXPORTER_OTLP_*`` variables for the default exporter."""
+        self._session: _WatchedSession | None = None
+        if span_exporter is None:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            self._session = _WatchedSession()
+            span_exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s, session=self._session)
+        self._exporter = span_exporter
+        self._resource = Resource.create({"service.name": service_name})
+
+    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
+        if not records:
+            return []
+        if self._session is not None:
+            self._session.last.status, self._session.last.text = None, ""
+        try:
+            result = self._exporter.export(carrier_spans(records, self._resource))
+        except Exception as exc:  # an exporter must not raise; one that does is down for now
+            return [Retry(f"otlp_export_raised:{type(exc).__name__}")] * len(records)
+        if result is SpanExportResult.SUCCESS:
+            return [Delivered()] * len(records)
+        return [self._failure()] * len(records)
+
+    def _failure(self) -> Delivery:
+        status = getattr(self._session.last, "status", None) if self._session is not None else None
+        if status is None:
+            return Retry("otlp_export_failed")
+        if 400 <= status < 500 and status not in _RETRYABLE_4XX:
+            return Refused(f"otlp_http_{status}", self._session.last.text if self._session is not None else "")
+        return Retry(f"otlp_http_{status}")
+
+    def close(self) -> None:
+        self._exporter.shutdown()

@@ -1,0 +1,347 @@
+"""Delivery: drainer threads that take stored scores from the outbox to each sink.
+
+One drainer thread per configured sink in each process that scores (every worker process,
+prefork children too, and a command scoring in place). A drainer leases due score ids
+(``worker.store.Outbox``), reads their records, hands them to its sink, and settles each id by
+the sink's answer: ``Delivered`` → acknowledged; ``Retry`` → due again after a backoff (the
+sink's ``after_s`` at least); ``Refused``, or ``max_attempts`` used up → the sink's dead letter.
+Concurrent drainers of one sink (other processes, other hosts) are safe: a lease hides its ids
+from them until it runs out, which is also what brings back the ids of a drainer that died.
+
+Drainers wake when a batch stores new scores (``DrainerWaker``, the scoring code's writer) and
+on a timer. A sink that raises is a bug: logged by its type, its records retried. Logs carry
+ids, the sink's name, counts and the backend's status (in the outcome's reason), never a score's
+content.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+import tracing.sinks
+from tracing import ConsoleSink, JsonlSink, OtlpSink, ScoreRecord, ScoreSink
+from tracing.sinks import Delivered, Delivery, Refused, Retry
+from worker._errors import SettingsError
+from worker._settings import Settings
+from worker.store import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter
+
+__all__ = [
+    "Deliveries",
+    "DrainPolicy",
+    "DrainerWaker",
+    "build_sinks",
+    "process_deliveries",
+    "start_process_deliveries",
+    "stop_process_deliveries",
+]
+
+log = structlog.get_logger("tracescore.delivery")
+
+
+def build_sinks(settings: Settings) -> list[ScoreSink]:
+    """The sinks ``TRACESCORE_SINKS`` (else ``WRITER``) names, built from the settings."""
+    sinks: list[ScoreSink] = []
+    for name in settings.sink_names:
+        if name == "otlp":
+            sinks.append(OtlpSink())
+        elif name == "jsonl":
+            if not settings.jsonl_file:
+                raise SettingsError("the jsonl sink needs TRACESCORE_JSONL_PATH (a file to append to)")
+            sinks.append(JsonlSink(settings.jsonl_file))
+        elif name == "console":
+            sinks.append(ConsoleSink())
+        elif name == "phoenix":
+            url = _needed(settings.phoenix_url, "phoenix", "TRACESCORE_PHOENIX_URL")
+            key = settings.phoenix_api_key.get_secret_value() if settings.phoenix_api_key else None
+            sinks.append(_sink_class("PhoenixSink")(url, api_key=key))
+        elif name == "mlflow":
+            url = _needed(settings.mlflow_url, "mlflow", "TRACESCORE_MLFLOW_URL")
+            token = settings.mlflow_token.get_secret_value() if settings.mlflow_token else None
+            sinks.append(_sink_class("MlflowSink")(url, token=token))
+        elif name == "langfuse":
+            host = _needed(settings.langfuse_host, "langfuse", "TRACESCORE_LANGFUSE_HOST")
+            public = _needed(settings.langfuse_public_key, "langfuse", "TRACESCORE_LANGFUSE_PUBLIC_KEY")
+            secret = settings.langfuse_secret_key.get_secret_value() if settings.langfuse_secret_key else None
+            sinks.append(
+                _sink_class("LangfuseSink")(host, public, _needed(secret, "langfuse", "TRACESCORE_LANGFUSE_SECRET_KEY"))
+            )
+        else:
+            raise SettingsError(f"unknown sink {name!r} in TRACESCORE_SINKS")
+    return sinks
+
+
+def _needed(value: str | None, sink: str, variable: str) -> str:
+    if not value:
+        raise SettingsError(f"the {sink} sink needs {variable}")
+    return value
+
+
+def _sink_class(name: str) -> Callable[..., ScoreSink]:
+    found = getattr(tracing.sinks, name, None)
+    if found is None:
+        raise SettingsError(f"this tracescore has no {name} (tracing.sinks.{name} is missing)")
+    return found  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class DrainPolicy:
+    """How drainers take and retry (from ``TRACESCORE_SINK_*``)."""
+
+    batch_size: int = 100
+    lease_s: float = 60.0
+    max_attempts: int = 12
+    backoff_s: float = 1.0
+    backoff_max_s: float = 300.0
+    poll_s: float = 1.0
+
+    @classmethod
+    def of(cls, settings: Settings) -> DrainPolicy:
+        return cls(
+            batch_size=settings.sink_batch_size,
+            lease_s=settings.sink_lease_seconds,
+            max_attempts=settings.sink_max_attempts,
+            backoff_s=settings.sink_backoff_seconds,
+            backoff_max_s=settings.sink_backoff_max_seconds,
+        )
+
+    def delay(self, attempts: int, after_s: float) -> float:
+        """The wait before the next attempt: doubling from ``backoff_s`` (±20 % jitter, so
+        drainers of many processes spread out), capped, and never under the sink's ``after_s``."""
+        base = min(self.backoff_max_s, self.backoff_s * 2.0 ** max(0, attempts - 1))
+        return float(max(after_s, base * random.uniform(0.8, 1.2)))
+
+
+def drain_once(sink: ScoreSink, outbox: Outbox, policy: DrainPolicy) -> int:
+    """Lease one batch of ``sink``'s due ids, deliver it and settle each id; returns how many
+    ids were leased (0: nothing due)."""
+    lease = outbox.lease(sink.name, policy.batch_size, policy.lease_s)
+    if not lease.attempts:
+        return 0
+    found = outbox.records(lease.ids)
+    gone = [s for s in lease.ids if s not in found]
+    if gone:
+        # Expired from the store (TTL) before this sink took it: nothing left to deliver.
+        outbox.drop(lease, gone)
+        log.warning("sink_record_gone", sink=sink.name, dropped=len(gone), score_id=gone[0], reason="record_expired")
+    records = [found[s] for s in lease.ids if s in found]
+    if records:
+        _settle(sink, outbox, policy, lease, records, _deliver(sink, records))
+    return len(lease.ids)
+
+
+def _deliver(sink: ScoreSink, records: Sequence[ScoreRecord]) -> list[Delivery]:
+    try:
+        outcomes = sink.deliver(records)
+    except Exception as exc:  # a bug in the sink: the records wait for a fixed one
+        log.error("sink_crashed", sink=sink.name, records=len(records), error_type=type(exc).__name__)
+        return [Retry(f"sink_crashed:{type(exc).__name__}")] * len(records)
+    if len(outcomes) != len(records):
+        log.error("sink_answered_wrong_count", sink=sink.name, records=len(records), outcomes=len(outcomes))
+        return [Retry("sink_answered_wrong_count")] * len(records)
+    return list(outcomes)
+
+
+def _settle(
+    sink: ScoreSink,
+    outbox: Outbox,
+    policy: DrainPolicy,
+    lease: Lease,
+    records: Sequence[ScoreRecord],
+    outcomes: Sequence[Delivery],
+) -> None:
+    acked: list[str] = []
+    delays: dict[str, float] = {}
+    letters: list[SinkDeadLetter] = []
+    retry_reasons: set[str] = set()
+    for record, outcome in zip(records, outcomes, strict=True):
+        attempts = lease.attempts[record.score_id]
+        if isinstance(outcome, Delivered):
+            acked.append(record.score_id)
+        elif isinstance(outcome, Refused):
+            letters.append(_letter(sink, record, attempts, outcome.reason, outcome.detail))
+        elif isinstance(outcome, Retry) and attempts < policy.max_attempts:
+            delays[record.score_id] = policy.delay(attempts, outcome.after_s)
+            retry_reasons.add(outcome.reason)
+        else:
+            reason = outcome.reason if isinstance(outcome, Retry) else "bad_outcome"
+            letters.append(_letter(sink, record, attempts, "max_attempts", f"{attempts} attempts; the last: {reason}"))
+    outbox.ack(lease, acked)
+    outbox.retry(lease, delays)
+    outbox.dead(lease, letters)
+    if delays:
+        log.warning("sink_retry", sink=sink.name, records=len(delays), reasons=sorted(retry_reasons))
+    for letter in letters:
+        log.error(
+            "sink_dead_letter", sink=sink.name, score_id=letter.score_id, reason=letter.reason, attempts=letter.attempts
+        )
+
+
+def _letter(sink: ScoreSink, record: ScoreRecord, attempts: int, reason: str, detail: str) -> SinkDeadLetter:
+    return SinkDeadLetter(
+        score_id=record.score_id,
+        sink=sink.name,
+        reason=reason,
+        detail=detail[:1000],
+        attempts=attempts,
+        trace_id=record.trace_id,
+        span_id=record.span_id,
+        scorer_id=record.scorer_id,
+    )
+
+
+class _Drainer:
+    """One sink's drainer thread, with an outbox client of its own."""
+
+    def __init__(self, sink: ScoreSink, outbox: Callable[[], Outbox], policy: DrainPolicy) -> None:
+        self.sink = sink
+        self._outbox_factory = outbox
+        self.policy = policy
+        self.wakeup = threading.Event()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"tracescore-drainer-{sink.name}", daemon=True)
+
+    def _run(self) -> None:
+        outbox: Outbox | None = None
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                if outbox is None:
+                    outbox = self._outbox_factory()
+                    outbox.register([self.sink.name])
+                leased = drain_once(self.sink, outbox, self.policy)
+                failures = 0
+            except Exception as exc:  # the outbox's store away (a Redis restart): wait, try again
+                failures += 1
+                log.warning("drainer_failed", sink=self.sink.name, error_type=type(exc).__name__, failures=failures)
+                self.stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                continue
+            if not leased:
+                self.wakeup.wait(self.policy.poll_s)
+                self.wakeup.clear()
+        if outbox is not None:
+            try:
+                outbox.close()
+            except Exception:
+                log.warning("drainer_close_failed", sink=self.sink.name, exc_info=True)
+
+
+class Deliveries:
+    """The drainers of one process: one per sink, over outboxes that ``outbox`` makes (one per
+    thread: a Redis client is not shared across threads)."""
+
+    def __init__(
+        self, sinks: Sequence[ScoreSink], outbox: Callable[[], Outbox], policy: DrainPolicy | None = None
+    ) -> None:
+        self.sinks = list(sinks)
+        self.policy = policy or DrainPolicy()
+        self._outbox = outbox
+        self._drainers = [_Drainer(s, outbox, self.policy) for s in self.sinks]
+        self._started = False
+        self.pid = os.getpid()
+
+    def start(self) -> Deliveries:
+        if not self._started:
+            self._started = True
+            for drainer in self._drainers:
+                drainer.thread.start()
+        return self
+
+    def wake(self) -> None:
+        for drainer in self._drainers:
+            drainer.wakeup.set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the drainers (what they hold comes back when its lease runs out) and close the sinks."""
+        for drainer in self._drainers:
+            drainer.stopping.set()
+            drainer.wakeup.set()
+        deadline = time.monotonic() + timeout_s
+        for drainer in self._drainers:
+            if drainer.thread.is_alive():
+                drainer.thread.join(max(0.0, deadline - time.monotonic()))
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:
+                log.warning("sink_close_failed", sink=sink.name, error_type=type(exc).__name__)
+
+    def finish(self, outbox: MemoryOutbox, timeout_s: float) -> dict[str, SinkCounts]:
+        """For a command scoring in place: stop the threads, then drain ``outbox`` here until
+        nothing is queued or ``timeout_s`` has passed (retries wait their backoff, inside that
+        time); returns each sink's counts."""
+        for drainer in self._drainers:
+            drainer.stopping.set()
+            drainer.wakeup.set()
+        for drainer in self._drainers:
+            if drainer.thread.is_alive():
+                drainer.thread.join()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            leased = sum(drain_once(s, outbox, self.policy) for s in self.sinks)
+            if leased and time.monotonic() < deadline:
+                continue
+            wait = outbox.next_due_s()
+            left = deadline - time.monotonic()
+            if wait is None or left <= 0:
+                break
+            time.sleep(min(wait + 0.01, left))
+        counts = outbox.counts()
+        self.stop(0.0)
+        return counts
+
+
+class DrainerWaker:
+    """The ``ScoreWriter`` the scoring code calls after storing new records: wakes the drainers."""
+
+    def __init__(self, deliveries: Deliveries) -> None:
+        self.deliveries = deliveries
+
+    def write(self, records: Sequence[ScoreRecord]) -> None:
+        self.deliveries.wake()
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        return True
+
+    def close(self) -> None:
+        return None
+
+
+_lock = threading.Lock()
+_process: Deliveries | None = None
+
+
+def start_process_deliveries(settings: Settings) -> Deliveries | None:
+    """This process's drainers over the Redis outbox, started once per process (a forked child
+    starts its own); None when no sink is configured."""
+    global _process
+    with _lock:
+        if _process is not None and _process.pid == os.getpid():
+            return _process
+        if not settings.sink_names:
+            return None
+        url = settings.store_url
+        _process = Deliveries(build_sinks(settings), lambda: RedisOutbox(url), DrainPolicy.of(settings)).start()
+        log.info("drainers_started", pid=os.getpid(), sinks=",".join(settings.sink_names))
+        return _process
+
+
+def process_deliveries() -> Deliveries | None:
+    """This process's drainers, if started."""
+    current = _process
+    return current if current is not None and current.pid == os.getpid() else None
+
+
+def stop_process_deliveries(timeout_s: float = 5.0) -> None:
+    """Stop this process's drainers (a worker shutting down)."""
+    global _process
+    with _lock:
+        current, _process = _process, None
+    if current is not None and current.pid == os.getpid():
+        current.stop(timeout_s)

@@ -1,0 +1,458 @@
+"""The outbox: stored score records waiting for each configured sink.
+
+Recording a score (``ScoreStore.put_records``) also queues its id for every sink, in the same
+atomic step, so a score is never stored without being owed to its sinks. Each sink has its own
+queue (a sorted set of score ids by when each is due), counters and dead letters, so one sink
+down never holds up another.
+
+A drainer takes due ids with a *lease*: their due time moves ``lease_s`` ahead and the lease's
+token is that new due time. A drainer that dies mid-delivery leaves its ids to come due again
+when the lease runs out (delivery is at least once; sinks upsert by score id). Settling an id
+(``ack``, ``retry``, ``dead``, ``drop``) only applies while the id still carries the caller's
+token: a later lease, or a newer record of the same score queued meanwhile, is left alone.
+
+Attempts are counted per id when it is leased (a drainer killed by a record counts too). After
+``max_attempts``, or a ``Refused`` from the backend, the id becomes the sink's dead letter (the
+reason and the backend's answer, never the score's content), which ``redrive`` queues again. An
+id whose record is gone (its TTL ran out before the sink took it) is dropped and counted.
+
+The Redis outbox is synchronous (its users are drainer threads and the CLI); the in-memory twin
+serves the embedded mode and tests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import redis
+from pydantic import BaseModel, Field
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from tracing import ScoreRecord
+from worker import _keys
+
+__all__ = ["Lease", "MemoryOutbox", "Outbox", "RedisOutbox", "SinkCounts", "SinkDeadLetter", "SinkState"]
+
+SinkState = Literal["pending", "failed", "delivered"]
+
+
+class SinkDeadLetter(BaseModel):
+    """A score one sink refused or never took: ids and the backend's answer, no score content."""
+
+    score_id: str
+    sink: str
+    reason: str
+    detail: str = ""
+    attempts: int = 0
+    failed_at: float = Field(default_factory=time.time)
+    trace_id: str = ""
+    span_id: str = ""
+    scorer_id: str = ""
+
+
+@dataclass(frozen=True)
+class SinkCounts:
+    """One sink's state: ``pending`` (queued or leased), ``failed`` (dead letters now),
+    ``delivered`` / ``dropped`` (record gone) / ``retried`` (since the counters began)."""
+
+    delivered: int = 0
+    pending: int = 0
+    failed: int = 0
+    dropped: int = 0
+    retried: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "delivered": self.delivered,
+            "pending": self.pending,
+            "failed": self.failed,
+            "dropped": self.dropped,
+            "retried": self.retried,
+        }
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Ids taken for one delivery attempt: ``attempts`` per id (this one included); ``token``
+    proves the lease when settling."""
+
+    sink: str
+    token: int
+    attempts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self.attempts)
+
+
+@runtime_checkable
+class Outbox(Protocol):
+    """What drainers and the CLI do with the outbox."""
+
+    def register(self, sinks: Iterable[str]) -> None:
+        """Remember these sink names (``counts`` lists them even before their first score)."""
+        ...
+
+    def enqueue(self, sink: str, score_ids: Sequence[str]) -> None:
+        """Queue ``score_ids`` for ``sink`` now (``put_records`` does this for new records)."""
+        ...
+
+    def lease(self, sink: str, limit: int, lease_s: float) -> Lease:
+        """Up to ``limit`` due ids of ``sink``, each pushed ``lease_s`` ahead and counted as an attempt."""
+        ...
+
+    def records(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
+        """The stored records among ``score_ids`` (those gone are left out)."""
+        ...
+
+    def ack(self, lease: Lease, score_ids: Sequence[str]) -> int:
+        """The sink has these: off the queue, counted delivered; returns how many were still leased."""
+        ...
+
+    def retry(self, lease: Lease, delays: Mapping[str, float]) -> int:
+        """Due again after each id's delay in seconds."""
+        ...
+
+    def dead(self, lease: Lease, letters: Sequence[SinkDeadLetter]) -> int:
+        """Off the queue, kept as the sink's dead letters."""
+        ...
+
+    def drop(self, lease: Lease, score_ids: Sequence[str]) -> int:
+        """Off the queue without delivery (the record is gone), counted dropped."""
+        ...
+
+    def counts(self) -> dict[str, SinkCounts]:
+        """Every registered sink's counts."""
+        ...
+
+    def dead_letters(self, sink: str, limit: int = 100) -> list[SinkDeadLetter]:
+        """Up to ``limit`` of the sink's dead letters, newest first."""
+        ...
+
+    def redrive(self, sink: str, score_ids: Sequence[str] | None = None) -> int:
+        """Queue dead letters again (all of the sink's when ``score_ids`` is None), attempts
+        reset; returns how many."""
+        ...
+
+    def states(self, sink: str, score_ids: Sequence[str]) -> dict[str, SinkState]:
+        """Where each id stands for ``sink``: still queued, a dead letter, or neither (delivered)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# KEYS: queue, attempts. ARGV: now ms, lease ms, limit. Returns {token, id1, attempts1, ...}.
+_LEASE = """
+local due = tonumber(ARGV[1]) + tonumber(ARGV[2])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {due}
+for _, id in ipairs(ids) do
+  redis.call('ZADD', KEYS[1], 'XX', due, id)
+  table.insert(out, id)
+  table.insert(out, redis.call('HINCRBY', KEYS[2], id, 1))
+end
+return out
+"""
+
+# KEYS: queue, attempts, counts, dead. ARGV: id, token, action, next due ms, letter json.
+# Only while the id still carries this lease's token (see the module docstring).
+_SETTLE = """
+local current = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not current or tonumber(current) ~= tonumber(ARGV[2]) then
+  return 0
+end
+if ARGV[3] == 'retry' then
+  redis.call('ZADD', KEYS[1], 'XX', tonumber(ARGV[4]), ARGV[1])
+  redis.call('HINCRBY', KEYS[3], 'retried', 1)
+  return 1
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if ARGV[3] == 'ack' then
+  redis.call('HINCRBY', KEYS[3], 'delivered', 1)
+elseif ARGV[3] == 'dead' then
+  redis.call('HSET', KEYS[4], ARGV[1], ARGV[5])
+else
+  redis.call('HINCRBY', KEYS[3], 'dropped', 1)
+end
+return 1
+"""
+
+# KEYS: queue, attempts, dead. ARGV: id, now ms.
+_REDRIVE = """
+if redis.call('HDEL', KEYS[3], ARGV[1]) == 0 then
+  return 0
+end
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[1], tonumber(ARGV[2]), ARGV[1])
+return 1
+"""
+
+
+def _sink_keys(sink: str) -> list[str]:
+    return [
+        _keys.outbox_key(sink),
+        _keys.outbox_attempts_key(sink),
+        _keys.outbox_counts_key(sink),
+        _keys.outbox_dead_key(sink),
+    ]
+
+
+class RedisOutbox:
+    """The outbox in Redis, on a synchronous client of its own (one per drainer thread)."""
+
+    def __init__(self, url: str, *, reconnect_s: float = 15.0) -> None:
+        self.url = url
+        retries = max(1, int(reconnect_s / 0.5))
+        self._client: Any = redis.Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_connect_timeout=2,
+            socket_timeout=10,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        )
+        self._lease = self._client.register_script(_LEASE)
+        self._settle = self._client.register_script(_SETTLE)
+        self._redrive = self._client.register_script(_REDRIVE)
+
+    def register(self, sinks: Iterable[str]) -> None:
+        names = list(sinks)
+        if names:
+            self._client.sadd(_keys.outbox_sinks_key(), *names)
+
+    def enqueue(self, sink: str, score_ids: Sequence[str]) -> None:
+        if score_ids:
+            now = _now_ms()
+            self._client.zadd(_keys.outbox_key(sink), dict.fromkeys(score_ids, now))
+
+    def lease(self, sink: str, limit: int, lease_s: float) -> Lease:
+        raw = self._lease(
+            keys=[_keys.outbox_key(sink), _keys.outbox_attempts_key(sink)],
+            args=[_now_ms(), int(lease_s * 1000), max(1, limit)],
+        )
+        token = int(raw[0])
+        return Lease(sink, token, {str(raw[i]): int(raw[i + 1]) for i in range(1, len(raw), 2)})
+
+    def records(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
+        if not score_ids:
+            return {}
+        values = self._client.mget([_keys.record_key(s) for s in score_ids])
+        return {s: ScoreRecord.model_validate_json(v) for s, v in zip(score_ids, values, strict=True) if v}
+
+    def _apply(self, lease: Lease, calls: Sequence[tuple[str, str, int, str]]) -> int:
+        if not calls:
+            return 0
+        keys = _sink_keys(lease.sink)
+        pipe = self._client.pipeline(transaction=False)
+        for score_id, action, due, letter in calls:
+            self._settle(keys=keys, args=[score_id, lease.token, action, due, letter], client=pipe)
+        return sum(int(x) for x in pipe.execute())
+
+    def ack(self, lease: Lease, score_ids: Sequence[str]) -> int:
+        return self._apply(lease, [(s, "ack", 0, "") for s in score_ids])
+
+    def retry(self, lease: Lease, delays: Mapping[str, float]) -> int:
+        now = _now_ms()
+        return self._apply(lease, [(s, "retry", now + int(d * 1000), "") for s, d in delays.items()])
+
+    def dead(self, lease: Lease, letters: Sequence[SinkDeadLetter]) -> int:
+        return self._apply(lease, [(x.score_id, "dead", 0, x.model_dump_json()) for x in letters])
+
+    def drop(self, lease: Lease, score_ids: Sequence[str]) -> int:
+        return self._apply(lease, [(s, "drop", 0, "") for s in score_ids])
+
+    def counts(self) -> dict[str, SinkCounts]:
+        sinks = sorted(self._client.smembers(_keys.outbox_sinks_key()))
+        pipe = self._client.pipeline(transaction=False)
+        for sink in sinks:
+            pipe.hgetall(_keys.outbox_counts_key(sink))
+            pipe.zcard(_keys.outbox_key(sink))
+            pipe.hlen(_keys.outbox_dead_key(sink))
+        got = pipe.execute()
+        out: dict[str, SinkCounts] = {}
+        for i, sink in enumerate(sinks):
+            counters, pending, failed = got[3 * i], got[3 * i + 1], got[3 * i + 2]
+            out[sink] = SinkCounts(
+                delivered=int(counters.get("delivered", 0)),
+                pending=int(pending),
+                failed=int(failed),
+                dropped=int(counters.get("dropped", 0)),
+                retried=int(counters.get("retried", 0)),
+            )
+        return out
+
+    def dead_letters(self, sink: str, limit: int = 100) -> list[SinkDeadLetter]:
+        letters = [SinkDeadLetter.model_validate_json(v) for v in self._client.hvals(_keys.outbox_dead_key(sink))]
+        letters.sort(key=lambda x: x.failed_at, reverse=True)
+        return letters[:limit]
+
+    def redrive(self, sink: str, score_ids: Sequence[str] | None = None) -> int:
+        ids = list(score_ids) if score_ids is not None else list(self._client.hkeys(_keys.outbox_dead_key(sink)))
+        if not ids:
+            return 0
+        keys = [_keys.outbox_key(sink), _keys.outbox_attempts_key(sink), _keys.outbox_dead_key(sink)]
+        now = _now_ms()
+        pipe = self._client.pipeline(transaction=False)
+        for score_id in ids:
+            self._redrive(keys=keys, args=[score_id, now], client=pipe)
+        return sum(int(x) for x in pipe.execute())
+
+    def states(self, sink: str, score_ids: Sequence[str]) -> dict[str, SinkState]:
+        if not score_ids:
+            return {}
+        pipe = self._client.pipeline(transaction=False)
+        pipe.zmscore(_keys.outbox_key(sink), list(score_ids))
+        pipe.hmget(_keys.outbox_dead_key(sink), list(score_ids))
+        queued, dead = pipe.execute()
+        return {
+            s: "pending" if q is not None else "failed" if d is not None else "delivered"
+            for s, q, d in zip(score_ids, queued, dead, strict=True)
+        }
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class MemoryOutbox:
+    """The outbox in memory, over a ``MemoryScoreStore``'s records (``store.outbox``)."""
+
+    def __init__(self, records: Callable[[Sequence[str]], dict[str, ScoreRecord]], sinks: Iterable[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self._records = records
+        self.sinks: tuple[str, ...] = ()
+        self._due: dict[str, dict[str, int]] = {}
+        self._attempts: dict[str, Counter[str]] = {}
+        self._counts: dict[str, Counter[str]] = {}
+        self._dead: dict[str, dict[str, SinkDeadLetter]] = {}
+        self.register(sinks)
+
+    def register(self, sinks: Iterable[str]) -> None:
+        with self._lock:
+            for sink in sinks:
+                if sink not in self._due:
+                    self._due[sink], self._attempts[sink], self._counts[sink] = {}, Counter(), Counter()
+                    self._dead[sink] = {}
+                    self.sinks += (sink,)
+
+    def enqueue(self, sink: str, score_ids: Sequence[str]) -> None:
+        self.register([sink])
+        now = _now_ms()
+        with self._lock:
+            for score_id in score_ids:
+                self._due[sink][score_id] = now
+
+    def enqueue_all(self, score_ids: Sequence[str]) -> None:
+        """Queue ``score_ids`` for every registered sink (the store's part of ``put_records``)."""
+        for sink in self.sinks:
+            self.enqueue(sink, score_ids)
+
+    def lease(self, sink: str, limit: int, lease_s: float) -> Lease:
+        self.register([sink])
+        now = _now_ms()
+        token = now + int(lease_s * 1000)
+        taken: dict[str, int] = {}
+        with self._lock:
+            due = self._due[sink]
+            for score_id in sorted((s for s, t in due.items() if t <= now), key=lambda s: (due[s], s))[: max(1, limit)]:
+                due[score_id] = token
+                self._attempts[sink][score_id] += 1
+                taken[score_id] = self._attempts[sink][score_id]
+        return Lease(sink, token, taken)
+
+    def records(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
+        return self._records(score_ids)
+
+    def _settle(self, lease: Lease, score_ids: Iterable[str], action: Callable[[str], None]) -> int:
+        done = 0
+        with self._lock:
+            due = self._due[lease.sink]
+            for score_id in score_ids:
+                if due.get(score_id) == lease.token:
+                    action(score_id)
+                    done += 1
+        return done
+
+    def _remove(self, sink: str, score_id: str, counter: str | None) -> None:
+        del self._due[sink][score_id]
+        self._attempts[sink].pop(score_id, None)
+        if counter:
+            self._counts[sink][counter] += 1
+
+    def ack(self, lease: Lease, score_ids: Sequence[str]) -> int:
+        return self._settle(lease, score_ids, lambda s: self._remove(lease.sink, s, "delivered"))
+
+    def retry(self, lease: Lease, delays: Mapping[str, float]) -> int:
+        now = _now_ms()
+
+        def later(score_id: str) -> None:
+            self._due[lease.sink][score_id] = now + int(delays[score_id] * 1000)
+            self._counts[lease.sink]["retried"] += 1
+
+        return self._settle(lease, delays, later)
+
+    def dead(self, lease: Lease, letters: Sequence[SinkDeadLetter]) -> int:
+        by_id = {x.score_id: x for x in letters}
+
+        def bury(score_id: str) -> None:
+            self._remove(lease.sink, score_id, None)
+            self._dead[lease.sink][score_id] = by_id[score_id]
+
+        return self._settle(lease, by_id, bury)
+
+    def drop(self, lease: Lease, score_ids: Sequence[str]) -> int:
+        return self._settle(lease, score_ids, lambda s: self._remove(lease.sink, s, "dropped"))
+
+    def counts(self) -> dict[str, SinkCounts]:
+        with self._lock:
+            return {
+                sink: SinkCounts(
+                    delivered=self._counts[sink]["delivered"],
+                    pending=len(self._due[sink]),
+                    failed=len(self._dead[sink]),
+                    dropped=self._counts[sink]["dropped"],
+                    retried=self._counts[sink]["retried"],
+                )
+                for sink in sorted(self.sinks)
+            }
+
+    def dead_letters(self, sink: str, limit: int = 100) -> list[SinkDeadLetter]:
+        with self._lock:
+            letters = sorted(self._dead.get(sink, {}).values(), key=lambda x: x.failed_at, reverse=True)
+        return letters[:limit]
+
+    def redrive(self, sink: str, score_ids: Sequence[str] | None = None) -> int:
+        now = _now_ms()
+        done = 0
+        with self._lock:
+            dead = self._dead.get(sink, {})
+            for score_id in list(dead) if score_ids is None else score_ids:
+                if dead.pop(score_id, None) is not None:
+                    self._attempts[sink].pop(score_id, None)
+                    self._due[sink][score_id] = now
+                    done += 1
+        return done
+
+    def states(self, sink: str, score_ids: Sequence[str]) -> dict[str, SinkState]:
+        with self._lock:
+            due, dead = self._due.get(sink, {}), self._dead.get(sink, {})
+            return {s: "pending" if s in due else "failed" if s in dead else "delivered" for s in score_ids}
+
+    def next_due_s(self) -> float | None:
+        """Seconds until the earliest queued id of any sink is due (None: nothing queued)."""
+        with self._lock:
+            times = [t for due in self._due.values() for t in due.values()]
+        return None if not times else max(0.0, (min(times) - _now_ms()) / 1000)
+
+    def close(self) -> None:
+        return None
