@@ -311,6 +311,22 @@ def _score_delivery(
     # Retries of deferred scores wait at most max_eta_seconds each (inside the visibility
     # timeout): enough of them to outlast the other delivery's claim before giving up on it.
     claim_attempts = max(settings.retry_budget, math.ceil(settings.claim_ttl / settings.max_eta_seconds) + 1)
+    if report.exhausted and not final and not report.needs_retry:
+        # Before the last attempt only runs refused by a spent judge budget or their judge-call
+        # cap are recorded as retryable: keep the message (a retryable dead letter) so
+        # `tracescore dlq retry` scores them once the budget resets.
+        _dead_letter(
+            runtime,
+            reason="budget_exhausted",
+            error=f"{len(report.exhausted)} score(s) not paid for: "
+            + ", ".join(f"{k}×{v}" for k, v in report.failed.items()),
+            payload=payload,
+            size=size,
+            batch_id=batch.batch_id,
+            attempts=attempt + 1,
+            retryable=True,
+            message_key=message_key,
+        )
     if final and (report.exhausted or (report.deferred and attempt >= claim_attempts)):
         # Error records for the exhausted runs are written (visible); the message is kept so
         # `tracescore dlq retry` can score what is missing once the cause is gone.

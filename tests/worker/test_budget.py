@@ -112,6 +112,24 @@ def test_runs_past_a_tiny_budget_are_budget_exhausted_and_status_spend_matches_r
     assert "scorer  costly:" in shown.output
     assert "scorer:costly: 0.0000 of 0.0100 USD left today" in shown.output
 
+    # The message is kept for later: once there is budget again, `dlq retry` scores the
+    # refused runs (and only those) and their records replace the budget_exhausted ones.
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    letters = [json.loads(x) for x in client.lrange("tracescore:dlq", 0, -1)]
+    client.close()
+    assert [(x["reason"], x["retryable"]) for x in letters] == [("budget_exhausted", True)]
+    worker.stop()
+    more = json.dumps({"scorers": {"costly": 100.0}})
+    _start(started, "budget2", redis_url, tmp_path, {**env, "TRACESCORE_BUDGETS": more})
+    retried = CliRunner().invoke(
+        cli_main, ["dlq", "retry", "--all", "--broker", redis_url], env={"TRACESCORE_REDIS_URL": redis_url}
+    )
+    assert retried.exit_code == 0, retried.output
+    assert wait_for(lambda: all(r["error_type"] is None for r in _records(redis_url)), 60)
+    assert fake_llm.count() == 12  # the scored runs were not paid for twice
+    after = collect_status(3.0, load_settings(broker_url=redis_url, redis_url=redis_url, budgets=more))
+    assert after["spend"]["total_usd"] == pytest.approx(sum(r["cost_usd"] for r in _records(redis_url)), rel=1e-9)
+
 
 def test_judge_calls_per_run_are_capped_across_redeliveries(
     fake_llm: FakeLLMServer,
