@@ -22,6 +22,7 @@ from tracing.sinks._otlp import (
     carrier_spans,
     evaluation_attributes,
 )
+from tracing.sinks._phoenix import PhoenixSink
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry, ScoreSink
 from tracing.sinks._writer import ScoreWriter
 
@@ -37,6 +38,7 @@ __all__ = [
     "MemorySink",
     "MlflowSink",
     "OtlpSink",
+    "PhoenixSink",
     "Refused",
     "Retry",
     "ScoreSink",

@@ -1,0 +1,234 @@
+"""PhoenixSink against a real Phoenix server (arize-phoenix from .venv-servers/phoenix).
+
+Agent traces made by the real OpenAI instrumentation (examples/traces, re-identified per test)
+go to Phoenix over OTLP/HTTP; the real ``tracescore backfill`` scores them; the sink writes the
+scores; Phoenix's own REST API must then return them as span annotations on the right spans.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakellm import FakeLLMServer, Reply
+from tests.integration._servers import Server
+from tests.integration._traces import backfill_scores, fresh_traces, send_otlp, span_ids
+from tests.integration.phoenix_scorers import FAILURE_MESSAGE
+from tracing import ScoreRecord
+from tracing.sinks import Delivered, Delivery, PhoenixSink, Refused, Retry
+
+JUDGE_SCORE = 0.75
+
+
+def annotations(server: Server, project: str, spans: Iterable[str]) -> list[dict[str, Any]]:
+    """Every span annotation Phoenix holds on ``spans`` (all pages)."""
+    found: list[dict[str, Any]] = []
+    cursor: str | None = None
+    with httpx.Client(timeout=30) as client:
+        while True:
+            params: list[tuple[str, str]] = [("span_ids", s) for s in sorted(set(spans))]
+            params += [("limit", "1000")] + ([("cursor", cursor)] if cursor else [])
+            response = client.get(f"{server.url}/v1/projects/{project}/span_annotations", params=params)
+            response.raise_for_status()
+            body = response.json()
+            found += body["data"]
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return found
+
+
+def ingested_spans(server: Server, project: str) -> set[str]:
+    """The span ids Phoenix has written to ``project`` so far."""
+    response = httpx.get(f"{server.url}/v1/projects/{project}/spans", params={"limit": "1000"}, timeout=30)
+    if response.status_code == 404:  # the project appears with its first ingested span
+        return set()
+    response.raise_for_status()
+    return {span["context"]["span_id"] for span in response.json()["data"]}
+
+
+def wait_ingested(server: Server, project: str, spans: set[str], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not spans <= ingested_spans(server, project):
+        assert time.monotonic() < deadline, f"Phoenix did not ingest {len(spans)} spans in {timeout_s}s"
+        time.sleep(0.2)
+
+
+def drain(sink: PhoenixSink, records: Sequence[ScoreRecord], timeout_s: float = 60.0) -> list[list[Delivery]]:
+    """Deliver until every record is Delivered (a stand-in for the outbox's drainer); returns
+    every round's outcomes. A Refused record fails the test."""
+    rounds: list[list[Delivery]] = []
+    pending = list(records)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        outcomes = sink.deliver(pending)
+        assert len(outcomes) == len(pending)
+        rounds.append(outcomes)
+        refused = [o for o in outcomes if isinstance(o, Refused)]
+        assert not refused, refused
+        pending = [r for r, o in zip(pending, outcomes, strict=True) if not isinstance(o, Delivered)]
+        if pending:
+            assert time.monotonic() < deadline, f"{len(pending)} records still not delivered: {outcomes[:3]}"
+            time.sleep(0.2)
+    return rounds
+
+
+def scored(
+    tmp_path: Path, fake_llm_server: FakeLLMServer, project: str, *, lines: int
+) -> tuple[list[Any], list[ScoreRecord]]:
+    """Fresh agent traces in ``project`` and their score records from the real backfill command."""
+    fake_llm_server.reset()
+    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}))
+    traces = fresh_traces(tmp_path / "traces", lines=lines, salt=project, project=project)
+    env = {"OPENAI_BASE_URL": fake_llm_server.openai_base_url, "OPENAI_API_KEY": "sk-fakellm-test"}
+    records = backfill_scores(tmp_path / "traces", tmp_path / "scores.jsonl", env)
+    fake_llm_server.reset()
+    assert records, "backfill produced no scores"
+    assert {r.span_id for r in records} <= span_ids(traces)
+    return traces, records
+
+
+def by_identifier(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    index = {a["identifier"]: a for a in found}
+    assert len(index) == len(found), "an identifier appears twice"
+    return index
+
+
+def test_scores_arrive_on_their_spans_as_annotations(
+    phoenix: Server, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+) -> None:
+    """Every score is one annotation on its span: name, LLM/CODE kind, score, label, explanation, metadata."""
+    traces, records = scored(tmp_path, fake_llm_server, project, lines=2)
+    kinds = {r.scorer_id for r in records}
+    assert kinds == {"answer-length", "judged-helpfulness", "needs-ground-truth", "always-fails"}
+    send_otlp(phoenix.url, traces)
+    sink = PhoenixSink(phoenix.url)
+    try:
+        drain(sink, records)
+    finally:
+        sink.close()
+
+    found = by_identifier(annotations(phoenix, project, {r.span_id for r in records}))
+    assert len(found) == len(records)
+    for record in records:
+        got = found[f"tracescore:{record.score_id}"]
+        assert got["span_id"] == record.span_id
+        assert got["name"] == record.scorer_id
+        assert got["source"] == "API"
+        assert got["metadata"]["score_id"] == record.score_id
+        assert got["metadata"]["scorer_version"] == "1"
+        assert got["metadata"]["source"] == "backfill"
+        result = got["result"]
+        if record.scorer_id == "answer-length":
+            assert got["annotator_kind"] == "CODE"
+            assert result["score"] == pytest.approx(record.score)
+            assert result["explanation"] == record.reason
+            assert result["explanation"].endswith(" characters")
+        elif record.scorer_id == "judged-helpfulness":
+            assert got["annotator_kind"] == "LLM"
+            assert result["score"] == pytest.approx(JUDGE_SCORE)
+            assert result["explanation"] == f"the judge rated it {JUDGE_SCORE:.2f}"
+            assert got["metadata"]["judge_models"] == record.judge_models
+        elif record.scorer_id == "needs-ground-truth":
+            assert got["annotator_kind"] == "CODE"
+            assert result["score"] is None
+            assert result["label"] == "not scorable"
+            assert "no ground truth to compare with" in result["explanation"]
+        else:
+            assert result["score"] is None
+            assert result["label"] == "error"
+            assert result["explanation"].startswith("IndexError")
+            assert FAILURE_MESSAGE in result["explanation"]
+            assert got["metadata"]["error_type"] == "IndexError"
+
+
+def test_a_rerun_updates_and_adds_nothing(
+    phoenix: Server, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+) -> None:
+    """Re-sending the same scores (and a changed one) keeps one annotation per score; the change shows."""
+    traces, records = scored(tmp_path, fake_llm_server, project, lines=1)
+    send_otlp(phoenix.url, traces)
+    spans = {r.span_id for r in records}
+    with_score = next(r for r in records if r.score is not None)
+    sink = PhoenixSink(phoenix.url)
+    try:
+        drain(sink, records)
+        first = by_identifier(annotations(phoenix, project, spans))
+        assert len(first) == len(records)
+
+        assert all(isinstance(o, Delivered) for o in sink.deliver(records))
+        changed = with_score.model_copy(update={"score": 0.123, "reason": "re-scored"})
+        assert sink.deliver([changed, changed]) == [Delivered(), Delivered()]
+    finally:
+        sink.close()
+
+    again = by_identifier(annotations(phoenix, project, spans))
+    assert again.keys() == first.keys()
+    key = f"tracescore:{with_score.score_id}"
+    assert again[key]["id"] == first[key]["id"]
+    assert again[key]["result"]["score"] == pytest.approx(0.123)
+    assert again[key]["result"]["explanation"] == "re-scored"
+
+
+def test_spans_not_ingested_yet_are_retried_then_delivered(
+    phoenix: Server, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+) -> None:
+    """Scores of spans Phoenix has not seen are Retry (named); the rest of the batch is Delivered."""
+    traces, records = scored(tmp_path, fake_llm_server, project, lines=2)
+    early, late = traces[0], traces[1]
+    early_spans = span_ids([early])
+    assert any(r.span_id in early_spans for r in records)
+    assert any(r.span_id not in early_spans for r in records)
+
+    sink = PhoenixSink(phoenix.url)
+    try:
+        nothing_yet = sink.deliver(records)
+        assert all(isinstance(o, Retry) and "not in Phoenix yet" in o.reason for o in nothing_yet), nothing_yet
+
+        send_otlp(phoenix.url, [early])
+        wait_ingested(phoenix, project, early_spans)
+        mixed = sink.deliver(records)
+        for record, outcome in zip(records, mixed, strict=True):
+            if record.span_id in early_spans:
+                assert outcome == Delivered()
+            else:
+                assert isinstance(outcome, Retry)
+                assert "not in Phoenix yet" in outcome.reason
+                assert outcome.after_s > 0
+
+        send_otlp(phoenix.url, [late])
+        drain(sink, records)
+    finally:
+        sink.close()
+    assert len(by_identifier(annotations(phoenix, project, {r.span_id for r in records}))) == len(records)
+
+
+def test_phoenix_down_mid_run_then_back_loses_nothing(
+    phoenix: Server, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+) -> None:
+    """Phoenix killed mid-run: Retry while down; restarted on the same database, every score
+    arrives and none twice (everything is re-sent, as an outbox that lost its acks would)."""
+    traces, records = scored(tmp_path, fake_llm_server, project, lines=3)
+    send_otlp(phoenix.url, traces)
+    # Phoenix acknowledges OTLP before writing it: a SIGKILL would lose spans it had not written yet.
+    wait_ingested(phoenix, project, {r.span_id for r in records})
+    half = len(records) // 2
+    sink = PhoenixSink(phoenix.url, timeout_s=5.0)
+    try:
+        drain(sink, records[:half])
+        phoenix.stop(kill=True)
+        while_down = sink.deliver(records[half:])
+        assert all(isinstance(o, Retry) and "unreachable" in o.reason for o in while_down), while_down[:3]
+
+        phoenix.start()
+        drain(sink, records)
+    finally:
+        sink.close()
+        if phoenix.proc is None:
+            phoenix.start()  # the session's other tests need it
+    found = by_identifier(annotations(phoenix, project, {r.span_id for r in records}))
+    assert set(found) == {f"tracescore:{r.score_id}" for r in records}

@@ -1,0 +1,226 @@
+"""Arize Phoenix: each score becomes a span annotation on the span it judged.
+
+``POST {base}/v1/span_annotations?sync=true`` with ``{"data": [annotation, ...]}`` (Phoenix's
+REST API; checked against arize-phoenix 20.26). One annotation per score:
+
+- ``name``: the scorer's name (its id when it has none); ``annotator_kind``: ``LLM`` when a judge
+  model answered any step of the scorer, else ``CODE``.
+- ``result``: ``{label, score, explanation}``. A score: its label, value and reason. Not
+  scorable: label ``not scorable``, no score, the scorer's reason. A failed run: label ``error``,
+  no score, ``"<error type> in <step>: <message>"``. Phoenix shows all three beside the span.
+- ``metadata``: scorer id and version, score id, source (live / backfill), job and run ids, the
+  judge models and the error type, so an annotation can be traced back to its score record.
+- ``identifier``: ``tracescore:<score id>``. Phoenix upserts on (name, span, identifier), so a
+  re-sent score updates its annotation instead of adding a second one.
+
+Why ``sync=true``: without it Phoenix answers 200 before writing anything (its bulk inserter
+runs later and drops annotations of spans it never sees), so "delivered" would mean nothing.
+Synchronously, Phoenix checks the spans first and answers 404 "Spans with IDs ... do not exist."
+for the whole batch when any is missing: Phoenix ingests OTLP asynchronously and the scores of
+a live trace can arrive before its spans. Those records are ``Retry`` and the others are sent
+again without them. Other outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors
+and timeouts ``Retry`` (Retry-After honoured); any other 4xx ``Refused`` with Phoenix's answer
+(a batch refused as a whole is re-sent one record at a time, so one bad record does not refuse
+its neighbours). Phoenix's validation answers quote the request, i.e. the score's reason: only
+their field paths and messages are kept.
+
+Auth: ``Authorization: Bearer <api key>`` (Phoenix's system or user API keys) when
+``api_key`` is given; it never appears in a reason or detail.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from tracing._broker import redact
+from tracing._score_record import ScoreRecord
+from tracing.sinks._http import DETAIL_CHARS, is_retryable, retry_after, transport_retry
+from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
+
+__all__ = ["PhoenixSink"]
+
+_MISSING_SPANS = re.compile(r"^Spans with IDs (?P<ids>.+) do not exist\.?$")
+_SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
+# Scores per request: Phoenix checks each span and upserts row by row in one transaction.
+_BATCH = 100
+# A hint for the drainer: Phoenix's bulk inserter writes received spans within about a second.
+_NOT_INGESTED_AFTER_S = 1.0
+
+
+class PhoenixSink:
+    """Scores as Phoenix span annotations (see the module docstring for the mapping)."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"Phoenix URL must be http(s)://host[:port][/root path], got {redact(base_url)!r}"
+                " (TRACESCORE_PHOENIX_URL / --phoenix-url)"
+            )
+        if not (timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ValueError(f"Phoenix timeout must be a positive number of seconds, got {timeout_s!r}")
+        self._url = base_url.rstrip("/") + "/v1/span_annotations"
+        self._secrets = tuple(s for s in (api_key, parts.password) if s)
+        headers = {"Accept": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = httpx.Client(headers=headers, timeout=timeout_s, follow_redirects=False)
+
+    @property
+    def name(self) -> str:
+        return "phoenix"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
+        """Annotate the records' spans; one outcome per record, in order."""
+        outcomes: list[Delivery | None] = [None] * len(records)
+        sendable: list[tuple[int, dict[str, Any]]] = []
+        for i, record in enumerate(records):
+            annotation = _annotation(record)
+            if isinstance(annotation, Refused):
+                outcomes[i] = annotation
+            else:
+                sendable.append((i, annotation))
+        for start in range(0, len(sendable), _BATCH):
+            self._send(sendable[start : start + _BATCH], outcomes)
+        done = [o for o in outcomes if o is not None]
+        if len(done) != len(records):  # every path above assigns one outcome per record
+            raise AssertionError("PhoenixSink.deliver left a record without an outcome")
+        return done
+
+    def _send(self, batch: list[tuple[int, dict[str, Any]]], outcomes: list[Delivery | None]) -> None:
+        pending = batch
+        # Each round either ends or removes at least one span id (reported missing) from the batch.
+        while pending:
+            answer = self._post([annotation for _, annotation in pending])
+            if isinstance(answer, Delivered | Retry):
+                for i, _ in pending:
+                    outcomes[i] = answer
+                return
+            status, body = answer
+            missing = _missing_spans(status, body, {a["span_id"] for _, a in pending})
+            if missing:
+                not_yet = Retry(
+                    f"span not in Phoenix yet (it ingests traces asynchronously; HTTP {status})",
+                    after_s=_NOT_INGESTED_AFTER_S,
+                )
+                for i, annotation in pending:
+                    if annotation["span_id"] in missing:
+                        outcomes[i] = not_yet
+                pending = [(i, a) for i, a in pending if a["span_id"] not in missing]
+                continue
+            if len(pending) > 1:
+                # Refused as a whole: find the record(s) Phoenix objects to, one request each.
+                for item in pending:
+                    self._send([item], outcomes)
+                return
+            outcomes[pending[0][0]] = Refused(_refusal_reason(status), detail=self._detail(body))
+            return
+
+    def _post(self, data: list[dict[str, Any]]) -> Delivered | Retry | tuple[int, str]:
+        """Delivered, Retry, or (status, body) of a refusal to look at."""
+        try:
+            response = self._client.post(self._url, params={"sync": "true"}, json={"data": data})
+        except httpx.TransportError as exc:
+            return transport_retry("Phoenix", exc)
+        status = response.status_code
+        if 200 <= status < 300:
+            return Delivered()
+        if is_retryable(status):  # incl. Phoenix's 507: storage full, writes locked for now
+            return Retry(f"Phoenix answered HTTP {status}", after_s=retry_after(response))
+        return status, response.text
+
+    def _detail(self, body: str) -> str:
+        detail = _server_message(body)
+        for secret in self._secrets:
+            detail = detail.replace(secret, "***")
+        return detail[:DETAIL_CHARS]
+
+
+def _annotation(record: ScoreRecord) -> dict[str, Any] | Refused:
+    """The span annotation of one score, or why it cannot be one (never sent)."""
+    span_id = record.span_id.lower()
+    if not _SPAN_ID.fullmatch(span_id):
+        return Refused("span id is not 16 hex digits (an OpenTelemetry span id); Phoenix cannot match it")
+    name = record.scorer_name or record.scorer_id
+    if name == "note":
+        return Refused("Phoenix reserves the annotation name 'note' for span notes; rename the scorer")
+    if record.score is not None and not math.isfinite(record.score):
+        return Refused("score is not a finite number (JSON cannot carry it)")
+    if not record.ok:
+        step = f" in {record.failed_step}" if record.failed_step else ""
+        message = f": {record.error_message}" if record.error_message else ""
+        result: dict[str, Any] = {"label": "error", "score": None, "explanation": f"{record.error_type}{step}{message}"}
+    elif record.score is None and record.not_scorable is not None:
+        result = {"label": "not scorable", "score": None, "explanation": record.not_scorable}
+    else:
+        result = {"label": record.label, "score": record.score, "explanation": record.reason}
+    metadata = {
+        "scorer_id": record.scorer_id,
+        "scorer_version": record.scorer_version,
+        "score_id": record.score_id,
+        "source": record.source,
+        "job_id": record.job_id,
+        "run_id": record.run_id,
+        "judge_models": record.judge_models or None,
+        "error_type": record.error_type,
+        "failed_step": record.failed_step,
+    }
+    return {
+        "span_id": span_id,
+        "name": name,
+        "annotator_kind": "LLM" if record.judge_models else "CODE",
+        "result": result,
+        "metadata": {key: value for key, value in metadata.items() if value is not None},
+        "identifier": f"tracescore:{record.score_id}",
+    }
+
+
+def _missing_spans(status: int, body: str, sent: set[str]) -> set[str]:
+    """The span ids of a 404 "Spans with IDs ... do not exist." answer, if that is what it is.
+
+    Any other 404 (a wrong base URL, a Phoenix without this route) is a refusal, not a wait."""
+    if status != 404:
+        return set()
+    # Phoenix answers its HTTPExceptions in plain text; a proxy in front might wrap it in JSON.
+    match = _MISSING_SPANS.match(_server_message(body).strip())
+    if match is None:
+        return set()
+    missing = {part.strip() for part in match["ids"].split(",")}
+    return missing if missing and missing <= sent else set()
+
+
+def _server_message(body: str) -> str:
+    """What Phoenix said, without the request it quotes (FastAPI's 422 ``input`` holds our reason)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return " ".join(body.split())
+    detail = parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):
+        problems = []
+        for item in detail:
+            if isinstance(item, dict):
+                where = ".".join(str(part) for part in item.get("loc", ()))
+                problems.append(f"{where}: {item.get('msg', '')}".strip(": "))
+        return "; ".join(problems)
+    return f"an answer of JSON type {type(detail).__name__}"
+
+
+def _refusal_reason(status: int) -> str:
+    if status in (401, 403):
+        return f"Phoenix refused the credentials (HTTP {status}): check TRACESCORE_PHOENIX_API_KEY"
+    if status == 404:
+        return "Phoenix has no span annotations API at this URL (HTTP 404): check TRACESCORE_PHOENIX_URL"
+    return f"Phoenix refused the annotation (HTTP {status})"
