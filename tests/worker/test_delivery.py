@@ -1,0 +1,190 @@
+"""Delivery to sinks with real Redis, real worker processes and a real OTLP/HTTP receiver:
+a sink down and back, a refusal, and a worker SIGKILLed before its sinks had the scores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests._otlp_receiver import OtlpReceiver
+from tests._redis import free_port
+from tests.worker._batches import batch
+from tests.worker._workers import ROOT, WorkerProcess, read_scores, wait_for
+from tracing import CelerySink, ScoreRecord
+from tracing.queue import ScoreBatch
+from worker.store import RedisOutbox
+
+START, END = 1_764_000_000_000_000_000, 1_764_000_001_000_000_000
+TRACESCORE = str(Path(sys.executable).with_name("tracescore"))
+
+
+def _env(endpoint: str, **extra: str) -> dict[str, str]:
+    return {
+        "TRACESCORE_SINKS": "otlp,jsonl",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2",
+        "TRACESCORE_SINK_BACKOFF_SECONDS": "0.2",
+        "TRACESCORE_SINK_BACKOFF_MAX_SECONDS": "0.5",
+        "TRACESCORE_SINK_LEASE_SECONDS": "3",
+        "TRACESCORE_SINK_MAX_ATTEMPTS": "1000",
+        **extra,
+    }
+
+
+class Started:
+    """Worker processes and receivers of one test, always stopped."""
+
+    def __init__(self, redis_url: str, tmp: Path) -> None:
+        self.redis_url, self.tmp = redis_url, tmp
+        self.scores = tmp / "scores.jsonl"
+        self.workers: list[WorkerProcess] = []
+        self.receivers: list[OtlpReceiver] = []
+
+    def worker(self, name: str, env: dict[str, str]) -> WorkerProcess:
+        worker = WorkerProcess(name, self.redis_url, self.tmp, scores_path=self.scores, env=env)
+        self.workers.append(worker)
+        worker.wait_ready()
+        return worker
+
+    def receiver(self, port: int | None = None) -> OtlpReceiver:
+        receiver = OtlpReceiver(port).start()
+        self.receivers.append(receiver)
+        return receiver
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        for receiver in self.receivers:
+            receiver.stop()
+
+
+@pytest.fixture
+def started(redis_url: str, tmp_path: Path) -> Iterator[Started]:
+    s = Started(redis_url, tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _send(redis_url: str, n: int, salt: str) -> tuple[ScoreBatch, set[str]]:
+    """A batch of ``n`` runs scored by ``length``, its spans timed START..END; returns the score ids."""
+    msg = batch(range(n), ["length"], salt=salt)
+    for request in msg.requests:
+        for span in request.spans:
+            span.start_time_ns, span.end_time_ns = START, END
+    sink = CelerySink(redis_url)
+    sink.send(msg)
+    sink.close()
+    from tests.worker.sample_scorers import length
+    from tracing import score_id_for
+
+    return msg, {score_id_for(r.trace_id, r.span_id, "length", length.version) for r in msg.requests}
+
+
+def _stored(redis_url: str) -> int:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return sum(1 for _ in client.scan_iter("tracescore:score:*"))
+    finally:
+        client.close()
+
+
+def _counts(redis_url: str) -> dict[str, Any]:
+    outbox = RedisOutbox(redis_url)
+    try:
+        return {name: c.as_dict() for name, c in outbox.counts().items()}
+    finally:
+        outbox.close()
+
+
+def _cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TRACESCORE_BROKER_URL": redis_url, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([TRACESCORE, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+
+
+def test_a_sink_down_then_back_gets_every_score_once_and_never_delays_another(started: Started, redis_url: str) -> None:
+    """OTLP answers 503 while the JSONL sink takes every score at once; once OTLP is back, every
+    score arrives there exactly once (counted by score id at the receiver), inside its span."""
+    receiver = started.receiver()
+    receiver.status = 503
+    worker = started.worker("down", _env(receiver.endpoint))
+    _, ids = _send(redis_url, 12, "down")
+    assert wait_for(lambda: {s["score_id"] for s in read_scores(started.scores)} == ids, 60), worker.text()[-3000:]
+    assert receiver.score_ids() == {}
+    assert wait_for(lambda: receiver.requests >= 2, 30)  # it did try, and keeps trying
+    counts = _counts(redis_url)
+    assert counts["jsonl"]["delivered"] == 12
+    assert counts["otlp"]["pending"] == 12
+    assert counts["otlp"]["retried"] >= 1
+
+    receiver.status = 200
+    assert wait_for(lambda: set(receiver.score_ids()) == ids, 60), worker.text()[-3000:]
+    assert wait_for(lambda: _counts(redis_url)["otlp"]["pending"] == 0, 30)
+    assert max(receiver.score_ids().values()) == 1
+    assert _counts(redis_url)["otlp"]["delivered"] == 12
+    assert all(START <= span.start_time_unix_nano <= span.end_time_unix_nano <= END for span in receiver.spans)
+    # Nothing of a score's content in the worker's log lines about delivery.
+    assert "reason=" not in "\n".join(line for line in worker.text().splitlines() if "sink_" in line)
+
+
+def test_a_refusal_is_a_dead_letter_with_the_backends_answer_and_can_be_retried(
+    started: Started, redis_url: str
+) -> None:
+    """A 400 from the endpoint: each score becomes the OTLP sink's dead letter carrying the
+    endpoint's answer, counted in `tracescore status`; `tracescore sinks retry otlp --all` once
+    the endpoint accepts delivers them."""
+    receiver = started.receiver()
+    receiver.status, receiver.answer = 400, b"missing header x-mlflow-experiment-id"
+    worker = started.worker("refused", _env(receiver.endpoint))
+    _, ids = _send(redis_url, 5, "refused")
+    assert wait_for(lambda: _counts(redis_url).get("otlp", {}).get("failed") == 5, 60), worker.text()[-3000:]
+
+    listed = _cli(redis_url, "sinks", "list", "otlp", "--json")
+    assert listed.returncode == 0, listed.stderr
+    letters = json.loads(listed.stdout)["otlp"]["dead_letters"]
+    assert {x["score_id"] for x in letters} == ids
+    assert {(x["reason"], x["detail"]) for x in letters} == {("otlp_http_400", "missing header x-mlflow-experiment-id")}
+    status = _cli(redis_url, "status", "--json")
+    sinks = json.loads(status.stdout)["sinks"]
+    assert sinks["otlp"]["failed"] == 5
+    assert sinks["jsonl"]["delivered"] == 5
+    assert "otlp: 0 delivered, 0 pending, 5 failed" in _cli(redis_url, "status").stdout
+
+    receiver.status = 200
+    retried = _cli(redis_url, "sinks", "retry", "otlp", "--all")
+    assert retried.returncode == 0, retried.stderr
+    assert "5 score(s) queued again" in retried.stdout
+    assert wait_for(lambda: set(receiver.score_ids()) == ids, 60), worker.text()[-3000:]
+    assert max(receiver.score_ids().values()) == 1
+    assert _counts(redis_url)["otlp"]["failed"] == 0
+
+
+def test_worker_killed_after_storing_before_its_sinks_had_the_scores(started: Started, redis_url: str) -> None:
+    """THE crash test: scores stored, the OTLP endpoint not listening, the worker SIGKILLed; a new
+    worker delivers every stored score to every sink: OTLP gets each exactly once."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}/v1/traces"
+    first = started.worker("crash-a", _env(endpoint))
+    _, ids = _send(redis_url, 10, "crash")
+    assert wait_for(lambda: _stored(redis_url) == 10, 60), first.text()[-3000:]
+    assert wait_for(lambda: _counts(redis_url).get("otlp", {}).get("retried", 0) >= 1, 30), first.text()[-3000:]
+    first.kill()
+    assert _counts(redis_url)["otlp"]["pending"] == 10  # stored, owed, not delivered
+
+    receiver = started.receiver(port)
+    second = started.worker("crash-b", _env(endpoint))
+    assert wait_for(lambda: set(receiver.score_ids()) == ids, 60), second.text()[-3000:]
+    assert wait_for(lambda: {s["score_id"] for s in read_scores(started.scores)} == ids, 30)
+    assert wait_for(lambda: _counts(redis_url)["otlp"]["pending"] == 0, 30)
+    assert max(receiver.score_ids().values()) == 1
+    records = [ScoreRecord.model_validate(s) for s in read_scores(started.scores)]
+    assert {r.score_id for r in records} == ids

@@ -1,0 +1,72 @@
+"""`tracescore backfill` in this process with --sink: every score reaches the sink once, the
+summary shows each sink's delivered/failed/pending, and a refusal exits 4 with the backend's answer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests._otlp_receiver import OtlpReceiver
+from worker._registry import load_registry
+from worker.cli import cli
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces"
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    r = OtlpReceiver().start()
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+def _backfill(receiver: OtlpReceiver, *args: str) -> Result:
+    env = {
+        "TRACESCORE_BROKER_URL": "",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2",
+        "TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS": "10",
+    }
+    return CliRunner().invoke(cli, ["backfill", str(EXAMPLES), "--scorers", "examples.scorers", *args], env=env)
+
+
+def test_every_score_reaches_the_sink_once_and_the_summary_says_so(receiver: OtlpReceiver) -> None:
+    """--sink otlp: 300 traces × the example scorers arrive at the receiver once each; the
+    summary line and --json name the sink's delivered count; exit 0."""
+    expected = 300 * len(load_registry("examples.scorers"))
+    result = _backfill(receiver, "--sink", "otlp", "--json")
+    assert result.exit_code == 0, result.output
+    arrived = receiver.score_ids()
+    assert len(arrived) == expected
+    assert max(arrived.values()) == 1
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["sinks"]["otlp"]["delivered"] == expected
+    assert (summary["sinks"]["otlp"]["failed"], summary["sinks"]["otlp"]["pending"]) == (0, 0)
+    assert f"sink otlp         delivered {expected:,}, failed 0, pending 0" in result.stderr
+
+
+def test_a_refused_write_exits_4_with_the_backends_answer(receiver: OtlpReceiver) -> None:
+    """The endpoint answers 422 (MLflow without its experiment header): nothing is silently
+    lost: the summary shows every score failed for that sink with the answer, exit code 4."""
+    receiver.status, receiver.answer = 422, b"Missing required header: x-mlflow-experiment-id"
+    expected = 300 * len(load_registry("examples.scorers"))
+    result = _backfill(receiver, "--otlp")
+    assert result.exit_code == 4, result.output
+    assert f"sink otlp         delivered 0, failed {expected:,}, pending 0" in result.stderr
+    assert "otlp_http_422: Missing required header: x-mlflow-experiment-id" in result.stderr
+    assert "scores did not all reach their sinks (otlp:" in result.stderr
+    assert receiver.score_ids() == {}
+
+
+def test_without_a_sink_a_local_backfill_writes_nowhere(receiver: OtlpReceiver) -> None:
+    """No --sink and no TRACESCORE_SINKS: the workers' WRITER default (otlp) does not apply here."""
+    result = _backfill(receiver)
+    assert result.exit_code == 0, result.output
+    assert receiver.requests == 0
+    assert "sink " not in result.stderr
