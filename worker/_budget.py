@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, Protocol
 
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_jsonable_python
 
@@ -48,7 +49,7 @@ from scorers.judge import (
     set_judge_hooks,
 )
 from worker import _keys
-from worker._reconnect import reconnecting_client, unavailable_as_error
+from worker._reconnect import StoreUnavailableError, reconnecting_client, unavailable_as_error
 
 __all__ = [
     "SPEND_TTL_S",
@@ -68,6 +69,8 @@ __all__ = [
     "spend_report",
     "utc_day",
 ]
+
+log = structlog.get_logger("tracescore.worker.budget")
 
 SPEND_TTL_S = 35 * 24 * 3600
 TOTAL = "total"
@@ -365,7 +368,12 @@ class BudgetGuard:
         run = _current.get()
         scorer = run.scorer_id if run is not None else scorer_id
         job_id = run.job_id if run is not None else None
-        await self.ledger.add(utc_day(), [f"scorer:{scorer}", f"model:{model_id}", TOTAL], cost, job_id)
+        try:
+            await self.ledger.add(utc_day(), [f"scorer:{scorer}", f"model:{model_id}", TOTAL], cost, job_id)
+        except StoreUnavailableError:
+            # The answer is paid for: keep it rather than fail the run and pay again on its
+            # redelivery. The spend goes uncounted (the budget may be passed by this much).
+            log.warning("judge_spend_not_counted", scorer=scorer, model=model_id, cost_usd=cost)
 
 
 async def spend_report(ledger: Ledger, budgets: Budgets, day: str | None = None) -> dict[str, Any]:

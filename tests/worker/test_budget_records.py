@@ -1,0 +1,110 @@
+"""What each score record says it cost: tokens (cached included), judge calls and cost_usd, filled
+in by ``score_batch`` from the real SDKs' usage against tests/fakellm; failed runs included."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from pydantic import BaseModel
+
+from scorers import Judge, PromptStep, Scorer, create_scorer
+from scorers.judge import DEFAULT_PRICES
+from tests.fakellm import FakeLLMServer, Reply
+from tests.worker._batches import batch
+from tracing import ScoreRecord
+from worker._registry import Registry
+from worker._scoring import ScoringDeps, score_batch
+from worker._settings import SettingsError, load_settings
+from worker.store import MemoryScoreStore
+
+LONG = "Grade support answers for accuracy and tone, strictly. " * 90  # over the cache minimum
+
+
+class Verdict(BaseModel):
+    score: float
+
+
+def _score(*scorers: Scorer, runs: int = 2) -> list[ScoreRecord]:
+    store = MemoryScoreStore()
+    deps = ScoringDeps(registry=Registry(scorers), store=store, model_concurrency=1)
+    asyncio.run(score_batch(batch(range(runs), [s.id for s in scorers], salt="cost"), deps))
+    return list(store.records.values())
+
+
+def _grader(model: str, instructions: str | None = None, scorer_id: str = "grader") -> Scorer:
+    return create_scorer(scorer_id, type="agent", judge=Judge(model=model, instructions=instructions)).generate_score(
+        PromptStep("grade", lambda run: "SCORE it", output_schema=Verdict)
+    )
+
+
+def test_records_carry_cached_tokens_calls_and_cost_through_anthropic(fake_llm: FakeLLMServer) -> None:
+    """The first run writes the instructions to the cache, the next reads them: both records say
+    so, and each cost_usd is the price table's for its tokens (writes at 1.25×, reads at 0.1×)."""
+    first, second = sorted(_score(_grader("anthropic/claude-haiku-4-5", LONG)), key=lambda r: r.cached_input_tokens)
+    prefix = second.cached_input_tokens
+    assert first.cached_input_tokens == 0
+    assert prefix > 1000
+    assert first.judge_calls == second.judge_calls == 1
+    p = DEFAULT_PRICES["anthropic/claude-haiku-4-5"]
+    assert p.cache_write is not None
+    assert p.cached_input is not None
+    wrote = (first.input_tokens - prefix) * p.input + prefix * p.cache_write + first.output_tokens * p.output
+    read = (second.input_tokens - prefix) * p.input + prefix * p.cached_input + second.output_tokens * p.output
+    assert first.cost_usd == pytest.approx(wrote / 1e6)
+    assert second.cost_usd == pytest.approx(read / 1e6)
+
+
+def test_openai_cached_tokens_reach_the_record(fake_llm: FakeLLMServer) -> None:
+    """OpenAI's automatic prefix caching (instructions first) shows in the second record."""
+    cached = sorted(r.cached_input_tokens for r in _score(_grader("openai/gpt-4o-mini", LONG)))
+    assert cached[0] == 0
+    assert cached[1] > 1000
+
+
+def test_a_failed_run_still_carries_what_it_spent(fake_llm: FakeLLMServer) -> None:
+    """Step one answered (and was paid for), step two failed for good: the error record keeps
+    the tokens, calls and cost of both."""
+    fake_llm.rule(Reply.error(401, "bad key"), user_contains="REASON")
+    scorer = (
+        create_scorer("two", type="agent", judge=Judge(model="openai/gpt-4o-mini"))
+        .generate_score(PromptStep("grade", lambda run: "SCORE it", output_schema=Verdict))
+        .generate_reason(PromptStep("why", lambda score: f"REASON for {score}"))
+    )
+    (record,) = _score(scorer, runs=1)
+    assert record.error_type == "JudgeAuthError"
+    assert record.judge_calls == 2
+    assert record.input_tokens > 0
+    assert record.cost_usd is not None
+    assert record.cost_usd > 0
+
+
+def test_unpriced_model_records_cost_none(fake_llm: FakeLLMServer) -> None:
+    """A judge model without a price: cost_usd is None, never 0."""
+    (record,) = _score(_grader("openai/some-private-model"), runs=1)
+    assert record.judge_calls == 1
+    assert record.cost_usd is None
+
+
+def test_price_override_applies_to_records(fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRACESCORE_PRICES prices a model the defaults do not know."""
+    monkeypatch.setenv("TRACESCORE_PRICES", json.dumps({"openai/some-private-model": {"input": 1e6, "output": 0}}))
+    (record,) = _score(_grader("openai/some-private-model"), runs=1)
+    assert record.cost_usd == pytest.approx(record.input_tokens)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("budgets", '{"scorers": {"x": -1}}', "TRACESCORE_BUDGETS"),
+        ("budgets", '{"scorer": {"x": 1}}', "TRACESCORE_BUDGETS"),
+        ("budgets", "not json", "TRACESCORE_BUDGETS"),
+        ("prices", '{"m": {"input": 1}}', "TRACESCORE_PRICES"),
+        ("prices", '{"m": {"input": -1, "output": 1}}', "TRACESCORE_PRICES"),
+    ],
+)
+def test_bad_budgets_and_prices_fail_at_start_naming_the_variable(variable: str, value: str, said: str) -> None:
+    """A bad value is refused at start-up with the variable's name and the expected shape."""
+    with pytest.raises(SettingsError, match=said):
+        load_settings(**{variable: value})
