@@ -5,13 +5,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -20,6 +26,12 @@ from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink
+from worker._budget import RedisLedger, utc_day
+from worker._loop import run_coro
+from worker._settings import load_settings
+from worker.cli._status import collect_status
+from worker.metrics import RedisStateCollector
+from worker.store import DeadLetter, RedisDeadLetters, RedisOutbox
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -181,6 +193,10 @@ def test_metrics_count_what_the_prefork_children_scored(
     assert total(after, "tracescore_judge_requests_total") == 7
 
 
+def _started(log: Path, proc: subprocess.Popen[bytes]) -> bool:
+    return " ready." in log.read_text() or proc.poll() is not None
+
+
 def _runs_per_process(node_dir: Path) -> dict[int, float]:
     out: dict[int, float] = {}
     for path in node_dir.glob("counter_*.db"):
@@ -194,3 +210,119 @@ def _runs_per_process(node_dir: Path) -> dict[int, float]:
 
 def _live_pids(node_dir: Path) -> set[int]:
     return {int(p.stem.rsplit("_", 1)[1]) for p in node_dir.glob("gauge_livesum_*.db")}
+
+
+def test_scrape_time_gauges_read_the_queue_dead_letters_and_outbox(redis_url: str) -> None:
+    """Without a worker consuming: queue depth and the oldest message's age (from its runs'
+    enqueued_at), dead letters by reason and the sinks' pending counts, read from Redis."""
+    settings = load_settings(
+        broker_url=redis_url, queue="metrics-q", budgets='{"total": 10, "models": {"openai/gpt-4o": 2}}'
+    )
+    oldest = batch(range(2), ["fast"], salt="q-old")
+    two_minutes_ago = time.time() - 120
+    for request in oldest.requests:  # handed to the queue two minutes ago
+        object.__setattr__(request, "enqueued_at", two_minutes_ago)
+    sink = CelerySink(redis_url, queue="metrics-q")
+    sink.send(oldest)
+    sink.send(batch(range(3), ["fast"], salt="q-new"))
+    sink.close()
+
+    letters = RedisDeadLetters(redis_url)
+    run_coro(letters.push(DeadLetter(reason="poison", message_key="m1")), 5)
+    run_coro(letters.push(DeadLetter(reason="poison", message_key="m2")), 5)
+    run_coro(letters.push(DeadLetter(reason="invalid_payload", message_key="m3")), 5)
+    run_coro(letters.close(), 5)
+    ledger = RedisLedger(redis_url)
+    run_coro(ledger.add(utc_day(), ["scorer:fast", "model:openai/gpt-4o", "total"], 1.5, None), 5)
+    run_coro(ledger.close(), 5)
+    outbox = RedisOutbox(redis_url)
+    outbox.register(["jsonl"])
+    outbox.enqueue("jsonl", ["s1", "s2"])
+    outbox.close()
+
+    collector = RedisStateCollector(settings, "node-a@host")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        text = generate_latest(registry).decode()
+    finally:
+        collector.close()
+    samples = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    queue = frozenset({("queue", "metrics-q")})
+    assert samples[("tracescore_queue_depth", queue)] == 2
+    assert 119 <= samples[("tracescore_queue_oldest_age_seconds", queue)] < 180
+    assert samples[("tracescore_dead_letters", frozenset({("reason", "poison")}))] == 2
+    assert samples[("tracescore_dead_letters", frozenset({("reason", "invalid_payload")}))] == 1
+    assert samples[("tracescore_sink_scores", frozenset({("sink", "jsonl"), ("state", "pending")}))] == 2
+    assert samples[("tracescore_sink_scores", frozenset({("sink", "jsonl"), ("state", "delivered")}))] == 0
+    assert samples[("tracescore_worker_info", frozenset({("node", "node-a@host"), ("queue", "metrics-q")}))] == 1
+    assert samples[("tracescore_redis_up", frozenset({("target", "broker")}))] == 1
+    # Today's spend against the budgets (worker/_budget.py's ledger).
+    assert samples[("tracescore_spend_today_usd", frozenset({("scope", "total")}))] == 1.5
+    assert samples[("tracescore_spend_today_usd", frozenset({("scope", "scorer:fast")}))] == 1.5
+    assert samples[("tracescore_budget_limit_usd", frozenset({("budget", "total")}))] == 10
+    assert samples[("tracescore_budget_remaining_ratio", frozenset({("budget", "total")}))] == pytest.approx(0.85)
+    assert samples[("tracescore_budget_remaining_ratio", frozenset({("budget", "model:openai/gpt-4o")}))] == (
+        pytest.approx(0.25)
+    )
+
+
+def test_scrape_with_redis_down_says_so_and_does_not_fail() -> None:
+    """A broker that does not answer: redis_up 0 and no queue gauges, not a failed scrape."""
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    collector = RedisStateCollector(load_settings(broker_url=dead), "node-b@host")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        text = generate_latest(registry).decode()
+    finally:
+        collector.close()
+    assert 'tracescore_redis_up{target="broker"} 0.0' in text
+    assert 'tracescore_redis_up{target="store"} 0.0' in text
+    assert "tracescore_queue_depth" not in text.replace("# HELP tracescore_queue_depth", "").replace(
+        "# TYPE tracescore_queue_depth", ""
+    )
+
+
+def test_two_named_workers_on_one_host_are_both_listed_by_status(redis_url: str, tmp_path: Path) -> None:
+    """`tracescore worker -n a@%h` and `-n b@%h` on one host: `status` lists two workers."""
+    tracescore = str(Path(sys.executable).with_name("tracescore"))
+    procs = []
+    logs = []
+    outs = []
+    try:
+        for name in ("alpha", "beta"):
+            log = tmp_path / f"{name}.log"
+            logs.append(log)
+            out = log.open("w")
+            outs.append(out)
+            procs.append(
+                subprocess.Popen(
+                    [tracescore, "worker", "--scorers", "tests.worker.sample_scorers", "--pool", "solo",
+                     "-n", f"{name}@%h", "--broker", redis_url],
+                    env={**os.environ, "TRACESCORE_WRITER": "none", "PYTHONPATH": str(Path(__file__).parents[2])},
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            )  # fmt: skip
+        for log, proc in zip(logs, procs, strict=True):
+            assert wait_for(partial(_started, log, proc), 60)
+            assert proc.poll() is None, log.read_text()[-2000:]
+        settings = load_settings(broker_url=redis_url)
+        host = socket.gethostname()
+        assert wait_for(lambda: len(collect_status(2.0, settings)["workers"]) == 2, 20)
+        assert collect_status(2.0, settings)["workers"] == [f"alpha@{host}", f"beta@{host}"]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(5)
+        for out in outs:
+            out.close()

@@ -7,6 +7,7 @@ gives ``tracescore_redis_up 0`` and none of these gauges, never a failed scrape.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -18,7 +19,9 @@ import redis
 import structlog
 
 from worker import _keys
+from worker._budget import RedisLedger, parse_budgets, spend_report
 from worker.metrics._instruments import MetricSpec
+from worker.store import RedisOutbox
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -52,6 +55,24 @@ SCRAPED: Final = (
         "Score write-back per sink: pending and failed now; delivered, dropped, retried since the counters began",
     ),
     MetricSpec("tracescore_worker_info", "gauge", ("node", "queue"), "1 per worker node serving these metrics"),
+    MetricSpec(
+        "tracescore_spend_today_usd",
+        "gauge",
+        ("scope",),
+        "Judge spend today (UTC) by every worker: scope total, scorer:<id> or model:<id>",
+    ),
+    MetricSpec(
+        "tracescore_budget_limit_usd",
+        "gauge",
+        ("budget",),
+        "Daily budget (TRACESCORE_BUDGETS): total, scorer:<id> or model:<id>",
+    ),
+    MetricSpec(
+        "tracescore_budget_remaining_ratio",
+        "gauge",
+        ("budget",),
+        "Share of a daily budget still unspent today (UTC), 0..1",
+    ),
 )
 
 # The requests' enqueued_at in a message body (protocol 2 JSON, written by pydantic):
@@ -87,6 +108,9 @@ class RedisStateCollector:
         self._node = node
         self._broker = _client(settings.broker_url, **settings.tls.redis_kwargs(settings.broker_url))
         self._store = _client(settings.store_url)
+        self._outbox = RedisOutbox(settings.store_url, reconnect_s=_TIMEOUT_S)
+        self._store_url = settings.store_url
+        self._budgets = parse_budgets(settings.budgets)
 
     def describe(self) -> list[Metric]:
         return []  # not known ahead: the registry must not call collect() at registration
@@ -110,6 +134,7 @@ class RedisStateCollector:
             yield from (depth, unacked, age)
         if store_ok:
             yield from (dead, sinks)
+            yield from self._spend(g)
 
     def _read_queue(self, depth: Any, unacked: Any, age: Any) -> bool:
         try:
@@ -131,14 +156,46 @@ class RedisStateCollector:
     def _read_store(self, dead: Any, sinks: Any) -> bool:
         try:
             reasons: dict[bytes, bytes] = self._store.hgetall(_keys.dlq_reasons_key())  # type: ignore[assignment]
+            counts = self._outbox.counts()
         except redis.RedisError as exc:
             log.warning("metrics_store_unavailable", error=type(exc).__name__)
             return False
         for reason, letters in sorted(reasons.items()):
             if int(letters) > 0:
                 dead.add_metric([reason.decode(errors="replace")], int(letters))
+        for sink, c in sorted(counts.items()):
+            for state, n in c.as_dict().items():
+                sinks.add_metric([sink, state], n)
         return True
+
+    def _spend(self, g: dict[str, Any]) -> Iterator[Metric]:
+        try:
+            report = asyncio.run(self._spend_report())
+        except Exception as exc:  # the ledger's Redis errors, whatever wraps them: no spend gauges
+            log.warning("metrics_spend_unavailable", error=type(exc).__name__)
+            return
+        spend = g["tracescore_spend_today_usd"]
+        spend.add_metric(["total"], report["total_usd"])
+        for kind in ("scorer", "model"):
+            for name, usd in report[f"by_{kind}"].items():
+                spend.add_metric([f"{kind}:{name}"], usd)
+        yield spend
+        if report["budgets"]:
+            limit, ratio = g["tracescore_budget_limit_usd"], g["tracescore_budget_remaining_ratio"]
+            for budget, b in report["budgets"].items():
+                limit.add_metric([budget], b["limit_usd"])
+                ratio.add_metric([budget], b["remaining_usd"] / b["limit_usd"] if b["limit_usd"] > 0 else 0.0)
+            yield from (limit, ratio)
+
+    async def _spend_report(self) -> dict[str, Any]:
+        # The ledger is async (the workers' event loops); a scrape runs on the HTTP server's thread.
+        ledger = RedisLedger(self._store_url, reconnect_s=_TIMEOUT_S)
+        try:
+            return await asyncio.wait_for(spend_report(ledger, self._budgets), _TIMEOUT_S * 2)
+        finally:
+            await ledger.close()
 
     def close(self) -> None:
         self._broker.close()
         self._store.close()
+        self._outbox.close()

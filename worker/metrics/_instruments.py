@@ -31,7 +31,6 @@ __all__ = [
     "observe_records",
     "process_started",
     "reset",
-    "set_budget_remaining",
 ]
 
 # Judge answers take seconds; batches up to the task's time limit (minutes).
@@ -111,7 +110,7 @@ RECORDED: Final = (
         "tracescore_limiter_waits",
         "counter",
         ("model",),
-        "Judge calls that had to wait for the shared rate limiter (a budget or a 429 pause)",
+        "Judge calls that had to wait for the shared rate limiter (its per-minute budget, or a 429 pause)",
     ),
     MetricSpec(
         "tracescore_limiter_wait_seconds",
@@ -124,12 +123,6 @@ RECORDED: Final = (
         "gauge",
         (),
         "Worker processes scoring on this node (the prefork pool's children, or the worker itself)",
-    ),
-    MetricSpec(
-        "tracescore_budget_remaining_ratio",
-        "gauge",
-        ("budget",),
-        "Share of a daily budget (TRACESCORE_BUDGETS) still unspent, 0..1",
     ),
 )
 
@@ -149,8 +142,6 @@ class _Instruments:
         self.limiter_wait_seconds: Counter = _build("tracescore_limiter_wait_seconds")
         # livesum: a dead child's file is removed (mark_process_dead), so the sum is the live ones.
         self.processes: Gauge = _build("tracescore_worker_processes", multiprocess_mode="livesum")
-        # Every process sees the same shared budget: the latest value written wins.
-        self.budget_remaining: Gauge = _build("tracescore_budget_remaining_ratio", multiprocess_mode="mostrecent")
 
 
 def _build(name: str, **options: Any) -> Any:
@@ -234,11 +225,6 @@ def observe_limiter_wait(model_id: str, seconds: float) -> None:
     m = _metrics()
     m.limiter_waits.labels(model_id).inc()
     m.limiter_wait_seconds.labels(model_id).inc(seconds)
-
-
-def set_budget_remaining(budget: str, ratio: float) -> None:
-    """The unspent share (0..1) of the budget named ``budget`` (e.g. ``scorer:faithfulness``)."""
-    _metrics().budget_remaining.labels(budget).set(min(1.0, max(0.0, ratio)))
 
 
 def process_started() -> None:
