@@ -160,3 +160,25 @@ def phoenix_server(*, ready_timeout_s: float = 180.0) -> Server:
     )
     return server
 
+
+def mlflow_server(*, ready_timeout_s: float = 180.0) -> Server:
+    """``mlflow server`` (mlflow, .venv-servers/mlflow) on SQLite in its temp dir, not started.
+
+    One worker process (the tests are small; the machine's cores are shared); OTLP over HTTP goes to
+    ``{url}/v1/traces`` with the ``x-mlflow-experiment-id`` header."""
+    port = free_port()
+    server = Server(
+        "mlflow",
+        [str(server_executable("mlflow", "mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        port=port,
+        ready_path="/health",
+        ready_timeout_s=ready_timeout_s,
+    )  # fmt: skip
+    server.argv += [
+        "--backend-store-uri", f"sqlite:///{server.workdir / 'mlflow.db'}",
+        "--default-artifact-root", str(server.workdir / "artifacts"),
+    ]  # fmt: skip
+    # No telemetry; no job runner (it starts seven huey consumers for features the tests do not use).
+    server.env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    return server

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration._servers import Server, phoenix_server
+from tests.integration._servers import Server, mlflow_server, phoenix_server
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +25,12 @@ def project(request: pytest.FixtureRequest) -> str:
     """A project name of this test's own (its traces and annotations are kept apart by it)."""
     return "ts-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:60]
 
+
+@pytest.fixture(scope="session")
+def mlflow() -> Iterator[Server]:
+    """One MLflow tracking server for the session (SQLite in a temp dir); tests keep to their own experiment."""
+    server = mlflow_server().start()
+    try:
+        yield server
+    finally:
+        server.close()

@@ -1,0 +1,398 @@
+"""MlflowSink against a real MLflow tracking server (mlflow from .venv-servers/mlflow, SQLite).
+
+Agent traces made by the real OpenAI instrumentation (examples/traces, re-identified per test)
+go to MLflow over OTLP/HTTP into an experiment of the test's own; the real ``tracescore
+backfill`` scores them; the sink writes the scores; MLflow's own REST API must then return them
+as feedback assessments on the right traces and spans.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests._redis import RedisServer
+from tests.fakellm import FakeLLMServer, Reply
+from tests.integration._servers import ROOT, Server
+from tests.integration._traces import TRACESCORE, backfill_scores, fresh_traces, span_ids, to_protobuf
+from tests.integration.phoenix_scorers import FAILURE_MESSAGE
+from tests.worker._workers import WorkerProcess, wait_for
+from tracing import ScoreRecord
+from tracing.sinks import Delivered, Delivery, MlflowSink, Refused, Retry
+from worker.store import RedisOutbox
+
+JUDGE_SCORE = 0.75
+API = "/api/3.0/mlflow"
+
+
+@pytest.fixture
+def experiment(mlflow: Server, project: str) -> str:
+    """An MLflow experiment of this test's own; its id."""
+    response = httpx.post(f"{mlflow.url}/api/2.0/mlflow/experiments/create", json={"name": project}, timeout=30)
+    response.raise_for_status()
+    return str(response.json()["experiment_id"])
+
+
+def send_otlp(server: Server, experiment_id: str, requests: list[dict[str, Any]]) -> None:
+    """POST each request to MLflow's ``/v1/traces`` (OTLP/HTTP protobuf) into ``experiment_id``."""
+    with httpx.Client(timeout=30) as client:
+        for request in requests:
+            response = client.post(
+                f"{server.url}/v1/traces",
+                content=to_protobuf(request),
+                headers={"Content-Type": "application/x-protobuf", "x-mlflow-experiment-id": experiment_id},
+            )
+            response.raise_for_status()
+
+
+def get_trace(server: Server, trace_id: str) -> dict[str, Any]:
+    """MLflow's trace ``tr-<trace_id>`` with its spans (GET /mlflow/traces/get)."""
+    response = httpx.get(f"{server.url}{API}/traces/get", params={"trace_id": f"tr-{trace_id}"}, timeout=30)
+    response.raise_for_status()
+    trace: dict[str, Any] = response.json()["trace"]
+    return trace
+
+
+def assessments(server: Server, trace_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Every assessment MLflow holds on these traces, by assessment id (an id twice fails)."""
+    found: dict[str, dict[str, Any]] = {}
+    for trace_id in sorted(set(trace_ids)):
+        for assessment in get_trace(server, trace_id)["trace_info"].get("assessments", []):
+            assert assessment["assessment_id"] not in found, f"{assessment['assessment_id']} twice"
+            found[assessment["assessment_id"]] = assessment
+    return found
+
+
+def assessment_id(record: ScoreRecord) -> str:
+    return f"a-{record.score_id[:32]}"
+
+
+def drain(sink: MlflowSink, records: Sequence[ScoreRecord], timeout_s: float = 60.0) -> list[list[Delivery]]:
+    """Deliver until every record is Delivered (a stand-in for the outbox's drainer); returns
+    every round's outcomes. A Refused record fails the test."""
+    rounds: list[list[Delivery]] = []
+    pending = list(records)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        outcomes = sink.deliver(pending)
+        assert len(outcomes) == len(pending)
+        rounds.append(outcomes)
+        refused = [o for o in outcomes if isinstance(o, Refused)]
+        assert not refused, refused
+        pending = [r for r, o in zip(pending, outcomes, strict=True) if not isinstance(o, Delivered)]
+        if pending:
+            assert time.monotonic() < deadline, f"{len(pending)} records still not delivered: {outcomes[:3]}"
+            time.sleep(0.2)
+    return rounds
+
+
+def scored(
+    tmp_path: Path, fake_llm_server: FakeLLMServer, project: str, *, lines: int
+) -> tuple[list[Any], list[ScoreRecord]]:
+    """Fresh agent traces and their score records from the real backfill command."""
+    fake_llm_server.reset()
+    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}))
+    traces = fresh_traces(tmp_path / "traces", lines=lines, salt=f"mlflow:{project}", project=project)
+    env = {"OPENAI_BASE_URL": fake_llm_server.openai_base_url, "OPENAI_API_KEY": "sk-fakellm-test"}
+    records = backfill_scores(tmp_path / "traces", tmp_path / "scores.jsonl", env)
+    fake_llm_server.reset()
+    assert records, "backfill produced no scores"
+    assert {r.span_id for r in records} <= span_ids(traces)
+    return traces, records
+
+
+def test_scores_arrive_as_feedback_on_their_traces_and_spans(
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+) -> None:
+    """Every score is one feedback assessment on tr-<trace id> and its span: name, LLM_JUDGE/CODE
+    source, value, rationale, error, metadata."""
+    traces, records = scored(tmp_path, fake_llm_server, project, lines=2)
+    assert {r.scorer_id for r in records} == {
+        "answer-length",
+        "judged-helpfulness",
+        "needs-ground-truth",
+        "always-fails",
+    }
+    send_otlp(mlflow, experiment, traces)
+    sink = MlflowSink(mlflow.url)
+    try:
+        drain(sink, records)
+    finally:
+        sink.close()
+
+    found = assessments(mlflow, {r.trace_id for r in records})
+    assert set(found) == {assessment_id(r) for r in records}
+    spans_of = {
+        trace_id: {base64.b64decode(s["span_id"]).hex() for s in get_trace(mlflow, trace_id)["spans"]}
+        for trace_id in {r.trace_id for r in records}
+    }
+    for record in records:
+        got = found[assessment_id(record)]
+        assert got["trace_id"] == f"tr-{record.trace_id}"
+        assert got["span_id"] == record.span_id
+        assert got["span_id"] in spans_of[record.trace_id]
+        assert got["assessment_name"] == (record.scorer_name or record.scorer_id)
+        assert got["source"]["source_id"] == record.scorer_id
+        assert got["metadata"]["score_id"] == record.score_id
+        assert got["metadata"]["scorer_version"] == "1"
+        assert got["metadata"]["source"] == "backfill"
+        feedback = got["feedback"]
+        if record.scorer_id == "answer-length":
+            assert got["source"]["source_type"] == "CODE"
+            assert feedback["value"] == pytest.approx(record.score)
+            assert got["rationale"] == record.reason
+            assert got["rationale"].endswith(" characters")
+        elif record.scorer_id == "judged-helpfulness":
+            assert got["source"]["source_type"] == "LLM_JUDGE"
+            assert feedback["value"] == pytest.approx(JUDGE_SCORE)
+            assert got["rationale"] == f"the judge rated it {JUDGE_SCORE:.2f}"
+            assert got["metadata"]["judge_models"] == ",".join(record.judge_models)
+        elif record.scorer_id == "needs-ground-truth":
+            assert got["source"]["source_type"] == "CODE"
+            assert feedback.get("value") is None
+            assert "error" not in feedback
+            assert "no ground truth to compare with" in got["rationale"]
+        else:
+            assert feedback.get("value") is None
+            assert feedback["error"]["error_code"] == "IndexError"
+            assert FAILURE_MESSAGE in feedback["error"]["error_message"]
+
+
+def test_a_rerun_updates_and_adds_nothing(
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+) -> None:
+    """Re-sending the same scores (and a changed one) keeps one assessment per score; the change shows."""
+    traces, records = scored(tmp_path, fake_llm_server, project, lines=1)
+    send_otlp(mlflow, experiment, traces)
+    trace_ids = {r.trace_id for r in records}
+    with_score = next(r for r in records if r.score is not None)
+    sink = MlflowSink(mlflow.url)
+    try:
+        drain(sink, records)
+        first = assessments(mlflow, trace_ids)
+        assert len(first) == len(records)
+
+        assert sink.deliver(records) == [Delivered()] * len(records)
+        changed = with_score.model_copy(update={"score": 0.123, "reason": "re-scored"})
+        assert sink.deliver([changed, changed]) == [Delivered(), Delivered()]
+    finally:
+        sink.close()
+
+    again = assessments(mlflow, trace_ids)
+    assert again.keys() == first.keys()
+    key = assessment_id(with_score)
+    assert again[key]["feedback"]["value"] == pytest.approx(0.123)
+    assert again[key]["rationale"] == "re-scored"
+    assert again[key]["create_time"] == first[key]["create_time"]
+    assert again[key]["last_update_time"] > first[key]["last_update_time"]
+
+
+def test_a_trace_not_ingested_yet_is_retried_then_delivered(
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+) -> None:
+    """Scores of a trace MLflow has not seen are Retry (named, with a hint); the rest of the batch
+    is Delivered; once the trace arrives, so do they."""
+    traces, records = scored(tmp_path, fake_llm_server, project, lines=2)
+    early, late = traces[0], traces[1]
+    early_spans = span_ids([early])
+    assert any(r.span_id in early_spans for r in records)
+    assert any(r.span_id not in early_spans for r in records)
+
+    sink = MlflowSink(mlflow.url)
+    try:
+        nothing_yet = sink.deliver(records)
+        assert all(isinstance(o, Retry) and "not in MLflow yet" in o.reason for o in nothing_yet), nothing_yet
+
+        send_otlp(mlflow, experiment, [early])
+        mixed = sink.deliver(records)
+        for record, outcome in zip(records, mixed, strict=True):
+            if record.span_id in early_spans:
+                assert outcome == Delivered()
+            else:
+                assert isinstance(outcome, Retry)
+                assert outcome.reason == f"trace tr-{record.trace_id} not in MLflow yet (HTTP 404)"
+                assert outcome.after_s > 0
+
+        send_otlp(mlflow, experiment, [late])
+        drain(sink, records)
+    finally:
+        sink.close()
+    assert set(assessments(mlflow, {r.trace_id for r in records})) == {assessment_id(r) for r in records}
+
+
+def test_mlflow_down_mid_run_then_back_loses_nothing(
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+) -> None:
+    """MLflow killed mid-run: Retry while down (one timeout per batch, not per score); restarted
+    on the same SQLite file, every score arrives and none twice (everything is re-sent, as an
+    outbox that lost its acks would)."""
+    traces, records = scored(tmp_path, fake_llm_server, project, lines=3)
+    send_otlp(mlflow, experiment, traces)
+    half = len(records) // 2
+    sink = MlflowSink(mlflow.url, timeout_s=5.0)
+    try:
+        drain(sink, records[:half])
+        mlflow.stop(kill=True)
+        while_down = sink.deliver(records[half:])
+        assert all(isinstance(o, Retry) and "MLflow unreachable" in o.reason for o in while_down), while_down[:3]
+
+        mlflow.start()
+        drain(sink, records)
+    finally:
+        sink.close()
+        if mlflow.proc is None:
+            mlflow.start()  # the session's other tests need it
+    found = assessments(mlflow, {r.trace_id for r in records})
+    assert set(found) == {assessment_id(r) for r in records}
+    assert {a["metadata"]["score_id"] for a in found.values()} == {r.score_id for r in records}
+
+
+def test_refused_writes_carry_mlflows_answer(
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+) -> None:
+    """A wrong URL and a trace that never reached this server are Refused with MLflow's own
+    answer (named, short, without the token or the score's text); nothing is written."""
+    traces, records = scored(tmp_path, fake_llm_server, project, lines=1)
+    record = next(r for r in records if r.reason)
+    token = "tok-do-not-echo-0123456789"
+
+    wrong_url = MlflowSink(f"{mlflow.url}/not-mlflow", token=token)
+    try:
+        [outcome] = wrong_url.deliver([record])
+    finally:
+        wrong_url.close()
+    assert isinstance(outcome, Refused), outcome
+    assert outcome.reason == "no MLflow tracking API at this URL (HTTP 404): check TRACESCORE_MLFLOW_URL"
+    assert "Not Found" in outcome.detail
+    assert token not in outcome.detail
+
+    # Scored an hour ago and still not in MLflow: the agent exported it elsewhere (or nowhere).
+    stale = record.model_copy(update={"scored_at": time.time() - 3600})
+    sink = MlflowSink(mlflow.url, token=token, trace_wait_s=600)
+    try:
+        [outcome] = sink.deliver([stale])
+    finally:
+        sink.close()
+    assert isinstance(outcome, Refused), outcome
+    assert outcome.reason.startswith(f"trace tr-{record.trace_id} still not in MLflow ")
+    assert outcome.detail == f"RESOURCE_DOES_NOT_EXIST: Trace with ID 'tr-{record.trace_id}' not found."
+    assert record.reason not in outcome.reason + outcome.detail
+
+    send_otlp(mlflow, experiment, traces)  # the trace exists: still nothing was written
+    assert assessments(mlflow, {record.trace_id}) == {}
+
+
+def test_records_mlflow_cannot_match_are_refused_without_a_request() -> None:
+    """A trace or span id that is not OpenTelemetry hex is Refused by the sink itself, named."""
+    base = {"score_id": "f" * 64, "scorer_id": "s", "score": 1.0}
+    bad_trace = ScoreRecord(trace_id="not-a-trace", span_id="0" * 16, **base)
+    bad_span = ScoreRecord(trace_id="0" * 32, span_id="xyz", **base)
+    sink = MlflowSink("http://127.0.0.1:9")  # nothing listens: a request would be Retry
+    try:
+        outcomes = sink.deliver([bad_trace, bad_span])
+    finally:
+        sink.close()
+    assert all(isinstance(o, Refused) for o in outcomes), outcomes
+    assert "trace id is not 32 hex digits" in str(outcomes[0])
+    assert "span id is not 16 hex digits" in str(outcomes[1])
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """DB 13 of the session's own Redis, emptied before and after the test."""
+    client = redis_server.client(13)
+    client.flushdb()
+    try:
+        yield redis_server.url(13)
+    finally:
+        client.flushdb()
+        client.close()
+
+
+def test_a_worker_delivers_every_score_once_across_an_mlflow_outage(
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer, redis_url: str
+) -> None:
+    """End to end: the agent's traces in MLflow; MLflow stopped; ``tracescore backfill --broker``
+    hands the runs to a real worker (TRACESCORE_SINKS=jsonl,mlflow), which scores and stores them:
+    the MLflow scores wait in the outbox (pending, retried). MLflow restarted on the same SQLite
+    file: every score arrives as one assessment, none twice, and the outbox counts them delivered."""
+    fake_llm_server.reset()
+    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}))
+    traces = fresh_traces(tmp_path / "traces", lines=3, salt=f"mlflow:{project}", project=project)
+    send_otlp(mlflow, experiment, traces)
+    mlflow.stop()
+    judge_env = {"OPENAI_BASE_URL": fake_llm_server.openai_base_url, "OPENAI_API_KEY": "sk-fakellm-test"}
+    worker = WorkerProcess(
+        "mlflow-e2e",
+        redis_url,
+        tmp_path,
+        scores_path=tmp_path / "worker-scores.jsonl",
+        scorers="tests.integration.phoenix_scorers",
+        env={
+            **judge_env,
+            "TRACESCORE_SINKS": "jsonl,mlflow",
+            "TRACESCORE_MLFLOW_URL": mlflow.url,
+            "TRACESCORE_SINK_BACKOFF_SECONDS": "0.2",
+            "TRACESCORE_SINK_BACKOFF_MAX_SECONDS": "1",
+            # Short backoff for a short test; attempts enough to outlast the outage (the default 12
+            # with the default backoff cover about twenty minutes).
+            "TRACESCORE_SINK_MAX_ATTEMPTS": "1000",
+        },
+    )
+    outbox = RedisOutbox(redis_url)
+    try:
+        worker.wait_ready()
+        out = tmp_path / "scores.jsonl"
+        backfill = subprocess.run(
+            [TRACESCORE, "backfill", str(tmp_path / "traces"), "--scorers", "tests.integration.phoenix_scorers",
+             "--broker", redis_url, "--wait-timeout", "120", "--out", str(out)],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **judge_env},
+            capture_output=True, text=True, timeout=240, check=False,
+        )  # fmt: skip
+        assert out.exists(), (
+            f"backfill wrote no scores (exit {backfill.returncode}):\n{backfill.stdout}\n{backfill.stderr}"
+        )
+        records = [ScoreRecord.model_validate_json(line) for line in out.read_text().splitlines() if line.strip()]
+        assert {r.scorer_id for r in records} == {
+            "answer-length",
+            "judged-helpfulness",
+            "needs-ground-truth",
+            "always-fails",
+        }
+
+        def mlflow_counts() -> dict[str, int]:
+            counts = outbox.counts().get("mlflow")
+            return counts.as_dict() if counts else {}
+
+        assert wait_for(lambda: mlflow_counts().get("retried", 0) >= len(records), timeout=60), mlflow_counts()
+        down = mlflow_counts()
+        assert (down["pending"], down["delivered"], down["failed"]) == (len(records), 0, 0), down
+
+        mlflow.start()
+        assert wait_for(lambda: mlflow_counts().get("delivered") == len(records), timeout=120), mlflow_counts()
+        assert mlflow_counts()["pending"] == 0
+        assert mlflow_counts()["failed"] == 0
+    finally:
+        outbox.close()
+        worker.stop()
+        if mlflow.proc is None:
+            mlflow.start()  # the session's other tests need it
+
+    found = assessments(mlflow, {r.trace_id for r in records})
+    assert set(found) == {assessment_id(r) for r in records}
+    for record in records:
+        got = found[assessment_id(record)]
+        assert got["span_id"] == record.span_id
+        assert got["metadata"]["score_id"] == record.score_id
+        assert got["metadata"]["source"] == "backfill"
+    log = worker.text()
+    leaked = [r.reason for r in records if r.reason and r.reason in log]
+    assert not leaked, f"the worker logged scores' reasons: {leaked[:2]}"
