@@ -264,3 +264,17 @@ def test_prometheus_scrapes_a_worker_and_evaluates_every_query_and_rule(redis_ur
     finally:
         prometheus.stop()
         worker.stop()
+
+
+def test_kubernetes_pods_expose_the_metrics_port_they_serve() -> None:
+    """The ConfigMap's TRACESCORE_METRICS_PORT is the container's "metrics" port and the port
+    the pod's prometheus.io annotations name."""
+    config = yaml.safe_load((DEPLOY / "k8s" / "configmap.yaml").read_text())["data"]
+    deployment = yaml.safe_load((DEPLOY / "k8s" / "worker-deployment.yaml").read_text())
+    template = deployment["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    port = int(config["TRACESCORE_METRICS_PORT"])
+    assert ports["metrics"] == port
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
