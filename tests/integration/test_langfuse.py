@@ -4,6 +4,7 @@ request shape by the public API definition, Basic auth, upsert by id, 503/429 fo
 from __future__ import annotations
 
 import base64
+import re
 import time
 from collections.abc import Iterator, Sequence
 
@@ -239,3 +240,17 @@ def test_a_400_is_refused_with_langfuses_message(langfuse: FakeLangfuse, sink: L
     assert refused.detail == "Invalid request data: name: required, a non-empty string"
     assert secret_reason not in repr(refused)
     assert langfuse.statuses == {400: 1, 200: 1}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("cloud.langfuse.com", "pk", "sk-lf-secret-1234"), "Langfuse host must be http(s)://"),
+        (("https://h", "", "sk-lf-secret-1234"), "TRACESCORE_LANGFUSE_PUBLIC_KEY"),
+        (("https://h", "pk", ""), "TRACESCORE_LANGFUSE_SECRET_KEY"),
+    ],
+)
+def test_bad_arguments_fail_at_once_without_the_secret(args: tuple[str, str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)) as raised:
+        LangfuseSink(*args)
+    assert "sk-lf-secret-1234" not in str(raised.value)
