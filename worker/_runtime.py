@@ -39,7 +39,7 @@ from worker._reconnect import RECONNECT_S
 from worker._registry import Registry, RegistryError, load_registry
 from worker._scoring import ScoringDeps, scoring_run_of, wedged_record
 from worker._settings import Settings
-from worker.metrics import judge_request_context
+from worker.metrics import judge_request_context, observe_records
 from worker.store import DeliveryLog, RedisDeadLetters, RedisScoreStore
 
 # Exit status of a worker process whose event loop was wedged (EX_SOFTWARE).
@@ -206,8 +206,10 @@ def _record_and_exit(found: tuple[ScoreRecord, ScoringDeps] | None, *, event: st
     try:
         if found is not None:
             record, deps = found
-            if asyncio.run(_store_alone(record, deps)) and deps.writer is not None:
-                deps.writer.write([record])
+            if asyncio.run(_store_alone(record, deps)):
+                observe_records([record])  # its timeout/memory record, counted before the process goes
+                if deps.writer is not None:
+                    deps.writer.write([record])
         if runtime is not None and runtime.writer is not None:
             runtime.writer.flush(5.0)
     except Exception:

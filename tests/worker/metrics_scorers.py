@@ -42,3 +42,14 @@ _JUDGE = Judge(
 judged = create_scorer("judged", type="agent", judge=_JUDGE).generate_score(
     PromptStep(description="one judge call", create_prompt=lambda run: f"SCORE this answer: {_text(run.output)}")
 )
+
+
+def _wedges(run: Any) -> float:
+    """Stuck in a C call nothing can interrupt: the watchdog records a timeout and the process exits."""
+    import time
+
+    time.sleep(10**6)
+    return 0.0
+
+
+wedges = create_scorer("wedges", type="agent").generate_score(_wedges)

@@ -326,3 +326,51 @@ def test_two_named_workers_on_one_host_are_both_listed_by_status(redis_url: str,
                     proc.wait(5)
         for out in outs:
             out.close()
+
+
+def test_a_wedged_childs_timeout_record_is_counted_after_it_exits(redis_url: str, tmp_path: Path) -> None:
+    """A run blocking its prefork child past the run timeout: the child stores its `timeout`
+    record and exits; the scrape still counts that run (the dead child's counters stay) and
+    shows one live process (its replacement)."""
+    port = free_port()
+    scores_path = tmp_path / "scores.jsonl"
+    worker = WorkerProcess(
+        "wedged",
+        redis_url,
+        tmp_path,
+        scores_path=scores_path,
+        pool="prefork",
+        concurrency=1,
+        scorers="tests.worker.metrics_scorers",
+        env={
+            "TRACESCORE_METRICS_PORT": str(port),
+            "TRACESCORE_METRICS_HOST": "127.0.0.1",
+            "TRACESCORE_METRICS_DIR": str(tmp_path / "metrics"),
+            "TRACESCORE_RUN_TIMEOUT_SECONDS": "2",
+            "TRACESCORE_TASK_SOFT_TIME_LIMIT": "20",
+            "TRACESCORE_TASK_TIME_LIMIT": "25",
+            "TRACESCORE_VISIBILITY_TIMEOUT": "30",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+        },
+    )
+    try:
+        worker.wait_ready()
+        sink = CelerySink(redis_url)
+        sink.send(batch(range(1), ["wedges"], salt="wedged"))
+        sink.send(batch(range(2), ["fast"], salt="after-wedged"))
+        sink.close()
+        assert wait_for(lambda: len(read_scores(scores_path)) >= 3, 60), worker.text()[-3000:]
+        assert "worker_loop_wedged_exiting" in worker.text()
+        (stuck,) = [r for r in read_scores(scores_path) if r["scorer_id"] == "wedges"]
+        assert stuck["error_type"] == "timeout"
+
+        def settled() -> bool:
+            samples = scrape(port)
+            return total(samples, "tracescore_runs_total") == 3 and total(samples, "tracescore_worker_processes") == 1
+
+        assert wait_for(settled, 20, 0.2), scrape(port)
+        samples = scrape(port)
+        assert total(samples, "tracescore_runs_total", scorer="wedges", outcome="failed", reason="timeout") == 1
+        assert total(samples, "tracescore_runs_total", scorer="fast", outcome="scored") == 2
+    finally:
+        worker.stop()
