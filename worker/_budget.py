@@ -216,15 +216,16 @@ class RedisLedger:
 
     async def read(self, day: str, fields: list[str], job_id: str | None) -> tuple[list[float], float, float | None]:
         async with self._redis().pipeline(transaction=False) as pipe:
-            pipe.hmget(_keys.spend_key(day), fields)
+            if fields:  # HMGET with no field is an error
+                pipe.hmget(_keys.spend_key(day), fields)
             if job_id:
                 pipe.hget(_keys.job_spend_key(job_id), TOTAL)
                 pipe.get(_keys.job_budget_key(job_id))
             out = await pipe.execute()
-        values = [float(v or 0) for v in out[0]]
+        values = [float(v or 0) for v in out.pop(0)] if fields else []
         if not job_id:
             return values, 0.0, None
-        return values, float(out[1] or 0), float(out[2]) if out[2] is not None else None
+        return values, float(out[0] or 0), float(out[1]) if out[1] is not None else None
 
     async def count_call(self, score_id: str, ttl_s: int) -> int:
         async with self._redis().pipeline(transaction=True) as pipe:
@@ -363,12 +364,17 @@ class BudgetGuard:
 
     async def after_call(self, model_id: str, scorer_id: str, usage: Any) -> None:
         cost = price_usage(model_id, usage, self.prices)
-        if not cost:
-            return  # unpriced (None) or free: nothing to count against a budget
+        if cost == 0.0:
+            return
         run = _current.get()
         scorer = run.scorer_id if run is not None else scorer_id
         job_id = run.job_id if run is not None else None
         try:
+            if cost is None:
+                # No price: nothing to hold against a budget, but counted (calls), so status
+                # can say the spend shown leaves these out.
+                await self.ledger.add(utc_day(), [f"unpriced:{model_id}"], 1.0, None)
+                return
             await self.ledger.add(utc_day(), [f"scorer:{scorer}", f"model:{model_id}", TOTAL], cost, job_id)
         except StoreUnavailableError:
             # The answer is paid for: keep it rather than fail the run and pay again on its
@@ -385,6 +391,8 @@ async def spend_report(ledger: Ledger, budgets: Budgets, day: str | None = None)
         "total_usd": spent.get(TOTAL, 0.0),
         "by_scorer": {k[7:]: v for k, v in sorted(spent.items()) if k.startswith("scorer:")},
         "by_model": {k[6:]: v for k, v in sorted(spent.items()) if k.startswith("model:")},
+        # Judge calls today to models with no price (their cost is in no figure above).
+        "unpriced_calls": {k[9:]: int(v) for k, v in sorted(spent.items()) if k.startswith("unpriced:")},
         "budgets": {
             field: {
                 "limit_usd": limit,

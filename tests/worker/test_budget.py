@@ -44,9 +44,7 @@ def started(tmp_path: Path) -> Iterator[list[WorkerProcess]]:
             w.stop()
 
 
-def _start(
-    started: list[WorkerProcess], name: str, redis_url: str, tmp: Path, env: dict[str, str]
-) -> WorkerProcess:
+def _start(started: list[WorkerProcess], name: str, redis_url: str, tmp: Path, env: dict[str, str]) -> WorkerProcess:
     worker = WorkerProcess(
         name, redis_url, tmp, scores_path=tmp / "scores.jsonl", env=env, scorers="tests.worker.budget_scorers"
     )
@@ -162,3 +160,40 @@ def test_judge_calls_per_run_are_capped_across_redeliveries(
     assert 2 <= fake_llm.count() <= 4
     # No later delivery calls the judge again.
     assert not wait_for(lambda: fake_llm.count() > 4, 3)
+
+
+def test_backfill_max_cost_holds_across_redis_workers(
+    fake_llm: FakeLLMServer,
+    fake_llm_env: dict[str, str],
+    redis_url: str,
+    tmp_path: Path,
+    started: list[WorkerProcess],
+) -> None:
+    """`backfill --broker ... --max-cost`: the workers read the job's limit from Redis; runs past
+    it are budget_exhausted, the summary counts them and shows the job's spend."""
+    env = {**fake_llm_env, "TRACESCORE_PRICES": PRICES, "TRACESCORE_MODEL_CONCURRENCY": "1"}
+    _start(started, "maxcost", redis_url, tmp_path, env)
+    examples = Path(__file__).resolve().parents[2] / "examples" / "traces"
+    result = CliRunner().invoke(
+        cli_main,
+        [
+            "backfill", str(examples), "--scorers", "tests.worker.budget_scorers", "--scorer", "costly",
+            "--broker", redis_url, "--sample", "0.2", "--batch-size", "5", "--max-cost", "0.01", "--json",
+            "--wait-timeout", "90",
+        ],
+        env={"TRACESCORE_REDIS_URL": redis_url, "TRACESCORE_PRICES": PRICES},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    records = _records(redis_url)
+    refused = [r for r in records if r["error_type"] == "budget_exhausted"]
+    ok = [r for r in records if r["error_type"] is None]
+    assert ok
+    assert refused
+    assert all("--max-cost" in r["error_message"] for r in refused)
+    assert summary["failed_by_reason"]["budget_exhausted"] == len(refused)
+    total = sum(r["cost_usd"] for r in records)
+    assert total >= 0.01
+    assert total - max(r["cost_usd"] for r in ok) < 0.01
+    assert summary["spend"]["by_scorer"]["costly"] == pytest.approx(total)
+    assert fake_llm.count() == len(ok)

@@ -9,11 +9,12 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from scorers import Judge, PromptStep, Scorer, create_scorer
+from scorers import Judge, JudgeUsage, PromptStep, Scorer, create_scorer
 from scorers.judge import DEFAULT_PRICES
 from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch
 from tracing import ScoreRecord
+from worker._budget import BudgetGuard, MemoryLedger, parse_budgets, spend_report
 from worker._registry import Registry
 from worker._scoring import ScoringDeps, score_batch
 from worker._settings import SettingsError, load_settings
@@ -108,3 +109,16 @@ def test_bad_budgets_and_prices_fail_at_start_naming_the_variable(variable: str,
     """A bad value is refused at start-up with the variable's name and the expected shape."""
     with pytest.raises(SettingsError, match=said):
         load_settings(**{variable: value})
+
+
+def test_unpriced_calls_are_counted_apart_from_the_spend() -> None:
+    """A call to a model with no price adds nothing to the spend, and is counted by model."""
+    ledger = MemoryLedger()
+    guard = BudgetGuard(ledger, parse_budgets('{"total": 1}'))
+    asyncio.run(guard.after_call("vllm/local", "s", JudgeUsage(input_tokens=5, output_tokens=1)))
+    asyncio.run(guard.after_call("openai/gpt-4o-mini", "s", JudgeUsage(input_tokens=1_000_000)))
+    report = asyncio.run(spend_report(ledger, parse_budgets('{"total": 1}')))
+    assert report["unpriced_calls"] == {"vllm/local": 1}
+    assert report["total_usd"] == pytest.approx(0.15)
+    assert report["by_model"] == {"openai/gpt-4o-mini": pytest.approx(0.15)}
+    assert report["budgets"]["total"]["remaining_usd"] == pytest.approx(0.85)

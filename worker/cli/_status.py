@@ -104,6 +104,8 @@ def _echo_spend(spend: dict[str, Any]) -> None:
     for kind in ("by_scorer", "by_model"):
         for name, usd in sorted(spend[kind].items(), key=lambda kv: -kv[1]):
             click.echo(f"  {kind[3:]:<7} {name}: {usd:.4f} USD")
+    for name, calls in spend.get("unpriced_calls", {}).items():
+        click.echo(f"  model   {name}: unpriced ({calls:,} calls not in the spend; add it to TRACESCORE_PRICES)")
     for field, budget in spend["budgets"].items():
         click.echo(
             f"budget      {field}: {budget['remaining_usd']:.4f} of {budget['limit_usd']:.4f} USD left today"
