@@ -247,6 +247,8 @@ def test_prometheus_scrapes_a_worker_and_evaluates_every_query_and_rule(redis_ur
         for expr, wanted in (
             ('sum by (outcome) (rate(tracescore_runs_total{scorer=~".*"}[1m]))', {"scored", "failed"}),
             ("max by (queue) (tracescore_queue_depth)", {"tracescore"}),
+            # the solo pool: the worker itself is the one scoring process
+            ("sum by (job) (tracescore_worker_processes == 1)", {"tracescore-worker"}),
         ):
             # (a rate needs two scrapes of the series)
             assert wait_for(partial(_grouped_by, prometheus, expr, wanted), 10, 0.5), prometheus.query(expr)

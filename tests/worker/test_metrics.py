@@ -374,3 +374,25 @@ def test_a_wedged_childs_timeout_record_is_counted_after_it_exits(redis_url: str
         assert total(samples, "tracescore_runs_total", scorer="fast", outcome="scored") == 2
     finally:
         worker.stop()
+
+
+def test_a_metrics_port_in_use_fails_the_start_naming_it(redis_url: str, tmp_path: Path) -> None:
+    """The metrics port is taken: the worker exits at start, saying which port and why."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = WorkerProcess(
+            "busyport",
+            redis_url,
+            tmp_path,
+            scores_path=tmp_path / "scores.jsonl",
+            env={"TRACESCORE_METRICS_PORT": str(port), "TRACESCORE_METRICS_HOST": "127.0.0.1"},
+        )
+        try:
+            assert wait_for(lambda: worker.proc.poll() is not None, 60), worker.text()[-2000:]
+            assert worker.proc.returncode != 0
+            assert f"tracescore worker cannot start: metrics on port {port}" in worker.text()
+            assert " ready." not in worker.text()
+        finally:
+            worker.stop()
