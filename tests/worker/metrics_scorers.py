@@ -53,3 +53,22 @@ def _wedges(run: Any) -> float:
 
 
 wedges = create_scorer("wedges", type="agent").generate_score(_wedges)
+
+
+def _flaky(run: Any) -> float:
+    """A connection error the first time any process runs it (a flag in the test's Redis), then
+    a score: transient, so the run is left for the message's retry."""
+    import os
+
+    import redis
+
+    client = redis.Redis.from_url(os.environ["TRACESCORE_REDIS_URL"])
+    try:
+        if client.set("tsmetrics:flaky:failed", 1, nx=True):
+            raise ConnectionError("the scorer's own backend dropped the connection (test)")
+    finally:
+        client.close()
+    return 0.5
+
+
+flaky = create_scorer("flaky", type="agent").generate_score(_flaky)

@@ -99,8 +99,9 @@ def metrics_worker(
 def test_metrics_count_what_the_prefork_children_scored(
     metrics_worker: tuple[WorkerProcess, int, Path], fake_llm: FakeLLMServer, redis_url: str, tmp_path: Path
 ) -> None:
-    """Successes, failures, not-scorable runs, a judge 429 retried and a 401: the scraped
-    counters and histograms equal the stored records, summed over both pool children."""
+    """Successes, failures, not-scorable runs, a judge 429 retried, a 401 and a run left for
+    the message's retry: the scraped counters and histograms equal the stored records (and the
+    one retry), summed over both pool children."""
     worker, port, metrics_dir = metrics_worker
     # The first judge request is rate limited (retried by the judge), the next one refused.
     fake_llm.script(Reply.rate_limited(retry_after_ms="100"), Reply.error(401, "bad key"))
@@ -110,13 +111,15 @@ def test_metrics_count_what_the_prefork_children_scored(
     sink.send(batch(range(3), ["broken"], salt="m-broken"))
     sink.send(batch(range(2), ["declines"], salt="m-declines"))
     sink.send(batch(range(6), ["judged"], salt="m-judged"))
+    sink.send(batch(range(1), ["flaky"], salt="m-flaky"))  # fails transiently once, then scores
     sink.close()
     scores_path = tmp_path / "scores.jsonl"
-    assert wait_for(lambda: len(read_scores(scores_path)) >= 19, 60), worker.text()[-3000:]
+    assert wait_for(lambda: len(read_scores(scores_path)) >= 20, 60), worker.text()[-3000:]
     records = read_scores(scores_path)
-    assert len(records) == 19
+    assert len(records) == 20
 
-    assert wait_for(lambda: total(scrape(port), "tracescore_runs_total") == 19, 10)
+    # 20 stored runs, and the flaky one's first attempt left for the message's retry.
+    assert wait_for(lambda: total(scrape(port), "tracescore_runs_total") == 21, 10)
     samples = scrape(port)
 
     # Runs by scorer, outcome and reason: exactly the records.
@@ -124,12 +127,15 @@ def test_metrics_count_what_the_prefork_children_scored(
         (dict(labels)["scorer"], dict(labels)["outcome"], dict(labels)["reason"]): v
         for labels, v in series(samples, "tracescore_runs_total").items()
     }
+    retried = runs.pop(("flaky", "retry", "ConnectionError"))
+    assert retried == 1
     assert runs == dict(Counter(_outcome(r) for r in records))
     assert runs[("fast", "scored", "")] == 8
     assert runs[("broken", "failed", "ValueError")] == 3
     assert runs[("declines", "not_scorable", "")] == 2
     assert runs[("judged", "scored", "")] == 5
     assert runs[("judged", "failed", "JudgeAuthError")] == 1
+    assert runs[("flaky", "scored", "")] == 1
 
     # Judge requests: five answers, one 429 (then retried), one 401; the fake judge saw 7.
     model = "openai/fake-judge"
@@ -159,10 +165,11 @@ def test_metrics_count_what_the_prefork_children_scored(
     assert total(samples, "tracescore_limiter_waits_total", model=model) >= 1
     assert total(samples, "tracescore_limiter_wait_seconds_total", model=model) > 0
 
-    # Histograms: one batch observation per message, one latency per stored run.
-    assert total(samples, "tracescore_batch_duration_seconds_count") == 11
-    assert total(samples, "tracescore_run_latency_seconds_count") == 19
-    assert total(samples, "tracescore_run_latency_seconds_bucket", le="+Inf") == 19
+    # Histograms: one batch observation per delivery (the flaky message twice), one latency per
+    # stored run.
+    assert total(samples, "tracescore_batch_duration_seconds_count") == 13
+    assert total(samples, "tracescore_run_latency_seconds_count") == 20
+    assert total(samples, "tracescore_run_latency_seconds_bucket", le="+Inf") == 20
     assert total(samples, "tracescore_run_latency_seconds_count", scorer="fast", source="live") == 8
 
     # Scrape-time gauges: the queue is empty, both children alive, nothing dead-lettered.
@@ -178,7 +185,7 @@ def test_metrics_count_what_the_prefork_children_scored(
     # Both children recorded runs; the endpoint shows their sum.
     per_process = _runs_per_process(node_dir)
     assert len([n for n in per_process.values() if n]) == 2, per_process
-    assert sum(per_process.values()) == 19
+    assert sum(per_process.values()) == 21
 
     # A child killed outright: the pool replaces it, the scrape drops its live gauge, and what
     # it counted stays counted.
@@ -189,7 +196,7 @@ def test_metrics_count_what_the_prefork_children_scored(
         lambda: total(scrape(port), "tracescore_worker_processes") == 2 and victim not in _live_pids(node_dir), 30, 0.2
     ), worker.text()[-2000:]
     after = scrape(port)
-    assert total(after, "tracescore_runs_total") == 19
+    assert total(after, "tracescore_runs_total") == 21
     assert total(after, "tracescore_judge_requests_total") == 7
 
 
