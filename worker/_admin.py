@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from tracing import CelerySink, redact
 from tracing.queue import ScoreBatch
-from worker._budget import RedisLedger, parse_budgets, spend_report
+from worker._budget import RedisLedger, parse_budgets, run_key, spend_report
 from worker._limiter import RedisRateLimiter
 from worker._settings import Settings
 from worker.store import DeadLetter, RedisDeadLetters, RedisJobStats
@@ -91,6 +91,7 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
     letters requeued and one line per letter that was not (and why)."""
     store = RedisDeadLetters(settings.store_url)
     sink = CelerySink(settings.broker_url, queue=settings.queue)
+    ledger = RedisLedger(settings.store_url)
     requeued: list[DeadLetter] = []
     problems: list[str] = []
     try:
@@ -108,6 +109,8 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
             except ValidationError as exc:
                 problems.append(f"{letter_id}: the stored message is not a valid ScoreBatch: {exc.errors()[0]['msg']}")
                 continue
+            # Asked for again by the operator: the runs' judge calls start from zero (the cap).
+            await ledger.reset_calls([run_key(r.trace_id, r.span_id, s) for r in batch.requests for s in r.scorer_ids])
             try:
                 sink.send(batch)
             except Exception as exc:
@@ -120,4 +123,5 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
     finally:
         sink.close()
         await store.close()
+        await ledger.close()
     return requeued, problems

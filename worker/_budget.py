@@ -11,10 +11,11 @@ a later delivery after the budget resets at 00:00 UTC replaces it). Overshoot is
 budget can be passed by the calls already admitted when it ran out — at most the calls in
 flight across all workers (``model_concurrency`` × processes) × the cost of one call.
 
-The call cap: every judge call of a run increments a counter kept in Redis per score id (with
-a TTL), so redeliveries share it; past ``TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN`` (default:
-what one delivery may make, the sum over the scorer's prompt steps of max_processor_retries + 1)
-the call is refused and the run gets a retryable ``judge_attempts_exhausted`` record.
+The call cap: every judge call of a run increments a counter kept in Redis per run (trace,
+span, scorer; with a TTL), so redeliveries share it (``tracescore dlq retry`` resets it); past
+``TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN`` (default: what one delivery may make, the sum over the
+scorer's prompt steps of max_processor_retries + 1) the call is refused and the run gets a
+retryable ``judge_attempts_exhausted`` record.
 
 Days are UTC dates of the worker's clock. Spend is kept per day for ``SPEND_TTL_S`` and per
 job until the job's keys expire. ``MemoryLedger`` is the in-process twin (backfill without a
@@ -65,6 +66,7 @@ __all__ = [
     "parse_budgets",
     "parse_prices",
     "price_table",
+    "run_key",
     "run_scope",
     "spend_report",
     "utc_day",
@@ -172,7 +174,9 @@ class Ledger(Protocol):
         """The day's spend of ``fields``, the job's spend and the job's limit."""
         ...
 
-    async def count_call(self, score_id: str, ttl_s: int) -> int: ...
+    async def count_call(self, run_key: str, ttl_s: int) -> int: ...
+
+    async def reset_calls(self, run_keys: list[str]) -> None: ...
 
     async def spent(self, day: str) -> dict[str, float]: ...
 
@@ -227,12 +231,16 @@ class RedisLedger:
             return values, 0.0, None
         return values, float(out[0] or 0), float(out[1]) if out[1] is not None else None
 
-    async def count_call(self, score_id: str, ttl_s: int) -> int:
+    async def count_call(self, run_key: str, ttl_s: int) -> int:
         async with self._redis().pipeline(transaction=True) as pipe:
-            pipe.incr(_keys.judge_calls_key(score_id))
-            pipe.expire(_keys.judge_calls_key(score_id), ttl_s)
+            pipe.incr(_keys.judge_calls_key(run_key))
+            pipe.expire(_keys.judge_calls_key(run_key), ttl_s)
             count, _ = await pipe.execute()
         return int(count)
+
+    async def reset_calls(self, run_keys: list[str]) -> None:
+        if run_keys:
+            await self._redis().delete(*(_keys.judge_calls_key(k) for k in run_keys))
 
     async def spent(self, day: str) -> dict[str, float]:
         raw = await self._redis().hgetall(_keys.spend_key(day))
@@ -272,9 +280,13 @@ class MemoryLedger:
             return values, 0.0, None
         return values, self.jobs[job_id].get(TOTAL, 0.0), self.job_limits.get(job_id)
 
-    async def count_call(self, score_id: str, ttl_s: int) -> int:
-        self.calls[score_id] += 1
-        return self.calls[score_id]
+    async def count_call(self, run_key: str, ttl_s: int) -> int:
+        self.calls[run_key] += 1
+        return self.calls[run_key]
+
+    async def reset_calls(self, run_keys: list[str]) -> None:
+        for key in run_keys:
+            self.calls.pop(key, None)
 
     async def spent(self, day: str) -> dict[str, float]:
         return dict(self.days.get(day, {}))
@@ -286,9 +298,15 @@ class MemoryLedger:
         self.job_limits[job_id] = float(usd)
 
 
+def run_key(trace_id: str, span_id: str, scorer_id: str) -> str:
+    """What a run's judge calls are counted under: every version of the scorer shares it, and
+    ``tracescore dlq retry`` can reset it from the message alone."""
+    return f"{trace_id}:{span_id}:{scorer_id}"
+
+
 @dataclass(frozen=True)
 class _Run:
-    score_id: str
+    run_key: str
     scorer_id: str
     job_id: str | None
     max_calls: int
@@ -297,16 +315,16 @@ class _Run:
 _current: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("tracescore_budget_run", default=None)
 
 
-def enter_run(score_id: str, scorer_id: str, job_id: str | None, max_calls: int) -> None:
+def enter_run(run_key: str, scorer_id: str, job_id: str | None, max_calls: int) -> None:
     """``run_scope`` for the rest of the current task (for a coroutine that is a task of its own)."""
-    _current.set(_Run(score_id, scorer_id, job_id, max_calls))
+    _current.set(_Run(run_key, scorer_id, job_id, max_calls))
 
 
 @contextmanager
-def run_scope(score_id: str, scorer_id: str, job_id: str | None, max_calls: int) -> Iterator[None]:
+def run_scope(run_key: str, scorer_id: str, job_id: str | None, max_calls: int) -> Iterator[None]:
     """The judge calls made inside belong to this run (its scorer's budget, its job's
     ``--max-cost``, its call cap; ``max_calls`` 0 means no cap)."""
-    token = _current.set(_Run(score_id, scorer_id, job_id, max_calls))
+    token = _current.set(_Run(run_key, scorer_id, job_id, max_calls))
     try:
         yield
     finally:
@@ -354,7 +372,7 @@ class BudgetGuard:
                     error_type="budget_exhausted",
                 )
         if run is not None and run.max_calls > 0:
-            calls = await self.ledger.count_call(run.score_id, self.calls_ttl_s)
+            calls = await self.ledger.count_call(run.run_key, self.calls_ttl_s)
             if calls > run.max_calls:
                 raise JudgeCallRefused(
                     f"this run already made {run.max_calls} judge call(s) across its deliveries "

@@ -121,9 +121,9 @@ def job_budget_key(job_id: str) -> str:
     return f"{PREFIX}budget:job:{job_id}"
 
 
-def judge_calls_key(score_id: str) -> str:
-    """Judge calls made for one run across its deliveries (INCR, with a TTL)."""
-    return f"{PREFIX}judge_calls:{score_id}"
+def judge_calls_key(run_key: str) -> str:
+    """Judge calls made for one run (``trace:span:scorer``) across its deliveries (INCR, TTL)."""
+    return f"{PREFIX}judge_calls:{run_key}"
 
 
 def backfill_state_key(job_id: str) -> str:

@@ -45,7 +45,7 @@ from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeCallRefused, JudgeModel, price_executions
 from tracing import ScoreRecord, ScoreWriter, TracedRun, TraceReadError, score_id_for, trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
-from worker._budget import default_attempt_cap, enter_run, price_table
+from worker._budget import default_attempt_cap, enter_run, price_table, run_key
 from worker._errors import RunLimitError, is_transient
 from worker._loop import LoopBlockedError, was_targeted
 from worker._registry import UnknownScorerError
@@ -401,7 +401,12 @@ async def _score_pair(
 
     # The judge calls below belong to this run: its budgets and its call cap (this coroutine
     # runs in a task of its own, so the context ends with it).
-    enter_run(pair.score_id, pair.scorer_id, pair.request.job_id, deps.judge_call_cap or default_attempt_cap(scorer))
+    enter_run(
+        run_key(pair.request.trace_id, pair.request.span_id, pair.scorer_id),
+        pair.scorer_id,
+        pair.request.job_id,
+        deps.judge_call_cap or default_attempt_cap(scorer),
+    )
     async with deps.gate(_model_key(scorer)):
         try:
             result = await run_limited(

@@ -317,7 +317,7 @@ def _score_delivery(
         # `tracescore dlq retry` scores them once the budget resets.
         _dead_letter(
             runtime,
-            reason="budget_exhausted",
+            reason="budget_exhausted" if report.failed.get("budget_exhausted") else "judge_attempts_exhausted",
             error=f"{len(report.exhausted)} score(s) not paid for: "
             + ", ".join(f"{k}×{v}" for k, v in report.failed.items()),
             payload=payload,

@@ -161,6 +161,20 @@ def test_judge_calls_per_run_are_capped_across_redeliveries(
     # No later delivery calls the judge again.
     assert not wait_for(lambda: fake_llm.count() > 4, 3)
 
+    # The message is a retryable dead letter; once the judge is healthy, `dlq retry` gives the
+    # run a fresh allowance (the operator asked) and its score replaces the error record.
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    letters = [json.loads(x) for x in client.lrange("tracescore:dlq", 0, -1)]
+    client.close()
+    assert [(x["reason"], x["retryable"]) for x in letters] == [("judge_attempts_exhausted", True)]
+    fake_llm.reset()
+    retried = CliRunner().invoke(
+        cli_main, ["dlq", "retry", "--all", "--broker", redis_url], env={"TRACESCORE_REDIS_URL": redis_url}
+    )
+    assert retried.exit_code == 0, retried.output
+    assert wait_for(lambda: _records(redis_url)[0]["error_type"] is None, 30), second.text()[-3000:]
+    assert fake_llm.count() == 1
+
 
 def test_backfill_max_cost_holds_across_redis_workers(
     fake_llm: FakeLLMServer,
