@@ -7,20 +7,27 @@ scores; Phoenix's own REST API must then return them as span annotations on the 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests._redis import RedisServer
 from tests.fakellm import FakeLLMServer, Reply
-from tests.integration._servers import Server
+from tests.integration._servers import ROOT, Server
 from tests.integration._traces import backfill_scores, fresh_traces, send_otlp, span_ids
 from tests.integration.phoenix_scorers import FAILURE_MESSAGE
-from tracing import ScoreRecord
+from tests.worker._workers import WorkerProcess, wait_for
+from tracing import ScoreRecord, score_id_for
 from tracing.sinks import Delivered, Delivery, PhoenixSink, Refused, Retry
+from worker.store import RedisOutbox
 
 JUDGE_SCORE = 0.75
 
@@ -232,3 +239,92 @@ def test_phoenix_down_mid_run_then_back_loses_nothing(
             phoenix.start()  # the session's other tests need it
     found = by_identifier(annotations(phoenix, project, {r.span_id for r in records}))
     assert set(found) == {f"tracescore:{r.score_id}" for r in records}
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """DB 14 of the session's own Redis, emptied before and after the test."""
+    client = redis_server.client(14)
+    client.flushdb()
+    try:
+        yield redis_server.url(14)
+    finally:
+        client.flushdb()
+        client.close()
+
+
+def test_live_agent_traces_scored_by_a_worker_land_in_phoenix(
+    phoenix: Server, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer, redis_url: str
+) -> None:
+    """End to end: an app instrumented with the real OpenAI instrumentation sends its spans to
+    Phoenix and, through ScoringSpanExporter and Redis, to a real worker with
+    TRACESCORE_SINKS=phoenix; every score becomes one annotation on its agent span (the scores
+    may beat the spans to Phoenix: those wait in the outbox), and the outbox counts them delivered."""
+    fake_llm_server.reset()
+    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}), system_contains="You grade a support agent")
+    llm_env = {"OPENAI_BASE_URL": fake_llm_server.openai_base_url, "OPENAI_API_KEY": "sk-fakellm-test"}
+    worker = WorkerProcess(
+        "phoenix-e2e",
+        redis_url,
+        tmp_path,
+        scores_path=tmp_path / "worker-scores.jsonl",
+        scorers="tests.integration.phoenix_scorers",
+        env={
+            **llm_env,
+            "TRACESCORE_SINKS": "phoenix",
+            "TRACESCORE_PHOENIX_URL": phoenix.url,
+            "TRACESCORE_SINK_BACKOFF_SECONDS": "0.2",
+            "TRACESCORE_SINK_BACKOFF_MAX_SECONDS": "1",
+        },
+    )
+    outbox = RedisOutbox(redis_url)
+    try:
+        worker.wait_ready()
+        app = subprocess.run(
+            [sys.executable, "-m", "tests.integration._agent_app", f"{phoenix.url}/v1/traces", redis_url, project, "3"],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **llm_env},
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert app.returncode == 0, app.stderr[-3000:]
+        ran = json.loads(app.stdout.strip().splitlines()[-1])
+        agents = ran["agents"]
+        assert len(agents) == 3
+
+        def phoenix_counts() -> dict[str, int]:
+            counts = outbox.counts().get("phoenix")
+            return counts.as_dict() if counts else {}
+
+        expected = 3 * 4
+        assert wait_for(lambda: phoenix_counts().get("delivered") == expected, timeout=120), (
+            phoenix_counts(),
+            worker.text()[-3000:],
+        )
+        assert phoenix_counts()["pending"] == 0
+        assert phoenix_counts()["failed"] == 0
+    finally:
+        outbox.close()
+        worker.stop()
+        fake_llm_server.reset()
+
+    found = by_identifier(annotations(phoenix, project, {a["span_id"] for a in agents}))
+    scorers = ("answer-length", "judged-helpfulness", "needs-ground-truth", "always-fails")
+    expected_ids = {
+        f"tracescore:{score_id_for(a['trace_id'], a['span_id'], scorer, '1')}": (a, scorer)
+        for a in agents
+        for scorer in scorers
+    }
+    assert set(found) == set(expected_ids)
+    for identifier, (agent, scorer) in expected_ids.items():
+        got = found[identifier]
+        assert got["span_id"] == agent["span_id"]
+        assert got["name"] == scorer
+        assert got["metadata"]["source"] == "live"
+        assert got["annotator_kind"] == ("LLM" if scorer == "judged-helpfulness" else "CODE")
+        if scorer == "judged-helpfulness":
+            assert got["result"]["score"] == pytest.approx(JUDGE_SCORE)
+        elif scorer == "answer-length":
+            assert 0 < got["result"]["score"] <= 1
+        elif scorer == "always-fails":
+            assert got["result"]["label"] == "error"
+        else:
+            assert got["result"]["label"] == "not scorable"

@@ -123,7 +123,7 @@ def test_request_shape_and_mapping(fake: FakePhoenix) -> None:
     assert b["annotator_kind"] == "CODE"
     assert b["metadata"]["job_id"] == "bf-1"
     assert b["metadata"]["source"] == "backfill"
-    assert c["result"] == {"label": "error", "score": None, "explanation": "JudgeTimeout in analyze: no answer in 30s"}
+    assert c["result"] == {"label": "error", "score": None, "explanation": "JudgeTimeout: no answer in 30s"}
     assert c["metadata"]["error_type"] == "JudgeTimeout"
     assert c["metadata"]["failed_step"] == "analyze"
     assert d["result"] == {"label": "not scorable", "score": None, "explanation": "generate_score: no ground truth"}

@@ -7,7 +7,7 @@ REST API; checked against arize-phoenix 20.26). One annotation per score:
   model answered any step of the scorer, else ``CODE``.
 - ``result``: ``{label, score, explanation}``. A score: its label, value and reason. Not
   scorable: label ``not scorable``, no score, the scorer's reason. A failed run: label ``error``,
-  no score, ``"<error type> in <step>: <message>"``. Phoenix shows all three beside the span.
+  no score, ``"<error type>: <message>"``. Phoenix shows all three beside the span.
 - ``metadata``: scorer id and version, score id, source (live / backfill), job and run ids, the
   judge models and the error type, so an annotation can be traced back to its score record.
 - ``identifier``: ``tracescore:<score id>``. Phoenix upserts on (name, span, identifier), so a
@@ -157,9 +157,9 @@ def _annotation(record: ScoreRecord) -> dict[str, Any] | Refused:
     if record.score is not None and not math.isfinite(record.score):
         return Refused("score is not a finite number (JSON cannot carry it)")
     if not record.ok:
-        step = f" in {record.failed_step}" if record.failed_step else ""
+        # The error tree's messages already name the scorer and the step (also in the metadata).
         message = f": {record.error_message}" if record.error_message else ""
-        result: dict[str, Any] = {"label": "error", "score": None, "explanation": f"{record.error_type}{step}{message}"}
+        result: dict[str, Any] = {"label": "error", "score": None, "explanation": f"{record.error_type}{message}"}
     elif record.score is None and record.not_scorable is not None:
         result = {"label": "not scorable", "score": None, "explanation": record.not_scorable}
     else:
