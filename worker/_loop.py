@@ -382,7 +382,8 @@ class _Drain:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.lock = threading.Lock()
+        # Reentrant: begin_shutdown (a signal handler) may interrupt its own thread holding it.
+        self.lock = threading.RLock()
         self.begun = threading.Event()
         self.expired = threading.Event()
         self.tasks: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
@@ -404,11 +405,12 @@ _drain = _Drain()
 
 
 def _process_drain() -> _Drain:
+    # No lock: begin_shutdown runs in a signal handler, which may interrupt this very thread
+    # while it holds one (a deadlock); a fork is the only race and the child starts single-threaded.
     global _drain
-    with _lock:
-        if _drain.pid != os.getpid():  # a forked child starts with no shutdown of its own
-            _drain = _Drain()
-        return _drain
+    if _drain.pid != os.getpid():  # a forked child starts with no shutdown of its own
+        _drain = _Drain()
+    return _drain
 
 
 def begin_shutdown(grace_s: float) -> bool:
