@@ -403,3 +403,26 @@ def test_a_metrics_port_in_use_fails_the_start_naming_it(redis_url: str, tmp_pat
             assert " ready." not in worker.text()
         finally:
             worker.stop()
+
+
+def test_oldest_message_age_reads_only_what_a_message_carries() -> None:
+    """The earliest enqueued_at of a kombu message (base64 body or not); anything unreadable
+    is None, never an exception in the scrape."""
+    import base64
+
+    from worker.metrics import oldest_enqueued_at
+
+    body = json.dumps([[{"requests": [{"enqueued_at": 1700000005.5}, {"enqueued_at": 1700000001.25}]}], {}, {}])
+    encoded = base64.b64encode(body.encode()).decode()
+    envelope = {"body": encoded, "properties": {"body_encoding": "base64"}, "headers": {}}
+    assert oldest_enqueued_at(json.dumps(envelope).encode()) == 1700000001.25
+    assert oldest_enqueued_at(json.dumps({"body": body, "properties": {}}).encode()) == 1700000001.25
+    for hostile in (b"", b"not json", b"[]", b'{"body": 5}', b'{"no": "body"}', json.dumps({"body": "x"}).encode()):
+        assert oldest_enqueued_at(hostile) is None
+    no_stamp = {
+        "body": base64.b64encode(b'[[{"requests": [{}]}], {}, {}]').decode(),
+        "properties": {"body_encoding": "base64"},
+    }
+    assert oldest_enqueued_at(json.dumps(no_stamp).encode()) is None
+    broken_base64 = {"body": "%%%", "properties": {"body_encoding": "base64"}}
+    assert oldest_enqueued_at(json.dumps(broken_base64).encode()) is None

@@ -96,6 +96,8 @@ def oldest_enqueued_at(raw_message: bytes) -> float | None:
             data = data.encode()
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
+    if not isinstance(data, bytes):
+        return None
     stamps = [float(m.group(1)) for m in _ENQUEUED_AT.finditer(data)]
     return min(stamps) if stamps else None
 
