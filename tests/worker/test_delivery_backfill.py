@@ -70,3 +70,59 @@ def test_without_a_sink_a_local_backfill_writes_nowhere(receiver: OtlpReceiver) 
     assert result.exit_code == 0, result.output
     assert receiver.requests == 0
     assert "sink " not in result.stderr
+
+
+def test_through_workers_the_summary_shows_the_jobs_scores_per_sink(
+    receiver: OtlpReceiver, redis_url: str, tmp_path: Path
+) -> None:
+    """With a broker: the workers' OTLP sink is refused (422) while their JSONL sink takes every
+    score; the backfill's summary counts the job's scores per sink and exits 4."""
+    from tests.backfill._synth import write_otlp_files
+    from tests.worker._workers import WorkerProcess
+
+    write_otlp_files(tmp_path / "traces", 20, files=2)
+    receiver.status, receiver.answer = 422, b"Missing required header: x-mlflow-experiment-id"
+    worker = WorkerProcess(
+        "bf",
+        redis_url,
+        tmp_path,
+        scores_path=tmp_path / "scores.jsonl",
+        scorers="tests.backfill.scorers",
+        env={
+            "TRACESCORE_SINKS": "otlp,jsonl",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2",
+        },
+    )
+    try:
+        worker.wait_ready()
+        result = CliRunner().invoke(
+            cli,
+            [
+                "backfill",
+                str(tmp_path / "traces"),
+                "--scorers",
+                "tests.backfill.scorers",
+                "--broker",
+                redis_url,
+                "--json",
+            ],
+            env={"TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS": "20"},
+        )
+    finally:
+        worker.stop()
+    assert result.exit_code == 4, result.output + worker.text()[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    n = 20 * len(load_registry("tests.backfill.scorers"))
+    assert {k: summary["sinks"]["jsonl"][k] for k in ("delivered", "failed", "pending")} == {
+        "delivered": n,
+        "failed": 0,
+        "pending": 0,
+    }
+    assert {k: summary["sinks"]["otlp"][k] for k in ("delivered", "failed", "pending")} == {
+        "delivered": 0,
+        "failed": n,
+        "pending": 0,
+    }
+    assert "otlp_http_422: Missing required header" in result.stderr
+    assert "tracescore sinks retry SINK --all" in result.stderr

@@ -27,8 +27,7 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Outbox]]:
         yield (lambda: memory), memory.outbox
         return
     url = request.getfixturevalue("redis_url")
-    outbox = RedisOutbox(url)
-    outbox.register(SINKS)
+    outbox = RedisOutbox(url)  # the sinks are registered by the first put_records
     # A store per call: its asyncio client belongs to the event loop of that call.
     yield (lambda: RedisScoreStore(url, sinks=SINKS)), outbox
     outbox.close()

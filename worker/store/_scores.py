@@ -125,9 +125,10 @@ async def claim(store: ScoreStore, score_ids: Sequence[str], owner: str, ttl_s: 
     return held
 
 
-# KEYS: record, trace set, checkpoint, claim, job hash, failures hash, then per sink its outbox
-#       queue and attempts hash
-# ARGV: record json, ttl, score id, owner, has_job (0/1), outcome, reason, failures ttl, job id, now ms
+# KEYS: record, trace set, checkpoint, claim, job hash, failures hash, then (with sinks) the set
+#       of sink names and per sink its outbox queue and attempts hash
+# ARGV: record json, ttl, score id, owner, has_job (0/1), outcome, reason, failures ttl, job id,
+#       now ms, then the sink names
 _PUT_RECORD = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) then
   -- This very record, stored by our own earlier try whose reply a dropped connection lost
@@ -152,7 +153,10 @@ end
 redis.call('SADD', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
 -- The outbox: owed to every sink from the moment it is stored (a replaced record anew).
-for i = 7, #KEYS, 2 do
+if #KEYS > 6 then
+  redis.call('SADD', KEYS[7], unpack(ARGV, 11))
+end
+for i = 8, #KEYS, 2 do
   redis.call('ZADD', KEYS[i], tonumber(ARGV[10]), ARGV[3])
   redis.call('HDEL', KEYS[i + 1], ARGV[3])
 end
@@ -212,7 +216,15 @@ class RedisScoreStore:
         self._jobs = RedisJobStats(url, job_ttl_s=job_ttl_s, connection=self._redis)
         # Every recorded score is queued for these sinks (``worker.store.RedisOutbox``).
         self.sinks = tuple(sinks)
-        self._outbox_keys = [k for s in self.sinks for k in (_keys.outbox_key(s), _keys.outbox_attempts_key(s))]
+        # (The set of sink names too: `tracescore status` and a backfill's summary list them.)
+        self._outbox_keys = (
+            [
+                _keys.outbox_sinks_key(),
+                *(k for s in self.sinks for k in (_keys.outbox_key(s), _keys.outbox_attempts_key(s))),
+            ]
+            if self.sinks
+            else []
+        )
 
     @property
     def url(self) -> str:
@@ -304,6 +316,7 @@ class RedisScoreStore:
                     failures_ttl,
                     record.job_id or "",
                     now_ms,
+                    *self.sinks,
                 )
             )
         done = await self._redis.evalsha_many(_PUT_RECORD, 6 + len(self._outbox_keys), calls)
