@@ -4,14 +4,19 @@ request shape by the public API definition, Basic auth, upsert by id, 503/429 fo
 from __future__ import annotations
 
 import base64
+import json
+import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.integration._fake_langfuse import SCORES_PATH, FakeLangfuse
+from tests.integration._traces import ROOT, TRACESCORE
 from tracing import ScoreRecord, score_id_for
 from tracing.sinks import Delivered, Delivery, LangfuseSink, Refused, Retry
 
@@ -134,15 +139,16 @@ def test_a_resend_upserts_by_id(langfuse: FakeLangfuse, sink: LangfuseSink) -> N
 
 
 def test_wrong_keys_are_refused_naming_401_without_echoing_them(langfuse: FakeLangfuse) -> None:
-    """Wrong keys: every record Refused, naming HTTP 401 and the settings to check; neither key
-    appears in the outcome; nothing is stored."""
+    """Wrong keys: every record Refused, naming HTTP 401 and the settings to check, after one
+    request (the keys are wrong for all of them); neither key appears; nothing is stored."""
     public, secret = "pk-lf-wrong-public-7f3a", "sk-lf-wrong-secret-9c1e"
     sink = LangfuseSink(langfuse.url, public, secret)
     try:
-        outcomes = sink.deliver(one_of_each()[:2])
+        outcomes = sink.deliver(one_of_each())
     finally:
         sink.close()
-    assert langfuse.statuses == {401: 2}
+    assert langfuse.statuses == {401: 1}
+    assert len(outcomes) == 5
     assert langfuse.scores == {}
     for outcome in outcomes:
         assert isinstance(outcome, Refused), outcome
@@ -254,3 +260,45 @@ def test_bad_arguments_fail_at_once_without_the_secret(args: tuple[str, str, str
     with pytest.raises(ValueError, match=re.escape(message)) as raised:
         LangfuseSink(*args)
     assert "sk-lf-secret-1234" not in str(raised.value)
+
+
+def backfill(langfuse: FakeLangfuse, secret_key: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The README's recipe in process: ``tracescore backfill examples/traces --sink langfuse``."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TRACESCORE_BROKER_URL": "",
+        "TRACESCORE_LANGFUSE_PUBLIC_KEY": langfuse.public_key,
+        "TRACESCORE_LANGFUSE_SECRET_KEY": secret_key,
+    }
+    return subprocess.run(
+        [TRACESCORE, "backfill", str(ROOT / "examples" / "traces"), "--scorers", "examples.scorers",
+         "--sink", "langfuse", "--langfuse-host", langfuse.url, "--worst", "0", "--out", str(tmp_path / "out.jsonl")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_backfill_with_sink_langfuse_delivers_every_score_once(langfuse: FakeLangfuse, tmp_path: Path) -> None:
+    """``tracescore backfill --sink langfuse``: exit 0, the summary counts every score delivered,
+    and Langfuse holds exactly the records the command wrote, one score each."""
+    result = backfill(langfuse, langfuse.secret_key, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines() if line.strip()]
+    assert written
+    assert set(langfuse.scores) == {r["score_id"] for r in written}
+    assert langfuse.statuses == {200: len(written)}
+    assert f"sink langfuse     delivered {len(written):,}, failed 0, pending 0" in result.stdout + result.stderr
+
+
+def test_backfill_with_wrong_langfuse_keys_exits_4_naming_the_401(langfuse: FakeLangfuse, tmp_path: Path) -> None:
+    """Wrong keys: exit 4, the summary names the 401 and the settings; the key appears nowhere;
+    Langfuse got one request per batch, not one per score."""
+    wrong = "sk-lf-wrong-key-5d2e"
+    result = backfill(langfuse, wrong, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 4, output
+    assert "Langfuse refused the credentials (HTTP 401)" in output
+    assert wrong not in output
+    assert langfuse.scores == {}
+    written = (tmp_path / "out.jsonl").read_text().count("\n")
+    assert 0 < langfuse.statuses[401] < written

@@ -133,6 +133,7 @@ def test_a_create_that_loses_a_race_is_retried_then_updates(scripted: tuple[Scri
 
 
 def test_429_and_503_are_retry_with_the_servers_hint(scripted: tuple[Scripted, str]) -> None:
+    """429 and 503 are per request (the next record is still tried); Retry-After is the hint."""
     script, url = scripted
     script.answers = [Answer(429, {}, {"Retry-After": "12"}), Answer(503, "<html>busy</html>")]
     sink = MlflowSink(url)
@@ -144,19 +145,24 @@ def test_429_and_503_are_retry_with_the_servers_hint(scripted: tuple[Scripted, s
 
 
 def test_401_is_refused_naming_the_token_setting_without_echoing_it(scripted: tuple[Scripted, str]) -> None:
+    """401: the whole batch Refused after one request, naming the setting, the token masked."""
     script, url = scripted
     script.answers = [Answer(401, {"error_code": "UNAUTHENTICATED", "message": f"bad token {TOKEN}"})]
     sink = MlflowSink(url, token=TOKEN)
     try:
-        [outcome] = sink.deliver([record()])
+        outcomes = sink.deliver([record("a"), record("b"), record("c")])
     finally:
         sink.close()
-    assert isinstance(outcome, Refused)
-    assert outcome.reason == "MLflow refused the credentials (HTTP 401): check TRACESCORE_MLFLOW_TOKEN"
-    assert outcome.detail == "UNAUTHENTICATED: bad token ***"
+    refused = Refused(
+        "MLflow refused the credentials (HTTP 401): check TRACESCORE_MLFLOW_TOKEN",
+        detail="UNAUTHENTICATED: bad token ***",
+    )
+    assert outcomes == [refused] * 3
+    assert len(script.seen) == 1, "the token is wrong for every record: one request is enough"
 
 
 def test_a_400_keeps_mlflows_message_without_the_scores_text(scripted: tuple[Scripted, str]) -> None:
+    """A 400 with MLflow's error code: Refused with its message, the score's reason masked."""
     script, url = scripted
     r = record()
     message = f"Invalid rationale '{r.reason}'"
@@ -195,6 +201,7 @@ def test_a_hung_server_costs_one_timeout_per_batch(scripted: tuple[Scripted, str
     ],
 )
 def test_bad_arguments_fail_at_once(kwargs: dict[str, Any], message: str) -> None:
+    """A bad URL, timeout or wait raises at construction, the URL's password masked."""
     with pytest.raises(ValueError, match=re.escape(message)) as raised:
         MlflowSink(**kwargs)
     assert "secret-pw" not in str(raised.value)

@@ -18,10 +18,11 @@ their spans as observations under the 16-hex span id, so those are ``traceId`` a
   ids, judge models, the error type and failed step.
 
 Outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
-(Retry-After honoured; after one request gets no answer the rest of the batch is ``Retry``
-without trying); any other 4xx ``Refused`` with Langfuse's message, never the keys or the
-score's text. Langfuse accepts a score before its trace arrives (it links them by id), so
-there is no "not ingested yet" wait here.
+(Retry-After honoured); any other 4xx ``Refused`` with Langfuse's message, never the keys or
+the score's text. An answer that holds for every score (no answer at all, keys refused, no
+scores API at this URL) is given to the rest of the batch without a request each. Langfuse
+accepts a score before its trace arrives (it links them by id), so there is no "not ingested
+yet" wait here.
 """
 
 from __future__ import annotations
@@ -80,21 +81,26 @@ class LangfuseSink:
     def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
         """Upsert one score per record; one outcome per record, in order."""
         outcomes: list[Delivery] = []
-        unreachable: Retry | None = None
+        # Set when an answer holds for every record (no answer at all, keys refused, no scores
+        # API at this URL): the rest of the batch gets it without a request each.
+        for_all: Delivery | None = None
         for record in records:
             body = _score(record)
             if isinstance(body, Refused):
                 outcomes.append(body)
-            elif unreachable is not None:
-                outcomes.append(unreachable)
+            elif for_all is not None:
+                outcomes.append(for_all)
             else:
                 try:
                     response = self._client.post(self._url, json=body)
                 except httpx.TransportError as exc:
-                    unreachable = transport_retry("Langfuse", exc)
-                    outcomes.append(unreachable)
+                    for_all = transport_retry("Langfuse", exc)
+                    outcomes.append(for_all)
                     continue
-                outcomes.append(self._outcome(response, record))
+                outcome = self._outcome(response, record)
+                outcomes.append(outcome)
+                if response.status_code in (401, 403, 404):
+                    for_all = outcome
         return outcomes
 
     def _outcome(self, response: httpx.Response, record: ScoreRecord) -> Delivery:

@@ -23,10 +23,10 @@ trace does not exist is a trace MLflow has not ingested yet (the agent's exporte
 this server, e.g. exported to another one, must not cycle in the outbox for ever).
 
 Other outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
-(Retry-After honoured; after one request gets no answer, the rest of the batch is ``Retry``
-without trying, so a down server costs one timeout per batch, not one per score); any other
-4xx ``Refused`` with MLflow's error code and message, scrubbed of the token and of the score's
-own text.
+(Retry-After honoured); any other 4xx ``Refused`` with MLflow's error code and message,
+scrubbed of the token and of the score's own text. An answer that holds for every score (no
+answer at all, the token refused, a URL that is not MLflow's API) is given to the rest of the
+batch without a request each: a down server costs one timeout per batch, not one per score.
 
 Auth: ``Authorization: Bearer <token>`` when ``token`` is given (MLflow's
 ``MLFLOW_TRACKING_TOKEN`` convention); user:password in the URL is HTTP basic auth.
@@ -102,22 +102,26 @@ class MlflowSink:
     def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
         """Upsert one assessment per record; one outcome per record, in order."""
         outcomes: list[Delivery] = []
-        unreachable: Retry | None = None
+        # Set when an answer holds for every record (no answer at all, keys refused, not an
+        # MLflow API at this URL): the rest of the batch gets it without a request each.
+        for_all: Delivery | None = None
         for record in records:
             assessment = _assessment(record)
             if isinstance(assessment, Refused):
                 outcomes.append(assessment)
-            elif unreachable is not None:
-                outcomes.append(unreachable)
+            elif for_all is not None:
+                outcomes.append(for_all)
             else:
                 try:
-                    outcomes.append(self._upsert(record, assessment))
+                    outcome, everyone = self._upsert(record, assessment)
                 except httpx.TransportError as exc:
-                    unreachable = transport_retry("MLflow", exc)
-                    outcomes.append(unreachable)
+                    outcome, everyone = transport_retry("MLflow", exc), True
+                outcomes.append(outcome)
+                for_all = outcome if everyone else None
         return outcomes
 
-    def _upsert(self, record: ScoreRecord, assessment: dict[str, Any]) -> Delivery:
+    def _upsert(self, record: ScoreRecord, assessment: dict[str, Any]) -> tuple[Delivery, bool]:
+        """The outcome, and whether it holds for every record (see ``deliver``)."""
         trace = assessment["trace_id"]
         url = f"{self._base}/{trace}/assessments"
         updated = self._client.patch(
@@ -125,7 +129,7 @@ class MlflowSink:
         )
         outcome = self._outcome(updated)
         if outcome is not None:
-            return outcome
+            return outcome, False
         if _error_code(updated) != _NOT_FOUND:
             return self._refused(updated, record)
         # Not there yet (or the trace is not): create it. A create racing another worker's
@@ -133,17 +137,18 @@ class MlflowSink:
         created = self._client.post(url, json={"assessment": assessment})
         outcome = self._outcome(created)
         if outcome is not None:
-            return outcome
+            return outcome, False
         if _error_code(created) != _NOT_FOUND:
             return self._refused(created, record)
         waited = time.time() - record.scored_at
         if waited <= self._trace_wait_s:
-            return Retry(f"trace {trace} not in MLflow yet (HTTP 404)", after_s=_NOT_INGESTED_AFTER_S)
-        return Refused(
+            return Retry(f"trace {trace} not in MLflow yet (HTTP 404)", after_s=_NOT_INGESTED_AFTER_S), False
+        refused = Refused(
             f"trace {trace} still not in MLflow {waited:.0f}s after scoring (HTTP 404): was it exported to"
             " this server?",
             detail=self._detail(created, record),
         )
+        return refused, False
 
     def _outcome(self, response: httpx.Response) -> Delivery | None:
         """Delivered or Retry by status; None for a refusal to look at."""
@@ -154,16 +159,18 @@ class MlflowSink:
             return Retry(f"MLflow answered HTTP {status}", after_s=retry_after(response))
         return None
 
-    def _refused(self, response: httpx.Response, record: ScoreRecord) -> Refused:
+    def _refused(self, response: httpx.Response, record: ScoreRecord) -> tuple[Refused, bool]:
+        """The refusal, and whether it holds for every record (the credentials, or the URL)."""
         status = response.status_code
         code = _error_code(response)
+        detail = self._detail(response, record)
         if status in (401, 403):
             reason = f"MLflow refused the credentials (HTTP {status}): check TRACESCORE_MLFLOW_TOKEN"
-        elif code is None:
+            return Refused(reason, detail=detail), True
+        if code is None:
             reason = f"no MLflow tracking API at this URL (HTTP {status}): check TRACESCORE_MLFLOW_URL"
-        else:
-            reason = f"MLflow refused the assessment (HTTP {status} {code})"
-        return Refused(reason, detail=self._detail(response, record))
+            return Refused(reason, detail=detail), True
+        return Refused(f"MLflow refused the assessment (HTTP {status} {code})", detail=detail), False
 
     def _detail(self, response: httpx.Response, record: ScoreRecord) -> str:
         """MLflow's answer, short, without our credentials or the score's own text."""
