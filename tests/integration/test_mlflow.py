@@ -396,3 +396,41 @@ def test_a_worker_delivers_every_score_once_across_an_mlflow_outage(
     log = worker.text()
     leaked = [r.reason for r in records if r.reason and r.reason in log]
     assert not leaked, f"the worker logged scores' reasons: {leaked[:2]}"
+
+
+def test_backfill_with_sink_mlflow_follows_the_readme(
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+) -> None:
+    """``tracescore backfill ... --sink mlflow --mlflow-url URL`` in process: exit 0, the summary
+    counts every score delivered, MLflow holds one assessment per record written; the same with a
+    URL that is not MLflow's API: exit 4 naming the 404 and the setting to check."""
+    fake_llm_server.reset()
+    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}))
+    traces = fresh_traces(tmp_path / "traces", lines=2, salt=f"mlflow:{project}", project=project)
+    send_otlp(mlflow, experiment, traces)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TRACESCORE_BROKER_URL": "",
+        "OPENAI_BASE_URL": fake_llm_server.openai_base_url,
+        "OPENAI_API_KEY": "sk-fakellm-test",
+    }
+
+    def backfill(url: str, out: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [TRACESCORE, "backfill", str(tmp_path / "traces"), "--scorers", "tests.integration.phoenix_scorers",
+             "--sink", "mlflow", "--mlflow-url", url, "--worst", "0", "--out", str(out)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+
+    good = backfill(mlflow.url, tmp_path / "good.jsonl")
+    assert good.returncode == 0, good.stdout + good.stderr
+    records = [ScoreRecord.model_validate_json(line) for line in (tmp_path / "good.jsonl").read_text().splitlines()]
+    assert f"sink mlflow       delivered {len(records):,}, failed 0, pending 0" in good.stdout + good.stderr
+    assert set(assessments(mlflow, {r.trace_id for r in records})) == {assessment_id(r) for r in records}
+
+    wrong = backfill(f"{mlflow.url}/no-api-here", tmp_path / "wrong.jsonl")
+    output = wrong.stdout + wrong.stderr
+    assert wrong.returncode == 4, output
+    assert "no MLflow tracking API at this URL (HTTP 404): check TRACESCORE_MLFLOW_URL" in output
+    assert f"sink mlflow       delivered 0, failed {len(records):,}, pending 0" in output
