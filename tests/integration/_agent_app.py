@@ -39,7 +39,7 @@ def main() -> None:
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_url)))
     exporter = ScoringSpanExporter([ScoringRule(SCORERS)], CelerySink(broker_url), grace_s=0)
     provider.add_span_processor(BatchSpanProcessor(exporter))
-    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    OpenAIInstrumentor().instrument(tracer_provider=provider)  # type: ignore[no-untyped-call]
 
     client = openai.OpenAI()
     tracer = provider.get_tracer("shop.agent")

@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -38,14 +39,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def unavailable(message: str) -> NoReturn:
+    """Skip for want of an installed server or browser (fail when ``TRACESCORE_REQUIRE_SERVERS=1``)."""
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def server_executable(venv: str, executable: str) -> Path:
     """``.venv-servers/<venv>/bin/<executable>``, or skip (fail when servers are required)."""
     path = SERVERS_VENVS / venv / "bin" / executable
     if not path.exists():
-        message = f"{path.relative_to(ROOT)} is missing: run `bash tests/integration/servers.sh` to install the servers"
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(
+            f"{path.relative_to(ROOT)} is missing: run `bash tests/integration/servers.sh` to install the servers"
+        )
     return path
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import ParseDict  # type: ignore[import-untyped]
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tracing import ScoreRecord
@@ -90,7 +90,7 @@ def to_protobuf(request: Mapping[str, Any]) -> bytes:
             for key in ("traceId", "spanId"):
                 link[key] = base64.b64encode(bytes.fromhex(link[key])).decode()
     message = ParseDict(request, ExportTraceServiceRequest())
-    return message.SerializeToString()
+    return bytes(message.SerializeToString())
 
 
 def send_otlp(base_url: str, requests: list[dict[str, Any]]) -> None:

@@ -32,13 +32,13 @@ from worker.store import RedisOutbox
 JUDGE_SCORE = 0.75
 
 
-def annotations(server: Server, project: str, spans: Iterable[str]) -> list[dict[str, Any]]:
+def phoenix_annotations(server: Server, project: str, spans: Iterable[str]) -> list[dict[str, Any]]:
     """Every span annotation Phoenix holds on ``spans`` (all pages)."""
     found: list[dict[str, Any]] = []
     cursor: str | None = None
     with httpx.Client(timeout=30) as client:
         while True:
-            params: list[tuple[str, str]] = [("span_ids", s) for s in sorted(set(spans))]
+            params: list[tuple[str, str | int | float | bool | None]] = [("span_ids", s) for s in sorted(set(spans))]
             params += [("limit", "1000")] + ([("cursor", cursor)] if cursor else [])
             response = client.get(f"{server.url}/v1/projects/{project}/span_annotations", params=params)
             response.raise_for_status()
@@ -119,7 +119,7 @@ def test_scores_arrive_on_their_spans_as_annotations(
     finally:
         sink.close()
 
-    found = by_identifier(annotations(phoenix, project, {r.span_id for r in records}))
+    found = by_identifier(phoenix_annotations(phoenix, project, {r.span_id for r in records}))
     assert len(found) == len(records)
     for record in records:
         got = found[f"tracescore:{record.score_id}"]
@@ -164,7 +164,7 @@ def test_a_rerun_updates_and_adds_nothing(
     sink = PhoenixSink(phoenix.url)
     try:
         drain(sink, records)
-        first = by_identifier(annotations(phoenix, project, spans))
+        first = by_identifier(phoenix_annotations(phoenix, project, spans))
         assert len(first) == len(records)
 
         assert all(isinstance(o, Delivered) for o in sink.deliver(records))
@@ -173,7 +173,7 @@ def test_a_rerun_updates_and_adds_nothing(
     finally:
         sink.close()
 
-    again = by_identifier(annotations(phoenix, project, spans))
+    again = by_identifier(phoenix_annotations(phoenix, project, spans))
     assert again.keys() == first.keys()
     key = f"tracescore:{with_score.score_id}"
     assert again[key]["id"] == first[key]["id"]
@@ -211,7 +211,7 @@ def test_spans_not_ingested_yet_are_retried_then_delivered(
         drain(sink, records)
     finally:
         sink.close()
-    assert len(by_identifier(annotations(phoenix, project, {r.span_id for r in records}))) == len(records)
+    assert len(by_identifier(phoenix_annotations(phoenix, project, {r.span_id for r in records}))) == len(records)
 
 
 def test_phoenix_down_mid_run_then_back_loses_nothing(
@@ -237,7 +237,7 @@ def test_phoenix_down_mid_run_then_back_loses_nothing(
         sink.close()
         if phoenix.proc is None:
             phoenix.start()  # the session's other tests need it
-    found = by_identifier(annotations(phoenix, project, {r.span_id for r in records}))
+    found = by_identifier(phoenix_annotations(phoenix, project, {r.span_id for r in records}))
     assert set(found) == {f"tracescore:{r.score_id}" for r in records}
 
 
@@ -306,7 +306,7 @@ def test_live_agent_traces_scored_by_a_worker_land_in_phoenix(
         worker.stop()
         fake_llm_server.reset()
 
-    found = by_identifier(annotations(phoenix, project, {a["span_id"] for a in agents}))
+    found = by_identifier(phoenix_annotations(phoenix, project, {a["span_id"] for a in agents}))
     scorers = ("answer-length", "judged-helpfulness", "needs-ground-truth", "always-fails")
     expected_ids = {
         f"tracescore:{score_id_for(a['trace_id'], a['span_id'], scorer, '1')}": (a, scorer)

@@ -11,10 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.fakellm import FakeLLMServer
-from tests.integration._servers import Server
+from tests.integration._servers import Server, unavailable
 from tests.integration._traces import send_otlp
 from tests.integration.test_phoenix import JUDGE_SCORE, drain, scored
 from tracing.sinks import PhoenixSink
@@ -27,10 +25,11 @@ def test_the_ui_shows_each_score_on_its_span(
 ) -> None:
     """The span's annotations table lists every scorer: LLM/CODE, score, label and explanation."""
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: run `bash tests/integration/servers.sh` (installs Debian's chromium)")
-    playwright = pytest.importorskip(
-        "playwright.sync_api", reason="the integration extra: pip install -e '.[integration]'"
-    )
+        unavailable(f"{CHROMIUM} is missing: run `bash tests/integration/servers.sh` (installs Debian's chromium)")
+    try:
+        from playwright import sync_api as playwright
+    except ImportError:
+        unavailable("playwright is missing: pip install -e '.[integration]'")
 
     traces, records = scored(tmp_path, fake_llm_server, project, lines=1)
     send_otlp(phoenix.url, traces)
