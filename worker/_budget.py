@@ -178,6 +178,10 @@ class Ledger(Protocol):
 
     async def reset_calls(self, run_keys: list[str]) -> None: ...
 
+    async def note_error(self, run_key: str, error: str, ttl_s: int) -> None: ...
+
+    async def last_error(self, run_key: str) -> str | None: ...
+
     async def spent(self, day: str) -> dict[str, float]: ...
 
     async def job_spent(self, job_id: str) -> dict[str, float]: ...
@@ -240,7 +244,15 @@ class RedisLedger:
 
     async def reset_calls(self, run_keys: list[str]) -> None:
         if run_keys:
-            await self._redis().delete(*(_keys.judge_calls_key(k) for k in run_keys))
+            keys = [_keys.judge_calls_key(k) for k in run_keys]
+            await self._redis().delete(*keys, *(_keys.judge_error_key(k) for k in run_keys))
+
+    async def note_error(self, run_key: str, error: str, ttl_s: int) -> None:
+        await self._redis().set(_keys.judge_error_key(run_key), error, ex=ttl_s)
+
+    async def last_error(self, run_key: str) -> str | None:
+        found = await self._redis().get(_keys.judge_error_key(run_key))
+        return str(found) if found is not None else None
 
     async def spent(self, day: str) -> dict[str, float]:
         raw = await self._redis().hgetall(_keys.spend_key(day))
@@ -267,6 +279,7 @@ class MemoryLedger:
         self.jobs: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.job_limits: dict[str, float] = {}
         self.calls: dict[str, int] = defaultdict(int)
+        self.errors: dict[str, str] = {}
 
     async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None:
         for f in fields:
@@ -287,6 +300,13 @@ class MemoryLedger:
     async def reset_calls(self, run_keys: list[str]) -> None:
         for key in run_keys:
             self.calls.pop(key, None)
+            self.errors.pop(key, None)
+
+    async def note_error(self, run_key: str, error: str, ttl_s: int) -> None:
+        self.errors[run_key] = error
+
+    async def last_error(self, run_key: str) -> str | None:
+        return self.errors.get(run_key)
 
     async def spent(self, day: str) -> dict[str, float]:
         return dict(self.days.get(day, {}))
@@ -374,11 +394,21 @@ class BudgetGuard:
         if run is not None and run.max_calls > 0:
             calls = await self.ledger.count_call(run.run_key, self.calls_ttl_s)
             if calls > run.max_calls:
+                # The record names the run's real failure (the last judge error), not the cap.
+                last = await self.ledger.last_error(run.run_key)
+                kind, _, message = (last or "").partition(": ")
                 raise JudgeCallRefused(
                     f"this run already made {run.max_calls} judge call(s) across its deliveries "
-                    "(TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN); no more are made for it",
-                    error_type="judge_attempts_exhausted",
+                    "(TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN); no more are made for it"
+                    + (f"; the last failed with {kind}: {message}" if last else ""),
+                    error_type=kind if last else "judge_attempts_exhausted",
                 )
+
+    async def call_failed(self, model_id: str, scorer_id: str, error: Exception) -> None:
+        run = _current.get()
+        if run is None or run.max_calls <= 0:
+            return
+        await self.ledger.note_error(run.run_key, f"{type(error).__name__}: {str(error)[:500]}", self.calls_ttl_s)
 
     async def after_call(self, model_id: str, scorer_id: str, usage: Any) -> None:
         cost = price_usage(model_id, usage, self.prices)

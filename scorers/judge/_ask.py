@@ -235,6 +235,8 @@ class _JudgeCall:
                 await limiter.record_usage(model_id, 0)
                 if isinstance(err, JudgeRateLimitError) and err.retry_after_ms is not None:
                     await limiter.pause(model_id, min(err.retry_after_ms / 1000, MAX_PAUSE_S))
+            if guard is not None:
+                await guard.call_failed(model_id, self.info.scorer_id, err)
             raise
         if limiter is not None:
             await limiter.record_usage(model_id, response.usage.total_tokens)

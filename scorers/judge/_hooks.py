@@ -13,15 +13,16 @@ from typing import ClassVar, Protocol
 
 from scorers._errors import ErrorCategory
 from scorers._result import JudgeUsage
-from scorers.judge._errors import JudgeError
+from scorers.judge._errors import JudgeError, JudgeProviderError
 
 __all__ = ["JudgeCallRefused", "JudgeGuard", "JudgeHooks", "JudgeLimiter", "get_judge_hooks", "set_judge_hooks"]
 
 
 class JudgeCallRefused(JudgeError):
-    """The host refused a judge call before it was made: ``error_type`` says why
-    (``budget_exhausted``, ``judge_attempts_exhausted``). Final for this run's delivery; the
-    run's record is ``retryable`` so a later delivery (after the budget resets) may replace it."""
+    """The host refused a judge call before it was made: ``error_type`` is what the run's record
+    says (``budget_exhausted``; for a run out of judge calls, its last judge error's type, or
+    ``judge_attempts_exhausted``). Final for this delivery; the record is ``retryable`` so a
+    later delivery (after the budget resets, or an operator's retry) may replace it."""
 
     _category: ClassVar[ErrorCategory] = "internal"
 
@@ -40,6 +41,10 @@ class JudgeGuard(Protocol):
 
     async def after_call(self, model_id: str, scorer_id: str, usage: JudgeUsage) -> None:
         """What a successful request used (its cost is the host's to count)."""
+        ...
+
+    async def call_failed(self, model_id: str, scorer_id: str, error: JudgeProviderError) -> None:
+        """A request failed (kept so a later refusal can name the run's real failure)."""
         ...
 
 
