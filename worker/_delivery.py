@@ -205,6 +205,8 @@ class _Drainer:
         self.policy = policy
         self.wakeup = threading.Event()
         self.stopping = threading.Event()
+        # Set when a pass found nothing due (what is queued waits for a backoff, or nothing is).
+        self.idle = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"tracescore-drainer-{sink.name}", daemon=True)
 
     def _run(self) -> None:
@@ -223,6 +225,7 @@ class _Drainer:
                 self.stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
             if not leased:
+                self.idle.set()
                 self.wakeup.wait(self.policy.poll_s)
                 self.wakeup.clear()
         if outbox is not None:
@@ -256,6 +259,16 @@ class Deliveries:
     def wake(self) -> None:
         for drainer in self._drainers:
             drainer.wakeup.set()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wake the drainers and wait (up to ``timeout_s``) until each has found nothing more
+        due: what was stored before is delivered, or waits for a retry. True if all got there."""
+        live = [d for d in self._drainers if d.thread.is_alive()]
+        for drainer in live:
+            drainer.idle.clear()
+            drainer.wakeup.set()
+        deadline = time.monotonic() + timeout_s
+        return all(d.idle.wait(max(0.0, deadline - time.monotonic())) for d in live)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the drainers (what they hold comes back when its lease runs out) and close the sinks."""
@@ -307,7 +320,8 @@ class DrainerWaker:
         self.deliveries.wake()
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        return True
+        """Before the process exits: let the drainers deliver what is due (the rest stays queued)."""
+        return self.deliveries.flush(timeout_s)
 
     def close(self) -> None:
         return None
@@ -339,9 +353,11 @@ def process_deliveries() -> Deliveries | None:
 
 
 def stop_process_deliveries(timeout_s: float = 5.0) -> None:
-    """Stop this process's drainers (a worker shutting down)."""
+    """Stop this process's drainers (a worker shutting down), after letting them deliver what
+    is due for up to ``timeout_s`` (what is left stays queued for the other workers)."""
     global _process
     with _lock:
         current, _process = _process, None
     if current is not None and current.pid == os.getpid():
+        current.flush(timeout_s)
         current.stop(timeout_s)
