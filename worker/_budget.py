@@ -28,7 +28,7 @@ import contextvars
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -452,14 +452,18 @@ async def spend_report(ledger: Ledger, budgets: Budgets, day: str | None = None)
     }
 
 
-def install_local_guard(budgets: Budgets, job_id: str | None = None, max_cost_usd: float | None = None) -> MemoryLedger:
+def install_local_guard(
+    budgets: Budgets, job_id: str | None = None, max_cost_usd: float | None = None
+) -> Callable[[], None]:
     """Budgets for scoring in this process (a backfill without a broker): the in-memory twin of
-    the workers' ledger, installed as this process's judge guard; returns the ledger."""
+    the workers' ledger, installed as this process's judge guard. Returns what puts the hooks
+    back as they were (call it when the scoring is over)."""
     ledger = MemoryLedger()
     if job_id and max_cost_usd is not None:
         ledger.job_limits[job_id] = float(max_cost_usd)
-    set_judge_hooks(replace(get_judge_hooks(), guard=BudgetGuard(ledger, budgets)))
-    return ledger
+    previous = get_judge_hooks()
+    set_judge_hooks(replace(previous, guard=BudgetGuard(ledger, budgets)))
+    return lambda: set_judge_hooks(previous)
 
 
 # What the dry-run estimate assumes: a token is 4 characters; each judge step's prompt template

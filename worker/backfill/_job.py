@@ -525,7 +525,9 @@ def _run_embedded(
     )
     try:
         # TRACESCORE_BUDGETS and --max-cost, held in this process (the workers' ledger's twin).
-        install_local_guard(parse_budgets(_settings(None).budgets), state.job_id, state.options.max_cost_usd)
+        restore_hooks = install_local_guard(
+            parse_budgets(_settings(None).budgets), state.job_id, state.options.max_cost_usd
+        )
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     reporter.message(
@@ -545,6 +547,7 @@ def _run_embedded(
     finally:
         progress = scorer.progress(state.job_id)
         scorer.close()
+        restore_hooks()
         reporter.close()
     summary = _summary(state, "embedded", progress, time.monotonic() - started)
     summary["by_scorer"] = by_scorer.as_json()
