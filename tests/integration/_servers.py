@@ -144,10 +144,11 @@ class Server:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def phoenix_server(*, ready_timeout_s: float = 180.0) -> Server:
+def phoenix_server(*, ready_timeout_s: float = 180.0, env: dict[str, str] | None = None) -> Server:
     """``phoenix serve`` (arize-phoenix, .venv-servers/phoenix) on SQLite in its temp dir, not started.
 
-    OTLP over HTTP goes to ``{url}/v1/traces``; gRPC gets its own free port."""
+    OTLP over HTTP goes to ``{url}/v1/traces``; gRPC gets its own free port. ``env`` adds
+    settings (e.g. ``PHOENIX_ENABLE_AUTH``)."""
     server = Server(
         "phoenix",
         [str(server_executable("phoenix", "phoenix")), "serve"],
@@ -163,6 +164,7 @@ def phoenix_server(*, ready_timeout_s: float = 180.0) -> Server:
             "PHOENIX_WORKING_DIR": str(server.workdir),
             "PHOENIX_SQL_DATABASE_URL": f"sqlite:///{server.workdir / 'phoenix.db'}",
             "PHOENIX_TELEMETRY_ENABLED": "false",
+            **(env or {}),
         }
     )
     return server

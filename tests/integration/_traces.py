@@ -93,14 +93,14 @@ def to_protobuf(request: Mapping[str, Any]) -> bytes:
     return bytes(message.SerializeToString())
 
 
-def send_otlp(base_url: str, requests: list[dict[str, Any]]) -> None:
+def send_otlp(base_url: str, requests: list[dict[str, Any]], headers: Mapping[str, str] | None = None) -> None:
     """POST each request to ``{base_url}/v1/traces`` (OTLP/HTTP protobuf); raises unless 2xx."""
     with httpx.Client(timeout=30) as client:
         for request in requests:
             response = client.post(
                 f"{base_url}/v1/traces",
                 content=to_protobuf(request),
-                headers={"Content-Type": "application/x-protobuf"},
+                headers={"Content-Type": "application/x-protobuf", **(headers or {})},
             )
             response.raise_for_status()
 

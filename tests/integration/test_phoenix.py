@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -21,8 +22,8 @@ import pytest
 
 from tests._redis import RedisServer
 from tests.fakellm import FakeLLMServer, Reply
-from tests.integration._servers import ROOT, Server
-from tests.integration._traces import backfill_scores, fresh_traces, send_otlp, span_ids
+from tests.integration._servers import ROOT, Server, phoenix_server
+from tests.integration._traces import TRACESCORE, backfill_scores, fresh_traces, send_otlp, span_ids
 from tests.integration.phoenix_scorers import FAILURE_MESSAGE
 from tests.worker._workers import WorkerProcess, wait_for
 from tracing import ScoreRecord, score_id_for
@@ -32,11 +33,13 @@ from worker.store import RedisOutbox
 JUDGE_SCORE = 0.75
 
 
-def phoenix_annotations(server: Server, project: str, spans: Iterable[str]) -> list[dict[str, Any]]:
+def phoenix_annotations(
+    server: Server, project: str, spans: Iterable[str], headers: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Every span annotation Phoenix holds on ``spans`` (all pages)."""
     found: list[dict[str, Any]] = []
     cursor: str | None = None
-    with httpx.Client(timeout=30) as client:
+    with httpx.Client(timeout=30, headers=headers) as client:
         while True:
             params: list[tuple[str, str | int | float | bool | None]] = [("span_ids", s) for s in sorted(set(spans))]
             params += [("limit", "1000")] + ([("cursor", cursor)] if cursor else [])
@@ -328,3 +331,58 @@ def test_live_agent_traces_scored_by_a_worker_land_in_phoenix(
             assert got["result"]["label"] == "error"
         else:
             assert got["result"]["label"] == "not scorable"
+
+
+def test_with_auth_on_the_api_key_setting_is_sent_and_a_wrong_key_is_refused_by_name(
+    project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+) -> None:
+    """Phoenix with auth on: ``tracescore backfill --sink phoenix`` with a wrong
+    TRACESCORE_PHOENIX_API_KEY exits 4 with the refusal (HTTP 401) and never prints the key;
+    with the right key (Phoenix's admin secret, a bearer token like an API key) every score lands."""
+    admin_key = "a1" + secrets.token_hex(20)
+    server = phoenix_server(
+        env={
+            "PHOENIX_ENABLE_AUTH": "true",
+            "PHOENIX_SECRET": "s1" + secrets.token_hex(20),
+            "PHOENIX_ADMIN_SECRET": admin_key,
+        }
+    ).start()
+    auth = {"Authorization": f"Bearer {admin_key}"}
+    fake_llm_server.reset()
+    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}))
+    try:
+        traces = fresh_traces(tmp_path / "traces", lines=1, salt=project, project=project)
+        send_otlp(server.url, traces, headers=auth)
+
+        def backfill(key: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [TRACESCORE, "backfill", str(tmp_path / "traces"), "--scorers", "tests.integration.phoenix_scorers",
+                 "--sink", "phoenix", "--phoenix-url", server.url, "--out", str(tmp_path / f"{key[:8]}.jsonl")],
+                cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+                env={**os.environ, "PYTHONPATH": str(ROOT), "TRACESCORE_PHOENIX_API_KEY": key,
+                     "TRACESCORE_SINK_BACKOFF_SECONDS": "0.2", "TRACESCORE_SINK_BACKOFF_MAX_SECONDS": "1",
+                     "OPENAI_BASE_URL": fake_llm_server.openai_base_url, "OPENAI_API_KEY": "sk-fakellm-test"},
+            )  # fmt: skip
+
+        wrong_key = "wrong" + secrets.token_hex(16)
+        wrong = backfill(wrong_key)
+        output = wrong.stdout + wrong.stderr
+        assert wrong.returncode == 4, output[-3000:]
+        assert "HTTP 401" in output, output[-3000:]
+        assert "check TRACESCORE_PHOENIX_API_KEY" in output, output[-3000:]
+        assert wrong_key not in output
+
+        right = backfill(admin_key)
+        assert right.returncode == 0, (right.stdout + right.stderr)[-3000:]
+        assert admin_key not in right.stdout + right.stderr
+        records = [
+            ScoreRecord.model_validate_json(line)
+            for line in (tmp_path / f"{admin_key[:8]}.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
+        spans = {r.span_id for r in records}
+        found = by_identifier(phoenix_annotations(server, project, spans, headers=auth))
+        assert set(found) == {f"tracescore:{r.score_id}" for r in records}
+    finally:
+        fake_llm_server.reset()
+        server.close()

@@ -211,15 +211,17 @@ def test_a_refused_batch_is_split_so_only_the_bad_record_is_refused(fake: FakePh
 
 
 def test_auth_refusal_names_the_setting_and_hides_the_key(fake: FakePhoenix) -> None:
-    """401 is Refused; an answer that echoes the API key has it masked."""
+    """401 refuses the whole batch in one request; an answer that echoes the API key has it masked."""
     fake.answer = lambda body: (401, {}, f"invalid token Bearer {API_KEY}")
     sink = PhoenixSink(fake.url, api_key=API_KEY)
-    [outcome] = sink.deliver([record()])
+    outcome, other = sink.deliver([record(), record(scorer_id="b")])
     sink.close()
     assert isinstance(outcome, Refused)
     assert "TRACESCORE_PHOENIX_API_KEY" in outcome.reason
     assert API_KEY not in outcome.detail
     assert outcome.detail == "invalid token Bearer ***"
+    assert other == outcome
+    assert len(fake.seen) == 1  # the same for every record: not re-sent one by one
 
 
 def test_long_answers_are_cut(fake: FakePhoenix) -> None:

@@ -19,10 +19,11 @@ Synchronously, Phoenix checks the spans first and answers 404 "Spans with IDs ..
 for the whole batch when any is missing: Phoenix ingests OTLP asynchronously and the scores of
 a live trace can arrive before its spans. Those records are ``Retry`` and the others are sent
 again without them. Other outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors
-and timeouts ``Retry`` (Retry-After honoured); any other 4xx ``Refused`` with Phoenix's answer
-(a batch refused as a whole is re-sent one record at a time, so one bad record does not refuse
-its neighbours). Phoenix's validation answers quote the request, i.e. the score's reason: only
-their field paths and messages are kept.
+and timeouts ``Retry`` (Retry-After honoured); any other 4xx ``Refused`` with Phoenix's answer.
+A batch refused for its content (400, 413, 422) is re-sent one record at a time, so one bad
+record does not refuse its neighbours; a 401 or 403 refuses the batch at once. Phoenix's
+validation answers quote the request, i.e. the score's reason: only their field paths and
+messages are kept.
 
 Auth: ``Authorization: Bearer <api key>`` (Phoenix's system or user API keys) when
 ``api_key`` is given; it never appears in a reason or detail.
@@ -48,6 +49,9 @@ __all__ = ["PhoenixSink"]
 
 _MISSING_SPANS = re.compile(r"^Spans with IDs (?P<ids>.+) do not exist\.?$")
 _SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
+# Refusals about a request's content (bad request, too large, invalid): a batch refused so is
+# re-sent record by record. Others (401, 403, an unknown route) refuse every record alike.
+_ABOUT_CONTENT = frozenset({400, 413, 422})
 # Scores per request: Phoenix checks each span and upserts row by row in one transaction.
 _BATCH = 100
 # A hint for the drainer: Phoenix's bulk inserter writes received spans within about a second.
@@ -118,12 +122,14 @@ class PhoenixSink:
                         outcomes[i] = not_yet
                 pending = [(i, a) for i, a in pending if a["span_id"] not in missing]
                 continue
-            if len(pending) > 1:
-                # Refused as a whole: find the record(s) Phoenix objects to, one request each.
+            if len(pending) > 1 and status in _ABOUT_CONTENT:
+                # Refused as a whole for what some record holds: find which, one request each.
                 for item in pending:
                     self._send([item], outcomes)
                 return
-            outcomes[pending[0][0]] = Refused(_refusal_reason(status), detail=self._detail(body))
+            refused = Refused(_refusal_reason(status), detail=self._detail(body))
+            for i, _ in pending:
+                outcomes[i] = refused
             return
 
     def _post(self, data: list[dict[str, Any]]) -> Delivered | Retry | tuple[int, str]:
