@@ -366,7 +366,7 @@ def test_a_wedged_childs_timeout_record_is_counted_after_it_exits(redis_url: str
         sink.send(batch(range(1), ["wedges"], salt="wedged"))
         sink.send(batch(range(2), ["fast"], salt="after-wedged"))
         sink.close()
-        assert wait_for(lambda: len(read_scores(scores_path)) >= 3, 60), worker.text()[-3000:]
+        assert wait_for(lambda: len(read_scores(scores_path)) >= 3, 90), worker.text()[-3000:]
         assert "worker_loop_wedged_exiting" in worker.text()
         (stuck,) = [r for r in read_scores(scores_path) if r["scorer_id"] == "wedges"]
         assert stuck["error_type"] == "timeout"
@@ -375,7 +375,8 @@ def test_a_wedged_childs_timeout_record_is_counted_after_it_exits(redis_url: str
             samples = scrape(port)
             return total(samples, "tracescore_runs_total") == 3 and total(samples, "tracescore_worker_processes") == 1
 
-        assert wait_for(settled, 20, 0.2), scrape(port)
+        # (the replacement child starts, and the scrape sweeps the dead one's live gauge)
+        assert wait_for(settled, 60, 0.2), (scrape(port), worker.text()[-3000:])
         samples = scrape(port)
         assert total(samples, "tracescore_runs_total", scorer="wedges", outcome="failed", reason="timeout") == 1
         assert total(samples, "tracescore_runs_total", scorer="fast", outcome="scored") == 2
