@@ -168,14 +168,15 @@ class AnthropicJudgeModel:
     async def generate(self, request: JudgeRequest) -> JudgeResponse:
         kwargs: dict[str, Any] = {
             "model": self.model,
-            # The judge's instructions are the same for every run of a step: mark them as a
-            # prompt-cache breakpoint (tools, then system, are the cached prefix). Anthropic
-            # ignores it below the model's minimum cacheable length.
-            "system": [{"type": "text", "text": request.system, "cache_control": {"type": "ephemeral"}}],
             "messages": [{"role": m.role, "content": m.content} for m in request.messages],
             "max_tokens": request.max_tokens,
             "timeout": request.timeout_s,
         }
+        if request.system:  # (an input processor may have removed it; an empty block is a 400)
+            # The judge's instructions are the same for every run of a step: mark them as a
+            # prompt-cache breakpoint (tools, then system, are the cached prefix). Anthropic
+            # ignores it below the model's minimum cacheable length.
+            kwargs["system"] = [{"type": "text", "text": request.system, "cache_control": {"type": "ephemeral"}}]
         if request.temperature is not None:
             kwargs["temperature"] = request.temperature
         tool = request.schema_name
