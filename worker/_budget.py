@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
@@ -148,11 +149,10 @@ def _table(raw: str) -> dict[str, ModelPrice]:
 def price_table() -> dict[str, ModelPrice]:
     """The price table of this process (``TRACESCORE_PRICES`` over the defaults; read per call
     so a test or a restart with a new value applies; a bad value was refused at start-up)."""
-    import os
-
     try:
         return _table(os.environ.get("TRACESCORE_PRICES", ""))
-    except ValueError:
+    except ValueError as exc:  # set after start-up (a worker refuses it at start): say so, use the defaults
+        log.warning("prices_unreadable", error=str(exc)[:300])
         return dict(DEFAULT_PRICES)
 
 
