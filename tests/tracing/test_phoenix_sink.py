@@ -234,6 +234,41 @@ def test_long_answers_are_cut(fake: FakePhoenix) -> None:
     assert len(outcome.detail) == 300
 
 
+@pytest.mark.parametrize(
+    ("answer", "reason", "detail"),
+    [
+        ((307, {"Location": "https://phoenix/"}, ""), "Phoenix answered a redirect (HTTP 307)", ""),
+        ((400, {}, '{"message": "bad span"}'), "Phoenix refused the annotation (HTTP 400)", "bad span"),
+        ((400, {}, "[" * 100_000), "Phoenix refused the annotation (HTTP 400)", "[" * 300),
+        (
+            (400, {}, '{"other": "SECRET-REASON"}'),
+            "Phoenix refused the annotation (HTTP 400)",
+            "an answer of JSON type dict",
+        ),
+    ],
+)
+def test_other_answers_are_refused_with_what_phoenix_said(
+    fake: FakePhoenix, answer: Answer, reason: str, detail: str
+) -> None:
+    """Redirects name the setting; a proxy's JSON message is kept; JSON too deep to parse is text;
+    JSON of unknown shape is described, not quoted."""
+    fake.answer = lambda body: answer
+    sink = PhoenixSink(fake.url)
+    [outcome] = sink.deliver([record()])
+    sink.close()
+    assert isinstance(outcome, Refused)
+    assert outcome.reason.startswith(reason)
+    assert outcome.detail == detail
+
+
+def test_an_undecodable_answer_is_retry(fake: FakePhoenix) -> None:
+    """A body whose Content-Encoding does not decode is Retry, not an exception."""
+    fake.answer = lambda body: (200, {"Content-Encoding": "gzip"}, "not gzip at all")
+    sink = PhoenixSink(fake.url)
+    assert sink.deliver([record()]) == [Retry("Phoenix's answer could not be decoded (DecodingError)")]
+    sink.close()
+
+
 def test_unreachable_and_slow_are_retry(fake: FakePhoenix) -> None:
     """Connection refused and a server slower than timeout_s are Retry naming which, never raising."""
     closed = PhoenixSink(f"http://127.0.0.1:{free_port()}")

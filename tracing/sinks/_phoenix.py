@@ -138,6 +138,8 @@ class PhoenixSink:
             response = self._client.post(self._url, params={"sync": "true"}, json={"data": data})
         except httpx.TransportError as exc:
             return transport_retry("Phoenix", exc)
+        except httpx.DecodingError as exc:  # an answer came, with a body its encoding cannot undo
+            return Retry(f"Phoenix's answer could not be decoded ({type(exc).__name__})")
         status = response.status_code
         if 200 <= status < 300:
             return Delivered()
@@ -209,9 +211,12 @@ def _server_message(body: str) -> str:
     """What Phoenix said, without the request it quotes (FastAPI's 422 ``input`` holds our reason)."""
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return " ".join(body.split())
-    detail = parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
+    detail = parsed
+    if isinstance(parsed, dict):
+        # FastAPI says "detail"; a proxy in front may say "message" or "error".
+        detail = next((parsed[k] for k in ("detail", "message", "error") if k in parsed), parsed)
     if isinstance(detail, str):
         return detail
     if isinstance(detail, list):
@@ -229,4 +234,6 @@ def _refusal_reason(status: int) -> str:
         return f"Phoenix refused the credentials (HTTP {status}): check TRACESCORE_PHOENIX_API_KEY"
     if status == 404:
         return "Phoenix has no span annotations API at this URL (HTTP 404): check TRACESCORE_PHOENIX_URL"
+    if 300 <= status < 400:
+        return f"Phoenix answered a redirect (HTTP {status}): set TRACESCORE_PHOENIX_URL to where it points"
     return f"Phoenix refused the annotation (HTTP {status})"
