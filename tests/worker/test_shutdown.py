@@ -1,7 +1,7 @@
 """SIGTERM mid-batch: the worker finishes what it can within TRACESCORE_SHUTDOWN_GRACE_SECONDS,
-requeues the rest and exits; a second worker scores what was left. Every run is scored exactly
-once (score records, and scorer invocations that finished), nothing is dead-lettered, and the
-requeued deliveries do not count as crashes (no batch is split)."""
+requeues the rest with their claims released and exits; a second worker scores what was left.
+Every run is scored exactly once (score records, and scorer invocations that finished), nothing
+is dead-lettered, and the requeued deliveries do not count as crashes (no batch is split)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import redis
 from tests.worker._batches import batch
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink
+from worker._keys import claim_key
 
 GRACE_S = 3.0
 PACE_S = 0.5
@@ -38,6 +39,15 @@ def _calls(path: Path) -> tuple[collections.Counter[str], collections.Counter[st
             kind, run_id, _ = line.split()
             (started if kind == "start" else done)[run_id] += 1
     return started, done
+
+
+def _claims(redis_url: str) -> int:
+    """Score claims held in the store (worker._keys.claim_key: ``<prefix>claim:<score id>``)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return sum(1 for _ in client.scan_iter(match=claim_key("*")))
+    finally:
+        client.close()
 
 
 def _dlq_size(redis_url: str) -> int:
@@ -93,6 +103,9 @@ def test_sigterm_mid_batch_requeues_the_rest_and_scores_every_run_once(
         cut_off = {run for run in started if done[run] == 0}
         assert cut_off, "SIGTERM came mid-batch: some runs should have been cut off"
         assert sum(done.values()) < len(run_ids)
+        # The cut-off runs' claims were released on the way out: the next worker need not wait
+        # out their TTL (the task's hard time limit, 300 s).
+        assert _claims(redis_url) == 0
 
         second = WorkerProcess(
             "finishing", redis_url, tmp_path, scores_path=scores, pool=pool, concurrency=concurrency,
