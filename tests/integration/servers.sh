@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the dashboard servers the integration tests start, each in its own venv under
 # .venv-servers/ (re-installed only when its requirements file changes), and Debian's chromium
-# for the browser test. Called by .ci/run.
+# for the browser test, and Debian's prometheus. Called by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -18,6 +18,13 @@ for name in phoenix mlflow; do
     echo "$want" > "$stamp"
   fi
 done
+
+# Debian's prometheus: promtool checks the alert rules, a real Prometheus runs the worker
+# dashboard's queries against a real worker (tests/deploy/test_worker_dashboard.py).
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+  echo "prometheus is missing: installing Debian's package"
+  apt-get update -qq && apt-get install -y -qq prometheus >/dev/null
+fi
 
 if ! command -v chromium >/dev/null; then
   echo "chromium is missing: installing Debian's package (for the headless browser test)"
