@@ -447,6 +447,7 @@ def embedded_sink(
     *,
     store: ScoreStore | None = None,
     run_timeout_s: float = 180.0,
+    sinks: Sequence[ScoreSink] = (),
 ) -> EmbeddedSink:
     """The exporter's in-process sink: each batch is scored right away in this process.
 
@@ -459,7 +460,10 @@ def embedded_sink(
     The exporter calls the sink from its own sender thread, so scoring never runs inside the
     application's ``export()`` call. ``run_timeout_s`` (default: the workers' default, 180 s; 0 for
     none) bounds each run; it is an argument, not a ``TRACESCORE_*`` variable, because this runs
-    inside the application, whose environment is not the workers'.
+    inside the application, whose environment is not the workers'. ``sinks`` (e.g.
+    ``[OtlpSink()]``) get every score at least once while the process lives, from an in-memory
+    outbox (what is still queued when the exporter shuts down gets the drain time of
+    ``EmbeddedScorer``; a crash loses it, as it loses the scores).
     """
     registry = load_registry(scorers) if isinstance(scorers, str) else scorers
-    return EmbeddedSink(EmbeddedScorer(registry, writer, store=store, run_timeout_s=run_timeout_s))
+    return EmbeddedSink(EmbeddedScorer(registry, writer, store=store, run_timeout_s=run_timeout_s, sinks=sinks))

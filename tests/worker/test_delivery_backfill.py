@@ -126,3 +126,18 @@ def test_through_workers_the_summary_shows_the_jobs_scores_per_sink(
     }
     assert "otlp_http_422: Missing required header" in result.stderr
     assert "tracescore sinks retry SINK --all" in result.stderr
+
+
+def test_the_exporters_in_process_sink_delivers_to_sinks_before_it_closes() -> None:
+    """embedded_sink(..., sinks=[...]): each score reaches every sink once, by the time it closes."""
+    from tests.worker._batches import batch
+    from tracing.sinks import MemorySink
+    from worker._embedded import embedded_sink
+
+    first, second = MemorySink("first"), MemorySink("second")
+    sink = embedded_sink("tests.worker.sample_scorers", sinks=[first, second], run_timeout_s=30)
+    sink.scorer.submit(batch(range(6), ["length"], salt="embedded-sinks"))
+    sink.close()
+    assert len(first.records) == len(second.records) == 6
+    assert len({r.score_id for r in first.records}) == 6
+    assert {n: c.delivered for n, c in sink.scorer.sink_counts.items()} == {"first": 6, "second": 6}
