@@ -29,6 +29,7 @@ class Answer:
     body: dict[str, Any] | str = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     hang_s: float = 0.0
+    wait: threading.Barrier | None = None
 
 
 @dataclass
@@ -53,6 +54,8 @@ def scripted() -> Iterator[tuple[Scripted, str]]:
             answer = script.answers.pop(0)
             if answer.hang_s:
                 script.release.wait(answer.hang_s)
+            if answer.wait is not None:
+                answer.wait.wait()
             body = answer.body if isinstance(answer.body, str) else json.dumps(answer.body)
             self.send_response(answer.status)
             for key, value in {"Content-Type": "application/json", **answer.headers}.items():
@@ -136,7 +139,7 @@ def test_429_and_503_are_retry_with_the_servers_hint(scripted: tuple[Scripted, s
     """429 and 503 are per request (the next record is still tried); Retry-After is the hint."""
     script, url = scripted
     script.answers = [Answer(429, {}, {"Retry-After": "12"}), Answer(503, "<html>busy</html>")]
-    sink = MlflowSink(url)
+    sink = MlflowSink(url, parallel=1)
     try:
         outcomes = sink.deliver([record("a"), record("b")])
     finally:
@@ -148,7 +151,7 @@ def test_401_is_refused_naming_the_token_setting_without_echoing_it(scripted: tu
     """401: the whole batch Refused after one request, naming the setting, the token masked."""
     script, url = scripted
     script.answers = [Answer(401, {"error_code": "UNAUTHENTICATED", "message": f"bad token {TOKEN}"})]
-    sink = MlflowSink(url, token=TOKEN)
+    sink = MlflowSink(url, token=TOKEN, parallel=1)
     try:
         outcomes = sink.deliver([record("a"), record("b"), record("c")])
     finally:
@@ -178,17 +181,31 @@ def test_a_400_keeps_mlflows_message_without_the_scores_text(scripted: tuple[Scr
     )
 
 
-def test_a_hung_server_costs_one_timeout_per_batch(scripted: tuple[Scripted, str]) -> None:
-    """The first request times out: every record of the batch is Retry, only one request made."""
+def test_a_hung_server_costs_one_round_of_timeouts_per_batch(scripted: tuple[Scripted, str]) -> None:
+    """The first requests (``parallel`` at once) time out: every record of the batch is Retry,
+    the rest without a request."""
     script, url = scripted
-    script.answers = [Answer(200, UPDATED, hang_s=10.0)]
-    sink = MlflowSink(url, timeout_s=0.5)
+    script.answers = [Answer(200, UPDATED, hang_s=10.0), Answer(200, UPDATED, hang_s=10.0)]
+    sink = MlflowSink(url, timeout_s=0.5, parallel=2)
     try:
-        outcomes = sink.deliver([record("a"), record("b"), record("c")])
+        outcomes = sink.deliver([record(str(i)) for i in range(5)])
     finally:
         sink.close()
-    assert outcomes == [Retry("MLflow did not answer in time (ReadTimeout)")] * 3
-    assert len(script.seen) == 1
+    assert outcomes == [Retry("MLflow did not answer in time (ReadTimeout)")] * 5
+    assert len(script.seen) == 2
+
+
+def test_records_are_sent_parallel_at_a_time(scripted: tuple[Scripted, str]) -> None:
+    """``parallel=3``: three requests are in flight together (each answer waits for the third)."""
+    script, url = scripted
+    barrier = threading.Barrier(3, timeout=5)
+    script.answers = [Answer(200, UPDATED, wait=barrier) for _ in range(6)]
+    sink = MlflowSink(url, parallel=3)
+    try:
+        assert sink.deliver([record(str(i)) for i in range(6)]) == [Delivered()] * 6
+    finally:
+        sink.close()
+    assert len(script.seen) == 6
 
 
 @pytest.mark.parametrize(

@@ -19,10 +19,10 @@ their spans as observations under the 16-hex span id, so those are ``traceId`` a
 
 Outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
 (Retry-After honoured); any other 4xx ``Refused`` with Langfuse's message, never the keys or
-the score's text. An answer that holds for every score (no answer at all, keys refused, no
-scores API at this URL) is given to the rest of the batch without a request each. Langfuse
-accepts a score before its trace arrives (it links them by id), so there is no "not ingested
-yet" wait here.
+the score's text. Scores go ``parallel`` (4) at a time. An answer that holds for every score
+(no answer at all, keys refused, no scores API at this URL) is given to the rest of the batch
+without a request each. Langfuse accepts a score before its trace arrives (it links them by
+id), so there is no "not ingested yet" wait here.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -38,7 +39,7 @@ import httpx
 
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
-from tracing.sinks._http import DETAIL_CHARS, is_retryable, retry_after, transport_retry
+from tracing.sinks._http import DETAIL_CHARS, deliver_each, is_retryable, retry_after, transport_retry
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = ["LangfuseSink"]
@@ -50,7 +51,9 @@ _SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
 class LangfuseSink:
     """Scores as Langfuse scores (see the module docstring for the mapping)."""
 
-    def __init__(self, host: str, public_key: str, secret_key: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, host: str, public_key: str, secret_key: str, *, timeout_s: float = 10.0, parallel: int = 4
+    ) -> None:
         parts = urlsplit(host)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
@@ -62,6 +65,8 @@ class LangfuseSink:
             raise ValueError(f"Langfuse needs the project's {missing} key (TRACESCORE_LANGFUSE_{missing.upper()}_KEY)")
         if not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"Langfuse timeout must be a positive number of seconds, got {timeout_s!r}")
+        if parallel < 1:
+            raise ValueError(f"Langfuse parallel must be at least 1 request at a time, got {parallel!r}")
         self._url = host.rstrip("/") + "/api/public/scores"
         self._secrets = tuple(s for s in (secret_key, parts.password) if s)
         self._client = httpx.Client(
@@ -69,39 +74,37 @@ class LangfuseSink:
             headers={"Accept": "application/json"},
             timeout=timeout_s,
             follow_redirects=False,
+            limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel),
         )
+        self._parallel = parallel
+        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="tracescore-langfuse-sink")
 
     @property
     def name(self) -> str:
         return "langfuse"
 
     def close(self) -> None:
+        self._pool.shutdown(wait=True)
         self._client.close()
 
     def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
         """Upsert one score per record; one outcome per record, in order."""
-        outcomes: list[Delivery] = []
-        # Set when an answer holds for every record (no answer at all, keys refused, no scores
-        # API at this URL): the rest of the batch gets it without a request each.
-        for_all: Delivery | None = None
-        for record in records:
-            body = _score(record)
-            if isinstance(body, Refused):
-                outcomes.append(body)
-            elif for_all is not None:
-                outcomes.append(for_all)
-            else:
-                try:
-                    response = self._client.post(self._url, json=body)
-                except httpx.TransportError as exc:
-                    for_all = transport_retry("Langfuse", exc)
-                    outcomes.append(for_all)
-                    continue
-                outcome = self._outcome(response, record)
-                outcomes.append(outcome)
-                if response.status_code in (401, 403, 404):
-                    for_all = outcome
-        return outcomes
+        items = [(record, _score(record)) for record in records]
+        return deliver_each(
+            [body if isinstance(body, Refused) else (record, body) for record, body in items],
+            self._attempt,
+            self._pool,
+            self._parallel,
+        )
+
+    def _attempt(self, item: tuple[ScoreRecord, dict[str, Any]]) -> tuple[Delivery, bool]:
+        """The outcome, and whether it holds for every score (no answer, keys refused, no API)."""
+        record, body = item
+        try:
+            response = self._client.post(self._url, json=body)
+        except httpx.TransportError as exc:
+            return transport_retry("Langfuse", exc), True
+        return self._outcome(response, record), response.status_code in (401, 403, 404)
 
     def _outcome(self, response: httpx.Response, record: ScoreRecord) -> Delivery:
         status = response.status_code

@@ -24,9 +24,10 @@ this server, e.g. exported to another one, must not cycle in the outbox for ever
 
 Other outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
 (Retry-After honoured); any other 4xx ``Refused`` with MLflow's error code and message,
-scrubbed of the token and of the score's own text. An answer that holds for every score (no
-answer at all, the token refused, a URL that is not MLflow's API) is given to the rest of the
-batch without a request each: a down server costs one timeout per batch, not one per score.
+scrubbed of the token and of the score's own text. Scores go ``parallel`` (4) at a time, as
+MLflow has no batch API for assessments. An answer that holds for every score (no answer at all,
+the token refused, a URL that is not MLflow's API) is given to the rest of the batch without a
+request each: a down server costs one round of timeouts per batch, not one per score.
 
 Auth: ``Authorization: Bearer <token>`` when ``token`` is given (MLflow's
 ``MLFLOW_TRACKING_TOKEN`` convention); user:password in the URL is HTTP basic auth.
@@ -39,6 +40,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,7 +49,7 @@ import httpx
 
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
-from tracing.sinks._http import DETAIL_CHARS, is_retryable, retry_after, transport_retry
+from tracing.sinks._http import DETAIL_CHARS, deliver_each, is_retryable, retry_after, transport_retry
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = ["MlflowSink"]
@@ -73,6 +75,7 @@ class MlflowSink:
         token: str | None = None,
         timeout_s: float = 10.0,
         trace_wait_s: float = 900.0,
+        parallel: int = 4,
     ) -> None:
         parts = urlsplit(tracking_uri)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -84,41 +87,46 @@ class MlflowSink:
             raise ValueError(f"MLflow timeout must be a positive number of seconds, got {timeout_s!r}")
         if not (trace_wait_s >= 0 and math.isfinite(trace_wait_s)):
             raise ValueError(f"MLflow trace_wait_s must be a non-negative number of seconds, got {trace_wait_s!r}")
+        if parallel < 1:
+            raise ValueError(f"MLflow parallel must be at least 1 request at a time, got {parallel!r}")
         self._base = tracking_uri.rstrip("/") + "/api/3.0/mlflow/traces"
         self._trace_wait_s = trace_wait_s
         self._secrets = tuple(s for s in (token, parts.password) if s)
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._client = httpx.Client(headers=headers, timeout=timeout_s, follow_redirects=False)
+        self._client = httpx.Client(
+            headers=headers,
+            timeout=timeout_s,
+            follow_redirects=False,
+            limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel),
+        )
+        self._parallel = parallel
+        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="tracescore-mlflow-sink")
 
     @property
     def name(self) -> str:
         return "mlflow"
 
     def close(self) -> None:
+        self._pool.shutdown(wait=True)
         self._client.close()
 
     def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
         """Upsert one assessment per record; one outcome per record, in order."""
-        outcomes: list[Delivery] = []
-        # Set when an answer holds for every record (no answer at all, keys refused, not an
-        # MLflow API at this URL): the rest of the batch gets it without a request each.
-        for_all: Delivery | None = None
-        for record in records:
-            assessment = _assessment(record)
-            if isinstance(assessment, Refused):
-                outcomes.append(assessment)
-            elif for_all is not None:
-                outcomes.append(for_all)
-            else:
-                try:
-                    outcome, everyone = self._upsert(record, assessment)
-                except httpx.TransportError as exc:
-                    outcome, everyone = transport_retry("MLflow", exc), True
-                outcomes.append(outcome)
-                for_all = outcome if everyone else None
-        return outcomes
+        items = [(record, _assessment(record)) for record in records]
+        return deliver_each(
+            [assessment if isinstance(assessment, Refused) else (record, assessment) for record, assessment in items],
+            self._attempt,
+            self._pool,
+            self._parallel,
+        )
+
+    def _attempt(self, item: tuple[ScoreRecord, dict[str, Any]]) -> tuple[Delivery, bool]:
+        try:
+            return self._upsert(*item)
+        except httpx.TransportError as exc:
+            return transport_retry("MLflow", exc), True
 
     def _upsert(self, record: ScoreRecord, assessment: dict[str, Any]) -> tuple[Delivery, bool]:
         """The outcome, and whether it holds for every record (see ``deliver``)."""
