@@ -8,6 +8,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
@@ -218,3 +219,22 @@ def test_scored_records_carry_the_span_times_and_their_carriers_are_never_scored
     assert sent == []
     assert capture.stats()["skipped"].get("loop_guard") == 3
     capture.shutdown()
+
+
+def test_otlp_refusal_detail_hides_header_tokens_and_score_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An endpoint that echoes the request in its 400: the dead letter's detail has neither the
+    exporter's header token nor the score's reason."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "authorization=Bearer%20tok-123456789")
+    receiver = OtlpReceiver().start()
+    try:
+        receiver.status = 400
+        receiver.answer = b"bad request: authorization=Bearer tok-123456789 explanation=the answer cites Paris"
+        sink = OtlpSink(endpoint=receiver.endpoint, timeout_s=2)
+        (refused,) = sink.deliver([_rec("a", score=1.0, reason="the answer cites Paris")])
+        sink.close()
+    finally:
+        receiver.stop()
+    assert isinstance(refused, Refused)
+    assert "tok-123456789" not in refused.detail
+    assert "cites Paris" not in refused.detail
+    assert refused.detail.startswith("bad request:")

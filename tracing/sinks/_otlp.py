@@ -22,9 +22,11 @@ variables; its HTTP session is watched so that a refusal (4xx other than 408/409
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import unquote
 
 import requests
 from opentelemetry.sdk.resources import Resource
@@ -33,6 +35,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
+from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
@@ -134,6 +137,17 @@ def carrier_spans(records: Sequence[ScoreRecord], resource: Resource | None = No
     return spans
 
 
+def _scrubbed(answer: str, records: Sequence[ScoreRecord]) -> str:
+    """The endpoint's answer without the exporter's header values (tokens) or the scores' own
+    text, should the endpoint echo either."""
+    headers = ",".join(
+        os.environ.get(v, "") for v in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+    )
+    secrets = [unquote(pair.partition("=")[2]).strip() for pair in headers.split(",") if "=" in pair]
+    content = [t for r in records for t in (r.reason, r.error_message, r.not_scorable, r.label) if t and len(t) >= 8]
+    return redact(answer, *secrets, *content)
+
+
 class _WatchedSession(requests.Session):
     """The HTTP exporter's session, keeping the last answer (status and a short body) per thread."""
 
@@ -184,14 +198,14 @@ class OtlpSink:
             return [Retry(f"otlp_export_raised:{type(exc).__name__}")] * len(records)
         if result is SpanExportResult.SUCCESS:
             return [Delivered()] * len(records)
-        return [self._failure()] * len(records)
+        return [self._failure(records)] * len(records)
 
-    def _failure(self) -> Delivery:
+    def _failure(self, records: Sequence[ScoreRecord]) -> Delivery:
         status = getattr(self._session.last, "status", None) if self._session is not None else None
         if status is None:
             return Retry("otlp_export_failed")
         if 400 <= status < 500 and status not in _RETRYABLE_4XX:
-            return Refused(f"otlp_http_{status}", self._session.last.text if self._session is not None else "")
+            return Refused(f"otlp_http_{status}", _scrubbed(self._session.last.text if self._session else "", records))
         return Retry(f"otlp_http_{status}")
 
     def close(self) -> None:
