@@ -1,0 +1,87 @@
+"""Which sinks the settings and options configure, and what a sink without its address says."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tracing.sinks import ConsoleSink, JsonlSink, OtlpSink
+from worker._delivery import DrainPolicy, build_sinks
+from worker._settings import SettingsError, load_settings
+from worker.cli import cli
+
+
+def test_sinks_setting_and_its_older_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """SINKS is a comma list (order kept, repeats dropped, none = store only); unset, WRITER is read."""
+    for name in ("TRACESCORE_SINKS", "TRACESCORE_WRITER", "TRACESCORE_WRITER_PATH", "TRACESCORE_JSONL_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    assert load_settings().sink_names == ("otlp",)
+    assert load_settings(writer="none").sink_names == ()
+    assert load_settings(sinks="none").sink_names == ()
+    assert load_settings(sinks=" console, otlp ,console").sink_names == ("console", "otlp")
+    monkeypatch.setenv("TRACESCORE_WRITER", "jsonl")
+    monkeypatch.setenv("TRACESCORE_WRITER_PATH", str(tmp_path / "s.jsonl"))
+    settings = load_settings()
+    assert settings.sink_names == ("jsonl",)
+    assert settings.jsonl_file == str(tmp_path / "s.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"sinks": "otlp,splunk"}, "TRACESCORE_SINKS names unknown sink.*splunk"),
+        ({"sinks": "phoenix"}, "phoenix sink .*needs TRACESCORE_PHOENIX_URL"),
+        ({"sinks": "mlflow"}, "needs TRACESCORE_MLFLOW_URL"),
+        ({"sinks": "langfuse", "langfuse_host": "http://lf"}, "needs TRACESCORE_LANGFUSE_PUBLIC_KEY"),
+        ({"sinks": "jsonl"}, "needs TRACESCORE_JSONL_PATH"),
+        ({"sinks": "otlp", "sink_max_attempts": 0}, "TRACESCORE_SINK_MAX_ATTEMPTS"),
+    ],
+)
+def test_a_sink_without_what_it_needs_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, overrides: dict[str, object], message: str
+) -> None:
+    """Settings refuse an unknown sink or one without its address, by the variable's name."""
+    for name in ("TRACESCORE_WRITER_PATH", "TRACESCORE_JSONL_PATH", "TRACESCORE_PHOENIX_URL", "TRACESCORE_MLFLOW_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SettingsError, match=message):
+        load_settings(**overrides)
+
+
+def test_build_sinks_makes_the_named_sinks(tmp_path: Path) -> None:
+    """build_sinks: one sink per name, in order, with the settings' addresses and knobs."""
+    settings = load_settings(
+        sinks="otlp,jsonl,console", jsonl_path=str(tmp_path / "s.jsonl"), sink_max_attempts=3, sink_lease_seconds=9
+    )
+    sinks = build_sinks(settings)
+    assert [type(s) for s in sinks] == [OtlpSink, JsonlSink, ConsoleSink]
+    assert [s.name for s in sinks] == ["otlp", "jsonl", "console"]
+    for sink in sinks:
+        sink.close()
+    policy = DrainPolicy.of(settings)
+    assert (policy.max_attempts, policy.lease_s) == (3, 9)
+    assert 0.8 <= policy.delay(1, 0.0) <= 1.2
+    assert policy.delay(30, 0.0) <= settings.sink_backoff_max_seconds * 1.2
+    assert policy.delay(1, after_s=42.0) == 42.0
+
+
+def test_worker_option_for_a_sink_without_its_address_is_one_line() -> None:
+    """`tracescore worker --sink mlflow` without --mlflow-url stops before starting, naming what is missing."""
+    result = CliRunner().invoke(
+        cli,
+        ["worker", "--scorers", "tests.worker.sample_scorers", "--sink", "mlflow"],
+        env={"TRACESCORE_MLFLOW_URL": ""},
+    )
+    assert result.exit_code == 1
+    assert "needs TRACESCORE_MLFLOW_URL" in result.output
+
+
+def test_console_sink_as_configured_writes_lines() -> None:
+    """The console sink answers Delivered for what it printed (the CLI's --sink console)."""
+    from tests.tracing.test_sinks import _rec
+
+    out = io.StringIO()
+    assert len(ConsoleSink(out).deliver([_rec("a", score=0.5)])) == 1
+    assert "scorer=a 0.500" in out.getvalue()
