@@ -256,21 +256,18 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
         client.close()
 
 
-def test_live_agent_traces_scored_by_a_worker_land_in_phoenix(
-    phoenix: Server, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer, redis_url: str
-) -> None:
-    """End to end: an app instrumented with the real OpenAI instrumentation sends its spans to
-    Phoenix and, through ScoringSpanExporter and Redis, to a real worker with
-    TRACESCORE_SINKS=phoenix; every score becomes one annotation on its agent span (the scores
-    may beat the spans to Phoenix: those wait in the outbox), and the outbox counts them delivered."""
-    fake_llm_server.reset()
-    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}), system_contains="You grade a support agent")
-    llm_env = {"OPENAI_BASE_URL": fake_llm_server.openai_base_url, "OPENAI_API_KEY": "sk-fakellm-test"}
-    worker = WorkerProcess(
-        "phoenix-e2e",
+SCORERS = ("answer-length", "judged-helpfulness", "needs-ground-truth", "always-fails")
+
+
+def phoenix_worker(
+    name: str, phoenix: Server, redis_url: str, tmp_path: Path, llm_env: dict[str, str]
+) -> WorkerProcess:
+    """A real worker scoring with tests.integration.phoenix_scorers into Phoenix (not waited for)."""
+    return WorkerProcess(
+        name,
         redis_url,
         tmp_path,
-        scores_path=tmp_path / "worker-scores.jsonl",
+        scores_path=tmp_path / f"{name}-scores.jsonl",
         scorers="tests.integration.phoenix_scorers",
         env={
             **llm_env,
@@ -278,43 +275,41 @@ def test_live_agent_traces_scored_by_a_worker_land_in_phoenix(
             "TRACESCORE_PHOENIX_URL": phoenix.url,
             "TRACESCORE_SINK_BACKOFF_SECONDS": "0.2",
             "TRACESCORE_SINK_BACKOFF_MAX_SECONDS": "1",
+            "TRACESCORE_SINK_MAX_ATTEMPTS": "1000",
         },
     )
-    outbox = RedisOutbox(redis_url)
-    try:
-        worker.wait_ready()
-        app = subprocess.run(
-            [sys.executable, "-m", "tests.integration._agent_app", f"{phoenix.url}/v1/traces", redis_url, project, "3"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **llm_env},
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        assert app.returncode == 0, app.stderr[-3000:]
-        ran = json.loads(app.stdout.strip().splitlines()[-1])
-        agents = ran["agents"]
-        assert len(agents) == 3
 
-        def phoenix_counts() -> dict[str, int]:
-            counts = outbox.counts().get("phoenix")
-            return counts.as_dict() if counts else {}
 
-        expected = 3 * 4
-        assert wait_for(lambda: phoenix_counts().get("delivered") == expected, timeout=120), (
-            phoenix_counts(),
-            worker.text()[-3000:],
-        )
-        assert phoenix_counts()["pending"] == 0
-        assert phoenix_counts()["failed"] == 0
-    finally:
-        outbox.close()
-        worker.stop()
-        fake_llm_server.reset()
+def run_agent_app(
+    phoenix: Server, redis_url: str, project: str, llm_env: dict[str, str], turns: int
+) -> list[dict[str, str]]:
+    """tests/integration/_agent_app.py: its spans to Phoenix, its agent traces to the queue."""
+    app = subprocess.run(
+        [sys.executable, "-m", "tests.integration._agent_app", f"{phoenix.url}/v1/traces", redis_url, project,
+         str(turns)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **llm_env},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert app.returncode == 0, app.stderr[-3000:]
+    ran = json.loads(app.stdout.strip().splitlines()[-1])
+    assert ran["exporter"]["runs_sent"] == turns, ran["exporter"]
+    agents: list[dict[str, str]] = ran["agents"]
+    assert len(agents) == turns
+    return agents
 
+
+def sink_counts(outbox: RedisOutbox) -> dict[str, int]:
+    counts = outbox.counts().get("phoenix")
+    return counts.as_dict() if counts else {}
+
+
+def assert_live_scores(phoenix: Server, project: str, agents: list[dict[str, str]]) -> None:
+    """Exactly one annotation per (agent span, scorer), each of the right kind and result."""
     found = by_identifier(phoenix_annotations(phoenix, project, {a["span_id"] for a in agents}))
-    scorers = ("answer-length", "judged-helpfulness", "needs-ground-truth", "always-fails")
     expected_ids = {
         f"tracescore:{score_id_for(a['trace_id'], a['span_id'], scorer, '1')}": (a, scorer)
         for a in agents
-        for scorer in scorers
+        for scorer in SCORERS
     }
     assert set(found) == set(expected_ids)
     for identifier, (agent, scorer) in expected_ids.items():
@@ -331,6 +326,77 @@ def test_live_agent_traces_scored_by_a_worker_land_in_phoenix(
             assert got["result"]["label"] == "error"
         else:
             assert got["result"]["label"] == "not scorable"
+
+
+@pytest.fixture
+def llm_env(fake_llm_server: FakeLLMServer) -> Iterator[dict[str, str]]:
+    """The fake LLM answering the judge with JUDGE_SCORE (and the app's chat calls with text)."""
+    fake_llm_server.reset()
+    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}), system_contains="You grade a support agent")
+    yield {"OPENAI_BASE_URL": fake_llm_server.openai_base_url, "OPENAI_API_KEY": "sk-fakellm-test"}
+    fake_llm_server.reset()
+
+
+def test_live_agent_traces_scored_by_a_worker_land_in_phoenix(
+    phoenix: Server, project: str, tmp_path: Path, llm_env: dict[str, str], redis_url: str
+) -> None:
+    """End to end: an app instrumented with the real OpenAI instrumentation sends its spans to
+    Phoenix and, through ScoringSpanExporter and Redis, to a real worker with
+    TRACESCORE_SINKS=phoenix; every score becomes one annotation on its agent span (the scores
+    may beat the spans to Phoenix: those wait in the outbox), and the outbox counts them delivered."""
+    worker = phoenix_worker("phoenix-e2e", phoenix, redis_url, tmp_path, llm_env)
+    outbox = RedisOutbox(redis_url)
+    try:
+        worker.wait_ready()
+        agents = run_agent_app(phoenix, redis_url, project, llm_env, turns=3)
+        expected = len(agents) * len(SCORERS)
+        assert wait_for(lambda: sink_counts(outbox).get("delivered") == expected, timeout=120), (
+            sink_counts(outbox),
+            worker.text()[-3000:],
+        )
+        assert sink_counts(outbox)["pending"] == 0
+        assert sink_counts(outbox)["failed"] == 0
+    finally:
+        outbox.close()
+        worker.stop()
+    assert_live_scores(phoenix, project, agents)
+
+
+def test_a_worker_keeps_live_scores_through_a_phoenix_outage(
+    phoenix: Server, project: str, tmp_path: Path, llm_env: dict[str, str], redis_url: str
+) -> None:
+    """The app's traces are in Phoenix and queued for scoring; Phoenix is killed; a worker scores
+    them: the Phoenix deliveries wait in the outbox (pending, retried, none failed). Phoenix
+    restarted on the same database: every score arrives, exactly once."""
+    agents = run_agent_app(phoenix, redis_url, project, llm_env, turns=2)
+    wait_ingested(phoenix, project, {a["span_id"] for a in agents})
+    phoenix.stop(kill=True)
+    worker = phoenix_worker("phoenix-outage", phoenix, redis_url, tmp_path, llm_env)
+    outbox = RedisOutbox(redis_url)
+    expected = len(agents) * len(SCORERS)
+    try:
+        worker.wait_ready()
+        assert wait_for(lambda: sink_counts(outbox).get("retried", 0) >= expected, timeout=120), (
+            sink_counts(outbox),
+            worker.text()[-3000:],
+        )
+        assert sink_counts(outbox)["pending"] == expected
+        assert sink_counts(outbox)["delivered"] == 0
+        assert sink_counts(outbox)["failed"] == 0
+
+        phoenix.start()
+        assert wait_for(lambda: sink_counts(outbox).get("delivered") == expected, timeout=120), (
+            sink_counts(outbox),
+            worker.text()[-3000:],
+        )
+        assert sink_counts(outbox)["pending"] == 0
+        assert sink_counts(outbox)["failed"] == 0
+    finally:
+        outbox.close()
+        worker.stop()
+        if phoenix.proc is None:
+            phoenix.start()  # the session's other tests need it
+    assert_live_scores(phoenix, project, agents)
 
 
 def test_with_auth_on_the_api_key_setting_is_sent_and_a_wrong_key_is_refused_by_name(
