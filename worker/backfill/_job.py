@@ -260,14 +260,16 @@ def _job_delivery(settings: Settings, score_ids: list[str], reporter: ProgressRe
     outbox = RedisOutbox(settings.store_url, reconnect_s=2.0)
     try:
         deadline = time.monotonic() + settings.sink_drain_timeout_seconds
+        states = {name: outbox.states(name, score_ids) for name in sorted(outbox.counts())}
         while True:
-            sinks = sorted(outbox.counts())
-            states = {name: outbox.states(name, score_ids) for name in sinks}
-            pending = sum(1 for by_id in states.values() for v in by_id.values() if v == "pending")
-            if not pending or time.monotonic() >= deadline:
+            pending = {name: [s for s, v in by_id.items() if v == "pending"] for name, by_id in states.items()}
+            waiting = sum(len(ids) for ids in pending.values())
+            if not waiting or time.monotonic() >= deadline:
                 break
-            reporter.message(f"waiting for the sinks: {pending:,} deliveries pending")
+            reporter.message(f"waiting for the sinks: {waiting:,} deliveries pending")
             time.sleep(0.5)
+            for name, ids in pending.items():  # only what was pending can have moved
+                states[name].update(outbox.states(name, ids))
         out: dict[str, Any] = {}
         for name, by_id in states.items():
             counts = {k: sum(1 for v in by_id.values() if v == k) for k in ("delivered", "failed", "pending")}

@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import redis
@@ -145,6 +146,10 @@ class Outbox(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# Ids per command when asking about many (a large backfill's scores).
+_CHUNK = 5000
 
 
 def _now_ms() -> int:
@@ -309,16 +314,16 @@ class RedisOutbox:
         return sum(int(x) for x in pipe.execute())
 
     def states(self, sink: str, score_ids: Sequence[str]) -> dict[str, SinkState]:
-        if not score_ids:
-            return {}
-        pipe = self._client.pipeline(transaction=False)
-        pipe.zmscore(_keys.outbox_key(sink), list(score_ids))
-        pipe.hmget(_keys.outbox_dead_key(sink), list(score_ids))
-        queued, dead = pipe.execute()
-        return {
-            s: "pending" if q is not None else "failed" if d is not None else "delivered"
-            for s, q, d in zip(score_ids, queued, dead, strict=True)
-        }
+        out: dict[str, SinkState] = {}
+        for start in range(0, len(score_ids), _CHUNK):
+            chunk = list(score_ids[start : start + _CHUNK])
+            pipe = self._client.pipeline(transaction=False)
+            pipe.zmscore(_keys.outbox_key(sink), chunk)
+            pipe.hmget(_keys.outbox_dead_key(sink), chunk)
+            queued, dead = pipe.execute()
+            for s, q, d in zip(chunk, queued, dead, strict=True):
+                out[s] = "pending" if q is not None else "failed" if d is not None else "delivered"
+        return out
 
     def close(self) -> None:
         self._client.close()
@@ -364,7 +369,9 @@ class MemoryOutbox:
         taken: dict[str, int] = {}
         with self._lock:
             due = self._due[sink]
-            for score_id in sorted((s for s, t in due.items() if t <= now), key=lambda s: (due[s], s))[: max(1, limit)]:
+            # Ids were queued in time order (a dict keeps it): the first due ones, without sorting
+            # the whole queue on every lease (a large in-process backfill).
+            for score_id in list(islice((s for s, t in due.items() if t <= now), max(1, limit))):
                 due[score_id] = token
                 self._attempts[sink][score_id] += 1
                 taken[score_id] = self._attempts[sink][score_id]
