@@ -84,11 +84,11 @@ class FakeLangfuse:
 
     public_key: str = "pk-lf-test"
     secret_key: str = "sk-lf-test"
-    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
-    statuses: Counter[int] = field(default_factory=Counter)
-    _failures: list[tuple[int, str | None]] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _server: ThreadingHTTPServer | None = None
+    scores: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    statuses: Counter[int] = field(default_factory=Counter, repr=False)
+    _failures: list[tuple[int, str | None]] = field(default_factory=list, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _server: ThreadingHTTPServer | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:

@@ -8,17 +8,19 @@ import json
 import os
 import re
 import subprocess
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.integration._drain import drain
 from tests.integration._fake_langfuse import SCORES_PATH, FakeLangfuse
 from tests.integration._traces import ROOT, TRACESCORE
 from tracing import ScoreRecord, score_id_for
-from tracing.sinks import Delivered, Delivery, LangfuseSink, Refused, Retry
+from tracing.sinks import Delivered, LangfuseSink, Refused, Retry
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPANS = ("00f067aa0ba902b7", "00f067aa0ba902b8")
@@ -66,23 +68,6 @@ def one_of_each() -> list[ScoreRecord]:
             "always-fails", error_type="IndexError", error_message="index out of range", failed_step="generate_score"
         ),
     ]
-
-
-def drain(sink: LangfuseSink, records: Sequence[ScoreRecord], timeout_s: float = 30.0) -> list[list[Delivery]]:
-    """Deliver until every record is Delivered (the outbox drainer's loop); every round's outcomes."""
-    rounds: list[list[Delivery]] = []
-    pending = list(records)
-    deadline = time.monotonic() + timeout_s
-    while pending:
-        outcomes = sink.deliver(pending)
-        assert len(outcomes) == len(pending)
-        assert not [o for o in outcomes if isinstance(o, Refused)], outcomes
-        rounds.append(outcomes)
-        pending = [r for r, o in zip(pending, outcomes, strict=True) if not isinstance(o, Delivered)]
-        if pending:
-            assert time.monotonic() < deadline, f"{len(pending)} records still not delivered: {outcomes[:3]}"
-            time.sleep(0.05)
-    return rounds
 
 
 def test_each_score_arrives_once_in_langfuses_shape(langfuse: FakeLangfuse, sink: LangfuseSink) -> None:
@@ -164,7 +149,7 @@ def test_503_then_recovery_is_retry_then_delivered_once(langfuse: FakeLangfuse, 
     afterwards every score is stored exactly once."""
     records = one_of_each()
     langfuse.fail_next(7, 503)
-    rounds = drain(sink, records)
+    rounds = drain(sink, records, interval_s=0.05)
     busy = Retry("Langfuse answered HTTP 503")
     assert rounds[0] == [busy] * len(records)
     assert sorted(map(repr, rounds[1])) == sorted(map(repr, [busy] * 2 + [Delivered()] * 3))
@@ -302,3 +287,47 @@ def test_backfill_with_wrong_langfuse_keys_exits_4_naming_the_401(langfuse: Fake
     assert langfuse.scores == {}
     written = (tmp_path / "out.jsonl").read_text().count("\n")
     assert 0 < langfuse.statuses[401] < written
+
+
+# Every code point, lone surrogates too (hypothesis leaves them out unless asked); some often.
+_chars = st.characters(exclude_categories=[]) | st.sampled_from(["\ud800", "\udfff", "\x00", "é", "😀"])
+_texts = st.none() | st.text(alphabet=_chars, max_size=60)
+_records = st.builds(
+    record,
+    scorer_id=st.text(alphabet=_chars, min_size=1, max_size=30),
+    span_id=st.sampled_from(SPANS),
+    scorer_name=_texts,
+    score=st.none() | st.floats(allow_nan=True, allow_infinity=True),
+    label=_texts,
+    reason=_texts,
+    not_scorable=_texts,
+    error_type=st.none() | st.from_regex(r"[A-Z][A-Za-z]{0,20}Error", fullmatch=True),
+    error_message=_texts,
+    judge_models=st.lists(st.text(max_size=20), max_size=2),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=st.lists(_records, min_size=1, max_size=6))
+def test_any_record_is_delivered_or_refused_by_the_sink_never_by_langfuse(
+    langfuse: FakeLangfuse, sink: LangfuseSink, records: list[ScoreRecord]
+) -> None:
+    """Whatever a record holds (any text, lone surrogates included; NaN/inf; any mix of score,
+    label, error, not scorable): the sink sends only bodies the definition accepts (no 400),
+    and refuses the rest itself, named; deliver never raises."""
+    before = langfuse.statuses[400]
+    outcomes = sink.deliver(records)
+    assert len(outcomes) == len(records)
+    assert langfuse.statuses[400] == before, [o for o in outcomes if isinstance(o, Refused)]
+    for r, outcome in zip(records, outcomes, strict=True):
+        if isinstance(outcome, Refused):
+            assert outcome.reason in (
+                "score is not a finite number (JSON cannot carry it)",
+                "score has neither a value nor a label (nothing for Langfuse to show)",
+            ), outcome
+        else:
+            assert outcome == Delivered()
+            stored = langfuse.scores[r.score_id]
+            assert stored["observationId"] == r.span_id
+            # A lone surrogate (not UTF-8) arrives as U+FFFD; everything else as it was.
+            assert stored["name"] == re.sub("[\ud800-\udfff]", "\ufffd", r.scorer_name or r.scorer_id)

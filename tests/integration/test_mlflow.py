@@ -12,7 +12,7 @@ import base64
 import os
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,13 @@ import pytest
 
 from tests._redis import RedisServer
 from tests.fakellm import FakeLLMServer, Reply
+from tests.integration._drain import drain
 from tests.integration._servers import ROOT, Server
 from tests.integration._traces import TRACESCORE, backfill_scores, fresh_traces, span_ids, to_protobuf
 from tests.integration.phoenix_scorers import FAILURE_MESSAGE
 from tests.worker._workers import WorkerProcess, wait_for
 from tracing import ScoreRecord
-from tracing.sinks import Delivered, Delivery, MlflowSink, Refused, Retry
+from tracing.sinks import Delivered, MlflowSink, Refused, Retry
 from worker.store import RedisOutbox
 
 JUDGE_SCORE = 0.75
@@ -73,25 +74,6 @@ def assessments(server: Server, trace_ids: Iterable[str]) -> dict[str, dict[str,
 
 def assessment_id(record: ScoreRecord) -> str:
     return f"a-{record.score_id[:32]}"
-
-
-def drain(sink: MlflowSink, records: Sequence[ScoreRecord], timeout_s: float = 60.0) -> list[list[Delivery]]:
-    """Deliver until every record is Delivered (a stand-in for the outbox's drainer); returns
-    every round's outcomes. A Refused record fails the test."""
-    rounds: list[list[Delivery]] = []
-    pending = list(records)
-    deadline = time.monotonic() + timeout_s
-    while pending:
-        outcomes = sink.deliver(pending)
-        assert len(outcomes) == len(pending)
-        rounds.append(outcomes)
-        refused = [o for o in outcomes if isinstance(o, Refused)]
-        assert not refused, refused
-        pending = [r for r, o in zip(pending, outcomes, strict=True) if not isinstance(o, Delivered)]
-        if pending:
-            assert time.monotonic() < deadline, f"{len(pending)} records still not delivered: {outcomes[:3]}"
-            time.sleep(0.2)
-    return rounds
 
 
 def scored(
@@ -181,7 +163,8 @@ def test_a_rerun_updates_and_adds_nothing(
         assert len(first) == len(records)
 
         assert sink.deliver(records) == [Delivered()] * len(records)
-        changed = with_score.model_copy(update={"score": 0.123, "reason": "re-scored"})
+        # A lone surrogate (a judge's JSON "\\ud800" decodes to one) cannot be UTF-8: sent as U+FFFD.
+        changed = with_score.model_copy(update={"score": 0.123, "reason": "re-scored \ud800"})
         assert sink.deliver([changed, changed]) == [Delivered(), Delivered()]
     finally:
         sink.close()
@@ -190,7 +173,7 @@ def test_a_rerun_updates_and_adds_nothing(
     assert again.keys() == first.keys()
     key = assessment_id(with_score)
     assert again[key]["feedback"]["value"] == pytest.approx(0.123)
-    assert again[key]["rationale"] == "re-scored"
+    assert again[key]["rationale"] == "re-scored \ufffd"
     assert again[key]["create_time"] == first[key]["create_time"]
     assert again[key]["last_update_time"] > first[key]["last_update_time"]
 

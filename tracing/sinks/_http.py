@@ -7,7 +7,9 @@ The contract (``_sink.py``): 408/409/425/429 and every 5xx, connection errors an
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +20,7 @@ import httpx
 
 from tracing.sinks._sink import Delivery, Refused, Retry
 
-__all__ = ["DETAIL_CHARS", "deliver_each", "is_retryable", "retry_after", "transport_retry"]
+__all__ = ["DETAIL_CHARS", "JSON", "deliver_each", "is_retryable", "json_body", "retry_after", "transport_retry"]
 
 T = TypeVar("T")
 
@@ -27,6 +29,16 @@ _RETRYABLE = frozenset({408, 409, 425, 429})
 _MAX_RETRY_AFTER_S = 600.0
 # How much of a backend's answer a Refused keeps (enough to read the error, not a page of HTML).
 DETAIL_CHARS = 300
+JSON = {"Content-Type": "application/json"}
+# A str holds a surrogate only when it is lone (a pair is one code point): not encodable as UTF-8.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_body(payload: object) -> bytes:
+    """``payload`` as UTF-8 JSON. A lone surrogate (``json.loads`` of a judge's or an agent's
+    ``"\\ud800"`` makes one) becomes U+FFFD: as it is, the encoding would fail on every retry."""
+    text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return _LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
 
 
 def is_retryable(status: int) -> bool:

@@ -39,7 +39,15 @@ import httpx
 
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
-from tracing.sinks._http import DETAIL_CHARS, deliver_each, is_retryable, retry_after, transport_retry
+from tracing.sinks._http import (
+    DETAIL_CHARS,
+    JSON,
+    deliver_each,
+    is_retryable,
+    json_body,
+    retry_after,
+    transport_retry,
+)
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = ["LangfuseSink"]
@@ -101,7 +109,7 @@ class LangfuseSink:
         """The outcome, and whether it holds for every score (no answer, keys refused, no API)."""
         record, body = item
         try:
-            response = self._client.post(self._url, json=body)
+            response = self._client.post(self._url, content=json_body(body), headers=JSON)
         except httpx.TransportError as exc:
             return transport_retry("Langfuse", exc), True
         return self._outcome(response, record), response.status_code in (401, 403, 404)

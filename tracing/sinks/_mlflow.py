@@ -49,7 +49,15 @@ import httpx
 
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
-from tracing.sinks._http import DETAIL_CHARS, deliver_each, is_retryable, retry_after, transport_retry
+from tracing.sinks._http import (
+    DETAIL_CHARS,
+    JSON,
+    deliver_each,
+    is_retryable,
+    json_body,
+    retry_after,
+    transport_retry,
+)
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = ["MlflowSink"]
@@ -133,7 +141,9 @@ class MlflowSink:
         trace = assessment["trace_id"]
         url = f"{self._base}/{trace}/assessments"
         updated = self._client.patch(
-            f"{url}/{assessment['assessment_id']}", json={"assessment": assessment, "update_mask": _UPDATE_MASK}
+            f"{url}/{assessment['assessment_id']}",
+            content=json_body({"assessment": assessment, "update_mask": _UPDATE_MASK}),
+            headers=JSON,
         )
         outcome = self._outcome(updated)
         if outcome is not None:
@@ -142,7 +152,7 @@ class MlflowSink:
             return self._refused(updated, record)
         # Not there yet (or the trace is not): create it. A create racing another worker's
         # answers 500 (duplicate id), which is Retry; the next try finds it and updates.
-        created = self._client.post(url, json={"assessment": assessment})
+        created = self._client.post(url, content=json_body({"assessment": assessment}), headers=JSON)
         outcome = self._outcome(created)
         if outcome is not None:
             return outcome, False
