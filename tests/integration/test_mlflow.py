@@ -23,7 +23,7 @@ from tests._redis import RedisServer
 from tests.fakellm import FakeLLMServer, Reply
 from tests.integration._drain import drain
 from tests.integration._servers import ROOT, Server
-from tests.integration._traces import TRACESCORE, backfill_scores, fresh_traces, span_ids, to_protobuf
+from tests.integration._traces import TRACESCORE, backfill_scores, fresh_traces, send_otlp, span_ids
 from tests.integration.phoenix_scorers import FAILURE_MESSAGE
 from tests.worker._workers import WorkerProcess, wait_for
 from tracing import ScoreRecord
@@ -32,6 +32,8 @@ from worker.store import RedisOutbox
 
 JUDGE_SCORE = 0.75
 API = "/api/3.0/mlflow"
+# MLflow's OTLP endpoint files a trace under the experiment this header names (and 422s without it).
+EXPERIMENT_HEADER = "x-mlflow-experiment-id"
 
 
 @pytest.fixture
@@ -40,18 +42,6 @@ def experiment(mlflow: Server, project: str) -> str:
     response = httpx.post(f"{mlflow.url}/api/2.0/mlflow/experiments/create", json={"name": project}, timeout=30)
     response.raise_for_status()
     return str(response.json()["experiment_id"])
-
-
-def send_otlp(server: Server, experiment_id: str, requests: list[dict[str, Any]]) -> None:
-    """POST each request to MLflow's ``/v1/traces`` (OTLP/HTTP protobuf) into ``experiment_id``."""
-    with httpx.Client(timeout=30) as client:
-        for request in requests:
-            response = client.post(
-                f"{server.url}/v1/traces",
-                content=to_protobuf(request),
-                headers={"Content-Type": "application/x-protobuf", "x-mlflow-experiment-id": experiment_id},
-            )
-            response.raise_for_status()
 
 
 def get_trace(server: Server, trace_id: str) -> dict[str, Any]:
@@ -103,7 +93,7 @@ def test_scores_arrive_as_feedback_on_their_traces_and_spans(
         "needs-ground-truth",
         "always-fails",
     }
-    send_otlp(mlflow, experiment, traces)
+    send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})
     sink = MlflowSink(mlflow.url)
     try:
         drain(sink, records)
@@ -153,7 +143,7 @@ def test_a_rerun_updates_and_adds_nothing(
 ) -> None:
     """Re-sending the same scores (and a changed one) keeps one assessment per score; the change shows."""
     traces, records = scored(tmp_path, fake_llm_server, project, lines=1)
-    send_otlp(mlflow, experiment, traces)
+    send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})
     trace_ids = {r.trace_id for r in records}
     with_score = next(r for r in records if r.score is not None)
     sink = MlflowSink(mlflow.url)
@@ -194,7 +184,7 @@ def test_a_trace_not_ingested_yet_is_retried_then_delivered(
         nothing_yet = sink.deliver(records)
         assert all(isinstance(o, Retry) and "not in MLflow yet" in o.reason for o in nothing_yet), nothing_yet
 
-        send_otlp(mlflow, experiment, [early])
+        send_otlp(mlflow.url, [early], {EXPERIMENT_HEADER: experiment})
         mixed = sink.deliver(records)
         for record, outcome in zip(records, mixed, strict=True):
             if record.span_id in early_spans:
@@ -204,7 +194,7 @@ def test_a_trace_not_ingested_yet_is_retried_then_delivered(
                 assert outcome.reason == f"trace tr-{record.trace_id} not in MLflow yet (HTTP 404)"
                 assert outcome.after_s > 0
 
-        send_otlp(mlflow, experiment, [late])
+        send_otlp(mlflow.url, [late], {EXPERIMENT_HEADER: experiment})
         drain(sink, records)
     finally:
         sink.close()
@@ -218,7 +208,7 @@ def test_mlflow_down_mid_run_then_back_loses_nothing(
     on the same SQLite file, every score arrives and none twice (everything is re-sent, as an
     outbox that lost its acks would)."""
     traces, records = scored(tmp_path, fake_llm_server, project, lines=3)
-    send_otlp(mlflow, experiment, traces)
+    send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})
     half = len(records) // 2
     sink = MlflowSink(mlflow.url, timeout_s=5.0)
     try:
@@ -269,7 +259,7 @@ def test_refused_writes_carry_mlflows_answer(
     assert outcome.detail == f"RESOURCE_DOES_NOT_EXIST: Trace with ID 'tr-{record.trace_id}' not found."
     assert record.reason not in outcome.reason + outcome.detail
 
-    send_otlp(mlflow, experiment, traces)  # the trace exists: still nothing was written
+    send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})  # the trace exists: still nothing was written
     assert assessments(mlflow, {record.trace_id}) == {}
 
 
@@ -310,7 +300,7 @@ def test_a_worker_delivers_every_score_once_across_an_mlflow_outage(
     fake_llm_server.reset()
     fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}))
     traces = fresh_traces(tmp_path / "traces", lines=3, salt=f"mlflow:{project}", project=project)
-    send_otlp(mlflow, experiment, traces)
+    send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})
     mlflow.stop()
     judge_env = {"OPENAI_BASE_URL": fake_llm_server.openai_base_url, "OPENAI_API_KEY": "sk-fakellm-test"}
     worker = WorkerProcess(
@@ -390,7 +380,7 @@ def test_backfill_with_sink_mlflow_follows_the_readme(
     fake_llm_server.reset()
     fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}))
     traces = fresh_traces(tmp_path / "traces", lines=2, salt=f"mlflow:{project}", project=project)
-    send_otlp(mlflow, experiment, traces)
+    send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
