@@ -2,7 +2,8 @@
 
 It decodes each ``POST /v1/traces`` body with ``opentelemetry-proto`` and keeps the spans, so a
 test can count scores by id at the receiver. ``status`` (settable) makes it answer an error
-instead (503: down for now, 400: a refusal), with ``answer`` as the body; ``stop()`` closes the
+instead (503: down for now, 400: a refusal), with ``answer`` as the body; ``hang`` (an Event,
+set to release) holds each request unanswered, as a stuck backend does; ``stop()`` closes the
 port (an endpoint not listening).
 """
 
@@ -26,6 +27,8 @@ class OtlpReceiver:
         self.answer = b""
         self.spans: list[Span] = []
         self.requests = 0
+        self.hang = threading.Event()
+        self.hang.set()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -41,6 +44,8 @@ class OtlpReceiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with receiver._lock:
                     receiver.requests += 1
+                receiver.hang.wait(60)
+                with receiver._lock:
                     status, answer = receiver.status, receiver.answer
                     if status == 200:
                         request = ExportTraceServiceRequest()
@@ -62,6 +67,7 @@ class OtlpReceiver:
         return self
 
     def stop(self) -> None:
+        self.hang.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

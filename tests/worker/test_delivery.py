@@ -188,3 +188,18 @@ def test_worker_killed_after_storing_before_its_sinks_had_the_scores(started: St
     assert max(receiver.score_ids().values()) == 1
     records = [ScoreRecord.model_validate(s) for s in read_scores(started.scores)]
     assert {r.score_id for r in records} == ids
+
+
+def test_a_hung_sink_does_not_hold_up_another(started: Started, redis_url: str) -> None:
+    """The OTLP endpoint takes requests and never answers: the JSONL sink still gets every score
+    (well inside the OTLP timeout); once the endpoint answers again, OTLP gets each score once."""
+    receiver = started.receiver()
+    receiver.hang.clear()
+    worker = started.worker("hung", _env(receiver.endpoint, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="30"))
+    _, ids = _send(redis_url, 8, "hung")
+    assert wait_for(lambda: receiver.requests >= 1, 30), worker.text()[-3000:]
+    assert wait_for(lambda: {s["score_id"] for s in read_scores(started.scores)} == ids, 15), worker.text()[-3000:]
+    assert receiver.score_ids() == {}
+    receiver.hang.set()
+    assert wait_for(lambda: set(receiver.score_ids()) == ids, 60), worker.text()[-3000:]
+    assert max(receiver.score_ids().values()) == 1
