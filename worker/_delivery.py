@@ -141,7 +141,10 @@ def _deliver(sink: ScoreSink, records: Sequence[ScoreRecord]) -> list[Delivery]:
         outcomes = sink.deliver(records)
     except Exception as exc:  # a bug in the sink: the records wait for a fixed one
         log.error("sink_crashed", sink=sink.name, records=len(records), error_type=type(exc).__name__)
-        return [Retry(f"sink_crashed:{type(exc).__name__}")] * len(records)
+        if len(records) > 1:
+            # One record may be what it trips on: one at a time, so the others still go.
+            return [o for r in records for o in _deliver(sink, [r])]
+        return [Retry(f"sink_crashed:{type(exc).__name__}")]
     if len(outcomes) != len(records):
         log.error("sink_answered_wrong_count", sink=sink.name, records=len(records), outcomes=len(outcomes))
         return [Retry("sink_answered_wrong_count")] * len(records)

@@ -178,3 +178,32 @@ def test_retry_after_is_respected(pair: tuple[Any, Outbox]) -> None:
     sink.outcome = Delivered()
     assert wait_for(lambda: drain_once(sink, outbox, policy) == 1, 5)
     assert time.monotonic() - started >= 0.8  # ≥ after_s, less the jitter
+
+
+class _TripsOn(MemorySink):
+    """A sink with a bug: it raises on a batch holding one particular record."""
+
+    def __init__(self, name: str, bad: str) -> None:
+        super().__init__(name)
+        self.bad = bad
+
+    def deliver(self, records: Any) -> Any:
+        if any(r.score_id == self.bad for r in records):
+            raise KeyError("a sink bug")
+        return super().deliver(records)
+
+
+def test_a_sink_that_raises_on_one_record_still_takes_the_others(pair: tuple[Any, Outbox]) -> None:
+    """A sink raising for a batch is retried record by record: the others are delivered, the one
+    it trips on waits for a retry (counted), and after max_attempts is a dead letter naming the bug."""
+    store, outbox = pair
+    records = [_record(n, score=0.5) for n in range(5)]
+    _put(store, *records)
+    sink = _TripsOn("alpha", records[2].score_id)
+    policy = DrainPolicy(batch_size=10, lease_s=30, max_attempts=2, backoff_s=0.05, backoff_max_s=0.05)
+    assert drain_once(sink, outbox, policy) == 5
+    assert sorted(r.score_id for r in sink.records) == sorted(r.score_id for r in records if r != records[2])
+    assert wait_for(lambda: drain_once(sink, outbox, policy) >= 0 and outbox.counts()["alpha"].failed == 1, 5)
+    (letter,) = outbox.dead_letters("alpha")
+    assert letter.score_id == records[2].score_id
+    assert "sink_crashed:KeyError" in letter.detail
