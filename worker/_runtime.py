@@ -110,9 +110,9 @@ class WorkerRuntime:
             model_concurrency=settings.model_concurrency,
             reconnect_s=RECONNECT_S,
         )
+        call_context = judge_request_context(get_judge_hooks().call_context or judge_call_span)
         # Budgets, spend and the per-run judge-call cap, shared by every worker (worker/_budget.py).
         guard = BudgetGuard(RedisLedger(settings.store_url, reconnect_s=RECONNECT_S), parse_budgets(settings.budgets))
-        call_context = judge_request_context(get_judge_hooks().call_context or judge_call_span)
         set_judge_hooks(JudgeHooks(limiter=limiter, call_context=call_context, guard=guard))
         deps = ScoringDeps(
             registry=registry,
