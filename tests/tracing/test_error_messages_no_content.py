@@ -25,6 +25,7 @@ from tests.tracing._exporting import Recording
 from tests.tracing._spans import Recorder, genai_messages
 from tracing import (
     CallbackSink,
+    MemoryScoreWriter,
     OtlpDecodeError,
     ScoreBatch,
     ScoreRequest,
@@ -34,7 +35,6 @@ from tracing import (
     trace_to_run,
 )
 from tracing._records import span_record
-from tracing import MemoryScoreWriter
 from tracing.otlp import decode_otlp_json_line
 from worker import _scoring
 from worker._registry import Registry

@@ -9,8 +9,8 @@ import pytest
 
 from scorers import ScoreResult, create_scorer
 from tests.worker._batches import batch
-from tracing._score_record import score_id_for
 from tracing import MemoryScoreWriter
+from tracing._score_record import score_id_for
 from worker._registry import Registry
 from worker._scoring import ScoringDeps, score_batch
 from worker.store import MemoryScoreStore

@@ -11,9 +11,8 @@ import pytest
 from scorers import create_scorer
 from tests.tracing._exporting import Recording
 from tests.tracing._spans import Recorder, agent_trace
-from tracing import CallbackSink, ScoreBatch, ScoreRequest, ScoringRule, ScoringSpanExporter
+from tracing import CallbackSink, MemoryScoreWriter, ScoreBatch, ScoreRequest, ScoringRule, ScoringSpanExporter
 from tracing._records import span_record
-from tracing import MemoryScoreWriter
 from tracing.read import plan_runs
 from worker import _scoring
 from worker._registry import Registry
