@@ -57,12 +57,15 @@ def scripted() -> Iterator[tuple[Scripted, str]]:
             if answer.wait is not None:
                 answer.wait.wait()
             body = answer.body if isinstance(answer.body, str) else json.dumps(answer.body)
-            self.send_response(answer.status)
-            for key, value in {"Content-Type": "application/json", **answer.headers}.items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", str(len(body.encode())))
-            self.end_headers()
-            self.wfile.write(body.encode())
+            try:
+                self.send_response(answer.status)
+                for key, value in {"Content-Type": "application/json", **answer.headers}.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body.encode())))
+                self.end_headers()
+                self.wfile.write(body.encode())
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # a hung answer's client gave up (its timeout): nobody to answer
 
         do_PATCH = do_POST = _serve
 
