@@ -1,9 +1,8 @@
 """A local stand-in for Langfuse's score API (Langfuse's own server cannot run here).
 
-``FakeLangfuse`` serves ``POST /api/public/scores`` and ``GET /api/public/scores/{id}`` on a
-free loopback port (stdlib ``http.server`` in a thread) and checks each create request the way
-Langfuse's public API definition says (``CreateScoreRequest`` in
-``fern/apis/server/definition/scores.yml``):
+``FakeLangfuse`` serves ``POST /api/public/scores`` on a free loopback port (stdlib
+``http.server`` in a thread) and checks each create request the way Langfuse's public API
+definition says (``CreateScoreRequest`` in ``fern/apis/server/definition/scores.yml``):
 
 - HTTP Basic auth with the project's public key as user and secret key as password, else 401;
 - a JSON object; ``name`` a non-empty string; ``value`` a number or a string; one of
@@ -127,11 +126,6 @@ class FakeLangfuse:
             if not self._authorized(auth):
                 message = "Invalid credentials. Confirm that you've configured the correct host."
                 return 401, {"message": message, "error": "Unauthorized"}, None
-            if method == "GET" and path.startswith(SCORES_PATH + "/"):
-                score = self.scores.get(path.removeprefix(SCORES_PATH + "/"))
-                if score is None:
-                    return 404, {"message": "Score not found", "error": "LangfuseNotFoundError"}, None
-                return 200, score, None
             if method != "POST" or path != SCORES_PATH:
                 return 404, {"message": "Not found", "error": "NotFound"}, None
             try:
@@ -177,9 +171,6 @@ def _handler(fake: FakeLangfuse) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             self._serve("POST")
-
-        def do_GET(self) -> None:
-            self._serve("GET")
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet: pytest shows failures
             pass
