@@ -9,6 +9,7 @@ as feedback assessments on the right traces and spans.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import time
@@ -341,18 +342,30 @@ def test_a_worker_delivers_every_score_once_across_an_mlflow_outage(
             "always-fails",
         }
 
-        def mlflow_counts() -> dict[str, int]:
-            counts = outbox.counts().get("mlflow")
-            return counts.as_dict() if counts else {}
+        def counts(sink: str) -> dict[str, int]:
+            found = outbox.counts().get(sink)
+            return found.as_dict() if found else {}
 
-        assert wait_for(lambda: mlflow_counts().get("retried", 0) >= len(records), timeout=60), mlflow_counts()
-        down = mlflow_counts()
+        assert wait_for(lambda: counts("mlflow").get("retried", 0) >= len(records), timeout=60), counts("mlflow")
+        down = counts("mlflow")
         assert (down["pending"], down["delivered"], down["failed"]) == (len(records), 0, 0), down
+        # MLflow down holds up nothing else: the JSONL sink has every score already.
+        assert counts("jsonl")["delivered"] == len(records)
 
         mlflow.start()
-        assert wait_for(lambda: mlflow_counts().get("delivered") == len(records), timeout=120), mlflow_counts()
-        assert mlflow_counts()["pending"] == 0
-        assert mlflow_counts()["failed"] == 0
+        assert wait_for(lambda: counts("mlflow").get("delivered") == len(records), timeout=120), counts("mlflow")
+        listed = subprocess.run(
+            [TRACESCORE, "sinks", "list", "mlflow", "--json", "--broker", redis_url],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+            check=True,
+        )  # fmt: skip
+        shown = json.loads(listed.stdout)["mlflow"]
+        assert (shown["delivered"], shown["pending"], shown["failed"], shown["dead_letters"]) == (
+            len(records),
+            0,
+            0,
+            [],
+        )
     finally:
         outbox.close()
         worker.stop()
