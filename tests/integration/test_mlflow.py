@@ -258,6 +258,7 @@ def test_refused_writes_carry_mlflows_answer(
     assert isinstance(outcome, Refused), outcome
     assert outcome.reason.startswith(f"trace tr-{record.trace_id} still not in MLflow ")
     assert outcome.detail == f"RESOURCE_DOES_NOT_EXIST: Trace with ID 'tr-{record.trace_id}' not found."
+    assert record.reason
     assert record.reason not in outcome.reason + outcome.detail
 
     send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})  # the trace exists: still nothing was written
