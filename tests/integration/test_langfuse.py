@@ -294,7 +294,8 @@ _chars = st.characters(exclude_categories=[]) | st.sampled_from(["\ud800", "\udf
 _texts = st.none() | st.text(alphabet=_chars, max_size=60)
 _records = st.builds(
     record,
-    scorer_id=st.text(alphabet=_chars, min_size=1, max_size=30),
+    # Ids are names in code and go into the score id's hash: no lone surrogates there.
+    scorer_id=st.text(min_size=1, max_size=30),
     span_id=st.sampled_from(SPANS),
     scorer_name=_texts,
     score=st.none() | st.floats(allow_nan=True, allow_infinity=True),
@@ -308,7 +309,7 @@ _records = st.builds(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(records=st.lists(_records, min_size=1, max_size=6))
+@given(records=st.lists(_records, min_size=1, max_size=6, unique_by=lambda r: r.score_id))  # an outbox batch
 def test_any_record_is_delivered_or_refused_by_the_sink_never_by_langfuse(
     langfuse: FakeLangfuse, sink: LangfuseSink, records: list[ScoreRecord]
 ) -> None:
