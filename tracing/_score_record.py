@@ -7,12 +7,25 @@ so a redelivered or re-run request finds the score it already produced and write
 from __future__ import annotations
 
 import hashlib
+import re
 import time
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["ScoreRecord", "score_id_for"]
+
+
+# A str holds a surrogate only when it is lone (a pair is one code point): not encodable as UTF-8.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _valid_text(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_valid_text(v) for v in value]
+    return value
 
 
 def score_id_for(trace_id: str, span_id: str, scorer_id: str, scorer_version: str) -> str:
@@ -62,6 +75,14 @@ class ScoreRecord(BaseModel):
     # Epoch seconds: when the run was handed to the queue, and when scoring finished.
     enqueued_at: float | None = None
     scored_at: float = Field(default_factory=time.time)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _encodable(cls, value: Any) -> Any:
+        # A lone surrogate (json.loads of a judge's or an agent's "\ud83d" makes one) would make
+        # the record unserialisable: no store could keep it, no sink send it, on every retry.
+        # U+FFFD here, once, so every store and sink gets valid UTF-8.
+        return _valid_text(value)
 
     @property
     def ok(self) -> bool:

@@ -332,3 +332,18 @@ def test_url_credentials_are_not_in_the_error() -> None:
 def test_bad_timeout_raises() -> None:
     with pytest.raises(ValueError, match="timeout"):
         PhoenixSink("http://127.0.0.1:1", timeout_s=0)
+
+
+def test_a_lone_surrogate_in_a_records_text_is_sent_as_replacement_character(fake: FakePhoenix) -> None:
+    """A lone surrogate (json.loads of an agent's cut emoji) is U+FFFD in the record itself, and
+    the sink's body encoding replaces one too (a record made without validation): both delivered."""
+    built = record(reason="cut \ud83d")
+    assert built.reason == "cut \ufffd"
+    unvalidated = record(span_id="00f067aa0ba902b8").model_copy(update={"reason": "raw \udc00"})
+    sink = PhoenixSink(fake.url)
+    try:
+        assert sink.deliver([built, unvalidated]) == [Delivered(), Delivered()]
+    finally:
+        sink.close()
+    [seen] = fake.seen
+    assert [a["result"]["explanation"] for a in seen.body["data"]] == ["cut \ufffd", "raw \ufffd"]

@@ -166,6 +166,21 @@ def test_drain_once_delivers_refuses_retries_and_drops_gone_records(pair: tuple[
     assert outbox.counts()["alpha"].delivered == 4
 
 
+def test_a_lone_surrogate_in_record_text_is_stored_and_delivered(pair: tuple[Any, Outbox]) -> None:
+    """A record whose text holds a lone surrogate (an agent's cut emoji through json.loads) is
+    stored with U+FFFD, its batch neighbours too, and every sink gets it (it used to fail the
+    whole group commit on every retry)."""
+    store, outbox = pair
+    cut = _record(1, score=None, error_type="ValueError", error_message="unexpected answer: cut \ud83d")
+    assert _put(store, cut, _record(2, score=0.2, reason="quotes \udc00 too")) == [True, True]
+    sink = MemorySink("alpha")
+    policy = DrainPolicy(batch_size=10, lease_s=30, max_attempts=2)
+    assert drain_once(sink, outbox, policy) == 2
+    assert outbox.counts()["alpha"].delivered == 2
+    texts = sorted(str(r.error_message or r.reason) for r in sink.records)
+    assert texts == ["quotes \ufffd too", "unexpected answer: cut \ufffd"]
+
+
 def test_retry_after_is_respected(pair: tuple[Any, Outbox]) -> None:
     """A sink's Retry.after_s is the least wait before the next attempt."""
     store, outbox = pair

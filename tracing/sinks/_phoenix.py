@@ -42,7 +42,7 @@ import httpx
 
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
-from tracing.sinks._http import DETAIL_CHARS, is_retryable, retry_after, transport_retry
+from tracing.sinks._http import DETAIL_CHARS, JSON, is_retryable, json_body, retry_after, transport_retry
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = ["PhoenixSink"]
@@ -135,7 +135,9 @@ class PhoenixSink:
     def _post(self, data: list[dict[str, Any]]) -> Delivered | Retry | tuple[int, str]:
         """Delivered, Retry, or (status, body) of a refusal to look at."""
         try:
-            response = self._client.post(self._url, params={"sync": "true"}, json={"data": data})
+            response = self._client.post(
+                self._url, params={"sync": "true"}, content=json_body({"data": data}), headers=JSON
+            )
         except httpx.TransportError as exc:
             return transport_retry("Phoenix", exc)
         except httpx.DecodingError as exc:  # an answer came, with a body its encoding cannot undo
