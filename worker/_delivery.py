@@ -124,16 +124,61 @@ def drain_once(sink: ScoreSink, outbox: Outbox, policy: DrainPolicy) -> int:
     lease = outbox.lease(sink.name, policy.batch_size, policy.lease_s)
     if not lease.attempts:
         return 0
-    found = outbox.records(lease.ids)
-    gone = [s for s in lease.ids if s not in found]
+    # Leased more often than allowed without ever being settled: each try ended before its
+    # answer was recorded (a record that kills its drainer, a drainer stopped mid-delivery).
+    spent = [s for s, n in lease.attempts.items() if n > policy.max_attempts]
+    letters = [
+        _letter(sink, s, lease.attempts[s], "max_attempts", f"{lease.attempts[s] - 1} attempts never settled")
+        for s in spent
+    ]
+    found, unreadable = outbox.read([s for s in lease.ids if s not in spent])
+    letters += [_letter(sink, s, lease.attempts[s], "unreadable_record", why) for s, why in unreadable.items()]
+    if letters:
+        outbox.dead(lease, letters)
+        for letter in letters:
+            log.error(
+                "sink_dead_letter", sink=sink.name, score_id=letter.score_id, reason=letter.reason,
+                attempts=letter.attempts,
+            )  # fmt: skip
+    gone = [s for s in lease.ids if s not in found and s not in unreadable and s not in spent]
     if gone:
         # Expired from the store (TTL) before this sink took it: nothing left to deliver.
         outbox.drop(lease, gone)
         log.warning("sink_record_gone", sink=sink.name, dropped=len(gone), score_id=gone[0], reason="record_expired")
     records = [found[s] for s in lease.ids if s in found]
     if records:
-        _settle(sink, outbox, policy, lease, records, _deliver(sink, records))
+        with _Heartbeat(outbox, lease, policy.lease_s) as held:
+            outcomes = _deliver(sink, records)
+        _settle(sink, outbox, policy, held.lease, records, outcomes)
     return len(lease.ids)
+
+
+class _Heartbeat:
+    """Renews a lease every third of its length while a delivery is in flight, so a backend
+    slower than the lease does not get the batch again from another drainer (and the first
+    answer is not refused by a token that moved on). ``lease`` is the latest one, to settle by."""
+
+    def __init__(self, outbox: Outbox, lease: Lease, lease_s: float) -> None:
+        self.lease = lease
+        self._outbox = outbox
+        self._lease_s = lease_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"tracescore-lease-{lease.sink}", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(self._lease_s / 3):
+            try:
+                self.lease = self._outbox.renew(self.lease, self._lease_s)
+            except Exception as exc:  # the store away: the lease may lapse, at worst a re-send
+                log.warning("sink_lease_renew_failed", sink=self.lease.sink, error_type=type(exc).__name__)
 
 
 def _deliver(sink: ScoreSink, records: Sequence[ScoreRecord]) -> list[Delivery]:
@@ -186,7 +231,10 @@ def _settle(
         )
 
 
-def _letter(sink: ScoreSink, record: ScoreRecord, attempts: int, reason: str, detail: str) -> SinkDeadLetter:
+def _letter(sink: ScoreSink, record: ScoreRecord | str, attempts: int, reason: str, detail: str) -> SinkDeadLetter:
+    """The dead letter of a record (or of an id whose record cannot be read)."""
+    if isinstance(record, str):
+        return SinkDeadLetter(score_id=record, sink=sink.name, reason=reason, detail=detail[:1000], attempts=attempts)
     return SinkDeadLetter(
         score_id=record.score_id,
         sink=sink.name,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -179,6 +180,99 @@ def test_a_lone_surrogate_in_record_text_is_stored_and_delivered(pair: tuple[Any
     assert outbox.counts()["alpha"].delivered == 2
     texts = sorted(str(r.error_message or r.reason) for r in sink.records)
     assert texts == ["quotes \ufffd too", "unexpected answer: cut \ufffd"]
+
+
+def test_an_unreadable_record_is_a_dead_letter_and_its_batch_is_delivered(redis_url: str) -> None:
+    """A stored record that no longer validates (corrupt, an older schema) is its own dead letter
+    naming why (not its content); its batch neighbours are delivered in the same pass."""
+    import redis
+
+    from worker import _keys
+
+    store = lambda: RedisScoreStore(redis_url, sinks=SINKS)  # noqa: E731
+    good = [_record(n, score=0.5) for n in range(5)]
+    _put(store, *good)
+    raw = redis.Redis.from_url(redis_url)
+    raw.set(_keys.record_key(good[2].score_id), '{"score_id": "x", "source": "replay", "reason": "secret text"}')
+    raw.close()
+    outbox = RedisOutbox(redis_url)
+    try:
+        sink = MemorySink("alpha")
+        assert drain_once(sink, outbox, DrainPolicy(batch_size=10, lease_s=30, max_attempts=3)) == 5
+        assert sorted(r.score_id for r in sink.records) == sorted(r.score_id for r in good if r != good[2])
+        counts = outbox.counts()["alpha"]
+        assert (counts.delivered, counts.failed, counts.pending) == (4, 1, 0)
+        (letter,) = outbox.dead_letters("alpha")
+        assert (letter.score_id, letter.reason) == (good[2].score_id, "unreadable_record")
+        assert "source" in letter.detail
+        assert "trace_id" in letter.detail
+        assert "secret text" not in letter.detail
+        assert "replay" not in letter.detail
+    finally:
+        outbox.close()
+
+
+def test_max_attempts_bounds_leases_that_never_settle(pair: tuple[Any, Outbox]) -> None:
+    """Ids whose every lease ran out unsettled (a record that kills its drainer) become dead
+    letters once leased past max_attempts, without another try at the sink."""
+    store, outbox = pair
+    _put(store, _record(1, score=0.5))
+    policy = DrainPolicy(batch_size=10, lease_s=0.05, max_attempts=2)
+    for _ in range(policy.max_attempts):  # two drainers that died mid-delivery
+        assert wait_for(lambda: bool(outbox.lease("alpha", 10, policy.lease_s).ids), 5)
+    sink = MemorySink("alpha")
+    assert wait_for(lambda: drain_once(sink, outbox, policy) == 1, 5)
+    assert sink.records == []
+    (letter,) = outbox.dead_letters("alpha")
+    assert (letter.reason, letter.attempts) == ("max_attempts", 3)
+    assert outbox.counts()["alpha"].pending == 0
+
+
+class _Slow(MemorySink):
+    """A backend slower than the drainers' lease."""
+
+    def __init__(self, name: str, seconds: float) -> None:
+        super().__init__(name)
+        self.seconds = seconds
+        self.lock = threading.Lock()
+
+    def deliver(self, records: Any) -> Any:
+        time.sleep(self.seconds)
+        with self.lock:
+            return super().deliver(records)
+
+
+def test_a_delivery_slower_than_the_lease_is_renewed_not_resent(pair: tuple[Any, Outbox], redis_url: str) -> None:
+    """Two drainers of one sink (two worker processes) and a batch that takes longer than the
+    lease: the lease is renewed while it is in flight, so every score reaches the backend once
+    and is acknowledged (it used to be re-leased by the other drainer on every lease period)."""
+    store, outbox = pair
+    records = [_record(n, score=0.5) for n in range(10)]
+    _put(store, *records)
+    policy = DrainPolicy(batch_size=5, lease_s=0.3, max_attempts=12)
+    sink = _Slow("alpha", 1.0)
+    stop = threading.Event()
+    outboxes = [outbox, outbox if isinstance(outbox, MemoryOutbox) else RedisOutbox(redis_url)]
+
+    def drainer(mine: Outbox) -> None:
+        while not stop.is_set():
+            if not drain_once(sink, mine, policy):
+                stop.wait(0.02)
+
+    threads = [threading.Thread(target=drainer, args=(o,)) for o in outboxes]
+    for thread in threads:
+        thread.start()
+    try:
+        assert wait_for(lambda: outbox.counts()["alpha"].delivered == 10, 15)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        if outboxes[1] is not outbox:
+            outboxes[1].close()
+    assert sorted(r.score_id for r in sink.records) == sorted(r.score_id for r in records)
+    counts = outbox.counts()["alpha"]
+    assert (counts.delivered, counts.pending, counts.failed, counts.retried) == (10, 0, 0, 0)
 
 
 def test_retry_after_is_respected(pair: tuple[Any, Outbox]) -> None:

@@ -6,13 +6,17 @@ queue (a sorted set of score ids by when each is due), counters and dead letters
 down never holds up another.
 
 A drainer takes due ids with a *lease*: their due time moves ``lease_s`` ahead and the lease's
-token is that new due time. A drainer that dies mid-delivery leaves its ids to come due again
-when the lease runs out (delivery is at least once; sinks upsert by score id). Settling an id
+token is that new due time. While its delivery is in flight the drainer renews the lease
+(``renew``: a new token, the same ids), so a slow backend is never handed the same batch by a
+second drainer; a drainer that dies mid-delivery leaves its ids to come due again when the
+lease runs out (delivery is at least once; sinks upsert by score id). Settling an id
 (``ack``, ``retry``, ``dead``, ``drop``) only applies while the id still carries the caller's
 token: a later lease, or a newer record of the same score queued meanwhile, is left alone.
 
 Attempts are counted per id when it is leased (a drainer killed by a record counts too). After
-``max_attempts``, or a ``Refused`` from the backend, the id becomes the sink's dead letter (the
+``max_attempts`` (checked when leased too, so a record that kills its drainer every time still
+ends), a ``Refused`` from the backend, or a stored record that no longer reads as one (``read``),
+the id becomes the sink's dead letter (the
 reason and the backend's answer, never the score's content), which ``redrive`` queues again. An
 id whose record is gone (its TTL ran out before the sink took it) is dropped and counted.
 
@@ -31,7 +35,7 @@ from itertools import islice
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import redis
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -109,7 +113,17 @@ class Outbox(Protocol):
         ...
 
     def records(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
-        """The stored records among ``score_ids`` (those gone are left out)."""
+        """The stored records among ``score_ids`` (those gone or unreadable are left out)."""
+        ...
+
+    def read(self, score_ids: Sequence[str]) -> tuple[dict[str, ScoreRecord], dict[str, str]]:
+        """The stored records among ``score_ids``, and why each unreadable one is (a stored
+        record that fails validation: named by its errors' places and kinds, never its content)."""
+        ...
+
+    def renew(self, lease: Lease, lease_s: float) -> Lease:
+        """Push the ids still under ``lease`` ``lease_s`` ahead (a delivery still in flight);
+        the returned lease (its new token) holds those ids."""
         ...
 
     def ack(self, lease: Lease, score_ids: Sequence[str]) -> int:
@@ -168,6 +182,40 @@ for _, id in ipairs(ids) do
 end
 return out
 """
+
+# KEYS: queue. ARGV: old token, new due ms, ids... Returns the ids renewed.
+_RENEW = """
+local out = {}
+for i = 3, #ARGV do
+  local current = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if current and tonumber(current) == tonumber(ARGV[1]) then
+    redis.call('ZADD', KEYS[1], 'XX', tonumber(ARGV[2]), ARGV[i])
+    table.insert(out, ARGV[i])
+  end
+end
+return out
+"""
+
+
+def _unreadable(exc: ValidationError) -> str:
+    """Why a stored record fails validation, without its values (they are score content)."""
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    places = sorted({".".join(str(p) for p in e["loc"]) + f" ({e['type']})" for e in errors})
+    return f"stored record fails validation: {', '.join(places)[:300]}"
+
+
+def _parse(values: Mapping[str, str | None]) -> tuple[dict[str, ScoreRecord], dict[str, str]]:
+    found: dict[str, ScoreRecord] = {}
+    bad: dict[str, str] = {}
+    for score_id, value in values.items():
+        if value is None:
+            continue
+        try:
+            found[score_id] = ScoreRecord.model_validate_json(value)
+        except ValidationError as exc:
+            bad[score_id] = _unreadable(exc)
+    return found, bad
+
 
 # KEYS: queue, attempts, counts, dead. ARGV: id, token, action, next due ms, letter json.
 # Only while the id still carries this lease's token (see the module docstring).
@@ -230,6 +278,7 @@ class RedisOutbox:
         self._lease = self._client.register_script(_LEASE)
         self._settle = self._client.register_script(_SETTLE)
         self._redrive = self._client.register_script(_REDRIVE)
+        self._renew = self._client.register_script(_RENEW)
 
     def register(self, sinks: Iterable[str]) -> None:
         names = list(sinks)
@@ -250,10 +299,20 @@ class RedisOutbox:
         return Lease(sink, token, {str(raw[i]): int(raw[i + 1]) for i in range(1, len(raw), 2)})
 
     def records(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
+        return self.read(score_ids)[0]
+
+    def read(self, score_ids: Sequence[str]) -> tuple[dict[str, ScoreRecord], dict[str, str]]:
         if not score_ids:
-            return {}
+            return {}, {}
         values = self._client.mget([_keys.record_key(s) for s in score_ids])
-        return {s: ScoreRecord.model_validate_json(v) for s, v in zip(score_ids, values, strict=True) if v}
+        return _parse(dict(zip(score_ids, values, strict=True)))
+
+    def renew(self, lease: Lease, lease_s: float) -> Lease:
+        due = _now_ms() + int(lease_s * 1000)
+        if not lease.attempts:
+            return Lease(lease.sink, due, {})
+        kept = {str(x) for x in self._renew(keys=[_keys.outbox_key(lease.sink)], args=[lease.token, due, *lease.ids])}
+        return Lease(lease.sink, due, {s: n for s, n in lease.attempts.items() if s in kept})
 
     def _apply(self, lease: Lease, calls: Sequence[tuple[str, str, int, str]]) -> int:
         if not calls:
@@ -379,6 +438,21 @@ class MemoryOutbox:
 
     def records(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
         return self._records(score_ids)
+
+    def read(self, score_ids: Sequence[str]) -> tuple[dict[str, ScoreRecord], dict[str, str]]:
+        # In memory a record is a validated object: none is unreadable.
+        return self._records(score_ids), {}
+
+    def renew(self, lease: Lease, lease_s: float) -> Lease:
+        token = _now_ms() + int(lease_s * 1000)
+        kept: dict[str, int] = {}
+        with self._lock:
+            due = self._due.get(lease.sink, {})
+            for score_id, attempts in lease.attempts.items():
+                if due.get(score_id) == lease.token:
+                    due[score_id] = token
+                    kept[score_id] = attempts
+        return Lease(lease.sink, token, kept)
 
     def _settle(self, lease: Lease, score_ids: Iterable[str], action: Callable[[str], None]) -> int:
         done = 0
