@@ -11,11 +11,19 @@ a later delivery after the budget resets at 00:00 UTC replaces it). Overshoot is
 budget can be passed by the calls already admitted when it ran out — at most the calls in
 flight across all workers (``model_concurrency`` × processes) × the cost of one call.
 
-The call cap: every judge call of a run increments a counter kept in Redis per run (trace,
-span, scorer; with a TTL), so redeliveries share it (``tracescore dlq retry`` resets it); past
-``TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN`` (default: what one delivery may make, the sum over the
-scorer's prompt steps of max_processor_retries + 1) the call is refused and the run gets a
-retryable ``judge_attempts_exhausted`` record.
+The call cap bounds what a run whose judge keeps failing pays across its deliveries. A judge
+call that fails (an error answer, a timeout: a request really sent) is counted in Redis per run
+and scorer version (``judge_calls:<trace>:<span>:<scorer>`` hash, field = version, TTL
+``calls_ttl_s``; ``tracescore dlq retry`` deletes it); successful calls and calls never sent
+(refused, cancelled while waiting for the rate limiter) are not. A redelivered run reads the
+count before each judge call and is refused once it reaches
+``TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN`` (default ``default_attempt_cap``: one delivery's
+attempts, Σ over the prompt steps of 1 + max_processor_retries, plus one per retry delivery,
+``TRACESCORE_RETRY_BUDGET``); the refused run gets a retryable record naming its last judge
+error. So one transient failure is retried by the worker as before, and a judge that always
+answers 503 to a scorer with 3 retries costs 4 + 3 = 7 requests, not 4 × 4 = 16. A first
+delivery reads nothing: its own attempts stay within the default cap (a cap set lower is held
+by counting that delivery's failures in the process).
 
 Days are UTC dates of the worker's clock. Spend is kept per day for ``SPEND_TTL_S`` and per
 job until the job's keys expire. ``MemoryLedger`` is the in-process twin (backfill without a
@@ -26,9 +34,10 @@ from __future__ import annotations
 
 import contextvars
 import json
+import math
 import os
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -97,9 +106,6 @@ class Budgets(BaseModel):
             out[TOTAL] = self.total
         return out
 
-    def __bool__(self) -> bool:
-        return bool(self.scorers or self.models or self.total is not None)
-
 
 def parse_budgets(raw: str | Mapping[str, Any] | None) -> Budgets:
     """``TRACESCORE_BUDGETS`` (JSON); a bad value raises ``ValueError`` saying what is expected."""
@@ -156,13 +162,43 @@ def price_table() -> dict[str, ModelPrice]:
         return dict(DEFAULT_PRICES)
 
 
+# Values read back from Redis that were not numbers (a hand-edited or hostile key): each is
+# skipped (read as 0), logged and counted here, never the reason a judge call or a scrape fails.
+unreadable_values: Counter[str] = Counter()
+
+
+def _number(raw: Any, where: str) -> float:
+    if raw is None:
+        return 0.0
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if math.isfinite(value):
+        return value
+    unreadable_values[where] += 1
+    log.warning("ledger_value_unreadable", key=where)
+    return 0.0
+
+
+def _count(raw: Any, where: str) -> int:
+    value = _number(raw, where)
+    return int(value) if abs(value) < 2**53 else 0
+
+
 def utc_day(now: float | None = None) -> str:
     return datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime("%Y-%m-%d")
 
 
-def default_attempt_cap(scorer: Scorer) -> int:
-    """Judge calls one delivery of a run may make: per prompt step, the first try and its retries."""
-    return sum(1 + (j.effective_max_processor_retries if j is not None else 0) for j in scorer.step_judges().values())
+def default_attempt_cap(scorer: Scorer, retry_deliveries: int) -> int:
+    """Failed judge calls one run may make across its deliveries: what one delivery may make
+    (per prompt step, the first try and its retries; a schema fallback call is made only after
+    an answer, so it adds no failure) and one call for each of ``retry_deliveries`` more. 0 (no
+    cap) for a scorer without prompt steps: judges called inside function steps are not known."""
+    one_delivery = sum(
+        1 + (j.effective_max_processor_retries if j is not None else 0) for j in scorer.step_judges().values()
+    )
+    return one_delivery + max(0, retry_deliveries) if one_delivery else 0
 
 
 class Ledger(Protocol):
@@ -174,25 +210,22 @@ class Ledger(Protocol):
         """The day's spend of ``fields``, the job's spend and the job's limit."""
         ...
 
-    async def count_call(self, run_key: str, ttl_s: int) -> int: ...
+    async def failed_calls(self, run_key: str, version: str) -> tuple[int, str | None]:
+        """Failed judge calls of one run and scorer version so far, and the last one's error."""
+        ...
+
+    async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int) -> None: ...
 
     async def reset_calls(self, run_keys: list[str]) -> None: ...
 
-    async def note_error(self, run_key: str, error: str, ttl_s: int) -> None: ...
-
-    async def last_error(self, run_key: str) -> str | None: ...
-
     async def spent(self, day: str) -> dict[str, float]: ...
-
-    async def job_spent(self, job_id: str) -> dict[str, float]: ...
-
-    async def set_job_limit(self, job_id: str, usd: float, ttl_s: int) -> None: ...
 
 
 @unavailable_as_error
 class RedisLedger:
     """``Ledger`` in Redis: ``spend:<day>`` and ``spend:job:<id>`` hashes (field → USD),
-    ``budget:job:<id>`` (a job's limit), ``judge_calls:<score id>`` counters."""
+    ``budget:job:<id>`` (a job's limit), ``judge_calls:<trace>:<span>:<scorer>`` hashes (field
+    ``<version>``: failed calls, ``<version>:error``: the last one's error)."""
 
     def __init__(self, url: str, *, reconnect_s: float = 2.0) -> None:
         self.url = url
@@ -210,7 +243,9 @@ class RedisLedger:
         return self._client
 
     async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None:
-        async with self._redis().pipeline(transaction=True) as pipe:
+        # One round trip, no MULTI: each HINCRBYFLOAT is atomic on its own, and a reader
+        # between them sees a total at most one call behind.
+        async with self._redis().pipeline(transaction=False) as pipe:
             key = _keys.spend_key(day)
             for f in fields:
                 pipe.hincrbyfloat(key, f, cost)
@@ -230,40 +265,32 @@ class RedisLedger:
                 pipe.hget(_keys.job_spend_key(job_id), TOTAL)
                 pipe.get(_keys.job_budget_key(job_id))
             out = await pipe.execute()
-        values = [float(v or 0) for v in out.pop(0)] if fields else []
+        values = [_number(v, f"spend:{f}") for f, v in zip(fields, out.pop(0), strict=True)] if fields else []
         if not job_id:
             return values, 0.0, None
-        return values, float(out[0] or 0), float(out[1]) if out[1] is not None else None
+        # An unreadable job limit reads as 0: the job's calls are refused (logged), not unbounded.
+        return values, _number(out[0], "job_spend"), _number(out[1], "job_limit") if out[1] is not None else None
 
-    async def count_call(self, run_key: str, ttl_s: int) -> int:
-        async with self._redis().pipeline(transaction=True) as pipe:
-            pipe.incr(_keys.judge_calls_key(run_key))
-            pipe.expire(_keys.judge_calls_key(run_key), ttl_s)
-            count, _ = await pipe.execute()
-        return int(count)
+    async def failed_calls(self, run_key: str, version: str) -> tuple[int, str | None]:
+        count, error = await self._redis().hmget(_keys.judge_calls_key(run_key), [version, f"{version}:error"])
+        return _count(count, "judge_calls"), str(error) if error is not None else None
+
+    async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int) -> None:
+        key = _keys.judge_calls_key(run_key)
+        # One round trip, no MULTI: the count only has to add up (HINCRBY is atomic by itself).
+        async with self._redis().pipeline(transaction=False) as pipe:
+            pipe.hincrby(key, version, 1)
+            pipe.hset(key, f"{version}:error", error)
+            pipe.expire(key, ttl_s)
+            await pipe.execute()
 
     async def reset_calls(self, run_keys: list[str]) -> None:
         if run_keys:
-            keys = [_keys.judge_calls_key(k) for k in run_keys]
-            await self._redis().delete(*keys, *(_keys.judge_error_key(k) for k in run_keys))
-
-    async def note_error(self, run_key: str, error: str, ttl_s: int) -> None:
-        await self._redis().set(_keys.judge_error_key(run_key), error, ex=ttl_s)
-
-    async def last_error(self, run_key: str) -> str | None:
-        found = await self._redis().get(_keys.judge_error_key(run_key))
-        return str(found) if found is not None else None
+            await self._redis().delete(*(_keys.judge_calls_key(k) for k in run_keys))
 
     async def spent(self, day: str) -> dict[str, float]:
         raw = await self._redis().hgetall(_keys.spend_key(day))
-        return {k: float(v) for k, v in raw.items()}
-
-    async def job_spent(self, job_id: str) -> dict[str, float]:
-        raw = await self._redis().hgetall(_keys.job_spend_key(job_id))
-        return {k: float(v) for k, v in raw.items()}
-
-    async def set_job_limit(self, job_id: str, usd: float, ttl_s: int) -> None:
-        await self._redis().set(_keys.job_budget_key(job_id), repr(float(usd)), ex=ttl_s)
+        return {k: _number(v, f"spend:{k}") for k, v in raw.items()}
 
     async def close(self) -> None:
         if self._client is not None:
@@ -278,8 +305,8 @@ class MemoryLedger:
         self.days: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.jobs: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.job_limits: dict[str, float] = {}
-        self.calls: dict[str, int] = defaultdict(int)
-        self.errors: dict[str, str] = {}
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)
+        self.errors: dict[tuple[str, str], str] = {}
 
     async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None:
         for f in fields:
@@ -293,58 +320,60 @@ class MemoryLedger:
             return values, 0.0, None
         return values, self.jobs[job_id].get(TOTAL, 0.0), self.job_limits.get(job_id)
 
-    async def count_call(self, run_key: str, ttl_s: int) -> int:
-        self.calls[run_key] += 1
-        return self.calls[run_key]
+    async def failed_calls(self, run_key: str, version: str) -> tuple[int, str | None]:
+        return self.calls.get((run_key, version), 0), self.errors.get((run_key, version))
+
+    async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int) -> None:
+        self.calls[(run_key, version)] += 1
+        self.errors[(run_key, version)] = error
 
     async def reset_calls(self, run_keys: list[str]) -> None:
-        for key in run_keys:
+        keys = set(run_keys)
+        for key in [k for k in self.calls if k[0] in keys]:
             self.calls.pop(key, None)
             self.errors.pop(key, None)
-
-    async def note_error(self, run_key: str, error: str, ttl_s: int) -> None:
-        self.errors[run_key] = error
-
-    async def last_error(self, run_key: str) -> str | None:
-        return self.errors.get(run_key)
 
     async def spent(self, day: str) -> dict[str, float]:
         return dict(self.days.get(day, {}))
 
-    async def job_spent(self, job_id: str) -> dict[str, float]:
-        return dict(self.jobs.get(job_id, {}))
-
-    async def set_job_limit(self, job_id: str, usd: float, ttl_s: int) -> None:
-        self.job_limits[job_id] = float(usd)
-
 
 def run_key(trace_id: str, span_id: str, scorer_id: str) -> str:
-    """What a run's judge calls are counted under: every version of the scorer shares it, and
-    ``tracescore dlq retry`` can reset it from the message alone."""
+    """The key a run's failed judge calls are counted under (one field per scorer version, so
+    a new version starts from zero); ``tracescore dlq retry`` resets it from the message alone."""
     return f"{trace_id}:{span_id}:{scorer_id}"
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Run:
     run_key: str
     scorer_id: str
     job_id: str | None
     max_calls: int
+    version: str = ""
+    # A redelivery reads the run's count kept by its earlier deliveries; a first delivery
+    # counts its own failures here (no read: what one delivery makes is within the default cap).
+    redelivery: bool = True
+    failed_here: int = 0
+    last_here: str | None = None
 
 
 _current: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("tracescore_budget_run", default=None)
 
 
-def enter_run(run_key: str, scorer_id: str, job_id: str | None, max_calls: int) -> None:
+def enter_run(
+    run_key: str, scorer_id: str, job_id: str | None, max_calls: int, *, version: str = "", redelivery: bool = True
+) -> None:
     """``run_scope`` for the rest of the current task (for a coroutine that is a task of its own)."""
-    _current.set(_Run(run_key, scorer_id, job_id, max_calls))
+    _current.set(_Run(run_key, scorer_id, job_id, max_calls, version, redelivery))
 
 
 @contextmanager
-def run_scope(run_key: str, scorer_id: str, job_id: str | None, max_calls: int) -> Iterator[None]:
+def run_scope(
+    run_key: str, scorer_id: str, job_id: str | None, max_calls: int, *, version: str = "", redelivery: bool = True
+) -> Iterator[None]:
     """The judge calls made inside belong to this run (its scorer's budget, its job's
-    ``--max-cost``, its call cap; ``max_calls`` 0 means no cap)."""
-    token = _current.set(_Run(run_key, scorer_id, job_id, max_calls))
+    ``--max-cost``, its cap on failed calls; ``max_calls`` 0 means no cap)."""
+    token = _current.set(_Run(run_key, scorer_id, job_id, max_calls, version, redelivery))
     try:
         yield
     finally:
@@ -360,7 +389,7 @@ class BudgetGuard:
         budgets: Budgets,
         *,
         prices: Mapping[str, ModelPrice] | None = None,
-        calls_ttl_s: int = 24 * 3600,
+        calls_ttl_s: int = 3600,
     ) -> None:
         self.ledger = ledger
         self.budgets = budgets
@@ -392,23 +421,28 @@ class BudgetGuard:
                     error_type="budget_exhausted",
                 )
         if run is not None and run.max_calls > 0:
-            calls = await self.ledger.count_call(run.run_key, self.calls_ttl_s)
-            if calls > run.max_calls:
+            if run.redelivery:
+                failed, last = await self.ledger.failed_calls(run.run_key, run.version)
+            else:
+                failed, last = run.failed_here, run.last_here
+            if failed >= run.max_calls:
                 # The record names the run's real failure (the last judge error), not the cap.
-                last = await self.ledger.last_error(run.run_key)
                 kind, _, message = (last or "").partition(": ")
                 raise JudgeCallRefused(
-                    f"this run already made {run.max_calls} judge call(s) across its deliveries "
-                    "(TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN); no more are made for it"
+                    f"{failed} judge call(s) of this run failed across its deliveries "
+                    f"(TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN: {run.max_calls}); no more are made for it"
                     + (f"; the last failed with {kind}: {message}" if last else ""),
                     error_type=kind if last else "judge_attempts_exhausted",
                 )
 
     async def call_failed(self, model_id: str, scorer_id: str, error: Exception) -> None:
+        # Called only for a request really sent (the provider's error answer, or its timeout).
         run = _current.get()
         if run is None or run.max_calls <= 0:
             return
-        await self.ledger.note_error(run.run_key, f"{type(error).__name__}: {str(error)[:500]}", self.calls_ttl_s)
+        run.failed_here += 1
+        run.last_here = f"{type(error).__name__}: {str(error)[:500]}"
+        await self.ledger.note_failure(run.run_key, run.version, run.last_here, self.calls_ttl_s)
 
     async def after_call(self, model_id: str, scorer_id: str, usage: Any) -> None:
         cost = price_usage(model_id, usage, self.prices)

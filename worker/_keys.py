@@ -17,7 +17,6 @@ __all__ = [
     "job_key",
     "job_spend_key",
     "judge_calls_key",
-    "judge_error_key",
     "limiter_bucket_key",
     "limiter_granted_key",
     "limiter_pause_key",
@@ -123,13 +122,9 @@ def job_budget_key(job_id: str) -> str:
 
 
 def judge_calls_key(run_key: str) -> str:
-    """Judge calls made for one run (``trace:span:scorer``) across its deliveries (INCR, TTL)."""
+    """Failed judge calls of one run (``trace:span:scorer``) across its deliveries: a hash,
+    field ``<version>`` the count (HINCRBY), ``<version>:error`` the last error; with a TTL."""
     return f"{PREFIX}judge_calls:{run_key}"
-
-
-def judge_error_key(run_key: str) -> str:
-    """The last judge error of one run (``type: message``), named when its calls are capped."""
-    return f"{PREFIX}judge_error:{run_key}"
 
 
 def backfill_state_key(job_id: str) -> str:

@@ -125,6 +125,7 @@ class WorkerRuntime:
             checkpoint_ttl_s=settings.checkpoint_ttl_seconds,
             run_timeout_s=settings.run_timeout,
             judge_call_cap=settings.max_judge_attempts_per_run,
+            retry_budget=settings.retry_budget,
         )
         start_watchdog(
             settings.run_timeout,

@@ -87,8 +87,13 @@ class ScoringDeps:
     # Which scorers keep step checkpoints: "judge" (those with prompt steps: judge calls cost
     # money), "all" (function-only scorers too, one store write per step) or "none".
     checkpoint: Literal["judge", "all", "none"] = "judge"
-    # Judge calls one run may make across all its deliveries (0: what one delivery may make).
+    # Failed judge calls one run may make across all its deliveries (0: default_attempt_cap,
+    # one delivery's attempts + one per retry delivery of the message's retry budget).
     judge_call_cap: int = 0
+    retry_budget: int = 3
+    # Set per delivery by score_batch: False for a message's first delivery, whose runs have
+    # no failed judge calls from earlier deliveries (the call cap then reads none).
+    redelivery: bool = True
     # A scorer run longer than this becomes a ``timeout`` error record (None: no limit).
     run_timeout_s: float | None = None
     owner: str = field(default_factory=process_owner)
@@ -405,7 +410,9 @@ async def _score_pair(
         run_key(pair.request.trace_id, pair.request.span_id, pair.scorer_id),
         pair.scorer_id,
         pair.request.job_id,
-        deps.judge_call_cap or default_attempt_cap(scorer),
+        deps.judge_call_cap or default_attempt_cap(scorer, deps.retry_budget),
+        version=scorer.version,
+        redelivery=deps.redelivery,
     )
     async with deps.gate(_model_key(scorer)):
         try:
@@ -595,17 +602,21 @@ async def _score_request(
             report.write_failed += len(new)
 
 
-async def score_batch(batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bool = True) -> BatchReport:
+async def score_batch(
+    batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bool = True, redelivery: bool = True
+) -> BatchReport:
     """Score every request × scorer in ``batch``; see the module docstring for the guarantees.
 
     With ``final_attempt=False`` transient failures are not recorded but listed in
     ``report.retry`` (their claims released, checkpoints kept) for the caller to retry.
     Pairs claimed by another delivery are listed in ``report.deferred``: retry them after a
     while (once that delivery recorded them, or its claim lapsed).
+    ``redelivery=False`` (a message's first delivery) spares the judge-call cap its read of
+    the runs' failed calls in earlier deliveries (there are none).
     """
     started = time.perf_counter()
     # Claims belong to this delivery, not to the process.
-    deps = replace(deps, owner=delivery_owner(deps.owner))
+    deps = replace(deps, owner=delivery_owner(deps.owner), redelivery=redelivery)
     report = BatchReport(batch_id=batch.batch_id, requests=len(batch.requests))
     pairs = _pairs(batch, deps.registry)
     report.pairs = len(pairs)

@@ -146,7 +146,8 @@ class Settings(BaseSettings):
     # JSON: model id → {"input", "output", "cached_input", "cache_write"} USD per million
     # tokens, over the defaults in scorers/judge/_prices.py.
     prices: str = ""
-    # Judge calls one run may make across every delivery (0: what one delivery may make).
+    # Failed judge calls one run may make across every delivery (0: one delivery's attempts +
+    # one per retry of TRACESCORE_RETRY_BUDGET; worker/_budget.py default_attempt_cap).
     max_judge_attempts_per_run: int = Field(default=0, ge=0)
 
     @field_validator("budgets", "prices")

@@ -277,7 +277,7 @@ def _score_delivery(
     final = attempt >= settings.retry_budget
     try:
         report = run_draining(
-            score_batch(batch, runtime.deps, final_attempt=final),
+            score_batch(batch, runtime.deps, final_attempt=final, redelivery=deliveries > 1),
             timeout=settings.task_soft_time_limit,
             on_wait=probe_files.beat_from_task,
         )

@@ -137,7 +137,8 @@ def test_judge_calls_per_run_are_capped_across_redeliveries(
     started: list[WorkerProcess],
 ) -> None:
     """A judge that always answers 503, a worker killed mid-run and a second one taking the
-    redelivery: the run's judge calls stay within one delivery's attempts (4), not 4 × 4."""
+    redelivery: the run's failed judge calls stay within the default cap, one delivery's
+    attempts + one per retry delivery (4 + 3 = 7), not 4 × 4 = 16."""
     fake_llm.rule(Reply.error(503, "overloaded", latency_ms=300))
     env = {
         **fake_llm_env,
@@ -159,9 +160,12 @@ def test_judge_calls_per_run_are_capped_across_redeliveries(
     assert record["error_type"] == "JudgeServerError", record
     assert "TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN" in record["error_message"]
     assert record["retryable"] is True
-    assert 2 <= fake_llm.count() <= 4
+    # 7 counted failures, plus at most the one request in flight when the first worker died
+    # (sent, but its failure was never recorded).
+    assert 7 <= fake_llm.count() <= 8
     # No later delivery calls the judge again.
-    assert not wait_for(lambda: fake_llm.count() > 4, 3)
+    calls = fake_llm.count()
+    assert not wait_for(lambda: fake_llm.count() > calls, 3)
 
     # The message is a retryable dead letter; once the judge is healthy, `dlq retry` gives the
     # run a fresh allowance (the operator asked) and its score replaces the error record.

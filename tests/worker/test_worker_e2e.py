@@ -238,6 +238,9 @@ def test_retry_budget_then_dead_letter_then_dlq_retry(
     errors = read_scores(workers.scores)
     assert [e["error_type"] for e in errors] == ["JudgeServerError", "JudgeServerError"]
     assert all(e["retryable"] for e in errors)
+    # Each run's judge was asked once per delivery: the first, then the worker's transient
+    # retry (the per-run judge-call cap leaves the normal retries alone).
+    assert fake_llm.count() == 2 * 2
 
     fake_llm.reset()  # the provider is back
     monkeypatch.setenv("TRACESCORE_BROKER_URL", redis_url)
@@ -251,6 +254,7 @@ def test_retry_budget_then_dead_letter_then_dlq_retry(
     assert {r["score_id"] for r in retried} == {e["score_id"] for e in errors}
     assert all(r["error_type"] is None and r["score"] is not None for r in retried)
     assert _dlq(redis_url) == []
+    assert fake_llm.count() == 2  # one call per run once the provider is back
 
 
 def test_message_that_keeps_killing_its_worker_is_dead_lettered(workers: Workers, redis_url: str) -> None:

@@ -1,0 +1,154 @@
+"""The per-run judge-call cap in process (score_batch with the worker's BudgetGuard): it counts
+failed calls really sent, per scorer version, and leaves the judge's own retries, its schema
+fallback and the worker's transient retries alone up to one delivery's attempts + one call per
+retry delivery."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from scorers import Judge, PromptStep, Scorer, create_scorer
+from scorers.judge import JudgeHooks, StreamErrorRetryProcessor, get_judge_hooks, set_judge_hooks
+from scorers.judge.testing import FakeJudgeModel, server_error
+from tests.worker._batches import batch
+from worker._budget import BudgetGuard, Budgets, MemoryLedger, default_attempt_cap, run_key
+from worker._registry import Registry
+from worker._scoring import BatchReport, ScoringDeps, score_batch
+from worker.store import MemoryScoreStore
+
+
+class Verdict(BaseModel):
+    score: float
+
+
+def _scorer(model: FakeJudgeModel, *, version: str = "1", retries: int = 0) -> Scorer:
+    judge = Judge(model=model)
+    if retries:
+        retrying = [StreamErrorRetryProcessor(max_retries=retries)]
+        judge = Judge(model=model, error_processors=retrying, max_processor_retries=retries)
+    return create_scorer("g", type="agent", version=version, judge=judge).generate_score(
+        PromptStep("grade", lambda run: "SCORE it", output_schema=Verdict)
+    )
+
+
+@pytest.fixture
+def ledger() -> Iterator[MemoryLedger]:
+    previous = get_judge_hooks()
+    found = MemoryLedger()
+
+    async def no_wait(seconds: float) -> None:
+        return None
+
+    set_judge_hooks(JudgeHooks(guard=BudgetGuard(found, Budgets()), sleep=no_wait))
+    try:
+        yield found
+    finally:
+        set_judge_hooks(previous)
+
+
+def _deliver(scorer: Scorer, store: MemoryScoreStore, *, first: bool, final: bool = False) -> BatchReport:
+    deps = ScoringDeps(registry=Registry([scorer]), store=store)
+    return asyncio.run(score_batch(batch(range(1), ["g"], salt="cap"), deps, final_attempt=final, redelivery=not first))
+
+
+def test_default_cap_is_one_delivery_plus_one_call_per_retry_delivery() -> None:
+    assert default_attempt_cap(_scorer(FakeJudgeModel({"score": 1})), 3) == 1 + 3
+    assert default_attempt_cap(_scorer(FakeJudgeModel({"score": 1}), retries=3), 3) == 4 + 3
+
+
+def test_one_transient_failure_is_retried_by_the_next_delivery_and_scored(ledger: MemoryLedger) -> None:
+    model = FakeJudgeModel(server_error(503), {"score": 0.7})
+    store = MemoryScoreStore()
+    scorer = _scorer(model)
+    first = _deliver(scorer, store, first=True)
+    assert first.retry
+    assert not store.records
+    _deliver(scorer, store, first=False)
+    (record,) = store.records.values()
+    assert (record.score, record.error_type, len(model.requests)) == (0.7, None, 2)
+
+
+def test_the_schema_fallback_call_is_not_refused(ledger: MemoryLedger) -> None:
+    model = FakeJudgeModel({"score": "not a number"}, {"score": 0.7})  # native answer invalid, then valid
+    store = MemoryScoreStore()
+    _deliver(_scorer(model), store, first=True)
+    (record,) = store.records.values()
+    assert (record.score, record.error_type, len(model.requests)) == (0.7, None, 2)
+
+
+def test_a_new_scorer_version_starts_from_zero(ledger: MemoryLedger) -> None:
+    store = MemoryScoreStore()
+    failing = FakeJudgeModel(*[server_error(503)] * 20)
+    for attempt in range(4):
+        _deliver(_scorer(failing, version="1"), store, first=attempt == 0, final=attempt == 3)
+    assert len(failing.requests) == 4  # the default judge: one call per delivery
+    healthy = FakeJudgeModel({"score": 0.5})
+    _deliver(_scorer(healthy, version="2"), store, first=False)
+    assert len(healthy.requests) == 1
+    assert any(r.scorer_version == "2" and r.score == 0.5 for r in store.records.values())
+
+
+def test_an_always_failing_judge_costs_one_delivery_plus_one_call_per_retry(ledger: MemoryLedger) -> None:
+    """The issue's case: 4 attempts per delivery, 4 deliveries (retry budget 3) -> 7 calls, not 16."""
+    model = FakeJudgeModel(*[server_error(503)] * 40)
+    store = MemoryScoreStore()
+    scorer = _scorer(model, retries=3)
+    reports = [_deliver(scorer, store, first=n == 0, final=n == 3) for n in range(4)]
+    assert len(model.requests) == 4 + 3
+    (record,) = store.records.values()
+    # The record names the real failure and the cap; it is retryable (dlq retry resets the count).
+    assert record.error_type == "JudgeServerError"
+    assert record.retryable
+    assert "TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN: 7" in (record.error_message or "")
+    assert reports[1].exhausted  # refused on the second delivery: recorded, not retried again
+    request = batch(range(1), ["g"], salt="cap").requests[0]
+    asyncio.run(ledger.reset_calls([run_key(request.trace_id, request.span_id, "g")]))
+    assert not ledger.calls
+
+
+class _WaitingLimiter:
+    """A shared rate limiter that keeps every caller waiting (a 429 pause, a spent minute)."""
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        await asyncio.sleep(3600)
+        yield
+
+    def slot(self, model_id: str, estimated_tokens: int) -> Any:
+        return self._slot()
+
+    async def record_usage(self, model_id: str, tokens: int) -> None:
+        return None
+
+    async def pause(self, model_id: str, seconds: float) -> None:
+        return None
+
+
+def test_a_call_cancelled_before_it_was_sent_is_not_counted(ledger: MemoryLedger) -> None:
+    model = FakeJudgeModel({"score": 0.7})
+    scorer = _scorer(model, retries=0)
+    store = MemoryScoreStore()
+    set_judge_hooks(JudgeHooks(limiter=_WaitingLimiter(), guard=BudgetGuard(ledger, Budgets())))
+    deps = ScoringDeps(registry=Registry([scorer]), store=store)
+
+    async def cancelled_delivery() -> None:
+        task = asyncio.ensure_future(score_batch(batch(range(1), ["g"], salt="cap"), deps, final_attempt=False))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    for _ in range(6):  # more cancelled deliveries than the cap (1 + 3)
+        asyncio.run(cancelled_delivery())
+    assert not model.requests
+    assert not ledger.calls
+    set_judge_hooks(JudgeHooks(guard=BudgetGuard(ledger, Budgets())))
+    _deliver(scorer, store, first=False)
+    (record,) = store.records.values()
+    assert (record.score, len(model.requests)) == (0.7, 1)
