@@ -19,10 +19,11 @@ class JudgeUsage(BaseModel):
     are shares of it, priced at their own rates (``scorers.judge.price_usage``)."""
 
     model_config = ConfigDict(frozen=True)
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_input_tokens: int = 0
-    cache_write_input_tokens: int = 0
+    # Never negative (a custom JudgeModel's too): a negative count would price as a refund.
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    cached_input_tokens: int = Field(default=0, ge=0)
+    cache_write_input_tokens: int = Field(default=0, ge=0)
 
     @property
     def total_tokens(self) -> int:

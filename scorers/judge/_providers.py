@@ -10,6 +10,7 @@ call (``JudgeAuthError``), never the import.
 from __future__ import annotations
 
 import json
+import math
 import os
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
@@ -111,11 +112,14 @@ class OpenAIJudgeModel:
             return JudgeResponse(
                 text=str(text),
                 usage=JudgeUsage(
-                    input_tokens=int(usage.get("prompt_tokens") or 0),
-                    output_tokens=int(usage.get("completion_tokens") or 0),
+                    input_tokens=token_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
+                    output_tokens=token_count(usage.get("completion_tokens"), "usage.completion_tokens"),
                     # OpenAI caches prompt prefixes by itself (≥ 1024 tokens): the system
                     # message (the judge's instructions) comes first so every run shares it.
-                    cached_input_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+                    cached_input_tokens=token_count(
+                        (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                        "usage.prompt_tokens_details.cached_tokens",
+                    ),
                 ),
                 model=data.get("model"),
                 request_id=request_id,
@@ -201,25 +205,54 @@ class AnthropicJudgeModel:
             elif block.type == "text":
                 texts.append(block.text)
         text = json.dumps(parsed) if parsed is not None else "".join(texts)
+        try:
+            usage = _anthropic_usage(message.usage)
+        except ValueError as exc:
+            raise JudgeResponseError(
+                f"{self.model_id}: the message's usage could not be read: {exc}",
+                provider=self.provider,
+                model_id=self.model_id,
+                request_id=getattr(message, "_request_id", None),
+            ) from None
         return JudgeResponse(
             text=text,
             parsed=parsed,
-            usage=_anthropic_usage(message.usage),
+            usage=usage,
             model=message.model,
             request_id=getattr(message, "_request_id", None),
             finish_reason=message.stop_reason,
         )
 
 
+# More tokens than any model's context takes in one request: a number past it is a broken answer.
+MAX_CALL_TOKENS = 100_000_000
+
+
+def token_count(raw: Any, field: str) -> int:
+    """A provider's token count read once, where its answer is read: missing is 0; anything but
+    a whole number in 0..MAX_CALL_TOKENS (negative, fractional, a string, a bool) is a
+    ``ValueError`` naming the field, which the caller turns into a ``JudgeResponseError``, so a
+    broken usage never reaches the price table and the budgets (a negative cost would reopen a
+    spent budget)."""
+    if raw is None:
+        return 0
+    whole = isinstance(raw, int) or (isinstance(raw, float) and math.isfinite(raw) and raw.is_integer())
+    if isinstance(raw, bool) or not whole:
+        raise ValueError(f"{field} is {str(raw)[:40]!r}, not a token count")
+    if not 0 <= raw <= MAX_CALL_TOKENS:
+        raise ValueError(f"{field} is {int(raw)}, not a token count (0..{MAX_CALL_TOKENS:,})")
+    return int(raw)
+
+
 def _anthropic_usage(usage: Any) -> JudgeUsage:
     """Anthropic's ``input_tokens`` are only the tokens after the last cache breakpoint; the
     cache reads and writes come separately. Ours counts the whole prompt (as OpenAI does), with
     the reads and writes as shares of it."""
-    read = int(getattr(usage, "cache_read_input_tokens", None) or 0)
-    written = int(getattr(usage, "cache_creation_input_tokens", None) or 0)
+    read = token_count(getattr(usage, "cache_read_input_tokens", None), "usage.cache_read_input_tokens")
+    written = token_count(getattr(usage, "cache_creation_input_tokens", None), "usage.cache_creation_input_tokens")
     return JudgeUsage(
-        input_tokens=int(usage.input_tokens or 0) + read + written,
-        output_tokens=int(usage.output_tokens or 0),
+        input_tokens=token_count(usage.input_tokens, "usage.input_tokens") + read + written,
+        output_tokens=token_count(usage.output_tokens, "usage.output_tokens"),
         cached_input_tokens=read,
         cache_write_input_tokens=written,
     )

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from scorers import Judge, PromptStep, create_scorer
+from scorers import Judge, PromptStep, ScorerRunError, create_scorer
 from scorers._result import JudgeExecution, JudgeUsage
 from scorers.judge import (
     DEFAULT_PRICES,
@@ -19,7 +19,7 @@ from scorers.judge import (
     price_executions,
     price_usage,
 )
-from tests.fakellm import FakeLLMServer
+from tests.fakellm import FakeLLMServer, Reply
 
 # Long enough to pass the fake's cache minimum (1024 tokens at 4 characters a token).
 LONG_INSTRUCTIONS = "You grade support answers strictly and fairly. " * 100
@@ -134,3 +134,24 @@ def test_dated_snapshots_find_their_model_and_overrides_apply() -> None:
         price_usage("openai/gpt-4o-mini", usage) or 0, (500_000 * 0.15 + 500_000 * 0.075 + 1_000_000 * 0.6) / 1e6
     )
     assert PRICES_TAKEN.count("-") == 2
+
+
+@pytest.mark.parametrize(
+    ("model", "field"),
+    [("openai/gpt-4o-mini", "usage.completion_tokens"), ("anthropic/claude-sonnet-5-5", "usage.output_tokens")],
+)
+def test_a_negative_token_count_is_a_judge_error_never_a_refund(
+    fake_llm: FakeLLMServer, model: str, field: str
+) -> None:
+    """A backend that reports negative tokens (through the real SDK / HTTP path): the call is a
+    JudgeResponseError naming the field, so no negative cost reaches the budgets."""
+    fake_llm.script(Reply.auto(output_tokens=-5_000_000))
+    with pytest.raises(ScorerRunError) as failed:
+        _scorer(model).run_sync(input="q", output="answer")
+    assert failed.value.error_type == "JudgeResponseError"
+    assert f"{field} is -5000000, not a token count" in str(failed.value)
+
+
+def test_usage_is_never_negative() -> None:
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        JudgeUsage(input_tokens=-1)
