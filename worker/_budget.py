@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -88,15 +88,28 @@ SPEND_TTL_S = 35 * 24 * 3600
 TOTAL = "total"
 
 
+_Usd = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number of US dollars (NaN and Infinity are not allowed)")
+
+
+def _load_json(raw: str | Mapping[str, Any]) -> Any:
+    # json.loads takes NaN/Infinity/-Infinity by default: refuse them where they are read.
+    return json.loads(raw, parse_constant=_no_constant) if isinstance(raw, str) else dict(raw)
+
+
 class Budgets(BaseModel):
     """``TRACESCORE_BUDGETS``: USD per UTC day, per scorer id, per judge model id, and/or in
     total, e.g. ``{"scorers": {"relevancy": 5}, "models": {"openai/gpt-4o": 20}, "total": 50}``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # No NaN (never ≥ a limit: a budget never enforced) and no Infinity (write "no budget").
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    scorers: dict[str, float] = Field(default_factory=dict)
-    models: dict[str, float] = Field(default_factory=dict)
-    total: float | None = Field(default=None, ge=0)
+    scorers: dict[str, _Usd] = Field(default_factory=dict)
+    models: dict[str, _Usd] = Field(default_factory=dict)
+    total: _Usd | None = None
 
     def limits(self) -> dict[str, float]:
         """Ledger field → USD per day."""
@@ -112,17 +125,13 @@ def parse_budgets(raw: str | Mapping[str, Any] | None) -> Budgets:
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return Budgets()
     try:
-        data = json.loads(raw) if isinstance(raw, str) else dict(raw)
-        budgets = Budgets.model_validate(data)
+        budgets = Budgets.model_validate(_load_json(raw))
     except (ValueError, ValidationError) as exc:
         raise ValueError(
             "TRACESCORE_BUDGETS must be JSON like "
             '{"scorers": {"relevancy": 5}, "models": {"openai/gpt-4o-mini": 20}, "total": 50} '
             f"(USD per UTC day): {exc}"
         ) from None
-    negative = [k for k, v in budgets.limits().items() if v < 0]
-    if negative:
-        raise ValueError(f"TRACESCORE_BUDGETS: budgets must be ≥ 0 USD ({', '.join(negative)})")
     return budgets
 
 
@@ -134,7 +143,7 @@ def parse_prices(raw: str | Mapping[str, Any] | None) -> dict[str, ModelPrice]:
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return table
     try:
-        data = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        data = _load_json(raw)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         for model_id, price in data.items():

@@ -32,9 +32,10 @@ PRICES_TAKEN = "2026-12-01"
 
 
 class ModelPrice(BaseModel):
-    """USD per million tokens. ``cached_input`` / ``cache_write`` default to ``input``."""
+    """USD per million tokens. ``cached_input`` / ``cache_write`` default to ``input``; finite
+    and ≥ 0 (an infinite price makes an infinite cost, which no ledger can add)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     input: float = Field(ge=0)
     output: float = Field(ge=0)

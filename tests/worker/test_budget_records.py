@@ -103,6 +103,14 @@ def test_price_override_applies_to_records(fake_llm: FakeLLMServer, monkeypatch:
         ("budgets", "not json", "TRACESCORE_BUDGETS"),
         ("prices", '{"m": {"input": 1}}', "TRACESCORE_PRICES"),
         ("prices", '{"m": {"input": -1, "output": 1}}', "TRACESCORE_PRICES"),
+        # Non-finite values: a NaN budget is never reached, an infinite price is an infinite
+        # cost Redis refuses to add (the paid answer lost). 1e999 is json's way to Infinity.
+        ("budgets", '{"scorers": {"x": NaN}}', "TRACESCORE_BUDGETS"),
+        ("budgets", '{"total": Infinity}', "TRACESCORE_BUDGETS"),
+        ("budgets", '{"models": {"m": 1e999}}', "TRACESCORE_BUDGETS"),
+        ("prices", '{"m": {"input": Infinity, "output": 1}}', "TRACESCORE_PRICES"),
+        ("prices", '{"m": {"input": 1, "output": NaN}}', "TRACESCORE_PRICES"),
+        ("prices", '{"m": {"input": 1, "output": 1, "cached_input": 1e999}}', "TRACESCORE_PRICES"),
     ],
 )
 def test_bad_budgets_and_prices_fail_at_start_naming_the_variable(variable: str, value: str, said: str) -> None:
