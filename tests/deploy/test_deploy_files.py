@@ -486,3 +486,21 @@ def test_kustomize_builds() -> None:
     worker = next(d for d in objects if d["kind"] == "Deployment")
     assert worker["metadata"]["namespace"] == "tracescore"
     assert not [d for d in objects if d["kind"] in {"Secret", "ScaledObject", "Job"}]
+
+
+def test_deploy_comments_name_the_health_checks_the_deploy_files_run() -> None:
+    """A comment or doc in deploy/ that says how the worker's health is checked names a command
+    the compose healthcheck or a Kubernetes probe really runs (the probes moved from `celery
+    inspect ping` to `tracescore probe`; the Dockerfile kept saying the old one)."""
+    run: set[str] = set()
+    container = _one("Deployment", "tracescore-worker")["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        run.add(" ".join(container[probe]["exec"]["command"][:3]))
+    run.add(" ".join(_compose()["services"]["worker"]["healthcheck"]["test"][1:4]))
+    for path in _deploy_files():
+        if path.suffix in {".json", ".gz"}:
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert "inspect ping" not in text or any("inspect ping" in r for r in run), path
+        for verb in re.findall(r"tracescore probe ([a-z]+)", text):
+            assert f"tracescore probe {verb}" in run, (path, verb)

@@ -275,6 +275,50 @@ def test_a_delivery_slower_than_the_lease_is_renewed_not_resent(pair: tuple[Any,
     assert (counts.delivered, counts.pending, counts.failed, counts.retried) == (10, 0, 0, 0)
 
 
+def test_delivered_is_a_positive_fact_never_inferred_from_absence(pair: tuple[Any, Outbox]) -> None:
+    """states(): an id never queued for the sink (a run without a record, another sink's) or
+    dropped is "none"; only an acknowledged one is "delivered"."""
+    store, outbox = pair
+    kept, lost = _record(1, score=0.1), _record(2, score=0.2)
+    _put(store, kept)
+    outbox.enqueue("alpha", [lost.score_id])  # queued, then its record expired
+    never = _record(3).score_id
+    assert outbox.states("alpha", [kept.score_id, never]) == {kept.score_id: "pending", never: "none"}
+    assert drain_once(MemorySink("alpha"), outbox, DrainPolicy(batch_size=10, lease_s=30)) == 2
+    assert outbox.states("alpha", [kept.score_id, lost.score_id, never]) == {
+        kept.score_id: "delivered",
+        lost.score_id: "none",
+        never: "none",
+    }
+    assert outbox.states("beta", [kept.score_id]) == {kept.score_id: "pending"}
+
+
+def test_a_dead_letter_whose_record_is_replaced_and_delivered_is_no_longer_dead(pair: tuple[Any, Outbox]) -> None:
+    """A retryable error record refused by a sink (a dead letter), then replaced by the real
+    score: the new record is owed afresh (attempts reset) and, once delivered, is no dead letter."""
+    store, outbox = pair
+    old = _record(1, error_type="timeout", retryable=True)
+    _put(store, old)
+    sink = MemorySink("alpha")
+    sink.outcome = Refused("http_400", "bad")
+    policy = DrainPolicy(batch_size=10, lease_s=30, max_attempts=3)
+    assert drain_once(sink, outbox, policy) == 1
+    assert outbox.states("alpha", [old.score_id]) == {old.score_id: "failed"}
+    assert _put(store, _record(1, score=0.7)) == [True]
+    assert outbox.states("alpha", [old.score_id]) == {old.score_id: "pending"}
+    assert outbox.dead_letters("alpha") == []
+    lease = outbox.lease("alpha", 10, lease_s=30)
+    assert lease.attempts == {old.score_id: 1}
+    sink.outcome = Delivered()
+    assert outbox.ack(lease, lease.ids) == 1
+    assert outbox.states("alpha", [old.score_id]) == {old.score_id: "delivered"}
+    counts = outbox.counts()["alpha"]
+    assert (counts.delivered, counts.failed, counts.pending) == (1, 0, 0)
+    # Queued by hand again (enqueue): owed anew, not delivered, not dead.
+    outbox.enqueue("alpha", [old.score_id])
+    assert outbox.states("alpha", [old.score_id]) == {old.score_id: "pending"}
+
+
 def test_retry_after_is_respected(pair: tuple[Any, Outbox]) -> None:
     """A sink's Retry.after_s is the least wait before the next attempt."""
     store, outbox = pair
@@ -316,3 +360,4 @@ def test_a_sink_that_raises_on_one_record_still_takes_the_others(pair: tuple[Any
     (letter,) = outbox.dead_letters("alpha")
     assert letter.score_id == records[2].score_id
     assert "sink_crashed:KeyError" in letter.detail
+

@@ -79,6 +79,8 @@ def _report_sinks(summary: dict[str, Any]) -> None:
         )
         if state.get("dropped"):
             line += f", dropped {state['dropped']:,}"
+        if state.get("not_queued"):
+            line += f", not queued {state['not_queued']:,}"
         click.echo(line, err=True)
         for letter in state.get("dead_letters", [])[:3]:
             click.echo(f"    {letter['reason']}: {letter['detail'][:300]}", err=True)
@@ -272,7 +274,11 @@ def _job_delivery(settings: Settings, score_ids: list[str], reporter: ProgressRe
                 states[name].update(outbox.states(name, ids))
         out: dict[str, Any] = {}
         for name, by_id in states.items():
+            if all(v == "none" for v in by_id.values()):
+                continue  # none of this job's scores was owed to it: not one of its sinks
             counts = {k: sum(1 for v in by_id.values() if v == k) for k in ("delivered", "failed", "pending")}
+            # Never queued for this sink (a run left without a record) or dropped: not delivered.
+            counts["not_queued"] = sum(1 for v in by_id.values() if v == "none")
             wanted = {s for s, v in by_id.items() if v == "failed"}
             letters = [x.model_dump() for x in outbox.dead_letters(name, 1000) if x.score_id in wanted][:5]
             out[name] = {**counts, "dead_letters": letters}

@@ -44,7 +44,8 @@ from worker import _keys
 
 __all__ = ["Lease", "MemoryOutbox", "Outbox", "RedisOutbox", "SinkCounts", "SinkDeadLetter", "SinkState"]
 
-SinkState = Literal["pending", "failed", "delivered"]
+# "none": not queued for the sink and no delivery recorded (never owed to it, or dropped).
+SinkState = Literal["pending", "failed", "delivered", "none"]
 
 
 class SinkDeadLetter(BaseModel):
@@ -156,7 +157,8 @@ class Outbox(Protocol):
         ...
 
     def states(self, sink: str, score_ids: Sequence[str]) -> dict[str, SinkState]:
-        """Where each id stands for ``sink``: still queued, a dead letter, or neither (delivered)."""
+        """Where each id stands for ``sink``: still queued, a dead letter, acknowledged by the
+        sink (kept ``delivered_keep_s``), or none of these."""
         ...
 
     def close(self) -> None: ...
@@ -217,7 +219,8 @@ def _parse(values: Mapping[str, str | None]) -> tuple[dict[str, ScoreRecord], di
     return found, bad
 
 
-# KEYS: queue, attempts, counts, dead. ARGV: id, token, action, next due ms, letter json.
+# KEYS: queue, attempts, counts, dead, delivered. ARGV: id, token, action, next due ms,
+# letter json, now ms, how long delivered ids are kept (ms).
 # Only while the id still carries this lease's token (see the module docstring).
 _SETTLE = """
 local current = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -233,6 +236,9 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 if ARGV[3] == 'ack' then
   redis.call('HINCRBY', KEYS[3], 'delivered', 1)
+  redis.call('HDEL', KEYS[4], ARGV[1])
+  redis.call('ZADD', KEYS[5], tonumber(ARGV[6]), ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', tonumber(ARGV[6]) - tonumber(ARGV[7]))
 elseif ARGV[3] == 'dead' then
   redis.call('HSET', KEYS[4], ARGV[1], ARGV[5])
 else
@@ -252,20 +258,32 @@ return 1
 """
 
 
+def delivered_key(sink: str) -> str:
+    """Sorted set: score id → when (epoch ms) ``sink`` acknowledged it; trimmed to
+    ``delivered_keep_s`` (a score's default TTL and a day), so "delivered" is a positive fact."""
+    return f"{_keys.outbox_key(sink)}:delivered"
+
+
+# Delivered ids are kept a day past a score's default TTL (TRACESCORE_SCORE_TTL_SECONDS, 7 days).
+DELIVERED_KEEP_S = 8 * 24 * 3600
+
+
 def _sink_keys(sink: str) -> list[str]:
     return [
         _keys.outbox_key(sink),
         _keys.outbox_attempts_key(sink),
         _keys.outbox_counts_key(sink),
         _keys.outbox_dead_key(sink),
+        delivered_key(sink),
     ]
 
 
 class RedisOutbox:
     """The outbox in Redis, on a synchronous client of its own (one per drainer thread)."""
 
-    def __init__(self, url: str, *, reconnect_s: float = 15.0) -> None:
+    def __init__(self, url: str, *, reconnect_s: float = 15.0, delivered_keep_s: int = DELIVERED_KEEP_S) -> None:
         self.url = url
+        self.delivered_keep_s = delivered_keep_s
         retries = max(1, int(reconnect_s / 0.5))
         self._client: Any = redis.Redis.from_url(
             url,
@@ -287,8 +305,13 @@ class RedisOutbox:
 
     def enqueue(self, sink: str, score_ids: Sequence[str]) -> None:
         if score_ids:
-            now = _now_ms()
-            self._client.zadd(_keys.outbox_key(sink), dict.fromkeys(score_ids, now))
+            # Owed anew (as put_records does): no longer dead, delivered, or counting attempts.
+            pipe = self._client.pipeline(transaction=True)
+            pipe.zadd(_keys.outbox_key(sink), dict.fromkeys(score_ids, _now_ms()))
+            pipe.hdel(_keys.outbox_attempts_key(sink), *score_ids)
+            pipe.hdel(_keys.outbox_dead_key(sink), *score_ids)
+            pipe.zrem(delivered_key(sink), *score_ids)
+            pipe.execute()
 
     def lease(self, sink: str, limit: int, lease_s: float) -> Lease:
         raw = self._lease(
@@ -318,9 +341,10 @@ class RedisOutbox:
         if not calls:
             return 0
         keys = _sink_keys(lease.sink)
+        now, keep = _now_ms(), self.delivered_keep_s * 1000
         pipe = self._client.pipeline(transaction=False)
         for score_id, action, due, letter in calls:
-            self._settle(keys=keys, args=[score_id, lease.token, action, due, letter], client=pipe)
+            self._settle(keys=keys, args=[score_id, lease.token, action, due, letter, now, keep], client=pipe)
         return sum(int(x) for x in pipe.execute())
 
     def ack(self, lease: Lease, score_ids: Sequence[str]) -> int:
@@ -379,9 +403,12 @@ class RedisOutbox:
             pipe = self._client.pipeline(transaction=False)
             pipe.zmscore(_keys.outbox_key(sink), chunk)
             pipe.hmget(_keys.outbox_dead_key(sink), chunk)
-            queued, dead = pipe.execute()
-            for s, q, d in zip(chunk, queued, dead, strict=True):
-                out[s] = "pending" if q is not None else "failed" if d is not None else "delivered"
+            pipe.zmscore(delivered_key(sink), chunk)
+            queued, dead, delivered = pipe.execute()
+            for s, q, d, a in zip(chunk, queued, dead, delivered, strict=True):
+                out[s] = (
+                    "pending" if q is not None else "failed" if d is not None else "none" if a is None else "delivered"
+                )
         return out
 
     def close(self) -> None:
@@ -399,6 +426,7 @@ class MemoryOutbox:
         self._attempts: dict[str, Counter[str]] = {}
         self._counts: dict[str, Counter[str]] = {}
         self._dead: dict[str, dict[str, SinkDeadLetter]] = {}
+        self._delivered: dict[str, set[str]] = {}
         self.register(sinks)
 
     def register(self, sinks: Iterable[str]) -> None:
@@ -406,7 +434,7 @@ class MemoryOutbox:
             for sink in sinks:
                 if sink not in self._due:
                     self._due[sink], self._attempts[sink], self._counts[sink] = {}, Counter(), Counter()
-                    self._dead[sink] = {}
+                    self._dead[sink], self._delivered[sink] = {}, set()
                     self.sinks += (sink,)
 
     def enqueue(self, sink: str, score_ids: Sequence[str]) -> None:
@@ -414,7 +442,11 @@ class MemoryOutbox:
         now = _now_ms()
         with self._lock:
             for score_id in score_ids:
+                # Owed anew (a replaced record): no longer dead, delivered, or counting attempts.
                 self._due[sink][score_id] = now
+                self._dead[sink].pop(score_id, None)
+                self._attempts[sink].pop(score_id, None)
+                self._delivered[sink].discard(score_id)
 
     def enqueue_all(self, score_ids: Sequence[str]) -> None:
         """Queue ``score_ids`` for every registered sink (the store's part of ``put_records``)."""
@@ -471,7 +503,12 @@ class MemoryOutbox:
             self._counts[sink][counter] += 1
 
     def ack(self, lease: Lease, score_ids: Sequence[str]) -> int:
-        return self._settle(lease, score_ids, lambda s: self._remove(lease.sink, s, "delivered"))
+        def delivered(score_id: str) -> None:
+            self._remove(lease.sink, score_id, "delivered")
+            self._dead[lease.sink].pop(score_id, None)
+            self._delivered[lease.sink].add(score_id)
+
+        return self._settle(lease, score_ids, delivered)
 
     def retry(self, lease: Lease, delays: Mapping[str, float]) -> int:
         now = _now_ms()
@@ -526,8 +563,11 @@ class MemoryOutbox:
 
     def states(self, sink: str, score_ids: Sequence[str]) -> dict[str, SinkState]:
         with self._lock:
-            due, dead = self._due.get(sink, {}), self._dead.get(sink, {})
-            return {s: "pending" if s in due else "failed" if s in dead else "delivered" for s in score_ids}
+            due, dead, done = self._due.get(sink, {}), self._dead.get(sink, {}), self._delivered.get(sink, set())
+            return {
+                s: "pending" if s in due else "failed" if s in dead else "delivered" if s in done else "none"
+                for s in score_ids
+            }
 
     def next_due_s(self) -> float | None:
         """Seconds until the earliest queued id of any sink is due (None: nothing queued)."""

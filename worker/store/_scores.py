@@ -25,6 +25,7 @@ from tracing import ScoreRecord
 from worker import _keys
 from worker._reconnect import unavailable_as_error
 from worker.store._jobs import FAILURE_WINDOW_SECONDS, JOB_TTL_S, JobStats, RedisJobStats, failure_bucket, outcome
+from worker.store._outbox import delivered_key
 from worker.store._redis import RedisConnection
 
 __all__ = ["RedisScoreStore", "ScoreStore", "claim", "delivery_owner", "process_owner"]
@@ -126,7 +127,7 @@ async def claim(store: ScoreStore, score_ids: Sequence[str], owner: str, ttl_s: 
 
 
 # KEYS: record, trace set, checkpoint, claim, job hash, failures hash, then (with sinks) the set
-#       of sink names and per sink its outbox queue and attempts hash
+#       of sink names and per sink its outbox queue, attempts hash, dead letters, delivered set
 # ARGV: record json, ttl, score id, owner, has_job (0/1), outcome, reason, failures ttl, job id,
 #       now ms, then the sink names
 _PUT_RECORD = """
@@ -152,13 +153,16 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) then
 end
 redis.call('SADD', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
--- The outbox: owed to every sink from the moment it is stored (a replaced record anew).
+-- The outbox: owed to every sink from the moment it is stored (a replaced record anew: its
+-- old dead letter and delivery are the old record's).
 if #KEYS > 6 then
   redis.call('SADD', KEYS[7], unpack(ARGV, 11))
 end
-for i = 8, #KEYS, 2 do
+for i = 8, #KEYS, 4 do
   redis.call('ZADD', KEYS[i], tonumber(ARGV[10]), ARGV[3])
   redis.call('HDEL', KEYS[i + 1], ARGV[3])
+  redis.call('HDEL', KEYS[i + 2], ARGV[3])
+  redis.call('ZREM', KEYS[i + 3], ARGV[3])
 end
 redis.call('DEL', KEYS[3])
 if redis.call('GET', KEYS[4]) == ARGV[4] then
@@ -220,7 +224,16 @@ class RedisScoreStore:
         self._outbox_keys = (
             [
                 _keys.outbox_sinks_key(),
-                *(k for s in self.sinks for k in (_keys.outbox_key(s), _keys.outbox_attempts_key(s))),
+                *(
+                    k
+                    for s in self.sinks
+                    for k in (
+                        _keys.outbox_key(s),
+                        _keys.outbox_attempts_key(s),
+                        _keys.outbox_dead_key(s),
+                        delivered_key(s),
+                    )
+                ),
             ]
             if self.sinks
             else []
