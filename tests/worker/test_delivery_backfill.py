@@ -141,3 +141,20 @@ def test_the_exporters_in_process_sink_delivers_to_sinks_before_it_closes() -> N
     assert len(first.records) == len(second.records) == 6
     assert len({r.score_id for r in first.records}) == 6
     assert {n: c.delivered for n, c in sink.scorer.sink_counts.items()} == {"first": 6, "second": 6}
+
+
+def test_sink_none_overrides_tracescore_sinks(tmp_path: Path) -> None:
+    """`--sink none` delivers nowhere even when TRACESCORE_SINKS names a sink (it used to be
+    dropped, and the environment's sinks applied); without it the environment's sink is used."""
+    scores = tmp_path / "scores.jsonl"
+    env = {"TRACESCORE_BROKER_URL": "", "TRACESCORE_SINKS": "jsonl", "TRACESCORE_JSONL_PATH": str(scores)}
+    args = ["backfill", str(EXAMPLES), "--scorers", "tests.backfill.scorers", "--worst", "0", "--json"]
+    result = CliRunner().invoke(cli, [*args, "--sink", "none"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "sinks" not in json.loads(result.stdout.strip().splitlines()[-1])
+    assert not scores.exists()
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["sinks"]["jsonl"]["delivered"] > 0
+    assert len(scores.read_text().splitlines()) == summary["sinks"]["jsonl"]["delivered"]

@@ -62,9 +62,9 @@ class SinkFailedError(CliError):
 def _sink_names(chosen: tuple[str, ...], otlp: bool) -> tuple[str, ...]:
     """The sinks a command scoring in place delivers to: ``--sink`` (and ``--otlp``), else an
     explicit ``TRACESCORE_SINKS``; never the workers' ``WRITER`` default (a local run writes
-    nowhere unless asked)."""
-    names = [*chosen, *(["otlp"] if otlp else [])]
-    if not names:
+    nowhere unless asked). ``--sink none`` is a choice too: no ``TRACESCORE_SINKS`` then."""
+    names = [*(n for n in chosen if n != "none"), *(["otlp"] if otlp else [])]
+    if not names and "none" not in chosen:
         explicit = os.environ.get("TRACESCORE_SINKS")
         names = [n.strip() for n in explicit.split(",") if n.strip() and n.strip() != "none"] if explicit else []
     return tuple(dict.fromkeys(names))

@@ -210,7 +210,7 @@ def backfill_command(
         as_json=as_json,
         out=out,
         otlp=otlp,
-        sinks=tuple(n for n in sinks if n != "none"),
+        sinks=tuple(sinks),
         sink_options={
             k: v for k, v in sink_overrides((), phoenix_url, mlflow_url, langfuse_host).items() if v is not None
         },
