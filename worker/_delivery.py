@@ -322,7 +322,8 @@ class Deliveries:
         return all(d.idle.wait(max(0.0, deadline - time.monotonic())) for d in live)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the drainers (what they hold comes back when its lease runs out) and close the sinks."""
+        """Stop the drainers (what they hold comes back when its lease runs out) and close the
+        sinks of those that ended within ``timeout_s`` (a drainer still delivering keeps its sink)."""
         for drainer in self._drainers:
             drainer.stopping.set()
             drainer.wakeup.set()
@@ -330,11 +331,17 @@ class Deliveries:
         for drainer in self._drainers:
             if drainer.thread.is_alive():
                 drainer.thread.join(max(0.0, deadline - time.monotonic()))
-        for sink in self.sinks:
+        for drainer in self._drainers:
+            if drainer.thread.is_alive():
+                # Still delivering: closing the sink under it could block past the shutdown
+                # grace (a pool waiting for its requests) or write to a closed file. The
+                # (daemon) thread ends with the process; its lease brings the ids back.
+                log.warning("sink_close_skipped", sink=drainer.sink.name, reason="drainer_still_delivering")
+                continue
             try:
-                sink.close()
+                drainer.sink.close()
             except Exception as exc:
-                log.warning("sink_close_failed", sink=sink.name, error_type=type(exc).__name__)
+                log.warning("sink_close_failed", sink=drainer.sink.name, error_type=type(exc).__name__)
 
     def finish(self, outbox: MemoryOutbox, timeout_s: float) -> dict[str, SinkCounts]:
         """For a command scoring in place: stop the threads, then drain ``outbox`` here until

@@ -361,3 +361,42 @@ def test_a_sink_that_raises_on_one_record_still_takes_the_others(pair: tuple[Any
     assert letter.score_id == records[2].score_id
     assert "sink_crashed:KeyError" in letter.detail
 
+
+class _Stuck(MemorySink):
+    """A sink whose delivery hangs until released, and which records its close."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.delivering = threading.Event()
+        self.release = threading.Event()
+        self.closed = threading.Event()
+
+    def deliver(self, records: Any) -> Any:
+        self.delivering.set()
+        self.release.wait(30)
+        return super().deliver(records)
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_stop_closes_a_sink_only_after_its_drainer_ended() -> None:
+    """Deliveries.stop leaves the sink of a drainer still delivering past the timeout open (its
+    close could block the shutdown or pull the file from under it), and closes the others."""
+    from worker._delivery import Deliveries
+
+    store = MemoryScoreStore(sinks=SINKS)
+    _put(lambda: store, _record(1, score=0.5))
+    stuck, idle = _Stuck("alpha"), _Stuck("beta")
+    idle.release.set()
+    deliveries = Deliveries([stuck, idle], lambda: store.outbox, DrainPolicy(lease_s=30, poll_s=0.05)).start()
+    try:
+        assert stuck.delivering.wait(10)
+        assert wait_for(lambda: store.outbox.counts()["beta"].delivered == 1, 10)
+        deliveries.stop(timeout_s=0.2)
+        assert idle.closed.is_set()
+        assert not stuck.closed.is_set()
+    finally:
+        stuck.release.set()
+    assert wait_for(lambda: store.outbox.counts()["alpha"].delivered == 1, 10)
+    assert not stuck.closed.is_set()
