@@ -48,6 +48,7 @@ from typing import Annotated, Any, Protocol
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_jsonable_python
+from redis.exceptions import ResponseError as RedisResponseError
 
 from scorers import JudgeUsage, Scorer
 from scorers.judge import (
@@ -79,6 +80,7 @@ __all__ = [
     "run_key",
     "run_scope",
     "spend_report",
+    "unreadable_values",
     "utc_day",
 ]
 
@@ -467,10 +469,15 @@ class BudgetGuard:
                 await self.ledger.add(utc_day(), [f"unpriced:{model_id}"], 1.0, None)
                 return
             await self.ledger.add(utc_day(), [f"scorer:{scorer}", f"model:{model_id}", TOTAL], cost, job_id)
-        except StoreUnavailableError:
+        except (StoreUnavailableError, RedisResponseError) as exc:
             # The answer is paid for: keep it rather than fail the run and pay again on its
-            # redelivery. The spend goes uncounted (the budget may be passed by this much).
-            log.warning("judge_spend_not_counted", scorer=scorer, model=model_id, cost_usd=cost)
+            # redelivery. The spend goes uncounted (the budget may be passed by this much);
+            # a ResponseError is a spend field that is not a number (counted as unreadable).
+            if isinstance(exc, RedisResponseError):
+                unreadable_values["spend_add"] += 1
+            log.warning(
+                "judge_spend_not_counted", scorer=scorer, model=model_id, cost_usd=cost, error=type(exc).__name__
+            )
 
 
 async def spend_report(ledger: Ledger, budgets: Budgets, day: str | None = None) -> dict[str, Any]:

@@ -278,6 +278,56 @@ def test_scrape_time_gauges_read_the_queue_dead_letters_and_outbox(redis_url: st
     )
 
 
+def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_judge_call(redis_url: str) -> None:
+    """Non-numbers where counts and spend live (a hand-edited key, a hostile writer): the scrape
+    keeps every readable gauge and counts what it skipped; the budget guard still decides."""
+    import redis
+
+    from scorers._result import JudgeUsage
+    from scorers.judge import JudgeCallRefused
+    from worker import _keys
+    from worker._budget import BudgetGuard, parse_budgets, unreadable_values
+
+    client = redis.Redis.from_url(redis_url)
+    client.hset(_keys.dlq_reasons_key(), mapping={"poison": "2", "junk": "many"})
+    client.hset(_keys.spend_key(utc_day()), mapping={"total": "lots", "scorer:fast": "0.5", "model:m": "nan"})
+    client.close()
+    settings = load_settings(broker_url=redis_url, budgets='{"total": 10, "scorers": {"fast": 1}}')
+    collector = RedisStateCollector(settings, "node-h@host")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        text = generate_latest(registry).decode()
+    finally:
+        collector.close()
+    samples = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("tracescore_redis_up", frozenset({("target", "store")}))] == 1
+    assert samples[("tracescore_dead_letters", frozenset({("reason", "poison")}))] == 2
+    assert samples[("tracescore_spend_today_usd", frozenset({("scope", "scorer:fast")}))] == 0.5
+    assert samples[("tracescore_spend_today_usd", frozenset({("scope", "total")}))] == 0  # skipped
+    unreadable = {dict(k)["key"]: v for (name, k), v in samples.items() if name == "tracescore_store_unreadable_values"}
+    assert unreadable["dlq_reasons:junk"] >= 1
+    assert unreadable["spend:total"] >= 1
+    assert unreadable["spend:model:m"] >= 1
+
+    ledger = RedisLedger(redis_url)
+    guard = BudgetGuard(ledger, parse_budgets('{"total": 10, "scorers": {"fast": 0.4}}'))
+    try:
+        # The unreadable total reads as 0 (logged, counted); the scorer's readable spend still refuses.
+        with pytest.raises(JudgeCallRefused, match="scorer fast"):
+            run_coro(guard.before_call("m", "fast"), 5)
+        # Adding to the unreadable total fails in Redis: the paid answer is kept, the miss counted.
+        before = unreadable_values["spend_add"]
+        run_coro(guard.after_call("openai/gpt-4o-mini", "fast", JudgeUsage(input_tokens=10)), 5)
+        assert unreadable_values["spend_add"] == before + 1
+    finally:
+        run_coro(ledger.close(), 5)
+
+
 def test_scrape_with_redis_down_says_so_and_does_not_fail() -> None:
     """A broker that does not answer: redis_up 0 and no queue gauges, not a failed scrape."""
     dead = f"redis://127.0.0.1:{free_port()}/0"

@@ -2,7 +2,9 @@
 
 They describe the shared state every worker node sees (each node reports the same values:
 aggregate with ``max``, not ``sum``). A Redis that does not answer within a couple of seconds
-gives ``tracescore_redis_up 0`` and none of these gauges, never a failed scrape.
+gives ``tracescore_redis_up 0`` and none of these gauges, never a failed scrape. A value in
+Redis that is not a number (a hand-edited or hostile key) is skipped, logged and counted in
+``tracescore_store_unreadable_values``; it never fails the scrape either.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import redis
 import structlog
 
 from worker import _keys
-from worker._budget import RedisLedger, parse_budgets, spend_report
+from worker._budget import RedisLedger, parse_budgets, spend_report, unreadable_values
 from worker.metrics._instruments import MetricSpec
 from worker.store import RedisOutbox
 
@@ -73,6 +75,12 @@ SCRAPED: Final = (
         ("budget",),
         "Share of a daily budget still unspent today (UTC), 0..1",
     ),
+    MetricSpec(
+        "tracescore_store_unreadable_values",
+        "gauge",
+        ("key",),
+        "Values read from Redis that were not numbers, skipped (since this node started), by key",
+    ),
 )
 
 # The requests' enqueued_at in a message body (protocol 2 JSON, written by pydantic):
@@ -100,6 +108,11 @@ def oldest_enqueued_at(raw_message: bytes) -> float | None:
         return None
     stamps = [float(m.group(1)) for m in _ENQUEUED_AT.finditer(data)]
     return min(stamps) if stamps else None
+
+
+def _unreadable(key: str) -> None:
+    unreadable_values[key] += 1
+    log.warning("metrics_value_unreadable", key=key)
 
 
 class RedisStateCollector:
@@ -137,6 +150,11 @@ class RedisStateCollector:
         if store_ok:
             yield from (dead, sinks)
             yield from self._spend(g)
+        if unreadable_values:
+            bad = g["tracescore_store_unreadable_values"]
+            for key, n in sorted(unreadable_values.items()):
+                bad.add_metric([key], n)
+            yield bad
 
     def _read_queue(self, depth: Any, unacked: Any, age: Any) -> bool:
         try:
@@ -158,13 +176,23 @@ class RedisStateCollector:
     def _read_store(self, dead: Any, sinks: Any) -> bool:
         try:
             reasons: dict[bytes, bytes] = self._store.hgetall(_keys.dlq_reasons_key())  # type: ignore[assignment]
-            counts = self._outbox.counts()
+            try:
+                counts = self._outbox.counts()
+            except ValueError:  # a counter that is not a number: no sink gauges this time
+                _unreadable("outbox_counts")
+                counts = {}
         except redis.RedisError as exc:
             log.warning("metrics_store_unavailable", error=type(exc).__name__)
             return False
         for reason, letters in sorted(reasons.items()):
-            if int(letters) > 0:
-                dead.add_metric([reason.decode(errors="replace")], int(letters))
+            name = reason.decode(errors="replace")
+            try:
+                n = int(letters)
+            except ValueError:
+                _unreadable(f"dlq_reasons:{name[:60]}")
+                continue
+            if n > 0:
+                dead.add_metric([name], n)
         for sink, c in sorted(counts.items()):
             for state, n in c.as_dict().items():
                 sinks.add_metric([sink, state], n)
