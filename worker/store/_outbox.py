@@ -148,7 +148,8 @@ class Outbox(Protocol):
         ...
 
     def dead_letters(self, sink: str, limit: int = 100) -> list[SinkDeadLetter]:
-        """Up to ``limit`` of the sink's dead letters, newest first."""
+        """Up to ``limit`` of the sink's dead letters, newest first (among the first 10,000 read);
+        one that no longer parses is listed by its id with reason ``unreadable_dead_letter``."""
         ...
 
     def redrive(self, sink: str, score_ids: Sequence[str] | None = None) -> int:
@@ -166,6 +167,9 @@ class Outbox(Protocol):
 
 # Ids per command when asking about many (a large backfill's scores).
 _CHUNK = 5000
+# Dead letters read for a listing at most (newest first among them).
+_LETTERS_READ = 10_000
+_UNREADABLE = "the stored dead letter is not one (corrupt, or from another version); its id can be retried"
 
 
 def _now_ms() -> int:
@@ -381,7 +385,20 @@ class RedisOutbox:
         return out
 
     def dead_letters(self, sink: str, limit: int = 100) -> list[SinkDeadLetter]:
-        letters = [SinkDeadLetter.model_validate_json(v) for v in self._client.hvals(_keys.outbox_dead_key(sink))]
+        letters: list[SinkDeadLetter] = []
+        # Paged (HSCAN), and at most _LETTERS_READ of them: a sink down for a day can hold
+        # hundreds of thousands. Newest first among those read.
+        for score_id, value in islice(self._client.hscan_iter(_keys.outbox_dead_key(sink), count=500), _LETTERS_READ):
+            try:
+                letters.append(SinkDeadLetter.model_validate_json(value))
+            except ValidationError:
+                # Still the sink's dead letter (counted in failed, redrivable by its id): listed
+                # as unreadable by that reason, not a crash.
+                letters.append(
+                    SinkDeadLetter(
+                        score_id=score_id, sink=sink, reason="unreadable_dead_letter", detail=_UNREADABLE, failed_at=0
+                    )
+                )
         letters.sort(key=lambda x: x.failed_at, reverse=True)
         return letters[:limit]
 
