@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from celery import bootsteps, signals
 
+from worker._process import alive
 from worker.metrics import _instruments
 from worker.metrics._collector import RedisStateCollector
 from worker.metrics._otlp import OtlpMetricsPusher, otlp_metrics_endpoint
@@ -93,20 +94,10 @@ def sweep_dead_processes(directory: Path) -> list[int]:
         if found is None:
             continue
         pid = int(found.group(1))
-        if not _alive(pid):
+        if not alive(pid):
             multiprocess.mark_process_dead(pid, str(directory))
             dead.append(pid)
     return dead
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _node_directory(base_dir: str | None, node: str) -> Path:

@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 from scorers import ScoreResult
 from tracing import ScoreRecord
 from worker import _keys
+from worker._process import alive
 from worker._reconnect import unavailable_as_error
 from worker.store._jobs import FAILURE_WINDOW_SECONDS, JOB_TTL_S, JobStats, RedisJobStats, failure_bucket, outcome
 from worker.store._outbox import delivered_key
@@ -102,13 +103,7 @@ def _owner_is_dead_here(owner: str, me: str) -> bool:
     host, pid = _host_and_pid(owner)
     if host != _host_and_pid(me)[0] or not pid.isdigit():
         return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
+    return not alive(int(pid))
 
 
 async def claim(store: ScoreStore, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
