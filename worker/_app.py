@@ -236,6 +236,7 @@ def _check_start(app: TracescoreApp) -> None:
     settings = app.settings
     configure_app(app, settings)
     probe_files.set_probe_dir(settings.probe_dir)
+    probe_files.reset()  # an earlier run's files (same emptyDir, same pid) must not speak for this one
     # A wrong password or an unverifiable certificate fails the start; Celery would retry for minutes.
     check_connections(settings)
     if not settings.scorers:

@@ -11,6 +11,11 @@ makes progress, so its age is how long that part has been stuck:
 - ``ready``: present while the consumer is connected and consuming; removed when it stops and on
   SIGTERM (the worker takes no more messages).
 
+Each file holds the writer's pid and its start time (``worker._process.start_time``): a file
+left by an earlier run (a container restarted with the same emptyDir ``/tmp``, where the
+worker is PID 1 again) is not taken for the process now holding that pid. A worker also clears
+the directory's files when it starts (``reset``).
+
 Writing is best effort: a full or read-only disk must never break scoring (the probe then
 reports the stale file, which is the truth about what it can see).
 """
@@ -23,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from worker._process import alive, start_time
+
 __all__ = [
     "CONSUMER_FILE",
     "LOOP_PREFIX",
@@ -34,6 +41,7 @@ __all__ = [
     "liveness_problems",
     "loop_file",
     "probe_dir",
+    "reset",
     "set_probe_dir",
 ]
 
@@ -79,14 +87,31 @@ def loop_file() -> str:
     return f"{LOOP_PREFIX}{os.getpid()}"
 
 
+def reset() -> None:
+    """Remove what an earlier run of the worker left here (a node starting, before it forks)."""
+    if _dir is None:
+        return
+    with contextlib.suppress(OSError):
+        for path in _dir.iterdir():
+            if path.name in (CONSUMER_FILE, READY_FILE) or path.name.startswith((LOOP_PREFIX, ".")):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+
+def _stamp() -> str:
+    pid = os.getpid()
+    started = start_time(pid)
+    return f"{pid} {started}" if started is not None else str(pid)
+
+
 def beat(name: str) -> None:
-    """(Re)write ``name`` with this process's pid; its modification time is the beat."""
+    """(Re)write ``name`` with this process's pid and start time; its modification time is the beat."""
     if _dir is None:
         return
     path = _dir / name
     try:
         tmp = path.with_name(f".{name}.{os.getpid()}")
-        tmp.write_text(str(os.getpid()), encoding="ascii")
+        tmp.write_text(_stamp(), encoding="ascii")
         os.replace(tmp, path)
     except OSError:
         pass
@@ -99,14 +124,17 @@ def clear(name: str) -> None:
         (_dir / name).unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def _writer_running(path: Path, pid: int) -> bool:
+    """True if the process that wrote ``path`` still runs (not merely some process with its pid)."""
+    if not alive(pid):
         return False
-    except PermissionError:  # someone else's process: it exists
-        return True
-    return True
+    try:
+        words = path.read_text(encoding="ascii").split()
+    except (OSError, UnicodeDecodeError):
+        return True  # unreadable now (being replaced): judge it by its age
+    if len(words) < 2 or not words[1].isdigit():
+        return True  # written without a start time (no /proc): the pid is all there is
+    return start_time(pid) == int(words[1])
 
 
 def _age(path: Path, now: float) -> float | None:
@@ -127,8 +155,8 @@ def liveness_problems(directory: Path, max_age_s: float) -> list[str]:
         problems.append(f"the consumer's event loop has not turned for {age:.0f} s (limit {max_age_s:g} s)")
     for path in sorted(directory.glob(f"{LOOP_PREFIX}*")):
         pid_text = path.name.removeprefix(LOOP_PREFIX)
-        if not pid_text.isdigit() or not _alive(int(pid_text)):
-            continue  # a replaced prefork child's file
+        if not pid_text.isdigit() or not _writer_running(path, int(pid_text)):
+            continue  # a replaced prefork child's file, or an earlier run's whose pid is reused
         age = _age(path, now)
         if age is not None and age > max_age_s:
             problems.append(

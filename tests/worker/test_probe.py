@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from click.testing import CliRunner, Result
 from tests.worker._batches import batch
 from tests.worker._workers import WorkerProcess, wait_for
 from tracing import CelerySink
+from worker import _heartbeat as probe_files
+from worker import _process
 from worker.cli import cli
 
 MAX_AGE_S = "2"
@@ -85,9 +88,53 @@ def test_busy_worker_is_live_and_ready_and_not_ready_after_sigterm(
         worker.stop()
 
 
-def test_worker_with_a_blocked_loop_is_not_live(redis_url: str, tmp_path: Path) -> None:
+def _stale(path: Path, text: str, age_s: float) -> None:
+    path.write_text(text, encoding="ascii")
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+
+
+def test_a_loop_file_of_an_earlier_process_with_the_same_pid_is_not_believed(tmp_path: Path) -> None:
+    """A `loop-<pid>` file whose pid now belongs to another process (a restarted container's
+    PID 1): its recorded start time is not that process's, so its age says nothing."""
+    me = os.getpid()
+    started = _process.start_time(me)
+    assert started is not None  # Linux: /proc
+    _stale(tmp_path / probe_files.CONSUMER_FILE, f"{me} {started}", 0)
+    _stale(tmp_path / f"{probe_files.LOOP_PREFIX}{me}", f"{me} {started - 1}", 300)
+    assert probe_files.liveness_problems(tmp_path, 240) == []
+    _stale(tmp_path / f"{probe_files.LOOP_PREFIX}{me}", f"{me} {started}", 300)  # really this process's
+    problems = probe_files.liveness_problems(tmp_path, 240)
+    assert len(problems) == 1, problems
+    assert f"process {me} has been blocked for 300 s" in problems[0]
+
+
+def test_a_restarted_worker_clears_the_files_an_earlier_run_left(redis_url: str, tmp_path: Path) -> None:
+    """A container restarted in its pod keeps /tmp: the previous run's files (its consumer,
+    ready, and loop files of pids alive again) are cleared when the worker starts, so an idle
+    healthy worker is live, not blamed for a loop that stopped 300 s ago."""
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    for name in (probe_files.CONSUMER_FILE, probe_files.READY_FILE, "loop-1", f"loop-{os.getpid()}"):
+        _stale(probe_dir / name, name.removeprefix("loop-") if name.startswith("loop-") else "1", 300)
+    env = {"TRACESCORE_PROBE_DIR": str(probe_dir), "TSTEST_CALLS_FILE": str(tmp_path / "calls.txt")}
+    worker = _worker("restarted", redis_url, tmp_path, "threads", 2, env)
+    try:
+        worker.wait_ready()
+        assert wait_for(lambda: _probe("ready", "--dir", str(probe_dir)).exit_code == 0, 30), worker.text()[-3000:]
+        live = _probe("live", "--dir", str(probe_dir), "--max-age", "240")
+        assert live.exit_code == 0, live.output
+        assert not (probe_dir / "loop-1").exists()
+        assert not (probe_dir / f"loop-{os.getpid()}").exists()
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize(("pool", "concurrency"), [("threads", 2), ("prefork", 2)])
+def test_worker_with_a_blocked_loop_is_not_live(redis_url: str, tmp_path: Path, pool: str, concurrency: int) -> None:
     """A step blocking the event loop in a C call (the watchdog's interrupt cannot reach it):
-    within a few seconds `probe live` fails and names the blocked process's loop."""
+    within a few seconds `probe live` fails and names the blocked process's loop (in the prefork
+    pool: the child's, while its sibling and the consumer beat on)."""
     probe_dir = tmp_path / "probe"
     calls = tmp_path / "calls.txt"
     env = {
@@ -97,12 +144,12 @@ def test_worker_with_a_blocked_loop_is_not_live(redis_url: str, tmp_path: Path) 
         "TRACESCORE_RUN_TIMEOUT_SECONDS": "120",
         "TSTEST_BLOCK_S": "60",
     }
-    worker = _worker("wedged", redis_url, tmp_path, "threads", 2, env)
+    worker = _worker("wedged", redis_url, tmp_path, pool, concurrency, env)
     try:
         worker.wait_ready()
         assert wait_for(lambda: _probe("live", "--dir", str(probe_dir), "--max-age", MAX_AGE_S).exit_code == 0, 30)
         sink = CelerySink(redis_url)
-        sink.send(batch(range(1, 2), ["blocker"], salt="wedged"))
+        sink.send(batch(range(1, 2), ["blocker"], salt=f"wedged-{pool}"))
         sink.close()
         assert wait_for(lambda: _starts(calls) >= 1, 30), worker.text()[-3000:]
         assert wait_for(
