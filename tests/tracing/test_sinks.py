@@ -238,3 +238,72 @@ def test_otlp_refusal_detail_hides_header_tokens_and_score_text(monkeypatch: pyt
     assert "tok-123456789" not in refused.detail
     assert "cites Paris" not in refused.detail
     assert refused.detail.startswith("bad request:")
+
+
+def test_otlp_sink_splits_a_batch_refused_for_its_content() -> None:
+    """An endpoint refusing a request for what one record holds (400) or its size (413): the
+    batch is split and re-sent, so only that record is refused (a 413 of one names its size)
+    and every other score arrives once."""
+    import threading
+    from collections import Counter
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    arrived: Counter[str] = Counter()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            status, answer = 200, b""
+            if len(body) > 6000:
+                status, answer = 413, b"<html>413 Request Entity Too Large</html>"
+            elif b"POISON" in body:
+                status, answer = 400, b"attribute value rejected"
+            else:
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for resource in request.resource_spans:
+                    for scope in resource.scope_spans:
+                        for span in scope.spans:
+                            for event in span.events:
+                                for attr in event.attributes:
+                                    if attr.key == "tracescore.score.id":
+                                        arrived[attr.value.string_value] += 1
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def rec(n: int, reason: str) -> ScoreRecord:
+        span = f"{n + 1:016x}"
+        return ScoreRecord(
+            score_id=score_id_for(TRACE, span, "s", "1"), trace_id=TRACE, span_id=span, scorer_id="s",
+            score=0.5, reason=reason, span_start_ns=START, span_end_ns=END,
+        )  # fmt: skip
+
+    records = [rec(n, "fine") for n in range(6)]
+    records[2] = rec(2, "POISON in the agent's answer")
+    records[4] = rec(4, "x" * 8000)
+    sink = OtlpSink(endpoint=f"http://127.0.0.1:{server.server_port}/v1/traces", timeout_s=5)
+    try:
+        outcomes = sink.deliver(records)
+    finally:
+        sink.close()
+        server.shutdown()
+        server.server_close()
+    kinds = [type(o).__name__ for o in outcomes]
+    assert kinds == ["Delivered", "Delivered", "Refused", "Delivered", "Refused", "Delivered"]
+    poison, big = outcomes[2], outcomes[4]
+    assert isinstance(poison, Refused)
+    assert isinstance(big, Refused)
+    assert (poison.reason, poison.detail) == ("otlp_http_400", "attribute value rejected")
+    assert big.reason == "otlp_http_413"
+    assert "bytes, over the endpoint's size limit" in big.detail
+    assert arrived == Counter({r.score_id: 1 for i, r in enumerate(records) if i not in (2, 4)})

@@ -16,7 +16,9 @@ is marked ``tracescore.role=score_writer`` so the capture exporter never scores 
 
 The default exporter is the OTLP/HTTP one, configured by the standard ``OTEL_EXPORTER_OTLP_*``
 variables; its HTTP session is watched so that a refusal (4xx other than 408/409/425/429) is
-``Refused`` with the endpoint's status and answer instead of being retried for ever.
+``Refused`` with the endpoint's status and answer instead of being retried for ever. A batch
+refused for its content (400, 413, 422) is split in halves and re-sent, so one record the
+endpoint cannot take does not refuse its neighbours; a single record's 413 names its size.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import requests
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -58,6 +61,8 @@ SCOPE_NAME = "tracescore.score_writer"
 # Statuses that mean "later", not "no" (as scorers' classification of HTTP errors has it).
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 _DETAIL_CHARS = 500
+# Refusals about a request's content (bad, too large, invalid): split and re-sent, as Phoenix's.
+_ABOUT_CONTENT = frozenset({400, 413, 422})
 
 
 def evaluation_attributes(record: ScoreRecord) -> dict[str, Any]:
@@ -190,18 +195,50 @@ class OtlpSink:
     def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
         if not records:
             return []
+        outcomes: dict[int, Delivery] = {}
+        self._send(records, list(range(len(records))), outcomes)
+        return [outcomes[i] for i in range(len(records))]
+
+    def _send(self, records: Sequence[ScoreRecord], which: list[int], outcomes: dict[int, Delivery]) -> None:
+        """Export ``records[i]`` for ``i`` in ``which``; a request refused for its content (400,
+        413, 422) is split in halves (keeping each scored span's scores together while it can)
+        and re-sent, so only the record the endpoint cannot take is refused."""
+        outcome, status = self._export([records[i] for i in which])
+        if not (isinstance(outcome, Refused) and status in _ABOUT_CONTENT and len(which) > 1):
+            if isinstance(outcome, Refused) and status == 413:
+                size = len(encode_spans(carrier_spans([records[i] for i in which], self._resource)).SerializeToString())
+                outcome = Refused(
+                    outcome.reason, f"one score's carrier span is {size:,} bytes, over the endpoint's size limit"
+                )
+            for i in which:
+                outcomes[i] = outcome
+            return
+        spans: dict[tuple[str, str], list[int]] = {}
+        for i in which:
+            spans.setdefault((records[i].trace_id, records[i].span_id), []).append(i)
+        groups = list(spans.values())
+        if len(groups) > 1:
+            first = [i for group in groups[: len(groups) // 2] for i in group]
+            second = [i for group in groups[len(groups) // 2 :] for i in group]
+        else:
+            first, second = which[: len(which) // 2], which[len(which) // 2 :]
+        self._send(records, first, outcomes)
+        self._send(records, second, outcomes)
+
+    def _export(self, records: Sequence[ScoreRecord]) -> tuple[Delivery, int | None]:
+        """One export: its outcome for every record, and the endpoint's status when known."""
         if self._session is not None:
             self._session.last.status, self._session.last.text = None, ""
         try:
             result = self._exporter.export(carrier_spans(records, self._resource))
         except Exception as exc:  # an exporter must not raise; one that does is down for now
-            return [Retry(f"otlp_export_raised:{type(exc).__name__}")] * len(records)
+            return Retry(f"otlp_export_raised:{type(exc).__name__}"), None
         if result is SpanExportResult.SUCCESS:
-            return [Delivered()] * len(records)
-        return [self._failure(records)] * len(records)
-
-    def _failure(self, records: Sequence[ScoreRecord]) -> Delivery:
+            return Delivered(), None
         status = getattr(self._session.last, "status", None) if self._session is not None else None
+        return self._failure(records, status), status
+
+    def _failure(self, records: Sequence[ScoreRecord], status: int | None) -> Delivery:
         if status is None:
             return Retry("otlp_export_failed")
         if 400 <= status < 500 and status not in _RETRYABLE_4XX:
