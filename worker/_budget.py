@@ -401,11 +401,15 @@ class BudgetGuard:
         *,
         prices: Mapping[str, ModelPrice] | None = None,
         calls_ttl_s: int = 3600,
+        on_usage: Callable[[str, str, JudgeUsage, float | None], None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.budgets = budgets
         self._prices = prices
         self.calls_ttl_s = calls_ttl_s
+        # (scorer, model, usage, cost or None if unpriced) of every answered call: the
+        # worker's metrics, counted where the ledger counts the spend.
+        self.on_usage = on_usage
 
     @property
     def prices(self) -> Mapping[str, ModelPrice]:
@@ -455,12 +459,14 @@ class BudgetGuard:
         run.last_here = f"{type(error).__name__}: {str(error)[:500]}"
         await self.ledger.note_failure(run.run_key, run.version, run.last_here, self.calls_ttl_s)
 
-    async def after_call(self, model_id: str, scorer_id: str, usage: Any) -> None:
+    async def after_call(self, model_id: str, scorer_id: str, usage: JudgeUsage) -> None:
         cost = price_usage(model_id, usage, self.prices)
-        if cost == 0.0:
-            return
         run = _current.get()
         scorer = run.scorer_id if run is not None else scorer_id
+        if self.on_usage is not None:
+            self.on_usage(scorer, model_id, usage, cost)
+        if cost == 0.0:
+            return
         job_id = run.job_id if run is not None else None
         try:
             if cost is None:

@@ -39,7 +39,7 @@ from worker._reconnect import RECONNECT_S
 from worker._registry import Registry, RegistryError, load_registry
 from worker._scoring import ScoringDeps, scoring_run_of, wedged_record
 from worker._settings import Settings
-from worker.metrics import judge_request_context, observe_records
+from worker.metrics import judge_request_context, observe_judge_usage, observe_records
 from worker.store import DeliveryLog, RedisDeadLetters, RedisScoreStore
 
 # Exit status of a worker process whose event loop was wedged (EX_SOFTWARE).
@@ -112,7 +112,11 @@ class WorkerRuntime:
         )
         call_context = judge_request_context(get_judge_hooks().call_context or judge_call_span)
         # Budgets, spend and the per-run judge-call cap, shared by every worker (worker/_budget.py).
-        guard = BudgetGuard(RedisLedger(settings.store_url, reconnect_s=RECONNECT_S), parse_budgets(settings.budgets))
+        guard = BudgetGuard(
+            RedisLedger(settings.store_url, reconnect_s=RECONNECT_S),
+            parse_budgets(settings.budgets),
+            on_usage=observe_judge_usage,
+        )
         set_judge_hooks(JudgeHooks(limiter=limiter, call_context=call_context, guard=guard))
         deps = ScoringDeps(
             registry=registry,

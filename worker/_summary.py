@@ -174,8 +174,10 @@ def _number(value: float) -> str:
 
 @dataclass
 class Spend:
-    """Judge spend of a set of records: USD per scorer and per model (a record judged by several
-    models counts under their names joined by "+"), judge calls, and runs with no price."""
+    """Judge spend of a set of records: USD per scorer and per model, judge calls, and runs with
+    no price. Spend per model is counted per call's model where calls are seen (the ledger,
+    ``tracescore status``, the metrics); a record keeps one sum for its run, so a run judged by
+    several models is shown here under their names joined by "+" rather than split by guess."""
 
     by_scorer: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     by_model: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))

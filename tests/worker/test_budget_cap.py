@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pydantic import BaseModel
@@ -152,3 +152,45 @@ def test_a_call_cancelled_before_it_was_sent_is_not_counted(ledger: MemoryLedger
     _deliver(scorer, store, first=False)
     (record,) = store.records.values()
     assert (record.score, len(model.requests)) == (0.7, 1)
+
+
+def test_judge_cost_metric_counts_what_was_paid_as_the_ledger_does() -> None:
+    """A run whose first prompt step was answered (paid) and whose second failed transiently is
+    not stored on this delivery: its paid call is in the cost metric all the same, under the one
+    model called, equal to the ledger's spend (the metric used to count stored records only)."""
+    from prometheus_client import Metric
+
+    from scorers.judge import DEFAULT_PRICES
+    from worker._budget import utc_day
+    from worker.metrics._instruments import _metrics, observe_judge_usage
+
+    def cost_total() -> float:
+        (family,) = cast(list[Metric], list(_metrics().cost.collect()))
+        return sum(
+            s.value
+            for s in family.samples
+            if s.name.endswith("_total") and s.labels == {"scorer": "two", "model": "openai/gpt-4o-mini"}
+        )
+
+    model = FakeJudgeModel({"score": 0.5}, server_error(503), model_id="openai/gpt-4o-mini")
+    assert "openai/gpt-4o-mini" in DEFAULT_PRICES
+    scorer = (
+        create_scorer("two", type="agent", judge=Judge(model=model))
+        .preprocess(PromptStep("first", lambda run: "SCORE first", output_schema=Verdict))
+        .generate_score(PromptStep("second", lambda run: "SCORE second", output_schema=Verdict))
+    )
+    ledger = MemoryLedger()
+    previous = get_judge_hooks()
+    set_judge_hooks(JudgeHooks(guard=BudgetGuard(ledger, Budgets(), on_usage=observe_judge_usage)))
+    before = cost_total()
+    try:
+        store = MemoryScoreStore()
+        deps = ScoringDeps(registry=Registry([scorer]), store=store, checkpoint="none")
+        report = asyncio.run(score_batch(batch(range(1), ["two"], salt="paid"), deps, final_attempt=False))
+    finally:
+        set_judge_hooks(previous)
+    assert report.retry
+    assert not store.records
+    spent = ledger.days[utc_day()]
+    assert spent["model:openai/gpt-4o-mini"] > 0
+    assert cost_total() - before == pytest.approx(spent["model:openai/gpt-4o-mini"])

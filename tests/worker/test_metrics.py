@@ -149,7 +149,8 @@ def test_metrics_count_what_the_prefork_children_scored(
     assert total(samples, "tracescore_judge_request_duration_seconds_count", model=model) == 7
     assert total(samples, "tracescore_judge_request_duration_seconds_sum", model=model) > 0
 
-    # Tokens and cost: the judged records' sums.
+    # Tokens and cost, counted per answered call: here (no call paid for a run left unstored)
+    # the judged records' sums.
     judged = [r for r in records if r["judge_models"]]
     assert judged
     assert all(r["judge_models"] == [model] for r in judged)
@@ -159,7 +160,10 @@ def test_metrics_count_what_the_prefork_children_scored(
         assert total(samples, "tracescore_judge_tokens_total", scorer="judged", model=model, kind=kind) == expected
     priced = [r["cost_usd"] for r in judged if r["cost_usd"] is not None]
     assert total(samples, "tracescore_judge_cost_usd_total") == pytest.approx(sum(priced))
-    assert total(samples, "tracescore_judge_unpriced_runs_total") == len(judged) - len(priced)
+    # fake-judge has no price here: every answered call is an unpriced one (a record that paid
+    # for no answer costs 0).
+    assert not any(priced)
+    assert total(samples, "tracescore_judge_unpriced_calls_total", scorer="judged", model=model) == requests["ok"]
 
     # The shared rate limiter made some judge calls wait (a burst of 2 for 6 runs at once).
     assert total(samples, "tracescore_limiter_waits_total", model=model) >= 1

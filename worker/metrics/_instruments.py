@@ -18,6 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from scorers import JudgeUsage
 from tracing import ScoreRecord
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ __all__ = [
     "RECORDED",
     "judge_request_context",
     "observe_batch",
+    "observe_judge_usage",
     "observe_limiter_wait",
     "observe_records",
     "process_started",
@@ -92,19 +94,20 @@ RECORDED: Final = (
         "tracescore_judge_tokens",
         "counter",
         ("scorer", "model", "kind"),
-        "Judge tokens of stored runs, by kind: input, output, cached_input (a part of input)",
+        "Judge tokens paid for (every answered judge call, stored or not), by kind: input, output, "
+        "cached_input (a part of input)",
     ),
     MetricSpec(
         "tracescore_judge_cost_usd",
         "counter",
         ("scorer", "model"),
-        "Judge cost of stored runs in US dollars, by the price table",
+        "Judge cost in US dollars by the price table, counted when a call is paid (as the spend ledger)",
     ),
     MetricSpec(
-        "tracescore_judge_unpriced_runs",
+        "tracescore_judge_unpriced_calls",
         "counter",
         ("scorer", "model"),
-        "Stored runs that called a judge model with no price (their cost is not in the cost counter)",
+        "Answered judge calls to a model with no price (their cost is not in the cost counter)",
     ),
     MetricSpec(
         "tracescore_limiter_waits",
@@ -137,7 +140,7 @@ class _Instruments:
         self.judge_retries: Counter = _build("tracescore_judge_retries")
         self.tokens: Counter = _build("tracescore_judge_tokens")
         self.cost: Counter = _build("tracescore_judge_cost_usd")
-        self.unpriced: Counter = _build("tracescore_judge_unpriced_runs")
+        self.unpriced: Counter = _build("tracescore_judge_unpriced_calls")
         self.limiter_waits: Counter = _build("tracescore_limiter_waits")
         self.limiter_wait_seconds: Counter = _build("tracescore_limiter_wait_seconds")
         # livesum: a dead child's file is removed (mark_process_dead), so the sum is the live ones.
@@ -174,12 +177,6 @@ def reset() -> None:
         _instruments = None
 
 
-def _model_label(models: Sequence[str]) -> str:
-    # A run whose steps use several judge models is counted under all of them joined: the
-    # record keeps its tokens and cost as one sum. Configured models only: low cardinality.
-    return ",".join(models) if models else "none"
-
-
 def observe_records(records: Sequence[ScoreRecord], retried: Sequence[tuple[str, str]] = ()) -> None:
     """Count the records just stored (first writes only: a duplicate is not counted twice) and
     the runs left unrecorded for another delivery after a transient failure, as
@@ -199,20 +196,27 @@ def observe_records(records: Sequence[ScoreRecord], retried: Sequence[tuple[str,
             m.runs.labels(scorer, "scored", "").inc()
         if record.enqueued_at is not None:
             m.run_latency.labels(scorer, record.source).observe(max(0.0, record.scored_at - record.enqueued_at))
-        if not record.judge_models:
-            continue
-        model = _model_label(record.judge_models)
-        for kind, tokens in (
-            ("input", record.input_tokens),
-            ("output", record.output_tokens),
-            ("cached_input", record.cached_input_tokens),
-        ):
-            if tokens:
-                m.tokens.labels(scorer, model, kind).inc(tokens)
-        if record.cost_usd is None:
-            m.unpriced.labels(scorer, model).inc()
-        elif record.cost_usd > 0:
-            m.cost.labels(scorer, model).inc(record.cost_usd)
+
+
+def observe_judge_usage(scorer_id: str, model_id: str, usage: JudgeUsage, cost_usd: float | None) -> None:
+    """One answered judge call: its tokens and cost, counted where it is paid (the budget
+    guard's ``after_call``, beside the spend ledger), so a run retried, cancelled or replaced
+    later is counted once per call it paid, and under the one model it called (the label the
+    dashboard's ``model=~"$model"`` filter matches; the ledger keeps spend per model alike)."""
+    if usage.input_tokens == 0 and usage.output_tokens == 0:
+        return
+    m = _metrics()
+    for kind, tokens in (
+        ("input", usage.input_tokens),
+        ("output", usage.output_tokens),
+        ("cached_input", usage.cached_input_tokens),
+    ):
+        if tokens:
+            m.tokens.labels(scorer_id, model_id, kind).inc(tokens)
+    if cost_usd is None:
+        m.unpriced.labels(scorer_id, model_id).inc()
+    elif cost_usd > 0:
+        m.cost.labels(scorer_id, model_id).inc(cost_usd)
 
 
 def observe_batch(seconds: float) -> None:
