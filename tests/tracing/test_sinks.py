@@ -307,3 +307,82 @@ def test_otlp_sink_splits_a_batch_refused_for_its_content() -> None:
     assert big.reason == "otlp_http_413"
     assert "bytes, over the endpoint's size limit" in big.detail
     assert arrived == Counter({r.score_id: 1 for i, r in enumerate(records) if i not in (2, 4)})
+
+
+_HOSTILE: dict[str, tuple[int, dict[str, str], bytes]] = {
+    # Nested past what json.loads goes (RecursionError), as a refusal.
+    "nested": (400, {"Content-Type": "application/json"}, b"[" * 100_000),
+    # An answer whose Content-Encoding cannot be undone (httpx.DecodingError).
+    "bad_gzip": (400, {"Content-Type": "application/json", "Content-Encoding": "gzip"}, b"not gzip at all"),
+    # A validation error quoting the request (FastAPI's `input`, a zod issue's `received`).
+    "quotes_input": (
+        422,
+        {"Content-Type": "application/json"},
+        json.dumps(
+            {
+                "message": "Invalid request data",
+                "detail": [{"loc": ["body", "data", 0], "msg": "bad value", "input": {"explanation": "ok SECRET"}}],
+            }
+        ).encode(),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])
+@pytest.mark.parametrize("answer", sorted(_HOSTILE))
+def test_http_sinks_read_hostile_answers_alike(kind: str, answer: str) -> None:
+    """The three HTTP sinks read refusals through one parser: a nested answer is a refusal (no
+    RecursionError), an undecodable one a Retry (no DecodingError out of deliver), and a quoted
+    request's text (the score's, even short) is never in the detail."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tracing.sinks import LangfuseSink, MlflowSink, PhoenixSink
+
+    status, headers, body = _HOSTILE[answer]
+
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_PATCH = _serve
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    sink: ScoreSink = (
+        PhoenixSink(url)
+        if kind == "phoenix"
+        else MlflowSink(url)
+        if kind == "mlflow"
+        else LangfuseSink(url, "pk-lf-1", "sk-lf-1")
+    )
+    try:
+        span = "00f067aa0ba902b7"
+        record = ScoreRecord(
+            score_id=score_id_for(TRACE, span, "s", "1"), trace_id=TRACE, span_id=span, scorer_id="s",
+            score=0.5, reason="ok SECRET",
+        )  # fmt: skip
+        (outcome,) = sink.deliver([record])
+    finally:
+        sink.close()
+        server.shutdown()
+        server.server_close()
+    if answer == "bad_gzip":
+        assert isinstance(outcome, Retry)
+        assert "could not be decoded (DecodingError)" in outcome.reason
+        return
+    assert isinstance(outcome, Refused)
+    assert "SECRET" not in outcome.detail
+    assert "ok " not in outcome.detail
+    if answer == "quotes_input":
+        assert outcome.detail == "Invalid request data: body.data.0: bad value"

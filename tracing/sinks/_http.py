@@ -1,5 +1,5 @@
-"""What the HTTP score sinks share: which answers are worth another try, Retry-After, and
-sending one request per score a few at a time.
+"""What the HTTP score sinks share: which answers are worth another try, Retry-After, sending
+one request per score a few at a time, and reading a refusal (one parser, one scrub).
 
 The contract (``_sink.py``): 408/409/425/429 and every 5xx, connection errors and timeouts are
 ``Retry``; any other 4xx is ``Refused``.
@@ -11,16 +11,32 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
+from tracing._broker import redact
+from tracing._score_record import ScoreRecord
 from tracing.sinks._sink import Delivery, Refused, Retry
 
-__all__ = ["DETAIL_CHARS", "JSON", "deliver_each", "is_retryable", "json_body", "retry_after", "transport_retry"]
+__all__ = [
+    "ANSWER_ERRORS",
+    "DETAIL_CHARS",
+    "JSON",
+    "answer_json",
+    "deliver_each",
+    "is_retryable",
+    "json_body",
+    "record_texts",
+    "refusal_detail",
+    "retry_after",
+    "scrubbable",
+    "server_message",
+    "transport_retry",
+]
 
 T = TypeVar("T")
 
@@ -32,6 +48,13 @@ DETAIL_CHARS = 300
 JSON = {"Content-Type": "application/json"}
 # A str holds a surrogate only when it is lone (a pair is one code point): not encodable as UTF-8.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_TAGS = re.compile(r"<[^>]*>")
+# A request that got no usable answer: none at all, or one whose body its encoding cannot undo
+# (a bad gzip from a proxy). Both are worth another try.
+ANSWER_ERRORS = (httpx.TransportError, httpx.DecodingError)
+# Score text shorter than this is not scrubbed from a refusal (a label like "good" would blank
+# every "good" of the backend's message).
+_SCRUB_MIN_CHARS = 8
 
 
 def json_body(payload: object) -> bytes:
@@ -62,12 +85,74 @@ def retry_after(response: httpx.Response) -> float:
     return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
 
 
-def transport_retry(backend: str, exc: httpx.TransportError) -> Retry:
-    """The Retry for a request that got no answer; names the error type, never its text (which
-    may quote the URL and its credentials)."""
+def transport_retry(backend: str, exc: httpx.TransportError | httpx.DecodingError) -> Retry:
+    """The Retry for a request that got no usable answer (``ANSWER_ERRORS``); names the error
+    type, never its text (which may quote the URL and its credentials)."""
+    if isinstance(exc, httpx.DecodingError):
+        return Retry(f"{backend}'s answer could not be decoded ({type(exc).__name__})")
     if isinstance(exc, httpx.TimeoutException):
         return Retry(f"{backend} did not answer in time ({type(exc).__name__})")
     return Retry(f"{backend} unreachable ({type(exc).__name__})")
+
+
+def answer_json(text: str) -> Any:
+    """An answer's JSON value; None when it is not JSON, or nested deeper than the parser goes
+    (a hostile answer must not crash a sink)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def server_message(text: str) -> str:
+    """What a backend said in a refusal, on one line, never the request it may quote.
+
+    JSON answers: the message (``message`` / ``detail`` / ``error``; MLflow's ``error_code``
+    first) and, for validation errors (FastAPI's ``detail`` list, Langfuse's zod ``error`` list),
+    each problem's field path and message, never its ``input`` or other quoted values. Any other
+    answer (a proxy's page): its text without markup."""
+    parsed = answer_json(text)
+    if parsed is None:
+        return " ".join(_TAGS.sub(" ", text).split())
+    if isinstance(parsed, list):
+        return "; ".join(i for i in map(_issue, parsed) if i) or "an answer of JSON type list"
+    if not isinstance(parsed, dict):
+        return f"an answer of JSON type {type(parsed).__name__}"
+    message = next((v for k in ("message", "detail", "error") if isinstance(v := parsed.get(k), str) and v), "")
+    issues = next((v for k in ("detail", "error", "errors") if isinstance(v := parsed.get(k), list)), [])
+    said = ": ".join(p for p in (message, "; ".join(i for i in map(_issue, issues) if i)) if p)
+    code = parsed.get("error_code")
+    if isinstance(code, str) and code:
+        return f"{code}: {said}" if said else code
+    return said or "an answer of JSON type dict"
+
+
+def _issue(item: object) -> str:
+    """One validation problem: where (``loc`` / ``path``) and what (``msg`` / ``message``)."""
+    if isinstance(item, str):
+        return item
+    if not isinstance(item, dict):
+        return ""
+    place = next((v for k in ("loc", "path") if isinstance(v := item.get(k), list)), [])
+    where = ".".join(str(p) for p in place if isinstance(p, str | int))
+    what = next((v for k in ("msg", "message") if isinstance(v := item.get(k), str)), "")
+    return f"{where}: {what}".strip(": ")
+
+
+def record_texts(records: Sequence[ScoreRecord]) -> list[str]:
+    """The score text of ``records`` a refusal must not echo (reasons, messages, labels)."""
+    return scrubbable(t for r in records for t in (r.reason, r.error_message, r.not_scorable, r.label))
+
+
+def scrubbable(texts: Iterable[object]) -> list[str]:
+    """The texts long enough to mask in a refusal (see ``_SCRUB_MIN_CHARS``)."""
+    return [t for t in texts if isinstance(t, str) and len(t) >= _SCRUB_MIN_CHARS]
+
+
+def refusal_detail(text: str, secrets: Sequence[str], content: Sequence[str] = ()) -> str:
+    """A refusal's detail: ``server_message`` (quoted input fields already left out), with our
+    credentials and any score text (``record_texts``) it still echoes masked, cut short."""
+    return redact(server_message(text), *secrets, *content)[:DETAIL_CHARS]
 
 
 def deliver_each(

@@ -27,7 +27,6 @@ id), so there is no "not ingested yet" wait here.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -40,11 +39,13 @@ import httpx
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing.sinks._http import (
-    DETAIL_CHARS,
+    ANSWER_ERRORS,
     JSON,
     deliver_each,
     is_retryable,
     json_body,
+    record_texts,
+    refusal_detail,
     retry_after,
     transport_retry,
 )
@@ -110,8 +111,8 @@ class LangfuseSink:
         record, body = item
         try:
             response = self._client.post(self._url, content=json_body(body), headers=JSON)
-        except httpx.TransportError as exc:
-            return transport_retry("Langfuse", exc), True
+        except ANSWER_ERRORS as exc:
+            return transport_retry("Langfuse", exc), isinstance(exc, httpx.TransportError)
         return self._outcome(response, record), response.status_code in (401, 403, 404)
 
     def _outcome(self, response: httpx.Response, record: ScoreRecord) -> Delivery:
@@ -129,9 +130,7 @@ class LangfuseSink:
             reason = "no Langfuse scores API at this URL (HTTP 404): check TRACESCORE_LANGFUSE_HOST"
         else:
             reason = f"Langfuse refused the score (HTTP {status})"
-        content = (record.reason, record.error_message, record.not_scorable, record.label)
-        detail = redact(_server_message(response.text), *self._secrets, *content)
-        return Refused(reason, detail=detail[:DETAIL_CHARS])
+        return Refused(reason, detail=refusal_detail(response.text, self._secrets, record_texts([record])))
 
 
 def _score(record: ScoreRecord) -> dict[str, Any] | Refused:
@@ -183,35 +182,3 @@ def _score(record: ScoreRecord) -> dict[str, Any] | Refused:
     if comment:
         body["comment"] = comment
     return body
-
-
-def _server_message(body: str) -> str:
-    """Langfuse's ``message`` and, for a validation error, the fields it names (its errors are
-    JSON ``{"message": ..., "error": ...}``); else the answer's text on one line."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return " ".join(body.split())
-    if not isinstance(parsed, dict):
-        return f"an answer of JSON type {type(parsed).__name__}"
-    message = parsed.get("message")
-    message = message if isinstance(message, str) else ""
-    error = parsed.get("error")
-    if isinstance(error, str) and not message:
-        return error
-    if isinstance(error, list):
-        # Validation issues (zod): the field path and message of each, never the values.
-        issues = [_issue(item) for item in error]
-        return ": ".join(part for part in (message, "; ".join(i for i in issues if i)) if part)
-    return message
-
-
-def _issue(item: object) -> str:
-    if isinstance(item, str):
-        return item
-    if isinstance(item, dict):
-        path = item.get("path")
-        where = ".".join(str(p) for p in path) if isinstance(path, list) else ""
-        text = item.get("message")
-        return f"{where}: {text}".strip(": ") if isinstance(text, str) else where
-    return ""

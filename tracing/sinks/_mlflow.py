@@ -35,7 +35,6 @@ Auth: ``Authorization: Bearer <token>`` when ``token`` is given (MLflow's
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -50,11 +49,14 @@ import httpx
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing.sinks._http import (
-    DETAIL_CHARS,
+    ANSWER_ERRORS,
     JSON,
+    answer_json,
     deliver_each,
     is_retryable,
     json_body,
+    record_texts,
+    refusal_detail,
     retry_after,
     transport_retry,
 )
@@ -70,7 +72,6 @@ _UPDATE_MASK = "assessmentName,feedback,rationale,metadata"
 # A hint for the drainer: MLflow writes an OTLP batch before it answers the exporter, so a
 # missing trace is one the agent has not exported yet.
 _NOT_INGESTED_AFTER_S = 2.0
-_TAGS = re.compile(r"<[^>]*>")
 
 
 class MlflowSink:
@@ -133,8 +134,8 @@ class MlflowSink:
     def _attempt(self, item: tuple[ScoreRecord, dict[str, Any]]) -> tuple[Delivery, bool]:
         try:
             return self._upsert(*item)
-        except httpx.TransportError as exc:
-            return transport_retry("MLflow", exc), True
+        except ANSWER_ERRORS as exc:
+            return transport_retry("MLflow", exc), isinstance(exc, httpx.TransportError)
 
     def _upsert(self, record: ScoreRecord, assessment: dict[str, Any]) -> tuple[Delivery, bool]:
         """The outcome, and whether it holds for every record (see ``deliver``)."""
@@ -192,13 +193,7 @@ class MlflowSink:
 
     def _detail(self, response: httpx.Response, record: ScoreRecord) -> str:
         """MLflow's answer, short, without our credentials or the score's own text."""
-        code = _error_code(response)
-        if code is not None:
-            detail = f"{code}: {_json(response).get('message', '')}"
-        else:
-            detail = " ".join(_TAGS.sub(" ", response.text).split())
-        content = (record.reason, record.error_message, record.not_scorable, record.label)
-        return redact(detail, *self._secrets, *content)[:DETAIL_CHARS]
+        return refusal_detail(response.text, self._secrets, record_texts([record]))
 
 
 def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
@@ -248,16 +243,9 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
     }
 
 
-def _json(response: httpx.Response) -> dict[str, Any]:
-    try:
-        parsed = json.loads(response.text)
-    except ValueError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
-
-
 def _error_code(response: httpx.Response) -> str | None:
     """MLflow's ``error_code`` (its REST errors are JSON); None for any other answer (a proxy's
     or a web server's page: then this URL is not an MLflow tracking server)."""
-    code = _json(response).get("error_code")
+    parsed = answer_json(response.text)
+    code = parsed.get("error_code") if isinstance(parsed, dict) else None
     return code if isinstance(code, str) else None

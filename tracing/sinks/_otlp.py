@@ -38,8 +38,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
-from tracing._broker import redact
 from tracing._score_record import ScoreRecord
+from tracing.sinks._http import record_texts, refusal_detail
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = [
@@ -60,7 +60,8 @@ SCOPE_NAME = "tracescore.score_writer"
 
 # Statuses that mean "later", not "no" (as scorers' classification of HTTP errors has it).
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
-_DETAIL_CHARS = 500
+# Of the endpoint's answer kept to read a refusal from (enough to parse a JSON error whole).
+_ANSWER_CHARS = 64_000
 # Refusals about a request's content (bad, too large, invalid): split and re-sent, as Phoenix's.
 _ABOUT_CONTENT = frozenset({400, 413, 422})
 
@@ -144,13 +145,12 @@ def carrier_spans(records: Sequence[ScoreRecord], resource: Resource | None = No
 
 def _scrubbed(answer: str, records: Sequence[ScoreRecord]) -> str:
     """The endpoint's answer without the exporter's header values (tokens) or the scores' own
-    text, should the endpoint echo either."""
+    text, should the endpoint echo either (the HTTP sinks' one refusal scrub)."""
     headers = ",".join(
         os.environ.get(v, "") for v in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
     )
     secrets = [unquote(pair.partition("=")[2]).strip() for pair in headers.split(",") if "=" in pair]
-    content = [t for r in records for t in (r.reason, r.error_message, r.not_scorable, r.label) if t and len(t) >= 8]
-    return redact(answer, *secrets, *content)
+    return refusal_detail(answer, secrets, record_texts(records))
 
 
 class _WatchedSession(requests.Session):
@@ -162,7 +162,7 @@ class _WatchedSession(requests.Session):
 
     def request(self, *args: Any, **kwargs: Any) -> requests.Response:
         response = super().request(*args, **kwargs)
-        self.last.status, self.last.text = response.status_code, response.text[:_DETAIL_CHARS]
+        self.last.status, self.last.text = response.status_code, response.text[:_ANSWER_CHARS]
         return response
 
 

@@ -31,7 +31,6 @@ Auth: ``Authorization: Bearer <api key>`` (Phoenix's system or user API keys) wh
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -42,7 +41,17 @@ import httpx
 
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
-from tracing.sinks._http import DETAIL_CHARS, JSON, is_retryable, json_body, retry_after, transport_retry
+from tracing.sinks._http import (
+    ANSWER_ERRORS,
+    JSON,
+    is_retryable,
+    json_body,
+    refusal_detail,
+    retry_after,
+    scrubbable,
+    server_message,
+    transport_retry,
+)
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = ["PhoenixSink"]
@@ -127,7 +136,7 @@ class PhoenixSink:
                 for item in pending:
                     self._send([item], outcomes)
                 return
-            refused = Refused(_refusal_reason(status), detail=self._detail(body))
+            refused = Refused(_refusal_reason(status), detail=self._detail(body, [a for _, a in pending]))
             for i, _ in pending:
                 outcomes[i] = refused
             return
@@ -138,10 +147,8 @@ class PhoenixSink:
             response = self._client.post(
                 self._url, params={"sync": "true"}, content=json_body({"data": data}), headers=JSON
             )
-        except httpx.TransportError as exc:
+        except ANSWER_ERRORS as exc:
             return transport_retry("Phoenix", exc)
-        except httpx.DecodingError as exc:  # an answer came, with a body its encoding cannot undo
-            return Retry(f"Phoenix's answer could not be decoded ({type(exc).__name__})")
         status = response.status_code
         if 200 <= status < 300:
             return Delivered()
@@ -149,11 +156,10 @@ class PhoenixSink:
             return Retry(f"Phoenix answered HTTP {status}", after_s=retry_after(response))
         return status, response.text
 
-    def _detail(self, body: str) -> str:
-        detail = _server_message(body)
-        for secret in self._secrets:
-            detail = detail.replace(secret, "***")
-        return detail[:DETAIL_CHARS]
+    def _detail(self, body: str, sent: list[dict[str, Any]]) -> str:
+        """Phoenix's answer, short, without our credentials or the scores' own text."""
+        texts = scrubbable(t for a in sent for t in (a["result"]["explanation"], a["result"]["label"]))
+        return refusal_detail(body, self._secrets, texts)
 
 
 def _annotation(record: ScoreRecord) -> dict[str, Any] | Refused:
@@ -202,33 +208,11 @@ def _missing_spans(status: int, body: str, sent: set[str]) -> set[str]:
     if status != 404:
         return set()
     # Phoenix answers its HTTPExceptions in plain text; a proxy in front might wrap it in JSON.
-    match = _MISSING_SPANS.match(_server_message(body).strip())
+    match = _MISSING_SPANS.match(server_message(body).strip())
     if match is None:
         return set()
     missing = {part.strip() for part in match["ids"].split(",")}
     return missing if missing and missing <= sent else set()
-
-
-def _server_message(body: str) -> str:
-    """What Phoenix said, without the request it quotes (FastAPI's 422 ``input`` holds our reason)."""
-    try:
-        parsed = json.loads(body)
-    except (ValueError, RecursionError):
-        return " ".join(body.split())
-    detail = parsed
-    if isinstance(parsed, dict):
-        # FastAPI says "detail"; a proxy in front may say "message" or "error".
-        detail = next((parsed[k] for k in ("detail", "message", "error") if k in parsed), parsed)
-    if isinstance(detail, str):
-        return detail
-    if isinstance(detail, list):
-        problems = []
-        for item in detail:
-            if isinstance(item, dict):
-                where = ".".join(str(part) for part in item.get("loc", ()))
-                problems.append(f"{where}: {item.get('msg', '')}".strip(": "))
-        return "; ".join(problems)
-    return f"an answer of JSON type {type(detail).__name__}"
 
 
 def _refusal_reason(status: int) -> str:
