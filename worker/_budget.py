@@ -243,6 +243,9 @@ class RedisLedger:
         self.reconnect_s = reconnect_s
         self._client: Any = None
         self._loop: Any = None
+        # Spend keys this process already gave their TTL: EXPIRE once per key, not per call
+        # (the first add anywhere sets it; HINCRBYFLOAT keeps it).
+        self._expiring: set[str] = set()
 
     def _redis(self) -> Any:
         import asyncio
@@ -256,17 +259,18 @@ class RedisLedger:
     async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None:
         # One round trip, no MULTI: each HINCRBYFLOAT is atomic on its own, and a reader
         # between them sees a total at most one call behind.
+        keys = [_keys.spend_key(day)] + ([_keys.job_spend_key(job_id)] if job_id else [])
+        fresh = [k for k in keys if k not in self._expiring]
         async with self._redis().pipeline(transaction=False) as pipe:
-            key = _keys.spend_key(day)
-            for f in fields:
-                pipe.hincrbyfloat(key, f, cost)
-            pipe.expire(key, SPEND_TTL_S)
-            if job_id:
-                job = _keys.job_spend_key(job_id)
+            for key in keys:
                 for f in fields:
-                    pipe.hincrbyfloat(job, f, cost)
-                pipe.expire(job, SPEND_TTL_S)
+                    pipe.hincrbyfloat(key, f, cost)
+            for key in fresh:
+                pipe.expire(key, SPEND_TTL_S)
             await pipe.execute()
+        if len(self._expiring) > 10_000:
+            self._expiring.clear()
+        self._expiring.update(fresh)
 
     async def read(self, day: str, fields: list[str], job_id: str | None) -> tuple[list[float], float, float | None]:
         async with self._redis().pipeline(transaction=False) as pipe:
@@ -410,6 +414,9 @@ class BudgetGuard:
         # (scorer, model, usage, cost or None if unpriced) of every answered call: the
         # worker's metrics, counted where the ledger counts the spend.
         self.on_usage = on_usage
+        # Backfill jobs found without a --max-cost (its key is written before the job's first
+        # message, so a job without one never gets one): their calls skip the job read.
+        self._jobs_without_limit: set[str] = set()
 
     @property
     def prices(self) -> Mapping[str, ModelPrice]:
@@ -421,8 +428,14 @@ class BudgetGuard:
         job_id = run.job_id if run is not None else None
         limits = self.budgets.limits()
         fields = [f for f in (f"scorer:{scorer}", f"model:{model_id}", TOTAL) if f in limits]
+        if job_id in self._jobs_without_limit:
+            job_id = None
         if fields or job_id:
             values, job_spent, job_limit = await self.ledger.read(utc_day(), fields, job_id)
+            if job_id and job_limit is None:
+                if len(self._jobs_without_limit) > 10_000:
+                    self._jobs_without_limit.clear()
+                self._jobs_without_limit.add(job_id)
             for field, spent in zip(fields, values, strict=True):
                 if spent >= limits[field]:
                     raise JudgeCallRefused(

@@ -13,9 +13,10 @@ from typing import Any, cast
 import pytest
 from pydantic import BaseModel
 
-from scorers import Judge, PromptStep, Scorer, create_scorer
+from scorers import Judge, JudgeUsage, PromptStep, Scorer, create_scorer
 from scorers.judge import JudgeHooks, StreamErrorRetryProcessor, get_judge_hooks, set_judge_hooks
 from scorers.judge.testing import FakeJudgeModel, server_error
+from tests._redis import RedisServer
 from tests.worker._batches import batch
 from worker._budget import BudgetGuard, Budgets, MemoryLedger, default_attempt_cap, run_key
 from worker._registry import Registry
@@ -194,3 +195,48 @@ def test_judge_cost_metric_counts_what_was_paid_as_the_ledger_does() -> None:
     spent = ledger.days[utc_day()]
     assert spent["model:openai/gpt-4o-mini"] > 0
     assert cost_total() - before == pytest.approx(spent["model:openai/gpt-4o-mini"])
+
+
+def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: RedisServer) -> None:
+    """No budgets, a first delivery, a backfill job without --max-cost: per answered call one
+    pipelined write of the spend (no MULTI/EXEC, EXPIRE once per key), no read after the job
+    was found without a limit, and no per-run key at all."""
+    from worker._budget import RedisLedger, enter_run, utc_day
+
+    client = redis_server.client(12)
+    client.flushdb()
+    ledger = RedisLedger(redis_server.url(12))
+    guard = BudgetGuard(ledger, Budgets())
+    usage = JudgeUsage(input_tokens=800, output_tokens=60)
+    calls = 200
+
+    async def one(n: int, job_id: str | None) -> None:
+        enter_run(f"t{n}:s:g", "g", job_id, 5, version="1", redelivery=False)
+        await guard.before_call("openai/gpt-4o-mini", "g")
+        await guard.after_call("openai/gpt-4o-mini", "g", usage)
+
+    async def many(job_id: str | None) -> None:
+        for n in range(calls):
+            await asyncio.ensure_future(one(n, job_id))
+        await ledger.close()
+
+    try:
+        for job_id in (None, "job-1"):
+            client.config_resetstat()
+            asyncio.run(many(job_id))
+            stats = {k.removeprefix("cmdstat_"): v["calls"] for k, v in client.info("commandstats").items()}
+            for connecting in ("config|resetstat", "hello", "select", "auth", "client|setinfo"):
+                stats.pop(connecting, None)
+            writes = 3 * (2 if job_id else 1)  # scorer, model, total (and the job's own hash)
+            assert stats.pop("hincrbyfloat") == writes * calls
+            # Once per key and process: the day's hash on the first pass, the job's on the second.
+            assert stats.pop("expire") == 1
+            if job_id:
+                assert stats.pop("get") == 1  # the job's limit, read once: there is none
+                assert stats.pop("hget") == 1
+            assert stats == {}, stats  # no MULTI/EXEC, no counter, no other read
+        assert not list(client.scan_iter(match="*judge_calls*"))
+        assert 0 < client.ttl(f"tracescore:spend:{utc_day()}") <= 35 * 24 * 3600
+    finally:
+        client.flushdb()
+        client.close()
