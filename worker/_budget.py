@@ -71,6 +71,7 @@ __all__ = [
     "Ledger",
     "MemoryLedger",
     "RedisLedger",
+    "SpentBudgetLog",
     "default_attempt_cap",
     "enter_run",
     "install_local_guard",
@@ -195,6 +196,37 @@ def _number(raw: Any, where: str) -> float:
 def _count(raw: Any, where: str) -> int:
     value = _number(raw, where)
     return int(value) if abs(value) < 2**53 else 0
+
+
+class SpentBudgetLog:
+    """The log of messages dead-lettered because a budget is spent: expected for every message
+    until the budget resets, so one WARNING line a minute per process with how many there were
+    (and the last letter), not an ERROR line per message."""
+
+    def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self.pending = 0
+        self.total = 0
+        self._last: float | None = None
+
+    def note(self, **last: Any) -> bool:
+        """Count one letter; True when this call wrote the line."""
+        self.pending += 1
+        self.total += 1
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every_s:
+            return False
+        self._last = now
+        log.warning(
+            "budget_exhausted_messages",
+            dead_lettered=self.pending,
+            since_start=self.total,
+            every_s=self.every_s,
+            **last,
+        )
+        self.pending = 0
+        return True
 
 
 def utc_day(now: float | None = None) -> str:

@@ -23,6 +23,7 @@ from redis import exceptions as redis_errors
 
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch
 from worker import _heartbeat as probe_files
+from worker._budget import SpentBudgetLog
 from worker._loop import (
     WATCHDOG_GRACE_S,
     GraceExpired,
@@ -65,6 +66,9 @@ def _loop_wait(runtime: WorkerRuntime) -> float:
     return runtime.settings.run_timeout + WATCHDOG_GRACE_S + 1.0 + RECONNECT_S + COMMAND_SLACK_S
 
 
+_spent_budget_log = SpentBudgetLog()
+
+
 def _dead_letter(
     runtime: WorkerRuntime,
     *,
@@ -92,6 +96,9 @@ def _dead_letter(
         retryable=retryable and keep is not None,
     )
     pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
+    if reason == "budget_exhausted":  # every message until the budget resets: a line a minute
+        _spent_budget_log.note(batch_id=batch_id, letter=letter.id, duplicate=not pushed)
+        return
     log.error(
         "message_dead_lettered",
         reason=reason,

@@ -240,3 +240,26 @@ def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: R
     finally:
         client.flushdb()
         client.close()
+
+
+def test_messages_dead_lettered_for_a_spent_budget_are_logged_once_a_minute_with_a_count() -> None:
+    """Every message is refused while a budget is spent: a WARNING line a minute per process
+    saying how many, not an ERROR line per message."""
+    from structlog.testing import capture_logs
+
+    from worker._budget import SpentBudgetLog
+
+    now = [1000.0]
+    spent = SpentBudgetLog(clock=lambda: now[0])
+    with capture_logs() as logs:
+        written = [spent.note(letter=f"l{n}") for n in range(50)]
+        now[0] += 30
+        written += [spent.note(letter=f"m{n}") for n in range(10)]
+        now[0] += 31
+        written.append(spent.note(letter="last"))
+    assert written.count(True) == 2
+    lines = [e for e in logs if e["event"] == "budget_exhausted_messages"]
+    assert [(e["log_level"], e["dead_lettered"], e["since_start"], e["letter"]) for e in lines] == [
+        ("warning", 1, 1, "l0"),
+        ("warning", 60, 61, "last"),
+    ]
