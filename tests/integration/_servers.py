@@ -22,7 +22,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -133,6 +134,24 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+    @contextmanager
+    def running(self) -> Iterator[Server]:
+        """Started; closed on leaving (stopped, its directory and database removed)."""
+        try:
+            yield self.start()
+        finally:
+            self.close()
+
+    @contextmanager
+    def up_after(self) -> Iterator[Server]:
+        """For a test that stops this (session-wide) server: started again on leaving if it is
+        down, however the test ends; the session's other tests need it."""
+        try:
+            yield self
+        finally:
+            if self.proc is None:
+                self.start()
 
     def restart(self, *, kill: bool = False) -> None:
         """Stop and start again on the same port, directory and database."""

@@ -4,8 +4,9 @@
 copies some of its lines with new trace and span ids (one server database serves many tests,
 and span ids are unique in it), moved in time so they end now (dashboards list recent traces
 first) and tagged with a project; ``send_otlp`` posts them to a server's OTLP/HTTP endpoint as
-protobuf, as an OTel exporter does. ``backfill_scores`` scores the copied files with the real
-``tracescore backfill`` command and returns its score records.
+protobuf, as an OTel exporter does. ``run_backfill`` runs the real ``tracescore backfill``
+command on the copied files with the integration scorers (tests/integration/phoenix_scorers.py);
+``scored`` makes fresh traces and returns them with the score records it wrote.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "traces"
 TRACESCORE = str(Path(sys.executable).with_name("tracescore"))
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
+# The score the fake LLM's judge answers with (the ``judge_env`` fixture, tests/integration/conftest.py).
+JUDGE_SCORE = 0.75
 
 
 def _example_lines() -> Iterator[str]:
@@ -105,17 +108,41 @@ def send_otlp(base_url: str, requests: list[dict[str, Any]], headers: Mapping[st
             response.raise_for_status()
 
 
-def backfill_scores(traces_dir: Path, out: Path, env: Mapping[str, str]) -> list[ScoreRecord]:
-    """``tracescore backfill traces_dir --scorers tests.integration.phoenix_scorers --out out``."""
-    result = subprocess.run(
-        [TRACESCORE, "backfill", str(traces_dir), "--scorers", "tests.integration.phoenix_scorers", "--out", str(out)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+def run_backfill(
+    traces_dir: Path, out: Path, env: Mapping[str, str], *options: str, timeout_s: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``tracescore backfill traces_dir --scorers tests.integration.phoenix_scorers *options --out out``
+    in the repo, with ``env`` added to this process's environment; its exit is the caller's to check."""
+    return subprocess.run(
+        [TRACESCORE, "backfill", str(traces_dir), "--scorers", "tests.integration.phoenix_scorers", *options,
+         "--out", str(out)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+
+
+def read_records(out: Path) -> list[ScoreRecord]:
+    """The score records of a JSONL file ``tracescore backfill --out`` wrote (fails if there is none)."""
+    assert out.exists(), f"backfill wrote no {out.name}"
+    return [ScoreRecord.model_validate_json(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def backfill_scores(traces_dir: Path, out: Path, env: Mapping[str, str], *options: str) -> list[ScoreRecord]:
+    """``run_backfill``'s score records; fails with its output if it wrote none."""
+    result = run_backfill(traces_dir, out, env, *options)
     if not out.exists():
         raise AssertionError(f"backfill wrote no scores (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
-    return [ScoreRecord.model_validate_json(line) for line in out.read_text().splitlines() if line.strip()]
+    return read_records(out)
+
+
+def scored(
+    tmp_path: Path, judge_env: Mapping[str, str], project: str, *, lines: int, salt: str | None = None
+) -> tuple[list[dict[str, Any]], list[ScoreRecord]]:
+    """Fresh agent traces in ``project`` (``tmp_path/traces``, re-identified by ``salt``, the
+    project by default) and the score records the real backfill command made of them, judged
+    through ``judge_env`` (the ``judge_env`` fixture)."""
+    traces = fresh_traces(tmp_path / "traces", lines=lines, salt=project if salt is None else salt, project=project)
+    records = backfill_scores(tmp_path / "traces", tmp_path / "scores.jsonl", judge_env)
+    assert records, "backfill produced no scores"
+    assert {r.span_id for r in records} <= span_ids(traces)
+    return traces, records

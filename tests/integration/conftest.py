@@ -1,4 +1,5 @@
-"""Integration fixtures: real dashboard servers (tests/integration/_servers.py), one per session."""
+"""Integration fixtures: real dashboard servers (tests/integration/_servers.py), one per session;
+a project of the test's own; the fake LLM as the scorers' judge; and the worker tests' Redis DB."""
 
 from __future__ import annotations
 
@@ -7,17 +8,20 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.fakellm import FakeLLMServer, Reply
 from tests.integration._servers import Server, mlflow_server, phoenix_server
+from tests.integration._traces import JUDGE_SCORE
+
+# The worker tests' fixture (DB 11 of the session's Redis, emptied before and after each test):
+# the integration tests' workers need nothing else of it.
+from tests.worker.conftest import redis_url as redis_url
 
 
 @pytest.fixture(scope="session")
 def phoenix() -> Iterator[Server]:
     """One Phoenix server for the session (SQLite in a temp dir); tests keep to their own project."""
-    server = phoenix_server().start()
-    try:
+    with phoenix_server().running() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
@@ -29,8 +33,16 @@ def project(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def mlflow() -> Iterator[Server]:
     """One MLflow tracking server for the session (SQLite in a temp dir); tests keep to their own experiment."""
-    server = mlflow_server().start()
-    try:
+    with mlflow_server().running() as server:
         yield server
-    finally:
-        server.close()
+
+
+@pytest.fixture
+def judge_env(fake_llm_server: FakeLLMServer, fake_llm_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The environment pointing the scorers' judge (tests/integration/phoenix_scorers.py) at the
+    fake LLM, which rates every answer JUDGE_SCORE; other chat calls (an agent app's) are not
+    given that rule."""
+    fake_llm_server.reset()
+    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}), system_contains="You grade a support agent")
+    yield fake_llm_env
+    fake_llm_server.reset()

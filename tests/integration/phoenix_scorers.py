@@ -48,3 +48,5 @@ def _fail(run: ScorerRun) -> float:
 always_fails = create_scorer("always-fails", type="agent").generate_score(_fail)
 
 SCORERS = [answer_length, judged_helpfulness, needs_ground_truth, always_fails]
+# Their ids, as the tests expect them on every scored run.
+SCORER_IDS = ("answer-length", "judged-helpfulness", "needs-ground-truth", "always-fails")

@@ -13,25 +13,40 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests._redis import RedisServer
-from tests.fakellm import FakeLLMServer, Reply
-from tests.integration._drain import drain
+from tests.integration._drain import (
+    CHANGED_SCORE,
+    STORED_REASON,
+    deliver_across_outage,
+    deliver_early_then_late,
+    drain_and_close,
+    redeliver,
+    running_worker,
+    sink_counts,
+    wait_delivered,
+    wait_held,
+)
 from tests.integration._servers import ROOT, Server
-from tests.integration._traces import TRACESCORE, backfill_scores, fresh_traces, send_otlp, span_ids
-from tests.integration.phoenix_scorers import FAILURE_MESSAGE
-from tests.worker._workers import WorkerProcess, wait_for
+from tests.integration._traces import (
+    JUDGE_SCORE,
+    TRACESCORE,
+    backfill_scores,
+    fresh_traces,
+    read_records,
+    run_backfill,
+    scored,
+    send_otlp,
+)
+from tests.integration.phoenix_scorers import FAILURE_MESSAGE, SCORER_IDS
 from tracing import ScoreRecord
-from tracing.sinks import Delivered, MlflowSink, Refused, Retry
-from worker.store import RedisOutbox
+from tracing.sinks import MlflowSink, Refused, Retry
 
-JUDGE_SCORE = 0.75
 API = "/api/3.0/mlflow"
 # MLflow's OTLP endpoint files a trace under the experiment this header names (and 422s without it).
 EXPERIMENT_HEADER = "x-mlflow-experiment-id"
@@ -67,39 +82,22 @@ def assessment_id(record: ScoreRecord) -> str:
     return f"a-{record.score_id[:32]}"
 
 
-def scored(
-    tmp_path: Path, fake_llm_server: FakeLLMServer, project: str, *, lines: int
+def mlflow_scored(
+    tmp_path: Path, judge_env: dict[str, str], project: str, *, lines: int
 ) -> tuple[list[Any], list[ScoreRecord]]:
-    """Fresh agent traces and their score records from the real backfill command."""
-    fake_llm_server.reset()
-    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}))
-    traces = fresh_traces(tmp_path / "traces", lines=lines, salt=f"mlflow:{project}", project=project)
-    env = {"OPENAI_BASE_URL": fake_llm_server.openai_base_url, "OPENAI_API_KEY": "sk-fakellm-test"}
-    records = backfill_scores(tmp_path / "traces", tmp_path / "scores.jsonl", env)
-    fake_llm_server.reset()
-    assert records, "backfill produced no scores"
-    assert {r.span_id for r in records} <= span_ids(traces)
-    return traces, records
+    """``scored`` with trace ids of MLflow's own (apart from the other servers' tests)."""
+    return scored(tmp_path, judge_env, project, lines=lines, salt=f"mlflow:{project}")
 
 
 def test_scores_arrive_as_feedback_on_their_traces_and_spans(
-    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, judge_env: dict[str, str]
 ) -> None:
     """Every score is one feedback assessment on tr-<trace id> and its span: name, LLM_JUDGE/CODE
     source, value, rationale, error, metadata."""
-    traces, records = scored(tmp_path, fake_llm_server, project, lines=2)
-    assert {r.scorer_id for r in records} == {
-        "answer-length",
-        "judged-helpfulness",
-        "needs-ground-truth",
-        "always-fails",
-    }
+    traces, records = mlflow_scored(tmp_path, judge_env, project, lines=2)
+    assert {r.scorer_id for r in records} == set(SCORER_IDS)
     send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})
-    sink = MlflowSink(mlflow.url)
-    try:
-        drain(sink, records)
-    finally:
-        sink.close()
+    drain_and_close(MlflowSink(mlflow.url), records)
 
     found = assessments(mlflow, {r.trace_id for r in records})
     assert set(found) == {assessment_id(r) for r in records}
@@ -140,101 +138,57 @@ def test_scores_arrive_as_feedback_on_their_traces_and_spans(
 
 
 def test_a_rerun_updates_and_adds_nothing(
-    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, judge_env: dict[str, str]
 ) -> None:
     """Re-sending the same scores (and a changed one) keeps one assessment per score; the change shows."""
-    traces, records = scored(tmp_path, fake_llm_server, project, lines=1)
+    traces, records = mlflow_scored(tmp_path, judge_env, project, lines=1)
     send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})
     trace_ids = {r.trace_id for r in records}
-    with_score = next(r for r in records if r.score is not None)
-    sink = MlflowSink(mlflow.url)
-    try:
-        drain(sink, records)
-        first = assessments(mlflow, trace_ids)
-        assert len(first) == len(records)
-
-        assert sink.deliver(records) == [Delivered()] * len(records)
-        # A lone surrogate (a judge's JSON "\\ud800" decodes to one) cannot be UTF-8: sent as U+FFFD.
-        changed = with_score.model_copy(update={"score": 0.123, "reason": "re-scored \ud800"})
-        assert sink.deliver([changed, changed]) == [Delivered(), Delivered()]
-    finally:
-        sink.close()
-
-    again = assessments(mlflow, trace_ids)
-    assert again.keys() == first.keys()
+    with_score, first, again = redeliver(MlflowSink(mlflow.url), records, lambda: assessments(mlflow, trace_ids))
     key = assessment_id(with_score)
-    assert again[key]["feedback"]["value"] == pytest.approx(0.123)
-    assert again[key]["rationale"] == "re-scored \ufffd"
+    assert again[key]["feedback"]["value"] == pytest.approx(CHANGED_SCORE)
+    assert again[key]["rationale"] == STORED_REASON
     assert again[key]["create_time"] == first[key]["create_time"]
     assert again[key]["last_update_time"] > first[key]["last_update_time"]
 
 
 def test_a_trace_not_ingested_yet_is_retried_then_delivered(
-    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, judge_env: dict[str, str]
 ) -> None:
     """Scores of a trace MLflow has not seen are Retry (named, with a hint); the rest of the batch
     is Delivered; once the trace arrives, so do they."""
-    traces, records = scored(tmp_path, fake_llm_server, project, lines=2)
-    early, late = traces[0], traces[1]
-    early_spans = span_ids([early])
-    assert any(r.span_id in early_spans for r in records)
-    assert any(r.span_id not in early_spans for r in records)
+    traces, records = mlflow_scored(tmp_path, judge_env, project, lines=2)
 
-    sink = MlflowSink(mlflow.url)
-    try:
-        nothing_yet = sink.deliver(records)
-        assert all(isinstance(o, Retry) and "not in MLflow yet" in o.reason for o in nothing_yet), nothing_yet
+    def send(batch: list[dict[str, Any]]) -> None:
+        send_otlp(mlflow.url, batch, {EXPERIMENT_HEADER: experiment})
 
-        send_otlp(mlflow.url, [early], {EXPERIMENT_HEADER: experiment})
-        mixed = sink.deliver(records)
-        for record, outcome in zip(records, mixed, strict=True):
-            if record.span_id in early_spans:
-                assert outcome == Delivered()
-            else:
-                assert isinstance(outcome, Retry)
-                assert outcome.reason == f"trace tr-{record.trace_id} not in MLflow yet (HTTP 404)"
-                assert outcome.after_s > 0
-
-        send_otlp(mlflow.url, [late], {EXPERIMENT_HEADER: experiment})
-        drain(sink, records)
-    finally:
-        sink.close()
+    mixed = deliver_early_then_late(MlflowSink(mlflow.url), records, traces, send, "not in MLflow yet")
+    for record, outcome in zip(records, mixed, strict=True):
+        if isinstance(outcome, Retry):
+            assert outcome.reason == f"trace tr-{record.trace_id} not in MLflow yet (HTTP 404)"
     assert set(assessments(mlflow, {r.trace_id for r in records})) == {assessment_id(r) for r in records}
 
 
 def test_mlflow_down_mid_run_then_back_loses_nothing(
-    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, judge_env: dict[str, str]
 ) -> None:
     """MLflow killed mid-run: Retry while down (one timeout per batch, not per score); restarted
     on the same SQLite file, every score arrives and none twice (everything is re-sent, as an
     outbox that lost its acks would)."""
-    traces, records = scored(tmp_path, fake_llm_server, project, lines=3)
+    traces, records = mlflow_scored(tmp_path, judge_env, project, lines=3)
     send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})
-    half = len(records) // 2
-    sink = MlflowSink(mlflow.url, timeout_s=5.0)
-    try:
-        drain(sink, records[:half])
-        mlflow.stop(kill=True)
-        while_down = sink.deliver(records[half:])
-        assert all(isinstance(o, Retry) and "MLflow unreachable" in o.reason for o in while_down), while_down[:3]
-
-        mlflow.start()
-        drain(sink, records)
-    finally:
-        sink.close()
-        if mlflow.proc is None:
-            mlflow.start()  # the session's other tests need it
+    deliver_across_outage(mlflow, MlflowSink(mlflow.url, timeout_s=5.0), records, "MLflow unreachable")
     found = assessments(mlflow, {r.trace_id for r in records})
     assert set(found) == {assessment_id(r) for r in records}
     assert {a["metadata"]["score_id"] for a in found.values()} == {r.score_id for r in records}
 
 
 def test_refused_writes_carry_mlflows_answer(
-    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, judge_env: dict[str, str]
 ) -> None:
     """A wrong URL and a trace that never reached this server are Refused with MLflow's own
     answer (named, short, without the token or the score's text); nothing is written."""
-    traces, records = scored(tmp_path, fake_llm_server, project, lines=1)
+    traces, records = mlflow_scored(tmp_path, judge_env, project, lines=1)
     record = next(r for r in records if r.reason)
     token = "tok-do-not-echo-0123456789"
 
@@ -280,98 +234,41 @@ def test_records_mlflow_cannot_match_are_refused_without_a_request() -> None:
     assert "span id is not 16 hex digits" in str(outcomes[1])
 
 
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> Iterator[str]:
-    """DB 13 of the session's own Redis, emptied before and after the test."""
-    client = redis_server.client(13)
-    client.flushdb()
-    try:
-        yield redis_server.url(13)
-    finally:
-        client.flushdb()
-        client.close()
-
-
 def test_a_worker_delivers_every_score_once_across_an_mlflow_outage(
-    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer, redis_url: str
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, judge_env: dict[str, str], redis_url: str
 ) -> None:
     """End to end: the agent's traces in MLflow; MLflow stopped; ``tracescore backfill --broker``
     hands the runs to a real worker (TRACESCORE_SINKS=jsonl,mlflow), which scores and stores them:
     the MLflow scores wait in the outbox (pending, retried). MLflow restarted on the same SQLite
     file: every score arrives as one assessment, none twice, and the outbox counts them delivered."""
-    fake_llm_server.reset()
-    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}))
     traces = fresh_traces(tmp_path / "traces", lines=3, salt=f"mlflow:{project}", project=project)
     send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})
-    mlflow.stop()
-    judge_env = {"OPENAI_BASE_URL": fake_llm_server.openai_base_url, "OPENAI_API_KEY": "sk-fakellm-test"}
-    worker = WorkerProcess(
-        "mlflow-e2e",
-        redis_url,
-        tmp_path,
-        scores_path=tmp_path / "worker-scores.jsonl",
-        scorers="tests.integration.phoenix_scorers",
-        env={
-            **judge_env,
-            "TRACESCORE_SINKS": "jsonl,mlflow",
-            "TRACESCORE_MLFLOW_URL": mlflow.url,
-            "TRACESCORE_SINK_BACKOFF_SECONDS": "0.2",
-            "TRACESCORE_SINK_BACKOFF_MAX_SECONDS": "1",
-            # Short backoff for a short test; attempts enough to outlast the outage (the default 12
-            # with the default backoff cover about twenty minutes).
-            "TRACESCORE_SINK_MAX_ATTEMPTS": "1000",
-        },
-    )
-    outbox = RedisOutbox(redis_url)
-    try:
-        worker.wait_ready()
-        out = tmp_path / "scores.jsonl"
-        backfill = subprocess.run(
-            [TRACESCORE, "backfill", str(tmp_path / "traces"), "--scorers", "tests.integration.phoenix_scorers",
-             "--broker", redis_url, "--wait-timeout", "120", "--out", str(out)],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **judge_env},
-            capture_output=True, text=True, timeout=240, check=False,
-        )  # fmt: skip
-        assert out.exists(), (
-            f"backfill wrote no scores (exit {backfill.returncode}):\n{backfill.stdout}\n{backfill.stderr}"
-        )
-        records = [ScoreRecord.model_validate_json(line) for line in out.read_text().splitlines() if line.strip()]
-        assert {r.scorer_id for r in records} == {
-            "answer-length",
-            "judged-helpfulness",
-            "needs-ground-truth",
-            "always-fails",
-        }
+    worker_env = {**judge_env, "TRACESCORE_SINKS": "jsonl,mlflow", "TRACESCORE_MLFLOW_URL": mlflow.url}
+    with mlflow.up_after():
+        mlflow.stop()
+        with running_worker("mlflow-e2e", redis_url, tmp_path, worker_env) as (worker, outbox):
+            broker = ("--broker", redis_url, "--wait-timeout", "120")
+            records = backfill_scores(tmp_path / "traces", tmp_path / "scores.jsonl", judge_env, *broker)
+            assert {r.scorer_id for r in records} == set(SCORER_IDS)
 
-        def counts(sink: str) -> dict[str, int]:
-            found = outbox.counts().get(sink)
-            return found.as_dict() if found else {}
+            wait_held(outbox, "mlflow", len(records), worker, timeout_s=60)
+            # MLflow down holds up nothing else: the JSONL sink has every score already.
+            assert sink_counts(outbox, "jsonl")["delivered"] == len(records)
 
-        assert wait_for(lambda: counts("mlflow").get("retried", 0) >= len(records), timeout=60), counts("mlflow")
-        down = counts("mlflow")
-        assert (down["pending"], down["delivered"], down["failed"]) == (len(records), 0, 0), down
-        # MLflow down holds up nothing else: the JSONL sink has every score already.
-        assert counts("jsonl")["delivered"] == len(records)
-
-        mlflow.start()
-        assert wait_for(lambda: counts("mlflow").get("delivered") == len(records), timeout=120), counts("mlflow")
-        listed = subprocess.run(
-            [TRACESCORE, "sinks", "list", "mlflow", "--json", "--broker", redis_url],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
-            check=True,
-        )  # fmt: skip
-        shown = json.loads(listed.stdout)["mlflow"]
-        assert (shown["delivered"], shown["pending"], shown["failed"], shown["dead_letters"]) == (
-            len(records),
-            0,
-            0,
-            [],
-        )
-    finally:
-        outbox.close()
-        worker.stop()
-        if mlflow.proc is None:
-            mlflow.start()  # the session's other tests need it
+            mlflow.start()
+            wait_delivered(outbox, "mlflow", len(records), worker)
+            listed = subprocess.run(
+                [TRACESCORE, "sinks", "list", "mlflow", "--json", "--broker", redis_url],
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+                check=True,
+            )  # fmt: skip
+            shown = json.loads(listed.stdout)["mlflow"]
+            assert (shown["delivered"], shown["pending"], shown["failed"], shown["dead_letters"]) == (
+                len(records),
+                0,
+                0,
+                [],
+            )
 
     found = assessments(mlflow, {r.trace_id for r in records})
     assert set(found) == {assessment_id(r) for r in records}
@@ -386,33 +283,21 @@ def test_a_worker_delivers_every_score_once_across_an_mlflow_outage(
 
 
 def test_backfill_with_sink_mlflow_follows_the_readme(
-    mlflow: Server, experiment: str, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, judge_env: dict[str, str]
 ) -> None:
     """``tracescore backfill ... --sink mlflow --mlflow-url URL`` in process: exit 0, the summary
     counts every score delivered, MLflow holds one assessment per record written; the same with a
     URL that is not MLflow's API: exit 4 naming the 404 and the setting to check."""
-    fake_llm_server.reset()
-    fake_llm_server.rule(Reply.json({"score": JUDGE_SCORE}))
     traces = fresh_traces(tmp_path / "traces", lines=2, salt=f"mlflow:{project}", project=project)
     send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "TRACESCORE_BROKER_URL": "",
-        "OPENAI_BASE_URL": fake_llm_server.openai_base_url,
-        "OPENAI_API_KEY": "sk-fakellm-test",
-    }
+    env = {**judge_env, "TRACESCORE_BROKER_URL": ""}
 
     def backfill(url: str, out: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [TRACESCORE, "backfill", str(tmp_path / "traces"), "--scorers", "tests.integration.phoenix_scorers",
-             "--sink", "mlflow", "--mlflow-url", url, "--worst", "0", "--out", str(out)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+        return run_backfill(tmp_path / "traces", out, env, "--sink", "mlflow", "--mlflow-url", url, "--worst", "0")
 
     good = backfill(mlflow.url, tmp_path / "good.jsonl")
     assert good.returncode == 0, good.stdout + good.stderr
-    records = [ScoreRecord.model_validate_json(line) for line in (tmp_path / "good.jsonl").read_text().splitlines()]
+    records = read_records(tmp_path / "good.jsonl")
     assert f"sink mlflow       delivered {len(records):,}, failed 0, pending 0" in good.stdout + good.stderr
     assert set(assessments(mlflow, {r.trace_id for r in records})) == {assessment_id(r) for r in records}
 

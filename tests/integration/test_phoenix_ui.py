@@ -11,17 +11,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.fakellm import FakeLLMServer
+from tests.integration._drain import drain_and_close
 from tests.integration._servers import Server, unavailable
-from tests.integration._traces import send_otlp
-from tests.integration.test_phoenix import JUDGE_SCORE, drain, scored
+from tests.integration._traces import JUDGE_SCORE, scored, send_otlp
+from tests.integration.phoenix_scorers import SCORER_IDS
 from tracing.sinks import PhoenixSink
 
 CHROMIUM = "/usr/bin/chromium"
 
 
 def test_the_ui_shows_each_score_on_its_span(
-    phoenix: Server, project: str, tmp_path: Path, fake_llm_server: FakeLLMServer
+    phoenix: Server, project: str, tmp_path: Path, judge_env: dict[str, str]
 ) -> None:
     """The span's annotations table lists every scorer: LLM/CODE, score, label and explanation."""
     if not Path(CHROMIUM).exists():
@@ -31,16 +31,12 @@ def test_the_ui_shows_each_score_on_its_span(
     except ImportError:
         unavailable("playwright is missing: pip install -e '.[integration]'")
 
-    traces, records = scored(tmp_path, fake_llm_server, project, lines=1)
+    traces, records = scored(tmp_path, judge_env, project, lines=1)
     send_otlp(phoenix.url, traces)
-    sink = PhoenixSink(phoenix.url)
-    try:
-        drain(sink, records)
-    finally:
-        sink.close()
+    drain_and_close(PhoenixSink(phoenix.url), records)
     span_id = records[0].span_id
     on_span = {r.scorer_id: r for r in records if r.span_id == span_id}
-    assert set(on_span) == {"answer-length", "judged-helpfulness", "needs-ground-truth", "always-fails"}
+    assert set(on_span) == set(SCORER_IDS)
 
     screenshot = tmp_path / "phoenix-scores.png"
     with playwright.sync_playwright() as p:
