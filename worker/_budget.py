@@ -8,8 +8,10 @@ job's spend, for a backfill job with ``--max-cost``) is read from the ledger and
 (Redis ``HINCRBYFLOAT``, atomic across workers). A call finding a budget spent is refused: the
 run ends as a retryable ``budget_exhausted`` record (never dropped; ``tracescore dlq retry`` or
 a later delivery after the budget resets at 00:00 UTC replaces it). Overshoot is bounded: a
-budget can be passed by the calls already admitted when it ran out — at most the calls in
-flight across all workers (``model_concurrency`` × processes) × the cost of one call.
+budget can be passed by the calls that had passed the check when it ran out — one per run in
+progress (``model_concurrency`` runs per gating model and process for prompt-step scorers,
+``run_concurrency`` for judges inside function steps) × the cost of one call, summed over the
+models a budget covers — plus calls whose spend could not be written (Redis away; logged).
 
 The call cap bounds what a run whose judge keeps failing pays across its deliveries. A judge
 call that fails (an error answer, a timeout: a request really sent) is counted in Redis per run
