@@ -82,6 +82,7 @@ __all__ = [
     "price_table",
     "run_key",
     "run_scope",
+    "set_job_limit",
     "spend_report",
     "unreadable_values",
     "utc_day",
@@ -345,6 +346,13 @@ class RedisLedger:
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose(close_connection_pool=True)
+
+
+def set_job_limit(client: Any, job_id: str, usd: float) -> None:
+    """Write a backfill job's ``--max-cost`` where ``RedisLedger.read`` finds it, with the
+    job's spend TTL (``client``: a sync Redis client; written before the job's first message,
+    which ``BudgetGuard`` relies on to remember jobs without one)."""
+    client.set(_keys.job_budget_key(job_id), repr(float(usd)), ex=SPEND_TTL_S)
 
 
 class MemoryLedger:

@@ -31,9 +31,9 @@ from tracing import JsonlScoreWriter, ScoreWriter, SpanRecord, TraceReadError, s
 from tracing.queue import ScoreBatch
 from tracing.sources import SourceError, TraceSource, source_from_description
 from worker._app import redact
-from worker._budget import SPEND_TTL_S, CostEstimate, install_local_guard, parse_budgets
+from worker._budget import CostEstimate, install_local_guard, parse_budgets, set_job_limit
 from worker._gc import tuned_gc
-from worker._keys import job_budget_key, record_key
+from worker._keys import record_key
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Summary, SummaryScoreWriter, spend_lines
@@ -629,7 +629,7 @@ def _run_redis(
         job_store.save(state)  # resumable from the first moment, even if killed before a batch
     if state.options.max_cost_usd is not None:
         # The workers read it before each judge call of this job's runs (worker/_budget.py).
-        submitter.store.set(job_budget_key(state.job_id), repr(state.options.max_cost_usd), ex=SPEND_TTL_S)
+        set_job_limit(submitter.store, state.job_id, state.options.max_cost_usd)
     started = time.monotonic()
     enqueued = _Enqueued()
     backfill = Backfill(
