@@ -182,6 +182,30 @@ def test_judge_calls_per_run_are_capped_across_redeliveries(
     assert fake_llm.count() == 1
 
 
+def test_one_503_is_retried_by_the_worker_and_scored(
+    fake_llm: FakeLLMServer,
+    fake_llm_env: dict[str, str],
+    redis_url: str,
+    tmp_path: Path,
+    started: list[WorkerProcess],
+) -> None:
+    """A default judge (no retries of its own) whose provider answers 503 once: the worker's
+    transient retry (a second delivery) calls it again and the run is scored, not capped."""
+    fake_llm.script(Reply.error(503, "overloaded"))  # the first request only
+    env = {**fake_llm_env, "TRACESCORE_RETRY_BACKOFF_SECONDS": "0.2"}
+    worker = _start(started, "one503", redis_url, tmp_path, env)
+    sink = CelerySink(redis_url)
+    sink.send(batch(range(1), ["costly"], salt="one503"))
+    sink.close()
+    assert wait_for(lambda: [r["error_type"] for r in _records(redis_url)] == [None], 60), worker.text()[-3000:]
+    assert fake_llm.count() == 2
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        assert client.llen("tracescore:dlq") == 0
+    finally:
+        client.close()
+
+
 def test_backfill_max_cost_holds_across_redis_workers(
     fake_llm: FakeLLMServer,
     fake_llm_env: dict[str, str],
