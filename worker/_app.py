@@ -205,6 +205,10 @@ class ScorersOption(bootsteps.Step):
         super().__init__(parent, **options)
 
 
+# celery.bootsteps.RUN (the type stubs do not declare it): a blueprint's state while it runs.
+_BLUEPRINT_RUNNING: int = getattr(bootsteps, "RUN", 1)
+
+
 class ProbeFiles(bootsteps.StartStopStep):
     """The consumer's heartbeat and readiness files for ``tracescore probe`` (``worker._heartbeat``):
     started once the task consumer consumes, beating on the consumer's own event loop."""
@@ -221,13 +225,20 @@ class ProbeFiles(bootsteps.StartStopStep):
             self._beat = parent.timer.call_repeatedly(1.0, probe_files.beat, (probe_files.CONSUMER_FILE,))
 
     def stop(self, parent: Any) -> None:
-        probe_files.clear(probe_files.READY_FILE)
         if self._beat is not None:
             self._beat.cancel()
             self._beat = None
+        # Stopped while the consumer's blueprint still runs: Celery is restarting it after a
+        # lost broker connection (a shutdown closes the blueprint first). The process is not
+        # wedged, only not ready: its heartbeat goes on from a thread until it consumes again.
+        blueprint = getattr(parent, "blueprint", None)
+        probe_files.consumer_stopped(reconnecting=getattr(blueprint, "state", None) == _BLUEPRINT_RUNNING)
 
     def shutdown(self, parent: Any) -> None:
-        self.stop(parent)
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
+        probe_files.consumer_stopped(reconnecting=False)
 
 
 def _check_start(app: TracescoreApp) -> None:

@@ -8,6 +8,11 @@ makes progress, so its age is how long that part has been stuck:
   still turns between their awaits; a step that blocks it stops the file.
 - ``consumer``: written once a second by a timer on the Celery consumer's own event loop (and,
   in the solo pool, by the task waiting on a beating loop: the consumer runs the task itself).
+  While the consumer reconnects to a lost broker its event loop does not run (Celery restarts
+  the consumer); a thread then beats for it, marking the file ``reconnecting``: liveness asks
+  whether the process is wedged, and a worker waiting for its broker is not (a broker outage
+  must not restart every pod at once). Readiness (no ``ready`` file, a failed ping) tells that
+  the broker is away.
 - ``ready``: present while the consumer is connected and consuming; removed when it stops and on
   SIGTERM (the worker takes no more messages).
 
@@ -37,7 +42,9 @@ __all__ = [
     "beat",
     "beat_from_task",
     "clear",
+    "consumer_reconnecting",
     "consumer_started",
+    "consumer_stopped",
     "liveness_problems",
     "loop_file",
     "probe_dir",
@@ -48,9 +55,12 @@ __all__ = [
 CONSUMER_FILE = "consumer"
 READY_FILE = "ready"
 LOOP_PREFIX = "loop-"
+RECONNECTING = "reconnecting"
+_RECONNECT_BEAT_S = 1.0
 
 _dir: Path | None = None
 _consumer_pid = 0
+_reconnect_beat: tuple[threading.Event, threading.Thread] | None = None
 
 
 def set_probe_dir(path: str | None) -> None:
@@ -71,9 +81,43 @@ def probe_dir() -> Path | None:
 def consumer_started() -> None:
     """Called in the process (and on the thread) that runs the Celery consumer."""
     global _consumer_pid
+    _end_reconnect_beat()
     _consumer_pid = os.getpid()
     beat(CONSUMER_FILE)
     beat(READY_FILE)
+
+
+def consumer_stopped(*, reconnecting: bool) -> None:
+    """The consumer stopped consuming: not ready. ``reconnecting``: Celery restarts it after a
+    lost broker connection, so the consumer heartbeat is kept beating (marked) until it is back."""
+    global _reconnect_beat
+    clear(READY_FILE)
+    if not reconnecting:
+        _end_reconnect_beat()
+        return
+    if _reconnect_beat is not None or _dir is None:
+        return
+    stop = threading.Event()
+
+    def run() -> None:
+        while True:
+            beat(CONSUMER_FILE, RECONNECTING)
+            if stop.wait(_RECONNECT_BEAT_S):
+                return
+
+    thread = threading.Thread(target=run, name="tracescore-probe-reconnecting", daemon=True)
+    _reconnect_beat = (stop, thread)
+    thread.start()
+
+
+def _end_reconnect_beat() -> None:
+    global _reconnect_beat
+    if _reconnect_beat is None:
+        return
+    (stop, thread), _reconnect_beat = _reconnect_beat, None
+    stop.set()
+    if thread is not threading.current_thread():
+        thread.join(2.0)  # so its last "reconnecting" beat does not land after a normal one
 
 
 def beat_from_task() -> None:
@@ -104,14 +148,15 @@ def _stamp() -> str:
     return f"{pid} {started}" if started is not None else str(pid)
 
 
-def beat(name: str) -> None:
-    """(Re)write ``name`` with this process's pid and start time; its modification time is the beat."""
+def beat(name: str, note: str = "") -> None:
+    """(Re)write ``name`` with this process's pid and start time (and ``note``); its modification
+    time is the beat."""
     if _dir is None:
         return
     path = _dir / name
     try:
         tmp = path.with_name(f".{name}.{os.getpid()}")
-        tmp.write_text(_stamp(), encoding="ascii")
+        tmp.write_text(f"{_stamp()} {note}".rstrip(), encoding="ascii")
         os.replace(tmp, path)
     except OSError:
         pass
@@ -144,6 +189,14 @@ def _age(path: Path, now: float) -> float | None:
         return None
 
 
+def consumer_reconnecting(directory: Path) -> bool:
+    """True if the consumer's last beat says it is reconnecting to the broker."""
+    try:
+        return RECONNECTING in (directory / CONSUMER_FILE).read_text(encoding="ascii").split()[2:]
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def liveness_problems(directory: Path, max_age_s: float) -> list[str]:
     """What says the worker writing ``directory`` is wedged (empty: it is live)."""
     now = time.time()
@@ -152,7 +205,13 @@ def liveness_problems(directory: Path, max_age_s: float) -> list[str]:
     if age is None:
         problems.append(f"no consumer heartbeat in {directory} (the worker has not started consuming)")
     elif age > max_age_s:
-        problems.append(f"the consumer's event loop has not turned for {age:.0f} s (limit {max_age_s:g} s)")
+        if consumer_reconnecting(directory):
+            problems.append(
+                f"the worker process has not run for {age:.0f} s while its consumer reconnects to the broker "
+                f"(limit {max_age_s:g} s)"
+            )
+        else:
+            problems.append(f"the consumer's event loop has not turned for {age:.0f} s (limit {max_age_s:g} s)")
     for path in sorted(directory.glob(f"{LOOP_PREFIX}*")):
         pid_text = path.name.removeprefix(LOOP_PREFIX)
         if not pid_text.isdigit() or not _writer_running(path, int(pid_text)):

@@ -61,10 +61,16 @@ def live_command(directory: str | None, max_age: float) -> None:
     """Live: the consumer and every scoring event loop turned within --max-age seconds.
 
     A busy worker is live (its loops turn between awaits); a loop blocked by a step that does
-    not return is not, nor is a consumer that stopped turning."""
-    problems = probe_files.liveness_problems(_directory(directory), max_age)
+    not return is not, nor is a consumer that stopped turning. A worker reconnecting to a lost
+    broker is live (not wedged; restarting it would not bring the broker back) and not ready."""
+    path = _directory(directory)
+    problems = probe_files.liveness_problems(path, max_age)
     if problems:
         raise CliError("not live: " + "; ".join(problems))
+    if probe_files.consumer_reconnecting(path):
+        # live: waiting for the broker is not being wedged; `probe ready` fails meanwhile
+        click.echo("live (the consumer is reconnecting to the broker: not ready until it is back)")
+        return
     click.echo("live")
 
 
