@@ -386,3 +386,23 @@ def test_http_sinks_read_hostile_answers_alike(kind: str, answer: str) -> None:
     assert "ok " not in outcome.detail
     if answer == "quotes_input":
         assert outcome.detail == "Invalid request data: body.data.0: bad value"
+
+
+def test_otlp_sink_a_refusal_of_every_record_alike_is_not_split_to_the_end() -> None:
+    """A 422 that both halves of a batch get alike (a missing header: no one record's doing)
+    refuses the whole batch after three requests, not one request per record."""
+    receiver = OtlpReceiver().start()
+    receiver.status, receiver.answer = 422, b"Missing required header x-mlflow-experiment-id"
+    spans = [f"{n + 1:016x}" for n in range(8)]
+    records = [
+        ScoreRecord(score_id=score_id_for(TRACE, s, "s", "1"), trace_id=TRACE, span_id=s, scorer_id="s", score=0.5)
+        for s in spans
+    ]
+    sink = OtlpSink(endpoint=receiver.endpoint, timeout_s=5)
+    try:
+        outcomes = sink.deliver(records)
+    finally:
+        sink.close()
+        receiver.stop()
+    assert outcomes == [Refused("otlp_http_422", "Missing required header x-mlflow-experiment-id")] * 8
+    assert receiver.requests == 3

@@ -153,6 +153,18 @@ def _scrubbed(answer: str, records: Sequence[ScoreRecord]) -> str:
     return refusal_detail(answer, secrets, record_texts(records))
 
 
+def _halves(records: Sequence[ScoreRecord], which: list[int]) -> tuple[list[int], list[int]]:
+    """``which`` in two halves, a scored span's records in one half while there are two spans."""
+    spans: dict[tuple[str, str], list[int]] = {}
+    for i in which:
+        spans.setdefault((records[i].trace_id, records[i].span_id), []).append(i)
+    groups = list(spans.values())
+    if len(groups) > 1:
+        middle = len(groups) // 2
+        return [i for g in groups[:middle] for i in g], [i for g in groups[middle:] for i in g]
+    return which[: len(which) // 2], which[len(which) // 2 :]
+
+
 class _WatchedSession(requests.Session):
     """The HTTP exporter's session, keeping the last answer (status and a short body) per thread."""
 
@@ -199,11 +211,19 @@ class OtlpSink:
         self._send(records, list(range(len(records))), outcomes)
         return [outcomes[i] for i in range(len(records))]
 
-    def _send(self, records: Sequence[ScoreRecord], which: list[int], outcomes: dict[int, Delivery]) -> None:
-        """Export ``records[i]`` for ``i`` in ``which``; a request refused for its content (400,
-        413, 422) is split in halves (keeping each scored span's scores together while it can)
-        and re-sent, so only the record the endpoint cannot take is refused."""
-        outcome, status = self._export([records[i] for i in which])
+    def _send(
+        self,
+        records: Sequence[ScoreRecord],
+        which: list[int],
+        outcomes: dict[int, Delivery],
+        known: tuple[Delivery, int | None] | None = None,
+    ) -> None:
+        """Export ``records[i]`` for ``i`` in ``which`` (``known``: that export's answer, had
+        already); a request refused for its content (400, 413, 422) is split in halves (keeping
+        each scored span's scores together while it can) and re-sent, so only the record the
+        endpoint cannot take is refused. A 400/422 both halves get alike is no one record's
+        doing (a missing header): every record gets it, without splitting further."""
+        outcome, status = known or self._export([records[i] for i in which])
         if not (isinstance(outcome, Refused) and status in _ABOUT_CONTENT and len(which) > 1):
             if isinstance(outcome, Refused) and status == 413:
                 size = len(encode_spans(carrier_spans([records[i] for i in which], self._resource)).SerializeToString())
@@ -213,17 +233,17 @@ class OtlpSink:
             for i in which:
                 outcomes[i] = outcome
             return
-        spans: dict[tuple[str, str], list[int]] = {}
-        for i in which:
-            spans.setdefault((records[i].trace_id, records[i].span_id), []).append(i)
-        groups = list(spans.values())
-        if len(groups) > 1:
-            first = [i for group in groups[: len(groups) // 2] for i in group]
-            second = [i for group in groups[len(groups) // 2 :] for i in group]
-        else:
-            first, second = which[: len(which) // 2], which[len(which) // 2 :]
-        self._send(records, first, outcomes)
-        self._send(records, second, outcomes)
+        first, second = _halves(records, which)
+        first_answer = self._export([records[i] for i in first])
+        second_answer: tuple[Delivery, int | None] | None = None
+        if status != 413 and first_answer[0] == outcome:
+            second_answer = self._export([records[i] for i in second])
+            if second_answer[0] == outcome:
+                for i in which:
+                    outcomes[i] = outcome
+                return
+        self._send(records, first, outcomes, first_answer)
+        self._send(records, second, outcomes, second_answer)
 
     def _export(self, records: Sequence[ScoreRecord]) -> tuple[Delivery, int | None]:
         """One export: its outcome for every record, and the endpoint's status when known."""
