@@ -1,12 +1,17 @@
 """Delivery: drainer threads that take stored scores from the outbox to each sink.
 
 One drainer thread per configured sink in each process that scores (every worker process,
-prefork children too, and a command scoring in place). A drainer leases due score ids
-(``worker.store.Outbox``), reads their records, hands them to its sink, and settles each id by
-the sink's answer: ``Delivered`` → acknowledged; ``Retry`` → due again after a backoff (the
-sink's ``after_s`` at least); ``Refused``, or ``max_attempts`` used up → the sink's dead letter.
-Concurrent drainers of one sink (other processes, other hosts) are safe: a lease hides its ids
-from them until it runs out, which is also what brings back the ids of a drainer that died.
+prefork children too, and a command scoring in place); of a node's worker processes only one
+drains each sink at a time (the holder of the node's turn, ``_NodeTurn``), the others stand by
+and take over when it ends, so a prefork node polls the outbox once per sink, not once per
+child. A drainer leases due score ids (``worker.store.Outbox``), reads their records, hands them
+to its sink, and settles each id by the sink's answer: ``Delivered`` → acknowledged; ``Retry``
+→ due again after a backoff (the sink's ``after_s`` at least); ``Refused``, or ``max_attempts``
+used up → the sink's dead letter.
+Concurrent drainers of one sink (other hosts, a node's processes in a take-over) are safe: a
+lease hides its ids from them until it runs out, which is also what brings back the ids of a
+drainer that died; a drainer renews its lease while a delivery is in flight (``_Heartbeat``), so
+a slow backend is not handed the same batch twice.
 
 Drainers wake when a batch stores new scores (``DrainerWaker``, the scoring code's writer) and
 on a timer. A sink that raises is a bug: logged by its type, its records retried. Logs carry
@@ -16,8 +21,11 @@ content.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import random
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -247,13 +255,51 @@ def _letter(sink: ScoreSink, record: ScoreRecord | str, attempts: int, reason: s
     )
 
 
-class _Drainer:
-    """One sink's drainer thread, with an outbox client of its own."""
+class _NodeTurn:
+    """Whether this process is its node's drainer of one sink of one store: an exclusive POSIX
+    lock (``lockf``) on a file in the temp directory. POSIX locks belong to a process (a forked
+    prefork child does not inherit its parent's) and go with it when it ends, so another process
+    of the node takes over within a poll. Without a turn (a file we may not open) we drain
+    anyway: delivery stays correct, only busier."""
 
-    def __init__(self, sink: ScoreSink, outbox: Callable[[], Outbox], policy: DrainPolicy) -> None:
+    def __init__(self, store_key: str, sink: str) -> None:
+        digest = hashlib.sha256(f"{store_key}\x1f{sink}".encode()).hexdigest()[:16]
+        self.path = os.path.join(tempfile.gettempdir(), f"tracescore-drainer-{digest}.lock")
+        self._fd: int | None = None
+
+    def held(self) -> bool:
+        if self._fd is not None:
+            return True
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            log.warning("drainer_turn_unavailable", error_type=type(exc).__name__)
+            return True
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops this process's lock
+            self._fd = None
+
+
+class _Drainer:
+    """One sink's drainer thread, with an outbox client of its own; with a ``turn``, it drains
+    only while this process holds its node's turn for the sink."""
+
+    def __init__(
+        self, sink: ScoreSink, outbox: Callable[[], Outbox], policy: DrainPolicy, turn: _NodeTurn | None = None
+    ) -> None:
         self.sink = sink
         self._outbox_factory = outbox
         self.policy = policy
+        self.turn = turn
         self.wakeup = threading.Event()
         self.stopping = threading.Event()
         # Set when a pass found nothing due (what is queued waits for a backoff, or nothing is).
@@ -264,6 +310,12 @@ class _Drainer:
         outbox: Outbox | None = None
         failures = 0
         while not self.stopping.is_set():
+            if self.turn is not None and not self.turn.held():
+                # Another process of this node drains this sink: nothing for us to do.
+                self.idle.set()
+                self.wakeup.wait(self.policy.poll_s)
+                self.wakeup.clear()
+                continue
             try:
                 if outbox is None:
                     outbox = self._outbox_factory()
@@ -284,6 +336,8 @@ class _Drainer:
                 outbox.close()
             except Exception:
                 log.warning("drainer_close_failed", sink=self.sink.name, exc_info=True)
+        if self.turn is not None:
+            self.turn.release()
 
 
 class Deliveries:
@@ -291,12 +345,22 @@ class Deliveries:
     thread: a Redis client is not shared across threads)."""
 
     def __init__(
-        self, sinks: Sequence[ScoreSink], outbox: Callable[[], Outbox], policy: DrainPolicy | None = None
+        self,
+        sinks: Sequence[ScoreSink],
+        outbox: Callable[[], Outbox],
+        policy: DrainPolicy | None = None,
+        *,
+        node_key: str | None = None,
     ) -> None:
+        """``node_key`` (the store's URL): one drainer per sink per node and store drains, the
+        one whose process holds the node's turn (``_NodeTurn``); None: these drainers always do."""
         self.sinks = list(sinks)
         self.policy = policy or DrainPolicy()
         self._outbox = outbox
-        self._drainers = [_Drainer(s, outbox, self.policy) for s in self.sinks]
+        self._drainers = [
+            _Drainer(s, outbox, self.policy, _NodeTurn(node_key, s.name) if node_key is not None else None)
+            for s in self.sinks
+        ]
         self._started = False
         self.pid = os.getpid()
 
@@ -399,7 +463,9 @@ def start_process_deliveries(settings: Settings) -> Deliveries | None:
         if not settings.sink_names:
             return None
         url = settings.store_url
-        _process = Deliveries(build_sinks(settings), lambda: RedisOutbox(url), DrainPolicy.of(settings)).start()
+        _process = Deliveries(
+            build_sinks(settings), lambda: RedisOutbox(url), DrainPolicy.of(settings), node_key=url
+        ).start()
         log.info("drainers_started", pid=os.getpid(), sinks=",".join(settings.sink_names))
         return _process
 

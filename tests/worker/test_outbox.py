@@ -437,3 +437,48 @@ def test_a_corrupt_dead_letter_is_listed_as_unreadable_not_a_crash(redis_url: st
         assert outbox.counts()["alpha"].failed == 2
     finally:
         outbox.close()
+
+
+def test_one_drainer_per_sink_per_node_the_others_take_over(redis_url: str) -> None:
+    """While another process of this node holds the turn for sink alpha, this process's alpha
+    drainer stands by (its beta drainer, no one else's turn, delivers); when that process ends,
+    this one takes over and delivers alpha's scores."""
+    import subprocess
+    import sys
+
+    from worker._delivery import Deliveries
+
+    script = (
+        "import sys\nfrom worker._delivery import _NodeTurn\n"
+        f"turn = _NodeTurn({redis_url!r}, 'alpha')\nprint(turn.held(), flush=True)\nsys.stdin.read()\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "True"
+        _put(lambda: RedisScoreStore(redis_url, sinks=SINKS), _record(1, score=0.1), _record(2, score=0.2))
+        alpha, beta = MemorySink("alpha"), MemorySink("beta")
+        deliveries = Deliveries(
+            [alpha, beta], lambda: RedisOutbox(redis_url), DrainPolicy(poll_s=0.05), node_key=redis_url
+        ).start()
+        outbox = RedisOutbox(redis_url)
+        try:
+            assert wait_for(lambda: outbox.counts()["beta"].delivered == 2, 10)
+            assert deliveries.flush(5)  # alpha's drainer is idle: not its turn
+            assert outbox.counts()["alpha"].pending == 2
+            assert alpha.records == []
+            assert holder.stdin is not None
+            holder.stdin.close()
+            assert holder.wait(10) == 0
+            assert wait_for(lambda: outbox.counts()["alpha"].delivered == 2, 10)
+            assert len(alpha.records) == 2
+        finally:
+            deliveries.stop()
+            outbox.close()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()
+        for pipe in (holder.stdin, holder.stdout):
+            if pipe is not None:
+                pipe.close()
