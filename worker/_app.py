@@ -202,6 +202,9 @@ class ScorersOption(bootsteps.Step):
             sys.stderr.write(f"tracescore worker cannot start: {exc}\n")
             raise SystemExit(1) from exc
         _controller = parent
+        from worker._loop import start_signal_relay
+
+        start_signal_relay()  # SIGTERM's handler hands its work to it (_begin_grace_period)
         super().__init__(parent, **options)
 
 
@@ -271,14 +274,25 @@ _controller: Any = None
 def _begin_grace_period(sig: str = "", how: str = "", **_: Any) -> None:
     """SIGTERM/SIGINT in the main process (Celery sends this from its signal handler): stop being
     ready, start the grace period here (threads/solo pools run their tasks here) and in every
-    prefork child. A cold shutdown (SIGQUIT) cancels at once, as Celery itself does."""
-    from worker._loop import begin_shutdown
-    from worker._task import DRAIN_SIGNAL
+    prefork child. A cold shutdown (SIGQUIT) cancels at once, as Celery itself does.
+
+    Being a signal handler, it only unlinks the ready file and marks the shutdown; the timer,
+    the children's signals and the log line run on the signal relay's thread (``worker._loop``):
+    a log line written here could wait forever for the write lock its own thread holds."""
+    from worker._loop import call_from_signal_handler, request_shutdown
 
     controller = _controller
     if controller is None:
         return
     probe_files.clear(probe_files.READY_FILE)
+    request_shutdown()
+    call_from_signal_handler(lambda: _drain_node(controller, sig, how))
+
+
+def _drain_node(controller: Any, sig: str, how: str) -> None:
+    from worker._loop import begin_shutdown
+    from worker._task import DRAIN_SIGNAL
+
     grace = controller.app.settings.shutdown_grace_seconds if how == "Warm" else 0.0
     if not begin_shutdown(grace):
         return

@@ -21,6 +21,7 @@ then releases its unfinished claims) and its waiter gets ``GraceExpired``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import ctypes
@@ -46,12 +47,15 @@ __all__ = [
     "LoopThread",
     "LoopWatchdog",
     "begin_shutdown",
+    "call_from_signal_handler",
     "get_loop_thread",
     "install_drain_handler",
+    "request_shutdown",
     "resident_bytes",
     "run_coro",
     "run_draining",
     "shutting_down",
+    "start_signal_relay",
     "start_watchdog",
     "stop_loop",
     "was_targeted",
@@ -382,8 +386,10 @@ class _Drain:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        # Reentrant: begin_shutdown (a signal handler) may interrupt its own thread holding it.
         self.lock = threading.RLock()
+        # Set by a signal handler (a plain attribute: no lock there); the grace period itself
+        # starts on the signal relay's thread.
+        self.requested = False
         self.begun = threading.Event()
         self.expired = threading.Event()
         self.tasks: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
@@ -405,7 +411,7 @@ _drain = _Drain()
 
 
 def _process_drain() -> _Drain:
-    # No lock: begin_shutdown runs in a signal handler, which may interrupt this very thread
+    # No lock: request_shutdown runs in a signal handler, which may interrupt this very thread
     # while it holds one (a deadlock); a fork is the only race and the child starts single-threaded.
     global _drain
     if _drain.pid != os.getpid():  # a forked child starts with no shutdown of its own
@@ -432,24 +438,97 @@ def begin_shutdown(grace_s: float) -> bool:
     return True
 
 
+def request_shutdown() -> None:
+    """From a signal handler: this process takes no new work from now on (``shutting_down``);
+    ``begin_shutdown`` follows on the signal relay's thread."""
+    _process_drain().requested = True
+
+
+class _SignalRelay:
+    """Runs what a signal handler asked for on a thread of its own. A handler runs on the main
+    thread between two bytecodes, maybe while that thread holds a lock (structlog's write lock
+    mid-line, one inside ``threading``): logging or starting a timer there can wait for itself
+    forever. The handler only appends to a deque and writes a byte to a pipe (neither locks)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)
+        self._calls: collections.deque[Callable[[], None]] = collections.deque()
+        threading.Thread(target=self._run, name="tracescore-signal-relay", daemon=True).start()
+
+    def call(self, fn: Callable[[], None]) -> None:
+        self._calls.append(fn)
+        with contextlib.suppress(OSError):  # a full pipe: a wake-up is pending already
+            os.write(self.write_fd, b"\0")
+
+    def _run(self) -> None:
+        while True:
+            try:
+                os.read(self.read_fd, 512)
+            except OSError:
+                return
+            while self._calls:
+                fn = self._calls.popleft()
+                try:
+                    fn()
+                except Exception:
+                    log.warning("signal_relay_call_failed", exc_info=True)
+
+
+_relay: _SignalRelay | None = None
+
+
+def start_signal_relay() -> None:
+    """Start this process's signal relay (a worker's main process as it starts, a prefork child
+    as it initialises); never from a signal handler (it starts a thread)."""
+    global _relay
+    with _lock:
+        if _relay is not None and _relay.pid == os.getpid():
+            return
+        if _relay is not None:  # the parent's, inherited by a fork: its thread is not here
+            for fd in (_relay.read_fd, _relay.write_fd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        _relay = _SignalRelay()
+
+
+def call_from_signal_handler(fn: Callable[[], None]) -> None:
+    """Run ``fn`` on this process's signal relay thread (directly where none was started: a
+    process that is not a worker)."""
+    relay = _relay
+    if relay is None or relay.pid != os.getpid():
+        fn()
+        return
+    relay.call(fn)
+
+
 def install_drain_handler(signum: int, grace_s: float) -> None:
     """Make ``signum`` start this process's grace period (a prefork child: its main process got
     SIGTERM). Called again before each task: billiard may reset handlers after its initializer."""
     if threading.current_thread() is not threading.main_thread():
         return
+    start_signal_relay()
     current = signal.getsignal(signum)
     if getattr(current, "grace_s", None) != grace_s:
 
         def on_signal(signum: int, frame: object) -> None:
-            begin_shutdown(grace_s)
+            request_shutdown()
+            call_from_signal_handler(lambda: _begin_logged(grace_s))
 
         on_signal.grace_s = grace_s  # type: ignore[attr-defined]
         signal.signal(signum, on_signal)
 
 
+def _begin_logged(grace_s: float) -> None:
+    if begin_shutdown(grace_s):
+        log.info("worker_process_draining", grace_s=grace_s)
+
+
 def shutting_down() -> bool:
-    """True once this process's shutdown began (take no new work)."""
-    return _process_drain().begun.is_set()
+    """True once this process's shutdown was asked for (take no new work)."""
+    drain = _process_drain()
+    return drain.requested or drain.begun.is_set()
 
 
 def run_draining(
