@@ -11,7 +11,7 @@ adds nothing twice, and a delivery handed back while Redis was away is not taken
 When even the ``ended`` mark cannot be written (Redis still away), the token is kept in this
 process and written before its next delivery begins (solo/threads pools get the redelivery in
 this very process; a prefork sibling may count it once as a crash, which splits a batch but
-never dead-letters a run by itself).
+never dead-letters a run by itself), or when the process closes the log on its way out.
 """
 
 from __future__ import annotations
@@ -104,7 +104,25 @@ class DeliveryLog:
         with self._lock:
             self._unwritten.append((task_id, token))
 
-    async def close(self) -> None:
+    async def close(self, wait_s: float = END_WAIT_S) -> None:
+        """Write the ends kept for later (this process takes no next delivery to write them
+        before; unwritten, a batch handed back to the queue would count as a crash when it is
+        redelivered), waiting at most ``wait_s`` for Redis, then close the connections."""
+        with self._lock:
+            unwritten, self._unwritten = self._unwritten, []
+        if unwritten:
+            try:
+                async with asyncio.timeout(wait_s):
+                    async with self._redis().pipeline(transaction=True) as pipe:
+                        for task_id, token in unwritten:
+                            pipe.sadd(_ended_key(task_id), token)
+                            pipe.expire(_ended_key(task_id), self._ttl_s)
+                        await pipe.execute()
+            except Exception:
+                # Redis still away: a redelivery may count these once as crashes (split, never
+                # dead-lettered on that alone); closing must not wait longer.
+                with self._lock:
+                    self._unwritten[:0] = unwritten
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose(close_connection_pool=True)

@@ -1,0 +1,64 @@
+"""``DeliveryLog.close`` writes the delivery ends it kept while Redis was away: a batch handed
+back to the queue just before its process exited must not count as a crash on its redelivery
+(a crash count splits batches and can dead-letter a run)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests._redis import RedisServer
+from worker.store import DeliveryLog, new_token
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A Redis of this test's own: it is stopped and started again, keeping its data."""
+    server = RedisServer(persistent=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_close_writes_the_ends_kept_while_redis_was_away(own_redis: RedisServer) -> None:
+    """An end that could not be written (Redis down) and no next delivery in this process
+    (it is shutting down): close() writes it, and the redelivery elsewhere counts no crash."""
+
+    async def go() -> int:
+        log = DeliveryLog(own_redis.url(12), ttl_s=60, reconnect_s=0.5)
+        token = new_token()
+        await log.start("m1", token)
+        own_redis.stop()
+        try:
+            assert not await log.end("m1", token)  # kept for later
+        finally:
+            own_redis.start()
+        await log.close()
+        elsewhere = DeliveryLog(own_redis.url(12), ttl_s=60, reconnect_s=0.5)
+        try:
+            return await elsewhere.start("m1", new_token())
+        finally:
+            await elsewhere.close()
+
+    assert asyncio.run(go()) == 0
+
+
+def test_close_with_redis_still_away_returns_in_bounded_time(own_redis: RedisServer) -> None:
+    """Redis still down at close: it gives up after its wait instead of hanging the shutdown."""
+
+    async def go() -> float:
+        log = DeliveryLog(own_redis.url(12), ttl_s=60, reconnect_s=0.5)
+        token = new_token()
+        await log.start("m1", token)
+        own_redis.stop()
+        assert not await log.end("m1", token)
+        began = time.monotonic()
+        await log.close(wait_s=1.0)
+        return time.monotonic() - began
+
+    assert asyncio.run(go()) < 5.0
