@@ -26,6 +26,12 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   apt-get update -qq && apt-get install -y -qq prometheus >/dev/null
 fi
 
+# Debian's kubernetes-client: kubectl kustomize renders deploy/k8s (tests/deploy/test_deploy_files.py).
+if ! command -v kubectl >/dev/null; then
+  echo "kubectl is missing: installing Debian's kubernetes-client"
+  apt-get update -qq && apt-get install -y -qq kubernetes-client >/dev/null
+fi
+
 if ! command -v chromium >/dev/null; then
   echo "chromium is missing: installing Debian's package (for the headless browser test)"
   apt-get update -qq && apt-get install -y -qq chromium >/dev/null

@@ -97,6 +97,8 @@ def test_sigterm_mid_batch_requeues_the_rest_and_scores_every_run_once(
             pytest.fail(f"no exit within {GRACE_S + EXIT_SLACK_S} s of SIGTERM:\n{first.text()[-3000:]}")
         took = time.monotonic() - sent_at
         assert took <= GRACE_S + EXIT_SLACK_S
+        # A clean warm shutdown: not killed by a signal, no crash on the way out.
+        assert first.proc.returncode == 0, f"exit status {first.proc.returncode}:\n{first.text()[-3000:]}"
         first_log = first.text()
         assert "batch_requeued_at_shutdown" in first_log, first_log[-3000:]
         started, done = _calls(calls)
