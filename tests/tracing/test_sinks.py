@@ -62,9 +62,10 @@ def test_every_sink_satisfies_the_contract(tmp_path: Path) -> None:
         sink.close()
 
 
-def test_otlp_sink_makes_one_child_carrier_span_inside_the_scored_span() -> None:
-    """Two scores of one span → one carrier span, child of and linked to it, lying inside the
-    scored span (events at its end); the real scoring time is an attribute."""
+def test_otlp_sink_makes_one_child_carrier_span_per_score_inside_the_scored_span() -> None:
+    """Two scores of one span → two carrier spans (TraceQL metrics count spans: one per score
+    makes a count of evaluation events a count of scores), each a child of the scored span and
+    linked to it, lying inside it (the event at its end); the real scoring time is an attribute."""
     exporter = InMemorySpanExporter()
     sink = OtlpSink(exporter)
     outcomes = sink.deliver(
@@ -84,16 +85,20 @@ def test_otlp_sink_makes_one_child_carrier_span_inside_the_scored_span() -> None
         ]
     )
     assert outcomes == [Delivered(), Delivered()]
-    (span,) = exporter.get_finished_spans()  # sent by deliver itself: no flush needed
-    assert span.kind is SpanKind.INTERNAL
-    assert span.context.trace_id == int(TRACE, 16)
-    assert span.parent is not None
-    assert span.parent.span_id == int(SPAN, 16)
-    assert span.parent.is_remote
-    assert [link.context.span_id for link in span.links] == [int(SPAN, 16)]
-    assert span.attributes["tracescore.role"] == "score_writer"
-    assert START <= span.start_time <= span.end_time <= END
-    ok, bad = span.events
+    carriers = exporter.get_finished_spans()  # sent by deliver itself: no flush needed
+    assert len(carriers) == 2
+    assert len({span.context.span_id for span in carriers}) == 2
+    for span in carriers:
+        assert span.kind is SpanKind.INTERNAL
+        assert span.context.trace_id == int(TRACE, 16)
+        assert span.parent is not None
+        assert span.parent.span_id == int(SPAN, 16)
+        assert span.parent.is_remote
+        assert [link.context.span_id for link in span.links] == [int(SPAN, 16)]
+        assert span.attributes["tracescore.role"] == "score_writer"
+        assert START <= span.start_time <= span.end_time <= END
+        assert len(span.events) == 1
+    ok, bad = (span.events[0] for span in carriers)
     assert ok.timestamp == bad.timestamp == END
     assert ok.name == bad.name == "gen_ai.evaluation.result"
     assert ok.attributes["gen_ai.evaluation.name"] == "relevancy"
@@ -113,7 +118,7 @@ def test_otlp_sink_makes_one_child_carrier_span_inside_the_scored_span() -> None
 
 
 def test_otlp_sink_resend_is_the_same_carrier_span() -> None:
-    """The carrier's span id comes from its scores' ids: a re-send repeats it, another score set does not."""
+    """The carrier's span id comes from its score's id: a re-send repeats it, another score does not."""
     exporter = InMemorySpanExporter()
     sink = OtlpSink(exporter)
     sink.deliver([_rec("a", score=1.0)])

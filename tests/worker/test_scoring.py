@@ -57,7 +57,7 @@ def test_scores_every_run_and_scorer_once() -> None:
     assert store.records[expected].label == "half"
     assert len(writer.records) == 10
     assert len({r.score_id for r in writer.records}) == 10
-    # One write per run: each scored span gets one carrier span.
+    # One write per run (the outbox hands each run's records over together).
     assert writer.writes == 5
 
 

@@ -1,9 +1,11 @@
 """``OtlpSink``: scores as span events on a carrier span, exported over OTLP synchronously.
 
-For each scored span the sink builds one carrier span, a child of the scored span that links to
-it, with one ``gen_ai.evaluation.result`` event per score (OpenTelemetry GenAI semantic
+For each score the sink builds one carrier span, a child of the scored span that links to it,
+holding that score's ``gen_ai.evaluation.result`` event (OpenTelemetry GenAI semantic
 conventions), and hands the batch to the span exporter's ``export()`` itself: its SUCCESS or
-FAILURE is the delivery outcome (no batch processor in between that could lose it).
+FAILURE is the delivery outcome (no batch processor in between that could lose it). One carrier
+per score, not per scored span: TraceQL metrics (``count_over_time``, ``rate``) count matching
+spans, so only then does a dashboard's count of evaluation events count scores.
 
 Times: the carrier lies inside the scored span (``span_start_ns``..``span_end_ns`` of the record)
 and its events sit at the scored span's end, so no backend draws the trace longer than it was;
@@ -11,7 +13,7 @@ when scoring really happened is the event attribute ``tracescore.scored_at`` (ep
 A record without the scored span's times (stored before they were kept) gets a zero-length
 carrier at the time its run was handed to the queue (``enqueued_at``), else at ``scored_at``.
 
-The carrier's span id is derived from its scores' ids, so a re-send is the same span again. It
+The carrier's span id is derived from its score's id, so a re-send is the same span again. It
 is marked ``tracescore.role=score_writer`` so the capture exporter never scores it (loop guard).
 
 The default exporter is the OTLP/HTTP one, configured by the standard ``OTEL_EXPORTER_OTLP_*``
@@ -95,29 +97,27 @@ def evaluation_attributes(record: ScoreRecord) -> dict[str, Any]:
     return attributes
 
 
-def _times(group: Sequence[ScoreRecord]) -> tuple[int, int]:
+def _times(record: ScoreRecord) -> tuple[int, int]:
     """The carrier's (start, end) in epoch ns: the scored span's, else a zero-length fallback."""
-    first = group[0]
-    if first.span_start_ns is not None and first.span_end_ns is not None:
-        return first.span_start_ns, max(first.span_start_ns, first.span_end_ns)
-    at = int((first.enqueued_at or min(r.scored_at for r in group)) * 1e9)
+    if record.span_start_ns is not None and record.span_end_ns is not None:
+        return record.span_start_ns, max(record.span_start_ns, record.span_end_ns)
+    at = int((record.enqueued_at or record.scored_at) * 1e9)
     return at, at
 
 
 def carrier_spans(records: Sequence[ScoreRecord], resource: Resource | None = None) -> list[ReadableSpan]:
-    """One finished carrier span per scored span among ``records`` (a pure function)."""
-    by_span: dict[tuple[str, str], list[ScoreRecord]] = {}
-    for record in records:
-        by_span.setdefault((record.trace_id, record.span_id), []).append(record)
+    """One finished carrier span per record (a pure function)."""
     scope = InstrumentationScope(SCOPE_NAME)
     spans = []
-    for (trace_id, span_id), group in by_span.items():
+    for record in records:
         scored = SpanContext(
-            trace_id=int(trace_id, 16), span_id=int(span_id, 16), is_remote=True, trace_flags=TraceFlags(1)
+            trace_id=int(record.trace_id, 16),
+            span_id=int(record.span_id, 16),
+            is_remote=True,
+            trace_flags=TraceFlags(1),
         )
-        ids = "\x1f".join(sorted(r.score_id for r in group))
-        carrier_id = int.from_bytes(hashlib.sha256(ids.encode()).digest()[:8], "big") or 1
-        start_ns, end_ns = _times(group)
+        carrier_id = int.from_bytes(hashlib.sha256(record.score_id.encode()).digest()[:8], "big") or 1
+        start_ns, end_ns = _times(record)
         spans.append(
             ReadableSpan(
                 CARRIER_SPAN_NAME,
@@ -130,11 +130,11 @@ def carrier_spans(records: Sequence[ScoreRecord], resource: Resource | None = No
                 links=[Link(scored, {"tracescore.link": "scored_span"})],
                 attributes={
                     ROLE_ATTRIBUTE: ROLE_SCORE_WRITER,
-                    "tracescore.scored.span_id": span_id,
-                    "tracescore.scored.span_name": group[0].span_name,
-                    "tracescore.scored_at": max(r.scored_at for r in group),
+                    "tracescore.scored.span_id": record.span_id,
+                    "tracescore.scored.span_name": record.span_name,
+                    "tracescore.scored_at": record.scored_at,
                 },
-                events=[Event(EVALUATION_EVENT, evaluation_attributes(r), timestamp=end_ns) for r in group],
+                events=[Event(EVALUATION_EVENT, evaluation_attributes(record), timestamp=end_ns)],
                 start_time=start_ns,
                 end_time=end_ns,
                 instrumentation_scope=scope,
@@ -151,18 +151,6 @@ def _scrubbed(answer: str, records: Sequence[ScoreRecord]) -> str:
     )
     secrets = [unquote(pair.partition("=")[2]).strip() for pair in headers.split(",") if "=" in pair]
     return refusal_detail(answer, secrets, record_texts(records))
-
-
-def _halves(records: Sequence[ScoreRecord], which: list[int]) -> tuple[list[int], list[int]]:
-    """``which`` in two halves, a scored span's records in one half while there are two spans."""
-    spans: dict[tuple[str, str], list[int]] = {}
-    for i in which:
-        spans.setdefault((records[i].trace_id, records[i].span_id), []).append(i)
-    groups = list(spans.values())
-    if len(groups) > 1:
-        middle = len(groups) // 2
-        return [i for g in groups[:middle] for i in g], [i for g in groups[middle:] for i in g]
-    return which[: len(which) // 2], which[len(which) // 2 :]
 
 
 class _WatchedSession(requests.Session):
@@ -219,9 +207,8 @@ class OtlpSink:
         known: tuple[Delivery, int | None] | None = None,
     ) -> None:
         """Export ``records[i]`` for ``i`` in ``which`` (``known``: that export's answer, had
-        already); a request refused for its content (400, 413, 422) is split in halves (keeping
-        each scored span's scores together while it can) and re-sent, so only the record the
-        endpoint cannot take is refused. A 400/422 both halves get alike is no one record's
+        already); a request refused for its content (400, 413, 422) is split in halves and
+        re-sent, so only the record the endpoint cannot take is refused. A 400/422 both halves get alike is no one record's
         doing (a missing header): every record gets it, without splitting further."""
         outcome, status = known or self._export([records[i] for i in which])
         if not (isinstance(outcome, Refused) and status in _ABOUT_CONTENT and len(which) > 1):
@@ -233,7 +220,7 @@ class OtlpSink:
             for i in which:
                 outcomes[i] = outcome
             return
-        first, second = _halves(records, which)
+        first, second = which[: len(which) // 2], which[len(which) // 2 :]
         first_answer = self._export([records[i] for i in first])
         second_answer: tuple[Delivery, int | None] | None = None
         if status != 413 and first_answer[0] == outcome:
