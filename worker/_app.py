@@ -293,8 +293,9 @@ def _drain_node(controller: Any, sig: str, how: str) -> None:
     from worker._loop import begin_shutdown
     from worker._task import DRAIN_SIGNAL
 
-    grace = controller.app.settings.shutdown_grace_seconds if how == "Warm" else 0.0
-    if not begin_shutdown(grace):
+    settings = controller.app.settings
+    grace = settings.shutdown_grace_seconds if how == "Warm" else 0.0
+    if not begin_shutdown(grace, settings.shutdown_cleanup_seconds):
         return
     pool_info = getattr(getattr(controller, "pool", None), "info", None) or {}
     children = [pid for pid in pool_info.get("processes", []) if pid != os.getpid()]
@@ -311,27 +312,22 @@ def _init_child(**_: Any) -> None:
 
     app = _controller.app if _controller is not None else None
     if app is not None:
-        install_drain_handler(DRAIN_SIGNAL, app.settings.shutdown_grace_seconds)
+        install_drain_handler(DRAIN_SIGNAL, app.settings.shutdown_grace_seconds, app.settings.shutdown_cleanup_seconds)
 
 
 @signals.worker_process_shutdown.connect
 @signals.worker_shutdown.connect
 def _flush_writer(**_: Any) -> None:
-    from worker._loop import run_coro, stop_loop
-    from worker._runtime import reset_runtime
+    """A process on its way out (a prefork child, then the main process): the drainers' last
+    deliveries and closing the runtime's connections, all by the shutdown's one cleanup deadline
+    (``worker._loop.cleanup_deadline``; children and the main process share it)."""
+    from worker._loop import cleanup_deadline, stop_loop
+    from worker._runtime import close_runtime
 
-    runtime = reset_runtime()
-    if runtime is None:
-        return
-    if runtime.writer is not None:
-        runtime.writer.flush(5.0)
-        runtime.writer.close()
-    try:
-        run_coro(runtime.store.close(), 5.0)
-        run_coro(runtime.dead_letters.close(), 5.0)
-        run_coro(runtime.limiter.close(), 5.0)
-    except Exception:
-        log.warning("worker_close_failed", exc_info=True)
+    cleanup_s: float | None = None
+    with contextlib.suppress(Exception):  # settings already checked at start; never fail the exit
+        cleanup_s = _controller.app.settings.shutdown_cleanup_seconds if _controller is not None else None
+    close_runtime(cleanup_deadline(cleanup_s))
     stop_loop()
 
 

@@ -41,6 +41,7 @@ from worker import _heartbeat as probe_files
 from worker._errors import LoopBlockedError
 
 __all__ = [
+    "EXIT_ALLOWANCE_S",
     "WATCHDOG_GRACE_S",
     "GraceExpired",
     "LoopBlockedError",
@@ -48,6 +49,7 @@ __all__ = [
     "LoopWatchdog",
     "begin_shutdown",
     "call_from_signal_handler",
+    "cleanup_deadline",
     "get_loop_thread",
     "install_drain_handler",
     "request_shutdown",
@@ -370,8 +372,13 @@ def stop_loop() -> None:
 # --- SIGTERM's grace period ---------------------------------------------------------------------
 
 # After the grace period's cancel, how long a waiter gives the coroutine to clean up (release
-# its claims) before it stops waiting anyway.
+# its claims) before it stops waiting anyway (never past the shutdown's cleanup deadline).
 CLEANUP_S = 5.0
+# The default of TRACESCORE_SHUTDOWN_CLEANUP_SECONDS (worker._settings), for callers without settings.
+DEFAULT_CLEANUP_S = 10.0
+# Past the cleanup deadline: Celery's own teardown (a prefork pool joining its children) and
+# the interpreter's exit. The platform's kill timer must leave grace + cleanup + this.
+EXIT_ALLOWANCE_S = 5.0
 _WAIT_SLICE_S = 0.2
 
 
@@ -391,6 +398,9 @@ class _Drain:
         # starts on the signal relay's thread.
         self.requested = False
         self.begun = threading.Event()
+        self.begun_at = 0.0
+        self.grace_s = 0.0
+        self.cleanup_s = DEFAULT_CLEANUP_S
         self.expired = threading.Event()
         self.tasks: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
         self.timer: threading.Timer | None = None
@@ -419,13 +429,17 @@ def _process_drain() -> _Drain:
     return _drain
 
 
-def begin_shutdown(grace_s: float) -> bool:
+def begin_shutdown(grace_s: float, cleanup_s: float = DEFAULT_CLEANUP_S) -> bool:
     """Start this process's grace period: coroutines under ``run_draining`` may finish within
-    ``grace_s``; then they are cancelled. False if it had already begun (a second SIGTERM)."""
+    ``grace_s``; then they are cancelled, and everything on the way out shares ``cleanup_s``
+    (``cleanup_deadline``). False if it had already begun (a second SIGTERM)."""
     drain = _process_drain()
     with drain.lock:
         if drain.begun.is_set():
             return False
+        drain.begun_at = time.monotonic()
+        drain.grace_s = max(0.0, grace_s)
+        drain.cleanup_s = cleanup_s
         drain.begun.set()
         if grace_s <= 0:
             drain.timer = None
@@ -503,26 +517,38 @@ def call_from_signal_handler(fn: Callable[[], None]) -> None:
     relay.call(fn)
 
 
-def install_drain_handler(signum: int, grace_s: float) -> None:
+def cleanup_deadline(cleanup_s: float | None = None) -> float:
+    """The ``time.monotonic()`` by which this process's way out must be done: the cleanup time
+    after its grace period ended (after now, if its work ended sooner or no shutdown began).
+    Every step (cancelled runs' cleanup, the drainers' flush and stop, closing connections)
+    waits only until this one deadline, so the steps cannot add up past the platform's margin."""
+    drain = _process_drain()
+    now = time.monotonic()
+    if not drain.begun.is_set():
+        return now + (DEFAULT_CLEANUP_S if cleanup_s is None else cleanup_s)
+    return min(drain.begun_at + drain.grace_s, now) + (drain.cleanup_s if cleanup_s is None else cleanup_s)
+
+
+def install_drain_handler(signum: int, grace_s: float, cleanup_s: float = DEFAULT_CLEANUP_S) -> None:
     """Make ``signum`` start this process's grace period (a prefork child: its main process got
     SIGTERM). Called again before each task: billiard may reset handlers after its initializer."""
     if threading.current_thread() is not threading.main_thread():
         return
     start_signal_relay()
     current = signal.getsignal(signum)
-    if getattr(current, "grace_s", None) != grace_s:
+    if getattr(current, "grace_s", None) != (grace_s, cleanup_s):
 
         def on_signal(signum: int, frame: object) -> None:
             request_shutdown()
-            call_from_signal_handler(lambda: _begin_logged(grace_s))
+            call_from_signal_handler(lambda: _begin_logged(grace_s, cleanup_s))
 
-        on_signal.grace_s = grace_s  # type: ignore[attr-defined]
+        on_signal.grace_s = (grace_s, cleanup_s)  # type: ignore[attr-defined]
         signal.signal(signum, on_signal)
 
 
-def _begin_logged(grace_s: float) -> None:
-    if begin_shutdown(grace_s):
-        log.info("worker_process_draining", grace_s=grace_s)
+def _begin_logged(grace_s: float, cleanup_s: float) -> None:
+    if begin_shutdown(grace_s, cleanup_s):
+        log.info("worker_process_draining", grace_s=grace_s, cleanup_s=cleanup_s)
 
 
 def shutting_down() -> bool:
@@ -566,10 +592,10 @@ def run_draining(
                 future.cancel()
                 raise TimeoutError(f"coroutine did not finish within {timeout} s; it was cancelled")
             if drain.expired.is_set() and give_up_at == math.inf:
-                give_up_at = now + CLEANUP_S
+                give_up_at = min(now + CLEANUP_S, cleanup_deadline())
             if now >= give_up_at:
                 future.cancel()
-                raise GraceExpired(f"the coroutine's cleanup did not finish within {CLEANUP_S} s")
+                raise GraceExpired("the coroutine's cleanup did not finish before the shutdown's cleanup deadline")
             concurrent.futures.wait([future], timeout=min(_WAIT_SLICE_S, end - now, give_up_at - now))
             if on_wait is not None:
                 on_wait()

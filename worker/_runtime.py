@@ -19,6 +19,7 @@ import asyncio
 import os
 import resource
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from opentelemetry import trace
 from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
 from tracing import JUDGE_ROLE, ROLE_ATTRIBUTE, ScoreRecord, ScoreWriter
 from worker._budget import BudgetGuard, RedisLedger, parse_budgets
-from worker._delivery import DrainerWaker, start_process_deliveries, stop_process_deliveries
+from worker._delivery import DrainerWaker, process_deliveries, start_process_deliveries, stop_process_deliveries
 from worker._gc import freeze_startup_objects
 from worker._limiter import RedisRateLimiter
 from worker._loop import run_coro, start_watchdog
@@ -45,7 +46,15 @@ from worker.store import DeliveryLog, RedisDeadLetters, RedisScoreStore
 # Exit status of a worker process whose event loop was wedged (EX_SOFTWARE).
 EXIT_WEDGED = 70
 
-__all__ = ["WorkerRuntime", "build_writer", "get_runtime", "judge_call_span", "reset_runtime", "start_deliveries"]
+__all__ = [
+    "WorkerRuntime",
+    "build_writer",
+    "close_runtime",
+    "get_runtime",
+    "judge_call_span",
+    "reset_runtime",
+    "start_deliveries",
+]
 
 log = structlog.get_logger("tracescore.worker")
 
@@ -242,6 +251,56 @@ def get_runtime(settings: Settings) -> WorkerRuntime:
         if _runtime is None or _runtime.pid != os.getpid():
             _runtime = WorkerRuntime.build(settings)
         return _runtime
+
+
+def close_runtime(deadline: float) -> None:
+    """This process's way out, every step by ``deadline`` (``time.monotonic()``; the shutdown's
+    one cleanup deadline): the drainers deliver what is due, then stop; the delivery log, score
+    store, dead letters and rate limiter close together. A step cut short loses nothing: what
+    was not delivered stays in the outbox and its lease hands it to another worker; a connection
+    not closed goes with the process."""
+    global _runtime
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    cut_short: list[str] = []
+    deliveries = process_deliveries()
+    if deliveries is not None and not deliveries.flush(left()):
+        cut_short.append("sink_deliveries")
+    stop_process_deliveries(left())  # a drainer still delivering keeps its sink (Deliveries.stop)
+    with _lock:
+        current, _runtime = _runtime, None
+    if current is not None and current.pid == os.getpid():
+        if current.writer is not None:
+            current.writer.close()
+        closing = {
+            "delivery_log": current.deliveries.close(left()),
+            "store": current.store.close(),
+            "dead_letters": current.dead_letters.close(),
+            "limiter": current.limiter.close(),
+        }
+
+        async def close_all() -> list[BaseException | None]:
+            tasks = [asyncio.ensure_future(c) for c in closing.values()]
+            _, pending = await asyncio.wait(tasks, timeout=left())
+            for task in pending:
+                task.cancel()
+            return [TimeoutError() if t in pending else t.exception() for t in tasks]
+
+        try:
+            outcomes = run_coro(close_all(), left() + 1.0)
+        except Exception as exc:  # the loop itself is stuck (a blocked step): nothing more to wait for
+            outcomes = [exc] * len(closing)
+        for name, outcome in zip(closing, outcomes, strict=True):
+            if outcome is not None:
+                cut_short.append(name)
+    if cut_short:
+        log.warning(
+            "shutdown_cleanup_cut_short",
+            steps=",".join(cut_short),
+            note="scores not delivered stay in the outbox; their lease hands them to another worker",
+        )
 
 
 def reset_runtime() -> WorkerRuntime | None:

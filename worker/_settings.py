@@ -134,6 +134,11 @@ class Settings(BaseSettings):
     # After SIGTERM, how long runs in flight may go on; then they are cancelled, their claims
     # released and their messages requeued. 25 s fits Kubernetes' default 30 s grace period.
     shutdown_grace_seconds: float = Field(default=25.0, ge=0)
+    # After the grace period, one deadline for the whole way out of each process: cancelled runs'
+    # cleanup, the drainers' last deliveries, closing the store's connections, all sharing it.
+    # What is not delivered by then stays in the outbox (its lease hands it to another worker).
+    # Give the platform grace + this + a few seconds (worker._loop.EXIT_ALLOWANCE_S) before SIGKILL.
+    shutdown_cleanup_seconds: float = Field(default=10.0, ge=1, le=120)
     # Where the worker writes the heartbeat and readiness files `tracescore probe` reads
     # (one directory per worker: a pod's /tmp). Unset: no files, and `probe` says so.
     probe_dir: str | None = None

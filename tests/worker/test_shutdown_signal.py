@@ -43,6 +43,7 @@ def test_the_workers_sigterm_handler_logs_from_a_thread_not_inside_the_handler()
     result = _run("""
         class Settings:
             shutdown_grace_seconds = 30.0
+            shutdown_cleanup_seconds = 10.0
 
         class App:
             settings = Settings()
