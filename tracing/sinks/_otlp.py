@@ -208,8 +208,9 @@ class OtlpSink:
     ) -> None:
         """Export ``records[i]`` for ``i`` in ``which`` (``known``: that export's answer, had
         already); a request refused for its content (400, 413, 422) is split in halves and
-        re-sent, so only the record the endpoint cannot take is refused. A 400/422 both halves get alike is no one record's
-        doing (a missing header): every record gets it, without splitting further."""
+        re-sent, so only the record the endpoint cannot take is refused. A 400/422 both halves
+        get alike is no one record's doing (a missing header): every record gets it, without
+        splitting further."""
         outcome, status = known or self._export([records[i] for i in which])
         if not (isinstance(outcome, Refused) and status in _ABOUT_CONTENT and len(which) > 1):
             if isinstance(outcome, Refused) and status == 413:
