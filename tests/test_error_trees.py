@@ -86,6 +86,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
     from scorers.judge import (
         JudgeAuthError,
         JudgeBadRequestError,
+        JudgeCallRefused,
         JudgeConnectionError,
         JudgeContextLengthError,
         JudgeError,
@@ -132,6 +133,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         JudgeResponseError: (_provider(JudgeResponseError), "unknown"),
         JudgeOutputError: (JudgeOutputError("m", model_id="m", step="analyze", raw_output=None), "invalid_output"),
         JudgeProcessorError: (JudgeProcessorError("m"), "internal"),
+        JudgeCallRefused: (JudgeCallRefused("m", error_type="budget_exhausted"), "retryable"),
         TracingError: (TracingError("m"), "internal"),
         TraceReadError: (TraceReadError("no_target", "m"), "invalid_input"),
         MessageShapeError: (MessageShapeError("bad_message", "m"), "invalid_input"),

@@ -13,7 +13,8 @@
     │   │   └── JudgeServerError      5xx, 529 overloaded                              retryable
     │   └── JudgeResponseError        a response came back but could not be read       unknown
     ├── JudgeOutputError              the answer did not parse or fit the schema       invalid_output
-    └── JudgeProcessorError           an input/output/error processor raised           internal
+    ├── JudgeProcessorError           an input/output/error processor raised           internal
+    └── JudgeCallRefused (_hooks)     the host refused the call: budget, call cap      retryable
 
 A provider error without a status or class that says more is ``unknown`` (a custom
 ``JudgeModel``'s own exception), unless its text says "overloaded" (``retryable``).

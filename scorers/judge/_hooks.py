@@ -22,9 +22,10 @@ class JudgeCallRefused(JudgeError):
     """The host refused a judge call before it was made: ``error_type`` is what the run's record
     says (``budget_exhausted``; for a run out of judge calls, its last judge error's type, or
     ``judge_attempts_exhausted``). Final for this delivery; the record is ``retryable`` so a
-    later delivery (after the budget resets, or an operator's retry) may replace it."""
+    later delivery (after the budget resets, or an operator's retry) may replace it: hence
+    ``retryable`` (later, not now: the worker records it at once instead of redelivering)."""
 
-    _category: ClassVar[ErrorCategory] = "internal"
+    _category: ClassVar[ErrorCategory] = "retryable"
 
     def __init__(self, message: str, *, error_type: str) -> None:
         super().__init__(message)

@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 _PRELUDE = """
-import os, signal, sys, time
+import os, signal, sys, threading, time
 import structlog
 from structlog._output import _get_lock_for_file
 from worker import _app, _loop, _task
@@ -25,6 +25,12 @@ def wait_for(predicate, seconds=10.0):
     return True
 
 write_lock = _get_lock_for_file(sys.stdout)
+
+def relay_done():
+    # whatever the handler handed to the signal relay has run (its calls run in order)
+    done = threading.Event()
+    _loop.call_from_signal_handler(done.set)
+    return done.wait(10)
 """
 
 
@@ -62,6 +68,7 @@ def test_the_workers_sigterm_handler_logs_from_a_thread_not_inside_the_handler()
             assert _loop.shutting_down()
             print("handler returned", file=sys.stderr, flush=True)
         assert wait_for(lambda: _loop._process_drain().begun.is_set())
+        assert relay_done()  # the begun flag is set in the handler; the log line comes after, on the relay
         sys.stdout.flush()
     """)
     assert result.returncode == 0, result.stderr
@@ -101,6 +108,7 @@ def test_a_prefork_childs_drain_handler_starts_the_grace_period_from_a_thread() 
             print("handler returned", file=sys.stderr, flush=True)
         thread.join(10)
         assert outcome == ["cancelled"], outcome
+        assert relay_done()
         sys.stdout.flush()
     """)
     assert result.returncode == 0, result.stderr
