@@ -73,7 +73,9 @@ def _records(path: Path) -> list[dict[str, Any]]:
         ("trap", "spin", "timeout", {}),  # a sync step that never returns: interrupted
         ("trap-async", "stuck", "timeout", {}),  # an async step that never returns: cancelled
         ("trap", "sleep", "timeout", {}),  # a C call: the stuck loop is abandoned
-        ("trap", "hog", "memory", {"TRACESCORE_MEMORY_LIMIT_MB": "2048"}),  # allocates until the cap
+        # allocates until the cap; a run timeout it cannot reach first on a loaded machine (at
+        # 2 s it sometimes did, and the run was a timeout, not the memory record under test)
+        ("trap", "hog", "memory", {"TRACESCORE_MEMORY_LIMIT_MB": "2048", "TRACESCORE_RUN_TIMEOUT_SECONDS": "60"}),
     ],
     ids=["sync-spin", "async-stuck", "c-call-sleep", "memory-hog"],
 )
