@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -28,6 +29,7 @@ __all__ = [
     "JSON",
     "answer_json",
     "deliver_each",
+    "http_client",
     "is_retryable",
     "json_body",
     "record_texts",
@@ -55,6 +57,41 @@ ANSWER_ERRORS = (httpx.TransportError, httpx.DecodingError)
 # Score text shorter than this is not scrubbed from a refusal (a label like "good" would blank
 # every "good" of the backend's message).
 _SCRUB_MIN_CHARS = 8
+
+
+def http_client(
+    url: str,
+    *,
+    what: str,
+    setting: str,
+    timeout_s: float,
+    parallel: int | None = None,
+    secret: str | None = None,
+    headers: dict[str, str] | None = None,
+    auth: httpx.Auth | None = None,
+) -> tuple[httpx.Client, tuple[str, ...]]:
+    """A sink's HTTP client for ``url`` once what the settings gave is checked (a ``ValueError``
+    naming ``setting``: ``what`` is e.g. "MLflow tracking URI"), and the secrets its refusals must
+    never show (``secret``, the URL's own password). ``parallel``: requests at a time."""
+    parts = urlsplit(url)
+    backend = what.split()[0]
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        shown = redact(url, secret) if secret else redact(url)
+        raise ValueError(f"{what} must be http(s)://host[:port][/path], got {shown!r} ({setting})")
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise ValueError(f"{backend} timeout must be a positive number of seconds, got {timeout_s!r}")
+    if parallel is not None and parallel < 1:
+        raise ValueError(f"{backend} parallel must be at least 1 request at a time, got {parallel!r}")
+    client = httpx.Client(
+        headers={"Accept": "application/json", **(headers or {})},
+        auth=auth,
+        timeout=timeout_s,
+        follow_redirects=False,
+        limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
+        if parallel is not None
+        else httpx.Limits(),
+    )
+    return client, tuple(s for s in (secret, parts.password) if s)
 
 
 def json_body(payload: object) -> bytes:

@@ -32,16 +32,15 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
-from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing.sinks._http import (
     ANSWER_ERRORS,
     JSON,
     deliver_each,
+    http_client,
     is_retryable,
     json_body,
     record_texts,
@@ -63,28 +62,19 @@ class LangfuseSink:
     def __init__(
         self, host: str, public_key: str, secret_key: str, *, timeout_s: float = 10.0, parallel: int = 4
     ) -> None:
-        parts = urlsplit(host)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                f"Langfuse host must be http(s)://host[:port][/path], got {redact(host, secret_key)!r}"
-                " (TRACESCORE_LANGFUSE_HOST)"
-            )
         if not public_key or not secret_key:
             missing = "public" if not public_key else "secret"
             raise ValueError(f"Langfuse needs the project's {missing} key (TRACESCORE_LANGFUSE_{missing.upper()}_KEY)")
-        if not (timeout_s > 0 and math.isfinite(timeout_s)):
-            raise ValueError(f"Langfuse timeout must be a positive number of seconds, got {timeout_s!r}")
-        if parallel < 1:
-            raise ValueError(f"Langfuse parallel must be at least 1 request at a time, got {parallel!r}")
-        self._url = host.rstrip("/") + "/api/public/scores"
-        self._secrets = tuple(s for s in (secret_key, parts.password) if s)
-        self._client = httpx.Client(
+        self._client, self._secrets = http_client(
+            host,
+            what="Langfuse host",
+            setting="TRACESCORE_LANGFUSE_HOST",
+            timeout_s=timeout_s,
+            parallel=parallel,
+            secret=secret_key,
             auth=httpx.BasicAuth(public_key, secret_key),
-            headers={"Accept": "application/json"},
-            timeout=timeout_s,
-            follow_redirects=False,
-            limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel),
         )
+        self._url = host.rstrip("/") + "/api/public/scores"
         self._parallel = parallel
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="tracescore-langfuse-sink")
 

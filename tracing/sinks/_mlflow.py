@@ -42,17 +42,16 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
-from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing.sinks._http import (
     ANSWER_ERRORS,
     JSON,
     answer_json,
     deliver_each,
+    http_client,
     is_retryable,
     json_body,
     record_texts,
@@ -86,30 +85,19 @@ class MlflowSink:
         trace_wait_s: float = 900.0,
         parallel: int = 4,
     ) -> None:
-        parts = urlsplit(tracking_uri)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                f"MLflow tracking URI must be http(s)://host[:port][/path], got {redact(tracking_uri, token)!r}"
-                " (TRACESCORE_MLFLOW_URL)"
-            )
-        if not (timeout_s > 0 and math.isfinite(timeout_s)):
-            raise ValueError(f"MLflow timeout must be a positive number of seconds, got {timeout_s!r}")
         if not (trace_wait_s >= 0 and math.isfinite(trace_wait_s)):
             raise ValueError(f"MLflow trace_wait_s must be a non-negative number of seconds, got {trace_wait_s!r}")
-        if parallel < 1:
-            raise ValueError(f"MLflow parallel must be at least 1 request at a time, got {parallel!r}")
+        self._client, self._secrets = http_client(
+            tracking_uri,
+            what="MLflow tracking URI",
+            setting="TRACESCORE_MLFLOW_URL",
+            timeout_s=timeout_s,
+            parallel=parallel,
+            secret=token,
+            headers={"Authorization": f"Bearer {token}"} if token else None,
+        )
         self._base = tracking_uri.rstrip("/") + "/api/3.0/mlflow/traces"
         self._trace_wait_s = trace_wait_s
-        self._secrets = tuple(s for s in (token, parts.password) if s)
-        headers = {"Accept": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        self._client = httpx.Client(
-            headers=headers,
-            timeout=timeout_s,
-            follow_redirects=False,
-            limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel),
-        )
         self._parallel = parallel
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="tracescore-mlflow-sink")
 

@@ -35,15 +35,12 @@ import math
 import re
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
-import httpx
-
-from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing.sinks._http import (
     ANSWER_ERRORS,
     JSON,
+    http_client,
     is_retryable,
     json_body,
     refusal_detail,
@@ -71,20 +68,15 @@ class PhoenixSink:
     """Scores as Phoenix span annotations (see the module docstring for the mapping)."""
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                f"Phoenix URL must be http(s)://host[:port][/root path], got {redact(base_url)!r}"
-                " (TRACESCORE_PHOENIX_URL / --phoenix-url)"
-            )
-        if not (timeout_s > 0 and math.isfinite(timeout_s)):
-            raise ValueError(f"Phoenix timeout must be a positive number of seconds, got {timeout_s!r}")
+        self._client, self._secrets = http_client(
+            base_url,
+            what="Phoenix URL",
+            setting="TRACESCORE_PHOENIX_URL / --phoenix-url",
+            timeout_s=timeout_s,
+            secret=api_key,
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
+        )
         self._url = base_url.rstrip("/") + "/v1/span_annotations"
-        self._secrets = tuple(s for s in (api_key, parts.password) if s)
-        headers = {"Accept": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.Client(headers=headers, timeout=timeout_s, follow_redirects=False)
 
     @property
     def name(self) -> str:
