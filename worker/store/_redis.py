@@ -37,15 +37,20 @@ class RedisConnection:
         return self._client
 
     async def evalsha_many(self, script: str, numkeys: int, calls: Sequence[Sequence[str]]) -> list[Any]:
-        """Run ``script`` once per argument list in one pipeline, by SHA (loaded on first use
-        and again if Redis lost it), without redis-py's per-pipeline SCRIPT EXISTS."""
+        """Run ``script`` once per argument list (``numkeys`` keys each) in one pipeline."""
+        return await self.evalsha_each(script, [(numkeys, args) for args in calls])
+
+    async def evalsha_each(self, script: str, calls: Sequence[tuple[int, Sequence[str]]]) -> list[Any]:
+        """Run ``script`` once per (number of keys, keys and arguments) in one pipeline, by SHA
+        (loaded on first use and again if Redis lost it), without redis-py's per-pipeline
+        SCRIPT EXISTS."""
         client = self.client
         sha = self._shas.get(script)
         for _ in range(2):
             if sha is None:
                 sha = self._shas[script] = await client.script_load(script)
             async with client.pipeline(transaction=False) as pipe:
-                for args in calls:
+                for numkeys, args in calls:
                     pipe.evalsha(sha, numkeys, *args)
                 try:
                     return list(await pipe.execute())

@@ -121,60 +121,102 @@ async def claim(store: ScoreStore, score_ids: Sequence[str], owner: str, ttl_s: 
     return held
 
 
-# KEYS: record, trace set, checkpoint, claim, job hash, failures hash, then (with sinks) the set
-#       of sink names and per sink its outbox queue, attempts hash, dead letters, delivered set
-# ARGV: record json, ttl, score id, owner, has_job (0/1), outcome, reason, failures ttl, job id,
-#       now ms, then the sink names
-_PUT_RECORD = """
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) then
-  -- This very record, stored by our own earlier try whose reply a dropped connection lost
-  -- (the client retried): it is new to us, and its counters are already in.
-  if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return 1
-  end
-  -- Taken. Only an error record marked retryable (its retries ran out on a transient failure)
-  -- may be replaced, by a later delivery (e.g. `tracescore dlq retry`).
-  local ok, prev = pcall(cjson.decode, redis.call('GET', KEYS[1]) or '')
-  if not ok or type(prev) ~= 'table' or prev['retryable'] ~= true then
-    return 0
-  end
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
-  if ARGV[5] == '1' and prev['job_id'] == ARGV[9] then
-    redis.call('HINCRBY', KEYS[5], 'failed', -1)
-    if type(prev['error_type']) == 'string' then
-      redis.call('HINCRBY', KEYS[5], 'failed:' .. prev['error_type'], -1)
+# One call stores up to _PUT_CHUNK records, each as a call of its own would: a pipeline of one
+# call per record spent most of its time in redis-py's per-command packing and parsing.
+# KEYS: failures hash, then (with sinks) the set of sink names and per sink its outbox queue,
+#       attempts hash, dead letters, delivered set; then per record its record, trace set,
+#       checkpoint, claim and job hash (5 each)
+# ARGV: ttl, owner, failures ttl, now ms, the number of shared KEYS, the number of sinks, the
+#       sink names, then per record: record json, score id, has_job (0/1), outcome, reason, job id
+# Returns per record 1 (stored now, or by our own earlier try) or 0 (taken).
+_PUT_RECORDS = """
+local ttl, owner, failures_ttl, now = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local shared, nsinks = tonumber(ARGV[5]), tonumber(ARGV[6])
+local sinks = {}
+for s = 1, nsinks do
+  sinks[s] = ARGV[6 + s]
+end
+local sinks_named = false
+
+local function put(record, traces, checkpoint, claim, job, json, score_id, has_job, counter, reason, job_id)
+  if not redis.call('SET', record, json, 'NX', 'EX', ttl) then
+    local current = redis.call('GET', record)
+    -- This very record, stored by our own earlier try whose reply a dropped connection lost
+    -- (the client retried): it is new to us, and its counters are already in.
+    if current == json then
+      return 1
+    end
+    -- Taken. Only an error record marked retryable (its retries ran out on a transient
+    -- failure) may be replaced, by a later delivery (e.g. `tracescore dlq retry`).
+    local ok, prev = pcall(cjson.decode, current or '')
+    if not ok or type(prev) ~= 'table' or prev['retryable'] ~= true then
+      return 0
+    end
+    redis.call('SET', record, json, 'EX', ttl)
+    if has_job == '1' and prev['job_id'] == job_id then
+      redis.call('HINCRBY', job, 'failed', -1)
+      if type(prev['error_type']) == 'string' then
+        redis.call('HINCRBY', job, 'failed:' .. prev['error_type'], -1)
+      end
     end
   end
+  redis.call('SADD', traces, score_id)
+  redis.call('EXPIRE', traces, ttl)
+  -- The outbox: owed to every sink from the moment it is stored (a replaced record anew: its
+  -- old dead letter and delivery are the old record's).
+  if nsinks > 0 and not sinks_named then
+    redis.call('SADD', KEYS[2], unpack(sinks))
+    sinks_named = true
+  end
+  for i = 3, shared, 4 do
+    redis.call('ZADD', KEYS[i], now, score_id)
+    redis.call('HDEL', KEYS[i + 1], score_id)
+    redis.call('HDEL', KEYS[i + 2], score_id)
+    redis.call('ZREM', KEYS[i + 3], score_id)
+  end
+  redis.call('DEL', checkpoint)
+  if redis.call('GET', claim) == owner then
+    redis.call('DEL', claim)
+  end
+  if has_job == '1' then
+    redis.call('HINCRBY', job, counter, 1)
+    if reason ~= '' then
+      redis.call('HINCRBY', job, counter .. ':' .. reason, 1)
+    end
+  end
+  if reason ~= '' then
+    redis.call('HINCRBY', KEYS[1], reason, 1)
+    redis.call('EXPIRE', KEYS[1], failures_ttl)
+  end
+  return 1
 end
-redis.call('SADD', KEYS[2], ARGV[3])
-redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
--- The outbox: owed to every sink from the moment it is stored (a replaced record anew: its
--- old dead letter and delivery are the old record's).
-if #KEYS > 6 then
-  redis.call('SADD', KEYS[7], unpack(ARGV, 11))
+
+local done = {}
+local a = 7 + nsinks
+for k = shared + 1, #KEYS, 5 do
+  done[#done + 1] = put(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
+    ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
+  a = a + 6
 end
-for i = 8, #KEYS, 4 do
-  redis.call('ZADD', KEYS[i], tonumber(ARGV[10]), ARGV[3])
-  redis.call('HDEL', KEYS[i + 1], ARGV[3])
-  redis.call('HDEL', KEYS[i + 2], ARGV[3])
-  redis.call('ZREM', KEYS[i + 3], ARGV[3])
-end
-redis.call('DEL', KEYS[3])
-if redis.call('GET', KEYS[4]) == ARGV[4] then
-  redis.call('DEL', KEYS[4])
-end
-if ARGV[5] == '1' then
-  redis.call('HINCRBY', KEYS[5], ARGV[6], 1)
-  if ARGV[7] ~= '' then
-    redis.call('HINCRBY', KEYS[5], ARGV[6] .. ':' .. ARGV[7], 1)
+return done
+"""
+# Records per call: bounds how long one call holds Redis (~1 ms here) and its argument count.
+_PUT_CHUNK = 200
+
+# KEYS: the claims. ARGV: owner, ttl. Per claim 1 when ``owner`` holds it now (taken, or its own
+# already: this same delivery retrying), else 0.
+_CLAIM = """
+local held = {}
+for i = 1, #KEYS do
+  if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) or redis.call('GET', KEYS[i]) == ARGV[1] then
+    held[i] = 1
+  else
+    held[i] = 0
   end
 end
-if ARGV[7] ~= '' then
-  redis.call('HINCRBY', KEYS[6], ARGV[7], 1)
-  redis.call('EXPIRE', KEYS[6], tonumber(ARGV[8]))
-end
-return 1
+return held
 """
+_CLAIM_CHUNK = 1000
 
 # KEYS: claim. ARGV: previous owner, new owner, ttl. Compare-and-set (a vanished claim is free).
 _TAKE_OVER = """
@@ -255,18 +297,12 @@ class RedisScoreStore:
     async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
         if not score_ids:
             return set()
-        client = self._redis.client
-        async with client.pipeline(transaction=False) as pipe:
-            for score_id in score_ids:
-                pipe.set(_keys.claim_key(score_id), owner, nx=True, ex=max(1, ttl_s))
-            got = await pipe.execute()
-        held = {s for s, ok in zip(score_ids, got, strict=True) if ok}
-        lost = [s for s in score_ids if s not in held]
-        if lost:
-            # A claim we already hold (this same delivery retrying) is still ours.
-            owners = await client.mget([_keys.claim_key(s) for s in lost])
-            held.update(s for s, o in zip(lost, owners, strict=True) if o == owner)
-        return held
+        ttl = str(max(1, ttl_s))
+        chunks = [score_ids[i : i + _CLAIM_CHUNK] for i in range(0, len(score_ids), _CLAIM_CHUNK)]
+        replies = await self._redis.evalsha_each(
+            _CLAIM, [(len(chunk), [*(_keys.claim_key(s) for s in chunk), owner, ttl]) for chunk in chunks]
+        )
+        return {s for chunk, got in zip(chunks, replies, strict=True) for s, ok in zip(chunk, got, strict=True) if ok}
 
     async def release(self, score_ids: Sequence[str], owner: str) -> None:
         if not score_ids:
@@ -299,42 +335,45 @@ class RedisScoreStore:
     async def put_records(self, records: Sequence[ScoreRecord], owner: str, ttl_s: int) -> list[bool]:
         if not records:
             return []
-        failures_key = _keys.failures_key(failure_bucket())
-        failures_ttl = str(FAILURE_WINDOW_SECONDS * 12)
-        now_ms = str(int(time.time() * 1000))
-        calls = []
-        for record in records:
-            counter, reason = outcome(record)
-            calls.append(
-                (
+        shared = [_keys.failures_key(failure_bucket()), *self._outbox_keys]
+        head = [
+            str(ttl_s),
+            owner,
+            str(FAILURE_WINDOW_SECONDS * 12),
+            str(int(time.time() * 1000)),
+            str(len(shared)),
+            str(len(self.sinks)),
+            *self.sinks,
+        ]
+        calls: list[tuple[int, list[str]]] = []
+        for start in range(0, len(records), _PUT_CHUNK):
+            keys, args = list(shared), list(head)
+            for record in records[start : start + _PUT_CHUNK]:
+                counter, reason = outcome(record)
+                keys += (
                     _keys.record_key(record.score_id),
                     _keys.trace_key(record.trace_id),
                     _keys.checkpoint_key(record.score_id),
                     _keys.claim_key(record.score_id),
                     _keys.job_key(record.job_id or "-"),
-                    failures_key,
-                    *self._outbox_keys,
+                )
+                args += (
                     record.model_dump_json(),
-                    str(ttl_s),
                     record.score_id,
-                    owner,
                     "1" if record.job_id else "0",
                     counter,
                     reason,
-                    failures_ttl,
                     record.job_id or "",
-                    now_ms,
-                    *self.sinks,
                 )
-            )
-        done = await self._redis.evalsha_many(_PUT_RECORD, 6 + len(self._outbox_keys), calls)
+            calls.append((len(keys), keys + args))
+        replies = await self._redis.evalsha_each(_PUT_RECORDS, calls)
         jobs = {r.job_id for r in records if r.job_id}
         if jobs:
             async with self._redis.client.pipeline(transaction=False) as pipe:
                 for job_id in jobs:
                     pipe.expire(_keys.job_key(job_id), self._jobs.job_ttl_s)
                 await pipe.execute()
-        return [bool(d) for d in done]
+        return [bool(done) for reply in replies for done in reply]
 
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]:
         ids = sorted(await self._redis.client.smembers(_keys.trace_key(trace_id)))
