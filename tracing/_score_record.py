@@ -22,6 +22,9 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 def _valid_text(value: Any) -> Any:
     if isinstance(value, str):
+        # Most text is ASCII, and most of the rest has no lone surrogate: no copy for either.
+        if value.isascii() or _LONE_SURROGATE.search(value) is None:
+            return value
         return _LONE_SURROGATE.sub("\ufffd", value)
     if isinstance(value, list):
         return [_valid_text(v) for v in value]
@@ -32,6 +35,28 @@ def score_id_for(trace_id: str, span_id: str, scorer_id: str, scorer_version: st
     """The deterministic id of one score (64 hex characters)."""
     key = "\x1f".join((trace_id, span_id, scorer_id, scorer_version))
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+# The fields that hold text (the rest are numbers, booleans and a literal): each passes
+# ``_valid_text``; tests/tracing check this list against the model's fields.
+_TEXT_FIELDS = (
+    "score_id",
+    "trace_id",
+    "span_id",
+    "span_name",
+    "scorer_id",
+    "scorer_name",
+    "scorer_version",
+    "label",
+    "reason",
+    "not_scorable",
+    "error_type",
+    "error_message",
+    "failed_step",
+    "judge_models",
+    "run_id",
+    "job_id",
+)
 
 
 class ScoreRecord(BaseModel):
@@ -76,7 +101,7 @@ class ScoreRecord(BaseModel):
     enqueued_at: float | None = None
     scored_at: float = Field(default_factory=time.time)
 
-    @field_validator("*", mode="after")
+    @field_validator(*_TEXT_FIELDS, mode="after")
     @classmethod
     def _encodable(cls, value: Any) -> Any:
         # A lone surrogate (json.loads of a judge's or an agent's "\ud83d" makes one) would make

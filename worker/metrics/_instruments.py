@@ -184,18 +184,24 @@ def observe_records(records: Sequence[ScoreRecord], retried: Sequence[tuple[str,
     if not records and not retried:
         return
     m = _metrics()
+    # Counted per label set, one increment each: a batch's hundreds of records share a few.
+    runs: dict[tuple[str, str, str], int] = {}
     for scorer_id, error_type in retried:
-        m.runs.labels(scorer_id, "retry", error_type).inc()
+        key = (scorer_id, "retry", error_type)
+        runs[key] = runs.get(key, 0) + 1
     for record in records:
         scorer = UNKNOWN_SCORER if record.error_type == "UnknownScorerError" else record.scorer_id
         if record.error_type:
-            m.runs.labels(scorer, "failed", record.error_type).inc()
+            key = (scorer, "failed", record.error_type)
         elif record.score is None:
-            m.runs.labels(scorer, "not_scorable", "").inc()
+            key = (scorer, "not_scorable", "")
         else:
-            m.runs.labels(scorer, "scored", "").inc()
+            key = (scorer, "scored", "")
+        runs[key] = runs.get(key, 0) + 1
         if record.enqueued_at is not None:
             m.run_latency.labels(scorer, record.source).observe(max(0.0, record.scored_at - record.enqueued_at))
+    for labels, n in runs.items():
+        m.runs.labels(*labels).inc(n)
 
 
 def observe_judge_usage(scorer_id: str, model_id: str, usage: JudgeUsage, cost_usd: float | None) -> None:
