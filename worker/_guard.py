@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 MAX_ENTRY_BYTES_OPTION = "tracescore_max_entry_bytes"
 
 __all__ = [
+    "BODY_BYTES_HEADER",
     "MAX_ENTRY_BYTES_OPTION",
     "MAX_JSON_DEPTH",
     "GuardedConsumer",
@@ -57,6 +58,9 @@ __all__ = [
     "envelope_limit",
     "screen_envelope",
 ]
+
+# The header the screen adds to a message it passed: the body's size in bytes, as measured.
+BODY_BYTES_HEADER = "tracescore_body_bytes"
 
 # kombu's Redis transport has no type information for what is subclassed here.
 kombu_redis: Any = _kombu_redis
@@ -295,7 +299,8 @@ def _check_headers(headers: dict[str, Any], settings: Settings, allowed: frozens
 
 
 def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> tuple[Refusal | None, Any]:
-    """Screen one kombu message; returns (refusal or None, the decoded body when it got that far)."""
+    """Screen one kombu message; returns (refusal or None, the decoded body when it got that far).
+    A message that passes carries its body's size in bytes in the ``BODY_BYTES_HEADER`` header."""
     headers = message.headers
     if isinstance(headers, dict) and REFUSED_HEADER in headers:
         reason = headers.get(REFUSED_HEADER)
@@ -360,6 +365,9 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
         ), decoded
     if _too_deep(args[0], MAX_JSON_DEPTH):
         return Refusal("too_deep", f"the batch nests deeper than {MAX_JSON_DEPTH} levels"), decoded
+    # Set here, after the screen, so a producer's own value never gets through: the task reads
+    # the size measured here instead of serializing the batch again to measure it.
+    headers[BODY_BYTES_HEADER] = len(raw)
     return None, decoded
 
 

@@ -24,6 +24,7 @@ from redis import exceptions as redis_errors
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch
 from worker import _heartbeat as probe_files
 from worker._budget import SpentBudgetLog
+from worker._guard import BODY_BYTES_HEADER
 from worker._loop import (
     WATCHDOG_GRACE_S,
     GraceExpired,
@@ -179,7 +180,7 @@ def _failed_around_scoring(
             reason="task_crashed",
             error=f"the scoring task failed around scoring: {type(exc).__name__} (see the worker log)",
             payload=payload,
-            size=_size(payload),
+            size=_size_of(self, payload),
             batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
             attempts=int(self.request.retries or 0) + 1,
             retryable=True,
@@ -196,6 +197,15 @@ def _end_delivery(runtime: WorkerRuntime, task_id: str, token: str) -> None:
     except Exception:
         # The loop is busy or Redis away: write it before this process's next delivery.
         runtime.deliveries.keep(task_id, token)
+
+
+def _size_of(self: Task[Any, Any], payload: Any) -> int:
+    """The message's size in bytes as the guard measured it (``BODY_BYTES_HEADER``), else (a
+    message that did not come through the guard, e.g. applied in process) ``_size(payload)``."""
+    measured = getattr(self.request, BODY_BYTES_HEADER, None)
+    if isinstance(measured, int) and not isinstance(measured, bool) and measured >= 0:
+        return measured
+    return _size(payload)
 
 
 def _size(payload: Any) -> int:
@@ -215,7 +225,7 @@ def _score_delivery(
     # One dead letter per message: a redelivery of this very message (same id, same retry)
     # finds the letter already there.
     message_key = f"task:{task_id}:{attempt}"
-    size = _size(payload)
+    size = _size_of(self, payload)
     if size > settings.max_payload_bytes or size < 0:
         _dead_letter(
             runtime,
