@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests._redis import RedisServer
-from worker._summary import Summary, percentile
+from worker._summary import Outcome, Summary, percentile
 from worker.backfill import print_summary as _print_summary
 from worker.cli import cli
 
@@ -55,11 +55,11 @@ def test_summary_figures_and_worst_runs_follow_the_direction() -> None:
 
     summary = Summary({"length": length, "shouting": shouting}, worst_n=2)
     for i, value in enumerate([0.5, 0.1, 0.9, 0.3, 0.7]):
-        summary.add("length", run=f"r{i}", score=value, reason=f"reason {i}")
-        summary.add("shouting", run=f"r{i}", score=value, reason=f"reason {i}")
-    summary.add("length", run="x", error_type="ValueError", error_message="boom")
-    summary.add("length", run="z", error_type="ValueError", error_message="boom again")
-    summary.add("length", run="y", not_scorable="preprocess: empty")
+        summary.add(Outcome(f"r{i}", "length", score=value, reason=f"reason {i}"))
+        summary.add(Outcome(f"r{i}", "shouting", score=value, reason=f"reason {i}"))
+    summary.add(Outcome("x", "length", error_type="ValueError", error_message="boom"))
+    summary.add(Outcome("z", "length", error_type="ValueError", error_message="boom again"))
+    summary.add(Outcome("y", "length", not_scorable="preprocess: empty"))
     data = summary.as_json()
     length_json = data["length"]
     assert length_json["runs"] == 8
@@ -82,7 +82,7 @@ def test_worst_runs_are_kept_in_a_bounded_heap() -> None:
     """A million scores keep only the worst N entries (plus 8 bytes per score)."""
     summary = Summary(["s"], worst_n=3)
     for i in range(20_000):
-        summary.add("s", run=str(i), score=(i * 7919 % 20_000) / 20_000, reason="r" * 1000)
+        summary.add(Outcome(str(i), "s", score=(i * 7919 % 20_000) / 20_000, reason="r" * 1000))
     scorer = summary.by_scorer["s"]
     assert len(scorer._worst) == 3
     assert [w.score for w in scorer.worst()] == [0.0, 0.00005, 0.0001]
@@ -111,6 +111,55 @@ def test_score_prints_the_per_scorer_summary_by_default(tmp_path: Path) -> None:
     table = _score(str(runs), "--scorers", V1, "--scorer", "length", "--table")
     assert table.stdout.splitlines()[0].split() == ["run", "scorer", "score", "reason"]
     assert sum(" length " in line for line in table.stdout.splitlines()) >= 5
+
+
+def test_score_table_rows_are_worded_as_backfill_and_the_summary_word_them(tmp_path: Path) -> None:
+    """One table for both commands: a failure's row is "type: message" and a not-scorable
+    run's "step: reason", as backfill's rows and the summary's failure and not-scorable lines."""
+    runs = _write_runs(tmp_path / "runs.jsonl", RUNS)
+    result = CliRunner().invoke(cli, ["score", str(runs), "--scorers", V1, "--table"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    rows = {tuple(line.split()[:2]): line for line in result.stdout.splitlines()[2:] if line.strip()}
+    assert rows[("empty", "length")].split(None, 3)[2:] == ["n/a", "generate_score: empty output"]
+    assert rows[("mid", "broken")].split(None, 3)[2:] == [
+        "error",
+        "ValueError: scorer 'broken' failed in step generate_score: ValueError: this scorer always fails",
+    ]
+    assert "not scorable: 'generate_score: empty output' 1" in result.stdout
+    assert "failed  short  ValueError: scorer 'broken' failed in step generate_score" in result.stdout
+
+
+def test_an_outcome_reads_a_record_and_its_json_alike() -> None:
+    """Embedded backfill's ScoreRecords and the workers' records read back as JSON (Redis mode)
+    become the same outcome, so both summaries count a record the same way."""
+    from tracing import ScoreRecord
+
+    records = [
+        ScoreRecord(
+            score_id="a", trace_id="t1", span_id="s1", span_name="agent", scorer_id="x", score=0.5, reason="ok"
+        ),
+        ScoreRecord(
+            score_id="b", trace_id="t2", span_id="s2", scorer_id="x", error_type="timeout", error_message="slow"
+        ),
+        ScoreRecord(
+            score_id="c",
+            trace_id="t3",
+            span_id="s3",
+            scorer_id="x",
+            not_scorable="preprocess: empty",
+            judge_models=["m"],
+            judge_calls=2,
+            cost_usd=None,
+        ),
+    ]
+    for record in records:
+        assert Outcome.of_record(record, "label") == Outcome.of_record(json.loads(record.model_dump_json()), "label")
+    assert Outcome.of_record(records[0]).label == "agent"  # no agent name: the span's
+    assert [Outcome.of_record(r).cells() for r in records] == [
+        ("0.500", "ok"),
+        ("error", "timeout: slow"),
+        ("n/a", "preprocess: empty"),
+    ]
 
 
 def test_score_out_writes_every_record(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 ``tracescore backfill`` without a broker, and the exporter's default sink, score here with the
 same ``score_batch`` the Celery task calls, a ``MemoryScoreStore`` and a writer — so the results
-are the same as through Redis workers, on a machine that has neither.
+are the same as through Redis workers, on a machine that has neither. ``tracescore score`` uses
+the same ``EmbeddedScorer`` for runs that are not traces (``score_runs``: the scorers called
+directly, nothing stored) and yields each pair's ``Outcome`` for the one summary and table.
 
 Limits are the worker's (``TRACESCORE_RUN_TIMEOUT_SECONDS``, default ¾ of the task soft time
 limit): scoring runs on a ``GuardedLoop`` — a loop thread watched by the worker's
@@ -18,13 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import shutil
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import IO, Any, TypeVar
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import structlog
 
@@ -48,17 +48,15 @@ from worker._scoring import (
     wedged_record,
 )
 from worker._settings import Settings, load_settings
+from worker._summary import Outcome
 from worker.store import MemoryScoreStore, ScoreStore, SinkCounts, SinkDeadLetter
 
 __all__ = [
     "EmbeddedScorer",
     "EmbeddedSink",
-    "GuardedLoop",
-    "LoopWedgedError",
-    "TableScoreWriter",
+    "Scored",
     "cli_limits",
     "embedded_sink",
-    "score_runs",
 ]
 
 T = TypeVar("T")
@@ -140,34 +138,11 @@ class GuardedLoop:
         self.loop_thread.stop()
 
 
-Job = tuple[Scorer, dict[str, Any]]  # a scorer and the keyword arguments of its run
-
-
-def score_runs(loop: GuardedLoop, jobs: Sequence[Job], concurrency: int) -> list[ScoreResult | ScorerError]:
-    """Run every job on ``loop``, at most ``concurrency`` at once, under the run timeout: a run
-    hitting a limit gives a ``RunLimitError`` (``error_type`` timeout/memory), a failed run its
-    ``ScorerError``; the other runs are scored. Results are in the order of ``jobs``."""
-    results: dict[int, ScoreResult | ScorerError] = {}
-    while len(results) < len(jobs):
-        todo = [i for i in range(len(jobs)) if i not in results]
-        try:
-            loop.run(_score_jobs(jobs, todo, results, concurrency, loop.run_timeout_s))
-        except LoopWedgedError as wedged:
-            index = running_label(wedged.task)
-            if not isinstance(index, int) or index in results:
-                raise
-            scorer = jobs[index][0]
-            results[index] = RunLimitError(
-                f"scorer {scorer.id!r} blocked the event loop for {wedged.blocked_s:.0f} s "
-                f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {loop.run_timeout_s}) in code that could not be "
-                f"interrupted; {_WEDGED_OUTCOME}",
-                error_type="timeout",
-            )
-    return [results[i] for i in range(len(jobs))]
+_Job = tuple[Scorer, Mapping[str, Any]]  # a scorer and the keyword arguments of its run
 
 
 async def _score_jobs(
-    jobs: Sequence[Job],
+    jobs: Sequence[_Job],
     todo: list[int],
     results: dict[int, ScoreResult | ScorerError],
     concurrency: int,
@@ -191,68 +166,6 @@ async def _score_jobs(
             expiry.cancel()
 
 
-def _cell(text: str, width: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
-
-
-class TableScoreWriter:
-    """Scores as a readable table, one row per score: trace, agent, scorer, score, reason.
-
-    ``agents`` maps scored span ids to agent names (the driver fills it before each batch);
-    ``before_write`` lets a progress bar clear its line first.
-    """
-
-    def __init__(
-        self,
-        stream: IO[str] | None = None,
-        *,
-        agents: Mapping[str, str] | None = None,
-        before_write: Callable[[], None] | None = None,
-        width: int | None = None,
-    ) -> None:
-        self.stream = stream or sys.stdout
-        self.agents = agents if agents is not None else {}
-        self.before_write = before_write
-        self.width = width or max(80, min(shutil.get_terminal_size((120, 20)).columns, 160))
-        self._header = False
-        self._lock = threading.Lock()
-        self.rows = 0
-
-    def _line(self, trace: str, agent: str, scorer: str, score: str, reason: str) -> str:
-        fixed = f"{trace:<12}  {_cell(agent, 18):<18}  {_cell(scorer, 20):<20}  {score:>7}  "
-        return fixed + _cell(reason, max(10, self.width - len(fixed)))
-
-    def write(self, records: Sequence[ScoreRecord]) -> None:
-        with self._lock:
-            if self.before_write is not None:
-                self.before_write()
-            out: list[str] = []
-            if not self._header:
-                out.append(self._line("trace", "agent", "scorer", "score", "reason"))
-                out.append(self._line("-" * 12, "-" * 18, "-" * 20, "-" * 7, "-" * 6))
-                self._header = True
-            for record in records:
-                agent = self.agents.get(record.span_id) or record.span_name
-                if record.error_type:
-                    value, reason = "error", f"{record.error_type}: {record.error_message or ''}"
-                elif record.score is None:
-                    value, reason = "n/a", record.not_scorable or record.reason or ""
-                else:
-                    value, reason = f"{record.score:.3f}", record.reason or ""
-                out.append(self._line(record.trace_id[:12], agent, record.scorer_id, value, reason))
-                self.rows += 1
-            self.stream.write("\n".join(out) + "\n")
-            self.stream.flush()
-
-    def flush(self, timeout_s: float = 10.0) -> bool:
-        self.stream.flush()
-        return True
-
-    def close(self) -> None:
-        self.flush()
-
-
 class _Both:
     """The caller's writer, then the drainers' wake-up."""
 
@@ -270,6 +183,15 @@ class _Both:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+class Scored(NamedTuple):
+    """A (run, scorer) pair scored by ``EmbeddedScorer.score_runs``: the run's index, what the
+    scorer returned, and its outcome for the summary and the table."""
+
+    run: int
+    result: ScoreResult | ScorerError
+    outcome: Outcome
 
 
 class EmbeddedScorer:
@@ -405,6 +327,32 @@ class EmbeddedScorer:
                 else:
                     report.scored += 1
         return report
+
+    def score_runs(self, runs: Sequence[Mapping[str, Any]]) -> Iterator[Scored]:
+        """Score each run (``run_limited``'s keyword arguments, ``run_id`` set) with every scorer
+        here, ``run_concurrency`` at once, under the run timeout: a run hitting a limit gives a
+        ``RunLimitError`` (``error_type`` timeout/memory), a failed run its ``ScorerError``; the
+        other runs are scored. One ``Scored`` per (run, scorer), in the order of ``runs``, each
+        run's scorers in registry order. Nothing is stored: ``tracescore score`` keeps no state."""
+        jobs: list[_Job] = [(scorer, run) for run in runs for scorer in self.deps.registry.values()]
+        results: dict[int, ScoreResult | ScorerError] = {}
+        with self._lock:
+            while len(results) < len(jobs):
+                todo = [i for i in range(len(jobs)) if i not in results]
+                try:
+                    self._loop.run(_score_jobs(jobs, todo, results, self.deps.run_concurrency, self.deps.run_timeout_s))
+                except LoopWedgedError as wedged:
+                    index = running_label(wedged.task)
+                    if not isinstance(index, int) or index in results:
+                        raise
+                    results[index] = RunLimitError(
+                        f"scorer {jobs[index][0].id!r} blocked the event loop for {wedged.blocked_s:.0f} s "
+                        f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {self._loop.run_timeout_s}) in code that could not "
+                        f"be interrupted; {_WEDGED_OUTCOME}",
+                        error_type="timeout",
+                    )
+        for i, (scorer, run) in enumerate(jobs):
+            yield Scored(i // len(self.deps.registry), results[i], Outcome.of_result(run["run_id"], scorer, results[i]))
 
     def progress(self, job_id: str) -> dict[str, int]:
         with self._lock:

@@ -1,5 +1,10 @@
 """The per-scorer summary that ``tracescore backfill`` and ``tracescore score`` print.
 
+Both commands turn each (run, scorer) result into one ``Outcome`` — from a ``ScoreRecord`` (the
+workers' and embedded backfill's records, or their JSON read back from Redis) or from a
+``ScoreResult`` / ``ScorerError`` (``tracescore score``) — and feed it to one
+``SummaryScoreWriter``: the summary and, with ``--table``, a ``ScoreTable`` row.
+
 One accumulator per scorer, fed one score at a time so a file of any size is summarised in
 bounded memory: the scores themselves (8 bytes each in an ``array``, enough for millions),
 failure and not-scorable counts, and the worst few runs in a heap. ``render`` prints the table
@@ -18,11 +23,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
-from scorers import Scorer
+from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from tracing import ScoreRecord
 
 __all__ = [
-    "RunTable",
+    "Outcome",
+    "ScoreTable",
     "ScorerSummary",
     "Spend",
     "Summary",
@@ -52,6 +58,80 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One (run, scorer) result as the summary, the table and ``score --out`` show it, with
+    ``ScoreRecord``'s field names: a failure (``error_type``), a not-scorable run
+    (``not_scorable``: "step: reason") or a score."""
+
+    run: str
+    scorer_id: str
+    label: str = ""
+    scorer_version: str = "1"
+    score: float | None = None
+    reason: str | None = None
+    not_scorable: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    failed_step: str | None = None
+    cost_usd: float | None = 0.0  # None: a judge model without a price
+    judge_models: Sequence[str] = ()
+    judge_calls: int = 0
+
+    @classmethod
+    def of_record(cls, record: ScoreRecord | Mapping[str, Any], label: str = "") -> Outcome:
+        """A record, or its JSON parsed (the workers' records read back); the run is its trace."""
+        # A model's __dict__ is its fields: no copy, as fast as the parsed JSON's dict.
+        fields: Mapping[str, Any] = record if isinstance(record, Mapping) else record.__dict__
+        return cls(
+            fields["trace_id"],
+            fields["scorer_id"],
+            label=label or fields.get("span_name") or "",
+            scorer_version=fields.get("scorer_version") or "1",
+            score=fields.get("score"),
+            reason=fields.get("reason"),
+            not_scorable=fields.get("not_scorable"),
+            error_type=fields.get("error_type"),
+            error_message=fields.get("error_message"),
+            failed_step=fields.get("failed_step"),
+            cost_usd=fields.get("cost_usd"),
+            judge_models=fields.get("judge_models") or (),
+            judge_calls=fields.get("judge_calls") or 0,
+        )
+
+    @classmethod
+    def of_result(cls, run: str, scorer: Scorer, result: ScoreResult | ScorerError) -> Outcome:
+        """What a scorer returned for ``run`` (``tracescore score``), worded as the worker's records are."""
+        if isinstance(result, ScoreResult):
+            ns = result.not_scorable
+            return cls(
+                run,
+                scorer.id,
+                scorer_version=scorer.version,
+                score=result.score,
+                reason=result.reason,
+                not_scorable=f"{ns.get('step', '?')}: {ns.get('reason', '')}" if ns else None,
+            )
+        cause = result.cause if isinstance(result, ScorerRunError) else result
+        return cls(
+            run,
+            scorer.id,
+            scorer_version=scorer.version,
+            # RunLimitError says "timeout" / "memory", as the worker's records do.
+            error_type=getattr(result, "error_type", None) or type(cause).__name__,
+            error_message=str(result),
+            failed_step=getattr(result, "failed_step", None),
+        )
+
+    def cells(self) -> tuple[str, str]:
+        """The table's score and reason: as the summary words failures and not-scorable runs."""
+        if self.error_type:
+            return "error", f"{self.error_type}: {self.error_message or ''}"
+        if self.score is None:
+            return "n/a", self.not_scorable or self.reason or ""
+        return f"{self.score:.3f}", self.reason or ""
 
 
 @dataclass(order=True)
@@ -239,47 +319,17 @@ class Summary:
             self.by_scorer[scorer_id] = summary
         return summary
 
-    def add(
-        self,
-        scorer_id: str,
-        *,
-        run: str,
-        label: str = "",
-        score: float | None = None,
-        reason: str | None = None,
-        error_type: str | None = None,
-        error_message: str | None = None,
-        not_scorable: str | None = None,
-        cost_usd: float | None = 0.0,
-        judge_models: Sequence[str] = (),
-        judge_calls: int = 0,
-    ) -> None:
-        """One outcome: an error (``error_type``), a not-scorable run, or a score; and what its
-        judge calls cost (``cost_usd`` None: a model without a price)."""
+    def add(self, outcome: Outcome) -> None:
+        """One outcome: an error, a not-scorable run, or a score; and what its judge calls cost."""
         with self._lock:
-            self.spend.add(scorer_id, judge_models, cost_usd, judge_calls)
-            summary = self._scorer(scorer_id)
-            if error_type:
-                summary.add_failure(error_type, run, error_message or "")
-            elif score is None or not math.isfinite(score):
-                summary.add_not_scorable(not_scorable or reason or "")
+            self.spend.add(outcome.scorer_id, outcome.judge_models, outcome.cost_usd, outcome.judge_calls)
+            summary = self._scorer(outcome.scorer_id)
+            if outcome.error_type:
+                summary.add_failure(outcome.error_type, outcome.run, outcome.error_message or "")
+            elif outcome.score is None or not math.isfinite(outcome.score):
+                summary.add_not_scorable(outcome.not_scorable or outcome.reason or "")
             else:
-                summary.add_score(score, run, label, reason or "")
-
-    def add_record(self, record: ScoreRecord, label: str = "") -> None:
-        self.add(
-            record.scorer_id,
-            run=record.trace_id,
-            label=label or record.span_name,
-            score=record.score,
-            reason=record.reason,
-            error_type=record.error_type,
-            error_message=record.error_message,
-            not_scorable=record.not_scorable,
-            cost_usd=record.cost_usd,
-            judge_models=record.judge_models,
-            judge_calls=record.judge_calls,
-        )
+                summary.add_score(outcome.score, outcome.run, outcome.label, outcome.reason or "")
 
     @property
     def scores_total(self) -> int:
@@ -359,43 +409,72 @@ class Summary:
         return "\n".join(lines)
 
 
-class SummaryScoreWriter:
-    """A ``ScoreWriter`` that feeds a :class:`Summary` (the backfill's default output);
-    ``agents`` maps scored span ids to agent names, as for the table."""
+class ScoreTable:
+    """One row per score as it is made (``--table``): run, scorer, score, reason; for traces
+    (``backfill``) the trace id's first 12 characters and the agent instead of the run."""
 
-    def __init__(self, summary: Summary, agents: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        stream: IO[str],
+        *,
+        traces: bool = False,
+        width: int | None = None,
+        before_write: Callable[[], None] | None = None,
+    ) -> None:
+        self.stream = stream
+        self.traces = traces
+        self.width = width or max(80, min(shutil.get_terminal_size((120, 20)).columns, 160))
+        self.before_write = before_write  # a progress bar clears its line first
+        self._header = False
+
+    def _line(self, run: str, label: str, scorer: str, score: str, reason: str) -> str:
+        lead = f"{run[:12]:<12}  {cell(label, 18):<18}  " if self.traces else f"{cell(run, 24):<24}  "
+        fixed = f"{lead}{cell(scorer, 20):<20}  {score:>7}  "
+        return fixed + cell(reason, max(10, self.width - len(fixed)))
+
+    def rows(self, outcomes: Sequence[Outcome]) -> None:
+        if not outcomes:
+            return
+        if self.before_write is not None:
+            self.before_write()
+        lines = []
+        if not self._header:
+            run = "trace" if self.traces else "run"
+            lines.append(self._line(run, "agent", "scorer", "score", "reason"))
+            lines.append(self._line("-" * (12 if self.traces else 24), "-" * 18, "-" * 20, "-" * 7, "-" * 6))
+            self._header = True
+        lines += [self._line(o.run, o.label, o.scorer_id, *o.cells()) for o in outcomes]
+        self.stream.write("\n".join(lines) + "\n")
+
+
+class SummaryScoreWriter:
+    """Feeds the summary and, given a ``table``, a row per score: ``score`` adds its outcomes,
+    embedded backfill writes its records (a ``ScoreWriter``; ``agents`` maps scored span ids to
+    agent names, the records' labels)."""
+
+    def __init__(
+        self, summary: Summary, table: ScoreTable | None = None, agents: Mapping[str, str] | None = None
+    ) -> None:
         self.summary = summary
+        self.table = table
         self.agents = agents if agents is not None else {}
+        self._lock = threading.Lock()  # one batch's rows together
+
+    def add(self, outcomes: Sequence[Outcome]) -> None:
+        with self._lock:
+            for outcome in outcomes:
+                self.summary.add(outcome)
+            if self.table is not None:
+                self.table.rows(outcomes)
 
     def write(self, records: Sequence[ScoreRecord]) -> None:
-        for record in records:
-            self.summary.add_record(record, self.agents.get(record.span_id) or record.span_name)
+        self.add([Outcome.of_record(r, self.agents.get(r.span_id, "")) for r in records])
+        self.flush()
 
     def flush(self, timeout_s: float = 10.0) -> bool:
+        if self.table is not None:
+            self.table.stream.flush()
         return True
 
     def close(self) -> None:
-        return None
-
-
-class RunTable:
-    """The per-run table of ``tracescore score --table``: one row per score as it is made."""
-
-    def __init__(self, stream: IO[str], *, width: int | None = None, before_write: Callable[[], None] | None = None):
-        self.stream = stream
-        self.width = width or max(80, min(shutil.get_terminal_size((120, 20)).columns, 160))
-        self.before_write = before_write
-        self._header = False
-
-    def _line(self, run: str, scorer: str, score: str, reason: str) -> str:
-        fixed = f"{cell(run, 24):<24}  {cell(scorer, 20):<20}  {score:>7}  "
-        return fixed + cell(reason, max(10, self.width - len(fixed)))
-
-    def row(self, run: str, scorer: str, score: str, reason: str) -> None:
-        if self.before_write is not None:
-            self.before_write()
-        if not self._header:
-            self.stream.write(self._line("run", "scorer", "score", "reason") + "\n")
-            self.stream.write(self._line("-" * 24, "-" * 20, "-" * 7, "-" * 6) + "\n")
-            self._header = True
-        self.stream.write(self._line(run, scorer, score, reason) + "\n")
+        self.flush()

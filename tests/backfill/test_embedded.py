@@ -16,8 +16,9 @@ from tracing import MemoryScoreWriter, ScoringRule, ScoringSpanExporter
 from tracing.otlp import decode_otlp_records
 from tracing.queue import ScoreBatch, ScoreRequest
 from tracing.read import plan_runs
-from worker._embedded import EmbeddedScorer, TableScoreWriter, embedded_sink
+from worker._embedded import EmbeddedScorer, embedded_sink
 from worker._registry import load_registry
+from worker._summary import ScoreTable, Summary, SummaryScoreWriter
 
 
 def _batch(n: int, job_id: str = "job-1") -> ScoreBatch:
@@ -58,9 +59,9 @@ def test_table_writer_shows_agent_scorer_score_and_reason() -> None:
     """The table names the agent (from the run), the scorer, the score and a shortened reason."""
     stream = io.StringIO()
     agents: dict[str, str] = {}
-    scorer = EmbeddedScorer(
-        load_registry("tests.backfill.scorers"), TableScoreWriter(stream, agents=agents, width=100), agents=agents
-    )
+    registry = load_registry("tests.backfill.scorers")
+    table = ScoreTable(stream, traces=True, width=100)
+    scorer = EmbeddedScorer(registry, SummaryScoreWriter(Summary(registry), table, agents), agents=agents)
     scorer.submit(_batch(5))
     scorer.close()
     lines = stream.getvalue().splitlines()

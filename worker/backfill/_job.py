@@ -36,7 +36,7 @@ from worker._gc import tuned_gc
 from worker._keys import record_key
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
-from worker._summary import Summary, SummaryScoreWriter, spend_lines
+from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, RedisJobStore
@@ -334,20 +334,8 @@ class _Enqueued:
                     continue  # not scored (yet), or skipped
                 if out is not None:
                     out.write(raw + "\n")
-                record = from_json(raw)  # pydantic-core's parser: the read-back is mostly parsing
-                summary.add(
-                    record["scorer_id"],
-                    run=record["trace_id"],
-                    label=agent,
-                    score=record.get("score"),
-                    reason=record.get("reason"),
-                    error_type=record.get("error_type"),
-                    error_message=record.get("error_message"),
-                    not_scorable=record.get("not_scorable"),
-                    cost_usd=record.get("cost_usd"),
-                    judge_models=record.get("judge_models") or (),
-                    judge_calls=record.get("judge_calls") or 0,
-                )
+                # pydantic-core's parser, no model: the read-back is mostly parsing
+                summary.add(Outcome.of_record(from_json(raw), agent))
         return summary
 
 
@@ -507,15 +495,14 @@ def _run_embedded(
     sink_options: dict[str, Any] | None = None,
 ) -> None:
     from worker._delivery import DrainPolicy, build_sinks
-    from worker._embedded import EmbeddedScorer, TableScoreWriter, cli_limits
+    from worker._embedded import EmbeddedScorer, cli_limits
 
     agents: dict[str, str] = {}
     by_scorer = Summary({s: registry[s] for s in state.options.scorer_ids}, worst_n=worst)
-    writers: list[ScoreWriter] = [SummaryScoreWriter(by_scorer, agents)]
+    table = ScoreTable(sys.stdout, traces=True, before_write=reporter.clear) if show_table else None
+    writers: list[ScoreWriter] = [SummaryScoreWriter(by_scorer, table, agents)]
     if out is not None:
         writers.append(JsonlScoreWriter(out))
-    if show_table:
-        writers.append(TableScoreWriter(sys.stdout, agents=agents, before_write=reporter.clear))
     names = _sink_names(sinks, otlp)
     try:
         settings = load_settings(**(sink_options or {}), **({"sinks": ",".join(names)} if names else {}))

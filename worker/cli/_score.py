@@ -1,8 +1,9 @@
 """``tracescore score``: score a JSON Lines file of runs in this process and print a summary.
 
 The file is streamed: runs are read and scored in chunks of ``--chunk`` lines, so memory
-stays bounded whatever the file size; the summary is built as scores come (see
-``worker._summary``).
+stays bounded whatever the file size. Scoring is ``EmbeddedScorer.score_runs`` (the worker's
+limits), and each outcome goes to the summary and table that backfill prints too
+(``worker._summary``); this module reads the file and writes ``--out`` / ``--json``.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import IO, Any
 
 import click
 
-from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
-from worker._embedded import GuardedLoop, Job, cli_limits, score_runs
+from scorers import ScoreResult
+from worker._embedded import EmbeddedScorer, cli_limits
 from worker._registry import RegistryError, load_registry
-from worker._summary import RunTable, Summary, cell
+from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter
 from worker.cli._common import CliError, cli_settings, json_option
 
 __all__ = ["score_command"]
@@ -29,7 +30,8 @@ _MESSAGES_SHOWN = 20  # per kind (bad lines, failures) on stderr; all are counte
 
 
 def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
-    """(line number, run) pairs; a line that is not a run object yields an error string."""
+    """(line number, the run's keyword arguments) pairs; a line that is not a run object yields
+    an error string."""
     with path.open(encoding="utf-8", errors="replace") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
@@ -42,64 +44,34 @@ def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
             if not isinstance(run, dict) or "output" not in run:
                 yield number, "expected an object with at least 'input' and 'output'"
                 continue
-            yield number, run
-
-
-Outcome = tuple[int, str, Scorer, ScoreResult | ScorerError]
-
-
-def _score_chunk(
-    loop: GuardedLoop, scorers: list[Scorer], runs: list[tuple[int, dict[str, Any]]], concurrency: int
-) -> list[Outcome]:
-    # Under the worker's limits (TRACESCORE_RUN_TIMEOUT_SECONDS): a run that hangs or runs out
-    # of memory is a timeout/memory error and the chunk's other runs are scored.
-    keys: list[tuple[int, str, Scorer]] = []
-    jobs: list[Job] = []
-    for number, run in runs:
-        run_id = str(run.get("run_id") or f"line-{number}")
-        for scorer in scorers:
-            keys.append((number, run_id, scorer))
-            jobs.append(
-                (
-                    scorer,
-                    {
-                        "input": run.get("input"),
-                        "output": run["output"],
-                        "run_id": run_id,
-                        "ground_truth": run.get("ground_truth"),
-                        "request_context": run.get("request_context"),
-                    },
-                )
+            yield (
+                number,
+                {
+                    "input": run.get("input"),
+                    "output": run["output"],
+                    "run_id": str(run.get("run_id") or f"line-{number}"),
+                    "ground_truth": run.get("ground_truth"),
+                    "request_context": run.get("request_context"),
+                },
             )
-    results = score_runs(loop, jobs, concurrency)
-    return [(number, run_id, scorer, result) for (number, run_id, scorer), result in zip(keys, results, strict=True)]
 
 
-def _record(number: int, run_id: str, scorer: Scorer, result: ScoreResult | ScorerError) -> dict[str, Any]:
+def _out_line(number: int, outcome: Outcome) -> str:
     """One --out line: ScoreRecord's field names, so ``tracescore compare`` reads both kinds."""
     record: dict[str, Any] = {
-        "run_id": run_id,
+        "run_id": outcome.run,
         "line": number,
-        "scorer_id": scorer.id,
-        "scorer_version": scorer.version,
+        "scorer_id": outcome.scorer_id,
+        "scorer_version": outcome.scorer_version,
+        "score": outcome.score,
     }
-    if isinstance(result, ScoreResult):
-        ns = result.not_scorable
+    if outcome.error_type:
         record.update(
-            score=result.score,
-            reason=result.reason,
-            not_scorable=f"{ns.get('step', '?')}: {ns.get('reason', '')}" if ns else None,
+            error_type=outcome.error_type, error_message=outcome.error_message, failed_step=outcome.failed_step
         )
     else:
-        cause = result.cause if isinstance(result, ScorerRunError) else result
-        record.update(
-            score=None,
-            # RunLimitError says "timeout" / "memory", as the worker's records do.
-            error_type=getattr(result, "error_type", None) or type(cause).__name__,
-            error_message=str(result),
-            failed_step=getattr(result, "failed_step", None),
-        )
-    return record
+        record.update(reason=outcome.reason, not_scorable=outcome.not_scorable)
+    return json.dumps(record) + "\n"
 
 
 class _Limited:
@@ -167,19 +139,21 @@ def score_command(
     unknown = [s for s in only if s not in registry]
     if unknown:
         raise CliError(f"unknown scorer id(s) {', '.join(unknown)}; {module} has: {', '.join(registry)}")
-    scorers = [registry[s] for s in (only or registry)]
-    summary = Summary({s.id: s for s in scorers}, worst_n=worst)
-    table = RunTable(sys.stdout) if show_table and not as_json else None
+    scorers = {s: registry[s] for s in (only or registry)}
+    summary = Summary(scorers, worst_n=worst)
+    shown = SummaryScoreWriter(summary, ScoreTable(sys.stdout) if show_table and not as_json else None)
     bad_lines = _Limited("malformed lines")
     failures = _Limited("failed scores")
     runs_total = 0
     started = time.perf_counter()
 
-    loop = GuardedLoop(cli_limits(cli_settings()))
+    # The worker's limits (TRACESCORE_RUN_TIMEOUT_SECONDS, the memory cap): a run that hangs or
+    # runs out of memory is a timeout/memory error and the chunk's other runs are scored.
+    scorer = EmbeddedScorer(scorers, run_timeout_s=cli_limits(cli_settings()), run_concurrency=concurrency)
     try:
         out_file: IO[str] | None = out.open("w", encoding="utf-8") if out is not None else None
     except OSError as exc:
-        loop.close()
+        scorer.close()
         raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
     try:
         lines = _read_runs(runs_file)
@@ -191,13 +165,24 @@ def score_command(
                 else:
                     runs.append((number, run))
             runs_total += len(runs)
-            for number, run_id, scorer, result in _score_chunk(loop, scorers, runs, concurrency):
-                _emit(number, run_id, scorer, result, summary, table, out_file, as_json, failures, runs_file)
+            for index, result, outcome in scorer.score_runs([run for _, run in runs]):
+                number = runs[index][0]
+                if out_file is not None:
+                    out_file.write(_out_line(number, outcome))
+                if not isinstance(result, ScoreResult):
+                    failures(f"{runs_file}:{number}: {result}")
+                if as_json:
+                    click.echo(
+                        result.model_dump_json()
+                        if isinstance(result, ScoreResult)
+                        else json.dumps({"run_id": outcome.run, "scorer_id": outcome.scorer_id, "error": str(result)})
+                    )
+                shown.add([outcome])
             sys.stdout.flush()  # each chunk's rows reach a pipe now, not when the buffer fills
     except UnicodeError as exc:  # errors="replace" covers decoding; this is a defensive net
         raise CliError(f"{runs_file}: cannot read: {exc}") from exc
     finally:
-        loop.close()
+        scorer.close()
         if out_file is not None:
             out_file.close()
         bad_lines.close()
@@ -224,41 +209,3 @@ def score_command(
         raise CliError(f"every line of {runs_file} was malformed ({bad_lines.count:,} lines)")
     if summary.failed_total and summary.failed_total == summary.scores_total:
         raise CliError(f"every score failed ({summary.failed_total:,}); see the errors above")
-
-
-def _emit(
-    number: int,
-    run_id: str,
-    scorer: Scorer,
-    result: ScoreResult | ScorerError,
-    summary: Summary,
-    table: RunTable | None,
-    out_file: IO[str] | None,
-    as_json: bool,
-    failures: _Limited,
-    runs_file: Path,
-) -> None:
-    record = _record(number, run_id, scorer, result)
-    if out_file is not None:
-        out_file.write(json.dumps(record) + "\n")
-    summary.add(
-        scorer.id,
-        run=run_id,
-        score=record.get("score"),
-        reason=record.get("reason"),
-        error_type=record.get("error_type"),
-        error_message=record.get("error_message"),
-        not_scorable=record.get("not_scorable"),
-    )
-    if isinstance(result, ScoreResult):
-        if as_json:
-            click.echo(result.model_dump_json())
-        value = "n/a" if result.score is None else f"{result.score:.3f}"
-        note = result.reason or (result.not_scorable or {}).get("reason", "")
-    else:
-        failures(f"{runs_file}:{number}: {result}")
-        if as_json:
-            click.echo(json.dumps({"run_id": run_id, "scorer_id": scorer.id, "error": str(result)}))
-        value, note = "error", str(result)
-    if table is not None:
-        table.row(run_id, scorer.id, value, cell(note, 500))
