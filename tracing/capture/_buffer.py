@@ -2,8 +2,9 @@
 of its own (every call that needs the time takes ``now``), so tests drive it step by step.
 
 Each span becomes a compacted ``SpanRecord`` when it is filed (the SDK span is then freed with
-the processor's batch). A trace is decided on its first span: no rule's sample takes it, or it
-is tracescore's own (loop guard), and its later spans are ignored at once. A trace is complete
+the processor's batch). A trace is decided on its first span if no rule's sample takes it, on
+any span if that span makes it tracescore's own (the loop guard: ``tracing.read``'s rules,
+applied span by span), and its later spans are ignored at once. A trace is complete
 ``grace_s`` after its agent span or local root ended (children that end after their root
 still make it), and ``poll(now)`` hands it over.
 
@@ -25,12 +26,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from tracing._formats import SpanKind, classify
-from tracing._markers import JUDGE_ROLE, ROLE_ATTRIBUTE, is_own_origin
 from tracing._records import build_record, compact, service_name
 from tracing._rules import ScoringRule, sampled
 from tracing._run import SpanRecord
 from tracing._sdk import read_span, span_context
 from tracing.capture._tally import Tally
+from tracing.read import is_judge, own_origin, takes_trace
 
 __all__ = ["BufferLimits", "BufferedTrace", "Polled", "TraceBuffer"]
 
@@ -147,10 +148,10 @@ class TraceBuffer:
             return
         parent, attrs, scope, resource = f.parent, f.attributes, f.scope, f.resource
         is_root = parent is None or parent[2]  # no parent, or a remote one: a local root
-        is_judge = ROLE_ATTRIBUTE in attrs and attrs[ROLE_ATTRIBUTE] == JUDGE_ROLE
+        judge = is_judge(attrs)
         if scope is not self._seen[0] or resource is not self._seen[1]:
             self._note_origin(scope, resource)
-        if (is_root and is_judge) or self._seen_own:
+        if takes_trace(self._seen_own, judge, is_root):
             self._guard(tid)
             return
         entry = self._traces.get(tid)
@@ -184,7 +185,7 @@ class TraceBuffer:
         entry.kinds.append(kind)
         entry.size += size
         self.bytes += size
-        if is_judge:
+        if judge:
             if entry.judge_ids is None:
                 entry.judge_ids = set()
             entry.judge_ids.add(record.span_id)
@@ -204,9 +205,9 @@ class TraceBuffer:
 
     def _note_origin(self, scope: InstrumentationScope | None, resource: Resource | None) -> None:
         self._seen = (scope, resource)
-        self._seen_own = is_own_origin(scope, resource)
         self._seen_service = service_name(resource)
         self._seen_scope_name = scope.name if scope is not None else None
+        self._seen_own = own_origin(self._seen_scope_name, self._seen_service)
 
     def _open(self, tid: int, now: float) -> BufferedTrace | None:
         trace_id = format(tid, "032x")

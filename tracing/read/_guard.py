@@ -1,36 +1,64 @@
-"""The loop guard over span records: tracescore's own traffic is never scored.
+"""The loop guard: tracescore's own traffic is never scored. Its rules, written once:
 
-- a span carrying ``tracescore.role = "judge"`` (the worker wraps every judge call in one)
-  excludes what is under it; when it is a trace's root, the whole trace;
 - a span whose instrumentation scope or ``service.name`` starts with ``tracescore`` (the
-  worker's own tracers) excludes its whole trace.
+  worker's own tracers) takes its whole trace out (``own_origin``);
+- a span carrying ``tracescore.role = "judge"`` (``is_judge``; the worker wraps every judge
+  call in one) excludes its subtree, or, when it is a local root (its parent remote or absent:
+  none among the spans at hand), the whole trace (``takes_trace``).
+
+Two forms apply them: ``loop_guard`` over a whole trace's span records (backfill), and the
+exporter's ``TraceBuffer`` span by span as the SDK hands them over (it caches ``own_origin``
+per tracer and knows a local root by its remote or missing parent). Both call these functions;
+tests/tracing/test_loop_guard_forms.py checks they give the same verdict.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
 
 from tracing._markers import JUDGE_ROLE, OWN_PREFIX, ROLE_ATTRIBUTE
 from tracing._run import SpanRecord
 
-__all__ = ["OWN_TRACE", "loop_guard"]
+__all__ = ["OWN_TRACE", "is_judge", "loop_guard", "own_origin", "takes_trace"]
 
 # ``loop_guard``'s answer for a trace that is tracescore's own: nothing in it is scored.
 OWN_TRACE: frozenset[str] | None = None
 
 
-def loop_guard(records: Iterable[SpanRecord]) -> frozenset[str] | None:
+def own_origin(scope_name: str | None, service_name: str | None) -> bool:
+    """Whether spans of this instrumentation scope and ``service.name`` are tracescore's own."""
+    return (scope_name is not None and scope_name.startswith(OWN_PREFIX)) or (
+        service_name is not None and service_name.startswith(OWN_PREFIX)
+    )
+
+
+def is_judge(attributes: Mapping[str, object]) -> bool:
+    """Whether a span with these attributes is a judge call's (what is under it is not scored)."""
+    return attributes.get(ROLE_ATTRIBUTE) == JUDGE_ROLE
+
+
+def takes_trace(own: bool, judge: bool, local_root: bool) -> bool:
+    """Whether one span takes its whole trace out; a judge span that does not excludes only
+    its subtree."""
+    return own or (judge and local_root)
+
+
+def loop_guard(records: Sequence[SpanRecord]) -> frozenset[str] | None:
     """``None`` when the trace is tracescore's own (skip it whole), else the judge span ids
     whose subtrees are left out (``plan_runs(exclude_under=...)``)."""
     judges: list[str] = []
+    present: set[str] | None = None  # the span ids at hand: read only once a judge span has a parent
     for record in records:
-        scope, service = record.scope_name, record.service_name
-        if (scope is not None and scope.startswith(OWN_PREFIX)) or (
-            service is not None and service.startswith(OWN_PREFIX)
-        ):
+        judge = is_judge(record.attributes)
+        root = record.parent_span_id is None
+        if judge and not root:
+            # A parent outside the records is a remote one (or lost): the judge span is a local
+            # root, as the exporter sees a span whose parent is remote.
+            if present is None:
+                present = {r.span_id for r in records}
+            root = record.parent_span_id not in present
+        if takes_trace(own_origin(record.scope_name, record.service_name), judge, root):
             return OWN_TRACE
-        if record.attributes.get(ROLE_ATTRIBUTE) == JUDGE_ROLE:
-            if record.parent_span_id is None:
-                return OWN_TRACE
+        if judge:
             judges.append(record.span_id)
     return frozenset(judges)
