@@ -40,6 +40,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
+from tracing._markers import ROLE_ATTRIBUTE
 from tracing._score_record import ScoreRecord
 from tracing.sinks._http import record_texts, refusal_detail
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
@@ -56,7 +57,6 @@ __all__ = [
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 CARRIER_SPAN_NAME = "tracescore.evaluation"
-ROLE_ATTRIBUTE = "tracescore.role"
 ROLE_SCORE_WRITER = "score_writer"
 SCOPE_NAME = "tracescore.score_writer"
 
