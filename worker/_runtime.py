@@ -31,7 +31,7 @@ from opentelemetry import trace
 
 from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
 from tracing import JUDGE_ROLE, ROLE_ATTRIBUTE, ScoreRecord, ScoreWriter
-from worker._budget import BudgetGuard, RedisLedger, parse_budgets
+from worker._budget import BudgetGuard, RedisLedger, parse_budgets, parse_prices
 from worker._delivery import DrainerWaker, process_deliveries, start_process_deliveries, stop_process_deliveries
 from worker._gc import freeze_startup_objects
 from worker._limiter import RedisRateLimiter
@@ -121,10 +121,12 @@ class WorkerRuntime:
         )
         call_context = judge_request_context(get_judge_hooks().call_context or judge_call_span)
         # Budgets, spend and the per-run judge-call cap, shared by every worker (worker/_budget.py).
+        prices = parse_prices(settings.prices)
         guard = BudgetGuard(
             RedisLedger(settings.store_url, reconnect_s=RECONNECT_S),
             parse_budgets(settings.budgets),
             on_usage=observe_judge_usage,
+            prices=prices,
         )
         set_judge_hooks(JudgeHooks(limiter=limiter, call_context=call_context, guard=guard))
         deps = ScoringDeps(
@@ -139,6 +141,7 @@ class WorkerRuntime:
             run_timeout_s=settings.run_timeout,
             judge_call_cap=settings.max_judge_attempts_per_run,
             retry_budget=settings.retry_budget,
+            prices=prices,
         )
         start_watchdog(
             settings.run_timeout,

@@ -42,7 +42,7 @@ from typing import Any, Literal
 import structlog
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
-from scorers.judge import JudgeCallRefused, JudgeModel, price_executions
+from scorers.judge import JudgeCallRefused, JudgeModel, ModelPrice, price_executions
 from tracing import ScoreRecord, ScoreWriter, TracedRun, TraceReadError, score_id_for, trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
 from worker._budget import default_attempt_cap, enter_run, price_table, run_key
@@ -96,6 +96,8 @@ class ScoringDeps:
     redelivery: bool = True
     # A scorer run longer than this becomes a ``timeout`` error record (None: no limit).
     run_timeout_s: float | None = None
+    # What judge calls cost (``Settings.prices`` over the defaults): each record's ``cost_usd``.
+    prices: Mapping[str, ModelPrice] = field(default_factory=price_table)
     owner: str = field(default_factory=process_owner)
     _gates: dict[tuple[int, str], asyncio.Semaphore] = field(default_factory=dict, repr=False)
 
@@ -285,7 +287,7 @@ def wedged_record(
             f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {deps.run_timeout_s}) in code that could not be "
             f"interrupted; {outcome}"
         )
-    return _record(pair, None, error=error, error_type=error_type), deps
+    return _record(deps.prices, pair, None, error=error, error_type=error_type), deps
 
 
 def _limit_error_type(exc: BaseException | None, task: asyncio.Task[Any] | None) -> str | None:
@@ -340,6 +342,7 @@ def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:
 
 
 def _record(
+    prices: Mapping[str, ModelPrice],
     pair: _Pair,
     result: ScoreResult | None,
     *,
@@ -377,7 +380,7 @@ def _record(
         cached_input_tokens=sum(e.usage.cached_input_tokens for e in executions),
         # Every call the run's steps made (retries too; a failed run still shows what it spent).
         judge_calls=sum(e.attempt_count for e in executions),
-        cost_usd=price_executions(executions, price_table()),
+        cost_usd=price_executions(executions, prices),
         span_start_ns=target.start_time_ns if target is not None else None,
         span_end_ns=target.end_time_ns if target is not None else None,
         run_id=result.run_id if result is not None else None,
@@ -394,9 +397,9 @@ async def _score_pair(
     scorer = pair.scorer
     if scorer is None:
         assert pair.unknown is not None
-        return _record(pair, None, error=pair.unknown, error_type="UnknownScorerError")
+        return _record(deps.prices, pair, None, error=pair.unknown, error_type="UnknownScorerError")
     if isinstance(run, TraceReadError):  # the shipped trace could not be read into a run
-        return _record(pair, None, error=run, error_type=run.reason)
+        return _record(deps.prices, pair, None, error=run, error_type=run.reason)
     ident = run.identity
     on_step = None
     if _checkpointed(scorer, deps):
@@ -430,7 +433,12 @@ async def _score_pair(
             )
         except RunLimitError as exc:
             return _record(
-                pair, exc.partial, error=RuntimeError(str(exc)), error_type=exc.error_type, failed_step=exc.failed_step
+                deps.prices,
+                pair,
+                exc.partial,
+                error=RuntimeError(str(exc)),
+                error_type=exc.error_type,
+                failed_step=exc.failed_step,
             )
         except ScorerRunError as exc:
             away = _store_unavailable_in(exc)
@@ -442,6 +450,7 @@ async def _score_pair(
                 # A budget is spent or the run's judge-call cap reached: recorded now, and
                 # retryable, so a delivery once the budget resets (or `dlq retry`) replaces it.
                 return _record(
+                    deps.prices,
                     pair,
                     exc.partial,
                     error=exc,
@@ -453,6 +462,7 @@ async def _score_pair(
             if transient and not final_attempt:
                 return _Transient(pair, exc.error_type)
             return _record(
+                deps.prices,
                 pair,
                 exc.partial,
                 error=exc,
@@ -461,11 +471,11 @@ async def _score_pair(
                 retryable=transient,
             )
         except ScorerError as exc:
-            return _record(pair, None, error=exc, error_type=type(exc).__name__)
+            return _record(deps.prices, pair, None, error=exc, error_type=type(exc).__name__)
         except Exception as exc:  # a bug in a scorer outside its steps: still a visible record
             log.error("scorer_crashed", scorer=pair.scorer_id, score_id=pair.score_id, **crash_fields(exc))
-            return _record(pair, None, error=exc, error_type=type(exc).__name__)
-    return _record(pair, result)
+            return _record(deps.prices, pair, None, error=exc, error_type=type(exc).__name__)
+    return _record(deps.prices, pair, result)
 
 
 def _store_unavailable_in(exc: ScorerRunError) -> StoreUnavailableError | None:

@@ -1,0 +1,64 @@
+"""The price table comes from the ``Settings`` the app is created with (``prices``, i.e.
+``TRACESCORE_PRICES`` for ``tracescore worker``), not from the environment at scoring time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from scorers.judge import get_judge_hooks, set_judge_hooks
+from tests.fakellm import FakeLLMServer
+from tests.worker._batches import batch
+from tests.worker.test_budget_records import _grader
+from worker._app import create_app
+from worker._budget import BudgetGuard
+from worker._loop import run_coro, stop_loop
+from worker._registry import Registry
+from worker._runtime import get_runtime, reset_runtime
+from worker._scoring import ScoringDeps, score_batch
+from worker._settings import load_settings
+from worker.store import MemoryScoreStore
+
+MODEL = "openai/some-private-model"
+
+
+def test_the_deps_price_table_prices_records_whatever_the_environment(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRACESCORE_PRICES", json.dumps({MODEL: {"input": 1e6, "output": 0}}))
+    store = MemoryScoreStore()
+    prices = {**ScoringDeps(registry={}, store=store).prices}
+    prices[MODEL] = prices[MODEL].model_copy(update={"input": 2e6})
+    deps = ScoringDeps(registry=Registry([_grader(MODEL)]), store=store, prices=prices)
+    asyncio.run(score_batch(batch(range(1), ["grader"], salt="prices"), deps))
+    (record,) = store.records.values()
+    assert record.input_tokens > 0
+    assert record.cost_usd == pytest.approx(2 * record.input_tokens)
+
+
+def test_a_worker_runtime_prices_by_its_settings(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRACESCORE_PRICES", raising=False)
+    hooks = get_judge_hooks()
+    reset_runtime()
+    settings = load_settings(
+        broker_url=redis_url,
+        scorers="tests.worker.sample_scorers",
+        writer="none",
+        prices=json.dumps({MODEL: {"input": 3, "output": 4}}),
+    )
+    try:
+        runtime = get_runtime(create_app(settings).settings)
+        assert runtime.deps.prices[MODEL].input == 3
+        guard = get_judge_hooks().guard
+        assert isinstance(guard, BudgetGuard)
+        assert guard.prices[MODEL].output == 4
+    finally:
+        runtime = reset_runtime()
+        if runtime is not None:
+            run_coro(runtime.store.close(), 5)
+            run_coro(runtime.dead_letters.close(), 5)
+            run_coro(runtime.limiter.close(), 5)
+        stop_loop()
+        set_judge_hooks(hooks)
