@@ -10,13 +10,17 @@ in ``worker/cli/_backfill.py`` only parses options and calls these.
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import os
 import resource
 import signal
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from itertools import islice
@@ -254,66 +258,140 @@ def print_summary(summary: dict[str, Any]) -> None:
     click.echo("\n".join(lines), err=True)
 
 
-def _job_delivery(settings: Settings, score_ids: list[str], reporter: ProgressReporter) -> dict[str, Any]:
+class _Spool:
+    """Lines in an anonymous temporary file (gone when closed or when the process ends):
+    appended as they come and read back in order, as often as needed, in constant memory."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115  (closed by close)
+        self.count = 0
+
+    def add(self, line: str) -> None:
+        self._file.write(line)
+        self._file.write("\n")
+        self.count += 1
+
+    def __iter__(self) -> Iterator[str]:
+        self._file.flush()
+        self._file.seek(0)
+        try:
+            for line in self._file:
+                yield line[:-1]
+        finally:
+            self._file.seek(0, io.SEEK_END)  # later lines are appended
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+_STATES_CHUNK = 5000  # score ids per question to the outbox
+
+
+def _job_delivery(
+    settings: Settings, score_ids: Callable[[], Iterable[str]], reporter: ProgressReporter
+) -> dict[str, Any]:
     """Where the job's scores stand with each sink the workers drain, waiting up to
-    ``TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS`` for the pending ones."""
+    ``TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS`` for the pending ones. ``score_ids`` streams the
+    job's ids (again for a sink with dead letters): they are asked about in chunks, only counts
+    are kept, and the pending ones are spooled to disk, so memory does not grow with the job."""
     from worker.store import RedisOutbox
 
     outbox = RedisOutbox(settings.store_url, reconnect_s=2.0)
+    names = sorted(outbox.counts())
+    settled: dict[str, Counter[str]] = {name: Counter() for name in names}
+    pending = {name: _Spool() for name in names}
+
+    def ask(name: str, ids: list[str], still_pending: _Spool) -> None:
+        for score_id, state in outbox.states(name, ids).items():
+            if state == "pending":
+                still_pending.add(score_id)
+            else:
+                settled[name][state] += 1
+
     try:
         deadline = time.monotonic() + settings.sink_drain_timeout_seconds
-        states = {name: outbox.states(name, score_ids) for name in sorted(outbox.counts())}
-        while True:
-            pending = {name: [s for s, v in by_id.items() if v == "pending"] for name, by_id in states.items()}
-            waiting = sum(len(ids) for ids in pending.values())
-            if not waiting or time.monotonic() >= deadline:
-                break
+        for chunk in _chunks(score_ids(), _STATES_CHUNK):
+            for name in names:
+                ask(name, chunk, pending[name])
+        while (waiting := sum(p.count for p in pending.values())) and time.monotonic() < deadline:
             reporter.message(f"waiting for the sinks: {waiting:,} deliveries pending")
             time.sleep(0.5)
-            for name, ids in pending.items():  # only what was pending can have moved
-                states[name].update(outbox.states(name, ids))
+            for name in names:  # only what was pending can have moved
+                was, pending[name] = pending[name], _Spool()
+                for chunk in _chunks(was, _STATES_CHUNK):
+                    ask(name, chunk, pending[name])
+                was.close()
         out: dict[str, Any] = {}
-        for name, by_id in states.items():
-            if all(v == "none" for v in by_id.values()):
+        for name in names:
+            counts = {
+                "delivered": settled[name]["delivered"],
+                "failed": settled[name]["failed"],
+                "pending": pending[name].count,
+            }
+            if not any(counts.values()):
                 continue  # none of this job's scores was owed to it: not one of its sinks
-            counts = {k: sum(1 for v in by_id.values() if v == k) for k in ("delivered", "failed", "pending")}
             # Never queued for this sink (a run left without a record) or dropped: not delivered.
-            counts["not_queued"] = sum(1 for v in by_id.values() if v == "none")
-            wanted = {s for s, v in by_id.items() if v == "failed"}
-            letters = [x.model_dump() for x in outbox.dead_letters(name, 1000) if x.score_id in wanted][:5]
+            counts["not_queued"] = settled[name]["none"]
+            letters = _job_letters(outbox, name, score_ids) if counts["failed"] else []
             out[name] = {**counts, "dead_letters": letters}
         return out
     finally:
+        for spool in pending.values():
+            spool.close()
         outbox.close()
+
+
+def _job_letters(outbox: Any, sink: str, score_ids: Callable[[], Iterable[str]]) -> list[dict[str, Any]]:
+    """Up to five of the sink's newest dead letters that are this job's failed scores."""
+    letters = outbox.dead_letters(sink, 1000)
+    listed = {x.score_id for x in letters}
+    mine = list({s for s in score_ids() if s in listed})
+    failed = {s for s, state in outbox.states(sink, mine).items() if state == "failed"}
+    return [x.model_dump() for x in letters if x.score_id in failed][:5]
+
+
+_compact = json.JSONEncoder(separators=(",", ":")).encode  # ASCII: any agent name fits a line
 
 
 class _Enqueued:
     """The runs this process enqueued (trace, span, agent, scorer ids), so the workers' score
-    records can be read back by their deterministic ids for the per-scorer summary."""
+    records can be read back by their deterministic ids for the per-scorer summary, ``--out``
+    and the sinks' delivery states. Spooled to a temporary file as batches go out (one short
+    JSON line a run, on disk): memory does not grow with the number of runs."""
 
     def __init__(self) -> None:
-        self.runs: list[tuple[str, str, str, tuple[str, ...]]] = []
-        # One tuple of scorer ids and one string per agent name, shared by every run.
-        self._ids: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self._agents: dict[str, str] = {}
+        self._spool = _Spool()
+        # Each distinct tuple of scorer ids (a handful per job) once; a line holds its index.
+        self._ids: dict[tuple[str, ...], int] = {}
+
+    @property
+    def count(self) -> int:
+        return self._spool.count
 
     def __call__(self, batch: ScoreBatch) -> None:
         for request in batch.requests:
-            ids = tuple(request.scorer_ids)
-            ids = self._ids.setdefault(ids, ids)
-            agent = request.agent_label
-            agent = self._agents.setdefault(agent, agent)
-            self.runs.append((request.trace_id, request.span_id, agent, ids))
+            index = self._ids.setdefault(tuple(request.scorer_ids), len(self._ids))
+            self._spool.add(_compact([request.trace_id, request.span_id, request.agent_label, index]))
 
-    def score_ids(self, registry: Registry, scorer_ids: list[str]) -> list[str]:
-        """Every score id the enqueued runs ask for."""
+    def _scores(self, registry: Registry, scorer_ids: list[str]) -> Iterator[tuple[str, str]]:
+        """(score id, agent) of every score the enqueued runs ask for, in the order enqueued."""
         versions = {s: registry[s].version for s in scorer_ids if s in registry}
-        return [
-            score_id_for(trace_id, span_id, scorer_id, versions[scorer_id])
-            for trace_id, span_id, _, ids in self.runs
-            for scorer_id in ids
-            if scorer_id in versions
-        ]
+        ids = list(self._ids)
+        for line in self._spool:
+            trace_id, span_id, agent, index = json.loads(line)
+            for scorer_id in ids[index]:
+                if scorer_id in versions:
+                    yield score_id_for(trace_id, span_id, scorer_id, versions[scorer_id]), agent
+
+    def score_ids(self, registry: Registry, scorer_ids: list[str]) -> Iterator[str]:
+        """Every score id the enqueued runs ask for (streamed)."""
+        return (score_id for score_id, _ in self._scores(registry, scorer_ids))
 
     def summary(
         self, store: Any, registry: Registry, scorer_ids: list[str], worst: int, out: IO[str] | None = None
@@ -321,15 +399,9 @@ class _Enqueued:
         """Read the records (MGET in chunks; only the fields the summary shows are parsed);
         ``out`` gets each record's JSON as one line."""
         summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
-        versions = {s: registry[s].version for s in scorer_ids if s in registry}
-        wanted = (
-            (record_key(score_id_for(trace_id, span_id, scorer_id, versions[scorer_id])), agent)
-            for trace_id, span_id, agent, ids in self.runs
-            for scorer_id in ids
-            if scorer_id in versions
-        )
+        wanted = self._scores(registry, scorer_ids)
         while chunk := list(islice(wanted, 1000)):
-            for (_, agent), raw in zip(chunk, store.mget([k for k, _ in chunk]), strict=True):
+            for (_, agent), raw in zip(chunk, store.mget([record_key(s) for s, _ in chunk]), strict=True):
                 if not raw:
                     continue  # not scored (yet), or skipped
                 if out is not None:
@@ -337,6 +409,9 @@ class _Enqueued:
                 # pydantic-core's parser, no model: the read-back is mostly parsing
                 summary.add(Outcome.of_record(from_json(raw), agent))
         return summary
+
+    def close(self) -> None:
+        self._spool.close()
 
 
 def _check_outcome(summary: dict[str, Any]) -> None:
@@ -656,7 +731,7 @@ def _run_redis(
         progress = submitter.progress(state.job_id)
     elapsed = time.monotonic() - started
     by_scorer: Summary | None = None
-    if not no_wait and registry is not None and enqueued.runs:
+    if not no_wait and registry is not None and enqueued.count:
         try:
             with ExitStack() as closing:
                 out_file = closing.enter_context(out.open("w", encoding="utf-8")) if out is not None else None
@@ -668,14 +743,17 @@ def _run_redis(
     submitter.close()
     summary = _summary(state, "redis", progress, elapsed)
     summary["throttled_s"] = round(submitter.throttled_s, 3)
-    if not no_wait and registry is not None and enqueued.runs and state.status == "finished":
+    if not no_wait and registry is not None and enqueued.count and state.status == "finished":
         try:
-            sinks = _job_delivery(settings, enqueued.score_ids(registry, state.options.scorer_ids), reporter)
+            sinks = _job_delivery(
+                settings, functools.partial(enqueued.score_ids, registry, state.options.scorer_ids), reporter
+            )
         except redis.exceptions.RedisError as exc:
             click.echo(f"  sink delivery unknown: cannot read the outbox ({exc})", err=True)
         else:
             if sinks:
                 summary["sinks"] = sinks
+    enqueued.close()
     if by_scorer is not None:
         summary["by_scorer"] = by_scorer.as_json()
         summary["spend"] = by_scorer.spend.as_json()
@@ -686,7 +764,7 @@ def _run_redis(
         partial = " so far" if state.status != "finished" else ""
         earlier = " (this run's part of a resumed job)" if resumed else ""
         click.echo(
-            "\n" + by_scorer.render(title=f"scores by scorer{partial}{earlier} ({len(enqueued.runs):,} runs)"),
+            "\n" + by_scorer.render(title=f"scores by scorer{partial}{earlier} ({enqueued.count:,} runs)"),
             err=as_json,
         )
     _report_sinks(summary)
