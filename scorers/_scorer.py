@@ -64,6 +64,7 @@ class Scorer:
     """An immutable scorer. Each step method returns a new scorer; the receiver is unchanged."""
 
     __slots__ = (
+        "_judges",
         "_steps",
         "description",
         "direction",
@@ -88,6 +89,8 @@ class Scorer:
     direction: Direction
     label: Callable[[float], str | None] | None
     _steps: _Steps
+    # Derived once (the scorer is immutable): the worker asks for them on every run it scores.
+    _judges: dict[StepName, Judge | None]
 
     def __init__(
         self,
@@ -118,6 +121,12 @@ class Scorer:
             ("_steps", steps),
         ):
             object.__setattr__(self, attr, value)
+        judges: dict[StepName, Judge | None] = {}
+        for step_name in _STEP_ARGS:
+            step = getattr(steps, step_name)
+            if isinstance(step, PromptStep):
+                judges[step_name] = step.judge.over(judge) if step.judge is not None else judge
+        object.__setattr__(self, "_judges", judges)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Scorer is immutable; build a new one instead of setting {name!r}")
@@ -180,19 +189,11 @@ class Scorer:
 
     @property
     def has_judge_steps(self) -> bool:
-        return any(isinstance(getattr(self._steps, s), PromptStep) for s in _STEP_ARGS)
+        return bool(self._judges)
 
     def step_judges(self) -> dict[StepName, Judge | None]:
         """The effective judge of each prompt step (the step's fields over the scorer's)."""
-        out: dict[StepName, Judge | None] = {}
-        for name in _STEP_ARGS:
-            step = getattr(self._steps, name)
-            if isinstance(step, PromptStep):
-                out[name] = self._judge_of(step)
-        return out
-
-    def _judge_of(self, step: PromptStep) -> Judge | None:
-        return step.judge.over(self.judge) if step.judge is not None else self.judge
+        return dict(self._judges)
 
     # --- drivers -------------------------------------------------------------------------
 
@@ -400,7 +401,7 @@ class Scorer:
         if name == "generate_score" and schema is None:
             schema = _SCORE_SCHEMA
         answer = yield ask_judge(
-            scorer_id=self.id, step=name, judge=self._judge_of(step), prompt=prompt, output_schema=schema
+            scorer_id=self.id, step=name, judge=self._judges[name], prompt=prompt, output_schema=schema
         )
         result.judge[name] = answer.execution
         value = answer.value
