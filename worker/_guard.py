@@ -81,6 +81,7 @@ _REFUSED_CONTENT_TYPE = "application/x-tracescore-refused"
 _ENVELOPE_OVERHEAD = 64 * 1024
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
 _EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
+_EMBED_KEY_SET = frozenset(_EMBED_KEYS)
 # How long the consumer pauses after failing to record a refusal (the store is unreachable).
 _STORE_DOWN_PAUSE_S = 1.0
 
@@ -362,6 +363,15 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
     if embed and any(embed.get(k) for k in _EMBED_KEYS):
         return Refusal(
             "callbacks_refused", "callbacks, errbacks, chains and chords do not run on tracescore workers"
+        ), decoded
+    if embed and not embed.keys() <= _EMBED_KEY_SET:
+        # Celery copies every embed key onto the task's request, over the screened headers
+        # (retries, the body size noted below): only the four protocol keys are allowed.
+        extra = sorted(k for k in embed if k not in _EMBED_KEY_SET)
+        return Refusal(
+            "bad_body",
+            f"the embed holds {len(extra)} key(s) besides callbacks, errbacks, chain and chord "
+            f"({', '.join(_token(k) for k in extra[:3])})",
         ), decoded
     if _too_deep(args[0], MAX_JSON_DEPTH):
         return Refusal("too_deep", f"the batch nests deeper than {MAX_JSON_DEPTH} levels"), decoded

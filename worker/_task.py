@@ -180,7 +180,7 @@ def _failed_around_scoring(
             reason="task_crashed",
             error=f"the scoring task failed around scoring: {type(exc).__name__} (see the worker log)",
             payload=payload,
-            size=_size_of(self, payload),
+            size=_size(payload),
             batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
             attempts=int(self.request.retries or 0) + 1,
             retryable=True,
@@ -199,13 +199,13 @@ def _end_delivery(runtime: WorkerRuntime, task_id: str, token: str) -> None:
         runtime.deliveries.keep(task_id, token)
 
 
-def _size_of(self: Task[Any, Any], payload: Any) -> int:
-    """The message's size in bytes as the guard measured it (``BODY_BYTES_HEADER``), else (a
-    message that did not come through the guard, e.g. applied in process) ``_size(payload)``."""
+def _screened(self: Task[Any, Any]) -> bool:
+    """Whether the guard screened this message (its ``BODY_BYTES_HEADER``): the body is within
+    TRACESCORE_MAX_PAYLOAD_BYTES and is JSON, so the task need not serialize the batch again to
+    check. Not a size to report: a retried message was re-encoded by kombu with ASCII escapes,
+    so its body may be up to 6× the batch's own size (``_size``), which dead letters report."""
     measured = getattr(self.request, BODY_BYTES_HEADER, None)
-    if isinstance(measured, int) and not isinstance(measured, bool) and measured >= 0:
-        return measured
-    return _size(payload)
+    return isinstance(measured, int) and not isinstance(measured, bool) and measured >= 0
 
 
 def _size(payload: Any) -> int:
@@ -225,21 +225,22 @@ def _score_delivery(
     # One dead letter per message: a redelivery of this very message (same id, same retry)
     # finds the letter already there.
     message_key = f"task:{task_id}:{attempt}"
-    size = _size_of(self, payload)
-    if size > settings.max_payload_bytes or size < 0:
-        _dead_letter(
-            runtime,
-            reason="payload_too_large" if size > 0 else "payload_not_json",
-            error=f"message is {size} bytes; TRACESCORE_MAX_PAYLOAD_BYTES is {settings.max_payload_bytes}"
-            " — send fewer runs per batch",
-            payload=None,
-            size=size,
-            batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
-            attempts=attempt + 1,
-            retryable=False,
-            message_key=message_key,
-        )
-        return None
+    if not _screened(self):  # it skipped the guard (applied in process): measured here
+        size = _size(payload)
+        if size > settings.max_payload_bytes or size < 0:
+            _dead_letter(
+                runtime,
+                reason="payload_too_large" if size > 0 else "payload_not_json",
+                error=f"message is {size} bytes; TRACESCORE_MAX_PAYLOAD_BYTES is {settings.max_payload_bytes}"
+                " — send fewer runs per batch",
+                payload=None,
+                size=size,
+                batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
+                attempts=attempt + 1,
+                retryable=False,
+                message_key=message_key,
+            )
+            return None
     try:
         batch = ScoreBatch.model_validate(payload)
     except (ValidationError, RecursionError) as exc:
@@ -254,7 +255,7 @@ def _score_delivery(
             reason="invalid_payload",
             error=f"not a ScoreBatch: {problems}",
             payload=payload,
-            size=size,
+            size=_size(payload),
             batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
             attempts=attempt + 1,
             retryable=False,
@@ -283,7 +284,7 @@ def _score_delivery(
             error=f"run {run_id} (scorers {', '.join(request.scorer_ids)[:200]}) was being scored each time "
             f"its worker process died: delivered {deliveries} times, {crashes} of them never finished",
             payload=payload,
-            size=size,
+            size=_size(payload),
             batch_id=batch.batch_id,
             attempts=deliveries,
             retryable=True,
@@ -314,7 +315,7 @@ def _score_delivery(
                 reason="retry_budget_exhausted",
                 error=error,
                 payload=payload,
-                size=size,
+                size=_size(payload),
                 batch_id=batch.batch_id,
                 attempts=attempt + 1,
                 retryable=True,
@@ -338,7 +339,7 @@ def _score_delivery(
             error=f"{len(report.exhausted)} score(s) not paid for: "
             + ", ".join(f"{k}×{v}" for k, v in report.failed.items()),
             payload=payload,
-            size=size,
+            size=_size(payload),
             batch_id=batch.batch_id,
             attempts=attempt + 1,
             retryable=True,
@@ -361,7 +362,7 @@ def _score_delivery(
             reason="retry_budget_exhausted" if report.exhausted else "still_claimed",
             error="; ".join(reasons),
             payload=payload,
-            size=size,
+            size=_size(payload),
             batch_id=batch.batch_id,
             attempts=attempt + 1,
             retryable=True,

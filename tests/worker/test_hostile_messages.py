@@ -23,6 +23,7 @@ from tests.worker._batches import OUTPUT, output_messages, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing.queue import SCORE_TASK_NAME
 from worker._settings import get_settings
+from worker._task import MAX_DEAD_PAYLOAD_BYTES
 from worker.store import DeadLetter
 
 MARKER = "AGENT-CONTENT-MARKER-51d2"
@@ -153,6 +154,8 @@ def hostile_messages() -> list[tuple[str, str, bytes]]:
     callback = {"task": "celery.backend_cleanup", "args": [], "kwargs": {}, "options": {}, "subtask_type": None}
     add("callbacks_refused", envelope(task_body([good], embed={**_EMBED, "callbacks": [callback]})))
     add("callbacks_refused", envelope(task_body([good], embed={**_EMBED, "chain": [callback]})))
+    # Celery would copy these onto the task's request, past the screened headers.
+    add("bad_body", envelope(task_body([good], embed={**_EMBED, "retries": 5000, "tracescore_body_bytes": 7})))
     add("eta_too_far", envelope(task_body([good]), headers={"eta": soon}))
     add("bad_headers", envelope(task_body([good]), headers={"eta": f"tomorrow {MARKER}"}))
     add("bad_headers", envelope(task_body([good]), headers={"timelimit": [10**9, 10**9]}))
@@ -250,6 +253,29 @@ def test_hostile_messages_are_each_one_dead_letter_and_the_worker_keeps_scoring(
     assert MARKER not in log
     assert "message_refused" in log
     assert "Traceback" not in log
+
+
+def test_a_dead_letter_keeps_a_batch_by_its_own_size_not_its_escaped_body(redis_url: str, tmp_path: Path) -> None:
+    """kombu re-encodes a retried message with ASCII escapes (a CJK character: 6 bytes, not 3):
+    a batch under the 1 MiB a letter keeps, in a body over it, is still kept with its letter."""
+    bad = {"batch_id": "cjk", "requests": [{"spans": "漢字" * 140_000}]}  # valid JSON, not a ScoreBatch
+    body = json.dumps([[bad], {}, _EMBED])  # ensure_ascii: every CJK character escaped
+    compact = len(json.dumps(bad, separators=(",", ":"), ensure_ascii=False).encode())
+    assert compact < MAX_DEAD_PAYLOAD_BYTES < len(body.encode())
+    proc = WorkerProcess("escaped", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl")  # default cap
+    try:
+        proc.wait_ready()
+        client = redis.Redis.from_url(redis_url)
+        try:
+            client.lpush(QUEUE, envelope(body)[1])
+        finally:
+            client.close()
+        assert wait_for(lambda: len(_dlq(redis_url)) == 1, 60), proc.text()[-3000:]
+    finally:
+        proc.stop()
+    (letter,) = _dlq(redis_url)
+    assert letter.reason == "invalid_payload"
+    assert letter.payload == bad
 
 
 def test_a_refused_message_delivered_twice_is_one_dead_letter(worker: WorkerProcess, redis_url: str,
