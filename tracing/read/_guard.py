@@ -3,18 +3,19 @@
 - a span whose instrumentation scope or ``service.name`` starts with ``tracescore`` (the
   worker's own tracers) takes its whole trace out (``own_origin``);
 - a span carrying ``tracescore.role = "judge"`` (``is_judge``; the worker wraps every judge
-  call in one) excludes its subtree, or, when it is a local root (its parent remote or absent:
-  none among the spans at hand), the whole trace (``takes_trace``).
+  call in one) excludes its subtree, or, when it is a root, the whole trace (``takes_trace``).
 
 Two forms apply them: ``loop_guard`` over a whole trace's span records (backfill), and the
 exporter's ``TraceBuffer`` span by span as the SDK hands them over (it caches ``own_origin``
-per tracer and knows a local root by its remote or missing parent). Both call these functions;
-tests/tracing/test_loop_guard_forms.py checks they give the same verdict.
+per tracer). Both call these functions; they differ only in what a root is: for the exporter,
+which sees one process's spans, a span whose parent is remote roots what it has; a stored
+trace (backfill) holds every process's spans, so only a span without a parent is its root.
+tests/tracing/test_loop_guard_forms.py checks the two verdicts over a table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from tracing._markers import JUDGE_ROLE, OWN_PREFIX, ROLE_ATTRIBUTE
 from tracing._run import SpanRecord
@@ -43,21 +44,16 @@ def takes_trace(own: bool, judge: bool, local_root: bool) -> bool:
     return own or (judge and local_root)
 
 
-def loop_guard(records: Sequence[SpanRecord]) -> frozenset[str] | None:
+def loop_guard(records: Iterable[SpanRecord]) -> frozenset[str] | None:
     """``None`` when the trace is tracescore's own (skip it whole), else the judge span ids
     whose subtrees are left out (``plan_runs(exclude_under=...)``)."""
     judges: list[str] = []
-    present: set[str] | None = None  # the span ids at hand: read only once a judge span has a parent
     for record in records:
         judge = is_judge(record.attributes)
-        root = record.parent_span_id is None
-        if judge and not root:
-            # A parent outside the records is a remote one (or lost): the judge span is a local
-            # root, as the exporter sees a span whose parent is remote.
-            if present is None:
-                present = {r.span_id for r in records}
-            root = record.parent_span_id not in present
-        if takes_trace(own_origin(record.scope_name, record.service_name), judge, root):
+        # The trace's own root only: these records are the whole stored trace, all processes'
+        # spans, so a parent id not among them is a span that was lost or sampled out, not
+        # another process's (the exporter's local root; see the module docstring).
+        if takes_trace(own_origin(record.scope_name, record.service_name), judge, record.parent_span_id is None):
             return OWN_TRACE
         if judge:
             judges.append(record.span_id)
