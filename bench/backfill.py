@@ -63,17 +63,37 @@ def _plain_parse_cpu_s(paths: list[Path]) -> float:
 
 
 def _workers_cpu(workers: list[subprocess.Popen[bytes]]) -> float:
-    """CPU seconds so far of the worker processes and their pool children."""
+    """CPU seconds so far of the worker processes, their live pool children and the children
+    they reaped (a pool child replaced mid-run still counts)."""
     total = 0.0
     for worker in workers:
         try:
             parent = psutil.Process(worker.pid)
-            for proc in [parent, *parent.children(recursive=True)]:
-                times = proc.cpu_times()
-                total += times.user + times.system
+            times = parent.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+            children = parent.children(recursive=True)
         except psutil.NoSuchProcess:
-            pass
+            continue
+        for child in children:
+            try:
+                times = child.cpu_times()
+            except psutil.NoSuchProcess:
+                continue  # reaped since: counted in its parent's children_* from now on
+            total += times.user + times.system
     return total
+
+
+def _settled_cpu(workers: list[subprocess.Popen[bytes]], deadline_s: float = 60.0) -> float:
+    """The workers' CPU once their start-up is over: when it stops growing for a second."""
+    last = _workers_cpu(workers)
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        time.sleep(1.0)
+        now = _workers_cpu(workers)
+        if now - last < 0.02:
+            return now
+        last = now
+    return last
 
 
 def _redis_server_cpu(pid: int | None) -> float | None:
@@ -173,7 +193,7 @@ def _run(args: argparse.Namespace, server: RedisServer | None) -> None:
             redis_cpu_before = _redis_server_cpu(redis_pid)
             # The workers' start-up (imports, the pool's fork: ~1.3 CPU-s each) is paid once per
             # worker, not per trace: counted from here on, and shown apart.
-            workers_startup_cpu = _workers_cpu(workers)
+            workers_startup_cpu = _settled_cpu(workers)
             started = time.perf_counter()
             backfill = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             sampler = threading.Thread(target=_sample_rss, args=(backfill.pid, peak, stop), daemon=True)
