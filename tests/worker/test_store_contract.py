@@ -244,6 +244,44 @@ def test_redis_job_stats_read_what_the_redis_store_counted(redis_url: str) -> No
     assert failures["JudgeTimeoutError"] >= 1
 
 
+def test_redis_store_repairs_wrong_typed_keys_before_writing(redis_url: str) -> None:
+    """Keys of ours holding another type (hand-edited) would fail the storing script halfway,
+    leaving a record stored but not counted nor owed to its sinks: they are deleted first, so
+    every record of the call is stored whole, counted and queued for each sink; a claim key of
+    the wrong type is taken as free."""
+    import redis
+
+    from worker import _keys
+    from worker.store import RedisOutbox
+
+    records = [_record(600 + n, job_id="typed", score=1.0) for n in range(250)]  # two script calls
+    client = redis.Redis.from_url(redis_url)
+    client.rpush(_keys.trace_key(records[3].trace_id), "not a set")
+    client.set(_keys.job_key("typed"), "not a hash")
+    client.sadd(_keys.claim_key(records[7].score_id), "not a claim")
+    client.hset(_keys.outbox_key("jsonl"), "x", "not a zset")
+
+    async def go() -> tuple[list[bool], set[str], dict[str, int]]:
+        store = RedisScoreStore(redis_url, sinks=["jsonl"])
+        held = await claim(store, [records[7].score_id], "w", 60)
+        fresh = await store.put_records(records, "w", 60)
+        progress = await store.jobs.progress("typed")
+        await store.close()
+        return fresh, held, progress
+
+    fresh, held, progress = run(go())
+    assert fresh == [True] * len(records)
+    assert held == {records[7].score_id}
+    assert progress == {"scored": len(records)}
+    assert client.type(_keys.trace_key(records[3].trace_id)) == b"set"
+    outbox = RedisOutbox(redis_url)
+    try:
+        assert outbox.counts()["jsonl"].pending == len(records)
+    finally:
+        outbox.close()
+    client.close()
+
+
 # --- DeadLetters ---------------------------------------------------------------------------------
 
 

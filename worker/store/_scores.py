@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+import structlog
+
 from scorers import ScoreResult
 from tracing import ScoreRecord
 from worker import _keys
@@ -30,6 +32,8 @@ from worker.store._outbox import delivered_key
 from worker.store._redis import RedisConnection
 
 __all__ = ["RedisScoreStore", "ScoreStore", "claim", "delivery_owner", "process_owner"]
+
+log = structlog.get_logger("tracescore.worker.store")
 
 
 @runtime_checkable
@@ -128,7 +132,8 @@ async def claim(store: ScoreStore, score_ids: Sequence[str], owner: str, ttl_s: 
 #       checkpoint, claim and job hash (5 each)
 # ARGV: ttl, owner, failures ttl, now ms, the number of shared KEYS, the number of sinks, the
 #       sink names, then per record: record json, score id, has_job (0/1), outcome, reason, job id
-# Returns per record 1 (stored now, or by our own earlier try) or 0 (taken).
+# Returns per record 1 (stored now, or by our own earlier try) or 0 (taken), then the number of
+# keys of the wrong type it deleted first.
 _PUT_RECORDS = """
 local ttl, owner, failures_ttl, now = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local shared, nsinks = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -137,6 +142,33 @@ for s = 1, nsinks do
   sinks[s] = ARGV[6 + s]
 end
 local sinks_named = false
+-- A key of ours holding another type (hand-edited, or written by something else) would fail the
+-- script halfway, after earlier writes: such keys are found before anything is written, and
+-- deleted (they hold nothing of ours), so a call either stores its records whole or not at all.
+local repaired = 0
+local function expect(key, kind)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= 'none' and found ~= kind then
+    redis.call('DEL', key)
+    repaired = repaired + 1
+  end
+end
+expect(KEYS[1], 'hash')
+if shared > 1 then
+  expect(KEYS[2], 'set')
+end
+for i = 3, shared, 4 do
+  expect(KEYS[i], 'zset')
+  expect(KEYS[i + 1], 'hash')
+  expect(KEYS[i + 2], 'hash')
+  expect(KEYS[i + 3], 'zset')
+end
+for k = shared + 1, #KEYS, 5 do
+  expect(KEYS[k], 'string')
+  expect(KEYS[k + 1], 'set')
+  expect(KEYS[k + 3], 'string')
+  expect(KEYS[k + 4], 'hash')
+end
 
 local function put(record, traces, checkpoint, claim, job, json, score_id, has_job, counter, reason, job_id)
   if not redis.call('SET', record, json, 'NX', 'EX', ttl) then
@@ -198,6 +230,7 @@ for k = shared + 1, #KEYS, 5 do
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
   a = a + 6
 end
+done[#done + 1] = repaired
 return done
 """
 # Records per call: bounds how long one call holds Redis (~1 ms here) and its argument count.
@@ -208,6 +241,10 @@ _PUT_CHUNK = 200
 _CLAIM = """
 local held = {}
 for i = 1, #KEYS do
+  local found = redis.call('TYPE', KEYS[i])['ok']
+  if found ~= 'none' and found ~= 'string' then
+    redis.call('DEL', KEYS[i])  -- not a claim (see _PUT_RECORDS): it would fail the GET below
+  end
   if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) or redis.call('GET', KEYS[i]) == ARGV[1] then
     held[i] = 1
   else
@@ -373,7 +410,10 @@ class RedisScoreStore:
                 for job_id in jobs:
                     pipe.expire(_keys.job_key(job_id), self._jobs.job_ttl_s)
                 await pipe.execute()
-        return [bool(done) for reply in replies for done in reply]
+        repaired = sum(reply[-1] for reply in replies)
+        if repaired:
+            log.warning("store_keys_repaired", keys=repaired, records=len(records))
+        return [bool(done) for reply in replies for done in reply[:-1]]
 
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]:
         ids = sorted(await self._redis.client.smembers(_keys.trace_key(trace_id)))
