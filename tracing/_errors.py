@@ -157,10 +157,10 @@ class RunTooLarge(TracingError, ValueError):
     def __init__(self, request: ScoreRequest, size: int, max_payload_bytes: int) -> None:
         # Ids and sizes only: the spans are the agent's content.
         super().__init__(
-            f"trace {request.trace_id} span {request.span_id}: {size:,} bytes, over"
+            f"trace {request.trace_id} span {', '.join(request.target_span_ids)}: {size:,} bytes, over"
             f" TRACESCORE_MAX_PAYLOAD_BYTES ({max_payload_bytes:,} with the message envelope)"
         )
         self.trace_id = request.trace_id
-        self.span_id = request.span_id
+        self.span_id = request.target_span_ids[0]  # the first run's (a request's runs share a trace)
         self.size = size
         self.max_payload_bytes = max_payload_bytes

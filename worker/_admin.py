@@ -110,7 +110,9 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
                 problems.append(f"{letter_id}: the stored message is not a valid ScoreBatch: {exc.errors()[0]['msg']}")
                 continue
             # Asked for again by the operator: the runs' judge calls start from zero (the cap).
-            await ledger.reset_calls([run_key(r.trace_id, r.span_id, s) for r in batch.requests for s in r.scorer_ids])
+            await ledger.reset_calls(
+                [run_key(r.trace_id, t, s) for r in batch.requests for t in r.target_span_ids for s in r.scorer_ids]
+            )
             try:
                 sink.send(batch)
             except Exception as exc:

@@ -278,7 +278,8 @@ class EmbeddedScorer:
         with self._lock:
             if self.agents is not None:
                 for request in batch.requests:
-                    self.agents[request.span_id] = request.agent_label
+                    for span_id in request.target_span_ids:
+                        self.agents[span_id] = request.agent_label_of(span_id)
             try:
                 for attempt in range(self.retry_budget):
                     final = attempt == self.retry_budget - 1
@@ -290,7 +291,8 @@ class EmbeddedScorer:
             finally:
                 if self.agents is not None:
                     for request in batch.requests:
-                        self.agents.pop(request.span_id, None)
+                        for span_id in request.target_span_ids:
+                            self.agents.pop(span_id, None)
 
     def _score_once(self, batch: ScoreBatch, final: bool) -> BatchReport:
         ids = batch_score_ids(batch, self.deps.registry)

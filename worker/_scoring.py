@@ -12,11 +12,13 @@ drainers (``worker._delivery``) or shows the records (a command's table).
 A failure becomes an error record — except a transient one (timeouts, 429/5xx after the
 judge's own retries) on a non-final attempt, which is left unrecorded for the task to retry.
 
-A request that carries spans (the exporter's default) is read here, with
-``trace_to_run(spans, target_span_id)``: only the target span is scored (the exporter sends one
-request per run it found, nested agents included, each naming its target). It is read once,
-and only when some of its pairs are claimed for scoring (a redelivery of scored runs reads
-nothing). A trace that cannot be read gives one error record per requested scorer, with
+A request carries a trace's span records and the targets of the runs to score among them (the
+exporter and backfill send one request per trace, naming every run they planned); each target's
+run is read here, with ``trace_to_run(run_spans, target)``: one pair per target × scorer, and
+records name the target's span (its name and times). Each run is read once, from its own records
+(``ScoreRequest.run_spans``: the trace's spans are walked once, not once per run), and only when
+some of its pairs are claimed for scoring (a redelivery of scored runs reads nothing). A trace
+that cannot be read gives one error record per requested scorer, with
 ``error_type`` the ``TraceReadError`` reason (``bad_json``, ``no_content``...; ``read_failed``
 when the reading itself crashed) and a message naming the span and attribute: visible and
 counted, never a crashed batch.
@@ -43,7 +45,7 @@ import structlog
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeCallRefused, JudgeModel, ModelPrice, price_executions
-from tracing import ScoreRecord, ScoreWriter, TracedRun, TraceReadError, score_id_for, trace_to_run
+from tracing import ScoreRecord, ScoreWriter, SpanRecord, TracedRun, TraceReadError, score_id_for, trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
 from worker._budget import default_attempt_cap, enter_run, price_table, run_key
 from worker._errors import RunLimitError, is_transient
@@ -157,6 +159,8 @@ class BatchReport:
 @dataclass
 class _Pair:
     request: ScoreRequest
+    span_id: str  # the target: which of the request's runs
+    target: SpanRecord | None  # its record (its name and times go in the score record)
     scorer_id: str
     scorer: Scorer | None
     score_id: str
@@ -325,7 +329,8 @@ def batch_score_ids(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[s
 def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:
     pairs: list[_Pair] = []
     for request in batch.requests:
-        trace_id, span_id = request.trace_id, request.span_id
+        trace_id = request.trace_id
+        scorers: list[tuple[str, Scorer | None, UnknownScorerError | None]] = []
         for scorer_id in dict.fromkeys(request.scorer_ids):
             try:
                 scorer: Scorer | None = registry[scorer_id]
@@ -335,9 +340,18 @@ def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:
             except KeyError:
                 scorer = None
                 unknown = UnknownScorerError(scorer_id, registry.keys())
-            version = scorer.version if scorer is not None else "unknown"
-            score_id = score_id_for(trace_id, span_id, scorer_id, version)
-            pairs.append(_Pair(request, scorer_id, scorer, score_id, unknown))
+            scorers.append((scorer_id, scorer, unknown))
+        wanted = set(request.target_span_ids)
+        targets: dict[str, SpanRecord] = {}
+        for span in request.spans:
+            if span.span_id in wanted:
+                targets.setdefault(span.span_id, span)
+        for span_id in request.target_span_ids:
+            target = targets.get(span_id)
+            for scorer_id, scorer, unknown in scorers:
+                version = scorer.version if scorer is not None else "unknown"
+                score_id = score_id_for(trace_id, span_id, scorer_id, version)
+                pairs.append(_Pair(request, span_id, target, scorer_id, scorer, score_id, unknown))
     return pairs
 
 
@@ -353,7 +367,7 @@ def _record(
 ) -> ScoreRecord:
     request = pair.request
     executions = list(result.judge.values()) if result is not None else []
-    target = request.target  # its times keep the sinks' write-back inside the scored span
+    target = pair.target  # its times keep the sinks' write-back inside the scored span
     not_scorable = None
     if result is not None and result.not_scorable:
         ns = result.not_scorable
@@ -361,8 +375,8 @@ def _record(
     return ScoreRecord(
         score_id=pair.score_id,
         trace_id=request.trace_id,
-        span_id=request.span_id,
-        span_name=request.span_name,
+        span_id=pair.span_id,
+        span_name=target.name if target is not None else "",
         scorer_id=pair.scorer_id,
         scorer_name=pair.scorer.name if pair.scorer is not None else None,
         scorer_version=pair.scorer.version if pair.scorer is not None else "unknown",
@@ -410,7 +424,7 @@ async def _score_pair(
     # The judge calls below belong to this run: its budgets and its call cap (this coroutine
     # runs in a task of its own, so the context ends with it).
     enter_run(
-        run_key(pair.request.trace_id, pair.request.span_id, pair.scorer_id),
+        run_key(pair.request.trace_id, pair.span_id, pair.scorer_id),
         pair.scorer_id,
         pair.request.job_id,
         deps.judge_call_cap or default_attempt_cap(scorer, deps.retry_budget),
@@ -546,10 +560,11 @@ def crash_fields(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def _read_run(request: ScoreRequest) -> TracedRun | TraceReadError:
-    """The request's run, read from its span records (an unreadable trace: the error)."""
+def _read_run(request: ScoreRequest, span_id: str, spans: list[SpanRecord]) -> TracedRun | TraceReadError:
+    """The run of target ``span_id``, read from its span records ``spans`` (an unreadable
+    trace: the error)."""
     try:
-        return trace_to_run(request.spans, request.target_span_id)
+        return trace_to_run(spans, span_id)
     except TraceReadError as exc:
         log.warning(
             "trace_unreadable",
@@ -561,24 +576,26 @@ def _read_run(request: ScoreRequest) -> TracedRun | TraceReadError:
         )
         return exc.with_traceback(None)
     except Exception as exc:  # a bug in the transform: still visible records, the batch goes on
-        log.error("trace_read_crashed", trace_id=request.trace_id, span_id=request.target_span_id, **crash_fields(exc))
+        log.error("trace_read_crashed", trace_id=request.trace_id, span_id=span_id, **crash_fields(exc))
         return TraceReadError(
             "read_failed",
             f"reading the trace failed: {type(exc).__name__} (a bug in the trace reader; "
             "the worker log has where, under trace_read_crashed)",
-            span_id=request.target_span_id,
+            span_id=span_id,
         )
 
 
-async def _score_request(
+async def _score_run(
     pairs: list[_Pair],
+    spans: list[SpanRecord],
     deps: ScoringDeps,
     checkpoints: dict[str, ScoreResult],
     final_attempt: bool,
     report: BatchReport,
     recorder: _GroupCommit,
 ) -> None:
-    run = _read_run(pairs[0].request)
+    """Score one run (``pairs``: one target of one request, its scorers), read from ``spans``."""
+    run = _read_run(pairs[0].request, pairs[0].span_id, spans)
     outcomes = await asyncio.gather(
         *(_score_pair(p, run, deps, checkpoints.get(p.score_id), final_attempt) for p in pairs)
     )
@@ -657,12 +674,20 @@ async def score_batch(
         [p.score_id for p in mine if p.scorer is not None and _checkpointed(p.scorer, deps)]
     )
     recorder = _GroupCommit(deps)
-    by_request: dict[int, list[_Pair]] = defaultdict(list)
+    by_run: dict[tuple[int, str], list[_Pair]] = defaultdict(list)
     for pair in mine:
-        by_request[id(pair.request)].append(pair)
+        by_run[id(pair.request), pair.span_id].append(pair)
+    # Each request's runs split into their records once, for the requests with claimed runs only.
+    run_spans: dict[int, dict[str, list[SpanRecord]]] = {}
+    for group in by_run.values():
+        request = group[0].request
+        if id(request) not in run_spans:
+            run_spans[id(request)] = request.run_spans()
     tasks = [
-        asyncio.ensure_future(_score_request(group, deps, checkpoints, final_attempt, report, recorder))
-        for group in by_request.values()
+        asyncio.ensure_future(
+            _score_run(group, run_spans[key[0]][key[1]], deps, checkpoints, final_attempt, report, recorder)
+        )
+        for key, group in by_run.items()
     ]
     expiry = (
         asyncio.ensure_future(expire_runs(min(1.0, deps.run_timeout_s / 4))) if deps.run_timeout_s and tasks else None

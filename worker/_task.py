@@ -3,8 +3,9 @@ dead-letter. It never lets a bad message crash the worker (the consumer's guard,
 refuses what is not a task message before this runs).
 
 A batch whose delivery killed its worker process (segfault, OOM kill: the message comes back
-without finishing) is split on redelivery into one message per run, so the run that kills its
-process is dead-lettered alone and its neighbours are scored."""
+without finishing) is split on redelivery into one message per run (a request of several runs
+into one request per target, each with its run's own spans), so the run that kills its process
+is dead-lettered alone and its neighbours are scored."""
 
 from __future__ import annotations
 
@@ -112,8 +113,14 @@ def _dead_letter(
 
 
 def _split(task: Task[Any, Any], payload: dict[str, Any], batch: ScoreBatch, task_id: str, queue: str) -> None:
-    """Requeue each run of ``batch`` as its own message (the original is then acked)."""
-    for i, request in enumerate(payload["requests"]):
+    """Requeue each run of ``batch`` as its own message (the original is then acked): a request
+    of one run as it came, one of several as one request per target."""
+    runs = [
+        raw if len(request.target_span_ids) == 1 else one.model_dump(mode="json")
+        for raw, request in zip(payload["requests"], batch.requests, strict=True)
+        for one in request.per_target()
+    ]
+    for i, request in enumerate(runs):
         sub_id = str(uuid.uuid5(_SPLIT_NAMESPACE, f"{task_id}/{i}"))
         task.apply_async(
             args=({"batch_id": f"{batch.batch_id}/{i}", "requests": [request]},), task_id=sub_id, queue=queue
@@ -268,16 +275,16 @@ def _score_delivery(
     # began and never ended are the crashes.
     crashes = run_coro(runtime.deliveries.start(task_id, token), _loop_wait(runtime))
     deliveries = attempt + 1 + crashes
-    if crashes > 0 and len(batch.requests) > 1:
+    if crashes > 0 and batch.runs() > 1:
         # One of these runs may kill whatever process scores it: score each on its own, so
         # only that one is lost. Runs already scored are skipped by their score ids.
         assert isinstance(payload, dict)
         _split(self, payload, batch, task_id, settings.queue)
-        log.warning("batch_split", batch_id=batch.batch_id, runs=len(batch.requests), crashed_deliveries=crashes)
+        log.warning("batch_split", batch_id=batch.batch_id, runs=batch.runs(), crashed_deliveries=crashes)
         return None
     if crashes > MAX_CRASHED_DELIVERIES:
         request = batch.requests[0]
-        run_id = f"{request.trace_id}:{request.span_id}"
+        (run_id,) = request.run_ids()  # one run: a message of several was split above
         _dead_letter(
             runtime,
             reason="too_many_deliveries",

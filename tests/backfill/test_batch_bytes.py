@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.backfill._synth import trace_spans
+from tests.tracing._exporting import read_runs
+from tests.tracing._spans import THREE_AGENTS, Recorder, genai_messages, three_agent_trace
+from tracing.otlp import spans_to_otlp_json
 from tracing.queue import MESSAGE_ENVELOPE_BYTES, ScoreBatch
 from tracing.sources import FileSource
 from worker.backfill._driver import Backfill
@@ -110,3 +113,73 @@ def test_count_cut_still_applies_under_the_byte_cap(tmp_path: Path) -> None:
     submitter = CapturingSubmitter(8 * 2**20)
     _run(path, submitter, batch_size=10)
     assert [len(b.requests) for b, _ in submitter.sent] == [10, 10, 5]
+
+
+def _three_agent_line(padding: dict[str, int] | None = None) -> tuple[str, dict[str, str]]:
+    """One trace of three agent runs as an OTLP JSON line (an agent's answer padded to the
+    given bytes), and each agent's span id by name."""
+    rec = Recorder()
+    three_agent_trace(rec)
+    spans = rec.spans()
+    document = spans_to_otlp_json(spans)
+    ids = {
+        s.name.removeprefix("invoke_agent "): format(s.context.span_id, "016x")  # type: ignore[union-attr]
+        for s in spans
+        if s.name.startswith("invoke_agent")
+    }
+    for name, size in (padding or {}).items():
+        for span in document["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+            if span.get("parentSpanId") == ids[name] and span["name"] == "chat m":
+                span["attributes"] = [
+                    a
+                    if a["key"] != "gen_ai.output.messages"
+                    else {"key": a["key"], "value": {"stringValue": genai_messages(("assistant", "x" * size))}}
+                    for a in span["attributes"]
+                ]
+    return json.dumps(document) + "\n", ids
+
+
+def test_a_trace_of_three_runs_is_one_request_naming_the_three(tmp_path: Path) -> None:
+    """Backfill ships a trace's runs together: one request, the runs' spans once (not the
+    workflow span above them), each agent's span a target; the three are counted as runs."""
+    line, ids = _three_agent_line()
+    path = tmp_path / "t.jsonl"
+    path.write_text(line)
+    submitter = CapturingSubmitter(8 * 2**20)
+    state, _ = _run(path, submitter)
+    ((batch, _),) = submitter.sent
+    (request,) = batch.requests
+    assert request.target_span_ids == [ids["planner"], ids["researcher"], ids["writer"]]
+    assert sorted(s.name for s in request.spans) == sorted(
+        ["invoke_agent planner", "invoke_agent researcher", "invoke_agent writer", "invoke_agent a"] + ["chat m"] * 4
+    )
+    assert [run.input.input_messages[0].text for run in read_runs(request)] == [q for _, q in THREE_AGENTS]
+    assert (state.counters.runs_read, state.counters.runs_enqueued, state.counters.traces_enqueued) == (3, 3, 1)
+
+
+def test_a_trace_of_runs_too_large_together_goes_run_by_run(tmp_path: Path) -> None:
+    """Cap 64 KB: the three runs together (~40 KB + ~40 KB + small) do not fit one message;
+    each goes on its own with its own spans. A run over the cap alone is the only reject."""
+    line, ids = _three_agent_line({"planner": 40_000, "writer": 40_000})
+    path = tmp_path / "t.jsonl"
+    path.write_text(line)
+    submitter = CapturingSubmitter(64 * 1024)
+    state, _ = _run(path, submitter)
+    requests = [r for batch, _ in submitter.sent for r in batch.requests]
+    assert [r.target_span_ids for r in requests] == [[ids["planner"]], [ids["researcher"]], [ids["writer"]]]
+    names = [sorted(s.name for s in r.spans) for r in requests]
+    assert names == [
+        ["chat m", "invoke_agent planner"],
+        ["chat m", "chat m", "invoke_agent a", "invoke_agent researcher"],
+        ["chat m", "invoke_agent writer"],
+    ]
+    assert (state.counters.runs_enqueued, state.counters.runs_rejected) == (3, {})
+
+    line, ids = _three_agent_line({"planner": 100_000, "writer": 20_000})
+    path.write_text(line)
+    submitter = CapturingSubmitter(64 * 1024)
+    state, reporter = _run(path, submitter)
+    requests = [r for batch, _ in submitter.sent for r in batch.requests]
+    assert [r.target_span_ids for r in requests] == [[ids["researcher"]], [ids["writer"]]]
+    assert (state.counters.runs_enqueued, state.counters.runs_rejected) == (2, {"too_large": 1})
+    assert any(f"span {ids['planner']}: run not enqueued (too_large)" in line for line in reporter.lines)

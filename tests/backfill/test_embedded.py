@@ -30,7 +30,7 @@ def _batch(n: int, job_id: str = "job-1") -> ScoreBatch:
         requests.append(
             ScoreRequest(
                 spans=members,
-                target_span_id=target.span_id,
+                target_span_ids=[target.span_id],
                 scorer_ids=["answer-words", "confident"],
                 source="backfill",
                 job_id=job_id,

@@ -24,11 +24,14 @@ REGISTRY: Any = {"length": length, "shouting": shouting}
 SCORERS = ["length", "shouting"]
 
 
-class _Request(NamedTuple):  # the fields of a ScoreRequest that _Enqueued reads
+class _Request(NamedTuple):  # what _Enqueued reads of a ScoreRequest
     trace_id: str
-    span_id: str
-    agent_label: str
+    target_span_ids: list[str]
+    agent: str
     scorer_ids: list[str]
+
+    def agent_label_of(self, span_id: str) -> str:
+        return self.agent
 
 
 class _Batch(NamedTuple):
@@ -41,7 +44,7 @@ def _batches(n: int, size: int = 1000) -> Iterator[Any]:
     for start in range(0, n, size):
         yield _Batch(
             [
-                _Request(f"{i:032x}", f"{i:016x}", agents[i % 3], SCORERS[:1] if i % 7 == 0 else SCORERS)
+                _Request(f"{i:032x}", [f"{i:016x}"], agents[i % 3], SCORERS[:1] if i % 7 == 0 else SCORERS)
                 for i in range(start, min(n, start + size))
             ]
         )
@@ -114,7 +117,7 @@ def test_summary_out_and_delivery_states_over_thousands_of_runs(redis_server: Re
         for batch in batches:
             enqueued(batch)
         runs = [r for b in batches for r in b.requests]
-        records = [(_record(i, s), r.agent_label) for i, r in enumerate(runs) for s in r.scorer_ids if i % 17]
+        records = [(_record(i, s), r.agent) for i, r in enumerate(runs) for s in r.scorer_ids if i % 17]
         client.mset({record_key(rec.score_id): rec.model_dump_json() for rec, _ in records})
 
         # The sink: a fifth delivered, a tenth dead letters, a tenth pending (delivered while

@@ -48,8 +48,15 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
 
 
 def read(request: ScoreRequest) -> TracedRun:
-    """The run a worker scores for ``request``: through the JSON message, read from the spans
-    when it carries them (raises ``TraceReadError`` as the worker would see it)."""
+    """The run a worker scores for ``request`` of one run: through the JSON message, read from
+    its spans (raises ``TraceReadError`` as the worker would see it)."""
+    (run,) = read_runs(request)
+    return run
+
+
+def read_runs(request: ScoreRequest) -> list[TracedRun]:
+    """The runs a worker scores for ``request``, one per target in order: through the JSON
+    message, each read from its own records as the worker reads it."""
     received = ScoreRequest.model_validate_json(request.model_dump_json())
-    assert received.spans is not None
-    return trace_to_run(received.spans, received.target_span_id)
+    by_target = received.run_spans()
+    return [trace_to_run(by_target[t], t) for t in received.target_span_ids]

@@ -75,3 +75,29 @@ def agent_trace(rec: Recorder, question: str = "Hi?", answer: str = "Hello.", *,
             ):
                 pass
     return format(root.get_span_context().trace_id, "032x")
+
+
+# The three runs of ``three_agent_trace``: (agent name, question), in start order.
+THREE_AGENTS = (("planner", "plan it?"), ("researcher", "find it?"), ("writer", "write it?"))
+
+
+def three_agent_trace(rec: Recorder) -> str:
+    """One trace of three agent runs under a workflow span (not an agent): planner, researcher
+    (which calls a sub-agent, part of its run) and writer, each asking its own question.
+    Returns the trace id (hex)."""
+    with rec.span("workflow", {"http.route": "/task"}) as root:
+        for name, question in THREE_AGENTS:
+            attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name}
+            with rec.span(f"invoke_agent {name}", attrs):
+                with rec.span(
+                    "chat m",
+                    {
+                        "gen_ai.operation.name": "chat",
+                        "gen_ai.input.messages": genai_messages(("user", question)),
+                        "gen_ai.output.messages": genai_messages(("assistant", f"{name} answers " * 3)),
+                    },
+                ):
+                    pass
+                if name == "researcher":
+                    agent_trace(rec, question="sub-question?")  # a sub-agent: the researcher's run
+    return format(root.get_span_context().trace_id, "032x")

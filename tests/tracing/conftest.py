@@ -23,7 +23,7 @@ from tracing._records import span_record
 def shipped(spans: Sequence[ReadableSpan], target: str) -> list[SpanRecord]:
     """The spans as the worker gets them: compact records, through the JSON message."""
     records = [span_record(s) for s in spans]
-    request = ScoreRequest(spans=records, target_span_id=target, scorer_ids=["s"])
+    request = ScoreRequest(spans=records, target_span_ids=[target], scorer_ids=["s"])
     received = ScoreRequest.model_validate_json(request.model_dump_json())
     assert received.spans is not None
     return received.spans

@@ -266,7 +266,7 @@ def test_worker_records_and_logs_of_unreadable_traces_hold_no_content() -> None:
     """Through the worker's read + score path: error records name the attribute; no log line and
     no record carries the marker."""
     requests = [
-        ScoreRequest(spans=[span_record(s) for s in spans], target_span_id=span_id, scorer_ids=["length"])
+        ScoreRequest(spans=[span_record(s) for s in spans], target_span_ids=[span_id], scorer_ids=["length"])
         for _, spans, span_id, _, _ in _CASES
     ]
     lines, writer = _score_shipped(requests)
@@ -298,7 +298,7 @@ def test_worker_log_of_a_reader_crash_holds_no_content(
     spans, span_id = _hostile_trace({})
     monkeypatch.setattr(_scoring, "trace_to_run", broken)
     lines, writer = _score_shipped(
-        [ScoreRequest(spans=[span_record(s) for s in spans], target_span_id=span_id, scorer_ids=["length"])]
+        [ScoreRequest(spans=[span_record(s) for s in spans], target_span_ids=[span_id], scorer_ids=["length"])]
     )
     (record,) = writer.records
     assert record.error_type == "read_failed"
@@ -322,7 +322,7 @@ def test_worker_log_of_a_scorer_crash_holds_no_content(monkeypatch: pytest.Monke
     spans, span_id = _hostile_trace({"gen_ai.output.messages": genai_messages(("assistant", MARKER))})
     writer = MemoryScoreWriter()
     deps = ScoringDeps(registry=Registry([scorer]), store=MemoryScoreStore(), writer=writer)
-    request = ScoreRequest(spans=[span_record(s) for s in spans], target_span_id=span_id, scorer_ids=["leaky"])
+    request = ScoreRequest(spans=[span_record(s) for s in spans], target_span_ids=[span_id], scorer_ids=["leaky"])
     with _everything_logged() as lines:
         asyncio.run(score_batch(ScoreBatch(batch_id="leaky", requests=[request]), deps))
     (record,) = writer.records

@@ -5,14 +5,14 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import structlog.testing
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from tests.tracing._exporting import FakeClock, Recording, read, wait_for
-from tests.tracing._spans import Recorder, agent_trace, genai_messages
+from tests.tracing._exporting import FakeClock, Recording, read, read_runs, wait_for
+from tests.tracing._spans import THREE_AGENTS, Recorder, agent_trace, genai_messages
 from tracing import (
     JUDGE_ROLE,
     ROLE_ATTRIBUTE,
@@ -23,6 +23,7 @@ from tracing import (
     TraceReadError,
     sampled,
 )
+from tracing.queue import MESSAGE_ENVELOPE_BYTES
 
 CHAT = "chat"
 
@@ -614,7 +615,7 @@ def test_default_path_ships_compact_spans(exporter: ScoringSpanExporter, sink: R
     exporter.export(rec.spans())
     assert exporter.force_flush(5000)
     (request,) = sink.requests
-    assert request.target_span_id == format(root.get_span_context().span_id, "016x")
+    assert request.target_span_ids[0] == format(root.get_span_context().span_id, "016x")
     spans = {s.name: s for s in request.spans or []}
     assert spans["invoke_agent a"].attributes == {"gen_ai.operation.name": "invoke_agent"}
     assert set(spans["chat m"].attributes) == {
@@ -624,13 +625,14 @@ def test_default_path_ships_compact_spans(exporter: ScoringSpanExporter, sink: R
     }
     assert [e.name for e in spans["chat m"].events] == ["gen_ai.choice"]
     assert (spans["chat m"].service_name, spans["chat m"].scope_name) == ("shop-app", "shop.agent")
-    assert spans["chat m"].parent_span_id == request.target_span_id
+    assert spans["chat m"].parent_span_id == request.target_span_ids[0]
     assert read(request).output.text == "Hello."
     assert exporter.stats()["runs_read_in_app"] == 0
 
 
 def test_each_top_level_agent_ships_its_own_subtree(exporter: ScoringSpanExporter, sink: Recording) -> None:
-    """Two agents under one request root: two requests, each with its agent's spans only."""
+    """Two agents under one request root: one request naming both, carrying their spans once
+    (not the root's), each run read from its own agent's spans only."""
     rec = Recorder()
     with rec.span("request"):
         agent_trace(rec, question="first")
@@ -647,13 +649,81 @@ def test_each_top_level_agent_ships_its_own_subtree(exporter: ScoringSpanExporte
                 pass
     exporter.export(rec.spans())
     assert exporter.force_flush(5000)
-    requests = sink.requests
-    assert [sorted(s.name for s in r.spans or []) for r in requests] == [
-        ["chat m", "invoke_agent a"],
-        ["chat m", "chat m", "invoke_agent a", "invoke_agent outer"],
-    ]
-    assert [read(r).input.input_messages[0].text for r in requests] == ["first", "second"]
+    (request,) = sink.requests
+    assert sorted(s.name for s in request.spans) == sorted(
+        ["chat m", "invoke_agent a", "chat m", "chat m", "invoke_agent a", "invoke_agent outer"]
+    )
+    first, outer = request.target_span_ids
+    assert [request.target_record(t).name for t in (first, outer)] == ["invoke_agent a", "invoke_agent outer"]  # type: ignore[union-attr]
+    by_target = request.run_spans()
+    assert sorted(s.name for s in by_target[first]) == ["chat m", "invoke_agent a"]
+    assert sorted(s.name for s in by_target[outer]) == ["chat m", "chat m", "invoke_agent a", "invoke_agent outer"]
+    assert [run.input.input_messages[0].text for run in read_runs(request)] == ["first", "second"]
     assert exporter.stats()["runs_found"] == 2
+    assert exporter.stats()["runs_sent"] == 2
+
+
+class _Capped(Recording):
+    """A sink with a message cap that takes requests encoded (as CelerySink does)."""
+
+    def __init__(self, max_payload_bytes: int) -> None:
+        super().__init__()
+        self.max_payload_bytes = max_payload_bytes
+
+    def send(self, batch: ScoreBatch) -> None:
+        raise AssertionError("a capped sink gets encoded requests")
+
+    def send_encoded(self, batch: ScoreBatch, requests_json: Sequence[str]) -> None:
+        assert list(requests_json) == [r.model_dump_json() for r in batch.requests]
+        assert sum(len(j) + 1 for j in requests_json) <= self.max_payload_bytes - MESSAGE_ENVELOPE_BYTES
+        self(batch)
+
+
+def _padded_three_agents(rec: Recorder, sizes: Sequence[int]) -> None:
+    """Three agent runs under a workflow span, their answers ``sizes`` characters long."""
+    with rec.span("workflow"):
+        for (name, question), size in zip(THREE_AGENTS, sizes, strict=True):
+            attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name}
+            chat = {
+                "gen_ai.operation.name": CHAT,
+                "gen_ai.input.messages": genai_messages(("user", question)),
+                "gen_ai.output.messages": genai_messages(("assistant", "x" * size)),
+            }
+            with rec.span(f"invoke_agent {name}", attrs), rec.span("chat m", chat):
+                pass
+
+
+def test_a_trace_of_three_runs_is_one_request_unless_too_large_together(clock: FakeClock) -> None:
+    """Under a 64 KB cap: three small runs of one trace go as one request of three targets; runs
+    too large together go one request each (each with its own spans), and only a run too
+    large alone is dropped (``too_large``)."""
+    for sizes, shipped, dropped in (
+        ((100, 200, 300), [["planner", "researcher", "writer"]], {}),
+        ((40_000, 100, 40_000), [["planner"], ["researcher"], ["writer"]], {}),
+        ((100_000, 100, 20_000), [["researcher"], ["writer"]], {"too_large": 1}),
+    ):
+        sink = _Capped(64 * 1024)
+        exp = ScoringSpanExporter([ScoringRule(["s"])], sink, grace_s=0.0, clock=clock)
+        try:
+            rec = Recorder()
+            _padded_three_agents(rec, sizes)
+            exp.export(rec.spans())
+            assert exp.force_flush(5000)
+            stats = exp.stats()
+        finally:
+            exp.shutdown(2000)
+        names = {r.span_id: r.name.removeprefix("invoke_agent ") for q in sink.requests for r in q.spans}
+        assert [[names[t] for t in r.target_span_ids] for r in sink.requests] == shipped
+        for request in sink.requests:  # each carries its runs' spans, no one else's
+            targets = request.target_span_ids
+            assert sorted(s.name for s in request.spans) == sorted(
+                [f"invoke_agent {names[t]}" for t in targets] + ["chat m"] * len(targets)
+            )
+        questions = dict(THREE_AGENTS)
+        assert [r.input.input_messages[0].text for q in sink.requests for r in read_runs(q)] == [
+            questions[n] for targets in shipped for n in targets
+        ]
+        assert (stats["runs_sent"], stats["dropped"]) == (3 - len(dropped), dropped)
 
 
 def test_nothing_is_sent_after_shutdown(clock: FakeClock) -> None:

@@ -159,7 +159,7 @@ def test_task_message_from_encoded_requests_is_the_same_message() -> None:
         ScoreRequest.model_validate(
             {
                 "spans": [{"trace_id": "ab" * 16, "span_id": "cd" * 8, "name": 'Zürich "q" 🌧'}],
-                "target_span_id": "cd" * 8,
+                "target_span_ids": ["cd" * 8],
                 "scorer_ids": ["a", "b"],
             }
         )
@@ -179,7 +179,7 @@ def test_celery_sink_refuses_a_batch_over_its_cap_naming_it(broker: RedisServer)
     request = ScoreRequest.model_validate(
         {
             "spans": [{"trace_id": "ab" * 16, "span_id": "cd" * 8, "name": "x" * 5000}],
-            "target_span_id": "cd" * 8,
+            "target_span_ids": ["cd" * 8],
             "scorer_ids": ["a"],
         }
     )

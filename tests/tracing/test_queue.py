@@ -39,8 +39,8 @@ def test_a_request_has_one_shape_and_refuses_a_read_run() -> None:
     with pytest.raises(ValidationError, match="run"):
         ScoreRequest.model_validate({"run": run.model_dump(mode="json"), "scorer_ids": ["s"]})
     records = [span_record(s) for s in rec.spans()]
-    request = ScoreRequest(spans=records, target_span_id=run.identity.span_id, scorer_ids=["s"])
-    assert trace_to_run(request.spans, request.target_span_id) == run
+    request = ScoreRequest(spans=records, target_span_ids=[run.identity.span_id], scorer_ids=["s"])
+    assert trace_to_run(request.spans, request.target_span_ids[0]) == run
 
 
 class Capturing:
@@ -91,7 +91,7 @@ def test_backfill_ships_span_records_and_the_worker_reads_the_same_runs(tmp_path
             d for d in documents if d["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] == received.trace_id
         )
         (expected,) = trace_to_runs(decode_otlp_json(document))
-        assert trace_to_run(received.spans, received.target_span_id) == expected
+        assert trace_to_run(received.spans, received.target_span_ids[0]) == expected
 
 
 def test_decoded_records_are_what_the_exporter_ships() -> None:

@@ -213,7 +213,7 @@ def test_scored_records_carry_the_span_times_and_their_carriers_are_never_scored
     OtlpSink(exporter).deliver(memory.records)
     spans = exporter.get_finished_spans()
     assert sorted(format(s.parent.span_id, "016x") for s in spans if s.parent) == sorted(
-        r.span_id for r in msg.requests
+        t for r in msg.requests for t in r.target_span_ids
     )
     assert all(START <= s.start_time <= s.end_time <= END for s in spans)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import TypeAdapter, ValidationError
@@ -78,35 +80,67 @@ def test_plan_without_agent_targets_top_level_llm_spans() -> None:
     assert len(plan_runs(records)) == 3
 
 
-def test_request_carries_spans_and_the_target_among_them() -> None:
-    """One shape: span records + target_span_id; the target is among the spans of one trace."""
+def test_request_carries_spans_and_the_targets_among_them() -> None:
+    """One shape: span records + target_span_ids; the targets are among the spans of one trace,
+    each named once, and the validator says which id is wrong."""
     rec = Recorder()
     agent_trace(rec)
     spans = rec.spans()
     records = [span_record(s) for s in spans]
     target = records[-1].span_id  # the agent span ends last
     run = trace_to_run(spans)
-    ok = ScoreRequest(spans=records, target_span_id=target, scorer_ids=["s"])
-    assert (ok.trace_id, ok.span_id, ok.span_name) == (run.identity.trace_id, target, "invoke_agent a")
-    assert ok.agent_label == run.identity.agent_name == "a"
+    ok = ScoreRequest(spans=records, target_span_ids=[target], scorer_ids=["s"])
+    assert (ok.trace_id, ok.run_ids()) == (run.identity.trace_id, [f"{run.identity.trace_id}:{target}"])
+    assert ok.target_record(target) is records[-1]
+    assert records[-1].name == "invoke_agent a"
+    assert ok.agent_label_of(target) == run.identity.agent_name == "a"
+    chat = next(r for r in records if r.name.startswith("chat"))
+    assert ok.agent_label_of(chat.span_id) == chat.name  # not an agent span: its name
     with pytest.raises(ValidationError, match="spans"):
-        ScoreRequest(scorer_ids=["s"], target_span_id=target)
+        ScoreRequest(scorer_ids=["s"], target_span_ids=[target])
     with pytest.raises(ValidationError, match="too_short"):
-        ScoreRequest(spans=[], target_span_id=target, scorer_ids=["s"])
-    with pytest.raises(ValidationError, match="target_span_id"):
+        ScoreRequest(spans=[], target_span_ids=[target], scorer_ids=["s"])
+    with pytest.raises(ValidationError, match="target_span_ids"):
         ScoreRequest(spans=records, scorer_ids=["s"])
+    with pytest.raises(ValidationError, match=r"target_span_ids\n  List should have at least 1 item"):
+        ScoreRequest(spans=records, target_span_ids=[], scorer_ids=["s"])
+    with pytest.raises(ValidationError, match=f"target_span_ids names {target} twice"):
+        ScoreRequest(spans=records, target_span_ids=[target, chat.span_id, target], scorer_ids=["s"])
     with pytest.raises(ValidationError, match="run"):  # the old second shape is refused, not ignored
         ScoreRequest.model_validate({"run": run.model_dump(), "scorer_ids": ["s"]})
-    with pytest.raises(ValidationError, match="not among"):
-        ScoreRequest(spans=records, target_span_id="0" * 16, scorer_ids=["s"])
+    with pytest.raises(ValidationError, match=f"target_span_ids {'0' * 16} not among the {len(records)} spans"):
+        ScoreRequest(spans=records, target_span_ids=[target, "0" * 16], scorer_ids=["s"])
     other = SpanRecord(trace_id="1" * 32, span_id="2" * 16, name="x")
     with pytest.raises(ValidationError, match="2 traces"):
-        ScoreRequest(spans=[*records, other], target_span_id=target, scorer_ids=["s"])
+        ScoreRequest(spans=[*records, other], target_span_ids=[target], scorer_ids=["s"])
     with pytest.raises(ValidationError, match="pattern"):
         ScoreRequest.model_validate(
-            {"spans": [{"trace_id": "X" * 32, "span_id": target, "name": "x"}], "target_span_id": target,
-             "scorer_ids": ["s"]}
+            {
+                "spans": [{"trace_id": "X" * 32, "span_id": target, "name": "x"}],
+                "target_span_ids": [target],
+                "scorer_ids": ["s"],
+            }
         )
+    with pytest.raises(ValidationError, match=r"target_span_ids\.0\n  String should match pattern"):
+        ScoreRequest.model_validate({**json.loads(ok.model_dump_json()), "target_span_ids": ["X" * 16]})
+
+
+def test_a_request_of_the_old_shape_is_read_as_one_target() -> None:
+    """A message queued by an older producer (one ``target_span_id`` string) still validates,
+    as a request of that one target; given both, the old field is refused (not ignored)."""
+    rec = Recorder()
+    agent_trace(rec)
+    records = [span_record(s) for s in rec.spans()]
+    target = records[-1].span_id
+    new = ScoreRequest(spans=records, target_span_ids=[target], scorer_ids=["s"])
+    old_json = new.model_dump_json().replace(f'"target_span_ids":["{target}"]', f'"target_span_id":"{target}"')
+    assert '"target_span_id":"' in old_json
+    assert "target_span_ids" not in old_json
+    old = ScoreRequest.model_validate_json(old_json)
+    assert old.target_span_ids == [target]
+    assert old == new
+    with pytest.raises(ValidationError, match="target_span_id"):
+        ScoreRequest.model_validate({**json.loads(new.model_dump_json()), "target_span_id": target})
 
 
 def test_fast_request_matches_model_construct() -> None:
@@ -115,12 +149,12 @@ def test_fast_request_matches_model_construct() -> None:
     agent_trace(rec)
     records = [span_record(s) for s in rec.spans()]
     target = records[-1].span_id
-    fast = spans_request(records, target, ["a", "b"])
-    slow = ScoreRequest.model_construct(spans=records, target_span_id=target, scorer_ids=["a", "b"])
+    fast = spans_request(records, [target], ["a", "b"])
+    slow = ScoreRequest.model_construct(spans=records, target_span_ids=[target], scorer_ids=["a", "b"])
     assert fast.model_dump() == slow.model_dump()
     assert fast.model_fields_set == slow.model_fields_set
     assert (fast.__pydantic_extra__, fast.__pydantic_private__) == (slow.__pydantic_extra__, slow.__pydantic_private__)
     fast.enqueued_at = 1.5  # the exporter stamps it at hand-off
     again = ScoreRequest.model_validate_json(fast.model_dump_json())
     assert again.enqueued_at == 1.5
-    assert isinstance(trace_to_run(again.spans or [], again.target_span_id), TracedRun)
+    assert isinstance(trace_to_run(again.spans or [], again.target_span_ids[0]), TracedRun)

@@ -75,8 +75,9 @@ def _probe(entry: str, shape: str, workdir: str) -> dict[str, Any]:
             from worker._scoring import _read_run
 
             records = [span_record(s) for s in spans]
-            request = ScoreRequest(spans=records, target_span_id=records[-1].span_id, scorer_ids=["x"])
-            result = _read_run(request)
+            request = ScoreRequest(spans=records, target_span_ids=[records[-1].span_id], scorer_ids=["x"])
+            (target,) = request.target_span_ids
+            result = _read_run(request, target, request.run_spans()[target])
             assert isinstance(result, TraceReadError)
             raise result
         elif entry == "plan_runs":  # the exporter's default path ships the trace; the worker reads it

@@ -43,7 +43,7 @@ def request(n: int, scorer_ids: list[str], *, salt: str = "", job_id: str | None
     )
     return ScoreRequest(
         spans=[span],
-        target_span_id=span.span_id,
+        target_span_ids=[span.span_id],
         scorer_ids=scorer_ids,
         source="backfill" if job_id else "live",
         job_id=job_id,

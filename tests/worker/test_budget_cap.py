@@ -109,7 +109,7 @@ def test_an_always_failing_judge_costs_one_delivery_plus_one_call_per_retry(ledg
     assert "TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN: 7" in (record.error_message or "")
     assert reports[1].exhausted  # refused on the second delivery: recorded, not retried again
     request = batch(range(1), ["g"], salt="cap").requests[0]
-    asyncio.run(ledger.reset_calls([run_key(request.trace_id, request.span_id, "g")]))
+    asyncio.run(ledger.reset_calls([run_key(request.trace_id, request.target_span_ids[0], "g")]))
     assert not ledger.calls
 
 

@@ -87,7 +87,7 @@ def _send(redis_url: str, n: int, salt: str) -> tuple[ScoreBatch, set[str]]:
     from tests.worker.sample_scorers import length
     from tracing import score_id_for
 
-    return msg, {score_id_for(r.trace_id, r.span_id, "length", length.version) for r in msg.requests}
+    return msg, {score_id_for(r.trace_id, t, "length", length.version) for r in msg.requests for t in r.target_span_ids}
 
 
 def _stored(redis_url: str) -> int:

@@ -41,7 +41,7 @@ def test_poison_run_is_dead_lettered_alone_and_its_neighbours_are_scored(redis_u
         raw["requests"][POISON]["spans"][0]["attributes"][OUTPUT] = output_messages(f"this one kills: {POISON_MARKER}")
         poisoned = ScoreBatch.model_validate(raw)
         request = poisoned.requests[POISON]
-        poison_id = f"{request.trace_id}:{request.span_id}"
+        (poison_id,) = request.run_ids()
         sink = CelerySink(redis_url)
         sink.send(poisoned)
         sink.close()
@@ -52,14 +52,14 @@ def test_poison_run_is_dead_lettered_alone_and_its_neighbours_are_scored(redis_u
         assert letter.reason == "too_many_deliveries"
         assert letter.batch_id == f"poisoned-batch/{POISON}"
         assert poison_id in letter.error
-        assert [r["target_span_id"] for r in letter.payload["requests"]] == [request.span_id]
+        assert [r["target_span_ids"] for r in letter.payload["requests"]] == [request.target_span_ids]
 
         assert wait_for(lambda: len(read_scores(scores)) >= N - 1, 60), worker.text()[-3000:]
         recorded = read_scores(scores)
         per_score = collections.Counter(s["score_id"] for s in recorded)
         assert len(per_score) == N - 1
         assert set(per_score.values()) == {1}
-        expected = {r.span_id for i, r in enumerate(poisoned.requests) if i != POISON}
+        expected = {r.target_span_ids[0] for i, r in enumerate(poisoned.requests) if i != POISON}
         assert {s["span_id"] for s in recorded} == expected
         assert all(s["error_type"] is None for s in recorded)
 

@@ -95,9 +95,10 @@ def test_redis_restart_under_load_loses_no_batch(own_redis: RedisServer, tmp_pat
         producer.join(10)
 
         expected = {
-            score_id_for(r.trace_id, r.span_id, scorer, "1")
+            score_id_for(r.trace_id, t, scorer, "1")
             for b in producer.sent
             for r in b.requests
+            for t in r.target_span_ids
             for scorer in ("length", "slow")
         }
         logs = "\n".join(w.text()[-3000:] for w in workers)

@@ -53,7 +53,7 @@ def test_scores_every_run_and_scorer_once() -> None:
     assert report.scored == 10
     assert not report.failed
     ident = msg.requests[0]
-    expected = score_id_for(ident.trace_id, ident.span_id, "labelled", "1")
+    expected = score_id_for(ident.trace_id, ident.target_span_ids[0], "labelled", "1")
     assert store.records[expected].label == "half"
     assert len(writer.records) == 10
     assert len({r.score_id for r in writer.records}) == 10
@@ -77,7 +77,7 @@ def test_claimed_pairs_are_deferred_to_a_later_attempt() -> None:
     deps, store, _ = _deps(plain)
     msg = batch(range(2), ["plain"])
     ident = msg.requests[0]
-    held = score_id_for(ident.trace_id, ident.span_id, "plain", "1")
+    held = score_id_for(ident.trace_id, ident.target_span_ids[0], "plain", "1")
     asyncio.run(store.claim([held], "other", 60))
     report = asyncio.run(score_batch(msg, deps))
     assert report.scored == 1
@@ -210,7 +210,7 @@ def test_store_failure_stops_the_other_requests_and_frees_their_claims() -> None
     async def main() -> tuple[int, dict[str, str]]:
         with pytest.raises(ConnectionError):
             await score_batch(msg, deps)
-        ids = [score_id_for(r.trace_id, r.span_id, "stuck", "1") for r in msg.requests]
+        ids = [score_id_for(r.trace_id, t, "stuck", "1") for r in msg.requests for t in r.target_span_ids]
         return state["cancelled"], await store.claim_owners(ids)
 
     cancelled, owners = asyncio.run(main())
@@ -266,7 +266,7 @@ def test_claim_of_a_dead_local_process_is_taken_over() -> None:
     deps, store, _ = _deps(plain)
     msg = batch(range(1), ["plain"])
     ident = msg.requests[0]
-    held = score_id_for(ident.trace_id, ident.span_id, "plain", "1")
+    held = score_id_for(ident.trace_id, ident.target_span_ids[0], "plain", "1")
     asyncio.run(store.claim([held], f"{socket.gethostname()}:{gone.pid}", 60))
     report = asyncio.run(score_batch(msg, deps))
     assert report.scored == 1

@@ -44,7 +44,7 @@ def _shipped(rec: Recorder) -> list[ScoreRequest]:
     out = []
     for trace in by_trace.values():
         for target, spans in plan_runs(trace):
-            request = ScoreRequest(spans=spans, target_span_id=target.span_id, scorer_ids=["length", "asked"])
+            request = ScoreRequest(spans=spans, target_span_ids=[target.span_id], scorer_ids=["length", "asked"])
             out.append(ScoreRequest.model_validate_json(request.model_dump_json()))
     return out
 
@@ -114,7 +114,7 @@ def test_spans_are_read_once_and_only_when_something_is_left_to_score(monkeypatc
     deps, _ = _deps()
     msg = ScoreBatch(batch_id="once", requests=_shipped(rec))
     asyncio.run(score_batch(msg, deps))
-    assert sorted(reads) == sorted(r.target_span_id for r in msg.requests)
+    assert sorted(reads) == sorted(r.target_span_ids[0] for r in msg.requests)
     asyncio.run(score_batch(msg, deps))
     assert len(reads) == 2
 

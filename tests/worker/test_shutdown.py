@@ -80,7 +80,7 @@ def test_sigterm_mid_batch_requeues_the_rest_and_scores_every_run_once(
     try:
         first.wait_ready()
         batches = [batch(RUNS, ["paced"], salt=f"{pool}-{b}", batch_id=f"{pool}-{b}") for b in range(BATCHES)]
-        run_ids = {f"{r.trace_id}:{r.span_id}" for b in batches for r in b.requests}
+        run_ids = {run_id for b in batches for r in b.requests for run_id in r.run_ids()}
         sink = CelerySink(redis_url)
         for b in batches:
             sink.send(b)

@@ -6,7 +6,8 @@ a flusher thread polls it every ``flush_interval_s`` and completes each trace it
 (plans the trace's runs from span names and kinds alone: no message parsed, nothing validated
 in the application; a rule with a ``filter`` reads the run here to ask it, which costs the
 application that reading); the ``Sender`` queues each run's span records and ships them to the
-sink in batches, with retries. A rule's ``delay_s`` holds a run back that long first. Every drop
+sink in batches, with retries (a trace's runs as one request: its spans once, each run's
+target named). A rule's ``delay_s`` holds a run back that long first. Every drop
 is counted by reason under ``stats()["dropped"]``; after ``shutdown()`` nothing is sent.
 """
 
@@ -275,6 +276,16 @@ class ScoringSpanExporter(SpanExporter):
             return
         rules = entry.rules
         filtered = any(rule.filter is not None for rule in rules)
+        if len(runs) == 1 and not filtered:  # the common case: one run, one request per delay
+            target, spans = runs[0]
+            # A run is a subset of the trace: as many spans means all of them.
+            size = entry.size if len(spans) == len(records) else shipment_size(spans)
+            for delay, ids in self._all_groups if rules is self._rules else _scorer_groups(rules):
+                self._ship(Shipment(spans, target.span_id, ids, size), delay, now, out)
+            return
+        # Several runs: those bound for the same scorers (and delay) queue side by side sharing
+        # the trace's spans, so the sender ships them as one request (the spans once).
+        together: dict[tuple[float, tuple[str, ...]], list[Shipment]] = {}
         for target, spans in runs:
             if filtered:
                 kept = self._filter(target.span_id, spans, rules, entry.trace_id)
@@ -283,14 +294,24 @@ class ScoringSpanExporter(SpanExporter):
                 groups = _scorer_groups(kept)
             else:
                 groups = self._all_groups if rules is self._rules else _scorer_groups(rules)
-            # A run is a subset of the trace: as many spans means all of them.
             size = entry.size if len(spans) == len(records) else shipment_size(spans)
             for delay, ids in groups:
-                shipment = Shipment(spans, target.span_id, ids, size)
-                if delay > 0:
-                    self._hold(shipment, now + delay)
-                else:
-                    out.append(shipment)
+                together.setdefault((delay, tuple(ids)), []).append(Shipment(spans, target.span_id, ids, size))
+        for (delay, _), shipments in together.items():
+            if len(shipments) > 1:
+                # The runs' spans are disjoint: all of the trace's when they add up to it.
+                owned = sum(len(s.spans) for s in shipments)
+                trace = records if owned == len(records) else [r for s in shipments for r in s.spans]
+                for s in shipments:
+                    s.trace, s.runs = trace, len(shipments)
+            for s in shipments:
+                self._ship(s, delay, now, out)
+
+    def _ship(self, shipment: Shipment, delay: float, now: float, out: list[Shipment]) -> None:
+        if delay > 0:
+            self._hold(shipment, now + delay)
+        else:
+            out.append(shipment)
 
     def _filter(
         self, target_span_id: str, spans: list[SpanRecord], rules: Sequence[ScoringRule], trace_id: str

@@ -4,10 +4,13 @@ drains it.
 The queue is bounded in runs (``queue_size``) and in bytes (``max_queue_bytes``, the records'
 approximate JSON size; with the broker down, large traces cannot grow the application past it)
 and drops the newest. The sender takes up to ``batch_size`` runs and about ``max_batch_bytes``
-at once (what is in flight stays one batch's worth), builds their requests, and hands them to
-the sink; a sink with a message cap (``EncodedSink``, the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES``)
-gets each message cut under it by the requests' encoded size (``tracing.queue.RequestCutter``),
-and a run over it alone is dropped (``too_large``) while its neighbours go on. A failed send is
+at once (what is in flight stays one batch's worth), builds their requests — the runs of one
+trace that queue side by side for the same scorers become one request, the trace's spans
+shipped once with every run's target — and hands them to the sink; a sink with a message cap
+(``EncodedSink``, the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES``) gets each message cut under it
+by the requests' encoded size (``tracing.queue.RequestCutter``): a request over it is split run
+by run, each with its own spans only, and a run over it alone is dropped (``too_large``) while
+its neighbours go on. A failed send is
 retried with jittered exponential backoff until it succeeds or the sender stops; after ``stop``
 no attempt (nor retry) starts, and ``close`` counts what is left as dropped.
 """
@@ -48,13 +51,19 @@ def describe(exc: BaseException) -> str:
 
 @dataclass(slots=True)
 class Shipment:
-    """One run waiting in the queue: the sender builds its request (fewer objects queued)."""
+    """One run waiting in the queue: the sender builds its request (fewer objects queued).
 
-    spans: list[SpanRecord]
+    The runs of one trace bound for the same scorers are queued side by side, sharing one
+    ``trace`` list (their spans together; None for a run alone) and knowing how many they are
+    (``runs``): the sender ships them as one request when they are taken together."""
+
+    spans: list[SpanRecord]  # the run's own records
     target_span_id: str
     scorer_ids: list[str]
-    size: int  # the spans' approximate JSON size (compacted records)
+    size: int  # the run's spans' approximate JSON size (compacted records)
     enqueued_at: float | None = None
+    trace: list[SpanRecord] | None = None
+    runs: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +86,13 @@ class SenderLimits:
 
 @dataclass(slots=True)
 class _Chunk:
-    """What the sink gets at once: requests, their JSON when the sink takes it encoded, and how
-    many runs before them were dropped as too large."""
+    """What the sink gets at once: requests, their JSON when the sink takes it encoded, how many
+    runs they carry, and how many runs before them were dropped as too large."""
 
     requests: list[ScoreRequest]
     encoded: list[str] | None
     rejected: int
+    runs: int = 0
 
 
 class Sender:
@@ -268,8 +278,8 @@ class Sender:
                     except _Refused:
                         reason = "send_failed"
                     finally:
-                        settled += len(chunk.requests)
-                        self._settle(len(chunk.requests), sent=sent, reason=reason)
+                        settled += chunk.runs
+                        self._settle(chunk.runs, sent=sent, reason=reason)
             except Exception as exc:  # a request that cannot be built: the sender must live on
                 log.error("exporter_sender_failed", error=describe(exc))
                 self._tally.error("send")
@@ -283,41 +293,54 @@ class Sender:
             yield from self._encoded_chunks(batch, self._max_payload)
             return
         limit = self.limits.max_batch_bytes
-        chunk: list[ScoreRequest] = []
+        chunk = _Chunk([], None, 0)
         size = 0
-        for s in batch:
-            if chunk and size + s.size > limit:
-                yield _Chunk(chunk, None, 0)
-                chunk, size = [], 0
-            chunk.append(spans_request(s.spans, s.target_span_id, s.scorer_ids, s.enqueued_at))
-            size += s.size
-        if chunk:
-            yield _Chunk(chunk, None, 0)
+        for request, runs in _requests(batch):
+            n = sum(s.size for s in runs)
+            if chunk.requests and size + n > limit:
+                yield chunk
+                chunk, size = _Chunk([], None, 0), 0
+            chunk.requests.append(request)
+            chunk.runs += len(runs)
+            size += n
+        if chunk.requests:
+            yield chunk
 
     def _encoded_chunks(self, batch: list[Shipment], max_payload: int) -> Iterator[_Chunk]:
         cutter = RequestCutter(max_payload, max_bytes=self.limits.max_batch_bytes)
         rejected = 0
-        for s in batch:
-            request = spans_request(s.spans, s.target_span_id, s.scorer_ids, s.enqueued_at)
+        runs_in = 0  # runs in the cutter's chunk so far
+        for request, runs in _requests(batch):
             try:
                 closed = cutter.add(request)
             except RunTooLarge as exc:
-                # Only ids and sizes: the spans are the agent's content.
-                log.warning(
-                    "exporter_run_too_large",
-                    trace_id=exc.trace_id,
-                    span_id=exc.span_id,
-                    bytes=exc.size,
-                    max_payload_bytes=exc.max_payload_bytes,
-                )
-                rejected += 1
+                if len(runs) == 1:
+                    _too_large(exc)
+                    rejected += 1
+                    continue
+                # The trace's runs together are too large for one message: each run goes on
+                # its own, with its own spans (as each would alone), and only a run too large
+                # by itself is dropped.
+                for s in runs:
+                    one = spans_request(s.spans, [s.target_span_id], s.scorer_ids, s.enqueued_at)
+                    try:
+                        closed = cutter.add(one)
+                    except RunTooLarge as alone:
+                        _too_large(alone)
+                        rejected += 1
+                        continue
+                    if closed is not None:
+                        yield _Chunk(closed.requests, closed.encoded, rejected, runs_in)
+                        rejected = runs_in = 0
+                    runs_in += 1
                 continue
             if closed is not None:
-                yield _Chunk(closed.requests, closed.encoded, rejected)
-                rejected = 0
+                yield _Chunk(closed.requests, closed.encoded, rejected, runs_in)
+                rejected = runs_in = 0
+            runs_in += len(runs)
         last = cutter.take()
         if last.requests or rejected:
-            yield _Chunk(last.requests, last.encoded, rejected)
+            yield _Chunk(last.requests, last.encoded, rejected, runs_in)
 
     def _deliver(self, chunk: _Chunk) -> bool:
         """Send one chunk, retrying until it is sent (True) or the sender stops (False)."""
@@ -361,6 +384,41 @@ class Sender:
 
 class _Refused(Exception):
     """The sink refused a batch for good (counted as ``send_failed``; the sender goes on)."""
+
+
+def _too_large(exc: RunTooLarge) -> None:
+    # Only ids and sizes: the spans are the agent's content.
+    log.warning(
+        "exporter_run_too_large",
+        trace_id=exc.trace_id,
+        span_id=exc.span_id,
+        bytes=exc.size,
+        max_payload_bytes=exc.max_payload_bytes,
+    )
+
+
+def _requests(batch: list[Shipment]) -> Iterator[tuple[ScoreRequest, list[Shipment]]]:
+    """Each request of ``batch`` with the runs it carries: the runs of one trace side by side
+    with the same scorers go together (the trace's spans once when all of them are here, else
+    the spans of those that are), every other run alone."""
+    i, n = 0, len(batch)
+    while i < n:
+        first = batch[i]
+        j = i + 1
+        trace = first.trace
+        if trace is not None:
+            ids = first.scorer_ids
+            while j < n and batch[j].trace is trace and (batch[j].scorer_ids is ids or batch[j].scorer_ids == ids):
+                j += 1
+        runs = batch[i:j]
+        if len(runs) == 1:
+            spans = first.spans
+        elif trace is not None and len(runs) == first.runs:
+            spans = trace
+        else:
+            spans = [r for s in runs for r in s.spans]
+        yield spans_request(spans, [s.target_span_id for s in runs], first.scorer_ids, first.enqueued_at), runs
+        i = j
 
 
 def shipment_size(spans: Sequence[SpanRecord]) -> int:

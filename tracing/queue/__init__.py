@@ -1,11 +1,12 @@
 """The queue contract between producers (the exporter, backfill) and the workers.
 
-It owns the one request shape (``ScoreRequest``: a trace's span records, the span to score,
-the scorer ids, source and job), the batch that is one message (``ScoreBatch``), its wire
-format (Celery's task protocol 2 in JSON, built without Celery: ``task_message``), cutting
-requests into messages under the workers' byte cap (``RequestCutter``), and the one kombu
-publisher (``Publisher``) with backpressure as a wrapper (``Backpressure``). The worker
-validates each message against ``ScoreBatch`` and reads the runs from the span records.
+It owns the one request shape (``ScoreRequest``: a trace's span records once, the spans to
+score among them — one per run —, the scorer ids, source and job), the batch that is one message
+(``ScoreBatch``), its wire format (Celery's task protocol 2 in JSON, built without Celery:
+``task_message``), cutting requests into messages under the workers' byte cap
+(``RequestCutter``; a request too large for one is split run by run, ``ScoreRequest.per_target``),
+and the one kombu publisher (``Publisher``) with backpressure as a wrapper (``Backpressure``).
+The worker validates each message against ``ScoreBatch`` and reads the runs from the span records.
 """
 
 from tracing.queue._contract import SCORE_TASK_NAME, ScoreBatch, ScoreRequest, spans_request

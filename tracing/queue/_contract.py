@@ -1,14 +1,15 @@
-"""The one request shape: a trace's span records, the span to score among them, the scorers.
+"""The one request shape: a trace's span records, the spans to score among them, the scorers.
 
-The producer side (the exporter, backfill) builds it from span records; the worker validates
-it and reads the run itself (``trace_to_run(spans, target_span_id)``), whatever the source:
-reading (JSON parsing, validation) costs the worker CPU, never the instrumented application's
-nor the backfill's.
+The producer side (the exporter, backfill) builds it from span records, one request per trace
+(and scorer set) however many runs the trace holds: the spans travel once, with every run's
+target in ``target_span_ids``. The worker validates it and reads each run itself
+(``trace_to_run(run_spans()[target], target)``), whatever the source: reading (JSON parsing,
+validation) costs the worker CPU, never the instrumented application's nor the backfill's.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,28 +24,51 @@ SCORE_TASK_NAME = "tracescore.score_batch"
 
 
 class ScoreRequest(BaseModel):
-    """Score the run of ``target_span_id`` among ``spans`` (one trace) with each of
+    """Score the run of each of ``target_span_ids`` among ``spans`` (one trace) with each of
     ``scorer_ids`` (ids in the worker's registry). Unknown fields are refused (the message of an
-    older producer that shipped a read ``run`` fails validation naming it, never half-read)."""
+    older producer that shipped a read ``run`` fails validation naming it, never half-read).
+
+    Compatibility: a message of an older producer, with one ``target_span_id`` (a string), is
+    read as ``target_span_ids=[that id]`` (messages queued during an upgrade are scored)."""
 
     model_config = ConfigDict(extra="forbid")
 
     spans: list[SpanRecord] = Field(min_length=1)
-    # The span to score among ``spans`` (16 hex digits).
-    target_span_id: str = Field(pattern=SPAN_ID_PATTERN)
+    # The spans to score among ``spans`` (16 hex digits each), one per run, each once.
+    target_span_ids: list[Annotated[str, Field(pattern=SPAN_ID_PATTERN)]] = Field(min_length=1)
     scorer_ids: list[str] = Field(min_length=1)
     source: Literal["live", "backfill"] = "live"
     job_id: str | None = None
     # Wall-clock (epoch seconds) when the run was handed to the queue; for latency figures.
     enqueued_at: float | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_target_of_old(cls, data: Any) -> Any:
+        # The shape before several runs shared a request: {"target_span_id": "<id>"}.
+        if isinstance(data, dict) and "target_span_id" in data and "target_span_ids" not in data:
+            data = dict(data)
+            old = data.pop("target_span_id")
+            data["target_span_ids"] = [old] if isinstance(old, str) else old
+        return data
+
     @model_validator(mode="after")
     def _one_trace(self) -> ScoreRequest:
         trace_ids = {s.trace_id for s in self.spans}
         if len(trace_ids) > 1:
             raise ValueError(f"spans belong to {len(trace_ids)} traces; a request carries one trace")
-        if not any(s.span_id == self.target_span_id for s in self.spans):
-            raise ValueError(f"target_span_id {self.target_span_id} is not among the {len(self.spans)} spans")
+        seen: set[str] = set()
+        for span_id in self.target_span_ids:
+            if span_id in seen:
+                raise ValueError(f"target_span_ids names {span_id} twice; each run is scored once a request")
+            seen.add(span_id)
+        present = {s.span_id for s in self.spans}
+        missing = [t for t in self.target_span_ids if t not in present]
+        if missing:
+            raise ValueError(
+                f"target_span_ids {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+                f" not among the {len(self.spans)} spans"
+            )
         return self
 
     @property
@@ -52,31 +76,62 @@ class ScoreRequest(BaseModel):
         """The scored trace's id."""
         return self.spans[0].trace_id if self.spans else ""
 
-    @property
-    def span_id(self) -> str:
-        """The scored span's id."""
-        return self.target_span_id
+    def run_ids(self) -> list[str]:
+        """``trace_id:span_id`` of each run to score (how dead letters and logs name runs)."""
+        trace_id = self.trace_id
+        return [f"{trace_id}:{span_id}" for span_id in self.target_span_ids]
 
-    @property
-    def span_name(self) -> str:
-        target = self.target
-        return target.name if target is not None else ""
+    def target_record(self, span_id: str) -> SpanRecord | None:
+        """The record of the target span ``span_id``."""
+        return next((s for s in self.spans if s.span_id == span_id), None)
 
-    @property
-    def target(self) -> SpanRecord | None:
-        """The record of the span to score."""
-        return next((s for s in self.spans if s.span_id == self.target_span_id), None)
-
-    @property
-    def agent_label(self) -> str:
-        """The scored agent's name (as ``trace_to_run`` reads it), else the span's name: how
-        summaries and tables label the run."""
-        target = self.target
+    def agent_label_of(self, span_id: str) -> str:
+        """The agent's name of target ``span_id`` (as ``trace_to_run`` reads it), else the
+        span's name: how summaries and tables label the run."""
+        target = self.target_record(span_id)
         if target is None:
             return ""
         if classify(target.name, target.attributes) == "agent":
             return agent_name(RecordView(target)) or target.name
         return target.name
+
+    def run_spans(self) -> dict[str, list[SpanRecord]]:
+        """The records each target's run is read from, in ``spans`` order: all the spans for a
+        request with one target (as its producer planned it); with several, each target and its
+        descendants (what ``plan_runs`` gives a run, what ``trace_to_run`` reads of it), so
+        reading N runs costs the trace once, not N times. Targets under one another (no
+        producer plans them) share all the spans."""
+        targets = self.target_span_ids
+        if len(targets) == 1:
+            return {targets[0]: self.spans}
+        children: dict[str, list[str]] = {}
+        for s in self.spans:
+            if s.parent_span_id is not None:
+                children.setdefault(s.parent_span_id, []).append(s.span_id)
+        owner_of: dict[str, str] = {}
+        for target in targets:
+            stack = [target]
+            while stack:
+                span_id = stack.pop()
+                if owner_of.setdefault(span_id, target) != target:
+                    return dict.fromkeys(targets, self.spans)  # nested targets: no partition
+                stack.extend(c for c in children.get(span_id, ()) if owner_of.get(c) != target)
+        groups: dict[str, list[SpanRecord]] = {t: [] for t in targets}
+        for s in self.spans:
+            owner = owner_of.get(s.span_id)
+            if owner is not None:
+                groups[owner].append(s)
+        return groups
+
+    def per_target(self) -> list[ScoreRequest]:
+        """One request per target, each carrying only its run's records (``run_spans``): how a
+        request too large for one message, or a crashed delivery's, is split run by run."""
+        if len(self.target_span_ids) == 1:
+            return [self]
+        return [
+            spans_request(spans, [target], self.scorer_ids, self.enqueued_at, source=self.source, job_id=self.job_id)
+            for target, spans in self.run_spans().items()
+        ]
 
 
 class ScoreBatch(BaseModel):
@@ -85,23 +140,27 @@ class ScoreBatch(BaseModel):
     batch_id: str
     requests: list[ScoreRequest] = Field(min_length=1)
 
+    def runs(self) -> int:
+        """How many runs the batch asks to score (targets over its requests)."""
+        return sum(len(r.target_span_ids) for r in self.requests)
+
 
 _setattr = object.__setattr__
-_SPANS_REQUEST_SET = ("spans", "target_span_id", "scorer_ids")
+_SPANS_REQUEST_SET = ("spans", "target_span_ids", "scorer_ids")
 
 
 def spans_request(
     spans: list[SpanRecord],
-    target_span_id: str,
+    target_span_ids: list[str],
     scorer_ids: list[str],
     enqueued_at: float | None = None,
     *,
     source: Literal["live", "backfill"] = "live",
     job_id: str | None = None,
 ) -> ScoreRequest:
-    """``ScoreRequest.model_construct(spans=, target_span_id=, scorer_ids=, ...)``, not validated
+    """``ScoreRequest.model_construct(spans=, target_span_ids=, scorer_ids=, ...)``, not validated
     (the worker validates every message), minus model_construct's per-field default and alias
-    handling: ~0.6 instead of ~3 µs a run on the hot path. It sets what model_construct sets;
+    handling: ~0.6 instead of ~3 µs a request on the hot path. It sets what model_construct sets;
     tests/tracing/test_span_record.py compares the two, so a pydantic change shows there."""
     request = ScoreRequest.__new__(ScoreRequest)
     _setattr(
@@ -109,7 +168,7 @@ def spans_request(
         "__dict__",
         {
             "spans": spans,
-            "target_span_id": target_span_id,
+            "target_span_ids": target_span_ids,
             "scorer_ids": list(scorer_ids),
             "source": source,
             "job_id": job_id,

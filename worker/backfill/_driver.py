@@ -4,8 +4,9 @@
            ─▶ plan_runs ─runs─▶ ScoreRequest batches ─▶ Submitter (Redis queue with
            backpressure, or embedded)
 
-The backfill ships span records, as the exporter does: the worker alone reads runs (an
-unreadable run becomes the worker's error record, counted as ``failed:<reason>``). A trace
+The backfill ships span records, as the exporter does, one request per trace (its spans once,
+each planned run's target in it): the worker alone reads runs (an unreadable run becomes the
+worker's error record, counted as ``failed:<reason>``). A trace
 with nothing to score (no agent and no LLM span) is counted here (``no_target``) and reported.
 
 Streaming: the source is read one record at a time and the assembler's memory is bounded, so
@@ -15,8 +16,9 @@ and the job goes on.
 Batches are cut by count (``batch_size``) and, in broker mode, by bytes
 (``tracing.queue.RequestCutter``): a batch never grows past the workers' message cap
 (``TRACESCORE_MAX_PAYLOAD_BYTES``), so one big run cannot make its neighbours' message too
-large; a run over the cap on its own is counted (``runs_rejected``) and reported, and the rest
-go on. Each request is serialized once, to size it and to send it.
+large; a trace's request over the cap is split run by run (each with its own spans, as
+``plan_runs`` gives them), and a run over the cap on its own is counted (``runs_rejected``) and
+reported, and the rest go on. Each request is serialized once, to size it and to send it.
 
 Resumable: after each batch is handed over, the job state (checkpoint = the earliest input
 position not fully enqueued, the counters) and the enqueued trace ids are saved together, so an
@@ -127,6 +129,7 @@ class Backfill:
         # A resumed job checks each batch against the traces it already enqueued.
         self.resumed = resumed or state.checkpoint != (0, 0, 0)
         self._chunk: list[ScoreRequest] = []
+        self._chunk_runs = 0  # runs (targets) in _chunk: batch_size counts runs
         self._chunk_traces: list[str] = []
         cap = getattr(submitter, "max_payload_bytes", None)
         # Batches cut by bytes, each request's JSON kept for the submitter (broker mode).
@@ -176,7 +179,7 @@ class Backfill:
         while self._waiting:
             trace = self._waiting.popleft()
             self._handle(trace)
-            if len(self._chunk) >= self.state.options.batch_size:
+            if self._chunk_runs >= self.state.options.batch_size:
                 self._flush()
 
     def _handle(self, trace: AssembledTrace) -> None:
@@ -235,28 +238,36 @@ class Backfill:
             return
         now = time.time()
         options = self.state.options
-        requests = [
-            spans_request(
-                members, target.span_id, options.scorer_ids, now, source="backfill", job_id=self.state.job_id
-            )
-            for target, members in plans
-        ]
+        if len(plans) == 1:
+            spans = plans[0][1]
+        else:
+            # The runs' records are disjoint: all of the trace's when they add up to it.
+            owned = sum(len(members) for _, members in plans)
+            spans = records if owned == len(records) else [r for _, members in plans for r in members]
+        request = spans_request(
+            spans, [t.span_id for t, _ in plans], options.scorer_ids, now, source="backfill", job_id=self.state.job_id
+        )
         if self._cutter is None:
-            self._chunk.extend(requests)
+            self._chunk.append(request)
+            self._chunk_runs += len(plans)
         else:
             self._handling = trace.first
-            added = [self._add_sized(request, self._cutter) for request in requests]
+            added = self._add_sized(request, self._cutter)
             self._handling = None
-            if not any(added):
+            if not added:
                 return  # every run was over the cap (counted and reported)
         self._chunk_traces.append(trace.trace_id)
 
     def _add_sized(self, request: ScoreRequest, cutter: RequestCutter) -> bool:
         """Add ``request`` to the chunk, cutting a batch first when it would not fit; False when
-        it is over the cap on its own (rejected)."""
+        none of its runs was added (each over the cap on its own: rejected). A request of
+        several runs over the cap is added run by run."""
         try:
             closed = cutter.add(request)
         except RunTooLarge as exc:
+            if len(request.target_span_ids) > 1:
+                added = [self._add_sized(one, cutter) for one in request.per_target()]
+                return any(added)
             self.state.counters.reject("too_large")
             self._report(
                 f"trace {exc.trace_id} span {exc.span_id}: run not enqueued (too_large): its message would be"
@@ -271,6 +282,7 @@ class Backfill:
             # and the workers' deterministic score ids keep its first runs from counting twice).
             self._flush(closed.requests, closed.encoded)
         self._chunk.append(request)
+        self._chunk_runs += len(request.target_span_ids)
         return True
 
     def _checkpoint(self) -> Position:
@@ -290,9 +302,11 @@ class Backfill:
         if closed is not None:
             requests, encoded = closed, closed_json or []
             self._chunk = self._chunk[len(closed) :]
+            self._chunk_runs -= sum(len(r.target_span_ids) for r in closed)
         else:
             requests = self._chunk
             self._chunk = []
+            self._chunk_runs = 0
             if self._cutter is not None:
                 encoded = self._cutter.take().encoded
         trace_ids, self._chunk_traces = self._chunk_traces, []
@@ -313,7 +327,7 @@ class Backfill:
             if self.on_batch is not None:
                 self.on_batch(batch)
             counters.batches += 1
-            counters.runs_enqueued += len(requests)
+            counters.runs_enqueued += batch.runs()
             counters.traces_enqueued += len(trace_ids)
         self._save(trace_ids)
 

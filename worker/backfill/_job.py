@@ -377,7 +377,8 @@ class _Enqueued:
     def __call__(self, batch: ScoreBatch) -> None:
         for request in batch.requests:
             index = self._ids.setdefault(tuple(request.scorer_ids), len(self._ids))
-            self._spool.add(_compact([request.trace_id, request.span_id, request.agent_label, index]))
+            for span_id in request.target_span_ids:
+                self._spool.add(_compact([request.trace_id, span_id, request.agent_label_of(span_id), index]))
 
     def _scores(self, registry: Registry, scorer_ids: list[str]) -> Iterator[tuple[str, str]]:
         """(score id, agent) of every score the enqueued runs ask for, in the order enqueued."""
