@@ -166,3 +166,28 @@ def test_summary_out_and_delivery_states_over_thousands_of_runs(redis_server: Re
         outbox.close()
         client.flushdb()
         client.close()
+
+
+def test_a_spool_that_cannot_be_written_stops_quietly_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full or missing TMPDIR: the batches are enqueued already, so the job must not fail;
+    the spool stops, keeps nothing, and names the reason for the summary it cannot give."""
+    enqueued = _Enqueued()
+    batches = _batches(3000)
+    enqueued(next(batches))
+    assert enqueued.count == 1000
+
+    class Full(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    real = enqueued._spool._file
+    assert real is not None
+    real.close()
+    monkeypatch.setattr(enqueued._spool, "_file", Full())
+    for batch in batches:
+        enqueued(batch)  # no exception: the job goes on
+    assert enqueued.count == 0
+    assert enqueued.lost is not None
+    assert "No space left on device" in enqueued.lost
+    assert list(enqueued.score_ids(REGISTRY, SCORERS)) == []
+    enqueued.close()

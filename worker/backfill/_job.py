@@ -35,7 +35,7 @@ from tracing import JsonlScoreWriter, ScoreWriter, SpanRecord, TraceReadError, s
 from tracing.queue import ScoreBatch
 from tracing.sources import SourceError, TraceSource, source_from_description
 from worker._app import redact
-from worker._budget import CostEstimate, install_local_guard, parse_budgets, set_job_limit
+from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
 from worker._gc import tuned_gc
 from worker._keys import record_key
 from worker._registry import Registry, RegistryError, load_registry
@@ -258,30 +258,47 @@ def print_summary(summary: dict[str, Any]) -> None:
     click.echo("\n".join(lines), err=True)
 
 
+class SpoolError(Exception):
+    """The temporary file of a job's enqueued runs could not be written or read (a full or
+    read-only ``TMPDIR``): only the end-of-job summary needs it, never the job itself."""
+
+
 class _Spool:
     """Lines in an anonymous temporary file (gone when closed or when the process ends):
     appended as they come and read back in order, as often as needed, in constant memory."""
 
     def __init__(self) -> None:
-        self._file = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115  (closed by close)
+        self._file: IO[str] | None = None
         self.count = 0
 
     def add(self, line: str) -> None:
-        self._file.write(line)
-        self._file.write("\n")
+        try:
+            if self._file is None:  # created with the first line: a job that enqueues nothing has no file
+                self._file = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115  (closed by close)
+            self._file.write(line)
+            self._file.write("\n")
+        except OSError as exc:
+            raise SpoolError(f"cannot spool to {tempfile.gettempdir()}: {exc.strerror or exc}") from exc
         self.count += 1
 
     def __iter__(self) -> Iterator[str]:
-        self._file.flush()
-        self._file.seek(0)
+        if self._file is None:
+            return
         try:
-            for line in self._file:
-                yield line[:-1]
-        finally:
-            self._file.seek(0, io.SEEK_END)  # later lines are appended
+            self._file.flush()
+            self._file.seek(0)
+            try:
+                for line in self._file:
+                    yield line[:-1]
+            finally:
+                self._file.seek(0, io.SEEK_END)  # later lines are appended
+        except OSError as exc:
+            raise SpoolError(f"cannot read the spool back: {exc.strerror or exc}") from exc
 
     def close(self) -> None:
-        self._file.close()
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
 
 
 def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -369,16 +386,26 @@ class _Enqueued:
         self._spool = _Spool()
         # Each distinct tuple of scorer ids (a handful per job) once; a line holds its index.
         self._ids: dict[tuple[str, ...], int] = {}
+        # Why the spool stopped (then no summary is read back: it would miss runs).
+        self.lost: str | None = None
 
     @property
     def count(self) -> int:
-        return self._spool.count
+        """Runs spooled, 0 once the spool failed (nothing to read back)."""
+        return 0 if self.lost else self._spool.count
 
     def __call__(self, batch: ScoreBatch) -> None:
-        for request in batch.requests:
-            index = self._ids.setdefault(tuple(request.scorer_ids), len(self._ids))
-            for span_id in request.target_span_ids:
-                self._spool.add(_compact([request.trace_id, span_id, request.agent_label_of(span_id), index]))
+        if self.lost:
+            return
+        try:
+            for request in batch.requests:
+                index = self._ids.setdefault(tuple(request.scorer_ids), len(self._ids))
+                for span_id in request.target_span_ids:
+                    self._spool.add(_compact([request.trace_id, span_id, request.agent_label_of(span_id), index]))
+        except SpoolError as exc:
+            # The batch is enqueued already: the job goes on, without its end-of-job summary.
+            self.lost = str(exc)
+            self._spool.close()
 
     def _scores(self, registry: Registry, scorer_ids: list[str]) -> Iterator[tuple[str, str]]:
         """(score id, agent) of every score the enqueued runs ask for, in the order enqueued."""
@@ -515,7 +542,11 @@ def _dry_run(
 ) -> None:
     reporter.message(f"dry run: reading {state.source_label}; nothing is scored")
     started = time.monotonic()
-    estimate = CostEstimate({s: registry[s] for s in state.options.scorer_ids}) if registry is not None else None
+    estimate = (
+        CostEstimate({s: registry[s] for s in state.options.scorer_ids}, parse_prices(_settings(None).prices))
+        if registry is not None
+        else None
+    )
 
     def on_run(spans: list[SpanRecord], target_span_id: str) -> None:
         # An unreadable run is not a cost (scoring it records the read error).
@@ -585,6 +616,7 @@ def _run_embedded(
         built = build_sinks(settings) if names else []
     except SettingsError as exc:
         raise CliError(str(exc)) from exc
+    prices = parse_prices(settings.prices)
     scorer = EmbeddedScorer(
         {s: registry[s] for s in state.options.scorer_ids},
         _Fanout(writers) if writers else None,
@@ -593,11 +625,12 @@ def _run_embedded(
         sinks=built,
         drain_policy=DrainPolicy.of(settings),
         drain_timeout_s=settings.sink_drain_timeout_seconds,
+        prices=prices,
     )
     try:
         # TRACESCORE_BUDGETS and --max-cost, held in this process (the workers' ledger's twin).
         restore_hooks = install_local_guard(
-            parse_budgets(_settings(None).budgets), state.job_id, state.options.max_cost_usd
+            parse_budgets(settings.budgets), state.job_id, state.options.max_cost_usd, prices
         )
     except ValueError as exc:
         raise CliError(str(exc)) from exc
@@ -695,91 +728,100 @@ def _run_redis(
         set_job_limit(submitter.store, state.job_id, state.options.max_cost_usd)
     started = time.monotonic()
     enqueued = _Enqueued()
-    backfill = Backfill(
-        source, state, submitter, job_store=job_store, reporter=reporter, resumed=resumed, on_batch=enqueued
-    )
-    progress: dict[str, int] | None = None
     try:
-        with _stop_on_signals() as stop:
-            backfill.should_stop = stop
-            submitter.should_stop = stop
-            if state.status in ("reading", "interrupted"):
-                state.status = "reading"
-                backfill.run()
-            if not no_wait:
-                progress = _wait_for_workers(submitter, state, reporter, wait_timeout, stop)
-                expected = state.expected_scores
-                done = sum(progress.get(k, 0) for k in ("scored", "failed", "skipped"))
-                if done >= expected:
-                    state.status = "finished"
-                    job_store.save(state)
-    except KeyboardInterrupt:
-        reporter.close()
-        backfill.interrupted()
-        click.echo(
-            f"interrupted; nothing enqueued is lost. Resume with: tracescore backfill --resume {state.job_id}"
-            + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}"),
-            err=True,
+        backfill = Backfill(
+            source, state, submitter, job_store=job_store, reporter=reporter, resumed=resumed, on_batch=enqueued
         )
-        submitter.close()
-        raise SystemExit(130) from None
-    except BaseException:
-        submitter.close()
-        raise
-    finally:
-        reporter.close()
-    if progress is None:
-        progress = submitter.progress(state.job_id)
-    elapsed = time.monotonic() - started
-    by_scorer: Summary | None = None
-    if not no_wait and registry is not None and enqueued.count:
+        progress: dict[str, int] | None = None
         try:
-            with ExitStack() as closing:
-                out_file = closing.enter_context(out.open("w", encoding="utf-8")) if out is not None else None
-                by_scorer = enqueued.summary(submitter.store, registry, state.options.scorer_ids, worst, out_file)
-        except OSError as exc:
-            click.echo(f"  cannot write --out {out}: {exc.strerror or exc}", err=True)
-        except redis.exceptions.RedisError as exc:
-            click.echo(f"  per-scorer summary unavailable: cannot read the scores back ({exc})", err=True)
-    submitter.close()
-    summary = _summary(state, "redis", progress, elapsed)
-    summary["throttled_s"] = round(submitter.throttled_s, 3)
-    if not no_wait and registry is not None and enqueued.count and state.status == "finished":
-        try:
-            sinks = _job_delivery(
-                settings, functools.partial(enqueued.score_ids, registry, state.options.scorer_ids), reporter
+            with _stop_on_signals() as stop:
+                backfill.should_stop = stop
+                submitter.should_stop = stop
+                if state.status in ("reading", "interrupted"):
+                    state.status = "reading"
+                    backfill.run()
+                if not no_wait:
+                    progress = _wait_for_workers(submitter, state, reporter, wait_timeout, stop)
+                    expected = state.expected_scores
+                    done = sum(progress.get(k, 0) for k in ("scored", "failed", "skipped"))
+                    if done >= expected:
+                        state.status = "finished"
+                        job_store.save(state)
+        except KeyboardInterrupt:
+            reporter.close()
+            backfill.interrupted()
+            click.echo(
+                f"interrupted; nothing enqueued is lost. Resume with: tracescore backfill --resume {state.job_id}"
+                + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}"),
+                err=True,
             )
-        except redis.exceptions.RedisError as exc:
-            click.echo(f"  sink delivery unknown: cannot read the outbox ({exc})", err=True)
-        else:
-            if sinks:
-                summary["sinks"] = sinks
-    enqueued.close()
-    if by_scorer is not None:
-        summary["by_scorer"] = by_scorer.as_json()
-        summary["spend"] = by_scorer.spend.as_json()
-    if as_json:
-        click.echo(json.dumps(summary))
-    print_summary(summary)
-    if by_scorer is not None:
-        partial = " so far" if state.status != "finished" else ""
-        earlier = " (this run's part of a resumed job)" if resumed else ""
-        click.echo(
-            "\n" + by_scorer.render(title=f"scores by scorer{partial}{earlier} ({enqueued.count:,} runs)"),
-            err=as_json,
-        )
-    _report_sinks(summary)
-    if no_wait and state.status == "enqueued":
-        click.echo(
-            f"  enqueued; the workers score it. Follow with: tracescore backfill --resume {state.job_id}", err=True
-        )
-    _check_outcome(summary)
-    _check_sinks(summary)
-    if not no_wait and wait_timeout is not None and state.status != "finished":
-        raise WaitTimeoutError(
-            f"--wait-timeout {wait_timeout:g}s expired before the workers finished; the job goes on: "
-            f"follow it with tracescore backfill --resume {state.job_id}"
-        )
+            submitter.close()
+            raise SystemExit(130) from None
+        except BaseException:
+            submitter.close()
+            raise
+        finally:
+            reporter.close()
+        if progress is None:
+            progress = submitter.progress(state.job_id)
+        elapsed = time.monotonic() - started
+        by_scorer: Summary | None = None
+        if not no_wait and registry is not None and enqueued.count:
+            try:
+                with ExitStack() as closing:
+                    out_file = closing.enter_context(out.open("w", encoding="utf-8")) if out is not None else None
+                    by_scorer = enqueued.summary(submitter.store, registry, state.options.scorer_ids, worst, out_file)
+            except SpoolError as exc:
+                click.echo(f"  per-scorer summary unavailable: {exc}", err=True)
+            except OSError as exc:
+                click.echo(f"  cannot write --out {out}: {exc.strerror or exc}", err=True)
+            except redis.exceptions.RedisError as exc:
+                click.echo(f"  per-scorer summary unavailable: cannot read the scores back ({exc})", err=True)
+        if not no_wait and registry is not None and enqueued.lost:
+            what = "per-scorer summary and --out" if out is not None else "per-scorer summary"
+            click.echo(f"  {what} unavailable: {enqueued.lost}", err=True)
+        submitter.close()
+        summary = _summary(state, "redis", progress, elapsed)
+        summary["throttled_s"] = round(submitter.throttled_s, 3)
+        if not no_wait and registry is not None and enqueued.count and state.status == "finished":
+            try:
+                sinks = _job_delivery(
+                    settings, functools.partial(enqueued.score_ids, registry, state.options.scorer_ids), reporter
+                )
+            except redis.exceptions.RedisError as exc:
+                click.echo(f"  sink delivery unknown: cannot read the outbox ({exc})", err=True)
+            except SpoolError as exc:
+                click.echo(f"  sink delivery unknown: {exc}", err=True)
+            else:
+                if sinks:
+                    summary["sinks"] = sinks
+        if by_scorer is not None:
+            summary["by_scorer"] = by_scorer.as_json()
+            summary["spend"] = by_scorer.spend.as_json()
+        if as_json:
+            click.echo(json.dumps(summary))
+        print_summary(summary)
+        if by_scorer is not None:
+            partial = " so far" if state.status != "finished" else ""
+            earlier = " (this run's part of a resumed job)" if resumed else ""
+            click.echo(
+                "\n" + by_scorer.render(title=f"scores by scorer{partial}{earlier} ({enqueued.count:,} runs)"),
+                err=as_json,
+            )
+        _report_sinks(summary)
+        if no_wait and state.status == "enqueued":
+            click.echo(
+                f"  enqueued; the workers score it. Follow with: tracescore backfill --resume {state.job_id}", err=True
+            )
+        _check_outcome(summary)
+        _check_sinks(summary)
+        if not no_wait and wait_timeout is not None and state.status != "finished":
+            raise WaitTimeoutError(
+                f"--wait-timeout {wait_timeout:g}s expired before the workers finished; the job goes on: "
+                f"follow it with tracescore backfill --resume {state.job_id}"
+            )
+    finally:
+        enqueued.close()
 
 
 def _resume(
