@@ -168,8 +168,9 @@ def _table(raw: str) -> dict[str, ModelPrice]:
 
 
 def price_table() -> dict[str, ModelPrice]:
-    """The price table of this process (``TRACESCORE_PRICES`` over the defaults; read per call
-    so a test or a restart with a new value applies; a bad value was refused at start-up)."""
+    """The price table of the environment (``TRACESCORE_PRICES`` over the defaults), for what is
+    given no ``Settings``: an application's embedded sink, ``ScoringDeps`` built by hand. The
+    worker and the commands pass ``parse_prices(settings.prices)`` instead."""
     try:
         return _table(os.environ.get("TRACESCORE_PRICES", ""))
     except ValueError as exc:  # set after start-up (a worker refuses it at start): say so, use the defaults
@@ -564,7 +565,10 @@ async def spend_report(ledger: Ledger, budgets: Budgets, day: str | None = None)
 
 
 def install_local_guard(
-    budgets: Budgets, job_id: str | None = None, max_cost_usd: float | None = None
+    budgets: Budgets,
+    job_id: str | None = None,
+    max_cost_usd: float | None = None,
+    prices: Mapping[str, ModelPrice] | None = None,
 ) -> Callable[[], None]:
     """Budgets for scoring in this process (a backfill without a broker): the in-memory twin of
     the workers' ledger, installed as this process's judge guard. Returns what puts the hooks
@@ -573,7 +577,7 @@ def install_local_guard(
     if job_id and max_cost_usd is not None:
         ledger.job_limits[job_id] = float(max_cost_usd)
     previous = get_judge_hooks()
-    set_judge_hooks(replace(previous, guard=BudgetGuard(ledger, budgets)))
+    set_judge_hooks(replace(previous, guard=BudgetGuard(ledger, budgets, prices=prices)))
     return lambda: set_judge_hooks(previous)
 
 

@@ -29,8 +29,10 @@ from typing import Any, NamedTuple, TypeVar
 import structlog
 
 from scorers import Scorer, ScorerError, ScoreResult
+from scorers.judge import ModelPrice
 from tracing import CallbackSink, ScoreRecord, ScoreSink, ScoreWriter
 from tracing.queue import ScoreBatch
+from worker._budget import price_table
 from worker._delivery import Deliveries, DrainerWaker, DrainPolicy
 from worker._loop import LoopThread, LoopWatchdog
 from worker._registry import load_registry
@@ -221,6 +223,7 @@ class EmbeddedScorer:
         sinks: Sequence[ScoreSink] = (),
         drain_policy: DrainPolicy | None = None,
         drain_timeout_s: float = 30.0,
+        prices: Mapping[str, ModelPrice] | None = None,
     ) -> None:
         if run_timeout_s is None:
             run_timeout_s = load_settings().run_timeout
@@ -250,6 +253,7 @@ class EmbeddedScorer:
             run_concurrency=run_concurrency,
             checkpoint="none",  # the store dies with the process: nothing to resume from
             run_timeout_s=run_timeout_s or None,
+            prices=price_table() if prices is None else prices,
         )
         self.retry_budget = max(1, retry_budget)
         self.retry_backoff_s = retry_backoff_s

@@ -13,7 +13,8 @@ from tests.fakellm import FakeLLMServer
 from tests.worker._batches import batch
 from tests.worker.test_budget_records import _grader
 from worker._app import create_app
-from worker._budget import BudgetGuard
+from worker._budget import BudgetGuard, install_local_guard, parse_budgets, parse_prices
+from worker._embedded import EmbeddedScorer
 from worker._loop import run_coro, stop_loop
 from worker._registry import Registry
 from worker._runtime import get_runtime, reset_runtime
@@ -62,3 +63,30 @@ def test_a_worker_runtime_prices_by_its_settings(redis_url: str, monkeypatch: py
             run_coro(runtime.limiter.close(), 5)
         stop_loop()
         set_judge_hooks(hooks)
+
+
+def test_scoring_in_process_prices_by_the_table_it_is_given(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tracescore score`` and an embedded backfill pass their Settings' prices to the
+    embedded scorer and the local budget guard, whatever the environment says."""
+    monkeypatch.setenv("TRACESCORE_PRICES", json.dumps({MODEL: {"input": 1e6, "output": 0}}))
+    prices = parse_prices(json.dumps({MODEL: {"input": 3e6, "output": 0}}))
+    store = MemoryScoreStore()
+    scorer = EmbeddedScorer(Registry([_grader(MODEL)]), store=store, prices=prices)
+    try:
+        scorer.submit(batch(range(1), ["grader"], salt="embedded-prices"))
+    finally:
+        scorer.close()
+    (record,) = store.records.values()
+    assert record.cost_usd == pytest.approx(3 * record.input_tokens)
+
+    hooks = get_judge_hooks()
+    restore = install_local_guard(parse_budgets(""), prices=prices)
+    try:
+        guard = get_judge_hooks().guard
+        assert isinstance(guard, BudgetGuard)
+        assert guard.prices[MODEL].input == 3e6
+    finally:
+        restore()
+    assert get_judge_hooks() == hooks

@@ -19,6 +19,7 @@ from typing import IO, Any
 import click
 
 from scorers import ScoreResult
+from worker._budget import parse_prices
 from worker._embedded import EmbeddedScorer, cli_limits
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter
@@ -149,7 +150,13 @@ def score_command(
 
     # The worker's limits (TRACESCORE_RUN_TIMEOUT_SECONDS, the memory cap): a run that hangs or
     # runs out of memory is a timeout/memory error and the chunk's other runs are scored.
-    scorer = EmbeddedScorer(scorers, run_timeout_s=cli_limits(cli_settings()), run_concurrency=concurrency)
+    settings = cli_settings()
+    scorer = EmbeddedScorer(
+        scorers,
+        run_timeout_s=cli_limits(settings),
+        run_concurrency=concurrency,
+        prices=parse_prices(settings.prices),
+    )
     try:
         out_file: IO[str] | None = out.open("w", encoding="utf-8") if out is not None else None
     except OSError as exc:
