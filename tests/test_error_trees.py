@@ -74,7 +74,7 @@ def _worker_modules() -> list[ModuleType]:
 
 def _request() -> Any:
     """What RunTooLarge reads of a request: its ids (the spans are never in the message)."""
-    return SimpleNamespace(trace_id="1" * 32, span_id="2" * 16)
+    return SimpleNamespace(trace_id="1" * 32, target_span_ids=["2" * 16])
 
 
 def _provider(cls: type[JudgeProviderError], status: int | None = None) -> JudgeProviderError:

@@ -29,6 +29,7 @@ COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "tracescore-scores.json"
 WRITER_SOURCE = ROOT / "tracing" / "sinks" / "_otlp.py"
+MARKERS_SOURCE = ROOT / "tracing" / "_markers.py"
 
 _VARIABLE = re.compile(r"\bTRACESCORE_[A-Z0-9_]*[A-Z0-9]\b")
 _COMPOSE_DEFAULT = re.compile(r"\$\{([A-Z0-9_]+):-([^}]*)\}")
@@ -172,9 +173,12 @@ def _check_invocation(where: str, words: list[str]) -> None:
 def _writer_attributes() -> tuple[set[str], set[str], set[str]]:
     """(carrier span attribute keys, evaluation event attribute keys, every string in the module)."""
     tree = ast.parse(WRITER_SOURCE.read_text(encoding="utf-8"))
+    # The module's string constants and those it imports from the markers module (the role).
+    markers = ast.parse(MARKERS_SOURCE.read_text(encoding="utf-8"))
     constants = {
         node.targets[0].id: node.value.value
-        for node in tree.body
+        for module in (markers, tree)
+        for node in module.body
         if isinstance(node, ast.Assign)
         and isinstance(node.targets[0], ast.Name)
         and isinstance(node.value, ast.Constant)
