@@ -149,6 +149,12 @@ class SourceError(TracingError):
     _category: ClassVar[ErrorCategory] = "config"
 
 
+def _runs(span_ids: list[str]) -> str:
+    if len(span_ids) == 1:
+        return f"span {span_ids[0]}"
+    return f"{len(span_ids)} runs (spans {', '.join(span_ids[:3])}{', ...' if len(span_ids) > 3 else ''})"
+
+
 class RunTooLarge(TracingError, ValueError):
     """One request's JSON is over the workers' message cap by itself: no message can carry it."""
 
@@ -157,7 +163,7 @@ class RunTooLarge(TracingError, ValueError):
     def __init__(self, request: ScoreRequest, size: int, max_payload_bytes: int) -> None:
         # Ids and sizes only: the spans are the agent's content.
         super().__init__(
-            f"trace {request.trace_id} span {', '.join(request.target_span_ids)}: {size:,} bytes, over"
+            f"trace {request.trace_id} {_runs(request.target_span_ids)}: {size:,} bytes, over"
             f" TRACESCORE_MAX_PAYLOAD_BYTES ({max_payload_bytes:,} with the message envelope)"
         )
         self.trace_id = request.trace_id

@@ -282,8 +282,7 @@ class EmbeddedScorer:
         with self._lock:
             if self.agents is not None:
                 for request in batch.requests:
-                    for span_id in request.target_span_ids:
-                        self.agents[span_id] = request.agent_label_of(span_id)
+                    self.agents.update(request.agent_labels())
             try:
                 for attempt in range(self.retry_budget):
                     final = attempt == self.retry_budget - 1

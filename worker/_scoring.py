@@ -341,11 +341,7 @@ def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:
                 scorer = None
                 unknown = UnknownScorerError(scorer_id, registry.keys())
             scorers.append((scorer_id, scorer, unknown))
-        wanted = set(request.target_span_ids)
-        targets: dict[str, SpanRecord] = {}
-        for span in request.spans:
-            if span.span_id in wanted:
-                targets.setdefault(span.span_id, span)
+        targets = request.targets()
         for span_id in request.target_span_ids:
             target = targets.get(span_id)
             for scorer_id, scorer, unknown in scorers:

@@ -14,7 +14,7 @@ from tests.backfill._synth import trace_spans
 from tests.tracing._exporting import read_runs
 from tests.tracing._spans import THREE_AGENTS, Recorder, genai_messages, three_agent_trace
 from tracing.otlp import spans_to_otlp_json
-from tracing.queue import MESSAGE_ENVELOPE_BYTES, ScoreBatch
+from tracing.queue import MESSAGE_ENVELOPE_BYTES, ScoreBatch, request_json
 from tracing.sources import FileSource
 from worker.backfill._driver import Backfill
 from worker.backfill._progress import ProgressReporter
@@ -96,7 +96,7 @@ def test_batches_are_cut_by_bytes_and_an_oversized_run_is_a_counted_reject(tmp_p
         body = ScoreBatch(batch_id=batch.batch_id, requests=batch.requests).model_dump_json()
         assert len(body.encode()) <= cap + 1024
         assert len(json.dumps(json.loads(body), separators=(",", ":"))) <= cap + 1024  # the worker's measure
-        assert encoded == [r.model_dump_json() for r in batch.requests]
+        assert encoded == [request_json(r) for r in batch.requests]
     sent_traces = [r.trace_id for batch, _ in submitter.sent for r in batch.requests]
     rejected = next(line for line in reporter.lines if "too_large" in line)
     assert "TRACESCORE_MAX_PAYLOAD_BYTES" in rejected

@@ -30,8 +30,8 @@ class _Request(NamedTuple):  # what _Enqueued reads of a ScoreRequest
     agent: str
     scorer_ids: list[str]
 
-    def agent_label_of(self, span_id: str) -> str:
-        return self.agent
+    def agent_labels(self) -> dict[str, str]:
+        return dict.fromkeys(self.target_span_ids, self.agent)
 
 
 class _Batch(NamedTuple):

@@ -23,7 +23,7 @@ from tracing import (
     TraceReadError,
     sampled,
 )
-from tracing.queue import MESSAGE_ENVELOPE_BYTES
+from tracing.queue import MESSAGE_ENVELOPE_BYTES, request_json
 
 CHAT = "chat"
 
@@ -357,13 +357,16 @@ def test_sampled_takes_any_string() -> None:
 def test_loop_guard_judge_root_trace(exporter: ScoringSpanExporter, sink: Recording) -> None:
     """A trace rooted in a judge span (tracescore.role=judge) is never scored."""
     rec = Recorder()
-    with rec.span("judge helpfulness", {ROLE_ATTRIBUTE: JUDGE_ROLE}), rec.span(
-        "chat judge-model",
-        {
-            "gen_ai.operation.name": CHAT,
-            "gen_ai.input.messages": genai_messages(("user", "Rate this")),
-            "gen_ai.output.messages": genai_messages(("assistant", '{"score": 1}')),
-        },
+    with (
+        rec.span("judge helpfulness", {ROLE_ATTRIBUTE: JUDGE_ROLE}),
+        rec.span(
+            "chat judge-model",
+            {
+                "gen_ai.operation.name": CHAT,
+                "gen_ai.input.messages": genai_messages(("user", "Rate this")),
+                "gen_ai.output.messages": genai_messages(("assistant", '{"score": 1}')),
+            },
+        ),
     ):
         pass
     exporter.export(rec.spans())
@@ -378,13 +381,16 @@ def test_loop_guard_judge_subtree_inside_app_trace(exporter: ScoringSpanExporter
     rec = Recorder()
     with rec.span("request"):
         agent_trace(rec, question="app question")
-        with rec.span("judge", {ROLE_ATTRIBUTE: JUDGE_ROLE}), rec.span(
-            "chat judge",
-            {
-                "gen_ai.operation.name": CHAT,
-                "gen_ai.input.messages": genai_messages(("user", "judge prompt")),
-                "gen_ai.output.messages": genai_messages(("assistant", "judge answer")),
-            },
+        with (
+            rec.span("judge", {ROLE_ATTRIBUTE: JUDGE_ROLE}),
+            rec.span(
+                "chat judge",
+                {
+                    "gen_ai.operation.name": CHAT,
+                    "gen_ai.input.messages": genai_messages(("user", "judge prompt")),
+                    "gen_ai.output.messages": genai_messages(("assistant", "judge answer")),
+                },
+            ),
         ):
             pass
     exporter.export(rec.spans())
@@ -654,7 +660,7 @@ def test_each_top_level_agent_ships_its_own_subtree(exporter: ScoringSpanExporte
         ["chat m", "invoke_agent a", "chat m", "chat m", "invoke_agent a", "invoke_agent outer"]
     )
     first, outer = request.target_span_ids
-    assert [request.target_record(t).name for t in (first, outer)] == ["invoke_agent a", "invoke_agent outer"]  # type: ignore[union-attr]
+    assert [request.targets()[t].name for t in (first, outer)] == ["invoke_agent a", "invoke_agent outer"]
     by_target = request.run_spans()
     assert sorted(s.name for s in by_target[first]) == ["chat m", "invoke_agent a"]
     assert sorted(s.name for s in by_target[outer]) == ["chat m", "chat m", "invoke_agent a", "invoke_agent outer"]
@@ -674,7 +680,7 @@ class _Capped(Recording):
         raise AssertionError("a capped sink gets encoded requests")
 
     def send_encoded(self, batch: ScoreBatch, requests_json: Sequence[str]) -> None:
-        assert list(requests_json) == [r.model_dump_json() for r in batch.requests]
+        assert list(requests_json) == [request_json(r) for r in batch.requests]
         assert sum(len(j) + 1 for j in requests_json) <= self.max_payload_bytes - MESSAGE_ENVELOPE_BYTES
         self(batch)
 
@@ -773,3 +779,76 @@ def test_batches_are_split_by_size(clock: FakeClock, sink: Recording) -> None:
         assert all(len(b.model_dump_json()) <= 6000 or len(b.requests) == 1 for b in sink.batches)
     finally:
         exp.shutdown(2000)
+
+
+def test_one_trace_under_the_same_scorers_at_two_delays_never_names_a_run_twice() -> None:
+    """Two rules with the same scorers at two delays: a trace's two runs go once per rule. With
+    the sender held up by a slow broker, both groups are queued side by side and taken in one
+    batch; each must stay its own request (a request naming a run twice is refused whole by
+    the worker, losing the other requests of its message)."""
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace as otel
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    gate = threading.Event()
+    sent: list[str] = []
+
+    def slow_broker(batch: ScoreBatch) -> None:
+        sent.append(batch.model_dump_json())
+        if len(sent) == 1:
+            gate.wait(10)
+
+    clock = FakeClock()
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["s"]), ScoringRule(["s"], delay_s=5)],
+        CallbackSink(slow_broker),
+        grace_s=0.0,
+        clock=clock,
+        flush_interval_s=60,
+    )
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("app")
+
+    def agent(name: str) -> None:
+        attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name}
+        with tracer.start_as_current_span(f"invoke_agent {name}", attributes=attrs):
+            chat = {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.input.messages": genai_messages(("user", name)),
+                "gen_ai.output.messages": genai_messages(("assistant", "ok")),
+            }
+            with tracer.start_as_current_span("chat m", attributes=chat):
+                pass
+
+    try:
+        agent("warmup")
+        exporter.tick()  # the first batch: the broker holds it
+        assert wait_for(lambda: len(sent) == 1, 5)
+        clock.advance(6)
+        exporter.tick()
+        # Two agents, each a local root (their parent is remote): one trace of two runs.
+        remote = SpanContext(trace_id=0xABC, span_id=0xDEF, is_remote=True, trace_flags=TraceFlags(1))
+        token = otel_context.attach(otel.set_span_in_context(NonRecordingSpan(remote)))
+        try:
+            agent("A")
+            agent("B")
+        finally:
+            otel_context.detach(token)
+        exporter.tick()  # the runs without delay: queued behind the held batch
+        clock.advance(6)
+        exporter.tick()  # the delayed ones come due: queued right after them
+        gate.set()
+        exporter.force_flush(5000)
+    finally:
+        gate.set()
+        provider.shutdown()
+    requests = [r for raw in sent for r in ScoreBatch.model_validate_json(raw).requests]  # the worker's check
+    for request in requests:
+        assert len(set(request.target_span_ids)) == len(request.target_span_ids)
+    abc = [r for r in requests if r.trace_id == format(0xABC, "032x")]
+    assert sorted(len(r.target_span_ids) for r in abc) == [2, 2]
+    assert exporter.stats()["runs_sent"] == 6
+    assert not exporter.stats()["dropped"]

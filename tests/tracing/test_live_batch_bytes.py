@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from tests._redis import RedisServer
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink, ScoreBatch, ScoreRequest, ScoringRule, ScoringSpanExporter
-from tracing.queue import task_message, wire_size
+from tracing.queue import request_json, task_message, wire_size
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
 
@@ -166,7 +166,7 @@ def test_task_message_from_encoded_requests_is_the_same_message() -> None:
     ] * 3
     batch = ScoreBatch(batch_id='b"1', requests=requests)
     whole = task_message(batch, "x")
-    spliced = task_message(batch, "x", [r.model_dump_json() for r in requests])
+    spliced = task_message(batch, "x", [request_json(r) for r in requests])
     assert spliced.body == whole.body
     assert wire_size(whole.body) >= len(whole.body.encode())
     with pytest.raises(ValueError, match="3 requests"):

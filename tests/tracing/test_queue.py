@@ -21,7 +21,7 @@ from tests.worker._batches import batch as make_batch
 from tracing import CelerySink, trace_to_run, trace_to_runs
 from tracing._records import span_record
 from tracing.otlp import decode_otlp_json, decode_otlp_records
-from tracing.queue import Backpressure, ScoreBatch, ScoreRequest, task_message
+from tracing.queue import Backpressure, ScoreBatch, ScoreRequest, request_json, task_message
 from tracing.read import loop_guard
 from tracing.sources import FileSource
 from worker.backfill._driver import Backfill
@@ -43,6 +43,42 @@ def test_a_request_has_one_shape_and_refuses_a_read_run() -> None:
     assert trace_to_run(request.spans, request.target_span_ids[0]) == run
 
 
+# The request's fields in the release before requests carried several runs (commit 5acc6a0),
+# whose model refused any other key: what a one-run request must still be written as.
+PREVIOUS_RELEASE_FIELDS = ["spans", "target_span_id", "scorer_ids", "source", "job_id", "enqueued_at"]
+
+
+def test_a_one_run_request_is_written_as_the_previous_release_reads_it() -> None:
+    """Producers may be upgraded before the workers: a request of one run keeps the one-run
+    shape on the wire (``target_span_id``: a string); several runs need the list. Both read
+    back as the same request."""
+    rec = Recorder()
+    agent_trace(rec)
+    records = [span_record(s) for s in rec.spans()]
+    one = ScoreRequest(
+        spans=records, target_span_ids=[records[-1].span_id], scorer_ids=["s"], source="backfill", job_id="j"
+    )
+    wire = json.loads(request_json(one))
+    assert list(wire) == PREVIOUS_RELEASE_FIELDS  # that release's field order too
+    assert wire["target_span_id"] == records[-1].span_id
+    assert wire == {**one.model_dump(mode="json", exclude={"target_span_ids"}), "target_span_id": records[-1].span_id}
+    assert ScoreRequest.model_validate_json(request_json(one)) == one
+    two = ScoreRequest(spans=records, target_span_ids=[records[-1].span_id, records[0].span_id], scorer_ids=["s"])
+    wire = json.loads(request_json(two))
+    assert wire["target_span_ids"] == [records[-1].span_id, records[0].span_id]
+    assert "target_span_id" not in wire
+    assert ScoreRequest.model_validate(wire) == two
+    batch = ScoreBatch(batch_id="b", requests=[one, two])  # what publishers send
+    body = json.loads(task_message(batch, "test").body)
+    assert [sorted(r) for r in body[0][0]["requests"]] == [
+        sorted(PREVIOUS_RELEASE_FIELDS),
+        sorted(json.loads(request_json(two))),
+    ]
+    assert ScoreBatch.model_validate(body[0][0]) == batch
+    with pytest.raises(ValidationError, match="target_span_id"):  # the old name holds a string only
+        ScoreRequest.model_validate({**json.loads(request_json(one)), "target_span_id": ["x"]})
+
+
 class Capturing:
     """A capped submitter that keeps what the backfill hands it."""
 
@@ -53,7 +89,7 @@ class Capturing:
         self.sent: list[ScoreBatch] = []
 
     def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
-        assert requests_json == [r.model_dump_json() for r in batch.requests]
+        assert requests_json == [request_json(r) for r in batch.requests]
         self.sent.append(batch)
 
     def progress(self, job_id: str) -> dict[str, int]:

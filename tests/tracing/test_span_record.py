@@ -91,11 +91,13 @@ def test_request_carries_spans_and_the_targets_among_them() -> None:
     run = trace_to_run(spans)
     ok = ScoreRequest(spans=records, target_span_ids=[target], scorer_ids=["s"])
     assert (ok.trace_id, ok.run_ids()) == (run.identity.trace_id, [f"{run.identity.trace_id}:{target}"])
-    assert ok.target_record(target) is records[-1]
+    assert ok.targets() == {target: records[-1]}
     assert records[-1].name == "invoke_agent a"
-    assert ok.agent_label_of(target) == run.identity.agent_name == "a"
+    assert ok.agent_labels() == {target: run.identity.agent_name} == {target: "a"}
     chat = next(r for r in records if r.name.startswith("chat"))
-    assert ok.agent_label_of(chat.span_id) == chat.name  # not an agent span: its name
+    both = ScoreRequest(spans=records, target_span_ids=[chat.span_id, target], scorer_ids=["s"])
+    assert list(both.targets()) == [chat.span_id, target]  # in target order
+    assert both.agent_labels() == {chat.span_id: chat.name, target: "a"}  # not an agent span: its name
     with pytest.raises(ValidationError, match="spans"):
         ScoreRequest(scorer_ids=["s"], target_span_ids=[target])
     with pytest.raises(ValidationError, match="too_short"):

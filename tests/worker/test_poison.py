@@ -12,7 +12,7 @@ from tests.worker._batches import OUTPUT, batch, output_messages, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tests.worker.sample_scorers import POISON_MARKER
 from tracing import CelerySink
-from tracing.queue import ScoreBatch
+from tracing.queue import ScoreBatch, ScoreRequest
 from worker.store import DeadLetter
 
 N = 6
@@ -52,7 +52,9 @@ def test_poison_run_is_dead_lettered_alone_and_its_neighbours_are_scored(redis_u
         assert letter.reason == "too_many_deliveries"
         assert letter.batch_id == f"poisoned-batch/{POISON}"
         assert poison_id in letter.error
-        assert [r["target_span_ids"] for r in letter.payload["requests"]] == [request.target_span_ids]
+        assert [ScoreRequest.model_validate(r).target_span_ids for r in letter.payload["requests"]] == [
+            request.target_span_ids
+        ]
 
         assert wait_for(lambda: len(read_scores(scores)) >= N - 1, 60), worker.text()[-3000:]
         recorded = read_scores(scores)

@@ -299,9 +299,11 @@ class ScoringSpanExporter(SpanExporter):
                 together.setdefault((delay, tuple(ids)), []).append(Shipment(spans, target.span_id, ids, size))
         for (delay, _), shipments in together.items():
             if len(shipments) > 1:
-                # The runs' spans are disjoint: all of the trace's when they add up to it.
+                # The runs' spans are disjoint: all of the trace's when they add up to it. A list
+                # of the group's own either way: the sender tells groups apart by its identity
+                # (two groups, e.g. the same scorers at two delays, may meet in one batch).
                 owned = sum(len(s.spans) for s in shipments)
-                trace = records if owned == len(records) else [r for s in shipments for r in s.spans]
+                trace = list(records) if owned == len(records) else [r for s in shipments for r in s.spans]
                 for s in shipments:
                     s.trace, s.runs = trace, len(shipments)
             for s in shipments:

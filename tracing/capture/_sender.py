@@ -407,8 +407,9 @@ def _requests(batch: list[Shipment]) -> Iterator[tuple[ScoreRequest, list[Shipme
         j = i + 1
         trace = first.trace
         if trace is not None:
-            ids = first.scorer_ids
-            while j < n and batch[j].trace is trace and (batch[j].scorer_ids is ids or batch[j].scorer_ids == ids):
+            # At most the group's own runs (``first.runs``): a request names each target once.
+            ids, end = first.scorer_ids, min(n, i + first.runs)
+            while j < end and batch[j].trace is trace and (batch[j].scorer_ids is ids or batch[j].scorer_ids == ids):
                 j += 1
         runs = batch[i:j]
         if len(runs) == 1:

@@ -9,7 +9,7 @@ and the one kombu publisher (``Publisher``) with backpressure as a wrapper (``Ba
 The worker validates each message against ``ScoreBatch`` and reads the runs from the span records.
 """
 
-from tracing.queue._contract import SCORE_TASK_NAME, ScoreBatch, ScoreRequest, spans_request
+from tracing.queue._contract import SCORE_TASK_NAME, ScoreBatch, ScoreRequest, request_json, spans_request
 from tracing.queue._cut import Chunk, RequestCutter, RunTooLarge
 from tracing.queue._publisher import Backpressure, BatchPublisher, Publisher
 from tracing.queue._wire import (
@@ -33,6 +33,7 @@ __all__ = [
     "ScoreBatch",
     "ScoreRequest",
     "TaskMessage",
+    "request_json",
     "spans_request",
     "task_message",
     "wire_size",

@@ -17,7 +17,7 @@ from tracing._formats import agent_name, classify
 from tracing._run import SPAN_ID_PATTERN, SpanRecord
 from tracing._span import RecordView
 
-__all__ = ["SCORE_TASK_NAME", "ScoreBatch", "ScoreRequest", "spans_request"]
+__all__ = ["SCORE_TASK_NAME", "ScoreBatch", "ScoreRequest", "request_json", "spans_request"]
 
 # The Celery task name producers send to; the worker registers its task under this name.
 SCORE_TASK_NAME = "tracescore.score_batch"
@@ -28,8 +28,10 @@ class ScoreRequest(BaseModel):
     ``scorer_ids`` (ids in the worker's registry). Unknown fields are refused (the message of an
     older producer that shipped a read ``run`` fails validation naming it, never half-read).
 
-    Compatibility: a message of an older producer, with one ``target_span_id`` (a string), is
-    read as ``target_span_ids=[that id]`` (messages queued during an upgrade are scored)."""
+    Compatibility, both ways: on the wire (``request_json``) a request of one run keeps the
+    previous release's shape, ``"target_span_id": "<id>"``, which workers of both releases read
+    (producers may be upgraded before the workers); only a request of several runs needs this
+    release's workers. Read back, that shape is ``target_span_ids=[that id]``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -45,11 +47,11 @@ class ScoreRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _one_target_of_old(cls, data: Any) -> Any:
-        # The shape before several runs shared a request: {"target_span_id": "<id>"}.
-        if isinstance(data, dict) and "target_span_id" in data and "target_span_ids" not in data:
+        # The one-run shape: {"target_span_id": "<id>"} (anything but a string under that name
+        # stays there, to be refused by its own name).
+        if isinstance(data, dict) and isinstance(data.get("target_span_id"), str) and "target_span_ids" not in data:
             data = dict(data)
-            old = data.pop("target_span_id")
-            data["target_span_ids"] = [old] if isinstance(old, str) else old
+            data["target_span_ids"] = [data.pop("target_span_id")]
         return data
 
     @model_validator(mode="after")
@@ -81,19 +83,25 @@ class ScoreRequest(BaseModel):
         trace_id = self.trace_id
         return [f"{trace_id}:{span_id}" for span_id in self.target_span_ids]
 
-    def target_record(self, span_id: str) -> SpanRecord | None:
-        """The record of the target span ``span_id``."""
-        return next((s for s in self.spans if s.span_id == span_id), None)
+    def targets(self) -> dict[str, SpanRecord]:
+        """The record of each target span, by span id, in ``target_span_ids`` order (one pass
+        over the spans, whatever the number of runs)."""
+        wanted = set(self.target_span_ids)
+        found: dict[str, SpanRecord] = {}
+        for span in self.spans:
+            if span.span_id in wanted:
+                found.setdefault(span.span_id, span)
+        return {t: found[t] for t in self.target_span_ids if t in found}
 
-    def agent_label_of(self, span_id: str) -> str:
-        """The agent's name of target ``span_id`` (as ``trace_to_run`` reads it), else the
-        span's name: how summaries and tables label the run."""
-        target = self.target_record(span_id)
-        if target is None:
-            return ""
-        if classify(target.name, target.attributes) == "agent":
-            return agent_name(RecordView(target)) or target.name
-        return target.name
+    def agent_labels(self) -> dict[str, str]:
+        """Each target's agent name (as ``trace_to_run`` reads it), else its span's name: how
+        summaries and tables label the runs."""
+        return {
+            span_id: (agent_name(RecordView(target)) or target.name)
+            if classify(target.name, target.attributes) == "agent"
+            else target.name
+            for span_id, target in self.targets().items()
+        }
 
     def run_spans(self) -> dict[str, list[SpanRecord]]:
         """The records each target's run is read from, in ``spans`` order: all the spans for a
@@ -132,6 +140,49 @@ class ScoreRequest(BaseModel):
             spans_request(spans, [target], self.scorer_ids, self.enqueued_at, source=self.source, job_id=self.job_id)
             for target, spans in self.run_spans().items()
         ]
+
+
+class _OneRunRequest(BaseModel):
+    """A request of one run in the previous release's shape, for ``request_json`` only (built
+    unvalidated from a validated ``ScoreRequest``; its fields in that release's order)."""
+
+    spans: list[SpanRecord]
+    target_span_id: str
+    scorer_ids: list[str]
+    source: Literal["live", "backfill"] = "live"
+    job_id: str | None = None
+    enqueued_at: float | None = None
+
+
+_ONE_RUN_FIELDS = frozenset(_OneRunRequest.model_fields)
+
+
+def request_json(request: ScoreRequest) -> str:
+    """``request`` as producers send it: one run as ``"target_span_id": "<id>"`` (what workers of
+    the previous release read as well), several as ``target_span_ids``. Encoded by pydantic
+    either way (a wrap serializer on ``ScoreRequest`` doubled the encoding's cost)."""
+    targets = request.target_span_ids
+    if len(targets) != 1:
+        return request.model_dump_json()
+    # model_construct's way, minus its per-field default handling (as spans_request does).
+    one = _OneRunRequest.__new__(_OneRunRequest)
+    fields = request.__dict__
+    _setattr(
+        one,
+        "__dict__",
+        {
+            "spans": fields["spans"],
+            "target_span_id": targets[0],
+            "scorer_ids": fields["scorer_ids"],
+            "source": fields["source"],
+            "job_id": fields["job_id"],
+            "enqueued_at": fields["enqueued_at"],
+        },
+    )
+    _setattr(one, "__pydantic_fields_set__", _ONE_RUN_FIELDS)
+    _setattr(one, "__pydantic_extra__", None)
+    _setattr(one, "__pydantic_private__", None)
+    return one.model_dump_json()
 
 
 class ScoreBatch(BaseModel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tracing._errors import RunTooLarge
-from tracing.queue._contract import ScoreRequest
+from tracing.queue._contract import ScoreRequest, request_json
 from tracing.queue._wire import MESSAGE_ENVELOPE_BYTES, wire_size
 
 __all__ = ["Chunk", "RequestCutter", "RunTooLarge"]
@@ -42,7 +42,7 @@ class RequestCutter:
         self.chunk = Chunk()
 
     def add(self, request: ScoreRequest) -> Chunk | None:
-        encoded = request.model_dump_json()
+        encoded = request_json(request)
         size = wire_size(encoded) + 1  # and the comma between requests
         if size - 1 > self.room:
             raise RunTooLarge(request, size - 1, self.room + MESSAGE_ENVELOPE_BYTES)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tracing._broker import BrokerTLS
-from tracing.queue._contract import ScoreBatch
+from tracing.queue._contract import ScoreBatch, request_json
 from tracing.queue._wire import (
     CONTENT_ENCODING,
     CONTENT_TYPE,
@@ -113,7 +113,7 @@ class Publisher:
 
     def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
         if requests_json is None:
-            requests_json = [request.model_dump_json() for request in batch.requests]
+            requests_json = [request_json(request) for request in batch.requests]
         message = task_message(batch, self._origin, requests_json)
         size = wire_size(message.body)
         if size > self.max_payload_bytes:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tracing.queue._contract import SCORE_TASK_NAME, ScoreBatch
+from tracing.queue._contract import SCORE_TASK_NAME, ScoreBatch, request_json
 
 __all__ = [
     "CONTENT_ENCODING",
@@ -58,7 +58,7 @@ def wire_size(encoded: str) -> int:
 def task_message(batch: ScoreBatch, origin: str, requests_json: Sequence[str] | None = None) -> TaskMessage:
     """``SCORE_TASK_NAME`` with ``args=[batch]``: body ``[args, kwargs, embed]`` plus the headers
     a Celery worker reads (what ``send_task`` would produce). ``requests_json``, when given, is
-    ``model_dump_json()`` of each of ``batch.requests`` in order, spliced in as is."""
+    ``request_json`` of each of ``batch.requests`` in order, spliced in as is."""
     task_id = str(uuid.uuid4())
     headers: dict[str, Any] = {
         "lang": "py",
@@ -73,7 +73,7 @@ def task_message(batch: ScoreBatch, origin: str, requests_json: Sequence[str] | 
         "expires": None,
         "retries": 0,
         "timelimit": [None, None],
-        "argsrepr": f"(<ScoreBatch {batch.batch_id}: {len(batch.requests)} runs>,)",
+        "argsrepr": f"(<ScoreBatch {batch.batch_id}: {batch.runs()} runs>,)",
         "kwargsrepr": "{}",
         "origin": origin,
         "ignore_result": True,
@@ -82,15 +82,14 @@ def task_message(batch: ScoreBatch, origin: str, requests_json: Sequence[str] | 
         "stamps": {},
     }
     if requests_json is None:
-        batch_json = batch.model_dump_json()
+        requests_json = [request_json(request) for request in batch.requests]
     elif len(requests_json) != len(batch.requests):
         raise ValueError(f"requests_json has {len(requests_json)} entries for {len(batch.requests)} requests")
-    else:
-        # The batch without its requests, {"batch_id":"...","requests":[]}, is pydantic's own
-        # encoding (escaping, field order); the requests go between its last two characters.
-        shell = ScoreBatch.model_construct(batch_id=batch.batch_id, requests=[]).model_dump_json()
-        if not shell.endswith("[]}"):
-            raise AssertionError("ScoreBatch no longer ends with its requests; update task_message")
-        batch_json = shell[:-2] + ",".join(requests_json) + "]}"
+    # The batch without its requests, {"batch_id":"...","requests":[]}, is pydantic's own
+    # encoding (escaping, field order); the requests go between its last two characters.
+    shell = ScoreBatch.model_construct(batch_id=batch.batch_id, requests=[]).model_dump_json()
+    if not shell.endswith("[]}"):
+        raise AssertionError("ScoreBatch no longer ends with its requests; update task_message")
+    batch_json = shell[:-2] + ",".join(requests_json) + "]}"
     body = "[[" + batch_json + "],{}," + _EMBED + "]"
     return TaskMessage(task_id, body, headers)

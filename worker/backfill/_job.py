@@ -400,8 +400,9 @@ class _Enqueued:
         try:
             for request in batch.requests:
                 index = self._ids.setdefault(tuple(request.scorer_ids), len(self._ids))
+                labels = request.agent_labels()
                 for span_id in request.target_span_ids:
-                    self._spool.add(_compact([request.trace_id, span_id, request.agent_label_of(span_id), index]))
+                    self._spool.add(_compact([request.trace_id, span_id, labels.get(span_id, ""), index]))
         except SpoolError as exc:
             # The batch is enqueued already: the job goes on, without its end-of-job summary.
             self.lost = str(exc)
