@@ -142,6 +142,9 @@ class ScoreRequest(BaseModel):
         ]
 
 
+_setattr = object.__setattr__
+
+
 class _OneRunRequest(BaseModel):
     """A request of one run in the previous release's shape, for ``request_json`` only (built
     unvalidated from a validated ``ScoreRequest``; its fields in that release's order)."""
@@ -196,7 +199,6 @@ class ScoreBatch(BaseModel):
         return sum(len(r.target_span_ids) for r in self.requests)
 
 
-_setattr = object.__setattr__
 _SPANS_REQUEST_SET = ("spans", "target_span_ids", "scorer_ids")
 
 
