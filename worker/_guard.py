@@ -80,8 +80,7 @@ _REFUSED_CONTENT_TYPE = "application/x-tracescore-refused"
 # A kombu envelope is the body in base64 (4/3 of it) plus headers and properties.
 _ENVELOPE_OVERHEAD = 64 * 1024
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
-_EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
-_EMBED_KEY_SET = frozenset(_EMBED_KEYS)
+_EMBED_KEYS = frozenset({"callbacks", "errbacks", "chain", "chord"})
 # How long the consumer pauses after failing to record a refusal (the store is unreachable).
 _STORE_DOWN_PAUSE_S = 1.0
 
@@ -364,10 +363,10 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
         return Refusal(
             "callbacks_refused", "callbacks, errbacks, chains and chords do not run on tracescore workers"
         ), decoded
-    if embed and not embed.keys() <= _EMBED_KEY_SET:
+    if embed and not embed.keys() <= _EMBED_KEYS:
         # Celery copies every embed key onto the task's request, over the screened headers
         # (retries, the body size noted below): only the four protocol keys are allowed.
-        extra = sorted(k for k in embed if k not in _EMBED_KEY_SET)
+        extra = sorted(k for k in embed if k not in _EMBED_KEYS)
         return Refusal(
             "bad_body",
             f"the embed holds {len(extra)} key(s) besides callbacks, errbacks, chain and chord "
