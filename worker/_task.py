@@ -22,7 +22,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from pydantic import ValidationError
 from redis import exceptions as redis_errors
 
-from tracing.queue import SCORE_TASK_NAME, ScoreBatch
+from tracing.queue import SCORE_TASK_NAME, ScoreBatch, request_json
 from worker import _heartbeat as probe_files
 from worker._budget import SpentBudgetLog
 from worker._guard import BODY_BYTES_HEADER
@@ -115,8 +115,10 @@ def _dead_letter(
 def _split(task: Task[Any, Any], payload: dict[str, Any], batch: ScoreBatch, task_id: str, queue: str) -> None:
     """Requeue each run of ``batch`` as its own message (the original is then acked): a request
     of one run as it came, one of several as one request per target."""
+    # One-run requests in the shape every worker reads, the previous release's included: a split
+    # during a rolling upgrade may be taken by a worker not yet upgraded.
     runs = [
-        raw if len(request.target_span_ids) == 1 else one.model_dump(mode="json")
+        raw if len(request.target_span_ids) == 1 else json.loads(request_json(one))
         for raw, request in zip(payload["requests"], batch.requests, strict=True)
         for one in request.per_target()
     ]
