@@ -246,9 +246,9 @@ def test_redis_job_stats_read_what_the_redis_store_counted(redis_url: str) -> No
 
 def test_redis_store_repairs_wrong_typed_keys_before_writing(redis_url: str) -> None:
     """Keys of ours holding another type (hand-edited) would fail the storing script halfway,
-    leaving a record stored but not counted nor owed to its sinks: they are deleted first, so
-    every record of the call is stored whole, counted and queued for each sink; a claim key of
-    the wrong type is taken as free."""
+    leaving a record stored but not counted nor owed to its sinks: those the store can rebuild
+    are deleted first, so every record of the call is stored whole, counted and queued for each
+    sink; a claim key of the wrong type is taken as free."""
     import redis
 
     from worker import _keys
@@ -259,7 +259,7 @@ def test_redis_store_repairs_wrong_typed_keys_before_writing(redis_url: str) -> 
     client.rpush(_keys.trace_key(records[3].trace_id), "not a set")
     client.set(_keys.job_key("typed"), "not a hash")
     client.sadd(_keys.claim_key(records[7].score_id), "not a claim")
-    client.hset(_keys.outbox_key("jsonl"), "x", "not a zset")
+    client.set(_keys.outbox_attempts_key("jsonl"), "not a hash")
 
     async def go() -> tuple[list[bool], set[str], dict[str, int]]:
         store = RedisScoreStore(redis_url, sinks=["jsonl"])
@@ -280,6 +280,56 @@ def test_redis_store_repairs_wrong_typed_keys_before_writing(redis_url: str) -> 
     finally:
         outbox.close()
     client.close()
+
+
+def test_redis_store_refuses_a_wrong_typed_outbox_queue_whole(redis_url: str) -> None:
+    """A sink's queue holding another type may be undelivered scores (an older version's): it is
+    not deleted, and the call stores nothing (no record, no count) rather than a record owed to
+    no one; the error names the key and is not retryable."""
+    import redis
+
+    from worker import _keys
+    from worker.store import StoreKeyTypeError
+
+    records = [_record(700 + n, job_id="refused", score=1.0) for n in range(3)]
+    client = redis.Redis.from_url(redis_url)
+    client.hset(_keys.outbox_key("jsonl"), "older", "undelivered")
+
+    async def go() -> tuple[BaseException | None, dict[str, ScoreRecord], dict[str, int]]:
+        store = RedisScoreStore(redis_url, sinks=["jsonl"])
+        try:
+            await store.put_records(records, "w", 60)
+        except StoreKeyTypeError as exc:
+            caught: BaseException | None = exc
+        else:
+            caught = None
+        found = await store.existing([r.score_id for r in records])
+        progress = await store.jobs.progress("refused")
+        await store.close()
+        return caught, found, progress
+
+    caught, found, progress = run(go())
+    assert isinstance(caught, StoreKeyTypeError)
+    assert caught.key == _keys.outbox_key("jsonl")
+    assert caught.category == "config"
+    assert found == {}
+    assert progress == {}
+    assert client.hgetall(_keys.outbox_key("jsonl")) == {b"older": b"undelivered"}
+    client.close()
+
+
+def test_take_over_sent_again_still_holds(store: Any) -> None:
+    """A take-over sent again (after a repair, or a reply lost) answers held, as the first did."""
+
+    async def go() -> tuple[set[str], set[str]]:
+        sid = _record(800).score_id
+        first = await store.take_over([(sid, "")], "w2", 60)
+        again = await store.take_over([(sid, "")], "w2", 60)
+        await store.close()
+        return first, again
+
+    first, again = run(go())
+    assert first == again == {_record(800).score_id}
 
 
 # --- DeadLetters ---------------------------------------------------------------------------------

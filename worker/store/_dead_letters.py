@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from worker import _keys
 from worker._reconnect import unavailable_as_error
+from worker.store._keytypes import LUA_CHECK, Check, checked, checked_async
 from worker.store._redis import RedisConnection
 
 __all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id"]
@@ -79,8 +80,15 @@ class DeadLetters(Protocol):
 
 
 # KEYS: dlq list, seen key, reasons hash. ARGV: letter json, reason, push nonce, seen ttl.
-# Seen-check, push and count in one step: two deliveries of one message make one letter.
-_PUSH = """
+# Seen-check, push and count in one step: two deliveries of one message make one letter. The
+# list is never deleted for being of another type (worker.store._keytypes): it holds letters.
+_PUSH = (
+    LUA_CHECK
+    + """
+local bad = tracescore_check({KEYS[1], 'list', 'k', KEYS[2], 'string', 'r', KEYS[3], 'hash', 'r'})
+if bad then
+  return bad
+end
 if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'EX', tonumber(ARGV[4])) then
   -- 1 when our own earlier try (its reply lost, the client retried) pushed this very letter
   return redis.call('GET', KEYS[2]) == ARGV[3] and 1 or 0
@@ -89,9 +97,16 @@ redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
 return 1
 """
+)
 
 # KEYS: dlq list, reasons hash. ARGV: letter json, reason.
-_TAKE = """
+_TAKE = (
+    LUA_CHECK
+    + """
+local bad = tracescore_check({KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r'})
+if bad then
+  return bad
+end
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
   return 0
 end
@@ -100,6 +115,9 @@ if redis.call('HINCRBY', KEYS[2], ARGV[2], -1) <= 0 then
 end
 return 1
 """
+)
+
+_LIST: list[Check] = [(_keys.dlq_key(), "list", True)]
 
 
 def _push_args(letter: DeadLetter) -> tuple[list[str], list[str]]:
@@ -129,29 +147,35 @@ class RedisDeadLetters:
 
     async def push(self, letter: DeadLetter) -> bool:
         keys, args = _push_args(letter)
-        (pushed,) = await self._redis.evalsha_many(_PUSH, len(keys), [(*keys, *args)])
+        (pushed,) = await self._redis.evalsha_many(_PUSH, len(keys), [(*keys, *args)], where="dead_letter_push")
         return bool(pushed)
 
     async def counts(self) -> dict[str, int]:
-        raw = await self._redis.client.hgetall(_keys.dlq_reasons_key())
+        client, key = self._redis.client, _keys.dlq_reasons_key()
+        raw = await checked_async(client, "dead_letter_counts", [(key, "hash", False)], lambda: client.hgetall(key))
         return {k: int(v) for k, v in raw.items() if int(v) > 0}
 
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
-        raw = await self._redis.client.lrange(_keys.dlq_key(), 0, max(0, limit - 1))
+        client = self._redis.client
+        raw = await checked_async(
+            client, "dead_letters", _LIST, lambda: client.lrange(_keys.dlq_key(), 0, max(0, limit - 1))
+        )
         return [DeadLetter.model_validate_json(v) for v in raw]
 
     async def take(self, letter_id: str) -> DeadLetter | None:
-        for raw in await self._redis.client.lrange(_keys.dlq_key(), 0, -1):
+        client = self._redis.client
+        for raw in await checked_async(client, "dead_letters", _LIST, lambda: client.lrange(_keys.dlq_key(), 0, -1)):
             letter = DeadLetter.model_validate_json(raw)
             if letter.id == letter_id:
                 (removed,) = await self._redis.evalsha_many(
-                    _TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, letter.reason)]
+                    _TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, letter.reason)], where="dead_letter_take"
                 )
                 return letter if removed else None
         return None
 
     async def size(self) -> int:
-        return int(await self._redis.client.llen(_keys.dlq_key()))
+        client = self._redis.client
+        return int(await checked_async(client, "dead_letters", _LIST, lambda: client.llen(_keys.dlq_key())))
 
     async def close(self) -> None:
         await self._redis.close()
@@ -171,7 +195,8 @@ class SyncRedisDeadLetters:
             self._client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
             self._script = self._client.register_script(_PUSH)
         keys, args = _push_args(letter)
-        return bool(self._script(keys=keys, args=args))
+        # The script checks its own keys: the checks here are only for a plain WRONGTYPE.
+        return bool(checked(self._client, "dead_letter_push", [], lambda: self._script(keys=keys, args=args)))
 
     def close(self) -> None:
         client, self._client = self._client, None

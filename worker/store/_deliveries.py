@@ -23,6 +23,7 @@ from typing import Any
 
 from worker import _keys
 from worker._reconnect import reconnecting_client, unavailable_as_error
+from worker.store._keytypes import checked_async
 
 __all__ = ["DeliveryLog", "new_token"]
 
@@ -69,7 +70,8 @@ class DeliveryLog:
         with self._lock:
             unwritten, self._unwritten = self._unwritten, []
         client = self._redis()
-        try:
+
+        async def mark() -> list[Any]:
             async with client.pipeline(transaction=True) as pipe:
                 for old_task, old_token in unwritten:
                     pipe.sadd(_ended_key(old_task), old_token)
@@ -77,7 +79,13 @@ class DeliveryLog:
                 pipe.sadd(_started_key(task_id), token)
                 pipe.expire(_started_key(task_id), self._ttl_s)
                 pipe.sdiff([_started_key(task_id), _ended_key(task_id)])
-                replies = await pipe.execute()
+                return list(await pipe.execute())
+
+        # Marks are ours to rebuild (a set of another type is deleted; sending them again adds
+        # nothing twice). Unrepaired, every delivery of every message would fail right here.
+        keys = {_started_key(task_id), _ended_key(task_id), *(_ended_key(t) for t, _ in unwritten)}
+        try:
+            replies = await checked_async(client, "delivery_start", [(k, "set", False) for k in sorted(keys)], mark)
         except BaseException:
             with self._lock:
                 self._unwritten[:0] = unwritten
@@ -89,11 +97,16 @@ class DeliveryLog:
         """Record that delivery ``token`` ended; False if Redis did not take it within
         ``END_WAIT_S`` (it is kept and written before this process's next delivery)."""
         try:
-            async with asyncio.timeout(END_WAIT_S):
-                async with self._redis().pipeline(transaction=True) as pipe:
-                    pipe.sadd(_ended_key(task_id), token)
-                    pipe.expire(_ended_key(task_id), self._ttl_s)
+            client, key = self._redis(), _ended_key(task_id)
+
+            async def mark() -> None:
+                async with client.pipeline(transaction=True) as pipe:
+                    pipe.sadd(key, token)
+                    pipe.expire(key, self._ttl_s)
                     await pipe.execute()
+
+            async with asyncio.timeout(END_WAIT_S):
+                await checked_async(client, "delivery_end", [(key, "set", False)], mark)
             return True
         except Exception:
             self.keep(task_id, token)

@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 from tracing import ScoreRecord
 from worker import _keys
 from worker._reconnect import unavailable_as_error
+from worker.store._keytypes import checked_async
 from worker.store._redis import RedisConnection
 
 __all__ = [
@@ -83,25 +84,38 @@ class RedisJobStats:
         return self._redis.reconnect_s
 
     async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None:
-        async with self._redis.client.pipeline(transaction=False) as pipe:
-            pipe.hincrby(_keys.job_key(job_id), "skipped", n)
-            pipe.hincrby(_keys.job_key(job_id), f"skipped:{reason}", n)
-            pipe.expire(_keys.job_key(job_id), self.job_ttl_s)
-            await pipe.execute()
+        client, key = self._redis.client, _keys.job_key(job_id)
+
+        async def count() -> None:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.hincrby(key, "skipped", n)
+                pipe.hincrby(key, f"skipped:{reason}", n)
+                pipe.expire(key, self.job_ttl_s)
+                await pipe.execute()
+
+        # Both counts fail together (one key), so the whole pipeline may be sent again.
+        await checked_async(client, "count_skipped", [(key, "hash", False)], count)
 
     async def progress(self, job_id: str) -> dict[str, int]:
-        raw = await self._redis.client.hgetall(_keys.job_key(job_id))
+        client, key = self._redis.client, _keys.job_key(job_id)
+        raw = await checked_async(client, "progress", [(key, "hash", False)], lambda: client.hgetall(key))
         return {k: int(v) for k, v in raw.items()}
 
     async def recent_failures(self, buckets: int = 6) -> dict[str, int]:
         now = failure_bucket()
+        client = self._redis.client
+        keys = [_keys.failures_key(bucket) for bucket in range(now - buckets + 1, now + 1)]
+
+        async def read() -> list[dict[str, str]]:
+            async with client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.hgetall(key)
+                return list(await pipe.execute())
+
         totals: dict[str, int] = defaultdict(int)
-        async with self._redis.client.pipeline(transaction=False) as pipe:
-            for bucket in range(now - buckets + 1, now + 1):
-                pipe.hgetall(_keys.failures_key(bucket))
-            for counts in await pipe.execute():
-                for reason, n in counts.items():
-                    totals[reason] += int(n)
+        for counts in await checked_async(client, "recent_failures", [(k, "hash", False) for k in keys], read):
+            for reason, n in counts.items():
+                totals[reason] += int(n)
         return dict(totals)
 
     async def close(self) -> None:

@@ -113,7 +113,8 @@ class MemoryScoreStore:
         with self._lock:
             for score_id, previous in claims:
                 current = self._claims.get(score_id)
-                if current is None or current[1] <= now or current[0] == previous:
+                # (``owner`` holding it already: this take-over sent again, as in Redis.)
+                if current is None or current[1] <= now or current[0] in (previous, owner):
                     self._claims[score_id] = (owner, now + ttl_s)
                     taken.add(score_id)
         return taken

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import redis
 from pydantic import BaseModel, Field, ValidationError
@@ -41,8 +41,11 @@ from redis.retry import Retry
 
 from tracing import ScoreRecord
 from worker import _keys
+from worker.store._keytypes import LUA_CHECK, Check, checked, pipeline_replies
 
 __all__ = ["Lease", "MemoryOutbox", "Outbox", "RedisOutbox", "SinkCounts", "SinkDeadLetter", "SinkState"]
+
+T = TypeVar("T")
 
 # "none": not queued for the sink and no delivery recorded (never owed to it, or dropped).
 SinkState = Literal["pending", "failed", "delivered", "none"]
@@ -177,7 +180,13 @@ def _now_ms() -> int:
 
 
 # KEYS: queue, attempts. ARGV: now ms, lease ms, limit. Returns {token, id1, attempts1, ...}.
-_LEASE = """
+_LEASE = (
+    LUA_CHECK
+    + """
+local bad = tracescore_check({KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r'})
+if bad then
+  return bad
+end
 local due = tonumber(ARGV[1]) + tonumber(ARGV[2])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {due}
@@ -188,9 +197,16 @@ for _, id in ipairs(ids) do
 end
 return out
 """
+)
 
 # KEYS: queue. ARGV: old token, new due ms, ids... Returns the ids renewed.
-_RENEW = """
+_RENEW = (
+    LUA_CHECK
+    + """
+local bad = tracescore_check({KEYS[1], 'zset', 'k'})
+if bad then
+  return bad
+end
 local out = {}
 for i = 3, #ARGV do
   local current = redis.call('ZSCORE', KEYS[1], ARGV[i])
@@ -201,6 +217,7 @@ for i = 3, #ARGV do
 end
 return out
 """
+)
 
 
 def _unreadable(exc: ValidationError) -> str:
@@ -226,7 +243,14 @@ def _parse(values: Mapping[str, str | None]) -> tuple[dict[str, ScoreRecord], di
 # KEYS: queue, attempts, counts, dead, delivered. ARGV: id, token, action, next due ms,
 # letter json, now ms, how long delivered ids are kept (ms).
 # Only while the id still carries this lease's token (see the module docstring).
-_SETTLE = """
+_SETTLE = (
+    LUA_CHECK
+    + """
+local bad = tracescore_check({KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'r',
+  KEYS[4], 'hash', 'k', KEYS[5], 'zset', 'r'})
+if bad then
+  return bad
+end
 local current = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not current or tonumber(current) ~= tonumber(ARGV[2]) then
   return 0
@@ -250,9 +274,16 @@ else
 end
 return 1
 """
+)
 
 # KEYS: queue, attempts, dead. ARGV: id, now ms.
-_REDRIVE = """
+_REDRIVE = (
+    LUA_CHECK
+    + """
+local bad = tracescore_check({KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'k'})
+if bad then
+  return bad
+end
 if redis.call('HDEL', KEYS[3], ARGV[1]) == 0 then
   return 0
 end
@@ -260,6 +291,27 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('ZADD', KEYS[1], tonumber(ARGV[2]), ARGV[1])
 return 1
 """
+)
+
+# KEYS: queue, attempts, dead, delivered. ARGV: now ms, ids... Owed anew (as put_records does):
+# no longer dead, delivered, or counting attempts. A script (not MULTI) so that a key of the wrong
+# type stops it before anything is written: MULTI would drop dead letters and then fail the queue.
+_ENQUEUE = (
+    LUA_CHECK
+    + """
+local bad = tracescore_check({KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'k', KEYS[4], 'zset', 'r'})
+if bad then
+  return bad
+end
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], tonumber(ARGV[1]), ARGV[i])
+  redis.call('HDEL', KEYS[2], ARGV[i])
+  redis.call('HDEL', KEYS[3], ARGV[i])
+  redis.call('ZREM', KEYS[4], ARGV[i])
+end
+return #ARGV - 1
+"""
+)
 
 
 def delivered_key(sink: str) -> str:
@@ -301,26 +353,54 @@ class RedisOutbox:
         self._settle = self._client.register_script(_SETTLE)
         self._redrive = self._client.register_script(_REDRIVE)
         self._renew = self._client.register_script(_RENEW)
+        self._enqueue = self._client.register_script(_ENQUEUE)
+
+    def _checked(self, where: str, checks: Sequence[Check], call: Callable[[], T]) -> T:
+        return checked(self._client, f"outbox_{where}", checks, call)
+
+    def _scripts(self, where: str, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """``script`` once per (keys, args) in one pipeline; a call whose key check repaired keys
+        is sent again (``worker.store._keytypes``)."""
+        replies: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for _ in range(3):
+            pipe = self._client.pipeline(transaction=False)
+            for i in pending:
+                keys, args = calls[i]
+                script(keys=keys, args=args, client=pipe)
+            got = pipe.execute(raise_on_error=False)
+            for i, reply in zip(pending, got, strict=True):
+                replies[i] = reply
+            again = pipeline_replies(f"outbox_{where}", got)
+            if not again:
+                return replies
+            pending = [pending[j] for j in again]
+        raise RuntimeError("Redis keeps retyping the outbox's keys")
 
     def register(self, sinks: Iterable[str]) -> None:
         names = list(sinks)
         if names:
-            self._client.sadd(_keys.outbox_sinks_key(), *names)
+            key = _keys.outbox_sinks_key()
+            self._checked("register", [(key, "set", False)], lambda: self._client.sadd(key, *names))
 
     def enqueue(self, sink: str, score_ids: Sequence[str]) -> None:
         if score_ids:
-            # Owed anew (as put_records does): no longer dead, delivered, or counting attempts.
-            pipe = self._client.pipeline(transaction=True)
-            pipe.zadd(_keys.outbox_key(sink), dict.fromkeys(score_ids, _now_ms()))
-            pipe.hdel(_keys.outbox_attempts_key(sink), *score_ids)
-            pipe.hdel(_keys.outbox_dead_key(sink), *score_ids)
-            pipe.zrem(delivered_key(sink), *score_ids)
-            pipe.execute()
+            keys = [
+                _keys.outbox_key(sink),
+                _keys.outbox_attempts_key(sink),
+                _keys.outbox_dead_key(sink),
+                delivered_key(sink),
+            ]
+            self._scripts("enqueue", self._enqueue, [(keys, [_now_ms(), *score_ids])])
 
     def lease(self, sink: str, limit: int, lease_s: float) -> Lease:
-        raw = self._lease(
-            keys=[_keys.outbox_key(sink), _keys.outbox_attempts_key(sink)],
-            args=[_now_ms(), int(lease_s * 1000), max(1, limit)],
+        raw = self._checked(
+            "lease",
+            [],  # the script checks its keys
+            lambda: self._lease(
+                keys=[_keys.outbox_key(sink), _keys.outbox_attempts_key(sink)],
+                args=[_now_ms(), int(lease_s * 1000), max(1, limit)],
+            ),
         )
         token = int(raw[0])
         return Lease(sink, token, {str(raw[i]): int(raw[i + 1]) for i in range(1, len(raw), 2)})
@@ -338,7 +418,10 @@ class RedisOutbox:
         due = _now_ms() + int(lease_s * 1000)
         if not lease.attempts:
             return Lease(lease.sink, due, {})
-        kept = {str(x) for x in self._renew(keys=[_keys.outbox_key(lease.sink)], args=[lease.token, due, *lease.ids])}
+        renewed = self._checked(
+            "renew", [], lambda: self._renew(keys=[_keys.outbox_key(lease.sink)], args=[lease.token, due, *lease.ids])
+        )
+        kept = {str(x) for x in renewed}
         return Lease(lease.sink, due, {s: n for s, n in lease.attempts.items() if s in kept})
 
     def _apply(self, lease: Lease, calls: Sequence[tuple[str, str, int, str]]) -> int:
@@ -346,10 +429,15 @@ class RedisOutbox:
             return 0
         keys = _sink_keys(lease.sink)
         now, keep = _now_ms(), self.delivered_keep_s * 1000
-        pipe = self._client.pipeline(transaction=False)
-        for score_id, action, due, letter in calls:
-            self._settle(keys=keys, args=[score_id, lease.token, action, due, letter, now, keep], client=pipe)
-        return sum(int(x) for x in pipe.execute())
+        replies = self._scripts(
+            "settle",
+            self._settle,
+            [
+                (keys, [score_id, lease.token, action, due, letter, now, keep])
+                for score_id, action, due, letter in calls
+            ],
+        )
+        return sum(int(x) for x in replies)
 
     def ack(self, lease: Lease, score_ids: Sequence[str]) -> int:
         return self._apply(lease, [(s, "ack", 0, "") for s in score_ids])
@@ -365,13 +453,27 @@ class RedisOutbox:
         return self._apply(lease, [(s, "drop", 0, "") for s in score_ids])
 
     def counts(self) -> dict[str, SinkCounts]:
-        sinks = sorted(self._client.smembers(_keys.outbox_sinks_key()))
-        pipe = self._client.pipeline(transaction=False)
-        for sink in sinks:
-            pipe.hgetall(_keys.outbox_counts_key(sink))
-            pipe.zcard(_keys.outbox_key(sink))
-            pipe.hlen(_keys.outbox_dead_key(sink))
-        got = pipe.execute()
+        key = _keys.outbox_sinks_key()
+        sinks = sorted(self._checked("counts", [(key, "set", False)], lambda: self._client.smembers(key)))
+
+        def read() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for sink in sinks:
+                pipe.hgetall(_keys.outbox_counts_key(sink))
+                pipe.zcard(_keys.outbox_key(sink))
+                pipe.hlen(_keys.outbox_dead_key(sink))
+            return list(pipe.execute())
+
+        checks = [
+            c
+            for sink in sinks
+            for c in (
+                (_keys.outbox_counts_key(sink), "hash", False),
+                (_keys.outbox_key(sink), "zset", True),
+                (_keys.outbox_dead_key(sink), "hash", True),
+            )
+        ]
+        got = self._checked("counts", checks, read)
         out: dict[str, SinkCounts] = {}
         for i, sink in enumerate(sinks):
             counters, pending, failed = got[3 * i], got[3 * i + 1], got[3 * i + 2]
@@ -388,7 +490,13 @@ class RedisOutbox:
         letters: list[SinkDeadLetter] = []
         # Paged (HSCAN), and at most _LETTERS_READ of them: a sink down for a day can hold
         # hundreds of thousands. Newest first among those read.
-        for score_id, value in islice(self._client.hscan_iter(_keys.outbox_dead_key(sink), count=500), _LETTERS_READ):
+        key = _keys.outbox_dead_key(sink)
+        read = self._checked(
+            "dead_letters",
+            [(key, "hash", True)],
+            lambda: list(islice(self._client.hscan_iter(key, count=500), _LETTERS_READ)),
+        )
+        for score_id, value in read:
             try:
                 letters.append(SinkDeadLetter.model_validate_json(value))
             except ValidationError:
@@ -403,25 +511,38 @@ class RedisOutbox:
         return letters[:limit]
 
     def redrive(self, sink: str, score_ids: Sequence[str] | None = None) -> int:
-        ids = list(score_ids) if score_ids is not None else list(self._client.hkeys(_keys.outbox_dead_key(sink)))
+        dead = _keys.outbox_dead_key(sink)
+        ids = (
+            list(score_ids)
+            if score_ids is not None
+            else list(self._checked("redrive", [(dead, "hash", True)], lambda: self._client.hkeys(dead)))
+        )
         if not ids:
             return 0
-        keys = [_keys.outbox_key(sink), _keys.outbox_attempts_key(sink), _keys.outbox_dead_key(sink)]
+        keys = [_keys.outbox_key(sink), _keys.outbox_attempts_key(sink), dead]
         now = _now_ms()
-        pipe = self._client.pipeline(transaction=False)
-        for score_id in ids:
-            self._redrive(keys=keys, args=[score_id, now], client=pipe)
-        return sum(int(x) for x in pipe.execute())
+        return sum(
+            int(x) for x in self._scripts("redrive", self._redrive, [(keys, [score_id, now]) for score_id in ids])
+        )
 
     def states(self, sink: str, score_ids: Sequence[str]) -> dict[str, SinkState]:
         out: dict[str, SinkState] = {}
         for start in range(0, len(score_ids), _CHUNK):
             chunk = list(score_ids[start : start + _CHUNK])
-            pipe = self._client.pipeline(transaction=False)
-            pipe.zmscore(_keys.outbox_key(sink), chunk)
-            pipe.hmget(_keys.outbox_dead_key(sink), chunk)
-            pipe.zmscore(delivered_key(sink), chunk)
-            queued, dead, delivered = pipe.execute()
+
+            def read(chunk: list[str] = chunk) -> list[Any]:
+                pipe = self._client.pipeline(transaction=False)
+                pipe.zmscore(_keys.outbox_key(sink), chunk)
+                pipe.hmget(_keys.outbox_dead_key(sink), chunk)
+                pipe.zmscore(delivered_key(sink), chunk)
+                return list(pipe.execute())
+
+            checks = [
+                (_keys.outbox_key(sink), "zset", True),
+                (_keys.outbox_dead_key(sink), "hash", True),
+                (delivered_key(sink), "zset", False),
+            ]
+            queued, dead, delivered = self._checked("states", checks, read)
             for s, q, d, a in zip(chunk, queued, dead, delivered, strict=True):
                 out[s] = (
                     "pending" if q is not None else "failed" if d is not None else "none" if a is None else "delivered"

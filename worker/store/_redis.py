@@ -9,6 +9,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from worker._reconnect import reconnecting_client
+from worker.store._keytypes import pipeline_replies
 
 __all__ = ["RedisConnection"]
 
@@ -36,27 +37,41 @@ class RedisConnection:
             self._loop = loop
         return self._client
 
-    async def evalsha_many(self, script: str, numkeys: int, calls: Sequence[Sequence[str]]) -> list[Any]:
+    async def evalsha_many(
+        self, script: str, numkeys: int, calls: Sequence[Sequence[str]], *, where: str = "store"
+    ) -> list[Any]:
         """Run ``script`` once per argument list (``numkeys`` keys each) in one pipeline."""
-        return await self.evalsha_each(script, [(numkeys, args) for args in calls])
+        return await self.evalsha_each(script, [(numkeys, args) for args in calls], where=where)
 
-    async def evalsha_each(self, script: str, calls: Sequence[tuple[int, Sequence[str]]]) -> list[Any]:
+    async def evalsha_each(
+        self, script: str, calls: Sequence[tuple[int, Sequence[str]]], *, where: str = "store"
+    ) -> list[Any]:
         """Run ``script`` once per (number of keys, keys and arguments) in one pipeline, by SHA
         (loaded on first use and again if Redis lost it), without redis-py's per-pipeline
-        SCRIPT EXISTS."""
+        SCRIPT EXISTS. A call whose key check (``LUA_CHECK``) repaired keys is sent again, alone
+        with the others that need it (``worker.store._keytypes``); ``where`` names the path in
+        the repair's count and log line."""
         client = self.client
-        sha = self._shas.get(script)
-        for _ in range(2):
+        replies: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for _ in range(4):
+            sha = self._shas.get(script)
             if sha is None:
                 sha = self._shas[script] = await client.script_load(script)
             async with client.pipeline(transaction=False) as pipe:
-                for numkeys, args in calls:
+                for i in pending:
+                    numkeys, args = calls[i]
                     pipe.evalsha(sha, numkeys, *args)
-                try:
-                    return list(await pipe.execute())
-                except NoScriptError:
-                    sha = None
-        raise RuntimeError("Redis keeps losing tracescore's Lua scripts (SCRIPT FLUSH in a loop?)")
+                got = await pipe.execute(raise_on_error=False)
+            for i, reply in zip(pending, got, strict=True):
+                replies[i] = reply
+            again = pipeline_replies(where, got)
+            if any(isinstance(got[j], NoScriptError) for j in again):
+                self._shas.pop(script, None)
+            if not again:
+                return replies
+            pending = [pending[j] for j in again]
+        raise RuntimeError("Redis keeps losing tracescore's Lua scripts or retyping its keys (SCRIPT FLUSH in a loop?)")
 
     async def close(self) -> None:
         if self._client is not None:

@@ -20,20 +20,17 @@ import time
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-import structlog
-
 from scorers import ScoreResult
 from tracing import ScoreRecord
 from worker import _keys
 from worker._process import alive
 from worker._reconnect import unavailable_as_error
 from worker.store._jobs import FAILURE_WINDOW_SECONDS, JOB_TTL_S, JobStats, RedisJobStats, failure_bucket, outcome
+from worker.store._keytypes import LUA_CHECK, checked_async
 from worker.store._outbox import delivered_key
 from worker.store._redis import RedisConnection
 
 __all__ = ["RedisScoreStore", "ScoreStore", "claim", "delivery_owner", "process_owner"]
-
-log = structlog.get_logger("tracescore.worker.store")
 
 
 @runtime_checkable
@@ -132,9 +129,10 @@ async def claim(store: ScoreStore, score_ids: Sequence[str], owner: str, ttl_s: 
 #       checkpoint, claim and job hash (5 each)
 # ARGV: ttl, owner, failures ttl, now ms, the number of shared KEYS, the number of sinks, the
 #       sink names, then per record: record json, score id, has_job (0/1), outcome, reason, job id
-# Returns per record 1 (stored now, or by our own earlier try) or 0 (taken), then the number of
-# keys of the wrong type it deleted first.
-_PUT_RECORDS = """
+# Returns per record 1 (stored now, or by our own earlier try) or 0 (taken).
+_PUT_RECORDS = (
+    LUA_CHECK
+    + """
 local ttl, owner, failures_ttl, now = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local shared, nsinks = tonumber(ARGV[5]), tonumber(ARGV[6])
 local sinks = {}
@@ -142,32 +140,33 @@ for s = 1, nsinks do
   sinks[s] = ARGV[6 + s]
 end
 local sinks_named = false
--- A key of ours holding another type (hand-edited, or written by something else) would fail the
--- script halfway, after earlier writes: such keys are found before anything is written, and
--- deleted (they hold nothing of ours), so a call either stores its records whole or not at all.
-local repaired = 0
-local function expect(key, kind)
-  local found = redis.call('TYPE', key)['ok']
-  if found ~= 'none' and found ~= kind then
-    redis.call('DEL', key)
-    repaired = repaired + 1
-  end
+-- A key of ours holding another type would fail the script halfway, after earlier writes: every
+-- key is checked before anything is written (worker.store._keytypes). A sink's queue and dead
+-- letters are refused (undelivered scores, refusals); the rest is ours to rebuild.
+local checks = {}
+local function check(key, kind, mode)
+  local n = #checks
+  checks[n + 1], checks[n + 2], checks[n + 3] = key, kind, mode
 end
-expect(KEYS[1], 'hash')
+check(KEYS[1], 'hash', 'r')
 if shared > 1 then
-  expect(KEYS[2], 'set')
+  check(KEYS[2], 'set', 'r')
 end
 for i = 3, shared, 4 do
-  expect(KEYS[i], 'zset')
-  expect(KEYS[i + 1], 'hash')
-  expect(KEYS[i + 2], 'hash')
-  expect(KEYS[i + 3], 'zset')
+  check(KEYS[i], 'zset', 'k')  -- the sink's queue: undelivered scores
+  check(KEYS[i + 1], 'hash', 'r')
+  check(KEYS[i + 2], 'hash', 'k')  -- the sink's dead letters
+  check(KEYS[i + 3], 'zset', 'r')
 end
 for k = shared + 1, #KEYS, 5 do
-  expect(KEYS[k], 'string')
-  expect(KEYS[k + 1], 'set')
-  expect(KEYS[k + 3], 'string')
-  expect(KEYS[k + 4], 'hash')
+  check(KEYS[k], 'string', 'r')
+  check(KEYS[k + 1], 'set', 'r')
+  check(KEYS[k + 3], 'string', 'r')
+  check(KEYS[k + 4], 'hash', 'r')
+end
+local bad = tracescore_check(checks)
+if bad then
+  return bad
 end
 
 local function put(record, traces, checkpoint, claim, job, json, score_id, has_job, counter, reason, job_id)
@@ -230,21 +229,27 @@ for k = shared + 1, #KEYS, 5 do
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
   a = a + 6
 end
-done[#done + 1] = repaired
 return done
 """
+)
 # Records per call: bounds how long one call holds Redis (~1 ms here) and its argument count.
 _PUT_CHUNK = 200
 
 # KEYS: the claims. ARGV: owner, ttl. Per claim 1 when ``owner`` holds it now (taken, or its own
 # already: this same delivery retrying), else 0.
-_CLAIM = """
+_CLAIM = (
+    LUA_CHECK
+    + """
+local checks = {}
+for i = 1, #KEYS do
+  checks[#checks + 1] = KEYS[i]; checks[#checks + 1] = 'string'; checks[#checks + 1] = 'r'
+end
+local bad = tracescore_check(checks)
+if bad then
+  return bad
+end
 local held = {}
 for i = 1, #KEYS do
-  local found = redis.call('TYPE', KEYS[i])['ok']
-  if found ~= 'none' and found ~= 'string' then
-    redis.call('DEL', KEYS[i])  -- not a claim (see _PUT_RECORDS): it would fail the GET below
-  end
   if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) or redis.call('GET', KEYS[i]) == ARGV[1] then
     held[i] = 1
   else
@@ -253,24 +258,40 @@ for i = 1, #KEYS do
 end
 return held
 """
+)
 _CLAIM_CHUNK = 1000
 
-# KEYS: claim. ARGV: previous owner, new owner, ttl. Compare-and-set (a vanished claim is free).
-_TAKE_OVER = """
+# KEYS: claim. ARGV: previous owner, new owner, ttl. Compare-and-set (a vanished claim is free;
+# one the new owner holds already is this call sent again after a repair or a lost reply).
+_TAKE_OVER = (
+    LUA_CHECK
+    + """
+local bad = tracescore_check({KEYS[1], 'string', 'r'})
+if bad then
+  return bad
+end
 local current = redis.call('GET', KEYS[1])
-if current == false or current == ARGV[1] then
+if current == false or current == ARGV[1] or current == ARGV[2] then
   redis.call('SET', KEYS[1], ARGV[2], 'EX', tonumber(ARGV[3]))
   return 1
 end
 return 0
 """
+)
 
-_RELEASE = """
+_RELEASE = (
+    LUA_CHECK
+    + """
+local bad = tracescore_check({KEYS[1], 'string', 'r'})
+if bad then
+  return bad
+end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
 """
+)
 
 
 @unavailable_as_error
@@ -337,14 +358,16 @@ class RedisScoreStore:
         ttl = str(max(1, ttl_s))
         chunks = [score_ids[i : i + _CLAIM_CHUNK] for i in range(0, len(score_ids), _CLAIM_CHUNK)]
         replies = await self._redis.evalsha_each(
-            _CLAIM, [(len(chunk), [*(_keys.claim_key(s) for s in chunk), owner, ttl]) for chunk in chunks]
+            _CLAIM,
+            [(len(chunk), [*(_keys.claim_key(s) for s in chunk), owner, ttl]) for chunk in chunks],
+            where="claim",
         )
         return {s for chunk, got in zip(chunks, replies, strict=True) for s, ok in zip(chunk, got, strict=True) if ok}
 
     async def release(self, score_ids: Sequence[str], owner: str) -> None:
         if not score_ids:
             return
-        await self._redis.evalsha_many(_RELEASE, 1, [(_keys.claim_key(s), owner) for s in score_ids])
+        await self._redis.evalsha_many(_RELEASE, 1, [(_keys.claim_key(s), owner) for s in score_ids], where="release")
 
     async def claim_owners(self, score_ids: Sequence[str]) -> dict[str, str]:
         if not score_ids:
@@ -356,7 +379,10 @@ class RedisScoreStore:
         if not claims:
             return set()
         done = await self._redis.evalsha_many(
-            _TAKE_OVER, 1, [(_keys.claim_key(s), previous, owner, str(max(1, ttl_s))) for s, previous in claims]
+            _TAKE_OVER,
+            1,
+            [(_keys.claim_key(s), previous, owner, str(max(1, ttl_s))) for s, previous in claims],
+            where="take_over",
         )
         return {s for (s, _), ok in zip(claims, done, strict=True) if ok}
 
@@ -403,20 +429,20 @@ class RedisScoreStore:
                     record.job_id or "",
                 )
             calls.append((len(keys), keys + args))
-        replies = await self._redis.evalsha_each(_PUT_RECORDS, calls)
+        replies = await self._redis.evalsha_each(_PUT_RECORDS, calls, where="put_records")
         jobs = {r.job_id for r in records if r.job_id}
         if jobs:
             async with self._redis.client.pipeline(transaction=False) as pipe:
                 for job_id in jobs:
                     pipe.expire(_keys.job_key(job_id), self._jobs.job_ttl_s)
                 await pipe.execute()
-        repaired = sum(reply[-1] for reply in replies)
-        if repaired:
-            log.warning("store_keys_repaired", keys=repaired, records=len(records))
-        return [bool(done) for reply in replies for done in reply[:-1]]
+        return [bool(done) for reply in replies for done in reply]
 
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]:
-        ids = sorted(await self._redis.client.smembers(_keys.trace_key(trace_id)))
+        client, key = self._redis.client, _keys.trace_key(trace_id)
+        ids = sorted(
+            await checked_async(client, "records_for_trace", [(key, "set", False)], lambda: client.smembers(key))
+        )
         found = await self.existing(ids)
         return [found[s] for s in ids if s in found]
 

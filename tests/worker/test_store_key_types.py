@@ -1,0 +1,360 @@
+"""Every Redis path of the store, against each of its keys holding each wrong Redis type.
+
+A key of ours may hold another type (an operator's mistake, an older version, another program on
+the same DB); Redis then answers WRONGTYPE. Where the key holds state the store owns and can
+rebuild (claims, checkpoints, counters, indexes, delivery marks) the path repairs it (deletes it,
+counts the repair, logs ``store_keys_repaired``) and does its work; where deleting would lose
+data someone needs (the dead-letter list, a sink's queue of undelivered scores and its dead
+letters) it leaves the key alone and raises ``StoreKeyTypeError``: named, not retryable, so the
+message is dead-lettered or refused instead of being redelivered forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+
+import worker.store as store_module
+from tracing import ScoreRecord, score_id_for
+from worker import _keys
+from worker.store import (
+    DeadLetter,
+    DeliveryLog,
+    RedisDeadLetters,
+    RedisJobStats,
+    RedisOutbox,
+    RedisScoreStore,
+    SyncRedisDeadLetters,
+    claim,
+)
+from worker.store._jobs import failure_bucket
+from worker.store._outbox import delivered_key
+
+SINK = "jsonl"
+TRACE, SPAN = f"{7:032x}", f"{7:016x}"
+SCORE = score_id_for(TRACE, SPAN, "s", "1")
+TYPES = ("string", "list", "set", "zset", "hash")
+
+
+def _record() -> ScoreRecord:
+    return ScoreRecord(score_id=SCORE, trace_id=TRACE, span_id=SPAN, scorer_id="s", score=1.0, job_id="j")
+
+
+def _seed(client: redis.Redis, key: str, kind: str) -> None:
+    """``key`` holding a value of type ``kind`` (not ours), whatever it held before."""
+    client.delete(key)
+    {
+        "string": lambda: client.set(key, "someone else's"),
+        "list": lambda: client.rpush(key, "someone else's"),
+        "set": lambda: client.sadd(key, "someone else's"),
+        "zset": lambda: client.zadd(key, {"someone else's": 1}),
+        "hash": lambda: client.hset(key, "someone else's", "1"),
+    }[kind]()
+
+
+# --- the paths: each takes the Redis URL and returns what the path answered ----------------------
+
+
+def _score_store(url: str, go: Callable[[RedisScoreStore], Any]) -> Any:
+    async def run() -> Any:
+        store = RedisScoreStore(url, sinks=[SINK])
+        try:
+            return await go(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def _jobs(url: str, go: Callable[[RedisJobStats], Any]) -> Any:
+    async def run() -> Any:
+        stats = RedisJobStats(url)
+        try:
+            return await go(stats)
+        finally:
+            await stats.close()
+
+    return asyncio.run(run())
+
+
+def _letters(url: str, go: Callable[[RedisDeadLetters], Any]) -> Any:
+    async def run() -> Any:
+        letters = RedisDeadLetters(url)
+        try:
+            return await go(letters)
+        finally:
+            await letters.close()
+
+    return asyncio.run(run())
+
+
+def _deliveries(url: str, go: Callable[[DeliveryLog], Any]) -> Any:
+    async def run() -> Any:
+        log = DeliveryLog(url, ttl_s=60, reconnect_s=0.5)
+        try:
+            return await go(log)
+        finally:
+            await log.close()
+
+    return asyncio.run(run())
+
+
+def _outbox(url: str, go: Callable[[RedisOutbox], Any]) -> Any:
+    outbox = RedisOutbox(url, reconnect_s=0.5)
+    try:
+        return go(outbox)
+    finally:
+        outbox.close()
+
+
+def _leased_then(url: str, go: Callable[[RedisOutbox, Any], Any]) -> Callable[[], Any]:
+    """The id queued and leased before the key goes bad; then ``go`` settles the lease."""
+    outbox = RedisOutbox(url, reconnect_s=0.5)
+    outbox.enqueue(SINK, [SCORE])
+    lease = outbox.lease(SINK, 10, 60)
+    assert lease.ids == [SCORE]
+
+    def settle() -> Any:
+        try:
+            return go(outbox, lease)
+        finally:
+            outbox.close()
+
+    return settle
+
+
+def _queued_then(url: str, go: Callable[[RedisOutbox], Any]) -> Callable[[], Any]:
+    """The id queued before the key goes bad; then ``go``."""
+    outbox = RedisOutbox(url, reconnect_s=0.5)
+    outbox.enqueue(SINK, [SCORE])
+
+    def then() -> Any:
+        try:
+            return go(outbox)
+        finally:
+            outbox.close()
+
+    return then
+
+
+def _letter() -> DeadLetter:
+    return DeadLetter(reason="test", message_key="m1")
+
+
+@dataclass(frozen=True)
+class Case:
+    path: str
+    key: str
+    kind: str  # the type the store keeps at ``key``
+    keep: bool  # True: data someone needs (refused, never deleted); False: repaired
+    call: Callable[[str], Callable[[], Any]]  # Redis URL -> (after the key is seeded) the call
+    expect: Any = None  # what a repaired call answers
+    # False: the path only reads with MGET, which answers nil for a key of another type: the key
+    # reads as absent and is left for the write that follows (put_records, put_checkpoint).
+    repairs: bool = True
+
+
+_CLAIM, _RECORD, _CHECKPOINT = _keys.claim_key(SCORE), _keys.record_key(SCORE), _keys.checkpoint_key(SCORE)
+_JOB, _FAILURES = _keys.job_key("j"), _keys.failures_key(failure_bucket())
+_QUEUE, _ATTEMPTS, _DEAD = _keys.outbox_key(SINK), _keys.outbox_attempts_key(SINK), _keys.outbox_dead_key(SINK)
+_COUNTS, _DELIVERED, _SINKS = _keys.outbox_counts_key(SINK), delivered_key(SINK), _keys.outbox_sinks_key()
+_STARTED, _ENDED = f"{_keys.delivery_key('t1')}:started", f"{_keys.delivery_key('t1')}:ended"
+_DLQ, _SEEN, _REASONS = _keys.dlq_key(), _keys.dlq_seen_key("m1"), _keys.dlq_reasons_key()
+
+
+def _put(url: str) -> Callable[[], Any]:
+    return lambda: _score_store(url, lambda s: s.put_records([_record()], "w", 60))
+
+
+CASES = [
+    # ScoreStore
+    Case(
+        "claim",
+        _CLAIM,
+        "string",
+        False,
+        lambda u: lambda: _score_store(u, lambda s: claim(s, [SCORE], "w", 60)),
+        {SCORE},
+    ),
+    Case("release", _CLAIM, "string", False, lambda u: lambda: _score_store(u, lambda s: s.release([SCORE], "w"))),
+    Case(
+        "take_over",
+        _CLAIM,
+        "string",
+        False,
+        lambda u: lambda: _score_store(u, lambda s: s.take_over([(SCORE, "")], "w", 60)),
+        {SCORE},
+    ),
+    Case(
+        "existing",
+        _RECORD,
+        "string",
+        False,
+        lambda u: lambda: _score_store(u, lambda s: s.existing([SCORE])),
+        {},
+        False,
+    ),
+    Case(
+        "get_checkpoints",
+        _CHECKPOINT,
+        "string",
+        False,
+        lambda u: lambda: _score_store(u, lambda s: s.get_checkpoints([SCORE])),
+        {},
+        False,
+    ),
+    Case(
+        "records_for_trace",
+        _keys.trace_key(TRACE),
+        "set",
+        False,
+        lambda u: lambda: _score_store(u, lambda s: s.records_for_trace(TRACE)),
+        [],
+    ),
+    *(
+        Case("put_records", key, kind, keep, _put, None if keep else [True])
+        for key, kind, keep in [
+            (_RECORD, "string", False),
+            (_keys.trace_key(TRACE), "set", False),
+            (_CLAIM, "string", False),
+            (_JOB, "hash", False),
+            (_FAILURES, "hash", False),
+            (_SINKS, "set", False),
+            (_ATTEMPTS, "hash", False),
+            (_DELIVERED, "zset", False),
+            (_QUEUE, "zset", True),
+            (_DEAD, "hash", True),
+        ]
+    ),
+    # JobStats
+    Case("count_skipped", _JOB, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.count_skipped("j", "r"))),
+    Case("progress", _JOB, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.progress("j")), {}),
+    Case("recent_failures", _FAILURES, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.recent_failures()), {}),
+    # DeadLetters
+    Case("push", _DLQ, "list", True, lambda u: lambda: _letters(u, lambda d: d.push(_letter()))),
+    Case("push", _SEEN, "string", False, lambda u: lambda: _letters(u, lambda d: d.push(_letter())), True),
+    Case("push", _REASONS, "hash", False, lambda u: lambda: _letters(u, lambda d: d.push(_letter())), True),
+    Case("counts", _REASONS, "hash", False, lambda u: lambda: _letters(u, lambda d: d.counts()), {}),
+    Case("latest", _DLQ, "list", True, lambda u: lambda: _letters(u, lambda d: d.latest())),
+    Case("take", _DLQ, "list", True, lambda u: lambda: _letters(u, lambda d: d.take("x"))),
+    Case("size", _DLQ, "list", True, lambda u: lambda: _letters(u, lambda d: d.size())),
+    Case("sync_push", _DLQ, "list", True, lambda u: lambda: SyncRedisDeadLetters(u).push(_letter())),
+    Case("sync_push", _SEEN, "string", False, lambda u: lambda: SyncRedisDeadLetters(u).push(_letter()), True),
+    # DeliveryLog
+    Case("delivery_start", _STARTED, "set", False, lambda u: lambda: _deliveries(u, lambda d: d.start("t1", "a")), 0),
+    Case("delivery_start", _ENDED, "set", False, lambda u: lambda: _deliveries(u, lambda d: d.start("t1", "a")), 0),
+    Case("delivery_end", _ENDED, "set", False, lambda u: lambda: _deliveries(u, lambda d: d.end("t1", "a")), True),
+    # Outbox
+    Case("register", _SINKS, "set", False, lambda u: lambda: _outbox(u, lambda o: o.register([SINK]))),
+    Case("enqueue", _QUEUE, "zset", True, lambda u: lambda: _outbox(u, lambda o: o.enqueue(SINK, [SCORE]))),
+    Case("enqueue", _DEAD, "hash", True, lambda u: lambda: _outbox(u, lambda o: o.enqueue(SINK, [SCORE]))),
+    Case("enqueue", _ATTEMPTS, "hash", False, lambda u: lambda: _outbox(u, lambda o: o.enqueue(SINK, [SCORE]))),
+    Case("enqueue", _DELIVERED, "zset", False, lambda u: lambda: _outbox(u, lambda o: o.enqueue(SINK, [SCORE]))),
+    Case("lease", _QUEUE, "zset", True, lambda u: lambda: _outbox(u, lambda o: o.lease(SINK, 10, 60))),
+    Case("lease", _ATTEMPTS, "hash", False, lambda u: _queued_then(u, lambda o: o.lease(SINK, 10, 60).ids), [SCORE]),
+    Case("renew", _QUEUE, "zset", True, lambda u: _leased_then(u, lambda o, lease: o.renew(lease, 60))),
+    Case("ack", _COUNTS, "hash", False, lambda u: _leased_then(u, lambda o, lease: o.ack(lease, [SCORE])), 1),
+    Case("ack", _DELIVERED, "zset", False, lambda u: _leased_then(u, lambda o, lease: o.ack(lease, [SCORE])), 1),
+    Case("ack", _ATTEMPTS, "hash", False, lambda u: _leased_then(u, lambda o, lease: o.ack(lease, [SCORE])), 1),
+    Case("dead", _DEAD, "hash", True, lambda u: _leased_then(u, _bury)),
+    Case("counts", _COUNTS, "hash", False, lambda u: lambda: _outbox(u, lambda o: o.counts()[SINK].delivered), 0),
+    Case("counts", _SINKS, "set", False, lambda u: lambda: _outbox(u, lambda o: o.counts()), {}),
+    Case("counts", _QUEUE, "zset", True, lambda u: lambda: _outbox(u, lambda o: o.counts())),
+    Case("counts", _DEAD, "hash", True, lambda u: lambda: _outbox(u, lambda o: o.counts())),
+    Case("dead_letters", _DEAD, "hash", True, lambda u: lambda: _outbox(u, lambda o: o.dead_letters(SINK))),
+    Case("redrive", _DEAD, "hash", True, lambda u: lambda: _outbox(u, lambda o: o.redrive(SINK))),
+    Case("states", _QUEUE, "zset", True, lambda u: lambda: _outbox(u, lambda o: o.states(SINK, [SCORE]))),
+    Case("states", _DEAD, "hash", True, lambda u: lambda: _outbox(u, lambda o: o.states(SINK, [SCORE]))),
+    Case(
+        "states",
+        _DELIVERED,
+        "zset",
+        False,
+        lambda u: lambda: _outbox(u, lambda o: o.states(SINK, [SCORE])),
+        {SCORE: "none"},
+    ),
+]
+
+
+def _bury(outbox: RedisOutbox, lease: Any) -> Any:
+    from worker.store import SinkDeadLetter
+
+    return outbox.dead(lease, [SinkDeadLetter(score_id=SCORE, sink=SINK, reason="refused")])
+
+
+def _counts_case(case: Case) -> bool:
+    # `counts` on an outbox without sinks answers {} before reading any sink key: register first.
+    return case.path == "counts" and case.key in (_COUNTS, _QUEUE, _DEAD)
+
+
+PARAMS = [
+    pytest.param(case, wrong, id=f"{case.path}-{case.key.removeprefix(_keys.PREFIX)}-{wrong}")
+    for case in CASES
+    for wrong in TYPES
+    if wrong != case.kind
+]
+
+
+def _repairs() -> int:
+    counter = getattr(store_module, "key_repairs", None)
+    return -1 if counter is None else sum(counter.values())
+
+
+@pytest.mark.parametrize(("case", "wrong"), PARAMS)
+def test_a_wrong_typed_key_is_repaired_or_refused_by_name(redis_url: str, case: Case, wrong: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        if _counts_case(case):
+            client.sadd(_SINKS, SINK)
+        call = case.call(redis_url)  # set-up (a lease) before the key goes bad
+        _seed(client, case.key, wrong)
+        before_value = client.dump(case.key)
+        before = _repairs()
+        if case.keep:
+            with pytest.raises(Exception) as caught:
+                call()
+            exc = caught.value
+            # Named, not retryable (a redelivery would meet the same key), naming the key.
+            assert type(exc).__name__ == "StoreKeyTypeError", f"{type(exc).__name__}: {exc}"
+            assert getattr(exc, "category", None) == "config"
+            assert getattr(exc, "key", None) == case.key
+            assert wrong in str(exc)
+            assert case.key in str(exc)
+            # Left exactly as it was: it may hold what someone needs.
+            assert client.dump(case.key) == before_value
+        else:
+            answer = call()
+            assert answer == case.expect
+            if case.repairs:
+                assert client.type(case.key).decode() in (case.kind, "none")
+                assert before >= 0
+                assert _repairs() > before  # counted
+            else:
+                assert client.dump(case.key) == before_value
+    finally:
+        client.close()
+
+
+def test_repairs_are_logged_once_per_call_with_where(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The repair is an operator's fact: one ``store_keys_repaired`` line naming the path and
+    the key (never a value), however many keys it mended."""
+    import structlog.testing
+
+    client = redis.Redis.from_url(redis_url)
+    client.rpush(_JOB, "not a hash")
+    client.rpush(_CLAIM, "not a claim")
+    try:
+        with structlog.testing.capture_logs() as logs:
+            assert _score_store(redis_url, lambda s: s.put_records([_record()], "w", 60)) == [True]
+        repaired = [e for e in logs if e["event"] == "store_keys_repaired"]
+        assert len(repaired) == 1, logs
+        assert repaired[0]["keys"] == 2
+        assert repaired[0]["where"] == "put_records"
+        assert "not a" not in repr(repaired[0])
+    finally:
+        client.close()

@@ -1,0 +1,61 @@
+"""A real worker meeting keys of the wrong Redis type: a refused key ends the message as one dead
+letter naming the key (not redelivered forever, no score stored owed to no sink); keys the store
+can rebuild are repaired and the batch is scored and counted once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from tests.worker._batches import batch
+from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tracing import CelerySink
+from worker import _keys
+from worker.store import DeadLetter
+
+
+def _dlq(client: redis.Redis) -> list[DeadLetter]:
+    return [DeadLetter.model_validate_json(raw) for raw in client.lrange(_keys.dlq_key(), 0, -1)]
+
+
+def test_a_refused_key_dead_letters_the_message_and_a_repaired_one_scores_it(redis_url: str, tmp_path: Path) -> None:
+    scores = tmp_path / "scores.jsonl"
+    client = redis.Redis.from_url(redis_url)
+    queue = _keys.outbox_key("jsonl")
+    # Undelivered scores in an older version's shape: never deleted by the worker.
+    client.hset(queue, "older", "undelivered")
+    worker = WorkerProcess("keytypes", redis_url, tmp_path, scores_path=scores, env={"TRACESCORE_RETRY_BUDGET": "1"})
+    try:
+        worker.wait_ready()
+        sink = CelerySink(redis_url)
+        sink.send(batch(range(2), ["length"], salt="refused", batch_id="refused-batch"))
+        sink.close()
+
+        assert wait_for(lambda: len(_dlq(client)) >= 1, 90), worker.text()[-3000:]
+        (letter,) = _dlq(client)
+        assert letter.batch_id == "refused-batch"
+        assert letter.reason == "retry_budget_exhausted"
+        assert letter.attempts == 2  # the first delivery and its one retry: not forever
+        assert "StoreKeyTypeError" in letter.error
+        assert queue in letter.error
+        assert client.hgetall(queue) == {b"older": b"undelivered"}
+        assert list(client.scan_iter(match=_keys.record_key("*"))) == []  # nothing stored, owed to no one
+
+        # The operator moves the key aside; keys the store rebuilds are of the wrong type too.
+        client.rename(queue, "moved-aside")
+        later = batch(range(10, 13), ["length"], salt="repaired", job_id="typed")
+        client.rpush(_keys.job_key("typed"), "not a hash")
+        client.set(_keys.trace_key(later.requests[0].trace_id), "not a set")
+        sink = CelerySink(redis_url)
+        sink.send(later)
+        sink.close()
+        assert wait_for(lambda: len(read_scores(scores)) >= 3, 90), worker.text()[-3000:]
+        assert wait_for(lambda: client.hget(_keys.job_key("typed"), "scored") == b"3", 30), worker.text()[-3000:]
+        assert len(read_scores(scores)) == 3
+        assert "store_keys_repaired" in worker.text()
+        assert "not a hash" not in worker.text()  # names of keys, never their values
+        assert len(_dlq(client)) == 1
+    finally:
+        worker.stop()
+        client.close()

@@ -1,0 +1,225 @@
+"""Keys of ours that hold another Redis type, handled one way on every path of the store.
+
+A key may hold another type than the store keeps there (an operator's mistake, an older version,
+another program on the same DB); Redis answers WRONGTYPE, which is neither a connection error
+(requeue) nor the message's fault, so left alone it made a message fail on every delivery. Each
+key is checked against what it should hold, and:
+
+- *repaired* when it holds state the store owns and can rebuild (claims, checkpoints, counters,
+  indexes, delivery marks): deleted, counted in ``key_repairs`` and logged
+  (``store_keys_repaired``), then the call is made again;
+- *refused* when deleting it could lose what someone needs (the dead-letter list, a sink's
+  queue of undelivered scores and its dead letters): left exactly as it is, and the call raises
+  ``StoreKeyTypeError`` naming the key (not retryable: a redelivery would meet the same key).
+
+Scripts check their keys first (``LUA_CHECK``: a TYPE per key, before anything is written, so a
+call is done whole or not at all) and answer a ``TRACESCORE_KEYTYPE`` error naming them; plain
+commands are checked only once Redis answered WRONGTYPE (``_MEND``). Either way a call that
+succeeds costs no extra round trip.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import structlog
+from redis.exceptions import NoScriptError, ResponseError
+
+from worker._errors import WorkerError
+
+if TYPE_CHECKING:
+    from scorers.judge import ErrorCategory
+
+__all__ = [
+    "LUA_CHECK",
+    "Check",
+    "StoreKeyTypeError",
+    "checked",
+    "checked_async",
+    "key_repairs",
+    "pipeline_replies",
+]
+
+log = structlog.get_logger("tracescore.worker.store")
+
+T = TypeVar("T")
+
+# (key, the type the store keeps there, keep: True when it may hold what someone needs)
+Check = tuple[str, str, bool]
+
+# Keys repaired since the process started, by the path that found them.
+key_repairs: Counter[str] = Counter()
+
+_MARK = "TRACESCORE_KEYTYPE"
+# Calls made again after a repair before giving up (another program rewriting the key meanwhile).
+_TRIES = 3
+
+
+class StoreKeyTypeError(WorkerError):
+    """A key holding what someone may need (dead letters, undelivered scores) is of another
+    Redis type than the store keeps there; it is left as it is for the operator."""
+
+    _category: ClassVar[ErrorCategory] = "config"
+
+    def __init__(self, key: str, found: str, expected: str) -> None:
+        self.key, self.found, self.expected = key, found, expected
+        self.message = (
+            f"Redis key {key} holds a {found}, where tracescore keeps a {expected} it cannot rebuild; "
+            "it is left as it is: rename it aside (or delete it if nothing in it is needed)"
+        )
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.found, self.expected))
+
+
+# A function for the top of every script: ``tracescore_check({key, type, 'k'|'r', ...})``
+# returns nil when each key is absent or of its type. Otherwise nothing is written but the
+# repair: with any 'k' key wrong it returns an error naming the first one (and deletes nothing);
+# else it deletes the wrong 'r' keys and returns an error naming them (the caller calls again).
+# Fields are tab-separated: Redis turns newlines in an error into spaces.
+LUA_CHECK = """
+local function tracescore_check(checks)
+  local wrong = {}
+  for i = 1, #checks, 3 do
+    local found = redis.call('TYPE', checks[i])['ok']
+    if found ~= 'none' and found ~= checks[i + 1] then
+      if checks[i + 2] == 'k' then
+        local named = checks[i] .. '\\t' .. found .. '\\t' .. checks[i + 1]
+        return redis.error_reply('TRACESCORE_KEYTYPE refused\\t' .. named)
+      end
+      wrong[#wrong + 1] = checks[i]
+    end
+  end
+  if #wrong == 0 then
+    return nil
+  end
+  for _, key in ipairs(wrong) do
+    redis.call('DEL', key)
+  end
+  return redis.error_reply('TRACESCORE_KEYTYPE repaired\\t' .. table.concat(wrong, '\\t'))
+end
+"""
+
+# For plain commands, after Redis answered WRONGTYPE. KEYS: the keys; ARGV: per key its type
+# and 'k' or 'r'. Returns 0 when every key is fine (the WRONGTYPE was not about them).
+_MEND = (
+    LUA_CHECK
+    + """
+local checks = {}
+for i = 1, #KEYS do
+  checks[#checks + 1] = KEYS[i]
+  checks[#checks + 1] = ARGV[2 * i - 1]
+  checks[#checks + 1] = ARGV[2 * i]
+end
+local bad = tracescore_check(checks)
+if bad then
+  return bad
+end
+return 0
+"""
+)
+
+
+def _mend_args(checks: Sequence[Check]) -> tuple[list[str], list[str]]:
+    return [k for k, _, _ in checks], [a for _, kind, keep in checks for a in (kind, "k" if keep else "r")]
+
+
+def _repaired(exc: ResponseError) -> list[str] | None:
+    """The keys a check repaired (the call may be made again); raises ``StoreKeyTypeError`` for a
+    refused key; None when ``exc`` is not a check's answer."""
+    text = str(exc)
+    at = text.find(_MARK)
+    if at < 0:
+        return None
+    verdict, *fields = text[at + len(_MARK) :].strip(" ").split("\t")
+    if verdict == "refused" and len(fields) >= 3:
+        raise StoreKeyTypeError(fields[0], fields[1], fields[2]) from None
+    return fields
+
+
+def _note(where: str, keys: Sequence[str]) -> None:
+    if keys:
+        key_repairs[where] += len(keys)
+        # Key names only (ids, never a value): what an operator looks for in Redis.
+        log.warning("store_keys_repaired", where=where, keys=len(keys), names=list(keys[:5]))
+
+
+def _wrong_type(exc: ResponseError) -> bool:
+    return _MARK in str(exc) or "WRONGTYPE" in str(exc)
+
+
+def _mended(where: str, exc: ResponseError, mend: Callable[[], Any]) -> None:
+    """After ``exc``: repair (noted) or raise; re-raises ``exc`` when every key was fine."""
+    keys = _repaired(exc)
+    if keys is None:
+        try:
+            mend()
+        except ResponseError as answer:
+            keys = _repaired(answer)
+            if keys is None:
+                raise
+        else:
+            raise exc
+    _note(where, keys)
+
+
+def checked(client: Any, where: str, checks: Iterable[Check], call: Callable[[], T]) -> T:
+    """``call()`` (synchronous), with a wrong-typed key among ``checks`` repaired or refused."""
+    names, args = _mend_args(list(checks))
+    for attempt in range(_TRIES):
+        try:
+            return call()
+        except ResponseError as exc:
+            if attempt == _TRIES - 1 or not _wrong_type(exc):
+                raise
+            _mended(where, exc, lambda: client.eval(_MEND, len(names), *names, *args))
+    raise AssertionError("unreachable")
+
+
+async def checked_async(client: Any, where: str, checks: Iterable[Check], call: Callable[[], Awaitable[T]]) -> T:
+    """``await call()``, with a wrong-typed key among ``checks`` repaired or refused."""
+    names, args = _mend_args(list(checks))
+    for attempt in range(_TRIES):
+        try:
+            return await call()
+        except ResponseError as exc:
+            if attempt == _TRIES - 1 or not _wrong_type(exc):
+                raise
+            keys = _repaired(exc)
+            if keys is None:
+                try:
+                    await client.eval(_MEND, len(names), *names, *args)
+                except ResponseError as answer:
+                    keys = _repaired(answer)
+                    if keys is None:
+                        raise
+                else:
+                    raise  # every key was fine: the WRONGTYPE was about another one
+            _note(where, keys)
+    raise AssertionError("unreachable")
+
+
+def pipeline_replies(where: str, replies: Sequence[Any]) -> list[int]:
+    """The positions among a pipeline's ``replies`` (run with ``raise_on_error=False``) to send
+    again: scripts whose check repaired keys (noted once for the pipeline), or that Redis no
+    longer had (``NoScriptError``). Raises ``StoreKeyTypeError`` for a refused key and any other
+    error as it came."""
+    again: list[int] = []
+    repaired: list[str] = []
+    for i, reply in enumerate(replies):
+        if isinstance(reply, NoScriptError):
+            again.append(i)
+        elif isinstance(reply, ResponseError):
+            keys = _repaired(reply)
+            if keys is None:
+                raise reply
+            repaired += keys
+            again.append(i)
+    _note(where, repaired)
+    return again
