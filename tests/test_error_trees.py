@@ -110,6 +110,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         RegistryError,
         RunLimitError,
         SettingsError,
+        StoreKeyTypeError,
         StoreUnavailableError,
         UnknownScorerError,
         WorkerError,
@@ -145,6 +146,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         RegistryError: (RegistryError("m"), "config"),
         UnknownScorerError: (UnknownScorerError("x", ["a"]), "config"),
         StoreUnavailableError: (StoreUnavailableError("m"), "retryable"),
+        StoreKeyTypeError: (StoreKeyTypeError("k", "list", "hash"), "config"),
         RunLimitError: (RunLimitError("m", error_type="timeout"), "timeout"),
         LoopBlockedError: (LoopBlockedError(), "retryable"),
     }

@@ -10,6 +10,9 @@
     ├── StoreUnavailableError           Redis stayed unreachable through every
     │   (a celery Reject and a redis    reconnect: the message goes back to the
     │    ConnectionError)               queue                                      retryable
+    ├── StoreKeyTypeError               a key holding what someone may need (dead
+    │                                   letters, undelivered scores) is of another
+    │                                   Redis type: left for the operator          config
     ├── RunLimitError (ScorerError)     a run hit a limit: ``error_type`` timeout
     │                                   or memory (final: it would do it again)    timeout | memory
     └── LoopBlockedError                the loop watchdog's exception, raised into
@@ -43,6 +46,7 @@ __all__ = [
     "RegistryError",
     "RunLimitError",
     "SettingsError",
+    "StoreKeyTypeError",
     "StoreUnavailableError",
     "UnknownScorerError",
     "WorkerError",
@@ -108,6 +112,27 @@ class StoreUnavailableError(Reject, redis_errors.ConnectionError, WorkerError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.message,))
+
+
+class StoreKeyTypeError(WorkerError):
+    """A key holding what someone may need (dead letters, undelivered scores) is of another
+    Redis type than the store keeps there; it is left as it is for the operator."""
+
+    _category: ClassVar[ErrorCategory] = "config"
+
+    def __init__(self, key: str, found: str, expected: str) -> None:
+        self.key, self.found, self.expected = key, found, expected
+        self.message = (
+            f"Redis key {key} holds a {found}, where tracescore keeps a {expected} it cannot rebuild; "
+            "it is left as it is: rename it aside (or delete it if nothing in it is needed)"
+        )
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.found, self.expected))
 
 
 class RunLimitError(ScorerError, WorkerError):

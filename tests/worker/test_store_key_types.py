@@ -20,6 +20,8 @@ import pytest
 import redis
 
 import worker.store as store_module
+import worker.store._jobs as jobs_module
+import worker.store._scores as scores_module
 from tracing import ScoreRecord, score_id_for
 from worker import _keys
 from worker.store import (
@@ -160,7 +162,10 @@ class Case:
 
 
 _CLAIM, _RECORD, _CHECKPOINT = _keys.claim_key(SCORE), _keys.record_key(SCORE), _keys.checkpoint_key(SCORE)
-_JOB, _FAILURES = _keys.job_key("j"), _keys.failures_key(failure_bucket())
+# The failure counts live in a wall-clock bucket; the test pins it (see ``_pinned_bucket``) so a
+# run that spans a bucket boundary still meets the key it seeded.
+_BUCKET = failure_bucket()
+_JOB, _FAILURES = _keys.job_key("j"), _keys.failures_key(_BUCKET)
 _QUEUE, _ATTEMPTS, _DEAD = _keys.outbox_key(SINK), _keys.outbox_attempts_key(SINK), _keys.outbox_dead_key(SINK)
 _COUNTS, _DELIVERED, _SINKS = _keys.outbox_counts_key(SINK), delivered_key(SINK), _keys.outbox_sinks_key()
 _STARTED, _ENDED = f"{_keys.delivery_key('t1')}:started", f"{_keys.delivery_key('t1')}:ended"
@@ -303,6 +308,12 @@ PARAMS = [
 def _repairs() -> int:
     counter = getattr(store_module, "key_repairs", None)
     return -1 if counter is None else sum(counter.values())
+
+
+@pytest.fixture(autouse=True)
+def _pinned_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in (jobs_module, scores_module):
+        monkeypatch.setattr(module, "failure_bucket", lambda at=None: _BUCKET)
 
 
 @pytest.mark.parametrize(("case", "wrong"), PARAMS)

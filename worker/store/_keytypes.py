@@ -22,15 +22,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from redis.exceptions import NoScriptError, ResponseError
 
-from worker._errors import WorkerError
-
-if TYPE_CHECKING:
-    from scorers.judge import ErrorCategory
+from worker._errors import StoreKeyTypeError
 
 __all__ = [
     "LUA_CHECK",
@@ -55,27 +52,6 @@ key_repairs: Counter[str] = Counter()
 _MARK = "TRACESCORE_KEYTYPE"
 # Calls made again after a repair before giving up (another program rewriting the key meanwhile).
 _TRIES = 3
-
-
-class StoreKeyTypeError(WorkerError):
-    """A key holding what someone may need (dead letters, undelivered scores) is of another
-    Redis type than the store keeps there; it is left as it is for the operator."""
-
-    _category: ClassVar[ErrorCategory] = "config"
-
-    def __init__(self, key: str, found: str, expected: str) -> None:
-        self.key, self.found, self.expected = key, found, expected
-        self.message = (
-            f"Redis key {key} holds a {found}, where tracescore keeps a {expected} it cannot rebuild; "
-            "it is left as it is: rename it aside (or delete it if nothing in it is needed)"
-        )
-        super().__init__(self.message)
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.key, self.found, self.expected))
 
 
 # A function for the top of every script: ``tracescore_check({key, type, 'k'|'r', ...})``
