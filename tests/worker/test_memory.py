@@ -95,5 +95,6 @@ def test_a_run_past_the_limit_is_a_memory_record_and_its_process_is_replaced(
     assert failed["scorer_id"] == "hog"
     assert failed["error_type"] == "memory"
     assert "TRACESCORE_MEMORY_LIMIT_MB" in failed["error_message"]
-    assert "worker_memory_limit_exiting" in worker.text()
+    # logged after the record is written and flushed: it may trail the scores file
+    assert wait_for(lambda: "worker_memory_limit_exiting" in worker.text(), 30), worker.text()[-3000:]
     assert worker.proc.poll() is None

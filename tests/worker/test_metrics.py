@@ -421,7 +421,8 @@ def test_a_wedged_childs_timeout_record_is_counted_after_it_exits(redis_url: str
         sink.send(batch(range(2), ["fast"], salt="after-wedged"))
         sink.close()
         assert wait_for(lambda: len(read_scores(scores_path)) >= 3, 90), worker.text()[-3000:]
-        assert "worker_loop_wedged_exiting" in worker.text()
+        # logged after the record is written and flushed: it may trail the scores file
+        assert wait_for(lambda: "worker_loop_wedged_exiting" in worker.text(), 30), worker.text()[-3000:]
         (stuck,) = [r for r in read_scores(scores_path) if r["scorer_id"] == "wedges"]
         assert stuck["error_type"] == "timeout"
 
