@@ -9,6 +9,7 @@ from scorers._not_scorable import NotScorable, not_scorable
 from scorers._result import JudgeAttempt, JudgeExecution, JudgeUsage, ScoreResult, StepName
 from scorers._run import ScorerRun, StepResults
 from scorers._scorer import PrepareRun, Scorer, ScorerType, create_scorer
+from scorers._secrets import scrub_secrets
 from scorers._steps import PromptStep
 from scorers.judge import Judge
 
@@ -34,4 +35,5 @@ __all__ = [
     "create_scorer",
     "filter_run",
     "not_scorable",
+    "scrub_secrets",
 ]

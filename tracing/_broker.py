@@ -1,8 +1,9 @@
 """Broker and store URLs: redacted for every log line, and TLS that verifies by default.
 
-``redact(text)`` hides every password a URL in ``text`` carries (``scheme://user:pass@``,
-``scheme://:pass@``, ``?password=...``), in any number of URLs (sentinel lists, error messages
-that quote the URL). Every place that prints a broker or store URL goes through it.
+``redact(text)`` (``scorers.scrub_secrets``) hides every password a URL in ``text`` carries
+(``scheme://user:pass@``, ``scheme://:pass@``, ``?password=...``), in any number of URLs (sentinel
+lists, error messages that quote the URL), and any token or key it quotes. Every place that
+prints a broker or store URL goes through it.
 
 ``BrokerTLS`` holds the two TLS settings (``TRACESCORE_BROKER_CA_FILE``,
 ``TRACESCORE_BROKER_TLS_INSECURE``) and renders them for each client library: kombu/Celery
@@ -15,50 +16,22 @@ kombu alone would silently turn verification off for ``rediss://``.
 from __future__ import annotations
 
 import os
-import re
 import ssl
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from scorers import scrub_secrets
+
 __all__ = ["CA_FILE_ENV", "INSECURE_ENV", "BrokerTLS", "redact"]
 
 CA_FILE_ENV = "TRACESCORE_BROKER_CA_FILE"
 INSECURE_ENV = "TRACESCORE_BROKER_TLS_INSECURE"
-_MASK = "***"
-
-# scheme://userinfo@ — userinfo runs to the last '@' before the host (a password may hold an
-# unescaped '@'), and stops at '/', '?', '#' or whitespace, so the next URL of a list is safe.
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#]*)@")
-# password-like query parameters (redis-py reads ?password=, kombu/sentinel ?sentinel_password=)
-_SECRET_PARAM = re.compile(
-    r"(?P<key>[?&;](?:[A-Za-z_]*password|passwd|pass|pwd|secret|token|auth|api_key|apikey|access_key)=)"
-    r"(?P<value>[^&#\s;]*)",
-    re.IGNORECASE,
-)
+# The name tracing and worker call it by: the one scrubber, which knows URL passwords as well as
+# tokens and key shapes (a broker error can quote either).
+redact = scrub_secrets
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
-
-
-def redact(text: str, *secrets: str | None) -> str:
-    """``text`` with every URL password (and each literal in ``secrets``) replaced by ``***``.
-
-    The user name stays (it helps to see which account failed); a user-info part without a
-    ``:`` is masked whole, since ``redis://secret@host`` is how some write a password alone.
-    """
-    for secret in secrets:
-        if secret and len(secret) >= 4:  # a tiny "secret" would mask half the message
-            text = text.replace(secret, _MASK)
-    text = _USERINFO.sub(_mask_userinfo, text)
-    return _SECRET_PARAM.sub(lambda m: f"{m.group('key')}{_MASK}", text)
-
-
-def _mask_userinfo(match: re.Match[str]) -> str:
-    user, colon, _ = match.group("userinfo").partition(":")
-    if not match.group("userinfo"):
-        return match.group(0)
-    kept = f"{user}:{_MASK}" if colon else _MASK
-    return f"{match.group('scheme')}{kept}@"
 
 
 def _is_tls(url: str) -> bool:

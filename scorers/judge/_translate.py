@@ -13,13 +13,13 @@ import contextlib
 import email.utils
 import json
 import math
-import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from scorers._errors import category_for_status
+from scorers._secrets import scrub_secrets
 from scorers.judge._errors import (
     JudgeAuthError,
     JudgeBadRequestError,
@@ -34,47 +34,9 @@ from scorers.judge._errors import (
     JudgeTimeoutError,
 )
 
+# scrub_secrets is re-exported: the judge modules take it from here (it lives in scorers._secrets,
+# shared with tracing and worker).
 __all__ = ["parse_retry_after_ms", "scrub_secrets", "translate_sdk_errors"]
-
-T = TypeVar("T")
-_MASK = "***"
-# What a credential looks like in an error body, a header dump or a URL. Each keeps its
-# label (so the message still says "Authorization: ***") and masks the value.
-_SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    # "Authorization: Bearer abc", "authorization": "Basic abc" — the whole value, to line end
-    (re.compile(r"""(\bauthorization["']?\s*[:=]\s*["']?)[^"'\r\n,}]+""", re.IGNORECASE), rf"\g<1>{_MASK}"),
-    (re.compile(r"(\bbearer\s+)[A-Za-z0-9._~+/=-]{4,}", re.IGNORECASE), rf"\g<1>{_MASK}"),
-    # api_key=..., api-key: ..., x-api-key: ..., "apiKey": "..."
-    (
-        re.compile(r"""(\b(?:x-)?api[_-]?key["']?\s*[:=]\s*["']?)[^\s"'&,;}]+""", re.IGNORECASE),
-        rf"\g<1>{_MASK}",
-    ),
-    # OpenAI (sk-..., sk-proj-...), Anthropic (sk-ant-...), Google (AIza...) key shapes
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"), f"sk-{_MASK}"),
-    (re.compile(r"\bAIza[0-9A-Za-z_-]{30,}"), _MASK),
-)
-
-
-def scrub_secrets(value: T, *secrets: str | None) -> T:
-    """``value`` (a string, or dicts/lists/tuples of them) with credentials masked: the
-    literal ``secrets`` (the configured API key) and anything shaped like a key or token."""
-    literals = [s for s in secrets if s and len(s) >= 6]  # a tiny "key" would mask half the text
-    return _scrub(value, literals)  # type: ignore[no-any-return]
-
-
-def _scrub(value: Any, literals: list[str]) -> Any:
-    if isinstance(value, str):
-        for literal in literals:
-            value = value.replace(literal, _MASK)
-        for pattern, replacement in _SECRET_PATTERNS:
-            value = pattern.sub(replacement, value)
-        return value
-    if isinstance(value, Mapping):
-        return {_scrub(k, literals): _scrub(v, literals) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_scrub(v, literals) for v in value)
-    return value
-
 
 _KEPT_HEADERS = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
 _CREDENTIAL_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}

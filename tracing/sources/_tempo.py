@@ -144,7 +144,9 @@ class TempoSource:
             except urllib.error.HTTPError as exc:
                 body = exc.read()[:200].decode("utf-8", "replace")
                 if exc.code not in _RETRYABLE or attempt == self.retries:
-                    raise _HttpError(exc.code, f"HTTP {exc.code} from {redact(url)}: {redact(body.strip())}") from None
+                    # the request's headers (an auth token) are masked too, should Tempo echo them
+                    said = redact(body.strip(), *self.headers.values())
+                    raise _HttpError(exc.code, f"HTTP {exc.code} from {redact(url)}: {said}") from None
                 retry_after = exc.headers.get("Retry-After")
                 wait = float(retry_after) if retry_after and retry_after.isdigit() else delay
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:

@@ -1,0 +1,96 @@
+"""The one secret scrubber: every text that may quote a credential (a provider's error body, a
+broker or store URL, a sink's or Tempo's refusal) goes through ``scrub_secrets`` before a log,
+an error, a stored record or a dead letter can take it.
+
+One scrubber, so every call site knows every shape: a provider error can quote a
+``redis://:pw@`` URL just as a Tempo or OTLP error can echo ``Authorization: Bearer ...``.
+It lives in ``scorers`` (the lowest layer) so that ``tracing`` and ``worker`` can use it too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+__all__ = ["scrub_secrets"]
+
+T = TypeVar("T")
+_MASK = "***"
+# A literal secret (the configured API key, a URL's password, a sink token, an exporter header
+# value) is masked by value only from this length on. Literals are passed only when they are
+# known to be credentials, so leaking a short real password is worse than blanking a few
+# letters of an error message; shorter still ("1", "on", "abc") would blank every digit or
+# common syllable and leave the message unreadable, and no usable credential is that short.
+_MIN_LITERAL = 4
+
+# What a credential looks like in an error body, a header dump or a URL. Each keeps its label
+# (so the message still says "Authorization: ***" or "redis://user:***@host") and masks the value.
+_SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # "Authorization: Bearer abc", "authorization": "Basic abc" — the whole value, to line end
+    (re.compile(r"""(\bauthorization["']?\s*[:=]\s*["']?)[^"'\r\n,}]+""", re.IGNORECASE), rf"\g<1>{_MASK}"),
+    (re.compile(r"(\bbearer\s+)[A-Za-z0-9._~+/=-]{4,}", re.IGNORECASE), rf"\g<1>{_MASK}"),
+    # a labelled value: api_key=..., x-api-key: ..., "apiKey": "...", "password": "...",
+    # client_secret=..., MLFLOW_TRACKING_TOKEN=... The label must be followed by ':' or '=',
+    # so prose ("password reset", "invalid token", "max_tokens") is left alone. The label is matched
+    # from the start of its word only (the lookbehind): tried from every position of a long
+    # dashed word, the search would take quadratic time on a large error body.
+    (
+        re.compile(
+            r"""((?<![\w-])[\w-]*(?:api[_-]?key|access[_-]?key|secret[_-]?key|secret|password|passwd|token)"""
+            r"""["']?\s*[:=]\s*["']?)[^\s"'&,;}]+""",
+            re.IGNORECASE,
+        ),
+        rf"\g<1>{_MASK}",
+    ),
+    # OpenAI (sk-..., sk-proj-...), Anthropic (sk-ant-...), Langfuse (sk-lf-...), Google (AIza...)
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"), f"sk-{_MASK}"),
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{30,}"), _MASK),
+    # password-like query parameters too short or generic to be a label in prose (redis-py reads
+    # ?password=, kombu/sentinel ?sentinel_password=, some proxies ?auth= or ?pwd=)
+    (
+        re.compile(
+            r"([?&;](?:[A-Za-z_]*password|passwd|pass|pwd|secret|token|auth|api_key|apikey|access_key)=)[^&#\s;]*",
+            re.IGNORECASE,
+        ),
+        rf"\g<1>{_MASK}",
+    ),
+)
+# scheme://userinfo@ — userinfo runs to the last '@' before the host (a password may hold an
+# unescaped '@'), and stops at '/', '?', '#' or whitespace, so the next URL of a list is safe.
+# The scheme starts where a scheme can (the lookbehind), for the same reason as above.
+_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#]*)@")
+
+
+def scrub_secrets(value: T, *secrets: str | None) -> T:
+    """``value`` (a string, or dicts/lists/tuples of them, keys included) with credentials
+    masked as ``***``: each literal in ``secrets`` and anything shaped like a key, a token, an
+    authorization header or a URL password, in any number of URLs.
+
+    A URL's user name stays (it helps to see which account failed); a user-info part without
+    a ``:`` is masked whole, since ``redis://secret@host`` is how some write a password alone.
+    """
+    literals = [s for s in secrets if s and len(s) >= _MIN_LITERAL]
+    return _scrub(value, literals)  # type: ignore[no-any-return]
+
+
+def _scrub(value: Any, literals: list[str]) -> Any:
+    if isinstance(value, str):
+        for literal in literals:
+            value = value.replace(literal, _MASK)
+        for pattern, replacement in _SECRET_PATTERNS:
+            value = pattern.sub(replacement, value)
+        return _USERINFO.sub(_mask_userinfo, value)
+    if isinstance(value, Mapping):
+        return {_scrub(k, literals): _scrub(v, literals) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_scrub(v, literals) for v in value)
+    return value
+
+
+def _mask_userinfo(match: re.Match[str]) -> str:
+    userinfo = match.group("userinfo")
+    if not userinfo:
+        return match.group(0)
+    user, colon, _ = userinfo.partition(":")
+    return f"{match.group('scheme')}{f'{user}:{_MASK}' if colon else _MASK}@"
