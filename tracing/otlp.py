@@ -28,8 +28,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue as PbAnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans as PbResourceSpans
@@ -353,83 +353,23 @@ def _json_link(raw: Any, field: str, where: str) -> Link:
     )
 
 
-def _resource_spans_list(document: Any, where: str) -> tuple[list[Any], str]:
-    """The ResourceSpans list of one document, and its field name (for error paths)."""
-    body = _object(document, "$", where)
-    if "trace" in body and isinstance(body["trace"], dict):  # Tempo /api/v2/traces
-        body = body["trace"]
-    for key in ("resourceSpans", "resource_spans", "batches"):
-        if key in body:
-            value = body[key]
-            if not isinstance(value, list):
-                raise OtlpDecodeError(f"expected a list, got {type(value).__name__}", where=where, field=key)
-            return value, key
-    if not body:
-        return [], "resourceSpans"
-    raise OtlpDecodeError(
-        f"not an OTLP traces document: expected 'resourceSpans' (or 'batches'), found keys {_key_names(body)}",
-        where=where,
+# Resource and scope builders: what each decoder keeps of a ResourceSpans' resource and a
+# ScopeSpans' scope (``_walk_json`` has already checked that both are objects).
+
+
+def _json_resource(rs: Mapping[str, Any], attributes: list[Any], field: str, where: str) -> Resource:
+    return Resource(
+        _attributes(attributes, f"{field}.resource.attributes", where), _get(rs, "schemaUrl", "schema_url") or ""
     )
 
 
-def decode_otlp_json(document: Any, *, where: str = "") -> list[ReadableSpan]:
-    """The spans of one parsed OTLP/JSON ``ExportTraceServiceRequest`` (or ``TracesData``)."""
-    try:
-        return _decode_document(document, where)
-    except RecursionError:  # attribute values nested (arrayValue/kvlistValue) beyond the stack
-        raise OtlpDecodeError("attribute values nested too deeply", where=where) from None
-
-
-def _decode_document(document: Any, where: str) -> list[ReadableSpan]:
-    resource_spans, key = _resource_spans_list(document, where)
-    spans: list[ReadableSpan] = []
-    for r, raw_rs in enumerate(resource_spans):
-        rs_field = f"{key}[{r}]"
-        rs = _object(raw_rs, rs_field, where)
-        raw_resource = rs.get("resource") or {}
-        resource = Resource(
-            _attributes(
-                _list(
-                    _object(raw_resource, f"{rs_field}.resource", where), "attributes", "attributes", rs_field, where
-                ),
-                f"{rs_field}.resource.attributes",
-                where,
-            ),
-            _get(rs, "schemaUrl", "schema_url") or "",
-        )
-        scope_list = _get(rs, "scopeSpans", "scope_spans")
-        scope_key = "scopeSpans"
-        if scope_list is None:  # OTLP < 0.15 and older Tempo/Jaeger JSON
-            scope_list = _get(rs, "instrumentationLibrarySpans", "instrumentation_library_spans") or []
-            scope_key = "instrumentationLibrarySpans"
-        if not isinstance(scope_list, list):
-            raise OtlpDecodeError("expected a list", where=where, field=f"{rs_field}.{scope_key}")
-        for s, raw_ss in enumerate(scope_list):
-            ss_field = f"{rs_field}.{scope_key}[{s}]"
-            ss = _object(raw_ss, ss_field, where)
-            raw_scope = _get(ss, "scope", "instrumentationLibrary") or {}
-            scope = None
-            if raw_scope:
-                scope_obj = _object(raw_scope, f"{ss_field}.scope", where)
-                scope = InstrumentationScope(
-                    str(scope_obj.get("name", "")),
-                    scope_obj.get("version") or None,
-                    _get(ss, "schemaUrl", "schema_url") or None,
-                    _attributes(
-                        _list(scope_obj, "attributes", "attributes", ss_field, where),
-                        f"{ss_field}.scope.attributes",
-                        where,
-                    )
-                    or None,
-                )
-            for i, raw_span in enumerate(_list(ss, "spans", "spans", ss_field, where)):
-                spans.append(_json_span(raw_span, resource, scope, f"{ss_field}.spans[{i}]", where))
-    return spans
-
-
-def decode_otlp_json_line(line: str | bytes, *, where: str = "") -> list[ReadableSpan]:
-    """Parse and decode one line of an OTLP/JSON Lines file (bytes: UTF-8, a BOM allowed)."""
-    return decode_otlp_json(_parse_line(line, where), where=where)
+def _json_scope(ss: Mapping[str, Any], scope: Mapping[str, Any], field: str, where: str) -> InstrumentationScope:
+    return InstrumentationScope(
+        str(scope.get("name", "")),
+        scope.get("version") or None,
+        _get(ss, "schemaUrl", "schema_url") or None,
+        _attributes(_list(scope, "attributes", "attributes", field, where), f"{field}.scope.attributes", where) or None,
+    )
 
 
 # --- JSON straight to span records (backfill) ------------------------------------------------
@@ -526,42 +466,108 @@ def _json_record(raw: Any, service: str | None, scope: str | None, field: str, w
     )
 
 
+def _service_name(rs: Mapping[str, Any], attributes: list[Any], field: str, where: str) -> str | None:
+    """The record's resource: only service.name is decoded (the other attributes are not read,
+    so a malformed value there is no error here)."""
+    service = None
+    for item in attributes:
+        if type(item) is dict and item.get("key") == "service.name":
+            value = _any_value(item.get("value") or {}, f"{field}.resource.attributes", where)
+            service = value if isinstance(value, str) else None
+    return service
+
+
+def _scope_name(ss: Mapping[str, Any], scope: Mapping[str, Any], field: str, where: str) -> str:
+    return str(scope.get("name", ""))
+
+
+# --- the walk of an OTLP/JSON document (both decoders) ---------------------------------------
+
+_R = TypeVar("_R")  # what a builder keeps of a resource
+_S = TypeVar("_S")  # ... of a scope
+_T = TypeVar("_T")  # ... of a span
+
+
+def _resource_spans_list(document: Any, where: str) -> tuple[list[Any], str]:
+    """The ResourceSpans list of one document, and its field name (for error paths)."""
+    body = _object(document, "$", where)
+    if "trace" in body and isinstance(body["trace"], dict):  # Tempo /api/v2/traces
+        body = body["trace"]
+    for key in ("resourceSpans", "resource_spans", "batches"):
+        if key in body:
+            value = body[key]
+            if not isinstance(value, list):
+                raise OtlpDecodeError(f"expected a list, got {type(value).__name__}", where=where, field=key)
+            return value, key
+    if not body:
+        return [], "resourceSpans"
+    raise OtlpDecodeError(
+        f"not an OTLP traces document: expected 'resourceSpans' (or 'batches'), found keys {_key_names(body)}",
+        where=where,
+    )
+
+
+def _walk_json(
+    document: Any,
+    where: str,
+    resource_of: Callable[[Mapping[str, Any], list[Any], str, str], _R],
+    scope_of: Callable[[Mapping[str, Any], Mapping[str, Any], str, str], _S],
+    span_of: Callable[[Any, _R, _S | None, str, str], _T],
+) -> list[_T]:
+    """Every span of one parsed document, built by ``span_of`` with what ``resource_of`` and
+    ``scope_of`` built of its resource and scope (None when the ScopeSpans has no scope).
+
+    The envelope, the structure checks and their error paths live here once; the builders
+    decide what is decoded (the SDK's span: everything; a record: what the readers use). They
+    are called back rather than fed from a generator: resuming a generator once a span would
+    cost backfill's hot loop more than the call it replaces.
+    """
+    resource_spans, key = _resource_spans_list(document, where)
+    out: list[_T] = []
+    append = out.append
+    try:
+        for r, raw_rs in enumerate(resource_spans):
+            rs_field = f"{key}[{r}]"
+            rs = _object(raw_rs, rs_field, where)
+            raw_resource = _object(rs.get("resource") or {}, f"{rs_field}.resource", where)
+            resource = resource_of(
+                rs, _list(raw_resource, "attributes", "attributes", rs_field, where), rs_field, where
+            )
+            scope_list = _get(rs, "scopeSpans", "scope_spans")
+            scope_key = "scopeSpans"
+            if scope_list is None:  # OTLP < 0.15 and older Tempo/Jaeger JSON
+                scope_list = _get(rs, "instrumentationLibrarySpans", "instrumentation_library_spans") or []
+                scope_key = "instrumentationLibrarySpans"
+            if not isinstance(scope_list, list):
+                raise OtlpDecodeError("expected a list", where=where, field=f"{rs_field}.{scope_key}")
+            for s, raw_ss in enumerate(scope_list):
+                ss_field = f"{rs_field}.{scope_key}[{s}]"
+                ss = _object(raw_ss, ss_field, where)
+                raw_scope = _get(ss, "scope", "instrumentationLibrary") or {}
+                scope = (
+                    scope_of(ss, _object(raw_scope, f"{ss_field}.scope", where), ss_field, where) if raw_scope else None
+                )
+                for i, raw_span in enumerate(_list(ss, "spans", "spans", ss_field, where)):
+                    append(span_of(raw_span, resource, scope, f"{ss_field}.spans[{i}]", where))
+    except RecursionError:  # attribute values nested (arrayValue/kvlistValue) beyond the stack
+        raise OtlpDecodeError("attribute values nested too deeply", where=where) from None
+    return out
+
+
+def decode_otlp_json(document: Any, *, where: str = "") -> list[ReadableSpan]:
+    """The spans of one parsed OTLP/JSON ``ExportTraceServiceRequest`` (or ``TracesData``)."""
+    return _walk_json(document, where, _json_resource, _json_scope, _json_span)
+
+
+def decode_otlp_json_line(line: str | bytes, *, where: str = "") -> list[ReadableSpan]:
+    """Parse and decode one line of an OTLP/JSON Lines file (bytes: UTF-8, a BOM allowed)."""
+    return decode_otlp_json(_parse_line(line, where), where=where)
+
+
 def decode_otlp_records(document: Any, *, where: str = "") -> list[SpanRecord]:
     """The span records of one parsed OTLP/JSON ``ExportTraceServiceRequest`` (or ``TracesData``):
     what the exporter would ship of the same spans (only what the trace readers use)."""
-    try:
-        return _decode_records(document, where)
-    except RecursionError:  # attribute values nested (arrayValue/kvlistValue) beyond the stack
-        raise OtlpDecodeError("attribute values nested too deeply", where=where) from None
-
-
-def _decode_records(document: Any, where: str) -> list[SpanRecord]:
-    resource_spans, key = _resource_spans_list(document, where)
-    records: list[SpanRecord] = []
-    for r, raw_rs in enumerate(resource_spans):
-        rs_field = f"{key}[{r}]"
-        rs = _object(raw_rs, rs_field, where)
-        raw_resource = _object(rs.get("resource") or {}, f"{rs_field}.resource", where)
-        service = None
-        for item in _list(raw_resource, "attributes", "attributes", rs_field, where):
-            if type(item) is dict and item.get("key") == "service.name":
-                value = _any_value(item.get("value") or {}, f"{rs_field}.resource.attributes", where)
-                service = value if isinstance(value, str) else None
-        scope_list = _get(rs, "scopeSpans", "scope_spans")
-        scope_key = "scopeSpans"
-        if scope_list is None:  # OTLP < 0.15 and older Tempo/Jaeger JSON
-            scope_list = _get(rs, "instrumentationLibrarySpans", "instrumentation_library_spans") or []
-            scope_key = "instrumentationLibrarySpans"
-        if not isinstance(scope_list, list):
-            raise OtlpDecodeError("expected a list", where=where, field=f"{rs_field}.{scope_key}")
-        for s, raw_ss in enumerate(scope_list):
-            ss_field = f"{rs_field}.{scope_key}[{s}]"
-            ss = _object(raw_ss, ss_field, where)
-            raw_scope = _get(ss, "scope", "instrumentationLibrary") or {}
-            scope = str(_object(raw_scope, f"{ss_field}.scope", where).get("name", "")) if raw_scope else None
-            for i, raw_span in enumerate(_list(ss, "spans", "spans", ss_field, where)):
-                records.append(_json_record(raw_span, service, scope, f"{ss_field}.spans[{i}]", where))
-    return records
+    return _walk_json(document, where, _service_name, _scope_name, _json_record)
 
 
 def decode_otlp_records_line(line: str | bytes, *, where: str = "") -> list[SpanRecord]:
