@@ -220,6 +220,17 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
             limit = envelope_limit(DEFAULT_MAX_PAYLOAD_BYTES)
         return type("ScreeningRedis", (_ScreeningRedis,), {"max_entry_bytes": limit})
 
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        if self.connection.client is None:
+            # On a broker disconnect Celery's consumer collects the connection (kombu drops
+            # transport.client) and then closes it once more. That close restores the unacked
+            # messages through a new client, and kombu read the dropped client's host name: an
+            # AttributeError Celery does not ignore, and the worker exited. A connection error is
+            # ignored; the messages stay in Redis' unacked hash, which the visibility-timeout
+            # sweep restores.
+            raise redis.exceptions.ConnectionError("the broker connection was closed after a disconnect")
+        return super()._connparams(asynchronous)
+
 
 class GuardedRedisTransport(kombu_redis.Transport):  # type: ignore[misc]  # Any base
     """kombu's Redis transport (``redis://`` and ``rediss://``) with entries screened."""

@@ -15,9 +15,10 @@ processes (prefork and threads pools). What the README promises, checked run by 
 The hand-off queue is small (``queue_size``) so that the flood while Redis is down must overflow
 it: the drops are not a possibility the test tolerates but a path it takes on every run.
 
-A worker whose consumer dies on the broker's disconnect (a bug: see the xfail below) is
-restarted here as a deployment's supervisor would, so the delivery promises above are checked on
-every run; the xfail is the one that asserts the workers stay up.
+A worker that exits is restarted here as a deployment's supervisor would, so the delivery
+promises above are checked whatever happens to a worker; the second test asserts the workers stay
+up (a consumer used to die on the disconnect: ``worker._guard``'s channel, and
+``test_redis_restart``'s deterministic test of it).
 """
 
 from __future__ import annotations
@@ -240,21 +241,6 @@ def test_multi_run_requests_survive_a_flood_and_a_redis_restart(own_redis: Redis
         supervisor.stop()
 
 
-@pytest.mark.xfail(
-    # Not strict: the exit is a race (the disconnect must interrupt the channel's close inside
-    # collect()); it happened on most runs here, but a strict xfail would XPASS about one run in
-    # five and make the suite flaky. An XPASS in the report is the sign to look again.
-    strict=False,
-    reason=(
-        "bug (worker/, Celery 5.7 + kombu 5.7 Redis transport): on a broker disconnect,"
-        " Consumer.on_connection_error_after_connected runs connection.collect(), which can end"
-        " with transport.client = None while the channel is not yet closed; the following"
-        " connection.close() closes the channel again: QoS.restore_unacked_once ->"
-        " conn_or_acquire -> _connparams reads transport.client (None) and raises"
-        " AttributeError('NoneType' object has no attribute 'hostname'), which ignore_errors does not"
-        " ignore: 'Unrecoverable error', the worker process exits instead of reconnecting"
-    ),
-)
 def test_workers_stay_up_through_redis_restarts_under_multi_run_traffic(own_redis: RedisServer, tmp_path: Path) -> None:
     """README: every Redis connection a worker holds reconnects after a Redis restart. Two
     workers (threads, prefork) score a steady trickle of multi-run traces from the real exporter;

@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
+from kombu import Connection
+from kombu.common import ignore_errors
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch
@@ -22,6 +25,7 @@ from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink
 from tracing._score_record import score_id_for
 from tracing.queue import ScoreBatch
+from worker._guard import GuardedRedisTransport
 from worker.store import DeadLetter
 
 
@@ -124,3 +128,36 @@ def test_redis_restart_under_load_loses_no_batch(own_redis: RedisServer, tmp_pat
     finally:
         for worker in workers:
             worker.stop()
+
+
+def test_closing_a_collected_broker_connection_is_a_connection_error_and_keeps_the_message(
+    redis_url: str,
+) -> None:
+    """On a broker disconnect Celery's consumer collects the connection, and when the channel's
+    close inside it was cut short, closes it again with kombu's transport already dropped. That
+    close restores the unacknowledged messages through a new client: the worker's transport must
+    answer a connection error Celery ignores (it then reconnects), not the AttributeError that
+    ended the worker process; the message stays unacknowledged in Redis and the visibility sweep
+    gives it back."""
+    client = redis.Redis.from_url(redis_url)
+    conn = Connection(redis_url, transport=GuardedRedisTransport)
+    try:
+        queue = conn.SimpleQueue("collected")
+        queue.put({"n": 1})
+        queue.get(timeout=5)  # delivered, not acknowledged
+        assert client.hlen("unacked") == 1
+        conn._do_close_transport()  # what collect() leaves: the transport dropped, the channel open
+        ignore_errors(conn, conn.close)  # Celery's second close: must not raise
+        assert client.hlen("unacked") == 1
+        assert client.llen("collected") == 0
+    finally:
+        conn.release()
+
+    later = Connection(redis_url, transport=GuardedRedisTransport, transport_options={"visibility_timeout": 1})
+    try:
+        qos = later.default_channel.qos
+        assert wait_for(lambda: (qos.restore_visible(), client.llen("collected"))[1] == 1, 30)
+        assert client.hlen("unacked") == 0
+    finally:
+        later.release()
+        client.close()
