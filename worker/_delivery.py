@@ -34,9 +34,10 @@ from dataclasses import dataclass
 import structlog
 
 import tracing.sinks
+from scorers import category_of
 from tracing import ConsoleSink, JsonlSink, OtlpSink, ScoreRecord, ScoreSink
 from tracing.sinks import Delivered, Delivery, Refused, Retry
-from worker._errors import SettingsError
+from worker._errors import SettingsError, StoreKeyTypeError
 from worker._settings import Settings
 from worker.store import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter
 
@@ -324,7 +325,12 @@ class _Drainer:
                 failures = 0
             except Exception as exc:  # the outbox's store away (a Redis restart): wait, try again
                 failures += 1
-                log.warning("drainer_failed", sink=self.sink.name, error_type=type(exc).__name__, failures=failures)
+                # A key of the wrong type stays until an operator moves it aside: say which.
+                named = {"key": exc.key, "found": exc.found} if isinstance(exc, StoreKeyTypeError) else {}
+                log.warning(
+                    "drainer_failed", sink=self.sink.name, error_type=type(exc).__name__,
+                    category=category_of(exc), failures=failures, **named,
+                )  # fmt: skip
                 self.stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
             if not leased:

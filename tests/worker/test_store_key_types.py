@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -305,6 +306,13 @@ PARAMS = [
 ]
 
 
+def _repair_metric(where: str) -> float:
+    from worker.metrics._instruments import _metrics
+
+    (metric,) = _metrics().key_repairs.collect()
+    return sum(s.value for s in metric.samples if s.name.endswith("_total") and s.labels == {"where": where})
+
+
 def _repairs() -> int:
     counter = getattr(store_module, "key_repairs", None)
     return -1 if counter is None else sum(counter.values())
@@ -360,6 +368,7 @@ def test_repairs_are_logged_once_per_call_with_where(redis_url: str, capsys: pyt
     client.rpush(_JOB, "not a hash")
     client.rpush(_CLAIM, "not a claim")
     try:
+        metric_before = _repair_metric("put_records")
         with structlog.testing.capture_logs() as logs:
             assert _score_store(redis_url, lambda s: s.put_records([_record()], "w", 60)) == [True]
         repaired = [e for e in logs if e["event"] == "store_keys_repaired"]
@@ -367,5 +376,100 @@ def test_repairs_are_logged_once_per_call_with_where(redis_url: str, capsys: pyt
         assert repaired[0]["keys"] == 2
         assert repaired[0]["where"] == "put_records"
         assert "not a" not in repr(repaired[0])
+        # And the node's metric (tracescore_store_key_repairs_total) counts both keys.
+        assert _repair_metric("put_records") == metric_before + 2
     finally:
+        client.close()
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_wrongtype_about_a_key_not_checked_is_raised_as_it_came(redis_url: str, driver: str) -> None:
+    """WRONGTYPE about a key the call did not name among its checks: the checked keys are fine
+    (so nothing is deleted or counted) and Redis' own error reaches the caller; a checked key of
+    the wrong type in the same call is still repaired first."""
+    import redis.asyncio as aredis
+
+    from worker.store._keytypes import checked, checked_async
+
+    checked_key, other = f"{_keys.PREFIX}test:checked", f"{_keys.PREFIX}test:other"
+    client = redis.Redis.from_url(redis_url)
+    client.delete(checked_key, other)
+    client.set(other, "a string")
+    client.sadd(checked_key, "kept")
+
+    calls: list[int] = []
+
+    def run(checks_kind: str) -> Any:
+        calls.clear()
+        checks = [(checked_key, checks_kind, False)]
+        if driver == "sync":
+            return checked(client, "test", checks, lambda: calls.append(1) or client.lpush(other, "x"))
+
+        async def go() -> Any:
+            async_client = aredis.Redis.from_url(redis_url)
+            try:
+                return await checked_async(
+                    async_client, "test", checks, lambda: calls.append(1) or async_client.lpush(other, "x")
+                )
+            finally:
+                await async_client.aclose()
+
+        return asyncio.run(go())
+
+    try:
+        before = _repairs()
+        with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+            run("set")
+        assert len(calls) == 1  # not made again: nothing was repaired
+        assert _repairs() == before
+        assert client.smembers(checked_key) == {b"kept"}
+        # The checked key wrong too: repaired (counted) on each try, then the call's own error.
+        with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+            run("hash")
+        assert len(calls) == 2  # once more after the repair
+        assert not client.exists(checked_key)
+        assert _repairs() == before + 1
+        assert client.get(other) == b"a string"
+    finally:
+        client.delete(checked_key, other)
+        client.close()
+
+
+def test_a_drainer_names_a_refused_key_backs_off_and_delivers_once_it_is_moved(redis_url: str, tmp_path: Path) -> None:
+    """A sink's queue key of another type stops its drainer without deleting anything: each try
+    is logged as ``drainer_failed`` naming the key (and its category, config); once the operator
+    puts the queue back, the same drainer delivers what was queued, once."""
+    import json
+
+    import structlog.testing
+
+    from tests.worker._workers import wait_for
+    from tracing import JsonlSink
+    from worker._delivery import Deliveries, DrainPolicy
+
+    client = redis.Redis.from_url(redis_url)
+    aside = f"{_QUEUE}:aside"
+    assert _score_store(redis_url, lambda s: s.put_records([_record()], "w", 60)) == [True]
+    assert client.zcard(_QUEUE) == 1  # queued for the sink
+    client.rename(_QUEUE, aside)
+    _seed(client, _QUEUE, "string")
+    out = tmp_path / "scores.jsonl"
+    deliveries = Deliveries([JsonlSink(out)], lambda: RedisOutbox(redis_url, reconnect_s=0.5), DrainPolicy(poll_s=0.05))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            deliveries.start()
+            assert wait_for(lambda: any(e["event"] == "drainer_failed" for e in logs), timeout=20), logs
+            failed = next(e for e in logs if e["event"] == "drainer_failed")
+            assert failed["error_type"] == "StoreKeyTypeError"
+            assert failed["category"] == "config"
+            assert failed["key"] == _QUEUE
+            assert failed["found"] == "string"
+            assert client.get(_QUEUE) == b"someone else's"  # never deleted
+            client.delete(_QUEUE)
+            client.rename(aside, _QUEUE)
+            assert wait_for(lambda: out.exists() and SCORE in out.read_text(), timeout=30)
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [line["score_id"] for line in lines] == [SCORE]
+    finally:
+        deliveries.stop()
         client.close()

@@ -29,6 +29,7 @@ __all__ = [
     "judge_request_context",
     "observe_batch",
     "observe_judge_usage",
+    "observe_key_repairs",
     "observe_limiter_wait",
     "observe_records",
     "process_started",
@@ -122,6 +123,13 @@ RECORDED: Final = (
         "Seconds judge calls spent waiting for the shared rate limiter",
     ),
     MetricSpec(
+        "tracescore_store_key_repairs",
+        "counter",
+        ("where",),
+        "Keys of ours found holding another Redis type and deleted so the store rebuilds them, by the "
+        "store path that found them (a refused key raises StoreKeyTypeError instead)",
+    ),
+    MetricSpec(
         "tracescore_worker_processes",
         "gauge",
         (),
@@ -143,6 +151,7 @@ class _Instruments:
         self.unpriced: Counter = _build("tracescore_judge_unpriced_calls")
         self.limiter_waits: Counter = _build("tracescore_limiter_waits")
         self.limiter_wait_seconds: Counter = _build("tracescore_limiter_wait_seconds")
+        self.key_repairs: Counter = _build("tracescore_store_key_repairs")
         # livesum: a dead child's file is removed (mark_process_dead), so the sum is the live ones.
         self.processes: Gauge = _build("tracescore_worker_processes", multiprocess_mode="livesum")
 
@@ -235,6 +244,11 @@ def observe_limiter_wait(model_id: str, seconds: float) -> None:
     m = _metrics()
     m.limiter_waits.labels(model_id).inc()
     m.limiter_wait_seconds.labels(model_id).inc(seconds)
+
+
+def observe_key_repairs(where: str, keys: int) -> None:
+    """``keys`` wrong-typed keys repaired by the store path ``where`` (a fixed name, never a key)."""
+    _metrics().key_repairs.labels(where).inc(keys)
 
 
 def process_started() -> None:

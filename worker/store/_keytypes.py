@@ -6,8 +6,9 @@ another program on the same DB); Redis answers WRONGTYPE, which is neither a con
 key is checked against what it should hold, and:
 
 - *repaired* when it holds state the store owns and can rebuild (claims, checkpoints, counters,
-  indexes, delivery marks): deleted, counted in ``key_repairs`` and logged
-  (``store_keys_repaired``), then the call is made again;
+  indexes, delivery marks): deleted, counted (``key_repairs`` in the process, the
+  ``tracescore_store_key_repairs_total`` metric) and logged (``store_keys_repaired``), then the
+  call is made again;
 - *refused* when deleting it could lose what someone needs (the dead-letter list, a sink's
   queue of undelivered scores and its dead letters): left exactly as it is, and the call raises
   ``StoreKeyTypeError`` naming the key (not retryable: a redelivery would meet the same key).
@@ -122,6 +123,11 @@ def _repaired(exc: ResponseError) -> list[str] | None:
 def _note(where: str, keys: Sequence[str]) -> None:
     if keys:
         key_repairs[where] += len(keys)
+        # Imported here: worker.metrics reads the store at scrape time (a cycle at import). A
+        # pool child's count reaches its node's /metrics through the multiprocess files.
+        from worker.metrics import observe_key_repairs
+
+        observe_key_repairs(where, len(keys))
         # Key names only (ids, never a value): what an operator looks for in Redis.
         log.warning("store_keys_repaired", where=where, keys=len(keys), names=list(keys[:5]))
 
@@ -130,19 +136,16 @@ def _wrong_type(exc: ResponseError) -> bool:
     return _MARK in str(exc) or "WRONGTYPE" in str(exc)
 
 
-def _mended(where: str, exc: ResponseError, mend: Callable[[], Any]) -> None:
-    """After ``exc``: repair (noted) or raise; re-raises ``exc`` when every key was fine."""
-    keys = _repaired(exc)
+def _mend_verdict(exc: ResponseError, answer: ResponseError | None) -> list[str]:
+    """The keys repaired, from the answer of ``_MEND`` run after ``exc`` (None: it answered 0,
+    every key was fine, so ``exc`` was about another key and is raised as it came); raises
+    ``StoreKeyTypeError`` for a refused key."""
+    if answer is None:
+        raise exc
+    keys = _repaired(answer)
     if keys is None:
-        try:
-            mend()
-        except ResponseError as answer:
-            keys = _repaired(answer)
-            if keys is None:
-                raise
-        else:
-            raise exc
-    _note(where, keys)
+        raise answer
+    return keys
 
 
 def checked(client: Any, where: str, checks: Iterable[Check], call: Callable[[], T]) -> T:
@@ -154,12 +157,20 @@ def checked(client: Any, where: str, checks: Iterable[Check], call: Callable[[],
         except ResponseError as exc:
             if attempt == _TRIES - 1 or not _wrong_type(exc):
                 raise
-            _mended(where, exc, lambda: client.eval(_MEND, len(names), *names, *args))
+            keys = _repaired(exc)
+            if keys is None:
+                answer = None
+                try:
+                    client.eval(_MEND, len(names), *names, *args)
+                except ResponseError as mend_error:
+                    answer = mend_error
+                keys = _mend_verdict(exc, answer)
+            _note(where, keys)
     raise AssertionError("unreachable")
 
 
 async def checked_async(client: Any, where: str, checks: Iterable[Check], call: Callable[[], Awaitable[T]]) -> T:
-    """``await call()``, with a wrong-typed key among ``checks`` repaired or refused."""
+    """``await call()``: ``checked`` for the asyncio client."""
     names, args = _mend_args(list(checks))
     for attempt in range(_TRIES):
         try:
@@ -169,14 +180,12 @@ async def checked_async(client: Any, where: str, checks: Iterable[Check], call: 
                 raise
             keys = _repaired(exc)
             if keys is None:
+                answer = None
                 try:
                     await client.eval(_MEND, len(names), *names, *args)
-                except ResponseError as answer:
-                    keys = _repaired(answer)
-                    if keys is None:
-                        raise
-                else:
-                    raise  # every key was fine: the WRONGTYPE was about another one
+                except ResponseError as mend_error:
+                    answer = mend_error
+                keys = _mend_verdict(exc, answer)
             _note(where, keys)
     raise AssertionError("unreachable")
 
