@@ -39,7 +39,7 @@ import json
 import math
 import os
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -84,7 +84,6 @@ __all__ = [
     "run_scope",
     "set_job_limit",
     "spend_report",
-    "unreadable_values",
     "utc_day",
 ]
 
@@ -178,9 +177,15 @@ def price_table() -> dict[str, ModelPrice]:
         return dict(DEFAULT_PRICES)
 
 
-# Values read back from Redis that were not numbers (a hand-edited or hostile key): each is
-# skipped (read as 0), logged and counted here, never the reason a judge call or a scrape fails.
-unreadable_values: Counter[str] = Counter()
+def _unreadable(where: str) -> None:
+    """A value read back from Redis that was not a number (a hand-edited or hostile key): skipped
+    (read as 0) and counted in ``tracescore_store_unreadable_values``, never the reason a judge
+    call or a scrape fails."""
+    # Imported here: worker.metrics reads the ledger at scrape time (a cycle at import). A pool
+    # child's count reaches its node's /metrics through the multiprocess files.
+    from worker.metrics import observe_unreadable
+
+    observe_unreadable(where)
 
 
 def _number(raw: Any, where: str) -> float:
@@ -192,7 +197,7 @@ def _number(raw: Any, where: str) -> float:
         value = math.nan
     if math.isfinite(value):
         return value
-    unreadable_values[where] += 1
+    _unreadable(where)
     log.warning("ledger_value_unreadable", key=where)
     return 0.0
 
@@ -536,7 +541,7 @@ class BudgetGuard:
             # redelivery. The spend goes uncounted (the budget may be passed by this much);
             # a ResponseError is a spend field that is not a number (counted as unreadable).
             if isinstance(exc, RedisResponseError):
-                unreadable_values["spend_add"] += 1
+                _unreadable("spend_add")
             log.warning(
                 "judge_spend_not_counted", scorer=scorer, model=model_id, cost_usd=cost, error=type(exc).__name__
             )

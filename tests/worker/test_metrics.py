@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,6 +27,7 @@ from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink
+from worker import _keys
 from worker._budget import RedisLedger, utc_day
 from worker._loop import run_coro
 from worker._settings import load_settings
@@ -105,9 +107,18 @@ def test_metrics_count_what_the_prefork_children_scored(
     worker, port, metrics_dir = metrics_worker
     # The first judge request is rate limited (retried by the judge), the next one refused.
     fake_llm.script(Reply.rate_limited(retry_after_ms="100"), Reply.error(401, "bad key"))
+    # Store state a child meets while scoring: a trace's record index of another Redis type
+    # (repaired) and a spend field that is not a number (the unpriced calls' count cannot be
+    # added to it; seeded for the next hour's day too, in case the test spans midnight UTC).
+    fast = [batch(range(n, n + 1), ["fast"], salt="m-fast") for n in range(8)]
+    client = redis.Redis.from_url(redis_url)
+    client.set(_keys.trace_key(fast[0].requests[0].trace_id), "not a set")
+    for day in {utc_day(), utc_day(time.time() + 3600)}:
+        client.hset(_keys.spend_key(day), "unpriced:openai/fake-judge", "junk")
+    client.close()
     sink = CelerySink(redis_url)
-    for n in range(8):  # one run a message: the two children share them
-        sink.send(batch(range(n, n + 1), ["fast"], salt="m-fast"))
+    for message in fast:  # one run a message: the two children share them
+        sink.send(message)
     sink.send(batch(range(3), ["broken"], salt="m-broken"))
     sink.send(batch(range(2), ["declines"], salt="m-declines"))
     sink.send(batch(range(6), ["judged"], salt="m-judged"))
@@ -168,6 +179,12 @@ def test_metrics_count_what_the_prefork_children_scored(
     # The shared rate limiter made some judge calls wait (a burst of 2 for 6 runs at once).
     assert total(samples, "tracescore_limiter_waits_total", model=model) >= 1
     assert total(samples, "tracescore_limiter_wait_seconds_total", model=model) > 0
+
+    # Counted in the children that met them: one key repaired, each answered call's spend
+    # that could not be added; and by the parent, the field its scrapes read and skipped.
+    assert series(samples, "tracescore_store_key_repairs_total") == {frozenset({("where", "put_records")}): 1}
+    assert total(samples, "tracescore_store_unreadable_values", key="spend_add") == requests["ok"]
+    assert total(samples, "tracescore_store_unreadable_values", key="spend:unpriced:openai/fake-judge") >= 1
 
     # Histograms: one batch observation per delivery (the flaky message twice), one latency per
     # stored run.
@@ -285,12 +302,11 @@ def test_scrape_time_gauges_read_the_queue_dead_letters_and_outbox(redis_url: st
 def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_judge_call(redis_url: str) -> None:
     """Non-numbers where counts and spend live (a hand-edited key, a hostile writer): the scrape
     keeps every readable gauge and counts what it skipped; the budget guard still decides."""
-    import redis
 
     from scorers._result import JudgeUsage
     from scorers.judge import JudgeCallRefused
     from worker import _keys
-    from worker._budget import BudgetGuard, parse_budgets, unreadable_values
+    from worker._budget import BudgetGuard, parse_budgets
 
     client = redis.Redis.from_url(redis_url)
     client.hset(_keys.dlq_reasons_key(), mapping={"poison": "2", "junk": "many"})
@@ -313,10 +329,10 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
     assert samples[("tracescore_dead_letters", frozenset({("reason", "poison")}))] == 2
     assert samples[("tracescore_spend_today_usd", frozenset({("scope", "scorer:fast")}))] == 0.5
     assert samples[("tracescore_spend_today_usd", frozenset({("scope", "total")}))] == 0  # skipped
-    unreadable = {dict(k)["key"]: v for (name, k), v in samples.items() if name == "tracescore_store_unreadable_values"}
-    assert unreadable["dlq_reasons:junk"] >= 1
-    assert unreadable["spend:total"] >= 1
-    assert unreadable["spend:model:m"] >= 1
+    # What was skipped is counted in this process's metric (a node serves every process's sum).
+    assert _unreadable("dlq_reasons:junk") >= 1
+    assert _unreadable("spend:total") >= 1
+    assert _unreadable("spend:model:m") >= 1
 
     ledger = RedisLedger(redis_url)
     guard = BudgetGuard(ledger, parse_budgets('{"total": 10, "scorers": {"fast": 0.4}}'))
@@ -325,11 +341,18 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
         with pytest.raises(JudgeCallRefused, match="scorer fast"):
             run_coro(guard.before_call("m", "fast"), 5)
         # Adding to the unreadable total fails in Redis: the paid answer is kept, the miss counted.
-        before = unreadable_values["spend_add"]
+        before = _unreadable("spend_add")
         run_coro(guard.after_call("openai/gpt-4o-mini", "fast", JudgeUsage(input_tokens=10)), 5)
-        assert unreadable_values["spend_add"] == before + 1
+        assert _unreadable("spend_add") == before + 1
     finally:
         run_coro(ledger.close(), 5)
+
+
+def _unreadable(key: str) -> float:
+    from worker.metrics._instruments import _metrics
+
+    (family,) = _metrics().unreadable.collect()
+    return sum(s.value for s in family.samples if s.labels == {"key": key})
 
 
 def test_scrape_with_redis_down_says_so_and_does_not_fail() -> None:

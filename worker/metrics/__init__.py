@@ -21,6 +21,7 @@ from worker.metrics._instruments import (
     observe_key_repairs,
     observe_limiter_wait,
     observe_records,
+    observe_unreadable,
     process_started,
 )
 from worker.metrics._node import MetricsStep, NodeMetrics, start_node_metrics, stop_node_metrics
@@ -41,6 +42,7 @@ __all__ = [
     "observe_key_repairs",
     "observe_limiter_wait",
     "observe_records",
+    "observe_unreadable",
     "oldest_enqueued_at",
     "otlp_metrics_endpoint",
     "process_started",

@@ -21,8 +21,8 @@ import redis
 import structlog
 
 from worker import _keys
-from worker._budget import RedisLedger, parse_budgets, spend_report, unreadable_values
-from worker.metrics._instruments import MetricSpec
+from worker._budget import RedisLedger, parse_budgets, spend_report
+from worker.metrics._instruments import MetricSpec, observe_unreadable
 from worker.store import RedisOutbox
 
 if TYPE_CHECKING:
@@ -75,12 +75,6 @@ SCRAPED: Final = (
         ("budget",),
         "Share of a daily budget still unspent today (UTC), 0..1",
     ),
-    MetricSpec(
-        "tracescore_store_unreadable_values",
-        "gauge",
-        ("key",),
-        "Values read from Redis that were not numbers, skipped (since this node started), by key",
-    ),
 )
 
 # The requests' enqueued_at in a message body (protocol 2 JSON, written by pydantic):
@@ -111,7 +105,7 @@ def oldest_enqueued_at(raw_message: bytes) -> float | None:
 
 
 def _unreadable(key: str) -> None:
-    unreadable_values[key] += 1
+    observe_unreadable(key)
     log.warning("metrics_value_unreadable", key=key)
 
 
@@ -150,11 +144,6 @@ class RedisStateCollector:
         if store_ok:
             yield from (dead, sinks)
             yield from self._spend(g)
-        if unreadable_values:
-            bad = g["tracescore_store_unreadable_values"]
-            for key, n in sorted(unreadable_values.items()):
-                bad.add_metric([key], n)
-            yield bad
 
     def _read_queue(self, depth: Any, unacked: Any, age: Any) -> bool:
         try:

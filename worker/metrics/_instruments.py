@@ -32,6 +32,7 @@ __all__ = [
     "observe_key_repairs",
     "observe_limiter_wait",
     "observe_records",
+    "observe_unreadable",
     "process_started",
     "reset",
 ]
@@ -123,6 +124,12 @@ RECORDED: Final = (
         "Seconds judge calls spent waiting for the shared rate limiter",
     ),
     MetricSpec(
+        "tracescore_store_unreadable_values",
+        "gauge",
+        ("key",),
+        "Values read from Redis that were not numbers, skipped (since this node started), by key",
+    ),
+    MetricSpec(
         "tracescore_store_key_repairs",
         "counter",
         ("where",),
@@ -152,6 +159,9 @@ class _Instruments:
         self.limiter_waits: Counter = _build("tracescore_limiter_waits")
         self.limiter_wait_seconds: Counter = _build("tracescore_limiter_wait_seconds")
         self.key_repairs: Counter = _build("tracescore_store_key_repairs")
+        # A gauge (its name and type predate the multiprocess files); "sum" keeps what exited
+        # children counted, as a counter would.
+        self.unreadable: Gauge = _build("tracescore_store_unreadable_values", multiprocess_mode="sum")
         # livesum: a dead child's file is removed (mark_process_dead), so the sum is the live ones.
         self.processes: Gauge = _build("tracescore_worker_processes", multiprocess_mode="livesum")
 
@@ -249,6 +259,11 @@ def observe_limiter_wait(model_id: str, seconds: float) -> None:
 def observe_key_repairs(where: str, keys: int) -> None:
     """``keys`` wrong-typed keys repaired by the store path ``where`` (a fixed name, never a key)."""
     _metrics().key_repairs.labels(where).inc(keys)
+
+
+def observe_unreadable(key: str) -> None:
+    """A value read back from Redis at ``key`` (a fixed name, or a reason) was not a number."""
+    _metrics().unreadable.labels(key).inc()
 
 
 def process_started() -> None:
