@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from worker import _keys
 from worker._reconnect import unavailable_as_error
-from worker.store._keytypes import LUA_CHECK, Check, checked, checked_async
+from worker.store._keytypes import Check, checked, checked_async, checked_script
 from worker.store._redis import RedisConnection
 
 __all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id"]
@@ -82,13 +82,9 @@ class DeadLetters(Protocol):
 # KEYS: dlq list, seen key, reasons hash. ARGV: letter json, reason, push nonce, seen ttl.
 # Seen-check, push and count in one step: two deliveries of one message make one letter. The
 # list is never deleted for being of another type (worker.store._keytypes): it holds letters.
-_PUSH = (
-    LUA_CHECK
-    + """
-local bad = tracescore_check({KEYS[1], 'list', 'k', KEYS[2], 'string', 'r', KEYS[3], 'hash', 'r'})
-if bad then
-  return bad
-end
+_PUSH = checked_script(
+    "{KEYS[1], 'list', 'k', KEYS[2], 'string', 'r', KEYS[3], 'hash', 'r'}",
+    """
 if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'EX', tonumber(ARGV[4])) then
   -- 1 when our own earlier try (its reply lost, the client retried) pushed this very letter
   return redis.call('GET', KEYS[2]) == ARGV[3] and 1 or 0
@@ -96,17 +92,13 @@ end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
 return 1
-"""
+""",
 )
 
 # KEYS: dlq list, reasons hash. ARGV: letter json, reason.
-_TAKE = (
-    LUA_CHECK
-    + """
-local bad = tracescore_check({KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r'})
-if bad then
-  return bad
-end
+_TAKE = checked_script(
+    "{KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r'}",
+    """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
   return 0
 end
@@ -114,7 +106,7 @@ if redis.call('HINCRBY', KEYS[2], ARGV[2], -1) <= 0 then
   redis.call('HDEL', KEYS[2], ARGV[2])
 end
 return 1
-"""
+""",
 )
 
 _LIST: list[Check] = [(_keys.dlq_key(), "list", True)]

@@ -13,7 +13,7 @@ key is checked against what it should hold, and:
   queue of undelivered scores and its dead letters): left exactly as it is, and the call raises
   ``StoreKeyTypeError`` naming the key (not retryable: a redelivery would meet the same key).
 
-Scripts check their keys first (``LUA_CHECK``: a TYPE per key, before anything is written, so a
+Scripts check their keys first (``checked_script``, ``LUA_CHECK``: a TYPE per key, before anything is written, so a
 call is done whole or not at all) and answer a ``TRACESCORE_KEYTYPE`` error naming them; plain
 commands are checked only once Redis answered WRONGTYPE (``_MEND``). Either way a call that
 succeeds costs no extra round trip.
@@ -36,6 +36,7 @@ __all__ = [
     "StoreKeyTypeError",
     "checked",
     "checked_async",
+    "checked_script",
     "key_repairs",
     "pipeline_replies",
 ]
@@ -82,6 +83,14 @@ local function tracescore_check(checks)
   return redis.error_reply('TRACESCORE_KEYTYPE repaired\\t' .. table.concat(wrong, '\\t'))
 end
 """
+
+
+def checked_script(checks: str, body: str) -> str:
+    """A script that checks its keys before ``body`` runs and answers the check's error instead
+    when one is wrong. ``checks``: a Lua table of (key, type, 'k' to keep | 'r' to repair)
+    triples, e.g. ``"{KEYS[1], 'zset', 'k'}"``."""
+    return f"{LUA_CHECK}local bad = tracescore_check({checks})\nif bad then\n  return bad\nend\n{body}"
+
 
 # For plain commands, after Redis answered WRONGTYPE. KEYS: the keys; ARGV: per key its type
 # and 'k' or 'r'. Returns 0 when every key is fine (the WRONGTYPE was not about them).

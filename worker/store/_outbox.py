@@ -41,7 +41,7 @@ from redis.retry import Retry
 
 from tracing import ScoreRecord
 from worker import _keys
-from worker.store._keytypes import LUA_CHECK, Check, checked, pipeline_replies
+from worker.store._keytypes import Check, checked, checked_script, pipeline_replies
 
 __all__ = ["Lease", "MemoryOutbox", "Outbox", "RedisOutbox", "SinkCounts", "SinkDeadLetter", "SinkState"]
 
@@ -180,13 +180,9 @@ def _now_ms() -> int:
 
 
 # KEYS: queue, attempts. ARGV: now ms, lease ms, limit. Returns {token, id1, attempts1, ...}.
-_LEASE = (
-    LUA_CHECK
-    + """
-local bad = tracescore_check({KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r'})
-if bad then
-  return bad
-end
+_LEASE = checked_script(
+    "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r'}",
+    """
 local due = tonumber(ARGV[1]) + tonumber(ARGV[2])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {due}
@@ -196,17 +192,13 @@ for _, id in ipairs(ids) do
   table.insert(out, redis.call('HINCRBY', KEYS[2], id, 1))
 end
 return out
-"""
+""",
 )
 
 # KEYS: queue. ARGV: old token, new due ms, ids... Returns the ids renewed.
-_RENEW = (
-    LUA_CHECK
-    + """
-local bad = tracescore_check({KEYS[1], 'zset', 'k'})
-if bad then
-  return bad
-end
+_RENEW = checked_script(
+    "{KEYS[1], 'zset', 'k'}",
+    """
 local out = {}
 for i = 3, #ARGV do
   local current = redis.call('ZSCORE', KEYS[1], ARGV[i])
@@ -216,7 +208,7 @@ for i = 3, #ARGV do
   end
 end
 return out
-"""
+""",
 )
 
 
@@ -243,14 +235,9 @@ def _parse(values: Mapping[str, str | None]) -> tuple[dict[str, ScoreRecord], di
 # KEYS: queue, attempts, counts, dead, delivered. ARGV: id, token, action, next due ms,
 # letter json, now ms, how long delivered ids are kept (ms).
 # Only while the id still carries this lease's token (see the module docstring).
-_SETTLE = (
-    LUA_CHECK
-    + """
-local bad = tracescore_check({KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'r',
-  KEYS[4], 'hash', 'k', KEYS[5], 'zset', 'r'})
-if bad then
-  return bad
-end
+_SETTLE = checked_script(
+    "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'hash', 'k', KEYS[5], 'zset', 'r'}",
+    """
 local current = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not current or tonumber(current) ~= tonumber(ARGV[2]) then
   return 0
@@ -273,36 +260,28 @@ else
   redis.call('HINCRBY', KEYS[3], 'dropped', 1)
 end
 return 1
-"""
+""",
 )
 
 # KEYS: queue, attempts, dead. ARGV: id, now ms.
-_REDRIVE = (
-    LUA_CHECK
-    + """
-local bad = tracescore_check({KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'k'})
-if bad then
-  return bad
-end
+_REDRIVE = checked_script(
+    "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'k'}",
+    """
 if redis.call('HDEL', KEYS[3], ARGV[1]) == 0 then
   return 0
 end
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('ZADD', KEYS[1], tonumber(ARGV[2]), ARGV[1])
 return 1
-"""
+""",
 )
 
 # KEYS: queue, attempts, dead, delivered. ARGV: now ms, ids... Owed anew (as put_records does):
 # no longer dead, delivered, or counting attempts. A script (not MULTI) so that a key of the wrong
 # type stops it before anything is written: MULTI would drop dead letters and then fail the queue.
-_ENQUEUE = (
-    LUA_CHECK
-    + """
-local bad = tracescore_check({KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'k', KEYS[4], 'zset', 'r'})
-if bad then
-  return bad
-end
+_ENQUEUE = checked_script(
+    "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'k', KEYS[4], 'zset', 'r'}",
+    """
 for i = 2, #ARGV do
   redis.call('ZADD', KEYS[1], tonumber(ARGV[1]), ARGV[i])
   redis.call('HDEL', KEYS[2], ARGV[i])
@@ -310,7 +289,7 @@ for i = 2, #ARGV do
   redis.call('ZREM', KEYS[4], ARGV[i])
 end
 return #ARGV - 1
-"""
+""",
 )
 
 

@@ -26,7 +26,7 @@ from worker import _keys
 from worker._process import alive
 from worker._reconnect import unavailable_as_error
 from worker.store._jobs import FAILURE_WINDOW_SECONDS, JOB_TTL_S, JobStats, RedisJobStats, failure_bucket, outcome
-from worker.store._keytypes import LUA_CHECK, checked_async
+from worker.store._keytypes import LUA_CHECK, checked_async, checked_script
 from worker.store._outbox import delivered_key
 from worker.store._redis import RedisConnection
 
@@ -263,34 +263,26 @@ _CLAIM_CHUNK = 1000
 
 # KEYS: claim. ARGV: previous owner, new owner, ttl. Compare-and-set (a vanished claim is free;
 # one the new owner holds already is this call sent again after a repair or a lost reply).
-_TAKE_OVER = (
-    LUA_CHECK
-    + """
-local bad = tracescore_check({KEYS[1], 'string', 'r'})
-if bad then
-  return bad
-end
+_TAKE_OVER = checked_script(
+    "{KEYS[1], 'string', 'r'}",
+    """
 local current = redis.call('GET', KEYS[1])
 if current == false or current == ARGV[1] or current == ARGV[2] then
   redis.call('SET', KEYS[1], ARGV[2], 'EX', tonumber(ARGV[3]))
   return 1
 end
 return 0
-"""
+""",
 )
 
-_RELEASE = (
-    LUA_CHECK
-    + """
-local bad = tracescore_check({KEYS[1], 'string', 'r'})
-if bad then
-  return bad
-end
+_RELEASE = checked_script(
+    "{KEYS[1], 'string', 'r'}",
+    """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
-"""
+""",
 )
 
 
