@@ -1,4 +1,5 @@
-"""DB 11 of the session's own Redis for the worker tests; every key is removed after each test."""
+"""DB 11 of the session's own Redis for the worker tests (every key is removed after each test), and
+a Redis of a test's own for the tests that stop and start it."""
 
 from __future__ import annotations
 
@@ -19,3 +20,15 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     finally:
         client.flushdb()
         client.close()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A Redis of this test's own, persistent: stopped (even by SIGKILL) and started again, it
+    keeps what it acknowledged (the queue, the store)."""
+    server = RedisServer(persistent=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()

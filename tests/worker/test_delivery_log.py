@@ -6,23 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from tests._redis import RedisServer
 from worker.store import DeliveryLog, new_token
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    """A Redis of this test's own: it is stopped and started again, keeping its data."""
-    server = RedisServer(persistent=True)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def test_close_writes_the_ends_kept_while_redis_was_away(own_redis: RedisServer) -> None:

@@ -26,10 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests._redis import RedisServer
 from tests.worker._multi_run_app import AckedSink, MultiRunApp, Phase, Traffic
@@ -103,17 +100,6 @@ class Supervisor(threading.Thread):
             workers = list(self.workers)
         for worker in workers:
             worker.stop()
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    """This test's own Redis, persistent so that a restart keeps what it acknowledged."""
-    server = RedisServer(persistent=True)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 WORKER_ENV = {

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 from kombu import Connection
 from kombu.common import ignore_errors
@@ -27,17 +25,6 @@ from tracing._score_record import score_id_for
 from tracing.queue import ScoreBatch
 from worker._guard import GuardedRedisTransport
 from worker.store import DeadLetter
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    """This test's own Redis, persistent so that a restart keeps the queue (survives SIGKILL)."""
-    server = RedisServer(persistent=True)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 class Producer(threading.Thread):
