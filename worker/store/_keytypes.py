@@ -13,10 +13,10 @@ key is checked against what it should hold, and:
   queue of undelivered scores and its dead letters): left exactly as it is, and the call raises
   ``StoreKeyTypeError`` naming the key (not retryable: a redelivery would meet the same key).
 
-Scripts check their keys first (``checked_script``, ``LUA_CHECK``: a TYPE per key, before anything is written, so a
-call is done whole or not at all) and answer a ``TRACESCORE_KEYTYPE`` error naming them; plain
-commands are checked only once Redis answered WRONGTYPE (``_MEND``). Either way a call that
-succeeds costs no extra round trip.
+Scripts check their keys first (``checked_script`` over ``LUA_CHECK``: a TYPE per key, before
+anything is written, so a call is done whole or not at all) and answer a ``TRACESCORE_KEYTYPE``
+error naming them; plain commands are checked only once Redis answered WRONGTYPE (``_MEND``).
+Either way a call that succeeds costs no extra round trip.
 """
 
 from __future__ import annotations
