@@ -10,7 +10,7 @@ It lives in ``scorers`` (the lowest layer) so that ``tracing`` and ``worker`` ca
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 __all__ = ["scrub_secrets"]
@@ -26,7 +26,7 @@ _MIN_LITERAL = 4
 
 # What a credential looks like in an error body, a header dump or a URL. Each keeps its label
 # (so the message still says "Authorization: ***" or "redis://user:***@host") and masks the value.
-_SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+_SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     # "Authorization: Bearer abc", "authorization": "Basic abc" — the whole value, to line end
     (re.compile(r"""(\bauthorization["']?\s*[:=]\s*["']?)[^"'\r\n,}]+""", re.IGNORECASE), rf"\g<1>{_MASK}"),
     (re.compile(r"(\bbearer\s+)[A-Za-z0-9._~+/=-]{4,}", re.IGNORECASE), rf"\g<1>{_MASK}"),
@@ -34,14 +34,15 @@ _SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # client_secret=..., MLFLOW_TRACKING_TOKEN=... The label must be followed by ':' or '=',
     # so prose ("password reset", "invalid token", "max_tokens") is left alone. The label is matched
     # from the start of its word only (the lookbehind): tried from every position of a long
-    # dashed word, the search would take quadratic time on a large error body.
+    # dashed word, the search would take quadratic time on a large error body. A quoted value
+    # is masked to its closing quote (a passphrase has spaces), a bare one to a separator.
     (
         re.compile(
-            r"""((?<![\w-])[\w-]*(?:api[_-]?key|access[_-]?key|secret[_-]?key|secret|password|passwd|token)"""
-            r"""["']?\s*[:=]\s*["']?)[^\s"'&,;}]+""",
+            r"""(?P<label>(?<![\w-])[\w-]*(?:api[_-]?key|access[_-]?key|secret[_-]?key|secret|password|passwd"""
+            r"""|token)["']?\s*[:=]\s*)(?:(?P<q>["'])[^\r\n]*?(?P=q)|["']?[^\s"'&,;}]+)""",
             re.IGNORECASE,
         ),
-        rf"\g<1>{_MASK}",
+        lambda m: f"{m['label']}{m['q']}{_MASK}{m['q']}" if m["q"] else f"{m['label']}{_MASK}",
     ),
     # OpenAI (sk-..., sk-proj-...), Anthropic (sk-ant-...), Langfuse (sk-lf-...), Google (AIza...)
     (re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"), f"sk-{_MASK}"),

@@ -39,6 +39,8 @@ SHAPES: list[tuple[str, str, str, bool]] = [
     ("bearer-token", "sent bearer BrrTok.8xYz_w upstream", "BrrTok.8xYz_w", False),
     ("api-key-header", "x-api-key: ApiKeyHdr6n", "ApiKeyHdr6n", False),
     ("json-password-field", 'got {"password": "JsonPw2r"} back', "JsonPw2r", False),
+    # a passphrase: masked to the closing quote, not to its first space
+    ("quoted-passphrase", "got {'password': 'Pass phrase Wd9 kept'} back", "phrase Wd9 kept", False),
     ("token-assignment", "TRACESCORE_MLFLOW_TOKEN=EnvTok5w is wrong", "EnvTok5w", False),
     ("openai-key", "key sk-proj-OpnKey8Qw2Er4Ty is invalid", "OpnKey8Qw2Er4Ty", False),
     ("google-key", "key AIzaSyGglKey0123456789abcdefghijklmno rejected", "GglKey0123456789abcdefghijklmno", False),
