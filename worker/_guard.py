@@ -39,7 +39,7 @@ from kombu.transport import virtual as _kombu_virtual
 
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME
 from worker._settings import Settings
-from worker.store import DeadLetter, SyncRedisDeadLetters, dead_letter_id
+from worker.store import DeadLetter, StoreKeyTypeError, SyncRedisDeadLetters, dead_letter_id
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
@@ -462,7 +462,12 @@ class GuardedConsumer(Consumer):
             pushed = self._dead_letters.push(letter)
         except Exception as exc:
             # Not recorded: the message goes back to the queue rather than being lost unseen.
-            log.error("message_refusal_not_recorded", reason=refusal.reason, letter=letter.id, error=type(exc).__name__)
+            # A dead-letter list of another Redis type waits for an operator: name it.
+            named = {"key": exc.key, "found": exc.found} if isinstance(exc, StoreKeyTypeError) else {}
+            log.error(
+                "message_refusal_not_recorded", reason=refusal.reason, letter=letter.id,
+                error=type(exc).__name__, **named,
+            )  # fmt: skip
             self._dead_letters.close()
             message.reject_log_error(_stdlog, self._connection_errors(), requeue=True)
             # The message comes straight back: do not spin on it while the store is away.

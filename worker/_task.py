@@ -37,7 +37,7 @@ from worker._loop import (
 from worker._reconnect import COMMAND_SLACK_S, RECONNECT_S
 from worker._runtime import WorkerRuntime, get_runtime
 from worker._scoring import StoreUnavailableError, score_batch
-from worker.store import END_WAIT_S, DeadLetter, dead_letter_id, new_token
+from worker.store import END_WAIT_S, DeadLetter, StoreKeyTypeError, dead_letter_id, new_token
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
@@ -195,6 +195,13 @@ def _failed_around_scoring(
             retryable=True,
             message_key=f"task:{task_id}:{int(self.request.retries or 0)}",
         )
+    except StoreKeyTypeError as dlq_exc:
+        # The dead-letter list itself holds another Redis type: nothing can be kept there until an
+        # operator moves it aside. Sent again after a backoff (an immediate requeue would spin).
+        attempt = int(self.request.retries or 0)
+        countdown = min(runtime.settings.retry_backoff_seconds * 2**attempt, runtime.settings.max_eta_seconds)
+        log.error("dead_letter_refused", task_id=task_id, key=dlq_exc.key, found=dlq_exc.found, countdown_s=countdown)
+        raise self.retry(countdown=countdown, exc=dlq_exc) from dlq_exc
     except Exception as dlq_exc:
         raise Reject("the message could not be dead-lettered; requeued", requeue=True) from dlq_exc
     return

@@ -59,3 +59,49 @@ def test_a_refused_key_dead_letters_the_message_and_a_repaired_one_scores_it(red
     finally:
         worker.stop()
         client.close()
+
+
+def test_a_dead_letter_list_of_another_type_holds_the_message_back_until_it_is_moved(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The dead-letter list itself of another Redis type: a message the task must dead-letter is
+    neither dropped nor spun on. Each try logs ``dead_letter_refused`` naming the key and sends
+    the message again after a growing backoff; once the list is moved aside, the next try leaves
+    exactly one letter and the queue is empty."""
+    from tests.worker.test_hostile_messages import QUEUE, envelope, task_body
+
+    client = redis.Redis.from_url(redis_url)
+    client.set(_keys.dlq_key(), "someone else's")
+    worker = WorkerProcess(
+        "dlqtype",
+        redis_url,
+        tmp_path,
+        scores_path=tmp_path / "scores.jsonl",
+        env={"TRACESCORE_RETRY_BACKOFF_SECONDS": "0.5"},
+    )
+    try:
+        worker.wait_ready()
+        # Valid JSON in a task's shape (the consumer's screen passes it), not a ScoreBatch.
+        _, invalid = envelope(task_body([{"batch_id": "bad", "requests": [{"run": 42}]}]))
+        client.lpush(QUEUE, invalid)
+
+        def refusals() -> list[str]:
+            return [line for line in worker.text().splitlines() if "dead_letter_refused" in line]
+
+        assert wait_for(lambda: len(refusals()) >= 2, 60), worker.text()[-3000:]
+        first, second = refusals()[:2]
+        assert _keys.dlq_key() in first
+        assert "countdown_s=0.5" in first
+        assert "countdown_s=1.0" in second  # backing off, not spinning
+        assert client.get(_keys.dlq_key()) == b"someone else's"  # never deleted
+
+        client.rename(_keys.dlq_key(), "moved-aside")
+        assert wait_for(lambda: len(_dlq(client)) == 1, 60), worker.text()[-3000:]
+        (letter,) = _dlq(client)
+        assert letter.reason == "invalid_payload"
+        assert letter.batch_id == "bad"
+        assert wait_for(lambda: client.llen(QUEUE) == 0 and client.hlen("unacked") == 0, 30)
+        assert len(_dlq(client)) == 1
+    finally:
+        worker.stop()
+        client.close()
