@@ -305,12 +305,14 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
 
     from scorers._result import JudgeUsage
     from scorers.judge import JudgeCallRefused
-    from worker import _keys
     from worker._budget import BudgetGuard, parse_budgets
 
     client = redis.Redis.from_url(redis_url)
     client.hset(_keys.dlq_reasons_key(), mapping={"poison": "2", "junk": "many"})
     client.hset(_keys.spend_key(utc_day()), mapping={"total": "lots", "scorer:fast": "0.5", "model:m": "nan"})
+    # A sink's queue of another Redis type: refused (never deleted), only the sink gauges go.
+    client.sadd(_keys.outbox_sinks_key(), "otlp")
+    client.set(_keys.outbox_key("otlp"), "not a queue")
     client.close()
     settings = load_settings(broker_url=redis_url, budgets='{"total": 10, "scorers": {"fast": 1}}')
     collector = RedisStateCollector(settings, "node-h@host")
@@ -329,6 +331,7 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
     assert samples[("tracescore_dead_letters", frozenset({("reason", "poison")}))] == 2
     assert samples[("tracescore_spend_today_usd", frozenset({("scope", "scorer:fast")}))] == 0.5
     assert samples[("tracescore_spend_today_usd", frozenset({("scope", "total")}))] == 0  # skipped
+    assert series(samples, "tracescore_sink_scores") == {}
     # What was skipped is counted in this process's metric (a node serves every process's sum).
     assert _unreadable("dlq_reasons:junk") >= 1
     assert _unreadable("spend:total") >= 1

@@ -45,6 +45,7 @@ from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, RedisJobStore
 from worker.cli import CliError
+from worker.store import StoreKeyTypeError
 
 __all__ = ["EXIT_SINK_FAILED", "EXIT_WAIT_TIMEOUT", "BackfillJob", "WaitTimeoutError", "load_scorers", "print_summary"]
 
@@ -791,7 +792,7 @@ def _run_redis(
                 )
             except redis.exceptions.RedisError as exc:
                 click.echo(f"  sink delivery unknown: cannot read the outbox ({exc})", err=True)
-            except SpoolError as exc:
+            except (SpoolError, StoreKeyTypeError) as exc:
                 click.echo(f"  sink delivery unknown: {exc}", err=True)
             else:
                 if sinks:

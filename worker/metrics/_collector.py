@@ -23,7 +23,7 @@ import structlog
 from worker import _keys
 from worker._budget import RedisLedger, parse_budgets, spend_report
 from worker.metrics._instruments import MetricSpec, observe_unreadable
-from worker.store import RedisOutbox
+from worker.store import RedisOutbox, StoreKeyTypeError
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -169,6 +169,9 @@ class RedisStateCollector:
                 counts = self._outbox.counts()
             except ValueError:  # a counter that is not a number: no sink gauges this time
                 _unreadable("outbox_counts")
+                counts = {}
+            except StoreKeyTypeError as exc:  # a sink's queue of another type: left for the operator
+                log.warning("metrics_sink_key_refused", key=exc.key, found=exc.found)
                 counts = {}
         except redis.RedisError as exc:
             log.warning("metrics_store_unavailable", error=type(exc).__name__)

@@ -17,15 +17,16 @@ tests).
 The Redis implementations reconnect by themselves (a Redis restart, a failover) and retry the
 command; when Redis stays away they raise ``StoreUnavailableError``, which hands a task's
 message back to the queue. A key of theirs holding another Redis type is repaired (state they
-can rebuild; counted in ``key_repairs``) or refused with ``StoreKeyTypeError`` (dead letters, a
-sink's undelivered scores), the same way on every path (``worker.store._keytypes``).
+can rebuild; counted in ``tracescore_store_key_repairs_total``) or refused with
+``StoreKeyTypeError`` (dead letters, a sink's undelivered scores), the same way on every path
+(``worker.store._keytypes``).
 """
 
 from worker._reconnect import StoreUnavailableError
 from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters, SyncRedisDeadLetters, dead_letter_id
 from worker.store._deliveries import END_WAIT_S, DeliveryLog, new_token
 from worker.store._jobs import JobStats, RedisJobStats
-from worker.store._keytypes import StoreKeyTypeError, key_repairs
+from worker.store._keytypes import StoreKeyTypeError
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
 from worker.store._outbox import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter, SinkState
 from worker.store._scores import RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
@@ -56,7 +57,6 @@ __all__ = [
     "claim",
     "dead_letter_id",
     "delivery_owner",
-    "key_repairs",
     "new_token",
     "process_owner",
 ]

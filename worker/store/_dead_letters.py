@@ -187,7 +187,8 @@ class SyncRedisDeadLetters:
             self._client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
             self._script = self._client.register_script(_PUSH)
         keys, args = _push_args(letter)
-        # The script checks its own keys: the checks here are only for a plain WRONGTYPE.
+        # The script checks its own keys (no checks to pass): ``checked`` turns its answer into a
+        # repair and another try, or ``StoreKeyTypeError``.
         return bool(checked(self._client, "dead_letter_push", [], lambda: self._script(keys=keys, args=args)))
 
     def close(self) -> None:

@@ -6,12 +6,11 @@ another program on the same DB); Redis answers WRONGTYPE, which is neither a con
 key is checked against what it should hold, and:
 
 - *repaired* when it holds state the store owns and can rebuild (claims, checkpoints, counters,
-  indexes, delivery marks): deleted, counted (``key_repairs`` in the process, the
-  ``tracescore_store_key_repairs_total`` metric) and logged (``store_keys_repaired``), then the
-  call is made again;
+  indexes, delivery marks): deleted, counted (``tracescore_store_key_repairs_total``) and logged
+  (``store_keys_repaired``), then the call is made again;
 - *refused* when deleting it could lose what someone needs (the dead-letter list, a sink's
   queue of undelivered scores and its dead letters): left exactly as it is, and the call raises
-  ``StoreKeyTypeError`` naming the key (not retryable: a redelivery would meet the same key).
+  ``StoreKeyTypeError`` naming the key (category ``config``: an operator has to move it aside).
 
 Scripts check their keys first (``checked_script`` over ``LUA_CHECK``: a TYPE per key, before
 anything is written, so a call is done whole or not at all) and answer a ``TRACESCORE_KEYTYPE``
@@ -21,7 +20,6 @@ Either way a call that succeeds costs no extra round trip.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -37,7 +35,6 @@ __all__ = [
     "checked",
     "checked_async",
     "checked_script",
-    "key_repairs",
     "pipeline_replies",
 ]
 
@@ -47,9 +44,6 @@ T = TypeVar("T")
 
 # (key, the type the store keeps there, keep: True when it may hold what someone needs)
 Check = tuple[str, str, bool]
-
-# Keys repaired since the process started, by the path that found them.
-key_repairs: Counter[str] = Counter()
 
 _MARK = "TRACESCORE_KEYTYPE"
 # Calls made again after a repair before giving up (another program rewriting the key meanwhile).
@@ -131,7 +125,6 @@ def _repaired(exc: ResponseError) -> list[str] | None:
 
 def _note(where: str, keys: Sequence[str]) -> None:
     if keys:
-        key_repairs[where] += len(keys)
         # Imported here: worker.metrics reads the store at scrape time (a cycle at import). A
         # pool child's count reaches its node's /metrics through the multiprocess files.
         from worker.metrics import observe_key_repairs
@@ -164,7 +157,7 @@ def checked(client: Any, where: str, checks: Iterable[Check], call: Callable[[],
         try:
             return call()
         except ResponseError as exc:
-            if attempt == _TRIES - 1 or not _wrong_type(exc):
+            if not _wrong_type(exc):
                 raise
             keys = _repaired(exc)
             if keys is None:
@@ -175,6 +168,8 @@ def checked(client: Any, where: str, checks: Iterable[Check], call: Callable[[],
                     answer = mend_error
                 keys = _mend_verdict(exc, answer)
             _note(where, keys)
+            if attempt == _TRIES - 1:  # repaired each time: another program keeps rewriting it
+                raise
     raise AssertionError("unreachable")
 
 
@@ -185,7 +180,7 @@ async def checked_async(client: Any, where: str, checks: Iterable[Check], call: 
         try:
             return await call()
         except ResponseError as exc:
-            if attempt == _TRIES - 1 or not _wrong_type(exc):
+            if not _wrong_type(exc):
                 raise
             keys = _repaired(exc)
             if keys is None:
@@ -196,6 +191,8 @@ async def checked_async(client: Any, where: str, checks: Iterable[Check], call: 
                     answer = mend_error
                 keys = _mend_verdict(exc, answer)
             _note(where, keys)
+            if attempt == _TRIES - 1:  # repaired each time: another program keeps rewriting it
+                raise
     raise AssertionError("unreachable")
 
 
@@ -206,14 +203,16 @@ def pipeline_replies(where: str, replies: Sequence[Any]) -> list[int]:
     error as it came."""
     again: list[int] = []
     repaired: list[str] = []
-    for i, reply in enumerate(replies):
-        if isinstance(reply, NoScriptError):
-            again.append(i)
-        elif isinstance(reply, ResponseError):
-            keys = _repaired(reply)
-            if keys is None:
-                raise reply
-            repaired += keys
-            again.append(i)
-    _note(where, repaired)
+    try:
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                again.append(i)
+            elif isinstance(reply, ResponseError):
+                keys = _repaired(reply)
+                if keys is None:
+                    raise reply
+                repaired += keys
+                again.append(i)
+    finally:  # what was deleted is told, whatever a later reply raises
+        _note(where, repaired)
     return again

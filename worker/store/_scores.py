@@ -59,7 +59,8 @@ class ScoreStore(Protocol):
         ...
 
     async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> set[str]:
-        """For each (score id, previous owner): claim it for ``owner`` if that owner still holds it."""
+        """For each (score id, previous owner): claim it for ``owner`` if that owner still holds it,
+        nobody does any more, or ``owner`` already does (this call sent again after a lost reply)."""
         ...
 
     async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]: ...
