@@ -17,7 +17,7 @@ from tracing.queue import ScoreBatch
 from worker._budget import RedisLedger, parse_budgets, run_key, spend_report
 from worker._limiter import RedisRateLimiter
 from worker._settings import Settings
-from worker.store import DeadLetter, RedisDeadLetters, RedisJobStats
+from worker.store import DeadLetter, RedisDeadLetters, RedisJobStats, StoreKeyTypeError
 
 __all__ = ["broker_status", "dead_letters", "requeue_dead_letters", "store_status"]
 
@@ -62,9 +62,15 @@ async def store_status(settings: Settings) -> dict[str, Any]:
     limiter = RedisRateLimiter(settings.store_url, settings.rate_limit)
     ledger = RedisLedger(settings.store_url)
     try:
+        try:
+            size: int | None = await letters.size()
+            refused: list[str] = []
+        except StoreKeyTypeError as exc:  # the list itself of another type: say so, show the rest
+            size, refused = None, [str(exc)]
         return {
-            "dead_letters": await letters.size(),
+            "dead_letters": size,
             "dead_letters_by_reason": await letters.counts(),
+            "refused_keys": refused,
             "recent_failures": await jobs.recent_failures(),
             "rate_limits": await limiter.state(),
             # Judge spend today (UTC) per scorer and model, and each budget's remaining.

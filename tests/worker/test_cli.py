@@ -144,9 +144,40 @@ def test_status_is_a_health_check(
     assert status["queue_depth"] == 1
     assert status["workers"] == []
     assert status["dead_letters"] == 0
+    assert status["refused_keys"] == []
     monkeypatch.setenv("TRACESCORE_BROKER_URL", NOWHERE)
     assert main(["status"]) == 1
     assert "broker unreachable" in capsys.readouterr().err
+
+
+def test_status_names_a_refused_key_and_shows_the_rest(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The dead-letter list and a sink's queue holding another Redis type: `status` still answers
+    (exit 0) with every other figure; those two are unknown and their keys named, never deleted."""
+    from worker import _keys
+
+    client = redis.Redis.from_url(env)
+    client.set(_keys.dlq_key(), "someone else's")
+    client.sadd(_keys.outbox_sinks_key(), "otlp")
+    client.set(_keys.outbox_key("otlp"), "someone else's")
+    CelerySink(env).send(batch(range(1), ["length"]))
+    try:
+        assert main(["status", "--json", "--timeout", "0.3"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["queue_depth"] == 1
+        assert status["dead_letters"] is None
+        assert status["sinks"] is None
+        refused = status["refused_keys"]
+        assert len(refused) == 2
+        assert _keys.dlq_key() in refused[0]
+        assert _keys.outbox_key("otlp") in refused[1]
+        assert main(["status", "--timeout", "0.3"]) == 0
+        text = capsys.readouterr().out
+        assert "dead letters unknown" in text
+        assert f"refused key Redis key {_keys.dlq_key()} holds a string" in text
+        assert "someone else's" not in text  # names, never values
+        assert client.get(_keys.dlq_key()) == b"someone else's"
+    finally:
+        client.close()
 
 
 def test_worker_command_starts_a_worker_that_scores(redis_url: str, tmp_path: Path) -> None:

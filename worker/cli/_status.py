@@ -1,7 +1,9 @@
 """``tracescore status``: queue depth, live workers, rate-limit state, recent failures, and each
 score sink's delivered / pending / failed.
 
-Exit code 1 when the broker cannot be reached, so it doubles as a health check.
+Exit code 1 when the broker cannot be reached, so it doubles as a health check. A key of the
+store holding another Redis type (the dead-letter list, a sink's queue) leaves its figure unknown
+(``null``) and is named under ``refused_keys``; the rest is shown.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from tracing import redact
 from worker._admin import broker_status, store_status
 from worker._settings import Settings
 from worker.cli._common import CliError, broker_option, cli_settings, json_option
-from worker.store import RedisOutbox
+from worker.store import RedisOutbox, StoreKeyTypeError
 
 __all__ = ["collect_status", "status_command"]
 
@@ -35,7 +37,11 @@ def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) 
         status.update(asyncio.run(store_status(settings)))
     except (RedisError, OSError) as exc:
         raise CliError(f"score store unreachable at {redact(settings.store_url)}: {redact(str(exc))}") from exc
-    status["sinks"] = _sink_counts(settings)
+    try:
+        status["sinks"] = _sink_counts(settings)
+    except StoreKeyTypeError as exc:  # a sink's queue of another type: say so, show the rest
+        status["sinks"] = None
+        status["refused_keys"].append(str(exc))
     return status
 
 
@@ -87,15 +93,18 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
     _echo_spend(status["spend"])
     letters = sorted(status["dead_letters_by_reason"].items(), key=lambda kv: -kv[1])
     by_reason = ", ".join(f"{k}={v}" for k, v in letters)
-    click.echo(f"dead letters {status['dead_letters']}" + (f" ({by_reason})" if by_reason else ""))
-    for name, counts in sorted(status["sinks"].items()):
+    count = "unknown" if status["dead_letters"] is None else status["dead_letters"]
+    click.echo(f"dead letters {count}" + (f" ({by_reason})" if by_reason else ""))
+    for name, counts in sorted((status["sinks"] or {}).items()):
         click.echo(
             f"sink        {name}: {counts['delivered']} delivered, {counts['pending']} pending, "
             f"{counts['failed']} failed"
             + (f", {counts['dropped']} dropped (record expired)" if counts["dropped"] else "")
         )
-    if not status["sinks"]:
+    if status["sinks"] == {}:
         click.echo("sinks       none drained yet")
+    for problem in status["refused_keys"]:
+        click.echo(f"refused key {problem}")
 
 
 def _echo_spend(spend: dict[str, Any]) -> None:
