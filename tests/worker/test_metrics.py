@@ -302,7 +302,6 @@ def test_scrape_time_gauges_read_the_queue_dead_letters_and_outbox(redis_url: st
 def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_judge_call(redis_url: str) -> None:
     """Non-numbers where counts and spend live (a hand-edited key, a hostile writer): the scrape
     keeps every readable gauge and counts what it skipped; the budget guard still decides."""
-
     from scorers._result import JudgeUsage
     from scorers.judge import JudgeCallRefused
     from worker._budget import BudgetGuard, parse_budgets

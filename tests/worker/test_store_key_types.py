@@ -305,19 +305,14 @@ PARAMS = [
 ]
 
 
-def _repair_metric(where: str) -> float:
+def _repairs(where: str | None = None) -> float:
+    """Keys repaired by the path ``where`` (None: any path), as the node's metric counts them."""
     from worker.metrics._instruments import _metrics
 
     (metric,) = _metrics().key_repairs.collect()
-    return sum(s.value for s in metric.samples if s.name.endswith("_total") and s.labels == {"where": where})
-
-
-def _repairs() -> float:
-    """Keys repaired by any path, as the node's metric counts them."""
-    from worker.metrics._instruments import _metrics
-
-    (metric,) = _metrics().key_repairs.collect()
-    return sum(s.value for s in metric.samples if s.name.endswith("_total"))
+    return sum(
+        s.value for s in metric.samples if s.name.endswith("_total") and (where is None or s.labels == {"where": where})
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -370,7 +365,7 @@ def test_repairs_are_logged_once_per_call_with_where(redis_url: str, capsys: pyt
     client.rpush(_JOB, "not a hash")
     client.rpush(_CLAIM, "not a claim")
     try:
-        metric_before = _repair_metric("put_records")
+        metric_before = _repairs("put_records")
         with structlog.testing.capture_logs() as logs:
             assert _score_store(redis_url, lambda s: s.put_records([_record()], "w", 60)) == [True]
         repaired = [e for e in logs if e["event"] == "store_keys_repaired"]
@@ -379,7 +374,7 @@ def test_repairs_are_logged_once_per_call_with_where(redis_url: str, capsys: pyt
         assert repaired[0]["where"] == "put_records"
         assert "not a" not in repr(repaired[0])
         # And the node's metric (tracescore_store_key_repairs_total) counts both keys.
-        assert _repair_metric("put_records") == metric_before + 2
+        assert _repairs("put_records") == metric_before + 2
     finally:
         client.close()
 
