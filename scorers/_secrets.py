@@ -35,11 +35,13 @@ _SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], s
     # so prose ("password reset", "invalid token", "max_tokens") is left alone. The label is matched
     # from the start of its word only (the lookbehind): tried from every position of a long
     # dashed word, the search would take quadratic time on a large error body. A quoted value
-    # is masked to its closing quote (a passphrase has spaces), a bare one to a separator.
+    # is masked to its closing quote (a passphrase has spaces), a bare one to a separator. A
+    # URL's user named like a label ("redis://token:pw@host") was masked by _USERINFO already:
+    # taking "***@host" as its value would hide the host, which says which server refused.
     (
         re.compile(
             r"""(?P<label>(?<![\w-])[\w-]*(?:api[_-]?key|access[_-]?key|secret[_-]?key|secret|password|passwd"""
-            r"""|token)["']?\s*[:=]\s*)(?:(?P<q>["'])[^\r\n]*?(?P=q)|["']?[^\s"'&,;}]+)""",
+            r"""|token)["']?\s*[:=]\s*)(?!\*\*\*@)(?:(?P<q>["'])[^\r\n]*?(?P=q)|["']?[^\s"'&,;}]+)""",
             re.IGNORECASE,
         ),
         lambda m: f"{m['label']}{m['q']}{_MASK}{m['q']}" if m["q"] else f"{m['label']}{_MASK}",
@@ -57,10 +59,12 @@ _SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], s
         rf"\g<1>{_MASK}",
     ),
 )
-# scheme://userinfo@ — userinfo runs to the last '@' before the host (a password may hold an
+# ://userinfo@ — userinfo runs to the last '@' before the host (a password may hold an
 # unescaped '@'), and stops at '/', '?', '#' or whitespace, so the next URL of a list is safe.
-# The scheme starts where a scheme can (the lookbehind), for the same reason as above.
-_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#]*)@")
+# Anchored on "://", not on the scheme: a URL glued to what precedes it ("111redis://:pw@h" in
+# an error text) has no scheme a pattern could tell from the word, and its password must go too.
+# Every '/' ends a userinfo, so each character is scanned at most once.
+_USERINFO = re.compile(r"://(?P<userinfo>[^\s/?#]*)@")
 
 
 def scrub_secrets(value: T, *secrets: str | None) -> T:
@@ -79,9 +83,10 @@ def _scrub(value: Any, literals: list[str]) -> Any:
     if isinstance(value, str):
         for literal in literals:
             value = value.replace(literal, _MASK)
+        value = _USERINFO.sub(_mask_userinfo, value)
         for pattern, replacement in _SECRET_PATTERNS:
             value = pattern.sub(replacement, value)
-        return _USERINFO.sub(_mask_userinfo, value)
+        return value
     if isinstance(value, Mapping):
         return {_scrub(k, literals): _scrub(v, literals) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -94,4 +99,4 @@ def _mask_userinfo(match: re.Match[str]) -> str:
     if not userinfo:
         return match.group(0)
     user, colon, _ = userinfo.partition(":")
-    return f"{match.group('scheme')}{f'{user}:{_MASK}' if colon else _MASK}@"
+    return f"://{user}:{_MASK}@" if colon else f"://{_MASK}@"

@@ -33,6 +33,10 @@ SHAPES: list[tuple[str, str, str, bool]] = [
     ("url-password-only", "redis://:Ur1PwOnly9x@10.0.0.5:6379/0", "Ur1PwOnly9x", False),
     ("url-user-password", "https://bob:Ur1UserPw7k@tempo.internal:3200/api", "Ur1UserPw7k", False),
     ("url-userinfo-alone", "redis://Ur1Alone5q@10.0.0.5/0", "Ur1Alone5q", False),
+    # glued to the text before it, as an error message may print it: no scheme to tell apart
+    ("url-glued-to-a-digit", "Error 111redis://:GluedPw6t@10.0.0.5:6379", "GluedPw6t", False),
+    # a user named like a label: the password goes, the host stays (next test)
+    ("url-user-named-token", "redis://token:TokUser9x@cache.internal:6379/0", "TokUser9x", False),
     ("query-password", "redis://10.0.0.5/0?password=QryPw3z&db=1", "QryPw3z", False),
     ("query-sentinel-password", "sentinel://h:26379?sentinel_password=SntPw4m", "SntPw4m", False),
     ("authorization-header", "Authorization: Basic QXV0aEJhc2ljOXg=", "QXV0aEJhc2ljOXg=", False),

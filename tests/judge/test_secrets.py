@@ -126,6 +126,9 @@ def test_custom_model_error_is_scrubbed(fake_llm: FakeLLMServer) -> None:
         ("x-api-key: mykey-123456", "x-api-key: ***"),
         ('{"api-key": "azure-0123456789"}', '{"api-key": "***"}'),
         ("no secret here: 401 Unauthorized", "no secret here: 401 Unauthorized"),
+        # the URL's password only: the host says which server refused
+        ("redis://token:pw-1234@cache.internal:6379/0", "redis://token:***@cache.internal:6379/0"),
+        ("Error 111redis://:pw-1234@cache:6379", "Error 111redis://:***@cache:6379"),
     ],
 )
 def test_scrub_patterns(text: str, expected: str) -> None:
