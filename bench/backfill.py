@@ -164,8 +164,6 @@ def _run(args: argparse.Namespace, server: RedisServer | None) -> None:
                         "warning",
                         "-n",
                         f"bench{n}@%h",
-                        "--without-gossip",
-                        "--without-mingle",
                         "--without-heartbeat",
                     ],
                     cwd=ROOT,

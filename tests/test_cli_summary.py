@@ -381,7 +381,7 @@ def test_redis_mode_prints_the_per_scorer_summary(redis_server: RedisServer, tmp
         [
             *(sys.executable, "-m", "celery", "-A", "worker", "worker", "--scorers", "tests.backfill.scorers"),
             *("--pool", "solo", "--hostname", "summary@%h", "--loglevel", "info"),
-            *("--without-gossip", "--without-mingle", "--without-heartbeat"),
+            "--without-heartbeat",
         ],
         cwd=ROOT,
         env=env,

@@ -21,6 +21,7 @@ and chords, and far-future ETAs are refused.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
 import json
@@ -39,6 +40,7 @@ from kombu.transport import virtual as _kombu_virtual
 
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME
 from worker._settings import Settings
+from worker.metrics import observe_broadcast_refused
 from worker.store import DeadLetter, StoreKeyTypeError, SyncRedisDeadLetters, dead_letter_id
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ __all__ = [
     "Refusal",
     "check_message",
     "envelope_limit",
+    "screen_broadcast",
     "screen_envelope",
 ]
 
@@ -119,46 +122,43 @@ def _stand_in(reason: str, detail: str, tag: str, routing_key: str) -> bytes:
     return json.dumps(envelope).encode()
 
 
-def screen_envelope(item: bytes, max_bytes: int, routing_key: str = "") -> bytes:
-    """``item`` unchanged when kombu can make a message of it, else a stand-in envelope (same
-    delivery tag when it has one) that the consumer refuses. The size is checked first, so an
-    oversized entry is never decoded."""
+class _Refused(Exception):
+    """``_read_envelope``'s answer for an entry kombu must not see (``tag``: its delivery tag, if read)."""
+
+    def __init__(self, reason: str, detail: str, tag: str | None = None) -> None:
+        super().__init__(reason)
+        self.refusal = Refusal(reason, detail)
+        self.tag = tag
+
+
+def _read_envelope(item: bytes, max_bytes: int, what: str) -> dict[str, Any]:
+    """kombu's JSON envelope of ``item`` (``what``: "queue entry" or "broadcast", for the
+    messages), when kombu can make a message of it; raises ``_Refused``. The size is checked
+    first, so an oversized entry is never decoded."""
     if len(item) > max_bytes:
-        return _stand_in(
+        raise _Refused(
             "payload_too_large",
-            f"the queue entry is {len(item)} bytes, over the {max_bytes} a message of "
+            f"the {what} is {len(item)} bytes, over the {max_bytes} a message of "
             "TRACESCORE_MAX_PAYLOAD_BYTES can take; send fewer runs per batch",
-            hashlib.sha256(item).hexdigest(),
-            routing_key,
         )
     try:
         envelope = json.loads(item)
     except (ValueError, RecursionError):
-        return _stand_in(
-            "not_json",
-            "the queue entry is not a JSON kombu envelope",
-            hashlib.sha256(item).hexdigest(),
-            routing_key,
-        )
+        raise _Refused("not_json", f"the {what} is not a JSON kombu envelope") from None
     properties = envelope.get("properties") if isinstance(envelope, dict) else None
     tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
     if not isinstance(tag, str) or not tag:
-        return _stand_in(
-            "bad_envelope",
-            "the queue entry has no properties.delivery_tag (not written by kombu)",
-            hashlib.sha256(item).hexdigest(),
-            routing_key,
-        )
+        raise _Refused("bad_envelope", f"the {what} has no properties.delivery_tag (not written by kombu)")
     assert isinstance(envelope, dict)
     assert isinstance(properties, dict)
     body = envelope.get("body")
     encoding = properties.get("body_encoding")
     if _too_deep(envelope, MAX_JSON_DEPTH):  # kombu re-encodes the envelope (unacked copy)
-        return _stand_in("too_deep", f"the envelope nests deeper than {MAX_JSON_DEPTH} levels", tag, routing_key)
+        raise _Refused("too_deep", f"the envelope nests deeper than {MAX_JSON_DEPTH} levels", tag)
     headers = envelope.get("headers")
     if isinstance(headers, dict) and headers.get("compression") is not None:
         # kombu would inflate it, without a bound, while building the message.
-        return _stand_in("compression_refused", "compressed bodies are refused (unbounded inflation)", tag, routing_key)
+        raise _Refused("compression_refused", "compressed bodies are refused (unbounded inflation)", tag)
     problem = None
     if not isinstance(headers, dict | None):
         problem = "the envelope's headers are not an object"
@@ -168,10 +168,93 @@ def screen_envelope(item: bytes, max_bytes: int, routing_key: str = "") -> bytes
         problem = "the envelope's body is not a string"
     elif encoding not in (None, "base64"):
         problem = f"body_encoding {_token(encoding)!s} is not base64"
-    # (Broken base64 is caught where kombu decodes it: _ScreenedMessage.)
-    if problem is None:
-        return item
-    return _stand_in("bad_encoding", problem, tag, routing_key)
+    # (Broken base64 in a queue entry is caught where kombu decodes it: _ScreenedMessage.)
+    if problem is not None:
+        raise _Refused("bad_encoding", problem, tag)
+    return envelope
+
+
+def screen_envelope(item: bytes, max_bytes: int, routing_key: str = "") -> bytes:
+    """``item`` unchanged when kombu can make a message of it, else a stand-in envelope (same
+    delivery tag when it has one) that the consumer refuses. The size is checked first, so an
+    oversized entry is never decoded."""
+    try:
+        _read_envelope(item, max_bytes, "queue entry")
+    except _Refused as refused:
+        tag = refused.tag or hashlib.sha256(item).hexdigest()
+        return _stand_in(refused.refusal.reason, refused.refusal.detail, tag, routing_key)
+    return item
+
+
+def _control_commands() -> frozenset[str]:
+    from celery.worker.control import Panel
+
+    return frozenset(Panel.data)
+
+
+def screen_broadcast(item: bytes, max_bytes: int, exchange: str) -> Refusal | None:
+    """Why a fanout message must not reach kombu and Celery, else None.
+
+    The one broadcast a tracescore worker listens to is Celery's remote control (``ping`` for
+    ``tracescore status``, ``celery inspect``/``control``) on ``<app>.pidbox``. kombu logs a
+    broadcast it cannot parse with its raw bytes, and a malformed one reaches Celery's
+    handlers, which log tracebacks of what they were sent. Nothing is dead-lettered: a
+    broadcast reaches every worker and is no queue's message. Only JSON bodies, and on the
+    control exchange only Celery's own commands in their own shape.
+    """
+    try:
+        envelope = _read_envelope(item, max_bytes, "broadcast")
+    except _Refused as refused:
+        return refused.refusal
+    if envelope.get("content-type") != "application/json":
+        return Refusal(
+            "content_type_refused",
+            f"content type {_token(envelope.get('content-type'))} refused: JSON is the only serializer",
+        )
+    if str(envelope.get("content-encoding") or "").lower() not in ("utf-8", "utf8"):
+        return Refusal("bad_encoding", f"content encoding {_token(envelope.get('content-encoding'))} is not utf-8")
+    try:
+        raw = envelope.get("body") or ""
+        body = json.loads(base64.b64decode(raw, validate=True) if envelope["properties"].get("body_encoding") else raw)
+    except RecursionError:
+        return Refusal("too_deep", f"the body nests deeper than the decoder allows (limit {MAX_JSON_DEPTH})")
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors too
+        return Refusal("not_json", "the body is not UTF-8 JSON")
+    if not isinstance(body, dict):
+        return Refusal("bad_body", f"the body is a JSON {type(body).__name__}, not an object")
+    if _too_deep(body, MAX_JSON_DEPTH):
+        return Refusal("too_deep", f"the body nests deeper than {MAX_JSON_DEPTH} levels")
+    if not exchange.endswith(".pidbox"):
+        return None
+    method = body.get("method")
+    if method not in _control_commands():
+        return Refusal("unknown_command", f"{_token(method)} is not one of Celery's remote-control commands")
+    problem = _control_shape_problem(body, envelope.get("headers") or {})
+    return None if problem is None else Refusal("bad_body", f"the {method} command's {problem}")
+
+
+def _control_shape_problem(body: dict[str, Any], headers: dict[str, Any]) -> str | None:
+    """What kombu's pidbox would trip over (it passes the body as keyword arguments)."""
+    destination, reply_to, clock = body.get("destination"), body.get("reply_to"), headers.get("clock")
+    arguments = body.get("arguments") or {}
+    if not isinstance(arguments, dict) or not all(_SAFE_TOKEN.match(k) for k in arguments):
+        # (a key the command does not take is named in Celery's error line)
+        return "arguments is not an object of plain names"
+    if destination is not None and not (isinstance(destination, list) and all(isinstance(d, str) for d in destination)):
+        return "destination is not a list of node names"
+    if not isinstance(body.get("pattern"), str | None) or body.get("matcher") not in (None, "glob", "pcre"):
+        return "pattern and matcher are not a glob or pcre pattern"
+    if reply_to is not None and not (
+        isinstance(reply_to, dict)
+        and isinstance(reply_to.get("exchange"), str)
+        and isinstance(reply_to.get("routing_key"), str)
+    ):
+        return "reply_to is not an exchange and a routing key"
+    if not isinstance(body.get("ticket"), str | None):
+        return "ticket is not a string"
+    if clock is not None and (not isinstance(clock, int) or isinstance(clock, bool)):
+        return "clock header is not an integer"
+    return None
 
 
 class _ScreeningRedis(redis.Redis):
@@ -210,15 +293,40 @@ class _ScreenedMessage(kombu_virtual.Message):  # type: ignore[misc]  # Any base
 class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
     Message = _ScreenedMessage
 
+    def _entry_limit(self) -> int:
+        # the app's settings, through its broker transport options (see configure_app)
+        limit = self.connection.client.transport_options.get(MAX_ENTRY_BYTES_OPTION)
+        return limit if isinstance(limit, int) else envelope_limit(DEFAULT_MAX_PAYLOAD_BYTES)
+
     def _get_client(self) -> Any:
         client = super()._get_client()
         if client is not redis.Redis:
             return client  # a global_keyprefix client: kombu's own (no screening)
-        # the app's settings, through its broker transport options (see configure_app)
-        limit = self.connection.client.transport_options.get(MAX_ENTRY_BYTES_OPTION)
-        if not isinstance(limit, int):
-            limit = envelope_limit(DEFAULT_MAX_PAYLOAD_BYTES)
-        return type("ScreeningRedis", (_ScreeningRedis,), {"max_entry_bytes": limit})
+        return type("ScreeningRedis", (_ScreeningRedis,), {"max_entry_bytes": self._entry_limit()})
+
+    def _handle_message(self, client: Any, response: Any) -> Any:
+        """A broadcast (Redis pub/sub) as kombu reads it; a refused one becomes a reply kombu
+        skips (its type is no ``message``)."""
+        payload = super()._handle_message(client, response)
+        kind, data = payload.get("type"), payload.get("data")
+        if kind not in (b"message", b"pmessage", "message", "pmessage") or not data:
+            return payload
+        channel = payload["channel"]
+        channel = channel.decode(errors="replace") if isinstance(channel, bytes) else str(channel)
+        # as kombu reads it: "/<db>.<exchange>/<routing key>"
+        exchange = (channel.partition(".")[2] if channel.startswith("/") else channel).split("/", 1)[0]
+        raw = data if isinstance(data, bytes) else str(data).encode("utf-8", "surrogatepass")
+        try:
+            refusal = screen_broadcast(raw, self._entry_limit(), exchange)
+        except Exception as exc:  # the screen itself must never take the consumer down
+            refusal = Refusal("unreadable", f"the broadcast could not be screened ({type(exc).__name__})")
+        if refusal is None:
+            return payload
+        log.warning(
+            "broadcast_refused", reason=refusal.reason, detail=refusal.detail, exchange=_token(exchange), size=len(raw)
+        )
+        observe_broadcast_refused(refusal.reason)
+        return {**payload, "type": b"refused", "data": None}
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection.client is None:
@@ -396,6 +504,11 @@ class GuardedConsumer(Consumer):
     handler, and Celery's own bad-message handlers (which log the body) replaced by refusals."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No gossip and no mingle, however the worker is started: they listen to every other
+        # worker's events and replies (a heartbeat without a hostname restarted the consumer),
+        # and tracescore uses neither (its state is in Redis; it revokes nothing).
+        kwargs["worker_options"] = {**(kwargs.get("worker_options") or {}), "without_gossip": True,
+                                    "without_mingle": True}  # fmt: skip
         super().__init__(*args, **kwargs)
         app: TracescoreApp = self.app  # type: ignore[assignment]  # worker_consumer of create_app's apps
         self._settings = app.settings

@@ -91,8 +91,6 @@ def workers(redis_server: RedisServer) -> Iterator[list[Path]]:
                     "info",
                     "-n",
                     f"backfill{n}@%h",
-                    "--without-gossip",
-                    "--without-mingle",
                     "--without-heartbeat",
                 ],
                 cwd=ROOT,

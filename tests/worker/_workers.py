@@ -59,7 +59,7 @@ class WorkerProcess:
             "--pool", pool, "--concurrency", str(concurrency),
             "--hostname", f"{name}@%h",
             "--loglevel", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "--without-heartbeat",  # (gossip and mingle: always off, worker._guard)
         ]  # fmt: skip
         self._out = self.log.open("w")
         self.proc = subprocess.Popen(

@@ -327,3 +327,113 @@ def test_a_refusal_the_store_cannot_record_is_kept_until_it_can(redis_url: str, 
     finally:
         worker.stop()
         store.close()
+
+
+def broadcast(body: Any, *, raw_body: str | None = None, content_type: str = "application/json",
+              headers: dict[str, Any] | None = None) -> bytes:  # fmt: skip
+    """One Redis pub/sub message as kombu publishes a fanout (Celery's remote control)."""
+    encoded = raw_body if raw_body is not None else base64.b64encode(json.dumps(body).encode()).decode()
+    return json.dumps(
+        {
+            "body": encoded,
+            "content-encoding": "utf-8",
+            "content-type": content_type,
+            "headers": {"clock": 1, **(headers or {})},
+            "properties": {
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "celery.pidbox", "routing_key": ""},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+    ).encode()
+
+
+def hostile_broadcasts() -> list[tuple[str, bytes]]:
+    """(expected reason, pub/sub message) for each kind of bad remote-control broadcast."""
+    ping = {"method": "ping", "arguments": {}, "destination": None, "reply_to": None, "ticket": None}
+    return [
+        ("not_json", f"not an envelope {MARKER}".encode()),
+        ("bad_envelope", json.dumps({"body": MARKER}).encode()),
+        ("payload_too_large", b"x" * (MAX_PAYLOAD * 3) + MARKER.encode()),
+        ("not_json", broadcast(None, raw_body=f"!!{MARKER}")),  # not base64
+        ("not_json", broadcast(None, raw_body=base64.b64encode(f"[{MARKER}".encode()).decode())),
+        ("too_deep", broadcast(None, raw_body=base64.b64encode(b"[" * 100_000 + b"]" * 100_000).decode())),
+        ("content_type_refused", broadcast(ping, content_type="application/x-python-serialize")),
+        ("bad_body", broadcast([MARKER])),
+        # (a name shaped like a plain token is named in the log, as a queue message's task name)
+        ("unknown_command", broadcast({**ping, "method": f"shutdown {MARKER}"})),
+        ("unknown_command", broadcast({**ping, "method": "celery.ping"})),
+        ("bad_body", broadcast({**ping, "arguments": MARKER})),
+        ("bad_body", broadcast({**ping, "arguments": {f"{MARKER} " * 50: 1}})),
+        ("bad_body", broadcast({**ping, "destination": MARKER})),
+        ("bad_body", broadcast({**ping, "reply_to": {"exchange": 1}})),
+        ("bad_body", broadcast(ping, headers={"clock": MARKER})),
+    ]
+
+
+def test_hostile_broadcasts_are_refused_named_and_counted_and_the_worker_keeps_scoring(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Celery's remote control reads Redis pub/sub, where the queue's screen does not look: kombu
+    logged an unparsable broadcast with its bytes, Celery a malformed command with a traceback,
+    and a worker event without a hostname (gossip) restarted the consumer. Each hostile
+    broadcast is refused before kombu decodes it, named in the log and counted by reason, and
+    is no dead letter; the worker listens to no other worker's events, answers a real ping
+    (``tracescore status``) and goes on scoring."""
+    from tests._redis import free_port
+    from tests.worker.test_metrics import scrape, series
+
+    port = free_port()
+    worker = WorkerProcess(
+        "broadcasts",
+        redis_url,
+        tmp_path,
+        scores_path=tmp_path / "scores.jsonl",
+        env={
+            "TRACESCORE_MAX_PAYLOAD_BYTES": str(MAX_PAYLOAD),
+            "TRACESCORE_METRICS_PORT": str(port),
+            "TRACESCORE_METRICS_HOST": "127.0.0.1",
+            "TRACESCORE_METRICS_DIR": str(tmp_path / "metrics"),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "",
+        },
+    )
+    db = redis_url.rsplit("/", 1)[1]
+    client = redis.Redis.from_url(redis_url)
+    try:
+        worker.wait_ready()
+        # The control channel is subscribed once the consumer has started it.
+        assert wait_for(lambda: client.publish(f"/{db}.celery.pidbox", b"") == 1, 30), worker.text()[-3000:]
+        # No gossip: a worker event reaches nobody (one without a hostname restarted the consumer).
+        assert client.publish(f"/{db}.celeryev/worker.heartbeat", broadcast({"type": "worker-heartbeat"})) == 0
+        cases = hostile_broadcasts()
+        for _, message in cases:
+            assert client.publish(f"/{db}.celery.pidbox", message) == 1
+        expected = collections.Counter(reason for reason, _ in cases)
+        assert wait_for(lambda: worker.text().count("broadcast_refused") == len(cases), 30), worker.text()[-3000:]
+
+        status = _status(redis_url, monkeypatch, capsys)  # a real ping through the same screen
+        (node,) = status["workers"]
+        assert node.startswith("broadcasts@"), status
+        assert status["dead_letters"] == 0  # a broadcast is no queue's message
+
+        client.lpush(QUEUE, envelope(task_body([payload(range(2), ["length"], salt="broadcast")]))[1])
+        assert wait_for(lambda: len(read_scores(tmp_path / "scores.jsonl")) == 2, 60), worker.text()[-3000:]
+        refused = {
+            dict(labels)["reason"]: v
+            for labels, v in series(scrape(port), "tracescore_broadcasts_refused_total").items()
+        }
+        assert refused == expected
+        assert worker.proc.poll() is None
+    finally:
+        client.close()
+        worker.stop()
+    log = worker.text()
+    assert MARKER not in log
+    assert "Traceback" not in log
+    assert "Connection to broker lost" not in log
+    for reason in expected:
+        assert f"reason={reason}" in log
+    assert "celery.ping is not one of Celery's remote-control commands" in log

@@ -28,6 +28,7 @@ __all__ = [
     "RECORDED",
     "judge_request_context",
     "observe_batch",
+    "observe_broadcast_refused",
     "observe_judge_usage",
     "observe_key_repairs",
     "observe_limiter_wait",
@@ -137,6 +138,13 @@ RECORDED: Final = (
         "store path that found them (a refused key raises StoreKeyTypeError instead)",
     ),
     MetricSpec(
+        "tracescore_broadcasts_refused",
+        "counter",
+        ("reason",),
+        "Broadcasts (Celery remote control on the pub/sub channel) refused before kombu decoded them, "
+        "by reason; a broadcast is no queue's message and is not dead-lettered",
+    ),
+    MetricSpec(
         "tracescore_worker_processes",
         "gauge",
         (),
@@ -159,6 +167,7 @@ class _Instruments:
         self.limiter_waits: Counter = _build("tracescore_limiter_waits")
         self.limiter_wait_seconds: Counter = _build("tracescore_limiter_wait_seconds")
         self.key_repairs: Counter = _build("tracescore_store_key_repairs")
+        self.broadcasts_refused: Counter = _build("tracescore_broadcasts_refused")
         # A gauge (its name and type predate the multiprocess files); "sum" keeps what exited
         # children counted, as a counter would.
         self.unreadable: Gauge = _build("tracescore_store_unreadable_values", multiprocess_mode="sum")
@@ -259,6 +268,11 @@ def observe_limiter_wait(model_id: str, seconds: float) -> None:
 def observe_key_repairs(where: str, keys: int) -> None:
     """``keys`` wrong-typed keys repaired by the store path ``where`` (a fixed name, never a key)."""
     _metrics().key_repairs.labels(where).inc(keys)
+
+
+def observe_broadcast_refused(reason: str) -> None:
+    """One broadcast refused by the consumer's screen, for ``reason`` (a fixed name)."""
+    _metrics().broadcasts_refused.labels(reason).inc()
 
 
 def observe_unreadable(key: str) -> None:
