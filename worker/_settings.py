@@ -294,10 +294,8 @@ def _check_sinks(settings: Settings) -> None:
     where = "TRACESCORE_SINKS" if settings.sinks is not None else "TRACESCORE_WRITER"
     unknown = [n for n in settings.sink_names if n not in SINK_NAMES]
     if unknown:
-        raise ValueError(
-            f"{where} names unknown sink(s) {', '.join(unknown)}: use a comma list of "
-            f"{', '.join(SINK_NAMES)} (or none)"
-        )
+        known = ", ".join(SINK_NAMES)
+        raise ValueError(f"{where} names unknown sink(s) {', '.join(unknown)}: use a comma list of {known} (or none)")
     for name in settings.sink_names:
         for attr, variable in _SINK_NEEDS.get(name, ()):
             if not getattr(settings, attr):

@@ -261,5 +261,3 @@ def backfill_command(
             job.dry_run(source, state, registry)
         else:
             job.start(source, state, registry)
-
-
