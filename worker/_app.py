@@ -30,7 +30,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 
 from tracing import redact
 from worker import _heartbeat as probe_files
-from worker._settings import Settings, SettingsError, get_settings, load_settings
+from worker._settings import SCREENED_BROKER_SCHEMES, Settings, SettingsError, get_settings, load_settings
 from worker.metrics import MetricsStep
 
 __all__ = [
@@ -118,7 +118,7 @@ def configure_app(app: Celery, settings: Settings) -> None:
     )
     # Every message is screened before Celery decodes it; refusals are dead letters (_guard.py).
     app.conf.worker_consumer = "worker._guard:GuardedConsumer"
-    if settings.broker_url.partition("://")[0] in ("redis", "rediss"):
+    if settings.broker_url.partition("://")[0].lower() in SCREENED_BROKER_SCHEMES:  # (Settings refuses others)
         app.conf.broker_transport = "worker._guard:GuardedRedisTransport"
 
 
@@ -148,7 +148,13 @@ def create_app(settings: Settings | None) -> TracescoreApp:
 def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
     """Fail fast on what no retry can fix: a refused password or a TLS certificate that does
     not verify, on the broker or the score store (``SettingsError``). A broker that is merely
-    down is left to Celery, which waits for it to come up."""
+    down is left to Celery, which waits for it to come up. An empty broker URL (embedded
+    mode) is refused: Celery would fall back to an unscreened AMQP broker on localhost."""
+    if not settings.broker_url:
+        raise SettingsError(
+            "TRACESCORE_BROKER_URL is empty (embedded mode, which only backfill and score have): a worker "
+            "takes its messages from Redis; set it or pass --broker redis://HOST:6379/0"
+        )
     targets: list[tuple[str, str, dict[str, Any]]] = [
         ("broker", settings.broker_url, settings.tls.redis_kwargs(settings.broker_url)),
     ]

@@ -20,8 +20,18 @@ from tracing import BrokerTLS, redact
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES
 from worker._errors import SettingsError
 
-__all__ = ["SINK_NAMES", "ModelRateLimit", "Settings", "SettingsError", "get_settings", "load_settings"]
+__all__ = [
+    "SCREENED_BROKER_SCHEMES",
+    "SINK_NAMES",
+    "ModelRateLimit",
+    "Settings",
+    "SettingsError",
+    "get_settings",
+    "load_settings",
+]
 
+# The broker URLs kombu serves with its Redis transport, the one worker._guard screens.
+SCREENED_BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
 _QUERY_PASSWORD = re.compile(r"[?&]password=", re.IGNORECASE)
 
 
@@ -190,6 +200,14 @@ class Settings(BaseSettings):
                 f"TRACESCORE_CLAIM_TTL_SECONDS ({self.claim_ttl}) must be below "
                 f"TRACESCORE_VISIBILITY_TIMEOUT ({self.visibility_timeout}), or a redelivered message "
                 "would find its scores still claimed by the dead worker"
+            )
+        scheme = self.broker_url.partition("://")[0].lower()
+        if self.broker_url and scheme not in SCREENED_BROKER_SCHEMES:  # (empty: embedded, no queue)
+            # The message screen (worker._guard) lives in kombu's Redis transport: another
+            # transport would hand hostile messages to Celery unscreened.
+            raise ValueError(
+                f"TRACESCORE_BROKER_URL ({redact(self.broker_url)}) is not a Redis URL: tracescore's "
+                f"queue runs on Redis ({', '.join(s + '://' for s in SCREENED_BROKER_SCHEMES)})"
             )
         if _QUERY_PASSWORD.search(self.broker_url):
             # kombu cannot read it (it fails with a TypeError naming no variable)

@@ -361,3 +361,45 @@ def test_a_bad_broker_flag_is_named_as_the_flag(
     err = capsys.readouterr().err
     assert "--broker (redis://:***@127.0.0.1:1/0?password=***) carries the password as a query parameter" in err
     assert "sekrit" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status"],
+        ["scores", "--trace", "ab" * 16],
+        ["dlq", "list"],
+        ["dlq", "retry", "--all"],
+        ["sinks", "list"],
+        ["worker", "--scorers", "tests.worker.sample_scorers"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_an_empty_broker_url_is_named_by_every_redis_command(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty TRACESCORE_BROKER_URL means embedded mode (backfill, score): a command that talks
+    to Redis says what to set, not the Redis client's "must specify one of the following
+    schemes"; the worker did not even fail, it served Celery's default AMQP broker, unscreened."""
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", "")
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "TRACESCORE_BROKER_URL is empty" in err
+    assert "--broker redis://HOST:6379/0" in err
+
+
+def test_celery_worker_with_an_empty_broker_url_refuses_to_start() -> None:
+    """`celery -A worker worker` with an empty broker URL exits 1 saying so, instead of
+    falling back to an AMQP broker on localhost where no message is screened."""
+    celery = str(Path(sys.executable).with_name("celery"))
+    done = subprocess.run(
+        [celery, "-A", "worker", "worker", "--pool", "solo", "--scorers", "tests.worker.sample_scorers"],
+        cwd=ROOT,
+        env={**os.environ, "TRACESCORE_BROKER_URL": "", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "tracescore worker cannot start: TRACESCORE_BROKER_URL is empty" in done.stderr

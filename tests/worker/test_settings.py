@@ -64,6 +64,20 @@ def test_broker_url_with_query_password_is_refused_without_echoing_it(monkeypatc
 
 
 @pytest.mark.parametrize(
+    "url", ["amqp://guest:hunter2-secret@10.0.0.5//", "sentinel://:hunter2-secret@10.0.0.5:26379", "memory://"]
+)
+def test_a_broker_url_of_another_transport_is_refused(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """The message screen is in kombu's Redis transport: RabbitMQ, Sentinel or memory would hand
+    hostile messages to Celery unscreened, so the settings refuse them, naming the variable."""
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", url)
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert "TRACESCORE_BROKER_URL" in str(info.value)
+    assert "redis://, rediss://, redis+socket://" in str(info.value)
+    assert "hunter2-secret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"TRACESCORE_BROKER_CA_FILE": "/nonexistent/ca.pem"}, "TRACESCORE_BROKER_CA_FILE .* is not a readable file"),

@@ -19,6 +19,7 @@ __all__ = [
     "broker_option",
     "cli_settings",
     "json_option",
+    "redis_settings",
     "run_command",
 ]
 
@@ -66,6 +67,19 @@ def cli_settings(broker: str | None = None, **overrides: Any) -> Settings:
         if broker:  # the bad URL came from the flag: name the flag, not the variable
             message = message.replace("TRACESCORE_BROKER_URL", "--broker")
         raise CliError(message) from exc
+
+
+def redis_settings(broker: str | None = None, **overrides: Any) -> Settings:
+    """``cli_settings`` for a command that talks to Redis: an empty broker URL (embedded mode,
+    which only ``backfill`` and ``score`` have) is a ``CliError`` saying what to set, not an
+    error of the Redis client naming no setting."""
+    settings = cli_settings(broker, **overrides)
+    if not settings.broker_url:
+        raise CliError(
+            "TRACESCORE_BROKER_URL is empty (embedded mode, which only backfill and score have) and this "
+            "command talks to Redis: set it or pass --broker redis://HOST:6379/0"
+        )
+    return settings
 
 
 def run_command(group: click.Group, argv: list[str]) -> int:

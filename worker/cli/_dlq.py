@@ -11,7 +11,7 @@ from redis.exceptions import RedisError
 
 from tracing import redact
 from worker._admin import dead_letters, requeue_dead_letters
-from worker.cli._common import CliError, broker_option, cli_settings, json_option
+from worker.cli._common import CliError, broker_option, json_option, redis_settings
 
 __all__ = ["dlq_group"]
 
@@ -40,7 +40,7 @@ def dlq_list(broker: str | None, limit: int, as_json: bool) -> None:
       tracescore dlq list --limit 10
       tracescore dlq list --json --broker redis://:PASSWORD@redis:6379/0
     """
-    settings = cli_settings(broker)
+    settings = redis_settings(broker)
     try:
         total, letters = asyncio.run(dead_letters(settings, limit))
     except (RedisError, OSError) as exc:
@@ -76,7 +76,7 @@ def dlq_retry(broker: str | None, ids: tuple[str, ...], retry_all: bool, as_json
     """
     if bool(ids) == retry_all:
         raise CliError("give dead letter ID(s) or --all (not both)")
-    settings = cli_settings(broker)
+    settings = redis_settings(broker)
     try:
         requeued, problems = asyncio.run(requeue_dead_letters(settings, None if retry_all else list(ids)))
     except (RedisError, OSError) as exc:

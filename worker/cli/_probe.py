@@ -15,7 +15,7 @@ import redis
 
 from tracing import redact
 from worker import _heartbeat as probe_files
-from worker.cli._common import CliError, broker_option, cli_settings
+from worker.cli._common import CliError, broker_option, cli_settings, redis_settings
 
 __all__ = ["probe_group"]
 
@@ -85,7 +85,7 @@ def ready_command(directory: str | None, timeout: float, broker: str | None) -> 
     path = _directory(directory)
     if not (path / probe_files.READY_FILE).exists():
         raise CliError(f"not ready: the worker is not consuming (no {probe_files.READY_FILE} file in {path})")
-    settings = cli_settings(broker)
+    settings = redis_settings(broker)
     client = redis.Redis.from_url(
         settings.broker_url,
         socket_connect_timeout=timeout,

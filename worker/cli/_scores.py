@@ -10,7 +10,7 @@ import click
 from redis.exceptions import RedisError
 
 from tracing import ScoreRecord, redact
-from worker.cli._common import CliError, broker_option, cli_settings, json_option
+from worker.cli._common import CliError, broker_option, json_option, redis_settings
 from worker.store import RedisScoreStore
 
 __all__ = ["scores_command"]
@@ -39,7 +39,7 @@ def scores_command(broker: str | None, trace_id: str, as_json: bool) -> None:
     trace_id = trace_id.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{32}", trace_id):
         raise CliError(f"--trace must be 32 hex characters (an OTel trace id), got {trace_id!r}")
-    url = cli_settings(broker).store_url
+    url = redis_settings(broker).store_url
     try:
         records = asyncio.run(_fetch(url, trace_id))
     except (RedisError, OSError) as exc:

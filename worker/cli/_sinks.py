@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 
 from tracing import redact
 from worker._settings import SINK_NAMES
-from worker.cli._common import CliError, broker_option, cli_settings, json_option
+from worker.cli._common import CliError, broker_option, json_option, redis_settings
 from worker.store import RedisOutbox
 
 __all__ = ["sink_options", "sink_overrides", "sinks_group"]
@@ -74,7 +74,7 @@ def sinks_group() -> None:
 
 
 def _outbox(broker: str | None) -> tuple[RedisOutbox, str]:
-    settings = cli_settings(broker)
+    settings = redis_settings(broker)
     return RedisOutbox(settings.store_url, reconnect_s=2.0), settings.store_url
 
 

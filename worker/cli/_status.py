@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from tracing import redact
 from worker._admin import broker_status, store_status
 from worker._settings import Settings
-from worker.cli._common import CliError, broker_option, cli_settings, json_option
+from worker.cli._common import CliError, broker_option, json_option, redis_settings
 from worker.store import RedisOutbox, StoreKeyTypeError
 
 __all__ = ["collect_status", "status_command"]
@@ -28,7 +28,7 @@ def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) 
     """Everything ``tracescore status`` shows, for ``settings`` (default: ``TRACESCORE_*``);
     raises ``CliError`` naming the server that cannot be reached."""
     if settings is None:
-        settings = cli_settings()
+        settings = redis_settings()
     try:
         status = broker_status(settings, ping_timeout)
     except (RedisError, OSError) as exc:
@@ -72,7 +72,7 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
       tracescore status --broker redis://:PASSWORD@redis:6379/0
       tracescore status >/dev/null || echo "broker down"
     """
-    status = collect_status(timeout, cli_settings(broker))
+    status = collect_status(timeout, redis_settings(broker))
     if as_json:
         click.echo(json.dumps(status, sort_keys=True))
         return

@@ -11,7 +11,7 @@ import click
 from tracing import redact
 from worker._app import create_app
 from worker._registry import RegistryError, load_registry
-from worker.cli._common import CliError, broker_option, cli_settings
+from worker.cli._common import CliError, broker_option, redis_settings
 from worker.cli._sinks import sink_options, sink_overrides
 
 __all__ = ["worker_command"]
@@ -98,7 +98,7 @@ def worker_command(
       TRACESCORE_RATE_LIMITS='{"openai/gpt-4o-mini": {"requests_per_minute": 500}}' \\
         tracescore worker --scorers my_app.scorers
     """
-    settings = cli_settings(
+    settings = redis_settings(
         broker,
         scorers=module,
         model_concurrency=model_concurrency,
