@@ -414,6 +414,19 @@ def test_redis_mode_prints_the_per_scorer_summary(redis_server: RedisServer, tmp
         no_wait = CliRunner().invoke(cli, [*args, "--no-wait", "--out", str(out)], env=NO_BROKER)
         assert no_wait.exit_code == 1
         assert "drop --no-wait" in no_wait.stderr
+
+        # A sink's queue of another Redis type (hand-edited): the job and its summary stand, the
+        # sink figures are said to be unknown and the key is named, never deleted.
+        from worker import _keys
+
+        client.sadd(_keys.outbox_sinks_key(), "otlp")
+        client.set(_keys.outbox_key("otlp"), "not a queue")
+        refused = CliRunner().invoke(cli, [*args, "--wait-timeout", "120", "--json"], env=NO_BROKER)
+        assert refused.exit_code == 0, refused.output
+        assert "scores by scorer (30 runs)" in refused.stderr
+        assert f"sink delivery unknown: Redis key {_keys.outbox_key('otlp')} holds a string" in refused.stderr
+        assert "sinks" not in json.loads(refused.stdout.strip().splitlines()[-1])
+        assert client.get(_keys.outbox_key("otlp")) == b"not a queue"
     finally:
         os.killpg(worker.pid, 15)
         try:

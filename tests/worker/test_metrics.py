@@ -219,6 +219,9 @@ def test_metrics_count_what_the_prefork_children_scored(
     after = scrape(port)
     assert total(after, "tracescore_runs_total") == 21
     assert total(after, "tracescore_judge_requests_total") == 7
+    # The children's gauge of unreadable values is a sum kept past their death, like a counter.
+    assert series(after, "tracescore_store_key_repairs_total") == {frozenset({("where", "put_records")}): 1}
+    assert total(after, "tracescore_store_unreadable_values", key="spend_add") == requests["ok"]
 
 
 def _started(log: Path, proc: subprocess.Popen[bytes]) -> bool:
