@@ -329,13 +329,15 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
         return {**payload, "type": b"refused", "data": None}
 
     def _connparams(self, asynchronous: bool = False) -> Any:
-        if self.connection.client is None:
+        if self.connection is None or self.connection.client is None:
             # On a broker disconnect Celery's consumer collects the connection (kombu drops
             # transport.client) and then closes it once more. That close restores the unacked
             # messages through a new client, and kombu read the dropped client's host name: an
             # AttributeError Celery does not ignore, and the worker exited. A connection error is
             # ignored; the messages stay in Redis' unacked hash, which the visibility-timeout
-            # sweep restores.
+            # sweep restores. A channel closed with its connection (a task publishing its retry
+            # as the broker went away) has none at all: the same connection error, which the
+            # publisher retries, instead of an AttributeError.
             raise redis.exceptions.ConnectionError("the broker connection was closed after a disconnect")
         return super()._connparams(asynchronous)
 

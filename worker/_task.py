@@ -193,7 +193,7 @@ def _failed_around_scoring(
             batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
             attempts=int(self.request.retries or 0) + 1,
             retryable=True,
-            message_key=f"task:{task_id}:{int(self.request.retries or 0)}",
+            message_key=_message_key(task_id),
         )
     except StoreKeyTypeError as dlq_exc:
         # The dead-letter list itself holds another Redis type: nothing can be kept there until an
@@ -201,10 +201,34 @@ def _failed_around_scoring(
         attempt = int(self.request.retries or 0)
         countdown = min(runtime.settings.retry_backoff_seconds * 2**attempt, runtime.settings.max_eta_seconds)
         log.error("dead_letter_refused", task_id=task_id, key=dlq_exc.key, found=dlq_exc.found, countdown_s=countdown)
-        raise self.retry(countdown=countdown, exc=dlq_exc) from dlq_exc
+        raise _retry_later(self, task_id, countdown, dlq_exc) from dlq_exc
     except Exception as dlq_exc:
         raise Reject("the message could not be dead-lettered; requeued", requeue=True) from dlq_exc
     return
+
+
+def _retry_later(self: Task[Any, Any], task_id: str, countdown: float, exc: Exception | None = None) -> Retry:
+    """``self.retry``, but never a lost message: when Celery cannot publish the retry (the broker
+    went away), it rejects the message without requeueing it, which acks it. Requeued instead,
+    at the same retry count; if even that cannot reach the broker, the message stays in its
+    unacked hash and the visibility timeout brings it back."""
+    try:
+        return self.retry(countdown=countdown, exc=exc)
+    except Reject as rejected:
+        if getattr(rejected, "requeue", False):  # (celery-types does not list Reject's fields)
+            raise
+        reason = getattr(rejected, "reason", None)
+        log.warning("retry_not_published", task_id=task_id, error_type=type(reason).__name__)
+        raise Reject("the retry could not be published; requeued", requeue=True) from None
+
+
+def _message_key(task_id: str) -> str:
+    """The message's dead-letter identity: one letter per message, whichever copy comes back.
+
+    The task id, not the retry count: a retry is published before its original is acked, so a
+    broker lost between the two brings back both (the original once the visibility timeout
+    restores it), at different counts. Every publish (``dlq retry`` too) takes a new task id."""
+    return f"task:{task_id}"
 
 
 def _end_delivery(runtime: WorkerRuntime, task_id: str, token: str) -> None:
@@ -238,9 +262,7 @@ def _score_delivery(
 ) -> dict[str, Any] | None:
     settings = runtime.settings
     attempt = int(self.request.retries or 0)
-    # One dead letter per message: a redelivery of this very message (same id, same retry)
-    # finds the letter already there.
-    message_key = f"task:{task_id}:{attempt}"
+    message_key = _message_key(task_id)
     if not _screened(self):  # it skipped the guard (applied in process): measured here
         size = _size(payload)
         if size > settings.max_payload_bytes or size < 0:
@@ -340,7 +362,7 @@ def _score_delivery(
             return None
         log.warning("batch_retry", batch_id=batch.batch_id, attempt=attempt + 1, error=error[:300])
         countdown = min(settings.retry_backoff_seconds * 2**attempt, settings.max_eta_seconds)
-        raise self.retry(countdown=countdown, exc=exc) from exc
+        raise _retry_later(self, task_id, countdown, exc) from exc
     summary = report.as_dict()
     # Retries of deferred scores wait at most max_eta_seconds each (inside the visibility
     # timeout): enough of them to outlast the other delivery's claim before giving up on it.
@@ -401,6 +423,6 @@ def _score_delivery(
             deferred=len(report.deferred),
             countdown_s=countdown,
         )
-        raise self.retry(countdown=countdown)
+        raise _retry_later(self, task_id, countdown)
     log.info("batch_done", **summary)
     return summary
