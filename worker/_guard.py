@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from kombu.transport import virtual as _kombu_virtual
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME
 from worker._settings import Settings
 from worker.metrics import observe_broadcast_refused
-from worker.store import DeadLetter, StoreKeyTypeError, SyncRedisDeadLetters, dead_letter_id
+from worker.store import DeadLetter, StoreKeyTypeError, SyncRedisDeadLetters, checked, dead_letter_id
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
@@ -290,8 +291,71 @@ class _ScreenedMessage(kombu_virtual.Message):  # type: ignore[misc]  # Any base
             super().__init__(json.loads(stand_in), channel=channel, **kwargs)
 
 
+# Messages taken off the queue whose record as unacknowledged never reached Redis (it went away
+# in between): pushed back by the next channel that reaches it (see _GuardedQoS).
+_held: list[tuple[dict[str, Any], str, str]] = []
+_held_lock = threading.Lock()
+
+
+class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
+    """kombu's record of unacknowledged messages (the ``unacked`` hash and its index), where kombu
+    loses a message it has already taken off the list (BRPOP, then a second command records it):
+
+    - a key of another Redis type there (hand-edited) failed that record, so the worker exited
+      and the message was gone, and failed the start-up restore too: such a key holds no
+      message of kombu's, so it is repaired (``store_keys_repaired``, where ``unacked``) on
+      every path that writes or reads the record, and the command made again;
+    - Redis going away in between lost the message with the connection: it is held in memory
+      and pushed back to its queue once a channel reaches Redis again (a copy that did reach
+      the hash comes back twice, which the score ids make harmless).
+    """
+
+    def _checked(self, call: Callable[[], Any]) -> Any:
+        checks = [(self.unacked_key, "hash", False), (self.unacked_index_key, "zset", False)]
+        return checked(self.channel.client, "unacked", checks, call)
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        try:
+            self._checked(lambda: super(_GuardedQoS, self).append(message, delivery_tag))
+        except self.channel.connection_errors:
+            info = message.delivery_info or {}
+            with _held_lock:
+                _held.append((message._raw, str(info.get("exchange") or ""), str(info.get("routing_key") or "")))
+            log.warning("message_held_for_requeue", delivery_tag=_token(delivery_tag), held=len(_held))
+            raise
+
+    def ack(self, delivery_tag: str) -> None:
+        self._checked(lambda: super(_GuardedQoS, self).ack(delivery_tag))
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        self._checked(lambda: super(_GuardedQoS, self).reject(delivery_tag, requeue=requeue))
+
+    def restore_visible(self, *args: Any, **kwargs: Any) -> None:
+        self._checked(lambda: super(_GuardedQoS, self).restore_visible(*args, **kwargs))
+
+
 class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
     Message = _ScreenedMessage
+    QoS = _GuardedQoS
+
+    def _brpop_start(self, timeout: Any = None) -> Any:
+        if _held:
+            self._push_back_held()
+        return super()._brpop_start(timeout)
+
+    def _push_back_held(self) -> None:
+        with _held_lock:
+            held, _held[:] = list(_held), []
+        try:
+            with self.conn_or_acquire() as client, client.pipeline() as pipe:
+                for payload, exchange, routing_key in held:
+                    self._do_restore_message(payload, exchange, routing_key, pipe)
+                pipe.execute()
+        except self.connection_errors:
+            with _held_lock:
+                _held[:0] = held  # still away: the next poll tries again
+            return
+        log.info("held_messages_requeued", messages=len(held))
 
     def _entry_limit(self) -> int:
         # the app's settings, through its broker transport options (see configure_app)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 import redis
 from kombu import Connection
 from kombu.common import ignore_errors
@@ -147,4 +149,52 @@ def test_closing_a_collected_broker_connection_is_a_connection_error_and_keeps_t
         assert client.hlen("unacked") == 0
     finally:
         later.release()
+        client.close()
+
+
+def test_a_message_taken_off_the_queue_as_redis_dies_is_pushed_back_when_it_returns(
+    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kombu takes a message off the list (BRPOP), then records it as unacknowledged in a second
+    command: Redis killed in between lost it with the connection. Killed at exactly that moment
+    here (the record's first step stops the server, then the real command fails against it): the
+    message is held, and the first channel that reaches Redis again pushes it back to the queue."""
+    from worker import _guard
+
+    url = own_redis.url(0)
+    sender = Connection(url, transport=GuardedRedisTransport)
+    try:
+        sender.SimpleQueue("held").put({"n": 1})
+    finally:
+        sender.release()
+
+    record = _guard._GuardedQoS._checked
+
+    def redis_dies_first(self: Any, call: Any) -> Any:
+        own_redis.stop()  # SIGKILL, after BRPOP took the message and before kombu records it
+        return record(self, call)
+
+    monkeypatch.setattr(_guard._GuardedQoS, "_checked", redis_dies_first)
+    dying = Connection(url, transport=GuardedRedisTransport, transport_options={"max_retries": 0})
+    try:
+        with pytest.raises(dying.connection_errors):
+            dying.SimpleQueue("held").get(timeout=5)
+    finally:
+        ignore_errors(dying, dying.release)
+    monkeypatch.setattr(_guard._GuardedQoS, "_checked", record)
+
+    own_redis.start()
+    back = Connection(url, transport=GuardedRedisTransport)
+    try:
+        message = back.SimpleQueue("held").get(timeout=10)
+        assert message.payload == {"n": 1}
+        assert message.delivery_info.get("redelivered") is True
+        message.ack()
+    finally:
+        back.release()
+    client = redis.Redis.from_url(url)
+    try:
+        assert client.llen("held") == 0
+        assert client.hlen("unacked") == 0
+    finally:
         client.close()

@@ -159,3 +159,32 @@ def test_a_message_held_back_for_a_refused_dead_letter_list_survives_a_redis_res
     finally:
         worker.stop()
         client.close()
+
+
+def test_kombus_unacked_hash_of_another_type_is_repaired_not_the_end_of_the_worker(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """kombu records each message it takes in the ``unacked`` hash; a string there (hand-edited)
+    made that record fail after the message was off the list: the worker exited and the message
+    was gone. The wrong-typed key holds no message of kombu's: it is repaired, counted and named,
+    and the batch is scored."""
+    scores = tmp_path / "scores.jsonl"
+    client = redis.Redis.from_url(redis_url)
+    client.set("unacked", "not a hash")
+    client.set("unacked_index", "not a zset")
+    worker = WorkerProcess("unacked", redis_url, tmp_path, scores_path=scores)
+    try:
+        worker.wait_ready()
+        sink = CelerySink(redis_url)
+        sink.send(batch(range(3), ["length"], salt="unacked"))
+        sink.close()
+        assert wait_for(lambda: len(read_scores(scores)) == 3, 60), worker.text()[-3000:]
+        assert worker.proc.poll() is None
+        assert wait_for(lambda: client.hlen("unacked") == 0, 30)  # acked: the rebuilt hash is kombu's again
+        log = worker.text()
+        assert "store_keys_repaired" in log
+        assert "where=unacked" in log
+        assert "not a hash" not in log
+    finally:
+        worker.stop()
+        client.close()

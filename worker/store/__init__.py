@@ -19,14 +19,14 @@ command; when Redis stays away they raise ``StoreUnavailableError``, which hands
 message back to the queue. A key of theirs holding another Redis type is repaired (state they
 can rebuild; counted in ``tracescore_store_key_repairs_total``) or refused with
 ``StoreKeyTypeError`` (dead letters, a sink's undelivered scores), the same way on every path
-(``worker.store._keytypes``).
+(``worker.store._keytypes``; ``checked`` for a caller's own commands on keys it owns).
 """
 
 from worker._reconnect import StoreUnavailableError
 from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters, SyncRedisDeadLetters, dead_letter_id
 from worker.store._deliveries import END_WAIT_S, DeliveryLog, new_token
 from worker.store._jobs import JobStats, RedisJobStats
-from worker.store._keytypes import StoreKeyTypeError
+from worker.store._keytypes import StoreKeyTypeError, checked
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
 from worker.store._outbox import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter, SinkState
 from worker.store._scores import RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
@@ -54,6 +54,7 @@ __all__ = [
     "StoreKeyTypeError",
     "StoreUnavailableError",
     "SyncRedisDeadLetters",
+    "checked",
     "claim",
     "dead_letter_id",
     "delivery_owner",
