@@ -128,7 +128,8 @@ RECORDED: Final = (
         "tracescore_store_unreadable_values",
         "gauge",
         ("key",),
-        "Values read from Redis that were not numbers, skipped (since this node started), by key",
+        "Reads of values in Redis that were not numbers, skipped (since this node started), by key: "
+        "each read counts, so a value left unfixed keeps it rising",
     ),
     MetricSpec(
         "tracescore_store_key_repairs",
