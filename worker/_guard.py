@@ -165,6 +165,10 @@ def _read_envelope(item: bytes, max_bytes: int, what: str) -> dict[str, Any]:
         problem = "the envelope's headers are not an object"
     elif not isinstance(properties.get("delivery_info", {}), dict):
         problem = "properties.delivery_info is not an object"
+    elif not _priority_ok(properties.get("priority")):
+        # kombu reads it with int() when it puts the message back: an infinity there failed the
+        # restore, which logged the whole envelope and dropped the message.
+        problem = "properties.priority is not an integer from 0 to 255"
     elif body is not None and not isinstance(body, str):
         problem = "the envelope's body is not a string"
     elif encoding not in (None, "base64"):
@@ -173,6 +177,10 @@ def _read_envelope(item: bytes, max_bytes: int, what: str) -> dict[str, Any]:
     if problem is not None:
         raise _Refused("bad_encoding", problem, tag)
     return envelope
+
+
+def _priority_ok(priority: Any) -> bool:
+    return priority is None or (isinstance(priority, int) and not isinstance(priority, bool) and 0 <= priority <= 255)
 
 
 def screen_envelope(item: bytes, max_bytes: int, routing_key: str = "") -> bytes:

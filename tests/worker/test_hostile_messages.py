@@ -118,6 +118,10 @@ def hostile_messages() -> list[tuple[str, str, bytes]]:
     raw("payload_too_large", b"x" * (MAX_PAYLOAD * 3) + MARKER.encode())  # oversized and not JSON
     add("bad_encoding", envelope(task_body([good]), body_encoding="rot13"))
     add("bad_encoding", _not_base64())
+    # kombu reads it as int() when it puts the message back (a requeue, the visibility restore):
+    # an infinity there failed the restore, which then logged the whole message and dropped it.
+    add("bad_encoding", _with_priority(float("inf")))
+    add("bad_encoding", _with_priority(MARKER))
     deep_header: Any = MARKER
     for _ in range(900):
         deep_header = [deep_header]
@@ -170,6 +174,14 @@ def _not_base64() -> tuple[str, bytes]:
     data = json.loads(entry)
     data["body"] = "%%% not base64 %%% " + MARKER
     return tag, json.dumps(data).encode()
+
+
+def _with_priority(priority: Any) -> tuple[str, bytes]:
+    """A valid task message whose ``properties.priority`` is ``priority``."""
+    tag, entry = envelope(task_body([secret_batch("priority")]))
+    data = json.loads(entry)
+    data["properties"]["priority"] = priority
+    return tag, json.dumps(data).encode()  # an infinity is written as JSON's Infinity, which json.loads reads
 
 
 def _dlq(redis_url: str) -> list[DeadLetter]:
