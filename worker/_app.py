@@ -188,8 +188,23 @@ def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
                     "is the server listening for TLS (rediss://) on that port?"
                 ) from None
             # down or unreachable: Celery retries the broker until it is up
+        else:
+            if what == "broker":
+                _check_broker_keys(client, settings.queue)
         finally:
             client.close()
+
+
+def _check_broker_keys(client: redis.Redis, queue: str) -> None:
+    from worker._guard import check_broker_keys  # (with configure_app's: the guard imports the store)
+    from worker.store import StoreKeyTypeError
+
+    try:
+        check_broker_keys(client, queue)
+    except StoreKeyTypeError as exc:
+        raise SettingsError(f"the broker's queue: {exc}") from None
+    except redis.RedisError:
+        pass  # the broker went away meanwhile: Celery waits for it
 
 
 class ScorersOption(bootsteps.Step):

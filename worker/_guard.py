@@ -57,6 +57,7 @@ __all__ = [
     "GuardedConsumer",
     "GuardedRedisTransport",
     "Refusal",
+    "check_broker_keys",
     "check_message",
     "envelope_limit",
     "screen_broadcast",
@@ -340,6 +341,34 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
         self._checked(lambda: super(_GuardedQoS, self).restore_visible(*args, **kwargs))
+
+
+def check_broker_keys(client: redis.Redis, queue: str) -> None:
+    """kombu's keys on the broker as kombu keeps them, before a worker consumes: one of another
+    Redis type ended the worker with "Unrecoverable error: ResponseError" and a traceback.
+    ``queue``'s list holds messages: of another type it is refused (``StoreKeyTypeError``, for
+    the operator to move aside); the binding tables and the unacked record hold no message when
+    of another type, and kombu rebuilds them: repaired (``store_keys_repaired``)."""
+    found = client.type(queue)
+    found = found.decode() if isinstance(found, bytes) else str(found)
+    if found not in ("none", "list"):
+        raise StoreKeyTypeError(queue, found, "list")
+    channel = kombu_redis.Channel
+    rebuilt = [
+        *((channel.keyprefix_queue % exchange, "set") for exchange in (queue, "celery.pidbox")),
+        *((channel.keyprefix_binding_permanent % exchange, "set") for exchange in (queue, "celery.pidbox")),
+        (channel.keyprefix_binding_deadlines, "zset"),
+        (channel.unacked_key, "hash"),
+        (channel.unacked_index_key, "zset"),
+    ]
+
+    def read_each() -> None:  # a read of each key's own type: WRONGTYPE names a key to repair
+        pipe = client.pipeline(transaction=False)
+        for key, kind in rebuilt:
+            {"set": pipe.scard, "hash": pipe.hlen, "zset": pipe.zcard}[kind](key)
+        pipe.execute()
+
+    checked(client, "kombu_keys", [(key, kind, False) for key, kind in rebuilt], read_each)
 
 
 class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base

@@ -4,13 +4,16 @@ can rebuild are repaired and the batch is scored and counted once."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import redis
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch
-from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tests.worker._workers import ROOT, WorkerProcess, read_scores, wait_for
 from tracing import CelerySink
 from worker import _keys
 from worker.store import DeadLetter
@@ -161,30 +164,59 @@ def test_a_message_held_back_for_a_refused_dead_letter_list_survives_a_redis_res
         client.close()
 
 
-def test_kombus_unacked_hash_of_another_type_is_repaired_not_the_end_of_the_worker(
-    redis_url: str, tmp_path: Path
-) -> None:
-    """kombu records each message it takes in the ``unacked`` hash; a string there (hand-edited)
-    made that record fail after the message was off the list: the worker exited and the message
-    was gone. The wrong-typed key holds no message of kombu's: it is repaired, counted and named,
-    and the batch is scored."""
+def test_kombus_keys_of_another_type_are_repaired_not_the_end_of_the_worker(redis_url: str, tmp_path: Path) -> None:
+    """kombu's own keys of another Redis type (hand-edited) ended the worker: its binding tables
+    with "Unrecoverable error" at start, its ``unacked`` hash after it had taken a message off the
+    list, which was then gone. None of them holds a message when of another type: repaired at
+    start (where ``kombu_keys``) and while running (where ``unacked``), counted and named, and
+    the batches are scored."""
     scores = tmp_path / "scores.jsonl"
     client = redis.Redis.from_url(redis_url)
-    client.set("unacked", "not a hash")
-    client.set("unacked_index", "not a zset")
-    worker = WorkerProcess("unacked", redis_url, tmp_path, scores_path=scores)
+    for key in ("_kombu.binding.tracescore", "_kombu.binding.celery.pidbox", "unacked_index"):
+        client.set(key, "not a set")
+    worker = WorkerProcess("kombukeys", redis_url, tmp_path, scores_path=scores)
     try:
         worker.wait_ready()
         sink = CelerySink(redis_url)
-        sink.send(batch(range(3), ["length"], salt="unacked"))
-        sink.close()
+        sink.send(batch(range(3), ["length"], salt="kombu-keys"))
         assert wait_for(lambda: len(read_scores(scores)) == 3, 60), worker.text()[-3000:]
+
+        client.set("unacked", "not a hash")  # while the worker runs
+        sink.send(batch(range(10, 12), ["length"], salt="unacked"))
+        sink.close()
+        assert wait_for(lambda: len(read_scores(scores)) == 5, 60), worker.text()[-3000:]
         assert worker.proc.poll() is None
         assert wait_for(lambda: client.hlen("unacked") == 0, 30)  # acked: the rebuilt hash is kombu's again
         log = worker.text()
-        assert "store_keys_repaired" in log
+        assert "where=kombu_keys" in log
         assert "where=unacked" in log
+        assert "not a set" not in log
         assert "not a hash" not in log
     finally:
         worker.stop()
+        client.close()
+
+
+def test_a_queue_key_of_another_type_stops_the_worker_with_one_line_and_is_kept(redis_url: str) -> None:
+    """The queue's own list of another type may be someone's data: the worker does not start,
+    says which key and what to do in one line (it ended with "Unrecoverable error" and a
+    traceback), and leaves the key as it is."""
+    client = redis.Redis.from_url(redis_url)
+    client.set("tracescore", "someone else's")
+    try:
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name("celery")), "-A", "worker", "worker", "--pool", "solo",
+             "--scorers", "tests.worker.sample_scorers"],
+            cwd=ROOT,
+            env={**os.environ, "TRACESCORE_BROKER_URL": redis_url, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert "tracescore worker cannot start: the broker's queue: Redis key tracescore holds a string" in done.stderr
+        assert "Traceback" not in done.stderr
+        assert client.get("tracescore") == b"someone else's"
+    finally:
         client.close()
