@@ -30,7 +30,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 
 from tracing import redact
 from worker import _heartbeat as probe_files
-from worker._settings import SCREENED_BROKER_SCHEMES, Settings, SettingsError, get_settings, load_settings
+from worker._settings import NO_BROKER, SCREENED_BROKER_SCHEMES, Settings, SettingsError, get_settings, load_settings
 from worker.metrics import MetricsStep
 
 __all__ = [
@@ -152,8 +152,7 @@ def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
     mode) is refused: Celery would fall back to an unscreened AMQP broker on localhost."""
     if not settings.broker_url:
         raise SettingsError(
-            "TRACESCORE_BROKER_URL is empty (embedded mode, which only backfill and score have): a worker "
-            "takes its messages from Redis; set it or pass --broker redis://HOST:6379/0"
+            f"{NO_BROKER}: a worker takes its messages from Redis; set it or pass --broker redis://HOST:6379/0"
         )
     targets: list[tuple[str, str, dict[str, Any]]] = [
         ("broker", settings.broker_url, settings.tls.redis_kwargs(settings.broker_url)),

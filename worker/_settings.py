@@ -21,6 +21,7 @@ from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES
 from worker._errors import SettingsError
 
 __all__ = [
+    "NO_BROKER",
     "SCREENED_BROKER_SCHEMES",
     "SINK_NAMES",
     "ModelRateLimit",
@@ -30,6 +31,8 @@ __all__ = [
     "load_settings",
 ]
 
+# What an empty broker URL means, for the commands that need one to say so.
+NO_BROKER = "TRACESCORE_BROKER_URL is empty (embedded mode, which only backfill and score have)"
 # The broker URLs kombu serves with its Redis transport, the one worker._guard screens.
 SCREENED_BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
 _QUERY_PASSWORD = re.compile(r"[?&]password=", re.IGNORECASE)

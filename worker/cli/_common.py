@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from tracing import redact
-from worker._settings import Settings, SettingsError, load_settings
+from worker._settings import NO_BROKER, Settings, SettingsError, load_settings
 
 __all__ = [
     "EXIT_ERROR",
@@ -75,10 +75,7 @@ def redis_settings(broker: str | None = None, **overrides: Any) -> Settings:
     error of the Redis client naming no setting."""
     settings = cli_settings(broker, **overrides)
     if not settings.broker_url:
-        raise CliError(
-            "TRACESCORE_BROKER_URL is empty (embedded mode, which only backfill and score have) and this "
-            "command talks to Redis: set it or pass --broker redis://HOST:6379/0"
-        )
+        raise CliError(f"{NO_BROKER} and this command talks to Redis: set it or pass --broker redis://HOST:6379/0")
     return settings
 
 
