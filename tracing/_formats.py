@@ -158,9 +158,7 @@ def classify(name: str, attrs: Mapping[str, Any]) -> SpanKind:
 
 
 def _fail(span: SpanView, attribute: str, exc: MessageShapeError) -> TraceReadError:
-    return TraceReadError(
-        exc.reason, str(exc), span_name=span.name, span_id=span.span_id, attribute=attribute
-    )
+    return TraceReadError(exc.reason, str(exc), span_name=span.name, span_id=span.span_id, attribute=attribute)
 
 
 def _read_attr(
@@ -289,7 +287,10 @@ def _legacy_events(span: SpanView) -> tuple[list[Msg] | None, list[Msg] | None]:
                 choices.append((index if isinstance(index, int) else len(choices), parse_message(raw)))
         except MessageShapeError as exc:
             raise TraceReadError(
-                exc.reason, str(exc), span_name=span.name, span_id=span.span_id,
+                exc.reason,
+                str(exc),
+                span_name=span.name,
+                span_id=span.span_id,
                 attribute=f"event {event.name}",
             ) from None
     # Only the first choice is the answer the application went on with.
@@ -441,6 +442,4 @@ def conversation_id(span: SpanView) -> str | None:
 
 
 def model_name(span: SpanView) -> str | None:
-    return span.str_attr(
-        "gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "llm.response.model_name"
-    )
+    return span.str_attr("gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "llm.response.model_name")

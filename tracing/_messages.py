@@ -169,9 +169,7 @@ def _part(raw: Any) -> NeutralPart | None:
                 "bad_message", f"{kind} part has no string 'name' or 'toolName' (it is {shape_of(name)})"
             )
         args = _first(raw, "arguments", "input", "args")
-        return ToolCall(
-            _str_or_none(_first(raw, "id", "toolCallId", "call_id")), name, decode_json_text(args)
-        )
+        return ToolCall(_str_or_none(_first(raw, "id", "toolCallId", "call_id")), name, decode_json_text(args))
     if kind in ("tool_call_response", "tool-result", "tool_result", "function_call_output"):
         result = _first(raw, "response", "result", "output", "content")
         if isinstance(result, dict) and "value" in result and "type" in result:
@@ -183,9 +181,7 @@ def _part(raw: Any) -> NeutralPart | None:
         )
     if kind == "tool-invocation" and isinstance(raw.get("toolInvocation"), dict):
         inv = raw["toolInvocation"]
-        call = ToolCall(
-            _str_or_none(inv.get("toolCallId")), str(inv.get("toolName", "")), inv.get("args")
-        )
+        call = ToolCall(_str_or_none(inv.get("toolCallId")), str(inv.get("toolName", "")), inv.get("args"))
         if inv.get("state") == "result":
             call.result, call.has_result = inv.get("result"), True
         return call
@@ -204,9 +200,7 @@ def _openai_tool_calls(raw: Any) -> list[NeutralPart]:
         fn = tc.get("function") if isinstance(tc, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             got = shape_of(fn.get("name")) if isinstance(fn, dict) else f"'function' is {shape_of(fn)}"
-            raise MessageShapeError(
-                "bad_message", f"tool_calls[{index}] has no string 'function.name' ({got})"
-            )
+            raise MessageShapeError("bad_message", f"tool_calls[{index}] has no string 'function.name' ({got})")
         calls.append(ToolCall(_str_or_none(tc.get("id")), fn["name"], decode_json_text(fn.get("arguments"))))
     return calls
 
@@ -245,9 +239,7 @@ def parse_message(raw: Any, default_role: str | None = None) -> Msg:
             elif content:
                 parts = [TextPart(content)]
         elif isinstance(content, list | tuple):
-            if role == "tool" and all(
-                isinstance(p, dict) and p.get("type") in ("text", "input_text") for p in content
-            ):
+            if role == "tool" and all(isinstance(p, dict) and p.get("type") in ("text", "input_text") for p in content):
                 text = "".join(str(p.get("text", "")) for p in content)
                 tool_id = _str_or_none(_first(raw, "tool_call_id", "id", "toolCallId"))
                 parts = [ToolResult(tool_id, _str_or_none(raw.get("name")), decode_json_text(text))]
@@ -276,9 +268,7 @@ def _load(value: Any) -> Any:
         try:
             return json.loads(value)
         except ValueError as exc:
-            raise MessageShapeError(
-                "bad_json", f"not valid JSON ({json_error(exc)}) in {shape_of(value)}"
-            ) from None
+            raise MessageShapeError("bad_json", f"not valid JSON ({json_error(exc)}) in {shape_of(value)}") from None
     return value
 
 

@@ -120,9 +120,7 @@ def _results_of(messages: Iterable[Msg]) -> list[ToolResult]:
 
 def _only_attached_results(msg: Msg) -> bool:
     # A tool message whose results now sit in the assistant's tool-invocation parts.
-    return msg.role == "tool" and bool(msg.parts) and all(
-        isinstance(p, ToolResult) and p.attached for p in msg.parts
-    )
+    return msg.role == "tool" and bool(msg.parts) and all(isinstance(p, ToolResult) and p.attached for p in msg.parts)
 
 
 def _members(target: SpanView, kind: str) -> list[SpanView]:
@@ -207,9 +205,7 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
             continue
         start = tool.span.start_ns or 0
         owner = next((m for t0, m in reversed(steps) if t0 <= start), step_msgs[0])
-        owner.parts.append(
-            ToolCall(tool.call_id, tool.name or "", tool.args, tool.result, tool.has_result)
-        )
+        owner.parts.append(ToolCall(tool.call_id, tool.name or "", tool.args, tool.result, tool.has_result))
     answer = Msg("assistant", [])
     for index, msg in enumerate(step_msgs):
         answer.parts.append(StepBreak(index))
@@ -221,8 +217,7 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
         span_id=target.span_id,
         span_name=target.name,
         agent_name=agent_name(target) if is_agent else None,
-        conversation_id=conversation_id(target)
-        or next((c for s in llms if (c := conversation_id(s))), None),
+        conversation_id=conversation_id(target) or next((c for s in llms if (c := conversation_id(s))), None),
         model=model_name(model_src) or model_name(target),
         service_name=target.service,
         start_time_ns=target.start_ns,
@@ -285,9 +280,7 @@ def trace_to_runs(spans: Sequence[SpanLike], *, log_records: Iterable[Any] = ())
         return [_run_for(t, views) for t in targets]
 
 
-def read_trace(
-    spans: Sequence[SpanLike], *, exclude_under: Iterable[str] = ()
-) -> list[TracedRun | TraceReadError]:
+def read_trace(spans: Sequence[SpanLike], *, exclude_under: Iterable[str] = ()) -> list[TracedRun | TraceReadError]:
     """Every run of the trace, each read on its own: one unreadable run does not hide the others.
 
     Targets at or under a span in ``exclude_under`` (span ids, hex) are skipped (the loop guard).
@@ -327,9 +320,7 @@ def trace_to_run(
         if target_span_id is not None:
             target = next((v for v in views if v.span_id == target_span_id.lower()), None)
             if target is None:
-                raise TraceReadError(
-                    "no_target", f"span {target_span_id} is not in the trace ({len(views)} spans)"
-                )
+                raise TraceReadError("no_target", f"span {target_span_id} is not in the trace ({len(views)} spans)")
             return _run_for(target, views)
         targets = _targets(views)
         if not targets:
