@@ -13,6 +13,11 @@ two places where it still is raw bytes:
   ``[args, kwargs, embed]`` shape) and the headers (task name, ETA, time limits, retries) are
   checked before Celery's own handler sees the message.
 
+Broadcasts (Celery's remote control on Redis pub/sub) are screened where the channel reads them
+(``screen_broadcast``): refused ones are logged and counted, never dead-lettered. kombu's own
+keys and its record of unacknowledged messages are kept whole (``check_broker_keys`` at start,
+``_GuardedQoS`` while running), so a message taken off the list is not lost with them.
+
 A refused message is acked and becomes exactly one dead letter (reason + what was wrong, never
 the body: it holds agent content); a redelivery of the same message (same delivery tag) finds its
 letter already there. Only tracescore's own tasks run: Celery's built-in tasks, callbacks, chains

@@ -16,6 +16,19 @@ ROOT = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).with_name("celery"))
 
 
+def failed_start(broker_url: str, scorers: str = "tests.worker.sample_scorers") -> subprocess.CompletedProcess[str]:
+    """``celery -A worker worker`` run to its end, for a start that must be refused (60 s at most)."""
+    return subprocess.run(
+        [CELERY, "-A", "worker", "worker", "--pool", "solo", "--scorers", scorers],
+        cwd=ROOT,
+        env={**os.environ, "TRACESCORE_BROKER_URL": broker_url, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def wait_for(condition: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
     """Poll ``condition`` until it holds or the deadline passes; returns its last value."""
     deadline = time.monotonic() + timeout

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from tests.worker._batches import batch, payload
-from tests.worker._workers import ROOT, read_scores, wait_for
+from tests.worker._workers import ROOT, failed_start, read_scores, wait_for
 from tracing import CelerySink
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord, score_id_for
@@ -225,16 +225,7 @@ def test_worker_command_rejects_a_missing_scorer_module(capsys: pytest.CaptureFi
 
 def test_celery_worker_with_a_bad_scorer_module_exits_with_one_line(redis_url: str) -> None:
     """`celery -A worker worker --scorers <missing>` exits 1 saying what is wrong."""
-    celery = str(Path(sys.executable).with_name("celery"))
-    done = subprocess.run(
-        [celery, "-A", "worker", "worker", "--pool", "solo", "--scorers", "no_such.scorers"],
-        cwd=ROOT,
-        env={**os.environ, "TRACESCORE_BROKER_URL": redis_url, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = failed_start(redis_url, scorers="no_such.scorers")
     assert done.returncode == 1
     assert "tracescore worker cannot start: cannot import scorer module 'no_such.scorers'" in done.stderr
 
@@ -391,15 +382,6 @@ def test_an_empty_broker_url_is_named_by_every_redis_command(
 def test_celery_worker_with_an_empty_broker_url_refuses_to_start() -> None:
     """`celery -A worker worker` with an empty broker URL exits 1 saying so, instead of
     falling back to an AMQP broker on localhost where no message is screened."""
-    celery = str(Path(sys.executable).with_name("celery"))
-    done = subprocess.run(
-        [celery, "-A", "worker", "worker", "--pool", "solo", "--scorers", "tests.worker.sample_scorers"],
-        cwd=ROOT,
-        env={**os.environ, "TRACESCORE_BROKER_URL": "", "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = failed_start("")
     assert done.returncode == 1, done.stderr[-2000:]
     assert "tracescore worker cannot start: TRACESCORE_BROKER_URL is empty" in done.stderr

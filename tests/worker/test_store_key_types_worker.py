@@ -4,16 +4,13 @@ can rebuild are repaired and the batch is scored and counted once."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import redis
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch
-from tests.worker._workers import ROOT, WorkerProcess, read_scores, wait_for
+from tests.worker._workers import WorkerProcess, failed_start, read_scores, wait_for
 from tracing import CelerySink
 from worker import _keys
 from worker.store import DeadLetter
@@ -204,16 +201,7 @@ def test_a_queue_key_of_another_type_stops_the_worker_with_one_line_and_is_kept(
     client = redis.Redis.from_url(redis_url)
     client.set("tracescore", "someone else's")
     try:
-        done = subprocess.run(
-            [str(Path(sys.executable).with_name("celery")), "-A", "worker", "worker", "--pool", "solo",
-             "--scorers", "tests.worker.sample_scorers"],
-            cwd=ROOT,
-            env={**os.environ, "TRACESCORE_BROKER_URL": redis_url, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )  # fmt: skip
+        done = failed_start(redis_url)
         assert done.returncode == 1, done.stderr[-2000:]
         assert "tracescore worker cannot start: the broker's queue: Redis key tracescore holds a string" in done.stderr
         assert "Traceback" not in done.stderr
