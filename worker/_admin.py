@@ -17,19 +17,27 @@ from tracing.queue import ScoreBatch
 from worker._budget import RedisLedger, parse_budgets, run_key, spend_report
 from worker._limiter import RedisRateLimiter
 from worker._settings import Settings
-from worker.store import DeadLetter, RedisDeadLetters, RedisJobStats, StoreKeyTypeError
+from worker.store import DeadLetter, RedisDeadLetters, RedisJobStats, StoreKeyTypeError, check_list
 
 __all__ = ["broker_status", "dead_letters", "requeue_dead_letters", "store_status"]
 
 
 def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, Any]:
-    """The broker's side: queue depth, unacked deliveries, the workers that answer a ping."""
+    """The broker's side: queue depth, unacked deliveries, the workers that answer a ping. The
+    queue's list of another Redis type leaves its depth unknown (None), named in ``refused_keys``."""
     tls = settings.tls.redis_kwargs(settings.broker_url)  # rediss:// verifies, as the workers do
     broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=2, socket_timeout=2, **tls)
+    refused: list[str] = []
     try:
         broker.ping()
-        depth = int(broker.llen(settings.queue))
-        unacked = int(broker.hlen("unacked"))
+        depth: int | None = None
+        try:
+            check_list(broker, settings.queue)
+            depth = int(broker.llen(settings.queue))
+        except StoreKeyTypeError as exc:
+            refused.append(f"the broker's queue: {exc}")
+        # (a workers' unacked hash of another type is repaired by the next worker that uses it)
+        unacked = int(broker.hlen("unacked")) if broker.type("unacked") in (b"none", b"hash") else None
     finally:
         broker.close()
     from celery import Celery
@@ -53,6 +61,7 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
         "queue_depth": depth,
         "unacked": unacked,
         "workers": sorted(replies),
+        "refused_keys": refused,
     }
 
 

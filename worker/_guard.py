@@ -16,7 +16,9 @@ two places where it still is raw bytes:
 Broadcasts (Celery's remote control on Redis pub/sub) are screened where the channel reads them
 (``screen_broadcast``): refused ones are logged and counted, never dead-lettered. kombu's own
 keys and its record of unacknowledged messages are kept whole (``check_broker_keys`` at start,
-``_GuardedQoS`` while running), so a message taken off the list is not lost with them.
+``_GuardedQoS`` while running), so a message taken off the list is not lost with them. The
+queue's list of another Redis type is never touched: the worker refuses to start, or stops (its
+BRPOP), and a message to put back stays in the unacked record until the key is moved aside.
 
 A refused message is acked and becomes exactly one dead letter (reason + what was wrong, never
 the body: it holds agent content); a redelivery of the same message (same delivery tag) finds its
@@ -32,6 +34,7 @@ import hashlib
 import json
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
+from celery.exceptions import WorkerShutdown
 from celery.worker.consumer import Consumer
 from kombu.transport import redis as _kombu_redis
 from kombu.transport import virtual as _kombu_virtual
@@ -47,7 +51,7 @@ from kombu.transport import virtual as _kombu_virtual
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME
 from worker._settings import Settings
 from worker.metrics import observe_broadcast_refused
-from worker.store import DeadLetter, StoreKeyTypeError, SyncRedisDeadLetters, checked, dead_letter_id
+from worker.store import DeadLetter, StoreKeyTypeError, SyncRedisDeadLetters, check_list, checked, dead_letter_id
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
@@ -347,6 +351,46 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
         self._checked(lambda: super(_GuardedQoS, self).restore_visible(*args, **kwargs))
 
+    def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
+        """kombu's, except that a message whose queue key holds another Redis type stays in the
+        unacked record (``message_restore_held``) for a later sweep: kombu took it out of the
+        record and then failed to push it, in one transaction, and the message was gone."""
+        channel: _GuardedChannel = self.channel
+
+        def restore_transaction(pipe: Any) -> None:
+            raw = pipe.hget(self.unacked_key, tag)
+            if raw:
+                payload, exchange, routing_key = kombu_redis.loads(kombu_redis.bytes_to_str(raw))  # as kombu's
+                try:
+                    keys = channel._restore_keys(payload, exchange, routing_key)
+                except channel.connection_errors:
+                    raise
+                except Exception as exc:  # kombu logged the whole message here, and dropped it
+                    log.warning("message_restore_held", delivery_tag=_token(tag), error=type(exc).__name__)
+                    return
+                pipe.watch(*keys)  # a type change before EXEC makes redis-py run this again
+                refused = _refused_list(pipe, keys)
+                if refused is not None:
+                    log.warning("message_restore_held", delivery_tag=_token(tag), key=refused.key, found=refused.found)
+                    return
+            pipe.multi()
+            self._remove_from_indices(tag, pipe)
+            if raw:
+                channel._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
+
+        with channel.conn_or_acquire(client) as client:
+            client.transaction(restore_transaction, self.unacked_key)
+
+
+def _refused_list(client: Any, keys: list[str]) -> StoreKeyTypeError | None:
+    """Why the first of ``keys`` (kombu's queue lists) holding another Redis type is refused."""
+    try:
+        for key in keys:
+            check_list(client, key)
+    except StoreKeyTypeError as exc:
+        return exc
+    return None
+
 
 def check_broker_keys(client: redis.Redis, queue: str) -> None:
     """kombu's keys on the broker as kombu keeps them, before a worker consumes: one of another
@@ -354,10 +398,7 @@ def check_broker_keys(client: redis.Redis, queue: str) -> None:
     ``queue``'s list holds messages: of another type it is refused (``StoreKeyTypeError``, for
     the operator to move aside); the binding tables and the unacked record hold no message when
     of another type, and kombu rebuilds them: repaired (``store_keys_repaired``)."""
-    found = client.type(queue)
-    found = found.decode() if isinstance(found, bytes) else str(found)
-    if found not in ("none", "list"):
-        raise StoreKeyTypeError(queue, found, "list")
+    check_list(client, queue)
     channel = kombu_redis.Channel
     rebuilt = [
         *((channel.keyprefix_queue % exchange, "set") for exchange in (queue, "celery.pidbox")),
@@ -388,16 +429,47 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
     def _push_back_held(self) -> None:
         with _held_lock:
             held, _held[:] = list(_held), []
+        kept: list[tuple[dict[str, Any], str, str]] = []
         try:
             with self.conn_or_acquire() as client, client.pipeline() as pipe:
                 for payload, exchange, routing_key in held:
+                    refused = _refused_list(client, self._restore_keys(payload, exchange, routing_key))
+                    if refused is not None:
+                        kept.append((payload, exchange, routing_key))  # (this poll's BRPOP stops the worker)
+                        continue
                     self._do_restore_message(payload, exchange, routing_key, pipe)
                 pipe.execute()
         except self.connection_errors:
             with _held_lock:
                 _held[:0] = held  # still away: the next poll tries again
             return
-        log.info("held_messages_requeued", messages=len(held))
+        with _held_lock:
+            _held[:0] = kept
+        if len(held) > len(kept):
+            log.info("held_messages_requeued", messages=len(held) - len(kept), still_held=len(kept))
+
+    def _restore_keys(self, payload: dict[str, Any], exchange: str, routing_key: str) -> list[str]:
+        """The list keys kombu's ``_do_restore_message`` pushes ``payload`` to."""
+        priority = self._get_message_priority(payload, reverse=False)
+        return [self._q_for_pri(queue, priority) for queue in self._lookup(exchange, routing_key)]
+
+    def _brpop_read(self, **options: Any) -> Any:
+        """kombu's; a queue key of another Redis type (set while the queue was empty) stops the
+        worker as it would have refused to start: one line, the key kept, the running tasks
+        finished (a warm shutdown). It ended with "Unrecoverable error" and a traceback."""
+        try:
+            return super()._brpop_read(**options)
+        except redis.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in self.active_queues]
+            with self.conn_or_acquire() as client:
+                refused = _refused_list(client, keys)
+            if refused is None:
+                raise  # (moved aside meanwhile: kombu's own error, and Celery's restart)
+            log.critical("worker_stopped", reason="queue_key_wrong_type", key=refused.key, found=refused.found)
+            sys.stderr.write(f"tracescore worker stopped: the broker's queue: {refused}\n")
+            raise WorkerShutdown(1) from None
 
     def _entry_limit(self) -> int:
         # the app's settings, through its broker transport options (see configure_app)

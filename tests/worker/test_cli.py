@@ -180,6 +180,39 @@ def test_status_names_a_refused_key_and_shows_the_rest(env: str, capsys: pytest.
         client.close()
 
 
+def test_a_queue_key_of_another_type_is_named_by_status_and_refused_by_backfill(
+    env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The queue's own key holding another Redis type: `status` answered "broker unreachable"
+    (WRONGTYPE) and `backfill` failed on its first publish with Redis' bare WRONGTYPE. Now status
+    shows the rest with the depth unknown and the key named; backfill refuses before it starts
+    a job, naming the key. The key is left as it is."""
+    from worker._keys import backfill_state_key
+
+    client = redis.Redis.from_url(env)
+    client.set("tracescore", "someone else's")
+    try:
+        assert main(["status", "--json", "--timeout", "0.3"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["queue_depth"] is None
+        assert status["unacked"] == 0
+        (refused,) = status["refused_keys"]
+        assert refused.startswith("the broker's queue: Redis key tracescore holds a string")
+        assert main(["status", "--timeout", "0.3"]) == 0
+        assert "queue depth unknown waiting" in capsys.readouterr().out
+
+        examples = ROOT / "examples" / "traces"
+        assert main(["backfill", str(examples), "--scorers", "examples.scorers"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("Error: the broker's queue: Redis key tracescore holds a string"), err
+        assert len(err.strip().splitlines()) == 1
+        assert "someone else's" not in err
+        assert client.keys(backfill_state_key("*")) == []  # no job was started
+        assert client.get("tracescore") == b"someone else's"
+    finally:
+        client.close()
+
+
 def test_worker_command_starts_a_worker_that_scores(redis_url: str, tmp_path: Path) -> None:
     """`tracescore worker` says which broker it uses, starts, and scores what is queued."""
     scores = tmp_path / "scores.jsonl"

@@ -208,3 +208,67 @@ def test_a_queue_key_of_another_type_stops_the_worker_with_one_line_and_is_kept(
         assert client.get("tracescore") == b"someone else's"
     finally:
         client.close()
+
+
+def test_a_queue_key_that_changes_type_under_a_running_worker_stops_it_and_loses_nothing(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The queue's list replaced by another type while a worker runs (another program's key of
+    the same name, set while the queue was empty). The worker ended with "Unrecoverable error"
+    and a traceback, and the message it had to put back (a retry it could not publish, or one it
+    held for its ETA) was taken out of the unacked record and pushed nowhere: gone. Now it stops
+    with the start's one line, the key is left as it is, the message stays in the unacked record
+    (named in ``message_restore_held``, never its content), and once the key is moved aside a new
+    worker's sweep brings it back: one dead letter, nothing lost, nothing twice."""
+    from tests.worker.test_hostile_messages import QUEUE, envelope, task_body
+
+    client = redis.Redis.from_url(redis_url)
+    # A refused dead-letter list keeps the message going round (dead_letter_refused, then a
+    # retry with an ETA): the retry is in flight whenever the queue key changes.
+    client.set(_keys.dlq_key(), "someone else's")
+    env = {
+        "TRACESCORE_RETRY_BACKOFF_SECONDS": "1",
+        "TRACESCORE_MAX_ETA_SECONDS": "2",
+        "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
+        "TRACESCORE_TASK_TIME_LIMIT": "5",
+        "TRACESCORE_VISIBILITY_TIMEOUT": "10",
+        "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+    }
+    first = WorkerProcess("queuetype", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl", env=env)
+    second: WorkerProcess | None = None
+    try:
+        first.wait_ready()
+        _, invalid = envelope(task_body([{"batch_id": "retyped", "requests": [{"run": 42}]}]))
+        client.lpush(QUEUE, invalid)
+        assert wait_for(lambda: "dead_letter_refused" in first.text(), 60), first.text()[-3000:]
+        # Set only while the queue is empty (no list there): nothing of the queue's is overwritten.
+        assert wait_for(lambda: bool(client.set(QUEUE, "someone's", nx=True)), 30)
+
+        assert wait_for(lambda: first.proc.poll() is not None, 60), first.text()[-3000:]
+        log = first.text()
+        assert first.proc.returncode == 1, log[-3000:]
+        assert "tracescore worker stopped: the broker's queue: Redis key tracescore holds a string" in log
+        assert "Unrecoverable error" not in log
+        assert "message_restore_held" in log
+        assert "someone's" not in log
+        assert '"run": 42' not in log  # the message's content: neither restored nor logged
+        assert "Could not restore" not in log
+        assert client.get(QUEUE) == b"someone's"  # left as it is
+        assert client.hlen("unacked") == 1, log[-3000:]  # the message, kept where the sweep finds it
+
+        client.rename(QUEUE, "queue-moved-aside")
+        client.rename(_keys.dlq_key(), "dlq-moved-aside")
+        second = WorkerProcess("queuetype2", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl", env=env)
+        second.wait_ready()
+        assert wait_for(lambda: len(_dlq(client)) == 1, 90), second.text()[-3000:]
+        (letter,) = _dlq(client)
+        assert letter.reason == "invalid_payload"
+        assert letter.batch_id == "retyped"
+        assert wait_for(lambda: client.llen(QUEUE) == 0 and client.hlen("unacked") == 0, 60), second.text()[-3000:]
+        assert len(_dlq(client)) == 1
+        assert second.proc.poll() is None
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        client.close()

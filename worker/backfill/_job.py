@@ -716,6 +716,9 @@ def _run_redis(
     except redis.exceptions.RedisError as exc:
         submitter.close()
         raise CliError(f"cannot reach Redis at {redact(settings.broker_url)}: {exc}") from exc
+    except StoreKeyTypeError as exc:
+        submitter.close()
+        raise CliError(f"the broker's queue: {exc}") from exc
     job_store = RedisJobStore(submitter.store)
     verb = "resuming" if resumed else "starting"
     reporter.message(

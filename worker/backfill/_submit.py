@@ -18,6 +18,7 @@ import redis
 from tracing.queue import Backpressure, Publisher, ScoreBatch
 from worker._keys import job_key
 from worker._settings import Settings
+from worker.store import check_list
 
 __all__ = ["RedisSubmitter"]
 
@@ -75,15 +76,21 @@ class RedisSubmitter:
         return self._publisher.throttled_s
 
     def ping(self) -> None:
-        """Raises ``redis.exceptions.ConnectionError`` when the broker or the store is down."""
+        """Raises ``redis.exceptions.ConnectionError`` when the broker or the store is down, and
+        ``StoreKeyTypeError`` when the queue's key holds another Redis type."""
         if self._broker is not None:
             self._broker.ping()
+            check_list(self._broker, self.queue)
         self.store.ping()
 
     def pending(self) -> int:
         if self._broker is None:
             return 0
-        return int(self._broker.llen(self.queue))
+        try:
+            return int(self._broker.llen(self.queue))
+        except redis.exceptions.ResponseError:
+            check_list(self._broker, self.queue)  # names the key when it changed type meanwhile
+            raise
 
     def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
         """Publish ``batch`` (its requests already JSON when ``requests_json`` is given, in order,

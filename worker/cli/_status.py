@@ -1,9 +1,9 @@
 """``tracescore status``: queue depth, live workers, rate-limit state, recent failures, and each
 score sink's delivered / pending / failed.
 
-Exit code 1 when the broker cannot be reached, so it doubles as a health check. A key of the
-store holding another Redis type (the dead-letter list, a sink's queue) leaves its figure unknown
-(``null``) and is named under ``refused_keys``; the rest is shown.
+Exit code 1 when the broker cannot be reached, so it doubles as a health check. A key holding
+another Redis type (the queue's list, the dead-letter list, a sink's queue) leaves its figure
+unknown (``null``) and is named under ``refused_keys``; the rest is shown.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) 
     except (RedisError, OSError) as exc:
         raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {redact(str(exc))}") from exc
     try:
-        status.update(asyncio.run(store_status(settings)))
+        store = asyncio.run(store_status(settings))
     except (RedisError, OSError) as exc:
         raise CliError(f"score store unreachable at {redact(settings.store_url)}: {redact(str(exc))}") from exc
+    status.update(store, refused_keys=status["refused_keys"] + store["refused_keys"])
     try:
         status["sinks"] = _sink_counts(settings)
     except StoreKeyTypeError as exc:  # a sink's queue of another type: say so, show the rest
@@ -77,7 +78,8 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
         click.echo(json.dumps(status, sort_keys=True))
         return
     click.echo(f"broker      {status['broker']}  (queue {status['queue']})")
-    click.echo(f"queue depth {status['queue_depth']} waiting, {status['unacked']} in progress (unacked)")
+    depth, unacked = (_known(status[k]) for k in ("queue_depth", "unacked"))
+    click.echo(f"queue depth {depth} waiting, {unacked} in progress (unacked)")
     workers = status["workers"]
     click.echo(f"workers     {len(workers)}" + (f": {', '.join(workers)}" if workers else " (none answered the ping)"))
     limits = status["rate_limits"]
@@ -93,8 +95,7 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
     _echo_spend(status["spend"])
     letters = sorted(status["dead_letters_by_reason"].items(), key=lambda kv: -kv[1])
     by_reason = ", ".join(f"{k}={v}" for k, v in letters)
-    count = "unknown" if status["dead_letters"] is None else status["dead_letters"]
-    click.echo(f"dead letters {count}" + (f" ({by_reason})" if by_reason else ""))
+    click.echo(f"dead letters {_known(status['dead_letters'])}" + (f" ({by_reason})" if by_reason else ""))
     for name, counts in sorted((status["sinks"] or {}).items()):
         click.echo(
             f"sink        {name}: {counts['delivered']} delivered, {counts['pending']} pending, "
@@ -105,6 +106,10 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
         click.echo("sinks       none drained yet")
     for problem in status["refused_keys"]:
         click.echo(f"refused key {problem}")
+
+
+def _known(count: int | None) -> str:
+    return "unknown" if count is None else str(count)
 
 
 def _echo_spend(spend: dict[str, Any]) -> None:

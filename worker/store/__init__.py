@@ -26,7 +26,7 @@ from worker._reconnect import StoreUnavailableError
 from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters, SyncRedisDeadLetters, dead_letter_id
 from worker.store._deliveries import END_WAIT_S, DeliveryLog, new_token
 from worker.store._jobs import JobStats, RedisJobStats
-from worker.store._keytypes import StoreKeyTypeError, checked
+from worker.store._keytypes import StoreKeyTypeError, check_list, checked
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
 from worker.store._outbox import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter, SinkState
 from worker.store._scores import RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
@@ -54,6 +54,7 @@ __all__ = [
     "StoreKeyTypeError",
     "StoreUnavailableError",
     "SyncRedisDeadLetters",
+    "check_list",
     "checked",
     "claim",
     "dead_letter_id",

@@ -150,6 +150,16 @@ def _mend_verdict(exc: ResponseError, answer: ResponseError | None) -> list[str]
     return keys
 
 
+def check_list(client: Any, key: str) -> None:
+    """Raises ``StoreKeyTypeError`` when ``key`` holds another Redis type than a list (absent is
+    fine): for lists that hold messages (the broker's queue), which are never repaired. One TYPE,
+    with the synchronous client."""
+    found = client.type(key)
+    found = found.decode() if isinstance(found, bytes) else str(found)
+    if found not in ("none", "list"):
+        raise StoreKeyTypeError(key, found, "list")
+
+
 def checked(client: Any, where: str, checks: Iterable[Check], call: Callable[[], T]) -> T:
     """``call()`` (synchronous), with a wrong-typed key among ``checks`` repaired or refused."""
     names, args = _mend_args(list(checks))
