@@ -51,7 +51,15 @@ from kombu.transport import virtual as _kombu_virtual
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME
 from worker._settings import Settings
 from worker.metrics import observe_broadcast_refused
-from worker.store import DeadLetter, StoreKeyTypeError, SyncRedisDeadLetters, check_list, checked, dead_letter_id
+from worker.store import (
+    DeadLetter,
+    StoreKeyTypeError,
+    SyncRedisDeadLetters,
+    check_list,
+    checked,
+    dead_letter_id,
+    release_stuck_lock,
+)
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
@@ -349,6 +357,9 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
         self._checked(lambda: super(_GuardedQoS, self).reject(delivery_tag, requeue=requeue))
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
+        # A lock nobody can take turned the sweep off for good, without a word.
+        with self.channel.conn_or_acquire() as client:
+            release_stuck_lock(client, "unacked_mutex", self.unacked_mutex_key)
         self._checked(lambda: super(_GuardedQoS, self).restore_visible(*args, **kwargs))
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:

@@ -4,12 +4,15 @@ can rebuild are repaired and the batch is scored and counted once."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from tests._redis import RedisServer
-from tests.worker._batches import batch
+from tests.worker._batches import batch, payload
 from tests.worker._workers import WorkerProcess, failed_start, read_scores, wait_for
 from tracing import CelerySink
 from worker import _keys
@@ -271,4 +274,53 @@ def test_a_queue_key_that_changes_type_under_a_running_worker_stops_it_and_loses
         first.stop()
         if second is not None:
             second.stop()
+        client.close()
+
+
+@pytest.mark.parametrize("stuck", ["string without expiry", "hash"])
+def test_a_stuck_restore_lock_is_released_and_a_dead_workers_message_comes_back(
+    redis_url: str, tmp_path: Path, stuck: str
+) -> None:
+    """kombu's ``unacked_mutex`` guards the sweep that puts a dead worker's messages back. A lock
+    that can never be taken (a value without expiry, left by an older kombu that set it in two
+    commands, or a key of another type) turned the sweep off without a word, and those messages
+    stayed in the unacked hash for good. It guards no data: released (``store_keys_repaired``,
+    where ``unacked_mutex``), and the message is scored."""
+    from tests.worker.test_hostile_messages import QUEUE, envelope, task_body
+
+    client = redis.Redis.from_url(redis_url)
+    scores = tmp_path / "scores.jsonl"
+    worker = WorkerProcess(
+        "mutex",
+        redis_url,
+        tmp_path,
+        scores_path=scores,
+        env={
+            "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
+            "TRACESCORE_TASK_TIME_LIMIT": "5",
+            "TRACESCORE_VISIBILITY_TIMEOUT": "10",
+            "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+        },
+    )
+    try:
+        worker.wait_ready()
+        if stuck == "hash":
+            client.hset("unacked_mutex", "someone", "else's")
+        else:
+            client.set("unacked_mutex", "someone else's")
+        # What a worker SIGKILLed mid-batch leaves: its message in the unacked hash, taken long ago.
+        tag, entry = envelope(task_body([payload(range(2), ["length"], salt="orphan")]))
+        client.hset("unacked", tag, json.dumps([json.loads(entry), "", QUEUE]))
+        client.zadd("unacked_index", {tag: time.time() - 3600})
+
+        assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
+        assert wait_for(lambda: client.hlen("unacked") == 0, 30)
+        log = worker.text()
+        assert "store_keys_repaired" in log
+        assert "where=unacked_mutex" in log
+        assert "else's" not in log
+        assert client.type("unacked_mutex") in (b"none", b"string")
+        assert client.ttl("unacked_mutex") != -1  # a lock of kombu's own again, or none
+    finally:
+        worker.stop()
         client.close()

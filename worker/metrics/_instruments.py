@@ -136,7 +136,8 @@ RECORDED: Final = (
         "counter",
         ("where",),
         "Keys of ours found holding another Redis type and deleted so the store rebuilds them, by the "
-        "store path that found them (a refused key raises StoreKeyTypeError instead)",
+        "store path that found them (a refused key raises StoreKeyTypeError instead); unacked_mutex: "
+        "kombu's restore lock, released when nobody could ever take it",
     ),
     MetricSpec(
         "tracescore_broadcasts_refused",

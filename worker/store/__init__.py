@@ -26,7 +26,7 @@ from worker._reconnect import StoreUnavailableError
 from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters, SyncRedisDeadLetters, dead_letter_id
 from worker.store._deliveries import END_WAIT_S, DeliveryLog, new_token
 from worker.store._jobs import JobStats, RedisJobStats
-from worker.store._keytypes import StoreKeyTypeError, check_list, checked
+from worker.store._keytypes import StoreKeyTypeError, check_list, checked, release_stuck_lock
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
 from worker.store._outbox import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter, SinkState
 from worker.store._scores import RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
@@ -61,4 +61,5 @@ __all__ = [
     "delivery_owner",
     "new_token",
     "process_owner",
+    "release_stuck_lock",
 ]

@@ -150,6 +150,28 @@ def _mend_verdict(exc: ResponseError, answer: ResponseError | None) -> list[str]
     return keys
 
 
+# A lock no holder can ever release: a key of another type, or a value without expiry (every
+# lock of kombu's expires; an older kombu set the value and its expiry in two commands). Deleted
+# in one step, so a lock taken meanwhile is never the one deleted. Returns 1 when it was.
+_RELEASE_STUCK_LOCK = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' or (kind == 'string' and redis.call('PTTL', KEYS[1]) ~= -1) then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
+def release_stuck_lock(client: Any, where: str, key: str) -> bool:
+    """Delete lock ``key`` (kombu's ``unacked_mutex``) when nobody can ever take it again, as a
+    repair (counted, logged with ``where``); it guards no data. One EVAL, synchronous client."""
+    if client.eval(_RELEASE_STUCK_LOCK, 1, key):
+        _note(where, [key])
+        return True
+    return False
+
+
 def check_list(client: Any, key: str) -> None:
     """Raises ``StoreKeyTypeError`` when ``key`` holds another Redis type than a list (absent is
     fine): for lists that hold messages (the broker's queue), which are never repaired. One TYPE,
