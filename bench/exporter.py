@@ -168,12 +168,9 @@ def run_once(
     if kind == "noop":
         exporter = NoopExporter()
     else:
-        rule = ScoringRule(
-            ["helpfulness"], sample_rate=sample_rate, filter=(lambda run: True) if with_filter else None
-        )
+        rule = ScoringRule(["helpfulness"], sample_rate=sample_rate, filter=(lambda run: True) if with_filter else None)
         sink = CappedSink(sent) if capped else CallbackSink(count)
-        exporter = ScoringSpanExporter([rule], sink, grace_s=0.0,
-                                       flush_interval_s=0.05, max_traces=4096)
+        exporter = ScoringSpanExporter([rule], sink, grace_s=0.0, flush_interval_s=0.05, max_traces=4096)
     provider = TracerProvider(resource=Resource.create({"service.name": "bench-app"}))
     processor = BatchSpanProcessor(exporter, max_queue_size=n * 6 + 1, schedule_delay_millis=100)
     provider.add_span_processor(processor)
@@ -227,7 +224,7 @@ def main() -> None:
     for i in range(args.rounds):
         # Interleaved, so a busy neighbour hurts all alike; the order rotates each round, so no
         # variant always runs right after another (GC state, caches, CPU frequency drift).
-        for key in order[i % len(order):] + order[: i % len(order)]:
+        for key in order[i % len(order) :] + order[: i % len(order)]:
             kind, rate, with_filter, capped = kinds[key]
             r = run_once(kind, args.traces, rate, with_filter=with_filter, capped=capped)
             cpu[key].append(r["cpu_us_per_trace"])
@@ -282,8 +279,10 @@ def main() -> None:
     }
     print(f"no-op pipeline : {noop:8.1f} us CPU per trace (of which GC {gc_med['noop']:.1f})")
     print(f"with exporter  : {ours:8.1f} us CPU per trace (of which GC {gc_med['ours']:.1f}), +{ours - noop:.1f} us")
-    print(f"ratio          : {ratio:.3f}  (target <= 1.3: {'met' if ratio <= 1.3 else 'NOT met'}); "
-          f"fastest rounds {best['ours'] / best['noop']:.3f}, median of per-round ratios {paired:.3f}")
+    print(
+        f"ratio          : {ratio:.3f}  (target <= 1.3: {'met' if ratio <= 1.3 else 'NOT met'}); "
+        f"fastest rounds {best['ours'] / best['noop']:.3f}, median of per-round ratios {paired:.3f}"
+    )
     print(f"with a filter  : {filtered:8.1f} us CPU per trace, ratio {filtered / noop:.3f} (run read in the app)")
     print(f"sample_rate 0.1: {sampled:8.1f} us CPU per trace, ratio {sampled / noop:.3f}")
     print(f"capped sink    : {capped_med:8.1f} us CPU per trace, ratio {capped_med / noop:.3f} (requests encoded)")

@@ -55,9 +55,7 @@ def _batch(message: dict[str, Any]) -> ScoreBatch:
 def test_message_is_a_celery_task(own_redis: RedisServer) -> None:
     """A sent batch is a JSON Celery protocol-2 message for tracescore.score_batch."""
     clock = FakeClock()
-    exp = ScoringSpanExporter(
-        [ScoringRule(["helpfulness"])], CelerySink(own_redis.url(DB), queue=QUEUE), clock=clock
-    )
+    exp = ScoringSpanExporter([ScoringRule(["helpfulness"])], CelerySink(own_redis.url(DB), queue=QUEUE), clock=clock)
     try:
         rec = Recorder()
         trace_id = agent_trace(rec, question="Where is my order?")
@@ -77,9 +75,7 @@ def test_broker_down_then_back(own_redis: RedisServer) -> None:
     """Redis stops while spans flow: nothing raises, the app goes on, and the runs arrive later."""
     clock = FakeClock()
     sink = CelerySink(own_redis.url(DB), queue=QUEUE, connect_timeout_s=0.5, publish_timeout_s=0.5)
-    exp = ScoringSpanExporter(
-        [ScoringRule(["s"])], sink, retry_initial_s=0.05, retry_max_s=0.3, clock=clock
-    )
+    exp = ScoringSpanExporter([ScoringRule(["s"])], sink, retry_initial_s=0.05, retry_max_s=0.3, clock=clock)
     try:
         first = Recorder()
         ids = [agent_trace(first, question="before")]

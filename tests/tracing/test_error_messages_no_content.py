@@ -367,7 +367,8 @@ def test_backfill_log_of_a_planner_crash_holds_no_content(monkeypatch: pytest.Mo
     examples = Path(__file__).resolve().parents[2] / "examples" / "traces"
     with _everything_logged() as lines:
         result = CliRunner().invoke(
-            cli, ["backfill", str(examples), "--scorers", "tests.backfill.scorers", "--json"],
+            cli,
+            ["backfill", str(examples), "--scorers", "tests.backfill.scorers", "--json"],
             env={"TRACESCORE_BROKER_URL": ""},
         )
     assert result.stdout.strip(), result.output

@@ -13,8 +13,26 @@ from tracing import TraceReadError, trace_to_run
 
 _scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
 _keys = st.sampled_from(
-    ["role", "parts", "type", "content", "text", "id", "name", "arguments", "response", "tool_calls",
-     "function", "toolCallId", "toolName", "input", "output", "messages", "tag", "value"]
+    [
+        "role",
+        "parts",
+        "type",
+        "content",
+        "text",
+        "id",
+        "name",
+        "arguments",
+        "response",
+        "tool_calls",
+        "function",
+        "toolCallId",
+        "toolName",
+        "input",
+        "output",
+        "messages",
+        "tag",
+        "value",
+    ]
 )
 _json: Any = st.recursive(
     _scalars | st.sampled_from(["user", "assistant", "system", "tool", "text", "tool_call", "tool-call"]),
@@ -33,8 +51,10 @@ _part = st.one_of(
     st.fixed_dictionaries({"type": st.text(max_size=6)}),
 )
 _message = st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "assistant", "assistant", "system", "tool", "developer", "bot"]),
-     "parts": st.lists(_part, max_size=3)}
+    {
+        "role": st.sampled_from(["user", "assistant", "assistant", "system", "tool", "developer", "bot"]),
+        "parts": st.lists(_part, max_size=3),
+    }
 )
 _messages = st.lists(_message, min_size=1, max_size=4) | st.lists(_message, max_size=4) | _json
 

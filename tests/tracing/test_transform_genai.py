@@ -121,14 +121,17 @@ def test_result_from_next_llm_input_when_no_tool_span() -> None:
 def test_no_agent_scores_the_outermost_llm_span() -> None:
     """A trace with only a chat span is scored on that span."""
     rec = Recorder()
-    with rec.span("web request"), rec.span(
-        "chat m",
-        {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.input.messages": genai_messages(("system", "Be brief."), ("user", "2+2?")),
-            "gen_ai.output.messages": genai_messages(("assistant", "4")),
-        },
-    ) as span:
+    with (
+        rec.span("web request"),
+        rec.span(
+            "chat m",
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.input.messages": genai_messages(("system", "Be brief."), ("user", "2+2?")),
+                "gen_ai.output.messages": genai_messages(("assistant", "4")),
+            },
+        ) as span,
+    ):
         chat_id = format(span.get_span_context().span_id, "016x")
     run = trace_to_run(rec.spans())
     assert run.identity.span_id == chat_id
@@ -162,16 +165,19 @@ def test_tagged_system_messages() -> None:
 def test_plain_text_system_instructions() -> None:
     """gen_ai.system_instructions as plain text (Mastra writes it so) is one system message."""
     rec = Recorder()
-    with rec.span(
-        "invoke_agent a",
-        {"gen_ai.operation.name": "invoke_agent", "gen_ai.system_instructions": "Answer in French."},
-    ), rec.span(
-        "chat m",
-        {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.input.messages": genai_messages(("user", "Hi")),
-            "gen_ai.output.messages": genai_messages(("assistant", "Salut")),
-        },
+    with (
+        rec.span(
+            "invoke_agent a",
+            {"gen_ai.operation.name": "invoke_agent", "gen_ai.system_instructions": "Answer in French."},
+        ),
+        rec.span(
+            "chat m",
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.input.messages": genai_messages(("user", "Hi")),
+                "gen_ai.output.messages": genai_messages(("assistant", "Salut")),
+            },
+        ),
     ):
         pass
     run = trace_to_run(rec.spans())

@@ -12,44 +12,48 @@ from tracing import trace_to_run
 def test_mastra_observability_exporter_shape() -> None:
     """Current @mastra/otel-exporter: gen_ai.* on model spans, mastra.agent_run.* on the agent."""
     rec = Recorder(scope="@mastra/otel")
-    with rec.span(
-        "invoke_agent Weather Agent",
-        {
-            "mastra.span.type": "agent_run",
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.id": "weatherAgent",
-            "gen_ai.agent.name": "Weather Agent",
-            "gen_ai.conversation.id": "thread-1",
-            "gen_ai.system_instructions": "You report the weather.",
-            "mastra.agent_run.input": json.dumps([{"role": "user", "content": "Weather in Oslo?"}]),
-            "mastra.agent_run.output": json.dumps({"text": "Oslo: 3°C and snowing."}),
-        },
-    ), rec.span(
-        "chat gpt-4o-mini",
-        {
-            "mastra.span.type": "model_generation",
-            "gen_ai.operation.name": "chat",
-            "gen_ai.request.model": "gpt-4o-mini",
-            "gen_ai.input.messages": json.dumps(
-                [
-                    {"role": "system", "parts": [{"type": "text", "content": "You report the weather."}]},
-                    {"role": "user", "parts": [{"type": "text", "content": "Weather in Oslo?"}]},
-                ]
-            ),
-            "gen_ai.output.messages": json.dumps(
-                [{"role": "assistant", "parts": [{"type": "text", "content": "Oslo: 3°C and snowing."}]}]
-            ),
-        },
-    ), rec.span(
-        "execute_tool weatherTool",
-        {
-            "mastra.span.type": "tool_call",
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "weatherTool",
-            "gen_ai.tool.call.id": "call_w",
-            "gen_ai.tool.call.arguments": '{"city":"Oslo"}',
-            "gen_ai.tool.call.result": '{"temp":3}',
-        },
+    with (
+        rec.span(
+            "invoke_agent Weather Agent",
+            {
+                "mastra.span.type": "agent_run",
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.id": "weatherAgent",
+                "gen_ai.agent.name": "Weather Agent",
+                "gen_ai.conversation.id": "thread-1",
+                "gen_ai.system_instructions": "You report the weather.",
+                "mastra.agent_run.input": json.dumps([{"role": "user", "content": "Weather in Oslo?"}]),
+                "mastra.agent_run.output": json.dumps({"text": "Oslo: 3°C and snowing."}),
+            },
+        ),
+        rec.span(
+            "chat gpt-4o-mini",
+            {
+                "mastra.span.type": "model_generation",
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": "gpt-4o-mini",
+                "gen_ai.input.messages": json.dumps(
+                    [
+                        {"role": "system", "parts": [{"type": "text", "content": "You report the weather."}]},
+                        {"role": "user", "parts": [{"type": "text", "content": "Weather in Oslo?"}]},
+                    ]
+                ),
+                "gen_ai.output.messages": json.dumps(
+                    [{"role": "assistant", "parts": [{"type": "text", "content": "Oslo: 3°C and snowing."}]}]
+                ),
+            },
+        ),
+        rec.span(
+            "execute_tool weatherTool",
+            {
+                "mastra.span.type": "tool_call",
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "weatherTool",
+                "gen_ai.tool.call.id": "call_w",
+                "gen_ai.tool.call.arguments": '{"city":"Oslo"}',
+                "gen_ai.tool.call.result": '{"temp":3}',
+            },
+        ),
     ):
         pass
     run = trace_to_run(rec.spans())

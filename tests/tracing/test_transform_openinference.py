@@ -72,8 +72,11 @@ def test_agent_with_llm_and_tool_spans() -> None:
                 "openinference.span.kind": "LLM",
                 **_msgs(
                     "llm.output_messages",
-                    {"role": "assistant", "contents.0.message_content.type": "text",
-                     "contents.0.message_content.text": "6*7 is 42."},
+                    {
+                        "role": "assistant",
+                        "contents.0.message_content.type": "text",
+                        "contents.0.message_content.text": "6*7 is 42.",
+                    },
                 ),
             },
         ):
@@ -120,8 +123,12 @@ def test_tool_span_without_recorded_call() -> None:
             if answer == "Searching.":
                 with rec.span(
                     "search",
-                    {"openinference.span.kind": "TOOL", "tool.name": "search",
-                     "input.value": '{"q": "file"}', "output.value": "a.txt"},
+                    {
+                        "openinference.span.kind": "TOOL",
+                        "tool.name": "search",
+                        "input.value": '{"q": "file"}',
+                        "output.value": "a.txt",
+                    },
                 ):
                     pass
     run = trace_to_run(rec.spans())
@@ -135,13 +142,16 @@ def test_tool_span_without_recorded_call() -> None:
 def test_chain_root_scores_its_llm() -> None:
     """A CHAIN root is not an agent: the outermost LLM span under it is the target."""
     rec = Recorder()
-    with rec.span("RunnableSequence", {"openinference.span.kind": "CHAIN", "input.value": "q"}), rec.span(
-        "llm",
-        {
-            "openinference.span.kind": "LLM",
-            **_msgs("llm.input_messages", {"role": "user", "content": "q"}),
-            **_msgs("llm.output_messages", {"role": "assistant", "content": "a"}),
-        },
+    with (
+        rec.span("RunnableSequence", {"openinference.span.kind": "CHAIN", "input.value": "q"}),
+        rec.span(
+            "llm",
+            {
+                "openinference.span.kind": "LLM",
+                **_msgs("llm.input_messages", {"role": "user", "content": "q"}),
+                **_msgs("llm.output_messages", {"role": "assistant", "content": "a"}),
+            },
+        ),
     ):
         pass
     run = trace_to_run(rec.spans())

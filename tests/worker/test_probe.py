@@ -154,9 +154,9 @@ def test_worker_with_a_blocked_loop_is_not_live(redis_url: str, tmp_path: Path, 
         sink.send(batch(range(1, 2), ["blocker"], salt=f"wedged-{pool}"))
         sink.close()
         assert wait_for(lambda: _starts(calls) >= 1, 30), worker.text()[-3000:]
-        assert wait_for(
-            lambda: _probe("live", "--dir", str(probe_dir), "--max-age", MAX_AGE_S).exit_code == 1, 15
-        ), worker.text()[-3000:]
+        assert wait_for(lambda: _probe("live", "--dir", str(probe_dir), "--max-age", MAX_AGE_S).exit_code == 1, 15), (
+            worker.text()[-3000:]
+        )
         result = _probe("live", "--dir", str(probe_dir), "--max-age", MAX_AGE_S)
         assert "scoring event loop of process" in result.output
         assert "blocked" in result.output

@@ -76,8 +76,9 @@ def test_spans_score_like_the_run_read_in_the_app() -> None:
 def test_unreadable_shipped_trace_becomes_error_records() -> None:
     """A trace the worker cannot read gives one error record per scorer; the batch goes on."""
     bad = Recorder()
-    with bad.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent"}), bad.span(
-        "chat m", {"gen_ai.operation.name": "chat", "gen_ai.input.messages": "{not json"}
+    with (
+        bad.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent"}),
+        bad.span("chat m", {"gen_ai.operation.name": "chat", "gen_ai.input.messages": "{not json"}),
     ):
         pass
     good = Recorder()
