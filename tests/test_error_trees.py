@@ -106,6 +106,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         TracingError,
     )
     from worker._errors import (
+        BrokerFullError,
         LoopBlockedError,
         RegistryError,
         RunLimitError,
@@ -146,6 +147,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         RegistryError: (RegistryError("m"), "config"),
         UnknownScorerError: (UnknownScorerError("x", ["a"]), "config"),
         StoreUnavailableError: (StoreUnavailableError("m"), "retryable"),
+        BrokerFullError: (BrokerFullError("LPUSH"), "retryable"),
         StoreKeyTypeError: (StoreKeyTypeError("k", "list", "hash"), "config"),
         RunLimitError: (RunLimitError("m", error_type="timeout"), "timeout"),
         LoopBlockedError: (LoopBlockedError(), "retryable"),

@@ -23,8 +23,10 @@ __all__ = ["broker_status", "dead_letters", "requeue_dead_letters", "store_statu
 
 
 def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, Any]:
-    """The broker's side: queue depth, unacked deliveries, the workers that answer a ping. The
-    queue's list of another Redis type leaves its depth unknown (None), named in ``refused_keys``."""
+    """The broker's side: queue depth, unacked deliveries, the workers that answer a ping, and
+    whether its Redis is full (used memory at ``maxmemory`` with ``noeviction``: the workers wait
+    for room, and no ping can be sent, ``workers`` None). The queue's list of another Redis type
+    leaves its depth unknown (None), named in ``refused_keys``."""
     tls = settings.tls.redis_kwargs(settings.broker_url)  # rediss:// verifies, as the workers do
     broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=2, socket_timeout=2, **tls)
     refused: list[str] = []
@@ -38,8 +40,14 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
             refused.append(f"the broker's queue: {exc}")
         # (a workers' unacked hash of another type is repaired by the next worker that uses it)
         unacked = int(broker.hlen("unacked")) if broker.type("unacked") in (b"none", b"hash") else None
+        try:
+            memory = broker.info("memory")
+        except redis.exceptions.ResponseError:  # INFO not allowed (some managed Redis)
+            memory = {}
     finally:
         broker.close()
+    limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
+    full = bool(limit) and memory.get("maxmemory_policy") == "noeviction" and used >= limit
     from celery import Celery
 
     # A throwaway app on exactly this broker, for the control channel (worker pings).
@@ -49,8 +57,11 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
         broker_connection_retry_on_startup=False,
         broker_use_ssl=settings.tls.kombu_ssl(settings.broker_url),
     )
+    workers: list[str] | None = None
     try:
-        replies = control.control.inspect(timeout=ping_timeout).ping() or {}
+        workers = sorted(control.control.inspect(timeout=ping_timeout).ping() or {})
+    except redis.exceptions.OutOfMemoryError:
+        full = True  # (the reply queue's declare is a write)
     except Exception as exc:  # kombu's errors vary by transport: each means the ping got no answer
         raise ConnectionError(f"worker ping failed: {type(exc).__name__}: {redact(str(exc))}") from exc
     finally:
@@ -60,7 +71,9 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
         "queue": settings.queue,
         "queue_depth": depth,
         "unacked": unacked,
-        "workers": sorted(replies),
+        "workers": workers,
+        "broker_full": full,
+        "broker_memory": {"used_bytes": used, "max_bytes": limit or None},
         "refused_keys": refused,
     }
 

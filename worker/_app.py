@@ -99,6 +99,9 @@ def configure_app(app: Celery, settings: Settings) -> None:
         task_publish_retry=True,
         task_publish_retry_policy={"max_retries": 30, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2},
         worker_prefetch_multiplier=1,
+        # On a lost broker connection the running batches go on (their claims keep a redelivery
+        # from paying twice); cancelling them would throw away judge calls already paid for.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         task_soft_time_limit=settings.task_soft_time_limit,
         task_time_limit=settings.task_time_limit,
         task_default_queue=settings.queue,
@@ -349,6 +352,10 @@ def _flush_writer(**_: Any) -> None:
         cleanup_s = _controller.app.settings.shutdown_cleanup_seconds if _controller is not None else None
     close_runtime(cleanup_deadline(cleanup_s))
     stop_loop()
+    if _controller is not None:
+        from worker._guard import hand_back_held
+
+        hand_back_held(_controller.app)
 
 
 app = create_app(None)

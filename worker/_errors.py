@@ -10,6 +10,9 @@
     ├── StoreUnavailableError           Redis stayed unreachable through every
     │   (a celery Reject and a redis    reconnect: the message goes back to the
     │    ConnectionError)               queue                                      retryable
+    ├── BrokerFullError                 the broker's Redis refuses writes (used
+    │   (a redis ConnectionError)       memory over maxmemory): kombu and Celery
+    │                                   wait as for a lost connection              retryable
     ├── StoreKeyTypeError               a key holding what someone may need (dead
     │                                   letters, undelivered scores) is of another
     │                                   Redis type: left for the operator          config
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from scorers.judge import ErrorCategory
 
 __all__ = [
+    "BrokerFullError",
     "LoopBlockedError",
     "RegistryError",
     "RunLimitError",
@@ -112,6 +116,30 @@ class StoreUnavailableError(Reject, redis_errors.ConnectionError, WorkerError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.message,))
+
+
+class BrokerFullError(redis_errors.ConnectionError, WorkerError):
+    """The broker's Redis answered OOM: its used memory is over ``maxmemory`` (with
+    ``noeviction``, as deployed), so it refuses every write. A connection error to kombu and
+    Celery: the consumer stops taking messages and reconnects with backoff until there is room,
+    instead of ending the worker with "Unrecoverable error" after taking a message off the list
+    that it could not record as unacknowledged (which lost it)."""
+
+    _category: ClassVar[ErrorCategory] = "retryable"
+
+    def __init__(self, command: str = "") -> None:
+        self.command = command
+        self.message = (
+            f"the broker's Redis refused {command or 'a write'}: its used memory is at maxmemory; "
+            "waiting for room (deliver or drop the sinks' backlog, or raise maxmemory)"
+        )
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.command,))
 
 
 class StoreKeyTypeError(WorkerError):

@@ -18,7 +18,9 @@ Broadcasts (Celery's remote control on Redis pub/sub) are screened where the cha
 keys and its record of unacknowledged messages are kept whole (``check_broker_keys`` at start,
 ``_GuardedQoS`` while running), so a message taken off the list is not lost with them. The
 queue's list of another Redis type is never touched: the worker refuses to start, or stops (its
-BRPOP), and a message to put back stays in the unacked record until the key is moved aside.
+BRPOP), and a message to put back stays in the unacked record until the key is moved aside. A
+broker out of memory is a lost connection to kombu and Celery (``BrokerFullError``): the worker
+takes nothing more and reconnects with backoff until there is room.
 
 A refused message is acked and becomes exactly one dead letter (reason + what was wrong, never
 the body: it holds agent content); a redelivery of the same message (same delivery tag) finds its
@@ -37,18 +39,20 @@ import re
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
-from celery.exceptions import WorkerShutdown
+from celery.exceptions import CPendingDeprecationWarning, WorkerShutdown
 from celery.worker.consumer import Consumer
 from kombu.transport import redis as _kombu_redis
 from kombu.transport import virtual as _kombu_virtual
 
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME
+from worker._errors import BrokerFullError
 from worker._settings import Settings
 from worker.metrics import observe_broadcast_refused
 from worker.store import (
@@ -77,6 +81,7 @@ __all__ = [
     "check_broker_keys",
     "check_message",
     "envelope_limit",
+    "hand_back_held",
     "screen_broadcast",
     "screen_envelope",
 ]
@@ -284,14 +289,57 @@ def _control_shape_problem(body: dict[str, Any], headers: dict[str, Any]) -> str
     return None
 
 
+# A broker with less room than this under maxmemory counts as full when the consumer
+# (re)connects: more than the memory a reconnect itself takes (client buffers), far less than
+# any real maxmemory, so a worker never waits while Redis could still take its writes.
+_ROOM_BYTES = 1024 * 1024
+
+
+class _BrokerPipeline(redis.client.Pipeline):
+    """kombu's pipelines and transactions, with Redis' OOM answer as ``BrokerFullError``."""
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        try:
+            return super().execute(raise_on_error)
+        except redis.exceptions.OutOfMemoryError:
+            # (from None: redis-py's text quotes the failed command, a message's body with it)
+            raise BrokerFullError() from None
+
+
 class _ScreeningRedis(redis.Redis):
-    """kombu's BRPOP client: every popped entry goes through ``screen_envelope`` before kombu's
-    own ``loads`` (the one place between Redis and the decoder)."""
+    """kombu's client: every entry BRPOP takes goes through ``screen_envelope`` before kombu's
+    own ``loads`` (the one place between Redis and the decoder), and Redis' OOM answer (used
+    memory over maxmemory) is ``BrokerFullError``, a connection error to kombu and Celery."""
 
     max_entry_bytes = envelope_limit(8 * 1024 * 1024)
 
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> _BrokerPipeline:
+        return _BrokerPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+    def ping(self, **kwargs: Any) -> Any:
+        """kombu's check of a new channel, inside MULTI (a full Redis refuses any command queued
+        there), and with ``noeviction`` a little room to spare (``_ROOM_BYTES``): a full broker
+        counts as not connected, and Celery retries with its backoff. (kombu declares the queue inside MULTI
+        too: a consumer that connected at a moment of room failed there at once, and restarted
+        many times a second while the memory hovered at the limit.)"""
+        with self.pipeline() as pipe:
+            pipe.ping()
+            pong = pipe.execute()[0]
+        try:
+            memory = self.info("memory")
+        except redis.exceptions.ResponseError:
+            return pong  # INFO not allowed here (some managed Redis): the MULTI check alone
+        limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
+        if limit and memory.get("maxmemory_policy") == "noeviction" and used > limit - _ROOM_BYTES:
+            raise BrokerFullError("a new connection")
+        return pong
+
     def parse_response(self, connection: Any, command_name: str | bytes, **options: Any) -> Any:
-        response = super().parse_response(connection, command_name, **options)  # type: ignore[no-untyped-call]
+        try:
+            response = super().parse_response(connection, command_name, **options)  # type: ignore[no-untyped-call]
+        except redis.exceptions.OutOfMemoryError:
+            name = command_name.decode(errors="replace") if isinstance(command_name, bytes) else str(command_name)
+            raise BrokerFullError(name.split(" ", 1)[0].upper()) from None
         if command_name == "BRPOP" and response:
             dest, item = response
             key = dest.decode(errors="replace") if isinstance(dest, bytes) else str(dest)
@@ -321,6 +369,7 @@ class _ScreenedMessage(kombu_virtual.Message):  # type: ignore[misc]  # Any base
 # in between): pushed back by the next channel that reaches it (see _GuardedQoS).
 _held: list[tuple[dict[str, Any], str, str]] = []
 _held_lock = threading.Lock()
+_FULL = object()  # _push_back_held's answer when Redis refused them for want of memory
 
 
 class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
@@ -333,7 +382,10 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
       every path that writes or reads the record, and the command made again;
     - Redis going away in between lost the message with the connection: it is held in memory
       and pushed back to its queue once a channel reaches Redis again (a copy that did reach
-      the hash comes back twice, which the score ids make harmless).
+      the hash comes back twice, which the score ids make harmless);
+    - Redis full (``BrokerFullError``): held the same way, and no more is taken off the list
+      until it goes back (``_brpop_start``); an ack or a requeue Redis refuses leaves the
+      message in the hash for the sweep (``message_left_unacked``).
     """
 
     def _checked(self, call: Callable[[], Any]) -> Any:
@@ -351,16 +403,34 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
             raise
 
     def ack(self, delivery_tag: str) -> None:
-        self._checked(lambda: super(_GuardedQoS, self).ack(delivery_tag))
+        try:
+            self._checked(lambda: super(_GuardedQoS, self).ack(delivery_tag))
+        except BrokerFullError:
+            self._left_unacked(delivery_tag, "ack")
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
-        self._checked(lambda: super(_GuardedQoS, self).reject(delivery_tag, requeue=requeue))
+        try:
+            self._checked(lambda: super(_GuardedQoS, self).reject(delivery_tag, requeue=requeue))
+        except BrokerFullError:
+            self._left_unacked(delivery_tag, "reject")
+
+    def _left_unacked(self, delivery_tag: str, after: str) -> None:
+        """A full Redis kept the message in its unacked record: the sweep brings it back once
+        there is room (whatever was stored of it is skipped then). Forgotten here, or its
+        prefetch slot stayed taken and the worker took nothing more, even once Redis had room."""
+        kombu_virtual.QoS.ack(self, delivery_tag)
+        log.warning("message_left_unacked", delivery_tag=_token(delivery_tag), after=after, reason="broker_full")
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
-        # A lock nobody can take turned the sweep off for good, without a word.
-        with self.channel.conn_or_acquire() as client:
-            release_stuck_lock(client, "unacked_mutex", self.unacked_mutex_key)
-        self._checked(lambda: super(_GuardedQoS, self).restore_visible(*args, **kwargs))
+        try:
+            # A lock nobody can take turned the sweep off for good, without a word.
+            with self.channel.conn_or_acquire() as client:
+                release_stuck_lock(client, "unacked_mutex", self.unacked_mutex_key)
+            self._checked(lambda: super(_GuardedQoS, self).restore_visible(*args, **kwargs))
+        except BrokerFullError:
+            # Nothing can be put back while Redis refuses writes: the next sweep tries again. (A
+            # connection error here failed the consumer's reconnect, many times a second.)
+            return
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
         """kombu's, except that a message whose queue key holds another Redis type stays in the
@@ -403,6 +473,27 @@ def _refused_list(client: Any, keys: list[str]) -> StoreKeyTypeError | None:
     return None
 
 
+def hand_back_held(app: Any) -> None:
+    """At a worker's exit: the messages still held in memory (taken off the list while Redis was
+    away or full) go back to their queue through a new channel; those that cannot (Redis still
+    away or full) are lost, and said so (``held_messages_lost``)."""
+    if not _held:
+        return
+    error = ""
+    try:
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=0)  # one try: the worker is on its way out
+            channel = connection.channel()
+            try:
+                channel._push_back_held()
+            finally:
+                channel.close()
+    except Exception as exc:
+        error = type(exc).__name__
+    if _held:
+        log.error("held_messages_lost", messages=len(_held), error=error or "refused")
+
+
 def check_broker_keys(client: redis.Redis, queue: str) -> None:
     """kombu's keys on the broker as kombu keeps them, before a worker consumes: one of another
     Redis type ended the worker with "Unrecoverable error: ResponseError" and a traceback.
@@ -433,11 +524,24 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
     QoS = _GuardedQoS
 
     def _brpop_start(self, timeout: Any = None) -> Any:
-        if _held:
-            self._push_back_held()
+        if _held and self._push_back_held() is _FULL:
+            # Redis is up but full: take nothing more off the list, which it could not record
+            # either. kombu calls this again on its next poll (within a second).
+            return None
         return super()._brpop_start(timeout)
 
-    def _push_back_held(self) -> None:
+    def close(self) -> None:
+        if _held:
+            try:
+                self._push_back_held()  # (a consumer restarting, or stopping: a chance to hand them back)
+            except Exception as exc:  # never in the way of the close
+                log.warning("held_messages_not_requeued", held=len(_held), error=type(exc).__name__)
+        super().close()
+
+    def _push_back_held(self) -> object:
+        """Push the held messages back to their queue; ``_FULL`` when Redis refused (they stay
+        held). Redis away: they stay held too, and the BRPOP that follows fails over to Celery's
+        reconnect."""
         with _held_lock:
             held, _held[:] = list(_held), []
         kept: list[tuple[dict[str, Any], str, str]] = []
@@ -450,14 +554,15 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
                         continue
                     self._do_restore_message(payload, exchange, routing_key, pipe)
                 pipe.execute()
-        except self.connection_errors:
+        except self.connection_errors as exc:
             with _held_lock:
-                _held[:0] = held  # still away: the next poll tries again
-            return
+                _held[:0] = held  # still away (or full): the next poll tries again
+            return _FULL if isinstance(exc, BrokerFullError) else None
         with _held_lock:
             _held[:0] = kept
         if len(held) > len(kept):
             log.info("held_messages_requeued", messages=len(held) - len(kept), still_held=len(kept))
+        return None
 
     def _restore_keys(self, payload: dict[str, Any], exchange: str, routing_key: str) -> list[str]:
         """The list keys kombu's ``_do_restore_message`` pushes ``payload`` to."""
@@ -707,6 +812,13 @@ class GuardedConsumer(Consumer):
 
     def _allowed(self) -> frozenset[str]:
         return frozenset(name for name in self.app.tasks if name.startswith("tracescore."))
+
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
+        # Celery warns at every reconnect (eight lines) that its default for cancelling the
+        # running tasks changes in 6.0; configure_app sets ours.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CPendingDeprecationWarning)
+            super().on_connection_error_after_connected(exc)
 
     def create_task_handler(self, promise: Any = None) -> Callable[[Any], Any]:
         handle = super().create_task_handler() if promise is None else super().create_task_handler(promise)

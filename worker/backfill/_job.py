@@ -56,6 +56,25 @@ EXIT_WAIT_TIMEOUT = 3
 EXIT_SINK_FAILED = 4
 
 
+def _broker_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a write for want of memory (kombu wraps it in its own
+    OperationalError when publishing)."""
+    import redis
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.exceptions.OutOfMemoryError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+_BROKER_FULL = (
+    "the broker's Redis is full (used memory at maxmemory, noeviction) and refuses writes: make room "
+    "(tracescore sinks list shows the sinks' backlog) or raise maxmemory"
+)
+
+
 class WaitTimeoutError(CliError):
     exit_code = EXIT_WAIT_TIMEOUT
 
@@ -727,7 +746,13 @@ def _run_redis(
     )
     reporter.message(f"reading {state.source_label}; scorers: {', '.join(state.options.scorer_ids)}")
     if not resumed:
-        job_store.save(state)  # resumable from the first moment, even if killed before a batch
+        try:
+            job_store.save(state)  # resumable from the first moment, even if killed before a batch
+        except redis.exceptions.RedisError as exc:
+            submitter.close()
+            if not _broker_full(exc):
+                raise
+            raise CliError(f"{_BROKER_FULL}; nothing was enqueued") from None
     if state.options.max_cost_usd is not None:
         # The workers read it before each judge call of this job's runs (worker/_budget.py).
         set_job_limit(submitter.store, state.job_id, state.options.max_cost_usd)
@@ -762,6 +787,16 @@ def _run_redis(
             )
             submitter.close()
             raise SystemExit(130) from None
+        except Exception as exc:
+            submitter.close()
+            if not _broker_full(exc):
+                raise
+            # (not its text: redis-py quotes the refused command, a batch of spans with it)
+            raise CliError(
+                f"{_BROKER_FULL}; nothing enqueued is lost. Once there is room, resume with: tracescore "
+                f"backfill --resume {state.job_id}"
+                + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}")
+            ) from None
         except BaseException:
             submitter.close()
             raise

@@ -78,10 +78,21 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
         click.echo(json.dumps(status, sort_keys=True))
         return
     click.echo(f"broker      {status['broker']}  (queue {status['queue']})")
+    if status["broker_full"]:
+        memory = status["broker_memory"]
+        click.echo(
+            f"broker FULL  used memory {memory['used_bytes'] / 2**20:.0f} MiB at maxmemory "
+            f"{(memory['max_bytes'] or 0) / 2**20:.0f} MiB: Redis refuses writes and the workers wait for room "
+            "(deliver or drop the sinks' backlog: tracescore sinks list; or raise maxmemory)"
+        )
     depth, unacked = (_known(status[k]) for k in ("queue_depth", "unacked"))
     click.echo(f"queue depth {depth} waiting, {unacked} in progress (unacked)")
     workers = status["workers"]
-    click.echo(f"workers     {len(workers)}" + (f": {', '.join(workers)}" if workers else " (none answered the ping)"))
+    if workers is None:
+        click.echo("workers     unknown (a full broker takes no ping)")
+    else:
+        answered = f": {', '.join(workers)}" if workers else " (none answered the ping)"
+        click.echo(f"workers     {len(workers)}{answered}")
     limits = status["rate_limits"]
     if limits:
         for model, state in sorted(limits.items()):

@@ -1,0 +1,224 @@
+"""A broker Redis that runs out of memory (``maxmemory`` with ``noeviction``, as deployed) under a
+real worker: it refuses every write, and every command inside MULTI. Nothing may be lost and the
+worker must wait, not end, until there is room again."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests._redis import RedisServer
+from tests.worker._batches import batch
+from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tracing import CelerySink
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """A Redis of this test's own: its maxmemory is changed."""
+    own = RedisServer()
+    own.start()
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def test_a_full_broker_loses_nothing_and_the_worker_waits_for_room(server: RedisServer, tmp_path: Path) -> None:
+    """Redis fills up while a batch runs and two more wait. The running batch cannot store its
+    scores and is left in the unacked record; the next one, taken off the list, cannot be recorded
+    as unacked and is held in memory; the worker then stops taking messages and reconnects with
+    backoff. Before, it ended with "Unrecoverable error" and the message it had taken was gone
+    (one batch in three lost). Once Redis has room: every score stored exactly once, the worker
+    still running, the queue and the unacked record empty."""
+    url = server.url(0)
+    client = server.client()
+    scores = tmp_path / "scores.jsonl"
+    worker = WorkerProcess(
+        "full",
+        url,
+        tmp_path,
+        scores_path=scores,
+        env={
+            "TSTEST_SLOW_S": "1.5",
+            "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
+            "TRACESCORE_TASK_TIME_LIMIT": "5",
+            "TRACESCORE_VISIBILITY_TIMEOUT": "10",
+            "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+        },
+    )
+    try:
+        worker.wait_ready()
+        sink = CelerySink(url)
+        sink.send(batch(range(2), ["slow"], salt="full"))
+        assert wait_for(lambda: client.hlen("unacked") == 1 and client.llen("tracescore") == 0, 30)
+        sink.send(batch(range(2, 4), ["slow"], salt="full"))  # wait in the queue (prefetch 1)
+        sink.send(batch(range(4, 6), ["slow"], salt="full"))
+        sink.close()
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", str(used - 1024))
+
+        # Full: the worker stays up, and says why it is not consuming.
+        assert wait_for(lambda: "Cannot connect" in worker.text(), 60), worker.text()[-3000:]
+        assert worker.proc.poll() is None
+        log = worker.text()
+        assert "at maxmemory; waiting for room" in log
+        assert "message_held_for_requeue" in log or "message_left_unacked" in log
+
+        client.config_set("maxmemory", "0")  # room again
+        assert wait_for(lambda: len(read_scores(scores)) >= 6, 90), worker.text()[-3000:]
+        assert wait_for(lambda: client.llen("tracescore") == 0 and client.hlen("unacked") == 0, 30)
+        ids = [record["score_id"] for record in read_scores(scores)]
+        assert len(ids) == 6
+        assert len(set(ids)) == 6
+        assert worker.proc.poll() is None
+        log = worker.text()
+        assert "Unrecoverable error" not in log
+        assert "Frequent restarts" not in log  # backing off, not a restart loop
+    finally:
+        worker.stop()
+        client.close()
+
+
+def test_a_message_held_for_a_full_broker_goes_back_when_the_worker_stops(server: RedisServer, tmp_path: Path) -> None:
+    """The message taken off the list when Redis filled up is in the worker's memory only. A
+    worker stopped (SIGTERM) once there is room again, before its next reconnect, hands it back
+    to the queue on its way out; another worker scores it, once."""
+    from tests.worker._batches import payload
+    from tests.worker.test_hostile_messages import QUEUE, envelope, task_body
+
+    url = server.url(0)
+    client = server.client()
+    scores = tmp_path / "scores.jsonl"
+    env = {
+        "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
+        "TRACESCORE_TASK_TIME_LIMIT": "5",
+        "TRACESCORE_VISIBILITY_TIMEOUT": "10",
+    }
+    first = WorkerProcess("held", url, tmp_path, scores_path=scores, env=env)
+    second: WorkerProcess | None = None
+    try:
+        first.wait_ready()
+        _, entry = envelope(task_body([payload(range(2), ["length"], salt="held")]))
+        client.lpush("staging", entry)
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory-policy", "noeviction")
+        # Full by more than the message: taking it off the list leaves Redis full.
+        client.config_set("maxmemory", str(used - 64 * 1024))
+        client.rename("staging", QUEUE)  # (a rename is no write Redis refuses): the worker takes it
+        assert wait_for(lambda: "message_held_for_requeue" in first.text(), 30), first.text()[-3000:]
+        assert client.llen(QUEUE) == 0
+        assert client.hlen("unacked") == 0  # in the worker's memory only
+
+        client.config_set("maxmemory", "0")
+        first.stop()  # within the reconnect backoff (2 s, then 4 s): handed back on the way out
+        assert first.proc.returncode == 0, first.text()[-3000:]
+        assert client.llen(QUEUE) + len(read_scores(scores)) // 2 == 1, first.text()[-3000:]
+        assert "held_messages_lost" not in first.text()
+
+        second = WorkerProcess("held2", url, tmp_path, scores_path=scores, env=env)
+        second.wait_ready()
+        assert wait_for(lambda: len(read_scores(scores)) == 2, 30), second.text()[-3000:]
+        assert wait_for(lambda: client.llen(QUEUE) == 0 and client.hlen("unacked") == 0, 30)
+        assert len({record["score_id"] for record in read_scores(scores)}) == 2
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        client.close()
+
+
+def test_status_says_the_broker_is_full_instead_of_unreachable(
+    server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full broker answered `tracescore status` with "broker unreachable ... OutOfMemoryError"
+    (the worker ping declares a reply queue, a write). Now: exit 0, the figures it can read,
+    ``broker_full`` and the memory, the workers unknown."""
+    from worker.cli import main
+
+    url = server.url(0)
+    client = server.client()
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(used - 64 * 1024))
+    try:
+        assert main(["status", "--json", "--timeout", "0.3", "--broker", url]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["broker_full"] is True
+        assert status["workers"] is None
+        assert status["broker_memory"]["max_bytes"] == used - 64 * 1024
+        assert status["queue_depth"] == 0
+        assert main(["status", "--timeout", "0.3", "--broker", url]) == 0
+        text = capsys.readouterr().out
+        assert "broker FULL" in text
+        assert "workers     unknown" in text
+    finally:
+        client.config_set("maxmemory", "0")
+        client.close()
+
+
+def test_a_backfill_that_fills_the_broker_says_how_to_resume_and_loses_nothing(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """No worker yet, and the queue fills the broker's memory partway through a backfill. It
+    ended with Redis' bare OutOfMemoryError, quoting the refused command. Now one line says the
+    broker is full and how to resume; resumed once there is room and scored by a worker, every
+    run has its scores, once."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.backfill._synth import write_otlp_files
+    from tests.worker._workers import ROOT
+
+    url = server.url(0)
+    client = server.client()
+    data = tmp_path / "traces"
+    write_otlp_files(data, 300, files=2, traces_per_line=10)
+    tracescore = str(Path(sys.executable).with_name("tracescore"))
+    env = {**os.environ, "TRACESCORE_BROKER_URL": url, "PYTHONPATH": str(ROOT)}
+    command = [tracescore, "backfill", str(data), "--scorers", "bench.backfill_scorers", "--batch-size", "10"]
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(used + 500 * 1024))  # a third of the batches (measured: ~37 KB each)
+    worker: WorkerProcess | None = None
+    try:
+        first = subprocess.run([*command, "--no-wait"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert first.returncode == 1, first.stderr[-2000:]
+        assert "the broker's Redis is full" in first.stderr
+        assert "OutOfMemoryError" not in first.stderr
+        assert client.llen("tracescore") > 0, first.stderr  # partway: some batches were enqueued
+        found = re.search(r"resume with: tracescore backfill --resume (\S+)", first.stderr)
+        assert found, first.stderr[-2000:]
+
+        client.config_set("maxmemory", "0")
+        resumed = subprocess.run(
+            [tracescore, "backfill", "--resume", found.group(1), "--no-wait"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        scores = tmp_path / "scores.jsonl"
+        worker = WorkerProcess("backfill", url, tmp_path, scores_path=scores, scorers="bench.backfill_scorers")
+        worker.wait_ready()
+
+        def pairs() -> set[tuple[str, str]]:
+            return {(r["trace_id"], r["scorer_id"]) for r in read_scores(scores)}
+
+        assert wait_for(lambda: len(pairs()) == 300 * 2, 120), worker.text()[-3000:]
+        assert wait_for(lambda: client.llen("tracescore") == 0 and client.hlen("unacked") == 0, 30)
+        records = read_scores(scores)
+        assert len({r["score_id"] for r in records}) == len(records) == 300 * 2  # none twice
+    finally:
+        if worker is not None:
+            worker.stop()
+        client.config_set("maxmemory", "0")
+        client.close()
