@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch
@@ -221,4 +222,36 @@ def test_a_backfill_that_fills_the_broker_says_how_to_resume_and_loses_nothing(
         if worker is not None:
             worker.stop()
         client.config_set("maxmemory", "0")
+        client.close()
+
+
+def test_the_sinks_drain_a_full_redis(server: RedisServer) -> None:
+    """A sink down for long is the usual way Redis fills up: its undelivered scores wait there.
+    Once it is back, its drainer must be able to take and settle them while Redis is still full,
+    or nothing frees the memory. Taking a lease (a ZADD first, which a full Redis refuses in a
+    script that has not written yet) failed with OutOfMemoryError; now the lease and the ack go
+    through, and the sink's queue empties."""
+    from worker.store import RedisOutbox
+
+    url = server.url(0)
+    client = server.client()
+    outbox = RedisOutbox(url, reconnect_s=1.0)
+    ids = [f"{n:032x}" for n in range(50)]
+    try:
+        outbox.register(["otlp"])
+        outbox.enqueue("otlp", ids)
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", str(used - 64 * 1024))
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.set("anything", "x")  # full indeed
+
+        lease = outbox.lease("otlp", 100, lease_s=30)
+        assert sorted(lease.ids) == ids
+        assert outbox.ack(lease, lease.ids) == len(ids)
+        counts = outbox.counts()["otlp"]
+        assert (counts.pending, counts.delivered) == (0, len(ids))
+    finally:
+        client.config_set("maxmemory", "0")
+        outbox.close()
         client.close()

@@ -179,10 +179,17 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# A full Redis (maxmemory, noeviction) refuses a script whose first write may take memory, but
+# not one that has written already (it never stops a script halfway). The sinks' backlog is what
+# fills Redis, so a drainer must be able to lease and settle while it is full: a write that
+# frees (a no-op ZREM) comes first. What the lease then writes is in place (a score, a counter).
+_WRITES_WHEN_FULL = "redis.call('ZREM', KEYS[1], '')\n"
+
 # KEYS: queue, attempts. ARGV: now ms, lease ms, limit. Returns {token, id1, attempts1, ...}.
 _LEASE = checked_script(
     "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r'}",
-    """
+    _WRITES_WHEN_FULL
+    + """
 local due = tonumber(ARGV[1]) + tonumber(ARGV[2])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {due}
@@ -198,7 +205,8 @@ return out
 # KEYS: queue. ARGV: old token, new due ms, ids... Returns the ids renewed.
 _RENEW = checked_script(
     "{KEYS[1], 'zset', 'k'}",
-    """
+    _WRITES_WHEN_FULL
+    + """
 local out = {}
 for i = 3, #ARGV do
   local current = redis.call('ZSCORE', KEYS[1], ARGV[i])
@@ -237,7 +245,8 @@ def _parse(values: Mapping[str, str | None]) -> tuple[dict[str, ScoreRecord], di
 # Only while the id still carries this lease's token (see the module docstring).
 _SETTLE = checked_script(
     "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'hash', 'k', KEYS[5], 'zset', 'r'}",
-    """
+    _WRITES_WHEN_FULL
+    + """
 local current = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not current or tonumber(current) ~= tonumber(ARGV[2]) then
   return 0
