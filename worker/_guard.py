@@ -442,17 +442,9 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
             raw = pipe.hget(self.unacked_key, tag)
             if raw:
                 payload, exchange, routing_key = kombu_redis.loads(kombu_redis.bytes_to_str(raw))  # as kombu's
-                try:
-                    keys = channel._restore_keys(payload, exchange, routing_key)
-                except channel.connection_errors:
-                    raise
-                except Exception as exc:  # kombu logged the whole message here, and dropped it
-                    log.warning("message_restore_held", delivery_tag=_token(tag), error=type(exc).__name__)
-                    return
-                pipe.watch(*keys)  # a type change before EXEC makes redis-py run this again
-                refused = _refused_list(pipe, keys)
-                if refused is not None:
-                    log.warning("message_restore_held", delivery_tag=_token(tag), key=refused.key, found=refused.found)
+                why = channel._cannot_restore(pipe, payload, exchange, routing_key, watch=True)
+                if why is not None:
+                    log.warning("message_restore_held", delivery_tag=_token(tag), **why)
                     return
             pipe.multi()
             self._remove_from_indices(tag, pipe)
@@ -548,9 +540,10 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
         try:
             with self.conn_or_acquire() as client, client.pipeline() as pipe:
                 for payload, exchange, routing_key in held:
-                    refused = _refused_list(client, self._restore_keys(payload, exchange, routing_key))
-                    if refused is not None:
-                        kept.append((payload, exchange, routing_key))  # (this poll's BRPOP stops the worker)
+                    why = self._cannot_restore(client, payload, exchange, routing_key)
+                    if why is not None:
+                        log.warning("message_restore_held", held=True, **why)
+                        kept.append((payload, exchange, routing_key))
                         continue
                     self._do_restore_message(payload, exchange, routing_key, pipe)
                 pipe.execute()
@@ -564,10 +557,26 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
             log.info("held_messages_requeued", messages=len(held) - len(kept), still_held=len(kept))
         return None
 
-    def _restore_keys(self, payload: dict[str, Any], exchange: str, routing_key: str) -> list[str]:
-        """The list keys kombu's ``_do_restore_message`` pushes ``payload`` to."""
-        priority = self._get_message_priority(payload, reverse=False)
-        return [self._q_for_pri(queue, priority) for queue in self._lookup(exchange, routing_key)]
+    def _cannot_restore(
+        self, client: Any, payload: dict[str, Any], exchange: str, routing_key: str, *, watch: bool = False
+    ) -> dict[str, str] | None:
+        """Why ``payload`` cannot go back to its queue now (None: it can), as log fields. kombu
+        would take it out of the unacked record and push it nowhere (no queue bound, a queue key
+        of another Redis type), or log it whole: it stays where it is. ``watch``: inside a
+        transaction, a change of the queue keys before EXEC makes redis-py run it again."""
+        try:
+            priority = self._get_message_priority(payload, reverse=False)
+            keys = [self._q_for_pri(queue, priority) for queue in self._lookup(exchange, routing_key)]
+        except self.connection_errors:
+            raise
+        except Exception as exc:
+            return {"error": type(exc).__name__}
+        if not keys:
+            return {"error": "no_queue_bound"}
+        if watch:
+            client.watch(*keys)
+        refused = _refused_list(client, keys)
+        return None if refused is None else {"key": refused.key, "found": refused.found}
 
     def _brpop_read(self, **options: Any) -> Any:
         """kombu's; a queue key of another Redis type (set while the queue was empty) stops the
