@@ -106,7 +106,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         TracingError,
     )
     from worker._errors import (
-        BrokerFullError,
+        BrokerUnwritableError,
         LoopBlockedError,
         RegistryError,
         RunLimitError,
@@ -147,7 +147,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         RegistryError: (RegistryError("m"), "config"),
         UnknownScorerError: (UnknownScorerError("x", ["a"]), "config"),
         StoreUnavailableError: (StoreUnavailableError("m"), "retryable"),
-        BrokerFullError: (BrokerFullError("LPUSH"), "retryable"),
+        BrokerUnwritableError: (BrokerUnwritableError("full", "LPUSH"), "retryable"),
         StoreKeyTypeError: (StoreKeyTypeError("k", "list", "hash"), "config"),
         RunLimitError: (RunLimitError("m", error_type="timeout"), "timeout"),
         LoopBlockedError: (LoopBlockedError(), "retryable"),

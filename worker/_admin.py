@@ -24,8 +24,9 @@ __all__ = ["broker_status", "dead_letters", "requeue_dead_letters", "store_statu
 
 def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, Any]:
     """The broker's side: queue depth, unacked deliveries, the workers that answer a ping, and
-    whether its Redis is full (used memory at ``maxmemory`` with ``noeviction``: the workers wait
-    for room, and no ping can be sent, ``workers`` None). The queue's list of another Redis type
+    whether its Redis takes writes: full (used memory at ``maxmemory`` with ``noeviction``) or
+    read-only (the endpoint is a replica: a failover under way), the workers wait, and no ping
+    can be sent (``workers`` None). The queue's list of another Redis type
     leaves its depth unknown (None), named in ``refused_keys``."""
     tls = settings.tls.redis_kwargs(settings.broker_url)  # rediss:// verifies, as the workers do
     broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=2, socket_timeout=2, **tls)
@@ -41,9 +42,9 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
         # (a workers' unacked hash of another type is repaired by the next worker that uses it)
         unacked = int(broker.hlen("unacked")) if broker.type("unacked") in (b"none", b"hash") else None
         try:
-            memory = broker.info("memory")
+            memory, role = broker.info("memory"), broker.info("replication").get("role")
         except redis.exceptions.ResponseError:  # INFO not allowed (some managed Redis)
-            memory = {}
+            memory, role = {}, None
     finally:
         broker.close()
     limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
@@ -62,6 +63,8 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
         workers = sorted(control.control.inspect(timeout=ping_timeout).ping() or {})
     except redis.exceptions.OutOfMemoryError:
         full = True  # (the reply queue's declare is a write)
+    except redis.exceptions.ReadOnlyError:
+        role = "slave"
     except Exception as exc:  # kombu's errors vary by transport: each means the ping got no answer
         raise ConnectionError(f"worker ping failed: {type(exc).__name__}: {redact(str(exc))}") from exc
     finally:
@@ -73,6 +76,7 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
         "unacked": unacked,
         "workers": workers,
         "broker_full": full,
+        "broker_read_only": role not in (None, "master"),
         "broker_memory": {"used_bytes": used, "max_bytes": limit or None},
         "refused_keys": refused,
     }

@@ -10,9 +10,10 @@
     ├── StoreUnavailableError           Redis stayed unreachable through every
     │   (a celery Reject and a redis    reconnect: the message goes back to the
     │    ConnectionError)               queue                                      retryable
-    ├── BrokerFullError                 the broker's Redis refuses writes (used
-    │   (a redis ConnectionError)       memory over maxmemory): kombu and Celery
-    │                                   wait as for a lost connection              retryable
+    ├── BrokerUnwritableError           the broker's Redis refuses writes for now
+    │   (a redis ConnectionError)       (full, or a read-only replica in a
+    │                                   failover): kombu and Celery wait as for a
+    │                                   lost connection                            retryable
     ├── StoreKeyTypeError               a key holding what someone may need (dead
     │                                   letters, undelivered scores) is of another
     │                                   Redis type: left for the operator          config
@@ -34,7 +35,7 @@ tree: it is how the command line shows any error (one line, an exit code).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from celery.exceptions import Reject
 from redis import exceptions as redis_errors
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from scorers.judge import ErrorCategory
 
 __all__ = [
-    "BrokerFullError",
+    "BrokerUnwritableError",
     "LoopBlockedError",
     "RegistryError",
     "RunLimitError",
@@ -118,28 +119,31 @@ class StoreUnavailableError(Reject, redis_errors.ConnectionError, WorkerError):
         return (type(self), (self.message,))
 
 
-class BrokerFullError(redis_errors.ConnectionError, WorkerError):
-    """The broker's Redis answered OOM: its used memory is over ``maxmemory`` (with
-    ``noeviction``, as deployed), so it refuses every write. A connection error to kombu and
-    Celery: the consumer stops taking messages and reconnects with backoff until there is room,
-    instead of ending the worker with "Unrecoverable error" after taking a message off the list
-    that it could not record as unacknowledged (which lost it)."""
+class BrokerUnwritableError(redis_errors.ConnectionError, WorkerError):
+    """The broker's Redis refuses writes for now. ``reason`` is ``full`` (used memory at
+    ``maxmemory`` with ``noeviction``, as deployed: it refuses every write, and every command
+    inside MULTI) or ``read_only`` (the endpoint is a replica: a failover under way, until the
+    endpoint leads to the new primary). A connection error to kombu and Celery: the consumer takes
+    nothing more and reconnects with backoff, instead of ending the worker with "Unrecoverable
+    error" after taking a message off the list that it could not record as unacknowledged."""
 
     _category: ClassVar[ErrorCategory] = "retryable"
 
-    def __init__(self, command: str = "") -> None:
-        self.command = command
-        self.message = (
-            f"the broker's Redis refused {command or 'a write'}: its used memory is at maxmemory; "
-            "waiting for room (deliver or drop the sinks' backlog, or raise maxmemory)"
+    def __init__(self, reason: Literal["full", "read_only"], command: str = "") -> None:
+        self.reason, self.command = reason, command
+        why = (
+            "its used memory is at maxmemory; waiting for room (deliver or drop the sinks' backlog, or raise maxmemory)"
+            if reason == "full"
+            else "the endpoint is a read-only replica (a failover under way?); waiting for a primary"
         )
+        self.message = f"the broker's Redis refused {command or 'a write'}: {why}"
         super().__init__(self.message)
 
     def __str__(self) -> str:
         return self.message
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.command,))
+        return (type(self), (self.reason, self.command))
 
 
 class StoreKeyTypeError(WorkerError):

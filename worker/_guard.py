@@ -19,8 +19,9 @@ keys and its record of unacknowledged messages are kept whole (``check_broker_ke
 ``_GuardedQoS`` while running), so a message taken off the list is not lost with them. The
 queue's list of another Redis type is never touched: the worker refuses to start, or stops (its
 BRPOP), and a message to put back stays in the unacked record until the key is moved aside. A
-broker out of memory is a lost connection to kombu and Celery (``BrokerFullError``): the worker
-takes nothing more and reconnects with backoff until there is room.
+broker that refuses writes (out of memory, or a read-only replica in a failover) is a lost
+connection to kombu and Celery (``BrokerUnwritableError``): the worker takes nothing more and
+reconnects with backoff until it takes writes again.
 
 A refused message is acked and becomes exactly one dead letter (reason + what was wrong, never
 the body: it holds agent content); a redelivery of the same message (same delivery tag) finds its
@@ -52,7 +53,7 @@ from kombu.transport import redis as _kombu_redis
 from kombu.transport import virtual as _kombu_virtual
 
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME
-from worker._errors import BrokerFullError
+from worker._errors import BrokerUnwritableError
 from worker._settings import Settings
 from worker.metrics import observe_broadcast_refused
 from worker.store import (
@@ -295,21 +296,29 @@ def _control_shape_problem(body: dict[str, Any], headers: dict[str, Any]) -> str
 _ROOM_BYTES = 1024 * 1024
 
 
+def _unwritable(exc: redis.exceptions.ResponseError, command: str = "") -> BrokerUnwritableError:
+    # (raised from None by the callers: redis-py's text quotes the command, a message with it)
+    return BrokerUnwritableError("read_only" if isinstance(exc, redis.exceptions.ReadOnlyError) else "full", command)
+
+
+# Redis' answers that mean "no writes for now", not "this command is wrong".
+_REFUSALS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+
+
 class _BrokerPipeline(redis.client.Pipeline):
-    """kombu's pipelines and transactions, with Redis' OOM answer as ``BrokerFullError``."""
+    """kombu's pipelines and transactions, with Redis' refusals as ``BrokerUnwritableError``."""
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         try:
             return super().execute(raise_on_error)
-        except redis.exceptions.OutOfMemoryError:
-            # (from None: redis-py's text quotes the failed command, a message's body with it)
-            raise BrokerFullError() from None
+        except _REFUSALS as exc:
+            raise _unwritable(exc) from None
 
 
 class _ScreeningRedis(redis.Redis):
     """kombu's client: every entry BRPOP takes goes through ``screen_envelope`` before kombu's
-    own ``loads`` (the one place between Redis and the decoder), and Redis' OOM answer (used
-    memory over maxmemory) is ``BrokerFullError``, a connection error to kombu and Celery."""
+    own ``loads`` (the one place between Redis and the decoder), and Redis refusing writes (full,
+    or a read-only replica) is ``BrokerUnwritableError``, a connection error to kombu and Celery."""
 
     max_entry_bytes = envelope_limit(8 * 1024 * 1024)
 
@@ -317,29 +326,33 @@ class _ScreeningRedis(redis.Redis):
         return _BrokerPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
 
     def ping(self, **kwargs: Any) -> Any:
-        """kombu's check of a new channel, inside MULTI (a full Redis refuses any command queued
-        there), and with ``noeviction`` a little room to spare (``_ROOM_BYTES``): a full broker
-        counts as not connected, and Celery retries with its backoff. (kombu declares the queue inside MULTI
-        too: a consumer that connected at a moment of room failed there at once, and restarted
-        many times a second while the memory hovered at the limit.)"""
+        """kombu's check of a new channel: inside MULTI (a full Redis refuses any command queued
+        there), on a primary, and with ``noeviction`` a little room to spare (``_ROOM_BYTES``). A
+        broker that cannot take writes counts as not connected, and Celery retries with its
+        backoff. (kombu declares the queue inside MULTI too: a consumer that connected at a
+        moment of room failed there at once, and restarted many times a second while the memory
+        hovered at the limit.)"""
         with self.pipeline() as pipe:
             pipe.ping()
             pong = pipe.execute()[0]
         try:
+            role = self.info("replication").get("role")
             memory = self.info("memory")
         except redis.exceptions.ResponseError:
             return pong  # INFO not allowed here (some managed Redis): the MULTI check alone
+        if role not in (None, "master"):
+            raise BrokerUnwritableError("read_only", "a new connection")
         limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
         if limit and memory.get("maxmemory_policy") == "noeviction" and used > limit - _ROOM_BYTES:
-            raise BrokerFullError("a new connection")
+            raise BrokerUnwritableError("full", "a new connection")
         return pong
 
     def parse_response(self, connection: Any, command_name: str | bytes, **options: Any) -> Any:
         try:
             response = super().parse_response(connection, command_name, **options)  # type: ignore[no-untyped-call]
-        except redis.exceptions.OutOfMemoryError:
+        except _REFUSALS as exc:
             name = command_name.decode(errors="replace") if isinstance(command_name, bytes) else str(command_name)
-            raise BrokerFullError(name.split(" ", 1)[0].upper()) from None
+            raise _unwritable(exc, name.split(" ", 1)[0].upper()) from None
         if command_name == "BRPOP" and response:
             dest, item = response
             key = dest.decode(errors="replace") if isinstance(dest, bytes) else str(dest)
@@ -369,7 +382,7 @@ class _ScreenedMessage(kombu_virtual.Message):  # type: ignore[misc]  # Any base
 # in between): pushed back by the next channel that reaches it (see _GuardedQoS).
 _held: list[tuple[dict[str, Any], str, str]] = []
 _held_lock = threading.Lock()
-_FULL = object()  # _push_back_held's answer when Redis refused them for want of memory
+_REFUSED = object()  # _push_back_held's answer when Redis refused the writes (full, read-only)
 
 
 class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
@@ -383,9 +396,10 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
     - Redis going away in between lost the message with the connection: it is held in memory
       and pushed back to its queue once a channel reaches Redis again (a copy that did reach
       the hash comes back twice, which the score ids make harmless);
-    - Redis full (``BrokerFullError``): held the same way, and no more is taken off the list
-      until it goes back (``_brpop_start``); an ack or a requeue Redis refuses leaves the
-      message in the hash for the sweep (``message_left_unacked``).
+    - Redis refusing writes (``BrokerUnwritableError``: full, or a read-only replica): held the
+      same way, and no more is taken off the list until it goes back (``_brpop_start``); an ack
+      or a requeue Redis refuses leaves the message in the hash for the sweep
+      (``message_left_unacked``).
     """
 
     def _checked(self, call: Callable[[], Any]) -> Any:
@@ -405,21 +419,21 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
     def ack(self, delivery_tag: str) -> None:
         try:
             self._checked(lambda: super(_GuardedQoS, self).ack(delivery_tag))
-        except BrokerFullError:
-            self._left_unacked(delivery_tag, "ack")
+        except BrokerUnwritableError as exc:
+            self._left_unacked(delivery_tag, "ack", exc.reason)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         try:
             self._checked(lambda: super(_GuardedQoS, self).reject(delivery_tag, requeue=requeue))
-        except BrokerFullError:
-            self._left_unacked(delivery_tag, "reject")
+        except BrokerUnwritableError as exc:
+            self._left_unacked(delivery_tag, "reject", exc.reason)
 
-    def _left_unacked(self, delivery_tag: str, after: str) -> None:
-        """A full Redis kept the message in its unacked record: the sweep brings it back once
-        there is room (whatever was stored of it is skipped then). Forgotten here, or its
-        prefetch slot stayed taken and the worker took nothing more, even once Redis had room."""
+    def _left_unacked(self, delivery_tag: str, after: str, reason: str) -> None:
+        """Redis refused the write (full, read-only), so the message stays in its unacked record:
+        the sweep brings it back once Redis takes writes (whatever was stored of it is skipped
+        then). Forgotten here, or its prefetch slot stayed taken and the worker took nothing more."""
         kombu_virtual.QoS.ack(self, delivery_tag)
-        log.warning("message_left_unacked", delivery_tag=_token(delivery_tag), after=after, reason="broker_full")
+        log.warning("message_left_unacked", delivery_tag=_token(delivery_tag), after=after, reason=reason)
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
         try:
@@ -427,7 +441,7 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
             with self.channel.conn_or_acquire() as client:
                 release_stuck_lock(client, "unacked_mutex", self.unacked_mutex_key)
             self._checked(lambda: super(_GuardedQoS, self).restore_visible(*args, **kwargs))
-        except BrokerFullError:
+        except BrokerUnwritableError:
             # Nothing can be put back while Redis refuses writes: the next sweep tries again. (A
             # connection error here failed the consumer's reconnect, many times a second.)
             return
@@ -516,9 +530,9 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
     QoS = _GuardedQoS
 
     def _brpop_start(self, timeout: Any = None) -> Any:
-        if _held and self._push_back_held() is _FULL:
-            # Redis is up but full: take nothing more off the list, which it could not record
-            # either. kombu calls this again on its next poll (within a second).
+        if _held and self._push_back_held() is _REFUSED:
+            # Redis is up but takes no writes: take nothing more off the list, which it could not
+            # record either. kombu calls this again on its next poll (within a second).
             return None
         return super()._brpop_start(timeout)
 
@@ -531,8 +545,8 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
         super().close()
 
     def _push_back_held(self) -> object:
-        """Push the held messages back to their queue; ``_FULL`` when Redis refused (they stay
-        held). Redis away: they stay held too, and the BRPOP that follows fails over to Celery's
+        """Push the held messages back to their queue; ``_REFUSED`` when Redis refused the writes
+        (they stay held). Redis away: they stay held too, and the BRPOP that follows fails over to Celery's
         reconnect."""
         with _held_lock:
             held, _held[:] = list(_held), []
@@ -549,8 +563,8 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
                 pipe.execute()
         except self.connection_errors as exc:
             with _held_lock:
-                _held[:0] = held  # still away (or full): the next poll tries again
-            return _FULL if isinstance(exc, BrokerFullError) else None
+                _held[:0] = held  # still away (or refusing): the next poll tries again
+            return _REFUSED if isinstance(exc, BrokerUnwritableError) else None
         with _held_lock:
             _held[:0] = kept
         if len(held) > len(kept):

@@ -60,7 +60,9 @@ def reconnecting_client(url: str, *, max_connections: int, reconnect_s: float) -
         timeout=30,
         decode_responses=True,
         retry=Retry(ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S), _retries_for(reconnect_s)),
-        retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError],
+        # ReadOnlyError: a failover, the connection still on the demoted primary (which refused
+        # the write whole); a new connection finds the new primary behind the same endpoint.
+        retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ReadOnlyError],
         # A connection idle this long is checked (PING) before use: a stale one is replaced
         # before a command is sent on it.
         health_check_interval=15,

@@ -144,6 +144,7 @@ def test_status_is_a_health_check(
     assert status["queue_depth"] == 1
     assert status["workers"] == []
     assert status["broker_full"] is False
+    assert status["broker_read_only"] is False
     assert status["dead_letters"] == 0
     assert status["refused_keys"] == []
     monkeypatch.setenv("TRACESCORE_BROKER_URL", NOWHERE)

@@ -56,23 +56,23 @@ EXIT_WAIT_TIMEOUT = 3
 EXIT_SINK_FAILED = 4
 
 
-def _broker_full(exc: BaseException) -> bool:
-    """Whether ``exc`` is Redis refusing a write for want of memory (kombu wraps it in its own
-    OperationalError when publishing)."""
+def _broker_refusal(exc: BaseException) -> str | None:
+    """What to tell the user when ``exc`` is Redis refusing writes for now (kombu wraps it in its
+    own OperationalError when publishing), else None. Never Redis' text: it quotes the refused
+    command, a batch of spans with it."""
     import redis
 
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, redis.exceptions.OutOfMemoryError):
-            return True
+            return (
+                "the broker's Redis is full (used memory at maxmemory, noeviction) and refuses writes: make "
+                "room (tracescore sinks list shows the sinks' backlog) or raise maxmemory"
+            )
+        if isinstance(seen, redis.exceptions.ReadOnlyError):
+            return "the broker's Redis endpoint is a read-only replica (a failover under way?) and refuses writes"
         seen = seen.__cause__ or seen.__context__
-    return False
-
-
-_BROKER_FULL = (
-    "the broker's Redis is full (used memory at maxmemory, noeviction) and refuses writes: make room "
-    "(tracescore sinks list shows the sinks' backlog) or raise maxmemory"
-)
+    return None
 
 
 class WaitTimeoutError(CliError):
@@ -750,9 +750,10 @@ def _run_redis(
             job_store.save(state)  # resumable from the first moment, even if killed before a batch
         except redis.exceptions.RedisError as exc:
             submitter.close()
-            if not _broker_full(exc):
+            refusal = _broker_refusal(exc)
+            if refusal is None:
                 raise
-            raise CliError(f"{_BROKER_FULL}; nothing was enqueued") from None
+            raise CliError(f"{refusal}; nothing was enqueued") from None
     if state.options.max_cost_usd is not None:
         # The workers read it before each judge call of this job's runs (worker/_budget.py).
         set_job_limit(submitter.store, state.job_id, state.options.max_cost_usd)
@@ -789,11 +790,11 @@ def _run_redis(
             raise SystemExit(130) from None
         except Exception as exc:
             submitter.close()
-            if not _broker_full(exc):
+            refusal = _broker_refusal(exc)
+            if refusal is None:
                 raise
-            # (not its text: redis-py quotes the refused command, a batch of spans with it)
             raise CliError(
-                f"{_BROKER_FULL}; nothing enqueued is lost. Once there is room, resume with: tracescore "
+                f"{refusal}; nothing enqueued is lost. Once it takes writes again, resume with: tracescore "
                 f"backfill --resume {state.job_id}"
                 + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}")
             ) from None

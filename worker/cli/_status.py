@@ -85,11 +85,16 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
             f"{(memory['max_bytes'] or 0) / 2**20:.0f} MiB: Redis refuses writes and the workers wait for room "
             "(deliver or drop the sinks' backlog: tracescore sinks list; or raise maxmemory)"
         )
+    if status["broker_read_only"]:
+        click.echo(
+            "broker READ-ONLY  the endpoint is a replica (a failover under way?): Redis refuses writes "
+            "and the workers wait for a primary"
+        )
     depth, unacked = (_known(status[k]) for k in ("queue_depth", "unacked"))
     click.echo(f"queue depth {depth} waiting, {unacked} in progress (unacked)")
     workers = status["workers"]
     if workers is None:
-        click.echo("workers     unknown (a full broker takes no ping)")
+        click.echo("workers     unknown (a broker that refuses writes takes no ping)")
     else:
         answered = f": {', '.join(workers)}" if workers else " (none answered the ping)"
         click.echo(f"workers     {len(workers)}{answered}")

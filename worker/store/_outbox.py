@@ -335,7 +335,8 @@ class RedisOutbox:
             socket_connect_timeout=2,
             socket_timeout=10,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+            # (ReadOnlyError: a failover; a new connection finds the new primary, see _reconnect)
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError],
         )
         self._lease = self._client.register_script(_LEASE)
         self._settle = self._client.register_script(_SETTLE)

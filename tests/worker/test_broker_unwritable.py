@@ -1,6 +1,7 @@
-"""A broker Redis that runs out of memory (``maxmemory`` with ``noeviction``, as deployed) under a
-real worker: it refuses every write, and every command inside MULTI. Nothing may be lost and the
-worker must wait, not end, until there is room again."""
+"""A broker Redis that refuses writes under a real worker: out of memory (``maxmemory`` with
+``noeviction``, as deployed: every write refused, and every command inside MULTI), or a failover
+that leaves the endpoint on a read-only replica. Nothing may be lost and the worker must wait, not
+end, until Redis takes writes again."""
 
 from __future__ import annotations
 
@@ -254,4 +255,68 @@ def test_the_sinks_drain_a_full_redis(server: RedisServer) -> None:
     finally:
         client.config_set("maxmemory", "0")
         outbox.close()
+        client.close()
+
+
+def test_a_failover_that_leaves_the_endpoint_on_a_replica_loses_nothing(
+    server: RedisServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failover: the worker's Redis is demoted to a read-only replica of the new primary while a
+    batch runs and two more wait. The batch's writes and its retry's publish were refused, its
+    requeue too, and the worker ended with "Unrecoverable error: ReadOnlyError" — or stayed up
+    taking nothing, its scores never stored even once the endpoint led to a primary again. Now it
+    waits ("read-only replica"; `tracescore status` says so), and once the endpoint is a primary:
+    every score stored, once, with the worker still running and nothing queued or unacked."""
+    from worker.cli import main
+
+    url = server.url(0)
+    client = server.client()
+    other = RedisServer()
+    other.start()
+    replica = other.client()
+    scores = tmp_path / "scores.jsonl"
+    env = {
+        "TSTEST_SLOW_S": "1.5",
+        "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
+        "TRACESCORE_TASK_TIME_LIMIT": "5",
+        "TRACESCORE_VISIBILITY_TIMEOUT": "10",
+        "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+    }
+    worker = WorkerProcess("failover", url, tmp_path, scores_path=scores, env=env)
+    try:
+        # The standby follows the worker's Redis, as a managed Redis' replica does.
+        replica.config_set("masterauth", server.password)
+        replica.replicaof("127.0.0.1", server.port)
+        assert wait_for(lambda: replica.info("replication").get("master_link_status") == "up", 30)
+        worker.wait_ready()
+        sink = CelerySink(url)
+        sink.send(batch(range(2), ["slow"], salt="failover"))
+        assert wait_for(lambda: client.hlen("unacked") == 1 and client.llen("tracescore") == 0, 30)
+        sink.send(batch(range(2, 4), ["slow"], salt="failover"))
+        sink.send(batch(range(4, 6), ["slow"], salt="failover"))
+        sink.close()
+        assert wait_for(lambda: replica.llen("tracescore") == 2, 30)  # replicated before the switch
+
+        replica.replicaof("NO", "ONE")  # the standby takes over; the worker's Redis follows it
+        client.config_set("masterauth", other.password)
+        client.replicaof("127.0.0.1", other.port)
+        assert wait_for(lambda: client.info("replication").get("master_link_status") == "up", 30)
+        assert wait_for(lambda: "read-only replica" in worker.text(), 60), worker.text()[-3000:]
+        assert worker.proc.poll() is None
+        assert main(["status", "--json", "--timeout", "0.3", "--broker", url]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["broker_read_only"] is True
+        assert status["workers"] is None
+
+        client.replicaof("NO", "ONE")  # the endpoint leads to a primary again
+        assert wait_for(lambda: len(read_scores(scores)) >= 6, 90), worker.text()[-3000:]
+        assert wait_for(lambda: client.llen("tracescore") == 0 and client.hlen("unacked") == 0, 30)
+        ids = [record["score_id"] for record in read_scores(scores)]
+        assert len(ids) == len(set(ids)) == 6
+        assert worker.proc.poll() is None
+        assert "Unrecoverable error" not in worker.text()
+    finally:
+        worker.stop()
+        replica.close()
+        other.close()
         client.close()
