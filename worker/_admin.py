@@ -76,7 +76,7 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
         "unacked": unacked,
         "workers": workers,
         "broker_full": full,
-        "broker_read_only": role not in (None, "master"),
+        "broker_read_only": role in ("slave", "replica"),
         "broker_memory": {"used_bytes": used, "max_bytes": limit or None},
         "refused_keys": refused,
     }

@@ -301,6 +301,10 @@ def _unwritable(exc: redis.exceptions.ResponseError, command: str = "") -> Broke
     return BrokerUnwritableError("read_only" if isinstance(exc, redis.exceptions.ReadOnlyError) else "full", command)
 
 
+# INFO replication's role of a read-only replica (only these: a Redis-compatible server may name
+# its primary otherwise).
+_REPLICA_ROLES = ("slave", "replica")
+
 # Redis' answers that mean "no writes for now", not "this command is wrong".
 _REFUSALS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
 
@@ -340,7 +344,7 @@ class _ScreeningRedis(redis.Redis):
             memory = self.info("memory")
         except redis.exceptions.ResponseError:
             return pong  # INFO not allowed here (some managed Redis): the MULTI check alone
-        if role not in (None, "master"):
+        if role in _REPLICA_ROLES:
             raise BrokerUnwritableError("read_only", "a new connection")
         limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
         if limit and memory.get("maxmemory_policy") == "noeviction" and used > limit - _ROOM_BYTES:
