@@ -24,10 +24,10 @@ __all__ = ["broker_status", "dead_letters", "requeue_dead_letters", "store_statu
 
 def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, Any]:
     """The broker's side: queue depth, unacked deliveries, the workers that answer a ping, and
-    whether its Redis takes writes: full (used memory at ``maxmemory`` with ``noeviction``) or
-    read-only (the endpoint is a replica: a failover under way), the workers wait, and no ping
-    can be sent (``workers`` None). The queue's list of another Redis type
-    leaves its depth unknown (None), named in ``refused_keys``."""
+    whether its Redis refuses writes, full (used memory at ``maxmemory`` with ``noeviction``) or
+    read-only (the endpoint is a replica: a failover under way): then the workers wait and no
+    ping can be sent (``workers`` None). The queue's list of another Redis type leaves its depth
+    unknown (None), named in ``refused_keys``."""
     tls = settings.tls.redis_kwargs(settings.broker_url)  # rediss:// verifies, as the workers do
     broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=2, socket_timeout=2, **tls)
     refused: list[str] = []
