@@ -21,7 +21,7 @@ from tracing import CelerySink
 
 @pytest.fixture
 def server() -> Iterator[RedisServer]:
-    """A Redis of this test's own: its maxmemory is changed."""
+    """A Redis of this test's own: its maxmemory and its role (primary, replica) are changed."""
     own = RedisServer()
     own.start()
     try:
