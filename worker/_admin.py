@@ -41,14 +41,13 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
             refused.append(f"the broker's queue: {exc}")
         # (a workers' unacked hash of another type is repaired by the next worker that uses it)
         unacked = int(broker.hlen("unacked")) if broker.type("unacked") in (b"none", b"hash") else None
-        try:
-            memory, role = broker.info("memory"), broker.info("replication").get("role")
-        except redis.exceptions.ResponseError:  # INFO not allowed (some managed Redis)
-            memory, role = {}, None
+        from worker._guard import BrokerWrites
+
+        writes = BrokerWrites.read(broker)  # (None: INFO not allowed, as on some managed Redis)
     finally:
         broker.close()
-    limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
-    full = bool(limit) and memory.get("maxmemory_policy") == "noeviction" and used >= limit
+    full = writes is not None and writes.full()
+    read_only = writes is not None and writes.read_only
     from celery import Celery
 
     # A throwaway app on exactly this broker, for the control channel (worker pings).
@@ -64,7 +63,7 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
     except redis.exceptions.OutOfMemoryError:
         full = True  # (the reply queue's declare is a write)
     except redis.exceptions.ReadOnlyError:
-        role = "slave"
+        read_only = True
     except Exception as exc:  # kombu's errors vary by transport: each means the ping got no answer
         raise ConnectionError(f"worker ping failed: {type(exc).__name__}: {redact(str(exc))}") from exc
     finally:
@@ -76,8 +75,11 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
         "unacked": unacked,
         "workers": workers,
         "broker_full": full,
-        "broker_read_only": role in ("slave", "replica"),
-        "broker_memory": {"used_bytes": used, "max_bytes": limit or None},
+        "broker_read_only": read_only,
+        "broker_memory": {
+            "used_bytes": writes.used_bytes if writes is not None else 0,
+            "max_bytes": writes.max_bytes if writes is not None else None,
+        },
         "refused_keys": refused,
     }
 

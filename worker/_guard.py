@@ -76,6 +76,7 @@ __all__ = [
     "BODY_BYTES_HEADER",
     "MAX_ENTRY_BYTES_OPTION",
     "MAX_JSON_DEPTH",
+    "BrokerWrites",
     "GuardedConsumer",
     "GuardedRedisTransport",
     "Refusal",
@@ -301,12 +302,44 @@ def _unwritable(exc: redis.exceptions.ResponseError, command: str = "") -> Broke
     return BrokerUnwritableError("read_only" if isinstance(exc, redis.exceptions.ReadOnlyError) else "full", command)
 
 
+# Redis' answers that mean "no writes for now", not "this command is wrong".
+_REFUSALS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+
+
 # INFO replication's role of a read-only replica (only these: a Redis-compatible server may name
 # its primary otherwise).
 _REPLICA_ROLES = ("slave", "replica")
 
-# Redis' answers that mean "no writes for now", not "this command is wrong".
-_REFUSALS = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
+
+@dataclass(frozen=True, slots=True)
+class BrokerWrites:
+    """What a Redis' INFO says of its writes: a read-only replica or not, and its memory against
+    ``maxmemory`` (refused writes only with ``noeviction``: other policies evict instead)."""
+
+    read_only: bool
+    used_bytes: int
+    max_bytes: int | None  # None: no maxmemory
+    noeviction: bool
+
+    @classmethod
+    def read(cls, client: Any) -> BrokerWrites | None:
+        """From ``client``'s INFO; None when INFO is not allowed (some managed Redis)."""
+        try:
+            role = client.info("replication").get("role")
+            memory = client.info("memory")
+        except redis.exceptions.ResponseError:
+            return None
+        limit = int(memory.get("maxmemory") or 0)
+        return cls(
+            role in _REPLICA_ROLES,
+            int(memory.get("used_memory") or 0),
+            limit or None,
+            memory.get("maxmemory_policy") == "noeviction",
+        )
+
+    def full(self, room_bytes: int = 0) -> bool:
+        """Whether Redis refuses writes for want of memory, or has less than ``room_bytes`` left."""
+        return self.noeviction and self.max_bytes is not None and self.used_bytes > self.max_bytes - room_bytes
 
 
 class _BrokerPipeline(redis.client.Pipeline):
@@ -339,15 +372,10 @@ class _ScreeningRedis(redis.Redis):
         with self.pipeline() as pipe:
             pipe.ping()
             pong = pipe.execute()[0]
-        try:
-            role = self.info("replication").get("role")
-            memory = self.info("memory")
-        except redis.exceptions.ResponseError:
-            return pong  # INFO not allowed here (some managed Redis): the MULTI check alone
-        if role in _REPLICA_ROLES:
+        writes = BrokerWrites.read(self)  # (None: INFO not allowed here, the MULTI check alone)
+        if writes is not None and writes.read_only:
             raise BrokerUnwritableError("read_only", "a new connection")
-        limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
-        if limit and memory.get("maxmemory_policy") == "noeviction" and used > limit - _ROOM_BYTES:
+        if writes is not None and writes.full(_ROOM_BYTES):
             raise BrokerUnwritableError("full", "a new connection")
         return pong
 
@@ -550,8 +578,8 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
 
     def _push_back_held(self) -> object:
         """Push the held messages back to their queue; ``_REFUSED`` when Redis refused the writes
-        (they stay held). Redis away: they stay held too, and the BRPOP that follows fails over to Celery's
-        reconnect."""
+        (they stay held). Redis away: they stay held too, and the BRPOP that follows fails over to
+        Celery's reconnect."""
         with _held_lock:
             held, _held[:] = list(_held), []
         kept: list[tuple[dict[str, Any], str, str]] = []

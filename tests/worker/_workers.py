@@ -16,6 +16,16 @@ ROOT = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).with_name("celery"))
 
 
+# A worker that gets a lost delivery back within seconds: the visibility timeout shortened (the
+# task's time limits must fit inside it) and kombu's sweep of unacked messages run every second.
+QUICK_REDELIVERY = {
+    "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
+    "TRACESCORE_TASK_TIME_LIMIT": "5",
+    "TRACESCORE_VISIBILITY_TIMEOUT": "10",
+    "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+}
+
+
 def failed_start(broker_url: str, scorers: str = "tests.worker.sample_scorers") -> subprocess.CompletedProcess[str]:
     """``celery -A worker worker`` run to its end, for a start that must be refused (60 s at most)."""
     return subprocess.run(

@@ -15,7 +15,7 @@ import redis
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch
-from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tests.worker._workers import QUICK_REDELIVERY, WorkerProcess, read_scores, wait_for
 from tracing import CelerySink
 
 
@@ -47,10 +47,7 @@ def test_a_full_broker_loses_nothing_and_the_worker_waits_for_room(server: Redis
         scores_path=scores,
         env={
             "TSTEST_SLOW_S": "1.5",
-            "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
-            "TRACESCORE_TASK_TIME_LIMIT": "5",
-            "TRACESCORE_VISIBILITY_TIMEOUT": "10",
-            "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+            **QUICK_REDELIVERY,
         },
     )
     try:
@@ -97,12 +94,7 @@ def test_a_message_held_for_a_full_broker_goes_back_when_the_worker_stops(server
     url = server.url(0)
     client = server.client()
     scores = tmp_path / "scores.jsonl"
-    env = {
-        "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
-        "TRACESCORE_TASK_TIME_LIMIT": "5",
-        "TRACESCORE_VISIBILITY_TIMEOUT": "10",
-    }
-    first = WorkerProcess("held", url, tmp_path, scores_path=scores, env=env)
+    first = WorkerProcess("held", url, tmp_path, scores_path=scores, env=QUICK_REDELIVERY)
     second: WorkerProcess | None = None
     try:
         first.wait_ready()
@@ -123,7 +115,7 @@ def test_a_message_held_for_a_full_broker_goes_back_when_the_worker_stops(server
         assert client.llen(QUEUE) + len(read_scores(scores)) // 2 == 1, first.text()[-3000:]
         assert "held_messages_lost" not in first.text()
 
-        second = WorkerProcess("held2", url, tmp_path, scores_path=scores, env=env)
+        second = WorkerProcess("held2", url, tmp_path, scores_path=scores, env=QUICK_REDELIVERY)
         second.wait_ready()
         assert wait_for(lambda: len(read_scores(scores)) == 2, 30), second.text()[-3000:]
         assert wait_for(lambda: client.llen(QUEUE) == 0 and client.hlen("unacked") == 0, 30)
@@ -277,10 +269,7 @@ def test_a_failover_that_leaves_the_endpoint_on_a_replica_loses_nothing(
     scores = tmp_path / "scores.jsonl"
     env = {
         "TSTEST_SLOW_S": "1.5",
-        "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
-        "TRACESCORE_TASK_TIME_LIMIT": "5",
-        "TRACESCORE_VISIBILITY_TIMEOUT": "10",
-        "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+        **QUICK_REDELIVERY,
     }
     worker = WorkerProcess("failover", url, tmp_path, scores_path=scores, env=env)
     try:

@@ -13,7 +13,7 @@ import redis
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch, payload
-from tests.worker._workers import WorkerProcess, failed_start, read_scores, wait_for
+from tests.worker._workers import QUICK_REDELIVERY, WorkerProcess, failed_start, read_scores, wait_for
 from tracing import CelerySink
 from worker import _keys
 from worker.store import DeadLetter
@@ -133,10 +133,7 @@ def test_a_message_held_back_for_a_refused_dead_letter_list_survives_a_redis_res
         env={
             "TRACESCORE_RETRY_BACKOFF_SECONDS": "2",
             "TRACESCORE_MAX_ETA_SECONDS": "2",
-            "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
-            "TRACESCORE_TASK_TIME_LIMIT": "5",
-            "TRACESCORE_VISIBILITY_TIMEOUT": "10",
-            "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+            **QUICK_REDELIVERY,
         },
     )
     try:
@@ -232,10 +229,7 @@ def test_a_queue_key_that_changes_type_under_a_running_worker_stops_it_and_loses
     env = {
         "TRACESCORE_RETRY_BACKOFF_SECONDS": "1",
         "TRACESCORE_MAX_ETA_SECONDS": "2",
-        "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
-        "TRACESCORE_TASK_TIME_LIMIT": "5",
-        "TRACESCORE_VISIBILITY_TIMEOUT": "10",
-        "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+        **QUICK_REDELIVERY,
     }
     first = WorkerProcess("queuetype", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl", env=env)
     second: WorkerProcess | None = None
@@ -296,10 +290,7 @@ def test_a_stuck_restore_lock_is_released_and_a_dead_workers_message_comes_back(
         tmp_path,
         scores_path=scores,
         env={
-            "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
-            "TRACESCORE_TASK_TIME_LIMIT": "5",
-            "TRACESCORE_VISIBILITY_TIMEOUT": "10",
-            "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+            **QUICK_REDELIVERY,
         },
     )
     try:
