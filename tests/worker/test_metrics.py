@@ -271,18 +271,7 @@ def test_scrape_time_gauges_read_the_queue_dead_letters_and_outbox(redis_url: st
     outbox.enqueue("jsonl", ["s1", "s2"])
     outbox.close()
 
-    collector = RedisStateCollector(settings, "node-a@host")
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    try:
-        text = generate_latest(registry).decode()
-    finally:
-        collector.close()
-    samples = {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    samples = _scrape(settings, "node-a@host")
     queue = frozenset({("queue", "metrics-q")})
     assert samples[("tracescore_queue_depth", queue)] == 2
     assert 119 <= samples[("tracescore_queue_oldest_age_seconds", queue)] < 180
@@ -317,18 +306,7 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
     client.set(_keys.outbox_key("otlp"), "not a queue")
     client.close()
     settings = load_settings(broker_url=redis_url, budgets='{"total": 10, "scorers": {"fast": 1}}')
-    collector = RedisStateCollector(settings, "node-h@host")
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    try:
-        text = generate_latest(registry).decode()
-    finally:
-        collector.close()
-    samples = {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    samples = _scrape(settings, "node-h@host")
     assert samples[("tracescore_redis_up", frozenset({("target", "store")}))] == 1
     assert samples[("tracescore_dead_letters", frozenset({("reason", "poison")}))] == 2
     assert samples[("tracescore_spend_today_usd", frozenset({("scope", "scorer:fast")}))] == 0.5
@@ -351,6 +329,61 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
         assert _unreadable("spend_add") == before + 1
     finally:
         run_coro(ledger.close(), 5)
+
+
+def test_keys_of_another_type_are_named_not_reported_as_redis_down(redis_url: str) -> None:
+    """Redis answers, but the queue's list, kombu's unacked hash and the dead-letter counts hold
+    other types: the queue's key (it holds messages, never deleted) is named in
+    tracescore_keys_refused with no depth for it, the counts are repaired as the store repairs
+    them, and both targets stay up, so an alert on redis_up cannot mistake a misplaced key for
+    an outage."""
+    client = redis.Redis.from_url(redis_url)
+    client.set("refused-q", "not a list")
+    client.set("unacked", "not a hash")
+    client.set(_keys.dlq_reasons_key(), "not a hash")
+    client.sadd(_keys.outbox_sinks_key(), "otlp")
+    client.set(_keys.outbox_key("otlp"), "not a queue")
+    try:
+        samples = _scrape(load_settings(broker_url=redis_url, queue="refused-q"), "node-k@host")
+        assert samples[("tracescore_redis_up", frozenset({("target", "broker")}))] == 1
+        assert samples[("tracescore_redis_up", frozenset({("target", "store")}))] == 1
+        assert series(samples, "tracescore_keys_refused") == {
+            frozenset({("key", "refused-q")}): 1,
+            frozenset({("key", _keys.outbox_key("otlp"))}): 1,
+        }
+        queue = frozenset({("queue", "refused-q")})
+        assert ("tracescore_queue_depth", queue) not in samples  # unknown, not 0
+        assert ("tracescore_queue_oldest_age_seconds", queue) not in samples
+        assert ("tracescore_queue_unacked", frozenset()) not in samples
+        assert client.get("refused-q") == b"not a list"  # left for the operator
+        assert client.get(_keys.outbox_key("otlp")) == b"not a queue"
+        assert client.type(_keys.dlq_reasons_key()) == b"none"  # repaired: rebuilt by the store
+
+        # Moved aside: the next scrape reads the queue again and names nothing.
+        client.rename("refused-q", "refused-q-aside")
+        client.delete(_keys.outbox_key("otlp"), "unacked")  # (a worker repairs "unacked" by itself)
+        samples = _scrape(load_settings(broker_url=redis_url, queue="refused-q"), "node-k@host")
+        assert series(samples, "tracescore_keys_refused") == {}
+        assert samples[("tracescore_queue_depth", queue)] == 0
+        assert samples[("tracescore_queue_unacked", frozenset())] == 0
+    finally:
+        client.close()
+
+
+def _scrape(settings: Any, node: str) -> Samples:
+    """Every sample of one scrape of the Redis-read gauges, by series name and labels."""
+    collector = RedisStateCollector(settings, node)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        text = generate_latest(registry).decode()
+    finally:
+        collector.close()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def _unreadable(key: str) -> float:

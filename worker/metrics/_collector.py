@@ -4,7 +4,10 @@ They describe the shared state every worker node sees (each node reports the sam
 aggregate with ``max``, not ``sum``). A Redis that does not answer within a couple of seconds
 gives ``tracescore_redis_up 0`` and none of these gauges, never a failed scrape. A value in
 Redis that is not a number (a hand-edited or hostile key) is skipped, logged and counted in
-``tracescore_store_unreadable_values``; it never fails the scrape either.
+``tracescore_store_unreadable_values``; it never fails the scrape either. A key of ours holding
+another Redis type is not an unreachable Redis: a key the store rebuilds is repaired (as the
+store does on every path), one left for the operator (the queue's list, a sink's queue) is
+``tracescore_keys_refused`` and its figures are left out.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import structlog
 from worker import _keys
 from worker._budget import RedisLedger, parse_budgets, spend_report
 from worker.metrics._instruments import MetricSpec, observe_unreadable
-from worker.store import RedisOutbox, StoreKeyTypeError
+from worker.store import RedisOutbox, StoreKeyTypeError, checked
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -50,6 +53,12 @@ SCRAPED: Final = (
         "Age of the oldest waiting message: now minus the earliest enqueued_at of its runs (0 when empty)",
     ),
     MetricSpec("tracescore_dead_letters", "gauge", ("reason",), "Dead letters on the list, by reason"),
+    MetricSpec(
+        "tracescore_keys_refused",
+        "gauge",
+        ("key",),
+        "1 per key of ours holding another Redis type, left as it is for the operator to move aside",
+    ),
     MetricSpec(
         "tracescore_sink_scores",
         "gauge",
@@ -109,6 +118,15 @@ def _unreadable(key: str) -> None:
     log.warning("metrics_value_unreadable", key=key)
 
 
+def _text(reply: Any) -> str:
+    return reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+
+
+def _refused(gauge: Any, exc: StoreKeyTypeError) -> None:
+    gauge.add_metric([exc.key], 1)
+    log.warning("metrics_key_refused", key=exc.key, found=exc.found, expected=exc.expected)
+
+
 class RedisStateCollector:
     """A ``prometheus_client`` collector (``collect()`` on every scrape) of the shared state."""
 
@@ -131,12 +149,12 @@ class RedisStateCollector:
         up, info = g["tracescore_redis_up"], g["tracescore_worker_info"]
         depth, unacked = g["tracescore_queue_depth"], g["tracescore_queue_unacked"]
         age, dead = g["tracescore_queue_oldest_age_seconds"], g["tracescore_dead_letters"]
-        sinks = g["tracescore_sink_scores"]
+        sinks, refused = g["tracescore_sink_scores"], g["tracescore_keys_refused"]
         info.add_metric([self._node, self._queue], 1)
         yield info
-        broker_ok = self._read_queue(depth, unacked, age)
+        broker_ok = self._read_queue(depth, unacked, age, refused)
         up.add_metric(["broker"], 1 if broker_ok else 0)
-        store_ok = self._read_store(dead, sinks)
+        store_ok = self._read_store(dead, sinks, refused)
         up.add_metric(["store"], 1 if store_ok else 0)
         yield up
         if broker_ok:
@@ -144,40 +162,56 @@ class RedisStateCollector:
         if store_ok:
             yield from (dead, sinks)
             yield from self._spend(g)
+        if refused.samples:
+            yield refused
 
-    def _read_queue(self, depth: Any, unacked: Any, age: Any) -> bool:
+    def _read_queue(self, depth: Any, unacked: Any, age: Any, refused: Any) -> bool:
         try:
-            pipe = self._broker.pipeline(transaction=False)
+            # The types first, in one transaction with the reads they vouch for: a WRONGTYPE
+            # answer is a misplaced key, not an unreachable broker.
+            pipe = self._broker.pipeline(transaction=True)
+            pipe.type(self._queue)
+            pipe.type("unacked")
             pipe.llen(self._queue)
             # kombu pushes on the left and takes from the right: the oldest is the last.
             pipe.lindex(self._queue, -1)
             pipe.hlen("unacked")
-            waiting, oldest, taken = pipe.execute()
+            queue_type, unacked_type, waiting, oldest, taken = pipe.execute(raise_on_error=False)
         except redis.RedisError as exc:
             log.warning("metrics_broker_unavailable", error=type(exc).__name__)
             return False
-        depth.add_metric([self._queue], int(waiting))
-        unacked.add_metric([], int(taken))
-        enqueued = oldest_enqueued_at(oldest) if oldest else None
-        age.add_metric([self._queue], max(0.0, time.time() - enqueued) if enqueued is not None else 0.0)
+        if _text(queue_type) in ("none", "list"):
+            depth.add_metric([self._queue], int(waiting))
+            enqueued = oldest_enqueued_at(oldest) if isinstance(oldest, bytes) else None
+            age.add_metric([self._queue], max(0.0, time.time() - enqueued) if enqueued is not None else 0.0)
+        else:
+            # Never repaired (it holds messages): the workers stop on it, `tracescore status` names it.
+            _refused(refused, StoreKeyTypeError(self._queue, _text(queue_type), "list"))
+        # kombu's hash of taken messages of another type: the next worker to use it repairs it.
+        if _text(unacked_type) in ("none", "hash"):
+            unacked.add_metric([], int(taken))
         return True
 
-    def _read_store(self, dead: Any, sinks: Any) -> bool:
+    def _read_store(self, dead: Any, sinks: Any, refused: Any) -> bool:
+        key = _keys.dlq_reasons_key()
         try:
-            reasons: dict[bytes, bytes] = self._store.hgetall(_keys.dlq_reasons_key())  # type: ignore[assignment]
+            # The counts by reason are rebuilt by the store: repaired here as on its other paths.
+            reasons = checked(
+                self._store, "dead_letter_counts", [(key, "hash", False)], lambda: dict(self._store.hgetall(key))
+            )
             try:
                 counts = self._outbox.counts()
             except ValueError:  # a counter that is not a number: no sink gauges this time
                 _unreadable("outbox_counts")
                 counts = {}
             except StoreKeyTypeError as exc:  # a sink's queue of another type: left for the operator
-                log.warning("metrics_sink_key_refused", key=exc.key, found=exc.found)
+                _refused(refused, exc)
                 counts = {}
         except redis.RedisError as exc:
             log.warning("metrics_store_unavailable", error=type(exc).__name__)
             return False
         for reason, letters in sorted(reasons.items()):
-            name = reason.decode(errors="replace")
+            name = _text(reason)
             try:
                 n = int(letters)
             except ValueError:
