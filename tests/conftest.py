@@ -1,10 +1,12 @@
-"""Shared fixtures: the fake LLM server plugin, and this session's own Redis server."""
+"""Shared fixtures: the fake LLM server plugin, this session's own Redis server, and structlog
+configured as it was before each test."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+import structlog
 
 from tests._redis import RedisServer
 
@@ -20,3 +22,13 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_config_restored() -> Iterator[None]:
+    """A command run in-process (``main([...])``) points structlog at the stderr pytest captured
+    for that test, closed after it: a later test's log line failed writing there ("I/O operation
+    on closed file"), in an order the full suite does not happen to run."""
+    config = structlog.get_config()
+    yield
+    structlog.configure(**config)
