@@ -8,6 +8,8 @@
     │                               JSON path)                                     invalid_input
     ├── RunTooLarge (ValueError)    one run's request is over the workers' message
     │                               cap by itself (TRACESCORE_MAX_PAYLOAD_BYTES)   invalid_input
+    ├── QueueKeyError               a broker key the queue needs holds another
+    │                               Redis type: nothing was sent (retried)        config
     └── SourceError                 a trace source cannot be read at all (missing
                                     path, unreachable backend, bad arguments)      config
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MessageShapeError",
     "OtlpDecodeError",
+    "QueueKeyError",
     "RunTooLarge",
     "SourceError",
     "TraceReadError",
@@ -147,6 +150,26 @@ class SourceError(TracingError):
     """The source cannot be read at all (missing path, unreachable backend, bad arguments)."""
 
     _category: ClassVar[ErrorCategory] = "config"
+
+
+class QueueKeyError(TracingError):
+    """A key the queue needs on the broker (its list, kombu's binding set) holds another Redis
+    type (an operator's or another program's key): Redis answered WRONGTYPE and nothing was
+    sent. Not the batch's fault: a producer retries it, and sending resumes once the key is
+    moved aside. Its text names the key and the types, never the message (Redis's own error
+    quotes the command, which holds the message)."""
+
+    _category: ClassVar[ErrorCategory] = "config"
+
+    def __init__(self, key: str, found: str, expected: str) -> None:
+        super().__init__(
+            f"Redis key {key!r} on the broker holds a {found}, where the queue keeps a {expected}; "
+            "nothing was sent: rename the key aside (the workers stop on it too)"
+        )
+        self.key, self.found, self.expected = key, found, expected
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.found, self.expected))
 
 
 def _runs(span_ids: list[str]) -> str:

@@ -162,3 +162,49 @@ def test_no_late_batch_after_shutdown_and_close(own_redis: RedisServer) -> None:
     with pytest.raises(RuntimeError, match="closed"):
         sink.send(ScoreBatch.model_construct(batch_id="late", requests=[]))
     assert _messages(own_redis) == []
+
+
+def test_a_misplaced_queue_key_is_named_retried_and_nothing_lost(own_redis: RedisServer) -> None:
+    """The queue's key holds a string (an operator's key): each send fails with QueueKeyError
+    naming it, the exporter logs that text (never Redis's own, which quotes the message) and
+    keeps the runs; once the key is moved aside they all arrive, none twice."""
+    import structlog.testing
+
+    from tracing.queue import QueueKeyError
+
+    client = own_redis.client(DB)
+    client.set(QUEUE, "an operator's note")
+    sink = CelerySink(own_redis.url(DB), queue=QUEUE, connect_timeout_s=0.5, publish_timeout_s=0.5)
+    with pytest.raises(QueueKeyError) as refused:
+        sink.send(make_batch(range(1), ["s"], batch_id="b0"))
+    assert (refused.value.key, refused.value.found, refused.value.expected) == (QUEUE, "string", "list")
+    assert refused.value.category == "config"
+    assert "LPUSH" not in str(refused.value)
+    assert "Command" not in str(refused.value)
+
+    clock = FakeClock()
+    exp = ScoringSpanExporter([ScoringRule(["s"])], sink, retry_initial_s=0.05, retry_max_s=0.2, clock=clock)
+    try:
+        ids = []
+        with structlog.testing.capture_logs() as logs:
+            for i in range(3):
+                rec = Recorder()
+                ids.append(agent_trace(rec, question=f"private question {i}"))
+                exp.export(rec.spans())
+            clock.advance(10)
+            exp.tick()
+            assert wait_for(lambda: exp.stats()["send_failures"] >= 2, 20)
+        failed = [e for e in logs if e["event"] == "sink_send_failed"]
+        assert failed
+        assert f"Redis key '{QUEUE}' on the broker holds a string" in failed[0]["error"]
+        assert not any("private question" in str(e) for e in logs)
+        assert exp.stats()["runs_sent"] == 0
+        assert exp.stats()["dropped"] == {}
+
+        client.rename(QUEUE, f"{QUEUE}-aside")
+        assert wait_for(lambda: exp.stats()["runs_sent"] == 3, 30)
+        arrived = [r.trace_id for m in _messages(own_redis) for r in _batch(m).requests]
+        assert sorted(arrived) == sorted(ids)
+        assert exp.stats()["dropped"] == {}
+    finally:
+        exp.shutdown(5000)

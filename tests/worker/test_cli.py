@@ -215,6 +215,71 @@ def test_a_queue_key_of_another_type_is_named_by_status_and_refused_by_backfill(
         client.close()
 
 
+def test_a_queue_key_changing_type_mid_backfill_stops_it_with_a_resume_and_loses_nothing(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The queue's key turns into a string while a backfill waits on backpressure (no worker):
+    it ended with a bare StoreKeyTypeError and no word of resuming. Now one line names the key
+    and gives the resume command; resumed once the list is back, every run is queued once."""
+    import base64
+    import re
+
+    from tests.backfill._synth import write_otlp_files
+    from tracing.queue import ScoreBatch
+
+    data = tmp_path / "traces"
+    write_otlp_files(data, 200, files=2, traces_per_line=10)
+    tracescore = str(Path(sys.executable).with_name("tracescore"))
+    env = {**os.environ, "TRACESCORE_BROKER_URL": redis_url, "PYTHONPATH": str(ROOT)}
+    command = [tracescore, "backfill", str(data), "--scorers", "bench.backfill_scorers", "--batch-size", "10"]
+    client = redis.Redis.from_url(redis_url)
+    proc = subprocess.Popen(
+        [*command, "--no-wait", "--high-water", "3"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        # Held by backpressure: 4 batches waiting (over the high-water mark of 3), no worker.
+        assert wait_for(lambda: client.llen("tracescore") >= 4 or proc.poll() is not None, 60)
+        assert proc.poll() is None
+        swap = client.pipeline(transaction=True)  # atomic: the backfill never sees the key absent
+        swap.rename("tracescore", "tracescore-aside")
+        swap.set("tracescore", "someone else's")
+        swap.execute()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err[-2000:]
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("Error: the broker's queue: Redis key tracescore holds a string"), err[-2000:]
+    assert "Once it is moved aside, resume with: tracescore backfill --resume" in lines[-1]
+    assert "someone else's" not in err
+    found = re.search(r"--resume (\S+)", lines[-1])
+    assert found is not None
+
+    restore = client.pipeline(transaction=True)
+    restore.delete("tracescore")
+    restore.rename("tracescore-aside", "tracescore")
+    restore.execute()
+    resumed = subprocess.run(
+        [tracescore, "backfill", "--resume", found.group(1), "--no-wait"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    runs: list[tuple[str, str]] = []
+    for raw in client.lrange("tracescore", 0, -1):
+        message = json.loads(raw)
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        batch = ScoreBatch.model_validate(args[0])
+        runs += [(r.trace_id, span_id) for r in batch.requests for span_id in r.target_span_ids]
+    assert len(runs) == len(set(runs)) == 200  # every run queued, none twice
+    client.close()
+
+
 def test_worker_command_starts_a_worker_that_scores(redis_url: str, tmp_path: Path) -> None:
     """`tracescore worker` says which broker it uses, starts, and scores what is queued."""
     scores = tmp_path / "scores.jsonl"

@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from tracing._errors import QueueKeyError
 from tracing._records import compact
 from tracing._run import SpanRecord
 from tracing.capture._sinks import EncodedSink, Sink
@@ -43,7 +44,9 @@ def describe(exc: BaseException) -> str:
     """An error for the application's log, without agent content: the exception's type only,
     as its text may quote span attributes (a TraceReadError quotes the bad JSON, a pydantic
     error its input, a filter's error the run) — except network errors, whose text says which
-    broker address failed and how."""
+    broker address failed and how, and a misplaced queue key, named by its text."""
+    if isinstance(exc, QueueKeyError):
+        return str(exc)
     if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("kombu", "redis", "amqp"):
         return repr(exc)
     return type(exc).__name__

@@ -5,10 +5,12 @@ score among them — one per run —, the scorer ids, source and job), the batch
 (``ScoreBatch``), its wire format (Celery's task protocol 2 in JSON, built without Celery:
 ``task_message``), cutting requests into messages under the workers' byte cap
 (``RequestCutter``; a request too large for one is split run by run, ``ScoreRequest.per_target``),
-and the one kombu publisher (``Publisher``) with backpressure as a wrapper (``Backpressure``).
+and the one kombu publisher (``Publisher``; ``QueueKeyError`` when a key it needs on the broker
+holds another Redis type) with backpressure as a wrapper (``Backpressure``).
 The worker validates each message against ``ScoreBatch`` and reads the runs from the span records.
 """
 
+from tracing._errors import QueueKeyError
 from tracing.queue._contract import SCORE_TASK_NAME, ScoreBatch, ScoreRequest, request_json, spans_request
 from tracing.queue._cut import Chunk, RequestCutter, RunTooLarge
 from tracing.queue._publisher import Backpressure, BatchPublisher, Publisher
@@ -28,6 +30,7 @@ __all__ = [
     "BatchPublisher",
     "Chunk",
     "Publisher",
+    "QueueKeyError",
     "RequestCutter",
     "RunTooLarge",
     "ScoreBatch",

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tracing._broker import BrokerTLS
+from tracing._errors import QueueKeyError
 from tracing.queue._contract import ScoreBatch, request_json
 from tracing.queue._wire import (
     CONTENT_ENCODING,
@@ -47,7 +48,8 @@ class Publisher:
     ``connect_timeout_s`` / ``publish_timeout_s`` bound a connect and a socket call (None: kombu's
     defaults); ``retry_policy`` is kombu's publish retry policy (None: no retry, the caller
     retries). A message over ``max_payload_bytes`` (the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES``)
-    is refused with ``ValueError`` before it is sent: a worker would dead-letter it whole.
+    is refused with ``ValueError`` before it is sent: a worker would dead-letter it whole. A key
+    the queue needs that holds another Redis type raises ``QueueKeyError`` naming it.
     Thread-safe; ``close()`` refuses every later publish.
     """
 
@@ -140,9 +142,28 @@ class Publisher:
                     delivery_mode=2,
                     **retry,
                 )
-            except Exception:
+            except Exception as exc:
+                misplaced = self._misplaced_key(exc)
                 self._close()
+                if misplaced is not None:
+                    raise misplaced from None
                 raise
+
+    def _misplaced_key(self, exc: Exception) -> QueueKeyError | None:
+        """The queue's key, or kombu's binding set for it, holding another Redis type, when
+        ``exc`` is Redis's WRONGTYPE answer (one TYPE per key, on this failing path only)."""
+        if "WRONGTYPE" not in str(exc) or self._conn is None:
+            return None
+        try:
+            client = self._conn.default_channel.client
+            for key, expected in ((self.queue, "list"), (f"_kombu.binding.{self.queue}", "set")):
+                found = client.type(key)
+                found = found.decode() if isinstance(found, bytes) else str(found)
+                if found not in ("none", expected):
+                    return QueueKeyError(key, found, expected)
+        except Exception:  # the connection failed meanwhile: the original error says enough
+            return None
+        return None
 
     def close(self) -> None:
         """Release the connection and refuse every later ``publish`` (waits for one under way)."""

@@ -32,7 +32,7 @@ import click
 from pydantic_core import from_json
 
 from tracing import JsonlScoreWriter, ScoreWriter, SpanRecord, TraceReadError, score_id_for, trace_to_run
-from tracing.queue import ScoreBatch
+from tracing.queue import QueueKeyError, ScoreBatch
 from tracing.sources import SourceError, TraceSource, source_from_description
 from worker._app import redact
 from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
@@ -56,21 +56,28 @@ EXIT_WAIT_TIMEOUT = 3
 EXIT_SINK_FAILED = 4
 
 
-def _broker_refusal(exc: BaseException) -> str | None:
-    """What to tell the user when ``exc`` is Redis refusing writes for now (kombu wraps it in its
-    own OperationalError when publishing), else None. Never Redis' text: it quotes the refused
-    command, a batch of spans with it."""
+def _broker_refusal(exc: BaseException) -> tuple[str, str] | None:
+    """What to tell the user when ``exc`` is the broker refusing the backfill's messages for now,
+    and when to resume: Redis refusing writes (kombu wraps it in its own OperationalError when
+    publishing), or the queue's key holding another Redis type; else None. Never Redis' text:
+    it quotes the refused command, a batch of spans with it."""
     import redis
 
     seen: BaseException | None = exc
     while seen is not None:
+        if isinstance(seen, StoreKeyTypeError | QueueKeyError):
+            return f"the broker's queue: {seen}", "once it is moved aside"
         if isinstance(seen, redis.exceptions.OutOfMemoryError):
             return (
                 "the broker's Redis is full (used memory at maxmemory, noeviction) and refuses writes: make "
-                "room (tracescore sinks list shows the sinks' backlog) or raise maxmemory"
+                "room (tracescore sinks list shows the sinks' backlog) or raise maxmemory",
+                "once it takes writes again",
             )
         if isinstance(seen, redis.exceptions.ReadOnlyError):
-            return "the broker's Redis endpoint is a read-only replica (a failover under way?) and refuses writes"
+            return (
+                "the broker's Redis endpoint is a read-only replica (a failover under way?) and refuses writes",
+                "once it takes writes again",
+            )
         seen = seen.__cause__ or seen.__context__
     return None
 
@@ -753,7 +760,7 @@ def _run_redis(
             refusal = _broker_refusal(exc)
             if refusal is None:
                 raise
-            raise CliError(f"{refusal}; nothing was enqueued") from None
+            raise CliError(f"{refusal[0]}; nothing was enqueued") from None
     if state.options.max_cost_usd is not None:
         # The workers read it before each judge call of this job's runs (worker/_budget.py).
         set_job_limit(submitter.store, state.job_id, state.options.max_cost_usd)
@@ -793,8 +800,9 @@ def _run_redis(
             refusal = _broker_refusal(exc)
             if refusal is None:
                 raise
+            what, when = refusal
             raise CliError(
-                f"{refusal}; nothing enqueued is lost. Once it takes writes again, resume with: tracescore "
+                f"{what}; nothing enqueued is lost. {when.capitalize()}, resume with: tracescore "
                 f"backfill --resume {state.job_id}"
                 + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}")
             ) from None
