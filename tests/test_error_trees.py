@@ -100,6 +100,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
     from tracing._errors import (
         MessageShapeError,
         OtlpDecodeError,
+        QueueKeyError,
         RunTooLarge,
         SourceError,
         TraceReadError,
@@ -142,6 +143,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         OtlpDecodeError: (OtlpDecodeError("m", where="f:1"), "invalid_input"),
         SourceError: (SourceError("m"), "config"),
         RunTooLarge: (RunTooLarge(_request(), 3_000_000, 2_000_000), "invalid_input"),
+        QueueKeyError: (QueueKeyError("tracescore", "string", "list"), "config"),
         WorkerError: (WorkerError("m"), "internal"),
         SettingsError: (SettingsError("m"), "config"),
         RegistryError: (RegistryError("m"), "config"),
