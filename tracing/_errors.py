@@ -162,9 +162,14 @@ class QueueKeyError(TracingError):
     _category: ClassVar[ErrorCategory] = "config"
 
     def __init__(self, key: str, found: str, expected: str) -> None:
+        remedy = (
+            "rename the key aside (the workers stop on it too)"
+            if expected == "list"  # the queue itself: what is in it may be needed
+            else "it holds no message: delete it (a worker rebuilds it as it starts)"
+        )
         super().__init__(
             f"Redis key {key!r} on the broker holds a {found}, where the queue keeps a {expected}; "
-            "nothing was sent: rename the key aside (the workers stop on it too)"
+            f"nothing was sent: {remedy}"
         )
         self.key, self.found, self.expected = key, found, expected
 

@@ -208,3 +208,22 @@ def test_a_misplaced_queue_key_is_named_retried_and_nothing_lost(own_redis: Redi
         assert exp.stats()["dropped"] == {}
     finally:
         exp.shutdown(5000)
+
+
+def test_kombus_binding_set_of_another_type_is_named_with_its_own_remedy(own_redis: RedisServer) -> None:
+    """kombu's binding set for the queue holding a string: the send names that key and says to
+    delete it (it holds no message; a starting worker rebuilds it), not to rename it aside."""
+    from tracing.queue import QueueKeyError
+
+    client = own_redis.client(DB)
+    client.set(f"_kombu.binding.{QUEUE}", "stale")
+    sink = CelerySink(own_redis.url(DB), queue=QUEUE, connect_timeout_s=0.5, publish_timeout_s=0.5)
+    try:
+        with pytest.raises(QueueKeyError, match="holds no message: delete it") as refused:
+            sink.send(make_batch(range(1), ["s"], batch_id="b0"))
+        assert (refused.value.key, refused.value.found) == (f"_kombu.binding.{QUEUE}", "string")
+        client.delete(f"_kombu.binding.{QUEUE}")
+        sink.send(make_batch(range(1), ["s"], batch_id="b1"))
+        assert [_batch(m).batch_id for m in _messages(own_redis)] == ["b1"]
+    finally:
+        sink.close()
