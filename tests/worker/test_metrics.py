@@ -370,6 +370,22 @@ def test_keys_of_another_type_are_named_not_reported_as_redis_down(redis_url: st
         client.close()
 
 
+def test_a_broker_that_refuses_the_reads_is_down_not_a_refused_key(redis_url: str) -> None:
+    """A broker user that may not run TYPE (a Redis ACL): no misplaced key, so the scrape says the
+    broker is not readable (redis_up 0) and names no key. The reads go in one MULTI, which Redis
+    aborts whole on a refused command; read one by one, the refusal was taken for a key's type."""
+    client = redis.Redis.from_url(redis_url)
+    client.acl_setuser("scraper", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-type"])
+    try:
+        host = redis_url.rpartition("@")[2]
+        samples = _scrape(load_settings(broker_url=f"redis://scraper:pw@{host}", queue="q"), "node-p@host")
+        assert samples[("tracescore_redis_up", frozenset({("target", "broker")}))] == 0
+        assert series(samples, "tracescore_keys_refused") == {}
+    finally:
+        client.acl_deluser("scraper")
+        client.close()
+
+
 def _scrape(settings: Any, node: str) -> Samples:
     """Every sample of one scrape of the Redis-read gauges, by series name and labels."""
     collector = RedisStateCollector(settings, node)
