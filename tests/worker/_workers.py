@@ -1,4 +1,5 @@
-"""Real ``celery -A worker worker`` processes for the tests, and waiting with deadlines."""
+"""Real ``celery -A worker worker`` processes for the tests, the ``tracescore`` command run to its
+end, and waiting with deadlines."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).with_name("celery"))
+TRACESCORE = str(Path(sys.executable).with_name("tracescore"))
 
 
 # A worker that gets a lost delivery back within seconds: the visibility timeout shortened (the
@@ -24,6 +26,11 @@ QUICK_REDELIVERY = {
     "TRACESCORE_VISIBILITY_TIMEOUT": "10",
     "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
 }
+
+
+def run_tracescore(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``tracescore ARGS`` from the repository root, run to its end, its output captured as text."""
+    return subprocess.run([TRACESCORE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def failed_start(broker_url: str, scorers: str = "tests.worker.sample_scorers") -> subprocess.CompletedProcess[str]:

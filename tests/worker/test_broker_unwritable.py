@@ -15,7 +15,7 @@ import redis
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch
-from tests.worker._workers import QUICK_REDELIVERY, WorkerProcess, read_scores, wait_for
+from tests.worker._workers import QUICK_REDELIVERY, WorkerProcess, read_scores, run_tracescore, wait_for
 from tracing import CelerySink
 
 
@@ -164,8 +164,6 @@ def test_a_backfill_that_fills_the_broker_says_how_to_resume_and_loses_nothing(
     broker is full and how to resume; resumed once there is room and scored by a worker, every
     run has its scores, once."""
     import re
-    import subprocess
-    import sys
 
     from tests.backfill._synth import write_otlp_files
     from tests.worker._workers import ROOT
@@ -174,15 +172,14 @@ def test_a_backfill_that_fills_the_broker_says_how_to_resume_and_loses_nothing(
     client = server.client()
     data = tmp_path / "traces"
     write_otlp_files(data, 300, files=2, traces_per_line=10)
-    tracescore = str(Path(sys.executable).with_name("tracescore"))
     env = {**os.environ, "TRACESCORE_BROKER_URL": url, "PYTHONPATH": str(ROOT)}
-    command = [tracescore, "backfill", str(data), "--scorers", "bench.backfill_scorers", "--batch-size", "10"]
+    command = ["backfill", str(data), "--scorers", "bench.backfill_scorers", "--batch-size", "10"]
     used = int(client.info("memory")["used_memory"])
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", str(used + 500 * 1024))  # a third of the batches (measured: ~37 KB each)
     worker: WorkerProcess | None = None
     try:
-        first = subprocess.run([*command, "--no-wait"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        first = run_tracescore(*command, "--no-wait", env=env)
         assert first.returncode == 1, first.stderr[-2000:]
         assert "the broker's Redis is full" in first.stderr
         assert "OutOfMemoryError" not in first.stderr
@@ -191,14 +188,7 @@ def test_a_backfill_that_fills_the_broker_says_how_to_resume_and_loses_nothing(
         assert found, first.stderr[-2000:]
 
         client.config_set("maxmemory", "0")
-        resumed = subprocess.run(
-            [tracescore, "backfill", "--resume", found.group(1), "--no-wait"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        resumed = run_tracescore("backfill", "--resume", found.group(1), "--no-wait", env=env)
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         scores = tmp_path / "scores.jsonl"
         worker = WorkerProcess("backfill", url, tmp_path, scores_path=scores, scorers="bench.backfill_scorers")

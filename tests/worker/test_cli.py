@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import click
@@ -15,7 +14,7 @@ import pytest
 import redis
 
 from tests.worker._batches import batch, payload
-from tests.worker._workers import ROOT, failed_start, read_scores, wait_for
+from tests.worker._workers import ROOT, TRACESCORE, failed_start, read_scores, run_tracescore, wait_for
 from tracing import CelerySink
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord, score_id_for
@@ -229,9 +228,8 @@ def test_a_queue_key_changing_type_mid_backfill_stops_it_with_a_resume_and_loses
 
     data = tmp_path / "traces"
     write_otlp_files(data, 200, files=2, traces_per_line=10)
-    tracescore = str(Path(sys.executable).with_name("tracescore"))
     env = {**os.environ, "TRACESCORE_BROKER_URL": redis_url, "PYTHONPATH": str(ROOT)}
-    command = [tracescore, "backfill", str(data), "--scorers", "bench.backfill_scorers", "--batch-size", "10"]
+    command = [TRACESCORE, "backfill", str(data), "--scorers", "bench.backfill_scorers", "--batch-size", "10"]
     client = redis.Redis.from_url(redis_url)
     proc = subprocess.Popen(
         [*command, "--no-wait", "--high-water", "3"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
@@ -261,14 +259,7 @@ def test_a_queue_key_changing_type_mid_backfill_stops_it_with_a_resume_and_loses
     restore.delete("tracescore")
     restore.rename("tracescore-aside", "tracescore")
     restore.execute()
-    resumed = subprocess.run(
-        [tracescore, "backfill", "--resume", found.group(1), "--no-wait"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    resumed = run_tracescore("backfill", "--resume", found.group(1), "--no-wait", env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     runs: list[tuple[str, str]] = []
     for raw in client.lrange("tracescore", 0, -1):
@@ -292,7 +283,7 @@ def test_worker_command_starts_a_worker_that_scores(redis_url: str, tmp_path: Pa
         "PYTHONPATH": str(ROOT),
     }
     cmd = [
-        str(Path(sys.executable).with_name("tracescore")),
+        TRACESCORE,
         "worker", "--scorers", "tests.worker.sample_scorers", "--concurrency", "2",
     ]  # fmt: skip
     with log.open("w") as out:
@@ -420,7 +411,7 @@ def test_worker_command_takes_the_broker_flag_into_prefork_children(redis_url: s
         "PYTHONPATH": str(ROOT),
     }
     cmd = [
-        str(Path(sys.executable).with_name("tracescore")),
+        TRACESCORE,
         "worker", "--scorers", "tests.worker.sample_scorers", "--pool", "prefork", "--concurrency", "1",
         "--queue", "r4q", "--broker", redis_url,
     ]  # fmt: skip

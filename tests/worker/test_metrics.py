@@ -41,7 +41,10 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 def scrape(port: int) -> Samples:
     """Every sample of the node's /metrics, by series name and labels."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+        return _samples(response.read().decode())
+
+
+def _samples(text: str) -> Samples:
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
@@ -392,14 +395,9 @@ def _scrape(settings: Any, node: str) -> Samples:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     try:
-        text = generate_latest(registry).decode()
+        return _samples(generate_latest(registry).decode())
     finally:
         collector.close()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def _unreadable(key: str) -> float:

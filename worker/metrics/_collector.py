@@ -122,9 +122,9 @@ def _text(reply: Any) -> str:
     return reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
 
 
-def _refused(gauge: Any, exc: StoreKeyTypeError) -> None:
-    gauge.add_metric([exc.key], 1)
-    log.warning("metrics_key_refused", key=exc.key, found=exc.found, expected=exc.expected)
+def _refused(gauge: Any, key: str, found: str, expected: str) -> None:
+    gauge.add_metric([key], 1)
+    log.warning("metrics_key_refused", key=key, found=found, expected=expected)
 
 
 class RedisStateCollector:
@@ -186,7 +186,7 @@ class RedisStateCollector:
             age.add_metric([self._queue], max(0.0, time.time() - enqueued) if enqueued is not None else 0.0)
         else:
             # Never repaired (it holds messages): the workers stop on it, `tracescore status` names it.
-            _refused(refused, StoreKeyTypeError(self._queue, _text(queue_type), "list"))
+            _refused(refused, self._queue, _text(queue_type), "list")
         # kombu's hash of taken messages of another type: the next worker to use it repairs it.
         if _text(unacked_type) in ("none", "hash"):
             unacked.add_metric([], int(taken))
@@ -205,7 +205,7 @@ class RedisStateCollector:
                 _unreadable("outbox_counts")
                 counts = {}
             except StoreKeyTypeError as exc:  # a sink's queue of another type: left for the operator
-                _refused(refused, exc)
+                _refused(refused, exc.key, exc.found, exc.expected)
                 counts = {}
         except redis.RedisError as exc:
             log.warning("metrics_store_unavailable", error=type(exc).__name__)
