@@ -14,11 +14,12 @@ two places where it still is raw bytes:
   checked before Celery's own handler sees the message.
 
 Broadcasts (Celery's remote control on Redis pub/sub) are screened where the channel reads them
-(``screen_broadcast``): refused ones are logged and counted, never dead-lettered. kombu's own
-keys and its record of unacknowledged messages are kept whole (``check_broker_keys`` at start,
-``_GuardedQoS`` while running), so a message taken off the list is not lost with them. The
-queue's list of another Redis type is never touched: the worker refuses to start, or stops (its
-BRPOP), and a message to put back stays in the unacked record until the key is moved aside. A
+(``screen_broadcast``): refused ones are logged and counted, never dead-lettered. A message is
+taken off its list and recorded as unacknowledged in one script (``_TAKE``, in place of kombu's
+BRPOP), so no reply lost with Redis loses it; kombu's own keys and that record are kept whole
+(``check_broker_keys`` at start, ``_GuardedQoS`` while running). The queue's list of another
+Redis type is never touched: the worker refuses to start, or stops (its wait for a message), and
+a message to put back stays in the unacked record until the key is moved aside. A
 broker that refuses writes (out of memory, or a read-only replica in a failover) is a lost
 connection to kombu and Celery (``BrokerUnwritableError``): the worker takes nothing more and
 reconnects with backoff until it takes writes again.
@@ -40,9 +41,12 @@ import re
 import sys
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
+from queue import Empty
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -353,11 +357,8 @@ class _BrokerPipeline(redis.client.Pipeline):
 
 
 class _ScreeningRedis(redis.Redis):
-    """kombu's client: every entry BRPOP takes goes through ``screen_envelope`` before kombu's
-    own ``loads`` (the one place between Redis and the decoder), and Redis refusing writes (full,
-    or a read-only replica) is ``BrokerUnwritableError``, a connection error to kombu and Celery."""
-
-    max_entry_bytes = envelope_limit(8 * 1024 * 1024)
+    """kombu's client, with Redis refusing writes (full, or a read-only replica) as
+    ``BrokerUnwritableError``, a connection error to kombu and Celery."""
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> _BrokerPipeline:
         return _BrokerPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
@@ -385,12 +386,6 @@ class _ScreeningRedis(redis.Redis):
         except _REFUSALS as exc:
             name = command_name.decode(errors="replace") if isinstance(command_name, bytes) else str(command_name)
             raise _unwritable(exc, name.split(" ", 1)[0].upper()) from None
-        if command_name == "BRPOP" and response:
-            dest, item = response
-            key = dest.decode(errors="replace") if isinstance(dest, bytes) else str(dest)
-            key = key.rsplit(kombu_redis.Channel.sep, 1)[0]  # the queue, without kombu's priority suffix
-            raw = item if isinstance(item, bytes) else str(item).encode("utf-8", "surrogatepass")
-            response = (dest, screen_envelope(raw, self.max_entry_bytes, key))
         return response
 
 
@@ -410,27 +405,70 @@ class _ScreenedMessage(kombu_virtual.Message):  # type: ignore[misc]  # Any base
             super().__init__(json.loads(stand_in), channel=channel, **kwargs)
 
 
-# Messages taken off the queue whose record as unacknowledged never reached Redis (it went away
-# in between): pushed back by the next channel that reaches it (see _GuardedQoS).
-_held: list[tuple[dict[str, Any], str, str]] = []
-_held_lock = threading.Lock()
-_REFUSED = object()  # _push_back_held's answer when Redis refused the writes (full, read-only)
+# How a message is taken off its queue: one script reads it, records it as unacknowledged under a
+# tag of the taker's (the take tag) and only then pops it, so whatever Redis did is in Redis. With
+# kombu's BRPOP, Redis dying after the pop and before its reply reached the worker lost the
+# message: off the list, in no record, in no memory. Written before the pop, so a Redis that
+# refuses writes (full: ZADD is refused, read-only) changes nothing. KEYS: the queues' lists in
+# kombu's order, then the unacked hash and its index; ARGV: the take tag, the time, then each
+# list's queue name as JSON. The record is kombu's ``[payload, exchange, routing key]`` with the
+# anonymous exchange, which routes back to that queue; built from the entry as it is, so a hostile
+# entry that is not JSON makes a record that is not JSON either (``_taken_record`` reads it).
+_TAKE = """
+local lists = #KEYS - 2
+for i = 1, lists do
+  local raw = redis.call('LINDEX', KEYS[i], -1)
+  if raw then
+    redis.call('ZADD', KEYS[lists + 2], ARGV[2], ARGV[1])
+    redis.call('HSET', KEYS[lists + 1], ARGV[1], '[' .. raw .. ', "", ' .. ARGV[2 + i] .. ']')
+    redis.call('RPOP', KEYS[i])
+    return {raw, i}
+  end
+end
+return false
+"""
+
+# Take tags whose message may sit in the unacked record under that tag: the take's reply or the
+# record's rename (``_GuardedQoS.append``) did not come back. Requeued by the next channel that
+# reaches Redis (``_GuardedChannel._requeue_taken``), else by the visibility sweep.
+_taken: list[str] = []
+# The take tag of each message taken and not yet renamed, by its own delivery tag.
+_take_of: dict[str, str] = {}
+_taken_lock = threading.Lock()
+_REFUSED = object()  # _requeue_taken's answer when Redis refused the writes (full, read-only)
+_TAKEN_RECORD = re.compile(rb'\A\[(.*), "", ("(?:[^"\\]|\\.)*")\]\Z', re.DOTALL)
+
+
+def _forget_take(take: str) -> None:
+    with _taken_lock:
+        if take in _taken:
+            _taken.remove(take)
+
+
+def _taken_record(raw: bytes) -> tuple[bytes, str] | None:
+    """The queue entry and its queue in a take's record of an entry kombu cannot restore (not
+    JSON, or not an object: see ``_TAKE``)."""
+    match = _TAKEN_RECORD.match(raw)
+    if match is None:
+        return None
+    queue = json.loads(match.group(2))
+    return (match.group(1), queue) if isinstance(queue, str) else None
 
 
 class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
     """kombu's record of unacknowledged messages (the ``unacked`` hash and its index), where kombu
-    loses a message it has already taken off the list (BRPOP, then a second command records it):
+    could lose a message:
 
     - a key of another Redis type there (hand-edited) failed that record, so the worker exited
       and the message was gone, and failed the start-up restore too: such a key holds no
       message of kombu's, so it is repaired (``store_keys_repaired``, where ``unacked``) on
       every path that writes or reads the record, and the command made again;
-    - Redis going away in between lost the message with the connection: it is held in memory
-      and pushed back to its queue once a channel reaches Redis again (a copy that did reach
-      the hash comes back twice, which the score ids make harmless);
-    - Redis refusing writes (``BrokerUnwritableError``: full, or a read-only replica): held the
-      same way, and no more is taken off the list until it goes back (``_brpop_start``); an ack
-      or a requeue Redis refuses leaves the message in the hash for the sweep
+    - a message is taken with its record under a take tag (``_TAKE``); ``append`` moves the
+      record to the message's own delivery tag, in one transaction. Redis going away or refusing
+      writes (``BrokerUnwritableError``: full, or a read-only replica) before that leaves it
+      under the take tag (``message_held_for_requeue``), and no more is taken until it is back
+      in its queue (``_brpop_start``);
+    - an ack or a requeue Redis refuses leaves the message in the hash for the sweep
       (``message_left_unacked``).
     """
 
@@ -439,14 +477,29 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
         return checked(self.channel.client, "unacked", checks, call)
 
     def append(self, message: Any, delivery_tag: str) -> None:
-        try:
+        with _taken_lock:
+            take = _take_of.pop(delivery_tag, None)
+        if take is None:  # not taken by the script (kombu's basic_get): kombu's own record
             self._checked(lambda: super(_GuardedQoS, self).append(message, delivery_tag))
+            return
+        info = message.delivery_info or {}
+        record = kombu_redis.dumps([message._raw, info.get("exchange", ""), info.get("routing_key", "")])
+
+        def rename() -> None:
+            with self.pipe_or_acquire() as pipe:
+                pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
+                pipe.hset(self.unacked_key, delivery_tag, record)
+                pipe.zrem(self.unacked_index_key, take)
+                pipe.hdel(self.unacked_key, take)
+                pipe.execute()
+
+        try:
+            self._checked(rename)
         except self.channel.connection_errors:
-            info = message.delivery_info or {}
-            with _held_lock:
-                _held.append((message._raw, str(info.get("exchange") or ""), str(info.get("routing_key") or "")))
-            log.warning("message_held_for_requeue", delivery_tag=_token(delivery_tag), held=len(_held))
+            log.warning("message_held_for_requeue", delivery_tag=_token(delivery_tag), held=len(_taken))
             raise
+        kombu_virtual.QoS.append(self, message, delivery_tag)
+        _forget_take(take)
 
     def ack(self, delivery_tag: str) -> None:
         try:
@@ -481,20 +534,34 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
         """kombu's, except that a message whose queue key holds another Redis type stays in the
         unacked record (``message_restore_held``) for a later sweep: kombu took it out of the
-        record and then failed to push it, in one transaction, and the message was gone."""
+        record and then failed to push it, in one transaction, and the message was gone. A take's
+        record of an entry that is not JSON (``_TAKE``) puts the entry back as it was, for the
+        screen to refuse when it is taken again."""
         channel: _GuardedChannel = self.channel
 
         def restore_transaction(pipe: Any) -> None:
             raw = pipe.hget(self.unacked_key, tag)
+            entry: tuple[bytes, str] | None = None
             if raw:
-                payload, exchange, routing_key = kombu_redis.loads(kombu_redis.bytes_to_str(raw))  # as kombu's
+                try:
+                    payload, exchange, routing_key = kombu_redis.loads(kombu_redis.bytes_to_str(raw))  # as kombu's
+                except (ValueError, TypeError):
+                    payload = None
+                if not isinstance(payload, dict):  # (kombu would log it whole, then drop it)
+                    entry = _taken_record(raw)
+                    if entry is None:
+                        log.warning("message_restore_held", delivery_tag=_token(tag), error="unreadable_record")
+                        return
+                    payload, exchange, routing_key = {}, "", entry[1]
                 why = channel._cannot_restore(pipe, payload, exchange, routing_key, watch=True)
                 if why is not None:
                     log.warning("message_restore_held", delivery_tag=_token(tag), **why)
                     return
             pipe.multi()
             self._remove_from_indices(tag, pipe)
-            if raw:
+            if entry is not None:
+                pipe.lpush(entry[1], entry[0]) if leftmost else pipe.rpush(entry[1], entry[0])
+            elif raw:
                 channel._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
 
         with channel.conn_or_acquire(client) as client:
@@ -512,10 +579,11 @@ def _refused_list(client: Any, keys: list[str]) -> StoreKeyTypeError | None:
 
 
 def hand_back_held(app: Any) -> None:
-    """At a worker's exit: the messages still held in memory (taken off the list while Redis was
-    away or full) go back to their queue through a new channel; those that cannot (Redis still
-    away or full) are lost, and said so (``held_messages_lost``)."""
-    if not _held:
+    """At a worker's exit: the messages whose record is still under its take tag (Redis was away
+    or refused writes) go back to their queue through a new channel. Those that cannot (Redis
+    still away or full) stay in the unacked record, for the visibility sweep to requeue
+    (``held_messages_left_for_sweep``)."""
+    if not _taken:
         return
     error = ""
     try:
@@ -523,13 +591,13 @@ def hand_back_held(app: Any) -> None:
             connection.ensure_connection(max_retries=0)  # one try: the worker is on its way out
             channel = connection.channel()
             try:
-                channel._push_back_held()
+                channel._requeue_taken()
             finally:
                 channel.close()
     except Exception as exc:
         error = type(exc).__name__
-    if _held:
-        log.error("held_messages_lost", messages=len(_held), error=error or "refused")
+    if _taken:
+        log.warning("held_messages_left_for_sweep", messages=len(_taken), error=error or "refused")
 
 
 def check_broker_keys(client: redis.Redis, queue: str) -> None:
@@ -561,47 +629,88 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
     Message = _ScreenedMessage
     QoS = _GuardedQoS
 
+    @cached_property
+    def _take_script(self) -> Any:
+        return self.client.register_script(_TAKE)
+
     def _brpop_start(self, timeout: Any = None) -> Any:
-        if _held and self._push_back_held() is _REFUSED:
+        """Wait for a message on the first queue's list (``_brpop_read`` takes it). The wait is a
+        rotation of the list onto itself, which leaves it as it was: Redis has no blocking read
+        of a list that pops nothing. kombu's BRPOP when the keys carry a global prefix (never set
+        by tracescore)."""
+        if _taken and self._requeue_taken() is _REFUSED:
             # Redis is up but takes no writes: take nothing more off the list, which it could not
             # record either. kombu calls this again on its next poll (within a second).
             return None
-        return super()._brpop_start(timeout)
+        if self.global_keyprefix:
+            return super()._brpop_start(timeout)
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return None
+        key = self._q_for_pri(queues[0], self.priority_steps[0])
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        self.client.connection.send_command(
+            "BLMOVE", key, key, "RIGHT", "RIGHT", self.brpop_timeout if timeout is None else timeout
+        )
+        return None
 
     def close(self) -> None:
-        if _held:
+        if _taken:
             try:
-                self._push_back_held()  # (a consumer restarting, or stopping: a chance to hand them back)
+                self._requeue_taken()  # (a consumer restarting, or stopping: a chance to hand them back)
             except Exception as exc:  # never in the way of the close
-                log.warning("held_messages_not_requeued", held=len(_held), error=type(exc).__name__)
+                log.warning("held_messages_not_requeued", held=len(_taken), error=type(exc).__name__)
         super().close()
 
-    def _push_back_held(self) -> object:
-        """Push the held messages back to their queue; ``_REFUSED`` when Redis refused the writes
-        (they stay held). Redis away: they stay held too, and the BRPOP that follows fails over to
-        Celery's reconnect."""
-        with _held_lock:
-            held, _held[:] = list(_held), []
-        kept: list[tuple[dict[str, Any], str, str]] = []
+    def _requeue_taken(self) -> object:
+        """Put the messages recorded under a take tag back to their queue; ``_REFUSED`` when Redis
+        refused the writes (they stay). Redis away: they stay too, and the wait that follows
+        fails over to Celery's reconnect."""
+        with _taken_lock:
+            takes = list(_taken)
+        done = 0
         try:
-            with self.conn_or_acquire() as client, client.pipeline() as pipe:
-                for payload, exchange, routing_key in held:
-                    why = self._cannot_restore(client, payload, exchange, routing_key)
-                    if why is not None:
-                        log.warning("message_restore_held", held=True, **why)
-                        kept.append((payload, exchange, routing_key))
-                        continue
-                    self._do_restore_message(payload, exchange, routing_key, pipe)
-                pipe.execute()
+            with self.conn_or_acquire() as client:
+                for take in takes:
+                    self.qos.restore_by_tag(take, client)
+                    _forget_take(take)
+                    done += 1
         except self.connection_errors as exc:
-            with _held_lock:
-                _held[:0] = held  # still away (or refusing): the next poll tries again
             return _REFUSED if isinstance(exc, BrokerUnwritableError) else None
-        with _held_lock:
-            _held[:0] = kept
-        if len(held) > len(kept):
-            log.info("held_messages_requeued", messages=len(held) - len(kept), still_held=len(kept))
+        finally:
+            if done:
+                log.info("held_messages_requeued", messages=done, still_held=len(_taken))
         return None
+
+    def _take(self) -> tuple[dict[str, Any], str] | None:
+        """One message off the active queues' lists (kombu's order: by priority, then queue),
+        recorded as unacknowledged under a fresh take tag; None when they are empty."""
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        pairs = [(self._q_for_pri(queue, pri), queue) for pri in self.priority_steps for queue in queues]
+        take = uuid.uuid4().hex
+        with _taken_lock:
+            _taken.append(take)  # until its record is renamed: the reply may never come back
+        keys = [key for key, _ in pairs] + [self.unacked_key, self.unacked_index_key]
+        args = [take, time.time(), *(json.dumps(queue) for _, queue in pairs)]
+        checks = [(self.unacked_key, "hash", False), (self.unacked_index_key, "zset", False)]
+        try:
+            answer = checked(self.client, "unacked", checks, lambda: self._take_script(keys, args))
+        except (BrokerUnwritableError, redis.ResponseError):
+            _forget_take(take)  # Redis answered, refusing before the pop: nothing was taken
+            raise
+        # (Any other connection error: the reply may be lost after the script ran; the tag stays.)
+        if not answer:
+            _forget_take(take)
+            return None
+        raw, index = answer
+        queue = pairs[int(index) - 1][1]
+        item = screen_envelope(raw if isinstance(raw, bytes) else str(raw).encode(), self._entry_limit(), queue)
+        payload = kombu_redis.loads(kombu_redis.bytes_to_str(item))
+        with _taken_lock:
+            _take_of[payload["properties"]["delivery_tag"]] = take
+        self._queue_cycle.rotate(queue)
+        return payload, queue
 
     def _cannot_restore(
         self, client: Any, payload: dict[str, Any], exchange: str, routing_key: str, *, watch: bool = False
@@ -625,11 +734,27 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
         return None if refused is None else {"key": refused.key, "found": refused.found}
 
     def _brpop_read(self, **options: Any) -> Any:
-        """kombu's; a queue key of another Redis type (set while the queue was empty) stops the
-        worker as it would have refused to start: one line, the key kept, the running tasks
-        finished (a warm shutdown). It ended with "Unrecoverable error" and a traceback."""
+        """After the wait, one message taken and delivered (``_take``); kombu's with a global key
+        prefix. A queue key of another Redis type (set while the queue was empty) stops the worker
+        as it would have refused to start: one line, the key kept, the running tasks finished (a
+        warm shutdown). It ended with "Unrecoverable error" and a traceback."""
         try:
-            return super()._brpop_read(**options)
+            if self.global_keyprefix:
+                return super()._brpop_read(**options)
+            try:
+                try:
+                    self.client.parse_response(self.client.connection, "BLMOVE", **options)
+                    taken = self._take()
+                except self.connection_errors:
+                    self.client.connection.disconnect()  # (as kombu: the next poll reconnects)
+                    raise
+                if taken is None:
+                    raise Empty()
+                self.connection._deliver(*taken)
+                return True
+            finally:
+                self._in_poll = None
+                self._flush_brpop_reauth()
         except redis.ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
                 raise
@@ -651,7 +776,7 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
         client = super()._get_client()
         if client is not redis.Redis:
             return client  # a global_keyprefix client: kombu's own (no screening)
-        return type("ScreeningRedis", (_ScreeningRedis,), {"max_entry_bytes": self._entry_limit()})
+        return _ScreeningRedis
 
     def _handle_message(self, client: Any, response: Any) -> Any:
         """A broadcast (Redis pub/sub) as kombu reads it; a refused one becomes a reply kombu

@@ -32,11 +32,11 @@ def server() -> Iterator[RedisServer]:
 
 def test_a_full_broker_loses_nothing_and_the_worker_waits_for_room(server: RedisServer, tmp_path: Path) -> None:
     """Redis fills up while a batch runs and two more wait. The running batch cannot store its
-    scores and is left in the unacked record; the next one, taken off the list, cannot be recorded
-    as unacked and is held in memory; the worker then stops taking messages and reconnects with
-    backoff. Before, it ended with "Unrecoverable error" and the message it had taken was gone
-    (one batch in three lost). Once Redis has room: every score stored exactly once, the worker
-    still running, the queue and the unacked record empty."""
+    scores and is left in the unacked record; the next one is not taken (its take is refused
+    before it pops); the worker then stops taking messages and reconnects with backoff. Before,
+    it ended with "Unrecoverable error" and the message it had taken was gone (one batch in three
+    lost). Once Redis has room: every score stored exactly once, the worker still running, the
+    queue and the unacked record empty."""
     url = server.url(0)
     client = server.client()
     scores = tmp_path / "scores.jsonl"
@@ -84,10 +84,13 @@ def test_a_full_broker_loses_nothing_and_the_worker_waits_for_room(server: Redis
         client.close()
 
 
-def test_a_message_held_for_a_full_broker_goes_back_when_the_worker_stops(server: RedisServer, tmp_path: Path) -> None:
-    """The message taken off the list when Redis filled up is in the worker's memory only. A
-    worker stopped (SIGTERM) once there is room again, before its next reconnect, hands it back
-    to the queue on its way out; another worker scores it, once."""
+def test_a_full_broker_has_nothing_taken_off_its_list_even_by_a_worker_stopped_then(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """A message arrives when Redis is already full. The worker's take is refused before it pops
+    (kombu's BRPOP took it and held it in the worker's memory, where a SIGKILL lost it): the
+    message stays on the list, the worker waits for room, and stopped meanwhile it has nothing
+    to hand back. Another worker scores it once Redis has room."""
     from tests.worker._batches import payload
     from tests.worker.test_hostile_messages import QUEUE, envelope, task_body
 
@@ -102,19 +105,19 @@ def test_a_message_held_for_a_full_broker_goes_back_when_the_worker_stops(server
         client.lpush("staging", entry)
         used = int(client.info("memory")["used_memory"])
         client.config_set("maxmemory-policy", "noeviction")
-        # Full by more than the message: taking it off the list leaves Redis full.
         client.config_set("maxmemory", str(used - 64 * 1024))
-        client.rename("staging", QUEUE)  # (a rename is no write Redis refuses): the worker takes it
-        assert wait_for(lambda: "message_held_for_requeue" in first.text(), 30), first.text()[-3000:]
-        assert client.llen(QUEUE) == 0
-        assert client.hlen("unacked") == 0  # in the worker's memory only
+        client.rename("staging", QUEUE)  # (a rename is no write Redis refuses): the worker wakes for it
+        assert wait_for(lambda: "waiting for room" in first.text(), 30), first.text()[-3000:]
+        assert client.llen(QUEUE) == 1
+        assert client.hlen("unacked") == 0
+
+        first.stop()  # still full
+        assert first.proc.returncode == 0, first.text()[-3000:]
+        assert client.llen(QUEUE) == 1
+        assert "held_messages" not in first.text()
+        assert read_scores(scores) == []
 
         client.config_set("maxmemory", "0")
-        first.stop()  # within the reconnect backoff (2 s, then 4 s): handed back on the way out
-        assert first.proc.returncode == 0, first.text()[-3000:]
-        assert client.llen(QUEUE) + len(read_scores(scores)) // 2 == 1, first.text()[-3000:]
-        assert "held_messages_lost" not in first.text()
-
         second = WorkerProcess("held2", url, tmp_path, scores_path=scores, env=QUICK_REDELIVERY)
         second.wait_ready()
         assert wait_for(lambda: len(read_scores(scores)) == 2, 30), second.text()[-3000:]

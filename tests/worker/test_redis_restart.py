@@ -198,3 +198,70 @@ def test_a_message_taken_off_the_queue_as_redis_dies_is_pushed_back_when_it_retu
         assert client.hlen("unacked") == 0
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("entry", ["message", "not_json"])
+def test_redis_dying_before_the_reply_that_took_a_message_loses_nothing(
+    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch, entry: str
+) -> None:
+    """The command that takes a message off the list has run in Redis (and is on disk), and Redis
+    dies before its reply reaches the worker. With kombu's BRPOP the message was then nowhere:
+    off the list, in no unacknowledged record, in no process' memory (the window the README
+    named, hit by ``test_redis_restart_under_load_loses_no_batch`` about one run in eight). Killed
+    exactly there here (the first reply after which the queue is empty is dropped with the
+    server): once Redis is back, the message is delivered again. A hostile entry (not JSON) goes
+    back as it was and is refused when taken again, never lost or passed on."""
+    from worker import _guard
+
+    url = own_redis.url(0)
+    sender = Connection(url, transport=GuardedRedisTransport)
+    try:
+        queue = sender.SimpleQueue("taken")  # (declares the queue and its binding)
+        if entry == "message":
+            queue.put({"n": 1})
+        else:
+            with own_redis.client(0) as client:
+                client.lpush("taken", b"\xff not json [")
+    finally:
+        sender.release()
+
+    watcher = own_redis.client(0)
+    parse = _guard._ScreeningRedis.parse_response
+    killed: list[str] = []
+
+    def reply_lost_with_redis(self: Any, connection: Any, command_name: Any, **options: Any) -> Any:
+        response = parse(self, connection, command_name, **options)
+        if not killed and watcher.llen("taken") == 0:
+            killed.append(str(command_name))
+            watcher.close()
+            own_redis.stop()  # SIGKILL: what the command did is on disk (appendfsync always)
+            raise redis.exceptions.ConnectionError("the reply was lost with the server")
+        return response
+
+    monkeypatch.setattr(_guard._ScreeningRedis, "parse_response", reply_lost_with_redis)
+    dying = Connection(url, transport=GuardedRedisTransport, transport_options={"max_retries": 0})
+    try:
+        with pytest.raises(dying.connection_errors):
+            dying.SimpleQueue("taken").get(timeout=5)
+    finally:
+        ignore_errors(dying, dying.release)
+    monkeypatch.setattr(_guard._ScreeningRedis, "parse_response", parse)
+    assert killed, "the message was never taken"
+
+    own_redis.start()
+    back = Connection(url, transport=GuardedRedisTransport)
+    try:
+        message = back.SimpleQueue("taken").get(timeout=10)
+        if entry == "message":
+            assert message.payload == {"n": 1}
+        else:
+            assert message.headers[_guard.REFUSED_HEADER] == "not_json"
+        message.ack()
+    finally:
+        back.release()
+    client = redis.Redis.from_url(url)
+    try:
+        assert client.llen("taken") == 0
+        assert client.hlen("unacked") == 0
+    finally:
+        client.close()

@@ -144,7 +144,6 @@ def test_create_app_carries_its_own_settings_to_task_and_transport(redis_url: st
     assert large.tasks[SCORE_TASK_NAME].app is large
     for app, cap in ((small, 4096), (large, 8 * 1024 * 1024)):
         with app.connection_for_read() as connection:
-            client_class = connection.default_channel._get_client()
-            assert client_class.max_entry_bytes == envelope_limit(cap)
+            assert connection.default_channel._entry_limit() == envelope_limit(cap)
     assert (env_app.conf.broker_url, env_app.conf.task_default_queue) == env_conf
     assert dict(os.environ) == env_before
