@@ -45,7 +45,7 @@ import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
@@ -634,7 +634,8 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
         return self.client.register_script(_TAKE)
 
     def _brpop_start(self, timeout: Any = None) -> Any:
-        """Wait for a message on the first queue's list (``_brpop_read`` takes it). The wait is a
+        """Wait for a message on the first queue's list (``_brpop_read`` then takes one from any
+        of them, so another queue or priority waits at most ``brpop_timeout``). The wait is a
         rotation of the list onto itself, which leaves it as it was: Redis has no blocking read
         of a list that pops nothing. kombu's BRPOP when the keys carry a global prefix (never set
         by tracescore)."""
@@ -672,10 +673,16 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
         done = 0
         try:
             with self.conn_or_acquire() as client:
-                for take in takes:
+
+                def requeue(take: str) -> bool:
+                    recorded = bool(client.hexists(self.unacked_key, take))  # (or never taken, or renamed)
                     self.qos.restore_by_tag(take, client)
+                    return recorded
+
+                for take in takes:
+                    recorded = self.qos._checked(partial(requeue, take))
                     _forget_take(take)
-                    done += 1
+                    done += recorded
         except self.connection_errors as exc:
             return _REFUSED if isinstance(exc, BrokerUnwritableError) else None
         finally:
