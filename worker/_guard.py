@@ -409,7 +409,9 @@ class _ScreenedMessage(kombu_virtual.Message):  # type: ignore[misc]  # Any base
 # tag of the taker's (the take tag) and only then pops it, so whatever Redis did is in Redis. With
 # kombu's BRPOP, Redis dying after the pop and before its reply reached the worker lost the
 # message: off the list, in no record, in no memory. Written before the pop, so a Redis that
-# refuses writes (full: ZADD is refused, read-only) changes nothing. KEYS: the queues' lists in
+# refuses writes (full: ZADD is refused, read-only) changes nothing; the pop is an LTRIM, which
+# does not hand the entry to Lua a second time (each pass of a large entry through Lua is copies:
+# bench/take.py). KEYS: the queues' lists in
 # kombu's order, then the unacked hash and its index; ARGV: the take tag, the time, then each
 # list's queue name as JSON. The record is kombu's ``[payload, exchange, routing key]`` with the
 # anonymous exchange, which routes back to that queue; built from the entry as it is, so a hostile
@@ -421,22 +423,29 @@ for i = 1, lists do
   if raw then
     redis.call('ZADD', KEYS[lists + 2], ARGV[2], ARGV[1])
     redis.call('HSET', KEYS[lists + 1], ARGV[1], '[' .. raw .. ', "", ' .. ARGV[2 + i] .. ']')
-    redis.call('RPOP', KEYS[i])
+    redis.call('LTRIM', KEYS[i], 0, -2)
     return {raw, i}
   end
 end
 return false
 """
 
-# Take tags whose message may sit in the unacked record under that tag: the take's reply or the
-# record's rename (``_GuardedQoS.append``) did not come back. Requeued by the next channel that
-# reaches Redis (``_GuardedChannel._requeue_taken``), else by the visibility sweep.
+# Take tags whose message may sit in the unacked record under that tag, and that no consumer is
+# delivering any more: the take's reply or the record's rename (``_GuardedQoS.append``) did not
+# come back. Requeued by the next channel that reaches Redis (``_GuardedChannel._requeue_taken``),
+# else by the visibility sweep. (Only failed takes: another consumer of the process must never
+# requeue a message being delivered.)
 _taken: list[str] = []
-# The take tag of each message taken and not yet renamed, by its own delivery tag.
+# The take tag of each message taken and being delivered (not yet renamed), by its delivery tag.
 _take_of: dict[str, str] = {}
 _taken_lock = threading.Lock()
 _REFUSED = object()  # _requeue_taken's answer when Redis refused the writes (full, read-only)
 _TAKEN_RECORD = re.compile(rb'\A\[(.*), "", ("(?:[^"\\]|\\.)*")\]\Z', re.DOTALL)
+
+
+def _remember_take(take: str) -> None:
+    with _taken_lock:
+        _taken.append(take)
 
 
 def _forget_take(take: str) -> None:
@@ -496,10 +505,10 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
         try:
             self._checked(rename)
         except self.channel.connection_errors:
+            _remember_take(take)  # (a rename that did reach Redis leaves nothing under it: no-op)
             log.warning("message_held_for_requeue", delivery_tag=_token(delivery_tag), held=len(_taken))
             raise
         kombu_virtual.QoS.append(self, message, delivery_tag)
-        _forget_take(take)
 
     def ack(self, delivery_tag: str) -> None:
         try:
@@ -696,19 +705,17 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
         queues = self._queue_cycle.consume(len(self.active_queues))
         pairs = [(self._q_for_pri(queue, pri), queue) for pri in self.priority_steps for queue in queues]
         take = uuid.uuid4().hex
-        with _taken_lock:
-            _taken.append(take)  # until its record is renamed: the reply may never come back
         keys = [key for key, _ in pairs] + [self.unacked_key, self.unacked_index_key]
         args = [take, time.time(), *(json.dumps(queue) for _, queue in pairs)]
         checks = [(self.unacked_key, "hash", False), (self.unacked_index_key, "zset", False)]
         try:
             answer = checked(self.client, "unacked", checks, lambda: self._take_script(keys, args))
         except (BrokerUnwritableError, redis.ResponseError):
-            _forget_take(take)  # Redis answered, refusing before the pop: nothing was taken
+            raise  # Redis answered, refusing before the pop: nothing was taken
+        except self.connection_errors:
+            _remember_take(take)  # the reply may be lost after the script ran
             raise
-        # (Any other connection error: the reply may be lost after the script ran; the tag stays.)
         if not answer:
-            _forget_take(take)
             return None
         raw, index = answer
         queue = pairs[int(index) - 1][1]
@@ -757,7 +764,15 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
                     raise
                 if taken is None:
                     raise Empty()
-                self.connection._deliver(*taken)
+                payload, queue = taken
+                try:
+                    self.connection._deliver(payload, queue)
+                except BaseException:
+                    with _taken_lock:  # (not recorded by kombu: its take's record is the message's)
+                        take = _take_of.pop(payload["properties"]["delivery_tag"], None)
+                    if take is not None:
+                        _remember_take(take)
+                    raise
                 return True
             finally:
                 self._in_poll = None
