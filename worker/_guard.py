@@ -408,14 +408,14 @@ class _ScreenedMessage(kombu_virtual.Message):  # type: ignore[misc]  # Any base
 # How a message is taken off its queue: one script reads it, records it as unacknowledged under a
 # tag of the taker's (the take tag) and only then pops it, so whatever Redis did is in Redis. With
 # kombu's BRPOP, Redis dying after the pop and before its reply reached the worker lost the
-# message: off the list, in no record, in no memory. Written before the pop, so a Redis that
-# refuses writes (full: ZADD is refused, read-only) changes nothing; the pop is an LTRIM, which
-# does not hand the entry to Lua a second time (each pass of a large entry through Lua is copies:
-# bench/take.py). KEYS: the queues' lists in
-# kombu's order, then the unacked hash and its index; ARGV: the take tag, the time, then each
-# list's queue name as JSON. The record is kombu's ``[payload, exchange, routing key]`` with the
-# anonymous exchange, which routes back to that queue; built from the entry as it is, so a hostile
-# entry that is not JSON makes a record that is not JSON either (``_taken_record`` reads it).
+# message: off the list, in no record, in no memory. The record is written before the pop, so a
+# Redis that refuses writes (full: ZADD is refused; read-only) changes nothing. The pop is an
+# LTRIM: RPOP would hand the entry to Lua once more, and each pass of a large entry is copies
+# (bench/take.py). KEYS: the queues' lists in kombu's order, then the unacked hash and its index;
+# ARGV: the take tag, the time, then each list's queue name as JSON. The record is kombu's
+# ``[payload, exchange, routing key]`` with the anonymous exchange, which routes back to that
+# queue; built from the entry as it is, so a hostile entry that is not JSON makes a record that
+# is not JSON either (``_taken_record`` reads it).
 _TAKE = """
 local lists = #KEYS - 2
 for i = 1, lists do
