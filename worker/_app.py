@@ -17,6 +17,7 @@ worker exits within the grace period plus a few seconds and another one finishes
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import ssl
 import sys
@@ -44,6 +45,24 @@ __all__ = [
 ]
 
 log = structlog.get_logger("tracescore.worker")
+
+
+class _RequeueWithoutTraceback(logging.Filter):
+    """Celery logs a task that raised ``Reject`` at WARNING with its traceback. tracescore's task
+    rejects only to requeue (the broker or the store away, a shutdown, a hard time limit:
+    worker/_task.py), and its reason, in the line, names the cause; a traceback there read like a
+    crash to operators. Other records pass as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        data = getattr(record, "data", None)
+        if isinstance(data, dict) and data.get("description") == "rejected":
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+# (Celery's task tracer logs through this logger, in whichever process runs the task.)
+logging.getLogger("celery.app.trace").addFilter(_RequeueWithoutTraceback())
 
 _AUTH_REPLIES = ("WRONGPASS", "NOAUTH", "AUTH")
 

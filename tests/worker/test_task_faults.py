@@ -176,6 +176,42 @@ def test_a_batch_requeued_for_redis_four_times_is_neither_split_nor_dead_lettere
     assert _dlq(redis_url) == []
 
 
+def test_a_requeue_is_one_log_line_with_its_reason_and_no_traceback(
+    app: TracescoreApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Celery logged every ``Reject(requeue=True)`` at WARNING with a traceback, which read like a
+    crash; it is one line naming the reason. Celery's other task logs keep their tracebacks."""
+    import logging
+    import sys
+
+    task = app.score_batch_task
+    store = get_runtime(app.settings).store
+    real_existing = store.existing
+
+    async def away(score_ids: Any) -> Any:
+        raise StoreUnavailableError("Redis is unreachable: existing failed (test outage)")
+
+    store.existing = away  # type: ignore[method-assign]
+    try:
+        with caplog.at_level(logging.WARNING, logger="celery.app.trace"):
+            assert task.apply(args=[payload(range(2), ["length"], salt="one-line")]).state == "REJECTED"
+    finally:
+        store.existing = real_existing  # type: ignore[method-assign]
+    [record] = [r for r in caplog.records if r.name == "celery.app.trace"]
+    assert record.levelno == logging.WARNING
+    assert "Redis is unreachable" in record.getMessage()
+    assert record.exc_info is None
+    assert "Traceback" not in caplog.text
+
+    try:
+        raise RuntimeError("a task's own failure")
+    except RuntimeError:
+        failure = logging.LogRecord("celery.app.trace", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+    failure.data = {"description": "raised unexpected"}
+    assert logging.getLogger("celery.app.trace").filter(failure)
+    assert failure.exc_info is not None
+
+
 def test_delivery_marks_are_idempotent_and_outlive_a_redis_outage(redis_server: RedisServer) -> None:
     """A delivery token sent twice (redis-py re-sending after a lost reply) is one delivery; an
     end that could not be written while Redis was down is written before the next delivery,
