@@ -30,12 +30,14 @@ from worker.store import DeadLetter
 
 
 class Producer(threading.Thread):
-    """Sends one batch every ``every_s`` until stopped; remembers which sends Redis acknowledged."""
+    """Sends one batch every ``every_s`` until stopped; remembers which sends Redis acknowledged,
+    and which raised: one of those may still have reached Redis, its reply lost with the server."""
 
     def __init__(self, url: str, every_s: float = 0.05) -> None:
         super().__init__(daemon=True)
         self.url, self.every_s = url, every_s
         self.sent: list[ScoreBatch] = []
+        self.unsure: list[ScoreBatch] = []
         self.failed = 0
         self.halt = threading.Event()
 
@@ -50,7 +52,8 @@ class Producer(threading.Thread):
                     sink.send(b)
                     self.sent.append(b)
                 except Exception:
-                    self.failed += 1  # refused while Redis is down: never acknowledged, not ours to score
+                    self.failed += 1  # never acknowledged: refused, or landed as Redis died
+                    self.unsure.append(b)
                 time.sleep(self.every_s)
         finally:
             sink.close()
@@ -59,7 +62,8 @@ class Producer(threading.Thread):
 def test_redis_restart_under_load_loses_no_batch(own_redis: RedisServer, tmp_path: Path) -> None:
     """Two workers (threads and prefork pools) score while a producer sends continuously; Redis
     is killed and started again on the same port mid-run. Every acknowledged batch is scored
-    exactly once, with no error records and nothing dead-lettered."""
+    exactly once, with no error records and nothing dead-lettered; a send that raised as Redis
+    died (its LPUSH may have run, the reply lost) is scored once or not at all, and nothing else."""
     url = own_redis.url(0)
     scores_path = tmp_path / "scores.jsonl"
     env = {
@@ -87,13 +91,16 @@ def test_redis_restart_under_load_loses_no_batch(own_redis: RedisServer, tmp_pat
         producer.halt.set()
         producer.join(10)
 
-        expected = {
-            score_id_for(r.trace_id, t, scorer, "1")
-            for b in producer.sent
-            for r in b.requests
-            for t in r.target_span_ids
-            for scorer in ("length", "slow")
-        }
+        def score_ids(batches: list[ScoreBatch]) -> set[str]:
+            return {
+                score_id_for(r.trace_id, t, scorer, "1")
+                for b in batches
+                for r in b.requests
+                for t in r.target_span_ids
+                for scorer in ("length", "slow")
+            }
+
+        expected, unsure = score_ids(producer.sent), score_ids(producer.unsure)
         logs = "\n".join(w.text()[-3000:] for w in workers)
         assert wait_for(lambda: len(read_scores(scores_path)) >= len(expected), 90), (
             f"{len(read_scores(scores_path))} of {len(expected)} scores\n{logs}"
@@ -111,7 +118,9 @@ def test_redis_restart_under_load_loses_no_batch(own_redis: RedisServer, tmp_pat
         scores = read_scores(scores_path)
         ids = [s["score_id"] for s in scores]
         assert len(ids) == len(set(ids)), "a score was written twice"
-        assert set(ids) == expected
+        assert expected <= set(ids), f"{len(expected - set(ids))} acknowledged scores missing"
+        # (a send that raised as Redis died may have landed: scored once, or not at all)
+        assert set(ids) <= expected | unsure, f"{len(set(ids) - expected - unsure)} scores of nothing sent"
         assert [s for s in scores if s["error_type"]] == []
         assert all(w.proc.poll() is None for w in workers)
     finally:
