@@ -120,6 +120,17 @@ class WorkerProcess:
         self._out.close()
 
 
+def queue_and_unacked(url: str, queue: str) -> tuple[int, int]:
+    """How many messages ``queue``'s list and kombu's unacked record hold on the broker at ``url``."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.llen(queue)), int(client.hlen("unacked"))
+    finally:
+        client.close()
+
+
 def read_scores(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

@@ -21,7 +21,7 @@ from kombu.common import ignore_errors
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch
-from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tests.worker._workers import WorkerProcess, queue_and_unacked, read_scores, wait_for
 from tracing import CelerySink
 from tracing._score_record import score_id_for
 from tracing.queue import ScoreBatch
@@ -201,12 +201,7 @@ def test_a_message_taken_off_the_queue_as_redis_dies_is_pushed_back_when_it_retu
         message.ack()
     finally:
         back.release()
-    client = redis.Redis.from_url(url)
-    try:
-        assert client.llen("held") == 0
-        assert client.hlen("unacked") == 0
-    finally:
-        client.close()
+    assert queue_and_unacked(url, "held") == (0, 0)
 
 
 @pytest.mark.parametrize("entry", ["message", "not_json"])
@@ -268,9 +263,4 @@ def test_redis_dying_before_the_reply_that_took_a_message_loses_nothing(
         message.ack()
     finally:
         back.release()
-    client = redis.Redis.from_url(url)
-    try:
-        assert client.llen("taken") == 0
-        assert client.hlen("unacked") == 0
-    finally:
-        client.close()
+    assert queue_and_unacked(url, "taken") == (0, 0)

@@ -10,6 +10,7 @@ import redis
 from kombu import Connection
 
 from tests._redis import RedisServer
+from tests.worker._workers import queue_and_unacked
 from worker._guard import GuardedRedisTransport
 
 
@@ -72,9 +73,4 @@ def test_consumers_racing_for_one_list_take_each_message_once(own_redis: RedisSe
     assert errors == []
     everything = sorted(n for t in taken for n in t)
     assert everything == list(range(total))
-    client = redis.Redis.from_url(url)
-    try:
-        assert client.llen("race") == 0
-        assert client.hlen("unacked") == 0
-    finally:
-        client.close()
+    assert queue_and_unacked(url, "race") == (0, 0)
