@@ -51,6 +51,7 @@ __all__ = [
     "call_from_signal_handler",
     "cleanup_deadline",
     "get_loop_thread",
+    "halt_loop",
     "install_drain_handler",
     "request_shutdown",
     "resident_bytes",
@@ -75,6 +76,12 @@ WATCHDOG_GRACE_S = 3.0
 LIVE_BEAT_S = 1.0
 
 
+class _LoopHalted(SystemExit):
+    """Ends the loop thread (``LoopThread.halt``). A SystemExit, because asyncio lets only
+    SystemExit and KeyboardInterrupt out of a task and out of ``run_forever``: any other
+    exception would be stored in the running task and the loop would go on."""
+
+
 class LoopThread:
     """An event loop running forever in a daemon thread, with a heartbeat the watchdog reads."""
 
@@ -91,6 +98,8 @@ class LoopThread:
         while True:
             try:
                 self.loop.run_forever()
+                return
+            except _LoopHalted:
                 return
             except LoopBlockedError:
                 # Delivered just after the blocking code returned, into the loop's own code:
@@ -122,6 +131,17 @@ class LoopThread:
             return False
         set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
         return int(set_async_exc(ctypes.c_ulong(ident), ctypes.py_object(LoopBlockedError))) == 1
+
+    def halt(self, timeout_s: float) -> bool:
+        """Stop the loop thread for good at its next Python instruction, whatever runs there,
+        and wait up to ``timeout_s`` for it to end. True if it ended. For a process about to
+        exit: its pending work is left for the broker to redeliver."""
+        ident = self._thread.ident
+        if ident is None or not self._thread.is_alive():
+            return True
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(_LoopHalted))
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def cancel_interrupt(self) -> None:
         ident = self._thread.ident
@@ -319,6 +339,14 @@ def get_loop_thread() -> LoopThread:
         if _current is None or _current.pid != os.getpid():
             _current = LoopThread()
         return _current
+
+
+def halt_loop(timeout_s: float) -> bool:
+    """``LoopThread.halt`` on this process's loop thread, if it has one (True if none runs)."""
+    current = _current
+    if current is None or current.pid != os.getpid():
+        return True
+    return current.halt(timeout_s)
 
 
 def start_watchdog(

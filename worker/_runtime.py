@@ -35,7 +35,7 @@ from worker._budget import BudgetGuard, RedisLedger, parse_budgets, parse_prices
 from worker._delivery import DrainerWaker, process_deliveries, start_process_deliveries, stop_process_deliveries
 from worker._gc import freeze_startup_objects
 from worker._limiter import RedisRateLimiter
-from worker._loop import run_coro, start_watchdog
+from worker._loop import halt_loop, run_coro, start_watchdog
 from worker._reconnect import RECONNECT_S
 from worker._registry import Registry, RegistryError, load_registry
 from worker._scoring import ScoringDeps, scoring_run_of, wedged_record
@@ -45,6 +45,9 @@ from worker.store import DeliveryLog, RedisDeadLetters, RedisScoreStore
 
 # Exit status of a worker process whose event loop was wedged (EX_SOFTWARE).
 EXIT_WEDGED = 70
+# How long a process over its memory limit waits for its loop thread to stop before it
+# records the run anyway (a step inside one long C call takes the stop when the call returns).
+HALT_S = 2.0
 
 __all__ = [
     "WorkerRuntime",
@@ -205,7 +208,11 @@ def _recycle_process_over_memory(task: asyncio.Task[Any] | None, rss_mb: float) 
     """Resident memory passed TRACESCORE_MEMORY_LIMIT_MB: record the run the loop is in (the
     allocating one, when a sync step allocates) as ``memory`` and exit, as for a wedged loop.
     A run allocating from async code is not known here: its redeliveries die the same way and
-    count as crashes, so it ends up alone in its message and dead-lettered."""
+    count as crashes, so it ends up alone in its message and dead-lettered.
+
+    The loop is stopped first: a step allocating in a loop takes the GIL back from this thread
+    at every turn, and while the record was stored it grew a 512 MB process to 7 GB, until
+    Celery's hard time limit SIGKILLed it before it could exit."""
     found = wedged_record(
         task,
         0.0,
@@ -215,7 +222,14 @@ def _recycle_process_over_memory(task: asyncio.Task[Any] | None, rss_mb: float) 
         ),
         error_type="memory",
     )
-    _record_and_exit(found, event="worker_memory_limit_exiting", rss_mb=round(rss_mb))
+    loop_stopped = halt_loop(HALT_S)
+    _record_and_exit(
+        found,
+        event="worker_memory_limit_exiting",
+        rss_mb=round(rss_mb),
+        loop_stopped=loop_stopped,
+        peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    )
 
 
 def _record_and_exit(found: tuple[ScoreRecord, ScoringDeps] | None, *, event: str, **fields: Any) -> None:

@@ -97,4 +97,47 @@ def test_a_run_past_the_limit_is_a_memory_record_and_its_process_is_replaced(
     assert "TRACESCORE_MEMORY_LIMIT_MB" in failed["error_message"]
     # logged after the record is written and flushed: it may trail the scores file
     assert wait_for(lambda: "worker_memory_limit_exiting" in worker.text(), 30), worker.text()[-3000:]
+    (exiting,) = [line for line in worker.text().splitlines() if "worker_memory_limit_exiting" in line]
+    # The allocating step was stopped before the record was stored, and the child exited by
+    # itself. (Left allocating, it starved the recording thread of the GIL and grew to 7 GB
+    # until Celery's hard time limit SIGKILLed it.)
+    assert "loop_stopped=True" in exiting, exiting
+    assert wait_for(lambda: "exited with 'exitcode 70'" in worker.text(), 10), worker.text()[-3000:]
     assert worker.proc.poll() is None
+
+
+def test_halting_the_loop_ends_a_step_that_swallows_every_exception_and_leaves_its_work_unfinished() -> None:
+    """``LoopThread.halt`` (the memory limit's first move) ends the loop thread inside a step
+    that catches every ``Exception``; the coroutine waiting on it is not completed, so the
+    batch it belongs to is neither acknowledged nor failed: the broker redelivers it."""
+    import asyncio
+    import gc
+    import threading
+
+    from worker._loop import LoopThread
+
+    started = threading.Event()
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                started.set()
+                sum(range(10_000))
+            except Exception:
+                continue
+
+    lt = LoopThread()
+    future = asyncio.run_coroutine_threadsafe(stubborn(), lt.loop)
+    try:
+        assert started.wait(10)
+        assert lt.halt(10.0)
+        assert not lt.alive()
+        assert not future.done()
+    finally:
+        if not lt.halt(10.0):
+            raise AssertionError("the loop thread is still running")
+        lt.loop.close()
+        # The halted task logs "exception never retrieved" when collected: here, not inside
+        # some later compile (CPython 3.11.7 raises SystemError for a finalizer run there).
+        del future
+        gc.collect()
