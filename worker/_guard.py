@@ -356,7 +356,7 @@ class _BrokerPipeline(redis.client.Pipeline):
             raise _unwritable(exc) from None
 
 
-class _ScreeningRedis(redis.Redis):
+class _BrokerRedis(redis.Redis):
     """kombu's client, with Redis refusing writes (full, or a read-only replica) as
     ``BrokerUnwritableError``, a connection error to kombu and Celery."""
 
@@ -797,8 +797,8 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
     def _get_client(self) -> Any:
         client = super()._get_client()
         if client is not redis.Redis:
-            return client  # a global_keyprefix client: kombu's own (no screening)
-        return _ScreeningRedis
+            return client  # a global_keyprefix client: kombu's own (refusals stay kombu's errors)
+        return _BrokerRedis
 
     def _handle_message(self, client: Any, response: Any) -> Any:
         """A broadcast (Redis pub/sub) as kombu reads it; a refused one becomes a reply kombu

@@ -230,7 +230,7 @@ def test_redis_dying_before_the_reply_that_took_a_message_loses_nothing(
         sender.release()
 
     watcher = own_redis.client(0)
-    parse = _guard._ScreeningRedis.parse_response
+    parse = _guard._BrokerRedis.parse_response
     killed: list[str] = []
 
     def reply_lost_with_redis(self: Any, connection: Any, command_name: Any, **options: Any) -> Any:
@@ -242,14 +242,14 @@ def test_redis_dying_before_the_reply_that_took_a_message_loses_nothing(
             raise redis.exceptions.ConnectionError("the reply was lost with the server")
         return response
 
-    monkeypatch.setattr(_guard._ScreeningRedis, "parse_response", reply_lost_with_redis)
+    monkeypatch.setattr(_guard._BrokerRedis, "parse_response", reply_lost_with_redis)
     dying = Connection(url, transport=GuardedRedisTransport, transport_options={"max_retries": 0})
     try:
         with pytest.raises(dying.connection_errors):
             dying.SimpleQueue("taken").get(timeout=5)
     finally:
         ignore_errors(dying, dying.release)
-    monkeypatch.setattr(_guard._ScreeningRedis, "parse_response", parse)
+    monkeypatch.setattr(_guard._BrokerRedis, "parse_response", parse)
     assert killed, "the message was never taken"
 
     own_redis.start()
