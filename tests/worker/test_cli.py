@@ -19,7 +19,7 @@ from tracing import CelerySink
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord, score_id_for
 from worker.cli import main
-from worker.store import DeadLetter, RedisDeadLetters, RedisScoreStore
+from worker.store import DeadLetter, RedisDeadLetters, RedisOutbox, RedisScoreStore, SinkDeadLetter
 
 # A broker nothing listens on: a command that reached Redis through it would fail.
 NOWHERE = "redis://127.0.0.1:1/11"
@@ -321,29 +321,43 @@ def test_celery_worker_with_a_bad_scorer_module_exits_with_one_line(redis_url: s
     assert "tracescore worker cannot start: cannot import scorer module 'no_such.scorers'" in done.stderr
 
 
+def _leaf_commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
+    found: dict[str, click.Command] = {}
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found.update(_leaf_commands(command, f"{prefix}{name} "))
+        else:
+            found[f"{prefix}{name}"] = command
+    return found
+
+
+# Every command, by whether it talks to Redis; a new command must be placed here.
+TALKS_TO_REDIS = {"status", "scores", "dlq list", "dlq retry", "sinks list", "sinks retry", "worker", "probe ready"}
+NO_REDIS = {"score", "compare", "probe live"}  # in-process scoring, two files, the probe files
+# Their answer is not output for scripts: a long-running process; a probe's exit status.
+NO_JSON = {"worker", "probe live", "probe ready"}
+
+
 def test_redis_commands_share_one_broker_option_and_json() -> None:
-    """Every command that talks to Redis takes --broker with the same meaning, and --json."""
+    """Every command that talks to Redis takes --broker with the same meaning, and every
+    command whose output is meant for scripts takes --json (issue 11: `sinks retry` had none)."""
     from worker.cli import cli
     from worker.cli._common import BROKER_HELP
 
-    dlq = cli.commands["dlq"]
-    assert isinstance(dlq, click.Group)
-    commands = {
-        "status": cli.commands["status"],
-        "scores": cli.commands["scores"],
-        "dlq list": dlq.commands["list"],
-        "dlq retry": dlq.commands["retry"],
-        "worker": cli.commands["worker"],
-    }
+    commands = _leaf_commands(cli)
+    assert set(commands) == TALKS_TO_REDIS | NO_REDIS | {"backfill"}, "place the new command in a set above"
     for name, command in commands.items():
         options = {opt: param for param in command.params for opt in getattr(param, "opts", [])}
-        assert "--broker" in options, f"tracescore {name} has no --broker"
-        broker = options["--broker"]
-        assert isinstance(broker, click.Option)
-        assert broker.help == BROKER_HELP, name
-        assert broker.envvar is None, name  # one precedence, decided in cli_settings: flag > variable > default
-        if name != "worker":
-            assert "--json" in options, f"tracescore {name} has no --json"
+        if name in TALKS_TO_REDIS | {"backfill"}:
+            assert "--broker" in options, f"tracescore {name} has no --broker"
+            broker = options["--broker"]
+            assert isinstance(broker, click.Option)
+            # backfill's own help: without a broker it scores in its own process
+            assert broker.help == BROKER_HELP or name == "backfill", name
+            assert broker.envvar is None, name  # one precedence, decided in cli_settings: flag > variable > default
+        else:
+            assert "--broker" not in options, f"tracescore {name} takes --broker but never talks to Redis"
+        assert ("--json" in options) == (name not in NO_JSON), f"tracescore {name}: --json"
 
 
 def test_broker_flag_wins_over_the_environment(wrong_env: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -383,6 +397,37 @@ def test_broker_flag_wins_over_the_environment(wrong_env: str, capsys: pytest.Ca
         assert client.llen("tracescore") == 1  # requeued through the --broker, not the environment's
     finally:
         client.close()
+
+
+def test_sinks_retry_json_counts_what_was_queued_and_what_was_not_a_dead_letter(
+    wrong_env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sinks retry SINK ID... --json`: one object; an id given twice is queued once, an id that
+    is not the sink's dead letter is counted and the exit status says so."""
+    url = wrong_env
+    trace, span = "ab" * 16, "cd" * 8
+    record = ScoreRecord(score_id=score_id_for(trace, span, "s", "1"), trace_id=trace, span_id=span, scorer_id="s")
+
+    async def put() -> None:
+        store = RedisScoreStore(url, sinks=["otlp"])
+        await store.put_records([record], "w1", 600)
+        await store.close()
+
+    asyncio.run(put())
+    outbox = RedisOutbox(url)
+    try:
+        lease = outbox.lease("otlp", 10, lease_s=30)
+        assert outbox.dead(lease, [SinkDeadLetter(score_id=record.score_id, sink="otlp", reason="http_400")]) == 1
+        capsys.readouterr()
+        argv = ["sinks", "retry", "otlp", record.score_id, record.score_id, "0" * 64, "--json", "--broker", url]
+        assert main(argv) == 1
+        out = capsys.readouterr()
+        assert json.loads(out.out) == {"sink": "otlp", "queued": 1, "not_dead_letters": 1}
+        assert "1 of the given id(s) are not otlp dead letters" in out.err
+        assert outbox.dead_letters("otlp") == []
+        assert outbox.lease("otlp", 10, lease_s=30).ids == [record.score_id]
+    finally:
+        outbox.close()
 
 
 def test_worker_command_does_not_rewrite_the_environment(

@@ -124,25 +124,33 @@ def sinks_list(broker: str | None, sink: str | None, limit: int, as_json: bool) 
 @click.argument("sink")
 @click.argument("score_ids", nargs=-1)
 @click.option("--all", "retry_all", is_flag=True, help="Queue every dead letter of SINK again.")
+@json_option(
+    "One JSON object: the sink, how many scores were queued again, how many given ids were not its dead letters."
+)
 @broker_option
-def sinks_retry(broker: str | None, sink: str, score_ids: tuple[str, ...], retry_all: bool) -> None:
+def sinks_retry(broker: str | None, sink: str, score_ids: tuple[str, ...], retry_all: bool, as_json: bool) -> None:
     """Queue a sink's dead letters (by score id, or --all) for delivery again; the workers'
     drainers take them (a re-send is an upsert in the backend).
 
     \b
     Examples:
       tracescore sinks retry phoenix --all
-      tracescore sinks retry otlp 6f1c...e2
+      tracescore sinks retry otlp 6f1c...e2 --json
     """
     if bool(score_ids) == retry_all:
         raise CliError("give score id(s) or --all (not both)")
     outbox, url = _outbox(broker)
     try:
-        done = outbox.redrive(sink, None if retry_all else list(score_ids))
+        ids = list(dict.fromkeys(score_ids))  # an id given twice is queued (and counted) once
+        done = outbox.redrive(sink, None if retry_all else ids)
     except (RedisError, OSError) as exc:
         raise CliError(f"cannot reach the score store at {redact(url)}: {redact(str(exc))}") from exc
     finally:
         outbox.close()
-    click.echo(f"{done} score(s) queued again for {sink}")
-    if score_ids and done < len(score_ids):
-        raise CliError(f"{len(score_ids) - done} of the given id(s) are not {sink} dead letters")
+    missing = len(ids) - done if ids else 0
+    if as_json:
+        click.echo(json.dumps({"sink": sink, "queued": done, "not_dead_letters": missing}))
+    else:
+        click.echo(f"{done} score(s) queued again for {sink}")
+    if missing:
+        raise CliError(f"{missing} of the given id(s) are not {sink} dead letters")
