@@ -106,6 +106,42 @@ def test_a_run_past_the_limit_is_a_memory_record_and_its_process_is_replaced(
     assert worker.proc.poll() is None
 
 
+def test_a_threads_worker_past_the_limit_exits_and_its_restart_scores_the_rest_once(
+    started: list[WorkerProcess], redis_url: str, tmp_path: Path
+) -> None:
+    """Threads pool: one event loop serves every thread, and no pool replaces the process. Past
+    the limit the loop is stopped, the run's `memory` record stored and the worker exits with
+    status 70; started again (as a supervisor would), the unacknowledged message comes back after
+    the visibility timeout: its other runs are scored once, the allocating run is not run again."""
+    env = {**LIMITS, "TRACESCORE_MEMORY_LIMIT_MB": "512"}
+    first = FaultWorker("threads-mem-past", redis_url, tmp_path, env=env, pool="threads", concurrency=4)
+    started.append(first)
+    first.wait_ready()
+    good = batch(range(1, 4), ["length"], salt="threads-mem")
+    odd = batch(range(1), ["hog"], salt="threads-mem")
+    _send(
+        redis_url, good.model_copy(update={"batch_id": "mixed-threads-mem", "requests": odd.requests + good.requests})
+    )
+    assert wait_for(lambda: first.proc.poll() is not None, 60), first.text()[-3000:]
+    assert first.proc.returncode == 70, first.text()[-3000:]
+    assert "loop_stopped=True" in first.text(), first.text()[-3000:]
+
+    second = FaultWorker("threads-mem-again", redis_url, tmp_path, env=env, pool="threads", concurrency=4)
+    started.append(second)
+    second.wait_ready()
+    _send(redis_url, batch(range(10, 14), ["length"], salt="after-threads-mem"))
+    scores_path = tmp_path / "scores.jsonl"
+    assert wait_for(lambda: len(read_scores(scores_path)) >= 8, 90), second.text()[-4000:]
+    scores = read_scores(scores_path)
+    assert len(scores) == 8, scores
+    assert len({s["score_id"] for s in scores}) == 8
+    (failed,) = [s for s in scores if s["error_type"]]
+    assert (failed["scorer_id"], failed["error_type"]) == ("hog", "memory")
+    assert sorted(s["scorer_id"] for s in scores if not s["error_type"]) == ["length"] * 7
+    assert "already_scored" in second.text()  # the redelivered hog run was skipped, not run again
+    assert second.proc.poll() is None
+
+
 def test_halting_the_loop_ends_a_step_that_swallows_every_exception_and_leaves_its_work_unfinished() -> None:
     """``LoopThread.halt`` (the memory limit's first move) ends the loop thread inside a step
     that catches every ``Exception``; the coroutine waiting on it is not completed, so the
