@@ -126,27 +126,26 @@ class LoopThread:
     def interrupt(self) -> bool:
         """Raise ``LoopBlockedError`` in the loop thread at its next Python instruction (a C call
         in progress is not interrupted). True if the exception was scheduled."""
-        ident = self._thread.ident
-        if ident is None or not self._thread.is_alive():
-            return False
-        set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-        return int(set_async_exc(ctypes.c_ulong(ident), ctypes.py_object(LoopBlockedError))) == 1
+        return self._thread.is_alive() and self._raise_in_thread(LoopBlockedError)
 
     def halt(self, timeout_s: float) -> bool:
         """Stop the loop thread for good at its next Python instruction, whatever runs there,
         and wait up to ``timeout_s`` for it to end. True if it ended. For a process about to
         exit: its pending work is left for the broker to redeliver."""
-        ident = self._thread.ident
-        if ident is None or not self._thread.is_alive():
-            return True
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(_LoopHalted))
-        self._thread.join(timeout_s)
+        if self._thread.is_alive() and self._raise_in_thread(_LoopHalted):
+            self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
     def cancel_interrupt(self) -> None:
+        self._raise_in_thread(None)
+
+    def _raise_in_thread(self, exc_type: type[BaseException] | None) -> bool:
+        """Schedule ``exc_type`` in the loop thread (None withdraws one scheduled); True if set."""
         ident = self._thread.ident
-        if ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+        if ident is None:
+            return False
+        exc = ctypes.py_object(exc_type) if exc_type is not None else None
+        return int(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), exc)) == 1
 
     def current_task(self) -> asyncio.Task[Any] | None:
         """The task the loop is running now (for the watchdog: the loop is stuck inside it)."""

@@ -60,5 +60,12 @@ def batch(
     )
 
 
+def mixed_batch(bad: str, salt: str) -> ScoreBatch:
+    """One message: run 0 scored by ``bad``, runs 1-3 by ``length`` (a faulty run beside good ones)."""
+    good = batch(range(1, 4), ["length"], salt=salt)
+    odd = batch(range(1), [bad], salt=salt)
+    return good.model_copy(update={"batch_id": f"mixed-{salt}", "requests": odd.requests + good.requests})
+
+
 def payload(runs: range, scorer_ids: list[str], **kwargs: Any) -> dict[str, Any]:
     return batch(runs, scorer_ids, **kwargs).model_dump(mode="json")

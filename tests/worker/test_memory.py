@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.worker._batches import batch
+from tests.worker._batches import batch, mixed_batch
 from tests.worker._fault_workers import LIMITS, FaultWorker
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink
@@ -82,10 +82,7 @@ def test_a_run_past_the_limit_is_a_memory_record_and_its_process_is_replaced(
     )
     started.append(worker)
     worker.wait_ready()
-    good = batch(range(1, 4), ["length"], salt="mem")
-    odd = batch(range(1), ["hog"], salt="mem")
-    mixed = good.model_copy(update={"batch_id": "mixed-mem", "requests": odd.requests + good.requests})
-    _send(redis_url, mixed, batch(range(10, 14), ["length"], salt="after-mem"))
+    _send(redis_url, mixed_batch("hog", "mem"), batch(range(10, 14), ["length"], salt="after-mem"))
     scores_path = tmp_path / "scores.jsonl"
     assert wait_for(lambda: len(read_scores(scores_path)) >= 8, 90), worker.text()[-4000:]
     scores = read_scores(scores_path)
@@ -117,11 +114,7 @@ def test_a_threads_worker_past_the_limit_exits_and_its_restart_scores_the_rest_o
     first = FaultWorker("threads-mem-past", redis_url, tmp_path, env=env, pool="threads", concurrency=4)
     started.append(first)
     first.wait_ready()
-    good = batch(range(1, 4), ["length"], salt="threads-mem")
-    odd = batch(range(1), ["hog"], salt="threads-mem")
-    _send(
-        redis_url, good.model_copy(update={"batch_id": "mixed-threads-mem", "requests": odd.requests + good.requests})
-    )
+    _send(redis_url, mixed_batch("hog", "threads-mem"))
     assert wait_for(lambda: first.proc.poll() is not None, 60), first.text()[-3000:]
     assert first.proc.returncode == 70, first.text()[-3000:]
     assert "loop_stopped=True" in first.text(), first.text()[-3000:]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.worker._batches import batch
+from tests.worker._batches import batch, mixed_batch
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing import CelerySink
 from tracing.queue import ScoreBatch
@@ -44,13 +44,6 @@ def _start(
     started.append(worker)
     worker.wait_ready()
     return worker
-
-
-def _mixed(bad: str, salt: str) -> ScoreBatch:
-    """Run 0 is scored by ``bad``; runs 1-3 by ``length``."""
-    good = batch(range(1, 4), ["length"], salt=salt)
-    odd = batch(range(1), [bad], salt=salt)
-    return good.model_copy(update={"batch_id": f"mixed-{salt}", "requests": odd.requests + good.requests})
 
 
 def _send(redis_url: str, *batches: ScoreBatch) -> None:
@@ -84,7 +77,7 @@ def test_sync_step_that_never_returns_is_interrupted(
     """A sync step in an endless loop blocks the event loop: the watchdog interrupts it, the run
     is a `timeout` record, and the same process scores its neighbours and the next batch."""
     worker = _start(started, redis_url, tmp_path, {}, pool=pool, concurrency=2 if pool == "threads" else 1)
-    _send(redis_url, _mixed("spin", f"spin-{pool}"), batch(range(10, 14), ["length"], salt=f"after-{pool}"))
+    _send(redis_url, mixed_batch("spin", f"spin-{pool}"), batch(range(10, 14), ["length"], salt=f"after-{pool}"))
     scores = _check(worker, tmp_path / "scores.jsonl", "spin", "timeout")
     (failed,) = [s for s in scores if s["error_type"]]
     assert failed["failed_step"] == "generate_score"
@@ -96,7 +89,7 @@ def test_async_step_that_never_returns_times_out(started: list[WorkerProcess], r
     """An async step awaiting forever is cancelled at the run timeout: a `timeout` record, the
     rest of the batch and the next batch scored, the worker alive."""
     worker = _start(started, redis_url, tmp_path, {}, pool="solo")
-    _send(redis_url, _mixed("stuck", "stuck"), batch(range(10, 14), ["length"], salt="after-stuck"))
+    _send(redis_url, mixed_batch("stuck", "stuck"), batch(range(10, 14), ["length"], salt="after-stuck"))
     scores = _check(worker, tmp_path / "scores.jsonl", "stuck", "timeout")
     (failed,) = [s for s in scores if s["error_type"]]
     assert "TRACESCORE_RUN_TIMEOUT_SECONDS (2.0 s)" in failed["error_message"]
@@ -109,7 +102,7 @@ def test_step_stuck_in_a_c_call_recycles_the_child_and_redelivers(
     """time.sleep(10**6) cannot be interrupted: the run's `timeout` record is stored, the prefork
     child exits and is replaced, the message is redelivered and its other runs scored once."""
     worker = _start(started, redis_url, tmp_path, {}, pool="prefork", concurrency=1)
-    _send(redis_url, _mixed("sleep_forever", "sleepy"), batch(range(10, 14), ["length"], salt="after-sleepy"))
+    _send(redis_url, mixed_batch("sleep_forever", "sleepy"), batch(range(10, 14), ["length"], salt="after-sleepy"))
     _check(worker, tmp_path / "scores.jsonl", "sleep_forever", "timeout")
     assert "worker_loop_wedged_exiting" in worker.text()
     assert "already_scored" in worker.text()  # the redelivery skipped the recorded run
@@ -157,7 +150,7 @@ def test_step_stuck_in_a_c_call_ends_a_solo_worker_whose_restart_finishes_the_ba
     and the stuck run is not run again."""
     scores_path = tmp_path / "scores.jsonl"
     first = _start(started, redis_url, tmp_path, {}, pool="solo")
-    _send(redis_url, _mixed("sleep_forever", "solo-sleepy"))
+    _send(redis_url, mixed_batch("sleep_forever", "solo-sleepy"))
     assert wait_for(lambda: first.proc.poll() is not None, 60), first.text()[-3000:]
     assert first.proc.returncode == 70
     (recorded,) = read_scores(scores_path)
