@@ -28,8 +28,10 @@ def test_every_tracescore_command_shown_exists() -> None:
     for line in lines:
         words = shlex.split(line.split("|")[0])
         command: click.Command = cli
-        while isinstance(command, click.Group) and words and words[0] in command.commands:
-            command = command.commands[words.pop(0)]
+        with click.Context(cli) as ctx:
+            while isinstance(command, click.Group) and words and (sub := command.get_command(ctx, words[0])):
+                command = sub
+                words.pop(0)
         assert command is not cli, f"README shows an unknown command: tracescore {line}"
         known = {opt for param in command.params for opt in getattr(param, "opts", [])}
         for word in words:

@@ -2,36 +2,12 @@
 
 ``from worker import app`` is the Celery app (``celery -A worker worker --scorers my.module``).
 ``score_batch`` is the scoring core the task, the embedded mode and tests share.
+The names (``__init__.pyi``) load on first use.
 """
 
-from worker._app import app, score_batch_task
-from worker._embedded import EmbeddedScorer, embedded_sink
-from worker._limiter import RedisRateLimiter
-from worker._registry import Registry, RegistryError, UnknownScorerError, load_registry
-from worker._scoring import BatchReport, ScoringDeps, score_batch
-from worker._settings import ModelRateLimit, Settings, SettingsError, get_settings, load_settings
-from worker.store import DeadLetter, MemoryScoreStore, RedisScoreStore, ScoreStore
+import lazy_loader
 
-__all__ = [
-    "BatchReport",
-    "DeadLetter",
-    "EmbeddedScorer",
-    "MemoryScoreStore",
-    "ModelRateLimit",
-    "RedisRateLimiter",
-    "RedisScoreStore",
-    "Registry",
-    "RegistryError",
-    "ScoreStore",
-    "ScoringDeps",
-    "Settings",
-    "SettingsError",
-    "UnknownScorerError",
-    "app",
-    "embedded_sink",
-    "get_settings",
-    "load_registry",
-    "load_settings",
-    "score_batch",
-    "score_batch_task",
-]
+# Each name is imported from its module on first use (the list, which type checkers read too, is
+# __init__.pyi): the CLI's probes, which Kubernetes runs every few seconds, and its Redis commands
+# do not build the Celery app.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -171,6 +171,8 @@ class Settings(BaseSettings):
     @field_validator("budgets", "prices")
     @classmethod
     def _check_cost_json(cls, value: str, info: Any) -> str:
+        if not value.strip():  # unset: nothing to check, and no need to load the budget guard
+            return value
         from worker._budget import parse_budgets, parse_prices
 
         (parse_budgets if info.field_name == "budgets" else parse_prices)(value)

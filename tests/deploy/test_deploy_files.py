@@ -151,13 +151,15 @@ def _option_names(command: click.Command) -> set[str]:
 def _check_invocation(where: str, words: list[str]) -> None:
     command: click.Command = cli
     rest = list(words)
+    ctx = click.Context(cli)
     while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
         name = rest.pop(0)
-        assert name in command.commands, (
+        sub = command.get_command(ctx, name)
+        assert sub is not None, (
             f"{where}: `tracescore {' '.join(words)}`: {name!r} is not a command; "
-            f"{command.name or 'tracescore'} has {sorted(command.commands)}"
+            f"{command.name or 'tracescore'} has {command.list_commands(ctx)}"
         )
-        command = command.commands[name]
+        command = sub
     for word in rest:
         option = word.split("=", 1)[0]
         if option.startswith("--"):

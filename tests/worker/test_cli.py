@@ -323,7 +323,10 @@ def test_celery_worker_with_a_bad_scorer_module_exits_with_one_line(redis_url: s
 
 def _leaf_commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
     found: dict[str, click.Command] = {}
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, f"{prefix}{name} is listed but cannot be loaded"
         if isinstance(command, click.Group):
             found.update(_leaf_commands(command, f"{prefix}{name} "))
         else:

@@ -8,36 +8,12 @@ score among them — one per run —, the scorer ids, source and job), the batch
 and the one kombu publisher (``Publisher``; ``QueueKeyError`` when a key it needs on the broker
 holds another Redis type) with backpressure as a wrapper (``Backpressure``).
 The worker validates each message against ``ScoreBatch`` and reads the runs from the span records.
+
+The names (``__init__.pyi``) load on first use.
 """
 
-from tracing._errors import QueueKeyError
-from tracing.queue._contract import SCORE_TASK_NAME, ScoreBatch, ScoreRequest, request_json, spans_request
-from tracing.queue._cut import Chunk, RequestCutter, RunTooLarge
-from tracing.queue._publisher import Backpressure, BatchPublisher, Publisher
-from tracing.queue._wire import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    MESSAGE_ENVELOPE_BYTES,
-    TaskMessage,
-    task_message,
-    wire_size,
-)
+import lazy_loader
 
-__all__ = [
-    "DEFAULT_MAX_PAYLOAD_BYTES",
-    "MESSAGE_ENVELOPE_BYTES",
-    "SCORE_TASK_NAME",
-    "Backpressure",
-    "BatchPublisher",
-    "Chunk",
-    "Publisher",
-    "QueueKeyError",
-    "RequestCutter",
-    "RunTooLarge",
-    "ScoreBatch",
-    "ScoreRequest",
-    "TaskMessage",
-    "request_json",
-    "spans_request",
-    "task_message",
-    "wire_size",
-]
+# Imported from their modules on first use (see __init__.pyi): the workers' settings need one
+# constant of this package, not the publisher and the models.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from tracing._errors import RunTooLarge
 from tracing.queue._contract import ScoreRequest, request_json
-from tracing.queue._wire import MESSAGE_ENVELOPE_BYTES, wire_size
+from tracing.queue._limits import MESSAGE_ENVELOPE_BYTES
+from tracing.queue._wire import wire_size
 
 __all__ = ["Chunk", "RequestCutter", "RunTooLarge"]
 

@@ -19,16 +19,10 @@ from typing import Any, Protocol
 from tracing._broker import BrokerTLS
 from tracing._errors import QueueKeyError
 from tracing.queue._contract import ScoreBatch, request_json
-from tracing.queue._wire import (
-    CONTENT_ENCODING,
-    CONTENT_TYPE,
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    MESSAGE_ENVELOPE_BYTES,
-    task_message,
-    wire_size,
-)
+from tracing.queue._limits import DEFAULT_MAX_PAYLOAD_BYTES, MESSAGE_ENVELOPE_BYTES
+from tracing.queue._wire import CONTENT_ENCODING, CONTENT_TYPE, task_message, wire_size
 
-__all__ = ["Backpressure", "BatchPublisher", "Publisher"]
+__all__ = ["Backpressure", "BatchPublisher", "Publisher", "QueueKeyError"]
 
 
 class BatchPublisher(Protocol):

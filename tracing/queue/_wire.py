@@ -20,8 +20,6 @@ from tracing.queue._contract import SCORE_TASK_NAME, ScoreBatch, request_json
 __all__ = [
     "CONTENT_ENCODING",
     "CONTENT_TYPE",
-    "DEFAULT_MAX_PAYLOAD_BYTES",
-    "MESSAGE_ENVELOPE_BYTES",
     "TaskMessage",
     "task_message",
     "wire_size",
@@ -29,12 +27,6 @@ __all__ = [
 
 CONTENT_TYPE = "application/json"
 CONTENT_ENCODING = "utf-8"
-# The workers' default cap on one message (TRACESCORE_MAX_PAYLOAD_BYTES defaults from it): here
-# so producers know it without importing the worker.
-DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
-# Room kept in a message for what surrounds the requests' JSON: the task envelope
-# ``[[{"batch_id": ..., "requests": [...]}], {}, {callbacks...}]`` (~150 bytes) and slack.
-MESSAGE_ENVELOPE_BYTES = 1024
 _EMBED = '{"callbacks":null,"errbacks":null,"chain":null,"chord":null}'
 
 

@@ -2,23 +2,48 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
 import click
 
-from worker.cli._backfill import backfill_command
 from worker.cli._common import run_command
-from worker.cli._compare import compare_command
-from worker.cli._dlq import dlq_group
-from worker.cli._probe import probe_group
-from worker.cli._score import score_command
-from worker.cli._scores import scores_command
-from worker.cli._sinks import sinks_group
-from worker.cli._status import status_command
-from worker.cli._worker import worker_command
 
 __all__ = ["cli", "main"]
+
+
+# Each command's module, imported only when that command runs (or help lists it): `tracescore
+# probe`, which Kubernetes runs every few seconds, then loads what a probe needs, not the scorers,
+# the Celery app and the backfill's readers (about 1 CPU-second a probe before; bench/cli.py).
+_COMMANDS = {
+    "backfill": "worker.cli._backfill:backfill_command",
+    "compare": "worker.cli._compare:compare_command",
+    "dlq": "worker.cli._dlq:dlq_group",
+    "probe": "worker.cli._probe:probe_group",
+    "score": "worker.cli._score:score_command",
+    "scores": "worker.cli._scores:scores_command",
+    "sinks": "worker.cli._sinks:sinks_group",
+    "status": "worker.cli._status:status_command",
+    "worker": "worker.cli._worker:worker_command",
+}
+
+
+class _LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use (click's documented lazy-loading)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *_COMMANDS])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _COMMANDS.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module, _, name = target.partition(":")
+        command = getattr(importlib.import_module(module), name)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{target} is not a click command")
+        return command
 
 
 def _version() -> str:
@@ -28,24 +53,13 @@ def _version() -> str:
         return "0+unknown"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(_version(), "--version", prog_name="tracescore")
 @click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and debug logs.")
 @click.pass_context
 def cli(ctx: click.Context, verbose: bool) -> None:
     """Score LLM-agent traces after the fact; write the scores back into your traces."""
     ctx.obj = {"verbose": verbose}
-
-
-cli.add_command(score_command)
-cli.add_command(backfill_command)
-cli.add_command(compare_command)
-cli.add_command(worker_command)
-cli.add_command(scores_command)
-cli.add_command(dlq_group)
-cli.add_command(sinks_group)
-cli.add_command(status_command)
-cli.add_command(probe_group)
 
 
 def main(argv: list[str] | None = None) -> int:

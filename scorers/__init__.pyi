@@ -1,0 +1,37 @@
+"""The names ``scorers`` exports, for type checkers; ``__init__.py`` loads each from the module
+named here on first use."""
+
+from ._errors import RunInputError, ScorerConfigError, ScorerError, ScorerRunError, category_of
+from ._filter import filter_run
+from ._not_scorable import NotScorable, not_scorable
+from ._result import JudgeAttempt, JudgeExecution, JudgeUsage, ScoreResult, StepName
+from ._run import ScorerRun, StepResults
+from ._scorer import PrepareRun, Scorer, ScorerType, create_scorer
+from ._secrets import scrub_secrets
+from ._steps import PromptStep
+from .judge import Judge
+
+__all__ = [
+    "Judge",
+    "JudgeAttempt",
+    "JudgeExecution",
+    "JudgeUsage",
+    "NotScorable",
+    "PrepareRun",
+    "PromptStep",
+    "RunInputError",
+    "ScoreResult",
+    "Scorer",
+    "ScorerConfigError",
+    "ScorerError",
+    "ScorerRun",
+    "ScorerRunError",
+    "ScorerType",
+    "StepName",
+    "StepResults",
+    "category_of",
+    "create_scorer",
+    "filter_run",
+    "not_scorable",
+    "scrub_secrets",
+]

@@ -1,0 +1,85 @@
+"""The packages load their public names on first use (``lazy_loader`` over each ``__init__.pyi``):
+every name still resolves, type checkers see the same names, and a probe of the command line
+loads neither the Celery app nor the scorers' models."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAZY = ["scorers", "tracing", "tracing.queue", "worker"]
+
+
+def _stub_all(package: str) -> set[str]:
+    """The ``__all__`` a package's ``__init__.pyi`` declares: what mypy exports (a stub's own imports
+    are not re-exported without it)."""
+    stub = ROOT / package.replace(".", "/") / "__init__.pyi"
+    names: set[str] = set()
+    for node in ast.parse(stub.read_text()).body:
+        if not isinstance(node, ast.Assign | ast.AugAssign):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            assert isinstance(node.value, ast.List), f"{stub}: __all__ must be a list literal"
+            names |= {ast.literal_eval(e) for e in node.value.elts}
+    return names
+
+
+@pytest.mark.parametrize("package", LAZY)
+def test_every_exported_name_resolves_and_type_checkers_see_the_same_names(package: str) -> None:
+    module = importlib.import_module(package)
+    exported = set(module.__all__)
+    assert exported == _stub_all(package), f"{package}: runtime __all__ and __init__.pyi's __all__ differ"
+    for name in sorted(exported):
+        assert getattr(module, name) is not None, f"{package}.{name}"
+    assert exported <= set(dir(module))
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018
+
+
+def test_the_old_writer_names_are_the_sinks() -> None:
+    import tracing
+
+    assert tracing.ConsoleScoreWriter is tracing.ConsoleSink
+    assert tracing.JsonlScoreWriter is tracing.JsonlSink
+    assert tracing.MemoryScoreWriter is tracing.MemorySink
+
+
+# What a probe must not load: the Celery app, the scorers' models and judges, the exporter, the
+# sinks and the readers (over a second of CPU each call, in every worker pod every 15 s).
+HEAVY = [
+    "worker._app",
+    "worker._scoring",
+    "scorers.agent",
+    "scorers.judge",
+    "tracing.capture",
+    "tracing.sinks",
+    "tracing.otlp",
+    "tracing.queue._contract",
+    "openai",
+    "anthropic",
+]
+
+
+@pytest.mark.parametrize("probe", ["live", "ready"])
+def test_a_probe_loads_neither_the_celery_app_nor_the_scorers(probe: str, tmp_path: Path) -> None:
+    broker = ["--broker", "redis://127.0.0.1:1/0"] if probe == "ready" else []
+    code = (
+        "import json, sys\n"
+        "from worker.cli import main\n"
+        f"code = main(['probe', {probe!r}, '--dir', {str(tmp_path)!r}, *{broker!r}])\n"
+        f"print(json.dumps([code, sorted(m for m in {HEAVY!r} if m in sys.modules)]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    code_, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code_ == 1  # no worker wrote its files there: not live, not ready
+    assert "not live" in done.stderr or "not ready" in done.stderr
+    assert loaded == []

@@ -1,0 +1,28 @@
+"""The names ``tracing.queue`` exports, for type checkers; ``__init__.py`` loads each from the
+module named here on first use."""
+
+from ._contract import SCORE_TASK_NAME, ScoreBatch, ScoreRequest, request_json, spans_request
+from ._cut import Chunk, RequestCutter, RunTooLarge
+from ._limits import DEFAULT_MAX_PAYLOAD_BYTES, MESSAGE_ENVELOPE_BYTES
+from ._publisher import Backpressure, BatchPublisher, Publisher, QueueKeyError
+from ._wire import TaskMessage, task_message, wire_size
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MESSAGE_ENVELOPE_BYTES",
+    "SCORE_TASK_NAME",
+    "Backpressure",
+    "BatchPublisher",
+    "Chunk",
+    "Publisher",
+    "QueueKeyError",
+    "RequestCutter",
+    "RunTooLarge",
+    "ScoreBatch",
+    "ScoreRequest",
+    "TaskMessage",
+    "request_json",
+    "spans_request",
+    "task_message",
+    "wire_size",
+]

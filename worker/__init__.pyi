@@ -1,0 +1,34 @@
+"""The names ``worker`` exports, for type checkers; ``__init__.py`` loads each from the module
+named here on first use."""
+
+from ._app import app, score_batch_task
+from ._embedded import EmbeddedScorer, embedded_sink
+from ._limiter import RedisRateLimiter
+from ._registry import Registry, RegistryError, UnknownScorerError, load_registry
+from ._scoring import BatchReport, ScoringDeps, score_batch
+from ._settings import ModelRateLimit, Settings, SettingsError, get_settings, load_settings
+from .store import DeadLetter, MemoryScoreStore, RedisScoreStore, ScoreStore
+
+__all__ = [
+    "BatchReport",
+    "DeadLetter",
+    "EmbeddedScorer",
+    "MemoryScoreStore",
+    "ModelRateLimit",
+    "RedisRateLimiter",
+    "RedisScoreStore",
+    "Registry",
+    "RegistryError",
+    "ScoreStore",
+    "ScoringDeps",
+    "Settings",
+    "SettingsError",
+    "UnknownScorerError",
+    "app",
+    "embedded_sink",
+    "get_settings",
+    "load_registry",
+    "load_settings",
+    "score_batch",
+    "score_batch_task",
+]
