@@ -75,6 +75,12 @@ def main() -> None:
                     "-c",
                     "import worker._app, worker.cli._backfill, tracing.sinks, tracing.capture",
                 ],
+                # An app's start-up with the exporter (its own process: one import, not a command).
+                "app: import the exporter": [
+                    sys.executable,
+                    "-c",
+                    "from tracing import CelerySink, ScoringRule, ScoringSpanExporter",
+                ],
                 "tracescore --version": [*tracescore, "--version"],
                 "tracescore probe live": [*tracescore, "probe", "live", "--max-age", "240"],
                 "tracescore probe ready": [*tracescore, "probe", "ready", "--timeout", "2"],

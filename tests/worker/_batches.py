@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any
 
-from tracing import SpanRecord
+from tracing import CelerySink, SpanRecord
 from tracing.queue import ScoreBatch, ScoreRequest
 
 # Where a run's answer text sits in its request's JSON: requests[i]["spans"][0]["attributes"][OUTPUT].
@@ -69,3 +69,13 @@ def mixed_batch(bad: str, salt: str) -> ScoreBatch:
 
 def payload(runs: range, scorer_ids: list[str], **kwargs: Any) -> dict[str, Any]:
     return batch(runs, scorer_ids, **kwargs).model_dump(mode="json")
+
+
+def send(redis_url: str, *batches: ScoreBatch) -> None:
+    """Publish ``batches`` to the workers' queue on ``redis_url``, as an app's exporter does."""
+    sink = CelerySink(redis_url)
+    try:
+        for b in batches:
+            sink.send(b)
+    finally:
+        sink.close()

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.worker._batches import batch, mixed_batch
+from tests.worker._batches import batch, mixed_batch, send
 from tests.worker._fault_workers import LIMITS, FaultWorker
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
-from tracing import CelerySink
-from tracing.queue import ScoreBatch
 
 
 @pytest.fixture
@@ -28,15 +26,6 @@ def started(redis_url: str) -> Iterator[list[WorkerProcess]]:
     finally:
         for worker in workers:
             worker.stop()
-
-
-def _send(redis_url: str, *batches: ScoreBatch) -> None:
-    sink = CelerySink(redis_url)
-    try:
-        for b in batches:
-            sink.send(b)
-    finally:
-        sink.close()
 
 
 def test_a_large_run_under_the_limit_is_scored_on_the_threads_pool(
@@ -56,7 +45,7 @@ def test_a_large_run_under_the_limit_is_scored_on_the_threads_pool(
     started.append(worker)
     worker.wait_ready()
     big = batch(range(2), ["ballast"], salt="ballast")
-    _send(redis_url, big, batch(range(10, 16), ["length"], salt="beside-ballast"))
+    send(redis_url, big, batch(range(10, 16), ["length"], salt="beside-ballast"))
     scores_path = tmp_path / "scores.jsonl"
     assert wait_for(lambda: len(read_scores(scores_path)) >= 8, 90), worker.text()[-4000:]
     scores = read_scores(scores_path)
@@ -82,7 +71,7 @@ def test_a_run_past_the_limit_is_a_memory_record_and_its_process_is_replaced(
     )
     started.append(worker)
     worker.wait_ready()
-    _send(redis_url, mixed_batch("hog", "mem"), batch(range(10, 14), ["length"], salt="after-mem"))
+    send(redis_url, mixed_batch("hog", "mem"), batch(range(10, 14), ["length"], salt="after-mem"))
     scores_path = tmp_path / "scores.jsonl"
     assert wait_for(lambda: len(read_scores(scores_path)) >= 8, 90), worker.text()[-4000:]
     scores = read_scores(scores_path)
@@ -114,7 +103,7 @@ def test_a_threads_worker_past_the_limit_exits_and_its_restart_scores_the_rest_o
     first = FaultWorker("threads-mem-past", redis_url, tmp_path, env=env, pool="threads", concurrency=4)
     started.append(first)
     first.wait_ready()
-    _send(redis_url, mixed_batch("hog", "threads-mem"))
+    send(redis_url, mixed_batch("hog", "threads-mem"))
     assert wait_for(lambda: first.proc.poll() is not None, 60), first.text()[-3000:]
     assert first.proc.returncode == 70, first.text()[-3000:]
     assert "loop_stopped=True" in first.text(), first.text()[-3000:]
@@ -122,7 +111,7 @@ def test_a_threads_worker_past_the_limit_exits_and_its_restart_scores_the_rest_o
     second = FaultWorker("threads-mem-again", redis_url, tmp_path, env=env, pool="threads", concurrency=4)
     started.append(second)
     second.wait_ready()
-    _send(redis_url, batch(range(10, 14), ["length"], salt="after-threads-mem"))
+    send(redis_url, batch(range(10, 14), ["length"], salt="after-threads-mem"))
     scores_path = tmp_path / "scores.jsonl"
     assert wait_for(lambda: len(read_scores(scores_path)) >= 8, 90), second.text()[-4000:]
     scores = read_scores(scores_path)

@@ -13,10 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.worker._batches import batch, mixed_batch
+from tests.worker._batches import batch, mixed_batch, send
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
-from tracing import CelerySink
-from tracing.queue import ScoreBatch
 
 LIMITS = {
     "TRACESCORE_RUN_TIMEOUT_SECONDS": "2",
@@ -46,15 +44,6 @@ def _start(
     return worker
 
 
-def _send(redis_url: str, *batches: ScoreBatch) -> None:
-    sink = CelerySink(redis_url)
-    try:
-        for b in batches:
-            sink.send(b)
-    finally:
-        sink.close()
-
-
 def _check(worker: WorkerProcess, scores_path: Path, bad: str, error_type: str) -> list[dict[str, Any]]:
     """The bad run has one `error_type` record, the 3 neighbours and the 4 later runs are scored."""
     assert wait_for(lambda: len(read_scores(scores_path)) >= 8, 90), worker.text()[-4000:]
@@ -77,7 +66,7 @@ def test_sync_step_that_never_returns_is_interrupted(
     """A sync step in an endless loop blocks the event loop: the watchdog interrupts it, the run
     is a `timeout` record, and the same process scores its neighbours and the next batch."""
     worker = _start(started, redis_url, tmp_path, {}, pool=pool, concurrency=2 if pool == "threads" else 1)
-    _send(redis_url, mixed_batch("spin", f"spin-{pool}"), batch(range(10, 14), ["length"], salt=f"after-{pool}"))
+    send(redis_url, mixed_batch("spin", f"spin-{pool}"), batch(range(10, 14), ["length"], salt=f"after-{pool}"))
     scores = _check(worker, tmp_path / "scores.jsonl", "spin", "timeout")
     (failed,) = [s for s in scores if s["error_type"]]
     assert failed["failed_step"] == "generate_score"
@@ -89,7 +78,7 @@ def test_async_step_that_never_returns_times_out(started: list[WorkerProcess], r
     """An async step awaiting forever is cancelled at the run timeout: a `timeout` record, the
     rest of the batch and the next batch scored, the worker alive."""
     worker = _start(started, redis_url, tmp_path, {}, pool="solo")
-    _send(redis_url, mixed_batch("stuck", "stuck"), batch(range(10, 14), ["length"], salt="after-stuck"))
+    send(redis_url, mixed_batch("stuck", "stuck"), batch(range(10, 14), ["length"], salt="after-stuck"))
     scores = _check(worker, tmp_path / "scores.jsonl", "stuck", "timeout")
     (failed,) = [s for s in scores if s["error_type"]]
     assert "TRACESCORE_RUN_TIMEOUT_SECONDS (2.0 s)" in failed["error_message"]
@@ -102,7 +91,7 @@ def test_step_stuck_in_a_c_call_recycles_the_child_and_redelivers(
     """time.sleep(10**6) cannot be interrupted: the run's `timeout` record is stored, the prefork
     child exits and is replaced, the message is redelivered and its other runs scored once."""
     worker = _start(started, redis_url, tmp_path, {}, pool="prefork", concurrency=1)
-    _send(redis_url, mixed_batch("sleep_forever", "sleepy"), batch(range(10, 14), ["length"], salt="after-sleepy"))
+    send(redis_url, mixed_batch("sleep_forever", "sleepy"), batch(range(10, 14), ["length"], salt="after-sleepy"))
     _check(worker, tmp_path / "scores.jsonl", "sleep_forever", "timeout")
     assert "worker_loop_wedged_exiting" in worker.text()
     assert "already_scored" in worker.text()  # the redelivery skipped the recorded run
@@ -150,7 +139,7 @@ def test_step_stuck_in_a_c_call_ends_a_solo_worker_whose_restart_finishes_the_ba
     and the stuck run is not run again."""
     scores_path = tmp_path / "scores.jsonl"
     first = _start(started, redis_url, tmp_path, {}, pool="solo")
-    _send(redis_url, mixed_batch("sleep_forever", "solo-sleepy"))
+    send(redis_url, mixed_batch("sleep_forever", "solo-sleepy"))
     assert wait_for(lambda: first.proc.poll() is not None, 60), first.text()[-3000:]
     assert first.proc.returncode == 70
     (recorded,) = read_scores(scores_path)
@@ -160,7 +149,7 @@ def test_step_stuck_in_a_c_call_ends_a_solo_worker_whose_restart_finishes_the_ba
     second = WorkerProcess("limits-again", redis_url, tmp_path, scores_path=scores_path, env=LIMITS, pool="solo")
     started.append(second)
     second.wait_ready()
-    _send(redis_url, batch(range(10, 14), ["length"], salt="after-solo-sleepy"))
+    send(redis_url, batch(range(10, 14), ["length"], salt="after-solo-sleepy"))
     _check(second, scores_path, "sleep_forever", "timeout")
     assert "already_scored" in second.text()
 
