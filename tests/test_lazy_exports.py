@@ -7,8 +7,10 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,50 @@ def test_a_probe_loads_neither_the_celery_app_nor_the_scorers(probe: str, tmp_pa
     assert code_ == 1  # no worker wrote its files there: not live, not ready
     assert "not live" in done.stderr or "not ready" in done.stderr
     assert loaded == []
+
+
+def test_the_built_wheel_carries_the_stubs_its_packages_load_names_from(tmp_path: Path) -> None:
+    """The stubs are read at import: a wheel without them (package data) could not import a package.
+    Built as the Dockerfile's ``pip install .`` builds it, then imported from the unpacked wheel."""
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("tracescore-*.whl")
+    unpacked = tmp_path / "unpacked"
+    with zipfile.ZipFile(wheel) as archive:
+        assert {f"{p.replace('.', '/')}/__init__.pyi" for p in LAZY} <= set(archive.namelist())
+        archive.extractall(unpacked)
+    code = (
+        "import importlib, sys\n"
+        f"for name in {LAZY!r}:\n"
+        "    module = importlib.import_module(name)\n"
+        f"    assert module.__file__.startswith({str(unpacked)!r}), module.__file__\n"
+        "    for export in module.__all__:\n"
+        "        getattr(module, export)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(unpacked)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
