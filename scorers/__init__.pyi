@@ -1,6 +1,8 @@
 """The names ``scorers`` exports, for type checkers; ``__init__.py`` loads each from the module
 named here on first use."""
 
+# The subpackages, attributes of the package as an import of them makes them.
+from . import agent, builtin, judge
 from ._errors import RunInputError, ScorerConfigError, ScorerError, ScorerRunError, category_of
 from ._filter import filter_run
 from ._not_scorable import NotScorable, not_scorable
@@ -29,9 +31,12 @@ __all__ = [
     "ScorerType",
     "StepName",
     "StepResults",
+    "agent",
+    "builtin",
     "category_of",
     "create_scorer",
     "filter_run",
+    "judge",
     "not_scorable",
     "scrub_secrets",
 ]

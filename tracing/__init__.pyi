@@ -1,6 +1,8 @@
 """The names ``tracing`` exports, for type checkers; ``__init__.py`` loads each from the module
 named here on first use."""
 
+# The subpackages, attributes of the package as an import of them makes them.
+from . import capture, otlp, queue, read, sinks, sources
 from ._broker import BrokerTLS, redact
 from ._errors import TraceReadError
 from ._markers import JUDGE_ROLE, ROLE_ATTRIBUTE
@@ -27,10 +29,16 @@ __all__ = [
     "SpanRecordEvent",
     "TraceReadError",
     "TracedRun",
+    "capture",
     "find_targets",
+    "otlp",
+    "queue",
+    "read",
     "read_trace",
     "redact",
     "sampled",
+    "sinks",
+    "sources",
     "trace_to_run",
     "trace_to_runs",
 ]

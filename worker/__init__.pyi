@@ -1,6 +1,8 @@
 """The names ``worker`` exports, for type checkers; ``__init__.py`` loads each from the module
 named here on first use."""
 
+# The subpackages, attributes of the package as an import of them makes them.
+from . import backfill, cli, metrics, store
 from ._app import app, score_batch_task
 from ._embedded import EmbeddedScorer, embedded_sink
 from ._limiter import RedisRateLimiter
@@ -25,10 +27,14 @@ __all__ = [
     "SettingsError",
     "UnknownScorerError",
     "app",
+    "backfill",
+    "cli",
     "embedded_sink",
     "get_settings",
     "load_registry",
     "load_settings",
+    "metrics",
     "score_batch",
     "score_batch_task",
+    "store",
 ]
