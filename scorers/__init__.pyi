@@ -1,7 +1,7 @@
 """The names ``scorers`` exports, for type checkers; ``__init__.py`` loads each from the module
 named here on first use."""
 
-# The subpackages, attributes of the package as an import of them makes them.
+# The subpackages: attributes of the package (as when it imported them all), loaded on first use.
 from . import agent, builtin, judge
 from ._errors import RunInputError, ScorerConfigError, ScorerError, ScorerRunError, category_of
 from ._filter import filter_run

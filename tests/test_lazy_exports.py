@@ -52,7 +52,8 @@ def test_subpackages_are_attributes_of_their_package_as_before() -> None:
     code = (
         "import sys, scorers, tracing, worker\n"
         "assert 'tracing.sinks' not in sys.modules\n"
-        "print(tracing.sinks.PhoenixSink.__name__, scorers.judge.JudgeModel.__name__, worker.store.ScoreStore.__name__)\n"
+        "print(tracing.sinks.PhoenixSink.__name__, scorers.judge.JudgeModel.__name__,\n"
+        "      worker.store.ScoreStore.__name__)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["PhoenixSink", "JudgeModel", "ScoreStore"], done.stderr[-2000:]

@@ -1,7 +1,7 @@
 """The names ``tracing`` exports, for type checkers; ``__init__.py`` loads each from the module
 named here on first use."""
 
-# The subpackages, attributes of the package as an import of them makes them.
+# The subpackages: attributes of the package (as when it imported them all), loaded on first use.
 from . import capture, otlp, queue, read, sinks, sources
 from ._broker import BrokerTLS, redact
 from ._errors import TraceReadError

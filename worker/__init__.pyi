@@ -1,7 +1,7 @@
 """The names ``worker`` exports, for type checkers; ``__init__.py`` loads each from the module
 named here on first use."""
 
-# The subpackages, attributes of the package as an import of them makes them.
+# The subpackages: attributes of the package (as when it imported them all), loaded on first use.
 from . import backfill, cli, metrics, store
 from ._app import app, score_batch_task
 from ._embedded import EmbeddedScorer, embedded_sink
