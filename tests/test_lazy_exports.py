@@ -8,6 +8,7 @@ import ast
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -102,7 +103,14 @@ def test_a_probe_loads_neither_the_celery_app_nor_the_scorers(probe: str, tmp_pa
 
 def test_the_built_wheel_carries_the_stubs_its_packages_load_names_from(tmp_path: Path) -> None:
     """The stubs are read at import: a wheel without them (package data) could not import a package.
-    Built as the Dockerfile's ``pip install .`` builds it, then imported from the unpacked wheel."""
+    Built from what the Dockerfile copies, as its ``pip install .`` builds it (in a copy: an
+    in-tree build leaves a build/ whose stale files could stand in for missing ones), then
+    imported from the unpacked wheel."""
+    source = tmp_path / "source"
+    for name in ("scorers", "tracing", "worker"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     built = subprocess.run(
         [
             sys.executable,
@@ -112,9 +120,10 @@ def test_the_built_wheel_carries_the_stubs_its_packages_load_names_from(tmp_path
             "--quiet",
             "--disable-pip-version-check",
             "--no-deps",
+            "--no-build-isolation",  # the venv's setuptools (dev extra): no package registry in a test
             "-w",
             str(tmp_path),
-            str(ROOT),
+            str(source),
         ],
         capture_output=True,
         text=True,

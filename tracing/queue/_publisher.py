@@ -22,6 +22,7 @@ from tracing.queue._contract import ScoreBatch, request_json
 from tracing.queue._limits import DEFAULT_MAX_PAYLOAD_BYTES, MESSAGE_ENVELOPE_BYTES
 from tracing.queue._wire import CONTENT_ENCODING, CONTENT_TYPE, task_message, wire_size
 
+# QueueKeyError is the error Publisher raises; tracing.queue exports it from here.
 __all__ = ["Backpressure", "BatchPublisher", "Publisher", "QueueKeyError"]
 
 
