@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tests.worker._batches import batch
-from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tests.worker._workers import WorkerProcess, complete_lines, read_scores, wait_for
 from tracing import CelerySink
 from worker._keys import claim_key
 
@@ -34,10 +34,9 @@ EXIT_SLACK_S = 10.0
 def _calls(path: Path) -> tuple[collections.Counter[str], collections.Counter[str]]:
     started: collections.Counter[str] = collections.Counter()
     done: collections.Counter[str] = collections.Counter()
-    if path.exists():
-        for line in path.read_text().splitlines():
-            kind, run_id, _ = line.split()
-            (started if kind == "start" else done)[run_id] += 1
+    for line in complete_lines(path):
+        kind, run_id, _ = line.split()
+        (started if kind == "start" else done)[run_id] += 1
     return started, done
 
 
