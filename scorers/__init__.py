@@ -1,7 +1,7 @@
 """tracescore's scoring pipeline: a Python rendering of Mastra's ``createScorer``.
 
 Pure Python, pydantic and the judge SDKs; imports neither celery nor opentelemetry.
-The names below (``__init__.pyi``) load on first use.
+The names (``__init__.pyi``) load on first use.
 """
 
 import lazy_loader
