@@ -9,8 +9,8 @@ bare interpreter (``python -c pass``), an import of everything (the Celery app, 
 exporter and the sinks: what every command loaded before the packages loaded their names on
 first use), and with ``--before PATH`` the same commands on another checkout (e.g. a
 ``git worktree`` of the code before a change; its packages are imported from there), the runs of
-the two trees interleaved. The probes run against files a live worker would have written (this process writes
-them, as a worker does) and a private redis-server. ``pod_probe_millicores`` is what the
+the two trees interleaved. The probes run against the files a live worker writes (this process
+writes them, as a worker does) and a private redis-server. ``pod_probe_millicores`` is what the
 manifest's two probes cost a pod on average: ready / 15 s + live / 30 s. Writes
 bench/results/cli.json.
 """

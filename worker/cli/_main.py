@@ -30,15 +30,16 @@ _COMMANDS = {
 
 
 class _LazyGroup(click.Group):
-    """A group whose subcommands are imported on first use (click's documented lazy-loading)."""
+    """A group whose subcommands, all in ``_COMMANDS``, are imported on first use (click's
+    documented lazy loading)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), *_COMMANDS])
+        return sorted(_COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = _COMMANDS.get(cmd_name)
         if target is None:
-            return super().get_command(ctx, cmd_name)
+            return None
         module, _, name = target.partition(":")
         command = getattr(importlib.import_module(module), name)
         if not isinstance(command, click.Command):
