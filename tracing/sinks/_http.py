@@ -1,5 +1,6 @@
-"""What the HTTP score sinks share: which answers are worth another try, Retry-After, sending
-one request per score a few at a time, and reading a refusal (one parser, one scrub).
+"""What the HTTP score sinks share: which answers are worth another try, Retry-After, the
+OpenTelemetry ids a dashboard matches a score by, sending one request per score a few at a time
+(``PerScoreSink``), and reading a refusal (one parser, one scrub).
 
 The contract (``_sink.py``): 408/409/425/429 and every 5xx, connection errors and timeouts are
 ``Retry``; any other 4xx is ``Refused``.
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -27,11 +28,13 @@ __all__ = [
     "ANSWER_ERRORS",
     "DETAIL_CHARS",
     "JSON",
+    "PerScoreSink",
     "answer_json",
-    "deliver_each",
     "http_client",
     "is_retryable",
     "json_body",
+    "otel_ids",
+    "otel_span_id",
     "record_texts",
     "refusal_detail",
     "retry_after",
@@ -54,6 +57,8 @@ _TAGS = re.compile(r"<[^>]*>")
 # A request that got no usable answer: none at all, or one whose body its encoding cannot undo
 # (a bad gzip from a proxy). Both are worth another try.
 ANSWER_ERRORS = (httpx.TransportError, httpx.DecodingError)
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_SPAN_ID = re.compile(r"[0-9a-f]{16}")
 # Score text shorter than this is not scrubbed from a refusal (a label like "good" would blank
 # every "good" of the backend's message).
 _SCRUB_MIN_CHARS = 8
@@ -92,6 +97,24 @@ def http_client(
         else httpx.Limits(),
     )
     return client, tuple(s for s in (secret, parts.password) if s)
+
+
+def otel_ids(record: ScoreRecord, backend: str) -> tuple[str, str] | Refused:
+    """The record's trace and span ids as the dashboards key OpenTelemetry data (lowercase hex,
+    32 and 16 digits), or why ``backend`` could not match the score to them (never sent)."""
+    trace_id = record.trace_id.lower()
+    if not _TRACE_ID.fullmatch(trace_id):
+        return Refused(f"trace id is not 32 hex digits (an OpenTelemetry trace id); {backend} cannot match it")
+    span_id = otel_span_id(record, backend)
+    return span_id if isinstance(span_id, Refused) else (trace_id, span_id)
+
+
+def otel_span_id(record: ScoreRecord, backend: str) -> str | Refused:
+    """``otel_ids``' span id alone, for a backend that finds a span by it (Phoenix)."""
+    span_id = record.span_id.lower()
+    if not _SPAN_ID.fullmatch(span_id):
+        return Refused(f"span id is not 16 hex digits (an OpenTelemetry span id); {backend} cannot match it")
+    return span_id
 
 
 def json_body(payload: object) -> bytes:
@@ -192,7 +215,7 @@ def refusal_detail(text: str, secrets: Sequence[str], content: Sequence[str] = (
     return redact(server_message(text), *secrets, *content)[:DETAIL_CHARS]
 
 
-def deliver_each(
+def _deliver_each(
     items: Sequence[T | Refused],
     attempt: Callable[[T], tuple[Delivery, bool]],
     pool: ThreadPoolExecutor,
@@ -221,5 +244,49 @@ def deliver_each(
                 for_all = outcome
     done = [o for o in outcomes if o is not None]
     if len(done) != len(items):  # every path above assigns one outcome per item
-        raise AssertionError("deliver_each left an item without an outcome")
+        raise AssertionError("_deliver_each left an item without an outcome")
     return done
+
+
+class PerScoreSink:
+    """A sink whose backend takes one score per request (Langfuse, MLflow): ``parallel`` requests
+    at a time on a pool of its own (``_deliver_each``). A subclass says what a record becomes
+    (``_payload``: a JSON object, or ``Refused`` for one the backend cannot take, never sent) and
+    how it is sent (``_send``); a request that got no usable answer is a ``Retry`` (decided here)."""
+
+    backend: ClassVar[str]  # "Langfuse": in messages; lowercase, the sink's name
+
+    def __init__(self, client: httpx.Client, secrets: tuple[str, ...], parallel: int) -> None:
+        self._client, self._secrets = client, secrets
+        self._parallel = parallel
+        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix=f"tracescore-{self.name}-sink")
+
+    @property
+    def name(self) -> str:
+        return self.backend.lower()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._client.close()
+
+    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
+        """One request per record, ``parallel`` at a time; one outcome per record, in order."""
+        items: list[tuple[ScoreRecord, dict[str, Any]] | Refused] = []
+        for record in records:
+            payload = self._payload(record)
+            items.append(payload if isinstance(payload, Refused) else (record, payload))
+        return _deliver_each(items, self._attempt, self._pool, self._parallel)
+
+    def _attempt(self, item: tuple[ScoreRecord, dict[str, Any]]) -> tuple[Delivery, bool]:
+        try:
+            return self._send(*item)
+        except ANSWER_ERRORS as exc:
+            return transport_retry(self.backend, exc), isinstance(exc, httpx.TransportError)
+
+    def _payload(self, record: ScoreRecord) -> dict[str, Any] | Refused:
+        raise NotImplementedError
+
+    def _send(self, record: ScoreRecord, payload: dict[str, Any]) -> tuple[Delivery, bool]:
+        """The outcome, and whether it holds for every score (no such API at the URL, the
+        credentials refused): ``_deliver_each`` then gives it to the rest without a request."""
+        raise NotImplementedError

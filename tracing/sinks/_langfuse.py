@@ -28,36 +28,31 @@ id), so there is no "not ingested yet" wait here.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 
 from tracing._score_record import ScoreRecord
 from tracing.sinks._http import (
-    ANSWER_ERRORS,
     JSON,
-    deliver_each,
+    PerScoreSink,
     http_client,
     is_retryable,
     json_body,
+    otel_ids,
     record_texts,
     refusal_detail,
     retry_after,
-    transport_retry,
 )
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = ["LangfuseSink"]
 
-_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
-_SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
 
-
-class LangfuseSink:
+class LangfuseSink(PerScoreSink):
     """Scores as Langfuse scores (see the module docstring for the mapping)."""
+
+    backend = "Langfuse"
 
     def __init__(
         self, host: str, public_key: str, secret_key: str, *, timeout_s: float = 10.0, parallel: int = 4
@@ -65,7 +60,7 @@ class LangfuseSink:
         if not public_key or not secret_key:
             missing = "public" if not public_key else "secret"
             raise ValueError(f"Langfuse needs the project's {missing} key (TRACESCORE_LANGFUSE_{missing.upper()}_KEY)")
-        self._client, self._secrets = http_client(
+        client, secrets = http_client(
             host,
             what="Langfuse host",
             setting="TRACESCORE_LANGFUSE_HOST",
@@ -74,35 +69,14 @@ class LangfuseSink:
             secret=secret_key,
             auth=httpx.BasicAuth(public_key, secret_key),
         )
+        super().__init__(client, secrets, parallel)
         self._url = host.rstrip("/") + "/api/public/scores"
-        self._parallel = parallel
-        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="tracescore-langfuse-sink")
 
-    @property
-    def name(self) -> str:
-        return "langfuse"
+    def _payload(self, record: ScoreRecord) -> dict[str, Any] | Refused:
+        return _score(record)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        self._client.close()
-
-    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
-        """Upsert one score per record; one outcome per record, in order."""
-        items = [(record, _score(record)) for record in records]
-        return deliver_each(
-            [body if isinstance(body, Refused) else (record, body) for record, body in items],
-            self._attempt,
-            self._pool,
-            self._parallel,
-        )
-
-    def _attempt(self, item: tuple[ScoreRecord, dict[str, Any]]) -> tuple[Delivery, bool]:
-        """The outcome, and whether it holds for every score (no answer, keys refused, no API)."""
-        record, body = item
-        try:
-            response = self._client.post(self._url, content=json_body(body), headers=JSON)
-        except ANSWER_ERRORS as exc:
-            return transport_retry("Langfuse", exc), isinstance(exc, httpx.TransportError)
+    def _send(self, record: ScoreRecord, payload: dict[str, Any]) -> tuple[Delivery, bool]:
+        response = self._client.post(self._url, content=json_body(payload), headers=JSON)
         return self._outcome(response, record), response.status_code in (401, 403, 404)
 
     def _outcome(self, response: httpx.Response, record: ScoreRecord) -> Delivery:
@@ -125,12 +99,10 @@ class LangfuseSink:
 
 def _score(record: ScoreRecord) -> dict[str, Any] | Refused:
     """The Langfuse score of one record, or why it cannot be one (never sent)."""
-    trace_id = record.trace_id.lower()
-    span_id = record.span_id.lower()
-    if not _TRACE_ID.fullmatch(trace_id):
-        return Refused("trace id is not 32 hex digits (an OpenTelemetry trace id); Langfuse cannot match it")
-    if not _SPAN_ID.fullmatch(span_id):
-        return Refused("span id is not 16 hex digits (an OpenTelemetry span id); Langfuse cannot match it")
+    ids = otel_ids(record, "Langfuse")
+    if isinstance(ids, Refused):
+        return ids
+    trace_id, span_id = ids
     value: float | str
     comment = record.reason
     if not record.ok:

@@ -36,10 +36,7 @@ Auth: ``Authorization: Bearer <token>`` when ``token`` is given (MLflow's
 from __future__ import annotations
 
 import math
-import re
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,24 +44,21 @@ import httpx
 
 from tracing._score_record import ScoreRecord
 from tracing.sinks._http import (
-    ANSWER_ERRORS,
     JSON,
+    PerScoreSink,
     answer_json,
-    deliver_each,
     http_client,
     is_retryable,
     json_body,
+    otel_ids,
     record_texts,
     refusal_detail,
     retry_after,
-    transport_retry,
 )
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = ["MlflowSink"]
 
-_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
-_SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
 _NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
 # Every field a re-send may change; source and span are fixed by the score id anyway.
 _UPDATE_MASK = "assessmentName,feedback,rationale,metadata"
@@ -73,8 +67,10 @@ _UPDATE_MASK = "assessmentName,feedback,rationale,metadata"
 _NOT_INGESTED_AFTER_S = 2.0
 
 
-class MlflowSink:
+class MlflowSink(PerScoreSink):
     """Scores as MLflow feedback assessments (see the module docstring for the mapping)."""
+
+    backend = "MLflow"
 
     def __init__(
         self,
@@ -87,7 +83,7 @@ class MlflowSink:
     ) -> None:
         if not (trace_wait_s >= 0 and math.isfinite(trace_wait_s)):
             raise ValueError(f"MLflow trace_wait_s must be a non-negative number of seconds, got {trace_wait_s!r}")
-        self._client, self._secrets = http_client(
+        client, secrets = http_client(
             tracking_uri,
             what="MLflow tracking URI",
             setting="TRACESCORE_MLFLOW_URL",
@@ -96,37 +92,14 @@ class MlflowSink:
             secret=token,
             headers={"Authorization": f"Bearer {token}"} if token else None,
         )
+        super().__init__(client, secrets, parallel)
         self._base = tracking_uri.rstrip("/") + "/api/3.0/mlflow/traces"
         self._trace_wait_s = trace_wait_s
-        self._parallel = parallel
-        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="tracescore-mlflow-sink")
 
-    @property
-    def name(self) -> str:
-        return "mlflow"
+    def _payload(self, record: ScoreRecord) -> dict[str, Any] | Refused:
+        return _assessment(record)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        self._client.close()
-
-    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
-        """Upsert one assessment per record; one outcome per record, in order."""
-        items = [(record, _assessment(record)) for record in records]
-        return deliver_each(
-            [assessment if isinstance(assessment, Refused) else (record, assessment) for record, assessment in items],
-            self._attempt,
-            self._pool,
-            self._parallel,
-        )
-
-    def _attempt(self, item: tuple[ScoreRecord, dict[str, Any]]) -> tuple[Delivery, bool]:
-        try:
-            return self._upsert(*item)
-        except ANSWER_ERRORS as exc:
-            return transport_retry("MLflow", exc), isinstance(exc, httpx.TransportError)
-
-    def _upsert(self, record: ScoreRecord, assessment: dict[str, Any]) -> tuple[Delivery, bool]:
-        """The outcome, and whether it holds for every record (see ``deliver``)."""
+    def _send(self, record: ScoreRecord, assessment: dict[str, Any]) -> tuple[Delivery, bool]:
         trace = assessment["trace_id"]
         url = f"{self._base}/{trace}/assessments"
         updated = self._client.patch(
@@ -186,12 +159,10 @@ class MlflowSink:
 
 def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
     """The assessment of one score, or why it cannot be one (never sent)."""
-    trace_id = record.trace_id.lower()
-    span_id = record.span_id.lower()
-    if not _TRACE_ID.fullmatch(trace_id):
-        return Refused("trace id is not 32 hex digits (an OpenTelemetry trace id); MLflow cannot match it")
-    if not _SPAN_ID.fullmatch(span_id):
-        return Refused("span id is not 16 hex digits (an OpenTelemetry span id); MLflow cannot match it")
+    ids = otel_ids(record, "MLflow")
+    if isinstance(ids, Refused):
+        return ids
+    trace_id, span_id = ids
     if record.score is not None and not math.isfinite(record.score):
         return Refused("score is not a finite number (JSON cannot carry it)")
     feedback: dict[str, Any]

@@ -43,6 +43,7 @@ from tracing.sinks._http import (
     http_client,
     is_retryable,
     json_body,
+    otel_span_id,
     refusal_detail,
     retry_after,
     scrubbable,
@@ -54,7 +55,6 @@ from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 __all__ = ["PhoenixSink"]
 
 _MISSING_SPANS = re.compile(r"^Spans with IDs (?P<ids>.+) do not exist\.?$")
-_SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
 # Refusals about a request's content (bad request, too large, invalid): a batch refused so is
 # re-sent record by record. Others (401, 403, an unknown route) refuse every record alike.
 _ABOUT_CONTENT = frozenset({400, 413, 422})
@@ -156,9 +156,9 @@ class PhoenixSink:
 
 def _annotation(record: ScoreRecord) -> dict[str, Any] | Refused:
     """The span annotation of one score, or why it cannot be one (never sent)."""
-    span_id = record.span_id.lower()
-    if not _SPAN_ID.fullmatch(span_id):
-        return Refused("span id is not 16 hex digits (an OpenTelemetry span id); Phoenix cannot match it")
+    span_id = otel_span_id(record, "Phoenix")
+    if isinstance(span_id, Refused):
+        return span_id
     name = record.scorer_name or record.scorer_id
     if name == "note":
         return Refused("Phoenix reserves the annotation name 'note' for span notes; rename the scorer")
