@@ -61,8 +61,11 @@ def _error_classes(modules: Iterable[ModuleType]) -> set[type[BaseException]]:
 def _worker_modules() -> list[ModuleType]:
     import worker
     import worker._errors
+    import worker._guard
+    import worker._reconnect
 
-    modules = [worker, worker._errors]
+    # (the two errors that are also Redis errors live beside the code that raises them)
+    modules = [worker, worker._errors, worker._guard, worker._reconnect]
     try:
         import worker.store
 
@@ -107,16 +110,16 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         TracingError,
     )
     from worker._errors import (
-        BrokerUnwritableError,
         LoopBlockedError,
         RegistryError,
         RunLimitError,
         SettingsError,
         StoreKeyTypeError,
-        StoreUnavailableError,
         UnknownScorerError,
         WorkerError,
     )
+    from worker._guard import BrokerUnwritableError
+    from worker._reconnect import StoreUnavailableError
 
     return {
         scorers.ScorerError: (scorers.ScorerError("m"), "internal"),
@@ -330,8 +333,8 @@ def _protobuf_of(line: str) -> bytes:
 def test_no_redis_error_escapes_the_store() -> None:
     """A Redis that does not answer reaches store callers as StoreUnavailableError (retryable),
     and a run whose checkpoint write failed so is retried later, not recorded as failed."""
-    from worker._errors import StoreUnavailableError, is_transient
-    from worker._reconnect import reconnecting_client, unavailable_as_error
+    from worker._errors import is_transient
+    from worker._reconnect import StoreUnavailableError, reconnecting_client, unavailable_as_error
 
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))

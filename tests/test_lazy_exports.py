@@ -101,6 +101,25 @@ def test_a_probe_loads_neither_the_celery_app_nor_the_scorers(probe: str, tmp_pa
     assert loaded == []
 
 
+@pytest.mark.parametrize("argv", [["--version"], ["probe", "live"]], ids=["version", "probe-live"])
+def test_a_command_that_talks_to_no_broker_loads_no_redis_client_and_no_celery(argv: list[str], tmp_path: Path) -> None:
+    """A liveness probe runs every few seconds in every worker container: what it loads is paid
+    each time. The settings and the error tree it reads stay clear of redis-py, Celery and kombu."""
+    if argv[0] == "probe":
+        argv = [*argv, "--dir", str(tmp_path)]
+    clients = ["redis", "celery", "kombu"]
+    code = (
+        "import json, sys\n"
+        "from worker.cli import main\n"
+        f"code = main({argv!r})\n"
+        f"print(json.dumps([code, sorted(m for m in {clients!r} if m in sys.modules)]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    code_, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code_ == (1 if argv[0] == "probe" else 0), done.stderr
+    assert loaded == []
+
+
 def test_the_built_wheel_carries_the_stubs_its_packages_load_names_from(tmp_path: Path) -> None:
     """The stubs are read at import: a wheel without them (package data) could not import a package.
     Built from what the Dockerfile copies, as its ``pip install .`` builds it (in a copy: an

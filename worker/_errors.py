@@ -28,17 +28,18 @@
 ``ScorerRunError.category`` (``scorers``: one status table shared with the judge's retries).
 The worker decides "retry this run later" by reading ``category`` only (``is_transient``).
 Redis errors are translated into ``StoreUnavailableError`` in one place, the reconnecting
-client (``worker._reconnect.unavailable_as_error``). ``worker.cli.CliError`` is not part of this
-tree: it is how the command line shows any error (one line, an exit code).
+client (``worker._reconnect.unavailable_as_error``). The two that are also Redis and Celery
+errors are defined beside the code that raises them (``StoreUnavailableError`` in
+``worker._reconnect``, ``BrokerUnwritableError`` in ``worker._guard``), so that what loads this
+module (the settings: every command and probe) does not load redis-py and Celery.
+``worker.cli.CliError`` is not part of this tree: it is how the command line shows any error
+(one line, an exit code).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
-
-from celery.exceptions import Reject
-from redis import exceptions as redis_errors
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from scorers import ScorerError, ScoreResult, category_of
 
@@ -46,13 +47,11 @@ if TYPE_CHECKING:
     from scorers.judge import ErrorCategory
 
 __all__ = [
-    "BrokerUnwritableError",
     "LoopBlockedError",
     "RegistryError",
     "RunLimitError",
     "SettingsError",
     "StoreKeyTypeError",
-    "StoreUnavailableError",
     "UnknownScorerError",
     "WorkerError",
     "is_transient",
@@ -101,49 +100,6 @@ class UnknownScorerError(WorkerError, KeyError):
 
     def __str__(self) -> str:
         return self.message
-
-
-class StoreUnavailableError(Reject, redis_errors.ConnectionError, WorkerError):
-    """Redis (the score store) did not answer through every reconnect attempt."""
-
-    _category: ClassVar[ErrorCategory] = "retryable"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, True)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.message,))
-
-
-class BrokerUnwritableError(redis_errors.ConnectionError, WorkerError):
-    """The broker's Redis refuses writes for now. ``reason`` is ``full`` (used memory at
-    ``maxmemory`` with ``noeviction``, as deployed: it refuses every write, and every command
-    inside MULTI) or ``read_only`` (the endpoint is a replica: a failover under way, until the
-    endpoint leads to the new primary). A connection error to kombu and Celery: the consumer takes
-    nothing more and reconnects with backoff, instead of ending the worker with "Unrecoverable
-    error" after taking a message off the list that it could not record as unacknowledged."""
-
-    _category: ClassVar[ErrorCategory] = "retryable"
-
-    def __init__(self, reason: Literal["full", "read_only"], command: str = "") -> None:
-        self.reason, self.command = reason, command
-        why = (
-            "its used memory is at maxmemory; waiting for room (deliver or drop the sinks' backlog, or raise maxmemory)"
-            if reason == "full"
-            else "the endpoint is a read-only replica (a failover under way?); waiting for a primary"
-        )
-        self.message = f"the broker's Redis refused {command or 'a write'}: {why}"
-        super().__init__(self.message)
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.reason, self.command))
 
 
 class StoreKeyTypeError(WorkerError):

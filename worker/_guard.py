@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, partial
 from queue import Empty
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import redis
 import structlog
@@ -57,7 +57,7 @@ from kombu.transport import redis as _kombu_redis
 from kombu.transport import virtual as _kombu_virtual
 
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME
-from worker._errors import BrokerUnwritableError
+from worker._errors import WorkerError
 from worker._settings import Settings
 from worker.metrics import observe_broadcast_refused
 from worker.store import (
@@ -71,6 +71,7 @@ from worker.store import (
 )
 
 if TYPE_CHECKING:
+    from scorers.judge import ErrorCategory
     from worker._app import TracescoreApp
 
 # The broker transport option carrying envelope_limit(max_payload_bytes) to the channel.
@@ -80,6 +81,7 @@ __all__ = [
     "BODY_BYTES_HEADER",
     "MAX_ENTRY_BYTES_OPTION",
     "MAX_JSON_DEPTH",
+    "BrokerUnwritableError",
     "BrokerWrites",
     "GuardedConsumer",
     "GuardedRedisTransport",
@@ -299,6 +301,33 @@ def _control_shape_problem(body: dict[str, Any], headers: dict[str, Any]) -> str
 # (re)connects: more than the memory a reconnect itself takes (client buffers), far less than
 # any real maxmemory, so a worker never waits while Redis could still take its writes.
 _ROOM_BYTES = 1024 * 1024
+
+
+class BrokerUnwritableError(redis.exceptions.ConnectionError, WorkerError):
+    """The broker's Redis refuses writes for now. ``reason`` is ``full`` (used memory at
+    ``maxmemory`` with ``noeviction``, as deployed: it refuses every write, and every command
+    inside MULTI) or ``read_only`` (the endpoint is a replica: a failover under way, until the
+    endpoint leads to the new primary). A connection error to kombu and Celery: the consumer takes
+    nothing more and reconnects with backoff, instead of ending the worker with "Unrecoverable
+    error" after taking a message off the list that it could not record as unacknowledged."""
+
+    _category: ClassVar[ErrorCategory] = "retryable"
+
+    def __init__(self, reason: Literal["full", "read_only"], command: str = "") -> None:
+        self.reason, self.command = reason, command
+        why = (
+            "its used memory is at maxmemory; waiting for room (deliver or drop the sinks' backlog, or raise maxmemory)"
+            if reason == "full"
+            else "the endpoint is a read-only replica (a failover under way?); waiting for a primary"
+        )
+        self.message = f"the broker's Redis refused {command or 'a write'}: {why}"
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, self.command))
 
 
 def _unwritable(exc: redis.exceptions.ResponseError, command: str = "") -> BrokerUnwritableError:

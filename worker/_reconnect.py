@@ -18,14 +18,18 @@ import asyncio
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import redis.asyncio as aioredis
+from celery.exceptions import Reject
 from redis import exceptions as redis_errors
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from worker._errors import StoreUnavailableError
+from worker._errors import WorkerError
+
+if TYPE_CHECKING:
+    from scorers.judge import ErrorCategory
 
 __all__ = ["COMMAND_SLACK_S", "RECONNECT_S", "StoreUnavailableError", "reconnecting_client", "unavailable_as_error"]
 
@@ -40,6 +44,22 @@ _BACKOFF_BASE_S = 0.05
 _BACKOFF_CAP_S = 1.0
 
 C = TypeVar("C", bound=type)
+
+
+class StoreUnavailableError(Reject, redis_errors.ConnectionError, WorkerError):
+    """Redis (the score store) did not answer through every reconnect attempt."""
+
+    _category: ClassVar[ErrorCategory] = "retryable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, True)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message,))
 
 
 def _retries_for(seconds: float) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import redis
 
 from tracing import redact
 from worker import _heartbeat as probe_files
@@ -85,6 +84,8 @@ def ready_command(directory: str | None, timeout: float, broker: str | None) -> 
     path = _directory(directory)
     if not (path / probe_files.READY_FILE).exists():
         raise CliError(f"not ready: the worker is not consuming (no {probe_files.READY_FILE} file in {path})")
+    import redis  # (here: `probe live` runs every few seconds and has no use for a Redis client)
+
     settings = redis_settings(broker)
     client = redis.Redis.from_url(
         settings.broker_url,
