@@ -11,8 +11,9 @@ first use), and with ``--before PATH`` the same commands on another checkout (e.
 ``git worktree`` of the code before a change; its packages are imported from there), the runs of
 the two trees interleaved. The probes run against the files a live worker writes (this process
 writes them, as a worker does) and a private redis-server. ``pod_probe_millicores`` is what the
-manifest's two probes cost a pod on average: ready / 15 s + live / 30 s. Writes
-bench/results/cli.json.
+manifest's two probes cost a pod on average: ready / 15 s + live / 30 s. Two backfills show what
+a job pays before its first trace: the README's run (300 example traces scored in this process)
+and a job of 20 traces sent to the Redis queue without waiting. Writes bench/results/cli.json.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests._redis import RedisServer  # noqa: E402
+from tests.backfill._synth import write_otlp_files  # noqa: E402
 from worker import _heartbeat  # noqa: E402
 
 READY_PERIOD_S, LIVE_PERIOD_S = 15, 30  # deploy/k8s/worker-deployment.yaml
@@ -68,6 +70,8 @@ def main() -> None:
             _heartbeat.consumer_started()
             _heartbeat.beat(_heartbeat.loop_file())
             env = {**os.environ, "TRACESCORE_BROKER_URL": server.url(0), "TRACESCORE_PROBE_DIR": probe_dir}
+            embedded = {k: v for k, v in env.items() if k != "TRACESCORE_BROKER_URL"}
+            traces = write_otlp_files(Path(probe_dir) / "traces", 20, files=1, traces_per_line=20)[0]
             commands = {
                 "python -c pass": [sys.executable, "-c", "pass"],
                 "import of everything": [
@@ -85,12 +89,21 @@ def main() -> None:
                 "tracescore probe live": [*tracescore, "probe", "live", "--max-age", "240"],
                 "tracescore probe ready": [*tracescore, "probe", "ready", "--timeout", "2"],
                 "tracescore status --json": [*tracescore, "status", "--json"],
+                "backfill: the README's run": [
+                    *tracescore,
+                    *("backfill", "examples/traces", "--scorers", "examples.scorers"),
+                ],
+                "backfill: 20 traces to Redis": [
+                    *tracescore,
+                    *("backfill", str(traces), "--scorers", "bench.backfill_scorers", "--no-wait", "--json"),
+                ],
             }
+            envs = {name: embedded if name == "backfill: the README's run" else env for name in commands}
             samples: dict[str, dict[str, list[float]]] = {tree: {name: [] for name in commands} for tree in trees}
             for _ in range(args.runs):
                 for name, command in commands.items():
                     for tree, path in trees.items():
-                        samples[tree][name].append(_cpu_s(command, env, path))
+                        samples[tree][name].append(_cpu_s(command, envs[name], path))
     finally:
         server.close()
     best = {tree: {name: min(runs) for name, runs in by_name.items()} for tree, by_name in samples.items()}

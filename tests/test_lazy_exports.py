@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAZY = ["scorers", "tracing", "tracing.queue", "worker"]
+LAZY = ["scorers", "tracing", "tracing.queue", "tracing.sinks", "worker"]
 
 
 def _stub_all(package: str) -> set[str]:

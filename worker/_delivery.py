@@ -35,7 +35,7 @@ import structlog
 
 import tracing.sinks
 from scorers import category_of
-from tracing import ConsoleSink, JsonlSink, OtlpSink, ScoreRecord, ScoreSink
+from tracing import ConsoleSink, JsonlSink, ScoreRecord, ScoreSink
 from tracing.sinks import Delivered, Delivery, Refused, Retry
 from worker._errors import SettingsError, StoreKeyTypeError
 from worker._settings import Settings
@@ -59,7 +59,9 @@ def build_sinks(settings: Settings) -> list[ScoreSink]:
     sinks: list[ScoreSink] = []
     for name in settings.sink_names:
         if name == "otlp":
-            sinks.append(OtlpSink())
+            # (each backend's sink loads when named: a run that writes its scores to a file does
+            # not load the OTLP exporter and the HTTP clients)
+            sinks.append(tracing.sinks.OtlpSink())
         elif name == "jsonl":
             if not settings.jsonl_file:
                 raise SettingsError("the jsonl sink needs TRACESCORE_JSONL_PATH (a file to append to)")

@@ -38,6 +38,7 @@ module (the settings: every command and probe) does not load redis-py and Celery
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -54,6 +55,7 @@ __all__ = [
     "StoreKeyTypeError",
     "UnknownScorerError",
     "WorkerError",
+    "crash_fields",
     "is_transient",
 ]
 
@@ -62,6 +64,18 @@ def is_transient(exc: BaseException | None) -> bool:
     """Worth another delivery later: the error's ``category`` is ``retryable`` (timeouts,
     connection errors, 408/409/425/429/5xx from a provider, Redis away)."""
     return exc is not None and category_of(exc) == "retryable"
+
+
+def crash_fields(exc: BaseException) -> dict[str, Any]:
+    """A crash for the log: its type and stack (code locations and lines), not its text, which
+    may quote the run (a KeyError of a message key, a scorer's own f-string of the answer).
+    The score record still carries the text, for whoever reads the scores."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return {
+        "error_type": type(exc).__name__,
+        # Not "stack": structlog's renderers take that key for a formatted stack_info string.
+        "frames": [f"{f.filename}:{f.lineno} in {f.name}: {f.line or ''}" for f in frames[-8:]],
+    }
 
 
 class WorkerError(Exception):

@@ -35,7 +35,6 @@ import asyncio
 import gc
 import math
 import time
-import traceback
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -48,7 +47,7 @@ from scorers.judge import JudgeCallRefused, JudgeModel, ModelPrice, price_execut
 from tracing import ScoreRecord, ScoreWriter, SpanRecord, TracedRun, TraceReadError, score_id_for, trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
 from worker._budget import default_attempt_cap, enter_run, price_table, run_key
-from worker._errors import RunLimitError, is_transient
+from worker._errors import RunLimitError, crash_fields, is_transient
 from worker._loop import LoopBlockedError, was_targeted
 from worker._registry import UnknownScorerError
 from worker.metrics import observe_batch, observe_records
@@ -542,18 +541,6 @@ class _GroupCommit:
             for records, future in group:
                 future.set_result(fresh[start : start + len(records)])
                 start += len(records)
-
-
-def crash_fields(exc: BaseException) -> dict[str, Any]:
-    """A crash for the log: its type and stack (code locations and lines), not its text, which
-    may quote the run (a KeyError of a message key, a scorer's own f-string of the answer).
-    The score record still carries the text, for whoever reads the scores."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    return {
-        "error_type": type(exc).__name__,
-        # Not "stack": structlog's renderers take that key for a formatted stack_info string.
-        "frames": [f"{f.filename}:{f.lineno} in {f.name}: {f.line or ''}" for f in frames[-8:]],
-    }
 
 
 def _read_run(request: ScoreRequest, span_id: str, spans: list[SpanRecord]) -> TracedRun | TraceReadError:

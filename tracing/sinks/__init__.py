@@ -9,40 +9,12 @@ Sinks here: ``OtlpSink`` (span events on a carrier span inside the scored span),
 ``ConsoleSink`` and ``MemorySink`` (a test double); the Phoenix, MLflow and Langfuse sinks each
 in their own module. ``ScoreWriter`` is the older, synchronous hook that sees records right
 after they are stored (tables, summaries, ``--out``; the drainers' wake-up).
+
+The names (``__init__.pyi``) load on first use.
 """
 
-from tracing.sinks._langfuse import LangfuseSink
-from tracing.sinks._local import ConsoleSink, JsonlSink, MemorySink
-from tracing.sinks._mlflow import MlflowSink
-from tracing.sinks._otlp import (
-    CARRIER_SPAN_NAME,
-    EVALUATION_EVENT,
-    ROLE_SCORE_WRITER,
-    OtlpSink,
-    carrier_spans,
-    evaluation_attributes,
-)
-from tracing.sinks._phoenix import PhoenixSink
-from tracing.sinks._sink import Delivered, Delivery, Refused, Retry, ScoreSink
-from tracing.sinks._writer import ScoreWriter
+import lazy_loader
 
-__all__ = [
-    "CARRIER_SPAN_NAME",
-    "EVALUATION_EVENT",
-    "ROLE_SCORE_WRITER",
-    "ConsoleSink",
-    "Delivered",
-    "Delivery",
-    "JsonlSink",
-    "LangfuseSink",
-    "MemorySink",
-    "MlflowSink",
-    "OtlpSink",
-    "PhoenixSink",
-    "Refused",
-    "Retry",
-    "ScoreSink",
-    "ScoreWriter",
-    "carrier_spans",
-    "evaluation_attributes",
-]
+# Imported from their modules on first use (see __init__.pyi): a command writing scores to a file
+# does not load the HTTP clients and the OTLP exporter of the backends it does not use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

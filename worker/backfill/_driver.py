@@ -46,7 +46,7 @@ from tracing.sources import (
     TraceSource,
     UnitEnd,
 )
-from worker._scoring import crash_fields
+from worker._errors import crash_fields
 from worker.backfill._progress import ProgressReporter
 from worker.backfill._state import BackfillState, RedisJobStore
 

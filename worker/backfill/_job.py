@@ -31,10 +31,9 @@ from typing import IO, Any
 import click
 from pydantic_core import from_json
 
-from tracing import JsonlScoreWriter, ScoreWriter, SpanRecord, TraceReadError, score_id_for, trace_to_run
+from tracing import JsonlScoreWriter, ScoreWriter, SpanRecord, TraceReadError, redact, score_id_for, trace_to_run
 from tracing.queue import QueueKeyError, ScoreBatch
 from tracing.sources import SourceError, TraceSource, source_from_description
-from worker._app import redact
 from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
 from worker._gc import tuned_gc
 from worker._keys import record_key
