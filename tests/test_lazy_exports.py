@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._redis import RedisServer
+
 ROOT = Path(__file__).resolve().parent.parent
 LAZY = ["scorers", "tracing", "tracing.queue", "tracing.sinks", "worker"]
 
@@ -117,6 +119,38 @@ def test_a_command_that_talks_to_no_broker_loads_no_redis_client_and_no_celery(a
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     code_, loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert code_ == (1 if argv[0] == "probe" else 0), done.stderr
+    assert loaded == []
+
+
+def test_a_backfill_sent_to_redis_loads_no_scoring_code_and_no_unused_sink(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The workers score; the job that sends them traces reads, plans and publishes. It loads
+    neither the scoring module nor the Celery app nor a sink it was not given (their import is a
+    quarter of the job's start-up CPU)."""
+    from tests.backfill._synth import write_otlp_files
+
+    data = write_otlp_files(tmp_path / "traces", 20, files=1, traces_per_line=20)[0]
+    unwanted = ["worker._scoring", "worker._app", "worker._delivery", "tracing.sinks._otlp", "tracing.sinks._phoenix"]
+    code = (
+        "import json, sys\n"
+        "from worker.cli import main\n"
+        f"code = main(['backfill', {str(data)!r}, '--scorers', 'bench.backfill_scorers', '--no-wait', '--json'])\n"
+        f"print(json.dumps([code, sorted(m for m in {unwanted!r} if m in sys.modules)]))\n"
+    )
+    client = redis_server.client(9)
+    client.flushdb()
+    try:
+        env = {**os.environ, "TRACESCORE_BROKER_URL": redis_server.url(9), "TRACESCORE_SINKS": "otlp"}
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        code_, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+        assert code_ == 0, done.stderr[-2000:]
+        assert client.llen("tracescore") >= 1  # the runs were sent
+    finally:
+        client.flushdb()
+        client.close()
     assert loaded == []
 
 
