@@ -86,20 +86,31 @@ HEAVY = [
 ]
 
 
-@pytest.mark.parametrize("probe", ["live", "ready"])
-def test_a_probe_loads_neither_the_celery_app_nor_the_scorers(probe: str, tmp_path: Path) -> None:
-    broker = ["--broker", "redis://127.0.0.1:1/0"] if probe == "ready" else []
+def _loaded_after(
+    argv: list[str], modules: list[str], env: dict[str, str] | None = None, timeout: float = 60
+) -> tuple[int, list[str], str]:
+    """Run ``tracescore argv`` in a fresh interpreter: its exit code, which of ``modules`` it
+    loaded, and its stderr."""
     code = (
         "import json, sys\n"
         "from worker.cli import main\n"
-        f"code = main(['probe', {probe!r}, '--dir', {str(tmp_path)!r}, *{broker!r}])\n"
-        f"print(json.dumps([code, sorted(m for m in {HEAVY!r} if m in sys.modules)]))\n"
+        f"code = main({argv!r})\n"
+        f"print(json.dumps([code, sorted(m for m in {modules!r} if m in sys.modules)]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    code_, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-2000:]  # (main returns its exit code: the interpreter ends 0)
+    exit_code, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    return exit_code, loaded, done.stderr
+
+
+@pytest.mark.parametrize("probe", ["live", "ready"])
+def test_a_probe_loads_neither_the_celery_app_nor_the_scorers(probe: str, tmp_path: Path) -> None:
+    broker = ["--broker", "redis://127.0.0.1:1/0"] if probe == "ready" else []
+    code_, loaded, stderr = _loaded_after(["probe", probe, "--dir", str(tmp_path), *broker], HEAVY)
     assert code_ == 1  # no worker wrote its files there: not live, not ready
-    assert "not live" in done.stderr or "not ready" in done.stderr
+    assert "not live" in stderr or "not ready" in stderr
     assert loaded == []
 
 
@@ -109,16 +120,8 @@ def test_a_command_that_talks_to_no_broker_loads_no_redis_client_and_no_celery(a
     each time. The settings and the error tree it reads stay clear of redis-py, Celery and kombu."""
     if argv[0] == "probe":
         argv = [*argv, "--dir", str(tmp_path)]
-    clients = ["redis", "celery", "kombu"]
-    code = (
-        "import json, sys\n"
-        "from worker.cli import main\n"
-        f"code = main({argv!r})\n"
-        f"print(json.dumps([code, sorted(m for m in {clients!r} if m in sys.modules)]))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    code_, loaded = json.loads(done.stdout.strip().splitlines()[-1])
-    assert code_ == (1 if argv[0] == "probe" else 0), done.stderr
+    code_, loaded, stderr = _loaded_after(argv, ["redis", "celery", "kombu"])
+    assert code_ == (1 if argv[0] == "probe" else 0), stderr
     assert loaded == []
 
 
@@ -132,21 +135,13 @@ def test_a_backfill_sent_to_redis_loads_no_scoring_code_and_no_unused_sink(
 
     data = write_otlp_files(tmp_path / "traces", 20, files=1, traces_per_line=20)[0]
     unwanted = ["worker._scoring", "worker._app", "worker._delivery", "tracing.sinks._otlp", "tracing.sinks._phoenix"]
-    code = (
-        "import json, sys\n"
-        "from worker.cli import main\n"
-        f"code = main(['backfill', {str(data)!r}, '--scorers', 'bench.backfill_scorers', '--no-wait', '--json'])\n"
-        f"print(json.dumps([code, sorted(m for m in {unwanted!r} if m in sys.modules)]))\n"
-    )
+    argv = ["backfill", str(data), "--scorers", "bench.backfill_scorers", "--no-wait", "--json"]
     client = redis_server.client(9)
     client.flushdb()
     try:
         env = {**os.environ, "TRACESCORE_BROKER_URL": redis_server.url(9), "TRACESCORE_SINKS": "otlp"}
-        done = subprocess.run(
-            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-        )
-        code_, loaded = json.loads(done.stdout.strip().splitlines()[-1])
-        assert code_ == 0, done.stderr[-2000:]
+        code_, loaded, stderr = _loaded_after(argv, unwanted, env=env, timeout=120)
+        assert code_ == 0, stderr[-2000:]
         assert client.llen("tracescore") >= 1  # the runs were sent
     finally:
         client.flushdb()
