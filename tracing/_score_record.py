@@ -11,7 +11,7 @@ import re
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["ScoreRecord", "score_id_for"]
 
@@ -101,13 +101,19 @@ class ScoreRecord(BaseModel):
     enqueued_at: float | None = None
     scored_at: float = Field(default_factory=time.time)
 
-    @field_validator(*_TEXT_FIELDS, mode="after")
-    @classmethod
-    def _encodable(cls, value: Any) -> Any:
+    @model_validator(mode="after")
+    def _encodable(self) -> ScoreRecord:
         # A lone surrogate (json.loads of a judge's or an agent's "\ud83d" makes one) would make
         # the record unserialisable: no store could keep it, no sink send it, on every retry.
-        # U+FFFD here, once, so every store and sink gets valid UTF-8.
-        return _valid_text(value)
+        # U+FFFD here, once, so every store and sink gets valid UTF-8. One pass over the text
+        # fields, not a validator each: records are built per score on the worker's hot path.
+        values = self.__dict__
+        for name in _TEXT_FIELDS:
+            value = values[name]
+            if value is None or (value.__class__ is str and value.isascii()):
+                continue
+            values[name] = _valid_text(value)  # frozen: past validation, set in place
+        return self
 
     @property
     def ok(self) -> bool:
