@@ -73,18 +73,26 @@ _spent_budget_log = SpentBudgetLog()
 
 def _dead_letter(
     runtime: WorkerRuntime,
+    payload: Any,
     *,
     reason: str,
     error: str,
-    payload: Any,
-    size: int,
-    batch_id: str | None,
     attempts: int,
     retryable: bool,
     message_key: str,
     run_ids: list[str] | None = None,
+    size: int | None = None,
 ) -> None:
-    keep = payload if 0 <= size <= MAX_DEAD_PAYLOAD_BYTES else None
+    """Keep the message whose task argument is ``payload`` as its one dead letter. The letter
+    holds ``payload`` when it is JSON of at most ``MAX_DEAD_PAYLOAD_BYTES`` and within the
+    workers' message cap (``size``: as measured, else ``_size(payload)``): a letter to retry
+    must fit the queue. Its batch id is the payload's when that is text."""
+    if size is None:
+        size = _size(payload)
+    keep = payload if 0 <= size <= min(MAX_DEAD_PAYLOAD_BYTES, runtime.settings.max_payload_bytes) else None
+    batch_id = payload.get("batch_id") if isinstance(payload, dict) else None
+    if not isinstance(batch_id, str):  # a hostile message's number or object: no letter would validate
+        batch_id = None
     letter = DeadLetter(
         id=dead_letter_id(message_key),
         message_key=message_key,
@@ -186,11 +194,9 @@ def _failed_around_scoring(
     try:
         _dead_letter(
             runtime,
+            payload,
             reason="task_crashed",
             error=f"the scoring task failed around scoring: {type(exc).__name__} (see the worker log)",
-            payload=payload,
-            size=_size(payload),
-            batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
             attempts=int(self.request.retries or 0) + 1,
             retryable=True,
             message_key=_message_key(task_id),
@@ -268,12 +274,11 @@ def _score_delivery(
         if size > settings.max_payload_bytes or size < 0:
             _dead_letter(
                 runtime,
+                payload,
                 reason="payload_too_large" if size > 0 else "payload_not_json",
                 error=f"message is {size} bytes; TRACESCORE_MAX_PAYLOAD_BYTES is {settings.max_payload_bytes}"
                 " — send fewer runs per batch",
-                payload=None,
                 size=size,
-                batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
                 attempts=attempt + 1,
                 retryable=False,
                 message_key=message_key,
@@ -290,11 +295,9 @@ def _score_delivery(
             )
         _dead_letter(
             runtime,
+            payload,
             reason="invalid_payload",
             error=f"not a ScoreBatch: {problems}",
-            payload=payload,
-            size=_size(payload),
-            batch_id=payload.get("batch_id") if isinstance(payload, dict) else None,
             attempts=attempt + 1,
             retryable=False,
             message_key=message_key,
@@ -318,12 +321,10 @@ def _score_delivery(
         (run_id,) = request.run_ids()  # one run: a message of several was split above
         _dead_letter(
             runtime,
+            payload,
             reason="too_many_deliveries",
             error=f"run {run_id} (scorers {', '.join(request.scorer_ids)[:200]}) was being scored each time "
             f"its worker process died: delivered {deliveries} times, {crashes} of them never finished",
-            payload=payload,
-            size=_size(payload),
-            batch_id=batch.batch_id,
             attempts=deliveries,
             retryable=True,
             message_key=message_key,
@@ -350,11 +351,9 @@ def _score_delivery(
         if final:
             _dead_letter(
                 runtime,
+                payload,
                 reason="retry_budget_exhausted",
                 error=error,
-                payload=payload,
-                size=_size(payload),
-                batch_id=batch.batch_id,
                 attempts=attempt + 1,
                 retryable=True,
                 message_key=message_key,
@@ -373,12 +372,10 @@ def _score_delivery(
         # `tracescore dlq retry` scores them once the budget resets.
         _dead_letter(
             runtime,
+            payload,
             reason="budget_exhausted" if report.failed.get("budget_exhausted") else "judge_attempts_exhausted",
             error=f"{len(report.exhausted)} score(s) not paid for: "
             + ", ".join(f"{k}×{v}" for k, v in report.failed.items()),
-            payload=payload,
-            size=_size(payload),
-            batch_id=batch.batch_id,
             attempts=attempt + 1,
             retryable=True,
             message_key=message_key,
@@ -397,11 +394,9 @@ def _score_delivery(
             reasons.append(f"{len(report.deferred)} score(s) stayed claimed by another delivery")
         _dead_letter(
             runtime,
+            payload,
             reason="retry_budget_exhausted" if report.exhausted else "still_claimed",
             error="; ".join(reasons),
-            payload=payload,
-            size=_size(payload),
-            batch_id=batch.batch_id,
             attempts=attempt + 1,
             retryable=True,
             message_key=message_key,

@@ -310,6 +310,26 @@ def test_a_refused_message_delivered_twice_is_one_dead_letter(worker: WorkerProc
     assert worker.text().count("duplicate=True") == 2
 
 
+@pytest.mark.parametrize("batch_id", [5, ["a", "list"], {"an": "object"}, None, True])
+def test_a_batch_whose_id_is_not_text_is_one_dead_letter(worker: WorkerProcess, redis_url: str, tmp_path: Path,
+                                                         batch_id: Any) -> None:  # fmt: skip
+    """A batch id of another JSON type (valid JSON, not a ScoreBatch) is an invalid_payload letter
+    without a batch id, not a letter that fails to validate: before, the letter was refused each
+    time and the message requeued for ever. The worker goes on scoring."""
+    bad = {"batch_id": batch_id, "requests": [{"run": 42, "scorer_ids": ["length"]}]}
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.lpush(QUEUE, envelope(task_body([bad]))[1])
+        client.lpush(QUEUE, envelope(task_body([payload(range(1), ["length"], salt="not-text")]))[1])
+    finally:
+        client.close()
+    assert wait_for(lambda: len(read_scores(tmp_path / "scores.jsonl")) == 1, 60), worker.text()[-3000:]
+    assert wait_for(lambda: len(_dlq(redis_url)) == 1, 30), worker.text()[-3000:]
+    (letter,) = _dlq(redis_url)
+    assert (letter.reason, letter.batch_id, letter.payload) == ("invalid_payload", None, bad)
+    assert "batch_requeued" not in worker.text()
+
+
 def test_a_refusal_the_store_cannot_record_is_kept_until_it_can(redis_url: str, tmp_path: Path) -> None:
     """With the score store down the refused message goes back to the queue (not lost, not
     logged); once the store is up it becomes its one dead letter."""
