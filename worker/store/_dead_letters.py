@@ -3,7 +3,9 @@
 A message is dead-lettered at most once: each letter carries the key of its queue message, and
 the seen-check, the push and the count by reason are one step (a Lua script in Redis, a lock in
 memory), so a redelivery of the same message (a consumer restarted before its ack) never makes
-a second letter.
+a second letter. A stored entry that no longer validates (damaged, or written by another
+version) is listed as an ``unreadable_dead_letter`` of its own id, not retryable, instead of
+failing the command that reads the list.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import uuid
 from typing import Any, Protocol, runtime_checkable
 
 import redis
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from worker import _keys
 from worker._reconnect import unavailable_as_error
 from worker.store._keytypes import Check, checked, checked_async, checked_script
-from worker.store._redis import RedisConnection
+from worker.store._redis import RedisConnection, failed_fields
 
 __all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id"]
 
@@ -122,6 +124,25 @@ def _push_args(letter: DeadLetter) -> tuple[list[str], list[str]]:
     )
 
 
+# The reason of a stored letter that no longer validates.
+UNREADABLE = "unreadable_dead_letter"
+
+
+def _stored(raw: str | bytes) -> DeadLetter:
+    """A letter read back from the list; one that fails validation stands in as an unreadable
+    letter (its id: a hash of its bytes, stable from one listing to the next; nothing of it shown)."""
+    try:
+        return DeadLetter.model_validate_json(raw)
+    except ValidationError as exc:
+        return DeadLetter(
+            id=hashlib.sha256(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw).hexdigest()[:32],
+            reason=UNREADABLE,
+            error=f"the stored dead letter is not one (damaged, or from another version): {failed_fields(exc)}",
+            failed_at=0,
+            retryable=False,
+        )
+
+
 @unavailable_as_error
 class RedisDeadLetters:
     """The dead-letter list in Redis (``redis.asyncio``), shared by every worker and the CLI."""
@@ -152,13 +173,13 @@ class RedisDeadLetters:
         raw = await checked_async(
             client, "dead_letters", _LIST, lambda: client.lrange(_keys.dlq_key(), 0, max(0, limit - 1))
         )
-        return [DeadLetter.model_validate_json(v) for v in raw]
+        return [_stored(v) for v in raw]
 
     async def take(self, letter_id: str) -> DeadLetter | None:
         client = self._redis.client
         for raw in await checked_async(client, "dead_letters", _LIST, lambda: client.lrange(_keys.dlq_key(), 0, -1)):
-            letter = DeadLetter.model_validate_json(raw)
-            if letter.id == letter_id:
+            letter = _stored(raw)
+            if letter.id == letter_id and letter.reason != UNREADABLE:  # its count is under a reason unknown
                 (removed,) = await self._redis.evalsha_many(
                     _TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, letter.reason)], where="dead_letter_take"
                 )

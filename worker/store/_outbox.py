@@ -42,6 +42,7 @@ from redis.retry import Retry
 from tracing import ScoreRecord
 from worker import _keys
 from worker.store._keytypes import Check, checked, checked_script, pipeline_replies
+from worker.store._redis import failed_fields
 
 __all__ = ["Lease", "MemoryOutbox", "Outbox", "RedisOutbox", "SinkCounts", "SinkDeadLetter", "SinkState"]
 
@@ -221,10 +222,7 @@ return out
 
 
 def _unreadable(exc: ValidationError) -> str:
-    """Why a stored record fails validation, without its values (they are score content)."""
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    places = sorted({".".join(str(p) for p in e["loc"]) + f" ({e['type']})" for e in errors})
-    return f"stored record fails validation: {', '.join(places)[:300]}"
+    return f"stored record fails validation: {failed_fields(exc)}"
 
 
 def _parse(values: Mapping[str, str | None]) -> tuple[dict[str, ScoreRecord], dict[str, str]]:

@@ -6,12 +6,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
 from worker._reconnect import reconnecting_client
 from worker.store._keytypes import pipeline_replies
 
-__all__ = ["RedisConnection"]
+__all__ = ["RedisConnection", "failed_fields"]
 
 
 class RedisConnection:
@@ -77,3 +78,11 @@ class RedisConnection:
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose(close_connection_pool=True)
+
+
+def failed_fields(exc: ValidationError) -> str:
+    """Where a value read back from Redis fails validation (field and rule), never the values
+    themselves: they may be agent content."""
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    places = {(".".join(str(p) for p in e["loc"]) or "the whole value") + f" ({e['type']})" for e in errors}
+    return ", ".join(sorted(places))[:300]
