@@ -6,12 +6,14 @@ rebuild (claims, checkpoints, counters, indexes, delivery marks) the path repair
 counts the repair, logs ``store_keys_repaired``) and does its work; where deleting would lose
 data someone needs (the dead-letter list, a sink's queue of undelivered scores and its dead
 letters) it leaves the key alone and raises ``StoreKeyTypeError``: named, not retryable, so the
-message is dead-lettered or refused instead of being redelivered forever.
+message is dead-lettered or refused instead of being redelivered forever. A value of the right
+type that no longer validates is the last case here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +24,11 @@ import redis
 
 import worker.store._jobs as jobs_module
 import worker.store._scores as scores_module
+from scorers import ScoreResult, create_scorer
+from tests.worker._batches import batch
 from tracing import ScoreRecord, score_id_for
 from worker import _keys
+from worker._scoring import ScoringDeps, batch_score_ids, score_batch
 from worker.store import (
     DeadLetter,
     DeliveryLog,
@@ -470,3 +475,44 @@ def test_a_drainer_names_a_refused_key_backs_off_and_delivers_once_it_is_moved(r
     finally:
         deliveries.stop()
         client.close()
+
+
+def test_a_checkpoint_that_no_longer_reads_is_left_out_and_its_run_starts_over(redis_url: str) -> None:
+    """A checkpoint of the right type whose value does not validate (damaged, or kept by another
+    version) is left out, and the others are read: its run is scored from the first step and
+    recorded. Before, reading it raised, so every delivery of the message failed on it."""
+    steps: list[str] = []
+
+    def prepare(run: Any) -> dict[str, int]:
+        steps.append("preprocess")
+        return {"n": 1}
+
+    scorer = create_scorer("resumable", type="agent").preprocess(prepare).generate_score(lambda results: 0.5)
+    registry = {"resumable": scorer}
+    msg = batch(range(2), ["resumable"], salt="checkpoint")
+    damaged, kept = batch_score_ids(msg, registry)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.set(_keys.checkpoint_key(damaged), json.dumps({"run_id": "r", "completed_steps": 5}))
+
+        async def go() -> tuple[dict[str, ScoreResult], Any, dict[str, ScoreRecord]]:
+            store = RedisScoreStore(redis_url)
+            try:
+                resume = ScoreResult(
+                    run_id="r", scorer_id="resumable", preprocess_step_result={"n": 1}, completed_steps=["preprocess"]
+                )
+                await store.put_checkpoint(kept, resume, 60)
+                read = await store.get_checkpoints([damaged, kept])
+                await store.release([damaged, kept], "w")
+                report = await score_batch(msg, ScoringDeps(registry=registry, store=store, checkpoint="all"))
+                return read, report, await store.existing([damaged, kept])
+            finally:
+                await store.close()
+
+        read, report, stored = asyncio.run(go())
+    finally:
+        client.close()
+    assert list(read) == [kept]
+    assert report.scored == 2
+    assert {s: r.score for s, r in stored.items()} == {damaged: 0.5, kept: 0.5}
+    assert steps == ["preprocess"]  # the damaged one started over; the kept one resumed past it

@@ -20,6 +20,9 @@ import time
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+import structlog
+from pydantic import ValidationError
+
 from scorers import ScoreResult
 from tracing import ScoreRecord
 from worker import _keys
@@ -28,9 +31,11 @@ from worker._reconnect import unavailable_as_error
 from worker.store._jobs import FAILURE_WINDOW_SECONDS, JOB_TTL_S, JobStats, RedisJobStats, failure_bucket, outcome
 from worker.store._keytypes import LUA_CHECK, checked_async, checked_script
 from worker.store._outbox import delivered_key
-from worker.store._redis import RedisConnection
+from worker.store._redis import RedisConnection, failed_fields
 
 __all__ = ["RedisScoreStore", "ScoreStore", "claim", "delivery_owner", "process_owner"]
+
+log = structlog.get_logger("tracescore.worker.store")
 
 
 @runtime_checkable
@@ -63,7 +68,10 @@ class ScoreStore(Protocol):
         nobody does any more, or ``owner`` already does (this call sent again after a lost reply)."""
         ...
 
-    async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]: ...
+    async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]:
+        """The step checkpoints among ``score_ids``. One that no longer reads (damaged, or kept by
+        another version) is left out, and its run starts over: a checkpoint only saves calls."""
+        ...
 
     async def put_checkpoint(self, score_id: str, partial: ScoreResult, ttl_s: int) -> None: ...
 
@@ -383,7 +391,15 @@ class RedisScoreStore:
         if not score_ids:
             return {}
         values = await self._redis.client.mget([_keys.checkpoint_key(s) for s in score_ids])
-        return {s: ScoreResult.model_validate_json(v) for s, v in zip(score_ids, values, strict=True) if v}
+        found: dict[str, ScoreResult] = {}
+        for score_id, value in zip(score_ids, values, strict=True):
+            if not value:
+                continue
+            try:
+                found[score_id] = ScoreResult.model_validate_json(value)
+            except ValidationError as exc:
+                log.warning("checkpoint_unreadable", score_id=score_id, failed=failed_fields(exc))
+        return found
 
     async def put_checkpoint(self, score_id: str, partial: ScoreResult, ttl_s: int) -> None:
         await self._redis.client.set(_keys.checkpoint_key(score_id), partial.model_dump_json(), ex=ttl_s)
