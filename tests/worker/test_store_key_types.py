@@ -516,3 +516,43 @@ def test_a_checkpoint_that_no_longer_reads_is_left_out_and_its_run_starts_over(r
     assert report.scored == 2
     assert {s: r.score for s, r in stored.items()} == {damaged: 0.5, kept: 0.5}
     assert steps == ["preprocess"]  # the damaged one started over; the kept one resumed past it
+
+
+def test_a_stored_record_that_is_not_json_is_scored_again_and_replaced(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A score record key holding a value that is not JSON (damaged) is read as no record: the run
+    is scored again and the new record replaces it, counted once. Before, reading it raised on
+    every delivery of the message, and the error quoted the stored value."""
+    marker = "AGENT-CONTENT-MARKER-record"
+    scorer = create_scorer("again", type="agent").generate_score(lambda run: 0.25)
+    registry = {"again": scorer}
+    msg = batch(range(1), ["again"], salt="damaged-record", job_id="j-damaged")
+    (score_id,) = batch_score_ids(msg, registry)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.set(_keys.record_key(score_id), f"{{not json {marker}")
+
+        async def go() -> tuple[Any, list[ScoreRecord], dict[str, int]]:
+            store = RedisScoreStore(redis_url)
+            try:
+                report = await score_batch(msg, ScoringDeps(registry=registry, store=store))
+                again = await score_batch(msg, ScoringDeps(registry=registry, store=store))
+                assert again.skipped == {"already_scored": 1}
+                return (
+                    report,
+                    await store.records_for_trace(msg.requests[0].trace_id),
+                    await store.jobs.progress("j-damaged"),
+                )
+            finally:
+                await store.close()
+
+        report, stored, progress = asyncio.run(go())
+    finally:
+        client.close()
+    assert report.scored == 1
+    assert [(r.score_id, r.score) for r in stored] == [(score_id, 0.25)]
+    assert progress == {"scored": 1}
+    log = capsys.readouterr()
+    assert "score_record_unreadable" in log.out + log.err
+    assert marker not in log.out + log.err

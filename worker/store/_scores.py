@@ -48,7 +48,9 @@ class ScoreStore(Protocol):
         ...
 
     async def existing(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
-        """The stored records among ``score_ids``."""
+        """The stored records among ``score_ids``. One that no longer reads (damaged, or stored
+        by another version) is left out: its run is scored again, and ``put_records`` replaces
+        a stored value that is not a record at all (not JSON)."""
         ...
 
     async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
@@ -187,13 +189,15 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
       return 1
     end
     -- Taken. Only an error record marked retryable (its retries ran out on a transient
-    -- failure) may be replaced, by a later delivery (e.g. `tracescore dlq retry`).
+    -- failure) may be replaced, by a later delivery (e.g. `tracescore dlq retry`), and a value
+    -- that is not a record at all (damaged: not JSON), which no reader can use.
     local ok, prev = pcall(cjson.decode, current or '')
-    if not ok or type(prev) ~= 'table' or prev['retryable'] ~= true then
+    local readable = ok and type(prev) == 'table'
+    if readable and prev['retryable'] ~= true then
       return 0
     end
     redis.call('SET', record, json, 'EX', ttl)
-    if has_job == '1' and prev['job_id'] == job_id then
+    if readable and has_job == '1' and prev['job_id'] == job_id then
       redis.call('HINCRBY', job, 'failed', -1)
       if type(prev['error_type']) == 'string' then
         redis.call('HINCRBY', job, 'failed:' .. prev['error_type'], -1)
@@ -351,7 +355,15 @@ class RedisScoreStore:
         if not score_ids:
             return {}
         values = await self._redis.client.mget([_keys.record_key(s) for s in score_ids])
-        return {s: ScoreRecord.model_validate_json(v) for s, v in zip(score_ids, values, strict=True) if v}
+        found: dict[str, ScoreRecord] = {}
+        for score_id, value in zip(score_ids, values, strict=True):
+            if not value:
+                continue
+            try:
+                found[score_id] = ScoreRecord.model_validate_json(value)
+            except ValidationError as exc:
+                log.warning("score_record_unreadable", score_id=score_id, failed=failed_fields(exc))
+        return found
 
     async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
         if not score_ids:
