@@ -228,7 +228,7 @@ def own_work(n: int, repeat: int = 5) -> dict[str, float]:
     spans = recorder.spans
     filing: list[float] = []
     completing: list[float] = []
-    encoding: list[float] = []
+    capped_total: list[float] = []
     for _ in range(repeat):
         sent: list[int] = []
         sink = CallbackSink(lambda batch, sent=sent: sent.append(len(batch.requests)))
@@ -270,12 +270,14 @@ def own_work(n: int, repeat: int = 5) -> dict[str, float]:
             gc.enable()
         capped.shutdown()
         assert shipped[0] == n, shipped
-        encoding.append((done - started) / n * 1e6 - completing[-1])
+        capped_total.append((done - started) / n * 1e6)
     provider.shutdown()
     return {
         "filing": min(filing),
         "completing_and_handing_to_sink": min(completing),
-        "encoding_for_a_capped_sink": min(encoding),
+        # Best against best: the least of per-round differences picked a round whose uncapped
+        # completion was disturbed, and once came out negative.
+        "encoding_for_a_capped_sink": min(capped_total) - min(completing),
     }
 
 
