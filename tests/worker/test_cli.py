@@ -50,6 +50,16 @@ def _store_records(url: str, records: list[ScoreRecord]) -> None:
     asyncio.run(go())
 
 
+def _push_letters(url: str, *letters: DeadLetter) -> None:
+    async def go() -> None:
+        store = RedisDeadLetters(url)
+        for letter in letters:
+            await store.push(letter)
+        await store.close()
+
+    asyncio.run(go())
+
+
 def test_scores_shows_the_stored_scores_of_a_trace(env: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`scores --trace` lists each stored score of that trace (and only that trace)."""
     trace, span = "ab" * 16, "cd" * 8
@@ -83,13 +93,7 @@ def test_dlq_list_and_retry(env: str, capsys: pytest.CaptureFixture[str]) -> Non
     good = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(2), ["length"]))
     bad = DeadLetter(reason="invalid_payload", error="not a ScoreBatch", payload={"x": 1}, retryable=False)
 
-    async def push() -> None:
-        store = RedisDeadLetters(env)
-        await store.push(good)
-        await store.push(bad)
-        await store.close()
-
-    asyncio.run(push())
+    _push_letters(env, good, bad)
     assert main(["dlq", "list"]) == 0
     out = capsys.readouterr().out
     assert "2 dead letter(s)" in out
@@ -117,12 +121,7 @@ def test_dlq_lists_a_damaged_letter_as_unreadable_and_retries_the_others(
     marker = "AGENT-CONTENT-MARKER-dlq"
     good = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
 
-    async def push() -> None:
-        store = RedisDeadLetters(env)
-        await store.push(good)
-        await store.close()
-
-    asyncio.run(push())
+    _push_letters(env, good)
     client = redis.Redis.from_url(env)
     try:
         client.lpush("tracescore:dlq", f"not a letter {marker}")
@@ -156,12 +155,7 @@ def test_dlq_retry_interrupted_mid_send_keeps_the_letter(
     """A `dlq retry` interrupted while sending leaves the dead letter listed instead of losing it."""
     letter = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
 
-    async def push() -> None:
-        store = RedisDeadLetters(env)
-        await store.push(letter)
-        await store.close()
-
-    asyncio.run(push())
+    _push_letters(env, letter)
 
     def interrupted(self: CelerySink, batch: object) -> None:
         raise KeyboardInterrupt
@@ -415,12 +409,7 @@ def test_broker_flag_wins_over_the_environment(wrong_env: str, capsys: pytest.Ca
                                      scorer_id="relevancy", score=0.5)])  # fmt: skip
     letter = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
 
-    async def push() -> None:
-        store = RedisDeadLetters(url)
-        await store.push(letter)
-        await store.close()
-
-    asyncio.run(push())
+    _push_letters(url, letter)
     capsys.readouterr()
     assert main(["status", "--json", "--timeout", "0.3"]) == 1  # the environment's broker: down
     assert "broker unreachable" in capsys.readouterr().err

@@ -18,10 +18,10 @@ import secrets
 import socket
 import time
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import structlog
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from scorers import ScoreResult
 from tracing import ScoreRecord
@@ -36,6 +36,8 @@ from worker.store._redis import RedisConnection, failed_fields
 __all__ = ["RedisScoreStore", "ScoreStore", "claim", "delivery_owner", "process_owner"]
 
 log = structlog.get_logger("tracescore.worker.store")
+
+_Stored = TypeVar("_Stored", bound=BaseModel)
 
 
 @runtime_checkable
@@ -88,6 +90,23 @@ class ScoreStore(Protocol):
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]: ...
 
     async def close(self) -> None: ...
+
+
+def _readable(
+    model: type[_Stored], score_ids: Sequence[str], values: Sequence[str | None], event: str
+) -> dict[str, _Stored]:
+    """The values present among ``values`` (MGET's, in ``score_ids`` order) read as ``model``.
+    One that no longer validates (damaged, or kept by another version) is left out and logged
+    as ``event``, with its score id and the failing fields, never its values."""
+    found: dict[str, _Stored] = {}
+    for score_id, value in zip(score_ids, values, strict=True):
+        if not value:
+            continue
+        try:
+            found[score_id] = model.model_validate_json(value)
+        except ValidationError as exc:
+            log.warning(event, score_id=score_id, failed=failed_fields(exc))
+    return found
 
 
 def process_owner() -> str:
@@ -355,15 +374,7 @@ class RedisScoreStore:
         if not score_ids:
             return {}
         values = await self._redis.client.mget([_keys.record_key(s) for s in score_ids])
-        found: dict[str, ScoreRecord] = {}
-        for score_id, value in zip(score_ids, values, strict=True):
-            if not value:
-                continue
-            try:
-                found[score_id] = ScoreRecord.model_validate_json(value)
-            except ValidationError as exc:
-                log.warning("score_record_unreadable", score_id=score_id, failed=failed_fields(exc))
-        return found
+        return _readable(ScoreRecord, score_ids, values, "score_record_unreadable")
 
     async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
         if not score_ids:
@@ -403,15 +414,7 @@ class RedisScoreStore:
         if not score_ids:
             return {}
         values = await self._redis.client.mget([_keys.checkpoint_key(s) for s in score_ids])
-        found: dict[str, ScoreResult] = {}
-        for score_id, value in zip(score_ids, values, strict=True):
-            if not value:
-                continue
-            try:
-                found[score_id] = ScoreResult.model_validate_json(value)
-            except ValidationError as exc:
-                log.warning("checkpoint_unreadable", score_id=score_id, failed=failed_fields(exc))
-        return found
+        return _readable(ScoreResult, score_ids, values, "checkpoint_unreadable")
 
     async def put_checkpoint(self, score_id: str, partial: ScoreResult, ttl_s: int) -> None:
         await self._redis.client.set(_keys.checkpoint_key(score_id), partial.model_dump_json(), ex=ttl_s)
