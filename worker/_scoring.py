@@ -27,6 +27,11 @@ Limits: a run longer than ``run_timeout_s`` (awaiting, or blocking the loop: see
 ``worker._loop.LoopWatchdog``) and a run that exhausts memory (``MemoryError``, e.g. at the
 worker's address-space limit) become error records with ``error_type`` ``timeout`` and
 ``memory``; the batch's other runs go on. Both are final: the same run would do it again.
+
+A batch stopped midway (cancelled at the end of SIGTERM's grace period or by a time limit, or a
+step losing the store) cancels the scorers still running, stores the scores that finished (a
+put already under way is waited for, not cancelled), and only then releases the other claims:
+the redelivery pays for what was cut off, never again for what was done.
 """
 
 from __future__ import annotations
@@ -576,12 +581,44 @@ async def _score_run(
     final_attempt: bool,
     report: BatchReport,
     recorder: _GroupCommit,
+    recording: set[asyncio.Task[Any]],
 ) -> None:
-    """Score one run (``pairs``: one target of one request, its scorers), read from ``spans``."""
+    """Score one run (``pairs``: one target of one request, its scorers), read from ``spans``.
+
+    Once its scorers are done it joins ``recording``: a batch being stopped waits for it instead
+    of cancelling it, so a result already paid for is stored before the claims are released."""
     run = _read_run(pairs[0].request, pairs[0].span_id, spans)
-    outcomes = await asyncio.gather(
-        *(_score_pair(p, run, deps, checkpoints.get(p.score_id), final_attempt) for p in pairs)
-    )
+    scoring = [
+        asyncio.ensure_future(_score_pair(p, run, deps, checkpoints.get(p.score_id), final_attempt)) for p in pairs
+    ]
+    this = asyncio.current_task()
+    assert this is not None
+    try:
+        outcomes = await asyncio.gather(*scoring)
+    except BaseException:
+        # Cancelled, or a step lost the store: stop this run's other scorers (gather leaves them
+        # running on an error, paying for judge calls on claims about to be released), and keep
+        # the results that finished: a redelivery would pay for them again.
+        for task in scoring:
+            task.cancel()
+        await asyncio.wait(scoring)
+        finished = [t.result() for t in scoring if not t.cancelled() and t.exception() is None]
+        if finished:
+            recording.add(this)
+            try:
+                await _record_run(finished, deps, report, recorder)
+            except Exception:  # the store is away: these are scored again, as the rest
+                log.warning("finished_scores_not_stored", scores=len(finished))
+        raise
+    recording.add(this)
+    await _record_run(outcomes, deps, report, recorder)
+
+
+async def _record_run(
+    outcomes: list[ScoreRecord | _Transient], deps: ScoringDeps, report: BatchReport, recorder: _GroupCommit
+) -> None:
+    """Store one run's finished scores (releasing the claims of its transient failures), count
+    them, and hand the new ones to the writer."""
     records = [o for o in outcomes if isinstance(o, ScoreRecord)]
     transient = [o for o in outcomes if isinstance(o, _Transient)]
     if transient:
@@ -666,9 +703,10 @@ async def score_batch(
         request = group[0].request
         if id(request) not in run_spans:
             run_spans[id(request)] = request.run_spans()
+    recording: set[asyncio.Task[Any]] = set()
     tasks = [
         asyncio.ensure_future(
-            _score_run(group, run_spans[key[0]][key[1]], deps, checkpoints, final_attempt, report, recorder)
+            _score_run(group, run_spans[key[0]][key[1]], deps, checkpoints, final_attempt, report, recorder, recording)
         )
         for key, group in by_run.items()
     ]
@@ -676,14 +714,24 @@ async def score_batch(
         asyncio.ensure_future(expire_runs(min(1.0, deps.run_timeout_s / 4))) if deps.run_timeout_s and tasks else None
     )
     try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        # Cancelled (time limit) or the store failed: stop the other requests first (gather
-        # leaves them running on an error, and they would keep paying for judge calls on
-        # claims released below), then let a redelivery claim what is unfinished.
+        # Not gather: cancelling this coroutine must not cancel the runs that are recording.
+        if tasks:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            if task.done() and not task.cancelled() and (error := task.exception()) is not None:
+                raise error
+    except BaseException:
+        # Cancelled (time limit, shutdown) or the store failed: stop the runs still scoring
+        # (they would keep paying for judge calls on claims released below), let those whose
+        # scores are being stored finish (one round trip), then let a redelivery claim the rest.
+        for task in tasks:
+            if task not in recording:
+                task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        for task in tasks:
+            if not task.cancelled():
+                task.exception()  # retrieved: the first failure is the one raised
         stored = await _safe_existing(deps, [p.score_id for p in mine])
         await _safe_release(deps, [p.score_id for p in mine if p.score_id not in stored])
         raise
