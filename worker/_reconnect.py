@@ -31,7 +31,14 @@ from worker._errors import WorkerError
 if TYPE_CHECKING:
     from scorers.judge import ErrorCategory
 
-__all__ = ["COMMAND_SLACK_S", "RECONNECT_S", "StoreUnavailableError", "reconnecting_client", "unavailable_as_error"]
+__all__ = [
+    "COMMAND_SLACK_S",
+    "DECODED",
+    "RECONNECT_S",
+    "StoreUnavailableError",
+    "reconnecting_client",
+    "unavailable_as_error",
+]
 
 # For a worker: long enough for a Redis restart or a failover, short enough that a store call
 # ends (StoreUnavailableError at RECONNECT_S + COMMAND_SLACK_S at the latest) before the task's
@@ -42,6 +49,11 @@ RECONNECT_S = 15.0
 COMMAND_SLACK_S = 10.0
 _BACKOFF_BASE_S = 0.05
 _BACKOFF_CAP_S = 1.0
+
+# How every client of our keys decodes replies: text, and bytes that are not UTF-8 (only another
+# program can have written them) replaced, so the value fails validation where it is read, by
+# name, instead of the reply parser raising and failing every read of the keys around it.
+DECODED: dict[str, Any] = {"decode_responses": True, "encoding_errors": "replace"}
 
 C = TypeVar("C", bound=type)
 
@@ -78,7 +90,7 @@ def reconnecting_client(url: str, *, max_connections: int, reconnect_s: float) -
         url,
         max_connections=max_connections,
         timeout=30,
-        decode_responses=True,
+        **DECODED,
         retry=Retry(ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S), _retries_for(reconnect_s)),
         # ReadOnlyError: a failover, the connection still on the demoted primary (which refused
         # the write whole); a new connection finds the new primary behind the same endpoint.

@@ -114,8 +114,8 @@ def test_dlq_list_and_retry(env: str, capsys: pytest.CaptureFixture[str]) -> Non
 def test_dlq_lists_a_damaged_letter_as_unreadable_and_retries_the_others(
     env: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Entries of the dead-letter list that are not letters (not JSON; a letter whose fields have
-    other types, e.g. written by another version) are listed as ``unreadable_dead_letter``
+    """Entries of the dead-letter list that are not letters (not JSON; not UTF-8; a letter whose
+    fields have other types, e.g. written by another version) are listed as ``unreadable_dead_letter``
     under an id of their own, not retryable and nothing of them shown; the readable letters are
     listed and retried as before. Before, either failed `dlq list` and `dlq retry` whole."""
     marker = "AGENT-CONTENT-MARKER-dlq"
@@ -125,26 +125,27 @@ def test_dlq_lists_a_damaged_letter_as_unreadable_and_retries_the_others(
     client = redis.Redis.from_url(env)
     try:
         client.lpush("tracescore:dlq", f"not a letter {marker}")
+        client.lpush("tracescore:dlq", b'\xff{"reason": "' + marker.encode() + b'\xfe"}')
         client.lpush("tracescore:dlq", json.dumps({"id": "x", "reason": 5, "payload": marker}))
         assert main(["dlq", "list", "--json"]) == 0
         letters = [DeadLetter.model_validate_json(line) for line in capsys.readouterr().out.splitlines()]
-        assert [d.reason for d in letters] == ["unreadable_dead_letter", "unreadable_dead_letter", good.reason]
-        assert len({d.id for d in letters}) == 3
-        assert all(not d.retryable and d.payload is None for d in letters[:2])
+        assert [d.reason for d in letters] == ["unreadable_dead_letter"] * 3 + [good.reason]
+        assert len({d.id for d in letters}) == 4
+        assert all(not d.retryable and d.payload is None for d in letters[:3])
         assert "reason (string_type)" in letters[0].error
         assert main(["dlq", "list"]) == 0
         listed = capsys.readouterr().out
-        assert "3 dead letter(s)" in listed
+        assert "4 dead letter(s)" in listed
         assert marker not in listed
 
         assert main(["dlq", "retry", "--all"]) == 0
         captured = capsys.readouterr()
         assert f"requeued {good.id}" in captured.out
-        for letter in letters[:2]:
+        for letter in letters[:3]:
             assert f"{letter.id}: not retryable (unreadable_dead_letter)" in captured.err
         assert marker not in captured.out + captured.err
         assert client.llen("tracescore") == 1
-        assert client.llen("tracescore:dlq") == 2  # the damaged entries stay for the operator
+        assert client.llen("tracescore:dlq") == 3  # the damaged entries stay for the operator
     finally:
         client.close()
 

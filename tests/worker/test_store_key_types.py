@@ -478,8 +478,8 @@ def test_a_drainer_names_a_refused_key_backs_off_and_delivers_once_it_is_moved(r
 
 
 def test_a_checkpoint_that_no_longer_reads_is_left_out_and_its_run_starts_over(redis_url: str) -> None:
-    """A checkpoint of the right type whose value does not validate (damaged, or kept by another
-    version) is left out, and the others are read: its run is scored from the first step and
+    """A checkpoint of the right type whose value does not validate (damaged, not UTF-8, or kept
+    by another version) is left out, and the others are read: its run is scored from the first step and
     recorded. Before, reading it raised, so every delivery of the message failed on it."""
     steps: list[str] = []
 
@@ -489,11 +489,12 @@ def test_a_checkpoint_that_no_longer_reads_is_left_out_and_its_run_starts_over(r
 
     scorer = create_scorer("resumable", type="agent").preprocess(prepare).generate_score(lambda results: 0.5)
     registry = {"resumable": scorer}
-    msg = batch(range(2), ["resumable"], salt="checkpoint")
-    damaged, kept = batch_score_ids(msg, registry)
+    msg = batch(range(3), ["resumable"], salt="checkpoint")
+    damaged, garbled, kept = batch_score_ids(msg, registry)
     client = redis.Redis.from_url(redis_url)
     try:
         client.set(_keys.checkpoint_key(damaged), json.dumps({"run_id": "r", "completed_steps": 5}))
+        client.set(_keys.checkpoint_key(garbled), b'\xff{"run_id": "r\xfe"}')
 
         async def go() -> tuple[dict[str, ScoreResult], Any, dict[str, ScoreRecord]]:
             store = RedisScoreStore(redis_url)
@@ -502,10 +503,10 @@ def test_a_checkpoint_that_no_longer_reads_is_left_out_and_its_run_starts_over(r
                     run_id="r", scorer_id="resumable", preprocess_step_result={"n": 1}, completed_steps=["preprocess"]
                 )
                 await store.put_checkpoint(kept, resume, 60)
-                read = await store.get_checkpoints([damaged, kept])
-                await store.release([damaged, kept], "w")
+                read = await store.get_checkpoints([damaged, garbled, kept])
+                await store.release([damaged, garbled, kept], "w")
                 report = await score_batch(msg, ScoringDeps(registry=registry, store=store, checkpoint="all"))
-                return read, report, await store.existing([damaged, kept])
+                return read, report, await store.existing([damaged, garbled, kept])
             finally:
                 await store.close()
 
@@ -513,25 +514,28 @@ def test_a_checkpoint_that_no_longer_reads_is_left_out_and_its_run_starts_over(r
     finally:
         client.close()
     assert list(read) == [kept]
-    assert report.scored == 2
-    assert {s: r.score for s, r in stored.items()} == {damaged: 0.5, kept: 0.5}
-    assert steps == ["preprocess"]  # the damaged one started over; the kept one resumed past it
+    assert report.scored == 3
+    assert {s: r.score for s, r in stored.items()} == {damaged: 0.5, garbled: 0.5, kept: 0.5}
+    assert steps == ["preprocess"] * 2  # the damaged ones started over; the kept one resumed past it
 
 
+@pytest.mark.parametrize("encoded", [False, True], ids=["text", "not-utf8"])
 def test_a_stored_record_that_is_not_json_is_scored_again_and_replaced(
-    redis_url: str, capsys: pytest.CaptureFixture[str]
+    redis_url: str, capsys: pytest.CaptureFixture[str], encoded: bool
 ) -> None:
-    """A score record key holding a value that is not JSON (damaged) is read as no record: the run
-    is scored again and the new record replaces it, counted once. Before, reading it raised on
-    every delivery of the message, and the error quoted the stored value."""
+    """A score record key holding a value that is not JSON (damaged; or bytes that are not UTF-8,
+    which only another program writes) is read as no record: the run is scored again and the new
+    record replaces it, counted once. Before, reading it raised on every delivery of the message,
+    and the error quoted the stored value (or, not UTF-8, the reply parser failed the read)."""
     marker = "AGENT-CONTENT-MARKER-record"
     scorer = create_scorer("again", type="agent").generate_score(lambda run: 0.25)
     registry = {"again": scorer}
-    msg = batch(range(1), ["again"], salt="damaged-record", job_id="j-damaged")
+    msg = batch(range(1), ["again"], salt=f"damaged-record-{encoded}", job_id=f"j-damaged-{encoded}")
     (score_id,) = batch_score_ids(msg, registry)
     client = redis.Redis.from_url(redis_url)
     try:
-        client.set(_keys.record_key(score_id), f"{{not json {marker}")
+        damaged = f"{{not json {marker}"
+        client.set(_keys.record_key(score_id), b"\xff\xfe" + damaged.encode() if encoded else damaged)
 
         async def go() -> tuple[Any, list[ScoreRecord], dict[str, int]]:
             store = RedisScoreStore(redis_url)
@@ -542,7 +546,7 @@ def test_a_stored_record_that_is_not_json_is_scored_again_and_replaced(
                 return (
                     report,
                     await store.records_for_trace(msg.requests[0].trace_id),
-                    await store.jobs.progress("j-damaged"),
+                    await store.jobs.progress(f"j-damaged-{encoded}"),
                 )
             finally:
                 await store.close()

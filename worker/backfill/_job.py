@@ -37,6 +37,7 @@ from tracing.sources import SourceError, TraceSource, source_from_description
 from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
 from worker._gc import tuned_gc
 from worker._keys import record_key
+from worker._reconnect import DECODED
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
@@ -885,7 +886,7 @@ def _resume(
     import redis
 
     settings = _settings(broker)
-    client = redis.Redis.from_url(settings.store_url, decode_responses=True)
+    client = redis.Redis.from_url(settings.store_url, **DECODED)
     try:
         state = RedisJobStore(client).load(job_id)
     except redis.exceptions.RedisError as exc:

@@ -17,6 +17,7 @@ import redis
 
 from tracing.queue import Backpressure, Publisher, ScoreBatch
 from worker._keys import job_key
+from worker._reconnect import DECODED
 from worker._settings import Settings
 from worker.store import check_list
 
@@ -60,7 +61,7 @@ class RedisSubmitter:
             low_water=low_water,
             poll_s=poll_s,
         )
-        self.store: Any = redis.Redis.from_url(settings.store_url, decode_responses=True)
+        self.store: Any = redis.Redis.from_url(settings.store_url, **DECODED)
 
     @property
     def should_stop(self) -> Callable[[], bool]:

@@ -41,6 +41,7 @@ from redis.retry import Retry
 
 from tracing import ScoreRecord
 from worker import _keys
+from worker._reconnect import DECODED
 from worker.store._keytypes import Check, checked, checked_script, pipeline_replies
 from worker.store._redis import failed_fields
 
@@ -329,7 +330,7 @@ class RedisOutbox:
         retries = max(1, int(reconnect_s / 0.5))
         self._client: Any = redis.Redis.from_url(
             url,
-            decode_responses=True,
+            **DECODED,
             socket_connect_timeout=2,
             socket_timeout=10,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
