@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, ValidationError
 from worker import _keys
 from worker._reconnect import unavailable_as_error
 from worker.store._keytypes import Check, checked, checked_async, checked_script
-from worker.store._redis import RedisConnection, failed_fields
+from worker.store._redis import OnRedis, RedisConnection, failed_fields
 
 __all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id"]
 
@@ -144,19 +144,11 @@ def _stored(raw: str | bytes) -> DeadLetter:
 
 
 @unavailable_as_error
-class RedisDeadLetters:
+class RedisDeadLetters(OnRedis):
     """The dead-letter list in Redis (``redis.asyncio``), shared by every worker and the CLI."""
 
     def __init__(self, url: str, *, reconnect_s: float = 2.0, connection: RedisConnection | None = None) -> None:
         self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
-
-    @property
-    def url(self) -> str:
-        return self._redis.url
-
-    @property
-    def reconnect_s(self) -> float:
-        return self._redis.reconnect_s
 
     async def push(self, letter: DeadLetter) -> bool:
         keys, args = _push_args(letter)
@@ -189,9 +181,6 @@ class RedisDeadLetters:
     async def size(self) -> int:
         client = self._redis.client
         return int(await checked_async(client, "dead_letters", _LIST, lambda: client.llen(_keys.dlq_key())))
-
-    async def close(self) -> None:
-        await self._redis.close()
 
 
 class SyncRedisDeadLetters:

@@ -15,7 +15,7 @@ from tracing import ScoreRecord
 from worker import _keys
 from worker._reconnect import unavailable_as_error
 from worker.store._keytypes import checked_async
-from worker.store._redis import RedisConnection
+from worker.store._redis import OnRedis, RedisConnection
 
 __all__ = [
     "FAILURE_WINDOW_SECONDS",
@@ -61,7 +61,7 @@ class JobStats(Protocol):
 
 
 @unavailable_as_error
-class RedisJobStats:
+class RedisJobStats(OnRedis):
     """Job statistics in Redis (the keys ``RedisScoreStore`` counts recorded scores into)."""
 
     def __init__(
@@ -74,14 +74,6 @@ class RedisJobStats:
     ) -> None:
         self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
         self.job_ttl_s = job_ttl_s
-
-    @property
-    def url(self) -> str:
-        return self._redis.url
-
-    @property
-    def reconnect_s(self) -> float:
-        return self._redis.reconnect_s
 
     async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None:
         client, key = self._redis.client, _keys.job_key(job_id)
@@ -117,6 +109,3 @@ class RedisJobStats:
             for reason, n in counts.items():
                 totals[reason] += int(n)
         return dict(totals)
-
-    async def close(self) -> None:
-        await self._redis.close()

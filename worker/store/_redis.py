@@ -9,10 +9,10 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
-from worker._reconnect import reconnecting_client
+from worker._reconnect import reconnecting_client, unavailable_as_error
 from worker.store._keytypes import pipeline_replies
 
-__all__ = ["RedisConnection", "failed_fields"]
+__all__ = ["OnRedis", "RedisConnection", "failed_fields"]
 
 
 class RedisConnection:
@@ -78,6 +78,25 @@ class RedisConnection:
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose(close_connection_pool=True)
+
+
+@unavailable_as_error
+class OnRedis:
+    """A Redis store on a ``RedisConnection``, perhaps shared with the other stores: where it
+    is, how long a call keeps reconnecting, and closing it."""
+
+    _redis: RedisConnection
+
+    @property
+    def url(self) -> str:
+        return self._redis.url
+
+    @property
+    def reconnect_s(self) -> float:
+        return self._redis.reconnect_s
+
+    async def close(self) -> None:
+        await self._redis.close()
 
 
 def failed_fields(exc: ValidationError) -> str:

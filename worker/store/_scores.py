@@ -31,7 +31,7 @@ from worker._reconnect import unavailable_as_error
 from worker.store._jobs import FAILURE_WINDOW_SECONDS, JOB_TTL_S, JobStats, RedisJobStats, failure_bucket, outcome
 from worker.store._keytypes import LUA_CHECK, checked_async, checked_script
 from worker.store._outbox import delivered_key
-from worker.store._redis import RedisConnection, failed_fields
+from worker.store._redis import OnRedis, RedisConnection, failed_fields
 
 __all__ = ["RedisScoreStore", "ScoreStore", "claim", "delivery_owner", "process_owner"]
 
@@ -319,7 +319,7 @@ return 0
 
 
 @unavailable_as_error
-class RedisScoreStore:
+class RedisScoreStore(OnRedis):
     """The store in Redis (``redis.asyncio``); every worker process shares it.
 
     The client is created on first use, on the event loop that uses it, and reconnects by
@@ -357,14 +357,6 @@ class RedisScoreStore:
             if self.sinks
             else []
         )
-
-    @property
-    def url(self) -> str:
-        return self._redis.url
-
-    @property
-    def reconnect_s(self) -> float:
-        return self._redis.reconnect_s
 
     @property
     def jobs(self) -> RedisJobStats:
@@ -469,6 +461,3 @@ class RedisScoreStore:
         )
         found = await self.existing(ids)
         return [found[s] for s in ids if s in found]
-
-    async def close(self) -> None:
-        await self._redis.close()
