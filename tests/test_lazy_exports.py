@@ -125,6 +125,23 @@ def test_a_command_that_talks_to_no_broker_loads_no_redis_client_and_no_celery(a
     assert loaded == []
 
 
+@pytest.mark.parametrize("given", ["flag", "variable"])
+def test_a_liveness_probe_loads_no_settings_and_no_pydantic(given: str, tmp_path: Path) -> None:
+    """`probe live` reads its directory from --dir or TRACESCORE_PROBE_DIR without the worker's
+    settings: loading them (pydantic, pydantic-settings) was two thirds of its CPU, paid every
+    30 s in every pod (bench/cli.py)."""
+    argv, env = ["probe", "live"], dict(os.environ)
+    if given == "flag":
+        argv += ["--dir", str(tmp_path)]
+        env.pop("TRACESCORE_PROBE_DIR", None)
+    else:
+        env["TRACESCORE_PROBE_DIR"] = str(tmp_path)
+    code_, loaded, stderr = _loaded_after(argv, ["pydantic", "pydantic_settings", "worker._settings", "asyncio"], env)
+    assert code_ == 1  # no worker wrote its files there
+    assert f"not live: no consumer heartbeat in {tmp_path}" in stderr
+    assert loaded == []
+
+
 def test_a_backfill_sent_to_redis_loads_no_scoring_code_and_no_unused_sink(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from tracing import redact
-from worker._settings import NO_BROKER, Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from worker._settings import Settings
 
 __all__ = [
     "EXIT_ERROR",
@@ -57,6 +59,10 @@ def json_option(help_text: str) -> Callable[[F], F]:
 def cli_settings(broker: str | None = None, **overrides: Any) -> Settings:
     """The worker settings a command runs with: ``TRACESCORE_*`` with its options on top
     (``None`` keeps the variable's value); a bad value is one ``CliError`` line."""
+    # Imported here, not above: `probe live` (every 30 s in every pod) reads no settings, and
+    # loading them (pydantic-settings) was most of its CPU.
+    from worker._settings import SettingsError, load_settings
+
     given = {k: v for k, v in overrides.items() if v is not None}
     if broker:
         given["broker_url"] = broker
@@ -73,6 +79,8 @@ def redis_settings(broker: str | None = None, **overrides: Any) -> Settings:
     """``cli_settings`` for a command that talks to Redis: an empty broker URL (embedded mode,
     which only ``backfill`` and ``score`` have) is a ``CliError`` saying what to set, not an
     error of the Redis client naming no setting."""
+    from worker._settings import NO_BROKER
+
     settings = cli_settings(broker, **overrides)
     if not settings.broker_url:
         raise CliError(f"{NO_BROKER} and this command talks to Redis: set it or pass --broker redis://HOST:6379/0")

@@ -14,13 +14,12 @@ import click
 
 from tracing import redact
 from worker import _heartbeat as probe_files
-from worker.cli._common import CliError, broker_option, cli_settings, redis_settings
+from worker.cli._common import CliError, broker_option, redis_settings
 
 __all__ = ["probe_group"]
 
 
-def _directory(given: str | None) -> Path:
-    directory = given or cli_settings().probe_dir
+def _directory(directory: str | None) -> Path:
     if not directory:
         raise CliError(
             "no probe directory: start the worker with TRACESCORE_PROBE_DIR set (and give the probe the same)"
@@ -33,7 +32,17 @@ def _directory(given: str | None) -> Path:
     return path
 
 
-_DIR_HELP = "The worker's TRACESCORE_PROBE_DIR (default: that variable)."
+# Click reads the variable (the worker reads the same one through its Settings): the probes
+# run every 15-30 s in every pod, and loading the settings (pydantic-settings) was most of what
+# `probe live` cost.
+_dir_option = click.option(
+    "--dir",
+    "directory",
+    default=None,
+    envvar="TRACESCORE_PROBE_DIR",
+    metavar="PATH",
+    help="The worker's TRACESCORE_PROBE_DIR (default: that variable).",
+)
 
 
 @click.group("probe")
@@ -48,7 +57,7 @@ def probe_group() -> None:
 
 
 @probe_group.command("live")
-@click.option("--dir", "directory", default=None, metavar="PATH", help=_DIR_HELP)
+@_dir_option
 @click.option(
     "--max-age",
     type=click.FloatRange(min=1),
@@ -74,7 +83,7 @@ def live_command(directory: str | None, max_age: float) -> None:
 
 
 @probe_group.command("ready")
-@click.option("--dir", "directory", default=None, metavar="PATH", help=_DIR_HELP)
+@_dir_option
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Broker ping timeout.")
 @broker_option
 def ready_command(directory: str | None, timeout: float, broker: str | None) -> None:
