@@ -128,15 +128,16 @@ def test_a_command_that_talks_to_no_broker_loads_no_redis_client_and_no_celery(a
 @pytest.mark.parametrize("given", ["flag", "variable"])
 def test_a_liveness_probe_loads_no_settings_and_no_pydantic(given: str, tmp_path: Path) -> None:
     """`probe live` reads its directory from --dir or TRACESCORE_PROBE_DIR without the worker's
-    settings: loading them (pydantic, pydantic-settings) was two thirds of its CPU, paid every
-    30 s in every pod (bench/cli.py)."""
+    settings, and looks up no version: loading them (pydantic, pydantic-settings,
+    importlib.metadata) was two thirds of its CPU, paid every 30 s in every pod (bench/cli.py)."""
     argv, env = ["probe", "live"], dict(os.environ)
     if given == "flag":
         argv += ["--dir", str(tmp_path)]
         env.pop("TRACESCORE_PROBE_DIR", None)
     else:
         env["TRACESCORE_PROBE_DIR"] = str(tmp_path)
-    code_, loaded, stderr = _loaded_after(argv, ["pydantic", "pydantic_settings", "worker._settings", "asyncio"], env)
+    settings = ["pydantic", "pydantic_settings", "worker._settings", "asyncio", "importlib.metadata"]
+    code_, loaded, stderr = _loaded_after(argv, settings, env)
     assert code_ == 1  # no worker wrote its files there
     assert f"not live: no consumer heartbeat in {tmp_path}" in stderr
     assert loaded == []
