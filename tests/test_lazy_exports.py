@@ -136,8 +136,8 @@ def test_a_liveness_probe_loads_no_settings_and_no_pydantic(given: str, tmp_path
         env.pop("TRACESCORE_PROBE_DIR", None)
     else:
         env["TRACESCORE_PROBE_DIR"] = str(tmp_path)
-    settings = ["pydantic", "pydantic_settings", "worker._settings", "asyncio", "importlib.metadata"]
-    code_, loaded, stderr = _loaded_after(argv, settings, env)
+    unwanted = ["pydantic", "pydantic_settings", "worker._settings", "asyncio", "importlib.metadata"]
+    code_, loaded, stderr = _loaded_after(argv, unwanted, env)
     assert code_ == 1  # no worker wrote its files there
     assert f"not live: no consumer heartbeat in {tmp_path}" in stderr
     assert loaded == []
