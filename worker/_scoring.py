@@ -31,7 +31,8 @@ worker's address-space limit) become error records with ``error_type`` ``timeout
 A batch stopped midway (cancelled at the end of SIGTERM's grace period or by a time limit, or a
 step losing the store) cancels the scorers still running, stores the scores that finished (a
 put already under way is waited for, not cancelled), and only then releases the other claims:
-the redelivery pays for what was cut off, never again for what was done.
+the redelivery pays for what was cut off, and again for what was done only when the store could
+not take it.
 """
 
 from __future__ import annotations
