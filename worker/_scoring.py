@@ -671,25 +671,35 @@ async def score_batch(
 
     existing = await deps.store.existing([p.score_id for p in pairs])
     skipped_by_job: Counter[str] = Counter()
+
+    def already_scored(pair: _Pair, recorded_for: str | None) -> None:
+        report.skipped["already_scored"] += 1
+        # Counted for a job only if another job (or live traffic) scored it; a redelivery of
+        # this job's own message was already counted when the score was recorded.
+        if pair.request.job_id and recorded_for != pair.request.job_id:
+            skipped_by_job[pair.request.job_id] += 1
+
     todo: list[_Pair] = []
     for pair in pairs:
         record = existing.get(pair.score_id)
         if record is None or record.retryable:  # a retryable error record may be replaced
             todo.append(pair)
-            continue
-        report.skipped["already_scored"] += 1
-        # Counted for a job only if another job (or live traffic) scored it; a redelivery of
-        # this job's own message was already counted when the score was recorded.
-        if pair.request.job_id and record.job_id != pair.request.job_id:
-            skipped_by_job[pair.request.job_id] += 1
+        else:
+            already_scored(pair, record.job_id)
+
+    claims = await claim(deps.store, [p.score_id for p in todo], deps.owner, deps.claim_ttl_s)
+    held, recorded = claims.held, claims.recorded
+    mine = [p for p in todo if p.score_id in held]
+    # Recorded since the read above (another delivery finished it), or by a version whose
+    # record this one cannot read: the put would keep that record, so scoring it would pay twice.
+    for pair in todo:
+        if pair.score_id in recorded:
+            already_scored(pair, recorded[pair.score_id] or None)
     for job_id, n in skipped_by_job.items():
         await deps.store.jobs.count_skipped(job_id, "already_scored", n)
-
-    held = await claim(deps.store, [p.score_id for p in todo], deps.owner, deps.claim_ttl_s)
-    mine = [p for p in todo if p.score_id in held]
     # Held by another delivery: scoring it now, or dead (its claim lapses within claim_ttl_s).
     # Either way try again later rather than pay twice or lose the score.
-    report.deferred = [p.score_id for p in todo if p.score_id not in held]
+    report.deferred = [p.score_id for p in todo if p.score_id not in held and p.score_id not in recorded]
 
     checkpoints = await deps.store.get_checkpoints(
         [p.score_id for p in mine if p.scorer is not None and _checkpointed(p.scorer, deps)]

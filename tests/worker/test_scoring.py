@@ -395,3 +395,52 @@ def test_memory_error_in_a_step_is_a_memory_record() -> None:
     (record,) = [r for r in store.records.values() if r.error_type]
     assert record.failed_step == "generate_score"
     assert "MemoryError" in (record.error_message or "")
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_a_score_recorded_between_the_read_and_the_claim_is_not_scored_again(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Another delivery (of another job's message) records a score after this delivery read the
+    records and before it claims: the claim refuses it (the put would keep that record), so its
+    scorer is not run again, and it counts as already scored for this job, whose count still
+    adds up. Before, the claim succeeded (the put had released the other's claim): the scorer
+    ran again (paid twice), the record was refused as a duplicate, and the job never finished."""
+    from tracing import ScoreRecord
+    from worker.store import RedisScoreStore
+
+    store: Any = MemoryScoreStore() if kind == "memory" else RedisScoreStore(request.getfixturevalue("redis_url"))
+    msg = batch(range(2), ["plain"], salt=f"meanwhile-{kind}", job_id="j-this")
+    first = msg.requests[0]
+    theirs = ScoreRecord(
+        score_id=score_id_for(first.trace_id, first.target_span_ids[0], "plain", "1"),
+        trace_id=first.trace_id,
+        span_id=first.target_span_ids[0],
+        scorer_id="plain",
+        score=0.9,
+        job_id="j-other",
+    )
+    read = store.existing
+    pending = [theirs]
+
+    async def read_then_they_record(score_ids: Any) -> Any:
+        found = await read(score_ids)
+        if pending:
+            done = [pending.pop()]
+            await store.claim([r.score_id for r in done], "other-delivery", 60)
+            assert await store.put_records(done, "other-delivery", 60) == [True]
+        return found
+
+    store.existing = read_then_they_record
+
+    async def go() -> tuple[Any, dict[str, int]]:
+        try:
+            report = await score_batch(msg, ScoringDeps(registry=Registry([plain]), store=store))
+            return report, await store.jobs.progress("j-this")
+        finally:
+            await store.close()
+
+    report, progress = asyncio.run(go())
+    assert calls == {"plain": 1}
+    assert (report.scored, report.skipped, report.deferred) == (1, {"already_scored": 1}, [])
+    assert progress["scored"] + progress["skipped"] == 2

@@ -108,7 +108,8 @@ def test_claims_exclude_other_owners_until_released(store: Any) -> None:
         await store.release(["x"], "w1")
         c = await store.claim(["x"], "w2", 60)
         await store.close()
-        return a, b, again, c
+        assert [a.recorded, b.recorded, again.recorded, c.recorded] == [{}, {}, {}, {}]
+        return a.held, b.held, again.held, c.held
 
     a, b, again, c = run(go())
     assert a == {"x", "y"}
@@ -130,7 +131,7 @@ def test_claim_takes_over_a_dead_local_owner_only(store: Any) -> None:
         await store.claim(["old-format"], f"{host}:{gone.pid}", 60)  # owners before deliveries had ids
         await store.claim(["alive"], delivery_owner(process_owner()), 60)
         await store.claim(["elsewhere"], f"{host}-other:{gone.pid}:d1234", 60)
-        held = await claim(store, ["dead", "old-format", "alive", "elsewhere", "free"], me, 60)
+        held = (await claim(store, ["dead", "old-format", "alive", "elsewhere", "free"], me, 60)).held
         owners = await store.claim_owners(["dead", "old-format", "alive", "elsewhere", "free"])
         await store.close()
         return held, owners
@@ -263,7 +264,7 @@ def test_redis_store_repairs_wrong_typed_keys_before_writing(redis_url: str) -> 
 
     async def go() -> tuple[list[bool], set[str], dict[str, int]]:
         store = RedisScoreStore(redis_url, sinks=["jsonl"])
-        held = await claim(store, [records[7].score_id], "w", 60)
+        held = (await claim(store, [records[7].score_id], "w", 60)).held
         fresh = await store.put_records(records, "w", 60)
         progress = await store.jobs.progress("typed")
         await store.close()
@@ -326,10 +327,37 @@ def test_take_over_sent_again_still_holds(store: Any) -> None:
         first = await store.take_over([(sid, "")], "w2", 60)
         again = await store.take_over([(sid, "")], "w2", 60)
         await store.close()
-        return first, again
+        return first.held, again.held
 
     first, again = run(go())
     assert first == again == {_record(800).score_id}
+
+
+def test_a_recorded_score_is_not_claimed_unless_its_record_may_be_replaced(store: Any) -> None:
+    """A claim (and a take-over: a claim that vanished was often released by the put) refuses a
+    score whose record the put would keep, and names that record's job; one marked retryable
+    is claimed, as the put replaces it. Scoring the refused one would pay for a record the put
+    then throws away: another delivery recorded it since this one read the records."""
+    kept, other_job, replaceable, free = (
+        _record(900, score=1.0, job_id="j1"),
+        _record(901, score=0.5),
+        _record(902, error_type="JudgeRateLimitError", retryable=True),
+        _record(903),
+    )
+
+    async def go() -> tuple[Any, Any]:
+        await store.claim([kept.score_id, other_job.score_id, replaceable.score_id], "w1", 60)
+        await store.put_records([kept, other_job, replaceable], "w1", 60)
+        ids = [kept.score_id, other_job.score_id, replaceable.score_id, free.score_id]
+        claimed = await store.claim(ids, "w2", 60)
+        taken = await store.take_over([(s, "w2") for s in ids], "w3", 60)
+        await store.close()
+        return claimed, taken
+
+    claimed, taken = run(go())
+    recorded = {kept.score_id: "j1", other_job.score_id: ""}
+    assert (claimed.held, claimed.recorded) == ({replaceable.score_id, free.score_id}, recorded)
+    assert (taken.held, taken.recorded) == ({replaceable.score_id, free.score_id}, recorded)
 
 
 # --- DeadLetters ---------------------------------------------------------------------------------
@@ -430,7 +458,7 @@ def test_redis_store_reconnects_after_a_redis_restart(restartable: Any) -> None:
         await letters.size()
         restartable.stop()
         restartable.start()
-        held = await store.claim(["b"], "w", 60)
+        held = (await store.claim(["b"], "w", 60)).held
         fresh = await store.put_records([_record(12, score=0.3)], "w", 60)
         pushed = await letters.push(DeadLetter(reason="r", message_key="k"))
         await store.close()

@@ -30,6 +30,7 @@ from tracing import ScoreRecord, score_id_for
 from worker import _keys
 from worker._scoring import ScoringDeps, batch_score_ids, score_batch
 from worker.store import (
+    Claims,
     DeadLetter,
     DeliveryLog,
     RedisDeadLetters,
@@ -189,7 +190,17 @@ CASES = [
         "string",
         False,
         lambda u: lambda: _score_store(u, lambda s: claim(s, [SCORE], "w", 60)),
-        {SCORE},
+        Claims(held={SCORE}),
+    ),
+    # A record key of another type is no record to a claim (it is claimed), left for the put.
+    Case(
+        "claim",
+        _RECORD,
+        "string",
+        False,
+        lambda u: lambda: _score_store(u, lambda s: claim(s, [SCORE], "w", 60)),
+        Claims(held={SCORE}),
+        False,
     ),
     Case("release", _CLAIM, "string", False, lambda u: lambda: _score_store(u, lambda s: s.release([SCORE], "w"))),
     Case(
@@ -198,7 +209,16 @@ CASES = [
         "string",
         False,
         lambda u: lambda: _score_store(u, lambda s: s.take_over([(SCORE, "")], "w", 60)),
-        {SCORE},
+        Claims(held={SCORE}),
+    ),
+    Case(
+        "take_over",
+        _RECORD,
+        "string",
+        False,
+        lambda u: lambda: _score_store(u, lambda s: s.take_over([(SCORE, "")], "w", 60)),
+        Claims(held={SCORE}),
+        False,
     ),
     Case(
         "existing",
@@ -560,3 +580,46 @@ def test_a_stored_record_that_is_not_json_is_scored_again_and_replaced(
     log = capsys.readouterr()
     assert "score_record_unreadable" in log.out + log.err
     assert marker not in log.out + log.err
+
+
+def test_a_stored_record_this_version_cannot_read_is_kept_and_not_scored_again(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A score record key holding a JSON object that does not validate here (a field whose type
+    another version changed) is a record the put keeps: the run is not scored again (before,
+    each delivery paid for the scorer and counted a duplicate, and a job with that score never
+    finished), it counts as already scored, for this job too (the record names another), and it
+    is left as it was."""
+    calls: list[str] = []
+
+    def once(run: Any) -> float:
+        calls.append("scored")
+        return 0.25
+
+    registry = {"kept": create_scorer("kept", type="agent").generate_score(once)}
+    msg = batch(range(1), ["kept"], salt="foreign-record", job_id="j-foreign")
+    (score_id,) = batch_score_ids(msg, registry)
+    foreign = json.dumps({"score_id": score_id, "score": {"value": 0.9}, "job_id": "j-newer", "marker": "M-9"})
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.set(_keys.record_key(score_id), foreign)
+
+        async def go() -> tuple[Any, dict[str, int]]:
+            store = RedisScoreStore(redis_url)
+            try:
+                report = await score_batch(msg, ScoringDeps(registry=registry, store=store))
+                return report, await store.jobs.progress("j-foreign")
+            finally:
+                await store.close()
+
+        report, progress = asyncio.run(go())
+        assert client.get(_keys.record_key(score_id)).decode() == foreign
+        assert client.exists(_keys.claim_key(score_id)) == 0
+    finally:
+        client.close()
+    assert calls == []
+    assert (report.scored, report.skipped, report.deferred) == (0, {"already_scored": 1}, [])
+    assert progress == {"skipped": 1, "skipped:already_scored": 1}
+    log = capsys.readouterr()
+    assert "score_record_unreadable" in log.out + log.err
+    assert "M-9" not in log.out + log.err

@@ -29,10 +29,11 @@ from worker.store._jobs import JobStats, RedisJobStats
 from worker.store._keytypes import StoreKeyTypeError, check_list, checked, release_stuck_lock
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
 from worker.store._outbox import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter, SinkState
-from worker.store._scores import RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
+from worker.store._scores import Claims, RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
 
 __all__ = [
     "END_WAIT_S",
+    "Claims",
     "DeadLetter",
     "DeadLetters",
     "DeliveryLog",

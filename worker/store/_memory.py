@@ -14,6 +14,7 @@ from tracing import ScoreRecord
 from worker.store._dead_letters import DeadLetter
 from worker.store._jobs import failure_bucket, outcome
 from worker.store._outbox import MemoryOutbox
+from worker.store._scores import Claims
 
 __all__ = ["MemoryDeadLetters", "MemoryJobStats", "MemoryScoreStore"]
 
@@ -85,16 +86,26 @@ class MemoryScoreStore:
         with self._lock:
             return {s: self.records[s] for s in score_ids if s in self.records}
 
-    async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
+    async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> Claims:
         now = time.monotonic()
-        held: set[str] = set()
+        claims = Claims()
         with self._lock:
             for score_id in score_ids:
+                if self._kept(score_id, claims):
+                    continue
                 current = self._claims.get(score_id)
                 if current is None or current[1] <= now or current[0] == owner:
                     self._claims[score_id] = (owner, now + ttl_s)
-                    held.add(score_id)
-        return held
+                    claims.held.add(score_id)
+        return claims
+
+    def _kept(self, score_id: str, claims: Claims) -> bool:
+        """Whether a put would keep the record of ``score_id`` (noted in ``claims.recorded``)."""
+        record = self.records.get(score_id)
+        if record is None or record.retryable:
+            return False
+        claims.recorded[score_id] = record.job_id or ""
+        return True
 
     async def release(self, score_ids: Sequence[str], owner: str) -> None:
         with self._lock:
@@ -107,16 +118,18 @@ class MemoryScoreStore:
         with self._lock:
             return {s: c[0] for s in score_ids if (c := self._claims.get(s)) is not None and c[1] > now}
 
-    async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> set[str]:
+    async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> Claims:
         now = time.monotonic()
-        taken: set[str] = set()
+        taken = Claims()
         with self._lock:
             for score_id, previous in claims:
+                if self._kept(score_id, taken):
+                    continue
                 current = self._claims.get(score_id)
                 # (``owner`` holding it already: this take-over sent again, as in Redis.)
                 if current is None or current[1] <= now or current[0] in (previous, owner):
                     self._claims[score_id] = (owner, now + ttl_s)
-                    taken.add(score_id)
+                    taken.held.add(score_id)
         return taken
 
     async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]:

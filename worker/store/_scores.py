@@ -8,7 +8,10 @@ job's statistics (``store.jobs``) and queues it for every configured sink (the o
 
 A claim's owner is ``host:pid:d<delivery>``: one delivery of a message in one process. Claims
 left by a process of this host that no longer exists (a prefork child killed for memory) are
-taken over at once instead of waiting out their TTL (``claim``).
+taken over at once instead of waiting out their TTL (``claim``). A claim is refused for a score
+whose record the put would keep (the put's own rule, in the same step): one stored since the
+caller read the records (another delivery finished it), or one this version cannot read. Scoring
+it would pay for judge calls whose record the put then refuses.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import secrets
 import socket
 import time
 from collections.abc import Sequence
-from typing import Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import structlog
 from pydantic import BaseModel, ValidationError
@@ -33,11 +37,25 @@ from worker.store._keytypes import LUA_CHECK, checked_async, checked_script
 from worker.store._outbox import delivered_key
 from worker.store._redis import OnRedis, RedisConnection, failed_fields
 
-__all__ = ["RedisScoreStore", "ScoreStore", "claim", "delivery_owner", "process_owner"]
+__all__ = ["Claims", "RedisScoreStore", "ScoreStore", "claim", "delivery_owner", "process_owner"]
 
 log = structlog.get_logger("tracescore.worker.store")
 
 _Stored = TypeVar("_Stored", bound=BaseModel)
+
+
+@dataclass(slots=True)
+class Claims:
+    """What a claim got. ``held``: the caller's now, to score. ``recorded``: each score id whose
+    record a put would keep (not marked retryable), with that record's job id ("" for none or
+    unreadable): nothing to score. The rest is held by another delivery."""
+
+    held: set[str] = field(default_factory=set)
+    recorded: dict[str, str] = field(default_factory=dict)
+
+    def add(self, other: Claims) -> None:
+        self.held |= other.held
+        self.recorded.update(other.recorded)
 
 
 @runtime_checkable
@@ -51,12 +69,14 @@ class ScoreStore(Protocol):
 
     async def existing(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
         """The stored records among ``score_ids``. One that no longer reads (damaged, or stored
-        by another version) is left out: its run is scored again, and ``put_records`` replaces
-        a stored value that is not a record at all (not JSON)."""
+        by another version) is left out: a value that is not a record at all (not JSON) is
+        scored again and replaced by ``put_records``; a JSON object is kept, and ``claim``
+        refuses it."""
         ...
 
-    async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
-        """Claim each id not claimed by someone else; returns the ids now held by ``owner``."""
+    async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> Claims:
+        """Claim each id not claimed by someone else and not recorded (a record the put would
+        keep), in one step."""
         ...
 
     async def release(self, score_ids: Sequence[str], owner: str) -> None:
@@ -67,9 +87,10 @@ class ScoreStore(Protocol):
         """Who holds each claimed id (ids without a claim are left out)."""
         ...
 
-    async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> set[str]:
+    async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> Claims:
         """For each (score id, previous owner): claim it for ``owner`` if that owner still holds it,
-        nobody does any more, or ``owner`` already does (this call sent again after a lost reply)."""
+        nobody does any more, or ``owner`` already does (this call sent again after a lost reply),
+        unless it is recorded (as ``claim``): a claim that vanished was often released by the put."""
         ...
 
     async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]:
@@ -137,19 +158,58 @@ def _owner_is_dead_here(owner: str, me: str) -> bool:
     return not alive(int(pid))
 
 
-async def claim(store: ScoreStore, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
+async def claim(store: ScoreStore, score_ids: Sequence[str], owner: str, ttl_s: int) -> Claims:
     """``store.claim``, then take over the claims whose owner was a process of this host that
-    is gone (its redelivered work is ours) and those that lapsed since; returns what ``owner`` holds."""
-    held = await store.claim(score_ids, owner, ttl_s)
-    rest = [s for s in score_ids if s not in held]
+    is gone (its redelivered work is ours) and those that lapsed since."""
+    claims = await store.claim(score_ids, owner, ttl_s)
+    rest = [s for s in score_ids if s not in claims.held and s not in claims.recorded]
     if not rest:
-        return held
+        return claims
     owners = await store.claim_owners(rest)
     dead = [(s, o) for s, o in owners.items() if o != owner and _owner_is_dead_here(o, owner)]
     vanished = [(s, "") for s in rest if s not in owners]
     if dead or vanished:
-        held |= await store.take_over([*dead, *vanished], owner, ttl_s)
-    return held
+        claims.add(await store.take_over([*dead, *vanished], owner, ttl_s))
+    return claims
+
+
+# A stored record as a put reads it, for every script that decides whether one is kept:
+# ``tracescore_stored(value)`` returns its fields (nil when it is not a JSON object: damaged,
+# which a put replaces) and whether a put keeps it (anything but a record marked retryable).
+_LUA_STORED = """
+local function tracescore_stored(value)
+  local ok, prev = pcall(cjson.decode, value or '')
+  if ok and type(prev) == 'table' then
+    return prev, prev['retryable'] ~= true
+  end
+  return nil, false
+end
+-- The job id ('' for none) of the record at ``key`` when a put would keep it, else nil. (A
+-- record key of another type is no record: the put repairs it.)
+local function tracescore_kept_job(key)
+  local value = redis.pcall('GET', key)
+  if type(value) ~= 'string' then
+    return nil
+  end
+  local prev, kept = tracescore_stored(value)
+  if not kept then
+    return nil
+  end
+  return type(prev['job_id']) == 'string' and prev['job_id'] or ''
+end
+"""
+
+
+def _claims(score_ids: Sequence[str], replies: Sequence[Any]) -> Claims:
+    """A claim script's replies, one per id: 1 held, 0 held by another, a string: recorded
+    (the record's job id)."""
+    claims = Claims()
+    for score_id, reply in zip(score_ids, replies, strict=True):
+        if isinstance(reply, str):
+            claims.recorded[score_id] = reply
+        elif reply:
+            claims.held.add(score_id)
+    return claims
 
 
 # One call stores up to _PUT_CHUNK records, each as a call of its own would: a pipeline of one
@@ -162,6 +222,7 @@ async def claim(store: ScoreStore, score_ids: Sequence[str], owner: str, ttl_s: 
 # Returns per record 1 (stored now, or by our own earlier try) or 0 (taken).
 _PUT_RECORDS = (
     LUA_CHECK
+    + _LUA_STORED
     + """
 local ttl, owner, failures_ttl, now = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local shared, nsinks = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -210,13 +271,12 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
     -- Taken. Only an error record marked retryable (its retries ran out on a transient
     -- failure) may be replaced, by a later delivery (e.g. `tracescore dlq retry`), and a value
     -- that is not a record at all (damaged: not JSON), which no reader can use.
-    local ok, prev = pcall(cjson.decode, current or '')
-    local readable = ok and type(prev) == 'table'
-    if readable and prev['retryable'] ~= true then
+    local prev, kept = tracescore_stored(current)
+    if kept then
       return 0
     end
     redis.call('SET', record, json, 'EX', ttl)
-    if readable and has_job == '1' and prev['job_id'] == job_id then
+    if prev and has_job == '1' and prev['job_id'] == job_id then
       redis.call('HINCRBY', job, 'failed', -1)
       if type(prev['error_type']) == 'string' then
         redis.call('HINCRBY', job, 'failed:' .. prev['error_type'], -1)
@@ -267,37 +327,48 @@ return done
 # Records per call: bounds how long one call holds Redis (~1 ms here) and its argument count.
 _PUT_CHUNK = 200
 
-# KEYS: the claims. ARGV: owner, ttl. Per claim 1 when ``owner`` holds it now (taken, or its own
-# already: this same delivery retrying), else 0.
+# KEYS: per score its claim and its record. ARGV: owner, ttl. Per score: the record's job id
+# when a put would keep the record (nothing to score: it is not claimed), else 1 when ``owner``
+# holds the claim now (taken, or its own already: this same delivery retrying), else 0.
 _CLAIM = (
     LUA_CHECK
+    + _LUA_STORED
     + """
 local checks = {}
-for i = 1, #KEYS do
+for i = 1, #KEYS, 2 do
   checks[#checks + 1] = KEYS[i]; checks[#checks + 1] = 'string'; checks[#checks + 1] = 'r'
 end
 local bad = tracescore_check(checks)
 if bad then
   return bad
 end
-local held = {}
-for i = 1, #KEYS do
-  if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', tonumber(ARGV[2])) or redis.call('GET', KEYS[i]) == ARGV[1] then
-    held[i] = 1
+local out, ttl = {}, tonumber(ARGV[2])
+for i = 1, #KEYS, 2 do
+  local job = tracescore_kept_job(KEYS[i + 1])
+  if job then
+    out[#out + 1] = job
+  elseif redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', ttl) or redis.call('GET', KEYS[i]) == ARGV[1] then
+    out[#out + 1] = 1
   else
-    held[i] = 0
+    out[#out + 1] = 0
   end
 end
-return held
+return out
 """
 )
 _CLAIM_CHUNK = 1000
 
-# KEYS: claim. ARGV: previous owner, new owner, ttl. Compare-and-set (a vanished claim is free;
-# one the new owner holds already is this call sent again after a repair or a lost reply).
+# KEYS: claim, record. ARGV: previous owner, new owner, ttl. Compare-and-set (a vanished claim
+# is free; one the new owner holds already is this call sent again after a repair or a lost
+# reply), answered as ``_CLAIM`` (a kept record's job id: not claimed).
 _TAKE_OVER = checked_script(
     "{KEYS[1], 'string', 'r'}",
-    """
+    _LUA_STORED
+    + """
+local job = tracescore_kept_job(KEYS[2])
+if job then
+  return job
+end
 local current = redis.call('GET', KEYS[1])
 if current == false or current == ARGV[1] or current == ARGV[2] then
   redis.call('SET', KEYS[1], ARGV[2], 'EX', tonumber(ARGV[3]))
@@ -368,17 +439,20 @@ class RedisScoreStore(OnRedis):
         values = await self._redis.client.mget([_keys.record_key(s) for s in score_ids])
         return _readable(ScoreRecord, score_ids, values, "score_record_unreadable")
 
-    async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> set[str]:
+    async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> Claims:
         if not score_ids:
-            return set()
+            return Claims()
         ttl = str(max(1, ttl_s))
         chunks = [score_ids[i : i + _CLAIM_CHUNK] for i in range(0, len(score_ids), _CLAIM_CHUNK)]
         replies = await self._redis.evalsha_each(
             _CLAIM,
-            [(len(chunk), [*(_keys.claim_key(s) for s in chunk), owner, ttl]) for chunk in chunks],
+            [
+                (2 * len(chunk), [*(k for s in chunk for k in (_keys.claim_key(s), _keys.record_key(s))), owner, ttl])
+                for chunk in chunks
+            ],
             where="claim",
         )
-        return {s for chunk, got in zip(chunks, replies, strict=True) for s, ok in zip(chunk, got, strict=True) if ok}
+        return _claims(score_ids, [got for reply in replies for got in reply])
 
     async def release(self, score_ids: Sequence[str], owner: str) -> None:
         if not score_ids:
@@ -391,16 +465,16 @@ class RedisScoreStore(OnRedis):
         owners = await self._redis.client.mget([_keys.claim_key(s) for s in score_ids])
         return {s: o for s, o in zip(score_ids, owners, strict=True) if o is not None}
 
-    async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> set[str]:
+    async def take_over(self, claims: Sequence[tuple[str, str]], owner: str, ttl_s: int) -> Claims:
         if not claims:
-            return set()
+            return Claims()
         done = await self._redis.evalsha_many(
             _TAKE_OVER,
-            1,
-            [(_keys.claim_key(s), previous, owner, str(max(1, ttl_s))) for s, previous in claims],
+            2,
+            [(_keys.claim_key(s), _keys.record_key(s), previous, owner, str(max(1, ttl_s))) for s, previous in claims],
             where="take_over",
         )
-        return {s for (s, _), ok in zip(claims, done, strict=True) if ok}
+        return _claims([s for s, _ in claims], done)
 
     async def get_checkpoints(self, score_ids: Sequence[str]) -> dict[str, ScoreResult]:
         if not score_ids:
