@@ -59,7 +59,10 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
     )
     workers: list[str] | None = None
     try:
-        workers = sorted(control.control.inspect(timeout=ping_timeout).ping() or {})
+        # A connection of its own for the replies: the app's pool is kombu's, shared by every
+        # Celery app on this broker URL in the process, and may hold one the server has closed.
+        with control.connection_for_write() as connection:
+            workers = sorted(control.control.inspect(timeout=ping_timeout, connection=connection).ping() or {})
     except redis.exceptions.OutOfMemoryError:
         full = True  # (the reply queue's declare is a write)
     except redis.exceptions.ReadOnlyError:
