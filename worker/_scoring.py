@@ -2,13 +2,14 @@
 
 No Celery here: the Celery task, the embedded mode and tests all call this one function.
 
-For each (run, scorer) pair the score id is deterministic (``score_id_for``). A pair whose
-score is already stored is skipped; the rest are claimed (so two deliveries of the same message
-do not both pay for judge calls), resumed from their last step checkpoint if a previous delivery
-died midway, scored concurrently (bounded per judge model, and overall), recorded once
-(``store.put_records`` is atomic: the first writer wins, and it queues each new record for
-every configured sink: the outbox) and only then handed to the writer, which wakes the sinks'
-drainers (``worker._delivery``) or shows the records (a command's table).
+For each (run, scorer) pair the score id is deterministic (``score_id_for``). A pair whose score
+is already stored is skipped; the rest are claimed (so two deliveries of the same message do not
+both pay for judge calls; one stored meanwhile is refused the claim and skipped), resumed from
+their last step checkpoint if a previous delivery died midway, scored concurrently (bounded per
+judge model, and overall), recorded once (``store.put_records`` is atomic: the first writer
+wins, and it queues each new record for every configured sink: the outbox) and only then handed
+to the writer, which wakes the sinks' drainers (``worker._delivery``) or shows the records (a
+command's table).
 A failure becomes an error record — except a transient one (timeouts, 429/5xx after the
 judge's own retries) on a non-final attempt, which is left unrecorded for the task to retry.
 

@@ -9,11 +9,11 @@ import pytest
 
 from scorers import ScoreResult, create_scorer
 from tests.worker._batches import batch
-from tracing import MemoryScoreWriter
+from tracing import MemoryScoreWriter, ScoreRecord
 from tracing._score_record import score_id_for
 from worker._registry import Registry
 from worker._scoring import ScoringDeps, score_batch
-from worker.store import MemoryScoreStore
+from worker.store import MemoryScoreStore, RedisScoreStore
 
 calls: dict[str, int] = {}
 
@@ -406,9 +406,6 @@ def test_a_score_recorded_between_the_read_and_the_claim_is_not_scored_again(
     scorer is not run again, and it counts as already scored for this job, whose count still
     adds up. Before, the claim succeeded (the put had released the other's claim): the scorer
     ran again (paid twice), the record was refused as a duplicate, and the job never finished."""
-    from tracing import ScoreRecord
-    from worker.store import RedisScoreStore
-
     store: Any = MemoryScoreStore() if kind == "memory" else RedisScoreStore(request.getfixturevalue("redis_url"))
     msg = batch(range(2), ["plain"], salt=f"meanwhile-{kind}", job_id="j-this")
     first = msg.requests[0]

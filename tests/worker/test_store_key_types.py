@@ -182,44 +182,22 @@ def _put(url: str) -> Callable[[], Any]:
     return lambda: _score_store(url, lambda s: s.put_records([_record()], "w", 60))
 
 
+def _claim(url: str) -> Callable[[], Any]:
+    return lambda: _score_store(url, lambda s: claim(s, [SCORE], "w", 60))
+
+
+def _take_over(url: str) -> Callable[[], Any]:
+    return lambda: _score_store(url, lambda s: s.take_over([(SCORE, "")], "w", 60))
+
+
 CASES = [
     # ScoreStore
-    Case(
-        "claim",
-        _CLAIM,
-        "string",
-        False,
-        lambda u: lambda: _score_store(u, lambda s: claim(s, [SCORE], "w", 60)),
-        Claims(held={SCORE}),
-    ),
+    Case("claim", _CLAIM, "string", False, _claim, Claims(held={SCORE})),
     # A record key of another type is no record to a claim (it is claimed), left for the put.
-    Case(
-        "claim",
-        _RECORD,
-        "string",
-        False,
-        lambda u: lambda: _score_store(u, lambda s: claim(s, [SCORE], "w", 60)),
-        Claims(held={SCORE}),
-        False,
-    ),
+    Case("claim", _RECORD, "string", False, _claim, Claims(held={SCORE}), False),
     Case("release", _CLAIM, "string", False, lambda u: lambda: _score_store(u, lambda s: s.release([SCORE], "w"))),
-    Case(
-        "take_over",
-        _CLAIM,
-        "string",
-        False,
-        lambda u: lambda: _score_store(u, lambda s: s.take_over([(SCORE, "")], "w", 60)),
-        Claims(held={SCORE}),
-    ),
-    Case(
-        "take_over",
-        _RECORD,
-        "string",
-        False,
-        lambda u: lambda: _score_store(u, lambda s: s.take_over([(SCORE, "")], "w", 60)),
-        Claims(held={SCORE}),
-        False,
-    ),
+    Case("take_over", _CLAIM, "string", False, _take_over, Claims(held={SCORE})),
+    Case("take_over", _RECORD, "string", False, _take_over, Claims(held={SCORE}), False),
     Case(
         "existing",
         _RECORD,

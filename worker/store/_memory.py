@@ -91,7 +91,9 @@ class MemoryScoreStore:
         claims = Claims()
         with self._lock:
             for score_id in score_ids:
-                if self._kept(score_id, claims):
+                job = self._kept_job(score_id)
+                if job is not None:
+                    claims.recorded[score_id] = job
                     continue
                 current = self._claims.get(score_id)
                 if current is None or current[1] <= now or current[0] == owner:
@@ -99,13 +101,12 @@ class MemoryScoreStore:
                     claims.held.add(score_id)
         return claims
 
-    def _kept(self, score_id: str, claims: Claims) -> bool:
-        """Whether a put would keep the record of ``score_id`` (noted in ``claims.recorded``)."""
+    def _kept_job(self, score_id: str) -> str | None:
+        """The job id ("" for none) of ``score_id``'s record when a put would keep it, else None."""
         record = self.records.get(score_id)
         if record is None or record.retryable:
-            return False
-        claims.recorded[score_id] = record.job_id or ""
-        return True
+            return None
+        return record.job_id or ""
 
     async def release(self, score_ids: Sequence[str], owner: str) -> None:
         with self._lock:
@@ -123,7 +124,9 @@ class MemoryScoreStore:
         taken = Claims()
         with self._lock:
             for score_id, previous in claims:
-                if self._kept(score_id, taken):
+                job = self._kept_job(score_id)
+                if job is not None:
+                    taken.recorded[score_id] = job
                     continue
                 current = self._claims.get(score_id)
                 # (``owner`` holding it already: this take-over sent again, as in Redis.)
