@@ -10,10 +10,10 @@ settings a worker runs with, one message's objects alive at a time):
 
 - backfill: decode the OTLP lines into span records, assemble traces, loop guard + plan the
   runs, build each trace's request and encode it as it travels (``request_json``);
-- worker: decode a message body (the guard and Celery's child each do it once), the guard's
-  depth walk, validate the ``ScoreBatch``, read every run (``trace_to_run``), run the scorers
-  (bench/backfill_scorers.py, the same function-only scorers), build and encode each score
-  record.
+- worker: decode a message body (the guard with ``parse_json``, Celery's child with kombu's
+  ``json.loads``), the guard's depth walk, validate the ``ScoreBatch``, read every run
+  (``trace_to_run``), run the scorers (bench/backfill_scorers.py, the same function-only
+  scorers), build and encode each score record.
 
 Their sum is the floor of this design in CPython: what is left of the pipeline's figure above
 it is the queue (kombu, Celery's prefork hop, Redis round trips, the exactly-once scripts).
@@ -41,7 +41,7 @@ from bench.backfill_scorers import SCORERS  # noqa: E402
 from tests.backfill._synth import write_otlp_files  # noqa: E402
 from tracing import ScoreRecord, score_id_for, trace_to_run  # noqa: E402
 from tracing.otlp import decode_otlp_records_line  # noqa: E402
-from tracing.queue import ScoreBatch, ScoreRequest, request_json, spans_request  # noqa: E402
+from tracing.queue import ScoreBatch, ScoreRequest, parse_json, request_json, spans_request  # noqa: E402
 from tracing.read import loop_guard, plan_runs  # noqa: E402
 from tracing.sources._assemble import AssembledTrace, TraceAssembler  # noqa: E402
 from tracing.sources._base import Position  # noqa: E402
@@ -178,7 +178,8 @@ def _measure(paths: list[Path], n: int) -> None:
         "backfill_decode_records": _cpu(gunzip_and_decode),
         "backfill_assemble": _cpu(assemble),
         "backfill_plan_and_encode": _cpu(plan_and_encode),
-        "worker_body_json_loads_x2": 2 * _cpu(lambda: _each(json.loads, bodies)),
+        "worker_body_parse_guard": _cpu(lambda: _each(parse_json, bodies)),
+        "worker_body_json_loads_celery": _cpu(lambda: _each(json.loads, bodies)),
         "worker_guard_depth_walk": _cpu(lambda: _each(lambda p: _too_deep(p[0][0], MAX_JSON_DEPTH), parsed)),
         "worker_validate_batch": _cpu(lambda: _each(lambda p: ScoreBatch.model_validate(p[0][0]), parsed)),
         "worker_trace_to_run": _cpu(read_runs),

@@ -56,7 +56,7 @@ from celery.worker.consumer import Consumer
 from kombu.transport import redis as _kombu_redis
 from kombu.transport import virtual as _kombu_virtual
 
-from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME
+from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME, parse_json
 from worker._errors import WorkerError
 from worker._settings import Settings
 from worker.metrics import observe_broadcast_refused
@@ -174,7 +174,7 @@ def _read_envelope(item: bytes, max_bytes: int, what: str) -> dict[str, Any]:
             "TRACESCORE_MAX_PAYLOAD_BYTES can take; send fewer runs per batch",
         )
     try:
-        envelope = json.loads(item)
+        envelope = parse_json(item)
     except (ValueError, RecursionError):
         raise _Refused("not_json", f"the {what} is not a JSON kombu envelope") from None
     properties = envelope.get("properties") if isinstance(envelope, dict) else None
@@ -255,7 +255,7 @@ def screen_broadcast(item: bytes, max_bytes: int, exchange: str) -> Refusal | No
         return Refusal("bad_encoding", f"content encoding {_token(envelope.get('content-encoding'))} is not utf-8")
     try:
         raw = envelope.get("body") or ""
-        body = json.loads(base64.b64decode(raw, validate=True) if envelope["properties"].get("body_encoding") else raw)
+        body = parse_json(base64.b64decode(raw, validate=True) if envelope["properties"].get("body_encoding") else raw)
     except RecursionError:
         return Refusal("too_deep", f"the body nests deeper than the decoder allows (limit {MAX_JSON_DEPTH})")
     except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors too
@@ -982,7 +982,7 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
     except UnicodeDecodeError as exc:
         return Refusal("bad_encoding", f"the body is not valid UTF-8 (byte {exc.start})"), None
     try:
-        decoded = json.loads(text)
+        decoded = parse_json(text)
     except RecursionError:
         return Refusal("too_deep", f"the body nests deeper than the decoder allows (limit {MAX_JSON_DEPTH})"), None
     except ValueError as exc:

@@ -3,11 +3,12 @@
 It owns the one request shape (``ScoreRequest``: a trace's span records once, the spans to
 score among them — one per run —, the scorer ids, source and job), the batch that is one message
 (``ScoreBatch``), its wire format (Celery's task protocol 2 in JSON, built without Celery:
-``task_message``), cutting requests into messages under the workers' byte cap
-(``RequestCutter``; a request too large for one is split run by run, ``ScoreRequest.per_target``),
-and the one kombu publisher (``Publisher``; ``QueueKeyError`` when a key it needs on the broker
-holds another Redis type) with backpressure as a wrapper (``Backpressure``).
-The worker validates each message against ``ScoreBatch`` and reads the runs from the span records.
+``task_message``; ``parse_json``, the parser the worker screens each message with), cutting
+requests into messages under the workers' byte cap (``RequestCutter``; a request too large for
+one is split run by run, ``ScoreRequest.per_target``), and the one kombu publisher
+(``Publisher``; ``QueueKeyError`` when a key it needs on the broker holds another Redis type)
+with backpressure as a wrapper (``Backpressure``). The worker validates each message against
+``ScoreBatch`` and reads the runs from the span records.
 
 The names (``__init__.pyi``) load on first use.
 """

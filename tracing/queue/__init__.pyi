@@ -5,7 +5,7 @@ from ._contract import SCORE_TASK_NAME, ScoreBatch, ScoreRequest, request_json, 
 from ._cut import Chunk, RequestCutter, RunTooLarge
 from ._limits import DEFAULT_MAX_PAYLOAD_BYTES, MESSAGE_ENVELOPE_BYTES
 from ._publisher import Backpressure, BatchPublisher, Publisher, QueueKeyError
-from ._wire import TaskMessage, task_message, wire_size
+from ._wire import TaskMessage, parse_json, task_message, wire_size
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
@@ -21,6 +21,7 @@ __all__ = [
     "ScoreBatch",
     "ScoreRequest",
     "TaskMessage",
+    "parse_json",
     "request_json",
     "spans_request",
     "task_message",

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tracing._formats import agent_name, classify
 from tracing._run import SPAN_ID_PATTERN, SpanRecord
 from tracing._span import RecordView
+from tracing.queue._json import dumps_or
 
 __all__ = ["SCORE_TASK_NAME", "ScoreBatch", "ScoreRequest", "request_json", "spans_request"]
 
@@ -177,8 +178,30 @@ _ONE_RUN_FIELDS = frozenset(_OneRunRequest.model_fields)
 
 def request_json(request: ScoreRequest) -> str:
     """``request`` as producers send it: one run as ``"target_span_id": "<id>"`` (what workers of
-    the previous release read as well), several as ``target_span_ids``. Encoded by pydantic
-    either way (a wrap serializer on ``ScoreRequest`` doubled the encoding's cost)."""
+    the previous release read as well), several as ``target_span_ids``. The same text pydantic
+    writes of the model (tests/tracing/test_json.py compares them), by orjson: the records are
+    slots dataclasses it encodes natively, a quarter faster. A value orjson cannot encode (an
+    integer past 64 bits) leaves it to pydantic."""
+    fields = request.__dict__
+    targets = fields["target_span_ids"]
+    if len(targets) == 1:
+        head: tuple[str, Any] = ("target_span_id", targets[0])
+    else:
+        head = ("target_span_ids", targets)
+    return dumps_or(
+        {
+            "spans": fields["spans"],
+            head[0]: head[1],
+            "scorer_ids": fields["scorer_ids"],
+            "source": fields["source"],
+            "job_id": fields["job_id"],
+            "enqueued_at": fields["enqueued_at"],
+        },
+        lambda: _pydantic_json(request),
+    )
+
+
+def _pydantic_json(request: ScoreRequest) -> str:
     targets = request.target_span_ids
     if len(targets) != 1:
         return request.model_dump_json()

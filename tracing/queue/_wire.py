@@ -2,10 +2,11 @@
 
 The publisher (``tracing.queue.Publisher``, for the exporter and backfill alike) sends it with
 kombu, so producers never import the worker; the worker's guard (``worker/_guard.py``) screens
-this exact shape before Celery decodes it. The body is encoded once by pydantic (``model_dump_json``), several
-times cheaper than ``model_dump`` followed by kombu's own ``json.dumps``. A producer that already
-encoded each request (to size its messages under the workers' cap) passes that JSON in
-``requests_json`` and nothing is serialized twice.
+this exact shape, parsed by ``parse_json``, before Celery decodes it. The body is encoded once:
+each request by ``request_json`` (orjson, the text pydantic would write), spliced into the batch's
+shell, several times cheaper than ``model_dump`` followed by kombu's own ``json.dumps``. A
+producer that already encoded each request (to size its messages under the workers' cap) passes
+that JSON in ``requests_json`` and nothing is serialized twice.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracing.queue._contract import SCORE_TASK_NAME, ScoreBatch, request_json
+from tracing.queue._json import loads as parse_json
 
 __all__ = [
     "CONTENT_ENCODING",
     "CONTENT_TYPE",
     "TaskMessage",
+    "parse_json",
     "task_message",
     "wire_size",
 ]
