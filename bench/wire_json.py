@@ -68,7 +68,10 @@ def _backfill_requests(n: int) -> list[ScoreRequest]:
         traces.extend(assembler.finish())
     out = []
     for trace in traces:
-        plans = plan_runs(trace.spans, exclude_under=loop_guard(trace.spans) or ())
+        judge_ids = loop_guard(trace.spans)
+        if judge_ids is None:  # tracescore's own traffic: not scored (none in these traces)
+            continue
+        plans = plan_runs(trace.spans, exclude_under=judge_ids)
         targets = [t.span_id for t, _ in plans]
         out.append(spans_request(trace.spans, targets, ["a", "b"], time.time(), source="backfill"))
     return out
