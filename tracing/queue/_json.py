@@ -12,8 +12,9 @@ RFC 8259 where the ``json`` module is lenient. So:
   UTF-16, nesting past 1024 levels, broken JSON) to ``json.loads``, whose value or error (type,
   message, position) is then the answer. One difference is left: an integer literal past 64
   bits reads as a float. ``loads`` is for screening a message's shape (``worker._guard``):
-  Celery and kombu read the message again themselves, and the one integer the screen checks
-  (a broadcast's ``clock`` header) is refused that large, where a Lamport clock never gets.
+  Celery and kombu read the message again themselves. Of the integers the screen checks, a
+  priority that large is refused either way (it must be under 256), and a broadcast's ``clock``
+  header that large is now refused too, where a Lamport clock never gets.
 """
 
 from __future__ import annotations
