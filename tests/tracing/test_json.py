@@ -140,7 +140,7 @@ def _outcome(parse: Any, data: str | bytes) -> tuple[str, str]:
 
 
 def test_an_integer_past_64_bits_reads_as_a_float() -> None:
-    # The one difference tracing/queue/_json.py names: harmless to the guard's screen.
+    # The one difference tracing/queue/_json.py names (and what it means to the guard's screen).
     assert parse_json("18446744073709551615") == 2**64 - 1
     assert parse_json("18446744073709551616") == float(2**64)
     assert isinstance(parse_json("18446744073709551616"), float)

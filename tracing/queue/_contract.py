@@ -182,43 +182,32 @@ def request_json(request: ScoreRequest) -> str:
     writes of the model (tests/tracing/test_json.py compares them), by orjson: the records are
     slots dataclasses it encodes natively, a quarter faster. A value orjson cannot encode (an
     integer past 64 bits) leaves it to pydantic."""
+    return dumps_or(_wire_fields(request), lambda: _pydantic_json(request))
+
+
+def _wire_fields(request: ScoreRequest) -> dict[str, Any]:
+    """The request's fields in their order on the wire: one target under the previous release's
+    name (``_OneRunRequest``'s fields, exactly), several under ``target_span_ids``."""
     fields = request.__dict__
     targets = fields["target_span_ids"]
+    wire: dict[str, Any] = {"spans": fields["spans"]}
     if len(targets) == 1:
-        head: tuple[str, Any] = ("target_span_id", targets[0])
+        wire["target_span_id"] = targets[0]
     else:
-        head = ("target_span_ids", targets)
-    return dumps_or(
-        {
-            "spans": fields["spans"],
-            head[0]: head[1],
-            "scorer_ids": fields["scorer_ids"],
-            "source": fields["source"],
-            "job_id": fields["job_id"],
-            "enqueued_at": fields["enqueued_at"],
-        },
-        lambda: _pydantic_json(request),
-    )
+        wire["target_span_ids"] = targets
+    wire["scorer_ids"] = fields["scorer_ids"]
+    wire["source"] = fields["source"]
+    wire["job_id"] = fields["job_id"]
+    wire["enqueued_at"] = fields["enqueued_at"]
+    return wire
 
 
 def _pydantic_json(request: ScoreRequest) -> str:
-    targets = request.target_span_ids
-    if len(targets) != 1:
+    """pydantic's encoding of the same fields: ``request_json``'s fallback and its reference."""
+    wire = _wire_fields(request)
+    if "target_span_id" not in wire:
         return request.model_dump_json()
-    fields = request.__dict__
-    one = _unvalidated(
-        _OneRunRequest,
-        {
-            "spans": fields["spans"],
-            "target_span_id": targets[0],
-            "scorer_ids": fields["scorer_ids"],
-            "source": fields["source"],
-            "job_id": fields["job_id"],
-            "enqueued_at": fields["enqueued_at"],
-        },
-        _ONE_RUN_FIELDS,
-    )
-    return one.model_dump_json()
+    return _unvalidated(_OneRunRequest, wire, _ONE_RUN_FIELDS).model_dump_json()
 
 
 class ScoreBatch(BaseModel):
