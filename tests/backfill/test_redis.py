@@ -23,7 +23,7 @@ import redis
 from click.testing import CliRunner
 
 from tests._redis import RedisServer
-from tests.backfill._synth import write_otlp_files
+from tests.backfill._synth import trace_id, write_otlp_files
 from worker._keys import backfill_state_key
 from worker.cli import cli
 
@@ -322,3 +322,63 @@ def test_one_huge_run_does_not_sink_its_neighbours(tmp_path: Path, workers: list
     assert len({r["score_id"] for r in records}) == 19 * 3
     letters = db.lrange(dlq_key(), 0, -1)
     assert not [letter for letter in letters if "payload_too_large" in letter]
+
+
+def _with_answer(line: str, value: dict[str, Any], *, chat_name: str | None = None) -> str:
+    """``line`` (one trace) with its chat span's ``gen_ai.output.messages`` set to the OTLP
+    AnyValue ``value`` (and the chat span renamed), ASCII-escaped as a collector writes it."""
+    document = json.loads(line)
+    for span in document["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        if span["name"].startswith("chat"):
+            span["attributes"] = [
+                a if a["key"] != "gen_ai.output.messages" else {"key": a["key"], "value": value}
+                for a in span["attributes"]
+            ]
+            span["name"] = chat_name or span["name"]
+    return json.dumps(document) + "\n"
+
+
+def test_text_no_json_can_hold_is_scored_with_replacement_characters(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """Among 12 traces, one answer is an OTLP bytesValue that is not UTF-8, one holds a lone
+    surrogate (a ``\\ud800`` escape), one chat span's name does: pydantic could not encode
+    their requests, which stopped the job (a resume met the same trace again). Now each is sent
+    with U+FFFD in place of the bad byte or surrogate, counted and reported, and every run of
+    the job is scored once, as an embedded backfill scores it."""
+    import base64
+
+    from tests.backfill.test_batch_bytes import big_trace_line
+    from worker._keys import dlq_key
+
+    def answer(text: str) -> str:  # a lone surrogate stays one in the attribute's text
+        return json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}]}], ensure_ascii=False)
+
+    lines = [big_trace_line(i) for i in range(12)]
+    broken = answer("Paris BYTE is lovely").encode().replace(b"BYTE", b"\xe9")
+    lines[3] = _with_answer(lines[3], {"bytesValue": base64.b64encode(broken).decode()})
+    lines[6] = _with_answer(lines[6], {"stringValue": answer("Rome \ud800 is warm")})
+    lines[9] = _with_answer(lines[9], {"stringValue": answer("one two three")}, chat_name="chat \udcff")
+    source = tmp_path / "hostile.jsonl"
+    source.write_text("".join(lines), encoding="ascii")
+
+    args = ["backfill", str(source), "--scorers", "tests.backfill.scorers", "--json", "--wait-timeout", "120"]
+    result = CliRunner().invoke(cli, [*args, "--broker", REDIS_URL], env={"TRACESCORE_BROKER_URL": ""})
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "  text replaced     3 runs" in result.stderr  # the summary's line
+    reports = [line for line in result.stderr.splitlines() if line.startswith("trace ")]
+    assert sorted(reports) == sorted(
+        f"trace {trace_id(i)}: text that is not valid UTF-8 (bytes or lone surrogates) sent with U+FFFD in its place"
+        for i in (3, 6, 9)
+    )
+    assert summary["status"] == "finished", _worker_logs(workers)
+    assert (summary["runs_enqueued"], summary["runs_text_replaced"], summary["runs_rejected"]) == (12, 3, {})
+    state = json.loads(db.get(backfill_state_key(summary["job_id"])) or "{}")
+    assert state["counters"]["runs_text_replaced"] == 3
+    records = _records(workers, summary["job_id"])
+    assert len(records) == len({r["score_id"] for r in records}) == 12 * 3
+    # answer-words' reason: "<n> words" of the answer the worker read (U+FFFD is one word).
+    words = {r["trace_id"]: r["reason"] for r in records if r["scorer_id"] == "answer-words"}
+    assert [words[trace_id(i)] for i in (3, 6, 9)] == ["4 words", "4 words", "3 words"]
+    assert db.llen(dlq_key()) == 0

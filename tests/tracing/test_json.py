@@ -8,13 +8,16 @@ import math
 from typing import Any
 
 import pytest
+import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracing import SpanRecord
+from tests.tracing._spans import genai_messages
+from tracing import SpanRecord, trace_to_run
 from tracing._run import SpanRecordEvent
 from tracing.queue import ScoreRequest, parse_json, request_json, spans_request
-from tracing.queue._contract import _pydantic_json
+from tracing.queue._contract import _pydantic_json, encode_request
+from tracing.queue._json import valid_text
 
 TRACE = "ab" * 16
 
@@ -69,21 +72,139 @@ def test_a_request_is_encoded_as_pydantic_encodes_it(request: ScoreRequest) -> N
 
 @pytest.mark.parametrize(
     ("value", "why"),
-    [
-        (2**70, "an integer past 64 bits"),
-        (b"\x00raw", "bytes (a decoded OTLP bytesValue)"),
-        ("\ud800", "a lone surrogate"),
-    ],
+    [(2**70, "an integer past 64 bits"), (b"\x00raw", "bytes that are UTF-8 (a decoded OTLP bytesValue)")],
 )
 def test_what_orjson_cannot_encode_is_left_to_pydantic(value: Any, why: str) -> None:
     request = spans_request([SpanRecord(TRACE, "1" * 16, "s", attributes={"v": value})], ["1" * 16], ["s"])
-    try:
-        expected = _pydantic_json(request)
-    except Exception as exc:  # pydantic refuses it too: the same error reaches the caller
-        with pytest.raises(type(exc)):
-            request_json(request)
-        return
-    assert request_json(request) == expected, why
+    assert request_json(request) == _pydantic_json(request), why
+
+
+SECRET = "secret-answer-text"
+BAD_BYTES = b"\xff\xfe"
+
+
+def _chat(**fields: Any) -> SpanRecord:
+    attributes = {"gen_ai.operation.name": "chat", "gen_ai.output.messages": f'"{SECRET}"'}
+    name = fields.pop("name", "chat m")
+    return SpanRecord(TRACE, "1" * 16, name, attributes=attributes | fields.pop("attrs", {}), **fields)
+
+
+FFFD = "\ufffd"
+
+
+@pytest.mark.parametrize(
+    ("span", "fixed", "texts"),
+    [
+        (
+            _chat(attrs={"gen_ai.prompt.0.content": SECRET.encode() + BAD_BYTES}),
+            _chat(attrs={"gen_ai.prompt.0.content": SECRET + FFFD * 2}),
+            1,
+        ),
+        (
+            _chat(attrs={"gen_ai.prompt.0.content": SECRET + "\ud800"}),
+            _chat(attrs={"gen_ai.prompt.0.content": SECRET + FFFD}),
+            1,
+        ),
+        # (A bad key alone pydantic writes, as three U+FFFD; beside a bad value it is replaced too.)
+        (
+            _chat(attrs={"gen_ai.prompt.0.\udc80": SECRET, "gen_ai.prompt.1.content": BAD_BYTES}),
+            _chat(attrs={"gen_ai.prompt.0." + FFFD: SECRET, "gen_ai.prompt.1.content": FFFD * 2}),
+            2,
+        ),
+        (
+            _chat(attrs={"gen_ai.tool.definitions": (SECRET, BAD_BYTES, "\ud83d", b"ok")}),
+            _chat(attrs={"gen_ai.tool.definitions": (SECRET, FFFD * 2, FFFD, "ok")}),
+            2,
+        ),
+        (_chat(name="chat \udcff"), _chat(name="chat " + FFFD), 1),
+        (
+            _chat(service_name="svc\udcff", scope_name="scope\ud800"),
+            _chat(service_name="svc" + FFFD, scope_name="scope" + FFFD),
+            2,
+        ),
+        (
+            _chat(events=(SpanRecordEvent("gen_ai.choice", 1, {"message": {"content": BAD_BYTES}}),)),
+            _chat(events=(SpanRecordEvent("gen_ai.choice", 1, {"message": {"content": FFFD * 2}}),)),
+            1,
+        ),
+    ],
+    ids=["bytes", "surrogate", "key", "tuple", "name", "resource", "event"],
+)
+def test_text_no_json_can_hold_is_sent_with_replacement_characters(
+    span: SpanRecord, fixed: SpanRecord, texts: int
+) -> None:
+    """Bytes that are not UTF-8 and lone surrogates, wherever they sit in a record: pydantic
+    refuses the request; ``request_json`` writes it with U+FFFD in place of each bad byte or
+    surrogate (the rest as it was), and says so in a log line of ids and counts only."""
+    request = spans_request([span], ["1" * 16], ["s"], source="backfill", job_id="j1")
+    with pytest.raises(ValueError, match="utf-8"):
+        _pydantic_json(request)
+    with structlog.testing.capture_logs() as logs:
+        text, replaced = encode_request(request)
+    assert replaced == texts
+    assert text == request_json(spans_request([fixed], ["1" * 16], ["s"], source="backfill", job_id="j1"))
+    assert valid_text(span) == (fixed, texts)
+    (event,) = logs
+    assert event["event"] == "request_text_replaced"
+    assert (event["trace_id"], event["runs"], event["texts"]) == (TRACE, 1, texts)
+    assert SECRET not in repr(logs)
+
+
+def test_bytes_are_read_the_same_through_the_queue_as_embedded() -> None:
+    """A message attribute sent as bytes with a broken byte in it reads, through the queue, as
+    the embedded backfill reads the bytes themselves: the same run, U+FFFD where the byte was."""
+    answer = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "Paris is"}]}]).encode()
+    answer = answer.replace(b"Paris is", b"Paris \xe9 is")
+    root = SpanRecord(TRACE, "1" * 16, "invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent"})
+    chat = SpanRecord(
+        TRACE,
+        "2" * 16,
+        "chat m",
+        "1" * 16,
+        attributes={
+            "gen_ai.operation.name": "chat",
+            "gen_ai.input.messages": genai_messages(("user", "Where?")),
+            "gen_ai.output.messages": answer,
+        },
+    )
+    request = spans_request([root, chat], ["1" * 16], ["s"])
+    embedded = trace_to_run([root, chat], "1" * 16)
+    received = ScoreRequest.model_validate_json(request_json(request))
+    queued = trace_to_run(received.spans, "1" * 16)
+    assert queued.output == embedded.output
+    assert [m.text for m in queued.output] == ["Paris \ufffd is"]
+
+
+# Text as hostile input brings it: lone surrogates (hypothesis' text() rarely draws one), bytes.
+_pieces = st.sampled_from(["a", "é", "🌧", "\ud800", "\udc80", "\udbff\udfff"]) | st.characters()
+_hostile_text = st.lists(_pieces, max_size=6).map("".join) | st.binary(max_size=8)
+_hostile: Any = st.recursive(
+    _hostile_text | st.integers() | st.floats() | st.none(),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(_hostile_text.filter(lambda k: isinstance(k, str)), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def _write(value: Any) -> None:
+    """Write ``value`` as the queue does: bytes as their UTF-8 text, the whole as UTF-8."""
+    json.dumps(value, ensure_ascii=False, default=lambda b: b.decode("utf-8")).encode("utf-8")
+
+
+@settings(max_examples=300, deadline=None)
+@given(_hostile)
+def test_valid_text_makes_any_value_writable_and_leaves_valid_text_alone(value: Any) -> None:
+    fixed, changed = valid_text(value)
+    _write(fixed)
+    assert valid_text(fixed)[1] == 0
+    if changed:
+        with pytest.raises(UnicodeError):
+            _write(value)
+    elif not isinstance(value, bytes | bytearray):
+        assert fixed is value
 
 
 def test_the_encoding_reads_back_as_the_request() -> None:

@@ -401,7 +401,8 @@ class ScoringSpanExporter(SpanExporter):
         (``sampled_out``, ``loop_guard``, ``no_target``, ``filtered_out``); ``errors`` by reason
         (``TraceReadError.reason`` values for runs read here — a run the worker cannot read
         becomes error score records there — and ``filter``, ``export``, ``flush``, ``send``,
-        ``internal``)."""
+        ``internal``; ``text_replaced``: runs sent with U+FFFD in place of text no JSON can
+        hold, a lone surrogate in an attribute)."""
         depth, queued = self._sender.depth()
         dropped, skipped, errors = self._tally.snapshot()
         with self._lock:

@@ -311,6 +311,12 @@ class Sender:
 
     def _encoded_chunks(self, batch: list[Shipment], max_payload: int) -> Iterator[_Chunk]:
         cutter = RequestCutter(max_payload, max_bytes=self.limits.max_batch_bytes)
+        try:
+            yield from self._cut(batch, cutter)
+        finally:
+            self._tally.error("text_replaced", cutter.runs_text_replaced)
+
+    def _cut(self, batch: list[Shipment], cutter: RequestCutter) -> Iterator[_Chunk]:
         rejected = 0
         runs_in = 0  # runs in the cutter's chunk so far
         for request, runs in _requests(batch):

@@ -12,14 +12,18 @@ from __future__ import annotations
 from collections.abc import Set as AbstractSet
 from typing import Annotated, Any, Literal, TypeVar
 
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticSerializationError
 
 from tracing._formats import agent_name, classify
 from tracing._run import SPAN_ID_PATTERN, SpanRecord
 from tracing._span import RecordView
-from tracing.queue._json import dumps_or
+from tracing.queue._json import dumps_or, valid_text
 
-__all__ = ["SCORE_TASK_NAME", "ScoreBatch", "ScoreRequest", "request_json", "spans_request"]
+__all__ = ["SCORE_TASK_NAME", "ScoreBatch", "ScoreRequest", "encode_request", "request_json", "spans_request"]
+
+log = structlog.get_logger("tracescore.queue")
 
 # The Celery task name producers send to; the worker registers its task under this name.
 SCORE_TASK_NAME = "tracescore.score_batch"
@@ -181,8 +185,34 @@ def request_json(request: ScoreRequest) -> str:
     the previous release read as well), several as ``target_span_ids``. The same text pydantic
     writes of the model (tests/tracing/test_json.py compares them), by orjson: the records are
     slots dataclasses it encodes natively, a quarter faster. A value orjson cannot encode (an
-    integer past 64 bits) leaves it to pydantic."""
-    return dumps_or(_wire_fields(request), lambda: _pydantic_json(request))
+    integer past 64 bits) leaves it to pydantic. Never fails on text: see ``encode_request``."""
+    return encode_request(request)[0]
+
+
+def encode_request(request: ScoreRequest) -> tuple[str, int]:
+    """``request_json(request)``, and how many of its texts had to be replaced to be written.
+
+    Text no encoder can write (bytes that are not UTF-8: an OTLP ``bytesValue``; a lone
+    surrogate: a ``\\ud800`` escape in an OTLP file, or a string an application built with
+    ``surrogateescape``) would otherwise fail the request, and with it every request sharing its
+    message. It is written with U+FFFD in place of each bad byte or surrogate, as the trace
+    readers already read bytes, so the worker reads the run as an embedded backfill reads it.
+    Logged here (ids and a count, never the text); producers count it by run."""
+    try:
+        return dumps_or(_wire_fields(request), lambda: _pydantic_json(request)), 0
+    except PydanticSerializationError:
+        fields, replaced = valid_text(request.__dict__)
+        if not replaced:
+            raise
+    log.warning(
+        "request_text_replaced",
+        trace_id=request.trace_id,
+        runs=len(request.target_span_ids),
+        texts=replaced,
+        why="bytes not UTF-8 or lone surrogates, written as U+FFFD",
+    )
+    valid = _unvalidated(ScoreRequest, fields, request.__pydantic_fields_set__)
+    return dumps_or(_wire_fields(valid), lambda: _pydantic_json(valid)), replaced
 
 
 def _wire_fields(request: ScoreRequest) -> dict[str, Any]:

@@ -262,6 +262,7 @@ class Backfill:
         """Add ``request`` to the chunk, cutting a batch first when it would not fit; False when
         none of its runs was added (each over the cap on its own: rejected). A request of
         several runs over the cap is added run by run."""
+        replaced = cutter.runs_text_replaced
         try:
             closed = cutter.add(request)
         except RunTooLarge as exc:
@@ -276,6 +277,12 @@ class Backfill:
             )
             log.warning("backfill_run_too_large", trace_id=exc.trace_id, bytes=exc.size, cap=exc.max_payload_bytes)
             return False
+        if cutter.runs_text_replaced > replaced:
+            self.state.counters.runs_text_replaced += cutter.runs_text_replaced - replaced
+            self._report(
+                f"trace {request.trace_id}: text that is not valid UTF-8 (bytes or lone surrogates)"
+                " sent with U+FFFD in its place"
+            )
         if closed is not None:
             # Cut here: the batch so far fits one message. The trace being read may span two
             # batches; it is recorded as enqueued with the second (a resume re-reads it whole,

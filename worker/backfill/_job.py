@@ -227,6 +227,8 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
         "late_roots": counters.late_roots,
         # Runs refused before enqueueing, by reason (too_large: one run over the message cap).
         "runs_rejected": dict(counters.runs_rejected),
+        # Runs sent with U+FFFD for text no JSON can hold (bytes not UTF-8, lone surrogates).
+        "runs_text_replaced": counters.runs_text_replaced,
         "elapsed_s": round(elapsed, 3),
         "reading_s": round(state.elapsed_s, 3),
         # ru_maxrss is in KiB on Linux: the backfill process's own peak, whatever the source size.
@@ -279,6 +281,11 @@ def print_summary(summary: dict[str, Any]) -> None:
         lines.append(
             f"  runs rejected     {sum(rejected.values()):,}   ({by_reason(rejected)}; a run larger than "
             "TRACESCORE_MAX_PAYLOAD_BYTES cannot be sent to the workers)"
+        )
+    if summary.get("runs_text_replaced"):
+        lines.append(
+            f"  text replaced     {summary['runs_text_replaced']:,} runs   (bytes not UTF-8 or lone surrogates,"
+            " sent with U+FFFD in their place)"
         )
     lines += spend_lines(summary.get("spend"))
     lines.append(f"  elapsed           {format_duration(elapsed)} ({elapsed:.2f}s)")

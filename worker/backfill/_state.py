@@ -68,6 +68,8 @@ class JobCounters(BaseModel):
     late_roots: int = 0
     # Runs not enqueued, by reason (``too_large``: one run over the broker's message cap).
     runs_rejected: dict[str, int] = Field(default_factory=dict)
+    # Runs enqueued with U+FFFD for text no JSON can hold (bytes not UTF-8, lone surrogates).
+    runs_text_replaced: int = 0
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
