@@ -7,25 +7,19 @@ so a redelivered or re-run request finds the score it already produced and write
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tracing._text import without_lone_surrogates
+
 __all__ = ["ScoreRecord", "score_id_for"]
-
-
-# A str holds a surrogate only when it is lone (a pair is one code point): not encodable as UTF-8.
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _valid_text(value: Any) -> Any:
     if isinstance(value, str):
-        # Most text is ASCII, and most of the rest has no lone surrogate: no copy for either.
-        if value.isascii() or _LONE_SURROGATE.search(value) is None:
-            return value
-        return _LONE_SURROGATE.sub("\ufffd", value)
+        return without_lone_surrogates(value)[0]
     if isinstance(value, list):
         return [_valid_text(v) for v in value]
     return value

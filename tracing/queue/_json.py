@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-__all__ = ["dumps_or", "loads", "valid_text"]
+from tracing._text import without_lone_surrogates
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+__all__ = ["dumps_or", "loads", "valid_text"]
 
 
 def loads(data: str | bytes | bytearray) -> Any:
@@ -61,8 +60,8 @@ def valid_text(value: Any) -> tuple[Any, int]:
     string replaced by U+FFFD. Walks dicts, lists, tuples and dataclasses (the span records);
     returns the same object where nothing changed, and copies only what did."""
     if isinstance(value, str):
-        fixed, n = _SURROGATE.subn("\ufffd", value)
-        return (fixed, 1) if n else (value, 0)
+        fixed, n = without_lone_surrogates(value)
+        return fixed, min(n, 1)
     if isinstance(value, bytes | bytearray):
         try:
             return bytes(value).decode("utf-8"), 0

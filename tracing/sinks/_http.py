@@ -22,6 +22,7 @@ import httpx
 
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
+from tracing._text import without_lone_surrogates
 from tracing.sinks._sink import Delivery, Refused, Retry
 
 __all__ = [
@@ -51,8 +52,6 @@ _MAX_RETRY_AFTER_S = 600.0
 # How much of a backend's answer a Refused keeps (enough to read the error, not a page of HTML).
 DETAIL_CHARS = 300
 JSON = {"Content-Type": "application/json"}
-# A str holds a surrogate only when it is lone (a pair is one code point): not encodable as UTF-8.
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _TAGS = re.compile(r"<[^>]*>")
 # A request that got no usable answer: none at all, or one whose body its encoding cannot undo
 # (a bad gzip from a proxy). Both are worth another try.
@@ -121,7 +120,7 @@ def json_body(payload: object) -> bytes:
     """``payload`` as UTF-8 JSON. A lone surrogate (``json.loads`` of a judge's or an agent's
     ``"\\ud800"`` makes one) becomes U+FFFD: as it is, the encoding would fail on every retry."""
     text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return _LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
+    return without_lone_surrogates(text)[0].encode("utf-8")
 
 
 def is_retryable(status: int) -> bool:
