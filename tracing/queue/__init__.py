@@ -3,7 +3,8 @@
 It owns the one request shape (``ScoreRequest``: a trace's span records once, the spans to
 score among them — one per run —, the scorer ids, source and job), the batch that is one message
 (``ScoreBatch``), its wire format (Celery's task protocol 2 in JSON, built without Celery:
-``task_message``; ``parse_json``, the parser the worker screens each message with), cutting
+``task_message``; ``request_json``, which writes text no JSON can hold as U+FFFD rather than
+fail; ``parse_json``, the parser the worker screens each message with), cutting
 requests into messages under the workers' byte cap (``RequestCutter``; a request too large for
 one is split run by run, ``ScoreRequest.per_target``), and the one kombu publisher
 (``Publisher``; ``QueueKeyError`` when a key it needs on the broker holds another Redis type)
