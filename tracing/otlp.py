@@ -90,6 +90,10 @@ _STATUS = {
 _STATUS_NUMBERS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
 _OTLP_STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 _UNSET_STATUS = Status(StatusCode.UNSET)
+# How deep an attribute value may nest (arrayValue / kvlistValue in one another). The workers
+# refuse a message nesting past 100 levels (worker._guard), a whole batch at once, and a value
+# travels about ten levels down a message: 32 leaves room, and no instrumentation nests near it.
+MAX_VALUE_DEPTH = 32
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
@@ -174,7 +178,15 @@ def _int(value: Any, field: str, where: str) -> int | None:
     raise OtlpDecodeError(f"expected an integer, got {shape_of(value)}", where=where, field=field)
 
 
-def _any_value(value: Any, field: str, where: str) -> _Value:
+def _time_ns(value: Any, field: str, name: str, where: str) -> int | None:
+    # Hot path (two per span): a timestamp is a short decimal string. int() would refuse "²"
+    # (a digit, not a decimal) and a string past 4300 digits with errors no reader expects.
+    if type(value) is str and len(value) <= 20 and value.isdecimal():
+        return int(value)
+    return _int(value, f"{field}.{name}", where)
+
+
+def _any_value(value: Any, field: str, where: str, depth: int = 0) -> _Value:
     if not isinstance(value, dict):
         raise OtlpDecodeError(f"expected an AnyValue object, got {type(value).__name__}", where=where, field=field)
     if not value:
@@ -196,23 +208,37 @@ def _any_value(value: Any, field: str, where: str) -> _Value:
                     ) from None
             if not isinstance(kind, int | float):
                 raise OtlpDecodeError(f"expected a number, got {shape_of(kind)}", where=where, field=field)
-            return float(kind)
+            try:
+                return float(kind)
+            except OverflowError:  # an integer literal past a double's range
+                raise OtlpDecodeError("number out of a double's range", where=where, field=field) from None
         if key in ("bytesValue", "bytes_value"):
             try:
                 return base64.b64decode(kind)
             except (binascii.Error, TypeError, ValueError) as exc:
                 raise OtlpDecodeError(f"bytesValue is not base64 ({exc})", where=where, field=field) from None
+        if key in ("arrayValue", "array_value", "kvlistValue", "kvlist_value") and depth >= MAX_VALUE_DEPTH:
+            raise OtlpDecodeError(
+                f"attribute value nested too deeply (over {MAX_VALUE_DEPTH} arrayValue/kvlistValue levels)",
+                where=where,
+                field=field,
+            )
         if key in ("arrayValue", "array_value"):
             items = _list(_object(kind, field, where), "values", "values", field, where)
-            return tuple(_any_value(v, f"{field}.arrayValue.values[{i}]", where) for i, v in enumerate(items))
+            return tuple(
+                _any_value(v, f"{field}.arrayValue.values[{i}]", where, depth + 1) for i, v in enumerate(items)
+            )
         if key in ("kvlistValue", "kvlist_value"):
             items = _list(_object(kind, field, where), "values", "values", field, where)
-            return _attributes(items, f"{field}.kvlistValue", where)
+            return _attributes(items, f"{field}.kvlistValue", where, depth=depth + 1)
     raise OtlpDecodeError(f"unknown AnyValue kind {_key_names(value)}", where=where, field=field)
 
 
-def _attributes(items: Iterable[Any], field: str, where: str, *, only_read: bool = False) -> dict[str, _Value]:
-    """Decoded attributes; ``only_read``: just those the trace readers use (backfill's hot path)."""
+def _attributes(
+    items: Iterable[Any], field: str, where: str, *, only_read: bool = False, depth: int = 0
+) -> dict[str, _Value]:
+    """Decoded attributes; ``only_read``: just those the trace readers use (backfill's hot path);
+    ``depth``: how many values they sit in."""
     out: dict[str, _Value] = {}
     read, prefixes = READ_ATTRIBUTES, READ_ATTRIBUTE_PREFIXES
     for i, item in enumerate(items):
@@ -230,7 +256,7 @@ def _attributes(items: Iterable[Any], field: str, where: str, *, only_read: bool
             if type(text) is str:
                 out[key] = text
                 continue
-        value = _any_value(raw, f"{field}[{i}].value", where)
+        value = _any_value(raw, f"{field}[{i}].value", where, depth)
         if value is not None:
             out[key] = value
     return out
@@ -321,10 +347,8 @@ def _json_span(
         links=links,
         kind=SpanKind.INTERNAL if kind is None else _kind(kind, f"{field}.kind", where),
         status=_status(status, f"{field}.status", where) if status else _UNSET_STATUS,
-        start_time=int(start)
-        if type(start) is str and start.isdigit()
-        else _int(start, f"{field}.startTimeUnixNano", where),
-        end_time=int(end) if type(end) is str and end.isdigit() else _int(end, f"{field}.endTimeUnixNano", where),
+        start_time=_time_ns(start, field, "startTimeUnixNano", where),
+        end_time=_time_ns(end, field, "endTimeUnixNano", where),
         instrumentation_scope=scope,
     )
 
@@ -456,8 +480,8 @@ def _json_record(raw: Any, service: str | None, scope: str | None, field: str, w
         name,
         parent_id,
         kind_name,
-        int(start) if type(start) is str and start.isdigit() else _int(start, f"{field}.startTimeUnixNano", where),
-        int(end) if type(end) is str and end.isdigit() else _int(end, f"{field}.endTimeUnixNano", where),
+        _time_ns(start, field, "startTimeUnixNano", where),
+        _time_ns(end, field, "endTimeUnixNano", where),
         status_name,
         _read_attributes(raw_attributes, f"{field}.attributes", where) if raw_attributes else {},
         events,
@@ -583,6 +607,8 @@ def _parse_line(line: str | bytes, where: str) -> Any:
         raise OtlpDecodeError(f"not JSON ({detail})", where=where) from None
     except RecursionError:  # e.g. 100,000 nested brackets: the parser gives up, so do we
         raise OtlpDecodeError("not JSON (nested too deeply)", where=where) from None
+    except ValueError:  # the only other: a number literal past Python's 4300-digit conversion limit
+        raise OtlpDecodeError("not JSON (a number of more than 4300 digits)", where=where) from None
 
 
 # --- protobuf ------------------------------------------------------------------------------

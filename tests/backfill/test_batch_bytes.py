@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from tests.backfill._synth import trace_spans
 from tests.tracing._exporting import read_runs
@@ -183,3 +185,49 @@ def test_a_trace_of_runs_too_large_together_goes_run_by_run(tmp_path: Path) -> N
     assert [r.target_span_ids for r in requests] == [[ids["researcher"]], [ids["writer"]]]
     assert (state.counters.runs_enqueued, state.counters.runs_rejected) == (2, {"too_large": 1})
     assert any(f"span {ids['planner']}: run not enqueued (too_large)" in line for line in reporter.lines)
+
+
+def _nested_line(i: int, depth: int) -> str:
+    """Trace ``i`` with a read span attribute and a read event's attribute each nesting ``depth``
+    arrayValue levels."""
+    value: dict[str, Any] = {"stringValue": "x"}
+    for _ in range(depth):
+        value = {"arrayValue": {"values": [value]}}
+    children, root = trace_spans(i)
+    root["attributes"].append({"key": "gen_ai.conversation.id", "value": value})
+    root["events"] = [{"name": "gen_ai.choice", "attributes": [{"key": "message", "value": value}]}]
+    document = {"resourceSpans": [{"scopeSpans": [{"scope": {"name": "synth"}, "spans": [*children, root]}]}]}
+    return json.dumps(document) + "\n"
+
+
+def test_a_value_nested_past_the_limit_is_one_malformed_line_and_never_sinks_a_batch(tmp_path: Path) -> None:
+    """A value nesting 95 levels made its whole batch, neighbours included, a dead letter (the
+    workers refuse a message nesting past 100 levels). Past MAX_VALUE_DEPTH the line is
+    malformed, reported and skipped; at it, every message passes the workers' own screen."""
+    from tracing.otlp import MAX_VALUE_DEPTH
+    from tracing.queue import task_message
+    from worker._guard import check_message
+    from worker._settings import load_settings
+
+    path = tmp_path / "t.jsonl"
+    lines = [big_trace_line(i) for i in range(6)]
+    lines[1] = _nested_line(1, MAX_VALUE_DEPTH)
+    lines[3] = _nested_line(3, 95)
+    path.write_text("".join(lines))
+    submitter = CapturingSubmitter(8 * 2**20)
+    state, reporter = _run(path, submitter)
+
+    assert (state.counters.malformed, state.counters.runs_enqueued) == (1, 5)
+    assert state.counters.malformed_where == [f"{path}:4"]
+    assert any(f"{path}:4" in line and "nested too deeply" in line for line in reporter.lines)
+    settings = load_settings()
+    for batch, encoded in submitter.sent:
+        message = task_message(batch, "tracescore", encoded)
+        kombu_like = SimpleNamespace(
+            headers=dict(message.headers),
+            body=message.body.encode(),
+            content_type="application/json",
+            content_encoding="utf-8",
+        )
+        refusal, _ = check_message(kombu_like, settings, frozenset({message.headers["task"]}))
+        assert refusal is None, refusal

@@ -22,6 +22,8 @@ from tracing.otlp import (
     decode_otlp_json,
     decode_otlp_json_line,
     decode_otlp_protobuf,
+    decode_otlp_records,
+    decode_otlp_records_line,
     spans_to_otlp_json,
 )
 
@@ -147,6 +149,74 @@ def test_any_json_span_decodes_or_raises_a_decode_error(fields: dict[str, object
     span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x", **fields}
     with contextlib.suppress(OtlpDecodeError):
         decode_otlp_json({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+
+
+# Scalars a hostile file holds where numbers and ids belong: integers past a double's range,
+# digit strings past Python's 4300-digit limit, non-ASCII digits.
+_HOSTILE = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=10**300, max_value=10**330)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.sampled_from(["²", "٣", "9" * 5000, "1e400", "NaN", "-0", ""]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_JSON_KEYS, inner, max_size=5),
+    max_leaves=25,
+)
+_READ_ATTRIBUTE = st.fixed_dictionaries(
+    {
+        "key": st.sampled_from(["gen_ai.agent.name", "gen_ai.output.messages", "gen_ai.operation.name"]),
+        "value": st.dictionaries(
+            st.sampled_from(["stringValue", "intValue", "doubleValue", "boolValue", "bytesValue", "arrayValue"]),
+            _HOSTILE,
+            max_size=2,
+        ),
+    }
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.dictionaries(_JSON_KEYS, _HOSTILE, max_size=6), attributes=st.lists(_READ_ATTRIBUTE, max_size=3))
+def test_any_hostile_line_decodes_to_records_or_raises_a_decode_error(
+    fields: dict[str, object], attributes: list[object]
+) -> None:
+    """Backfill's path (a line into span records): whatever a span holds, the line decodes or is
+    an OtlpDecodeError (skipped and reported); never another exception, which ended the job."""
+    span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x", **fields}
+    span.setdefault("attributes", attributes)
+    line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+    with contextlib.suppress(OtlpDecodeError):
+        decode_otlp_records_line(line)
+    with contextlib.suppress(OtlpDecodeError):
+        decode_otlp_json_line(line)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"startTimeUnixNano": "²"}, r"expected an integer, got a string of 1 chars at .*startTimeUnixNano"),
+        ({"endTimeUnixNano": "9" * 5000}, r"expected an integer, got a string of 5000 chars at .*endTimeUnixNano"),
+        (
+            {"attributes": [{"key": "gen_ai.agent.name", "value": {"doubleValue": 10**400}}]},
+            r"number out of a double's range at .*attributes\[0\]\.value",
+        ),
+    ],
+)
+def test_numbers_python_cannot_convert_are_decode_errors(change: dict[str, object], reason: str) -> None:
+    span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x", **change}
+    document = {"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}
+    with pytest.raises(OtlpDecodeError, match=reason):
+        decode_otlp_records(document)
+    with pytest.raises(OtlpDecodeError, match=reason):
+        decode_otlp_json(document)
+
+
+def test_a_number_past_the_4300_digit_limit_makes_the_line_not_json() -> None:
+    """Even in an attribute tracescore never reads: the parser refuses the whole line."""
+    line = '{"resourceSpans": [], "x": {"intValue": ' + "7" * 4301 + "}}"
+    with pytest.raises(OtlpDecodeError, match=r"^f:3: not JSON \(a number of more than 4300 digits\)$"):
+        decode_otlp_records_line(line, where="f:3")
 
 
 def test_attribute_value_kinds() -> None:
