@@ -32,6 +32,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 from tracing import redact
 from worker import _heartbeat as probe_files
 from worker._gc import freeze_startup_objects
+from worker._logs import configure_logs
 from worker._settings import NO_BROKER, SCREENED_BROKER_SCHEMES, Settings, SettingsError, get_settings, load_settings
 from worker.metrics import MetricsStep
 
@@ -64,6 +65,7 @@ class _RequeueWithoutTraceback(logging.Filter):
 
 # (Celery's task tracer logs through this logger, in whichever process runs the task.)
 logging.getLogger("celery.app.trace").addFilter(_RequeueWithoutTraceback())
+configure_logs()
 
 _AUTH_REPLIES = ("WRONGPASS", "NOAUTH", "AUTH")
 

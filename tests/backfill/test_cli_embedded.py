@@ -224,3 +224,22 @@ def test_time_arguments() -> None:
     assert parse_time("7d", now=1_000_000.0) == (1_000_000 - 7 * 86400) * 10**9
     with pytest.raises(click.BadParameter, match="not a time"):
         parse_time("yesterday")
+
+
+def test_an_agent_named_with_a_lone_surrogate_is_printed_and_written(tmp_path: Path) -> None:
+    """An agent name holding a lone surrogate (a "\\ud800" escape in the file) made the command
+    fail printing its summary (UnicodeEncodeError, exit 1), and the table writer lose its
+    trace's records from --out. It is labelled with U+FFFD, as its score records are."""
+    from tests.backfill.test_batch_bytes import big_trace_line
+
+    lines = [big_trace_line(i) for i in (1, 2, 3)]
+    lines[1] = lines[1].replace('"weather-agent"', '"agent\\ud800x"')
+    assert "ud800" in lines[1]
+    source = tmp_path / "t.jsonl"
+    source.write_text("".join(lines))
+    out = tmp_path / "scores.jsonl"
+    result = _run(str(source), "--scorers", SCORERS, "--table", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "agent\ufffdx" in result.stdout
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 3 * 3

@@ -19,6 +19,7 @@ from pydantic_core import PydanticSerializationError
 from tracing._formats import agent_name, classify
 from tracing._run import SPAN_ID_PATTERN, SpanRecord
 from tracing._span import RecordView
+from tracing._text import without_lone_surrogates
 from tracing.queue._json import dumps_or, valid_text
 
 __all__ = ["SCORE_TASK_NAME", "ScoreBatch", "ScoreRequest", "encode_request", "request_json", "spans_request"]
@@ -101,11 +102,14 @@ class ScoreRequest(BaseModel):
 
     def agent_labels(self) -> dict[str, str]:
         """Each target's agent name (as ``trace_to_run`` reads it), else its span's name: how
-        summaries and tables label the runs."""
+        summaries and tables label the runs; a lone surrogate as U+FFFD, as in score records, so
+        that a terminal or file can print them)."""
         return {
-            span_id: (agent_name(RecordView(target)) or target.name)
-            if classify(target.name, target.attributes) == "agent"
-            else target.name
+            span_id: without_lone_surrogates(
+                (agent_name(RecordView(target)) or target.name)
+                if classify(target.name, target.attributes) == "agent"
+                else target.name
+            )[0]
             for span_id, target in self.targets().items()
         }
 

@@ -74,6 +74,10 @@ def _show_version(ctx: click.Context, _param: click.Parameter, asked: bool) -> N
 @click.pass_context
 def cli(ctx: click.Context, verbose: bool) -> None:
     """Score LLM-agent traces after the fact; write the scores back into your traces."""
+    if ctx.invoked_subcommand != "probe":  # run every few seconds, logging nothing: no structlog import
+        from worker._logs import configure_logs
+
+        configure_logs()
     ctx.obj = {"verbose": verbose}
 
 
