@@ -179,9 +179,10 @@ def _details_attrs(span: SpanView) -> list[Mapping[str, Any]]:
 
 # --- OpenInference flattened lists ------------------------------------------------------
 
-_OI_RE = re.compile(r"^(\d+)\.message\.(.+)$")
-_OI_TC_RE = re.compile(r"^tool_calls\.(\d+)\.tool_call\.(.+)$")
-_OI_CONTENTS_RE = re.compile(r"^contents\.(\d+)\.message_content\.(.+)$")
+# An index of up to 9 digits: a key with a longer one (no list is that long) is not read.
+_OI_RE = re.compile(r"^(\d{1,9})\.message\.(.+)$")
+_OI_TC_RE = re.compile(r"^tool_calls\.(\d{1,9})\.tool_call\.(.+)$")
+_OI_CONTENTS_RE = re.compile(r"^contents\.(\d{1,9})\.message_content\.(.+)$")
 
 
 def _oi_messages(span: SpanView, prefix: str) -> list[Msg] | None:
@@ -262,7 +263,7 @@ def _legacy_events(span: SpanView) -> tuple[list[Msg] | None, list[Msg] | None]:
         try:
             try:
                 body = _event_body(event.attributes, event.body)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise MessageShapeError("bad_json", f"event payload is not valid JSON ({json_error(exc)})") from None
             if role is not None:
                 raw = {
@@ -317,9 +318,12 @@ def _value_messages(value: Any, role: str) -> list[Msg]:
         text = data.get("text")
         if isinstance(text, str):  # Mastra agent/model output: {text, toolCalls?, reasoning?}
             msg = Msg(role, [TextPart(text)] if text else [])
-            for tc in data.get("toolCalls") or []:
+            tool_calls = data.get("toolCalls")
+            for tc in tool_calls if isinstance(tool_calls, list) else []:
                 if isinstance(tc, Mapping):
                     payload = tc.get("payload", tc)
+                    if not isinstance(payload, Mapping):
+                        payload = tc
                     msg.parts.append(
                         ToolCall(
                             payload.get("toolCallId"),

@@ -116,7 +116,7 @@ def decode_json_text(value: Any) -> Any:
         if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
             try:
                 return json.loads(stripped)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested past the parser: text
                 return value
     return value
 
@@ -267,7 +267,7 @@ def _load(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise MessageShapeError("bad_json", f"not valid JSON ({json_error(exc)}) in {shape_of(value)}") from None
     return value
 
@@ -298,7 +298,7 @@ def parse_system(value: Any) -> list[Msg]:
     if isinstance(value, str):
         try:
             data: Any = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return [Msg("system", [TextPart(value)])] if value else []
         if isinstance(data, str):
             return [Msg("system", [TextPart(data)])]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -95,6 +96,7 @@ _UNSET_STATUS = Status(StatusCode.UNSET)
 # travels about ten levels down a message: 32 leaves room, and no instrumentation nests near it.
 MAX_VALUE_DEPTH = 32
 _HEX = frozenset("0123456789abcdefABCDEF")
+_FIELD_NAME = re.compile(r"[A-Za-z_.]{1,32}")
 
 
 def _get(obj: Mapping[str, Any], camel: str, snake: str) -> Any:
@@ -118,10 +120,17 @@ def _enum_value(value: Any) -> str:
 
 
 def _key_names(obj: Mapping[Any, Any]) -> str:
-    """An object's first keys for an error: field names of the format, not values; cut short, as a
-    document that is not OTLP may be anything."""
-    names = sorted(str(k)[:40] for k in obj)
-    return repr(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    """An object's first keys for an error, those shaped like a format's field names (letters,
+    ``_`` and ``.``, up to 32): a document that is not OTLP may be anything, and a key of
+    another shape (a token, a sentence) is only counted, never echoed."""
+    names = sorted(k for k in obj if isinstance(k, str) and _FIELD_NAME.fullmatch(k))
+    others = len(obj) - len(names)
+    shown = repr(names[:5]) if names else "[]"
+    if len(names) > 5:
+        shown += f" and {len(names) - 5} more"
+    if others:
+        shown += f" ({others} other key{'s' if others > 1 else ''} not shown)"
+    return shown
 
 
 def _object(value: Any, field: str, where: str) -> Mapping[str, Any]:

@@ -3,8 +3,9 @@
 structlog's defaults, but for tracebacks: its default formatter, when ``rich`` is installed,
 prints every frame's local variables, and in a scoring process those hold prompts, answers,
 score reasons and settings (``score_write_failed`` printed about 850 lines of records). Plain
-tracebacks name the code, never the data. Not applied in an application that only imports the
-exporter: its logging is the application's.
+tracebacks name the code, never the data. Only where nobody configured structlog before: an
+application that runs the CLI in its process (``worker.cli.main``) or configures its own
+logging keeps it, and one that only imports the exporter is never touched.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ __all__ = ["configure_logs"]
 
 
 def configure_logs() -> None:
-    """structlog's default processors, each traceback printed plain (no local variables). Only
-    the processors: the level and the output stay as the caller configures them."""
+    """structlog's default processors, each traceback printed plain (no local variables), unless
+    structlog is configured already. Only the processors: the level and the output stay as they
+    are configured later (``tracescore backfill`` quiets them)."""
+    if structlog.is_configured():
+        return
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -68,6 +68,7 @@ __all__ = [
     "batch_score_ids",
     "expire_runs",
     "is_transient",
+    "read_run",
     "run_limited",
     "running_label",
     "score_batch",
@@ -550,15 +551,16 @@ class _GroupCommit:
                 start += len(records)
 
 
-def _read_run(request: ScoreRequest, span_id: str, spans: list[SpanRecord]) -> TracedRun | TraceReadError:
-    """The run of target ``span_id``, read from its span records ``spans`` (an unreadable
-    trace: the error)."""
+def read_run(trace_id: str, span_id: str, spans: list[SpanRecord]) -> TracedRun | TraceReadError:
+    """The run of target ``span_id``, read from its span records ``spans``; an unreadable trace:
+    the error, logged (ids and the reason only). A reader that crashed on content it did not
+    foresee is ``read_failed``: the error record (or a dry run's estimate) goes on without it."""
     try:
         return trace_to_run(spans, span_id)
     except TraceReadError as exc:
         log.warning(
             "trace_unreadable",
-            trace_id=request.trace_id,
+            trace_id=trace_id,
             span_id=exc.span_id,
             span_name=exc.span_name,
             attribute=exc.attribute,
@@ -566,7 +568,7 @@ def _read_run(request: ScoreRequest, span_id: str, spans: list[SpanRecord]) -> T
         )
         return exc.with_traceback(None)
     except Exception as exc:  # a bug in the transform: still visible records, the batch goes on
-        log.error("trace_read_crashed", trace_id=request.trace_id, span_id=span_id, **crash_fields(exc))
+        log.error("trace_read_crashed", trace_id=trace_id, span_id=span_id, **crash_fields(exc))
         return TraceReadError(
             "read_failed",
             f"reading the trace failed: {type(exc).__name__} (a bug in the trace reader; "
@@ -589,7 +591,7 @@ async def _score_run(
 
     Once its scorers are done it joins ``recording``: a batch being stopped waits for it instead
     of cancelling it, so a result already paid for is stored before the claims are released."""
-    run = _read_run(pairs[0].request, pairs[0].span_id, spans)
+    run = read_run(pairs[0].request.trace_id, pairs[0].span_id, spans)
     scoring = [
         asyncio.ensure_future(_score_pair(p, run, deps, checkpoints.get(p.score_id), final_attempt)) for p in pairs
     ]

@@ -251,3 +251,23 @@ def test_attribute_value_kinds() -> None:
     }
     assert decoded.kind is SpanKind.SERVER
     assert decoded.status.status_code is StatusCode.OK
+
+
+def test_keys_of_a_document_that_is_not_otlp_are_named_only_when_shaped_like_field_names() -> None:
+    """A key can be anything (a token, a sentence): only field-name-shaped ones reach the error."""
+    document = {"data": [], "traceID": "x", "sk-live-SECRET123 my password": 1, "Bearer SECRET": 2}
+    with pytest.raises(OtlpDecodeError) as caught:
+        decode_otlp_records(document)
+    message = str(caught.value)
+    assert "found keys ['data', 'traceID'] (2 other keys not shown)" in message
+    assert "SECRET" not in message
+    value = {"key": "gen_ai.agent.name", "value": {"Bearer SECRET": "x"}}
+    span = {
+        "traceId": "0af7651916cd43dd8448eb211c80319c",
+        "spanId": "b7ad6b7169203331",
+        "name": "x",
+        "attributes": [value],
+    }
+    with pytest.raises(OtlpDecodeError, match=r"unknown AnyValue kind \[\] \(1 other key not shown\)") as caught:
+        decode_otlp_records({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+    assert "SECRET" not in str(caught.value)

@@ -72,12 +72,12 @@ def _probe(entry: str, shape: str, workdir: str) -> dict[str, Any]:
             raise found
         elif entry == "worker":  # what a worker does with the exporter's span records
             from tracing.queue import ScoreRequest
-            from worker._scoring import _read_run
+            from worker._scoring import read_run
 
             records = [span_record(s) for s in spans]
             request = ScoreRequest(spans=records, target_span_ids=[records[-1].span_id], scorer_ids=["x"])
             (target,) = request.target_span_ids
-            result = _read_run(request, target, request.run_spans()[target])
+            result = read_run(request.trace_id, target, request.run_spans()[target])
             assert isinstance(result, TraceReadError)
             raise result
         elif entry == "plan_runs":  # the exporter's default path ships the trace; the worker reads it

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -82,3 +85,75 @@ def test_any_message_payload_gives_run_or_named_error(inp: Any, out: Any, system
         assert outcome.span_name == "chat m"
     else:
         assert outcome.identity.span_name == "chat m"
+
+
+_DEEP = "[" * 100_000 + "]" * 100_000  # JSON nested past the parser's depth
+_CHAT = {"gen_ai.operation.name": "chat", "input.value": "q"}
+_OI = {"openinference.span.kind": "LLM", "llm.input_messages.0.message.role": "user"}
+_INDEX = "9" * 5000  # past int()'s 4300 digits
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {**_CHAT, "output.value": '{"text": "hi", "toolCalls": 5}'},
+        {**_CHAT, "output.value": '{"text": "hi", "toolCalls": [{"payload": "x"}]}'},
+        {**_CHAT, "output.value": '{"text": "hi", "toolCalls": [{"payload": [1]}]}'},
+        {"gen_ai.operation.name": "chat", "gen_ai.input.messages": _DEEP},
+        {"gen_ai.operation.name": "chat", "gen_ai.system_instructions": _DEEP, "gen_ai.input.messages": "[]"},
+        {**_CHAT, "output.value": '{"text": "hi", "toolCalls": [{"toolName": "t", "args": "' + _DEEP + '"}]}'},
+        {**_OI, f"llm.input_messages.{_INDEX}.message.role": "user"},
+        {**_OI, f"llm.input_messages.0.message.tool_calls.{_INDEX}.tool_call.id": "x"},
+        {**_OI, f"llm.input_messages.0.message.contents.{_INDEX}.message_content.text": "x"},
+    ],
+    ids=[
+        "toolCalls-number",
+        "payload-text",
+        "payload-list",
+        "deep-messages",
+        "deep-system",
+        "deep-tool-args",
+        "oi-long-index",
+        "oi-long-tool-call-index",
+        "oi-long-content-index",
+    ],
+)
+def test_content_the_readers_did_not_foresee_is_a_run_or_a_named_read_error(attributes: dict[str, Any]) -> None:
+    """Shapes a fuzzer found making the readers raise TypeError, AttributeError, RecursionError or
+    ValueError, which the worker records as read_failed ("a bug in the trace reader") and which
+    ended a --dry-run: each now reads, or is a TraceReadError naming what was wrong."""
+    rec = Recorder()
+    with (
+        rec.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}),
+        rec.span("chat m", attributes),
+    ):
+        pass
+    with contextlib.suppress(TraceReadError):
+        trace_to_run(rec.spans())
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_backfill_names_such_content_without_crashing(tmp_path: Path, dry_run: bool) -> None:
+    """The same through `tracescore backfill` (embedded): the job finishes; the dry run too."""
+    from click.testing import CliRunner
+
+    from tests.backfill.test_batch_bytes import big_trace_line
+    from worker.cli import cli
+
+    lines = [big_trace_line(i) for i in range(3)]
+    lines[1] = lines[1].replace('"gen_ai.output.messages"', '"output.value"', 1)
+    document = json.loads(lines[1])
+    for span in document["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        for attribute in span.get("attributes", []):
+            if attribute["key"] == "output.value":
+                attribute["value"] = {"stringValue": '{"text": "hi", "toolCalls": 5}'}
+            if attribute["key"] == "gen_ai.tool.call.arguments":
+                attribute["value"] = {"stringValue": _DEEP}
+    lines[1] = json.dumps(document) + "\n"
+    source = tmp_path / "t.jsonl"
+    source.write_text("".join(lines))
+    args = ["backfill", str(source), "--scorers", "tests.backfill.scorers", "--json"]
+    result = CliRunner().invoke(cli, args + (["--dry-run"] if dry_run else []), env={"TRACESCORE_BROKER_URL": ""})
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "read_failed" not in json.dumps(summary)

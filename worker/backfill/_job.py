@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -31,7 +31,7 @@ from typing import IO, Any
 import click
 from pydantic_core import from_json
 
-from tracing import JsonlScoreWriter, ScoreWriter, SpanRecord, TraceReadError, redact, score_id_for, trace_to_run
+from tracing import JsonlScoreWriter, ScoreWriter, SpanRecord, TraceReadError, redact, score_id_for
 from tracing.queue import QueueKeyError, ScoreBatch
 from tracing.sources import SourceError, TraceSource, source_from_description
 from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
@@ -39,6 +39,7 @@ from worker._gc import tuned_gc
 from worker._keys import record_key
 from worker._reconnect import DECODED
 from worker._registry import Registry, RegistryError, load_registry
+from worker._scoring import read_run
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker.backfill._driver import Backfill, Submitter
@@ -584,10 +585,12 @@ def _dry_run(
     )
 
     def on_run(spans: list[SpanRecord], target_span_id: str) -> None:
-        # An unreadable run is not a cost (scoring it records the read error).
-        with suppress(TraceReadError):
-            if estimate is not None:
-                estimate.add(trace_to_run(spans, target_span_id))
+        # An unreadable run is not a cost (scoring it records the read error). Read as the
+        # scoring reads it: a reader's crash is that run's read_failed, never the dry run's end.
+        if estimate is not None:
+            run = read_run(spans[0].trace_id, target_span_id, spans)
+            if not isinstance(run, TraceReadError):
+                estimate.add(run)
 
     Backfill(source, state, None, reporter=reporter, on_dry_run=on_run).run()
     reporter.close()
