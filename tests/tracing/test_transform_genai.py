@@ -270,3 +270,22 @@ def test_explicit_target_span() -> None:
     assert run.output.text == "Yes, 3 blue mugs are in stock."
     with pytest.raises(TraceReadError):
         trace_to_run(rec.spans(), target_span_id="00000000000000ff")
+
+
+def test_results_attach_by_id_else_by_name_in_call_order() -> None:
+    """attach_results: an id picks its call; a result without one takes the first call of its
+    name still waiting (one answered by id meanwhile is passed over); the rest are returned."""
+    from tracing._messages import Msg, ToolCall, ToolResult, attach_results
+
+    calls = [ToolCall(None, "a"), ToolCall("x", "a"), ToolCall(None, "b"), ToolCall(None, "a")]
+    results = [
+        ToolResult("x", "a", "by id"),
+        ToolResult(None, "a", "first a"),
+        ToolResult(None, "a", "second a"),
+        ToolResult(None, "b", "the b"),
+        ToolResult(None, "a", "one too many"),
+        ToolResult("nope", "a", "unknown id"),
+    ]
+    left = attach_results([Msg("assistant", list(calls))], results)
+    assert [c.result for c in calls] == ["first a", "by id", "the b", "second a"]
+    assert [r.result for r in left] == ["one too many", "unknown id"]
