@@ -261,3 +261,50 @@ def test_backfill_counts_bad_lines_and_scores_every_good_trace(tmp_path: Path) -
     assert done.counters.malformed == 2
     assert done.counters.malformed_where == [f"{path}:2", f"{path}:3"]
     assert done.counters.runs_read == 2
+
+
+def test_a_json_lines_file_named_json_with_a_broken_first_line_loses_that_line_alone(tmp_path: Path) -> None:
+    """A ``*.json`` file whose line 1 is no document is read whole; when that fails too and line
+    2 is a document, it is JSON Lines with a broken first line (all its lines were lost before).
+    A broken pretty-printed document stays one Malformed, not one a line."""
+    path = tmp_path / "t.json"
+    path.write_bytes(_line(1)[:100] + b"\n" + _line(2) + _line(3) + b"not json\n" + _line(5))
+    items = list(FileSource([path]).read())
+    assert [b.where for b in _bad(items)] == [f"{path}:1", f"{path}:4"]
+    assert _traces(items) == {trace_id(2), trace_id(3), trace_id(5)}
+
+    pretty = tmp_path / "p.json"
+    pretty.write_text(json.dumps(_doc(1), indent=2)[:-30])
+    items = list(FileSource([pretty]).read())
+    assert len(_bad(items)) == 1
+    assert _bad(items)[0].reason.startswith("not JSON")
+    assert _traces(items) == set()
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_file_of_records_holding_no_span_is_given_up_after_a_bounded_run(tmp_path: Path, gz: bool) -> None:
+    """A short-line bomb (newlines, ``{}``, empty protobuf messages) cost microseconds a record
+    up to the 8 GiB cap: hours. After MAX_BARREN_RECORDS in a row the rest of the file is one
+    Malformed; one record fewer, and the trace after them is read."""
+    from tracing.sources._files import MAX_BARREN_RECORDS
+
+    opener: Any = gzip.open if gz else open
+    suffix = ".gz" if gz else ""
+    for n, read in ((MAX_BARREN_RECORDS - 1, True), (MAX_BARREN_RECORDS, False)):
+        lines = tmp_path / f"t{n}.jsonl{suffix}"
+        with opener(lines, "wb") as out:
+            out.write(_line(1) + b"\n" * (n // 2) + b"{}\n" * (n - n // 2) + _line(2))
+        items = list(FileSource([lines]).read())
+        assert (trace_id(2) in _traces(items)) is read
+        assert [b.where for b in _bad(items)] == ([] if read else [f"{lines}:{n + 2}"])
+
+        body = encode_spans(decode_otlp_json(_doc(2))).SerializeToString()
+        messages = tmp_path / f"t{n}.pb{suffix}"
+        with opener(messages, "wb") as out:
+            out.write(struct.pack(">I", 0) * n + struct.pack(">I", len(body)) + body)
+        items = list(FileSource([messages]).read())
+        assert (trace_id(2) in _traces(items)) is read
+        if not read:
+            (bad,) = _bad(items)
+            assert bad.where == f"{messages}:message {n + 1}"
+            assert "in a row held no span" in bad.reason
