@@ -102,8 +102,8 @@ class ScoreRequest(BaseModel):
 
     def agent_labels(self) -> dict[str, str]:
         """Each target's agent name (as ``trace_to_run`` reads it), else its span's name: how
-        summaries and tables label the runs; a lone surrogate as U+FFFD, as in score records, so
-        that a terminal or file can print them)."""
+        summaries and tables label the runs (a lone surrogate as U+FFFD, as in score records, so
+        that a terminal or a file can print them)."""
         return {
             span_id: without_lone_surrogates(
                 (agent_name(RecordView(target)) or target.name)
