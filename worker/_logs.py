@@ -10,6 +10,9 @@ logging keeps it, and one that only imports the exporter is never touched.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import structlog
 
 __all__ = ["configure_logs"]
@@ -21,6 +24,10 @@ def configure_logs() -> None:
     are configured later (``tracescore backfill`` quiets them)."""
     if structlog.is_configured():
         return
+    # Colours as structlog's default decides them: on a terminal only, NO_COLOR and FORCE_COLOR
+    # obeyed (a worker's log file or pipe gets plain text).
+    force = os.environ.get("FORCE_COLOR", "") != ""
+    colors = os.environ.get("NO_COLOR", "") == "" and (force or bool(sys.stdout and sys.stdout.isatty()))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -28,6 +35,8 @@ def configure_logs() -> None:
             structlog.processors.StackInfoRenderer(),
             structlog.dev.set_exc_info,
             structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
-            structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback),
+            structlog.dev.ConsoleRenderer(
+                colors=colors, force_colors=force, exception_formatter=structlog.dev.plain_traceback
+            ),
         ]
     )

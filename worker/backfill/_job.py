@@ -39,7 +39,6 @@ from worker._gc import tuned_gc
 from worker._keys import record_key
 from worker._reconnect import DECODED
 from worker._registry import Registry, RegistryError, load_registry
-from worker._scoring import read_run
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker.backfill._driver import Backfill, Submitter
@@ -588,6 +587,8 @@ def _dry_run(
         # An unreadable run is not a cost (scoring it records the read error). Read as the
         # scoring reads it: a reader's crash is that run's read_failed, never the dry run's end.
         if estimate is not None:
+            from worker._scoring import read_run  # (here: a backfill sent to Redis loads no scoring code)
+
             run = read_run(spans[0].trace_id, target_span_id, spans)
             if not isinstance(run, TraceReadError):
                 estimate.add(run)
