@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -30,6 +30,10 @@ class FakeTempo:
         self.fail_next = 0
         self.json_only = False
         self.required_headers: dict[str, str] = {}
+        # Hostile answers: search entries listed besides the real ones, and a trace id's fetch
+        # answered by a function writing raw bytes to the socket instead.
+        self.extra_search_entries: list[Any] = []
+        self.raw_answers: dict[str, Callable[[BaseHTTPRequestHandler], None]] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -91,13 +95,18 @@ class FakeTempo:
                         "durationMs": 700,
                     }
                     for t in found[:limit]
-                ],
+                ]
+                + self.extra_search_entries,
                 "metrics": {"inspectedTraces": len(found)},
             }
             self._send(handler, 200, json.dumps(body).encode(), "application/json")
             return
         if url.path.startswith("/api/traces/"):
             trace_id = url.path.rsplit("/", 1)[1].rjust(32, "0")
+            raw = self.raw_answers.get(trace_id)
+            if raw is not None:
+                raw(handler)
+                return
             spans = self.traces.get(trace_id)
             if spans is None:
                 self._send(handler, 404, b"trace not found", "text/plain")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from click.testing import CliRunner
@@ -172,8 +174,85 @@ def test_tenant_and_auth_headers_come_from_the_environment(tempo: FakeTempo, mon
     assert "tenant-1" not in json.dumps(source.describe())
     assert len(_read_ids(source_from_description(source.describe()))) == 3
     monkeypatch.setenv("TRACESCORE_TEMPO_HEADERS", "nonsense")
-    with pytest.raises(SourceError, match="TRACESCORE_TEMPO_HEADERS: 'nonsense' is not key=value"):
+    with pytest.raises(SourceError, match="TRACESCORE_TEMPO_HEADERS: item 1 \\(of 8 chars\\) is not key=value"):
         open_source([f"tempo+{tempo.url}"])
     monkeypatch.delenv("TRACESCORE_TEMPO_HEADERS")
     with pytest.raises(SourceError, match="HTTP 401"):
         list(open_source([f"tempo+{tempo.url}"], since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS).read())
+
+
+def _raw(*chunks: bytes, pause_s: float = 0.0) -> Callable[[BaseHTTPRequestHandler], None]:
+    """An answer written as these bytes, with a pause before each chunk."""
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        for chunk in chunks:
+            time.sleep(pause_s)
+            handler.wfile.write(chunk)
+            handler.wfile.flush()
+        handler.close_connection = True
+
+    return answer
+
+
+def test_one_hostile_search_entry_or_answer_costs_that_trace_alone(tempo: FakeTempo) -> None:
+    """Search entries with an id that is not hex (or a start that is not a number), a garbled
+    HTTP answer, a Retry-After of '²', an answer dripped past its deadline: each ended the
+    whole backfill (InvalidURL, BadStatusLine, ValueError) or held it for hours. Now each is
+    that trace's Malformed or a skipped, reported entry, and every other trace is read."""
+    garbled, retried, dripped = trace_id(1), trace_id(2), trace_id(3)
+    tempo.extra_search_entries = [
+        {"traceID": "a b"},
+        {"traceID": "zz\ud800"},
+        {"traceID": {"x": 1}},
+        {"traceID": trace_id(4), "startTimeUnixNano": "²"},
+        {"traceID": trace_id(5), "startTimeUnixNano": [1]},
+        {"traceID": trace_id(6), "startTimeUnixNano": "9" * 5000},
+    ]
+    tempo.raw_answers[garbled] = _raw(b"HTTP/1.1 2OO NOT OK \x1b[31m\r\n\r\n")
+    tempo.raw_answers[dripped] = _raw(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n",
+        *[b" "] * 40,
+        pause_s=0.1,
+    )
+
+    def busy_once(handler: BaseHTTPRequestHandler) -> None:
+        del tempo.raw_answers[retried]  # the retry gets the trace
+        _raw(b"HTTP/1.1 503 Busy\r\nRetry-After: \xc2\xb2\r\nContent-Length: 0\r\n\r\n")(handler)
+
+    tempo.raw_answers[retried] = busy_once
+
+    source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 10 * STEP_NS, timeout_s=0.5, retries=2)
+    started = time.monotonic()
+    items = list(source.read())
+    assert time.monotonic() - started < 30
+    bad = {i.where: i.reason for i in items if isinstance(i, Malformed)}
+    assert bad[f"tempo trace {garbled}"].startswith("cannot fetch: no valid HTTP answer from")
+    assert "BadStatusLine" in bad[f"tempo trace {garbled}"]
+    assert "\x1b" not in repr(bad)
+    assert "took over 2 s; not waited for" in bad[f"tempo trace {dripped}"]
+    assert any("3 search result(s) with a trace id that is not hex: skipped" in r for r in bad.values())
+    read = {i.spans[0].trace_id for i in items if isinstance(i, SpanBatch)}
+    assert read == {trace_id(i) for i in range(10)} - {garbled, dripped}
+
+
+def test_a_redirect_to_another_origin_is_not_followed_with_the_headers(tempo: FakeTempo) -> None:
+    """urllib sent TRACESCORE_TEMPO_HEADERS (a token) to wherever a redirect pointed."""
+    elsewhere = FakeTempo().start()
+    try:
+        tempo.raw_answers[trace_id(1)] = _raw(
+            f"HTTP/1.1 302 Found\r\nLocation: {elsewhere.url}/api/traces/{trace_id(1)}\r\n"
+            "Content-Length: 0\r\n\r\n".encode()
+        )
+        source = TempoSource(
+            tempo.url,
+            since_ns=BASE_NS,
+            until_ns=BASE_NS + 3 * STEP_NS,
+            headers={"Authorization": "Bearer SECRET-TOKEN"},
+        )
+        items = list(source.read())
+        (bad,) = [i for i in items if isinstance(i, Malformed)]
+        assert bad.reason.startswith("cannot fetch: HTTP 302")
+        assert elsewhere.requests == []
+        assert len([i for i in items if isinstance(i, SpanBatch)]) == 2
+    finally:
+        elsewhere.stop()

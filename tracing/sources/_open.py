@@ -25,10 +25,14 @@ def tempo_headers(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """
     raw = (os.environ if environ is None else environ).get(TEMPO_HEADERS_ENV, "")
     headers: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
+    for number, item in enumerate(filter(None, (part.strip() for part in raw.split(","))), start=1):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise SourceError(f"{TEMPO_HEADERS_ENV}: {item!r} is not key=value (e.g. X-Scope-OrgID=tenant-1)")
+            # By position only: the item is likely a credential ("Authorization: Bearer ...").
+            raise SourceError(
+                f"{TEMPO_HEADERS_ENV}: item {number} (of {len(item)} chars) is not key=value"
+                " (e.g. X-Scope-OrgID=tenant-1,Authorization=Bearer%20TOKEN)"
+            )
         headers[key.strip()] = urllib.parse.unquote(value.strip())
     return headers
 

@@ -7,14 +7,20 @@
 - Fetch: ``GET /api/traces/<id>`` with ``Accept: application/protobuf`` (Tempo's ``Trace``
   message, the OTLP layout); a JSON answer (``{"batches": ...}``, base64 ids) is read too.
 
-Trace ids from search may lack leading zeros; they are padded to 32 hex digits. Transient
-failures (connection errors, 429, 5xx) are retried with backoff; a backend that stays down
-raises ``SourceError``; a single trace that cannot be fetched or decoded is a ``Malformed`` item,
-and so is one whose body is over ``TRACESCORE_BACKFILL_MAX_LINE_BYTES`` (read no further).
+Trace ids from search may lack leading zeros; they are padded to 32 hex digits (an entry whose
+id is not hex is skipped and reported). Transient failures (connection errors, 429, 5xx, a
+garbled HTTP answer) are retried with backoff, a ``Retry-After`` obeyed up to a minute; a
+backend that stays down raises ``SourceError``; a single trace that cannot be fetched or decoded
+is a ``Malformed`` item, and so is one whose body is over ``TRACESCORE_BACKFILL_MAX_LINE_BYTES``
+(read no further). Each request has a deadline as a whole (four times the timeout, which
+bounds each read): an answer dripped slower is that trace's ``Malformed`` (the search's: a
+``SourceError``), never a job held for hours. A redirect is followed
+only to the same scheme, host and port: the request's headers (a token) go with it.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import time
@@ -22,7 +28,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import IO, Any
 
 from tracing._broker import redact
 from tracing.otlp import OtlpDecodeError, decode_otlp_protobuf_records, decode_otlp_records
@@ -33,6 +39,47 @@ __all__ = ["TempoSource"]
 
 _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 _NS = 1_000_000_000
+_MAX_RETRY_AFTER_S = 60.0
+_HEX = frozenset("0123456789abcdefABCDEF")
+# What an error keeps of an answer's body (read no further: it may be huge).
+_DETAIL_BYTES = 200
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the same scheme, host and port: urllib would send the
+    request's headers (``TRACESCORE_TEMPO_HEADERS``: a token) to wherever it points. Not
+    followed, the 3xx answer is the error."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: Any, newurl: str
+    ) -> urllib.request.Request | None:
+        old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        if (old.scheme, old.netloc) != (new.scheme, new.netloc):
+            return None
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` in seconds (ASCII digits), capped; None when absent or another form."""
+    if value and value.isascii() and value.isdigit() and len(value) < 10:
+        return min(float(value), _MAX_RETRY_AFTER_S)
+    return None
+
+
+def _start_ns(value: Any) -> int:
+    """A search entry's start (ns), 0 when absent or not a plain integer (kept, unfiltered)."""
+    if type(value) is int:
+        return value
+    if type(value) is str and value.isascii() and value.isdigit() and len(value) <= 20:
+        return int(value)
+    return 0
+
+
+def _trace_id(value: Any) -> str | None:
+    """A search entry's trace id as 32 lowercase hex digits; None when it is not hex."""
+    if type(value) is str and 0 < len(value) <= 32 and _HEX.issuperset(value):
+        return value.lower().rjust(32, "0")
+    return None
 
 
 class _HttpError(Exception):
@@ -43,6 +90,25 @@ class _HttpError(Exception):
 
 class _TooLarge(Exception):
     pass
+
+
+class _Slow(Exception):
+    """The answer is still coming past the request's deadline (a server dripping it)."""
+
+
+def _read_body(response: http.client.HTTPResponse, limit: int | None, deadline: float) -> bytes:
+    """The answer's body, read as it comes (``read1``: a read waits for some bytes, not for a
+    whole buffer), until ``deadline`` (``TimeoutError``) or past ``limit`` bytes (``_TooLarge``)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := response.read1(65536):
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise _TooLarge
+        if time.monotonic() > deadline:
+            raise _Slow
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class TempoSource:
@@ -87,6 +153,7 @@ class TempoSource:
         self.max_trace_bytes = _cap(max_trace_bytes, MAX_LINE_BYTES_ENV, DEFAULT_MAX_LINE_BYTES)
         self.requests = 0
         self._windows_done = 0
+        self._opener = urllib.request.build_opener(_SameOrigin)
 
     @classmethod
     def from_description(
@@ -131,24 +198,32 @@ class TempoSource:
         url = f"{self.url}{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        request = urllib.request.Request(url, headers={"Accept": accept, **self.headers})
+        try:
+            request = urllib.request.Request(url, headers={"Accept": accept, **self.headers})
+        except ValueError as exc:  # a header value urllib refuses (a newline in it)
+            raise SourceError(f"Tempo request headers refused: {type(exc).__name__}") from None
         delay = 0.2
         for attempt in range(self.retries + 1):
             self.requests += 1
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    body = response.read() if limit is None else response.read(limit + 1)
-                    if limit is not None and len(body) > limit:
-                        raise _TooLarge
+                with self._opener.open(request, timeout=self.timeout_s) as response:
+                    body = _read_body(response, limit, time.monotonic() + 4 * self.timeout_s)
                     return body, response.headers.get("Content-Type", "")
+            except _Slow:  # not retried: a server that drips one answer drips the next
+                raise _HttpError(
+                    0, f"the answer from {redact(url)} took over {4 * self.timeout_s:g} s; not waited for"
+                ) from None
             except urllib.error.HTTPError as exc:
-                body = exc.read()[:200].decode("utf-8", "replace")
+                detail = exc.read(_DETAIL_BYTES).decode("utf-8", "replace")
                 if exc.code not in _RETRYABLE or attempt == self.retries:
                     # the request's headers (an auth token) are masked too, should Tempo echo them
-                    said = redact(body.strip(), *self.headers.values())
+                    said = redact(detail.strip(), *self.headers.values())
                     raise _HttpError(exc.code, f"HTTP {exc.code} from {redact(url)}: {said}") from None
-                retry_after = exc.headers.get("Retry-After")
-                wait = float(retry_after) if retry_after and retry_after.isdigit() else delay
+                wait = _retry_after(exc.headers.get("Retry-After")) or delay
+            except http.client.HTTPException as exc:  # a garbled answer: its bytes are not shown
+                if attempt == self.retries:
+                    raise _HttpError(0, f"no valid HTTP answer from {redact(url)} ({type(exc).__name__})") from None
+                wait = delay
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 if attempt == self.retries:
                     raise SourceError(f"Tempo at {self._shown} is unreachable: {redact(str(exc))}") from None
@@ -160,13 +235,20 @@ class TempoSource:
     def _search(self, start_s: int, end_s: int) -> list[dict[str, Any]]:
         params = {"q": self.query, "start": str(start_s), "end": str(end_s), "limit": str(self.limit)}
         try:
-            body, _ = self._get("/api/search", params)
+            body, _ = self._get("/api/search", params, limit=self.max_trace_bytes)
         except _HttpError as exc:
             raise SourceError(f"Tempo search failed: {exc}") from None
+        except _TooLarge:
+            raise SourceError(
+                f"Tempo search at {self._shown} answered more than {self.max_trace_bytes:,} bytes"
+                f" (lower the search limit, {self.limit}, or raise {MAX_LINE_BYTES_ENV})"
+            ) from None
         try:
             found = json.loads(body).get("traces") or []
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             raise SourceError(f"Tempo search at {self._shown} did not answer JSON") from None
+        if not isinstance(found, list):
+            raise SourceError(f"Tempo search at {self._shown} answered 'traces' that is not a list")
         return [t for t in found if isinstance(t, dict) and t.get("traceID")]
 
     def _window_traces(self, start_s: int, end_s: int) -> Iterator[list[tuple[int, str]] | str]:
@@ -185,17 +267,24 @@ class TempoSource:
                 "some may be missed (raise the search limit)"
             )
         listed: set[tuple[int, str]] = set()
+        not_hex = 0
         for entry in found:
-            begin = int(entry.get("startTimeUnixNano") or 0)
+            trace_id = _trace_id(entry["traceID"])
+            if trace_id is None:
+                not_hex += 1
+                continue
+            begin = _start_ns(entry.get("startTimeUnixNano"))
             # Tempo's end bound is inclusive at second granularity: keep each trace in one window.
             if begin and not (start_s * _NS <= begin < end_s * _NS):
                 continue
             if begin and not (self.since_ns <= begin < self.until_ns):
                 continue
-            listed.add((begin, str(entry["traceID"]).lower().rjust(32, "0")))
+            listed.add((begin, trace_id))
+        if not_hex:
+            yield f"{not_hex} search result(s) with a trace id that is not hex: skipped"
         yield sorted(listed)
 
-    def _fetch(self, trace_id: str) -> SourceItem:
+    def _fetch(self, trace_id: str) -> SourceItem:  # (trace_id: 32 hex digits, from _trace_id)
         where = f"tempo trace {trace_id}"
         try:
             body, content_type = self._get(
