@@ -142,3 +142,39 @@ def test_unreadable_input_is_a_clear_error(tmp_path: Path) -> None:
     missing = _compare(str(good), str(tmp_path / "nope.jsonl"))
     assert missing.exit_code == 2
     assert "nope.jsonl" in missing.stderr
+
+
+def test_hostile_lines_are_skipped_or_read_and_the_comparison_is_printed(files: tuple[Path, Path]) -> None:
+    """A number past 4300 digits, JSON nested past the parser, a score past a double's range,
+    lone surrogates in a scorer id and a reason: each ended the command (ValueError,
+    RecursionError, OverflowError, UnicodeEncodeError printing the table). Now the first two
+    are malformed lines, the score is no score, the text is printed with U+FFFD."""
+    old, new = files
+    hostile = [
+        '{"trace_id": "t1", "scorer_id": "rel", "score": ' + "9" * 4301 + "}",
+        "[" * 100_000 + "]" * 100_000,
+        '{"trace_id": "t7", "scorer_id": "rel", "score": ' + "9" * 400 + "}",
+        '{"trace_id": "t8", "scorer_id": "odd\\ud800", "score": 0.5, "reason": "r"}',
+    ]
+    with new.open("a") as out:
+        out.write("".join(line + "\n" for line in hostile))
+    with old.open("a") as out:
+        out.write('{"trace_id": "t8", "scorer_id": "odd\\ud800", "score": 0.25, "reason": "cut \\udc80"}\n')
+    result = _compare(str(old), str(new))
+    assert result.exit_code == 0, result.output
+    assert f"{new}:9: skipped: not JSON (a number of more than 4300 digits)" in result.stderr
+    assert f"{new}:10: skipped: not JSON (nested too deeply)" in result.stderr
+    assert "odd\ufffd" in result.stdout
+    assert "old: cut \ufffd" in result.stdout
+    rel = compare_files(old, new)["by_scorer"]["rel"]
+    assert rel["only_new"] == 2  # t6, and t7 (no score)
+
+
+def test_top_zero_and_a_file_against_itself(files: tuple[Path, Path], tmp_path: Path) -> None:
+    """--top 0 raised IndexError once a score moved; a file with a re-scored run compared with
+    itself reported moves (the first of a key won in NEW, the last in OLD)."""
+    old, new = files
+    assert _compare(str(old), str(new), "--top", "0").exit_code == 0
+    rescored = _write(tmp_path / "r.jsonl", [_rec("t1", "rel", 0.25, "first"), _rec("t1", "rel", 0.75, "again")])
+    rel = compare_files(rescored, rescored)["by_scorer"]["rel"]
+    assert (rel["up"], rel["down"], rel["unchanged"]) == (0, 0, 1)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracing import without_lone_surrogates
+
 __all__ = ["compare_files"]
 
 _SHOWN_ERRORS = 10
@@ -74,7 +76,7 @@ class _Moves:
         entry = (abs(delta), -self.both, run, old, new)
         if len(self._heap) < self.top:
             heapq.heappush(self._heap, entry)
-        elif entry[:2] > self._heap[0][:2]:
+        elif self._heap and entry[:2] > self._heap[0][:2]:  # (--top 0: no heap at all)
             heapq.heapreplace(self._heap, entry)
 
     def moved_most(self) -> list[tuple[str, _Score, _Score]]:
@@ -132,6 +134,10 @@ def _records(path: Path, report: _FileReport, warn: Callable[[str], None]) -> It
                 data = json.loads(line)
             except json.JSONDecodeError as exc:
                 data, problem = None, f"not JSON ({exc.msg} at column {exc.colno})"
+            except RecursionError:
+                data, problem = None, "not JSON (nested too deeply)"
+            except ValueError:  # the only other: a number past Python's 4300-digit limit
+                data, problem = None, "not JSON (a number of more than 4300 digits)"
             if problem is None:
                 problem = _problem(data)
             if problem is not None:
@@ -141,19 +147,31 @@ def _records(path: Path, report: _FileReport, warn: Callable[[str], None]) -> It
                 continue
             report.records += 1
             score = data.get("score")
-            if data.get("error_type") or not isinstance(score, int | float) or not math.isfinite(score):
+            if data.get("error_type") or not _finite(score):
                 score = None
             reason = data.get("reason") or data.get("not_scorable") or data.get("error_type") or ""
             trace = data.get("trace_id")
             if trace:
-                key: Key = (str(trace), str(data.get("span_id") or ""), str(data["scorer_id"]))
-                run = str(trace)
+                key: Key = (_text(trace), _text(data.get("span_id") or ""), _text(data["scorer_id"]))
+                run = _text(trace)
             else:
-                key = ("", str(data["run_id"]), str(data["scorer_id"]))
-                run = str(data["run_id"])
-            yield key, run, _Score(score, str(reason), str(data.get("scorer_version") or "?"))
+                key = ("", _text(data["run_id"]), _text(data["scorer_id"]))
+                run = _text(data["run_id"])
+            yield key, run, _Score(score, _text(reason), _text(data.get("scorer_version") or "?"))
     if report.malformed > _SHOWN_ERRORS:
         warn(f"{path}: … and {report.malformed - _SHOWN_ERRORS:,} more malformed lines")
+
+
+def _finite(score: Any) -> bool:
+    try:
+        return isinstance(score, int | float) and math.isfinite(score)
+    except OverflowError:  # an integer past a double's range
+        return False
+
+
+def _text(value: Any) -> str:
+    # A "\ud800" escape reads as a lone surrogate, which no terminal or JSON output can print.
+    return without_lone_surrogates(str(value))[0]
 
 
 def _problem(data: Any) -> str | None:
@@ -188,12 +206,12 @@ def compare_files(old: Path, new: Path, *, top: int = 5, warn: Callable[[str], N
     def scorer(scorer_id: str) -> _Moves:
         return moves.setdefault(scorer_id, _Moves(scorer_id, top))
 
-    seen: set[Key] = set()
+    latest: dict[Key, tuple[str, _Score]] = {}
     for key, run, score in _records(new, new_report, warn):
-        if key in seen:
-            new_report.duplicates += 1
-            continue
-        seen.add(key)
+        if key in latest:
+            new_report.duplicates += 1  # the last wins here too: a file compared with itself moves nothing
+        latest[key] = (run, score)
+    for key, (run, score) in latest.items():
         match = previous.pop(key, None)
         if match is None:
             scorer(key[2]).only_new += 1
