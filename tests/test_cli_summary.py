@@ -196,6 +196,36 @@ def test_score_exit_codes(tmp_path: Path) -> None:
     assert "1 bad lines skipped" in partly.stderr
 
 
+def test_score_reads_hostile_lines_without_losing_the_rest(tmp_path: Path) -> None:
+    """A lone surrogate in a run id or answer ended the command (UnicodeEncodeError blamed on
+    reading, or PydanticSerializationError with --json) and lost the runs after it; a number
+    past 4300 digits or JSON nested past the parser did too. Now the text is scored with
+    U+FFFD and the two lines are malformed; every other run is scored and written."""
+    runs = _write_runs(
+        tmp_path / "runs.jsonl",
+        [*RUNS[:2], {"run_id": "id\ud800x", "input": "q", "output": "cut \udc80 answer"}, *RUNS[2:]],
+        ('{"input": "q", "output": ' + "9" * 4301 + "}", "[" * 100_000 + "]" * 100_000),
+    )
+    out = tmp_path / "scores.jsonl"
+    for extra in (["--table"], ["--json"]):
+        result = _score(str(runs), "--scorers", V1, "--scorer", "length", "--out", str(out), *extra)
+        assert result.exit_code == 0, result.output
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["run_id"] for r in records] == ["short", "long", "id\ufffdx", "LOUD", "empty", "mid"]
+        assert f"{runs}:7: skipped: not JSON (a number of more than 4300 digits)" in result.stderr
+        assert f"{runs}:8: skipped: not JSON (nested too deeply)" in result.stderr
+
+
+def test_score_refuses_to_write_over_its_runs_file(tmp_path: Path) -> None:
+    """--out naming the runs file emptied it before a line was read, then reported 0 runs."""
+    runs = _write_runs(tmp_path / "runs.jsonl", RUNS)
+    before = runs.read_text()
+    result = _score(str(runs), "--scorers", V1, "--out", str(tmp_path / "." / "runs.jsonl"))
+    assert result.exit_code != 0
+    assert "is the runs file" in result.output
+    assert runs.read_text() == before
+
+
 def test_score_streams_its_input(tmp_path: Path) -> None:
     """Rows come out while the input is still being written (a FIFO): runs are read and
     scored in chunks, not loaded whole first."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracing import without_lone_surrogates
+from tracing import valid_text
 
 __all__ = ["compare_files"]
 
@@ -171,7 +171,7 @@ def _finite(score: Any) -> bool:
 
 def _text(value: Any) -> str:
     # A "\ud800" escape reads as a lone surrogate, which no terminal or JSON output can print.
-    return without_lone_surrogates(str(value))[0]
+    return str(valid_text(str(value))[0])
 
 
 def _problem(data: Any) -> str | None:

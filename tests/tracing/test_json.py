@@ -13,11 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.tracing._spans import genai_messages
-from tracing import SpanRecord, trace_to_run
+from tracing import SpanRecord, trace_to_run, valid_text
 from tracing._run import SpanRecordEvent
 from tracing.queue import ScoreRequest, parse_json, request_json, spans_request
 from tracing.queue._contract import _pydantic_json, encode_request
-from tracing.queue._json import valid_text
 
 TRACE = "ab" * 16
 

@@ -19,8 +19,8 @@ from pydantic_core import PydanticSerializationError
 from tracing._formats import agent_name, classify
 from tracing._run import SPAN_ID_PATTERN, SpanRecord
 from tracing._span import RecordView
-from tracing._text import without_lone_surrogates
-from tracing.queue._json import dumps_or, valid_text
+from tracing._text import valid_text, without_lone_surrogates
+from tracing.queue._json import dumps_or
 
 __all__ = ["SCORE_TASK_NAME", "ScoreBatch", "ScoreRequest", "encode_request", "request_json", "spans_request"]
 

@@ -19,6 +19,7 @@ from typing import IO, Any
 import click
 
 from scorers import ScoreResult
+from tracing import valid_text
 from worker._budget import parse_prices
 from worker._embedded import EmbeddedScorer, cli_limits
 from worker._registry import RegistryError, load_registry
@@ -42,6 +43,15 @@ def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
             except json.JSONDecodeError as exc:
                 yield number, f"not JSON ({exc.msg} at column {exc.colno})"
                 continue
+            except RecursionError:
+                yield number, "not JSON (nested too deeply)"
+                continue
+            except ValueError:  # the only other: a number past Python's 4300-digit limit
+                yield number, "not JSON (a number of more than 4300 digits)"
+                continue
+            # A "\ud800" escape reads as a lone surrogate: no record, table or --json line
+            # could hold it. U+FFFD instead, as the workers' records have it.
+            run = valid_text(run)[0]
             if not isinstance(run, dict) or "output" not in run:
                 yield number, "expected an object with at least 'input' and 'output'"
                 continue
@@ -133,6 +143,8 @@ def score_command(
       tracescore score examples/runs.jsonl --scorers examples.scorers
       tracescore score runs.jsonl --scorers my.scorers --scorer relevancy --out scores.jsonl
     """
+    if out is not None and out.resolve() == runs_file.resolve():
+        raise CliError(f"--out {out} is the runs file: writing it would empty it before it is read")
     try:
         registry = load_registry(module)
     except RegistryError as exc:
