@@ -224,6 +224,10 @@ def test_time_arguments() -> None:
     assert parse_time("7d", now=1_000_000.0) == (1_000_000 - 7 * 86400) * 10**9
     with pytest.raises(click.BadParameter, match="not a time"):
         parse_time("yesterday")
+    for huge in ("1e400", "inf", "1" + "0" * 400 + "d"):  # OverflowError, exit 1, before
+        with pytest.raises(click.BadParameter, match="out of range"):
+            parse_time(huge)
+    assert _run("--since", "1e400", str(EXAMPLES), "--scorers", SCORERS).exit_code == 2  # a usage error
 
 
 def test_an_agent_named_with_a_lone_surrogate_is_printed_and_written(tmp_path: Path) -> None:

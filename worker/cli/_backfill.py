@@ -41,11 +41,16 @@ def parse_time(value: str, *, now: float | None = None) -> int:
     relative = _RELATIVE.match(text)
     if relative:
         ago = float(relative.group(1)) * _UNITS[relative.group(2)]
-        return int(((time.time() if now is None else now) - ago) * 1e9)
+        try:
+            return int(((time.time() if now is None else now) - ago) * 1e9)
+        except OverflowError:  # "1e999d" reads as infinitely long ago
+            raise click.BadParameter(f"{value!r} is out of range") from None
     try:
         return int(float(text) * 1e9)
     except ValueError:
         pass
+    except OverflowError:  # "1e400", "inf": a number, but no time
+        raise click.BadParameter(f"{value!r} is out of range; use epoch seconds, e.g. 1764496800") from None
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
