@@ -216,6 +216,15 @@ def test_score_reads_hostile_lines_without_losing_the_rest(tmp_path: Path) -> No
         assert f"{runs}:8: skipped: not JSON (nested too deeply)" in result.stderr
 
 
+def test_score_reads_a_runs_file_with_a_bom(tmp_path: Path) -> None:
+    runs = _write_runs(tmp_path / "runs.jsonl", RUNS)
+    runs.write_bytes(b"\xef\xbb\xbf" + runs.read_bytes())
+    result = _score(str(runs), "--scorers", V1, "--scorer", "length")
+    assert result.exit_code == 0, result.output
+    assert "5 runs × 1 scorers" in result.stderr
+    assert "0 bad lines skipped" in result.stderr
+
+
 def test_score_refuses_to_write_over_its_runs_file(tmp_path: Path) -> None:
     """--out naming the runs file emptied it before a line was read, then reported 0 runs."""
     runs = _write_runs(tmp_path / "runs.jsonl", RUNS)

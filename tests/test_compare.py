@@ -178,3 +178,11 @@ def test_top_zero_and_a_file_against_itself(files: tuple[Path, Path], tmp_path: 
     rescored = _write(tmp_path / "r.jsonl", [_rec("t1", "rel", 0.25, "first"), _rec("t1", "rel", 0.75, "again")])
     rel = compare_files(rescored, rescored)["by_scorer"]["rel"]
     assert (rel["up"], rel["down"], rel["unchanged"]) == (0, 0, 1)
+
+
+def test_a_bom_is_not_part_of_line_one(files: tuple[Path, Path]) -> None:
+    """A UTF-8 BOM (a Windows editor's) made line 1 malformed and its record lost."""
+    old, new = files
+    old.write_bytes(b"\xef\xbb\xbf" + old.read_bytes())
+    result = compare_files(old, new)
+    assert (result["old"]["records"], result["old"]["malformed_lines"]) == (7, 0)

@@ -125,7 +125,8 @@ class _FileReport:
 
 def _records(path: Path, report: _FileReport, warn: Callable[[str], None]) -> Iterator[tuple[Key, str, _Score]]:
     """(key, run label, score) per good line; bad lines are reported (file:line), counted, skipped."""
-    with path.open(encoding="utf-8", errors="replace") as handle:
+    # (utf-8-sig: a BOM, as Windows editors write, is not part of line 1)
+    with path.open(encoding="utf-8-sig", errors="replace") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue

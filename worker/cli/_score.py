@@ -34,7 +34,7 @@ _MESSAGES_SHOWN = 20  # per kind (bad lines, failures) on stderr; all are counte
 def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
     """(line number, the run's keyword arguments) pairs; a line that is not a run object yields
     an error string."""
-    with path.open(encoding="utf-8", errors="replace") as lines:
+    with path.open(encoding="utf-8-sig", errors="replace") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
