@@ -186,3 +186,46 @@ def test_a_bom_is_not_part_of_line_one(files: tuple[Path, Path]) -> None:
     old.write_bytes(b"\xef\xbb\xbf" + old.read_bytes())
     result = compare_files(old, new)
     assert (result["old"]["records"], result["old"]["malformed_lines"]) == (7, 0)
+
+
+def test_a_line_over_the_cap_is_skipped_unread(files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare and score held a whole line in memory, however long (a 200 MB line took 436 MB):
+    a line over the cap is now one malformed line, read no further, and the next lines read."""
+    from worker import _lines
+
+    monkeypatch.setattr(_lines, "MAX_LINE_BYTES", 1024)
+    old, new = files
+    lines = old.read_text().splitlines(keepends=True)
+    long_line = json.dumps(_rec("t9", "rel", 0.5, "x" * 5000)) + "\n"
+    old.write_text("".join([*lines[:2], long_line, *lines[2:]]))
+    result = _compare(str(old), str(new))
+    assert result.exit_code == 0, result.output
+    assert f"{old}:3: skipped: longer than 1,024 bytes; skipped unread" in result.stderr
+    assert compare_files(old, new)["old"]["records"] == 7
+
+    runs = old.parent / "runs.jsonl"
+    runs.write_text(
+        json.dumps({"run_id": "a", "input": "q", "output": "y" * 5000})
+        + "\n"
+        + json.dumps({"run_id": "b", "input": "q", "output": "short"})
+        + "\n"
+    )
+    scored = CliRunner().invoke(
+        cli, ["score", str(runs), "--scorers", "tests.summary_scorers_v1", "--scorer", "length"]
+    )
+    assert scored.exit_code == 0, scored.output
+    assert f"{runs}:1: skipped: longer than 1,024 bytes; skipped unread" in scored.stderr
+    assert "1 runs × 1 scorers" in scored.stderr
+
+
+def test_scores_at_a_doubles_limit_give_valid_json(tmp_path: Path) -> None:
+    """Sums of scores near 1e308 are infinite, which --json printed as Infinity (no JSON parser
+    of another language reads it): such figures are null, and the text says '-'."""
+    old = _write(tmp_path / "o.jsonl", [_rec("t1", "rel", -1e308, "a"), _rec("t2", "rel", -1e308, "b")])
+    new = _write(tmp_path / "n.jsonl", [_rec("t1", "rel", 1e308, "a"), _rec("t2", "rel", 1e308, "b")])
+    as_json = _compare(str(old), str(new), "--json")
+    assert as_json.exit_code == 0, as_json.output
+    rel = json.loads(as_json.stdout, parse_constant=lambda name: pytest.fail(f"{name} in --json"))["by_scorer"]["rel"]
+    assert (rel["mean_old"], rel["mean_delta"], rel["moved_most"][0]["delta"]) == (None, None, None)
+    text = _compare(str(old), str(new))
+    assert text.exit_code == 0, text.output

@@ -9,14 +9,13 @@ per record), the new one is streamed.
 from __future__ import annotations
 
 import heapq
-import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracing import valid_text
+from worker._lines import json_lines
 
 __all__ = ["compare_files"]
 
@@ -84,8 +83,8 @@ class _Moves:
 
     def as_json(self) -> dict[str, Any]:
         n = self.scored_both
-        old_mean = self.old_sum / n if n else None
-        new_mean = self.new_sum / n if n else None
+        old_mean = _number(self.old_sum / n) if n else None
+        new_mean = _number(self.new_sum / n) if n else None
         return {
             "runs_in_both": self.both,
             "only_old": self.only_old,
@@ -93,7 +92,7 @@ class _Moves:
             "scored_in_both": n,
             "mean_old": old_mean,
             "mean_new": new_mean,
-            "mean_delta": (self.new_sum - self.old_sum) / n if n else None,
+            "mean_delta": _number((self.new_sum - self.old_sum) / n) if n else None,
             "up": self.up,
             "down": self.down,
             "unchanged": self.unchanged,
@@ -106,7 +105,7 @@ class _Moves:
                     "run": run,
                     "old": old.score,
                     "new": new.score,
-                    "delta": (new.score or 0.0) - (old.score or 0.0),
+                    "delta": _number((new.score or 0.0) - (old.score or 0.0)),
                     "old_reason": old.reason,
                     "new_reason": new.reason,
                 }
@@ -125,42 +124,34 @@ class _FileReport:
 
 def _records(path: Path, report: _FileReport, warn: Callable[[str], None]) -> Iterator[tuple[Key, str, _Score]]:
     """(key, run label, score) per good line; bad lines are reported (file:line), counted, skipped."""
-    # (utf-8-sig: a BOM, as Windows editors write, is not part of line 1)
-    with path.open(encoding="utf-8-sig", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            problem = None
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                data, problem = None, f"not JSON ({exc.msg} at column {exc.colno})"
-            except RecursionError:
-                data, problem = None, "not JSON (nested too deeply)"
-            except ValueError:  # the only other: a number past Python's 4300-digit limit
-                data, problem = None, "not JSON (a number of more than 4300 digits)"
-            if problem is None:
-                problem = _problem(data)
-            if problem is not None:
-                report.malformed += 1
-                if report.malformed <= _SHOWN_ERRORS:
-                    warn(f"{path}:{number}: skipped: {problem}")
-                continue
-            report.records += 1
-            score = data.get("score")
-            if data.get("error_type") or not _finite(score):
-                score = None
-            reason = data.get("reason") or data.get("not_scorable") or data.get("error_type") or ""
-            trace = data.get("trace_id")
-            if trace:
-                key: Key = (_text(trace), _text(data.get("span_id") or ""), _text(data["scorer_id"]))
-                run = _text(trace)
-            else:
-                key = ("", _text(data["run_id"]), _text(data["scorer_id"]))
-                run = _text(data["run_id"])
-            yield key, run, _Score(score, _text(reason), _text(data.get("scorer_version") or "?"))
+    for number, data, problem in json_lines(path):
+        if problem is None:
+            problem = _problem(data)
+        if problem is not None:
+            report.malformed += 1
+            if report.malformed <= _SHOWN_ERRORS:
+                warn(f"{path}:{number}: skipped: {problem}")
+            continue
+        report.records += 1
+        score = data.get("score")
+        if data.get("error_type") or not _finite(score):
+            score = None
+        reason = data.get("reason") or data.get("not_scorable") or data.get("error_type") or ""
+        trace = data.get("trace_id")
+        if trace:
+            key: Key = (str(trace), str(data.get("span_id") or ""), str(data["scorer_id"]))
+            run = str(trace)
+        else:
+            key = ("", str(data["run_id"]), str(data["scorer_id"]))
+            run = str(data["run_id"])
+        yield key, run, _Score(score, str(reason), str(data.get("scorer_version") or "?"))
     if report.malformed > _SHOWN_ERRORS:
         warn(f"{path}: … and {report.malformed - _SHOWN_ERRORS:,} more malformed lines")
+
+
+def _number(value: float) -> float | None:
+    # Scores near a double's limit sum to infinity, which JSON cannot spell: no figure instead.
+    return value if math.isfinite(value) else None
 
 
 def _finite(score: Any) -> bool:
@@ -168,11 +159,6 @@ def _finite(score: Any) -> bool:
         return isinstance(score, int | float) and math.isfinite(score)
     except OverflowError:  # an integer past a double's range
         return False
-
-
-def _text(value: Any) -> str:
-    # A "\ud800" escape reads as a lone surrogate, which no terminal or JSON output can print.
-    return str(valid_text(str(value))[0])
 
 
 def _problem(data: Any) -> str | None:

@@ -46,7 +46,8 @@ def _render(result: dict[str, Any], width: int = 120) -> str:
             continue
         lines += ["", f"{scorer_id}: moved most" + (f"   ({'; '.join(extra)})" if extra else "")]
         for move in m["moved_most"]:
-            lines.append(f"  {_fmt(move['old'])} → {_fmt(move['new'])} ({move['delta']:+.3f})  {move['run']}")
+            delta = "-" if move["delta"] is None else f"{move['delta']:+.3f}"
+            lines.append(f"  {_fmt(move['old'])} → {_fmt(move['new'])} ({delta})  {move['run']}")
             lines.append("      old: " + cell(move["old_reason"], width - 11))
             lines.append("      new: " + cell(move["new_reason"], width - 11))
     if not result["by_scorer"]:
@@ -75,7 +76,7 @@ def compare_command(old: Path, new: Path, top: int, as_json: bool) -> None:
         result = compare_files(old, new, top=top, warn=lambda line: click.echo(line, err=True))
     except OSError as exc:
         raise CliError(f"cannot read {exc.filename or old}: {exc.strerror or exc}") from exc
-    click.echo(json.dumps(result) if as_json else _render(result))
+    click.echo(json.dumps(result, allow_nan=False) if as_json else _render(result))
     for side in ("old", "new"):
         info = result[side]
         if info["malformed_lines"] and not info["records"]:

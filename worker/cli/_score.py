@@ -19,9 +19,9 @@ from typing import IO, Any
 import click
 
 from scorers import ScoreResult
-from tracing import valid_text
 from worker._budget import parse_prices
 from worker._embedded import EmbeddedScorer, cli_limits
+from worker._lines import json_lines
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter
 from worker.cli._common import CliError, cli_settings, json_option
@@ -34,37 +34,23 @@ _MESSAGES_SHOWN = 20  # per kind (bad lines, failures) on stderr; all are counte
 def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
     """(line number, the run's keyword arguments) pairs; a line that is not a run object yields
     an error string."""
-    with path.open(encoding="utf-8-sig", errors="replace") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                run = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield number, f"not JSON ({exc.msg} at column {exc.colno})"
-                continue
-            except RecursionError:
-                yield number, "not JSON (nested too deeply)"
-                continue
-            except ValueError:  # the only other: a number past Python's 4300-digit limit
-                yield number, "not JSON (a number of more than 4300 digits)"
-                continue
-            # A "\ud800" escape reads as a lone surrogate: no record, table or --json line
-            # could hold it. U+FFFD instead, as the workers' records have it.
-            run = valid_text(run)[0]
-            if not isinstance(run, dict) or "output" not in run:
-                yield number, "expected an object with at least 'input' and 'output'"
-                continue
-            yield (
-                number,
-                {
-                    "input": run.get("input"),
-                    "output": run["output"],
-                    "run_id": str(run.get("run_id") or f"line-{number}"),
-                    "ground_truth": run.get("ground_truth"),
-                    "request_context": run.get("request_context"),
-                },
-            )
+    for number, run, problem in json_lines(path):
+        if problem is not None:
+            yield number, problem
+            continue
+        if not isinstance(run, dict) or "output" not in run:
+            yield number, "expected an object with at least 'input' and 'output'"
+            continue
+        yield (
+            number,
+            {
+                "input": run.get("input"),
+                "output": run["output"],
+                "run_id": str(run.get("run_id") or f"line-{number}"),
+                "ground_truth": run.get("ground_truth"),
+                "request_context": run.get("request_context"),
+            },
+        )
 
 
 def _out_line(number: int, outcome: Outcome) -> str:
@@ -198,8 +184,6 @@ def score_command(
                     )
                 shown.add([outcome])
             sys.stdout.flush()  # each chunk's rows reach a pipe now, not when the buffer fills
-    except UnicodeError as exc:  # errors="replace" covers decoding; this is a defensive net
-        raise CliError(f"{runs_file}: cannot read: {exc}") from exc
     finally:
         scorer.close()
         if out_file is not None:

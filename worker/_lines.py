@@ -1,0 +1,56 @@
+"""The JSON Lines files the CLI reads (``compare``'s score records, ``score``'s runs): one line at
+a time, whatever the file holds.
+
+Each non-blank line is parsed, or named as the problem that stopped it (not JSON, nested too
+deeply, a number past Python's 4300 digits, longer than ``MAX_LINE_BYTES``: skipped unread, so a
+hostile file cannot take the process's memory). A BOM is dropped, bytes that are not UTF-8 are
+U+FFFD, and so is a lone surrogate a ``\\ud800`` escape reads as: no table, record or ``--json``
+line could print it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tracing import valid_text
+
+__all__ = ["MAX_LINE_BYTES", "json_lines"]
+
+# As a backfill's default line cap: far past any score record or run, and what a decoded line
+# costs in memory stays a small multiple of it.
+MAX_LINE_BYTES = 32 * 2**20
+_SKIP_CHUNK = 2**20
+
+
+def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
+    """(line number, value, None) per line that parses, (line number, None, problem) per line
+    that does not; blank lines are passed over. ``OSError`` when the file cannot be read."""
+    with path.open("rb") as handle:
+        number = 0
+        while raw := handle.readline(MAX_LINE_BYTES + 1):
+            number += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                while (chunk := handle.readline(_SKIP_CHUNK)) and not chunk.endswith(b"\n"):
+                    pass
+                yield number, None, f"longer than {MAX_LINE_BYTES:,} bytes; skipped unread"
+                continue
+            text = raw.decode("utf-8", "replace")
+            if number == 1:
+                text = text.removeprefix("\ufeff")
+            if not text.strip():
+                continue
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield number, None, f"not JSON ({exc.msg} at column {exc.colno})"
+                continue
+            except RecursionError:
+                yield number, None, "not JSON (nested too deeply)"
+                continue
+            except ValueError:  # the only other: a number past Python's 4300-digit limit
+                yield number, None, "not JSON (a number of more than 4300 digits)"
+                continue
+            yield number, valid_text(value)[0], None
