@@ -14,8 +14,8 @@ backend that stays down raises ``SourceError``; a single trace that cannot be fe
 is a ``Malformed`` item, and so is one whose body is over ``TRACESCORE_BACKFILL_MAX_LINE_BYTES``
 (read no further). Each request has a deadline as a whole (four times the timeout, which
 bounds each read): an answer dripped slower is that trace's ``Malformed`` (the search's: a
-``SourceError``), never a job held for hours. A redirect is followed
-only to the same scheme, host and port: the request's headers (a token) go with it.
+``SourceError``), never a job held for hours. A redirect is followed only to the same scheme,
+host and port: the request's headers (a token) go with it.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class _Slow(Exception):
 
 def _read_body(response: http.client.HTTPResponse, limit: int | None, deadline: float) -> bytes:
     """The answer's body, read as it comes (``read1``: a read waits for some bytes, not for a
-    whole buffer), until ``deadline`` (``TimeoutError``) or past ``limit`` bytes (``_TooLarge``)."""
+    whole buffer), until ``deadline`` (``_Slow``) or past ``limit`` bytes (``_TooLarge``)."""
     chunks: list[bytes] = []
     size = 0
     while chunk := response.read1(65536):
