@@ -229,3 +229,16 @@ def test_scores_at_a_doubles_limit_give_valid_json(tmp_path: Path) -> None:
     assert (rel["mean_old"], rel["mean_delta"], rel["moved_most"][0]["delta"]) == (None, None, None)
     text = _compare(str(old), str(new))
     assert text.exit_code == 0, text.output
+
+
+def test_control_characters_from_a_file_never_reach_the_terminal(tmp_path: Path) -> None:
+    """Escape sequences in a scorer id, a run, a version or a reason (colour, cursor moves, a
+    window title) were printed as they were: each control character is now U+FFFD."""
+    esc = "\x1b[31m\x1b]0;owned\x07"
+    old = _write(tmp_path / "o.jsonl", [_rec("t1" + esc, "rel" + esc, 0.25, "old" + esc, "1" + esc)])
+    new = _write(tmp_path / "n.jsonl", [_rec("t1" + esc, "rel" + esc, 0.75, "new" + esc, "2")])
+    result = _compare(str(old), str(new))
+    assert result.exit_code == 0, result.output
+    assert "rel\ufffd[31m" in result.stdout
+    assert "\x1b" not in result.stdout
+    assert "\x07" not in result.stdout

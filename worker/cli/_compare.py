@@ -30,7 +30,7 @@ def _render(result: dict[str, Any], width: int = 120) -> str:
     ]
     for scorer_id, m in result["by_scorer"].items():
         delta = m["mean_delta"]
-        versions = f"{','.join(m['versions_old']) or '-'} → {','.join(m['versions_new']) or '-'}"
+        versions = cell(f"{','.join(m['versions_old']) or '-'} → {','.join(m['versions_new']) or '-'}", 40)
         lines.append(
             f"{cell(scorer_id, 22):<22} {m['runs_in_both']:>6,} {_fmt(m['mean_old']):>9} {_fmt(m['mean_new']):>9} "
             f"{'-' if delta is None else f'{delta:+.3f}':>8} {m['up']:>6,} {m['down']:>6,} {m['unchanged']:>6,} "
@@ -44,10 +44,10 @@ def _render(result: dict[str, Any], width: int = 120) -> str:
             extra.append(f"{m['newly_scored']:,} newly scored")
         if not m["moved_most"] and not extra:
             continue
-        lines += ["", f"{scorer_id}: moved most" + (f"   ({'; '.join(extra)})" if extra else "")]
+        lines += ["", f"{cell(scorer_id, 60)}: moved most" + (f"   ({'; '.join(extra)})" if extra else "")]
         for move in m["moved_most"]:
             delta = "-" if move["delta"] is None else f"{move['delta']:+.3f}"
-            lines.append(f"  {_fmt(move['old'])} → {_fmt(move['new'])} ({delta})  {move['run']}")
+            lines.append(f"  {_fmt(move['old'])} → {_fmt(move['new'])} ({delta})  {cell(move['run'], 60)}")
             lines.append("      old: " + cell(move["old_reason"], width - 11))
             lines.append("      new: " + cell(move["new_reason"], width - 11))
     if not result["by_scorer"]:
