@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -330,6 +331,17 @@ _HOSTILE: dict[str, tuple[int, dict[str, str], bytes]] = {
             }
         ).encode(),
     ),
+    # A charset Python cannot decode with: httpx's .text raised TypeError out of deliver.
+    "odd_charset": (400, {"Content-Type": "application/json; charset=rot13"}, b'{"message": "no"}'),
+    # "<" without ">": the markup pattern scanned the rest of the body from every "<" (quadratic;
+    # 1 MB held the GIL for minutes).
+    "markup_bomb": (400, {"Content-Type": "text/html"}, b"<" * 1_000_000),
+    # An error_code that is no code: MLflow put it in the refusal's reason, unscrubbed and uncut.
+    "code_echo": (
+        400,
+        {"Content-Type": "application/json"},
+        json.dumps({"error_code": "header was Bearer SECRET; rationale was ok SECRET", "message": "m"}).encode(),
+    ),
 }
 
 
@@ -377,7 +389,10 @@ def test_http_sinks_read_hostile_answers_alike(kind: str, answer: str) -> None:
             score_id=score_id_for(TRACE, span, "s", "1"), trace_id=TRACE, span_id=span, scorer_id="s",
             score=0.5, reason="ok SECRET",
         )  # fmt: skip
+        started = time.process_time()
         (outcome,) = sink.deliver([record])
+        # A wedge guard, not a speed target: the markup bomb took minutes of CPU a refusal.
+        assert time.process_time() - started < 20
     finally:
         sink.close()
         server.shutdown()
@@ -388,6 +403,7 @@ def test_http_sinks_read_hostile_answers_alike(kind: str, answer: str) -> None:
         return
     assert isinstance(outcome, Refused)
     assert "SECRET" not in outcome.detail
+    assert "SECRET" not in outcome.reason
     assert "ok " not in outcome.detail
     if answer == "quotes_input":
         assert outcome.detail == "Invalid request data: body.data.0: bad value"
@@ -411,3 +427,67 @@ def test_otlp_sink_a_refusal_of_every_record_alike_is_not_split_to_the_end() -> 
         receiver.stop()
     assert outcomes == [Refused("otlp_http_422", "Missing required header x-mlflow-experiment-id")] * 8
     assert receiver.requests == 3
+
+
+def test_mlflow_a_proxys_413_for_one_record_refuses_that_record_only() -> None:
+    """A 4xx page with no MLflow error code (an nginx 413 for one large rationale) was taken
+    for 'no MLflow API at this URL' and refused every record after it, unsent."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tracing.sinks import MlflowSink
+
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self) -> None:
+            size = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(size)
+            status, body = (413, b"<html>413 Request Entity Too Large</html>") if size > 8192 else (200, b"{}")
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_PATCH = _serve
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sink = MlflowSink(f"http://127.0.0.1:{server.server_address[1]}")
+    spans = [f"{n + 1:016x}" for n in range(6)]
+    records = [
+        ScoreRecord(
+            score_id=score_id_for(TRACE, s, "s", "1"), trace_id=TRACE, span_id=s, scorer_id="s", score=0.5,
+            reason="x" * 20_000 if n == 0 else "short",
+        )
+        for n, s in enumerate(spans)
+    ]  # fmt: skip
+    try:
+        outcomes = sink.deliver(records)
+    finally:
+        sink.close()
+        server.shutdown()
+        server.server_close()
+    assert isinstance(outcomes[0], Refused)
+    assert "HTTP 413" in outcomes[0].reason
+    assert outcomes[1:] == [Delivered()] * 5
+
+
+def test_otlp_sink_a_redirect_is_not_delivered() -> None:
+    """The OTLP exporter calls any 3xx SUCCESS and follows none: the scores were counted
+    delivered and never stored anywhere."""
+    receiver = OtlpReceiver().start()
+    receiver.status, receiver.answer = 308, b""
+    record = ScoreRecord(
+        score_id=score_id_for(TRACE, "1" * 16, "s", "1"), trace_id=TRACE, span_id="1" * 16, scorer_id="s"
+    )
+    sink = OtlpSink(endpoint=receiver.endpoint, timeout_s=5)
+    try:
+        (outcome,) = sink.deliver([record])
+    finally:
+        sink.close()
+        receiver.stop()
+    assert isinstance(outcome, Refused)
+    assert outcome.reason == "otlp_http_308"
+    assert "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in outcome.detail

@@ -31,6 +31,8 @@ __all__ = [
     "JSON",
     "PerScoreSink",
     "answer_json",
+    "answer_text",
+    "error_code",
     "http_client",
     "is_retryable",
     "json_body",
@@ -52,7 +54,14 @@ _MAX_RETRY_AFTER_S = 600.0
 # How much of a backend's answer a Refused keeps (enough to read the error, not a page of HTML).
 DETAIL_CHARS = 300
 JSON = {"Content-Type": "application/json"}
-_TAGS = re.compile(r"<[^>]*>")
+# A tag holds no "<": a body of "<" and no ">" (a hostile or broken page) is scanned once, where
+# "<[^>]*>" scanned the rest of it from every "<" (150 KB held the GIL, every thread, for 8 s).
+_TAGS = re.compile(r"<[^<>]*>")
+# What of an answer that is not JSON is looked at: a refusal keeps DETAIL_CHARS of it anyway.
+_PAGE_CHARS = 16_384
+# An error code as backends spell them (MLflow's INVALID_PARAMETER_VALUE): anything else in that
+# field is a value the backend echoed, possibly ours, and is not shown.
+_ERROR_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 # A request that got no usable answer: none at all, or one whose body its encoding cannot undo
 # (a bad gzip from a proxy). Both are worth another try.
 ANSWER_ERRORS = (httpx.TransportError, httpx.DecodingError)
@@ -154,6 +163,21 @@ def transport_retry(backend: str, exc: httpx.TransportError | httpx.DecodingErro
     return Retry(f"{backend} unreachable ({type(exc).__name__})")
 
 
+def answer_text(response: httpx.Response) -> str:
+    """An answer's body as text, UTF-8 whatever its ``charset`` says: httpx's ``.text`` raises
+    on a charset Python cannot decode with ("rot13", "hex"), which a sink must not."""
+    return response.content.decode("utf-8", "replace")
+
+
+def error_code(parsed: Any) -> str | None:
+    """A JSON answer's ``error_code`` when it is shaped like one; ``"UNNAMED"`` when the field
+    holds something else (not shown: it may echo what was sent); None without one."""
+    code = parsed.get("error_code") if isinstance(parsed, dict) else None
+    if not isinstance(code, str) or not code:
+        return None
+    return code if _ERROR_CODE.fullmatch(code) else "UNNAMED"
+
+
 def answer_json(text: str) -> Any:
     """An answer's JSON value; None when it is not JSON, or nested deeper than the parser goes
     (a hostile answer must not crash a sink)."""
@@ -172,7 +196,7 @@ def server_message(text: str) -> str:
     answer (a proxy's page): its text without markup."""
     parsed = answer_json(text)
     if parsed is None:
-        return " ".join(_TAGS.sub(" ", text).split())
+        return " ".join(_TAGS.sub(" ", text[:_PAGE_CHARS]).split())
     if isinstance(parsed, list):
         return "; ".join(i for i in map(_issue, parsed) if i) or "an answer of JSON type list"
     if not isinstance(parsed, dict):
@@ -180,8 +204,8 @@ def server_message(text: str) -> str:
     message = next((v for k in ("message", "detail", "error") if isinstance(v := parsed.get(k), str) and v), "")
     issues = next((v for k in ("detail", "error", "errors") if isinstance(v := parsed.get(k), list)), [])
     said = ": ".join(p for p in (message, "; ".join(i for i in map(_issue, issues) if i)) if p)
-    code = parsed.get("error_code")
-    if isinstance(code, str) and code:
+    code = error_code(parsed)
+    if code is not None:
         return f"{code}: {said}" if said else code
     return said or "an answer of JSON type dict"
 

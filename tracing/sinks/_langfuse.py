@@ -36,6 +36,7 @@ from tracing._score_record import ScoreRecord
 from tracing.sinks._http import (
     JSON,
     PerScoreSink,
+    answer_text,
     http_client,
     is_retryable,
     json_body,
@@ -94,7 +95,7 @@ class LangfuseSink(PerScoreSink):
             reason = "no Langfuse scores API at this URL (HTTP 404): check TRACESCORE_LANGFUSE_HOST"
         else:
             reason = f"Langfuse refused the score (HTTP {status})"
-        return Refused(reason, detail=refusal_detail(response.text, self._secrets, record_texts([record])))
+        return Refused(reason, detail=refusal_detail(answer_text(response), self._secrets, record_texts([record])))
 
 
 def _score(record: ScoreRecord) -> dict[str, Any] | Refused:

@@ -47,6 +47,8 @@ from tracing.sinks._http import (
     JSON,
     PerScoreSink,
     answer_json,
+    answer_text,
+    error_code,
     http_client,
     is_retryable,
     json_body,
@@ -60,6 +62,9 @@ from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 __all__ = ["MlflowSink"]
 
 _NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
+# Statuses by which a URL answering no MLflow JSON error is not MLflow's API at all (a refusal
+# for every record); any other (a proxy's 413 for one large record) is this record's.
+_NOT_THE_API = frozenset({404, 405, 501})
 # Every field a re-send may change; source and span are fixed by the score id anyway.
 _UPDATE_MASK = "assessmentName,feedback,rationale,metadata"
 # A hint for the drainer: MLflow writes an OTLP batch before it answers the exporter, so a
@@ -147,14 +152,16 @@ class MlflowSink(PerScoreSink):
         if status in (401, 403):
             reason = f"MLflow refused the credentials (HTTP {status}): check TRACESCORE_MLFLOW_TOKEN"
             return Refused(reason, detail=detail), True
-        if code is None:
+        if code is None and status in _NOT_THE_API:
             reason = f"no MLflow tracking API at this URL (HTTP {status}): check TRACESCORE_MLFLOW_URL"
             return Refused(reason, detail=detail), True
+        if code is None:  # a proxy's page about this request (413: this record is too large)
+            return Refused(f"MLflow's URL refused the assessment (HTTP {status})", detail=detail), False
         return Refused(f"MLflow refused the assessment (HTTP {status} {code})", detail=detail), False
 
     def _detail(self, response: httpx.Response, record: ScoreRecord) -> str:
         """MLflow's answer, short, without our credentials or the score's own text."""
-        return refusal_detail(response.text, self._secrets, record_texts([record]))
+        return refusal_detail(answer_text(response), self._secrets, record_texts([record]))
 
 
 def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
@@ -204,7 +211,5 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
 
 def _error_code(response: httpx.Response) -> str | None:
     """MLflow's ``error_code`` (its REST errors are JSON); None for any other answer (a proxy's
-    or a web server's page: then this URL is not an MLflow tracking server)."""
-    parsed = answer_json(response.text)
-    code = parsed.get("error_code") if isinstance(parsed, dict) else None
-    return code if isinstance(code, str) else None
+    or a web server's page)."""
+    return error_code(answer_json(answer_text(response)))

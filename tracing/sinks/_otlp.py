@@ -162,7 +162,9 @@ class _WatchedSession(requests.Session):
 
     def request(self, *args: Any, **kwargs: Any) -> requests.Response:
         response = super().request(*args, **kwargs)
-        self.last.status, self.last.text = response.status_code, response.text[:_ANSWER_CHARS]
+        # (UTF-8 whatever the charset says: requests' .text raises on one Python cannot decode)
+        text = response.content[: _ANSWER_CHARS * 4].decode("utf-8", "replace")[:_ANSWER_CHARS]
+        self.last.status, self.last.text = response.status_code, text
         return response
 
 
@@ -241,14 +243,20 @@ class OtlpSink:
             result = self._exporter.export(carrier_spans(records, self._resource))
         except Exception as exc:  # an exporter must not raise; one that does is down for now
             return Retry(f"otlp_export_raised:{type(exc).__name__}"), None
-        if result is SpanExportResult.SUCCESS:
-            return Delivered(), None
         status = getattr(self._session.last, "status", None) if self._session is not None else None
+        if result is SpanExportResult.SUCCESS and not (status is not None and 300 <= status < 400):
+            return Delivered(), None
         return self._failure(records, status), status
 
     def _failure(self, records: Sequence[ScoreRecord], status: int | None) -> Delivery:
         if status is None:
             return Retry("otlp_export_failed")
+        if 300 <= status < 400:
+            # The exporter calls a 3xx SUCCESS and follows no redirect: nothing was stored.
+            return Refused(
+                f"otlp_http_{status}",
+                "the endpoint redirects elsewhere; set OTEL_EXPORTER_OTLP_TRACES_ENDPOINT to where it points",
+            )
         if 400 <= status < 500 and status not in _RETRYABLE_4XX:
             return Refused(f"otlp_http_{status}", _scrubbed(self._session.last.text if self._session else "", records))
         return Retry(f"otlp_http_{status}")

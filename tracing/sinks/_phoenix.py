@@ -40,6 +40,7 @@ from tracing._score_record import ScoreRecord
 from tracing.sinks._http import (
     ANSWER_ERRORS,
     JSON,
+    answer_text,
     http_client,
     is_retryable,
     json_body,
@@ -146,7 +147,7 @@ class PhoenixSink:
             return Delivered()
         if is_retryable(status):  # incl. Phoenix's 507: storage full, writes locked for now
             return Retry(f"Phoenix answered HTTP {status}", after_s=retry_after(response))
-        return status, response.text
+        return status, answer_text(response)
 
     def _detail(self, body: str, sent: list[dict[str, Any]]) -> str:
         """Phoenix's answer, short, without our credentials or the scores' own text."""
