@@ -491,3 +491,64 @@ def test_otlp_sink_a_redirect_is_not_delivered() -> None:
     assert isinstance(outcome, Refused)
     assert outcome.reason == "otlp_http_308"
     assert "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in outcome.detail
+
+
+@pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])
+@pytest.mark.parametrize("answer", ["dripped", "huge"])
+def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpx bounds each read, not the whole answer: one dripped a byte at a time held the
+    drainer (and its lease) as long as the server liked, and a huge one took the memory. Past
+    four timeouts, or past MAX_ANSWER_BYTES, the answer is a Retry."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tracing.sinks import LangfuseSink, MlflowSink, PhoenixSink, _http
+
+    monkeypatch.setattr(_http, "MAX_ANSWER_BYTES", 4096)
+    stop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b" " * (40 if answer == "dripped" else 50_000)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if answer == "huge":
+                self.wfile.write(body)
+                return
+            for byte in range(len(body)):  # a byte every 0.2 s: 8 s in all, past the 2 s deadline
+                if stop.wait(0.2):
+                    return
+                self.wfile.write(body[byte : byte + 1])
+                self.wfile.flush()
+
+        do_POST = do_PATCH = _serve
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    sink: ScoreSink = (
+        PhoenixSink(url, timeout_s=0.5)
+        if kind == "phoenix"
+        else MlflowSink(url, timeout_s=0.5)
+        if kind == "mlflow"
+        else LangfuseSink(url, "pk-lf-1", "sk-lf-1", timeout_s=0.5)
+    )
+    span = "00f067aa0ba902b7"
+    record = ScoreRecord(
+        score_id=score_id_for(TRACE, span, "s", "1"), trace_id=TRACE, span_id=span, scorer_id="s", score=0.5
+    )
+    try:
+        (outcome,) = sink.deliver([record])
+    finally:
+        stop.set()
+        sink.close()
+        server.shutdown()
+        server.server_close()
+    assert isinstance(outcome, Retry), outcome
+    expected = "the answer was not finished within 2 s" if answer == "dripped" else "the answer is over 4,096 bytes"
+    assert outcome.reason.endswith(expected), outcome.reason

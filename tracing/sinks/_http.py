@@ -12,7 +12,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, TypeVar
@@ -100,11 +100,56 @@ def http_client(
         auth=auth,
         timeout=timeout_s,
         follow_redirects=False,
+        event_hooks={"response": [_bound_answer(_ANSWER_TIMEOUTS * timeout_s)]},
         limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
         if parallel is not None
         else httpx.Limits(),
     )
     return client, tuple(s for s in (secret, parts.password) if s)
+
+
+# httpx bounds each read of an answer, not the whole: a server (a proxy) dripping its answer
+# held a drainer, and the lease it kept renewing, as long as it liked, and a huge answer took
+# the memory. Each body is read within this many timeouts of its headers and up to this size.
+_ANSWER_TIMEOUTS = 4
+MAX_ANSWER_BYTES = 16 * 2**20
+
+
+class _AnswerTooSlow(httpx.ReadTimeout):
+    """The answer's body was still coming at its deadline."""
+
+
+class _AnswerTooLarge(httpx.ReadError):
+    """The answer's body is over ``MAX_ANSWER_BYTES`` (as sent, before any decompression)."""
+
+
+class _Bounded(httpx.SyncByteStream):
+    """An answer's body stream, stopped at its deadline or past ``MAX_ANSWER_BYTES``."""
+
+    def __init__(self, inner: httpx.SyncByteStream, deadline: float, seconds: float) -> None:
+        self._inner, self._deadline, self._seconds = inner, deadline, seconds
+
+    def __iter__(self) -> Iterator[bytes]:
+        size = 0
+        for chunk in self._inner:
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES:,} bytes")
+            if time.monotonic() > self._deadline:
+                raise _AnswerTooSlow(f"the answer was not finished within {self._seconds:g} s")
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _bound_answer(seconds: float) -> Callable[[httpx.Response], None]:
+    def bound(response: httpx.Response) -> None:  # (an httpx response hook: headers in, body not yet)
+        stream = response.stream
+        if isinstance(stream, httpx.SyncByteStream):
+            response.stream = _Bounded(stream, time.monotonic() + seconds, seconds)
+
+    return bound
 
 
 def otel_ids(record: ScoreRecord, backend: str) -> tuple[str, str] | Refused:
@@ -158,6 +203,8 @@ def transport_retry(backend: str, exc: httpx.TransportError | httpx.DecodingErro
     type, never its text (which may quote the URL and its credentials)."""
     if isinstance(exc, httpx.DecodingError):
         return Retry(f"{backend}'s answer could not be decoded ({type(exc).__name__})")
+    if isinstance(exc, _AnswerTooSlow | _AnswerTooLarge):
+        return Retry(f"{backend}: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         return Retry(f"{backend} did not answer in time ({type(exc).__name__})")
     return Retry(f"{backend} unreachable ({type(exc).__name__})")
