@@ -13,8 +13,8 @@ import json
 import os
 import subprocess
 import time
-from datetime import datetime
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
