@@ -26,6 +26,7 @@ and where (span, attribute, index, expected shape) and describe a bad value only
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -64,11 +65,17 @@ def shape_of(value: Any) -> str:
 
 
 def json_error(exc: BaseException) -> str:
-    """Why a JSON text did not parse, by position: ``str()`` of some decoders quotes the text."""
+    """Why ``json.loads`` refused a text, by position, never quoting it (``str()`` of some
+    decoders does)."""
     if isinstance(exc, json.JSONDecodeError):
-        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+        # Some of its messages end in "at", written to precede str()'s ": line 1 column 3".
+        return f"{exc.msg.removesuffix(' at')} at line {exc.lineno} column {exc.colno}"
     if isinstance(exc, RecursionError):
         return "nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 at byte {exc.start}"
+    if isinstance(exc, ValueError):  # json.loads's one other: an integer past int()'s digit limit
+        return f"a number of more than {sys.get_int_max_str_digits()} digits"
     return type(exc).__name__
 
 

@@ -45,7 +45,8 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as exc:
-                yield number, None, f"not JSON ({exc.msg} at column {exc.colno})"
+                # (some of its messages end in "at", written to precede str()'s ": line 1 column 3")
+                yield number, None, f"not JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
                 continue
             except RecursionError:
                 yield number, None, "not JSON (nested too deeply)"

@@ -25,6 +25,7 @@ from typing import IO, Any, Literal
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from tracing import ScoreRecord
+from worker._terminal import printable
 
 __all__ = [
     "Outcome",
@@ -44,15 +45,11 @@ _REASON_CHARS = 300  # a kept worst run's reason; enough for the widest terminal
 _DISTINCT_REASONS = 50  # not-scorable / failure reasons counted one by one; the rest are "other"
 
 
-# C0 and C1 control characters (ESC begins a terminal's escape sequences) as U+FFFD: a name or a
-# reason read from a trace or a file cannot move the cursor, recolour or retitle the terminal.
-_CONTROLS = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0)], "\ufffd")
-
-
 def cell(text: str, width: int) -> str:
-    """``text`` on one line, control characters shown as U+FFFD, cut to ``width`` characters
-    with an ellipsis."""
-    text = " ".join(text.split()).translate(_CONTROLS)
+    """``text`` on one line, ``printable`` (a name or a reason read from a trace or a file cannot
+    move the cursor, recolour or retitle the terminal), cut to ``width`` characters with an
+    ellipsis."""
+    text = printable(" ".join(text.split()))
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 

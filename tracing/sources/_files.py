@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from tracing._errors import json_error
 from tracing.otlp import (
     OtlpDecodeError,
     decode_otlp_protobuf_records,
@@ -304,12 +305,9 @@ class FileSource:
             return
         try:
             document = json.loads(data)
-        except json.JSONDecodeError as exc:
-            yield Malformed(Position(index, 1), f"{path}:{exc.lineno}", f"not JSON ({exc.msg} at column {exc.colno})")
-            return
-        except (ValueError, RecursionError) as exc:  # not UTF-8 (UnicodeDecodeError), nested too deeply
-            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-            yield Malformed(Position(index, 1), where, f"not JSON ({reason})")
+        except (ValueError, RecursionError) as exc:
+            at = f"{path}:{exc.lineno}" if isinstance(exc, json.JSONDecodeError) else where
+            yield Malformed(Position(index, 1), at, f"not JSON ({json_error(exc)})")
             return
         try:
             spans = decode_otlp_records(document, where=where)

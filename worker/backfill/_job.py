@@ -41,6 +41,7 @@ from worker._reconnect import DECODED
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
+from worker._terminal import printable
 from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, RedisJobStore
@@ -114,7 +115,7 @@ def _report_sinks(summary: dict[str, Any]) -> None:
             line += f", not queued {state['not_queued']:,}"
         click.echo(line, err=True)
         for letter in state.get("dead_letters", [])[:3]:
-            click.echo(f"    {letter['reason']}: {letter['detail'][:300]}", err=True)
+            click.echo(printable(f"    {letter['reason']}: {letter['detail'][:300]}"), err=True)
 
 
 def _check_sinks(summary: dict[str, Any]) -> None:
@@ -289,7 +290,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         )
     lines += spend_lines(summary.get("spend"))
     lines.append(f"  elapsed           {format_duration(elapsed)} ({elapsed:.2f}s)")
-    click.echo("\n".join(lines), err=True)
+    click.echo("\n".join(printable(line) for line in lines), err=True)  # file names among them
 
 
 class SpoolError(Exception):
@@ -617,7 +618,7 @@ def _dry_run(
     if counters.unreadable:
         click.echo("unreadable traces: " + ", ".join(f"{k}: {v}" for k, v in sorted(counters.unreadable.items())))
     if counters.malformed:
-        click.echo(f"malformed lines: {counters.malformed} ({', '.join(counters.malformed_where[:5])})")
+        click.echo(printable(f"malformed lines: {counters.malformed} ({', '.join(counters.malformed_where[:5])})"))
     if summary["late_roots"]:
         click.echo(
             f"late roots: {summary['late_roots']} (root span arrived after the assembly window; "

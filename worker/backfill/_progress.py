@@ -7,6 +7,8 @@ import sys
 import time
 from typing import IO
 
+from worker._terminal import printable
+
 __all__ = ["ProgressReporter", "format_duration"]
 
 
@@ -38,9 +40,10 @@ class ProgressReporter:
         self._phase_started[phase] = time.monotonic() if at is None else at
 
     def message(self, text: str) -> None:
-        """A line of its own (a warning, a notice), without breaking the bar."""
+        """A line of its own (a warning, a notice), without breaking the bar; ``printable``, for
+        it may name a file or quote a trace."""
         self.clear()
-        self.stream.write(text + "\n")
+        self.stream.write(printable(text) + "\n")
         self.stream.flush()
 
     def update(

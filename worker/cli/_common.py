@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from tracing import redact
+from worker._terminal import printable
 
 if TYPE_CHECKING:
     from worker._settings import Settings
@@ -40,6 +41,9 @@ class CliError(click.ClickException):
     """An expected failure: printed as one line, exit code 1."""
 
     exit_code = EXIT_ERROR
+
+    def format_message(self) -> str:
+        return printable(self.message)  # it may name a file, a URL or a backend's answer
 
 
 def broker_option(command: F) -> F:
@@ -104,7 +108,7 @@ def run_command(group: click.Group, argv: list[str]) -> int:
         if verbose:
             traceback.print_exc()
         # An unexpected error's text may quote a connection URL: never print its password.
-        click.echo(f"error: {type(exc).__name__}: {redact(str(exc))}", err=True)
+        click.echo(printable(f"error: {type(exc).__name__}: {redact(str(exc))}"), err=True)
         if not verbose:
             click.echo("(run with --verbose for the traceback)", err=True)
         return EXIT_ERROR

@@ -11,6 +11,7 @@ import click
 
 from worker._compare import compare_files
 from worker._summary import cell
+from worker._terminal import printable
 from worker.cli._common import CliError, json_option
 
 __all__ = ["compare_command"]
@@ -73,7 +74,7 @@ def compare_command(old: Path, new: Path, top: int, as_json: bool) -> None:
       tracescore compare old.jsonl new.jsonl
     """
     try:
-        result = compare_files(old, new, top=top, warn=lambda line: click.echo(line, err=True))
+        result = compare_files(old, new, top=top, warn=lambda line: click.echo(printable(line), err=True))
     except OSError as exc:
         raise CliError(f"cannot read {exc.filename or old}: {exc.strerror or exc}") from exc
     click.echo(json.dumps(result, allow_nan=False) if as_json else _render(result))

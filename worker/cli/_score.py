@@ -24,6 +24,7 @@ from worker._embedded import EmbeddedScorer, cli_limits
 from worker._lines import json_lines
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter
+from worker._terminal import printable
 from worker.cli._common import CliError, cli_settings, json_option
 
 __all__ = ["score_command"]
@@ -81,7 +82,7 @@ class _Limited:
     def __call__(self, message: str) -> None:
         self.count += 1
         if self.count <= _MESSAGES_SHOWN:
-            click.echo(message, err=True)
+            click.echo(printable(message), err=True)
 
     def close(self) -> None:
         if self.count > _MESSAGES_SHOWN:
