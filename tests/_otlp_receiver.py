@@ -25,6 +25,7 @@ class OtlpReceiver:
         self.port = port or free_port()
         self.status = 200
         self.answer = b""
+        self.headers: dict[str, str] = {}  # sent with every answer
         self.spans: list[Span] = []
         self.requests = 0
         self.hang = threading.Event()
@@ -56,6 +57,8 @@ class OtlpReceiver:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/x-protobuf" if status == 200 else "text/plain")
                 self.send_header("Content-Length", str(len(answer)))
+                for name, value in receiver.headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(answer)
 

@@ -493,6 +493,26 @@ def test_otlp_sink_a_redirect_is_not_delivered() -> None:
     assert "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in outcome.detail
 
 
+@pytest.mark.parametrize(
+    ("status", "header", "after_s"), [(429, "120", 120.0), (503, "100000", 600.0), (503, "soon", 0.0)]
+)
+def test_otlp_sink_passes_a_retry_after_past_the_exporters_timeout_on(status: int, header: str, after_s: float) -> None:
+    """The exporter waits out a Retry-After only within its own timeout; a longer one was lost,
+    and the drainer retried on its own schedule (sooner than the endpoint asked)."""
+    receiver = OtlpReceiver().start()
+    receiver.status, receiver.headers = status, {"Retry-After": header}
+    record = ScoreRecord(
+        score_id=score_id_for(TRACE, "1" * 16, "s", "1"), trace_id=TRACE, span_id="1" * 16, scorer_id="s"
+    )
+    sink = OtlpSink(endpoint=receiver.endpoint, timeout_s=1)
+    try:
+        (outcome,) = sink.deliver([record])
+    finally:
+        sink.close()
+        receiver.stop()
+    assert outcome == Retry(f"otlp_http_{status}", after_s=after_s)
+
+
 @pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])
 @pytest.mark.parametrize("answer", ["dripped", "huge"])
 def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -181,9 +181,10 @@ def is_retryable(status: int) -> bool:
     return status in _RETRYABLE or status >= 500
 
 
-def retry_after(response: httpx.Response) -> float:
-    """Retry-After in seconds (delta or HTTP date), 0 when absent or unreadable."""
-    value = response.headers.get("retry-after", "").strip()
+def retry_after(header: str | None) -> float:
+    """A Retry-After header's value in seconds (delta or HTTP date), capped; 0 when absent or
+    unreadable."""
+    value = (header or "").strip()
     if not value:
         return 0.0
     try:

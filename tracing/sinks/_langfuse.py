@@ -85,7 +85,7 @@ class LangfuseSink(PerScoreSink):
         if 200 <= status < 300:
             return Delivered()
         if is_retryable(status):
-            return Retry(f"Langfuse answered HTTP {status}", after_s=retry_after(response))
+            return Retry(f"Langfuse answered HTTP {status}", after_s=retry_after(response.headers.get("retry-after")))
         if status in (401, 403):
             reason = (
                 f"Langfuse refused the credentials (HTTP {status}): check TRACESCORE_LANGFUSE_PUBLIC_KEY"

@@ -141,7 +141,7 @@ class MlflowSink(PerScoreSink):
         if 200 <= status < 300:
             return Delivered()
         if is_retryable(status):
-            return Retry(f"MLflow answered HTTP {status}", after_s=retry_after(response))
+            return Retry(f"MLflow answered HTTP {status}", after_s=retry_after(response.headers.get("retry-after")))
         return None
 
     def _refused(self, response: httpx.Response, record: ScoreRecord) -> tuple[Refused, bool]:

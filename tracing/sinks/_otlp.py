@@ -18,7 +18,8 @@ is marked ``tracescore.role=score_writer`` so the capture exporter never scores 
 
 The default exporter is the OTLP/HTTP one, configured by the standard ``OTEL_EXPORTER_OTLP_*``
 variables; its HTTP session is watched so that a refusal (4xx other than 408/409/425/429) is
-``Refused`` with the endpoint's status and answer instead of being retried for ever. A batch
+``Refused`` with the endpoint's status and answer instead of being retried for ever, and a
+``Retry-After`` longer than the exporter's own timeout is the drainer's wait. A batch
 refused for its content (400, 413, 422) is split in halves and re-sent, so one record the
 endpoint cannot take does not refuse its neighbours; a single record's 413 names its size.
 """
@@ -42,7 +43,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
 from tracing._markers import ROLE_ATTRIBUTE
 from tracing._score_record import ScoreRecord
-from tracing.sinks._http import record_texts, refusal_detail
+from tracing.sinks._http import is_retryable, record_texts, refusal_detail, retry_after
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = [
@@ -60,8 +61,6 @@ CARRIER_SPAN_NAME = "tracescore.evaluation"
 ROLE_SCORE_WRITER = "score_writer"
 SCOPE_NAME = "tracescore.score_writer"
 
-# Statuses that mean "later", not "no" (as scorers' classification of HTTP errors has it).
-_RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 # Of the endpoint's answer kept to read a refusal from (enough to parse a JSON error whole).
 _ANSWER_CHARS = 64_000
 # Refusals about a request's content (bad, too large, invalid): split and re-sent, as Phoenix's.
@@ -154,7 +153,8 @@ def _scrubbed(answer: str, records: Sequence[ScoreRecord]) -> str:
 
 
 class _WatchedSession(requests.Session):
-    """The HTTP exporter's session, keeping the last answer (status and a short body) per thread."""
+    """The HTTP exporter's session, keeping the last answer (status, a short body, Retry-After)
+    per thread."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -165,6 +165,7 @@ class _WatchedSession(requests.Session):
         # (UTF-8 whatever the charset says: requests' .text raises on one Python cannot decode)
         text = response.content[: _ANSWER_CHARS * 4].decode("utf-8", "replace")[:_ANSWER_CHARS]
         self.last.status, self.last.text = response.status_code, text
+        self.last.retry_after = retry_after(response.headers.get("retry-after"))
         return response
 
 
@@ -238,7 +239,7 @@ class OtlpSink:
     def _export(self, records: Sequence[ScoreRecord]) -> tuple[Delivery, int | None]:
         """One export: its outcome for every record, and the endpoint's status when known."""
         if self._session is not None:
-            self._session.last.status, self._session.last.text = None, ""
+            self._session.last.status, self._session.last.text, self._session.last.retry_after = None, "", 0.0
         try:
             result = self._exporter.export(carrier_spans(records, self._resource))
         except Exception as exc:  # an exporter must not raise; one that does is down for now
@@ -257,9 +258,10 @@ class OtlpSink:
                 f"otlp_http_{status}",
                 "the endpoint redirects elsewhere; set OTEL_EXPORTER_OTLP_TRACES_ENDPOINT to where it points",
             )
-        if 400 <= status < 500 and status not in _RETRYABLE_4XX:
-            return Refused(f"otlp_http_{status}", _scrubbed(self._session.last.text if self._session else "", records))
-        return Retry(f"otlp_http_{status}")
+        if is_retryable(status):
+            # The exporter honours Retry-After only within its own timeout: past it, the drainer waits.
+            return Retry(f"otlp_http_{status}", after_s=self._session.last.retry_after if self._session else 0.0)
+        return Refused(f"otlp_http_{status}", _scrubbed(self._session.last.text if self._session else "", records))
 
     def close(self) -> None:
         self._exporter.shutdown()

@@ -146,7 +146,7 @@ class PhoenixSink:
         if 200 <= status < 300:
             return Delivered()
         if is_retryable(status):  # incl. Phoenix's 507: storage full, writes locked for now
-            return Retry(f"Phoenix answered HTTP {status}", after_s=retry_after(response))
+            return Retry(f"Phoenix answered HTTP {status}", after_s=retry_after(response.headers.get("retry-after")))
         return status, answer_text(response)
 
     def _detail(self, body: str, sent: list[dict[str, Any]]) -> str:
