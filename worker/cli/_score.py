@@ -47,11 +47,19 @@ def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
             {
                 "input": run.get("input"),
                 "output": run["output"],
-                "run_id": str(run.get("run_id") or f"line-{number}"),
+                "run_id": _run_id(run.get("run_id"), number),
                 "ground_truth": run.get("ground_truth"),
                 "request_context": run.get("request_context"),
             },
         )
+
+
+def _run_id(value: Any, number: int) -> str:
+    """A run's id as text: an object or a list as its JSON (not Python's repr, which --out and
+    ``compare`` would then carry), anything else as ``str``; none given, the line's."""
+    if not value:
+        return f"line-{number}"
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else str(value)
 
 
 def _out_line(number: int, outcome: Outcome) -> str:
