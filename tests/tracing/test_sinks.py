@@ -8,6 +8,7 @@ import io
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
@@ -491,6 +492,90 @@ def test_otlp_sink_a_redirect_is_not_delivered() -> None:
     assert isinstance(outcome, Refused)
     assert outcome.reason == "otlp_http_308"
     assert "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in outcome.detail
+
+
+@pytest.mark.parametrize("answer", ["dripped", "gzip_bomb", "huge"])
+def test_otlp_sink_reads_an_answer_within_its_deadline_and_size(answer: str) -> None:
+    """requests reads a whole answer, bounding each read, not the whole: an endpoint dripping a
+    refusal held the drainer (and its lease) as long as it liked, and a large or decompressing
+    one took the memory. The refusal is named from what came within four timeouts and 256 KB;
+    the next export, to a well-behaved answer, is delivered."""
+    import gzip
+    import threading
+    import tracemalloc
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    stop = threading.Event()
+    refuse = threading.Event()
+    refuse.set()
+    bomb = gzip.compress(b"refused: " + b"x" * 300_000_000) if answer == "gzip_bomb" else b""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if not refuse.is_set():
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            refuse.clear()
+            self.send_response(400)
+            try:
+                if answer == "dripped":
+                    self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    self.wfile.write(b"refused: ")
+                    for _ in range(991):  # ~200 s at this pace, unless the client goes
+                        if stop.wait(0.2):
+                            return
+                        self.wfile.write(b".")
+                        self.wfile.flush()
+                elif answer == "gzip_bomb":
+                    self.send_header("Content-Encoding", "gzip")
+                    self.send_header("Content-Length", str(len(bomb)))
+                    self.end_headers()
+                    self.wfile.write(bomb)
+                else:
+                    self.send_header("Content-Length", str(300 * 2**20))
+                    self.end_headers()
+                    self.wfile.write(b"refused: ")
+                    for _ in range(300):
+                        self.wfile.write(b"x" * 2**20)
+            except OSError:  # the client stopped reading, as it should
+                self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sink = OtlpSink(endpoint=f"http://127.0.0.1:{server.server_address[1]}/v1/traces", timeout_s=0.5)
+    record = ScoreRecord(
+        score_id=score_id_for(TRACE, "1" * 16, "s", "1"), trace_id=TRACE, span_id="1" * 16, scorer_id="s"
+    )
+    outcomes: list[Any] = []
+    worker = threading.Thread(target=lambda: outcomes.extend(sink.deliver([record]) + sink.deliver([record])))
+    tracemalloc.start()  # every allocation, the body's decompression included (bytes objects)
+    try:
+        worker.start()
+        worker.join(60)  # the old code read a dripped answer for ~200 s
+        assert not worker.is_alive(), "deliver still reading the answer"
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        stop.set()
+        worker.join(30)
+        sink.close()
+        server.shutdown()
+        server.server_close()
+    assert peak < 32 * 2**20, f"{peak:,} bytes allocated reading a refusal"  # the old code: over 300 MB
+    refused, delivered = outcomes
+    assert isinstance(refused, Refused)
+    assert refused.reason == "otlp_http_400"
+    assert refused.detail.startswith("refused: ")
+    assert delivered == Delivered()
 
 
 @pytest.mark.parametrize(

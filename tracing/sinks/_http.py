@@ -27,6 +27,7 @@ from tracing.sinks._sink import Delivery, Refused, Retry
 
 __all__ = [
     "ANSWER_ERRORS",
+    "ANSWER_TIMEOUTS",
     "DETAIL_CHARS",
     "JSON",
     "PerScoreSink",
@@ -100,7 +101,7 @@ def http_client(
         auth=auth,
         timeout=timeout_s,
         follow_redirects=False,
-        event_hooks={"response": [_bound_answer(_ANSWER_TIMEOUTS * timeout_s)]},
+        event_hooks={"response": [_bound_answer(ANSWER_TIMEOUTS * timeout_s)]},
         limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
         if parallel is not None
         else httpx.Limits(),
@@ -111,7 +112,7 @@ def http_client(
 # httpx bounds each read of an answer, not the whole: a server (a proxy) dripping its answer
 # held a drainer, and the lease it kept renewing, as long as it liked, and a huge answer took
 # the memory. Each body is read within this many timeouts of its headers and up to this size.
-_ANSWER_TIMEOUTS = 4
+ANSWER_TIMEOUTS = 4
 MAX_ANSWER_BYTES = 16 * 2**20
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
@@ -43,7 +44,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
 from tracing._markers import ROLE_ATTRIBUTE
 from tracing._score_record import ScoreRecord
-from tracing.sinks._http import is_retryable, record_texts, refusal_detail, retry_after
+from tracing.sinks._http import ANSWER_TIMEOUTS, is_retryable, record_texts, refusal_detail, retry_after
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = [
@@ -63,6 +64,8 @@ SCOPE_NAME = "tracescore.score_writer"
 
 # Of the endpoint's answer kept to read a refusal from (enough to parse a JSON error whole).
 _ANSWER_CHARS = 64_000
+# What of the answer is read at all (decompressed): the rest is left unread, the connection closed.
+_ANSWER_BYTES = 4 * _ANSWER_CHARS
 # Refusals about a request's content (bad, too large, invalid): split and re-sent, as Phoenix's.
 _ABOUT_CONTENT = frozenset({400, 413, 422})
 
@@ -152,6 +155,34 @@ def _scrubbed(answer: str, records: Sequence[ScoreRecord]) -> str:
     return refusal_detail(answer, secrets, record_texts(records))
 
 
+def _read_answer(response: requests.Response, timeout: Any) -> bytes:
+    """Up to ``_ANSWER_BYTES`` of the answer's body, decompressed, read within ``ANSWER_TIMEOUTS``
+    of the request's timeout: requests reads a whole body however large, and bounds each read,
+    not the whole, so an endpoint (a proxy) dripping its answer held the drainer and its lease.
+    The status alone is the outcome; the body only explains a refusal."""
+    seconds = max(timeout) if isinstance(timeout, tuple) else float(timeout or 10.0)
+    deadline = time.monotonic() + ANSWER_TIMEOUTS * seconds
+    raw = response.raw
+    read = getattr(raw, "read1", None) or raw.read  # read1: what one receive gives (urllib3 >= 2)
+    parts: list[bytes] = []
+    size, ended = 0, False
+    try:
+        while size < _ANSWER_BYTES and time.monotonic() < deadline:
+            chunk = read(_ANSWER_BYTES - size, decode_content=True)
+            if not chunk:
+                ended = True
+                break
+            parts.append(chunk)
+            size += len(chunk)
+    except Exception:  # a broken or undecodable body: what came of it is the detail
+        pass
+    if ended:
+        raw.release_conn()  # read to its end: the connection is kept for the next export
+    else:
+        response.close()
+    return b"".join(parts)
+
+
 class _WatchedSession(requests.Session):
     """The HTTP exporter's session, keeping the last answer (status, a short body, Retry-After)
     per thread."""
@@ -161,9 +192,14 @@ class _WatchedSession(requests.Session):
         self.last = threading.local()
 
     def request(self, *args: Any, **kwargs: Any) -> requests.Response:
+        kwargs["stream"] = True
         response = super().request(*args, **kwargs)
+        body = _read_answer(response, kwargs.get("timeout"))
+        # requests' own cache of the body: whatever the exporter reads of the answer (an older
+        # one logs .text) comes from here, never from the socket, which may be closed.
+        response._content = body
         # (UTF-8 whatever the charset says: requests' .text raises on one Python cannot decode)
-        text = response.content[: _ANSWER_CHARS * 4].decode("utf-8", "replace")[:_ANSWER_CHARS]
+        text = body.decode("utf-8", "replace")[:_ANSWER_CHARS]
         self.last.status, self.last.text = response.status_code, text
         self.last.retry_after = retry_after(response.headers.get("retry-after"))
         return response
