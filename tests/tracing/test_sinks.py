@@ -599,11 +599,13 @@ def test_otlp_sink_passes_a_retry_after_past_the_exporters_timeout_on(status: in
 
 
 @pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])
-@pytest.mark.parametrize("answer", ["dripped", "huge"])
+@pytest.mark.parametrize("answer", ["dripped", "huge", "gzip_bomb", "brotli"])
 def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """httpx bounds each read, not the whole answer: one dripped a byte at a time held the
     drainer (and its lease) as long as the server liked, and a huge one took the memory. Past
-    four timeouts, or past MAX_ANSWER_BYTES, the answer is a Retry."""
+    four timeouts, or past MAX_ANSWER_BYTES decompressed (a 16 MiB gzip answer was 16 GiB), the
+    answer is a Retry; so is one in an encoding httpx would decode unbounded (br, zstd)."""
+    import gzip
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -617,9 +619,14 @@ def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, mon
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             body = b" " * (40 if answer == "dripped" else 50_000)
             self.send_response(200)
+            if answer == "gzip_bomb":
+                body = gzip.compress(body)  # 100 bytes, under the cap as sent
+                self.send_header("Content-Encoding", "gzip")
+            elif answer == "brotli":
+                self.send_header("Content-Encoding", "br")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if answer == "huge":
+            if answer != "dripped":
                 self.wfile.write(body)
                 return
             for byte in range(len(body)):  # a byte every 0.2 s: 8 s in all, past the 2 s deadline
@@ -655,5 +662,51 @@ def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, mon
         server.shutdown()
         server.server_close()
     assert isinstance(outcome, Retry), outcome
-    expected = "the answer was not finished within 2 s" if answer == "dripped" else "the answer is over 4,096 bytes"
+    expected = {
+        "dripped": "the answer was not finished within 2 s",
+        "brotli": "answer could not be decoded (DecodingError)",
+    }.get(answer, "the answer is over 4,096 bytes")
     assert outcome.reason.endswith(expected), outcome.reason
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "x-gzip", "deflate", "identity", ""])
+def test_http_sinks_read_a_compressed_answer_as_sent(encoding: str) -> None:
+    """The sinks' client decodes gzip and deflate itself (bounded); an answer reads the same as
+    httpx would have read it."""
+    import gzip
+    import threading
+    import zlib
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tracing.sinks._http import http_client
+
+    answer = {"message": "é" * 1000, "n": list(range(500))}
+    plain = json.dumps(answer).encode()
+    body = {"gzip": gzip.compress, "x-gzip": gzip.compress, "deflate": zlib.compress}.get(encoding, bytes)(plain)
+    seen: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Accept-Encoding"))
+            self.send_response(200)
+            if encoding:
+                self.send_header("Content-Encoding", encoding)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    client, _ = http_client(url, what="test URL", setting="TEST", timeout_s=5)
+    try:
+        response = client.get(url)
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
+    assert response.json() == answer
+    assert seen == ["gzip, deflate"]

@@ -12,6 +12,7 @@ import json
 import math
 import re
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
@@ -97,7 +98,8 @@ def http_client(
     if parallel is not None and parallel < 1:
         raise ValueError(f"{backend} parallel must be at least 1 request at a time, got {parallel!r}")
     client = httpx.Client(
-        headers={"Accept": "application/json", **(headers or {})},
+        # (only what _Bounded decodes, within its bound: httpx would ask for br and zstd too)
+        headers={"Accept": "application/json", "Accept-Encoding": "gzip, deflate", **(headers or {})},
         auth=auth,
         timeout=timeout_s,
         follow_redirects=False,
@@ -111,9 +113,12 @@ def http_client(
 
 # httpx bounds each read of an answer, not the whole: a server (a proxy) dripping its answer
 # held a drainer, and the lease it kept renewing, as long as it liked, and a huge answer took
-# the memory. Each body is read within this many timeouts of its headers and up to this size.
+# the memory (a 16 MiB gzip answer decompresses to 16 GiB). Each body is read within this many
+# timeouts of its headers and up to this size, decompressed.
 ANSWER_TIMEOUTS = 4
 MAX_ANSWER_BYTES = 16 * 2**20
+# zlib's window bits for each Content-Encoding _Bounded decodes (32: a zlib or a gzip header).
+_WBITS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS | 32}
 
 
 class _AnswerTooSlow(httpx.ReadTimeout):
@@ -121,24 +126,39 @@ class _AnswerTooSlow(httpx.ReadTimeout):
 
 
 class _AnswerTooLarge(httpx.ReadError):
-    """The answer's body is over ``MAX_ANSWER_BYTES`` (as sent, before any decompression)."""
+    """The answer's body is over ``MAX_ANSWER_BYTES``, decompressed."""
 
 
 class _Bounded(httpx.SyncByteStream):
-    """An answer's body stream, stopped at its deadline or past ``MAX_ANSWER_BYTES``."""
+    """An answer's body stream, decompressed here (``wbits``: zlib's, for its Content-Encoding)
+    and stopped at its deadline or past ``MAX_ANSWER_BYTES``."""
 
-    def __init__(self, inner: httpx.SyncByteStream, deadline: float, seconds: float) -> None:
+    def __init__(self, inner: httpx.SyncByteStream, deadline: float, seconds: float, wbits: int | None) -> None:
         self._inner, self._deadline, self._seconds = inner, deadline, seconds
+        self._decoder = zlib.decompressobj(wbits) if wbits is not None else None
 
     def __iter__(self) -> Iterator[bytes]:
         size = 0
         for chunk in self._inner:
+            if self._decoder is not None:
+                chunk = self._decode(chunk, MAX_ANSWER_BYTES - size)
             size += len(chunk)
             if size > MAX_ANSWER_BYTES:
                 raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES:,} bytes")
             if time.monotonic() > self._deadline:
                 raise _AnswerTooSlow(f"the answer was not finished within {self._seconds:g} s")
             yield chunk
+
+    def _decode(self, chunk: bytes, room: int) -> bytes:
+        """``chunk`` decompressed, no more than one byte past ``room`` of it made."""
+        assert self._decoder is not None
+        try:
+            data = self._decoder.decompress(chunk, room + 1)
+        except zlib.error:
+            raise httpx.DecodingError("the answer is not the gzip or deflate it says") from None
+        if self._decoder.unconsumed_tail:  # stopped at room + 1: there is more than room
+            raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES:,} bytes")
+        return data
 
     def close(self) -> None:
         self._inner.close()
@@ -147,8 +167,17 @@ class _Bounded(httpx.SyncByteStream):
 def _bound_answer(seconds: float) -> Callable[[httpx.Response], None]:
     def bound(response: httpx.Response) -> None:  # (an httpx response hook: headers in, body not yet)
         stream = response.stream
-        if isinstance(stream, httpx.SyncByteStream):
-            response.stream = _Bounded(stream, time.monotonic() + seconds, seconds)
+        if not isinstance(stream, httpx.SyncByteStream):
+            return
+        encodings = [e.strip().lower() for e in response.headers.get("content-encoding", "").split(",") if e.strip()]
+        encodings = [e for e in encodings if e != "identity"]
+        if len(encodings) > 1 or (encodings and encodings[0] not in _WBITS):
+            # httpx would decode br or zstd, unbounded; none was asked for (Accept-Encoding)
+            raise httpx.DecodingError("the answer's Content-Encoding is not gzip or deflate")
+        wbits = _WBITS[encodings[0]] if encodings else None
+        if wbits is not None:
+            del response.headers["content-encoding"]  # decoded in _Bounded, so not again by httpx
+        response.stream = _Bounded(stream, time.monotonic() + seconds, seconds, wbits)
 
     return bound
 
