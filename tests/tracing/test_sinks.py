@@ -21,6 +21,7 @@ from tracing import ScoreRecord, score_id_for
 from tracing.sinks import (
     ConsoleSink,
     Delivered,
+    Delivery,
     JsonlSink,
     MemorySink,
     OtlpSink,
@@ -475,20 +476,29 @@ def test_mlflow_a_proxys_413_for_one_record_refuses_that_record_only() -> None:
     assert outcomes[1:] == [Delivered()] * 5
 
 
+def _one_record() -> ScoreRecord:
+    return ScoreRecord(
+        score_id=score_id_for(TRACE, "1" * 16, "s", "1"), trace_id=TRACE, span_id="1" * 16, scorer_id="s"
+    )
+
+
+def _otlp_outcome(receiver: OtlpReceiver, timeout_s: float) -> Delivery:
+    """One record delivered by an OtlpSink to ``receiver`` (started); the receiver is stopped."""
+    sink = OtlpSink(endpoint=receiver.endpoint, timeout_s=timeout_s)
+    try:
+        (outcome,) = sink.deliver([_one_record()])
+    finally:
+        sink.close()
+        receiver.stop()
+    return outcome
+
+
 def test_otlp_sink_a_redirect_is_not_delivered() -> None:
     """The OTLP exporter calls any 3xx SUCCESS and follows none: the scores were counted
     delivered and never stored anywhere."""
     receiver = OtlpReceiver().start()
     receiver.status, receiver.answer = 308, b""
-    record = ScoreRecord(
-        score_id=score_id_for(TRACE, "1" * 16, "s", "1"), trace_id=TRACE, span_id="1" * 16, scorer_id="s"
-    )
-    sink = OtlpSink(endpoint=receiver.endpoint, timeout_s=5)
-    try:
-        (outcome,) = sink.deliver([record])
-    finally:
-        sink.close()
-        receiver.stop()
+    outcome = _otlp_outcome(receiver, timeout_s=5)
     assert isinstance(outcome, Refused)
     assert outcome.reason == "otlp_http_308"
     assert "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in outcome.detail
@@ -552,9 +562,7 @@ def test_otlp_sink_reads_an_answer_within_its_deadline_and_size(answer: str) -> 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sink = OtlpSink(endpoint=f"http://127.0.0.1:{server.server_address[1]}/v1/traces", timeout_s=0.5)
-    record = ScoreRecord(
-        score_id=score_id_for(TRACE, "1" * 16, "s", "1"), trace_id=TRACE, span_id="1" * 16, scorer_id="s"
-    )
+    record = _one_record()
     outcomes: list[Any] = []
     worker = threading.Thread(target=lambda: outcomes.extend(sink.deliver([record]) + sink.deliver([record])))
     tracemalloc.start()  # every allocation, the body's decompression included (bytes objects)
@@ -586,16 +594,7 @@ def test_otlp_sink_passes_a_retry_after_past_the_exporters_timeout_on(status: in
     and the drainer retried on its own schedule (sooner than the endpoint asked)."""
     receiver = OtlpReceiver().start()
     receiver.status, receiver.headers = status, {"Retry-After": header}
-    record = ScoreRecord(
-        score_id=score_id_for(TRACE, "1" * 16, "s", "1"), trace_id=TRACE, span_id="1" * 16, scorer_id="s"
-    )
-    sink = OtlpSink(endpoint=receiver.endpoint, timeout_s=1)
-    try:
-        (outcome,) = sink.deliver([record])
-    finally:
-        sink.close()
-        receiver.stop()
-    assert outcome == Retry(f"otlp_http_{status}", after_s=after_s)
+    assert _otlp_outcome(receiver, timeout_s=1) == Retry(f"otlp_http_{status}", after_s=after_s)
 
 
 @pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])
