@@ -25,7 +25,7 @@ from typing import IO, Any, Literal
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from tracing import ScoreRecord
-from worker._terminal import printable
+from worker._terminal import cell
 
 __all__ = [
     "Outcome",
@@ -43,14 +43,6 @@ Direction = Literal["higher", "lower"]
 _BARS = "▁▂▃▄▅▆▇█"
 _REASON_CHARS = 300  # a kept worst run's reason; enough for the widest terminal line
 _DISTINCT_REASONS = 50  # not-scorable / failure reasons counted one by one; the rest are "other"
-
-
-def cell(text: str, width: int) -> str:
-    """``text`` on one line, ``printable`` (a name or a reason read from a trace or a file cannot
-    move the cursor, recolour or retitle the terminal), cut to ``width`` characters with an
-    ellipsis."""
-    text = printable(" ".join(text.split()))
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:

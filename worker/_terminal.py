@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tracing import valid_text
 
-__all__ = ["printable"]
+__all__ = ["cell", "printable"]
 
 # C0 and C1 control characters: ESC begins an escape sequence, a newline would forge a line.
 _CONTROLS = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0)], "\ufffd")
@@ -20,3 +20,9 @@ def printable(text: str) -> str:
     """``text`` with each control character and each lone surrogate as U+FFFD."""
     shown: str = valid_text(text.translate(_CONTROLS))[0]
     return shown
+
+
+def cell(text: str, width: int) -> str:
+    """``text`` on one line, ``printable``, cut to ``width`` characters with an ellipsis."""
+    text = printable(" ".join(text.split()))
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"

@@ -466,6 +466,49 @@ def test_sinks_retry_json_counts_what_was_queued_and_what_was_not_a_dead_letter(
         outbox.close()
 
 
+def test_listings_print_no_control_characters_from_traces_or_backends(
+    wrong_env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`scores`, `dlq list` and `sinks list` print what traces, judges and backends wrote (span
+    names, reasons, errors, a backend's answer): their escape sequences are U+FFFD, as the
+    backfill's and compare's output is."""
+    url, esc = wrong_env, "\x1b]0;owned\x07\x1b[31m"
+    trace, span = "ab" * 16, "cd" * 8
+    record = ScoreRecord(
+        score_id=score_id_for(trace, span, "s", "1"), trace_id=trace, span_id=span, scorer_id="s", score=0.5,
+        span_name=f"agent{esc}", reason=f"because{esc}",
+    )  # fmt: skip
+
+    async def put() -> None:
+        store = RedisScoreStore(url, sinks=["otlp"])
+        await store.put_records([record], "w1", 600)
+        await store.close()
+
+    asyncio.run(put())
+    _push_letters(url, DeadLetter(reason="retry_budget_exhausted", error=f"boom{esc}", run_ids=[f"run{esc}"]))
+    outbox = RedisOutbox(url)
+    try:
+        lease = outbox.lease("otlp", 10, lease_s=30)
+        letter = SinkDeadLetter(score_id=record.score_id, sink="otlp", reason="otlp_http_400", detail=f"no{esc}")
+        assert outbox.dead(lease, [letter]) == 1
+    finally:
+        outbox.close()
+    capsys.readouterr()
+    for argv, shown in (
+        (["scores", "--trace", trace], "because\ufffd]0;owned"),
+        (["dlq", "list"], "boom\ufffd]0;owned"),
+        (["dlq", "list"], "run\ufffd]0;owned"),
+        (["sinks", "list"], "no\ufffd]0;owned"),
+    ):
+        assert main([*argv, "--broker", url]) == 0
+        out = capsys.readouterr().out
+        assert shown in out
+        assert "\x1b" not in out
+        assert "\x07" not in out
+    assert main(["scores", "--trace", trace, "--broker", url]) == 0
+    assert "agent\ufffd]0;owned" in capsys.readouterr().out
+
+
 def test_worker_command_does_not_rewrite_the_environment(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,8 +10,7 @@ from typing import Any
 import click
 
 from worker._compare import compare_files
-from worker._summary import cell
-from worker._terminal import printable
+from worker._terminal import cell, printable
 from worker.cli._common import CliError, json_option
 
 __all__ = ["compare_command"]

@@ -11,6 +11,7 @@ from redis.exceptions import RedisError
 
 from tracing import redact
 from worker._admin import dead_letters, requeue_dead_letters
+from worker._terminal import cell, printable
 from worker.cli._common import CliError, broker_option, json_option, redis_settings
 
 __all__ = ["dlq_group"]
@@ -54,9 +55,12 @@ def dlq_list(broker: str | None, limit: int, as_json: bool) -> None:
         when = dt.datetime.fromtimestamp(d.failed_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         retry = "" if d.retryable else " (not retryable)"
         runs = f"  runs={','.join(d.run_ids)}" if d.run_ids else ""
-        click.echo(f"{d.id}  {when}  {d.reason}{retry}  batch={d.batch_id or '-'}  attempts={d.attempts}{runs}")
+        # (run ids come from the message, the error from a scorer or a provider: printable)
+        click.echo(
+            printable(f"{d.id}  {when}  {d.reason}{retry}  batch={d.batch_id or '-'}  attempts={d.attempts}{runs}")
+        )
         if d.error:
-            click.echo(f"    {' '.join(d.error.split())[:160]}")
+            click.echo(f"    {cell(d.error, 160)}")
 
 
 @dlq_group.command("retry")

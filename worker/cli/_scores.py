@@ -10,6 +10,7 @@ import click
 from redis.exceptions import RedisError
 
 from tracing import ScoreRecord, redact
+from worker._terminal import cell, printable
 from worker.cli._common import CliError, broker_option, json_option, redis_settings
 from worker.store import RedisScoreStore
 
@@ -59,7 +60,7 @@ def scores_command(broker: str | None, trace_id: str, as_json: bool) -> None:
         else:
             value = f"{r.score:.3f}" + (f" [{r.label}]" if r.label else "")
             if r.reason:
-                value += f"  {' '.join(r.reason.split())[:80]}"
-        click.echo(
-            f"{r.span_id}  {r.span_name or '-':<20.20}  {r.scorer_id:<20.20} v{r.scorer_version:<3} {when}  {value}"
-        )
+                value += f"  {cell(r.reason, 80)}"
+        # (names, reasons and errors come from traces and judges: printable)
+        line = f"{r.span_id}  {r.span_name or '-':<20.20}  {r.scorer_id:<20.20} v{r.scorer_version:<3} {when}  {value}"
+        click.echo(printable(line))

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from tracing import redact
 from worker._settings import SINK_NAMES
+from worker._terminal import cell, printable
 from worker.cli._common import CliError, broker_option, json_option, redis_settings
 from worker.store import RedisOutbox
 
@@ -115,9 +116,9 @@ def sinks_list(broker: str | None, sink: str | None, limit: int, as_json: bool) 
         click.echo(f"{name}: {line}")
         for x in letters[name]:
             when = dt.datetime.fromtimestamp(x.failed_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-            click.echo(f"  {x.score_id}  {when}  {x.reason}  attempts={x.attempts}  trace={x.trace_id}")
-            if x.detail:
-                click.echo(f"    {' '.join(x.detail.split())[:200]}")
+            click.echo(printable(f"  {x.score_id}  {when}  {x.reason}  attempts={x.attempts}  trace={x.trace_id}"))
+            if x.detail:  # the backend's answer
+                click.echo(f"    {cell(x.detail, 200)}")
 
 
 @sinks_group.command("retry")
