@@ -136,6 +136,8 @@ class _Bounded(httpx.SyncByteStream):
     def __init__(self, inner: httpx.SyncByteStream, deadline: float, seconds: float, wbits: int | None) -> None:
         self._inner, self._deadline, self._seconds = inner, deadline, seconds
         self._decoder = zlib.decompressobj(wbits) if wbits is not None else None
+        # "deflate" is zlib data by the RFC, but some servers send it raw (httpx reads both)
+        self._raw_fallback = wbits == _WBITS["deflate"]
 
     def __iter__(self) -> Iterator[bytes]:
         size = 0
@@ -155,7 +157,12 @@ class _Bounded(httpx.SyncByteStream):
         try:
             data = self._decoder.decompress(chunk, room + 1)
         except zlib.error:
-            raise httpx.DecodingError("the answer is not the gzip or deflate it says") from None
+            if not self._raw_fallback:
+                raise httpx.DecodingError("the answer is not the gzip or deflate it says") from None
+            self._raw_fallback = False
+            self._decoder = zlib.decompressobj(-zlib.MAX_WBITS)
+            return self._decode(chunk, room)
+        self._raw_fallback = False
         if self._decoder.unconsumed_tail:  # stopped at room + 1: there is more than room
             raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES:,} bytes")
         return data
