@@ -5,7 +5,7 @@ limited to 100 at a time by a JudgeLimiter (an asyncio.Semaphore) installed thro
 JudgeHooks, exactly where the worker's limiter sits. The ceiling is 100 / 0.2 s = 500
 calls/s; the target is at least 0.8 of it. Rounds alternate between the interpreter's default
 GC settings (the headline figure) and a tuned GC (``gc.freeze()`` + higher thresholds, as a
-long-running worker may use); the median round of each is reported.
+worker process runs with); the median round of each is reported.
 
     .venv/bin/python bench/judge.py [--runs 2000] [--concurrency 100] [--latency-ms 200]
 """
@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from scorers import Judge, PromptStep, Scorer, create_scorer  # noqa: E402
 from scorers.judge import JudgeHooks, fence, set_judge_hooks  # noqa: E402
+from worker._gc import GC_THRESHOLD, tuned_gc  # noqa: E402
 
 
 class SemaphoreLimiter:
@@ -193,7 +194,7 @@ def main() -> None:
         **summaries,
         "gc_note": (
             "default_gc: the interpreter's defaults (the headline). tuned_gc: gc.freeze() after start-up and "
-            f"gc.set_threshold{TUNED_GC_THRESHOLD}, as a long-running worker process may do; the cyclic GC "
+            f"gc.set_threshold{GC_THRESHOLD}, as a worker process does (worker/_gc.py); the cyclic GC "
             "otherwise costs about 15% of the client's CPU here"
         ),
         "machine": {
@@ -215,24 +216,15 @@ def main() -> None:
     args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
-TUNED_GC_THRESHOLD = (50_000, 20, 100)
-
-
 @contextmanager
 def gc_mode(mode: str) -> Iterator[None]:
-    """``tuned_gc``: freeze what start-up allocated and collect less often; restored after."""
+    """``tuned_gc``: the worker's settings (``worker._gc.tuned_gc``) on what start-up left alive."""
     if mode != "tuned_gc":
         yield
         return
-    saved = gc.get_threshold()
     gc.collect()
-    gc.freeze()
-    gc.set_threshold(*TUNED_GC_THRESHOLD)
-    try:
+    with tuned_gc():
         yield
-    finally:
-        gc.set_threshold(*saved)
-        gc.unfreeze()
 
 
 def summarize(rounds: list[dict[str, Any]], limit: float) -> dict[str, Any]:
