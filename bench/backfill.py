@@ -13,7 +13,8 @@ gunzip + ``json.loads`` of the same input lines, as a ratio (issue 11's goal: at
 the pipeline costs on top of reading. The workers' CPU counts from the start of the backfill
 (their start-up, paid once per worker, is shown apart); the backfill process's includes its own
 start-up. Writes bench/results/backfill.json. Starts its own redis-server (free port, password)
-unless ``--redis`` names one, whose DB it empties.
+unless ``--redis`` names one, whose DB it empties. The workers' cyclic-GC time during the
+backfill is shown apart (bench/_gcprobe, on their PYTHONPATH only).
 """
 
 from __future__ import annotations
@@ -96,6 +97,19 @@ def _settled_cpu(workers: list[subprocess.Popen[bytes]], deadline_s: float = 60.
     return last
 
 
+def _workers_gc(probe_dir: Path) -> tuple[float, list[int]]:
+    """CPU seconds the workers' processes spent in cyclic-GC collections so far, and how many
+    collections of each generation (bench/_gcprobe writes a file per process)."""
+    cpu, collections = 0.0, [0, 0, 0]
+    for path in probe_dir.iterdir():
+        if path.suffix == ".tmp":
+            continue
+        totals = json.loads(path.read_text())
+        cpu += sum(totals["cpu_s"])
+        collections = [a + b for a, b in zip(collections, totals["collections"], strict=True)]
+    return cpu, collections
+
+
 def _redis_server_cpu(pid: int | None) -> float | None:
     """CPU seconds of our own redis-server so far (None for a server we did not start)."""
     if pid is None:
@@ -133,6 +147,14 @@ def _run(args: argparse.Namespace, server: RedisServer | None) -> None:
     client.flushdb()
     env = {**os.environ, "TRACESCORE_BROKER_URL": args.redis, "TRACESCORE_SINKS": "none", "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory(prefix="tracescore-bench-") as tmp:
+        gc_probe = Path(tmp) / "gc"
+        gc_probe.mkdir()
+        worker_env = {
+            **env,
+            "TRACESCORE_LOG_LEVEL": "warning",
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "bench" / "_gcprobe"), str(ROOT)]),
+            "TRACESCORE_BENCH_GC_DIR": str(gc_probe),
+        }
         data = Path(tmp) / "traces"
         started = time.perf_counter()
         paths = write_otlp_files(data, args.traces, files=args.files, traces_per_line=20)
@@ -167,7 +189,7 @@ def _run(args: argparse.Namespace, server: RedisServer | None) -> None:
                         "--without-heartbeat",
                     ],
                     cwd=ROOT,
-                    env={**env, "TRACESCORE_LOG_LEVEL": "warning"},
+                    env=worker_env,
                     stdout=subprocess.DEVNULL,
                     stderr=logs[-1],
                 )
@@ -192,6 +214,7 @@ def _run(args: argparse.Namespace, server: RedisServer | None) -> None:
             # The workers' start-up (imports, the pool's fork: ~1.3 CPU-s each) is paid once per
             # worker, not per trace: counted from here on, and shown apart.
             workers_startup_cpu = _settled_cpu(workers)
+            gc_before = _workers_gc(gc_probe)
             started = time.perf_counter()
             backfill = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             sampler = threading.Thread(target=_sample_rss, args=(backfill.pid, peak, stop), daemon=True)
@@ -210,6 +233,7 @@ def _run(args: argparse.Namespace, server: RedisServer | None) -> None:
                 else 0.0
             )
             worker_cpu = _workers_cpu(workers) - workers_startup_cpu
+            gc_after = _workers_gc(gc_probe)
         finally:
             for worker in workers:
                 worker.send_signal(signal.SIGTERM)
@@ -244,6 +268,9 @@ def _run(args: argparse.Namespace, server: RedisServer | None) -> None:
         "backfill_cpu_ms_per_trace": round(summary["cpu_s"] * 1000 / args.traces, 3),
         "workers_cpu_ms_per_trace": round(worker_cpu * 1000 / args.traces, 3),
         "workers_startup_cpu_s": round(workers_startup_cpu, 2),
+        # Of the workers' CPU: their cyclic-GC collections during the backfill (worker/_gc.py).
+        "workers_gc_cpu_ms_per_trace": round((gc_after[0] - gc_before[0]) * 1000 / args.traces, 3),
+        "workers_gc_collections_by_generation": [a - b for a, b in zip(gc_after[1], gc_before[1], strict=True)],
         "redis_server_cpu_ms_per_trace": round(redis_cpu * 1000 / args.traces, 3),
         "pipeline_cpu_ms_per_trace": round(pipeline_cpu * 1000 / args.traces, 3),
         # The floor: gunzip + json.loads of the same lines, and the pipeline as a multiple of it.
@@ -263,7 +290,9 @@ def _run(args: argparse.Namespace, server: RedisServer | None) -> None:
         f"{'PASS' if ok else 'BELOW TARGET'}: {result['traces_per_s']:,.0f} traces/s end to end "
         f"(read+enqueue {result['read_enqueue_traces_per_s']:,.0f}/s), peak RSS {result['peak_rss_mb']} MB; "
         f"CPU {result['pipeline_cpu_ms_per_trace']} ms/trace = {result['cpu_ratio_to_plain_parse']}x a plain "
-        f"gunzip + json.loads ({result['plain_parse_cpu_ms_per_trace'] * 1000:.0f} us/trace)"
+        f"gunzip + json.loads ({result['plain_parse_cpu_ms_per_trace'] * 1000:.0f} us/trace); the workers' "
+        f"cyclic GC {result['workers_gc_cpu_ms_per_trace']} ms/trace "
+        f"(collections by generation {result['workers_gc_collections_by_generation']})"
     )
     out = ROOT / "bench" / "results" / "backfill.json"
     out.parent.mkdir(parents=True, exist_ok=True)
