@@ -1,8 +1,10 @@
 """bench/backfill.py's probe of the workers' cyclic GC: on PYTHONPATH only for the workers it
 starts (Python imports ``sitecustomize`` at start-up), it adds up each process's collections
 (CPU seconds and count, by generation) and rewrites them to ``$TRACESCORE_BENCH_GC_DIR/<pid>``
-after each one. A prefork child inherits the callback and writes its own file. Collections are
-rare (a few a second at most), so writing a small file after each costs nothing measurable.
+after each one. A prefork child inherits the callback and writes its own file. Under the
+worker's settings (worker/_gc.py) collections are rare, so writing a small file after each costs
+nothing measurable; the many of start-up, under the interpreter's defaults, fall before the
+bench's clock starts.
 """
 
 from __future__ import annotations
