@@ -24,7 +24,12 @@ are reported beside it (on a shared machine a round can lose 20-40% to a
 neighbour or to where the cyclic GC's full collections fall). Beside them, the exporter's own
 work on one thread with the cyclic GC off (the same spans filed, completed and handed to the
 sink, best of five): what the code costs without the threads' hand-offs and the GC's share,
-steadier from run to run than the ratio. Writes bench/results/exporter.json.
+steadier from run to run than the ratio. And where the added CPU goes, in the pipeline itself:
+``threads_only`` is the exporter with its threads running and ``export`` filing nothing (what
+having the exporter costs before any span is read); ``filing_in_situ`` is the CPU of ``export``
+on the processor's thread (``time.thread_time``, the collections of the cyclic GC that fall in
+it included); the GC's collections, counts and CPU by generation, of the no-op pipeline and of
+``ours``. Writes bench/results/exporter.json.
 """
 
 from __future__ import annotations
@@ -151,17 +156,44 @@ class CappedSink:
 
 
 class GcTimer:
-    """CPU spent in the cyclic garbage collector while the app runs (both variants pay it)."""
+    """CPU spent in the cyclic garbage collector while the app runs (both variants pay it), in
+    all and by generation (collections and CPU seconds)."""
 
     def __init__(self) -> None:
         self.total = 0.0
+        self.counts = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
         self._start = 0.0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._start = time.process_time()
         else:
-            self.total += time.process_time() - self._start
+            spent = time.process_time() - self._start
+            self.total += spent
+            self.counts[info["generation"]] += 1
+            self.seconds[info["generation"]] += spent
+
+
+class TimedExporter(ScoringSpanExporter):
+    """``ScoringSpanExporter`` whose ``export`` (the filing, on the processor's thread) is timed
+    in that thread's CPU."""
+
+    filing_s = 0.0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        started = time.thread_time()
+        try:
+            return super().export(spans)
+        finally:
+            self.filing_s += time.thread_time() - started
+
+
+class ThreadsOnlyExporter(ScoringSpanExporter):
+    """The exporter with its flusher and sender running and nothing filed."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
 
 
 def run_once(
@@ -178,7 +210,8 @@ def run_once(
     else:
         rule = ScoringRule(["helpfulness"], sample_rate=sample_rate, filter=(lambda run: True) if with_filter else None)
         sink = CappedSink(sent) if capped else CallbackSink(count)
-        exporter = ScoringSpanExporter([rule], sink, grace_s=0.0, flush_interval_s=0.05, max_traces=4096)
+        cls = ThreadsOnlyExporter if kind == "threads_only" else TimedExporter
+        exporter = cls([rule], sink, grace_s=0.0, flush_interval_s=0.05, max_traces=4096)
     provider = TracerProvider(resource=Resource.create({"service.name": "bench-app"}))
     processor = BatchSpanProcessor(exporter, max_queue_size=n * 6 + 1, schedule_delay_millis=100)
     provider.add_span_processor(processor)
@@ -194,7 +227,8 @@ def run_once(
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     finally:
         gc.callbacks.remove(timer)
-    stats = exporter.stats() if isinstance(exporter, ScoringSpanExporter) else None
+    stats = exporter.stats() if isinstance(exporter, TimedExporter) else None
+    filing_s = exporter.filing_s if isinstance(exporter, TimedExporter) else 0.0
     provider.shutdown()
     if stats is not None:
         expected = stats["runs_found"]
@@ -205,6 +239,9 @@ def run_once(
         "wall_s": wall,
         "cpu_us_per_trace": cpu / n * 1e6,
         "gc_us_per_trace": timer.total / n * 1e6,
+        "gc_collections": timer.counts,
+        "gc_ms": [x * 1e3 for x in timer.seconds],
+        "filing_us_per_trace": filing_s / n * 1e6,
         "stats": stats,
     }
 
@@ -262,10 +299,10 @@ def own_work(n: int, repeat: int = 5) -> dict[str, float]:
     return {
         "filing": min(filing),
         "completing_and_handing_to_sink": min(completing),
-        # Best against best, both completions timed alike (_completion_us): the uncapped one
-        # timed straight after filing, on a heap grown with the GC off, once came out slower
-        # than the capped one, and the difference negative.
-        "encoding_for_a_capped_sink": min(capped_total) - min(completing),
+        # Each repeat times both completions alike (_completion_us), one after the other: the
+        # median of those paired differences. (Best against best once came out negative on a
+        # busy machine: the two bests fell in different repeats.)
+        "encoding_for_a_capped_sink": statistics.median(c - u for c, u in zip(capped_total, completing, strict=True)),
     }
 
 
@@ -291,8 +328,10 @@ def main() -> None:
     run_once("ours", 200)
     run_once("ours", 200, with_filter=True)
     run_once("ours", 200, capped=True)
+    run_once("threads_only", 200)
     kinds = {
         "noop": ("noop", 1.0, False, False),
+        "threads_only": ("threads_only", 1.0, False, False),
         "ours": ("ours", 1.0, False, False),
         "ours_filter": ("ours", 1.0, True, False),
         "ours_sampled_10pct": ("ours", 0.1, False, False),
@@ -300,6 +339,8 @@ def main() -> None:
     }
     cpu: dict[str, list[float]] = {k: [] for k in kinds}
     gc_us: dict[str, list[float]] = {k: [] for k in kinds}
+    gc_by_generation: dict[str, list[tuple[list[int], list[float]]]] = {"noop": [], "ours": []}
+    filing_us: list[float] = []
     last_stats: Any = None
     order = list(kinds)
     for i in range(args.rounds):
@@ -310,8 +351,11 @@ def main() -> None:
             r = run_once(kind, args.traces, rate, with_filter=with_filter, capped=capped)
             cpu[key].append(r["cpu_us_per_trace"])
             gc_us[key].append(r["gc_us_per_trace"])
+            if key in gc_by_generation:
+                gc_by_generation[key].append((r["gc_collections"], r["gc_ms"]))
             if key == "ours":
                 last_stats = r["stats"]
+                filing_us.append(r["filing_us_per_trace"])
     own = own_work(args.traces)
     med = {k: statistics.median(v) for k, v in cpu.items()}
     best = {k: min(v) for k, v in cpu.items()}
@@ -322,6 +366,14 @@ def main() -> None:
     # Each round's ours / no-op (both ran within seconds of each other): load that drifts
     # between rounds cancels out. Reported beside the target's ratio, not instead of it.
     paired = statistics.median(o / n for o, n in zip(cpu["ours"], cpu["noop"], strict=True))
+    threads_only, filing = med["threads_only"], statistics.median(filing_us)
+    generations = {
+        key: {
+            "collections": [statistics.median(c[g] for c, _ in rounds) for g in range(3)],
+            "cpu_ms": [round(statistics.median(m[g] for _, m in rounds), 1) for g in range(3)],
+        }
+        for key, rounds in gc_by_generation.items()
+    }
     out = {
         "traces_per_round": args.traces,
         "rounds": args.rounds,
@@ -340,6 +392,13 @@ def main() -> None:
             "total": round(own["filing"] + own["completing_and_handing_to_sink"], 1),
         },
         "own_work_note": "the exporter's code on one thread, GC off, best of 5 (no thread hand-offs, no GC)",
+        "threads_only_cpu_us_per_trace": round(threads_only, 1),
+        "ratio_threads_only": round(threads_only / noop, 3),
+        "threads_only_note": "the exporter's flusher and sender running, export() filing nothing",
+        "filing_in_situ_us_per_trace": round(filing, 1),
+        "filing_in_situ_note": "CPU of export() on the processor's thread in the ours rounds (median), the GC's "
+        "collections that fall in it included",
+        "gc_by_generation_per_round": generations,
         "path": "default: spans shipped as SpanRecords, the worker reads the run",
         "ours_filter_cpu_us_per_trace": round(filtered, 1),
         "ratio_filter": round(filtered / noop, 3),
@@ -375,6 +434,12 @@ def main() -> None:
         f"thread, GC off (filing {own['filing']:.1f}, completing + to the sink "
         f"{own['completing_and_handing_to_sink']:.1f}; a capped sink's encoding adds "
         f"{own['encoding_for_a_capped_sink']:.1f})"
+    )
+    print(
+        f"where it goes  : threads alone {threads_only - noop:+.1f} us; filing in the pipeline {filing:.1f} us "
+        f"(export() on the processor's thread, GC inside it included); GC collections by generation a round "
+        f"{generations['ours']['collections']} ({generations['ours']['cpu_ms']} ms) beside the no-op's "
+        f"{generations['noop']['collections']} ({generations['noop']['cpu_ms']} ms)"
     )
     print(f"with a filter  : {filtered:8.1f} us CPU per trace, ratio {filtered / noop:.3f} (run read in the app)")
     print(f"sample_rate 0.1: {sampled:8.1f} us CPU per trace, ratio {sampled / noop:.3f}")
