@@ -160,19 +160,20 @@ class GcTimer:
     all and by generation (collections and CPU seconds)."""
 
     def __init__(self) -> None:
-        self.total = 0.0
         self.counts = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
         self._start = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds)
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._start = time.process_time()
         else:
-            spent = time.process_time() - self._start
-            self.total += spent
             self.counts[info["generation"]] += 1
-            self.seconds[info["generation"]] += spent
+            self.seconds[info["generation"]] += time.process_time() - self._start
 
 
 class TimedExporter(ScoringSpanExporter):
