@@ -598,12 +598,13 @@ def test_otlp_sink_passes_a_retry_after_past_the_exporters_timeout_on(status: in
 
 
 @pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])
-@pytest.mark.parametrize("answer", ["dripped", "huge", "gzip_bomb", "brotli"])
+@pytest.mark.parametrize("answer", ["dripped", "dripped_headers", "huge", "gzip_bomb", "brotli"])
 def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """httpx bounds each read, not the whole answer: one dripped a byte at a time held the
-    drainer (and its lease) as long as the server liked, and a huge one took the memory. Past
-    four timeouts, or past MAX_ANSWER_BYTES decompressed (a 16 MiB gzip answer was 16 GiB), the
-    answer is a Retry; so is one in an encoding httpx would decode unbounded (br, zstd)."""
+    """httpx bounds each read, not the whole answer: one dripped a byte at a time, its body or
+    its status line and headers, held the drainer (and its lease) as long as the server liked,
+    and a huge one took the memory. Past four timeouts from the request's start, or past
+    MAX_ANSWER_BYTES decompressed (a 16 MiB gzip answer was 16 GiB), the answer is a Retry; so
+    is one in an encoding httpx would decode unbounded (br, zstd)."""
     import gzip
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -616,6 +617,13 @@ def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, mon
     class Handler(BaseHTTPRequestHandler):
         def _serve(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if answer == "dripped_headers":  # 38 bytes, a byte every 0.2 s: past the 2 s deadline
+                head = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+                for byte in range(len(head)):
+                    if stop.wait(0.2):
+                        return
+                    self.wfile.write(head[byte : byte + 1])
+                return
             body = b" " * (40 if answer == "dripped" else 50_000)
             self.send_response(200)
             if answer == "gzip_bomb":
@@ -663,6 +671,7 @@ def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, mon
     assert isinstance(outcome, Retry), outcome
     expected = {
         "dripped": "the answer was not finished within 2 s",
+        "dripped_headers": "the answer was not finished within 2 s",
         "brotli": "answer could not be decoded (DecodingError)",
     }.get(answer, "the answer is over 4,096 bytes")
     assert outcome.reason.endswith(expected), outcome.reason

@@ -25,6 +25,7 @@ from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing._text import without_lone_surrogates
 from tracing.sinks._sink import Delivery, Refused, Retry
+from tracing.sinks._transport import DeadlineTransport, ExchangeTooSlow, proxy_for
 
 __all__ = [
     "ANSWER_ERRORS",
@@ -103,26 +104,28 @@ def http_client(
         auth=auth,
         timeout=timeout_s,
         follow_redirects=False,
-        event_hooks={"response": [_bound_answer(ANSWER_TIMEOUTS * timeout_s)]},
-        limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
-        if parallel is not None
-        else httpx.Limits(),
+        event_hooks={"response": [_bound_answer]},
+        transport=DeadlineTransport(
+            ANSWER_TIMEOUTS * timeout_s,
+            limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
+            if parallel is not None
+            else httpx.Limits(),
+            proxy=proxy_for(url),
+        ),
+        trust_env=False,  # the environment's proxy is the transport's (proxy_for)
     )
     return client, tuple(s for s in (secret, parts.password) if s)
 
 
-# httpx bounds each read of an answer, not the whole: a server (a proxy) dripping its answer
-# held a drainer, and the lease it kept renewing, as long as it liked, and a huge answer took
-# the memory (a 16 MiB gzip answer decompresses to 16 GiB). Each body is read within this many
-# timeouts of its headers and up to this size, decompressed.
+# httpx bounds each socket operation, not the whole exchange: a server (a proxy) dripping its
+# answer held a drainer, and the lease it kept renewing, as long as it liked, and a huge answer
+# took the memory (a 16 MiB gzip answer decompresses to 16 GiB). Each request, its answer's
+# body included, is over within this many timeouts of its start (``DeadlineTransport``), and
+# each body is read up to this size, decompressed.
 ANSWER_TIMEOUTS = 4
 MAX_ANSWER_BYTES = 16 * 2**20
 # zlib's window bits for each Content-Encoding _Bounded decodes (32: a zlib or a gzip header).
 _WBITS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS | 32}
-
-
-class _AnswerTooSlow(httpx.ReadTimeout):
-    """The answer's body was still coming at its deadline."""
 
 
 class _AnswerTooLarge(httpx.ReadError):
@@ -131,10 +134,10 @@ class _AnswerTooLarge(httpx.ReadError):
 
 class _Bounded(httpx.SyncByteStream):
     """An answer's body stream, decompressed here (``wbits``: zlib's, for its Content-Encoding)
-    and stopped at its deadline or past ``MAX_ANSWER_BYTES``."""
+    and stopped past ``MAX_ANSWER_BYTES``."""
 
-    def __init__(self, inner: httpx.SyncByteStream, deadline: float, seconds: float, wbits: int | None) -> None:
-        self._inner, self._deadline, self._seconds = inner, deadline, seconds
+    def __init__(self, inner: httpx.SyncByteStream, wbits: int | None) -> None:
+        self._inner = inner
         self._decoder = zlib.decompressobj(wbits) if wbits is not None else None
         # "deflate" is zlib data by the RFC, but some servers send it raw (httpx reads both)
         self._raw_fallback = wbits == _WBITS["deflate"]
@@ -147,8 +150,6 @@ class _Bounded(httpx.SyncByteStream):
             size += len(chunk)
             if size > MAX_ANSWER_BYTES:
                 raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES:,} bytes")
-            if time.monotonic() > self._deadline:
-                raise _AnswerTooSlow(f"the answer was not finished within {self._seconds:g} s")
             yield chunk
 
     def _decode(self, chunk: bytes, room: int) -> bytes:
@@ -171,22 +172,20 @@ class _Bounded(httpx.SyncByteStream):
         self._inner.close()
 
 
-def _bound_answer(seconds: float) -> Callable[[httpx.Response], None]:
-    def bound(response: httpx.Response) -> None:  # (an httpx response hook: headers in, body not yet)
-        stream = response.stream
-        if not isinstance(stream, httpx.SyncByteStream):
-            return
-        encodings = [e.strip().lower() for e in response.headers.get("content-encoding", "").split(",") if e.strip()]
-        encodings = [e for e in encodings if e != "identity"]
-        if len(encodings) > 1 or (encodings and encodings[0] not in _WBITS):
-            # httpx would decode br or zstd, unbounded; none was asked for (Accept-Encoding)
-            raise httpx.DecodingError("the answer's Content-Encoding is not gzip or deflate")
-        wbits = _WBITS[encodings[0]] if encodings else None
-        if wbits is not None:
-            del response.headers["content-encoding"]  # decoded in _Bounded, so not again by httpx
-        response.stream = _Bounded(stream, time.monotonic() + seconds, seconds, wbits)
-
-    return bound
+def _bound_answer(response: httpx.Response) -> None:
+    """An httpx response hook (headers in, body not yet read): the body bounded in size."""
+    stream = response.stream
+    if not isinstance(stream, httpx.SyncByteStream):
+        return
+    encodings = [e.strip().lower() for e in response.headers.get("content-encoding", "").split(",") if e.strip()]
+    encodings = [e for e in encodings if e != "identity"]
+    if len(encodings) > 1 or (encodings and encodings[0] not in _WBITS):
+        # httpx would decode br or zstd, unbounded; none was asked for (Accept-Encoding)
+        raise httpx.DecodingError("the answer's Content-Encoding is not gzip or deflate")
+    wbits = _WBITS[encodings[0]] if encodings else None
+    if wbits is not None:
+        del response.headers["content-encoding"]  # decoded in _Bounded, so not again by httpx
+    response.stream = _Bounded(stream, wbits)
 
 
 def otel_ids(record: ScoreRecord, backend: str) -> tuple[str, str] | Refused:
@@ -241,7 +240,7 @@ def transport_retry(backend: str, exc: httpx.TransportError | httpx.DecodingErro
     type, never its text (which may quote the URL and its credentials)."""
     if isinstance(exc, httpx.DecodingError):
         return Retry(f"{backend}'s answer could not be decoded ({type(exc).__name__})")
-    if isinstance(exc, _AnswerTooSlow | _AnswerTooLarge):
+    if isinstance(exc, ExchangeTooSlow | _AnswerTooLarge):
         return Retry(f"{backend}: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         return Retry(f"{backend} did not answer in time ({type(exc).__name__})")

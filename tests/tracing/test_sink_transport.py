@@ -1,0 +1,192 @@
+"""The HTTP sinks' transport (tracing/sinks/_transport.py): the environment's proxy still taken
+(the client no longer lets httpx read it), the whole-exchange deadline kept through a proxy, and
+a proxy variable it cannot use named without its value."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tracing.sinks._http import http_client
+from tracing.sinks._transport import ExchangeTooSlow
+
+_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
+class _Server:
+    """A local HTTP server recording the request targets it saw; ``drip`` sends its status line
+    a byte every 0.2 s (until stopped)."""
+
+    def __init__(self, drip: bool = False) -> None:
+        self.targets: list[str] = []
+        self.stop = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                server.targets.append(self.path)
+                if drip:
+                    head = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+                    for byte in range(len(head)):
+                        if server.stop.wait(0.2):
+                            return
+                        self.wfile.write(head[byte : byte + 1])
+                    return
+                body = b"answered"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
+        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self._http.shutdown()
+        self._http.server_close()
+
+
+@pytest.fixture
+def proxy() -> Iterator[_Server]:
+    server = _Server()
+    yield server
+    server.close()
+
+
+def test_a_sink_goes_through_the_proxy_the_environment_names(proxy: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY routes a sink's requests as httpx itself would have: the proxy is asked for the
+    absolute URL (the sink's host does not resolve: only the proxy can answer)."""
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    client, _ = http_client("http://sink.invalid:6006", what="Phoenix base URL", setting="X", timeout_s=5)
+    with client:
+        answer = client.get("http://sink.invalid:6006/v1/projects")
+    assert (answer.status_code, answer.text) == (200, "answered")
+    assert proxy.targets == ["http://sink.invalid:6006/v1/projects"]
+
+
+@pytest.mark.parametrize("variable", ["ALL_PROXY", "all_proxy"])
+def test_all_proxy_serves_a_scheme_without_its_own(
+    variable: str, proxy: _Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(variable, proxy.url.removeprefix("http://"))  # a bare host:port, as httpx reads it
+    client, _ = http_client("http://sink.invalid:6006", what="Phoenix base URL", setting="X", timeout_s=5)
+    with client:
+        assert client.get("http://sink.invalid:6006/").text == "answered"
+    assert proxy.targets == ["http://sink.invalid:6006/"]
+
+
+def test_no_proxy_sends_a_listed_host_direct(proxy: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = _Server()
+    try:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+        client, _ = http_client(backend.url, what="Phoenix base URL", setting="X", timeout_s=5)
+        with client:
+            assert client.get(f"{backend.url}/v1/projects").text == "answered"
+    finally:
+        backend.close()
+    assert backend.targets == ["/v1/projects"]
+    assert proxy.targets == []
+
+
+def test_the_deadline_holds_through_a_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy dripping its answer is cut at four timeouts from the request's start, as a
+    server is: each read came well within the 0.5 s timeout, for 7.6 s in all."""
+    dripping = _Server(drip=True)
+    monkeypatch.setenv("HTTP_PROXY", dripping.url)
+    client, _ = http_client("http://sink.invalid:6006", what="Phoenix base URL", setting="X", timeout_s=0.5)
+    failure: list[BaseException] = []
+
+    def get() -> None:
+        try:
+            client.get("http://sink.invalid:6006/")
+        except BaseException as exc:
+            failure.append(exc)
+
+    started = time.monotonic()
+    caller = threading.Thread(target=get)
+    caller.start()
+    try:
+        caller.join(30)
+        assert not caller.is_alive(), "still reading the dripped answer"
+    finally:
+        dripping.close()
+        caller.join(30)
+        client.close()
+    (exc,) = failure
+    assert isinstance(exc, ExchangeTooSlow)
+    assert isinstance(exc, httpx.TimeoutException)  # what every sink already reads as a Retry
+    assert str(exc) == "the answer was not finished within 2 s"
+    assert time.monotonic() - started < 7.6, "the whole drip was read"
+    assert dripping.targets == ["http://sink.invalid:6006/"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("HTTPS_PROXY", "socks5://user:hunter22@proxy.example:1080", "names a socks5 proxy"),
+        ("HTTP_PROXY", "http://user:hunter22@[::1", "is not a proxy URL"),
+    ],
+)
+def test_a_proxy_it_cannot_use_is_named_without_its_value(
+    variable: str, value: str, named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(variable, value)
+    scheme = "https" if variable.startswith("HTTPS") else "http"
+    with pytest.raises(ValueError, match=named) as raised:
+        http_client(f"{scheme}://sink.example", what="Phoenix base URL", setting="X", timeout_s=5)
+    assert variable in str(raised.value)
+    assert "hunter22" not in str(raised.value)
+
+
+def test_a_sink_speaks_tls_and_trusts_ssl_cert_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TLS goes through the transport's own streams (the handshake under the deadline too), and
+    the certificates are checked as httpx checks them: SSL_CERT_FILE names the trusted ones, an
+    untrusted server is refused."""
+    import ssl
+    import subprocess
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    server = _Server()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server._http.socket = context.wrap_socket(server._http.socket, server_side=True)
+    url = server.url.replace("http://", "https://")
+    try:
+        client, _ = http_client(url, what="Langfuse host", setting="X", timeout_s=5)
+        with client, pytest.raises(httpx.ConnectError):  # not trusted: certifi's roots only
+            client.get(url)
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        client, _ = http_client(url, what="Langfuse host", setting="X", timeout_s=5)
+        with client:
+            answer = client.get(f"{url}/api/public/health")
+    finally:
+        server.close()
+    assert (answer.status_code, answer.text) == (200, "answered")
+    assert server.targets == ["/api/public/health"]

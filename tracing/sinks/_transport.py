@@ -1,0 +1,256 @@
+"""The HTTP sinks' transport: one deadline for a whole exchange, not only for each read.
+
+httpx bounds each socket operation, not the exchange: a server (or a proxy) sending its status
+line or headers a byte just inside every read timeout held a drainer, and the lease it kept
+renewing, for as long as it liked. ``DeadlineTransport`` gives each request a deadline from its
+start; every read and write of that request, from the connect to the last byte of the body,
+waits no longer than what is left of it (nor longer than its own httpx timeout). Past it, the
+request fails as ``ExchangeTooSlow`` and its connection is closed.
+
+httpx's ``HTTPTransport`` keeps its connection pool private, so this one builds the pool from
+httpcore's public API, with a network backend that reads the deadline of the request on the
+calling thread. Its proxy is the one httpx would take from the environment for the sink's origin
+(``proxy_for``): the client is built with ``trust_env=False``, or httpx would mount its own
+transports, without the deadline, for the proxied schemes.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+import urllib.request
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+import httpcore
+import httpx
+
+__all__ = ["DeadlineTransport", "ExchangeTooSlow", "proxy_for"]
+
+
+class ExchangeTooSlow(httpx.ReadTimeout):
+    """A request whose answer was not all in by its deadline (``DeadlineTransport``)."""
+
+
+class _Deadline(NamedTuple):
+    at: float  # time.monotonic()
+    seconds: float
+
+
+# The deadline of the request under way on this thread (httpcore's sync pool does every socket
+# operation of a request on the thread that sent it).
+_DEADLINE: ContextVar[_Deadline | None] = ContextVar("tracescore_http_deadline", default=None)
+
+# httpcore's errors as httpx's, most specific first (httpx's own mapping is private).
+_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+)
+
+
+def _left(timeout: float | None, past: type[httpcore.TimeoutException]) -> float | None:
+    """The timeout for one socket operation: ``timeout``, cut to what is left of the request's
+    deadline; ``past`` raised when nothing is."""
+    deadline = _DEADLINE.get()
+    if deadline is None:
+        return timeout
+    left = deadline.at - time.monotonic()
+    if left <= 0:
+        raise past("past the exchange's deadline")
+    return left if timeout is None else min(timeout, left)
+
+
+@contextmanager
+def _within(deadline: _Deadline) -> Iterator[None]:
+    """Run a step of the request under ``deadline``, its httpcore errors raised as httpx's."""
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, httpcore.TimeoutException) and time.monotonic() >= deadline.at:
+            raise ExchangeTooSlow(f"the answer was not finished within {deadline.seconds:g} s") from exc
+        for core, mapped in _ERRORS:
+            if isinstance(exc, core):
+                raise mapped(str(exc)) from exc
+        raise
+    finally:
+        _DEADLINE.reset(token)
+
+
+class _Stream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        timeout = _left(timeout, httpcore.ConnectTimeout)
+        return _Stream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> object:
+        return self._inner.get_extra_info(info)
+
+
+class _Backend(httpcore.NetworkBackend):
+    """httpcore's own sync backend, each stream's operations cut to the request's deadline."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        timeout = _left(timeout, httpcore.ConnectTimeout)
+        return _Stream(self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        timeout = _left(timeout, httpcore.ConnectTimeout)
+        return _Stream(self._inner.connect_unix_socket(path, timeout, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class _Body(httpx.SyncByteStream):
+    """An answer's body, each read under its request's deadline."""
+
+    def __init__(self, inner: Iterable[bytes], deadline: _Deadline) -> None:
+        self._inner, self._deadline = inner, deadline
+
+    def __iter__(self) -> Iterator[bytes]:
+        chunks = iter(self._inner)
+        while True:
+            with _within(self._deadline):
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            yield chunk
+
+    def close(self) -> None:
+        close = getattr(self._inner, "close", None)
+        if close is not None:
+            with _within(self._deadline):
+                close()
+
+
+def _core_url(url: httpx.URL) -> httpcore.URL:
+    return httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path)
+
+
+class DeadlineTransport(httpx.BaseTransport):
+    """An httpx transport whose every request, answer body included, is over within
+    ``seconds`` of its start (``ExchangeTooSlow``). HTTP/1.1, certificates as httpx checks them
+    (``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured), through ``proxy`` when given (http or https)."""
+
+    def __init__(self, seconds: float, *, limits: httpx.Limits, proxy: httpx.Proxy | None = None) -> None:
+        self._seconds = seconds
+        ssl_context = httpx.create_ssl_context(trust_env=True)
+        pool: httpcore.ConnectionPool
+        if proxy is None:
+            pool = httpcore.ConnectionPool(
+                ssl_context=ssl_context,
+                max_connections=limits.max_connections,
+                max_keepalive_connections=limits.max_keepalive_connections,
+                keepalive_expiry=limits.keepalive_expiry,
+                network_backend=_Backend(),
+            )
+        else:
+            pool = httpcore.HTTPProxy(
+                proxy_url=_core_url(proxy.url),
+                proxy_auth=proxy.raw_auth,
+                proxy_headers=proxy.headers.raw,
+                ssl_context=ssl_context,
+                proxy_ssl_context=proxy.ssl_context,
+                max_connections=limits.max_connections,
+                max_keepalive_connections=limits.max_keepalive_connections,
+                keepalive_expiry=limits.keepalive_expiry,
+                network_backend=_Backend(),
+            )
+        self._pool = pool
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.SyncByteStream)
+        deadline = _Deadline(time.monotonic() + self._seconds, self._seconds)
+        core_request = httpcore.Request(
+            method=request.method,
+            url=_core_url(request.url),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with _within(deadline):
+            answer = self._pool.handle_request(core_request)
+        assert isinstance(answer.stream, Iterable)
+        return httpx.Response(
+            status_code=answer.status,
+            headers=answer.headers,
+            stream=_Body(answer.stream, deadline),
+            extensions=answer.extensions,
+        )
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def proxy_for(url: str) -> httpx.Proxy | None:
+    """The proxy the environment names for ``url``'s origin, as httpx reads it: the scheme's own
+    (``HTTPS_PROXY``, ``HTTP_PROXY``) before ``ALL_PROXY``, none for a host ``NO_PROXY`` lists.
+    A ``ValueError`` naming the variable for one that is not an http(s) proxy URL (its value is
+    not shown: it may hold a password)."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if not proxies or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    for scheme in (parts.scheme, "all"):
+        value = proxies.get(scheme)
+        if value:
+            break
+    else:
+        return None
+    variable = f"{scheme.upper()}_PROXY"
+    if "://" not in value:
+        value = f"http://{value}"  # as httpx reads a bare host:port
+    try:
+        proxy = httpx.Proxy(value)
+    except (ValueError, httpx.InvalidURL):
+        raise ValueError(f"{variable} (or {variable.lower()}) is not a proxy URL like http://host:port") from None
+    if proxy.url.scheme not in ("http", "https"):
+        raise ValueError(
+            f"{variable} (or {variable.lower()}) names a {proxy.url.scheme} proxy; the score sinks "
+            "go through http(s) proxies only"
+        )
+    return proxy
