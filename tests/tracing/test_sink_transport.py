@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tracing._transport import ExchangeTooSlow
 from tracing.sinks._http import http_client
-from tracing.sinks._transport import ExchangeTooSlow
 
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 

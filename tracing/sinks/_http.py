@@ -24,8 +24,8 @@ import httpx
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing._text import without_lone_surrogates
+from tracing._transport import DeadlineTransport, ExchangeTooSlow, proxy_for
 from tracing.sinks._sink import Delivery, Refused, Retry
-from tracing.sinks._transport import DeadlineTransport, ExchangeTooSlow, proxy_for
 
 __all__ = [
     "ANSWER_ERRORS",

@@ -13,24 +13,28 @@ garbled HTTP answer) are retried with backoff, a ``Retry-After`` obeyed up to a 
 backend that stays down raises ``SourceError``; a single trace that cannot be fetched or decoded
 is a ``Malformed`` item, and so is one whose body is over ``TRACESCORE_BACKFILL_MAX_LINE_BYTES``
 (read no further). Each request has a deadline as a whole (four times the timeout, which
-bounds each read): an answer dripped slower is that trace's ``Malformed`` (the search's: a
-``SourceError``), never a job held for hours. A redirect is followed only to the same scheme,
-host and port: the request's headers (a token) go with it.
+bounds each read; ``tracing._transport``), its status line and headers included: an answer
+dripped slower is that trace's ``Malformed`` (the search's: a ``SourceError``), never a job held
+for hours. A redirect is followed only to the same scheme, host and port: the request's headers
+(a token) go with it. Connections are kept open from one request to the next; certificates are
+checked against the system's store, as Python's own clients check them.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import random
+import re
+import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Mapping
-from typing import IO, Any
+from typing import Any
+
+import httpx
 
 from tracing._broker import redact
+from tracing._transport import DeadlineTransport, ExchangeTooSlow, proxy_for
 from tracing.otlp import OtlpDecodeError, decode_otlp_protobuf_records, decode_otlp_records
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
 from tracing.sources._files import DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_ENV, _cap
@@ -43,20 +47,13 @@ _MAX_RETRY_AFTER_S = 60.0
 _HEX = frozenset("0123456789abcdefABCDEF")
 # What an error keeps of an answer's body (read no further: it may be huge).
 _DETAIL_BYTES = 200
-
-
-class _SameOrigin(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect only to the same scheme, host and port: urllib would send the
-    request's headers (``TRACESCORE_TEMPO_HEADERS``: a token) to wherever it points. Not
-    followed, the 3xx answer is the error."""
-
-    def redirect_request(
-        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: Any, newurl: str
-    ) -> urllib.request.Request | None:
-        old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
-        if (old.scheme, old.netloc) != (new.scheme, new.netloc):
-            return None
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+# A request's deadline as a whole, in timeouts (each bounds one read or write).
+_ANSWER_TIMEOUTS = 4
+_MAX_REDIRECTS = 10
+# What a header's name (an HTTP token) and value (printable ASCII: no CR, LF or NUL to inject a
+# header of its own, nothing httpx cannot encode) may hold.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -92,23 +89,23 @@ class _TooLarge(Exception):
     pass
 
 
-class _Slow(Exception):
-    """The answer is still coming past the request's deadline (a server dripping it)."""
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return url.scheme, url.host, url.port
 
 
-def _read_body(response: http.client.HTTPResponse, limit: int | None, deadline: float) -> bytes:
-    """The answer's body, read as it comes (``read1``: a read waits for some bytes, not for a
-    whole buffer), until ``deadline`` (``_Slow``) or past ``limit`` bytes (``_TooLarge``)."""
+def _read_body(response: httpx.Response, limit: int | None, cut: bool) -> bytes:
+    """The answer's body as sent (nothing decoded), read as it comes; past ``limit`` bytes it
+    is ``_TooLarge``, or, when ``cut``, its first ``limit`` bytes (read no further)."""
     chunks: list[bytes] = []
     size = 0
-    while chunk := response.read1(65536):
+    for chunk in response.iter_raw():
+        chunks.append(chunk)
         size += len(chunk)
         if limit is not None and size > limit:
-            raise _TooLarge
-        if time.monotonic() > deadline:
-            raise _Slow
-        chunks.append(chunk)
-    return b"".join(chunks)
+            if not cut:
+                raise _TooLarge
+            break
+    return b"".join(chunks)[:limit]
 
 
 class TempoSource:
@@ -151,9 +148,19 @@ class TempoSource:
         self.headers = dict(headers or {})
         # One fetched trace is one record: the same cap as a file's line (from the environment).
         self.max_trace_bytes = _cap(max_trace_bytes, MAX_LINE_BYTES_ENV, DEFAULT_MAX_LINE_BYTES)
+        for index, (name, value) in enumerate(self.headers.items(), 1):
+            if not (_HEADER_NAME.fullmatch(name) and _HEADER_VALUE.fullmatch(value)):
+                # (neither is shown: a header may hold a token)
+                raise SourceError(
+                    f"Tempo request header {index} refused: not an HTTP header name and a printable ASCII value"
+                )
+        try:
+            self._proxy = proxy_for(self.url)
+        except ValueError as exc:
+            raise SourceError(f"Tempo at {self._shown}: {exc}") from None
         self.requests = 0
         self._windows_done = 0
-        self._opener = urllib.request.build_opener(_SameOrigin)
+        self._client: httpx.Client | None = None
 
     @classmethod
     def from_description(
@@ -187,6 +194,28 @@ class TempoSource:
 
     # --- HTTP ---------------------------------------------------------------------------
 
+    def _http(self) -> httpx.Client:
+        """The client, opened for a ``read`` (closed at its end) or a single request."""
+        if self._client is None:
+            self._client = httpx.Client(
+                headers={"Accept-Encoding": "identity"},  # nothing decoded past the size cap
+                timeout=self.timeout_s,
+                follow_redirects=False,  # (same origin only: _exchange)
+                transport=DeadlineTransport(
+                    _ANSWER_TIMEOUTS * self.timeout_s,
+                    limits=httpx.Limits(),
+                    proxy=self._proxy,
+                    ssl_context=ssl.create_default_context(),
+                ),
+                trust_env=False,  # the environment's proxy is the transport's (proxy_for)
+            )
+        return self._client
+
+    def _close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
     def _get(
         self,
         path: str,
@@ -198,39 +227,54 @@ class TempoSource:
         url = f"{self.url}{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        try:
-            request = urllib.request.Request(url, headers={"Accept": accept, **self.headers})
-        except ValueError as exc:  # a header value urllib refuses (a newline in it)
-            raise SourceError(f"Tempo request headers refused: {type(exc).__name__}") from None
         delay = 0.2
         for attempt in range(self.retries + 1):
             self.requests += 1
             try:
-                with self._opener.open(request, timeout=self.timeout_s) as response:
-                    body = _read_body(response, limit, time.monotonic() + 4 * self.timeout_s)
-                    return body, response.headers.get("Content-Type", "")
-            except _Slow:  # not retried: a server that drips one answer drips the next
+                status, headers, body = self._exchange(url, accept, limit)
+            except ExchangeTooSlow:  # not retried: a server that drips one answer drips the next
                 raise _HttpError(
-                    0, f"the answer from {redact(url)} took over {4 * self.timeout_s:g} s; not waited for"
+                    0,
+                    f"the answer from {redact(url)} took over {_ANSWER_TIMEOUTS * self.timeout_s:g} s; not waited for",
                 ) from None
-            except urllib.error.HTTPError as exc:
-                detail = exc.read(_DETAIL_BYTES).decode("utf-8", "replace")
-                if exc.code not in _RETRYABLE or attempt == self.retries:
-                    # the request's headers (an auth token) are masked too, should Tempo echo them
-                    said = redact(detail.strip(), *self.headers.values())
-                    raise _HttpError(exc.code, f"HTTP {exc.code} from {redact(url)}: {said}") from None
-                wait = _retry_after(exc.headers.get("Retry-After")) or delay
-            except http.client.HTTPException as exc:  # a garbled answer: its bytes are not shown
+            except httpx.ProtocolError as exc:  # a garbled answer: its bytes are not shown
                 if attempt == self.retries:
                     raise _HttpError(0, f"no valid HTTP answer from {redact(url)} ({type(exc).__name__})") from None
                 wait = delay
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            except httpx.TransportError as exc:
                 if attempt == self.retries:
                     raise SourceError(f"Tempo at {self._shown} is unreachable: {redact(str(exc))}") from None
                 wait = delay
+            else:
+                if 200 <= status < 300:
+                    return body, headers.get("Content-Type", "")
+                if status not in _RETRYABLE or attempt == self.retries:
+                    # the request's headers (an auth token) are masked too, should Tempo echo them
+                    said = redact(body.decode("utf-8", "replace").strip(), *self.headers.values())
+                    raise _HttpError(status, f"HTTP {status} from {redact(url)}: {said}")
+                wait = _retry_after(headers.get("Retry-After")) or delay
             time.sleep(wait * (0.5 + random.random()))
             delay = min(delay * 2, 10.0)
         raise AssertionError("unreachable")
+
+    def _exchange(self, url: str, accept: str, limit: int | None) -> tuple[int, httpx.Headers, bytes]:
+        """One GET, redirects to the same origin followed: the status, the headers and the body
+        (an error's first ``_DETAIL_BYTES``; a success's, ``_TooLarge`` past ``limit``)."""
+        client = self._http()
+        request = client.build_request("GET", url, headers={"Accept": accept, **self.headers})
+        for _ in range(_MAX_REDIRECTS + 1):
+            response = client.send(request, stream=True)
+            try:
+                follow = response.next_request if response.is_redirect else None
+                if follow is not None and _origin(follow.url) == _origin(request.url):
+                    request = follow
+                    continue
+                ok = 200 <= response.status_code < 300
+                body = _read_body(response, limit if ok else _DETAIL_BYTES, cut=not ok)
+                return response.status_code, response.headers, body
+            finally:
+                response.close()
+        raise httpx.RemoteProtocolError(f"more than {_MAX_REDIRECTS} redirects")
 
     def _search(self, start_s: int, end_s: int) -> list[dict[str, Any]]:
         params = {"q": self.query, "start": str(start_s), "end": str(end_s), "limit": str(self.limit)}
@@ -311,7 +355,12 @@ class TempoSource:
         return SpanBatch(spans, Position(0), where)
 
     def read(self, start: Position | None = None) -> Iterator[SourceItem]:
-        start = start or Position(0)
+        try:
+            yield from self._read(start or Position(0))
+        finally:
+            self._close()
+
+    def _read(self, start: Position) -> Iterator[SourceItem]:
         first_s = self.since_ns // _NS
         last_s = -(-self.until_ns // _NS)
         unit = 0

@@ -1,16 +1,17 @@
-"""The HTTP sinks' transport: one deadline for a whole exchange, not only for each read.
+"""Our HTTP clients' transport (the score sinks', the Tempo source's): one deadline for a whole
+exchange, not only for each read.
 
 httpx bounds each socket operation, not the exchange: a server (or a proxy) sending its status
 line or headers a byte just inside every read timeout held a drainer, and the lease it kept
-renewing, for as long as it liked. ``DeadlineTransport`` gives each request a deadline from its
-start; every read and write of that request, from the connect to the last byte of the body,
-waits no longer than what is left of it (nor longer than its own httpx timeout). Past it, the
-request fails as ``ExchangeTooSlow`` and its connection is closed.
+renewing, or a backfill, for as long as it liked. ``DeadlineTransport`` gives each request a
+deadline from its start; every read and write of that request, from the connect to the last
+byte of the body, waits no longer than what is left of it (nor longer than its own httpx
+timeout). Past it, the request fails as ``ExchangeTooSlow`` and its connection is closed.
 
 httpx's ``HTTPTransport`` keeps its connection pool private, so this one builds the pool from
 httpcore's public API, with a network backend that reads the deadline of the request on the
-calling thread. Its proxy is the one httpx would take from the environment for the sink's origin
-(``proxy_for``): the client is built with ``trust_env=False``, or httpx would mount its own
+calling thread. Its proxy is the one httpx would take from the environment for the client's
+origin (``proxy_for``): a client is built with ``trust_env=False``, or httpx would mount its own
 transports, without the deadline, for the proxied schemes.
 """
 
@@ -173,12 +174,20 @@ def _core_url(url: httpx.URL) -> httpcore.URL:
 
 class DeadlineTransport(httpx.BaseTransport):
     """An httpx transport whose every request, answer body included, is over within
-    ``seconds`` of its start (``ExchangeTooSlow``). HTTP/1.1, certificates as httpx checks them
-    (``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured), through ``proxy`` when given (http or https)."""
+    ``seconds`` of its start (``ExchangeTooSlow``). HTTP/1.1, through ``proxy`` when given (http
+    or https); ``ssl_context`` defaults to httpx's (certifi's roots; ``SSL_CERT_FILE`` or
+    ``SSL_CERT_DIR`` instead when set)."""
 
-    def __init__(self, seconds: float, *, limits: httpx.Limits, proxy: httpx.Proxy | None = None) -> None:
+    def __init__(
+        self,
+        seconds: float,
+        *,
+        limits: httpx.Limits,
+        proxy: httpx.Proxy | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self._seconds = seconds
-        ssl_context = httpx.create_ssl_context(trust_env=True)
+        ssl_context = ssl_context or httpx.create_ssl_context(trust_env=True)
         pool: httpcore.ConnectionPool
         if proxy is None:
             pool = httpcore.ConnectionPool(
