@@ -411,6 +411,93 @@ def test_http_sinks_read_hostile_answers_alike(kind: str, answer: str) -> None:
         assert outcome.detail == "Invalid request data: body.data.0: bad value"
 
 
+_ECHOED = 'The agent said "Paris is the capital"\n  & cited <source 3>; customer id 4711-ABCD.'
+
+
+def _echoes() -> dict[str, tuple[str, bytes]]:
+    """A backend's refusals quoting the score's reason changed on the way: (content type, body)."""
+    import html
+
+    r = _ECHOED
+    return {
+        "cut": ("text/plain", f"value too long: '{r[:40]}...'".encode()),
+        "html": ("text/html", f"<p>rejected: {html.escape(r)}</p>".encode()),
+        "json_in_text": ("text/plain", f"bad field explanation={json.dumps(r)}".encode()),
+        "repr": ("text/plain", f"ValueError({r!r})".encode()),
+        "json_message_cut": ("application/json", json.dumps({"message": f"Invalid value {r[:30]}"}).encode()),
+    }
+
+
+@pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse", "otlp"])
+@pytest.mark.parametrize("echo", sorted(_echoes()))
+def test_a_refusal_echoing_the_score_text_cut_or_escaped_shows_none_of_it(kind: str, echo: str) -> None:
+    """Only an exact echo of a score text was masked: a backend quoting the judge's reason cut
+    short, HTML- or JSON-escaped, or as a Python repr put the agent's words in the dead letter
+    (and the logs). Now no stretch of 16 characters of it is left; the backend's own words are."""
+    import html
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tracing.sinks import LangfuseSink, MlflowSink, PhoenixSink
+
+    content_type, body = _echoes()[echo]
+
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(400)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_PATCH = _serve
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    sink: ScoreSink = (
+        PhoenixSink(url)
+        if kind == "phoenix"
+        else MlflowSink(url)
+        if kind == "mlflow"
+        else LangfuseSink(url, "pk-lf-1", "sk-lf-1")
+        if kind == "langfuse"
+        else OtlpSink(endpoint=f"{url}/v1/traces", timeout_s=5)
+    )
+    span = "00f067aa0ba902b7"
+    record = ScoreRecord(
+        score_id=score_id_for(TRACE, span, "s", "1"), trace_id=TRACE, span_id=span, scorer_id="s",
+        score=0.5, reason=_ECHOED,
+    )  # fmt: skip
+    try:
+        (outcome,) = sink.deliver([record])
+    finally:
+        sink.close()
+        server.shutdown()
+        server.server_close()
+    assert isinstance(outcome, Refused), outcome
+    for form in {_ECHOED, html.escape(_ECHOED), json.dumps(_ECHOED)[1:-1], repr(_ECHOED)[1:-1]}:
+        for flat in (form, " ".join(form.split())):
+            for i in range(len(flat) - 15):
+                assert flat[i : i + 16] not in outcome.detail, (flat[i : i + 16], outcome.detail)
+    said = {"cut": "value too long:", "html": "rejected:", "json_in_text": "bad field explanation="}
+    assert outcome.detail.startswith(said.get(echo, "ValueError(" if echo == "repr" else "Invalid value"))
+    assert "***" in outcome.detail
+
+
+def test_a_refusal_keeps_the_backends_own_words() -> None:
+    """The echo mask matches stretches of the score texts, not the backend's message around them;
+    a text under 16 characters is still masked where echoed whole."""
+    from tracing.sinks._http import refusal_detail
+
+    assert refusal_detail("project 'default' does not exist", [], [_ECHOED]) == "project 'default' does not exist"
+    assert refusal_detail("label was mostly-good here", [], ["mostly-good"]) == "label was *** here"
+
+
 def test_otlp_sink_a_refusal_of_every_record_alike_is_not_split_to_the_end() -> None:
     """A 422 that both halves of a batch get alike (a missing header: no one record's doing)
     refuses the whole batch after three requests, not one request per record."""

@@ -8,6 +8,7 @@ The contract (``_sink.py``): 408/409/425/429 and every 5xx, connection errors an
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -73,6 +74,9 @@ _SPAN_ID = re.compile(r"[0-9a-f]{16}")
 # Score text shorter than this is not scrubbed from a refusal (a label like "good" would blank
 # every "good" of the backend's message).
 _SCRUB_MIN_CHARS = 8
+# A refusal's stretch this long found in a rendering of a score text or a credential is an echo
+# of it (``_mask_echoes``): long enough that a backend's own words rarely match one by chance.
+_ECHO_CHARS = 16
 
 
 def http_client(
@@ -318,8 +322,51 @@ def scrubbable(texts: Iterable[object]) -> list[str]:
 
 def refusal_detail(text: str, secrets: Sequence[str], content: Sequence[str] = ()) -> str:
     """A refusal's detail: ``server_message`` (quoted input fields already left out), with our
-    credentials and any score text (``record_texts``) it still echoes masked, cut short."""
-    return redact(server_message(text), *secrets, *content)[:DETAIL_CHARS]
+    credentials and any score text (``record_texts``) it still echoes masked, cut short: echoed
+    whole, or cut, escaped or with its spaces run together (``_mask_echoes``)."""
+    said = _mask_echoes(server_message(text), (*secrets, *content))
+    return redact(said, *secrets, *content)[:DETAIL_CHARS]
+
+
+def _renderings(text: str) -> set[str]:
+    """How a backend may echo ``text``: as it is, JSON-escaped, HTML-escaped, as a Python repr,
+    and each with its runs of whitespace made one space (as ``server_message`` reads a page)."""
+    forms = {
+        text,
+        json.dumps(text)[1:-1],
+        json.dumps(text, ensure_ascii=False)[1:-1],
+        html.escape(text),
+        html.escape(text, quote=False),
+        repr(text)[1:-1],
+    }
+    return forms | {" ".join(f.split()) for f in forms}
+
+
+def _mask_echoes(said: str, texts: Iterable[str]) -> str:
+    """``said`` (its first ``_PAGE_CHARS``) with every stretch of ``_ECHO_CHARS`` characters or
+    more that is in a rendering of one of ``texts`` made ``***``: a backend that quotes a score
+    text cut short (``value 'The agent said…' too long``) or escaped shows none of it. A shorter
+    echo is left to the exact match (``redact``). Indexed by ``said``'s stretches, so the memory
+    is the answer's, whatever the size of the texts."""
+    width, said = _ECHO_CHARS, said[:_PAGE_CHARS]
+    starts: dict[str, list[int]] = {}
+    for i in range(len(said) - width + 1):
+        starts.setdefault(said[i : i + width], []).append(i)
+    hidden = bytearray(len(said))
+    for text in texts:
+        for form in _renderings(text) if starts else ():
+            for j in range(len(form) - width + 1):
+                for i in starts.get(form[j : j + width], ()):
+                    hidden[i : i + width] = b"\x01" * width
+    if not any(hidden):
+        return said
+    out: list[str] = []
+    for i, char in enumerate(said):
+        if not hidden[i]:
+            out.append(char)
+        elif i == 0 or not hidden[i - 1]:
+            out.append("***")
+    return "".join(out)
 
 
 def _deliver_each(
