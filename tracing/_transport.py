@@ -244,7 +244,8 @@ def proxy_for(url: str) -> httpx.Proxy | None:
     not shown: it may hold a password)."""
     parts = urlsplit(url)
     proxies = urllib.request.getproxies()
-    if not proxies or urllib.request.proxy_bypass(parts.hostname or ""):
+    # (host:port: a NO_PROXY entry may name either; no userinfo)
+    if not proxies or urllib.request.proxy_bypass(parts.netloc.rpartition("@")[2]):
         return None
     for scheme in (parts.scheme, "all"):
         value = proxies.get(scheme)
@@ -261,7 +262,7 @@ def proxy_for(url: str) -> httpx.Proxy | None:
         raise ValueError(f"{variable} (or {variable.lower()}) is not a proxy URL like http://host:port") from None
     if proxy.url.scheme not in ("http", "https"):
         raise ValueError(
-            f"{variable} (or {variable.lower()}) names a {proxy.url.scheme} proxy; the score sinks "
-            "go through http(s) proxies only"
+            f"{variable} (or {variable.lower()}) names a {proxy.url.scheme} proxy; tracescore's HTTP "
+            "clients go through http(s) proxies only"
         )
     return proxy

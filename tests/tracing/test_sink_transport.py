@@ -95,11 +95,14 @@ def test_all_proxy_serves_a_scheme_without_its_own(
     assert proxy.targets == ["http://sink.invalid:6006/"]
 
 
-def test_no_proxy_sends_a_listed_host_direct(proxy: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("listed", ["host", "host:port"])
+def test_no_proxy_sends_a_listed_host_direct(listed: str, proxy: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = _Server()
     try:
         monkeypatch.setenv("HTTP_PROXY", proxy.url)
-        monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+        monkeypatch.setenv(
+            "NO_PROXY", "localhost,127.0.0.1" if listed == "host" else backend.url.removeprefix("http://")
+        )
         client, _ = http_client(backend.url, what="Phoenix base URL", setting="X", timeout_s=5)
         with client:
             assert client.get(f"{backend.url}/v1/projects").text == "answered"
