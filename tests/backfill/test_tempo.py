@@ -299,3 +299,16 @@ def test_a_header_http_cannot_carry_stops_the_source_without_showing_it(name: st
         TempoSource("http://127.0.0.1:3200", headers={"Authorization": "Bearer TOKEN", name: value})
     assert "TOKEN" not in str(raised.value)
     assert value not in str(raised.value)
+
+
+def test_a_redirect_loop_within_tempo_costs_that_trace_alone(tempo: FakeTempo) -> None:
+    looping = trace_id(1)
+    tempo.raw_answers[looping] = _raw(
+        f"HTTP/1.1 302 Found\r\nLocation: /api/traces/{looping}\r\nContent-Length: 0\r\n\r\n".encode()
+    )
+    source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS, retries=2)
+    items = list(source.read())
+    (bad,) = [i for i in items if isinstance(i, Malformed)]
+    assert bad.reason.startswith("cannot fetch: more than 10 redirects from ")
+    assert tempo.requests.count(f"/api/traces/{looping}") == 11  # followed 10 times, not retried
+    assert len([i for i in items if isinstance(i, SpanBatch)]) == 2

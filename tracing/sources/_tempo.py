@@ -274,7 +274,7 @@ class TempoSource:
                 return response.status_code, response.headers, body
             finally:
                 response.close()
-        raise httpx.RemoteProtocolError(f"more than {_MAX_REDIRECTS} redirects")
+        raise _HttpError(0, f"more than {_MAX_REDIRECTS} redirects from {redact(url)}")  # a loop: not retried
 
     def _search(self, start_s: int, end_s: int) -> list[dict[str, Any]]:
         params = {"q": self.query, "start": str(start_s), "end": str(end_s), "limit": str(self.limit)}
