@@ -7,6 +7,8 @@ import asyncio
 import io
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -317,6 +319,49 @@ def test_otlp_sink_splits_a_batch_refused_for_its_content() -> None:
     assert arrived == Counter({r.score_id: 1 for i, r in enumerate(records) if i not in (2, 4)})
 
 
+@contextmanager
+def _answering(status: int, headers: dict[str, str], body: bytes) -> Iterator[str]:
+    """A local HTTP server answering every POST and PATCH with this answer; yields its URL."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_PATCH = _serve
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _http_sink(kind: str, url: str, timeout_s: float = 10.0) -> ScoreSink:
+    """The ``kind`` sink (phoenix, mlflow, langfuse, otlp) writing to the server at ``url``."""
+    from tracing.sinks import LangfuseSink, MlflowSink, PhoenixSink
+
+    if kind == "phoenix":
+        return PhoenixSink(url, timeout_s=timeout_s)
+    if kind == "mlflow":
+        return MlflowSink(url, timeout_s=timeout_s)
+    if kind == "langfuse":
+        return LangfuseSink(url, "pk-lf-1", "sk-lf-1", timeout_s=timeout_s)
+    return OtlpSink(endpoint=f"{url}/v1/traces", timeout_s=timeout_s)
+
+
 _HOSTILE: dict[str, tuple[int, dict[str, str], bytes]] = {
     # Nested past what json.loads goes (RecursionError), as a refusal.
     "nested": (400, {"Content-Type": "application/json"}, b"[" * 100_000),
@@ -353,52 +398,21 @@ def test_http_sinks_read_hostile_answers_alike(kind: str, answer: str) -> None:
     """The three HTTP sinks read refusals through one parser: a nested answer is a refusal (no
     RecursionError), an undecodable one a Retry (no DecodingError out of deliver), and a quoted
     request's text (the score's, even short) is never in the detail."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from tracing.sinks import LangfuseSink, MlflowSink, PhoenixSink
-
     status, headers, body = _HOSTILE[answer]
-
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(status)
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_POST = do_PATCH = _serve
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    sink: ScoreSink = (
-        PhoenixSink(url)
-        if kind == "phoenix"
-        else MlflowSink(url)
-        if kind == "mlflow"
-        else LangfuseSink(url, "pk-lf-1", "sk-lf-1")
-    )
-    try:
-        span = "00f067aa0ba902b7"
-        record = ScoreRecord(
-            score_id=score_id_for(TRACE, span, "s", "1"), trace_id=TRACE, span_id=span, scorer_id="s",
-            score=0.5, reason="ok SECRET",
-        )  # fmt: skip
-        started = time.process_time()
-        (outcome,) = sink.deliver([record])
-        # A wedge guard, not a speed target: the markup bomb took minutes of CPU a refusal.
-        assert time.process_time() - started < 20
-    finally:
-        sink.close()
-        server.shutdown()
-        server.server_close()
+    span = "00f067aa0ba902b7"
+    record = ScoreRecord(
+        score_id=score_id_for(TRACE, span, "s", "1"), trace_id=TRACE, span_id=span, scorer_id="s",
+        score=0.5, reason="ok SECRET",
+    )  # fmt: skip
+    with _answering(status, headers, body) as url:
+        sink = _http_sink(kind, url)
+        try:
+            started = time.process_time()
+            (outcome,) = sink.deliver([record])
+            # A wedge guard, not a speed target: the markup bomb took minutes of CPU a refusal.
+            assert time.process_time() - started < 20
+        finally:
+            sink.close()
     if answer == "bad_gzip":
         assert isinstance(outcome, Retry)
         assert "could not be decoded (DecodingError)" in outcome.reason
@@ -435,50 +449,19 @@ def test_a_refusal_echoing_the_score_text_cut_or_escaped_shows_none_of_it(kind: 
     short, HTML- or JSON-escaped, or as a Python repr put the agent's words in the dead letter
     (and the logs). Now no stretch of 16 characters of it is left; the backend's own words are."""
     import html
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from tracing.sinks import LangfuseSink, MlflowSink, PhoenixSink
 
     content_type, body = _echoes()[echo]
-
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(400)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_POST = do_PATCH = _serve
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    sink: ScoreSink = (
-        PhoenixSink(url)
-        if kind == "phoenix"
-        else MlflowSink(url)
-        if kind == "mlflow"
-        else LangfuseSink(url, "pk-lf-1", "sk-lf-1")
-        if kind == "langfuse"
-        else OtlpSink(endpoint=f"{url}/v1/traces", timeout_s=5)
-    )
     span = "00f067aa0ba902b7"
     record = ScoreRecord(
         score_id=score_id_for(TRACE, span, "s", "1"), trace_id=TRACE, span_id=span, scorer_id="s",
         score=0.5, reason=_ECHOED,
     )  # fmt: skip
-    try:
-        (outcome,) = sink.deliver([record])
-    finally:
-        sink.close()
-        server.shutdown()
-        server.server_close()
+    with _answering(400, {"Content-Type": content_type}, body) as url:
+        sink = _http_sink(kind, url, timeout_s=5)
+        try:
+            (outcome,) = sink.deliver([record])
+        finally:
+            sink.close()
     assert isinstance(outcome, Refused), outcome
     for form in {_ECHOED, html.escape(_ECHOED), json.dumps(_ECHOED)[1:-1], repr(_ECHOED)[1:-1]}:
         for flat in (form, " ".join(form.split())):
