@@ -1,6 +1,7 @@
-"""The HTTP sinks' transport (tracing/sinks/_transport.py): the environment's proxy still taken
-(the client no longer lets httpx read it), the whole-exchange deadline kept through a proxy, and
-a proxy variable it cannot use named without its value."""
+"""Our HTTP clients' transport (tracing/_transport.py), in a client built as the sinks build it:
+the environment's proxy still taken (the client no longer lets httpx read it), the
+whole-exchange deadline kept through a proxy, TLS, and a proxy variable it cannot use named
+without its value."""
 
 from __future__ import annotations
 
