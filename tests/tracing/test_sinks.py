@@ -481,6 +481,18 @@ def test_a_refusal_keeps_the_backends_own_words() -> None:
     assert refusal_detail("label was mostly-good here", [], ["mostly-good"]) == "label was *** here"
 
 
+def test_the_echo_mask_of_a_repetitive_page_and_text_is_cheap() -> None:
+    """A page of one repeated character against a score text of the same: each stretch of the
+    text marked every place it occurs in the page, once per repeat (5,000 × 16,000 marks a
+    text: about 9 s of CPU a refusal, holding the drainer). A wedge guard, not a speed target."""
+    from tracing.sinks._http import refusal_detail
+
+    started = time.process_time()
+    detail = refusal_detail("a" * 20_000, [], ["a" * 5_000] * 3)
+    assert time.process_time() - started < 5
+    assert detail == "***"
+
+
 def test_otlp_sink_a_refusal_of_every_record_alike_is_not_split_to_the_end() -> None:
     """A 422 that both halves of a batch get alike (a missing header: no one record's doing)
     refuses the whole batch after three requests, not one request per record."""

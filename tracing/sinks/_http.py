@@ -352,14 +352,21 @@ def _mask_echoes(said: str, texts: Iterable[str]) -> str:
     starts: dict[str, list[int]] = {}
     for i in range(len(said) - width + 1):
         starts.setdefault(said[i : i + width], []).append(i)
-    hidden = bytearray(len(said))
-    for text in texts:
-        for form in _renderings(text) if starts else ():
-            for j in range(len(form) - width + 1):
-                for i in starts.get(form[j : j + width], ()):
-                    hidden[i : i + width] = b"\x01" * width
-    if not any(hidden):
+    # Which of said's stretches are echoes first, then their places: a text repeating one stretch
+    # ("aaaa…" against a page of "a") marks its places once, not once per repeat.
+    echoed = {
+        stretch
+        for text in texts
+        for form in (_renderings(text) if starts else ())
+        for j in range(len(form) - width + 1)
+        if (stretch := form[j : j + width]) in starts
+    }
+    if not echoed:
         return said
+    hidden = bytearray(len(said))
+    for stretch in echoed:
+        for i in starts[stretch]:
+            hidden[i : i + width] = b"\x01" * width
     out: list[str] = []
     for i, char in enumerate(said):
         if not hidden[i]:
