@@ -7,12 +7,14 @@ renewing, or a backfill, for as long as it liked. ``DeadlineTransport`` gives ea
 deadline from its start; every read and write of that request, from the connect to the last
 byte of the body, waits no longer than what is left of it (nor longer than its own httpx
 timeout). Past it, the request fails as ``ExchangeTooSlow`` and its connection is closed.
+``deadline_client`` builds the client our HTTP clients use: each exchange is given
+``EXCHANGE_TIMEOUTS`` timeouts.
 
 httpx's ``HTTPTransport`` keeps its connection pool private, so this one builds the pool from
 httpcore's public API, with a network backend that reads the deadline of the request on the
 calling thread. Its proxy is the one httpx would take from the environment for the client's
-origin (``proxy_for``): a client is built with ``trust_env=False``, or httpx would mount its own
-transports, without the deadline, for the proxied schemes.
+origin (``proxy_for``): ``deadline_client`` builds its client with ``trust_env=False``, or httpx
+would mount its own transports, without the deadline, for the proxied schemes.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import httpcore
 import httpx
 
-__all__ = ["DeadlineTransport", "ExchangeTooSlow", "proxy_for"]
+__all__ = ["EXCHANGE_TIMEOUTS", "DeadlineTransport", "ExchangeTooSlow", "deadline_client", "proxy_for"]
+
+# A whole exchange (connect to the answer's last byte) gets this many of a client's timeouts.
+EXCHANGE_TIMEOUTS = 4
 
 
 class ExchangeTooSlow(httpx.ReadTimeout):
@@ -189,27 +194,23 @@ class DeadlineTransport(httpx.BaseTransport):
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._seconds = seconds
-        ssl_context = ssl_context or httpx.create_ssl_context(trust_env=True)
+        common: dict[str, Any] = {
+            "ssl_context": ssl_context or httpx.create_ssl_context(trust_env=True),
+            "max_connections": limits.max_connections,
+            "max_keepalive_connections": limits.max_keepalive_connections,
+            "keepalive_expiry": limits.keepalive_expiry,
+            "network_backend": _Backend(),
+        }
         pool: httpcore.ConnectionPool
         if proxy is None:
-            pool = httpcore.ConnectionPool(
-                ssl_context=ssl_context,
-                max_connections=limits.max_connections,
-                max_keepalive_connections=limits.max_keepalive_connections,
-                keepalive_expiry=limits.keepalive_expiry,
-                network_backend=_Backend(),
-            )
+            pool = httpcore.ConnectionPool(**common)
         else:
             pool = httpcore.HTTPProxy(
                 proxy_url=_core_url(proxy.url),
                 proxy_auth=proxy.raw_auth,
                 proxy_headers=proxy.headers.raw,
-                ssl_context=ssl_context,
                 proxy_ssl_context=proxy.ssl_context,
-                max_connections=limits.max_connections,
-                max_keepalive_connections=limits.max_keepalive_connections,
-                keepalive_expiry=limits.keepalive_expiry,
-                network_backend=_Backend(),
+                **common,
             )
         self._pool = pool
 
@@ -235,6 +236,24 @@ class DeadlineTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         self._pool.close()
+
+
+def deadline_client(
+    timeout_s: float,
+    *,
+    proxy: httpx.Proxy | None,
+    limits: httpx.Limits | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    **options: Any,
+) -> httpx.Client:
+    """An ``httpx.Client`` (``options``: its headers, auth, event hooks) whose requests go
+    through a ``DeadlineTransport``: each read and write within ``timeout_s``, each exchange
+    within ``EXCHANGE_TIMEOUTS`` of them; through ``proxy`` (``proxy_for``); no redirect followed
+    (a caller that follows one decides where)."""
+    transport = DeadlineTransport(
+        EXCHANGE_TIMEOUTS * timeout_s, limits=limits or httpx.Limits(), proxy=proxy, ssl_context=ssl_context
+    )
+    return httpx.Client(timeout=timeout_s, follow_redirects=False, transport=transport, trust_env=False, **options)
 
 
 def proxy_for(url: str) -> httpx.Proxy | None:

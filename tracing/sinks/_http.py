@@ -25,12 +25,11 @@ import httpx
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing._text import without_lone_surrogates
-from tracing._transport import DeadlineTransport, ExchangeTooSlow, proxy_for
+from tracing._transport import ExchangeTooSlow, deadline_client, proxy_for
 from tracing.sinks._sink import Delivery, Refused, Retry
 
 __all__ = [
     "ANSWER_ERRORS",
-    "ANSWER_TIMEOUTS",
     "DETAIL_CHARS",
     "JSON",
     "PerScoreSink",
@@ -102,31 +101,20 @@ def http_client(
         raise ValueError(f"{backend} timeout must be a positive number of seconds, got {timeout_s!r}")
     if parallel is not None and parallel < 1:
         raise ValueError(f"{backend} parallel must be at least 1 request at a time, got {parallel!r}")
-    client = httpx.Client(
+    client = deadline_client(
+        timeout_s,
+        proxy=proxy_for(url),
+        limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel) if parallel else None,
         # (only what _Bounded decodes, within its bound: httpx would ask for br and zstd too)
         headers={"Accept": "application/json", "Accept-Encoding": "gzip, deflate", **(headers or {})},
         auth=auth,
-        timeout=timeout_s,
-        follow_redirects=False,
         event_hooks={"response": [_bound_answer]},
-        transport=DeadlineTransport(
-            ANSWER_TIMEOUTS * timeout_s,
-            limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
-            if parallel is not None
-            else httpx.Limits(),
-            proxy=proxy_for(url),
-        ),
-        trust_env=False,  # the environment's proxy is the transport's (proxy_for)
     )
     return client, tuple(s for s in (secret, parts.password) if s)
 
 
-# httpx bounds each socket operation, not the whole exchange: a server (a proxy) dripping its
-# answer held a drainer, and the lease it kept renewing, as long as it liked, and a huge answer
-# took the memory (a 16 MiB gzip answer decompresses to 16 GiB). Each request, its answer's
-# body included, is over within this many timeouts of its start (``DeadlineTransport``), and
-# each body is read up to this size, decompressed.
-ANSWER_TIMEOUTS = 4
+# A huge answer took the memory (a 16 MiB gzip answer decompresses to 16 GiB): each body is read
+# up to this size, decompressed (and, as every exchange, within ``EXCHANGE_TIMEOUTS``).
 MAX_ANSWER_BYTES = 16 * 2**20
 # zlib's window bits for each Content-Encoding _Bounded decodes (32: a zlib or a gzip header).
 _WBITS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS | 32}

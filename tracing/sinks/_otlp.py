@@ -44,7 +44,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
 from tracing._markers import ROLE_ATTRIBUTE
 from tracing._score_record import ScoreRecord
-from tracing.sinks._http import ANSWER_TIMEOUTS, is_retryable, record_texts, refusal_detail, retry_after
+from tracing._transport import EXCHANGE_TIMEOUTS
+from tracing.sinks._http import is_retryable, record_texts, refusal_detail, retry_after
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = [
@@ -156,12 +157,12 @@ def _scrubbed(answer: str, records: Sequence[ScoreRecord]) -> str:
 
 
 def _read_answer(response: requests.Response, timeout: Any) -> bytes:
-    """Up to ``_ANSWER_BYTES`` of the answer's body, decompressed, read within ``ANSWER_TIMEOUTS``
+    """Up to ``_ANSWER_BYTES`` of the answer's body, decompressed, read within ``EXCHANGE_TIMEOUTS``
     of the request's timeout: requests reads a whole body however large, and bounds each read,
     not the whole, so an endpoint (a proxy) dripping its answer held the drainer and its lease.
     The status alone is the outcome; the body only explains a refusal."""
     seconds = max(timeout) if isinstance(timeout, tuple) else float(timeout or 10.0)
-    deadline = time.monotonic() + ANSWER_TIMEOUTS * seconds
+    deadline = time.monotonic() + EXCHANGE_TIMEOUTS * seconds
     raw = response.raw
     read = getattr(raw, "read1", None) or raw.read  # read1: what one receive gives (urllib3 >= 2)
     parts: list[bytes] = []

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from tracing._broker import redact
-from tracing._transport import DeadlineTransport, ExchangeTooSlow, proxy_for
+from tracing._transport import EXCHANGE_TIMEOUTS, ExchangeTooSlow, deadline_client, proxy_for
 from tracing.otlp import OtlpDecodeError, decode_otlp_protobuf_records, decode_otlp_records
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
 from tracing.sources._files import DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_ENV, _cap
@@ -47,8 +47,6 @@ _MAX_RETRY_AFTER_S = 60.0
 _HEX = frozenset("0123456789abcdefABCDEF")
 # What an error keeps of an answer's body (read no further: it may be huge).
 _DETAIL_BYTES = 200
-# A request's deadline as a whole, in timeouts (each bounds one read or write).
-_ANSWER_TIMEOUTS = 4
 _MAX_REDIRECTS = 10
 # What a header's name (an HTTP token) and value (printable ASCII: no CR, LF or NUL to inject a
 # header of its own, nothing httpx cannot encode) may hold.
@@ -197,17 +195,11 @@ class TempoSource:
     def _http(self) -> httpx.Client:
         """The client, opened for a ``read`` (closed at its end) or a single request."""
         if self._client is None:
-            self._client = httpx.Client(
+            self._client = deadline_client(
+                self.timeout_s,
+                proxy=self._proxy,
+                ssl_context=ssl.create_default_context(),
                 headers={"Accept-Encoding": "identity"},  # nothing decoded past the size cap
-                timeout=self.timeout_s,
-                follow_redirects=False,  # (same origin only: _exchange)
-                transport=DeadlineTransport(
-                    _ANSWER_TIMEOUTS * self.timeout_s,
-                    limits=httpx.Limits(),
-                    proxy=self._proxy,
-                    ssl_context=ssl.create_default_context(),
-                ),
-                trust_env=False,  # the environment's proxy is the transport's (proxy_for)
             )
         return self._client
 
@@ -235,7 +227,7 @@ class TempoSource:
             except ExchangeTooSlow:  # not retried: a server that drips one answer drips the next
                 raise _HttpError(
                     0,
-                    f"the answer from {redact(url)} took over {_ANSWER_TIMEOUTS * self.timeout_s:g} s; not waited for",
+                    f"the answer from {redact(url)} took over {EXCHANGE_TIMEOUTS * self.timeout_s:g} s; not waited for",
                 ) from None
             except httpx.ProtocolError as exc:  # a garbled answer: its bytes are not shown
                 if attempt == self.retries:
