@@ -1,5 +1,7 @@
 """What the whole-exchange deadline costs an HTTP request: ``DeadlineTransport`` (the sinks' and
-the Tempo source's, tracing/_transport.py) beside httpx's own ``HTTPTransport``, in one run.
+the Tempo source's, tracing/_transport.py) beside httpx's own ``HTTPTransport``, in one run; and
+the OTLP sink's export of one score's carrier span through its session (requests over
+``DeadlineTransport``) beside the same exporter with requests' own session (urllib3).
 
 A local keep-alive HTTP/1.1 server answers each POST of a score-sized JSON body (about 300
 bytes, as the Phoenix and Langfuse sinks send one request per score) with a 40-byte JSON answer.
@@ -23,17 +25,26 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
+import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
+from opentelemetry.sdk.resources import Resource  # noqa: E402
+from opentelemetry.sdk.trace.export import SpanExportResult  # noqa: E402
+
+from tracing import ScoreRecord, score_id_for  # noqa: E402
 from tracing._transport import DeadlineTransport  # noqa: E402
 from tracing.sinks._http import _bound_answer  # noqa: E402
+from tracing.sinks._otlp import _WatchedSession, carrier_spans  # noqa: E402
 
 _ANSWER = json.dumps({"id": "QW5ub3RhdGlvbjox", "status": "ok"}).encode()
 _BODY = json.dumps(
@@ -79,15 +90,66 @@ def _client(transport: httpx.BaseTransport) -> httpx.Client:
     )
 
 
-def _round(client: httpx.Client, url: str, n: int) -> tuple[float, float]:
+def _post(client: httpx.Client, url: str) -> None:
+    answer = client.post(url, content=_BODY, headers={"Content-Type": "application/json"})
+    if answer.status_code != 200 or answer.content != _ANSWER:
+        raise SystemExit(f"unexpected answer {answer.status_code}")
+
+
+_RESOURCE = Resource.create({"service.name": "tracescore-worker"})  # the sink's, made once
+
+
+def _export(exporter: OTLPSpanExporter) -> None:
+    trace, span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    record = ScoreRecord(
+        score_id=score_id_for(trace, span, "helpfulness", "1"),
+        trace_id=trace,
+        span_id=span,
+        scorer_id="helpfulness",
+        score=0.8,
+        reason="answers the question asked, briefly",
+    )
+    if exporter.export(carrier_spans([record], _RESOURCE)) is not SpanExportResult.SUCCESS:
+        raise SystemExit("an OTLP export failed")
+
+
+def _round(send: Callable[[], None], n: int) -> tuple[float, float]:
     """(CPU µs, wall µs) per request."""
     wall, cpu = time.perf_counter(), time.thread_time()
     for _ in range(n):
-        answer = client.post(url, content=_BODY, headers={"Content-Type": "application/json"})
-        if answer.status_code != 200 or answer.content != _ANSWER:
-            raise SystemExit(f"unexpected answer {answer.status_code}")
+        send()
     cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
     return cpu / n * 1e6, wall / n * 1e6
+
+
+def _compare(senders: dict[str, Callable[[], None]], ours: str, baseline: str, n: int, rounds: int) -> dict[str, Any]:
+    """Interleaved rounds of each sender (the order flips each round): least and median CPU,
+    median wall time per request, and the median of each round's ratio ours / baseline."""
+    for send in senders.values():  # warm: connection open, code paths loaded
+        _round(send, 200)
+    cpu: dict[str, list[float]] = {name: [] for name in senders}
+    wall: dict[str, list[float]] = {name: [] for name in senders}
+    ratios: list[float] = []
+    for r in range(rounds):
+        got: dict[str, float] = {}
+        for name in list(senders) if r % 2 == 0 else list(reversed(senders)):
+            c, w = _round(senders[name], n)
+            cpu[name].append(c)
+            wall[name].append(w)
+            got[name] = c
+        ratios.append(got[ours] / got[baseline])
+    result: dict[str, Any] = {
+        name: {
+            "cpu_us_per_request_least": round(min(cpu[name]), 2),
+            "cpu_us_per_request_median": round(statistics.median(cpu[name]), 2),
+            "wall_us_per_request_median": round(statistics.median(wall[name]), 2),
+        }
+        for name in senders
+    }
+    added = result[ours]["cpu_us_per_request_median"] - result[baseline]["cpu_us_per_request_median"]
+    result["added_cpu_us_per_request_median"] = round(added, 2)
+    result["ratio_median_of_rounds"] = round(statistics.median(ratios), 3)
+    return result
 
 
 def main() -> None:
@@ -104,43 +166,32 @@ def main() -> None:
         "httpx_transport": _client(httpx.HTTPTransport(limits=limits)),
         "deadline_transport": _client(DeadlineTransport(40.0, limits=limits)),
     }
-    for client in clients.values():  # warm: connection open, code paths loaded
-        _round(client, url, 200)
-    cpu: dict[str, list[float]] = {name: [] for name in clients}
-    wall: dict[str, list[float]] = {name: [] for name in clients}
-    ratios: list[float] = []
-    for r in range(args.rounds):
-        order = list(clients) if r % 2 == 0 else list(reversed(clients))
-        got: dict[str, float] = {}
-        for name in order:
-            c, w = _round(clients[name], url, args.requests)
-            cpu[name].append(c)
-            wall[name].append(w)
-            got[name] = c
-        ratios.append(got["deadline_transport"] / got["httpx_transport"])
-    for client in clients.values():
-        client.close()
-    server.shutdown()
-    server.server_close()
-
+    senders: dict[str, Callable[[], None]] = {name: partial(_post, client, url) for name, client in clients.items()}
     result: dict[str, Any] = {
         "requests_per_round": args.requests,
         "rounds": args.rounds,
         "python": platform.python_version(),
         "httpx": httpx.__version__,
+        **_compare(senders, "deadline_transport", "httpx_transport", args.requests, args.rounds),
     }
-    for name in clients:
-        result[name] = {
-            "cpu_us_per_request_least": round(min(cpu[name]), 2),
-            "cpu_us_per_request_median": round(statistics.median(cpu[name]), 2),
-            "wall_us_per_request_median": round(statistics.median(wall[name]), 2),
-        }
-    added = (
-        result["deadline_transport"]["cpu_us_per_request_median"]
-        - result["httpx_transport"]["cpu_us_per_request_median"]
+    otlp_url = url.replace("/v1/span_annotations", "/v1/traces")
+    exporters = {
+        "requests_session": OTLPSpanExporter(endpoint=otlp_url, timeout=10, session=requests.Session()),
+        "otlp_sink_session": OTLPSpanExporter(endpoint=otlp_url, timeout=10, session=_WatchedSession()),
+    }
+    result["otlp_export"] = _compare(
+        {name: partial(_export, exporter) for name, exporter in exporters.items()},
+        "otlp_sink_session",
+        "requests_session",
+        args.requests,
+        args.rounds,
     )
-    result["added_cpu_us_per_request_median"] = round(added, 2)
-    result["ratio_median_of_rounds"] = round(statistics.median(ratios), 3)
+    for client in clients.values():
+        client.close()
+    for exporter in exporters.values():
+        exporter.shutdown()  # type: ignore[no-untyped-call]
+    server.shutdown()
+    server.server_close()
     print(json.dumps(result, indent=2))
     out = ROOT / "bench" / "results" / "http_transport.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

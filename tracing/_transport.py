@@ -31,10 +31,19 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
-__all__ = ["EXCHANGE_TIMEOUTS", "DeadlineTransport", "ExchangeTooSlow", "deadline_client", "proxy_for"]
+__all__ = [
+    "EXCHANGE_EXTENSION",
+    "EXCHANGE_TIMEOUTS",
+    "DeadlineTransport",
+    "ExchangeTooSlow",
+    "deadline_client",
+    "proxy_for",
+]
 
 # A whole exchange (connect to the answer's last byte) gets this many of a client's timeouts.
 EXCHANGE_TIMEOUTS = 4
+# A request's own exchange deadline in seconds, in its extensions, over the transport's.
+EXCHANGE_EXTENSION = "tracescore.exchange_s"
 
 
 class ExchangeTooSlow(httpx.ReadTimeout):
@@ -181,7 +190,8 @@ def _core_url(url: httpx.URL) -> httpcore.URL:
 
 class DeadlineTransport(httpx.BaseTransport):
     """An httpx transport whose every request, answer body included, is over within
-    ``seconds`` of its start (``ExchangeTooSlow``). HTTP/1.1, through ``proxy`` when given (http
+    ``seconds`` of its start (``ExchangeTooSlow``), or within its own ``EXCHANGE_EXTENSION``
+    seconds when its extensions give them. HTTP/1.1, through ``proxy`` when given (http
     or https); ``ssl_context`` defaults to httpx's (certifi's roots; ``SSL_CERT_FILE`` or
     ``SSL_CERT_DIR`` instead when set)."""
 
@@ -216,7 +226,8 @@ class DeadlineTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         assert isinstance(request.stream, httpx.SyncByteStream)
-        deadline = _Deadline(time.monotonic() + self._seconds, self._seconds)
+        seconds = request.extensions.get(EXCHANGE_EXTENSION, self._seconds)
+        deadline = _Deadline(time.monotonic() + seconds, seconds)
         core_request = httpcore.Request(
             method=request.method,
             url=_core_url(request.url),

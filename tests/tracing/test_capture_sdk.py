@@ -1,5 +1,6 @@
 """tracing/_sdk.py: private SDK fields only on a tested SDK version, the public API otherwise,
-the same records either way, on the oldest and the newest SDK the project allows."""
+the same records either way, on the oldest and the newest SDK the project allows; and the OTLP
+sink reading every answer alike on the oldest and the newest OTLP exporter."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
 import tracing._sdk as sdk
 from tests.tracing._capture_sdk_check import check, make_spans
+from tests.tracing._otlp_sink_check import check as check_otlp_sink
 from tracing._records import span_record
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +93,7 @@ def test_a_subclass_is_read_through_its_properties() -> None:
 
 
 def _oldest_sdk(cache: Path) -> Path:
-    target = cache / f"otel-{OLDEST}"
+    target = cache / f"otel-{OLDEST}-with-exporter"
     done = target / ".installed"
     if done.exists():
         return target
@@ -106,6 +109,7 @@ def _oldest_sdk(cache: Path) -> Path:
             str(target),
             f"opentelemetry-api=={OLDEST}",
             f"opentelemetry-sdk=={OLDEST}",
+            f"opentelemetry-exporter-otlp-proto-http=={OLDEST}",
         ],
         capture_output=True,
         text=True,
@@ -121,13 +125,13 @@ def _oldest_sdk(cache: Path) -> Path:
     return target
 
 
-def test_oldest_allowed_sdk_gives_the_same_records(pytestconfig: pytest.Config) -> None:
-    """On opentelemetry-sdk 1.27.0 (a subprocess, that SDK first on the path): fast path on,
-    fast == public, and the records equal the newest SDK's."""
+def _on_oldest(pytestconfig: pytest.Config, module: str) -> dict[str, Any]:
+    """What ``python -m module`` prints (its last line, JSON) with the oldest allowed SDK and
+    OTLP exporter first on the path."""
     target = _oldest_sdk(Path(pytestconfig.cache.mkdir("tracescore-sdk")))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(ROOT)])}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.tracing._capture_sdk_check"],
+        [sys.executable, "-m", module],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -136,7 +140,14 @@ def test_oldest_allowed_sdk_gives_the_same_records(pytestconfig: pytest.Config) 
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    old = json.loads(proc.stdout.strip().splitlines()[-1])
+    said: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return said
+
+
+def test_oldest_allowed_sdk_gives_the_same_records(pytestconfig: pytest.Config) -> None:
+    """On opentelemetry-sdk 1.27.0 (a subprocess, that SDK first on the path): fast path on,
+    fast == public, and the records equal the newest SDK's."""
+    old = _on_oldest(pytestconfig, "tests.tracing._capture_sdk_check")
     assert old["sdk"] == OLDEST
     assert old["fast_path"] is True
     assert old["records"] == check()["records"]
@@ -156,3 +167,34 @@ def test_fast_and_public_paths_agree_on_a_span_without_attributes_or_events() ->
         sdk.FAST_PATH = on
     assert fast == public
     assert (fast.attributes, fast.events) == ({}, ())
+
+
+def _expected_otlp_answers(said: dict[str, Any]) -> None:
+    outcomes = said["outcomes"]
+    assert outcomes["accepted"] == {"outcome": "Delivered"}
+    assert outcomes["refused"] == {
+        "outcome": "Refused",
+        "reason": "otlp_http_400",
+        "detail": "missing header x-mlflow-experiment-id",
+    }
+    # The oldest exporter posts with requests' default and followed the redirect: stored
+    # elsewhere (or not at all), and called delivered.
+    assert outcomes["redirected"]["outcome"] == "Refused"
+    assert outcomes["redirected"]["reason"] == "otlp_http_308"
+    # Cut at the exchange's deadline (the oldest exporter let it raise, the newest reports a
+    # failure): before, a status line dripped within each read's timeout was waited out.
+    assert outcomes["dripped_headers"]["outcome"] == "Retry"
+    assert outcomes["accepted_after"] == {"outcome": "Delivered"}
+    assert said["paths"] == ["/v1/traces"] * 5
+
+
+def test_otlp_sink_reads_each_answer_alike_on_the_newest_exporter() -> None:
+    _expected_otlp_answers(check_otlp_sink())
+
+
+def test_otlp_sink_reads_each_answer_alike_on_the_oldest_exporter(pytestconfig: pytest.Config) -> None:
+    """On opentelemetry-exporter-otlp-proto-http 1.27.0, which passes ``verify`` and ``cert``
+    per request and follows redirects unless told not to (the newest: on its session, never)."""
+    old = _on_oldest(pytestconfig, "tests.tracing._otlp_sink_check")
+    assert old["exporter"] == OLDEST
+    _expected_otlp_answers(old)

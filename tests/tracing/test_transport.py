@@ -1,7 +1,8 @@
-"""Our HTTP clients' transport (tracing/_transport.py), in a client built as the sinks build it:
-the environment's proxy still taken (the client no longer lets httpx read it), the
-whole-exchange deadline kept through a proxy, TLS, and a proxy variable it cannot use named
-without its value."""
+"""Our HTTP clients' transport (tracing/_transport.py), in a client built as the sinks build it
+and under the OTLP sink's requests session: the environment's proxy still taken (the client no
+longer lets httpx read it), the whole-exchange deadline kept through a proxy, TLS (the OTLP
+exporter's certificate settings, a client certificate), and a proxy variable it cannot use
+named without its value."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tracing import ScoreRecord, score_id_for
 from tracing._transport import ExchangeTooSlow
+from tracing.sinks import Delivered, OtlpSink, Retry
 from tracing.sinks._http import http_client
 
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
@@ -41,6 +44,7 @@ class _Server:
 
             def do_GET(self) -> None:
                 server.targets.append(self.path)
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if drip:
                     head = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
                     for byte in range(len(head)):
@@ -53,6 +57,8 @@ class _Server:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            do_POST = do_GET
 
             def log_message(self, *args: object) -> None:
                 return None
@@ -163,25 +169,41 @@ def test_a_proxy_it_cannot_use_is_named_without_its_value(
     assert "hunter22" not in str(raised.value)
 
 
-def test_a_sink_speaks_tls_and_trusts_ssl_cert_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """TLS goes through the transport's own streams (the handshake under the deadline too), and
-    the certificates are checked as httpx checks them: SSL_CERT_FILE names the trusted ones, an
-    untrusted server is refused."""
-    import ssl
+def _certificate(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed (key, certificate) for 127.0.0.1."""
     import subprocess
 
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    key, cert = tmp_path / f"{name}-key.pem", tmp_path / f"{name}-cert.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
          "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
         check=True,
         capture_output=True,
     )  # fmt: skip
-    server = _Server()
+    return key, cert
+
+
+def _tls(server: _Server, key: Path, cert: Path, client_ca: Path | None = None) -> str:
+    """Serve ``server`` over TLS (asking for a client certificate signed by ``client_ca``);
+    returns its https URL."""
+    import ssl
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(client_ca)
     server._http.socket = context.wrap_socket(server._http.socket, server_side=True)
-    url = server.url.replace("http://", "https://")
+    return server.url.replace("http://", "https://")
+
+
+def test_a_sink_speaks_tls_and_trusts_ssl_cert_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TLS goes through the transport's own streams (the handshake under the deadline too), and
+    the certificates are checked as httpx checks them: SSL_CERT_FILE names the trusted ones, an
+    untrusted server is refused."""
+    key, cert = _certificate(tmp_path, "server")
+    server = _Server()
+    url = _tls(server, key, cert)
     try:
         client, _ = http_client(url, what="Langfuse host", setting="X", timeout_s=5)
         with client, pytest.raises(httpx.ConnectError):  # not trusted: certifi's roots only
@@ -194,3 +216,60 @@ def test_a_sink_speaks_tls_and_trusts_ssl_cert_file(tmp_path: Path, monkeypatch:
         server.close()
     assert (answer.status_code, answer.text) == (200, "answered")
     assert server.targets == ["/api/public/health"]
+
+
+def _record() -> ScoreRecord:
+    trace, span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    return ScoreRecord(score_id=score_id_for(trace, span, "s", "1"), trace_id=trace, span_id=span, scorer_id="s")
+
+
+def test_the_otlp_sink_goes_through_the_proxy_the_environment_names(
+    proxy: _Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OTLP exporter's session sends through the transport: HTTP_PROXY is read as for every
+    sink (the collector's host does not resolve: only the proxy can answer)."""
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    sink = OtlpSink(endpoint="http://collector.invalid:4318/v1/traces", timeout_s=5)
+    try:
+        assert sink.deliver([_record()]) == [Delivered()]
+    finally:
+        sink.close()
+    assert proxy.targets == ["http://collector.invalid:4318/v1/traces"]
+
+
+def test_the_otlp_sink_checks_certificates_as_its_exporter_is_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE names the trusted server certificate, and the
+    client's own certificate and key are shown to an endpoint that asks for them (mutual TLS);
+    without either, the exchange fails, a Retry (nothing was stored). A REQUESTS_CA_BUNDLE in
+    the environment (set on many machines for other tools) does not override the exporter's
+    own certificate setting, as requests let it."""
+    import certifi
+
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", certifi.where())
+    key, cert = _certificate(tmp_path, "server")
+    client_key, client_cert = _certificate(tmp_path, "client")
+    server = _Server()
+    url = f"{_tls(server, key, cert, client_ca=client_cert)}/v1/traces"
+    outcomes = []
+    try:
+        for trusted, shown in ((False, True), (True, False), (True, True)):
+            for variable, value, given in (
+                ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", cert, trusted),
+                ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", client_cert, shown),
+                ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", client_key, shown),
+            ):
+                if given:
+                    monkeypatch.setenv(variable, str(value))
+                else:
+                    monkeypatch.delenv(variable, raising=False)
+            sink = OtlpSink(endpoint=url, timeout_s=2)
+            try:
+                outcomes.extend(sink.deliver([_record()]))
+            finally:
+                sink.close()
+    finally:
+        server.close()
+    assert outcomes == [Retry("otlp_export_failed"), Retry("otlp_export_failed"), Delivered()]
+    assert server.targets == ["/v1/traces"]

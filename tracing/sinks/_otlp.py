@@ -22,18 +22,26 @@ variables; its HTTP session is watched so that a refusal (4xx other than 408/409
 ``Retry-After`` longer than the exporter's own timeout is the drainer's wait. A batch
 refused for its content (400, 413, 422) is split in halves and re-sent, so one record the
 endpoint cannot take does not refuse its neighbours; a single record's 413 names its size.
+
+The session sends through our HTTP transport (``tracing._transport``), as every sink does: one
+deadline for the whole exchange, the environment's proxy read alike, the exporter's certificate
+settings kept (a ``REQUESTS_CA_BUNDLE`` does not override them), and no redirect followed
+whichever exporter version posts (the oldest allowed one let requests follow them).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import ssl
 import threading
-import time
+import zlib
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
+import certifi
+import httpx
 import requests
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
@@ -44,8 +52,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
 from tracing._markers import ROLE_ATTRIBUTE
 from tracing._score_record import ScoreRecord
-from tracing._transport import EXCHANGE_TIMEOUTS
-from tracing.sinks._http import is_retryable, record_texts, refusal_detail, retry_after
+from tracing._transport import EXCHANGE_EXTENSION, EXCHANGE_TIMEOUTS, deadline_client, proxy_for
+from tracing.sinks._http import _WBITS, is_retryable, record_texts, refusal_detail, retry_after
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = [
@@ -156,51 +164,189 @@ def _scrubbed(answer: str, records: Sequence[ScoreRecord]) -> str:
     return refusal_detail(answer, secrets, record_texts(records))
 
 
-def _read_answer(response: requests.Response, timeout: Any) -> bytes:
-    """Up to ``_ANSWER_BYTES`` of the answer's body, decompressed, read within ``EXCHANGE_TIMEOUTS``
-    of the request's timeout: requests reads a whole body however large, and bounds each read,
-    not the whole, so an endpoint (a proxy) dripping its answer held the drainer and its lease.
-    The status alone is the outcome; the body only explains a refusal."""
-    seconds = max(timeout) if isinstance(timeout, tuple) else float(timeout or 10.0)
-    deadline = time.monotonic() + EXCHANGE_TIMEOUTS * seconds
-    raw = response.raw
-    read = getattr(raw, "read1", None) or raw.read  # read1: what one receive gives (urllib3 >= 2)
-    parts: list[bytes] = []
-    size, ended = 0, False
-    try:
-        while size < _ANSWER_BYTES and time.monotonic() < deadline:
-            chunk = read(_ANSWER_BYTES - size, decode_content=True)
-            if not chunk:
-                ended = True
-                break
-            parts.append(chunk)
-            size += len(chunk)
-    except Exception:  # a broken or undecodable body: what came of it is the detail
-        pass
-    if ended:
-        raw.release_conn()  # read to its end: the connection is kept for the next export
+# The exporters' own default timeout (OTEL_EXPORTER_OTLP_TIMEOUT), for a request without one.
+_DEFAULT_TIMEOUT_S = 10.0
+
+
+def _seconds(timeout: Any) -> float:
+    """The longest of a requests timeout (seconds, or a (connect, read) pair): each socket
+    operation's bound; the exchange gets ``EXCHANGE_TIMEOUTS`` of it."""
+    if isinstance(timeout, tuple):
+        timeout = max((t for t in timeout if t is not None), default=None)
+    return float(timeout) if timeout else _DEFAULT_TIMEOUT_S
+
+
+def _ssl_context(verify: bool | str, cert: str | tuple[str, str] | None) -> ssl.SSLContext:
+    """What requests would check the endpoint's certificate against: ``verify`` is True
+    (``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``, else certifi's roots, as requests), False
+    (nothing checked), or a CA file or directory (``OTEL_EXPORTER_OTLP_CERTIFICATE``); ``cert``
+    the client's own."""
+    if verify is False:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif verify is True:  # (the session reads no environment: these two are read here)
+        bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+        context = ssl.create_default_context(cafile=bundle or certifi.where())
+    elif os.path.isdir(verify):
+        context = ssl.create_default_context(capath=verify)
     else:
-        response.close()
+        context = ssl.create_default_context(cafile=verify)
+    if isinstance(cert, tuple):
+        context.load_cert_chain(cert[0], cert[1])
+    elif cert:
+        context.load_cert_chain(cert)
+    return context
+
+
+def _requests_error(exc: httpx.TransportError) -> requests.RequestException:
+    """An httpx failure as the requests exception the exporter reads (a connection error or a
+    timeout: retried within the exporter's own timeout)."""
+    said = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectTimeout):
+        return requests.exceptions.ConnectTimeout(said)
+    if isinstance(exc, httpx.TimeoutException):
+        return requests.exceptions.ReadTimeout(said)
+    if isinstance(exc, httpx.ProxyError):
+        return requests.exceptions.ProxyError(said)
+    return requests.exceptions.ConnectionError(said)  # (a refused certificate too: its message says so)
+
+
+class _DeadlineAdapter(requests.adapters.BaseAdapter):
+    """The OTLP exporter's session sends through ``DeadlineTransport``: the whole exchange,
+    connect to the answer's last byte read, within ``EXCHANGE_TIMEOUTS`` of the request's
+    timeout. requests bounds each read, not the exchange, so an endpoint (or a proxy) dripping
+    its status line, headers or body held the drainer, and the lease it kept renewing.
+
+    Of the answer, at most ``_ANSWER_BYTES`` (decompressed) is read, only to explain a refusal:
+    the status alone is the outcome. The certificates checked are requests' (``verify``,
+    ``cert``); the proxy is the environment's, read as for every sink (``proxy_for``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # By (origin, verify, cert): in practice one. The environment is read once per origin,
+        # as each sink reads it once (it was three scans of os.environ a request).
+        self._clients: dict[tuple[object, ...], httpx.Client] = {}
+        self._lock = threading.Lock()
+
+    def _client(self, url: str, verify: bool | str, cert: str | tuple[str, str] | None) -> httpx.Client:
+        parts = urlsplit(url)
+        key = (parts.scheme, parts.netloc, verify, cert)
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                try:
+                    proxy = proxy_for(url)
+                except ValueError as exc:  # names the variable, never its value
+                    raise requests.exceptions.InvalidSchema(str(exc)) from None
+                # (each request brings its own timeout and exchange deadline: EXCHANGE_EXTENSION)
+                client = self._clients[key] = deadline_client(
+                    _DEFAULT_TIMEOUT_S, proxy=proxy, ssl_context=_ssl_context(verify, cert)
+                )
+            return client
+
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: Any = None,
+        verify: bool | str = True,
+        cert: str | tuple[str, str] | None = None,
+        proxies: Any = None,
+    ) -> requests.Response:
+        assert request.url is not None
+        assert request.method is not None
+        seconds = _seconds(timeout)
+        client = self._client(request.url, verify, cert)
+        headers = {k: v.decode("latin-1") if isinstance(v, bytes) else v for k, v in request.headers.items()}
+        # (only what is decoded below, bounded: requests would ask for br and zstd too)
+        headers["Accept-Encoding"] = "gzip, deflate"
+        body = request.body
+        if isinstance(body, str):
+            body = body.encode()
+        elif body is not None and not isinstance(body, bytes):  # (the exporters post bytes)
+            raise TypeError(f"the OTLP exporter's body is {type(body).__name__}, not bytes")
+        outgoing = client.build_request(
+            request.method,
+            request.url,
+            headers=headers,
+            content=body,
+            timeout=seconds,
+            extensions={EXCHANGE_EXTENSION: EXCHANGE_TIMEOUTS * seconds},
+        )
+        try:
+            answer = client.send(outgoing, stream=True)
+        except httpx.TransportError as exc:
+            raise _requests_error(exc) from None
+        try:
+            content = _read_answer(answer)
+        finally:
+            answer.close()
+        response = requests.Response()
+        response.status_code = answer.status_code
+        response.reason = answer.reason_phrase
+        response.headers = requests.structures.CaseInsensitiveDict(answer.headers.items())
+        response.headers.pop("content-encoding", None)  # decoded already
+        response.encoding = requests.utils.get_encoding_from_headers(response.headers)
+        response.url = request.url
+        response.request = request
+        response._content = content
+        return response
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+
+def _read_answer(answer: httpx.Response) -> bytes:
+    """Up to ``_ANSWER_BYTES`` of the answer's body, decompressed (gzip or deflate); what came
+    of a body that broke, could not be decoded or was not finished by the exchange's deadline.
+    An answer in another encoding (none was asked for) reads as empty."""
+    encoding = answer.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        decoder = None
+    elif encoding in _WBITS:
+        decoder = zlib.decompressobj(_WBITS[encoding])
+    else:
+        return b""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        for chunk in answer.iter_raw():
+            if decoder is not None:
+                chunk = decoder.decompress(chunk, _ANSWER_BYTES - size)
+            parts.append(chunk[: _ANSWER_BYTES - size])
+            size += len(parts[-1])
+            if size >= _ANSWER_BYTES:
+                break
+    except (httpx.TransportError, zlib.error):  # what came of it is the detail
+        pass
     return b"".join(parts)
 
 
 class _WatchedSession(requests.Session):
-    """The HTTP exporter's session, keeping the last answer (status, a short body, Retry-After)
-    per thread."""
+    """The HTTP exporter's session, sending through ``_DeadlineAdapter`` and keeping the last
+    answer (status, a short body, Retry-After) per thread."""
 
     def __init__(self) -> None:
         super().__init__()
+        # The adapter reads the proxy and the CA bundle variables itself: requests would scan
+        # the environment (and ~/.netrc) on every request, for settings the adapter ignores.
+        self.trust_env = False
         self.last = threading.local()
+        adapter = _DeadlineAdapter()
+        self.mount("http://", adapter)
+        self.mount("https://", adapter)
 
     def request(self, *args: Any, **kwargs: Any) -> requests.Response:
-        kwargs["stream"] = True
+        # Older exporters post with requests' default, following redirects: a 3xx is the
+        # endpoint's answer here, whichever exporter (see OtlpSink._failure).
+        kwargs["allow_redirects"] = False
         response = super().request(*args, **kwargs)
-        body = _read_answer(response, kwargs.get("timeout"))
-        # requests' own cache of the body: whatever the exporter reads of the answer (an older
-        # one logs .text) comes from here, never from the socket, which may be closed.
-        response._content = body
         # (UTF-8 whatever the charset says: requests' .text raises on one Python cannot decode)
-        text = body.decode("utf-8", "replace")[:_ANSWER_CHARS]
+        text = response.content.decode("utf-8", "replace")[:_ANSWER_CHARS]
         self.last.status, self.last.text = response.status_code, text
         self.last.retry_after = retry_after(response.headers.get("retry-after"))
         return response
