@@ -17,6 +17,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests._drip import drip
 from tracing import ScoreRecord, score_id_for
 from tracing.sinks import Delivery, OtlpSink, Refused, Retry
 
@@ -43,13 +44,8 @@ def _redirect(handler: BaseHTTPRequestHandler, stop: threading.Event) -> None:
 
 
 def _drip_headers(handler: BaseHTTPRequestHandler, stop: threading.Event) -> None:
-    """An acceptance's 38 bytes, a byte every 0.2 s: past the sink's 2 s deadline."""
-    head = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
-    for byte in range(len(head)):
-        if stop.wait(0.2):
-            break
-        handler.wfile.write(head[byte : byte + 1])
-        handler.wfile.flush()
+    """An acceptance dripped over 7.6 s: past the sink's 2 s deadline."""
+    drip(handler.wfile, stop)
     handler.close_connection = True
 
 

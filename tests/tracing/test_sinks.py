@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from tests._drip import drip
 from tests._otlp_receiver import OtlpReceiver
 from tests._redis import free_port
 from tracing import ScoreRecord, score_id_for
@@ -615,13 +616,8 @@ def test_otlp_sink_reads_an_answer_within_its_deadline_and_size(answer: str) -> 
                 self.end_headers()
                 return
             refuse.clear()
-            if answer == "dripped_headers":  # 38 bytes, a byte every 0.2 s: past the 2 s deadline
-                head = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
-                for byte in range(len(head)):
-                    if stop.wait(0.2):
-                        return
-                    self.wfile.write(head[byte : byte + 1])
-                    self.wfile.flush()
+            if answer == "dripped_headers":  # 7.6 s: past the 2 s deadline
+                drip(self.wfile, stop)
                 self.close_connection = True
                 return
             self.send_response(400)
@@ -713,12 +709,8 @@ def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, mon
     class Handler(BaseHTTPRequestHandler):
         def _serve(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if answer == "dripped_headers":  # 38 bytes, a byte every 0.2 s: past the 2 s deadline
-                head = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
-                for byte in range(len(head)):
-                    if stop.wait(0.2):
-                        return
-                    self.wfile.write(head[byte : byte + 1])
+            if answer == "dripped_headers":  # 7.6 s: past the 2 s deadline
+                drip(self.wfile, stop)
                 return
             body = b" " * (40 if answer == "dripped" else 50_000)
             self.send_response(200)

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests._drip import drip
 from tracing import ScoreRecord, score_id_for
 from tracing._transport import ExchangeTooSlow
 from tracing.sinks import Delivered, OtlpSink, Retry
@@ -31,10 +32,10 @@ def _no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class _Server:
-    """A local HTTP server recording the request targets it saw; ``drip`` sends its status line
+    """A local HTTP server recording the request targets it saw; ``dripping``: its answer dripped
     a byte every 0.2 s (until stopped)."""
 
-    def __init__(self, drip: bool = False) -> None:
+    def __init__(self, dripping: bool = False) -> None:
         self.targets: list[str] = []
         self.stop = threading.Event()
         server = self
@@ -45,12 +46,8 @@ class _Server:
             def do_GET(self) -> None:
                 server.targets.append(self.path)
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if drip:
-                    head = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
-                    for byte in range(len(head)):
-                        if server.stop.wait(0.2):
-                            return
-                        self.wfile.write(head[byte : byte + 1])
+                if dripping:
+                    drip(self.wfile, server.stop)
                     return
                 body = b"answered"
                 self.send_response(200)
@@ -122,7 +119,7 @@ def test_no_proxy_sends_a_listed_host_direct(listed: str, proxy: _Server, monkey
 def test_the_deadline_holds_through_a_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     """A proxy dripping its answer is cut at four timeouts from the request's start, as a
     server is: each read came well within the 0.5 s timeout, for 7.6 s in all."""
-    dripping = _Server(drip=True)
+    dripping = _Server(dripping=True)
     monkeypatch.setenv("HTTP_PROXY", dripping.url)
     client, _ = http_client("http://sink.invalid:6006", what="Phoenix base URL", setting="X", timeout_s=0.5)
     failure: list[BaseException] = []
