@@ -100,7 +100,7 @@ def _within(deadline: _Deadline) -> Iterator[None]:
     except Exception as exc:
         # (a read cut to the deadline times out at it, give or take the poll's rounding)
         if isinstance(exc, httpcore.TimeoutException) and time.monotonic() >= deadline.at - _SLACK_S:
-            raise ExchangeTooSlow(f"the answer was not finished within {deadline.seconds:g} s") from exc
+            raise ExchangeTooSlow(f"the answer was not finished within {round(deadline.seconds, 1):g} s") from exc
         for core, mapped in _ERRORS:
             if isinstance(exc, core):
                 raise mapped(str(exc)) from exc

@@ -18,7 +18,7 @@ import pytest
 from tests._drip import drip
 from tracing import ScoreRecord, score_id_for
 from tracing._transport import ExchangeTooSlow
-from tracing.sinks import Delivered, OtlpSink, Retry
+from tracing.sinks import Delivered, LangfuseSink, OtlpSink, Retry
 from tracing.sinks._http import http_client
 
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
@@ -197,7 +197,7 @@ def _tls(server: _Server, key: Path, cert: Path, client_ca: Path | None = None) 
 def test_a_sink_speaks_tls_and_trusts_ssl_cert_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """TLS goes through the transport's own streams (the handshake under the deadline too), and
     the certificates are checked as httpx checks them: SSL_CERT_FILE names the trusted ones, an
-    untrusted server is refused."""
+    untrusted server is refused, and a sink's Retry says it was TLS that failed."""
     key, cert = _certificate(tmp_path, "server")
     server = _Server()
     url = _tls(server, key, cert)
@@ -205,6 +205,11 @@ def test_a_sink_speaks_tls_and_trusts_ssl_cert_file(tmp_path: Path, monkeypatch:
         client, _ = http_client(url, what="Langfuse host", setting="X", timeout_s=5)
         with client, pytest.raises(httpx.ConnectError):  # not trusted: certifi's roots only
             client.get(url)
+        untrusted = LangfuseSink(url, "pk-lf-1", "sk-lf-1", timeout_s=5)
+        try:
+            (outcome,) = untrusted.deliver([_record()])
+        finally:
+            untrusted.close()
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))
         client, _ = http_client(url, what="Langfuse host", setting="X", timeout_s=5)
         with client:
@@ -213,11 +218,14 @@ def test_a_sink_speaks_tls_and_trusts_ssl_cert_file(tmp_path: Path, monkeypatch:
         server.close()
     assert (answer.status_code, answer.text) == (200, "answered")
     assert server.targets == ["/api/public/health"]
+    assert outcome == Retry("Langfuse: TLS failed (CERTIFICATE_VERIFY_FAILED)")  # was "unreachable (ConnectError)"
 
 
 def _record() -> ScoreRecord:
     trace, span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    return ScoreRecord(score_id=score_id_for(trace, span, "s", "1"), trace_id=trace, span_id=span, scorer_id="s")
+    return ScoreRecord(
+        score_id=score_id_for(trace, span, "s", "1"), trace_id=trace, span_id=span, scorer_id="s", score=0.5
+    )
 
 
 def test_the_otlp_sink_goes_through_the_proxy_the_environment_names(
@@ -239,7 +247,7 @@ def test_the_otlp_sink_checks_certificates_as_its_exporter_is_told(
 ) -> None:
     """OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE names the trusted server certificate, and the
     client's own certificate and key are shown to an endpoint that asks for them (mutual TLS);
-    without either, the exchange fails, a Retry (nothing was stored). A REQUESTS_CA_BUNDLE in
+    without either, the exchange fails, a Retry naming the TLS failure (nothing was stored). A REQUESTS_CA_BUNDLE in
     the environment (set on many machines for other tools) does not override the exporter's
     own certificate setting, as requests let it."""
     import certifi
@@ -268,5 +276,9 @@ def test_the_otlp_sink_checks_certificates_as_its_exporter_is_told(
                 sink.close()
     finally:
         server.close()
-    assert outcomes == [Retry("otlp_export_failed"), Retry("otlp_export_failed"), Delivered()]
+    untrusted, unshown, delivered = outcomes
+    assert untrusted == Retry("OTLP endpoint: TLS failed (CERTIFICATE_VERIFY_FAILED)")
+    assert isinstance(unshown, Retry)
+    assert unshown.reason.startswith("OTLP endpoint: TLS failed (")  # (TLS 1.3: TLSV13_ALERT_CERTIFICATE_REQUIRED)
+    assert delivered == Delivered()
     assert server.targets == ["/v1/traces"]

@@ -12,6 +12,7 @@ import html
 import json
 import math
 import re
+import ssl
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -234,9 +235,23 @@ def transport_retry(backend: str, exc: httpx.TransportError | httpx.DecodingErro
         return Retry(f"{backend}'s answer could not be decoded ({type(exc).__name__})")
     if isinstance(exc, ExchangeTooSlow | _AnswerTooLarge):
         return Retry(f"{backend}: {exc}")
+    tls = _tls_error(exc)
+    if tls is not None:  # OpenSSL's reason code (CERTIFICATE_VERIFY_FAILED, ...): no name or URL in it
+        return Retry(f"{backend}: TLS failed ({tls.reason or type(tls).__name__})")
     if isinstance(exc, httpx.TimeoutException):
         return Retry(f"{backend} did not answer in time ({type(exc).__name__})")
     return Retry(f"{backend} unreachable ({type(exc).__name__})")
+
+
+def _tls_error(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error under ``exc``, if any: httpcore's pool re-raises "from None", so it is
+    found as a cause or as the context."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # (a chain, not a cycle: bounded all the same)
+        if seen is None or isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def answer_text(response: httpx.Response) -> str:

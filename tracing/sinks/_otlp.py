@@ -53,7 +53,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from tracing._markers import ROLE_ATTRIBUTE
 from tracing._score_record import ScoreRecord
 from tracing._transport import EXCHANGE_EXTENSION, EXCHANGE_TIMEOUTS, deadline_client, proxy_for
-from tracing.sinks._http import _WBITS, is_retryable, record_texts, refusal_detail, retry_after
+from tracing.sinks._http import _WBITS, is_retryable, record_texts, refusal_detail, retry_after, transport_retry
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = [
@@ -222,8 +222,9 @@ class _DeadlineAdapter(requests.adapters.BaseAdapter):
     the status alone is the outcome. The certificates checked are requests' (``verify``,
     ``cert``); the proxy is the environment's, read as for every sink (``proxy_for``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, last: threading.local) -> None:
         super().__init__()
+        self._last = last  # the session's record of the last answer, per thread
         # By (origin, verify, cert): in practice one. The environment is read once per origin,
         # as each sink reads it once (it was three scans of os.environ a request).
         self._clients: dict[tuple[object, ...], httpx.Client] = {}
@@ -277,6 +278,7 @@ class _DeadlineAdapter(requests.adapters.BaseAdapter):
         try:
             answer = client.send(outgoing, stream=True)
         except httpx.TransportError as exc:
+            self._last.failure = exc  # what the drainer's Retry names (the exporter logs its own)
             raise _requests_error(exc) from None
         try:
             content = _read_answer(answer)
@@ -328,7 +330,8 @@ def _read_answer(answer: httpx.Response) -> bytes:
 
 class _WatchedSession(requests.Session):
     """The HTTP exporter's session, sending through ``_DeadlineAdapter`` and keeping the last
-    answer (status, a short body, Retry-After) per thread."""
+    answer (status, a short body, Retry-After), or the last exchange that got none (``failure``),
+    per thread."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -336,7 +339,7 @@ class _WatchedSession(requests.Session):
         # the environment (and ~/.netrc) on every request, for settings the adapter ignores.
         self.trust_env = False
         self.last = threading.local()
-        adapter = _DeadlineAdapter()
+        adapter = _DeadlineAdapter(self.last)
         self.mount("http://", adapter)
         self.mount("https://", adapter)
 
@@ -422,19 +425,26 @@ class OtlpSink:
     def _export(self, records: Sequence[ScoreRecord]) -> tuple[Delivery, int | None]:
         """One export: its outcome for every record, and the endpoint's status when known."""
         if self._session is not None:
-            self._session.last.status, self._session.last.text, self._session.last.retry_after = None, "", 0.0
+            last = self._session.last
+            last.status, last.text, last.retry_after, last.failure = None, "", 0.0, None
         try:
             result = self._exporter.export(carrier_spans(records, self._resource))
         except Exception as exc:  # an exporter must not raise; one that does is down for now
-            return Retry(f"otlp_export_raised:{type(exc).__name__}"), None
+            return self._unanswered() or Retry(f"otlp_export_raised:{type(exc).__name__}"), None
         status = getattr(self._session.last, "status", None) if self._session is not None else None
         if result is SpanExportResult.SUCCESS and not (status is not None and 300 <= status < 400):
             return Delivered(), None
         return self._failure(records, status), status
 
+    def _unanswered(self) -> Retry | None:
+        """The Retry naming why the last exchange got no answer (unreachable, too slow), as the
+        HTTP sinks name it; None when it was not that."""
+        failure = getattr(self._session.last, "failure", None) if self._session is not None else None
+        return transport_retry("OTLP endpoint", failure) if failure is not None else None
+
     def _failure(self, records: Sequence[ScoreRecord], status: int | None) -> Delivery:
         if status is None:
-            return Retry("otlp_export_failed")
+            return self._unanswered() or Retry("otlp_export_failed")
         if 300 <= status < 400:
             # The exporter calls a 3xx SUCCESS and follows no redirect: nothing was stored.
             return Refused(
