@@ -33,7 +33,9 @@ __all__ = [
     "ANSWER_ERRORS",
     "DETAIL_CHARS",
     "JSON",
+    "Inflater",
     "PerScoreSink",
+    "answer_inflater",
     "answer_json",
     "answer_text",
     "error_code",
@@ -117,8 +119,47 @@ def http_client(
 # A huge answer took the memory (a 16 MiB gzip answer decompresses to 16 GiB): each body is read
 # up to this size, decompressed (and, as every exchange, within ``EXCHANGE_TIMEOUTS``).
 MAX_ANSWER_BYTES = 16 * 2**20
-# zlib's window bits for each Content-Encoding _Bounded decodes (32: a zlib or a gzip header).
+# zlib's window bits for each Content-Encoding decoded (32: a zlib or a gzip header).
 _WBITS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS | 32}
+
+
+class Inflater:
+    """A gzip or deflate answer body decompressed a chunk at a time, never more than asked for.
+    "deflate" is zlib data by the RFC, but some servers send it raw: read either, as httpx."""
+
+    def __init__(self, encoding: str) -> None:
+        self._decoder = zlib.decompressobj(_WBITS[encoding])
+        self._raw_fallback = encoding == "deflate"
+
+    def decompress(self, chunk: bytes, max_length: int) -> bytes:
+        """``chunk`` decompressed, at most ``max_length`` bytes of it (``more`` tells whether
+        there was more); ``httpx.DecodingError`` for a body that is not what it says."""
+        try:
+            data = self._decoder.decompress(chunk, max_length)
+        except zlib.error:
+            if not self._raw_fallback:
+                raise httpx.DecodingError("the answer is not the gzip or deflate it says") from None
+            self._raw_fallback = False
+            self._decoder = zlib.decompressobj(-zlib.MAX_WBITS)
+            return self.decompress(chunk, max_length)
+        self._raw_fallback = False
+        return data
+
+    @property
+    def more(self) -> bool:
+        """Whether the last ``decompress`` stopped at its ``max_length`` with input left."""
+        return bool(self._decoder.unconsumed_tail)
+
+
+def answer_inflater(headers: httpx.Headers) -> Inflater | None:
+    """The decoder of an answer's body by its Content-Encoding (None: sent as it is); an
+    ``httpx.DecodingError`` for an encoding other than gzip or deflate, which httpx would decode
+    unbounded (br, zstd) and none of our clients asks for (Accept-Encoding)."""
+    encodings = [e.strip().lower() for e in headers.get("content-encoding", "").split(",") if e.strip()]
+    encodings = [e for e in encodings if e != "identity"]
+    if len(encodings) > 1 or (encodings and encodings[0] not in _WBITS):
+        raise httpx.DecodingError("the answer's Content-Encoding is not gzip or deflate")
+    return Inflater(encodings[0]) if encodings else None
 
 
 class _AnswerTooLarge(httpx.ReadError):
@@ -126,40 +167,24 @@ class _AnswerTooLarge(httpx.ReadError):
 
 
 class _Bounded(httpx.SyncByteStream):
-    """An answer's body stream, decompressed here (``wbits``: zlib's, for its Content-Encoding)
-    and stopped past ``MAX_ANSWER_BYTES``."""
+    """An answer's body stream, decompressed here and stopped past ``MAX_ANSWER_BYTES``."""
 
-    def __init__(self, inner: httpx.SyncByteStream, wbits: int | None) -> None:
+    def __init__(self, inner: httpx.SyncByteStream, inflater: Inflater | None) -> None:
         self._inner = inner
-        self._decoder = zlib.decompressobj(wbits) if wbits is not None else None
-        # "deflate" is zlib data by the RFC, but some servers send it raw (httpx reads both)
-        self._raw_fallback = wbits == _WBITS["deflate"]
+        self._inflater = inflater
 
     def __iter__(self) -> Iterator[bytes]:
         size = 0
         for chunk in self._inner:
-            if self._decoder is not None:
-                chunk = self._decode(chunk, MAX_ANSWER_BYTES - size)
+            if self._inflater is not None:
+                # one byte past the room: more than that is over the bound
+                chunk = self._inflater.decompress(chunk, MAX_ANSWER_BYTES - size + 1)
+                if self._inflater.more:
+                    raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES:,} bytes")
             size += len(chunk)
             if size > MAX_ANSWER_BYTES:
                 raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES:,} bytes")
             yield chunk
-
-    def _decode(self, chunk: bytes, room: int) -> bytes:
-        """``chunk`` decompressed, no more than one byte past ``room`` of it made."""
-        assert self._decoder is not None
-        try:
-            data = self._decoder.decompress(chunk, room + 1)
-        except zlib.error:
-            if not self._raw_fallback:
-                raise httpx.DecodingError("the answer is not the gzip or deflate it says") from None
-            self._raw_fallback = False
-            self._decoder = zlib.decompressobj(-zlib.MAX_WBITS)
-            return self._decode(chunk, room)
-        self._raw_fallback = False
-        if self._decoder.unconsumed_tail:  # stopped at room + 1: there is more than room
-            raise _AnswerTooLarge(f"the answer is over {MAX_ANSWER_BYTES:,} bytes")
-        return data
 
     def close(self) -> None:
         self._inner.close()
@@ -170,15 +195,10 @@ def _bound_answer(response: httpx.Response) -> None:
     stream = response.stream
     if not isinstance(stream, httpx.SyncByteStream):
         return
-    encodings = [e.strip().lower() for e in response.headers.get("content-encoding", "").split(",") if e.strip()]
-    encodings = [e for e in encodings if e != "identity"]
-    if len(encodings) > 1 or (encodings and encodings[0] not in _WBITS):
-        # httpx would decode br or zstd, unbounded; none was asked for (Accept-Encoding)
-        raise httpx.DecodingError("the answer's Content-Encoding is not gzip or deflate")
-    wbits = _WBITS[encodings[0]] if encodings else None
-    if wbits is not None:
+    inflater = answer_inflater(response.headers)
+    if inflater is not None:
         del response.headers["content-encoding"]  # decoded in _Bounded, so not again by httpx
-    response.stream = _Bounded(stream, wbits)
+    response.stream = _Bounded(stream, inflater)
 
 
 def otel_ids(record: ScoreRecord, backend: str) -> tuple[str, str] | Refused:

@@ -35,7 +35,6 @@ import hashlib
 import os
 import ssl
 import threading
-import zlib
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -53,7 +52,14 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from tracing._markers import ROLE_ATTRIBUTE
 from tracing._score_record import ScoreRecord
 from tracing._transport import EXCHANGE_EXTENSION, EXCHANGE_TIMEOUTS, deadline_client, proxy_for
-from tracing.sinks._http import _WBITS, is_retryable, record_texts, refusal_detail, retry_after, transport_retry
+from tracing.sinks._http import (
+    answer_inflater,
+    is_retryable,
+    record_texts,
+    refusal_detail,
+    retry_after,
+    transport_retry,
+)
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = [
@@ -306,24 +312,18 @@ def _read_answer(answer: httpx.Response) -> bytes:
     """Up to ``_ANSWER_BYTES`` of the answer's body, decompressed (gzip or deflate); what came
     of a body that broke, could not be decoded or was not finished by the exchange's deadline.
     An answer in another encoding (none was asked for) reads as empty."""
-    encoding = answer.headers.get("content-encoding", "").strip().lower()
-    if encoding in ("", "identity"):
-        decoder = None
-    elif encoding in _WBITS:
-        decoder = zlib.decompressobj(_WBITS[encoding])
-    else:
-        return b""
     parts: list[bytes] = []
     size = 0
     try:
+        inflater = answer_inflater(answer.headers)
         for chunk in answer.iter_raw():
-            if decoder is not None:
-                chunk = decoder.decompress(chunk, _ANSWER_BYTES - size)
+            if inflater is not None:
+                chunk = inflater.decompress(chunk, _ANSWER_BYTES - size)
             parts.append(chunk[: _ANSWER_BYTES - size])
             size += len(parts[-1])
             if size >= _ANSWER_BYTES:
                 break
-    except (httpx.TransportError, zlib.error):  # what came of it is the detail
+    except (httpx.TransportError, httpx.DecodingError):  # what came of it is the detail
         pass
     return b"".join(parts)
 
