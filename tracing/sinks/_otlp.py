@@ -284,7 +284,9 @@ class _DeadlineAdapter(requests.adapters.BaseAdapter):
         try:
             answer = client.send(outgoing, stream=True)
         except httpx.TransportError as exc:
-            self._last.failure = exc  # what the drainer's Retry names (the exporter logs its own)
+            # The drainer's Retry, named as the HTTP sinks name theirs (kept, not the exception:
+            # its traceback would hold the request's body until the next export)
+            self._last.unanswered = transport_retry("OTLP endpoint", exc)
             raise _requests_error(exc) from None
         try:
             content = _read_answer(answer)
@@ -330,8 +332,8 @@ def _read_answer(answer: httpx.Response) -> bytes:
 
 class _WatchedSession(requests.Session):
     """The HTTP exporter's session, sending through ``_DeadlineAdapter`` and keeping the last
-    answer (status, a short body, Retry-After), or the last exchange that got none (``failure``),
-    per thread."""
+    answer (status, a short body, Retry-After), or why the last exchange got none
+    (``unanswered``), per thread."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -426,7 +428,7 @@ class OtlpSink:
         """One export: its outcome for every record, and the endpoint's status when known."""
         if self._session is not None:
             last = self._session.last
-            last.status, last.text, last.retry_after, last.failure = None, "", 0.0, None
+            last.status, last.text, last.retry_after, last.unanswered = None, "", 0.0, None
         try:
             result = self._exporter.export(carrier_spans(records, self._resource))
         except Exception as exc:  # an exporter must not raise; one that does is down for now
@@ -439,8 +441,8 @@ class OtlpSink:
     def _unanswered(self) -> Retry | None:
         """The Retry naming why the last exchange got no answer (unreachable, too slow), as the
         HTTP sinks name it; None when it was not that."""
-        failure = getattr(self._session.last, "failure", None) if self._session is not None else None
-        return transport_retry("OTLP endpoint", failure) if failure is not None else None
+        unanswered: Retry | None = getattr(self._session.last, "unanswered", None) if self._session else None
+        return unanswered
 
     def _failure(self, records: Sequence[ScoreRecord], status: int | None) -> Delivery:
         if status is None:
