@@ -816,9 +816,7 @@ def test_otlp_sink_reads_a_compressed_refusal_as_sent(encoding: str) -> None:
     """The OTLP sink decodes a refusal's body as the HTTP sinks do (one decoder: gzip, deflate
     with or without zlib's header); one in an encoding not asked for reads as no detail."""
     import gzip
-    import threading
     import zlib
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     said = b"missing header x-mlflow-experiment-id"
     raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
@@ -827,29 +825,11 @@ def test_otlp_sink_reads_a_compressed_refusal_as_sent(encoding: str) -> None:
         "deflate": zlib.compress,
         "raw-deflate": lambda plain: raw.compress(plain) + raw.flush(),
     }.get(encoding, bytes)(said)
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(400)
-            self.send_header("Content-Encoding", encoding.removeprefix("raw-"))
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    sink = OtlpSink(endpoint=f"http://127.0.0.1:{server.server_address[1]}/v1/traces", timeout_s=5)
-    try:
-        (outcome,) = sink.deliver([_one_record()])
-    finally:
-        sink.close()
-        server.shutdown()
-        server.server_close()
+    with _answering(400, {"Content-Encoding": encoding.removeprefix("raw-")}, body) as url:
+        sink = OtlpSink(endpoint=f"{url}/v1/traces", timeout_s=5)
+        try:
+            (outcome,) = sink.deliver([_one_record()])
+        finally:
+            sink.close()
     detail = "" if encoding == "br" else said.decode()
     assert outcome == Refused("otlp_http_400", detail)
