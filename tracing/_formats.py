@@ -22,9 +22,11 @@ from tracing._messages import (
     ToolCall,
     ToolResult,
     decode_json_text,
+    json_text,
     parse_message,
     parse_messages,
     parse_system,
+    str_or_none,
 )
 from tracing._span import SpanView
 
@@ -165,7 +167,7 @@ def _read_attr(
     span: SpanView, attrs: Mapping[str, Any], key: str, parse: Callable[[Any], list[Msg]]
 ) -> list[Msg] | None:
     value = attrs.get(key)
-    if value is None or value == "":
+    if value is None or value == "" or value == b"":  # b"": an empty bytesValue
         return None
     try:
         return parse(value)
@@ -304,14 +306,16 @@ def _legacy_events(span: SpanView) -> tuple[list[Msg] | None, list[Msg] | None]:
 
 def _value_messages(value: Any, role: str) -> list[Msg]:
     """``input.value`` / ``output.value`` / Mastra input-output: text or JSON."""
+    if isinstance(value, bytes | bytearray):  # an OTLP bytesValue: read as the workers read it
+        value = bytes(value).decode("utf-8", "replace")
     data = decode_json_text(value)
     if isinstance(data, str):
         return [Msg(role, [TextPart(data)])] if data else []
     if isinstance(data, Mapping):
-        if isinstance(data.get("messages"), list):
+        if isinstance(data.get("messages"), list | tuple):
             return parse_messages(data["messages"], default_role=role)
         choices = data.get("choices")  # an OpenAI chat completion (OpenInference output.value)
-        if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+        if isinstance(choices, list | tuple) and choices and isinstance(choices[0], Mapping):
             return [parse_message(choices[0].get("message"), default_role=role)]
         if "role" in data:
             return [parse_message(data)]
@@ -319,29 +323,31 @@ def _value_messages(value: Any, role: str) -> list[Msg]:
         if isinstance(text, str):  # Mastra agent/model output: {text, toolCalls?, reasoning?}
             msg = Msg(role, [TextPart(text)] if text else [])
             tool_calls = data.get("toolCalls")
-            for tc in tool_calls if isinstance(tool_calls, list) else []:
+            for tc in tool_calls if isinstance(tool_calls, list | tuple) else []:
                 if isinstance(tc, Mapping):
                     payload = tc.get("payload", tc)
                     if not isinstance(payload, Mapping):
                         payload = tc
                     msg.parts.append(
                         ToolCall(
-                            payload.get("toolCallId"),
+                            str_or_none(payload.get("toolCallId")),
                             str(payload.get("toolName", "")),
                             decode_json_text(payload.get("args", payload.get("input"))),
                         )
                     )
             return [msg]
-    if isinstance(data, list) and all(isinstance(m, str) or (isinstance(m, Mapping) and "role" in m) for m in data):
+    if isinstance(data, list | tuple) and all(
+        isinstance(m, str) or (isinstance(m, Mapping) and "role" in m) for m in data
+    ):
         return parse_messages(data, default_role=role)
     # JSON that is no message shape: the literal text is what the span received or returned.
-    return [Msg(role, [TextPart(value if isinstance(value, str) else json.dumps(value))])]
+    return [Msg(role, [TextPart(value if isinstance(value, str) else json_text(value))])]
 
 
 def _value(span: SpanView, keys: tuple[str, ...], role: str) -> list[Msg] | None:
     for key in keys:
         value = span.attr(key)
-        if value is None or value == "":
+        if value is None or value == "" or value == b"":
             continue
         try:
             return _value_messages(value, role)

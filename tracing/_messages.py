@@ -34,10 +34,12 @@ __all__ = [
     "ToolResult",
     "attach_results",
     "decode_json_text",
+    "json_text",
     "parse_message",
     "parse_messages",
     "parse_system",
     "render_messages",
+    "str_or_none",
 ]
 
 _ROLES = {
@@ -122,6 +124,18 @@ def decode_json_text(value: Any) -> Any:
     return value
 
 
+def _bytes_as_text(value: Any) -> str:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def json_text(value: Any) -> str:
+    """``value`` written as JSON text, bytes in it (an OTLP ``bytesValue``) as their UTF-8 text
+    with U+FFFD for each bad byte: what a worker reads of the same span after the queue's JSON."""
+    return json.dumps(value, default=_bytes_as_text)
+
+
 def _role(value: Any) -> str:
     if not isinstance(value, str) or value.lower() not in _ROLES:
         raise MessageShapeError(
@@ -138,7 +152,8 @@ def _first(d: Mapping[str, Any], *keys: str) -> Any:
     return None
 
 
-def _str_or_none(value: Any) -> str | None:
+def str_or_none(value: Any) -> str | None:
+    """``value`` when it is a non-empty string (an id, a name), else None."""
     return value if isinstance(value, str) and value else None
 
 
@@ -162,7 +177,7 @@ def _part(raw: Any) -> NeutralPart | None:
         return TextPart(text)
     if kind in ("reasoning", "thinking"):
         text = _first(raw, "content", "text", "reasoning", "thinking")
-        return ReasoningPart(text if isinstance(text, str) else json.dumps(text))
+        return ReasoningPart(text if isinstance(text, str) else json_text(text))
     if kind in ("tool_call", "tool-call", "function_call", "tool_use"):
         name = _first(raw, "name", "toolName")
         if not isinstance(name, str):
@@ -170,19 +185,19 @@ def _part(raw: Any) -> NeutralPart | None:
                 "bad_message", f"{kind} part has no string 'name' or 'toolName' (it is {shape_of(name)})"
             )
         args = _first(raw, "arguments", "input", "args")
-        return ToolCall(_str_or_none(_first(raw, "id", "toolCallId", "call_id")), name, decode_json_text(args))
+        return ToolCall(str_or_none(_first(raw, "id", "toolCallId", "call_id")), name, decode_json_text(args))
     if kind in ("tool_call_response", "tool-result", "tool_result", "function_call_output"):
         result = _first(raw, "response", "result", "output", "content")
         if isinstance(result, dict) and "value" in result and "type" in result:
             result = result["value"]  # AI SDK v5 tool output: {type: "json"|"text", value}
         return ToolResult(
-            _str_or_none(_first(raw, "id", "toolCallId", "tool_use_id", "call_id")),
-            _str_or_none(_first(raw, "name", "toolName")),
+            str_or_none(_first(raw, "id", "toolCallId", "tool_use_id", "call_id")),
+            str_or_none(_first(raw, "name", "toolName")),
             decode_json_text(result),
         )
     if kind == "tool-invocation" and isinstance(raw.get("toolInvocation"), dict):
         inv = raw["toolInvocation"]
-        call = ToolCall(_str_or_none(inv.get("toolCallId")), str(inv.get("toolName", "")), inv.get("args"))
+        call = ToolCall(str_or_none(inv.get("toolCallId")), str(inv.get("toolName", "")), inv.get("args"))
         if inv.get("state") == "result":
             call.result, call.has_result = inv.get("result"), True
         return call
@@ -202,7 +217,7 @@ def _openai_tool_calls(raw: Any) -> list[NeutralPart]:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             got = shape_of(fn.get("name")) if isinstance(fn, dict) else f"'function' is {shape_of(fn)}"
             raise MessageShapeError("bad_message", f"tool_calls[{index}] has no string 'function.name' ({got})")
-        calls.append(ToolCall(_str_or_none(tc.get("id")), fn["name"], decode_json_text(fn.get("arguments"))))
+        calls.append(ToolCall(str_or_none(tc.get("id")), fn["name"], decode_json_text(fn.get("arguments"))))
     return calls
 
 
@@ -231,19 +246,19 @@ def parse_message(raw: Any, default_role: str | None = None) -> Msg:
         parts = _parts(raw_parts, "parts")
     else:
         content = raw.get("content")
-        if isinstance(content, dict) and isinstance(content.get("parts"), list):  # Mastra
+        if isinstance(content, dict) and isinstance(content.get("parts"), list | tuple):  # Mastra
             parts = _parts(content["parts"], "content.parts")
         elif isinstance(content, str):
             if role == "tool":
-                tool_id = _str_or_none(_first(raw, "tool_call_id", "id", "toolCallId"))
-                parts = [ToolResult(tool_id, _str_or_none(raw.get("name")), decode_json_text(content))]
+                tool_id = str_or_none(_first(raw, "tool_call_id", "id", "toolCallId"))
+                parts = [ToolResult(tool_id, str_or_none(raw.get("name")), decode_json_text(content))]
             elif content:
                 parts = [TextPart(content)]
         elif isinstance(content, list | tuple):
             if role == "tool" and all(isinstance(p, dict) and p.get("type") in ("text", "input_text") for p in content):
                 text = "".join(str(p.get("text", "")) for p in content)
-                tool_id = _str_or_none(_first(raw, "tool_call_id", "id", "toolCallId"))
-                parts = [ToolResult(tool_id, _str_or_none(raw.get("name")), decode_json_text(text))]
+                tool_id = str_or_none(_first(raw, "tool_call_id", "id", "toolCallId"))
+                parts = [ToolResult(tool_id, str_or_none(raw.get("name")), decode_json_text(text))]
             else:
                 parts = _parts(content, "content")
         elif content is not None:

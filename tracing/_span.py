@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from tracing._errors import TraceReadError
 from tracing._run import SpanRecord
 from tracing._sdk import plain_attributes
+from tracing._text import as_shipped
 
 __all__ = ["SpanEvent", "SpanLike", "SpanView", "view_spans"]
 
@@ -42,7 +43,7 @@ class SpanView:
         parent = span.parent
         self.parent_sid: int | None = parent.span_id if parent is not None else None
         self.name: str = span.name
-        self.attributes: Mapping[str, Any] = plain_attributes(span)
+        self.attributes: Mapping[str, Any] = as_shipped(plain_attributes(span))
         self.children: list[SpanView] = []
         self.parent: SpanView | None = None
         self.kind = ""  # filled by the transform (agent/llm/tool/other), once per span
@@ -77,7 +78,7 @@ class SpanView:
     def events(self) -> list[SpanEvent]:
         if self._events is None:
             raw = self._span.events
-            self._events = [SpanEvent(e.name, dict(e.attributes or {})) for e in raw] if raw else []
+            self._events = [SpanEvent(e.name, as_shipped(dict(e.attributes or {}))) for e in raw] if raw else []
         return self._events
 
     def attr(self, key: str) -> Any:
@@ -105,7 +106,7 @@ class RecordView(SpanView):
         parent = record.parent_span_id
         self.parent_sid = int(parent, 16) if parent else None
         self.name = record.name
-        self.attributes = record.attributes
+        self.attributes = as_shipped(record.attributes)
         self.children = []
         self.parent = None
         self.kind = ""
@@ -134,7 +135,7 @@ class RecordView(SpanView):
     @property
     def events(self) -> list[SpanEvent]:
         if self._events is None:
-            self._events = [SpanEvent(e.name, dict(e.attributes)) for e in self._record.events]
+            self._events = [SpanEvent(e.name, as_shipped(dict(e.attributes))) for e in self._record.events]
         return self._events
 
 

@@ -7,16 +7,17 @@ or line holding one would fail to encode, or to print, on every retry. Each bad 
 byte is replaced by U+FFFD, one for one (a pair split into two code points too: no reader here
 needs it joined): ``without_lone_surrogates`` for one string (score records, sink requests),
 ``valid_text`` for a whole value (a queue request whose encoding failed, a line read by
-``compare`` or ``score``).
+``compare`` or ``score``), ``as_shipped`` for the attributes a trace reader reads in process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["valid_text", "without_lone_surrogates"]
+__all__ = ["as_shipped", "valid_text", "without_lone_surrogates"]
 
 # A str holds a surrogate only when it is lone (a pair is one code point).
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -69,3 +70,43 @@ def valid_text(value: Any) -> tuple[Any, int]:
                 changed += n
         return (dataclasses.replace(value, **updates), changed) if changed else (value, 0)
     return value, 0
+
+
+def as_shipped(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Span or event attributes as a worker reads them after the queue's JSON: bytes (an OTLP
+    ``bytesValue``) as their UTF-8 text with U+FFFD for each bad byte, wherever they are, and
+    each lone surrogate inside an array or a kvlist as U+FFFD, so a run read in process (an
+    embedded backfill, a rule's filter) is the run the worker reads. ``values`` itself when no
+    value is bytes, an array or a kvlist (the hot path: one type check a value), else a copy.
+    Top-level strings are left as they are."""
+    out: dict[str, Any] | None = None
+    for key, value in values.items():
+        if type(value) is str or not isinstance(value, bytes | bytearray | tuple | list | dict):
+            continue
+        fixed = _shipped(value)
+        if fixed is not value:
+            if out is None:
+                out = dict(values)
+            out[key] = fixed
+    return values if out is None else out
+
+
+def _shipped(value: Any) -> Any:
+    """``value`` with its bytes as text and its lone surrogates as U+FFFD; itself if none."""
+    if isinstance(value, str):
+        return without_lone_surrogates(value)[0]
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, dict):
+        changed, items = False, {}
+        for key, item in value.items():
+            new_key, new_item = _shipped(key), _shipped(item)
+            changed = changed or new_key is not key or new_item is not item
+            items[new_key] = new_item
+        return items if changed else value
+    if isinstance(value, list | tuple):
+        fixed = [_shipped(item) for item in value]
+        if all(a is b for a, b in zip(fixed, value, strict=True)):
+            return value
+        return fixed if isinstance(value, list) else tuple(fixed)
+    return value

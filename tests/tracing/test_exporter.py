@@ -12,7 +12,7 @@ import structlog.testing
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from tests.tracing._exporting import FakeClock, Recording, read, read_runs, wait_for
-from tests.tracing._spans import THREE_AGENTS, Recorder, agent_trace, genai_messages
+from tests.tracing._spans import THREE_AGENTS, Recorder, agent_trace, genai_messages, three_agent_trace
 from tracing import (
     JUDGE_ROLE,
     ROLE_ATTRIBUTE,
@@ -272,6 +272,46 @@ def test_malformed_spans_with_a_filter_are_counted_never_raised(clock: FakeClock
         assert exp.force_flush(5000)
         assert exp.stats()["errors"] == {"bad_json": 1, "unknown_role": 1}
         assert sink.requests == []
+    finally:
+        exp.shutdown(2000)
+
+
+def test_a_reader_crash_with_a_filter_loses_that_run_only(
+    clock: FakeClock, sink: Recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in a reader (an exception other than TraceReadError, as a Mastra tool call id that
+    was a list once raised) costs the run it hit: its neighbours in the trace still ship, and it
+    is counted and logged as read_failed, by ids and error type only. It dropped the whole
+    trace as ``internal`` before."""
+    from tracing.capture import _exporter
+
+    real = _exporter.trace_to_run
+    crashed: list[str] = []
+
+    def reader(spans: Sequence[object], target: str) -> object:
+        run = real(spans, target)  # type: ignore[arg-type]
+        if run.identity.agent_name == "researcher":
+            crashed.append(target)
+            raise TypeError("unhashable type: 'list'")
+        return run
+
+    monkeypatch.setattr(_exporter, "trace_to_run", reader)
+    exp = ScoringSpanExporter([ScoringRule(["s"], filter=lambda run: True)], CallbackSink(sink), clock=clock)
+    try:
+        rec = Recorder()
+        three_agent_trace(rec)
+        with structlog.testing.capture_logs() as logs:
+            exp.export(rec.spans())
+            clock.advance(60)
+            assert exp.force_flush(5000)
+        assert crashed
+        runs = [run for request in sink.requests for run in read_runs(request)]
+        assert sorted(run.identity.agent_name or "" for run in runs) == ["planner", "writer"]
+        stats = exp.stats()
+        assert stats["errors"] == {"read_failed": 1}, stats
+        (line,) = [entry for entry in logs if entry["event"] == "trace_read_crashed"]
+        assert line["span_id"] == crashed[0]
+        assert line["error"] == "TypeError"
     finally:
         exp.shutdown(2000)
 

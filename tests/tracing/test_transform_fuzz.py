@@ -99,6 +99,7 @@ _INDEX = "9" * 5000  # past int()'s 4300 digits
         {**_CHAT, "output.value": '{"text": "hi", "toolCalls": 5}'},
         {**_CHAT, "output.value": '{"text": "hi", "toolCalls": [{"payload": "x"}]}'},
         {**_CHAT, "output.value": '{"text": "hi", "toolCalls": [{"payload": [1]}]}'},
+        {**_CHAT, "output.value": '{"text": "hi", "toolCalls": [{"payload": {"toolCallId": ["x"], "toolName": "t"}}]}'},
         {"gen_ai.operation.name": "chat", "gen_ai.input.messages": _DEEP},
         {"gen_ai.operation.name": "chat", "gen_ai.system_instructions": _DEEP, "gen_ai.input.messages": "[]"},
         {**_CHAT, "output.value": '{"text": "hi", "toolCalls": [{"toolName": "t", "args": "' + _DEEP + '"}]}'},
@@ -110,6 +111,7 @@ _INDEX = "9" * 5000  # past int()'s 4300 digits
         "toolCalls-number",
         "payload-text",
         "payload-list",
+        "tool-call-id-list",
         "deep-messages",
         "deep-system",
         "deep-tool-args",
@@ -157,3 +159,57 @@ def test_a_backfill_names_such_content_without_crashing(tmp_path: Path, dry_run:
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert "read_failed" not in json.dumps(summary)
+
+
+# What the OTLP decoders make of an attribute value: text, bytes (a bytesValue), numbers,
+# arrays as tuples and kvlists as dicts; non-finite floats left out (JSON writes them as null).
+_otlp_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6)
+    | st.binary(max_size=6)
+    | st.sampled_from([b"\xff\xfe", b"hello", "user", "assistant", "text", "reasoning", "tool_call"])
+)
+_otlp_value: Any = st.recursive(
+    _otlp_leaf,
+    lambda inner: st.lists(inner, max_size=3).map(tuple) | st.dictionaries(_keys, inner, max_size=4),
+    max_leaves=16,
+)
+_READ_KEYS = [
+    "input.value",
+    "output.value",
+    "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "gen_ai.system_instructions",
+    "mastra.agent_run.input",
+    "mastra.agent_run.output",
+]
+
+
+def _read(spans: list[Any]) -> Any:
+    try:
+        return trace_to_run(spans).model_dump(mode="json")
+    except TraceReadError as exc:
+        return ("unreadable", exc.reason, exc.span_id, exc.attribute)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values=st.dictionaries(st.sampled_from(_READ_KEYS), _otlp_value | _messages.map(json.dumps), min_size=1))
+def test_a_run_reads_alike_in_process_and_after_the_queue(values: dict[str, Any]) -> None:
+    """An embedded backfill reads the decoded OTLP values as they are (bytes, tuples); a worker
+    reads them after the queue's JSON. Both get the same run, or the same named read error, and
+    never another exception (a bytesValue in input.value was a TypeError in process only)."""
+    from tracing import SpanRecord
+    from tracing.queue import ScoreRequest, request_json, spans_request
+
+    agent = SpanRecord(
+        "d5b4ddbdcb5c0d4c29f4cba8e8ad98c6",
+        "00000000000000a1",
+        "invoke_agent a",
+        attributes={"gen_ai.operation.name": "invoke_agent", "mastra.span.type": "agent_run", **values},
+    )
+    in_process = _read([agent])
+    shipped = ScoreRequest.model_validate_json(request_json(spans_request([agent], [agent.span_id], ["s"])))
+    assert _read(shipped.spans) == in_process

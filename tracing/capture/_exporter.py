@@ -333,6 +333,10 @@ class ScoringSpanExporter(SpanExporter):
                 reason=error.reason,
             )
             return []
+        except Exception as exc:  # a reader bug on content it did not foresee: this run only
+            self._tally.error("read_failed")
+            log.error("trace_read_crashed", trace_id=trace_id, span_id=target_span_id, error=describe(exc))
+            return []
         with self._lock:
             self._runs_read_in_app += 1
         kept: list[ScoringRule] = []
@@ -400,7 +404,8 @@ class ScoringSpanExporter(SpanExporter):
         ``too_large``: alone over the sink's ``max_payload_bytes``); ``skipped`` by reason
         (``sampled_out``, ``loop_guard``, ``no_target``, ``filtered_out``); ``errors`` by reason
         (``TraceReadError.reason`` values for runs read here — a run the worker cannot read
-        becomes error score records there — and ``filter``, ``export``, ``flush``, ``send``,
+        becomes error score records there — ``read_failed`` for a run whose reading crashed
+        (a bug in a reader: the worker names it alike), and ``filter``, ``export``, ``flush``, ``send``,
         ``internal``; ``text_replaced``: runs sent with U+FFFD in place of text no JSON can
         hold, a lone surrogate in an attribute)."""
         depth, queued = self._sender.depth()
