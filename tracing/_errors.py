@@ -115,7 +115,7 @@ class TraceReadError(TracingError, ValueError):
         self.attribute = attribute
         where = ""
         if span_id is not None or span_name is not None:
-            where = f"span {span_name!r} ({span_id})"
+            where = f"span {span_name!r} ({span_id})" if span_name is not None else f"span {span_id}"
             if attribute is not None:
                 where += f", attribute {attribute!r}"
             where += ": "

@@ -195,6 +195,15 @@ def _time_ns(value: Any, field: str, name: str, where: str) -> int | None:
     return _int(value, f"{field}.{name}", where)
 
 
+def _text(value: Any, field: str, where: str) -> str:
+    """A proto3 JSON string field: a string, or null for the default (the empty string)."""
+    if type(value) is str:
+        return value
+    if value is None:
+        return ""
+    raise OtlpDecodeError(f"expected a string, got {shape_of(value)}", where=where, field=field)
+
+
 def _any_value(value: Any, field: str, where: str, depth: int = 0) -> _Value:
     if not isinstance(value, dict):
         raise OtlpDecodeError(f"expected an AnyValue object, got {type(value).__name__}", where=where, field=field)
@@ -202,9 +211,11 @@ def _any_value(value: Any, field: str, where: str, depth: int = 0) -> _Value:
         return None
     for key, kind in value.items():
         if key in ("stringValue", "string_value"):
-            return str(kind)
+            return _text(kind, field, where)
         if key in ("boolValue", "bool_value"):
-            return bool(kind)
+            if kind is None or kind is False or kind is True:  # proto3 JSON: null is the default
+                return bool(kind)
+            raise OtlpDecodeError(f"expected true or false, got {shape_of(kind)}", where=where, field=field)
         if key in ("intValue", "int_value"):
             return _int(kind, field, where)
         if key in ("doubleValue", "double_value"):
@@ -398,7 +409,7 @@ def _json_resource(rs: Mapping[str, Any], attributes: list[Any], field: str, whe
 
 def _json_scope(ss: Mapping[str, Any], scope: Mapping[str, Any], field: str, where: str) -> InstrumentationScope:
     return InstrumentationScope(
-        str(scope.get("name", "")),
+        _text(scope.get("name"), f"{field}.scope.name", where),
         scope.get("version") or None,
         _get(ss, "schemaUrl", "schema_url") or None,
         _attributes(_list(scope, "attributes", "attributes", field, where), f"{field}.scope.attributes", where) or None,
@@ -511,7 +522,7 @@ def _service_name(rs: Mapping[str, Any], attributes: list[Any], field: str, wher
 
 
 def _scope_name(ss: Mapping[str, Any], scope: Mapping[str, Any], field: str, where: str) -> str:
-    return str(scope.get("name", ""))
+    return _text(scope.get("name"), f"{field}.scope.name", where)
 
 
 # --- the walk of an OTLP/JSON document (both decoders) ---------------------------------------

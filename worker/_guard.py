@@ -897,7 +897,7 @@ def _too_deep(value: Any, limit: int) -> bool:
 
 def _check_headers(headers: dict[str, Any], settings: Settings, allowed: frozenset[str]) -> Refusal | None:
     name = headers.get("task")
-    if name not in allowed:
+    if not isinstance(name, str) or name not in allowed:  # a list or an object: not even hashable
         return Refusal(
             "unknown_task",
             f"task {_token(name)} is not one of tracescore's ({', '.join(sorted(allowed))}); "

@@ -264,14 +264,24 @@ def test_backfill_counts_bad_lines_and_scores_every_good_trace(tmp_path: Path) -
 
 
 def test_a_json_lines_file_named_json_with_a_broken_first_line_loses_that_line_alone(tmp_path: Path) -> None:
-    """A ``*.json`` file whose line 1 is no document is read whole; when that fails too and line
-    2 is a document, it is JSON Lines with a broken first line (all its lines were lost before).
+    """A ``*.json`` file whose line 1 is no document is read whole; when that fails too and its
+    next non-blank line is a JSON object, it is JSON Lines with a broken first line (all its
+    lines were lost before).
     A broken pretty-printed document stays one Malformed, not one a line."""
     path = tmp_path / "t.json"
     path.write_bytes(_line(1)[:100] + b"\n" + _line(2) + _line(3) + b"not json\n" + _line(5))
     items = list(FileSource([path]).read())
     assert [b.where for b in _bad(items)] == [f"{path}:1", f"{path}:4"]
     assert _traces(items) == {trace_id(2), trace_id(3), trace_id(5)}
+
+    # The next line blank, or a JSON object that is no OTLP document: still JSON Lines (every
+    # good line after them was lost when line 2 had to decode as OTLP).
+    for name, second in (("blank", b"\n\n"), ("not-otlp", b'{"resourceSpans": 5}\n')):
+        lines = tmp_path / f"{name}.json"
+        lines.write_bytes(_line(1)[:100] + b"\n" + second + _line(2) + _line(3))
+        items = list(FileSource([lines]).read())
+        assert _traces(items) == {trace_id(2), trace_id(3)}, name
+        assert _bad(items)[0].where == f"{lines}:1"
 
     pretty = tmp_path / "p.json"
     pretty.write_text(json.dumps(_doc(1), indent=2)[:-30])

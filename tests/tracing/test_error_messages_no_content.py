@@ -303,6 +303,7 @@ def test_worker_log_of_a_reader_crash_holds_no_content(
     (record,) = writer.records
     assert record.error_type == "read_failed"
     assert type(crash()).__name__ in (record.error_message or "")
+    assert (record.error_message or "").startswith(f"span {span_id}: reading the trace failed")  # not "span None"
     assert MARKER not in (record.error_message or "")
     crashed = [line for line in lines if "trace_read_crashed" in line]
     assert crashed

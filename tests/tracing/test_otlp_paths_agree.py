@@ -225,6 +225,10 @@ _RS0 = ("resourceSpans", 0)
         (_doc((*_SPAN1, "startTimeUnixNano"), "soon"), r"expected an integer"),
         (_doc((*_SPAN1, "attributes"), {"a": 1}), r"expected a list, got dict"),
         (_doc((*_SPAN1, "attributes", 0, "value"), {"doubleValue": "abc"}), r"expected a number"),
+        # These read as the text "{...}" and as True before.
+        (_doc((*_SPAN1, "attributes", 0, "value"), {"stringValue": {"a": 1}}), r"expected a string, got an object"),
+        (_doc((*_SPAN1, "attributes", 0, "value"), {"boolValue": "false"}), r"expected true or false, got a string"),
+        (_doc((*_RS0, "scopeSpans", 0, "scope", "name"), ["x"]), r"expected a string, got a list .*scope\.name"),
         (_doc((*_SPAN1, "events", 0), "e"), r"expected an object, got str"),
         (_doc((*_SPAN1, "events", 0, "timeUnixNano"), [1]), r"expected an integer"),
         (_doc(_SPAN1, ["not", "a", "span"]), r"expected an object, got list"),

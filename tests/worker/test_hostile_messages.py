@@ -154,6 +154,8 @@ def hostile_messages() -> list[tuple[str, str, bytes]]:
     add("unknown_task", envelope(task_body([MARKER]), task="celery.backend_cleanup"))
     add("unknown_task", envelope(task_body([MARKER]), task="celery.chord_unlock"))
     add("unknown_task", envelope(task_body([MARKER]), task="evil.not_ours"))
+    add("unknown_task", envelope(task_body([good]), task=[SCORE_TASK_NAME, MARKER]))
+    add("unknown_task", envelope(task_body([good]), task={"name": SCORE_TASK_NAME}))
     add("not_a_task", envelope(json.dumps({"task": SCORE_TASK_NAME, "args": [good]}), drop_headers=("task",)))
     callback = {"task": "celery.backend_cleanup", "args": [], "kwargs": {}, "options": {}, "subtask_type": None}
     add("callbacks_refused", envelope(task_body([good], embed={**_EMBED, "callbacks": [callback]})))

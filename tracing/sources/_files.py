@@ -3,7 +3,8 @@
 - ``*.jsonl`` / ``*.ndjson`` / ``*.json``: one OTLP/JSON ``ExportTraceServiceRequest`` per line
   (the Collector's ``file`` exporter and the OTLP JSON file format). A ``*.json`` file whose
   first line is not a whole JSON document is read as one pretty-printed document, unless that
-  fails and its second line is a document of its own: JSON Lines with a broken first line.
+  fails and its next non-blank line is a JSON object of its own: JSON Lines with a broken
+  first line.
 - ``*.pb`` / ``*.binpb``: the Collector file exporter's ``format: proto``: each message a
   4-byte big-endian length followed by an ``ExportTraceServiceRequest``.
 - Any of these gzip-compressed (``.gz``). A directory means every such file under it, sorted
@@ -88,18 +89,24 @@ def _unparsed(whole: list[SourceItem]) -> bool:
     return len(whole) == 1 and isinstance(whole[0], Malformed) and whole[0].reason.startswith("not JSON")
 
 
-def _next_line_decodes(handle: IO[bytes], max_line: int) -> bool:
-    """Whether the line after the one just read is an OTLP document of its own (JSON Lines);
+def _next_record_is_a_line(handle: IO[bytes], max_line: int) -> bool:
+    """Whether the first non-blank line after the one just read is a JSON object of its own
+    (JSON Lines, whatever that object holds; a pretty-printed document's next line never is);
     the handle is left where it was."""
     mark = handle.tell()
     try:
-        raw = handle.readline(max_line + 1)
-        decode_otlp_records_line(raw)
-    except OtlpDecodeError:
+        for _ in range(MAX_BARREN_RECORDS):
+            raw = handle.readline(max_line + 1)
+            if not raw:
+                return False
+            if raw.strip():
+                try:
+                    return isinstance(json.loads(raw), dict)
+                except (ValueError, RecursionError):
+                    return False
         return False
     finally:
         handle.seek(mark)
-    return bool(raw.strip())
 
 
 def _record_error(exc: OtlpDecodeError) -> str:
@@ -281,7 +288,7 @@ class FileSource:
                 except OtlpDecodeError as exc:
                     if whole_candidate and line == 1 and exc.reason.startswith("not JSON"):
                         whole = list(self._read_whole(index, path))
-                        if not (_unparsed(whole) and _next_line_decodes(handle, max_line)):
+                        if not (_unparsed(whole) and _next_record_is_a_line(handle, max_line)):
                             yield from whole
                             return
                         # JSON Lines after all, with a broken first line: that line alone is lost.
