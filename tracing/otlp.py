@@ -309,8 +309,20 @@ def _status(value: Any, field: str, where: str) -> Status:
     return Status(code, message if code is StatusCode.ERROR else None)
 
 
+# A W3C tracestate list member (key=value), checked here: the SDK's parser logs a member it
+# refuses, and a member may hold a credential.
+_TRACE_STATE_MEMBER = re.compile(
+    r"(?:[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+
+
 def _trace_state(value: Any) -> TraceState | None:
+    """The span's tracestate; none when it is not a valid W3C list (as the SDK reads it)."""
     if not value or not isinstance(value, str):
+        return None
+    members = (m.strip(" \t") for m in value.split(","))
+    if not all(_TRACE_STATE_MEMBER.fullmatch(m) for m in members if m):
         return None
     return TraceState.from_header([value])
 
@@ -629,14 +641,20 @@ def _parse_line(line: str | bytes, where: str) -> Any:
 # --- protobuf ------------------------------------------------------------------------------
 
 
-def _pb_value(value: PbAnyValue) -> _Value:
+class _NestedTooDeep(Exception):
+    """A protobuf attribute value past ``MAX_VALUE_DEPTH`` (named with its place by the caller)."""
+
+
+def _pb_value(value: PbAnyValue, depth: int = 0) -> _Value:
     kind = value.WhichOneof("value")
     if kind is None:
         return None
-    if kind == "array_value":
-        return tuple(_pb_value(v) for v in value.array_value.values)
-    if kind == "kvlist_value":
-        return {kv.key: _pb_value(kv.value) for kv in value.kvlist_value.values}
+    if kind == "array_value" or kind == "kvlist_value":
+        if depth >= MAX_VALUE_DEPTH:  # the same cap as OTLP/JSON's
+            raise _NestedTooDeep
+        if kind == "array_value":
+            return tuple(_pb_value(v, depth + 1) for v in value.array_value.values)
+        return {kv.key: _pb_value(kv.value, depth + 1) for kv in value.kvlist_value.values}
     return getattr(value, kind)
 
 
@@ -726,8 +744,10 @@ def decode_otlp_protobuf(data: bytes, *, where: str = "") -> list[ReadableSpan]:
         raise OtlpDecodeError(f"not an OTLP protobuf message ({exc})", where=where) from None
     try:
         return _pb_resource_spans(message.resource_spans, where)
-    except RecursionError:
-        raise OtlpDecodeError("attribute values nested too deeply", where=where) from None
+    except (RecursionError, _NestedTooDeep):
+        raise OtlpDecodeError(
+            f"attribute value nested too deeply (over {MAX_VALUE_DEPTH} arrayValue/kvlistValue levels)", where=where
+        ) from None
 
 
 def decode_otlp_protobuf_records(data: bytes, *, where: str = "") -> list[SpanRecord]:

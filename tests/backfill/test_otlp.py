@@ -115,6 +115,24 @@ def test_errors_name_the_line_and_the_field() -> None:
         decode_otlp_protobuf(b"\x0a\xff\xff\xff")
 
 
+def test_a_trace_state_is_kept_when_valid_and_never_logged_when_not(caplog: pytest.LogCaptureFixture) -> None:
+    """The SDK's tracestate parser logs a member it refuses, and a member may hold a credential:
+    an invalid list is dropped (as the SDK drops it) without a log line quoting it."""
+    span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x"}
+
+    def state(trace_state: str) -> dict[str, str]:
+        line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{**span, "traceState": trace_state}]}]}]})
+        (decoded,) = decode_otlp_json_line(line)
+        assert decoded.context is not None
+        return dict(decoded.context.trace_state.items())
+
+    assert state("vendor=abc, ,tenant@sys=1") == {"vendor": "abc", "tenant@sys": "1"}
+    caplog.set_level("DEBUG")
+    assert state("vendor=abc,sk-live-Secret9=") == {}
+    assert state("Key=sk-live-Secret9") == {}
+    assert "Secret9" not in caplog.text
+
+
 def test_wrongly_typed_fields_are_decode_errors() -> None:
     """A list or object where an enum belongs, or a non-number double, is an OtlpDecodeError, not a crash."""
     span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x"}

@@ -100,6 +100,32 @@ def test_deeply_nested_attribute_values_are_an_otlp_error() -> None:
         decode_otlp_json(document, where="f:1")
 
 
+def test_protobuf_attribute_values_are_capped_at_the_json_depth() -> None:
+    """A protobuf arrayValue nested 33-47 levels (protobuf's own parser stops near 48) was
+    read, where OTLP/JSON stops at MAX_VALUE_DEPTH: both stop there now."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+    from tracing.otlp import MAX_VALUE_DEPTH, decode_otlp_protobuf_records
+
+    def message(depth: int) -> bytes:
+        data = TracesData()
+        span = data.resource_spans.add().scope_spans.add().spans.add()
+        span.trace_id, span.span_id, span.name = b"\x01" * 16, b"\x02" * 8, "invoke_agent a"
+        attribute = span.attributes.add()
+        attribute.key = "gen_ai.agent.name"
+        value = attribute.value
+        for _ in range(depth):
+            value = value.array_value.values.add()
+        value.string_value = "leaf"
+        return data.SerializeToString()
+
+    (record,) = decode_otlp_protobuf_records(message(MAX_VALUE_DEPTH))
+    assert record.attributes["gen_ai.agent.name"]
+    with pytest.raises(OtlpDecodeError, match="nested too deeply") as too_deep:
+        decode_otlp_protobuf_records(message(MAX_VALUE_DEPTH + 1), where="f.pb:message 1")
+    assert too_deep.value.where == "f.pb:message 1"
+
+
 def test_a_json_file_whose_line_1_is_not_utf8_is_reported_and_the_next_file_read(tmp_path: Path) -> None:
     """*.json with bad bytes on line 1 (read as a whole document) was an uncaught UnicodeDecodeError."""
     bad_file = tmp_path / "a.json"
