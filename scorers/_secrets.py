@@ -60,11 +60,13 @@ _SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], s
     ),
 )
 # ://userinfo@ — userinfo runs to the last '@' before the host (a password may hold an
-# unescaped '@'), and stops at '/', '?', '#' or whitespace, so the next URL of a list is safe.
+# unescaped '@', or a space: redis-py and kombu take "redis://:two words@h"), and stops at '/',
+# '?', '#' or a line break, so the next URL of a list (its own "://") is safe. Prose after a
+# URL without a path, up to an '@' on the same line, may be masked with it: never a password.
 # Anchored on "://", not on the scheme: a URL glued to what precedes it ("111redis://:pw@h" in
 # an error text) has no scheme a pattern could tell from the word, and its password must go too.
 # Every '/' ends a userinfo, so each character is scanned at most once.
-_USERINFO = re.compile(r"://(?P<userinfo>[^\s/?#]*)@")
+_USERINFO = re.compile(r"://(?P<userinfo>[^\r\n/?#]*)@")
 
 
 def scrub_secrets(value: T, *secrets: str | None) -> T:

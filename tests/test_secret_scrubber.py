@@ -33,6 +33,8 @@ SHAPES: list[tuple[str, str, str, bool]] = [
     ("url-password-only", "redis://:Ur1PwOnly9x@10.0.0.5:6379/0", "Ur1PwOnly9x", False),
     ("url-user-password", "https://bob:Ur1UserPw7k@tempo.internal:3200/api", "Ur1UserPw7k", False),
     ("url-userinfo-alone", "redis://Ur1Alone5q@10.0.0.5/0", "Ur1Alone5q", False),
+    # a password with a raw space, as redis-py and kombu take it: all of it goes, not its first word
+    ("url-password-with-a-space", "redis://:first Spc8Pw2x@10.0.0.5:6379/0", "Spc8Pw2x", False),
     # glued to the text before it, as an error message may print it: no scheme to tell apart
     ("url-glued-to-a-digit", "Error 111redis://:GluedPw6t@10.0.0.5:6379", "GluedPw6t", False),
     # a user named like a label: the password goes, the host stays (next test)
