@@ -111,6 +111,10 @@ def test_score_prints_the_per_scorer_summary_by_default(tmp_path: Path) -> None:
     table = _score(str(runs), "--scorers", V1, "--scorer", "length", "--table")
     assert table.stdout.splitlines()[0].split() == ["run", "scorer", "score", "reason"]
     assert sum(" length " in line for line in table.stdout.splitlines()) >= 5
+    # With --json the table goes to stderr (it was dropped): stdout stays one result a line.
+    both = _score(str(runs), "--scorers", V1, "--scorer", "length", "--table", "--json")
+    assert [json.loads(line)["scorer_id"] for line in both.stdout.splitlines()] == ["length"] * 5
+    assert both.stderr.splitlines()[0].split() == ["run", "scorer", "score", "reason"]
 
 
 def test_score_table_rows_are_worded_as_backfill_and_the_summary_word_them(tmp_path: Path) -> None:

@@ -68,6 +68,17 @@ def test_table_option_prints_one_row_per_score() -> None:
     assert "scores by scorer (300 runs)" in lines
 
 
+def test_with_json_the_table_goes_to_stderr_and_stdout_is_one_json_object() -> None:
+    """--json --table: stdout held the table's rows before the JSON, which no parser reads."""
+    result = _run(str(EXAMPLES), "--scorers", "examples.scorers", "--scorer", "question-overlap", "--json", "--table")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["by_scorer"]["question-overlap"]["runs"] == 300
+    table = [line for line in result.stderr.splitlines() if line.split()[:2] == ["trace", "agent"]]
+    assert len(table) == 1
+    assert result.stderr.count("question-overlap") >= 300
+
+
 def test_json_summary_has_the_per_scorer_figures(tmp_path: Path) -> None:
     """--json keeps its keys and adds by_scorer (runs, mean, quantiles, failures, worst runs)."""
     write_otlp_files(tmp_path, 30, files=1)
@@ -162,6 +173,45 @@ def test_out_writes_score_records_as_json_lines(tmp_path: Path) -> None:
     assert {r["job_id"] for r in records} == {summary["job_id"]}
     assert {r["source"] for r in records} == {"backfill"}
     assert len({r["score_id"] for r in records}) == 36
+
+    # Run again: the file holds this run's records, as `score --out` and --out with a broker
+    # write it (it was appended to: 72 lines, two jobs).
+    again = _summary(_run(str(tmp_path / "in"), "--scorers", SCORERS, "--out", str(out), "--json"))
+    assert {json.loads(line)["job_id"] for line in out.read_text().splitlines()} == {again["job_id"]}
+    assert len(out.read_text().splitlines()) == 36
+
+
+def test_an_out_that_cannot_be_written_ends_the_job_with_exit_1(tmp_path: Path) -> None:
+    """README's exit 1 for an unwritable --out: a full disk (/dev/full) printed a traceback a
+    batch, then "scores written to", and exited 0; a path that cannot be created was a bare
+    PermissionError; an --out naming an input file had the records appended to the traces."""
+    write_otlp_files(tmp_path / "in", 6, files=1)
+    (source,) = (tmp_path / "in").iterdir()
+    before = source.read_bytes()
+    full = _run(str(source), "--scorers", SCORERS, "--out", "/dev/full")
+    assert full.exit_code == 1, full.output
+    assert "cannot write --out /dev/full: No space left on device" in full.stderr
+    assert "Traceback" not in full.output
+    assert "scores written to" not in full.stderr
+    assert "scores by scorer (6 runs)" in full.stdout  # the summary still comes first
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    nowhere = _run(str(source), "--scorers", SCORERS, "--out", str(blocked / "scores.jsonl"))
+    assert nowhere.exit_code == 1, nowhere.output
+    assert f"cannot write --out {blocked / 'scores.jsonl'}: Not a directory" in nowhere.stderr
+    assert "traces read" not in nowhere.stderr  # refused before any work
+
+    into_input = _run(str(tmp_path / "in"), "--scorers", SCORERS, "--out", str(source))
+    assert into_input.exit_code == 1, into_input.output
+    assert "is one of the input files" in into_input.stderr
+    assert source.read_bytes() == before
+
+    # With a broker the file is checked before the broker is reached (this one is not there).
+    unwritable = ["--out", str(blocked / "x.jsonl"), "--broker", "redis://127.0.0.1:1/0"]
+    broker = CliRunner().invoke(cli, ["backfill", str(source), "--scorers", SCORERS, *unwritable])
+    assert broker.exit_code == 1, broker.output
+    assert "cannot write --out" in broker.stderr
 
 
 @pytest.mark.parametrize(

@@ -594,6 +594,54 @@ def test_an_empty_broker_url_is_named_by_every_redis_command(
     assert "--broker redis://HOST:6379/0" in err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status"],
+        ["scores", "--trace", "ab" * 16],
+        ["dlq", "list"],
+        ["sinks", "list"],
+        ["worker", "--scorers", "tests.worker.sample_scorers"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_an_empty_broker_flag_is_no_broker_not_the_default_one(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--broker "" was ignored: the command went on to the variable or the default Redis on
+    127.0.0.1:6379 (a worker started consuming there). It is no broker, named as the flag."""
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", "redis://:pw@127.0.0.1:1/0")
+    assert main([*argv, "--broker", ""]) == 1
+    err = capsys.readouterr().err
+    assert "--broker is empty and this command talks to Redis" in err
+
+
+def test_backfill_with_an_empty_broker_flag_scores_in_process(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """For backfill, --broker "" is embedded mode, as an empty variable is (the variable here
+    names a Redis that is not there: it was used before)."""
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", "redis://:pw@127.0.0.1:1/0")
+    examples = str(ROOT / "examples" / "traces" / "traces-000.jsonl.gz")
+    argv = ["backfill", examples, "--scorers", "examples.scorers", "--scorer", "question-overlap", "--broker", ""]
+    assert main(argv) == 0
+    assert "embedded mode" in capsys.readouterr().err
+
+
+def test_a_bad_broker_url_is_named_by_where_backfill_took_it_from(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """backfill blamed TRACESCORE_BROKER_URL for a bad --broker value."""
+    examples = str(ROOT / "examples" / "traces")
+    bad = "redis://127.0.0.1:1/0?password=sekrit"
+    monkeypatch.delenv("TRACESCORE_BROKER_URL", raising=False)
+    assert main(["backfill", examples, "--scorers", "examples.scorers", "--broker", bad]) == 1
+    assert "--broker (redis://127.0.0.1:1/0?password=***) carries the password" in capsys.readouterr().err
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", bad)
+    assert main(["backfill", examples, "--scorers", "examples.scorers"]) == 1
+    assert "TRACESCORE_BROKER_URL (redis://127.0.0.1:1/0?password=***) carries" in capsys.readouterr().err
+
+
 def test_celery_worker_with_an_empty_broker_url_refuses_to_start() -> None:
     """`celery -A worker worker` with an empty broker URL exits 1 saying so, instead of
     falling back to an AMQP broker on localhost where no message is screened."""

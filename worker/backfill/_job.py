@@ -150,6 +150,57 @@ class _Fanout:
             writer.close()
 
 
+class _OutFile:
+    """``--out`` in this process: the records as JSON Lines. Its first write error (a full disk)
+    is kept and the rest of the job's records are not tried: the job ends with that error
+    (exit 1) after its summary, instead of a traceback a batch and exit 0."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: str | None = None
+        self._writer = JsonlScoreWriter(path)
+
+    def write(self, records: Any) -> None:
+        if self.error is None:
+            try:
+                self._writer.write(records)
+            except OSError as exc:
+                self.error = exc.strerror or str(exc)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        try:
+            return self._writer.flush(timeout_s)
+        except OSError as exc:
+            self.error = self.error or exc.strerror or str(exc)
+            return False
+
+    def close(self) -> None:
+        try:
+            self._writer.close()
+        except OSError as exc:  # what a failed write left buffered
+            self.error = self.error or exc.strerror or str(exc)
+
+
+def _check_out(out: Path | None, source: TraceSource) -> None:
+    """Refuse an ``--out`` that is one of the input files, and one that cannot be written (it is
+    created empty now: a job finds out before its work, not after it)."""
+    if out is None:
+        return
+    inputs = {p.resolve() for p in getattr(source, "files", ())}
+    if out.resolve() in inputs:
+        raise CliError(f"--out {out} is one of the input files: the scores would be written into it")
+    try:
+        out.open("w", encoding="utf-8").close()
+    except OSError as exc:
+        raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
+
+
+def _out_failed(out: Path | None, error: str | None) -> None:
+    """End the job with exit 1 when ``--out`` could not be written (after its summary)."""
+    if out is not None and error is not None:
+        raise CliError(f"cannot write --out {out}: {error}; the summary above has the scores, the file does not")
+
+
 class _StopSignal:
     """Ctrl-C / SIGTERM ask the job to stop at the next safe point (between input records or
     batches), so no Redis or broker call is cut in half; a second signal stops at once."""
@@ -646,10 +697,16 @@ def _run_embedded(
 
     agents: dict[str, str] = {}
     by_scorer = Summary({s: registry[s] for s in state.options.scorer_ids}, worst_n=worst)
-    table = ScoreTable(sys.stdout, traces=True, before_write=reporter.clear) if show_table else None
+    # With --json, stdout is the one JSON object: the table goes to stderr.
+    table = (
+        ScoreTable(sys.stderr if as_json else sys.stdout, traces=True, before_write=reporter.clear)
+        if show_table
+        else None
+    )
     writers: list[ScoreWriter] = [SummaryScoreWriter(by_scorer, table, agents)]
-    if out is not None:
-        writers.append(JsonlScoreWriter(out))
+    out_file = _OutFile(out) if out is not None else None
+    if out_file is not None:
+        writers.append(out_file)
     names = _sink_names(sinks, otlp)
     try:
         settings = load_settings(**(sink_options or {}), **({"sinks": ",".join(names)} if names else {}))
@@ -710,7 +767,7 @@ def _run_embedded(
         click.echo(json.dumps(summary))
     print_summary(summary)
     _report_sinks(summary)
-    if out is not None:
+    if out_file is not None and out_file.error is None:
         click.echo(f"  scores written to {out} (compare two runs: tracescore compare OLD.jsonl {out})", err=True)
     # The picture per scorer is the output (stdout); the job's counts above are the footer.
     click.echo(
@@ -725,6 +782,7 @@ def _run_embedded(
     if interrupted:
         click.echo("interrupted (embedded jobs keep no state: run the command again to start over)", err=True)
         raise SystemExit(130)
+    _out_failed(out, out_file.error if out_file is not None else None)
     _check_outcome(summary)
     _check_sinks(summary)
 
@@ -827,6 +885,7 @@ def _run_redis(
             progress = submitter.progress(state.job_id)
         elapsed = time.monotonic() - started
         by_scorer: Summary | None = None
+        out_error: str | None = None
         if not no_wait and registry is not None and enqueued.count:
             try:
                 with ExitStack() as closing:
@@ -835,7 +894,7 @@ def _run_redis(
             except SpoolError as exc:
                 click.echo(f"  per-scorer summary unavailable: {exc}", err=True)
             except OSError as exc:
-                click.echo(f"  cannot write --out {out}: {exc.strerror or exc}", err=True)
+                out_error = exc.strerror or str(exc)
             except redis.exceptions.RedisError as exc:
                 click.echo(f"  per-scorer summary unavailable: cannot read the scores back ({exc})", err=True)
         if not no_wait and registry is not None and enqueued.lost:
@@ -874,6 +933,7 @@ def _run_redis(
             click.echo(
                 f"  enqueued; the workers score it. Follow with: tracescore backfill --resume {state.job_id}", err=True
             )
+        _out_failed(out, out_error)
         _check_outcome(summary)
         _check_sinks(summary)
         if not no_wait and wait_timeout is not None and state.status != "finished":
@@ -953,6 +1013,7 @@ class BackfillJob:
 
     def start(self, source: TraceSource, state: BackfillState, registry: Registry) -> None:
         """Read ``source`` from ``state``'s checkpoint, score every planned run, print the summary."""
+        _check_out(self.out, source)
         _start(
             source,
             state,

@@ -25,7 +25,7 @@ from worker.backfill import (
     load_scorers,
     new_job_id,
 )
-from worker.cli._common import CliError, json_option
+from worker.cli._common import CliError, cli_settings, json_option
 from worker.cli._sinks import sink_options, sink_overrides
 
 __all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
@@ -205,7 +205,10 @@ def backfill_command(
     code is 4 when a sink refused scores or had not taken them all.
     """
     _quiet_logs(bool((ctx.obj or {}).get("verbose")))
-    broker = broker or os.environ.get("TRACESCORE_BROKER_URL") or None
+    # --broker "" is no broker (this process), as an empty TRACESCORE_BROKER_URL is.
+    flag, broker = broker, (broker if broker is not None else os.environ.get("TRACESCORE_BROKER_URL")) or None
+    if broker:
+        cli_settings(flag)  # a bad URL is named by where it came from: --broker, or the variable
     job = BackfillJob(
         ProgressReporter(),
         broker,

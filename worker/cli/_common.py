@@ -68,13 +68,13 @@ def cli_settings(broker: str | None = None, **overrides: Any) -> Settings:
     from worker._settings import SettingsError, load_settings
 
     given = {k: v for k, v in overrides.items() if v is not None}
-    if broker:
+    if broker is not None:  # --broker "" too: no broker, as an empty variable (not the default)
         given["broker_url"] = broker
     try:
         return load_settings(**given)
     except SettingsError as exc:
         message = str(exc)
-        if broker:  # the bad URL came from the flag: name the flag, not the variable
+        if broker is not None:  # the bad URL came from the flag: name the flag, not the variable
             message = message.replace("TRACESCORE_BROKER_URL", "--broker")
         raise CliError(message) from exc
 
@@ -87,6 +87,8 @@ def redis_settings(broker: str | None = None, **overrides: Any) -> Settings:
 
     settings = cli_settings(broker, **overrides)
     if not settings.broker_url:
+        if broker is not None:
+            raise CliError("--broker is empty and this command talks to Redis: pass --broker redis://HOST:6379/0")
         raise CliError(f"{NO_BROKER} and this command talks to Redis: set it or pass --broker redis://HOST:6379/0")
     return settings
 

@@ -149,7 +149,8 @@ def score_command(
         raise CliError(f"unknown scorer id(s) {', '.join(unknown)}; {module} has: {', '.join(registry)}")
     scorers = {s: registry[s] for s in (only or registry)}
     summary = Summary(scorers, worst_n=worst)
-    shown = SummaryScoreWriter(summary, ScoreTable(sys.stdout) if show_table and not as_json else None)
+    # With --json, stdout is one JSON result a line: the table goes to stderr.
+    shown = SummaryScoreWriter(summary, ScoreTable(sys.stderr if as_json else sys.stdout) if show_table else None)
     bad_lines = _Limited("malformed lines")
     failures = _Limited("failed scores")
     runs_total = 0
