@@ -232,6 +232,13 @@ def test_usage_errors_are_one_line(args: list[str]) -> None:
     assert result.stderr.startswith("Error: ")
 
 
+def test_a_missing_input_file_is_a_usage_error(tmp_path: Path) -> None:
+    """README's exit 2 for a missing input file (as score and compare): backfill exited 1."""
+    result = _run(str(tmp_path / "none.jsonl"), "--scorers", "examples.scorers")
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'none.jsonl'}: no such file or directory" in result.stderr
+
+
 def test_unreachable_broker_error_hides_the_password() -> None:
     """A broker URL with a password that cannot be reached is one error line without the password."""
     import socket

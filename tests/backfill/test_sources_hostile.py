@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import resource
 import struct
 import subprocess
@@ -98,6 +99,29 @@ def test_deeply_nested_attribute_values_are_an_otlp_error() -> None:
     document = {"resourceSpans": [{"scopeSpans": [{"spans": [root]}]}]}
     with pytest.raises(OtlpDecodeError, match="nested too deeply"):
         decode_otlp_json(document, where="f:1")
+
+
+def test_a_job_state_names_its_files_so_that_resume_works_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job started on relative paths kept them: `--resume` from another directory failed with
+    "cannot reopen the job's source"."""
+    from tracing.sources import source_from_description
+
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "t.jsonl").write_bytes(_line(1) + _line(2))
+    monkeypatch.chdir(tmp_path / "job")
+    described = FileSource(["t.jsonl"]).describe()
+    monkeypatch.chdir(tmp_path)
+    assert _traces(list(source_from_description(described).read())) == {trace_id(1), trace_id(2)}
+
+
+def test_a_pipe_or_a_device_is_named_as_such_not_as_missing(tmp_path: Path) -> None:
+    fifo = tmp_path / "in.jsonl"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/null")):
+        with pytest.raises(SourceError, match="not a regular file or a directory"):
+            FileSource([path])
 
 
 def test_protobuf_attribute_values_are_capped_at_the_json_depth() -> None:

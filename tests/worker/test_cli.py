@@ -80,6 +80,42 @@ def test_scores_shows_the_stored_scores_of_a_trace(env: str, capsys: pytest.Capt
     assert main(["scores", "--trace", trace.upper(), "--json"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert sorted(r["scorer_id"] for r in lines) == ["relevancy", "toxicity"]
+    # A trace with none: exit 1 with --json too (it was 0 with nothing printed), stdout empty.
+    for extra in ([], ["--json"]):
+        assert main(["scores", "--trace", "ee" * 16, *extra]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert "no scores stored for trace" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["status", "--timeout", "nan"], "'nan' is not a finite number"),
+        (["status", "--timeout", "0"], "0.0 is not in the range 0.1<=x<=60"),
+        (["backfill", "x.jsonl", "--scorers", "examples.scorers", "--wait-timeout", "nan"], "not a finite number"),
+        (["backfill", "x.jsonl", "--scorers", "examples.scorers", "--wait-timeout", "-5"], "not in the range x>=0"),
+        (["backfill", "x.jsonl", "--scorers", "examples.scorers", "--max-cost", "nan"], "not a finite number"),
+        (["score", "x.jsonl", "--scorers", "examples.scorers", "--concurrency", "0"], "not in the range x>=1"),
+        (["probe", "live", "--max-age", "inf", "--dir", "."], "'inf' is not a finite number"),
+    ],
+    ids=lambda v: " ".join(v[:1] + v[-2:]) if isinstance(v, list) else "",
+)
+def test_option_values_that_mean_nothing_are_usage_errors(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They ran: --wait-timeout nan waited forever, -5 gave up at once, status --timeout nan
+    called a healthy broker unreachable, score --concurrency 0 ran one at a time."""
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_a_sink_name_no_sink_has_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """`sinks list nosuch` printed "unknown sink" and `sinks retry nosuch --all` "0 score(s)
+    queued again", both exit 0: a typo looked like an empty backlog."""
+    for argv in (["sinks", "list", "phonix"], ["sinks", "retry", "phonix", "--all"]):
+        assert main(argv) == 2
+        assert "'phonix' is not one of 'otlp', 'jsonl', 'console', 'phoenix'" in capsys.readouterr().err
 
 
 def test_scores_rejects_a_malformed_trace_id(env: str, capsys: pytest.CaptureFixture[str]) -> None:

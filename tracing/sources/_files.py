@@ -166,6 +166,8 @@ class FileSource:
                         "(OTLP protobuf), optionally with .gz"
                     )
                 files.append(path)
+            elif path.exists():  # a pipe or a device: read once, never resumed from a position
+                raise SourceError(f"{path}: not a regular file or a directory")
             else:
                 raise SourceError(f"{path}: no such file or directory")
         self.files = files
@@ -189,7 +191,8 @@ class FileSource:
         return min(1.0, (self._done_bytes + position) / self._total)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "files", "files": [str(p) for p in self.files]}
+        # Absolute: `--resume` may run from another directory.
+        return {"kind": "files", "files": [os.path.abspath(p) for p in self.files]}
 
     def label(self) -> str:
         count = f"{len(self.files)} file{'s' if len(self.files) != 1 else ''}"

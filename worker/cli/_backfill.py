@@ -25,7 +25,7 @@ from worker.backfill import (
     load_scorers,
     new_job_id,
 )
-from worker.cli._common import CliError, cli_settings, json_option
+from worker.cli._common import CliError, FiniteRange, cli_settings, json_option
 from worker.cli._sinks import sink_options, sink_overrides
 
 __all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
@@ -92,13 +92,16 @@ def _quiet_logs(verbose: bool) -> None:
 )
 @click.option(
     "--max-cost",
-    type=click.FloatRange(min=0),
+    type=FiniteRange(min=0),
     metavar="USD",
     help="Stop paying for judge calls once this job spent this much (runs past it: budget_exhausted records).",
 )
 @click.option("--no-wait", is_flag=True, help="Redis mode: return once everything is enqueued.")
 @click.option(
-    "--wait-timeout", type=float, default=None, help="Redis mode: stop waiting for the workers after this many seconds."
+    "--wait-timeout",
+    type=FiniteRange(min=0),
+    default=None,
+    help="Redis mode: stop waiting for the workers after this many seconds.",
 )
 @click.option(
     "--out",
@@ -246,6 +249,9 @@ def backfill_command(
     until_ns = parse_time(until) if until else None
     if since_ns is not None and until_ns is not None and since_ns >= until_ns:
         raise CliError("--since must be before --until")
+    missing = [s for s in sources if "://" not in s and not os.path.lexists(s)]
+    if missing:  # README: a missing input file is a usage error (exit 2), as for score and compare
+        raise click.BadParameter(f"{missing[0]}: no such file or directory", param_hint="SOURCES")
     try:
         source = open_source(list(sources), since_ns=since_ns, until_ns=until_ns, query=tempo_query)
     except SourceError as exc:

@@ -3,6 +3,7 @@ that mean the same in every command (``--broker``, ``--json``)."""
 
 from __future__ import annotations
 
+import math
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,6 +20,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_USAGE",
     "CliError",
+    "FiniteRange",
     "broker_option",
     "cli_settings",
     "json_option",
@@ -44,6 +46,19 @@ class CliError(click.ClickException):
 
     def format_message(self) -> str:
         return printable(self.message)  # it may name a file, a URL or a backend's answer
+
+
+class FiniteRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses nan and inf (a range lets nan through: every
+    comparison with it is false, so "--wait-timeout nan" waited forever)."""
+
+    name = "finite float range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def broker_option(command: F) -> F:

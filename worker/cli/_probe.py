@@ -14,7 +14,7 @@ import click
 
 from tracing import redact
 from worker import _heartbeat as probe_files
-from worker.cli._common import CliError, broker_option, redis_settings
+from worker.cli._common import CliError, FiniteRange, broker_option, redis_settings
 
 __all__ = ["probe_group"]
 
@@ -60,7 +60,7 @@ def probe_group() -> None:
 @_dir_option
 @click.option(
     "--max-age",
-    type=click.FloatRange(min=1),
+    type=FiniteRange(min=1),
     default=60.0,
     show_default=True,
     help="Seconds a heartbeat may be old: the consumer's, and each scoring process's event loop.",
@@ -84,7 +84,7 @@ def live_command(directory: str | None, max_age: float) -> None:
 
 @probe_group.command("ready")
 @_dir_option
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Broker ping timeout.")
+@click.option("--timeout", type=FiniteRange(0.1, 60), default=2.0, show_default=True, help="Broker ping timeout.")
 @broker_option
 def ready_command(directory: str | None, timeout: float, broker: str | None) -> None:
     """Ready: the worker's consumer is connected and consuming, and the broker answers a ping.

@@ -101,7 +101,7 @@ class _Limited:
 @click.argument("runs_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--scorers", "module", required=True, help="Module that defines the scorers, e.g. examples.scorers.")
 @click.option("--scorer", "only", multiple=True, help="Only this scorer id (repeatable).")
-@click.option("--concurrency", default=32, show_default=True, help="Runs scored at once.")
+@click.option("--concurrency", type=click.IntRange(1), default=32, show_default=True, help="Runs scored at once.")
 @click.option(
     "--chunk",
     type=click.IntRange(1),

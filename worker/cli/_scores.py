@@ -45,12 +45,12 @@ def scores_command(broker: str | None, trace_id: str, as_json: bool) -> None:
         records = asyncio.run(_fetch(url, trace_id))
     except (RedisError, OSError) as exc:
         raise CliError(f"cannot reach the score store at {redact(url)}: {redact(str(exc))}") from exc
+    if not records:  # exit 1 with --json too (stdout empty): a script tells "none" from "some"
+        raise CliError(f"no scores stored for trace {trace_id} (expired, not scored yet, or another store)")
     if as_json:
         for record in records:
             click.echo(record.model_dump_json())
         return
-    if not records:
-        raise CliError(f"no scores stored for trace {trace_id} (expired, not scored yet, or another store)")
     for r in sorted(records, key=lambda r: (r.span_id, r.scorer_id)):
         when = dt.datetime.fromtimestamp(r.scored_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         if r.error_type:

@@ -79,8 +79,12 @@ def _outbox(broker: str | None) -> tuple[RedisOutbox, str]:
     return RedisOutbox(settings.store_url, reconnect_s=2.0), settings.store_url
 
 
+# A name no sink has (a typo) is a usage error, not "unknown sink" and exit 0.
+_sink_name = click.Choice(SINK_NAMES)
+
+
 @sinks_group.command("list")
-@click.argument("sink", required=False)
+@click.argument("sink", required=False, type=_sink_name)
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Dead letters per sink.")
 @json_option("One JSON object: per sink its counts and dead letters.")
 @broker_option
@@ -112,7 +116,7 @@ def sinks_list(broker: str | None, sink: str | None, limit: int, as_json: bool) 
         click.echo("no sink has drained the outbox yet (TRACESCORE_SINKS on the workers)")
     for name in names:
         c = counts.get(name)
-        line = f"{c.delivered} delivered, {c.pending} pending, {c.failed} failed" if c else "unknown sink"
+        line = f"{c.delivered} delivered, {c.pending} pending, {c.failed} failed" if c else "nothing delivered yet"
         click.echo(f"{name}: {line}")
         for x in letters[name]:
             when = dt.datetime.fromtimestamp(x.failed_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
@@ -122,7 +126,7 @@ def sinks_list(broker: str | None, sink: str | None, limit: int, as_json: bool) 
 
 
 @sinks_group.command("retry")
-@click.argument("sink")
+@click.argument("sink", type=_sink_name)
 @click.argument("score_ids", nargs=-1)
 @click.option("--all", "retry_all", is_flag=True, help="Queue every dead letter of SINK again.")
 @json_option(

@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from tracing import redact
 from worker._admin import broker_status, store_status
 from worker._settings import Settings
-from worker.cli._common import CliError, broker_option, json_option, redis_settings
+from worker.cli._common import CliError, FiniteRange, broker_option, json_option, redis_settings
 from worker.store import RedisOutbox, StoreKeyTypeError
 
 __all__ = ["collect_status", "status_command"]
@@ -58,7 +58,9 @@ def _sink_counts(settings: Settings) -> dict[str, dict[str, int]]:
 
 
 @click.command("status")
-@click.option("--timeout", type=float, default=1.0, show_default=True, help="Seconds to wait for worker pings.")
+@click.option(
+    "--timeout", type=FiniteRange(0.1, 60), default=1.0, show_default=True, help="Seconds to wait for worker pings."
+)
 @json_option("Print one JSON object.")
 @broker_option
 def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
