@@ -11,6 +11,7 @@ import os
 import re
 from functools import lru_cache
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +37,21 @@ NO_BROKER = "TRACESCORE_BROKER_URL is empty (embedded mode, which only backfill 
 # The broker URLs kombu serves with its Redis transport, the one worker._guard screens.
 SCREENED_BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
 _QUERY_PASSWORD = re.compile(r"[?&]password=", re.IGNORECASE)
+
+
+def _url_problem(url: str) -> str | None:
+    """What is wrong with a redis:// or rediss:// URL's host, port or database, else None."""
+    if url.partition("://")[0].lower() not in ("redis", "rediss"):
+        return None
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (a property that raises on a bad port)
+    except ValueError:
+        return "has a port that is not a number from 0 to 65535 (or a host that is not one)"
+    database = parts.path.strip("/")
+    if database and not database.isdecimal():
+        return f"names database {database[:20]!r} in its path: a Redis database is a number, e.g. redis://host:6379/0"
+    return None
 
 
 class ModelRateLimit(BaseModel):
@@ -220,6 +236,10 @@ class Settings(BaseSettings):
                 f"TRACESCORE_BROKER_URL ({redact(self.broker_url)}) carries the password as a query "
                 "parameter; put it in the user-info part instead: redis://:PASSWORD@host:6379/0"
             )
+        for variable, url in (("TRACESCORE_BROKER_URL", self.broker_url), ("TRACESCORE_REDIS_URL", self.redis_url)):
+            problem = _url_problem(url or "")
+            if problem:  # else kombu or redis-py fails later with a ValueError naming no variable
+                raise ValueError(f"{variable} ({redact(url or '')}) {problem}")
         if self.broker_ca_file and not os.path.isfile(self.broker_ca_file):
             raise ValueError(
                 f"TRACESCORE_BROKER_CA_FILE ({self.broker_ca_file}) is not a readable file: "

@@ -64,6 +64,28 @@ def test_broker_url_with_query_password_is_refused_without_echoing_it(monkeypatc
 
 
 @pytest.mark.parametrize(
+    ("variable", "url", "message"),
+    [
+        ("TRACESCORE_BROKER_URL", "redis://:hunter2-secret@10.0.0.5:notaport/0", "port that is not a number"),
+        ("TRACESCORE_BROKER_URL", "redis://:hunter2-secret@10.0.0.5:99999/0", "port that is not a number"),
+        ("TRACESCORE_BROKER_URL", "rediss://:hunter2-secret@[10.0.0.5/0", "port that is not a number"),
+        ("TRACESCORE_BROKER_URL", "redis://:hunter2-secret@10.0.0.5:6379/abc", "names database 'abc'"),
+        ("TRACESCORE_REDIS_URL", "redis://:hunter2-secret@10.0.0.5:6379/db1", "names database 'db1'"),
+    ],
+)
+def test_a_redis_url_with_a_bad_port_or_database_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, variable: str, url: str, message: str
+) -> None:
+    """They failed later as "ValueError: Port could not be cast to integer value", naming no
+    variable, or (a database that is no number) used database 0 in some commands."""
+    monkeypatch.setenv(variable, url)
+    with pytest.raises(SettingsError, match=message) as info:
+        load_settings()
+    assert variable in str(info.value)
+    assert "hunter2-secret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
     "url", ["amqp://guest:hunter2-secret@10.0.0.5//", "sentinel://:hunter2-secret@10.0.0.5:26379", "memory://"]
 )
 def test_a_broker_url_of_another_transport_is_refused(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
