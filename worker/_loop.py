@@ -168,12 +168,31 @@ class LoopThread:
             raise
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Cancel what still runs on the loop and let it finish (as ``asyncio.run`` does), then
+        stop and close it. Closed with tasks pending (a Ctrl-C mid-batch), each printed "Task
+        was destroyed but it is pending!" and their cleanup "Event loop is closed"."""
         if self.loop.is_closed():
             return
+        if self._thread.is_alive():
+            ended = asyncio.run_coroutine_threadsafe(_cancel_the_rest(), self.loop)
+            try:
+                ended.result(timeout / 2)
+            except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+                ended.cancel()  # a wedged loop: stop it anyway
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _cancel_the_rest() -> None:
+    """Cancel every other task of the running loop and wait for them to end."""
+    this = asyncio.current_task()
+    rest = [task for task in asyncio.all_tasks() if task is not this]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 OnWedged = Callable[[asyncio.Task[Any] | None, float], None]

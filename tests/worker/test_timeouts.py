@@ -232,3 +232,37 @@ def test_the_watchdogs_exception_in_a_run_it_did_not_target_is_not_a_timeout() -
     (record,) = store.records.values()
     assert record.error_type != "timeout"
     assert record.retryable
+
+
+def test_a_loop_stopped_mid_work_cancels_and_finishes_its_tasks_first() -> None:
+    """Ctrl-C during `tracescore score` stopped the loop with its runs' tasks pending: each was
+    printed as "Task was destroyed but it is pending!", and its cleanup as "Event loop is
+    closed". The tasks are cancelled and run their cleanup before the loop closes."""
+    import asyncio
+    import concurrent.futures
+
+    from worker._loop import LoopThread
+
+    loop_thread = LoopThread(name="test-stop")
+    cleaned: list[str] = []
+    children: list[asyncio.Task[None]] = []
+
+    async def stuck() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append("child")
+
+    async def batch() -> None:
+        children.append(asyncio.ensure_future(stuck()))
+        await asyncio.gather(*children)
+
+    waiting = asyncio.run_coroutine_threadsafe(batch(), loop_thread.loop)
+    assert wait_for(lambda: bool(children), 10)
+    waiting.cancel()  # what the interrupted caller does (LoopThread.run on KeyboardInterrupt)
+    loop_thread.stop()
+    assert loop_thread.loop.is_closed()
+    assert children[0].cancelled()
+    assert cleaned == ["child"]
+    with pytest.raises(concurrent.futures.CancelledError):
+        waiting.result(0)
