@@ -382,3 +382,39 @@ def test_text_no_json_can_hold_is_scored_with_replacement_characters(
     words = {r["trace_id"]: r["reason"] for r in records if r["scorer_id"] == "answer-words"}
     assert [words[trace_id(i)] for i in (3, 6, 9)] == ["4 words", "4 words", "3 words"]
     assert db.llen(dlq_key()) == 0
+
+
+def test_losing_the_broker_mid_job_says_how_to_resume(tmp_path: Path) -> None:
+    """Redis going away under a running backfill ended it with "error: ConnectionError: ...
+    Connection reset by peer (run with --verbose ...)", no word of the job being resumable. It
+    is one line now: what happened, and the resume command (never the password)."""
+    server = RedisServer()
+    server.start()
+    try:
+        write_otlp_files(tmp_path / "in", 600, files=1)
+        env = {**os.environ, "TRACESCORE_BROKER_URL": server.url(3), "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, "-c", "from worker.cli import main; raise SystemExit(main())", "backfill"]
+        options = ["--scorers", "tests.backfill.scorers", "--batch-size", "20", "--high-water", "2"]
+        process = subprocess.Popen(
+            [*command, str(tmp_path / "in"), *options], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        db = server.client(3, decode_responses=True)
+        keys: list[str] = []
+
+        def waiting_for_workers() -> bool:  # no worker runs: it enqueues up to --high-water, then waits
+            keys[:] = [k for k in db.scan_iter(backfill_state_key("*")) if not k.endswith(":traces")]
+            return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 40
+
+        _wait_for(waiting_for_workers, 120, "the backfill to enqueue 40 runs")
+        server.stop()
+        _, stderr = process.communicate(timeout=120)
+        said = stderr.decode()
+        job_id = keys[0].rsplit(":", 1)[1]
+        assert process.returncode == 1, said[-2000:]
+        assert "the connection to the broker's Redis was lost" in said, said[-2000:]
+        assert f"resume with: tracescore backfill --resume {job_id}" in said
+        assert server.password not in said
+        assert "Traceback" not in said
+    finally:
+        server.close()

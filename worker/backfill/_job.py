@@ -60,7 +60,8 @@ EXIT_SINK_FAILED = 4
 def _broker_refusal(exc: BaseException) -> tuple[str, str] | None:
     """What to tell the user when ``exc`` is the broker refusing the backfill's messages for now,
     and when to resume: Redis refusing writes (kombu wraps it in its own OperationalError when
-    publishing), or the queue's key holding another Redis type; else None. Never Redis' text:
+    publishing), the queue's key holding another Redis type, or the connection lost (Redis
+    restarting, a failover); else None. Never Redis' text:
     it quotes the refused command, a batch of spans with it."""
     import redis
 
@@ -79,6 +80,9 @@ def _broker_refusal(exc: BaseException) -> tuple[str, str] | None:
                 "the broker's Redis endpoint is a read-only replica (a failover under way?) and refuses writes",
                 "once it takes writes again",
             )
+        if isinstance(seen, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | ConnectionError):
+            # Not its text: it may name the broker's address with its password.
+            return f"the connection to the broker's Redis was lost ({type(seen).__name__})", "once it is back"
         seen = seen.__cause__ or seen.__context__
     return None
 
