@@ -418,3 +418,22 @@ def test_losing_the_broker_mid_job_says_how_to_resume(tmp_path: Path) -> None:
         assert "Traceback" not in said
     finally:
         server.close()
+
+
+def test_a_job_state_that_is_not_one_is_named_not_quoted(redis_server: RedisServer) -> None:
+    """--resume on a key holding garbage printed pydantic's error quoting the stored value; on a
+    key of another type it said "cannot reach Redis ... WRONGTYPE"."""
+    db = redis_server.client(13)
+    db.set(backfill_state_key("bf-garbage"), "not json sk-live-Secret9")
+    db.rpush(backfill_state_key("bf-list"), "x")
+    try:
+        for job_id, said in (("bf-garbage", "this release reads"), ("bf-list", "not a tracescore job state (WRONGTYPE)")):
+            result = CliRunner().invoke(cli, ["backfill", "--resume", job_id, "--broker", redis_server.url(13)])
+            assert result.exit_code == 1, result.output
+            assert said in result.stderr
+            assert backfill_state_key(job_id) in result.stderr
+            assert "Secret9" not in result.output
+            assert redis_server.password not in result.output
+    finally:
+        db.delete(backfill_state_key("bf-garbage"), backfill_state_key("bf-list"))
+        db.close()

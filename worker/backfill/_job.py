@@ -29,6 +29,7 @@ from types import FrameType
 from typing import IO, Any
 
 import click
+from pydantic import ValidationError
 from pydantic_core import from_json
 
 from tracing import JsonlScoreWriter, ScoreWriter, SpanRecord, TraceReadError, redact, score_id_for
@@ -36,7 +37,7 @@ from tracing.queue import QueueKeyError, ScoreBatch
 from tracing.sources import SourceError, TraceSource, source_from_description
 from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
 from worker._gc import tuned_gc
-from worker._keys import record_key
+from worker._keys import backfill_state_key, record_key
 from worker._reconnect import DECODED
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
@@ -963,10 +964,18 @@ def _resume(
 
     settings = _settings(broker)
     client = redis.Redis.from_url(settings.store_url, **DECODED)
+    where = f"{backfill_state_key(job_id)} in {redact(settings.store_url)}"
     try:
         state = RedisJobStore(client).load(job_id)
+    except redis.exceptions.ResponseError as exc:  # the key holds another type (WRONGTYPE)
+        raise CliError(f"the job state {where} is not a tracescore job state ({str(exc).split()[0]})") from None
     except redis.exceptions.RedisError as exc:
-        raise CliError(f"cannot reach Redis at {redact(settings.store_url)}: {exc}") from exc
+        raise CliError(f"cannot reach Redis at {redact(settings.store_url)}: {redact(str(exc))}") from exc
+    except ValidationError as exc:  # its text would quote the stored value
+        raise CliError(
+            f"the job state {where} is not a tracescore job state this release reads "
+            f"({exc.error_count()} problem(s), first at {'.'.join(map(str, exc.errors()[0]['loc'])) or '(root)'})"
+        ) from None
     finally:
         client.close()
     if state is None:
