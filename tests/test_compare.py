@@ -229,6 +229,8 @@ def test_scores_at_a_doubles_limit_give_valid_json(tmp_path: Path) -> None:
     assert (rel["mean_old"], rel["mean_delta"], rel["moved_most"][0]["delta"]) == (None, None, None)
     text = _compare(str(old), str(new))
     assert text.exit_code == 0, text.output
+    assert "1e+308" in text.stdout  # a short cell, not 309 digits breaking the table
+    assert max(len(line) for line in text.stdout.splitlines()) < 200
 
 
 def test_control_characters_from_a_file_never_reach_the_terminal(tmp_path: Path) -> None:

@@ -427,7 +427,10 @@ def test_a_job_state_that_is_not_one_is_named_not_quoted(redis_server: RedisServ
     db.set(backfill_state_key("bf-garbage"), "not json sk-live-Secret9")
     db.rpush(backfill_state_key("bf-list"), "x")
     try:
-        for job_id, said in (("bf-garbage", "this release reads"), ("bf-list", "not a tracescore job state (WRONGTYPE)")):
+        for job_id, said in (
+            ("bf-garbage", "this release reads"),
+            ("bf-list", "not a tracescore job state (WRONGTYPE)"),
+        ):
             result = CliRunner().invoke(cli, ["backfill", "--resume", job_id, "--broker", redis_server.url(13)])
             assert result.exit_code == 1, result.output
             assert said in result.stderr

@@ -110,6 +110,14 @@ def test_option_values_that_mean_nothing_are_usage_errors(
     assert said in capsys.readouterr().err
 
 
+def test_verbose_is_taken_after_the_command_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """Errors say "run with --verbose"; `tracescore status ... --verbose` was "No such option"."""
+    assert main(["sinks", "list", "phonix", "--verbose"]) == 2
+    err = capsys.readouterr().err
+    assert "No such option" not in err
+    assert "'phonix' is not one of" in err
+
+
 def test_a_sink_name_no_sink_has_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     """`sinks list nosuch` printed "unknown sink" and `sinks retry nosuch --all` "0 score(s)
     queued again", both exit 0: a typo looked like an empty backlog."""

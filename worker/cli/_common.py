@@ -109,7 +109,12 @@ def redis_settings(broker: str | None = None, **overrides: Any) -> Settings:
 
 
 def run_command(group: click.Group, argv: list[str]) -> int:
-    verbose = "--verbose" in argv or "-v" in argv
+    # --verbose is the group's flag, and the hint below says "run with --verbose": taken
+    # anywhere before a "--", not only before the command ("status --verbose" was refused).
+    end = argv.index("--") if "--" in argv else len(argv)
+    verbose = any(a in ("--verbose", "-v") for a in argv[:end])
+    if verbose:
+        argv = ["--verbose", *(a for a in argv[:end] if a not in ("--verbose", "-v")), *argv[end:]]
     try:
         group.main(args=argv, prog_name="tracescore", standalone_mode=False)
     except click.exceptions.Abort:

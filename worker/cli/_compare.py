@@ -17,7 +17,10 @@ __all__ = ["compare_command"]
 
 
 def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+    # Scores are usually in [0, 1]; one far outside (1e308) stays a short cell, not 300 digits.
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if abs(value) < 1e6 else f"{value:.3g}"
 
 
 def _render(result: dict[str, Any], width: int = 120) -> str:
