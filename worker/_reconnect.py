@@ -91,7 +91,13 @@ def reconnecting_client(url: str, *, max_connections: int, reconnect_s: float) -
         max_connections=max_connections,
         timeout=30,
         **DECODED,
-        retry=Retry(ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S), _retries_for(reconnect_s)),
+        retry=Retry(
+            ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S),
+            _retries_for(reconnect_s),
+            # A refused password is a ConnectionError to redis-py, but no retry fixes it: retried,
+            # a missing one ended as a bare TimeoutError after the whole budget.
+            is_retryable=lambda error: not isinstance(error, redis_errors.AuthenticationError),
+        ),
         # ReadOnlyError: a failover, the connection still on the demoted primary (which refused
         # the write whole); a new connection finds the new primary behind the same endpoint.
         retry_on_error=[redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ReadOnlyError],
@@ -116,6 +122,13 @@ def _translated(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..
                 return await method(self, *args, **kwargs)
         except StoreUnavailableError:
             raise
+        except redis_errors.AuthenticationError as exc:
+            # Not retried, but the call still takes its reconnect budget: a worker whose store
+            # refuses its password must not requeue its message in a hot loop.
+            await asyncio.sleep(reconnect_s)
+            raise StoreUnavailableError(
+                f"Redis refused the credentials: {name} ({type(exc).__name__}: {exc}); check the password in the URL"
+            ) from exc
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, ConnectionError, TimeoutError) as exc:
             raise StoreUnavailableError(
                 f"Redis is unreachable: {name} failed after reconnecting for up to "

@@ -13,6 +13,7 @@ import click
 import pytest
 import redis
 
+from tests._redis import RedisServer
 from tests.worker._batches import batch, payload
 from tests.worker._workers import ROOT, TRACESCORE, failed_start, read_scores, run_tracescore, wait_for
 from tracing import CelerySink
@@ -692,3 +693,17 @@ def test_celery_worker_with_an_empty_broker_url_refuses_to_start() -> None:
     done = failed_start("")
     assert done.returncode == 1, done.stderr[-2000:]
     assert "tracescore worker cannot start: TRACESCORE_BROKER_URL is empty" in done.stderr
+
+
+@pytest.mark.parametrize("argv", [["scores", "--trace", "ab" * 16], ["dlq", "list"]], ids=["scores", "dlq"])
+def test_a_refused_password_is_named_not_a_timeout(
+    argv: list[str], redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No password for a Redis that asks one: 'Redis is unreachable ... (TimeoutError: )' after
+    retrying what no retry fixes. It is named now, the wrong password masked."""
+    for url in (f"redis://127.0.0.1:{redis_server.port}/5", f"redis://:wrong-pw9@127.0.0.1:{redis_server.port}/5"):
+        assert main([*argv, "--broker", url]) == 1
+        err = capsys.readouterr().err
+        assert "Redis refused the credentials" in err, err
+        assert "AuthenticationError" in err
+        assert "wrong-pw9" not in err
