@@ -12,6 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from tests.backfill._synth import trace_spans
 from tests.tracing._exporting import read_runs
 from tests.tracing._spans import THREE_AGENTS, Recorder, genai_messages, three_agent_trace
@@ -231,3 +233,46 @@ def test_a_value_nested_past_the_limit_is_one_malformed_line_and_never_sinks_a_b
         )
         refusal, _ = check_message(kombu_like, settings, frozenset({message.headers["task"]}))
         assert refusal is None, refusal
+
+
+class _StoppedMidBatch:
+    """Scores in place (as the embedded scorer does) and is stopped inside its second batch by
+    a second Ctrl-C, after scoring some of it."""
+
+    mode = "embedded"
+    max_payload_bytes = None
+
+    def __init__(self) -> None:
+        self.scored = 0
+        self.batches = 0
+
+    def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        self.batches += 1
+        if self.batches == 2:
+            self.scored += 1
+            raise KeyboardInterrupt
+        self.scored += batch.runs()
+
+    def progress(self, job_id: str) -> dict[str, int]:
+        return {"scored": self.scored}
+
+    def pending(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_batch_stopped_mid_hand_over_counts_as_enqueued(tmp_path: Path) -> None:
+    """An embedded backfill stopped by a second Ctrl-C inside a batch reported more scores than
+    expected (2,770 scored of 2,000): the batch's runs were scored but not counted as enqueued."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(big_trace_line(i) for i in range(30)))
+    source = FileSource([path])
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], batch_size=10)
+    state = BackfillState(job_id="bf-stopped", source=source.describe(), options=options)
+    submitter = _StoppedMidBatch()
+    with pytest.raises(KeyboardInterrupt):
+        Backfill(source, state, submitter).run()
+    assert state.counters.runs_enqueued == 20
+    assert submitter.scored <= state.expected_scores

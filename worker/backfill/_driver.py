@@ -330,12 +330,16 @@ class Backfill:
         if requests and self.submitter is not None:
             counters = self.state.counters
             batch = ScoreBatch(batch_id=f"{self.state.job_id}-{counters.batches:06d}", requests=requests)
-            self.submitter.submit(batch, encoded or None)
-            if self.on_batch is not None:
-                self.on_batch(batch)
+            # Counted before the hand-over: a second Ctrl-C inside it (scoring in place) leaves
+            # its runs handed over, some scored, and the summary's expected scores must cover
+            # them (it showed more scored than expected). A resume reads the saved state, which
+            # _save updates only after the hand-over.
             counters.batches += 1
             counters.runs_enqueued += batch.runs()
             counters.traces_enqueued += len(trace_ids)
+            self.submitter.submit(batch, encoded or None)
+            if self.on_batch is not None:
+                self.on_batch(batch)
         self._save(trace_ids)
 
     def _save(self, trace_ids: Sequence[str]) -> None:
