@@ -22,7 +22,6 @@ from tracing._messages import (
     ToolCall,
     ToolResult,
     decode_json_text,
-    json_text,
     parse_message,
     parse_messages,
     parse_system,
@@ -167,7 +166,7 @@ def _read_attr(
     span: SpanView, attrs: Mapping[str, Any], key: str, parse: Callable[[Any], list[Msg]]
 ) -> list[Msg] | None:
     value = attrs.get(key)
-    if value is None or value == "" or value == b"":  # b"": an empty bytesValue
+    if value is None or value == "":
         return None
     try:
         return parse(value)
@@ -305,9 +304,8 @@ def _legacy_events(span: SpanView) -> tuple[list[Msg] | None, list[Msg] | None]:
 
 
 def _value_messages(value: Any, role: str) -> list[Msg]:
-    """``input.value`` / ``output.value`` / Mastra input-output: text or JSON."""
-    if isinstance(value, bytes | bytearray):  # an OTLP bytesValue: read as the workers read it
-        value = bytes(value).decode("utf-8", "replace")
+    """``input.value`` / ``output.value`` / Mastra input-output: text or JSON (the span's values
+    as shipped: bytes are text by now, see ``SpanView``)."""
     data = decode_json_text(value)
     if isinstance(data, str):
         return [Msg(role, [TextPart(data)])] if data else []
@@ -341,13 +339,13 @@ def _value_messages(value: Any, role: str) -> list[Msg]:
     ):
         return parse_messages(data, default_role=role)
     # JSON that is no message shape: the literal text is what the span received or returned.
-    return [Msg(role, [TextPart(value if isinstance(value, str) else json_text(value))])]
+    return [Msg(role, [TextPart(value if isinstance(value, str) else json.dumps(value))])]
 
 
 def _value(span: SpanView, keys: tuple[str, ...], role: str) -> list[Msg] | None:
     for key in keys:
         value = span.attr(key)
-        if value is None or value == "" or value == b"":
+        if value is None or value == "":
             continue
         try:
             return _value_messages(value, role)

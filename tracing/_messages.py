@@ -34,7 +34,6 @@ __all__ = [
     "ToolResult",
     "attach_results",
     "decode_json_text",
-    "json_text",
     "parse_message",
     "parse_messages",
     "parse_system",
@@ -124,18 +123,6 @@ def decode_json_text(value: Any) -> Any:
     return value
 
 
-def _bytes_as_text(value: Any) -> str:
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
-def json_text(value: Any) -> str:
-    """``value`` written as JSON text, bytes in it (an OTLP ``bytesValue``) as their UTF-8 text
-    with U+FFFD for each bad byte: what a worker reads of the same span after the queue's JSON."""
-    return json.dumps(value, default=_bytes_as_text)
-
-
 def _role(value: Any) -> str:
     if not isinstance(value, str) or value.lower() not in _ROLES:
         raise MessageShapeError(
@@ -177,7 +164,7 @@ def _part(raw: Any) -> NeutralPart | None:
         return TextPart(text)
     if kind in ("reasoning", "thinking"):
         text = _first(raw, "content", "text", "reasoning", "thinking")
-        return ReasoningPart(text if isinstance(text, str) else json_text(text))
+        return ReasoningPart(text if isinstance(text, str) else json.dumps(text))
     if kind in ("tool_call", "tool-call", "function_call", "tool_use"):
         name = _first(raw, "name", "toolName")
         if not isinstance(name, str):

@@ -17,7 +17,7 @@ has them (a tool span with the call id, or a later LLM call's tool message).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,6 +44,7 @@ from tracing._messages import (
 )
 from tracing._run import RunIdentity, SpanRecord, TracedRun
 from tracing._span import SpanEvent, SpanLike, SpanView, view_spans
+from tracing._text import as_shipped
 from tracing.read import plan_runs
 
 __all__ = ["find_targets", "read_trace", "trace_to_run", "trace_to_runs"]
@@ -75,7 +76,8 @@ def _attach_log_records(views: Sequence[SpanView], log_records: Iterable[Any]) -
             continue
         view = by_id.get(span_id)
         if view is not None:
-            view.events.append(SpanEvent(name, dict(record.attributes or {}), record.body))
+            body = as_shipped(record.body) if isinstance(record.body, Mapping) else record.body
+            view.events.append(SpanEvent(name, as_shipped(dict(record.attributes or {})), body))
 
 
 def _split(context: list[Msg], system_extra: list[Msg]) -> dict[str, Any]:
