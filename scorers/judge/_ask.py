@@ -207,7 +207,7 @@ class _JudgeCall:
                         scorer=self.info.scorer_id,
                         model=self.info.model_id,
                         step=self.info.step,
-                        problem=str(problem),
+                        **_problem_fields(problem),
                     )
                     continue
                 raise self._fail(self._output_error(problem, response, fell_back)) from problem
@@ -320,12 +320,21 @@ class _JudgeCall:
     # --- answers ---------------------------------------------------------------------------
 
     def _validate(self, response: JudgeResponse, mode: Mode) -> Any:
+        # Both providers: OpenAI's message.refusal (read as finish_reason "refusal") and
+        # Anthropic's stop_reason "refusal". A refusal's text made a reason step "succeed".
+        if response.finish_reason == "refusal":
+            raise ValueError("the judge refused to answer")
         if self.spec is None:
             text = response.text.strip()
             if not text:
                 raise ValueError("the answer is empty")
             return text
-        data = response.parsed if response.parsed is not None else parse_json_text(response.text)
+        try:
+            data = response.parsed if response.parsed is not None else parse_json_text(response.text)
+        except ValueError as exc:
+            if response.finish_reason in _CUT_SHORT:  # say why the JSON broke off
+                raise ValueError(f"the answer was cut at the token limit ({response.finish_reason}): {exc}") from None
+            raise
         if mode == "native":
             if not self.spec.is_object:
                 if not isinstance(data, dict) or WRAP_KEY not in data:
@@ -416,6 +425,19 @@ def _why_final(decision: RetryDecision | None, retries: int, cap: int) -> str:
     if decision.retry and retries >= cap:
         return f"max_processor_retries ({cap}) reached"
     return decision.reason or "an error processor declined to retry"
+
+
+# Finish reasons of an answer cut at the output token limit (OpenAI, Anthropic).
+_CUT_SHORT = frozenset({"length", "max_tokens"})
+
+
+def _problem_fields(problem: Exception) -> dict[str, Any]:
+    """Why an answer did not fit, for a log line: where in the answer and how many places, never
+    the answered values (a claims step's answer is the agent's own text). The error record keeps
+    the whole problem, for whoever reads the scores."""
+    if isinstance(problem, SchemaMismatch):
+        return {"problem": "does not fit the output schema", "at": [p.split(":", 1)[0] for p in problem.problems[:8]]}
+    return {"problem": str(problem)}  # parse errors: a position and a parser message only
 
 
 def _estimate_tokens(request: JudgeRequest) -> int:

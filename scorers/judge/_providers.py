@@ -106,8 +106,9 @@ class OpenAIJudgeModel:
             choice = data["choices"][0] if data.get("choices") else {}
             message = choice.get("message") or {}
             text = message.get("content") or ""
-            if not text and message.get("refusal"):
-                text = f"[refusal] {message['refusal']}"
+            finish_reason = choice.get("finish_reason")
+            if not text and message.get("refusal"):  # no answer: the refusal's text is no reason
+                text, finish_reason = str(message["refusal"]), "refusal"
             usage = data.get("usage") or {}
             return JudgeResponse(
                 text=str(text),
@@ -123,7 +124,7 @@ class OpenAIJudgeModel:
                 ),
                 model=data.get("model"),
                 request_id=request_id,
-                finish_reason=choice.get("finish_reason"),
+                finish_reason=finish_reason,
             )
         except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
             raise JudgeResponseError(

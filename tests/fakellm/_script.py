@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 __all__ = ["RecordedRequest", "Reply", "Rule"]
 
-ReplyKind = Literal["auto", "text", "json", "error", "hang", "drop", "malformed_body"]
+ReplyKind = Literal["auto", "text", "json", "refusal", "error", "hang", "drop", "malformed_body"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,9 @@ class Reply:
     hang_s: float = 30.0
     input_tokens: int | None = None
     output_tokens: int | None = None
+    # The answer's finish reason (OpenAI finish_reason, Anthropic stop_reason), e.g. "length" /
+    # "max_tokens" for an answer cut at the token limit; None: what a whole answer has.
+    finish: str | None = None
 
     @classmethod
     def auto(cls, **kw: Any) -> Reply:
@@ -47,6 +50,12 @@ class Reply:
     def json(cls, data: Any, **kw: Any) -> Reply:
         """Structured answer: OpenAI message content; Anthropic tool input if a tool was forced."""
         return cls(kind="json", data=data, **kw)
+
+    @classmethod
+    def refusal(cls, content: str = "I can't help with that.", **kw: Any) -> Reply:
+        """The model declines: OpenAI's ``message.refusal`` (no content), Anthropic's
+        ``stop_reason: "refusal"`` (no content blocks)."""
+        return cls(kind="refusal", content=content, **kw)
 
     @classmethod
     def error(

@@ -373,7 +373,38 @@ class FakeLLMServer:
             }
         }
 
+    def _refusal(self, req: RecordedRequest, reply: Reply) -> dict[str, Any]:
+        usage_in, usage_out = max(1, (len(req.system) + len(req.user_text)) // 4), 5
+        if req.provider == "anthropic":
+            return {
+                "id": f"msg_{secrets.token_hex(12)}",
+                "type": "message",
+                "role": "assistant",
+                "model": req.model,
+                "content": [],
+                "stop_reason": "refusal",
+                "stop_sequence": None,
+                "usage": {"input_tokens": usage_in, "output_tokens": usage_out},
+            }
+        return {
+            "id": f"chatcmpl-{secrets.token_hex(12)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": None, "refusal": reply.content},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": {"prompt_tokens": usage_in, "completion_tokens": usage_out, "total_tokens": usage_in + usage_out},
+        }
+
     def _success(self, req: RecordedRequest, reply: Reply) -> dict[str, Any]:
+        if reply.kind == "refusal":
+            return self._refusal(req, reply)
         structured: Any = None
         text: str | None = None
         if reply.kind == "text":
@@ -411,7 +442,7 @@ class FakeLLMServer:
                 "role": "assistant",
                 "model": req.model,
                 "content": content,
-                "stop_reason": stop,
+                "stop_reason": reply.finish or stop,
                 "stop_sequence": None,
                 "usage": {
                     # Anthropic counts the cache reads and writes apart from input_tokens.
@@ -433,7 +464,7 @@ class FakeLLMServer:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": body_text, "refusal": None},
-                    "finish_reason": "stop",
+                    "finish_reason": reply.finish or "stop",
                     "logprobs": None,
                 }
             ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import structlog.testing
 
 from scorers import Judge, PromptStep, ScorerRunError, create_scorer
 from scorers.judge import JUDGE_SYSTEM_PREAMBLE, JudgeOutputError
@@ -82,6 +83,47 @@ def test_schema_invalid_native_output_falls_back(fake_llm: FakeLLMServer, model:
     assert result.analyze_step_result == {"verdict": "fake", "confidence": 0.5}
     assert fake_llm.count() == 4  # analyze twice, score, reason
     assert "less than or equal to 1" in (result.judge["analyze"].attempts[0].error or "")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_fallbacks_log_line_names_where_the_answer_failed_never_its_values(
+    fake_llm: FakeLLMServer, model: str
+) -> None:
+    """A claims-like step's answer is the agent's own text: the judge.fallback line quoted it
+    ("verdict: Input should be a valid string (got ['Paris ... AGENT-PRIVATE'])")."""
+    marker = "AGENT-PRIVATE-4711"
+    fake_llm.script(Reply.json({"verdict": [f"Paris is the capital. {marker}"], "confidence": 0.5}))
+    with structlog.testing.capture_logs() as logs:
+        result = run(full_scorer(Judge(model)), output=f"Paris is the capital. {marker}")
+    assert result.analyze_step_result == {"verdict": "fake", "confidence": 0.5}
+    (line,) = [entry for entry in logs if entry["event"] == "judge.fallback"]
+    assert line["at"] == ["verdict"]
+    assert marker not in repr(logs)
+    assert marker in (result.judge["analyze"].attempts[0].error or "")  # the record keeps it
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_refusal_fails_the_step_and_is_never_a_reason(fake_llm: FakeLLMServer, model: str) -> None:
+    """OpenAI's refusal (no content, message.refusal) became the score's reason, "[refusal] I
+    can't help with that."; Anthropic's (stop_reason "refusal") failed as "the answer is
+    empty". Both fail the step naming the refusal, after the one fallback call."""
+    fake_llm.script(Reply.json({"verdict": "fake", "confidence": 0.5}), Reply.auto(), Reply.refusal(), Reply.refusal())
+    with pytest.raises(ScorerRunError) as info:
+        run(full_scorer(Judge(model)))
+    assert info.value.failed_step == "generate_reason"
+    assert isinstance(info.value.cause, JudgeOutputError)
+    assert "the judge refused to answer" in str(info.value.cause)
+
+
+@pytest.mark.parametrize(("model", "finish"), [(MODELS[0], "length"), (MODELS[1], "max_tokens")])
+def test_json_cut_at_the_token_limit_says_so(fake_llm: FakeLLMServer, model: str, finish: str) -> None:
+    """A structured answer cut at the output limit was only "not valid JSON (Unterminated
+    string ...)"; it names the limit now."""
+    cut = Reply.text('{"verdict": "fake", "confid', finish=finish)
+    fake_llm.script(cut, cut)
+    with pytest.raises(ScorerRunError) as info:
+        run(full_scorer(Judge(model, json_prompt_injection=True)))
+    assert f"the answer was cut at the token limit ({finish})" in str(info.value.cause)
 
 
 def test_answer_still_invalid_fails_with_model_step_and_problem(fake_llm: FakeLLMServer) -> None:
