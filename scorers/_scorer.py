@@ -400,6 +400,11 @@ class Scorer:
         schema = step.output_schema
         if name == "generate_score" and schema is None:
             schema = _SCORE_SCHEMA
+            if step.calculate_score is None and self.score_range is not None:
+                # The answer is the score: a judge's 7 on a 0-1 scale is an answer that does not
+                # fit (one fallback call, then JudgeOutputError), not a bug in the scorer.
+                low, high = self.score_range
+                schema = {**schema, "properties": {"score": {"type": "number", "minimum": low, "maximum": high}}}
         answer = yield ask_judge(
             scorer_id=self.id, step=name, judge=self._judges[name], prompt=prompt, output_schema=schema
         )

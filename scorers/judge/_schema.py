@@ -85,6 +85,12 @@ def _pydantic_problem(error: Any) -> str:
     return f"{loc}: {error.get('msg')} (got {error.get('input')!r:.60})"
 
 
+def _not_json(name: str) -> Any:
+    # Python's parser takes NaN and Infinity; JSON has neither, and a NaN score or confidence
+    # then failed later as a bug in the scorer instead of an answer that does not fit.
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_json_text(text: str) -> Any:
     """JSON from a model's text: bare, in a ```json fence, or the outermost {...} in prose.
 
@@ -103,7 +109,7 @@ def parse_json_text(text: str) -> Any:
     first_error: ValueError | None = None
     for candidate in candidates:
         try:
-            return json.loads(candidate)
+            return json.loads(candidate, parse_constant=_not_json)
         except ValueError as exc:
             first_error = first_error or exc
     raise ValueError(f"the answer is not valid JSON ({first_error})")

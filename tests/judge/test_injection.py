@@ -126,6 +126,24 @@ def test_json_cut_at_the_token_limit_says_so(fake_llm: FakeLLMServer, model: str
     assert f"the answer was cut at the token limit ({finish})" in str(info.value.cause)
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_a_score_outside_the_range_or_a_nan_is_an_answer_that_does_not_fit(fake_llm: FakeLLMServer, model: str) -> None:
+    """A judge's {"score": 7} on a (0, 1) scorer, and a NaN (Python's parser reads it, JSON has
+    none), failed as ValueError, category internal (a bug), with no fallback call. Each is an
+    answer that does not fit: retried once with the schema in the prompt, then JudgeOutputError."""
+    scorer = create_scorer("s", judge=Judge(model), score_range=(0, 1)).generate_score(
+        PromptStep("score", lambda run: "Score it from 0 to 1.")
+    )
+    fake_llm.script(Reply.json({"score": 7}), Reply.json({"score": 0.25}))
+    assert run(scorer).score == 0.25  # the fallback's answer fits
+    for bad in (Reply.json({"score": 7}), Reply.text('{"score": NaN}')):
+        fake_llm.script(bad, bad)
+        with pytest.raises(ScorerRunError) as info:
+            run(scorer)
+        assert info.value.category == "invalid_output"
+        assert ("above the maximum 1" if bad.kind == "json" else "NaN is not a JSON number") in str(info.value.cause)
+
+
 def test_answer_still_invalid_fails_with_model_step_and_problem(fake_llm: FakeLLMServer) -> None:
     """When the fallback answer is also invalid, the step fails naming model, step and problem."""
     fake_llm.script(
