@@ -148,6 +148,14 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
         )
     # httpx2's RequestError: the transport failures, and too many redirects (a proxy loop).
     connection = kind("APIConnectionError") + ((hx.RequestError,) if hx is not None else ())
+    if isinstance(exc, connection) and _illegal_header(exc):
+        # Never sent: no retry fixes it. Mostly a key read from a file with its newline.
+        return JudgeAuthError(
+            f"{model_id}: the request could not be sent: a header value is not valid HTTP "
+            "(is the API key read from a file with its trailing newline?)",
+            provider=provider,
+            model_id=model_id,
+        )
     if isinstance(exc, connection):
         return JudgeConnectionError(
             f"{model_id}: connection to the provider failed: {_root(exc)}",
@@ -240,6 +248,18 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str | None]:
 def _is_context_length(code: str | None, error_type: str | None, message: str) -> bool:
     text = f"{code or ''} {error_type or ''} {message}".lower()
     return "context_length" in text or "context length" in text or "prompt is too long" in text
+
+
+def _illegal_header(exc: BaseException) -> bool:
+    """Whether the request failed before leaving the machine on a header value HTTP forbids
+    (h11's LocalProtocolError: a newline, a NUL), wherever it sits in the cause chain."""
+    inner: BaseException | None = exc
+    seen = 0
+    while inner is not None and seen < 16:
+        if type(inner).__name__ == "LocalProtocolError" and "Illegal header value" in str(inner):
+            return True
+        inner, seen = inner.__cause__ or inner.__context__, seen + 1
+    return False
 
 
 def _root(exc: BaseException) -> str:

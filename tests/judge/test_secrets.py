@@ -93,6 +93,25 @@ def test_error_body_echoing_the_key_is_scrubbed(
     assert "HTTP 401" in str(info.value.cause)
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_a_key_with_its_files_newline_is_an_auth_error_never_retried(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, model: str
+) -> None:
+    """A key read from a mounted secret file keeps its newline: httpx refuses the header before
+    anything is sent. That was a JudgeConnectionError, retryable, retried (and redelivered by
+    the workers) though no retry can send it; it is an auth error naming the likely cause."""
+    monkeypatch.setenv("OPENAI_API_KEY" if model.startswith("openai") else "ANTHROPIC_API_KEY", GATEWAY_KEY + "\n")
+    # INFO: httpcore's own DEBUG trace (off unless asked for) prints the refused header whole.
+    caplog.set_level(logging.INFO)
+    with structlog.testing.capture_logs() as logs, pytest.raises(ScorerRunError) as info:
+        run(score_scorer(Judge(model=model)))
+    assert isinstance(info.value.cause, JudgeAuthError)
+    assert info.value.category == "auth"
+    assert "trailing newline" in str(info.value.cause)
+    assert fake_llm.count() == 0
+    assert GATEWAY_KEY not in _everything_said(info.value, logs, caplog)
+
+
 def test_custom_model_error_is_scrubbed(fake_llm: FakeLLMServer) -> None:
     """A custom JudgeModel raising an error that quotes a bearer token: the wrapped
     JudgeProviderError's message holds no token."""
