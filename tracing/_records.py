@@ -94,10 +94,22 @@ def _events_size(events: Sequence[SpanRecordEvent]) -> int:
 
 
 def _text_size(attributes: Mapping[str, Any]) -> int:
-    try:  # the read attributes are nearly always text: one C-level pass
-        return sum(map(len, attributes.values()))
-    except TypeError:  # a number among them (a sequence counts its items: small anyway)
-        return sum(len(v) for v in attributes.values() if isinstance(v, str))
+    try:  # the read attributes are nearly always text: one C-level pass, str only
+        return sum(map(str.__len__, attributes.values()))
+    except TypeError:  # a number or a sequence among them: its text counts too
+        return sum(map(_value_size, attributes.values()))
+
+
+def _value_size(value: Any) -> int:
+    # A sequence counted by its items, not their text, let 2 MiB strings in a tuple past
+    # max_buffer_bytes and max_queue_bytes unseen.
+    if isinstance(value, str | bytes | bytearray):
+        return len(value)
+    if isinstance(value, list | tuple):
+        return 2 + sum(map(_value_size, value)) + len(value)
+    if isinstance(value, dict):
+        return 2 + sum(len(k) + 4 + _value_size(v) for k, v in value.items())
+    return 8  # a number, a bool, null
 
 
 def build_record(

@@ -168,6 +168,32 @@ def test_buffer_is_bounded_in_bytes(clock: FakeClock, sink: Recording) -> None:
         exp.shutdown(2000)
 
 
+@pytest.mark.parametrize("with_a_number", [False, True])
+def test_text_inside_a_sequence_attribute_counts_against_the_byte_bound(
+    clock: FakeClock, sink: Recording, with_a_number: bool
+) -> None:
+    """A read attribute holding a tuple of strings was sized by its item count (and at 0 with a
+    number among the read attributes): 2 MiB a trace went past max_buffer_bytes unseen, memory
+    growing without bound. Its text counts now."""
+    big = 256 * 1024
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_buffer_bytes=4 * big, clock=clock)
+    try:
+        for i in range(8):
+            rec = Recorder()
+            with (
+                rec.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent"}),
+                rec.span("chat m", {"gen_ai.operation.name": CHAT}) as chat,
+            ):
+                chat.set_attribute("gen_ai.output.messages", (f"{i}" * big,))  # a real sequence
+                if with_a_number:
+                    chat.set_attribute("gen_ai.conversation.id", 5)
+            exp.export([s for s in rec.spans() if s.name == "chat m"])  # unfinished: no root yet
+            assert exp.stats()["buffer_bytes"] <= 4 * big
+        assert exp.stats()["dropped"] == {"max_buffer_bytes": 5}
+    finally:
+        exp.shutdown(2000)
+
+
 def test_a_trace_over_the_byte_bound_alone_is_dropped_alone(clock: FakeClock, sink: Recording) -> None:
     """One trace larger than max_buffer_bytes is dropped (with its later spans), not the
     traces buffered beside it."""
