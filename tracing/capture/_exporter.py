@@ -18,6 +18,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -48,6 +49,19 @@ def _scorer_groups(rules: Sequence[ScoringRule]) -> list[tuple[float, list[str]]
         ids = by_delay.setdefault(rule.delay_s, [])
         ids.extend(i for i in rule.scorer_ids if i not in ids)
     return sorted(by_delay.items())
+
+
+@dataclass(slots=True)
+class _Pass:
+    """A completion pass's traces still to read, shared with a shutdown that may abandon it."""
+
+    traces: list[BufferedTrace]
+    out: list[Shipment] = field(default_factory=list)  # read, not yet queued (a batch at a time)
+    busy: bool = False  # reading one (a rule's filter may be running)
+    abandoned: bool = False
+
+    def done(self) -> bool:
+        return self.abandoned or not self.traces
 
 
 class ScoringSpanExporter(SpanExporter):
@@ -126,6 +140,7 @@ class ScoringSpanExporter(SpanExporter):
         self._lock = threading.Lock()
         # One completion pass at a time (flusher, tick, force_flush, shutdown).
         self._process_lock = threading.Lock()
+        self._pass: _Pass | None = None  # the completion pass under way (under _lock)
         # Runs held back by a rule's delay_s: (due, sequence, shipment).
         self._delayed: list[tuple[float, int, Shipment]] = []
         self._seq = itertools.count()
@@ -175,7 +190,8 @@ class ScoringSpanExporter(SpanExporter):
         wait until the sink has everything queued. False when the deadline passed first."""
         deadline = time.monotonic() + timeout_millis / 1000
         try:
-            self._process(force=True)
+            if self._process(force=True, deadline=deadline) is None:
+                return False  # the flusher's pass held on past the deadline (a slow filter)
             return self._sender.wait_idle(deadline)
         except Exception as exc:
             self._tally.error("flush")
@@ -200,7 +216,7 @@ class ScoringSpanExporter(SpanExporter):
                 return
             self._closed = True
         try:
-            self._process(force=True)
+            self._process(force=True, deadline=deadline, closing=True)
             with self._lock:
                 left = self._buffer.drain()
                 # Held back by delay_s (also those the pass just completed): better early than never.
@@ -224,13 +240,23 @@ class ScoringSpanExporter(SpanExporter):
 
         The flusher thread calls this every ``flush_interval_s``; tests call it after moving
         an injected clock."""
-        return self._process(force=False)
+        return self._process(force=False) or 0
 
-    def _process(self, *, force: bool) -> int:
-        with self._process_lock:
-            return self._process_pass(force)
+    def _process(self, *, force: bool, deadline: float | None = None, closing: bool = False) -> int | None:
+        """One completion pass; None when ``deadline`` passed before the flusher's own pass
+        (a rule's filter may be slow, or never return) let this one start. ``closing``: the
+        traces not completed by the deadline are dropped (``shutdown_deadline``)."""
+        wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._process_lock.acquire(timeout=wait):
+            if closing:
+                self._abandon_pass()
+            return None
+        try:
+            return self._process_pass(force, deadline if closing else None)
+        finally:
+            self._process_lock.release()
 
-    def _process_pass(self, force: bool) -> int:
+    def _process_pass(self, force: bool, stop_at: float | None = None) -> int:
         now = self._clock()
         delayed: list[Shipment] = []
         with self._lock:
@@ -247,23 +273,57 @@ class ScoringSpanExporter(SpanExporter):
         # Completed one at a time, each dropped when done: its records become garbage at once
         # instead of surviving (and being promoted by the GC) until the end. What they ship is
         # queued a batch at a time: one lock and one wake of the sender per batch.
-        traces = polled.traces
-        done = len(traces)
-        traces.reverse()
-        out: list[Shipment] = []
-        while traces:
-            entry = traces.pop()
-            try:
-                self._complete(entry, now, out)
-            except Exception as exc:  # one bad trace must not stop the others
-                self._tally.error("internal")
-                log.error("exporter_trace_failed", trace_id=entry.trace_id, error=describe(exc))
-            del entry
-            if len(out) >= self._batch_size:
-                sender.put(out)
-                out = []
-        sender.put(out)
+        work = _Pass(polled.traces[::-1])
+        done = len(work.traces)
+        with self._lock:
+            self._pass = work
+        try:
+            while True:
+                with self._lock:  # shutdown may abandon this pass (see _abandon_pass)
+                    if work.done():
+                        break
+                    if stop_at is not None and time.monotonic() >= stop_at:
+                        self._tally.drop("shutdown_deadline", len(work.traces))
+                        done -= len(work.traces)
+                        work.traces.clear()
+                        break
+                    entry = work.traces.pop()
+                    work.busy = True
+                fresh: list[Shipment] = []
+                try:
+                    self._complete(entry, now, fresh)
+                except Exception as exc:  # one bad trace must not stop the others
+                    self._tally.error("internal")
+                    log.error("exporter_trace_failed", trace_id=entry.trace_id, error=describe(exc))
+                del entry
+                with self._lock:
+                    work.busy = False
+                    if work.abandoned:  # counted as dropped by the shutdown that gave up on it
+                        continue
+                    work.out += fresh
+                    ready, work.out = (work.out, []) if len(work.out) >= self._batch_size else ([], work.out)
+                sender.put(ready)
+        finally:
+            with self._lock:
+                self._pass = None
+                ready, work.out = work.out, []
+        sender.put(ready)
         return done
+
+    def _abandon_pass(self) -> None:
+        """Shutdown's deadline came while the flusher's pass held on (a filter that does not
+        return): the traces that pass still holds, the one in its hands included, are dropped
+        now as ``shutdown_deadline``, the runs it read but did not queue as ``shutdown_unsent``,
+        and it queues nothing more if it ever goes on."""
+        with self._lock:
+            work = self._pass
+            if work is None or work.abandoned:
+                return
+            work.abandoned = True
+            self._tally.drop("shutdown_deadline", len(work.traces) + work.busy)
+            self._tally.drop("shutdown_unsent", len(work.out))
+            work.traces.clear()
+            work.out.clear()
 
     def _complete(self, entry: BufferedTrace, now: float, out: list[Shipment]) -> None:
         records = entry.spans
@@ -398,7 +458,8 @@ class ScoringSpanExporter(SpanExporter):
         for or in the sink); ``queue_bytes`` (approximate JSON size of what waits, bounded by
         ``max_queue_bytes``); ``delayed`` (held by ``delay_s``); ``dropped`` by reason: traces
         (``max_traces`` and ``max_buffer_bytes``: the buffer was full of unfinished traces,
-        ``max_trace_age``, ``shutdown_incomplete_trace``), spans (``max_spans_per_trace``,
+        ``max_trace_age``, ``shutdown_incomplete_trace``, ``shutdown_deadline``: complete but
+        not yet read when shutdown's deadline came, e.g. behind a slow filter), spans (``max_spans_per_trace``,
         ``no_context``) and runs (``queue_full`` and ``queue_bytes``: the hand-off queue's run
         and byte bounds, ``delay_queue_full``, ``shutdown_unsent``, ``send_failed``,
         ``too_large``: alone over the sink's ``max_payload_bytes``); ``skipped`` by reason
