@@ -316,3 +316,30 @@ def test_shutdown_returns_in_time_behind_a_filter_that_is_slow_or_never_returns(
     # The abandoned pass goes on once its filter returns: it ships and counts nothing more.
     time.sleep(0.5)  # not a timing assertion: the pass's chance to misbehave
     assert (arrivals.count(), exporter.stats()["dropped"]) == (shipped, dropped)
+
+
+def test_a_send_that_lands_after_shutdown_gave_up_is_counted_once() -> None:
+    """A sink whose send outlasts shutdown's deadline (a CallbackSink cannot be interrupted):
+    its runs are counted as shutdown_unsent when shutdown returns; when the send lands after
+    all, they were counted as sent too (sent + dropped = 10 for 5 traces). They move to sent."""
+    release = threading.Event()
+    arrivals = Arrivals()
+
+    def slow(batch: ScoreBatch) -> None:
+        release.wait(30)
+        arrivals(batch)
+
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["s"])], CallbackSink(slow), grace_s=GRACE_S, flush_interval_s=FLUSH_S, shutdown_timeout_s=0.5
+    )
+    application = App(exporter)
+    for i in range(5):
+        application.agent_run(f"q{i}")
+    assert wait_for(lambda: exporter.stats()["runs_enqueued"] == 5, 30)
+    application.shutdown()
+    stats = exporter.stats()
+    assert (stats["runs_sent"], stats["dropped"]) == (0, {"shutdown_unsent": 5})
+    release.set()
+    assert wait_for(lambda: exporter.stats()["runs_sent"] == 5, 30)
+    assert exporter.stats()["dropped"] == {}
+    assert arrivals.count() == 5

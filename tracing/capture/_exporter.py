@@ -205,7 +205,9 @@ class ScoringSpanExporter(SpanExporter):
 
         From the deadline on nothing new is sent: the sender starts no send attempt (nor retry)
         once stopped, and a ``CelerySink`` refuses sends once closed. Closing waits for a send
-        already under way (bounded by the sink's own timeouts), so none lands after this returns.
+        already under way (bounded by the sink's own timeouts), so none lands after this returns;
+        a sink that cannot be cut short (a ``CallbackSink``) may, and its runs then move from
+        ``shutdown_unsent`` to sent.
         """
         timeout_s = self._shutdown_timeout
         if timeout_millis is not None:

@@ -260,6 +260,8 @@ class Sender:
             if sent:
                 self.runs_sent += runs
                 self.batches_sent += 1
+                if self._gave_up:  # counted as unsent when shutdown gave up on it: it landed
+                    self._tally.undrop("shutdown_unsent", runs)
             elif not self._gave_up:
                 self._tally.drop(reason, runs)
             self._idle.notify_all()

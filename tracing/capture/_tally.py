@@ -30,6 +30,16 @@ class Tally:
         if total == n or total % 1000 < n:
             log.warning("exporter_dropped", reason=reason, total=total)
 
+    def undrop(self, reason: str, n: int) -> None:
+        """Take back ``n`` drops counted too early: runs given up at shutdown whose send landed
+        after all (a sink whose send outlasted the deadline)."""
+        with self._lock:
+            left = self.dropped.get(reason, 0) - n
+            if left > 0:
+                self.dropped[reason] = left
+            else:
+                self.dropped.pop(reason, None)
+
     def skip(self, reason: str, n: int = 1) -> None:
         if n > 0:
             with self._lock:
