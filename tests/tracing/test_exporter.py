@@ -466,6 +466,97 @@ def test_loop_guard_judge_subtree_inside_app_trace(exporter: ScoringSpanExporter
     assert sorted(s.name for s in sink.requests[0].spans or []) == ["chat m", "invoke_agent a"]
 
 
+def _nested_agents(rec: Recorder) -> None:
+    """An orchestrator agent (the root) calling a sub-agent, then working on with its own LLM."""
+    with rec.span("invoke_agent outer", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "outer"}):
+        with rec.span("invoke_agent sub", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "sub"}):
+            pass
+        with rec.span(
+            "chat m",
+            {
+                "gen_ai.operation.name": CHAT,
+                "gen_ai.input.messages": genai_messages(("user", "plan the trip")),
+                "gen_ai.output.messages": genai_messages(("assistant", "done")),
+            },
+        ):
+            pass
+
+
+def test_a_sub_agent_ending_does_not_hand_its_callers_trace_over(
+    exporter: ScoringSpanExporter, clock: FakeClock, sink: Recording
+) -> None:
+    """An agent span's end set the trace due: a sub-agent that ended while its caller still
+    worked handed the trace over alone, its caller's spans became late_span drops and the
+    orchestrator's run was never scored. The root's end completes the trace."""
+    rec = Recorder()
+    _nested_agents(rec)
+    sub = [s for s in rec.spans() if s.name == "invoke_agent sub"]
+    exporter.export(sub)
+    clock.advance(30)  # far past grace_s: the caller works on
+    exporter.tick()
+    assert sink.requests == []
+    exporter.export([s for s in rec.spans() if s.name != "invoke_agent sub"])
+    clock.advance(30)
+    assert exporter.force_flush(5000)
+    (request,) = sink.requests
+    assert read(request).identity.agent_name == "outer"
+    assert len(request.spans or []) == 3
+    assert exporter.stats()["dropped"] == {}
+
+
+def test_an_agent_under_a_judges_span_stays_the_judges_own_traffic(
+    exporter: ScoringSpanExporter, clock: FakeClock, sink: Recording
+) -> None:
+    """The judge's span ends after the spans under it: an agent span under it arriving more
+    than grace_s earlier was handed over as the app's run before the loop guard saw the trace."""
+    rec = Recorder()
+    with (
+        rec.span("judge helpfulness", {ROLE_ATTRIBUTE: JUDGE_ROLE}),
+        rec.span("invoke_agent judge-agent", {"gen_ai.operation.name": "invoke_agent"}),
+        rec.span(
+            "chat judge-model",
+            {
+                "gen_ai.operation.name": CHAT,
+                "gen_ai.input.messages": genai_messages(("user", "Rate this")),
+                "gen_ai.output.messages": genai_messages(("assistant", '{"score": 1}')),
+            },
+        ),
+    ):
+        pass
+    exporter.export([s for s in rec.spans() if s.name != "judge helpfulness"])
+    clock.advance(30)
+    exporter.tick()
+    exporter.export([s for s in rec.spans() if s.name == "judge helpfulness"])
+    assert exporter.force_flush(5000)
+    assert sink.requests == []
+    assert exporter.stats()["skipped"] == {"loop_guard": 1}
+
+
+def test_agent_runs_under_a_root_that_never_ends_go_at_max_trace_age(clock: FakeClock, sink: Recording) -> None:
+    """A long-lived root (a session's span): its agent runs are handed over once the trace is
+    max_trace_age_s old, not dropped; a trace without an ended agent span still is."""
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_trace_age_s=60, clock=clock)
+    try:
+        rec = Recorder()
+        with rec.span("session"):
+            agent_trace(rec, question="first")
+        exp.export([s for s in rec.spans() if s.name != "session"])  # the session never ends
+        lone = Recorder()
+        with lone.span("request"), lone.span("db query"):
+            pass
+        exp.export([s for s in lone.spans() if s.name == "db query"])
+        clock.advance(30)
+        exp.tick()
+        assert exp.stats()["traces_buffered"] == 2  # its root may still end: waited for
+        clock.advance(31)
+        exp.tick()
+        assert exp.force_flush(5000)
+        assert [read(r).input.input_messages[0].text for r in sink.requests] == ["first"]
+        assert exp.stats()["dropped"] == {"max_trace_age": 1}
+    finally:
+        exp.shutdown(2000)
+
+
 def test_loop_guard_own_service(exporter: ScoringSpanExporter, sink: Recording) -> None:
     """Spans from tracescore's own service or tracer scope exclude their trace."""
     for rec in (Recorder(service="tracescore-worker"), Recorder(scope="tracescore.score_writer")):

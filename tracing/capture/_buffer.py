@@ -66,8 +66,10 @@ class BufferedTrace:
     spans: list[SpanRecord] = field(default_factory=list)
     kinds: list[SpanKind] = field(default_factory=list)  # each span's, classified when filed
     size: int = 0  # the records' approximate JSON size
-    due: float | None = None  # when it is complete: grace_s after its agent/root span ended
+    due: float | None = None  # when it is complete: grace_s after its root span ended
     judge_ids: set[str] | None = None  # judge spans in it: what is under them is not scored
+    # An agent span of it ended (its root not yet): handed off at max_trace_age_s, not dropped.
+    agent_ended: bool = False
 
 
 @dataclass(slots=True)
@@ -93,7 +95,7 @@ class TraceBuffer:
         self._tally = tally
         self._reserve: Reserve = reserve or (lambda size: None)
         self._traces: OrderedDict[int, BufferedTrace] = OrderedDict()
-        # Buffered traces whose agent/root span ended, oldest first (completed early when full).
+        # Buffered traces whose root span ended, oldest first (completed early when full).
         self._due_order: OrderedDict[int, None] = OrderedDict()
         # Taken from a full buffer that way, waiting for the next poll.
         self._early: list[BufferedTrace] = []
@@ -189,12 +191,17 @@ class TraceBuffer:
             if entry.judge_ids is None:
                 entry.judge_ids = set()
             entry.judge_ids.add(record.span_id)
-        if is_root or kind == "agent":
+        # The root's end completes a trace, not an agent span's: a sub-agent (or the first of
+        # two agents) ends while its caller still works, and an agent under a judge's span
+        # ends before the span that marks it as the judge's own traffic.
+        if is_root:
             if entry.due is None:
                 self._due_order[tid] = None
             entry.due = now + limits.grace_s
             if not limits.grace_s:
                 self.wake = True
+        elif kind == "agent":
+            entry.agent_ended = True
         if self.bytes > limits.max_buffer_bytes:  # last: this trace may be the one to go
             if entry.size > limits.max_buffer_bytes:  # alone over the bound: it goes, not the others
                 self._pop(tid)
@@ -228,25 +235,33 @@ class TraceBuffer:
         return entry
 
     def _make_room(self, reason: str) -> None:
-        """Full (``reason``): complete the oldest trace whose root ended early, else drop the
-        oldest unfinished trace."""
+        """Full (``reason``): complete the oldest trace whose root ended early, else the oldest
+        one with an ended agent span, else drop the oldest unfinished trace."""
         while self._due_order:
-            tid = next(iter(self._due_order))
-            entry = self._pop(tid)
-            if entry is not None:
-                full = self._reserve(entry.size)
-                if full:
-                    self._ignore(tid)
-                    self._tally.drop(full)
-                else:
-                    self._early.append(entry)
-                    self._remember_sent(tid)  # a child still inside its grace window: see add()
-                    self.wake = True
+            if self._hand_over_early(next(iter(self._due_order))):
                 return
+        # O(traces), only when full and no root has ended: a long-lived root (see poll).
+        ended = next((t for t, e in self._traces.items() if e.agent_ended), None)
+        if ended is not None and self._hand_over_early(ended):
+            return
         tid = next(iter(self._traces))
         self._pop(tid)
         self._ignore(tid)
         self._tally.drop(reason)
+
+    def _hand_over_early(self, tid: int) -> bool:
+        entry = self._pop(tid)
+        if entry is None:
+            return False
+        full = self._reserve(entry.size)
+        if full:
+            self._ignore(tid)
+            self._tally.drop(full)
+        else:
+            self._early.append(entry)
+            self._remember_sent(tid)  # a child still inside its grace window: see add()
+            self.wake = True
+        return True
 
     def _ignore(self, tid: int) -> None:
         self._ignored[tid] = None
@@ -278,7 +293,9 @@ class TraceBuffer:
 
     def poll(self, now: float, *, force: bool = False) -> Polled:
         """The traces complete at ``now`` (with ``force``, every trace whose root ended, grace
-        or not); traces ``max_trace_age_s`` old without an ended root are dropped."""
+        or not). A trace ``max_trace_age_s`` old without an ended root is handed over when an
+        agent span of it ended (a root that lives long: a session or a worker's span), else
+        dropped."""
         early, self._early = self._early, []
         out = Polled(early, len(early), sum(e.size for e in early))
         max_age = self.limits.max_trace_age_s
@@ -289,7 +306,7 @@ class TraceBuffer:
                 if force or entry.due <= now:
                     due.append(tid)
             elif now - entry.first_seen >= max_age:
-                expired.append(tid)
+                (due if entry.agent_ended else expired).append(tid)
         for tid in expired:
             self._pop(tid)
             self._ignore(tid)

@@ -69,10 +69,11 @@ class ScoringSpanExporter(SpanExporter):
     ScoringSpanExporter(rules=[ScoringRule(["helpfulness"])], sink=CelerySink(url))))``.
 
     Bounds: ``max_traces`` buffered traces and ``max_buffer_bytes`` of their span records
-    (approximate JSON size), ``max_spans_per_trace`` spans each; traces older than
-    ``max_trace_age_s`` without an ended agent/root span are dropped. When the buffer is full
-    the oldest trace whose agent/root span ended is completed early, else the oldest trace is
-    dropped. ``queue_size`` runs wait for the sink (plus those held back by a rule's
+    (approximate JSON size), ``max_spans_per_trace`` spans each; a trace is complete
+    ``grace_s`` after its root span ended, and one ``max_trace_age_s`` old without an ended root
+    is completed if an agent span of it ended, else dropped. When the buffer is full the oldest
+    trace whose root ended is completed early, else the oldest with an ended agent span, else
+    the oldest trace is dropped. ``queue_size`` runs wait for the sink (plus those held back by a rule's
     ``delay_s``), together no more than ``max_queue_bytes`` of span records. A batch holds up
     to ``batch_size`` runs and, roughly, ``max_batch_bytes``; a sink with a message cap
     (``CelerySink(max_payload_bytes=...)``) gets each message cut under it, and a run over it
@@ -186,7 +187,7 @@ class ScoringSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Complete every trace whose agent/root span ended (skipping the grace window), then
+        """Complete every trace whose root span ended (skipping the grace window), then
         wait until the sink has everything queued. False when the deadline passed first."""
         deadline = time.monotonic() + timeout_millis / 1000
         try:
@@ -452,7 +453,8 @@ class ScoringSpanExporter(SpanExporter):
 
         ``spans_seen``; ``traces_buffered`` and ``buffer_bytes`` (now; the records' approximate
         JSON size, bounded by ``max_buffer_bytes``); ``traces_completed`` (taken after their
-        agent/root span ended, sampled-in only); ``runs_found`` (runs to score found in them);
+        root span ended, or at ``max_trace_age_s`` with an ended agent span; sampled-in only);
+        ``runs_found`` (runs to score found in them);
         ``runs_read_in_app`` (of those, read into a ``TracedRun`` here because a rule has a
         filter; every run travels as span records and the worker reads it); ``runs_enqueued``
         and ``runs_sent`` (one per run and distinct ``delay_s``); ``batches_sent``;
