@@ -404,7 +404,8 @@ def test_stop_closes_a_sink_only_after_its_drainer_ended() -> None:
 
 def test_a_corrupt_dead_letter_is_listed_as_unreadable_not_a_crash(redis_url: str) -> None:
     """One dead letter that does not parse is listed by its id as unreadable_dead_letter (it can
-    still be retried); the others as they are; `tracescore sinks list` does not crash."""
+    still be retried); the others as they are; `tracescore sinks list` does not crash. (A sink
+    named as a real one: the command takes only those names.)"""
     import json
 
     import redis
@@ -413,28 +414,28 @@ def test_a_corrupt_dead_letter_is_listed_as_unreadable_not_a_crash(redis_url: st
     from worker import _keys
     from worker.cli import cli
 
-    store = lambda: RedisScoreStore(redis_url, sinks=SINKS)  # noqa: E731
+    store = lambda: RedisScoreStore(redis_url, sinks=("otlp",))  # noqa: E731
     records = [_record(n, score=0.5) for n in range(3)]
     _put(store, *records)
     outbox = RedisOutbox(redis_url)
     try:
-        sink = MemorySink("alpha")
+        sink = MemorySink("otlp")
         sink.outcome = Refused("http_400", "bad")
         assert drain_once(sink, outbox, DrainPolicy(batch_size=10, lease_s=30)) == 3
         raw = redis.Redis.from_url(redis_url)
-        raw.hset(_keys.outbox_dead_key("alpha"), records[1].score_id, "{not json")
+        raw.hset(_keys.outbox_dead_key("otlp"), records[1].score_id, "{not json")
         raw.close()
-        letters = outbox.dead_letters("alpha", 10)
+        letters = outbox.dead_letters("otlp", 10)
         assert sorted(x.reason for x in letters) == ["http_400", "http_400", "unreadable_dead_letter"]
         assert letters[-1].score_id == records[1].score_id
-        assert len(outbox.dead_letters("alpha", 2)) == 2
-        result = CliRunner().invoke(cli, ["sinks", "list", "alpha", "--broker", redis_url, "--json"])
+        assert len(outbox.dead_letters("otlp", 2)) == 2
+        result = CliRunner().invoke(cli, ["sinks", "list", "otlp", "--broker", redis_url, "--json"])
         assert result.exit_code == 0, result.output
-        listed = json.loads(result.stdout)["alpha"]
+        listed = json.loads(result.stdout)["otlp"]
         assert listed["failed"] == 3
         assert sorted(x["reason"] for x in listed["dead_letters"]) == ["http_400", "http_400", "unreadable_dead_letter"]
-        assert outbox.redrive("alpha", [records[1].score_id]) == 1
-        assert outbox.counts()["alpha"].failed == 2
+        assert outbox.redrive("otlp", [records[1].score_id]) == 1
+        assert outbox.counts()["otlp"].failed == 2
     finally:
         outbox.close()
 
