@@ -432,9 +432,9 @@ _CUT_SHORT = frozenset({"length", "max_tokens"})
 
 
 def _problem_fields(problem: Exception) -> dict[str, Any]:
-    """Why an answer did not fit, for a log line: where in the answer and how many places, never
-    the answered values (a claims step's answer is the agent's own text). The error record keeps
-    the whole problem, for whoever reads the scores."""
+    """Why an answer did not fit, for a log line: where in the answer (up to 8 places), never the
+    answered values (a claims step's answer is the agent's own text). The error record keeps the
+    whole problem, for whoever reads the scores."""
     if isinstance(problem, SchemaMismatch):
         return {"problem": "does not fit the output schema", "at": [p.split(":", 1)[0] for p in problem.problems[:8]]}
     return {"problem": str(problem)}  # parse errors: a position and a parser message only

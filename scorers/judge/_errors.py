@@ -6,7 +6,7 @@
     │   ├── JudgeConnectionError      no HTTP response: refused, reset, dropped        retryable
     │   │   └── JudgeTimeoutError     no answer within ``Judge.timeout``               retryable
     │   ├── JudgeStatusError          the provider answered 4xx/5xx (408/409/425 here) by status
-    │   │   ├── JudgeAuthError        401/403, or no credentials configured            auth
+    │   │   ├── JudgeAuthError        401/403, no credentials, a key HTTP refuses      auth
     │   │   ├── JudgeBadRequestError  other 4xx: the request itself is wrong           invalid_request
     │   │   │   └── JudgeContextLengthError   the prompt does not fit the model's context
     │   │   ├── JudgeRateLimitError   429 (honours Retry-After)                        retryable
