@@ -65,9 +65,11 @@ log = structlog.get_logger("scorers.judge")
 # A 429's Retry-After pauses every caller of the model through the limiter, capped here so a
 # bogus header cannot stall a worker for hours.
 MAX_PAUSE_S = 60.0
-# Built-in models time out in the SDK; this outer guard (judge timeout + grace) catches a
-# custom JudgeModel that never returns.
-_TIMEOUT_GRACE_S = 5.0
+# The SDKs bound each read, not the exchange: a provider (or a proxy) dripping its answer a
+# byte at a time never times out there. This guard bounds each attempt at the judge's timeout
+# plus a moment for the SDK's own timeout error to come first (it held 5 s more once), and
+# catches a custom JudgeModel that never returns.
+_TIMEOUT_GRACE_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)

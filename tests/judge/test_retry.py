@@ -406,3 +406,41 @@ def test_timeout_reaches_a_matcher_as_etimedout(fake_llm: FakeLLMServer, sleeps:
     result = run(score_scorer(judge(proc, timeout=0.3)))
     assert result.score == 0.5
     assert codes == ["ETIMEDOUT"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_an_answer_dripped_a_byte_at_a_time_times_out_at_the_judges_timeout(model: str) -> None:
+    """The SDKs bound each read, not the exchange: a provider or proxy dripping its status line
+    a byte every 0.2 s never times out there. The attempt is bounded at Judge(timeout=) plus
+    half a second; it was 5 s more (7 s an attempt with timeout=2)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests._drip import drip
+
+    stop = threading.Event()
+
+    class Dripping(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            drip(self.wfile, stop)  # 7.6 s for the whole answer
+            self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Dripping)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}" + ("/v1" if model.startswith("openai") else "")
+    try:
+        started = time.monotonic()
+        with pytest.raises(ScorerRunError) as info:
+            run(score_scorer(Judge(model, base_url=base, api_key="sk-test", timeout=1.0)))
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+    assert isinstance(info.value.cause, JudgeTimeoutError)
+    assert took < 4.0, took  # one attempt (no retry processor): 1.5 s; 6 s before
