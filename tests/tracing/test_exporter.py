@@ -420,19 +420,20 @@ def test_sampled_takes_any_string() -> None:
         assert sampled(bad, 0.5) == sampled(bad, 0.5)
 
 
+# A judge model's call, as the judge's own traffic records it.
+_JUDGE_CHAT = {
+    "gen_ai.operation.name": CHAT,
+    "gen_ai.input.messages": genai_messages(("user", "Rate this")),
+    "gen_ai.output.messages": genai_messages(("assistant", '{"score": 1}')),
+}
+
+
 def test_loop_guard_judge_root_trace(exporter: ScoringSpanExporter, sink: Recording) -> None:
     """A trace rooted in a judge span (tracescore.role=judge) is never scored."""
     rec = Recorder()
     with (
         rec.span("judge helpfulness", {ROLE_ATTRIBUTE: JUDGE_ROLE}),
-        rec.span(
-            "chat judge-model",
-            {
-                "gen_ai.operation.name": CHAT,
-                "gen_ai.input.messages": genai_messages(("user", "Rate this")),
-                "gen_ai.output.messages": genai_messages(("assistant", '{"score": 1}')),
-            },
-        ),
+        rec.span("chat judge-model", _JUDGE_CHAT),
     ):
         pass
     exporter.export(rec.spans())
@@ -513,14 +514,7 @@ def test_an_agent_under_a_judges_span_stays_the_judges_own_traffic(
     with (
         rec.span("judge helpfulness", {ROLE_ATTRIBUTE: JUDGE_ROLE}),
         rec.span("invoke_agent judge-agent", {"gen_ai.operation.name": "invoke_agent"}),
-        rec.span(
-            "chat judge-model",
-            {
-                "gen_ai.operation.name": CHAT,
-                "gen_ai.input.messages": genai_messages(("user", "Rate this")),
-                "gen_ai.output.messages": genai_messages(("assistant", '{"score": 1}')),
-            },
-        ),
+        rec.span("chat judge-model", _JUDGE_CHAT),
     ):
         pass
     exporter.export([s for s in rec.spans() if s.name != "judge helpfulness"])

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -54,6 +54,16 @@ class Arrivals:
     def count(self) -> int:
         with self._lock:
             return len(self.at)
+
+
+def held(arrivals: Arrivals, release: threading.Event) -> Callable[[ScoreBatch], None]:
+    """A sink target that blocks each send until ``release``, then records it in ``arrivals``."""
+
+    def send(batch: ScoreBatch) -> None:
+        release.wait(30)
+        arrivals(batch)
+
+    return send
 
 
 class App:
@@ -167,13 +177,8 @@ def test_flood_with_a_stuck_sink_counts_every_drop_by_reason() -> None:
     and every run is either sent or counted under a drop reason; export never blocks."""
     release = threading.Event()
     arrivals = Arrivals()
-
-    def stuck(batch: ScoreBatch) -> None:
-        release.wait(30)
-        arrivals(batch)
-
     exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])], CallbackSink(stuck), grace_s=GRACE_S, flush_interval_s=FLUSH_S,
+        [ScoringRule(["s"])], CallbackSink(held(arrivals, release)), grace_s=GRACE_S, flush_interval_s=FLUSH_S,
         max_traces=16, queue_size=40, batch_size=10,
     )  # fmt: skip
     app = App(exporter, max_queue_size=8192)
@@ -313,8 +318,9 @@ def test_shutdown_returns_in_time_behind_a_filter_that_is_slow_or_never_returns(
         assert shipped + sum(dropped.values()) == 30, (shipped, stats)
     finally:
         release.set()
-    # The abandoned pass goes on once its filter returns: it ships and counts nothing more.
-    time.sleep(0.5)  # not a timing assertion: the pass's chance to misbehave
+    # The abandoned pass goes on once its filter returns, then the flusher ends: it shipped
+    # and counted nothing more.
+    assert wait_for(lambda: not exporter._flusher.is_alive(), 30)
     assert (arrivals.count(), exporter.stats()["dropped"]) == (shipped, dropped)
 
 
@@ -324,13 +330,12 @@ def test_a_send_that_lands_after_shutdown_gave_up_is_counted_once() -> None:
     all, they were counted as sent too (sent + dropped = 10 for 5 traces). They move to sent."""
     release = threading.Event()
     arrivals = Arrivals()
-
-    def slow(batch: ScoreBatch) -> None:
-        release.wait(30)
-        arrivals(batch)
-
     exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])], CallbackSink(slow), grace_s=GRACE_S, flush_interval_s=FLUSH_S, shutdown_timeout_s=0.5
+        [ScoringRule(["s"])],
+        CallbackSink(held(arrivals, release)),
+        grace_s=GRACE_S,
+        flush_interval_s=FLUSH_S,
+        shutdown_timeout_s=0.5,
     )
     application = App(exporter)
     for i in range(5):

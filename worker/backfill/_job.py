@@ -46,7 +46,7 @@ from worker._terminal import printable
 from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, RedisJobStore
-from worker.cli import CliError
+from worker.cli import CliError, cli_settings
 from worker.store import StoreKeyTypeError
 
 __all__ = ["EXIT_SINK_FAILED", "EXIT_WAIT_TIMEOUT", "BackfillJob", "WaitTimeoutError", "load_scorers", "print_summary"]
@@ -239,10 +239,9 @@ def _stop_on_signals() -> Iterator[_StopSignal]:
 
 
 def _settings(broker: str | None) -> Settings:
-    try:
-        return load_settings(broker_url=broker) if broker else load_settings()
-    except SettingsError as exc:
-        raise CliError(str(exc)) from exc
+    """The settings of a job on ``broker`` (None: the environment's): a bad URL is named by
+    where it came from, the variable when it is the variable's, else ``--broker``."""
+    return cli_settings(None if broker in (None, os.environ.get("TRACESCORE_BROKER_URL")) else broker)
 
 
 def load_scorers(module: str) -> Registry:

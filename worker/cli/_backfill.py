@@ -25,7 +25,7 @@ from worker.backfill import (
     load_scorers,
     new_job_id,
 )
-from worker.cli._common import CliError, FiniteRange, cli_settings, json_option
+from worker.cli._common import CliError, FiniteRange, json_option
 from worker.cli._sinks import sink_options, sink_overrides
 
 __all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
@@ -209,9 +209,7 @@ def backfill_command(
     """
     _quiet_logs(bool((ctx.obj or {}).get("verbose")))
     # --broker "" is no broker (this process), as an empty TRACESCORE_BROKER_URL is.
-    flag, broker = broker, (broker if broker is not None else os.environ.get("TRACESCORE_BROKER_URL")) or None
-    if broker:
-        cli_settings(flag)  # a bad URL is named by where it came from: --broker, or the variable
+    broker = (broker if broker is not None else os.environ.get("TRACESCORE_BROKER_URL")) or None
     job = BackfillJob(
         ProgressReporter(),
         broker,
