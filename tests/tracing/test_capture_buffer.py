@@ -15,6 +15,9 @@ RULES = [ScoringRule(["s"])]
 
 
 def _buffer(reserve: object = None, **limits: float) -> tuple[TraceBuffer, Tally]:
+    """A buffer whose quiet-app bound is the grace alone (``processor_delay_s`` 0) unless a test
+    says otherwise: these spans come one by one, as from a ``SimpleSpanProcessor``."""
+    limits.setdefault("processor_delay_s", 0.0)
     tally = Tally()
     return TraceBuffer(RULES, BufferLimits(**limits), tally, reserve=reserve), tally  # type: ignore[arg-type]
 
@@ -34,16 +37,50 @@ def _ids(polled_traces: list[object]) -> list[str]:
     return [t.trace_id for t in polled_traces]  # type: ignore[attr-defined]
 
 
-def test_a_trace_is_handed_over_grace_after_its_root_ended() -> None:
-    """Not before ``grace_s`` after the root ended; then once, with every span."""
-    buffer, _ = _buffer(grace_s=2.0)
+def test_in_a_quiet_app_a_trace_is_handed_over_grace_and_processor_delay_after_its_root() -> None:
+    """Nothing else comes: not before ``grace_s + processor_delay_s`` after the root arrived
+    (a child that ended within the grace may still be held by the processor); then once, with
+    every span."""
+    buffer, _ = _buffer(grace_s=2.0, processor_delay_s=5.0)
     spans = _trace()
     _file(buffer, spans, now=100.0)
-    assert buffer.poll(101.9).traces == []
-    (trace,) = buffer.poll(102.0).traces
+    buffer.delivered(spans[-1].end_time or 0)
+    assert buffer.poll(106.9).traces == []
+    (trace,) = buffer.poll(107.0).traces
     assert len(trace.spans) == len(spans)
     assert buffer.poll(500.0).traces == []
     assert (len(buffer), buffer.bytes) == (0, 0)
+
+
+def test_a_trace_is_complete_once_a_span_that_ended_grace_after_its_root_arrives() -> None:
+    """The processor hands spans over in the order they ended: once it delivered one that ended
+    ``grace_s`` after the root, every child that ended within the grace is in, whatever the
+    clock says."""
+    buffer, _ = _buffer(grace_s=2.0, processor_delay_s=5.0)
+    spans = _trace()
+    _file(buffer, spans, now=100.0)
+    root_end = spans[-1].end_time or 0
+    buffer.delivered(root_end + 1_999_999_999)
+    assert buffer.poll(100.1).traces == []
+    buffer.delivered(root_end + 2_000_000_000)
+    (trace,) = buffer.poll(100.1).traces
+    assert len(trace.spans) == len(spans)
+
+
+def test_a_child_in_the_processors_next_batch_is_kept() -> None:
+    """A child that ended just after its root, held by the processor for its next batch (5 s
+    later), past ``grace_s`` after the root arrived: still in the run, and no late_span. (The
+    grace used to be timed from the root's arrival alone.)"""
+    buffer, tally = _buffer(grace_s=2.0, processor_delay_s=5.0)
+    *children, root = _trace()
+    buffer.add(root, 10.0)
+    buffer.delivered(root.end_time or 0)
+    assert buffer.poll(12.5).traces == []
+    _file(buffer, children, now=15.0)  # the next batch: as if the children ended 0.5 s after the root
+    buffer.delivered((root.end_time or 0) + 500_000_000)
+    (trace,) = buffer.poll(17.0).traces
+    assert len(trace.spans) == 1 + len(children)
+    assert tally.dropped == {}
 
 
 def test_a_child_ending_after_its_root_within_grace_is_kept() -> None:

@@ -40,7 +40,10 @@ def sink() -> Recording:
 
 @pytest.fixture
 def exporter(clock: FakeClock, sink: Recording) -> Iterator[ScoringSpanExporter]:
-    exp = ScoringSpanExporter([ScoringRule(["s1"])], CallbackSink(sink), grace_s=2.0, clock=clock)
+    # Spans come as a SimpleSpanProcessor hands them over, at once: no processor delay.
+    exp = ScoringSpanExporter(
+        [ScoringRule(["s1"])], CallbackSink(sink), grace_s=2.0, processor_delay_s=0.0, clock=clock
+    )
     yield exp
     exp.shutdown(timeout_millis=2000)
 
@@ -99,6 +102,48 @@ def test_span_after_grace_is_not_in_the_run(exporter: ScoringSpanExporter, clock
     clock.advance(301)
     exporter.tick()
     assert exporter.stats()["dropped"] == {"late_span": 1}
+
+
+@pytest.mark.parametrize(("setting", "quiet_bound_s"), [("750", 1.75), ("not a number", 6.0), (None, 6.0)])
+def test_the_quiet_apps_bound_follows_the_batch_processors_schedule_delay(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock, sink: Recording, setting: str | None, quiet_bound_s: float
+) -> None:
+    """Nothing else comes after a trace: it goes ``grace_s`` plus the processor's schedule delay
+    after its root, the delay read from ``OTEL_BSP_SCHEDULE_DELAY`` (milliseconds) as the SDK's
+    ``BatchSpanProcessor`` reads it: 5 s when unset or not a number."""
+    if setting is None:
+        monkeypatch.delenv("OTEL_BSP_SCHEDULE_DELAY", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", setting)
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), grace_s=1.0, clock=clock)
+    try:
+        rec = Recorder()
+        agent_trace(rec)
+        exp.export(rec.spans())
+        clock.advance(quiet_bound_s - 0.01)
+        assert exp.tick() == 0
+        clock.advance(0.01)
+        assert exp.tick() == 1
+    finally:
+        exp.shutdown(timeout_millis=2000)
+
+
+def test_a_span_given_a_future_end_time_completes_no_other_trace(
+    exporter: ScoringSpanExporter, clock: FakeClock, sink: Recording
+) -> None:
+    """The processor hands spans over in the order they ended, so the last one's end time says
+    which traces have every child in: but not past the wall clock's now. A span an app ended
+    with a timestamp an hour ahead must not complete a trace before its grace."""
+    rec = Recorder()
+    agent_trace(rec)
+    exporter.export(rec.spans())
+    hour_ahead = time.time_ns() + 3600 * 10**9
+    rec.tracer.start_span("invoke_agent b", start_time=hour_ahead - 1).end(end_time=hour_ahead)
+    exporter.export([s for s in rec.spans() if s.end_time == hour_ahead])
+    clock.advance(1.0)
+    assert exporter.tick() == 0
+    clock.advance(1.0)
+    assert exporter.tick() == 2  # both, at the grace (this fixture's processor delay is 0)
 
 
 def test_max_traces_completes_finished_traces_early(clock: FakeClock, sink: Recording) -> None:

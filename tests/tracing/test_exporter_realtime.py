@@ -21,6 +21,7 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import set_span_in_context
 
 from tests._redis import RedisServer
 from tests.tracing._exporting import read, wait_for
@@ -32,6 +33,10 @@ FLUSH_S = 0.1
 SCHEDULE_S = 0.1
 # What a loaded 2-core machine may add to a hand-off (thread wake-ups, GC, other test runs).
 SLACK_S = 1.5
+# A quiet app's trace reaches the sink this long after its root ended: the processor's delay
+# to bring the root, then the grace and the processor's delay again (a child that ended within
+# the grace may come in its next batch), the flusher's interval, and the slack.
+QUIET_BOUND_S = 2 * SCHEDULE_S + GRACE_S + FLUSH_S + SLACK_S
 DROP_REASONS = {"max_traces", "queue_full", "queue_bytes"}
 
 
@@ -111,7 +116,11 @@ def arrivals() -> Arrivals:
 @pytest.fixture
 def app(arrivals: Arrivals) -> Iterator[App]:
     exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])], CallbackSink(arrivals), grace_s=GRACE_S, flush_interval_s=FLUSH_S
+        [ScoringRule(["s"])],
+        CallbackSink(arrivals),
+        grace_s=GRACE_S,
+        processor_delay_s=SCHEDULE_S,
+        flush_interval_s=FLUSH_S,
     )
     application = App(exporter)
     try:
@@ -127,10 +136,10 @@ def _closed_port() -> int:
 
 
 def test_trickling_traces_are_handed_off_while_the_app_runs(app: App, arrivals: Arrivals) -> None:
-    """One agent run every 0.5 s: each reaches the sink within grace + flush interval + the
-    processor's delay (plus slack), with no force_flush. (The flusher's wake-up used to be lost
+    """One agent run every 0.5 s: each reaches the sink within ``QUIET_BOUND_S``, with no
+    force_flush. (The flusher's wake-up used to be lost
     when a trace's first span and its root came in one batch: nothing left before shutdown.)"""
-    bound = GRACE_S + FLUSH_S + SCHEDULE_S + SLACK_S
+    bound = QUIET_BOUND_S
     for i in range(4):
         trace_id, ended = app.agent_run(f"question {i}")
         arrived = functools.partial(arrivals.at.__contains__, trace_id)
@@ -144,7 +153,7 @@ def test_trickling_traces_are_handed_off_while_the_app_runs(app: App, arrivals: 
 def test_a_run_spread_over_several_batches_is_handed_off(app: App, arrivals: Arrivals) -> None:
     """Spans of one run that reach the exporter across several batches (a slow agent), then a
     quiet app: the run is complete and handed off within the bound after its root ends."""
-    bound = GRACE_S + FLUSH_S + SCHEDULE_S + SLACK_S
+    bound = QUIET_BOUND_S
     trace_id, ended = app.agent_run("slow", pause_s=3 * SCHEDULE_S)
     assert wait_for(lambda: trace_id in arrivals.at, bound + 5)
     assert arrivals.at[trace_id] - ended <= bound
@@ -153,12 +162,77 @@ def test_a_run_spread_over_several_batches_is_handed_off(app: App, arrivals: Arr
     assert read(request).input.input_messages[0].text == "slow"
 
 
+def test_a_child_ending_after_its_root_in_the_processors_next_batch_is_in_the_run(arrivals: Arrivals) -> None:
+    """A chat span that ends just after its agent root (a streamed answer), after the processor
+    handed the root over: it comes in the processor's next batch, a schedule delay (1.5 s)
+    later, past the grace (0.3 s) after the root's arrival. It is in the run and nothing is
+    dropped. (The grace was timed from the root's arrival: the run went without its chat span,
+    and the span was a late_span.)"""
+    schedule_s = 1.5
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["s"])],
+        CallbackSink(arrivals),
+        grace_s=0.3,
+        processor_delay_s=schedule_s,
+        flush_interval_s=FLUSH_S,
+    )
+    app = App(exporter, schedule_delay_millis=schedule_s * 1000)
+    try:
+        root = app.tracer.start_span(
+            "invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}
+        )
+        chat = app.tracer.start_span(
+            "chat m",
+            context=set_span_in_context(root),
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.input.messages": genai_messages(("user", "stream it")),
+                "gen_ai.output.messages": genai_messages(("assistant", "streamed")),
+            },
+        )
+        root.end()
+        assert wait_for(lambda: exporter.stats()["spans_seen"] == 1, 10), "the root never reached the exporter"
+        chat.end()
+        trace_id = format(root.get_span_context().trace_id, "032x")
+        assert wait_for(lambda: trace_id in arrivals.at, 10)
+        (request,) = [r for b in arrivals.batches for r in b.requests]
+        assert {s.name for s in request.spans or []} == {"invoke_agent a", "chat m"}
+        assert read(request).output.text == "streamed"
+        assert exporter.stats()["dropped"] == {}
+    finally:
+        app.shutdown()
+
+
+def test_with_traffic_flowing_a_trace_goes_before_the_quiet_apps_bound(arrivals: Arrivals) -> None:
+    """The processor's later batches say when a trace is complete: with other runs ending every
+    0.1 s, a trace goes about ``grace_s`` after its root, not ``processor_delay_s`` (30 s) later."""
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["s"])], CallbackSink(arrivals), grace_s=GRACE_S, processor_delay_s=30.0, flush_interval_s=FLUSH_S
+    )
+    app = App(exporter)
+    try:
+        first, ended = app.agent_run("first")
+        deadline = time.monotonic() + 10
+        while first not in arrivals.at and time.monotonic() < deadline:
+            app.agent_run("more traffic")
+            time.sleep(0.1)
+        assert first in arrivals.at, "the first trace waited for the quiet app's bound"
+        assert arrivals.at[first] - ended <= GRACE_S + 2 * SCHEDULE_S + FLUSH_S + SLACK_S
+    finally:
+        app.shutdown()
+
+
 def test_flood_through_a_small_buffer_drops_nothing_deliverable(arrivals: Arrivals) -> None:
     """A burst of 600 runs through a 16-trace buffer: every run is delivered, none dropped (the
     buffer used to drop its oldest traces, which were finished and only waiting for the grace
     window)."""
     exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])], CallbackSink(arrivals), grace_s=GRACE_S, flush_interval_s=FLUSH_S, max_traces=16
+        [ScoringRule(["s"])],
+        CallbackSink(arrivals),
+        grace_s=GRACE_S,
+        processor_delay_s=SCHEDULE_S,
+        flush_interval_s=FLUSH_S,
+        max_traces=16,
     )
     app = App(exporter, max_queue_size=8192)
     try:
@@ -178,8 +252,8 @@ def test_flood_with_a_stuck_sink_counts_every_drop_by_reason() -> None:
     release = threading.Event()
     arrivals = Arrivals()
     exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])], CallbackSink(held(arrivals, release)), grace_s=GRACE_S, flush_interval_s=FLUSH_S,
-        max_traces=16, queue_size=40, batch_size=10,
+        [ScoringRule(["s"])], CallbackSink(held(arrivals, release)), grace_s=GRACE_S,
+        processor_delay_s=SCHEDULE_S, flush_interval_s=FLUSH_S, max_traces=16, queue_size=40, batch_size=10,
     )  # fmt: skip
     app = App(exporter, max_queue_size=8192)
     try:
@@ -223,8 +297,8 @@ def test_provider_shutdown_with_the_broker_down_keeps_the_exporter_deadline(
     try:
         sink = CelerySink(url, queue="tracescore-h2-shutdown", connect_timeout_s=0.5, publish_timeout_s=0.5)
         exporter = ScoringSpanExporter(
-            [ScoringRule(["s"])], sink, grace_s=GRACE_S, flush_interval_s=FLUSH_S, shutdown_timeout_s=1.0,
-            retry_initial_s=0.05, retry_max_s=0.2,
+            [ScoringRule(["s"])], sink, grace_s=GRACE_S, processor_delay_s=SCHEDULE_S, flush_interval_s=FLUSH_S,
+            shutdown_timeout_s=1.0, retry_initial_s=0.05, retry_max_s=0.2,
         )  # fmt: skip
         app = App(exporter)
         for i in range(3):
@@ -250,8 +324,9 @@ def test_hand_off_queue_is_bounded_in_bytes_with_the_broker_down() -> None:
     n = 120  # 30 MB of message content in all
     sink = CelerySink(f"redis://127.0.0.1:{_closed_port()}/3", queue="tracescore-h2-bytes", connect_timeout_s=0.2)
     exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])], sink, grace_s=0.0, flush_interval_s=FLUSH_S, max_queue_bytes=limit,
-        batch_size=5, max_batch_bytes=4 * big, retry_initial_s=0.05, retry_max_s=0.2, shutdown_timeout_s=0.5,
+        [ScoringRule(["s"])], sink, grace_s=0.0, processor_delay_s=SCHEDULE_S, flush_interval_s=FLUSH_S,
+        max_queue_bytes=limit, batch_size=5, max_batch_bytes=4 * big, retry_initial_s=0.05, retry_max_s=0.2,
+        shutdown_timeout_s=0.5,
     )  # fmt: skip
     app = App(exporter)
     tracemalloc.start()
@@ -299,6 +374,7 @@ def test_shutdown_returns_in_time_behind_a_filter_that_is_slow_or_never_returns(
         [ScoringRule(["s"], filter=judge_worthy)],
         CallbackSink(arrivals),
         grace_s=GRACE_S,
+        processor_delay_s=SCHEDULE_S,
         flush_interval_s=FLUSH_S,
         shutdown_timeout_s=1.0,
     )
@@ -334,6 +410,7 @@ def test_a_send_that_lands_after_shutdown_gave_up_is_counted_once() -> None:
         [ScoringRule(["s"])],
         CallbackSink(held(arrivals, release)),
         grace_s=GRACE_S,
+        processor_delay_s=SCHEDULE_S,
         flush_interval_s=FLUSH_S,
         shutdown_timeout_s=0.5,
     )

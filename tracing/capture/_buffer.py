@@ -4,9 +4,18 @@ of its own (every call that needs the time takes ``now``), so tests drive it ste
 Each span becomes a compacted ``SpanRecord`` when it is filed (the SDK span is then freed with
 the processor's batch). A trace is decided on its first span if no rule's sample takes it, on
 any span if that span makes it tracescore's own (the loop guard: ``tracing.read``'s rules,
-applied span by span), and its later spans are ignored at once. A trace is complete
-``grace_s`` after its agent span or local root ended (children that end after their root
-still make it), and ``poll(now)`` hands it over.
+applied span by span), and its later spans are ignored at once. A trace is complete once
+every span that ended within ``grace_s`` of its local root has arrived (children that end
+after their root still make it), and ``poll(now)`` hands it over.
+
+When that is depends on the span processor, which holds ended spans and hands them over in
+batches, in the order they ended (``BatchSpanProcessor``: every ``schedule_delay``, 5 s by
+default). So the buffer keeps the end time of the latest span handed over (``delivered``):
+every span that ended before it has arrived, and a trace whose root ended ``grace_s`` before
+it is complete. A quiet app hands nothing over to move that mark: there a trace is complete
+``grace_s + processor_delay_s`` after its root arrived, by when the processor has handed over
+whatever ended within the grace. (Timing the grace from the root's arrival alone lost a child
+that ended after it to the processor's next batch, 5 s later: a ``late_span``.)
 
 Bounds (issue 10): ``max_traces`` traces and ``max_buffer_bytes`` of records (approximate JSON
 size), ``max_spans_per_trace`` spans each (the oldest span goes), ``max_trace_age_s`` without an
@@ -47,6 +56,8 @@ class BufferLimits:
     max_buffer_bytes: int = 64 * 1024 * 1024
     max_trace_age_s: float = 300.0
     grace_s: float = 2.0
+    # How long the span processor may hold an ended span (BatchSpanProcessor's schedule delay).
+    processor_delay_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("max_traces", "max_spans_per_trace", "max_buffer_bytes"):
@@ -54,8 +65,9 @@ class BufferLimits:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_trace_age_s <= 0:
             raise ValueError(f"max_trace_age_s must be > 0, got {self.max_trace_age_s}")
-        if self.grace_s < 0:
-            raise ValueError(f"grace_s must be >= 0, got {self.grace_s}")
+        for name in ("grace_s", "processor_delay_s"):
+            if not getattr(self, name) >= 0:  # also refuses NaN
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(slots=True)
@@ -66,7 +78,10 @@ class BufferedTrace:
     spans: list[SpanRecord] = field(default_factory=list)
     kinds: list[SpanKind] = field(default_factory=list)  # each span's, classified when filed
     size: int = 0  # the records' approximate JSON size
-    due: float | None = None  # when it is complete: grace_s after its root span ended
+    # When its root ended (span time, ns) and when it is complete at the latest, in a quiet app
+    # (the clock's time: grace_s + processor_delay_s after the root arrived).
+    root_end_ns: int | None = None
+    due: float | None = None
     judge_ids: set[str] | None = None  # judge spans in it: what is under them is not scored
     # An agent span of it ended (its root not yet): handed off at max_trace_age_s, not dropped.
     agent_ended: bool = False
@@ -107,6 +122,9 @@ class TraceBuffer:
         # Traces already handed over (bounded like _ignored): their stragglers are late_span drops.
         self._sent: OrderedDict[int, None] = OrderedDict()
         self.bytes = 0  # approximate JSON size of the buffered records
+        # The end time (span time, ns) of the latest span the processor handed over: see delivered().
+        self._delivered_ns = 0
+        self._grace_ns = int(limits.grace_s * 1e9)
         self.spans_seen = 0
         # Set when a poll is worth doing at once (a trace due with grace_s == 0, a trace taken
         # from a full buffer, a new trace while ``sleeping``); the caller clears it.
@@ -197,8 +215,11 @@ class TraceBuffer:
         if is_root:
             if entry.due is None:
                 self._due_order[tid] = None
-            entry.due = now + limits.grace_s
-            if not limits.grace_s:
+            entry.root_end_ns = f.end_ns
+            if limits.grace_s:
+                entry.due = now + limits.grace_s + limits.processor_delay_s
+            else:  # no grace: what ended before the root came with it or before
+                entry.due = now
                 self.wake = True
         elif kind == "agent":
             entry.agent_ended = True
@@ -289,11 +310,20 @@ class TraceBuffer:
             self.bytes -= entry.size
         return entry
 
+    def delivered(self, end_ns: int) -> None:
+        """The processor handed over a span that ended at ``end_ns`` (span time) last: it hands
+        spans over in the order they ended, so every span that ended before has arrived. The
+        caller passes the last span of each batch, no later than the wall clock's now (a span
+        given an end time in the future must not complete the traces before theirs)."""
+        if end_ns > self._delivered_ns:
+            self._delivered_ns = end_ns
+
     # --- completing ------------------------------------------------------------------------
 
     def poll(self, now: float, *, force: bool = False) -> Polled:
-        """The traces complete at ``now`` (with ``force``, every trace whose root ended, grace
-        or not). A trace ``max_trace_age_s`` old without an ended root is handed over when an
+        """The traces complete at ``now``: every span that ended within the grace of the root has
+        arrived, or a quiet app's bound passed (with ``force``, every trace whose root ended,
+        grace or not). A trace ``max_trace_age_s`` old without an ended root is handed over when an
         agent span of it ended (a root that lives long: a session or a worker's span), else
         dropped."""
         early, self._early = self._early, []
@@ -301,9 +331,11 @@ class TraceBuffer:
         max_age = self.limits.max_trace_age_s
         due: list[int] = []
         expired: list[int] = []
+        complete_before = self._delivered_ns - self._grace_ns  # roots that ended by then
         for tid, entry in self._traces.items():
             if entry.due is not None:
-                if force or entry.due <= now:
+                ended = entry.root_end_ns
+                if force or entry.due <= now or (ended is not None and ended <= complete_before):
                     due.append(tid)
             elif now - entry.first_seen >= max_age:
                 (due if entry.agent_ended else expired).append(tid)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +42,17 @@ __all__ = ["ScoringSpanExporter"]
 log = structlog.get_logger("tracescore.exporter")
 
 Clock = Callable[[], float]
+
+
+def _processor_delay_s() -> float:
+    """The ``BatchSpanProcessor``'s schedule delay as the SDK reads it from the environment
+    (milliseconds; 5,000 when unset or not a number)."""
+    raw = os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "")
+    try:
+        millis = float(raw)
+    except ValueError:
+        millis = 5000.0
+    return millis / 1000 if math.isfinite(millis) and millis >= 0 else 5.0
 
 
 def _scorer_groups(rules: Sequence[ScoringRule]) -> list[tuple[float, list[str]]]:
@@ -69,9 +82,14 @@ class ScoringSpanExporter(SpanExporter):
     ScoringSpanExporter(rules=[ScoringRule(["helpfulness"])], sink=CelerySink(url))))``.
 
     Bounds: ``max_traces`` buffered traces and ``max_buffer_bytes`` of their span records
-    (approximate JSON size), ``max_spans_per_trace`` spans each; a trace is complete
-    ``grace_s`` after its root span ended, and one ``max_trace_age_s`` old without an ended root
-    is completed if an agent span of it ended, else dropped. When the buffer is full the oldest
+    (approximate JSON size), ``max_spans_per_trace`` spans each. A trace is complete once the
+    spans that ended within ``grace_s`` after its root span have arrived: once the processor
+    hands over a span that ended later, or, in a quiet app, ``grace_s + processor_delay_s``
+    after the root arrived. ``processor_delay_s`` is how long the processor holds an ended
+    span: by default the ``BatchSpanProcessor``'s, read from ``OTEL_BSP_SCHEDULE_DELAY`` as it
+    reads it (5 s unless set); pass it when you give the processor a ``schedule_delay_millis``.
+    A trace ``max_trace_age_s`` old without an ended root is completed if an agent span of it
+    ended, else dropped. When the buffer is full the oldest
     trace whose root ended is completed early, else the oldest with an ended agent span, else
     the oldest trace is dropped. ``queue_size`` runs wait for the sink (plus those held back by a rule's
     ``delay_s``), together no more than ``max_queue_bytes`` of span records. A batch holds up
@@ -92,6 +110,7 @@ class ScoringSpanExporter(SpanExporter):
         max_spans_per_trace: int = 512,
         max_trace_age_s: float = 300.0,
         grace_s: float = 2.0,
+        processor_delay_s: float | None = None,
         queue_size: int = 10_000,
         max_buffer_bytes: int = 64 * 1024 * 1024,
         max_queue_bytes: int = 64 * 1024 * 1024,
@@ -126,6 +145,7 @@ class ScoringSpanExporter(SpanExporter):
             max_buffer_bytes=max_buffer_bytes,
             max_trace_age_s=max_trace_age_s,
             grace_s=grace_s,
+            processor_delay_s=_processor_delay_s() if processor_delay_s is None else processor_delay_s,
         )
         self._rules = rules
         self._sender = Sender(sink, sender_limits, self._tally)
@@ -173,6 +193,12 @@ class ScoringSpanExporter(SpanExporter):
                     except Exception as exc:  # one bad span must not lose the rest of the batch
                         bad += 1
                         error = exc
+                if spans:
+                    # The processor hands spans over in the order they ended: the batch's last
+                    # says which traces now have every child that ended within their grace.
+                    end = spans[-1].end_time
+                    if isinstance(end, int):
+                        buffer.delivered(min(end, time.time_ns()))
                 wake, buffer.wake = buffer.wake, False
             if bad:
                 self._tally.error("export", bad)
