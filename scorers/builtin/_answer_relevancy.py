@@ -4,7 +4,8 @@ Steps (Mastra's answer-relevancy semantics, our prompts):
 1. preprocess (judge): split the output into self-contained statements.
 2. analyze (judge): a verdict per statement against the user's message — ``yes`` (addresses
    the request), ``unsure`` (related but partial or indirect), ``no`` (off-topic).
-3. generate_score (code): ``(yes + uncertainty_weight · unsure) / statements · scale``; an
+3. generate_score (code): ``(yes + uncertainty_weight · unsure) / verdicts · scale``, one verdict
+   asked per statement (as in Mastra, the share is of the verdicts the judge returned); an
    output in which the judge finds no statements scores 0.
 4. generate_reason (judge): a short explanation of the score.
 

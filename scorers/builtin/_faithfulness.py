@@ -4,7 +4,9 @@ Steps (Mastra's faithfulness semantics, our prompts):
 1. preprocess (judge): extract the output's factual claims.
 2. analyze (judge): per claim, ``yes`` (the context supports it), ``no`` (the context
    contradicts it) or ``unsure`` (the context does not say).
-3. generate_score (code): ``supported / claims · scale``.
+3. generate_score (code): ``yes verdicts / verdicts · scale``. The prompt asks one verdict per
+   claim; as in Mastra, the share is of the verdicts the judge returned (a judge that skips a
+   claim is not corrected).
 4. generate_reason (judge).
 
 Context: the ``context`` option (a list of texts or a function of the run), else the results

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from scorers._errors import ScorerConfigError
 from scorers._result import JudgeUsage
 from scorers.judge._clients import lease_client
-from scorers.judge._errors import JudgeResponseError
+from scorers.judge._errors import JudgeAuthError, JudgeResponseError
 from scorers.judge._model import JudgeModel, JudgeRequest, JudgeResponse
 from scorers.judge._schema import strict_openai_schema
 from scorers.judge._translate import scrub_secrets, translate_sdk_errors
@@ -31,6 +31,22 @@ if TYPE_CHECKING:
 __all__ = ["PROVIDERS", "AnthropicJudgeModel", "OpenAIJudgeModel", "resolve_model"]
 
 PROVIDERS = ("openai", "anthropic")
+
+
+def _sendable(key: str | None, source: str, provider: str, model_id: str) -> str | None:
+    """``key``, unless an HTTP header cannot carry it: then a ``JudgeAuthError`` before any
+    request, so the key never reaches the HTTP stack, whose own DEBUG log would print the
+    header it refuses (the key with it)."""
+    if key is None or (key.isascii() and key.isprintable()):
+        return key
+    stripped = key.rstrip("\r\n")
+    if stripped != key and stripped.isascii() and stripped.isprintable():
+        what = "ends with a line break (read from a file with its trailing newline?)"
+    else:
+        what = "holds a character an HTTP header cannot carry (a control character or non-ASCII)"
+    raise JudgeAuthError(
+        f"{model_id}: the API key from {source} {what}; nothing was sent", provider=provider, model_id=model_id
+    )
 
 
 class OpenAIJudgeModel:
@@ -49,7 +65,9 @@ class OpenAIJudgeModel:
         return f"OpenAIJudgeModel({self.model!r}, base_url={self.base_url!r})"
 
     def _api_key(self) -> str | None:
-        return self.api_key or os.environ.get("OPENAI_API_KEY") or None
+        if self.api_key:
+            return _sendable(self.api_key, "api_key=", self.provider, self.model_id)
+        return _sendable(os.environ.get("OPENAI_API_KEY") or None, "OPENAI_API_KEY", self.provider, self.model_id)
 
     def _client(self) -> AbstractAsyncContextManager[openai.AsyncOpenAI]:
         """Lease a client; the environment is read per call so tests and rotations apply."""
@@ -156,7 +174,9 @@ class AnthropicJudgeModel:
         return f"AnthropicJudgeModel({self.model!r}, base_url={self.base_url!r})"
 
     def _api_key(self) -> str | None:
-        return self.api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+        if self.api_key:
+            return _sendable(self.api_key, "api_key=", self.provider, self.model_id)
+        return _sendable(os.environ.get("ANTHROPIC_API_KEY") or None, "ANTHROPIC_API_KEY", self.provider, self.model_id)
 
     def _client(self) -> AbstractAsyncContextManager[anthropic.AsyncAnthropic]:
         """Lease a client; the environment is read per call so tests and rotations apply."""

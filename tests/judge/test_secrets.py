@@ -99,17 +99,39 @@ def test_a_key_with_its_files_newline_is_an_auth_error_never_retried(
 ) -> None:
     """A key read from a mounted secret file keeps its newline: httpx refuses the header before
     anything is sent. That was a JudgeConnectionError, retryable, retried (and redelivered by
-    the workers) though no retry can send it; it is an auth error naming the likely cause."""
-    monkeypatch.setenv("OPENAI_API_KEY" if model.startswith("openai") else "ANTHROPIC_API_KEY", GATEWAY_KEY + "\n")
-    # INFO: httpcore's own DEBUG trace (off unless asked for) prints the refused header whole.
-    caplog.set_level(logging.INFO)
+    the workers) though no retry can send it; it is an auth error naming the likely cause,
+    raised before the HTTP stack sees the key: httpcore's own DEBUG log (on when a worker runs
+    with ``--loglevel DEBUG``) printed the refused header whole, the key with it."""
+    env = "OPENAI_API_KEY" if model.startswith("openai") else "ANTHROPIC_API_KEY"
+    monkeypatch.setenv(env, GATEWAY_KEY + "\n")
+    caplog.set_level(logging.DEBUG)
     with structlog.testing.capture_logs() as logs, pytest.raises(ScorerRunError) as info:
         run(score_scorer(Judge(model=model)))
     assert isinstance(info.value.cause, JudgeAuthError)
     assert info.value.category == "auth"
+    assert f"the API key from {env} ends with a line break" in str(info.value.cause)
     assert "trailing newline" in str(info.value.cause)
     assert fake_llm.count() == 0
     assert GATEWAY_KEY not in _everything_said(info.value, logs, caplog)
+
+
+@pytest.mark.parametrize("bad", ["\x00", "\t", "é", "\nX"])
+def test_a_key_no_header_can_carry_is_named_before_anything_is_sent(
+    fake_llm: FakeLLMServer, caplog: pytest.LogCaptureFixture, bad: str
+) -> None:
+    """A control character or a non-ASCII letter inside a key given as ``api_key=``: an auth
+    error naming where the key came from, never the key, at any log level. (A non-ASCII key
+    was a UnicodeEncodeError out of httpx: "a bug".)"""
+    caplog.set_level(logging.DEBUG)
+    key = GATEWAY_KEY[:8] + bad + GATEWAY_KEY[8:]
+    with structlog.testing.capture_logs() as logs, pytest.raises(ScorerRunError) as info:
+        run(score_scorer(Judge(model="openai/gpt-4o-mini", api_key=key)))
+    assert isinstance(info.value.cause, JudgeAuthError)
+    assert "the API key from api_key= holds a character an HTTP header cannot carry" in str(info.value.cause)
+    assert fake_llm.count() == 0
+    said = _everything_said(info.value, logs, caplog)
+    assert GATEWAY_KEY[8:] not in said
+    assert GATEWAY_KEY[:8] + bad not in said
 
 
 def test_custom_model_error_is_scrubbed(fake_llm: FakeLLMServer) -> None:
