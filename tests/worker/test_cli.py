@@ -231,7 +231,7 @@ def test_status_is_a_health_check(
     assert status["refused_keys"] == []
     monkeypatch.setenv("TRACESCORE_BROKER_URL", NOWHERE)
     assert main(["status"]) == 1
-    assert "broker unreachable" in capsys.readouterr().err
+    assert "cannot reach the broker at" in capsys.readouterr().err
 
 
 def test_status_names_a_refused_key_and_shows_the_rest(env: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -458,7 +458,7 @@ def test_broker_flag_wins_over_the_environment(wrong_env: str, capsys: pytest.Ca
     _push_letters(url, letter)
     capsys.readouterr()
     assert main(["status", "--json", "--timeout", "0.3"]) == 1  # the environment's broker: down
-    assert "broker unreachable" in capsys.readouterr().err
+    assert "cannot reach the broker at" in capsys.readouterr().err
 
     assert main(["status", "--json", "--timeout", "0.3", "--broker", url]) == 0
     status = json.loads(capsys.readouterr().out)
@@ -695,15 +695,28 @@ def test_celery_worker_with_an_empty_broker_url_refuses_to_start() -> None:
     assert "tracescore worker cannot start: TRACESCORE_BROKER_URL is empty" in done.stderr
 
 
-@pytest.mark.parametrize("argv", [["scores", "--trace", "ab" * 16], ["dlq", "list"]], ids=["scores", "dlq"])
+@pytest.mark.parametrize(
+    "argv",
+    [["scores", "--trace", "ab" * 16], ["dlq", "list"], ["status"], ["sinks", "list"]],
+    ids=["scores", "dlq", "status", "sinks"],
+)
 def test_a_refused_password_is_named_not_a_timeout(
     argv: list[str], redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """No password for a Redis that asks one: 'Redis is unreachable ... (TimeoutError: )' after
-    retrying what no retry fixes. It is named now, the wrong password masked."""
-    for url in (f"redis://127.0.0.1:{redis_server.port}/5", f"redis://:wrong-pw9@127.0.0.1:{redis_server.port}/5"):
-        assert main([*argv, "--broker", url]) == 1
-        err = capsys.readouterr().err
-        assert "Redis refused the credentials" in err, err
-        assert "AuthenticationError" in err
-        assert "wrong-pw9" not in err
+    """No password, or a wrong one, for a Redis that asks one: named as such, with where the
+    URL is set, the wrong password masked. It was 'Redis is unreachable ... (TimeoutError: )'
+    after retrying what no retry fixes, and ``status`` and ``sinks`` printed Redis's own
+    NOAUTH text ("HELLO must be called with the client already authenticated ...")."""
+    what = "broker" if argv == ["status"] else "score store"
+    where = "--broker or TRACESCORE_BROKER_URL"
+    none = f"redis://127.0.0.1:{redis_server.port}/5"
+    assert main([*argv, "--broker", none]) == 1
+    err = capsys.readouterr().err
+    assert f"the {what} at {none} asks for a password and the URL gives none" in err, err
+    assert where in err
+    assert "HELLO" not in err
+    wrong = f"redis://:wrong-pw9@127.0.0.1:{redis_server.port}/5"
+    assert main([*argv, "--broker", wrong]) == 1
+    err = capsys.readouterr().err
+    assert f"the {what} at redis://:***@127.0.0.1:{redis_server.port}/5 refused the URL's credentials" in err, err
+    assert "wrong-pw9" not in err

@@ -167,7 +167,7 @@ def test_status_redacts_a_query_password(redis_url: str, clean_env: pytest.Monke
     store = f"redis://127.0.0.1:{free_port()}/0?password=sup3r-s3cret"
     result = _run_cli(["status"], _env(TRACESCORE_BROKER_URL=redis_url, TRACESCORE_REDIS_URL=store))
     assert result.returncode == 1, result
-    assert "score store unreachable" in result.stderr
+    assert "cannot reach the score store at" in result.stderr
     assert "password=***" in result.stderr
     assert "sup3r-s3cret" not in result.stdout + result.stderr
 

@@ -7,6 +7,7 @@ import math
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
@@ -26,6 +27,7 @@ __all__ = [
     "json_option",
     "redis_settings",
     "run_command",
+    "unreachable",
 ]
 
 EXIT_ERROR = 1
@@ -106,6 +108,28 @@ def redis_settings(broker: str | None = None, **overrides: Any) -> Settings:
             raise CliError("--broker is empty and this command talks to Redis: pass --broker redis://HOST:6379/0")
         raise CliError(f"{NO_BROKER} and this command talks to Redis: set it or pass --broker redis://HOST:6379/0")
     return settings
+
+
+def unreachable(what: str, url: str, exc: BaseException) -> CliError:
+    """The one line for a Redis a command could not use (``what``: "broker", "score store"):
+    refused credentials say so and where the URL is set, anything else is the client's own
+    words; the URL's password masked either way."""
+    from redis.exceptions import AuthenticationError
+
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, AuthenticationError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return CliError(f"cannot reach the {what} at {redact(url)}: {redact(str(exc))}")
+    where = "--broker or TRACESCORE_BROKER_URL"
+    if what != "broker":
+        where = f"TRACESCORE_REDIS_URL, else {where}"
+    if urlsplit(url).password:
+        return CliError(f"the {what} at {redact(url)} refused the URL's credentials: fix them in {where}")
+    return CliError(
+        f"the {what} at {redact(url)} asks for a password and the URL gives none: "
+        f"set it in {where} (redis://:PASSWORD@host:6379/0)"
+    )
 
 
 def run_command(group: click.Group, argv: list[str]) -> int:

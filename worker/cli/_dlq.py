@@ -12,7 +12,7 @@ from redis.exceptions import RedisError
 from tracing import redact
 from worker._admin import dead_letters, requeue_dead_letters
 from worker._terminal import cell, printable
-from worker.cli._common import CliError, broker_option, json_option, redis_settings
+from worker.cli._common import CliError, broker_option, json_option, redis_settings, unreachable
 
 __all__ = ["dlq_group"]
 
@@ -45,7 +45,7 @@ def dlq_list(broker: str | None, limit: int, as_json: bool) -> None:
     try:
         total, letters = asyncio.run(dead_letters(settings, limit))
     except (RedisError, OSError) as exc:
-        raise CliError(f"cannot reach the score store at {redact(settings.store_url)}: {redact(str(exc))}") from exc
+        raise unreachable("score store", settings.store_url, exc) from exc
     if as_json:
         for letter in letters:
             click.echo(letter.model_dump_json())

@@ -9,9 +9,9 @@ import re
 import click
 from redis.exceptions import RedisError
 
-from tracing import ScoreRecord, redact
+from tracing import ScoreRecord
 from worker._terminal import cell, printable
-from worker.cli._common import CliError, broker_option, json_option, redis_settings
+from worker.cli._common import CliError, broker_option, json_option, redis_settings, unreachable
 from worker.store import RedisScoreStore
 
 __all__ = ["scores_command"]
@@ -44,7 +44,7 @@ def scores_command(broker: str | None, trace_id: str, as_json: bool) -> None:
     try:
         records = asyncio.run(_fetch(url, trace_id))
     except (RedisError, OSError) as exc:
-        raise CliError(f"cannot reach the score store at {redact(url)}: {redact(str(exc))}") from exc
+        raise unreachable("score store", url, exc) from exc
     if not records:  # exit 1 with --json too (stdout empty): a script tells "none" from "some"
         raise CliError(f"no scores stored for trace {trace_id} (expired, not scored yet, or another store)")
     if as_json:

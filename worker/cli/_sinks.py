@@ -11,10 +11,9 @@ from typing import Any, TypeVar
 import click
 from redis.exceptions import RedisError
 
-from tracing import redact
 from worker._settings import SINK_NAMES
 from worker._terminal import cell, printable
-from worker.cli._common import CliError, broker_option, json_option, redis_settings
+from worker.cli._common import CliError, broker_option, json_option, redis_settings, unreachable
 from worker.store import RedisOutbox
 
 __all__ = ["sink_options", "sink_overrides", "sinks_group"]
@@ -102,7 +101,7 @@ def sinks_list(broker: str | None, sink: str | None, limit: int, as_json: bool) 
         names = [sink] if sink else sorted(counts)
         letters = {n: outbox.dead_letters(n, limit) for n in names}
     except (RedisError, OSError) as exc:
-        raise CliError(f"cannot reach the score store at {redact(url)}: {redact(str(exc))}") from exc
+        raise unreachable("score store", url, exc) from exc
     finally:
         outbox.close()
     if as_json:
@@ -149,7 +148,7 @@ def sinks_retry(broker: str | None, sink: str, score_ids: tuple[str, ...], retry
         ids = list(dict.fromkeys(score_ids))  # an id given twice is queued (and counted) once
         done = outbox.redrive(sink, None if retry_all else ids)
     except (RedisError, OSError) as exc:
-        raise CliError(f"cannot reach the score store at {redact(url)}: {redact(str(exc))}") from exc
+        raise unreachable("score store", url, exc) from exc
     finally:
         outbox.close()
     missing = len(ids) - done if ids else 0

@@ -15,10 +15,9 @@ from typing import Any
 import click
 from redis.exceptions import RedisError
 
-from tracing import redact
 from worker._admin import broker_status, store_status
 from worker._settings import Settings
-from worker.cli._common import CliError, FiniteRange, broker_option, json_option, redis_settings
+from worker.cli._common import FiniteRange, broker_option, json_option, redis_settings, unreachable
 from worker.store import RedisOutbox, StoreKeyTypeError
 
 __all__ = ["collect_status", "status_command"]
@@ -32,11 +31,11 @@ def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) 
     try:
         status = broker_status(settings, ping_timeout)
     except (RedisError, OSError) as exc:
-        raise CliError(f"broker unreachable at {redact(settings.broker_url)}: {redact(str(exc))}") from exc
+        raise unreachable("broker", settings.broker_url, exc) from exc
     try:
         store = asyncio.run(store_status(settings))
     except (RedisError, OSError) as exc:
-        raise CliError(f"score store unreachable at {redact(settings.store_url)}: {redact(str(exc))}") from exc
+        raise unreachable("score store", settings.store_url, exc) from exc
     status.update(store, refused_keys=status["refused_keys"] + store["refused_keys"])
     try:
         status["sinks"] = _sink_counts(settings)
@@ -52,7 +51,7 @@ def _sink_counts(settings: Settings) -> dict[str, dict[str, int]]:
     try:
         return {name: counts.as_dict() for name, counts in outbox.counts().items()}
     except (RedisError, OSError) as exc:
-        raise CliError(f"score store unreachable at {redact(settings.store_url)}: {redact(str(exc))}") from exc
+        raise unreachable("score store", settings.store_url, exc) from exc
     finally:
         outbox.close()
 
