@@ -40,6 +40,7 @@ from scorers.judge._errors import (
     JudgeProcessorError,
     JudgeProviderError,
     JudgeRateLimitError,
+    JudgeResponseError,
     JudgeTimeoutError,
 )
 from scorers.judge._fence import well_formed
@@ -70,6 +71,11 @@ MAX_PAUSE_S = 60.0
 # plus a moment for the SDK's own timeout error to come first (it held 5 s more once), and
 # catches a custom JudgeModel that never returns.
 _TIMEOUT_GRACE_S = 0.5
+# An answer longer than this many characters per token of ``max_tokens`` was not cut at the
+# limit by the provider (a broken proxy, a custom model): it is refused before it is kept
+# (a score keeps an answer up to three times: raw output, output, reason) and stored.
+# No tokenizer's tokens average near 64 characters.
+_MAX_CHARS_PER_TOKEN = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +278,14 @@ class _JudgeCall:
             raise JudgeProviderError(
                 f"{self.info.model_id}: generate() returned {type(response).__name__}, "
                 "expected a scorers.judge.JudgeResponse",
+                provider=self.info.provider,
+                model_id=self.info.model_id,
+            )
+        bound = request.max_tokens * _MAX_CHARS_PER_TOKEN
+        if len(response.text) > bound:
+            raise JudgeResponseError(
+                f"{self.info.model_id}: the answer is {len(response.text):,} characters, more than "
+                f"max_tokens={request.max_tokens} allows ({bound:,}): not kept",
                 provider=self.info.provider,
                 model_id=self.info.model_id,
             )

@@ -6,7 +6,7 @@ import pytest
 import structlog.testing
 
 from scorers import Judge, PromptStep, ScorerRunError, create_scorer
-from scorers.judge import JUDGE_SYSTEM_PREAMBLE, JudgeOutputError
+from scorers.judge import JUDGE_SYSTEM_PREAMBLE, JudgeOutputError, JudgeResponseError
 from tests.fakellm import FakeLLMServer, Reply
 from tests.judge.helpers import MODELS, full_scorer, run, score_scorer
 
@@ -216,3 +216,23 @@ def test_generate_reason_is_free_text(fake_llm: FakeLLMServer) -> None:
     assert reason_request.structured is None
     assert reason_request.schema is None
     assert result.reason == "It is correct."
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_an_answer_longer_than_max_tokens_allows_is_refused_not_kept(fake_llm: FakeLLMServer, model: str) -> None:
+    """A provider (a broken proxy) that ignores ``max_tokens`` and answers 8 MB: the score kept
+    the answer three times (raw output, output, reason) and stored it. It is a
+    JudgeResponseError naming the sizes, and nothing of the answer is kept."""
+    huge = "lorem ipsum " * 700_000
+    fake_llm.script(
+        Reply.json({"verdict": "fake", "confidence": 0.5}), Reply.auto(), Reply.text(huge), Reply.text(huge)
+    )
+    with pytest.raises(ScorerRunError) as info:
+        run(full_scorer(Judge(model, max_tokens=256)))
+    assert info.value.failed_step == "generate_reason"
+    assert isinstance(info.value.cause, JudgeResponseError)
+    assert "the answer is 8,400,000 characters, more than max_tokens=256 allows (16,384)" in str(info.value.cause)
+    assert fake_llm.count() == 3  # analyze, score, and the one reason call: not retried
+    partial = info.value.partial
+    assert partial is not None
+    assert len(partial.model_dump_json()) < 10_000
