@@ -50,6 +50,9 @@ class JudgeAttempt(BaseModel):
     request_id: str | None = None
     retry_delay_ms: float | None = None
     prompt_injection: str | None = None
+    # Why the model stopped, in the provider's words ("stop", "length", "max_tokens", ...):
+    # "length"/"max_tokens" on a free-text step says its text was cut at max_tokens.
+    finish_reason: str | None = None
 
 
 class JudgeExecution(BaseModel):

@@ -344,6 +344,15 @@ class _JudgeCall:
             text = response.text.strip()
             if not text:
                 raise ValueError("the answer is empty")
+            if response.finish_reason in _CUT_SHORT:
+                # Kept (most of a reason beats none); the attempt's finish_reason says so.
+                log.warning(
+                    "judge.cut_short",
+                    scorer=self.info.scorer_id,
+                    model=self.info.model_id,
+                    step=self.info.step,
+                    finish_reason=response.finish_reason,
+                )
             return text
         try:
             data = response.parsed if response.parsed is not None else parse_json_text(response.text)
@@ -381,6 +390,7 @@ class _JudgeCall:
             usage=response.usage,
             request_id=response.request_id,
             prompt_injection=mode,
+            finish_reason=response.finish_reason,
         )
         self.attempts.append(attempt)
         return attempt

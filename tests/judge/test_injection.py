@@ -236,3 +236,20 @@ def test_an_answer_longer_than_max_tokens_allows_is_refused_not_kept(fake_llm: F
     partial = info.value.partial
     assert partial is not None
     assert len(partial.model_dump_json()) < 10_000
+
+
+@pytest.mark.parametrize(("model", "finish"), [(MODELS[0], "length"), (MODELS[1], "max_tokens")])
+def test_a_reason_cut_at_the_token_limit_is_kept_and_says_so(fake_llm: FakeLLMServer, model: str, finish: str) -> None:
+    """A free-text reason cut at ``max_tokens`` was kept with nothing to tell it from a whole
+    one. It is still kept (most of a reason beats none), its attempt's ``finish_reason`` says
+    where the model stopped, and ``judge.cut_short`` is logged, by names, never the text."""
+    cut = "The verdict holds because the capital named is"
+    fake_llm.script(Reply.json({"verdict": "fake", "confidence": 0.5}), Reply.auto(), Reply.text(cut, finish=finish))
+    with structlog.testing.capture_logs() as logs:
+        result = run(full_scorer(Judge(model)))
+    assert result.reason == cut
+    assert [a.finish_reason for a in result.judge["generate_reason"].attempts] == [finish]
+    assert result.judge["analyze"].attempts[0].finish_reason not in ("length", "max_tokens")
+    warned = [e for e in logs if e["event"] == "judge.cut_short"]
+    assert [(e["scorer"], e["step"], e["finish_reason"]) for e in warned] == [("full", "generate_reason", finish)]
+    assert "capital" not in repr(logs)
