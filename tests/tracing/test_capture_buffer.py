@@ -54,17 +54,43 @@ def test_in_a_quiet_app_a_trace_is_handed_over_grace_and_processor_delay_after_i
 
 def test_a_trace_is_complete_once_a_span_that_ended_grace_after_its_root_arrives() -> None:
     """The processor hands spans over in the order they ended: once it delivered one that ended
-    ``grace_s`` after the root, every child that ended within the grace is in, whatever the
-    clock says."""
+    ``grace_s`` after the root, every child that ended within the grace is in. The trace goes at
+    ``grace_s`` after its root arrived, not at the quiet app's bound (``processor_delay_s`` more)."""
     buffer, _ = _buffer(grace_s=2.0, processor_delay_s=5.0)
     spans = _trace()
     _file(buffer, spans, now=100.0)
     root_end = spans[-1].end_time or 0
     buffer.delivered(root_end + 1_999_999_999)
-    assert buffer.poll(100.1).traces == []
+    assert buffer.poll(102.0).traces == []
     buffer.delivered(root_end + 2_000_000_000)
-    (trace,) = buffer.poll(100.1).traces
+    assert buffer.poll(101.9).traces == []  # never sooner than grace_s after the root arrived
+    (trace,) = buffer.poll(102.0).traces
     assert len(trace.spans) == len(spans)
+
+
+def test_a_root_given_a_past_end_time_still_gets_its_grace() -> None:
+    """A root ended with an end time seconds in the past (or a wall clock stepped back), the
+    mark already past it: the trace still waits ``grace_s`` after the root arrived, for a child
+    the processor still holds. (The mark alone handed it over at the next poll.)"""
+    buffer, tally = _buffer(grace_s=2.0, processor_delay_s=5.0)
+    *children, root = _trace()
+    buffer.add(root, 10.0)
+    buffer.delivered((root.end_time or 0) + 10 * 10**9)
+    assert buffer.poll(11.9).traces == []
+    _file(buffer, children, now=11.95)
+    (trace,) = buffer.poll(12.0).traces
+    assert len(trace.spans) == 1 + len(children)
+    assert tally.dropped == {}
+
+
+def test_an_infinite_grace_completes_only_on_force() -> None:
+    """``grace_s=inf`` (accepted before the mark existed): no poll completes the trace, force does."""
+    buffer, _ = _buffer(grace_s=float("inf"), processor_delay_s=5.0)
+    spans = _trace()
+    _file(buffer, spans, now=0.0)
+    buffer.delivered(2**62)
+    assert buffer.poll(1e12).traces == []
+    assert len(buffer.poll(1e12, force=True).traces) == 1
 
 
 def test_a_child_in_the_processors_next_batch_is_kept() -> None:

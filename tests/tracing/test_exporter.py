@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 import structlog.testing
 from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.trace import set_span_in_context
 
 from tests.tracing._exporting import FakeClock, Recording, read, read_runs, wait_for
 from tests.tracing._spans import THREE_AGENTS, Recorder, agent_trace, genai_messages, three_agent_trace
@@ -104,13 +105,16 @@ def test_span_after_grace_is_not_in_the_run(exporter: ScoringSpanExporter, clock
     assert exporter.stats()["dropped"] == {"late_span": 1}
 
 
-@pytest.mark.parametrize(("setting", "quiet_bound_s"), [("750", 1.75), ("not a number", 6.0), (None, 6.0)])
+@pytest.mark.parametrize(
+    ("setting", "quiet_bound_s"),
+    [("750", 1.75), ("not a number", 6.0), ("1500.0", 6.0), ("1e3", 6.0), (None, 6.0)],
+)
 def test_the_quiet_apps_bound_follows_the_batch_processors_schedule_delay(
     monkeypatch: pytest.MonkeyPatch, clock: FakeClock, sink: Recording, setting: str | None, quiet_bound_s: float
 ) -> None:
     """Nothing else comes after a trace: it goes ``grace_s`` plus the processor's schedule delay
     after its root, the delay read from ``OTEL_BSP_SCHEDULE_DELAY`` (milliseconds) as the SDK's
-    ``BatchSpanProcessor`` reads it: 5 s when unset or not a number."""
+    ``BatchSpanProcessor`` reads it: 5 s when unset or not an integer ("1500.0" too)."""
     if setting is None:
         monkeypatch.delenv("OTEL_BSP_SCHEDULE_DELAY", raising=False)
     else:
@@ -144,6 +148,44 @@ def test_a_span_given_a_future_end_time_completes_no_other_trace(
     assert exporter.tick() == 0
     clock.advance(1.0)
     assert exporter.tick() == 2  # both, at the grace (this fixture's processor delay is 0)
+
+
+def test_a_batch_ending_in_a_future_span_moves_no_mark(clock: FakeClock, sink: Recording) -> None:
+    """A batch cut after a span ended an hour ahead says nothing of the spans queued behind it
+    (they ended after its ``on_end``, before now): the trace whose child is among them waits
+    for it. (The mark was clamped to now and the trace went without the child, a late_span.)"""
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), grace_s=2.0, processor_delay_s=5.0, clock=clock)
+    try:
+        rec = Recorder()
+        wall = time.time_ns()
+        root = rec.tracer.start_span("invoke_agent a", start_time=wall - 5 * 10**9)
+        chat = rec.tracer.start_span(
+            "chat m",
+            context=set_span_in_context(root),
+            start_time=wall - 4 * 10**9,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.input.messages": genai_messages(("user", "Hi?")),
+                "gen_ai.output.messages": genai_messages(("assistant", "Hello.")),
+            },
+        )
+        root.end(end_time=wall - 3 * 10**9)
+        rec.tracer.start_span("invoke_agent x", start_time=wall).end(end_time=wall + 3600 * 10**9)
+        chat.end(end_time=wall - 2_500_000_000)  # within the root's grace, queued behind x
+        by_name = {s.name: s for s in rec.spans()}
+        exp.export([by_name["invoke_agent a"], by_name["invoke_agent x"]])
+        clock.advance(2.5)
+        assert exp.tick() == 0
+        exp.export([by_name["chat m"]])
+        clock.advance(4.5)
+        assert exp.tick() == 2  # a's trace and x's
+        trace_id = format(root.get_span_context().trace_id, "032x")
+        assert wait_for(lambda: any(r.trace_id == trace_id for r in sink.requests))
+        (request,) = [r for r in sink.requests if r.trace_id == trace_id]
+        assert {s.name for s in request.spans or []} == {"invoke_agent a", "chat m"}
+        assert exp.stats()["dropped"] == {}
+    finally:
+        exp.shutdown(timeout_millis=2000)
 
 
 def test_max_traces_completes_finished_traces_early(clock: FakeClock, sink: Recording) -> None:

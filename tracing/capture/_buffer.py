@@ -9,13 +9,17 @@ every span that ended within ``grace_s`` of its local root has arrived (children
 after their root still make it), and ``poll(now)`` hands it over.
 
 When that is depends on the span processor, which holds ended spans and hands them over in
-batches, in the order they ended (``BatchSpanProcessor``: every ``schedule_delay``, 5 s by
-default). So the buffer keeps the end time of the latest span handed over (``delivered``):
-every span that ended before it has arrived, and a trace whose root ended ``grace_s`` before
-it is complete. A quiet app hands nothing over to move that mark: there a trace is complete
-``grace_s + processor_delay_s`` after its root arrived, by when the processor has handed over
-whatever ended within the grace. (Timing the grace from the root's arrival alone lost a child
-that ended after it to the processor's next batch, 5 s later: a ``late_span``.)
+batches (``BatchSpanProcessor``: every ``schedule_delay``, 5 s by default), in the order they
+ended. So the buffer keeps the end time of the latest span handed over (``delivered``): every
+span that ended before it has arrived, and a trace whose root ended ``grace_s`` before it is
+complete, once ``grace_s`` has also passed since its root arrived (never sooner than that: a
+root given a past end time, or a wall clock stepped back, must not skip the grace). A quiet
+app hands nothing over to move the mark: there a trace is complete ``grace_s +
+processor_delay_s`` after its root arrived, by when the processor has handed over whatever
+ended within the grace. (Timing the grace from the root's arrival alone lost a child that ended
+after it to the processor's next batch, 5 s later: a ``late_span``.) The order holds for one
+``BatchSpanProcessor`` fed by ``on_end``; with anything else in front the mark may run ahead,
+and a trace then goes ``grace_s`` after its root arrived, as before.
 
 Bounds (issue 10): ``max_traces`` traces and ``max_buffer_bytes`` of records (approximate JSON
 size), ``max_spans_per_trace`` spans each (the oldest span goes), ``max_trace_age_s`` without an
@@ -26,6 +30,7 @@ its later spans: a dropped trace never comes back as a partial run.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -66,7 +71,7 @@ class BufferLimits:
         if self.max_trace_age_s <= 0:
             raise ValueError(f"max_trace_age_s must be > 0, got {self.max_trace_age_s}")
         for name in ("grace_s", "processor_delay_s"):
-            if not getattr(self, name) >= 0:  # also refuses NaN
+            if not getattr(self, name) >= 0:  # also refuses NaN (inf: only force completes)
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
@@ -78,9 +83,11 @@ class BufferedTrace:
     spans: list[SpanRecord] = field(default_factory=list)
     kinds: list[SpanKind] = field(default_factory=list)  # each span's, classified when filed
     size: int = 0  # the records' approximate JSON size
-    # When its root ended (span time, ns) and when it is complete at the latest, in a quiet app
-    # (the clock's time: grace_s + processor_delay_s after the root arrived).
+    # When its root ended (span time, ns); when it may be complete at the soonest (the clock's
+    # time: grace_s after the root arrived), and at the latest, in a quiet app (grace_s +
+    # processor_delay_s after).
     root_end_ns: int | None = None
+    ready: float = 0.0
     due: float | None = None
     judge_ids: set[str] | None = None  # judge spans in it: what is under them is not scored
     # An agent span of it ended (its root not yet): handed off at max_trace_age_s, not dropped.
@@ -124,7 +131,7 @@ class TraceBuffer:
         self.bytes = 0  # approximate JSON size of the buffered records
         # The end time (span time, ns) of the latest span the processor handed over: see delivered().
         self._delivered_ns = 0
-        self._grace_ns = int(limits.grace_s * 1e9)
+        self._grace_ns = int(limits.grace_s * 1e9) if math.isfinite(limits.grace_s) else None
         self.spans_seen = 0
         # Set when a poll is worth doing at once (a trace due with grace_s == 0, a trace taken
         # from a full buffer, a new trace while ``sleeping``); the caller clears it.
@@ -217,7 +224,8 @@ class TraceBuffer:
                 self._due_order[tid] = None
             entry.root_end_ns = f.end_ns
             if limits.grace_s:
-                entry.due = now + limits.grace_s + limits.processor_delay_s
+                entry.ready = now + limits.grace_s
+                entry.due = entry.ready + limits.processor_delay_s
             else:  # no grace: what ended before the root came with it or before
                 entry.due = now
                 self.wake = True
@@ -313,8 +321,8 @@ class TraceBuffer:
     def delivered(self, end_ns: int) -> None:
         """The processor handed over a span that ended at ``end_ns`` (span time) last: it hands
         spans over in the order they ended, so every span that ended before has arrived. The
-        caller passes the last span of each batch, no later than the wall clock's now (a span
-        given an end time in the future must not complete the traces before theirs)."""
+        caller passes the last span of each batch unless it ended later than the batch came (an
+        end time given in the future says nothing of the spans queued behind it)."""
         if end_ns > self._delivered_ns:
             self._delivered_ns = end_ns
 
@@ -331,11 +339,12 @@ class TraceBuffer:
         max_age = self.limits.max_trace_age_s
         due: list[int] = []
         expired: list[int] = []
-        complete_before = self._delivered_ns - self._grace_ns  # roots that ended by then
+        # Roots that ended by then have every child that ended within their grace.
+        complete_before = -1 if self._grace_ns is None else self._delivered_ns - self._grace_ns
         for tid, entry in self._traces.items():
             if entry.due is not None:
                 ended = entry.root_end_ns
-                if force or entry.due <= now or (ended is not None and ended <= complete_before):
+                if force or entry.due <= now or (entry.ready <= now and ended is not None and ended <= complete_before):
                     due.append(tid)
             elif now - entry.first_seen >= max_age:
                 (due if entry.agent_ended else expired).append(tid)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import os
 import threading
 import time
@@ -45,14 +44,13 @@ Clock = Callable[[], float]
 
 
 def _processor_delay_s() -> float:
-    """The ``BatchSpanProcessor``'s schedule delay as the SDK reads it from the environment
-    (milliseconds; 5,000 when unset or not a number)."""
-    raw = os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "")
+    """The ``BatchSpanProcessor``'s schedule delay as the SDK reads it from the environment:
+    whole milliseconds, 5,000 when unset or not an integer ("1500.0" too)."""
     try:
-        millis = float(raw)
+        millis = int(os.environ.get("OTEL_BSP_SCHEDULE_DELAY", 5000))
     except ValueError:
-        millis = 5000.0
-    return millis / 1000 if math.isfinite(millis) and millis >= 0 else 5.0
+        millis = 5000
+    return millis / 1000 if millis >= 0 else 5.0
 
 
 def _scorer_groups(rules: Sequence[ScoringRule]) -> list[tuple[float, list[str]]]:
@@ -83,22 +81,26 @@ class ScoringSpanExporter(SpanExporter):
 
     Bounds: ``max_traces`` buffered traces and ``max_buffer_bytes`` of their span records
     (approximate JSON size), ``max_spans_per_trace`` spans each. A trace is complete once the
-    spans that ended within ``grace_s`` after its root span have arrived: once the processor
-    hands over a span that ended later, or, in a quiet app, ``grace_s + processor_delay_s``
-    after the root arrived. ``processor_delay_s`` is how long the processor holds an ended
-    span: by default the ``BatchSpanProcessor``'s, read from ``OTEL_BSP_SCHEDULE_DELAY`` as it
-    reads it (5 s unless set); pass it when you give the processor a ``schedule_delay_millis``.
+    spans that ended within ``grace_s`` after its root span have arrived, and never sooner than
+    ``grace_s`` after the root arrived: once the processor hands over a span that ended later
+    (it hands them over in the order they ended), or, in a quiet app, ``grace_s +
+    processor_delay_s`` after the root arrived. ``processor_delay_s`` is how long the processor
+    holds an ended span: by default the ``BatchSpanProcessor``'s, read from
+    ``OTEL_BSP_SCHEDULE_DELAY`` as it reads it (5 s unless set); pass it when you give the
+    processor a ``schedule_delay_millis``, and 0 behind a ``SimpleSpanProcessor``. Put one
+    exporter behind one processor: another one feeding it may hand over spans out of that order,
+    and a trace then goes ``grace_s`` after its root arrived.
     A trace ``max_trace_age_s`` old without an ended root is completed if an agent span of it
-    ended, else dropped. When the buffer is full the oldest
-    trace whose root ended is completed early, else the oldest with an ended agent span, else
-    the oldest trace is dropped. ``queue_size`` runs wait for the sink (plus those held back by a rule's
-    ``delay_s``), together no more than ``max_queue_bytes`` of span records. A batch holds up
-    to ``batch_size`` runs and, roughly, ``max_batch_bytes``; a sink with a message cap
+    ended, else dropped. When the buffer is full the oldest trace whose root ended is completed
+    early, else the oldest with an ended agent span, else the oldest trace is dropped.
+    ``queue_size`` runs wait for the sink (plus those held back by a rule's ``delay_s``),
+    together no more than ``max_queue_bytes`` of span records. A batch holds up to
+    ``batch_size`` runs and, roughly, ``max_batch_bytes``; a sink with a message cap
     (``CelerySink(max_payload_bytes=...)``) gets each message cut under it, and a run over it
     alone is dropped (``dropped.too_large``) while its neighbours are sent. ``shutdown()`` takes
     at most ``shutdown_timeout_s`` (whatever timeout the SDK passes), plus one sink attempt under
-    way. ``clock`` (monotonic seconds) is injectable so tests drive the grace window without
-    sleeping.
+    way. ``clock`` (monotonic seconds) is injectable so tests drive the timing without sleeping
+    (what the spans' own end times say is read from them, against the wall clock).
     """
 
     def __init__(
@@ -197,8 +199,8 @@ class ScoringSpanExporter(SpanExporter):
                     # The processor hands spans over in the order they ended: the batch's last
                     # says which traces now have every child that ended within their grace.
                     end = spans[-1].end_time
-                    if isinstance(end, int):
-                        buffer.delivered(min(end, time.time_ns()))
+                    if isinstance(end, int) and end <= time.time_ns():
+                        buffer.delivered(end)
                 wake, buffer.wake = buffer.wake, False
             if bad:
                 self._tally.error("export", bad)
