@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -199,6 +200,20 @@ class _JudgeCall:
                 )
                 await self.hooks.wait(decision.delay_ms / 1000)
                 continue
+            too_long = self._too_long(request, response)
+            if too_long is not None:  # paid for (the limiter and the guard counted it), not kept
+                self.usage = self.usage + response.usage
+                self._record_error(too_long, began, mode, usage=response.usage)
+                log.warning(
+                    "judge.failed",
+                    scorer=self.info.scorer_id,
+                    model=self.info.model_id,
+                    step=self.info.step,
+                    status=None,
+                    retries=retries,
+                    reason="too_long",
+                )
+                raise self._fail(too_long)
             attempt = self._record_ok(response, began, mode)
             try:
                 response = await self._output(response)
@@ -281,15 +296,24 @@ class _JudgeCall:
                 provider=self.info.provider,
                 model_id=self.info.model_id,
             )
-        bound = request.max_tokens * _MAX_CHARS_PER_TOKEN
-        if len(response.text) > bound:
-            raise JudgeResponseError(
-                f"{self.info.model_id}: the answer is {len(response.text):,} characters, more than "
-                f"max_tokens={request.max_tokens} allows ({bound:,}): not kept",
-                provider=self.info.provider,
-                model_id=self.info.model_id,
-            )
         return response
+
+    def _too_long(self, request: JudgeRequest, response: JudgeResponse) -> JudgeResponseError | None:
+        """An answer longer than ``max_tokens`` can hold, as text or as the parsed object a
+        custom model may give alone: the error that refuses it, else None."""
+        size = len(response.text)
+        if response.parsed is not None:
+            size = max(size, len(json.dumps(response.parsed, default=str)))
+        bound = request.max_tokens * _MAX_CHARS_PER_TOKEN
+        if size <= bound:
+            return None
+        return JudgeResponseError(
+            f"{self.info.model_id}: the answer is {size:,} characters, more than "
+            f"max_tokens={request.max_tokens} allows ({bound:,}): not kept",
+            provider=self.info.provider,
+            model_id=self.info.model_id,
+            request_id=response.request_id,
+        )
 
     # --- processors ------------------------------------------------------------------------
 
@@ -390,15 +414,18 @@ class _JudgeCall:
             usage=response.usage,
             request_id=response.request_id,
             prompt_injection=mode,
-            finish_reason=response.finish_reason,
+            finish_reason=_known(response.finish_reason),
         )
         self.attempts.append(attempt)
         return attempt
 
-    def _record_error(self, err: JudgeProviderError, began: float, mode: Mode) -> JudgeAttempt:
+    def _record_error(
+        self, err: JudgeProviderError, began: float, mode: Mode, *, usage: JudgeUsage | None = None
+    ) -> JudgeAttempt:
         attempt = JudgeAttempt(
             status="error",
             duration_ms=(time.perf_counter() - began) * 1000,
+            usage=usage,
             error=str(err),
             error_type=type(err).__name__,
             status_code=err.status_code,
@@ -455,6 +482,14 @@ def _why_final(decision: RetryDecision | None, retries: int, cap: int) -> str:
 
 # Finish reasons of an answer cut at the output token limit (OpenAI, Anthropic).
 _CUT_SHORT = frozenset({"length", "max_tokens"})
+
+
+def _known(finish_reason: str | None) -> str | None:
+    """A provider's finish reason as stored: a short word ("stop", "length", "end_turn", ...),
+    else "other" (a broken proxy may send anything, megabytes too)."""
+    if finish_reason is None or (len(finish_reason) <= 32 and finish_reason.isascii() and finish_reason.isidentifier()):
+        return finish_reason
+    return "other"
 
 
 def _problem_fields(problem: Exception) -> dict[str, Any]:

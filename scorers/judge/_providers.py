@@ -37,11 +37,13 @@ def _sendable(key: str | None, source: str, provider: str, model_id: str) -> str
     """``key``, unless an HTTP header cannot carry it: then a ``JudgeAuthError`` before any
     request, so the key never reaches the HTTP stack, whose own DEBUG log would print the
     header it refuses (the key with it)."""
-    if key is None or (key.isascii() and key.isprintable()):
+    if key is None or (key.isascii() and key.isprintable() and not key.endswith(" ")):
         return key
     stripped = key.rstrip("\r\n")
-    if stripped != key and stripped.isascii() and stripped.isprintable():
+    if stripped != key and stripped.isascii() and stripped.isprintable() and not stripped.endswith(" "):
         what = "ends with a line break (read from a file with its trailing newline?)"
+    elif key.isascii() and key.isprintable():  # h11 refuses a header value ending in a space
+        what = "ends with a space (pasted with it?)"
     else:
         what = "holds a character an HTTP header cannot carry (a control character or non-ASCII)"
     raise JudgeAuthError(

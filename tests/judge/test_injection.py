@@ -6,7 +6,7 @@ import pytest
 import structlog.testing
 
 from scorers import Judge, PromptStep, ScorerRunError, create_scorer
-from scorers.judge import JUDGE_SYSTEM_PREAMBLE, JudgeOutputError, JudgeResponseError
+from scorers.judge import JUDGE_SYSTEM_PREAMBLE, JudgeOutputError, JudgeRequest, JudgeResponse, JudgeResponseError
 from tests.fakellm import FakeLLMServer, Reply
 from tests.judge.helpers import MODELS, full_scorer, run, score_scorer
 
@@ -225,17 +225,58 @@ def test_an_answer_longer_than_max_tokens_allows_is_refused_not_kept(fake_llm: F
     JudgeResponseError naming the sizes, and nothing of the answer is kept."""
     huge = "lorem ipsum " * 700_000
     fake_llm.script(
-        Reply.json({"verdict": "fake", "confidence": 0.5}), Reply.auto(), Reply.text(huge), Reply.text(huge)
+        Reply.json({"verdict": "fake", "confidence": 0.5}),
+        Reply.auto(),
+        Reply.text(huge, output_tokens=5000),
+        Reply.text(huge, output_tokens=5000),
     )
     with pytest.raises(ScorerRunError) as info:
         run(full_scorer(Judge(model, max_tokens=256)))
     assert info.value.failed_step == "generate_reason"
-    assert isinstance(info.value.cause, JudgeResponseError)
-    assert "the answer is 8,400,000 characters, more than max_tokens=256 allows (16,384)" in str(info.value.cause)
+    cause = info.value.cause
+    assert isinstance(cause, JudgeResponseError)
+    assert "the answer is 8,400,000 characters, more than max_tokens=256 allows (16,384)" in str(cause)
     assert fake_llm.count() == 3  # analyze, score, and the one reason call: not retried
     partial = info.value.partial
     assert partial is not None
     assert len(partial.model_dump_json()) < 10_000
+    # Paid for, so counted: the step's usage and its attempt carry the answer's tokens.
+    assert cause.execution is not None
+    assert cause.execution.usage.output_tokens == 5000
+    assert [a.usage.output_tokens if a.usage else None for a in cause.execution.attempts] == [5000]
+
+
+def test_a_custom_models_parsed_answer_is_held_to_the_same_bound() -> None:
+    """A custom JudgeModel answering only through ``parsed`` (no text): an 8 MB object passed,
+    as the step's output, where the same text was refused."""
+
+    class Parsed:
+        model_id = "custom/parsed"
+        provider = "custom"
+        supports_native_structured_output = True
+
+        async def generate(self, request: JudgeRequest) -> JudgeResponse:
+            return JudgeResponse(text="", parsed={"verdict": "y" * 2_000_000, "confidence": 0.5})
+
+    with pytest.raises(ScorerRunError) as info:
+        run(full_scorer(Judge(Parsed(), max_tokens=16)))
+    assert info.value.failed_step == "analyze"
+    assert isinstance(info.value.cause, JudgeResponseError)
+    assert "more than max_tokens=16 allows (1,024)" in str(info.value.cause)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_finish_reason_no_provider_sends_is_stored_as_other(fake_llm: FakeLLMServer, model: str) -> None:
+    """A proxy's finish reason of a megabyte was stored whole in the attempt; a word is kept
+    as it is, anything else as "other"."""
+    fake_llm.script(
+        Reply.json({"verdict": "fake", "confidence": 0.5}),
+        Reply.auto(),
+        Reply.text("Because.", finish="agent said: " + "z" * 1_000_000),
+    )
+    result = run(full_scorer(Judge(model)))
+    assert [a.finish_reason for a in result.judge["generate_reason"].attempts] == ["other"]
+    assert result.judge["analyze"].attempts[0].finish_reason in ("stop", "tool_use", "end_turn", "tool_calls")
 
 
 @pytest.mark.parametrize(("model", "finish"), [(MODELS[0], "length"), (MODELS[1], "max_tokens")])

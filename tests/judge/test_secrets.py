@@ -115,6 +115,21 @@ def test_a_key_with_its_files_newline_is_an_auth_error_never_retried(
     assert GATEWAY_KEY not in _everything_said(info.value, logs, caplog)
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_a_key_ending_in_a_space_is_named_before_anything_is_sent(
+    fake_llm: FakeLLMServer, caplog: pytest.LogCaptureFixture, model: str
+) -> None:
+    """A key pasted with a trailing space: h11 refuses the header, and httpcore's DEBUG log
+    printed it whole, the key with it (the check let printable ASCII through)."""
+    caplog.set_level(logging.DEBUG)
+    with structlog.testing.capture_logs() as logs, pytest.raises(ScorerRunError) as info:
+        run(score_scorer(Judge(model=model, api_key=GATEWAY_KEY + " ")))
+    assert isinstance(info.value.cause, JudgeAuthError)
+    assert "the API key from api_key= ends with a space" in str(info.value.cause)
+    assert fake_llm.count() == 0
+    assert GATEWAY_KEY not in _everything_said(info.value, logs, caplog)
+
+
 @pytest.mark.parametrize("bad", ["\x00", "\t", "é", "\nX"])
 def test_a_key_no_header_can_carry_is_named_before_anything_is_sent(
     fake_llm: FakeLLMServer, caplog: pytest.LogCaptureFixture, bad: str
