@@ -250,7 +250,7 @@ def test_unreachable_broker_error_hides_the_password() -> None:
     result = _run(str(EXAMPLES), "--scorers", "examples.scorers", "--broker", broker)
     assert result.exit_code == 1
     assert len(result.stderr.strip().splitlines()) == 1
-    assert result.stderr.startswith("Error: cannot reach Redis at redis://")
+    assert result.stderr.startswith("Error: cannot reach the broker at redis://")
     assert f"***@127.0.0.1:{port}/12" in result.stderr  # the redaction's exact form belongs to worker._app
     assert "s3cret" not in result.output
 

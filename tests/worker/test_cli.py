@@ -19,6 +19,7 @@ from tests.worker._workers import ROOT, TRACESCORE, failed_start, read_scores, r
 from tracing import CelerySink
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord, score_id_for
+from worker._heartbeat import READY_FILE
 from worker.cli import main
 from worker.store import DeadLetter, RedisDeadLetters, RedisOutbox, RedisScoreStore, SinkDeadLetter
 
@@ -695,25 +696,47 @@ def test_celery_worker_with_an_empty_broker_url_refuses_to_start() -> None:
     assert "tracescore worker cannot start: TRACESCORE_BROKER_URL is empty" in done.stderr
 
 
+def test_the_password_hint_keeps_the_urls_user() -> None:
+    """An ACL user given without a password: the hint shows the user's form of the URL."""
+    from redis.exceptions import AuthenticationError
+
+    from worker.cli import unreachable
+
+    line = unreachable(
+        "broker", "redis://alice@10.0.0.5:6379/0", AuthenticationError("Authentication required.")
+    ).message
+    assert line.endswith("(redis://alice:PASSWORD@host:6379/0)"), line
+
+
 @pytest.mark.parametrize(
-    "argv",
-    [["scores", "--trace", "ab" * 16], ["dlq", "list"], ["status"], ["sinks", "list"]],
-    ids=["scores", "dlq", "status", "sinks"],
+    ("argv", "what"),
+    [
+        (["scores", "--trace", "ab" * 16], "score store"),
+        (["dlq", "list"], "score store"),
+        (["dlq", "retry", "--all"], "score store"),
+        (["status"], "broker"),
+        (["sinks", "list"], "score store"),
+        (["probe", "ready", "--dir", "{dir}"], "broker"),
+        (["backfill", "examples/traces/traces-000.jsonl.gz", "--scorers", "examples.scorers"], "broker"),
+        (["backfill", "--resume", "bf-0123", "--scorers", "examples.scorers"], "score store"),
+    ],
+    ids=["scores", "dlq-list", "dlq-retry", "status", "sinks", "probe-ready", "backfill", "backfill-resume"],
 )
 def test_a_refused_password_is_named_not_a_timeout(
-    argv: list[str], redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+    argv: list[str], what: str, redis_server: RedisServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """No password, or a wrong one, for a Redis that asks one: named as such, with where the
     URL is set, the wrong password masked. It was 'Redis is unreachable ... (TimeoutError: )'
-    after retrying what no retry fixes, and ``status`` and ``sinks`` printed Redis's own
-    NOAUTH text ("HELLO must be called with the client already authenticated ...")."""
-    what = "broker" if argv == ["status"] else "score store"
-    where = "--broker or TRACESCORE_BROKER_URL"
+    after retrying what no retry fixes, and ``status``, ``sinks``, ``probe ready`` and
+    ``backfill`` printed Redis's own NOAUTH text ("HELLO must be called with the client
+    already authenticated ...")."""
+    (tmp_path / READY_FILE).touch()
+    argv = [a.replace("{dir}", str(tmp_path)) for a in argv]
     none = f"redis://127.0.0.1:{redis_server.port}/5"
     assert main([*argv, "--broker", none]) == 1
     err = capsys.readouterr().err
     assert f"the {what} at {none} asks for a password and the URL gives none" in err, err
-    assert where in err
+    assert "--broker or TRACESCORE_BROKER_URL" in err
     assert "HELLO" not in err
     wrong = f"redis://:wrong-pw9@127.0.0.1:{redis_server.port}/5"
     assert main([*argv, "--broker", wrong]) == 1

@@ -46,7 +46,7 @@ from worker._terminal import printable
 from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, RedisJobStore
-from worker.cli import CliError, cli_settings
+from worker.cli import CliError, cli_settings, unreachable
 from worker.store import StoreKeyTypeError
 
 __all__ = ["EXIT_SINK_FAILED", "EXIT_WAIT_TIMEOUT", "BackfillJob", "WaitTimeoutError", "load_scorers", "print_summary"]
@@ -815,7 +815,7 @@ def _run_redis(
         submitter.ping()
     except redis.exceptions.RedisError as exc:
         submitter.close()
-        raise CliError(f"cannot reach Redis at {redact(settings.broker_url)}: {exc}") from exc
+        raise unreachable("broker", settings.broker_url, exc) from exc
     except StoreKeyTypeError as exc:
         submitter.close()
         raise CliError(f"the broker's queue: {exc}") from exc
@@ -969,7 +969,7 @@ def _resume(
     except redis.exceptions.ResponseError as exc:  # the key holds another type (WRONGTYPE)
         raise CliError(f"the job state {where} is not a tracescore job state ({str(exc).split()[0]})") from None
     except redis.exceptions.RedisError as exc:
-        raise CliError(f"cannot reach Redis at {redact(settings.store_url)}: {redact(str(exc))}") from exc
+        raise unreachable("score store", settings.store_url, exc) from exc
     except ValidationError as exc:  # its text would quote the stored value
         raise CliError(
             f"the job state {where} is not a tracescore job state this release reads "

@@ -8,20 +8,20 @@ and exit non-zero.
 
 ``main`` is the console script (``tracescore = "worker.cli:main"``) and ``cli`` the click group.
 They load on first use, so ``worker.backfill`` (which the backfill command imports) may import
-``CliError``, the expected failure printed as one line, and ``cli_settings`` without an import
-cycle.
+``CliError``, the expected failure printed as one line, ``cli_settings`` and ``unreachable`` (the
+line for a Redis it could not use) without an import cycle.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from worker.cli._common import CliError, cli_settings
+from worker.cli._common import CliError, cli_settings, unreachable
 
 if TYPE_CHECKING:
     from worker.cli._main import cli, main
 
-__all__ = ["CliError", "cli", "cli_settings", "main"]
+__all__ = ["CliError", "cli", "cli_settings", "main", "unreachable"]
 
 
 def __getattr__(name: str) -> Any:

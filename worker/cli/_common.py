@@ -124,11 +124,12 @@ def unreachable(what: str, url: str, exc: BaseException) -> CliError:
     where = "--broker or TRACESCORE_BROKER_URL"
     if what != "broker":
         where = f"TRACESCORE_REDIS_URL, else {where}"
-    if urlsplit(url).password:
+    parts = urlsplit(url)
+    if parts.password:
         return CliError(f"the {what} at {redact(url)} refused the URL's credentials: fix them in {where}")
+    form = f"redis://{parts.username}:PASSWORD@host:6379/0" if parts.username else "redis://:PASSWORD@host:6379/0"
     return CliError(
-        f"the {what} at {redact(url)} asks for a password and the URL gives none: "
-        f"set it in {where} (redis://:PASSWORD@host:6379/0)"
+        f"the {what} at {redact(url)} asks for a password and the URL gives none: set it in {where} ({form})"
     )
 
 

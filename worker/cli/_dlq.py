@@ -9,10 +9,10 @@ import json
 import click
 from redis.exceptions import RedisError
 
-from tracing import redact
 from worker._admin import dead_letters, requeue_dead_letters
 from worker._terminal import cell, printable
 from worker.cli._common import CliError, broker_option, json_option, redis_settings, unreachable
+from worker.store import StoreUnavailableError
 
 __all__ = ["dlq_group"]
 
@@ -84,10 +84,9 @@ def dlq_retry(broker: str | None, ids: tuple[str, ...], retry_all: bool, as_json
     try:
         requeued, problems = asyncio.run(requeue_dead_letters(settings, None if retry_all else list(ids)))
     except (RedisError, OSError) as exc:
-        raise CliError(
-            f"cannot reach the broker/store at {redact(settings.broker_url)} / {redact(settings.store_url)}: "
-            f"{redact(str(exc))}"
-        ) from exc
+        if isinstance(exc, StoreUnavailableError):  # the dead letters' store; else the broker
+            raise unreachable("score store", settings.store_url, exc) from exc
+        raise unreachable("broker", settings.broker_url, exc) from exc
     if as_json:
         click.echo(json.dumps({"requeued": [letter.id for letter in requeued], "problems": problems}))
     for letter in [] if as_json else requeued:

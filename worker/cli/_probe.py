@@ -12,9 +12,8 @@ from pathlib import Path
 
 import click
 
-from tracing import redact
 from worker import _heartbeat as probe_files
-from worker.cli._common import CliError, FiniteRange, broker_option, redis_settings
+from worker.cli._common import CliError, FiniteRange, broker_option, redis_settings, unreachable
 
 __all__ = ["probe_group"]
 
@@ -105,7 +104,7 @@ def ready_command(directory: str | None, timeout: float, broker: str | None) -> 
     try:
         client.ping()
     except (redis.RedisError, OSError) as exc:
-        raise CliError(f"not ready: broker {redact(settings.broker_url)} unreachable: {redact(str(exc))}") from None
+        raise CliError(f"not ready: {unreachable('broker', settings.broker_url, exc).message}") from None
     finally:
         client.close()
     click.echo("ready")
