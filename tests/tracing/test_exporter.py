@@ -455,13 +455,19 @@ def test_logs_never_quote_agent_content(clock: FakeClock, sink: Recording) -> No
         exp.shutdown(2000)
 
 
-def test_export_of_garbage_does_not_raise(exporter: ScoringSpanExporter, sink: Recording) -> None:
-    """A non-span in the batch gives FAILURE and a counted error; the good spans still count."""
+@pytest.mark.parametrize("last", [False, True], ids=["first", "last"])
+def test_export_of_garbage_does_not_raise(exporter: ScoringSpanExporter, sink: Recording, last: bool) -> None:
+    """A non-span in the batch gives FAILURE, one counted error and one log line naming one bad
+    span; the good spans still count. (Last in the batch, where the end-time mark is read, the
+    log said two.)"""
     rec = Recorder()
     agent_trace(rec)
-    result = exporter.export([object(), *rec.spans()])  # type: ignore[list-item]
+    batch = [*rec.spans(), object()] if last else [object(), *rec.spans()]
+    with structlog.testing.capture_logs() as logs:
+        result = exporter.export(batch)  # type: ignore[arg-type]
     assert result is SpanExportResult.FAILURE
     assert exporter.stats()["errors"] == {"export": 1}
+    assert [e["spans"] for e in logs if e["event"] == "exporter_export_failed"] == [1]
     assert exporter.force_flush(5000)
     assert len(sink.requests) == 1
 

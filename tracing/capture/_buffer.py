@@ -329,11 +329,11 @@ class TraceBuffer:
     # --- completing ------------------------------------------------------------------------
 
     def poll(self, now: float, *, force: bool = False) -> Polled:
-        """The traces complete at ``now``: every span that ended within the grace of the root has
-        arrived, or a quiet app's bound passed (with ``force``, every trace whose root ended,
-        grace or not). A trace ``max_trace_age_s`` old without an ended root is handed over when an
-        agent span of it ended (a root that lives long: a session or a worker's span), else
-        dropped."""
+        """The traces complete at ``now``: ``grace_s`` passed since the root arrived and every
+        span that ended within the grace of the root has arrived, or a quiet app's bound passed
+        (with ``force``, every trace whose root ended, grace or not). A trace
+        ``max_trace_age_s`` old without an ended root is handed over when an agent span of it
+        ended (a root that lives long: a session or a worker's span), else dropped."""
         early, self._early = self._early, []
         out = Polled(early, len(early), sum(e.size for e in early))
         max_age = self.limits.max_trace_age_s

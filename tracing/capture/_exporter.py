@@ -198,7 +198,10 @@ class ScoringSpanExporter(SpanExporter):
                 if spans:
                     # The processor hands spans over in the order they ended: the batch's last
                     # says which traces now have every child that ended within their grace.
-                    end = spans[-1].end_time
+                    try:
+                        end = spans[-1].end_time
+                    except Exception:  # counted by add() already, if it is a bad span
+                        end = None
                     if isinstance(end, int) and end <= time.time_ns():
                         buffer.delivered(end)
                 wake, buffer.wake = buffer.wake, False
