@@ -145,6 +145,7 @@ class _JudgeCall:
         self.started = time.perf_counter()
         self.raw_output: str | None = None
         self.where = f"scorer {info.scorer_id!r} step {info.step}"
+        self.log = log.bind(scorer=info.scorer_id, model=info.model_id, step=info.step)
         self.step = step
 
     async def run(self, mode: Mode) -> JudgeAnswer:
@@ -165,23 +166,14 @@ class _JudgeCall:
             try:
                 response = await self._send(request)
             except JudgeCallRefused as refused:
-                log.warning(
-                    "judge.refused",
-                    scorer=self.info.scorer_id,
-                    model=self.info.model_id,
-                    step=self.info.step,
-                    reason=refused.error_type,
-                )
+                self.log.warning("judge.refused", reason=refused.error_type)
                 raise self._fail(refused) from None
             except JudgeProviderError as err:
                 attempt = self._record_error(err, began, mode)
                 decision = await self._decide(err, retries, cap)
                 if decision is None or not decision.retry or retries >= cap:
-                    log.warning(
+                    self.log.warning(
                         "judge.failed",
-                        scorer=self.info.scorer_id,
-                        model=self.info.model_id,
-                        step=self.info.step,
                         status=err.status_code,
                         retries=retries,
                         reason=_why_final(decision, retries, cap),
@@ -189,30 +181,14 @@ class _JudgeCall:
                     raise self._fail(err) from err.__cause__
                 retries += 1
                 attempt.retry_delay_ms = decision.delay_ms
-                log.info(
-                    "judge.retry",
-                    scorer=self.info.scorer_id,
-                    model=self.info.model_id,
-                    step=self.info.step,
-                    status=err.status_code,
-                    retry=retries,
-                    delay_ms=decision.delay_ms,
-                )
+                self.log.info("judge.retry", status=err.status_code, retry=retries, delay_ms=decision.delay_ms)
                 await self.hooks.wait(decision.delay_ms / 1000)
                 continue
             too_long = self._too_long(request, response)
             if too_long is not None:  # paid for (the limiter and the guard counted it), not kept
                 self.usage = self.usage + response.usage
                 self._record_error(too_long, began, mode, usage=response.usage)
-                log.warning(
-                    "judge.failed",
-                    scorer=self.info.scorer_id,
-                    model=self.info.model_id,
-                    step=self.info.step,
-                    status=None,
-                    retries=retries,
-                    reason="too_long",
-                )
+                self.log.warning("judge.failed", status=None, retries=retries, reason="too_long")
                 raise self._fail(too_long)
             attempt = self._record_ok(response, began, mode)
             try:
@@ -225,13 +201,7 @@ class _JudgeCall:
                 if mode == "native" and not fell_back:
                     fell_back = True
                     mode = "system"
-                    log.info(
-                        "judge.fallback",
-                        scorer=self.info.scorer_id,
-                        model=self.info.model_id,
-                        step=self.info.step,
-                        **_problem_fields(problem),
-                    )
+                    self.log.info("judge.fallback", **_problem_fields(problem))
                     continue
                 raise self._fail(self._output_error(problem, response, fell_back)) from problem
             except JudgeError as exc:
@@ -370,13 +340,7 @@ class _JudgeCall:
                 raise ValueError("the answer is empty")
             if response.finish_reason in _CUT_SHORT:
                 # Kept (most of a reason beats none); the attempt's finish_reason says so.
-                log.warning(
-                    "judge.cut_short",
-                    scorer=self.info.scorer_id,
-                    model=self.info.model_id,
-                    step=self.info.step,
-                    finish_reason=response.finish_reason,
-                )
+                self.log.warning("judge.cut_short", finish_reason=response.finish_reason)
             return text
         try:
             data = response.parsed if response.parsed is not None else parse_json_text(response.text)

@@ -149,10 +149,12 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
     # httpx2's RequestError: the transport failures, and too many redirects (a proxy loop).
     connection = kind("APIConnectionError") + ((hx.RequestError,) if hx is not None else ())
     if isinstance(exc, connection) and _illegal_header(exc):
-        # Never sent: no retry fixes it. Mostly a key read from a file with its newline.
+        # Never sent: no retry fixes it. The built-in models check the key before (_providers);
+        # what is left is another setting the SDK sends as a header, read with its newline.
         return JudgeAuthError(
             f"{model_id}: the request could not be sent: a header value is not valid HTTP "
-            "(is the API key read from a file with its trailing newline?)",
+            "(a setting the SDK sends as a header, e.g. OPENAI_ORG_ID or OPENAI_PROJECT_ID, "
+            "read from a file with its trailing newline?)",
             provider=provider,
             model_id=model_id,
         )

@@ -115,6 +115,22 @@ def test_a_key_with_its_files_newline_is_an_auth_error_never_retried(
     assert GATEWAY_KEY not in _everything_said(info.value, logs, caplog)
 
 
+def test_another_header_setting_with_its_newline_is_named_and_not_retried(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key is checked before sending; another setting the SDK sends as a header (here
+    ``OPENAI_ORG_ID`` read from a file) is refused by httpx: an auth error naming such settings,
+    nothing sent, not retried."""
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-from-a-file\n")
+    # A key of its own: clients are leased by key and base URL, and the SDK reads the
+    # variable when it builds one (an earlier test's client would not have it).
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(Judge(model="openai/gpt-4o-mini", api_key="key-of-the-org-test")))
+    assert isinstance(info.value.cause, JudgeAuthError)
+    assert "a header value is not valid HTTP (a setting the SDK sends as a header" in str(info.value.cause)
+    assert fake_llm.count() == 0
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_a_key_ending_in_a_space_is_named_before_anything_is_sent(
     fake_llm: FakeLLMServer, caplog: pytest.LogCaptureFixture, model: str

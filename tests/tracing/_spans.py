@@ -46,6 +46,15 @@ def genai_messages(*pairs: tuple[str, str]) -> str:
     return json.dumps([{"role": r, "parts": [{"type": "text", "content": t}]} for r, t in pairs])
 
 
+def chat_attributes(question: str, answer: str) -> dict[str, str]:
+    """A GenAI chat span's attributes: the user's ``question`` in, the assistant's ``answer`` out."""
+    return {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": genai_messages(("user", question)),
+        "gen_ai.output.messages": genai_messages(("assistant", answer)),
+    }
+
+
 def agent_trace(rec: Recorder, question: str = "Hi?", answer: str = "Hello.", *, tool: bool = False) -> str:
     """One agent trace (agent → chat [→ tool]); returns its trace id (hex)."""
     with rec.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}) as root:

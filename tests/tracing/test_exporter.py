@@ -13,7 +13,14 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import set_span_in_context
 
 from tests.tracing._exporting import FakeClock, Recording, read, read_runs, wait_for
-from tests.tracing._spans import THREE_AGENTS, Recorder, agent_trace, genai_messages, three_agent_trace
+from tests.tracing._spans import (
+    THREE_AGENTS,
+    Recorder,
+    agent_trace,
+    chat_attributes,
+    genai_messages,
+    three_agent_trace,
+)
 from tracing import (
     JUDGE_ROLE,
     ROLE_ATTRIBUTE,
@@ -163,11 +170,7 @@ def test_a_batch_ending_in_a_future_span_moves_no_mark(clock: FakeClock, sink: R
             "chat m",
             context=set_span_in_context(root),
             start_time=wall - 4 * 10**9,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.input.messages": genai_messages(("user", "Hi?")),
-                "gen_ai.output.messages": genai_messages(("assistant", "Hello.")),
-            },
+            attributes=chat_attributes("Hi?", "Hello."),
         )
         root.end(end_time=wall - 3 * 10**9)
         rec.tracer.start_span("invoke_agent x", start_time=wall).end(end_time=wall + 3600 * 10**9)
@@ -514,11 +517,7 @@ def test_sampled_takes_any_string() -> None:
 
 
 # A judge model's call, as the judge's own traffic records it.
-_JUDGE_CHAT = {
-    "gen_ai.operation.name": CHAT,
-    "gen_ai.input.messages": genai_messages(("user", "Rate this")),
-    "gen_ai.output.messages": genai_messages(("assistant", '{"score": 1}')),
-}
+_JUDGE_CHAT = chat_attributes("Rate this", '{"score": 1}')
 
 
 def test_loop_guard_judge_root_trace(exporter: ScoringSpanExporter, sink: Recording) -> None:
@@ -545,11 +544,7 @@ def test_loop_guard_judge_subtree_inside_app_trace(exporter: ScoringSpanExporter
             rec.span("judge", {ROLE_ATTRIBUTE: JUDGE_ROLE}),
             rec.span(
                 "chat judge",
-                {
-                    "gen_ai.operation.name": CHAT,
-                    "gen_ai.input.messages": genai_messages(("user", "judge prompt")),
-                    "gen_ai.output.messages": genai_messages(("assistant", "judge answer")),
-                },
+                chat_attributes("judge prompt", "judge answer"),
             ),
         ):
             pass
@@ -567,11 +562,7 @@ def _nested_agents(rec: Recorder) -> None:
             pass
         with rec.span(
             "chat m",
-            {
-                "gen_ai.operation.name": CHAT,
-                "gen_ai.input.messages": genai_messages(("user", "plan the trip")),
-                "gen_ai.output.messages": genai_messages(("assistant", "done")),
-            },
+            chat_attributes("plan the trip", "done"),
         ):
             pass
 
@@ -852,12 +843,7 @@ def test_bad_arguments_raise_at_once() -> None:
 def test_default_path_ships_compact_spans(exporter: ScoringSpanExporter, sink: Recording) -> None:
     """Without a filter the run's spans travel unread, keeping only what the transform reads."""
     rec = Recorder(service="shop-app", scope="shop.agent")
-    chat_attrs = {
-        "gen_ai.operation.name": CHAT,
-        "gen_ai.input.messages": genai_messages(("user", "Hi?")),
-        "gen_ai.output.messages": genai_messages(("assistant", "Hello.")),
-        "gen_ai.usage.input_tokens": 12,
-    }
+    chat_attrs = {**chat_attributes("Hi?", "Hello."), "gen_ai.usage.input_tokens": 12}
     agent_attrs = {"gen_ai.operation.name": "invoke_agent", "http.route": "/chat"}
     with rec.span("invoke_agent a", agent_attrs) as root, rec.span("chat m", chat_attrs) as chat:
         chat.add_event("exception", {"exception.message": "not read"})
@@ -890,11 +876,7 @@ def test_each_top_level_agent_ships_its_own_subtree(exporter: ScoringSpanExporte
             agent_trace(rec, question="nested")  # a sub-agent: part of the outer agent's run
             with rec.span(
                 "chat m",
-                {
-                    "gen_ai.operation.name": CHAT,
-                    "gen_ai.input.messages": genai_messages(("user", "second")),
-                    "gen_ai.output.messages": genai_messages(("assistant", "ok")),
-                },
+                chat_attributes("second", "ok"),
             ):
                 pass
     exporter.export(rec.spans())
@@ -934,11 +916,7 @@ def _padded_three_agents(rec: Recorder, sizes: Sequence[int]) -> None:
     with rec.span("workflow"):
         for (name, question), size in zip(THREE_AGENTS, sizes, strict=True):
             attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name}
-            chat = {
-                "gen_ai.operation.name": CHAT,
-                "gen_ai.input.messages": genai_messages(("user", question)),
-                "gen_ai.output.messages": genai_messages(("assistant", "x" * size)),
-            }
+            chat = chat_attributes(question, "x" * size)
             with rec.span(f"invoke_agent {name}", attrs), rec.span("chat m", chat):
                 pass
 
@@ -1059,11 +1037,7 @@ def test_one_trace_under_the_same_scorers_at_two_delays_never_names_a_run_twice(
     def agent(name: str) -> None:
         attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name}
         with tracer.start_as_current_span(f"invoke_agent {name}", attributes=attrs):
-            chat = {
-                "gen_ai.operation.name": "chat",
-                "gen_ai.input.messages": genai_messages(("user", name)),
-                "gen_ai.output.messages": genai_messages(("assistant", "ok")),
-            }
+            chat = chat_attributes(name, "ok")
             with tracer.start_as_current_span("chat m", attributes=chat):
                 pass
 

@@ -25,8 +25,8 @@ from opentelemetry.trace import set_span_in_context
 
 from tests._redis import RedisServer
 from tests.tracing._exporting import read, wait_for
-from tests.tracing._spans import genai_messages
-from tracing import CallbackSink, CelerySink, ScoreBatch, ScoringRule, ScoringSpanExporter
+from tests.tracing._spans import chat_attributes
+from tracing import CallbackSink, CelerySink, ScoreBatch, ScoringRule, ScoringSpanExporter, Sink
 
 GRACE_S = 0.2
 FLUSH_S = 0.1
@@ -71,6 +71,13 @@ def held(arrivals: Arrivals, release: threading.Event) -> Callable[[ScoreBatch],
     return send
 
 
+def exporter_for_app(sink: Sink, rules: list[ScoringRule] | None = None, **settings: Any) -> ScoringSpanExporter:
+    """The exporter to put behind ``App``: its timings shortened alike (grace ``GRACE_S``, flush
+    interval ``FLUSH_S``, processor delay the App's ``SCHEDULE_S``), ``settings`` on top."""
+    settings = {"grace_s": GRACE_S, "processor_delay_s": SCHEDULE_S, "flush_interval_s": FLUSH_S, **settings}
+    return ScoringSpanExporter(rules or [ScoringRule(["s"])], sink, **settings)
+
+
 class App:
     """An application's tracer provider with the exporter behind a real BatchSpanProcessor."""
 
@@ -89,11 +96,7 @@ class App:
         ) as root:
             with self.tracer.start_as_current_span(
                 "chat m",
-                attributes={
-                    "gen_ai.operation.name": "chat",
-                    "gen_ai.input.messages": genai_messages(("user", question + content)),
-                    "gen_ai.output.messages": genai_messages(("assistant", f"answer to {question}")),
-                },
+                attributes=chat_attributes(question + content, f"answer to {question}"),
             ):
                 pass
             time.sleep(pause_s)
@@ -115,13 +118,7 @@ def arrivals() -> Arrivals:
 
 @pytest.fixture
 def app(arrivals: Arrivals) -> Iterator[App]:
-    exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])],
-        CallbackSink(arrivals),
-        grace_s=GRACE_S,
-        processor_delay_s=SCHEDULE_S,
-        flush_interval_s=FLUSH_S,
-    )
+    exporter = exporter_for_app(CallbackSink(arrivals))
     application = App(exporter)
     try:
         yield application
@@ -169,13 +166,7 @@ def test_a_child_ending_after_its_root_in_the_processors_next_batch_is_in_the_ru
     dropped. (The grace was timed from the root's arrival: the run went without its chat span,
     and the span was a late_span.)"""
     schedule_s = 1.5
-    exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])],
-        CallbackSink(arrivals),
-        grace_s=0.3,
-        processor_delay_s=schedule_s,
-        flush_interval_s=FLUSH_S,
-    )
+    exporter = exporter_for_app(CallbackSink(arrivals), grace_s=0.3, processor_delay_s=schedule_s)
     app = App(exporter, schedule_delay_millis=schedule_s * 1000)
     try:
         root = app.tracer.start_span(
@@ -184,11 +175,7 @@ def test_a_child_ending_after_its_root_in_the_processors_next_batch_is_in_the_ru
         chat = app.tracer.start_span(
             "chat m",
             context=set_span_in_context(root),
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.input.messages": genai_messages(("user", "stream it")),
-                "gen_ai.output.messages": genai_messages(("assistant", "streamed")),
-            },
+            attributes=chat_attributes("stream it", "streamed"),
         )
         root.end()
         assert wait_for(lambda: exporter.stats()["spans_seen"] == 1, 10), "the root never reached the exporter"
@@ -206,9 +193,7 @@ def test_a_child_ending_after_its_root_in_the_processors_next_batch_is_in_the_ru
 def test_with_traffic_flowing_a_trace_goes_before_the_quiet_apps_bound(arrivals: Arrivals) -> None:
     """The processor's later batches say when a trace is complete: with other runs ending every
     0.1 s, a trace goes about ``grace_s`` after its root, not ``processor_delay_s`` (30 s) later."""
-    exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])], CallbackSink(arrivals), grace_s=GRACE_S, processor_delay_s=30.0, flush_interval_s=FLUSH_S
-    )
+    exporter = exporter_for_app(CallbackSink(arrivals), processor_delay_s=30.0)
     app = App(exporter)
     try:
         first, ended = app.agent_run("first")
@@ -226,14 +211,7 @@ def test_flood_through_a_small_buffer_drops_nothing_deliverable(arrivals: Arriva
     """A burst of 600 runs through a 16-trace buffer: every run is delivered, none dropped (the
     buffer used to drop its oldest traces, which were finished and only waiting for the grace
     window)."""
-    exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])],
-        CallbackSink(arrivals),
-        grace_s=GRACE_S,
-        processor_delay_s=SCHEDULE_S,
-        flush_interval_s=FLUSH_S,
-        max_traces=16,
-    )
+    exporter = exporter_for_app(CallbackSink(arrivals), max_traces=16)
     app = App(exporter, max_queue_size=8192)
     try:
         ids = [app.agent_run(f"q{i}")[0] for i in range(600)]
@@ -251,10 +229,7 @@ def test_flood_with_a_stuck_sink_counts_every_drop_by_reason() -> None:
     and every run is either sent or counted under a drop reason; export never blocks."""
     release = threading.Event()
     arrivals = Arrivals()
-    exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])], CallbackSink(held(arrivals, release)), grace_s=GRACE_S,
-        processor_delay_s=SCHEDULE_S, flush_interval_s=FLUSH_S, max_traces=16, queue_size=40, batch_size=10,
-    )  # fmt: skip
+    exporter = exporter_for_app(CallbackSink(held(arrivals, release)), max_traces=16, queue_size=40, batch_size=10)
     app = App(exporter, max_queue_size=8192)
     try:
         started = time.monotonic()
@@ -296,10 +271,7 @@ def test_provider_shutdown_with_the_broker_down_keeps_the_exporter_deadline(
         redis_server.stop()
     try:
         sink = CelerySink(url, queue="tracescore-h2-shutdown", connect_timeout_s=0.5, publish_timeout_s=0.5)
-        exporter = ScoringSpanExporter(
-            [ScoringRule(["s"])], sink, grace_s=GRACE_S, processor_delay_s=SCHEDULE_S, flush_interval_s=FLUSH_S,
-            shutdown_timeout_s=1.0, retry_initial_s=0.05, retry_max_s=0.2,
-        )  # fmt: skip
+        exporter = exporter_for_app(sink, shutdown_timeout_s=1.0, retry_initial_s=0.05, retry_max_s=0.2)
         app = App(exporter)
         for i in range(3):
             app.agent_run(f"q{i}")
@@ -323,10 +295,9 @@ def test_hand_off_queue_is_bounded_in_bytes_with_the_broker_down() -> None:
     big = 256 * 1024
     n = 120  # 30 MB of message content in all
     sink = CelerySink(f"redis://127.0.0.1:{_closed_port()}/3", queue="tracescore-h2-bytes", connect_timeout_s=0.2)
-    exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])], sink, grace_s=0.0, processor_delay_s=SCHEDULE_S, flush_interval_s=FLUSH_S,
-        max_queue_bytes=limit, batch_size=5, max_batch_bytes=4 * big, retry_initial_s=0.05, retry_max_s=0.2,
-        shutdown_timeout_s=0.5,
+    exporter = exporter_for_app(
+        sink, grace_s=0.0, max_queue_bytes=limit, batch_size=5, max_batch_bytes=4 * big, retry_initial_s=0.05,
+        retry_max_s=0.2, shutdown_timeout_s=0.5,
     )  # fmt: skip
     app = App(exporter)
     tracemalloc.start()
@@ -370,13 +341,8 @@ def test_shutdown_returns_in_time_behind_a_filter_that_is_slow_or_never_returns(
             time.sleep(0.3)
         return True
 
-    exporter = ScoringSpanExporter(
-        [ScoringRule(["s"], filter=judge_worthy)],
-        CallbackSink(arrivals),
-        grace_s=GRACE_S,
-        processor_delay_s=SCHEDULE_S,
-        flush_interval_s=FLUSH_S,
-        shutdown_timeout_s=1.0,
+    exporter = exporter_for_app(
+        CallbackSink(arrivals), rules=[ScoringRule(["s"], filter=judge_worthy)], shutdown_timeout_s=1.0
     )
     application = App(exporter)
     for i in range(30):
@@ -406,14 +372,7 @@ def test_a_send_that_lands_after_shutdown_gave_up_is_counted_once() -> None:
     all, they were counted as sent too (sent + dropped = 10 for 5 traces). They move to sent."""
     release = threading.Event()
     arrivals = Arrivals()
-    exporter = ScoringSpanExporter(
-        [ScoringRule(["s"])],
-        CallbackSink(held(arrivals, release)),
-        grace_s=GRACE_S,
-        processor_delay_s=SCHEDULE_S,
-        flush_interval_s=FLUSH_S,
-        shutdown_timeout_s=0.5,
-    )
+    exporter = exporter_for_app(CallbackSink(held(arrivals, release)), shutdown_timeout_s=0.5)
     application = App(exporter)
     for i in range(5):
         application.agent_run(f"q{i}")
