@@ -220,7 +220,11 @@ def _settle(
     letters: list[SinkDeadLetter] = []
     retry_reasons: set[str] = set()
     for record, outcome in zip(records, outcomes, strict=True):
-        attempts = lease.attempts[record.score_id]
+        attempts = lease.attempts.get(record.score_id)
+        if attempts is None:
+            # Left out of a renewal: queued anew meanwhile (its record replaced) or taken by
+            # another drainer after the lease lapsed. Its settling is theirs; this batch's is ours.
+            continue
         if isinstance(outcome, Delivered):
             acked.append(record.score_id)
         elif isinstance(outcome, Refused):

@@ -669,8 +669,13 @@ async def score_batch(
     # Claims belong to this delivery, not to the process.
     deps = replace(deps, owner=delivery_owner(deps.owner), redelivery=redelivery)
     report = BatchReport(batch_id=batch.batch_id, requests=len(batch.requests))
-    pairs = _pairs(batch, deps.registry)
-    report.pairs = len(pairs)
+    named = _pairs(batch, deps.registry)
+    report.pairs = len(named)
+    # A message naming one run and scorer twice (a hand-made or replayed message): one claim
+    # covers every copy, so without this each copy would be scored, and its judge paid.
+    pairs = list({p.score_id: p for p in reversed(named)}.values())[::-1]
+    if len(pairs) < len(named):
+        report.skipped["duplicate"] += len(named) - len(pairs)
 
     existing = await deps.store.existing([p.score_id for p in pairs])
     skipped_by_job: Counter[str] = Counter()

@@ -483,3 +483,50 @@ def test_one_drainer_per_sink_per_node_the_others_take_over(redis_url: str) -> N
         for pipe in (holder.stdin, holder.stdout):
             if pipe is not None:
                 pipe.close()
+
+
+class _RenewSeen:
+    """An outbox whose renewals are announced, so a test can act once one has happened."""
+
+    def __init__(self, inner: Outbox) -> None:
+        self._inner = inner
+        self.renewed = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def renew(self, lease: Any, lease_s: float) -> Any:
+        renewed = self._inner.renew(lease, lease_s)
+        self.renewed.set()
+        return renewed
+
+
+def test_a_record_replaced_during_its_delivery_leaves_the_rest_of_the_batch_acked(pair: tuple[Any, Outbox]) -> None:
+    """A run scored again (a retryable error replaced) while its old record is in flight to a
+    slow sink: the replacement is queued anew, so the lease's renewal no longer holds that id.
+    The rest of the batch is still acknowledged, not left to be sent again when the lease
+    lapses (settling used to fail on the missing id, and every score went twice)."""
+    store, outbox = pair
+    first = _record(1, error_type="RateLimitError", error_message="429", retryable=True)
+    others = [_record(n, score=0.5) for n in range(2, 6)]
+    _put(store, first, *others)
+    watched = _RenewSeen(outbox)
+
+    class Replacing(MemorySink):
+        def deliver(self, records: Any) -> Any:
+            if not self.records:  # the first delivery only
+                assert _put(store, _record(1, score=0.9)) == [True]
+                assert watched.renewed.wait(10), "the lease was not renewed during the delivery"
+            return super().deliver(records)
+
+    sink = Replacing("alpha")
+    policy = DrainPolicy(batch_size=10, lease_s=0.3, max_attempts=12)
+    assert drain_once(sink, watched, policy) == 5  # type: ignore[arg-type]
+    counts = outbox.counts()["alpha"]
+    assert (counts.delivered, counts.pending, counts.failed) == (4, 1, 0)
+    # The replacement is delivered next; nothing else is sent again.
+    assert wait_for(lambda: drain_once(sink, outbox, policy) == 1, 5)
+    assert sorted(r.score_id for r in sink.records) == sorted([r.score_id for r in [first, *others]] + [first.score_id])
+    assert [r.score for r in sink.records if r.score_id == first.score_id] == [None, 0.9]
+    counts = outbox.counts()["alpha"]
+    assert (counts.delivered, counts.pending, counts.failed) == (5, 0, 0)

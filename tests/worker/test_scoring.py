@@ -9,7 +9,7 @@ import pytest
 
 from scorers import ScoreResult, create_scorer
 from tests.worker._batches import batch
-from tracing import MemoryScoreWriter, ScoreRecord
+from tracing import MemoryScoreWriter, ScoreBatch, ScoreRecord
 from tracing._score_record import score_id_for
 from worker._registry import Registry
 from worker._scoring import ScoringDeps, score_batch
@@ -441,3 +441,18 @@ def test_a_score_recorded_between_the_read_and_the_claim_is_not_scored_again(
     assert calls == {"plain": 1}
     assert (report.scored, report.skipped, report.deferred) == (1, {"already_scored": 1}, [])
     assert progress["scored"] + progress["skipped"] == 2
+
+
+def test_a_run_named_twice_in_one_message_is_scored_once() -> None:
+    """Copies of one request in a message (hand-made, or replayed into one batch) share one
+    score id: scored once (a judge would be paid once), the copies counted as duplicates."""
+    deps, store, writer = _deps(plain)
+    one, other = batch(range(2), ["plain"]).requests
+    msg = ScoreBatch(batch_id="copies", requests=[one, one.model_copy(), other, one.model_copy()])
+    report = asyncio.run(score_batch(msg, deps))
+    assert calls["plain"] == 2
+    assert report.scored == 2
+    assert report.skipped == {"duplicate": 2}
+    assert report.pairs == 4
+    assert len(store.records) == 2
+    assert len(writer.records) == 2
