@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scorers.agent import ScorerRunInputForAgent, ScorerRunOutputForAgent
 
 __all__ = [
+    "MAX_TIME_NS",
     "SPAN_ID_PATTERN",
     "RunIdentity",
     "SpanRecord",
@@ -23,6 +24,10 @@ __all__ = [
 
 _TRACE_ID = r"^[0-9a-f]{32}$"
 SPAN_ID_PATTERN = _SPAN_ID = r"^[0-9a-f]{16}$"
+# OTLP carries span times as fixed64: a time past it fails the encoding of every span sent
+# with it (the OTLP sink's batch, the app's own exporter), so it is refused where it is read.
+MAX_TIME_NS = 2**64 - 1
+_TimeNs = Annotated[int, Field(ge=0, le=MAX_TIME_NS)]
 
 
 class RunIdentity(BaseModel):
@@ -37,8 +42,8 @@ class RunIdentity(BaseModel):
     conversation_id: str | None = None
     model: str | None = None
     service_name: str | None = None
-    start_time_ns: int | None = None
-    end_time_ns: int | None = None
+    start_time_ns: _TimeNs | None = None
+    end_time_ns: _TimeNs | None = None
 
 
 class TracedRun(BaseModel):
@@ -80,8 +85,8 @@ class SpanRecord:
     name: str
     parent_span_id: Annotated[str | None, Field(pattern=_SPAN_ID)] = None
     kind: str = "INTERNAL"
-    start_time_ns: int | None = None
-    end_time_ns: int | None = None
+    start_time_ns: _TimeNs | None = None
+    end_time_ns: _TimeNs | None = None
     status: str = "UNSET"
     attributes: dict[str, Any] = field(default_factory=dict)
     events: tuple[SpanRecordEvent, ...] = ()

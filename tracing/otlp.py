@@ -44,7 +44,7 @@ from opentelemetry.util.types import AttributeValue
 from tracing._errors import OtlpDecodeError, json_error, shape_of
 from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVENTS
 from tracing._records import span_record
-from tracing._run import SpanRecord, SpanRecordEvent
+from tracing._run import MAX_TIME_NS, SpanRecord, SpanRecordEvent
 
 __all__ = [
     "OtlpDecodeError",
@@ -190,9 +190,15 @@ def _int(value: Any, field: str, where: str) -> int | None:
 def _time_ns(value: Any, field: str, name: str, where: str) -> int | None:
     # Hot path (two per span): a timestamp is a short decimal string. int() would refuse "²"
     # (a digit, not a decimal) and a string past 4300 digits with errors no reader expects.
-    if type(value) is str and len(value) <= 20 and value.isdecimal():
+    # Up to 19 digits it is inside fixed64 (10**19 < 2**64).
+    if type(value) is str and len(value) < 20 and value.isdecimal():
         return int(value)
-    return _int(value, f"{field}.{name}", where)
+    number = _int(value, f"{field}.{name}", where)
+    if number is not None and not 0 <= number <= MAX_TIME_NS:
+        raise OtlpDecodeError(
+            "a time outside 0 .. 2^64-1 nanoseconds (OTLP's fixed64)", where=where, field=f"{field}.{name}"
+        )
+    return number
 
 
 def _text(value: Any, field: str, where: str) -> str:

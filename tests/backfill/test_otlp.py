@@ -219,6 +219,11 @@ def test_any_hostile_line_decodes_to_records_or_raises_a_decode_error(
             {"attributes": [{"key": "gen_ai.agent.name", "value": {"doubleValue": 10**400}}]},
             r"number out of a double's range at .*attributes\[0\]\.value",
         ),
+        # Outside OTLP's fixed64: shipped, such a time failed the OTLP sink's whole batch.
+        ({"startTimeUnixNano": "-1"}, r"a time outside 0 \.\. 2\^64-1 nanoseconds .* at .*startTimeUnixNano"),
+        ({"startTimeUnixNano": -5}, r"a time outside 0 \.\. 2\^64-1 nanoseconds .* at .*startTimeUnixNano"),
+        ({"endTimeUnixNano": "99999999999999999999"}, r"a time outside 0 \.\. 2\^64-1 .* at .*endTimeUnixNano"),
+        ({"endTimeUnixNano": 2**70}, r"a time outside 0 \.\. 2\^64-1 .* at .*endTimeUnixNano"),
     ],
 )
 def test_numbers_python_cannot_convert_are_decode_errors(change: dict[str, object], reason: str) -> None:

@@ -9,7 +9,9 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 import structlog.testing
-from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import set_span_in_context
 
 from tests.tracing._exporting import FakeClock, Recording, read, read_runs, wait_for
@@ -31,7 +33,7 @@ from tracing import (
     TraceReadError,
     sampled,
 )
-from tracing.queue import MESSAGE_ENVELOPE_BYTES, request_json
+from tracing.queue import MESSAGE_ENVELOPE_BYTES, ScoreRequest, request_json
 
 CHAT = "chat"
 
@@ -1070,3 +1072,28 @@ def test_one_trace_under_the_same_scorers_at_two_delays_never_names_a_run_twice(
     assert sorted(len(r.target_span_ids) for r in abc) == [2, 2]
     assert exporter.stats()["runs_sent"] == 6
     assert not exporter.stats()["dropped"]
+
+
+def test_a_span_time_otlp_cannot_carry_is_refused_and_its_batch_still_goes(
+    exporter: ScoringSpanExporter, clock: FakeClock, sink: Recording
+) -> None:
+    """A span timed outside OTLP's fixed64 (an app's clock in the wrong unit, a negative
+    time) is a bad span, counted: shipped, it failed the OTLP sink's encoding of every score
+    written beside its own. The trace beside it in the batch goes, and what goes validates."""
+    rec = Recorder()
+    good = agent_trace(rec)
+    # Not a Recorder's: conftest checks each Recorder's traces read the same once shipped.
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "b"}
+    for start, end in ((-5, 10), (2**70, 2**70 + 1)):
+        provider.get_tracer("t").start_span("invoke_agent b", attributes=attrs, start_time=start).end(end_time=end)
+    assert exporter.export([*rec.spans(), *memory.get_finished_spans()]) is SpanExportResult.FAILURE
+    clock.advance(2.5)
+    exporter.tick()
+    assert wait_for(lambda: len(sink.requests) == 1)
+    (request,) = sink.requests
+    assert request.trace_id == good
+    assert ScoreRequest.model_validate_json(request_json(request)).trace_id == good
+    assert exporter.stats()["errors"] == {"export": 2}

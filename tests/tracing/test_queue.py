@@ -43,6 +43,27 @@ def test_a_request_has_one_shape_and_refuses_a_read_run() -> None:
     assert trace_to_run(request.spans, request.target_span_ids[0]) == run
 
 
+@pytest.mark.parametrize(
+    ("span_change", "request_change", "field"),
+    [
+        ({"start_time_ns": -1}, {}, "spans.0.start_time_ns"),
+        ({"end_time_ns": 2**64}, {}, "spans.0.end_time_ns"),
+        ({}, {"enqueued_at": 1e300}, "enqueued_at"),
+        ({}, {"enqueued_at": -3.0}, "enqueued_at"),
+    ],
+)
+def test_times_no_sink_can_write_are_refused_by_name(
+    span_change: dict[str, int], request_change: dict[str, float], field: str
+) -> None:
+    """A span time outside OTLP's fixed64, or an enqueue time past it, made the OTLP sink fail
+    every score written beside it; a message carrying one is refused, naming the field."""
+    span = {"trace_id": "ab" * 16, "span_id": "cd" * 8, "name": "x", **span_change}
+    request = {"spans": [span], "target_span_ids": ["cd" * 8], "scorer_ids": ["s"], **request_change}
+    with pytest.raises(ValidationError) as err:
+        ScoreRequest.model_validate(request)
+    assert [".".join(map(str, e["loc"])) for e in err.value.errors()] == [field]
+
+
 # The request's fields in the release before requests carried several runs (commit 5acc6a0),
 # whose model refused any other key: what a one-run request must still be written as.
 PREVIOUS_RELEASE_FIELDS = ["spans", "target_span_id", "scorer_ids", "source", "job_id", "enqueued_at"]
