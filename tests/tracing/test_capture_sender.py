@@ -144,6 +144,38 @@ def test_a_capped_sink_gets_encoded_messages_and_a_run_alone_over_the_cap_is_dro
         sender.close(time.monotonic() + 1)
 
 
+def test_a_run_no_encoder_can_write_is_dropped_alone() -> None:
+    """A span built outside the SDK can hold an attribute value no encoder writes: that run is
+    dropped and counted as unencodable; the runs beside it still go (the whole batch went as
+    send_failed)."""
+    got: list[ScoreBatch] = []
+
+    class Capped:
+        max_payload_bytes = 1_000_000
+
+        def send(self, batch: ScoreBatch) -> None:
+            raise AssertionError("a capped sink gets encoded requests")
+
+        def send_encoded(self, batch: ScoreBatch, requests_json: Sequence[str]) -> None:
+            got.append(batch)
+
+    bad = _shipment("bad")
+    bad.spans[-1].attributes = {**bad.spans[-1].attributes, "gen_ai.agent.name": object()}
+    good = [_shipment("a"), _shipment("b")]
+    tally = Tally()
+    sender = Sender(Capped(), SenderLimits(), tally)
+    sender.put([good[0], bad, good[1]])
+    sender.start()
+    try:
+        assert sender.wait_idle(time.monotonic() + 10)
+        assert tally.dropped == {"unencodable": 1}
+        assert [r.trace_id for b in got for r in b.requests] == [s.spans[0].trace_id for s in good]
+        assert sender.counters()["runs_sent"] == 2
+    finally:
+        sender.stop()
+        sender.close(time.monotonic() + 1)
+
+
 class _Callback:
     def __init__(self, fn: object) -> None:
         self._fn = fn

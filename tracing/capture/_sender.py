@@ -21,7 +21,7 @@ import random
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,11 +90,11 @@ class SenderLimits:
 @dataclass(slots=True)
 class _Chunk:
     """What the sink gets at once: requests, their JSON when the sink takes it encoded, how many
-    runs they carry, and how many runs before them were dropped as too large."""
+    runs they carry, and the runs before them that were dropped, by reason."""
 
     requests: list[ScoreRequest]
     encoded: list[str] | None
-    rejected: int
+    rejected: Counter[str]
     runs: int = 0
 
 
@@ -272,9 +272,9 @@ class Sender:
             settled = 0
             try:
                 for chunk in self._chunks(batch):
-                    if chunk.rejected:
-                        settled += chunk.rejected
-                        self._settle(chunk.rejected, reason="too_large")
+                    for reason, runs in chunk.rejected.items():
+                        settled += runs
+                        self._settle(runs, reason=reason)
                     if not chunk.requests:
                         continue
                     sent, reason = False, "shutdown_unsent"
@@ -298,13 +298,13 @@ class Sender:
             yield from self._encoded_chunks(batch, self._max_payload)
             return
         limit = self.limits.max_batch_bytes
-        chunk = _Chunk([], None, 0)
+        chunk = _Chunk([], None, Counter())
         size = 0
         for request, runs in _requests(batch):
             n = sum(s.size for s in runs)
             if chunk.requests and size + n > limit:
                 yield chunk
-                chunk, size = _Chunk([], None, 0), 0
+                chunk, size = _Chunk([], None, Counter()), 0
             chunk.requests.append(request)
             chunk.runs += len(runs)
             size += n
@@ -319,7 +319,7 @@ class Sender:
             self._tally.error("text_replaced", cutter.runs_text_replaced)
 
     def _cut(self, batch: list[Shipment], cutter: RequestCutter) -> Iterator[_Chunk]:
-        rejected = 0
+        rejected: Counter[str] = Counter()
         runs_in = 0  # runs in the cutter's chunk so far
         for request, runs in _requests(batch):
             try:
@@ -327,7 +327,7 @@ class Sender:
             except RunTooLarge as exc:
                 if len(runs) == 1:
                     _too_large(exc)
-                    rejected += 1
+                    rejected["too_large"] += 1
                     continue
                 # The trace's runs together are too large for one message: each run goes on
                 # its own, with its own spans (as each would alone), and only a run too large
@@ -338,16 +338,22 @@ class Sender:
                         closed = cutter.add(one)
                     except RunTooLarge as alone:
                         _too_large(alone)
-                        rejected += 1
+                        rejected["too_large"] += 1
                         continue
                     if closed is not None:
                         yield _Chunk(closed.requests, closed.encoded, rejected, runs_in)
-                        rejected = runs_in = 0
+                        rejected, runs_in = Counter(), 0
                     runs_in += 1
+                continue
+            except Exception as exc:
+                # A value no encoder writes (a span built outside the SDK, which refuses such
+                # attributes): this trace's runs go, not the others sharing its message.
+                log.error("exporter_run_unencodable", trace_id=request.trace_id, runs=len(runs), error=describe(exc))
+                rejected["unencodable"] += len(runs)
                 continue
             if closed is not None:
                 yield _Chunk(closed.requests, closed.encoded, rejected, runs_in)
-                rejected = runs_in = 0
+                rejected, runs_in = Counter(), 0
             runs_in += len(runs)
         last = cutter.take()
         if last.requests or rejected:
