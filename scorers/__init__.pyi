@@ -9,7 +9,7 @@ from ._not_scorable import NotScorable, not_scorable
 from ._result import JudgeAttempt, JudgeExecution, JudgeUsage, ScoreResult, StepName
 from ._run import ScorerRun, StepResults
 from ._scorer import PrepareRun, Scorer, ScorerType, create_scorer
-from ._secrets import scrub_secrets
+from ._secrets import header_value_problem, scrub_secrets
 from ._steps import PromptStep
 from .judge import Judge
 
@@ -36,6 +36,7 @@ __all__ = [
     "category_of",
     "create_scorer",
     "filter_run",
+    "header_value_problem",
     "judge",
     "not_scorable",
     "scrub_secrets",

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["scrub_secrets"]
+__all__ = ["header_value_problem", "scrub_secrets"]
 
 T = TypeVar("T")
 _MASK = "***"
@@ -30,6 +30,14 @@ _SECRET_PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], s
     # "Authorization: Bearer abc", "authorization": "Basic abc" — the whole value, to line end
     (re.compile(r"""(\bauthorization["']?\s*[:=]\s*["']?)[^"'\r\n,}]+""", re.IGNORECASE), rf"\g<1>{_MASK}"),
     (re.compile(r"(\bbearer\s+)[A-Za-z0-9._~+/=-]{4,}", re.IGNORECASE), rf"\g<1>{_MASK}"),
+    # "Basic dXNlcjpwYXNz" without its "Authorization:" label (a gateway's 401 quoting what it
+    # got): base64 of user:password, which decodes to the password. Only a value shaped like
+    # base64 (a digit, '+', '/', '=' or a lower-to-upper turn), so prose ("basic authentication
+    # required", "Basic Authentication") is left alone.
+    (
+        re.compile(r"((?i:\bbasic)\s+)(?=[A-Za-z0-9+/]*(?:[0-9+/=]|[a-z][A-Z]))[A-Za-z0-9+/]{8,}={0,2}"),
+        rf"\g<1>{_MASK}",
+    ),
     # a labelled value: api_key=..., x-api-key: ..., "apiKey": "...", "password": "...",
     # client_secret=..., MLFLOW_TRACKING_TOKEN=... The label must be followed by ':' or '=',
     # so prose ("password reset", "invalid token", "max_tokens") is left alone. The label is matched
@@ -102,3 +110,23 @@ def _mask_userinfo(match: re.Match[str]) -> str:
         return match.group(0)
     user, colon, _ = userinfo.partition(":")
     return f"://{user}:{_MASK}@" if colon else f"://{_MASK}@"
+
+
+def header_value_problem(value: str) -> str | None:
+    """Why an HTTP header cannot carry ``value`` (an API key, a token), worded to follow where it
+    came from ("the API key from X ..."); None when it can.
+
+    Checked before any request, by the judges and the sinks alike: h11 and requests refuse such a
+    header, and their errors (and httpcore's DEBUG log) quote it, the secret with it.
+    """
+    if _header_safe(value):
+        return None
+    if _header_safe(value.rstrip("\r\n")):
+        return "ends with a line break (read from a file with its trailing newline?)"
+    if value.isascii() and value.isprintable():  # a header value neither starts nor ends with a space
+        return "starts or ends with a space (pasted with it?)"
+    return "holds a character an HTTP header cannot carry (a control character or non-ASCII)"
+
+
+def _header_safe(value: str) -> bool:
+    return value.isascii() and value.isprintable() and value == value.strip(" ")

@@ -8,7 +8,7 @@ from ._errors import TraceReadError
 from ._markers import JUDGE_ROLE, ROLE_ATTRIBUTE
 from ._rules import ScoringRule, sampled
 from ._run import RunIdentity, SpanRecord, SpanRecordEvent, TracedRun
-from ._text import valid_text
+from ._text import printable, valid_text
 from ._transform import find_targets, read_trace, trace_to_run, trace_to_runs
 from .capture import CallbackSink, CelerySink, ScoringSpanExporter, Sink
 from .queue import SCORE_TASK_NAME, ScoreBatch, ScoreRequest
@@ -33,6 +33,7 @@ __all__ = [
     "capture",
     "find_targets",
     "otlp",
+    "printable",
     "queue",
     "read",
     "read_trace",

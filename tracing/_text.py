@@ -17,10 +17,21 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["as_shipped", "valid_text", "without_lone_surrogates"]
+__all__ = ["as_shipped", "printable", "valid_text", "without_lone_surrogates"]
 
 # A str holds a surrogate only when it is lone (a pair is one code point).
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+# C0 and C1 control characters: ESC begins an escape sequence (colour, cursor moves, an OSC
+# window title), a newline would forge a line.
+_CONTROLS = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0)], "\ufffd")
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal (the CLI, the console sink): each control character and each lone
+    surrogate as U+FFFD, so what a trace or a backend's answer holds cannot drive the terminal."""
+    return without_lone_surrogates(text.translate(_CONTROLS))[0]
 
 
 def without_lone_surrogates(text: str) -> tuple[str, int]:

@@ -290,6 +290,7 @@ class ProbeFiles(bootsteps.StartStopStep):
 
 
 def _check_start(app: TracescoreApp) -> None:
+    from worker._delivery import check_sinks
     from worker._registry import load_registry
 
     settings = app.settings
@@ -301,6 +302,7 @@ def _check_start(app: TracescoreApp) -> None:
     if not settings.scorers:
         raise SettingsError("no scorer module: start the worker with --scorers my.module (or TRACESCORE_SCORERS)")
     registry = load_registry(settings.scorers)
+    check_sinks(settings)
     log.info(
         "worker_starting",
         broker=redact(settings.broker_url),

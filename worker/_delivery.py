@@ -21,6 +21,7 @@ content.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -46,6 +47,7 @@ __all__ = [
     "DrainPolicy",
     "DrainerWaker",
     "build_sinks",
+    "check_sinks",
     "process_deliveries",
     "start_process_deliveries",
     "stop_process_deliveries",
@@ -86,6 +88,19 @@ def build_sinks(settings: Settings) -> list[ScoreSink]:
         else:
             raise SettingsError(f"unknown sink {name!r} in TRACESCORE_SINKS")
     return sinks
+
+
+def check_sinks(settings: Settings) -> None:
+    """Build each configured sink once and close it: what a sink refuses when built (a URL it
+    cannot use, a key no HTTP header can carry, a proxy that is not http(s)) stops the worker's
+    start naming the setting (``SettingsError``), instead of failing each task after it."""
+    try:
+        sinks = build_sinks(settings)
+    except ValueError as exc:  # SettingsError among them
+        raise SettingsError(str(exc)) from None
+    for sink in sinks:
+        with contextlib.suppress(Exception):
+            sink.close()
 
 
 def _needed(value: str | None, sink: str, variable: str) -> str:

@@ -3,23 +3,15 @@ cannot drive the terminal.
 
 A file name is any bytes but ``/`` and NUL (ESC sequences included: colour, cursor moves, an OSC
 window title), and one that is not UTF-8 reads as lone surrogates, which a strict stream cannot
-encode. Every line the CLI prints with such text in it goes through ``printable``.
+encode. Every line the CLI prints with such text in it goes through ``printable`` (tracing's,
+which the console sink uses too).
 """
 
 from __future__ import annotations
 
-from tracing import valid_text
+from tracing import printable
 
 __all__ = ["cell", "printable"]
-
-# C0 and C1 control characters: ESC begins an escape sequence, a newline would forge a line.
-_CONTROLS = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0)], "\ufffd")
-
-
-def printable(text: str) -> str:
-    """``text`` with each control character and each lone surrogate as U+FFFD."""
-    shown: str = valid_text(text.translate(_CONTROLS))[0]
-    return shown
 
 
 def cell(text: str, width: int) -> str:

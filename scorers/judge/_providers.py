@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from scorers._errors import ScorerConfigError
 from scorers._result import JudgeUsage
+from scorers._secrets import header_value_problem
 from scorers.judge._clients import lease_client
 from scorers.judge._errors import JudgeAuthError, JudgeResponseError
 from scorers.judge._model import JudgeModel, JudgeRequest, JudgeResponse
@@ -37,17 +38,11 @@ def _sendable(key: str | None, source: str, provider: str, model_id: str) -> str
     """``key``, unless an HTTP header cannot carry it: then a ``JudgeAuthError`` before any
     request, so the key never reaches the HTTP stack, whose own DEBUG log would print the
     header it refuses (the key with it)."""
-    if key is None or (key.isascii() and key.isprintable() and not key.endswith(" ")):
+    problem = header_value_problem(key) if key is not None else None
+    if problem is None:
         return key
-    stripped = key.rstrip("\r\n")
-    if stripped != key and stripped.isascii() and stripped.isprintable() and not stripped.endswith(" "):
-        what = "ends with a line break (read from a file with its trailing newline?)"
-    elif key.isascii() and key.isprintable():  # h11 refuses a header value ending in a space
-        what = "ends with a space (pasted with it?)"
-    else:
-        what = "holds a character an HTTP header cannot carry (a control character or non-ASCII)"
     raise JudgeAuthError(
-        f"{model_id}: the API key from {source} {what}; nothing was sent", provider=provider, model_id=model_id
+        f"{model_id}: the API key from {source} {problem}; nothing was sent", provider=provider, model_id=model_id
     )
 
 

@@ -141,7 +141,7 @@ def test_a_key_ending_in_a_space_is_named_before_anything_is_sent(
     with structlog.testing.capture_logs() as logs, pytest.raises(ScorerRunError) as info:
         run(score_scorer(Judge(model=model, api_key=GATEWAY_KEY + " ")))
     assert isinstance(info.value.cause, JudgeAuthError)
-    assert "the API key from api_key= ends with a space" in str(info.value.cause)
+    assert "the API key from api_key= starts or ends with a space" in str(info.value.cause)
     assert fake_llm.count() == 0
     assert GATEWAY_KEY not in _everything_said(info.value, logs, caplog)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from tests.worker._workers import failed_start
 from tracing.sinks import ConsoleSink, JsonlSink, OtlpSink
 from worker._delivery import DrainPolicy, build_sinks
 from worker._settings import SettingsError, load_settings
@@ -85,3 +87,29 @@ def test_console_sink_as_configured_writes_lines() -> None:
     out = io.StringIO()
     assert len(ConsoleSink(out).deliver([_rec("a", score=0.5)])) == 1
     assert "scorer=a 0.500" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"TRACESCORE_PHOENIX_API_KEY": "phx-key-1234\n"},
+            r"the Phoenix API key \(api_key / TRACESCORE_PHOENIX_API_KEY\) ends with a line break",
+        ),
+        ({"HTTPS_PROXY": "socks5://127.0.0.1:1080"}, "HTTPS_PROXY .* names a socks5 proxy"),
+    ],
+)
+def test_a_sink_that_cannot_be_built_stops_the_workers_start(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    """What a sink refuses when it is built (a key read from a file with its newline, a proxy it
+    cannot use) stops the start naming the setting, never the key: the worker started, then
+    every task failed to build its sinks, and every score waited for a sink that never came."""
+    monkeypatch.setenv("TRACESCORE_SINKS", "phoenix")
+    monkeypatch.setenv("TRACESCORE_PHOENIX_URL", "https://phoenix.invalid:6006")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    done = failed_start(redis_url)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert re.search(f"tracescore worker cannot start: .*{message}", done.stderr), done.stderr[-2000:]
+    assert "phx-key-1234" not in done.stderr + done.stdout

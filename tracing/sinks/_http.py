@@ -15,14 +15,16 @@ import re
 import ssl
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from base64 import b64encode
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
+from scorers import header_value_problem
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing._text import without_lone_surrogates
@@ -89,17 +91,26 @@ def http_client(
     timeout_s: float,
     parallel: int | None = None,
     secret: str | None = None,
+    credentials: Mapping[str, str | None] | None = None,
     headers: dict[str, str] | None = None,
-    auth: httpx.Auth | None = None,
+    basic_auth: tuple[str, str] | None = None,
 ) -> tuple[httpx.Client, tuple[str, ...]]:
     """A sink's HTTP client for ``url`` once what the settings gave is checked (a ``ValueError``
-    naming ``setting``: ``what`` is e.g. "MLflow tracking URI"), and the secrets its refusals must
-    never show (``secret``, the URL's own password). ``parallel``: requests at a time."""
+    naming ``setting``: ``what`` is e.g. "MLflow tracking URI"; or naming the setting a
+    ``credentials`` value came from, by its description, when a header cannot carry it), and the
+    secrets its refusals must never show (``secret``, the URL's own password, and the Basic
+    credentials sent, as base64). ``parallel``: requests at a time."""
     parts = urlsplit(url)
     backend = what.split()[0]
     if parts.scheme not in ("http", "https") or not parts.hostname:
         shown = redact(url, secret) if secret else redact(url)
         raise ValueError(f"{what} must be http(s)://host[:port][/path], got {shown!r} ({setting})")
+    for source, value in (credentials or {}).items():
+        problem = header_value_problem(value) if value else None
+        if problem:
+            # Here, once: sent as it is, each request failed in h11 ("unreachable") until every
+            # score was dead-lettered. The value is not shown.
+            raise ValueError(f"the {source} {problem}")
     if not (timeout_s > 0 and math.isfinite(timeout_s)):
         raise ValueError(f"{backend} timeout must be a positive number of seconds, got {timeout_s!r}")
     if parallel is not None and parallel < 1:
@@ -110,10 +121,17 @@ def http_client(
         limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel) if parallel else None,
         # (only what _Bounded decodes, within its bound: httpx would ask for br and zstd too)
         headers={"Accept": "application/json", "Accept-Encoding": "gzip, deflate", **(headers or {})},
-        auth=auth,
+        auth=httpx.BasicAuth(*basic_auth) if basic_auth else None,
         event_hooks={"response": [_bound_answer]},
     )
-    return client, tuple(s for s in (secret, parts.password) if s)
+    password = unquote(parts.password or "")
+    secrets = [secret, parts.password, password]
+    # What Basic auth sends (httpx's, from basic_auth or the URL's user info): its base64 decodes
+    # to the password, and a gateway's 401 may quote it without the "Basic" before it.
+    for user, sent in (basic_auth or ("", ""), (unquote(parts.username or ""), password)):
+        if sent:
+            secrets.append(b64encode(f"{user}:{sent}".encode()).decode())
+    return client, tuple(dict.fromkeys(s for s in secrets if s))
 
 
 # A huge answer took the memory (a 16 MiB gzip answer decompresses to 16 GiB): each body is read
@@ -260,6 +278,8 @@ def transport_retry(backend: str, exc: httpx.TransportError | httpx.DecodingErro
         return Retry(f"{backend}: TLS failed ({tls.reason or type(tls).__name__})")
     if isinstance(exc, httpx.TimeoutException):
         return Retry(f"{backend} did not answer in time ({type(exc).__name__})")
+    if isinstance(exc, httpx.LocalProtocolError):  # h11 refused our own request: nothing went out
+        return Retry(f"{backend}: the request could not be sent as HTTP ({type(exc).__name__})")
     return Retry(f"{backend} unreachable ({type(exc).__name__})")
 
 

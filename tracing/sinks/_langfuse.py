@@ -20,8 +20,8 @@ their spans as observations under the 16-hex span id, so those are ``traceId`` a
 Outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
 (Retry-After honoured); any other 4xx ``Refused`` with Langfuse's message, never the keys or
 the score's text. Scores go ``parallel`` (4) at a time. An answer that holds for every score
-(no answer at all, keys refused, no scores API at this URL) is given to the rest of the batch
-without a request each. Langfuse accepts a score before its trace arrives (it links them by
+(no answer at all, keys refused, no scores API at this URL, a redirect) is given to the rest of
+the batch without a request each. Langfuse accepts a score before its trace arrives (it links them by
 id), so there is no "not ingested yet" wait here.
 """
 
@@ -68,7 +68,11 @@ class LangfuseSink(PerScoreSink):
             timeout_s=timeout_s,
             parallel=parallel,
             secret=secret_key,
-            auth=httpx.BasicAuth(public_key, secret_key),
+            credentials={
+                "Langfuse public key (public_key / TRACESCORE_LANGFUSE_PUBLIC_KEY)": public_key,
+                "Langfuse secret key (secret_key / TRACESCORE_LANGFUSE_SECRET_KEY)": secret_key,
+            },
+            basic_auth=(public_key, secret_key),
         )
         super().__init__(client, secrets, parallel)
         self._url = host.rstrip("/") + "/api/public/scores"
@@ -78,7 +82,8 @@ class LangfuseSink(PerScoreSink):
 
     def _send(self, record: ScoreRecord, payload: dict[str, Any]) -> tuple[Delivery, bool]:
         response = self._client.post(self._url, content=json_body(payload), headers=JSON)
-        return self._outcome(response, record), response.status_code in (401, 403, 404)
+        status = response.status_code
+        return self._outcome(response, record), status in (401, 403, 404) or 300 <= status < 400
 
     def _outcome(self, response: httpx.Response, record: ScoreRecord) -> Delivery:
         status = response.status_code
@@ -93,6 +98,8 @@ class LangfuseSink(PerScoreSink):
             )
         elif status == 404:
             reason = "no Langfuse scores API at this URL (HTTP 404): check TRACESCORE_LANGFUSE_HOST"
+        elif 300 <= status < 400:  # no redirect is followed (a sink posts where it is told): the URL is wrong
+            reason = f"Langfuse answered a redirect (HTTP {status}): set TRACESCORE_LANGFUSE_HOST to where it points"
         else:
             reason = f"Langfuse refused the score (HTTP {status})"
         return Refused(reason, detail=refusal_detail(answer_text(response), self._secrets, record_texts([record])))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO
 
 from tracing._score_record import ScoreRecord
+from tracing._text import printable
 from tracing.sinks._sink import Delivered, Delivery, Retry
 
 __all__ = ["ConsoleSink", "JsonlSink", "MemorySink"]
@@ -55,7 +56,8 @@ class JsonlSink:
 
 
 class ConsoleSink:
-    """One short human-readable line per score, for local runs."""
+    """One short human-readable line per score, for local runs; each control character of what
+    it shows (a reason, an error message) as U+FFFD."""
 
     name = "console"
 
@@ -77,7 +79,9 @@ class ConsoleSink:
                 value = f"not scorable: {r.not_scorable or ''}"
             else:
                 value = f"{r.score:.3f}" + (f" ({r.label})" if r.label else "")
-            lines.append(f"score trace={r.trace_id} span={r.span_id} scorer={r.scorer_id} {value}\n")
+            line = f"score trace={r.trace_id} span={r.span_id} scorer={r.scorer_id} {value}"
+            # (a judge's or an agent's text, shown: it must not drive the terminal or add a line)
+            lines.append(printable(line) + "\n")
         with self._lock:
             stream.write("".join(lines))
             stream.flush()

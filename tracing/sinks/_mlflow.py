@@ -26,8 +26,9 @@ Other outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and ti
 (Retry-After honoured); any other 4xx ``Refused`` with MLflow's error code and message,
 scrubbed of the token and of the score's own text. Scores go ``parallel`` (4) at a time, as
 MLflow has no batch API for assessments. An answer that holds for every score (no answer at all,
-the token refused, a URL that is not MLflow's API) is given to the rest of the batch without a
-request each: a down server costs one round of timeouts per batch, not one per score.
+the token refused, a URL that is not MLflow's API or that redirects) is given to the rest of the
+batch without a request each: a down server costs one round of timeouts per batch, not one per
+score.
 
 Auth: ``Authorization: Bearer <token>`` when ``token`` is given (MLflow's
 ``MLFLOW_TRACKING_TOKEN`` convention); user:password in the URL is HTTP basic auth.
@@ -95,6 +96,7 @@ class MlflowSink(PerScoreSink):
             timeout_s=timeout_s,
             parallel=parallel,
             secret=token,
+            credentials={"MLflow token (token / TRACESCORE_MLFLOW_TOKEN)": token},
             headers={"Authorization": f"Bearer {token}"} if token else None,
         )
         super().__init__(client, secrets, parallel)
@@ -151,6 +153,9 @@ class MlflowSink(PerScoreSink):
         detail = self._detail(response, record)
         if status in (401, 403):
             reason = f"MLflow refused the credentials (HTTP {status}): check TRACESCORE_MLFLOW_TOKEN"
+            return Refused(reason, detail=detail), True
+        if 300 <= status < 400:  # no redirect is followed (a sink posts where it is told): the URL is wrong
+            reason = f"MLflow answered a redirect (HTTP {status}): set TRACESCORE_MLFLOW_URL to where it points"
             return Refused(reason, detail=detail), True
         if code is None and status in _NOT_THE_API:
             reason = f"no MLflow tracking API at this URL (HTTP {status}): check TRACESCORE_MLFLOW_URL"

@@ -22,6 +22,11 @@ variables; its HTTP session is watched so that a refusal (4xx other than 408/409
 ``Retry-After`` longer than the exporter's own timeout is the drainer's wait. A batch
 refused for its content (400, 413, 422) is split in halves and re-sent, so one record the
 endpoint cannot take does not refuse its neighbours; a single record's 413 names its size.
+An acceptance is read too: one whose ``partial_success`` rejects every span sent refuses each
+record with the endpoint's message; one rejecting some is split alike to find them (a re-send
+is an upsert). One whose body is not all in (cut, too slow, undecodable) is a ``Retry``: what
+the endpoint stored is unknown. Exporter headers no HTTP header can carry stop the sink's
+construction (``OTEL_EXPORTER_OTLP_*HEADERS`` named, never the value).
 
 The session sends through our HTTP transport (``tracing._transport``), as every sink does: one
 deadline for the whole exchange, the environment's proxy read alike, the exporter's certificate
@@ -43,17 +48,23 @@ import certifi
 import httpx
 import requests
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+from opentelemetry.util.re import parse_env_headers
 
+from scorers import header_value_problem
 from tracing._markers import ROLE_ATTRIBUTE
+from tracing._run import MAX_TIME_NS
 from tracing._score_record import ScoreRecord
 from tracing._transport import EXCHANGE_EXTENSION, EXCHANGE_TIMEOUTS, deadline_client, proxy_for
 from tracing.sinks._http import (
+    ANSWER_ERRORS,
     answer_inflater,
+    answer_json,
     is_retryable,
     record_texts,
     refusal_detail,
@@ -83,6 +94,11 @@ _ANSWER_CHARS = 64_000
 _ANSWER_BYTES = 4 * _ANSWER_CHARS
 # Refusals about a request's content (bad, too large, invalid): split and re-sent, as Phoenix's.
 _ABOUT_CONTENT = frozenset({400, 413, 422})
+# The status ``_export`` gives an accepted export whose answer rejected some of its spans, not
+# all (OTLP's partial_success): split and re-sent as a refusal for content is, to find which.
+_SOME_REJECTED = -1
+# Where the exporter reads the headers it sends: the first of these set.
+_HEADER_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
 
 
 def evaluation_attributes(record: ScoreRecord) -> dict[str, Any]:
@@ -115,11 +131,17 @@ def evaluation_attributes(record: ScoreRecord) -> dict[str, Any]:
 
 
 def _times(record: ScoreRecord) -> tuple[int, int]:
-    """The carrier's (start, end) in epoch ns: the scored span's, else a zero-length fallback."""
-    if record.span_start_ns is not None and record.span_end_ns is not None:
-        return record.span_start_ns, max(record.span_start_ns, record.span_end_ns)
-    at = int((record.enqueued_at or record.scored_at) * 1e9)
-    return at, at
+    """The carrier's (start, end) in epoch ns: the scored span's, else a zero-length fallback at
+    the time its run was queued, else scored. A time OTLP cannot carry (fixed64; a record stored
+    before the queue refused such times) is passed over: its encoding failed the whole batch."""
+    start, end = record.span_start_ns, record.span_end_ns
+    if start is not None and end is not None and 0 <= start <= MAX_TIME_NS and 0 <= end <= MAX_TIME_NS:
+        return start, max(start, end)
+    for seconds in (record.enqueued_at, record.scored_at):
+        if seconds is not None and 0 <= seconds < MAX_TIME_NS / 1e9 - 1:  # (NaN fails too)
+            at = int(seconds * 1e9)
+            return at, at
+    return 0, 0
 
 
 def carrier_spans(records: Sequence[ScoreRecord], resource: Resource | None = None) -> list[ReadableSpan]:
@@ -163,9 +185,7 @@ def carrier_spans(records: Sequence[ScoreRecord], resource: Resource | None = No
 def _scrubbed(answer: str, records: Sequence[ScoreRecord]) -> str:
     """The endpoint's answer without the exporter's header values (tokens) or the scores' own
     text, should the endpoint echo either (the HTTP sinks' one refusal scrub)."""
-    headers = ",".join(
-        os.environ.get(v, "") for v in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
-    )
+    headers = ",".join(os.environ.get(v, "") for v in _HEADER_VARIABLES)
     secrets = [unquote(pair.partition("=")[2]).strip() for pair in headers.split(",") if "=" in pair]
     return refusal_detail(answer, secrets, record_texts(records))
 
@@ -205,10 +225,26 @@ def _ssl_context(verify: bool | str, cert: str | tuple[str, str] | None) -> ssl.
     return context
 
 
-def _requests_error(exc: httpx.TransportError) -> requests.RequestException:
+def _check_headers() -> None:
+    """A ``ValueError`` naming the variable and the header when the exporter's headers hold a
+    value no HTTP header can carry: requests refused it on every export, and the exporter's
+    error log quoted it. The value is not shown."""
+    variable = next((v for v in _HEADER_VARIABLES if os.environ.get(v)), None)
+    if variable is None:
+        return
+    # (read as the exporter reads them: each value percent-decoded and stripped)
+    for name, value in parse_env_headers(os.environ[variable], liberal=True).items():
+        problem = header_value_problem(value)
+        if problem:
+            raise ValueError(f"the OTLP exporter's {name!r} header ({variable}) {problem}")
+
+
+def _requests_error(exc: httpx.TransportError | httpx.DecodingError) -> requests.RequestException:
     """An httpx failure as the requests exception the exporter reads (a connection error or a
     timeout: retried within the exporter's own timeout)."""
     said = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.DecodingError):
+        return requests.exceptions.ContentDecodingError(said)
     if isinstance(exc, httpx.ConnectTimeout):
         return requests.exceptions.ConnectTimeout(said)
     if isinstance(exc, httpx.TimeoutException):
@@ -289,9 +325,15 @@ class _DeadlineAdapter(requests.adapters.BaseAdapter):
             self._last.unanswered = transport_retry("OTLP endpoint", exc)
             raise _requests_error(exc) from None
         try:
-            content = _read_answer(answer)
+            content, broke = _read_answer(answer)
         finally:
             answer.close()
+        if broke is not None and answer.is_success:
+            # An acceptance not all in (cut, too slow, undecodable) is not one: what the endpoint
+            # stored is unknown, and a re-send is the same span. Of a refusal, what came of its
+            # body is only the explanation.
+            self._last.unanswered = transport_retry("OTLP endpoint", broke)
+            raise _requests_error(broke) from None
         response = requests.Response()
         response.status_code = answer.status_code
         response.reason = answer.reason_phrase
@@ -310,10 +352,11 @@ class _DeadlineAdapter(requests.adapters.BaseAdapter):
             client.close()
 
 
-def _read_answer(answer: httpx.Response) -> bytes:
-    """Up to ``_ANSWER_BYTES`` of the answer's body, decompressed (gzip or deflate); what came
-    of a body that broke, could not be decoded or was not finished by the exchange's deadline.
-    An answer in another encoding (none was asked for) reads as empty."""
+def _read_answer(answer: httpx.Response) -> tuple[bytes, httpx.TransportError | httpx.DecodingError | None]:
+    """Up to ``_ANSWER_BYTES`` of the answer's body, decompressed (gzip or deflate), and the error
+    that cut it short, if any: the body broke, could not be decoded or was not finished by the
+    exchange's deadline (the bytes are then what came before). An answer in another encoding
+    (none was asked for) is undecodable, with no bytes."""
     parts: list[bytes] = []
     size = 0
     try:
@@ -325,9 +368,40 @@ def _read_answer(answer: httpx.Response) -> bytes:
             size += len(parts[-1])
             if size >= _ANSWER_BYTES:
                 break
-    except (httpx.TransportError, httpx.DecodingError):  # what came of it is the detail
-        pass
-    return b"".join(parts)
+    except ANSWER_ERRORS as exc:
+        return b"".join(parts), exc
+    return b"".join(parts), None
+
+
+def _rejected(answer: requests.Response) -> tuple[int, str]:
+    """How many spans an acceptance's ExportTraceServiceResponse says were rejected, and its
+    error message (OTLP's partial_success; protobuf, or JSON when the endpoint answers JSON).
+    An answer that is neither (empty, a proxy's page) rejected none."""
+    if "json" in answer.headers.get("content-type", "").lower():
+        return _rejected_json(answer_json(answer.content.decode("utf-8", "replace")))
+    reply = ExportTraceServiceResponse()
+    try:
+        reply.ParseFromString(answer.content)
+    except Exception:  # protobuf's DecodeError (no type stubs here to name it by): no OTLP answer
+        return 0, ""
+    return max(reply.partial_success.rejected_spans, 0), reply.partial_success.error_message
+
+
+def _rejected_json(parsed: Any) -> tuple[int, str]:
+    """``_rejected`` of an OTLP/JSON answer: proto3's JSON, camelCase or the field names, the
+    int64 count a string or a number."""
+    partial = _field(parsed, "partialSuccess", "partial_success")
+    count = _field(partial, "rejectedSpans", "rejected_spans")
+    message = _field(partial, "errorMessage", "error_message")
+    try:
+        rejected = int(count) if isinstance(count, str | int) and not isinstance(count, bool) else 0
+    except ValueError:
+        rejected = 0
+    return max(rejected, 0), message if isinstance(message, str) else ""
+
+
+def _field(parsed: Any, *names: str) -> Any:
+    return next((parsed[n] for n in names if n in parsed), None) if isinstance(parsed, dict) else None
 
 
 class _WatchedSession(requests.Session):
@@ -354,6 +428,8 @@ class _WatchedSession(requests.Session):
         text = response.content.decode("utf-8", "replace")[:_ANSWER_CHARS]
         self.last.status, self.last.text = response.status_code, text
         self.last.retry_after = retry_after(response.headers.get("retry-after"))
+        # (the body read is already bounded: _ANSWER_BYTES)
+        self.last.rejected, self.last.rejection = _rejected(response) if 200 <= response.status_code < 300 else (0, "")
         return response
 
 
@@ -378,6 +454,7 @@ class OtlpSink:
         if span_exporter is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
+            _check_headers()
             self._session = _WatchedSession()
             span_exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s, session=self._session)
         self._exporter = span_exporter
@@ -398,12 +475,13 @@ class OtlpSink:
         known: tuple[Delivery, int | None] | None = None,
     ) -> None:
         """Export ``records[i]`` for ``i`` in ``which`` (``known``: that export's answer, had
-        already); a request refused for its content (400, 413, 422) is split in halves and
-        re-sent, so only the record the endpoint cannot take is refused. A 400/422 both halves
-        get alike is no one record's doing (a missing header): every record gets it, without
-        splitting further."""
+        already); a request refused for its content (400, 413, 422), or accepted with some of its
+        spans rejected, is split in halves and re-sent, so only the record the endpoint cannot
+        take is refused. A 400/422 both halves get alike is no one record's doing (a missing
+        header): every record gets it, without splitting further."""
         outcome, status = known or self._export([records[i] for i in which])
-        if not (isinstance(outcome, Refused) and status in _ABOUT_CONTENT and len(which) > 1):
+        split = status in _ABOUT_CONTENT or status == _SOME_REJECTED
+        if not (isinstance(outcome, Refused) and split and len(which) > 1):
             if isinstance(outcome, Refused) and status == 413:
                 size = len(encode_spans(carrier_spans([records[i] for i in which], self._resource)).SerializeToString())
                 outcome = Refused(
@@ -415,7 +493,7 @@ class OtlpSink:
         first, second = which[: len(which) // 2], which[len(which) // 2 :]
         first_answer = self._export([records[i] for i in first])
         second_answer: tuple[Delivery, int | None] | None = None
-        if status != 413 and first_answer[0] == outcome:
+        if status in (400, 422) and first_answer[0] == outcome:
             second_answer = self._export([records[i] for i in second])
             if second_answer[0] == outcome:
                 for i in which:
@@ -429,14 +507,26 @@ class OtlpSink:
         if self._session is not None:
             last = self._session.last
             last.status, last.text, last.retry_after, last.unanswered = None, "", 0.0, None
+            last.rejected, last.rejection = 0, ""
         try:
             result = self._exporter.export(carrier_spans(records, self._resource))
         except Exception as exc:  # an exporter must not raise; one that does is down for now
             return self._unanswered() or Retry(f"otlp_export_raised:{type(exc).__name__}"), None
         status = getattr(self._session.last, "status", None) if self._session is not None else None
         if result is SpanExportResult.SUCCESS and not (status is not None and 300 <= status < 400):
-            return Delivered(), None
+            return self._accepted(records)
         return self._failure(records, status), status
+
+    def _accepted(self, records: Sequence[ScoreRecord]) -> tuple[Delivery, int | None]:
+        """An export the endpoint accepted: Delivered, unless its answer rejected spans (OTLP's
+        partial_success: those were not stored). All of them: each record is refused; some:
+        ``_SOME_REJECTED``, for ``_send`` to find which."""
+        rejected = getattr(self._session.last, "rejected", 0) if self._session is not None else 0
+        if not rejected:
+            return Delivered(), None
+        said = _scrubbed(self._session.last.rejection, records) if self._session is not None else ""
+        refused = Refused("otlp_spans_rejected", said or "the endpoint rejected the spans without saying why")
+        return refused, (_SOME_REJECTED if rejected < len(records) else None)
 
     def _unanswered(self) -> Retry | None:
         """The Retry naming why the last exchange got no answer (unreachable, too slow), as the

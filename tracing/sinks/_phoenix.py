@@ -75,6 +75,7 @@ class PhoenixSink:
             setting="TRACESCORE_PHOENIX_URL / --phoenix-url",
             timeout_s=timeout_s,
             secret=api_key,
+            credentials={"Phoenix API key (api_key / TRACESCORE_PHOENIX_API_KEY)": api_key},
             headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
         )
         self._url = base_url.rstrip("/") + "/v1/span_annotations"
