@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "PREFIX",
+    "backfill_runs_key",
     "backfill_state_key",
     "backfill_traces_key",
     "checkpoint_key",
@@ -133,8 +134,16 @@ def backfill_state_key(job_id: str) -> str:
 
 
 def backfill_traces_key(job_id: str) -> str:
-    """Set of trace ids a backfill job has enqueued (so a resume never enqueues them twice)."""
+    """Set of trace ids a backfill job of an earlier release enqueued: read (never written) when
+    such a job is resumed, so it still enqueues none of them twice (``backfill_runs_key`` now)."""
     return f"{PREFIX}backfill:{job_id}:traces"
+
+
+def backfill_runs_key(job_id: str) -> str:
+    """Set of runs (``<trace id>:<target span id>``) a backfill job has enqueued, so the job never
+    enqueues one twice (a resume reading again, an input read twice). Not under
+    ``backfill:<job id>:``: scripts find job states with ``backfill_state_key("*")``."""
+    return f"{PREFIX}backfill-runs:{job_id}"
 
 
 def outbox_key(sink: str) -> str:

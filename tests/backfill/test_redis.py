@@ -6,6 +6,7 @@ reads the scores each worker wrote (JSON Lines writer), filtered by the job id.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -24,7 +25,7 @@ from click.testing import CliRunner
 
 from tests._redis import RedisServer
 from tests.backfill._synth import trace_id, write_otlp_files
-from worker._keys import backfill_state_key
+from worker._keys import backfill_runs_key, backfill_state_key
 from worker.cli import cli
 
 pytestmark = pytest.mark.redis
@@ -179,7 +180,7 @@ def test_multi_file_source_through_redis_workers(tmp_path: Path, workers: list[P
     assert len({r["score_id"] for r in records}) == 1800
     state = json.loads(db.get(f"tracescore:backfill:{summary['job_id']}") or "{}")
     assert state["status"] == "finished"
-    assert db.scard(f"tracescore:backfill:{summary['job_id']}:traces") == 600
+    assert db.scard(backfill_runs_key(summary["job_id"])) == 600
 
     again = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers", "--batch-size", "50")
     assert again["status"] == "finished"
@@ -284,6 +285,27 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: l
     summary = _backfill("--resume", job_id)
     assert summary["scored"] + summary["failed"] == 4500
     assert Counter(r["score_id"] for r in _records(workers, job_id)).most_common(1)[0][1] == 1
+
+
+def test_a_run_read_twice_does_not_keep_the_job_waiting(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
+    """A batch of spans written twice (a collector's retry, past the assembly window) and a file
+    named twice: the job counted the copies in its expected scores, the workers scored each run
+    once, and the job waited forever. Each run is enqueued once now, and the copies are counted."""
+    write_otlp_files(tmp_path / "in", 200, files=2)
+    lines = gzip.decompress((tmp_path / "in" / "part-000.jsonl.gz").read_bytes()).decode().splitlines(keepends=True)
+    (tmp_path / "in" / "part-000.jsonl.gz").write_bytes(gzip.compress("".join([*lines, lines[0]]).encode()))
+    again = str(tmp_path / "in" / "part-001.jsonl.gz")
+    options = ["--scorers", "tests.backfill.scorers", "--window-spans", "100", "--batch-size", "20"]
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", str(tmp_path / "in"), again, *options, "--broker", REDIS_URL, "--json", "--wait-timeout", "30"],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "finished", _worker_logs(workers)
+    assert (summary["runs_enqueued"], summary["runs_read_again"]) == (200, 5)
+    assert summary["scored"] + summary["failed"] == summary["scores_expected"] == 600
 
 
 def test_no_wait_returns_once_enqueued_and_resume_follows_the_job(

@@ -10,7 +10,7 @@ traffic reach the worker in the same shape.
             for trace in assembler.add(item.spans, item.position): ...
 """
 
-from tracing.sources._assemble import AssembledTrace, AssemblerStats, TraceAssembler
+from tracing.sources._assemble import MAX_SPANS_PER_TRACE, AssembledTrace, AssemblerStats, TraceAssembler
 from tracing.sources._base import (
     Malformed,
     Position,
@@ -25,6 +25,7 @@ from tracing.sources._open import open_source, source_from_description
 from tracing.sources._tempo import TempoSource
 
 __all__ = [
+    "MAX_SPANS_PER_TRACE",
     "AssembledTrace",
     "AssemblerStats",
     "FileSource",

@@ -33,7 +33,10 @@ from typing import Literal
 from tracing._run import SpanRecord
 from tracing.sources._base import Position
 
-__all__ = ["AssembledTrace", "AssemblerStats", "TraceAssembler"]
+__all__ = ["MAX_SPANS_PER_TRACE", "AssembledTrace", "AssemblerStats", "TraceAssembler"]
+
+# Spans kept of one trace (its root always): bounds one trace's memory and its message.
+MAX_SPANS_PER_TRACE = 10_000
 
 Completion = Literal["root", "idle", "evicted", "end"]
 
@@ -84,7 +87,7 @@ class TraceAssembler:
         window_spans: int = 10_000,
         window_files: int = 1,
         max_open_spans: int = 100_000,
-        max_spans_per_trace: int = 10_000,
+        max_spans_per_trace: int = MAX_SPANS_PER_TRACE,
     ) -> None:
         if window_spans < 1 or window_files < 0 or max_open_spans < 1 or max_spans_per_trace < 1:
             raise ValueError("window_spans, max_open_spans and max_spans_per_trace must be >= 1 and window_files >= 0")

@@ -131,7 +131,7 @@ def _open(path: Path) -> IO[bytes]:
 
 
 class FileSource:
-    """OTLP files, in the order given (directories expanded, sorted)."""
+    """OTLP files, in the order given (directories expanded, sorted), each once."""
 
     def __init__(
         self,
@@ -170,7 +170,12 @@ class FileSource:
                 raise SourceError(f"{path}: not a regular file or a directory")
             else:
                 raise SourceError(f"{path}: no such file or directory")
-        self.files = files
+        # A file named twice (``dir dir/part-001.jsonl.gz``, a link to it) is read once: its first place.
+        unique: dict[Path, Path] = {}
+        for path in files:
+            unique.setdefault(path.resolve(), path)
+        self.files = list(unique.values())
+        files = self.files
         self._roots = [str(p) for p in paths]
         self._sizes = [p.stat().st_size for p in files]
         self._total = max(1, sum(self._sizes))

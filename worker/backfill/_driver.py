@@ -21,8 +21,14 @@ large; a trace's request over the cap is split run by run (each with its own spa
 reported, and the rest go on. Each request is serialized once, to size it and to send it.
 
 Resumable: after each batch is handed over, the job state (checkpoint = the earliest input
-position not fully enqueued, the counters) and the enqueued trace ids are saved together, so an
-interrupted job (Ctrl-C, crash, SIGKILL) resumes from there without re-enqueuing finished work.
+position not fully enqueued, the counters) and the enqueued runs (trace id, target span id) are
+saved together, so an interrupted job (Ctrl-C, crash, SIGKILL) resumes from there without
+re-enqueuing finished work.
+
+Each run once: a run (trace id, target span id) the job already enqueued is not enqueued again
+(counted ``runs_read_again``), whether it is read again after a resume, from a file given twice,
+or from spans a collector wrote twice. The workers count a job's run scored once, so a run sent
+twice would leave the job's expected scores out of reach.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from typing import Protocol
 import structlog
 
 from tracing import SpanRecord, sampled
-from tracing.queue import RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, spans_request
+from tracing.queue import RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, request_json, spans_request
 from tracing.read import has_parent_cycle, loop_guard, plan_runs
 from tracing.sources import (
     AssembledTrace,
@@ -48,7 +54,7 @@ from tracing.sources import (
 )
 from worker._errors import crash_fields
 from worker.backfill._progress import ProgressReporter
-from worker.backfill._state import BackfillState, RedisJobStore
+from worker.backfill._state import BackfillState, RedisJobStore, run_id
 
 __all__ = ["Backfill", "Submitter", "trace_start_ns"]
 
@@ -106,7 +112,6 @@ class Backfill:
         job_store: RedisJobStore | None = None,
         reporter: ProgressReporter | None = None,
         on_batch: Callable[[ScoreBatch], None] | None = None,
-        resumed: bool = False,
         should_stop: Callable[[], bool] = lambda: False,
         on_dry_run: Callable[[list[SpanRecord], str], None] | None = None,
     ) -> None:
@@ -126,11 +131,13 @@ class Backfill:
             window_files=options.window_files,
             max_open_spans=options.max_open_spans,
         )
-        # A resumed job checks each batch against the traces it already enqueued.
-        self.resumed = resumed or state.checkpoint != (0, 0, 0)
         self._chunk: list[ScoreRequest] = []
         self._chunk_runs = 0  # runs (targets) in _chunk: batch_size counts runs
-        self._chunk_traces: list[str] = []
+        # Run ids (``run_id``) planned and not yet in the job store: with a store, the chunk's
+        # (each batch is checked against the store's set); without one (embedded, dry run), every
+        # run of the job: about 150 bytes a run, 150 MB for a million, which an embedded job
+        # scoring each run in this process takes far longer to reach than memory does.
+        self._planned: set[str] = set()
         cap = getattr(submitter, "max_payload_bytes", None)
         # Batches cut by bytes, each request's JSON kept for the submitter (broker mode).
         self._cutter = RequestCutter(cap) if cap else None
@@ -197,6 +204,12 @@ class Backfill:
             )
             return
         counters.traces_read += 1
+        if trace.dropped_spans:
+            counters.spans_dropped += trace.dropped_spans
+            self._report(
+                f"trace {trace.trace_id}: {trace.dropped_spans:,} spans past the first "
+                f"{self.assembler.max_spans_per_trace:,} dropped; the trace was read without them"
+            )
         records = trace.spans
         start = trace_start_ns(records)
         if options.since_ns is not None and (start is None or start < options.since_ns):
@@ -231,6 +244,13 @@ class Backfill:
             self._report(f"trace {trace.trace_id}: not scored (no_target): the trace has no agent span and no LLM span")
             return
         counters.runs_read += len(plans)
+        fresh = [(t, m) for t, m in plans if run_id(trace.trace_id, t.span_id) not in self._planned]
+        if len(fresh) < len(plans):
+            counters.runs_read_again += len(plans) - len(fresh)
+            if not fresh:
+                return
+            plans = fresh
+        self._planned.update(run_id(trace.trace_id, t.span_id) for t, _ in plans)
         if self.submitter is None:
             if self.on_dry_run is not None:
                 for target, members in plans:
@@ -256,7 +276,6 @@ class Backfill:
             self._handling = None
             if not added:
                 return  # every run was over the cap (counted and reported)
-        self._chunk_traces.append(trace.trace_id)
 
     def _add_sized(self, request: ScoreRequest, cutter: RequestCutter) -> bool:
         """Add ``request`` to the chunk, cutting a batch first when it would not fit; False when
@@ -285,8 +304,7 @@ class Backfill:
             )
         if closed is not None:
             # Cut here: the batch so far fits one message. The trace being read may span two
-            # batches; it is recorded as enqueued with the second (a resume re-reads it whole,
-            # and the workers' deterministic score ids keep its first runs from counting twice).
+            # batches, each recording its own runs as enqueued.
             self._flush(closed.requests, closed.encoded)
         self._chunk.append(request)
         self._chunk_runs += len(request.target_span_ids)
@@ -316,17 +334,13 @@ class Backfill:
             self._chunk_runs = 0
             if self._cutter is not None:
                 encoded = self._cutter.take().encoded
-        trace_ids, self._chunk_traces = self._chunk_traces, []
-        if requests and self.resumed and self.job_store is not None:
-            # Read again after a resume: some of these traces were enqueued before the stop.
-            done = self.job_store.already_enqueued(self.state.job_id, trace_ids)
+        planned = [run_id(r.trace_id, s) for r in requests for s in r.target_span_ids]
+        if requests and self.job_store is not None:
+            # Runs an earlier batch (or a run of the job before a resume) enqueued are not sent again.
+            done = self.job_store.already_enqueued(self.state.job_id, planned)
             if done:
-                self.state.counters.skip("already_enqueued", len(done))
-                keep = [r.trace_id not in done for r in requests]
-                requests = [r for r, k in zip(requests, keep, strict=True) if k]
-                if encoded:
-                    encoded = [e for e, k in zip(encoded, keep, strict=True) if k]
-                trace_ids = [t for t in trace_ids if t not in done]
+                self.state.counters.runs_read_again += len(done)
+                requests, encoded = _without(requests, encoded, done)
         if requests and self.submitter is not None:
             counters = self.state.counters
             batch = ScoreBatch(batch_id=f"{self.state.job_id}-{counters.batches:06d}", requests=requests)
@@ -336,16 +350,19 @@ class Backfill:
             # _save updates only after the hand-over.
             counters.batches += 1
             counters.runs_enqueued += batch.runs()
-            counters.traces_enqueued += len(trace_ids)
+            # A trace cut across two batches (or read in two parts) counts in each.
+            counters.traces_enqueued += len({r.trace_id for r in requests})
             self.submitter.submit(batch, encoded or None)
             if self.on_batch is not None:
                 self.on_batch(batch)
-        self._save(trace_ids)
+        self._save([run_id(r.trace_id, s) for r in requests for s in r.target_span_ids])
+        if self.job_store is not None:
+            self._planned.difference_update(planned)  # the store's set has them now
 
-    def _save(self, trace_ids: Sequence[str]) -> None:
+    def _save(self, run_ids: Sequence[str]) -> None:
         self.state.checkpoint = tuple(self._checkpoint())  # type: ignore[assignment]
         if self.job_store is not None and self.submitter is not None:
-            self.job_store.save(self.state, trace_ids)
+            self.job_store.save(self.state, run_ids)
             self._saved = self.state.model_copy(deep=True)
 
     def interrupted(self) -> None:
@@ -384,3 +401,29 @@ class Backfill:
             extra=f"{counters.runs_enqueued if self.submitter else counters.runs_read:,} runs {verb}",
             force=force,
         )
+
+
+def _without(requests: list[ScoreRequest], encoded: list[str], done: set[str]) -> tuple[list[ScoreRequest], list[str]]:
+    """``requests`` (and their JSON, when given) without the runs in ``done``. A request keeps its
+    spans when only some of its runs go: it is no larger than it was, so it still fits the batch."""
+    kept: list[ScoreRequest] = []
+    kept_json: list[str] = []
+    for n, request in enumerate(requests):
+        targets = [s for s in request.target_span_ids if run_id(request.trace_id, s) not in done]
+        if not targets:
+            continue
+        if len(targets) < len(request.target_span_ids):
+            request = spans_request(
+                request.spans,
+                targets,
+                request.scorer_ids,
+                request.enqueued_at,
+                source=request.source,
+                job_id=request.job_id,
+            )
+            if encoded:
+                kept_json.append(request_json(request))
+        elif encoded:
+            kept_json.append(encoded[n])
+        kept.append(request)
+    return kept, kept_json

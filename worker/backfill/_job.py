@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -34,7 +34,7 @@ from pydantic_core import from_json
 
 from tracing import JsonlScoreWriter, ScoreWriter, SpanRecord, TraceReadError, redact, score_id_for
 from tracing.queue import QueueKeyError, ScoreBatch
-from tracing.sources import SourceError, TraceSource, source_from_description
+from tracing.sources import MAX_SPANS_PER_TRACE, SourceError, TraceSource, source_from_description
 from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
 from worker._gc import tuned_gc
 from worker._keys import backfill_state_key, record_key
@@ -285,6 +285,10 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
         "runs_rejected": dict(counters.runs_rejected),
         # Runs sent with U+FFFD for text no JSON can hold (bytes not UTF-8, lone surrogates).
         "runs_text_replaced": counters.runs_text_replaced,
+        # Runs the job had enqueued already (input read twice, or again after a resume): sent once.
+        "runs_read_again": counters.runs_read_again,
+        # Spans past the cap on one trace's spans: each such trace was read without them.
+        "spans_dropped": counters.spans_dropped,
         "elapsed_s": round(elapsed, 3),
         "reading_s": round(state.elapsed_s, 3),
         # ru_maxrss is in KiB on Linux: the backfill process's own peak, whatever the source size.
@@ -342,6 +346,16 @@ def print_summary(summary: dict[str, Any]) -> None:
         lines.append(
             f"  text replaced     {summary['runs_text_replaced']:,} runs   (bytes not UTF-8 or lone surrogates,"
             " sent with U+FFFD in their place)"
+        )
+    if summary.get("runs_read_again"):
+        lines.append(
+            f"  runs read again   {summary['runs_read_again']:,}   (the job had them already and sends each run once:"
+            " an input read twice, or read again after --resume)"
+        )
+    if summary.get("spans_dropped"):
+        lines.append(
+            f"  spans dropped     {summary['spans_dropped']:,}   (past {MAX_SPANS_PER_TRACE:,} spans in one trace;"
+            " the trace was read without them)"
         )
     lines += spend_lines(summary.get("spend"))
     lines.append(f"  elapsed           {format_duration(elapsed)} ({elapsed:.2f}s)")
@@ -654,8 +668,9 @@ def _dry_run(
     summary = _summary(state, "dry-run", None, time.monotonic() - started)
     if estimate is not None:
         summary["estimate"] = estimate.as_json()
-    summary["runs_to_score"] = state.counters.runs_read
-    summary["scores_to_compute"] = state.counters.runs_read * len(state.options.scorer_ids)
+    runs = state.counters.runs_read - state.counters.runs_read_again  # a run the input holds twice is scored once
+    summary["runs_to_score"] = runs
+    summary["scores_to_compute"] = runs * len(state.options.scorer_ids)
     if as_json:
         click.echo(json.dumps(summary))
         _check_outcome(summary)
@@ -664,7 +679,7 @@ def _dry_run(
     for line in estimate.lines() if estimate is not None else []:
         click.echo(line)
     click.echo(
-        f"would score {counters.runs_read:,} runs from {counters.traces_read:,} traces "
+        f"would score {runs:,} runs from {counters.traces_read:,} traces "
         f"with {len(state.options.scorer_ids)} scorers ({', '.join(state.options.scorer_ids)}): "
         f"{summary['scores_to_compute']:,} scores"
     )
@@ -678,6 +693,13 @@ def _dry_run(
         click.echo(
             f"late roots: {summary['late_roots']} (root span arrived after the assembly window; "
             "widen it with --window-spans / --window-files)"
+        )
+    if summary["runs_read_again"]:
+        click.echo(f"runs read again: {summary['runs_read_again']} (the input holds them twice: scored once)")
+    if summary["spans_dropped"]:
+        click.echo(
+            f"spans dropped: {summary['spans_dropped']} (past {MAX_SPANS_PER_TRACE:,} spans in one trace; "
+            "the trace is read without them)"
         )
     _check_outcome(summary)
 
@@ -841,9 +863,7 @@ def _run_redis(
     started = time.monotonic()
     enqueued = _Enqueued()
     try:
-        backfill = Backfill(
-            source, state, submitter, job_store=job_store, reporter=reporter, resumed=resumed, on_batch=enqueued
-        )
+        backfill = Backfill(source, state, submitter, job_store=job_store, reporter=reporter, on_batch=enqueued)
         progress: dict[str, int] | None = None
         try:
             with _stop_on_signals() as stop:
@@ -869,6 +889,17 @@ def _run_redis(
             )
             submitter.close()
             raise SystemExit(130) from None
+        except SourceError as exc:
+            # The source failing mid-job (Tempo down) is no reason to lose the job: what was
+            # enqueued stays, and the job goes on from its checkpoint once the source answers.
+            with suppress(redis.exceptions.RedisError):  # still "reading" then: resumable too
+                backfill.interrupted()
+            submitter.close()
+            raise CliError(
+                f"{exc}; nothing enqueued is lost. Once the source answers again, resume with: tracescore "
+                f"backfill --resume {state.job_id}"
+                + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}")
+            ) from None
         except Exception as exc:
             submitter.close()
             refusal = _broker_refusal(exc)

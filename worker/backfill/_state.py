@@ -1,9 +1,10 @@
 """A backfill job's state: what it reads, with which options, how far it got, what it counted.
 
 In Redis mode the state lives under ``tracescore:backfill:<job id>`` (JSON) beside the set of
-trace ids already enqueued (``...:traces``), both with a TTL. The checkpoint is the earliest
-input position whose traces are not all enqueued yet, so ``--resume`` starts reading there, and
-the set keeps the few traces read again past that point from being enqueued twice.
+runs already enqueued (``tracescore:backfill-runs:<job id>``, trace id and target span id), both
+with a TTL. The checkpoint is the earliest input position whose traces are not all enqueued yet,
+so ``--resume`` starts reading there, and the set keeps the runs read again past that point (and
+any run the input holds twice) from being enqueued twice.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tracing.sources import Position
-from worker._keys import backfill_state_key, backfill_traces_key
+from worker._keys import backfill_runs_key, backfill_state_key, backfill_traces_key
 
 __all__ = [
     "BackfillOptions",
@@ -24,10 +25,16 @@ __all__ = [
     "JobCounters",
     "RedisJobStore",
     "new_job_id",
+    "run_id",
 ]
 
 JOB_TTL_SECONDS = 7 * 24 * 3600
 MAX_MALFORMED_KEPT = 50
+
+
+def run_id(trace_id: str, span_id: str) -> str:
+    """One run of a job: its trace and its target span (what the job must enqueue once)."""
+    return f"{trace_id}:{span_id}"
 
 
 def new_job_id() -> str:
@@ -70,6 +77,11 @@ class JobCounters(BaseModel):
     runs_rejected: dict[str, int] = Field(default_factory=dict)
     # Runs enqueued with U+FFFD for text no JSON can hold (bytes not UTF-8, lone surrogates).
     runs_text_replaced: int = 0
+    # Runs planned again after the job had enqueued them (an input file given twice, spans
+    # written twice, a resume reading again past its checkpoint): not enqueued again.
+    runs_read_again: int = 0
+    # Spans past the assembler's cap on one trace (max_spans_per_trace): the trace is read without them.
+    spans_dropped: int = 0
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
@@ -108,30 +120,43 @@ class BackfillState(BaseModel):
 
 
 class RedisJobStore:
-    """Job state and the enqueued-trace set in Redis (sync client: the driver is sync)."""
+    """Job state and the enqueued-run set in Redis (sync client: the driver is sync)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        # Job id -> whether it has an earlier release's set of enqueued trace ids (asked once).
+        self._legacy: dict[str, bool] = {}
 
     def load(self, job_id: str) -> BackfillState | None:
         raw = self.client.get(backfill_state_key(job_id))
         return None if raw is None else BackfillState.model_validate_json(raw)
 
     def save(self, state: BackfillState, newly_enqueued: Sequence[str] = ()) -> None:
-        """Store the state and add ``newly_enqueued`` trace ids, in one transaction."""
+        """Store the state and add ``newly_enqueued`` run ids (``run_id``), in one transaction."""
         state.updated_at = time.time()
         pipe = self.client.pipeline(transaction=True)
         if newly_enqueued:
-            pipe.sadd(backfill_traces_key(state.job_id), *newly_enqueued)
-            pipe.expire(backfill_traces_key(state.job_id), JOB_TTL_SECONDS)
+            pipe.sadd(backfill_runs_key(state.job_id), *newly_enqueued)
+            pipe.expire(backfill_runs_key(state.job_id), JOB_TTL_SECONDS)
         pipe.set(backfill_state_key(state.job_id), state.model_dump_json(), ex=JOB_TTL_SECONDS)
         pipe.execute()
 
-    def already_enqueued(self, job_id: str, trace_ids: Sequence[str]) -> set[str]:
-        if not trace_ids:
+    def already_enqueued(self, job_id: str, run_ids: Sequence[str]) -> set[str]:
+        """Those of ``run_ids`` the job enqueued before. A job an earlier release started kept
+        trace ids instead: each run of a trace in that set counts as enqueued (that release sent
+        a trace's runs together)."""
+        if not run_ids:
             return set()
-        flags = self.client.smismember(backfill_traces_key(job_id), list(trace_ids))
-        return {t for t, f in zip(trace_ids, flags, strict=True) if f}
+        if job_id not in self._legacy:
+            self._legacy[job_id] = bool(self.client.exists(backfill_traces_key(job_id)))
+        flags = self.client.smismember(backfill_runs_key(job_id), list(run_ids))
+        done = {r for r, f in zip(run_ids, flags, strict=True) if f}
+        if self._legacy[job_id]:
+            traces = list({r.partition(":")[0] for r in run_ids})
+            old = self.client.smismember(backfill_traces_key(job_id), traces)
+            done_traces = {t for t, f in zip(traces, old, strict=True) if f}
+            done.update(r for r in run_ids if r.partition(":")[0] in done_traces)
+        return done
 
     def delete(self, job_id: str) -> None:
-        self.client.delete(backfill_state_key(job_id), backfill_traces_key(job_id))
+        self.client.delete(backfill_state_key(job_id), backfill_runs_key(job_id), backfill_traces_key(job_id))
