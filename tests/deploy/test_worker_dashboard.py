@@ -226,6 +226,8 @@ def test_prometheus_scrapes_a_worker_and_evaluates_every_query_and_rule(redis_ur
     """A real worker with metrics on, scraped by a real Prometheus loaded with the alert rules:
     every dashboard query is valid PromQL (the main ones return data) and every rule evaluates."""
     port = free_port()
+    # First: where prometheus is missing, the test skips before a worker is started and left running.
+    prometheus = _Prometheus(tmp_path, f"127.0.0.1:{port}")
     worker = WorkerProcess(
         "promw",
         redis_url,
@@ -235,7 +237,6 @@ def test_prometheus_scrapes_a_worker_and_evaluates_every_query_and_rule(redis_ur
         env={"TRACESCORE_METRICS_PORT": str(port), "TRACESCORE_METRICS_HOST": "127.0.0.1",
              "TRACESCORE_METRICS_DIR": str(tmp_path / "metrics"), "OTEL_EXPORTER_OTLP_ENDPOINT": ""},
     )  # fmt: skip
-    prometheus = _Prometheus(tmp_path, f"127.0.0.1:{port}")
     try:
         worker.wait_ready()
         sink = CelerySink(redis_url)
