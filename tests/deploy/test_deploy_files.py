@@ -486,6 +486,39 @@ def test_kustomization_resources_exist_and_wire_together() -> None:
                 assert expected in defined, f"{path.name} reads {expected}, which deploy/k8s does not define"
 
 
+def test_every_container_reading_the_configmap_reads_the_secret_after_it() -> None:
+    """The Secret is where a broker URL with its password goes, overriding the ConfigMap's: a
+    backfill Job that read the ConfigMap alone sent to a Redis without the password (or to the
+    in-cluster one a managed Redis replaced) while the workers used the Secret's."""
+    readers = 0
+    for path, obj in _k8s_objects():
+        pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+        if obj.get("kind") == "CronJob":
+            pod = obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        for container in pod.get("containers", []):
+            sources = [next(iter(s.items())) for s in container.get("envFrom", [])]
+            names = [(kind, ref["name"]) for kind, ref in sources]
+            if ("configMapRef", "tracescore-config") not in names:
+                continue
+            readers += 1
+            assert ("secretRef", "tracescore-judge-keys") in names, f"{path.name}: {container['name']} reads no Secret"
+            secret_at = names.index(("secretRef", "tracescore-judge-keys"))
+            assert secret_at > names.index(("configMapRef", "tracescore-config")), f"{path.name}: Secret first"
+    assert readers >= 3  # the workers and the two backfill Jobs
+
+
+def test_the_keda_scaler_reads_its_password_from_a_key_the_secret_documents() -> None:
+    """KEDA cannot read a password out of TRACESCORE_BROKER_URL: the ScaledObject's guidance
+    names a Secret key, which the Secret's template documents (it named a variable no container
+    had)."""
+    keda = (K8S / "keda-scaledobject.yaml").read_text(encoding="utf-8")
+    secret = (K8S / "secret.example.yaml").read_text(encoding="utf-8")
+    keys = re.findall(r"key: ([A-Z_]+)", keda)
+    assert keys == ["REDIS_PASSWORD"]
+    assert all(f"{k}:" in secret for k in keys)
+    assert "passwordFromEnv" not in keda
+
+
 def test_kustomize_builds() -> None:
     """`kubectl kustomize deploy/k8s` renders the worker Deployment into the tracescore namespace.
     CI installs kubectl (tests/integration/servers.sh: Debian's kubernetes-client); there
