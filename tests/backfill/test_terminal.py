@@ -94,3 +94,26 @@ def test_compare_and_score_name_a_json_error_once(tmp_path: Path) -> None:
         "not JSON (Invalid control character at column 4)",
         "not JSON (Unterminated string starting at column 2)",
     ]
+
+
+def test_json_output_escapes_c1_control_characters(tmp_path: Path) -> None:
+    """`score --json` (as `scores` and `dlq list`): a run's text holding a C1 control character
+    (U+009B, a CSI a terminal acts on as on ESC) is escaped by JSON, never written raw; the line
+    still reads back as the same text."""
+    runs = tmp_path / "runs.jsonl"
+    answer = "It is sunny \x9b2J\x9b31m in Paris."
+    runs.write_text(
+        json.dumps({"run_id": "r1", "input": {"input_messages": ["Weather in Paris?"]},
+                    "output": [{"role": "assistant", "content": {"parts": [answer]}}]}) + "\n"
+    )  # fmt: skip
+    result = subprocess.run(
+        [TRACESCORE, "score", str(runs), "--scorers", "examples.scorers", "--json"],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode("utf-8", "replace")[-2000:]
+    assert b"\xc2\x9b" not in result.stdout
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines
+    assert any(answer in json.dumps(line, ensure_ascii=False) for line in lines)

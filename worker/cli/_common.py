@@ -3,6 +3,7 @@ that mean the same in every command (``--broker``, ``--json``)."""
 
 from __future__ import annotations
 
+import json
 import math
 import traceback
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
+from pydantic import BaseModel
 
 from tracing import redact
 from worker._terminal import printable
@@ -24,6 +26,7 @@ __all__ = [
     "FiniteRange",
     "broker_option",
     "cli_settings",
+    "json_line",
     "json_option",
     "redis_settings",
     "run_command",
@@ -61,6 +64,13 @@ class FiniteRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+
+def json_line(model: BaseModel) -> str:
+    """``model`` as one ``--json`` line, every character outside ASCII escaped: pydantic's own
+    JSON writes C1 control characters (a CSI, U+009B) raw, and a terminal reading the output
+    would act on them, as on ESC."""
+    return json.dumps(model.model_dump(mode="json"))
 
 
 def broker_option(command: F) -> F:

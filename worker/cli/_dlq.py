@@ -11,7 +11,7 @@ from redis.exceptions import RedisError
 
 from worker._admin import dead_letters, requeue_dead_letters
 from worker._terminal import cell, printable
-from worker.cli._common import CliError, broker_option, json_option, redis_settings, unreachable
+from worker.cli._common import CliError, broker_option, json_line, json_option, redis_settings, unreachable
 from worker.store import StoreUnavailableError
 
 __all__ = ["dlq_group"]
@@ -48,7 +48,7 @@ def dlq_list(broker: str | None, limit: int, as_json: bool) -> None:
         raise unreachable("score store", settings.store_url, exc) from exc
     if as_json:
         for letter in letters:
-            click.echo(letter.model_dump_json())
+            click.echo(json_line(letter))
         return
     click.echo(f"{total} dead letter(s)" + (f", showing {len(letters)}" if total > len(letters) else ""))
     for d in letters:

@@ -25,7 +25,7 @@ from worker._lines import json_lines
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter
 from worker._terminal import printable
-from worker.cli._common import CliError, cli_settings, json_option
+from worker.cli._common import CliError, cli_settings, json_line, json_option
 
 __all__ = ["score_command"]
 
@@ -188,7 +188,7 @@ def score_command(
                     failures(f"{runs_file}:{number}: {result}")
                 if as_json:
                     click.echo(
-                        result.model_dump_json()
+                        json_line(result)
                         if isinstance(result, ScoreResult)
                         else json.dumps({"run_id": outcome.run, "scorer_id": outcome.scorer_id, "error": str(result)})
                     )

@@ -11,7 +11,7 @@ from redis.exceptions import RedisError
 
 from tracing import ScoreRecord
 from worker._terminal import cell, printable
-from worker.cli._common import CliError, broker_option, json_option, redis_settings, unreachable
+from worker.cli._common import CliError, broker_option, json_line, json_option, redis_settings, unreachable
 from worker.store import RedisScoreStore
 
 __all__ = ["scores_command"]
@@ -49,7 +49,7 @@ def scores_command(broker: str | None, trace_id: str, as_json: bool) -> None:
         raise CliError(f"no scores stored for trace {trace_id} (expired, not scored yet, or another store)")
     if as_json:
         for record in records:
-            click.echo(record.model_dump_json())
+            click.echo(json_line(record))
         return
     for r in sorted(records, key=lambda r: (r.span_id, r.scorer_id)):
         when = dt.datetime.fromtimestamp(r.scored_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
