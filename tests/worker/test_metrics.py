@@ -557,3 +557,17 @@ def test_oldest_message_age_reads_only_what_a_message_carries() -> None:
     assert oldest_enqueued_at(json.dumps(no_stamp).encode()) is None
     broken_base64 = {"body": "%%%", "properties": {"body_encoding": "base64"}}
     assert oldest_enqueued_at(json.dumps(broken_base64).encode()) is None
+
+
+def test_oldest_message_age_is_not_read_from_the_traces_content() -> None:
+    """A span attribute or event named ``enqueued_at`` travels in the message: a search of the
+    body's text took it for the run's, and the gauge showed a queue decades old (an alert fired
+    with no backlog). Only each request's own field counts."""
+    from worker.metrics import oldest_enqueued_at
+
+    span = {"trace_id": "ab" * 16, "span_id": "cd" * 8, "name": "agent", "attributes": {"enqueued_at": 5.0},
+            "events": [{"name": "gen_ai.choice", "attributes": {"enqueued_at": 7}}]}  # fmt: skip
+    request = {"spans": [span], "target_span_id": "cd" * 8, "scorer_ids": ["s"], "enqueued_at": 1700000003.5}
+    body = json.dumps([[{"batch_id": "b", "requests": [request, {**request, "enqueued_at": None}]}], {}, {}])
+    envelope = {"body": body, "properties": {}}
+    assert oldest_enqueued_at(json.dumps(envelope).encode()) == 1700000003.5

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import re
+import math
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 import redis
 import structlog
 
+from tracing.queue import parse_json
 from worker import _keys
 from worker._budget import RedisLedger, parse_budgets, spend_report
 from worker.metrics._instruments import MetricSpec, observe_unreadable
@@ -86,9 +87,6 @@ SCRAPED: Final = (
     ),
 )
 
-# The requests' enqueued_at in a message body (protocol 2 JSON, written by pydantic):
-# read without decoding the whole (up to several MB) batch.
-_ENQUEUED_AT = re.compile(rb'"enqueued_at":\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)')
 _TIMEOUT_S = 2.0
 
 
@@ -98,19 +96,31 @@ def _client(url: str, **kwargs: Any) -> redis.Redis:
 
 def oldest_enqueued_at(raw_message: bytes) -> float | None:
     """The earliest ``enqueued_at`` of the runs in one kombu Redis message (its JSON envelope
-    with the base64 body); None when the message carries none or cannot be read."""
+    with the base64 body); None when the message carries none or cannot be read.
+
+    Read where the requests keep it (``[[batch], kwargs, embed]``, each request's own field):
+    a search of the body's text also found the key inside the trace's content (a span attribute
+    or event named so), and the queue's age jumped by decades. The whole message is parsed, once
+    a scrape and only the oldest: at most the workers' payload cap, a few milliseconds a MiB.
+    """
     try:
         envelope = json.loads(raw_message)
         body = envelope["body"]
         data = base64.b64decode(body) if envelope.get("properties", {}).get("body_encoding") == "base64" else body
-        if isinstance(data, str):
-            data = data.encode()
-    except (ValueError, KeyError, TypeError, AttributeError):
+        requests = parse_json(data)[0][0]["requests"]
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError):
         return None
-    if not isinstance(data, bytes):
+    if not isinstance(requests, list):
         return None
-    stamps = [float(m.group(1)) for m in _ENQUEUED_AT.finditer(data)]
-    return min(stamps) if stamps else None
+    stamps = [
+        stamp
+        for request in requests
+        if isinstance(request, dict)
+        and isinstance(stamp := request.get("enqueued_at"), int | float)
+        and not isinstance(stamp, bool)
+        and math.isfinite(stamp)
+    ]
+    return float(min(stamps)) if stamps else None
 
 
 def _unreadable(key: str) -> None:
