@@ -20,14 +20,21 @@ __all__ = [
     "SpanRecord",
     "SpanRecordEvent",
     "TracedRun",
+    "otlp_time",
 ]
 
 _TRACE_ID = r"^[0-9a-f]{32}$"
 SPAN_ID_PATTERN = _SPAN_ID = r"^[0-9a-f]{16}$"
 # OTLP carries span times as fixed64: a time past it fails the encoding of every span sent
-# with it (the OTLP sink's batch, the app's own exporter), so it is refused where it is read.
+# with it (the OTLP sink's batch, the app's own exporter). The exporter and backfill's decoder
+# refuse such a span where they read it; the queue takes it (a message from an app's exporter
+# not yet upgraded is scored) and the OTLP sink writes its score at a time it can carry.
 MAX_TIME_NS = 2**64 - 1
-_TimeNs = Annotated[int, Field(ge=0, le=MAX_TIME_NS)]
+
+
+def otlp_time(ns: int) -> bool:
+    """Whether OTLP can carry ``ns`` as a time (``0 <= ns < 2**64``)."""
+    return 0 <= ns <= MAX_TIME_NS
 
 
 class RunIdentity(BaseModel):
@@ -42,8 +49,8 @@ class RunIdentity(BaseModel):
     conversation_id: str | None = None
     model: str | None = None
     service_name: str | None = None
-    start_time_ns: _TimeNs | None = None
-    end_time_ns: _TimeNs | None = None
+    start_time_ns: int | None = None
+    end_time_ns: int | None = None
 
 
 class TracedRun(BaseModel):
@@ -85,8 +92,8 @@ class SpanRecord:
     name: str
     parent_span_id: Annotated[str | None, Field(pattern=_SPAN_ID)] = None
     kind: str = "INTERNAL"
-    start_time_ns: _TimeNs | None = None
-    end_time_ns: _TimeNs | None = None
+    start_time_ns: int | None = None
+    end_time_ns: int | None = None
     status: str = "UNSET"
     attributes: dict[str, Any] = field(default_factory=dict)
     events: tuple[SpanRecordEvent, ...] = ()

@@ -44,7 +44,7 @@ from opentelemetry.util.types import AttributeValue
 from tracing._errors import OtlpDecodeError, json_error, shape_of
 from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVENTS
 from tracing._records import span_record
-from tracing._run import MAX_TIME_NS, SpanRecord, SpanRecordEvent
+from tracing._run import SpanRecord, SpanRecordEvent, otlp_time
 
 __all__ = [
     "OtlpDecodeError",
@@ -194,7 +194,7 @@ def _time_ns(value: Any, field: str, name: str, where: str) -> int | None:
     if type(value) is str and len(value) < 20 and value.isdecimal():
         return int(value)
     number = _int(value, f"{field}.{name}", where)
-    if number is not None and not 0 <= number <= MAX_TIME_NS:
+    if number is not None and not otlp_time(number):
         raise OtlpDecodeError(
             "a time outside 0 .. 2^64-1 nanoseconds (OTLP's fixed64)", where=where, field=f"{field}.{name}"
         )

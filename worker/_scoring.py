@@ -671,11 +671,16 @@ async def score_batch(
     report = BatchReport(batch_id=batch.batch_id, requests=len(batch.requests))
     named = _pairs(batch, deps.registry)
     report.pairs = len(named)
-    # A message naming one run and scorer twice (a hand-made or replayed message): one claim
-    # covers every copy, so without this each copy would be scored, and its judge paid.
-    pairs = list({p.score_id: p for p in reversed(named)}.values())[::-1]
-    if len(pairs) < len(named):
-        report.skipped["duplicate"] += len(named) - len(pairs)
+    # A message naming one run and scorer twice (a hand-made message, or a backfill of the
+    # previous release, which could send a run twice): one claim covers every copy, so without
+    # this each copy would be scored, and its judge paid.
+    first: dict[str, _Pair] = {}
+    copies: list[_Pair] = []
+    for pair in named:
+        if first.setdefault(pair.score_id, pair) is not pair:
+            copies.append(pair)
+    pairs = list(first.values())
+    report.skipped["duplicate"] += len(copies)
 
     existing = await deps.store.existing([p.score_id for p in pairs])
     skipped_by_job: Counter[str] = Counter()
@@ -705,6 +710,10 @@ async def score_batch(
             already_scored(pair, recorded[pair.score_id] or None)
     for job_id, n in skipped_by_job.items():
         await deps.store.jobs.count_skipped(job_id, "already_scored", n)
+    if not deps.redelivery:
+        # A job expects a score per copy it sent; counted once, on the message's first delivery.
+        for job_id, n in Counter(p.request.job_id for p in copies if p.request.job_id).items():
+            await deps.store.jobs.count_skipped(job_id, "duplicate", n)
     # Held by another delivery: scoring it now, or dead (its claim lapses within claim_ttl_s).
     # Either way try again later rather than pay twice or lose the score.
     report.deferred = [p.score_id for p in todo if p.score_id not in held and p.score_id not in recorded]

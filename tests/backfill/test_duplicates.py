@@ -23,7 +23,7 @@ from tests.backfill.faketempo import FakeTempo, encode_spans
 from tests.backfill.test_batch_bytes import CapturingSubmitter, _three_agent_line
 from tracing.otlp import decode_otlp_json
 from tracing.queue import ScoreBatch, request_json
-from tracing.sources import FileSource, Malformed, SpanBatch, TempoSource
+from tracing.sources import FileSource, Malformed, Position, SpanBatch, TempoSource, source_from_description
 from worker._keys import backfill_runs_key, backfill_state_key, backfill_traces_key
 from worker.backfill._driver import Backfill
 from worker.backfill._progress import ProgressReporter
@@ -111,6 +111,18 @@ def test_a_file_named_twice_is_read_once(tmp_path: Path) -> None:
     source = FileSource([tmp_path / "in", tmp_path / "in" / "part-001.jsonl.gz", tmp_path / "link.jsonl.gz"])
     assert [p.name for p in source.files] == ["part-000.jsonl.gz", "part-001.jsonl.gz"]
     assert len(source.describe()["files"]) == 2
+
+
+def test_a_saved_file_list_is_read_as_saved(tmp_path: Path) -> None:
+    """A job of an earlier release saved its list with a file twice; its checkpoint indexes that
+    list. Resumed, the list is kept as saved: read with the repeat dropped, the last file was
+    never read (and a checkpoint inside the repeat started in another file)."""
+    write_otlp_files(tmp_path / "in", 100, files=3)
+    a, b, c = sorted((tmp_path / "in").iterdir())
+    source = source_from_description({"kind": "files", "files": [str(a), str(b), str(a), str(c)]})
+    assert [p.name for p in source.files] == [a.name, b.name, a.name, c.name]
+    units = {item.position.unit for item in source.read(Position(3)) if isinstance(item, SpanBatch)}
+    assert units == {3}
 
 
 def test_spans_written_twice_past_the_window_are_sent_once(tmp_path: Path) -> None:

@@ -456,3 +456,16 @@ def test_a_run_named_twice_in_one_message_is_scored_once() -> None:
     assert report.pairs == 4
     assert len(store.records) == 2
     assert len(writer.records) == 2
+
+
+def test_a_jobs_copies_in_one_message_count_for_it_once() -> None:
+    """A backfill of the previous release could send a run twice in one message; its job
+    expects a score per copy, so a copy is counted for it (skipped: duplicate) on the message's
+    first delivery only: the job no longer waits for good, nor counts a redelivery twice."""
+    deps, store, _ = _deps(plain)
+    one, other = batch(range(2), ["plain"], job_id="job-1").requests
+    msg = ScoreBatch(batch_id="copies", requests=[one, other, one.model_copy()])
+    asyncio.run(score_batch(msg, deps, redelivery=False))
+    asyncio.run(score_batch(msg, deps, redelivery=True))
+    progress = asyncio.run(store.jobs.progress("job-1"))
+    assert (progress["scored"], progress["skipped"], progress["skipped:duplicate"]) == (2, 1, 1)

@@ -42,7 +42,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from tracing._formats import SpanKind, classify
 from tracing._records import build_record, compact, service_name
 from tracing._rules import ScoringRule, sampled
-from tracing._run import MAX_TIME_NS, SpanRecord
+from tracing._run import SpanRecord, otlp_time
 from tracing._sdk import read_span, span_context
 from tracing.capture._tally import Tally
 from tracing.read import is_judge, own_origin, takes_trace
@@ -174,9 +174,10 @@ class TraceBuffer:
             self._tally.drop("no_context")
             return
         start, end = f.start_ns, f.end_ns
-        if (start is not None and not 0 <= start <= MAX_TIME_NS) or (end is not None and not 0 <= end <= MAX_TIME_NS):
-            # Shipped, it would fail every other run of its message at the worker.
-            raise ValueError("a span time outside 0 .. 2^64-1 ns, which OTLP cannot carry either")
+        if (start is not None and not otlp_time(start)) or (end is not None and not otlp_time(end)):
+            # The app's own OTLP exporter cannot send it either; shipped, its score's write-back
+            # would have no time of its own.
+            raise ValueError("a span time outside 0 .. 2^64-1 ns, which OTLP cannot carry")
         parent, attrs, scope, resource = f.parent, f.attributes, f.scope, f.resource
         is_root = parent is None or parent[2]  # no parent, or a remote one: a local root
         judge = is_judge(attrs)

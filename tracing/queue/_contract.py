@@ -48,9 +48,8 @@ class ScoreRequest(BaseModel):
     scorer_ids: list[str] = Field(min_length=1)
     source: Literal["live", "backfill"] = "live"
     job_id: str | None = None
-    # Wall-clock (epoch seconds) when the run was handed to the queue; for latency figures, and
-    # the time the OTLP sink writes the score at: in OTLP's nanoseconds with room (before 2286).
-    enqueued_at: float | None = Field(default=None, ge=0, lt=1e10)
+    # Wall-clock (epoch seconds) when the run was handed to the queue; for latency figures.
+    enqueued_at: float | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -58,7 +58,7 @@ from opentelemetry.util.re import parse_env_headers
 
 from scorers import header_value_problem
 from tracing._markers import ROLE_ATTRIBUTE
-from tracing._run import MAX_TIME_NS
+from tracing._run import MAX_TIME_NS, otlp_time
 from tracing._score_record import ScoreRecord
 from tracing._transport import EXCHANGE_EXTENSION, EXCHANGE_TIMEOUTS, deadline_client, proxy_for
 from tracing.sinks._http import (
@@ -132,13 +132,14 @@ def evaluation_attributes(record: ScoreRecord) -> dict[str, Any]:
 
 def _times(record: ScoreRecord) -> tuple[int, int]:
     """The carrier's (start, end) in epoch ns: the scored span's, else a zero-length fallback at
-    the time its run was queued, else scored. A time OTLP cannot carry (fixed64; a record stored
-    before the queue refused such times) is passed over: its encoding failed the whole batch."""
+    the time its run was queued, else scored. A time OTLP cannot carry (fixed64: a hand-made
+    message's, or an app's clock in the wrong unit) is passed over: its encoding failed the
+    whole batch, every record beside it retried until dead-lettered."""
     start, end = record.span_start_ns, record.span_end_ns
-    if start is not None and end is not None and 0 <= start <= MAX_TIME_NS and 0 <= end <= MAX_TIME_NS:
+    if start is not None and end is not None and otlp_time(start) and otlp_time(end):
         return start, max(start, end)
     for seconds in (record.enqueued_at, record.scored_at):
-        if seconds is not None and 0 <= seconds < MAX_TIME_NS / 1e9 - 1:  # (NaN fails too)
+        if seconds is not None and 0 <= seconds < MAX_TIME_NS // 10**9:  # (NaN is neither)
             at = int(seconds * 1e9)
             return at, at
     return 0, 0

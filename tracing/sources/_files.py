@@ -139,6 +139,7 @@ class FileSource:
         *,
         max_line_bytes: int | None = None,
         max_decompressed_bytes: int | None = None,
+        each_once: bool = True,
     ) -> None:
         if not paths:
             raise SourceError("no input files given")
@@ -170,12 +171,14 @@ class FileSource:
                 raise SourceError(f"{path}: not a regular file or a directory")
             else:
                 raise SourceError(f"{path}: no such file or directory")
-        # A file named twice (``dir dir/part-001.jsonl.gz``, a link to it) is read once: its first place.
-        unique: dict[Path, Path] = {}
-        for path in files:
-            unique.setdefault(path.resolve(), path)
-        self.files = list(unique.values())
-        files = self.files
+        if each_once:
+            # A file named twice (``dir dir/part-001.jsonl.gz``, a link to it) is read once: its
+            # first place. (Not for a job's saved list: its checkpoint indexes the list as saved.)
+            unique: dict[Path, Path] = {}
+            for path in files:
+                unique.setdefault(path.resolve(), path)
+            files = list(unique.values())
+        self.files = files
         self._roots = [str(p) for p in paths]
         self._sizes = [p.stat().st_size for p in files]
         self._total = max(1, sum(self._sizes))

@@ -60,7 +60,8 @@ def source_from_description(description: dict[str, Any]) -> TraceSource:
     """The source a job recorded with ``describe()`` (for ``--resume``)."""
     kind = description.get("kind")
     if kind == "files":
-        return FileSource(list(description["files"]))
+        # As saved, repeats included (a job of an earlier release): the checkpoint indexes it.
+        return FileSource(list(description["files"]), each_once=False)
     if kind == "tempo":
         return TempoSource.from_description(description, headers=tempo_headers())
     raise SourceError(f"unknown source kind {kind!r} in the job state; expected 'files' or 'tempo'")

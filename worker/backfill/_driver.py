@@ -18,7 +18,8 @@ Batches are cut by count (``batch_size``) and, in broker mode, by bytes
 (``TRACESCORE_MAX_PAYLOAD_BYTES``), so one big run cannot make its neighbours' message too
 large; a trace's request over the cap is split run by run (each with its own spans, as
 ``plan_runs`` gives them), and a run over the cap on its own is counted (``runs_rejected``) and
-reported, and the rest go on. Each request is serialized once, to size it and to send it.
+reported, and the rest go on. Each request is serialized once, to size it and to send it (a
+second time only when some of its runs were enqueued already and it goes without them).
 
 Resumable: after each batch is handed over, the job state (checkpoint = the earliest input
 position not fully enqueued, the counters) and the enqueued runs (trace id, target span id) are

@@ -862,6 +862,9 @@ def _run_redis(
         set_job_limit(submitter.store, state.job_id, state.options.max_cost_usd)
     started = time.monotonic()
     enqueued = _Enqueued()
+    resume = f"tracescore backfill --resume {state.job_id}" + (
+        "" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}"
+    )
     try:
         backfill = Backfill(source, state, submitter, job_store=job_store, reporter=reporter, on_batch=enqueued)
         progress: dict[str, int] | None = None
@@ -882,11 +885,7 @@ def _run_redis(
         except KeyboardInterrupt:
             reporter.close()
             backfill.interrupted()
-            click.echo(
-                f"interrupted; nothing enqueued is lost. Resume with: tracescore backfill --resume {state.job_id}"
-                + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}"),
-                err=True,
-            )
+            click.echo(f"interrupted; nothing enqueued is lost. Resume with: {resume}", err=True)
             submitter.close()
             raise SystemExit(130) from None
         except SourceError as exc:
@@ -895,22 +894,14 @@ def _run_redis(
             with suppress(redis.exceptions.RedisError):  # still "reading" then: resumable too
                 backfill.interrupted()
             submitter.close()
-            raise CliError(
-                f"{exc}; nothing enqueued is lost. Once the source answers again, resume with: tracescore "
-                f"backfill --resume {state.job_id}"
-                + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}")
-            ) from None
+            raise CliError(f"{exc}; nothing enqueued is lost. Once the source answers, resume with: {resume}") from None
         except Exception as exc:
             submitter.close()
             refusal = _broker_refusal(exc)
             if refusal is None:
                 raise
             what, when = refusal
-            raise CliError(
-                f"{what}; nothing enqueued is lost. {when.capitalize()}, resume with: tracescore "
-                f"backfill --resume {state.job_id}"
-                + ("" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}")
-            ) from None
+            raise CliError(f"{what}; nothing enqueued is lost. {when.capitalize()}, resume with: {resume}") from None
         except BaseException:
             submitter.close()
             raise

@@ -3,7 +3,6 @@ that mean the same in every command (``--broker``, ``--json``)."""
 
 from __future__ import annotations
 
-import json
 import math
 import traceback
 from collections.abc import Callable
@@ -66,11 +65,14 @@ class FiniteRange(click.FloatRange):
         return number
 
 
+# pydantic's JSON escapes C0 control characters but writes C1 ones (a CSI, U+009B) raw, which a
+# terminal reading the output acts on as on ESC.
+_C1_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x80, 0xA0)}
+
+
 def json_line(model: BaseModel) -> str:
-    """``model`` as one ``--json`` line, every character outside ASCII escaped: pydantic's own
-    JSON writes C1 control characters (a CSI, U+009B) raw, and a terminal reading the output
-    would act on them, as on ESC."""
-    return json.dumps(model.model_dump(mode="json"))
+    """``model`` as one ``--json`` line: pydantic's JSON with each C1 control character escaped."""
+    return model.model_dump_json().translate(_C1_ESCAPES)
 
 
 def broker_option(command: F) -> F:
