@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
+from tests.backfill._doubles import CapturingSubmitter, Messages
 from tests.backfill._synth import trace_spans
 from tests.tracing._exporting import read_runs
 from tests.tracing._spans import THREE_AGENTS, Recorder, genai_messages, three_agent_trace
 from tracing.otlp import spans_to_otlp_json
-from tracing.queue import MESSAGE_ENVELOPE_BYTES, ScoreBatch, request_json
+from tracing.queue import ScoreBatch, request_json
 from tracing.sources import FileSource
 from worker.backfill._driver import Backfill
-from worker.backfill._progress import ProgressReporter
 from worker.backfill._state import BackfillOptions, BackfillState
 
 
@@ -38,38 +38,6 @@ def big_trace_line(i: int, answer_bytes: int = 0) -> str:
         ]
     document = {"resourceSpans": [{"scopeSpans": [{"scope": {"name": "synth"}, "spans": [*children, root]}]}]}
     return json.dumps(document, ensure_ascii=False) + "\n"
-
-
-class CapturingSubmitter:
-    """A broker-like submitter with a message cap that keeps what it was given."""
-
-    mode = "redis"
-
-    def __init__(self, room: int) -> None:
-        self.max_payload_bytes = room + MESSAGE_ENVELOPE_BYTES  # ``room`` bytes of requests' JSON
-        self.sent: list[tuple[ScoreBatch, list[str]]] = []
-
-    def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
-        assert requests_json is not None  # a capped submitter gets the JSON the driver measured
-        self.sent.append((batch, list(requests_json)))
-
-    def progress(self, job_id: str) -> dict[str, int]:
-        return {}
-
-    def pending(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
-
-
-class Messages(ProgressReporter):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def message(self, text: str) -> None:
-        self.lines.append(text)
 
 
 def _run(path: Path, submitter: CapturingSubmitter, batch_size: int = 200) -> tuple[BackfillState, Messages]:

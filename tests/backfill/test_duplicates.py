@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,52 +18,21 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests._redis import RedisServer
+from tests.backfill._doubles import CapturingSubmitter
 from tests.backfill._synth import BASE_NS, _line, trace_id, trace_spans, write_otlp_files
 from tests.backfill.faketempo import FakeTempo, encode_spans
-from tests.backfill.test_batch_bytes import CapturingSubmitter, _three_agent_line
+from tests.backfill.test_batch_bytes import _three_agent_line
 from tracing.otlp import decode_otlp_json
-from tracing.queue import ScoreBatch, request_json
+from tracing.queue import request_json
 from tracing.sources import FileSource, Malformed, Position, SpanBatch, TempoSource, source_from_description
 from worker._keys import backfill_runs_key, backfill_state_key, backfill_traces_key
 from worker.backfill._driver import Backfill
-from worker.backfill._progress import ProgressReporter
 from worker.backfill._state import BackfillOptions, BackfillState, RedisJobStore, run_id
 from worker.cli import cli
 
 SCORERS = "tests.backfill.scorers"
 NO_BROKER = {"TRACESCORE_BROKER_URL": ""}
 DB = 10  # of the session's Redis: the other backfill tests use 12, 13 and 15
-
-
-class Capturing:
-    """A broker-like submitter that keeps every run it was given."""
-
-    mode = "redis"
-    max_payload_bytes = None
-
-    def __init__(self) -> None:
-        self.runs: list[tuple[str, str]] = []
-
-    def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
-        self.runs += [(r.trace_id, s) for r in batch.requests for s in r.target_span_ids]
-
-    def progress(self, job_id: str) -> dict[str, int]:
-        return {}
-
-    def pending(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
-
-
-class Messages(ProgressReporter):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def message(self, text: str) -> None:
-        self.lines.append(text)
 
 
 def _state(path: Path, job_id: str = "bf-dup", **options: Any) -> BackfillState:
@@ -128,7 +97,7 @@ def test_a_saved_file_list_is_read_as_saved(tmp_path: Path) -> None:
 def test_spans_written_twice_past_the_window_are_sent_once(tmp_path: Path) -> None:
     """The first line again 600 spans later: its five traces are assembled and planned twice;
     their runs go once, and the copies are counted as read again (the summary adds up)."""
-    submitter = Capturing()
+    submitter = CapturingSubmitter()
     state = _state(_written_twice(tmp_path / "t.jsonl"), window_spans=100)
     Backfill(FileSource([tmp_path / "t.jsonl"]), state, submitter).run()
     assert Counter(submitter.runs).most_common(1)[0][1] == 1
@@ -154,7 +123,7 @@ def test_embedded_summary_adds_up_for_spans_written_twice(tmp_path: Path) -> Non
 def test_a_copy_in_a_later_batch_is_checked_against_the_job_store(tmp_path: Path, store: RedisJobStore) -> None:
     """In Redis mode the job's runs are in its store's set; each batch is checked against it."""
     path = _written_twice(tmp_path / "t.jsonl")
-    submitter = Capturing()
+    submitter = CapturingSubmitter()
     state = _state(path, window_spans=100, batch_size=20)
     Backfill(FileSource([path]), state, submitter, job_store=store).run()
     assert len(submitter.runs) == len(set(submitter.runs)) == 200
@@ -176,7 +145,7 @@ def _interrupted_then_resumed(
     path: Path, store: RedisJobStore, stop_when: Callable[[BackfillState], bool]
 ) -> tuple[list[tuple[str, str]], BackfillState]:
     """Run a job until ``stop_when`` (as Ctrl-C would stop it), then resume it from its store."""
-    submitter = Capturing()
+    submitter = CapturingSubmitter()
     state = _state(path, window_spans=500, batch_size=20)
     first = Backfill(FileSource([path]), state, submitter, job_store=store, should_stop=lambda: stop_when(state))
     with pytest.raises(KeyboardInterrupt):
@@ -193,7 +162,7 @@ def test_a_resume_sends_a_late_fragment_it_never_sent(tmp_path: Path, store: Red
     """Stopped after trace 7 went out, before its late span was read: the resume read that span
     as a fragment, dropped it as an already enqueued trace, and never scored it."""
     path, late_run = _straggler(tmp_path / "t.jsonl")
-    uninterrupted = Capturing()
+    uninterrupted = CapturingSubmitter()
     Backfill(FileSource([path]), _state(path, job_id="bf-whole", window_spans=500), uninterrupted).run()
     assert late_run in uninterrupted.runs
 
@@ -210,7 +179,7 @@ def test_a_job_of_the_previous_release_enqueues_none_of_its_traces_again(tmp_pat
     state = _state(path, batch_size=20)
     store.save(state)
     store.client.sadd(backfill_traces_key(state.job_id), *(trace_id(i) for i in range(10)))
-    submitter = Capturing()
+    submitter = CapturingSubmitter()
     Backfill(FileSource([path]), state, submitter, job_store=store).run()
     assert sorted(submitter.runs) == sorted((trace_id(i), f"{i * 3 + 1:016x}") for i in range(10, 50))
     assert state.counters.runs_read_again == 10

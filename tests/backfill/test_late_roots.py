@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.backfill._doubles import Messages
 from tests.backfill._synth import trace_id, trace_spans
 from tracing.otlp import decode_otlp_records
 from tracing.sources import FileSource, Position, TraceAssembler
 from worker.backfill._driver import Backfill
-from worker.backfill._progress import ProgressReporter
 from worker.backfill._state import BackfillOptions, BackfillState
 
 
@@ -26,15 +26,6 @@ def _line(spans: list[dict[str, Any]]) -> str:
 def _whole(i: int) -> str:
     children, root = trace_spans(i)
     return _line([*children, root])
-
-
-class Messages(ProgressReporter):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def message(self, text: str) -> None:
-        self.lines.append(text)
 
 
 def test_a_root_after_the_window_is_a_counted_late_root(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests._redis import RedisServer
+from tests.backfill._doubles import CapturingSubmitter
 from tests.backfill._synth import trace_spans
 from tests.tracing._spans import Recorder, agent_trace
 from tests.worker._batches import batch as make_batch
@@ -95,29 +96,6 @@ def test_a_one_run_request_is_written_as_the_previous_release_reads_it() -> None
         ScoreRequest.model_validate({**json.loads(request_json(one)), "target_span_id": ["x"]})
 
 
-class Capturing:
-    """A capped submitter that keeps what the backfill hands it."""
-
-    mode = "redis"
-    max_payload_bytes = 8 * 2**20
-
-    def __init__(self) -> None:
-        self.sent: list[ScoreBatch] = []
-
-    def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
-        assert requests_json == [request_json(r) for r in batch.requests]
-        self.sent.append(batch)
-
-    def progress(self, job_id: str) -> dict[str, int]:
-        return {}
-
-    def pending(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
-
-
 def _document(spans: list[dict[str, Any]], service: str = "my-app") -> dict[str, Any]:
     resource = {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]}
     return {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": {"name": "app"}, "spans": spans}]}]}
@@ -132,9 +110,9 @@ def test_backfill_ships_span_records_and_the_worker_reads_the_same_runs(tmp_path
     options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"])
     source = FileSource([path])
     state = BackfillState(job_id="bf-records", source=source.describe(), options=options)
-    submitter = Capturing()
+    submitter = CapturingSubmitter(8 * 2**20)
     Backfill(source, state, submitter).run()
-    requests = [r for b in submitter.sent for r in b.requests]
+    requests = [r for b, _ in submitter.sent for r in b.requests]
     assert len(requests) == 6
     for request in requests:
         received = ScoreRequest.model_validate_json(request.model_dump_json())  # what a worker gets

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from tests._drip import drip
+from tests._http import QuietHandler, serving
 from tests._otlp_receiver import OtlpReceiver
 from tests._redis import free_port
 from tracing import ScoreRecord, score_id_for
@@ -323,10 +324,8 @@ def test_otlp_sink_splits_a_batch_refused_for_its_content() -> None:
 @contextmanager
 def _answering(status: int, headers: dict[str, str], body: bytes) -> Iterator[str]:
     """A local HTTP server answering every POST and PATCH with this answer; yields its URL."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def _serve(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             self.send_response(status)
@@ -338,16 +337,8 @@ def _answering(status: int, headers: dict[str, str], body: bytes) -> Iterator[st
 
         do_POST = do_PATCH = _serve
 
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 def _http_sink(kind: str, url: str, timeout_s: float = 10.0) -> ScoreSink:

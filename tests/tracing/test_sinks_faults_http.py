@@ -6,15 +6,15 @@ from __future__ import annotations
 import base64
 import io
 import json
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
 
 from scorers import scrub_secrets
+from tests._http import QuietHandler, serving
 from tracing import ScoreRecord, score_id_for
 from tracing.sinks import ConsoleSink, LangfuseSink, MlflowSink, PhoenixSink, Refused, ScoreSink
 from tracing.sinks._http import ANSWER_ERRORS, http_client, transport_retry
@@ -36,7 +36,7 @@ def _server(answer: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[tuple[
     paths it was asked for."""
     asked: list[str] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def _serve(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             asked.append(self.path)
@@ -44,16 +44,8 @@ def _server(answer: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[tuple[
 
         do_POST = do_PATCH = _serve
 
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", asked
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url, asked
 
 
 def _reply(handler: BaseHTTPRequestHandler, status: int, body: bytes, **headers: str) -> None:

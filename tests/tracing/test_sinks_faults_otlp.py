@@ -8,7 +8,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -16,6 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from tests._http import QuietHandler, serving
 from tracing import ScoreRecord, score_id_for
 from tracing.sinks import Delivered, Delivery, OtlpSink, Refused, Retry
 
@@ -53,7 +54,7 @@ def _endpoint(answer: Answer) -> Iterator[str]:
     """A local OTLP/HTTP endpoint answering each export with ``answer(handler, body)``; yields
     its /v1/traces URL."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:
@@ -63,16 +64,8 @@ def _endpoint(answer: Answer) -> Iterator[str]:
             except OSError:  # the client went away, as it should from a dripped answer
                 self.close_connection = True
 
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield f"{url}/v1/traces"
 
 
 def _send(handler: BaseHTTPRequestHandler, status: int, content_type: str, body: bytes) -> None:
