@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
-from pydantic import BaseModel
 
 from tracing import redact
 from worker._terminal import printable
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from worker._settings import Settings
 
 __all__ = [
