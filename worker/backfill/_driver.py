@@ -335,13 +335,14 @@ class Backfill:
             self._chunk_runs = 0
             if self._cutter is not None:
                 encoded = self._cutter.take().encoded
-        planned = [run_id(r.trace_id, s) for r in requests for s in r.target_span_ids]
+        planned = sent = [run_id(r.trace_id, s) for r in requests for s in r.target_span_ids]
         if requests and self.job_store is not None:
             # Runs an earlier batch (or a run of the job before a resume) enqueued are not sent again.
             done = self.job_store.already_enqueued(self.state.job_id, planned)
             if done:
                 self.state.counters.runs_read_again += len(done)
                 requests, encoded = _without(requests, encoded, done)
+                sent = [r for r in planned if r not in done]
         if requests and self.submitter is not None:
             counters = self.state.counters
             batch = ScoreBatch(batch_id=f"{self.state.job_id}-{counters.batches:06d}", requests=requests)
@@ -356,7 +357,7 @@ class Backfill:
             self.submitter.submit(batch, encoded or None)
             if self.on_batch is not None:
                 self.on_batch(batch)
-        self._save([run_id(r.trace_id, s) for r in requests for s in r.target_span_ids])
+        self._save(sent)
         if self.job_store is not None:
             self._planned.difference_update(planned)  # the store's set has them now
 
