@@ -278,3 +278,37 @@ def test_the_run_that_kills_its_worker_is_dead_lettered_alone_from_a_multi_run_r
         assert all(r["error_type"] is None for r in recorded)
     finally:
         worker.stop()
+
+
+def test_a_real_worker_scores_a_run_sent_three_times_in_one_message_once(redis_url: str, tmp_path: Path) -> None:
+    """Copies of one request in a message, through a real worker on a real Redis: one record,
+    the scorer run (a judge paid) once, each copy counted for the job as ``skipped:duplicate``,
+    so the job's scored + skipped reach the pairs it sent and it does not wait for good."""
+    from worker._keys import job_key
+
+    scores = tmp_path / "scores.jsonl"
+    worker = WorkerProcess("copies", redis_url, tmp_path, scores_path=scores)
+    try:
+        worker.wait_ready()
+        one, other = payload(range(2), ["steps"], salt="copies", job_id="job-copies")["requests"]
+        body = task_body([{"batch_id": "copies", "requests": [one, other, one, one]}])
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            client.lpush(QUEUE, envelope(body)[1])
+
+            def progress() -> dict[str, int]:
+                return {k: int(v) for k, v in client.hgetall(job_key("job-copies")).items()}
+
+            assert wait_for(lambda: progress().get("scored", 0) + progress().get("skipped", 0) >= 4, 60), (
+                worker.text()[-3000:]
+            )
+            assert progress() == {"scored": 2, "skipped": 2, "skipped:duplicate": 2}
+            assert int(client.get("tstest:calls:steps:generate_score") or 0) == 2
+        finally:
+            client.close()
+        assert sorted(r["span_id"] for r in read_scores(scores)) == sorted(
+            r["target_span_ids"][0] for r in (one, other)
+        )
+        assert worker.proc.poll() is None
+    finally:
+        worker.stop()
