@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import json
 import time
@@ -45,7 +46,7 @@ from scorers.judge._errors import (
     JudgeTimeoutError,
 )
 from scorers.judge._fence import well_formed
-from scorers.judge._hooks import JudgeCallRefused, JudgeHooks, get_judge_hooks
+from scorers.judge._hooks import JudgeCallRefused, JudgeHooks, JudgeLimiter, get_judge_hooks
 from scorers.judge._model import JudgeMessage, JudgeModel, JudgeRequest, JudgeResponse
 from scorers.judge._processors import ErrorContext, JudgeCallInfo, RetryDecision
 from scorers.judge._providers import resolve_model
@@ -184,6 +185,8 @@ class _JudgeCall:
                 self.log.info("judge.retry", status=err.status_code, retry=retries, delay_ms=decision.delay_ms)
                 await self.hooks.wait(decision.delay_ms / 1000)
                 continue
+            if response.finish_reason != (known := _known(response.finish_reason)):
+                response = dataclasses.replace(response, finish_reason=known)
             too_long = self._too_long(request, response)
             if too_long is not None:  # paid for (the limiter and the guard counted it), not kept
                 self.usage = self.usage + response.usage
@@ -224,18 +227,34 @@ class _JudgeCall:
             else:
                 response = await self._generate(request, enter)
         except JudgeProviderError as err:
-            if limiter is not None:
-                await limiter.record_usage(model_id, 0)
-                if isinstance(err, JudgeRateLimitError) and err.retry_after_ms is not None:
-                    await limiter.pause(model_id, min(err.retry_after_ms / 1000, MAX_PAUSE_S))
             if guard is not None:
                 await guard.call_failed(model_id, self.info.scorer_id, err)
+            if limiter is not None:
+                pause = err.retry_after_ms if isinstance(err, JudgeRateLimitError) else None
+                await self._tell_limiter(limiter, 0, None if pause is None else min(pause / 1000, MAX_PAUSE_S))
             raise
-        if limiter is not None:
-            await limiter.record_usage(model_id, response.usage.total_tokens)
+        # The answer is paid for: the guard counts it first, and the limiter's correction can
+        # only be lost, never lose the answer (a failed run would be redelivered and paid again).
         if guard is not None:
             await guard.after_call(model_id, self.info.scorer_id, response.usage)
+        if limiter is not None:
+            await self._tell_limiter(limiter, response.usage.total_tokens, None)
         return response
+
+    async def _tell_limiter(self, limiter: JudgeLimiter, tokens: int, pause_s: float | None) -> None:
+        """The tokens a finished request used, and the provider's pause: corrections to the
+        limiter's estimate, which a store that is away only leaves uncorrected."""
+        model_id = self.info.model_id
+        try:
+            await limiter.record_usage(model_id, tokens)
+        except Exception as exc:
+            self.log.warning("judge.limiter_not_updated", what="usage", error_type=type(exc).__name__, tokens=tokens)
+        if pause_s is None:
+            return
+        try:
+            await limiter.pause(model_id, pause_s)
+        except Exception as exc:
+            self.log.warning("judge.limiter_not_updated", what="pause", error_type=type(exc).__name__, seconds=pause_s)
 
     async def _generate(self, request: JudgeRequest, enter: Any) -> JudgeResponse:
         context = enter(self.info.model_id) if enter is not None else contextlib.nullcontext()
@@ -378,7 +397,7 @@ class _JudgeCall:
             usage=response.usage,
             request_id=response.request_id,
             prompt_injection=mode,
-            finish_reason=_known(response.finish_reason),
+            finish_reason=response.finish_reason,
         )
         self.attempts.append(attempt)
         return attempt
@@ -448,10 +467,15 @@ def _why_final(decision: RetryDecision | None, retries: int, cap: int) -> str:
 _CUT_SHORT = frozenset({"length", "max_tokens"})
 
 
-def _known(finish_reason: str | None) -> str | None:
-    """A provider's finish reason as stored: a short word ("stop", "length", "end_turn", ...),
-    else "other" (a broken proxy may send anything, megabytes too)."""
-    if finish_reason is None or (len(finish_reason) <= 32 and finish_reason.isascii() and finish_reason.isidentifier()):
+def _known(finish_reason: object) -> str | None:
+    """A provider's finish reason as kept: a short word ("stop", "length", "end_turn", ...),
+    else "other" (a broken proxy may send anything: megabytes, a number, an object)."""
+    if finish_reason is None or (
+        isinstance(finish_reason, str)
+        and len(finish_reason) <= 32
+        and finish_reason.isascii()
+        and finish_reason.isidentifier()
+    ):
         return finish_reason
     return "other"
 

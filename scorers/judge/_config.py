@@ -7,6 +7,7 @@ override field by field; processor lists replace, never merge.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -173,12 +174,16 @@ def _check(name: str, value: Any) -> Any:
         return _processors(name, value)
     if name == "max_processor_retries" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
         raise ScorerConfigError(f"{where}: must be an int >= 0, got {value!r}")
-    if name in ("timeout",) and (not isinstance(value, int | float) or isinstance(value, bool) or value <= 0):
-        raise ScorerConfigError(f"{where}: must be a number of seconds > 0, got {value!r}")
+    if name == "timeout" and (
+        not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value <= 0
+    ):
+        raise ScorerConfigError(f"{where}: must be a finite number of seconds > 0, got {value!r}")
     if name == "max_tokens" and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
         raise ScorerConfigError(f"{where}: must be an int > 0, got {value!r}")
-    if name == "temperature" and (not isinstance(value, int | float) or isinstance(value, bool)):
-        raise ScorerConfigError(f"{where}: must be a number, got {value!r}")
+    if name == "temperature" and (
+        not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value)
+    ):
+        raise ScorerConfigError(f"{where}: must be a finite number, got {value!r}")
     if name in ("base_url", "api_key") and not isinstance(value, str):
         raise ScorerConfigError(f"{where}: must be a string, got {type(value).__name__}")
     return value

@@ -34,7 +34,8 @@ class Reply:
     output_tokens: int | None = None
     # The answer's finish reason (OpenAI finish_reason, Anthropic stop_reason), e.g. "length" /
     # "max_tokens" for an answer cut at the token limit; None: what a whole answer has.
-    finish: str | None = None
+    # Any JSON value: a hostile provider's may be a number or an object.
+    finish: Any = None
 
     @classmethod
     def auto(cls, **kw: Any) -> Reply:

@@ -67,6 +67,10 @@ def test_step_judges_of_a_scorer() -> None:
         ({"json_prompt_injection": "yes"}, "'auto', True, 'system', 'inline', False"),
         ({"max_processor_retries": -1}, ">= 0"),
         ({"timeout": 0}, "> 0"),
+        # NaN compares false with everything: every call timed out at once, each a paid retry.
+        ({"timeout": float("nan")}, "finite number of seconds > 0, got nan"),
+        ({"timeout": float("inf")}, "finite number of seconds > 0, got inf"),
+        ({"temperature": float("nan")}, "finite number, got nan"),
         ({"max_tokens": 1.5}, "int > 0"),
     ],
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import structlog.testing
 
@@ -265,14 +267,16 @@ def test_a_custom_models_parsed_answer_is_held_to_the_same_bound() -> None:
     assert "more than max_tokens=16 allows (1,024)" in str(info.value.cause)
 
 
+@pytest.mark.parametrize("finish", ["agent said: " + "z" * 1_000_000, 5, {"reason": "length"}, ["length"]])
 @pytest.mark.parametrize("model", MODELS)
-def test_a_finish_reason_no_provider_sends_is_stored_as_other(fake_llm: FakeLLMServer, model: str) -> None:
-    """A proxy's finish reason of a megabyte was stored whole in the attempt; a word is kept
-    as it is, anything else as "other"."""
+def test_a_finish_reason_no_provider_sends_is_stored_as_other(fake_llm: FakeLLMServer, model: str, finish: Any) -> None:
+    """A proxy's finish reason of a megabyte was stored whole in the attempt; one that is not a
+    string (a number, an object, a list) failed the paid call as an internal TypeError, its usage
+    lost. A word is kept as it is, anything else as "other", and the answer is read."""
     fake_llm.script(
         Reply.json({"verdict": "fake", "confidence": 0.5}),
         Reply.auto(),
-        Reply.text("Because.", finish="agent said: " + "z" * 1_000_000),
+        Reply.text("Because.", finish=finish),
     )
     result = run(full_scorer(Judge(model)))
     assert [a.finish_reason for a in result.judge["generate_reason"].attempts] == ["other"]

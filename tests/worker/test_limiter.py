@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
+import pytest
+from pydantic import BaseModel
+
+from tests.fakellm import FakeLLMServer, Reply
 from worker import _keys
 from worker._limiter import RedisRateLimiter
 from worker._settings import ModelRateLimit
@@ -104,3 +109,59 @@ def test_limiter_reconnects_after_a_redis_restart() -> None:
         asyncio.run(go())
     finally:
         server.close()
+
+
+class Verdict(BaseModel):
+    score: float
+
+
+@pytest.mark.parametrize("tokens_per_minute", [None, 1_000_000])
+def test_a_paid_answer_is_kept_when_redis_goes_away_during_the_call(
+    fake_llm: FakeLLMServer, tokens_per_minute: int | None
+) -> None:
+    """Redis dies while the judge is answering: the answer is paid for, so the run keeps it (one
+    request, the score), the guard logs the spend it could not count, and the limiter's token
+    correction is logged as not made. With a tokens-per-minute limit the correction used to raise
+    first: the answer was dropped, its spend neither counted nor logged, and the run failed (a
+    redelivery would pay again)."""
+    from structlog.testing import capture_logs
+
+    from scorers import Judge, PromptStep, create_scorer
+    from scorers.judge import JudgeHooks, set_judge_hooks
+    from tests._redis import RedisServer
+    from tests.worker._workers import wait_for
+    from worker._budget import BudgetGuard, Budgets, RedisLedger
+
+    server = RedisServer()
+    server.start()
+    fake_llm.rule(Reply.json({"score": 0.5}, latency_ms=800))
+    limits = ModelRateLimit(requests_per_minute=1000, tokens_per_minute=tokens_per_minute)
+    limiter = RedisRateLimiter(server.url(0), lambda _: limits, reconnect_s=0.3)
+    guard = BudgetGuard(RedisLedger(server.url(0), reconnect_s=0.3), Budgets(), prices={})
+    scorer = create_scorer("graded", judge=Judge(model="openai/gpt-4o-mini", timeout=10)).generate_score(
+        PromptStep("grade", lambda run: "Score it", output_schema=Verdict)
+    )
+
+    async def go() -> Any:
+        task = asyncio.ensure_future(scorer.run(input="q", output="a"))
+        assert await asyncio.to_thread(wait_for, lambda: bool(fake_llm.requests), 10)
+        server.stop()  # the request is at the provider
+        try:
+            return await task
+        finally:
+            await limiter.close()
+
+    set_judge_hooks(JudgeHooks(limiter=limiter, guard=guard))
+    try:
+        with capture_logs() as logs:
+            result = asyncio.run(go())
+    finally:
+        set_judge_hooks(JudgeHooks())
+        server.close()
+    assert result.score == 0.5
+    assert len(fake_llm.requests) == 1
+    events = [e["event"] for e in logs]
+    assert "judge_spend_not_counted" in events
+    if tokens_per_minute:
+        (update,) = [e for e in logs if e["event"] == "judge.limiter_not_updated"]
+        assert (update["what"], update["error_type"]) == ("usage", "StoreUnavailableError")

@@ -299,9 +299,9 @@ def test_a_real_worker_scores_a_run_sent_three_times_in_one_message_once(redis_u
             def progress() -> dict[str, int]:
                 return {k: int(v) for k, v in client.hgetall(job_key("job-copies")).items()}
 
-            assert wait_for(lambda: progress().get("scored", 0) + progress().get("skipped", 0) >= 4, 60), (
-                worker.text()[-3000:]
-            )
+            assert wait_for(lambda: progress().get("scored", 0) + progress().get("skipped", 0) >= 4, 60), worker.text()[
+                -3000:
+            ]
             assert progress() == {"scored": 2, "skipped": 2, "skipped:duplicate": 2}
             assert int(client.get("tstest:calls:steps:generate_score") or 0) == 2
         finally:
