@@ -21,6 +21,10 @@ from worker.store import DeadLetter, RedisDeadLetters, RedisJobStats, StoreKeyTy
 
 __all__ = ["broker_status", "dead_letters", "requeue_dead_letters", "store_status"]
 
+# How long one `dlq retry` holds a letter it is sending back: past it (the caller died), a
+# later retry may send it.
+HOLD_S = 60.0
+
 
 def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, Any]:
     """The broker's side: queue depth, unacked deliveries, the workers that answer a ping, and
@@ -127,7 +131,10 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
     """Send the dead letters ``ids`` (``None``: every one) back to the scoring queue; returns the
     letters requeued and one line per letter that was not (and why)."""
     store = RedisDeadLetters(settings.store_url)
-    sink = CelerySink(settings.broker_url, queue=settings.queue)
+    # rediss:// verified as the workers do (TRACESCORE_BROKER_CA_FILE); the workers' message cap.
+    sink = CelerySink(
+        settings.broker_url, queue=settings.queue, tls=settings.tls, max_payload_bytes=settings.max_payload_bytes
+    )
     ledger = RedisLedger(settings.store_url)
     requeued: list[DeadLetter] = []
     problems: list[str] = []
@@ -146,6 +153,10 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
             except ValidationError as exc:
                 problems.append(f"{letter_id}: the stored message is not a valid ScoreBatch: {exc.errors()[0]['msg']}")
                 continue
+            # Two `dlq retry` at once would both send it: one message refused twice over.
+            if not await store.hold(letter_id, HOLD_S):
+                problems.append(f"{letter_id}: being requeued by another `tracescore dlq retry`")
+                continue
             # Asked for again by the operator: the runs' judge calls start from zero (the cap).
             await ledger.reset_calls(
                 [run_key(r.trace_id, t, s) for r in batch.requests for t in r.target_span_ids for s in r.scorer_ids]
@@ -156,8 +167,11 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
                 problems.append(f"{letter_id}: could not requeue: {type(exc).__name__}: {redact(str(exc))}")
                 continue
             # Removed only once sent: interrupted before this, the letter stays listed (a later
-            # retry sends it again, which the idempotent score ids make harmless), never lost.
-            await store.take(letter_id)
+            # retry sends it again once the hold lapses, which the idempotent score ids make
+            # harmless), never lost.
+            if await store.take(letter_id) is None:
+                problems.append(f"{letter_id}: requeued, but another caller had removed it from the list")
+                continue
             requeued.append(letter)
     finally:
         sink.close()

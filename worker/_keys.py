@@ -10,6 +10,7 @@ __all__ = [
     "checkpoint_key",
     "claim_key",
     "delivery_key",
+    "dlq_held_key",
     "dlq_key",
     "dlq_reasons_key",
     "dlq_seen_key",
@@ -69,6 +70,12 @@ def dlq_seen_key(message_key: str) -> str:
     """Set (with a TTL) once a message was dead-lettered, so a redelivery of the same message
     (a consumer restart before its ack) never becomes a second dead letter."""
     return f"{PREFIX}dlq:seen:{message_key}"
+
+
+def dlq_held_key(letter_id: str) -> str:
+    """Set (with a TTL) while one ``dlq retry`` sends the letter back, so a second one running at
+    the same time does not send it too."""
+    return f"{PREFIX}dlq:held:{letter_id}"
 
 
 def dlq_reasons_key() -> str:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import click
@@ -16,7 +17,7 @@ import redis
 from tests._redis import RedisServer
 from tests.worker._batches import batch, payload
 from tests.worker._workers import ROOT, TRACESCORE, failed_start, read_scores, run_tracescore, wait_for
-from tracing import CelerySink
+from tracing import CelerySink, ScoreBatch
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord, score_id_for
 from worker._heartbeat import READY_FILE
@@ -213,6 +214,42 @@ def test_dlq_retry_interrupted_mid_send_keeps_the_letter(
     client = redis.Redis.from_url(env)
     try:
         assert [DeadLetter.model_validate_json(raw).id for raw in client.lrange("tracescore:dlq", 0, -1)] == [letter.id]
+    finally:
+        client.close()
+
+
+def test_two_dlq_retries_at_once_send_a_letter_once(env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second `dlq retry` running while the first sends the letter back: the letter goes to the
+    queue once, and the second says another retry has it. Before, both sent it and both said
+    "requeued": one refused message became two on the queue (two dead letters if it failed again)."""
+    from worker._admin import requeue_dead_letters
+    from worker._settings import load_settings
+
+    letter = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
+    _push_letters(env, letter)
+    settings = load_settings()
+    send = CelerySink.send
+    second: list[tuple[list[DeadLetter], list[str]]] = []
+    sends: list[str] = []
+
+    def send_while_another_retries(self: CelerySink, batch: ScoreBatch) -> None:
+        sends.append(batch.batch_id)
+        if len(sends) == 1:  # the first sender: another operator's retry runs now, to its end
+            other = threading.Thread(target=lambda: second.append(asyncio.run(requeue_dead_letters(settings, None))))
+            other.start()
+            other.join(30)
+        send(self, batch)
+
+    monkeypatch.setattr(CelerySink, "send", send_while_another_retries)
+    requeued, problems = asyncio.run(requeue_dead_letters(settings, None))
+    assert ([d.id for d in requeued], problems) == ([letter.id], [])
+    ((other_requeued, other_problems),) = second
+    assert other_requeued == []
+    assert other_problems == [f"{letter.id}: being requeued by another `tracescore dlq retry`"]
+    assert len(sends) == 1
+    client = redis.Redis.from_url(env)
+    try:
+        assert (client.llen("tracescore"), client.llen("tracescore:dlq")) == (1, 0)
     finally:
         client.close()
 

@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -383,6 +384,25 @@ def test_dead_letters_list_and_take(letters: Any) -> None:
     assert taken.payload == {"x": 1}
     assert left == 1
     assert missing is None
+
+
+def test_a_dead_letter_is_held_by_one_caller_until_its_hold_lapses(letters: Any) -> None:
+    """hold: the first caller gets the letter, a second does not while the hold lasts, and may
+    once it lapsed (a `dlq retry` that died mid-send leaves the letter to a later one)."""
+
+    async def go() -> tuple[bool, bool, bool, bool]:
+        first = await letters.hold("l1", 0.3)
+        second = await letters.hold("l1", 0.3)
+        other = await letters.hold("l2", 0.3)
+        deadline = time.monotonic() + 5
+        later = False
+        while not later and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            later = await letters.hold("l1", 0.3)
+        await letters.close()
+        return first, second, other, later
+
+    assert run(go()) == (True, False, True, True)
 
 
 def test_dead_letters_dedupe_by_message_and_count_by_reason(letters: Any) -> None:

@@ -76,6 +76,11 @@ class DeadLetters(Protocol):
         """Remove and return one dead letter by id (None if it is not there)."""
         ...
 
+    async def hold(self, letter_id: str, ttl_s: float) -> bool:
+        """Reserve the letter for one caller about to send it back, for ``ttl_s`` seconds (a
+        caller that dies leaves it listed); False if another caller holds it."""
+        ...
+
     async def size(self) -> int: ...
 
     async def close(self) -> None: ...
@@ -177,6 +182,16 @@ class RedisDeadLetters(OnRedis):
                 )
                 return letter if removed else None
         return None
+
+    async def hold(self, letter_id: str, ttl_s: float) -> bool:
+        client, key = self._redis.client, _keys.dlq_held_key(letter_id)
+        held = await checked_async(
+            client,
+            "dead_letter_hold",
+            [(key, "string", False)],
+            lambda: client.set(key, "1", nx=True, px=int(ttl_s * 1000)),
+        )
+        return bool(held)
 
     async def size(self) -> int:
         client = self._redis.client

@@ -185,6 +185,7 @@ class MemoryDeadLetters:
         self._lock = threading.Lock()
         self._letters: list[DeadLetter] = []
         self._seen: set[str] = set()
+        self._held: dict[str, float] = {}  # letter id -> when its hold ends (monotonic)
 
     async def push(self, letter: DeadLetter) -> bool:
         with self._lock:
@@ -212,6 +213,14 @@ class MemoryDeadLetters:
                 if letter.id == letter_id:
                     return self._letters.pop(i)
         return None
+
+    async def hold(self, letter_id: str, ttl_s: float) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if self._held.get(letter_id, 0.0) > now:
+                return False
+            self._held[letter_id] = now + ttl_s
+            return True
 
     async def size(self) -> int:
         with self._lock:
