@@ -85,7 +85,13 @@ def compact(record: SpanRecord) -> int:
     """Keep only the attributes the transform reads (in place; idempotent). Returns the
     record's approximate JSON size in bytes (its text values plus a fixed overhead)."""
     record.attributes, size = read_attributes(record.attributes)
-    return RECORD_OVERHEAD_BYTES + size + _events_size(record.events)
+    return RECORD_OVERHEAD_BYTES + _name_size(record.name) + size + _events_size(record.events)
+
+
+def _name_size(name: object) -> int:
+    # A span name is the app's to choose (a prompt pasted into it): 200 kB names went past
+    # max_buffer_bytes and max_queue_bytes uncounted.
+    return len(name) if isinstance(name, str) else 0
 
 
 def _events_size(events: Sequence[SpanRecordEvent]) -> int:
@@ -152,7 +158,7 @@ def build_record(
         service,
         scope,
     )
-    return record, RECORD_OVERHEAD_BYTES + size + (_events_size(kept_events) if kept_events else 0)
+    return record, RECORD_OVERHEAD_BYTES + _name_size(name) + size + (_events_size(kept_events) if kept_events else 0)
 
 
 def service_name(resource: Resource | None) -> str | None:

@@ -293,5 +293,5 @@ def test_drain_forgets_everything() -> None:
     buffer, _ = _buffer(grace_s=60.0)
     _file(buffer, _trace("1"), 0.0)
     _file(buffer, _trace("2")[:1], 0.0)
-    assert buffer.drain() == 2
+    assert buffer.drain() == (2, 0)
     assert (len(buffer), buffer.bytes, buffer.poll(1e9).traces) == (0, 0, [])

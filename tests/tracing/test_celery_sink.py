@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import socket
 import time
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from opentelemetry.trace import set_span_in_context
 
 from tests._redis import RedisServer
 from tests.tracing._exporting import FakeClock, read, wait_for
@@ -227,3 +229,77 @@ def test_kombus_binding_set_of_another_type_is_named_with_its_own_remedy(own_red
         assert [_batch(m).batch_id for m in _messages(own_redis)] == ["b1"]
     finally:
         sink.close()
+
+
+def test_a_forked_child_sends_its_own_traces_and_the_parents_once(own_redis: RedisServer) -> None:
+    """An app that forks after setting up tracing (gunicorn --preload, multiprocessing): the child
+    sends its traces through its own threads and its own broker connection, with counts of its
+    own, and a trace open in the parent at the fork is sent once, by the parent. Before, the
+    child had no flusher or sender: its traces were never sent, and its shutdown waited out the
+    deadline to count them as unsent."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from tests.tracing._spans import chat_attributes
+
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["helpfulness"])],
+        CelerySink(own_redis.url(DB), queue=QUEUE),
+        grace_s=0.2,
+        processor_delay_s=0.1,
+        flush_interval_s=0.1,
+    )
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
+    tracer = provider.get_tracer("app")
+    agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}
+
+    def one_trace() -> str:
+        with tracer.start_as_current_span("invoke_agent a", attributes=agent) as root:
+            with tracer.start_as_current_span("chat m", attributes=chat_attributes("Hi?", "Hello.")):
+                pass
+            return format(root.get_span_context().trace_id, "032x")
+
+    def sent() -> list[str]:
+        return [r.trace_id for m in _messages(own_redis) for r in _batch(m).requests]
+
+    before = one_trace()
+    assert wait_for(lambda: sent() == [before], 10)
+    # Open in the parent at the fork, its LLM call already filed in the buffer.
+    open_root = tracer.start_span("invoke_agent a", attributes=agent)
+    with tracer.start_as_current_span(
+        "chat m", context=set_span_in_context(open_root), attributes=chat_attributes("Hi?", "Hello.")
+    ):
+        pass
+    assert wait_for(lambda: exporter.stats()["traces_buffered"] == 1, 10)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it sent and counted, then leave without pytest's exit
+        code = 1
+        try:
+            os.close(read_end)
+            ids = [one_trace() for _ in range(3)]
+            arrived = wait_for(lambda: set(ids) <= set(sent()), 10)
+            provider.shutdown()
+            stats = exporter.stats()
+            report = {"ids": ids, "arrived": arrived, "sent": stats["runs_sent"], "dropped": stats["dropped"]}
+            os.write(write_end, json.dumps(report).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(read_end, "rb") as pipe:
+            child = json.loads(pipe.read() or b"{}")
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert child["arrived"] is True
+        assert (child["sent"], child["dropped"]) == (3, {})
+        open_root.end()
+        parent_trace = format(open_root.get_span_context().trace_id, "032x")
+        assert wait_for(lambda: parent_trace in sent(), 10)
+        assert exporter.force_flush(10_000)
+        assert sorted(sent()) == sorted([before, parent_trace, *child["ids"]])
+        assert exporter.stats()["runs_sent"] == 2
+    finally:
+        provider.shutdown()

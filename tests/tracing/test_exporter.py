@@ -231,6 +231,46 @@ def test_max_traces_drops_oldest_unfinished(clock: FakeClock, sink: Recording) -
         exp.shutdown(2000)
 
 
+def test_span_names_count_against_the_buffer_and_queue_bounds(clock: FakeClock) -> None:
+    """Content in span names (a prompt pasted into one): each span of 200 kB names was sized as if
+    it had none, so with the sink stalled 300 such traces held 120 MB past bounds of 2 MiB. The
+    name counts now: the buffer and the queue stay under their bounds, the rest is dropped."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    limit = 2 * 1024 * 1024
+    release = threading.Event()
+    exp = ScoringSpanExporter(
+        [ScoringRule(["s"])],
+        CallbackSink(lambda batch: release.wait(30)),  # stalled: the first batch never returns
+        max_buffer_bytes=limit,
+        max_queue_bytes=limit,
+        batch_size=1,
+        clock=clock,
+    )
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exp))
+    tracer = provider.get_tracer("app")
+    try:
+        for _ in range(40):
+            agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}
+            with (
+                tracer.start_as_current_span("invoke_agent " + "n" * 100_000, attributes=agent),
+                tracer.start_as_current_span("chat " + "m" * 100_000),
+            ):
+                pass
+            assert exp.stats()["buffer_bytes"] <= limit
+        exp.tick()
+        clock.advance(60)
+        exp.tick()
+        stats = exp.stats()
+        assert 0 < stats["queue_bytes"] <= limit, stats
+        assert sum(stats["dropped"].values()) >= 40 - 1 - limit // 200_000, stats
+    finally:
+        release.set()
+        exp.shutdown(2000)
+
+
 def test_buffer_is_bounded_in_bytes(clock: FakeClock, sink: Recording) -> None:
     """max_buffer_bytes bounds the buffered records: large unfinished traces beyond it are
     dropped oldest first (counted), finished ones are handed off early instead."""

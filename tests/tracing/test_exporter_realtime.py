@@ -366,6 +366,39 @@ def test_shutdown_returns_in_time_behind_a_filter_that_is_slow_or_never_returns(
     assert (arrivals.count(), exporter.stats()["dropped"]) == (shipped, dropped)
 
 
+def test_traces_handed_over_early_behind_a_filter_that_never_returns_are_counted_at_shutdown(
+    arrivals: Arrivals,
+) -> None:
+    """The flusher's pass stuck in a filter while traces keep coming into a full buffer: each is
+    handed over early (room held in the sender) for a pass that never comes. Shutdown gave up on
+    the pass and counted only the buffered traces: 32 of 41 were neither sent nor counted. They
+    are dropped as shutdown_deadline now."""
+    release = threading.Event()
+    entered = threading.Event()
+
+    def judge_worthy(run: object) -> bool:
+        entered.set()
+        release.wait(30)
+        return True
+
+    exporter = exporter_for_app(
+        CallbackSink(arrivals), rules=[ScoringRule(["s"], filter=judge_worthy)], max_traces=8, shutdown_timeout_s=1.0
+    )
+    application = App(exporter)
+    application.agent_run("first")
+    assert entered.wait(30), "the flusher never reached the filter"
+    for i in range(40):
+        application.agent_run(f"q{i}")
+    assert wait_for(lambda: exporter.stats()["spans_seen"] == 41 * 3, 30)
+    try:
+        application.shutdown()
+        dropped = exporter.stats()["dropped"]
+        assert dropped.get("shutdown_deadline", 0) > 1, dropped
+        assert arrivals.count() + sum(dropped.values()) == 41, (arrivals.count(), dropped)
+    finally:
+        release.set()
+
+
 def test_a_send_that_lands_after_shutdown_gave_up_is_counted_once() -> None:
     """A sink whose send outlasts shutdown's deadline (a CallbackSink cannot be interrupted):
     its runs are counted as shutdown_unsent when shutdown returns; when the send lands after

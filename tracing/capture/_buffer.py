@@ -364,10 +364,13 @@ class TraceBuffer:
                 self._remember_sent(tid)
         return out
 
-    def drain(self) -> int:
-        """Forget every buffered trace (shutdown); returns how many there were."""
-        left = len(self._traces)
+    def drain(self) -> tuple[int, int]:
+        """Forget every trace (shutdown): returns how many were still buffered, and how many
+        were handed over early (room held for them in the sender) and not yet taken by a pass:
+        a pass that shutdown abandoned (a filter that never returns) takes none."""
+        left, early = len(self._traces), len(self._early)
         self._traces.clear()
         self._due_order.clear()
+        self._early.clear()
         self.bytes = 0
-        return left
+        return left, early

@@ -18,6 +18,7 @@ import itertools
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,8 +133,8 @@ class ScoringSpanExporter(SpanExporter):
         for name, fvalue in (("flush_interval_s", flush_interval_s), ("shutdown_timeout_s", shutdown_timeout_s)):
             if fvalue <= 0:
                 raise ValueError(f"{name} must be > 0, got {fvalue}")
-        self._tally = Tally()
-        sender_limits = SenderLimits(
+        self._sink = sink
+        self._sender_limits = SenderLimits(
             queue_size=queue_size,
             max_queue_bytes=max_queue_bytes,
             batch_size=batch_size,
@@ -141,7 +142,7 @@ class ScoringSpanExporter(SpanExporter):
             retry_initial_s=retry_initial_s,
             retry_max_s=retry_max_s,
         )
-        buffer_limits = BufferLimits(
+        self._buffer_limits = BufferLimits(
             max_traces=max_traces,
             max_spans_per_trace=max_spans_per_trace,
             max_buffer_bytes=max_buffer_bytes,
@@ -150,14 +151,24 @@ class ScoringSpanExporter(SpanExporter):
             processor_delay_s=_processor_delay_s() if processor_delay_s is None else processor_delay_s,
         )
         self._rules = rules
-        self._sender = Sender(sink, sender_limits, self._tally)
-        self._buffer = TraceBuffer(rules, buffer_limits, self._tally, reserve=self._sender.reserve)
         self._all_groups = _scorer_groups(rules)
         self._batch_size = batch_size
         self._queue_size = queue_size
         self._interval = flush_interval_s
         self._shutdown_timeout = shutdown_timeout_s
         self._clock = clock
+        self._closed = False
+        self._begin()
+        # A process forked from this one (gunicorn --preload, multiprocessing) has none of its
+        # threads: the SDK's BatchSpanProcessor starts again there, so must this exporter.
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (e := ref()) is not None and e._after_fork())
+
+    def _begin(self) -> None:
+        """This process's state and threads: counters, buffer, sender, locks."""
+        self._tally = Tally()
+        self._sender = Sender(self._sink, self._sender_limits, self._tally)
+        self._buffer = TraceBuffer(self._rules, self._buffer_limits, self._tally, reserve=self._sender.reserve)
 
         # Guards the buffer, the delayed heap and the counters below.
         self._lock = threading.Lock()
@@ -170,12 +181,18 @@ class ScoringSpanExporter(SpanExporter):
         self._traces_completed = 0
         self._runs_found = 0
         self._runs_read_in_app = 0
-        self._closed = False
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="tracescore-flusher", daemon=True)
-        self._flusher.start()
-        self._sender.start()
+        if not self._closed:
+            self._flusher.start()
+            self._sender.start()
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's traces stay the parent's (sent and counted there,
+        never twice), its locks may have been held mid-fork, and its threads are gone. The child
+        starts empty, with counts of its own; the sink reconnects on its first send."""
+        self._begin()
 
     # --- SpanExporter ----------------------------------------------------------------------
 
@@ -252,11 +269,12 @@ class ScoringSpanExporter(SpanExporter):
         try:
             self._process(force=True, deadline=deadline, closing=True)
             with self._lock:
-                left = self._buffer.drain()
+                left, early = self._buffer.drain()
                 # Held back by delay_s (also those the pass just completed): better early than never.
                 delayed = [s for _, _, s in sorted(self._delayed, key=lambda d: d[:2])]
                 self._delayed.clear()
             self._tally.drop("shutdown_incomplete_trace", left)
+            self._tally.drop("shutdown_deadline", early)
             self._sender.release(sum(s.size for s in delayed))
             self._sender.put(delayed)
             self._sender.wait_idle(deadline)

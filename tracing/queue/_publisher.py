@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -80,6 +82,14 @@ class Publisher:
         self._conn: Any = None
         self._producer: Any = None
         self._closed = False
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (p := ref()) is not None and p._after_fork())
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's connection is the parent's (its socket shared; closing
+        it here could end the parent's), and a publish under way there held the lock."""
+        self._lock = threading.Lock()
+        self._conn = self._producer = None
 
     def _connect(self) -> Any:
         from kombu import Connection, Exchange, Queue
