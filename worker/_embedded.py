@@ -54,6 +54,7 @@ from worker._summary import Outcome
 from worker.store import MemoryScoreStore, ScoreStore, SinkCounts, SinkDeadLetter
 
 __all__ = [
+    "EMBEDDED_RECORDS_KEPT",
     "EmbeddedScorer",
     "EmbeddedSink",
     "Scored",
@@ -64,6 +65,9 @@ __all__ = [
 T = TypeVar("T")
 
 log = structlog.get_logger("tracescore.embedded")
+
+# Scores an app's in-process sink remembers (about 4 KB each: some 40 MB).
+EMBEDDED_RECORDS_KEPT = 10_000
 
 _WEDGED_OUTCOME = "its loop was abandoned and the batch's other runs were scored on a new one"
 
@@ -416,7 +420,11 @@ def embedded_sink(
     inside the application, whose environment is not the workers'. ``sinks`` (e.g.
     ``[OtlpSink()]``) get every score at least once while the process lives, from an in-memory
     outbox (what is still queued when the exporter shuts down gets the drain time of
-    ``EmbeddedScorer``; a crash loses it, as it loses the scores).
+    ``EmbeddedScorer``; a crash loses it, as it loses the scores). The store keeps the newest
+    ``EMBEDDED_RECORDS_KEPT`` scores (a few KB each), enough to know a run sent again soon after
+    (a retried send) as scored: memory stays flat however long the app runs.
     """
     registry = load_registry(scorers) if isinstance(scorers, str) else scorers
+    if store is None:  # the app lives for weeks: its store keeps the newest scores only
+        store = MemoryScoreStore(max_records=EMBEDDED_RECORDS_KEPT)
     return EmbeddedSink(EmbeddedScorer(registry, writer, store=store, run_timeout_s=run_timeout_s, sinks=sinks))

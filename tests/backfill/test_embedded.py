@@ -117,3 +117,29 @@ def test_embedded_sink_does_not_read_the_workers_settings(monkeypatch: pytest.Mo
     monkeypatch.setenv("TRACESCORE_RUN_TIMEOUT_SECONDS", "not-a-number")
     sink = embedded_sink("tests.backfill.scorers", MemoryScoreWriter(), run_timeout_s=5.0)
     sink.close()
+
+
+def test_an_apps_embedded_sink_keeps_the_newest_scores_only() -> None:
+    """The app's in-process sink lives as long as the app: its store kept every score (about 4 KB
+    each, 4 GB a day at a million scores), never freed. It keeps the newest
+    EMBEDDED_RECORDS_KEPT now; the writer gets every score, and a run sent again soon after is
+    still known as scored."""
+    from tests.worker._batches import batch
+    from tests.worker.sample_scorers import length
+    from worker._embedded import EMBEDDED_RECORDS_KEPT
+    from worker.store import MemoryScoreStore
+
+    writer = MemoryScoreWriter()
+    sink = embedded_sink({"length": length}, writer, run_timeout_s=0)
+    try:
+        runs = EMBEDDED_RECORDS_KEPT + 500
+        for n in range(0, runs, 100):
+            sink.send(batch(range(n, n + 100), ["length"], salt="kept"))
+        store = sink.scorer.store
+        assert isinstance(store, MemoryScoreStore)
+        assert len(store.records) == EMBEDDED_RECORDS_KEPT
+        assert len(writer.records) == runs
+        sink.send(batch(range(runs - 100, runs), ["length"], salt="kept"))  # the newest, again
+        assert len(writer.records) == runs
+    finally:
+        sink.close()

@@ -87,6 +87,48 @@ def test_put_records_first_writer_wins(store: Any) -> None:
     assert [r.score for r in found] == [0.1]
 
 
+def test_a_record_is_forgotten_after_its_ttl(store: Any) -> None:
+    """A record lasts the TTL of its put, in memory as in Redis (the in-memory store kept every
+    record for good: an app scoring in process grew by a few KB a score)."""
+
+    async def go() -> tuple[set[str], set[str]]:
+        kept, short = _record(1), _record(2)
+        await store.put_records([kept], "w", 600)
+        await store.put_records([short], "w", 1)
+        before = set(await store.existing([kept.score_id, short.score_id]))
+        deadline = time.monotonic() + 10
+        after = before
+        while short.score_id in after and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            await store.put_records([_record(3 + len(after))], "w", 600)  # the in-memory store forgets on a put
+            after = set(await store.existing([kept.score_id, short.score_id]))
+        await store.close()
+        return before, after
+
+    before, after = run(go())
+    assert before == {_record(1).score_id, _record(2).score_id}
+    assert after == {_record(1).score_id}
+
+
+def test_the_memory_store_keeps_its_newest_records_and_those_still_owed_to_a_sink() -> None:
+    """With max_records the oldest records go first, except one a sink has yet to take: it and
+    the newer ones stay until the sink settles it."""
+
+    async def go() -> tuple[int, bool, int]:
+        store = MemoryScoreStore(sinks=["otlp"], max_records=3)
+        await store.put_records([_record(n) for n in range(5)], "w", 600)
+        while_owed = len(store.records)
+        lease = store.outbox.lease("otlp", 100, 30)
+        store.outbox.ack(lease, list(lease.attempts))
+        await store.put_records([_record(5)], "w", 600)
+        newest_kept = set(store.records) == {_record(n).score_id for n in (3, 4, 5)}
+        return while_owed, newest_kept, len(store.outbox.states("otlp", [_record(0).score_id]))
+
+    while_owed, newest_kept, _ = run(go())
+    assert while_owed == 5
+    assert newest_kept
+
+
 def test_concurrent_puts_record_exactly_once(store: Any) -> None:
     """Many concurrent puts of the same score: exactly one is new."""
 

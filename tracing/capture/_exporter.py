@@ -18,7 +18,6 @@ import itertools
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tracing._errors import TraceReadError
+from tracing._fork import after_fork_in_child
 from tracing._rules import ScoringRule
 from tracing._run import SpanRecord
 from tracing._transform import trace_to_run
@@ -161,8 +161,7 @@ class ScoringSpanExporter(SpanExporter):
         self._begin()
         # A process forked from this one (gunicorn --preload, multiprocessing) has none of its
         # threads: the SDK's BatchSpanProcessor starts again there, so must this exporter.
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: (e := ref()) is not None and e._after_fork())
+        after_fork_in_child(self._after_fork)
 
     def _begin(self) -> None:
         """This process's state and threads: counters, buffer, sender, locks."""

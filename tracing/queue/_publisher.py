@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tracing._broker import BrokerTLS
 from tracing._errors import QueueKeyError
+from tracing._fork import after_fork_in_child
 from tracing.queue._contract import ScoreBatch, request_json
 from tracing.queue._limits import DEFAULT_MAX_PAYLOAD_BYTES, MESSAGE_ENVELOPE_BYTES
 from tracing.queue._wire import CONTENT_ENCODING, CONTENT_TYPE, task_message, wire_size
@@ -82,8 +81,7 @@ class Publisher:
         self._conn: Any = None
         self._producer: Any = None
         self._closed = False
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: (p := ref()) is not None and p._after_fork())
+        after_fork_in_child(self._after_fork)
 
     def _after_fork(self) -> None:
         """In a forked child: the parent's connection is the parent's (its socket shared; closing

@@ -18,6 +18,7 @@ from worker.store._keytypes import checked_async
 from worker.store._redis import OnRedis, RedisConnection
 
 __all__ = [
+    "FAILURE_BUCKETS_KEPT",
     "FAILURE_WINDOW_SECONDS",
     "JOB_TTL_S",
     "JobStats",
@@ -28,6 +29,8 @@ __all__ = [
 
 # Failure counts are kept in buckets of this many seconds (``tracescore status`` sums the last hour).
 FAILURE_WINDOW_SECONDS = 600
+# Windows of failures kept (Redis: a bucket's TTL is this many windows).
+FAILURE_BUCKETS_KEPT = 12
 # A job's counters outlive its last update by this long.
 JOB_TTL_S = 7 * 24 * 3600
 

@@ -4,6 +4,7 @@ short-lived)."""
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections import defaultdict
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from scorers import ScoreResult
 from tracing import ScoreRecord
 from worker.store._dead_letters import DeadLetter
-from worker.store._jobs import failure_bucket, outcome
+from worker.store._jobs import FAILURE_BUCKETS_KEPT, failure_bucket, outcome
 from worker.store._outbox import MemoryOutbox
 from worker.store._scores import Claims
 
@@ -38,7 +39,11 @@ class MemoryJobStats:
                 if reason:
                     self._jobs[record.job_id][f"{counter}:{reason}"] += 1
             if reason:
-                self._failures[failure_bucket()][reason] += 1
+                bucket = failure_bucket()
+                if bucket not in self._failures:  # a new window: the old ones go, as in Redis (TTL)
+                    for old in [b for b in self._failures if b < bucket - FAILURE_BUCKETS_KEPT]:
+                        del self._failures[old]
+                self._failures[bucket][reason] += 1
 
     async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None:
         with self._lock:
@@ -63,12 +68,25 @@ class MemoryJobStats:
 
 
 class MemoryScoreStore:
-    """The exactly-once core in memory."""
+    """The exactly-once core in memory.
 
-    def __init__(self, jobs: MemoryJobStats | None = None, *, sinks: Sequence[str] = ()) -> None:
+    A record is kept for the ``ttl_s`` of its put, as in Redis, and with ``max_records`` only the
+    newest that many (a score is a few KB: an app scoring in process for weeks must not keep
+    every one). A record still owed to a sink stays until it is delivered or dead-lettered, and
+    what goes first is the oldest put. A forgotten record's score may be scored again if its run
+    is sent again, as after its TTL in Redis."""
+
+    def __init__(
+        self, jobs: MemoryJobStats | None = None, *, sinks: Sequence[str] = (), max_records: int | None = None
+    ) -> None:
         self._lock = threading.Lock()
         self._jobs = jobs if jobs is not None else MemoryJobStats()
         self.records: dict[str, ScoreRecord] = {}
+        self.max_records = max_records
+        # Score id -> when its record expires (monotonic), in the order they were put; and the
+        # same as a heap by expiry (entries of records put again or dropped are skipped).
+        self._expires: dict[str, float] = {}
+        self._expiry_heap: list[tuple[float, str]] = []
         # Every recorded score is queued here for each sink, as the Redis store's script does.
         self.outbox = MemoryOutbox(self._records_among, sinks)
         self._claims: dict[str, tuple[str, float]] = {}
@@ -146,6 +164,7 @@ class MemoryScoreStore:
     async def put_records(self, records: Sequence[ScoreRecord], owner: str, ttl_s: int) -> list[bool]:
         fresh: list[bool] = []
         owed: list[str] = []
+        now = time.monotonic()
         with self._lock:
             for record in records:
                 prev = self.records.get(record.score_id)
@@ -159,6 +178,9 @@ class MemoryScoreStore:
                 else:
                     self._by_trace[record.trace_id].append(record.score_id)
                 self.records[record.score_id] = record
+                self._expires.pop(record.score_id, None)
+                self._expires[record.score_id] = now + ttl_s
+                heapq.heappush(self._expiry_heap, (now + ttl_s, record.score_id))
                 self._checkpoints.pop(record.score_id, None)
                 if self._claims.get(record.score_id, ("", 0.0))[0] == owner:
                     del self._claims[record.score_id]
@@ -168,7 +190,40 @@ class MemoryScoreStore:
             # Under the store's lock, as one step with the record (a drainer reads records
             # without it: an id is never queued before its record is there).
             self.outbox.enqueue_all(owed)
+            self._forget_old(now)
         return fresh
+
+    def _forget_old(self, now: float) -> None:
+        """Drop the records past their TTL, then the oldest put past ``max_records``; a record a
+        sink has yet to take stays (under the lock)."""
+        heap, expires = self._expiry_heap, self._expires
+        while heap and heap[0][0] <= now:
+            due, score_id = heap[0]
+            if expires.get(score_id) != due:  # put again since, or dropped already
+                heapq.heappop(heap)
+                continue
+            if self.outbox.owes(score_id):
+                break
+            heapq.heappop(heap)
+            self._drop(score_id)
+        while self.max_records is not None and len(self.records) > self.max_records:
+            score_id = next(iter(expires))
+            if self.outbox.owes(score_id):
+                break
+            self._drop(score_id)
+        if len(heap) > 2 * len(expires) + 64:  # the dropped records' entries: rebuilt
+            self._expiry_heap = [(due, score_id) for score_id, due in expires.items()]
+            heapq.heapify(self._expiry_heap)
+
+    def _drop(self, score_id: str) -> None:
+        del self._expires[score_id]
+        record = self.records.pop(score_id)
+        ids = self._by_trace.get(record.trace_id)
+        if ids is not None:
+            ids.remove(score_id)
+            if not ids:
+                del self._by_trace[record.trace_id]
+        self.outbox.forget(score_id)
 
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]:
         with self._lock:

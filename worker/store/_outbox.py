@@ -579,6 +579,18 @@ class MemoryOutbox:
         for sink in self.sinks:
             self.enqueue(sink, score_ids)
 
+    def owes(self, score_id: str) -> bool:
+        """Whether a sink has yet to take ``score_id`` (queued, or leased and not settled)."""
+        with self._lock:
+            return any(score_id in due for due in self._due.values())
+
+    def forget(self, score_id: str) -> None:
+        """The store dropped the record (its TTL, or its bound): no state of it is kept but a
+        dead letter, which stays for the operator."""
+        with self._lock:
+            for sink in self.sinks:
+                self._delivered[sink].discard(score_id)
+
     def lease(self, sink: str, limit: int, lease_s: float) -> Lease:
         self.register([sink])
         now = _now_ms()

@@ -32,7 +32,15 @@ from tracing import ScoreRecord
 from worker import _keys
 from worker._process import alive
 from worker._reconnect import unavailable_as_error
-from worker.store._jobs import FAILURE_WINDOW_SECONDS, JOB_TTL_S, JobStats, RedisJobStats, failure_bucket, outcome
+from worker.store._jobs import (
+    FAILURE_BUCKETS_KEPT,
+    FAILURE_WINDOW_SECONDS,
+    JOB_TTL_S,
+    JobStats,
+    RedisJobStats,
+    failure_bucket,
+    outcome,
+)
 from worker.store._keytypes import LUA_CHECK, checked_async, checked_script
 from worker.store._outbox import delivered_key
 from worker.store._redis import OnRedis, RedisConnection, failed_fields
@@ -492,7 +500,7 @@ class RedisScoreStore(OnRedis):
         head = [
             str(ttl_s),
             owner,
-            str(FAILURE_WINDOW_SECONDS * 12),
+            str(FAILURE_WINDOW_SECONDS * FAILURE_BUCKETS_KEPT),
             str(int(time.time() * 1000)),
             str(len(shared)),
             str(len(self.sinks)),
