@@ -129,6 +129,29 @@ def test_score_out_files_compare_across_scorer_versions(tmp_path: Path) -> None:
     assert rel["moved_most"][0]["new_reason"] == "v2: 11 chars, period=False"
 
 
+def test_records_of_one_run_twice_are_named_in_the_table(tmp_path: Path) -> None:
+    """Two records of one run and scorer in a file (two different runs under one run id, or a
+    re-score): the last counts, as before, and the table now says how many were replaced, where
+    only --json counted them and the table showed fewer runs without a word."""
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(
+        "".join(
+            json.dumps({"run_id": rid, "input": "q", "output": out}) + "\n"
+            for rid, out in [("a", "one answer."), ("a", "another answer."), ("b", "x")]
+        )
+    )
+    out = tmp_path / "scores.jsonl"
+    scored = CliRunner().invoke(
+        cli, ["score", str(runs), "--scorers", "tests.summary_scorers_v1", "--scorer", "length", "--out", str(out)]
+    )
+    assert scored.exit_code == 0, scored.output
+    result = _compare(str(out), str(out))
+    assert result.exit_code == 0, result.output
+    assert "old: 1 record(s) of a run and scorer already read; the last one counts" in result.stdout
+    assert "new: 1 record(s) of a run and scorer already read" in result.stdout
+    assert json.loads(_compare(str(out), str(out), "--json").stdout)["duplicates"] == {"old": 1, "new": 1}
+
+
 def test_unreadable_input_is_a_clear_error(tmp_path: Path) -> None:
     """A file of garbage exits 1 naming it; a missing file is a usage error naming it."""
     good = _write(tmp_path / "good.jsonl", [_rec("t1", "rel", 0.5, "r")])

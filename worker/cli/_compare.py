@@ -55,6 +55,13 @@ def _render(result: dict[str, Any], width: int = 120) -> str:
             lines.append("      new: " + cell(move["new_reason"], width - 11))
     if not result["by_scorer"]:
         lines.append("(no records in either file)")
+    for side in ("old", "new"):
+        if result["duplicates"][side]:
+            lines += [
+                "",
+                f"{side}: {result['duplicates'][side]:,} record(s) of a run and scorer already read; the last one"
+                " counts (a re-score replaces; two different runs under one run id are one here)",
+            ]
     return "\n".join(lines)
 
 
