@@ -399,6 +399,62 @@ def test_traces_handed_over_early_behind_a_filter_that_never_returns_are_counted
         release.set()
 
 
+def test_every_run_of_an_overloaded_exporter_is_sent_or_counted_by_its_unit() -> None:
+    """A flood through a small buffer and a small queue into a slow sink, each trace holding two
+    agent runs for two delay groups (four runs). A trace the full buffer handed over early,
+    with no room in the queue either, was counted once under queue_full, a reason that counts
+    runs: three runs of each such trace went uncounted (2,493 of 4,800 in the repro). Traces
+    dropped count under the trace reasons, runs under the run reasons, and they add up."""
+    trace_reasons = {
+        "max_traces",
+        "max_buffer_bytes",
+        "max_trace_age",
+        "shutdown_incomplete_trace",
+        "shutdown_deadline",
+    }
+    arrivals = Arrivals()
+
+    def slow(batch: ScoreBatch) -> None:
+        time.sleep(0.01)
+        arrivals(batch)
+
+    exporter = exporter_for_app(
+        CallbackSink(slow),
+        rules=[ScoringRule(["s1"]), ScoringRule(["s2"], delay_s=0.3)],
+        queue_size=200,
+        batch_size=7,
+        max_traces=50,
+    )
+    application = App(exporter, max_queue_size=100_000)
+    tracer = application.tracer
+    agents = [{"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": a} for a in ("a", "b")]
+
+    def traces(n: int) -> None:
+        for _ in range(n):
+            with tracer.start_as_current_span("GET /x"):
+                for agent in agents:
+                    with (
+                        tracer.start_as_current_span(f"invoke_agent {agent['gen_ai.agent.name']}", attributes=agent),
+                        tracer.start_as_current_span("chat m", attributes=chat_attributes("Hi?", "Hello.")),
+                    ):
+                        pass
+
+    threads = [threading.Thread(target=traces, args=(250,)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    application.shutdown()
+    stats = exporter.stats()
+    runs_sent = sum(len(r.target_span_ids) for b in arrivals.batches for r in b.requests)
+    traces_dropped = sum(v for k, v in stats["dropped"].items() if k in trace_reasons)
+    runs_dropped = sum(v for k, v in stats["dropped"].items() if k not in trace_reasons)
+    assert stats["spans_seen"] == 1000 * 5, stats
+    assert traces_dropped > 0, stats  # the overload this test is about
+    assert runs_dropped > 0, stats
+    assert 4 * (1000 - traces_dropped - sum(stats["skipped"].values())) == runs_sent + runs_dropped, stats
+
+
 def test_a_send_that_lands_after_shutdown_gave_up_is_counted_once() -> None:
     """A sink whose send outlasts shutdown's deadline (a CallbackSink cannot be interrupted):
     its runs are counted as shutdown_unsent when shutdown returns; when the send lands after

@@ -272,25 +272,27 @@ class TraceBuffer:
         """Full (``reason``): complete the oldest trace whose root ended early, else the oldest
         one with an ended agent span, else drop the oldest unfinished trace."""
         while self._due_order:
-            if self._hand_over_early(next(iter(self._due_order))):
+            if self._hand_over_early(next(iter(self._due_order)), reason):
                 return
         # O(traces), only when full and no root has ended: a long-lived root (see poll).
         ended = next((t for t, e in self._traces.items() if e.agent_ended), None)
-        if ended is not None and self._hand_over_early(ended):
+        if ended is not None and self._hand_over_early(ended, reason):
             return
         tid = next(iter(self._traces))
         self._pop(tid)
         self._ignore(tid)
         self._tally.drop(reason)
 
-    def _hand_over_early(self, tid: int) -> bool:
+    def _hand_over_early(self, tid: int, reason: str) -> bool:
+        """Make room (the buffer is full for ``reason``) by handing trace ``tid`` to the sender
+        now; with no room there either, it is dropped, counted as a trace under ``reason``: the
+        queue's reasons count runs, and its runs were never planned."""
         entry = self._pop(tid)
         if entry is None:
             return False
-        full = self._reserve(entry.size)
-        if full:
+        if self._reserve(entry.size):
             self._ignore(tid)
-            self._tally.drop(full)
+            self._tally.drop(reason)
         else:
             self._early.append(entry)
             self._remember_sent(tid)  # a child still inside its grace window: see add()

@@ -509,7 +509,8 @@ class ScoringSpanExporter(SpanExporter):
         ``send_failures`` (sink attempts that raised, each retried); ``queue_depth`` (waiting
         for or in the sink); ``queue_bytes`` (approximate JSON size of what waits, bounded by
         ``max_queue_bytes``); ``delayed`` (held by ``delay_s``); ``dropped`` by reason: traces
-        (``max_traces`` and ``max_buffer_bytes``: the buffer was full of unfinished traces,
+        (``max_traces`` and ``max_buffer_bytes``: the buffer was full of unfinished traces, or
+        full and the hand-off queue too,
         ``max_trace_age``, ``shutdown_incomplete_trace``, ``shutdown_deadline``: complete but
         not yet read when shutdown's deadline came, e.g. behind a slow filter), spans (``max_spans_per_trace``,
         ``no_context``) and runs (``queue_full`` and ``queue_bytes``: the hand-off queue's run
