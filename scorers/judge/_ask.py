@@ -35,6 +35,7 @@ from pydantic_core import to_jsonable_python
 
 from scorers._errors import ScorerConfigError
 from scorers._result import JudgeAttempt, JudgeExecution, JudgeUsage, StepName
+from scorers.judge._body import MAX_CHARS_PER_TOKEN
 from scorers.judge._config import Judge
 from scorers.judge._errors import (
     JudgeError,
@@ -73,11 +74,6 @@ MAX_PAUSE_S = 60.0
 # plus a moment for the SDK's own timeout error to come first (it held 5 s more once), and
 # catches a custom JudgeModel that never returns.
 _TIMEOUT_GRACE_S = 0.5
-# An answer longer than this many characters per token of ``max_tokens`` was not cut at the
-# limit by the provider (a broken proxy, a custom model): it is refused before it is kept
-# (a score keeps an answer up to three times: raw output, output, reason) and stored.
-# No tokenizer's tokens average near 64 characters.
-_MAX_CHARS_PER_TOKEN = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +289,7 @@ class _JudgeCall:
         size = len(response.text)
         if response.parsed is not None:
             size = max(size, len(json.dumps(response.parsed, default=str)))
-        bound = request.max_tokens * _MAX_CHARS_PER_TOKEN
+        bound = request.max_tokens * MAX_CHARS_PER_TOKEN
         if size <= bound:
             return None
         return JudgeResponseError(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from scorers._errors import ScorerConfigError
 from scorers._result import JudgeUsage
 from scorers._secrets import header_value_problem
+from scorers.judge._body import answer_cap, cap_response_body
 from scorers.judge._clients import lease_client
 from scorers.judge._errors import JudgeAuthError, JudgeResponseError
 from scorers.judge._model import JudgeModel, JudgeRequest, JudgeResponse
@@ -74,7 +75,8 @@ class OpenAIJudgeModel:
         def build() -> openai.AsyncOpenAI:
             import openai
 
-            return openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0)
+            http = openai.DefaultAsyncHttpxClient(event_hooks={"response": [cap_response_body]})
+            return openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, http_client=http)
 
         return lease_client(("openai", base_url, api_key), build)
 
@@ -97,7 +99,10 @@ class OpenAIJudgeModel:
                     "schema": _strict(request.output_schema),
                 },
             }
-        with translate_sdk_errors(self.provider, self.model_id, api_key=self._api_key()):
+        with (
+            translate_sdk_errors(self.provider, self.model_id, api_key=self._api_key()),
+            answer_cap(request.max_tokens),
+        ):
             # The SDK's generic POST (its documented way to send a raw body) rather than
             # chat.completions.create: create() runs a TypedDict transform over the params
             # that costs ~2 ms of CPU per call, the largest share of a judge call's overhead.
@@ -183,7 +188,8 @@ class AnthropicJudgeModel:
         def build() -> anthropic.AsyncAnthropic:
             import anthropic
 
-            return anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0)
+            http = anthropic.DefaultAsyncHttpxClient(event_hooks={"response": [cap_response_body]})
+            return anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0, http_client=http)
 
         return lease_client(("anthropic", base_url, api_key), build)
 
@@ -212,7 +218,10 @@ class AnthropicJudgeModel:
                 }
             ]
             kwargs["tool_choice"] = {"type": "tool", "name": tool}
-        with translate_sdk_errors(self.provider, self.model_id, api_key=self._api_key()):
+        with (
+            translate_sdk_errors(self.provider, self.model_id, api_key=self._api_key()),
+            answer_cap(request.max_tokens),
+        ):
             async with self._client() as client:
                 message = await client.messages.create(**kwargs)
         parsed: Any = None

@@ -20,6 +20,7 @@ from typing import Any
 
 from scorers._errors import category_for_status
 from scorers._secrets import scrub_secrets
+from scorers.judge._body import AnswerTooLarge
 from scorers.judge._errors import (
     JudgeAuthError,
     JudgeBadRequestError,
@@ -140,6 +141,15 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
             provider=provider,
             model_id=model_id,
         )
+    too_large = _cause(exc, AnswerTooLarge)
+    if too_large is not None:
+        # Not retried: the same request would get the same answer, paid again.
+        return JudgeResponseError(
+            f"{model_id}: the provider's response body is over {too_large.cap:,} bytes, more than"
+            " max_tokens allows: not read further",
+            provider=provider,
+            model_id=model_id,
+        )
     if hx is not None and isinstance(exc, hx.DecodingError):
         return JudgeResponseError(
             f"{model_id}: the provider's response body could not be decoded ({exc})",
@@ -186,6 +196,18 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
         if "credential" in str(exc).lower() or "api_key" in str(exc):
             return _missing_credentials(provider, model_id, exc)
         return JudgeProviderError(f"{model_id}: {type(exc).__name__}: {exc}", provider=provider, model_id=model_id)
+    return None
+
+
+def _cause(exc: BaseException, kind: type[AnswerTooLarge]) -> AnswerTooLarge | None:
+    """``exc`` or the first of its causes that is a ``kind`` (an SDK wraps what its transport raised)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
     return None
 
 

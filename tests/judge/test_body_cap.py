@@ -1,0 +1,140 @@
+"""How much of a provider's answer the judge reads, through the real SDKs over HTTP: a body over
+the call's cap (what ``max_tokens`` can hold, 16 MiB at least) is refused after that many bytes,
+counted after decompression (a gzip bomb inflates no further), and an error's body is cut at
+64 KiB, its status kept.
+
+Before, the SDKs read every body whole: a 40 MB answer held it several times over, 200 KB of
+gzip inflated to 200 MB, and a 500 with 20 MB of message took seconds of scrubbing on the
+worker's loop before it failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import threading
+import time
+import tracemalloc
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+
+from scorers import Judge, ScorerRunError
+from scorers.judge import JudgeResponseError, JudgeServerError
+from tests._http import QuietHandler, serving
+from tests.judge.helpers import score_scorer
+
+ANSWER = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": '{"score": 0.5}'}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+}
+
+
+ANTHROPIC_ANSWER = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "m",
+    "content": [{"type": "text", "text": '{"score": 0.5}'}],
+    "stop_reason": "end_turn",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 10, "output_tokens": 5},
+}
+
+
+class Provider(QuietHandler):
+    """Answers every POST with ``reply`` (status, headers, body), counting the requests."""
+
+    reply: ClassVar[tuple[int, dict[str, str], bytes]] = (200, {}, b"")
+    requests: ClassVar[list[str]] = []
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        with self.lock:
+            self.requests.append(self.path)
+        status, headers, body = self.reply
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client stopped reading
+            self.wfile.write(body)
+
+
+@pytest.fixture
+def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Provider]]:
+    Provider.requests = []
+    with serving(Provider) as url:
+        monkeypatch.setenv("OPENAI_BASE_URL", url + "/v1")
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-body-cap")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-body-cap")
+        yield Provider
+
+
+def _ask(
+    provider: type[Provider], reply: tuple[int, dict[str, str], bytes], model: str = "openai/gpt-4o-mini"
+) -> tuple[Any, int, float]:
+    """Run a one-step judge scorer against ``reply``; returns (result or the run's error cause,
+    peak bytes allocated while it ran, seconds). A first run with a plain answer loads the SDK
+    and builds its client, which the measured run then reuses."""
+    scorer = score_scorer(Judge(model, timeout=20, max_tokens=256))
+    provider.reply = (200, {}, json.dumps(ANTHROPIC_ANSWER if model.startswith("anthropic") else ANSWER).encode())
+    assert scorer.run_sync(input="q", output="a").score == 0.5
+    provider.requests.clear()
+    provider.reply = reply
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        outcome: Any = scorer.run_sync(input="q", output="a")
+    except ScorerRunError as exc:
+        outcome = exc.cause
+    finally:
+        elapsed = time.monotonic() - started
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return outcome, peak, elapsed
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5"])
+def test_an_answer_larger_than_max_tokens_allows_is_refused_unread(provider: type[Provider], model: str) -> None:
+    answer = ANTHROPIC_ANSWER if model.startswith("anthropic") else ANSWER
+    body = json.dumps({**answer, "pad": "x" * 40_000_000}).encode()
+    cause, peak, _ = _ask(provider, (200, {}, body), model)
+    assert isinstance(cause, JudgeResponseError), cause
+    assert "response body is over" in str(cause)
+    assert "more than max_tokens allows" in str(cause)
+    assert len(provider.requests) == 1  # not retried: the same request would be paid again
+    assert peak < 40_000_000, f"{peak / 1e6:.1f} MB allocated reading a refused answer"
+
+
+def test_a_gzip_bomb_is_inflated_no_further_than_the_cap(provider: type[Provider]) -> None:
+    bomb = gzip.compress(json.dumps({**ANSWER, "pad": "0" * 200_000_000}).encode(), 9)
+    assert len(bomb) < 1_000_000
+    cause, peak, _ = _ask(provider, (200, {"content-encoding": "gzip"}, bomb))
+    assert isinstance(cause, JudgeResponseError), cause
+    assert "response body is over" in str(cause)
+    assert peak < 40_000_000, f"{peak / 1e6:.1f} MB allocated inflating a refused answer"
+
+
+def test_a_compressed_answer_within_the_cap_is_read(provider: type[Provider]) -> None:
+    result, _, _ = _ask(provider, (200, {"content-encoding": "gzip"}, gzip.compress(json.dumps(ANSWER).encode())))
+    assert result.score == 0.5
+
+
+def test_a_huge_error_body_is_cut_and_its_status_kept(provider: type[Provider]) -> None:
+    error = {"error": {"message": "overloaded " + "y" * 20_000_000, "type": "server_error"}}
+    cause, peak, _ = _ask(provider, (500, {}, json.dumps(error).encode()))
+    assert isinstance(cause, JudgeServerError), cause
+    assert cause.category == "retryable"
+    assert len(str(cause)) < 100_000
+    assert peak < 2_000_000, f"{peak / 1e6:.1f} MB allocated reading an error"
