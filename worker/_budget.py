@@ -63,7 +63,9 @@ from scorers.judge import (
     set_judge_hooks,
 )
 from worker import _keys
+from worker._errors import StoreKeyTypeError
 from worker._reconnect import StoreUnavailableError, reconnecting_client, unavailable_as_error
+from worker.store import checked_async
 
 __all__ = [
     "SPEND_TTL_S",
@@ -314,13 +316,23 @@ class RedisLedger:
         self._expiring.update(fresh)
 
     async def read(self, day: str, fields: list[str], job_id: str | None) -> tuple[list[float], float, float | None]:
-        async with self._redis().pipeline(transaction=False) as pipe:
-            if fields:  # HMGET with no field is an error
-                pipe.hmget(_keys.spend_key(day), fields)
-            if job_id:
-                pipe.hget(_keys.job_spend_key(job_id), TOTAL)
-                pipe.get(_keys.job_budget_key(job_id))
-            out = await pipe.execute()
+        client = self._redis()
+
+        async def call() -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                if fields:  # HMGET with no field is an error
+                    pipe.hmget(_keys.spend_key(day), fields)
+                if job_id:
+                    pipe.hget(_keys.job_spend_key(job_id), TOTAL)
+                    pipe.get(_keys.job_budget_key(job_id))
+                return list(await pipe.execute())
+
+        # What was spent, and a job's limit, cannot be rebuilt: a key of another type is refused
+        # (StoreKeyTypeError, naming it), never deleted, which would let the spend start again.
+        checks: list[tuple[str, str, bool]] = [(_keys.spend_key(day), "hash", True)]
+        if job_id:
+            checks += [(_keys.job_spend_key(job_id), "hash", True), (_keys.job_budget_key(job_id), "string", True)]
+        out = await checked_async(client, "spend_read", checks, call)
         values = [_number(v, f"spend:{f}") for f, v in zip(fields, out.pop(0), strict=True)] if fields else []
         if not job_id:
             return values, 0.0, None
@@ -328,17 +340,25 @@ class RedisLedger:
         return values, _number(out[0], "job_spend"), _number(out[1], "job_limit") if out[1] is not None else None
 
     async def failed_calls(self, run_key: str, version: str) -> tuple[int, str | None]:
-        count, error = await self._redis().hmget(_keys.judge_calls_key(run_key), [version, f"{version}:error"])
+        client, key = self._redis(), _keys.judge_calls_key(run_key)
+        # A run's failed-call count is rebuilt from zero if it must be: repaired (deleted, counted).
+        count, error = await checked_async(
+            client, "judge_calls", [(key, "hash", False)], lambda: client.hmget(key, [version, f"{version}:error"])
+        )
         return _count(count, "judge_calls"), str(error) if error is not None else None
 
     async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int) -> None:
-        key = _keys.judge_calls_key(run_key)
-        # One round trip, no MULTI: the count only has to add up (HINCRBY is atomic by itself).
-        async with self._redis().pipeline(transaction=False) as pipe:
-            pipe.hincrby(key, version, 1)
-            pipe.hset(key, f"{version}:error", error)
-            pipe.expire(key, ttl_s)
-            await pipe.execute()
+        client, key = self._redis(), _keys.judge_calls_key(run_key)
+
+        async def call() -> None:
+            # One round trip, no MULTI: the count only has to add up (HINCRBY is atomic by itself).
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.hincrby(key, version, 1)
+                pipe.hset(key, f"{version}:error", error)
+                pipe.expire(key, ttl_s)
+                await pipe.execute()
+
+        await checked_async(client, "judge_calls", [(key, "hash", False)], call)
 
     async def reset_calls(self, run_keys: list[str]) -> None:
         if run_keys:
@@ -479,7 +499,12 @@ class BudgetGuard:
         if job_id in self._jobs_without_limit:
             job_id = None
         if fields or job_id:
-            values, job_spent, job_limit = await self.ledger.read(utc_day(), fields, job_id)
+            try:
+                values, job_spent, job_limit = await self.ledger.read(utc_day(), fields, job_id)
+            except StoreKeyTypeError as exc:
+                # No call without knowing what was spent: refused as a spent budget is (a
+                # retryable record; the message is kept to score once the key is moved aside).
+                raise JudgeCallRefused(str(exc), error_type="store_key_refused") from None
             if job_id and job_limit is None:
                 if len(self._jobs_without_limit) > 10_000:
                     self._jobs_without_limit.clear()

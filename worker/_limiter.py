@@ -23,6 +23,7 @@ from worker import _keys
 from worker._reconnect import reconnecting_client, unavailable_as_error
 from worker._settings import ModelRateLimit
 from worker.metrics import observe_limiter_wait
+from worker.store import checked_async, checked_script
 
 __all__ = ["RedisRateLimiter"]
 
@@ -34,10 +35,16 @@ REQUEST_BURST_SECONDS = 1.0
 TOKEN_BURST_SECONDS = 6.0
 MAX_WAIT_SLICE_S = 1.0
 
+# The limiter's keys hold state it rebuilds (a bucket starts full, a pause is only a wait): one of
+# another Redis type is deleted and counted (worker.store's key-type rule), never a failed run.
+_BUCKETS = "{KEYS[1], 'hash', 'r', KEYS[2], 'hash', 'r', KEYS[3], 'string', 'r', KEYS[4], 'hash', 'r'}"
+
 # KEYS: requests bucket, tokens bucket, pause key, granted-per-second hash
 # ARGV: req rate/ms, req capacity, tok rate/ms, tok capacity, tok cost, key ttl s
 # Returns 0 when admitted, else milliseconds to wait.
-_ACQUIRE = """
+_ACQUIRE = checked_script(
+    _BUCKETS,
+    """
 local pause = redis.call('PTTL', KEYS[3])
 if pause > 0 then return pause end
 local t = redis.call('TIME')
@@ -76,15 +83,19 @@ end
 redis.call('HINCRBY', KEYS[4], math.floor(now / 1000), 1)
 redis.call('EXPIRE', KEYS[4], ttl)
 return 0
-"""
+""",
+)
 
 # KEYS: tokens bucket. ARGV: correction (tokens used - estimate).
-_CORRECT = """
+_CORRECT = checked_script(
+    "{KEYS[1], 'hash', 'r'}",
+    """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HINCRBYFLOAT', KEYS[1], 'tokens', -tonumber(ARGV[1]))
 end
 return 0
-"""
+""",
+)
 
 # KEYS: pause key. ARGV: milliseconds. Only ever lengthens a pause.
 _PAUSE = """
@@ -147,26 +158,25 @@ class RedisRateLimiter:
         decorator bounds it like every Redis call here (reconnect deadline, then
         ``StoreUnavailableError``): a Redis outage must not hang or fail a run with a raw
         redis ``ConnectionError``."""
-        self._redis()
+        client = self._redis()
         limit = self._limits(model_id)
         rpm = limit.requests_per_minute or 0.0
         tpm = limit.tokens_per_minute or 0.0
-        waited = await self._acquire(
-            keys=[
-                _keys.limiter_bucket_key(model_id, "req"),
-                _keys.limiter_bucket_key(model_id, "tok"),
-                _keys.limiter_pause_key(model_id),
-                _keys.limiter_granted_key(model_id),
-            ],
-            args=[
-                rpm / 60_000,
-                max(1.0, rpm / 60 * REQUEST_BURST_SECONDS),
-                tpm / 60_000,
-                max(1.0, tpm / 60 * TOKEN_BURST_SECONDS),
-                max(0, estimated_tokens) if tpm else 0,
-                3600,
-            ],
-        )
+        keys = [
+            _keys.limiter_bucket_key(model_id, "req"),
+            _keys.limiter_bucket_key(model_id, "tok"),
+            _keys.limiter_pause_key(model_id),
+            _keys.limiter_granted_key(model_id),
+        ]
+        args = [
+            rpm / 60_000,
+            max(1.0, rpm / 60 * REQUEST_BURST_SECONDS),
+            tpm / 60_000,
+            max(1.0, tpm / 60 * TOKEN_BURST_SECONDS),
+            max(0, estimated_tokens) if tpm else 0,
+            3600,
+        ]
+        waited = await checked_async(client, "limiter_acquire", [], lambda: self._acquire(keys=keys, args=args))
         return int(waited)
 
     async def _try(self, model_id: str, estimated_tokens: int) -> int:
@@ -202,8 +212,10 @@ class RedisRateLimiter:
         estimate = current[1] if current is not None and current[0] == model_id else 0
         _estimate.set(None)
         if tokens != estimate:
-            self._redis()
-            await self._correct(keys=[_keys.limiter_bucket_key(model_id, "tok")], args=[tokens - estimate])
+            client, key = self._redis(), _keys.limiter_bucket_key(model_id, "tok")
+            await checked_async(
+                client, "limiter_usage", [], lambda: self._correct(keys=[key], args=[tokens - estimate])
+            )
 
     async def pause(self, model_id: str, seconds: float) -> None:
         if seconds <= 0:

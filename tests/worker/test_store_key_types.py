@@ -21,10 +21,12 @@ from typing import Any
 
 import pytest
 import redis
+from pydantic import BaseModel
 
 import worker.store._jobs as jobs_module
 import worker.store._scores as scores_module
 from scorers import ScoreResult, create_scorer
+from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch
 from tracing import ScoreRecord, score_id_for
 from worker import _keys
@@ -601,3 +603,90 @@ def test_a_stored_record_this_version_cannot_read_is_kept_and_not_scored_again(
     log = capsys.readouterr()
     assert "score_record_unreadable" in log.out + log.err
     assert "M-9" not in log.out + log.err
+
+
+# --- the judge's keys: the limiter's buckets (rebuilt) and the spend ledger (kept) ------------------
+
+
+class _Verdict(BaseModel):
+    score: float
+
+
+def _judged(fake_llm: FakeLLMServer, url: str, budgets: Any) -> Any:
+    """One judge call through the worker's limiter and guard on ``url``: the result, or the run's
+    error cause."""
+    from scorers import Judge, PromptStep, ScorerRunError
+    from scorers.judge import JudgeHooks, set_judge_hooks
+    from worker._budget import BudgetGuard, RedisLedger
+    from worker._limiter import RedisRateLimiter
+    from worker._settings import ModelRateLimit
+
+    fake_llm.rule(Reply.json({"score": 0.5}))
+    limiter = RedisRateLimiter(url, lambda _: ModelRateLimit(requests_per_minute=600, tokens_per_minute=100_000))
+    ledger = RedisLedger(url)
+    scorer = create_scorer("graded", judge=Judge("openai/gpt-4o-mini")).generate_score(
+        PromptStep("grade", lambda run: "Score it", output_schema=_Verdict)
+    )
+
+    async def go() -> Any:
+        try:
+            return await scorer.run(input="q", output="a")
+        except ScorerRunError as exc:
+            return exc.cause
+        finally:
+            await limiter.close()
+            await ledger.close()
+
+    set_judge_hooks(JudgeHooks(limiter=limiter, guard=BudgetGuard(ledger, budgets, prices={})))
+    try:
+        return asyncio.run(go())
+    finally:
+        set_judge_hooks(JudgeHooks())
+
+
+@pytest.mark.parametrize("bucket", ["req", "tok", "granted"])
+@pytest.mark.parametrize("wrong", ["string", "list"])
+def test_a_limiter_key_of_another_type_is_repaired_and_the_call_made(
+    redis_url: str, fake_llm: FakeLLMServer, bucket: str, wrong: str
+) -> None:
+    """A limiter bucket holding another type failed every judge call for good, as an internal
+    error (a final error record). It is state the limiter rebuilds: deleted, counted, the call made."""
+    from worker._budget import Budgets
+
+    model = "openai/gpt-4o-mini"
+    key = _keys.limiter_granted_key(model) if bucket == "granted" else _keys.limiter_bucket_key(model, bucket)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        _seed(client, key, wrong)
+        before = _repairs("limiter_acquire")
+        result = _judged(fake_llm, redis_url, Budgets())
+        assert result.score == 0.5, result
+        assert _repairs("limiter_acquire") == before + 1
+        assert client.type(key).decode() in ("hash", "none")
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("wrong", ["string", "list"])
+def test_a_spend_key_of_another_type_is_refused_by_name_and_kept(
+    redis_url: str, fake_llm: FakeLLMServer, wrong: str
+) -> None:
+    """The day's spend holding another type: every judge call failed as an internal error, a final
+    record, and a repair would have let the day's spend start again. No call is made, the run's
+    record names the key and is retryable (its message kept to score once the key is moved),
+    and the key is left as it is."""
+    from scorers.judge import JudgeCallRefused
+    from worker._budget import Budgets, utc_day
+
+    key = _keys.spend_key(utc_day())
+    client = redis.Redis.from_url(redis_url)
+    try:
+        _seed(client, key, wrong)
+        cause = _judged(fake_llm, redis_url, Budgets(total=100))
+        assert isinstance(cause, JudgeCallRefused), cause
+        assert cause.error_type == "store_key_refused"
+        assert f"Redis key {key} holds a {wrong}" in str(cause)
+        assert fake_llm.requests == []
+        assert client.type(key).decode() == wrong
+    finally:
+        client.close()

@@ -19,14 +19,22 @@ command; when Redis stays away they raise ``StoreUnavailableError``, which hands
 message back to the queue. A key of theirs holding another Redis type is repaired (state they
 can rebuild; counted in ``tracescore_store_key_repairs_total``) or refused with
 ``StoreKeyTypeError`` (dead letters, a sink's undelivered scores), the same way on every path
-(``worker.store._keytypes``; ``checked`` for a caller's own commands on keys it owns).
+(``worker.store._keytypes``; ``checked`` / ``checked_async`` for a caller's own commands on keys it
+owns, ``checked_script`` for its scripts: the judge limiter's buckets, the spend ledger).
 """
 
 from worker._reconnect import StoreUnavailableError
 from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters, SyncRedisDeadLetters, dead_letter_id
 from worker.store._deliveries import END_WAIT_S, DeliveryLog, new_token
 from worker.store._jobs import JobStats, RedisJobStats
-from worker.store._keytypes import StoreKeyTypeError, check_list, checked, release_stuck_lock
+from worker.store._keytypes import (
+    StoreKeyTypeError,
+    check_list,
+    checked,
+    checked_async,
+    checked_script,
+    release_stuck_lock,
+)
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
 from worker.store._outbox import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter, SinkState
 from worker.store._scores import Claims, RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
@@ -57,6 +65,8 @@ __all__ = [
     "SyncRedisDeadLetters",
     "check_list",
     "checked",
+    "checked_async",
+    "checked_script",
     "claim",
     "dead_letter_id",
     "delivery_owner",
