@@ -18,7 +18,6 @@ from typing import Any
 from scorers import Scorer, ScorerConfigError, ScorerRun, StepResults, create_scorer
 from scorers.agent import ToolInvocation, extract_tool_calls
 from scorers.builtin._runs import assistant_text
-from scorers.builtin._tool_call_accuracy import is_subsequence
 
 __all__ = [
     "all_of",
@@ -28,6 +27,7 @@ __all__ = [
     "equals",
     "excludes",
     "includes",
+    "is_subsequence",
     "matches",
     "max_tool_calls",
     "no_tool_errors",
@@ -213,6 +213,12 @@ def did_not_call(tool_name: str, *, id: str = "check-did-not-call", name: str | 
         decide,
         "{tool_name!r} called {count} time(s).",
     )
+
+
+def is_subsequence(expected: Sequence[str], actual: Sequence[str]) -> bool:
+    """Whether ``expected`` occurs in ``actual`` in order, possibly with gaps."""
+    remaining = iter(actual)
+    return all(any(name == seen for seen in remaining) for name in expected)
 
 
 def tool_order(expected_order: Sequence[str], *, id: str = "check-tool-order", name: str | None = None) -> Scorer:

@@ -3,26 +3,35 @@
 Algorithm (Mastra's code scorer, 0 or 1), over the response's tool calls in call order:
 
 - ``expected_tool``: lenient — the tool is among the calls; strict — it is the *only* call.
-- ``expected_tool_order``: lenient — the expected names appear as a subsequence of the calls
-  (other calls may come between them); strict — the calls are exactly that sequence.
+- ``expected_tool_order``: lenient — each expected name is called, and their *first* calls come
+  in that order (other calls may come between them; a name expected twice never passes: Mastra's
+  ``checkToolOrder``, where ``checks.tool_order`` takes any later call, a subsequence); strict —
+  the calls are exactly that sequence.
 - No tool calls at all scores 0.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
 from scorers import Scorer, ScorerConfigError, ScorerRun, StepResults, create_scorer
 from scorers.agent import extract_tool_calls
 
-__all__ = ["is_subsequence", "tool_call_accuracy"]
+__all__ = ["first_calls_in_order", "tool_call_accuracy"]
 
 
-def is_subsequence(expected: Sequence[str], actual: Sequence[str]) -> bool:
-    """Whether ``expected`` occurs in ``actual`` in order, possibly with gaps."""
-    remaining = iter(actual)
-    return all(any(name == seen for seen in remaining) for name in expected)
+def first_calls_in_order(expected: Sequence[str], actual: Sequence[str]) -> bool:
+    """Whether every name of ``expected`` is in ``actual`` and their first calls come in that
+    order, strictly (so a name expected twice never passes)."""
+    firsts: dict[str, int] = {}
+    for position, name in enumerate(actual):
+        firsts.setdefault(name, position)
+    positions = [firsts.get(name) for name in expected]
+    if any(p is None for p in positions):
+        return False
+    return all(a < b for a, b in itertools.pairwise(positions))  # type: ignore[operator]
 
 
 def tool_call_accuracy(
@@ -55,7 +64,7 @@ def tool_call_accuracy(
     def preprocess(run: ScorerRun) -> dict[str, Any]:
         actual = extract_tool_calls(run.output).tools
         if order is not None:
-            passed = actual == order if strict_mode else is_subsequence(order, actual)
+            passed = actual == order if strict_mode else first_calls_in_order(order, actual)
         else:
             passed = actual == [expected_tool] if strict_mode else expected_tool in actual
         return {

@@ -4,7 +4,8 @@ import pytest
 
 from scorers import ScorerConfigError
 from scorers.builtin import tool_call_accuracy
-from scorers.builtin._tool_call_accuracy import is_subsequence
+from scorers.builtin._checks import is_subsequence
+from scorers.builtin._tool_call_accuracy import first_calls_in_order
 from tests.builtin._runs import agent_output, call
 
 WEATHER_THEN_CLOCK = agent_output(call("get_weather"), call("get_time"), text="Sunny, 3pm.")
@@ -31,9 +32,19 @@ def test_expected_order_lenient_allows_gaps() -> None:
 
 
 def test_subsequence_uses_later_repeats() -> None:
-    """[b, a] occurs in [a, b, a] through the second a."""
+    """[b, a] occurs in [a, b, a] through the second a (checks.tool_order's rule)."""
     assert is_subsequence(["b", "a"], ["a", "b", "a"])
     assert not is_subsequence(["a", "a"], ["a", "b"])
+
+
+def test_lenient_order_reads_each_tools_first_call_as_mastra_does() -> None:
+    """Mastra's checkToolOrder: the first call of each expected tool, in order. Calls search,
+    lookup, search with [lookup, search] expected scored 1.0 here (a subsequence), 0 in Mastra."""
+    output = agent_output(call("search"), call("lookup"), call("search"))
+    assert tool_call_accuracy(expected_tool_order=["lookup", "search"]).run_sync(input="q", output=output).score == 0.0
+    assert tool_call_accuracy(expected_tool_order=["search", "lookup"]).run_sync(input="q", output=output).score == 1.0
+    assert not first_calls_in_order(["search", "search"], ["search", "x", "search"])
+    assert not first_calls_in_order(["a", "missing"], ["a", "b"])
 
 
 def test_no_tool_calls_scores_zero() -> None:
