@@ -455,6 +455,65 @@ def test_every_run_of_an_overloaded_exporter_is_sent_or_counted_by_its_unit() ->
     assert 4 * (1000 - traces_dropped - sum(stats["skipped"].values())) == runs_sent + runs_dropped, stats
 
 
+def _runs_of(arrivals: Arrivals, trace_id: str) -> list[str]:
+    return [t for b in arrivals.batches for r in b.requests if r.trace_id == trace_id for t in r.target_span_ids]
+
+
+def _has_runs(arrivals: Arrivals, trace_id: str, n: int) -> Callable[[], bool]:
+    return lambda: len(_runs_of(arrivals, trace_id)) == n
+
+
+def test_a_second_request_in_one_trace_is_scored_as_its_own_run(arrivals: Arrivals, app: App) -> None:
+    """A service called twice within one distributed trace (an orchestrator's two calls): each
+    call is a local root under a remote parent. After the first was handed over, every span of
+    the second was a late_span drop and its run never scored. A span that is not under the
+    spans already handed over starts a unit of its own; a straggler under them is still late."""
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    trace_id = 0x1234_5678_9ABC_DEF0_1234_5678_9ABC_DEF0
+    for call, remote in enumerate((0x1111, 0x2222)):
+        caller = NonRecordingSpan(SpanContext(trace_id, remote, is_remote=True, trace_flags=TraceFlags(1)))
+        context = set_span_in_context(caller)
+        agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}
+        with (
+            app.tracer.start_as_current_span("invoke_agent a", context=context, attributes=agent) as root,
+            app.tracer.start_as_current_span("chat m", attributes=chat_attributes(f"call {call}", "ok")),
+        ):
+            pass
+        assert wait_for(_has_runs(arrivals, f"{trace_id:032x}", call + 1), 10), app.exporter.stats()
+        if call == 0:
+            first_root = root
+    # A straggler under the first call's root, after both were sent: late, not a run of its own.
+    with app.tracer.start_as_current_span("chat m", context=set_span_in_context(first_root)):
+        pass
+    assert wait_for(lambda: app.exporter.stats()["dropped"] == {"late_span": 1}, 10), app.exporter.stats()
+    assert len(_runs_of(arrivals, f"{trace_id:032x}")) == 2
+
+
+def test_a_sessions_later_runs_are_scored_after_its_first_was_handed_over(arrivals: Arrivals) -> None:
+    """A session's span stays open while its agent runs come and go: at max_trace_age_s the
+    trace is handed over with its ended agent runs. The runs after that were late_span drops,
+    never scored; each age window's runs go now."""
+    exporter = exporter_for_app(CallbackSink(arrivals), max_trace_age_s=1.0)
+    application = App(exporter)
+    try:
+        agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}
+        with application.tracer.start_as_current_span("session") as session:
+            trace_id = format(session.get_span_context().trace_id, "032x")
+            for turn in range(2):
+                with (
+                    application.tracer.start_as_current_span("invoke_agent a", attributes=agent),
+                    application.tracer.start_as_current_span(
+                        "chat m", attributes=chat_attributes(f"turn {turn}", "ok")
+                    ),
+                ):
+                    pass
+                assert wait_for(_has_runs(arrivals, trace_id, turn + 1), 15), exporter.stats()
+        assert "late_span" not in exporter.stats()["dropped"]
+    finally:
+        application.shutdown()
+
+
 def test_a_send_that_lands_after_shutdown_gave_up_is_counted_once() -> None:
     """A sink whose send outlasts shutdown's deadline (a CallbackSink cannot be interrupted):
     its runs are counted as shutdown_unsent when shutdown returns; when the send lands after

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext
 
 from tracing._formats import SpanKind, classify
 from tracing._records import build_record, compact, service_name
@@ -105,6 +106,11 @@ class Polled:
     early_bytes: int = 0
 
 
+def _under(parent: SpanContext | None, sent: set[str]) -> bool:
+    """Whether a span whose parent is ``parent`` belongs under spans already handed over."""
+    return parent is not None and not parent[2] and "%016x" % parent[1] in sent  # noqa: UP031
+
+
 class TraceBuffer:
     """Not thread-safe: the exporter calls it under its lock."""
 
@@ -126,8 +132,11 @@ class TraceBuffer:
         # Traces no rule's sample takes, or dropped whole (a later span, e.g. the root, must
         # not start a fragment that would be scored as the run).
         self._ignored: OrderedDict[int, None] = OrderedDict()
-        # Traces already handed over (bounded like _ignored): their stragglers are late_span drops.
-        self._sent: OrderedDict[int, None] = OrderedDict()
+        # Traces already handed over (bounded like _ignored), with the span ids they carried: a
+        # straggler under one of those spans is a late_span drop; any other span of the trace
+        # (another local root of it: a second request to this service, a session's next run)
+        # starts a unit of its own.
+        self._sent: OrderedDict[int, set[str]] = OrderedDict()
         self.bytes = 0  # approximate JSON size of the buffered records
         # The end time (span time, ns) of the latest span the processor handed over: see delivered().
         self._delivered_ns = 0
@@ -164,14 +173,15 @@ class TraceBuffer:
         tid = ctx[0]  # SpanContext is a tuple (trace_id, span_id, ...): no property call
         if tid in self._guarded or tid in self._ignored:
             return
-        if tid in self._sent:
-            # It ended after its trace was handed over: as a rootless fragment it would only
-            # hold a slot until max_trace_age. Counted per span.
-            self._tally.drop("late_span")
-            return
         f = read_span(span)
         if f is None:
             self._tally.drop("no_context")
+            return
+        sent = self._sent.get(tid)
+        if sent is not None and _under(f.parent, sent):
+            # It ended after the part of its trace it belongs to was handed over: as a rootless
+            # fragment it would only hold a slot until max_trace_age. Counted per span.
+            self._tally.drop("late_span")
             return
         start, end = f.start_ns, f.end_ns
         if (start is not None and not otlp_time(start)) or (end is not None and not otlp_time(end)):
@@ -295,7 +305,7 @@ class TraceBuffer:
             self._tally.drop(reason)
         else:
             self._early.append(entry)
-            self._remember_sent(tid)  # a child still inside its grace window: see add()
+            self._remember_sent(tid, entry)  # a child still inside its grace window: see add()
             self.wake = True
         return True
 
@@ -306,8 +316,10 @@ class TraceBuffer:
         if len(self._ignored) > max(4 * self.limits.max_traces, 16_384):
             self._ignored.popitem(last=False)
 
-    def _remember_sent(self, tid: int) -> None:
-        self._sent[tid] = None
+    def _remember_sent(self, tid: int, entry: BufferedTrace) -> None:
+        ids = self._sent.pop(tid, None) or set()  # (a second unit of the trace adds to the first's)
+        ids.update(record.span_id for record in entry.spans)
+        self._sent[tid] = ids
         if len(self._sent) > max(4 * self.limits.max_traces, 16_384):
             self._sent.popitem(last=False)
 
@@ -363,7 +375,7 @@ class TraceBuffer:
             taken = self._pop(tid)
             if taken is not None:
                 out.traces.append(taken)
-                self._remember_sent(tid)
+                self._remember_sent(tid, taken)
         return out
 
     def drain(self) -> tuple[int, int]:
