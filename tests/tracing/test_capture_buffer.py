@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
 from tests.tracing._spans import Recorder, agent_trace
@@ -137,6 +138,24 @@ def test_a_span_ending_after_the_hand_off_opens_no_fragment() -> None:
     assert len(buffer) == 0
     buffer.poll(1000.0)
     assert tally.dropped == {"late_span": 2}
+
+
+def test_the_span_ids_remembered_of_handed_over_traces_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What was handed over is remembered by span id (a straggler under those spans is late) up
+    to a bound in ids: the oldest traces go first. A straggler of one forgotten opens a fragment,
+    as one of a trace never seen would; of one remembered, it is a late_span."""
+    import tracing.capture._buffer as buffer_module
+
+    monkeypatch.setattr(buffer_module, "_SENT_IDS_KEPT", 2)  # two traces handed over with their root alone
+    buffer, tally = _buffer(grace_s=0.0)
+    traces = [_trace(f"q{i}") for i in range(3)]
+    for i, (child, root) in enumerate(traces):
+        _file(buffer, [root], now=float(i))
+        assert len(buffer.poll(float(i)).traces) == 1
+    buffer.add(traces[0][0], 10.0)  # forgotten: a fragment of its own
+    buffer.add(traces[2][0], 10.0)  # remembered: late
+    assert len(buffer) == 1
+    assert tally.dropped == {"late_span": 1}
 
 
 def test_force_hands_over_ended_traces_only() -> None:

@@ -106,6 +106,10 @@ class Polled:
     early_bytes: int = 0
 
 
+# Span ids of handed-over traces remembered at most (about 100 bytes each).
+_SENT_IDS_KEPT = 131_072
+
+
 def _under(parent: SpanContext | None, sent: set[str]) -> bool:
     """Whether a span whose parent is ``parent`` belongs under spans already handed over."""
     return parent is not None and not parent[2] and "%016x" % parent[1] in sent  # noqa: UP031
@@ -137,6 +141,7 @@ class TraceBuffer:
         # (another local root of it: a second request to this service, a session's next run)
         # starts a unit of its own.
         self._sent: OrderedDict[int, set[str]] = OrderedDict()
+        self._sent_ids = 0
         self.bytes = 0  # approximate JSON size of the buffered records
         # The end time (span time, ns) of the latest span the processor handed over: see delivered().
         self._delivered_ns = 0
@@ -318,10 +323,13 @@ class TraceBuffer:
 
     def _remember_sent(self, tid: int, entry: BufferedTrace) -> None:
         ids = self._sent.pop(tid, None) or set()  # (a second unit of the trace adds to the first's)
+        self._sent_ids -= len(ids)
         ids.update(record.span_id for record in entry.spans)
         self._sent[tid] = ids
-        if len(self._sent) > max(4 * self.limits.max_traces, 16_384):
-            self._sent.popitem(last=False)
+        self._sent_ids += len(ids)
+        # Bounded in traces and in span ids (~100 bytes each: 512-span traces must not make it 50 MB).
+        while len(self._sent) > max(4 * self.limits.max_traces, 16_384) or self._sent_ids > _SENT_IDS_KEPT:
+            self._sent_ids -= len(self._sent.popitem(last=False)[1])
 
     def _guard(self, tid: int) -> None:
         if self._pop(tid) is not None or tid not in self._guarded:
