@@ -149,7 +149,7 @@ def test_the_span_ids_remembered_of_handed_over_traces_are_bounded(monkeypatch: 
     monkeypatch.setattr(buffer_module, "_SENT_IDS_KEPT", 2)  # two traces handed over with their root alone
     buffer, tally = _buffer(grace_s=0.0)
     traces = [_trace(f"q{i}") for i in range(3)]
-    for i, (child, root) in enumerate(traces):
+    for i, (_child, root) in enumerate(traces):
         _file(buffer, [root], now=float(i))
         assert len(buffer.poll(float(i)).traces) == 1
     buffer.add(traces[0][0], 10.0)  # forgotten: a fragment of its own
