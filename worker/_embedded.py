@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import time
 from collections import Counter
@@ -388,14 +389,38 @@ class EmbeddedScorer:
 
 
 class EmbeddedSink(CallbackSink):
-    """A ``CallbackSink`` that scores in process; the exporter's shutdown closes it."""
+    """A ``CallbackSink`` that scores in process; the exporter's shutdown closes it.
+
+    It scores in the process that built it only: a process forked from that one (gunicorn
+    ``--preload``, ``multiprocessing``) has none of its event loop's thread, and its locks may
+    have been held mid-fork. There each batch is refused at once (the exporter counts its runs
+    as ``send_failed`` and logs why) and closing leaves the parent's resources alone, where a
+    send waited for good and the app's shutdown with it."""
 
     def __init__(self, scorer: EmbeddedScorer) -> None:
         super().__init__(scorer.submit)
         self.scorer = scorer
+        self._pid = os.getpid()
+        self._said = False
+
+    def send(self, batch: ScoreBatch) -> None:
+        if os.getpid() != self._pid:
+            if not self._said:  # (the exporter logs each refusal by its type alone)
+                self._said = True
+                log.error(
+                    "embedded_sink_in_forked_process",
+                    advice="build the exporter after the fork (e.g. gunicorn's post_fork), or use CelerySink",
+                )
+            raise ValueError(
+                "embedded_sink scores only in the process that built it, not in one forked from it:"
+                " build the exporter after the fork (e.g. gunicorn's post_fork hook), or send to a"
+                " broker with CelerySink"
+            )
+        super().send(batch)
 
     def close(self) -> None:
-        self.scorer.close()
+        if os.getpid() == self._pid:
+            self.scorer.close()
 
 
 def embedded_sink(

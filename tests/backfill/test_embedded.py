@@ -143,3 +143,70 @@ def test_an_apps_embedded_sink_keeps_the_newest_scores_only() -> None:
         assert len(writer.records) == runs
     finally:
         sink.close()
+
+
+def test_an_embedded_sink_in_a_forked_process_refuses_at_once_and_shuts_down() -> None:
+    """A process forked from an app whose exporter sends to embedded_sink: the child has the
+    exporter's threads again but not the scorer's event loop. Its send waited for good, holding
+    the scorer's lock, and the child's shutdown hung on that lock. Each batch is refused at once
+    now (counted as send_failed), and the child's shutdown returns."""
+    import os
+
+    from tests.tracing._spans import chat_attributes
+    from tests.worker._workers import wait_for
+
+    writer = MemoryScoreWriter()
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["answer-words"])],
+        embedded_sink("tests.backfill.scorers", writer, run_timeout_s=5),
+        grace_s=0.0,
+        processor_delay_s=0.0,
+        flush_interval_s=0.05,
+        shutdown_timeout_s=3,
+    )
+    provider = TracerProvider(resource=Resource({"service.name": "shop"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("app")
+    agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper"}
+
+    def one() -> None:
+        with (
+            tracer.start_as_current_span("invoke_agent helper", attributes=agent),
+            tracer.start_as_current_span("chat m", attributes=chat_attributes("Hi there?", "Hello, how can I help?")),
+        ):
+            pass
+
+    one()
+    assert wait_for(lambda: len(writer.records) == 1, 10)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read_end)
+            one()
+            refused = wait_for(lambda: exporter.stats()["dropped"].get("send_failed") == 1, 10)
+            started = time.monotonic()
+            provider.shutdown()
+            report = {"refused": refused, "shutdown_s": time.monotonic() - started, "records": len(writer.records)}
+            os.write(write_end, json.dumps(report).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, 9)  # hung: the failure this test is about
+            os.waitpid(pid, 0)
+        with os.fdopen(read_end, "rb") as pipe:
+            child = json.loads(pipe.read() or b"{}")
+        assert child.get("refused") is True, child
+        assert child["shutdown_s"] < 5
+        assert child["records"] == 1  # the parent's score only: nothing scored in the child
+        one()
+        assert wait_for(lambda: len(writer.records) == 2, 10)  # the parent scores on
+    finally:
+        provider.shutdown()
