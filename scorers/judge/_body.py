@@ -22,7 +22,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import httpx2
 
-__all__ = ["ERROR_BODY_BYTES", "MAX_CHARS_PER_TOKEN", "AnswerTooLarge", "answer_cap", "cap_response_body"]
+__all__ = [
+    "ACCEPTED_ENCODINGS",
+    "ERROR_BODY_BYTES",
+    "MAX_CHARS_PER_TOKEN",
+    "AnswerTooLarge",
+    "answer_cap",
+    "cap_response_body",
+]
+
+# What the clients ask for: the encodings the hook decodes, bounded (httpx would also offer
+# br and zstd where their packages are installed, and inflate those whole).
+ACCEPTED_ENCODINGS = {"Accept-Encoding": "gzip, deflate"}
 
 # An answer longer than this many characters per token of ``max_tokens`` was not cut at the
 # limit by the provider (a broken proxy, a custom model): it is refused before it is kept
@@ -61,35 +72,99 @@ def answer_cap(max_tokens: int) -> Iterator[None]:
 
 
 async def cap_response_body(response: httpx2.Response) -> None:
-    """The clients' response hook: read the body through a counter (and decompress it here,
-    bounded, rather than in httpx, which would inflate it whole)."""
+    """The clients' response hook: read the body through a counter, and decompress it here,
+    each layer bounded, rather than in httpx, which would inflate it whole."""
     cap = _cap.get()
     if cap is None:
         return
-    encoding = response.headers.get("content-encoding", "").strip().lower()
-    decoder: Any = None
-    if encoding in ("gzip", "x-gzip", "deflate"):
-        decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # zlib or gzip, told by the header
+    header = response.headers.get("content-encoding", "")
+    # Listed in the order applied (several headers are joined with commas): undone last first.
+    layers = [e for e in (part.strip().lower() for part in header.split(",")) if e and e != "identity"]
+    unknown = [e for e in layers if e not in _DECODERS]
+    if unknown:
+        import httpx2
+
+        # Not asked for (the clients accept gzip and deflate only), and not to be inflated unbounded.
+        raise httpx2.DecodingError(f"the response is encoded as {', '.join(unknown)}, which the judge does not read")
+    if layers:
         del response.headers["content-encoding"]
     # An error's body is cut, not refused: its status still says what failed (a 5xx stays
     # retryable), and its text reaches the error only that long.
     error = response.status_code >= 400
-    response.stream = _capped_stream()(response.stream, ERROR_BODY_BYTES if error else cap, decoder, error)
+    decoders = [_DECODERS[e]() for e in reversed(layers)]
+    response.stream = _capped_stream()(response.stream, ERROR_BODY_BYTES if error else cap, decoders, error)
+
+
+# What one decompression step may produce at a time: a layer inflates no further ahead of the count.
+_STEP_BYTES = 64 * 1024
+
+
+class _Deflate:
+    """``deflate`` as servers send it: zlib-wrapped, or raw (as httpx reads it too)."""
+
+    def __init__(self) -> None:
+        self._inner: Any = zlib.decompressobj()
+        self._raw = False
+        self._started = False
+
+    @property
+    def unconsumed_tail(self) -> bytes:
+        return bytes(self._inner.unconsumed_tail)
+
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        try:
+            out = bytes(self._inner.decompress(data, max_length))
+        except zlib.error:
+            if self._started or self._raw:
+                raise
+            self._inner, self._raw = zlib.decompressobj(-zlib.MAX_WBITS), True
+            out = bytes(self._inner.decompress(data, max_length))
+        self._started = True
+        return out
+
+    def flush(self) -> bytes:
+        return bytes(self._inner.flush())
+
+
+_DECODERS: dict[str, Callable[[], Any]] = {
+    "gzip": lambda: zlib.decompressobj(zlib.MAX_WBITS | 16),
+    "x-gzip": lambda: zlib.decompressobj(zlib.MAX_WBITS | 16),
+    "deflate": _Deflate,
+}
+
+
+def _inflate(decoders: list[Any], data: bytes) -> Iterator[bytes]:
+    """``data`` through every layer, each step at most ``_STEP_BYTES`` out."""
+    if not decoders:
+        if data:
+            yield data
+        return
+    first, rest = decoders[0], decoders[1:]
+    while data:
+        out = first.decompress(data, _STEP_BYTES)
+        data = first.unconsumed_tail
+        yield from _inflate(rest, out)
+
+
+def _flushed(decoders: list[Any]) -> Iterator[bytes]:
+    for level, decoder in enumerate(decoders):
+        yield from _inflate(decoders[level + 1 :], decoder.flush())
 
 
 @functools.cache
-def _capped_stream() -> Callable[[Any, int, Any, bool], httpx2.AsyncByteStream]:
+def _capped_stream() -> Callable[[Any, int, list[Any], bool], httpx2.AsyncByteStream]:
     """The stream type, built once httpx2 is loaded (the SDKs load it; this module must not)."""
     import httpx2
 
     class Capped(httpx2.AsyncByteStream):
-        """``inner``'s bytes (decompressed by ``decoder``) up to ``cap``: past it, the rest is
-        left unread, and ``AnswerTooLarge`` raised unless ``cut`` (an error's body: cut there)."""
+        """``inner``'s bytes (decompressed by ``decoders``, outermost first) up to ``cap``: past
+        it, the rest is left unread, and ``AnswerTooLarge`` raised unless ``cut`` (an error's
+        body: cut there)."""
 
-        def __init__(self, inner: Any, cap: int, decoder: Any, cut: bool) -> None:
+        def __init__(self, inner: Any, cap: int, decoders: list[Any], cut: bool) -> None:
             self._inner = inner
             self._cap = cap
-            self._decoder = decoder
+            self._decoders = decoders
             self._cut = cut
             self._seen = 0
 
@@ -101,26 +176,22 @@ def _capped_stream() -> Callable[[Any, int, Any, bool], httpx2.AsyncByteStream]:
             return chunk[:room]
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
-            decoder = self._decoder
-            async for chunk in self._inner:
-                data = chunk
-                while data:
-                    if decoder is None:
-                        out, data = data, b""
-                    else:
-                        try:
-                            # At most one byte past the cap inflated at a time: a bomb stops there.
-                            out = decoder.decompress(data, self._cap - self._seen + 1)
-                        except zlib.error as exc:
-                            raise httpx2.DecodingError(f"the compressed response body is corrupt ({exc})") from None
-                        data = decoder.unconsumed_tail
+            try:
+                async for chunk in self._inner:
+                    for out in _inflate(self._decoders, chunk):
+                        kept = self._room(out)
+                        if kept:
+                            yield kept
+                        if len(kept) < len(out):
+                            return  # cut: the rest of the body is not read
+                for out in _flushed(self._decoders):
                     kept = self._room(out)
                     if kept:
                         yield kept
-                    if self._seen >= self._cap and len(out) > len(kept):
-                        return  # cut: the rest of the body is not read
-            if decoder is not None and (tail := self._room(decoder.flush())):
-                yield tail
+                    if len(kept) < len(out):
+                        return
+            except zlib.error as exc:
+                raise httpx2.DecodingError(f"the compressed response body is corrupt ({exc})") from None
 
         async def aclose(self) -> None:
             await self._inner.aclose()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from scorers._errors import ScorerConfigError
 from scorers._result import JudgeUsage
 from scorers._secrets import header_value_problem
-from scorers.judge._body import answer_cap, cap_response_body
+from scorers.judge._body import ACCEPTED_ENCODINGS, answer_cap, cap_response_body
 from scorers.judge._clients import lease_client
 from scorers.judge._errors import JudgeAuthError, JudgeResponseError
 from scorers.judge._model import JudgeModel, JudgeRequest, JudgeResponse
@@ -75,7 +75,9 @@ class OpenAIJudgeModel:
         def build() -> openai.AsyncOpenAI:
             import openai
 
-            http = openai.DefaultAsyncHttpxClient(event_hooks={"response": [cap_response_body]})
+            http = openai.DefaultAsyncHttpxClient(
+                headers=ACCEPTED_ENCODINGS, event_hooks={"response": [cap_response_body]}
+            )
             return openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, http_client=http)
 
         return lease_client(("openai", base_url, api_key), build)
@@ -188,7 +190,9 @@ class AnthropicJudgeModel:
         def build() -> anthropic.AsyncAnthropic:
             import anthropic
 
-            http = anthropic.DefaultAsyncHttpxClient(event_hooks={"response": [cap_response_body]})
+            http = anthropic.DefaultAsyncHttpxClient(
+                headers=ACCEPTED_ENCODINGS, event_hooks={"response": [cap_response_body]}
+            )
             return anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0, http_client=http)
 
         return lease_client(("anthropic", base_url, api_key), build)

@@ -16,7 +16,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from scorers._errors import category_for_status
 from scorers._secrets import scrub_secrets
@@ -38,6 +38,8 @@ from scorers.judge._errors import (
 # scrub_secrets is re-exported: the judge modules take it from here (it lives in scorers._secrets,
 # shared with tracing and worker).
 __all__ = ["parse_retry_after_ms", "scrub_secrets", "translate_sdk_errors"]
+
+E = TypeVar("E", bound=BaseException)
 
 _KEPT_HEADERS = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
 _CREDENTIAL_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -105,13 +107,25 @@ def _scrubbed(err: JudgeProviderError, api_key: str | None) -> JudgeProviderErro
     return err
 
 
-def _scrub_exception_chain(exc: BaseException, api_key: str | None) -> None:
-    """Mask credentials in the SDK's exception and its causes, in place: they stay reachable
-    as ``__cause__`` and a logged traceback prints them."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and its causes (or contexts), each once."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _cause(exc: BaseException, kind: type[E]) -> E | None:
+    """The first of ``exc`` and its causes that is a ``kind`` (an SDK wraps what its transport raised)."""
+    return next((e for e in _chain(exc) if isinstance(e, kind)), None)
+
+
+def _scrub_exception_chain(exc: BaseException, api_key: str | None) -> None:
+    """Mask credentials in the SDK's exception and its causes, in place: they stay reachable
+    as ``__cause__`` and a logged traceback prints them."""
+    for current in _chain(exc):
         current.args = scrub_secrets(current.args, api_key)
         for attr in ("message", "body"):
             value = getattr(current, attr, None)
@@ -119,7 +133,6 @@ def _scrub_exception_chain(exc: BaseException, api_key: str | None) -> None:
                 # a read-only property is left alone: args above already covers str()
                 with contextlib.suppress(AttributeError):
                     setattr(current, attr, scrub_secrets(value, api_key))
-        current = current.__cause__ or current.__context__
 
 
 def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderError | None:
@@ -150,9 +163,10 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
             provider=provider,
             model_id=model_id,
         )
-    if hx is not None and isinstance(exc, hx.DecodingError):
+    decoding = _cause(exc, hx.DecodingError) if hx is not None else None
+    if decoding is not None:  # (not a connection error, though the SDK wraps it as one: not retried)
         return JudgeResponseError(
-            f"{model_id}: the provider's response body could not be decoded ({exc})",
+            f"{model_id}: the provider's response body could not be decoded ({decoding})",
             provider=provider,
             model_id=model_id,
         )
@@ -196,18 +210,6 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
         if "credential" in str(exc).lower() or "api_key" in str(exc):
             return _missing_credentials(provider, model_id, exc)
         return JudgeProviderError(f"{model_id}: {type(exc).__name__}: {exc}", provider=provider, model_id=model_id)
-    return None
-
-
-def _cause(exc: BaseException, kind: type[AnswerTooLarge]) -> AnswerTooLarge | None:
-    """``exc`` or the first of its causes that is a ``kind`` (an SDK wraps what its transport raised)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, kind):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
     return None
 
 

@@ -16,6 +16,7 @@ import json
 import threading
 import time
 import tracemalloc
+import zlib
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -138,3 +139,35 @@ def test_a_huge_error_body_is_cut_and_its_status_kept(provider: type[Provider]) 
     assert cause.category == "retryable"
     assert len(str(cause)) < 100_000
     assert peak < 2_000_000, f"{peak / 1e6:.1f} MB allocated reading an error"
+
+
+def test_a_bomb_in_two_gzip_layers_is_inflated_no_further_than_the_cap(provider: type[Provider]) -> None:
+    """``Content-Encoding: gzip, gzip`` (or two headers, which httpx joins): the hook matched one
+    encoding only and let httpx inflate the rest whole (721 bytes became 600 MB, and the answer
+    was accepted). Each layer is undone here, bounded."""
+    inner = gzip.compress(json.dumps({**ANSWER, "pad": "0" * 200_000_000}).encode(), 9)
+    bomb = gzip.compress(inner, 9)
+    cause, peak, _ = _ask(provider, (200, {"content-encoding": "gzip, gzip"}, bomb))
+    assert isinstance(cause, JudgeResponseError), cause
+    assert "response body is over" in str(cause)
+    assert peak < 40_000_000, f"{peak / 1e6:.1f} MB allocated inflating a refused answer"
+
+
+@pytest.mark.parametrize("wrap", ["zlib", "raw"])
+def test_a_deflated_answer_is_read_zlib_wrapped_or_raw(provider: type[Provider], wrap: str) -> None:
+    """Servers send ``deflate`` zlib-wrapped or raw; httpx reads both. The hook read zlib only: a
+    raw one became a retryable connection error, each retry paid again."""
+    body = json.dumps(ANSWER).encode()
+    packer = zlib.compressobj(wbits=zlib.MAX_WBITS if wrap == "zlib" else -zlib.MAX_WBITS)
+    deflated = packer.compress(body) + packer.flush()
+    result, _, _ = _ask(provider, (200, {"content-encoding": "deflate"}, deflated))
+    assert result.score == 0.5
+
+
+def test_an_encoding_the_judge_does_not_read_is_refused_not_retried(provider: type[Provider]) -> None:
+    """The clients ask for gzip and deflate only; a body in another encoding (br, zstd, unknown)
+    would be inflated whole by httpx where its package is installed: refused, named, not retried."""
+    cause, _, _ = _ask(provider, (200, {"content-encoding": "br"}, b"\x1b\x00\x00"))
+    assert isinstance(cause, JudgeResponseError), cause
+    assert "encoded as br" in str(cause)
+    assert len(provider.requests) == 1
