@@ -164,12 +164,15 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
             try:
                 sink.send(batch)
             except Exception as exc:
+                await store.release(letter_id)  # not sent: a retry may try it at once
                 problems.append(f"{letter_id}: could not requeue: {type(exc).__name__}: {redact(str(exc))}")
                 continue
             # Removed only once sent: interrupted before this, the letter stays listed (a later
             # retry sends it again once the hold lapses, which the idempotent score ids make
             # harmless), never lost.
-            if await store.take(letter_id) is None:
+            taken = await store.take(letter_id)
+            await store.release(letter_id)
+            if taken is None:
                 problems.append(f"{letter_id}: requeued, but another caller had removed it from the list")
                 continue
             requeued.append(letter)

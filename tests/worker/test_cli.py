@@ -254,6 +254,31 @@ def test_two_dlq_retries_at_once_send_a_letter_once(env: str, monkeypatch: pytes
         client.close()
 
 
+def test_a_dlq_retry_whose_send_failed_leaves_the_letter_to_the_next_at_once(
+    env: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker blips during a `dlq retry`: the letter stays, and a retry right after sends it.
+    The first one kept its hold, so for a minute every retry said another retry had it."""
+    letter = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
+    _push_letters(env, letter)
+    send = CelerySink.send
+
+    def blip(self: CelerySink, batch: ScoreBatch) -> None:
+        raise ConnectionError("broker blip")
+
+    monkeypatch.setattr(CelerySink, "send", blip)
+    assert main(["dlq", "retry", letter.id]) == 1
+    assert "could not requeue: ConnectionError" in capsys.readouterr().err
+    monkeypatch.setattr(CelerySink, "send", send)
+    assert main(["dlq", "retry", letter.id]) == 0
+    assert f"requeued {letter.id}" in capsys.readouterr().out
+    client = redis.Redis.from_url(env)
+    try:
+        assert (client.llen("tracescore"), client.llen("tracescore:dlq")) == (1, 0)
+    finally:
+        client.close()
+
+
 def test_status_is_a_health_check(
     env: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -447,6 +447,20 @@ def test_a_dead_letter_is_held_by_one_caller_until_its_hold_lapses(letters: Any)
     assert run(go()) == (True, False, True, True)
 
 
+def test_a_released_hold_lets_the_next_caller_hold_at_once(letters: Any) -> None:
+    """A retry whose send failed releases its hold: the next one need not wait for it to lapse."""
+
+    async def go() -> tuple[bool, bool, bool]:
+        first = await letters.hold("l1", 60)
+        await letters.release("l1")
+        again = await letters.hold("l1", 60)
+        other = await letters.hold("l1", 60)
+        await letters.close()
+        return first, again, other
+
+    assert run(go()) == (True, True, False)
+
+
 def test_dead_letters_dedupe_by_message_and_count_by_reason(letters: Any) -> None:
     """push adds a message key once; counts follow pushes and takes."""
 

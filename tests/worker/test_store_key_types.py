@@ -690,3 +690,30 @@ def test_a_spend_key_of_another_type_is_refused_by_name_and_kept(
         assert client.type(key).decode() == wrong
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("wrong", ["hash", "list", "string without a TTL"])
+def test_a_dlq_hold_key_of_another_type_or_without_a_ttl_is_repaired(redis_url: str, wrong: str) -> None:
+    """``SET NX`` over a key of another type answers nil, not WRONGTYPE: a hold key left as a hash
+    (or a string no caller of ours wrote, with no TTL) kept its letter from every `dlq retry` for
+    good. It is repaired: the hold is taken, with its TTL."""
+    key = _keys.dlq_held_key("l1")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        if wrong == "string without a TTL":
+            client.set(key, "someone else's")
+        else:
+            _seed(client, key, wrong)
+
+        async def go() -> tuple[bool, bool]:
+            letters = RedisDeadLetters(redis_url)
+            try:
+                return await letters.hold("l1", 60), await letters.hold("l1", 60)
+            finally:
+                await letters.close()
+
+        assert asyncio.run(go()) == (True, False)
+        assert client.type(key).decode() == "string"
+        assert 0 < client.pttl(key) <= 60_000
+    finally:
+        client.close()

@@ -81,6 +81,10 @@ class DeadLetters(Protocol):
         caller that dies leaves it listed); False if another caller holds it."""
         ...
 
+    async def release(self, letter_id: str) -> None:
+        """End this caller's hold (its send failed, or the letter is gone)."""
+        ...
+
     async def size(self) -> int: ...
 
     async def close(self) -> None: ...
@@ -113,6 +117,18 @@ if redis.call('HINCRBY', KEYS[2], ARGV[2], -1) <= 0 then
   redis.call('HDEL', KEYS[2], ARGV[2])
 end
 return 1
+""",
+)
+
+# KEYS: the hold key. ARGV: milliseconds. A hold of another type, or without a TTL (no caller
+# of ours wrote it), would keep the letter from every retry for good: it goes (repaired).
+_HOLD = checked_script(
+    "{KEYS[1], 'string', 'r'}",
+    """
+if redis.call('PTTL', KEYS[1]) == -1 then
+  redis.call('DEL', KEYS[1])
+end
+return redis.call('SET', KEYS[1], '1', 'NX', 'PX', tonumber(ARGV[1])) and 1 or 0
 """,
 )
 
@@ -184,14 +200,12 @@ class RedisDeadLetters(OnRedis):
         return None
 
     async def hold(self, letter_id: str, ttl_s: float) -> bool:
-        client, key = self._redis.client, _keys.dlq_held_key(letter_id)
-        held = await checked_async(
-            client,
-            "dead_letter_hold",
-            [(key, "string", False)],
-            lambda: client.set(key, "1", nx=True, px=int(ttl_s * 1000)),
-        )
+        key = _keys.dlq_held_key(letter_id)
+        (held,) = await self._redis.evalsha_many(_HOLD, 1, [(key, str(int(ttl_s * 1000)))], where="dead_letter_hold")
         return bool(held)
+
+    async def release(self, letter_id: str) -> None:
+        await self._redis.client.delete(_keys.dlq_held_key(letter_id))
 
     async def size(self) -> int:
         client = self._redis.client

@@ -274,8 +274,13 @@ class MemoryDeadLetters:
         with self._lock:
             if self._held.get(letter_id, 0.0) > now:
                 return False
+            self._held = {k: until for k, until in self._held.items() if until > now}  # lapsed holds go
             self._held[letter_id] = now + ttl_s
             return True
+
+    async def release(self, letter_id: str) -> None:
+        with self._lock:
+            self._held.pop(letter_id, None)
 
     async def size(self) -> int:
         with self._lock:
