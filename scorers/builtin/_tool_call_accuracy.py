@@ -100,6 +100,9 @@ def tool_call_accuracy(
             type="agent",
             score_range=(0.0, 1.0),
             direction="higher",
+            # 2: the lenient order reads each tool's first call (Mastra's rule; 1 took any later
+            # call). The single-tool check did not change.
+            version="2" if order is not None else "1",
         )
         .preprocess(preprocess)
         .generate_score(score)

@@ -45,6 +45,9 @@ def test_lenient_order_reads_each_tools_first_call_as_mastra_does() -> None:
     assert tool_call_accuracy(expected_tool_order=["search", "lookup"]).run_sync(input="q", output=output).score == 1.0
     assert not first_calls_in_order(["search", "search"], ["search", "x", "search"])
     assert not first_calls_in_order(["a", "missing"], ["a", "b"])
+    # A changed verdict is a new version: its scores get ids of their own, and compare says so.
+    assert tool_call_accuracy(expected_tool_order=["a"]).version == "2"
+    assert tool_call_accuracy(expected_tool="a").version == "1"
 
 
 def test_no_tool_calls_scores_zero() -> None:
