@@ -223,14 +223,15 @@ def test_score_reads_hostile_lines_without_losing_the_rest(tmp_path: Path) -> No
 def test_score_names_runs_by_their_ids_as_json_writes_them(tmp_path: Path) -> None:
     """A run id that is an object or a list was Python's repr ("{'k': 1}") in the table and
     --out; a number reads as itself, and no id is the line's."""
-    ids: list[Any] = [{"k": 1}, ["a", "é"], 7, 0.5, None, "", 0, False]
+    ids: list[Any] = [{"k": 1}, ["a", "é"], 7, 0.5, None, "", 0, False, [], {}]
     runs = _write_runs(tmp_path / "runs.jsonl", [{"run_id": i, "input": "q", "output": "ab"} for i in ids])
     out = tmp_path / "scores.jsonl"
     result = _score(str(runs), "--scorers", V1, "--scorer", "length", "--out", str(out))
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    # 0 and false are ids: they were taken for none and renamed line-7, line-8.
-    assert [r["run_id"] for r in records] == ['{"k": 1}', '["a", "é"]', "7", "0.5", "line-5", "line-6", "0", "False"]
+    # 0 and false are ids (JSON's spelling): they were taken for none and renamed line-7, line-8.
+    expected = ['{"k": 1}', '["a", "é"]', "7", "0.5", "line-5", "line-6", "0", "false", "line-9", "line-10"]
+    assert [r["run_id"] for r in records] == expected
 
 
 def test_score_reads_a_runs_file_with_a_bom(tmp_path: Path) -> None:

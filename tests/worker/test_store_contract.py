@@ -100,7 +100,6 @@ def test_a_record_is_forgotten_after_its_ttl(store: Any) -> None:
         after = before
         while short.score_id in after and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-            await store.put_records([_record(3 + len(after))], "w", 600)  # the in-memory store forgets on a put
             after = set(await store.existing([kept.score_id, short.score_id]))
         await store.close()
         return before, after
@@ -114,19 +113,20 @@ def test_the_memory_store_keeps_its_newest_records_and_those_still_owed_to_a_sin
     """With max_records the oldest records go first, except one a sink has yet to take: it and
     the newer ones stay until the sink settles it."""
 
-    async def go() -> tuple[int, bool, int]:
+    async def go() -> tuple[int, set[str], str, str]:
         store = MemoryScoreStore(sinks=["otlp"], max_records=3)
         await store.put_records([_record(n) for n in range(5)], "w", 600)
         while_owed = len(store.records)
         lease = store.outbox.lease("otlp", 100, 30)
         store.outbox.ack(lease, list(lease.attempts))
         await store.put_records([_record(5)], "w", 600)
-        newest_kept = set(store.records) == {_record(n).score_id for n in (3, 4, 5)}
-        return while_owed, newest_kept, len(store.outbox.states("otlp", [_record(0).score_id]))
+        states = store.outbox.states("otlp", [_record(0).score_id, _record(5).score_id])
+        return while_owed, set(store.records), states[_record(0).score_id], states[_record(5).score_id]
 
-    while_owed, newest_kept, _ = run(go())
+    while_owed, kept, forgotten, newest = run(go())
     assert while_owed == 5
-    assert newest_kept
+    assert kept == {_record(n).score_id for n in (3, 4, 5)}
+    assert (forgotten, newest) == ("none", "pending")  # the outbox keeps nothing of a forgotten record
 
 
 def test_concurrent_puts_record_exactly_once(store: Any) -> None:

@@ -55,13 +55,13 @@ def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
 
 
 def _run_id(value: Any, number: int) -> str:
-    """A run's id as text: an object or a list as its JSON (not Python's repr, which --out and
-    ``compare`` would then carry), anything else as ``str``; none given (absent, null or empty),
-    the line's. 0 and false are ids like any other: taken for none, they were renamed
-    ``line-N`` and could meet another run of that id."""
-    if value is None or value == "":
+    """A run's id as text: an object, a list or a boolean as its JSON (not Python's repr, which
+    --out and ``compare`` would then carry), anything else as ``str``; none given (absent, null,
+    or an empty string, object or list), the line's. 0 and false are ids like any other: taken
+    for none, they were renamed ``line-N`` and could meet another run of that id."""
+    if value is None or (isinstance(value, str | dict | list) and not value):
         return f"line-{number}"
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else str(value)
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list | bool) else str(value)
 
 
 def _out_line(number: int, outcome: Outcome) -> str:

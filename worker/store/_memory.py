@@ -102,12 +102,14 @@ class MemoryScoreStore:
 
     def _records_among(self, score_ids: Sequence[str]) -> dict[str, ScoreRecord]:
         with self._lock:
+            self._forget_old(time.monotonic())  # a record past its TTL is gone, as in Redis
             return {s: self.records[s] for s in score_ids if s in self.records}
 
     async def claim(self, score_ids: Sequence[str], owner: str, ttl_s: int) -> Claims:
         now = time.monotonic()
         claims = Claims()
         with self._lock:
+            self._forget_old(now)
             for score_id in score_ids:
                 job = self._kept_job(score_id)
                 if job is not None:
@@ -141,6 +143,7 @@ class MemoryScoreStore:
         now = time.monotonic()
         taken = Claims()
         with self._lock:
+            self._forget_old(now)
             for score_id, previous in claims:
                 job = self._kept_job(score_id)
                 if job is not None:
@@ -227,6 +230,7 @@ class MemoryScoreStore:
 
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]:
         with self._lock:
+            self._forget_old(time.monotonic())
             return [self.records[s] for s in self._by_trace.get(trace_id, [])]
 
     async def close(self) -> None:
