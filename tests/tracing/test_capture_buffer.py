@@ -140,20 +140,48 @@ def test_a_span_ending_after_the_hand_off_opens_no_fragment() -> None:
     assert tally.dropped == {"late_span": 2}
 
 
+def _called(n: int) -> list[ReadableSpan]:
+    """A call into this service within a distributed trace: a local root under a remote parent,
+    one child; children first."""
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+
+    caller = NonRecordingSpan(SpanContext(n + 1, 0x1111, is_remote=True, trace_flags=TraceFlags(1)))
+    rec = Recorder()
+    agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}
+    with (
+        rec.tracer.start_as_current_span("invoke_agent a", context=set_span_in_context(caller), attributes=agent),
+        rec.tracer.start_as_current_span("chat m"),
+    ):
+        pass
+    return rec.spans()
+
+
+def test_a_trace_whose_own_root_went_keeps_no_ids_and_its_stragglers_are_late() -> None:
+    """A trace handed over with its own root (no parent): nothing else of it can be another
+    local root, so any later span of it is late, whatever its parent."""
+    buffer, tally = _buffer(grace_s=0.0)
+    child, root = _trace("whole")
+    _file(buffer, [root], now=0.0)
+    assert len(buffer.poll(0.0).traces) == 1
+    buffer.add(child, 1.0)
+    assert (len(buffer), tally.dropped) == (0, {"late_span": 1})
+
+
 def test_the_span_ids_remembered_of_handed_over_traces_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What was handed over is remembered by span id (a straggler under those spans is late) up
-    to a bound in ids: the oldest traces go first. A straggler of one forgotten opens a fragment,
-    as one of a trace never seen would; of one remembered, it is a late_span."""
+    """What was handed over of a trace that may have another local root is remembered by span
+    id (a straggler under those spans is late), up to a bound in ids: the oldest traces go
+    first. A straggler of one forgotten opens a fragment, as one of a trace never seen would;
+    of one remembered, it is a late_span."""
     import tracing.capture._buffer as buffer_module
 
-    monkeypatch.setattr(buffer_module, "_SENT_IDS_KEPT", 2)  # two traces handed over with their root alone
+    monkeypatch.setattr(buffer_module, "_SENT_IDS_KEPT", 2)  # two parts handed over with their root alone
     buffer, tally = _buffer(grace_s=0.0)
-    traces = [_trace(f"q{i}") for i in range(3)]
-    for i, (_child, root) in enumerate(traces):
+    calls = [_called(i) for i in range(3)]
+    for i, (_child, root) in enumerate(calls):
         _file(buffer, [root], now=float(i))
         assert len(buffer.poll(float(i)).traces) == 1
-    buffer.add(traces[0][0], 10.0)  # forgotten: a fragment of its own
-    buffer.add(traces[2][0], 10.0)  # remembered: late
+    buffer.add(calls[0][0], 10.0)  # forgotten: a fragment of its own
+    buffer.add(calls[2][0], 10.0)  # remembered: late
     assert len(buffer) == 1
     assert tally.dropped == {"late_span": 1}
 

@@ -93,6 +93,8 @@ class BufferedTrace:
     judge_ids: set[str] | None = None  # judge spans in it: what is under them is not scored
     # An agent span of it ended (its root not yet): handed off at max_trace_age_s, not dropped.
     agent_ended: bool = False
+    # Its root is the trace's own (no parent at all): no other local root of the trace can come.
+    whole: bool = False
 
 
 @dataclass(slots=True)
@@ -110,8 +112,11 @@ class Polled:
 _SENT_IDS_KEPT = 131_072
 
 
-def _under(parent: SpanContext | None, sent: set[str]) -> bool:
-    """Whether a span whose parent is ``parent`` belongs under spans already handed over."""
+def _under(parent: SpanContext | None, sent: tuple[str, ...]) -> bool:
+    """Whether a span whose parent is ``parent`` belongs under spans already handed over (all of
+    the trace when ``sent`` is empty: its own root went)."""
+    if not sent:
+        return True
     return parent is not None and not parent[2] and "%016x" % parent[1] in sent  # noqa: UP031
 
 
@@ -140,8 +145,9 @@ class TraceBuffer:
         # straggler under one of those spans is a late_span drop; any other span of the trace
         # (another local root of it: a second request to this service, a session's next run)
         # starts a unit of its own.
-        self._sent: OrderedDict[int, set[str]] = OrderedDict()
+        self._sent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self._sent_ids = 0
+        self._sent_max = max(4 * limits.max_traces, 16_384)
         self.bytes = 0  # approximate JSON size of the buffered records
         # The end time (span time, ns) of the latest span the processor handed over: see delivered().
         self._delivered_ns = 0
@@ -240,6 +246,7 @@ class TraceBuffer:
         # two agents) ends while its caller still works, and an agent under a judge's span
         # ends before the span that marks it as the judge's own traffic.
         if is_root:
+            entry.whole = parent is None
             if entry.due is None:
                 self._due_order[tid] = None
             entry.root_end_ns = f.end_ns
@@ -322,14 +329,23 @@ class TraceBuffer:
             self._ignored.popitem(last=False)
 
     def _remember_sent(self, tid: int, entry: BufferedTrace) -> None:
-        ids = self._sent.pop(tid, None) or set()  # (a second unit of the trace adds to the first's)
-        self._sent_ids -= len(ids)
-        ids.update(record.span_id for record in entry.spans)
-        self._sent[tid] = ids
+        sent = self._sent
+        earlier = sent.pop(tid, ())
+        self._sent_ids -= len(earlier)
+        if entry.whole:
+            # The trace's own root went: whatever of it comes later is late (the common case,
+            # and the cheap one: no ids kept).
+            ids: tuple[str, ...] = ()
+        else:
+            # A local root under a remote parent, or a root still open (a session): another
+            # part of the trace may follow. A tuple: cheaper to build than a set, and left alone
+            # by the cyclic GC; searched only for a span arriving after its part was handed over.
+            ids = tuple([record.span_id for record in entry.spans]) + earlier
+        sent[tid] = ids
         self._sent_ids += len(ids)
         # Bounded in traces and in span ids (~100 bytes each: 512-span traces must not make it 50 MB).
-        while len(self._sent) > max(4 * self.limits.max_traces, 16_384) or self._sent_ids > _SENT_IDS_KEPT:
-            self._sent_ids -= len(self._sent.popitem(last=False)[1])
+        while len(sent) > self._sent_max or self._sent_ids > _SENT_IDS_KEPT:
+            self._sent_ids -= len(sent.popitem(last=False)[1])
 
     def _guard(self, tid: int) -> None:
         if self._pop(tid) is not None or tid not in self._guarded:
