@@ -514,6 +514,34 @@ def test_a_sessions_later_runs_are_scored_after_its_first_was_handed_over(arriva
         application.shutdown()
 
 
+def test_a_long_agents_run_is_not_scored_from_its_later_part_alone(arrivals: Arrivals) -> None:
+    """An agent whose root runs past max_trace_age_s: its sub-agent's ended run is handed over
+    then. The agent's own later work and its end are a later part of the trace: its run would
+    be read without what went before, so it is not scored (``partial_run``), and the sub-agent's
+    run is scored once."""
+    exporter = exporter_for_app(CallbackSink(arrivals), max_trace_age_s=1.0)
+    application = App(exporter)
+    tracer = application.tracer
+    try:
+        outer = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "outer"}
+        sub = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "sub"}
+        with tracer.start_as_current_span("invoke_agent outer", attributes=outer) as root:
+            trace_id = format(root.get_span_context().trace_id, "032x")
+            with (
+                tracer.start_as_current_span("invoke_agent sub", attributes=sub),
+                tracer.start_as_current_span("chat m", attributes=chat_attributes("sub", "ok")),
+            ):
+                pass
+            assert wait_for(_has_runs(arrivals, trace_id, 1), 15), exporter.stats()
+            with tracer.start_as_current_span("chat m", attributes=chat_attributes("outer", "done")):
+                pass
+        assert wait_for(lambda: exporter.stats()["skipped"].get("partial_run") == 1, 15), exporter.stats()
+        assert len(_runs_of(arrivals, trace_id)) == 1
+        assert exporter.stats()["skipped"] == {"partial_run": 1}
+    finally:
+        application.shutdown()
+
+
 def test_a_send_that_lands_after_shutdown_gave_up_is_counted_once() -> None:
     """A sink whose send outlasts shutdown's deadline (a CallbackSink cannot be interrupted):
     its runs are counted as shutdown_unsent when shutdown returns; when the send lands after

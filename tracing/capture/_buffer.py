@@ -95,6 +95,10 @@ class BufferedTrace:
     agent_ended: bool = False
     # Its root is the trace's own (no parent at all): no other local root of the trace can come.
     whole: bool = False
+    # A later part of a trace partly handed over: the ids of spans above what was handed over
+    # (filled as they arrive, child first). A run whose target is one of them would be scored
+    # without what went before: it is not (``partial_run``).
+    above_sent: set[str] | None = None
 
 
 @dataclass(slots=True)
@@ -111,13 +115,20 @@ class Polled:
 # Span ids of handed-over traces remembered at most (about 100 bytes each).
 _SENT_IDS_KEPT = 131_072
 
+# What was handed over of a trace: its spans' ids and their parents' (empty when the trace's
+# own root went with them: whatever of it comes later is late).
+Sent = tuple[tuple[str, ...], tuple[str, ...]]
 
-def _under(parent: SpanContext | None, sent: tuple[str, ...]) -> bool:
-    """Whether a span whose parent is ``parent`` belongs under spans already handed over (all of
-    the trace when ``sent`` is empty: its own root went)."""
-    if not sent:
-        return True
-    return parent is not None and not parent[2] and "%016x" % parent[1] in sent  # noqa: UP031
+
+def _hex(context: SpanContext | None) -> str | None:
+    """A local parent's span id as records write it (None: no parent, or a remote one)."""
+    return None if context is None or context[2] else "%016x" % context[1]  # noqa: UP031
+
+
+def _under(parent: SpanContext | None, sent: Sent) -> bool:
+    """Whether a span whose parent is ``parent`` belongs under spans already handed over."""
+    ids = sent[0]
+    return not ids or _hex(parent) in ids
 
 
 class TraceBuffer:
@@ -145,7 +156,7 @@ class TraceBuffer:
         # straggler under one of those spans is a late_span drop; any other span of the trace
         # (another local root of it: a second request to this service, a session's next run)
         # starts a unit of its own.
-        self._sent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
+        self._sent: OrderedDict[int, Sent] = OrderedDict()
         self._sent_ids = 0
         self._sent_max = max(4 * limits.max_traces, 16_384)
         self.bytes = 0  # approximate JSON size of the buffered records
@@ -234,6 +245,9 @@ class TraceBuffer:
             self._seen_service,
             self._seen_scope_name,
         )
+        above = entry.above_sent
+        if above is not None and record.span_id in above and (up := _hex(parent)) is not None:
+            above.add(up)  # an ancestor of what went before: its own ancestors are too
         entry.spans.append(record)
         entry.kinds.append(kind)
         entry.size += size
@@ -285,6 +299,9 @@ class TraceBuffer:
         if len(self._traces) >= self.limits.max_traces:
             self._make_room("max_traces")
         entry = self._traces[tid] = BufferedTrace(trace_id=trace_id, first_seen=now, rules=rules)
+        sent = self._sent.get(tid)
+        if sent is not None:
+            entry.above_sent = set(sent[1])
         if self.sleeping:
             self.sleeping = False
             self.wake = True
@@ -330,22 +347,27 @@ class TraceBuffer:
 
     def _remember_sent(self, tid: int, entry: BufferedTrace) -> None:
         sent = self._sent
-        earlier = sent.pop(tid, ())
-        self._sent_ids -= len(earlier)
+        earlier_ids, earlier_parents = sent.pop(tid, ((), ()))
+        self._sent_ids -= len(earlier_ids) + len(earlier_parents)
         if entry.whole:
             # The trace's own root went: whatever of it comes later is late (the common case,
             # and the cheap one: no ids kept).
-            ids: tuple[str, ...] = ()
+            part: Sent = ((), ())
         else:
             # A local root under a remote parent, or a root still open (a session): another
-            # part of the trace may follow. A tuple: cheaper to build than a set, and left alone
+            # part of the trace may follow. Tuples: cheaper to build than sets, and left alone
             # by the cyclic GC; searched only for a span arriving after its part was handed over.
-            ids = tuple([record.span_id for record in entry.spans]) + earlier
-        sent[tid] = ids
-        self._sent_ids += len(ids)
+            spans = entry.spans
+            part = (
+                tuple([r.span_id for r in spans]) + earlier_ids,
+                tuple([r.parent_span_id for r in spans if r.parent_span_id is not None]) + earlier_parents,
+            )
+        sent[tid] = part
+        self._sent_ids += len(part[0]) + len(part[1])
         # Bounded in traces and in span ids (~100 bytes each: 512-span traces must not make it 50 MB).
         while len(sent) > self._sent_max or self._sent_ids > _SENT_IDS_KEPT:
-            self._sent_ids -= len(sent.popitem(last=False)[1])
+            gone_ids, gone_parents = sent.popitem(last=False)[1]
+            self._sent_ids -= len(gone_ids) + len(gone_parents)
 
     def _guard(self, tid: int) -> None:
         if self._pop(tid) is not None or tid not in self._guarded:

@@ -378,12 +378,17 @@ class ScoringSpanExporter(SpanExporter):
 
     def _complete(self, entry: BufferedTrace, now: float, out: list[Shipment]) -> None:
         records = entry.spans
-        runs = plan_runs(records, kinds=entry.kinds, exclude_under=entry.judge_ids or ())
+        runs = planned = plan_runs(records, kinds=entry.kinds, exclude_under=entry.judge_ids or ())
+        if entry.above_sent:  # a later part of a trace: a run that began in an earlier part is not whole
+            runs = [run for run in planned if run[0].span_id not in entry.above_sent]
+            if len(runs) < len(planned):
+                self._tally.skip("partial_run", len(planned) - len(runs))
         with self._lock:
             self._traces_completed += 1
             self._runs_found += len(runs)
         if not runs:
-            self._tally.skip("no_target")
+            if not planned:
+                self._tally.skip("no_target")
             return
         rules = entry.rules
         filtered = any(rule.filter is not None for rule in rules)
@@ -516,7 +521,8 @@ class ScoringSpanExporter(SpanExporter):
         ``no_context``) and runs (``queue_full`` and ``queue_bytes``: the hand-off queue's run
         and byte bounds, ``delay_queue_full``, ``shutdown_unsent``, ``send_failed``,
         ``too_large``: alone over the sink's ``max_payload_bytes``); ``skipped`` by reason
-        (``sampled_out``, ``loop_guard``, ``no_target``, ``filtered_out``); ``errors`` by reason
+        (``sampled_out``, ``loop_guard``, ``no_target``, ``filtered_out``, ``partial_run``: a run
+        that began in a part of its trace handed over before); ``errors`` by reason
         (``TraceReadError.reason`` values for runs read here — a run the worker cannot read
         becomes error score records there — ``read_failed`` for a run whose reading crashed
         (a bug in a reader: the worker names it alike), and ``filter``, ``export``, ``flush``, ``send``,
