@@ -7,6 +7,8 @@ import threading
 import weakref
 from collections.abc import Callable
 
+import structlog
+
 __all__ = ["after_fork_in_child"]
 
 # Bound methods to call in a forked child, held weakly: registering must not keep an exporter or
@@ -35,5 +37,11 @@ def _in_child() -> None:
     _lock = threading.Lock()
     for ref in list(_methods):
         method = ref()
-        if method is not None:
+        if method is None:
+            continue
+        try:
             method()
+        except Exception as exc:  # one object's reset must not keep the others' from theirs
+            structlog.get_logger("tracescore.fork").error(
+                "after_fork_reset_failed", target=type(getattr(method, "__self__", method)).__name__, error=repr(exc)
+            )

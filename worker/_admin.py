@@ -170,9 +170,9 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
             # Removed only once sent: interrupted before this, the letter stays listed (a later
             # retry sends it again once the hold lapses, which the idempotent score ids make
             # harmless), never lost.
-            taken = await store.take(letter_id)
-            await store.release(letter_id)
-            if taken is None:
+            # The hold stays until it lapses: a retry that listed the letter before it was taken
+            # must not find it free and send it again.
+            if await store.take(letter_id) is None:
                 problems.append(f"{letter_id}: requeued, but another caller had removed it from the list")
                 continue
             requeued.append(letter)

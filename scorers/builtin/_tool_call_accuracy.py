@@ -101,8 +101,8 @@ def tool_call_accuracy(
             score_range=(0.0, 1.0),
             direction="higher",
             # 2: the lenient order reads each tool's first call (Mastra's rule; 1 took any later
-            # call). The single-tool check did not change.
-            version="2" if order is not None else "1",
+            # call). The strict order and the single-tool check did not change.
+            version="2" if order is not None and not strict_mode else "1",
         )
         .preprocess(preprocess)
         .generate_score(score)

@@ -81,17 +81,18 @@ async def cap_response_body(response: httpx2.Response) -> None:
     # Listed in the order applied (several headers are joined with commas): undone last first.
     layers = [e for e in (part.strip().lower() for part in header.split(",")) if e and e != "identity"]
     unknown = [e for e in layers if e not in _DECODERS]
-    if unknown:
+    # An error's body is cut, not refused: its status still says what failed (a 5xx stays
+    # retryable), and its text reaches the error only that long (in an encoding not read here,
+    # its raw bytes: the SDK then reports the status with no message).
+    error = response.status_code >= 400
+    if unknown and not error:
         import httpx2
 
         # Not asked for (the clients accept gzip and deflate only), and not to be inflated unbounded.
         raise httpx2.DecodingError(f"the response is encoded as {', '.join(unknown)}, which the judge does not read")
     if layers:
         del response.headers["content-encoding"]
-    # An error's body is cut, not refused: its status still says what failed (a 5xx stays
-    # retryable), and its text reaches the error only that long.
-    error = response.status_code >= 400
-    decoders = [_DECODERS[e]() for e in reversed(layers)]
+    decoders = [] if unknown else [_DECODERS[e]() for e in reversed(layers)]
     response.stream = _capped_stream()(response.stream, ERROR_BODY_BYTES if error else cap, decoders, error)
 
 
@@ -105,21 +106,24 @@ class _Deflate:
     def __init__(self) -> None:
         self._inner: Any = zlib.decompressobj()
         self._raw = False
-        self._started = False
+        self._consumed = b""  # the first bytes, until the zlib header (2 bytes) was checked
 
     @property
     def unconsumed_tail(self) -> bytes:
         return bytes(self._inner.unconsumed_tail)
 
     def decompress(self, data: bytes, max_length: int) -> bytes:
+        checking = not self._raw and len(self._consumed) < 2
         try:
             out = bytes(self._inner.decompress(data, max_length))
         except zlib.error:
-            if self._started or self._raw:
+            if not checking:
                 raise
+            # Not zlib-wrapped: raw deflate, read again from its first byte.
             self._inner, self._raw = zlib.decompressobj(-zlib.MAX_WBITS), True
-            out = bytes(self._inner.decompress(data, max_length))
-        self._started = True
+            out = bytes(self._inner.decompress(self._consumed + data, max_length))
+        if checking:
+            self._consumed += data[: len(data) - len(self._inner.unconsumed_tail)][:2]
         return out
 
     def flush(self) -> bytes:
@@ -191,6 +195,8 @@ def _capped_stream() -> Callable[[Any, int, list[Any], bool], httpx2.AsyncByteSt
                     if len(kept) < len(out):
                         return
             except zlib.error as exc:
+                if self._cut:
+                    return  # an error's body: what came decoded is its text, its status the rest
                 raise httpx2.DecodingError(f"the compressed response body is corrupt ({exc})") from None
 
         async def aclose(self) -> None:

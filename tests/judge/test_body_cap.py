@@ -171,3 +171,51 @@ def test_an_encoding_the_judge_does_not_read_is_refused_not_retried(provider: ty
     assert isinstance(cause, JudgeResponseError), cause
     assert "encoded as br" in str(cause)
     assert len(provider.requests) == 1
+
+
+@pytest.mark.parametrize(("encoding", "body"), [("br", b"\x1b\x00\x00"), ("gzip", b"\x1f\x8b\x08\x00corrupt")])
+def test_a_5xx_in_an_encoding_not_read_or_corrupt_keeps_its_status(
+    provider: type[Provider], encoding: str, body: bytes
+) -> None:
+    """An error's body the hook cannot decode is passed on as it is (cut): the SDK reports the
+    status. It was refused as a decoding error, a final JudgeResponseError with the status lost,
+    where a 503 must stay retryable."""
+    cause, _, _ = _ask(provider, (503, {"content-encoding": encoding}, body))
+    assert isinstance(cause, JudgeServerError), cause
+    assert (cause.status_code, cause.category) == (503, "retryable")
+
+
+@pytest.mark.parametrize("layers", [["deflate-raw"], ["deflate-zlib"], ["deflate-raw", "gzip"]])
+def test_bodies_read_one_or_two_bytes_at_a_time_decode_whole(layers: list[str]) -> None:
+    """A network may deliver a body in pieces of a byte or two: raw deflate was read as zlib
+    when its first piece held one byte (too little to check the zlib header), and failed."""
+    import asyncio
+
+    from scorers.judge._body import _capped_stream, _Deflate
+
+    text = json.dumps(ANSWER).encode() * 20
+    data = text
+    decoders: list[Any] = []
+    for layer in layers:  # applied in order; the hook undoes the last first
+        if layer == "gzip":
+            data = gzip.compress(data)
+            decoders.insert(0, zlib.decompressobj(zlib.MAX_WBITS | 16))
+        else:
+            packer = zlib.compressobj(wbits=-zlib.MAX_WBITS if layer == "deflate-raw" else zlib.MAX_WBITS)
+            data = packer.compress(data) + packer.flush()
+            decoders.insert(0, _Deflate())
+
+    class Pieces:
+        async def __aiter__(self) -> Any:
+            for i in range(0, len(data), 2):
+                yield data[i : i + 1]
+                yield data[i + 1 : i + 2]
+
+        async def aclose(self) -> None:
+            return None
+
+    async def read() -> bytes:
+        stream = _capped_stream()(Pieces(), 10_000_000, decoders, False)
+        return b"".join([chunk async for chunk in stream])
+
+    assert asyncio.run(read()) == text

@@ -254,6 +254,42 @@ def test_two_dlq_retries_at_once_send_a_letter_once(env: str, monkeypatch: pytes
         client.close()
 
 
+def test_a_dlq_retry_that_listed_a_letter_another_retry_then_sent_does_not_send_it_again(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retry B lists the letters; retry A sends and takes one before B gets to it. B found it
+    free (A had released its hold after the take) and sent it again. A's hold stays until it
+    lapses, so B says another retry has it."""
+    from worker._admin import requeue_dead_letters
+    from worker._settings import load_settings
+
+    letter = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
+    _push_letters(env, letter)
+    settings = load_settings()
+    hold = RedisDeadLetters.hold
+    first: list[tuple[list[DeadLetter], list[str]]] = []
+    holds: list[str] = []
+
+    async def a_runs_first(self: RedisDeadLetters, letter_id: str, ttl_s: float) -> bool:
+        holds.append(letter_id)
+        if len(holds) == 1:  # B has listed the letter: A runs now, to its end
+            other = threading.Thread(target=lambda: first.append(asyncio.run(requeue_dead_letters(settings, None))))
+            other.start()
+            other.join(30)
+        return await hold(self, letter_id, ttl_s)
+
+    monkeypatch.setattr(RedisDeadLetters, "hold", a_runs_first)
+    requeued, problems = asyncio.run(requeue_dead_letters(settings, None))
+    ((a_requeued, a_problems),) = first
+    assert ([d.id for d in a_requeued], a_problems) == ([letter.id], [])
+    assert (requeued, problems) == ([], [f"{letter.id}: being requeued by another `tracescore dlq retry`"])
+    client = redis.Redis.from_url(env)
+    try:
+        assert (client.llen("tracescore"), client.llen("tracescore:dlq")) == (1, 0)
+    finally:
+        client.close()
+
+
 def test_a_dlq_retry_whose_send_failed_leaves_the_letter_to_the_next_at_once(
     env: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -95,9 +95,9 @@ class BufferedTrace:
     agent_ended: bool = False
     # Its root is the trace's own (no parent at all): no other local root of the trace can come.
     whole: bool = False
-    # A later part of a trace partly handed over: the ids of spans above what was handed over
-    # (filled as they arrive, child first). A run whose target is one of them would be scored
-    # without what went before: it is not (``partial_run``).
+    # A later part of a trace partly handed over: its spans above what went before (found when
+    # it is handed over). A run whose target is one of them would be scored without what went
+    # before: it is not (``partial_run``).
     above_sent: set[str] | None = None
 
 
@@ -117,12 +117,28 @@ _SENT_IDS_KEPT = 131_072
 
 # What was handed over of a trace: its spans' ids and their parents' (empty when the trace's
 # own root went with them: whatever of it comes later is late).
-Sent = tuple[tuple[str, ...], tuple[str, ...]]
+Sent = tuple[set[str], set[str]]
+_WHOLE: Sent = (set(), set())  # (never filled: shared by every trace whose own root went)
 
 
 def _hex(context: SpanContext | None) -> str | None:
     """A local parent's span id as records write it (None: no parent, or a remote one)."""
     return None if context is None or context[2] else "%016x" % context[1]  # noqa: UP031
+
+
+def _above(spans: list[SpanRecord], parents: set[str]) -> set[str] | None:
+    """The ids of ``spans`` that are parents of spans handed over before (``parents``), with
+    their ancestors among ``spans`` (None: none)."""
+    above = {r.span_id for r in spans if r.span_id in parents}
+    if not above:
+        return None
+    up = {r.span_id: r.parent_span_id for r in spans}
+    for span_id in list(above):
+        parent = up.get(span_id)
+        while parent is not None and parent in up and parent not in above:
+            above.add(parent)
+            parent = up[parent]
+    return above
 
 
 def _under(parent: SpanContext | None, sent: Sent) -> bool:
@@ -245,9 +261,6 @@ class TraceBuffer:
             self._seen_service,
             self._seen_scope_name,
         )
-        above = entry.above_sent
-        if above is not None and record.span_id in above and (up := _hex(parent)) is not None:
-            above.add(up)  # an ancestor of what went before: its own ancestors are too
         entry.spans.append(record)
         entry.kinds.append(kind)
         entry.size += size
@@ -299,9 +312,7 @@ class TraceBuffer:
         if len(self._traces) >= self.limits.max_traces:
             self._make_room("max_traces")
         entry = self._traces[tid] = BufferedTrace(trace_id=trace_id, first_seen=now, rules=rules)
-        sent = self._sent.get(tid)
-        if sent is not None:
-            entry.above_sent = set(sent[1])
+
         if self.sleeping:
             self.sleeping = False
             self.wake = True
@@ -347,21 +358,28 @@ class TraceBuffer:
 
     def _remember_sent(self, tid: int, entry: BufferedTrace) -> None:
         sent = self._sent
-        earlier_ids, earlier_parents = sent.pop(tid, ((), ()))
-        self._sent_ids -= len(earlier_ids) + len(earlier_parents)
+        part = sent.pop(tid, None)
+        if part is not None:
+            self._sent_ids -= len(part[0]) + len(part[1])
+            if entry.whole and part[1]:  # the trace's own root ends a trace sent in parts
+                entry.above_sent = _above(entry.spans, part[1])
         if entry.whole:
             # The trace's own root went: whatever of it comes later is late (the common case,
             # and the cheap one: no ids kept).
-            part: Sent = ((), ())
+            part = _WHOLE
         else:
             # A local root under a remote parent, or a root still open (a session): another
-            # part of the trace may follow. Tuples: cheaper to build than sets, and left alone
-            # by the cyclic GC; searched only for a span arriving after its part was handed over.
-            spans = entry.spans
-            part = (
-                tuple([r.span_id for r in spans]) + earlier_ids,
-                tuple([r.parent_span_id for r in spans if r.parent_span_id is not None]) + earlier_parents,
-            )
+            # part of the trace may follow. Sets, added to in place part after part (a trace
+            # handed over in thousands of parts must not cost a copy each, nor a scan a span).
+            if part is None or part is _WHOLE:
+                part = (set(), set())
+            ids, parents = part
+            if parents:
+                entry.above_sent = _above(entry.spans, parents)
+            for record in entry.spans:
+                ids.add(record.span_id)
+                if record.parent_span_id is not None:
+                    parents.add(record.parent_span_id)
         sent[tid] = part
         self._sent_ids += len(part[0]) + len(part[1])
         # Bounded in traces and in span ids (~100 bytes each: 512-span traces must not make it 50 MB).

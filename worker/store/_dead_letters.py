@@ -82,7 +82,7 @@ class DeadLetters(Protocol):
         ...
 
     async def release(self, letter_id: str) -> None:
-        """End this caller's hold (its send failed, or the letter is gone)."""
+        """End this caller's own hold (its send failed); another caller's is left alone."""
         ...
 
     async def size(self) -> int: ...
@@ -120,7 +120,7 @@ return 1
 """,
 )
 
-# KEYS: the hold key. ARGV: milliseconds. A hold of another type, or without a TTL (no caller
+# KEYS: the hold key. ARGV: milliseconds, the holder's token. A hold of another type, or without a TTL (no caller
 # of ours wrote it), would keep the letter from every retry for good: it goes (repaired).
 _HOLD = checked_script(
     "{KEYS[1], 'string', 'r'}",
@@ -128,7 +128,18 @@ _HOLD = checked_script(
 if redis.call('PTTL', KEYS[1]) == -1 then
   redis.call('DEL', KEYS[1])
 end
-return redis.call('SET', KEYS[1], '1', 'NX', 'PX', tonumber(ARGV[1])) and 1 or 0
+return redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', tonumber(ARGV[1])) and 1 or 0
+""",
+)
+
+# KEYS: the hold key. ARGV: the holder's token. Deleted only while it is that holder's.
+_RELEASE = checked_script(
+    "{KEYS[1], 'string', 'r'}",
+    """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
 """,
 )
 
@@ -170,6 +181,7 @@ class RedisDeadLetters(OnRedis):
 
     def __init__(self, url: str, *, reconnect_s: float = 2.0, connection: RedisConnection | None = None) -> None:
         self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
+        self._holds: dict[str, str] = {}  # letter id -> the token of this caller's hold
 
     async def push(self, letter: DeadLetter) -> bool:
         keys, args = _push_args(letter)
@@ -200,12 +212,19 @@ class RedisDeadLetters(OnRedis):
         return None
 
     async def hold(self, letter_id: str, ttl_s: float) -> bool:
-        key = _keys.dlq_held_key(letter_id)
-        (held,) = await self._redis.evalsha_many(_HOLD, 1, [(key, str(int(ttl_s * 1000)))], where="dead_letter_hold")
+        key, token = _keys.dlq_held_key(letter_id), uuid.uuid4().hex
+        (held,) = await self._redis.evalsha_many(
+            _HOLD, 1, [(key, str(int(ttl_s * 1000)), token)], where="dead_letter_hold"
+        )
+        if held:
+            self._holds[letter_id] = token
         return bool(held)
 
     async def release(self, letter_id: str) -> None:
-        await self._redis.client.delete(_keys.dlq_held_key(letter_id))
+        token = self._holds.pop(letter_id, None)
+        if token is not None:  # only ours: a hold that lapsed may be another caller's by now
+            key = _keys.dlq_held_key(letter_id)
+            await self._redis.evalsha_many(_RELEASE, 1, [(key, token)], where="dead_letter_release")
 
     async def size(self) -> int:
         client = self._redis.client
