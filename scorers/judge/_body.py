@@ -6,8 +6,10 @@ worker's memory, and a 500 carrying 20 MB of message held its event loop for sec
 every copy was scrubbed of credentials. Every built-in model's client reads its responses
 through ``cap_response_body`` (an httpx event hook, so the SDK's own transport, proxy and
 timeout settings stay as they are): an answer stops being read past the call's cap, counted
-after decompression, with ``AnswerTooLarge``, which ``translate_sdk_errors`` makes a
-``JudgeResponseError`` naming the size; an error's body is cut at ``ERROR_BODY_BYTES``.
+after decompression (each gzip or deflate layer undone here, a step at a time), with
+``AnswerTooLarge``, which ``translate_sdk_errors`` makes a ``JudgeResponseError`` naming the
+size; an answer in another encoding is refused the same way. An error's body is cut at
+``ERROR_BODY_BYTES`` (passed on raw when it cannot be decoded), so its status still decides.
 """
 
 from __future__ import annotations
