@@ -120,8 +120,9 @@ return 1
 """,
 )
 
-# KEYS: the hold key. ARGV: milliseconds, the holder's token. A hold of another type, or without a TTL (no caller
-# of ours wrote it), would keep the letter from every retry for good: it goes (repaired).
+# KEYS: the hold key. ARGV: milliseconds, the holder's token. A hold of another type, or
+# without a TTL (no caller of ours wrote it), would keep the letter from every retry for good:
+# it goes (repaired).
 _HOLD = checked_script(
     "{KEYS[1], 'string', 'r'}",
     """
