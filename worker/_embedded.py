@@ -447,7 +447,8 @@ def embedded_sink(
     outbox (what is still queued when the exporter shuts down gets the drain time of
     ``EmbeddedScorer``; a crash loses it, as it loses the scores). The store keeps the newest
     ``EMBEDDED_RECORDS_KEPT`` scores (a few KB each), enough to know a run sent again soon after
-    (a retried send) as scored: memory stays flat however long the app runs.
+    (a retried send) as scored: memory stays flat however long the app runs, while its
+    ``sinks`` keep up (a score still owed to one is kept until delivered or dead-lettered).
     """
     registry = load_registry(scorers) if isinstance(scorers, str) else scorers
     if store is None:  # the app lives for weeks: its store keeps the newest scores only
