@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.resources import Resource
@@ -150,8 +151,7 @@ def test_an_embedded_sink_in_a_forked_process_refuses_at_once_and_shuts_down() -
     exporter's threads again but not the scorer's event loop. Its send waited for good, holding
     the scorer's lock, and the child's shutdown hung on that lock. Each batch is refused at once
     now (counted as send_failed), and the child's shutdown returns."""
-    import os
-
+    from tests._forked import in_forked_child
     from tests.tracing._spans import chat_attributes
     from tests.worker._workers import wait_for
 
@@ -178,31 +178,16 @@ def test_an_embedded_sink_in_a_forked_process_refuses_at_once_and_shuts_down() -
 
     one()
     assert wait_for(lambda: len(writer.records) == 1, 10)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(read_end)
-            one()
-            refused = wait_for(lambda: exporter.stats()["dropped"].get("send_failed") == 1, 10)
-            started = time.monotonic()
-            provider.shutdown()
-            report = {"refused": refused, "shutdown_s": time.monotonic() - started, "records": len(writer.records)}
-            os.write(write_end, json.dumps(report).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_end)
+
+    def in_the_child() -> dict[str, Any]:
+        one()
+        refused = wait_for(lambda: exporter.stats()["dropped"].get("send_failed") == 1, 10)
+        started = time.monotonic()
+        provider.shutdown()
+        return {"refused": refused, "shutdown_s": time.monotonic() - started, "records": len(writer.records)}
+
     try:
-        deadline = time.monotonic() + 30
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if done[0] == 0:
-            os.kill(pid, 9)  # hung: the failure this test is about
-            os.waitpid(pid, 0)
-        with os.fdopen(read_end, "rb") as pipe:
-            child = json.loads(pipe.read() or b"{}")
+        child, _ = in_forked_child(in_the_child)  # a child that hangs is killed: the failure this test is about
         assert child.get("refused") is True, child
         assert child["shutdown_s"] < 5
         assert child["records"] == 1  # the parent's score only: nothing scored in the child

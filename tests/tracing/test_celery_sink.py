@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import socket
 import time
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 from opentelemetry.trace import set_span_in_context
 
+from tests._forked import in_forked_child
 from tests._redis import RedisServer
 from tests.tracing._exporting import FakeClock, read, wait_for
 from tests.tracing._spans import Recorder, agent_trace
@@ -272,27 +272,17 @@ def test_a_forked_child_sends_its_own_traces_and_the_parents_once(own_redis: Red
     ):
         pass
     assert wait_for(lambda: exporter.stats()["traces_buffered"] == 1, 10)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report what it sent and counted, then leave without pytest's exit
-        code = 1
-        try:
-            os.close(read_end)
-            ids = [one_trace() for _ in range(3)]
-            arrived = wait_for(lambda: set(ids) <= set(sent()), 10)
-            provider.shutdown()
-            stats = exporter.stats()
-            report = {"ids": ids, "arrived": arrived, "sent": stats["runs_sent"], "dropped": stats["dropped"]}
-            os.write(write_end, json.dumps(report).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_end)
+
+    def in_the_child() -> dict[str, Any]:
+        ids = [one_trace() for _ in range(3)]
+        arrived = wait_for(lambda: set(ids) <= set(sent()), 10)
+        provider.shutdown()
+        stats = exporter.stats()
+        return {"ids": ids, "arrived": arrived, "sent": stats["runs_sent"], "dropped": stats["dropped"]}
+
     try:
-        _, status = os.waitpid(pid, 0)
-        with os.fdopen(read_end, "rb") as pipe:
-            child = json.loads(pipe.read() or b"{}")
-        assert os.waitstatus_to_exitcode(status) == 0
+        child, status = in_forked_child(in_the_child)
+        assert status == 0
         assert child["arrived"] is True
         assert (child["sent"], child["dropped"]) == (3, {})
         open_root.end()

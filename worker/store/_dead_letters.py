@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from worker import _keys
 from worker._reconnect import unavailable_as_error
-from worker.store._keytypes import Check, checked, checked_async, checked_script
+from worker.store._keytypes import RELEASE_OWNED, Check, checked, checked_async, checked_script
 from worker.store._redis import OnRedis, RedisConnection, failed_fields
 
 __all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id"]
@@ -133,16 +133,6 @@ return redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', tonumber(ARGV[1])) and 1 
 """,
 )
 
-# KEYS: the hold key. ARGV: the holder's token. Deleted only while it is that holder's.
-_RELEASE = checked_script(
-    "{KEYS[1], 'string', 'r'}",
-    """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-""",
-)
 
 _LIST: list[Check] = [(_keys.dlq_key(), "list", True)]
 
@@ -225,7 +215,7 @@ class RedisDeadLetters(OnRedis):
         token = self._holds.pop(letter_id, None)
         if token is not None:  # only ours: a hold that lapsed may be another caller's by now
             key = _keys.dlq_held_key(letter_id)
-            await self._redis.evalsha_many(_RELEASE, 1, [(key, token)], where="dead_letter_release")
+            await self._redis.evalsha_many(RELEASE_OWNED, 1, [(key, token)], where="dead_letter_release")
 
     async def size(self) -> int:
         client = self._redis.client

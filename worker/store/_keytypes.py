@@ -30,6 +30,7 @@ from worker._errors import StoreKeyTypeError
 
 __all__ = [
     "LUA_CHECK",
+    "RELEASE_OWNED",
     "Check",
     "StoreKeyTypeError",
     "checked",
@@ -84,6 +85,19 @@ def checked_script(checks: str, body: str) -> str:
     when one is wrong. ``checks``: a Lua table of (key, type, 'k' to keep | 'r' to repair)
     triples, e.g. ``"{KEYS[1], 'zset', 'k'}"``."""
     return f"{LUA_CHECK}local bad = tracescore_check({checks})\nif bad then\n  return bad\nend\n{body}"
+
+
+# KEYS: a key holding its owner's token (a claim, a dlq hold). ARGV: the caller's token. Deleted
+# only while it is the caller's: one that lapsed may be another caller's by now.
+RELEASE_OWNED = checked_script(
+    "{KEYS[1], 'string', 'r'}",
+    """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+""",
+)
 
 
 # For plain commands, after Redis answered WRONGTYPE. KEYS: the keys; ARGV: per key its type

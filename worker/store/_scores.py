@@ -41,7 +41,7 @@ from worker.store._jobs import (
     failure_bucket,
     outcome,
 )
-from worker.store._keytypes import LUA_CHECK, checked_async, checked_script
+from worker.store._keytypes import LUA_CHECK, RELEASE_OWNED, checked_async, checked_script
 from worker.store._outbox import delivered_key
 from worker.store._redis import OnRedis, RedisConnection, failed_fields
 
@@ -386,16 +386,6 @@ return 0
 """,
 )
 
-_RELEASE = checked_script(
-    "{KEYS[1], 'string', 'r'}",
-    """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-""",
-)
-
 
 @unavailable_as_error
 class RedisScoreStore(OnRedis):
@@ -465,7 +455,9 @@ class RedisScoreStore(OnRedis):
     async def release(self, score_ids: Sequence[str], owner: str) -> None:
         if not score_ids:
             return
-        await self._redis.evalsha_many(_RELEASE, 1, [(_keys.claim_key(s), owner) for s in score_ids], where="release")
+        await self._redis.evalsha_many(
+            RELEASE_OWNED, 1, [(_keys.claim_key(s), owner) for s in score_ids], where="release"
+        )
 
     async def claim_owners(self, score_ids: Sequence[str]) -> dict[str, str]:
         if not score_ids:
