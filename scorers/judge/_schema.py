@@ -4,7 +4,8 @@
 answer. Pydantic types are validated by pydantic; JSON-schema dicts by a small validator for
 the keywords judges use (type, properties, required, additionalProperties, items, enum,
 const, minimum/maximum and their exclusive forms, string/array lengths, anyOf/oneOf/allOf,
-$ref into $defs). Numbers outside a declared range fail validation either way.
+$ref into $defs). Numbers outside a declared range fail validation either way, as do NaN, the
+infinities and integers no float holds, wherever they are in the answer.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class OutputSpec:
 
     def validate(self, data: Any) -> Any:
         """The validated value (a model instance for pydantic types), or ``SchemaMismatch``."""
+        out_of_range = _non_finite(data)
+        if out_of_range:
+            raise SchemaMismatch(out_of_range)
         if self.adapter is not None:
             try:
                 return self.adapter.validate_python(data)
@@ -73,6 +77,31 @@ class OutputSpec:
 @lru_cache(maxsize=256)
 def _adapter(tp: Any) -> TypeAdapter[Any]:
     return TypeAdapter(tp)
+
+
+def _non_finite(data: Any) -> list[str]:
+    """Where ``data`` holds a number JSON cannot carry: NaN or an infinity (Anthropic's tool input
+    and ``1e999``, which Python's parser reads as inf, bring them), or an integer no float holds.
+    Pydantic's floats take NaN and infinities, and a built-in's clamp then made a NaN a 0 and an
+    infinity a full score."""
+    problems: list[str] = []
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack and len(problems) < 8:
+        path, node = stack.pop()
+        if isinstance(node, float):
+            if not math.isfinite(node):
+                problems.append(f"{path or '(root)'}: {node!r} is not a finite number")
+        elif isinstance(node, int) and not isinstance(node, bool) and node.bit_length() > 1000:
+            try:
+                float(node)
+            except OverflowError:
+                bits = node.bit_length()
+                problems.append(f"{path or '(root)'}: an integer of {bits} bits is out of a number's range")
+        elif isinstance(node, dict):
+            stack.extend((f"{path}.{key}" if path else str(key), value) for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{path}.{n}" if path else str(n), value) for n, value in enumerate(node))
+    return problems
 
 
 def _identifier(name: str) -> str:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 import structlog.testing
+from pydantic import BaseModel
 
 from scorers import Judge, PromptStep, ScorerRunError, create_scorer
 from scorers.judge import JUDGE_SYSTEM_PREAMBLE, JudgeOutputError, JudgeRequest, JudgeResponse, JudgeResponseError
@@ -138,12 +140,54 @@ def test_a_score_outside_the_range_or_a_nan_is_an_answer_that_does_not_fit(fake_
     )
     fake_llm.script(Reply.json({"score": 7}), Reply.json({"score": 0.25}))
     assert run(scorer).score == 0.25  # the fallback's answer fits
-    for bad in (Reply.json({"score": 7}), Reply.text('{"score": NaN}')):
+    for bad, problem in (
+        (Reply.json({"score": 7}), "above the maximum 1"),
+        (Reply.text('{"score": NaN}'), "NaN is not a JSON number"),
+        # The JSON-schema validator's number check raised OverflowError on it (internal).
+        (Reply.text('{"score": 1' + "0" * 400 + "}"), "out of a number's range"),
+    ):
         fake_llm.script(bad, bad)
         with pytest.raises(ScorerRunError) as info:
             run(scorer)
         assert info.value.category == "invalid_output"
-        assert ("above the maximum 1" if bad.kind == "json" else "NaN is not a JSON number") in str(info.value.cause)
+        assert problem in str(info.value.cause)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        (Reply.json({"robustness": float("nan")}), r"robustness: nan is not a finite number|NaN is not a JSON number"),
+        (Reply.json({"robustness": float("inf")}), r"robustness: inf is not a finite number|Infinity is not a JSON"),
+        (Reply.text('{"robustness": 1e999}'), r"robustness: inf is not a finite number"),
+        (Reply.text('{"robustness": -1e999}'), r"robustness: -inf is not a finite number"),
+        (Reply.text('{"robustness": 1' + "0" * 400 + "}"), r"robustness: an integer of 1329 bits is out of"),
+    ],
+)
+def test_a_number_json_cannot_carry_is_an_answer_that_does_not_fit(
+    fake_llm: FakeLLMServer, model: str, answer: Reply, problem: str
+) -> None:
+    """NaN and infinities reached a step through Anthropic's tool input (parsed by its SDK) and
+    ``1e999`` (Python's parser reads it as inf): a pydantic float took them, and a built-in's
+    clamp made a NaN a 0 and an infinity a full score. A 400-digit integer failed as an internal
+    OverflowError with the paid call unrecorded. Each is an answer that does not fit now."""
+
+    class Robustness(BaseModel):
+        robustness: float
+
+    scorer = (
+        create_scorer("s", judge=Judge(model))
+        .analyze(PromptStep("analyze", lambda run: "How robust?", output_schema=Robustness))
+        .generate_score(lambda results: min(1.0, max(0.0, results.analyze_step_result.robustness)))
+    )
+    fake_llm.script(answer, answer)
+    with pytest.raises(ScorerRunError) as info:
+        run(scorer)
+    assert info.value.category == "invalid_output"
+    assert isinstance(info.value.cause, JudgeOutputError)
+    assert re.search(problem, str(info.value.cause))
+    # Both paid calls are on the record, the fallback's too.
+    assert len(info.value.partial.judge["analyze"].attempts) == 2
 
 
 def test_answer_still_invalid_fails_with_model_step_and_problem(fake_llm: FakeLLMServer) -> None:
