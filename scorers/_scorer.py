@@ -59,6 +59,13 @@ class _Steps:
     generate_score: Step | None = None
     generate_reason: Step | None = None
 
+    def done(self, completed: list[StepName]) -> bool:
+        """Whether every step this scorer has is in ``completed``."""
+        return all(
+            getattr(self, name) is None or name in completed
+            for name in ("preprocess", "analyze", "generate_score", "generate_reason")
+        )
+
 
 class Scorer:
     """An immutable scorer. Each step method returns a new scorer; the receiver is unchanged."""
@@ -211,9 +218,12 @@ class Scorer:
     ) -> ScoreResult:
         """Score one input/output pair. ``runtime_context`` is the older name of ``request_context``.
 
-        ``resume`` takes a partial result (a checkpoint): the steps in its ``completed_steps``
-        are not run again. ``on_step(result)`` (sync or async) is called after each completed
-        step with the result so far, e.g. to store a checkpoint.
+        ``resume`` takes a partial result (a checkpoint): the judge steps in its
+        ``completed_steps`` are not asked again, their answers validated again into what the
+        call gave (asked again if they no longer fit the schema); a completed function step
+        runs again when a later step is left to read its value. ``on_step(result)`` (sync or
+        async) is called after each completed step with the result so far, e.g. to store a
+        checkpoint.
         """
         flow = self._flow(
             input, output, run_id, ground_truth, _context(request_context, runtime_context), resume, on_step
@@ -299,17 +309,21 @@ class Scorer:
                 run = prepared
 
             results = StepResults()
+            # A checkpoint keeps step results as JSON: a judge's answer is validated again into
+            # what its call gave; a function step's value (a set, a model) may not survive JSON,
+            # so the step runs again (no judge call) unless no later step is left to read it.
+            finished = resume is not None and resume.score is not None and steps.done(resume.completed_steps)
             name: StepName
             for name in ("preprocess", "analyze"):
                 step = getattr(steps, name)
                 if step is None:
                     continue
                 current = name
-                if resume is not None and name in resume.completed_steps:
-                    value = getattr(resume, f"{name}_step_result")
-                    _restore(result, resume, name)
-                else:
+                value = _resumed(step, name, resume, finished)
+                if value is _AGAIN:
                     value = yield from self._step(name, step, run, results, None, result)
+                elif resume is not None:
+                    _restore(result, resume, name)
                 if isinstance(value, NotScorable):
                     raise value
                 results = replace(results, **{f"{name}_step_result": value})
@@ -543,6 +557,24 @@ def _context(request_context: Any, runtime_context: Any) -> Any:
 def _describe(error: Any) -> str:
     loc = ".".join(str(p) for p in error.get("loc", ())) or "(root)"
     return f"{loc}: {error.get('msg')}"
+
+
+_AGAIN: Any = object()  # _resumed: the step must run again
+
+
+def _resumed(step: Step, name: StepName, resume: ScoreResult | None, finished: bool) -> Any:
+    """A completed step's result from the checkpoint ``resume``, or ``_AGAIN``."""
+    if resume is None or name not in resume.completed_steps:
+        return _AGAIN
+    stored = getattr(resume, f"{name}_step_result")
+    if finished:
+        return stored  # read by nothing: every later step is in the checkpoint too
+    if not isinstance(step, PromptStep):
+        return _AGAIN
+    try:
+        return step.restore(stored)
+    except ValueError:  # kept by a version whose schema differed: ask again
+        return _AGAIN
 
 
 def _restore(result: ScoreResult, resume: ScoreResult, step: StepName) -> None:

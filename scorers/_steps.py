@@ -111,6 +111,15 @@ class PromptStep:
     def render_prompt(self, kwargs: dict[str, Any]) -> str | Awaitable[str]:
         return call_declared(self.create_prompt, self._prompt_params, kwargs)  # type: ignore[no-any-return]
 
+    def restore(self, stored: Any) -> Any:
+        """The answer a checkpoint stored as JSON, as the judge's call gave it (a model instance
+        for a pydantic schema); ``ValueError`` when it no longer fits the schema."""
+        if self.output_schema is None:
+            return stored
+        from scorers.judge._request import output_spec  # scorers.judge imports this package's types
+
+        return output_spec(self.output_schema).validate(stored)
+
     def compute_score(self, kwargs: dict[str, Any]) -> float | Awaitable[float]:
         assert self.calculate_score is not None
         return call_declared(self.calculate_score, self._score_params, kwargs)  # type: ignore[no-any-return]

@@ -328,7 +328,8 @@ def test_result_round_trips_through_json() -> None:
 
 
 def test_resume_skips_completed_steps_and_on_step_reports_progress() -> None:
-    """A checkpoint's completed steps are not run again; on_step sees each step complete."""
+    """A checkpoint's completed steps are not run again (a function step only when a step after it
+    runs); on_step sees each step complete."""
     calls: list[str] = []
     checkpoints: list[list[str]] = []
     scorer = (
@@ -346,7 +347,8 @@ def test_resume_skips_completed_steps_and_on_step_reports_progress() -> None:
     checkpoint = full.model_copy(update={"completed_steps": ["preprocess", "generate_score"], "reason": None})
     calls.clear()
     resumed = scorer.run_sync(input=1, output=2, resume=checkpoint)
-    assert calls == ["reason"]
+    # A function step runs again when a later step reads it (its value may not survive JSON).
+    assert calls == ["pre", "reason"]
     assert resumed.score == 0.5
     assert resumed.reason == "0.5"
     assert resumed.run_id == "r"
@@ -430,3 +432,86 @@ def test_not_scorable_reason_is_optional() -> None:
     assert result.not_scorable == {"step": "preprocess", "reason": "no reason given"}
     with pytest.raises(TypeError, match="string or nothing"):
         not_scorable(42)  # type: ignore[arg-type]
+
+
+class _Claims(BaseModel):
+    claims: list[str]
+
+
+def _checkpoint_after(scorer: Any, step: str, **kwargs: Any) -> ScoreResult:
+    """The checkpoint a worker stores after ``step`` (JSON in Redis), the worker then dying."""
+
+    class Died(BaseException):
+        pass
+
+    stored: list[str] = []
+
+    def on_step(partial: ScoreResult) -> None:
+        stored.append(partial.model_dump_json())
+        if partial.completed_steps[-1] == step:
+            raise Died
+
+    with pytest.raises(Died):
+        scorer.run_sync(**kwargs, on_step=on_step)
+    return ScoreResult.model_validate_json(stored[-1])
+
+
+def test_a_resumed_judge_step_gives_later_steps_the_validated_answer_again() -> None:
+    """A redelivery resumed from a checkpoint handed later steps the judge's answer as the JSON
+    the checkpoint kept: a dict where the README promises the validated model, so a scorer
+    written as the README shows failed (AttributeError, internal) on every redelivery."""
+    first = FakeJudgeModel({"claims": ["Paris is the capital"]})
+    scorer = (
+        create_scorer("grounded", judge=Judge(first))
+        .preprocess(PromptStep("claims", lambda run: f"claims of {run.output}", output_schema=_Claims))
+        .generate_score(lambda results: len(results.preprocess_step_result.claims) / 2)
+    )
+    checkpoint = _checkpoint_after(scorer, "preprocess", input="q", output="Paris", run_id="r")
+    assert checkpoint.preprocess_step_result == {"claims": ["Paris is the capital"]}
+    resumed = scorer.run_sync(input="q", output="Paris", resume=checkpoint)
+    assert resumed.score == 0.5
+    assert len(first.requests) == 1  # the paid answer is not asked for again
+    assert resumed.judge["preprocess"] == checkpoint.judge["preprocess"]
+
+
+def test_a_function_step_whose_value_json_cannot_keep_runs_again_on_resume() -> None:
+    """The README's overlap scorer keeps sets: resumed after preprocess, its analyze got a list
+    (TypeError: list & set, internal). Its steps run again; the judge step's answer is kept."""
+    judge = FakeJudgeModel({"claims": ["a"]})
+    calls: list[str] = []
+
+    def words(run: ScorerRun) -> set[str]:
+        calls.append("words")
+        return set(run.input.split())
+
+    scorer = (
+        create_scorer("overlap", judge=Judge(judge))
+        .preprocess(words)
+        .analyze(PromptStep("claims", lambda run: "claims", output_schema=_Claims))
+        .generate_score(
+            lambda run, results: len(results.preprocess_step_result & set(run.output.split()))
+            / len(results.preprocess_step_result)
+        )
+    )
+    kwargs: dict[str, Any] = {"input": "a b c d", "output": "a b", "run_id": "r"}
+    checkpoint = _checkpoint_after(scorer, "analyze", **kwargs)
+    assert sorted(checkpoint.preprocess_step_result) == ["a", "b", "c", "d"]  # a list now
+    calls.clear()
+    resumed = scorer.run_sync(**kwargs, resume=checkpoint)
+    assert (resumed.score, calls, len(judge.requests)) == (0.5, ["words"], 1)
+
+
+def test_a_checkpointed_answer_that_no_longer_fits_the_schema_is_asked_again() -> None:
+    """A checkpoint kept by a version whose schema differed: the step asks the judge again
+    instead of failing every redelivery."""
+    judge = FakeJudgeModel({"claims": ["x", "y"]})
+    scorer = (
+        create_scorer("c", judge=Judge(judge))
+        .preprocess(PromptStep("claims", lambda run: "claims", output_schema=_Claims))
+        .generate_score(lambda results: len(results.preprocess_step_result.claims) / 4)
+    )
+    stale = ScoreResult(
+        run_id="r", scorer_id="c", completed_steps=["preprocess"], preprocess_step_result={"verdicts": []}
+    )
+    resumed = scorer.run_sync(input="q", output="a", resume=stale)
+    assert (resumed.score, len(judge.requests)) == (0.5, 1)

@@ -500,7 +500,11 @@ def test_a_checkpoint_that_no_longer_reads_is_left_out_and_its_run_starts_over(r
             store = RedisScoreStore(redis_url)
             try:
                 resume = ScoreResult(
-                    run_id="r", scorer_id="resumable", preprocess_step_result={"n": 1}, completed_steps=["preprocess"]
+                    run_id="r",
+                    scorer_id="resumable",
+                    preprocess_step_result={"n": 1},
+                    score=0.5,
+                    completed_steps=["preprocess", "generate_score"],
                 )
                 await store.put_checkpoint(kept, resume, 60)
                 read = await store.get_checkpoints([damaged, garbled, kept])
