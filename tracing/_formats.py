@@ -153,7 +153,7 @@ def classify(name: str, attrs: Mapping[str, Any]) -> SpanKind:
         if op in _GENAI_TOOL_OPS:
             return "tool"
         return "other"
-    if name.startswith("invoke_agent"):
+    if isinstance(name, str) and name.startswith("invoke_agent"):  # the SDK takes any name
         return "agent"
     return "other"
 

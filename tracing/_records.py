@@ -20,6 +20,12 @@ from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVEN
 from tracing._run import SpanRecord, SpanRecordEvent
 from tracing._sdk import read_span
 
+# How deep an attribute value may nest (lists and mappings, or OTLP's arrayValue / kvlistValue,
+# in one another). The workers refuse a message nesting past 100 levels (worker._guard), a whole
+# batch at once, and a value travels about ten levels down a message: 32 leaves room, and no
+# instrumentation nests near it.
+MAX_VALUE_DEPTH = 32
+
 __all__ = ["build_record", "compact", "read_attributes", "service_name", "span_record"]
 
 
@@ -106,16 +112,33 @@ def _text_size(attributes: Mapping[str, Any]) -> int:
         return sum(map(_value_size, attributes.values()))
 
 
-def _value_size(value: Any) -> int:
+def _value_size(value: Any, depth: int = 0) -> int:
     # A sequence counted by its items, not their text, let 2 MiB strings in a tuple past
     # max_buffer_bytes and max_queue_bytes unseen.
     if isinstance(value, str | bytes | bytearray):
         return len(value)
-    if isinstance(value, list | tuple):
-        return 2 + sum(map(_value_size, value)) + len(value)
-    if isinstance(value, dict):
-        return 2 + sum(len(k) + 4 + _value_size(v) for k, v in value.items())
+    if isinstance(value, list | tuple | dict):
+        if depth >= MAX_VALUE_DEPTH:
+            # The SDK takes mappings and sequences of any depth; shipped, one such span got its
+            # whole batch (other traces' runs) refused by the workers, uncounted here.
+            raise ValueError(f"an attribute value nesting deeper than {MAX_VALUE_DEPTH} levels")
+        if isinstance(value, dict):
+            return 2 + sum(len(k) + 4 + _value_size(v, depth + 1) for k, v in value.items())
+        return 2 + sum(_value_size(v, depth + 1) for v in value) + len(value)
     return 8  # a number, a bool, null
+
+
+def _span_name(name: object) -> str:
+    # The SDK takes any object as a name (update_name(None)); the workers read a string, and
+    # refused the whole batch (other traces' runs) over one such span.
+    if isinstance(name, str):
+        return str(name)
+    if name is None:
+        return ""
+    try:
+        return str(name)[:1024]
+    except Exception:
+        return type(name).__name__
 
 
 def build_record(
@@ -134,7 +157,10 @@ def build_record(
 ) -> tuple[SpanRecord, int]:
     """The ``SpanRecord`` of a span from its fields (``tracing._sdk.read_span``), compacted
     (``compact``), and its approximate JSON size. The record keeps the span's own attribute
-    dict when the transform reads every key of it (the common case): nothing is copied."""
+    dict when the transform reads every key of it (the common case): nothing is copied.
+    ``ValueError`` for a value the workers would refuse (nested past ``MAX_VALUE_DEPTH``)."""
+    if name.__class__ is not str:
+        name = _span_name(name)
     if events:
         kept_events = tuple(
             SpanRecordEvent(e.name, e.timestamp, dict(e.attributes or {})) for e in events if e.name in READ_EVENTS
@@ -158,9 +184,7 @@ def build_record(
         service,
         scope,
     )
-    # (The name's size inline: this runs for every span the app ends.)
-    named = len(name) if name.__class__ is str else 0
-    return record, RECORD_OVERHEAD_BYTES + named + size + (_events_size(kept_events) if kept_events else 0)
+    return record, RECORD_OVERHEAD_BYTES + len(name) + size + (_events_size(kept_events) if kept_events else 0)
 
 
 def service_name(resource: Resource | None) -> str | None:

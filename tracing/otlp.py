@@ -43,7 +43,7 @@ from opentelemetry.util.types import AttributeValue
 
 from tracing._errors import OtlpDecodeError, json_error, shape_of
 from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVENTS
-from tracing._records import span_record
+from tracing._records import MAX_VALUE_DEPTH, span_record
 from tracing._run import SpanRecord, SpanRecordEvent, otlp_time
 
 __all__ = [
@@ -91,10 +91,6 @@ _STATUS = {
 _STATUS_NUMBERS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
 _OTLP_STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 _UNSET_STATUS = Status(StatusCode.UNSET)
-# How deep an attribute value may nest (arrayValue / kvlistValue in one another). The workers
-# refuse a message nesting past 100 levels (worker._guard), a whole batch at once, and a value
-# travels about ten levels down a message: 32 leaves room, and no instrumentation nests near it.
-MAX_VALUE_DEPTH = 32
 _HEX = frozenset("0123456789abcdefABCDEF")
 _FIELD_NAME = re.compile(r"[A-Za-z_.]{1,32}")
 

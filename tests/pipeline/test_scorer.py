@@ -489,8 +489,9 @@ def test_a_function_step_whose_value_json_cannot_keep_runs_again_on_resume() -> 
         .preprocess(words)
         .analyze(PromptStep("claims", lambda run: "claims", output_schema=_Claims))
         .generate_score(
-            lambda run, results: len(results.preprocess_step_result & set(run.output.split()))
-            / len(results.preprocess_step_result)
+            lambda run, results: (
+                len(results.preprocess_step_result & set(run.output.split())) / len(results.preprocess_step_result)
+            )
         )
     )
     kwargs: dict[str, Any] = {"input": "a b c d", "output": "a b", "run_id": "r"}

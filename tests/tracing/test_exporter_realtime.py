@@ -560,3 +560,66 @@ def test_a_send_that_lands_after_shutdown_gave_up_is_counted_once() -> None:
     assert wait_for(lambda: exporter.stats()["runs_sent"] == 5, 30)
     assert exporter.stats()["dropped"] == {}
     assert arrivals.count() == 5
+
+
+def _worker_refusal(batch: ScoreBatch) -> str | None:
+    """What a worker makes of ``batch``'s message: its screen, then the task's validation."""
+    from types import SimpleNamespace
+
+    from pydantic import ValidationError
+
+    from tracing.queue import SCORE_TASK_NAME, task_message
+    from tracing.queue._wire import CONTENT_ENCODING, CONTENT_TYPE
+    from worker._guard import check_message
+    from worker._settings import Settings
+
+    message = task_message(batch, "app")
+    raw = SimpleNamespace(
+        headers=message.headers,
+        body=message.body.encode(),
+        content_type=CONTENT_TYPE,
+        content_encoding=CONTENT_ENCODING,
+    )
+    refusal, decoded = check_message(raw, Settings(), frozenset({SCORE_TASK_NAME}))
+    if refusal is not None:
+        return refusal.reason
+    try:
+        ScoreBatch.model_validate(decoded[0][0])
+    except ValidationError:
+        return "invalid_payload"
+    return None
+
+
+@pytest.mark.parametrize("bad", ["nested_attribute", "name_not_a_string"])
+def test_a_span_the_workers_would_refuse_costs_no_other_traces_run(arrivals: Arrivals, bad: str) -> None:
+    """The SDK takes attribute values nested to any depth and any object as a span's name. Such a
+    span was shipped as it was, and the workers refused its whole message (``too_deep``, or the
+    task's validation: ``invalid_payload``), dead-lettering the other traces' runs in it while
+    ``stats()`` counted them sent. A value nested past 32 levels is refused at filing now (that
+    span, counted in ``errors["export"]``), and a name that is not a string is sent as text."""
+    deep: Any = "x"
+    for _ in range(100):
+        deep = {"k": deep}
+    app = App(exporter_for_app(CallbackSink(arrivals)))
+    try:
+        for i in range(3):
+            odd = i == 1
+            with app.tracer.start_as_current_span(
+                "invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}
+            ):
+                arguments = deep if odd and bad == "nested_attribute" else '{"q": 1}'
+                with app.tracer.start_as_current_span(
+                    "execute_tool t",
+                    attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.arguments": arguments},
+                ) as tool:
+                    if odd and bad == "name_not_a_string":
+                        tool.update_name(None)  # type: ignore[arg-type]
+                    if odd and bad == "nested_attribute":  # kept by the SDK: the case is real
+                        assert tool.attributes["gen_ai.tool.call.arguments"] == deep  # type: ignore[attr-defined]
+        assert wait_for(lambda: arrivals.count() == 3, QUIET_BOUND_S + 10)
+    finally:
+        app.shutdown()
+    assert [_worker_refusal(batch) for batch in arrivals.batches] == [None] * len(arrivals.batches)
+    stats = app.exporter.stats()
+    assert (stats["runs_sent"], stats["dropped"]) == (3, {})
+    assert stats["errors"] == ({"export": 1} if bad == "nested_attribute" else {})

@@ -247,20 +247,25 @@ class TraceBuffer:
             del entry.spans[0], entry.kinds[0]  # O(n), but only over a bound (rare, n small)
             self._tally.drop("max_spans_per_trace")
         kind = classify(f.name, attrs)
-        record, size = build_record(
-            ctx,
-            parent,
-            f.name,
-            entry.trace_id,
-            attrs,
-            f.kind,
-            f.start_ns,
-            f.end_ns,
-            f.status,
-            f.events,
-            self._seen_service,
-            self._seen_scope_name,
-        )
+        try:
+            record, size = build_record(
+                ctx,
+                parent,
+                f.name,
+                entry.trace_id,
+                attrs,
+                f.kind,
+                f.start_ns,
+                f.end_ns,
+                f.status,
+                f.events,
+                self._seen_service,
+                self._seen_scope_name,
+            )
+        except Exception:
+            if not entry.spans:  # opened for this span: no empty trace left to age out
+                self._pop(tid)
+            raise
         entry.spans.append(record)
         entry.kinds.append(kind)
         entry.size += size
