@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from scorers._run import ScorerRun
-from scorers.agent import Message, ScorerRunInputForAgent, ScorerRunOutputForAgent, ToolInvocationPart
+from scorers.agent import (
+    Message,
+    ScorerRunInputForAgent,
+    ScorerRunOutputForAgent,
+    ToolInvocation,
+    ToolInvocationPart,
+)
 
 __all__ = ["filter_run"]
 
@@ -51,15 +57,31 @@ def filter_run(
             return part.tool_invocation.tool_name.startswith(tools)
         return True
 
+    def keep_invocation(invocation: ToolInvocation) -> bool:
+        if types is not None and not "tool-invocation".startswith(types):
+            return False
+        return tools is None or invocation.tool_name.startswith(tools)
+
+    # A message's plain ``content`` text stands in for text parts it lacks: it goes with them.
+    keep_text = types is None or "text".startswith(types)
+
     def trim(messages: Sequence[Message], limit: int | None) -> list[Message]:
         kept: list[Message] = []
         for message in messages:
-            if not message.parts or (types is None and tools is None):
+            legacy = message.content.tool_invocations  # Mastra's older field beside the parts
+            if (not message.parts and not legacy) or (types is None and tools is None):
                 kept.append(message)
                 continue
             parts = [p for p in message.parts if keep_part(p)]
-            if parts:
-                content = message.content.model_copy(update={"parts": parts})
+            invocations = [i for i in legacy or () if keep_invocation(i)]
+            if parts or invocations:
+                content = message.content.model_copy(
+                    update={
+                        "parts": parts,
+                        "tool_invocations": invocations or None,
+                        "content": message.content.content if keep_text else None,
+                    }
+                )
                 kept.append(message.model_copy(update={"content": content}))
         if limit is not None:
             # kept[-limit:], not kept[len - limit:]: a limit above the count must keep everything

@@ -1,11 +1,13 @@
 """Agent-typed runs: Mastra's stored-message shape, rendered as pydantic models.
 
 A message is ``{role, content: {parts: [...]}}``. Parts are text, tool-invocation
-(``state``/``tool_call_id``/``tool_name``/``args``/``result``), reasoning, file, step-start,
-source, and any ``data-*`` part. Field names are snake_case; Mastra's camelCase names are
-accepted too, so a run exported by Mastra validates unchanged. Wherever text is meant a
-plain string is accepted: a message's ``content``, a part, or a whole message (a bare string
-in ``input_messages`` is a user message, in the output an assistant message).
+(``state``/``tool_call_id``/``tool_name``/``args``/``result``, and ``is_error``/``error_text``
+for a call that failed), reasoning, file, step-start, source, and any ``data-*`` part; tool calls
+may also come in ``content.tool_invocations``, Mastra's older field, read first when present.
+Field names are snake_case; Mastra's camelCase names are accepted too, so a run exported by
+Mastra validates unchanged. Wherever text is meant a plain string is accepted: a message's
+``content``, a part, or a whole message (a bare string in ``input_messages`` is a user message,
+in the output an assistant message).
 """
 
 from __future__ import annotations
@@ -62,13 +64,27 @@ class TextPart(_Model):
     text: str
 
 
+# A tool invocation's states that carry its result: the AI SDK's v4 "result" and v5
+# "output-available". Any other state is an unfinished call, or "output-error": a call that threw.
+_RESULT_STATES = frozenset({"result", "output-available"})
+
+
 class ToolInvocation(_Model):
-    state: Literal["partial-call", "call", "result"] = "call"
+    # Mastra stores the AI SDK's states, v4 (partial-call, call, result) and v5 (input-streaming,
+    # input-available, output-available, output-error): any string is taken as it is.
+    state: str = "call"
     tool_call_id: str
     tool_name: str
     args: Any = None
     result: Any = None
     step: int | None = None
+    # A call that failed: state "output-error" with errorText, or isError set by the executor.
+    is_error: bool | None = None
+    error_text: str | None = None
+
+    @property
+    def has_result(self) -> bool:
+        return self.state in _RESULT_STATES
 
 
 class ToolInvocationPart(_Model):
@@ -137,6 +153,9 @@ class MessageContent(_Model):
     format: int = 2
     parts: list[Part] = Field(default_factory=list)
     content: str | None = None
+    # Mastra's older field beside the parts (its own test messages use it; its scorers read it
+    # first, the parts when it is absent).
+    tool_invocations: list[ToolInvocation] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -176,6 +195,10 @@ class Message(_Model):
 
     @property
     def tool_invocations(self) -> list[ToolInvocation]:
+        """The message's tool calls: ``content.toolInvocations`` when it has any (as Mastra's
+        scorers read them), else its tool-invocation parts."""
+        if self.content.tool_invocations:
+            return list(self.content.tool_invocations)
         return [p.tool_invocation for p in self.content.parts if isinstance(p, ToolInvocationPart)]
 
 
@@ -297,6 +320,10 @@ class ToolCallInfo(BaseModel):
     args: Any = None
     result: Any = None
     state: str = "call"
+
+    @property
+    def has_result(self) -> bool:
+        return self.state in _RESULT_STATES
 
 
 class ToolCalls(BaseModel):

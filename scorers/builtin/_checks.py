@@ -37,7 +37,7 @@ __all__ = [
 Verdict = Callable[[ScorerRun], dict[str, Any]]
 
 
-def _check(check_id: str, name: str, description: str, decide: Verdict, explain: str) -> Scorer:
+def _check(check_id: str, name: str, description: str, decide: Verdict, explain: str, version: str = "1") -> Scorer:
     """A 0/1 scorer; ``decide`` returns details including ``passed``; ``explain`` is a template."""
 
     def score(results: StepResults) -> float:
@@ -56,6 +56,7 @@ def _check(check_id: str, name: str, description: str, decide: Verdict, explain:
             type="agent",
             score_range=(0.0, 1.0),
             direction="higher",
+            version=version,
         )
         .preprocess(decide)
         .generate_score(score)
@@ -265,7 +266,10 @@ def max_tool_calls(limit: int, *, id: str = "check-max-tool-calls", name: str | 
 
 
 def _invocation_error(inv: ToolInvocation, incomplete_is_error: bool) -> str | None:
-    if inv.state != "result":
+    # As Mastra's checks: a call that threw is stored as state output-error with errorText.
+    if inv.state == "output-error" or inv.is_error is True:
+        return f"error: {inv.error_text[:200]}" if inv.error_text else "the call failed"
+    if not inv.has_result:
         return "no result (the call never completed)" if incomplete_is_error else None
     result = inv.result
     if isinstance(result, Mapping):
@@ -281,9 +285,10 @@ def no_tool_errors(
 ) -> Scorer:
     """1 when no tool call failed.
 
-    A call failed when its result is a mapping with a truthy ``error`` or ``isError``/``is_error``
+    A call failed when it is in state ``output-error`` or has ``isError`` set (as Mastra's checks
+    read it), when its result is a mapping with a truthy ``error`` or ``isError``/``is_error``
     set to true, or (``incomplete_is_error``, default True) when it never got a result
-    (state ``call``/``partial-call``). No tool calls at all passes.
+    (state ``call``/``partial-call``/``input-available``). No tool calls at all passes.
     """
 
     def decide(run: ScorerRun) -> dict[str, Any]:
@@ -316,6 +321,8 @@ def no_tool_errors(
         "No tool call failed.",
         decide,
         "{error_count} of {total_calls} tool call(s) failed: {failed}.",
+        # "2": a call flagged isError on the invocation itself fails it (it passed in "1").
+        version="2",
     )
 
 

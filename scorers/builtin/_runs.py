@@ -79,7 +79,7 @@ def tool_results(run: ScorerRun) -> list[str]:
     """Results of the response's finished tool calls (as text), then any tool-role messages."""
     out: list[str] = []
     for info in extract_tool_calls(run.output).tool_call_infos:
-        if info.state != "result" or info.result is None:
+        if not info.has_result or info.result is None:
             continue
         result: Any = info.result
         text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)

@@ -76,6 +76,24 @@ def test_no_tool_errors_detects_failures() -> None:
     assert score(checks.no_tool_errors(incomplete_is_error=False), pending) == 1.0
 
 
+def test_no_tool_errors_reads_a_failed_call_as_mastra_stores_it() -> None:
+    """A call that threw (state output-error, with errorText) failed the run as invalid input; one
+    flagged isError on the invocation itself passed. Both fail the check now, as in Mastra."""
+    threw = {
+        "type": "tool-invocation",
+        "toolInvocation": {"state": "output-error", "toolCallId": "c1", "toolName": "a", "errorText": "upstream 500"},
+    }
+    flagged = {
+        "type": "tool-invocation",
+        "toolInvocation": {"state": "result", "toolCallId": "c2", "toolName": "a", "isError": True, "result": "x"},
+    }
+    for part, problem in ((threw, "error: upstream 500"), (flagged, "the call failed")):
+        output = [{"role": "assistant", "content": {"parts": [part, {"type": "text", "text": "Sorry."}]}}]
+        result = checks.no_tool_errors().run_sync(input="q", output=output)
+        assert result.score == 0.0
+        assert [e["error"] for e in result.preprocess_step_result["errors"]] == [problem]
+
+
 def test_all_of_and_any_of() -> None:
     """all_of needs every check to pass; any_of needs one; the reason names the failures."""
     output = agent_output(call("get_weather"), text="Sunny and 21°C.")

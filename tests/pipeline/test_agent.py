@@ -173,3 +173,82 @@ def test_tool_invocation_part_accepts_snake_case() -> None:
         {"type": "tool-invocation", "tool_invocation": {"tool_call_id": "x", "tool_name": "t", "state": "partial-call"}}
     )
     assert part.tool_invocation.state == "partial-call"
+
+
+# Mastra's stored message with its tool calls in ``content.toolInvocations`` (the form its own
+# test messages take, and its scorers read first), beside the text.
+LEGACY_TOOLS_OUTPUT = [
+    {
+        "id": "m1",
+        "role": "assistant",
+        "createdAt": "2026-01-01T00:00:00Z",
+        "content": {
+            "format": 2,
+            "parts": [{"type": "text", "text": "It is 22 degrees in Paris."}],
+            "content": "It is 22 degrees in Paris.",
+            "toolInvocations": [
+                {
+                    "toolCallId": "call-1",
+                    "toolName": "weatherTool",
+                    "args": {"location": "Paris"},
+                    "result": {"temp": 22},
+                    "state": "result",
+                }
+            ],
+        },
+    }
+]
+
+
+def test_tool_calls_in_content_tool_invocations_are_read() -> None:
+    """They were dropped silently when the message validated: tool_call_accuracy scored 0 and
+    checks.did_not_call passed on a run that called the tool, with no error."""
+    from scorers.builtin import checks, tool_call_accuracy
+
+    output = ScorerRunOutputForAgent.validate(LEGACY_TOOLS_OUTPUT)
+    calls = extract_tool_calls(output)
+    assert calls.tools == ["weatherTool"]
+    assert calls.tool_call_infos[0].result == {"temp": 22}
+    assert calls.tool_call_infos[0].has_result
+    run = {"input": "weather in Paris?", "output": LEGACY_TOOLS_OUTPUT}
+    assert tool_call_accuracy(expected_tool="weatherTool").run_sync(**run).score == 1.0
+    assert checks.did_not_call("weatherTool").run_sync(**run).score == 0.0
+    # Mastra keeps both forms of one call at times: read once, from the older field.
+    both = [dict(LEGACY_TOOLS_OUTPUT[0], content=dict(LEGACY_TOOLS_OUTPUT[0]["content"]))]  # type: ignore[arg-type]
+    both[0]["content"]["parts"] = [
+        {"type": "tool-invocation", "toolInvocation": LEGACY_TOOLS_OUTPUT[0]["content"]["toolInvocations"][0]},  # type: ignore[index]
+        {"type": "text", "text": "It is 22 degrees in Paris."},
+    ]
+    assert extract_tool_calls(ScorerRunOutputForAgent.validate(both)).tools == ["weatherTool"]
+
+
+def test_ai_sdk_v5_tool_states_validate() -> None:
+    """A call that threw is stored as state output-error with errorText; the run was refused as
+    invalid input (only partial-call, call and result were taken)."""
+    output = ScorerRunOutputForAgent.validate(
+        [
+            {
+                "role": "assistant",
+                "content": {
+                    "parts": [
+                        {
+                            "type": "tool-invocation",
+                            "toolInvocation": {
+                                "state": state,
+                                "toolCallId": f"c{n}",
+                                "toolName": "get_weather",
+                                "errorText": "upstream 500" if state == "output-error" else None,
+                            },
+                        }
+                        for n, state in enumerate(["input-available", "output-available", "output-error"])
+                    ]
+                },
+            }
+        ]
+    )
+    invocations = output[0].tool_invocations
+    assert [(i.state, i.has_result, i.error_text) for i in invocations] == [
+        ("input-available", False, None),
+        ("output-available", True, None),
+        ("output-error", False, "upstream 500"),
+    ]

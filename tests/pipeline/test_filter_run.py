@@ -57,6 +57,35 @@ def test_tool_names_prefix_filter() -> None:
     assert run.output[0].text == "answer 1"
 
 
+def test_filters_apply_to_tool_calls_in_content_tool_invocations_and_to_plain_content() -> None:
+    """Mastra's older ``content.toolInvocations`` field is filtered as the parts are, and a
+    message's plain ``content`` text (which stands in for text parts) goes with the text parts."""
+    legacy = {
+        "role": "assistant",
+        "content": {
+            "parts": [{"type": "text", "text": "answer"}],
+            "content": "answer",
+            "toolInvocations": [
+                {"toolCallId": "a", "toolName": "search_web", "state": "call"},
+                {"toolCallId": "b", "toolName": "calc", "state": "call"},
+            ],
+        },
+    }
+    seen: list[ScorerRun] = []
+    for options in ({"tool_names": ["calc"]}, {"part_types": ["tool-invocation"]}, {"part_types": ["text"]}):
+        scorer = create_scorer("f", type="agent", prepare_run=filter_run(**options)).generate_score(
+            lambda run: seen.append(run) or 1.0
+        )
+        scorer.run_sync(input="q", output=[legacy])
+    by_tools, tools_only, text_only = (
+        [(i.tool_name, m.text) for m in r.output for i in m.tool_invocations] for r in seen
+    )
+    assert by_tools == [("calc", "answer")]
+    assert tools_only == [("search_web", ""), ("calc", "")]
+    assert text_only == []
+    assert seen[2].output[0].text == "answer"
+
+
 def test_keep_last_n_messages_after_filtering() -> None:
     """max_* keep the last N messages after part filtering."""
     run = _prepared(part_types=["text"], max_remembered_messages=2, max_output_messages=1)
