@@ -14,12 +14,14 @@ Not scorable: no user message, or no output text.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
 from scorers import Judge, PromptStep, Scorer, ScorerConfigError, ScorerRun, StepResults, create_scorer
 from scorers.builtin._llm import (
+    FOLDED,
+    LLM_VERSION,
     ModelOption,
     as_json,
     check_scale,
@@ -47,7 +49,7 @@ class Statements(BaseModel):
 
 class RelevancyVerdict(BaseModel):
     statement: str
-    verdict: Literal["yes", "unsure", "no"]
+    verdict: Annotated[Literal["yes", "unsure", "no"], FOLDED]
     reason: str
 
 
@@ -130,6 +132,7 @@ def answer_relevancy(
             type="agent",
             score_range=(0.0, scale),
             direction="higher",
+            version=LLM_VERSION,
         )
         .preprocess(PromptStep("Extract the output's statements", extract_prompt, output_schema=Statements))
         .analyze(PromptStep("Judge each statement's relevance", analyze_prompt, output_schema=RelevancyVerdicts))

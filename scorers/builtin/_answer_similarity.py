@@ -20,12 +20,14 @@ run fails with a clear error (``require_ground_truth=True``, the default), or is
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel
 
 from scorers import Judge, PromptStep, Scorer, ScorerConfigError, ScorerRun, StepResults, create_scorer, not_scorable
 from scorers.builtin._llm import (
+    FOLDED,
+    LLM_VERSION,
     ModelOption,
     as_json,
     check_scale,
@@ -53,7 +55,7 @@ class SemanticUnits(BaseModel):
 class UnitMatch(BaseModel):
     ground_truth_unit: str
     output_unit: str | None
-    match_type: Literal["exact", "semantic", "partial", "missing"]
+    match_type: Annotated[Literal["exact", "semantic", "partial", "missing"], FOLDED]
     explanation: str
 
 
@@ -179,6 +181,7 @@ def answer_similarity(
             type="agent",
             score_range=(0.0, scale),
             direction="higher",
+            version=LLM_VERSION,
         )
         .preprocess(PromptStep("Split into semantic units", extract_prompt, output_schema=SemanticUnits))
         .analyze(PromptStep("Match the units", analyze_prompt, output_schema=SimilarityAnalysis))

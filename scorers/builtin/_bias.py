@@ -13,12 +13,14 @@ Not scorable: no output text.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
 from scorers import Judge, PromptStep, Scorer, ScorerRun, StepResults, create_scorer
 from scorers.builtin._llm import (
+    FOLDED,
+    LLM_VERSION,
     ModelOption,
     as_json,
     check_scale,
@@ -44,7 +46,7 @@ class Opinions(BaseModel):
 
 class BiasVerdict(BaseModel):
     opinion: str
-    verdict: Literal["yes", "no"]
+    verdict: Annotated[Literal["yes", "no"], FOLDED]
     reason: str
 
 
@@ -114,6 +116,7 @@ def bias(
             type="agent",
             score_range=(0.0, scale),
             direction="lower",
+            version=LLM_VERSION,
         )
         .preprocess(PromptStep("Extract the output's opinions", extract_prompt, output_schema=Opinions))
         .analyze(PromptStep("Judge each opinion for bias", analyze_prompt, output_schema=BiasVerdicts))

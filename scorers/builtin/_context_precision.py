@@ -14,12 +14,14 @@ results, in order. Not scorable: no output text, or no context.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel
 
 from scorers import Judge, PromptStep, Scorer, ScorerRun, StepResults, create_scorer
 from scorers.builtin._llm import (
+    FOLDED,
+    LLM_VERSION,
     ContextOption,
     ModelOption,
     as_json,
@@ -44,7 +46,7 @@ question. Judge each piece on its own merits, not by its position."""
 
 class ContextPrecisionVerdict(BaseModel):
     context_index: int
-    verdict: Literal["yes", "no"]
+    verdict: Annotated[Literal["yes", "no"], FOLDED]
     reason: str
 
 
@@ -122,6 +124,7 @@ def context_precision(
             type="agent",
             score_range=(0.0, scale),
             direction="higher",
+            version=LLM_VERSION,
         )
         .analyze(PromptStep("Judge each context piece", analyze_prompt, output_schema=ContextPrecisionVerdicts))
         .generate_score(score)

@@ -18,12 +18,14 @@ results. Not scorable: no output text, or no context (Mastra scores 1 there; we 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel
 
 from scorers import Judge, PromptStep, Scorer, ScorerConfigError, ScorerRun, StepResults, create_scorer
 from scorers.builtin._llm import (
+    FOLDED,
+    LLM_VERSION,
     ContextOption,
     ModelOption,
     as_json,
@@ -55,7 +57,7 @@ DEFAULT_PENALTIES: Mapping[str, float] = {
 
 class ContextEvaluation(BaseModel):
     context_index: int
-    relevance_level: Literal["high", "medium", "low", "none"]
+    relevance_level: Annotated[Literal["high", "medium", "low", "none"], FOLDED]
     was_used: bool
     reasoning: str
 
@@ -146,6 +148,7 @@ def context_relevance(
             type="agent",
             score_range=(0.0, scale),
             direction="higher",
+            version=LLM_VERSION,
         )
         .analyze(PromptStep("Evaluate the context", analyze_prompt, output_schema=ContextRelevanceAnalysis))
         .generate_score(score)

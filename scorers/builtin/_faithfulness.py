@@ -16,13 +16,15 @@ factual claim (nothing to check).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel
 
 from scorers import Judge, PromptStep, Scorer, ScorerRun, StepResults, create_scorer, not_scorable
 from scorers.builtin._claims import Claims, claims_prompt
 from scorers.builtin._llm import (
+    FOLDED,
+    LLM_VERSION,
     ContextOption,
     ModelOption,
     as_json,
@@ -46,7 +48,7 @@ does not say — even if the claim is true in the world."""
 
 class FaithfulnessVerdict(BaseModel):
     claim: str
-    verdict: Literal["yes", "no", "unsure"]
+    verdict: Annotated[Literal["yes", "no", "unsure"], FOLDED]
     reason: str
 
 
@@ -122,6 +124,7 @@ def faithfulness(
             type="agent",
             score_range=(0.0, scale),
             direction="higher",
+            version=LLM_VERSION,
         )
         .preprocess(PromptStep("Extract the output's claims", extract_prompt, output_schema=Claims))
         .analyze(PromptStep("Check each claim against the context", analyze_prompt, output_schema=FaithfulnessVerdicts))

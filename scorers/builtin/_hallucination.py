@@ -15,13 +15,15 @@ results. Not scorable: no output text, or no context.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel
 
 from scorers import Judge, PromptStep, Scorer, ScorerRun, StepResults, create_scorer
 from scorers.builtin._claims import Claims, claims_prompt
 from scorers.builtin._llm import (
+    FOLDED,
+    LLM_VERSION,
     ContextOption,
     ModelOption,
     as_json,
@@ -45,7 +47,7 @@ context is silent about it, supported when the context states or directly implie
 
 class HallucinationVerdict(BaseModel):
     claim: str
-    verdict: Literal["contradicted", "unsupported", "supported"]
+    verdict: Annotated[Literal["contradicted", "unsupported", "supported"], FOLDED]
     reason: str
 
 
@@ -123,6 +125,7 @@ def hallucination(
             type="agent",
             score_range=(0.0, scale),
             direction="lower",
+            version=LLM_VERSION,
         )
         .preprocess(PromptStep("Extract the output's claims", extract_prompt, output_schema=Claims))
         .analyze(PromptStep("Check each claim for contradictions", analyze_prompt, output_schema=HallucinationVerdicts))

@@ -10,16 +10,18 @@ Policy for missing material (the same in every LLM builtin):
 - A bad option (``scale`` <= 0, an empty ``context`` list, a model that is not
   ``"provider/model"`` or a ``JudgeModel``): ``ScorerConfigError`` when the scorer is built.
 
-Scores are rounded to two decimals (as Mastra does) and multiplied by ``scale``.
+Scores are multiplied by ``scale`` and rounded to two decimals, halves up (as Mastra does).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeAlias, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 
 from scorers import Judge, ScorerConfigError, ScorerRun, not_scorable
 from scorers.builtin._common import check_positive
@@ -27,6 +29,8 @@ from scorers.builtin._runs import assistant_text, tool_results, user_text
 from scorers.judge import JudgeModel, fence
 
 __all__ = [
+    "FOLDED",
+    "LLM_VERSION",
     "ContextOption",
     "ModelOption",
     "as_json",
@@ -41,6 +45,14 @@ __all__ = [
     "resolve_context",
     "rounded",
 ]
+
+# On a judge's enum field (Annotated[Literal[...], FOLDED]): "Yes" and " yes " are "yes", as
+# Mastra's scorers compare verdicts (trimmed, lower-cased); the schema sent still lists the values.
+FOLDED = BeforeValidator(lambda value: value.strip().lower() if isinstance(value, str) else value)
+
+# Every LLM builtin's version. "2" (2026-12-05): scores round halves up, as Mastra's do (0.125 is
+# 0.13); "1" rounded them to even (0.12).
+LLM_VERSION = "2"
 
 ModelOption: TypeAlias = str | JudgeModel
 ContextOption: TypeAlias = Sequence[str] | Callable[[ScorerRun], Sequence[str]] | None
@@ -140,5 +152,7 @@ def parse(model: type[M], value: Any) -> M:
 
 
 def rounded(value: float, scale: float) -> float:
-    """Clamp to [0, 1], multiply by ``scale`` and round to two decimals."""
-    return min(scale, round(min(1.0, max(0.0, value)) * scale, 2))
+    """Clamp to [0, 1], multiply by ``scale`` and round to two decimals, halves up, as Mastra's
+    ``roundToTwoDecimals`` (``Math.round((x + Number.EPSILON) * 100) / 100``)."""
+    scaled = min(1.0, max(0.0, value)) * scale
+    return min(scale, math.floor((scaled + sys.float_info.epsilon) * 100 + 0.5) / 100)

@@ -19,13 +19,16 @@ original (clean) query. Not scorable: no user message or no output text.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
 from scorers import Judge, PromptStep, Scorer, ScorerConfigError, ScorerRun, StepResults, create_scorer
 from scorers.builtin._llm import (
+    FOLDED,
+    LLM_VERSION,
     ModelOption,
     as_json,
     check_scale,
@@ -56,7 +59,7 @@ DEFAULT_IMPACT_WEIGHTS: Mapping[str, float] = {
 
 class NoiseDimension(BaseModel):
     dimension: str
-    impact_level: Impact
+    impact_level: Annotated[Impact, FOLDED]
     specific_changes: str
     noise_influence: str
 
@@ -108,6 +111,16 @@ def noise_sensitivity(
             f"scorer {id!r}: unknown impact levels {sorted(unknown)}; known: {list(DEFAULT_IMPACT_WEIGHTS)}"
         )
     weights = {**DEFAULT_IMPACT_WEIGHTS, **(impact_weights or {})}
+    # Used only once a judge call is paid for: a bad one then failed every run (TypeError).
+    numbers = {
+        **{f"impact_weights[{level!r}]": w for level, w in weights.items()},
+        "major_issue_penalty": major_issue_penalty,
+        "max_major_issue_penalty": max_major_issue_penalty,
+        "discrepancy_threshold": discrepancy_threshold,
+    }
+    for option, value in numbers.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+            raise ScorerConfigError(f"scorer {id!r}: {option} must be a finite non-negative number, got {value!r}")
 
     def analyze_prompt(run: ScorerRun) -> str:
         query = require_user(run)
@@ -157,6 +170,7 @@ def noise_sensitivity(
             type="agent",
             score_range=(0.0, scale),
             direction="higher",
+            version=LLM_VERSION,
         )
         .analyze(PromptStep("Analyse the noise's impact", analyze_prompt, output_schema=NoiseAnalysis))
         .generate_score(score)

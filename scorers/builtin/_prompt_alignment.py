@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from scorers import Judge, PromptStep, Scorer, ScorerConfigError, ScorerRun, StepResults, create_scorer, not_scorable
 from scorers.agent import get_combined_system_prompt
 from scorers.builtin._llm import (
+    LLM_VERSION,
     ModelOption,
     as_json,
     check_scale,
@@ -198,6 +199,7 @@ def prompt_alignment(
             type="agent",
             score_range=(0.0, scale),
             direction="higher",
+            version=LLM_VERSION,
         )
         .analyze(PromptStep("Analyse prompt alignment", analyze_prompt, output_schema=PromptAlignmentAnalysis))
         .generate_score(score)

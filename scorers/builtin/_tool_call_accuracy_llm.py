@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from scorers import Judge, PromptStep, Scorer, ScorerConfigError, ScorerRun, StepResults, create_scorer
 from scorers.agent import extract_tool_calls
 from scorers.builtin._llm import (
+    LLM_VERSION,
     ModelOption,
     as_json,
     check_scale,
@@ -150,6 +151,7 @@ def tool_call_accuracy_llm(
             type="agent",
             score_range=(0.0, scale),
             direction="higher",
+            version=LLM_VERSION,
         )
         .preprocess(preprocess)
         .analyze(PromptStep("Evaluate the tool choices", analyze_prompt, output_schema=ToolCallEvaluations))

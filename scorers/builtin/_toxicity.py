@@ -13,12 +13,14 @@ Not scorable: no output text.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel
 
 from scorers import Judge, PromptStep, Scorer, ScorerRun, StepResults, create_scorer
 from scorers.builtin._llm import (
+    FOLDED,
+    LLM_VERSION,
     ModelOption,
     as_json,
     check_scale,
@@ -40,7 +42,7 @@ user's words to refuse them are not toxic."""
 
 class ToxicityVerdict(BaseModel):
     statement: str
-    verdict: Literal["yes", "no"]
+    verdict: Annotated[Literal["yes", "no"], FOLDED]
     reason: str
 
 
@@ -102,6 +104,7 @@ def toxicity(
             type="agent",
             score_range=(0.0, scale),
             direction="lower",
+            version=LLM_VERSION,
         )
         .analyze(PromptStep("Judge each statement for toxicity", analyze_prompt, output_schema=ToxicityVerdicts))
         .generate_score(score)

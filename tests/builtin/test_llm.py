@@ -51,6 +51,18 @@ def test_rounded_clamps_scales_and_rounds() -> None:
     assert rounded(-0.1, 1) == 0.0
 
 
+def test_rounded_takes_halves_up_as_mastra_does() -> None:
+    """Python's round() takes halves to even: 1 of 8 statements was 0.12 where Mastra's
+    ``Math.round((x + Number.EPSILON) * 100) / 100`` gives 0.13. The LLM builtins are version "2"."""
+    assert [rounded(k / 8, 1) for k in (1, 3, 5, 7)] == [0.13, 0.38, 0.63, 0.88]
+    assert rounded(0.285, 1) == 0.29  # 28.499999... in floating point: the epsilon lifts it, as in JS
+    assert rounded(1 / 8, 10) == 1.25
+    from scorers.builtin import bias, faithfulness, hallucination, toxicity
+
+    for factory in (answer_relevancy, bias, faithfulness, hallucination, toxicity):
+        assert factory("openai/gpt-4o-mini").version == "2"
+
+
 def test_resume_from_a_json_checkpoint(fake_llm: FakeLLMServer) -> None:
     """A checkpoint (step results as plain JSON) resumes without repeating judge calls."""
     checkpoint = ScoreResult(
@@ -70,3 +82,18 @@ def test_resume_from_a_json_checkpoint(fake_llm: FakeLLMServer) -> None:
     assert result.score == 0.5
     assert result.reason == "Half relevant."
     assert fake_llm.count() == 1
+
+
+@pytest.mark.parametrize("spelling", ["Yes", " yes", "YES\n"])
+def test_a_verdict_in_another_case_counts_as_mastra_counts_it(spelling: str) -> None:
+    """Mastra compares verdicts trimmed and lower-cased; here "Yes" failed the step after a paid
+    fallback call (JudgeOutputError)."""
+    from scorers.builtin import bias, toxicity
+    from scorers.judge.testing import FakeJudgeModel
+
+    verdicts = {"verdicts": [{"statement": "s", "opinion": "s", "verdict": spelling, "reason": "r"}]}
+    for factory, first in ((answer_relevancy, {"statements": ["s"]}), (bias, {"opinions": ["s"]}), (toxicity, None)):
+        model = FakeJudgeModel(*(a for a in (first, verdicts, "why") if a is not None))
+        result = factory(model).run_sync(input="q?", output="a")
+        assert result.score == 1.0
+        assert len(model.requests) == (3 if first else 2)

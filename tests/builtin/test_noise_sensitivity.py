@@ -62,3 +62,22 @@ def test_required_options_and_edge_cases(fake_llm: FakeLLMServer) -> None:
         noise_sensitivity(OPENAI, baseline_response="b", noisy_query="q", impact_weights={"huge": 0})
     assert score(scorer(), input="q", output="").not_scorable is not None
     assert fake_llm.count() == 0
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"impact_weights": {"none": "high"}},
+        {"impact_weights": {"none": None}},
+        {"major_issue_penalty": "0.1"},
+        {"major_issue_penalty": -5.0},
+        {"max_major_issue_penalty": True},
+        {"discrepancy_threshold": float("nan")},
+    ],
+)
+def test_numeric_options_are_checked_when_built(fake_llm: FakeLLMServer, option: dict[str, Any]) -> None:
+    """They were used only after the judge was paid: a string failed every run (TypeError,
+    internal), a negative penalty or a NaN threshold scored silently."""
+    with pytest.raises(ScorerConfigError, match="must be a finite non-negative number"):
+        noise_sensitivity(OPENAI, baseline_response="b", noisy_query="q", **option)
+    assert fake_llm.count() == 0
