@@ -112,15 +112,15 @@ def noise_sensitivity(
         )
     weights = {**DEFAULT_IMPACT_WEIGHTS, **(impact_weights or {})}
     # Used only once a judge call is paid for: a bad one then failed every run (TypeError).
-    numbers = {
+    numbers: dict[str, object] = {
         **{f"impact_weights[{level!r}]": w for level, w in weights.items()},
         "major_issue_penalty": major_issue_penalty,
         "max_major_issue_penalty": max_major_issue_penalty,
         "discrepancy_threshold": discrepancy_threshold,
     }
-    for option, value in numbers.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-            raise ScorerConfigError(f"scorer {id!r}: {option} must be a finite non-negative number, got {value!r}")
+    for option, number in numbers.items():
+        if isinstance(number, bool) or not isinstance(number, int | float) or not 0 <= number < math.inf:
+            raise ScorerConfigError(f"scorer {id!r}: {option} must be a finite non-negative number, got {number!r}")
 
     def analyze_prompt(run: ScorerRun) -> str:
         query = require_user(run)
