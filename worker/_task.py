@@ -9,13 +9,18 @@ is dead-lettered alone and its neighbours are scored."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import signal
+import threading
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from billiard.pool import soft_timeout_sighandler
 from celery import Task
 from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
 from kombu.exceptions import OperationalError as KombuOperationalError
@@ -29,6 +34,7 @@ from worker._guard import BODY_BYTES_HEADER
 from worker._loop import (
     WATCHDOG_GRACE_S,
     GraceExpired,
+    call_from_signal_handler,
     install_drain_handler,
     run_coro,
     run_draining,
@@ -150,12 +156,59 @@ def register_score_task(app: TracescoreApp) -> Task[Any, Any]:
     return task
 
 
+# billiard's soft time limit: the main process's timer sends it to the prefork child running the task.
+_SOFT_LIMIT_SIGNAL: int | None = getattr(signal, "SIGUSR1", None)
+_task_running = False
+
+
+def _soft_limit_if_running(signum: int, frame: object) -> None:
+    """billiard's soft-time-limit handler, but raising only while this process runs a task.
+
+    The pool's time-limit timers run on the main process's event loop, which Celery's consumer
+    holds while it reconnects to a lost broker (kombu's retry sleeps in it). When the broker is
+    back, the timers that fell due meanwhile fire before the children's results are read: the
+    soft limit of a task that ended during the outage reaches a child that is idle, or still
+    blocked writing that task's result to a pipe nobody read (a Retry's or Reject's traceback
+    is larger than the pipe's 64 KiB). billiard's handler raised there, outside any task: the
+    idle child died (exit 1), and the writing one, cut mid-message, wrote its error report after
+    the cut, so the main process read a corrupt message and exited (UnpicklingError). A limit
+    arriving outside a task is late: ignored, and logged."""
+    if _task_running:
+        raise SoftTimeLimitExceeded()
+    call_from_signal_handler(lambda: log.warning("late_soft_time_limit_ignored", pid=os.getpid()))
+
+
+def _guard_soft_limit() -> None:
+    """Put ``_soft_limit_if_running`` in place of billiard's handler (a prefork child only: the
+    solo pool's process is the main one, whose SIGUSR1 is Celery's own)."""
+    if _SOFT_LIMIT_SIGNAL is None or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(_SOFT_LIMIT_SIGNAL) is soft_timeout_sighandler:
+        signal.signal(_SOFT_LIMIT_SIGNAL, _soft_limit_if_running)
+
+
+@contextlib.contextmanager
+def _running() -> Iterator[None]:
+    global _task_running
+    _task_running = True
+    try:
+        yield
+    finally:
+        _task_running = False
+
+
 def _score_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
     """Score one ``ScoreBatch`` (its ``model_dump(mode="json")``).
 
     Every way out marks this delivery as ended (see ``worker.store.DeliveryLog``), so only a delivery
     whose process died counts as a crash. A failure of the machinery (a loop wait that ran out,
     the broker or Redis away) hands the message back to the queue; nothing is acked and dropped."""
+    _guard_soft_limit()  # (again before each task: billiard installs its handler after our initializer)
+    with _running():
+        return _score_one_batch(self, payload)
+
+
+def _score_one_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
     app: TracescoreApp = self.app  # type: ignore[assignment]  # create_app registers this task
     task_id = str(self.request.id or (payload.get("batch_id") if isinstance(payload, dict) else None) or "-")
     if shutting_down():

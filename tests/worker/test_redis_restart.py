@@ -20,7 +20,7 @@ from kombu import Connection
 from kombu.common import ignore_errors
 
 from tests._redis import RedisServer
-from tests.worker._batches import batch
+from tests.worker._batches import batch, send
 from tests.worker._workers import WorkerProcess, queue_and_unacked, read_scores, wait_for
 from tracing import CelerySink
 from tracing._score_record import score_id_for
@@ -128,6 +128,61 @@ def test_redis_restart_under_load_loses_no_batch(own_redis: RedisServer, tmp_pat
     finally:
         for worker in workers:
             worker.stop()
+
+
+def test_a_prefork_worker_outlives_an_outage_longer_than_its_tasks_time_limits(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Redis goes while a prefork worker's tasks run and stays away past their soft and hard time
+    limits. Celery's consumer holds the main process's event loop while it reconnects, so the
+    pool's time-limit timers fire late, once Redis is back, before the children's results are
+    read: the soft limit reached a child outside its task, idle or blocked writing that task's
+    result (a retry's traceback is larger than the pipe). billiard's handler raised there: the
+    child died, or, cut mid-write, wrote its error report after the cut, and the main process
+    read a corrupt message and exited (UnpicklingError, exit 1). A late limit is ignored now:
+    the worker lives on and scores every run once, with nothing dead-lettered."""
+    url = own_redis.url(0)
+    scores_path = tmp_path / "scores.jsonl"
+    env = {
+        "TSTEST_SLOW_S": "2.5",
+        "TRACESCORE_TASK_SOFT_TIME_LIMIT": "4",
+        "TRACESCORE_TASK_TIME_LIMIT": "5",
+        "TRACESCORE_VISIBILITY_TIMEOUT": "10",
+        "TRACESCORE_UNACKED_RESTORE_INTERVAL": "1",
+    }
+    worker = WorkerProcess(
+        "outage-prefork", url, tmp_path, scores_path=scores_path, env=env, pool="prefork", concurrency=2
+    )
+    batches = [batch(range(n * 4, n * 4 + 4), ["slow"], salt="outage", batch_id=f"outage-{n}") for n in range(4)]
+    expected = {
+        score_id_for(r.trace_id, t, "slow", "1") for b in batches for r in b.requests for t in r.target_span_ids
+    }
+    try:
+        worker.wait_ready()
+        send(url, *batches)
+        assert wait_for(lambda: "received" in worker.text(), 30), worker.text()[-3000:]
+        time.sleep(1.0)  # into the running tasks (an outage, not a timing assertion)
+        own_redis.stop()
+        time.sleep(8.0)  # longer than the tasks' soft (4 s) and hard (5 s) limits
+        own_redis.start()
+        done = lambda: expected <= {s["score_id"] for s in read_scores(scores_path)}  # noqa: E731
+        assert wait_for(lambda: done() or worker.proc.poll() is not None, 120), worker.text()[-3000:]
+        log = worker.text()
+        assert worker.proc.poll() is None, log[-3000:]
+        assert "UnpicklingError" not in log, log[-3000:]
+        assert "exitcode 1" not in log, log[-3000:]  # no pool child died either
+        client = own_redis.client(0)
+        try:
+            settled = lambda: client.hlen("unacked") == 0 and client.llen("tracescore") == 0  # noqa: E731
+            assert wait_for(settled, 90), log[-3000:]
+            assert client.llen("tracescore:dlq") == 0
+        finally:
+            client.close()
+        ids = [s["score_id"] for s in read_scores(scores_path)]
+        assert len(ids) == len(set(ids)), "a score was written twice"
+        assert set(ids) == expected
+    finally:
+        worker.stop()
 
 
 def test_closing_a_collected_broker_connection_is_a_connection_error_and_keeps_the_message(
