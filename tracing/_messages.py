@@ -108,19 +108,46 @@ class Msg:
         return "\n".join(p.text for p in self.parts if isinstance(p, TextPart))
 
 
+# A tool call's arguments or result nesting deeper than this are kept as JSON text: a run
+# holding them read fine, but pydantic-core serializes 255 levels at most, so its record, its
+# checkpoint or a dry run's estimate of it failed (the dry run ended on it).
+MAX_DECODED_DEPTH = 64
+
+
 def decode_json_text(value: Any) -> Any:
     """A JSON object/array held in a string, decoded; anything else unchanged.
 
     Only ``{...}`` / ``[...]`` are decoded, so a tool result ``"true"`` stays the text it was.
+    A value nesting deeper than ``MAX_DECODED_DEPTH`` stays (or becomes) JSON text.
     """
     if isinstance(value, str):
         stripped = value.strip()
         if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
             try:
-                return json.loads(stripped)
+                decoded = json.loads(stripped)
             except (ValueError, RecursionError):  # not JSON, or nested past the parser: text
                 return value
+            return value if _deeper_than(decoded, MAX_DECODED_DEPTH) else decoded
+    elif isinstance(value, dict | list) and _deeper_than(value, MAX_DECODED_DEPTH):
+        try:
+            return json.dumps(value, ensure_ascii=False)
+        except (ValueError, TypeError, RecursionError):
+            return f"(a value nested deeper than {MAX_DECODED_DEPTH} levels)"
     return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    level = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for node in level
+            if isinstance(node, dict | list)
+            for child in (node.values() if isinstance(node, dict) else node)
+        ]
+        if not level:
+            return False
+    return any(isinstance(node, dict | list) for node in level)
 
 
 def _role(value: Any) -> str:

@@ -656,6 +656,8 @@ class CostEstimate:
         self.by_scorer: dict[str, _Estimate] = {s: _Estimate() for s in scorers}
         self.by_model: dict[str, _Estimate] = {}
         self._steps: dict[str, list[tuple[str, int, int]]] = {}
+        # Runs whose content could not be measured (a value no JSON encoder writes): left out.
+        self.not_estimated = 0
         for scorer_id, scorer in scorers.items():
             steps = []
             for judge in scorer.step_judges().values():
@@ -668,7 +670,11 @@ class CostEstimate:
 
     def add(self, run: Any) -> None:
         """One run (a ``TracedRun``, or anything with ``input`` / ``output``) for every scorer."""
-        chars = len(json.dumps(to_jsonable_python(run.input))) + len(json.dumps(to_jsonable_python(run.output)))
+        try:
+            chars = len(json.dumps(to_jsonable_python(run.input))) + len(json.dumps(to_jsonable_python(run.output)))
+        except (ValueError, TypeError, RecursionError):  # that run only: the dry run goes on
+            self.not_estimated += 1
+            return
         for scorer_id, steps in self._steps.items():
             self.by_scorer[scorer_id].runs += 1
             for model, system, answer in steps:
@@ -692,6 +698,7 @@ class CostEstimate:
             "output_tokens": sum(e.output_tokens for e in self.by_scorer.values()),
             "judge_calls": sum(e.judge_calls for e in self.by_scorer.values()),
             "unpriced_calls": sum(e.unpriced_calls for e in self.by_scorer.values()),
+            "runs_not_estimated": self.not_estimated,
             "by_scorer": {k: v.as_json() for k, v in self.by_scorer.items()},
             "by_model": {k: v.as_json() for k, v in self.by_model.items()},
         }
@@ -708,4 +715,6 @@ class CostEstimate:
         ]
         out += [f"  scorer {k}: ~{v.cost_usd:.4f} USD ({v.judge_calls:,} calls)" for k, v in self.by_scorer.items()]
         out += [f"  model  {k}: ~{v.cost_usd:.4f} USD ({v.judge_calls:,} calls)" for k, v in self.by_model.items()]
+        if self.not_estimated:
+            out.append(f"  {self.not_estimated:,} run(s) left out: their content could not be measured")
         return out

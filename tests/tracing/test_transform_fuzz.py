@@ -213,3 +213,73 @@ def test_a_run_reads_alike_in_process_and_after_the_queue(values: dict[str, Any]
     in_process = _read([agent])
     shipped = ScoreRequest.model_validate_json(request_json(spans_request([agent], [agent.span_id], ["s"])))
     assert _read(shipped.spans) == in_process
+
+
+def _agent_line(trace_id: str, arguments: str) -> str:
+    """One OTLP/JSON line: an agent span and its chat span, whose answer calls a tool."""
+    text = {"stringValue": ""}
+    out = [
+        {
+            "role": "assistant",
+            "parts": [
+                {"type": "tool_call", "id": "c1", "name": "weather", "arguments": arguments},
+                {"type": "text", "content": "sunny"},
+            ],
+        }
+    ]
+
+    def attr(key: str, value: str) -> dict[str, Any]:
+        return {"key": key, "value": {**text, "stringValue": value}}
+
+    spans = [
+        {
+            "traceId": trace_id,
+            "spanId": "00000000000000a1",
+            "name": "invoke_agent shop",
+            "startTimeUnixNano": "1000",
+            "endTimeUnixNano": "9000",
+            "attributes": [attr("gen_ai.operation.name", "invoke_agent"), attr("gen_ai.agent.name", "shop")],
+        },
+        {
+            "traceId": trace_id,
+            "spanId": "00000000000000a2",
+            "parentSpanId": "00000000000000a1",
+            "name": "chat m",
+            "startTimeUnixNano": "2000",
+            "endTimeUnixNano": "3000",
+            "attributes": [
+                attr("gen_ai.operation.name", "chat"),
+                attr(
+                    "gen_ai.input.messages", json.dumps([{"role": "user", "parts": [{"type": "text", "content": "q"}]}])
+                ),
+                attr("gen_ai.output.messages", json.dumps(out)),
+            ],
+        },
+    ]
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"scope": {"name": "app"}, "spans": spans}]}]}) + "\n"
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_tool_arguments_nested_past_what_a_record_can_hold_stay_text(tmp_path: Path, dry_run: bool) -> None:
+    """Tool-call arguments of JSON text nested 300 levels (under the parser's limit, over the 255
+    pydantic-core serializes) were decoded: the run read, but a dry run's estimate of it ended
+    the command (exit 1, "Circular reference detected"). Past 64 levels they stay text."""
+    from click.testing import CliRunner
+
+    from tracing import trace_to_run
+    from tracing.otlp import decode_otlp_records_line
+    from worker.cli import cli
+
+    deep = "[" * 300 + "]" * 300
+    lines = [_agent_line("1" * 32, '{"city": "Paris"}'), _agent_line("2" * 32, deep)]
+    source = tmp_path / "t.jsonl"
+    source.write_text("".join(lines))
+    args = ["backfill", str(source), "--scorers", "tests.backfill.scorers", "--json"]
+    result = CliRunner().invoke(cli, args + (["--dry-run"] if dry_run else []), env={"TRACESCORE_BROKER_URL": ""})
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["runs_to_score" if dry_run else "runs_read"] == 2
+    if dry_run:
+        assert summary["estimate"]["runs_not_estimated"] == 0
+    (call,) = [p for m in trace_to_run(decode_otlp_records_line(lines[1])).output for p in m.tool_invocations]
+    assert call.args == deep

@@ -123,3 +123,25 @@ def test_estimate_prices_by_the_table_and_counts_unpriced_calls() -> None:
     assert data["unpriced_calls"] == 1  # fake-judge has no default price
     assert data["cost_usd"] == 0
     assert data["input_tokens"] > 200
+
+
+def test_a_run_whose_content_cannot_be_measured_is_left_out_of_the_estimate_and_counted() -> None:
+    """Content no encoder writes (here a list holding itself) raised out of the dry run's
+    estimate and ended the command; that run is left out now, counted and said."""
+    registry = load_registry(SCORERS)
+    looped: list[object] = []
+    looped.append(looped)
+
+    class Odd:
+        input = looped
+        output = "y"
+
+    class Plain:
+        input = "x" * 400
+        output = "y" * 400
+
+    estimate = CostEstimate({"costly": registry["costly"]}, price_table())
+    estimate.add(Odd())
+    estimate.add(Plain())
+    assert (estimate.as_json()["judge_calls"], estimate.as_json()["runs_not_estimated"]) == (1, 1)
+    assert "1 run(s) left out: their content could not be measured" in "\n".join(estimate.lines())
