@@ -271,6 +271,8 @@ def _attributes(
             continue
         raw = item.get("value")
         if raw is None:
+            if depth:  # a null inside a kvlist is kept, as the SDK and protobuf keep it
+                out[key] = None
             continue
         # Fast path: most attribute values are strings (no error path to build).
         if type(raw) is dict and len(raw) == 1:
@@ -279,7 +281,9 @@ def _attributes(
                 out[key] = text
                 continue
         value = _any_value(raw, f"{field}[{i}].value", where, depth)
-        if value is not None:
+        # A null attribute is none (the SDK drops it); a null inside a kvlist is a key the
+        # readers test for ("role" in data): dropping it read the run otherwise than the exporter.
+        if value is not None or depth:
             out[key] = value
     return out
 
@@ -761,6 +765,8 @@ def decode_otlp_protobuf_records(data: bytes, *, where: str = "") -> list[SpanRe
 
 
 def _encode_value(value: Any) -> dict[str, Any]:
+    if value is None:  # an empty AnyValue: null inside a kvlist or an array
+        return {}
     if isinstance(value, bool):
         return {"boolValue": value}
     if isinstance(value, int):

@@ -293,3 +293,32 @@ def test_protobuf_malformations_give_the_same_error_through_both_paths(data: byt
     with pytest.raises(OtlpDecodeError) as rec:
         decode_otlp_protobuf_records(data, where="t.pb")
     assert (str(rec.value), rec.value.field, rec.value.where) == (str(sdk.value), sdk.value.field, sdk.value.where)
+
+
+def test_a_null_inside_a_structured_value_reads_alike_on_every_path() -> None:
+    """The SDK keeps ``{"type": "json", "value": None}`` as given and protobuf keeps the null,
+    but OTLP/JSON dropped a null inside a kvlistValue, and the readers test for keys ("value" in
+    a result): one span read as three runs. spans_to_otlp_json wrote None as the text "None",
+    which hid it from the tests."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tracing._records import span_record
+    from tracing.otlp import spans_to_otlp_json
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    value = {"type": "json", "value": None, "items": [1, None]}
+    provider.get_tracer("t").start_span("tool", attributes={"output.value": value}).end()  # type: ignore[dict-item]
+    (span,) = memory.get_finished_spans()
+    assert json.dumps(span.attributes["output.value"]) == json.dumps(value)  # type: ignore[index]
+    exporter = span_record(span).attributes["output.value"]
+    (from_json,) = decode_otlp_records(spans_to_otlp_json([span]))
+    (from_protobuf,) = decode_otlp_protobuf_records(encode_spans([span]).SerializeToString())
+    on_the_wire = [
+        json.dumps(v)
+        for v in (exporter, from_json.attributes["output.value"], from_protobuf.attributes["output.value"])
+    ]
+    assert on_the_wire == [json.dumps(value)] * 3
