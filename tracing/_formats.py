@@ -201,7 +201,6 @@ def _oi_messages(span: SpanView, prefix: str) -> list[Msg] | None:
     out: list[Msg] = []
     for index in sorted(grouped):
         fields = grouped[index]
-        attribute = f"{prefix}{index}.message.role"
         msg: dict[str, Any] = {"role": fields.get("role")}
         tool_calls: dict[int, dict[str, Any]] = {}
         contents: dict[int, dict[str, Any]] = {}
@@ -232,7 +231,10 @@ def _oi_messages(span: SpanView, prefix: str) -> list[Msg] | None:
         try:
             out.append(parse_message(msg))
         except MessageShapeError as exc:
-            raise _fail(span, attribute, exc) from None
+            # The message's own attributes, its role's when that was what was wrong (every
+            # problem was put on .message.role, its content's and tool calls' too).
+            where = f"{prefix}{index}.message" + (".role" if exc.reason == "unknown_role" else "")
+            raise _fail(span, where, exc) from None
     return out
 
 

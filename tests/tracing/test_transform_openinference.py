@@ -190,3 +190,18 @@ def test_bad_flattened_role() -> None:
         trace_to_run(rec.spans())
     assert info.value.attribute == "llm.input_messages.0.message.role"
     assert info.value.reason == "unknown_role"
+
+
+def test_a_bad_flattened_content_or_tool_call_names_the_message_not_its_role() -> None:
+    """Every problem of a flattened message was put on its .message.role attribute, a content
+    that is a number or a tool call without a name too: the message's attributes are named."""
+    rec = Recorder()
+    bad = {"openinference.span.kind": "LLM", **_msgs("llm.input_messages", {"role": "user", "content": "q"})}
+    bad["llm.input_messages.3.message.role"] = "user"
+    bad["llm.input_messages.3.message.content"] = 5
+    with rec.span("ChatCompletion", bad):
+        pass
+    with pytest.raises(TraceReadError) as info:
+        trace_to_run(rec.spans())
+    assert info.value.attribute == "llm.input_messages.3.message"
+    assert "'content' is a int" in str(info.value)
