@@ -17,6 +17,7 @@ has them (a tool span with the call id, or a later LLM call's tool message).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -202,11 +203,13 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
     # A tool span no recorded model call asked for (the LLM output was not captured with its
     # tool calls) is still a tool the agent invoked: add it to the step it ran in.
     call_ids = {p.id for m in step_msgs for p in m.parts if isinstance(p, ToolCall) and p.id}
+    starts = [t0 for t0, _ in steps]  # in order: the LLM spans are sorted by start
     for tool, res in from_spans:
         if res.attached or (tool.call_id is not None and tool.call_id in call_ids):
             continue
-        start = tool.span.start_ns or 0
-        owner = next((m for t0, m in reversed(steps) if t0 <= start), step_msgs[0])
+        # The last step that began by the tool's start (a scan per tool was quadratic).
+        before = bisect.bisect_right(starts, tool.span.start_ns or 0)
+        owner = step_msgs[before - 1] if before else step_msgs[0]
         owner.parts.append(ToolCall(tool.call_id, tool.name or "", tool.args, tool.result, tool.has_result))
     answer = Msg("assistant", [])
     for index, msg in enumerate(step_msgs):
