@@ -42,8 +42,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.util.types import AttributeValue
 
 from tracing._errors import OtlpDecodeError, json_error, shape_of
-from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVENTS
-from tracing._records import MAX_VALUE_DEPTH, span_record
+from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVENTS, is_read_attribute
+from tracing._records import MAX_VALUE_DEPTH
 from tracing._run import SpanRecord, SpanRecordEvent, otlp_time
 
 __all__ = [
@@ -757,8 +757,65 @@ def decode_otlp_protobuf(data: bytes, *, where: str = "") -> list[ReadableSpan]:
 
 
 def decode_otlp_protobuf_records(data: bytes, *, where: str = "") -> list[SpanRecord]:
-    """The span records of an OTLP/protobuf ``ExportTraceServiceRequest`` (or Tempo ``Trace``)."""
-    return [span_record(span) for span in decode_otlp_protobuf(data, where=where)]
+    """The span records of an OTLP/protobuf ``ExportTraceServiceRequest`` (or Tempo ``Trace``).
+
+    As from OTLP/JSON, only what the readers use is decoded (the read attributes and events,
+    the resource's service.name): a malformed value elsewhere, or a link without ids, is no
+    error, where decoding every span whole lost the message over it."""
+    message = TracesData()
+    try:
+        message.ParseFromString(data)
+    except Exception as exc:  # protobuf raises its own DecodeError (not exported with types)
+        raise OtlpDecodeError(f"not an OTLP protobuf message ({exc})", where=where) from None
+    try:
+        return _pb_records(message.resource_spans, where)
+    except (RecursionError, _NestedTooDeep):
+        raise OtlpDecodeError(
+            f"attribute value nested too deeply (over {MAX_VALUE_DEPTH} arrayValue/kvlistValue levels)", where=where
+        ) from None
+
+
+def _pb_records(rs_list: Sequence[PbResourceSpans], where: str) -> list[SpanRecord]:
+    records: list[SpanRecord] = []
+    for r, rs in enumerate(rs_list):
+        service = None
+        for kv in rs.resource.attributes:
+            if kv.key == "service.name":
+                value = _pb_value(kv.value)
+                service = value if isinstance(value, str) else None
+        for s, ss in enumerate(rs.scope_spans):
+            scope = ss.scope.name if ss.HasField("scope") else None
+            for i, span in enumerate(ss.spans):
+                field = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
+                trace_id = _pb_id(span.trace_id, 16, f"{field}.traceId", where)
+                span_id = _pb_id(span.span_id, 8, f"{field}.spanId", where)
+                parent_id = _pb_id(span.parent_span_id, 8, f"{field}.parentSpanId", where, required=False)
+                attributes: dict[str, _Value] = {}
+                for kv in span.attributes:
+                    if is_read_attribute(kv.key) and (value := _pb_value(kv.value)) is not None:
+                        attributes[kv.key] = value
+                events = tuple(
+                    SpanRecordEvent(e.name, e.time_unix_nano or None, _pb_attributes(e.attributes))
+                    for e in span.events
+                    if e.name in READ_EVENTS
+                )
+                records.append(
+                    SpanRecord(
+                        f"{trace_id:032x}",
+                        f"{span_id:016x}",
+                        span.name,
+                        f"{parent_id:016x}" if parent_id else None,
+                        _KIND_NUMBERS.get(span.kind, SpanKind.INTERNAL).name,
+                        span.start_time_unix_nano or None,
+                        span.end_time_unix_nano or None,
+                        _STATUS_NUMBERS.get(span.status.code, StatusCode.UNSET).name,
+                        attributes,
+                        events,
+                        service,
+                        scope,
+                    )
+                )
+    return records
 
 
 # --- encoding (the Collector file exporter's form) -----------------------------------------

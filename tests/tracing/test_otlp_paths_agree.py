@@ -283,7 +283,6 @@ def _pb(**span_fields: Any) -> bytes:
         (_pb(trace_id=b""), r"missing id at resourceSpans\[0\]\.scopeSpans\[0\]\.spans\[0\]\.traceId$"),
         (_pb(span_id=b"\x01\x02\x03"), r"id has 3 bytes, expected 8 at .*spans\[0\]\.spanId$"),
         (_pb(parent_span_id=b"\x01"), r"id has 1 bytes, expected 8 at .*spans\[0\]\.parentSpanId$"),
-        (_pb(link=(bytes.fromhex(TRACE), b"")), r"missing id at .*spans\[0\]\.links\[0\]\.spanId$"),
         (b"\x0a\xff\xff\xff", r"not an OTLP protobuf message"),
     ],
 )
@@ -293,6 +292,30 @@ def test_protobuf_malformations_give_the_same_error_through_both_paths(data: byt
     with pytest.raises(OtlpDecodeError) as rec:
         decode_otlp_protobuf_records(data, where="t.pb")
     assert (str(rec.value), rec.value.field, rec.value.where) == (str(sdk.value), sdk.value.field, sdk.value.where)
+
+
+def test_what_the_readers_do_not_use_costs_no_protobuf_message_its_records() -> None:
+    """Backfill's protobuf records were made from whole SDK spans: a link without a span id, or
+    an attribute no reader uses nested past the 32-level cap, lost every trace of the message,
+    where OTLP/JSON skips what it does not read. The records path decodes only what is read."""
+    deep = TracesData()
+    span = deep.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), bytes.fromhex("b7ad6b7169203331"), "x"
+    kv = span.attributes.add()
+    kv.key = "app.unread"
+    value = kv.value
+    for _ in range(40):
+        value = value.array_value.values.add()
+    value.string_value = "deep"
+    read = span.attributes.add()
+    read.key, read.value.string_value = "gen_ai.operation.name", "chat"
+    for data in (deep.SerializeToString(), _pb(link=(bytes.fromhex(TRACE), b""))):
+        with pytest.raises(OtlpDecodeError):
+            decode_otlp_protobuf(data, where="t.pb")  # the whole span, as the SDK holds it
+        (record,) = decode_otlp_protobuf_records(data, where="t.pb")
+        assert (record.trace_id, record.span_id) == (TRACE, "b7ad6b7169203331")
+    (record,) = decode_otlp_protobuf_records(deep.SerializeToString())
+    assert record.attributes == {"gen_ai.operation.name": "chat"}
 
 
 def test_a_null_inside_a_structured_value_reads_alike_on_every_path() -> None:
