@@ -26,7 +26,7 @@ from scorers._errors import RunInputError, ScorerConfigError, ScorerRunError
 from scorers._not_scorable import NotScorable
 from scorers._result import JudgeExecution, ScoreResult, StepName
 from scorers._run import ScorerRun, StepResults
-from scorers._steps import FunctionStep, PromptStep, Step, StepFunction, call_declared, declared_params
+from scorers._steps import PLAIN_JSON, FunctionStep, PromptStep, Step, StepFunction, call_declared, declared_params
 from scorers.agent import ScorerRunInputForAgent, ScorerRunOutputForAgent
 from scorers.judge import Judge, ask_judge
 
@@ -167,7 +167,8 @@ class Scorer:
                 )
             built: Step = value
         else:
-            built = FunctionStep(value, declared_params(value, _STEP_ARGS[step], what))
+            params = declared_params(value, _STEP_ARGS[step], what)
+            built = FunctionStep(value, params, plain_json=getattr(value, PLAIN_JSON, False) is True)
         return Scorer(
             id=self.id,
             name=self.name,
@@ -567,8 +568,8 @@ def _resumed(step: Step, name: StepName, resume: ScoreResult | None, finished: b
     if resume is None or name not in resume.completed_steps:
         return _AGAIN
     stored = getattr(resume, f"{name}_step_result")
-    if finished:
-        return stored  # read by nothing: every later step is in the checkpoint too
+    if finished or (isinstance(step, FunctionStep) and step.plain_json):
+        return stored  # read by nothing (every later step is in the checkpoint too), or exact
     if not isinstance(step, PromptStep):
         return _AGAIN
     try:

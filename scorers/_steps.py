@@ -10,7 +10,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+from pydantic_core import to_jsonable_python
 
 from scorers._errors import ScorerConfigError
 
@@ -58,10 +60,27 @@ def call_declared(fn: Callable[..., Any], params: frozenset[str] | None, kwargs:
     return fn(**{k: v for k, v in kwargs.items() if k in params})
 
 
+# The attribute ``plain_json`` sets on a step function.
+PLAIN_JSON = "__tracescore_plain_json__"
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def plain_json(fn: _F) -> _F:
+    """Mark a step function whose value is plain JSON (dicts, lists, text, numbers), so that a
+    checkpoint gives it back exactly and a resumed run need not run it again."""
+    setattr(fn, PLAIN_JSON, True)
+    return fn
+
+
 @dataclass(frozen=True, slots=True)
 class FunctionStep:
     fn: StepFunction
     params: frozenset[str] | None
+    # Its value is plain JSON (the built-in checks'): a checkpoint gives it back exactly, so a
+    # resumed run takes it from there instead of running the step again (all_of's step runs
+    # scorers that may call a judge).
+    plain_json: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,12 +132,17 @@ class PromptStep:
 
     def restore(self, stored: Any) -> Any:
         """The answer a checkpoint stored as JSON, as the judge's call gave it (a model instance
-        for a pydantic schema); ``ValueError`` when it no longer fits the schema."""
+        for a pydantic schema); ``ValueError`` when it no longer fits the schema, or when its
+        validation does not give back what was stored (a validator that rescales, a field left
+        out of dumps): then only asking again gives the answer the call gave."""
         if self.output_schema is None:
             return stored
         from scorers.judge._request import output_spec  # scorers.judge imports this package's types
 
-        return output_spec(self.output_schema).validate(stored)
+        value = output_spec(self.output_schema).validate(stored)
+        if to_jsonable_python(value) != stored:
+            raise ValueError("validating the stored answer does not give it back")
+        return value
 
     def compute_score(self, kwargs: dict[str, Any]) -> float | Awaitable[float]:
         assert self.calculate_score is not None

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from scorers import Scorer, ScorerConfigError, ScorerRun, StepResults, create_scorer
+from scorers._steps import plain_json
 from scorers.agent import ToolInvocation, extract_tool_calls
 from scorers.builtin._runs import assistant_text
 
@@ -35,6 +36,11 @@ __all__ = [
 ]
 
 Verdict = Callable[[ScorerRun], dict[str, Any]]
+
+
+# The checks that read tool calls. "2" (2026-12-05): calls in Mastra's content.toolInvocations
+# are read (they were ignored), a call in the AI SDK's v5 states too.
+TOOL_CALLS_VERSION = "2"
 
 
 def _check(check_id: str, name: str, description: str, decide: Verdict, explain: str, version: str = "1") -> Scorer:
@@ -58,7 +64,7 @@ def _check(check_id: str, name: str, description: str, decide: Verdict, explain:
             direction="higher",
             version=version,
         )
-        .preprocess(decide)
+        .preprocess(plain_json(decide))
         .generate_score(score)
         .generate_reason(reason)
     )
@@ -196,6 +202,7 @@ def called_tool(tool_name: str, *, times: int = 1, id: str = "check-called-tool"
         f"The agent called {tool!r}" + (f" at least {times} times." if times > 1 else "."),
         decide,
         "{tool_name!r} called {count} time(s), needed {times}.",
+        version=TOOL_CALLS_VERSION,
     )
 
 
@@ -213,6 +220,7 @@ def did_not_call(tool_name: str, *, id: str = "check-did-not-call", name: str | 
         f"The agent did not call {tool!r}.",
         decide,
         "{tool_name!r} called {count} time(s).",
+        version=TOOL_CALLS_VERSION,
     )
 
 
@@ -244,6 +252,7 @@ def tool_order(expected_order: Sequence[str], *, id: str = "check-tool-order", n
         f"Tools called in the order {' → '.join(order)}.",
         decide,
         "expected {expected}, called {actual}.",
+        version=TOOL_CALLS_VERSION,
     )
 
 
@@ -262,6 +271,7 @@ def max_tool_calls(limit: int, *, id: str = "check-max-tool-calls", name: str | 
         f"At most {limit} tool call(s).",
         decide,
         "{count} tool call(s), limit {limit}.",
+        version=TOOL_CALLS_VERSION,
     )
 
 
@@ -321,8 +331,8 @@ def no_tool_errors(
         "No tool call failed.",
         decide,
         "{error_count} of {total_calls} tool call(s) failed: {failed}.",
-        # "2": a call flagged isError on the invocation itself fails it (it passed in "1").
-        version="2",
+        # "2": also, a call flagged isError on the invocation itself fails it (it passed in "1").
+        version=TOOL_CALLS_VERSION,
     )
 
 
@@ -341,6 +351,7 @@ def _combine(kind: str, checks: tuple[Scorer, ...], combine_id: str, name: str |
             f"scorer {combine_id!r}: {kind} got two scorers with the same id; give each check its own id="
         )
 
+    @plain_json  # its scorers may call a judge: a resumed run must not pay for them again
     async def preprocess(run: ScorerRun) -> dict[str, Any]:
         outcomes: list[dict[str, Any]] = []
         for check in checks:

@@ -155,4 +155,8 @@ def rounded(value: float, scale: float) -> float:
     """Clamp to [0, 1], multiply by ``scale`` and round to two decimals, halves up, as Mastra's
     ``roundToTwoDecimals`` (``Math.round((x + Number.EPSILON) * 100) / 100``)."""
     scaled = min(1.0, max(0.0, value)) * scale
-    return min(scale, math.floor((scaled + sys.float_info.epsilon) * 100 + 0.5) / 100)
+    hundredths = (scaled + sys.float_info.epsilon) * 100
+    if not math.isfinite(hundredths):  # a scale past 1e306: nothing left to round
+        return min(scale, scaled)
+    whole = math.floor(hundredths)  # floor(x + 0.5) would round 0.49999999999999994 up
+    return min(scale, (whole + (hundredths - whole >= 0.5)) / 100)

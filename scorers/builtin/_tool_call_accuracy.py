@@ -100,9 +100,10 @@ def tool_call_accuracy(
             type="agent",
             score_range=(0.0, 1.0),
             direction="higher",
-            # 2: the lenient order reads each tool's first call (Mastra's rule; 1 took any later
-            # call). The strict order and the single-tool check did not change.
-            version="2" if order is not None and not strict_mode else "1",
+            # 2: calls in Mastra's content.toolInvocations are read (they were ignored). 3: the
+            # lenient order, which was 2 already: it reads each tool's first call (Mastra's
+            # rule; 1 took any later call).
+            version="3" if order is not None and not strict_mode else "2",
         )
         .preprocess(preprocess)
         .generate_score(score)

@@ -83,25 +83,34 @@ def _non_finite(data: Any) -> list[str]:
     """Where ``data`` holds a number JSON cannot carry: NaN or an infinity (Anthropic's tool input
     and ``1e999``, which Python's parser reads as inf, bring them), or an integer no float holds.
     Pydantic's floats take NaN and infinities, and a built-in's clamp then made a NaN a 0 and an
-    infinity a full score."""
+    infinity a full score. Paths are spelled only for what is found: built for every node, a
+    long key over a wide list cost hundreds of MiB on an answer of 64 KB."""
     problems: list[str] = []
-    stack: list[tuple[str, Any]] = [("", data)]
+    # (value, (key, parent's link) or None): each node holds a link, not a string.
+    stack: list[tuple[Any, tuple[Any, Any] | None]] = [(data, None)]
     while stack and len(problems) < 8:
-        path, node = stack.pop()
+        node, link = stack.pop()
         if isinstance(node, float):
             if not math.isfinite(node):
-                problems.append(f"{path or '(root)'}: {node!r} is not a finite number")
+                problems.append(f"{_path(link)}: {node!r} is not a finite number")
         elif isinstance(node, int) and not isinstance(node, bool) and node.bit_length() > 1000:
             try:
                 float(node)
             except OverflowError:
-                bits = node.bit_length()
-                problems.append(f"{path or '(root)'}: an integer of {bits} bits is out of a number's range")
+                problems.append(f"{_path(link)}: an integer of {node.bit_length()} bits is out of a number's range")
         elif isinstance(node, dict):
-            stack.extend((f"{path}.{key}" if path else str(key), value) for key, value in node.items())
+            stack.extend((value, (key, link)) for key, value in node.items())
         elif isinstance(node, list):
-            stack.extend((f"{path}.{n}" if path else str(n), value) for n, value in enumerate(node))
+            stack.extend((value, (n, link)) for n, value in enumerate(node))
     return problems
+
+
+def _path(link: tuple[Any, Any] | None) -> str:
+    keys: list[str] = []
+    while link is not None:
+        key, link = link
+        keys.append(str(key)[:40])
+    return ".".join(reversed(keys)) or "(root)"
 
 
 def _identifier(name: str) -> str:

@@ -97,3 +97,10 @@ def test_a_verdict_in_another_case_counts_as_mastra_counts_it(spelling: str) -> 
         result = factory(model).run_sync(input="q?", output="a")
         assert result.score == 1.0
         assert len(model.requests) == (3 if first else 2)
+
+
+def test_rounded_takes_any_scale_check_scale_allows() -> None:
+    """A scale past 1e306 overflowed (OverflowError on every run) once rounding went through
+    math.floor; there is nothing left to round there."""
+    assert rounded(0.5, 1e307) == 5e306
+    assert rounded(1.0, 1e308) == 1e308

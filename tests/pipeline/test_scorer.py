@@ -516,3 +516,47 @@ def test_a_checkpointed_answer_that_no_longer_fits_the_schema_is_asked_again() -
     )
     resumed = scorer.run_sync(input="q", output="a", resume=stale)
     assert (resumed.score, len(judge.requests)) == (0.5, 1)
+
+
+def test_a_checkpointed_answer_whose_validation_does_not_give_it_back_is_asked_again() -> None:
+    """A validator that rescales (a 0-10 answer kept as 0-1) turned the stored 0.8 into 0.08 on
+    resume, scored silently. Validating the stored answer must give it back, or the judge is
+    asked again."""
+    from pydantic import field_validator
+
+    class Rating(BaseModel):
+        value: float
+
+        @field_validator("value")
+        @classmethod
+        def _tenths(cls, v: float) -> float:
+            return v / 10
+
+    judge = FakeJudgeModel({"value": 8}, {"value": 8})
+    scorer = (
+        create_scorer("rated", judge=Judge(judge))
+        .analyze(PromptStep("rate", lambda run: "rate it 0-10", output_schema=Rating))
+        .generate_score(lambda results: results.analyze_step_result.value)
+    )
+    checkpoint = _checkpoint_after(scorer, "analyze", input="q", output="a", run_id="r")
+    assert checkpoint.analyze_step_result == {"value": 0.8}
+    resumed = scorer.run_sync(input="q", output="a", resume=checkpoint)
+    assert (resumed.score, len(judge.requests)) == (0.8, 2)
+
+
+def test_all_of_is_not_paid_again_on_resume() -> None:
+    """all_of runs its scorers inside a function step, which a resumed run ran again: its judge
+    scorer was paid a second time, and the reason contradicted the checkpointed score. Its value
+    is plain JSON, so the checkpoint's is taken."""
+    from scorers.builtin import checks
+
+    judge = FakeJudgeModel({"score": 1.0})
+    judged = create_scorer("judged", judge=Judge(judge), score_range=(0, 1)).generate_score(
+        PromptStep("score", lambda run: "score it")
+    )
+    combined = checks.all_of(judged, checks.includes("a"))
+    checkpoint = _checkpoint_after(combined, "generate_score", input="q", output="a", run_id="r")
+    resumed = combined.run_sync(input="q", output="a", resume=checkpoint)
+    assert (resumed.score, len(judge.requests)) == (1.0, 1)
+    assert resumed.reason is not None
+    assert resumed.reason.startswith("2 of 2 checks passed")
