@@ -343,3 +343,48 @@ def test_drain_forgets_everything() -> None:
     _file(buffer, _trace("2")[:1], 0.0)
     assert buffer.drain() == (2, 0)
     assert (len(buffer), buffer.bytes, buffer.poll(1e9).traces) == (0, 0, [])
+
+
+def test_a_span_refused_at_filing_costs_no_other_trace_and_no_span_of_its_own() -> None:
+    """A span whose attribute nests past 32 levels is refused (an export error), but the buffer
+    made room for it first: under max_traces it dropped another trace, under
+    max_spans_per_trace its own trace's oldest span. It is built before room is made now."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tests.tracing._spans import chat_attributes
+
+    deep: object = "x"
+    for _ in range(40):
+        deep = {"k": deep}
+    tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"}
+    memory = InMemorySpanExporter()  # not a Recorder: conftest reads every Recorder's traces
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("my.app")
+    with tracer.start_as_current_span("invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent"}):
+        with tracer.start_as_current_span("chat m", attributes=chat_attributes("Hi?", "Hello.")):
+            pass
+        with tracer.start_as_current_span("execute_tool t", attributes=tool):
+            pass
+        with tracer.start_as_current_span("execute_tool t", attributes={**tool, "gen_ai.tool.input": deep}):  # type: ignore[dict-item]
+            pass
+    with tracer.start_as_current_span("execute_tool t", attributes={**tool, "gen_ai.tool.input": deep}):  # type: ignore[dict-item]
+        pass
+    chat, good_tool, bad_tool, root, bad_elsewhere = memory.get_finished_spans()
+
+    buffer, tally = _buffer(max_spans_per_trace=2)
+    _file(buffer, [chat, good_tool], now=100.0)
+    with pytest.raises(ValueError, match="nesting deeper than 32 levels"):
+        buffer.add(bad_tool, 100.0)
+    assert tally.snapshot()[0] == {}  # its trace kept both spans
+
+    buffer, tally = _buffer(max_traces=1)
+    buffer.add(chat, 100.0)
+    with pytest.raises(ValueError, match="nesting deeper than 32 levels"):
+        buffer.add(bad_elsewhere, 100.0)
+    buffer.add(root, 100.0)
+    (trace,) = buffer.poll(200.0, force=True).traces
+    assert ([s.name for s in trace.spans], tally.snapshot()[0]) == (["chat m", "invoke_agent a"], {})
+    assert len(buffer) == 0

@@ -235,10 +235,34 @@ class TraceBuffer:
             self._guard(tid)
             return
         entry = self._traces.get(tid)
+        rules: list[ScoringRule] = []  # a new trace's
         if entry is None:
-            entry = self._open(tid, now)
-            if entry is None:
+            trace_id = format(tid, "032x")
+            sampled_in = self._rules_for(tid, trace_id)
+            if sampled_in is None:
                 return
+            rules = sampled_in
+        else:
+            trace_id = entry.trace_id
+        kind = classify(f.name, attrs)
+        # Built before anything is made room for: a span it refuses (a value nested too deep)
+        # costs no other trace and no span of its own trace.
+        record, size = build_record(
+            ctx,
+            parent,
+            f.name,
+            trace_id,
+            attrs,
+            f.kind,
+            f.start_ns,
+            f.end_ns,
+            f.status,
+            f.events,
+            self._seen_service,
+            self._seen_scope_name,
+        )
+        if entry is None:
+            entry = self._open(tid, now, trace_id, rules)
         limits = self.limits
         if len(entry.spans) >= limits.max_spans_per_trace:
             dropped = compact(entry.spans[0])  # its size (compacted already: nothing changes)
@@ -246,26 +270,6 @@ class TraceBuffer:
             self.bytes -= dropped
             del entry.spans[0], entry.kinds[0]  # O(n), but only over a bound (rare, n small)
             self._tally.drop("max_spans_per_trace")
-        kind = classify(f.name, attrs)
-        try:
-            record, size = build_record(
-                ctx,
-                parent,
-                f.name,
-                entry.trace_id,
-                attrs,
-                f.kind,
-                f.start_ns,
-                f.end_ns,
-                f.status,
-                f.events,
-                self._seen_service,
-                self._seen_scope_name,
-            )
-        except Exception:
-            if not entry.spans:  # opened for this span: no empty trace left to age out
-                self._pop(tid)
-            raise
         entry.spans.append(record)
         entry.kinds.append(kind)
         entry.size += size
@@ -304,16 +308,18 @@ class TraceBuffer:
         self._seen_scope_name = scope.name if scope is not None else None
         self._seen_own = own_origin(self._seen_scope_name, self._seen_service)
 
-    def _open(self, tid: int, now: float) -> BufferedTrace | None:
-        trace_id = format(tid, "032x")
+    def _rules_for(self, tid: int, trace_id: str) -> list[ScoringRule] | None:
+        """The rules that sample a new trace in (None: none does; it is ignored from now on)."""
         if self._all_sampled:
-            rules = self._rules
-        else:
-            rules = [r for r in self._rules if sampled(trace_id, r.sample_rate)]
-            if not rules:
-                self._tally.skip("sampled_out")
-                self._ignore(tid)
-                return None
+            return self._rules
+        rules = [r for r in self._rules if sampled(trace_id, r.sample_rate)]
+        if not rules:
+            self._tally.skip("sampled_out")
+            self._ignore(tid)
+            return None
+        return rules
+
+    def _open(self, tid: int, now: float, trace_id: str, rules: list[ScoringRule]) -> BufferedTrace:
         if len(self._traces) >= self.limits.max_traces:
             self._make_room("max_traces")
         entry = self._traces[tid] = BufferedTrace(trace_id=trace_id, first_seen=now, rules=rules)
