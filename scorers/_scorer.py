@@ -221,8 +221,9 @@ class Scorer:
 
         ``resume`` takes a partial result (a checkpoint): the judge steps in its
         ``completed_steps`` are not asked again, their answers validated again into what the
-        call gave (asked again if they no longer fit the schema); a completed function step
-        runs again when a later step is left to read its value. ``on_step(result)`` (sync or
+        call gave (asked again if that does not give back what was stored); a completed
+        function step runs again when a later step is left to read its value (unless marked
+        ``plain_json``). ``on_step(result)`` (sync or
         async) is called after each completed step with the result so far, e.g. to store a
         checkpoint.
         """
@@ -312,7 +313,8 @@ class Scorer:
             results = StepResults()
             # A checkpoint keeps step results as JSON: a judge's answer is validated again into
             # what its call gave; a function step's value (a set, a model) may not survive JSON,
-            # so the step runs again (no judge call) unless no later step is left to read it.
+            # so the step runs again unless no later step is left to read it or it is marked
+            # plain_json (the built-in checks').
             finished = resume is not None and resume.score is not None and steps.done(resume.completed_steps)
             name: StepName
             for name in ("preprocess", "analyze"):
@@ -574,7 +576,7 @@ def _resumed(step: Step, name: StepName, resume: ScoreResult | None, finished: b
         return _AGAIN
     try:
         return step.restore(stored)
-    except ValueError:  # kept by a version whose schema differed: ask again
+    except ValueError:  # it no longer fits the schema, or its validation changes it: ask again
         return _AGAIN
 
 
