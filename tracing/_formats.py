@@ -63,6 +63,9 @@ _MASTRA_KINDS: dict[str, SpanKind] = {
     "tool_call": "tool",
     "mcp_tool_call": "tool",
 }
+# traceloop.span.kind values (Traceloop's OpenLLMetry SDK: its @agent and @tool decorators; its
+# @workflow and @task spans are neither). Its LLM spans follow the GenAI conventions.
+_TRACELOOP_KINDS: dict[str, SpanKind] = {"agent": "agent", "tool": "tool"}
 _OP_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
 _LEGACY_MESSAGE_EVENTS = {
     "gen_ai.system.message": "system",
@@ -82,6 +85,7 @@ READ_ATTRIBUTES = frozenset(
         "mastra.span.type",
         "openinference.span.kind",
         "gen_ai.operation.name",
+        "traceloop.span.kind",
         # messages
         "gen_ai.input.messages",
         "gen_ai.output.messages",
@@ -104,6 +108,8 @@ READ_ATTRIBUTES = frozenset(
         "tool.parameters",
         "gen_ai.tool.call.result",
         "gen_ai.tool.output",
+        "traceloop.entity.input",
+        "traceloop.entity.output",
         # identity
         "gen_ai.agent.name",
         "agent.name",
@@ -153,6 +159,9 @@ def classify(name: str, attrs: Mapping[str, Any]) -> SpanKind:
         if op in _GENAI_TOOL_OPS:
             return "tool"
         return "other"
+    traceloop = attrs.get("traceloop.span.kind")
+    if isinstance(traceloop, str):
+        return _TRACELOOP_KINDS.get(traceloop, "other")
     if isinstance(name, str) and name.startswith("invoke_agent"):  # the SDK takes any name
         return "agent"
     return "other"
@@ -422,6 +431,8 @@ class ToolSpan:
         for key in ("gen_ai.tool.call.arguments", "gen_ai.tool.input", "input.value", "input", "tool.parameters"):
             if key in self.span.attributes:
                 return decode_json_text(self.span.attributes[key])
+        if "traceloop.entity.input" in self.span.attributes:  # {"args": [...], "kwargs": {...}}
+            return decode_json_text(self.span.attributes["traceloop.entity.input"])
         return None
 
 
@@ -437,7 +448,22 @@ def read_tool(span: SpanView) -> ToolSpan:
         if key in span.attributes:
             result, has_result = decode_json_text(span.attributes[key]), True
             break
+    else:
+        if "traceloop.entity.output" in span.attributes:
+            result, has_result = _json_or_text(span.attributes["traceloop.entity.output"]), True
     return ToolSpan(span, call_id, name, result, has_result)
+
+
+def _json_or_text(value: Any) -> Any:
+    # Traceloop writes a tool's return value as JSON, a string too ('"shipped"'): that string is
+    # the result. Cut at OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT it is no JSON: kept as text.
+    if isinstance(value, str) and value.startswith('"'):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return value
+        return decoded if isinstance(decoded, str) else value
+    return decode_json_text(value)
 
 
 def agent_name(span: SpanView) -> str | None:
