@@ -127,6 +127,8 @@ def decode_json_text(value: Any) -> Any:
                 decoded = json.loads(stripped)
             except (ValueError, RecursionError):  # not JSON, or nested past the parser: text
                 return value
+            if stripped.count("[") + stripped.count("{") <= MAX_DECODED_DEPTH:
+                return decoded  # no deeper than its brackets: a C-speed count spares the walk
             return value if _deeper_than(decoded, MAX_DECODED_DEPTH) else decoded
     elif isinstance(value, dict | list) and _deeper_than(value, MAX_DECODED_DEPTH):
         try:
@@ -211,9 +213,11 @@ def _part(raw: Any) -> NeutralPart | None:
         )
     if kind == "tool-invocation" and isinstance(raw.get("toolInvocation"), dict):
         inv = raw["toolInvocation"]
-        call = ToolCall(str_or_none(inv.get("toolCallId")), str(inv.get("toolName", "")), inv.get("args"))
+        call = ToolCall(
+            str_or_none(inv.get("toolCallId")), str(inv.get("toolName", "")), decode_json_text(inv.get("args"))
+        )
         if inv.get("state") == "result":
-            call.result, call.has_result = inv.get("result"), True
+            call.result, call.has_result = decode_json_text(inv.get("result")), True
         return call
     if kind == "step-start":
         return None

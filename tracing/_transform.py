@@ -18,6 +18,7 @@ has them (a tool span with the call id, or a later LLM call's tool message).
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -126,8 +127,9 @@ def _only_attached_results(msg: Msg) -> bool:
     return msg.role == "tool" and bool(msg.parts) and all(isinstance(p, ToolResult) and p.attached for p in msg.parts)
 
 
-def _members(target: SpanView, kind: str) -> list[SpanView]:
-    """Outermost ``kind`` spans under ``target`` that belong to it (not to a nested agent).
+def _members(target: SpanView, kind: str, *, through_agents: bool = False) -> list[SpanView]:
+    """Outermost ``kind`` spans under ``target`` that belong to it (not to a nested agent, unless
+    ``through_agents``).
 
     A walk down from ``target`` that stops at a nested agent (what is under it is that agent's)
     and at a ``kind`` span (those under it are not outermost): linear, whatever the depth.
@@ -137,7 +139,7 @@ def _members(target: SpanView, kind: str) -> list[SpanView]:
     while stack:
         span = stack.pop()
         found = span_kind(span)
-        if found == "agent":
+        if found == "agent" and not through_agents:
             continue
         if found == kind:
             out.append(span)
@@ -149,7 +151,12 @@ def _members(target: SpanView, kind: str) -> list[SpanView]:
 def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
     is_agent = span_kind(target) == "agent"
     llms = _members(target, "llm") if is_agent else [target]
-    tools = [read_tool(s) for s in _members(target, "tool")]
+    through = is_agent and not llms
+    if through:
+        # An agent that calls no model itself but runs agents that do (a Traceloop @agent
+        # around a framework's invoke_agent, an orchestrator): its run is theirs, read through.
+        llms = _members(target, "llm", through_agents=True)
+    tools = [read_tool(s) for s in _members(target, "tool", through_agents=through)]
 
     context: list[Msg] | None = None
     first_llm = None
@@ -202,10 +209,21 @@ def _run_for(target: SpanView, views: Sequence[SpanView]) -> TracedRun:
     attach_results(step_msgs, [r for t, r in from_spans if t.has_result and not t.call_id])
     # A tool span no recorded model call asked for (the LLM output was not captured with its
     # tool calls) is still a tool the agent invoked: add it to the step it ran in.
-    call_ids = {p.id for m in step_msgs for p in m.parts if isinstance(p, ToolCall) and p.id}
+    calls = [p for m in step_msgs for p in m.parts if isinstance(p, ToolCall)]
+    call_ids = {p.id for p in calls if p.id}
+    # A tool span without a call id (Traceloop's @tool writes none) whose result came another
+    # way (a later model call's input) is still the run of a call the model asked for: one
+    # such span per asked call of its name, or it was counted twice.
+    unclaimed = Counter(p.name for p in calls)
+    for tool, res in from_spans:
+        if res.attached or (tool.call_id is not None and tool.call_id in call_ids):
+            unclaimed[tool.name or ""] -= 1
     starts = [t0 for t0, _ in steps]  # in order: the LLM spans are sorted by start
     for tool, res in from_spans:
         if res.attached or (tool.call_id is not None and tool.call_id in call_ids):
+            continue
+        if tool.call_id is None and unclaimed[tool.name or ""] > 0:
+            unclaimed[tool.name or ""] -= 1
             continue
         # The last step that began by the tool's start (a scan per tool was quadratic).
         before = bisect.bisect_right(starts, tool.span.start_ns or 0)

@@ -283,3 +283,31 @@ def test_tool_arguments_nested_past_what_a_record_can_hold_stay_text(tmp_path: P
         assert summary["estimate"]["runs_not_estimated"] == 0
     (call,) = [p for m in trace_to_run(decode_otlp_records_line(lines[1])).output for p in m.tool_invocations]
     assert call.args == deep
+
+
+def test_a_tool_invocation_parts_arguments_nested_past_what_a_record_holds_stay_text() -> None:
+    """The 64-level bound missed the AI SDK's tool-invocation parts (Mastra's stored shape): their
+    args and result went into the run as decoded, and its record failed to serialize."""
+    from pydantic_core import to_jsonable_python
+
+    from tests.tracing._spans import Recorder
+    from tracing import trace_to_run
+
+    deep = json.loads("[" * 300 + "]" * 300)
+    part = {"type": "tool-invocation", "toolInvocation": {"state": "result", "toolCallId": "c1", "toolName": "t"}}
+    part["toolInvocation"].update(args=deep, result=deep)  # type: ignore[attr-defined]
+    question = [{"role": "user", "parts": [{"type": "text", "content": "q"}]}]
+    answer = [{"role": "assistant", "parts": [{"type": "text", "content": "done"}, part]}]
+    rec = Recorder()
+    chat = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": json.dumps(question),
+        "gen_ai.output.messages": json.dumps(answer),
+    }
+    with rec.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent"}), rec.span("chat", chat):
+        pass
+    run = trace_to_run(rec.spans())
+    (call,) = run.output[0].tool_invocations
+    assert isinstance(call.args, str)
+    assert isinstance(call.result, str)
+    to_jsonable_python(run.output)  # what a record and a checkpoint do with it

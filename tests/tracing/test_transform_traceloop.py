@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from scorers.agent import get_assistant_message, get_user_message
-from tests.tracing._spans import Recorder
+from tests.tracing._spans import Recorder, chat_attributes
 from tracing import trace_to_run
 
 QUESTION = "Where is order 42?"
@@ -121,3 +121,49 @@ def _with_attribute(span: object, key: str, value: str) -> object:
         end_time=span.end_time,
         instrumentation_scope=span.instrumentation_scope,
     )
+
+
+def test_an_agent_around_a_frameworks_agent_reads_through_it() -> None:
+    """A Traceloop @agent around a framework that writes GenAI invoke_agent spans: the outer span
+    became the run and, with no model call of its own, failed to read (no_content) where the
+    inner agent's run had been scored. An agent that calls no model itself reads the calls of
+    the agents it runs."""
+    rec = Recorder()
+    with (
+        rec.span("support.agent", _entity("agent", "support", [QUESTION], ANSWER)),
+        rec.span("invoke_agent shop", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "shop"}),
+        rec.span("chat m", chat_attributes(QUESTION, ANSWER)),
+    ):
+        pass
+    run = trace_to_run(rec.spans())
+    assert run.identity.span_name == "support.agent"
+    assert (get_user_message(run.input), get_assistant_message(run.output)) == (QUESTION, ANSWER)
+
+
+def test_a_tool_span_without_a_call_id_is_the_call_the_model_asked_for() -> None:
+    """The usual tool loop: the model asks for order_status (call c1), Traceloop's @tool span runs
+    it (with no call id), the next model call's input carries c1's result. The call was read
+    twice: c1 with its result, and the id-less span as a call no model had asked for."""
+    ask = [{"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "order_status", "arguments": {}}]}]
+    history = [
+        {"role": "user", "parts": [{"type": "text", "content": QUESTION}]},
+        *ask,
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": "shipped"}]},
+    ]
+    rec = Recorder()
+    with rec.span("support.agent", _entity("agent", "support", [QUESTION], ANSWER)):
+        chat = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps(history[:1])}
+        with rec.span("openai.chat", {**chat, "gen_ai.output.messages": json.dumps(ask)}):
+            pass
+        with rec.span(
+            "order_status.tool", {**_entity("tool", "order_status", [], "shipped"), "gen_ai.tool.name": "order_status"}
+        ):
+            pass
+        answer = [{"role": "assistant", "parts": [{"type": "text", "content": ANSWER}]}]
+        with rec.span(
+            "openai.chat",
+            {**chat, "gen_ai.input.messages": json.dumps(history), "gen_ai.output.messages": json.dumps(answer)},
+        ):
+            pass
+    calls = [(c.tool_name, c.tool_call_id, c.result) for c in trace_to_run(rec.spans()).output[0].tool_invocations]
+    assert calls == [("order_status", "c1", "shipped")]
