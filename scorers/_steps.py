@@ -133,15 +133,19 @@ class PromptStep:
     def restore(self, stored: Any) -> Any:
         """The answer a checkpoint stored as JSON, as the judge's call gave it (a model instance
         for a pydantic schema); ``ValueError`` when it no longer fits the schema, or when its
-        validation does not give back what was stored (a validator that rescales, a field left
-        out of dumps): then only asking again gives the answer the call gave."""
+        validation changes what it validates (a validator that rescales): then only asking
+        again gives the answer the call gave."""
         if self.output_schema is None:
             return stored
         from scorers.judge._request import output_spec  # scorers.judge imports this package's types
 
-        value = output_spec(self.output_schema).validate(stored)
-        if to_jsonable_python(value) != stored:
-            raise ValueError("validating the stored answer does not give it back")
+        spec = output_spec(self.output_schema)
+        value = spec.validate(stored)
+        # Stable under a dump and a validation, as the call's answer was: a validator that
+        # rescales is not (0.8 came back 0.08). (Compared with the stored JSON instead, a set's
+        # order, which differs from process to process, or a field added since, asked again.)
+        if spec.validate(to_jsonable_python(value)) != value:
+            raise ValueError("validating the stored answer changes it")
         return value
 
     def compute_score(self, kwargs: dict[str, Any]) -> float | Awaitable[float]:

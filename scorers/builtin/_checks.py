@@ -393,6 +393,8 @@ def _combine(kind: str, checks: tuple[Scorer, ...], combine_id: str, name: str |
             type="agent",
             score_range=(0.0, 1.0),
             direction="higher",
+            # Its verdict is its scorers': a new version of one is a new version of it.
+            version="1/" + "+".join(f"{c.id}@{c.version}" for c in checks),
         )
         .preprocess(preprocess)
         .generate_score(score)

@@ -139,3 +139,15 @@ def test_bad_arguments() -> None:
         checks.max_tool_calls(-1)
     with pytest.raises(ScorerConfigError, match="expected_order"):
         checks.tool_order("search")
+
+
+def test_a_combined_checks_version_follows_its_checks() -> None:
+    """all_of's verdict is its checks': when one of them is a new version (called_tool read
+    content.toolInvocations from 2026-12-05), all_of's scores must get ids of their own too."""
+    from scorers import create_scorer
+
+    first = checks.all_of(checks.called_tool("a"), checks.includes("x"))
+    assert first.version == "1/check-called-tool@2+check-includes@1"
+    newer = create_scorer("check-includes", version="2").generate_score(lambda: 1.0)
+    assert checks.all_of(checks.called_tool("a"), newer).version != first.version
+    assert checks.any_of(checks.called_tool("a"), checks.includes("x")).version == first.version

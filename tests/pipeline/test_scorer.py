@@ -560,3 +560,28 @@ def test_all_of_is_not_paid_again_on_resume() -> None:
     assert (resumed.score, len(judge.requests)) == (1.0, 1)
     assert resumed.reason is not None
     assert resumed.reason.startswith("2 of 2 checks passed")
+
+
+def test_an_older_checkpoint_or_a_set_field_is_not_asked_again() -> None:
+    """The check that validation gives the answer back compared it with the stored JSON: a field
+    with a default added since, or a set (whose order differs from process to process), made the
+    step pay again. Validation must be stable instead."""
+
+    class Topics(BaseModel):
+        topics: set[str]
+        confident: bool = True  # added after the checkpoint was kept
+
+    judge = FakeJudgeModel()
+    scorer = (
+        create_scorer("t", judge=Judge(judge))
+        .analyze(PromptStep("topics", lambda run: "topics", output_schema=Topics))
+        .generate_score(lambda results: len(results.analyze_step_result.topics) / 4)
+    )
+    older = ScoreResult(
+        run_id="r",
+        scorer_id="t",
+        completed_steps=["analyze"],
+        analyze_step_result={"topics": ["refund", "billing", "tone", "delay"]},  # as another process ordered it
+    )
+    resumed = scorer.run_sync(input="q", output="a", resume=older)
+    assert (resumed.score, judge.requests) == (1.0, [])
