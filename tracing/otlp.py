@@ -743,17 +743,7 @@ def decode_otlp_protobuf(data: bytes, *, where: str = "") -> list[ReadableSpan]:
 
     All three put their ``ResourceSpans`` in field 1, so one message type reads them all.
     """
-    message = TracesData()
-    try:
-        message.ParseFromString(data)
-    except Exception as exc:  # protobuf raises its own DecodeError (not exported with types)
-        raise OtlpDecodeError(f"not an OTLP protobuf message ({exc})", where=where) from None
-    try:
-        return _pb_resource_spans(message.resource_spans, where)
-    except (RecursionError, _NestedTooDeep):
-        raise OtlpDecodeError(
-            f"attribute value nested too deeply (over {MAX_VALUE_DEPTH} arrayValue/kvlistValue levels)", where=where
-        ) from None
+    return _pb_decode(data, where, _pb_resource_spans)
 
 
 def decode_otlp_protobuf_records(data: bytes, *, where: str = "") -> list[SpanRecord]:
@@ -764,13 +754,18 @@ def decode_otlp_protobuf_records(data: bytes, *, where: str = "") -> list[SpanRe
     error, where decoding every span whole lost the message over it. (The protobuf parser
     itself still refuses a message nesting past 100 levels, read or not: some 32 levels of
     kvlistValue, 48 of arrayValue.)"""
+    return _pb_decode(data, where, _pb_records)
+
+
+def _pb_decode(data: bytes, where: str, read: Callable[[Sequence[PbResourceSpans], str], list[_T]]) -> list[_T]:
+    """Parse ``data`` as ``TracesData`` and ``read`` its resource spans, errors as ``OtlpDecodeError``."""
     message = TracesData()
     try:
         message.ParseFromString(data)
     except Exception as exc:  # protobuf raises its own DecodeError (not exported with types)
         raise OtlpDecodeError(f"not an OTLP protobuf message ({exc})", where=where) from None
     try:
-        return _pb_records(message.resource_spans, where)
+        return read(message.resource_spans, where)
     except (RecursionError, _NestedTooDeep):
         raise OtlpDecodeError(
             f"attribute value nested too deeply (over {MAX_VALUE_DEPTH} arrayValue/kvlistValue levels)", where=where
