@@ -14,6 +14,11 @@ Steps (Mastra's prompt-alignment semantics, our prompts):
 Not scorable: no output text; ``"user"`` mode without a user message; ``"system"`` mode
 without system instructions; ``"both"`` with neither. In ``"both"`` mode a run that has only one
 of the two prompts is judged on that one alone.
+
+An answer that leaves out an analysis it was asked for is a judge answer that does not fit: in
+``"user"`` and ``"system"`` mode the schema requires that analysis (one fallback call, then
+``JudgeOutputError``); in ``"both"`` mode which analyses are asked depends on the run, so the
+score step raises ``JudgeOutputError`` itself.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from scorers.builtin._llm import (
     rounded,
 )
 from scorers.builtin._runs import user_text
+from scorers.judge import JudgeModel, JudgeOutputError
 
 __all__ = ["AlignmentAnalysis", "PromptAlignmentAnalysis", "prompt_alignment"]
 
@@ -113,6 +119,27 @@ class PromptAlignmentAnalysis(BaseModel):
     system: AlignmentAnalysis | None = Field(description="Alignment with the system prompt, or null if not asked")
 
 
+class _UserAnalysis(PromptAlignmentAnalysis):
+    """``"user"`` mode's answer: the user analysis is required."""
+
+    user: AlignmentAnalysis = Field(description="Alignment with the user prompt")
+    system: AlignmentAnalysis | None = Field(default=None, description="Not asked: null")
+
+
+class _SystemAnalysis(PromptAlignmentAnalysis):
+    """``"system"`` mode's answer: the system analysis is required."""
+
+    user: AlignmentAnalysis | None = Field(default=None, description="Not asked: null")
+    system: AlignmentAnalysis = Field(description="Alignment with the system prompt")
+
+
+_SCHEMAS: dict[str, type[PromptAlignmentAnalysis]] = {
+    "user": _UserAnalysis,
+    "system": _SystemAnalysis,
+    "both": PromptAlignmentAnalysis,
+}
+
+
 def prompt_alignment(
     model: ModelOption,
     *,
@@ -136,6 +163,9 @@ def prompt_alignment(
         raise ScorerConfigError(
             f"scorer {id!r}: evaluation_mode must be 'user', 'system' or 'both', got {evaluation_mode!r}"
         )
+
+    judge_ = make_judge(id, model, INSTRUCTIONS, judge)
+    model_id = judge_.model.model_id if isinstance(judge_.model, JudgeModel) else str(judge_.model)
 
     def prompts(run: ScorerRun) -> tuple[str, str]:
         """The user and system prompts this run is judged against ("" when not judged)."""
@@ -170,14 +200,18 @@ def prompt_alignment(
         analysis = parse(PromptAlignmentAnalysis, results.analyze_step_result)
         user, system = prompts(run)
         parts: list[tuple[float, float]] = []
-        if user:
-            if analysis.user is None:
-                raise ValueError("the judge left out the user-prompt analysis it was asked for")
-            parts.append((_BOTH["user"], analysis.user.weighted("user")))
-        if system:
-            if analysis.system is None:
-                raise ValueError("the judge left out the system-prompt analysis it was asked for")
-            parts.append((_BOTH["system"], analysis.system.weighted("system")))
+        asked: Literal["user", "system"]
+        for asked, text, part in (("user", user, analysis.user), ("system", system, analysis.system)):
+            if not text:
+                continue
+            if part is None:
+                raise JudgeOutputError(
+                    f"scorer {id!r}: the judge left out the {asked}-prompt analysis it was asked for",
+                    model_id=model_id,
+                    step="analyze",
+                    raw_output=None,
+                )
+            parts.append((_BOTH[asked], part.weighted(asked)))
         total = sum(w for w, _ in parts)
         return rounded(sum(w * s for w, s in parts) / total, scale)
 
@@ -195,13 +229,13 @@ def prompt_alignment(
             name=name or "Prompt alignment",
             description=f"Alignment of the answer with the {_MODE_TEXT[evaluation_mode]} prompt: "
             "intent, requirements, completeness, format (LLM judge).",
-            judge=make_judge(id, model, INSTRUCTIONS, judge),
+            judge=judge_,
             type="agent",
             score_range=(0.0, scale),
             direction="higher",
             version=LLM_VERSION,
         )
-        .analyze(PromptStep("Analyse prompt alignment", analyze_prompt, output_schema=PromptAlignmentAnalysis))
+        .analyze(PromptStep("Analyse prompt alignment", analyze_prompt, output_schema=_SCHEMAS[evaluation_mode]))
         .generate_score(score)
         .generate_reason(PromptStep("Explain the score", reason_prompt))
     )

@@ -6,7 +6,8 @@ import pytest
 
 from scorers import ScorerConfigError, ScorerRunError
 from scorers.builtin import prompt_alignment
-from tests.builtin._judge import OPENAI, fenced_blocks, score
+from scorers.judge import JudgeOutputError
+from tests.builtin._judge import ANTHROPIC, OPENAI, fenced_blocks, score
 from tests.fakellm import FakeLLMServer, Reply
 
 
@@ -73,10 +74,41 @@ def test_missing_prompts_are_not_scorable(fake_llm: FakeLLMServer) -> None:
 
 
 def test_judge_leaving_out_an_analysis_fails_clearly(fake_llm: FakeLLMServer) -> None:
-    """If the judge omits an analysis it was asked for, the score step fails with that message."""
+    """In both mode, an answer without an analysis the run asked for is a judge-output error
+    (category invalid_output, naming the analysis), not an internal one."""
     fake_llm.script(Reply.json({"user": analysis(1, 1, 1, 1), "system": None}))
-    with pytest.raises(ScorerRunError, match="left out the system-prompt analysis"):
+    with pytest.raises(ScorerRunError, match="left out the system-prompt analysis") as caught:
         score(prompt_alignment(OPENAI), input=RUN_INPUT, output="Apple.")
+    assert isinstance(caught.value.cause, JudgeOutputError)
+    assert caught.value.category == "invalid_output"
+    assert caught.value.cause.model_id == OPENAI
+
+
+@pytest.mark.parametrize(("mode", "left_out"), [("user", "user"), ("system", "system")])
+def test_single_mode_requires_its_analysis(fake_llm: FakeLLMServer, mode: str, left_out: str) -> None:
+    """In user or system mode the schema requires the analysis asked for: an answer setting it to
+    null gets the one fallback call, then a judge-output error, with both calls recorded."""
+    other = "system" if left_out == "user" else "user"
+    fake_llm.script(Reply.json({left_out: None, other: None}), Reply.json({left_out: None, other: None}))
+    with pytest.raises(ScorerRunError) as caught:
+        score(prompt_alignment(OPENAI, evaluation_mode=mode), input=RUN_INPUT, output="Apple.")  # type: ignore[arg-type]
+    assert isinstance(caught.value.cause, JudgeOutputError)
+    assert caught.value.category == "invalid_output"
+    assert caught.value.cause.model_id == OPENAI
+    assert fake_llm.count() == 2
+
+
+@pytest.mark.parametrize("model", [OPENAI, ANTHROPIC])
+def test_single_mode_recovers_on_the_fallback(fake_llm: FakeLLMServer, model: str) -> None:
+    """A fallback answer that has the analysis is scored as usual (the schema with an optional
+    field left out goes to both providers)."""
+    fake_llm.script(
+        Reply.json({"user": None, "system": None}),
+        Reply.json({"user": analysis(1, 1, 1, 1), "system": None}),
+        Reply.text("Aligned."),
+    )
+    result = score(prompt_alignment(model, evaluation_mode="user"), input=RUN_INPUT, output="Apple.")
+    assert result.score == 1.0
 
 
 def test_bad_mode() -> None:
