@@ -137,10 +137,7 @@ def test_content_the_readers_did_not_foresee_is_a_run_or_a_named_read_error(attr
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_a_backfill_names_such_content_without_crashing(tmp_path: Path, dry_run: bool) -> None:
     """The same through `tracescore backfill` (embedded): the job finishes; the dry run too."""
-    from click.testing import CliRunner
-
     from tests.backfill.test_batch_bytes import big_trace_line
-    from worker.cli import cli
 
     lines = [big_trace_line(i) for i in range(3)]
     lines[1] = lines[1].replace('"gen_ai.output.messages"', '"output.value"', 1)
@@ -152,13 +149,24 @@ def test_a_backfill_names_such_content_without_crashing(tmp_path: Path, dry_run:
             if attribute["key"] == "gen_ai.tool.call.arguments":
                 attribute["value"] = {"stringValue": _DEEP}
     lines[1] = json.dumps(document) + "\n"
+    summary = _backfill_summary(tmp_path, lines, dry_run)
+    assert "read_failed" not in json.dumps(summary)
+
+
+def _backfill_summary(tmp_path: Path, lines: list[str], dry_run: bool) -> dict[str, Any]:
+    """``lines`` through an embedded `tracescore backfill --json` (``--dry-run`` or not): it
+    exits 0, and its summary."""
+    from click.testing import CliRunner
+
+    from worker.cli import cli
+
     source = tmp_path / "t.jsonl"
     source.write_text("".join(lines))
     args = ["backfill", str(source), "--scorers", "tests.backfill.scorers", "--json"]
     result = CliRunner().invoke(cli, args + (["--dry-run"] if dry_run else []), env={"TRACESCORE_BROKER_URL": ""})
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert "read_failed" not in json.dumps(summary)
+    summary: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return summary
 
 
 # What the OTLP decoders make of an attribute value: text, bytes (a bytesValue), numbers,
@@ -217,7 +225,6 @@ def test_a_run_reads_alike_in_process_and_after_the_queue(values: dict[str, Any]
 
 def _agent_line(trace_id: str, arguments: str) -> str:
     """One OTLP/JSON line: an agent span and its chat span, whose answer calls a tool."""
-    text = {"stringValue": ""}
     out = [
         {
             "role": "assistant",
@@ -229,7 +236,7 @@ def _agent_line(trace_id: str, arguments: str) -> str:
     ]
 
     def attr(key: str, value: str) -> dict[str, Any]:
-        return {"key": key, "value": {**text, "stringValue": value}}
+        return {"key": key, "value": {"stringValue": value}}
 
     spans = [
         {
@@ -264,20 +271,12 @@ def test_tool_arguments_nested_past_what_a_record_can_hold_stay_text(tmp_path: P
     """Tool-call arguments of JSON text nested 300 levels (under the parser's limit, over the 255
     pydantic-core serializes) were decoded: the run read, but a dry run's estimate of it ended
     the command (exit 1, "Circular reference detected"). Past 64 levels they stay text."""
-    from click.testing import CliRunner
-
     from tracing import trace_to_run
     from tracing.otlp import decode_otlp_records_line
-    from worker.cli import cli
 
     deep = "[" * 300 + "]" * 300
     lines = [_agent_line("1" * 32, '{"city": "Paris"}'), _agent_line("2" * 32, deep)]
-    source = tmp_path / "t.jsonl"
-    source.write_text("".join(lines))
-    args = ["backfill", str(source), "--scorers", "tests.backfill.scorers", "--json"]
-    result = CliRunner().invoke(cli, args + (["--dry-run"] if dry_run else []), env={"TRACESCORE_BROKER_URL": ""})
-    assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    summary = _backfill_summary(tmp_path, lines, dry_run)
     assert summary["runs_to_score" if dry_run else "runs_read"] == 2
     if dry_run:
         assert summary["estimate"]["runs_not_estimated"] == 0
