@@ -420,16 +420,21 @@ def test_dashboard_queries_use_attributes_the_writer_writes() -> None:
 
 
 def test_dashboard_metrics_count_score_events_not_carrier_spans() -> None:
-    """Each TraceQL metrics panel selects evaluation events (event:name) and groups by the scorer:
-    TraceQL metrics count matching spans, and the OTLP sink writes one carrier span per score
-    (tests/tracing/test_sinks.py), so each series counts scores."""
+    """Each TraceQL metrics panel selects evaluation events (event:name) and groups by the scorer
+    id: TraceQL metrics count matching spans, and the OTLP sink writes one carrier span per score
+    (tests/tracing/test_sinks.py), so each series counts scores. By the id, not the display name
+    (gen_ai.evaluation.name): the Workers dashboard and `tracescore status` name scorers by id, and
+    a built-in's name differs from it ("Tone consistency", "tone-consistency")."""
     _, _, strings = _writer_attributes()
     metrics = [q for q in _dashboard_queries() if "|" in q]
     assert len(metrics) >= 4
     for query in metrics:
         selector, _, function = query.partition("|")
         assert re.search(r'event:name\s*=\s*"gen_ai\.evaluation\.result"', selector), query
-        assert function.strip().endswith("by (event.gen_ai.evaluation.name)"), query
+        assert function.strip().endswith("by (event.tracescore.scorer.id)"), query
+    for query in _dashboard_queries():
+        if "$scorer" in query:
+            assert 'event.tracescore.scorer.id = "$scorer"' in query, query
     assert "gen_ai.evaluation.result" in strings
 
 
@@ -446,20 +451,72 @@ def test_tempo_is_2_6_or_later_and_keeps_carrier_spans_for_metrics() -> None:
     assert "local-blocks" in config["overrides"]["defaults"]["metrics_generator"]["processors"]
 
 
+def test_tempo_takes_late_carrier_spans_and_the_collectors_batches() -> None:
+    """A carrier span ends when the span it scores ended (tracing/sinks/_otlp.py), so it reaches
+    Tempo late: by seconds to minutes live, by days in a backfill. Tempo's metrics generator drops
+    spans older than its ingestion slack (30 s by default), and the dashboard's metrics panels then
+    never count those scores: the slack covers the traces' retention. And the Collector's largest
+    batch, at 32 KiB a span (agent messages), fits Tempo's gRPC message limit (4 MiB by default):
+    a batch Tempo refuses as too large is dropped after the workers counted it delivered."""
+    config = yaml.safe_load((DEPLOY / "tempo.yaml").read_text(encoding="utf-8"))
+    slack = _duration_s(config["metrics_generator"]["metrics_ingestion_time_range_slack"])
+    assert slack >= _duration_s(config["compactor"]["compaction"]["block_retention"])
+    grpc = config["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]
+    limit_bytes = grpc.get("max_recv_msg_size_mib", 4) * 2**20
+    collector = yaml.safe_load((DEPLOY / "otel-collector.yaml").read_text(encoding="utf-8"))
+    assert "tempo:4317" in _compose()["services"]["otel-collector"]["environment"]["TEMPO_OTLP_ENDPOINT"]
+    batch = collector["processors"]["batch"]
+    assert batch["send_batch_max_size"] * 32 * 2**10 <= limit_bytes
+
+
 def test_dashboard_default_scorer_exists_and_datasource_is_provisioned() -> None:
-    """The dashboard's default scorer is in examples.scorers; its datasource uid and folder are provisioned."""
+    """The dashboard's default scorer id is in examples.scorers; its datasource uid and folder are provisioned."""
     from worker._registry import load_registry
 
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     variable = next(v for v in dashboard["templating"]["list"] if v["name"] == "scorer")
-    names = {s.name for s in load_registry("examples.scorers").values()}
-    assert variable["query"] in names
+    assert variable["query"] in {s.id for s in load_registry("examples.scorers").values()}
     datasources = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/tempo.yaml").read_text(encoding="utf-8"))
     uids = {d["uid"] for d in datasources["datasources"]}
     assert {p["datasource"]["uid"] for p in dashboard["panels"]} <= uids
     providers = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/tracescore.yaml").read_text(encoding="utf-8"))
     grafana_mounts = _compose()["services"]["grafana"]["volumes"]
     assert f"./grafana/dashboards:{providers['providers'][0]['options']['path']}:ro" in grafana_mounts
+
+
+def test_compose_redis_is_private_and_password_protected() -> None:
+    """Redis holds agent inputs and outputs: compose publishes it on the loopback interface only,
+    with a password, and every broker URL the stack uses carries that password."""
+    redis = _compose()["services"]["redis"]
+    assert [_compose_value(p).split(":")[0] for p in redis["ports"]] == ["127.0.0.1"]
+    command = [_compose_value(str(a)) for a in redis["command"]]
+    password = command[command.index("--requirepass") + 1]
+    assert password
+    assert _compose_value(redis["environment"]["REDISCLI_AUTH"]) == password
+    text = _compose_value(COMPOSE.read_text(encoding="utf-8"))
+    urls = re.findall(r"redis://\S*@?redis:6379/\d+", text)
+    assert len(urls) == 2
+    assert all(url.startswith(f"redis://:{password}@") for url in urls), urls
+
+
+def test_backfill_jobs_score_with_the_workers_scorers() -> None:
+    """The backfill Jobs live outside kustomize: they take the workers' scorer modules from the
+    ConfigMap (an image without examples/ failed on a hard-coded examples.scorers), and their
+    image is the one kustomization.yaml names out of the box (the README says to set both)."""
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
+    (image,) = kustomization["images"]
+    configmap = _one("ConfigMap")
+    assert configmap["data"]["TRACESCORE_SCORERS"]
+    jobs = [(p, d) for p, d in _k8s_objects() if d["kind"] == "Job"]
+    assert len(jobs) == 2
+    for path, job in jobs:
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == f"{image['newName']}:{image['newTag']}", path
+        assert {"configMapRef": {"name": configmap["metadata"]["name"]}} in container["envFrom"], path
+        args = [str(a) for a in container["args"]]
+        if "--scorers" in args:
+            assert args[args.index("--scorers") + 1] == "$(TRACESCORE_SCORERS)", path
+    assert "name the image themselves" in (DEPLOY / "README.md").read_text(encoding="utf-8")
 
 
 def test_kustomization_resources_exist_and_wire_together() -> None:

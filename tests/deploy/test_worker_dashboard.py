@@ -90,6 +90,20 @@ def test_dashboard_and_alerts_use_only_defined_metrics_and_labels() -> None:
     assert shown == {spec.name for spec in ALL_METRICS}, sorted({s.name for s in ALL_METRICS} - shown)
 
 
+def test_judge_error_ratios_leave_out_cancelled_calls() -> None:
+    """A cancelled judge call is a run timing out or a worker shutting down (worker/metrics), not
+    a judge error: the dashboard's error ratio, like the alert, leaves it out, so a rolling update
+    does not paint a spike the alert rightly ignores."""
+    errors = [
+        q
+        for q in _dashboard_exprs() + [r["expr"] for r in _alert_rules()]
+        if re.search(r'tracescore_judge_requests_total\{[^}]*outcome!="ok"', q)
+    ]
+    assert len(errors) >= 2
+    for query in errors:
+        assert 'outcome!="cancelled"' in query, query
+
+
 def test_dashboard_reads_the_provisioned_prometheus() -> None:
     """Every panel and variable queries the Prometheus datasource provisioning declares (uid)."""
     dashboard = json.loads(DASHBOARD.read_text())
