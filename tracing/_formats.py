@@ -66,6 +66,10 @@ _MASTRA_KINDS: dict[str, SpanKind] = {
 # traceloop.span.kind values (Traceloop's OpenLLMetry SDK: its @agent and @tool decorators; its
 # @workflow and @task spans are neither). Its LLM spans follow the GenAI conventions.
 _TRACELOOP_KINDS: dict[str, SpanKind] = {"agent": "agent", "tool": "tool"}
+# llm.request.type values of OpenLLMetry's LLM spans before its instrumentations moved to the
+# GenAI conventions (OpenAI 0.55, Anthropic 0.54), which set no gen_ai.operation.name; Anthropic's
+# Messages calls say "completion" too.
+_TRACELOOP_LLM_REQUESTS = frozenset({"chat", "completion"})
 _OP_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
 _LEGACY_MESSAGE_EVENTS = {
     "gen_ai.system.message": "system",
@@ -86,6 +90,7 @@ READ_ATTRIBUTES = frozenset(
         "openinference.span.kind",
         "gen_ai.operation.name",
         "traceloop.span.kind",
+        "llm.request.type",
         # messages
         "gen_ai.input.messages",
         "gen_ai.output.messages",
@@ -108,6 +113,7 @@ READ_ATTRIBUTES = frozenset(
         "tool.parameters",
         "gen_ai.tool.call.result",
         "gen_ai.tool.output",
+        "traceloop.entity.name",
         "traceloop.entity.input",
         "traceloop.entity.output",
         # identity
@@ -126,7 +132,12 @@ READ_ATTRIBUTES = frozenset(
         "tracescore.role",
     }
 )
-READ_ATTRIBUTE_PREFIXES = ("llm.input_messages.", "llm.output_messages.")  # OpenInference lists
+READ_ATTRIBUTE_PREFIXES = (
+    "llm.input_messages.",  # OpenInference lists
+    "llm.output_messages.",
+    "gen_ai.prompt.",  # OpenLLMetry's flat lists, before its GenAI messages
+    "gen_ai.completion.",
+)
 # The span events the readers look at (every attribute of theirs is read: message payloads).
 READ_EVENTS = frozenset({_OP_DETAILS_EVENT, *_LEGACY_MESSAGE_EVENTS, _CHOICE_EVENT})
 
@@ -162,6 +173,9 @@ def classify(name: str, attrs: Mapping[str, Any]) -> SpanKind:
     traceloop = attrs.get("traceloop.span.kind")
     if isinstance(traceloop, str):
         return _TRACELOOP_KINDS.get(traceloop, "other")
+    request = attrs.get("llm.request.type")
+    if isinstance(request, str):
+        return "llm" if request in _TRACELOOP_LLM_REQUESTS else "other"
     if isinstance(name, str) and name.startswith("invoke_agent"):  # the SDK takes any name
         return "agent"
     return "other"
@@ -243,6 +257,64 @@ def _oi_messages(span: SpanView, prefix: str) -> list[Msg] | None:
             # The message's own attributes, its role's when that was what was wrong (every
             # problem was put on .message.role, its content's and tool calls' too).
             where = f"{prefix}{index}.message" + (".role" if exc.reason == "unknown_role" else "")
+            raise _fail(span, where, exc) from None
+    return out
+
+
+# --- OpenLLMetry's flat lists (gen_ai.prompt.<i>.* / gen_ai.completion.<i>.*) ---------------
+
+# What Traceloop's instrumentations wrote before the GenAI message attributes (OpenAI up to
+# 0.54, Anthropic up to 0.53; read from their spans in runs against tests/fakellm): per message
+# ``role``, ``content`` (text; a list of content blocks as its JSON), ``tool_call_id``, and
+# ``tool_calls.<j>.{id,name,arguments}``; the legacy completions API's prompt as ``user``.
+_FLAT_RE = re.compile(r"^(\d{1,9})\.(.+)$")
+_FLAT_TC_RE = re.compile(r"^tool_calls\.(\d{1,9})\.(id|name|arguments)$")
+
+
+def _content_blocks(content: Any) -> list[Any] | None:
+    """A message's content list written as JSON text (OpenAI's multimodal parts, Anthropic's
+    blocks), or None: text that only looks like JSON stays the text it was."""
+    if not isinstance(content, str) or not content.startswith("[{"):
+        return None
+    try:
+        blocks = json.loads(content)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(blocks, list) and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in blocks):
+        return blocks
+    return None
+
+
+def _flat_messages(span: SpanView, prefix: str, role: str) -> list[Msg] | None:
+    grouped: dict[int, dict[str, Any]] = {}
+    plen = len(prefix)
+    for key, value in span.attributes.items():
+        if key.startswith(prefix) and (m := _FLAT_RE.match(key[plen:])) is not None:
+            grouped.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    if not grouped:
+        return None
+    out: list[Msg] = []
+    for index in sorted(grouped):
+        fields = grouped[index]
+        content = fields.get("content", fields.get("user"))
+        blocks = _content_blocks(content)
+        msg: dict[str, Any] = {"role": fields.get("role") or role, "content": content if blocks is None else blocks}
+        if "tool_call_id" in fields:
+            msg["tool_call_id"] = fields["tool_call_id"]
+        calls: dict[int, dict[str, Any]] = {}
+        for sub, value in fields.items():
+            if (tc := _FLAT_TC_RE.match(sub)) is not None:
+                calls.setdefault(int(tc.group(1)), {})[tc.group(2)] = value
+        # Anthropic's 0.49-0.53 wrote a tool_use block both in the content and as tool_calls.
+        if calls and not any(b.get("type") == "tool_use" for b in blocks or ()):
+            msg["tool_calls"] = [
+                {"id": c.get("id"), "function": {"name": c.get("name"), "arguments": c.get("arguments")}}
+                for _, c in sorted(calls.items())
+            ]
+        try:
+            out.append(parse_message(msg))
+        except MessageShapeError as exc:
+            where = f"{prefix}{index}" + (".role" if exc.reason == "unknown_role" else "")
             raise _fail(span, where, exc) from None
     return out
 
@@ -380,7 +452,7 @@ def read_input(span: SpanView) -> list[Msg] | None:
         found = _read_attr(span, attrs, "gen_ai.input.messages", parse_messages)
         if found is not None:
             return found
-    found = _oi_messages(span, "llm.input_messages.")
+    found = _oi_messages(span, "llm.input_messages.") or _flat_messages(span, "gen_ai.prompt.", "user")
     if found is not None:
         return found
     legacy, _ = _legacy_events(span)
@@ -397,6 +469,10 @@ def read_output(span: SpanView) -> list[Msg] | None:
         if found is not None:
             return found
     found = _oi_messages(span, "llm.output_messages.")
+    if found is None:
+        # Only the first choice is the answer the application went on with.
+        found = _flat_messages(span, "gen_ai.completion.", "assistant")
+        found = found[:1] if found is not None else None
     if found is not None:
         return found
     _, legacy = _legacy_events(span)
@@ -438,7 +514,8 @@ class ToolSpan:
 
 def read_tool(span: SpanView) -> ToolSpan:
     """A tool execution span: its call id, tool name and result (arguments: ``ToolSpan.args``)."""
-    name = span.str_attr("gen_ai.tool.name", "tool.name")
+    # traceloop.entity.name: the function of a Traceloop @tool span that carries no gen_ai.tool.name.
+    name = span.str_attr("gen_ai.tool.name", "tool.name", "traceloop.entity.name")
     if name is None and span.name.startswith("execute_tool "):
         name = span.name[len("execute_tool ") :]
     call_id = span.str_attr("gen_ai.tool.call.id", "tool_call.id", "toolCallId")

@@ -288,6 +288,8 @@ def parse_message(raw: Any, default_role: str | None = None) -> Msg:
         fc = raw.get("function_call")
         if isinstance(fc, dict) and isinstance(fc.get("name"), str):
             parts.append(ToolCall(None, fc["name"], decode_json_text(fc.get("arguments"))))
+    if role == "user" and parts and all(isinstance(p, ToolResult) for p in parts):
+        role = "tool"  # Anthropic's shape: tool results go back in a user turn, not the user's words
     tag = raw.get("tag")
     if not isinstance(tag, str):
         meta = raw.get("metadata")
