@@ -240,6 +240,11 @@ class LoopWatchdog:
         self._can_interrupt = can_interrupt
         self._backstop_s = backstop_s
         self._armed_at = 0.0
+        # The task the loop was last seen in, and since when: a loop blocked in one run after
+        # another (the next run's step starting before the heartbeat could turn) gives each run
+        # its own limit, and the wedge is never blamed on a run that has ended.
+        self._task: asyncio.Task[Any] | None = None
+        self._task_since = 0.0
         self.interrupted = 0  # blocked steps ended by the exception (for logs and tests)
         self._file_beat_at = 0.0
         self._stop = threading.Event()
@@ -288,8 +293,7 @@ class LoopWatchdog:
                     # its current task, if any, is the run to blame.
                     self._on_memory(lt.current_task(), rss / 2**20)
                     return
-            blocked = lt.blocked_for()
-            if blocked < self.limit_s:
+            if self._blocked_in_task(lt) < self.limit_s:
                 self._arm_backstop()
                 continue
             beat = lt.beat
@@ -306,6 +310,15 @@ class LoopWatchdog:
             self._on_wedged(task, lt.blocked_for())
             return
 
+    def _blocked_in_task(self, lt: LoopThread) -> float:
+        """How long the loop has been blocked, counted from when its current task began to be
+        seen if that is later (a task seen first, from the watchdog's reads)."""
+        now = time.monotonic()
+        task = lt.current_task()
+        if task is not self._task:
+            self._task, self._task_since = task, now
+        return min(lt.blocked_for(), now - self._task_since)
+
     def _interrupt(self, lt: LoopThread, task: asyncio.Task[Any] | None, stuck_since: float) -> bool:
         """True if the loop turned again within the grace period after the interrupt."""
         if task is not None:
@@ -318,13 +331,14 @@ class LoopWatchdog:
             if task is not None:
                 _targeted.discard(task)
             return False
-        log.warning("loop_blocked_interrupting", blocked_s=round(lt.blocked_for(), 1), limit_s=self.limit_s)
+        log.warning("loop_blocked_interrupting", blocked_s=round(self._blocked_in_task(lt), 1), limit_s=self.limit_s)
         deadline = time.monotonic() + self.grace_s
         while time.monotonic() < deadline and not self._stop.is_set():
-            if lt.beat != stuck_since:
+            # The loop turned, or the interrupted step ended and another task runs already.
+            if lt.beat != stuck_since or lt.current_task() is not task:
                 return True
             time.sleep(0.02)
-        if lt.beat != stuck_since:
+        if lt.beat != stuck_since or lt.current_task() is not task:
             return True
         # Not delivered (a C call): withdraw it, or it would fire later in whatever runs then.
         lt.cancel_interrupt()

@@ -3,6 +3,7 @@
 A run whose user message contains ``$TRAP_MARKER`` (default ``TRAP``) makes ``trap`` (sync
 steps) or ``trap-async`` (async steps) do what ``$TRAP_MODE`` says: ``spin`` (a pure-Python
 loop that never returns), ``sleep`` (a C call that never returns: cannot be interrupted),
+``nap`` (a C call that returns after ``$TRAP_NAP_S`` seconds, past the run timeout),
 ``hog`` (allocates until the memory limit), ``stuck`` (awaits something that never happens).
 Every other run scores 1.0; ``words`` scores every run normally.
 """
@@ -28,6 +29,8 @@ def _trap(run: ScorerRun) -> float:
     mode = os.environ.get("TRAP_MODE", "spin")
     if mode == "sleep":
         time.sleep(10**6)
+    elif mode == "nap":
+        time.sleep(float(os.environ.get("TRAP_NAP_S", "4")))
     elif mode == "hog":
         chunks = []
         while True:

@@ -49,11 +49,12 @@ def _tracescore(tmp_path: Path, args: list[str], env: dict[str, str]) -> tuple[i
     return proc.returncode, out.read_text(), err.read_text()
 
 
-def _runs_file(tmp_path: Path, n: int, marked: int) -> Path:
+def _runs_file(tmp_path: Path, n: int, marked: int | set[int]) -> Path:
     path = tmp_path / "runs.jsonl"
+    marks = marked if isinstance(marked, set) else {marked}
     with path.open("w") as f:
         for i in range(n):
-            question = f"question {i}" + (" TRAP" if i == marked else "")
+            question = f"question {i}" + (" TRAP" if i in marks else "")
             run = {
                 "run_id": f"run-{i}",
                 "input": {"input_messages": [question]},
@@ -107,6 +108,23 @@ def test_score_records_the_hanging_run_and_scores_the_others(
     assert "6 runs × 2 scorers: 11 scored, 0 not scorable, 1 failed" in stderr
     row = next(line.split() for line in stdout.splitlines() if line.startswith(f"{scorer} "))
     assert (row[1], row[8]) == ("6", "1"), stdout  # the scorer's summary row: 6 runs, 1 failed
+
+
+def test_score_gives_runs_blocking_one_after_another_each_a_timeout(tmp_path: Path) -> None:
+    """Two runs in a row blocked in C past the timeout (each returns later, so each is
+    interrupted): the second's step started before the loop turned, the watchdog took the two
+    for one block, declared the loop wedged and blamed the first run, which had its record:
+    the command ended with LoopWedgedError and no summary or records. Each is a timeout now."""
+    runs = _runs_file(tmp_path, n=4, marked={1, 2})
+    out = tmp_path / "scores.jsonl"
+    args = ["score", str(runs), "--scorers", SCORERS, "--scorer", "trap", "--scorer", "words", "--out", str(out)]
+    code, _, stderr = _tracescore(tmp_path, [*args, "--concurrency", "1"], {"TRAP_MODE": "nap"})
+    assert code == 0, stderr[-3000:]
+    records = _records(out)
+    assert len(records) == 8
+    failed = sorted((r["run_id"], r["error_type"]) for r in records if r.get("error_type"))
+    assert failed == [("run-1", "timeout"), ("run-2", "timeout")]
+    assert "4 runs × 2 scorers: 6 scored, 0 not scorable, 2 failed" in stderr
 
 
 def test_backfill_without_broker_records_a_run_stuck_in_a_c_call(tmp_path: Path) -> None:

@@ -207,6 +207,45 @@ def test_watchdog_never_fires_into_a_loop_that_moved_on() -> None:
     assert wedged == []
 
 
+def test_runs_blocking_one_after_another_each_get_their_own_limit() -> None:
+    """A run blocked past the limit is interrupted; the next run's step can start before the
+    loop's heartbeat turns (it is woken first). The watchdog counted that as one block since the
+    first run began: it saw no turn within the grace period and declared the loop wedged, blaming
+    the run that had ended (`tracescore score` then ended with LoopWedgedError, its work lost;
+    a worker would have been replaced). Each run gets its own limit and its own interrupt."""
+    import asyncio
+    import time
+
+    from worker._loop import LoopBlockedError, LoopThread, LoopWatchdog
+
+    lt = LoopThread(name="test-two-blocking-runs")
+    wedged: list[object] = []
+    watchdog = LoopWatchdog(lt, limit_s=0.5, grace_s=1.5, on_wedged=lambda task, s: wedged.append(task))
+    outcomes: list[str] = []
+
+    async def runs() -> None:
+        gate = asyncio.Semaphore(1)
+
+        async def blocking() -> None:
+            async with gate:
+                try:
+                    time.sleep(1.2)  # noqa: ASYNC251 -- the blocking step under test: the interrupt lands when it returns
+                    outcomes.append("returned")
+                except LoopBlockedError:
+                    outcomes.append("interrupted")
+
+        await asyncio.gather(blocking(), blocking())
+
+    try:
+        lt.run(runs(), timeout=30)
+        assert wait_for(lambda: watchdog.interrupted == 2, 5)  # counted on the watchdog's thread
+    finally:
+        watchdog.stop()
+        lt.stop()
+    assert outcomes == ["interrupted", "interrupted"]
+    assert wedged == []
+
+
 def test_the_watchdogs_exception_in_a_run_it_did_not_target_is_not_a_timeout() -> None:
     """LoopBlockedError that lands in a run the watchdog did not fire at (the targeted step
     returned just before) is no timeout of that run: retryable, retried on a non-final attempt
