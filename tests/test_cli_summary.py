@@ -200,15 +200,21 @@ def test_score_exit_codes(tmp_path: Path) -> None:
     assert "1 bad lines skipped" in partly.stderr
 
 
+# JSON the parser takes (600 levels) but deeper than the walk over its texts could go: a
+# RecursionError ended `score` and `compare` with every run lost.
+DEEP_BUT_PARSED = "[" * 600 + '"x"' + "]" * 600
+
+
 def test_score_reads_hostile_lines_without_losing_the_rest(tmp_path: Path) -> None:
     """A lone surrogate in a run id or answer ended the command (UnicodeEncodeError blamed on
     reading, or PydanticSerializationError with --json) and lost the runs after it; a number
-    past 4300 digits or JSON nested past the parser did too. Now the text is scored with
-    U+FFFD and the two lines are malformed; every other run is scored and written."""
+    past 4300 digits, JSON nested past the parser, or parsed but past the text walk did too. Now
+    the text is scored with U+FFFD and the three lines are malformed; every other run is scored
+    and written."""
     runs = _write_runs(
         tmp_path / "runs.jsonl",
         [*RUNS[:2], {"run_id": "id\ud800x", "input": "q", "output": "cut \udc80 answer"}, *RUNS[2:]],
-        ('{"input": "q", "output": ' + "9" * 4301 + "}", "[" * 100_000 + "]" * 100_000),
+        ('{"input": "q", "output": ' + "9" * 4301 + "}", "[" * 100_000 + "]" * 100_000, DEEP_BUT_PARSED),
     )
     out = tmp_path / "scores.jsonl"
     for extra in (["--table"], ["--json"]):
@@ -218,6 +224,7 @@ def test_score_reads_hostile_lines_without_losing_the_rest(tmp_path: Path) -> No
         assert [r["run_id"] for r in records] == ["short", "long", "id\ufffdx", "LOUD", "empty", "mid"]
         assert f"{runs}:7: skipped: not JSON (a number of more than 4300 digits)" in result.stderr
         assert f"{runs}:8: skipped: not JSON (nested too deeply)" in result.stderr
+        assert f"{runs}:9: skipped: nested too deeply" in result.stderr
 
 
 def test_score_names_runs_by_their_ids_as_json_writes_them(tmp_path: Path) -> None:

@@ -178,6 +178,7 @@ def test_hostile_lines_are_skipped_or_read_and_the_comparison_is_printed(files: 
         "[" * 100_000 + "]" * 100_000,
         '{"trace_id": "t7", "scorer_id": "rel", "score": ' + "9" * 400 + "}",
         '{"trace_id": "t8", "scorer_id": "odd\\ud800", "score": 0.5, "reason": "r"}',
+        "[" * 600 + '"x"' + "]" * 600,  # parsed, but past the walk over its texts
     ]
     with new.open("a") as out:
         out.write("".join(line + "\n" for line in hostile))
@@ -187,6 +188,7 @@ def test_hostile_lines_are_skipped_or_read_and_the_comparison_is_printed(files: 
     assert result.exit_code == 0, result.output
     assert f"{new}:9: skipped: not JSON (a number of more than 4300 digits)" in result.stderr
     assert f"{new}:10: skipped: not JSON (nested too deeply)" in result.stderr
+    assert f"{new}:13: skipped: nested too deeply" in result.stderr
     assert "odd\ufffd" in result.stdout
     assert "old: cut \ufffd" in result.stdout
     rel = compare_files(old, new)["by_scorer"]["rel"]

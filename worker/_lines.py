@@ -54,4 +54,9 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
             except ValueError:  # the only other: a number past Python's 4300-digit limit
                 yield number, None, "not JSON (a number of more than 4300 digits)"
                 continue
-            yield number, valid_text(value)[0], None
+            try:
+                fixed = valid_text(value)[0]
+            except RecursionError:  # json.loads goes deeper than the walk over its texts
+                yield number, None, "nested too deeply"
+                continue
+            yield number, fixed, None
