@@ -1,6 +1,8 @@
 """How tracescore's processes (the CLI, the workers) write structlog's lines.
 
-structlog's defaults, but for tracebacks: its default formatter, when ``rich`` is installed,
+structlog's defaults, but for two things. Lines go to stderr, not stdout: stdout is the
+commands' output (``--json`` for scripts), and a warning printed there made it unreadable. And
+tracebacks: its default formatter, when ``rich`` is installed,
 prints every frame's local variables, and in a scoring process those hold prompts, answers,
 score reasons and settings (``score_write_failed`` printed about 850 lines of records). Plain
 tracebacks name the code, never the data. Only where nobody configured structlog before: an
@@ -19,16 +21,17 @@ __all__ = ["configure_logs"]
 
 
 def configure_logs() -> None:
-    """structlog's default processors, each traceback printed plain (no local variables), unless
-    structlog is configured already. Only the processors: the level and the output stay as they
-    are configured later (``tracescore backfill`` quiets them)."""
+    """structlog's default processors, each traceback printed plain (no local variables), onto
+    stderr, unless structlog is configured already. The level stays as configured later
+    (``tracescore backfill`` quiets them)."""
     if structlog.is_configured():
         return
     # Colours as structlog's default decides them: on a terminal only, NO_COLOR and FORCE_COLOR
     # obeyed (a worker's log file or pipe gets plain text).
     force = os.environ.get("FORCE_COLOR", "") != ""
-    colors = os.environ.get("NO_COLOR", "") == "" and (force or bool(sys.stdout and sys.stdout.isatty()))
+    colors = os.environ.get("NO_COLOR", "") == "" and (force or bool(sys.stderr and sys.stderr.isatty()))
     structlog.configure(
+        logger_factory=_StderrLoggerFactory(),
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
@@ -38,5 +41,13 @@ def configure_logs() -> None:
             structlog.dev.ConsoleRenderer(
                 colors=colors, force_colors=force, exception_formatter=structlog.dev.plain_traceback
             ),
-        ]
+        ],
     )
+
+
+class _StderrLoggerFactory:
+    """structlog's ``PrintLogger`` on the ``sys.stderr`` of when the logger is made, not of when
+    the logs were configured (a test's captured stream, an app that replaces it)."""
+
+    def __call__(self, *args: object) -> structlog.PrintLogger:
+        return structlog.PrintLogger(sys.stderr)

@@ -114,12 +114,15 @@ def test_score_gives_runs_blocking_one_after_another_each_a_timeout(tmp_path: Pa
     """Two runs in a row blocked in C past the timeout (each returns later, so each is
     interrupted): the second's step started before the loop turned, the watchdog took the two
     for one block, declared the loop wedged and blamed the first run, which had its record:
-    the command ended with LoopWedgedError and no summary or records. Each is a timeout now."""
+    the command ended with LoopWedgedError and no summary or records. Each is a timeout now.
+    The watchdog's warnings go to stderr: with --json, stdout is JSON alone (they were on it)."""
     runs = _runs_file(tmp_path, n=4, marked={1, 2})
     out = tmp_path / "scores.jsonl"
     args = ["score", str(runs), "--scorers", SCORERS, "--scorer", "trap", "--scorer", "words", "--out", str(out)]
-    code, _, stderr = _tracescore(tmp_path, [*args, "--concurrency", "1"], {"TRAP_MODE": "nap"})
+    code, stdout, stderr = _tracescore(tmp_path, [*args, "--concurrency", "1", "--json"], {"TRAP_MODE": "nap"})
     assert code == 0, stderr[-3000:]
+    assert "loop_blocked_interrupting" in stderr
+    assert len([json.loads(line) for line in stdout.splitlines()]) == 8
     records = _records(out)
     assert len(records) == 8
     failed = sorted((r["run_id"], r["error_type"]) for r in records if r.get("error_type"))

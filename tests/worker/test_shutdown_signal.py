@@ -24,7 +24,7 @@ def wait_for(predicate, seconds=10.0):
         time.sleep(0.01)
     return True
 
-write_lock = _get_lock_for_file(sys.stdout)
+write_lock = _get_lock_for_file(sys.stderr)  # where the logs go
 
 def relay_done():
     # whatever the handler handed to the signal relay has run (its calls run in order)
@@ -69,12 +69,12 @@ def test_the_workers_sigterm_handler_logs_from_a_thread_not_inside_the_handler()
             print("handler returned", file=sys.stderr, flush=True)
         assert wait_for(lambda: _loop._process_drain().begun.is_set())
         assert relay_done()  # the begun flag is set in the handler; the log line comes after, on the relay
-        sys.stdout.flush()
+        sys.stderr.flush()
     """)
     assert result.returncode == 0, result.stderr
     assert "handler returned" in result.stderr
-    assert "worker_draining" in result.stdout
-    assert "grace_s=30.0" in result.stdout
+    assert "worker_draining" in result.stderr
+    assert "grace_s=30.0" in result.stderr
 
 
 def test_a_prefork_childs_drain_handler_starts_the_grace_period_from_a_thread() -> None:
@@ -109,8 +109,8 @@ def test_a_prefork_childs_drain_handler_starts_the_grace_period_from_a_thread() 
         thread.join(10)
         assert outcome == ["cancelled"], outcome
         assert relay_done()
-        sys.stdout.flush()
+        sys.stderr.flush()
     """)
     assert result.returncode == 0, result.stderr
     assert "handler returned" in result.stderr
-    assert "shutdown_grace_expired" in result.stdout
+    assert "shutdown_grace_expired" in result.stderr
