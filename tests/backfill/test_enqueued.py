@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import pytest
+import structlog.testing
 
 from tests._redis import RedisServer
 from tests.summary_scorers_v1 import length, shouting
@@ -191,3 +192,57 @@ def test_a_spool_that_cannot_be_written_stops_quietly_and_says_why(monkeypatch: 
     assert "No space left on device" in enqueued.lost
     assert list(enqueued.score_ids(REGISTRY, SCORERS)) == []
     enqueued.close()
+
+
+class _Store:
+    """What the summary reads of Redis: MGET over a dict."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def mget(self, keys: list[str]) -> list[str | None]:
+        return [self.values.get(k) for k in keys]
+
+
+def test_a_damaged_stored_record_is_left_out_and_the_summary_read() -> None:
+    """A stored record that is not one (damaged bytes, another JSON shape, a field of the wrong
+    type or missing) ended the summary with a ValueError or AttributeError: the command lost its
+    summary, --out and exit code. It is left out (not written to --out) and logged by score id,
+    never its value, as the store reads such a record."""
+    enqueued = _Enqueued()
+    batch = next(_batches(12))
+    enqueued(batch)
+    runs = batch.requests
+    records = [_record(i, s) for i, r in enumerate(runs) for s in r.scorer_ids]
+    values = {record_key(rec.score_id): rec.model_dump_json() for rec in records}
+    damaged = {
+        records[1].score_id: "garbage \udcff SECRET",
+        records[2].score_id: "[1, 2]",
+        records[3].score_id: records[3].model_dump_json().replace('"score":0.', '"score":"SECRET'),
+        records[4].score_id: records[4].model_dump_json().replace('"scorer_id"', '"scorer"'),
+    }
+    values.update({record_key(s): v for s, v in damaged.items()})
+    out = io.StringIO()
+    with structlog.testing.capture_logs() as logged:
+        summary = enqueued.summary(_Store(values), REGISTRY, SCORERS, 3, out)
+    kept = [rec for rec in records if rec.score_id not in damaged]
+    expected = Summary(REGISTRY, worst_n=3)
+    for rec in kept:
+        expected.add(Outcome.of_record(rec, next(r.agent for r in runs if r.trace_id == rec.trace_id)))
+    assert summary.as_json() == expected.as_json()
+    assert out.getvalue().splitlines() == [rec.model_dump_json() for rec in kept]
+    assert sorted(e["score_id"] for e in logged if e["event"] == "score_record_unreadable") == sorted(damaged)
+    assert "SECRET" not in repr(logged)
+    enqueued.close()
+
+
+def test_a_read_back_left_unfinished_when_the_job_ends_closes_quietly() -> None:
+    """The job closes its spool while a read-back is under way (an error mid-summary): the
+    reading generator's cleanup sought in the closed file ("Exception ignored ... 'NoneType'
+    object has no attribute 'seek'")."""
+    enqueued = _Enqueued()
+    enqueued(next(_batches(10)))
+    ids = enqueued.score_ids(REGISTRY, SCORERS)
+    assert next(ids)
+    enqueued.close()
+    ids.close()  # raised AttributeError before

@@ -29,8 +29,8 @@ from types import FrameType
 from typing import IO, Any
 
 import click
-from pydantic import ValidationError
-from pydantic_core import from_json
+import structlog
+from pydantic import BaseModel, ValidationError
 
 from tracing import JsonlScoreWriter, ScoreWriter, SpanRecord, TraceReadError, redact, score_id_for
 from tracing.queue import QueueKeyError, ScoreBatch
@@ -56,6 +56,8 @@ __all__ = ["EXIT_SINK_FAILED", "EXIT_WAIT_TIMEOUT", "BackfillJob", "WaitTimeoutE
 EXIT_WAIT_TIMEOUT = 3
 # A sink refused scores (its dead letters) or had not taken them all when the command ended.
 EXIT_SINK_FAILED = 4
+
+log = structlog.get_logger("tracescore.backfill")
 
 
 def _broker_refusal(exc: BaseException) -> tuple[str, str] | None:
@@ -386,16 +388,18 @@ class _Spool:
         self.count += 1
 
     def __iter__(self) -> Iterator[str]:
-        if self._file is None:
+        file = self._file
+        if file is None:
             return
         try:
-            self._file.flush()
-            self._file.seek(0)
+            file.flush()
+            file.seek(0)
             try:
-                for line in self._file:
+                for line in file:
                     yield line[:-1]
             finally:
-                self._file.seek(0, io.SEEK_END)  # later lines are appended
+                if not file.closed:  # an iteration left unfinished when the job ended
+                    file.seek(0, io.SEEK_END)  # later lines are appended
         except OSError as exc:
             raise SpoolError(f"cannot read the spool back: {exc.strerror or exc}") from exc
 
@@ -534,17 +538,42 @@ class _Enqueued:
         summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
         wanted = self._scores(registry, scorer_ids)
         while chunk := list(islice(wanted, 1000)):
-            for (_, agent), raw in zip(chunk, store.mget([record_key(s) for s, _ in chunk]), strict=True):
+            for (score_id, agent), raw in zip(chunk, store.mget([record_key(s) for s, _ in chunk]), strict=True):
                 if not raw:
                     continue  # not scored (yet), or skipped
+                try:
+                    # Only the fields the summary shows, parsed and checked in pydantic-core:
+                    # the read-back is mostly parsing.
+                    fields = _ReadBack.model_validate_json(raw).__dict__
+                except ValidationError as exc:
+                    # Damaged, or not a record: left out, as the store reads it (never its values).
+                    log.warning("score_record_unreadable", score_id=score_id, problems=exc.error_count())
+                    continue
                 if out is not None:
                     out.write(raw + "\n")
-                # pydantic-core's parser, no model: the read-back is mostly parsing
-                summary.add(Outcome.of_record(from_json(raw), agent))
+                summary.add(Outcome.of_record(fields, agent))
         return summary
 
     def close(self) -> None:
         self._spool.close()
+
+
+class _ReadBack(BaseModel):
+    """The fields of a stored score record the summary shows (the others are not parsed)."""
+
+    trace_id: str
+    scorer_id: str
+    span_name: str = ""
+    scorer_version: str = "1"
+    score: float | None = None
+    reason: str | None = None
+    not_scorable: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    failed_step: str | None = None
+    cost_usd: float | None = None
+    judge_models: list[str] = []
+    judge_calls: int = 0
 
 
 def _check_outcome(summary: dict[str, Any]) -> None:
