@@ -29,6 +29,9 @@ def _structlog_config_restored() -> Iterator[None]:
     """A command run in-process (``main([...])``) points structlog at the stderr pytest captured
     for that test, closed after it: a later test's log line failed writing there ("I/O operation
     on closed file"), in an order the full suite does not happen to run."""
-    config = structlog.get_config()
+    configured, config = structlog.is_configured(), structlog.get_config()
     yield
-    structlog.configure(**config)
+    if configured:
+        structlog.configure(**config)
+    else:  # unconfigured again, as a fresh process: the next command configures its own
+        structlog.reset_defaults()

@@ -363,6 +363,29 @@ def test_status_names_a_refused_key_and_shows_the_rest(env: str, capsys: pytest.
         client.close()
 
 
+def test_status_leaves_out_a_counter_that_is_not_a_number(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A dead-letter reason or a failure count that is not an integer (a key written by hand,
+    or damaged) ended `status` with ValueError, exit 1, as if the broker were down. It is left
+    out, named in the log by key and field, and the other figures are shown."""
+    from worker import _keys
+    from worker.store._jobs import failure_bucket
+
+    client = redis.Redis.from_url(env)
+    client.hset(_keys.dlq_reasons_key(), mapping={"invalid_payload": 2, "weird": "SECRET"})
+    client.hset(_keys.failures_key(failure_bucket()), mapping={"timeout": 3, "odd": "abc"})
+    try:
+        assert main(["status", "--json", "--timeout", "0.3"]) == 0
+        captured = capsys.readouterr()
+        status = json.loads(captured.out)
+        assert status["dead_letters_by_reason"] == {"invalid_payload": 2}
+        assert status["recent_failures"] == {"timeout": 3}
+        assert captured.err.count("counter_unreadable") == 2
+        assert "field=weird" in captured.err
+        assert "SECRET" not in captured.err + captured.out
+    finally:
+        client.close()
+
+
 def test_a_queue_key_of_another_type_is_named_by_status_and_refused_by_backfill(
     env: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import structlog
 from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
+from tracing import printable
 from worker._reconnect import reconnecting_client, unavailable_as_error
 from worker.store._keytypes import pipeline_replies
 
-__all__ = ["OnRedis", "RedisConnection", "failed_fields"]
+__all__ = ["OnRedis", "RedisConnection", "counts", "failed_fields"]
+
+log = structlog.get_logger("tracescore.store")
 
 
 class RedisConnection:
@@ -105,3 +109,16 @@ def failed_fields(exc: ValidationError) -> str:
     errors = exc.errors(include_url=False, include_input=False, include_context=False)
     places = {(".".join(str(p) for p in e["loc"]) or "the whole value") + f" ({e['type']})" for e in errors}
     return ", ".join(sorted(places))[:300]
+
+
+def counts(raw: Mapping[str, str], key: str) -> dict[str, int]:
+    """A hash of counters (HGETALL's answer) as integers. A value that is not one (the key
+    written by hand, or damaged) is left out and logged with its key and field, never its
+    value: ``tracescore status`` and a backfill's progress go on with the others."""
+    out: dict[str, int] = {}
+    for field, value in raw.items():
+        try:
+            out[field] = int(value)
+        except (TypeError, ValueError):
+            log.warning("counter_unreadable", key=key, field=printable(str(field))[:80])
+    return out
