@@ -93,6 +93,43 @@ def test_a_failing_sink_is_retried_until_it_takes_the_batch() -> None:
         sender.close(time.monotonic() + 1)
 
 
+def test_each_new_fault_is_logged_when_it_starts_and_a_recovery_once() -> None:
+    """Failures were logged at the process's 1st and every 100th: after a broker restart had
+    logged the first, a later fault (the queue key of another type, a full Redis) went unlogged
+    for minutes. A run of failures is logged when it starts and when its error changes (and
+    once a minute while it lasts); the send that ends it is logged once."""
+    import structlog.testing
+
+    errors = ["Connection refused"] * 3 + [None] + ["Connection refused"] * 2 + ["READONLY"] * 2 + [None]
+
+    def failing(batch: ScoreBatch) -> None:
+        error = errors.pop(0)
+        if error is not None:
+            raise ConnectionError(error)
+
+    sender = Sender(_Callback(failing), SenderLimits(retry_initial_s=0.01, retry_max_s=0.02), Tally())
+    sender.start()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            sender.put([_shipment()])
+            assert sender.wait_idle(time.monotonic() + 10)
+            sender.put([_shipment()])
+            assert sender.wait_idle(time.monotonic() + 10)
+        assert errors == []
+        seen = [(e["event"], e.get("error", e.get("after_failures"))) for e in logs]
+        assert seen == [
+            ("sink_send_failed", "ConnectionError('Connection refused')"),
+            ("sink_send_recovered", 3),
+            ("sink_send_failed", "ConnectionError('Connection refused')"),
+            ("sink_send_failed", "ConnectionError('READONLY')"),
+            ("sink_send_recovered", 4),
+        ]
+        assert sender.counters()["send_failures"] == 7
+    finally:
+        sender.stop()
+        sender.close(time.monotonic() + 1)
+
+
 def test_after_stop_nothing_is_attempted_and_close_counts_the_rest() -> None:
     """stop(): no attempt (nor retry) starts; close() counts queued and in-flight runs once."""
     attempts: list[int] = []

@@ -39,6 +39,9 @@ __all__ = ["Sender", "SenderLimits", "Shipment", "describe", "shipment_size"]
 
 log = structlog.get_logger("tracescore.exporter")
 
+# While sends keep failing with the same error, how often that is logged again.
+_FAILURE_LOG_INTERVAL_S = 60.0
+
 
 def describe(exc: BaseException) -> str:
     """An error for the application's log, without agent content: the exception's type only,
@@ -121,6 +124,11 @@ class Sender:
         self.runs_sent = 0
         self.batches_sent = 0
         self.send_failures = 0
+        # The failures since the last send that went through, the last error logged of them and
+        # when: each new fault is logged when it starts, not at the process's 100th failure.
+        self._streak = 0
+        self._streak_error: str | None = None
+        self._streak_logged = 0.0
         self._thread = threading.Thread(target=self._run, name="tracescore-sender", daemon=True)
 
     def start(self) -> None:
@@ -377,17 +385,36 @@ class Sender:
                 self._tally.error("send")
                 raise _Refused from None
             except Exception as exc:
-                with self._lock:
-                    self.send_failures += 1
-                    failures = self.send_failures
-                if failures == 1 or failures % 100 == 0:
-                    log.warning("sink_send_failed", error=describe(exc), runs=len(chunk.requests), failures=failures)
+                self._failed(describe(exc), len(chunk.requests))
                 # Jitter so several exporters do not hammer a recovering broker in step.
                 self._stop.wait(delay * (0.5 + random.random() / 2))
                 delay = min(self.limits.retry_max_s, delay * 2)
                 continue
+            self._sent()
             return True
         return False
+
+    def _failed(self, error: str, runs: int) -> None:
+        """Count a failed send; log it when it starts a run of failures, when the error is not
+        the one logged last, and else once a minute (retries come every few seconds)."""
+        now = time.monotonic()
+        with self._lock:
+            self.send_failures += 1
+            self._streak += 1
+            due = (
+                self._streak == 1 or error != self._streak_error or now - self._streak_logged >= _FAILURE_LOG_INTERVAL_S
+            )
+            if due:
+                self._streak_error, self._streak_logged = error, now
+            failures, streak = self.send_failures, self._streak
+        if due:
+            log.warning("sink_send_failed", error=error, runs=runs, failures=failures, in_a_row=streak)
+
+    def _sent(self) -> None:
+        with self._lock:
+            streak, self._streak, self._streak_error = self._streak, 0, None
+        if streak:
+            log.info("sink_send_recovered", after_failures=streak)
 
     def counters(self) -> dict[str, Any]:
         with self._lock:
