@@ -1027,6 +1027,27 @@ def test_nothing_is_sent_after_shutdown(clock: FakeClock) -> None:
     assert len(attempts) == made
 
 
+def test_spans_handed_over_after_shutdown_are_counted() -> None:
+    """An app that shuts the exporter down before its provider (to read the final stats): the
+    spans its BatchSpanProcessor still held went nowhere, uncounted and unlogged. They are
+    dropped as after_shutdown."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    sent: list[ScoreBatch] = []
+    exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sent.append))
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exp, schedule_delay_millis=60_000))
+    tracer = provider.get_tracer("app")
+    for i in range(4):
+        with tracer.start_as_current_span(f"invoke_agent a{i}", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            pass
+    exp.shutdown(1000)
+    provider.shutdown()  # the processor hands its 4 spans over now
+    assert sent == []
+    assert exp.stats()["dropped"] == {"after_shutdown": 4}
+
+
 def test_batches_are_split_by_size(clock: FakeClock, sink: Recording) -> None:
     """Span-carrying requests go in batches of about max_batch_bytes, never one run split."""
     exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_batch_bytes=6000, clock=clock)
