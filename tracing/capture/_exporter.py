@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -192,6 +194,27 @@ class ScoringSpanExporter(SpanExporter):
         never twice), its locks may have been held mid-fork, and its threads are gone. The child
         starts empty, with counts of its own; the sink reconnects on its first send."""
         self._begin()
+        if "multiprocessing" in sys.modules or "billiard" in sys.modules:
+            import multiprocessing.util as util  # a child's start may import it only after the fork
+
+            # multiprocessing's children (and billiard's: Celery's prefork pool, which shares
+            # these registries) leave by os._exit: no atexit, so no provider shutdown, and every
+            # trace still held was lost. Their exit runs multiprocessing's finalizers, cleared
+            # after the fork and then set up by the after-fork callbacks: ours registers one.
+            util.register_after_fork(self, _finalize_at_child_exit)
+
+    def _at_child_exit(self) -> None:
+        """A multiprocessing child's exit: what the app's span processors still hold is handed
+        over (the global provider's ``force_flush``), then this shuts down as at the app's exit,
+        within ``shutdown_timeout_s`` in all."""
+        deadline = time.monotonic() + self._shutdown_timeout
+        flush = getattr(otel_trace.get_tracer_provider(), "force_flush", None)
+        if callable(flush):
+            try:
+                flush(int(self._shutdown_timeout * 500))
+            except Exception as exc:
+                log.warning("exporter_child_flush_failed", error=describe(exc))
+        self.shutdown(max(100, int((deadline - time.monotonic()) * 1000)))
 
     # --- SpanExporter ----------------------------------------------------------------------
 
@@ -557,3 +580,10 @@ class ScoringSpanExporter(SpanExporter):
             errors=errors,
         )
         return out
+
+
+def _finalize_at_child_exit(exporter: ScoringSpanExporter) -> None:
+    """multiprocessing's after-fork callback, in the child: flush at its exit (a finalizer)."""
+    import multiprocessing.util as util
+
+    util.Finalize(exporter, exporter._at_child_exit, exitpriority=10)
