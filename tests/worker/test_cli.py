@@ -386,6 +386,29 @@ def test_status_leaves_out_a_counter_that_is_not_a_number(env: str, capsys: pyte
         client.close()
 
 
+def test_status_prints_names_from_redis_without_their_control_characters(
+    env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Scorer, model and reason names come from Redis, which anyone who can write there
+    chooses: an escape sequence in one reached the terminal (retitling it). Each control
+    character is shown as U+FFFD, as everywhere the CLI prints such text."""
+    from worker import _keys
+    from worker._budget import utc_day
+
+    client = redis.Redis.from_url(env)
+    client.hset(_keys.spend_key(utc_day()), mapping={"scorer:evil\x1b]0;PWNED\x07": 0.5, "total": 0.5})
+    client.hset(_keys.dlq_reasons_key(), mapping={"odd\x1b[2J": 1})
+    try:
+        assert main(["status", "--timeout", "0.3"]) == 0
+        text = capsys.readouterr().out
+        assert "evil\ufffd]0;PWNED\ufffd: 0.5000 USD" in text
+        assert "odd\ufffd[2J=1" in text
+        assert "\x1b" not in text
+        assert "\x07" not in text
+    finally:
+        client.close()
+
+
 def test_a_queue_key_of_another_type_is_named_by_status_and_refused_by_backfill(
     env: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

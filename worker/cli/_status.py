@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from worker._admin import broker_status, store_status
 from worker._settings import Settings
+from worker._terminal import printable
 from worker.cli._common import FiniteRange, broker_option, json_option, redis_settings, unreachable
 from worker.store import RedisOutbox, StoreKeyTypeError
 
@@ -78,51 +79,57 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(status, sort_keys=True))
         return
-    click.echo(f"broker      {status['broker']}  (queue {status['queue']})")
+    _echo(f"broker      {status['broker']}  (queue {status['queue']})")
     if status["broker_full"]:
         memory = status["broker_memory"]
-        click.echo(
+        _echo(
             f"broker FULL  used memory {memory['used_bytes'] / 2**20:.0f} MiB at maxmemory "
             f"{(memory['max_bytes'] or 0) / 2**20:.0f} MiB: Redis refuses writes and the workers wait for room "
             "(deliver or drop the sinks' backlog: tracescore sinks list; or raise maxmemory)"
         )
     if status["broker_read_only"]:
-        click.echo(
+        _echo(
             "broker READ-ONLY  the endpoint is a replica (a failover under way?): Redis refuses writes "
             "and the workers wait for a primary"
         )
     depth, unacked = (_known(status[k]) for k in ("queue_depth", "unacked"))
-    click.echo(f"queue depth {depth} waiting, {unacked} in progress (unacked)")
+    _echo(f"queue depth {depth} waiting, {unacked} in progress (unacked)")
     workers = status["workers"]
     if workers is None:
-        click.echo("workers     unknown (a broker that refuses writes takes no ping)")
+        _echo("workers     unknown (a broker that refuses writes takes no ping)")
     else:
         answered = f": {', '.join(workers)}" if workers else " (none answered the ping)"
-        click.echo(f"workers     {len(workers)}{answered}")
+        _echo(f"workers     {len(workers)}{answered}")
     limits = status["rate_limits"]
     if limits:
         for model, state in sorted(limits.items()):
             parts = [f"{k}={v}" for k, v in sorted(state.items())]
-            click.echo(f"rate limit  {model}: {', '.join(parts)}")
+            _echo(f"rate limit  {model}: {', '.join(parts)}")
     else:
-        click.echo("rate limit  no judge calls limited yet")
+        _echo("rate limit  no judge calls limited yet")
     failures = status["recent_failures"]
     summary = ", ".join(f"{k}={v}" for k, v in sorted(failures.items(), key=lambda kv: -kv[1])) or "none"
-    click.echo(f"failures    last hour: {summary}")
+    _echo(f"failures    last hour: {summary}")
     _echo_spend(status["spend"])
     letters = sorted(status["dead_letters_by_reason"].items(), key=lambda kv: -kv[1])
     by_reason = ", ".join(f"{k}={v}" for k, v in letters)
-    click.echo(f"dead letters {_known(status['dead_letters'])}" + (f" ({by_reason})" if by_reason else ""))
+    _echo(f"dead letters {_known(status['dead_letters'])}" + (f" ({by_reason})" if by_reason else ""))
     for name, counts in sorted((status["sinks"] or {}).items()):
-        click.echo(
+        _echo(
             f"sink        {name}: {counts['delivered']} delivered, {counts['pending']} pending, "
             f"{counts['failed']} failed"
             + (f", {counts['dropped']} dropped (record expired)" if counts["dropped"] else "")
         )
     if status["sinks"] == {}:
-        click.echo("sinks       none drained yet")
+        _echo("sinks       none drained yet")
     for problem in status["refused_keys"]:
-        click.echo(f"refused key {problem}")
+        _echo(f"refused key {problem}")
+
+
+def _echo(line: str) -> None:
+    # Worker names, scorer and model names, reasons: text from Redis, which anyone who can
+    # write there chooses (an escape sequence retitled the terminal).
+    click.echo(printable(line))
 
 
 def _known(count: int | None) -> str:
@@ -131,14 +138,14 @@ def _known(count: int | None) -> str:
 
 def _echo_spend(spend: dict[str, Any]) -> None:
     """Judge spend today (UTC) per scorer and model, and what each budget has left."""
-    click.echo(f"spend       {spend['day']} (UTC): {spend['total_usd']:.4f} USD")
+    _echo(f"spend       {spend['day']} (UTC): {spend['total_usd']:.4f} USD")
     for kind in ("by_scorer", "by_model"):
         for name, usd in sorted(spend[kind].items(), key=lambda kv: -kv[1]):
-            click.echo(f"  {kind[3:]:<7} {name}: {usd:.4f} USD")
+            _echo(f"  {kind[3:]:<7} {name}: {usd:.4f} USD")
     for name, calls in spend.get("unpriced_calls", {}).items():
-        click.echo(f"  model   {name}: unpriced ({calls:,} calls not in the spend; add it to TRACESCORE_PRICES)")
+        _echo(f"  model   {name}: unpriced ({calls:,} calls not in the spend; add it to TRACESCORE_PRICES)")
     for field, budget in spend["budgets"].items():
-        click.echo(
+        _echo(
             f"budget      {field}: {budget['remaining_usd']:.4f} of {budget['limit_usd']:.4f} USD left today"
             + (" (spent: runs are budget_exhausted)" if budget["remaining_usd"] <= 0 else "")
         )
