@@ -258,6 +258,12 @@ def test_score_refuses_to_write_over_its_runs_file(tmp_path: Path) -> None:
     assert result.exit_code != 0
     assert "is the runs file" in result.output
     assert runs.read_text() == before
+    # A hard link to it is the same file under another name: it was emptied, and 0 runs scored.
+    (tmp_path / "link.jsonl").hardlink_to(runs)
+    linked = _score(str(runs), "--scorers", V1, "--out", str(tmp_path / "link.jsonl"))
+    assert linked.exit_code != 0
+    assert "is the runs file" in linked.output
+    assert runs.read_text() == before
 
 
 def test_score_streams_its_input(tmp_path: Path) -> None:

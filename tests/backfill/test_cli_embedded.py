@@ -206,6 +206,11 @@ def test_an_out_that_cannot_be_written_ends_the_job_with_exit_1(tmp_path: Path) 
     assert into_input.exit_code == 1, into_input.output
     assert "is one of the input files" in into_input.stderr
     assert source.read_bytes() == before
+    (tmp_path / "link.bak").hardlink_to(source)  # the same file under another name
+    into_link = _run(str(tmp_path / "in"), "--scorers", SCORERS, "--out", str(tmp_path / "link.bak"))
+    assert into_link.exit_code == 1, into_link.output
+    assert "is one of the input files" in into_link.stderr
+    assert source.read_bytes() == before
 
     # With a broker the file is checked before the broker is reached (this one is not there).
     unwritable = ["--out", str(blocked / "x.jsonl"), "--broker", "redis://127.0.0.1:1/0"]

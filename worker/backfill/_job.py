@@ -46,7 +46,7 @@ from worker._terminal import printable
 from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, RedisJobStore
-from worker.cli import CliError, cli_settings, unreachable
+from worker.cli import CliError, cli_settings, names_an_input, unreachable
 from worker.store import StoreKeyTypeError
 
 __all__ = ["EXIT_SINK_FAILED", "EXIT_WAIT_TIMEOUT", "BackfillJob", "WaitTimeoutError", "load_scorers", "print_summary"]
@@ -193,8 +193,7 @@ def _check_out(out: Path | None, source: TraceSource) -> None:
     created empty now: a job finds out before its work, not after it)."""
     if out is None:
         return
-    inputs = {p.resolve() for p in getattr(source, "files", ())}
-    if out.resolve() in inputs:
+    if names_an_input(out, getattr(source, "files", ())):
         raise CliError(f"--out {out} is one of the input files: the scores would be written into it")
     try:
         out.open("w", encoding="utf-8").close()

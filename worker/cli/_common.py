@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -28,6 +29,7 @@ __all__ = [
     "cli_settings",
     "json_line",
     "json_option",
+    "names_an_input",
     "redis_settings",
     "run_command",
     "unreachable",
@@ -74,6 +76,21 @@ _C1_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x80, 0xA0)}
 def json_line(model: BaseModel) -> str:
     """``model`` as one ``--json`` line: pydantic's JSON with each C1 control character escaped."""
     return model.model_dump_json().translate(_C1_ESCAPES)
+
+
+def names_an_input(out: Path, inputs: Iterable[Path]) -> bool:
+    """Whether ``--out`` is one of the input files: by path, and for a file that exists by the
+    file itself (a hard link to an input has a path of its own, and writing it emptied the input)."""
+    resolved = out.resolve()
+    for path in inputs:
+        if path.resolve() == resolved:
+            return True
+        try:
+            if out.exists() and path.exists() and out.samefile(path):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def broker_option(command: F) -> F:

@@ -25,7 +25,7 @@ from worker._lines import json_lines
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter
 from worker._terminal import printable
-from worker.cli._common import CliError, cli_settings, json_line, json_option
+from worker.cli._common import CliError, cli_settings, json_line, json_option, names_an_input
 
 __all__ = ["score_command"]
 
@@ -140,7 +140,7 @@ def score_command(
       tracescore score examples/runs.jsonl --scorers examples.scorers
       tracescore score runs.jsonl --scorers my.scorers --scorer relevancy --out scores.jsonl
     """
-    if out is not None and out.resolve() == runs_file.resolve():
+    if out is not None and names_an_input(out, [runs_file]):
         raise CliError(f"--out {out} is the runs file: writing it would empty it before it is read")
     try:
         registry = load_registry(module)
