@@ -27,9 +27,10 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server process on a free loopback port with a random password."""
 
-    def __init__(self, port: int | None = None, *, persistent: bool = False) -> None:
+    def __init__(self, port: int | None = None, *, persistent: bool = False, unix_socket: bool = False) -> None:
         """``persistent``: an append-only file fsynced on every write, so data survives a SIGKILL
-        of the server (the restart tests); otherwise nothing is kept on disk."""
+        of the server (the restart tests); otherwise nothing is kept on disk. ``unix_socket``:
+        it also listens on ``socket_path`` (mode 700)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -39,6 +40,8 @@ class RedisServer:
         self._dir = tempfile.TemporaryDirectory(prefix="tracescore-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
         self._persistence = ["--appendonly", "yes", "--appendfsync", "always"] if persistent else ["--appendonly", "no"]
+        self.socket_path = str(Path(self._dir.name) / "redis.sock")
+        self._socket = ["--unixsocket", self.socket_path, "--unixsocketperm", "700"] if unix_socket else []
 
     def url(self, db: int = 0) -> str:
         return f"redis://:{self.password}@127.0.0.1:{self.port}/{db}"
@@ -52,7 +55,7 @@ class RedisServer:
             [
                 self.binary, "--bind", "127.0.0.1", "--port", str(self.port),
                 "--requirepass", self.password, "--save", "", *self._persistence,
-                "--dir", self._dir.name, "--logfile", str(log), "--databases", "16",
+                "--dir", self._dir.name, "--logfile", str(log), "--databases", "16", *self._socket,
             ],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip

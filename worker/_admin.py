@@ -33,7 +33,7 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
     ping can be sent (``workers`` None). The queue's list of another Redis type leaves its depth
     unknown (None), named in ``refused_keys``."""
     tls = settings.tls.redis_kwargs(settings.broker_url)  # rediss:// verifies, as the workers do
-    broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=2, socket_timeout=2, **tls)
+    broker = redis.Redis.from_url(settings.broker_redis_url, socket_connect_timeout=2, socket_timeout=2, **tls)
     refused: list[str] = []
     try:
         broker.ping()

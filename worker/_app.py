@@ -180,12 +180,12 @@ def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
             f"{NO_BROKER}: a worker takes its messages from Redis; set it or pass --broker redis://HOST:6379/0"
         )
     targets: list[tuple[str, str, dict[str, Any]]] = [
-        ("broker", settings.broker_url, settings.tls.redis_kwargs(settings.broker_url)),
+        ("broker", settings.broker_redis_url, settings.tls.redis_kwargs(settings.broker_url)),
     ]
-    if settings.store_url != settings.tls.url(settings.broker_url):
+    if settings.store_url != settings.tls.url(settings.broker_redis_url):
         targets.append(("score store", settings.store_url, {}))  # its URL carries the TLS options
     for what, url, tls_kwargs in targets:
-        if not url.startswith(("redis://", "rediss://")):
+        if not url.startswith(("redis://", "rediss://", "unix://")):
             continue
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, **tls_kwargs)
         try:

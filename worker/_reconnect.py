@@ -106,7 +106,8 @@ def reconnecting_client(url: str, *, max_connections: int, reconnect_s: float) -
         health_check_interval=15,
         socket_connect_timeout=2,
         socket_timeout=COMMAND_SLACK_S,
-        socket_keepalive=True,
+        # TCP only: a Unix socket's connection takes no keepalive option (a TypeError).
+        **({} if url.startswith("unix:") else {"socket_keepalive": True}),
     )
     return aioredis.Redis(connection_pool=pool)
 

@@ -11,7 +11,7 @@ import os
 import re
 from functools import lru_cache
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +36,20 @@ __all__ = [
 NO_BROKER = "TRACESCORE_BROKER_URL is empty (embedded mode, which only backfill and score have)"
 # The broker URLs kombu serves with its Redis transport, the one worker._guard screens.
 SCREENED_BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
+
+
+def redis_py_url(url: str) -> str:
+    """``url`` as redis-py reads it: kombu's ``redis+socket://`` (a Unix socket, its database in
+    ``virtual_host``) is redis-py's ``unix://`` (``db``), which kombu does not read; any other
+    URL is unchanged."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "redis+socket":
+        return url
+    where, _, query = rest.partition("?")
+    pairs = [("db" if k == "virtual_host" else k, v) for k, v in parse_qsl(query, keep_blank_values=True)]
+    return f"unix://{where}" + (f"?{urlencode(pairs)}" if pairs else "")
+
+
 _QUERY_PASSWORD = re.compile(r"[?&]password=", re.IGNORECASE)
 
 
@@ -275,7 +289,13 @@ class Settings(BaseSettings):
     def store_url(self) -> str:
         """The score store's URL, with the TLS settings as query parameters for redis-py
         (the store and the limiter take only a URL); a plain ``redis://`` URL is unchanged."""
-        return self.tls.url(self.redis_url or self.broker_url)
+        return self.tls.url(redis_py_url(self.redis_url or self.broker_url))
+
+    @property
+    def broker_redis_url(self) -> str:
+        """The broker's URL as redis-py reads it (kombu's ``redis+socket://`` is its ``unix://``),
+        for the commands that talk to the broker's Redis themselves."""
+        return redis_py_url(self.broker_url)
 
     @property
     def claim_ttl(self) -> int:

@@ -409,6 +409,28 @@ def test_status_prints_names_from_redis_without_their_control_characters(
         client.close()
 
 
+def test_commands_reach_a_broker_on_a_unix_socket(capsys: pytest.CaptureFixture[str]) -> None:
+    """`redis+socket://` is a broker URL the settings take (kombu's Unix-socket form), but every
+    command that talks to Redis itself passed it to redis-py, which reads `unix://`: each failed
+    with "Redis URL must specify one of the following schemes". Its database (`virtual_host`)
+    is the one read."""
+    from tests._redis import RedisServer
+
+    server = RedisServer(unix_socket=True)
+    server.start()
+    try:
+        server.client(5).lpush("tracescore", "a message")
+        url = f"redis+socket://:{server.password}@{server.socket_path}?virtual_host=5"
+        assert main(["status", "--json", "--timeout", "0.3", "--broker", url]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["queue_depth"] == 1
+        assert server.password not in status["broker"]
+        assert main(["dlq", "list", "--json", "--broker", url]) == 0  # one JSON line a letter: none
+        assert capsys.readouterr().out == ""
+    finally:
+        server.close()
+
+
 def test_a_queue_key_of_another_type_is_named_by_status_and_refused_by_backfill(
     env: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -43,7 +43,7 @@ class RedisSubmitter:
         tls = settings.tls  # rediss:// verifies the certificate, as the workers do
         self.max_payload_bytes = settings.max_payload_bytes
         self._broker: Any = (
-            redis.Redis.from_url(settings.broker_url, **tls.redis_kwargs(settings.broker_url))
+            redis.Redis.from_url(settings.broker_redis_url, **tls.redis_kwargs(settings.broker_url))
             if settings.broker_url.startswith(("redis", "rediss"))
             else None
         )

@@ -96,7 +96,7 @@ def ready_command(directory: str | None, timeout: float, broker: str | None) -> 
 
     settings = redis_settings(broker)
     client = redis.Redis.from_url(
-        settings.broker_url,
+        settings.broker_redis_url,
         socket_connect_timeout=timeout,
         socket_timeout=timeout,
         **settings.tls.redis_kwargs(settings.broker_url),

@@ -143,7 +143,7 @@ class RedisStateCollector:
     def __init__(self, settings: Settings, node: str) -> None:
         self._queue = settings.queue
         self._node = node
-        self._broker = _client(settings.broker_url, **settings.tls.redis_kwargs(settings.broker_url))
+        self._broker = _client(settings.broker_redis_url, **settings.tls.redis_kwargs(settings.broker_url))
         self._store = _client(settings.store_url)
         self._outbox = RedisOutbox(settings.store_url, reconnect_s=_TIMEOUT_S)
         self._store_url = settings.store_url
