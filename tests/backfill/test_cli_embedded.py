@@ -242,6 +242,16 @@ def test_a_missing_input_file_is_a_usage_error(tmp_path: Path) -> None:
     result = _run(str(tmp_path / "none.jsonl"), "--scorers", "examples.scorers")
     assert result.exit_code == 2, result.output
     assert f"{tmp_path / 'none.jsonl'}: no such file or directory" in result.stderr
+    # A symlink loop or a dangling link is no file either (exit 1, "no such file", before).
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    looping = _run(str(tmp_path / "loop_a"), "--scorers", "examples.scorers")
+    assert looping.exit_code == 2, looping.output
+    assert f"{tmp_path / 'loop_a'}: a symbolic link that leads nowhere" in looping.stderr
+    # A time window that is empty is a bad option value (exit 1 before).
+    reversed_window = _run(str(EXAMPLES), "--scorers", "examples.scorers", "--since", "2h", "--until", "3h")
+    assert reversed_window.exit_code == 2, reversed_window.output
+    assert "--since must be before --until" in reversed_window.stderr
 
 
 def test_unreachable_broker_error_hides_the_password() -> None:

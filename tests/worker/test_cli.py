@@ -359,6 +359,12 @@ def test_status_names_a_refused_key_and_shows_the_rest(env: str, capsys: pytest.
         assert f"refused key Redis key {_keys.dlq_key()} holds a string" in text
         assert "someone else's" not in text  # names, never values
         assert client.get(_keys.dlq_key()) == b"someone else's"
+        # The commands that need that key name it in one line, not as an unexpected error.
+        assert main(["dlq", "list"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: Redis key {_keys.dlq_key()} holds a string"), err
+        assert "--verbose" not in err
+        assert len(err.strip().splitlines()) == 1
     finally:
         client.close()
 

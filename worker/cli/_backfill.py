@@ -246,10 +246,11 @@ def backfill_command(
     since_ns = parse_time(since) if since else None
     until_ns = parse_time(until) if until else None
     if since_ns is not None and until_ns is not None and since_ns >= until_ns:
-        raise CliError("--since must be before --until")
-    missing = [s for s in sources if "://" not in s and not os.path.lexists(s)]
+        raise click.BadParameter("--since must be before --until", param_hint="--since/--until")
+    missing = [s for s in sources if "://" not in s and not os.path.exists(s)]
     if missing:  # README: a missing input file is a usage error (exit 2), as for score and compare
-        raise click.BadParameter(f"{missing[0]}: no such file or directory", param_hint="SOURCES")
+        what = "a symbolic link that leads nowhere" if os.path.islink(missing[0]) else "no such file or directory"
+        raise click.BadParameter(f"{missing[0]}: {what}", param_hint="SOURCES")
     try:
         source = open_source(list(sources), since_ns=since_ns, until_ns=until_ns, query=tempo_query)
     except SourceError as exc:

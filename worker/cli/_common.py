@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import click
 
 from tracing import redact
+from worker._errors import WorkerError
 from worker._terminal import printable
 
 if TYPE_CHECKING:
@@ -181,6 +182,11 @@ def run_command(group: click.Group, argv: list[str]) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
+    except WorkerError as exc:  # expected, and its text says what to do: no traceback hint
+        if verbose:
+            traceback.print_exc()
+        click.echo(printable(f"error: {redact(str(exc))}"), err=True)
+        return EXIT_ERROR
     except Exception as exc:
         if verbose:
             traceback.print_exc()
