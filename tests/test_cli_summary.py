@@ -227,6 +227,21 @@ def test_score_reads_hostile_lines_without_losing_the_rest(tmp_path: Path) -> No
         assert f"{runs}:9: skipped: nested too deeply" in result.stderr
 
 
+def test_score_ends_with_exit_1_after_its_summary_when_out_cannot_be_written(tmp_path: Path) -> None:
+    """A full disk under --out (/dev/full) ended `score` with an unexpected-error line: no
+    summary, --out not named. As backfill: the runs are scored, the summary printed, then one
+    line naming --out and the error, exit 1."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    runs = _write_runs(tmp_path / "runs.jsonl", RUNS)
+    result = _score(str(runs), "--scorers", V1, "--out", "/dev/full")
+    assert result.exit_code == 1, result.output
+    assert f"scores by scorer ({len(RUNS)} runs)" in result.stdout
+    assert "cannot write --out /dev/full: No space left on device; the summary above has the scores" in result.stderr
+    assert "every record written to" not in result.stderr
+    assert "--verbose" not in result.stderr
+
+
 def test_score_names_runs_by_their_ids_as_json_writes_them(tmp_path: Path) -> None:
     """A run id that is an object or a list was Python's repr ("{'k': 1}") in the table and
     --out; a number reads as itself, and no id is the line's."""

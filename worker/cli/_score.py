@@ -82,6 +82,28 @@ def _out_line(number: int, outcome: Outcome) -> str:
     return json.dumps(record) + "\n"
 
 
+class _OutLines:
+    """``--out``: its first write error (a full disk) is kept and no later line is tried, so the
+    command scores on, prints its summary, and then ends with that error (exit 1)."""
+
+    def __init__(self, path: Path) -> None:
+        self._file: IO[str] = path.open("w", encoding="utf-8")
+        self.error: str | None = None
+
+    def write(self, line: str) -> None:
+        if self.error is None:
+            try:
+                self._file.write(line)
+            except OSError as exc:
+                self.error = exc.strerror or str(exc)
+
+    def close(self) -> None:
+        try:
+            self._file.close()
+        except OSError as exc:  # what a failed write left buffered
+            self.error = self.error or exc.strerror or str(exc)
+
+
 class _Limited:
     """Messages to stderr, the first few of each kind; the rest are only counted."""
 
@@ -168,7 +190,7 @@ def score_command(
         prices=parse_prices(settings.prices),
     )
     try:
-        out_file: IO[str] | None = out.open("w", encoding="utf-8") if out is not None else None
+        out_file = _OutLines(out) if out is not None else None
     except OSError as exc:
         scorer.close()
         raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
@@ -209,7 +231,7 @@ def score_command(
         f"{runs_total:,} runs × {len(scorers)} scorers: "
         f"{summary.scores_total - summary.failed_total - not_scorable:,} scored, {not_scorable:,} not scorable, "
         f"{summary.failed_total:,} failed, {bad_lines.count:,} bad lines skipped, {elapsed:.2f}s"
-        + (f"; every record written to {out}" if out is not None else "")
+        + (f"; every record written to {out}" if out_file is not None and out_file.error is None else "")
     )
     click.echo(
         "\n"
@@ -220,6 +242,10 @@ def score_command(
         err=as_json,
     )
     click.echo(footer, err=True)
+    if out_file is not None and out_file.error is not None:
+        raise CliError(
+            f"cannot write --out {out}: {out_file.error}; the summary above has the scores, the file does not"
+        )
     if bad_lines.count and not runs_total:
         raise CliError(f"every line of {runs_file} was malformed ({bad_lines.count:,} lines)")
     if summary.failed_total and summary.failed_total == summary.scores_total:
