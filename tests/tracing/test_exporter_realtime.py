@@ -366,6 +366,40 @@ def test_shutdown_returns_in_time_behind_a_filter_that_is_slow_or_never_returns(
     assert (arrivals.count(), exporter.stats()["dropped"]) == (shipped, dropped)
 
 
+def test_force_flush_keeps_its_timeout_behind_a_filter_that_does_not_return(arrivals: Arrivals) -> None:
+    """force_flush ran its pass, the rules' filters included, in the caller's thread with no
+    stop: force_flush(1000) behind a filter blocked for 20 s returned after 40 s, and one that
+    never returned held the app's thread for good. The flusher runs the forced pass; the caller
+    waits with its deadline (False when it passes), and what the pass completes later is sent."""
+    release = threading.Event()
+    threads: list[str] = []
+
+    def judge_worthy(run: object) -> bool:
+        threads.append(threading.current_thread().name)
+        release.wait(60)
+        return True
+
+    exporter = exporter_for_app(CallbackSink(arrivals), rules=[ScoringRule(["s"], filter=judge_worthy)])
+    application = App(exporter)
+    try:
+        for i in range(2):
+            application.agent_run(f"q{i}")
+        application.provider.force_flush()  # the processor's: the spans reach the exporter
+        answered: list[bool] = []
+        caller = threading.Thread(target=lambda: answered.append(exporter.force_flush(500)), daemon=True)
+        caller.start()
+        caller.join(15)
+        assert answered == [False], "force_flush did not return by its deadline"
+        assert threads
+        assert set(threads) == {"tracescore-flusher"}  # never in the app's thread
+        release.set()
+        assert exporter.force_flush(30_000) is True
+        assert arrivals.count() == 2
+    finally:
+        release.set()
+        application.shutdown()
+
+
 def test_traces_handed_over_early_behind_a_filter_that_never_returns_are_counted_at_shutdown(
     arrivals: Arrivals,
 ) -> None:

@@ -184,6 +184,12 @@ class ScoringSpanExporter(SpanExporter):
         self._runs_read_in_app = 0
         self._stop = threading.Event()
         self._wake = threading.Event()
+        # force_flush asks the flusher for a forced pass (tickets) and waits for it with its
+        # deadline: a rule's filter never runs in the app's thread, and a slow one cannot hold
+        # force_flush past its timeout.
+        self._forced = threading.Condition(self._lock)
+        self._force_asked = 0
+        self._force_done = 0
         self._flusher = threading.Thread(target=self._flush_loop, name="tracescore-flusher", daemon=True)
         if not self._closed:
             self._flusher.start()
@@ -261,11 +267,21 @@ class ScoringSpanExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Complete every trace whose root span ended (skipping the grace window), then
-        wait until the sink has everything queued. False when the deadline passed first."""
+        wait until the sink has everything queued. False when the deadline passed first (the
+        flusher's pass goes on: what it completes is sent as usual)."""
         deadline = time.monotonic() + timeout_millis / 1000
         try:
-            if self._process(force=True, deadline=deadline) is None:
-                return False  # the flusher's pass held on past the deadline (a slow filter)
+            if self._flusher.is_alive():
+                with self._forced:
+                    self._force_asked += 1
+                    ticket = self._force_asked
+                self._wake.set()
+                with self._forced:
+                    left = max(0.0, deadline - time.monotonic())
+                    if not self._forced.wait_for(lambda: self._force_done >= ticket, timeout=left):
+                        return False  # a slow filter, or a pass under way that holds on
+            elif self._process(force=True, deadline=deadline) is None:  # no flusher: shut down
+                return False
             return self._sender.wait_idle(deadline)
         except Exception as exc:
             self._tally.error("flush")
@@ -520,10 +536,17 @@ class ScoringSpanExporter(SpanExporter):
             self._wake.clear()  # before the pass: a wake after this is seen by the next one
             if self._stop.is_set():
                 return
+            with self._lock:
+                asked = self._force_asked
             try:
-                self._process(force=False)
+                self._process(force=asked > self._force_done)
             except Exception as exc:
                 log.error("exporter_flusher_failed", error=describe(exc))
+            finally:
+                if asked > self._force_done:
+                    with self._forced:
+                        self._force_done = asked
+                        self._forced.notify_all()
 
     # --- observability --------------------------------------------------------------------
 
