@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
 import socket
@@ -293,3 +294,82 @@ def test_a_forked_child_sends_its_own_traces_and_the_parents_once(own_redis: Red
         assert exporter.stats()["runs_sent"] == 2
     finally:
         provider.shutdown()
+
+
+class _SlowReplies:
+    """A loopback TCP proxy to Redis whose every reply reaches the client ``delay_s`` late: a
+    broker that answers each command, slowly (each reply inside the client's socket timeout)."""
+
+    def __init__(self, target_port: int, delay_s: float) -> None:
+        import threading
+
+        self.delay_s = delay_s
+        self.target_port = target_port
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._stop = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, 0.0), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, self.delay_s), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, delay_s: float) -> None:
+        try:
+            while data := source.recv(65536):
+                if delay_s:
+                    time.sleep(delay_s)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.close()
+        self._accepting.join(5)
+        for sock in self._sockets:
+            sock.close()
+
+
+def test_close_waits_for_a_send_under_way_at_most_its_timeouts(own_redis: RedisServer) -> None:
+    """A broker answering each command 0.4 s late, inside the 0.5 s socket timeout: a fresh
+    send's connect, declaration and publish take several round trips (2.5 s and more), and
+    close() waited on it all (an app's exit took 12-21 s where the README promised shutdown_timeout_s
+    plus one attempt). close() now waits at most one connect plus one socket timeout; the send
+    goes on, lands, and its connection is released when it ends."""
+    import threading
+
+    proxy = _SlowReplies(own_redis.port, delay_s=0.4)
+    url = f"redis://:{own_redis.password}@127.0.0.1:{proxy.port}/{DB}"
+    sink = CelerySink(url, queue=QUEUE, connect_timeout_s=0.5, publish_timeout_s=0.5)
+    sent = threading.Event()
+    sending = threading.Thread(target=lambda: (sink.send(make_batch(range(1), ["s"], batch_id="slow")), sent.set()))
+    try:
+        sending.start()
+        assert wait_for(lambda: sink.publisher._conn is not None, 10)  # the attempt is under way
+        sink.close()
+        assert sending.is_alive()  # close returned while the send was still under way
+        assert not sent.is_set()
+        sending.join(30)
+        assert sent.is_set()  # it landed
+        assert [_batch(m).batch_id for m in _messages(own_redis)] == ["slow"]
+        assert sink.publisher._conn is None  # and released its connection as it ended
+        with pytest.raises(RuntimeError, match="closed"):
+            sink.send(make_batch(range(1), ["s"], batch_id="late"))
+    finally:
+        proxy.close()

@@ -295,9 +295,9 @@ class ScoringSpanExporter(SpanExporter):
 
         From the deadline on nothing new is sent: the sender starts no send attempt (nor retry)
         once stopped, and a ``CelerySink`` refuses sends once closed. Closing waits for a send
-        already under way (bounded by the sink's own timeouts), so none lands after this returns;
-        a sink that cannot be cut short (a ``CallbackSink``) may, and its runs then move from
-        ``shutdown_unsent`` to sent.
+        already under way, a ``CelerySink``'s for at most its connect plus publish timeouts; one
+        that outlasts that (a broker answering each command slowly, a ``CallbackSink``) may land
+        after this returns, and its runs then move from ``shutdown_unsent`` to sent.
         """
         timeout_s = self._shutdown_timeout
         if timeout_millis is not None:

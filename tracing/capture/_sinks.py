@@ -89,5 +89,6 @@ class CelerySink:
         self.publisher.publish(batch, requests_json)
 
     def close(self) -> None:
-        """Release the connection and refuse every later ``send`` (waits for one under way)."""
+        """Release the connection and refuse every later ``send``; a send under way is waited
+        for at most ``connect_timeout_s`` + ``publish_timeout_s`` (``Publisher.close``)."""
         self.publisher.close()

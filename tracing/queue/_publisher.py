@@ -151,6 +151,12 @@ class Publisher:
                 if misplaced is not None:
                     raise misplaced from None
                 raise
+            self._release_if_closed()
+
+    def _release_if_closed(self) -> None:
+        # Closed while a publish held on (close stopped waiting for it): its connection goes now.
+        if self._closed:
+            self._close()
 
     def _misplaced_key(self, exc: Exception) -> QueueKeyError | None:
         """The queue's key, or kombu's binding set for it, holding another Redis type, when
@@ -169,10 +175,23 @@ class Publisher:
         return None
 
     def close(self) -> None:
-        """Release the connection and refuse every later ``publish`` (waits for one under way)."""
-        with self._lock:
-            self._closed = True
+        """Release the connection and refuse every later ``publish``. A publish under way is
+        waited for, with timeouts for at most one connect plus one socket call: against a broker
+        that answers each command slowly, an attempt's connect, declaration and publish took
+        several socket timeouts in all. One still under way then ends on its own, and releases
+        the connection when it does."""
+        self._closed = True  # a publish that starts from now on refuses (it reads it under the lock)
+        waited = (
+            self._lock.acquire(timeout=self._connect_timeout + self._publish_timeout)
+            if self._connect_timeout is not None and self._publish_timeout is not None
+            else self._lock.acquire()
+        )
+        if not waited:
+            return
+        try:
             self._close()
+        finally:
+            self._lock.release()
 
 
 class Backpressure:
