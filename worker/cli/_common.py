@@ -4,6 +4,7 @@ that mean the same in every command (``--broker``, ``--json``)."""
 from __future__ import annotations
 
 import math
+import sys
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -13,7 +14,6 @@ from urllib.parse import urlsplit
 import click
 
 from tracing import redact
-from worker._errors import WorkerError
 from worker._terminal import printable
 
 if TYPE_CHECKING:
@@ -182,14 +182,15 @@ def run_command(group: click.Group, argv: list[str]) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
-    except WorkerError as exc:  # expected, and its text says what to do: no traceback hint
-        if verbose:
-            traceback.print_exc()
-        click.echo(printable(f"error: {redact(str(exc))}"), err=True)
-        return EXIT_ERROR
     except Exception as exc:
         if verbose:
             traceback.print_exc()
+        # The worker's own errors are expected, and their text says what to do: no traceback
+        # hint. (Looked up, not imported: `probe live` loads neither the settings nor pydantic.)
+        errors = sys.modules.get("worker._errors")
+        if errors is not None and isinstance(exc, errors.WorkerError):
+            click.echo(printable(f"error: {redact(str(exc))}"), err=True)
+            return EXIT_ERROR
         # An unexpected error's text may quote a connection URL: never print its password.
         click.echo(printable(f"error: {type(exc).__name__}: {redact(str(exc))}"), err=True)
         if not verbose:
