@@ -1,4 +1,7 @@
-"""OpenTelemetry side of tracescore: span → run transform, the exporter, score write-back.
+"""OpenTelemetry side of tracescore: the exporter (``capture/``), span records and the one
+request shape on the queue (``queue/``), the planner of runs and the loop guard (``read/``), the
+span → run readers, OTLP decoding and the backfill's sources (``otlp``, ``sources/``), and the
+score write-back (``sinks/``).
 
 The names (``__init__.pyi``) load on first use.
 """

@@ -3,7 +3,7 @@ named here on first use."""
 
 # The subpackages: attributes of the package (as when it imported them all), loaded on first use.
 from . import backfill, cli, metrics, store
-from ._app import app, score_batch_task
+from ._app import app, create_app, score_batch_task
 from ._embedded import EmbeddedScorer, embedded_sink
 from ._limiter import RedisRateLimiter
 from ._registry import Registry, RegistryError, UnknownScorerError, load_registry
@@ -29,6 +29,7 @@ __all__ = [
     "app",
     "backfill",
     "cli",
+    "create_app",
     "embedded_sink",
     "get_settings",
     "load_registry",

@@ -2,10 +2,9 @@
 
 It owns ``ScoringSpanExporter`` (put it behind the SDK's ``BatchSpanProcessor``) and what it is
 made of: a pure, clock-driven trace buffer (``_buffer``), a sender thread with a bounded queue,
-retries and a shutdown deadline (``_sender``), and the one place that reads the OTel SDK's
-``ReadableSpan`` fields (``_sdk``: private fields only on a tested SDK version, else the public
-API), and the sinks it hands batches to (``CelerySink`` publishes to the workers' queue,
-``CallbackSink`` calls a function).
+retries and a shutdown deadline (``_sender``), its counters (``_tally``), and the sinks it hands
+batches to (``CelerySink`` publishes to the workers' queue, ``CallbackSink`` calls a function).
+It reads spans through ``tracing._sdk``, the one place that knows the OTel SDK's private fields.
 """
 
 from tracing.capture._exporter import ScoringSpanExporter

@@ -1,7 +1,7 @@
 """The ``tracescore`` command line: thin click commands over the worker's functions.
 
-One module per command (``_worker``, ``_status``, ``_scores``, ``_dlq``, ``_score``, ``_compare``,
-``_backfill``); ``_common`` holds what they share: the
+One module per command (``_worker``, ``_status``, ``_scores``, ``_dlq``, ``_sinks``, ``_score``,
+``_compare``, ``_backfill``, ``_probe``); ``_common`` holds what they share: the
 one-line error contract, the exit codes, and the options that mean the same everywhere
 (``--broker``, ``--json``). Errors print one clear line (``--verbose`` adds the traceback)
 and exit non-zero.
