@@ -106,9 +106,14 @@ end
 return 0
 """
 
-_estimate: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
+_estimate: contextvars.ContextVar[tuple[str, float] | None] = contextvars.ContextVar(
     "tracescore_limiter_estimate", default=None
 )
+
+
+def _token_capacity(tokens_per_minute: float) -> float:
+    """The token bucket's size: ``TOKEN_BURST_SECONDS`` of the limit."""
+    return max(1.0, tokens_per_minute / 60 * TOKEN_BURST_SECONDS)
 
 
 @unavailable_as_error
@@ -172,7 +177,7 @@ class RedisRateLimiter:
             rpm / 60_000,
             max(1.0, rpm / 60 * REQUEST_BURST_SECONDS),
             tpm / 60_000,
-            max(1.0, tpm / 60 * TOKEN_BURST_SECONDS),
+            _token_capacity(tpm),
             max(0, estimated_tokens) if tpm else 0,
             3600,
         ]
@@ -200,8 +205,12 @@ class RedisRateLimiter:
                 await asyncio.sleep(min(wait_ms / 1000, MAX_WAIT_SLICE_S) * random.uniform(1.0, 1.2))
             if waited_since is not None:
                 observe_limiter_wait(model_id, time.perf_counter() - waited_since)
-            # Left set after the slot: the judge reports usage once the request is over.
-            _estimate.set((model_id, estimated_tokens))
+            # Left set after the slot: the judge reports usage once the request is over. What the
+            # bucket was charged: a call estimated past its capacity takes the capacity (the
+            # script's min), and the correction must start from that, or each such call was
+            # credited more than it paid and the limit let several times its tokens through.
+            tpm = self._limits(model_id).tokens_per_minute or 0.0
+            _estimate.set((model_id, min(max(0, estimated_tokens), _token_capacity(tpm)) if tpm else 0))
             yield
 
     async def record_usage(self, model_id: str, tokens: int) -> None:
@@ -209,7 +218,7 @@ class RedisRateLimiter:
         if not limit.tokens_per_minute:
             return
         current = _estimate.get()
-        estimate = current[1] if current is not None and current[0] == model_id else 0
+        estimate = current[1] if current is not None and current[0] == model_id else 0.0
         _estimate.set(None)
         if tokens != estimate:
             client, key = self._redis(), _keys.limiter_bucket_key(model_id, "tok")

@@ -87,6 +87,31 @@ def test_record_usage_corrects_the_token_estimate(redis_url: str) -> None:
     client.close()
 
 
+def test_a_call_estimated_past_the_bucket_is_corrected_from_what_it_was_charged(redis_url: str) -> None:
+    """A call whose estimate is over the bucket's size is charged the size (else it could never
+    be admitted); the correction then started from the estimate, so every such call was
+    credited more than it paid (3 workers at 3,000 tokens a minute let 34,925 through). It is
+    corrected from the charge: the bucket ends owing what the call really used."""
+    import redis
+
+    limiter = RedisRateLimiter(redis_url, _limits(tpm=3000))  # type: ignore[arg-type]
+    key = _keys.limiter_bucket_key("big", "tok")
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+
+    async def go() -> None:
+        async with limiter.slot("big", 10_000):  # capacity: 300 (6 s of 50/s)
+            pass
+        charged = float(client.hget(key, "tokens") or 0)
+        await limiter.record_usage("big", 900)
+        after = float(client.hget(key, "tokens") or 0)
+        await limiter.close()
+        assert -5 <= charged <= 5  # the whole bucket
+        assert after == charged - 600  # 900 used, 300 charged: it owes 600 more (a debt)
+
+    asyncio.run(go())
+    client.close()
+
+
 def test_limiter_reconnects_after_a_redis_restart() -> None:
     """The limiter's pooled connections go stale when Redis restarts; the next slot reconnects."""
     from tests._redis import RedisServer
