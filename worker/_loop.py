@@ -74,6 +74,9 @@ HEARTBEAT_S = 0.2
 WATCHDOG_GRACE_S = 3.0
 # The loop counts as turning (for the heartbeat file) if it beat within this long.
 LIVE_BEAT_S = 1.0
+# Each task blocking the loop has the run limit from when the watchdog first saw it; the loop as
+# a whole, this many limits (then whatever blocks it is interrupted).
+LOOP_BLOCK_LIMITS = 3
 
 
 class _LoopHalted(SystemExit):
@@ -293,7 +296,9 @@ class LoopWatchdog:
                     # its current task, if any, is the run to blame.
                     self._on_memory(lt.current_task(), rss / 2**20)
                     return
-            if self._blocked_in_task(lt) < self.limit_s:
+            # A run's own limit; and the loop's, at a few times it, for a loop that never turns
+            # because one short blocking step follows another (each under the limit).
+            if self._blocked_in_task(lt) < self.limit_s and lt.blocked_for() < LOOP_BLOCK_LIMITS * self.limit_s:
                 self._arm_backstop()
                 continue
             beat = lt.beat

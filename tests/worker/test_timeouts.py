@@ -246,6 +246,45 @@ def test_runs_blocking_one_after_another_each_get_their_own_limit() -> None:
     assert wedged == []
 
 
+def test_a_loop_kept_blocked_by_short_steps_one_after_another_is_interrupted() -> None:
+    """Each task blocking the loop gets its own limit, but the loop as a whole has a few: eight
+    steps of 0.8 s in a row under a 1 s limit kept the heartbeat silent for 12 s with no action
+    (the liveness probe would then replace the whole worker)."""
+    import asyncio
+    import time
+
+    from worker._loop import LOOP_BLOCK_LIMITS, LoopBlockedError, LoopThread, LoopWatchdog
+
+    lt = LoopThread(name="test-short-steps")
+    wedged: list[object] = []
+    watchdog = LoopWatchdog(lt, limit_s=1.0, grace_s=3.0, on_wedged=lambda task, s: wedged.append(task))
+    outcomes: list[str] = []
+
+    async def steps() -> None:
+        gate = asyncio.Semaphore(1)
+
+        async def short() -> None:
+            async with gate:
+                try:
+                    time.sleep(0.8)  # noqa: ASYNC251 -- a blocking step under the limit, on purpose
+                    outcomes.append("returned")
+                except LoopBlockedError:
+                    outcomes.append("interrupted")
+
+        await asyncio.gather(*(short() for _ in range(8)))
+
+    try:
+        lt.run(steps(), timeout=60)
+        assert wait_for(lambda: watchdog.interrupted >= 1, 5)
+    finally:
+        watchdog.stop()
+        lt.stop()
+    assert "interrupted" in outcomes
+    # The first steps, within the loop's limit, ran to their end.
+    assert outcomes[: LOOP_BLOCK_LIMITS - 1] == ["returned"] * (LOOP_BLOCK_LIMITS - 1)
+    assert wedged == []
+
+
 def test_the_watchdogs_exception_in_a_run_it_did_not_target_is_not_a_timeout() -> None:
     """LoopBlockedError that lands in a run the watchdog did not fire at (the targeted step
     returned just before) is no timeout of that run: retryable, retried on a non-final attempt
