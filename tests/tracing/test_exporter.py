@@ -1048,6 +1048,40 @@ def test_spans_handed_over_after_shutdown_are_counted() -> None:
     assert exp.stats()["dropped"] == {"after_shutdown": 4}
 
 
+def test_force_flush_racing_shutdown_is_answered() -> None:
+    """force_flush hands its pass to the flusher: a flusher that stopped for a shutdown before
+    taking the ticket left force_flush waiting its whole timeout, then False (241 of 300 races).
+    With nothing held it answers True, from this thread's pass when the flusher is gone; and a
+    rule's filter that calls it gets False at once (the pass is its own)."""
+    answers: list[bool] = []
+    for _ in range(60):
+        exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(lambda batch: None))
+        go = threading.Barrier(2)
+
+        def flush(exp: ScoringSpanExporter = exp, go: threading.Barrier = go) -> None:
+            go.wait()
+            answers.append(exp.force_flush(10_000))
+
+        caller = threading.Thread(target=flush)
+        caller.start()
+        go.wait()
+        exp.shutdown(1000)
+        caller.join(30)
+    assert answers == [True] * 60
+
+    asked: list[bool] = []
+    exp = ScoringSpanExporter([ScoringRule(["s"], filter=lambda run: asked.append(exp.force_flush(10_000)) or True)],
+                              CallbackSink(lambda batch: None))  # fmt: skip
+    rec = Recorder()
+    agent_trace(rec)
+    exp.export(rec.spans())
+    try:
+        assert exp.force_flush(10_000) is True
+        assert asked == [False]
+    finally:
+        exp.shutdown(1000)
+
+
 def test_batches_are_split_by_size(clock: FakeClock, sink: Recording) -> None:
     """Span-carrying requests go in batches of about max_batch_bytes, never one run split."""
     exp = ScoringSpanExporter([ScoringRule(["s"])], CallbackSink(sink), max_batch_bytes=6000, clock=clock)

@@ -190,6 +190,7 @@ class ScoringSpanExporter(SpanExporter):
         self._forced = threading.Condition(self._lock)
         self._force_asked = 0
         self._force_done = 0
+        self._flusher_ended = False
         self._flusher = threading.Thread(target=self._flush_loop, name="tracescore-flusher", daemon=True)
         if not self._closed:
             self._flusher.start()
@@ -270,17 +271,24 @@ class ScoringSpanExporter(SpanExporter):
         wait until the sink has everything queued. False when the deadline passed first (the
         flusher's pass goes on: what it completes is sent as usual)."""
         deadline = time.monotonic() + timeout_millis / 1000
+        if threading.current_thread() is self._flusher:  # a rule's filter flushing: it holds the pass
+            return False
         try:
-            if self._flusher.is_alive():
-                with self._forced:
+            served = False
+            with self._forced:
+                if not self._flusher_ended and self._flusher.is_alive():
                     self._force_asked += 1
                     ticket = self._force_asked
-                self._wake.set()
-                with self._forced:
+                    self._wake.set()
                     left = max(0.0, deadline - time.monotonic())
-                    if not self._forced.wait_for(lambda: self._force_done >= ticket, timeout=left):
+                    ended = self._forced.wait_for(
+                        lambda: self._force_done >= ticket or self._flusher_ended, timeout=left
+                    )
+                    if not ended:
                         return False  # a slow filter, or a pass under way that holds on
-            elif self._process(force=True, deadline=deadline) is None:  # no flusher: shut down
+                    served = self._force_done >= ticket
+            # No flusher (shut down, or it ended before taking the ticket): this thread's pass.
+            if not served and self._process(force=True, deadline=deadline) is None:
                 return False
             return self._sender.wait_idle(deadline)
         except Exception as exc:
@@ -524,6 +532,14 @@ class ScoringSpanExporter(SpanExporter):
             heapq.heappush(self._delayed, (due, next(self._seq), shipment))
 
     def _flush_loop(self) -> None:
+        try:
+            self._flush_passes()
+        finally:
+            with self._forced:  # a force_flush waiting on a ticket this thread will not take
+                self._flusher_ended = True
+                self._forced.notify_all()
+
+    def _flush_passes(self) -> None:
         while not self._stop.is_set():
             # Not during a pass (tick/force_flush in another thread): one may have taken the
             # last traces and not yet queued their delayed runs.
