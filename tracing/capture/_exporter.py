@@ -214,6 +214,8 @@ class ScoringSpanExporter(SpanExporter):
         """A multiprocessing child's exit: what the app's span processors still hold is handed
         over (the global provider's ``force_flush``), then this shuts down as at the app's exit,
         within ``shutdown_timeout_s`` in all."""
+        if self._closed:  # a grandchild inherits its parent's registration too: once is enough
+            return
         deadline = time.monotonic() + self._shutdown_timeout
         flush = getattr(otel_trace.get_tracer_provider(), "force_flush", None)
         if callable(flush):
