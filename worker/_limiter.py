@@ -23,7 +23,7 @@ from worker import _keys
 from worker._reconnect import reconnecting_client, unavailable_as_error
 from worker._settings import ModelRateLimit
 from worker.metrics import observe_limiter_wait
-from worker.store import checked_async, checked_script
+from worker.store import checked_async, checked_script, read_counters
 
 __all__ = ["RedisRateLimiter"]
 
@@ -245,17 +245,23 @@ class RedisRateLimiter:
                 entry["paused_s"] = max(0.0, await client.pttl(key) / 1000)
             elif kind == "granted":
                 now = int((await client.time())[0])
-                counts = await client.hmget(key, [str(now - i) for i in range(1, 61)])
-                entry["calls_last_60s"] = float(sum(int(c or 0) for c in counts))
+                seconds = [str(now - i) for i in range(1, 61)]
+                granted = await client.hmget(key, seconds)
+                found = {s: g for s, g in zip(seconds, granted, strict=True) if g is not None}
+                entry["calls_last_60s"] = float(sum(read_counters(found, key).values()))
             else:
                 tokens = await client.hget(key, "tokens")
-                entry[f"{kind}_bucket"] = round(float(tokens or 0), 1)
+                try:
+                    entry[f"{kind}_bucket"] = round(float(tokens or 0), 1)
+                except ValueError:  # written by hand, or damaged: shown as unknown
+                    log.warning("counter_unreadable", key=key, field="tokens")
         return out
 
     async def granted_per_second(self, model_id: str) -> dict[int, int]:
         """Judge calls admitted per epoch second (the last hour), across every worker."""
-        raw = await self._redis().hgetall(_keys.limiter_granted_key(model_id))
-        return {int(k): int(v) for k, v in sorted(raw.items(), key=lambda kv: int(kv[0]))}
+        key = _keys.limiter_granted_key(model_id)
+        raw = read_counters(await self._redis().hgetall(key), key)
+        return dict(sorted((int(k), v) for k, v in raw.items() if k.isdigit()))
 
     async def close(self) -> None:
         if self._client is not None:

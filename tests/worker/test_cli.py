@@ -379,15 +379,25 @@ def test_status_leaves_out_a_counter_that_is_not_a_number(env: str, capsys: pyte
     client = redis.Redis.from_url(env)
     client.hset(_keys.dlq_reasons_key(), mapping={"invalid_payload": 2, "weird": "SECRET"})
     client.hset(_keys.failures_key(failure_bucket()), mapping={"timeout": 3, "odd": "abc"})
+    # A sink's counters and the judge limiter's grants (the review found these two after).
+    client.sadd(_keys.outbox_sinks_key(), "otlp")
+    client.hset(_keys.outbox_counts_key("otlp"), mapping={"delivered": "12x", "retried": 4})
+    now = int(client.time()[0])
+    client.hset(_keys.limiter_granted_key("m"), mapping={str(now - 2): 3, str(now - 3): "3;x"})
     try:
         assert main(["status", "--json", "--timeout", "0.3"]) == 0
         captured = capsys.readouterr()
         status = json.loads(captured.out)
         assert status["dead_letters_by_reason"] == {"invalid_payload": 2}
         assert status["recent_failures"] == {"timeout": 3}
-        assert captured.err.count("counter_unreadable") == 2
+        assert status["sinks"]["otlp"]["delivered"] == 0
+        assert status["sinks"]["otlp"]["retried"] == 4
+        assert status["rate_limits"]["m"]["calls_last_60s"] == 3
+        assert captured.err.count("counter_unreadable") == 4
         assert "field=weird" in captured.err
         assert "SECRET" not in captured.err + captured.out
+        assert main(["sinks", "list", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["otlp"]["retried"] == 4
     finally:
         client.close()
 
@@ -411,6 +421,11 @@ def test_status_prints_names_from_redis_without_their_control_characters(
         assert "odd\ufffd[2J=1" in text
         assert "\x1b" not in text
         assert "\x07" not in text
+        client.sadd(_keys.outbox_sinks_key(), "evil\x1b]0;PWNED\x07")
+        assert main(["sinks", "list"]) == 0
+        listed = capsys.readouterr().out
+        assert "evil\ufffd]0;PWNED\ufffd: 0 delivered" in listed
+        assert "\x1b" not in listed
     finally:
         client.close()
 

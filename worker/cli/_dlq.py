@@ -90,9 +90,9 @@ def dlq_retry(broker: str | None, ids: tuple[str, ...], retry_all: bool, as_json
     if as_json:
         click.echo(json.dumps({"requeued": [letter.id for letter in requeued], "problems": problems}))
     for letter in [] if as_json else requeued:
-        click.echo(f"requeued {letter.id} (batch {letter.batch_id or '-'})")
+        click.echo(printable(f"requeued {letter.id} (batch {letter.batch_id or '-'})"))  # ids from Redis
     for problem in [] if as_json else problems:
-        click.echo(problem, err=True)
+        click.echo(printable(problem), err=True)
     if not as_json:
         click.echo(f"{len(requeued)} requeued, {len(problems)} not", err=True)
     if problems and not requeued:

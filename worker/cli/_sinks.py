@@ -116,7 +116,7 @@ def sinks_list(broker: str | None, sink: str | None, limit: int, as_json: bool) 
     for name in names:
         c = counts.get(name)
         line = f"{c.delivered} delivered, {c.pending} pending, {c.failed} failed" if c else "nothing delivered yet"
-        click.echo(f"{name}: {line}")
+        click.echo(printable(f"{name}: {line}"))  # a sink name from Redis
         for x in letters[name]:
             when = dt.datetime.fromtimestamp(x.failed_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
             click.echo(printable(f"  {x.score_id}  {when}  {x.reason}  attempts={x.attempts}  trace={x.trace_id}"))

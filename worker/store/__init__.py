@@ -20,7 +20,8 @@ message back to the queue. A key of theirs holding another Redis type is repaire
 can rebuild; counted in ``tracescore_store_key_repairs_total``) or refused with
 ``StoreKeyTypeError`` (dead letters, a sink's undelivered scores), the same way on every path
 (``worker.store._keytypes``; ``checked`` / ``checked_async`` for a caller's own commands on keys it
-owns, ``checked_script`` for its scripts: the judge limiter's buckets, the spend ledger).
+owns, ``checked_script`` for its scripts: the judge limiter's buckets, the spend ledger). A hash of
+counters is read with ``read_counters``: a value that is not a number is left out and logged.
 """
 
 from worker._reconnect import StoreUnavailableError
@@ -37,6 +38,7 @@ from worker.store._keytypes import (
 )
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
 from worker.store._outbox import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter, SinkState
+from worker.store._redis import read_counters
 from worker.store._scores import Claims, RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
 
 __all__ = [
@@ -72,5 +74,6 @@ __all__ = [
     "delivery_owner",
     "new_token",
     "process_owner",
+    "read_counters",
     "release_stuck_lock",
 ]

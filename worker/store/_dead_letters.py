@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, ValidationError
 from worker import _keys
 from worker._reconnect import unavailable_as_error
 from worker.store._keytypes import RELEASE_OWNED, Check, checked, checked_async, checked_script
-from worker.store._redis import OnRedis, RedisConnection, counts, failed_fields
+from worker.store._redis import OnRedis, RedisConnection, failed_fields, read_counters
 
 __all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id"]
 
@@ -182,7 +182,7 @@ class RedisDeadLetters(OnRedis):
     async def counts(self) -> dict[str, int]:
         client, key = self._redis.client, _keys.dlq_reasons_key()
         raw = await checked_async(client, "dead_letter_counts", [(key, "hash", False)], lambda: client.hgetall(key))
-        return {k: n for k, n in counts(raw, key).items() if n > 0}
+        return {k: n for k, n in read_counters(raw, key).items() if n > 0}
 
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
         client = self._redis.client

@@ -43,7 +43,7 @@ from tracing import ScoreRecord
 from worker import _keys
 from worker._reconnect import DECODED
 from worker.store._keytypes import Check, checked, checked_script, pipeline_replies
-from worker.store._redis import failed_fields
+from worker.store._redis import failed_fields, read_counters
 
 __all__ = ["Lease", "MemoryOutbox", "Outbox", "RedisOutbox", "SinkCounts", "SinkDeadLetter", "SinkState"]
 
@@ -464,7 +464,8 @@ class RedisOutbox:
         got = self._checked("counts", checks, read)
         out: dict[str, SinkCounts] = {}
         for i, sink in enumerate(sinks):
-            counters, pending, failed = got[3 * i], got[3 * i + 1], got[3 * i + 2]
+            pending, failed = got[3 * i + 1], got[3 * i + 2]
+            counters = read_counters(got[3 * i], _keys.outbox_counts_key(sink))
             out[sink] = SinkCounts(
                 delivered=int(counters.get("delivered", 0)),
                 pending=int(pending),

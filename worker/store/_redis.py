@@ -14,7 +14,7 @@ from tracing import printable
 from worker._reconnect import reconnecting_client, unavailable_as_error
 from worker.store._keytypes import pipeline_replies
 
-__all__ = ["OnRedis", "RedisConnection", "counts", "failed_fields"]
+__all__ = ["OnRedis", "RedisConnection", "failed_fields", "read_counters"]
 
 log = structlog.get_logger("tracescore.store")
 
@@ -111,7 +111,7 @@ def failed_fields(exc: ValidationError) -> str:
     return ", ".join(sorted(places))[:300]
 
 
-def counts(raw: Mapping[str, str], key: str) -> dict[str, int]:
+def read_counters(raw: Mapping[str, str], key: str) -> dict[str, int]:
     """A hash of counters (HGETALL's answer) as integers. A value that is not one (the key
     written by hand, or damaged) is left out and logged with its key and field, never its
     value: ``tracescore status`` and a backfill's progress go on with the others."""
