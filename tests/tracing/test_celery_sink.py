@@ -347,16 +347,16 @@ class _SlowReplies:
 
 
 def test_close_waits_for_a_send_under_way_at_most_its_timeouts(own_redis: RedisServer) -> None:
-    """A broker answering each command 0.4 s late, inside the 0.5 s socket timeout: a fresh
-    send's connect, declaration and publish take several round trips (2.5 s and more), and
+    """A broker answering each command 0.5 s late, inside the 1 s socket timeout: a fresh
+    send's connect, declaration and publish take about eight round trips (4 s), and
     close() waited on it all (an app's exit took 12-21 s where the README promised shutdown_timeout_s
     plus one attempt). close() now waits at most one connect plus one socket timeout; the send
     goes on, lands, and its connection is released when it ends."""
     import threading
 
-    proxy = _SlowReplies(own_redis.port, delay_s=0.4)
+    proxy = _SlowReplies(own_redis.port, delay_s=0.5)
     url = f"redis://:{own_redis.password}@127.0.0.1:{proxy.port}/{DB}"
-    sink = CelerySink(url, queue=QUEUE, connect_timeout_s=0.5, publish_timeout_s=0.5)
+    sink = CelerySink(url, queue=QUEUE, connect_timeout_s=1.0, publish_timeout_s=1.0)
     sent = threading.Event()
     sending = threading.Thread(target=lambda: (sink.send(make_batch(range(1), ["s"], batch_id="slow")), sent.set()))
     try:
