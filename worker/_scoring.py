@@ -189,10 +189,13 @@ _running: dict[asyncio.Task[Any], tuple[object, float]] = {}
 _expired: set[asyncio.Task[Any]] = set()
 
 
-@dataclass(frozen=True)
+@dataclass
 class _PairRun:
     pair: _Pair
     deps: ScoringDeps
+    # The run's result after its last finished step: what it spent, for a record of a run
+    # stopped at a limit (cancelled, or stuck where the watchdog gave up on the loop).
+    last: ScoreResult | None = None
 
 
 async def expire_runs(every_s: float) -> None:
@@ -298,7 +301,7 @@ def wedged_record(
             f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {deps.run_timeout_s}) in code that could not be "
             f"interrupted; {outcome}"
         )
-    return _record(deps.prices, pair, None, error=error, error_type=error_type), deps
+    return _record(deps.prices, pair, found.last, error=error, error_type=error_type), deps
 
 
 def _limit_error_type(exc: BaseException | None, task: asyncio.Task[Any] | None) -> str | None:
@@ -418,11 +421,15 @@ async def _score_pair(
     if isinstance(run, TraceReadError):  # the shipped trace could not be read into a run
         return _record(deps.prices, pair, None, error=run, error_type=run.reason)
     ident = run.identity
+    label = _PairRun(pair, deps)
+    checkpointed = _checkpointed(scorer, deps)
     on_step = None
-    if _checkpointed(scorer, deps):
-        # Judge steps cost money: keep each finished step so a redelivery resumes after it.
+    if checkpointed or scorer.has_judge_steps:  # only judge steps spend: nothing to keep else
+
         async def on_step(partial: ScoreResult) -> None:
-            await deps.store.put_checkpoint(pair.score_id, partial, deps.checkpoint_ttl_s)
+            label.last = partial
+            if checkpointed:  # judge steps cost money: a redelivery resumes after the last one
+                await deps.store.put_checkpoint(pair.score_id, partial, deps.checkpoint_ttl_s)
 
     # The judge calls below belong to this run: its budgets and its call cap (this coroutine
     # runs in a task of its own, so the context ends with it).
@@ -439,7 +446,7 @@ async def _score_pair(
             result = await run_limited(
                 scorer,
                 deps.run_timeout_s,
-                label=_PairRun(pair, deps),
+                label=label,
                 input=run.input,
                 output=run.output,
                 run_id=f"{ident.trace_id}:{ident.span_id}",
@@ -452,7 +459,7 @@ async def _score_pair(
             return _record(
                 deps.prices,
                 pair,
-                exc.partial,
+                exc.partial or label.last,  # cancelled: what its finished steps spent
                 error=RuntimeError(str(exc)),
                 error_type=exc.error_type,
                 failed_step=exc.failed_step,

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from scorers import ScoreResult, create_scorer
+from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch
 from tracing import MemoryScoreWriter, ScoreBatch, ScoreRecord
 from tracing._score_record import score_id_for
@@ -357,6 +358,42 @@ def test_async_step_past_the_run_timeout_is_a_timeout_record() -> None:
     assert "TRACESCORE_RUN_TIMEOUT_SECONDS" in (record.error_message or "")
     assert not record.retryable
     assert len(writer.records) == 4
+
+
+def test_a_run_stopped_at_the_timeout_records_what_its_judge_steps_spent(fake_llm: FakeLLMServer) -> None:
+    """A paid judge step, then a step that never returns: the timeout record said 0 calls and
+    0 cost while the judge had been paid (the README: a failed run still carries what its steps
+    spent). It carries the finished steps' calls, tokens and cost."""
+    from pydantic import BaseModel
+
+    from scorers import PromptStep, create_scorer
+    from scorers.judge import Judge
+    from scorers.judge._prices import ModelPrice
+
+    class Verdict(BaseModel):
+        ok: bool
+
+    async def forever(results: Any) -> float:
+        await asyncio.Event().wait()
+        return 1.0
+
+    paid = (
+        create_scorer("paid", judge=Judge("openai/fake-judge", "Judge."))
+        .analyze(PromptStep("Check", lambda run: "Is it ok?", output_schema=Verdict))
+        .generate_score(forever)
+    )
+    fake_llm.script(Reply.json({"ok": True}))
+    prices = {"openai/fake-judge": ModelPrice(input=100.0, output=200.0)}
+    deps, store, _ = _deps(paid, run_timeout_s=1.0, prices=prices)
+    report = asyncio.run(asyncio.wait_for(score_batch(batch(range(1), ["paid"], salt="paid"), deps), 30))
+    assert report.failed == {"timeout": 1}
+    (record,) = store.records.values()
+    assert record.error_type == "timeout"
+    assert fake_llm.count() == 1
+    assert record.judge_calls == 1
+    assert record.input_tokens > 0
+    assert record.cost_usd is not None
+    assert record.cost_usd > 0
 
 
 def test_sync_step_blocking_the_loop_is_interrupted_and_the_loop_keeps_scoring() -> None:
