@@ -58,6 +58,7 @@ from scorers.judge import (
     JUDGE_SYSTEM_PREAMBLE,
     JudgeCallRefused,
     ModelPrice,
+    find_price,
     get_judge_hooks,
     price_usage,
     set_judge_hooks,
@@ -520,6 +521,14 @@ class BudgetGuard:
                 raise JudgeCallRefused(
                     f"backfill job {job_id} reached its --max-cost ({job_spent:.4f} of {job_limit:.4f} USD)",
                     error_type="budget_exhausted",
+                )
+            held = [f.replace(":", " ") for f in fields] + ([f"job {job_id}'s --max-cost"] if job_limit else [])
+            if held and find_price(model_id, self.prices) is None:
+                # Its spend could not count against them: the call would pass every budget.
+                raise JudgeCallRefused(
+                    f"judge model {model_id} has no price, so its spend cannot be held against "
+                    f"{', '.join(held)}; add it to TRACESCORE_PRICES",
+                    error_type="unpriced_model",
                 )
         if run is not None and run.max_calls > 0:
             if run.redelivery:

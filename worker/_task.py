@@ -420,11 +420,13 @@ def _score_delivery(
     # timeout): enough of them to outlast the other delivery's claim before giving up on it.
     claim_attempts = max(settings.retry_budget, math.ceil(settings.claim_ttl / settings.max_eta_seconds) + 1)
     if report.exhausted and not final and not report.needs_retry:
-        # Before the last attempt only runs refused by a spent judge budget, their judge-call
-        # cap or a spend key of another Redis type are recorded as retryable: keep the message
-        # (a retryable dead letter) so `tracescore dlq retry` scores them once that is past.
+        # Before the last attempt only runs refused by a spent judge budget (or one their
+        # model's missing price cannot be held against), their judge-call cap or a spend key of
+        # another Redis type are recorded as retryable: keep the message (a retryable dead
+        # letter) so `tracescore dlq retry` scores them once that is past.
         refused = next(
-            (r for r in ("store_key_refused", "budget_exhausted") if report.failed.get(r)), "judge_attempts_exhausted"
+            (r for r in ("store_key_refused", "unpriced_model", "budget_exhausted") if report.failed.get(r)),
+            "judge_attempts_exhausted",
         )
         _dead_letter(
             runtime,

@@ -31,16 +31,21 @@ __all__ = ["DEFAULT_PRICES", "PRICES_TAKEN", "ModelPrice", "find_price", "price_
 PRICES_TAKEN = "2026-12-01"
 
 
+# USD per million tokens no model comes near: a price past it is a typo (1e308 made every
+# call's cost infinite, which no ledger can add, and every budget went unenforced).
+MAX_PRICE_PER_MILLION = 1_000_000.0  # a dollar a token
+
+
 class ModelPrice(BaseModel):
-    """USD per million tokens. ``cached_input`` / ``cache_write`` default to ``input``; finite
-    and ≥ 0 (an infinite price makes an infinite cost, which no ledger can add)."""
+    """USD per million tokens. ``cached_input`` / ``cache_write`` default to ``input``; finite,
+    ≥ 0 and at most ``MAX_PRICE_PER_MILLION`` (an infinite price makes an infinite cost)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    input: float = Field(ge=0)
-    output: float = Field(ge=0)
-    cached_input: float | None = Field(default=None, ge=0)
-    cache_write: float | None = Field(default=None, ge=0)
+    input: float = Field(ge=0, le=MAX_PRICE_PER_MILLION)
+    output: float = Field(ge=0, le=MAX_PRICE_PER_MILLION)
+    cached_input: float | None = Field(default=None, ge=0, le=MAX_PRICE_PER_MILLION)
+    cache_write: float | None = Field(default=None, ge=0, le=MAX_PRICE_PER_MILLION)
 
 
 def _p(input: float, cached: float, output: float, write: float | None = None) -> ModelPrice:

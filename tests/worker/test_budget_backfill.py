@@ -107,6 +107,25 @@ def test_unpriced_model_is_shown_unpriced_not_free(fake_llm: FakeLLMServer) -> N
     assert spend["unpriced_runs"]["openai/fake-judge"] == spend["judge_calls"] > 0
 
 
+def test_a_budget_is_not_passed_by_a_model_without_a_price(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """An unpriced judge model's calls added nothing to the ledger, so --max-cost and the daily
+    budgets let every one of them through (900 calls against a 0.0001 USD cap). Where a budget
+    applies, such a call is refused as `unpriced_model`, naming the model and TRACESCORE_PRICES;
+    without a budget it is made and shown unpriced (above)."""
+    out = tmp_path / "scores.jsonl"
+    result = _run("--sample", "0.1", "--max-cost", "5", "--out", str(out), TRACESCORE_PRICES="")
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records
+    assert {r["error_type"] for r in records} == {"unpriced_model"}
+    assert "openai/fake-judge has no price" in records[0]["error_message"]
+    assert "TRACESCORE_PRICES" in records[0]["error_message"]
+    assert fake_llm.count() == 0
+    assert result.exit_code == 1  # every score failed: the summary says why
+    budgets = _run("--sample", "0.1", TRACESCORE_PRICES="", TRACESCORE_BUDGETS='{"total": 100}')
+    assert budgets.exit_code == 1
+    assert fake_llm.count() == 0
+
+
 def test_estimate_prices_by_the_table_and_counts_unpriced_calls() -> None:
     """The estimator's arithmetic: characters / 4 per step, answer tokens, price table or unpriced."""
     registry = load_registry(SCORERS)

@@ -111,6 +111,8 @@ def test_price_override_applies_to_records(fake_llm: FakeLLMServer, monkeypatch:
         ("prices", '{"m": {"input": Infinity, "output": 1}}', "TRACESCORE_PRICES"),
         ("prices", '{"m": {"input": 1, "output": NaN}}', "TRACESCORE_PRICES"),
         ("prices", '{"m": {"input": 1, "output": 1, "cached_input": 1e999}}', "TRACESCORE_PRICES"),
+        # Finite but past any model (a dollar a token): 1e308 made each call's cost infinite.
+        ("prices", '{"m": {"input": 1e308, "output": 1}}', "TRACESCORE_PRICES"),
     ],
 )
 def test_bad_budgets_and_prices_fail_at_start_naming_the_variable(variable: str, value: str, said: str) -> None:

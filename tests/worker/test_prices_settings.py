@@ -71,7 +71,7 @@ def test_scoring_in_process_prices_by_the_table_it_is_given(
     """``tracescore score`` and an embedded backfill pass their Settings' prices to the
     embedded scorer and the local budget guard, whatever the environment says."""
     monkeypatch.setenv("TRACESCORE_PRICES", json.dumps({MODEL: {"input": 1e6, "output": 0}}))
-    prices = parse_prices(json.dumps({MODEL: {"input": 3e6, "output": 0}}))
+    prices = parse_prices(json.dumps({MODEL: {"input": 3e5, "output": 0}}))
     store = MemoryScoreStore()
     scorer = EmbeddedScorer(Registry([_grader(MODEL)]), store=store, prices=prices)
     try:
@@ -79,14 +79,14 @@ def test_scoring_in_process_prices_by_the_table_it_is_given(
     finally:
         scorer.close()
     (record,) = store.records.values()
-    assert record.cost_usd == pytest.approx(3 * record.input_tokens)
+    assert record.cost_usd == pytest.approx(0.3 * record.input_tokens)
 
     hooks = get_judge_hooks()
     restore = install_local_guard(parse_budgets(""), prices=prices)
     try:
         guard = get_judge_hooks().guard
         assert isinstance(guard, BudgetGuard)
-        assert guard.prices[MODEL].input == 3e6
+        assert guard.prices[MODEL].input == 3e5
     finally:
         restore()
     assert get_judge_hooks() == hooks
