@@ -452,7 +452,9 @@ def read_input(span: SpanView) -> list[Msg] | None:
         found = _read_attr(span, attrs, "gen_ai.input.messages", parse_messages)
         if found is not None:
             return found
-    found = _oi_messages(span, "llm.input_messages.") or _flat_messages(span, "gen_ai.prompt.", "user")
+    found = _oi_messages(span, "llm.input_messages.")
+    if found is None and "llm.request.type" in span.attributes:  # OpenLLMetry's own mark: no scan else
+        found = _flat_messages(span, "gen_ai.prompt.", "user")
     if found is not None:
         return found
     legacy, _ = _legacy_events(span)
@@ -469,7 +471,7 @@ def read_output(span: SpanView) -> list[Msg] | None:
         if found is not None:
             return found
     found = _oi_messages(span, "llm.output_messages.")
-    if found is None:
+    if found is None and "llm.request.type" in span.attributes:
         # Only the first choice is the answer the application went on with.
         found = _flat_messages(span, "gen_ai.completion.", "assistant")
         found = found[:1] if found is not None else None
