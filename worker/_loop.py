@@ -298,7 +298,9 @@ class LoopWatchdog:
                     return
             # A run's own limit; and the loop's, at a few times it, for a loop that never turns
             # because one short blocking step follows another (each under the limit).
-            if self._blocked_in_task(lt) < self.limit_s and lt.blocked_for() < LOOP_BLOCK_LIMITS * self.limit_s:
+            over_own = self._blocked_in_task(lt) >= self.limit_s
+            loop_limit = LOOP_BLOCK_LIMITS * self.limit_s
+            if not over_own and lt.blocked_for() < loop_limit:
                 self._arm_backstop()
                 continue
             beat = lt.beat
@@ -309,6 +311,10 @@ class LoopWatchdog:
                 continue
             if self._can_interrupt(task) and self._interrupt(lt, task, beat):
                 self.interrupted += 1
+                continue
+            if not over_own and lt.blocked_for() < loop_limit + self.grace_s:
+                # Under its own limit and not a run (bookkeeping, a callback): the loop is given
+                # the grace period before the process is given up on.
                 continue
             if self._stop.is_set():
                 return

@@ -285,6 +285,42 @@ def test_a_loop_kept_blocked_by_short_steps_one_after_another_is_interrupted() -
     assert wedged == []
 
 
+def test_the_loops_limit_does_not_give_up_on_a_process_for_a_step_under_its_own() -> None:
+    """Past the loop's limit the watchdog acts on whatever task is current; one that is not a
+    run (it cannot take the exception) went straight to on_wedged, and a worker would have been
+    replaced though no step came near the run limit. It gets the grace period first."""
+    import asyncio
+    import time
+
+    from worker._loop import LoopThread, LoopWatchdog
+
+    lt = LoopThread(name="test-bookkeeping")
+    runs: set[object] = set()
+    wedged: list[object] = []
+    watchdog = LoopWatchdog(
+        lt, limit_s=1.0, grace_s=3.0, can_interrupt=lambda task: task in runs, on_wedged=lambda t, s: wedged.append(t)
+    )
+
+    async def steps() -> None:
+        gate = asyncio.Lock()
+
+        async def step(is_run: bool, seconds: float) -> None:
+            if is_run:
+                runs.add(asyncio.current_task())
+            async with gate:
+                time.sleep(seconds)  # noqa: ASYNC251 -- blocking steps under the limit, on purpose
+
+        await asyncio.gather(*(step(True, 0.7) for _ in range(3)), *(step(False, 0.9) for _ in range(2)))
+
+    try:
+        lt.run(steps(), timeout=60)
+        assert wait_for(lambda: lt.blocked_for() == 0.0, 5)  # turning again, with nobody given up on
+    finally:
+        watchdog.stop()
+        lt.stop()
+    assert wedged == []
+
+
 def test_the_watchdogs_exception_in_a_run_it_did_not_target_is_not_a_timeout() -> None:
     """LoopBlockedError that lands in a run the watchdog did not fire at (the targeted step
     returned just before) is no timeout of that run: retryable, retried on a non-final attempt
