@@ -211,11 +211,18 @@ def _count(raw: Any, where: str) -> int:
 
 
 class SpentBudgetLog:
-    """The log of messages dead-lettered because a budget is spent: expected for every message
-    until the budget resets, so one WARNING line a minute per process with how many there were
-    (and the last letter), not an ERROR line per message."""
+    """The log of messages dead-lettered because a budget is spent (or cannot be held against a
+    model without a price): expected for every message until that changes, so one WARNING line
+    (``event``) a minute per process with how many there were (and the last letter), not an
+    ERROR line per message."""
 
-    def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        event: str = "budget_exhausted_messages",
+    ) -> None:
+        self.event = event
         self.every_s = every_s
         self.clock = clock
         self.pending = 0
@@ -231,7 +238,7 @@ class SpentBudgetLog:
             return False
         self._last = now
         log.warning(
-            "budget_exhausted_messages",
+            self.event,
             dead_lettered=self.pending,
             since_start=self.total,
             every_s=self.every_s,
@@ -486,6 +493,9 @@ class BudgetGuard:
         # Backfill jobs found without a --max-cost (its key is written before the job's first
         # message, so a job without one never gets one): their calls skip the job read.
         self._jobs_without_limit: set[str] = set()
+        # Judge models seen answering with usage the price table cannot price (a model that
+        # reports none, a local one, costs 0 and is never here).
+        self._unpriced: set[str] = set()
 
     @property
     def prices(self) -> Mapping[str, ModelPrice]:
@@ -523,8 +533,8 @@ class BudgetGuard:
                     error_type="budget_exhausted",
                 )
             held = [f.replace(":", " ") for f in fields] + ([f"job {job_id}'s --max-cost"] if job_limit else [])
-            if held and find_price(model_id, self.prices) is None:
-                # Its spend could not count against them: the call would pass every budget.
+            if held and model_id in self._unpriced and find_price(model_id, self.prices) is None:
+                # Its spend cannot count against them: each call would pass every budget.
                 raise JudgeCallRefused(
                     f"judge model {model_id} has no price, so its spend cannot be held against "
                     f"{', '.join(held)}; add it to TRACESCORE_PRICES",
@@ -566,7 +576,11 @@ class BudgetGuard:
         try:
             if cost is None:
                 # No price: nothing to hold against a budget, but counted (calls), so status
-                # can say the spend shown leaves these out.
+                # can say the spend shown leaves these out; from now on a budget that applies
+                # refuses this model's calls (before_call).
+                if model_id not in self._unpriced:
+                    self._unpriced.add(model_id)
+                    log.warning("judge_model_unpriced", model=model_id, hint="add it to TRACESCORE_PRICES")
                 await self.ledger.add(utc_day(), [f"unpriced:{model_id}"], 1.0, None)
                 return
             await self.ledger.add(utc_day(), [f"scorer:{scorer}", f"model:{model_id}", TOTAL], cost, job_id)

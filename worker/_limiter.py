@@ -250,11 +250,23 @@ class RedisRateLimiter:
                 found = {s: g for s, g in zip(seconds, granted, strict=True) if g is not None}
                 entry["calls_last_60s"] = float(sum(read_counters(found, key).values()))
             else:
-                tokens = await client.hget(key, "tokens")
+                tokens, ts = await client.hmget(key, ["tokens", "ts"])
                 try:
-                    entry[f"{kind}_bucket"] = round(float(tokens or 0), 1)
+                    level, at_ms = float(tokens or 0), float(ts or 0)
                 except ValueError:  # written by hand, or damaged: shown as unknown
                     log.warning("counter_unreadable", key=key, field="tokens")
+                    continue
+                # The level now, as the next call would find it: refilled since its last grant
+                # (a debt a call past the bucket left is repaid over time).
+                limit = self._limits(model)
+                per_minute = (limit.requests_per_minute if kind == "req" else limit.tokens_per_minute) or 0.0
+                if per_minute and at_ms:
+                    seconds, micros = await client.time()
+                    now_ms = int(seconds) * 1000 + int(micros) // 1000
+                    burst = REQUEST_BURST_SECONDS if kind == "req" else TOKEN_BURST_SECONDS
+                    cap = max(1.0, per_minute / 60 * burst)
+                    level = min(cap, level + max(0.0, now_ms - at_ms) * per_minute / 60_000)
+                entry[f"{kind}_bucket"] = round(level, 1)
         return out
 
     async def granted_per_second(self, model_id: str) -> dict[int, int]:

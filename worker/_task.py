@@ -74,7 +74,11 @@ def _loop_wait(runtime: WorkerRuntime) -> float:
     return runtime.settings.run_timeout + WATCHDOG_GRACE_S + 1.0 + RECONNECT_S + COMMAND_SLACK_S
 
 
-_spent_budget_log = SpentBudgetLog()
+# Letters expected for every message until a budget resets or a price is added: a line a minute.
+_refusal_logs = {
+    "budget_exhausted": SpentBudgetLog(),
+    "unpriced_model": SpentBudgetLog(event="unpriced_model_messages"),
+}
 
 
 def _dead_letter(
@@ -112,8 +116,8 @@ def _dead_letter(
         retryable=retryable and keep is not None,
     )
     pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
-    if reason == "budget_exhausted":  # every message until the budget resets: a line a minute
-        _spent_budget_log.note(batch_id=batch_id, letter=letter.id, duplicate=not pushed)
+    if reason in _refusal_logs:  # every message until that changes: a line a minute
+        _refusal_logs[reason].note(batch_id=batch_id, letter=letter.id, duplicate=not pushed)
         return
     log.error(
         "message_dead_lettered",

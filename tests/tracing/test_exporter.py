@@ -1081,6 +1081,22 @@ def test_force_flush_racing_shutdown_is_answered() -> None:
     finally:
         exp.shutdown(1000)
 
+    # The same from shutdown's own pass, in the app's thread (the flusher waits on that pass).
+    asked.clear()
+    sent: list[int] = []
+    exp = ScoringSpanExporter(
+        [ScoringRule(["s"], filter=lambda run: asked.append(exp.force_flush(10_000)) or True)],
+        CallbackSink(lambda batch: sent.append(len(batch.requests))),
+        grace_s=600,
+        flush_interval_s=3600,
+    )
+    rec = Recorder()
+    agent_trace(rec)
+    exp.export(rec.spans())
+    exp.shutdown(5000)
+    assert asked == [False]
+    assert sent == [1]
+
 
 def test_batches_are_split_by_size(clock: FakeClock, sink: Recording) -> None:
     """Span-carrying requests go in batches of about max_batch_bytes, never one run split."""

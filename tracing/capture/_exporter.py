@@ -191,6 +191,9 @@ class ScoringSpanExporter(SpanExporter):
         self._force_asked = 0
         self._force_done = 0
         self._flusher_ended = False
+        # Set in the thread running a completion pass (the flusher's, or shutdown's in the app's
+        # thread): a rule's filter calling force_flush there would wait on its own pass.
+        self._in_pass = threading.local()
         self._flusher = threading.Thread(target=self._flush_loop, name="tracescore-flusher", daemon=True)
         if not self._closed:
             self._flusher.start()
@@ -273,7 +276,7 @@ class ScoringSpanExporter(SpanExporter):
         wait until the sink has everything queued. False when the deadline passed first (the
         flusher's pass goes on: what it completes is sent as usual)."""
         deadline = time.monotonic() + timeout_millis / 1000
-        if threading.current_thread() is self._flusher:  # a rule's filter flushing: it holds the pass
+        if getattr(self._in_pass, "active", False):  # a rule's filter flushing: it holds the pass
             return False
         try:
             served = False
@@ -354,9 +357,11 @@ class ScoringSpanExporter(SpanExporter):
             if closing:
                 self._abandon_pass()
             return None
+        self._in_pass.active = True
         try:
             return self._process_pass(force, deadline if closing else None)
         finally:
+            self._in_pass.active = False
             self._process_lock.release()
 
     def _process_pass(self, force: bool, stop_at: float | None = None) -> int:

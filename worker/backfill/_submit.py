@@ -19,7 +19,7 @@ from tracing.queue import Backpressure, Publisher, ScoreBatch
 from worker._keys import job_key
 from worker._reconnect import DECODED
 from worker._settings import Settings
-from worker.store import check_list
+from worker.store import check_list, read_counters
 
 __all__ = ["RedisSubmitter"]
 
@@ -99,8 +99,8 @@ class RedisSubmitter:
         self._publisher.publish(batch, requests_json)
 
     def progress(self, job_id: str) -> dict[str, int]:
-        raw = self.store.hgetall(job_key(job_id))
-        return {str(k): int(v) for k, v in raw.items()}
+        key = job_key(job_id)
+        return read_counters({str(k): v for k, v in self.store.hgetall(key).items()}, key)
 
     def close(self) -> None:
         self._publisher.close()
