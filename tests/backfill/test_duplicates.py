@@ -82,6 +82,20 @@ def test_a_file_named_twice_is_read_once(tmp_path: Path) -> None:
     assert len(source.describe()["files"]) == 2
 
 
+def test_a_directory_linked_into_the_source_is_read_and_a_link_loop_ends(tmp_path: Path) -> None:
+    """A subdirectory that is a symlink (another disk's exports linked in) was passed over
+    without a word (the source's label said 1 file); it is read, each real directory once."""
+    write_otlp_files(tmp_path / "in", 100, files=1)
+    write_otlp_files(tmp_path / "elsewhere", 100, files=1)
+    (tmp_path / "in" / "more").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere" / "back").symlink_to(tmp_path / "in")  # a loop
+    source = FileSource([tmp_path / "in"])
+    assert [p.relative_to(tmp_path / "in").as_posix() for p in source.files] == [
+        "more/part-000.jsonl.gz",
+        "part-000.jsonl.gz",
+    ]
+
+
 def test_a_saved_file_list_is_read_as_saved(tmp_path: Path) -> None:
     """A job of an earlier release saved its list with a file twice; its checkpoint indexes that
     list. Resumed, the list is kept as saved: read with the repeat dropped, the last file was

@@ -62,6 +62,21 @@ MAX_BARREN_RECORDS = 100_000
 _SKIP_CHUNK = 2**20
 
 
+def _trace_files(root: Path) -> list[Path]:
+    """The trace files under ``root``, in path order. A directory linked into it is read too
+    (``rglob`` passed over it without a word), each real directory once, so a link loop ends."""
+    found: list[Path] = []
+    seen: set[str] = set()
+    for where, subdirectories, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(where)
+        if real in seen:
+            subdirectories.clear()
+            continue
+        seen.add(real)
+        found += [p for name in names if (p := Path(where, name)).is_file() and _kind(p)]
+    return sorted(found)
+
+
 def _cap(value: int | None, env: str, default: int) -> int:
     if value is None:
         raw = os.environ.get(env, "").strip().replace("_", "")
@@ -153,7 +168,7 @@ class FileSource:
         for raw in paths:
             path = Path(raw)
             if path.is_dir():
-                found = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p))
+                found = _trace_files(path)
                 if not found:
                     raise SourceError(
                         f"{path}: no trace files in this directory "
