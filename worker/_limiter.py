@@ -248,7 +248,7 @@ class RedisRateLimiter:
                 seconds = [str(now - i) for i in range(1, 61)]
                 granted = await client.hmget(key, seconds)
                 found = {s: g for s, g in zip(seconds, granted, strict=True) if g is not None}
-                entry["calls_last_60s"] = float(sum(read_counters(found, key).values()))
+                entry["calls_last_60s"] = float(sum(read_counters(found, key, "limiter_granted").values()))
             else:
                 tokens, ts = await client.hmget(key, ["tokens", "ts"])
                 try:
@@ -272,7 +272,7 @@ class RedisRateLimiter:
     async def granted_per_second(self, model_id: str) -> dict[int, int]:
         """Judge calls admitted per epoch second (the last hour), across every worker."""
         key = _keys.limiter_granted_key(model_id)
-        raw = read_counters(await self._redis().hgetall(key), key)
+        raw = read_counters(await self._redis().hgetall(key), key, "limiter_granted")
         return dict(sorted((int(k), v) for k, v in raw.items() if k.isdigit()))
 
     async def close(self) -> None:

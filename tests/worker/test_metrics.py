@@ -319,6 +319,19 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
     assert _unreadable("dlq_reasons:junk") >= 1
     assert _unreadable("spend:total") >= 1
     assert _unreadable("spend:model:m") >= 1
+    # A sink's counter that is not a number: its other counters are kept, the bad one counted.
+    client = redis.Redis.from_url(redis_url)
+    client.delete(_keys.outbox_key("otlp"))
+    client.hset(_keys.outbox_counts_key("otlp"), mapping={"delivered": "12x", "retried": 4})
+    client.close()
+    before = _unreadable("outbox_counts")
+    samples = _scrape(settings, "node-h@host")
+    assert samples[("tracescore_sink_scores", frozenset({("sink", "otlp"), ("state", "retried")}))] == 4
+    assert _unreadable("outbox_counts") == before + 1
+    client = redis.Redis.from_url(redis_url)
+    client.delete(_keys.outbox_counts_key("otlp"))
+    client.set(_keys.outbox_key("otlp"), "not a queue")
+    client.close()
 
     ledger = RedisLedger(redis_url)
     guard = BudgetGuard(ledger, parse_budgets('{"total": 10, "scorers": {"fast": 0.4}}'))

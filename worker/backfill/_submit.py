@@ -100,7 +100,7 @@ class RedisSubmitter:
 
     def progress(self, job_id: str) -> dict[str, int]:
         key = job_key(job_id)
-        return read_counters({str(k): v for k, v in self.store.hgetall(key).items()}, key)
+        return read_counters({str(k): v for k, v in self.store.hgetall(key).items()}, key, "job_progress")
 
     def close(self) -> None:
         self._publisher.close()

@@ -210,10 +210,7 @@ class RedisStateCollector:
                 self._store, "dead_letter_counts", [(key, "hash", False)], lambda: dict(self._store.hgetall(key))
             )
             try:
-                counts = self._outbox.counts()
-            except ValueError:  # a counter that is not a number: no sink gauges this time
-                _unreadable("outbox_counts")
-                counts = {}
+                counts = self._outbox.counts()  # a counter that is not a number: left out, counted
             except StoreKeyTypeError as exc:  # a sink's queue of another type: left for the operator
                 _refused(refused, exc.key, exc.found, exc.expected)
                 counts = {}

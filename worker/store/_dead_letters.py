@@ -182,7 +182,7 @@ class RedisDeadLetters(OnRedis):
     async def counts(self) -> dict[str, int]:
         client, key = self._redis.client, _keys.dlq_reasons_key()
         raw = await checked_async(client, "dead_letter_counts", [(key, "hash", False)], lambda: client.hgetall(key))
-        return {k: n for k, n in read_counters(raw, key).items() if n > 0}
+        return {k: n for k, n in read_counters(raw, key, "dlq_reasons").items() if n > 0}
 
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
         client = self._redis.client

@@ -94,7 +94,7 @@ class RedisJobStats(OnRedis):
     async def progress(self, job_id: str) -> dict[str, int]:
         client, key = self._redis.client, _keys.job_key(job_id)
         raw = await checked_async(client, "progress", [(key, "hash", False)], lambda: client.hgetall(key))
-        return read_counters(raw, key)
+        return read_counters(raw, key, "job_progress")
 
     async def recent_failures(self, buckets: int = 6) -> dict[str, int]:
         now = failure_bucket()
@@ -110,6 +110,6 @@ class RedisJobStats(OnRedis):
         totals: dict[str, int] = defaultdict(int)
         replies = await checked_async(client, "recent_failures", [(k, "hash", False) for k in keys], read)
         for key, reply in zip(keys, replies, strict=True):
-            for reason, n in read_counters(reply, key).items():
+            for reason, n in read_counters(reply, key, "failures").items():
                 totals[reason] += n
         return dict(totals)

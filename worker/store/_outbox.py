@@ -465,7 +465,7 @@ class RedisOutbox:
         out: dict[str, SinkCounts] = {}
         for i, sink in enumerate(sinks):
             pending, failed = got[3 * i + 1], got[3 * i + 2]
-            counters = read_counters(got[3 * i], _keys.outbox_counts_key(sink))
+            counters = read_counters(got[3 * i], _keys.outbox_counts_key(sink), "outbox_counts")
             out[sink] = SinkCounts(
                 delivered=int(counters.get("delivered", 0)),
                 pending=int(pending),

@@ -111,14 +111,18 @@ def failed_fields(exc: ValidationError) -> str:
     return ", ".join(sorted(places))[:300]
 
 
-def read_counters(raw: Mapping[str, str], key: str) -> dict[str, int]:
+def read_counters(raw: Mapping[str, str], key: str, name: str) -> dict[str, int]:
     """A hash of counters (HGETALL's answer) as integers. A value that is not one (the key
-    written by hand, or damaged) is left out and logged with its key and field, never its
-    value: ``tracescore status`` and a backfill's progress go on with the others."""
+    written by hand, or damaged) is left out, logged with its key and field (never its value)
+    and counted under ``name`` in ``tracescore_store_unreadable_values``: ``tracescore status``
+    and a backfill's progress go on with the others."""
     out: dict[str, int] = {}
     for field, value in raw.items():
         try:
             out[field] = int(value)
         except (TypeError, ValueError):
             log.warning("counter_unreadable", key=key, field=printable(str(field))[:80])
+            from worker.metrics import observe_unreadable  # the metrics load only for this
+
+            observe_unreadable(name)
     return out
