@@ -50,6 +50,7 @@ __all__ = [
     "begin_shutdown",
     "call_from_signal_handler",
     "cleanup_deadline",
+    "for_the_loops_limit",
     "get_loop_thread",
     "halt_loop",
     "install_drain_handler",
@@ -200,8 +201,10 @@ async def _cancel_the_rest() -> None:
 
 OnWedged = Callable[[asyncio.Task[Any] | None, float], None]
 
-# The tasks a watchdog fired LoopBlockedError at (weak: a finished task drops out by itself).
+# The tasks a watchdog fired LoopBlockedError at (weak: a finished task drops out by itself),
+# and of those, the ones fired at for the loop's limit rather than their own.
 _targeted: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+_for_the_loop: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
 
 def was_targeted(task: asyncio.Task[Any] | None) -> bool:
@@ -209,6 +212,15 @@ def was_targeted(task: asyncio.Task[Any] | None) -> bool:
     if task is None or task not in _targeted:
         return False
     _targeted.discard(task)
+    return True
+
+
+def for_the_loops_limit(task: asyncio.Task[Any] | None) -> bool:
+    """True (once) when the watchdog fired at ``task`` for the loop's limit (``LOOP_BLOCK_LIMITS``
+    run limits without a turn), the task itself being under its own."""
+    if task is None or task not in _for_the_loop:
+        return False
+    _for_the_loop.discard(task)
     return True
 
 
@@ -309,7 +321,7 @@ class LoopWatchdog:
                 # The step returned while we looked: the loop moved on, and an exception fired
                 # now would land in whatever runs next.
                 continue
-            if self._can_interrupt(task) and self._interrupt(lt, task, beat):
+            if self._can_interrupt(task) and self._interrupt(lt, task, beat, for_the_loop=not over_own):
                 self.interrupted += 1
                 continue
             if not over_own and lt.blocked_for() < loop_limit + self.grace_s:
@@ -330,10 +342,14 @@ class LoopWatchdog:
             self._task, self._task_since = task, now
         return min(lt.blocked_for(), now - self._task_since)
 
-    def _interrupt(self, lt: LoopThread, task: asyncio.Task[Any] | None, stuck_since: float) -> bool:
+    def _interrupt(
+        self, lt: LoopThread, task: asyncio.Task[Any] | None, stuck_since: float, *, for_the_loop: bool = False
+    ) -> bool:
         """True if the loop turned again within the grace period after the interrupt."""
         if task is not None:
             _targeted.add(task)
+            if for_the_loop:
+                _for_the_loop.add(task)
         if lt.beat != stuck_since or lt.current_task() is not task:  # moved on just now
             if task is not None:
                 _targeted.discard(task)

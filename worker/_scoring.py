@@ -55,7 +55,7 @@ from tracing import ScoreRecord, ScoreWriter, SpanRecord, TracedRun, TraceReadEr
 from tracing.queue import ScoreBatch, ScoreRequest
 from worker._budget import default_attempt_cap, enter_run, price_table, run_key
 from worker._errors import RunLimitError, crash_fields, is_transient
-from worker._loop import LoopBlockedError, was_targeted
+from worker._loop import LOOP_BLOCK_LIMITS, LoopBlockedError, for_the_loops_limit, was_targeted
 from worker._registry import UnknownScorerError
 from worker.metrics import observe_batch, observe_records
 from worker.store import ScoreStore, StoreUnavailableError, claim, delivery_owner, process_owner
@@ -234,23 +234,35 @@ async def run_limited(scorer: Scorer, run_timeout_s: float | None, *, label: obj
         limit = _limit_error_type(exc.cause, task)
         if limit is None:
             raise
-        raise _limit_error(scorer, exc, limit, run_timeout_s) from None
+        raise _limit_error(scorer, exc, limit, run_timeout_s, task) from None
     except ScorerError:
         raise
     except Exception as exc:  # outside the steps (a bug in the scorer): a limit, or the caller's to record
         limit = _limit_error_type(exc, task)
         if limit is None:
             raise
-        raise _limit_error(scorer, exc, limit, run_timeout_s) from None
+        raise _limit_error(scorer, exc, limit, run_timeout_s, task) from None
     finally:
         if task is not None:
             _running.pop(task, None)
             _expired.discard(task)
 
 
-def _limit_error(scorer: Scorer, exc: BaseException, error_type: str, run_timeout_s: float | None) -> RunLimitError:
+def _limit_error(
+    scorer: Scorer,
+    exc: BaseException,
+    error_type: str,
+    run_timeout_s: float | None,
+    task: asyncio.Task[Any] | None = None,
+) -> RunLimitError:
     failed_step = exc.failed_step if isinstance(exc, ScorerRunError) else None
-    if error_type == "timeout":
+    if error_type == "timeout" and for_the_loops_limit(task):
+        message = (
+            f"scorer {scorer.id!r} blocked the event loop in step {failed_step or '?'} and was interrupted: "
+            f"with the steps before it, the loop had not turned for {LOOP_BLOCK_LIMITS} × "
+            f"TRACESCORE_RUN_TIMEOUT_SECONDS ({run_timeout_s} s)"
+        )
+    elif error_type == "timeout":
         message = (
             f"scorer {scorer.id!r} blocked the event loop past TRACESCORE_RUN_TIMEOUT_SECONDS "
             f"({run_timeout_s} s) in step {failed_step or '?'} and was interrupted"
