@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -209,24 +209,36 @@ _OI_TC_RE = re.compile(r"^tool_calls\.(\d{1,9})\.tool_call\.(.+)$")
 _OI_CONTENTS_RE = re.compile(r"^contents\.(\d{1,9})\.message_content\.(.+)$")
 
 
-def _oi_messages(span: SpanView, prefix: str) -> list[Msg] | None:
+def _by_index(
+    items: Iterable[tuple[str, Any]], pattern: re.Pattern[str], prefix: str = ""
+) -> dict[int, dict[str, Any]]:
+    """The values of keys ``prefix`` + what ``pattern`` matches (its groups: an index, the rest),
+    grouped by index: a flattened list's items, each as its own dict."""
     grouped: dict[int, dict[str, Any]] = {}
     plen = len(prefix)
-    for key, value in span.attributes.items():
-        if not key.startswith(prefix):
-            continue
-        m = _OI_RE.match(key[plen:])
-        if m is None:
-            continue
-        grouped.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    for key, value in items:
+        if key.startswith(prefix) and (m := pattern.match(key[plen:])) is not None:
+            grouped.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    return grouped
+
+
+def _message_at(span: SpanView, raw: dict[str, Any], where: str) -> Msg:
+    """One message put together from flattened attributes (``where``: their common prefix); a
+    bad one is a ``TraceReadError`` there, at its ``.role`` when that was what was wrong."""
+    try:
+        return parse_message(raw)
+    except MessageShapeError as exc:
+        raise _fail(span, where + (".role" if exc.reason == "unknown_role" else ""), exc) from None
+
+
+def _oi_messages(span: SpanView, prefix: str) -> list[Msg] | None:
+    grouped = _by_index(span.attributes.items(), _OI_RE, prefix)
     if not grouped:
         return None
     out: list[Msg] = []
     for index in sorted(grouped):
         fields = grouped[index]
         msg: dict[str, Any] = {"role": fields.get("role")}
-        tool_calls: dict[int, dict[str, Any]] = {}
-        contents: dict[int, dict[str, Any]] = {}
         for sub, value in fields.items():
             if sub in ("content", "name", "tool_call_id"):
                 msg[sub] = value
@@ -234,10 +246,7 @@ def _oi_messages(span: SpanView, prefix: str) -> list[Msg] | None:
                 msg.setdefault("function_call", {})["name"] = value
             elif sub == "function_call_arguments_json":
                 msg.setdefault("function_call", {})["arguments"] = value
-            elif (tc := _OI_TC_RE.match(sub)) is not None:
-                tool_calls.setdefault(int(tc.group(1)), {})[tc.group(2)] = value
-            elif (ct := _OI_CONTENTS_RE.match(sub)) is not None:
-                contents.setdefault(int(ct.group(1)), {})[ct.group(2)] = value
+        tool_calls = _by_index(fields.items(), _OI_TC_RE)
         if tool_calls:
             msg["tool_calls"] = [
                 {
@@ -246,18 +255,14 @@ def _oi_messages(span: SpanView, prefix: str) -> list[Msg] | None:
                 }
                 for _, tc in sorted(tool_calls.items())
             ]
+        contents = _by_index(fields.items(), _OI_CONTENTS_RE)
         if contents and "content" not in msg:
             msg["content"] = [
                 {"type": c.get("type", "text"), **{k: v for k, v in c.items() if k != "type"}}
                 for _, c in sorted(contents.items())
             ]
-        try:
-            out.append(parse_message(msg))
-        except MessageShapeError as exc:
-            # The message's own attributes, its role's when that was what was wrong (every
-            # problem was put on .message.role, its content's and tool calls' too).
-            where = f"{prefix}{index}.message" + (".role" if exc.reason == "unknown_role" else "")
-            raise _fail(span, where, exc) from None
+        # Every problem was put on .message.role, its content's and tool calls' too.
+        out.append(_message_at(span, msg, f"{prefix}{index}.message"))
     return out
 
 
@@ -286,11 +291,7 @@ def _content_blocks(content: Any) -> list[Any] | None:
 
 
 def _flat_messages(span: SpanView, prefix: str, role: str) -> list[Msg] | None:
-    grouped: dict[int, dict[str, Any]] = {}
-    plen = len(prefix)
-    for key, value in span.attributes.items():
-        if key.startswith(prefix) and (m := _FLAT_RE.match(key[plen:])) is not None:
-            grouped.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    grouped = _by_index(span.attributes.items(), _FLAT_RE, prefix)
     if not grouped:
         return None
     out: list[Msg] = []
@@ -301,21 +302,14 @@ def _flat_messages(span: SpanView, prefix: str, role: str) -> list[Msg] | None:
         msg: dict[str, Any] = {"role": fields.get("role") or role, "content": content if blocks is None else blocks}
         if "tool_call_id" in fields:
             msg["tool_call_id"] = fields["tool_call_id"]
-        calls: dict[int, dict[str, Any]] = {}
-        for sub, value in fields.items():
-            if (tc := _FLAT_TC_RE.match(sub)) is not None:
-                calls.setdefault(int(tc.group(1)), {})[tc.group(2)] = value
+        calls = _by_index(fields.items(), _FLAT_TC_RE)
         # Anthropic's 0.49-0.53 wrote a tool_use block both in the content and as tool_calls.
         if calls and not any(b.get("type") == "tool_use" for b in blocks or ()):
             msg["tool_calls"] = [
                 {"id": c.get("id"), "function": {"name": c.get("name"), "arguments": c.get("arguments")}}
                 for _, c in sorted(calls.items())
             ]
-        try:
-            out.append(parse_message(msg))
-        except MessageShapeError as exc:
-            where = f"{prefix}{index}" + (".role" if exc.reason == "unknown_role" else "")
-            raise _fail(span, where, exc) from None
+        out.append(_message_at(span, msg, f"{prefix}{index}"))
     return out
 
 

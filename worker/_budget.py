@@ -532,14 +532,15 @@ class BudgetGuard:
                     f"backfill job {job_id} reached its --max-cost ({job_spent:.4f} of {job_limit:.4f} USD)",
                     error_type="budget_exhausted",
                 )
-            held = [f.replace(":", " ") for f in fields] + ([f"job {job_id}'s --max-cost"] if job_limit else [])
-            if held and model_id in self._unpriced and find_price(model_id, self.prices) is None:
+            if model_id in self._unpriced and find_price(model_id, self.prices) is None:
                 # Its spend cannot count against them: each call would pass every budget.
-                raise JudgeCallRefused(
-                    f"judge model {model_id} has no price, so its spend cannot be held against "
-                    f"{', '.join(held)}; add it to TRACESCORE_PRICES",
-                    error_type="unpriced_model",
-                )
+                held = [f.replace(":", " ") for f in fields] + ([f"job {job_id}'s --max-cost"] if job_limit else [])
+                if held:
+                    raise JudgeCallRefused(
+                        f"judge model {model_id} has no price, so its spend cannot be held against "
+                        f"{', '.join(held)}; add it to TRACESCORE_PRICES",
+                        error_type="unpriced_model",
+                    )
         if run is not None and run.max_calls > 0:
             if run.redelivery:
                 failed, last = await self.ledger.failed_calls(run.run_key, run.version)

@@ -111,9 +111,10 @@ _estimate: contextvars.ContextVar[tuple[str, float] | None] = contextvars.Contex
 )
 
 
-def _token_capacity(tokens_per_minute: float) -> float:
-    """The token bucket's size: ``TOKEN_BURST_SECONDS`` of the limit."""
-    return max(1.0, tokens_per_minute / 60 * TOKEN_BURST_SECONDS)
+def _capacity(per_minute: float, kind: str) -> float:
+    """A bucket's size: its burst (``REQUEST_BURST_SECONDS`` / ``TOKEN_BURST_SECONDS``) of the limit;
+    ``kind`` is ``req`` or ``tok``, as in its key."""
+    return max(1.0, per_minute / 60 * (REQUEST_BURST_SECONDS if kind == "req" else TOKEN_BURST_SECONDS))
 
 
 @unavailable_as_error
@@ -175,9 +176,9 @@ class RedisRateLimiter:
         ]
         args = [
             rpm / 60_000,
-            max(1.0, rpm / 60 * REQUEST_BURST_SECONDS),
+            _capacity(rpm, "req"),
             tpm / 60_000,
-            _token_capacity(tpm),
+            _capacity(tpm, "tok"),
             max(0, estimated_tokens) if tpm else 0,
             3600,
         ]
@@ -210,7 +211,7 @@ class RedisRateLimiter:
             # script's min), and the correction must start from that, or each such call was
             # credited more than it paid and the limit let several times its tokens through.
             tpm = self._limits(model_id).tokens_per_minute or 0.0
-            _estimate.set((model_id, min(max(0, estimated_tokens), _token_capacity(tpm)) if tpm else 0))
+            _estimate.set((model_id, min(max(0, estimated_tokens), _capacity(tpm, "tok")) if tpm else 0))
             yield
 
     async def record_usage(self, model_id: str, tokens: int) -> None:
@@ -238,16 +239,17 @@ class RedisRateLimiter:
         client = self._redis()
         out: dict[str, dict[str, float]] = {}
         prefix = _keys.limiter_prefix()
+        seconds, micros = await client.time()  # Redis's clock, as the buckets' own scripts read it
+        now_s, now_ms = int(seconds), int(seconds) * 1000 + int(micros) // 1000
         async for key in client.scan_iter(match=f"{prefix}*", count=500):
             kind, _, model = key[len(prefix) :].partition(":")
             entry = out.setdefault(model, {})
             if kind == "pause":
                 entry["paused_s"] = max(0.0, await client.pttl(key) / 1000)
             elif kind == "granted":
-                now = int((await client.time())[0])
-                seconds = [str(now - i) for i in range(1, 61)]
-                granted = await client.hmget(key, seconds)
-                found = {s: g for s, g in zip(seconds, granted, strict=True) if g is not None}
+                last_minute = [str(now_s - i) for i in range(1, 61)]
+                granted = await client.hmget(key, last_minute)
+                found = {s: g for s, g in zip(last_minute, granted, strict=True) if g is not None}
                 entry["calls_last_60s"] = float(sum(read_counters(found, key, "limiter_granted").values()))
             else:
                 tokens, ts = await client.hmget(key, ["tokens", "ts"])
@@ -261,11 +263,7 @@ class RedisRateLimiter:
                 limit = self._limits(model)
                 per_minute = (limit.requests_per_minute if kind == "req" else limit.tokens_per_minute) or 0.0
                 if per_minute and at_ms:
-                    seconds, micros = await client.time()
-                    now_ms = int(seconds) * 1000 + int(micros) // 1000
-                    burst = REQUEST_BURST_SECONDS if kind == "req" else TOKEN_BURST_SECONDS
-                    cap = max(1.0, per_minute / 60 * burst)
-                    level = min(cap, level + max(0.0, now_ms - at_ms) * per_minute / 60_000)
+                    level = min(_capacity(per_minute, kind), level + max(0.0, now_ms - at_ms) * per_minute / 60_000)
                 entry[f"{kind}_bucket"] = round(level, 1)
         return out
 

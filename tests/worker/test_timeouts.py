@@ -8,6 +8,7 @@ scoring later batches (the memory limit: ``test_memory.py``).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,22 @@ def test_watchdog_never_fires_into_a_loop_that_moved_on() -> None:
     assert wedged == []
 
 
+@contextmanager
+def _watched_loop(name: str, **limits: Any) -> Iterator[tuple[Any, Any, list[object]]]:
+    """A real loop thread under a ``LoopWatchdog`` (``limits``: its keyword arguments), and the
+    list of the tasks it gave up on; both stopped at the end."""
+    from worker._loop import LoopThread, LoopWatchdog
+
+    lt = LoopThread(name=name)
+    wedged: list[object] = []
+    watchdog = LoopWatchdog(lt, on_wedged=lambda task, s: wedged.append(task), **limits)
+    try:
+        yield lt, watchdog, wedged
+    finally:
+        watchdog.stop()
+        lt.stop()
+
+
 def test_runs_blocking_one_after_another_each_get_their_own_limit() -> None:
     """A run blocked past the limit is interrupted; the next run's step can start before the
     loop's heartbeat turns (it is woken first). The watchdog counted that as one block since the
@@ -216,11 +233,8 @@ def test_runs_blocking_one_after_another_each_get_their_own_limit() -> None:
     import asyncio
     import time
 
-    from worker._loop import LoopBlockedError, LoopThread, LoopWatchdog
+    from worker._loop import LoopBlockedError
 
-    lt = LoopThread(name="test-two-blocking-runs")
-    wedged: list[object] = []
-    watchdog = LoopWatchdog(lt, limit_s=0.5, grace_s=1.5, on_wedged=lambda task, s: wedged.append(task))
     outcomes: list[str] = []
 
     async def runs() -> None:
@@ -236,12 +250,9 @@ def test_runs_blocking_one_after_another_each_get_their_own_limit() -> None:
 
         await asyncio.gather(blocking(), blocking())
 
-    try:
+    with _watched_loop("test-two-blocking-runs", limit_s=0.5, grace_s=1.5) as (lt, watchdog, wedged):
         lt.run(runs(), timeout=30)
         assert wait_for(lambda: watchdog.interrupted == 2, 5)  # counted on the watchdog's thread
-    finally:
-        watchdog.stop()
-        lt.stop()
     assert outcomes == ["interrupted", "interrupted"]
     assert wedged == []
 
@@ -253,11 +264,8 @@ def test_a_loop_kept_blocked_by_short_steps_one_after_another_is_interrupted() -
     import asyncio
     import time
 
-    from worker._loop import LOOP_BLOCK_LIMITS, LoopBlockedError, LoopThread, LoopWatchdog, for_the_loops_limit
+    from worker._loop import LOOP_BLOCK_LIMITS, LoopBlockedError, for_the_loops_limit
 
-    lt = LoopThread(name="test-short-steps")
-    wedged: list[object] = []
-    watchdog = LoopWatchdog(lt, limit_s=1.0, grace_s=3.0, on_wedged=lambda task, s: wedged.append(task))
     outcomes: list[str] = []
 
     async def steps() -> None:
@@ -274,12 +282,9 @@ def test_a_loop_kept_blocked_by_short_steps_one_after_another_is_interrupted() -
 
         await asyncio.gather(*(short() for _ in range(8)))
 
-    try:
+    with _watched_loop("test-short-steps", limit_s=1.0, grace_s=3.0) as (lt, watchdog, wedged):
         lt.run(steps(), timeout=60)
         assert wait_for(lambda: watchdog.interrupted >= 1, 5)
-    finally:
-        watchdog.stop()
-        lt.stop()
     assert "interrupted" in outcomes
     # The first steps, within the loop's limit, ran to their end.
     assert outcomes[: LOOP_BLOCK_LIMITS - 1] == ["returned"] * (LOOP_BLOCK_LIMITS - 1)
@@ -293,14 +298,7 @@ def test_the_loops_limit_does_not_give_up_on_a_process_for_a_step_under_its_own(
     import asyncio
     import time
 
-    from worker._loop import LoopThread, LoopWatchdog
-
-    lt = LoopThread(name="test-bookkeeping")
     runs: set[object] = set()
-    wedged: list[object] = []
-    watchdog = LoopWatchdog(
-        lt, limit_s=1.0, grace_s=3.0, can_interrupt=lambda task: task in runs, on_wedged=lambda t, s: wedged.append(t)
-    )
 
     async def steps() -> None:
         gate = asyncio.Lock()
@@ -313,12 +311,10 @@ def test_the_loops_limit_does_not_give_up_on_a_process_for_a_step_under_its_own(
 
         await asyncio.gather(*(step(True, 0.7) for _ in range(3)), *(step(False, 0.9) for _ in range(2)))
 
-    try:
+    limits: dict[str, Any] = {"limit_s": 1.0, "grace_s": 3.0, "can_interrupt": lambda task: task in runs}
+    with _watched_loop("test-bookkeeping", **limits) as (lt, _, wedged):
         lt.run(steps(), timeout=60)
         assert wait_for(lambda: lt.blocked_for() == 0.0, 5)  # turning again, with nobody given up on
-    finally:
-        watchdog.stop()
-        lt.stop()
     assert wedged == []
 
 

@@ -82,12 +82,12 @@ def json_line(model: BaseModel) -> str:
 def names_an_input(out: Path, inputs: Iterable[Path]) -> bool:
     """Whether ``--out`` is one of the input files: by path, and for a file that exists by the
     file itself (a hard link to an input has a path of its own, and writing it emptied the input)."""
-    resolved = out.resolve()
+    resolved, exists = out.resolve(), out.exists()
     for path in inputs:
         if path.resolve() == resolved:
             return True
         try:
-            if out.exists() and path.exists() and out.samefile(path):
+            if exists and path.exists() and out.samefile(path):
                 return True
         except OSError:
             continue
