@@ -28,6 +28,7 @@ __all__ = [
     "ModelRateLimit",
     "Settings",
     "SettingsError",
+    "broker_url_problem",
     "get_settings",
     "load_settings",
 ]
@@ -54,7 +55,7 @@ _QUERY_PASSWORD = re.compile(r"[?&]password=", re.IGNORECASE)
 
 
 def _url_problem(url: str) -> str | None:
-    """What is wrong with a redis:// or rediss:// URL's host, port or database, else None."""
+    """What is wrong with a redis:// or rediss:// URL's host, port, database or query, else None."""
     if url.partition("://")[0].lower() not in ("redis", "rediss"):
         return None
     try:
@@ -65,7 +66,31 @@ def _url_problem(url: str) -> str | None:
     database = parts.path.strip("/")
     if database and not database.isdecimal():
         return f"names database {database[:20]!r} in its path: a Redis database is a number, e.g. redis://host:6379/0"
+    if parts.query:
+        # Loaded only for a URL with a query: most have none, and `probe live` reads settings.
+        from redis.connection import parse_url
+
+        try:
+            parse_url(url)
+        except ValueError as exc:  # its words name the parameter ("Invalid value for 'db' ...")
+            return f"has a query the Redis client cannot read: {exc}"
     return None
+
+
+def broker_url_problem(url: str) -> str | None:
+    """What is wrong with a broker URL, said after its name (``TRACESCORE_BROKER_URL (url) ...``),
+    else None; an empty URL is embedded mode, not a problem."""
+    if not url:
+        return None
+    if url.partition("://")[0].lower() not in SCREENED_BROKER_SCHEMES:
+        # The message screen (worker._guard) lives in kombu's Redis transport: another
+        # transport would hand hostile messages to Celery unscreened.
+        schemes = ", ".join(s + "://" for s in SCREENED_BROKER_SCHEMES)
+        return f"is not a Redis URL: tracescore's queue runs on Redis ({schemes})"
+    if _QUERY_PASSWORD.search(url):
+        # kombu cannot read it (it fails with a TypeError naming no variable)
+        return "carries the password as a query parameter; put it in the user-info part instead: redis://:PASSWORD@host:6379/0"
+    return _url_problem(url)
 
 
 class ModelRateLimit(BaseModel):
@@ -236,24 +261,12 @@ class Settings(BaseSettings):
                 f"TRACESCORE_VISIBILITY_TIMEOUT ({self.visibility_timeout}), or a redelivered message "
                 "would find its scores still claimed by the dead worker"
             )
-        scheme = self.broker_url.partition("://")[0].lower()
-        if self.broker_url and scheme not in SCREENED_BROKER_SCHEMES:  # (empty: embedded, no queue)
-            # The message screen (worker._guard) lives in kombu's Redis transport: another
-            # transport would hand hostile messages to Celery unscreened.
-            raise ValueError(
-                f"TRACESCORE_BROKER_URL ({redact(self.broker_url)}) is not a Redis URL: tracescore's "
-                f"queue runs on Redis ({', '.join(s + '://' for s in SCREENED_BROKER_SCHEMES)})"
-            )
-        if _QUERY_PASSWORD.search(self.broker_url):
-            # kombu cannot read it (it fails with a TypeError naming no variable)
-            raise ValueError(
-                f"TRACESCORE_BROKER_URL ({redact(self.broker_url)}) carries the password as a query "
-                "parameter; put it in the user-info part instead: redis://:PASSWORD@host:6379/0"
-            )
-        for variable, url in (("TRACESCORE_BROKER_URL", self.broker_url), ("TRACESCORE_REDIS_URL", self.redis_url)):
-            problem = _url_problem(url or "")
+        for variable, url, problem in (
+            ("TRACESCORE_BROKER_URL", self.broker_url, broker_url_problem(self.broker_url)),
+            ("TRACESCORE_REDIS_URL", self.redis_url or "", _url_problem(self.redis_url or "")),
+        ):
             if problem:  # else kombu or redis-py fails later with a ValueError naming no variable
-                raise ValueError(f"{variable} ({redact(url or '')}) {problem}")
+                raise ValueError(f"{variable} ({redact(url)}) {problem}")
         if self.broker_ca_file and not os.path.isfile(self.broker_ca_file):
             raise ValueError(
                 f"TRACESCORE_BROKER_CA_FILE ({self.broker_ca_file}) is not a readable file: "

@@ -801,14 +801,37 @@ def test_worker_command_takes_the_broker_flag_into_prefork_children(redis_url: s
             proc.wait(5)
 
 
-def test_a_bad_broker_flag_is_named_as_the_flag(
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("redis://:sekrit@127.0.0.1:1/0?password=sekrit", "carries the password as a query parameter"),
+        ("redis://:sekrit@127.0.0.1:1/?db=x", "query the Redis client cannot read: Invalid value for 'db'"),
+        ("redis://:sekrit@127.0.0.1:1/0?socket_timeout=soon", "Invalid value for 'socket_timeout'"),
+        ("redis://:sekrit@127.0.0.1:1/zero", "names database 'zero'"),
+        ("amqp://guest:sekrit@127.0.0.1//", "is not a Redis URL"),
+    ],
+)
+def test_a_bad_broker_flag_is_a_usage_error_named_as_the_flag(
+    url: str, problem: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --broker URL the settings refuse is a bad option value (the README's exit 2) naming
+    --broker, its password masked. It was exit 1, and a query value redis-py cannot read
+    (?db=x) was an unexpected-error line ("ValueError: Invalid value for 'db'")."""
+    monkeypatch.delenv("TRACESCORE_BROKER_URL", raising=False)
+    assert main(["status", "--broker", url]) == 2
+    err = capsys.readouterr().err
+    assert "Invalid value for --broker" in err and problem in err, err
+    assert "sekrit" not in err
+
+
+def test_a_bad_broker_variable_is_named_as_the_variable(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A --broker URL the settings refuse is one line naming --broker, its password masked."""
-    monkeypatch.delenv("TRACESCORE_BROKER_URL", raising=False)
-    assert main(["status", "--broker", "redis://:sekrit@127.0.0.1:1/0?password=sekrit"]) == 1
+    """From the environment it is a settings error (exit 1) naming the variable."""
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", "redis://:sekrit@127.0.0.1:1/?db=x")
+    assert main(["status"]) == 1
     err = capsys.readouterr().err
-    assert "--broker (redis://:***@127.0.0.1:1/0?password=***) carries the password as a query parameter" in err
+    assert "TRACESCORE_BROKER_URL (redis://:***@127.0.0.1:1/?db=x) has a query the Redis client" in err, err
     assert "sekrit" not in err
 
 
@@ -878,8 +901,8 @@ def test_a_bad_broker_url_is_named_by_where_backfill_took_it_from(
     examples = str(ROOT / "examples" / "traces")
     bad = "redis://127.0.0.1:1/0?password=sekrit"
     monkeypatch.delenv("TRACESCORE_BROKER_URL", raising=False)
-    assert main(["backfill", examples, "--scorers", "examples.scorers", "--broker", bad]) == 1
-    assert "--broker (redis://127.0.0.1:1/0?password=***) carries the password" in capsys.readouterr().err
+    assert main(["backfill", examples, "--scorers", "examples.scorers", "--broker", bad]) == 2
+    assert "--broker: redis://127.0.0.1:1/0?password=*** carries the password" in capsys.readouterr().err
     monkeypatch.setenv("TRACESCORE_BROKER_URL", bad)
     assert main(["backfill", examples, "--scorers", "examples.scorers"]) == 1
     assert "TRACESCORE_BROKER_URL (redis://127.0.0.1:1/0?password=***) carries" in capsys.readouterr().err

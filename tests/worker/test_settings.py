@@ -71,13 +71,16 @@ def test_broker_url_with_query_password_is_refused_without_echoing_it(monkeypatc
         ("TRACESCORE_BROKER_URL", "rediss://:hunter2-secret@[10.0.0.5/0", "port that is not a number"),
         ("TRACESCORE_BROKER_URL", "redis://:hunter2-secret@10.0.0.5:6379/abc", "names database 'abc'"),
         ("TRACESCORE_REDIS_URL", "redis://:hunter2-secret@10.0.0.5:6379/db1", "names database 'db1'"),
+        ("TRACESCORE_BROKER_URL", "redis://:hunter2-secret@10.0.0.5:6379/?db=one", "Invalid value for 'db'"),
+        ("TRACESCORE_REDIS_URL", "rediss://:hunter2-secret@10.0.0.5/0?health_check_interval=x", "'health_check_int"),
     ],
 )
-def test_a_redis_url_with_a_bad_port_or_database_is_refused_by_name(
+def test_a_redis_url_with_a_bad_port_database_or_query_is_refused_by_name(
     monkeypatch: pytest.MonkeyPatch, variable: str, url: str, message: str
 ) -> None:
-    """They failed later as "ValueError: Port could not be cast to integer value", naming no
-    variable, or (a database that is no number) used database 0 in some commands."""
+    """They failed later as "ValueError: Port could not be cast to integer value" (or, for a
+    query value, "Invalid value for 'db' in connection URL."), naming no variable, or (a
+    database that is no number) used database 0 in some commands."""
     monkeypatch.setenv(variable, url)
     with pytest.raises(SettingsError, match=message) as info:
         load_settings()
