@@ -71,7 +71,7 @@ def _url_problem(url: str) -> str | None:
         from redis.connection import parse_url
 
         try:
-            parse_url(url)
+            parse_url(url)  # type: ignore[no-untyped-call]
         except ValueError as exc:  # its words name the parameter ("Invalid value for 'db' ...")
             return f"has a query the Redis client cannot read: {exc}"
     return None

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ from scorers.judge._fence import well_formed
 from scorers.judge._hooks import JudgeCallRefused, JudgeHooks, JudgeLimiter, get_judge_hooks
 from scorers.judge._model import JudgeMessage, JudgeModel, JudgeRequest, JudgeResponse
 from scorers.judge._processors import ErrorContext, JudgeCallInfo, RetryDecision
-from scorers.judge._providers import resolve_model
+from scorers.judge._providers import model_secret, resolve_model
 from scorers.judge._request import (
     WRAP_KEY,
     Mode,
@@ -144,6 +145,7 @@ class _JudgeCall:
         self.where = f"scorer {info.scorer_id!r} step {info.step}"
         self.log = log.bind(scorer=info.scorer_id, model=info.model_id, step=info.step)
         self.step = step
+        self.secret = model_secret(model)
 
     async def run(self, mode: Mode) -> JudgeAnswer:
         try:
@@ -195,12 +197,12 @@ class _JudgeCall:
                 value = self._validate(response, mode)
             except (ValueError, SchemaMismatch) as problem:
                 attempt.status = "error"
-                attempt.error = f"invalid answer: {problem}"
+                attempt.error = scrub_secrets(f"invalid answer: {problem}", self.secret)
                 attempt.error_type = "JudgeOutputError"
                 if mode == "native" and not fell_back:
                     fell_back = True
                     mode = "system"
-                    self.log.info("judge.fallback", **_problem_fields(problem))
+                    self.log.info("judge.fallback", **_problem_fields(problem, self.spec))
                     continue
                 raise self._fail(self._output_error(problem, response, fell_back)) from problem
             except JudgeError as exc:
@@ -288,7 +290,8 @@ class _JudgeCall:
         custom model may give alone: the error that refuses it, else None."""
         size = len(response.text)
         if response.parsed is not None:
-            size = max(size, len(json.dumps(response.parsed, default=str)))
+            with contextlib.suppress(RecursionError):  # too deep to measure: refused when read
+                size = max(size, len(json.dumps(response.parsed, default=str)))
         bound = request.max_tokens * MAX_CHARS_PER_TOKEN
         if size <= bound:
             return None
@@ -350,7 +353,7 @@ class _JudgeCall:
         if response.finish_reason == "refusal":
             raise ValueError("the judge refused to answer")
         if self.spec is None:
-            text = response.text.strip()
+            text = _clean_text(response.text, self.secret).strip()
             if not text:
                 raise ValueError("the answer is empty")
             if response.finish_reason in _CUT_SHORT:
@@ -363,6 +366,7 @@ class _JudgeCall:
             if response.finish_reason in _CUT_SHORT:  # say why the JSON broke off
                 raise ValueError(f"the answer was cut at the token limit ({response.finish_reason}): {exc}") from None
             raise
+        data = _clean(data, self.secret)
         if mode == "native":
             if not self.spec.is_object:
                 if not isinstance(data, dict) or WRAP_KEY not in data:
@@ -375,18 +379,21 @@ class _JudgeCall:
         after = " (also after retrying with the schema in the system message)" if fell_back else ""
         what = "does not fit the output schema" if isinstance(problem, SchemaMismatch) else "could not be read"
         return JudgeOutputError(
-            f"{self.where}: the answer of judge model {self.info.model_id} {what}{after}: "
-            f"{problem}; raw answer: {response.text!r:.300}",
+            scrub_secrets(
+                f"{self.where}: the answer of judge model {self.info.model_id} {what}{after}: "
+                f"{problem}; raw answer: {response.text!r:.300}",
+                self.secret,
+            ),
             model_id=self.info.model_id,
             step=self.info.step,
-            raw_output=response.text,
+            raw_output=self.raw_output,
         )
 
     # --- records ---------------------------------------------------------------------------
 
     def _record_ok(self, response: JudgeResponse, began: float, mode: Mode) -> JudgeAttempt:
         self.usage = self.usage + response.usage
-        self.raw_output = response.text
+        self.raw_output = _clean_text(response.text, self.secret)
         attempt = JudgeAttempt(
             status="ok",
             duration_ms=(time.perf_counter() - began) * 1000,
@@ -476,13 +483,56 @@ def _known(finish_reason: object) -> str | None:
     return "other"
 
 
-def _problem_fields(problem: Exception) -> dict[str, Any]:
+def _problem_fields(problem: Exception, spec: OutputSpec | None) -> dict[str, Any]:
     """Why an answer did not fit, for a log line: where in the answer (up to 8 places), never the
-    answered values (a claims step's answer is the agent's own text). The error record keeps the
-    whole problem, for whoever reads the scores."""
+    answered values (a claims step's answer is the agent's own text), nor a key the answer made
+    up (it may be the agent's words too): a place through one is logged as such. The error
+    record keeps the whole problem, for whoever reads the scores."""
     if isinstance(problem, SchemaMismatch):
-        return {"problem": "does not fit the output schema", "at": [p.split(":", 1)[0] for p in problem.problems[:8]]}
+        known = spec.property_names if spec is not None else frozenset()
+        return {
+            "problem": "does not fit the output schema",
+            "at": [_schema_place(p.split(":", 1)[0], known) for p in problem.problems[:8]],
+        }
     return {"problem": str(problem)}  # parse errors: a position and a parser message only
+
+
+_PATH_SEPARATORS = re.compile(r"[.\[\]]+")
+
+
+def _schema_place(path: str, known: frozenset[str]) -> str:
+    """``path`` when each step of it is a property the schema names, a list index or the root."""
+    steps = [s for s in _PATH_SEPARATORS.split(path) if s]
+    if all(s in known or s.isdecimal() or s == "(root)" for s in steps):
+        return path
+    return "(a property the schema does not name)"
+
+
+# Deeper than any judge's answer needs to nest: past it an answer is refused before it is walked.
+MAX_ANSWER_DEPTH = 100
+
+
+def _clean_text(text: str, secret: str | None) -> str:
+    """An answer's text as kept: valid Unicode (a lone surrogate, which no JSON writer takes,
+    as U+FFFD) and without the API key the call sent, should the provider echo it."""
+    text = well_formed(text)
+    return text.replace(secret, "***") if secret and len(secret) >= 4 and secret in text else text
+
+
+def _clean(value: Any, secret: str | None, depth: int = 0) -> Any:
+    """A parsed answer with ``_clean_text`` applied to every string, keys included; a
+    ``ValueError`` past ``MAX_ANSWER_DEPTH`` levels (Python's recursion limit is not far)."""
+    if isinstance(value, str):
+        return _clean_text(value, secret)
+    if isinstance(value, dict | list) and depth >= MAX_ANSWER_DEPTH:
+        raise ValueError(f"the answer is nested more than {MAX_ANSWER_DEPTH} levels deep")
+    if isinstance(value, dict):
+        return {
+            _clean_text(k, secret) if isinstance(k, str) else k: _clean(v, secret, depth + 1) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_clean(v, secret, depth + 1) for v in value]
+    return value
 
 
 def _estimate_tokens(request: JudgeRequest) -> int:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import httpx2
     import openai
 
-__all__ = ["PROVIDERS", "AnthropicJudgeModel", "OpenAIJudgeModel", "resolve_model"]
+__all__ = ["PROVIDERS", "AnthropicJudgeModel", "OpenAIJudgeModel", "model_secret", "resolve_model"]
 
 PROVIDERS = ("openai", "anthropic")
 
@@ -54,6 +54,10 @@ class OpenAIJudgeModel:
     supports_native_structured_output = True
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None) -> None:
+        # Imported here, before any call's timeout starts: on a loaded machine the import took
+        # longer than a judge's timeout, and the process's first call failed with nothing sent.
+        import openai  # noqa: F401
+
         self.model = model
         self.model_id = f"openai/{model}"
         self.base_url = base_url
@@ -148,7 +152,7 @@ class OpenAIJudgeModel:
                 request_id=request_id,
                 finish_reason=finish_reason,
             )
-        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
             raise JudgeResponseError(
                 scrub_secrets(
                     f"{self.model_id}: the chat completion could not be read ({type(exc).__name__}: {exc}): "
@@ -161,6 +165,10 @@ class OpenAIJudgeModel:
                 request_id=request_id,
             ) from exc
 
+    def secret(self) -> str | None:
+        """The API key its calls send, to mask wherever an answer quotes it."""
+        return self.api_key or os.environ.get("OPENAI_API_KEY") or None
+
 
 class AnthropicJudgeModel:
     """An Anthropic messages model; native structured output is a forced tool call."""
@@ -169,6 +177,8 @@ class AnthropicJudgeModel:
     supports_native_structured_output = True
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None) -> None:
+        import anthropic  # noqa: F401  (before any call's timeout, as for OpenAI)
+
         self.model = model
         self.model_id = f"anthropic/{model}"
         self.base_url = base_url
@@ -227,32 +237,60 @@ class AnthropicJudgeModel:
             answer_cap(request.max_tokens),
         ):
             async with self._client() as client:
-                message = await client.messages.create(**kwargs)
-        parsed: Any = None
-        texts: list[str] = []
-        for block in message.content:
-            if block.type == "tool_use" and native and block.name == tool:
-                parsed = block.input
-            elif block.type == "text":
-                texts.append(block.text)
-        text = json.dumps(parsed) if parsed is not None else "".join(texts)
+                try:
+                    message = await client.messages.create(**kwargs)
+                except RecursionError:  # the SDK's own parse of a body nesting past Python's stack
+                    raise JudgeResponseError(
+                        f"{self.model_id}: the message could not be read (it is nested too deeply)",
+                        provider=self.provider,
+                        model_id=self.model_id,
+                    ) from None
+        return self._read(message, tool if native else None)
+
+    def _read(self, message: Any, tool: str | None) -> JudgeResponse:
+        """The parts of a message the judge needs. The SDK builds it without validation, so a
+        body of another shape (an HTML page, OpenAI's) arrives as a message of other types."""
+        request_id = getattr(message, "_request_id", None)
         try:
-            usage = _anthropic_usage(message.usage)
-        except ValueError as exc:
+            parsed: Any = None
+            texts: list[str] = []
+            for block in message.content:
+                if block.type == "tool_use" and tool is not None and block.name == tool:
+                    parsed = block.input
+                elif block.type == "text":
+                    if not isinstance(block.text, str):
+                        raise TypeError(f"a text block's text is {type(block.text).__name__}")
+                    texts.append(block.text)
+            if parsed is None:
+                text = "".join(texts)
+            else:
+                try:
+                    text = json.dumps(parsed)
+                except RecursionError:  # refused by the judge's own reading, with its cost kept
+                    text = ""
+            return JudgeResponse(
+                text=text,
+                parsed=parsed,
+                usage=_anthropic_usage(message.usage),
+                model=message.model,
+                request_id=request_id,
+                finish_reason=message.stop_reason,
+            )
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
             raise JudgeResponseError(
-                f"{self.model_id}: the message's usage could not be read: {exc}",
+                scrub_secrets(
+                    f"{self.model_id}: the message could not be read ({type(exc).__name__}: {exc}): "
+                    f"{str(message)[:200]!r}",
+                    self._api_key(),
+                ),
                 provider=self.provider,
                 model_id=self.model_id,
-                request_id=getattr(message, "_request_id", None),
-            ) from None
-        return JudgeResponse(
-            text=text,
-            parsed=parsed,
-            usage=usage,
-            model=message.model,
-            request_id=getattr(message, "_request_id", None),
-            finish_reason=message.stop_reason,
-        )
+                request_id=request_id,
+            ) from exc
+
+    def secret(self) -> str | None:
+        """The API key its calls send, to mask wherever an answer quotes it."""
+        return self.api_key or os.environ.get("ANTHROPIC_API_KEY") or None
 
 
 # More tokens than any model's context takes in one request: a number past it is a broken answer.
@@ -279,6 +317,8 @@ def _anthropic_usage(usage: Any) -> JudgeUsage:
     """Anthropic's ``input_tokens`` are only the tokens after the last cache breakpoint; the
     cache reads and writes come separately. Ours counts the whole prompt (as OpenAI does), with
     the reads and writes as shares of it."""
+    if usage is None:  # none reported (a local model): it costs nothing
+        return JudgeUsage()
     read = token_count(getattr(usage, "cache_read_input_tokens", None), "usage.cache_read_input_tokens")
     written = token_count(getattr(usage, "cache_creation_input_tokens", None), "usage.cache_creation_input_tokens")
     return JudgeUsage(
@@ -302,6 +342,11 @@ def _strict(schema: dict[str, Any]) -> dict[str, Any]:
         _strict_cache.clear()
     _strict_cache[id(schema)] = (schema, strict)
     return strict
+
+
+def model_secret(model: JudgeModel) -> str | None:
+    """The API key a built-in model sends (None for a custom model: its secrets are its own)."""
+    return model.secret() if isinstance(model, OpenAIJudgeModel | AnthropicJudgeModel) else None
 
 
 _resolved: dict[tuple[str, str | None, str | None], JudgeModel] = {}

@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -49,6 +49,22 @@ class OutputSpec:
         adapter = _adapter(schema)  # type: ignore[arg-type]  # types are hashable
         name = schema.__name__ if isinstance(schema, type) else "answer"
         return cls(json_schema=adapter.json_schema(), name=_identifier(name), adapter=adapter)
+
+    @cached_property
+    def property_names(self) -> frozenset[str]:
+        """Every property name the schema declares, at any depth (its ``$defs`` included)."""
+        names: set[str] = set()
+        stack: list[Any] = [self.json_schema]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, Mapping):
+                properties = node.get("properties")
+                if isinstance(properties, Mapping):
+                    names.update(str(k) for k in properties)
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+        return frozenset(names)
 
     @property
     def is_object(self) -> bool:
@@ -150,6 +166,8 @@ def parse_json_text(text: str) -> Any:
             return json.loads(candidate, parse_constant=_not_json)
         except ValueError as exc:
             first_error = first_error or exc
+        except RecursionError:  # past Python's stack: no judge's answer nests like that
+            first_error = first_error or ValueError("it is nested too deeply to read")
     raise ValueError(f"the answer is not valid JSON ({first_error})")
 
 

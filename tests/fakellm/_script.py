@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 __all__ = ["RecordedRequest", "Reply", "Rule"]
 
-ReplyKind = Literal["auto", "text", "json", "refusal", "error", "hang", "drop", "malformed_body"]
+ReplyKind = Literal["auto", "text", "json", "refusal", "error", "hang", "drop", "malformed_body", "raw"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,13 @@ class Reply:
     def malformed_body(cls, **kw: Any) -> Reply:
         """HTTP 200 whose body is truncated JSON."""
         return cls(kind="malformed_body", **kw)
+
+    @classmethod
+    def raw(cls, body: str, *, status: int = 200, **kw: Any) -> Reply:
+        """Exactly ``body`` (UTF-8) with ``status``, whatever either provider would send: a
+        hostile or broken provider's answer (an HTML page, a body of another shape). Its
+        content type is JSON unless ``headers`` say otherwise."""
+        return cls(kind="raw", content=body, status=status, **kw)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -349,6 +349,9 @@ class FakeLLMServer:
             payload = json.dumps(self._success(req, reply)).encode()
             await _send_raw(writer, 200, payload[: len(payload) // 2], headers)
             return True
+        if reply.kind == "raw":
+            await _send_raw(writer, reply.status, (reply.content or "").encode(), headers)
+            return True
         if reply.kind == "error":
             await _send(writer, reply.status, self._error(req, reply), headers)
             return True

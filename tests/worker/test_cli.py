@@ -820,7 +820,8 @@ def test_a_bad_broker_flag_is_a_usage_error_named_as_the_flag(
     monkeypatch.delenv("TRACESCORE_BROKER_URL", raising=False)
     assert main(["status", "--broker", url]) == 2
     err = capsys.readouterr().err
-    assert "Invalid value for --broker" in err and problem in err, err
+    assert "Invalid value for --broker" in err
+    assert problem in err, err
     assert "sekrit" not in err
 
 

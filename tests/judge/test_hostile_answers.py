@@ -1,0 +1,244 @@
+"""Judge answers a broken or hostile provider may send, through the real SDKs over HTTP: each is
+a named judge error or a clean value, with the call's cost kept, and none breaks the result's
+JSON, a log line's promise or a secret (found by an audit with a hostile server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+from structlog.testing import capture_logs
+
+from scorers import Judge, PromptStep, ScoreResult, ScorerRunError, create_scorer
+from scorers.judge import (
+    AnthropicJudgeModel,
+    JudgeMessage,
+    JudgeOutputError,
+    JudgeRequest,
+    JudgeResponseError,
+    aclose_clients,
+    fence,
+)
+from tests.fakellm import FakeLLMServer, Reply
+from tests.judge.helpers import MODELS, Verdict, run
+
+ROOT = Path(__file__).resolve().parents[2]
+# Shaped like no known key format, so only its value can mask it.
+CORP_KEY = "corpkeyOPENAI9f8e7d6c5b4a3f2e1d0c"
+
+
+def _verdict_then_reason(judge: Judge, schema: Any = Verdict) -> Any:
+    """analyze asks for ``schema``; the reason is free text."""
+    return (
+        create_scorer("hostile", judge=judge)
+        .analyze(PromptStep("analyze", lambda run: f"Analyze:\n{fence(run.output, 'answer')}", output_schema=schema))
+        .generate_score(lambda results: 0.5)
+        .generate_reason(PromptStep("reason", lambda score: f"Explain the score {score}."))
+    )
+
+
+def _failure(scorer: Any) -> ScorerRunError:
+    with pytest.raises(ScorerRunError) as info:
+        run(scorer)
+    return info.value
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_lone_surrogate_in_an_answer_becomes_a_replacement_character(fake_llm: FakeLLMServer, model: str) -> None:
+    """A "\\ud800" escape in a structured answer or a reason: the result could not be written as
+    JSON (`score --json` ended with a PydanticSerializationError, losing every other run)."""
+    fake_llm.rule(Reply.json({"verdict": "ok \ud800 fine", "confidence": 0.5}), user_contains="Analyze")
+    fake_llm.rule(Reply.text("because \udfff it is"), user_contains="Explain")
+    result = run(_verdict_then_reason(Judge(model)))
+    assert result.analyze_step_result["verdict"] == "ok \ufffd fine"
+    assert result.reason == "because \ufffd it is"
+    assert ScoreResult.model_validate_json(result.model_dump_json()) == result
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    verdict: str
+
+
+CLOSED_SCHEMAS = {
+    "json schema": {
+        "type": "object",
+        "properties": {"verdict": {"type": "string"}},
+        "required": ["verdict"],
+        "additionalProperties": False,
+    },
+    "pydantic": _Closed,
+    "pydantic dict": dict[str, int],
+}
+
+
+@pytest.mark.parametrize("schema", list(CLOSED_SCHEMAS.values()), ids=list(CLOSED_SCHEMAS))
+def test_the_fallback_log_names_no_key_the_answer_made_up(fake_llm: FakeLLMServer, schema: Any) -> None:
+    """judge.fallback "names where the answer failed, never its values": a key the answer made up
+    (an agent's words, a name and a phone number) was logged as where it failed."""
+    leak = "Jane Doe 555-0199 said"
+    fake_llm.script(Reply.json({"verdict": "x", leak: "not a number"}), Reply.text("not json"))
+    with capture_logs() as logs:
+        _failure(_verdict_then_reason(Judge("openai/gpt-4o-mini"), schema))
+    fallback = [e for e in logs if e["event"] == "judge.fallback"]
+    assert fallback, logs
+    assert leak not in repr(logs)
+    assert fallback[0]["problem"] == "does not fit the output schema"
+
+
+def test_an_answer_quoting_the_api_key_does_not_carry_it(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key of no known shape, echoed by the provider in a 200 answer, reached the output
+    error's message (stderr, the record's error_message) and a stored reason as it was; an
+    error body with it was masked already."""
+    monkeypatch.setenv("OPENAI_API_KEY", CORP_KEY)
+    fake_llm.rule(Reply.text(f"not json, your key is {CORP_KEY}"), user_contains="Analyze")
+    error = _failure(_verdict_then_reason(Judge("openai/gpt-4o-mini")))
+    assert CORP_KEY not in str(error)
+    assert CORP_KEY not in error.partial.model_dump_json()
+    assert "your key is ***" in str(error)
+
+    fake_llm.reset()
+    monkeypatch.setenv("OPENAI_API_KEY", CORP_KEY)
+    fake_llm.rule(Reply.text(f"the key {CORP_KEY} was in the prompt"), user_contains="Explain")
+    result = run(_verdict_then_reason(Judge("openai/gpt-4o-mini")))
+    assert result.reason == "the key *** was in the prompt"
+    assert CORP_KEY not in result.model_dump_json()
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("depth", [990, 10_000])
+def test_an_answer_nested_too_deeply_is_an_output_error_that_keeps_its_cost(
+    fake_llm: FakeLLMServer, model: str, depth: int
+) -> None:
+    """It was a bare RecursionError (an internal error): no schema fallback, and the record said
+    0 judge calls and 0 cost for two paid answers."""
+    deep = "[" * depth + "]" * depth
+    fake_llm.rule(Reply.text(deep, input_tokens=40, output_tokens=9), user_contains="Analyze")
+    error = _failure(_verdict_then_reason(Judge(model)))
+    assert isinstance(error.__cause__, JudgeOutputError), repr(error.__cause__)
+    assert "nested" in str(error)
+    execution = error.partial.judge["analyze"]
+    assert execution.attempt_count == 2  # native, then the schema in the system message
+    assert execution.usage.output_tokens == 18
+    assert fake_llm.count() == 2
+
+
+def test_an_anthropic_tool_input_nested_too_deeply_is_an_output_error(fake_llm: FakeLLMServer) -> None:
+    """The forced tool's input itself nesting past what the judge reads."""
+    deep: Any = []
+    for _ in range(600):
+        deep = [deep]
+    fake_llm.rule(Reply.json({"verdict": deep, "confidence": 0.5}, output_tokens=9), user_contains="Analyze")
+    error = _failure(_verdict_then_reason(Judge("anthropic/claude-3-5-haiku-latest")))
+    assert isinstance(error.__cause__, JudgeOutputError), repr(error.__cause__)
+    assert "nested" in str(error)
+    assert error.partial.judge["analyze"].usage.output_tokens == 18
+
+
+def _anthropic_message(**fields: Any) -> str:
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "m",
+        "content": [{"type": "text", "text": "a fine answer"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 10, "output_tokens": 3},
+    }
+    message.update(fields)
+    return json.dumps({k: v for k, v in message.items() if v is not ...})
+
+
+def _generate(model: AnthropicJudgeModel) -> Any:
+    request = JudgeRequest(system="judge", messages=(JudgeMessage("user", "hi"),), timeout_s=5)
+
+    async def main() -> Any:
+        try:
+            return await model.generate(request)
+        except Exception as exc:
+            return exc
+        finally:
+            await aclose_clients()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("usage", [None, ...], ids=["null", "missing"])
+def test_an_anthropic_answer_without_usage_costs_nothing(fake_llm: FakeLLMServer, usage: Any) -> None:
+    """A model that reports no usage costs 0, as the README says: Anthropic's failed the run with
+    AttributeError: 'NoneType' object has no attribute 'input_tokens'."""
+    fake_llm.script(Reply.raw(_anthropic_message(usage=usage)))
+    response = _generate(AnthropicJudgeModel("m"))
+    assert not isinstance(response, Exception), repr(response)
+    assert response.text == "a fine answer"
+    assert response.usage.total_tokens == 0
+
+
+ODD_BODIES = {
+    "html": ("<html><body>upstream is down</body></html>", {"content-type": "text/html"}),
+    "array": ("[1, 2]", {}),
+    "content is a string": (_anthropic_message(content="a string"), {}),
+    "content of numbers": (_anthropic_message(content=[1, 2]), {}),
+    "a text block without text": (_anthropic_message(content=[{"type": "text"}]), {}),
+    "OpenAI's shape": (json.dumps({"choices": [{"message": {"content": "hi"}}]}), {}),
+    "usage is a list": (_anthropic_message(usage=[1]), {}),
+}
+
+
+@pytest.mark.parametrize(("body", "headers"), list(ODD_BODIES.values()), ids=list(ODD_BODIES))
+def test_an_anthropic_body_of_another_shape_is_a_response_error(
+    fake_llm: FakeLLMServer, body: str, headers: dict[str, str]
+) -> None:
+    """Each was a generic JudgeProviderError quoting a Python internal ("'str' object has no
+    attribute 'content'"); OpenAI's path said what was wrong with the body."""
+    fake_llm.script(Reply.raw(body, headers=headers))
+    error = _generate(AnthropicJudgeModel("m"))
+    assert type(error) is JudgeResponseError, repr(error)
+    assert "anthropic/m: the message could not be read" in str(error)
+
+
+SLOW_IMPORT = textwrap.dedent(
+    """
+    import importlib.abc, sys, time
+
+    class _Slow(importlib.abc.MetaPathFinder):
+        # an SDK that takes seconds to import (a loaded machine's first call)
+        def find_spec(self, name, path=None, target=None):
+            if name in ("openai", "anthropic"):
+                time.sleep(2.0)
+            return None
+
+    sys.meta_path.insert(0, _Slow())
+
+    from scorers import Judge, PromptStep, create_scorer
+
+    scorer = create_scorer("s", judge=Judge(sys.argv[1], timeout=1.0)).generate_score(
+        PromptStep("score", lambda run: "score it")
+    )
+    print(scorer.run_sync(input="q", output="a").score)
+    """
+)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_importing_the_sdk_does_not_count_against_the_first_calls_timeout(
+    fake_llm_env: dict[str, str], model: str
+) -> None:
+    """Each process's first call failed as "no answer within 1s" when its SDK took longer to
+    import (7 s once, on a loaded machine), with no request sent."""
+    env = {**os.environ, **fake_llm_env, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", SLOW_IMPORT, model], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert 0.0 <= float(done.stdout.strip()) <= 1.0
