@@ -24,13 +24,17 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # C0 and C1 control characters: ESC begins an escape sequence (colour, cursor moves, an OSC
-# window title), a newline would forge a line.
-_CONTROLS = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0)], "\ufffd")
+# window title), a newline would forge a line. With them the bidirectional controls, which make
+# a terminal show text in another order than it is (a reason that reads "score 0.1" as "1.0"),
+# and the Unicode line and paragraph separators, which some terminals break lines at.
+_BIDI = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_CONTROLS = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0), *_BIDI, 0x2028, 0x2029], "\ufffd")
 
 
 def printable(text: str) -> str:
-    """``text`` for a terminal (the CLI, the console sink): each control character and each lone
-    surrogate as U+FFFD, so what a trace or a backend's answer holds cannot drive the terminal."""
+    """``text`` for a terminal (the CLI, the console sink): each control character (bidirectional
+    ones too) and each lone surrogate as U+FFFD, so what a trace or a backend's answer holds
+    cannot drive the terminal."""
     return without_lone_surrogates(text.translate(_CONTROLS))[0]
 
 

@@ -117,3 +117,13 @@ def test_json_output_escapes_c1_control_characters(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert lines
     assert any(answer in json.dumps(line, ensure_ascii=False) for line in lines)
+
+
+@pytest.mark.parametrize("control", ["\u202e", "\u2066", "\u200f", "\u061c", "\u2028"])
+def test_bidirectional_controls_and_line_separators_are_not_printed(control: str) -> None:
+    """A judge's reason holding U+202E (right-to-left override) printed as it was in the score
+    table and the summary: the terminal showed the rest of the line reversed."""
+    from tracing import printable
+
+    assert printable(f"score 0.1{control}0 fine") == "score 0.1\ufffd0 fine"
+    assert printable("naïve café, 日本語, emoji 🙂") == "naïve café, 日本語, emoji 🙂"
