@@ -864,6 +864,7 @@ def _run_redis(
         submitter.close()
         raise CliError(f"the broker's queue: {exc}") from exc
     job_store = RedisJobStore(submitter.store)
+    state.queue = settings.queue
     verb = "resuming" if resumed else "starting"
     reporter.message(
         f"backfill {state.job_id}: {verb} in Redis mode (broker {redact(settings.broker_url)}, "
@@ -978,16 +979,14 @@ def _run_redis(
             )
         _report_sinks(summary)
         if no_wait and state.status == "enqueued":
-            click.echo(
-                f"  enqueued; the workers score it. Follow with: tracescore backfill --resume {state.job_id}", err=True
-            )
+            click.echo(f"  enqueued; the workers score it. Follow with: {resume}", err=True)
         _out_failed(out, out_error)
         _check_outcome(summary)
         _check_sinks(summary)
         if not no_wait and wait_timeout is not None and state.status != "finished":
             raise WaitTimeoutError(
                 f"--wait-timeout {wait_timeout:g}s expired before the workers finished; the job goes on: "
-                f"follow it with tracescore backfill --resume {state.job_id}"
+                f"follow it with {resume}"
             )
     finally:
         enqueued.close()
@@ -1023,6 +1022,10 @@ def _resume(
         client.close()
     if state is None:
         raise CliError(f"no backfill job {job_id!r} in {redact(settings.store_url)} (job state expires after 7 days)")
+    if state.queue is not None and state.queue != settings.queue:
+        # Its workers consume the queue it started on: the rest sent elsewhere would wait there.
+        reporter.message(f"the job's queue is {state.queue!r} (TRACESCORE_QUEUE says {settings.queue!r}): using the job's")
+        settings = settings.model_copy(update={"queue": state.queue})
     registry = load_scorers(state.options.scorers_module)
     missing = [s for s in state.options.scorer_ids if s not in registry]
     if missing:

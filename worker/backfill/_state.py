@@ -106,6 +106,9 @@ class BackfillState(BaseModel):
     source_label: str = ""
     options: BackfillOptions
     status: Literal["reading", "interrupted", "enqueued", "finished"] = "reading"
+    # The queue its runs go to (Redis mode): a resume sends the rest there, whatever
+    # TRACESCORE_QUEUE says then (None: a state of an earlier release, which kept no queue).
+    queue: str | None = None
     checkpoint: tuple[int, int, int] = (0, 0, 0)
     counters: JobCounters = Field(default_factory=JobCounters)
     elapsed_s: float = 0.0

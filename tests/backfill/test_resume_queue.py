@@ -1,0 +1,59 @@
+"""A resumed job sends the rest of its runs to the queue it started on, and the commands that
+end before the job does say how to follow it with the broker they were given (README audit)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests._redis import RedisServer
+from tests.backfill._synth import write_otlp_files
+from worker._keys import backfill_runs_key, backfill_state_key
+from worker.cli import cli
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    own = RedisServer()
+    own.start()
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def _backfill(server: RedisServer, *args: str, queue: str | None = None) -> tuple[dict[str, object], str]:
+    env = {"TRACESCORE_BROKER_URL": "", "TRACESCORE_QUEUE": queue}
+    result = CliRunner().invoke(cli, ["backfill", *args, "--broker", server.url(0), "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def test_a_resume_sends_the_rest_to_the_jobs_queue(tmp_path: Path, server: RedisServer) -> None:
+    """A job started with TRACESCORE_QUEUE=nightly and resumed without it sent the rest of its
+    runs to the queue 'tracescore', where no worker of the job listens."""
+    write_otlp_files(tmp_path, 40, files=1)
+    first, said = _backfill(server, str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait", queue="nightly")
+    db = server.client(0, decode_responses=True)
+    assert first["runs_enqueued"] == 40
+    assert db.llen("nightly") > 0
+    assert db.llen("tracescore") == 0
+    # Follow-up hints name the broker the command was given: without it, copying one failed
+    # ("--resume needs the Redis the job ran with").
+    assert f"Follow with: tracescore backfill --resume {first['job_id']} --broker redis://:***@" in said
+
+    # As if it had been stopped before enqueuing anything: the resume reads it all again.
+    job = str(first["job_id"])
+    state = json.loads(db.get(backfill_state_key(job)) or "{}")
+    stopped = {**state, "status": "interrupted", "checkpoint": [0, 0, 0], "counters": {}}
+    db.set(backfill_state_key(job), json.dumps(stopped))
+    db.delete(backfill_runs_key(job), "nightly")
+    resumed, said = _backfill(server, "--resume", job, "--no-wait")
+    assert resumed["runs_enqueued"] == 40
+    assert "the job's queue is 'nightly' (TRACESCORE_QUEUE says 'tracescore'): using the job's" in said
+    assert db.llen("tracescore") == 0
+    assert db.llen("nightly") > 0
