@@ -1024,7 +1024,8 @@ def _resume(
         raise CliError(f"no backfill job {job_id!r} in {redact(settings.store_url)} (job state expires after 7 days)")
     if state.queue is not None and state.queue != settings.queue:
         # Its workers consume the queue it started on: the rest sent elsewhere would wait there.
-        reporter.message(f"the job's queue is {state.queue!r} (TRACESCORE_QUEUE says {settings.queue!r}): using the job's")
+        said = f"TRACESCORE_QUEUE says {settings.queue!r}"
+        reporter.message(f"the job's queue is {state.queue!r} ({said}): using the job's")
         settings = settings.model_copy(update={"queue": state.queue})
     registry = load_scorers(state.options.scorers_module)
     missing = [s for s in state.options.scorer_ids if s not in registry]
