@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
@@ -95,6 +95,9 @@ def broker_url_problem(url: str) -> str | None:
 
 class ModelRateLimit(BaseModel):
     """Budget of one judge model, shared by every worker: requests and tokens per minute."""
+
+    # A misspelt key ("requests_per_minut") left the model without any limit, silently.
+    model_config = ConfigDict(extra="forbid")
 
     requests_per_minute: float | None = Field(default=None, gt=0)
     tokens_per_minute: float | None = Field(default=None, gt=0)
@@ -387,7 +390,9 @@ def load_settings(**overrides: Any) -> Settings:
         for error in exc.errors():
             message = str(error["msg"]).removeprefix("Value error, ")
             if error["loc"]:
-                problems.append(f"TRACESCORE_{str(error['loc'][0]).upper()}: {message}")
+                variable, *inside = (str(part) for part in error["loc"])
+                where = f" at {'.'.join(inside)}" if inside else ""  # which key of a JSON value
+                problems.append(f"TRACESCORE_{variable.upper()}{where}: {message}")
             else:
                 problems.append(message)
         raise SettingsError("bad worker settings: " + "; ".join(problems)) from None

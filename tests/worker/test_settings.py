@@ -32,6 +32,11 @@ def test_rate_limits_parse_from_json(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         ({"TRACESCORE_MODEL_CONCURRENCY": "lots"}, "TRACESCORE_MODEL_CONCURRENCY"),
         ({"TRACESCORE_RATE_LIMITS": "{not json"}, "TRACESCORE_RATE_LIMITS"),
+        # A misspelt key meant no limit at all for the model (README audit).
+        (
+            {"TRACESCORE_RATE_LIMITS": '{"openai/gpt-4o-mini": {"requests_per_minut": 5}}'},
+            "TRACESCORE_RATE_LIMITS at openai/gpt-4o-mini.requests_per_minut: Extra inputs are not permitted",
+        ),
         (
             {
                 "TRACESCORE_VISIBILITY_TIMEOUT": "100",
