@@ -37,6 +37,7 @@ whichever exporter version posts (the oldest allowed one let requests follow the
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import ssl
 import threading
@@ -227,14 +228,33 @@ def _ssl_context(verify: bool | str, cert: str | tuple[str, str] | None) -> ssl.
 
 
 def _check_headers() -> None:
-    """A ``ValueError`` naming the variable and the header when the exporter's headers hold a
-    value no HTTP header can carry: requests refused it on every export, and the exporter's
-    error log quoted it. The value is not shown."""
+    """A ``ValueError`` naming the variable (and the header, where the entry has a name) when the
+    exporter's headers hold a value no HTTP header can carry, or an entry the exporter cannot
+    read: requests refused the first on every export, and the exporter dropped the second
+    (sending, say, no authorization) with a warning that quoted it. The value is not shown."""
     variable = next((v for v in _HEADER_VARIABLES if os.environ.get(v)), None)
     if variable is None:
         return
-    # (read as the exporter reads them: each value percent-decoded and stripped)
-    for name, value in parse_env_headers(os.environ[variable], liberal=True).items():
+    raw = os.environ[variable]
+    # (read as the exporter reads them, its warning about an entry it drops silenced: it quotes
+    # the value; the entry is named below instead)
+    otel_log = logging.getLogger("opentelemetry.util.re")
+    was_disabled, otel_log.disabled = otel_log.disabled, True
+    try:
+        headers = parse_env_headers(raw, liberal=True)
+    finally:
+        otel_log.disabled = was_disabled
+    for entry in filter(None, (e.strip() for e in raw.split(","))):
+        name, sep, _ = entry.partition("=")
+        name = unquote(name).strip().lower()
+        if not sep or name not in headers:
+            which = f"the entry for {name[:40]!r}" if sep and name else "an entry that is not name=value"
+            raise ValueError(
+                f"the OTLP exporter's headers ({variable}) hold {which}, which the exporter cannot read and"
+                " would drop: write each as name=value, the value percent-encoded (%0A for a line break, %2C"
+                " for a comma); the value is not shown"
+            )
+    for name, value in headers.items():
         problem = header_value_problem(value)
         if problem:
             raise ValueError(f"the OTLP exporter's {name!r} header ({variable}) {problem}")
