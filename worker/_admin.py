@@ -7,7 +7,7 @@ for the worker ping); the command line says which server, in one line.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from pydantic import ValidationError
@@ -19,7 +19,7 @@ from worker._limiter import RedisRateLimiter
 from worker._settings import Settings
 from worker.store import DeadLetter, RedisDeadLetters, RedisJobStats, StoreKeyTypeError, check_list
 
-__all__ = ["broker_status", "dead_letters", "requeue_dead_letters", "store_status"]
+__all__ = ["Requeued", "broker_status", "dead_letters", "requeue_dead_letters", "store_status"]
 
 # How long one `dlq retry` holds a letter it is sending back: past it (the caller died), a
 # later retry may send it.
@@ -127,9 +127,17 @@ async def dead_letters(settings: Settings, limit: int) -> tuple[int, list[DeadLe
         await store.close()
 
 
-async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tuple[list[DeadLetter], list[str]]:
-    """Send the dead letters ``ids`` (``None``: every one) back to the scoring queue; returns the
-    letters requeued and one line per letter that was not (and why)."""
+class Requeued(NamedTuple):
+    """What ``requeue_dead_letters`` did: the letters sent, one line per letter that was not
+    (and why), and of those the ids of the letters that cannot be retried (left listed)."""
+
+    requeued: list[DeadLetter]
+    problems: list[str]
+    not_retryable: list[str]
+
+
+async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> Requeued:
+    """Send the dead letters ``ids`` (``None``: every one) back to the scoring queue."""
     store = RedisDeadLetters(settings.store_url)
     # rediss:// verified as the workers do (TRACESCORE_BROKER_CA_FILE); the workers' message cap.
     sink = CelerySink(
@@ -138,6 +146,7 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
     ledger = RedisLedger(settings.store_url)
     requeued: list[DeadLetter] = []
     problems: list[str] = []
+    not_retryable: list[str] = []
     try:
         listed = {d.id: d for d in await store.latest(limit=1_000_000)}
         for letter_id in list(listed) if ids is None else ids:
@@ -147,6 +156,7 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
                 continue
             if not letter.retryable or letter.payload is None:
                 problems.append(f"{letter_id}: not retryable ({letter.reason}); fix the producer instead")
+                not_retryable.append(letter_id)
                 continue
             try:
                 batch = ScoreBatch.model_validate(letter.payload)
@@ -180,4 +190,4 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> tup
         sink.close()
         await store.close()
         await ledger.close()
-    return requeued, problems
+    return Requeued(requeued, problems, not_retryable)

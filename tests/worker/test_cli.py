@@ -157,6 +157,14 @@ def test_dlq_list_and_retry(env: str, capsys: pytest.CaptureFixture[str]) -> Non
     client.close()
     assert main(["dlq", "retry"]) == 1  # neither ids nor --all
 
+    # Only letters that cannot be retried left: --all has nothing to do, and that is no error
+    # (it exited 1, "nothing requeued", so a cron job failed for as long as one stayed listed).
+    assert main(["dlq", "retry", "--all", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert (said["requeued"], said["not_retryable"]) == ([], [bad.id])
+    assert main(["dlq", "retry", bad.id]) == 1  # asked for by id, it is refused
+    assert f"{bad.id}: not retryable" in capsys.readouterr().err
+
 
 def test_dlq_lists_a_damaged_letter_as_unreadable_and_retries_the_others(
     env: str, capsys: pytest.CaptureFixture[str]
@@ -241,9 +249,9 @@ def test_two_dlq_retries_at_once_send_a_letter_once(env: str, monkeypatch: pytes
         send(self, batch)
 
     monkeypatch.setattr(CelerySink, "send", send_while_another_retries)
-    requeued, problems = asyncio.run(requeue_dead_letters(settings, None))
+    requeued, problems, _ = asyncio.run(requeue_dead_letters(settings, None))
     assert ([d.id for d in requeued], problems) == ([letter.id], [])
-    ((other_requeued, other_problems),) = second
+    ((other_requeued, other_problems, _),) = second
     assert other_requeued == []
     assert other_problems == [f"{letter.id}: being requeued by another `tracescore dlq retry`"]
     assert len(sends) == 1
@@ -279,8 +287,8 @@ def test_a_dlq_retry_that_listed_a_letter_another_retry_then_sent_does_not_send_
         return await hold(self, letter_id, ttl_s)
 
     monkeypatch.setattr(RedisDeadLetters, "hold", a_runs_first)
-    requeued, problems = asyncio.run(requeue_dead_letters(settings, None))
-    ((a_requeued, a_problems),) = first
+    requeued, problems, _ = asyncio.run(requeue_dead_letters(settings, None))
+    ((a_requeued, a_problems, _),) = first
     assert ([d.id for d in a_requeued], a_problems) == ([letter.id], [])
     assert (requeued, problems) == ([], [f"{letter.id}: being requeued by another `tracescore dlq retry`"])
     client = redis.Redis.from_url(env)

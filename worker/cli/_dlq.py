@@ -82,18 +82,24 @@ def dlq_retry(broker: str | None, ids: tuple[str, ...], retry_all: bool, as_json
         raise CliError("give dead letter ID(s) or --all (not both)")
     settings = redis_settings(broker)
     try:
-        requeued, problems = asyncio.run(requeue_dead_letters(settings, None if retry_all else list(ids)))
+        requeued, problems, not_retryable = asyncio.run(
+            requeue_dead_letters(settings, None if retry_all else list(ids))
+        )
     except (RedisError, OSError) as exc:
         if isinstance(exc, StoreUnavailableError):  # the dead letters' store; else the broker
             raise unreachable("score store", settings.store_url, exc) from exc
         raise unreachable("broker", settings.broker_url, exc) from exc
     if as_json:
-        click.echo(json.dumps({"requeued": [letter.id for letter in requeued], "problems": problems}))
+        said = {"requeued": [letter.id for letter in requeued], "problems": problems, "not_retryable": not_retryable}
+        click.echo(json.dumps(said))
     for letter in [] if as_json else requeued:
         click.echo(printable(f"requeued {letter.id} (batch {letter.batch_id or '-'})"))  # ids from Redis
     for problem in [] if as_json else problems:
         click.echo(printable(problem), err=True)
     if not as_json:
         click.echo(f"{len(requeued)} requeued, {len(problems)} not", err=True)
-    if problems and not requeued:
+    # --all asks for the retryable ones: a list holding only others is no failure (a cron job's
+    # `dlq retry --all` failed for as long as one not_json letter stayed listed).
+    failed = len(problems) - (len(not_retryable) if retry_all else 0)
+    if failed and not requeued:
         raise CliError("nothing requeued")
