@@ -222,8 +222,6 @@ def test_an_out_that_cannot_be_written_ends_the_job_with_exit_1(tmp_path: Path) 
 @pytest.mark.parametrize(
     "args",
     [
-        ["--scorers", "examples.scorers"],
-        [str(EXAMPLES)],
         [str(EXAMPLES), "--scorers", "nope.mod"],
         [str(EXAMPLES), "--scorers", "examples.scorers", "--scorer", "missing"],
         ["--resume", "bf-x"],
@@ -235,6 +233,21 @@ def test_usage_errors_are_one_line(args: list[str]) -> None:
     assert result.exit_code == 1
     assert len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.startswith("Error: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--scorers", "examples.scorers"], "Error: give a source (trace files"),
+        ([str(EXAMPLES)], "Error: give the scorers with --scorers my.module"),
+    ],
+)
+def test_a_missing_source_or_scorers_module_is_a_usage_error(args: list[str], said: str) -> None:
+    """Exit 2, as `score` without --scorers (both exited 1, the README's code for an error)."""
+    result = _run(*args)
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr
+    assert "backfill --help' for help." in result.stderr
 
 
 def test_a_missing_input_file_is_a_usage_error(tmp_path: Path) -> None:

@@ -235,10 +235,13 @@ def backfill_command(
     if resume_id:
         job.resume(resume_id)
         return
+    # Usage errors (exit 2), as `score` without --scorers is: each is required but for --resume.
     if not sources:
-        raise CliError("give a source (trace files, a directory, or tempo+http://HOST:3200), or --resume JOB_ID")
+        raise click.UsageError(
+            "give a source (trace files, a directory, or tempo+http://HOST:3200), or --resume JOB_ID"
+        )
     if not module:
-        raise CliError("give the scorers with --scorers my.module (the module that defines them)")
+        raise click.UsageError("give the scorers with --scorers my.module (the module that defines them)")
     registry = load_scorers(module)
     unknown = [s for s in only if s not in registry]
     if unknown:
