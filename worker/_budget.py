@@ -138,7 +138,7 @@ def parse_budgets(raw: str | Mapping[str, Any] | None) -> Budgets:
         raise ValueError(
             "TRACESCORE_BUDGETS must be JSON like "
             '{"scorers": {"relevancy": 5}, "models": {"openai/gpt-4o-mini": 20}, "total": 50} '
-            f"(USD per UTC day): {exc}"
+            f"(USD per UTC day): {_one_line(exc)}"
         ) from None
     return budgets
 
@@ -155,13 +155,27 @@ def parse_prices(raw: str | Mapping[str, Any] | None) -> dict[str, ModelPrice]:
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         for model_id, price in data.items():
-            table[str(model_id)] = ModelPrice.model_validate(price)
+            try:
+                table[str(model_id)] = ModelPrice.model_validate(price)
+            except ValidationError as exc:  # said with the model it is for
+                raise ValueError(f"{model_id}: {_one_line(exc).removeprefix('(root): ')}") from None
     except (ValueError, ValidationError) as exc:
         raise ValueError(
             'TRACESCORE_PRICES must be JSON like {"openai/gpt-4o-mini": {"input": 0.15, "output": 0.6, '
-            f'"cached_input": 0.075}}}} (USD per million tokens): {exc}'
+            f'"cached_input": 0.075}}}} (USD per million tokens): {_one_line(exc)}'
         ) from None
     return table
+
+
+def _one_line(exc: Exception) -> str:
+    """A parse error on one line (pydantic's text spans several, with a link): where and what,
+    for each problem."""
+    if not isinstance(exc, ValidationError):
+        return " ".join(str(exc).split())
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
+        for e in exc.errors(include_url=False, include_input=False)
+    )
 
 
 @lru_cache(maxsize=8)

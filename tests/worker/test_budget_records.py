@@ -117,8 +117,21 @@ def test_price_override_applies_to_records(fake_llm: FakeLLMServer, monkeypatch:
 )
 def test_bad_budgets_and_prices_fail_at_start_naming_the_variable(variable: str, value: str, said: str) -> None:
     """A bad value is refused at start-up with the variable's name and the expected shape."""
-    with pytest.raises(SettingsError, match=said):
+    with pytest.raises(SettingsError, match=said) as raised:
         load_settings(**{variable: value})
+    # One line, naming where (pydantic's text spanned several, printed with U+FFFD for each
+    # line break, with a link; README audit).
+    assert "\n" not in str(raised.value)
+    assert "errors.pydantic.dev" not in str(raised.value)
+
+
+def test_a_bad_price_or_budget_names_the_model_or_key() -> None:
+    with pytest.raises(SettingsError) as raised:
+        load_settings(prices='{"openai/x": {"input": 1, "output": -2}}')
+    assert "openai/x: output: Input should be greater than or equal to 0" in str(raised.value)
+    with pytest.raises(SettingsError) as raised:
+        load_settings(budgets='{"scorers": {"relevancy": "five"}}')
+    assert "scorers.relevancy: Input should be a valid number" in str(raised.value)
 
 
 def test_unpriced_calls_are_counted_apart_from_the_spend() -> None:
