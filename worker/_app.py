@@ -309,7 +309,7 @@ def _check_start(app: TracescoreApp) -> None:
         store=redact(settings.store_url),
         scorers=",".join(registry),
         queue=settings.queue,
-        writer=settings.writer,
+        sinks=",".join(settings.sink_names) or "none",
     )
 
 

@@ -216,7 +216,7 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
 def _missing_credentials(provider: str, model_id: str, exc: BaseException) -> JudgeAuthError:
     env = _CREDENTIAL_ENV.get(provider, "the provider's API key variable")
     return JudgeAuthError(
-        f"{model_id}: no API key for {provider}: set {env} or pass Judge(api_key=...) ({exc})",
+        f"{model_id}: no API key for {provider}: set {env} or give the key as Judge's api_key argument ({exc})",
         provider=provider,
         model_id=model_id,
     )

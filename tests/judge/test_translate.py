@@ -106,6 +106,8 @@ def test_missing_api_key_fails_at_call_time(monkeypatch: pytest.MonkeyPatch, pro
     exc = _generate(model)
     assert isinstance(exc, JudgeAuthError)
     assert f"{provider.upper()}_API_KEY" in str(exc)
+    # The hint itself was masked as a credential ("pass Judge(api_key=*** (Missing ...").
+    assert "give the key as Judge's api_key argument (" in str(exc)
 
 
 def test_synthetic_sdk_errors_are_translated() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from tests._redis import RedisServer
 from worker.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,3 +60,24 @@ def test_the_cli_logs_tracebacks_without_local_variables(capsys: pytest.CaptureF
     assert "Traceback" in err
     assert "RuntimeError: the writer failed" in err
     assert "SECRET" not in err
+
+
+def test_the_start_line_names_the_sinks_the_worker_delivers_to(redis_server: RedisServer, tmp_path: Path) -> None:
+    """It logged the older TRACESCORE_WRITER (writer=otlp) whatever --sink said (README audit)."""
+    from structlog.testing import capture_logs
+
+    from worker._app import _check_start, create_app
+    from worker._settings import load_settings
+
+    settings = load_settings(
+        broker_url=redis_server.url(9),
+        scorers="tests.worker.sample_scorers",
+        sinks="jsonl",
+        jsonl_path=str(tmp_path / "scores.jsonl"),
+        probe_dir=str(tmp_path / "probe"),
+    )
+    with capture_logs() as logs:
+        _check_start(create_app(settings))
+    (started,) = [e for e in logs if e["event"] == "worker_starting"]
+    assert started["sinks"] == "jsonl"
+    assert "writer" not in started
