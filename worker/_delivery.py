@@ -57,47 +57,51 @@ log = structlog.get_logger("tracescore.delivery")
 
 
 def build_sinks(settings: Settings) -> list[ScoreSink]:
-    """The sinks ``TRACESCORE_SINKS`` (else ``WRITER``) names, built from the settings."""
+    """The sinks ``TRACESCORE_SINKS`` (else ``WRITER``) names, built from the settings; a value
+    a sink refuses (a key with a line break, a URL of another scheme) is a ``SettingsError``."""
     sinks: list[ScoreSink] = []
     for name in settings.sink_names:
-        if name == "otlp":
-            # (each backend's sink loads when named: a run that writes its scores to a file does
-            # not load the OTLP exporter and the HTTP clients)
-            sinks.append(tracing.sinks.OtlpSink())
-        elif name == "jsonl":
-            if not settings.jsonl_file:
-                raise SettingsError("the jsonl sink needs TRACESCORE_JSONL_PATH (a file to append to)")
-            sinks.append(JsonlSink(settings.jsonl_file))
-        elif name == "console":
-            sinks.append(ConsoleSink())
-        elif name == "phoenix":
-            url = _needed(settings.phoenix_url, "phoenix", "TRACESCORE_PHOENIX_URL")
-            key = settings.phoenix_api_key.get_secret_value() if settings.phoenix_api_key else None
-            sinks.append(_sink_class("PhoenixSink")(url, api_key=key))
-        elif name == "mlflow":
-            url = _needed(settings.mlflow_url, "mlflow", "TRACESCORE_MLFLOW_URL")
-            token = settings.mlflow_token.get_secret_value() if settings.mlflow_token else None
-            sinks.append(_sink_class("MlflowSink")(url, token=token))
-        elif name == "langfuse":
-            host = _needed(settings.langfuse_host, "langfuse", "TRACESCORE_LANGFUSE_HOST")
-            public = _needed(settings.langfuse_public_key, "langfuse", "TRACESCORE_LANGFUSE_PUBLIC_KEY")
-            secret = settings.langfuse_secret_key.get_secret_value() if settings.langfuse_secret_key else None
-            sinks.append(
-                _sink_class("LangfuseSink")(host, public, _needed(secret, "langfuse", "TRACESCORE_LANGFUSE_SECRET_KEY"))
-            )
-        else:
-            raise SettingsError(f"unknown sink {name!r} in TRACESCORE_SINKS")
+        try:
+            sinks.append(_build_sink(name, settings))
+        except SettingsError:
+            raise
+        except ValueError as exc:  # each sink's own check names the setting, never its value
+            raise SettingsError(f"the {name} sink: {exc}") from None
     return sinks
+
+
+def _build_sink(name: str, settings: Settings) -> ScoreSink:
+    if name == "otlp":
+        # (each backend's sink loads when named: a run that writes its scores to a file does
+        # not load the OTLP exporter and the HTTP clients)
+        return tracing.sinks.OtlpSink()
+    if name == "jsonl":
+        if not settings.jsonl_file:
+            raise SettingsError("the jsonl sink needs TRACESCORE_JSONL_PATH (a file to append to)")
+        return JsonlSink(settings.jsonl_file)
+    if name == "console":
+        return ConsoleSink()
+    if name == "phoenix":
+        url = _needed(settings.phoenix_url, "phoenix", "TRACESCORE_PHOENIX_URL")
+        key = settings.phoenix_api_key.get_secret_value() if settings.phoenix_api_key else None
+        return _sink_class("PhoenixSink")(url, api_key=key)
+    if name == "mlflow":
+        url = _needed(settings.mlflow_url, "mlflow", "TRACESCORE_MLFLOW_URL")
+        token = settings.mlflow_token.get_secret_value() if settings.mlflow_token else None
+        return _sink_class("MlflowSink")(url, token=token)
+    if name == "langfuse":
+        host = _needed(settings.langfuse_host, "langfuse", "TRACESCORE_LANGFUSE_HOST")
+        public = _needed(settings.langfuse_public_key, "langfuse", "TRACESCORE_LANGFUSE_PUBLIC_KEY")
+        secret = settings.langfuse_secret_key.get_secret_value() if settings.langfuse_secret_key else None
+        return _sink_class("LangfuseSink")(host, public, _needed(secret, "langfuse", "TRACESCORE_LANGFUSE_SECRET_KEY"))
+    raise SettingsError(f"unknown sink {name!r} in TRACESCORE_SINKS")
 
 
 def check_sinks(settings: Settings) -> None:
     """Build each configured sink once and close it: what a sink refuses when built (a URL it
     cannot use, a key no HTTP header can carry, a proxy that is not http(s)) stops the worker's
     start naming the setting (``SettingsError``), instead of failing each task after it."""
-    try:
-        sinks = build_sinks(settings)
-    except ValueError as exc:  # SettingsError among them
-        raise SettingsError(str(exc)) from None
+    sinks = build_sinks(settings)
     for sink in sinks:
         with contextlib.suppress(Exception):
             sink.close()

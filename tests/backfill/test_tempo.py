@@ -115,6 +115,21 @@ def test_unreachable_tempo_is_a_source_error() -> None:
         list(source.read())
 
 
+def test_an_embedded_backfill_of_an_unreachable_tempo_ends_with_one_error_line() -> None:
+    """It went through the crash handler: "error: SourceError: ... (run with --verbose for the
+    traceback)" (README audit). Now the summary comes first, then one line, exit 1."""
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", "tempo+http://127.0.0.1:9", "--since", "1h", "--scorers", "tests.backfill.scorers"],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert result.exit_code == 1, result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: Tempo at http://127.0.0.1:9 is unreachable"), result.stderr
+    assert "the scores above are the part read before it" in last
+    assert "--verbose" not in result.stderr
+
+
 def test_tempo_errors_never_print_the_urls_password(tempo: FakeTempo) -> None:
     """A Tempo URL with credentials: its label, unreachable and HTTP errors show ``***``."""
     secret = "tempo-s3cret-pw"

@@ -113,3 +113,28 @@ def test_a_sink_that_cannot_be_built_stops_the_workers_start(
     assert done.returncode == 1, done.stderr[-2000:]
     assert re.search(f"tracescore worker cannot start: .*{message}", done.stderr), done.stderr[-2000:]
     assert "phx-key-1234" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (
+            ["--sink", "phoenix", "--phoenix-url", "http://127.0.0.1:9"],
+            {"TRACESCORE_PHOENIX_API_KEY": "key-0123456789\n"},
+            "Error: the phoenix sink: the Phoenix API key (api_key / TRACESCORE_PHOENIX_API_KEY) ends with a line",
+        ),
+        (["--sink", "mlflow", "--mlflow-url", "ftp://x"], {}, "Error: the mlflow sink: MLflow tracking URI must be"),
+    ],
+)
+def test_a_value_a_sink_refuses_is_one_error_line_of_backfill(args: list[str], env: dict[str, str], said: str) -> None:
+    """They went through the crash handler ("error: ValueError: ... run with --verbose"; README
+    audit): a settings error of the command, one line, exit 1, the key never shown."""
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", "examples/traces", "--scorers", "examples.scorers", "--sample", "0.01", *args],
+        env={"TRACESCORE_BROKER_URL": "", **env},
+    )
+    assert result.exit_code == 1, result.output
+    assert said in result.stderr
+    assert "--verbose" not in result.stderr
+    assert "0123456789" not in result.stderr

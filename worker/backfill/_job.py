@@ -786,12 +786,16 @@ def _run_embedded(
     reporter.message(f"reading {state.source_label}; scorers: {', '.join(state.options.scorer_ids)}")
     started = time.monotonic()
     interrupted = False
+    source_failed: SourceError | None = None
     try:
         with _stop_on_signals() as stop:
             Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run()
         state.status = "finished"
     except KeyboardInterrupt:
         interrupted = True
+        state.status = "interrupted"
+    except SourceError as exc:  # Tempo failing mid-job: what was scored is summed up first
+        source_failed = exc
         state.status = "interrupted"
     finally:
         progress = scorer.progress(state.job_id)
@@ -830,6 +834,8 @@ def _run_embedded(
     if interrupted:
         click.echo("interrupted (embedded jobs keep no state: run the command again to start over)", err=True)
         raise SystemExit(130)
+    if source_failed is not None:
+        raise CliError(f"{source_failed}; the scores above are the part read before it (embedded jobs keep no state)")
     _out_failed(out, out_file.error if out_file is not None else None)
     _check_outcome(summary)
     _check_sinks(summary)
