@@ -332,3 +332,12 @@ def test_an_agent_named_with_a_lone_surrogate_is_printed_and_written(tmp_path: P
     assert "agent\ufffdx" in result.stdout
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 3 * 3
+
+
+def test_table_with_a_broker_says_it_prints_nothing() -> None:
+    """--table is for scoring in this process: with a broker it was ignored without a word."""
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", str(EXAMPLES), "--scorers", "examples.scorers", "--table", "--broker", "redis://127.0.0.1:1/0"],
+    )
+    assert "note: --table prints scores made in this process; with a broker the workers make them" in result.stderr

@@ -226,6 +226,12 @@ def backfill_command(
         show_table=show_table,
         worst=worst,
     )
+    if show_table and broker:  # it was ignored without a word
+        click.echo(
+            "note: --table prints scores made in this process; with a broker the workers make them"
+            " (the summary shows the worst runs, --out writes every record)",
+            err=True,
+        )
     if out is not None and broker and (no_wait or resume_id):
         raise CliError(
             "--out with a broker writes the workers' records once they are done: drop --no-wait; "
