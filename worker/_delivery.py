@@ -441,23 +441,24 @@ class Deliveries:
     def finish(self, outbox: MemoryOutbox, timeout_s: float) -> dict[str, SinkCounts]:
         """For a command scoring in place: stop the threads, then drain ``outbox`` here until
         nothing is queued or ``timeout_s`` has passed (retries wait their backoff, inside that
-        time); returns each sink's counts."""
+        time); returns each sink's counts. The wait ends at ``timeout_s`` but for one delivery
+        under way (each bounded by its sink's own timeout): a drainer still delivering then is
+        left to it, its sink not used from here, and its scores count as pending."""
+        deadline = time.monotonic() + timeout_s
         for drainer in self._drainers:
             drainer.stopping.set()
             drainer.wakeup.set()
         for drainer in self._drainers:
             if drainer.thread.is_alive():
-                drainer.thread.join()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            leased = sum(drain_once(s, outbox, self.policy) for s in self.sinks)
-            if leased and time.monotonic() < deadline:
+                drainer.thread.join(max(0.0, deadline - time.monotonic()))
+        free = [d.sink for d in self._drainers if not d.thread.is_alive()]
+        while free and time.monotonic() < deadline:
+            if sum(drain_once(s, outbox, self.policy) for s in free):
                 continue
             wait = outbox.next_due_s()
-            left = deadline - time.monotonic()
-            if wait is None or left <= 0:
+            if wait is None:
                 break
-            time.sleep(min(wait + 0.01, left))
+            time.sleep(max(0.0, min(wait + 0.01, deadline - time.monotonic())))
         counts = outbox.counts()
         self.stop(0.0)
         return counts

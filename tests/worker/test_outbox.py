@@ -402,6 +402,28 @@ def test_stop_closes_a_sink_only_after_its_drainer_ended() -> None:
     assert not stuck.closed.is_set()
 
 
+def test_finish_waits_no_longer_than_its_timeout_for_a_drainer_still_delivering() -> None:
+    """A command scoring in place waits up to TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS for its sinks:
+    it joined a drainer stuck in a delivery with no limit (0 s gave 15 s against an OTLP endpoint
+    that was down, 30 s gave 43 s; README audit). Now a drainer still delivering at the deadline
+    is left to it, its scores pending, while the other sinks' are delivered."""
+    from worker._delivery import Deliveries
+
+    store = MemoryScoreStore(sinks=SINKS)
+    _put(lambda: store, _record(1, score=0.5))
+    stuck = _Stuck("alpha")
+    deliveries = Deliveries([stuck, MemorySink("beta")], lambda: store.outbox, DrainPolicy(lease_s=30, poll_s=0.05))
+    deliveries.start()
+    try:
+        assert stuck.delivering.wait(10)
+        counts = deliveries.finish(store.outbox, 0.5)
+        assert not stuck.release.is_set()  # (returned while the delivery still hung)
+        assert (counts["alpha"].pending, counts["alpha"].delivered) == (1, 0)
+        assert counts["beta"].delivered == 1
+    finally:
+        stuck.release.set()
+
+
 def test_a_corrupt_dead_letter_is_listed_as_unreadable_not_a_crash(redis_url: str) -> None:
     """One dead letter that does not parse is listed by its id as unreadable_dead_letter (it can
     still be retried); the others as they are; `tracescore sinks list` does not crash. (A sink
