@@ -678,7 +678,7 @@ def test_broker_flag_wins_over_the_environment(wrong_env: str, capsys: pytest.Ca
     assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [letter.id]
 
     assert main(["dlq", "retry", "--all", "--json", "--broker", url]) == 0
-    assert json.loads(capsys.readouterr().out) == {"requeued": [letter.id], "problems": []}
+    assert json.loads(capsys.readouterr().out) == {"requeued": [letter.id], "problems": [], "not_retryable": []}
     client = redis.Redis.from_url(url)
     try:
         assert client.llen("tracescore") == 1  # requeued through the --broker, not the environment's
