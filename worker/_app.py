@@ -21,6 +21,7 @@ import logging
 import os
 import ssl
 import sys
+import threading
 from typing import Any
 
 import click
@@ -337,19 +338,44 @@ def _begin_grace_period(sig: str = "", how: str = "", **_: Any) -> None:
 
 
 def _drain_node(controller: Any, sig: str, how: str) -> None:
-    from worker._loop import begin_shutdown
+    from worker._loop import EXIT_ALLOWANCE_S, begin_shutdown
     from worker._task import DRAIN_SIGNAL
 
     settings = controller.app.settings
     grace = settings.shutdown_grace_seconds if how == "Warm" else 0.0
     if not begin_shutdown(grace, settings.shutdown_cleanup_seconds):
         return
+    _exit_by(grace + settings.shutdown_cleanup_seconds + EXIT_ALLOWANCE_S - _EXIT_MARGIN_S)
     pool_info = getattr(getattr(controller, "pool", None), "info", None) or {}
     children = [pid for pid in pool_info.get("processes", []) if pid != os.getpid()]
     for pid in children:
         with contextlib.suppress(ProcessLookupError):  # a child that just exited
             os.kill(pid, DRAIN_SIGNAL)
     log.info("worker_draining", signal=sig, grace_s=grace, children=len(children))
+
+
+# Before the platform's kill (grace + cleanup + EXIT_ALLOWANCE_S): the backstop's own exit.
+_EXIT_MARGIN_S = 1.0
+# The exit status of a worker whose shutdown ran past its time (70: a wedged loop, _runtime).
+EXIT_SHUTDOWN_OVERRAN = 71
+
+
+def _exit_by(seconds: float) -> None:
+    """The main process ends within ``seconds`` of SIGTERM, whatever its teardown waits on:
+    Celery's own (kombu's pidbox, the worker-offline event) calls Redis without a timeout, so a
+    Redis that hangs with its connections open held a worker past its kill timer, or forever
+    where none comes. Whatever it still held returns as after a SIGKILL (unacked messages come
+    back; claims lapse); the grace period's work was done by then."""
+
+    def overran() -> None:
+        # os.write, not the log: a thread stuck in a log line may hold its lock.
+        with contextlib.suppress(OSError):
+            os.write(2, f"tracescore worker: worker_shutdown_overran after {seconds:g}s: exiting\n".encode())
+        os._exit(EXIT_SHUTDOWN_OVERRAN)
+
+    timer = threading.Timer(max(0.0, seconds), overran)
+    timer.daemon = True
+    timer.start()
 
 
 @signals.worker_ready.connect
