@@ -83,6 +83,8 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
         "workers": workers,
         "broker_full": full,
         "broker_read_only": read_only,
+        # maxmemory-policy when it is not noeviction (with a maxmemory): keys are dropped when full.
+        "broker_evicts": writes.policy if writes is not None and writes.evicts else None,
         "broker_memory": {
             "used_bytes": writes.used_bytes if writes is not None else 0,
             "max_bytes": writes.max_bytes if writes is not None else None,

@@ -214,6 +214,12 @@ def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
                 ) from None
             # down or unreachable: Celery retries the broker until it is up
         else:
+            from worker._guard import BrokerWrites
+
+            writes = BrokerWrites.read(client)  # (None: INFO not allowed here, as on some managed Redis)
+            problem = writes.eviction_problem(what, url) if writes is not None else None
+            if problem:
+                raise SettingsError(problem)
             if what == "broker":
                 _check_broker_keys(client, settings.queue)
         finally:

@@ -56,6 +56,7 @@ from celery.worker.consumer import Consumer
 from kombu.transport import redis as _kombu_redis
 from kombu.transport import virtual as _kombu_virtual
 
+from tracing import redact
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME, parse_json
 from worker._errors import WorkerError
 from worker._settings import Settings
@@ -353,6 +354,7 @@ class BrokerWrites:
     used_bytes: int
     max_bytes: int | None  # None: no maxmemory
     noeviction: bool
+    policy: str = "noeviction"  # maxmemory-policy
 
     @classmethod
     def read(cls, client: Any) -> BrokerWrites | None:
@@ -368,6 +370,24 @@ class BrokerWrites:
             int(memory.get("used_memory") or 0),
             limit or None,
             memory.get("maxmemory_policy") == "noeviction",
+            str(memory.get("maxmemory_policy") or "noeviction"),
+        )
+
+    @property
+    def evicts(self) -> bool:
+        """Whether Redis drops keys when full: score records (what keeps a redelivery from
+        scoring again), claims, queued messages and job states would go without a word."""
+        return not self.noeviction and self.max_bytes is not None
+
+    def eviction_problem(self, what: str, url: str) -> str | None:
+        """The one line refusing a Redis that evicts, naming ``what`` (broker, score store)."""
+        if not self.evicts:
+            return None
+        return (
+            f"the {what} at {redact(url)} evicts keys when full (maxmemory-policy {self.policy}): it would drop"
+            " score records, claims and queued runs without a word (scores lost or made twice); set"
+            " maxmemory-policy to noeviction (CONFIG SET maxmemory-policy noeviction, or a managed"
+            " Redis' parameter group)"
         )
 
     def full(self, room_bytes: int = 0) -> bool:

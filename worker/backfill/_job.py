@@ -869,6 +869,9 @@ def _run_redis(
     except StoreKeyTypeError as exc:
         submitter.close()
         raise CliError(f"the broker's queue: {exc}") from exc
+    except SettingsError as exc:  # a Redis that evicts keys when full
+        submitter.close()
+        raise CliError(str(exc)) from exc
     job_store = RedisJobStore(submitter.store)
     state.queue = settings.queue
     verb = "resuming" if resumed else "starting"

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from tracing.queue import Backpressure, Publisher, ScoreBatch
+from worker._errors import SettingsError
 from worker._keys import job_key
 from worker._reconnect import DECODED
 from worker._settings import Settings
@@ -77,12 +78,23 @@ class RedisSubmitter:
         return self._publisher.throttled_s
 
     def ping(self) -> None:
-        """Raises ``redis.exceptions.ConnectionError`` when the broker or the store is down, and
-        ``StoreKeyTypeError`` when the queue's key holds another Redis type."""
+        """Raises ``redis.exceptions.ConnectionError`` when the broker or the store is down,
+        ``StoreKeyTypeError`` when the queue's key holds another Redis type, and
+        ``SettingsError`` when either Redis evicts keys when full."""
+        from worker._guard import BrokerWrites
+
         if self._broker is not None:
             self._broker.ping()
             check_list(self._broker, self.queue)
+            self._refuse_eviction(BrokerWrites.read(self._broker), "broker", self.settings.broker_url)
         self.store.ping()
+        self._refuse_eviction(BrokerWrites.read(self.store), "score store", self.settings.store_url)
+
+    @staticmethod
+    def _refuse_eviction(writes: Any, what: str, url: str) -> None:
+        problem = writes.eviction_problem(what, url) if writes is not None else None
+        if problem:
+            raise SettingsError(problem)
 
     def pending(self) -> int:
         if self._broker is None:

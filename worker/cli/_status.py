@@ -87,6 +87,11 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
             f"{(memory['max_bytes'] or 0) / 2**20:.0f} MiB: Redis refuses writes and the workers wait for room "
             "(deliver or drop the sinks' backlog: tracescore sinks list; or raise maxmemory)"
         )
+    if status["broker_evicts"]:
+        _echo(
+            f"broker EVICTS  maxmemory-policy {status['broker_evicts']}: a full Redis drops score records, claims"
+            " and queued runs (scores lost or made twice); workers refuse to start on it: set noeviction"
+        )
     if status["broker_read_only"]:
         _echo(
             "broker READ-ONLY  the endpoint is a replica (a failover under way?): Redis refuses writes "
