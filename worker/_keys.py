@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "PREFIX",
+    "backfill_hold_key",
     "backfill_runs_key",
     "backfill_state_key",
     "backfill_traces_key",
@@ -144,6 +145,12 @@ def backfill_traces_key(job_id: str) -> str:
     """Set of trace ids a backfill job of an earlier release enqueued: read (never written) when
     such a job is resumed, so it still enqueues none of them twice (``backfill_runs_key`` now)."""
     return f"{PREFIX}backfill:{job_id}:traces"
+
+
+def backfill_hold_key(job_id: str) -> str:
+    """The lock of the process running a backfill job (its start or a ``--resume``), renewed while
+    it runs: a second process on the job is refused."""
+    return f"{PREFIX}backfill-hold:{job_id}"
 
 
 def backfill_runs_key(job_id: str) -> str:

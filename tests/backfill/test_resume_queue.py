@@ -57,3 +57,44 @@ def test_a_resume_sends_the_rest_to_the_jobs_queue(tmp_path: Path, server: Redis
     assert "the job's queue is 'nightly' (TRACESCORE_QUEUE says 'tracescore'): using the job's" in said
     assert db.llen("tracescore") == 0
     assert db.llen("nightly") > 0
+
+
+def test_a_job_is_run_by_one_process_at_a_time(
+    tmp_path: Path, server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `--resume` of one job at once both enqueued its runs and each ended "finished" with
+    counts of the other's scores (queue-fault audit). A second process on a job waits for the
+    first's hold to lapse, and is refused while it is renewed; a holder that died on this host
+    (a SIGKILLed backfill) is taken over at once."""
+    import socket
+    import subprocess
+    import sys
+
+    from worker.backfill._state import JobHold
+
+    monkeypatch.setattr(JobHold, "HOLD_S", 1.0)
+    write_otlp_files(tmp_path, 20, files=1)
+    first, _ = _backfill(server, str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait")
+    job = str(first["job_id"])
+    assert server.client(0).exists(f"tracescore:backfill-hold:{job}") == 0  # released at the end
+
+    running = JobHold(server.client(0), job)  # another process running the job, renewing its hold
+    running._token = "another-host:1:x"
+    assert running.acquire()
+    try:
+        result = CliRunner().invoke(
+            cli,
+            ["backfill", "--resume", job, "--no-wait", "--broker", server.url(0)],
+            env={"TRACESCORE_BROKER_URL": ""},
+        )
+        assert result.exit_code == 1, result.output
+        assert f"backfill {job} is held by another process: waiting up to 1 s" in result.stderr
+        assert f"backfill {job} is being run by another process (a start or a --resume)" in result.stderr
+    finally:
+        running.release()
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    server.client(0).set(f"tracescore:backfill-hold:{job}", f"{socket.gethostname()}:{gone.stdout.strip()}:x", ex=600)
+    again, said = _backfill(server, "--resume", job, "--no-wait")  # a holder gone from this host: at once
+    assert again["job_id"] == job
+    assert "waiting" not in said

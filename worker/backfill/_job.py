@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 import structlog
@@ -45,9 +45,12 @@ from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, sp
 from worker._terminal import printable
 from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._progress import ProgressReporter, format_duration
-from worker.backfill._state import BackfillState, RedisJobStore
+from worker.backfill._state import BackfillState, JobHold, RedisJobStore
 from worker.cli import CliError, cli_settings, names_an_input, unreachable
 from worker.store import StoreKeyTypeError
+
+if TYPE_CHECKING:
+    from worker.backfill._submit import RedisSubmitter
 
 __all__ = ["EXIT_SINK_FAILED", "EXIT_WAIT_TIMEOUT", "BackfillJob", "WaitTimeoutError", "load_scorers", "print_summary"]
 
@@ -873,6 +876,48 @@ def _run_redis(
         submitter.close()
         raise CliError(str(exc)) from exc
     job_store = RedisJobStore(submitter.store)
+    hold = JobHold(submitter.store, state.job_id)
+
+    def waiting() -> None:
+        reporter.message(f"backfill {state.job_id} is held by another process: waiting up to {JobHold.HOLD_S:.0f} s")
+
+    try:
+        held = hold.acquire(JobHold.HOLD_S + 2 if resumed else 0.0, waiting)
+    except redis.exceptions.RedisError as exc:
+        submitter.close()
+        raise unreachable("score store", settings.store_url, exc) from exc
+    if not held:
+        submitter.close()
+        raise CliError(
+            f"backfill {state.job_id} is being run by another process (a start or a --resume): its progress"
+            " is that one's to show; once it ends, --resume follows the job"
+        )
+    try:
+        _run_held(source, state, settings, reporter, submitter, job_store, no_wait=no_wait, wait_timeout=wait_timeout,
+                  as_json=as_json, resumed=resumed, registry=registry, worst=worst, out=out)  # fmt: skip
+    finally:
+        hold.release()
+
+
+def _run_held(
+    source: TraceSource,
+    state: BackfillState,
+    settings: Settings,
+    reporter: ProgressReporter,
+    submitter: RedisSubmitter,
+    job_store: RedisJobStore,
+    *,
+    no_wait: bool,
+    wait_timeout: float | None,
+    as_json: bool,
+    resumed: bool,
+    registry: Registry | None,
+    worst: int,
+    out: Path | None,
+) -> None:
+    """``_run_redis`` once the job is this process's: enqueue, follow the workers, sum up."""
+    import redis
+
     state.queue = settings.queue
     verb = "resuming" if resumed else "starting"
     reporter.message(

@@ -9,20 +9,25 @@ any run the input holds twice) from being enqueued twice.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
+import socket
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from tracing.sources import Position
-from worker._keys import backfill_runs_key, backfill_state_key, backfill_traces_key
+from worker._keys import backfill_hold_key, backfill_runs_key, backfill_state_key, backfill_traces_key
 
 __all__ = [
     "BackfillOptions",
     "BackfillState",
     "JobCounters",
+    "JobHold",
     "RedisJobStore",
     "new_job_id",
     "run_id",
@@ -163,3 +168,72 @@ class RedisJobStore:
 
     def delete(self, job_id: str) -> None:
         self.client.delete(backfill_state_key(job_id), backfill_runs_key(job_id), backfill_traces_key(job_id))
+
+
+class JobHold:
+    """One process at a time on a job: its start or a ``--resume`` holds a Redis lock (redis-py's,
+    renewed every third of ``HOLD_S`` while it runs). Two resumes of one job at once both
+    enqueued its runs, and each ended "finished" with the other's scores counted against its own
+    expected ones. The lock names its holder (host and pid): one that died on this host (a
+    SIGKILLed backfill resumed at once) is taken over at once, one elsewhere when it lapses."""
+
+    HOLD_S = 30.0
+    _DELETE_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+    def __init__(self, client: Any, job_id: str) -> None:
+        self._client = client
+        self._key = backfill_hold_key(job_id)
+        self._lock = client.lock(self._key, timeout=self.HOLD_S, blocking=False, thread_local=False)
+        self._token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}"
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def acquire(self, wait_s: float = 0.0, on_wait: Callable[[], None] | None = None) -> bool:
+        """True once held; waits up to ``wait_s`` for another holder's lock to lapse (``on_wait``
+        called once, when it starts waiting)."""
+        deadline = time.monotonic() + wait_s
+        waiting = False
+        while not self._lock.acquire(token=self._token):
+            if self._holder_died_here():
+                continue
+            if time.monotonic() >= deadline:
+                return False
+            if not waiting and on_wait is not None:
+                on_wait()
+            waiting = True
+            time.sleep(0.5)
+        self._renewer = threading.Thread(target=self._renew, name="tracescore-backfill-hold", daemon=True)
+        self._renewer.start()
+        return True
+
+    def _holder_died_here(self) -> bool:
+        """Whether the holder was a process of this host that is gone (its lock then removed)."""
+        raw = self._client.get(self._key)
+        held = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        host, _, rest = (held or "").partition(":")
+        pid = rest.partition(":")[0]
+        if host != socket.gethostname() or not pid.isdecimal() or int(pid) == os.getpid():
+            return False
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return bool(self._client.eval(self._DELETE_IF, 1, self._key, held))
+        except PermissionError:  # alive, another user's
+            return False
+        return False
+
+    def _renew(self) -> None:
+        import redis
+
+        while not self._stop.wait(self.HOLD_S / 3):
+            with contextlib.suppress(redis.exceptions.RedisError):  # away now: the next renewal may land
+                self._lock.extend(self.HOLD_S, replace_ttl=True)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(5)
+        import redis
+
+        with contextlib.suppress(redis.exceptions.RedisError):  # (LockError among them) it lapses by itself
+            self._lock.release()
