@@ -98,3 +98,14 @@ def test_a_job_is_run_by_one_process_at_a_time(
     again, said = _backfill(server, "--resume", job, "--no-wait")  # a holder gone from this host: at once
     assert again["job_id"] == job
     assert "waiting" not in said
+
+
+def test_resuming_a_job_redis_no_longer_holds_says_what_to_do(server: RedisServer) -> None:
+    """After a Redis without persistence restarted, the interrupt had said "nothing enqueued is
+    lost ... resume with", and the resume said only that job states expire after 7 days."""
+    result = CliRunner().invoke(
+        cli, ["backfill", "--resume", "bf-gone", "--broker", server.url(0)], env={"TRACESCORE_BROKER_URL": ""}
+    )
+    assert result.exit_code == 1, result.output
+    assert "no backfill job 'bf-gone'" in result.stderr
+    assert "a Redis restarted without persistence has lost it; run the backfill again" in result.stderr

@@ -1075,7 +1075,11 @@ def _resume(
     finally:
         client.close()
     if state is None:
-        raise CliError(f"no backfill job {job_id!r} in {redact(settings.store_url)} (job state expires after 7 days)")
+        raise CliError(
+            f"no backfill job {job_id!r} in {redact(settings.store_url)}: a job's state expires after 7 days, and a"
+            " Redis restarted without persistence has lost it; run the backfill again (scores already stored are"
+            " not made twice)"
+        )
     if state.queue is not None and state.queue != settings.queue:
         # Its workers consume the queue it started on: the rest sent elsewhere would wait there.
         said = f"TRACESCORE_QUEUE says {settings.queue!r}"
