@@ -79,8 +79,10 @@ class OpenAIJudgeModel:
         def build() -> openai.AsyncOpenAI:
             import openai
 
+            # No redirect followed: it would send the prompt (the agent's content) to wherever the
+            # answer points, another host included.
             http = openai.DefaultAsyncHttpxClient(
-                headers=ACCEPTED_ENCODINGS, event_hooks={"response": [cap_response_body]}
+                headers=ACCEPTED_ENCODINGS, event_hooks={"response": [cap_response_body]}, follow_redirects=False
             )
             return openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, http_client=http)
 
@@ -201,7 +203,7 @@ class AnthropicJudgeModel:
             import anthropic
 
             http = anthropic.DefaultAsyncHttpxClient(
-                headers=ACCEPTED_ENCODINGS, event_hooks={"response": [cap_response_body]}
+                headers=ACCEPTED_ENCODINGS, event_hooks={"response": [cap_response_body]}, follow_redirects=False
             )
             return anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0, http_client=http)
 

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from scorers._errors import category_for_status
 from scorers._secrets import scrub_secrets
@@ -229,6 +230,13 @@ def _status_error(exc: Any, provider: str, model_id: str) -> JudgeStatusError:
     body = getattr(exc, "body", None)
     error_type, code, detail = _error_fields(body)
     message = detail or getattr(exc, "message", None) or str(exc)
+    if 300 <= status < 400:
+        # The clients follow no redirect: it would send the prompt (the agent's content) there.
+        target = urlsplit(exc.response.headers.get("location", "")).hostname or "elsewhere"
+        message = (
+            f"a redirect to {target}, not followed (it would send the prompt there): set the base URL"
+            f" ({provider.upper()}_BASE_URL or Judge(base_url=)) to where the API answers"
+        )
     # The class follows the category (one table, ``category_for_status``); within a category
     # the status picks the most precise class.
     category = category_for_status(status)

@@ -242,3 +242,21 @@ def test_importing_the_sdk_does_not_count_against_the_first_calls_timeout(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert 0.0 <= float(done.stdout.strip()) <= 1.0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_redirect_is_not_followed_with_the_prompt(fake_llm: FakeLLMServer, model: str) -> None:
+    """A 307 to another host was followed, and the prompt (the agent's content) sent there."""
+    with FakeLLMServer() as elsewhere:
+        path = "/v1/chat/completions" if model.startswith("openai") else "/v1/messages"
+        fake_llm.script(
+            Reply.raw(
+                "",
+                status=307,
+                headers={"location": f"http://user:pw@localhost:{elsewhere.url.rsplit(':', 1)[1]}{path}"},
+            )
+        )
+        error = _failure(_verdict_then_reason(Judge(model)))
+        assert elsewhere.count() == 0
+    assert "returned HTTP 307: a redirect to localhost, not followed (it would send the prompt there)" in str(error)
+    assert "pw" not in str(error)
