@@ -378,10 +378,11 @@ class _JudgeCall:
     def _output_error(self, problem: Exception, response: JudgeResponse, fell_back: bool) -> JudgeOutputError:
         after = " (also after retrying with the schema in the system message)" if fell_back else ""
         what = "does not fit the output schema" if isinstance(problem, SchemaMismatch) else "could not be read"
+        answer = scrub_secrets(response.text, self.secret)  # before it is cut: a cut key is no key to mask
         return JudgeOutputError(
             scrub_secrets(
                 f"{self.where}: the answer of judge model {self.info.model_id} {what}{after}: "
-                f"{problem}; raw answer: {response.text!r:.300}",
+                f"{problem}; raw answer: {answer!r:.300}",
                 self.secret,
             ),
             model_id=self.info.model_id,
@@ -498,12 +499,14 @@ def _problem_fields(problem: Exception, spec: OutputSpec | None) -> dict[str, An
 
 
 _PATH_SEPARATORS = re.compile(r"[.\[\]]+")
+_LIST_INDEX = re.compile(r"\[\d+\]")
 
 
 def _schema_place(path: str, known: frozenset[str]) -> str:
-    """``path`` when each step of it is a property the schema names, a list index or the root."""
-    steps = [s for s in _PATH_SEPARATORS.split(path) if s]
-    if all(s in known or s.isdecimal() or s == "(root)" for s in steps):
+    """``path`` when each step of it is a property the schema names, a list index (``[n]``) or
+    the root: a key the answer made up of digits (a phone number) is no index."""
+    steps = [s for s in _PATH_SEPARATORS.split(_LIST_INDEX.sub("", path)) if s]
+    if all(s in known or s == "(root)" for s in steps):
         return path
     return "(a property the schema does not name)"
 
@@ -512,11 +515,18 @@ def _schema_place(path: str, known: frozenset[str]) -> str:
 MAX_ANSWER_DEPTH = 100
 
 
+# A key shorter than this is a local server's placeholder ("none", "ollama", "lm-studio"), no
+# secret: masked, it rewrote answers ("none of the claims hold" as "*** of the claims hold").
+_MIN_ECHOED_KEY = 16
+
+
 def _clean_text(text: str, secret: str | None) -> str:
     """An answer's text as kept: valid Unicode (a lone surrogate, which no JSON writer takes,
     as U+FFFD) and without the API key the call sent, should the provider echo it."""
     text = well_formed(text)
-    return text.replace(secret, "***") if secret and len(secret) >= 4 and secret in text else text
+    if secret and len(secret) >= _MIN_ECHOED_KEY and secret in text:
+        return text.replace(secret, "***")
+    return text
 
 
 def _clean(value: Any, secret: str | None, depth: int = 0) -> Any:

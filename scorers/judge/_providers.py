@@ -158,7 +158,7 @@ class OpenAIJudgeModel:
             raise JudgeResponseError(
                 scrub_secrets(
                     f"{self.model_id}: the chat completion could not be read ({type(exc).__name__}: {exc}): "
-                    f"{raw.content[:200]!r}",
+                    f"{scrub_secrets(raw.content.decode(errors='replace'), self._api_key())[:200]!r}",
                     self._api_key(),
                 ),
                 provider=self.provider,
@@ -282,7 +282,7 @@ class AnthropicJudgeModel:
             raise JudgeResponseError(
                 scrub_secrets(
                     f"{self.model_id}: the message could not be read ({type(exc).__name__}: {exc}): "
-                    f"{str(message)[:200]!r}",
+                    f"{scrub_secrets(str(message), self._api_key())[:200]!r}",
                     self._api_key(),
                 ),
                 provider=self.provider,

@@ -4,6 +4,7 @@ end before the job does say how to follow it with the broker they were given (RE
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def test_a_resume_sends_the_rest_to_the_jobs_queue(tmp_path: Path, server: Redis
     assert db.llen("tracescore") == 0
     # Follow-up hints name the broker the command was given: without it, copying one failed
     # ("--resume needs the Redis the job ran with").
-    assert f"Follow with: tracescore backfill --resume {first['job_id']} --broker redis://:***@" in said
+    assert f"Follow with: tracescore backfill --resume {first['job_id']} --broker redis://:PASSWORD@" in said
 
     # As if it had been stopped before enqueuing anything: the resume reads it all again.
     job = str(first["job_id"])
@@ -66,11 +67,10 @@ def test_a_job_is_run_by_one_process_at_a_time(
     counts of the other's scores (queue-fault audit). A second process on a job waits for the
     first's hold to lapse, and is refused while it is renewed; a holder that died on this host
     (a SIGKILLed backfill) is taken over at once."""
-    import socket
     import subprocess
     import sys
 
-    from worker.backfill._state import JobHold
+    from worker.backfill._state import JobHold, _this_host
 
     monkeypatch.setattr(JobHold, "HOLD_S", 1.0)
     write_otlp_files(tmp_path, 20, files=1)
@@ -88,13 +88,13 @@ def test_a_job_is_run_by_one_process_at_a_time(
             env={"TRACESCORE_BROKER_URL": ""},
         )
         assert result.exit_code == 1, result.output
-        assert f"backfill {job} is held by another process: waiting up to 1 s" in result.stderr
+        assert f"backfill {job} is held by another process: waiting up to 3 s" in result.stderr
         assert f"backfill {job} is being run by another process (a start or a --resume)" in result.stderr
     finally:
         running.release()
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    server.client(0).set(f"tracescore:backfill-hold:{job}", f"{socket.gethostname()}:{gone.stdout.strip()}:x", ex=600)
+    server.client(0).set(f"tracescore:backfill-hold:{job}", f"{_this_host()}:{gone.stdout.strip()}:x", ex=600)
     again, said = _backfill(server, "--resume", job, "--no-wait")  # a holder gone from this host: at once
     assert again["job_id"] == job
     assert "waiting" not in said
@@ -109,3 +109,72 @@ def test_resuming_a_job_redis_no_longer_holds_says_what_to_do(server: RedisServe
     assert result.exit_code == 1, result.output
     assert "no backfill job 'bf-gone'" in result.stderr
     assert "a Redis restarted without persistence has lost it; run the backfill again" in result.stderr
+
+
+def test_a_resume_that_waited_goes_on_from_what_the_holder_left(
+    tmp_path: Path, server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state read before waiting for the hold was the one used after it: what the holder did
+    meanwhile was read again (counted as read again, not enqueued) and its state overwritten
+    with the stale one (review)."""
+    import threading
+
+    from worker.backfill._state import JobHold, RedisJobStore
+
+    monkeypatch.setattr(JobHold, "HOLD_S", 5.0)
+    write_otlp_files(tmp_path, 20, files=1)
+    first, _ = _backfill(server, str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait")
+    job = str(first["job_id"])
+    running = JobHold(server.client(0), job)
+    running._token = "another-host:1:x"
+    assert running.acquire()
+    loads: list[str] = []
+    load = RedisJobStore.load
+
+    def counted(self: RedisJobStore, job_id: str) -> object:
+        loads.append(job_id)
+        return load(self, job_id)
+
+    monkeypatch.setattr(RedisJobStore, "load", counted)
+
+    def holder_finishes() -> None:  # once the resume has read the state and waits
+        deadline = time.monotonic() + 30
+        while not loads and time.monotonic() < deadline:
+            time.sleep(0.05)
+        db = server.client(0, decode_responses=True)
+        state = json.loads(db.get(backfill_state_key(job)) or "{}")
+        db.set(backfill_state_key(job), json.dumps({**state, "elapsed_s": 1000.0}))
+        running.release()
+
+    helper = threading.Thread(target=holder_finishes)
+    helper.start()
+    try:
+        again, said = _backfill(server, "--resume", job, "--no-wait")
+    finally:
+        helper.join(30)
+    assert "is held by another process: waiting up to 7 s" in said
+    assert len(loads) == 2  # before waiting, and once held
+    state = json.loads(server.client(0, decode_responses=True).get(backfill_state_key(job)) or "{}")
+    assert state["elapsed_s"] >= 1000.0  # the holder's, not overwritten by the stale state
+    assert again["runs_enqueued"] == 20
+
+
+def test_a_hold_taken_by_another_is_known_lost(server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its renewal swallowed every Redis error, so a process whose lock had lapsed (paused past
+    it, or Redis lost it) and was taken went on running the job beside the new holder (review).
+    Now the renewal that finds the lock another's marks the hold lost, and the job stops."""
+    from worker.backfill._state import JobHold
+
+    monkeypatch.setattr(JobHold, "HOLD_S", 0.6)
+    mine, theirs = JobHold(server.client(0), "bf-x"), JobHold(server.client(0), "bf-x")
+    assert mine.acquire()
+    server.client(0).delete("tracescore:backfill-hold:bf-x")  # lapsed
+    assert theirs.acquire()
+    deadline = time.monotonic() + 10
+    while not mine.lost.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mine.lost.is_set()
+    assert not theirs.lost.is_set()
+    mine.release()
+    assert server.client(0).exists("tracescore:backfill-hold:bf-x") == 1  # the other's, kept
+    theirs.release()

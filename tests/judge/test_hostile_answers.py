@@ -85,13 +85,24 @@ def test_the_fallback_log_names_no_key_the_answer_made_up(fake_llm: FakeLLMServe
     """judge.fallback "names where the answer failed, never its values": a key the answer made up
     (an agent's words, a name and a phone number) was logged as where it failed."""
     leak = "Jane Doe 555-0199 said"
-    fake_llm.script(Reply.json({"verdict": "x", leak: "not a number"}), Reply.text("not json"))
+    fake_llm.script(Reply.json({"verdict": "x", leak: "not a number", "5550199": 1}), Reply.text("not json"))
     with capture_logs() as logs:
         _failure(_verdict_then_reason(Judge("openai/gpt-4o-mini"), schema))
     fallback = [e for e in logs if e["event"] == "judge.fallback"]
     assert fallback, logs
     assert leak not in repr(logs)
+    assert "5550199" not in repr(logs)  # a made-up key of digits is no list index
     assert fallback[0]["problem"] == "does not fit the output schema"
+
+
+def test_a_local_servers_placeholder_key_is_no_secret_to_mask(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local OpenAI-compatible server's key is often a word ("none", "ollama"): masked, it
+    rewrote the answers ("none of the claims hold" as "*** of the claims hold"; review)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "none")
+    fake_llm.rule(Reply.text("none of the claims hold"), user_contains="Explain")
+    assert run(_verdict_then_reason(Judge("openai/gpt-4o-mini"))).reason == "none of the claims hold"
 
 
 def test_an_answer_quoting_the_api_key_does_not_carry_it(

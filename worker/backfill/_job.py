@@ -878,12 +878,17 @@ def _run_redis(
     job_store = RedisJobStore(submitter.store)
     hold = JobHold(submitter.store, state.job_id)
 
+    wait_s = JobHold.HOLD_S + 2 if resumed else 0.0
+
     def waiting() -> None:
-        reporter.message(f"backfill {state.job_id} is held by another process: waiting up to {JobHold.HOLD_S:.0f} s")
+        reporter.message(f"backfill {state.job_id} is held by another process: waiting up to {wait_s:.0f} s")
 
     try:
-        held = hold.acquire(JobHold.HOLD_S + 2 if resumed else 0.0, waiting)
+        held = hold.acquire(wait_s, waiting)
+        # What the holder did while this waited is in the stored state, not the one read before.
+        fresh = job_store.load(state.job_id) if held and resumed else state
     except redis.exceptions.RedisError as exc:
+        hold.release()
         submitter.close()
         raise unreachable("score store", settings.store_url, exc) from exc
     if not held:
@@ -892,9 +897,14 @@ def _run_redis(
             f"backfill {state.job_id} is being run by another process (a start or a --resume): its progress"
             " is that one's to show; once it ends, --resume follows the job"
         )
+    if fresh is None:
+        hold.release()
+        submitter.close()
+        raise CliError(f"backfill {state.job_id}: its state is gone from {redact(settings.store_url)}")
     try:
-        _run_held(source, state, settings, reporter, submitter, job_store, no_wait=no_wait, wait_timeout=wait_timeout,
-                  as_json=as_json, resumed=resumed, registry=registry, worst=worst, out=out)  # fmt: skip
+        _run_held(source, fresh, settings, reporter, submitter, job_store, hold, no_wait=no_wait,
+                  wait_timeout=wait_timeout, as_json=as_json, resumed=resumed, registry=registry, worst=worst,
+                  out=out)  # fmt: skip
     finally:
         hold.release()
 
@@ -906,6 +916,7 @@ def _run_held(
     reporter: ProgressReporter,
     submitter: RedisSubmitter,
     job_store: RedisJobStore,
+    hold: JobHold,
     *,
     no_wait: bool,
     wait_timeout: float | None,
@@ -939,14 +950,20 @@ def _run_held(
         set_job_limit(submitter.store, state.job_id, state.options.max_cost_usd)
     started = time.monotonic()
     enqueued = _Enqueued()
+    # (the password as a placeholder: a masked one copied would fail to authenticate)
+    given = redact(settings.broker_url).replace(":***@", ":PASSWORD@")
     resume = f"tracescore backfill --resume {state.job_id}" + (
-        "" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {redact(settings.broker_url)}"
+        "" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {given}"
     )
     try:
         backfill = Backfill(source, state, submitter, job_store=job_store, reporter=reporter, on_batch=enqueued)
         progress: dict[str, int] | None = None
         try:
-            with _stop_on_signals() as stop:
+            with _stop_on_signals() as signalled:
+
+                def stop() -> bool:  # Ctrl-C, or the job's hold lost (another process may run it now)
+                    return signalled() or hold.lost.is_set()
+
                 backfill.should_stop = stop
                 submitter.should_stop = stop
                 if state.status in ("reading", "interrupted"):
@@ -961,7 +978,14 @@ def _run_held(
                         job_store.save(state)
         except KeyboardInterrupt:
             reporter.close()
-            backfill.interrupted()
+            if hold.lost.is_set():
+                click.echo(
+                    f"stopped: this process lost its hold on {state.job_id} (Redis lost the lock, or this process"
+                    f" was paused past {JobHold.HOLD_S:.0f} s), so another may be running the job",
+                    err=True,
+                )
+            else:  # (with the hold lost, the state saved now would overwrite the new holder's)
+                backfill.interrupted()
             click.echo(f"interrupted; nothing enqueued is lost. Resume with: {resume}", err=True)
             submitter.close()
             raise SystemExit(130) from None

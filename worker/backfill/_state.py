@@ -184,9 +184,12 @@ class JobHold:
         self._client = client
         self._key = backfill_hold_key(job_id)
         self._lock = client.lock(self._key, timeout=self.HOLD_S, blocking=False, thread_local=False)
-        self._token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}"
+        self._token = f"{_this_host()}:{os.getpid()}:{secrets.token_hex(8)}"
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        # Set when a renewal finds the lock another's (it lapsed: Redis lost it, or this process
+        # was paused past HOLD_S): the job must stop, another process may be running it.
+        self.lost = threading.Event()
 
     def acquire(self, wait_s: float = 0.0, on_wait: Callable[[], None] | None = None) -> bool:
         """True once held; waits up to ``wait_s`` for another holder's lock to lapse (``on_wait``
@@ -210,9 +213,9 @@ class JobHold:
         """Whether the holder was a process of this host that is gone (its lock then removed)."""
         raw = self._client.get(self._key)
         held = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        host, _, rest = (held or "").partition(":")
-        pid = rest.partition(":")[0]
-        if host != socket.gethostname() or not pid.isdecimal() or int(pid) == os.getpid():
+        host, _, rest = (held or "").rpartition(":")[0].rpartition(":")
+        pid = rest
+        if host != _this_host() or not pid.isdecimal() or int(pid) == os.getpid():
             return False
         try:
             os.kill(int(pid), 0)
@@ -226,8 +229,13 @@ class JobHold:
         import redis
 
         while not self._stop.wait(self.HOLD_S / 3):
-            with contextlib.suppress(redis.exceptions.RedisError):  # away now: the next renewal may land
+            try:
                 self._lock.extend(self.HOLD_S, replace_ttl=True)
+            except redis.exceptions.LockNotOwnedError:
+                self.lost.set()
+                return
+            except redis.exceptions.RedisError:  # away now: the next renewal may land
+                continue
 
     def release(self) -> None:
         self._stop.set()
@@ -237,3 +245,13 @@ class JobHold:
 
         with contextlib.suppress(redis.exceptions.RedisError):  # (LockError among them) it lapses by itself
             self._lock.release()
+
+
+def _this_host() -> str:
+    """This host, as a holder's pid means something on it: the host name and the PID namespace
+    (containers sharing a host name, on the host's network, each have their own pids)."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{socket.gethostname()}/{namespace}"
