@@ -174,7 +174,7 @@ class JobHold:
     """One process at a time on a job: its start or a ``--resume`` holds a Redis lock (redis-py's,
     renewed every third of ``HOLD_S`` while it runs). Two resumes of one job at once both
     enqueued its runs, and each ended "finished" with the other's scores counted against its own
-    expected ones. The lock names its holder (host and pid): one that died on this host (a
+    expected ones. The lock names its holder (host, PID namespace, pid): one that died here (a
     SIGKILLed backfill resumed at once) is taken over at once, one elsewhere when it lapses."""
 
     HOLD_S = 30.0
@@ -213,8 +213,7 @@ class JobHold:
         """Whether the holder was a process of this host that is gone (its lock then removed)."""
         raw = self._client.get(self._key)
         held = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        host, _, rest = (held or "").rpartition(":")[0].rpartition(":")
-        pid = rest
+        host, _, pid = (held or "").rpartition(":")[0].rpartition(":")
         if host != _this_host() or not pid.isdecimal() or int(pid) == os.getpid():
             return False
         try:
