@@ -24,6 +24,19 @@ def redis_server() -> Iterator[RedisServer]:
         server.close()
 
 
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A Redis of this test's own (own port and password, nothing kept on disk), for a test that
+    changes its configuration, stops it (SIGSTOP too: it is killed at the end whatever its state)
+    or must not share its keys with another test."""
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.fixture(autouse=True)
 def _structlog_config_restored() -> Iterator[None]:
     """A command run in-process (``main([...])``) points structlog at the stderr pytest captured

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,29 +16,21 @@ from worker._keys import backfill_runs_key, backfill_state_key
 from worker.cli import cli
 
 
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    own = RedisServer()
-    own.start()
-    try:
-        yield own
-    finally:
-        own.close()
-
-
-def _backfill(server: RedisServer, *args: str, queue: str | None = None) -> tuple[dict[str, object], str]:
+def _backfill(private_redis: RedisServer, *args: str, queue: str | None = None) -> tuple[dict[str, object], str]:
     env = {"TRACESCORE_BROKER_URL": "", "TRACESCORE_QUEUE": queue}
-    result = CliRunner().invoke(cli, ["backfill", *args, "--broker", server.url(0), "--json"], env=env)
+    result = CliRunner().invoke(cli, ["backfill", *args, "--broker", private_redis.url(0), "--json"], env=env)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
 
 
-def test_a_resume_sends_the_rest_to_the_jobs_queue(tmp_path: Path, server: RedisServer) -> None:
+def test_a_resume_sends_the_rest_to_the_jobs_queue(tmp_path: Path, private_redis: RedisServer) -> None:
     """A job started with TRACESCORE_QUEUE=nightly and resumed without it sent the rest of its
     runs to the queue 'tracescore', where no worker of the job listens."""
     write_otlp_files(tmp_path, 40, files=1)
-    first, said = _backfill(server, str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait", queue="nightly")
-    db = server.client(0, decode_responses=True)
+    first, said = _backfill(
+        private_redis, str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait", queue="nightly"
+    )
+    db = private_redis.client(0, decode_responses=True)
     assert first["runs_enqueued"] == 40
     assert db.llen("nightly") > 0
     assert db.llen("tracescore") == 0
@@ -53,7 +44,7 @@ def test_a_resume_sends_the_rest_to_the_jobs_queue(tmp_path: Path, server: Redis
     stopped = {**state, "status": "interrupted", "checkpoint": [0, 0, 0], "counters": {}}
     db.set(backfill_state_key(job), json.dumps(stopped))
     db.delete(backfill_runs_key(job), "nightly")
-    resumed, said = _backfill(server, "--resume", job, "--no-wait")
+    resumed, said = _backfill(private_redis, "--resume", job, "--no-wait")
     assert resumed["runs_enqueued"] == 40
     assert "the job's queue is 'nightly' (TRACESCORE_QUEUE says 'tracescore'): using the job's" in said
     assert db.llen("tracescore") == 0
@@ -61,7 +52,7 @@ def test_a_resume_sends_the_rest_to_the_jobs_queue(tmp_path: Path, server: Redis
 
 
 def test_a_job_is_run_by_one_process_at_a_time(
-    tmp_path: Path, server: RedisServer, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two `--resume` of one job at once both enqueued its runs and each ended "finished" with
     counts of the other's scores (queue-fault audit). A second process on a job waits for the
@@ -74,17 +65,17 @@ def test_a_job_is_run_by_one_process_at_a_time(
 
     monkeypatch.setattr(JobHold, "HOLD_S", 1.0)
     write_otlp_files(tmp_path, 20, files=1)
-    first, _ = _backfill(server, str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait")
+    first, _ = _backfill(private_redis, str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait")
     job = str(first["job_id"])
-    assert server.client(0).exists(f"tracescore:backfill-hold:{job}") == 0  # released at the end
+    assert private_redis.client(0).exists(f"tracescore:backfill-hold:{job}") == 0  # released at the end
 
-    running = JobHold(server.client(0), job)  # another process running the job, renewing its hold
+    running = JobHold(private_redis.client(0), job)  # another process running the job, renewing its hold
     running._token = "another-host:1:x"
     assert running.acquire()
     try:
         result = CliRunner().invoke(
             cli,
-            ["backfill", "--resume", job, "--no-wait", "--broker", server.url(0)],
+            ["backfill", "--resume", job, "--no-wait", "--broker", private_redis.url(0)],
             env={"TRACESCORE_BROKER_URL": ""},
         )
         assert result.exit_code == 1, result.output
@@ -94,17 +85,17 @@ def test_a_job_is_run_by_one_process_at_a_time(
         running.release()
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    server.client(0).set(f"tracescore:backfill-hold:{job}", f"{_this_host()}:{gone.stdout.strip()}:x", ex=600)
-    again, said = _backfill(server, "--resume", job, "--no-wait")  # a holder gone from this host: at once
+    private_redis.client(0).set(f"tracescore:backfill-hold:{job}", f"{_this_host()}:{gone.stdout.strip()}:x", ex=600)
+    again, said = _backfill(private_redis, "--resume", job, "--no-wait")  # a holder gone from this host: at once
     assert again["job_id"] == job
     assert "waiting" not in said
 
 
-def test_resuming_a_job_redis_no_longer_holds_says_what_to_do(server: RedisServer) -> None:
+def test_resuming_a_job_redis_no_longer_holds_says_what_to_do(private_redis: RedisServer) -> None:
     """After a Redis without persistence restarted, the interrupt had said "nothing enqueued is
     lost ... resume with", and the resume said only that job states expire after 7 days."""
     result = CliRunner().invoke(
-        cli, ["backfill", "--resume", "bf-gone", "--broker", server.url(0)], env={"TRACESCORE_BROKER_URL": ""}
+        cli, ["backfill", "--resume", "bf-gone", "--broker", private_redis.url(0)], env={"TRACESCORE_BROKER_URL": ""}
     )
     assert result.exit_code == 1, result.output
     assert "no backfill job 'bf-gone'" in result.stderr
@@ -112,7 +103,7 @@ def test_resuming_a_job_redis_no_longer_holds_says_what_to_do(server: RedisServe
 
 
 def test_a_resume_that_waited_goes_on_from_what_the_holder_left(
-    tmp_path: Path, server: RedisServer, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The state read before waiting for the hold was the one used after it: what the holder did
     meanwhile was read again (counted as read again, not enqueued) and its state overwritten
@@ -123,9 +114,9 @@ def test_a_resume_that_waited_goes_on_from_what_the_holder_left(
 
     monkeypatch.setattr(JobHold, "HOLD_S", 5.0)
     write_otlp_files(tmp_path, 20, files=1)
-    first, _ = _backfill(server, str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait")
+    first, _ = _backfill(private_redis, str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait")
     job = str(first["job_id"])
-    running = JobHold(server.client(0), job)
+    running = JobHold(private_redis.client(0), job)
     running._token = "another-host:1:x"
     assert running.acquire()
     loads: list[str] = []
@@ -141,7 +132,7 @@ def test_a_resume_that_waited_goes_on_from_what_the_holder_left(
         deadline = time.monotonic() + 30
         while not loads and time.monotonic() < deadline:
             time.sleep(0.05)
-        db = server.client(0, decode_responses=True)
+        db = private_redis.client(0, decode_responses=True)
         state = json.loads(db.get(backfill_state_key(job)) or "{}")
         db.set(backfill_state_key(job), json.dumps({**state, "elapsed_s": 1000.0}))
         running.release()
@@ -149,26 +140,26 @@ def test_a_resume_that_waited_goes_on_from_what_the_holder_left(
     helper = threading.Thread(target=holder_finishes)
     helper.start()
     try:
-        again, said = _backfill(server, "--resume", job, "--no-wait")
+        again, said = _backfill(private_redis, "--resume", job, "--no-wait")
     finally:
         helper.join(30)
     assert "is held by another process: waiting up to 7 s" in said
     assert len(loads) == 2  # before waiting, and once held
-    state = json.loads(server.client(0, decode_responses=True).get(backfill_state_key(job)) or "{}")
+    state = json.loads(private_redis.client(0, decode_responses=True).get(backfill_state_key(job)) or "{}")
     assert state["elapsed_s"] >= 1000.0  # the holder's, not overwritten by the stale state
     assert again["runs_enqueued"] == 20
 
 
-def test_a_hold_taken_by_another_is_known_lost(server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hold_taken_by_another_is_known_lost(private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its renewal swallowed every Redis error, so a process whose lock had lapsed (paused past
     it, or Redis lost it) and was taken went on running the job beside the new holder (review).
     Now the renewal that finds the lock another's marks the hold lost, and the job stops."""
     from worker.backfill._state import JobHold
 
     monkeypatch.setattr(JobHold, "HOLD_S", 0.6)
-    mine, theirs = JobHold(server.client(0), "bf-x"), JobHold(server.client(0), "bf-x")
+    mine, theirs = JobHold(private_redis.client(0), "bf-x"), JobHold(private_redis.client(0), "bf-x")
     assert mine.acquire()
-    server.client(0).delete("tracescore:backfill-hold:bf-x")  # lapsed
+    private_redis.client(0).delete("tracescore:backfill-hold:bf-x")  # lapsed
     assert theirs.acquire()
     deadline = time.monotonic() + 10
     while not mine.lost.is_set() and time.monotonic() < deadline:
@@ -176,5 +167,5 @@ def test_a_hold_taken_by_another_is_known_lost(server: RedisServer, monkeypatch:
     assert mine.lost.is_set()
     assert not theirs.lost.is_set()
     mine.release()
-    assert server.client(0).exists("tracescore:backfill-hold:bf-x") == 1  # the other's, kept
+    assert private_redis.client(0).exists("tracescore:backfill-hold:bf-x") == 1  # the other's, kept
     theirs.release()

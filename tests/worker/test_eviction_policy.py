@@ -6,7 +6,6 @@ showed all well (queue-fault audit). Workers and backfills refuse it, and `statu
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,17 +20,12 @@ SAID = "evicts keys when full (maxmemory-policy allkeys-lru)"
 
 
 @pytest.fixture
-def evicting() -> Iterator[RedisServer]:
-    own = RedisServer()
-    own.start()
-    client = own.client(0)
+def evicting(private_redis: RedisServer) -> RedisServer:
+    client = private_redis.client(0)
     client.config_set("maxmemory", 256 * 2**20)
     client.config_set("maxmemory-policy", "allkeys-lru")
     client.close()
-    try:
-        yield own
-    finally:
-        own.close()
+    return private_redis
 
 
 def test_a_worker_refuses_to_start_on_it(evicting: RedisServer) -> None:

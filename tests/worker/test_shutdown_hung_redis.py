@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,35 +20,23 @@ from worker._loop import EXIT_ALLOWANCE_S
 GRACE_S, CLEANUP_S = 1.0, 1.0
 
 
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    own = RedisServer()
-    own.start()
-    try:
-        yield own
-    finally:
-        if own.proc is not None and own.proc.poll() is None:
-            own.proc.send_signal(signal.SIGCONT)
-        own.close()
-
-
 @pytest.mark.parametrize("pool", ["solo", "threads", "prefork"])
-def test_a_worker_exits_in_time_while_redis_hangs(server: RedisServer, tmp_path: Path, pool: str) -> None:
+def test_a_worker_exits_in_time_while_redis_hangs(private_redis: RedisServer, tmp_path: Path, pool: str) -> None:
     env = {"TRACESCORE_SHUTDOWN_GRACE_SECONDS": str(GRACE_S), "TRACESCORE_SHUTDOWN_CLEANUP_SECONDS": str(CLEANUP_S)}
-    worker = WorkerProcess("hung", server.url(0), tmp_path, scores_path=tmp_path / "s.jsonl", env=env, pool=pool)
+    worker = WorkerProcess("hung", private_redis.url(0), tmp_path, scores_path=tmp_path / "s.jsonl", env=env, pool=pool)
     try:
         worker.wait_ready()
-        assert server.proc is not None
-        server.proc.send_signal(signal.SIGSTOP)
+        assert private_redis.proc is not None
+        private_redis.proc.send_signal(signal.SIGSTOP)
         os.kill(worker.proc.pid, signal.SIGTERM)
         # The platform's kill comes at grace + cleanup + the allowance: the worker is gone by then.
         budget = GRACE_S + CLEANUP_S + EXIT_ALLOWANCE_S
         assert wait_for(lambda: worker.proc.poll() is not None, budget), worker.text()[-3000:]
-        server.proc.send_signal(signal.SIGCONT)
+        private_redis.proc.send_signal(signal.SIGCONT)
         # It left by the backstop (a healthy slow shutdown exits 0: tests/worker/test_shutdown.py).
         assert worker.proc.returncode == EXIT_SHUTDOWN_OVERRAN, worker.text()[-3000:]
         assert "worker_shutdown_overran after" in worker.text()
     finally:
-        if server.proc is not None:
-            server.proc.send_signal(signal.SIGCONT)
+        if private_redis.proc is not None:
+            private_redis.proc.send_signal(signal.SIGCONT)
         worker.stop()  # (gone already; closes its log)
