@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -166,20 +165,9 @@ def test_worker_with_a_blocked_loop_is_not_live(redis_url: str, tmp_path: Path, 
         worker.stop()  # closes its log
 
 
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    """A Redis of this test's own: it is stopped and started again (a broker outage)."""
-    server = RedisServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 @pytest.mark.parametrize(("pool", "concurrency"), [("threads", 2), ("prefork", 2)])
 def test_a_broker_outage_makes_the_worker_unready_but_not_dead(
-    own_redis: RedisServer, tmp_path: Path, pool: str, concurrency: int
+    private_redis: RedisServer, tmp_path: Path, pool: str, concurrency: int
 ) -> None:
     """Redis goes away for longer than the probe's max age: Celery restarts the consumer and it
     reconnects. `probe ready` fails meanwhile; `probe live` passes and says the consumer is
@@ -187,11 +175,11 @@ def test_a_broker_outage_makes_the_worker_unready_but_not_dead(
     worker is ready again."""
     probe_dir = tmp_path / "probe"
     env = {"TRACESCORE_PROBE_DIR": str(probe_dir), "TSTEST_CALLS_FILE": str(tmp_path / "calls.txt")}
-    worker = _worker("outage", own_redis.url(11), tmp_path, pool, concurrency, env)
+    worker = _worker("outage", private_redis.url(11), tmp_path, pool, concurrency, env)
     try:
         worker.wait_ready()
         assert wait_for(lambda: _probe("ready", "--dir", str(probe_dir)).exit_code == 0, 30), worker.text()[-3000:]
-        own_redis.stop()
+        private_redis.stop()
         assert wait_for(lambda: _probe("ready", "--dir", str(probe_dir)).exit_code == 1, 15), worker.text()[-3000:]
         outputs = []
         for _ in range(5):  # 5 s: past the max age of 2 s
@@ -201,7 +189,7 @@ def test_a_broker_outage_makes_the_worker_unready_but_not_dead(
             wait_for(lambda: False, 1.0)
         assert any("reconnecting to the broker" in out for out in outputs), outputs
         assert _probe("ready", "--dir", str(probe_dir)).exit_code == 1
-        own_redis.start()
+        private_redis.start()
         assert wait_for(lambda: _probe("ready", "--dir", str(probe_dir)).exit_code == 0, 60), worker.text()[-3000:]
         live = _probe("live", "--dir", str(probe_dir), "--max-age", MAX_AGE_S)
         assert live.exit_code == 0, live.output

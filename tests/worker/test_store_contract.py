@@ -511,16 +511,9 @@ def test_sync_dead_letters_share_the_list_and_its_dedupe(redis_url: str) -> None
 
 
 @pytest.fixture
-def restartable() -> Iterator[Any]:
+def restartable(private_redis: Any) -> Any:
     """A Redis of this test's own, to kill and start again on the same port."""
-    from tests._redis import RedisServer
-
-    server = RedisServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
+    return private_redis
 
 
 def test_redis_store_reconnects_after_a_redis_restart(restartable: Any) -> None:
