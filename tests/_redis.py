@@ -80,3 +80,10 @@ class RedisServer:
     def close(self) -> None:
         self.stop()
         self._dir.cleanup()
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -16,12 +16,8 @@ pytest_plugins = ["tests.fakellm.plugin"]
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """This session's own Redis (own port, own password); tests use separate DBs on it."""
-    server = RedisServer()
-    server.start()
-    try:
+    with RedisServer() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
@@ -29,12 +25,8 @@ def private_redis() -> Iterator[RedisServer]:
     """A Redis of this test's own (own port and password, nothing kept on disk), for a test that
     changes its configuration, stops it (SIGSTOP too: it is killed at the end whatever its state)
     or must not share its keys with another test."""
-    server = RedisServer()
-    server.start()
-    try:
+    with RedisServer() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(autouse=True)
