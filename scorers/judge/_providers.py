@@ -67,9 +67,8 @@ class OpenAIJudgeModel:
         return f"OpenAIJudgeModel({self.model!r}, base_url={self.base_url!r})"
 
     def _api_key(self) -> str | None:
-        if self.api_key:
-            return _sendable(self.api_key, "api_key=", self.provider, self.model_id)
-        return _sendable(os.environ.get("OPENAI_API_KEY") or None, "OPENAI_API_KEY", self.provider, self.model_id)
+        source = "api_key=" if self.api_key else "OPENAI_API_KEY"
+        return _sendable(self.secret(), source, self.provider, self.model_id)
 
     def _client(self) -> AbstractAsyncContextManager[openai.AsyncOpenAI]:
         """Lease a client; the environment is read per call so tests and rotations apply."""
@@ -190,9 +189,8 @@ class AnthropicJudgeModel:
         return f"AnthropicJudgeModel({self.model!r}, base_url={self.base_url!r})"
 
     def _api_key(self) -> str | None:
-        if self.api_key:
-            return _sendable(self.api_key, "api_key=", self.provider, self.model_id)
-        return _sendable(os.environ.get("ANTHROPIC_API_KEY") or None, "ANTHROPIC_API_KEY", self.provider, self.model_id)
+        source = "api_key=" if self.api_key else "ANTHROPIC_API_KEY"
+        return _sendable(self.secret(), source, self.provider, self.model_id)
 
     def _client(self) -> AbstractAsyncContextManager[anthropic.AsyncAnthropic]:
         """Lease a client; the environment is read per call so tests and rotations apply."""

@@ -29,6 +29,7 @@ from scorers.judge import (
 )
 from tests.fakellm import FakeLLMServer, Reply
 from tests.judge.helpers import MODELS, Verdict, run
+from tests.judge.test_body_cap import ANTHROPIC_ANSWER
 
 ROOT = Path(__file__).resolve().parents[2]
 # Shaped like no known key format, so only its value can mask it.
@@ -157,16 +158,8 @@ def test_an_anthropic_tool_input_nested_too_deeply_is_an_output_error(fake_llm: 
 
 
 def _anthropic_message(**fields: Any) -> str:
-    message = {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": "m",
-        "content": [{"type": "text", "text": "a fine answer"}],
-        "stop_reason": "end_turn",
-        "usage": {"input_tokens": 10, "output_tokens": 3},
-    }
-    message.update(fields)
+    """test_body_cap's Anthropic answer with ``fields`` replaced (``...``: left out)."""
+    message = {**ANTHROPIC_ANSWER, "content": [{"type": "text", "text": "a fine answer"}], **fields}
     return json.dumps({k: v for k, v in message.items() if v is not ...})
 
 
