@@ -152,3 +152,40 @@ def test_otlp_export_carries_the_same_counters_as_the_scrape(
         worker.stop()
     # The parent's shutdown pushes once more (what happened since the last interval).
     assert len(receiver.exports) > exports_before_stop
+
+
+def test_otlp_metrics_headers_the_exporter_cannot_read_fail_the_start_without_their_value(
+    receiver: MetricsReceiver, redis_url: str, tmp_path: Path
+) -> None:
+    """An authorization header not percent-encoded in OTEL_EXPORTER_OTLP_METRICS_HEADERS: the
+    metrics exporter dropped it with a warning quoting the token, and every push was sent
+    without it. Now the worker does not start: it names the variable and the header, never the
+    value, and nothing reached the endpoint."""
+    port = free_port()
+    worker = WorkerProcess(
+        "badheaders",
+        redis_url,
+        tmp_path,
+        scores_path=tmp_path / "scores.jsonl",
+        env={
+            "TRACESCORE_METRICS_PORT": str(port),
+            "TRACESCORE_METRICS_HOST": "127.0.0.1",
+            "TRACESCORE_METRICS_DIR": str(tmp_path / "metrics"),
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"http://127.0.0.1:{receiver.port}/v1/metrics",
+            "OTEL_EXPORTER_OTLP_METRICS_HEADERS": "x-team=a,authorization=Bearer tok 0123456789\x01",
+            "OTEL_METRIC_EXPORT_INTERVAL": "300",
+        },
+    )
+    try:
+        assert wait_for(lambda: worker.proc.poll() is not None, 60), worker.text()[-2000:]
+        said = worker.text()
+        assert worker.proc.returncode != 0
+        assert (
+            "tracescore worker cannot start: metrics: the OTLP exporter's headers"
+            " (OTEL_EXPORTER_OTLP_METRICS_HEADERS) hold the entry for 'authorization'" in said
+        ), said[-2000:]
+        assert "0123456789" not in said
+        assert " ready." not in said
+        assert receiver.exports == []
+    finally:
+        worker.stop()

@@ -11,6 +11,7 @@ from ._otlp import (
     OtlpSink,
     carrier_spans,
     evaluation_attributes,
+    otlp_headers_problem,
 )
 from ._phoenix import PhoenixSink
 from ._sink import Delivered, Delivery, Refused, Retry, ScoreSink
@@ -35,4 +36,5 @@ __all__ = [
     "ScoreWriter",
     "carrier_spans",
     "evaluation_attributes",
+    "otlp_headers_problem",
 ]

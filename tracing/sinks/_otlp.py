@@ -82,6 +82,7 @@ __all__ = [
     "OtlpSink",
     "carrier_spans",
     "evaluation_attributes",
+    "otlp_headers_problem",
 ]
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
@@ -227,14 +228,15 @@ def _ssl_context(verify: bool | str, cert: str | tuple[str, str] | None) -> ssl.
     return context
 
 
-def _check_headers() -> None:
-    """A ``ValueError`` naming the variable (and the header, where the entry has a name) when the
-    exporter's headers hold a value no HTTP header can carry, or an entry the exporter cannot
-    read: requests refused the first on every export, and the exporter dropped the second
-    (sending, say, no authorization) with a warning that quoted it. The value is not shown."""
-    variable = next((v for v in _HEADER_VARIABLES if os.environ.get(v)), None)
+def otlp_headers_problem(variables: Sequence[str]) -> str | None:
+    """What is wrong with the headers an OTLP exporter reads from the first of ``variables`` that
+    is set (the signal's own, then ``OTEL_EXPORTER_OTLP_HEADERS``), naming the variable and the
+    header but never the value; None when the exporter can send them all. The exporter itself
+    drops an entry it cannot read (sending, say, no authorization) with a warning that quotes
+    it, and requests refuses a value no HTTP header can carry on every export."""
+    variable = next((v for v in variables if os.environ.get(v)), None)
     if variable is None:
-        return
+        return None
     raw = os.environ[variable]
     # (read as the exporter reads them, its warning about an entry it drops silenced: it quotes
     # the value; the entry is named below instead)
@@ -249,7 +251,7 @@ def _check_headers() -> None:
         name = unquote(name).strip().lower()
         if not sep or name not in headers:
             which = f"the entry for {name[:40]!r}" if sep and name else "an entry that is not name=value"
-            raise ValueError(
+            return (
                 f"the OTLP exporter's headers ({variable}) hold {which}, which the exporter cannot read and"
                 " would drop: write each as name=value, the value percent-encoded (%0A for a line break, %2C"
                 " for a comma); the value is not shown"
@@ -257,7 +259,8 @@ def _check_headers() -> None:
     for name, value in headers.items():
         problem = header_value_problem(value)
         if problem:
-            raise ValueError(f"the OTLP exporter's {name!r} header ({variable}) {problem}")
+            return f"the OTLP exporter's {name!r} header ({variable}) {problem}"
+    return None
 
 
 def _requests_error(exc: httpx.TransportError | httpx.DecodingError) -> requests.RequestException:
@@ -475,7 +478,9 @@ class OtlpSink:
         if span_exporter is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            _check_headers()
+            problem = otlp_headers_problem(_HEADER_VARIABLES)
+            if problem:
+                raise ValueError(problem)
             self._session = _WatchedSession()
             span_exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s, session=self._session)
         self._exporter = span_exporter

@@ -144,17 +144,17 @@ def start_node_metrics(settings: Settings, node: str, *, scores_here: bool = Tru
         registry.register(_ProcessFiles(directory))
         collector = RedisStateCollector(settings, node)
         registry.register(collector)
-        server = None
-        if settings.metrics_port:
-            server, _ = start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=registry)
         pusher = None
-        if otlp:
-            interval_ms = _export_interval_ms()
+        if otlp:  # (built first: headers it cannot send stop the start before a port is taken)
             pusher = OtlpMetricsPusher(
                 registry,
                 {"service.name": "tracescore-worker", "service.instance.id": node},
-                interval_ms / 1000,
+                _export_interval_ms() / 1000,
             )
+        server = None
+        if settings.metrics_port:
+            server, _ = start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=registry)
+        if pusher is not None:
             pusher.start()
         _node = NodeMetrics(
             node, directory, registry, collector, server, settings.metrics_port or None, pusher, os.getpid()
@@ -213,6 +213,8 @@ class MetricsStep(bootsteps.Step):
             raise SystemExit(
                 f"tracescore worker cannot start: metrics on port {settings.metrics_port}: {exc.strerror or exc}"
             ) from None
+        except ValueError as exc:  # the OTLP metrics exporter's headers
+            raise SystemExit(f"tracescore worker cannot start: metrics: {exc}") from None
 
 
 @signals.worker_process_init.connect

@@ -30,6 +30,7 @@ __all__ = ["OtlpMetricsPusher", "otlp_metrics_endpoint", "to_metrics_data"]
 log = structlog.get_logger("tracescore.worker.metrics")
 
 _ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+_HEADER_VARS = ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
 
 
 def otlp_metrics_endpoint() -> str | None:
@@ -130,7 +131,10 @@ def _histogram_points(family: Any, start_ns: int, now_ns: int, point: Any) -> li
 
 
 class OtlpMetricsPusher:
-    """A daemon thread exporting ``registry`` every ``interval_s`` (and once more at ``stop``)."""
+    """A daemon thread exporting ``registry`` every ``interval_s`` (and once more at ``stop``).
+
+    The default exporter's headers are checked first: one it cannot read is a ``ValueError``
+    naming the variable and the header (the exporter would drop it, logging its value)."""
 
     def __init__(
         self,
@@ -142,6 +146,11 @@ class OtlpMetricsPusher:
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
+            from tracing.sinks import otlp_headers_problem
+
+            problem = otlp_headers_problem(_HEADER_VARS)
+            if problem:
+                raise ValueError(problem)
             exporter = OTLPMetricExporter()
         self._exporter = exporter
         self._registry = registry
