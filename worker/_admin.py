@@ -7,7 +7,7 @@ for the worker ping); the command line says which server, in one line.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 from pydantic import ValidationError
@@ -19,7 +19,10 @@ from worker._limiter import RedisRateLimiter
 from worker._settings import Settings
 from worker.store import DeadLetter, RedisDeadLetters, RedisJobStats, StoreKeyTypeError, check_list
 
-__all__ = ["Requeued", "broker_status", "dead_letters", "requeue_dead_letters", "store_status"]
+if TYPE_CHECKING:
+    from worker._guard import BrokerWrites
+
+__all__ = ["Requeued", "broker_status", "dead_letters", "requeue_dead_letters", "store_evicts", "store_status"]
 
 # How long one `dlq retry` holds a letter it is sending back: past it (the caller died), a
 # later retry may send it.
@@ -83,14 +86,30 @@ def broker_status(settings: Settings, ping_timeout: float = 1.0) -> dict[str, An
         "workers": workers,
         "broker_full": full,
         "broker_read_only": read_only,
-        # maxmemory-policy when it is not noeviction (with a maxmemory): keys are dropped when full.
-        "broker_evicts": writes.policy if writes is not None and writes.evicts else None,
+        "broker_evicts": _evicting(writes),
         "broker_memory": {
             "used_bytes": writes.used_bytes if writes is not None else 0,
             "max_bytes": writes.max_bytes if writes is not None else None,
         },
         "refused_keys": refused,
     }
+
+
+def _evicting(writes: BrokerWrites | None) -> str | None:
+    """The maxmemory-policy of a Redis that drops keys when full (not noeviction, with a
+    maxmemory); None when it keeps them, or INFO is not allowed (``writes`` None)."""
+    return writes.policy if writes is not None and writes.evicts else None
+
+
+def store_evicts(settings: Settings) -> str | None:
+    """``_evicting`` for the score store (a Redis of its own, or the broker's)."""
+    from worker._guard import BrokerWrites
+
+    store = redis.Redis.from_url(settings.store_url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        return _evicting(BrokerWrites.read(store))
+    finally:
+        store.close()
 
 
 async def store_status(settings: Settings) -> dict[str, Any]:

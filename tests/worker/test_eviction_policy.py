@@ -64,3 +64,33 @@ def test_a_maxmemory_without_eviction_or_no_maxmemory_is_fine(evicting: RedisSer
     said = CliRunner().invoke(cli, ["status", "--json", "--timeout", "0.3", "--broker", evicting.url(0)])
     assert json.loads(said.stdout)["broker_evicts"] is None
     client.close()
+
+
+def test_status_names_a_separate_score_store_that_evicts(private_redis: RedisServer) -> None:
+    """TRACESCORE_REDIS_URL names a Redis of its own that evicts while the broker does not:
+    `status` checked the broker only and showed all well (the workers refuse such a store)."""
+    with RedisServer() as store:
+        client = store.client(0)
+        client.config_set("maxmemory", 256 * 2**20)
+        client.config_set("maxmemory-policy", "volatile-lru")
+        client.close()
+        runner = CliRunner(env={"TRACESCORE_REDIS_URL": store.url(0)})
+        args = ["status", "--timeout", "0.3", "--broker", private_redis.url(0)]
+        as_json = runner.invoke(cli, [*args, "--json"])
+        assert as_json.exit_code == 0, as_json.output
+        said = json.loads(as_json.stdout)
+        assert (said["broker_evicts"], said["store_evicts"]) == (None, "volatile-lru")
+        assert said["store"] == f"redis://:***@127.0.0.1:{store.port}/0"
+        text = runner.invoke(cli, args)
+        assert f"score store redis://:***@127.0.0.1:{store.port}/0 EVICTS  maxmemory-policy volatile-lru" in (
+            text.stdout
+        )
+        assert "broker EVICTS" not in text.stdout
+        assert store.password not in text.stdout + as_json.stdout
+
+
+def test_status_on_one_redis_names_its_policy_once(evicting: RedisServer) -> None:
+    said = CliRunner().invoke(cli, ["status", "--timeout", "0.3", "--broker", evicting.url(0)])
+    assert said.stdout.count("EVICTS") == 1, said.stdout
+    as_json = CliRunner().invoke(cli, ["status", "--json", "--timeout", "0.3", "--broker", evicting.url(0)])
+    assert json.loads(as_json.stdout)["store_evicts"] == "allkeys-lru"

@@ -15,7 +15,8 @@ from typing import Any
 import click
 from redis.exceptions import RedisError
 
-from worker._admin import broker_status, store_status
+from tracing import redact
+from worker._admin import broker_status, store_evicts, store_status
 from worker._settings import Settings
 from worker._terminal import printable
 from worker.cli._common import FiniteRange, broker_option, json_option, redis_settings, unreachable
@@ -38,6 +39,14 @@ def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) 
     except (RedisError, OSError) as exc:
         raise unreachable("score store", settings.store_url, exc) from exc
     status.update(store, refused_keys=status["refused_keys"] + store["refused_keys"])
+    # (the broker's Redis unless TRACESCORE_REDIS_URL names another)
+    status["store"], status["store_evicts"] = status["broker"], status["broker_evicts"]
+    if settings.store_url != settings.tls.url(settings.broker_redis_url):
+        status["store"] = redact(settings.store_url)
+        try:
+            status["store_evicts"] = store_evicts(settings)
+        except (RedisError, OSError) as exc:
+            raise unreachable("score store", settings.store_url, exc) from exc
     try:
         status["sinks"] = _sink_counts(settings)
     except StoreKeyTypeError as exc:  # a sink's queue of another type: say so, show the rest
@@ -91,6 +100,11 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
         _echo(
             f"broker EVICTS  maxmemory-policy {status['broker_evicts']}: a full Redis drops score records, claims"
             " and queued runs (scores lost or made twice); workers refuse to start on it: set noeviction"
+        )
+    if status["store_evicts"] and status["store"] != status["broker"]:
+        _echo(
+            f"score store {status['store']} EVICTS  maxmemory-policy {status['store_evicts']}: a full Redis drops"
+            " score records and claims (scores lost or made twice); workers refuse to start on it: set noeviction"
         )
     if status["broker_read_only"]:
         _echo(
