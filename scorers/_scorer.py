@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import decimal
 import inspect
 import math
+import numbers
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping
@@ -20,9 +22,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import to_jsonable_python
 
 from scorers._errors import RunInputError, ScorerConfigError, ScorerRunError
+from scorers._json import json_ready, well_formed
 from scorers._not_scorable import NotScorable
 from scorers._result import JudgeExecution, ScoreResult, StepName
 from scorers._run import ScorerRun, StepResults
@@ -292,10 +294,12 @@ class Scorer:
         steps = self._steps
         if steps.generate_score is None:
             raise ScorerConfigError(f"scorer {self.id!r} has no generate_score step; add one with .generate_score(...)")
+        if run_id is not None and not isinstance(run_id, str):
+            raise RunInputError(f"scorer {self.id!r}: run_id must be a string, got {type(run_id).__name__}")
         run = ScorerRun(
             input=self._coerce(input, "input"),
             output=self._coerce(output, "output"),
-            run_id=run_id or (resume.run_id if resume else None) or str(uuid.uuid4()),
+            run_id=well_formed(run_id or (resume.run_id if resume else None) or str(uuid.uuid4())),
             ground_truth=ground_truth,
             request_context=request_context,
         )
@@ -330,7 +334,7 @@ class Scorer:
                 if isinstance(value, NotScorable):
                     raise value
                 results = replace(results, **{f"{name}_step_result": value})
-                setattr(result, f"{name}_step_result", to_jsonable_python(value))
+                setattr(result, f"{name}_step_result", json_ready(value))
                 yield from self._completed(name, result, on_step)
 
             current = name = "generate_score"
@@ -344,7 +348,8 @@ class Scorer:
                 score = self._check_score(value)
             result.score = score
             if self.label is not None:
-                result.label = self.label(score)
+                label = self.label(score)
+                result.label = well_formed(label) if isinstance(label, str) else label
             yield from self._completed(name, result, on_step)
 
             if steps.generate_reason is not None:
@@ -359,11 +364,11 @@ class Scorer:
                     raise reason
                 if reason is not None and not isinstance(reason, str):
                     raise TypeError(f"generate_reason must return a string, got {type(reason).__name__}")
-                result.reason = reason
+                result.reason = None if reason is None else well_formed(reason)
                 yield from self._completed(name, result, on_step)
         except NotScorable as signal:
             result.score = None
-            result.not_scorable = {"step": current, "reason": signal.reason}
+            result.not_scorable = {"step": current, "reason": well_formed(signal.reason)}
         except Exception as exc:
             execution = getattr(exc, "execution", None)
             if isinstance(execution, JudgeExecution) and current != "prepare_run":
@@ -413,7 +418,7 @@ class Scorer:
             return prompt
         if not isinstance(prompt, str):
             raise TypeError(f"create_prompt must return a string, got {type(prompt).__name__}")
-        setattr(result, f"{name}_prompt", prompt)
+        setattr(result, f"{name}_prompt", well_formed(prompt))
         schema = step.output_schema
         if name == "generate_score" and schema is None:
             schema = _SCORE_SCHEMA
@@ -453,7 +458,8 @@ class Scorer:
 
     def _check_score(self, value: Any) -> float:
         where = f"scorer {self.id!r} generate_score"
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        # (any real number: numpy's and Fraction register as numbers.Real; Decimal does not)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real | decimal.Decimal):
             raise TypeError(f"{where} must yield a number, got {type(value).__name__}: {value!r:.80}")
         score = float(value)
         if not math.isfinite(score):

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
-from pydantic_core import to_jsonable_python
 
 from scorers._errors import ScorerConfigError
+from scorers._json import json_ready, well_formed
 from scorers._result import JudgeAttempt, JudgeExecution, JudgeUsage, StepName
 from scorers.judge._body import MAX_CHARS_PER_TOKEN
 from scorers.judge._config import Judge
@@ -47,7 +47,6 @@ from scorers.judge._errors import (
     JudgeResponseError,
     JudgeTimeoutError,
 )
-from scorers.judge._fence import well_formed
 from scorers.judge._hooks import JudgeCallRefused, JudgeHooks, JudgeLimiter, get_judge_hooks
 from scorers.judge._model import JudgeMessage, JudgeModel, JudgeRequest, JudgeResponse
 from scorers.judge._processors import ErrorContext, JudgeCallInfo, RetryDecision
@@ -207,7 +206,7 @@ class _JudgeCall:
                 raise self._fail(self._output_error(problem, response, fell_back)) from problem
             except JudgeError as exc:
                 raise self._fail(exc) from exc.__cause__
-            return JudgeAnswer(value, self._execution("ok", output=to_jsonable_python(value)))
+            return JudgeAnswer(value, self._execution("ok", output=json_ready(value)))
 
     # --- one provider request, through the host's hooks ----------------------------------
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import re
 
-__all__ = ["JUDGE_SYSTEM_PREAMBLE", "fence", "well_formed"]
+from scorers._json import well_formed
+
+__all__ = ["JUDGE_SYSTEM_PREAMBLE", "fence"]
 
 JUDGE_SYSTEM_PREAMBLE = (
     "You are an evaluation judge. The user message may contain blocks of data fenced as\n"
@@ -31,28 +33,13 @@ JUDGE_SYSTEM_PREAMBLE = (
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9 _.:/-]+")
 
 
-def well_formed(text: str) -> str:
-    """``text`` as valid Unicode: a lone surrogate (half of an emoji cut by a truncation, or
-    decoded with ``surrogateescape``) becomes U+FFFD, a split surrogate pair is joined again.
-
-    Such text cannot be encoded as UTF-8, so hashing it or sending it to a provider would fail.
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        # UTF-16 can carry the surrogates ("surrogatepass"); decoding joins pairs and
-        # replaces what is left alone.
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return text
-
-
 def fence(text: object, label: str = "data") -> str:
     """Wrap ``text`` as a labelled data block for a judge prompt.
 
     ``label`` says what the data is ("user message", "assistant answer", "tool output");
     characters other than letters, digits, space and ``_.:/-`` are dropped from it.
     Non-string ``text`` is converted with ``str()``; lone surrogates become U+FFFD
-    (see :func:`well_formed`). The block looks like::
+    (see ``scorers._json.well_formed``). The block looks like::
 
         <data label="assistant answer" fence="3f9c0a1b2d4e5f60">
         ...text...

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
+import numpy
 import pytest
 from pydantic import BaseModel
 
@@ -585,3 +588,62 @@ def test_an_older_checkpoint_or_a_set_field_is_not_asked_again() -> None:
     )
     resumed = scorer.run_sync(input="q", output="a", resume=older)
     assert (resumed.score, judge.requests) == (1.0, [])
+
+
+def test_a_result_holding_lone_surrogates_or_non_finite_numbers_reads_back_from_its_json() -> None:
+    """Agent text with a lone surrogate (a truncated emoji) reached a step result, a key, the
+    prompt, the reason, the label and a not-scorable reason as it was: `model_dump_json` raised
+    (`score --json` ended, losing every later run), and a dict key holding one failed the run
+    with a bare UnicodeEncodeError. NaN and infinities were written as null and read back as
+    None, so the README's "serialises to JSON and back without loss" did not hold."""
+    text = "half an emoji \ud83d"
+    judge = FakeJudgeModel({"verdict": "fine"}, default_text=f"because {text}")
+    scorer = (
+        create_scorer("hostile", judge=Judge(judge), label=lambda score: f"band {text}")
+        .preprocess(lambda run: {"ratio": math.nan, "max": math.inf, text: [text, -math.inf], "words": {text}})
+        .analyze(PromptStep("analyze", lambda run: f"Judge this: {run.output}", output_schema={"type": "object"}))
+        .generate_score(lambda results: 0.5)
+        .generate_reason(PromptStep("reason", lambda run: f"Why? {run.output}"))
+    )
+    result = scorer.run_sync(input="q", output=text, run_id=f"run {text}")
+    fixed = "half an emoji \ufffd"
+    assert result.preprocess_step_result == {"ratio": None, "max": None, fixed: [fixed, None], "words": [fixed]}
+    assert result.analyze_prompt == f"Judge this: {fixed}"
+    assert result.generate_reason_prompt == f"Why? {fixed}"
+    assert result.reason == f"because {fixed}"
+    assert result.label == f"band {fixed}"
+    assert result.run_id == f"run {fixed}"
+    assert ScoreResult.model_validate_json(result.model_dump_json()) == result
+
+    stopped = (
+        create_scorer("stops")
+        .preprocess(lambda run: not_scorable(f"nothing to read {text}"))
+        .generate_score(lambda results: 1.0)
+        .run_sync(input="q", output="a")
+    )
+    assert stopped.not_scorable == {"step": "preprocess", "reason": f"nothing to read {fixed}"}
+    assert ScoreResult.model_validate_json(stopped.model_dump_json()) == stopped
+
+
+def test_a_run_id_that_is_not_text_is_a_run_input_error_naming_the_scorer() -> None:
+    """It was pydantic's ValidationError for ScoreResult, outside the scorer error tree."""
+    with pytest.raises(RunInputError, match="scorer 'overlap': run_id must be a string, got int"):
+        _overlap_scorer().run_sync(input="a", output="b", run_id=5)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(Fraction(1, 4), 0.25), (Decimal("0.5"), 0.5), (numpy.float32(0.75), 0.75), (numpy.int64(1), 1.0)],
+    ids=["Fraction", "Decimal", "numpy.float32", "numpy.int64"],
+)
+def test_generate_score_takes_any_real_number(value: Any, expected: float) -> None:
+    """A numpy or exact number was refused as 'must yield a number' (np.float64 alone passed,
+    being a float)."""
+    result = create_scorer("n").generate_score(lambda results: value).run_sync(input="a", output="b")
+    assert result.score == expected
+    assert type(result.score) is float
+
+
+def test_generate_score_still_refuses_a_decimal_that_is_not_finite() -> None:
+    with pytest.raises(ScorerRunError, match="must yield a finite number"):
+        create_scorer("n").generate_score(lambda results: Decimal("NaN")).run_sync(input="a", output="b")
