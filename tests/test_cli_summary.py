@@ -522,3 +522,24 @@ def test_redis_mode_prints_the_per_scorer_summary(redis_server: RedisServer, tmp
         log.close()
         client.flushdb()
         client.close()
+
+
+def test_score_names_a_run_without_input_and_python_only_numbers_as_bad_lines(tmp_path: Path) -> None:
+    """A line without "input" was scored (each scorer failing on the missing input, counted as
+    failures), although the reject message asks for both; NaN and Infinity, which json.loads
+    takes and no JSON writer writes, were scored as numbers. Each is a bad line, named."""
+    runs = _write_runs(
+        tmp_path / "runs.jsonl",
+        RUNS[:2],
+        ('{"output": "only output"}', '{"input": NaN, "output": "a"}', '{"input": "q", "output": -Infinity}', "[1]"),
+    )
+    result = _score(str(runs), "--scorers", V1, "--scorer", "length")
+    assert result.exit_code == 0, result.output
+    assert (
+        f"{runs}:3: skipped: expected an object with at least 'input' and 'output' (it has no 'input')" in result.stderr
+    )
+    assert f"{runs}:4: skipped: not JSON (NaN is Python's, not a JSON value)" in result.stderr
+    assert f"{runs}:5: skipped: not JSON (-Infinity is Python's, not a JSON value)" in result.stderr
+    assert f"{runs}:6: skipped: expected an object with at least 'input' and 'output'\n" in result.stderr
+    assert "2 runs × 1 scorers" in result.stderr
+    assert "4 bad lines skipped" in result.stderr

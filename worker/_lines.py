@@ -1,11 +1,11 @@
 """The JSON Lines files the CLI reads (``compare``'s score records, ``score``'s runs): one line at
 a time, whatever the file holds.
 
-Each non-blank line is parsed, or named as the problem that stopped it (not JSON, nested too
-deeply, a number past Python's 4300 digits, longer than ``MAX_LINE_BYTES``: skipped unread, so a
-hostile file cannot take the process's memory). A BOM is dropped, bytes that are not UTF-8 are
-U+FFFD, and so is a lone surrogate a ``\\ud800`` escape reads as: no table, record or ``--json``
-line could print it.
+Each non-blank line is parsed, or named as the problem that stopped it (not JSON, ``NaN`` and
+``Infinity`` included; nested too deeply; a number past Python's 4300 digits; longer than
+``MAX_LINE_BYTES``: skipped unread, so a hostile file cannot take the process's memory). A BOM
+is dropped, bytes that are not UTF-8 are U+FFFD, and so is a lone surrogate a ``\\ud800``
+escape reads as: no table, record or ``--json`` line could print it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,15 @@ __all__ = ["MAX_LINE_BYTES", "json_lines"]
 # costs in memory stays a small multiple of it.
 MAX_LINE_BYTES = 32 * 2**20
 _SKIP_CHUNK = 2**20
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    # NaN, Infinity and -Infinity: json.loads takes them, no JSON writer writes them.
+    raise _NotJson(name)
 
 
 def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
@@ -43,7 +52,10 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
             if not text.strip():
                 continue
             try:
-                value = json.loads(text)
+                value = json.loads(text, parse_constant=_refuse_constant)
+            except _NotJson as exc:
+                yield number, None, f"not JSON ({exc} is Python's, not a JSON value)"
+                continue
             except json.JSONDecodeError as exc:
                 # (some of its messages end in "at", written to precede str()'s ": line 1 column 3")
                 yield number, None, f"not JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"

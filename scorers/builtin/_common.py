@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from scorers import ScorerConfigError
 from scorers.builtin._text import stop_words
 
@@ -16,6 +18,6 @@ def check_language(scorer_id: str, language: str) -> None:
 
 
 def check_positive(scorer_id: str, option: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ScorerConfigError(f"scorer {scorer_id!r}: {option} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ScorerConfigError(f"scorer {scorer_id!r}: {option} must be a finite positive number, got {value!r}")
     return float(value)

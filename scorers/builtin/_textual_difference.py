@@ -6,7 +6,10 @@ difflib's ``SequenceMatcher`` approximates and Mastra reports, computed exactly.
 is the number of non-equal blocks in rapidfuzz's Levenshtein opcodes (each a replace, insert
 or delete run), ``edit_distance`` the Levenshtein distance, ``length_difference`` is
 ``|len(a) - len(b)| / max(len(a), len(b))`` and ``confidence`` is ``1 - length_difference``.
-Two empty texts are identical (score 1).
+Two empty texts are identical (score 1). The edits take time and memory in the product of the
+two lengths (about a second at 100,000 units each, two minutes at a million, in one C call no
+run timeout interrupts): texts whose lengths multiply past ``MAX_UNITS_PRODUCT`` are not
+scorable, the reason naming both lengths.
 
 Lengths and edits count UTF-16 code units, as JavaScript strings (and so Mastra's difflib port)
 do: an emoji or other character outside the Basic Multilingual Plane is two units, so
@@ -20,11 +23,13 @@ from typing import Any
 
 from rapidfuzz.distance import Indel, Levenshtein
 
-from scorers import Scorer, ScorerRun, StepResults, create_scorer
+from scorers import NotScorable, Scorer, ScorerRun, StepResults, create_scorer, not_scorable
 from scorers.builtin._content_similarity import utf16_units
 from scorers.builtin._runs import Reference, assistant_text, check_reference, reference_text
 
-__all__ = ["compare_texts", "textual_difference"]
+__all__ = ["MAX_UNITS_PRODUCT", "compare_texts", "textual_difference"]
+
+MAX_UNITS_PRODUCT = 100_000 * 100_000
 
 
 def compare_texts(a: str, b: str) -> dict[str, Any]:
@@ -62,10 +67,16 @@ def textual_difference(
     """
     check_reference(id, reference)
 
-    def preprocess(run: ScorerRun) -> dict[str, Any]:
+    def preprocess(run: ScorerRun) -> dict[str, Any] | NotScorable:
         a, b = reference_text(run, reference, id), assistant_text(run)
         if ignore_case:
             a, b = a.lower(), b.lower()
+        units_a, units_b = len(utf16_units(a)), len(utf16_units(b))
+        if units_a * units_b > MAX_UNITS_PRODUCT:
+            return not_scorable(
+                f"the texts are too long to compare ({units_a:,} and {units_b:,} UTF-16 units;"
+                f" their product may be {MAX_UNITS_PRODUCT:,} at most)"
+            )
         return compare_texts(a, b)
 
     def score(results: StepResults) -> float:

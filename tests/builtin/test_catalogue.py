@@ -2,6 +2,8 @@
 
 from typing import Any
 
+import pytest
+
 from scorers import Scorer
 from scorers.builtin import CATALOGUE, catalogue_markdown, checks
 
@@ -59,3 +61,13 @@ def test_markdown_table_lists_every_entry() -> None:
         "| `check-tool-order` | `checks.tool_order` | code | 0–1 | higher is better"
         in table[2 + list(CATALOGUE).index("check-tool-order")]
     )
+
+
+def test_an_infinite_scale_is_refused_naming_the_option() -> None:
+    """scale=inf passed the positive check and was refused as a score_range the caller never gave."""
+    from scorers import ScorerConfigError
+    from scorers.builtin import bias
+    from scorers.judge.testing import FakeJudgeModel
+
+    with pytest.raises(ScorerConfigError, match=r"scorer 'bias': scale must be a finite positive number, got inf"):
+        bias(FakeJudgeModel(), scale=float("inf"))

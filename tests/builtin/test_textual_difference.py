@@ -41,3 +41,17 @@ def test_astral_characters_count_as_utf16_units_like_mastra() -> None:
     assert pre["length_difference"] == pytest.approx(0.5)
     assert pre["confidence"] == pytest.approx(0.5)
     assert pre["ratio"] == pytest.approx(2 * 2 / 6)
+
+
+def test_texts_whose_lengths_multiply_past_the_bound_are_not_scorable_at_once() -> None:
+    """The edits cost time in the product of the lengths, in one C call no run timeout stops: a
+    1 MB input against a 1 MB output took 117 s of CPU (audit). Past 10^10 the run is not
+    scorable, naming both lengths; just under it, it is scored."""
+    stopped = textual_difference().run_sync(input="a" * 100_001, output="b😀" * 50_000)
+    assert stopped.score is None
+    assert stopped.not_scorable == {
+        "step": "preprocess",
+        "reason": "the texts are too long to compare (100,001 and 150,000 UTF-16 units;"
+        " their product may be 10,000,000,000 at most)",
+    }
+    assert textual_difference().run_sync(input="a" * 100, output="ab" * 50_000).score == pytest.approx(200 / 100_100)

@@ -39,13 +39,15 @@ def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
         if problem is not None:
             yield number, problem
             continue
-        if not isinstance(run, dict) or "output" not in run:
-            yield number, "expected an object with at least 'input' and 'output'"
+        missing = [k for k in ("input", "output") if k not in run] if isinstance(run, dict) else None
+        if missing is None or missing:
+            lacks = f" (it has no {' and no '.join(repr(k) for k in missing)})" if missing else ""
+            yield number, f"expected an object with at least 'input' and 'output'{lacks}"
             continue
         yield (
             number,
             {
-                "input": run.get("input"),
+                "input": run["input"],
                 "output": run["output"],
                 "run_id": _run_id(run.get("run_id"), number),
                 "ground_truth": run.get("ground_truth"),
