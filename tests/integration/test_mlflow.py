@@ -26,6 +26,7 @@ from tests.integration._drain import (
     STORED_REASON,
     deliver_across_outage,
     deliver_early_then_late,
+    drain,
     drain_and_close,
     redeliver,
     running_worker,
@@ -46,7 +47,7 @@ from tests.integration._traces import (
 )
 from tests.integration.phoenix_scorers import FAILURE_MESSAGE, SCORER_IDS
 from tracing import ScoreRecord
-from tracing.sinks import MlflowSink, Refused, Retry
+from tracing.sinks import Delivered, MlflowSink, Refused, Retry
 
 API = "/api/3.0/mlflow"
 # MLflow's OTLP endpoint files a trace under the experiment this header names (and 422s without it).
@@ -156,6 +157,53 @@ def test_a_rerun_updates_and_adds_nothing(
     assert again[key]["rationale"] == STORED_REASON
     assert again[key]["create_time"] == first[key]["create_time"]
     assert stamp(again[key]["last_update_time"]) > stamp(first[key]["last_update_time"])
+
+
+def test_a_record_replacing_an_error_leaves_none_of_the_errors_fields(
+    mlflow: Server, experiment: str, project: str, tmp_path: Path, judge_env: dict[str, str]
+) -> None:
+    """A retryable error record (no judge answered: CODE, a failed_step) replaced by its judged
+    score: MLflow keeps an assessment's source and merges its metadata on update, so the score
+    showed as CODE with the error's failed_step (sink audit). It is made anew, once; a plain
+    re-send still only updates."""
+    traces, records = mlflow_scored(tmp_path, judge_env, project, lines=1)
+    send_otlp(mlflow.url, traces, {EXPERIMENT_HEADER: experiment})
+    judged = next(r for r in records if r.scorer_id == "judged-helpfulness" and r.score is not None)
+    failed = judged.model_copy(
+        update={
+            "score": None,
+            "reason": None,
+            "error_type": "JudgeServerError",
+            "error_message": "the judge answered HTTP 503",
+            "retryable": True,
+            "judge_models": [],
+            "failed_step": "generate_score",
+        }
+    )
+    sink = MlflowSink(mlflow.url)
+    methods: list[str] = []
+    sink._client.event_hooks["request"].append(lambda request: methods.append(request.method))
+    try:
+        drain(sink, [failed])
+        before = assessments(mlflow, [judged.trace_id])[assessment_id(judged)]
+        assert (before["source"]["source_type"], before["metadata"]["failed_step"]) == ("CODE", "generate_score")
+        assert before["feedback"]["error"]["error_code"] == "JudgeServerError"
+
+        methods.clear()
+        assert sink.deliver([judged]) == [Delivered()]
+        assert methods == ["PATCH", "DELETE", "POST"]
+        (after,) = assessments(mlflow, [judged.trace_id]).values()
+        assert after["assessment_id"] == assessment_id(judged)
+        assert after["source"] == {"source_type": "LLM_JUDGE", "source_id": judged.scorer_id}
+        assert "failed_step" not in after["metadata"]
+        assert after["metadata"]["judge_models"] == ",".join(judged.judge_models)
+        assert after["feedback"] == {"value": pytest.approx(JUDGE_SCORE)}
+
+        methods.clear()
+        assert sink.deliver([judged]) == [Delivered()]
+        assert methods == ["PATCH"]
+    finally:
+        sink.close()
 
 
 def test_a_trace_not_ingested_yet_is_retried_then_delivered(

@@ -225,3 +225,25 @@ def test_bad_arguments_fail_at_once(kwargs: dict[str, Any], message: str) -> Non
     with pytest.raises(ValueError, match=re.escape(message)) as raised:
         MlflowSink(**kwargs)
     assert "secret-pw" not in str(raised.value)
+
+
+def test_every_metadata_key_an_assessment_may_hold_is_one_a_replacement_clears(
+    scripted: tuple[Scripted, str],
+) -> None:
+    """An update whose answer shows one of our keys the record lacks (MLflow merges metadata) is
+    made anew: the keys checked are every key the sink writes, and no other (MLflow's own stay)."""
+    from tracing.sinks._mlflow import _METADATA_KEYS
+
+    script, url = scripted
+    full = record(
+        label="good", job_id="bf-1", run_id="r-1", judge_models=["m"], failed_step="analyze", not_scorable="x"
+    )
+    script.answers = [Answer(200, {"assessment": {"metadata": {"mlflow.own": "1"}}})]
+    sink = MlflowSink(url)
+    try:
+        assert sink.deliver([full]) == [Delivered()]
+    finally:
+        sink.close()
+    [(method, _, _, body)] = script.seen
+    assert method == "PATCH"  # a key of MLflow's own is no reason to make it anew
+    assert set(body["assessment"]["metadata"]) == _METADATA_KEYS

@@ -16,8 +16,11 @@ MLflow ingested over OTLP (``POST /v1/traces`` with the ``x-mlflow-experiment-id
   label, source (live / backfill), job and run ids, judge models, the failed step.
 
 Why update first: MLflow answers a second create with the same id by HTTP 500 (a constraint
-violation), so every send is ``PATCH .../assessments/{id}`` (fields and metadata replaced) and,
-when MLflow answers RESOURCE_DOES_NOT_EXIST, ``POST .../assessments``. A create that says the
+violation), so every send is ``PATCH .../assessments/{id}`` and, when MLflow answers
+RESOURCE_DOES_NOT_EXIST, ``POST .../assessments``. An update keeps the source and merges the
+metadata: when its answer shows a source or a metadata key the record does not have (a record
+that replaced another, as a retryable error scored later does), the assessment is deleted and
+created anew. A create that says the
 trace does not exist is a trace MLflow has not ingested yet (the agent's exporter may be behind):
 ``Retry`` until ``trace_wait_s`` after scoring, then ``Refused`` (a trace that never reaches
 this server, e.g. exported to another one, must not cycle in the outbox for ever).
@@ -68,6 +71,10 @@ _NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
 _NOT_THE_API = frozenset({404, 405, 501})
 # Every field a re-send may change; source and span are fixed by the score id anyway.
 _UPDATE_MASK = "assessmentName,feedback,rationale,metadata"
+# The metadata keys an assessment of ours may hold (_assessment writes those that have a value).
+_METADATA_KEYS = frozenset(
+    {"score_id", "scorer_version", "label", "source", "job_id", "run_id", "judge_models", "failed_step", "not_scorable"}
+)
 # A hint for the drainer: MLflow writes an OTLP batch before it answers the exporter, so a
 # missing trace is one the agent has not exported yet.
 _NOT_INGESTED_AFTER_S = 2.0
@@ -115,12 +122,27 @@ class MlflowSink(PerScoreSink):
             headers=JSON,
         )
         outcome = self._outcome(updated)
+        if isinstance(outcome, Delivered) and _kept_stale(updated, assessment):
+            # MLflow keeps an assessment's source and merges its metadata on update: a record
+            # that replaced another (a retryable error scored later) kept the error's
+            # failed_step and its CODE source. Such an assessment is made anew.
+            removed = self._client.delete(f"{url}/{assessment['assessment_id']}")
+            gone = self._outcome(removed)
+            if isinstance(gone, Retry):
+                return gone, False
+            if gone is None and _error_code(removed) != _NOT_FOUND:
+                return self._refused(removed, record)
+            return self._create(record, url, assessment)
         if outcome is not None:
             return outcome, False
         if _error_code(updated) != _NOT_FOUND:
             return self._refused(updated, record)
+        return self._create(record, url, assessment)
+
+    def _create(self, record: ScoreRecord, url: str, assessment: dict[str, Any]) -> tuple[Delivery, bool]:
         # Not there yet (or the trace is not): create it. A create racing another worker's
         # answers 500 (duplicate id), which is Retry; the next try finds it and updates.
+        trace = assessment["trace_id"]
         created = self._client.post(url, content=json_body({"assessment": assessment}), headers=JSON)
         outcome = self._outcome(created)
         if outcome is not None:
@@ -189,7 +211,7 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
         feedback = {"value": record.label}
     else:
         feedback = {"value": record.score}
-    metadata = {
+    metadata: dict[str, str | None] = {
         "score_id": record.score_id,
         "scorer_version": record.scorer_version,
         "label": record.label,
@@ -212,6 +234,21 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
         "rationale": rationale or "",
         "metadata": {key: value for key, value in metadata.items() if value is not None},
     }
+
+
+def _kept_stale(updated: httpx.Response, sent: dict[str, Any]) -> bool:
+    """Whether MLflow's answer to an update shows a source or metadata keys the update could not
+    replace (an answer it cannot read shows nothing)."""
+    answer = answer_json(answer_text(updated))
+    held = answer.get("assessment") if isinstance(answer, dict) else None
+    if not isinstance(held, dict):
+        return False
+    source, metadata = held.get("source"), held.get("metadata")
+    ours = sent["source"]["source_type"]
+    if isinstance(source, dict) and source.get("source_type", ours) != ours:
+        return True
+    # (only the keys this sink writes: MLflow may add keys of its own)
+    return isinstance(metadata, dict) and bool((set(metadata) & _METADATA_KEYS) - set(sent["metadata"]))
 
 
 def _error_code(response: httpx.Response) -> str | None:
