@@ -139,7 +139,10 @@ def _check_sinks(summary: dict[str, Any]) -> None:
             + (
                 "; retry a sink's failed scores with tracescore sinks retry SINK --all"
                 if summary.get("mode") == "redis"
-                else ""
+                # (its store and dead letters live in this process)
+                else "; this process keeps none of them past its end: run the backfill again once the sink is"
+                " fixed, with a longer TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS for a slow one, or with a broker,"
+                " whose outbox keeps them"
             )
         )
 
