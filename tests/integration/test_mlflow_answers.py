@@ -138,16 +138,28 @@ def test_a_create_that_loses_a_race_is_retried_then_updates(scripted: tuple[Scri
     assert [m for m, *_ in script.seen] == ["PATCH", "POST", "PATCH"]
 
 
-def test_429_and_503_are_retry_with_the_servers_hint(scripted: tuple[Scripted, str]) -> None:
-    """429 and 503 are per request (the next record is still tried); Retry-After is the hint."""
+@pytest.mark.parametrize(
+    ("answer", "retry"),
+    [
+        (Answer(429, {}, {"Retry-After": "12"}), Retry("MLflow answered HTTP 429", after_s=12.0)),
+        (Answer(503, "<html>busy</html>"), Retry("MLflow answered HTTP 503")),
+    ],
+)
+def test_429_and_503_hold_back_the_rest_of_the_batch_unsent(
+    scripted: tuple[Scripted, str], answer: Answer, retry: Retry
+) -> None:
+    """A 429 or 503 is a Retry with the server's Retry-After as the hint, for the rest of the
+    batch too, without a request each: they were each sent into the window (792 requests in a
+    10 s 429 window, in the sink audit)."""
     script, url = scripted
-    script.answers = [Answer(429, {}, {"Retry-After": "12"}), Answer(503, "<html>busy</html>")]
+    script.answers = [answer]
     sink = MlflowSink(url, parallel=1)
     try:
-        outcomes = sink.deliver([record("a"), record("b")])
+        outcomes = sink.deliver([record(str(i)) for i in range(5)])
     finally:
         sink.close()
-    assert outcomes == [Retry("MLflow answered HTTP 429", after_s=12.0), Retry("MLflow answered HTTP 503")]
+    assert outcomes == [retry] * 5
+    assert len(script.seen) == 1
 
 
 def test_401_is_refused_naming_the_token_setting_without_echoing_it(scripted: tuple[Scripted, str]) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "answer_inflater",
     "answer_json",
     "answer_text",
+    "asks_to_wait",
     "error_code",
     "http_client",
     "is_retryable",
@@ -246,6 +247,13 @@ def json_body(payload: object) -> bytes:
 
 def is_retryable(status: int) -> bool:
     return status in _RETRYABLE or status >= 500
+
+
+def asks_to_wait(response: httpx.Response) -> bool:
+    """Whether the backend asks every request to wait (429 rate limited, 503 overloaded or in
+    maintenance, with or without a Retry-After): the rest of a batch then gets the same ``Retry``
+    without a request each, rather than hundreds of requests into the window."""
+    return response.status_code in (429, 503)
 
 
 def retry_after(header: str | None) -> float:

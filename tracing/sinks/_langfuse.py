@@ -20,7 +20,7 @@ their spans as observations under the 16-hex span id, so those are ``traceId`` a
 Outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
 (Retry-After honoured); any other 4xx ``Refused`` with Langfuse's message, never the keys or
 the score's text. Scores go ``parallel`` (4) at a time. An answer that holds for every score
-(no answer at all, keys refused, no scores API at this URL, a redirect) is given to the rest of
+(no answer at all, keys refused, no scores API at this URL, a redirect, a 429 or 503) is given to the rest of
 the batch without a request each. Langfuse accepts a score before its trace arrives (it links them by
 id), so there is no "not ingested yet" wait here.
 """
@@ -37,6 +37,7 @@ from tracing.sinks._http import (
     JSON,
     PerScoreSink,
     answer_text,
+    asks_to_wait,
     http_client,
     is_retryable,
     json_body,
@@ -83,7 +84,8 @@ class LangfuseSink(PerScoreSink):
     def _send(self, record: ScoreRecord, payload: dict[str, Any]) -> tuple[Delivery, bool]:
         response = self._client.post(self._url, content=json_body(payload), headers=JSON)
         status = response.status_code
-        return self._outcome(response, record), status in (401, 403, 404) or 300 <= status < 400
+        everyone = status in (401, 403, 404) or 300 <= status < 400 or asks_to_wait(response)
+        return self._outcome(response, record), everyone
 
     def _outcome(self, response: httpx.Response, record: ScoreRecord) -> Delivery:
         status = response.status_code

@@ -29,7 +29,7 @@ Other outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and ti
 (Retry-After honoured); any other 4xx ``Refused`` with MLflow's error code and message,
 scrubbed of the token and of the score's own text. Scores go ``parallel`` (4) at a time, as
 MLflow has no batch API for assessments. An answer that holds for every score (no answer at all,
-the token refused, a URL that is not MLflow's API or that redirects) is given to the rest of the
+the token refused, a URL that is not MLflow's API or that redirects, a 429 or 503) is given to the rest of the
 batch without a request each: a down server costs one round of timeouts per batch, not one per
 score.
 
@@ -52,6 +52,7 @@ from tracing.sinks._http import (
     PerScoreSink,
     answer_json,
     answer_text,
+    asks_to_wait,
     error_code,
     http_client,
     is_retryable,
@@ -129,12 +130,12 @@ class MlflowSink(PerScoreSink):
             removed = self._client.delete(f"{url}/{assessment['assessment_id']}")
             gone = self._outcome(removed)
             if isinstance(gone, Retry):
-                return gone, False
+                return gone, asks_to_wait(removed)
             if gone is None and _error_code(removed) != _NOT_FOUND:
                 return self._refused(removed, record)
             return self._create(record, url, assessment)
         if outcome is not None:
-            return outcome, False
+            return outcome, asks_to_wait(updated)
         if _error_code(updated) != _NOT_FOUND:
             return self._refused(updated, record)
         return self._create(record, url, assessment)
@@ -146,7 +147,7 @@ class MlflowSink(PerScoreSink):
         created = self._client.post(url, content=json_body({"assessment": assessment}), headers=JSON)
         outcome = self._outcome(created)
         if outcome is not None:
-            return outcome, False
+            return outcome, asks_to_wait(created)
         if _error_code(created) != _NOT_FOUND:
             return self._refused(created, record)
         waited = time.time() - record.scored_at
