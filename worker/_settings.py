@@ -359,10 +359,10 @@ SINK_NAMES = ("otlp", "jsonl", "console", "phoenix", "mlflow", "langfuse")
 # What each sink needs set: (field, variable).
 _SINK_NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
     "jsonl": (("jsonl_file", "TRACESCORE_JSONL_PATH (or its older name TRACESCORE_WRITER_PATH)"),),
-    "phoenix": (("phoenix_url", "TRACESCORE_PHOENIX_URL"),),
-    "mlflow": (("mlflow_url", "TRACESCORE_MLFLOW_URL"),),
+    "phoenix": (("phoenix_url", "TRACESCORE_PHOENIX_URL or --phoenix-url"),),
+    "mlflow": (("mlflow_url", "TRACESCORE_MLFLOW_URL or --mlflow-url"),),
     "langfuse": (
-        ("langfuse_host", "TRACESCORE_LANGFUSE_HOST"),
+        ("langfuse_host", "TRACESCORE_LANGFUSE_HOST or --langfuse-host"),
         ("langfuse_public_key", "TRACESCORE_LANGFUSE_PUBLIC_KEY"),
         ("langfuse_secret_key", "TRACESCORE_LANGFUSE_SECRET_KEY"),
     ),
@@ -372,13 +372,14 @@ _SINK_NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
 def _check_sinks(settings: Settings) -> None:
     where = "TRACESCORE_SINKS" if settings.sinks is not None else "TRACESCORE_WRITER"
     unknown = [n for n in settings.sink_names if n not in SINK_NAMES]
-    if unknown:
+    if unknown:  # (--sink takes only known names)
         known = ", ".join(SINK_NAMES)
         raise ValueError(f"{where} names unknown sink(s) {', '.join(unknown)}: use a comma list of {known} (or none)")
+    named = "--sink or TRACESCORE_SINKS" if settings.sinks is not None else "TRACESCORE_WRITER"
     for name in settings.sink_names:
         for attr, variable in _SINK_NEEDS.get(name, ()):
             if not getattr(settings, attr):
-                raise ValueError(f"the {name} sink ({where}) needs {variable}")
+                raise ValueError(f"the {name} sink ({named}) needs {variable}")
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -123,7 +123,11 @@ def test_a_sink_that_cannot_be_built_stops_the_workers_start(
             {"TRACESCORE_PHOENIX_API_KEY": "key-0123456789\n"},
             "Error: the phoenix sink: the Phoenix API key (api_key / TRACESCORE_PHOENIX_API_KEY) ends with a line",
         ),
-        (["--sink", "mlflow", "--mlflow-url", "ftp://x"], {}, "Error: the mlflow sink: MLflow tracking URI must be"),
+        (
+            ["--sink", "mlflow"],
+            {"TRACESCORE_MLFLOW_URL": "ftp://x"},
+            "Error: the mlflow sink: MLflow tracking URI must be",
+        ),
     ],
 )
 def test_a_value_a_sink_refuses_is_one_error_line_of_backfill(args: list[str], env: dict[str, str], said: str) -> None:
@@ -138,3 +142,31 @@ def test_a_value_a_sink_refuses_is_one_error_line_of_backfill(args: list[str], e
     assert said in result.stderr
     assert "--verbose" not in result.stderr
     assert "0123456789" not in result.stderr
+
+
+@pytest.mark.parametrize("option", ["--phoenix-url", "--mlflow-url", "--langfuse-host"])
+@pytest.mark.parametrize("command", ["backfill", "worker"])
+def test_a_backend_address_option_that_is_no_http_url_is_a_usage_error(option: str, command: str) -> None:
+    """It exited 1 as a settings error (sink audit), where the README's table makes a bad option
+    value a usage error, exit 2; the URL's password is not shown."""
+    source = ["examples/traces"] if command == "backfill" else []
+    result = CliRunner().invoke(
+        cli, [command, *source, "--scorers", "examples.scorers", option, "ftp://bob:pw-0123456789@host"]
+    )
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}': must be http(s)://host[:port][/path], got 'ftp://bob:***@host'" in (
+        result.stderr
+    )
+    assert "0123456789" not in result.stderr
+
+
+def test_a_sink_named_by_sink_without_its_address_names_the_option_too() -> None:
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", "examples/traces", "--scorers", "examples.scorers", "--sink", "phoenix"],
+        env={"TRACESCORE_BROKER_URL": "", "TRACESCORE_PHOENIX_URL": ""},
+    )
+    assert result.exit_code == 1, result.output
+    assert "the phoenix sink (--sink or TRACESCORE_SINKS) needs TRACESCORE_PHOENIX_URL or --phoenix-url" in (
+        result.stderr
+    )

@@ -1,6 +1,7 @@
 """The names ``tracing.sinks`` exports, for type checkers; ``__init__.py`` loads each from the
 module named here on first use."""
 
+from ._http import http_url_problem
 from ._langfuse import LangfuseSink
 from ._local import ConsoleSink, JsonlSink, MemorySink
 from ._mlflow import MlflowSink
@@ -36,5 +37,6 @@ __all__ = [
     "ScoreWriter",
     "carrier_spans",
     "evaluation_attributes",
+    "http_url_problem",
     "otlp_headers_problem",
 ]

@@ -43,6 +43,7 @@ __all__ = [
     "asks_to_wait",
     "error_code",
     "http_client",
+    "http_url_problem",
     "is_retryable",
     "json_body",
     "otel_ids",
@@ -103,9 +104,10 @@ def http_client(
     credentials sent, as base64). ``parallel``: requests at a time."""
     parts = urlsplit(url)
     backend = what.split()[0]
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    problem = http_url_problem(url)
+    if problem:
         shown = redact(url, secret) if secret else redact(url)
-        raise ValueError(f"{what} must be http(s)://host[:port][/path], got {shown!r} ({setting})")
+        raise ValueError(f"{what} {problem}, got {shown!r} ({setting})")
     for source, value in (credentials or {}).items():
         problem = header_value_problem(value) if value else None
         if problem:
@@ -243,6 +245,14 @@ def json_body(payload: object) -> bytes:
     ``"\\ud800"`` makes one) becomes U+FFFD: as it is, the encoding would fail on every retry."""
     text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     return without_lone_surrogates(text)[0].encode("utf-8")
+
+
+def http_url_problem(url: str) -> str | None:
+    """What keeps ``url`` from being an HTTP sink's address; None when nothing does."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be http(s)://host[:port][/path]"
+    return None
 
 
 def is_retryable(status: int) -> bool:

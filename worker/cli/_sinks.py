@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import click
 from redis.exceptions import RedisError
 
+from tracing import redact
 from worker._settings import SINK_NAMES
 from worker._terminal import cell, printable
 from worker.cli._common import CliError, broker_option, json_option, redis_settings, unreachable
@@ -19,6 +20,16 @@ from worker.store import RedisOutbox
 __all__ = ["sink_options", "sink_overrides", "sinks_group"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _http_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A backend's address as given: one that cannot be is a usage error (exit 2)."""
+    from tracing.sinks import http_url_problem
+
+    problem = http_url_problem(value) if value is not None else None
+    if problem:
+        raise click.BadParameter(f"{problem}, got {redact(value or '')!r}")
+    return value
 
 
 def sink_options(command: F) -> F:
@@ -34,13 +45,25 @@ def sink_options(command: F) -> F:
                 help="Where scores go, at least once each (repeat for several; default TRACESCORE_SINKS).",
             ),
             click.option(
-                "--phoenix-url", default=None, metavar="URL", help="Phoenix base URL (TRACESCORE_PHOENIX_URL)."
+                "--phoenix-url",
+                default=None,
+                metavar="URL",
+                callback=_http_url,
+                help="Phoenix base URL (TRACESCORE_PHOENIX_URL).",
             ),
             click.option(
-                "--mlflow-url", default=None, metavar="URL", help="MLflow tracking URI (TRACESCORE_MLFLOW_URL)."
+                "--mlflow-url",
+                default=None,
+                metavar="URL",
+                callback=_http_url,
+                help="MLflow tracking URI (TRACESCORE_MLFLOW_URL).",
             ),
             click.option(
-                "--langfuse-host", default=None, metavar="URL", help="Langfuse host (TRACESCORE_LANGFUSE_HOST)."
+                "--langfuse-host",
+                default=None,
+                metavar="URL",
+                callback=_http_url,
+                help="Langfuse host (TRACESCORE_LANGFUSE_HOST).",
             ),
         ]
     ):
