@@ -462,3 +462,30 @@ def test_a_job_state_that_is_not_one_is_named_not_quoted(redis_server: RedisServ
     finally:
         db.delete(backfill_state_key("bf-garbage"), backfill_state_key("bf-list"))
         db.close()
+
+
+def test_workers_running_another_scorer_version_are_named_not_taken_for_done(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """The scorer's version bumped, the workers not restarted: they took every run as already
+    scored under their version's ids, and the job ended "finished", exit 0, with no score of the
+    new version and none in --out (compare audit). The read-back finds no record for them: the
+    command says why and exits 1."""
+    write_otlp_files(tmp_path, 40, files=1)
+    first = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers", "--scorer", "answer-words")
+    assert first["scored"] == 40
+    out = tmp_path / "new.jsonl"
+    args = ["--scorers", "tests.backfill.scorers_v2", "--broker", REDIS_URL, "--json", "--out", str(out)]
+    result = CliRunner().invoke(
+        cli, ["backfill", str(tmp_path), *args, "--wait-timeout", "120"], env={"TRACESCORE_BROKER_URL": ""}
+    )
+    assert result.exit_code == 1, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "finished"
+    assert summary["scores_skipped"] == {"already_scored": 40}
+    assert summary["missing_records"] == {"answer-words": 40}
+    assert (
+        "40 score(s) this job asked for have no record (answer-words: 40), although the workers counted"
+        " every run done: a worker running another version of a scorer than this module's (answer-words@2)"
+    ) in result.stderr
+    assert out.read_text() == ""

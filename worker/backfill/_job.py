@@ -501,6 +501,8 @@ class _Enqueued:
         self._ids: dict[tuple[str, ...], int] = {}
         # Why the spool stopped (then no summary is read back: it would miss runs).
         self.lost: str | None = None
+        # Per scorer, the scores the last ``summary`` found no record of.
+        self.missing: Counter[str] = Counter()
 
     @property
     def count(self) -> int:
@@ -521,19 +523,20 @@ class _Enqueued:
             self.lost = str(exc)
             self._spool.close()
 
-    def _scores(self, registry: Registry, scorer_ids: list[str]) -> Iterator[tuple[str, str]]:
-        """(score id, agent) of every score the enqueued runs ask for, in the order enqueued."""
+    def _scores(self, registry: Registry, scorer_ids: list[str]) -> Iterator[tuple[str, str, str]]:
+        """(score id, scorer id, agent) of every score the enqueued runs ask for, in the order
+        enqueued."""
         versions = {s: registry[s].version for s in scorer_ids if s in registry}
         ids = list(self._ids)
         for line in self._spool:
             trace_id, span_id, agent, index = json.loads(line)
             for scorer_id in ids[index]:
                 if scorer_id in versions:
-                    yield score_id_for(trace_id, span_id, scorer_id, versions[scorer_id]), agent
+                    yield score_id_for(trace_id, span_id, scorer_id, versions[scorer_id]), scorer_id, agent
 
     def score_ids(self, registry: Registry, scorer_ids: list[str]) -> Iterator[str]:
         """Every score id the enqueued runs ask for (streamed)."""
-        return (score_id for score_id, _ in self._scores(registry, scorer_ids))
+        return (score_id for score_id, _, _ in self._scores(registry, scorer_ids))
 
     def summary(
         self, store: Any, registry: Registry, scorer_ids: list[str], worst: int, out: IO[str] | None = None
@@ -541,11 +544,14 @@ class _Enqueued:
         """Read the records (MGET in chunks; only the fields the summary shows are parsed);
         ``out`` gets each record's JSON as one line."""
         summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
+        self.missing.clear()
         wanted = self._scores(registry, scorer_ids)
         while chunk := list(islice(wanted, 1000)):
-            for (score_id, agent), raw in zip(chunk, store.mget([record_key(s) for s, _ in chunk]), strict=True):
+            raws = store.mget([record_key(s) for s, _, _ in chunk])
+            for (score_id, scorer_id, agent), raw in zip(chunk, raws, strict=True):
                 if not raw:
-                    continue  # not scored (yet), or skipped
+                    self.missing[scorer_id] += 1  # not scored yet, or under another id
+                    continue
                 try:
                     # Only the fields the summary shows, parsed and checked in pydantic-core:
                     # the read-back is mostly parsing.
@@ -573,6 +579,18 @@ _READ_BACK_FIELDS: dict[str, Any] = {
     name: (field.annotation, field) for name, field in ScoreRecord.model_fields.items() if name in _READ_BACK
 }
 _ReadBack = create_model("_ReadBack", **_READ_BACK_FIELDS)
+
+
+def _missing_records(missing: dict[str, int], registry: Registry) -> None:
+    """Refuse a finished job whose workers counted runs done without making this job's records."""
+    counts = ", ".join(f"{s}: {n:,}" for s, n in sorted(missing.items()))
+    versions = ", ".join(f"{s}@{registry[s].version}" for s in sorted(missing) if s in registry)
+    raise CliError(
+        f"{sum(missing.values()):,} score(s) this job asked for have no record ({counts}), although the workers"
+        " counted every run done: a worker running another version of a scorer than this module's"
+        f" ({versions}) takes its runs as already scored under its own version's ids. Restart the workers"
+        " with this module and run the backfill again (finished scores are not made twice)"
+    )
 
 
 def _check_outcome(summary: dict[str, Any]) -> None:
@@ -1048,6 +1066,11 @@ def _run_held(
         if by_scorer is not None:
             summary["by_scorer"] = by_scorer.as_json()
             summary["spend"] = by_scorer.spend.as_json()
+        # Every run counted done, yet records missing: no delivery loses a record, so they were
+        # made under other ids (or expired since).
+        missing = dict(enqueued.missing) if by_scorer is not None and state.status == "finished" else {}
+        if missing:
+            summary["missing_records"] = missing
         if as_json:
             click.echo(json.dumps(summary))
         print_summary(summary)
@@ -1062,6 +1085,8 @@ def _run_held(
         if no_wait and state.status == "enqueued":
             click.echo(f"  enqueued; the workers score it. Follow with: {resume}", err=True)
         _out_failed(out, out_error)
+        if missing and registry is not None:
+            _missing_records(missing, registry)
         _check_outcome(summary)
         _check_sinks(summary)
         if not no_wait and wait_timeout is not None and state.status != "finished":
