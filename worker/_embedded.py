@@ -139,6 +139,10 @@ class GuardedLoop:
         finally:
             self._waiting = None
 
+    def settle(self) -> None:
+        """Let what still runs on the loop end (see ``LoopThread.settle``)."""
+        self.loop_thread.settle(self.grace_s)
+
     def close(self) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
@@ -374,7 +378,15 @@ class EmbeddedScorer:
     def failed(self) -> Counter[str]:
         return Counter(self.totals.failed)
 
+    def settle(self) -> None:
+        """Let the runs of an interrupted batch (a second Ctrl-C) end, recording what they
+        finished, before the counts are read and the writer closed: they went on writing into
+        a closed ``--out`` and past the summary's counts."""
+        with self._lock:
+            self._loop.settle()
+
     def close(self) -> None:
+        self.settle()
         with self._lock:
             if self.writer is not None:
                 self.writer.flush(10.0)

@@ -171,6 +171,18 @@ class LoopThread:
             future.cancel()
             raise
 
+    def settle(self, timeout: float = 5.0) -> None:
+        """Wait for what still runs on the loop to end by itself (a batch interrupted by Ctrl-C
+        still records the runs it finished), at most ``timeout``; then cancel the rest. The loop
+        goes on running."""
+        if self.loop.is_closed() or not self._thread.is_alive():
+            return
+        ended = asyncio.run_coroutine_threadsafe(_end_the_rest(timeout / 2), self.loop)
+        try:
+            ended.result(timeout)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            ended.cancel()  # a wedged loop: stop() deals with it
+
     def stop(self, timeout: float = 5.0) -> None:
         """Cancel what still runs on the loop and let it finish (as ``asyncio.run`` does), then
         stop and close it. Closed with tasks pending (a Ctrl-C mid-batch), each printed "Task
@@ -187,6 +199,17 @@ class LoopThread:
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _end_the_rest(wait_s: float) -> None:
+    """Let every other task of the running loop end within ``wait_s``, then cancel those left."""
+    this = asyncio.current_task()
+    rest = [task for task in asyncio.all_tasks() if task is not this]
+    if rest:
+        _, left = await asyncio.wait(rest, timeout=wait_s)
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
 
 
 async def _cancel_the_rest() -> None:

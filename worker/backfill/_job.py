@@ -822,6 +822,7 @@ def _run_embedded(
         source_failed = exc
         state.status = "interrupted"
     finally:
+        scorer.settle()  # (an interrupted batch's runs still record: counted, then closed)
         progress = scorer.progress(state.job_id)
         scorer.close()
         restore_hooks()
