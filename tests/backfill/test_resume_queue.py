@@ -51,6 +51,26 @@ def test_a_resume_sends_the_rest_to_the_jobs_queue(tmp_path: Path, private_redis
     assert db.llen("nightly") > 0
 
 
+@pytest.mark.parametrize("variable", ["same", "another"])
+def test_the_follow_hint_names_the_broker_unless_the_variable_names_it(
+    tmp_path: Path, private_redis: RedisServer, variable: str
+) -> None:
+    """With TRACESCORE_BROKER_URL set, the hint left --broker out even when --broker had
+    overridden it: followed with the same environment, it looked in the other Redis and said the
+    job was not there (re-score audit)."""
+    write_otlp_files(tmp_path, 10, files=1)
+    env = {"TRACESCORE_BROKER_URL": private_redis.url(0 if variable == "same" else 1)}
+    args = ["backfill", str(tmp_path), "--scorers", "tests.backfill.scorers", "--broker", private_redis.url(0)]
+    result = CliRunner().invoke(cli, [*args, "--no-wait", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    job = json.loads(result.stdout.strip().splitlines()[-1])["job_id"]
+    hint = f"Follow with: tracescore backfill --resume {job}"
+    if variable == "same":
+        assert f"{hint}\n" in result.stderr
+    else:
+        assert f"{hint} --broker redis://:PASSWORD@127.0.0.1:{private_redis.port}/0" in result.stderr
+
+
 def test_a_job_is_run_by_one_process_at_a_time(
     tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

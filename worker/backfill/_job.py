@@ -974,9 +974,9 @@ def _run_held(
     enqueued = _Enqueued()
     # (the password as a placeholder: a masked one copied would fail to authenticate)
     given = redact(settings.broker_url).replace(":***@", ":PASSWORD@")
-    resume = f"tracescore backfill --resume {state.job_id}" + (
-        "" if os.environ.get("TRACESCORE_BROKER_URL") else f" --broker {given}"
-    )
+    # (the variable alone does only when it names this broker: --broker may have overridden it)
+    from_variable = os.environ.get("TRACESCORE_BROKER_URL", "").strip() == settings.broker_url
+    resume = f"tracescore backfill --resume {state.job_id}" + ("" if from_variable else f" --broker {given}")
     try:
         backfill = Backfill(source, state, submitter, job_store=job_store, reporter=reporter, on_batch=enqueued)
         progress: dict[str, int] | None = None
