@@ -212,11 +212,11 @@ def test_embedded_mode_gives_the_same_scores_as_redis(tmp_path: Path, workers: l
     assert remote == local
 
 
-def _start_backfill(source: Path) -> subprocess.Popen[bytes]:
+def _start_backfill(source: Path, *extra: str) -> subprocess.Popen[bytes]:
     """A Redis-mode backfill of ``source`` in its own process (small batches, low high-water)."""
     env = {**os.environ, "TRACESCORE_BROKER_URL": REDIS_URL, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-c", "from worker.cli import main; raise SystemExit(main())", "backfill"]
-    options = ["--scorers", "tests.backfill.scorers", "--batch-size", "20", "--high-water", "2"]
+    options = ["--scorers", "tests.backfill.scorers", "--batch-size", "20", "--high-water", "2", *extra]
     return subprocess.Popen(
         [*command, str(source), *options], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -265,9 +265,13 @@ def test_resume_after_sigkill_scores_every_trace_exactly_once(
 
 
 def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
-    """SIGINT midway: exit 130, the state says interrupted, stderr names the resume command."""
+    """SIGINT midway: exit 130, the state says interrupted, stderr names the resume command. An
+    earlier --out is left as it was, and the command says it was not written: it was emptied at
+    the start, for records the job never read back (re-score audit)."""
     write_otlp_files(tmp_path / "in", 1500, files=2)
-    process = _start_backfill(tmp_path / "in")
+    out = tmp_path / "earlier.jsonl"
+    out.write_text('{"an": "earlier record"}\n')
+    process = _start_backfill(tmp_path / "in", "--out", str(out))
     keys: list[str] = []
 
     def started() -> bool:
@@ -281,6 +285,8 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: l
     assert process.returncode == 130, stderr.decode()[-2000:]
     assert "stopping after the current batch" in stderr.decode()
     assert f"Resume with: tracescore backfill --resume {job_id}" in stderr.decode()
+    assert f"--out {out} was not written (the workers' records are read back at the job's end)" in stderr.decode()
+    assert out.read_text() == '{"an": "earlier record"}\n'
     assert json.loads(db.get(keys[0]) or "{}")["status"] == "interrupted"
     summary = _backfill("--resume", job_id)
     assert summary["scored"] + summary["failed"] == 4500

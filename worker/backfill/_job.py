@@ -194,15 +194,17 @@ class _OutFile:
             self.error = self.error or exc.strerror or str(exc)
 
 
-def _check_out(out: Path | None, source: TraceSource) -> None:
-    """Refuse an ``--out`` that is one of the input files, and one that cannot be written (it is
-    created empty now: a job finds out before its work, not after it)."""
+def _check_out(out: Path | None, source: TraceSource, *, replace_now: bool) -> None:
+    """Refuse an ``--out`` that is one of the input files, and one that cannot be written: a job
+    finds out before its work, not after it. ``replace_now``: emptied now (this process writes
+    it as it scores); else left as it is until the workers' records are read back into it (a job
+    interrupted before then emptied an earlier file for nothing)."""
     if out is None:
         return
     if names_an_input(out, getattr(source, "files", ())):
         raise CliError(f"--out {out} is one of the input files: the scores would be written into it")
     try:
-        out.open("w", encoding="utf-8").close()
+        out.open("w" if replace_now else "a", encoding="utf-8").close()
     except OSError as exc:
         raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
 
@@ -1009,6 +1011,13 @@ def _run_held(
             else:  # (with the hold lost, the state saved now would overwrite the new holder's)
                 backfill.interrupted()
             click.echo(f"interrupted; nothing enqueued is lost. Resume with: {resume}", err=True)
+            if out is not None:
+                click.echo(
+                    f"--out {out} was not written (the workers' records are read back at the job's end): once the"
+                    " job is done, run the same backfill again with --out (its scores are read back, not made"
+                    " again)",
+                    err=True,
+                )
             submitter.close()
             raise SystemExit(130) from None
         except SourceError as exc:
@@ -1184,7 +1193,7 @@ class BackfillJob:
 
     def start(self, source: TraceSource, state: BackfillState, registry: Registry) -> None:
         """Read ``source`` from ``state``'s checkpoint, score every planned run, print the summary."""
-        _check_out(self.out, source)
+        _check_out(self.out, source, replace_now=not self.broker)
         _start(
             source,
             state,
