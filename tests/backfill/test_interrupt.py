@@ -1,5 +1,5 @@
-"""An embedded backfill interrupted while it scores: Ctrl-C twice (the second one stops what is in
-flight), as an impatient user does."""
+"""Commands interrupted while they score in this process (an embedded backfill, `score`): SIGTERM,
+or Ctrl-C twice (the second one stops what is in flight), as an impatient user does."""
 
 from __future__ import annotations
 
@@ -61,3 +61,47 @@ def test_a_second_ctrl_c_leaves_whole_lines_and_a_summary_that_adds_up(tmp_path:
     assert summary["scored"] + summary["failed"] == len(records) < 12000
     by_scorer = summary["by_scorer"]
     assert by_scorer["slow"]["runs"] + by_scorer["block"]["runs"] == len(records)
+
+
+@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["sigterm", "ctrl-c-twice"])
+def test_score_interrupted_prints_its_summary_and_exits_130(tmp_path: Path, signals: list[signal.Signals]) -> None:
+    """`score` took SIGTERM by Python's default (exit 143, no word, a chunk's records cut
+    part-way) and Ctrl-C printed only "aborted". Now the first signal stops it after the chunk
+    it is scoring, the second at once (that chunk dropped): either way the summary is printed
+    and --out holds whole records of exactly the runs it counts, exit 130."""
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("".join(json.dumps({"run_id": f"r{i}", "input": "q", "output": "a"}) + "\n" for i in range(20_000)))
+    out = tmp_path / "scores.jsonl"
+    tracescore = str(Path(sys.executable).with_name("tracescore"))
+    options = ["--scorers", "tests.backfill.slow_scorers", "--chunk", "500", "--out", str(out)]
+    job = subprocess.Popen(
+        [tracescore, "score", str(runs), *options],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(_lines(out)) < 1000 and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_lines(out)) >= 1000, "no chunk scored"
+        for sig in signals:
+            job.send_signal(sig)
+            time.sleep(0.05)
+        stdout, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 130, stderr[-3000:]
+    assert "stopping after the current chunk" in stderr
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "scores by scorer (" in stdout
+    records = [json.loads(line) for line in _lines(out)]
+    scored_runs = len(records) // 2
+    assert len(records) == 2 * scored_runs
+    assert {r["run_id"] for r in records} == {f"r{i}" for i in range(scored_runs)}
+    assert f"interrupted: the summary and --out hold the {scored_runs:,} runs scored before the stop" in stderr
+    assert scored_runs < 20_000

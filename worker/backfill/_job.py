@@ -15,17 +15,15 @@ import io
 import json
 import os
 import resource
-import signal
 import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
 import click
@@ -37,6 +35,7 @@ from tracing.queue import QueueKeyError, ScoreBatch
 from tracing.sources import MAX_SPANS_PER_TRACE, SourceError, TraceSource, source_from_description
 from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
 from worker._gc import tuned_gc
+from worker._interrupt import stop_on_signals
 from worker._keys import backfill_state_key, record_key
 from worker._reconnect import DECODED
 from worker._registry import Registry, RegistryError, load_registry
@@ -213,38 +212,6 @@ def _out_failed(out: Path | None, error: str | None) -> None:
     """End the job with exit 1 when ``--out`` could not be written (after its summary)."""
     if out is not None and error is not None:
         raise CliError(f"cannot write --out {out}: {error}; the summary above has the scores, the file does not")
-
-
-class _StopSignal:
-    """Ctrl-C / SIGTERM ask the job to stop at the next safe point (between input records or
-    batches), so no Redis or broker call is cut in half; a second signal stops at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def __call__(self) -> bool:
-        return self.requested
-
-    def handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        sys.stderr.write("\nstopping after the current batch (press Ctrl-C again to stop at once)\n")
-
-
-@contextmanager
-def _stop_on_signals() -> Iterator[_StopSignal]:
-    stop = _StopSignal()
-    try:
-        previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread: signals stay as they are
-        yield stop
-        return
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _settings(broker: str | None) -> Settings:
@@ -814,7 +781,7 @@ def _run_embedded(
     interrupted = False
     source_failed: SourceError | None = None
     try:
-        with _stop_on_signals() as stop:
+        with stop_on_signals("batch") as stop:
             Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run()
         state.status = "finished"
     except KeyboardInterrupt:
@@ -983,7 +950,7 @@ def _run_held(
         backfill = Backfill(source, state, submitter, job_store=job_store, reporter=reporter, on_batch=enqueued)
         progress: dict[str, int] | None = None
         try:
-            with _stop_on_signals() as signalled:
+            with stop_on_signals("batch") as signalled:
 
                 def stop() -> bool:  # Ctrl-C, or the job's hold lost (another process may run it now)
                     return signalled() or hold.lost.is_set()

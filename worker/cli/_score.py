@@ -21,6 +21,7 @@ import click
 from scorers import ScoreResult
 from worker._budget import parse_prices
 from worker._embedded import EmbeddedScorer, cli_limits
+from worker._interrupt import stop_on_signals
 from worker._lines import json_lines
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter
@@ -196,30 +197,39 @@ def score_command(
     except OSError as exc:
         scorer.close()
         raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
+    stopped = False
     try:
-        lines = _read_runs(runs_file)
-        while batch := list(islice(lines, chunk)):
-            runs: list[tuple[int, dict[str, Any]]] = []
-            for number, run in batch:
-                if isinstance(run, str):
-                    bad_lines(f"{runs_file}:{number}: skipped: {run}")
-                else:
-                    runs.append((number, run))
-            runs_total += len(runs)
-            for index, result, outcome in scorer.score_runs([run for _, run in runs]):
-                number = runs[index][0]
-                if out_file is not None:
-                    out_file.write(_out_line(number, outcome))
-                if not isinstance(result, ScoreResult):
-                    failures(f"{runs_file}:{number}: {result}")
-                if as_json:
-                    click.echo(
-                        json_line(result)
-                        if isinstance(result, ScoreResult)
-                        else json.dumps({"run_id": outcome.run, "scorer_id": outcome.scorer_id, "error": str(result)})
-                    )
-                shown.add([outcome])
-            sys.stdout.flush()  # each chunk's rows reach a pipe now, not when the buffer fills
+        with stop_on_signals("chunk") as stop:
+            lines = _read_runs(runs_file)
+            while not stop() and (batch := list(islice(lines, chunk))):
+                runs: list[tuple[int, dict[str, Any]]] = []
+                for number, run in batch:
+                    if isinstance(run, str):
+                        bad_lines(f"{runs_file}:{number}: skipped: {run}")
+                    else:
+                        runs.append((number, run))
+                last = -1
+                for index, result, outcome in scorer.score_runs([run for _, run in runs]):
+                    if index != last:  # (each run's outcomes come together: counted as they come)
+                        runs_total, last = runs_total + 1, index
+                    number = runs[index][0]
+                    if out_file is not None:
+                        out_file.write(_out_line(number, outcome))
+                    if not isinstance(result, ScoreResult):
+                        failures(f"{runs_file}:{number}: {result}")
+                    if as_json:
+                        click.echo(
+                            json_line(result)
+                            if isinstance(result, ScoreResult)
+                            else json.dumps(
+                                {"run_id": outcome.run, "scorer_id": outcome.scorer_id, "error": str(result)}
+                            )
+                        )
+                    shown.add([outcome])
+                sys.stdout.flush()  # each chunk's rows reach a pipe now, not when the buffer fills
+            stopped = stop()
+    except KeyboardInterrupt:  # a second Ctrl-C: the chunk being scored is dropped
+        stopped = True
     finally:
         scorer.close()
         if out_file is not None:
@@ -244,6 +254,13 @@ def score_command(
         err=as_json,
     )
     click.echo(footer, err=True)
+    if stopped:
+        click.echo(
+            f"interrupted: the summary{' and --out' if out_file is not None else ''} hold the {runs_total:,} runs"
+            " scored before the stop",
+            err=True,
+        )
+        raise SystemExit(130)
     if out_file is not None and out_file.error is not None:
         raise CliError(
             f"cannot write --out {out}: {out_file.error}; the summary above has the scores, the file does not"

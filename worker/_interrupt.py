@@ -1,0 +1,48 @@
+"""Ctrl-C and SIGTERM in the commands that work through many items (``backfill``, ``score``): the
+first asks the command to stop at its next safe point, the second stops it at once."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+__all__ = ["StopSignal", "stop_on_signals"]
+
+
+class StopSignal:
+    """Whether a stop was asked (call it). The first signal only asks, so no Redis or broker
+    call is cut in half (between input records, batches or chunks); a second one raises
+    ``KeyboardInterrupt`` where the command is."""
+
+    def __init__(self, unit: str) -> None:
+        self.requested = False
+        self._unit = unit
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        sys.stderr.write(f"\nstopping after the current {self._unit} (press Ctrl-C again to stop at once)\n")
+
+
+@contextmanager
+def stop_on_signals(unit: str) -> Iterator[StopSignal]:
+    """SIGINT and SIGTERM handled by a ``StopSignal`` (``unit``: what the command finishes
+    first, e.g. "batch") while the block runs."""
+    stop = StopSignal(unit)
+    try:
+        previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: signals stay as they are
+        yield stop
+        return
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
