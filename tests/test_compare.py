@@ -269,3 +269,27 @@ def test_control_characters_from_a_file_never_reach_the_terminal(tmp_path: Path)
     assert "rel\ufffd[31m" in result.stdout
     assert "\x1b" not in result.stdout
     assert "\x07" not in result.stdout
+
+
+def test_two_runs_of_one_trace_that_moved_are_told_apart_by_their_span(tmp_path: Path) -> None:
+    """Two agent runs (spans) of one trace both moved: "moved most" named each by the trace id
+    alone, so the two lines read as one run twice (re-score audit)."""
+    old = _write(
+        tmp_path / "old.jsonl",
+        [
+            _rec("t1", "rel", 0.9, "a", span_id="00000000000000aa"),
+            _rec("t1", "rel", 0.2, "b", span_id="00000000000000bb"),
+        ],
+    )
+    new = _write(
+        tmp_path / "new.jsonl",
+        [
+            _rec("t1", "rel", 0.1, "a", span_id="00000000000000aa"),
+            _rec("t1", "rel", 0.8, "b", span_id="00000000000000bb"),
+        ],
+    )
+    moved = compare_files(old, new, top=5)["by_scorer"]["rel"]["moved_most"]
+    assert [(m["run"], m["span_id"]) for m in moved] == [("t1", "00000000000000aa"), ("t1", "00000000000000bb")]
+    text = _compare(str(old), str(new)).stdout
+    assert "(-0.800)  t1 00000000000000aa" in text
+    assert "(+0.600)  t1 00000000000000bb" in text

@@ -2,8 +2,8 @@
 
 Both files are score records as ``tracescore backfill --out`` or ``tracescore score --out``
 write them. Records are matched by (trace id, span id, scorer id), or (run id, scorer id) for
-``score`` output, whatever the scorer version; the old file is held in memory (one small tuple
-per record), the new one is streamed.
+``score`` output, whatever the scorer version; both are held in memory, a key, score, version
+and reason a record (the last record of a key counts on each side).
 """
 
 from __future__ import annotations
@@ -49,9 +49,11 @@ class _Moves:
     newly_scored: int = 0
     versions_old: set[str] = field(default_factory=set)
     versions_new: set[str] = field(default_factory=set)
-    _heap: list[tuple[float, int, str, _Score, _Score]] = field(default_factory=list)
+    _heap: list[tuple[float, int, str, str, _Score, _Score]] = field(default_factory=list)
 
-    def add(self, run: str, old: _Score, new: _Score) -> None:
+    def add(self, run: str, span: str, old: _Score, new: _Score) -> None:
+        """One run in both files: ``run`` its trace id (or run id), ``span`` its span id ("" for
+        a record of ``score``: one run a run id)."""
         self.both += 1
         self.versions_old.add(old.version)
         self.versions_new.add(new.version)
@@ -72,14 +74,15 @@ class _Moves:
         else:
             self.unchanged += 1
             return
-        entry = (abs(delta), -self.both, run, old, new)
+        entry = (abs(delta), -self.both, run, span, old, new)
         if len(self._heap) < self.top:
             heapq.heappush(self._heap, entry)
         elif self._heap and entry[:2] > self._heap[0][:2]:  # (--top 0: no heap at all)
             heapq.heapreplace(self._heap, entry)
 
-    def moved_most(self) -> list[tuple[str, _Score, _Score]]:
-        return [(run, old, new) for _, _, run, old, new in sorted(self._heap, key=lambda e: e[:2], reverse=True)]
+    def moved_most(self) -> list[tuple[str, str, _Score, _Score]]:
+        ordered = sorted(self._heap, key=lambda e: e[:2], reverse=True)
+        return [(run, span, old, new) for _, _, run, span, old, new in ordered]
 
     def as_json(self) -> dict[str, Any]:
         n = self.scored_both
@@ -103,13 +106,14 @@ class _Moves:
             "moved_most": [
                 {
                     "run": run,
+                    "span_id": span or None,
                     "old": old.score,
                     "new": new.score,
                     "delta": _number((new.score or 0.0) - (old.score or 0.0)),
                     "old_reason": old.reason,
                     "new_reason": new.reason,
                 }
-                for run, old, new in self.moved_most()
+                for run, span, old, new in self.moved_most()
             ],
         }
 
@@ -203,7 +207,7 @@ def compare_files(old: Path, new: Path, *, top: int = 5, warn: Callable[[str], N
         if match is None:
             scorer(key[2]).only_new += 1
         else:
-            scorer(key[2]).add(run, match[1], score)
+            scorer(key[2]).add(run, key[1] if key[0] else "", match[1], score)
     for key in previous:
         scorer(key[2]).only_old += 1
     return {

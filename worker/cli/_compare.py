@@ -50,7 +50,8 @@ def _render(result: dict[str, Any], width: int = 120) -> str:
         lines += ["", f"{cell(scorer_id, 60)}: moved most" + (f"   ({'; '.join(extra)})" if extra else "")]
         for move in m["moved_most"]:
             delta = "-" if move["delta"] is None else f"{move['delta']:+.3f}"
-            lines.append(f"  {_fmt(move['old'])} → {_fmt(move['new'])} ({delta})  {cell(move['run'], 60)}")
+            run = " ".join(filter(None, (move["run"], move["span_id"])))
+            lines.append(f"  {_fmt(move['old'])} → {_fmt(move['new'])} ({delta})  {cell(run, 60)}")
             lines.append("      old: " + cell(move["old_reason"], width - 11))
             lines.append("      new: " + cell(move["new_reason"], width - 11))
     if not result["by_scorer"]:
