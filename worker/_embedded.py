@@ -379,9 +379,9 @@ class EmbeddedScorer:
         return Counter(self.totals.failed)
 
     def settle(self) -> None:
-        """Let the runs of an interrupted batch (a second Ctrl-C) end, recording what they
-        finished, before the counts are read and the writer closed: they went on writing into
-        a closed ``--out`` and past the summary's counts."""
+        """Wait for a batch cancelled by a second Ctrl-C to finish recording the runs it
+        finished, before the counts are read and the writer closed: it went on writing into a
+        closed ``--out`` and past the summary's counts."""
         with self._lock:
             self._loop.settle()
 

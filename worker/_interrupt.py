@@ -15,20 +15,42 @@ __all__ = ["StopSignal", "stop_on_signals"]
 class StopSignal:
     """Whether a stop was asked (call it). The first signal only asks, so no Redis or broker
     call is cut in half (between input records, batches or chunks); a second one raises
-    ``KeyboardInterrupt`` where the command is."""
+    ``KeyboardInterrupt`` where the command is, except inside ``deferred`` and after
+    ``finishing``, where a third one does."""
 
     def __init__(self, unit: str) -> None:
         self.requested = False
         self._unit = unit
+        self._again = False  # a second signal came
+        self._interruptible = True
 
     def __call__(self) -> bool:
         return self.requested
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
-            raise KeyboardInterrupt
+            if self._interruptible or self._again:  # (a third signal always: an escape hatch)
+                raise KeyboardInterrupt
+            self._again = True
+            sys.stderr.write("\nstopping once what is in hand is written (press Ctrl-C again to quit at once)\n")
+            return
         self.requested = True
         sys.stderr.write(f"\nstopping after the current {self._unit} (press Ctrl-C again to stop at once)\n")
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A second signal waits for the block's end (records written whole), then raises."""
+        was, self._interruptible = self._interruptible, False
+        try:
+            yield
+        finally:
+            self._interruptible = was
+        if was and self._again:
+            raise KeyboardInterrupt
+
+    def finishing(self) -> None:
+        """From now on signals raise nothing: the command is closing, summing up and leaving."""
+        self._interruptible = False
 
 
 @contextmanager

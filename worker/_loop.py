@@ -172,7 +172,7 @@ class LoopThread:
             raise
 
     def settle(self, timeout: float = 5.0) -> None:
-        """Wait for what still runs on the loop to end by itself (a batch interrupted by Ctrl-C
+        """Wait for what still runs on the loop to end by itself (a batch cancelled by a Ctrl-C
         still records the runs it finished), at most ``timeout``; then cancel the rest. The loop
         goes on running."""
         if self.loop.is_closed() or not self._thread.is_alive():

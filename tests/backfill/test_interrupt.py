@@ -53,7 +53,8 @@ def test_a_second_ctrl_c_leaves_whole_lines_and_a_summary_that_adds_up(tmp_path:
         if job.poll() is None:
             job.kill()
             job.wait()
-    assert job.returncode == 130, stderr[-3000:]
+    # (a second Ctrl-C landing after the command finished kills it by SIGINT: a shell's 130 too)
+    assert job.returncode in (130, -signal.SIGINT), stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     records = [json.loads(line) for line in _lines(out)]  # every line whole
     summary = json.loads(stdout.strip().splitlines()[-1])
@@ -95,7 +96,8 @@ def test_score_interrupted_prints_its_summary_and_exits_130(tmp_path: Path, sign
         if job.poll() is None:
             job.kill()
             job.wait()
-    assert job.returncode == 130, stderr[-3000:]
+    # (a second Ctrl-C landing after the command finished kills it by SIGINT: a shell's 130 too)
+    assert job.returncode in (130, -signal.SIGINT if len(signals) > 1 else 130), stderr[-3000:]
     assert "stopping after the current chunk" in stderr
     assert "Traceback" not in stderr, stderr[-3000:]
     assert "scores by scorer (" in stdout

@@ -780,59 +780,63 @@ def _run_embedded(
     started = time.monotonic()
     interrupted = False
     source_failed: SourceError | None = None
-    try:
-        with stop_on_signals("batch") as stop:
+    with stop_on_signals("batch") as stop:
+        try:
             Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run()
-        state.status = "finished"
-    except KeyboardInterrupt:
-        interrupted = True
-        state.status = "interrupted"
-    except SourceError as exc:  # Tempo failing mid-job: what was scored is summed up first
-        source_failed = exc
-        state.status = "interrupted"
-    finally:
-        scorer.settle()  # (an interrupted batch's runs still record: counted, then closed)
-        progress = scorer.progress(state.job_id)
-        scorer.close()
-        restore_hooks()
-        reporter.close()
-    summary = _summary(state, "embedded", progress, time.monotonic() - started)
-    summary["by_scorer"] = by_scorer.as_json()
-    summary["spend"] = by_scorer.spend.as_json()
-    if scorer.sink_counts:
-        summary["sinks"] = {
-            name: {
-                **counts.as_dict(),
-                "dead_letters": [x.model_dump() for x in scorer.sink_dead_letters.get(name, [])],
+            state.status = "finished"
+        except KeyboardInterrupt:
+            interrupted = True
+            state.status = "interrupted"
+        except SourceError as exc:  # Tempo failing mid-job: what was scored is summed up first
+            source_failed = exc
+            state.status = "interrupted"
+        finally:
+            stop.finishing()  # (a signal while the sinks drain only asks again)
+            scorer.settle()  # (a cancelled batch's runs still record: counted, then closed)
+            progress = scorer.progress(state.job_id)
+            scorer.close()
+            restore_hooks()
+            reporter.close()
+        # (still under the signal handler: a late second Ctrl-C does not cut the summary)
+        summary = _summary(state, "embedded", progress, time.monotonic() - started)
+        summary["by_scorer"] = by_scorer.as_json()
+        summary["spend"] = by_scorer.spend.as_json()
+        if scorer.sink_counts:
+            summary["sinks"] = {
+                name: {
+                    **counts.as_dict(),
+                    "dead_letters": [x.model_dump() for x in scorer.sink_dead_letters.get(name, [])],
+                }
+                for name, counts in scorer.sink_counts.items()
             }
-            for name, counts in scorer.sink_counts.items()
-        }
-    if out is not None:
-        summary["out"] = str(out)
-    if as_json:
-        click.echo(json.dumps(summary))
-    print_summary(summary)
-    _report_sinks(summary)
-    if out_file is not None and out_file.error is None:
-        click.echo(f"  scores written to {out} (compare two runs: tracescore compare OLD.jsonl {out})", err=True)
-    # The picture per scorer is the output (stdout); the job's counts above are the footer.
-    click.echo(
-        "\n"
-        + by_scorer.render(
-            title=f"scores by scorer ({state.counters.runs_enqueued:,} runs)",
-            hint="every score as a row: --table · every record to a file: --out scores.jsonl · "
-            "two versions side by side: tracescore compare OLD.jsonl NEW.jsonl",
-        ),
-        err=as_json,
-    )
-    if interrupted:
-        click.echo("interrupted (embedded jobs keep no state: run the command again to start over)", err=True)
-        raise SystemExit(130)
-    if source_failed is not None:
-        raise CliError(f"{source_failed}; the scores above are the part read before it (embedded jobs keep no state)")
-    _out_failed(out, out_file.error if out_file is not None else None)
-    _check_outcome(summary)
-    _check_sinks(summary)
+        if out is not None:
+            summary["out"] = str(out)
+        if as_json:
+            click.echo(json.dumps(summary))
+        print_summary(summary)
+        _report_sinks(summary)
+        if out_file is not None and out_file.error is None:
+            click.echo(f"  scores written to {out} (compare two runs: tracescore compare OLD.jsonl {out})", err=True)
+        # The picture per scorer is the output (stdout); the job's counts above are the footer.
+        click.echo(
+            "\n"
+            + by_scorer.render(
+                title=f"scores by scorer ({state.counters.runs_enqueued:,} runs)",
+                hint="every score as a row: --table · every record to a file: --out scores.jsonl · "
+                "two versions side by side: tracescore compare OLD.jsonl NEW.jsonl",
+            ),
+            err=as_json,
+        )
+        if interrupted:
+            click.echo("interrupted (embedded jobs keep no state: run the command again to start over)", err=True)
+            raise SystemExit(130)
+        if source_failed is not None:
+            raise CliError(
+                f"{source_failed}; the scores above are the part read before it (embedded jobs keep no state)"
+            )
+        _out_failed(out, out_file.error if out_file is not None else None)
+        _check_outcome(summary)
+        _check_sinks(summary)
 
 
 def _run_redis(

@@ -197,9 +197,10 @@ def score_command(
     except OSError as exc:
         scorer.close()
         raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
-    stopped = False
-    try:
-        with stop_on_signals("chunk") as stop:
+    # (held to the end: a signal while closing or summing up only asks again)
+    with stop_on_signals("chunk") as stop:
+        stopped = False
+        try:
             lines = _read_runs(runs_file)
             while not stop() and (batch := list(islice(lines, chunk))):
                 runs: list[tuple[int, dict[str, Any]]] = []
@@ -208,64 +209,65 @@ def score_command(
                         bad_lines(f"{runs_file}:{number}: skipped: {run}")
                     else:
                         runs.append((number, run))
-                last = -1
-                for index, result, outcome in scorer.score_runs([run for _, run in runs]):
-                    if index != last:  # (each run's outcomes come together: counted as they come)
-                        runs_total, last = runs_total + 1, index
-                    number = runs[index][0]
-                    if out_file is not None:
-                        out_file.write(_out_line(number, outcome))
-                    if not isinstance(result, ScoreResult):
-                        failures(f"{runs_file}:{number}: {result}")
-                    if as_json:
-                        click.echo(
-                            json_line(result)
-                            if isinstance(result, ScoreResult)
-                            else json.dumps(
-                                {"run_id": outcome.run, "scorer_id": outcome.scorer_id, "error": str(result)}
+                scored = list(scorer.score_runs([run for _, run in runs]))  # (a second signal drops the chunk)
+                with stop.deferred():  # its records are written whole
+                    runs_total += len(runs)
+                    for index, result, outcome in scored:
+                        number = runs[index][0]
+                        if out_file is not None:
+                            out_file.write(_out_line(number, outcome))
+                        if not isinstance(result, ScoreResult):
+                            failures(f"{runs_file}:{number}: {result}")
+                        if as_json:
+                            click.echo(
+                                json_line(result)
+                                if isinstance(result, ScoreResult)
+                                else json.dumps(
+                                    {"run_id": outcome.run, "scorer_id": outcome.scorer_id, "error": str(result)}
+                                )
                             )
-                        )
-                    shown.add([outcome])
-                sys.stdout.flush()  # each chunk's rows reach a pipe now, not when the buffer fills
+                        shown.add([outcome])
+                    sys.stdout.flush()  # each chunk's rows reach a pipe now, not when the buffer fills
             stopped = stop()
-    except KeyboardInterrupt:  # a second Ctrl-C: the chunk being scored is dropped
-        stopped = True
-    finally:
-        scorer.close()
-        if out_file is not None:
-            out_file.close()
-        bad_lines.close()
-        failures.close()
-    elapsed = time.perf_counter() - started
+        except KeyboardInterrupt:
+            stopped = True
+        finally:
+            stop.finishing()
+            scorer.close()
+            if out_file is not None:
+                out_file.close()
+            bad_lines.close()
+            failures.close()
+        elapsed = time.perf_counter() - started
 
-    not_scorable = summary.not_scorable_total
-    footer = (
-        f"{runs_total:,} runs × {len(scorers)} scorers: "
-        f"{summary.scores_total - summary.failed_total - not_scorable:,} scored, {not_scorable:,} not scorable, "
-        f"{summary.failed_total:,} failed, {bad_lines.count:,} bad lines skipped, {elapsed:.2f}s"
-        + (f"; every record written to {out}" if out_file is not None and out_file.error is None else "")
-    )
-    click.echo(
-        "\n"
-        + summary.render(
-            title=f"scores by scorer ({runs_total:,} runs)",
-            hint="every score as a row: --table · every record to a file: --out scores.jsonl",
-        ),
-        err=as_json,
-    )
-    click.echo(footer, err=True)
-    if stopped:
+        not_scorable = summary.not_scorable_total
+        footer = (
+            f"{runs_total:,} runs × {len(scorers)} scorers: "
+            f"{summary.scores_total - summary.failed_total - not_scorable:,} scored, {not_scorable:,} not scorable, "
+            f"{summary.failed_total:,} failed, {bad_lines.count:,} bad lines skipped, {elapsed:.2f}s"
+            + (f"; every record written to {out}" if out_file is not None and out_file.error is None else "")
+        )
         click.echo(
-            f"interrupted: the summary{' and --out' if out_file is not None else ''} hold the {runs_total:,} runs"
-            " scored before the stop",
-            err=True,
+            "\n"
+            + summary.render(
+                title=f"scores by scorer ({runs_total:,} runs)",
+                hint="every score as a row: --table · every record to a file: --out scores.jsonl",
+            ),
+            err=as_json,
         )
-        raise SystemExit(130)
-    if out_file is not None and out_file.error is not None:
-        raise CliError(
-            f"cannot write --out {out}: {out_file.error}; the summary above has the scores, the file does not"
-        )
-    if bad_lines.count and not runs_total:
-        raise CliError(f"every line of {runs_file} was malformed ({bad_lines.count:,} lines)")
-    if summary.failed_total and summary.failed_total == summary.scores_total:
-        raise CliError(f"every score failed ({summary.failed_total:,}); see the errors above")
+        click.echo(footer, err=True)
+        if stopped:
+            click.echo(
+                f"interrupted: the summary{' and --out' if out_file is not None else ''} hold the {runs_total:,} runs"
+                " scored before the stop",
+                err=True,
+            )
+            raise SystemExit(130)
+        if out_file is not None and out_file.error is not None:
+            raise CliError(
+                f"cannot write --out {out}: {out_file.error}; the summary above has the scores, the file does not"
+            )
+        if bad_lines.count and not runs_total:
+            raise CliError(f"every line of {runs_file} was malformed ({bad_lines.count:,} lines)")
+        if summary.failed_total and summary.failed_total == summary.scores_total:
+            raise CliError(f"every score failed ({summary.failed_total:,}); see the errors above")
