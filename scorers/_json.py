@@ -29,14 +29,14 @@ def well_formed(text: str) -> str:
 
 def json_ready(value: Any) -> Any:
     """``value`` as a ``ScoreResult`` keeps a step result or a judge's answer: pydantic's
-    JSON-ready form (a set as a list, a model as a dict), every string and key
-    ``well_formed``, and a NaN or an infinity as None, as every JSON writer (pydantic's,
-    JavaScript's ``JSON.stringify``) writes them. So the result reads back from its JSON as it
-    was, and writing it cannot fail."""
+    JSON-ready form (a set as a list, a model as a dict, a numpy value as Python's), every string
+    and key ``well_formed``, and a NaN or an infinity as None, as every JSON writer (pydantic's,
+    JavaScript's ``JSON.stringify``) writes them: so the result reads back from its JSON as it
+    was. A value of a type JSON cannot hold raises ``PydanticSerializationError``."""
     try:
-        ready = to_jsonable_python(value)
+        ready = to_jsonable_python(value, fallback=_plain)
     except UnicodeEncodeError:  # (pydantic-core encodes a dict's keys: one held a lone surrogate)
-        ready = to_jsonable_python(_keys_well_formed(value))
+        ready = to_jsonable_python(_keys_well_formed(value), fallback=_plain)
     try:
         encoded = to_json(ready)
     except PydanticSerializationError:
@@ -44,6 +44,14 @@ def json_ready(value: Any) -> Any:
     # (a quick look first: the walk below is Python, this check is not; "NaN" inside a string
     # only costs the walk)
     return _repaired(ready) if b"NaN" in encoded or b"Infinity" in encoded else ready
+
+
+def _plain(value: Any) -> Any:
+    """A value pydantic does not know, as plain Python: numpy's scalars and arrays (``tolist``)."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise PydanticSerializationError(f"Unable to serialize unknown type: {type(value)}")
 
 
 def _repaired(value: Any) -> Any:

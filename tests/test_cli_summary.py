@@ -531,7 +531,13 @@ def test_score_names_a_run_without_input_and_python_only_numbers_as_bad_lines(tm
     runs = _write_runs(
         tmp_path / "runs.jsonl",
         RUNS[:2],
-        ('{"output": "only output"}', '{"input": NaN, "output": "a"}', '{"input": "q", "output": -Infinity}', "[1]"),
+        (
+            '{"output": "only output"}',
+            '{"input": NaN, "output": "a"}',
+            '{"input": "q", "output": -Infinity}',
+            "[1]",
+            '{"input": "q", "output": 1e999}',
+        ),
     )
     result = _score(str(runs), "--scorers", V1, "--scorer", "length")
     assert result.exit_code == 0, result.output
@@ -541,5 +547,6 @@ def test_score_names_a_run_without_input_and_python_only_numbers_as_bad_lines(tm
     assert f"{runs}:4: skipped: not JSON (NaN is Python's, not a JSON value)" in result.stderr
     assert f"{runs}:5: skipped: not JSON (-Infinity is Python's, not a JSON value)" in result.stderr
     assert f"{runs}:6: skipped: expected an object with at least 'input' and 'output'\n" in result.stderr
+    assert f"{runs}:7: skipped: not JSON (1e999 is past the range of a number)" in result.stderr
     assert "2 runs × 1 scorers" in result.stderr
-    assert "4 bad lines skipped" in result.stderr
+    assert "5 bad lines skipped" in result.stderr

@@ -1,16 +1,18 @@
 """The JSON Lines files the CLI reads (``compare``'s score records, ``score``'s runs): one line at
 a time, whatever the file holds.
 
-Each non-blank line is parsed, or named as the problem that stopped it (not JSON, ``NaN`` and
-``Infinity`` included; nested too deeply; a number past Python's 4300 digits; longer than
-``MAX_LINE_BYTES``: skipped unread, so a hostile file cannot take the process's memory). A BOM
-is dropped, bytes that are not UTF-8 are U+FFFD, and so is a lone surrogate a ``\\ud800``
-escape reads as: no table, record or ``--json`` line could print it.
+Each non-blank line is parsed, or named as the problem that stopped it (not JSON, ``NaN``,
+``Infinity`` and numbers past a double's range included; nested too deeply; a number past
+Python's 4300 digits; longer than ``MAX_LINE_BYTES``: skipped unread, so a hostile file cannot
+take the process's memory). A BOM is dropped, bytes that are not UTF-8 are U+FFFD, and so is
+a lone surrogate a ``\\ud800`` escape reads as: no table, record or ``--json`` line could print
+it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,14 @@ class _NotJson(ValueError):
 
 def _refuse_constant(name: str) -> Any:
     # NaN, Infinity and -Infinity: json.loads takes them, no JSON writer writes them.
-    raise _NotJson(name)
+    raise _NotJson(f"{name} is Python's, not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: JSON's syntax, past a double's range
+        raise _NotJson(f"{text[:40]} is past the range of a number")
+    return value
 
 
 def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
@@ -52,9 +61,9 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
             if not text.strip():
                 continue
             try:
-                value = json.loads(text, parse_constant=_refuse_constant)
+                value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
             except _NotJson as exc:
-                yield number, None, f"not JSON ({exc} is Python's, not a JSON value)"
+                yield number, None, f"not JSON ({exc})"
                 continue
             except json.JSONDecodeError as exc:
                 # (some of its messages end in "at", written to precede str()'s ": line 1 column 3")

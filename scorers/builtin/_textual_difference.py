@@ -35,7 +35,10 @@ MAX_UNITS_PRODUCT = 100_000 * 100_000
 def compare_texts(a: str, b: str) -> dict[str, Any]:
     """Similarity ratio, change blocks, edit distance and length difference of ``a`` → ``b``
     (counted in UTF-16 code units, like Mastra)."""
-    units_a, units_b = utf16_units(a).tolist(), utf16_units(b).tolist()
+    return _compare_units(utf16_units(a).tolist(), utf16_units(b).tolist())
+
+
+def _compare_units(units_a: list[int], units_b: list[int]) -> dict[str, Any]:
     opcodes = Levenshtein.opcodes(units_a, units_b)
     longest = max(len(units_a), len(units_b))
     length_difference = abs(len(units_a) - len(units_b)) / longest if longest else 0.0
@@ -71,13 +74,13 @@ def textual_difference(
         a, b = reference_text(run, reference, id), assistant_text(run)
         if ignore_case:
             a, b = a.lower(), b.lower()
-        units_a, units_b = len(utf16_units(a)), len(utf16_units(b))
-        if units_a * units_b > MAX_UNITS_PRODUCT:
+        units_a, units_b = utf16_units(a).tolist(), utf16_units(b).tolist()
+        if len(units_a) * len(units_b) > MAX_UNITS_PRODUCT:
             return not_scorable(
-                f"the texts are too long to compare ({units_a:,} and {units_b:,} UTF-16 units;"
+                f"the texts are too long to compare ({len(units_a):,} and {len(units_b):,} UTF-16 units;"
                 f" their product may be {MAX_UNITS_PRODUCT:,} at most)"
             )
-        return compare_texts(a, b)
+        return _compare_units(units_a, units_b)
 
     def score(results: StepResults) -> float:
         return float(results.preprocess_step_result["ratio"])

@@ -67,7 +67,7 @@ def scripted() -> Iterator[tuple[Scripted, str]]:
             except (BrokenPipeError, ConnectionResetError):
                 pass  # a hung answer's client gave up (its timeout): nobody to answer
 
-        do_PATCH = do_POST = _serve
+        do_PATCH = do_POST = do_DELETE = _serve
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -259,3 +259,20 @@ def test_every_metadata_key_an_assessment_may_hold_is_one_a_replacement_clears(
     [(method, _, _, body)] = script.seen
     assert method == "PATCH"  # a key of MLflow's own is no reason to make it anew
     assert set(body["assessment"]["metadata"]) == _METADATA_KEYS
+
+
+def test_a_delete_the_server_refuses_keeps_the_update_and_refuses_nothing(scripted: tuple[Scripted, str]) -> None:
+    """The update of a replaced record showed stale fields and the DELETE to make it anew was
+    refused (a proxy allowing no DELETE): every other record of the batch was refused unsent as
+    "no MLflow tracking API at this URL" and dead-lettered, though the update had landed (review).
+    Now the update stands (Delivered, its stale fields logged) and the batch goes on."""
+    script, url = scripted
+    stale = {"assessment": {"source": {"source_type": "CODE"}, "metadata": {"failed_step": "analyze"}}}
+    script.answers = [Answer(200, stale), Answer(405, "<html>no</html>"), Answer(200, UPDATED)]
+    sink = MlflowSink(url, parallel=1)
+    try:
+        outcomes = sink.deliver([record("a", judge_models=["m"]), record("b")])
+    finally:
+        sink.close()
+    assert outcomes == [Delivered(), Delivered()]
+    assert [method for method, *_ in script.seen] == ["PATCH", "DELETE", "PATCH"]

@@ -647,3 +647,16 @@ def test_generate_score_takes_any_real_number(value: Any, expected: float) -> No
 def test_generate_score_still_refuses_a_decimal_that_is_not_finite() -> None:
     with pytest.raises(ScorerRunError, match="must yield a finite number"):
         create_scorer("n").generate_score(lambda results: Decimal("NaN")).run_sync(input="a", output="b")
+
+
+def test_a_step_result_of_numpy_values_is_kept_as_plain_json() -> None:
+    """numpy's scalars and arrays (a similarity step's output) failed the run: pydantic cannot
+    write them (review)."""
+    result = (
+        create_scorer("np")
+        .preprocess(lambda run: {"sim": numpy.float32(0.5), "vector": numpy.array([1.0, 2.0]), "n": numpy.int64(3)})
+        .generate_score(lambda results: 0.5)
+        .run_sync(input="a", output="b")
+    )
+    assert result.preprocess_step_result == {"sim": 0.5, "vector": [1.0, 2.0], "n": 3}
+    assert ScoreResult.model_validate_json(result.model_dump_json()) == result

@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import structlog
 
 from tracing._score_record import ScoreRecord
 from tracing.sinks._http import (
@@ -65,6 +66,8 @@ from tracing.sinks._http import (
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = ["MlflowSink"]
+
+log = structlog.get_logger("tracescore.sinks.mlflow")
 
 _NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
 # Statuses by which a URL answering no MLflow JSON error is not MLflow's API at all (a refusal
@@ -132,18 +135,20 @@ class MlflowSink(PerScoreSink):
             if isinstance(gone, Retry):
                 return gone, asks_to_wait(removed)
             if gone is None and _error_code(removed) != _NOT_FOUND:
-                return self._refused(removed, record)
-            return self._create(record, url, assessment)
+                # (a proxy that refuses DELETE: the update landed, only those fields stay stale)
+                log.warning("mlflow_stale_assessment_kept", score_id=record.score_id, status=removed.status_code)
+                return Delivered(), False
+            return self._create(record, trace, assessment)
         if outcome is not None:
             return outcome, asks_to_wait(updated)
         if _error_code(updated) != _NOT_FOUND:
             return self._refused(updated, record)
-        return self._create(record, url, assessment)
+        return self._create(record, trace, assessment)
 
-    def _create(self, record: ScoreRecord, url: str, assessment: dict[str, Any]) -> tuple[Delivery, bool]:
+    def _create(self, record: ScoreRecord, trace: str, assessment: dict[str, Any]) -> tuple[Delivery, bool]:
         # Not there yet (or the trace is not): create it. A create racing another worker's
         # answers 500 (duplicate id), which is Retry; the next try finds it and updates.
-        trace = assessment["trace_id"]
+        url = f"{self._base}/{trace}/assessments"
         created = self._client.post(url, content=json_body({"assessment": assessment}), headers=JSON)
         outcome = self._outcome(created)
         if outcome is not None:

@@ -557,8 +557,9 @@ def _missing_records(missing: dict[str, int], registry: Registry) -> None:
     raise CliError(
         f"{sum(missing.values()):,} score(s) this job asked for have no record ({counts}), although the workers"
         " counted every run done: a worker running another version of a scorer than this module's"
-        f" ({versions}) takes its runs as already scored under its own version's ids. Restart the workers"
-        " with this module and run the backfill again (finished scores are not made twice)"
+        f" ({versions}), or none of it, takes its runs as done under other ids; or the records expired"
+        " (TRACESCORE_SCORE_TTL_SECONDS). Restart the workers with this module and run the backfill again"
+        " (scores still stored are not made twice)"
     )
 
 
@@ -1048,7 +1049,7 @@ def _run_held(
             summary["by_scorer"] = by_scorer.as_json()
             summary["spend"] = by_scorer.spend.as_json()
         # Every run counted done, yet records missing: no delivery loses a record, so they were
-        # made under other ids (or expired since).
+        # made under other ids (another scorer version) or expired since.
         missing = dict(enqueued.missing) if by_scorer is not None and state.status == "finished" else {}
         if missing:
             summary["missing_records"] = missing
