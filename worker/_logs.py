@@ -12,6 +12,7 @@ logging keeps it, and one that only imports the exporter is never touched.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -19,11 +20,21 @@ import structlog
 
 __all__ = ["configure_logs"]
 
+# The HTTP clients of the sinks, the Tempo source and the judges' SDKs (httpx2/httpcore2 are
+# theirs): each logs every request at INFO with its URL, user-info and all. A worker logs at INFO,
+# so a password in TRACESCORE_PHOENIX_URL or a judge's base URL was printed once a request.
+_HTTP_CLIENT_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
+
 
 def configure_logs() -> None:
     """structlog's default processors, each traceback printed plain (no local variables), onto
     stderr, unless structlog is configured already. The level stays as configured later
-    (``tracescore backfill`` quiets them)."""
+    (``tracescore backfill`` quiets them). The HTTP clients' loggers go to WARNING unless given
+    a level of their own."""
+    for name in _HTTP_CLIENT_LOGGERS:
+        client_log = logging.getLogger(name)
+        if client_log.level == logging.NOTSET:
+            client_log.setLevel(logging.WARNING)
     if structlog.is_configured():
         return
     # Colours as structlog's default decides them: on a terminal only, NO_COLOR and FORCE_COLOR
