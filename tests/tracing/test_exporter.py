@@ -474,13 +474,16 @@ def test_a_reader_crash_with_a_filter_loses_that_run_only(
         exp.shutdown(2000)
 
 
-def test_logs_never_quote_agent_content(clock: FakeClock, sink: Recording) -> None:
+@pytest.mark.parametrize("error", [ValueError, ConnectionError])
+def test_logs_never_quote_agent_content(clock: FakeClock, sink: Recording, error: type[Exception]) -> None:
     """Unreadable messages and a filter that raises are logged by reason, span and error type,
-    never with the message text (agent content) the errors quote."""
+    never with the message text (agent content) the errors quote: a network error of the
+    filter's (a moderation service's client failing on the run) was logged with its text, as a
+    broker's is (log audit)."""
     marker = "customer-4711-private-text"
 
     def nosy(run: object) -> bool:
-        raise ValueError(f"cannot judge {run!r}")
+        raise error(f"cannot judge {run!r}")
 
     exp = ScoringSpanExporter([ScoringRule(["s"], filter=nosy)], CallbackSink(sink), clock=clock)
     try:
@@ -495,6 +498,7 @@ def test_logs_never_quote_agent_content(clock: FakeClock, sink: Recording) -> No
         assert exp.stats()["errors"] == {"bad_json": 1, "filter": 1}
         events = {entry["event"] for entry in logs}
         assert {"trace_unreadable", "rule_filter_failed"} <= events
+        assert [e["error"] for e in logs if e["event"] == "rule_filter_failed"] == [error.__name__]
         assert marker not in repr(logs)
     finally:
         exp.shutdown(2000)

@@ -46,8 +46,9 @@ _FAILURE_LOG_INTERVAL_S = 60.0
 def describe(exc: BaseException) -> str:
     """An error for the application's log, without agent content: the exception's type only,
     as its text may quote span attributes (a TraceReadError quotes the bad JSON, a pydantic
-    error its input, a filter's error the run) — except network errors, whose text says which
-    broker address failed and how, and a misplaced queue key, named by its text."""
+    error its input) — except network errors, whose text says which broker address failed and
+    how, and a misplaced queue key, named by its text. Only for errors of the send: a rule's
+    filter, the app's own code, is logged by its type alone."""
     if isinstance(exc, QueueKeyError):
         return str(exc)
     if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("kombu", "redis", "amqp"):
