@@ -202,6 +202,12 @@ def test_an_out_that_cannot_be_written_ends_the_job_with_exit_1(tmp_path: Path) 
     assert f"cannot write --out {blocked / 'scores.jsonl'}: Not a directory" in nowhere.stderr
     assert "traces read" not in nowhere.stderr  # refused before any work
 
+    if Path("/proc/version").exists():  # opened for writing, but not for appending (re-score audit)
+        special = _run(str(source), "--scorers", SCORERS, "--out", "/proc/version")
+        assert special.exit_code == 1, special.output
+        assert "cannot write --out /proc/version: " in special.stderr
+        assert "--verbose" not in special.stderr
+
     into_input = _run(str(tmp_path / "in"), "--scorers", SCORERS, "--out", str(source))
     assert into_input.exit_code == 1, into_input.output
     assert "is one of the input files" in into_input.stderr

@@ -746,7 +746,10 @@ def _run_embedded(
         else None
     )
     writers: list[ScoreWriter] = [SummaryScoreWriter(by_scorer, table, agents)]
-    out_file = _OutFile(out) if out is not None else None
+    try:
+        out_file = _OutFile(out) if out is not None else None
+    except OSError as exc:  # (a file the check above could open but not append to: /proc/version)
+        raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
     if out_file is not None:
         writers.append(out_file)
     names = _sink_names(sinks, otlp)
