@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
+from tests.backfill._doubles import CapturingSubmitter
+from tests.backfill._synth import write_otlp_files
+from tracing.queue import ScoreBatch
+from tracing.sources import FileSource
+from worker.backfill._driver import Backfill
 from worker.backfill._progress import ProgressReporter, format_duration
+from worker.backfill._state import BackfillOptions, BackfillState
 
 
 class _Tty(io.StringIO):
@@ -49,3 +57,31 @@ def test_format_duration() -> None:
     assert format_duration(5) == "0:05"
     assert format_duration(125) == "2:05"
     assert format_duration(3725) == "1:02:05"
+
+
+class _WaitingSubmitter(CapturingSubmitter):
+    """Its queue stays full for a few looks at each submit, as a Redis one with slow workers."""
+
+    def __init__(self, on_wait: list[Callable[[int], None]]) -> None:
+        super().__init__()
+        self._on_wait = on_wait
+
+    def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        for pending in (40, 30, 21):
+            self._on_wait[0](pending)
+        super().submit(batch, requests_json)
+
+
+def test_a_wait_for_the_workers_shows_in_the_progress_line(tmp_path: Path) -> None:
+    """Enqueuing held back by the workers' pace printed nothing (14 s without a line in the
+    audit, without a TTY); the progress line now says the job waits and how full the queue is."""
+    write_otlp_files(tmp_path, 30, files=1)
+    source = FileSource(sorted(tmp_path.iterdir()))
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], batch_size=10)
+    state = BackfillState(job_id="bf-wait", source=source.describe(), options=options)
+    stream = io.StringIO()
+    hook: list[Callable[[int], None]] = []
+    backfill = Backfill(source, state, _WaitingSubmitter(hook), reporter=ProgressReporter(stream, interval_s=0))
+    hook.append(backfill.show_waiting)
+    backfill.run()
+    assert "runs enqueued; waiting for the workers: 40 batches queued" in stream.getvalue()

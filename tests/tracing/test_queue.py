@@ -162,6 +162,8 @@ def test_backpressure_waits_for_the_low_water_mark() -> None:
     depth = [10]
     inner = _Publisher()
     held = Backpressure(inner, lambda: depth[0], high_water=5, low_water=2, poll_s=0.01)
+    seen: list[int] = []
+    held.on_wait = seen.append  # (the backfill's progress line while it waits)
     done = threading.Event()
     thread = threading.Thread(target=lambda: (held.publish(make_batch(range(1), ["s"], batch_id="b")), done.set()))
     thread.start()
@@ -173,6 +175,8 @@ def test_backpressure_waits_for_the_low_water_mark() -> None:
     thread.join()
     assert inner.published == ["b"]
     assert held.throttled_s > 0.3
+    assert {10, 3} <= set(seen)
+    assert 2 not in seen
 
 
 def test_backpressure_wait_ends_on_a_stop() -> None:

@@ -198,7 +198,8 @@ class Backpressure:
     """``publisher`` held back while the queue is long: before each publish, above
     ``high_water`` waiting batches (``pending()``) it waits until the workers bring the queue
     down to ``low_water`` (default half). ``should_stop()`` ends a wait (KeyboardInterrupt);
-    ``throttled_s`` is the time spent waiting."""
+    ``on_wait(pending)`` is called at each look while it waits (a progress line); ``throttled_s``
+    is the time spent waiting."""
 
     def __init__(
         self,
@@ -216,6 +217,7 @@ class Backpressure:
         self.low_water = max(0, self.high_water // 2 if low_water is None else low_water)
         self.poll_s = poll_s
         self.should_stop: Callable[[], bool] = lambda: False
+        self.on_wait: Callable[[int], None] = lambda pending: None
         self.throttled_s = 0.0
 
     def wait_for_room(self) -> None:
@@ -223,9 +225,10 @@ class Backpressure:
             return
         started = time.monotonic()
         try:
-            while self.pending() > self.low_water:
+            while (pending := self.pending()) > self.low_water:
                 if self.should_stop():
                     raise KeyboardInterrupt
+                self.on_wait(pending)
                 time.sleep(self.poll_s)
         finally:
             self.throttled_s += time.monotonic() - started

@@ -189,6 +189,7 @@ class Backfill:
             self._handle(trace)
             if self._chunk_runs >= self.state.options.batch_size:
                 self._flush()
+                self._show()  # (the traces the end of the input hands over at once take a while)
 
     def _handle(self, trace: AssembledTrace) -> None:
         counters = self.state.counters
@@ -386,7 +387,11 @@ class Backfill:
         elif self._reported == MAX_REPORTED + 1:
             self.reporter.message("(more problems are only counted; see the summary)")
 
-    def _show(self, *, force: bool = False) -> None:
+    def show_waiting(self, pending: int) -> None:
+        """The progress line while enqueuing waits for the workers (``pending`` batches queued)."""
+        self._show(waiting=f"; waiting for the workers: {pending:,} batches queued")
+
+    def _show(self, *, force: bool = False, waiting: str = "") -> None:
         if not force and not self.reporter.due():
             return
         fraction_done = getattr(self.source, "fraction_done", None)
@@ -400,7 +405,7 @@ class Backfill:
             counters.traces_read,
             "traces",
             fraction,
-            extra=f"{counters.runs_enqueued if self.submitter else counters.runs_read:,} runs {verb}",
+            extra=f"{counters.runs_enqueued if self.submitter else counters.runs_read:,} runs {verb}{waiting}",
             force=force,
         )
 

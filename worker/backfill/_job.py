@@ -965,6 +965,7 @@ def _run_held(
 
                 backfill.should_stop = stop
                 submitter.should_stop = stop
+                submitter.on_wait = backfill.show_waiting
                 if state.status in ("reading", "interrupted"):
                     state.status = "reading"
                     backfill.run()

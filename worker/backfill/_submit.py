@@ -74,6 +74,15 @@ class RedisSubmitter:
         self._publisher.should_stop = value
 
     @property
+    def on_wait(self) -> Callable[[int], None]:
+        """Set by the CLI: called while a backpressure wait lasts, with the batches queued."""
+        return self._publisher.on_wait
+
+    @on_wait.setter
+    def on_wait(self, value: Callable[[int], None]) -> None:
+        self._publisher.on_wait = value
+
+    @property
     def throttled_s(self) -> float:
         return self._publisher.throttled_s
 
