@@ -233,7 +233,7 @@ class Scorer:
             input, output, run_id, ground_truth, _context(request_context, runtime_context), resume, on_step
         )
         sent: Any = None
-        error: Exception | None = None
+        error: BaseException | None = None
         while True:
             try:
                 awaitable = flow.send(sent) if error is None else flow.throw(error)
@@ -241,7 +241,7 @@ class Scorer:
                 return done.value  # type: ignore[no-any-return]
             try:
                 sent, error = await awaitable, None
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:  # (the flow tells a step's own from ours)
                 sent, error = None, exc
 
     def run_sync(
@@ -261,7 +261,7 @@ class Scorer:
             input, output, run_id, ground_truth, _context(request_context, runtime_context), resume, on_step
         )
         sent: Any = None
-        error: Exception | None = None
+        error: BaseException | None = None
         while True:
             try:
                 awaitable = flow.send(sent) if error is None else flow.throw(error)
@@ -276,7 +276,7 @@ class Scorer:
                 raise
             try:
                 sent, error = loop.run_until_complete(awaitable), None
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
                 sent, error = None, exc
 
     # --- the pipeline --------------------------------------------------------------------
@@ -369,7 +369,11 @@ class Scorer:
         except NotScorable as signal:
             result.score = None
             result.not_scorable = {"step": current, "reason": well_formed(signal.reason)}
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
+                raise  # the run itself is cancelled (its timeout, a shutdown): not the step's error
+            # (else a step's own CancelledError, as from awaiting a task it cancelled: a run that
+            # ended that way left no record and counted as neither scored nor failed)
             execution = getattr(exc, "execution", None)
             if isinstance(execution, JudgeExecution) and current != "prepare_run":
                 result.judge[current] = execution
@@ -566,6 +570,16 @@ def _context(request_context: Any, runtime_context: Any) -> Any:
 def _describe(error: Any) -> str:
     loc = ".".join(str(p) for p in error.get("loc", ())) or "(root)"
     return f"{loc}: {error.get('msg')}"
+
+
+def _being_cancelled() -> bool:
+    """Whether the task running this code is being cancelled (not merely handed a
+    CancelledError by a step that awaited a task of its own it had cancelled)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop: nothing here can be cancelled
+        return False
+    return task is not None and task.cancelling() > 0
 
 
 _AGAIN: Any = object()  # _resumed: the step must run again

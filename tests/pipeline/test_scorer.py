@@ -660,3 +660,42 @@ def test_a_step_result_of_numpy_values_is_kept_as_plain_json() -> None:
     )
     assert result.preprocess_step_result == {"sim": 0.5, "vector": [1.0, 2.0], "n": 3}
     assert ScoreResult.model_validate_json(result.model_dump_json()) == result
+
+
+async def _awaits_a_task_it_cancelled() -> float:
+    task = asyncio.ensure_future(asyncio.sleep(10))
+    task.cancel()
+    await task  # raises CancelledError into the step: its own, not the run's
+    return 1.0
+
+
+def test_a_steps_own_cancelled_error_is_the_steps_failure() -> None:
+    """A step that awaited a task it had cancelled raised CancelledError out of the run: in a
+    backfill the run left no record and counted as neither scored nor failed (log audit)."""
+    scorer = create_scorer("cancels").generate_score(lambda: _awaits_a_task_it_cancelled())
+    with pytest.raises(ScorerRunError, match="failed in step generate_score: CancelledError") as sync_failure:
+        scorer.run_sync(input="a", output="b")
+    assert sync_failure.value.failed_step == "generate_score"
+    with pytest.raises(ScorerRunError, match="failed in step generate_score: CancelledError"):
+        asyncio.run(scorer.run(input="a", output="b"))
+
+
+def test_a_cancelled_run_is_still_cancelled() -> None:
+    """The run's own cancellation (its timeout, a shutdown) stays a CancelledError."""
+    started = asyncio.Event()
+
+    async def slow() -> float:
+        started.set()
+        await asyncio.sleep(10)
+        return 1.0
+
+    scorer = create_scorer("slow").generate_score(lambda: slow())
+
+    async def cancel_it() -> None:
+        task = asyncio.ensure_future(scorer.run(input="a", output="b"))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())
