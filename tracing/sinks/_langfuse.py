@@ -20,9 +20,9 @@ their spans as observations under the 16-hex span id, so those are ``traceId`` a
 Outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
 (Retry-After honoured); any other 4xx ``Refused`` with Langfuse's message, never the keys or
 the score's text. Scores go ``parallel`` (4) at a time. An answer that holds for every score
-(no answer at all, keys refused, no scores API at this URL, a redirect, a 429 or 503) is given to the rest of
-the batch without a request each. Langfuse accepts a score before its trace arrives (it links them by
-id), so there is no "not ingested yet" wait here.
+(no answer at all, keys refused, no scores API at this URL, a redirect, a 429 or 503) is given
+to the rest of the batch without a request each. Langfuse accepts a score before its trace
+arrives (it links them by id), so there is no "not ingested yet" wait here.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ violation), so every send is ``PATCH .../assessments/{id}`` and, when MLflow ans
 RESOURCE_DOES_NOT_EXIST, ``POST .../assessments``. An update keeps the source and merges the
 metadata: when its answer shows a source or a metadata key the record does not have (a record
 that replaced another, as a retryable error scored later does), the assessment is deleted and
-created anew. A create that says the
-trace does not exist is a trace MLflow has not ingested yet (the agent's exporter may be behind):
+created anew (a DELETE refused leaves the update as it landed). A create that says the trace
+does not exist is a trace MLflow has not ingested yet (the agent's exporter may be behind):
 ``Retry`` until ``trace_wait_s`` after scoring, then ``Refused`` (a trace that never reaches
 this server, e.g. exported to another one, must not cycle in the outbox for ever).
 
@@ -29,9 +29,9 @@ Other outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and ti
 (Retry-After honoured); any other 4xx ``Refused`` with MLflow's error code and message,
 scrubbed of the token and of the score's own text. Scores go ``parallel`` (4) at a time, as
 MLflow has no batch API for assessments. An answer that holds for every score (no answer at all,
-the token refused, a URL that is not MLflow's API or that redirects, a 429 or 503) is given to the rest of the
-batch without a request each: a down server costs one round of timeouts per batch, not one per
-score.
+the token refused, a URL that is not MLflow's API or that redirects, a 429 or 503) is given to
+the rest of the batch without a request each: a down server costs one round of timeouts per
+batch, not one per score.
 
 Auth: ``Authorization: Bearer <token>`` when ``token`` is given (MLflow's
 ``MLFLOW_TRACKING_TOKEN`` convention); user:password in the URL is HTTP basic auth.
@@ -73,7 +73,7 @@ _NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
 # Statuses by which a URL answering no MLflow JSON error is not MLflow's API at all (a refusal
 # for every record); any other (a proxy's 413 for one large record) is this record's.
 _NOT_THE_API = frozenset({404, 405, 501})
-# Every field a re-send may change; source and span are fixed by the score id anyway.
+# Every field an update may change: MLflow keeps the source and the span (see _kept_stale).
 _UPDATE_MASK = "assessmentName,feedback,rationale,metadata"
 # The metadata keys an assessment of ours may hold (_assessment writes those that have a value).
 _METADATA_KEYS = frozenset(
