@@ -15,19 +15,26 @@ __all__ = ["StopSignal", "stop_on_signals"]
 class StopSignal:
     """Whether a stop was asked (call it). The first signal only asks, so no Redis or broker
     call is cut in half (between input records, batches or chunks); a second one raises
-    ``KeyboardInterrupt`` where the command is, except inside ``deferred`` and after
-    ``finishing``, where a third one does."""
+    ``KeyboardInterrupt`` where the command is, except inside ``deferred`` (a third one does)
+    and after ``finishing`` (the next but one does)."""
 
     def __init__(self, unit: str) -> None:
         self.requested = False
         self._unit = unit
-        self._again = False  # a second signal came
+        self._again = False  # a signal came that did not raise
         self._interruptible = True
+        self._finishing = False
 
     def __call__(self) -> bool:
         return self.requested
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._finishing:  # (the work is over: a signal now only hurries the summing up)
+            if self._again:
+                raise KeyboardInterrupt
+            self._again = True
+            sys.stderr.write("\nfinishing up (press Ctrl-C again to quit at once, without the summary)\n")
+            return
         if self.requested:
             if self._interruptible or self._again:  # (a third signal always: an escape hatch)
                 raise KeyboardInterrupt
@@ -49,7 +56,9 @@ class StopSignal:
             raise KeyboardInterrupt
 
     def finishing(self) -> None:
-        """From now on signals raise nothing: the command is closing, summing up and leaving."""
+        """The command is closing, summing up and leaving: a signal now raises only when one came
+        before without raising."""
+        self._finishing = True
         self._interruptible = False
 
 
