@@ -8,7 +8,10 @@ the outbox; see ``worker.store``); a sink answers per record ``Delivered``, ``Re
 Sinks here: ``OtlpSink`` (span events on a carrier span inside the scored span), ``JsonlSink``,
 ``ConsoleSink`` and ``MemorySink`` (a test double); the Phoenix, MLflow and Langfuse sinks each
 in their own module. ``ScoreWriter`` is the older, synchronous hook that sees records right
-after they are stored (tables, summaries, ``--out``; the drainers' wake-up).
+after they are stored (tables, summaries, ``--out``; the drainers' wake-up). Two checks of what a
+sink is built from serve the command line and the worker's own OTLP metrics as well:
+``http_url_problem`` (an HTTP sink's address) and ``otlp_headers_problem`` (the OTLP exporter's
+headers).
 
 The names (``__init__.pyi``) load on first use.
 """
