@@ -22,6 +22,32 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+def _interrupted(
+    args: list[str], out: Path, *, after_lines: int, signals: list[signal.Signals], gap_s: float
+) -> tuple[int, str, str]:
+    """Run ``tracescore ARGS`` until ``out`` has ``after_lines`` lines, send ``signals``
+    ``gap_s`` apart; its exit code, stdout and stderr."""
+    tracescore = str(Path(sys.executable).with_name("tracescore"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACESCORE_BROKER_URL": ""}
+    job = subprocess.Popen(
+        [tracescore, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(_lines(out)) < after_lines and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_lines(out)) >= after_lines, "not enough scores written"
+        for sig in signals:
+            job.send_signal(sig)
+            time.sleep(gap_s)
+        stdout, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    return job.returncode, stdout, stderr
+
+
 @pytest.mark.parametrize("gap_s", [0.01, 0.05, 0.3])
 def test_a_second_ctrl_c_leaves_whole_lines_and_a_summary_that_adds_up(tmp_path: Path, gap_s: float) -> None:
     """The second Ctrl-C closed --out under the runs still in flight: each wrote into a closed
@@ -30,31 +56,12 @@ def test_a_second_ctrl_c_leaves_whole_lines_and_a_summary_that_adds_up(tmp_path:
     holds whole lines, as many as the summary's scored and failed scores."""
     write_otlp_files(tmp_path / "traces", 6000, files=1)
     out = tmp_path / "scores.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACESCORE_BROKER_URL": ""}
-    command = [str(Path(sys.executable).with_name("tracescore")), "backfill", str(tmp_path / "traces")]
-    job = subprocess.Popen(
-        [*command, "--scorers", "tests.backfill.slow_scorers", "--out", str(out), "--json"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    args = ["backfill", str(tmp_path / "traces"), "--scorers", "tests.backfill.slow_scorers", "--out", str(out)]
+    returncode, stdout, stderr = _interrupted(
+        [*args, "--json"], out, after_lines=2000, signals=[signal.SIGINT, signal.SIGINT], gap_s=gap_s
     )
-    try:
-        deadline = time.monotonic() + 120
-        while len(_lines(out)) < 2000 and job.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(_lines(out)) >= 2000, "not enough scores written"
-        job.send_signal(signal.SIGINT)
-        time.sleep(gap_s)
-        job.send_signal(signal.SIGINT)
-        stdout, stderr = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
     # (a second Ctrl-C landing after the command finished kills it by SIGINT: a shell's 130 too)
-    assert job.returncode in (130, -signal.SIGINT), stderr[-3000:]
+    assert returncode in (130, -signal.SIGINT), stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     records = [json.loads(line) for line in _lines(out)]  # every line whole
     summary = json.loads(stdout.strip().splitlines()[-1])
@@ -73,31 +80,12 @@ def test_score_interrupted_prints_its_summary_and_exits_130(tmp_path: Path, sign
     runs = tmp_path / "runs.jsonl"
     runs.write_text("".join(json.dumps({"run_id": f"r{i}", "input": "q", "output": "a"}) + "\n" for i in range(20_000)))
     out = tmp_path / "scores.jsonl"
-    tracescore = str(Path(sys.executable).with_name("tracescore"))
     options = ["--scorers", "tests.backfill.slow_scorers", "--chunk", "500", "--out", str(out)]
-    job = subprocess.Popen(
-        [tracescore, "score", str(runs), *options],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    returncode, stdout, stderr = _interrupted(
+        ["score", str(runs), *options], out, after_lines=1000, signals=signals, gap_s=0.05
     )
-    try:
-        deadline = time.monotonic() + 120
-        while len(_lines(out)) < 1000 and job.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(_lines(out)) >= 1000, "no chunk scored"
-        for sig in signals:
-            job.send_signal(sig)
-            time.sleep(0.05)
-        stdout, stderr = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
     # (a second Ctrl-C landing after the command finished kills it by SIGINT: a shell's 130 too)
-    assert job.returncode in (130, -signal.SIGINT if len(signals) > 1 else 130), stderr[-3000:]
+    assert returncode in (130, -signal.SIGINT if len(signals) > 1 else 130), stderr[-3000:]
     assert "stopping after the current chunk" in stderr
     assert "Traceback" not in stderr, stderr[-3000:]
     assert "scores by scorer (" in stdout

@@ -76,6 +76,17 @@ def _points(export: ExportMetricsServiceRequest | None, name: str) -> dict[froze
     return out
 
 
+def _metrics_env(receiver: MetricsReceiver, port: int, tmp_path: Path) -> dict[str, str]:
+    """A worker's /metrics on ``port`` and its OTLP metrics to ``receiver``, every 0.3 s."""
+    return {
+        "TRACESCORE_METRICS_PORT": str(port),
+        "TRACESCORE_METRICS_HOST": "127.0.0.1",
+        "TRACESCORE_METRICS_DIR": str(tmp_path / "metrics"),
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"http://127.0.0.1:{receiver.port}/v1/metrics",
+        "OTEL_METRIC_EXPORT_INTERVAL": "300",
+    }
+
+
 @pytest.fixture
 def receiver() -> Iterator[MetricsReceiver]:
     r = MetricsReceiver()
@@ -98,13 +109,7 @@ def test_otlp_export_carries_the_same_counters_as_the_scrape(
         pool="prefork",
         concurrency=2,
         scorers="tests.worker.metrics_scorers",
-        env={
-            "TRACESCORE_METRICS_PORT": str(port),
-            "TRACESCORE_METRICS_HOST": "127.0.0.1",
-            "TRACESCORE_METRICS_DIR": str(tmp_path / "metrics"),
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"http://127.0.0.1:{receiver.port}/v1/metrics",
-            "OTEL_METRIC_EXPORT_INTERVAL": "300",
-        },
+        env=_metrics_env(receiver, port, tmp_path),
     )
     try:
         worker.wait_ready()
@@ -168,12 +173,8 @@ def test_otlp_metrics_headers_the_exporter_cannot_read_fail_the_start_without_th
         tmp_path,
         scores_path=tmp_path / "scores.jsonl",
         env={
-            "TRACESCORE_METRICS_PORT": str(port),
-            "TRACESCORE_METRICS_HOST": "127.0.0.1",
-            "TRACESCORE_METRICS_DIR": str(tmp_path / "metrics"),
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"http://127.0.0.1:{receiver.port}/v1/metrics",
+            **_metrics_env(receiver, port, tmp_path),
             "OTEL_EXPORTER_OTLP_METRICS_HEADERS": "x-team=a,authorization=Bearer tok 0123456789\x01",
-            "OTEL_METRIC_EXPORT_INTERVAL": "300",
         },
     )
     try:
