@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -18,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from tracing import BrokerTLS, redact
-from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES
+from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, query_password_problem
 from worker._errors import SettingsError
 
 __all__ = [
@@ -49,9 +48,6 @@ def redis_py_url(url: str) -> str:
     where, _, query = rest.partition("?")
     pairs = [("db" if k == "virtual_host" else k, v) for k, v in parse_qsl(query, keep_blank_values=True)]
     return f"unix://{where}" + (f"?{urlencode(pairs)}" if pairs else "")
-
-
-_QUERY_PASSWORD = re.compile(r"[?&]password=", re.IGNORECASE)
 
 
 def _url_problem(url: str) -> str | None:
@@ -87,10 +83,7 @@ def broker_url_problem(url: str) -> str | None:
         # transport would hand hostile messages to Celery unscreened.
         schemes = ", ".join(s + "://" for s in SCREENED_BROKER_SCHEMES)
         return f"is not a Redis URL: tracescore's queue runs on Redis ({schemes})"
-    if _QUERY_PASSWORD.search(url):
-        # kombu cannot read it (it fails with a TypeError naming no variable)
-        return "carries the password as a query parameter; put it in the user-info part instead: redis://:PASSWORD@host:6379/0"
-    return _url_problem(url)
+    return query_password_problem(url) or _url_problem(url)
 
 
 class ModelRateLimit(BaseModel):

@@ -373,3 +373,13 @@ def test_close_waits_for_a_send_under_way_at_most_its_timeouts(own_redis: RedisS
             sink.send(make_batch(range(1), ["s"], batch_id="late"))
     finally:
         proxy.close()
+
+
+def test_a_password_given_as_a_query_parameter_is_refused_at_construction() -> None:
+    """kombu cannot read it: every send failed with "TypeError: dict() got multiple values for
+    keyword argument 'password'", and every run was dropped as send_failed (log audit). The
+    sink is not built; the error says where the password goes, and does not quote it."""
+    with pytest.raises(ValueError, match="carries the password as a query parameter") as refused:
+        CelerySink("redis://127.0.0.1:6379/0?password=pw-0123456789")
+    assert "redis://:PASSWORD@host:6379/0" in str(refused.value)
+    assert "0123456789" not in str(refused.value)

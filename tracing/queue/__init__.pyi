@@ -4,7 +4,7 @@ module named here on first use."""
 from ._contract import SCORE_TASK_NAME, ScoreBatch, ScoreRequest, request_json, spans_request
 from ._cut import Chunk, RequestCutter, RunTooLarge
 from ._limits import DEFAULT_MAX_PAYLOAD_BYTES, MESSAGE_ENVELOPE_BYTES
-from ._publisher import Backpressure, BatchPublisher, Publisher, QueueKeyError
+from ._publisher import Backpressure, BatchPublisher, Publisher, QueueKeyError, query_password_problem
 from ._wire import TaskMessage, parse_json, task_message, wire_size
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "ScoreRequest",
     "TaskMessage",
     "parse_json",
+    "query_password_problem",
     "request_json",
     "spans_request",
     "task_message",

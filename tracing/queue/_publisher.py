@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -63,6 +64,9 @@ class Publisher:
     ) -> None:
         if not broker_url:
             raise ValueError("a publisher needs a broker URL, e.g. redis://localhost:6379/0")
+        problem = query_password_problem(broker_url)
+        if problem:
+            raise ValueError(f"the broker URL {problem}")
         if max_payload_bytes <= MESSAGE_ENVELOPE_BYTES:
             raise ValueError(
                 f"max_payload_bytes must be over {MESSAGE_ENVELOPE_BYTES} (the message envelope), got"
@@ -192,6 +196,20 @@ class Publisher:
             self._close()
         finally:
             self._lock.release()
+
+
+_QUERY_PASSWORD = re.compile(r"[?&]password=", re.IGNORECASE)
+
+
+def query_password_problem(url: str) -> str | None:
+    """Why kombu cannot use ``url`` when its password is a query parameter (every connection
+    fails with a TypeError naming no setting); None otherwise."""
+    if _QUERY_PASSWORD.search(url):
+        return (
+            "carries the password as a query parameter; put it in the user-info part instead:"
+            " redis://:PASSWORD@host:6379/0"
+        )
+    return None
 
 
 class Backpressure:
