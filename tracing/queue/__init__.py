@@ -7,8 +7,9 @@ score among them — one per run —, the scorer ids, source and job), the batch
 fail; ``parse_json``, the parser the worker screens each message with), cutting
 requests into messages under the workers' byte cap (``RequestCutter``; a request too large for
 one is split run by run, ``ScoreRequest.per_target``), and the one kombu publisher
-(``Publisher``; ``QueueKeyError`` when a key it needs on the broker holds another Redis type)
-with backpressure as a wrapper (``Backpressure``). The worker validates each message against
+(``Publisher``; ``QueueKeyError`` when a key it needs on the broker holds another Redis type;
+``query_password_problem``, a broker URL it cannot read) with backpressure as a wrapper
+(``Backpressure``). The worker validates each message against
 ``ScoreBatch`` and reads the runs from the span records.
 
 The names (``__init__.pyi``) load on first use.
