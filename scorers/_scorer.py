@@ -241,7 +241,9 @@ class Scorer:
                 return done.value  # type: ignore[no-any-return]
             try:
                 sent, error = await awaitable, None
-            except (Exception, asyncio.CancelledError) as exc:  # (the flow tells a step's own from ours)
+            except _PROCESS_EXITS:
+                raise
+            except BaseException as exc:  # (the flow tells a step's own from ours)
                 sent, error = None, exc
 
     def run_sync(
@@ -276,7 +278,9 @@ class Scorer:
                 raise
             try:
                 sent, error = loop.run_until_complete(awaitable), None
-            except (Exception, asyncio.CancelledError) as exc:
+            except _PROCESS_EXITS:
+                raise
+            except BaseException as exc:
                 sent, error = None, exc
 
     # --- the pipeline --------------------------------------------------------------------
@@ -369,11 +373,14 @@ class Scorer:
         except NotScorable as signal:
             result.score = None
             result.not_scorable = {"step": current, "reason": well_formed(signal.reason)}
-        except (Exception, asyncio.CancelledError) as exc:
+        except _PROCESS_EXITS:
+            raise
+        except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
                 raise  # the run itself is cancelled (its timeout, a shutdown): not the step's error
-            # (else a step's own CancelledError, as from awaiting a task it cancelled: a run that
-            # ended that way left no record and counted as neither scored nor failed)
+            # (else the step's own: a CancelledError from awaiting a task it cancelled, or a
+            # BaseException of its own; a run ended by either left no record, or took the
+            # command down with a traceback quoting the run)
             execution = getattr(exc, "execution", None)
             if isinstance(execution, JudgeExecution) and current != "prepare_run":
                 result.judge[current] = execution
@@ -570,6 +577,11 @@ def _context(request_context: Any, runtime_context: Any) -> Any:
 def _describe(error: Any) -> str:
     loc = ".".join(str(p) for p in error.get("loc", ())) or "(root)"
     return f"{loc}: {error.get('msg')}"
+
+
+# What ends the process (or a thread, as the loop's watchdog does with a SystemExit): never a
+# step's failure to record.
+_PROCESS_EXITS = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
 
 def _being_cancelled() -> bool:

@@ -444,7 +444,7 @@ class _Claims(BaseModel):
 def _checkpoint_after(scorer: Any, step: str, **kwargs: Any) -> ScoreResult:
     """The checkpoint a worker stores after ``step`` (JSON in Redis), the worker then dying."""
 
-    class Died(BaseException):
+    class Died(SystemExit):  # (the process going down: a step's own BaseException is its failure)
         pass
 
     stored: list[str] = []
@@ -699,3 +699,27 @@ def test_a_cancelled_run_is_still_cancelled() -> None:
             await task
 
     asyncio.run(cancel_it())
+
+
+class _OwnBaseException(BaseException):
+    """Some libraries derive their errors from BaseException (gevent's Timeout, trio's Cancelled)."""
+
+
+def test_a_steps_own_base_exception_is_the_steps_failure() -> None:
+    """It escaped the run: an embedded backfill ended with a traceback quoting the run's text
+    (log audit). What ends a process still ends it."""
+
+    def raises(error: BaseException) -> Any:
+        def step(run: ScorerRun) -> float:
+            raise error
+
+        return create_scorer("own").generate_score(step)
+
+    with pytest.raises(ScorerRunError, match="failed in step generate_score: _OwnBaseException: agent text"):
+        raises(_OwnBaseException("agent text")).run_sync(input="a", output="b")
+    with pytest.raises(ScorerRunError, match="_OwnBaseException"):
+        asyncio.run(raises(_OwnBaseException("agent text")).run(input="a", output="b"))
+    with pytest.raises(KeyboardInterrupt):
+        raises(KeyboardInterrupt()).run_sync(input="a", output="b")
+    with pytest.raises(SystemExit):
+        raises(SystemExit(3)).run_sync(input="a", output="b")
