@@ -785,17 +785,13 @@ def _run_embedded(
     interrupted = False
     source_failed: SourceError | None = None
     with stop_on_signals("batch") as stop:
-        try:
-            Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run()
-            state.status = "finished"
-        except KeyboardInterrupt:
-            interrupted = True
-            state.status = "interrupted"
+        try:  # (after the work, a signal while the sinks drain only asks again)
+            interrupted = stop.run(Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run)
+            state.status = "interrupted" if interrupted else "finished"
         except SourceError as exc:  # Tempo failing mid-job: what was scored is summed up first
             source_failed = exc
             state.status = "interrupted"
         finally:
-            stop.finishing()  # (a signal while the sinks drain only asks again)
             scorer.settle()  # (a cancelled batch's runs still record: counted, then closed)
             progress = scorer.progress(state.job_id)
             scorer.close()

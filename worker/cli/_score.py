@@ -199,8 +199,9 @@ def score_command(
         raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
     # (held to the end: a signal while closing or summing up only asks again)
     with stop_on_signals("chunk") as stop:
-        stopped = False
-        try:
+
+        def work() -> None:
+            nonlocal runs_total
             lines = _read_runs(runs_file)
             while not stop() and (batch := list(islice(lines, chunk))):
                 runs: list[tuple[int, dict[str, Any]]] = []
@@ -228,11 +229,10 @@ def score_command(
                             )
                         shown.add([outcome])
                     sys.stdout.flush()  # each chunk's rows reach a pipe now, not when the buffer fills
-            stopped = stop()
-        except KeyboardInterrupt:
-            stopped = True
+
+        try:
+            stopped = stop.run(work) or stop()
         finally:
-            stop.finishing()
             scorer.close()
             if out_file is not None:
                 out_file.close()
