@@ -384,7 +384,8 @@ def test_a_run_stopped_at_the_timeout_records_what_its_judge_steps_spent(fake_ll
     )
     fake_llm.script(Reply.json({"ok": True}))
     prices = {"openai/fake-judge": ModelPrice(input=100.0, output=200.0)}
-    deps, store, _ = _deps(paid, run_timeout_s=1.0, prices=prices)
+    # (3 s: the judge's first call imports the SDK, 1.2 s on a slow day, inside the run's time)
+    deps, store, _ = _deps(paid, run_timeout_s=3.0, prices=prices)
     report = asyncio.run(asyncio.wait_for(score_batch(batch(range(1), ["paid"], salt="paid"), deps), 30))
     assert report.failed == {"timeout": 1}
     (record,) = store.records.values()
