@@ -17,6 +17,9 @@
     ├── StoreKeyTypeError               a key holding what someone may need (dead
     │                                   letters, undelivered scores) is of another
     │                                   Redis type: left for the operator          config
+    ├── StepExitError (ScorerError)     a scorer's step called ``sys.exit``: the
+    │                                   run's failure (on the worker's loop thread
+    │                                   it ended the thread, and its waiters hung) internal
     ├── RunLimitError (ScorerError)     a run hit a limit: ``error_type`` timeout
     │                                   or memory (final: it would do it again)    timeout | memory
     └── LoopBlockedError                the loop watchdog's exception, raised into
@@ -166,3 +169,26 @@ class LoopBlockedError(WorkerError):
         super().__init__(
             *(args or ("the step kept the worker's event loop blocked past TRACESCORE_RUN_TIMEOUT_SECONDS",))
         )
+
+
+class StepExitError(ScorerError, WorkerError):
+    """A scorer's step called ``sys.exit`` (a library's command-line error path does). On the
+    worker's loop thread that would end only the thread, and whoever waited for the run, the
+    batch or the command, waited for good: it fails the run instead. Final: it would again."""
+
+    error_type = "SystemExit"
+    failed_step: str | None = None
+    partial: ScoreResult | None = None
+
+    def __init__(self, scorer_id: str, code: object) -> None:
+        super().__init__(
+            f"scorer {scorer_id!r} called sys.exit({code!r}) in a step; a step fails its run by raising an exception"
+        )
+        self.scorer_id, self.code = scorer_id, code
+
+    @property
+    def category(self) -> ErrorCategory:
+        return "internal"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.scorer_id, self.code))

@@ -53,6 +53,7 @@ __all__ = [
     "for_the_loops_limit",
     "get_loop_thread",
     "halt_loop",
+    "halting",
     "install_drain_handler",
     "request_shutdown",
     "resident_bytes",
@@ -86,6 +87,11 @@ class _LoopHalted(SystemExit):
     exception would be stored in the running task and the loop would go on."""
 
 
+def halting(exc: BaseException) -> bool:
+    """Whether ``exc`` is ``LoopThread.halt`` ending the loop thread (not a task's own exit)."""
+    return isinstance(exc, _LoopHalted)
+
+
 class LoopThread:
     """An event loop running forever in a daemon thread, with a heartbeat the watchdog reads."""
 
@@ -105,6 +111,11 @@ class LoopThread:
                 return
             except _LoopHalted:
                 return
+            except SystemExit as exc:
+                # A task's own (a scorer's is its run's StepExitError: this is anything else's):
+                # asyncio stored it in the task for its waiter to raise, and raised it here too.
+                # It ended this thread, so the waiter's answer never came: a hang for good.
+                log.warning("loop_task_exited", code=exc.code if isinstance(exc.code, int) else None)
             except LoopBlockedError:
                 # Delivered just after the blocking code returned, into the loop's own code:
                 # the callback it hit is lost (maybe the heartbeat: start another), the loop

@@ -54,8 +54,8 @@ from scorers.judge import JudgeCallRefused, JudgeModel, ModelPrice, price_execut
 from tracing import ScoreRecord, ScoreWriter, SpanRecord, TracedRun, TraceReadError, score_id_for, trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
 from worker._budget import default_attempt_cap, enter_run, price_table, run_key
-from worker._errors import RunLimitError, crash_fields, is_transient
-from worker._loop import LOOP_BLOCK_LIMITS, LoopBlockedError, for_the_loops_limit, was_targeted
+from worker._errors import RunLimitError, StepExitError, crash_fields, is_transient
+from worker._loop import LOOP_BLOCK_LIMITS, LoopBlockedError, for_the_loops_limit, halting, was_targeted
 from worker._registry import UnknownScorerError
 from worker.metrics import observe_batch, observe_records
 from worker.store import ScoreStore, StoreUnavailableError, claim, delivery_owner, process_owner
@@ -214,7 +214,8 @@ async def expire_runs(every_s: float) -> None:
 async def run_limited(scorer: Scorer, run_timeout_s: float | None, *, label: object = None, **run: Any) -> ScoreResult:
     """``await scorer.run(**run)`` under the worker's limits: past ``run_timeout_s`` (enforced by
     ``expire_runs`` on this loop, or by a ``LoopWatchdog`` when a step blocks the loop) or out of
-    memory, it raises ``RunLimitError``. ``label`` names the run for ``running_label``."""
+    memory, it raises ``RunLimitError``; a step calling ``sys.exit``, ``StepExitError``. ``label``
+    names the run for ``running_label``."""
     task = asyncio.current_task()
     if task is not None:
         _running[task] = (label, time.monotonic() + run_timeout_s if run_timeout_s else math.inf)
@@ -237,6 +238,10 @@ async def run_limited(scorer: Scorer, run_timeout_s: float | None, *, label: obj
         raise _limit_error(scorer, exc, limit, run_timeout_s, task) from None
     except ScorerError:
         raise
+    except SystemExit as exc:
+        if halting(exc):
+            raise
+        raise StepExitError(scorer.id, exc.code) from None
     except Exception as exc:  # outside the steps (a bug in the scorer): a limit, or the caller's to record
         limit = _limit_error_type(exc, task)
         if limit is None:
@@ -467,7 +472,7 @@ async def _score_pair(
                 resume=checkpoint,
                 on_step=on_step,
             )
-        except RunLimitError as exc:
+        except (RunLimitError, StepExitError) as exc:
             return _record(
                 deps.prices,
                 pair,

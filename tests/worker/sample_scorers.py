@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 import uuid
 from typing import Any
@@ -198,3 +199,14 @@ def _poison(run: Any) -> float:
 
 
 poison = create_scorer("poison", type="agent").generate_score(_poison)
+
+
+def _exits(run: Any) -> float:
+    """Calls ``sys.exit`` for a run whose output holds ``POISON_MARKER`` (a library's command-line
+    error path does); scores every other run like ``length``."""
+    if POISON_MARKER in _text(run.output):
+        sys.exit(2)
+    return _length(run.output)
+
+
+exits = create_scorer("exits", type="agent").generate_score(_exits)

@@ -1,0 +1,126 @@
+"""A scorer's step that calls ``sys.exit`` (a library's command-line error path does). On the
+worker's loop thread it ended only that thread, and whoever waited for the run waited for
+good: a worker's batch, ``score`` and an embedded backfill hung. It is the run's failure now."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.backfill._synth import write_otlp_files
+from tests.worker._batches import OUTPUT, output_messages, payload
+from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tests.worker.sample_scorers import POISON_MARKER
+from tracing import CelerySink
+from tracing.queue import ScoreBatch
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACESCORE = str(Path(sys.executable).with_name("tracescore"))
+N = 4
+EXITING = 1
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_worker_records_the_run_as_failed_and_scores_the_rest(redis_url: str, tmp_path: Path, pool: str) -> None:
+    scores = tmp_path / "scores.jsonl"
+    worker = WorkerProcess("exits", redis_url, tmp_path, scores_path=scores, pool=pool, concurrency=1)
+    try:
+        worker.wait_ready()
+        raw = payload(range(N), ["exits"], salt=f"exits-{pool}", batch_id="exiting-batch")
+        raw["requests"][EXITING]["spans"][0]["attributes"][OUTPUT] = output_messages(f"exit here: {POISON_MARKER}")
+        sent = ScoreBatch.model_validate(raw)
+        (exiting_span,) = sent.requests[EXITING].target_span_ids
+        sink = CelerySink(redis_url)
+        sink.send(sent)
+        sink.close()
+
+        assert wait_for(lambda: len(read_scores(scores)) >= N, 60), worker.text()[-3000:]
+        by_span = {s["span_id"]: s for s in read_scores(scores)}
+        assert len(by_span) == N
+        failed = by_span.pop(exiting_span)
+        assert failed["error_type"] == "SystemExit"
+        assert "scorer 'exits' called sys.exit(2) in a step" in failed["error_message"]
+        assert all(s["error_type"] is None and s["score"] is not None for s in by_span.values())
+        assert worker.proc.poll() is None
+        client = redis.Redis.from_url(redis_url)
+        try:
+            assert wait_for(lambda: client.hlen("unacked") == 0 and client.llen("tracescore") == 0, 30)
+            assert client.llen("tracescore:dlq") == 0
+        finally:
+            client.close()
+    finally:
+        worker.stop()
+
+
+def _tracescore(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACESCORE_BROKER_URL": ""}
+    return subprocess.run(
+        [TRACESCORE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_score_records_the_run_as_failed_and_scores_the_rest(tmp_path: Path) -> None:
+    runs = tmp_path / "runs.jsonl"
+    lines = [{"run_id": f"r{i}", "input": "q", "output": POISON_MARKER if i == EXITING else "a b c"} for i in range(N)]
+    runs.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "scores.jsonl"
+    done = _tracescore(
+        ["score", str(runs), "--scorers", "tests.worker.sample_scorers", "--scorer", "exits", "--out", str(out)],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = {r["run_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(records) == [f"r{i}" for i in range(N)]
+    assert records.pop(f"r{EXITING}")["error_type"] == "SystemExit"
+    assert all(r.get("error_type") is None and r["score"] is not None for r in records.values())
+    assert "called sys.exit(2) in a step" in done.stderr
+
+
+def test_an_embedded_backfill_records_the_runs_as_failed_and_finishes(tmp_path: Path) -> None:
+    """Every run of this scorer exits: each is a failure, and the job still ends with its summary."""
+    write_otlp_files(tmp_path / "traces", 20, files=1)
+    (tmp_path / "always_exits.py").write_text(
+        "import sys\nfrom scorers import create_scorer\n"
+        "exits = create_scorer('exits').generate_score(lambda: sys.exit(3))\n"
+    )
+    done = subprocess.run(
+        [TRACESCORE, "backfill", str(tmp_path / "traces"), "--scorers", "always_exits", "--json"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}", "TRACESCORE_BROKER_URL": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "finished", done.stderr[-3000:]
+    assert summary["failed"] == summary["by_scorer"]["exits"]["runs"] > 0
+    assert "called sys.exit(3) in a step" in done.stderr
+
+
+def test_a_loop_thread_outlives_a_task_that_exits() -> None:
+    """Outside a scorer's run (code of any other task on the loop): its waiter gets the
+    SystemExit, and the loop goes on serving the next coroutine."""
+    from worker._loop import LoopThread
+
+    async def exits() -> None:
+        sys.exit(5)
+
+    async def answers() -> int:
+        return 42
+
+    lt = LoopThread("test-exit")
+    try:
+        with pytest.raises(SystemExit) as raised:
+            lt.run(exits(), timeout=10)
+        assert raised.value.code == 5
+        assert lt.alive()
+        assert lt.run(answers(), timeout=10) == 42
+    finally:
+        lt.stop()
