@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -265,9 +266,10 @@ def test_resume_after_sigkill_scores_every_trace_exactly_once(
 
 
 def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
-    """SIGINT midway: exit 130, the state says interrupted, stderr names the resume command. An
-    earlier --out is left as it was, and the command says it was not written: it was emptied at
-    the start, for records the job never read back (re-score audit)."""
+    """SIGINT midway: exit 130, the state says interrupted, stderr names the resume command and
+    sums up what was enqueued (it printed no count). An earlier --out is left as it was, and the
+    command says it was not written: it was emptied at the start, for records the job never read
+    back (re-score audit)."""
     write_otlp_files(tmp_path / "in", 1500, files=2)
     out = tmp_path / "earlier.jsonl"
     out.write_text('{"an": "earlier record"}\n')
@@ -285,6 +287,9 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: l
     assert process.returncode == 130, stderr.decode()[-2000:]
     assert "stopping after the current batch" in stderr.decode()
     assert f"Resume with: tracescore backfill --resume {job_id}" in stderr.decode()
+    assert f"backfill {job_id} (redis): interrupted" in stderr.decode()
+    enqueued = re.search(r"runs enqueued +([\d,]+)", stderr.decode())
+    assert enqueued is not None and 200 <= int(enqueued.group(1).replace(",", "")) < 4500
     assert f"--out {out} was not written (the workers' records are read back at the job's end)" in stderr.decode()
     assert out.read_text() == '{"an": "earlier record"}\n'
     assert json.loads(db.get(keys[0]) or "{}")["status"] == "interrupted"

@@ -982,6 +982,16 @@ def _run_held(
                 )
             else:  # (with the hold lost, the state saved now would overwrite the new holder's)
                 backfill.interrupted()
+            # What this process read and enqueued, and the workers' counts so far: the summary a
+            # finished job prints (with --json, its one object), status "interrupted".
+            state.status = "interrupted"
+            so_far: dict[str, int] | None = None
+            with suppress(redis.exceptions.RedisError, StoreKeyTypeError):
+                so_far = submitter.progress(state.job_id)
+            summary = _summary(state, "redis", so_far, time.monotonic() - started)
+            if as_json:
+                click.echo(json.dumps(summary))
+            print_summary(summary)
             click.echo(f"interrupted; nothing enqueued is lost. Resume with: {resume}", err=True)
             if out is not None:
                 click.echo(
