@@ -289,7 +289,8 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: l
     assert f"Resume with: tracescore backfill --resume {job_id}" in stderr.decode()
     assert f"backfill {job_id} (redis): interrupted" in stderr.decode()
     enqueued = re.search(r"runs enqueued +([\d,]+)", stderr.decode())
-    assert enqueued is not None and 200 <= int(enqueued.group(1).replace(",", "")) < 4500
+    assert enqueued is not None
+    assert 200 <= int(enqueued.group(1).replace(",", "")) < 4500
     assert f"--out {out} was not written (the workers' records are read back at the job's end)" in stderr.decode()
     assert out.read_text() == '{"an": "earlier record"}\n'
     assert json.loads(db.get(keys[0]) or "{}")["status"] == "interrupted"
