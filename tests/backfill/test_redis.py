@@ -265,9 +265,13 @@ def test_resume_after_sigkill_scores_every_trace_exactly_once(
     assert summary["scored"] + summary["failed"] == 9000
 
 
-def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
+@pytest.mark.parametrize("presses", [1, 2], ids=["ctrl-c", "ctrl-c-twice"])
+def test_ctrl_c_leaves_the_job_resumable_and_says_how(
+    tmp_path: Path, workers: list[Path], db: redis.Redis, presses: int
+) -> None:
     """SIGINT midway: exit 130, the state says interrupted, stderr names the resume command and
-    sums up what was enqueued (it printed no count). An earlier --out is left as it was, and the
+    sums up what was enqueued (it printed no count). A second SIGINT, wherever it lands, does not
+    cut that (it did while the state was saved). An earlier --out is left as it was, and the
     command says it was not written: it was emptied at the start, for records the job never read
     back (re-score audit)."""
     write_otlp_files(tmp_path / "in", 1500, files=2)
@@ -281,7 +285,9 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(tmp_path: Path, workers: l
         return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 200
 
     _wait_for(started, 120, "the backfill to enqueue 200 runs")
-    process.send_signal(signal.SIGINT)
+    for _ in range(presses):
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.05)
     _, stderr = process.communicate(timeout=60)
     job_id = keys[0].rsplit(":", 1)[1]
     assert process.returncode == 130, stderr.decode()[-2000:]

@@ -973,34 +973,40 @@ def _run_held(
                         state.status = "finished"
                         job_store.save(state)
         except KeyboardInterrupt:
-            reporter.close()
-            if hold.lost.is_set():
-                click.echo(
-                    f"stopped: this process lost its hold on {state.job_id} (Redis lost the lock, or this process"
-                    f" was paused past {JobHold.HOLD_S:.0f} s), so another may be running the job",
-                    err=True,
-                )
-            else:  # (with the hold lost, the state saved now would overwrite the new holder's)
-                backfill.interrupted()
-            # What this process read and enqueued, and the workers' counts so far: the summary a
-            # finished job prints (with --json, its one object), status "interrupted".
-            state.status = "interrupted"
-            so_far: dict[str, int] | None = None
-            with suppress(redis.exceptions.RedisError, StoreKeyTypeError):
-                so_far = submitter.progress(state.job_id)
-            summary = _summary(state, "redis", so_far, time.monotonic() - started)
-            if as_json:
-                click.echo(json.dumps(summary))
-            print_summary(summary)
-            click.echo(f"interrupted; nothing enqueued is lost. Resume with: {resume}", err=True)
-            if out is not None:
-                click.echo(
-                    f"--out {out} was not written (the workers' records are read back at the job's end): once the"
-                    " job is done, run the same backfill again with --out (its scores are read back, not made"
-                    " again)",
-                    err=True,
-                )
-            submitter.close()
+            # (a signal while this sums up only asks again: the resume line is not lost)
+            with stop_on_signals("summary") as summing_up:
+                summing_up.finishing()
+                reporter.close()
+                if hold.lost.is_set():
+                    click.echo(
+                        f"stopped: this process lost its hold on {state.job_id} (Redis lost the lock, or this"
+                        f" process was paused past {JobHold.HOLD_S:.0f} s), so another may be running the job",
+                        err=True,
+                    )
+                else:  # (with the hold lost, the state saved now would overwrite the new holder's)
+                    try:
+                        backfill.interrupted()
+                    except (redis.exceptions.RedisError, StoreKeyTypeError) as exc:
+                        click.echo(f"  the job's state was not saved now ({exc}); its last checkpoint stands", err=True)
+                # What this process read and enqueued, and the workers' counts so far: the summary
+                # a finished job prints (with --json, its one object), status "interrupted".
+                state.status = "interrupted"
+                so_far: dict[str, int] | None = None
+                with suppress(redis.exceptions.RedisError, StoreKeyTypeError):
+                    so_far = submitter.progress(state.job_id)
+                summary = _summary(state, "redis", so_far, time.monotonic() - started)
+                if as_json:
+                    click.echo(json.dumps(summary))
+                print_summary(summary)
+                click.echo(f"interrupted; nothing enqueued is lost. Resume with: {resume}", err=True)
+                if out is not None:
+                    click.echo(
+                        f"--out {out} was not written (the workers' records are read back at the job's end): once"
+                        " the job is done, run the same backfill again with --out (its scores are read back, not"
+                        " made again)",
+                        err=True,
+                    )
+                submitter.close()
             raise SystemExit(130) from None
         except SourceError as exc:
             # The source failing mid-job (Tempo down) is no reason to lose the job: what was
