@@ -62,6 +62,7 @@ from worker._errors import WorkerError
 from worker._settings import Settings
 from worker.metrics import observe_broadcast_refused
 from worker.store import (
+    UNACKED_MUTEX_EXPIRE_S,
     DeadLetter,
     StoreKeyTypeError,
     SyncRedisDeadLetters,
@@ -686,6 +687,7 @@ def check_broker_keys(client: redis.Redis, queue: str) -> None:
 class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
     Message = _ScreenedMessage
     QoS = _GuardedQoS
+    unacked_mutex_expire = UNACKED_MUTEX_EXPIRE_S  # (kombu's 300 s: see the constant)
 
     @cached_property
     def _take_script(self) -> Any:

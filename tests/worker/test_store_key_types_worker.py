@@ -16,7 +16,7 @@ from tests.worker._batches import batch, payload
 from tests.worker._workers import QUICK_REDELIVERY, WorkerProcess, failed_start, read_scores, wait_for
 from tracing import CelerySink
 from worker import _keys
-from worker.store import DeadLetter
+from worker.store import UNACKED_MUTEX_EXPIRE_S, DeadLetter
 
 
 def _dlq(client: redis.Redis) -> list[DeadLetter]:
@@ -271,15 +271,18 @@ def test_a_queue_key_that_changes_type_under_a_running_worker_stops_it_and_loses
         client.close()
 
 
-@pytest.mark.parametrize("stuck", ["string without expiry", "hash"])
+@pytest.mark.parametrize("stuck", ["string without expiry", "hash", "kombu's 300 s"])
 def test_a_stuck_restore_lock_is_released_and_a_dead_workers_message_comes_back(
     redis_url: str, tmp_path: Path, stuck: str
 ) -> None:
     """kombu's ``unacked_mutex`` guards the sweep that puts a dead worker's messages back. A lock
     that can never be taken (a value without expiry, left by an older kombu that set it in two
     commands, or a key of another type) turned the sweep off without a word, and those messages
-    stayed in the unacked hash for good. It guards no data: released (``store_keys_repaired``,
-    where ``unacked_mutex``), and the message is scored."""
+    stayed in the unacked hash for good. One with kombu's 300 s expiry, left by a sweeper killed
+    mid-sweep or by Redis going down under it, held them for 5 minutes (a flake of
+    test_multi_run_faults, which waits 120 s after a Redis restart). It guards no data: released
+    (``store_keys_repaired``, where ``unacked_mutex``), and the message is scored; the workers'
+    own locks live ``UNACKED_MUTEX_EXPIRE_S``."""
     from tests.worker.test_hostile_messages import QUEUE, envelope, task_body
 
     client = redis.Redis.from_url(redis_url)
@@ -297,6 +300,8 @@ def test_a_stuck_restore_lock_is_released_and_a_dead_workers_message_comes_back(
         worker.wait_ready()
         if stuck == "hash":
             client.hset("unacked_mutex", "someone", "else's")
+        elif stuck == "kombu's 300 s":
+            client.set("unacked_mutex", "someone else's", ex=300)
         else:
             client.set("unacked_mutex", "someone else's")
         # What a worker SIGKILLed mid-batch leaves: its message in the unacked hash, taken long ago.
@@ -312,6 +317,7 @@ def test_a_stuck_restore_lock_is_released_and_a_dead_workers_message_comes_back(
         assert "else's" not in log
         assert client.type("unacked_mutex") in (b"none", b"string")
         assert client.ttl("unacked_mutex") != -1  # a lock of kombu's own again, or none
+        assert client.pttl("unacked_mutex") <= UNACKED_MUTEX_EXPIRE_S * 1000
     finally:
         worker.stop()
         client.close()

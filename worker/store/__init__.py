@@ -29,6 +29,7 @@ from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters
 from worker.store._deliveries import END_WAIT_S, DeliveryLog, new_token
 from worker.store._jobs import JobStats, RedisJobStats
 from worker.store._keytypes import (
+    UNACKED_MUTEX_EXPIRE_S,
     StoreKeyTypeError,
     check_list,
     checked,
@@ -43,6 +44,7 @@ from worker.store._scores import Claims, RedisScoreStore, ScoreStore, claim, del
 
 __all__ = [
     "END_WAIT_S",
+    "UNACKED_MUTEX_EXPIRE_S",
     "Claims",
     "DeadLetter",
     "DeadLetters",

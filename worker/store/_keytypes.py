@@ -165,22 +165,37 @@ def _mend_verdict(exc: ResponseError, answer: ResponseError | None) -> list[str]
 
 
 # A lock no holder can ever release: a key of another type, or a value without expiry (every
-# lock of kombu's expires; an older kombu set the value and its expiry in two commands). Deleted
-# in one step, so a lock taken meanwhile is never the one deleted. Returns 1 when it was.
+# lock of kombu's expires; an older kombu set the value and its expiry in two commands). Or one
+# set to outlive ARGV[1] ms, which no worker of ours does: kombu's own default (300 s), left by a
+# sweeper killed mid-sweep (or by Redis going down under it), held off every sweep, and so the
+# redelivery of every message a dead worker held, for 5 minutes. Deleted in one step, so a lock
+# taken meanwhile is never the one deleted. Returns 1 when it was.
 _RELEASE_STUCK_LOCK = """
 local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' or (kind == 'string' and redis.call('PTTL', KEYS[1]) ~= -1) then
+if kind == 'none' then
   return 0
+end
+if kind == 'string' then
+  local left = redis.call('PTTL', KEYS[1])
+  if left ~= -1 and left <= tonumber(ARGV[1]) then
+    return 0
+  end
 end
 redis.call('DEL', KEYS[1])
 return 1
 """
 
+# How long a sweep's lock (kombu's ``unacked_mutex``) lives: a sweep takes milliseconds, and a
+# sweeper that dies holding it holds off the others (their messages' redelivery) this long.
+# Concurrent sweeps would be safe anyway: each message is put back in a WATCH transaction.
+UNACKED_MUTEX_EXPIRE_S = 15
+
 
 def release_stuck_lock(client: Any, where: str, key: str) -> bool:
-    """Delete lock ``key`` (kombu's ``unacked_mutex``) when nobody can ever take it again, as a
-    repair (counted, logged with ``where``); it guards no data. One EVAL, synchronous client."""
-    if client.eval(_RELEASE_STUCK_LOCK, 1, key):
+    """Delete lock ``key`` (kombu's ``unacked_mutex``) when nobody can ever take it again, or it
+    outlives ``UNACKED_MUTEX_EXPIRE_S``, as a repair (counted, logged with ``where``); it guards
+    no data. One EVAL, synchronous client."""
+    if client.eval(_RELEASE_STUCK_LOCK, 1, key, UNACKED_MUTEX_EXPIRE_S * 1000):
         _note(where, [key])
         return True
     return False
