@@ -160,6 +160,18 @@ def test_a_backend_address_option_that_is_no_http_url_is_a_usage_error(option: s
     assert "0123456789" not in result.stderr
 
 
+@pytest.mark.parametrize("option", ["--phoenix-url", "--mlflow-url", "--langfuse-host"])
+@pytest.mark.parametrize("url", ["http://host:6006/?project=a", "http://host:6006#x"])
+def test_a_backend_address_with_a_query_string_is_a_usage_error(option: str, url: str) -> None:
+    """Each sink appends its API's path to the address: after a query string the path went into
+    the query, and the scores were posted to the server's root (an audit left it)."""
+    result = CliRunner().invoke(cli, ["backfill", "examples/traces", "--scorers", "examples.scorers", option, url])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}': must be http(s)://host[:port][/path], without a query string" in (
+        result.stderr
+    )
+
+
 def test_a_sink_named_by_sink_without_its_address_names_the_option_too() -> None:
     result = CliRunner().invoke(
         cli,

@@ -252,6 +252,10 @@ def http_url_problem(url: str) -> str | None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "must be http(s)://host[:port][/path]"
+    if parts.query or parts.fragment or url.rstrip().endswith(("?", "#")):
+        # Each sink appends its API's path to the address: after a query string it went into
+        # the query, and the request reached the server's root (Phoenix answers its web page).
+        return "must be http(s)://host[:port][/path], without a query string or fragment"
     return None
 
 
