@@ -579,8 +579,9 @@ def _describe(error: Any) -> str:
     return f"{loc}: {error.get('msg')}"
 
 
-# What ends the process (or a thread, as the loop's watchdog does with a SystemExit): never a
-# step's failure to record.
+# What ends the process (or a thread, as the loop's watchdog does with a SystemExit): never
+# recorded here as a step's failure. A caller that runs steps on a thread of its own may make a
+# step's SystemExit the run's failure, as the worker does (only that thread would end).
 _PROCESS_EXITS = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
 

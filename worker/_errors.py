@@ -18,8 +18,7 @@
     │                                   letters, undelivered scores) is of another
     │                                   Redis type: left for the operator          config
     ├── StepExitError (ScorerError)     a scorer's step called ``sys.exit``: the
-    │                                   run's failure (on the worker's loop thread
-    │                                   it ended the thread, and its waiters hung) internal
+    │                                   run's failure (final: it would again)      internal
     ├── RunLimitError (ScorerError)     a run hit a limit: ``error_type`` timeout
     │                                   or memory (final: it would do it again)    timeout | memory
     └── LoopBlockedError                the loop watchdog's exception, raised into
@@ -55,6 +54,7 @@ __all__ = [
     "RegistryError",
     "RunLimitError",
     "SettingsError",
+    "StepExitError",
     "StoreKeyTypeError",
     "UnknownScorerError",
     "WorkerError",
@@ -172,23 +172,21 @@ class LoopBlockedError(WorkerError):
 
 
 class StepExitError(ScorerError, WorkerError):
-    """A scorer's step called ``sys.exit`` (a library's command-line error path does). On the
-    worker's loop thread that would end only the thread, and whoever waited for the run, the
-    batch or the command, waited for good: it fails the run instead. Final: it would again."""
+    """A scorer's step called ``sys.exit`` (a library's command-line error path does). Steps run
+    on the worker's loop thread, where a ``SystemExit`` would end that thread and leave whoever
+    waits for the run, the batch or the command, waiting: it is the run's failure instead."""
 
     error_type = "SystemExit"
-    failed_step: str | None = None
-    partial: ScoreResult | None = None
 
     def __init__(self, scorer_id: str, code: object) -> None:
+        # (kept as text unless a number: the exit code may be any object, and this must pickle)
+        code = code if code is None or isinstance(code, int | str) else repr(code)
         super().__init__(
             f"scorer {scorer_id!r} called sys.exit({code!r}) in a step; a step fails its run by raising an exception"
         )
         self.scorer_id, self.code = scorer_id, code
-
-    @property
-    def category(self) -> ErrorCategory:
-        return "internal"
+        self.failed_step: str | None = None
+        self.partial: ScoreResult | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.scorer_id, self.code))

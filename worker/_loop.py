@@ -88,8 +88,16 @@ class _LoopHalted(SystemExit):
 
 
 def halting(exc: BaseException) -> bool:
-    """Whether ``exc`` is ``LoopThread.halt`` ending the loop thread (not a task's own exit)."""
-    return isinstance(exc, _LoopHalted)
+    """Whether ``exc`` is ``LoopThread.halt`` ending the loop thread, or raised while handling
+    it (a step that caught the halt and called ``sys.exit``): not a task's own exit."""
+    seen: BaseException | None = exc
+    for _ in range(32):  # (a chain is short; a cycle must not hang the loop)
+        if seen is None:
+            return False
+        if isinstance(seen, _LoopHalted):
+            return True
+        seen = seen.__context__
+    return False
 
 
 class LoopThread:
@@ -109,12 +117,11 @@ class LoopThread:
             try:
                 self.loop.run_forever()
                 return
-            except _LoopHalted:
-                return
             except SystemExit as exc:
-                # A task's own (a scorer's is its run's StepExitError: this is anything else's):
-                # asyncio stored it in the task for its waiter to raise, and raised it here too.
-                # It ended this thread, so the waiter's answer never came: a hang for good.
+                if halting(exc):
+                    return
+                # A task's own (a scorer step's is its run's StepExitError): asyncio has stored it
+                # in the task, so its waiter gets it; the loop goes on serving everyone else.
                 log.warning("loop_task_exited", code=exc.code if isinstance(exc.code, int) else None)
             except LoopBlockedError:
                 # Delivered just after the blocking code returned, into the loop's own code:

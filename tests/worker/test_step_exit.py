@@ -124,3 +124,40 @@ def test_a_loop_thread_outlives_a_task_that_exits() -> None:
         assert lt.run(answers(), timeout=10) == 42
     finally:
         lt.stop()
+
+
+def test_a_step_that_catches_the_loops_halt_and_exits_still_ends_the_loop() -> None:
+    """``LoopThread.halt`` (the memory cap's exit) raises a SystemExit into the loop thread. A
+    step catching it and calling ``sys.exit`` of its own made it a StepExitError, and the loop
+    went on."""
+    import asyncio
+    import threading
+    import time
+
+    from scorers import create_scorer
+    from worker._loop import LoopThread
+    from worker._scoring import run_limited
+
+    spinning = threading.Event()
+
+    def stubborn() -> float:
+        try:
+            spinning.set()
+            while True:
+                time.sleep(0.001)
+        except SystemExit:
+            sys.exit(1)
+
+    scorer = create_scorer("stubborn").generate_score(lambda: stubborn())
+    lt = LoopThread("test-halt")
+    try:
+        tasks: list[asyncio.Task[object]] = []
+        lt.loop.call_soon_threadsafe(
+            lambda: tasks.append(lt.loop.create_task(run_limited(scorer, None, input="q", output="a")))
+        )
+        assert spinning.wait(10)
+        assert lt.halt(10)
+        # (the step's exit, raised while handling the halt: the task's, as asyncio keeps it)
+        assert isinstance(tasks[0].exception(), SystemExit)
+    finally:
+        lt.stop()
