@@ -17,8 +17,10 @@ class StopSignal:
     """Whether a stop was asked (call it). The first signal only asks, so no Redis or broker
     call is cut in half (between input records, batches or chunks); a second one raises
     ``KeyboardInterrupt`` where the command is, except inside ``deferred`` (a third one does)
-    and after ``finishing`` (the next but one does). Run the work with ``run``: it catches that
-    ``KeyboardInterrupt`` wherever it lands, up to the point where signals stop raising."""
+    and after ``finishing`` (the next but one does). Each stop at once is followed by finishing:
+    the next signal asks, the one after quits without the summary. Run the work with ``run``: it
+    catches that ``KeyboardInterrupt`` wherever it lands, up to the point where signals stop
+    raising."""
 
     def __init__(self, unit: str) -> None:
         self.requested = False
@@ -66,8 +68,8 @@ class StopSignal:
     def run(self, work: Callable[[], object]) -> bool:
         """Run ``work``, then ``finishing``; True if a signal stopped it. A stop that lands as the
         work ends (the first line of ``finishing`` is a place a signal's handler runs) is caught
-        here too: in ``try/finally`` it escaped the caller's ``except`` and took the summary with
-        it, in 9 of 15 embedded backfills stopped by two Ctrl-C 0.01 s apart."""
+        here too: in the caller's ``try/finally`` it escaped the ``except`` and took the summary
+        with it."""
         try:
             try:
                 work()

@@ -273,6 +273,10 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
     }
 
 
+def _count(value: int | None) -> str:
+    return "unknown (Redis did not answer)" if value is None else f"{value:,}"
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     def by_reason(counts: dict[str, int]) -> str:
         return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) if counts else ""
@@ -286,8 +290,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"  runs {'scored  ' if summary['mode'] == 'embedded' else 'enqueued'}     {summary['runs_enqueued']:,}"
         f"  × {len(summary['scorers'])} scorers "
         f"= {summary['scores_expected']:,} scores",
-        f"  scored            {summary['scored']:,}",
-        f"  failed            {summary['failed']:,}"
+        f"  scored            {_count(summary['scored'])}",
+        f"  failed            {_count(summary['failed'])}"
         + (f"   ({by_reason(summary['failed_by_reason'])})" if summary["failed_by_reason"] else ""),
     ]
     skipped = summary["traces_skipped"]
@@ -786,7 +790,7 @@ def _run_embedded(
     source_failed: SourceError | None = None
     with stop_on_signals("batch") as stop:
         try:  # (after the work, a signal while the sinks drain only asks again)
-            interrupted = stop.run(Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run)
+            interrupted = stop.run(lambda: Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run())
             state.status = "interrupted" if interrupted else "finished"
         except SourceError as exc:  # Tempo failing mid-job: what was scored is summed up first
             source_failed = exc
@@ -837,6 +841,56 @@ def _run_embedded(
         _out_failed(out, out_file.error if out_file is not None else None)
         _check_outcome(summary)
         _check_sinks(summary)
+
+
+def _sum_up_interrupted(
+    backfill: Backfill,
+    state: BackfillState,
+    submitter: RedisSubmitter,
+    hold: JobHold,
+    *,
+    started: float,
+    as_json: bool,
+    resume: str,
+    out: Path | None,
+) -> None:
+    """A Redis job stopped by a signal: its state saved as resumable, the summary a finished job
+    prints (the workers' counts so far: unknown when Redis does not answer), the resume line."""
+    import redis
+
+    answering = True
+    if hold.lost.is_set():
+        click.echo(
+            f"stopped: this process lost its hold on {state.job_id} (Redis lost the lock, or this process"
+            f" was paused past {JobHold.HOLD_S:.0f} s), so another may be running the job",
+            err=True,
+        )
+    else:  # (with the hold lost, the state saved now would overwrite the new holder's)
+        try:
+            backfill.interrupted()
+        except (redis.exceptions.RedisError, StoreKeyTypeError) as exc:
+            # (not asked again for the counts: a Redis that did not answer would hold the
+            # resume line back one more timeout)
+            answering = not isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError)
+            click.echo(f"  the job's state was not saved now ({exc}); its last checkpoint stands", err=True)
+    state.status = "interrupted"
+    so_far: dict[str, int] | None = None
+    if answering:
+        with suppress(redis.exceptions.RedisError, StoreKeyTypeError):
+            so_far = submitter.progress(state.job_id)
+    summary = _summary(state, "redis", so_far, time.monotonic() - started)
+    if so_far is None:
+        summary["scored"] = summary["failed"] = None
+    if as_json:
+        click.echo(json.dumps(summary))
+    print_summary(summary)
+    click.echo(f"interrupted; nothing enqueued is lost. Resume with: {resume}", err=True)
+    if out is not None:
+        click.echo(
+            f"--out {out} was not written (the workers' records are read back at the job's end): once the job"
+            " is done, run the same backfill again with --out (its scores are read back, not made again)",
+            err=True,
+        )
 
 
 def _run_redis(
@@ -962,52 +1016,28 @@ def _run_held(
                 backfill.should_stop = stop
                 submitter.should_stop = stop
                 submitter.on_wait = backfill.show_waiting
-                if state.status in ("reading", "interrupted"):
-                    state.status = "reading"
-                    backfill.run()
-                if not no_wait:
-                    progress = _wait_for_workers(submitter, state, reporter, wait_timeout, stop)
-                    expected = state.expected_scores
-                    done = sum(progress.get(k, 0) for k in ("scored", "failed", "skipped"))
-                    if done >= expected:
-                        state.status = "finished"
-                        job_store.save(state)
-        except KeyboardInterrupt:
-            # (a signal while this sums up only asks again: the resume line is not lost)
-            with stop_on_signals("summary") as summing_up:
-                summing_up.finishing()
-                reporter.close()
-                if hold.lost.is_set():
-                    click.echo(
-                        f"stopped: this process lost its hold on {state.job_id} (Redis lost the lock, or this"
-                        f" process was paused past {JobHold.HOLD_S:.0f} s), so another may be running the job",
-                        err=True,
+
+                def work() -> None:
+                    nonlocal progress
+                    if state.status in ("reading", "interrupted"):
+                        state.status = "reading"
+                        backfill.run()
+                    if not no_wait:
+                        progress = _wait_for_workers(submitter, state, reporter, wait_timeout, stop)
+                        expected = state.expected_scores
+                        done = sum(progress.get(k, 0) for k in ("scored", "failed", "skipped"))
+                        if done >= expected:
+                            state.status = "finished"
+                            job_store.save(state)
+
+                # (the summing up of an interrupted job is still under the handler: a signal there
+                # only asks again, and the resume line is not lost)
+                if signalled.run(work):
+                    reporter.close()
+                    _sum_up_interrupted(
+                        backfill, state, submitter, hold, started=started, as_json=as_json, resume=resume, out=out
                     )
-                else:  # (with the hold lost, the state saved now would overwrite the new holder's)
-                    try:
-                        backfill.interrupted()
-                    except (redis.exceptions.RedisError, StoreKeyTypeError) as exc:
-                        click.echo(f"  the job's state was not saved now ({exc}); its last checkpoint stands", err=True)
-                # What this process read and enqueued, and the workers' counts so far: the summary
-                # a finished job prints (with --json, its one object), status "interrupted".
-                state.status = "interrupted"
-                so_far: dict[str, int] | None = None
-                with suppress(redis.exceptions.RedisError, StoreKeyTypeError):
-                    so_far = submitter.progress(state.job_id)
-                summary = _summary(state, "redis", so_far, time.monotonic() - started)
-                if as_json:
-                    click.echo(json.dumps(summary))
-                print_summary(summary)
-                click.echo(f"interrupted; nothing enqueued is lost. Resume with: {resume}", err=True)
-                if out is not None:
-                    click.echo(
-                        f"--out {out} was not written (the workers' records are read back at the job's end): once"
-                        " the job is done, run the same backfill again with --out (its scores are read back, not"
-                        " made again)",
-                        err=True,
-                    )
-                submitter.close()
-            raise SystemExit(130) from None
+                    raise SystemExit(130)
         except SourceError as exc:
             # The source failing mid-job (Tempo down) is no reason to lose the job: what was
             # enqueued stays, and the job goes on from its checkpoint once the source answers.
