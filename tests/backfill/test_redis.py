@@ -507,3 +507,17 @@ def test_workers_running_another_scorer_version_are_named_not_taken_for_done(
         " every run done: a worker running another version of a scorer than this module's (answer-words@2)"
     ) in result.stderr
     assert out.read_text() == ""
+
+
+def test_resume_with_max_cost_raises_the_jobs_limit(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
+    """`--resume JOB --max-cost USD` was accepted and dropped: a job's limit never resets, so its
+    budget-refused runs could not be scored again, by a resume or by `dlq retry` (cost audit).
+    It replaces the job's limit now, where the workers read it."""
+    from worker._keys import job_budget_key
+
+    write_otlp_files(tmp_path, 50, files=1)
+    first = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait", "--max-cost", "0.5")
+    assert db.get(job_budget_key(first["job_id"])) == "0.5"
+    followed = _backfill("--resume", first["job_id"], "--max-cost", "2")
+    assert followed["status"] == "finished"
+    assert db.get(job_budget_key(first["job_id"])) == "2.0"

@@ -768,6 +768,9 @@ def _run_embedded(
         _Fanout(writers) if writers else None,
         agents=agents,
         run_timeout_s=cli_limits(settings),  # the worker's run timeout and memory cap
+        # (the workers' limits too: the overshoot past a budget is bounded by them)
+        model_concurrency=settings.model_concurrency,
+        run_concurrency=settings.run_concurrency,
         sinks=built,
         drain_policy=DrainPolicy.of(settings),
         drain_timeout_s=settings.sink_drain_timeout_seconds,
@@ -907,6 +910,7 @@ def _run_redis(
     registry: Registry | None = None,
     worst: int = 3,
     out: Path | None = None,
+    max_cost_usd: float | None = None,
 ) -> None:
     import redis
 
@@ -950,6 +954,12 @@ def _run_redis(
         hold.release()
         submitter.close()
         raise CliError(f"backfill {state.job_id}: its state is gone from {redact(settings.store_url)}")
+    if max_cost_usd is not None and max_cost_usd != fresh.options.max_cost_usd:
+        # (dropped without a word, it left the job's budget-refused runs unscorable for good:
+        # a job's limit never resets, and `dlq retry` met the same limit again)
+        was = "none" if fresh.options.max_cost_usd is None else f"${fresh.options.max_cost_usd:g}"
+        reporter.message(f"--max-cost: the job's limit is now ${max_cost_usd:g} (it was {was})")
+        fresh.options.max_cost_usd = max_cost_usd
     try:
         _run_held(source, fresh, settings, reporter, submitter, job_store, hold, no_wait=no_wait,
                   wait_timeout=wait_timeout, as_json=as_json, resumed=resumed, registry=registry, worst=worst,
@@ -1135,6 +1145,7 @@ def _resume(
     wait_timeout: float | None,
     high_water: int,
     as_json: bool,
+    max_cost_usd: float | None = None,
 ) -> None:
     import redis
 
@@ -1185,6 +1196,7 @@ def _resume(
             as_json=as_json,
             resumed=True,
             registry=registry,
+            max_cost_usd=max_cost_usd,
         )
 
 
@@ -1235,8 +1247,9 @@ class BackfillJob:
         judge tokens and cost)."""
         _dry_run(source, state, self.reporter, self.as_json, registry)
 
-    def resume(self, job_id: str) -> None:
-        """Continue the interrupted Redis job ``job_id`` (needs ``broker``)."""
+    def resume(self, job_id: str, *, max_cost_usd: float | None = None) -> None:
+        """Continue the interrupted Redis job ``job_id`` (needs ``broker``); ``max_cost_usd``
+        replaces the job's ``--max-cost`` (the one way to raise it)."""
         if not self.broker:
             raise CliError("--resume needs the Redis the job ran with: pass --broker URL or set TRACESCORE_BROKER_URL")
         _resume(
@@ -1247,4 +1260,5 @@ class BackfillJob:
             wait_timeout=self.wait_timeout,
             high_water=self.high_water,
             as_json=self.as_json,
+            max_cost_usd=max_cost_usd,
         )

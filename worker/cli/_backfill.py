@@ -239,7 +239,7 @@ def backfill_command(
             "(finished scores are read back, not recomputed)"
         )
     if resume_id:
-        job.resume(resume_id)
+        job.resume(resume_id, max_cost_usd=max_cost)
         return
     # Usage errors (exit 2), as `score` without --scorers is: each is required but for --resume.
     if not sources:

@@ -189,6 +189,7 @@ def score_command(
     scorer = EmbeddedScorer(
         scorers,
         run_timeout_s=cli_limits(settings),
+        model_concurrency=settings.model_concurrency,
         run_concurrency=concurrency,
         prices=parse_prices(settings.prices),
     )
