@@ -94,6 +94,7 @@ log = structlog.get_logger("tracescore.worker.budget")
 
 SPEND_TTL_S = 35 * 24 * 3600
 TOTAL = "total"
+_ANY_PRICE = ModelPrice(input=0, output=0)  # (a name matched, whatever its price)
 
 
 _Usd = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -515,12 +516,24 @@ class BudgetGuard:
     def prices(self) -> Mapping[str, ModelPrice]:
         return self._prices if self._prices is not None else price_table()
 
+    def _model_field(self, model_id: str) -> str:
+        """The ledger field of ``model_id``'s spend: its own, else that of the model a budget
+        names when ``model_id`` is a dated snapshot of it (priced as that model, so capped as it:
+        a budget on ``openai/gpt-4o-mini`` let ``openai/gpt-4o-mini-2024-07-18`` through)."""
+        own = f"model:{model_id}"
+        limits = self.budgets.limits()
+        if own not in limits:
+            for field in limits:  # (find_price's rule, on a table of one: the same names match)
+                if field.startswith("model:") and find_price(model_id, {field[6:]: _ANY_PRICE}) is not None:
+                    return field
+        return own
+
     async def before_call(self, model_id: str, scorer_id: str) -> None:
         run = _current.get()
         scorer = run.scorer_id if run is not None else scorer_id
         job_id = run.job_id if run is not None else None
         limits = self.budgets.limits()
-        fields = [f for f in (f"scorer:{scorer}", f"model:{model_id}", TOTAL) if f in limits]
+        fields = [f for f in (f"scorer:{scorer}", self._model_field(model_id), TOTAL) if f in limits]
         if job_id in self._jobs_without_limit:
             job_id = None
         if fields or job_id:
@@ -598,7 +611,7 @@ class BudgetGuard:
                     log.warning("judge_model_unpriced", model=model_id, hint="add it to TRACESCORE_PRICES")
                 await self.ledger.add(utc_day(), [f"unpriced:{model_id}"], 1.0, None)
                 return
-            await self.ledger.add(utc_day(), [f"scorer:{scorer}", f"model:{model_id}", TOTAL], cost, job_id)
+            await self.ledger.add(utc_day(), [f"scorer:{scorer}", self._model_field(model_id), TOTAL], cost, job_id)
         except (StoreUnavailableError, RedisResponseError) as exc:
             # The answer is paid for: keep it rather than fail the run and pay again on its
             # redelivery. The spend goes uncounted (the budget may be passed by this much);

@@ -145,3 +145,20 @@ def test_unpriced_calls_are_counted_apart_from_the_spend() -> None:
     assert report["total_usd"] == pytest.approx(0.15)
     assert report["by_model"] == {"openai/gpt-4o-mini": pytest.approx(0.15)}
     assert report["budgets"]["total"]["remaining_usd"] == pytest.approx(0.85)
+
+
+def test_a_model_budget_caps_its_dated_snapshots_too() -> None:
+    """A dated name is priced as its model, and was not capped as it: a budget on
+    openai/gpt-4o-mini let openai/gpt-4o-mini-2024-07-18 spend past it (cost audit)."""
+    from scorers.judge import JudgeCallRefused
+
+    budgets = parse_budgets('{"models": {"openai/gpt-4o-mini": 0.1}}')
+    guard = BudgetGuard(MemoryLedger(), budgets)
+    dated = "openai/gpt-4o-mini-2024-07-18"
+    asyncio.run(guard.before_call(dated, "s"))
+    asyncio.run(guard.after_call(dated, "s", JudgeUsage(input_tokens=1_000_000)))  # $0.15
+    with pytest.raises(JudgeCallRefused, match="budget of model openai/gpt-4o-mini is spent"):
+        asyncio.run(guard.before_call(dated, "s"))
+    with pytest.raises(JudgeCallRefused):
+        asyncio.run(guard.before_call("openai/gpt-4o-mini", "s"))
+    asyncio.run(guard.before_call("openai/gpt-4o", "s"))  # another model: its own spend
