@@ -376,14 +376,17 @@ class Scorer:
         except _PROCESS_EXITS:
             raise
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
-                raise  # the run itself is cancelled (its timeout, a shutdown): not the step's error
-            # (else the step's own: a CancelledError from awaiting a task it cancelled, or a
-            # BaseException of its own; a run ended by either left no record, or took the
-            # command down with a traceback quoting the run)
             execution = getattr(exc, "execution", None)
             if isinstance(execution, JudgeExecution) and current != "prepare_run":
                 result.judge[current] = execution
+            if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
+                # The run itself is cancelled (its timeout, a shutdown): not the step's error.
+                # What its steps spent, the one cut short too, goes with it as ``partial``.
+                exc.partial = result  # type: ignore[attr-defined]
+                raise
+            # (else the step's own: a CancelledError from awaiting a task it cancelled, or a
+            # BaseException of its own; a run ended by either left no record, or took the
+            # command down with a traceback quoting the run)
             raise ScorerRunError(
                 f"scorer {self.id!r} failed in step {current}: {type(exc).__name__}: {exc}",
                 scorer_id=self.id,

@@ -221,16 +221,19 @@ async def run_limited(scorer: Scorer, run_timeout_s: float | None, *, label: obj
         _running[task] = (label, time.monotonic() + run_timeout_s if run_timeout_s else math.inf)
     try:
         return await scorer.run(**run)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as cancelled:
         # Ours (``expire_runs``) → a timeout; anyone else's (the batch is being cancelled) goes on up.
         if task is None or task not in _expired or task.uncancel() > 0:
             raise
         log.warning("scorer_run_timeout", scorer=scorer.id, limit_s=run_timeout_s)
-        raise RunLimitError(
+        error = RunLimitError(
             f"scorer {scorer.id!r} did not finish within TRACESCORE_RUN_TIMEOUT_SECONDS "
             f"({run_timeout_s} s); it was cancelled",
             error_type="timeout",
-        ) from None
+        )
+        partial = getattr(cancelled, "partial", None)  # (its steps' spend, the one cut short too)
+        error.partial = partial if isinstance(partial, ScoreResult) else None
+        raise error from None
     except ScorerRunError as exc:
         limit = _limit_error_type(exc.cause, task)
         if limit is None:

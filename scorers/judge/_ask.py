@@ -148,6 +148,16 @@ class _JudgeCall:
 
     async def run(self, mode: Mode) -> JudgeAnswer:
         try:
+            return await self._run(mode)
+        except asyncio.CancelledError as cancelled:
+            # The run's timeout (or a shutdown) can land after answers were paid for: they go
+            # with the cancellation, for the run's record to carry (it said 0 calls, 0 cost).
+            if self.attempts:
+                cancelled.execution = self._execution("error", error="cancelled")  # type: ignore[attr-defined]
+            raise
+
+    async def _run(self, mode: Mode) -> JudgeAnswer:
+        try:
             messages = await self._input(base_messages(self.judge, self.prompt))
         except JudgeError as exc:
             raise self._fail(exc) from exc.__cause__

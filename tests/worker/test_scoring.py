@@ -509,3 +509,34 @@ def test_a_jobs_copies_in_one_message_count_for_it_once() -> None:
     asyncio.run(score_batch(msg, deps, redelivery=True))
     progress = asyncio.run(store.jobs.progress("job-1"))
     assert (progress["scored"], progress["skipped"], progress["skipped:duplicate"]) == (2, 1, 1)
+
+
+def test_a_run_timed_out_in_a_judge_step_records_the_answers_that_step_paid_for(fake_llm: FakeLLMServer) -> None:
+    """A paid answer that failed validation, then the fallback call hanging past the run timeout:
+    the ledger was charged, the record said 0 calls and 0 cost (cost audit). The step cut short
+    gives its spend to the timeout record."""
+    from pydantic import BaseModel
+
+    from scorers import PromptStep, create_scorer
+    from scorers.judge import Judge
+    from scorers.judge._prices import ModelPrice
+
+    class Verdict(BaseModel):
+        ok: bool
+
+    paid = create_scorer("paid", judge=Judge("openai/fake-judge", "Judge.")).generate_score(
+        PromptStep("Check", lambda run: "Is it ok?", output_schema=Verdict)
+    )
+    fake_llm.script(Reply.text("not the schema"), Reply.hang(30))
+    prices = {"openai/fake-judge": ModelPrice(input=100.0, output=200.0)}
+    # (3 s: the judge's first call imports the SDK, 1.2 s on a slow day, inside the run's time)
+    deps, store, _ = _deps(paid, run_timeout_s=3.0, prices=prices)
+    report = asyncio.run(asyncio.wait_for(score_batch(batch(range(1), ["paid"], salt="hang"), deps), 30))
+    assert report.failed == {"timeout": 1}
+    (record,) = store.records.values()
+    assert record.error_type == "timeout"
+    assert fake_llm.count() == 2
+    assert record.judge_calls == 1  # the answer paid for (the hanging one never answered)
+    assert record.input_tokens > 0
+    assert record.cost_usd is not None
+    assert record.cost_usd > 0
