@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
+from scorers.judge import JudgeCallRefused
 from tracing import ScoreRecord
 from worker._terminal import cell
 
@@ -110,12 +111,14 @@ class Outcome:
                 not_scorable=f"{ns.get('step', '?')}: {ns.get('reason', '')}" if ns else None,
             )
         cause = result.cause if isinstance(result, ScorerRunError) else result
+        # A refused judge call says why (budget_exhausted, ...), and RunLimitError "timeout" /
+        # "memory", as the worker's records do.
+        refused = cause.error_type if isinstance(cause, JudgeCallRefused) else None
         return cls(
             run,
             scorer.id,
             scorer_version=scorer.version,
-            # RunLimitError says "timeout" / "memory", as the worker's records do.
-            error_type=getattr(result, "error_type", None) or type(cause).__name__,
+            error_type=refused or getattr(result, "error_type", None) or type(cause).__name__,
             error_message=str(result),
             failed_step=getattr(result, "failed_step", None),
         )

@@ -166,3 +166,20 @@ def test_a_run_whose_content_cannot_be_measured_is_left_out_of_the_estimate_and_
     estimate.add(Plain())
     assert (estimate.as_json()["judge_calls"], estimate.as_json()["runs_not_estimated"]) == (1, 1)
     assert "1 run(s) left out: their content could not be measured" in "\n".join(estimate.lines())
+
+
+def test_score_holds_the_budgets_too(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """`tracescore score` ignored TRACESCORE_BUDGETS: a spent total budget still paid for every
+    call (cost audit). It holds them as the embedded backfill does: every run refused, unpaid."""
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("".join(json.dumps({"run_id": f"r{i}", "input": "q?", "output": "a."}) + "\n" for i in range(4)))
+    out = tmp_path / "scores.jsonl"
+    result = CliRunner().invoke(
+        cli,
+        ["score", str(runs), "--scorers", SCORERS, "--scorer", "costly", "--out", str(out)],
+        env={"TRACESCORE_PRICES": PRICES, "TRACESCORE_BUDGETS": '{"total": 0}'},
+    )
+    assert fake_llm.count() == 0, result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 4
+    assert {r["error_type"] for r in records} == {"budget_exhausted"}

@@ -19,7 +19,7 @@ from typing import IO, Any
 import click
 
 from scorers import ScoreResult
-from worker._budget import parse_prices
+from worker._budget import install_local_guard, parse_budgets, parse_prices
 from worker._embedded import EmbeddedScorer, cli_limits
 from worker._interrupt import stop_on_signals
 from worker._lines import json_lines
@@ -186,17 +186,23 @@ def score_command(
     # The worker's limits (TRACESCORE_RUN_TIMEOUT_SECONDS, the memory cap): a run that hangs or
     # runs out of memory is a timeout/memory error and the chunk's other runs are scored.
     settings = cli_settings()
+    prices = parse_prices(settings.prices)
+    try:  # TRACESCORE_BUDGETS, held in this process as an embedded backfill holds them (ignored before)
+        restore_hooks = install_local_guard(parse_budgets(settings.budgets), prices=prices)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
     scorer = EmbeddedScorer(
         scorers,
         run_timeout_s=cli_limits(settings),
         model_concurrency=settings.model_concurrency,
         run_concurrency=concurrency,
-        prices=parse_prices(settings.prices),
+        prices=prices,
     )
     try:
         out_file = _OutLines(out) if out is not None else None
     except OSError as exc:
         scorer.close()
+        restore_hooks()
         raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
     # (held to the end: a signal while closing or summing up only asks again)
     with stop_on_signals("chunk") as stop:
@@ -235,6 +241,7 @@ def score_command(
             stopped = stop.run(work) or stop()
         finally:
             scorer.close()
+            restore_hooks()
             if out_file is not None:
                 out_file.close()
             bad_lines.close()
