@@ -187,7 +187,7 @@ def score_command(
     # runs out of memory is a timeout/memory error and the chunk's other runs are scored.
     settings = cli_settings()
     prices = parse_prices(settings.prices)
-    try:  # TRACESCORE_BUDGETS, held in this process as an embedded backfill holds them (ignored before)
+    try:  # TRACESCORE_BUDGETS, held in this process as an embedded backfill holds them
         restore_hooks = install_local_guard(parse_budgets(settings.budgets), prices=prices)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
