@@ -368,7 +368,6 @@ def test_a_run_stopped_at_the_timeout_records_what_its_judge_steps_spent(fake_ll
 
     from scorers import PromptStep, create_scorer
     from scorers.judge import Judge
-    from scorers.judge._prices import ModelPrice
 
     class Verdict(BaseModel):
         ok: bool
@@ -383,6 +382,13 @@ def test_a_run_stopped_at_the_timeout_records_what_its_judge_steps_spent(fake_ll
         .generate_score(forever)
     )
     fake_llm.script(Reply.json({"ok": True}))
+    _assert_one_paid_call_in_a_timeout(paid, fake_llm, requests=1)
+
+
+def _assert_one_paid_call_in_a_timeout(paid: Any, fake_llm: FakeLLMServer, *, requests: int) -> None:
+    """``paid`` scored once under a 3 s run timeout: a timeout record carrying one paid call."""
+    from scorers.judge._prices import ModelPrice
+
     prices = {"openai/fake-judge": ModelPrice(input=100.0, output=200.0)}
     # (3 s: the judge's first call imports the SDK, 1.2 s on a slow day, inside the run's time)
     deps, store, _ = _deps(paid, run_timeout_s=3.0, prices=prices)
@@ -390,7 +396,7 @@ def test_a_run_stopped_at_the_timeout_records_what_its_judge_steps_spent(fake_ll
     assert report.failed == {"timeout": 1}
     (record,) = store.records.values()
     assert record.error_type == "timeout"
-    assert fake_llm.count() == 1
+    assert fake_llm.count() == requests
     assert record.judge_calls == 1
     assert record.input_tokens > 0
     assert record.cost_usd is not None
@@ -519,7 +525,6 @@ def test_a_run_timed_out_in_a_judge_step_records_the_answers_that_step_paid_for(
 
     from scorers import PromptStep, create_scorer
     from scorers.judge import Judge
-    from scorers.judge._prices import ModelPrice
 
     class Verdict(BaseModel):
         ok: bool
@@ -528,15 +533,5 @@ def test_a_run_timed_out_in_a_judge_step_records_the_answers_that_step_paid_for(
         PromptStep("Check", lambda run: "Is it ok?", output_schema=Verdict)
     )
     fake_llm.script(Reply.text("not the schema"), Reply.hang(30))
-    prices = {"openai/fake-judge": ModelPrice(input=100.0, output=200.0)}
-    # (3 s: the judge's first call imports the SDK, 1.2 s on a slow day, inside the run's time)
-    deps, store, _ = _deps(paid, run_timeout_s=3.0, prices=prices)
-    report = asyncio.run(asyncio.wait_for(score_batch(batch(range(1), ["paid"], salt="hang"), deps), 30))
-    assert report.failed == {"timeout": 1}
-    (record,) = store.records.values()
-    assert record.error_type == "timeout"
-    assert fake_llm.count() == 2
-    assert record.judge_calls == 1  # the answer paid for (the hanging one never answered)
-    assert record.input_tokens > 0
-    assert record.cost_usd is not None
-    assert record.cost_usd > 0
+    # (two requests, one paid for: the hanging one never answered)
+    _assert_one_paid_call_in_a_timeout(paid, fake_llm, requests=2)
