@@ -114,6 +114,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         RegistryError,
         RunLimitError,
         SettingsError,
+        StepExitError,
         StoreKeyTypeError,
         UnknownScorerError,
         WorkerError,
@@ -155,6 +156,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         BrokerUnwritableError: (BrokerUnwritableError("full", "LPUSH"), "retryable"),
         StoreKeyTypeError: (StoreKeyTypeError("k", "list", "hash"), "config"),
         RunLimitError: (RunLimitError("m", error_type="timeout"), "timeout"),
+        StepExitError: (StepExitError("s", 2), "internal"),
         LoopBlockedError: (LoopBlockedError(), "retryable"),
     }
 
