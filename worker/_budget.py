@@ -95,9 +95,11 @@ log = structlog.get_logger("tracescore.worker.budget")
 SPEND_TTL_S = 35 * 24 * 3600
 TOTAL = "total"
 _ANY_PRICE = ModelPrice(input=0, output=0)  # (a name matched, whatever its price)
+_PROVIDERS = sorted({model_id.partition("/")[0] for model_id in DEFAULT_PRICES})
 
 
-_Usd = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# Numbers only: lax mode read `true` as a budget of 1 USD.
+_Usd = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
 
 
 def _no_constant(name: str) -> Any:
@@ -135,6 +137,7 @@ def parse_budgets(raw: str | Mapping[str, Any] | None) -> Budgets:
         return Budgets()
     try:
         budgets = Budgets.model_validate(_load_json(raw))
+        _check_model_ids(budgets.models, "models.")
     except (ValueError, ValidationError) as exc:
         raise ValueError(
             "TRACESCORE_BUDGETS must be JSON like "
@@ -160,12 +163,28 @@ def parse_prices(raw: str | Mapping[str, Any] | None) -> dict[str, ModelPrice]:
                 table[str(model_id)] = ModelPrice.model_validate(price)
             except ValidationError as exc:  # said with the model it is for
                 raise ValueError(f"{model_id}: {_one_line(exc).removeprefix('(root): ')}") from None
+        _check_model_ids(data, "")
     except (ValueError, ValidationError) as exc:
         raise ValueError(
             'TRACESCORE_PRICES must be JSON like {"openai/gpt-4o-mini": {"input": 0.15, "output": 0.6, '
             f'"cached_input": 0.075}}}} (USD per million tokens): {_one_line(exc)}'
         ) from None
     return table
+
+
+def _check_model_ids(names: Mapping[str, Any], where: str) -> None:
+    """Refuse a model named without its provider where the provider's name is a model we know:
+    judges' model ids are ``provider/model``, so ``gpt-4o-mini`` would never match a call, and
+    its price or budget would be silently unused. Other names stay: a custom ``JudgeModel``'s id
+    is its own."""
+    for name in names:
+        if "/" in name:
+            continue
+        known = [f"{p}/{name}" for p in _PROVIDERS if find_price(f"{p}/{name}") is not None]
+        if known:
+            raise ValueError(
+                f"{where}{name}: a judge model id names its provider, e.g. {known[0]!r}; {name!r} would match no call"
+            )
 
 
 def _one_line(exc: Exception) -> str:

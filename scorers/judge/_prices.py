@@ -38,9 +38,10 @@ MAX_PRICE_PER_MILLION = 1_000_000.0  # a dollar a token
 
 class ModelPrice(BaseModel):
     """USD per million tokens. ``cached_input`` / ``cache_write`` default to ``input``; finite,
-    ≥ 0 and at most ``MAX_PRICE_PER_MILLION`` (an infinite price makes an infinite cost)."""
+    ≥ 0 and at most ``MAX_PRICE_PER_MILLION`` (an infinite price makes an infinite cost).
+    Numbers only: lax mode read ``true`` as 1 USD and ``"0.15"`` as a price."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
     input: float = Field(ge=0, le=MAX_PRICE_PER_MILLION)
     output: float = Field(ge=0, le=MAX_PRICE_PER_MILLION)

@@ -14,7 +14,7 @@ from scorers.judge import DEFAULT_PRICES
 from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch
 from tracing import ScoreRecord
-from worker._budget import BudgetGuard, MemoryLedger, parse_budgets, spend_report
+from worker._budget import BudgetGuard, MemoryLedger, parse_budgets, parse_prices, spend_report
 from worker._registry import Registry
 from worker._scoring import ScoringDeps, score_batch
 from worker._settings import SettingsError, load_settings
@@ -132,6 +132,43 @@ def test_a_bad_price_or_budget_names_the_model_or_key() -> None:
     with pytest.raises(SettingsError) as raised:
         load_settings(budgets='{"scorers": {"relevancy": "five"}}')
     assert "scorers.relevancy: Input should be a valid number" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        # Lax mode read these as numbers: a budget of `true` was 1 USD, a price of "0.15" a price.
+        ("budgets", '{"total": true}', "total: Input should be a valid number"),
+        ("budgets", '{"scorers": {"relevancy": "5"}}', "scorers.relevancy: Input should be a valid number"),
+        ("prices", '{"openai/x": {"input": true, "output": 1}}', "openai/x: input: Input should be a valid number"),
+        ("prices", '{"openai/x": {"input": 1, "output": "0.6"}}', "openai/x: output: Input should be a valid number"),
+        # A known model without its provider matches no call: its budget was never enforced.
+        (
+            "budgets",
+            '{"models": {"gpt-4o": 50}}',
+            "models.gpt-4o: a judge model id names its provider, e.g. 'openai/gpt-4o'",
+        ),
+        (
+            "budgets",
+            '{"models": {"claude-sonnet-4-5-20250929": 5}}',
+            "e.g. 'anthropic/claude-sonnet-4-5-20250929'",
+        ),
+        ("prices", '{"gpt-4o-mini": {"input": 1, "output": 1}}', "gpt-4o-mini: a judge model id names its provider"),
+    ],
+)
+def test_a_budget_or_price_that_would_be_misread_is_refused_naming_it(variable: str, value: str, said: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        load_settings(**{variable: value})
+    assert said in str(raised.value)
+
+
+def test_a_custom_models_own_id_may_name_no_provider() -> None:
+    """A custom ``JudgeModel``'s id is its own: only a name we know under a provider is refused."""
+    settings = load_settings(
+        budgets='{"models": {"local-llama": 2}, "total": 3}', prices='{"local-llama": {"input": 1, "output": 2}}'
+    )
+    assert parse_budgets(settings.budgets).models == {"local-llama": 2}
+    assert parse_prices(settings.prices)["local-llama"].output == 2
 
 
 def test_unpriced_calls_are_counted_apart_from_the_spend() -> None:
