@@ -174,7 +174,10 @@ class _JudgeCall:
             try:
                 response = await self._send(request)
             except JudgeCallRefused as refused:
-                self.log.warning("judge.refused", reason=refused.error_type)
+                # Expected for every call until a budget resets: the run's record names it, the
+                # summaries count it, a worker logs its letters once a minute. A warning a call
+                # flooded a backfill's terminal.
+                self.log.debug("judge.refused", reason=refused.error_type)
                 raise self._fail(refused) from None
             except JudgeProviderError as err:
                 attempt = self._record_error(err, began, mode)

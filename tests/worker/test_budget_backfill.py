@@ -97,6 +97,8 @@ def test_max_cost_stops_paying_and_the_summary_shows_spend(fake_llm: FakeLLMServ
     assert total >= 0.05
     assert "judge spend" in result.stderr
     assert "model  openai/fake-judge:" in result.stderr
+    # Counted in the summary, not a warning line per refused call (one line each, before).
+    assert "judge.refused" not in result.stderr
 
 
 def test_unpriced_model_is_shown_unpriced_not_free(fake_llm: FakeLLMServer) -> None:
