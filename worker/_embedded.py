@@ -366,7 +366,8 @@ class EmbeddedScorer:
                         error_type="timeout",
                     )
         for i, (scorer, run) in enumerate(jobs):
-            yield Scored(i // len(self.deps.registry), results[i], Outcome.of_result(run["run_id"], scorer, results[i]))
+            outcome = Outcome.of_result(run["run_id"], scorer, results[i], self.deps.prices)
+            yield Scored(i // len(self.deps.registry), results[i], outcome)
 
     def progress(self, job_id: str) -> dict[str, int]:
         with self._lock:

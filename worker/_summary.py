@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
-from scorers.judge import JudgeCallRefused
+from scorers.judge import JudgeCallRefused, ModelPrice, price_executions
 from tracing import ScoreRecord
 from worker._terminal import cell
 
@@ -98,8 +98,19 @@ class Outcome:
         )
 
     @classmethod
-    def of_result(cls, run: str, scorer: Scorer, result: ScoreResult | ScorerError) -> Outcome:
-        """What a scorer returned for ``run`` (``tracescore score``), worded as the worker's records are."""
+    def of_result(
+        cls, run: str, scorer: Scorer, result: ScoreResult | ScorerError, prices: Mapping[str, ModelPrice]
+    ) -> Outcome:
+        """What a scorer returned for ``run`` (``tracescore score``), worded as the worker's
+        records are, with what its judge calls cost by ``prices`` (a failed run's too: its
+        ``partial`` result holds the steps that were paid for)."""
+        spent = result if isinstance(result, ScoreResult) else getattr(result, "partial", None)
+        executions = list(spent.judge.values()) if isinstance(spent, ScoreResult) else []
+        judged: dict[str, Any] = {
+            "judge_models": sorted({e.model for e in executions}),
+            "judge_calls": sum(e.attempt_count for e in executions),
+            "cost_usd": price_executions(executions, prices),
+        }
         if isinstance(result, ScoreResult):
             ns = result.not_scorable
             return cls(
@@ -109,6 +120,7 @@ class Outcome:
                 score=result.score,
                 reason=result.reason,
                 not_scorable=f"{ns.get('step', '?')}: {ns.get('reason', '')}" if ns else None,
+                **judged,
             )
         cause = result.cause if isinstance(result, ScorerRunError) else result
         # A refused judge call says why (budget_exhausted, ...), and RunLimitError "timeout" /
@@ -121,6 +133,7 @@ class Outcome:
             error_type=refused or getattr(result, "error_type", None) or type(cause).__name__,
             error_message=str(result),
             failed_step=getattr(result, "failed_step", None),
+            **judged,
         )
 
     def cells(self) -> tuple[str, str]:

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
-from tests.fakellm import FakeLLMServer
+from tests.fakellm import FakeLLMServer, Reply
 from worker._budget import CostEstimate, price_table
 from worker._registry import load_registry
 from worker.cli import cli
@@ -185,3 +185,29 @@ def test_score_holds_the_budgets_too(fake_llm: FakeLLMServer, tmp_path: Path) ->
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 4
     assert {r["error_type"] for r in records} == {"budget_exhausted"}
+
+
+def test_score_records_and_summary_show_what_the_judges_cost(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """`score --out` records carried no judge calls or cost, and its summary no spend (cost
+    audit): they do, as the backfill's do, a failed run's calls included."""
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("".join(json.dumps({"run_id": f"r{i}", "input": "q?", "output": "a."}) + "\n" for i in range(3)))
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="RETRY")
+    out = tmp_path / "scores.jsonl"
+    result = CliRunner().invoke(
+        cli,
+        ["score", str(runs), "--scorers", SCORERS, "--scorer", "costly", "--scorer", "retrying", "--out", str(out)],
+        env={"TRACESCORE_PRICES": PRICES, "TRACESCORE_BUDGETS": ""},
+    )
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    paid = [r for r in records if r["scorer_id"] == "costly"]
+    failed = [r for r in records if r["scorer_id"] == "retrying"]
+    assert len(paid) == len(failed) == 3, result.output
+    assert all(r["judge_calls"] == 1 and r["judge_models"] == ["openai/fake-judge"] for r in paid)
+    assert all(r["cost_usd"] > 0 for r in paid)
+    # Four attempts each (the first and three retries), none answered: calls without a cost.
+    assert all(r["error_type"] and r["judge_calls"] == 4 and r["cost_usd"] == 0 for r in failed)
+    assert fake_llm.count() == 3 + 12
+    total = sum(r["cost_usd"] for r in paid)
+    assert f"judge spend       {total:.4f} USD   (15 judge calls)" in result.stderr
+    assert f"scorer costly: {total:.4f} USD" in result.stderr

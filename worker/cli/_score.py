@@ -24,7 +24,7 @@ from worker._embedded import EmbeddedScorer, cli_limits
 from worker._interrupt import stop_on_signals
 from worker._lines import json_lines
 from worker._registry import RegistryError, load_registry
-from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter
+from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker._terminal import printable
 from worker.cli._common import CliError, cli_settings, json_line, json_option, names_an_input
 
@@ -82,6 +82,7 @@ def _out_line(number: int, outcome: Outcome) -> str:
         )
     else:
         record.update(reason=outcome.reason, not_scorable=outcome.not_scorable)
+    record.update(judge_models=list(outcome.judge_models), judge_calls=outcome.judge_calls, cost_usd=outcome.cost_usd)
     return json.dumps(record) + "\n"
 
 
@@ -263,6 +264,8 @@ def score_command(
             ),
             err=as_json,
         )
+        for line in spend_lines(summary.spend.as_json()):
+            click.echo(line, err=True)
         click.echo(footer, err=True)
         if stopped:
             click.echo(
