@@ -12,10 +12,14 @@ definition says (``CreateScoreRequest`` in ``fern/apis/server/definition/scores.
 - ``dataType`` (NUMERIC when absent, as Langfuse defaults): NUMERIC a finite number,
   BOOLEAN 0 or 1, CATEGORICAL a string, TEXT a string of 1-500 characters.
 
-Scores are kept by ``id`` (a new one when absent) and a create with a known id replaces that
-score (Langfuse upserts by id), keeping its ``createdAt``. ``fail_next`` makes the next requests
-answer an error status (503, 429 with Retry-After) before any check, as an overloaded server
-would.
+Scores are kept by ``id`` (a new one when absent). A create with a known id is merged into that
+score as Langfuse's ingestion merges it (``overwriteObject`` in its worker's
+``IngestionService/utils.ts``): a field left out keeps its old value, a null replaces it, the
+metadata objects are merged key by key, and the trace id and ``createdAt`` never change.
+Metadata values are kept as text, as Langfuse stores them (``convertRecordValuesToString``).
+``fail_next`` makes the next requests answer an error status (503, 429 with Retry-After) before
+any check, as an overloaded server would; ``suspended`` answers every request with Langfuse
+Cloud's 403 for a project past its usage threshold.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ _STRING_FIELDS = (
     "id", "traceId", "sessionId", "observationId", "datasetRunId", "comment", "environment", "queueId", "configId",
 )  # fmt: skip
 _FIELDS = frozenset({*_STRING_FIELDS, "name", "value", "metadata", "dataType", "source"})
+_NULLABLE = frozenset({"comment", "metadata"})
+_IMMUTABLE = ("id", "traceId", "environment", "createdAt")
 
 
 def check_score(body: Any) -> list[str]:
@@ -48,13 +54,13 @@ def check_score(body: Any) -> list[str]:
     if not isinstance(name, str) or not name:
         problems.append("name: required, a non-empty string")
     for key in _STRING_FIELDS:
-        if key in body and not isinstance(body[key], str):
+        if key in body and not isinstance(body[key], str) and not (key in _NULLABLE and body[key] is None):
             problems.append(f"{key}: expected a string")
     if not any(isinstance(body.get(key), str) for key in ("traceId", "sessionId", "datasetRunId")):
         problems.append("traceId: one of traceId, sessionId or datasetRunId is required")
     if "observationId" in body and "traceId" not in body:
         problems.append("observationId: only with traceId")
-    if "metadata" in body and not isinstance(body["metadata"], dict):
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         problems.append("metadata: expected an object")
     if "source" in body and body["source"] not in ("API", "ANNOTATION"):
         problems.append("source: expected API or ANNOTATION")
@@ -85,6 +91,7 @@ class FakeLangfuse:
     secret_key: str = "sk-lf-test"
     scores: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     statuses: Counter[int] = field(default_factory=Counter, repr=False)
+    suspended: bool = False
     _failures: list[tuple[int, str | None]] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _server: ThreadingHTTPServer | None = field(default=None, repr=False)
@@ -126,6 +133,9 @@ class FakeLangfuse:
             if not self._authorized(auth):
                 message = "Invalid credentials. Confirm that you've configured the correct host."
                 return 401, {"message": message, "error": "Unauthorized"}, None
+            if self.suspended:
+                message = "Ingestion suspended: Usage threshold exceeded. Please upgrade your plan."
+                return 403, {"message": message, "error": "ForbiddenError"}, None
             if method != "POST" or path != SCORES_PATH:
                 return 404, {"message": "Not found", "error": "NotFound"}, None
             try:
@@ -137,8 +147,8 @@ class FakeLangfuse:
                 return 400, {"message": "Invalid request data", "error": problems}, None
             score_id = body.get("id") or str(uuid.uuid4())
             now = time.time()
-            created = self.scores.get(score_id, {}).get("createdAt", now)
-            self.scores[score_id] = {**body, "id": score_id, "createdAt": created, "updatedAt": now}
+            new = {**body, "id": score_id, "createdAt": now, "updatedAt": now}
+            self.scores[score_id] = _merged(self.scores.get(score_id), new)
             return 200, {"id": score_id}, None
 
     def _authorized(self, header: str | None) -> bool:
@@ -150,6 +160,19 @@ class FakeLangfuse:
         except (ValueError, UnicodeDecodeError):
             return False
         return user == self.public_key and password == self.secret_key
+
+
+def _merged(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` merged into the score ``old`` as Langfuse's ingestion merges them."""
+    if old is None:
+        merged = dict(new)
+    else:
+        merged = {**old, **new}  # a key left out keeps its value; null is a value
+        merged.update({key: old[key] for key in _IMMUTABLE if key in old})
+        merged["metadata"] = {**(old.get("metadata") or {}), **(new.get("metadata") or {})}
+    metadata = merged.get("metadata") or {}
+    merged["metadata"] = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+    return merged
 
 
 def _handler(fake: FakeLangfuse) -> type[BaseHTTPRequestHandler]:

@@ -89,7 +89,7 @@ def test_each_score_arrives_once_in_langfuses_shape(langfuse: FakeLangfuse, sink
     assert (length["dataType"], length["value"], length["comment"]) == ("NUMERIC", 0.4, "80 characters")
     assert got["answer-length"]["metadata"]["label"] == "short"
     assert (got["helpfulness"]["dataType"], got["helpfulness"]["value"]) == ("NUMERIC", 0.75)
-    assert got["helpfulness"]["metadata"]["judge_models"] == ["openai/gpt-4o-mini"]
+    assert got["helpfulness"]["metadata"]["judge_models"] == "openai/gpt-4o-mini"
     assert (got["tone"]["dataType"], got["tone"]["value"], got["tone"]["comment"]) == (
         "CATEGORICAL",
         "friendly",
@@ -121,6 +121,51 @@ def test_a_resend_upserts_by_id(langfuse: FakeLangfuse, sink: LangfuseSink) -> N
     assert (again["value"], again["comment"]) == (0.9, "re-scored")
     assert again["createdAt"] == first[changed.score_id]["createdAt"]
     assert langfuse.statuses == {200: 2 * len(records) + 2}
+
+
+def test_a_record_replacing_another_leaves_nothing_of_it_in_langfuse(
+    langfuse: FakeLangfuse, sink: LangfuseSink
+) -> None:
+    """Langfuse merges a score sent again into the one it holds: a field or metadata key left out
+    kept the old value. A timeout later scored as a number with no reason kept the error's
+    comment, error type and failed step beside its value, and a shorter model list the rest."""
+    failed = record(
+        "helpfulness",
+        error_type="timeout",
+        error_message="did not finish within 30 s",
+        failed_step="generate_score",
+        judge_models=["anthropic/claude-haiku-4-5", "openai/gpt-4o-mini"],
+        retryable=True,
+    )
+    assert sink.deliver([failed]) == [Delivered()]
+    scored = record("helpfulness", score=0.8, judge_models=["openai/gpt-4o-mini"])
+    assert scored.score_id == failed.score_id
+    assert sink.deliver([scored]) == [Delivered()]
+
+    (score,) = langfuse.scores.values()
+    assert (score["dataType"], score["value"], score["comment"]) == ("NUMERIC", 0.8, None)
+    metadata = score["metadata"]
+    assert (metadata["error_type"], metadata["failed_step"], metadata["label"]) == ("", "", "")
+    assert metadata["judge_models"] == "openai/gpt-4o-mini"
+
+
+def test_a_suspended_project_is_named_not_taken_for_bad_keys(langfuse: FakeLangfuse) -> None:
+    """Langfuse Cloud answers 403 "Ingestion suspended" past a project's usage threshold: the
+    refusal says so and how to send the scores again (it said to check the keys), after one
+    request for the batch."""
+    langfuse.suspended = True
+    sink = LangfuseSink(langfuse.url, langfuse.public_key, langfuse.secret_key, parallel=1)
+    try:
+        outcomes = sink.deliver(one_of_each())
+    finally:
+        sink.close()
+    assert langfuse.statuses == {403: 1}
+    assert len(outcomes) == 5
+    for outcome in outcomes:
+        assert isinstance(outcome, Refused), outcome
+        assert "suspended ingestion for this project (HTTP 403" in outcome.reason
+        assert "tracescore sinks retry langfuse --all" in outcome.reason
+        assert "TRACESCORE_LANGFUSE_SECRET_KEY" not in outcome.reason
 
 
 def test_wrong_keys_are_refused_naming_401_without_echoing_them(langfuse: FakeLangfuse) -> None:

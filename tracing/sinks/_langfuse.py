@@ -6,7 +6,10 @@ and secret key as password. Langfuse ingests OpenTelemetry traces under their 32
 their spans as observations under the 16-hex span id, so those are ``traceId`` and
 ``observationId``. One score per record:
 
-- ``id``: the score id. Langfuse upserts scores by id, so a re-sent score replaces itself.
+- ``id``: the score id. Langfuse merges a score sent again under its id into the one it holds:
+  a field or metadata key left out keeps its old value, so every field and key is sent each
+  time (none as null or ""), and a record that replaces another (an error scored later) leaves
+  nothing of it behind.
 - ``name``: the scorer's name (its id when it has none); ``comment``: the scorer's reason.
 - A score: ``dataType`` NUMERIC, ``value`` the number (its label, if any, in metadata). A
   label-only score: CATEGORICAL, ``value`` the label.
@@ -15,14 +18,16 @@ their spans as observations under the 16-hex span id, so those are ``traceId`` a
   apart by data type, so errors never drag a numeric mean down, yet each run shows why it has
   no number (sending nothing would hide the failure; a fake 0 would lie).
 - ``metadata``: scorer id and version, score id, label, source (live / backfill), job and run
-  ids, judge models, the error type and failed step.
+  ids, judge models (comma-separated), the error type and failed step.
 
 Outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
 (Retry-After honoured); any other 4xx ``Refused`` with Langfuse's message, never the keys or
 the score's text. Scores go ``parallel`` (4) at a time. An answer that holds for every score
 (no answer at all, keys refused, no scores API at this URL, a redirect, a 429 or 503) is given
-to the rest of the batch without a request each. Langfuse accepts a score before its trace
-arrives (it links them by id), so there is no "not ingested yet" wait here.
+to the rest of the batch without a request each; a 403 saying Langfuse Cloud suspended the
+project's ingestion is named as that, not as bad keys. Langfuse answers 200 once it has queued
+a score, before it stores it. It accepts a score before its trace arrives (it links them by id),
+so there is no "not ingested yet" wait here.
 """
 
 from __future__ import annotations
@@ -93,7 +98,12 @@ class LangfuseSink(PerScoreSink):
             return Delivered()
         if is_retryable(status):
             return Retry(f"Langfuse answered HTTP {status}", after_s=retry_after(response.headers.get("retry-after")))
-        if status in (401, 403):
+        if status == 403 and "ingestion suspended" in answer_text(response).lower():
+            reason = (
+                "Langfuse suspended ingestion for this project (HTTP 403, usage threshold exceeded): once it is"
+                " lifted, tracescore sinks retry langfuse --all"
+            )
+        elif status in (401, 403):
             reason = (
                 f"Langfuse refused the credentials (HTTP {status}): check TRACESCORE_LANGFUSE_PUBLIC_KEY"
                 " and TRACESCORE_LANGFUSE_SECRET_KEY"
@@ -138,19 +148,18 @@ def _score(record: ScoreRecord) -> dict[str, Any] | Refused:
         "source": record.source,
         "job_id": record.job_id,
         "run_id": record.run_id,
-        "judge_models": record.judge_models or None,
+        # (Text: Langfuse stores metadata values as text, and merged a shorter list into a longer.)
+        "judge_models": ",".join(record.judge_models),
         "error_type": record.error_type,
         "failed_step": record.failed_step,
     }
-    body: dict[str, Any] = {
+    return {
         "id": record.score_id,
         "traceId": trace_id,
         "observationId": span_id,
         "name": record.scorer_name or record.scorer_id,
         "value": value,
         "dataType": data_type,
-        "metadata": {key: val for key, val in metadata.items() if val is not None},
+        "comment": comment or None,
+        "metadata": {key: "" if val is None else val for key, val in metadata.items()},
     }
-    if comment:
-        body["comment"] = comment
-    return body
