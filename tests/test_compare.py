@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,35 @@ def test_two_runs_of_one_trace_that_moved_are_told_apart_by_their_span(tmp_path:
     text = _compare(str(old), str(new)).stdout
     assert "(-0.800)  t1 00000000000000aa" in text
     assert "(+0.600)  t1 00000000000000bb" in text
+
+
+def test_integer_scores_past_sqlites_range_and_odd_ids_are_read(tmp_path: Path) -> None:
+    """The records are compared in a SQLite file (memory stays flat): an integer score past 64
+    bits is read as the double it is, a trace id holding NUL and a span id that is a number
+    match their twins, and integer scores stay integers in --json."""
+    old = _write(
+        tmp_path / "o.jsonl",
+        [_rec("t\x001", "rel", 10**30, "big"), _rec("t2", "rel", 1, "one", span_id=7)],
+    )
+    new = _write(
+        tmp_path / "n.jsonl",
+        [_rec("t\x001", "rel", 2 * 10**30, "bigger"), _rec("t2", "rel", 0, "zero", span_id=7)],
+    )
+    result = compare_files(old, new)["by_scorer"]["rel"]
+    assert (result["runs_in_both"], result["only_old"], result["only_new"]) == (2, 0, 0)
+    moved = {m["run"]: (m["old"], m["new"]) for m in result["moved_most"]}
+    assert moved == {"t\x001": (1e30, 2e30), "t2": (1, 0)}
+    assert isinstance(moved["t2"][0], int)
+
+
+def test_an_unusable_temporary_directory_is_a_clear_error(
+    files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compare keeps its records in a temporary SQLite file: a TMPDIR it cannot write is named."""
+    old, new = files
+    gone = tmp_path / "no-such-dir"
+    monkeypatch.setattr(tempfile, "tempdir", str(gone))  # (TMPDIR, as the process read it at start)
+    result = _compare(str(old), str(new))
+    assert result.exit_code == 1, result.output
+    assert f"compare failed: cannot make its temporary store in {gone} (TMPDIR)" in result.stderr
+    assert "cannot read" not in result.stderr

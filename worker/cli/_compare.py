@@ -86,7 +86,9 @@ def compare_command(old: Path, new: Path, top: int, as_json: bool) -> None:
     try:
         result = compare_files(old, new, top=top, warn=lambda line: click.echo(printable(line), err=True))
     except OSError as exc:
-        raise CliError(f"cannot read {exc.filename or old}: {exc.strerror or exc}") from exc
+        if exc.filename is None:  # the temporary store, not an input
+            raise CliError(f"compare failed: {exc}") from exc
+        raise CliError(f"cannot read {exc.filename}: {exc.strerror or exc}") from exc
     click.echo(json.dumps(result, allow_nan=False) if as_json else _render(result))
     for side in ("old", "new"):
         info = result[side]
