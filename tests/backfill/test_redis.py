@@ -290,7 +290,9 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(
         time.sleep(0.05)
     _, stderr = process.communicate(timeout=60)
     job_id = keys[0].rsplit(":", 1)[1]
-    assert process.returncode == 130, stderr.decode()[-2000:]
+    # A press landing once the interpreter is finalizing (its summary and resume line written,
+    # Python's handler gone) ends the process by SIGINT itself: a shell reads that as 130 too.
+    assert process.returncode in (130, -signal.SIGINT), stderr.decode()[-2000:]
     assert "stopping after the current batch" in stderr.decode()
     assert f"Resume with: tracescore backfill --resume {job_id}" in stderr.decode()
     assert f"backfill {job_id} (redis): interrupted" in stderr.decode()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -90,7 +91,7 @@ def test_a_job_is_run_by_one_process_at_a_time(
     assert private_redis.client(0).exists(f"tracescore:backfill-hold:{job}") == 0  # released at the end
 
     running = JobHold(private_redis.client(0), job)  # another process running the job, renewing its hold
-    running._token = "another-host:1:x"
+    running.token = "another-host:1:x"
     assert running.acquire()
     try:
         result = CliRunner().invoke(
@@ -137,7 +138,7 @@ def test_a_resume_that_waited_goes_on_from_what_the_holder_left(
     first, _ = _backfill(private_redis, str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait")
     job = str(first["job_id"])
     running = JobHold(private_redis.client(0), job)
-    running._token = "another-host:1:x"
+    running.token = "another-host:1:x"
     assert running.acquire()
     loads: list[str] = []
     load = RedisJobStore.load
@@ -189,3 +190,53 @@ def test_a_hold_taken_by_another_is_known_lost(private_redis: RedisServer, monke
     mine.release()
     assert private_redis.client(0).exists("tracescore:backfill-hold:bf-x") == 1  # the other's, kept
     theirs.release()
+
+
+def test_a_process_whose_hold_was_taken_sends_and_saves_nothing_more(
+    tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backfill paused past its hold (SIGSTOP) while a --resume took the job over, then woken,
+    went on reading: it sent the rest of its input and saved its state twice over the new
+    holder's ("enqueued", then "finished", with its own counts), exiting 0 (concurrency audit).
+    Its renewer marks the hold lost only at its next turn, so the process itself asks Redis
+    before each batch, and a save writes only while the hold is its own."""
+    from tests.backfill._doubles import CapturingSubmitter
+    from tracing.sources import FileSource
+    from worker.backfill._driver import Backfill
+    from worker.backfill._state import BackfillOptions, BackfillState, JobHold, RedisJobStore
+
+    monkeypatch.setattr(JobHold, "HOLD_S", 600.0)  # no renewal turn during the test: Redis is asked
+    write_otlp_files(tmp_path, 60, files=1, traces_per_line=5)
+    db = private_redis.client(0)
+    job = "bf-stale"
+    mine, theirs = JobHold(db, job), JobHold(db, job)
+    assert mine.acquire()
+    state = BackfillState(
+        job_id=job,
+        source=FileSource([tmp_path]).describe(),
+        options=BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], batch_size=10),
+    )
+
+    class TakenAfterTheFirstBatch(CapturingSubmitter):
+        def submit(self, batch: Any, requests_json: Any = None) -> None:
+            super().submit(batch, requests_json)
+            if len(self.sent) == 1:  # the hold lapses and a --resume takes the job and saves
+                db.delete(mine.key)
+                assert theirs.acquire()
+                RedisJobStore(db, theirs).save(state.model_copy(update={"elapsed_s": 1000.0}))
+
+    submitter = TakenAfterTheFirstBatch()
+    backfill = Backfill(FileSource([tmp_path]), state, submitter, job_store=RedisJobStore(db, mine))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            backfill.run()
+        assert len(submitter.sent) == 1  # nothing sent once the hold was the other's
+        assert mine.lost.is_set()
+        saved = json.loads(db.get(backfill_state_key(job)) or "{}")
+        assert saved["elapsed_s"] == 1000.0  # the new holder's state, not overwritten
+        assert db.scard(backfill_runs_key(job)) == 0  # (the new holder enqueued none yet)
+        backfill.interrupted()  # the summing up of a stop: not written either
+        assert json.loads(db.get(backfill_state_key(job)) or "{}")["elapsed_s"] == 1000.0
+    finally:
+        mine.release()
+        theirs.release()

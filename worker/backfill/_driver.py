@@ -345,6 +345,8 @@ class Backfill:
                 requests, encoded = _without(requests, encoded, done)
                 sent = [r for r in planned if r not in done]
         if requests and self.submitter is not None:
+            if self.job_store is not None and not self.job_store.still_held():
+                raise KeyboardInterrupt  # another process runs the job now: stop as on a signal
             counters = self.state.counters
             batch = ScoreBatch(batch_id=f"{self.state.job_id}-{counters.batches:06d}", requests=requests)
             # Counted before the hand-over: a second Ctrl-C inside it (scoring in place) leaves
@@ -365,7 +367,8 @@ class Backfill:
     def _save(self, run_ids: Sequence[str]) -> None:
         self.state.checkpoint = tuple(self._checkpoint())  # type: ignore[assignment]
         if self.job_store is not None and self.submitter is not None:
-            self.job_store.save(self.state, run_ids)
+            if not self.job_store.save(self.state, run_ids):
+                raise KeyboardInterrupt  # the hold is another's: nothing was written, stop
             self._saved = self.state.model_copy(deep=True)
 
     def interrupted(self) -> None:
@@ -376,7 +379,7 @@ class Backfill:
         if saved.status == "reading":
             saved.status = "interrupted"
         saved.elapsed_s += time.monotonic() - self._started
-        self.job_store.save(saved)
+        self.job_store.save(saved)  # (not written when the hold is another's)
 
     # --- output ---------------------------------------------------------------------------
 

@@ -887,7 +887,10 @@ def _sum_up_interrupted(
     if as_json:
         click.echo(json.dumps(summary))
     print_summary(summary)
-    click.echo(f"interrupted; nothing enqueued is lost. Resume with: {resume}", err=True)
+    if hold.lost.is_set():
+        click.echo(f"nothing enqueued is lost. Once the other process ends, follow the job with: {resume}", err=True)
+    else:
+        click.echo(f"interrupted; nothing enqueued is lost. Resume with: {resume}", err=True)
     if out is not None:
         click.echo(
             f"--out {out} was not written (the workers' records are read back at the job's end): once the job"
@@ -928,8 +931,8 @@ def _run_redis(
     except SettingsError as exc:  # a Redis that evicts keys when full
         submitter.close()
         raise CliError(str(exc)) from exc
-    job_store = RedisJobStore(submitter.store)
     hold = JobHold(submitter.store, state.job_id)
+    job_store = RedisJobStore(submitter.store, hold)
 
     wait_s = JobHold.HOLD_S + 2 if resumed else 0.0
 
@@ -1038,7 +1041,8 @@ def _run_held(
                         done = sum(progress.get(k, 0) for k in ("scored", "failed", "skipped"))
                         if done >= expected:
                             state.status = "finished"
-                            job_store.save(state)
+                            if not job_store.save(state):
+                                raise KeyboardInterrupt  # the hold is another's: stop as on a signal
 
                 # (the summing up of an interrupted job is still under the handler: a signal there
                 # only asks again, and the resume line is not lost)

@@ -127,11 +127,25 @@ class BackfillState(BaseModel):
         return self.counters.runs_enqueued * len(self.options.scorer_ids)
 
 
-class RedisJobStore:
-    """Job state and the enqueued-run set in Redis (sync client: the driver is sync)."""
+# The state and the enqueued runs are written only while the job's hold is this process's: a
+# process paused past the hold (or whose lock Redis lost) and then woken went on reading and
+# saved over the new holder's state (its counts, then "finished"), with no word.
+_SAVE_IF_HELD = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+for i = 4, #ARGV, 4000 do redis.call('sadd', KEYS[3], unpack(ARGV, i, math.min(i + 3999, #ARGV))) end
+if #ARGV > 3 then redis.call('expire', KEYS[3], ARGV[3]) end
+redis.call('set', KEYS[2], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
 
-    def __init__(self, client: Any) -> None:
+
+class RedisJobStore:
+    """Job state and the enqueued-run set in Redis (sync client: the driver is sync). With a
+    ``hold`` (the running job's), nothing is written once the hold is another process's."""
+
+    def __init__(self, client: Any, hold: JobHold | None = None) -> None:
         self.client = client
+        self.hold = hold
         # Job id -> whether it has an earlier release's set of enqueued trace ids (asked once).
         self._legacy: dict[str, bool] = {}
 
@@ -139,15 +153,30 @@ class RedisJobStore:
         raw = self.client.get(backfill_state_key(job_id))
         return None if raw is None else BackfillState.model_validate_json(raw)
 
-    def save(self, state: BackfillState, newly_enqueued: Sequence[str] = ()) -> None:
-        """Store the state and add ``newly_enqueued`` run ids (``run_id``), in one transaction."""
+    def save(self, state: BackfillState, newly_enqueued: Sequence[str] = ()) -> bool:
+        """Store the state and add ``newly_enqueued`` run ids (``run_id``), in one transaction;
+        False (nothing written, the hold marked lost) when the hold is another process's."""
         state.updated_at = time.time()
+        if self.hold is not None:
+            keys = (self.hold.key, backfill_state_key(state.job_id), backfill_runs_key(state.job_id))
+            saved = self.client.eval(
+                _SAVE_IF_HELD, 3, *keys, self.hold.token, state.model_dump_json(), JOB_TTL_SECONDS, *newly_enqueued
+            )
+            if not saved:
+                self.hold.lost.set()
+            return bool(saved)
         pipe = self.client.pipeline(transaction=True)
         if newly_enqueued:
             pipe.sadd(backfill_runs_key(state.job_id), *newly_enqueued)
             pipe.expire(backfill_runs_key(state.job_id), JOB_TTL_SECONDS)
         pipe.set(backfill_state_key(state.job_id), state.model_dump_json(), ex=JOB_TTL_SECONDS)
         pipe.execute()
+        return True
+
+    def still_held(self) -> bool:
+        """Whether this process may go on with the job: its hold is still its own (asked of
+        Redis: the renewer notices a lost hold only at its next turn). True without a hold."""
+        return self.hold is None or self.hold.confirm()
 
     def already_enqueued(self, job_id: str, run_ids: Sequence[str]) -> set[str]:
         """Those of ``run_ids`` the job enqueued before. A job an earlier release started kept
@@ -182,9 +211,9 @@ class JobHold:
 
     def __init__(self, client: Any, job_id: str) -> None:
         self._client = client
-        self._key = backfill_hold_key(job_id)
-        self._lock = client.lock(self._key, timeout=self.HOLD_S, blocking=False, thread_local=False)
-        self._token = f"{_this_host()}:{os.getpid()}:{secrets.token_hex(8)}"
+        self.key = backfill_hold_key(job_id)
+        self._lock = client.lock(self.key, timeout=self.HOLD_S, blocking=False, thread_local=False)
+        self.token = f"{_this_host()}:{os.getpid()}:{secrets.token_hex(8)}"
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         # Set when a renewal finds the lock another's (it lapsed: Redis lost it, or this process
@@ -196,7 +225,7 @@ class JobHold:
         called once, when it starts waiting)."""
         deadline = time.monotonic() + wait_s
         waiting = False
-        while not self._lock.acquire(token=self._token):
+        while not self._lock.acquire(token=self.token):
             if self._holder_died_here():
                 continue
             if time.monotonic() >= deadline:
@@ -211,17 +240,33 @@ class JobHold:
 
     def _holder_died_here(self) -> bool:
         """Whether the holder was a process of this host that is gone (its lock then removed)."""
-        raw = self._client.get(self._key)
-        held = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        held = self._holder()
         host, _, pid = (held or "").rpartition(":")[0].rpartition(":")
         if host != _this_host() or not pid.isdecimal() or int(pid) == os.getpid():
             return False
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            return bool(self._client.eval(self._DELETE_IF, 1, self._key, held))
+            return bool(self._client.eval(self._DELETE_IF, 1, self.key, held))
         except PermissionError:  # alive, another user's
             return False
+        return False
+
+    def _holder(self) -> str | None:
+        raw = self._client.get(self.key)
+        return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+
+    def confirm(self) -> bool:
+        """Whether the hold is still this process's (asked of Redis; marked lost when not). A
+        Redis that does not answer says nothing: the write that follows fails on its own."""
+        import redis
+
+        try:
+            if self._holder() == self.token:
+                return True
+        except redis.exceptions.RedisError:
+            return True
+        self.lost.set()
         return False
 
     def _renew(self) -> None:
