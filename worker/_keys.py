@@ -62,6 +62,12 @@ def job_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}"
 
 
+def job_skips_key(job_id: str) -> str:
+    """Set of the score ids a job counted as skipped because another job (or live traffic)
+    scored them: each counted once, however often its message is retried."""
+    return f"{PREFIX}job-skips:{job_id}"
+
+
 def dlq_key() -> str:
     """List of dead letters (JSON), newest first."""
     return f"{PREFIX}dlq"

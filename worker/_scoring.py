@@ -710,14 +710,15 @@ async def score_batch(
     report.skipped["duplicate"] += len(copies)
 
     existing = await deps.store.existing([p.score_id for p in pairs])
-    skipped_by_job: Counter[str] = Counter()
+    skipped_by_job: defaultdict[str, list[str]] = defaultdict(list)
 
     def already_scored(pair: _Pair, recorded_for: str | None) -> None:
         report.skipped["already_scored"] += 1
         # Counted for a job only if another job (or live traffic) scored it; a redelivery of
-        # this job's own message was already counted when the score was recorded.
+        # this job's own message was already counted when the score was recorded. Once per
+        # score: a message retried for its deferred runs meets these again.
         if pair.request.job_id and recorded_for != pair.request.job_id:
-            skipped_by_job[pair.request.job_id] += 1
+            skipped_by_job[pair.request.job_id].append(pair.score_id)
 
     todo: list[_Pair] = []
     for pair in pairs:
@@ -735,8 +736,8 @@ async def score_batch(
     for pair in todo:
         if pair.score_id in recorded:
             already_scored(pair, recorded[pair.score_id] or None)
-    for job_id, n in skipped_by_job.items():
-        await deps.store.jobs.count_skipped(job_id, "already_scored", n)
+    for job_id, score_ids in skipped_by_job.items():
+        await deps.store.jobs.count_skipped_once(job_id, "already_scored", score_ids)
     if not deps.redelivery:
         # A job expects a score per copy it sent; counted once, on the message's first delivery.
         for job_id, n in Counter(p.request.job_id for p in copies if p.request.job_id).items():

@@ -167,6 +167,10 @@ def test_job_counters_do_not_double_count_redelivery() -> None:
     assert asyncio.run(store.jobs.progress("j1")) == {"scored": 3}
     asyncio.run(score_batch(batch(range(4), ["plain"], job_id="j2"), deps))
     assert asyncio.run(store.jobs.progress("j2")) == {"scored": 1, "skipped": 3, "skipped:already_scored": 3}
+    # The message again (retried for runs another delivery held): j1's scores were counted for
+    # j2 a second time, and a job's counts passed its expected total (concurrency audit).
+    asyncio.run(score_batch(batch(range(4), ["plain"], job_id="j2"), deps, redelivery=True))
+    assert asyncio.run(store.jobs.progress("j2")) == {"scored": 1, "skipped": 3, "skipped:already_scored": 3}
 
 
 def test_concurrency_is_bounded_per_model() -> None:

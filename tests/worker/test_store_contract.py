@@ -272,6 +272,27 @@ def test_skips_are_counted_beside_recorded_scores(store: Any) -> None:
     }
 
 
+def test_a_skip_another_job_caused_is_counted_once_per_score(store: Any) -> None:
+    """A message retried for its deferred runs met the runs another job had scored again, and
+    each meeting counted a skip: a job's counts passed its expected total (concurrency audit)."""
+
+    async def go() -> tuple[list[int], dict[str, int], dict[str, int]]:
+        added = [
+            await store.jobs.count_skipped_once("a", "already_scored", ["s1", "s2"]),
+            await store.jobs.count_skipped_once("a", "already_scored", ["s1", "s2", "s3"]),  # the retry
+            await store.jobs.count_skipped_once("a", "already_scored", []),
+            await store.jobs.count_skipped_once("b", "already_scored", ["s1"]),  # another job's own count
+        ]
+        a, b = await store.jobs.progress("a"), await store.jobs.progress("b")
+        await store.close()
+        return added, a, b
+
+    added, a, b = run(go())
+    assert added == [2, 1, 0, 1]
+    assert a == {"skipped": 3, "skipped:already_scored": 3}
+    assert b == {"skipped": 1, "skipped:already_scored": 1}
+
+
 def test_redis_job_stats_read_what_the_redis_store_counted(redis_url: str) -> None:
     """A RedisJobStats of its own (``tracescore status``) sees the counters the store wrote."""
 

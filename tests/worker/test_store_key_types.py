@@ -92,6 +92,10 @@ def _jobs(url: str, go: Callable[[RedisJobStats], Any]) -> Any:
     return asyncio.run(run())
 
 
+def _skip_once(stats: RedisJobStats) -> Any:
+    return stats.count_skipped_once("j", "r", ["s1"])
+
+
 def _letters(url: str, go: Callable[[RedisDeadLetters], Any]) -> Any:
     async def run() -> Any:
         letters = RedisDeadLetters(url)
@@ -243,6 +247,10 @@ CASES = [
     ),
     # JobStats
     Case("count_skipped", _JOB, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.count_skipped("j", "r"))),
+    *(
+        Case("count_skipped_once", key, kind, False, lambda u: lambda: _jobs(u, _skip_once), 1)
+        for key, kind in [(_JOB, "hash"), (_keys.job_skips_key("j"), "set")]
+    ),
     Case("progress", _JOB, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.progress("j")), {}),
     Case("recent_failures", _FAILURES, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.recent_failures()), {}),
     # DeadLetters

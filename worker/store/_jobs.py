@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from tracing import ScoreRecord
 from worker import _keys
 from worker._reconnect import unavailable_as_error
-from worker.store._keytypes import checked_async
+from worker.store._keytypes import checked_async, checked_script
 from worker.store._redis import OnRedis, RedisConnection, read_counters
 
 __all__ = [
@@ -46,11 +47,36 @@ def outcome(record: ScoreRecord) -> tuple[str, str]:
     return "scored", ""
 
 
+# The ids and their count in one step, after both keys' types are checked (a script is not
+# undone by an error halfway: the ids added, a failed count would never be made again).
+_COUNT_NEW_SKIPS = checked_script(
+    "{KEYS[1], 'hash', 'r', KEYS[2], 'set', 'r'}",
+    """
+local added = 0
+for i = 3, #ARGV, 4000 do
+  added = added + redis.call('SADD', KEYS[2], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
+end
+if added > 0 then
+  redis.call('HINCRBY', KEYS[1], 'skipped', added)
+  redis.call('HINCRBY', KEYS[1], 'skipped:' .. ARGV[1], added)
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+if #ARGV > 2 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
+return added
+""",
+)
+
+
 @runtime_checkable
 class JobStats(Protocol):
     """Counters per job and recent failures by reason."""
 
     async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None: ...
+
+    async def count_skipped_once(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:
+        """Count as skipped those of ``score_ids`` the job has not counted so before (a message
+        retried meets its runs another job scored again); how many were new."""
+        ...
 
     async def progress(self, job_id: str) -> dict[str, int]:
         """The job's counters: ``scored``, ``failed``, ``skipped`` and ``<counter>:<reason>``."""
@@ -90,6 +116,11 @@ class RedisJobStats(OnRedis):
 
         # Both counts fail together (one key), so the whole pipeline may be sent again.
         await checked_async(client, "count_skipped", [(key, "hash", False)], count)
+
+    async def count_skipped_once(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:
+        args = [_keys.job_key(job_id), _keys.job_skips_key(job_id), reason, str(self.job_ttl_s), *score_ids]
+        (added,) = await self._redis.evalsha_each(_COUNT_NEW_SKIPS, [(2, args)], where="count_skipped_once")
+        return int(added)
 
     async def progress(self, job_id: str) -> dict[str, int]:
         client, key = self._redis.client, _keys.job_key(job_id)

@@ -27,6 +27,7 @@ class MemoryJobStats:
         self._lock = threading.Lock()
         self._jobs: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._failures: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self._skips: dict[str, set[str]] = defaultdict(set)  # (job_skips_key)
 
     def _recorded(self, record: ScoreRecord, replaced: ScoreRecord | None) -> None:
         with self._lock:
@@ -49,6 +50,16 @@ class MemoryJobStats:
         with self._lock:
             self._jobs[job_id]["skipped"] += n
             self._jobs[job_id][f"skipped:{reason}"] += n
+
+    async def count_skipped_once(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:
+        with self._lock:
+            counted = self._skips[job_id]
+            new = set(score_ids) - counted
+            counted |= new
+            if new:
+                self._jobs[job_id]["skipped"] += len(new)
+                self._jobs[job_id][f"skipped:{reason}"] += len(new)
+            return len(new)
 
     async def progress(self, job_id: str) -> dict[str, int]:
         with self._lock:
