@@ -146,6 +146,7 @@ class RedisJobStore:
     def __init__(self, client: Any, hold: JobHold | None = None) -> None:
         self.client = client
         self.hold = hold
+        self._save_if_held = client.register_script(_SAVE_IF_HELD)  # (by SHA once loaded)
         # Job id -> whether it has an earlier release's set of enqueued trace ids (asked once).
         self._legacy: dict[str, bool] = {}
 
@@ -159,9 +160,8 @@ class RedisJobStore:
         state.updated_at = time.time()
         if self.hold is not None:
             keys = (self.hold.key, backfill_state_key(state.job_id), backfill_runs_key(state.job_id))
-            saved = self.client.eval(
-                _SAVE_IF_HELD, 3, *keys, self.hold.token, state.model_dump_json(), JOB_TTL_SECONDS, *newly_enqueued
-            )
+            args = (self.hold.token, state.model_dump_json(), JOB_TTL_SECONDS, *newly_enqueued)
+            saved = self._save_if_held(keys=keys, args=args)
             if not saved:
                 self.hold.lost.set()
             return bool(saved)
