@@ -297,22 +297,28 @@ def test_two_runs_of_one_trace_that_moved_are_told_apart_by_their_span(tmp_path:
 
 
 def test_integer_scores_past_sqlites_range_and_odd_ids_are_read(tmp_path: Path) -> None:
-    """The records are compared in a SQLite file (memory stays flat): an integer score past 64
-    bits is read as the double it is, a trace id holding NUL and a span id that is a number
-    match their twins, and integer scores stay integers in --json."""
+    """The records are compared in a SQLite file (memory stays flat), whose integers end at 64
+    bits: an integer score past them is compared exactly as before (2**63 → 2**63 + 1 moved up),
+    a trace id holding NUL and a span id that is a number match their twins, and integer scores
+    stay integers in --json."""
     old = _write(
         tmp_path / "o.jsonl",
-        [_rec("t\x001", "rel", 10**30, "big"), _rec("t2", "rel", 1, "one", span_id=7)],
+        [_rec("t\x001", "rel", 10**30, "a"), _rec("t2", "rel", 1, "b", span_id=7), _rec("t3", "rel", 2**63, "c")],
     )
     new = _write(
         tmp_path / "n.jsonl",
-        [_rec("t\x001", "rel", 2 * 10**30, "bigger"), _rec("t2", "rel", 0, "zero", span_id=7)],
+        [
+            _rec("t\x001", "rel", 2 * 10**30, "a"),
+            _rec("t2", "rel", 0, "b", span_id=7),
+            _rec("t3", "rel", 2**63 + 1, "c"),
+        ],
     )
     result = compare_files(old, new)["by_scorer"]["rel"]
-    assert (result["runs_in_both"], result["only_old"], result["only_new"]) == (2, 0, 0)
+    assert (result["runs_in_both"], result["only_old"], result["only_new"]) == (3, 0, 0)
+    assert (result["up"], result["down"]) == (2, 1)
     moved = {m["run"]: (m["old"], m["new"]) for m in result["moved_most"]}
-    assert moved == {"t\x001": (1e30, 2e30), "t2": (1, 0)}
-    assert isinstance(moved["t2"][0], int)
+    assert moved == {"t\x001": (10**30, 2 * 10**30), "t2": (1, 0), "t3": (2**63, 2**63 + 1)}
+    assert all(isinstance(v, int) for pair in moved.values() for v in pair)
 
 
 def test_an_unusable_temporary_directory_is_a_clear_error(

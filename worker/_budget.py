@@ -174,16 +174,18 @@ def parse_prices(raw: str | Mapping[str, Any] | None) -> dict[str, ModelPrice]:
 
 def _check_model_ids(names: Mapping[str, Any], where: str) -> None:
     """Refuse a model named without its provider where the provider's name is a model we know:
-    judges' model ids are ``provider/model``, so ``gpt-4o-mini`` would never match a call, and
-    its price or budget would be silently unused. Other names stay: a custom ``JudgeModel``'s id
-    is its own."""
+    the built-in judges' ids are ``provider/model``, so ``gpt-4o-mini`` matched no call, and
+    its budget went unenforced without a word. A custom ``JudgeModel``'s id names its provider
+    too (``azure/gpt-4o-mini``); any other name is taken as that id."""
     for name in names:
         if "/" in name:
             continue
         known = [f"{p}/{name}" for p in _PROVIDERS if find_price(f"{p}/{name}") is not None]
         if known:
             raise ValueError(
-                f"{where}{name}: a judge model id names its provider, e.g. {known[0]!r}; {name!r} would match no call"
+                f"{where}{name}: a judge model id names its provider: {known[0]!r} for the built-in"
+                f" judge, or a custom JudgeModel's own (e.g. 'azure/{name}'); {name!r} alone would"
+                " match no built-in call"
             )
 
 

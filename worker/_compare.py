@@ -129,7 +129,13 @@ class _FileReport:
     duplicates: int = 0
 
 
-_Row = tuple[str, str, str, str, float | int | None, str, str]  # key (3), run, score, reason, version
+_Row = tuple[str, str, str, str, float | int | str | None, str, str]  # key (3), run, score, reason, version
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _score(stored: float | int | str | None) -> float | int | None:
+    """A score as read back: an integer past 64 bits went in as its digits."""
+    return int(stored) if isinstance(stored, str) else stored
 
 
 def _records(path: Path, report: _FileReport, warn: Callable[[str], None]) -> Iterator[_Row]:
@@ -147,7 +153,7 @@ def _records(path: Path, report: _FileReport, warn: Callable[[str], None]) -> It
         if data.get("error_type") or not _finite(score):
             score = None
         elif isinstance(score, int) and not _INT64[0] <= score <= _INT64[1]:
-            score = float(score)  # (SQLite's integers end there)
+            score = str(score)  # past SQLite's integers: kept exact as text (``_score``)
         reason = data.get("reason") or data.get("not_scorable") or data.get("error_type") or ""
         trace = data.get("trace_id")
         if trace:
@@ -159,9 +165,6 @@ def _records(path: Path, report: _FileReport, warn: Callable[[str], None]) -> It
         yield (*key, run, score, str(reason), str(data.get("scorer_version") or "?"))
     if report.malformed > _SHOWN_ERRORS:
         warn(f"{path}: … and {report.malformed - _SHOWN_ERRORS:,} more malformed lines")
-
-
-_INT64 = (-(2**63), 2**63 - 1)
 
 
 def _load(db: sqlite3.Connection, table: str, rows: Iterator[_Row]) -> int:
@@ -260,8 +263,8 @@ def compare_files(old: Path, new: Path, *, top: int = 5, warn: Callable[[str], N
                 scorer(scorer_id).add(
                     run,
                     span if trace else "",
-                    _Score(old_score, old_reason, old_version),
-                    _Score(score, reason, version),
+                    _Score(_score(old_score), old_reason, old_version),
+                    _Score(_score(score), reason, version),
                 )
             only_old = db.execute(
                 "SELECT o.scorer, count(*) FROM old AS o WHERE NOT EXISTS (SELECT 1 FROM new AS n"
