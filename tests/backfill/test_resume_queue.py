@@ -240,3 +240,45 @@ def test_a_process_whose_hold_was_taken_sends_and_saves_nothing_more(
     finally:
         mine.release()
         theirs.release()
+
+
+def test_a_hold_taken_between_batches_stops_the_next_one_before_it_is_sent(
+    tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The save after a batch refuses once the hold is another's; taken after that save, before
+    the next batch, only the driver's question to Redis stops that batch from reaching the queue
+    beside the new holder's copy (review)."""
+    from tests.backfill._doubles import CapturingSubmitter
+    from tracing.sources import FileSource
+    from worker.backfill._driver import Backfill
+    from worker.backfill._state import BackfillOptions, BackfillState, JobHold, RedisJobStore
+
+    monkeypatch.setattr(JobHold, "HOLD_S", 600.0)
+    write_otlp_files(tmp_path, 60, files=1, traces_per_line=5)
+    db = private_redis.client(0)
+    mine, theirs = JobHold(db, "bf-between"), JobHold(db, "bf-between")
+    assert mine.acquire()
+    state = BackfillState(
+        job_id="bf-between",
+        source=FileSource([tmp_path]).describe(),
+        options=BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], batch_size=10),
+    )
+
+    class TakenAfterTheFirstSave(RedisJobStore):
+        def save(self, state: BackfillState, newly_enqueued: Any = ()) -> bool:
+            saved = super().save(state, newly_enqueued)
+            if saved and newly_enqueued and not theirs.lost.is_set() and theirs._renewer is None:
+                db.delete(mine.key)  # lapsed while this process was paused; a --resume takes it
+                assert theirs.acquire()
+            return saved
+
+    submitter = CapturingSubmitter()
+    backfill = Backfill(FileSource([tmp_path]), state, submitter, job_store=TakenAfterTheFirstSave(db, mine))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            backfill.run()
+        assert len(submitter.sent) == 1
+        assert mine.lost.is_set()
+    finally:
+        mine.release()
+        theirs.release()
