@@ -21,7 +21,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tracing.sources import Position
-from worker._keys import backfill_hold_key, backfill_runs_key, backfill_state_key, backfill_traces_key
+from worker._keys import (
+    backfill_hold_key,
+    backfill_runs_key,
+    backfill_state_key,
+    backfill_traces_key,
+    job_skips_key,
+)
 
 __all__ = [
     "BackfillOptions",
@@ -194,6 +200,12 @@ class RedisJobStore:
             done_traces = {t for t, f in zip(traces, old, strict=True) if f}
             done.update(r for r in run_ids if r.partition(":")[0] in done_traces)
         return done
+
+    def finished(self, job_id: str) -> None:
+        """The job is done: drop the workers' set of its skips (``job_skips_key``), which only
+        retries of its messages need, and which holds every score another job made for it
+        (about 130 bytes each: a re-run of a whole job to read its scores back)."""
+        self.client.delete(job_skips_key(job_id))
 
     def delete(self, job_id: str) -> None:
         self.client.delete(backfill_state_key(job_id), backfill_runs_key(job_id), backfill_traces_key(job_id))
