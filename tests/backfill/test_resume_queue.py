@@ -192,6 +192,23 @@ def test_a_hold_taken_by_another_is_known_lost(private_redis: RedisServer, monke
     theirs.release()
 
 
+def _two_holders(tmp_path: Path, db: Any, job: str) -> tuple[Any, Any, Any]:
+    """This process holding ``job`` over 60 traces (batches of 10), and another's hold that will
+    take it; the renewal never turns during a test, so only Redis can say the hold was taken."""
+    from tracing.sources import FileSource
+    from worker.backfill._state import BackfillOptions, BackfillState, JobHold
+
+    write_otlp_files(tmp_path, 60, files=1, traces_per_line=5)
+    mine, theirs = JobHold(db, job), JobHold(db, job)
+    assert mine.acquire()
+    state = BackfillState(
+        job_id=job,
+        source=FileSource([tmp_path]).describe(),
+        options=BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], batch_size=10),
+    )
+    return mine, theirs, state
+
+
 def test_a_process_whose_hold_was_taken_sends_and_saves_nothing_more(
     tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -203,19 +220,12 @@ def test_a_process_whose_hold_was_taken_sends_and_saves_nothing_more(
     from tests.backfill._doubles import CapturingSubmitter
     from tracing.sources import FileSource
     from worker.backfill._driver import Backfill
-    from worker.backfill._state import BackfillOptions, BackfillState, JobHold, RedisJobStore
+    from worker.backfill._state import JobHold, RedisJobStore
 
-    monkeypatch.setattr(JobHold, "HOLD_S", 600.0)  # no renewal turn during the test: Redis is asked
-    write_otlp_files(tmp_path, 60, files=1, traces_per_line=5)
+    monkeypatch.setattr(JobHold, "HOLD_S", 600.0)
     db = private_redis.client(0)
     job = "bf-stale"
-    mine, theirs = JobHold(db, job), JobHold(db, job)
-    assert mine.acquire()
-    state = BackfillState(
-        job_id=job,
-        source=FileSource([tmp_path]).describe(),
-        options=BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], batch_size=10),
-    )
+    mine, theirs, state = _two_holders(tmp_path, db, job)
 
     class TakenAfterTheFirstBatch(CapturingSubmitter):
         def submit(self, batch: Any, requests_json: Any = None) -> None:
@@ -251,18 +261,11 @@ def test_a_hold_taken_between_batches_stops_the_next_one_before_it_is_sent(
     from tests.backfill._doubles import CapturingSubmitter
     from tracing.sources import FileSource
     from worker.backfill._driver import Backfill
-    from worker.backfill._state import BackfillOptions, BackfillState, JobHold, RedisJobStore
+    from worker.backfill._state import BackfillState, JobHold, RedisJobStore
 
     monkeypatch.setattr(JobHold, "HOLD_S", 600.0)
-    write_otlp_files(tmp_path, 60, files=1, traces_per_line=5)
     db = private_redis.client(0)
-    mine, theirs = JobHold(db, "bf-between"), JobHold(db, "bf-between")
-    assert mine.acquire()
-    state = BackfillState(
-        job_id="bf-between",
-        source=FileSource([tmp_path]).describe(),
-        options=BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], batch_size=10),
-    )
+    mine, theirs, state = _two_holders(tmp_path, db, "bf-between")
 
     class TakenAfterTheFirstSave(RedisJobStore):
         def save(self, state: BackfillState, newly_enqueued: Any = ()) -> bool:
