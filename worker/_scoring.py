@@ -541,12 +541,10 @@ class _GroupCommit:
     """Records finished runs in groups: while one ``put_records`` call is in flight, the records
     of runs finishing meanwhile wait and go together in the next one (one round trip for many)."""
 
-    def __init__(self, deps: ScoringDeps, replacing: Mapping[str, ScoreRecord] | None = None) -> None:
+    def __init__(self, deps: ScoringDeps) -> None:
         self._deps = deps
         self._pending: list[tuple[list[ScoreRecord], asyncio.Future[list[bool]]]] = []
         self._draining = False
-        # Score id -> another job's retryable failure the batch's record replaces (``_record_run``).
-        self.replacing: Mapping[str, ScoreRecord] = replacing or {}
 
     async def submit(self, records: list[ScoreRecord]) -> list[bool]:
         if not records:
@@ -661,14 +659,6 @@ async def _record_run(
             report.retry.append(t.pair.score_id)
     fresh = await recorder.submit(records)
     new = [r for r, is_new in zip(records, fresh, strict=True) if is_new]
-    for record in new:
-        replaced = recorder.replacing.get(record.score_id)
-        if replaced is not None and replaced.job_id and not record.retryable:
-            # Another job's failure, now scored: a skip of that job (its `dlq retry` counted
-            # the run again, past its total), no longer its failure (README, Backfill).
-            await deps.store.jobs.failure_scored_elsewhere(
-                replaced.job_id, replaced.error_type or "error", record.score_id
-            )
     observe_records(new, [(t.pair.scorer_id, t.error_type) for t in transient])
     report.skipped["duplicate"] += len(records) - len(new)
     for record in new:
@@ -759,12 +749,7 @@ async def score_batch(
     checkpoints = await deps.store.get_checkpoints(
         [p.score_id for p in mine if p.scorer is not None and _checkpointed(p.scorer, deps)]
     )
-    replacing = {
-        p.score_id: record
-        for p in mine
-        if (record := existing.get(p.score_id)) is not None and record.job_id and record.job_id != p.request.job_id
-    }
-    recorder = _GroupCommit(deps, replacing)
+    recorder = _GroupCommit(deps)
     by_run: dict[tuple[int, str], list[_Pair]] = defaultdict(list)
     for pair in mine:
         by_run[id(pair.request), pair.span_id].append(pair)

@@ -285,36 +285,3 @@ def test_a_hold_taken_between_batches_stops_the_next_one_before_it_is_sent(
     finally:
         mine.release()
         theirs.release()
-
-
-@pytest.mark.parametrize(("scored", "finished"), [(600, True), (620, False)])
-def test_a_job_whose_scores_are_all_counted_does_not_wait_for_the_rest_of_the_queue(
-    scored: int, finished: bool
-) -> None:
-    """A 300-run job beside a 3,000-run one had its 600 scores done at 7 s and returned at 42 s,
-    when the other job's messages had left the queue (concurrency audit): steady live traffic on
-    the queue held it the same way. All counted, it is done; counted past its total (some of
-    its runs sent twice), it still waits for the queue to empty."""
-    import io
-
-    from worker.backfill._job import _wait_for_workers
-    from worker.backfill._progress import ProgressReporter
-    from worker.backfill._state import BackfillOptions, BackfillState
-
-    class Busy:  # the workers' counts for the job, and another's 40 messages still queued
-        def progress(self, job_id: str) -> dict[str, int]:
-            return {"scored": scored}
-
-        def pending(self) -> int:
-            return 40
-
-    state = BackfillState(
-        job_id="bf-busy",
-        source={"kind": "files", "files": []},
-        options=BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["a", "b"]),
-    )
-    state.counters.runs_enqueued = 300
-    said = io.StringIO()
-    progress = _wait_for_workers(Busy(), state, ProgressReporter(said, tty=False), timeout_s=1.0)  # type: ignore[arg-type]
-    assert progress == {"scored": scored}
-    assert ("stopped waiting" not in said.getvalue()) is finished

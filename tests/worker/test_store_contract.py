@@ -293,27 +293,6 @@ def test_a_skip_another_job_caused_is_counted_once_per_score(store: Any) -> None
     assert b == {"skipped": 1, "skipped:already_scored": 1}
 
 
-def test_a_failure_scored_elsewhere_becomes_one_skip(store: Any) -> None:
-    """Job a's retryable failure, replaced by job b's record: a counts a skip, not a failure,
-    and its own retry meeting the run (before or after) counts nothing more."""
-    failed = _record(31, job_id="a", error_type="TimeoutError", retryable=True)
-    other = _record(32, job_id="a", error_type="TimeoutError", retryable=True)
-
-    async def go() -> tuple[dict[str, int], int]:
-        await store.put_records([failed, other], "w", 60)
-        await store.jobs.failure_scored_elsewhere("a", "TimeoutError", failed.score_id)
-        await store.jobs.count_skipped_once("a", "already_scored", [other.score_id])  # its retry came first
-        await store.jobs.failure_scored_elsewhere("a", "TimeoutError", other.score_id)
-        again = await store.jobs.count_skipped_once("a", "already_scored", [failed.score_id, other.score_id])
-        progress = await store.jobs.progress("a")
-        await store.close()
-        return progress, again
-
-    progress, again = run(go())
-    assert again == 0
-    assert {k: v for k, v in progress.items() if v} == {"skipped": 2, "skipped:already_scored": 2}
-
-
 def test_redis_job_stats_read_what_the_redis_store_counted(redis_url: str) -> None:
     """A RedisJobStats of its own (``tracescore status``) sees the counters the store wrote."""
 

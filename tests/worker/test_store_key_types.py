@@ -96,10 +96,6 @@ def _skip_once(stats: RedisJobStats) -> Any:
     return stats.count_skipped_once("j", "r", ["s1"])
 
 
-def _scored_elsewhere(stats: RedisJobStats) -> Any:
-    return stats.failure_scored_elsewhere("j", "TimeoutError", "s1")
-
-
 def _letters(url: str, go: Callable[[RedisDeadLetters], Any]) -> Any:
     async def run() -> Any:
         letters = RedisDeadLetters(url)
@@ -253,10 +249,6 @@ CASES = [
     Case("count_skipped", _JOB, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.count_skipped("j", "r"))),
     *(
         Case("count_skipped_once", key, kind, False, lambda u: lambda: _jobs(u, _skip_once), 1)
-        for key, kind in [(_JOB, "hash"), (_keys.job_skips_key("j"), "set")]
-    ),
-    *(
-        Case("failure_scored_elsewhere", key, kind, False, lambda u: lambda: _jobs(u, _scored_elsewhere))
         for key, kind in [(_JOB, "hash"), (_keys.job_skips_key("j"), "set")]
     ),
     Case("progress", _JOB, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.progress("j")), {}),

@@ -599,10 +599,7 @@ def _wait_for_workers(
             (done / expected) if expected else 1.0,
             extra=f"of {expected:,}; queue {submitter.pending()}",
         )
-        # Every score counted: done, whatever else the queue holds (live traffic, another job; a
-        # job waited for all of it). Counted past its total (a run sent twice by a process that
-        # lost its hold), some may still be on their way: then the queue must empty too.
-        if done == expected or (done > expected and submitter.pending() == 0):
+        if done >= expected and submitter.pending() == 0:
             return progress
         if timeout_s is not None and time.monotonic() - started > timeout_s:
             reporter.message(f"stopped waiting after {timeout_s:.0f}s: {done:,} of {expected:,} scores done")

@@ -67,25 +67,6 @@ return added
 )
 
 
-# Another job's record replaced a job's retryable failure: that job's failure becomes a skip (the
-# run has its score), counted skipped once (``_COUNT_NEW_SKIPS``'s set: its own retry may have
-# counted the skip already, and must not count it later).
-_FAILURE_SCORED_ELSEWHERE = checked_script(
-    "{KEYS[1], 'hash', 'r', KEYS[2], 'set', 'r'}",
-    """
-redis.call('HINCRBY', KEYS[1], 'failed', -1)
-redis.call('HINCRBY', KEYS[1], 'failed:' .. ARGV[1], -1)
-if redis.call('SADD', KEYS[2], ARGV[3]) == 1 then
-  redis.call('HINCRBY', KEYS[1], 'skipped', 1)
-  redis.call('HINCRBY', KEYS[1], 'skipped:already_scored', 1)
-end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-return 1
-""",
-)
-
-
 @runtime_checkable
 class JobStats(Protocol):
     """Counters per job and recent failures by reason."""
@@ -95,11 +76,6 @@ class JobStats(Protocol):
     async def count_skipped_once(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:
         """Count as skipped those of ``score_ids`` the job has not counted so before (a message
         retried meets its runs another job scored again); how many were new."""
-        ...
-
-    async def failure_scored_elsewhere(self, job_id: str, error_type: str, score_id: str) -> None:
-        """The job's retryable failure ``score_id`` (``error_type``) was replaced by another
-        job's (or live traffic's) record: counted as skipped, not failed, once."""
         ...
 
     async def progress(self, job_id: str) -> dict[str, int]:
@@ -145,10 +121,6 @@ class RedisJobStats(OnRedis):
         args = [_keys.job_key(job_id), _keys.job_skips_key(job_id), reason, str(self.job_ttl_s), *score_ids]
         (added,) = await self._redis.evalsha_each(_COUNT_NEW_SKIPS, [(2, args)], where="count_skipped_once")
         return int(added)
-
-    async def failure_scored_elsewhere(self, job_id: str, error_type: str, score_id: str) -> None:
-        args = [_keys.job_key(job_id), _keys.job_skips_key(job_id), error_type, str(self.job_ttl_s), score_id]
-        await self._redis.evalsha_each(_FAILURE_SCORED_ELSEWHERE, [(2, args)], where="failure_scored_elsewhere")
 
     async def progress(self, job_id: str) -> dict[str, int]:
         client, key = self._redis.client, _keys.job_key(job_id)

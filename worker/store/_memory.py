@@ -61,16 +61,6 @@ class MemoryJobStats:
                 self._jobs[job_id][f"skipped:{reason}"] += len(new)
             return len(new)
 
-    async def failure_scored_elsewhere(self, job_id: str, error_type: str, score_id: str) -> None:
-        with self._lock:
-            counts = self._jobs[job_id]
-            counts["failed"] -= 1
-            counts[f"failed:{error_type}"] -= 1
-            if score_id not in self._skips[job_id]:
-                self._skips[job_id].add(score_id)
-                counts["skipped"] += 1
-                counts["skipped:already_scored"] += 1
-
     async def progress(self, job_id: str) -> dict[str, int]:
         with self._lock:
             return dict(self._jobs.get(job_id, {}))
