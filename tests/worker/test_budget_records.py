@@ -146,12 +146,13 @@ def test_a_bad_price_or_budget_names_the_model_or_key() -> None:
         (
             "budgets",
             '{"models": {"gpt-4o": 50}}',
-            "models.gpt-4o: a judge model id names its provider, e.g. 'openai/gpt-4o'",
+            "models.gpt-4o: a judge model id names its provider: 'openai/gpt-4o' for the built-in judge, or a"
+            " custom JudgeModel's own (e.g. 'azure/gpt-4o')",
         ),
         (
             "budgets",
             '{"models": {"claude-sonnet-4-5-20250929": 5}}',
-            "e.g. 'anthropic/claude-sonnet-4-5-20250929'",
+            "'anthropic/claude-sonnet-4-5-20250929' for the built-in judge",
         ),
         ("prices", '{"gpt-4o-mini": {"input": 1, "output": 1}}', "gpt-4o-mini: a judge model id names its provider"),
     ],
