@@ -8,8 +8,8 @@ their spans as observations under the 16-hex span id, so those are ``traceId`` a
 
 - ``id``: the score id. Langfuse merges a score sent again under its id into the one it holds:
   a field or metadata key left out keeps its old value, so every field and key is sent each
-  time (a missing value as null or ""), and a record that replaces another (an error scored later) leaves
-  nothing of it behind.
+  time (a missing value as null or ""), and a record that replaces another (an error scored
+  later) leaves nothing of it behind.
 - ``name``: the scorer's name (its id when it has none); ``comment``: the scorer's reason.
 - A score: ``dataType`` NUMERIC, ``value`` the number (its label, if any, in metadata). A
   label-only score: CATEGORICAL, ``value`` the label.
