@@ -252,6 +252,32 @@ def test_retryable_error_record_is_replaced_by_a_later_success() -> None:
     assert progress["failed"] == 0
 
 
+def test_a_jobs_failure_another_job_scores_is_its_skip_and_its_retry_counts_nothing() -> None:
+    """Job a's runs failed for good on a transient error; job b then scored them. a still counted
+    them failed, and a's `dlq retry` then counted them skipped too: 900 of 600 in the audit. Now
+    b's score turns a's failure into a's skip, once, and a's retry adds nothing."""
+    healthy = {"on": False}
+
+    async def judge_like(run: Any) -> float:
+        if not healthy["on"]:
+            raise TimeoutError("provider down")
+        return 0.9
+
+    scorer = create_scorer("flaky3", type="agent").generate_score(judge_like)
+    deps, store, _ = _deps(scorer)
+    of_a = batch(range(3), ["flaky3"], job_id="a")
+    asyncio.run(score_batch(of_a, deps, final_attempt=True))
+    assert asyncio.run(store.jobs.progress("a")) == {"failed": 3, "failed:TimeoutError": 3}
+    healthy["on"] = True
+    assert asyncio.run(score_batch(batch(range(3), ["flaky3"], job_id="b"), deps)).scored == 3
+    settled = {"failed": 0, "failed:TimeoutError": 0, "skipped": 3, "skipped:already_scored": 3}
+    assert asyncio.run(store.jobs.progress("a")) == settled
+    assert asyncio.run(store.jobs.progress("b")) == {"scored": 3}
+    again = asyncio.run(score_batch(of_a, deps))  # `tracescore dlq retry` of a's letter
+    assert again.skipped == {"already_scored": 3}
+    assert asyncio.run(store.jobs.progress("a")) == settled
+
+
 def test_terminal_error_record_is_not_rescored() -> None:
     """A non-transient failure is final: a redelivery skips it."""
     deps, _, writer = _deps(failing)

@@ -231,6 +231,47 @@ def test_retryable_error_record_can_be_replaced_once(store: Any) -> None:
     assert progress["failed"] == 0
 
 
+def test_another_jobs_final_record_makes_a_failure_that_jobs_skip(store: Any) -> None:
+    """Job a's retryable failure replaced by job b's score (or live traffic's): a counts a skip,
+    not a failure, once: a's own retry meeting the run (before or after), the put sent again
+    after a lost reply, and a later retryable failure of a third job change nothing more."""
+    failed = _record(31, job_id="a", error_type="TimeoutError", retryable=True)
+    met_first = _record(32, job_id="a", error_type="TimeoutError", retryable=True)
+    by_b, by_live = _record(31, job_id="b", score=0.5), _record(32, score=0.6)
+
+    async def go() -> tuple[list[list[bool]], int, dict[str, int], dict[str, int]]:
+        fresh = [await store.put_records([failed, met_first], "w", 60)]
+        await store.jobs.count_skipped_once("a", "already_scored", [met_first.score_id])  # a's retry first
+        fresh.append(await store.put_records([by_b, by_live], "w", 60))
+        fresh.append(await store.put_records([by_b], "w", 60))  # its reply was lost: sent again
+        again = await store.jobs.count_skipped_once("a", "already_scored", [failed.score_id, met_first.score_id])
+        a, b = await store.jobs.progress("a"), await store.jobs.progress("b")
+        await store.close()
+        return fresh, again, a, b
+
+    fresh, again, a, b = run(go())
+    assert fresh == [[True, True], [True, True], [True]]
+    assert again == 0
+    assert {k: v for k, v in a.items() if v} == {"skipped": 2, "skipped:already_scored": 2}
+    assert b == {"scored": 1}
+
+
+def test_another_jobs_retryable_failure_leaves_a_failure_where_it_is(store: Any) -> None:
+    """A retryable failure replaced by another job's retryable failure is not scored: the first
+    job still counts its failure (its retry may score the run), the second counts its own."""
+
+    async def go() -> tuple[dict[str, int], dict[str, int]]:
+        await store.put_records([_record(33, job_id="a", error_type="TimeoutError", retryable=True)], "w", 60)
+        await store.put_records([_record(33, job_id="b", error_type="RateLimit", retryable=True)], "w", 60)
+        a, b = await store.jobs.progress("a"), await store.jobs.progress("b")
+        await store.close()
+        return a, b
+
+    a, b = run(go())
+    assert a == {"failed": 1, "failed:TimeoutError": 1}
+    assert b == {"failed": 1, "failed:RateLimit": 1}
+
+
 def test_put_records_retried_after_a_lost_reply_is_new_again(store: Any) -> None:
     """The same record put twice (the client retrying after a dropped connection lost the first
     reply) is reported new both times and counted once, so it is still written back; a

@@ -188,6 +188,14 @@ def _put(url: str) -> Callable[[], Any]:
     return lambda: _score_store(url, lambda s: s.put_records([_record()], "w", 60))
 
 
+def _put_over_another_jobs_failure(url: str) -> Callable[[], Any]:
+    """Job "o"'s retryable failure stored first: the put of job j's score then corrects o's
+    counters and its set of counted skips (keys the script names itself)."""
+    failed = _record().model_copy(update={"job_id": "o", "score": None, "error_type": "E", "retryable": True})
+    assert _score_store(url, lambda s: s.put_records([failed], "w", 60)) == [True]
+    return _put(url)
+
+
 def _claim(url: str) -> Callable[[], Any]:
     return lambda: _score_store(url, lambda s: claim(s, [SCORE], "w", 60))
 
@@ -244,6 +252,10 @@ CASES = [
             (_QUEUE, "zset", True),
             (_DEAD, "hash", True),
         ]
+    ),
+    *(
+        Case("put_records", key, kind, False, _put_over_another_jobs_failure, [True])
+        for key, kind in [(_keys.job_key("o"), "hash"), (_keys.job_skips_key("o"), "set")]
     ),
     # JobStats
     Case("count_skipped", _JOB, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.count_skipped("j", "r"))),

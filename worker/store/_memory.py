@@ -31,9 +31,16 @@ class MemoryJobStats:
 
     def _recorded(self, record: ScoreRecord, replaced: ScoreRecord | None) -> None:
         with self._lock:
-            if replaced is not None and record.job_id and replaced.job_id == record.job_id:
-                self._jobs[record.job_id]["failed"] -= 1
-                self._jobs[record.job_id][f"failed:{replaced.error_type}"] -= 1
+            if replaced is not None and replaced.job_id and (replaced.job_id == record.job_id or not record.retryable):
+                # Its own failure scored again, or another job's failure scored: that job's skip
+                # (counted once, as ``count_skipped_once`` does; the Redis put script's rule).
+                counts = self._jobs[replaced.job_id]
+                counts["failed"] -= 1
+                counts[f"failed:{replaced.error_type}"] -= 1
+                if replaced.job_id != record.job_id and record.score_id not in self._skips[replaced.job_id]:
+                    self._skips[replaced.job_id].add(record.score_id)
+                    counts["skipped"] += 1
+                    counts["skipped:already_scored"] += 1
             counter, reason = outcome(record)
             if record.job_id:
                 self._jobs[record.job_id][counter] += 1

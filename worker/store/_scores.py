@@ -111,7 +111,9 @@ class ScoreStore(Protocol):
     async def put_records(self, records: Sequence[ScoreRecord], owner: str, ttl_s: int) -> list[bool]:
         """Record each score unless already recorded (True = newly recorded), clear its
         checkpoint and claim, and count it for its job and the failure statistics. A stored
-        error record marked ``retryable`` is replaced (its job's failed count corrected).
+        error record marked ``retryable`` is replaced, and its job's failed count corrected:
+        replaced by its own job, or by another job's (or live traffic's) final record, which
+        makes it its job's skip (``already_scored``, counted once as ``count_skipped_once``).
         The very same record put again (a retry whose reply was lost) is new again and
         counted once."""
         ...
@@ -225,19 +227,28 @@ def _claims(score_ids: Sequence[str], replies: Sequence[Any]) -> Claims:
 # KEYS: failures hash, then (with sinks) the set of sink names and per sink its outbox queue,
 #       attempts hash, dead letters, delivered set; then per record its record, trace set,
 #       checkpoint, claim and job hash (5 each)
-# ARGV: ttl, owner, failures ttl, now ms, the number of shared KEYS, the number of sinks, the
-#       sink names, then per record: record json, score id, has_job (0/1), outcome, reason, job id
+# ARGV: ttl, owner, failures ttl, now ms, the number of shared KEYS, the number of sinks, the job
+#       ttl, the prefixes of a job's hash and of its set of counted skips, the sink names, then per
+#       record: record json, score id, has_job (0/1), outcome, reason, job id, final (0/1: not
+#       retryable)
 # Returns per record 1 (stored now, or by our own earlier try) or 0 (taken).
+#
+# Replacing another job's retryable failure with a final record makes that failure the other
+# job's skip (``already_scored``, in its set of counted skips: its own retry meeting the run
+# later counts nothing). Its keys are known only once the stored record is read, so the script
+# names them itself; the project runs on one Redis, not a cluster, where that is allowed.
 _PUT_RECORDS = (
     LUA_CHECK
     + _LUA_STORED
     + """
 local ttl, owner, failures_ttl, now = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local shared, nsinks = tonumber(ARGV[5]), tonumber(ARGV[6])
+local job_ttl, job_prefix, skips_prefix = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local sinks = {}
 for s = 1, nsinks do
-  sinks[s] = ARGV[6 + s]
+  sinks[s] = ARGV[9 + s]
 end
+local first = 10 + nsinks
 local sinks_named = false
 -- A key of ours holding another type would fail the script halfway, after earlier writes: every
 -- key is checked before anything is written (worker.store._keytypes). A sink's queue and dead
@@ -257,18 +268,34 @@ for i = 3, shared, 4 do
   check(KEYS[i + 2], 'hash', 'k')  -- the sink's dead letters
   check(KEYS[i + 3], 'zset', 'r')
 end
+-- Per record, the other job whose retryable failure a final record replaces (false for none:
+-- no record, one kept, our own job's): found here, so its keys are checked with the rest. (A
+-- value without '"retryable":true' in it is not decoded: a put keeps it.)
+local others, a = {}, first
 for k = shared + 1, #KEYS, 5 do
   check(KEYS[k], 'string', 'r')
   check(KEYS[k + 1], 'set', 'r')
   check(KEYS[k + 3], 'string', 'r')
   check(KEYS[k + 4], 'hash', 'r')
+  local current, other = ARGV[a + 6] == '1' and redis.pcall('GET', KEYS[k]), false
+  if type(current) == 'string' and current ~= ARGV[a] and string.find(current, '"retryable":true', 1, true) then
+    local prev, kept = tracescore_stored(current)
+    local job = prev and prev['job_id']
+    if not kept and type(job) == 'string' and job ~= '' and job ~= ARGV[a + 5] then
+      other = job
+      check(job_prefix .. job, 'hash', 'r')
+      check(skips_prefix .. job, 'set', 'r')
+    end
+  end
+  others[#others + 1] = other
+  a = a + 7
 end
 local bad = tracescore_check(checks)
 if bad then
   return bad
 end
 
-local function put(record, traces, checkpoint, claim, job, json, score_id, has_job, counter, reason, job_id)
+local function put(record, traces, checkpoint, claim, job, json, score_id, has_job, counter, reason, job_id, other)
   if not redis.call('SET', record, json, 'NX', 'EX', ttl) then
     local current = redis.call('GET', record)
     -- This very record, stored by our own earlier try whose reply a dropped connection lost
@@ -284,10 +311,22 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
       return 0
     end
     redis.call('SET', record, json, 'EX', ttl)
+    local corrected = nil
     if prev and has_job == '1' and prev['job_id'] == job_id then
-      redis.call('HINCRBY', job, 'failed', -1)
+      corrected = job
+    elseif other then
+      corrected = job_prefix .. other
+      if redis.call('SADD', skips_prefix .. other, score_id) == 1 then
+        redis.call('HINCRBY', corrected, 'skipped', 1)
+        redis.call('HINCRBY', corrected, 'skipped:already_scored', 1)
+      end
+      redis.call('EXPIRE', skips_prefix .. other, job_ttl)
+      redis.call('EXPIRE', corrected, job_ttl)
+    end
+    if corrected then
+      redis.call('HINCRBY', corrected, 'failed', -1)
       if type(prev['error_type']) == 'string' then
-        redis.call('HINCRBY', job, 'failed:' .. prev['error_type'], -1)
+        redis.call('HINCRBY', corrected, 'failed:' .. prev['error_type'], -1)
       end
     end
   end
@@ -323,11 +362,11 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
 end
 
 local done = {}
-local a = 7 + nsinks
+a = first
 for k = shared + 1, #KEYS, 5 do
   done[#done + 1] = put(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
-    ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
-  a = a + 6
+    ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], others[#done + 1])
+  a = a + 7
 end
 return done
 """
@@ -496,6 +535,9 @@ class RedisScoreStore(OnRedis):
             str(int(time.time() * 1000)),
             str(len(shared)),
             str(len(self.sinks)),
+            str(self._jobs.job_ttl_s),
+            _keys.job_key(""),
+            _keys.job_skips_key(""),
             *self.sinks,
         ]
         calls: list[tuple[int, list[str]]] = []
@@ -517,6 +559,7 @@ class RedisScoreStore(OnRedis):
                     counter,
                     reason,
                     record.job_id or "",
+                    "0" if record.retryable else "1",
                 )
             calls.append((len(keys), keys + args))
         replies = await self._redis.evalsha_each(_PUT_RECORDS, calls, where="put_records")
