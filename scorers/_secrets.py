@@ -9,6 +9,7 @@ It lives in ``scorers`` (the lowest layer) so that ``tracing`` and ``worker`` ca
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -79,20 +80,45 @@ _USERINFO = re.compile(r"://(?P<userinfo>[^\r\n/?#]*)@")
 
 def scrub_secrets(value: T, *secrets: str | None) -> T:
     """``value`` (a string, or dicts/lists/tuples of them, keys included) with credentials
-    masked as ``***``: each literal in ``secrets`` and anything shaped like a key, a token, an
-    authorization header or a URL password, in any number of URLs.
+    masked as ``***``: each literal in ``secrets`` (a credential, however the text escapes it:
+    ``_written``) and anything shaped like a key, a token, an authorization header or a URL
+    password, in any number of URLs.
 
     A URL's user name stays (it helps to see which account failed); a user-info part without
     a ``:`` is masked whole, since ``redis://secret@host`` is how some write a password alone.
     """
-    literals = [s for s in secrets if s and len(s) >= _MIN_LITERAL]
-    return _scrub(value, literals)  # type: ignore[no-any-return]
+    patterns = [_written(s) for s in dict.fromkeys(secrets) if s and len(s) >= _MIN_LITERAL]
+    return _scrub(value, patterns)  # type: ignore[no-any-return]
 
 
-def _scrub(value: Any, literals: list[str]) -> Any:
+@functools.lru_cache(maxsize=64)
+def _written(secret: str) -> re.Pattern[str]:
+    """``secret`` however an answer may quote it: as is, inside JSON strings nested to any depth
+    (each character but an ASCII letter or digit maybe escaped: ``\\/``, ``\\\\/``,
+    ``\\u00e9``...), percent-encoded (a URL echoed back) and as a ``bytes`` repr writes UTF-8
+    (``\\xc3\\xa9``). A body the SDK could not read, or a gateway quoting the request inside its
+    message, reaches the scrub so."""
+    return re.compile("".join(ch if ch.isascii() and ch.isalnum() else _any_escape(ch) for ch in secret))
+
+
+def _any_escape(ch: str) -> str:
+    """A pattern for ``ch`` as itself or escaped, each escape after any number of backslashes."""
+    units, utf8 = ch.encode("utf-16-be"), ch.encode()
+    as_json = r"\\+".join(f"u{_hex(units[i : i + 2])}" for i in range(0, len(units), 2))
+    as_url = "".join(f"%{_hex(bytes([b]))}" for b in utf8)
+    as_bytes = "".join(rf"\\+x{_hex(bytes([b]))}" for b in utf8)
+    return rf"(?:\\*{re.escape(ch)}|\\+{as_json}|{as_url}|{as_bytes})"
+
+
+def _hex(data: bytes) -> str:
+    """``data`` in hex, either case."""
+    return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in data.hex())
+
+
+def _scrub(value: Any, literals: list[re.Pattern[str]]) -> Any:
     if isinstance(value, str):
         for literal in literals:
-            value = value.replace(literal, _MASK)
+            value = literal.sub(_MASK, value)
         value = _USERINFO.sub(_mask_userinfo, value)
         for pattern, replacement in _SECRET_PATTERNS:
             value = pattern.sub(replacement, value)

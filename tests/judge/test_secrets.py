@@ -6,10 +6,12 @@ providers do), through the real SDKs.
 
 from __future__ import annotations
 
+import json
 import logging
 import traceback
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import structlog
@@ -91,6 +93,55 @@ def test_error_body_echoing_the_key_is_scrubbed(
     assert OTHER_KEY not in said
     assert "Incorrect API key provided: ***" in str(info.value.cause)
     assert "HTTP 401" in str(info.value.cause)
+
+
+# A gateway key with the characters a JSON writer or a URL escapes ('/' and '+', as in base64).
+SLASHED_KEY = "corp/gw+7f3a9c1e5b2d4f60a8e1"
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("status", [401, 200])
+def test_a_key_echoed_escaped_is_scrubbed(
+    fake_llm: FakeLLMServer, caplog: pytest.LogCaptureFixture, model: str, status: int
+) -> None:
+    """A gateway quoting the request it refused, as JSON inside its message ('/' written '\\/')
+    and as a URL (percent-encoded): neither escaped form of the key survives, whether the body
+    reads as an error (401) or not at all (a 200 that is no completion, quoted raw)."""
+    quoted = json.dumps({"headers": {"x-gw": SLASHED_KEY}}).replace("/", "\\/")
+    said_by_gateway = f"upstream refused {quoted} from https://gw.internal/v1?k={quote(SLASHED_KEY, safe='')}"
+    body = {"error": {"message": said_by_gateway}} if status == 401 else [said_by_gateway]
+    fake_llm.script(Reply.raw(json.dumps(body), status=status))
+    caplog.set_level(logging.DEBUG)
+    with structlog.testing.capture_logs() as logs, pytest.raises(ScorerRunError) as info:
+        run(score_scorer(Judge(model=model, api_key=SLASHED_KEY)))
+    said = _everything_said(info.value, logs, caplog)
+    assert "upstream refused" in said  # the body was quoted: the scrub had something to do
+    assert SLASHED_KEY.split("+")[1] not in said  # its tail, however the characters before were written
+    assert "gw+" not in said
+    assert "gw%2B" not in said
+
+
+@pytest.mark.parametrize("key", [SLASHED_KEY, 'gw-"quoted"-key', "gw-\\back-slash", "gw-clé-9f8e7d"])
+def test_scrub_every_written_form_of_a_literal(key: str) -> None:
+    """The configured key as JSON writes it (ASCII-only or not, '/' escaped or not, inside JSON
+    inside JSON), as a URL does, and in a ``bytes`` repr: each is masked whole."""
+    in_json = json.dumps(key)[1:-1]
+    forms = {
+        key,
+        in_json,
+        in_json.replace("/", "\\/"),
+        json.dumps(in_json)[1:-1],  # a gateway's message quoting a JSON body
+        json.dumps(json.dumps(in_json.replace("/", "\\/"))[1:-1])[1:-1],
+        json.dumps(key, ensure_ascii=False)[1:-1],
+        quote(key, safe=""),
+        repr(key.encode())[2:-1],
+    }
+    for form in forms:
+        assert scrub_secrets(f"echo: <{form}> end", key) == "echo: <***> end", form
+    assert scrub_secrets(json.dumps({"detail": key}), key) == '{"detail": "***"}'
+    # Its letters alone, or another text sharing its start, are left as they are.
+    alike = f"{key[:-2]}!!"
+    assert scrub_secrets(alike, key) == alike
 
 
 @pytest.mark.parametrize("model", MODELS)

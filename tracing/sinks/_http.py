@@ -390,7 +390,9 @@ def refusal_detail(text: str, secrets: Sequence[str], content: Sequence[str] = (
     credentials and any score text (``record_texts``) it still echoes masked, cut short: echoed
     whole, or cut, escaped or with its spaces run together (``_mask_echoes``)."""
     said = _mask_echoes(server_message(text), (*secrets, *content))
-    return redact(said, *secrets, *content)[:DETAIL_CHARS]
+    for echoed in content:  # exactly: ``redact``'s pattern for any escaping is for credentials
+        said = said.replace(echoed, "***")
+    return redact(said, *secrets)[:DETAIL_CHARS]
 
 
 def _renderings(text: str) -> set[str]:
