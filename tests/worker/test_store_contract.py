@@ -14,6 +14,7 @@ import pytest
 
 from scorers import ScoreResult
 from tracing import ScoreRecord, score_id_for
+from worker import _keys
 from worker.store import (
     DeadLetter,
     DeadLetters,
@@ -270,6 +271,83 @@ def test_another_jobs_retryable_failure_leaves_a_failure_where_it_is(store: Any)
     a, b = run(go())
     assert a == {"failed": 1, "failed:TimeoutError": 1}
     assert b == {"failed": 1, "failed:RateLimit": 1}
+
+
+def test_one_score_id_twice_in_one_put_is_put_in_turn(store: Any) -> None:
+    """Job a's failure, then one put of job c's retryable failure and job b's score of the same
+    run: as two puts would, a's failure stays a's, c's becomes c's skip (the Redis script read
+    every stored value before writing, and corrected a's instead: review)."""
+    a = _record(34, job_id="a", error_type="TimeoutError", retryable=True)
+    c = _record(34, job_id="c", error_type="RateLimit", retryable=True)
+
+    async def go() -> tuple[list[bool], dict[str, dict[str, int]]]:
+        await store.put_records([a], "w", 60)
+        fresh = await store.put_records([c, _record(34, job_id="b", score=0.5)], "w", 60)
+        progress = {job: await store.jobs.progress(job) for job in "abc"}
+        await store.close()
+        return fresh, progress
+
+    fresh, progress = run(go())
+    assert fresh == [True, True]
+    assert progress["a"] == {"failed": 1, "failed:TimeoutError": 1}
+    assert progress["b"] == {"scored": 1}
+    assert {k: v for k, v in progress["c"].items() if v} == {"skipped": 1, "skipped:already_scored": 1}
+
+
+def test_a_failure_of_a_job_whose_counters_expired_is_replaced_without_them(redis_url: str) -> None:
+    """Job a's counters gone (their 7 days passed; a record may live longer): b's score of a's
+    failed run makes no counters of a, which would hold -1 failed for another 7 days."""
+    store = RedisScoreStore(redis_url)
+
+    async def go() -> tuple[dict[str, int], dict[str, int]]:
+        await store.put_records([_record(35, job_id="a", error_type="TimeoutError", retryable=True)], "w", 60)
+        await store._redis.client.delete(_keys.job_key("a"))
+        await store.put_records([_record(35, job_id="b", score=0.5)], "w", 60)
+        progress = await store.jobs.progress("a"), await store.jobs.progress("b")
+        await store.close()
+        return progress
+
+    a, b = run(go())
+    assert a == {}
+    assert b == {"scored": 1}
+
+
+def test_a_finished_job_that_failed_keeps_its_counted_skips_for_its_dlq_retry(redis_url: str) -> None:
+    """Job a's failure scored by job b before a finished: its set of counted skips went with
+    a's end, and a's `dlq retry` counted the run skipped again (review). A job that recorded a
+    failure keeps the set until it expires; one that did not drops it."""
+    import redis as sync_redis
+
+    from worker.backfill._state import RedisJobStore
+
+    store, failed = RedisScoreStore(redis_url), _record(36, job_id="a", error_type="TimeoutError", retryable=True)
+
+    async def convert() -> dict[str, int]:
+        await store.put_records([failed], "w", 60)
+        await store.put_records([_record(36, job_id="b", score=0.5)], "w", 60)
+        await store.jobs.count_skipped_once("b", "already_scored", ["other"])
+        progress = await store.jobs.progress("a")
+        await store.close()
+        return progress
+
+    progress = run(convert())
+    jobs = RedisJobStore(sync_redis.Redis.from_url(redis_url))
+    jobs.finished("a", progress)
+    jobs.finished("b", {"scored": 1, "skipped": 1})
+    assert jobs.client.exists(_keys.job_skips_key("a")) == 1
+    assert jobs.client.exists(_keys.job_skips_key("b")) == 0
+
+    async def dlq_retry() -> tuple[int, dict[str, int]]:
+        stats = RedisJobStats(redis_url)
+        again = await stats.count_skipped_once("a", "already_scored", [failed.score_id])
+        progress = await stats.progress("a")
+        await stats.close()
+        return again, progress
+
+    again, after = run(dlq_retry())
+    assert again == 0
+    assert after == progress
+    jobs.client.close()
 
 
 def test_put_records_retried_after_a_lost_reply_is_new_again(store: Any) -> None:

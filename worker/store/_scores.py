@@ -314,7 +314,7 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
     local corrected = nil
     if prev and has_job == '1' and prev['job_id'] == job_id then
       corrected = job
-    elseif other then
+    elseif other and redis.call('EXISTS', job_prefix .. other) == 1 then  -- (expired: nothing to correct)
       corrected = job_prefix .. other
       if redis.call('SADD', skips_prefix .. other, score_id) == 1 then
         redis.call('HINCRBY', corrected, 'skipped', 1)
@@ -373,6 +373,22 @@ return done
 )
 # Records per call: bounds how long one call holds Redis (~1 ms here) and its argument count.
 _PUT_CHUNK = 200
+
+
+def _chunks(records: Sequence[ScoreRecord]) -> list[list[ScoreRecord]]:
+    """``records`` in calls of at most ``_PUT_CHUNK``, a score id at most once in each: the script
+    reads each record's stored value before it writes any (its key checks), so a second record
+    of one id in one call would be put over a value it never read."""
+    chunks: list[list[ScoreRecord]] = [[]]
+    ids: set[str] = set()
+    for record in records:
+        if len(chunks[-1]) == _PUT_CHUNK or record.score_id in ids:
+            chunks.append([])
+            ids.clear()
+        chunks[-1].append(record)
+        ids.add(record.score_id)
+    return chunks
+
 
 # KEYS: per score its claim and its record. ARGV: owner, ttl. Per score: the record's job id
 # when a put would keep the record (nothing to score: it is not claimed), else 1 when ``owner``
@@ -541,9 +557,9 @@ class RedisScoreStore(OnRedis):
             *self.sinks,
         ]
         calls: list[tuple[int, list[str]]] = []
-        for start in range(0, len(records), _PUT_CHUNK):
+        for chunk in _chunks(records):
             keys, args = list(shared), list(head)
-            for record in records[start : start + _PUT_CHUNK]:
+            for record in chunk:
                 counter, reason = outcome(record)
                 keys += (
                     _keys.record_key(record.score_id),
