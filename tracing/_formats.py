@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,6 +30,8 @@ from tracing._messages import (
 from tracing._span import SpanView
 
 __all__ = [
+    "ENVIRONMENT_KEYS",
+    "NO_ENVIRONMENT",
     "READ_ATTRIBUTES",
     "READ_ATTRIBUTE_PREFIXES",
     "READ_EVENTS",
@@ -38,12 +40,14 @@ __all__ = [
     "agent_name",
     "classify",
     "conversation_id",
+    "environment_of",
     "is_read_attribute",
     "model_name",
     "read_input",
     "read_output",
     "read_system",
     "read_tool",
+    "resource_environment",
     "span_kind",
 ]
 
@@ -78,6 +82,37 @@ _LEGACY_MESSAGE_EVENTS = {
     "gen_ai.tool.message": "tool",
 }
 _CHOICE_EVENT = "gen_ai.choice"
+
+# A span's deployment environment, in Langfuse's order: its OpenTelemetry ingestion files a span
+# under the first of these keys set, in the span's attributes and then its resource's, key by
+# key. A score sent to Langfuse goes under the same environment, or a filter on it hides the
+# score (``SpanRecord.environment``).
+ENVIRONMENT_KEYS = ("langfuse.environment", "deployment.environment.name", "deployment.environment")
+# A resource's values of ENVIRONMENT_KEYS when it sets none (``resource_environment``).
+NO_ENVIRONMENT: tuple[Any, ...] = (None,) * len(ENVIRONMENT_KEYS)
+
+
+def resource_environment(get: Callable[[str], Any]) -> tuple[Any, ...]:
+    """A resource's values of ``ENVIRONMENT_KEYS`` (``get``: its attribute of a key, or None),
+    for ``environment_of``; ``NO_ENVIRONMENT`` itself when it sets none."""
+    values = tuple(get(key) for key in ENVIRONMENT_KEYS)
+    return values if any(v is not None for v in values) else NO_ENVIRONMENT
+
+
+def environment_of(attributes: Mapping[str, Any], resource: Sequence[Any]) -> str | None:
+    """A span's environment from its ``attributes`` and its resource's values of
+    ``ENVIRONMENT_KEYS`` (``resource``, in that order): the first value set decides, as Langfuse
+    reads it (one that is not text leaves the span in Langfuse's default: None)."""
+    if resource is NO_ENVIRONMENT:  # the common case, on the exporter's hot path: three lookups
+        first, second, third = ENVIRONMENT_KEYS
+        value = attributes.get(first) or attributes.get(second) or attributes.get(third)
+        return value if value and isinstance(value, str) else None
+    for key, of_resource in zip(ENVIRONMENT_KEYS, resource, strict=True):
+        value = attributes.get(key) or of_resource
+        if value:
+            return value if isinstance(value, str) else None
+    return None
+
 
 # Every span attribute the readers of this module look at: exact keys, then key families.
 # The exporter ships only these to the worker (``is_read_attribute``), so a reader that starts
@@ -130,6 +165,8 @@ READ_ATTRIBUTES = frozenset(
         "llm.response.model_name",
         # the loop guard (tracing._markers.ROLE_ATTRIBUTE): judge spans, read over records
         "tracescore.role",
+        # where the trace ran (``environment_of``)
+        *ENVIRONMENT_KEYS,
     }
 )
 READ_ATTRIBUTE_PREFIXES = (

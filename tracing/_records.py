@@ -16,7 +16,14 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
 
-from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVENTS
+from tracing._formats import (
+    NO_ENVIRONMENT,
+    READ_ATTRIBUTE_PREFIXES,
+    READ_ATTRIBUTES,
+    READ_EVENTS,
+    environment_of,
+    resource_environment,
+)
 from tracing._run import SpanRecord, SpanRecordEvent
 from tracing._sdk import read_span
 
@@ -26,7 +33,7 @@ from tracing._sdk import read_span
 # instrumentation nests near it.
 MAX_VALUE_DEPTH = 32
 
-__all__ = ["build_record", "compact", "read_attributes", "service_name", "span_record"]
+__all__ = ["build_record", "compact", "origin_environment", "read_attributes", "service_name", "span_record"]
 
 
 def span_record(span: ReadableSpan) -> SpanRecord:
@@ -47,6 +54,7 @@ def span_record(span: ReadableSpan) -> SpanRecord:
         f.events,
         service_name(f.resource),
         f.scope.name if f.scope is not None else None,
+        origin_environment(f.resource),
     )
     return record
 
@@ -154,9 +162,11 @@ def build_record(
     events: Sequence[Any],
     service: str | None,
     scope: str | None,
+    resource_environment: Sequence[Any],
 ) -> tuple[SpanRecord, int]:
     """The ``SpanRecord`` of a span from its fields (``tracing._sdk.read_span``), compacted
-    (``compact``), and its approximate JSON size. The record keeps the span's own attribute
+    (``compact``), and its approximate JSON size (``resource_environment``: its resource's
+    values of ``ENVIRONMENT_KEYS``). The record keeps the span's own attribute
     dict when the transform reads every key of it (the common case): nothing is copied.
     ``ValueError`` for a value the workers would refuse (nested past ``MAX_VALUE_DEPTH``)."""
     if name.__class__ is not str:
@@ -183,6 +193,7 @@ def build_record(
         kept_events,
         service,
         scope,
+        environment_of(attrs, resource_environment),
     )
     return record, RECORD_OVERHEAD_BYTES + len(name) + size + (_events_size(kept_events) if kept_events else 0)
 
@@ -190,3 +201,8 @@ def build_record(
 def service_name(resource: Resource | None) -> str | None:
     value = resource.attributes.get("service.name") if resource is not None else None
     return value if isinstance(value, str) else None
+
+
+def origin_environment(resource: Resource | None) -> tuple[Any, ...]:
+    """``resource``'s values of ``ENVIRONMENT_KEYS`` (for ``environment_of``)."""
+    return NO_ENVIRONMENT if resource is None else resource_environment(resource.attributes.get)

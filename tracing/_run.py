@@ -84,7 +84,8 @@ class SpanRecord:
 
     ``attributes`` holds only the keys the transform reads (``tracing._formats.is_read_attribute``)
     and ``events`` only the events it reads; ids are lowercase hex. ``kind`` and ``status`` are
-    the OTel enum names (``INTERNAL``, ``OK``...). Treat it as read-only.
+    the OTel enum names (``INTERNAL``, ``OK``...). ``environment``: where the span ran, from its
+    attributes or its resource's (``tracing._formats.environment_of``). Treat it as read-only.
     """
 
     trace_id: Annotated[str, Field(pattern=_TRACE_ID)]
@@ -99,3 +100,4 @@ class SpanRecord:
     events: tuple[SpanRecordEvent, ...] = ()
     service_name: str | None = None
     scope_name: str | None = None
+    environment: str | None = None

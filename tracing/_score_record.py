@@ -49,6 +49,7 @@ _TEXT_FIELDS = (
     "failed_step",
     "judge_models",
     "run_id",
+    "environment",
     "job_id",
 )
 
@@ -88,6 +89,8 @@ class ScoreRecord(BaseModel):
     span_start_ns: int | None = None
     span_end_ns: int | None = None
     run_id: str | None = None
+    # Where the scored span ran (``SpanRecord.environment``): Langfuse files the score under it.
+    environment: str | None = None
     job_id: str | None = None
     source: Literal["live", "backfill"] = "live"
     created_at: float = Field(default_factory=time.time)

@@ -42,7 +42,15 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.util.types import AttributeValue
 
 from tracing._errors import OtlpDecodeError, json_error, shape_of
-from tracing._formats import READ_ATTRIBUTE_PREFIXES, READ_ATTRIBUTES, READ_EVENTS, is_read_attribute
+from tracing._formats import (
+    ENVIRONMENT_KEYS,
+    READ_ATTRIBUTE_PREFIXES,
+    READ_ATTRIBUTES,
+    READ_EVENTS,
+    environment_of,
+    is_read_attribute,
+    resource_environment,
+)
 from tracing._records import MAX_VALUE_DEPTH
 from tracing._run import SpanRecord, SpanRecordEvent, otlp_time
 
@@ -461,7 +469,11 @@ def _read_attributes(items: Any, field: str, where: str) -> dict[str, _Value]:
     return _attributes(items, field, where, only_read=True)
 
 
-def _json_record(raw: Any, service: str | None, scope: str | None, field: str, where: str) -> SpanRecord:
+# What a record takes of its resource: service.name, and the values of ENVIRONMENT_KEYS.
+_RecordResource = tuple[str | None, tuple[Any, ...]]
+
+
+def _json_record(raw: Any, resource: _RecordResource, scope: str | None, field: str, where: str) -> SpanRecord:
     # Hot path (every span of a backfill): error field paths are only built when an error is raised.
     span = _object(raw, field, where)
     trace_id = _hex_id(_get(span, "traceId", "trace_id"), 16, field, where, suffix="traceId")
@@ -511,6 +523,7 @@ def _json_record(raw: Any, service: str | None, scope: str | None, field: str, w
             status_name = ""
         if not status_name:
             raise OtlpDecodeError(f"unknown status code {_enum_value(code)}", where=where, field=f"{field}.status.code")
+    attributes = _read_attributes(raw_attributes, f"{field}.attributes", where) if raw_attributes else {}
     # Positional, in SpanRecord's field order: the cheapest way to build the dataclass.
     return SpanRecord(
         trace_id,  # type: ignore[arg-type]  # required: never None
@@ -521,22 +534,23 @@ def _json_record(raw: Any, service: str | None, scope: str | None, field: str, w
         _time_ns(start, field, "startTimeUnixNano", where),
         _time_ns(end, field, "endTimeUnixNano", where),
         status_name,
-        _read_attributes(raw_attributes, f"{field}.attributes", where) if raw_attributes else {},
+        attributes,
         events,
-        service,
+        resource[0],
         scope,
+        environment_of(attributes, resource[1]),
     )
 
 
-def _service_name(rs: Mapping[str, Any], attributes: list[Any], field: str, where: str) -> str | None:
-    """The record's resource: only service.name is decoded (the other attributes are not read,
-    so a malformed value there is no error here)."""
-    service = None
+def _record_resource(rs: Mapping[str, Any], attributes: list[Any], field: str, where: str) -> _RecordResource:
+    """The record's resource: only service.name and ENVIRONMENT_KEYS are decoded (the other
+    attributes are not read, so a malformed value there is no error here)."""
+    found: dict[str, Any] = {}
     for item in attributes:
-        if type(item) is dict and item.get("key") == "service.name":
-            value = _any_value(item.get("value") or {}, f"{field}.resource.attributes", where)
-            service = value if isinstance(value, str) else None
-    return service
+        if type(item) is dict and ((key := item.get("key")) == "service.name" or key in ENVIRONMENT_KEYS):
+            found[key] = _any_value(item.get("value") or {}, f"{field}.resource.attributes", where)
+    service = found.get("service.name")
+    return (service if isinstance(service, str) else None), resource_environment(found.get)
 
 
 def _scope_name(ss: Mapping[str, Any], scope: Mapping[str, Any], field: str, where: str) -> str:
@@ -629,7 +643,7 @@ def decode_otlp_json_line(line: str | bytes, *, where: str = "") -> list[Readabl
 def decode_otlp_records(document: Any, *, where: str = "") -> list[SpanRecord]:
     """The span records of one parsed OTLP/JSON ``ExportTraceServiceRequest`` (or ``TracesData``):
     what the exporter would ship of the same spans (only what the trace readers use)."""
-    return _walk_json(document, where, _service_name, _scope_name, _json_record)
+    return _walk_json(document, where, _record_resource, _scope_name, _json_record)
 
 
 def decode_otlp_records_line(line: str | bytes, *, where: str = "") -> list[SpanRecord]:
@@ -750,7 +764,7 @@ def decode_otlp_protobuf_records(data: bytes, *, where: str = "") -> list[SpanRe
     """The span records of an OTLP/protobuf ``ExportTraceServiceRequest`` (or Tempo ``Trace``).
 
     As from OTLP/JSON, only what the readers use is decoded (the read attributes and events,
-    the resource's service.name): a malformed value elsewhere, or a link without ids, is no
+    the resource's service.name and environment): a malformed value elsewhere, or a link without ids, is no
     error, where decoding every span whole lost the message over it. (The protobuf parser
     itself still refuses a message nesting past 100 levels, read or not: some 32 levels of
     kvlistValue, 48 of arrayValue.)"""
@@ -775,11 +789,14 @@ def _pb_decode(data: bytes, where: str, read: Callable[[Sequence[PbResourceSpans
 def _pb_records(rs_list: Sequence[PbResourceSpans], where: str) -> list[SpanRecord]:
     records: list[SpanRecord] = []
     for r, rs in enumerate(rs_list):
-        service = None
-        for kv in rs.resource.attributes:
-            if kv.key == "service.name":
-                value = _pb_value(kv.value)
-                service = value if isinstance(value, str) else None
+        found = {
+            kv.key: _pb_value(kv.value)
+            for kv in rs.resource.attributes
+            if kv.key == "service.name" or kv.key in ENVIRONMENT_KEYS
+        }
+        service = found.get("service.name")
+        service = service if isinstance(service, str) else None
+        environment = resource_environment(found.get)
         for s, ss in enumerate(rs.scope_spans):
             scope = ss.scope.name if ss.HasField("scope") else None
             for i, span in enumerate(ss.spans):
@@ -810,6 +827,7 @@ def _pb_records(rs_list: Sequence[PbResourceSpans], where: str) -> list[SpanReco
                         events,
                         service,
                         scope,
+                        environment_of(attributes, environment),
                     )
                 )
     return records

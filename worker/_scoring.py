@@ -424,6 +424,7 @@ def _record(
         span_start_ns=target.start_time_ns if target is not None else None,
         span_end_ns=target.end_time_ns if target is not None else None,
         run_id=result.run_id if result is not None else None,
+        environment=target.environment if target is not None else None,
         job_id=request.job_id,
         source=request.source,
         enqueued_at=request.enqueued_at,

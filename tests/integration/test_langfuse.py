@@ -106,6 +106,28 @@ def test_each_score_arrives_once_in_langfuses_shape(langfuse: FakeLangfuse, sink
     assert failed["metadata"]["error_type"] == "IndexError"
 
 
+@pytest.mark.parametrize(
+    ("environment", "filed"),
+    [
+        ("production", "production"),
+        ("Prod-EU", "prod-eu"),  # Langfuse lowercases
+        ("langfuse-staging", "staging"),  # and takes its reserved prefix off
+        ("qa env", "default"),  # a space: not an environment name
+        ("x" * 41, "x" * 40),
+        ("", "default"),
+        (None, "default"),
+    ],
+)
+def test_a_score_goes_to_its_traces_environment(
+    langfuse: FakeLangfuse, sink: LangfuseSink, environment: str | None, filed: str
+) -> None:
+    """Langfuse files a trace under its spans' environment and hides the rest from a view
+    filtered on it: each score goes under its span's, named as Langfuse names it."""
+    scored = record("answer-length", score=0.4, environment=environment)
+    assert sink.deliver([scored]) == [Delivered()]
+    assert langfuse.scores[scored.score_id]["environment"] == filed
+
+
 def test_a_resend_upserts_by_id(langfuse: FakeLangfuse, sink: LangfuseSink) -> None:
     """Re-sending every score (and a changed one, twice) keeps one score per id; the change shows."""
     records = one_of_each()
@@ -318,6 +340,9 @@ def test_backfill_with_sink_langfuse_delivers_every_score_once(langfuse: FakeLan
     assert written
     assert set(langfuse.scores) == {r["score_id"] for r in written}
     assert langfuse.statuses == {200: len(written)}
+    # The example traces ran in "demo" (their resource's deployment.environment.name).
+    assert {r["environment"] for r in written} == {"demo"}
+    assert {score["environment"] for score in langfuse.scores.values()} == {"demo"}
     assert f"sink langfuse     delivered {len(written):,}, failed 0, pending 0" in result.stdout + result.stderr
 
 

@@ -21,10 +21,12 @@ CREATED: list[Recorder] = []
 class Recorder:
     """A tracer provider of its own (never the global one) and the spans it finished."""
 
-    def __init__(self, service: str = "shop-app", scope: str = "my.app") -> None:
+    def __init__(
+        self, service: str = "shop-app", scope: str = "my.app", resource: Mapping[str, Any] | None = None
+    ) -> None:
         CREATED.append(self)
         self.memory = InMemorySpanExporter()
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        self.provider = TracerProvider(resource=Resource.create({"service.name": service, **(resource or {})}))
         self.provider.add_span_processor(SimpleSpanProcessor(self.memory))
         self.tracer: Tracer = self.provider.get_tracer(scope)
 

@@ -78,6 +78,30 @@ def test_trace_completes_after_grace_window(exporter: ScoringSpanExporter, clock
     assert wait_for(lambda: exporter.stats()["runs_sent"] == 1)
 
 
+def test_each_span_record_carries_where_it_ran(
+    exporter: ScoringSpanExporter, clock: FakeClock, sink: Recording
+) -> None:
+    """The resource's environment (OTEL_RESOURCE_ATTRIBUTES=deployment.environment.name=...) goes
+    with every span's record, and a span's own langfuse.environment before it (Langfuse's order):
+    a score sent to Langfuse lands in its trace's environment."""
+    rec = Recorder(resource={"deployment.environment.name": "prod-eu"})
+    with (
+        rec.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}),
+        rec.span("chat m", {**chat_attributes("Hi?", "Hello."), "langfuse.environment": "canary"}),
+    ):
+        pass
+    other = Recorder()  # no environment: the records say none
+    plain = agent_trace(other)
+    exporter.export(rec.spans())
+    exporter.export(other.spans())
+    clock.advance(2.5)
+    assert exporter.tick() == 2
+    assert wait_for(lambda: len(sink.requests) == 2)
+    by_trace = {r.trace_id: {s.name: s.environment for s in r.spans} for r in sink.requests}
+    assert by_trace.pop(plain) == {"invoke_agent a": None, "chat m": None}
+    assert list(by_trace.values()) == [{"invoke_agent a": "prod-eu", "chat m": "canary"}]
+
+
 def test_children_ending_after_root_within_grace(
     exporter: ScoringSpanExporter, clock: FakeClock, sink: Recording
 ) -> None:

@@ -18,7 +18,8 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 from opentelemetry.sdk.trace import ReadableSpan
 
-from tracing._formats import READ_EVENTS, is_read_attribute
+from tracing._formats import READ_EVENTS, environment_of, is_read_attribute
+from tracing._records import origin_environment
 from tracing._run import SpanRecord, SpanRecordEvent
 from tracing.otlp import (
     OtlpDecodeError,
@@ -47,7 +48,13 @@ def _b64(hex_id: str) -> str:
 DOCUMENT: dict[str, Any] = {
     "resourceSpans": [
         {
-            "resource": {"attributes": [_s("service.name", "shop"), _s("host.name", "h1")]},
+            "resource": {
+                "attributes": [
+                    _s("service.name", "shop"),
+                    _s("host.name", "h1"),
+                    _s("deployment.environment.name", "Prod"),
+                ]
+            },
             "schemaUrl": "https://opentelemetry.io/schemas/1.21.0",
             "scopeSpans": [
                 {
@@ -63,6 +70,7 @@ DOCUMENT: dict[str, Any] = {
                             "attributes": [
                                 _s("gen_ai.operation.name", "invoke_agent"),
                                 _s("gen_ai.agent.name", "a"),
+                                _s("langfuse.environment", "staging"),  # before the resource's
                                 _s("http.route", "/not/read"),
                                 {"key": "gen_ai.usage.input_tokens", "value": {"intValue": "12"}},
                             ],
@@ -81,6 +89,7 @@ DOCUMENT: dict[str, Any] = {
                                 _s("gen_ai.request.model", "gpt"),
                                 _s("llm.input_messages.0.message.role", "user"),
                                 {"key": "not.read.flag", "value": {"boolValue": True}},
+                                _s("deployment.environment", "dev"),  # after the resource's key before it
                             ],
                             "events": [
                                 {
@@ -112,7 +121,14 @@ DOCUMENT: dict[str, Any] = {
             ],
         },
         {
-            "resource": {"attributes": [_s("deployment", "prod")]},
+            "resource": {
+                "attributes": [
+                    _s("deployment", "prod"),
+                    # the first key set decides, and a number is no environment (Langfuse: default)
+                    {"key": "deployment.environment.name", "value": {"intValue": "3"}},
+                    _s("deployment.environment", "qa"),
+                ]
+            },
             "instrumentationLibrarySpans": [
                 {
                     "instrumentationLibrary": {"name": "old.lib"},
@@ -154,6 +170,7 @@ def _expected_record(span: ReadableSpan) -> SpanRecord:
         ),
         service_name=service if isinstance(service, str) else None,
         scope_name=span.instrumentation_scope.name if span.instrumentation_scope is not None else None,
+        environment=environment_of(span.attributes or {}, origin_environment(span.resource)),
     )
 
 
@@ -173,11 +190,13 @@ def test_json_paths_agree_on_every_shared_field() -> None:
     assert [r.scope_name for r in records] == ["shop.agent", "shop.agent", None, "old.lib"]
     assert [r.kind for r in records] == ["INTERNAL", "CLIENT", "CLIENT", "SERVER"]
     assert [r.status for r in records] == ["UNSET", "ERROR", "OK", "UNSET"]
+    assert [r.environment for r in records] == ["staging", "Prod", "Prod", None]
     assert records[3].trace_id == OTHER_TRACE
     assert records[1].attributes == {
         "gen_ai.operation.name": "chat",
         "gen_ai.request.model": "gpt",
         "llm.input_messages.0.message.role": "user",
+        "deployment.environment": "dev",
     }
     assert [(e.name, e.time_ns) for e in records[1].events] == [("gen_ai.user.message", 2500), ("gen_ai.choice", 2700)]
     assert spans[0].resource.attributes["host.name"] == "h1"  # the SDK path keeps the whole resource

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -276,6 +278,24 @@ def test_a_jobs_failure_another_job_scores_is_its_skip_and_its_retry_counts_noth
     again = asyncio.run(score_batch(of_a, deps))  # `tracescore dlq retry` of a's letter
     assert again.skipped == {"already_scored": 3}
     assert asyncio.run(store.jobs.progress("a")) == settled
+
+
+def test_a_record_carries_its_spans_environment_across_the_wire() -> None:
+    """The scored span's environment (the exporter's or backfill's record of it) reaches its
+    score records, sent through the queue's JSON; a message of a version without the field reads
+    as none."""
+    deps, _, writer = _deps(plain)
+    msg = batch(range(2), ["plain"])
+    span = msg.requests[0].spans[0]
+    msg.requests[0].spans[0] = dataclasses.replace(span, environment="prod-eu")
+    sent = json.loads(msg.model_dump_json())
+    assert sent["requests"][0]["spans"][0]["environment"] == "prod-eu"
+    del sent["requests"][1]["spans"][0]["environment"]  # as an older exporter wrote it
+    asyncio.run(score_batch(ScoreBatch.model_validate(sent), deps))
+    assert {r.trace_id: r.environment for r in writer.records} == {
+        msg.requests[0].trace_id: "prod-eu",
+        msg.requests[1].trace_id: None,
+    }
 
 
 def test_terminal_error_record_is_not_rescored() -> None:

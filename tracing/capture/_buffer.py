@@ -34,14 +34,15 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext
 
-from tracing._formats import SpanKind, classify
-from tracing._records import build_record, compact, service_name
+from tracing._formats import NO_ENVIRONMENT, SpanKind, classify
+from tracing._records import build_record, compact, origin_environment, service_name
 from tracing._rules import ScoringRule, sampled
 from tracing._run import SpanRecord, otlp_time
 from tracing._sdk import read_span, span_context
@@ -191,6 +192,7 @@ class TraceBuffer:
         self._seen_own = False
         self._seen_service: str | None = None
         self._seen_scope_name: str | None = None
+        self._seen_environment: tuple[Any, ...] = NO_ENVIRONMENT
 
     def __len__(self) -> int:
         return len(self._traces)
@@ -260,6 +262,7 @@ class TraceBuffer:
             f.events,
             self._seen_service,
             self._seen_scope_name,
+            self._seen_environment,
         )
         if entry is None:
             entry = self._open(tid, now, trace_id, rules)
@@ -305,6 +308,7 @@ class TraceBuffer:
     def _note_origin(self, scope: InstrumentationScope | None, resource: Resource | None) -> None:
         self._seen = (scope, resource)
         self._seen_service = service_name(resource)
+        self._seen_environment = origin_environment(resource)
         self._seen_scope_name = scope.name if scope is not None else None
         self._seen_own = own_origin(self._seen_scope_name, self._seen_service)
 

@@ -19,6 +19,10 @@ their spans as observations under the 16-hex span id, so those are ``traceId`` a
   no number (sending nothing would hide the failure; a fake 0 would lie).
 - ``metadata``: scorer id and version, score id, label, source (live / backfill), job and run
   ids, judge models (comma-separated), the error type and failed step.
+- ``environment``: the scored span's (``ScoreRecord.environment``), as Langfuse files the trace:
+  lowercased, its leading "langfuse" taken off, cut to 40 characters, and ``default`` when not
+  made of ``a-z 0-9 - _``. Without it a score went to ``default``, and a view filtered on the
+  trace's environment showed the trace without its scores.
 
 Outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
 (Retry-After honoured); any other 4xx ``Refused`` with Langfuse's message, never the keys or
@@ -33,6 +37,7 @@ so there is no "not ingested yet" wait here.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import httpx
@@ -162,4 +167,16 @@ def _score(record: ScoreRecord) -> dict[str, Any] | Refused:
         "dataType": data_type,
         "comment": comment or None,
         "metadata": {key: "" if val is None else val for key, val in metadata.items()},
+        "environment": langfuse_environment(record.environment),
     }
+
+
+_LANGFUSE_PREFIX = re.compile(r"^(?:langfuse[-_]?)+")
+_ENVIRONMENT = re.compile(r"[a-z0-9_-]+")
+
+
+def langfuse_environment(value: str | None) -> str:
+    """``value`` as Langfuse files an environment it is given (its ``PublicEnvironmentName``),
+    so the score lands where its trace did."""
+    name = _LANGFUSE_PREFIX.sub("", (value or "").lower())[:40]
+    return name if _ENVIRONMENT.fullmatch(name) else "default"
