@@ -373,6 +373,11 @@ class Scorer:
         except NotScorable as signal:
             result.score = None
             result.not_scorable = {"step": current, "reason": well_formed(signal.reason)}
+        except SystemExit as exc:
+            # Not this run's to wrap (the process or its thread may be ending), but a caller that
+            # makes it the run's failure (the worker) names the step and keeps what it spent.
+            exc.failed_step, exc.partial = current, result  # type: ignore[attr-defined]
+            raise
         except _PROCESS_EXITS:
             raise
         except BaseException as exc:

@@ -178,15 +178,19 @@ class StepExitError(ScorerError, WorkerError):
 
     error_type = "SystemExit"
 
-    def __init__(self, scorer_id: str, code: object) -> None:
+    def __init__(
+        self, scorer_id: str, code: object, failed_step: str | None = None, partial: ScoreResult | None = None
+    ) -> None:
         # (kept as text unless a number: the exit code may be any object, and this must pickle)
         code = code if code is None or isinstance(code, int | str) else repr(code)
+        where = f"step {failed_step}" if failed_step else "a step"
         super().__init__(
-            f"scorer {scorer_id!r} called sys.exit({code!r}) in a step; a step fails its run by raising an exception"
+            f"scorer {scorer_id!r} called sys.exit({code!r}) in {where}; a step fails its run by raising an exception"
         )
         self.scorer_id, self.code = scorer_id, code
-        self.failed_step: str | None = None
-        self.partial: ScoreResult | None = None
+        self.failed_step = failed_step
+        # What the run's finished steps spent (its judge calls), recorded with the failure.
+        self.partial = partial if isinstance(partial, ScoreResult) else None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.scorer_id, self.code))
+        return (type(self), (self.scorer_id, self.code, self.failed_step, self.partial))

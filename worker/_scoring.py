@@ -244,7 +244,9 @@ async def run_limited(scorer: Scorer, run_timeout_s: float | None, *, label: obj
     except SystemExit as exc:
         if halting(exc):
             raise
-        raise StepExitError(scorer.id, exc.code) from None
+        raise StepExitError(
+            scorer.id, exc.code, getattr(exc, "failed_step", None), getattr(exc, "partial", None)
+        ) from None
     except Exception as exc:  # outside the steps (a bug in the scorer): a limit, or the caller's to record
         limit = _limit_error_type(exc, task)
         if limit is None:

@@ -45,7 +45,8 @@ def test_a_worker_records_the_run_as_failed_and_scores_the_rest(redis_url: str, 
         assert len(by_span) == N
         failed = by_span.pop(exiting_span)
         assert failed["error_type"] == "SystemExit"
-        assert "scorer 'exits' called sys.exit(2) in a step" in failed["error_message"]
+        assert "scorer 'exits' called sys.exit(2) in step generate_score" in failed["error_message"]
+        assert failed["failed_step"] == "generate_score"
         assert all(s["error_type"] is None and s["score"] is not None for s in by_span.values())
         assert worker.proc.poll() is None
         client = redis.Redis.from_url(redis_url)
@@ -79,7 +80,7 @@ def test_score_records_the_run_as_failed_and_scores_the_rest(tmp_path: Path) -> 
     assert sorted(records) == [f"r{i}" for i in range(N)]
     assert records.pop(f"r{EXITING}")["error_type"] == "SystemExit"
     assert all(r.get("error_type") is None and r["score"] is not None for r in records.values())
-    assert "called sys.exit(2) in a step" in done.stderr
+    assert "called sys.exit(2) in step generate_score" in done.stderr
 
 
 def test_an_embedded_backfill_records_the_runs_as_failed_and_finishes(tmp_path: Path) -> None:
@@ -101,7 +102,7 @@ def test_an_embedded_backfill_records_the_runs_as_failed_and_finishes(tmp_path: 
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["status"] == "finished", done.stderr[-3000:]
     assert summary["failed"] == summary["by_scorer"]["exits"]["runs"] > 0
-    assert "called sys.exit(3) in a step" in done.stderr
+    assert "called sys.exit(3) in step generate_score" in done.stderr
 
 
 def test_a_loop_thread_outlives_a_task_that_exits() -> None:
@@ -161,3 +162,25 @@ def test_a_step_that_catches_the_loops_halt_and_exits_still_ends_the_loop() -> N
         assert isinstance(tasks[0].exception(), SystemExit)
     finally:
         lt.stop()
+
+
+def test_the_failure_names_the_step_and_keeps_what_the_run_did() -> None:
+    """The record named no step ("in a step") and dropped what the steps before had done and
+    spent; and the error lost both on its way between processes (pickled)."""
+    import asyncio
+    import pickle
+
+    from scorers import create_scorer
+    from worker._errors import StepExitError
+    from worker._scoring import run_limited
+
+    scorer = create_scorer("exits-late").preprocess(lambda run: {"n": 1}).generate_score(lambda: sys.exit(4))
+    with pytest.raises(StepExitError) as raised:
+        asyncio.run(run_limited(scorer, None, input="q", output="a"))
+    error = raised.value
+    assert error.failed_step == "generate_score"
+    assert "called sys.exit(4) in step generate_score" in str(error)
+    assert error.partial is not None
+    assert error.partial.completed_steps == ["preprocess"]
+    again = pickle.loads(pickle.dumps(error))
+    assert (str(again), again.failed_step, again.partial) == (str(error), "generate_score", error.partial)
