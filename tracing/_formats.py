@@ -27,10 +27,12 @@ from tracing._messages import (
     parse_system,
     str_or_none,
 )
+from tracing._run import ENVIRONMENT_ATTRIBUTE
 from tracing._span import SpanView
 
 __all__ = [
     "ENVIRONMENT_KEYS",
+    "MAX_ENVIRONMENT_CHARS",
     "NO_ENVIRONMENT",
     "READ_ATTRIBUTES",
     "READ_ATTRIBUTE_PREFIXES",
@@ -86,8 +88,12 @@ _CHOICE_EVENT = "gen_ai.choice"
 # A span's deployment environment, in Langfuse's order: its OpenTelemetry ingestion files a span
 # under the first of these keys set, in the span's attributes and then its resource's, key by
 # key. A score sent to Langfuse goes under the same environment, or a filter on it hides the
-# score (``SpanRecord.environment``).
+# score. Found where the resource is known (the exporter, the OTLP decoders), it travels as the
+# record's ENVIRONMENT_ATTRIBUTE.
 ENVIRONMENT_KEYS = ("langfuse.environment", "deployment.environment.name", "deployment.environment")
+# Langfuse keeps 40 characters of an environment (after its "langfuse" prefix): the rest of a
+# longer value is not carried into every record of the resource's spans.
+MAX_ENVIRONMENT_CHARS = 256
 # A resource's values of ENVIRONMENT_KEYS when it sets none (``resource_environment``).
 NO_ENVIRONMENT: tuple[Any, ...] = (None,) * len(ENVIRONMENT_KEYS)
 
@@ -99,18 +105,23 @@ def resource_environment(get: Callable[[str], Any]) -> tuple[Any, ...]:
     return values if any(v is not None for v in values) else NO_ENVIRONMENT
 
 
+def _set(value: Any) -> bool:
+    """Whether Langfuse (JavaScript) takes ``value`` as set: a list or a mapping is, even empty."""
+    return bool(value) or isinstance(value, list | tuple | dict | bytes)
+
+
 def environment_of(attributes: Mapping[str, Any], resource: Sequence[Any]) -> str | None:
     """A span's environment from its ``attributes`` and its resource's values of
     ``ENVIRONMENT_KEYS`` (``resource``, in that order): the first value set decides, as Langfuse
     reads it (one that is not text leaves the span in Langfuse's default: None)."""
     if resource is NO_ENVIRONMENT:  # the common case, on the exporter's hot path: three lookups
         first, second, third = ENVIRONMENT_KEYS
-        value = attributes.get(first) or attributes.get(second) or attributes.get(third)
-        return value if value and isinstance(value, str) else None
+        if first not in attributes and second not in attributes and third not in attributes:
+            return None
     for key, of_resource in zip(ENVIRONMENT_KEYS, resource, strict=True):
-        value = attributes.get(key) or of_resource
-        if value:
-            return value if isinstance(value, str) else None
+        for value in (attributes.get(key), of_resource):
+            if _set(value):
+                return value[:MAX_ENVIRONMENT_CHARS] if isinstance(value, str) else None
     return None
 
 
@@ -167,6 +178,7 @@ READ_ATTRIBUTES = frozenset(
         "tracescore.role",
         # where the trace ran (``environment_of``)
         *ENVIRONMENT_KEYS,
+        ENVIRONMENT_ATTRIBUTE,
     }
 )
 READ_ATTRIBUTE_PREFIXES = (

@@ -24,7 +24,7 @@ from tracing._formats import (
     environment_of,
     resource_environment,
 )
-from tracing._run import SpanRecord, SpanRecordEvent
+from tracing._run import ENVIRONMENT_ATTRIBUTE, SpanRecord, SpanRecordEvent
 from tracing._sdk import read_span
 
 # How deep an attribute value may nest (lists and mappings, or OTLP's arrayValue / kvlistValue,
@@ -178,6 +178,10 @@ def build_record(
     else:
         kept_events = ()
     attrs, size = read_attributes(attributes)
+    environment = environment_of(attrs, resource_environment)
+    if environment is not None:  # (a copy: ``attrs`` may be the span's own dict)
+        attrs = {**attrs, ENVIRONMENT_ATTRIBUTE: environment}
+        size += len(environment)
     # Positional: the cheapest way to build a dataclass (field order of ``SpanRecord``).
     # SpanContext is a tuple: [1] is span_id (a property read costs a Python call).
     record = SpanRecord(
@@ -193,7 +197,6 @@ def build_record(
         kept_events,
         service,
         scope,
-        environment_of(attrs, resource_environment),
     )
     return record, RECORD_OVERHEAD_BYTES + len(name) + size + (_events_size(kept_events) if kept_events else 0)
 

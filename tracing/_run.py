@@ -63,6 +63,11 @@ class TracedRun(BaseModel):
     request_context: dict[str, Any] | None = None
 
 
+# Where a record's span ran: an attribute, not a field of the record, so that a worker of the
+# release before reads the message (its records refuse unknown fields).
+ENVIRONMENT_ATTRIBUTE = "tracescore.environment"
+
+
 # Span records are built once per span on the application's hot path, so they are slots
 # dataclasses (~0.3 µs to build, no per-instance dict) rather than models (~3 µs even with
 # model_construct); pydantic validates and serializes them as fields of ``ScoreRequest`` all
@@ -84,8 +89,7 @@ class SpanRecord:
 
     ``attributes`` holds only the keys the transform reads (``tracing._formats.is_read_attribute``)
     and ``events`` only the events it reads; ids are lowercase hex. ``kind`` and ``status`` are
-    the OTel enum names (``INTERNAL``, ``OK``...). ``environment``: where the span ran, from its
-    attributes or its resource's (``tracing._formats.environment_of``). Treat it as read-only.
+    the OTel enum names (``INTERNAL``, ``OK``...). Treat it as read-only.
     """
 
     trace_id: Annotated[str, Field(pattern=_TRACE_ID)]
@@ -100,4 +104,10 @@ class SpanRecord:
     events: tuple[SpanRecordEvent, ...] = ()
     service_name: str | None = None
     scope_name: str | None = None
-    environment: str | None = None
+
+    @property
+    def environment(self) -> str | None:
+        """Where the span ran, found where its resource was known (the exporter, the OTLP
+        decoders: ``tracing._formats.environment_of``) and kept as ``ENVIRONMENT_ATTRIBUTE``."""
+        value = self.attributes.get(ENVIRONMENT_ATTRIBUTE)
+        return value if isinstance(value, str) else None

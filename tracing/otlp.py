@@ -52,7 +52,7 @@ from tracing._formats import (
     resource_environment,
 )
 from tracing._records import MAX_VALUE_DEPTH
-from tracing._run import SpanRecord, SpanRecordEvent, otlp_time
+from tracing._run import ENVIRONMENT_ATTRIBUTE, SpanRecord, SpanRecordEvent, otlp_time
 
 __all__ = [
     "OtlpDecodeError",
@@ -288,12 +288,23 @@ def _attributes(
             if type(text) is str:
                 out[key] = text
                 continue
-        value = _any_value(raw, f"{field}[{i}].value", where, depth)
+        value = _lenient(key, raw, f"{field}[{i}].value", where, depth)
         # A null attribute is none (the SDK drops it); a null inside a kvlist is a key the
         # readers test for ("role" in data): dropping it read the run otherwise than the exporter.
         if value is not None or depth:
             out[key] = value
     return out
+
+
+def _lenient(key: str, raw: Any, field: str, where: str, depth: int = 0) -> _Value:
+    """``_any_value``, except that an environment's value that does not decode is none: Langfuse
+    files its span under its default, and the span itself is as good as before it was read."""
+    if key not in ENVIRONMENT_KEYS:
+        return _any_value(raw, field, where, depth)
+    try:
+        return _any_value(raw, field, where, depth)
+    except OtlpDecodeError:
+        return None
 
 
 def _kind(value: Any, field: str, where: str) -> SpanKind:
@@ -524,6 +535,8 @@ def _json_record(raw: Any, resource: _RecordResource, scope: str | None, field: 
         if not status_name:
             raise OtlpDecodeError(f"unknown status code {_enum_value(code)}", where=where, field=f"{field}.status.code")
     attributes = _read_attributes(raw_attributes, f"{field}.attributes", where) if raw_attributes else {}
+    if (environment := environment_of(attributes, resource[1])) is not None:
+        attributes[ENVIRONMENT_ATTRIBUTE] = environment
     # Positional, in SpanRecord's field order: the cheapest way to build the dataclass.
     return SpanRecord(
         trace_id,  # type: ignore[arg-type]  # required: never None
@@ -538,7 +551,6 @@ def _json_record(raw: Any, resource: _RecordResource, scope: str | None, field: 
         events,
         resource[0],
         scope,
-        environment_of(attributes, resource[1]),
     )
 
 
@@ -548,7 +560,7 @@ def _record_resource(rs: Mapping[str, Any], attributes: list[Any], field: str, w
     found: dict[str, Any] = {}
     for item in attributes:
         if type(item) is dict and ((key := item.get("key")) == "service.name" or key in ENVIRONMENT_KEYS):
-            found[key] = _any_value(item.get("value") or {}, f"{field}.resource.attributes", where)
+            found[key] = _lenient(key, item.get("value") or {}, f"{field}.resource.attributes", where)
     service = found.get("service.name")
     return (service if isinstance(service, str) else None), resource_environment(found.get)
 
@@ -808,6 +820,8 @@ def _pb_records(rs_list: Sequence[PbResourceSpans], where: str) -> list[SpanReco
                 for kv in span.attributes:
                     if is_read_attribute(kv.key) and (value := _pb_value(kv.value)) is not None:
                         attributes[kv.key] = value
+                if (found_environment := environment_of(attributes, environment)) is not None:
+                    attributes[ENVIRONMENT_ATTRIBUTE] = found_environment
                 events = tuple(
                     SpanRecordEvent(e.name, e.time_unix_nano or None, _pb_attributes(e.attributes))
                     for e in span.events
@@ -827,7 +841,6 @@ def _pb_records(rs_list: Sequence[PbResourceSpans], where: str) -> list[SpanReco
                         events,
                         service,
                         scope,
-                        environment_of(attributes, environment),
                     )
                 )
     return records

@@ -19,8 +19,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 from opentelemetry.sdk.trace import ReadableSpan
 
 from tracing._formats import READ_EVENTS, environment_of, is_read_attribute
-from tracing._records import origin_environment
-from tracing._run import SpanRecord, SpanRecordEvent
+from tracing._records import compact, origin_environment
+from tracing._run import ENVIRONMENT_ATTRIBUTE, SpanRecord, SpanRecordEvent
 from tracing.otlp import (
     OtlpDecodeError,
     decode_otlp_json,
@@ -155,6 +155,10 @@ def _expected_record(span: ReadableSpan) -> SpanRecord:
     context = span.get_span_context()
     assert context is not None
     service = span.resource.attributes.get("service.name")
+    attributes = {k: v for k, v in (span.attributes or {}).items() if is_read_attribute(k)}
+    environment = environment_of(span.attributes or {}, origin_environment(span.resource))
+    if environment is not None:
+        attributes[ENVIRONMENT_ATTRIBUTE] = environment
     return SpanRecord(
         trace_id=f"{context.trace_id:032x}",
         span_id=f"{context.span_id:016x}",
@@ -164,13 +168,12 @@ def _expected_record(span: ReadableSpan) -> SpanRecord:
         start_time_ns=span.start_time,
         end_time_ns=span.end_time,
         status=span.status.status_code.name,
-        attributes={k: v for k, v in (span.attributes or {}).items() if is_read_attribute(k)},
+        attributes=attributes,
         events=tuple(
             SpanRecordEvent(e.name, e.timestamp, dict(e.attributes or {})) for e in span.events if e.name in READ_EVENTS
         ),
         service_name=service if isinstance(service, str) else None,
         scope_name=span.instrumentation_scope.name if span.instrumentation_scope is not None else None,
-        environment=environment_of(span.attributes or {}, origin_environment(span.resource)),
     )
 
 
@@ -197,6 +200,7 @@ def test_json_paths_agree_on_every_shared_field() -> None:
         "gen_ai.request.model": "gpt",
         "llm.input_messages.0.message.role": "user",
         "deployment.environment": "dev",
+        "tracescore.environment": "Prod",
     }
     assert [(e.name, e.time_ns) for e in records[1].events] == [("gen_ai.user.message", 2500), ("gen_ai.choice", 2700)]
     assert spans[0].resource.attributes["host.name"] == "h1"  # the SDK path keeps the whole resource
@@ -364,3 +368,24 @@ def test_a_null_inside_a_structured_value_reads_alike_on_every_path() -> None:
         for v in (exporter, from_json.attributes["output.value"], from_protobuf.attributes["output.value"])
     ]
     assert on_the_wire == [json.dumps(value)] * 3
+
+
+@pytest.mark.parametrize("bad", [{"intValue": "abc"}, {"weird": 1}, {"stringValue": 5}])
+def test_an_environment_that_does_not_decode_is_none_and_loses_no_span(bad: dict[str, Any]) -> None:
+    """The resource's (or a span's) environment is decoded now, where before only service.name
+    was: one that does not decode is none (Langfuse's default), not the whole line lost."""
+    document = _doc((*_RS0, "resource", "attributes", 2, "value"), bad)  # its deployment.environment.name
+    records = decode_otlp_records(document)
+    assert [r.environment for r in records] == ["staging", "dev", None, None]
+    spans = copy.deepcopy(document)
+    spans["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"][2]["value"] = bad  # langfuse.environment
+    assert [r.environment for r in decode_otlp_records(spans)] == [None, "dev", None, None]
+
+
+def test_a_long_environment_is_cut_and_counted() -> None:
+    """A resource's environment goes into every record of its spans: a 1 MB one made each run
+    too large to send. Langfuse keeps 40 characters; the records keep 256, and count them."""
+    document = _doc((*_RS0, "resource", "attributes", 2, "value"), {"stringValue": "x" * 1_000_000})
+    records = decode_otlp_records(document)
+    assert [len(r.environment or "") for r in records] == [7, 256, 256, 0]
+    assert all(compact(r) < 2_000 for r in records)

@@ -282,15 +282,19 @@ def test_a_jobs_failure_another_job_scores_is_its_skip_and_its_retry_counts_noth
 
 def test_a_record_carries_its_spans_environment_across_the_wire() -> None:
     """The scored span's environment (the exporter's or backfill's record of it) reaches its
-    score records, sent through the queue's JSON; a message of a version without the field reads
-    as none."""
+    score records through the queue's JSON, as an attribute: the span records keep the fields a
+    worker of the release before reads (it refuses unknown ones)."""
     deps, _, writer = _deps(plain)
     msg = batch(range(2), ["plain"])
     span = msg.requests[0].spans[0]
-    msg.requests[0].spans[0] = dataclasses.replace(span, environment="prod-eu")
+    msg.requests[0].spans[0] = dataclasses.replace(
+        span, attributes={**span.attributes, "tracescore.environment": "prod-eu"}
+    )
     sent = json.loads(msg.model_dump_json())
-    assert sent["requests"][0]["spans"][0]["environment"] == "prod-eu"
-    del sent["requests"][1]["spans"][0]["environment"]  # as an older exporter wrote it
+    assert {key for request in sent["requests"] for s in request["spans"] for key in s} == {
+        "trace_id", "span_id", "name", "parent_span_id", "kind", "start_time_ns", "end_time_ns", "status",
+        "attributes", "events", "service_name", "scope_name",
+    }  # fmt: skip
     asyncio.run(score_batch(ScoreBatch.model_validate(sent), deps))
     assert {r.trace_id: r.environment for r in writer.records} == {
         msg.requests[0].trace_id: "prod-eu",
