@@ -121,7 +121,10 @@ def test_a_key_echoed_escaped_is_scrubbed(
     assert "gw%2B" not in said
 
 
-@pytest.mark.parametrize("key", [SLASHED_KEY, 'gw-"quoted"-key', "gw-\\back-slash", "gw-clé-9f8e7d"])
+@pytest.mark.parametrize(
+    "key",
+    [SLASHED_KEY, 'gw-"quoted"-key', "gw-\\back-slash", "gw\\\\\\three", "gw-clé-9f8e7d", "/pw-12345"],
+)
 def test_scrub_every_written_form_of_a_literal(key: str) -> None:
     """The configured key as JSON writes it (ASCII-only or not, '/' escaped or not, inside JSON
     inside JSON), as a URL does, and in a ``bytes`` repr: each is masked whole."""
@@ -139,6 +142,8 @@ def test_scrub_every_written_form_of_a_literal(key: str) -> None:
     for form in forms:
         assert scrub_secrets(f"echo: <{form}> end", key) == "echo: <***> end", form
     assert scrub_secrets(json.dumps({"detail": key}), key) == '{"detail": "***"}'
+    # After a backslash of the text around it (a Windows path, say) too.
+    assert scrub_secrets(f"C:\\dir\\{quote(key, safe='')}", key) == "C:\\dir\\***"
     # Its letters alone, or another text sharing its start, are left as they are.
     alike = f"{key[:-2]}!!"
     assert scrub_secrets(alike, key) == alike

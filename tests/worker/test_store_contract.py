@@ -294,6 +294,27 @@ def test_one_score_id_twice_in_one_put_is_put_in_turn(store: Any) -> None:
     assert {k: v for k, v in progress["c"].items() if v} == {"skipped": 1, "skipped:already_scored": 1}
 
 
+def test_one_score_id_twice_in_one_put_stays_in_turn_through_a_key_repair(redis_url: str) -> None:
+    """As above, with job c's counters holding another Redis type: the repaired call was sent
+    again after the next one, so b's score came first and a's failure became the skip (review)."""
+    store = RedisScoreStore(redis_url)
+    a = _record(37, job_id="a", error_type="TimeoutError", retryable=True)
+    c = _record(37, job_id="c", error_type="RateLimit", retryable=True)
+
+    async def go() -> tuple[list[bool], dict[str, dict[str, int]]]:
+        await store.put_records([a], "w", 60)
+        await store._redis.client.set(_keys.job_key("c"), "not a hash")
+        fresh = await store.put_records([c, _record(37, job_id="b", score=0.5)], "w", 60)
+        progress = {job: await store.jobs.progress(job) for job in "abc"}
+        await store.close()
+        return fresh, progress
+
+    fresh, progress = run(go())
+    assert fresh == [True, True]
+    assert progress["a"] == {"failed": 1, "failed:TimeoutError": 1}
+    assert {k: v for k, v in progress["c"].items() if v} == {"skipped": 1, "skipped:already_scored": 1}
+
+
 def test_a_failure_of_a_job_whose_counters_expired_is_replaced_without_them(redis_url: str) -> None:
     """Job a's counters gone (their 7 days passed; a record may live longer): b's score of a's
     failed run makes no counters of a, which would hold -1 failed for another 7 days."""

@@ -578,7 +578,14 @@ class RedisScoreStore(OnRedis):
                     "0" if record.retryable else "1",
                 )
             calls.append((len(keys), keys + args))
-        replies = await self._redis.evalsha_each(_PUT_RECORDS, calls, where="put_records")
+        if len({r.score_id for r in records}) == len(records):
+            replies = await self._redis.evalsha_each(_PUT_RECORDS, calls, where="put_records")
+        else:  # one call after another: a call repaired is sent again after the others (``_chunks``)
+            replies = [
+                reply
+                for call in calls
+                for reply in await self._redis.evalsha_each(_PUT_RECORDS, [call], where="put_records")
+            ]
         jobs = {r.job_id for r in records if r.job_id}
         if jobs:
             async with self._redis.client.pipeline(transaction=False) as pipe:
