@@ -241,9 +241,9 @@ class Scorer:
                 return done.value  # type: ignore[no-any-return]
             try:
                 sent, error = await awaitable, None
-            except _PROCESS_EXITS:
+            except _NOT_THE_STEPS:
                 raise
-            except BaseException as exc:  # (the flow tells a step's own from ours)
+            except BaseException as exc:  # (the flow tells a step's own from ours; tags a SystemExit)
                 sent, error = None, exc
 
     def run_sync(
@@ -278,7 +278,7 @@ class Scorer:
                 raise
             try:
                 sent, error = loop.run_until_complete(awaitable), None
-            except _PROCESS_EXITS:
+            except _NOT_THE_STEPS:
                 raise
             except BaseException as exc:
                 sent, error = None, exc
@@ -591,6 +591,9 @@ def _describe(error: Any) -> str:
 # recorded here as a step's failure. A caller that runs steps on a thread of its own may make a
 # step's SystemExit the run's failure, as the worker does (only that thread would end).
 _PROCESS_EXITS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+# What the drivers raise at once rather than hand back to the flow: a SystemExit goes back, so
+# that the flow tags it with its step before it goes on up.
+_NOT_THE_STEPS = (KeyboardInterrupt, GeneratorExit)
 
 
 def _being_cancelled() -> bool:

@@ -184,3 +184,47 @@ def test_the_failure_names_the_step_and_keeps_what_the_run_did() -> None:
     assert error.partial.completed_steps == ["preprocess"]
     again = pickle.loads(pickle.dumps(error))
     assert (str(again), again.failed_step, again.partial) == (str(error), "generate_score", error.partial)
+
+
+@pytest.mark.parametrize("where", ["async step", "nested scorer", "instance raised twice"])
+def test_the_step_is_the_runs_own_however_the_exit_comes(where: str) -> None:
+    """An async step's exit reached the caller without passing the scorer's flow (no step); an
+    inner scorer's (checks.all_of) named the inner step and kept the inner result; an exit raised
+    again kept its first run's step and spend (review)."""
+    import asyncio
+
+    from scorers import create_scorer
+    from scorers.builtin import checks
+    from worker._errors import StepExitError
+    from worker._scoring import run_limited
+
+    async def exits_async() -> float:
+        sys.exit(6)
+
+    reused = SystemExit(7)
+
+    def raise_reused() -> float:
+        raise reused
+
+    async def raise_reused_async() -> float:
+        raise reused
+
+    if where == "async step":
+        scorer = create_scorer("late").preprocess(lambda run: {"n": 1}).generate_score(exits_async)
+        expected = ("generate_score", "late", ["preprocess"])
+    elif where == "nested scorer":
+        inner = create_scorer("inner").generate_score(exits_async)
+        scorer = checks.all_of(inner, id="outer")
+        expected = ("preprocess", "outer", [])
+    else:
+        with pytest.raises(StepExitError):
+            asyncio.run(run_limited(create_scorer("first").analyze(raise_reused).generate_score(lambda: 1.0), None,
+                                    input="q", output="a"))  # fmt: skip
+        scorer = create_scorer("second").generate_score(raise_reused_async)
+        expected = ("generate_score", "second", [])
+    with pytest.raises(StepExitError) as raised:
+        asyncio.run(run_limited(scorer, None, input="q", output="a"))
+    error = raised.value
+    assert error.partial is not None
+    assert (error.failed_step, error.partial.scorer_id, error.partial.completed_steps) == expected
+    assert f"in step {expected[0]}" in str(error)
