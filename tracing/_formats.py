@@ -106,8 +106,11 @@ def resource_environment(get: Callable[[str], Any]) -> tuple[Any, ...]:
 
 
 def _set(value: Any) -> bool:
-    """Whether Langfuse (JavaScript) takes ``value`` as set: a list or a mapping is, even empty."""
-    return bool(value) or isinstance(value, list | tuple | dict | bytes)
+    """Whether Langfuse (JavaScript) takes ``value`` as set: a list or a mapping is, even empty;
+    NaN is not."""
+    if isinstance(value, list | tuple | dict | bytes):
+        return True
+    return bool(value) and value == value
 
 
 def environment_of(attributes: Mapping[str, Any], resource: Sequence[Any]) -> str | None:

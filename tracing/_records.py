@@ -179,9 +179,12 @@ def build_record(
         kept_events = ()
     attrs, size = read_attributes(attributes)
     environment = environment_of(attrs, resource_environment)
-    if environment is not None:  # (a copy: ``attrs`` may be the span's own dict)
-        attrs = {**attrs, ENVIRONMENT_ATTRIBUTE: environment}
-        size += len(environment)
+    if environment is not None or ENVIRONMENT_ATTRIBUTE in attrs:
+        # Ours to set, never the span's own (a copy: ``attrs`` may be the span's own dict).
+        attrs = {key: value for key, value in attrs.items() if key != ENVIRONMENT_ATTRIBUTE}
+        if environment is not None:
+            attrs[ENVIRONMENT_ATTRIBUTE] = environment
+            size += len(environment)
     # Positional: the cheapest way to build a dataclass (field order of ``SpanRecord``).
     # SpanContext is a tuple: [1] is span_id (a property read costs a Python call).
     record = SpanRecord(

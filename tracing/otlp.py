@@ -296,10 +296,22 @@ def _attributes(
     return out
 
 
+def _set_environment(attributes: dict[str, _Value], resource: tuple[Any, ...]) -> None:
+    """The record's ``ENVIRONMENT_ATTRIBUTE`` from its span's and resource's environment, in
+    place of any the span had of its own."""
+    attributes.pop(ENVIRONMENT_ATTRIBUTE, None)
+    if (environment := environment_of(attributes, resource)) is not None:
+        attributes[ENVIRONMENT_ATTRIBUTE] = environment
+
+
+# Values decoded only to find where a span ran (or to drop a span's own ENVIRONMENT_ATTRIBUTE).
+_LENIENT = frozenset({*ENVIRONMENT_KEYS, ENVIRONMENT_ATTRIBUTE})
+
+
 def _lenient(key: str, raw: Any, field: str, where: str, depth: int = 0) -> _Value:
     """``_any_value``, except that an environment's value that does not decode is none: Langfuse
     files its span under its default, and the span itself is as good as before it was read."""
-    if key not in ENVIRONMENT_KEYS:
+    if key not in _LENIENT:
         return _any_value(raw, field, where, depth)
     try:
         return _any_value(raw, field, where, depth)
@@ -535,8 +547,7 @@ def _json_record(raw: Any, resource: _RecordResource, scope: str | None, field: 
         if not status_name:
             raise OtlpDecodeError(f"unknown status code {_enum_value(code)}", where=where, field=f"{field}.status.code")
     attributes = _read_attributes(raw_attributes, f"{field}.attributes", where) if raw_attributes else {}
-    if (environment := environment_of(attributes, resource[1])) is not None:
-        attributes[ENVIRONMENT_ATTRIBUTE] = environment
+    _set_environment(attributes, resource[1])
     # Positional, in SpanRecord's field order: the cheapest way to build the dataclass.
     return SpanRecord(
         trace_id,  # type: ignore[arg-type]  # required: never None
@@ -820,8 +831,7 @@ def _pb_records(rs_list: Sequence[PbResourceSpans], where: str) -> list[SpanReco
                 for kv in span.attributes:
                     if is_read_attribute(kv.key) and (value := _pb_value(kv.value)) is not None:
                         attributes[kv.key] = value
-                if (found_environment := environment_of(attributes, environment)) is not None:
-                    attributes[ENVIRONMENT_ATTRIBUTE] = found_environment
+                _set_environment(attributes, environment)
                 events = tuple(
                     SpanRecordEvent(e.name, e.time_unix_nano or None, _pb_attributes(e.attributes))
                     for e in span.events

@@ -389,3 +389,19 @@ def test_a_long_environment_is_cut_and_counted() -> None:
     records = decode_otlp_records(document)
     assert [len(r.environment or "") for r in records] == [7, 256, 256, 0]
     assert all(compact(r) < 2_000 for r in records)
+
+
+@pytest.mark.parametrize("own", [{"stringValue": "x" * 1_000_000}, {"intValue": "zz"}, {"stringValue": "prod"}])
+def test_a_spans_own_tracescore_environment_is_never_taken(own: dict[str, Any]) -> None:
+    """The attribute that carries the environment to the worker is ours: a span's own (any size,
+    malformed or not) was kept, unbounded, over what Langfuse reads, or lost the line (review)."""
+    document = copy.deepcopy(DOCUMENT)
+    for s, i in ((0, 0), (1, 0)):  # the agent span (its langfuse.environment) and the tool span (none)
+        document["resourceSpans"][0]["scopeSpans"][s]["spans"][i]["attributes"].append(
+            {"key": "tracescore.environment", "value": own}
+        )
+    del document["resourceSpans"][0]["resource"]["attributes"][2]  # (no resource environment)
+    assert [r.environment for r in decode_otlp_records(document)] == ["staging", "dev", None, None]
+    if "stringValue" in own:  # (the SDK's decoder, which makes the protobuf, decodes every value)
+        data = encode_spans(decode_otlp_json(document)).SerializeToString()
+        assert [r.environment for r in decode_otlp_protobuf_records(data)] == ["staging", "dev", None, None]

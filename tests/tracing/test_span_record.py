@@ -160,3 +160,17 @@ def test_fast_request_matches_model_construct() -> None:
     again = ScoreRequest.model_validate_json(fast.model_dump_json())
     assert again.enqueued_at == 1.5
     assert isinstance(trace_to_run(again.spans or [], again.target_span_ids[0]), TracedRun)
+
+
+def test_a_spans_own_tracescore_environment_is_never_taken() -> None:
+    """The exporter's record: what Langfuse reads decides, never the span's own attribute that
+    carries it to the worker (kept, it overrode the resource's and went unbounded: review)."""
+    plain = Recorder()
+    with plain.span("chat m", {"tracescore.environment": "x" * 100_000}):
+        pass
+    placed = Recorder(resource={"deployment.environment": "prod"})
+    with placed.span("chat m", {"tracescore.environment": "elsewhere"}):
+        pass
+    own = {s.name: s.attributes["tracescore.environment"] for s in plain.spans()}
+    assert [span_record(s).environment for s in (*plain.spans(), *placed.spans())] == [None, "prod"]
+    assert {s.name: s.attributes["tracescore.environment"] for s in plain.spans()} == own  # the SDK's, untouched
