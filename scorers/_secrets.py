@@ -145,6 +145,8 @@ def _unit(ch: str, backslashes: int, *, first: bool) -> str:
         _run(backslashes, 1, first=first) + after.join(f"x{_hex(bytes([b]))}" for b in utf8),
     ]
     forms.append(percent + "".join(f"%{_hex(bytes([b]))}" for b in utf8))
+    if backslashes and ch in "-_.~":  # (a URL leaves these as they are)
+        forms.append(percent + re.escape(ch))
     return f"(?:{'|'.join(forms)})"
 
 

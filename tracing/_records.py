@@ -181,6 +181,8 @@ def build_record(
     environment = environment_of(attrs, resource_environment)
     if environment is not None or ENVIRONMENT_ATTRIBUTE in attrs:
         # Ours to set, never the span's own (a copy: ``attrs`` may be the span's own dict).
+        if ENVIRONMENT_ATTRIBUTE in attrs:
+            size -= _text_size({ENVIRONMENT_ATTRIBUTE: attrs[ENVIRONMENT_ATTRIBUTE]})
         attrs = {key: value for key, value in attrs.items() if key != ENVIRONMENT_ATTRIBUTE}
         if environment is not None:
             attrs[ENVIRONMENT_ATTRIBUTE] = environment

@@ -688,6 +688,16 @@ class _NestedTooDeep(Exception):
     """A protobuf attribute value past ``MAX_VALUE_DEPTH`` (named with its place by the caller)."""
 
 
+def _pb_lenient(key: str, value: PbAnyValue) -> _Value:
+    """``_pb_value``, except that an environment's value nested too deeply is none (``_lenient``)."""
+    if key not in _LENIENT:
+        return _pb_value(value)
+    try:
+        return _pb_value(value)
+    except (RecursionError, _NestedTooDeep):
+        return None
+
+
 def _pb_value(value: PbAnyValue, depth: int = 0) -> _Value:
     kind = value.WhichOneof("value")
     if kind is None:
@@ -813,7 +823,7 @@ def _pb_records(rs_list: Sequence[PbResourceSpans], where: str) -> list[SpanReco
     records: list[SpanRecord] = []
     for r, rs in enumerate(rs_list):
         found = {
-            kv.key: _pb_value(kv.value)
+            kv.key: _pb_lenient(kv.key, kv.value)
             for kv in rs.resource.attributes
             if kv.key == "service.name" or kv.key in ENVIRONMENT_KEYS
         }
@@ -829,8 +839,13 @@ def _pb_records(rs_list: Sequence[PbResourceSpans], where: str) -> list[SpanReco
                 parent_id = _pb_id(span.parent_span_id, 8, f"{field}.parentSpanId", where, required=False)
                 attributes: dict[str, _Value] = {}
                 for kv in span.attributes:
-                    if is_read_attribute(kv.key) and (value := _pb_value(kv.value)) is not None:
-                        attributes[kv.key] = value
+                    key = kv.key  # (ENVIRONMENT_ATTRIBUTE is ours to set: not read)
+                    if (
+                        is_read_attribute(key)
+                        and key != ENVIRONMENT_ATTRIBUTE
+                        and (value := _pb_lenient(key, kv.value)) is not None
+                    ):
+                        attributes[key] = value
                 _set_environment(attributes, environment)
                 events = tuple(
                     SpanRecordEvent(e.name, e.time_unix_nano or None, _pb_attributes(e.attributes))

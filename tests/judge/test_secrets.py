@@ -123,7 +123,16 @@ def test_a_key_echoed_escaped_is_scrubbed(
 
 @pytest.mark.parametrize(
     "key",
-    [SLASHED_KEY, 'gw-"quoted"-key', "gw-\\back-slash", "gw\\\\\\three", "gw-clé-9f8e7d", "/pw-12345", "ab\\/\\/cd-1"],
+    [
+        SLASHED_KEY,
+        'gw-"quoted"-key',
+        "gw-\\back-slash",
+        "gw\\\\\\three",
+        "gw-clé-9f8e7d",
+        "/pw-12345",
+        "ab\\/\\/cd-1",
+        "gw-\\-key",
+    ],
 )
 def test_scrub_every_written_form_of_a_literal(key: str) -> None:
     """The configured key as JSON writes it (ASCII-only or not, '/' escaped or not, inside JSON

@@ -405,3 +405,26 @@ def test_a_spans_own_tracescore_environment_is_never_taken(own: dict[str, Any]) 
     if "stringValue" in own:  # (the SDK's decoder, which makes the protobuf, decodes every value)
         data = encode_spans(decode_otlp_json(document)).SerializeToString()
         assert [r.environment for r in decode_otlp_protobuf_records(data)] == ["staging", "dev", None, None]
+
+
+def test_an_environment_nested_too_deeply_in_protobuf_loses_no_span() -> None:
+    """The protobuf decoder read the environment keys (and a span's own tracescore.environment)
+    strictly: one nested past the limit lost the whole message (review)."""
+    message = TracesData()
+    rs = message.resource_spans.add()
+    deep = rs.resource.attributes.add()
+    deep.key = "deployment.environment.name"
+    value = deep.value
+    for _ in range(40):  # (past the 32 levels a value may nest, short of the parser's own limit)
+        value = value.array_value.values.add()
+    value.string_value = "x"
+    span = rs.scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), bytes.fromhex("b7ad6b7169203331"), "x"
+    own = span.attributes.add()
+    own.key = "tracescore.environment"
+    nested = own.value
+    for _ in range(40):
+        nested = nested.array_value.values.add()
+    nested.string_value = "y"
+    (record,) = decode_otlp_protobuf_records(message.SerializeToString())
+    assert record.environment is None
