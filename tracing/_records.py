@@ -162,11 +162,11 @@ def build_record(
     events: Sequence[Any],
     service: str | None,
     scope: str | None,
-    resource_environment: Sequence[Any],
+    origin: Sequence[Any],
 ) -> tuple[SpanRecord, int]:
     """The ``SpanRecord`` of a span from its fields (``tracing._sdk.read_span``), compacted
-    (``compact``), and its approximate JSON size (``resource_environment``: its resource's
-    values of ``ENVIRONMENT_KEYS``). The record keeps the span's own attribute
+    (``compact``), and its approximate JSON size (``origin``: its resource's values of
+    ``ENVIRONMENT_KEYS``, ``origin_environment``). The record keeps the span's own attribute
     dict when the transform reads every key of it (the common case): nothing is copied.
     ``ValueError`` for a value the workers would refuse (nested past ``MAX_VALUE_DEPTH``)."""
     if name.__class__ is not str:
@@ -178,7 +178,7 @@ def build_record(
     else:
         kept_events = ()
     attrs, size = read_attributes(attributes)
-    environment = environment_of(attrs, resource_environment)
+    environment = environment_of(attrs, origin)
     if environment is not None or ENVIRONMENT_ATTRIBUTE in attrs:
         # Ours to set, never the span's own (a copy: ``attrs`` may be the span's own dict).
         if ENVIRONMENT_ATTRIBUTE in attrs:
