@@ -317,6 +317,17 @@ def test_protobuf_malformations_give_the_same_error_through_both_paths(data: byt
     assert (str(rec.value), rec.value.field, rec.value.where) == (str(sdk.value), sdk.value.field, sdk.value.where)
 
 
+def _nested_past_the_cap(attributes: Any, key: str, text: str) -> None:
+    """An attribute ``key`` whose value is ``text`` 40 arrayValues deep: past the 32 levels a
+    value may nest, short of the protobuf parser's own limit."""
+    kv = attributes.add()
+    kv.key = key
+    value = kv.value
+    for _ in range(40):
+        value = value.array_value.values.add()
+    value.string_value = text
+
+
 def test_what_the_readers_do_not_use_costs_no_protobuf_message_its_records() -> None:
     """Backfill's protobuf records were made from whole SDK spans: a link without a span id, or
     an attribute no reader uses nested past the 32-level cap, lost every trace of the message,
@@ -324,12 +335,7 @@ def test_what_the_readers_do_not_use_costs_no_protobuf_message_its_records() -> 
     deep = TracesData()
     span = deep.resource_spans.add().scope_spans.add().spans.add()
     span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), bytes.fromhex("b7ad6b7169203331"), "x"
-    kv = span.attributes.add()
-    kv.key = "app.unread"
-    value = kv.value
-    for _ in range(40):
-        value = value.array_value.values.add()
-    value.string_value = "deep"
+    _nested_past_the_cap(span.attributes, "app.unread", "deep")
     read = span.attributes.add()
     read.key, read.value.string_value = "gen_ai.operation.name", "chat"
     for data in (deep.SerializeToString(), _pb(link=(bytes.fromhex(TRACE), b""))):
@@ -412,19 +418,9 @@ def test_an_environment_nested_too_deeply_in_protobuf_loses_no_span() -> None:
     strictly: one nested past the limit lost the whole message (review)."""
     message = TracesData()
     rs = message.resource_spans.add()
-    deep = rs.resource.attributes.add()
-    deep.key = "deployment.environment.name"
-    value = deep.value
-    for _ in range(40):  # (past the 32 levels a value may nest, short of the parser's own limit)
-        value = value.array_value.values.add()
-    value.string_value = "x"
+    _nested_past_the_cap(rs.resource.attributes, "deployment.environment.name", "x")
     span = rs.scope_spans.add().spans.add()
     span.trace_id, span.span_id, span.name = bytes.fromhex(TRACE), bytes.fromhex("b7ad6b7169203331"), "x"
-    own = span.attributes.add()
-    own.key = "tracescore.environment"
-    nested = own.value
-    for _ in range(40):
-        nested = nested.array_value.values.add()
-    nested.string_value = "y"
+    _nested_past_the_cap(span.attributes, "tracescore.environment", "y")
     (record,) = decode_otlp_protobuf_records(message.SerializeToString())
     assert record.environment is None

@@ -227,8 +227,8 @@ def test_store_failure_stops_the_other_requests_and_frees_their_claims() -> None
     assert owners == {}
 
 
-def test_retryable_error_record_is_replaced_by_a_later_success() -> None:
-    """Transient failures past the budget leave retryable error records; a later delivery replaces them."""
+def _flaky(scorer_id: str) -> tuple[Any, dict[str, bool]]:
+    """A scorer that times out until its switch is turned ``on``, and the switch."""
     healthy = {"on": False}
 
     async def judge_like(run: Any) -> float:
@@ -236,7 +236,12 @@ def test_retryable_error_record_is_replaced_by_a_later_success() -> None:
             raise TimeoutError("provider down")
         return 0.9
 
-    scorer = create_scorer("flaky2", type="agent").generate_score(judge_like)
+    return create_scorer(scorer_id, type="agent").generate_score(judge_like), healthy
+
+
+def test_retryable_error_record_is_replaced_by_a_later_success() -> None:
+    """Transient failures past the budget leave retryable error records; a later delivery replaces them."""
+    scorer, healthy = _flaky("flaky2")
     deps, store, writer = _deps(scorer)
     msg = batch(range(2), ["flaky2"], job_id="job")
     first = asyncio.run(score_batch(msg, deps, final_attempt=True))
@@ -258,14 +263,7 @@ def test_a_jobs_failure_another_job_scores_is_its_skip_and_its_retry_counts_noth
     """Job a's runs failed for good on a transient error; job b then scored them. a still counted
     them failed, and a's `dlq retry` then counted them skipped too: 900 of 600 in the audit. Now
     b's score turns a's failure into a's skip, once, and a's retry adds nothing."""
-    healthy = {"on": False}
-
-    async def judge_like(run: Any) -> float:
-        if not healthy["on"]:
-            raise TimeoutError("provider down")
-        return 0.9
-
-    scorer = create_scorer("flaky3", type="agent").generate_score(judge_like)
+    scorer, healthy = _flaky("flaky3")
     deps, store, _ = _deps(scorer)
     of_a = batch(range(3), ["flaky3"], job_id="a")
     asyncio.run(score_batch(of_a, deps, final_attempt=True))

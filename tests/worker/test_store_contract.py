@@ -7,7 +7,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -273,21 +273,26 @@ def test_another_jobs_retryable_failure_leaves_a_failure_where_it_is(store: Any)
     assert b == {"failed": 1, "failed:RateLimit": 1}
 
 
+async def _one_id_twice(
+    store: Any, n: int, before: Callable[[], Awaitable[None]] | None = None
+) -> tuple[list[bool], dict[str, dict[str, int]]]:
+    """Job a's retryable failure of run ``n``, then (after ``before``) one put of job c's
+    retryable failure and job b's score of it: what the put answered, and jobs a, b, c's counts."""
+    await store.put_records([_record(n, job_id="a", error_type="TimeoutError", retryable=True)], "w", 60)
+    if before is not None:
+        await before()
+    c = _record(n, job_id="c", error_type="RateLimit", retryable=True)
+    fresh = await store.put_records([c, _record(n, job_id="b", score=0.5)], "w", 60)
+    progress = {job: await store.jobs.progress(job) for job in "abc"}
+    await store.close()
+    return fresh, progress
+
+
 def test_one_score_id_twice_in_one_put_is_put_in_turn(store: Any) -> None:
     """Job a's failure, then one put of job c's retryable failure and job b's score of the same
     run: as two puts would, a's failure stays a's, c's becomes c's skip (the Redis script read
     every stored value before writing, and corrected a's instead: review)."""
-    a = _record(34, job_id="a", error_type="TimeoutError", retryable=True)
-    c = _record(34, job_id="c", error_type="RateLimit", retryable=True)
-
-    async def go() -> tuple[list[bool], dict[str, dict[str, int]]]:
-        await store.put_records([a], "w", 60)
-        fresh = await store.put_records([c, _record(34, job_id="b", score=0.5)], "w", 60)
-        progress = {job: await store.jobs.progress(job) for job in "abc"}
-        await store.close()
-        return fresh, progress
-
-    fresh, progress = run(go())
+    fresh, progress = run(_one_id_twice(store, 34))
     assert fresh == [True, True]
     assert progress["a"] == {"failed": 1, "failed:TimeoutError": 1}
     assert progress["b"] == {"scored": 1}
@@ -298,18 +303,11 @@ def test_one_score_id_twice_in_one_put_stays_in_turn_through_a_key_repair(redis_
     """As above, with job c's counters holding another Redis type: the repaired call was sent
     again after the next one, so b's score came first and a's failure became the skip (review)."""
     store = RedisScoreStore(redis_url)
-    a = _record(37, job_id="a", error_type="TimeoutError", retryable=True)
-    c = _record(37, job_id="c", error_type="RateLimit", retryable=True)
 
-    async def go() -> tuple[list[bool], dict[str, dict[str, int]]]:
-        await store.put_records([a], "w", 60)
+    async def break_cs_counters() -> None:
         await store._redis.client.set(_keys.job_key("c"), "not a hash")
-        fresh = await store.put_records([c, _record(37, job_id="b", score=0.5)], "w", 60)
-        progress = {job: await store.jobs.progress(job) for job in "abc"}
-        await store.close()
-        return fresh, progress
 
-    fresh, progress = run(go())
+    fresh, progress = run(_one_id_twice(store, 37, break_cs_counters))
     assert fresh == [True, True]
     assert progress["a"] == {"failed": 1, "failed:TimeoutError": 1}
     assert {k: v for k, v in progress["c"].items() if v} == {"skipped": 1, "skipped:already_scored": 1}

@@ -37,10 +37,8 @@ class MemoryJobStats:
                 counts = self._jobs[replaced.job_id]
                 counts["failed"] -= 1
                 counts[f"failed:{replaced.error_type}"] -= 1
-                if replaced.job_id != record.job_id and record.score_id not in self._skips[replaced.job_id]:
-                    self._skips[replaced.job_id].add(record.score_id)
-                    counts["skipped"] += 1
-                    counts["skipped:already_scored"] += 1
+                if replaced.job_id != record.job_id:
+                    self._count_new_skips(replaced.job_id, "already_scored", [record.score_id])
             counter, reason = outcome(record)
             if record.job_id:
                 self._jobs[record.job_id][counter] += 1
@@ -60,13 +58,17 @@ class MemoryJobStats:
 
     async def count_skipped_once(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:
         with self._lock:
-            counted = self._skips[job_id]
-            new = set(score_ids) - counted
-            counted |= new
-            if new:
-                self._jobs[job_id]["skipped"] += len(new)
-                self._jobs[job_id][f"skipped:{reason}"] += len(new)
-            return len(new)
+            return self._count_new_skips(job_id, reason, score_ids)
+
+    def _count_new_skips(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:
+        """(Under the lock.) Count those of ``score_ids`` not counted for the job before."""
+        counted = self._skips[job_id]
+        new = set(score_ids) - counted
+        counted |= new
+        if new:
+            self._jobs[job_id]["skipped"] += len(new)
+            self._jobs[job_id][f"skipped:{reason}"] += len(new)
+        return len(new)
 
     async def progress(self, job_id: str) -> dict[str, int]:
         with self._lock:
