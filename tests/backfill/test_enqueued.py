@@ -19,6 +19,7 @@ from worker._keys import record_key
 from worker._settings import load_settings
 from worker._summary import Outcome, Summary
 from worker.backfill._job import _Enqueued, _job_delivery
+from worker.backfill._progress import ProgressReporter
 from worker.store import RedisOutbox, SinkDeadLetter
 
 REGISTRY: Any = {"length": length, "shouting": shouting}
@@ -89,18 +90,23 @@ def _record(i: int, scorer_id: str) -> ScoreRecord:
     )
 
 
-class _Reporter:
-    """A reporter whose first "waiting" message lets the sink take what was pending."""
+class _Reporter(ProgressReporter):
+    """Plain progress lines, each shown (no interval); the first lets the sink take what was
+    pending."""
 
     def __init__(self, on_wait: Any) -> None:
+        super().__init__(io.StringIO(), tty=False, interval_s=0)
         self.on_wait = on_wait
-        self.messages: list[str] = []
 
-    def message(self, text: str) -> None:
-        self.messages.append(text)
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
         if self.on_wait is not None:
             self.on_wait()
             self.on_wait = None
+
+    def lines(self) -> list[str]:
+        assert isinstance(self.stream, io.StringIO)
+        return self.stream.getvalue().splitlines()
 
 
 @pytest.mark.redis
@@ -151,7 +157,11 @@ def test_summary_out_and_delivery_states_over_thousands_of_runs(redis_server: Re
         reporter = _Reporter(take_pending)
         states = _job_delivery(settings, lambda: enqueued.score_ids(REGISTRY, SCORERS), reporter)
         every = sum(len(r.scorer_ids) for r in runs)
-        assert reporter.messages == [f"waiting for the sinks: {len(pending):,} deliveries pending"]
+        # The wait is a phase of the progress: its first line, all still pending (the sink took
+        # them after it), then none, the rest said by the summary.
+        (line,) = reporter.lines()
+        assert line.startswith("delivering: 0 deliveries ")
+        assert line.endswith(f"  {len(pending):,} pending  (0.0%)")
         assert list(states) == ["sink"]
         sink = states["sink"]
         assert {k: sink[k] for k in ("delivered", "failed", "pending", "not_queued")} == {
@@ -163,6 +173,31 @@ def test_summary_out_and_delivery_states_over_thousands_of_runs(redis_server: Re
         assert len(sink["dead_letters"]) == 5
         assert {x["score_id"] for x in sink["dead_letters"]} <= set(failed)
         enqueued.close()
+    finally:
+        outbox.close()
+        client.flushdb()
+        client.close()
+
+
+@pytest.mark.redis
+def test_a_sink_that_does_not_drain_is_waited_for_quietly_then_named(redis_server: RedisServer) -> None:
+    """The wait for the sinks is a phase of the progress, shown every interval: it printed a
+    line every half second for the whole timeout (60 lines by default), and said nothing when
+    it gave up. Past the timeout it says what is still pending and which setting waits longer."""
+    client = redis_server.client(15, decode_responses=True)
+    client.flushdb()
+    outbox = RedisOutbox(redis_server.url(15))
+    try:
+        ids = [score_id_for(f"{i:032x}", f"{i:016x}", "length", "1") for i in range(7)]
+        outbox.register(["sink"])
+        outbox.enqueue("sink", ids)
+        settings = load_settings(broker_url=redis_server.url(15), sink_drain_timeout_seconds=1.5)
+        said = io.StringIO()
+        states = _job_delivery(settings, lambda: iter(ids), ProgressReporter(said, tty=False, interval_s=3600))
+        assert said.getvalue().splitlines() == [
+            "stopped waiting for the sinks after 1.5s (TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS): 7 deliveries pending"
+        ]
+        assert states["sink"]["pending"] == 7
     finally:
         outbox.close()
         client.flushdb()

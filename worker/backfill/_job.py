@@ -422,14 +422,26 @@ def _job_delivery(
         for chunk in _chunks(score_ids(), _STATES_CHUNK):
             for name in names:
                 ask(name, chunk, pending[name])
+        # The wait as a phase of the progress (a bar on a terminal, a line every interval else):
+        # a line each poll was two a second for the whole timeout.
+        owed = sum(p.count for p in pending.values())
+        reporter.start("delivering")
         while (waiting := sum(p.count for p in pending.values())) and time.monotonic() < deadline:
-            reporter.message(f"waiting for the sinks: {waiting:,} deliveries pending")
+            reporter.update(
+                "delivering", owed - waiting, "deliveries", 1 - waiting / owed, extra=f"{waiting:,} pending"
+            )
             time.sleep(0.5)
             for name in names:  # only what was pending can have moved
                 was, pending[name] = pending[name], _Spool()
                 for chunk in _chunks(was, _STATES_CHUNK):
                     ask(name, chunk, pending[name])
                 was.close()
+        reporter.clear()  # (the summary says where each sink stands)
+        if waiting:
+            reporter.message(
+                f"stopped waiting for the sinks after {settings.sink_drain_timeout_seconds:g}s"
+                f" (TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS): {waiting:,} deliveries pending"
+            )
         out: dict[str, Any] = {}
         for name in names:
             counts = {
