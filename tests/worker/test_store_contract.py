@@ -420,14 +420,18 @@ def test_a_skip_another_job_caused_is_counted_once_per_score(store: Any) -> None
             await store.jobs.count_skipped_once("a", "already_scored", ["s1", "s2", "s3"]),  # the retry
             await store.jobs.count_skipped_once("a", "already_scored", []),
             await store.jobs.count_skipped_once("b", "already_scored", ["s1"]),  # another job's own count
+            # Past what one Lua call can take at a time (4,000 ids a SADD): the retry's ids, old
+            # and new, across three chunks, two of them ending between old and new ones.
+            await store.jobs.count_skipped_once("a", "already_scored", ["s3", *(f"m{i}" for i in range(9_001))]),
+            await store.jobs.count_skipped_once("a", "already_scored", [f"m{i}" for i in range(3_999, 9_002)]),
         ]
         a, b = await store.jobs.progress("a"), await store.jobs.progress("b")
         await store.close()
         return added, a, b
 
     added, a, b = run(go())
-    assert added == [2, 1, 0, 1]
-    assert a == {"skipped": 3, "skipped:already_scored": 3}
+    assert added == [2, 1, 0, 1, 9_001, 1]
+    assert a == {"skipped": 9_005, "skipped:already_scored": 9_005}
     assert b == {"skipped": 1, "skipped:already_scored": 1}
 
 

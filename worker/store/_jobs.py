@@ -47,19 +47,30 @@ def outcome(record: ScoreRecord) -> tuple[str, str]:
     return "scored", ""
 
 
+# Lua: the ids ``ids[first..last]`` that are new to a job's set of counted skips join it and
+# are counted as its skips for ``reason`` (Lua's ``unpack`` takes a few thousand at a time). The
+# one place a skip is counted once, by ``count_skipped_once`` and by the score store's put (a
+# job's failure that another job's score replaced).
+LUA_NEW_SKIPS = """
+local function tracescore_new_skips(job, skips, reason, ids, first, last)
+  local added = 0
+  for i = first, last, 4000 do
+    added = added + redis.call('SADD', skips, unpack(ids, i, math.min(i + 3999, last)))
+  end
+  if added > 0 then
+    redis.call('HINCRBY', job, 'skipped', added)
+    redis.call('HINCRBY', job, 'skipped:' .. reason, added)
+  end
+  return added
+end
+"""
+
 # The ids and their count in one step, after both keys' types are checked (a script is not
 # undone by an error halfway: the ids added, a failed count would never be made again).
-_COUNT_NEW_SKIPS = checked_script(
+_COUNT_NEW_SKIPS = LUA_NEW_SKIPS + checked_script(
     "{KEYS[1], 'hash', 'r', KEYS[2], 'set', 'r'}",
     """
-local added = 0
-for i = 3, #ARGV, 4000 do
-  added = added + redis.call('SADD', KEYS[2], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
-end
-if added > 0 then
-  redis.call('HINCRBY', KEYS[1], 'skipped', added)
-  redis.call('HINCRBY', KEYS[1], 'skipped:' .. ARGV[1], added)
-end
+local added = tracescore_new_skips(KEYS[1], KEYS[2], ARGV[1], ARGV, 3, #ARGV)
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if #ARGV > 2 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 return added

@@ -36,6 +36,7 @@ from worker.store._jobs import (
     FAILURE_BUCKETS_KEPT,
     FAILURE_WINDOW_SECONDS,
     JOB_TTL_S,
+    LUA_NEW_SKIPS,
     JobStats,
     RedisJobStats,
     failure_bucket,
@@ -240,6 +241,7 @@ def _claims(score_ids: Sequence[str], replies: Sequence[Any]) -> Claims:
 _PUT_RECORDS = (
     LUA_CHECK
     + _LUA_STORED
+    + LUA_NEW_SKIPS
     + """
 local ttl, owner, failures_ttl, now = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local shared, nsinks = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -316,10 +318,7 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
       corrected = job
     elseif other and redis.call('EXISTS', job_prefix .. other) == 1 then  -- (expired: nothing to correct)
       corrected = job_prefix .. other
-      if redis.call('SADD', skips_prefix .. other, score_id) == 1 then
-        redis.call('HINCRBY', corrected, 'skipped', 1)
-        redis.call('HINCRBY', corrected, 'skipped:already_scored', 1)
-      end
+      tracescore_new_skips(corrected, skips_prefix .. other, 'already_scored', {score_id}, 1, 1)
       redis.call('EXPIRE', skips_prefix .. other, job_ttl)
       redis.call('EXPIRE', corrected, job_ttl)
     end
