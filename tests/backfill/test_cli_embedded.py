@@ -91,6 +91,16 @@ def test_json_summary_has_the_per_scorer_figures(tmp_path: Path) -> None:
     assert len(summary["by_scorer"]["answer-words"]["worst"]) == 3
 
 
+def test_a_scorer_named_twice_is_scored_and_counted_once(tmp_path: Path) -> None:
+    """``--scorer x --scorer x``: the workers score a run's scorer once, and the job expected
+    two scores of it (a Redis job then waited for good; audit)."""
+    write_otlp_files(tmp_path, 30, files=1)
+    twice = ["--scorer", "answer-words", "--scorer", "mentions-city", "--scorer", "answer-words"]
+    summary = _summary(_run(str(tmp_path), "--scorers", SCORERS, *twice, "--json"))
+    assert summary["scorers"] == ["answer-words", "mentions-city"]
+    assert summary["scores_expected"] == summary["scored"] + summary["failed"] == 60
+
+
 def test_dry_run_counts_without_scoring() -> None:
     """--dry-run says how many runs and scores, with which scorers, and scores nothing."""
     result = _run(str(EXAMPLES), "--scorers", SCORERS, "--scorer", "answer-words", "--scorer", "confident", "--dry-run")

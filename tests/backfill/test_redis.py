@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ from click.testing import CliRunner
 
 from tests._redis import RedisServer
 from tests.backfill._synth import trace_id, write_otlp_files
+from tests.worker._batches import batch
+from tracing import CelerySink
 from worker._keys import backfill_runs_key, backfill_state_key
 from worker.cli import cli
 
@@ -329,6 +332,47 @@ def test_a_run_read_twice_does_not_keep_the_job_waiting(tmp_path: Path, workers:
     assert summary["status"] == "finished", _worker_logs(workers)
     assert (summary["runs_enqueued"], summary["runs_read_again"]) == (200, 5)
     assert summary["scored"] + summary["failed"] == summary["scores_expected"] == 600
+
+
+def test_a_job_ends_once_its_scores_are_in_whatever_else_the_queue_holds(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """Steady live traffic on the job's queue (topped up to 40 messages every 10 ms): the job
+    waited for the whole queue to empty, which such traffic never lets happen, and stopped
+    waiting at --wait-timeout, not finished. A job counts each of its scores once now, so it
+    ends when they are all counted."""
+    write_otlp_files(tmp_path, 60, files=1)
+    stop = threading.Event()
+
+    def live_traffic() -> None:
+        sink, client, n = CelerySink(REDIS_URL), _client(), 0
+        try:
+            while not stop.wait(0.01):
+                for _ in range(40 - client.llen("tracescore")):
+                    sink.send(batch(range(n, n + 10), ["answer-words"], salt="live"))
+                    n += 10
+        finally:
+            sink.close()
+            client.close()
+
+    traffic = threading.Thread(target=live_traffic, daemon=True)
+    traffic.start()
+    try:
+        _wait_for(lambda: db.llen("tracescore") > 0, 30, "live traffic on the queue")
+        options = ["--scorers", "tests.backfill.scorers", "--batch-size", "20", "--wait-timeout", "60"]
+        result = CliRunner().invoke(
+            cli,
+            ["backfill", str(tmp_path), *options, "--broker", REDIS_URL, "--json"],
+            env={"TRACESCORE_BROKER_URL": ""},
+        )
+    finally:
+        stop.set()
+        traffic.join(30)
+    assert result.exit_code == 0, result.output
+    assert "stopped waiting" not in result.stderr, _worker_logs(workers)
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "finished"
+    assert summary["scored"] + summary["failed"] == summary["scores_expected"] == 180
 
 
 def test_no_wait_returns_once_enqueued_and_resume_follows_the_job(

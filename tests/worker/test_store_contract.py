@@ -257,20 +257,71 @@ def test_another_jobs_final_record_makes_a_failure_that_jobs_skip(store: Any) ->
     assert b == {"scored": 1}
 
 
-def test_another_jobs_retryable_failure_leaves_a_failure_where_it_is(store: Any) -> None:
-    """A retryable failure replaced by another job's retryable failure is not scored: the first
-    job still counts its failure (its retry may score the run), the second counts its own."""
+def _totals(progress: dict[str, int]) -> dict[str, int]:
+    """A job's counts that are not zero (a corrected count stays in Redis' hash as 0)."""
+    return {k: v for k, v in progress.items() if v}
 
-    async def go() -> tuple[dict[str, int], dict[str, int]]:
-        await store.put_records([_record(33, job_id="a", error_type="TimeoutError", retryable=True)], "w", 60)
-        await store.put_records([_record(33, job_id="b", error_type="RateLimit", retryable=True)], "w", 60)
-        a, b = await store.jobs.progress("a"), await store.jobs.progress("b")
+
+def _failure(job: str | None, error: str = "TimeoutError") -> ScoreRecord:
+    return _record(33, job_id=job, error_type=error, retryable=True)
+
+
+def _score(job: str | None) -> ScoreRecord:
+    return _record(33, job_id=job, score=0.5)
+
+
+# Each case: puts of one score (a job's or live traffic's record, retryable failure or score), and
+# a job's delivery meeting another's record (``count_skipped_once``, as ``score_batch`` does):
+# each job counts the score once, as its own record's outcome or as a skip. (Job a's count went
+# to 2 of 1 expected in each, and a backfill waiting for its total ended with a score on its way:
+# audit.)
+_CHAINS: dict[str, tuple[list[ScoreRecord | str], dict[str, dict[str, int]]]] = {
+    "a's retry fails again after b's failure": (
+        [_failure("a"), _failure("b", "RateLimit"), _failure("a")],
+        {"a": {"failed": 1, "failed:TimeoutError": 1}, "b": {"skipped": 1, "skipped:already_scored": 1}},
+    ),
+    "a's retry scores it after b's failure": (
+        [_failure("a"), _failure("b", "RateLimit"), _score("a")],
+        {"a": {"scored": 1}, "b": {"skipped": 1, "skipped:already_scored": 1}},
+    ),
+    "b scores it after its failure, then a's retry meets it": (
+        [_failure("a"), _failure("b", "RateLimit"), _score("b"), "a"],
+        {"a": {"skipped": 1, "skipped:already_scored": 1}, "b": {"scored": 1}},
+    ),
+    "live traffic fails then scores it, then a's retry meets it": (
+        [_failure("a"), _failure(None, "RateLimit"), _score(None), "a"],
+        {"a": {"skipped": 1, "skipped:already_scored": 1}},
+    ),
+    "b's put refused for a's score (b's claim lapsed), twice": (
+        [_score("a"), _score("b"), _score("b")],
+        {"a": {"scored": 1}, "b": {"skipped": 1, "skipped:already_scored": 1}},
+    ),
+    "a's second delivery's put refused for its own score": (
+        [_score("a"), _record(33, job_id="a", score=0.7)],
+        {"a": {"scored": 1}},
+    ),
+    "a met live traffic's failure, then scored it": (
+        [_failure(None), "a", _score("a")],
+        {"a": {"scored": 1}},
+    ),
+}
+
+
+@pytest.mark.parametrize("chain", list(_CHAINS))
+def test_a_job_counts_each_score_once_whoever_records_it(store: Any, chain: str) -> None:
+    steps, expected = _CHAINS[chain]
+
+    async def go() -> dict[str, dict[str, int]]:
+        for step in steps:
+            if isinstance(step, str):
+                await store.jobs.count_skipped_once(step, "already_scored", [_score(None).score_id])
+            else:
+                await store.put_records([step], "w", 60)
+        progress = {job: _totals(await store.jobs.progress(job)) for job in "ab"}
         await store.close()
-        return a, b
+        return progress
 
-    a, b = run(go())
-    assert a == {"failed": 1, "failed:TimeoutError": 1}
-    assert b == {"failed": 1, "failed:RateLimit": 1}
+    assert run(go()) == {"a": {}, "b": {}, **expected}
 
 
 async def _one_id_twice(
@@ -288,20 +339,21 @@ async def _one_id_twice(
     return fresh, progress
 
 
+_SKIP = {"skipped": 1, "skipped:already_scored": 1}
+
+
 def test_one_score_id_twice_in_one_put_is_put_in_turn(store: Any) -> None:
     """Job a's failure, then one put of job c's retryable failure and job b's score of the same
-    run: as two puts would, a's failure stays a's, c's becomes c's skip (the Redis script read
-    every stored value before writing, and corrected a's instead: review)."""
+    run: as two puts would, both are stored (the Redis script read every stored value before
+    writing, and put b's score over a value it never read: review); a and c count a skip."""
     fresh, progress = run(_one_id_twice(store, 34))
     assert fresh == [True, True]
-    assert progress["a"] == {"failed": 1, "failed:TimeoutError": 1}
-    assert progress["b"] == {"scored": 1}
-    assert {k: v for k, v in progress["c"].items() if v} == {"skipped": 1, "skipped:already_scored": 1}
+    assert {job: _totals(counts) for job, counts in progress.items()} == {"a": _SKIP, "b": {"scored": 1}, "c": _SKIP}
 
 
 def test_one_score_id_twice_in_one_put_stays_in_turn_through_a_key_repair(redis_url: str) -> None:
     """As above, with job c's counters holding another Redis type: the repaired call was sent
-    again after the next one, so b's score came first and a's failure became the skip (review)."""
+    again after the next one, so b's score came first and c's failure was refused (review)."""
     store = RedisScoreStore(redis_url)
 
     async def break_cs_counters() -> None:
@@ -309,8 +361,7 @@ def test_one_score_id_twice_in_one_put_stays_in_turn_through_a_key_repair(redis_
 
     fresh, progress = run(_one_id_twice(store, 37, break_cs_counters))
     assert fresh == [True, True]
-    assert progress["a"] == {"failed": 1, "failed:TimeoutError": 1}
-    assert {k: v for k, v in progress["c"].items() if v} == {"skipped": 1, "skipped:already_scored": 1}
+    assert {job: _totals(counts) for job, counts in progress.items()} == {"a": _SKIP, "b": {"scored": 1}, "c": _SKIP}
 
 
 def test_a_failure_of_a_job_whose_counters_expired_is_replaced_without_them(redis_url: str) -> None:

@@ -245,6 +245,7 @@ CASES = [
             (_keys.trace_key(TRACE), "set", False),
             (_CLAIM, "string", False),
             (_JOB, "hash", False),
+            (_keys.job_skips_key("j"), "set", False),  # (the script names it: a score counted as j's skip)
             (_FAILURES, "hash", False),
             (_SINKS, "set", False),
             (_ATTEMPTS, "hash", False),

@@ -611,7 +611,11 @@ def _wait_for_workers(
             (done / expected) if expected else 1.0,
             extra=f"of {expected:,}; queue {submitter.pending()}",
         )
-        if done >= expected and submitter.pending() == 0:
+        # Every score counted: done, whatever else the queue holds (live traffic, another job,
+        # which it once waited for too). A job counts each of its scores once (the store's put
+        # script); past its total (a record that expired and was made again), it waits for the
+        # queue to empty as well.
+        if done == expected or (done > expected and submitter.pending() == 0):
             return progress
         if timeout_s is not None and time.monotonic() - started > timeout_s:
             reporter.message(f"stopped waiting after {timeout_s:.0f}s: {done:,} of {expected:,} scores done")

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from tracing.sources import Position
 from worker._keys import (
@@ -67,6 +67,13 @@ class BackfillOptions(BaseModel):
     max_open_spans: int = Field(default=100_000, ge=1)
     # --max-cost: the job's judge spend limit in USD (None: only the daily TRACESCORE_BUDGETS).
     max_cost_usd: float | None = Field(default=None, ge=0)
+
+    @field_validator("scorer_ids")
+    @classmethod
+    def _each_once(cls, ids: list[str]) -> list[str]:
+        # A scorer named twice (--scorer x --scorer x) is scored once a run, as the workers
+        # read a request's ids; counted twice, the job expected a score it would never get.
+        return list(dict.fromkeys(ids))
 
 
 class JobCounters(BaseModel):

@@ -30,10 +30,11 @@ class MemoryJobStats:
         self._skips: dict[str, set[str]] = defaultdict(set)  # (job_skips_key)
 
     def _recorded(self, record: ScoreRecord, replaced: ScoreRecord | None) -> None:
+        # A job counts each score once: its record's outcome, or a skip while another's record
+        # stands for it (the Redis put script's rules).
         with self._lock:
-            if replaced is not None and replaced.job_id and (replaced.job_id == record.job_id or not record.retryable):
-                # Its own failure scored again, or another job's failure scored: that job's skip
-                # (counted once, as ``count_skipped_once`` does; the Redis put script's rule).
+            if replaced is not None and replaced.job_id:
+                # Its own failure recorded again, or another's record in its place: that job's skip.
                 counts = self._jobs[replaced.job_id]
                 counts["failed"] -= 1
                 counts[f"failed:{replaced.error_type}"] -= 1
@@ -41,15 +42,27 @@ class MemoryJobStats:
                     self._count_new_skips(replaced.job_id, "already_scored", [record.score_id])
             counter, reason = outcome(record)
             if record.job_id:
-                self._jobs[record.job_id][counter] += 1
+                counts = self._jobs[record.job_id]
+                skips = self._skips[record.job_id]
+                if record.score_id in skips:  # its skip until now: its own record's outcome instead
+                    skips.discard(record.score_id)
+                    counts["skipped"] -= 1
+                    counts["skipped:already_scored"] -= 1
+                counts[counter] += 1
                 if reason:
-                    self._jobs[record.job_id][f"{counter}:{reason}"] += 1
+                    counts[f"{counter}:{reason}"] += 1
             if reason:
                 bucket = failure_bucket()
                 if bucket not in self._failures:  # a new window: the old ones go, as in Redis (TTL)
                     for old in [b for b in self._failures if b < bucket - FAILURE_BUCKETS_KEPT]:
                         del self._failures[old]
                 self._failures[bucket][reason] += 1
+
+    def _kept(self, record: ScoreRecord, kept: ScoreRecord) -> None:
+        """``record`` refused for ``kept``: its job's skip when ``kept`` is another's."""
+        if record.job_id and kept.job_id != record.job_id:
+            with self._lock:
+                self._count_new_skips(record.job_id, "already_scored", [record.score_id])
 
     async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None:
         with self._lock:
@@ -196,6 +209,7 @@ class MemoryScoreStore:
                         fresh.append(True)
                         continue
                     if not prev.retryable:
+                        self._jobs._kept(record, prev)
                         fresh.append(False)
                         continue
                 else:

@@ -111,12 +111,15 @@ class ScoreStore(Protocol):
 
     async def put_records(self, records: Sequence[ScoreRecord], owner: str, ttl_s: int) -> list[bool]:
         """Record each score unless already recorded (True = newly recorded), clear its
-        checkpoint and claim, and count it for its job and the failure statistics. A stored
-        error record marked ``retryable`` is replaced, and its job's failed count corrected:
-        replaced by its own job, or by another job's (or live traffic's) final record, which
-        makes it its job's skip (``already_scored``, counted once as ``count_skipped_once``).
-        The very same record put again (a retry whose reply was lost) is new again and
-        counted once."""
+        checkpoint and claim, and count it for its job and the failure statistics.
+
+        A stored error record marked ``retryable`` is replaced, and its job's failed count
+        corrected: replaced by its own job's record, or by another's (a job's or live traffic's),
+        which makes it its job's skip (``already_scored``, counted once as
+        ``count_skipped_once``). A job's record refused for another's counts the job's skip; a
+        job's record stored for a score it had counted as a skip moves that count to the
+        record's outcome. So a job counts each of its scores once. The very same record put
+        again (a retry whose reply was lost) is new again and counted once."""
         ...
 
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]: ...
@@ -230,14 +233,18 @@ def _claims(score_ids: Sequence[str], replies: Sequence[Any]) -> Claims:
 #       checkpoint, claim and job hash (5 each)
 # ARGV: ttl, owner, failures ttl, now ms, the number of shared KEYS, the number of sinks, the job
 #       ttl, the prefixes of a job's hash and of its set of counted skips, the sink names, then per
-#       record: record json, score id, has_job (0/1), outcome, reason, job id, final (0/1: not
-#       retryable)
+#       record: record json, score id, has_job (0/1), outcome, reason, job id
 # Returns per record 1 (stored now, or by our own earlier try) or 0 (taken).
 #
-# Replacing another job's retryable failure with a final record makes that failure the other
-# job's skip (``already_scored``, in its set of counted skips: its own retry meeting the run
-# later counts nothing). Its keys are known only once the stored record is read, so the script
-# names them itself; the project runs on one Redis, not a cluster, where that is allowed.
+# A job counts each of its scores once, as its own record's outcome (scored, failed) or as a
+# skip (``already_scored``, the score id in its set of counted skips) while another's record
+# stands for it. So a record replacing another job's retryable failure makes that failure the
+# other job's skip; a job's put refused for another's record counts the job's skip; and a job's
+# record stored for a score it counted as a skip moves the count back to the record's outcome.
+# (Counted twice, a job's total passed its expected one, and a job waiting for its total ended
+# while a score was still on its way.) The other job's keys are known only once the stored
+# record is read, so the script names them itself; the project runs on one Redis, not a
+# cluster, where that is allowed.
 _PUT_RECORDS = (
     LUA_CHECK
     + _LUA_STORED
@@ -270,16 +277,19 @@ for i = 3, shared, 4 do
   check(KEYS[i + 2], 'hash', 'k')  -- the sink's dead letters
   check(KEYS[i + 3], 'zset', 'r')
 end
--- Per record, the other job whose retryable failure a final record replaces (false for none:
--- no record, one kept, our own job's): found here, so its keys are checked with the rest. (A
--- value without '"retryable":true' in it is not decoded: a put keeps it.)
+-- Per record, the other job whose retryable failure it replaces (false for none: no record, one
+-- kept, our own job's): found here, so its keys are checked with the rest. (A value without
+-- '"retryable":true' in it is not decoded: a put keeps it.)
 local others, a = {}, first
 for k = shared + 1, #KEYS, 5 do
   check(KEYS[k], 'string', 'r')
   check(KEYS[k + 1], 'set', 'r')
   check(KEYS[k + 3], 'string', 'r')
   check(KEYS[k + 4], 'hash', 'r')
-  local current, other = ARGV[a + 6] == '1' and redis.pcall('GET', KEYS[k]), false
+  if ARGV[a + 2] == '1' then
+    check(skips_prefix .. ARGV[a + 5], 'set', 'r')
+  end
+  local current, other = redis.pcall('GET', KEYS[k]), false
   if type(current) == 'string' and current ~= ARGV[a] and string.find(current, '"retryable":true', 1, true) then
     local prev, kept = tracescore_stored(current)
     local job = prev and prev['job_id']
@@ -290,7 +300,7 @@ for k = shared + 1, #KEYS, 5 do
     end
   end
   others[#others + 1] = other
-  a = a + 7
+  a = a + 6
 end
 local bad = tracescore_check(checks)
 if bad then
@@ -310,6 +320,10 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
     -- that is not a record at all (damaged: not JSON), which no reader can use.
     local prev, kept = tracescore_stored(current)
     if kept then
+      if has_job == '1' and prev['job_id'] ~= job_id then  -- another's record stands for it (a lapsed claim)
+        tracescore_new_skips(job, skips_prefix .. job_id, 'already_scored', {score_id}, 1, 1)
+        redis.call('EXPIRE', skips_prefix .. job_id, job_ttl)
+      end
       return 0
     end
     redis.call('SET', record, json, 'EX', ttl)
@@ -348,6 +362,10 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
     redis.call('DEL', claim)
   end
   if has_job == '1' then
+    if redis.call('SREM', skips_prefix .. job_id, score_id) == 1 then  -- counted as its skip until now
+      redis.call('HINCRBY', job, 'skipped', -1)
+      redis.call('HINCRBY', job, 'skipped:already_scored', -1)
+    end
     redis.call('HINCRBY', job, counter, 1)
     if reason ~= '' then
       redis.call('HINCRBY', job, counter .. ':' .. reason, 1)
@@ -365,7 +383,7 @@ a = first
 for k = shared + 1, #KEYS, 5 do
   done[#done + 1] = put(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], others[#done + 1])
-  a = a + 7
+  a = a + 6
 end
 return done
 """
@@ -574,7 +592,6 @@ class RedisScoreStore(OnRedis):
                     counter,
                     reason,
                     record.job_id or "",
-                    "0" if record.retryable else "1",
                 )
             calls.append((len(keys), keys + args))
         if len({r.score_id for r in records}) == len(records):
