@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,40 @@ def test_a_scorer_named_twice_is_scored_and_counted_once(tmp_path: Path) -> None
     summary = _summary(_run(str(tmp_path), "--scorers", SCORERS, *twice, "--json"))
     assert summary["scorers"] == ["answer-words", "mentions-city"]
     assert summary["scores_expected"] == summary["scored"] + summary["failed"] == 60
+
+
+def test_a_sample_that_is_not_a_finite_number_is_a_usage_error() -> None:
+    """``--sample nan`` passed click's range (every comparison with nan is false) and ended in
+    pydantic's raw validation text, exit 1 (audit)."""
+    result = _run(str(EXAMPLES), "--scorers", "examples.scorers", "--sample", "nan")
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--sample': 'nan' is not a finite number" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "line", "said"),
+    [
+        ('import os\nVALUE = os.environ["TRACESCORE_TEST_UNSET_VARIABLE"]\n', 2, "KeyError: 'TRACESCORE_TEST_"),
+        ("def broken(:\n    pass\n", 1, "SyntaxError: "),
+    ],
+    ids=["raises", "syntax"],
+)
+def test_a_scorer_module_that_fails_while_importing_is_named_with_where(
+    source: str, line: int, said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own code failing (not an ImportError) was "error: KeyError: '...'" and the
+    --verbose hint, naming neither the module nor the line (audit)."""
+    (tmp_path / "failing_scorers.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TRACESCORE_TEST_UNSET_VARIABLE", raising=False)
+    monkeypatch.delitem(sys.modules, "failing_scorers", raising=False)
+    result = _run(str(EXAMPLES), "--scorers", "failing_scorers")
+    assert result.exit_code == 1, result.output
+    (error,) = result.stderr.strip().splitlines()
+    assert error.startswith(
+        f"Error: scorer module 'failing_scorers' failed while importing at {tmp_path / 'failing_scorers.py'}:{line}: "
+    ), error
+    assert said in error
 
 
 def test_dry_run_counts_without_scoring() -> None:

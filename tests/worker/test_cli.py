@@ -925,16 +925,18 @@ def test_celery_worker_with_an_empty_broker_url_refuses_to_start() -> None:
     assert "tracescore worker cannot start: TRACESCORE_BROKER_URL is empty" in done.stderr
 
 
-def test_the_password_hint_keeps_the_urls_user() -> None:
-    """An ACL user given without a password: the hint shows the user's form of the URL."""
+def test_the_password_hint_shows_the_users_form_without_the_user() -> None:
+    """User-info without a password: the hint shows the form with a user, never the user-info
+    itself, which is as often a password whose colon was forgotten (audit: it was echoed)."""
     from redis.exceptions import AuthenticationError
 
     from worker.cli import unreachable
 
     line = unreachable(
-        "broker", "redis://alice@10.0.0.5:6379/0", AuthenticationError("Authentication required.")
+        "broker", "redis://s3cretPW@10.0.0.5:6379/0", AuthenticationError("Authentication required.")
     ).message
-    assert line.endswith("(redis://alice:PASSWORD@host:6379/0)"), line
+    assert line.endswith("(redis://USER:PASSWORD@host:6379/0)"), line
+    assert "s3cretPW" not in line
 
 
 @pytest.mark.parametrize(

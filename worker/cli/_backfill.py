@@ -78,7 +78,7 @@ def _quiet_logs(verbose: bool) -> None:
 @click.option("--until", help="Only traces that started before this time.")
 @click.option(
     "--sample",
-    type=click.FloatRange(0.0, 1.0),
+    type=FiniteRange(0.0, 1.0),
     default=1.0,
     show_default=True,
     help="Score this share of traces (deterministic on the trace id, like the exporter).",

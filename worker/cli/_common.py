@@ -158,7 +158,9 @@ def unreachable(what: str, url: str, exc: BaseException) -> CliError:
     parts = urlsplit(url)
     if parts.password:
         return CliError(f"the {what} at {redact(url)} refused the URL's credentials: fix them in {where}")
-    form = f"redis://{parts.username}:PASSWORD@host:6379/0" if parts.username else "redis://:PASSWORD@host:6379/0"
+    # Never the user-info itself: "redis://s3cret@host" (the colon forgotten) is a password
+    # read as a user name.
+    form = "redis://USER:PASSWORD@host:6379/0" if parts.username else "redis://:PASSWORD@host:6379/0"
     return CliError(
         f"the {what} at {redact(url)} asks for a password and the URL gives none: set it in {where} ({form})"
     )
