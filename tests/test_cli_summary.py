@@ -550,3 +550,17 @@ def test_score_names_a_run_without_input_and_python_only_numbers_as_bad_lines(tm
     assert f"{runs}:7: skipped: not JSON (1e999 is past the range of a number)" in result.stderr
     assert "2 runs × 1 scorers" in result.stderr
     assert "5 bad lines skipped" in result.stderr
+
+
+def test_score_names_a_line_that_is_not_utf8_as_a_bad_line(tmp_path: Path) -> None:
+    """A Latin-1 byte in a runs file: the run was scored on text with U+FFFD in its place, and
+    the footer said "0 bad lines skipped" (audit); backfill skips such a line, named. So does
+    ``score`` now, and ``compare`` (the same reader)."""
+    runs = _write_runs(tmp_path / "runs.jsonl", RUNS[:2])
+    with runs.open("ab") as out:
+        out.write(b'{"run_id": "x", "input": "caf\xe9 question", "output": "answer"}\n')
+    result = _score(str(runs), "--scorers", V1, "--scorer", "length")
+    assert result.exit_code == 0, result.output
+    assert f"{runs}:3: skipped: not UTF-8 at byte 29" in result.stderr
+    assert "2 runs × 1 scorers" in result.stderr
+    assert "1 bad lines skipped" in result.stderr

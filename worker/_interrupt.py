@@ -48,6 +48,12 @@ class StopSignal:
         self.requested = True
         sys.stderr.write(f"\nstopping after the current {self._unit} (press Ctrl-C again to stop at once)\n")
 
+    def ask(self, why: str) -> None:
+        """Ask the stop a first signal asks, for ``why`` (stdout's reader gone: ``| head``)."""
+        if not self.requested:
+            self.requested = True
+            sys.stderr.write(f"\nstopping after the current {self._unit}: {why}\n")
+
     @contextmanager
     def deferred(self) -> Iterator[None]:
         """A second signal waits for the block's end (records written whole), then raises."""

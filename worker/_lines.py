@@ -55,7 +55,11 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
                     pass
                 yield number, None, f"longer than {MAX_LINE_BYTES:,} bytes; skipped unread"
                 continue
-            text = raw.decode("utf-8", "replace")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:  # (replaced, the run was scored on other text, unsaid)
+                yield number, None, f"not UTF-8 at byte {exc.start}"
+                continue
             if number == 1:
                 text = text.removeprefix("\ufeff")
             if not text.strip():

@@ -26,7 +26,7 @@ from typing import IO, Any, Literal
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeCallRefused, ModelPrice, price_executions
 from tracing import ScoreRecord
-from worker._terminal import cell
+from worker._terminal import cell, reader_left
 
 __all__ = [
     "Outcome",
@@ -431,11 +431,15 @@ class ScoreTable:
         traces: bool = False,
         width: int | None = None,
         before_write: Callable[[], None] | None = None,
+        on_closed: Callable[[], None] | None = None,
     ) -> None:
         self.stream = stream
         self.traces = traces
         self.width = width or max(80, min(shutil.get_terminal_size((120, 20)).columns, 160))
         self.before_write = before_write  # a progress bar clears its line first
+        # Its reader gone (``| head``): no more rows, and the command asked to stop (``reader_left``).
+        self.on_closed = on_closed
+        self.closed = False
         self._header = False
 
     def _line(self, run: str, label: str, scorer: str, score: str, reason: str) -> str:
@@ -455,7 +459,21 @@ class ScoreTable:
             lines.append(self._line("-" * (12 if self.traces else 24), "-" * 18, "-" * 20, "-" * 7, "-" * 6))
             self._header = True
         lines += [self._line(o.run, o.label, o.scorer_id, *o.cells()) for o in outcomes]
-        self.stream.write("\n".join(lines) + "\n")
+        self._send(lambda: self.stream.write("\n".join(lines) + "\n"))
+
+    def flush(self) -> None:
+        self._send(self.stream.flush)
+
+    def _send(self, write: Callable[[], object]) -> None:
+        if self.closed:
+            return
+        try:
+            write()
+        except BrokenPipeError:
+            self.closed = True
+            reader_left(self.stream)
+            if self.on_closed is not None:
+                self.on_closed()
 
 
 class SummaryScoreWriter:
@@ -484,7 +502,7 @@ class SummaryScoreWriter:
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         if self.table is not None:
-            self.table.stream.flush()
+            self.table.flush()
         return True
 
     def close(self) -> None:

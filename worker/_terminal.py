@@ -9,12 +9,42 @@ which the console sink uses too).
 
 from __future__ import annotations
 
+import os
+from typing import IO
+
 from tracing import printable
 
-__all__ = ["cell", "printable"]
+__all__ = ["EXIT_OUTPUT_CLOSED", "cell", "output_closed", "printable", "reader_left"]
+
+# 128 + SIGPIPE: what a process killed by it exits with, as `yes | head` reports it.
+EXIT_OUTPUT_CLOSED = 141
+
+_closed: set[int] = set()
 
 
 def cell(text: str, width: int) -> str:
     """``text`` on one line, ``printable``, cut to ``width`` characters with an ellipsis."""
     text = printable(" ".join(text.split()))
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def reader_left(stream: IO[str]) -> None:
+    """``stream``'s reader is gone (``tracescore ... | head``: a write raised BrokenPipeError).
+    The descriptor is pointed at /dev/null, so what the command still prints there (its rows,
+    its footer, the interpreter's last flush) is dropped instead of raising again; the command
+    stops as on Ctrl-C, with everything else it writes (``--out``, the summary on stderr) whole."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):  # not a file (a test's StringIO): nothing to point elsewhere
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+    _closed.add(fd)
+
+
+def output_closed() -> bool:
+    """Whether stdout's reader left (``reader_left``) in this process."""
+    return 1 in _closed

@@ -136,6 +136,15 @@ def test_a_scorer_module_that_fails_while_importing_is_named_with_where(
     assert said in error
 
 
+def test_resume_refuses_options_the_job_fixed_at_its_start() -> None:
+    """``--resume JOB --sample 0.1 --since 1h SOURCES``: the job's own were used, these ignored
+    without a word (audit). A usage error names each."""
+    result = _run("--resume", "bf-x", "--sample", "0.1", "--since", "1h", "--scorer", "a", str(EXAMPLES))
+    assert result.exit_code == 2, result.output
+    assert "--resume continues the job as it started" in result.stderr
+    assert "drop SOURCES, --scorer, --since, --sample, or start a new job" in result.stderr
+
+
 def test_dry_run_counts_without_scoring() -> None:
     """--dry-run says how many runs and scores, with which scorers, and scores nothing."""
     result = _run(str(EXAMPLES), "--scorers", SCORERS, "--scorer", "answer-words", "--scorer", "confident", "--dry-run")

@@ -337,10 +337,10 @@ def test_a_run_read_twice_does_not_keep_the_job_waiting(tmp_path: Path, workers:
 def test_a_job_ends_once_its_scores_are_in_whatever_else_the_queue_holds(
     tmp_path: Path, workers: list[Path], db: redis.Redis
 ) -> None:
-    """Steady live traffic on the job's queue (topped up to 40 messages every 10 ms): the job
-    waited for the whole queue to empty, which such traffic never lets happen, and stopped
-    waiting at --wait-timeout, not finished. A job counts each of its scores once now, so it
-    ends when they are all counted."""
+    """Steady live traffic on the job's queue (topped up to 10 messages of 50 runs every 10 ms,
+    below the backfill's low water, so its batches still go in): the job waited for the whole
+    queue to empty, which such traffic never lets happen, and stopped waiting at --wait-timeout.
+    A job counts each of its scores once now, so it ends when they are all counted."""
     write_otlp_files(tmp_path, 60, files=1)
     stop = threading.Event()
 
@@ -348,9 +348,9 @@ def test_a_job_ends_once_its_scores_are_in_whatever_else_the_queue_holds(
         sink, client, n = CelerySink(REDIS_URL), _client(), 0
         try:
             while not stop.wait(0.01):
-                for _ in range(40 - client.llen("tracescore")):
-                    sink.send(batch(range(n, n + 10), ["answer-words"], salt="live"))
-                    n += 10
+                for _ in range(10 - client.llen("tracescore")):
+                    sink.send(batch(range(n, n + 50), ["answer-words"], salt="live"))
+                    n += 50
         finally:
             sink.close()
             client.close()

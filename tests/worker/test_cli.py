@@ -925,6 +925,20 @@ def test_celery_worker_with_an_empty_broker_url_refuses_to_start() -> None:
     assert "tracescore worker cannot start: TRACESCORE_BROKER_URL is empty" in done.stderr
 
 
+def test_a_backfill_names_the_score_store_when_that_is_the_redis_refusing(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TRACESCORE_REDIS_URL wrong, the broker right: backfill said the broker refused the
+    credentials, "fix them in --broker" (audit); status and scores named the store."""
+    monkeypatch.setenv("TRACESCORE_REDIS_URL", f"redis://:wrong-pw9@127.0.0.1:{redis_server.port}/6")
+    examples = "examples/traces/traces-000.jsonl.gz"
+    assert main(["backfill", examples, "--scorers", "examples.scorers", "--broker", redis_server.url(5)]) == 1
+    err = capsys.readouterr().err
+    assert f"the score store at redis://:***@127.0.0.1:{redis_server.port}/6 refused the URL's credentials" in err
+    assert "TRACESCORE_REDIS_URL" in err
+    assert "wrong-pw9" not in err
+
+
 def test_the_password_hint_shows_the_users_form_without_the_user() -> None:
     """User-info without a password: the hint shows the form with a user, never the user-info
     itself, which is as often a password whose colon was forgotten (audit: it was echoed)."""

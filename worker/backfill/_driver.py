@@ -190,6 +190,8 @@ class Backfill:
             if self._chunk_runs >= self.state.options.batch_size:
                 self._flush()
                 self._show()  # (the traces the end of the input hands over at once take a while)
+                if self.should_stop():  # (a file's traces come at its end: a stop waited for all)
+                    raise KeyboardInterrupt
 
     def _handle(self, trace: AssembledTrace) -> None:
         counters = self.state.counters

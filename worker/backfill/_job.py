@@ -41,7 +41,7 @@ from worker._reconnect import DECODED
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
-from worker._terminal import printable
+from worker._terminal import EXIT_OUTPUT_CLOSED, output_closed, printable
 from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, JobHold, RedisJobStore
@@ -147,12 +147,21 @@ def _check_sinks(summary: dict[str, Any]) -> None:
 
 
 class _Fanout:
+    """Every writer gets the records, whichever fails (the table's failure had kept them from
+    ``--out``); the first failure is raised after."""
+
     def __init__(self, writers: list[ScoreWriter]) -> None:
         self.writers = writers
 
     def write(self, records: Any) -> None:
+        failed: Exception | None = None
         for writer in self.writers:
-            writer.write(records)
+            try:
+                writer.write(records)
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         return all([w.flush(timeout_s) for w in self.writers])  # noqa: C419  (flush every writer)
@@ -808,6 +817,8 @@ def _run_embedded(
     interrupted = False
     source_failed: SourceError | None = None
     with stop_on_signals("batch") as stop:
+        if table is not None:
+            table.on_closed = functools.partial(stop.ask, "stdout was closed (its reader ended)")
         try:  # (after the work, a signal while the sinks drain only asks again)
             interrupted = stop.run(lambda: Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run())
             state.status = "interrupted" if interrupted else "finished"
@@ -851,6 +862,13 @@ def _run_embedded(
             err=as_json,
         )
         if interrupted:
+            if output_closed():
+                click.echo(
+                    "stopped: stdout was closed (its reader ended); the summary above"
+                    f"{' and --out' if out is not None else ''} hold what was scored before",
+                    err=True,
+                )
+                raise SystemExit(EXIT_OUTPUT_CLOSED)
             click.echo("interrupted (embedded jobs keep no state: run the command again to start over)", err=True)
             raise SystemExit(130)
         if source_failed is not None:
@@ -936,11 +954,14 @@ def _run_redis(
     from worker.backfill._submit import RedisSubmitter
 
     submitter = RedisSubmitter(settings, high_water=high_water)
+    what, url = "broker", settings.broker_url
     try:
-        submitter.ping()
+        submitter.ping_broker()
+        what, url = "score store", settings.store_url  # (TRACESCORE_REDIS_URL may name another)
+        submitter.ping_store()
     except redis.exceptions.RedisError as exc:
         submitter.close()
-        raise unreachable("broker", settings.broker_url, exc) from exc
+        raise unreachable(what, url, exc) from exc
     except StoreKeyTypeError as exc:
         submitter.close()
         raise CliError(f"the broker's queue: {exc}") from exc

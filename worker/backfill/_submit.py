@@ -86,16 +86,20 @@ class RedisSubmitter:
     def throttled_s(self) -> float:
         return self._publisher.throttled_s
 
-    def ping(self) -> None:
-        """Raises ``redis.exceptions.ConnectionError`` when the broker or the store is down,
+    def ping_broker(self) -> None:
+        """Raises a ``redis.exceptions.RedisError`` when the broker is down or refuses the URL,
         ``StoreKeyTypeError`` when the queue's key holds another Redis type, and
-        ``SettingsError`` when either Redis evicts keys when full."""
+        ``SettingsError`` when it evicts keys when full. ``ping_store``: the same of the store."""
         from worker._guard import BrokerWrites
 
         if self._broker is not None:
             self._broker.ping()
             check_list(self._broker, self.queue)
             self._refuse_eviction(BrokerWrites.read(self._broker), "broker", self.settings.broker_url)
+
+    def ping_store(self) -> None:
+        from worker._guard import BrokerWrites
+
         self.store.ping()
         self._refuse_eviction(BrokerWrites.read(self.store), "score store", self.settings.store_url)
 

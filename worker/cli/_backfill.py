@@ -70,6 +70,13 @@ def _quiet_logs(verbose: bool) -> None:
     )
 
 
+# Options a job keeps from its start: --resume refuses them rather than ignore them.
+_FIXED_AT_START = frozenset(
+    {"sources", "only", "since", "until", "sample", "dry_run", "batch_size", "window_spans", "window_files"}
+    | {"max_open_spans", "tempo_query"}
+)
+
+
 @click.command("backfill")
 @click.argument("sources", nargs=-1)
 @click.option("--scorers", "module", help="Module that defines the scorers, e.g. examples.scorers.")
@@ -239,6 +246,19 @@ def backfill_command(
             "(finished scores are read back, not recomputed)"
         )
     if resume_id:
+        # What the job reads and scores was fixed at its start (the job's state keeps it): given
+        # again, it was ignored without a word.
+        fixed = [
+            param.opts[0] if param.opts[0].startswith("-") else param.human_readable_name
+            for param in ctx.command.params
+            if param.name in _FIXED_AT_START
+            and ctx.get_parameter_source(param.name) is click.core.ParameterSource.COMMANDLINE
+        ]
+        if fixed:
+            raise click.UsageError(
+                f"--resume continues the job as it started (its sources, scorers and reading options): drop"
+                f" {', '.join(fixed)}, or start a new job without --resume"
+            )
         job.resume(resume_id, max_cost_usd=max_cost)
         return
     # Usage errors (exit 2), as `score` without --scorers is: each is required but for --resume.

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import click
 
 from tracing import redact
-from worker._terminal import printable
+from worker._terminal import EXIT_OUTPUT_CLOSED, printable, reader_left
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -184,6 +184,9 @@ def run_command(group: click.Group, argv: list[str]) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
+    except BrokenPipeError:  # stdout's reader left (`| head`): quiet, as a process SIGPIPE ends
+        reader_left(sys.stdout)
+        return EXIT_OUTPUT_CLOSED
     except Exception as exc:
         if verbose:
             traceback.print_exc()

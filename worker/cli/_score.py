@@ -8,10 +8,11 @@ limits), and each outcome goes to the summary and table that backfill prints too
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import IO, Any
@@ -25,7 +26,7 @@ from worker._interrupt import stop_on_signals
 from worker._lines import json_lines
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
-from worker._terminal import printable
+from worker._terminal import EXIT_OUTPUT_CLOSED, output_closed, printable, reader_left
 from worker.cli._common import CliError, cli_settings, json_line, json_option, names_an_input
 
 __all__ = ["score_command"]
@@ -178,7 +179,8 @@ def score_command(
     scorers = {s: registry[s] for s in (only or registry)}
     summary = Summary(scorers, worst_n=worst)
     # With --json, stdout is one JSON result a line: the table goes to stderr.
-    shown = SummaryScoreWriter(summary, ScoreTable(sys.stderr if as_json else sys.stdout) if show_table else None)
+    table = ScoreTable(sys.stderr if as_json else sys.stdout) if show_table else None
+    shown = SummaryScoreWriter(summary, table)
     bad_lines = _Limited("malformed lines")
     failures = _Limited("failed scores")
     runs_total = 0
@@ -207,6 +209,18 @@ def score_command(
         raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
     # (held to the end: a signal while closing or summing up only asks again)
     with stop_on_signals("chunk") as stop:
+        gone = functools.partial(stop.ask, "stdout was closed (its reader ended)")
+        if table is not None:
+            table.on_closed = gone
+
+        def emit(write: Callable[[], object]) -> None:
+            if output_closed():
+                return
+            try:
+                write()
+            except BrokenPipeError:
+                reader_left(sys.stdout)
+                gone()
 
         def work() -> None:
             nonlocal runs_total
@@ -228,15 +242,18 @@ def score_command(
                         if not isinstance(result, ScoreResult):
                             failures(f"{runs_file}:{number}: {result}")
                         if as_json:
-                            click.echo(
+                            line = (
                                 json_line(result)
                                 if isinstance(result, ScoreResult)
                                 else json.dumps(
                                     {"run_id": outcome.run, "scorer_id": outcome.scorer_id, "error": str(result)}
                                 )
                             )
+                            emit(functools.partial(click.echo, line))
                         shown.add([outcome])
-                    sys.stdout.flush()  # each chunk's rows reach a pipe now, not when the buffer fills
+                    # Each chunk's rows reach a pipe now, not when the buffer fills.
+                    shown.flush()
+                    emit(sys.stdout.flush)
 
         try:
             stopped = stop.run(work) or stop()
@@ -268,12 +285,13 @@ def score_command(
             click.echo(line, err=True)
         click.echo(footer, err=True)
         if stopped:
+            why = "stopped: stdout was closed (its reader ended)" if output_closed() else "interrupted"
             click.echo(
-                f"interrupted: the summary{' and --out' if out_file is not None else ''} hold the {runs_total:,} runs"
+                f"{why}: the summary{' and --out' if out_file is not None else ''} hold the {runs_total:,} runs"
                 " scored before the stop",
                 err=True,
             )
-            raise SystemExit(130)
+            raise SystemExit(EXIT_OUTPUT_CLOSED if output_closed() else 130)
         if out_file is not None and out_file.error is not None:
             raise CliError(
                 f"cannot write --out {out}: {out_file.error}; the summary above has the scores, the file does not"
