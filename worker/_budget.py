@@ -76,7 +76,6 @@ __all__ = [
     "Ledger",
     "MemoryLedger",
     "RedisLedger",
-    "SpentBudgetLog",
     "default_attempt_cap",
     "enter_run",
     "install_local_guard",
@@ -244,44 +243,6 @@ def _number(raw: Any, where: str) -> float:
 def _count(raw: Any, where: str) -> int:
     value = _number(raw, where)
     return int(value) if abs(value) < 2**53 else 0
-
-
-class SpentBudgetLog:
-    """The log of messages dead-lettered because a budget is spent (or cannot be held against a
-    model without a price): expected for every message until that changes, so one WARNING line
-    (``event``) a minute per process with how many there were (and the last letter), not an
-    ERROR line per message."""
-
-    def __init__(
-        self,
-        every_s: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-        event: str = "budget_exhausted_messages",
-    ) -> None:
-        self.event = event
-        self.every_s = every_s
-        self.clock = clock
-        self.pending = 0
-        self.total = 0
-        self._last: float | None = None
-
-    def note(self, **last: Any) -> bool:
-        """Count one letter; True when this call wrote the line."""
-        self.pending += 1
-        self.total += 1
-        now = self.clock()
-        if self._last is not None and now - self._last < self.every_s:
-            return False
-        self._last = now
-        log.warning(
-            self.event,
-            dead_lettered=self.pending,
-            since_start=self.total,
-            every_s=self.every_s,
-            **last,
-        )
-        self.pending = 0
-        return True
 
 
 def utc_day(now: float | None = None) -> str:

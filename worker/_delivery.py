@@ -39,6 +39,7 @@ from scorers import category_of
 from tracing import ConsoleSink, JsonlSink, ScoreRecord, ScoreSink
 from tracing.sinks import Delivered, Delivery, Refused, Retry
 from worker._errors import SettingsError, StoreKeyTypeError
+from worker._logs import CountedLog
 from worker._settings import Settings
 from worker.store import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter
 
@@ -257,12 +258,25 @@ def _settle(
     outbox.ack(lease, acked)
     outbox.retry(lease, delays)
     outbox.dead(lease, letters)
-    if delays:
-        log.warning("sink_retry", sink=sink.name, records=len(delays), reasons=sorted(retry_reasons))
+    if delays:  # (a sink down is a retry a batch, for as long as it is down)
+        _retry_log(sink.name).note(len(delays), sink=sink.name, reasons=sorted(retry_reasons))
     for letter in letters:
         log.error(
             "sink_dead_letter", sink=sink.name, score_id=letter.score_id, reason=letter.reason, attempts=letter.attempts
         )
+
+
+_retry_logs: dict[str, CountedLog] = {}
+_retry_logs_lock = threading.Lock()
+
+
+def _retry_log(sink: str) -> CountedLog:
+    """The sink's ``sink_retry`` line: one each 30 s with the records retried since the last."""
+    with _retry_logs_lock:
+        found = _retry_logs.get(sink)
+        if found is None:
+            found = _retry_logs[sink] = CountedLog("sink_retry", logger=log, count_key="records", every_s=30.0)
+        return found
 
 
 def _letter(sink: ScoreSink, record: ScoreRecord | str, attempts: int, reason: str, detail: str) -> SinkDeadLetter:

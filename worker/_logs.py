@@ -15,10 +15,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 
-__all__ = ["configure_logs"]
+__all__ = ["CountedLog", "configure_logs"]
 
 # The HTTP clients of the sinks, the Tempo source and the judges' SDKs (httpx2/httpcore2 are
 # theirs): each logs every request at INFO with its URL, user-info and all. A worker logs at INFO,
@@ -62,3 +66,44 @@ class _StderrLoggerFactory:
 
     def __call__(self, *args: object) -> structlog.PrintLogger:
         return structlog.PrintLogger(sys.stderr)
+
+
+class CountedLog:
+    """A WARNING expected again and again while a condition lasts (every message while a budget
+    is spent, every retry while a sink is down): one line ``event`` per ``every_s`` per process,
+    saying how many there were since the last line (``count_key``) and since the start, with the
+    fields of the last one; not a line each (a CLI's stderr got hundreds)."""
+
+    def __init__(
+        self,
+        event: str,
+        *,
+        logger: Any,
+        count_key: str = "count",
+        every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.event = event
+        self.logger = logger
+        self.count_key = count_key
+        self.every_s = every_s
+        self.clock = clock
+        self.pending = 0
+        self.total = 0
+        self._last: float | None = None
+        self._lock = threading.Lock()  # (sink drainers note from their threads)
+
+    def note(self, n: int = 1, **last: Any) -> bool:
+        """Count ``n`` more; True when this call wrote the line."""
+        with self._lock:
+            self.pending += n
+            self.total += n
+            now = self.clock()
+            if self._last is not None and now - self._last < self.every_s:
+                return False
+            self._last = now
+            pending, self.pending = self.pending, 0
+        self.logger.warning(
+            self.event, **{self.count_key: pending}, since_start=self.total, every_s=self.every_s, **last
+        )
+        return True

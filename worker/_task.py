@@ -29,8 +29,8 @@ from redis import exceptions as redis_errors
 
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch, request_json
 from worker import _heartbeat as probe_files
-from worker._budget import SpentBudgetLog
 from worker._guard import BODY_BYTES_HEADER
+from worker._logs import CountedLog
 from worker._loop import (
     WATCHDOG_GRACE_S,
     GraceExpired,
@@ -76,8 +76,10 @@ def _loop_wait(runtime: WorkerRuntime) -> float:
 
 # Letters expected for every message until a budget resets or a price is added: a line a minute.
 _refusal_logs = {
-    "budget_exhausted": SpentBudgetLog(),
-    "unpriced_model": SpentBudgetLog(event="unpriced_model_messages"),
+    reason: CountedLog(
+        f"{reason}_messages", logger=structlog.get_logger("tracescore.worker.budget"), count_key="dead_lettered"
+    )
+    for reason in ("budget_exhausted", "unpriced_model")
 }
 
 

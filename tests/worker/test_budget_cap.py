@@ -245,12 +245,18 @@ def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: R
 def test_messages_dead_lettered_for_a_spent_budget_are_logged_once_a_minute_with_a_count() -> None:
     """Every message is refused while a budget is spent: a WARNING line a minute per process
     saying how many, not an ERROR line per message."""
+    import structlog
     from structlog.testing import capture_logs
 
-    from worker._budget import SpentBudgetLog
+    from worker._logs import CountedLog
 
     now = [1000.0]
-    spent = SpentBudgetLog(clock=lambda: now[0])
+    spent = CountedLog(
+        "budget_exhausted_messages",
+        logger=structlog.get_logger("t"),
+        count_key="dead_lettered",
+        clock=lambda: now[0],
+    )
     with capture_logs() as logs:
         written = [spent.note(letter=f"l{n}") for n in range(50)]
         now[0] += 30

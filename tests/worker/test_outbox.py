@@ -551,3 +551,27 @@ def test_a_record_replaced_during_its_delivery_leaves_the_rest_of_the_batch_acke
     assert [r.score for r in sink.records if r.score_id == first.score_id] == [None, 0.9]
     counts = outbox.counts()["alpha"]
     assert (counts.delivered, counts.pending, counts.failed) == (5, 0, 0)
+
+
+def test_a_sink_that_stays_down_is_logged_with_a_count_not_a_line_a_batch(pair: tuple[Any, Outbox]) -> None:
+    """An unreachable sink: a `sink_retry` WARNING each batch, each retry (265 lines for 105
+    scores in a 30 s backfill, audit). One line per sink each 30 s, saying how many records were
+    retried since the last."""
+    from structlog.testing import capture_logs
+
+    import worker._delivery as delivery
+
+    store, outbox = pair
+    _put(store, *(_record(n, score=0.5) for n in range(10, 16)))
+    sink = MemorySink("alpha")
+    sink.outcome = Retry("Phoenix unreachable (ConnectError)", after_s=0.0)
+    policy = DrainPolicy(batch_size=2, lease_s=30, max_attempts=50, backoff_s=0.01, backoff_max_s=0.01)
+    delivery._retry_logs.pop("alpha", None)  # (another test's retries: their line was logged)
+    with capture_logs() as logs:
+        leased = 0
+        while leased < 30:  # every record retried five times, two at a time
+            leased += drain_once(sink, outbox, policy)
+    lines = [e for e in logs if e["event"] == "sink_retry"]
+    assert [(e["records"], e["since_start"], e["sink"]) for e in lines] == [(2, 2, "alpha")]
+    assert lines[0]["reasons"] == ["Phoenix unreachable (ConnectError)"]
+    assert delivery._retry_logs["alpha"].total == leased
