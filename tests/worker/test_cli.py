@@ -130,9 +130,27 @@ def test_a_sink_name_no_sink_has_is_a_usage_error(capsys: pytest.CaptureFixture[
 
 
 def test_scores_rejects_a_malformed_trace_id(env: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """A trace id that is not 32 hex characters is one clear error line, exit 1."""
-    assert main(["scores", "--trace", "nope"]) == 1
-    assert "32 hex characters" in capsys.readouterr().err
+    """A trace id that is not 32 hex characters is a usage error (exit 2, as the README's table
+    says of a bad option value; it was 1), naming the option."""
+    assert main(["scores", "--trace", "nope"]) == 2
+    assert "Invalid value for --trace: must be 32 hex characters" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dlq", "retry"],
+        ["dlq", "retry", "x", "--all"],
+        ["sinks", "retry", "otlp"],
+        ["sinks", "retry", "otlp", "y", "--all"],
+    ],
+)
+def test_retry_without_ids_or_all_or_with_both_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Neither ids nor --all, or both: exit 2 (it was 1), before Redis is asked."""
+    assert main([*argv, "--broker", "redis://127.0.0.1:1/0"]) == 2
+    assert "or --all (not both)" in capsys.readouterr().err
 
 
 def test_dlq_list_and_retry(env: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -79,7 +79,7 @@ def dlq_retry(broker: str | None, ids: tuple[str, ...], retry_all: bool, as_json
       tracescore dlq retry --all --json --broker redis://:PASSWORD@redis:6379/0
     """
     if bool(ids) == retry_all:
-        raise CliError("give dead letter ID(s) or --all (not both)")
+        raise click.UsageError("give dead letter ID(s) or --all (not both)")
     settings = redis_settings(broker)
     try:
         requeued, problems, not_retryable = asyncio.run(

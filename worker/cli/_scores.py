@@ -39,7 +39,9 @@ def scores_command(broker: str | None, trace_id: str, as_json: bool) -> None:
     """
     trace_id = trace_id.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{32}", trace_id):
-        raise CliError(f"--trace must be 32 hex characters (an OTel trace id), got {trace_id!r}")
+        raise click.BadParameter(
+            f"must be 32 hex characters (an OTel trace id), got {trace_id!r}", param_hint="--trace"
+        )
     url = redis_settings(broker).store_url
     try:
         records = asyncio.run(_fetch(url, trace_id))

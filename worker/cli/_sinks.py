@@ -165,7 +165,7 @@ def sinks_retry(broker: str | None, sink: str, score_ids: tuple[str, ...], retry
       tracescore sinks retry otlp 6f1c...e2 --json
     """
     if bool(score_ids) == retry_all:
-        raise CliError("give score id(s) or --all (not both)")
+        raise click.UsageError("give score id(s) or --all (not both)")
     outbox, url = _outbox(broker)
     try:
         ids = list(dict.fromkeys(score_ids))  # an id given twice is queued (and counted) once
