@@ -173,7 +173,7 @@ def test_dlq_list_and_retry(env: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert client.llen("tracescore") == 1  # the requeued message waits in the scoring queue
     assert client.llen("tracescore:dlq") == 1
     client.close()
-    assert main(["dlq", "retry"]) == 1  # neither ids nor --all
+    assert main(["dlq", "retry"]) == 2  # neither ids nor --all: a usage error
 
     # Only letters that cannot be retried left: --all has nothing to do, and that is no error
     # (it exited 1, "nothing requeued", so a cron job failed for as long as one stayed listed).
