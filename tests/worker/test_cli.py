@@ -1006,3 +1006,20 @@ def test_a_refused_password_is_named_not_a_timeout(
     err = capsys.readouterr().err
     assert f"the {what} at redis://:***@127.0.0.1:{redis_server.port}/5 refused the URL's credentials" in err, err
     assert "wrong-pw9" not in err
+
+
+@pytest.mark.parametrize("argv", [["sinks", "list"], ["sinks", "retry", "otlp", "--all"]])
+def test_sinks_on_a_paused_redis_answer_as_status_does(argv: list[str], private_redis: RedisServer) -> None:
+    """A Redis that stopped answering (SIGSTOP: a hung host, a long fork): `sinks list` and
+    `sinks retry` retried calls of 10 s each for 52 s before saying so (audit); `status` says so
+    in 2.5 s. They ask as `status` does now: 2 s a call, one retry (a deadline of 25 s here)."""
+    RedisOutbox(private_redis.url(0)).register(["otlp"])
+    assert private_redis.proc is not None
+    private_redis.proc.send_signal(signal.SIGSTOP)
+    try:
+        done = run_tracescore(*argv, "--broker", private_redis.url(0), env={**os.environ}, timeout=25)
+    finally:
+        private_redis.proc.send_signal(signal.SIGCONT)
+    assert done.returncode == 1, done.stderr
+    assert f"cannot reach the score store at {redact(private_redis.url(0))}" in done.stderr
+    assert private_redis.password not in done.stderr

@@ -98,7 +98,8 @@ def sinks_group() -> None:
 
 def _outbox(broker: str | None) -> tuple[RedisOutbox, str]:
     settings = redis_settings(broker)
-    return RedisOutbox(settings.store_url, reconnect_s=2.0), settings.store_url
+    # As `tracescore status` asks Redis: 2 s a call, one retry.
+    return RedisOutbox(settings.store_url, reconnect_s=1.0, socket_timeout_s=2.0), settings.store_url
 
 
 # A name no sink has (a typo) is a usage error, not "unknown sink" and exit 0.

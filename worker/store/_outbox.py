@@ -324,7 +324,16 @@ def _sink_keys(sink: str) -> list[str]:
 class RedisOutbox:
     """The outbox in Redis, on a synchronous client of its own (one per drainer thread)."""
 
-    def __init__(self, url: str, *, reconnect_s: float = 15.0, delivered_keep_s: int = DELIVERED_KEEP_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        reconnect_s: float = 15.0,
+        socket_timeout_s: float = 10.0,
+        delivered_keep_s: int = DELIVERED_KEEP_S,
+    ) -> None:
+        """``socket_timeout_s``: a drainer's calls may move many ids; a command's answer a person
+        (``tracescore sinks``: a paused Redis was 52 s of retries of 10 s each)."""
         self.url = url
         self.delivered_keep_s = delivered_keep_s
         retries = max(1, int(reconnect_s / 0.5))
@@ -332,7 +341,7 @@ class RedisOutbox:
             url,
             **DECODED,
             socket_connect_timeout=2,
-            socket_timeout=10,
+            socket_timeout=socket_timeout_s,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
             # (ReadOnlyError: a failover; a new connection finds the new primary, see _reconnect)
             retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError],
