@@ -145,6 +145,20 @@ def test_resume_refuses_options_the_job_fixed_at_its_start() -> None:
     assert "drop SOURCES, --scorer, --since, --sample, or start a new job" in result.stderr
 
 
+def test_options_that_would_be_ignored_are_said_or_refused(tmp_path: Path) -> None:
+    """--no-wait or --wait-timeout with no broker, --out with --dry-run: ignored without a word;
+    --otlp with --sink none: --otlp won (audit). The first two say so, the last is a usage error."""
+    out = tmp_path / "x.jsonl"
+    dry = _run(str(EXAMPLES), "--scorers", "examples.scorers", "--dry-run", "--out", str(out), "--wait-timeout", "5")
+    assert dry.exit_code == 0, dry.output
+    assert "note: --no-wait and --wait-timeout follow Redis workers" in dry.stderr
+    assert f"note: --dry-run scores nothing, so --out {out} is not written" in dry.stderr
+    assert not out.exists()
+    both = _run(str(EXAMPLES), "--scorers", "examples.scorers", "--otlp", "--sink", "none")
+    assert both.exit_code == 2, both.output
+    assert "--sink none delivers nowhere" in both.stderr
+
+
 def test_dry_run_counts_without_scoring() -> None:
     """--dry-run says how many runs and scores, with which scorers, and scores nothing."""
     result = _run(str(EXAMPLES), "--scorers", SCORERS, "--scorer", "answer-words", "--scorer", "confident", "--dry-run")

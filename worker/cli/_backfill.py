@@ -3,6 +3,7 @@ the options, opens the source and builds the job's state; the job does the rest.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -68,6 +69,11 @@ def _quiet_logs(verbose: bool) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether option ``name`` was given on the command line (not its default)."""
+    return ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
 
 
 # Options a job keeps from its start: --resume refuses them rather than ignore them.
@@ -239,6 +245,15 @@ def backfill_command(
             " (the summary shows the worst runs, --out writes every record)",
             err=True,
         )
+    if "none" in sinks and (otlp or len(set(sinks)) > 1):  # (--otlp won, and retried for 34 s)
+        raise click.UsageError("--sink none delivers nowhere: drop it, or drop --otlp and the other --sink")
+    given = functools.partial(_given, ctx)
+    if not broker and (given("no_wait") or given("wait_timeout")):  # (ignored without a word)
+        click.echo(
+            "note: --no-wait and --wait-timeout follow Redis workers; with no broker this process scores", err=True
+        )
+    if dry_run and out is not None:
+        click.echo(f"note: --dry-run scores nothing, so --out {out} is not written", err=True)
     if out is not None and broker and (no_wait or resume_id):
         raise CliError(
             "--out with a broker writes the workers' records once they are done: drop --no-wait; "
@@ -251,8 +266,7 @@ def backfill_command(
         fixed = [
             param.opts[0] if param.opts[0].startswith("-") else param.human_readable_name
             for param in ctx.command.params
-            if param.name in _FIXED_AT_START
-            and ctx.get_parameter_source(param.name) is click.core.ParameterSource.COMMANDLINE
+            if param.name in _FIXED_AT_START and _given(ctx, param.name)
         ]
         if fixed:
             raise click.UsageError(
