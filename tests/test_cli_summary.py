@@ -564,3 +564,16 @@ def test_score_names_a_line_that_is_not_utf8_as_a_bad_line(tmp_path: Path) -> No
     assert f"{runs}:3: skipped: not UTF-8 at byte 29" in result.stderr
     assert "2 runs × 1 scorers" in result.stderr
     assert "1 bad lines skipped" in result.stderr
+
+
+def test_score_shows_its_progress_on_stderr(tmp_path: Path) -> None:
+    """A runs file of judged runs takes hours, and `score` said nothing until its footer
+    (audit). Progress goes to stderr as backfill's does: here, not a terminal, a line every 5 s
+    (12,000 runs of a scorer that waits 20 ms, 32 at a time: about 8 s)."""
+    runs = _write_runs(tmp_path / "runs.jsonl", [{"input": f"q{i}", "output": "a"} for i in range(12_000)])
+    result = _score(str(runs), "--scorers", "tests.backfill.slow_scorers", "--scorer", "slow")
+    assert result.exit_code == 0, result.output
+    progress = [line for line in result.stderr.splitlines() if line.startswith("scoring: ")]
+    assert progress, result.stderr
+    assert progress[0].split()[2] == "runs"
+    assert "12,000 runs × 1 scorers" in result.stderr

@@ -26,7 +26,8 @@ from worker._interrupt import stop_on_signals
 from worker._lines import json_lines
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
-from worker._terminal import EXIT_OUTPUT_CLOSED, output_closed, printable, reader_left
+from worker._terminal import EXIT_OUTPUT_CLOSED, output_closed, reader_left
+from worker.backfill import ProgressReporter
 from worker.cli._common import CliError, cli_settings, json_line, json_option, names_an_input
 
 __all__ = ["score_command"]
@@ -112,14 +113,15 @@ class _OutLines:
 class _Limited:
     """Messages to stderr, the first few of each kind; the rest are only counted."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, say: Callable[[str], None]) -> None:
         self.what = what
+        self.say = say  # (the progress reporter's: its bar is cleared first)
         self.count = 0
 
     def __call__(self, message: str) -> None:
         self.count += 1
         if self.count <= _MESSAGES_SHOWN:
-            click.echo(printable(message), err=True)
+            self.say(message)
 
     def close(self) -> None:
         if self.count > _MESSAGES_SHOWN:
@@ -179,10 +181,13 @@ def score_command(
     scorers = {s: registry[s] for s in (only or registry)}
     summary = Summary(scorers, worst_n=worst)
     # With --json, stdout is one JSON result a line: the table goes to stderr.
-    table = ScoreTable(sys.stderr if as_json else sys.stdout) if show_table else None
+    # Progress on stderr (a bar on a terminal, else a line every 5 s): a file of judged runs
+    # takes hours, and nothing was said until the footer.
+    reporter = ProgressReporter()
+    table = ScoreTable(sys.stderr if as_json else sys.stdout, before_write=reporter.clear) if show_table else None
     shown = SummaryScoreWriter(summary, table)
-    bad_lines = _Limited("malformed lines")
-    failures = _Limited("failed scores")
+    bad_lines = _Limited("malformed lines", reporter.message)
+    failures = _Limited("failed scores", reporter.message)
     runs_total = 0
     started = time.perf_counter()
 
@@ -254,10 +259,14 @@ def score_command(
                     # Each chunk's rows reach a pipe now, not when the buffer fills.
                     shown.flush()
                     emit(sys.stdout.flush)
+                    skipped = f"{bad_lines.count:,} bad lines skipped" if bad_lines.count else ""
+                    reporter.update("scoring", runs_total, "runs", None, extra=skipped)
 
+        reporter.start("scoring")
         try:
             stopped = stop.run(work) or stop()
         finally:
+            reporter.close()
             scorer.close()
             restore_hooks()
             if out_file is not None:
