@@ -199,7 +199,12 @@ def test_protobuf_message_over_the_cap_is_skipped_and_the_rest_read(
             out.write(struct.pack(">I", 3_000_000_000))  # a lying prefix at the end: 3 GB
         items = list(FileSource([path]).read())
         assert [b.where for b in _bad(items)] == [f"{path}:message 2", f"{path}:message 4"], name
-        assert "3,000,000,000 bytes" in _bad(items)[1].reason
+        assert "(raise TRACESCORE_BACKFILL_MAX_LINE_BYTES to read it)" in _bad(items)[0].reason
+        # Past the end of the file, no setting would read it (it advised raising the cap: audit).
+        assert _bad(items)[1].reason == (
+            "its length prefix says 3,000,000,000 bytes, and the file ends 0 bytes later: not a"
+            " length-prefixed OTLP protobuf file, or one cut short"
+        )
         assert _traces(items) == {trace_id(1), trace_id(3)}
 
 

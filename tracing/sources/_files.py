@@ -379,13 +379,15 @@ class FileSource:
                         skipped += len(chunk)
                     offset += 4 + skipped
                     self._last = Position(index, number + 1, offset)
-                    if size > self.max_line_bytes:
-                        yield Malformed(position, where, self._too_long("the message", size))
                     if offset > budget:
+                        if size > self.max_line_bytes:
+                            yield Malformed(position, where, self._too_long("the message", size))
                         yield Malformed(self._last, f"{path}:message {number + 1}", self._bomb())
                         return
-                    if skipped < size:
-                        return  # the file ended inside it (reported as too long already)
+                    if skipped < size:  # (raising the cap would not help: a garbage file, or cut short)
+                        yield Malformed(position, where, _past_the_end(size, skipped))
+                        return
+                    yield Malformed(position, where, self._too_long("the message", size))
                     continue
                 body = reader.read(size)
                 offset += 4 + len(body)
@@ -404,3 +406,11 @@ class FileSource:
                     continue
                 barren = 0 if spans else barren + 1
                 yield SpanBatch(spans, position, where)
+
+
+def _past_the_end(size: int, left: int) -> str:
+    """A length prefix claiming more bytes than the file has left."""
+    return (
+        f"its length prefix says {size:,} bytes, and the file ends {left:,} bytes later: not a"
+        " length-prefixed OTLP protobuf file, or one cut short"
+    )
