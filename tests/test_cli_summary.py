@@ -577,3 +577,13 @@ def test_score_shows_its_progress_on_stderr(tmp_path: Path) -> None:
     assert progress, result.stderr
     assert progress[0].split()[2] == "runs"
     assert "12,000 runs × 1 scorers" in result.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="Linux's /proc: a file whose read fails (EIO)")
+def test_a_runs_file_whose_read_fails_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """A read error mid-file (a disk, a network mount) was "error: OSError: [Errno 5]
+    Input/output error", the file not named (audit)."""
+    from worker.cli import main
+
+    assert main(["score", "/proc/self/mem", "--scorers", V1]) == 1
+    assert "Input/output error: '/proc/self/mem'" in capsys.readouterr().err
