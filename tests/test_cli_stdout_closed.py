@@ -43,6 +43,7 @@ def _stopped_cleanly(code: int, err: str) -> None:
     assert "Traceback" not in err, err[-3000:]
     assert "BrokenPipeError" not in err
     assert "stopped: stdout was closed (its reader ended)" in err
+    assert "scores by scorer (" in err  # the summary, which goes to stdout else (review)
 
 
 def test_backfill_table_into_a_closed_pipe_stops_with_out_whole(tmp_path: Path) -> None:
@@ -100,3 +101,21 @@ def test_every_writer_gets_the_records_whichever_fails() -> None:
     with pytest.raises(OSError, match="Input/output error"):
         fanout.write(["r1", "r2"])
     assert got == [["r1", "r2"]]
+
+
+def test_a_closed_output_is_one_commands_not_the_next_ones() -> None:
+    """An application running ``worker.cli.main`` again after a command whose reader left: the
+    next one took its stdout for closed too (``score --json`` printed nothing; review)."""
+    import os
+
+    from worker._terminal import output_closed, outputs_open, reader_left
+
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as stream:
+        reader_left(stream)
+        assert output_closed()
+        stream.write("dropped, not raised")
+        stream.flush()
+    outputs_open()
+    assert not output_closed()

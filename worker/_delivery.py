@@ -260,6 +260,8 @@ def _settle(
     outbox.dead(lease, letters)
     if delays:  # (a sink down is a retry a batch, for as long as it is down)
         _retry_log(sink.name).note(len(delays), sink=sink.name, reasons=sorted(retry_reasons))
+    elif acked:  # it delivers again: the retries counted since the last line are said
+        _retry_log(sink.name).flush()
     for letter in letters:
         log.error(
             "sink_dead_letter", sink=sink.name, score_id=letter.score_id, reason=letter.reason, attempts=letter.attempts

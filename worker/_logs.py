@@ -91,6 +91,7 @@ class CountedLog:
         self.pending = 0
         self.total = 0
         self._last: float | None = None
+        self._fields: dict[str, Any] = {}
         self._lock = threading.Lock()  # (sink drainers note from their threads)
 
     def note(self, n: int = 1, **last: Any) -> bool:
@@ -98,12 +99,24 @@ class CountedLog:
         with self._lock:
             self.pending += n
             self.total += n
+            self._fields = last
             now = self.clock()
             if self._last is not None and now - self._last < self.every_s:
                 return False
             self._last = now
-            pending, self.pending = self.pending, 0
-        self.logger.warning(
-            self.event, **{self.count_key: pending}, since_start=self.total, every_s=self.every_s, **last
-        )
+            pending, self.pending, total = self.pending, 0, self.total
+        self._write(pending, total, last)
         return True
+
+    def flush(self) -> None:
+        """The condition ended (the sink delivers again): write what was counted since the last
+        line, if anything, so no count is left unsaid."""
+        with self._lock:
+            if not self.pending:
+                return
+            pending, self.pending, total = self.pending, 0, self.total
+            self._last = None
+        self._write(pending, total, self._fields)
+
+    def _write(self, pending: int, total: int, last: dict[str, Any]) -> None:
+        self.logger.warning(self.event, **{self.count_key: pending}, since_start=total, every_s=self.every_s, **last)

@@ -14,7 +14,7 @@ from typing import IO
 
 from tracing import printable
 
-__all__ = ["EXIT_OUTPUT_CLOSED", "cell", "output_closed", "printable", "reader_left"]
+__all__ = ["EXIT_OUTPUT_CLOSED", "cell", "output_closed", "outputs_open", "printable", "reader_left"]
 
 # 128 + SIGPIPE: what a process killed by it exits with, as `yes | head` reports it.
 EXIT_OUTPUT_CLOSED = 141
@@ -46,5 +46,12 @@ def reader_left(stream: IO[str]) -> None:
 
 
 def output_closed() -> bool:
-    """Whether stdout's reader left (``reader_left``) in this process."""
-    return 1 in _closed
+    """Whether the reader of an output of this command (stdout, or stderr for a table there)
+    left (``reader_left``) since ``outputs_open``."""
+    return bool(_closed)
+
+
+def outputs_open() -> None:
+    """A command starts: an earlier command's closed output (in a process that runs several,
+    ``worker.cli.main`` called again) is not this one's."""
+    _closed.clear()

@@ -859,7 +859,7 @@ def _run_embedded(
                 hint="every score as a row: --table · every record to a file: --out scores.jsonl · "
                 "two versions side by side: tracescore compare OLD.jsonl NEW.jsonl",
             ),
-            err=as_json,
+            err=as_json or output_closed(),  # (stdout's reader gone: the summary is still said)
         )
         if interrupted:
             if output_closed():

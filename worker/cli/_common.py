@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import click
 
 from tracing import redact
-from worker._terminal import EXIT_OUTPUT_CLOSED, printable, reader_left
+from worker._terminal import EXIT_OUTPUT_CLOSED, outputs_open, printable, reader_left
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -173,6 +173,7 @@ def run_command(group: click.Group, argv: list[str]) -> int:
     verbose = any(a in ("--verbose", "-v") for a in argv[:end])
     if verbose:
         argv = ["--verbose", *(a for a in argv[:end] if a not in ("--verbose", "-v")), *argv[end:]]
+    outputs_open()
     try:
         group.main(args=argv, prog_name="tracescore", standalone_mode=False)
     except click.exceptions.Abort:

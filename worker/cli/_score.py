@@ -221,6 +221,7 @@ def score_command(
         def emit(write: Callable[[], object]) -> None:
             if output_closed():
                 return
+            reporter.clear()  # (a JSON line on the terminal after the bar's, not glued to it)
             try:
                 write()
             except BrokenPipeError:
@@ -288,7 +289,7 @@ def score_command(
                 title=f"scores by scorer ({runs_total:,} runs)",
                 hint="every score as a row: --table · every record to a file: --out scores.jsonl",
             ),
-            err=as_json,
+            err=as_json or output_closed(),  # (stdout's reader gone: the summary is still said)
         )
         for line in spend_lines(summary.spend.as_json()):
             click.echo(line, err=True)
