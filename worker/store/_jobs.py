@@ -50,7 +50,7 @@ def outcome(record: ScoreRecord) -> tuple[str, str]:
 # Lua: the ids ``ids[first..last]`` that are new to a job's set of counted skips join it and
 # are counted as its skips for ``reason`` (Lua's ``unpack`` takes a few thousand at a time). The
 # one place a skip is counted once, by ``count_skipped_once`` and by the score store's put (a
-# job's failure that another job's score replaced).
+# job's failure another's record replaced; a job's record refused for another's).
 LUA_NEW_SKIPS = """
 local function tracescore_new_skips(job, skips, reason, ids, first, last)
   local added = 0
