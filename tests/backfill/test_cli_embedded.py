@@ -159,6 +159,26 @@ def test_options_that_would_be_ignored_are_said_or_refused(tmp_path: Path) -> No
     assert "--sink none delivers nowhere" in both.stderr
 
 
+def test_a_sink_line_names_where_the_sink_writes_password_masked() -> None:
+    """A sink that never answered: its retries are logged by the backend's name, and the summary
+    line did not say which URL was tried (audit). It does, its password masked."""
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    url = f"http://user:s3cret-pw@127.0.0.1:{port}"
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", str(EXAMPLES / "traces-000.jsonl.gz"), "--scorers", "examples.scorers", "--sink", "phoenix"],
+        env={**NO_BROKER, "TRACESCORE_PHOENIX_URL": url, "TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS": "1"},
+    )
+    assert result.exit_code == 4, result.output
+    assert "  sink phoenix      delivered 0, failed 0, pending " in result.stderr
+    assert f"(http://user:***@127.0.0.1:{port})" in result.stderr
+    assert "s3cret-pw" not in result.output
+
+
 def test_dry_run_counts_without_scoring() -> None:
     """--dry-run says how many runs and scores, with which scorers, and scores nothing."""
     result = _run(str(EXAMPLES), "--scorers", SCORERS, "--scorer", "answer-words", "--scorer", "confident", "--dry-run")

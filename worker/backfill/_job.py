@@ -118,6 +118,8 @@ def _report_sinks(summary: dict[str, Any]) -> None:
             f"  sink {name:<12} delivered {state['delivered']:,}, failed {state['failed']:,}, "
             f"pending {state['pending']:,}"
         )
+        if state.get("endpoint"):  # (its retries are logged by the backend's name only)
+            line += f" ({state['endpoint']})"
         if state.get("dropped"):
             line += f", dropped {state['dropped']:,}"
         if state.get("not_queued"):
@@ -839,6 +841,7 @@ def _run_embedded(
             summary["sinks"] = {
                 name: {
                     **counts.as_dict(),
+                    "endpoint": settings.sink_endpoint(name),
                     "dead_letters": [x.model_dump() for x in scorer.sink_dead_letters.get(name, [])],
                 }
                 for name, counts in scorer.sink_counts.items()
