@@ -231,12 +231,15 @@ def test_backfill_submitter_verifies_rediss(tls_redis: TlsRedis, clean_env: pyte
     refused = RedisSubmitter(load_settings(broker_url=tls_redis.url(5)))
     try:
         with pytest.raises(redis.ConnectionError, match="certificate verify failed"):
-            refused.ping()
+            refused.ping_broker()
+        with pytest.raises(redis.ConnectionError, match="certificate verify failed"):
+            refused.ping_store()  # (the store is the broker's Redis here, over TLS too)
     finally:
         refused.close()
     submitter = RedisSubmitter(load_settings(broker_url=tls_redis.url(5), broker_ca_file=tls_redis.ca_file))
     try:
-        submitter.ping()
+        submitter.ping_broker()
+        submitter.ping_store()
         submitter.submit(batch(range(2), ["length"], salt="tls-bf"))
         assert submitter.pending() == 1
         assert submitter.progress("no-such-job") == {}
