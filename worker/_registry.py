@@ -52,11 +52,10 @@ def load_registry(module_name: str) -> Registry:
     except ImportError as exc:
         raise RegistryError(f"cannot import scorer module {module_name!r}: {exc}") from exc
     except Exception as exc:  # its own code failed (a variable unset, a syntax error): say where
-        # The innermost frame of a file (not of the import machinery's or a frozen module's).
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
         if isinstance(exc, SyntaxError):
             where = f" at {exc.filename}:{exc.lineno}"
-        else:
+        else:  # the innermost frame of a file (not the import machinery's or a frozen module's)
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
             where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
         raise RegistryError(
             f"scorer module {module_name!r} failed while importing{where}: {type(exc).__name__}: {exc}"

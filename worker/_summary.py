@@ -26,7 +26,7 @@ from typing import IO, Any, Literal
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeCallRefused, ModelPrice, price_executions
 from tracing import ScoreRecord
-from worker._terminal import cell, reader_left
+from worker._terminal import cell, send
 
 __all__ = [
     "Outcome",
@@ -465,15 +465,8 @@ class ScoreTable:
         self._send(self.stream.flush)
 
     def _send(self, write: Callable[[], object]) -> None:
-        if self.closed:
-            return
-        try:
-            write()
-        except BrokenPipeError:
-            self.closed = True
-            reader_left(self.stream)
-            if self.on_closed is not None:
-                self.on_closed()
+        if not self.closed:
+            self.closed = not send(self.stream, write, self.on_closed or (lambda: None))
 
 
 class SummaryScoreWriter:

@@ -10,14 +10,26 @@ which the console sink uses too).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import IO
 
 from tracing import printable
 
-__all__ = ["EXIT_OUTPUT_CLOSED", "cell", "output_closed", "outputs_open", "printable", "reader_left"]
+__all__ = [
+    "EXIT_OUTPUT_CLOSED",
+    "READER_LEFT",
+    "cell",
+    "output_closed",
+    "outputs_open",
+    "printable",
+    "reader_left",
+    "send",
+]
 
 # 128 + SIGPIPE: what a process killed by it exits with, as `yes | head` reports it.
 EXIT_OUTPUT_CLOSED = 141
+# Why a command stopped when its stdout's reader left (the stop's line and the last one).
+READER_LEFT = "stdout was closed (its reader ended)"
 
 _closed: set[int] = set()
 
@@ -43,6 +55,18 @@ def reader_left(stream: IO[str]) -> None:
     finally:
         os.close(null)
     _closed.add(fd)
+
+
+def send(stream: IO[str], write: Callable[[], object], on_closed: Callable[[], None]) -> bool:
+    """``write()`` to ``stream``; False when its reader left (BrokenPipeError): then
+    ``reader_left(stream)`` and ``on_closed()`` (the command asks to stop)."""
+    try:
+        write()
+    except BrokenPipeError:
+        reader_left(stream)
+        on_closed()
+        return False
+    return True
 
 
 def output_closed() -> bool:

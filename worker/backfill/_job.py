@@ -41,7 +41,7 @@ from worker._reconnect import DECODED
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
-from worker._terminal import EXIT_OUTPUT_CLOSED, output_closed, printable
+from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, printable
 from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, JobHold, RedisJobStore
@@ -820,7 +820,7 @@ def _run_embedded(
     source_failed: SourceError | None = None
     with stop_on_signals("batch") as stop:
         if table is not None:
-            table.on_closed = functools.partial(stop.ask, "stdout was closed (its reader ended)")
+            table.on_closed = functools.partial(stop.ask, READER_LEFT)
         try:  # (after the work, a signal while the sinks drain only asks again)
             interrupted = stop.run(lambda: Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run())
             state.status = "interrupted" if interrupted else "finished"
@@ -867,7 +867,7 @@ def _run_embedded(
         if interrupted:
             if output_closed():
                 click.echo(
-                    "stopped: stdout was closed (its reader ended); the summary above"
+                    f"stopped: {READER_LEFT}; the summary above"
                     f"{' and --out' if out is not None else ''} hold what was scored before",
                     err=True,
                 )

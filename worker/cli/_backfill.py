@@ -3,7 +3,6 @@ the options, opens the source and builds the job's state; the job does the rest.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
@@ -78,8 +77,19 @@ def _given(ctx: click.Context, name: str) -> bool:
 
 # Options a job keeps from its start: --resume refuses them rather than ignore them.
 _FIXED_AT_START = frozenset(
-    {"sources", "only", "since", "until", "sample", "dry_run", "batch_size", "window_spans", "window_files"}
-    | {"max_open_spans", "tempo_query"}
+    [
+        "sources",
+        "only",
+        "since",
+        "until",
+        "sample",
+        "dry_run",
+        "batch_size",
+        "window_spans",
+        "window_files",
+        "max_open_spans",
+        "tempo_query",
+    ]
 )
 
 
@@ -247,8 +257,7 @@ def backfill_command(
         )
     if "none" in sinks and (otlp or len(set(sinks)) > 1):  # (--otlp won, and retried for 34 s)
         raise click.UsageError("--sink none delivers nowhere: drop it, or drop --otlp and the other --sink")
-    given = functools.partial(_given, ctx)
-    if not broker and (given("no_wait") or given("wait_timeout")):  # (ignored without a word)
+    if not broker and (_given(ctx, "no_wait") or _given(ctx, "wait_timeout")):  # (ignored without a word)
         click.echo(
             "note: --no-wait and --wait-timeout follow Redis workers; with no broker this process scores", err=True
         )

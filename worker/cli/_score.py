@@ -26,7 +26,7 @@ from worker._interrupt import stop_on_signals
 from worker._lines import json_lines
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
-from worker._terminal import EXIT_OUTPUT_CLOSED, output_closed, reader_left
+from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, send
 from worker.backfill import ProgressReporter
 from worker.cli._common import CliError, cli_settings, json_line, json_option, names_an_input
 
@@ -214,7 +214,7 @@ def score_command(
         raise CliError(f"cannot write --out {out}: {exc.strerror or exc}") from exc
     # (held to the end: a signal while closing or summing up only asks again)
     with stop_on_signals("chunk") as stop:
-        gone = functools.partial(stop.ask, "stdout was closed (its reader ended)")
+        gone = functools.partial(stop.ask, READER_LEFT)
         if table is not None:
             table.on_closed = gone
 
@@ -222,11 +222,7 @@ def score_command(
             if output_closed():
                 return
             reporter.clear()  # (a JSON line on the terminal after the bar's, not glued to it)
-            try:
-                write()
-            except BrokenPipeError:
-                reader_left(sys.stdout)
-                gone()
+            send(sys.stdout, write, gone)
 
         def work() -> None:
             nonlocal runs_total
@@ -295,7 +291,7 @@ def score_command(
             click.echo(line, err=True)
         click.echo(footer, err=True)
         if stopped:
-            why = "stopped: stdout was closed (its reader ended)" if output_closed() else "interrupted"
+            why = f"stopped: {READER_LEFT}" if output_closed() else "interrupted"
             click.echo(
                 f"{why}: the summary{' and --out' if out_file is not None else ''} hold the {runs_total:,} runs"
                 " scored before the stop",
