@@ -120,14 +120,15 @@ class RunInputError(ScorerError, ValueError):
 
 
 class ScorerRunError(ScorerError):
-    """A step failed. ``partial`` holds what the completed steps produced."""
+    """A step failed. ``partial`` holds what the completed steps produced. ``failed_step`` is
+    None when no step failed but the ``on_step`` callback after the last completed one did."""
 
     def __init__(
         self,
         message: str,
         *,
         scorer_id: str,
-        failed_step: StepName | Literal["prepare_run"],
+        failed_step: StepName | Literal["prepare_run"] | None,
         completed_steps: tuple[StepName, ...],
         partial: ScoreResult,
         cause: BaseException | None = None,

@@ -227,7 +227,8 @@ class Scorer:
         function step runs again when a later step is left to read its value (unless marked
         ``plain_json``). ``on_step(result)`` (sync or
         async) is called after each completed step with the result so far, e.g. to store a
-        checkpoint.
+        checkpoint; if it raises, the run fails with ``failed_step`` None (no step failed) and
+        the step in ``completed_steps``.
         """
         flow = self._flow(
             input, output, run_id, ground_truth, _context(request_context, runtime_context), resume, on_step
@@ -376,14 +377,15 @@ class Scorer:
         except SystemExit as exc:
             # Not this run's to wrap (the process or its thread may be ending), but a caller that
             # makes it the run's failure (the worker) names the step and keeps what it spent.
-            exc.failed_step, exc.partial = current, result  # type: ignore[attr-defined]
+            exc.failed_step, exc.partial = _failed_step(current, result), result  # type: ignore[attr-defined]
             raise
         except _PROCESS_EXITS:
             raise
         except BaseException as exc:
+            failed_step = _failed_step(current, result)
             execution = getattr(exc, "execution", None)
-            if isinstance(execution, JudgeExecution) and current != "prepare_run":
-                result.judge[current] = execution
+            if isinstance(execution, JudgeExecution) and failed_step is not None and failed_step != "prepare_run":
+                result.judge[failed_step] = execution
             if isinstance(exc, asyncio.CancelledError) and _being_cancelled():
                 # The run itself is cancelled (its timeout, a shutdown): not the step's error.
                 # What its steps spent, the one cut short too, goes with it as ``partial``.
@@ -392,10 +394,14 @@ class Scorer:
             # (else the step's own: a CancelledError from awaiting a task it cancelled, or a
             # BaseException of its own; a run ended by either left no record, or took the
             # command down with a traceback quoting the run)
+            if failed_step is None:
+                what = f"scorer {self.id!r}: the on_step callback after step {current} failed"
+            else:
+                what = f"scorer {self.id!r} failed in step {current}"
             raise ScorerRunError(
-                f"scorer {self.id!r} failed in step {current}: {type(exc).__name__}: {exc}",
+                f"{what}: {type(exc).__name__}: {exc}",
                 scorer_id=self.id,
-                failed_step=current,
+                failed_step=failed_step,
                 completed_steps=tuple(result.completed_steps),
                 partial=result,
                 # A scorer run inside a step (checks.all_of) failed: keep its original cause, so
@@ -406,6 +412,7 @@ class Scorer:
 
     @staticmethod
     def _completed(name: StepName, result: ScoreResult, on_step: OnStep | None) -> Generator[Awaitable[Any], Any, None]:
+        # Appended before the callback runs: a failure from here on is the callback's (_failed_step).
         result.completed_steps.append(name)
         if on_step is not None:
             pending = on_step(result)
@@ -594,6 +601,15 @@ _PROCESS_EXITS = (KeyboardInterrupt, SystemExit, GeneratorExit)
 # What the drivers raise at once rather than hand back to the flow: a SystemExit goes back, so
 # that the flow tags it with its step before it goes on up.
 _NOT_THE_STEPS = (KeyboardInterrupt, GeneratorExit)
+
+
+def _failed_step(
+    current: StepName | Literal["prepare_run"], result: ScoreResult
+) -> StepName | Literal["prepare_run"] | None:
+    """The step a failure in ``current`` belongs to: None once ``current`` is among the completed
+    steps, where only the ``on_step`` callback after it (``Scorer._completed``) still runs, and
+    what failed is the callback, not the step."""
+    return None if current in result.completed_steps else current
 
 
 def _being_cancelled() -> bool:

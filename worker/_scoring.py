@@ -266,19 +266,22 @@ def _limit_error(
     task: asyncio.Task[Any] | None = None,
 ) -> RunLimitError:
     failed_step = exc.failed_step if isinstance(exc, ScorerRunError) else None
+    where = f"step {failed_step or '?'}"
+    if isinstance(exc, ScorerRunError) and failed_step is None and exc.completed_steps:
+        where = f"the checkpoint after step {exc.completed_steps[-1]}"  # (on_step's: no step failed)
     if error_type == "timeout" and for_the_loops_limit(task):
         message = (
-            f"scorer {scorer.id!r} blocked the event loop in step {failed_step or '?'} and was interrupted: "
+            f"scorer {scorer.id!r} blocked the event loop in {where} and was interrupted: "
             f"with the steps before it, the loop had not turned for {LOOP_BLOCK_LIMITS} × "
             f"TRACESCORE_RUN_TIMEOUT_SECONDS ({run_timeout_s} s)"
         )
     elif error_type == "timeout":
         message = (
             f"scorer {scorer.id!r} blocked the event loop past TRACESCORE_RUN_TIMEOUT_SECONDS "
-            f"({run_timeout_s} s) in step {failed_step or '?'} and was interrupted"
+            f"({run_timeout_s} s) in {where} and was interrupted"
         )
     else:
-        message = f"scorer {scorer.id!r} ran out of memory in step {failed_step or '?'} (MemoryError)"
+        message = f"scorer {scorer.id!r} ran out of memory in {where} (MemoryError)"
     log.warning(f"scorer_run_{error_type}", scorer=scorer.id, step=failed_step)
     error = RunLimitError(message, error_type=error_type, failed_step=failed_step)
     error.partial = exc.partial if isinstance(exc, ScorerRunError) else None

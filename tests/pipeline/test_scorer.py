@@ -723,3 +723,62 @@ def test_a_steps_own_base_exception_is_the_steps_failure() -> None:
         raises(KeyboardInterrupt()).run_sync(input="a", output="b")
     with pytest.raises(SystemExit):
         raises(SystemExit(3)).run_sync(input="a", output="b")
+
+
+@pytest.mark.parametrize("driver", ["run_sync", "run"])
+@pytest.mark.parametrize("callback", ["sync", "async"])
+def test_an_on_step_callback_failure_is_not_blamed_on_the_step_it_followed(driver: str, callback: str) -> None:
+    """A callback raising after generate_score (a checkpoint with Redis down) failed the run "in
+    step generate_score" with failed_step generate_score, a step that had succeeded. It is the
+    callback's failure, its cause's category kept; the step stays completed, so the partial
+    resumes after it."""
+    calls: list[str] = []
+    scorer = (
+        create_scorer("cp")
+        .preprocess(lambda: calls.append("pre") or 1)
+        .generate_score(lambda: calls.append("score") or 0.5)
+        .generate_reason(lambda score: calls.append("reason") or f"{score}")
+    )
+
+    def save(result: ScoreResult) -> None:
+        if result.completed_steps[-1] == "generate_score":
+            raise ConnectionError("redis down")
+
+    async def save_async(result: ScoreResult) -> None:
+        await asyncio.sleep(0)
+        save(result)
+
+    on_step = save if callback == "sync" else save_async
+
+    def score(**kw: Any) -> ScoreResult:
+        if driver == "run_sync":
+            return scorer.run_sync(input=1, output=2, **kw)
+        return asyncio.run(scorer.run(input=1, output=2, **kw))
+
+    with pytest.raises(ScorerRunError) as info:
+        score(on_step=on_step)
+    err = info.value
+    assert str(err) == "scorer 'cp': the on_step callback after step generate_score failed: ConnectionError: redis down"
+    assert err.failed_step is None
+    assert err.completed_steps == ("preprocess", "generate_score")
+    assert (err.partial.score, err.partial.reason) == (0.5, None)
+    assert isinstance(err.cause, ConnectionError)
+    assert err.category == "retryable"
+    assert calls == ["pre", "score"]
+    calls.clear()
+    assert score(resume=err.partial).reason == "0.5"
+    assert calls == ["pre", "reason"]  # (generate_score not run again)
+
+
+def test_a_sys_exit_in_an_on_step_callback_names_no_step() -> None:
+    """A SystemExit from the callback is tagged for the worker as no step's (it named the step
+    the callback followed)."""
+
+    def exits(result: ScoreResult) -> None:
+        raise SystemExit(3)
+
+    scorer = create_scorer("exits").preprocess(lambda: 1).generate_score(lambda: 0.5)
+    with pytest.raises(SystemExit) as info:
+        scorer.run_sync(input=1, output=2, on_step=exits)
+    assert info.value.failed_step is None  # type: ignore[attr-defined]
+    assert info.value.partial.completed_steps == ["preprocess"]  # type: ignore[attr-defined]

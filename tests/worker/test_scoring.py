@@ -587,3 +587,50 @@ def test_a_run_timed_out_in_a_judge_step_records_the_answers_that_step_paid_for(
     fake_llm.script(Reply.text("not the schema"), Reply.hang(30))
     # (two requests, one paid for: the hanging one never answered)
     _assert_one_paid_call_in_a_timeout(paid, fake_llm, requests=2)
+
+
+class _CheckpointAfterScoreFails(MemoryScoreStore):
+    """Keeps step checkpoints, but the one after generate_score raises ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+    async def put_checkpoint(self, score_id: str, partial: ScoreResult, ttl_s: int) -> None:
+        if partial.completed_steps[-1] == "generate_score":
+            raise self.error
+        await super().put_checkpoint(score_id, partial, ttl_s)
+
+
+@pytest.mark.parametrize(
+    ("error", "error_type", "retryable", "message"),
+    [
+        (ConnectionError("redis down"), "ConnectionError", True,
+         "scorer 'ckpt': the on_step callback after step generate_score failed: ConnectionError: redis down"),
+        (MemoryError(), "memory", False,
+         "scorer 'ckpt' ran out of memory in the checkpoint after step generate_score (MemoryError)"),
+    ],
+    ids=["connection", "memory"],
+)  # fmt: skip
+def test_a_failed_checkpoint_is_not_recorded_as_its_steps_failure(
+    error: BaseException, error_type: str, retryable: bool, message: str
+) -> None:
+    """The checkpoint after generate_score failing (not Redis away, which requeues) was recorded
+    with failed_step generate_score, "failed in step generate_score": a step that had
+    succeeded. No step failed: failed_step is None and the message names the checkpoint; a
+    ConnectionError stays retryable (left for a retry, which resumes from the last checkpoint
+    saved), a MemoryError a final memory record."""
+    scorer = create_scorer("ckpt", type="agent").preprocess(lambda: 1).generate_score(lambda: 0.5)
+    store = _CheckpointAfterScoreFails(error)
+    deps = ScoringDeps(registry=Registry([scorer]), store=store, checkpoint="all")
+    msg = batch(range(1), ["ckpt"], salt="ckpt")
+    if retryable:
+        first = asyncio.run(score_batch(msg, deps, final_attempt=False))
+        assert first.transient == {"ConnectionError": 1}
+        (kept,) = asyncio.run(store.get_checkpoints(first.retry)).values()
+        assert kept.completed_steps == ["preprocess"]
+    report = asyncio.run(score_batch(msg, deps))
+    assert report.failed == {error_type: 1}
+    (record,) = store.records.values()
+    assert (record.error_type, record.failed_step, record.retryable) == (error_type, None, retryable)
+    assert record.error_message == message
