@@ -50,12 +50,13 @@ from typing import Any, Literal
 import structlog
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
-from scorers.judge import JudgeCallRefused, JudgeModel, ModelPrice, price_executions
+from scorers.judge import JudgeCallRefused, JudgeModel, ModelPrice
 from tracing import ScoreRecord, ScoreWriter, SpanRecord, TracedRun, TraceReadError, score_id_for, trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
 from worker._budget import default_attempt_cap, enter_run, price_table, run_key
 from worker._errors import RunLimitError, StepExitError, crash_fields, is_transient
 from worker._loop import LOOP_BLOCK_LIMITS, LoopBlockedError, for_the_loops_limit, halting, was_targeted
+from worker._record_fields import judge_spend, not_scorable_text
 from worker._registry import UnknownScorerError
 from worker.metrics import observe_batch, observe_records
 from worker.store import ScoreStore, StoreUnavailableError, claim, delivery_owner, process_owner
@@ -399,10 +400,6 @@ def _record(
     request = pair.request
     executions = list(result.judge.values()) if result is not None else []
     target = pair.target  # its times keep the sinks' write-back inside the scored span
-    not_scorable = None
-    if result is not None and result.not_scorable:
-        ns = result.not_scorable
-        not_scorable = f"{ns.get('step', '?')}: {ns.get('reason', '')}"
     return ScoreRecord(
         score_id=pair.score_id,
         trace_id=request.trace_id,
@@ -414,18 +411,15 @@ def _record(
         score=result.score if result is not None and error is None else None,
         label=result.label if result is not None and error is None else None,
         reason=result.reason if result is not None and error is None else None,
-        not_scorable=not_scorable if error is None else None,
+        not_scorable=not_scorable_text(result) if error is None else None,
         error_type=error_type,
         error_message=str(error)[:2000] if error is not None else None,
         failed_step=failed_step,
         retryable=retryable,
-        judge_models=sorted({e.model for e in executions}),
         input_tokens=sum(e.usage.input_tokens for e in executions),
         output_tokens=sum(e.usage.output_tokens for e in executions),
         cached_input_tokens=sum(e.usage.cached_input_tokens for e in executions),
-        # Every call the run's steps made (retries too; a failed run still shows what it spent).
-        judge_calls=sum(e.attempt_count for e in executions),
-        cost_usd=price_executions(executions, prices),
+        **judge_spend(result, prices),
         span_start_ns=target.start_time_ns if target is not None else None,
         span_end_ns=target.end_time_ns if target is not None else None,
         run_id=result.run_id if result is not None else None,

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
-from scorers.judge import JudgeCallRefused, ModelPrice, price_executions
+from scorers.judge import JudgeCallRefused, ModelPrice
 from tracing import ScoreRecord
+from worker._record_fields import judge_spend, not_scorable_text
 from worker._terminal import cell, send
 
 __all__ = [
@@ -105,21 +106,15 @@ class Outcome:
         records are, with what its judge calls cost by ``prices`` (a failed run's too: its
         ``partial`` result holds the steps that were paid for)."""
         spent = result if isinstance(result, ScoreResult) else getattr(result, "partial", None)
-        executions = list(spent.judge.values()) if isinstance(spent, ScoreResult) else []
-        judged: dict[str, Any] = {
-            "judge_models": sorted({e.model for e in executions}),
-            "judge_calls": sum(e.attempt_count for e in executions),
-            "cost_usd": price_executions(executions, prices),
-        }
+        judged = judge_spend(spent if isinstance(spent, ScoreResult) else None, prices)
         if isinstance(result, ScoreResult):
-            ns = result.not_scorable
             return cls(
                 run,
                 scorer.id,
                 scorer_version=scorer.version,
                 score=result.score,
                 reason=result.reason,
-                not_scorable=f"{ns.get('step', '?')}: {ns.get('reason', '')}" if ns else None,
+                not_scorable=not_scorable_text(result),
                 **judged,
             )
         cause = result.cause if isinstance(result, ScorerRunError) else result
