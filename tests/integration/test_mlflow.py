@@ -117,6 +117,8 @@ def test_scores_arrive_as_feedback_on_their_traces_and_spans(
         assert got["metadata"]["score_id"] == record.score_id
         assert got["metadata"]["scorer_version"] == "1"
         assert got["metadata"]["source"] == "backfill"
+        # (the example traces' resource: deployment.environment.name=demo)
+        assert got["metadata"]["environment"] == record.environment == "demo"
         feedback = got["feedback"]
         if record.scorer_id == "answer-length":
             assert got["source"]["source_type"] == "CODE"

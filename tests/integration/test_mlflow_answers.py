@@ -248,7 +248,13 @@ def test_every_metadata_key_an_assessment_may_hold_is_one_a_replacement_clears(
 
     script, url = scripted
     full = record(
-        label="good", job_id="bf-1", run_id="r-1", judge_models=["m"], failed_step="analyze", not_scorable="x"
+        label="good",
+        job_id="bf-1",
+        run_id="r-1",
+        judge_models=["m"],
+        failed_step="analyze",
+        not_scorable="x",
+        environment="production",
     )
     script.answers = [Answer(200, {"assessment": {"metadata": {"mlflow.own": "1"}}})]
     sink = MlflowSink(url)

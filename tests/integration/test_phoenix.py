@@ -98,6 +98,8 @@ def test_scores_arrive_on_their_spans_as_annotations(
         assert got["metadata"]["score_id"] == record.score_id
         assert got["metadata"]["scorer_version"] == "1"
         assert got["metadata"]["source"] == "backfill"
+        # (the example traces' resource: deployment.environment.name=demo)
+        assert got["metadata"]["environment"] == record.environment == "demo"
         result = got["result"]
         if record.scorer_id == "answer-length":
             assert got["annotator_kind"] == "CODE"

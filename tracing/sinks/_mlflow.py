@@ -13,7 +13,9 @@ MLflow ingested over OTLP (``POST /v1/traces`` with the ``x-mlflow-experiment-id
   reason in ``rationale``. A failed run: ``feedback.error`` (``error_code`` = the error type,
   ``error_message``) and no value; MLflow shows it as an errored assessment.
 - ``rationale``: the scorer's reason. ``metadata`` (strings only): score id, scorer version,
-  label, source (live / backfill), job and run ids, judge models, the failed step.
+  label, source (live / backfill), job and run ids, judge models, the failed step and the scored
+  span's deployment environment (``ScoreRecord.environment``) when it has one (an assessment has
+  no environment field of its own).
 
 Why update first: MLflow answers a second create with the same id by HTTP 500 (a constraint
 violation), so every send is ``PATCH .../assessments/{id}`` and, when MLflow answers
@@ -77,7 +79,8 @@ _NOT_THE_API = frozenset({404, 405, 501})
 _UPDATE_MASK = "assessmentName,feedback,rationale,metadata"
 # The metadata keys an assessment of ours may hold (_assessment writes those that have a value).
 _METADATA_KEYS = frozenset(
-    {"score_id", "scorer_version", "label", "source", "job_id", "run_id", "judge_models", "failed_step", "not_scorable"}
+    {"score_id", "scorer_version", "label", "source", "job_id", "run_id", "judge_models", "failed_step"}
+    | {"not_scorable", "environment"}
 )
 # A hint for the drainer: MLflow writes an OTLP batch before it answers the exporter, so a
 # missing trace is one the agent has not exported yet.
@@ -227,6 +230,7 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
         "judge_models": ",".join(record.judge_models) or None,
         "failed_step": record.failed_step,
         "not_scorable": record.not_scorable,
+        "environment": record.environment or None,
     }
     scored_at = datetime.fromtimestamp(record.scored_at, UTC).isoformat(timespec="milliseconds")
     return {

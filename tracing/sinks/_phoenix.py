@@ -9,7 +9,9 @@ REST API; checked against arize-phoenix 20.26). One annotation per score:
   scorable: label ``not scorable``, no score, the scorer's reason. A failed run: label ``error``,
   no score, ``"<error type>: <message>"``. Phoenix shows all three beside the span.
 - ``metadata``: scorer id and version, score id, source (live / backfill), job and run ids, the
-  judge models and the error type, so an annotation can be traced back to its score record.
+  judge models and the error type, so an annotation can be traced back to its score record; the
+  scored span's deployment environment (``ScoreRecord.environment``) when it has one, as it is:
+  an annotation has no environment field, and the metadata is what Phoenix filters and shows.
 - ``identifier``: ``tracescore:<score id>``. Phoenix upserts on (name, span, identifier), so a
   re-sent score updates its annotation instead of adding a second one.
 
@@ -184,6 +186,7 @@ def _annotation(record: ScoreRecord) -> dict[str, Any] | Refused:
         "judge_models": record.judge_models or None,
         "error_type": record.error_type,
         "failed_step": record.failed_step,
+        "environment": record.environment or None,
     }
     return {
         "span_id": span_id,
