@@ -17,9 +17,13 @@ score as Langfuse's ingestion merges it (``overwriteObject`` in its worker's
 ``IngestionService/utils.ts``): a field left out keeps its old value, a null replaces it, the
 metadata objects are merged key by key, and the trace id and ``createdAt`` never change.
 Metadata values are kept as text, as Langfuse stores them (``convertRecordValuesToString``).
-``fail_next`` makes the next requests answer an error status (503, 429 with Retry-After) before
-any check, as an overloaded server would; ``suspended`` answers every request with Langfuse
-Cloud's 403 for a project past its usage threshold.
+A body over 1 MiB is answered 413 "Body exceeded 1mb limit" in plain text before any other
+check, as Next.js answers it for Langfuse's score route (``web/src/pages/api/public/scores/
+index.ts`` sets no body size, so Next.js's ``parseBody`` applies its default ``1mb``);
+``largest_body`` is the largest body received. ``fail_next`` makes the next requests answer an
+error status (503, 429 with Retry-After) before any check, as an overloaded server would;
+``suspended`` answers every request with Langfuse Cloud's 403 for a project past its usage
+threshold.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 SCORES_PATH = "/api/public/scores"
+# Next.js's default body size for an API route ("1mb", by the bytes package: 1 MiB).
+BODY_LIMIT = 2**20
 _DATA_TYPES = frozenset({"NUMERIC", "CATEGORICAL", "BOOLEAN", "CORRECTION", "TEXT"})
 _STRING_FIELDS = (
     "id", "traceId", "sessionId", "observationId", "datasetRunId", "comment", "environment", "queueId", "configId",
@@ -92,6 +98,7 @@ class FakeLangfuse:
     scores: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     statuses: Counter[int] = field(default_factory=Counter, repr=False)
     suspended: bool = False
+    largest_body: int = 0
     _failures: list[tuple[int, str | None]] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _server: ThreadingHTTPServer | None = field(default=None, repr=False)
@@ -125,11 +132,16 @@ class FakeLangfuse:
 
     # The request handler's side, under the lock.
 
-    def _answer(self, method: str, path: str, auth: str | None, raw: bytes) -> tuple[int, dict[str, Any], str | None]:
+    def _answer(
+        self, method: str, path: str, auth: str | None, raw: bytes
+    ) -> tuple[int, dict[str, Any] | str, str | None]:
         with self._lock:
+            self.largest_body = max(self.largest_body, len(raw))
             if self._failures:
                 status, retry_after = self._failures.pop(0)
                 return status, {"message": "Service temporarily unavailable", "error": "Unavailable"}, retry_after
+            if len(raw) > BODY_LIMIT:
+                return 413, "Body exceeded 1mb limit", None
             if not self._authorized(auth):
                 message = "Invalid credentials. Confirm that you've configured the correct host."
                 return 401, {"message": message, "error": "Unauthorized"}, None
@@ -183,9 +195,10 @@ def _handler(fake: FakeLangfuse) -> type[BaseHTTPRequestHandler]:
             status, body, retry_after = fake._answer(method, self.path, self.headers.get("Authorization"), raw)
             with fake._lock:
                 fake.statuses[status] += 1
-            payload = json.dumps(body).encode()
+            text = body if isinstance(body, str) else json.dumps(body)
+            payload = text.encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
             self.send_header("Content-Length", str(len(payload)))
             if retry_after is not None:
                 self.send_header("Retry-After", retry_after)

@@ -15,9 +15,10 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from tests.integration._drain import drain
-from tests.integration._fake_langfuse import SCORES_PATH, FakeLangfuse
+from tests.integration._fake_langfuse import BODY_LIMIT, SCORES_PATH, FakeLangfuse
 from tests.integration._traces import ROOT, TRACESCORE
 from tracing import ScoreRecord, score_id_for
 from tracing.sinks import Delivered, LangfuseSink, Refused, Retry
@@ -299,6 +300,85 @@ def test_a_400_is_refused_with_langfuses_message(langfuse: FakeLangfuse, sink: L
     assert refused.detail == "Invalid request data: name: required, a non-empty string"
     assert secret_reason not in repr(refused)
     assert langfuse.statuses == {400: 1, 200: 1}
+
+
+# 6 characters, 16 bytes in a JSON body: escapes (a newline, a control character) and UTF-8.
+_LONG_UNIT = "a é\n\x01😀"
+_LONG = _LONG_UNIT * 100_000  # 1.6 MB as JSON
+_CUT_MARKER = re.compile(r" … \[([\d,]+) more characters cut by tracescore: Langfuse takes a score of at most 1 MiB\]$")
+
+
+def test_the_fake_answers_a_body_over_1_mib_413_as_nextjs_does(langfuse: FakeLangfuse) -> None:
+    """The checker itself: Langfuse's score route keeps Next.js's default body size (1 MiB), and
+    Next.js answers a larger body 413 before Langfuse sees it (credentials unchecked)."""
+    body = json.dumps({"name": "x", "traceId": TRACE, "value": 1, "comment": ""}).encode()
+    over = body.replace(b'"comment": ""', b'"comment": "' + b"x" * (BODY_LIMIT - len(body) + 1) + b'"')
+    assert len(over) == BODY_LIMIT + 1
+    response = httpx.post(langfuse.url + SCORES_PATH, content=over, headers={"Content-Type": "application/json"})
+    assert (response.status_code, response.text) == (413, "Body exceeded 1mb limit")
+    assert langfuse.scores == {}
+
+
+@pytest.mark.parametrize(
+    ("fields", "comment"),
+    [
+        ({"score": 0.5, "reason": _LONG}, _LONG),
+        ({"not_scorable": _LONG}, _LONG),
+        (
+            {"error_type": "IndexError", "error_message": _LONG, "failed_step": "analyze"},
+            f"IndexError in analyze: {_LONG}",
+        ),
+    ],
+    ids=["reason", "not-scorable", "error"],
+)
+def test_a_comment_over_langfuses_body_limit_is_cut_with_a_count_and_delivered(
+    langfuse: FakeLangfuse, sink: LangfuseSink, fields: dict[str, object], comment: str
+) -> None:
+    """A judge's reason (or an error, or not scorable's reason) of 1.6 MB as JSON: Langfuse
+    (Next.js) answers such a body 413, and the score was refused, lost to Langfuse. Now its
+    comment keeps as much of the start as fits and ends saying how many characters were cut;
+    the cut is logged with its counts, never its text."""
+    long = record("verbose", **fields)
+    with capture_logs() as logs:
+        assert sink.deliver([long]) == [Delivered()]
+    assert langfuse.statuses == {200: 1}
+    assert BODY_LIMIT * 0.9 < langfuse.largest_body <= BODY_LIMIT  # most of what Langfuse takes
+    stored = langfuse.scores[long.score_id]["comment"]
+    marker = _CUT_MARKER.search(stored)
+    assert marker is not None, stored[-200:]
+    kept = stored[: marker.start()]
+    assert comment.startswith(kept)
+    assert len(kept) + int(marker[1].replace(",", "")) == len(comment)
+    [cut] = [entry for entry in logs if entry["event"] == "langfuse_comment_cut"]
+    assert cut["score_id"] == long.score_id
+    assert (cut["kept_chars"], cut["cut_chars"]) == (len(kept), len(comment) - len(kept))
+    assert _LONG_UNIT not in repr(cut)
+
+
+def test_a_comment_that_fits_is_sent_whole(langfuse: FakeLangfuse, sink: LangfuseSink) -> None:
+    """Just under the limit (0.9 MiB of reason): sent as it is, nothing cut or logged."""
+    reason = "x" * int(BODY_LIMIT * 0.9)
+    fits = record("verbose", score=0.5, reason=reason)
+    with capture_logs() as logs:
+        assert sink.deliver([fits]) == [Delivered()]
+    assert langfuse.scores[fits.score_id]["comment"] == reason
+    assert [entry for entry in logs if entry["event"] == "langfuse_comment_cut"] == []
+
+
+def test_a_score_over_the_limit_without_its_comment_is_refused_unsent(
+    langfuse: FakeLangfuse, sink: LangfuseSink
+) -> None:
+    """A label of 2 MB (the value of a CATEGORICAL score, and in metadata): no comment to cut
+    makes it fit, so it is refused here, saying why, without a request Langfuse would answer 413
+    on every retry; the rest of the batch is delivered."""
+    huge = record("labeller", label="good " * 400_000, reason="short")
+    outcomes = sink.deliver([huge, *one_of_each()[:1]])
+    assert outcomes[1] == Delivered()
+    refused = outcomes[0]
+    assert isinstance(refused, Refused), refused
+    assert "even without its comment: its name or label is too long" in refused.reason
+    assert "good good" not in repr(refused)
+    assert langfuse.statuses == {200: 1}
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,15 @@ their spans as observations under the 16-hex span id, so those are ``traceId`` a
   made of ``a-z 0-9 - _``. Without it a score went to ``default``, and a view filtered on the
   trace's environment showed the trace without its scores.
 
+Size: Langfuse's score route (``web/src/pages/api/public/scores/index.ts``) sets no body size of
+its own, so Next.js reads at most its default 1 MiB ("1mb") of a request and answers a larger one
+413 "Body exceeded 1mb limit" before Langfuse looks at it; the definition bounds no field a
+score of ours uses. Only the comment (a judge's reason, an error message) can grow that large:
+a body over 1,000,000 bytes keeps the start of its comment and ends it with a marker saying
+how many characters were cut (logged as ``langfuse_comment_cut``, without the text), so the
+score still lands. One still over it without any comment (a label or name that long) is
+``Refused`` here, unsent.
+
 Outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
 (Retry-After honoured); any other 4xx ``Refused`` with Langfuse's message, never the keys or
 the score's text. Scores go ``parallel`` (4) at a time. An answer that holds for every score
@@ -41,6 +50,7 @@ import re
 from typing import Any
 
 import httpx
+import structlog
 
 from tracing._score_record import ScoreRecord
 from tracing.sinks._http import (
@@ -59,6 +69,12 @@ from tracing.sinks._http import (
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
 
 __all__ = ["LangfuseSink"]
+
+log = structlog.get_logger("tracescore.sinks.langfuse")
+
+# Under Next.js's default 1 MiB (1,048,576 bytes) for an API route's body, which Langfuse's
+# POST /api/public/scores keeps; a round number below it, for a proxy that counts otherwise.
+_MAX_BODY_BYTES = 1_000_000
 
 
 class LangfuseSink(PerScoreSink):
@@ -158,17 +174,58 @@ def _score(record: ScoreRecord) -> dict[str, Any] | Refused:
         "error_type": record.error_type,
         "failed_step": record.failed_step,
     }
-    return {
-        "id": record.score_id,
-        "traceId": trace_id,
-        "observationId": span_id,
-        "name": record.scorer_name or record.scorer_id,
-        "value": value,
-        "dataType": data_type,
-        "comment": comment or None,
-        "metadata": {key: "" if val is None else val for key, val in metadata.items()},
-        "environment": langfuse_environment(record.environment),
-    }
+    return _within_limit(
+        {
+            "id": record.score_id,
+            "traceId": trace_id,
+            "observationId": span_id,
+            "name": record.scorer_name or record.scorer_id,
+            "value": value,
+            "dataType": data_type,
+            "comment": comment or None,
+            "metadata": {key: "" if val is None else val for key, val in metadata.items()},
+            "environment": langfuse_environment(record.environment),
+        }
+    )
+
+
+def _within_limit(score: dict[str, Any]) -> dict[str, Any] | Refused:
+    """``score``, its comment cut to fit ``_MAX_BODY_BYTES`` when the body is over it; Refused
+    when even no comment would fit (never sent: Langfuse would answer 413 on every retry)."""
+    size = len(json_body(score))
+    if size <= _MAX_BODY_BYTES:
+        return score
+    comment: str = score["comment"] or ""
+    # The body's bytes apart from the comment's text (its JSON string, quotes and escapes).
+    rest = size - _json_size(comment if comment else None)
+    # The marker's count is at most the comment's length: budget for that many digits.
+    room = _MAX_BODY_BYTES - rest - (_json_size(_marker(len(comment))) - 2)
+    if not comment or room < 2:
+        return Refused(
+            f"score is {size:,} bytes, over the {_MAX_BODY_BYTES:,} Langfuse takes (its request body limit,"
+            " 1 MiB) even without its comment: its name or label is too long"
+        )
+    # The longest start of the comment whose JSON string fits ``room`` (escapes and UTF-8 make
+    # bytes and characters differ; a JSON string's size grows with its text).
+    low, high = 0, min(len(comment), room)  # (a character takes a byte at least)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if _json_size(comment[:mid]) <= room:
+            low = mid
+        else:
+            high = mid - 1
+    cut = len(comment) - low
+    log.warning("langfuse_comment_cut", score_id=score["id"], kept_chars=low, cut_chars=cut, body_bytes=size)
+    return {**score, "comment": comment[:low] + _marker(cut)}
+
+
+def _marker(cut: int) -> str:
+    return f" … [{cut:,} more characters cut by tracescore: Langfuse takes a score of at most 1 MiB]"
+
+
+def _json_size(text: str | None) -> int:
+    """The bytes ``text`` takes in a request body (``json_body``'s encoding)."""
+    return len(json_body(text))
 
 
 _LANGFUSE_PREFIX = re.compile(r"^(?:langfuse[-_]?)+")
