@@ -541,6 +541,34 @@ def test_a_score_recorded_between_the_read_and_the_claim_is_not_scored_again(
     assert progress["scored"] + progress["skipped"] == 2
 
 
+def test_a_finished_jobs_message_delivered_again_counts_nothing_more(redis_url: str) -> None:
+    """On Redis, as a backfill ends a job: 100 runs, one live traffic had scored (the job's
+    skip). Once the job finished, its set of counted skips was dropped, and its message
+    delivered again (a worker killed before its ack) counted that skip again: 101 of 100."""
+    import redis as sync_redis
+
+    from worker.backfill._state import RedisJobStore
+
+    live, msg = batch(range(1), ["plain"], salt="late"), batch(range(100), ["plain"], salt="late", job_id="j-late")
+
+    async def deliver(*messages: ScoreBatch) -> dict[str, int]:
+        store = RedisScoreStore(redis_url)
+        try:
+            for message in messages:
+                await score_batch(message, ScoringDeps(registry=Registry([plain]), store=store))
+            return await store.jobs.progress("j-late")
+        finally:
+            await store.close()
+
+    done = asyncio.run(deliver(live, msg))
+    assert done == {"scored": 99, "skipped": 1, "skipped:already_scored": 1}
+    client = sync_redis.Redis.from_url(redis_url, decode_responses=True)
+    RedisJobStore(client).finished("j-late")
+    client.close()
+    assert asyncio.run(deliver(msg)) == done
+    assert calls == {"plain": 100}  # (nothing scored again either)
+
+
 def test_a_run_named_twice_in_one_message_is_scored_once() -> None:
     """Copies of one request in a message (hand-made, or replayed into one batch) share one
     score id: scored once (a judge would be paid once), the copies counted as duplicates."""

@@ -402,8 +402,8 @@ def test_a_finished_job_that_failed_keeps_its_counted_skips_for_its_dlq_retry(re
 
     progress = run(convert())
     jobs = RedisJobStore(sync_redis.Redis.from_url(redis_url))
-    jobs.finished("a", progress)
-    jobs.finished("b", {"scored": 1, "skipped": 1})
+    jobs.finished("a")
+    jobs.finished("b")
     assert jobs.client.exists(_keys.job_skips_key("a")) == 1
     assert jobs.client.exists(_keys.job_skips_key("b")) == 0
 
@@ -418,6 +418,79 @@ def test_a_finished_job_that_failed_keeps_its_counted_skips_for_its_dlq_retry(re
     assert again == 0
     assert after == progress
     jobs.client.close()
+
+
+async def _until_gone(store: Any, score_id: str) -> None:
+    deadline, found = time.monotonic() + 10, await store.existing([score_id])
+    while found and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        found = await store.existing([score_id])
+
+
+def test_a_finished_jobs_late_delivery_counts_nothing_more(store: Any) -> None:
+    """Job a counted its 3 scores (one its own, two skips: live traffic's score, and b's that
+    refused a's put) and finished. Its message delivered again (a worker killed before its ack,
+    Celery's redelivery, `dlq retry`) met its set of counted skips dropped and counted them
+    again, and its own record, expired since and made again, anew: 6 of 3 (review)."""
+    ours, live, theirs = _record(40, job_id="a", score=0.1), _record(41, score=0.2), _record(42, job_id="b", score=0.3)
+
+    async def go() -> tuple[dict[str, int], dict[str, int], bool]:
+        await store.put_records([live, theirs], "w", 60)
+        await store.put_records([ours], "w", 1)
+        await store.jobs.count_skipped_once("a", "already_scored", [live.score_id])
+        await store.put_records([theirs.model_copy(update={"job_id": "a", "score": 0.9})], "w", 60)
+        done = await store.jobs.progress("a")
+        await store.jobs.finish("a")
+        await _until_gone(store, ours.score_id)
+        await store.jobs.count_skipped_once("a", "already_scored", [live.score_id])  # the late delivery
+        await store.put_records([theirs.model_copy(update={"job_id": "a", "score": 0.9})], "w", 60)
+        (again,) = await store.put_records([ours], "w", 60)
+        late = await store.jobs.progress("a")
+        await store.close()
+        return done, late, again
+
+    done, late, again = run(go())
+    assert done == {"scored": 1, "skipped": 2, "skipped:already_scored": 2}
+    assert again  # (stored again: its TTL had passed)
+    assert late == done
+
+
+# Each case: job a's puts and deliveries (as in _CHAINS), a's end (``"end"``), then more: a
+# finished job's scores still move from one outcome to another (its `dlq retry` scoring its
+# failure), and its total stays.
+_AFTER_THE_END: dict[str, tuple[list[ScoreRecord | str], dict[str, dict[str, int]]]] = {
+    "a's retry scores its failure": (
+        [_failure("a"), "end", _score("a")],
+        {"a": {"scored": 1}},
+    ),
+    "b scores a's failure, then a's retry meets it": (
+        [_failure("a"), "end", _score("b"), "a", _score("a")],
+        {"a": {"skipped": 1, "skipped:already_scored": 1}, "b": {"scored": 1}},
+    ),
+    "b's failure replaced a's, then a's retry scores it": (
+        [_failure("a"), _failure("b", "RateLimit"), "end", _score("a")],
+        {"a": {"scored": 1}, "b": {"skipped": 1, "skipped:already_scored": 1}},
+    ),
+}
+
+
+@pytest.mark.parametrize("chain", list(_AFTER_THE_END))
+def test_a_finished_jobs_scores_still_change_outcome(store: Any, chain: str) -> None:
+    steps, expected = _AFTER_THE_END[chain]
+
+    async def go() -> dict[str, dict[str, int]]:
+        for step in steps:
+            if step == "end":
+                await store.jobs.finish("a")
+            elif isinstance(step, str):
+                await store.jobs.count_skipped_once(step, "already_scored", [_score(None).score_id])
+            else:
+                await store.put_records([step], "w", 60)
+        progress = {job: _totals(await store.jobs.progress(job)) for job in "ab"}
+        await store.close()
+        return progress
+
+    assert run(go()) == {"a": {}, "b": {}, **expected}
 
 
 def test_put_records_retried_after_a_lost_reply_is_new_again(store: Any) -> None:

@@ -41,6 +41,7 @@ from worker.store import (
     RedisScoreStore,
     SyncRedisDeadLetters,
     claim,
+    finish_job,
 )
 from worker.store._jobs import failure_bucket
 from worker.store._outbox import delivered_key
@@ -94,6 +95,14 @@ def _jobs(url: str, go: Callable[[RedisJobStats], Any]) -> Any:
 
 def _skip_once(stats: RedisJobStats) -> Any:
     return stats.count_skipped_once("j", "r", ["s1"])
+
+
+def _sync_finish(url: str) -> None:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        finish_job(client, "j")
+    finally:
+        client.close()
 
 
 def _letters(url: str, go: Callable[[RedisDeadLetters], Any]) -> Any:
@@ -265,6 +274,14 @@ CASES = [
         for key, kind in [(_JOB, "hash"), (_keys.job_skips_key("j"), "set")]
     ),
     Case("progress", _JOB, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.progress("j")), {}),
+    *(
+        case
+        for key, kind in [(_JOB, "hash"), (_keys.job_skips_key("j"), "set")]
+        for case in (
+            Case("finish_job", key, kind, False, lambda u: lambda: _jobs(u, lambda j: j.finish("j"))),
+            Case("finish_job", key, kind, False, lambda u: lambda: _sync_finish(u)),  # (the backfill's)
+        )
+    ),
     Case("recent_failures", _FAILURES, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.recent_failures()), {}),
     # DeadLetters
     Case("push", _DLQ, "list", True, lambda u: lambda: _letters(u, lambda d: d.push(_letter()))),

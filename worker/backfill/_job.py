@@ -1084,7 +1084,7 @@ def _run_held(
                             if not job_store.save(state):
                                 raise KeyboardInterrupt  # the hold is another's: stop as on a signal
                             with suppress(redis.exceptions.RedisError):  # (it expires in any case)
-                                job_store.finished(state.job_id, progress)
+                                job_store.finished(state.job_id)
 
                 # (the summing up of an interrupted job is still under the handler: a signal there
                 # only asks again, and the resume line is not lost)

@@ -15,7 +15,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -26,8 +26,8 @@ from worker._keys import (
     backfill_runs_key,
     backfill_state_key,
     backfill_traces_key,
-    job_skips_key,
 )
+from worker.store import finish_job
 
 __all__ = [
     "BackfillOptions",
@@ -208,15 +208,11 @@ class RedisJobStore:
             done.update(r for r in run_ids if r.partition(":")[0] in done_traces)
         return done
 
-    def finished(self, job_id: str, progress: Mapping[str, int]) -> None:
-        """The job is done: drop the workers' set of its skips (``job_skips_key``), which holds
-        every score another job made for it (about 130 bytes each: a re-run of a whole job to
-        read its scores back) and which only retries of its messages need. A job that recorded
-        a failure (``progress`` has a ``failed`` count, even one another job's score brought
-        back to 0) keeps it until it expires: its ``dlq retry`` meets runs another job scored,
-        already counted as its skips."""
-        if "failed" not in progress:
-            self.client.delete(job_skips_key(job_id))
+    def finished(self, job_id: str) -> None:
+        """The job is done: its counts are final from now on (``JobStats.finish``: a late
+        delivery of its message counts nothing more), and the workers' set of its skips is
+        dropped unless the job recorded a failure."""
+        finish_job(self.client, job_id)
 
     def delete(self, job_id: str) -> None:
         self.client.delete(backfill_state_key(job_id), backfill_runs_key(job_id), backfill_traces_key(job_id))

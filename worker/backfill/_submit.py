@@ -17,10 +17,9 @@ import redis
 
 from tracing.queue import Backpressure, Publisher, ScoreBatch
 from worker._errors import SettingsError
-from worker._keys import job_key
 from worker._reconnect import DECODED
 from worker._settings import Settings
-from worker.store import check_list, read_counters
+from worker.store import check_list, job_progress
 
 __all__ = ["RedisSubmitter"]
 
@@ -124,8 +123,7 @@ class RedisSubmitter:
         self._publisher.publish(batch, requests_json)
 
     def progress(self, job_id: str) -> dict[str, int]:
-        key = job_key(job_id)
-        return read_counters({str(k): v for k, v in self.store.hgetall(key).items()}, key, "job_progress")
+        return job_progress(self.store, job_id)
 
     def close(self) -> None:
         self._publisher.close()

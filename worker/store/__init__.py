@@ -27,7 +27,7 @@ counters is read with ``read_counters``: a value that is not a number is left ou
 from worker._reconnect import StoreUnavailableError
 from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters, SyncRedisDeadLetters, dead_letter_id
 from worker.store._deliveries import END_WAIT_S, DeliveryLog, new_token
-from worker.store._jobs import JobStats, RedisJobStats
+from worker.store._jobs import JobStats, RedisJobStats, finish_job, job_progress
 from worker.store._keytypes import (
     UNACKED_MUTEX_EXPIRE_S,
     StoreKeyTypeError,
@@ -74,6 +74,8 @@ __all__ = [
     "claim",
     "dead_letter_id",
     "delivery_owner",
+    "finish_job",
+    "job_progress",
     "new_token",
     "process_owner",
     "read_counters",

@@ -2,20 +2,22 @@
 time buckets (``tracescore status``).
 
 Scored and failed are counted by the score store in the same atomic step that records the
-score (so a score is counted exactly once); skips are counted here.
+score (so a score is counted exactly once); skips are counted here. A job that ended
+(``finish``) counts nothing more: its total is final, and only a move of one of its scores from
+one outcome to another (its ``dlq retry`` scoring its failure) still changes its counts.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from tracing import ScoreRecord
 from worker import _keys
 from worker._reconnect import unavailable_as_error
-from worker.store._keytypes import checked_async, checked_script
+from worker.store._keytypes import checked, checked_async, checked_script
 from worker.store._redis import OnRedis, RedisConnection, read_counters
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "JobStats",
     "RedisJobStats",
     "failure_bucket",
+    "finish_job",
+    "job_progress",
     "outcome",
 ]
 
@@ -47,12 +51,23 @@ def outcome(record: ScoreRecord) -> tuple[str, str]:
     return "scored", ""
 
 
+# The field of a job's hash that says the job ended (``finish``); not a counter, so ``progress``
+# leaves it out.
+_FINISHED = "finished"
+
 # Lua: the ids ``ids[first..last]`` that are new to a job's set of counted skips join it and
 # are counted as its skips for ``reason`` (Lua's ``unpack`` takes a few thousand at a time). The
 # one place a skip is counted once, by ``count_skipped_once`` and by the score store's put (a
 # job's failure another's record replaced; a job's record refused for another's).
-LUA_NEW_SKIPS = """
-local function tracescore_new_skips(job, skips, reason, ids, first, last)
+# ``tracescore_new_skips`` counts nothing for a job that ended: a late delivery of its message (a
+# worker killed before its ack, a `dlq retry`) met its set gone (dropped when it ended) and
+# counted its skips again, past its total. ``tracescore_add_skips`` is for a score moving from
+# the job's failure to its skip, which leaves its total as it is.
+LUA_NEW_SKIPS = f"""
+local function tracescore_finished(job)
+  return redis.call('HEXISTS', job, '{_FINISHED}') == 1
+end
+local function tracescore_add_skips(job, skips, reason, ids, first, last)
   local added = 0
   for i = first, last, 4000 do
     added = added + redis.call('SADD', skips, unpack(ids, i, math.min(i + 3999, last)))
@@ -62,6 +77,12 @@ local function tracescore_new_skips(job, skips, reason, ids, first, last)
     redis.call('HINCRBY', job, 'skipped:' .. reason, added)
   end
   return added
+end
+local function tracescore_new_skips(job, skips, reason, ids, first, last)
+  if tracescore_finished(job) then
+    return 0
+  end
+  return tracescore_add_skips(job, skips, reason, ids, first, last)
 end
 """
 
@@ -77,6 +98,40 @@ return added
 """,
 )
 
+# KEYS: the job's hash, its set of counted skips. ARGV: the job's TTL. The job is marked ended,
+# and its set dropped (about 130 bytes a skip: every score of a job re-run to read its scores
+# back), unless it recorded a failure (a ``failed`` field, even one brought back to 0): its
+# ``dlq retry`` may yet record a run it counts as a skip (its failure another's record
+# replaced), which moves that count to the record.
+_FINISH = checked_script(
+    "{KEYS[1], 'hash', 'r', KEYS[2], 'set', 'r'}",
+    f"""
+redis.call('HSET', KEYS[1], '{_FINISHED}', 1)
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+if redis.call('HEXISTS', KEYS[1], 'failed') == 0 then
+  redis.call('DEL', KEYS[2])
+end
+""",
+)
+
+
+def _counters(raw: Mapping[str, str], key: str) -> dict[str, int]:
+    """A job's hash read as its counters (without the mark of its end)."""
+    return read_counters({k: v for k, v in raw.items() if k != _FINISHED}, key, "job_progress")
+
+
+def finish_job(client: Any, job_id: str, job_ttl_s: int = JOB_TTL_S) -> None:
+    """``JobStats.finish`` with a synchronous client (the backfill's)."""
+    keys = [_keys.job_key(job_id), _keys.job_skips_key(job_id)]
+    checks = [(keys[0], "hash", False), (keys[1], "set", False)]
+    checked(client, "finish_job", checks, lambda: client.eval(_FINISH, 2, *keys, job_ttl_s))
+
+
+def job_progress(client: Any, job_id: str) -> dict[str, int]:
+    """``JobStats.progress`` with a synchronous client (the backfill's)."""
+    key = _keys.job_key(job_id)
+    return _counters({str(k): v for k, v in client.hgetall(key).items()}, key)
+
 
 @runtime_checkable
 class JobStats(Protocol):
@@ -91,6 +146,13 @@ class JobStats(Protocol):
 
     async def progress(self, job_id: str) -> dict[str, int]:
         """The job's counters: ``scored``, ``failed``, ``skipped`` and ``<counter>:<reason>``."""
+        ...
+
+    async def finish(self, job_id: str) -> None:
+        """The job ended (its backfill counted every score): from now on its total is final.
+        A late delivery of its message (a worker killed before its ack, a `dlq retry`, a record
+        that expired and was made again) counts nothing; a move of one of its scores from one
+        outcome to another still does (its own record replacing its failure: failed → scored)."""
         ...
 
     async def recent_failures(self, buckets: int = 6) -> dict[str, int]:
@@ -136,7 +198,11 @@ class RedisJobStats(OnRedis):
     async def progress(self, job_id: str) -> dict[str, int]:
         client, key = self._redis.client, _keys.job_key(job_id)
         raw = await checked_async(client, "progress", [(key, "hash", False)], lambda: client.hgetall(key))
-        return read_counters(raw, key, "job_progress")
+        return _counters(raw, key)
+
+    async def finish(self, job_id: str) -> None:
+        args = [_keys.job_key(job_id), _keys.job_skips_key(job_id), str(self.job_ttl_s)]
+        await self._redis.evalsha_each(_FINISH, [(2, args)], where="finish_job")
 
     async def recent_failures(self, buckets: int = 6) -> dict[str, int]:
         now = failure_bucket()

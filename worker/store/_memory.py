@@ -28,18 +28,23 @@ class MemoryJobStats:
         self._jobs: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._failures: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._skips: dict[str, set[str]] = defaultdict(set)  # (job_skips_key)
+        self._finished: set[str] = set()  # (the job hash's ``finished`` field)
 
     def _recorded(self, record: ScoreRecord, replaced: ScoreRecord | None) -> None:
         # A job counts each score once: its record's outcome, or a skip while another's record
-        # stands for it (the Redis put script's rules).
+        # stands for it; one that ended counts no new score, its scores still move (the Redis put
+        # script's rules).
         with self._lock:
+            moved = False
             if replaced is not None and replaced.job_id:
                 # Its own failure recorded again, or another's record in its place: that job's skip.
                 counts = self._jobs[replaced.job_id]
                 counts["failed"] -= 1
                 counts[f"failed:{replaced.error_type}"] -= 1
                 if replaced.job_id != record.job_id:
-                    self._count_new_skips(replaced.job_id, "already_scored", [record.score_id])
+                    self._add_skips(replaced.job_id, "already_scored", [record.score_id])
+                else:
+                    moved = True
             counter, reason = outcome(record)
             if record.job_id:
                 counts = self._jobs[record.job_id]
@@ -48,9 +53,11 @@ class MemoryJobStats:
                     skips.discard(record.score_id)
                     counts["skipped"] -= 1
                     counts["skipped:already_scored"] -= 1
-                counts[counter] += 1
-                if reason:
-                    counts[f"{counter}:{reason}"] += 1
+                    moved = True
+                if moved or record.job_id not in self._finished:
+                    counts[counter] += 1
+                    if reason:
+                        counts[f"{counter}:{reason}"] += 1
             if reason:
                 bucket = failure_bucket()
                 if bucket not in self._failures:  # a new window: the old ones go, as in Redis (TTL)
@@ -74,7 +81,11 @@ class MemoryJobStats:
             return self._count_new_skips(job_id, reason, score_ids)
 
     def _count_new_skips(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:
-        """(Under the lock.) Count those of ``score_ids`` not counted for the job before."""
+        """(Under the lock.) Count those of ``score_ids`` not counted for the job before, unless
+        the job ended."""
+        return 0 if job_id in self._finished else self._add_skips(job_id, reason, score_ids)
+
+    def _add_skips(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:
         counted = self._skips[job_id]
         new = set(score_ids) - counted
         counted |= new
@@ -86,6 +97,12 @@ class MemoryJobStats:
     async def progress(self, job_id: str) -> dict[str, int]:
         with self._lock:
             return dict(self._jobs.get(job_id, {}))
+
+    async def finish(self, job_id: str) -> None:
+        with self._lock:
+            self._finished.add(job_id)
+            if "failed" not in self._jobs.get(job_id, {}):  # (as in Redis: kept for its dlq retry)
+                self._skips.pop(job_id, None)
 
     async def recent_failures(self, buckets: int = 6) -> dict[str, int]:
         now = failure_bucket()

@@ -118,7 +118,8 @@ class ScoreStore(Protocol):
         which makes it its job's skip (``already_scored``, counted once as
         ``count_skipped_once``). A job's record refused for another's counts the job's skip; a
         job's record stored for a score it had counted as a skip moves that count to the
-        record's outcome. So a job counts each of its scores once. The very same record put
+        record's outcome. So a job counts each of its scores once; a job that ended
+        (``JobStats.finish``) counts no new one, only such moves. The very same record put
         again (a retry whose reply was lost) is new again and counted once."""
         ...
 
@@ -242,9 +243,10 @@ def _claims(score_ids: Sequence[str], replies: Sequence[Any]) -> Claims:
 # other job's skip; a job's put refused for another's record counts the job's skip; and a job's
 # record stored for a score it counted as a skip moves the count back to the record's outcome.
 # (Counted twice, a job's total passed its expected one, and a job waiting for its total ended
-# while a score was still on its way.) The other job's keys are known only once the stored
-# record is read, so the script names them itself; the project runs on one Redis, not a
-# cluster, where that is allowed.
+# while a score was still on its way.) A job that ended (``JobStats.finish``) counts no new score
+# or skip; its scores still move (its retry's record replacing its failure). The other job's
+# keys are known only once the stored record is read, so the script names them itself; the
+# project runs on one Redis, not a cluster, where that is allowed.
 _PUT_RECORDS = (
     LUA_CHECK
     + _LUA_STORED
@@ -308,6 +310,7 @@ if bad then
 end
 
 local function put(record, traces, checkpoint, claim, job, json, score_id, has_job, counter, reason, job_id, other)
+  local moved = false  -- one of the job's scores changing outcome, not a new one
   if not redis.call('SET', record, json, 'NX', 'EX', ttl) then
     local current = redis.call('GET', record)
     -- This very record, stored by our own earlier try whose reply a dropped connection lost
@@ -330,9 +333,10 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
     local corrected = nil
     if prev and has_job == '1' and prev['job_id'] == job_id then
       corrected = job
+      moved = true
     elseif other and redis.call('EXISTS', job_prefix .. other) == 1 then  -- (expired: nothing to correct)
       corrected = job_prefix .. other
-      tracescore_new_skips(corrected, skips_prefix .. other, 'already_scored', {score_id}, 1, 1)
+      tracescore_add_skips(corrected, skips_prefix .. other, 'already_scored', {score_id}, 1, 1)
       redis.call('EXPIRE', skips_prefix .. other, job_ttl)
       redis.call('EXPIRE', corrected, job_ttl)
     end
@@ -365,10 +369,14 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
     if redis.call('SREM', skips_prefix .. job_id, score_id) == 1 then  -- counted as its skip until now
       redis.call('HINCRBY', job, 'skipped', -1)
       redis.call('HINCRBY', job, 'skipped:already_scored', -1)
+      moved = true
     end
-    redis.call('HINCRBY', job, counter, 1)
-    if reason ~= '' then
-      redis.call('HINCRBY', job, counter .. ':' .. reason, 1)
+    -- A job that ended counts no new score (a late delivery meeting its record expired).
+    if moved or not tracescore_finished(job) then
+      redis.call('HINCRBY', job, counter, 1)
+      if reason ~= '' then
+        redis.call('HINCRBY', job, counter .. ':' .. reason, 1)
+      end
     end
   end
   if reason ~= '' then
