@@ -36,6 +36,8 @@ __all__ = [
 NO_BROKER = "TRACESCORE_BROKER_URL is empty (embedded mode, which only backfill and score have)"
 # The broker URLs kombu serves with its Redis transport, the one worker._guard screens.
 SCREENED_BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
+# The shortest TRACESCORE_SCORE_TTL_SECONDS (see ``Settings.score_ttl_seconds``).
+MIN_SCORE_TTL_SECONDS = 24 * 3600
 
 
 def redis_py_url(url: str) -> str:
@@ -116,7 +118,10 @@ class Settings(BaseSettings):
     default_requests_per_minute: float | None = Field(default=None, gt=0)
     default_tokens_per_minute: float | None = Field(default=None, gt=0)
 
-    score_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=60)
+    # How long a score's record is kept: it is what keeps its run from being scored (and paid
+    # for) again when its message comes back, and a job from counting it twice. At least a day
+    # (``_check``): a `dlq retry` once a daily budget resets (00:00 UTC) resends whole messages.
+    score_ttl_seconds: int = Field(default=7 * 24 * 3600)
     # How long a worker's claim on a score lasts; 0 → the task's hard time limit (a claim is
     # never needed longer than the task that holds it, and must lapse before a redelivery).
     claim_ttl_seconds: int = Field(default=0, ge=0)
@@ -250,6 +255,13 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"TRACESCORE_VISIBILITY_TIMEOUT ({self.visibility_timeout}) must exceed "
                 f"TRACESCORE_TASK_TIME_LIMIT ({self.task_time_limit})"
+            )
+        if self.score_ttl_seconds < MIN_SCORE_TTL_SECONDS:
+            raise ValueError(
+                f"TRACESCORE_SCORE_TTL_SECONDS ({self.score_ttl_seconds}) must be at least "
+                f"{MIN_SCORE_TTL_SECONDS} (a day): a run whose record has expired is scored and paid for "
+                "again when its message comes back (a redelivery, a `dlq retry` after a daily budget "
+                "resets), counted twice by its backfill job, and missing when the job reads its scores back"
             )
         if self.claim_ttl >= self.visibility_timeout:
             raise ValueError(

@@ -18,6 +18,12 @@ def test_defaults_are_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.task_soft_time_limit < settings.task_time_limit < settings.visibility_timeout
 
 
+def test_a_score_ttl_of_a_day_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shortest score TTL allowed (the refusal above names it) is accepted."""
+    monkeypatch.setenv("TRACESCORE_SCORE_TTL_SECONDS", "86400")
+    assert load_settings().score_ttl_seconds == 86400
+
+
 def test_rate_limits_parse_from_json(monkeypatch: pytest.MonkeyPatch) -> None:
     """TRACESCORE_RATE_LIMITS is a JSON object of per-model budgets; others use the defaults."""
     monkeypatch.setenv("TRACESCORE_RATE_LIMITS", '{"openai/gpt-4o-mini": {"requests_per_minute": 500}}')
@@ -45,6 +51,9 @@ def test_rate_limits_parse_from_json(monkeypatch: pytest.MonkeyPatch) -> None:
             },
             "TRACESCORE_VISIBILITY_TIMEOUT .100.0. must exceed",
         ),
+        # A record that expires before its message comes back: its run scored and paid for again,
+        # and counted twice by its job (60 s was allowed, under the 360 s visibility timeout).
+        ({"TRACESCORE_SCORE_TTL_SECONDS": "3600"}, "TRACESCORE_SCORE_TTL_SECONDS .3600. must be at least 86400"),
         ({"TRACESCORE_WRITER": "jsonl"}, "TRACESCORE_WRITER_PATH"),
         ({"TRACESCORE_WRITER": "kafka"}, "TRACESCORE_WRITER"),
     ],
