@@ -332,3 +332,75 @@ def test_an_unusable_temporary_directory_is_a_clear_error(
     assert result.exit_code == 1, result.output
     assert f"compare failed: cannot make its temporary store in {gone} (TMPDIR)" in result.stderr
     assert "cannot read" not in result.stderr
+
+
+def _many(tmp_path: Path, n: int) -> tuple[Path, Path]:
+    """Two record files of ``n`` records each, every score moved a little."""
+    old = _write(tmp_path / "old.jsonl", [_rec(f"t{i}", "rel", 0.25, "old") for i in range(n)])
+    new = _write(tmp_path / "new.jsonl", [_rec(f"t{i}", "rel", 0.5, "new", "2") for i in range(n)])
+    return old, new
+
+
+def test_compare_reports_its_progress_per_phase(tmp_path: Path) -> None:
+    """84,000 records took 8 s with nothing said, millions far longer (noticed): each file's
+    reading, then the comparing, goes to the progress reporter, with how far it got."""
+    import io
+
+    from worker._progress import ProgressReporter
+
+    old, new = _many(tmp_path, 2500)
+    stream = io.StringIO()
+    result = compare_files(old, new, progress=ProgressReporter(stream, tty=False, interval_s=0))
+    assert result["by_scorer"]["rel"]["up"] == 2500
+    lines = stream.getvalue().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["reading old"] * 2 + ["reading new"] * 2 + ["comparing"] * 2
+
+    def share(path: Path, n: int) -> str:  # of the file's bytes in its first n lines
+        return f"({sum(map(len, path.read_bytes().splitlines(keepends=True)[:n])) / path.stat().st_size:.1%})"
+
+    shown = [(line.split("  ")[0], line.rsplit(" ", 1)[1]) for line in lines]  # (what, the share done)
+    assert shown[0] == ("reading old: 1,000 lines", share(old, 1000))
+    assert shown[3] == ("reading new: 2,000 lines", share(new, 2000))
+    assert shown[5] == ("comparing: 2,000 records", "(80.0%)")
+
+
+def test_compare_shows_a_progress_bar_on_a_terminal_and_keeps_json_stdout_pure(tmp_path: Path) -> None:
+    """As score and backfill do: on a terminal (stderr a pty) the bar is drawn; with --json,
+    stdout (a pipe here) holds the one JSON object and nothing else."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    old, new = _many(tmp_path, 3000)
+    primary, secondary = pty.openpty()
+    command = [sys.executable, "-c", "from worker.cli import main; raise SystemExit(main())"]
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "COLUMNS": "200"}
+    with subprocess.Popen(
+        [*command, "compare", str(old), str(new), "--json"],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=secondary,
+    ) as process:
+        os.close(secondary)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the terminal's other end closed: the command ended
+                break
+            if not chunk:
+                break
+            seen += chunk
+        assert process.stdout is not None
+        stdout = process.stdout.read().decode()
+        assert process.wait(timeout=60) == 0
+    os.close(primary)
+    terminal = seen.decode(errors="replace")
+    for phase in ("reading old: ", "reading new: ", "comparing: "):
+        assert phase in terminal, terminal
+    assert "\r\x1b[2K" in terminal  # a redrawn bar, not plain lines
+    assert len(stdout.splitlines()) == 1
+    assert json.loads(stdout) == compare_files(old, new)

@@ -12,6 +12,7 @@ meanwhile.
 from __future__ import annotations
 
 import heapq
+import io
 import math
 import sqlite3
 import tempfile
@@ -21,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from worker._lines import json_lines
+from worker._progress import ProgressReporter
 
 __all__ = ["compare_files"]
 
 _SHOWN_ERRORS = 10
+_PROGRESS_EVERY = 1000  # lines or rows between two calls of ``progress`` (it decides what to show)
 _SAME = 1e-9  # score differences below this are "unchanged" (float noise)
 
 
@@ -138,9 +141,15 @@ def _score(stored: float | int | str | None) -> float | int | None:
     return int(stored) if isinstance(stored, str) else stored
 
 
-def _records(path: Path, report: _FileReport, warn: Callable[[str], None]) -> Iterator[_Row]:
+def _records(
+    path: Path, report: _FileReport, warn: Callable[[str], None], progress: ProgressReporter, phase: str
+) -> Iterator[_Row]:
     """A row per good line (see ``_Row``); bad lines are reported (file:line), counted, skipped."""
-    for number, data, problem in json_lines(path):
+    size = path.stat().st_size  # (0 for a pipe or a /proc file: no fraction then)
+    progress.start(phase)
+    for number, data, problem, read in json_lines(path):
+        if number % _PROGRESS_EVERY == 0:
+            progress.update(phase, number, "lines", read / size if size else None)
         if problem is None:
             problem = _problem(data)
         if problem is not None:
@@ -214,11 +223,22 @@ def _ignore(_: str) -> None:
     pass
 
 
-def compare_files(old: Path, new: Path, *, top: int = 5, warn: Callable[[str], None] = _ignore) -> dict[str, Any]:
+def compare_files(
+    old: Path,
+    new: Path,
+    *,
+    top: int = 5,
+    warn: Callable[[str], None] = _ignore,
+    progress: ProgressReporter | None = None,
+) -> dict[str, Any]:
     """Per scorer: runs in both, mean old → new, up/down/unchanged and the runs that moved most.
-    Malformed lines go to ``warn`` (file:line, the first few per file) and are counted; a file
-    that cannot be opened, or a temporary store that cannot be written (a full disk), raises
-    ``OSError``."""
+    Malformed lines go to ``warn`` (file:line, the first few per file) and are counted; how far
+    it got goes to ``progress`` every thousand lines or rows (millions of records take minutes),
+    as phases ``reading old`` and ``reading new`` (lines) and ``comparing`` (the new file's
+    records); a file that cannot be opened, or a temporary store that cannot be written (a full
+    disk), raises ``OSError``."""
+    if progress is None:  # (one that shows nothing: its interval never passes)
+        progress = ProgressReporter(io.StringIO(), tty=False, interval_s=math.inf)
     old_report, new_report = _FileReport(old), _FileReport(new)
     moves: dict[str, _Moves] = {}
 
@@ -237,14 +257,16 @@ def compare_files(old: Path, new: Path, *, top: int = 5, warn: Callable[[str], N
             # The last record of a key wins on each side, as a re-score replaces; a file
             # compared with itself moves nothing.
             for table, path, report in (("old", old, old_report), ("new", new, new_report)):
-                keys = _load(db, table, _records(path, report, warn))
+                keys = _load(db, table, _records(path, report, warn, progress, f"reading {table}"))
                 report.duplicates = report.records - keys
+            new_keys = keys  # (the last loaded: the rows compared below)
+            progress.start("comparing")
             matched = db.execute(
                 "SELECT n.trace, n.span, n.scorer, n.run, n.score, n.reason, n.version, o.score, o.reason, o.version,"
                 " o.rowid IS NOT NULL FROM new AS n LEFT JOIN old AS o"
                 " ON o.trace = n.trace AND o.span = n.span AND o.scorer = n.scorer ORDER BY n.rowid"
             )
-            for (
+            for done, (
                 trace,
                 span,
                 scorer_id,
@@ -256,7 +278,9 @@ def compare_files(old: Path, new: Path, *, top: int = 5, warn: Callable[[str], N
                 old_reason,
                 old_version,
                 in_old,
-            ) in matched:
+            ) in enumerate(matched, 1):
+                if done % _PROGRESS_EVERY == 0:
+                    progress.update("comparing", done, "records", done / new_keys)
                 if not in_old:
                     scorer(scorer_id).only_new += 1
                     continue

@@ -43,10 +43,11 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
-    """(line number, value, None) per line that parses, (line number, None, problem) per line
-    that does not; blank lines are passed over. ``OSError`` when the file cannot be read, naming
-    it (a read error mid-file did not: "OSError: [Errno 5] Input/output error")."""
+def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None, int]]:
+    """(line number, value, None, bytes read) per line that parses, (line number, None, problem,
+    bytes read) per line that does not; blank lines are passed over. The bytes read so far (the
+    line's end) are for a progress fraction. ``OSError`` when the file cannot be read, naming it
+    (a read error mid-file did not: "OSError: [Errno 5] Input/output error")."""
     try:
         with path.open("rb") as handle:
             yield from _lines_of(handle)
@@ -56,19 +57,21 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
         raise
 
 
-def _lines_of(handle: IO[bytes]) -> Iterator[tuple[int, Any, str | None]]:
-    number = 0
+def _lines_of(handle: IO[bytes]) -> Iterator[tuple[int, Any, str | None, int]]:
+    number = read = 0
     while raw := handle.readline(MAX_LINE_BYTES + 1):
         number += 1
+        read += len(raw)
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
             while (chunk := handle.readline(_SKIP_CHUNK)) and not chunk.endswith(b"\n"):
-                pass
-            yield number, None, f"longer than {MAX_LINE_BYTES:,} bytes; skipped unread"
+                read += len(chunk)
+            read += len(chunk)
+            yield number, None, f"longer than {MAX_LINE_BYTES:,} bytes; skipped unread", read
             continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:  # (replaced, the run was scored on other text, unsaid)
-            yield number, None, f"not UTF-8 at byte {exc.start}"
+            yield number, None, f"not UTF-8 at byte {exc.start}", read
             continue
         if number == 1:
             text = text.removeprefix("\ufeff")
@@ -77,21 +80,21 @@ def _lines_of(handle: IO[bytes]) -> Iterator[tuple[int, Any, str | None]]:
         try:
             value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
         except _NotJson as exc:
-            yield number, None, f"not JSON ({exc})"
+            yield number, None, f"not JSON ({exc})", read
             continue
         except json.JSONDecodeError as exc:
             # (some of its messages end in "at", written to precede str()'s ": line 1 column 3")
-            yield number, None, f"not JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
+            yield number, None, f"not JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})", read
             continue
         except RecursionError:
-            yield number, None, "not JSON (nested too deeply)"
+            yield number, None, "not JSON (nested too deeply)", read
             continue
         except ValueError:  # the only other: a number past Python's 4300-digit limit
-            yield number, None, "not JSON (a number of more than 4300 digits)"
+            yield number, None, "not JSON (a number of more than 4300 digits)", read
             continue
         try:
             fixed = valid_text(value)[0]
         except RecursionError:  # json.loads goes deeper than the walk over its texts
-            yield number, None, "nested too deeply"
+            yield number, None, "nested too deeply", read
             continue
-        yield number, fixed, None
+        yield number, fixed, None, read

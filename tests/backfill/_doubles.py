@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tracing.queue import MESSAGE_ENVELOPE_BYTES, ScoreBatch, request_json
-from worker.backfill._progress import ProgressReporter
+from worker._progress import ProgressReporter
 
 
 class CapturingSubmitter:

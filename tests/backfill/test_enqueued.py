@@ -16,10 +16,10 @@ from tests._redis import RedisServer
 from tests.summary_scorers_v1 import length, shouting
 from tracing import ScoreRecord, score_id_for
 from worker._keys import record_key
+from worker._progress import ProgressReporter
 from worker._settings import load_settings
 from worker._summary import Outcome, Summary
 from worker.backfill._job import _Enqueued, _job_delivery
-from worker.backfill._progress import ProgressReporter
 from worker.store import RedisOutbox, SinkDeadLetter
 
 REGISTRY: Any = {"length": length, "shouting": shouting}

@@ -11,8 +11,8 @@ from tests.backfill._doubles import CapturingSubmitter
 from tests.backfill._synth import write_otlp_files
 from tracing.queue import ScoreBatch
 from tracing.sources import FileSource
+from worker._progress import ProgressReporter, format_duration
 from worker.backfill._driver import Backfill
-from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillOptions, BackfillState
 
 
@@ -36,6 +36,17 @@ def test_terminal_gets_one_redrawn_line_with_rate_and_eta() -> None:
     assert "100/s  ETA 0:10" in text  # 1,000 in 10 s, half done
     assert "\na.jsonl:3: skipped: not JSON\n" in text.replace("\r\x1b[2K", "\n")
     assert text.endswith("\n")
+
+
+def test_a_new_phase_is_drawn_at_once_on_a_terminal() -> None:
+    """A phase shorter than a redraw's tenth of a second was never shown (compare's reading of a
+    small second file); a terminal draws each phase's first update, plain output waits as before."""
+    for stream, shown in ((_Tty(), ["reading old", "reading new"]), (io.StringIO(), [])):
+        reporter = ProgressReporter(stream, interval_s=3600)
+        for phase in ("reading old", "reading new"):
+            reporter.start(phase)
+            reporter.update(phase, 1000, "lines", 0.5)
+        assert [p for p in ("reading old", "reading new") if f"{p}: 1,000 lines" in stream.getvalue()] == shown
 
 
 def test_plain_output_is_one_line_per_interval() -> None:

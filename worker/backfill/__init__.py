@@ -8,9 +8,9 @@ its summary. The state (``BackfillState``: options, checkpoint, counters) is sav
 a job resumes.
 """
 
+from worker._progress import ProgressReporter
 from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._job import EXIT_WAIT_TIMEOUT, BackfillJob, WaitTimeoutError, load_scorers, print_summary
-from worker.backfill._progress import ProgressReporter
 from worker.backfill._state import BackfillOptions, BackfillState, new_job_id
 from worker.backfill._submit import RedisSubmitter
 

@@ -54,7 +54,7 @@ from tracing.sources import (
     UnitEnd,
 )
 from worker._errors import crash_fields
-from worker.backfill._progress import ProgressReporter
+from worker._progress import ProgressReporter
 from worker.backfill._state import BackfillState, RedisJobStore, run_id
 
 __all__ = ["Backfill", "Submitter", "trace_start_ns"]

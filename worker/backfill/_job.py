@@ -37,13 +37,13 @@ from worker._budget import CostEstimate, install_local_guard, parse_budgets, par
 from worker._gc import tuned_gc
 from worker._interrupt import stop_on_signals
 from worker._keys import backfill_state_key, record_key
+from worker._progress import ProgressReporter, format_duration
 from worker._reconnect import DECODED
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, printable
 from worker.backfill._driver import Backfill, Submitter
-from worker.backfill._progress import ProgressReporter, format_duration
 from worker.backfill._state import BackfillState, JobHold, RedisJobStore
 from worker.cli import CliError, cli_settings, names_an_input, unreachable
 from worker.store import StoreKeyTypeError

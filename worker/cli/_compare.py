@@ -10,7 +10,8 @@ from typing import Any
 import click
 
 from worker._compare import compare_files
-from worker._terminal import cell, printable
+from worker._progress import ProgressReporter
+from worker._terminal import cell
 from worker.cli._common import CliError, json_option
 
 __all__ = ["compare_command"]
@@ -83,12 +84,17 @@ def compare_command(old: Path, new: Path, top: int, as_json: bool) -> None:
       tracescore backfill traces/ --scorers my.scorers --out new.jsonl
       tracescore compare old.jsonl new.jsonl
     """
+    # Progress on stderr as score's and backfill's (a bar on a terminal, else a line every 5 s):
+    # two files of millions of records take minutes, and nothing was said until the table.
+    reporter = ProgressReporter()
     try:
-        result = compare_files(old, new, top=top, warn=lambda line: click.echo(printable(line), err=True))
+        result = compare_files(old, new, top=top, warn=reporter.message, progress=reporter)
     except OSError as exc:
         if exc.filename is None:  # the temporary store, not an input
             raise CliError(f"compare failed: {exc}") from exc
         raise CliError(f"cannot read {exc.filename}: {exc.strerror or exc}") from exc
+    finally:
+        reporter.clear()  # (the table gives the counts; no bar left above it)
     click.echo(json.dumps(result, allow_nan=False) if as_json else _render(result))
     for side in ("old", "new"):
         info = result[side]

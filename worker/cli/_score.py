@@ -24,10 +24,10 @@ from worker._budget import install_local_guard, parse_budgets, parse_prices
 from worker._embedded import EmbeddedScorer, cli_limits
 from worker._interrupt import stop_on_signals
 from worker._lines import json_lines
+from worker._progress import ProgressReporter
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, send
-from worker.backfill import ProgressReporter
 from worker.cli._common import CliError, cli_settings, json_line, json_option, names_an_input
 
 __all__ = ["score_command"]
@@ -38,7 +38,7 @@ _MESSAGES_SHOWN = 20  # per kind (bad lines, failures) on stderr; all are counte
 def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
     """(line number, the run's keyword arguments) pairs; a line that is not a run object yields
     an error string."""
-    for number, run, problem in json_lines(path):
+    for number, run, problem, _ in json_lines(path):
         if problem is not None:
             yield number, problem
             continue

@@ -1,4 +1,5 @@
-"""Progress of a backfill: a one-line bar with rate and ETA on a terminal, plain lines otherwise."""
+"""Progress of a long command (backfill, score, compare): a one-line bar with rate and ETA on a
+terminal, plain lines otherwise."""
 
 from __future__ import annotations
 
@@ -36,8 +37,11 @@ class ProgressReporter:
         return time.monotonic() - self._last >= self.interval_s
 
     def start(self, phase: str, at: float | None = None) -> None:
-        """Start the clock of ``phase`` (its rate and ETA count from here); else its first update."""
+        """Start the clock of ``phase`` (its rate and ETA count from here); else its first update.
+        A terminal draws the phase's first update at once (a short phase was never shown)."""
         self._phase_started[phase] = time.monotonic() if at is None else at
+        if self.tty:
+            self._last = float("-inf")
 
     def message(self, text: str) -> None:
         """A line of its own (a warning, a notice), without breaking the bar; ``printable``, for
