@@ -259,25 +259,35 @@ def _settle(
     outbox.retry(lease, delays)
     outbox.dead(lease, letters)
     if delays:  # (a sink down is a retry a batch, for as long as it is down)
-        _retry_log(sink.name).note(len(delays), sink=sink.name, reasons=sorted(retry_reasons))
+        endpoint = _endpoint(sink)
+        _retry_log(sink).note(len(delays), sink=sink.name, endpoint=endpoint, reasons=sorted(retry_reasons))
     elif acked:  # it delivers again: the retries counted since the last line are said
-        _retry_log(sink.name).flush()
+        _retry_log(sink).flush()
     for letter in letters:
         log.error(
             "sink_dead_letter", sink=sink.name, score_id=letter.score_id, reason=letter.reason, attempts=letter.attempts
         )
 
 
-_retry_logs: dict[str, CountedLog] = {}
+_retry_logs: dict[tuple[str, str | None], CountedLog] = {}
 _retry_logs_lock = threading.Lock()
 
 
-def _retry_log(sink: str) -> CountedLog:
-    """The sink's ``sink_retry`` line: one each 30 s with the records retried since the last."""
+def _endpoint(sink: ScoreSink) -> str | None:
+    """Where ``sink`` writes, its password masked (``shown_endpoint``), if it says."""
+    endpoint = getattr(sink, "endpoint", None)
+    return endpoint if isinstance(endpoint, str) else None
+
+
+def _retry_log(sink: ScoreSink) -> CountedLog:
+    """The sink's ``sink_retry`` line: one each 30 s with the records retried since the last.
+    One per backend and endpoint: two collectors of one backend, one down, are two lines (the
+    backend's name alone did not tell which was down, and one's line held back the other's)."""
+    key = (sink.name, _endpoint(sink))
     with _retry_logs_lock:
-        found = _retry_logs.get(sink)
+        found = _retry_logs.get(key)
         if found is None:
-            found = _retry_logs[sink] = CountedLog("sink_retry", logger=log, count_key="records", every_s=30.0)
+            found = _retry_logs[key] = CountedLog("sink_retry", logger=log, count_key="records", every_s=30.0)
         return found
 
 

@@ -297,15 +297,6 @@ class Settings(BaseSettings):
             names = [self.writer]
         return tuple(dict.fromkeys(n for n in names if n != "none"))
 
-    def sink_endpoint(self, name: str) -> str | None:
-        """Where sink ``name`` writes (its URL, its host, its file), as a line may show it: a
-        password in the URL masked. None for a sink set elsewhere (otlp: the OTel variables)."""
-        from tracing import redact
-
-        needs = _SINK_NEEDS.get(name)
-        value = getattr(self, needs[0][0]) if needs else None
-        return redact(value) if isinstance(value, str) and value else None
-
     @property
     def jsonl_file(self) -> str | None:
         """The JSONL sink's file (JSONL_PATH, else the older WRITER_PATH)."""

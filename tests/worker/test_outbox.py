@@ -566,7 +566,7 @@ def test_a_sink_that_stays_down_is_logged_with_a_count_not_a_line_a_batch(pair: 
     sink = MemorySink("alpha")
     sink.outcome = Retry("Phoenix unreachable (ConnectError)", after_s=0.0)
     policy = DrainPolicy(batch_size=2, lease_s=30, max_attempts=50, backoff_s=0.01, backoff_max_s=0.01)
-    delivery._retry_logs.pop("alpha", None)  # (another test's retries: their line was logged)
+    delivery._retry_logs.pop(("alpha", None), None)  # (another test's retries: their line was logged)
     with capture_logs() as logs:
         leased = 0
         while leased < 30:  # every record retried five times, two at a time
@@ -580,3 +580,40 @@ def test_a_sink_that_stays_down_is_logged_with_a_count_not_a_line_a_batch(pair: 
         (leased - 2, leased, "alpha"),
     ]
     assert lines[0]["reasons"] == ["Phoenix unreachable (ConnectError)"]
+
+
+def test_a_sink_retry_line_names_where_the_sink_writes_never_its_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two OTLP collectors down: `sink_retry` named the backend alone ("otlp"), and the two shared
+    one line each 30 s, so which collector was down could not be told (noticed). Each sink's line
+    names its endpoint, as the backfill's sink line does, its password masked; neither a token in
+    its query nor the exporter's header token is logged."""
+    import socket
+
+    from structlog.testing import capture_logs
+
+    import worker._delivery as delivery
+    from tracing.sinks import OtlpSink
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as closed:  # a port nothing listens on
+            closed.bind(("127.0.0.1", 0))
+            ports.append(closed.getsockname()[1])
+    secrets = ("url-pw-0123456789", "query-tok-0123456789", "header-tok-0123456789")
+    url = "http://collector:url-pw-0123456789@127.0.0.1:{}/v1/traces?{}=query-tok-0123456789"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer header-tok-0123456789")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url.format(ports[0], "token"))
+    sinks = [OtlpSink(timeout_s=2), OtlpSink(endpoint=url.format(ports[1], "api_key"), timeout_s=2)]
+    shown = [f"http://collector:***@127.0.0.1:{port}/v1/traces" for port in ports]
+    policy = DrainPolicy(batch_size=2, lease_s=30, max_attempts=50, backoff_s=0.01, backoff_max_s=0.01)
+    for endpoint in shown:
+        delivery._retry_logs.pop(("otlp", endpoint), None)  # (a line of another test's)
+    with capture_logs() as logs:
+        for n, sink in enumerate(sinks):  # (two nodes, each its store)
+            store = MemoryScoreStore(sinks=("otlp",))
+            _put(lambda store=store: store, _record(n, score=0.5))
+            assert drain_once(sink, store.outbox, policy) == 1
+            sink.close()
+    lines = [e for e in logs if e["event"] == "sink_retry"]
+    assert [(e["sink"], e["endpoint"], e["records"]) for e in lines] == [("otlp", shown[0], 1), ("otlp", shown[1], 1)]
+    assert not [s for s in secrets if s in repr(logs)]

@@ -66,7 +66,7 @@ from tracing.sinks._http import (
     refusal_detail,
     retry_after,
 )
-from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
+from tracing.sinks._sink import Delivered, Delivery, Refused, Retry, shown_endpoint
 
 __all__ = ["LangfuseSink"]
 
@@ -103,6 +103,7 @@ class LangfuseSink(PerScoreSink):
         )
         super().__init__(client, secrets, parallel)
         self._url = host.rstrip("/") + "/api/public/scores"
+        self.endpoint: str | None = shown_endpoint(host)
 
     def _payload(self, record: ScoreRecord) -> dict[str, Any] | Refused:
         return _score(record)

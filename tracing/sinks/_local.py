@@ -27,6 +27,7 @@ class JsonlSink:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.endpoint: str | None = str(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._file: IO[str] = self.path.open("a", encoding="utf-8")

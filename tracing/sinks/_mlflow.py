@@ -65,7 +65,7 @@ from tracing.sinks._http import (
     refusal_detail,
     retry_after,
 )
-from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
+from tracing.sinks._sink import Delivered, Delivery, Refused, Retry, shown_endpoint
 
 __all__ = ["MlflowSink"]
 
@@ -115,6 +115,7 @@ class MlflowSink(PerScoreSink):
         )
         super().__init__(client, secrets, parallel)
         self._base = tracking_uri.rstrip("/") + "/api/3.0/mlflow/traces"
+        self.endpoint: str | None = shown_endpoint(tracking_uri)
         self._trace_wait_s = trace_wait_s
 
     def _payload(self, record: ScoreRecord) -> dict[str, Any] | Refused:

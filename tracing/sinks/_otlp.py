@@ -72,7 +72,7 @@ from tracing.sinks._http import (
     retry_after,
     transport_retry,
 )
-from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
+from tracing.sinks._sink import Delivered, Delivery, Refused, Retry, shown_endpoint
 
 __all__ = [
     "CARRIER_SPAN_NAME",
@@ -485,6 +485,10 @@ class OtlpSink:
             span_exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s, session=self._session)
         self._exporter = span_exporter
         self._resource = Resource.create({"service.name": service_name})
+        # The OTLP/HTTP exporter's endpoint as it resolved it (``endpoint``, else the signal's
+        # variable, else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces); another exporter tells none.
+        resolved = getattr(span_exporter, "_endpoint", None)
+        self.endpoint: str | None = shown_endpoint(resolved) if isinstance(resolved, str) else None
 
     def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
         if not records:

@@ -53,7 +53,7 @@ from tracing.sinks._http import (
     server_message,
     transport_retry,
 )
-from tracing.sinks._sink import Delivered, Delivery, Refused, Retry
+from tracing.sinks._sink import Delivered, Delivery, Refused, Retry, shown_endpoint
 
 __all__ = ["PhoenixSink"]
 
@@ -81,6 +81,7 @@ class PhoenixSink:
             headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
         )
         self._url = base_url.rstrip("/") + "/v1/span_annotations"
+        self.endpoint: str | None = shown_endpoint(base_url)
 
     @property
     def name(self) -> str:

@@ -20,10 +20,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
 
+from scorers import scrub_secrets
 from tracing._score_record import ScoreRecord
 
-__all__ = ["Delivered", "Delivery", "Refused", "Retry", "ScoreSink"]
+__all__ = ["Delivered", "Delivery", "Refused", "Retry", "ScoreSink", "shown_endpoint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +51,9 @@ Delivery = Delivered | Retry | Refused
 @runtime_checkable
 class ScoreSink(Protocol):
     """A backend for scores. ``name`` keys its outbox, counters and dead letters
-    (``otlp``, ``phoenix``, ``mlflow``, ``langfuse``, ``jsonl``, ``console``)."""
+    (``otlp``, ``phoenix``, ``mlflow``, ``langfuse``, ``jsonl``, ``console``). A sink may also
+    say where it writes, ``endpoint`` (``shown_endpoint``'s form: logs and summaries show it),
+    so that two sinks of one backend are told apart; the built-in ones do."""
 
     @property
     def name(self) -> str: ...
@@ -59,3 +63,10 @@ class ScoreSink(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def shown_endpoint(url: str) -> str:
+    """Where a sink writes as a log line or a summary may show it: ``url`` without its query or
+    fragment (a token may ride there under any name) and with its password masked."""
+    parts = urlsplit(url)
+    return scrub_secrets(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))

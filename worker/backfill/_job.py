@@ -118,7 +118,7 @@ def _report_sinks(summary: dict[str, Any]) -> None:
             f"  sink {name:<12} delivered {state['delivered']:,}, failed {state['failed']:,}, "
             f"pending {state['pending']:,}"
         )
-        if state.get("endpoint"):  # (its retries are logged by the backend's name only)
+        if state.get("endpoint"):  # (two sinks of one backend told apart, as in its retries' log line)
             line += f" ({state['endpoint']})"
         if state.get("dropped"):
             line += f", dropped {state['dropped']:,}"
@@ -838,10 +838,11 @@ def _run_embedded(
         summary["by_scorer"] = by_scorer.as_json()
         summary["spend"] = by_scorer.spend.as_json()
         if scorer.sink_counts:
+            endpoints = {s.name: getattr(s, "endpoint", None) for s in built}
             summary["sinks"] = {
                 name: {
                     **counts.as_dict(),
-                    "endpoint": settings.sink_endpoint(name),
+                    "endpoint": endpoints.get(name),
                     "dead_letters": [x.model_dump() for x in scorer.sink_dead_letters.get(name, [])],
                 }
                 for name, counts in scorer.sink_counts.items()
