@@ -82,3 +82,19 @@ def test_a_trace_over_the_span_cap_keeps_its_root_when_it_ends_last() -> None:
     assert len(trace.spans) == 10_001
     assert trace.dropped_spans == 49
     assert assembler.stats.late_roots == 0
+
+
+def test_a_resumed_jobs_evictions_add_to_the_jobs_earlier_ones(tmp_path: Path) -> None:
+    """Every counter of a job is cumulative over its runs but this one: a resume set it to its
+    own evictions, so the summary put this run's figure beside the job's others (noticed)."""
+    from tests.backfill._synth import write_otlp_files
+
+    write_otlp_files(tmp_path, 40, files=1)
+    source = FileSource([tmp_path])
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], max_open_spans=2)
+    state = BackfillState(job_id="bf-evict", source=source.describe(), options=options)
+    state.counters.evicted_traces = 7  # (the job's runs before this one)
+    backfill = Backfill(source, state, None, reporter=Messages())
+    done = backfill.run()
+    assert backfill.assembler.stats.evicted > 0
+    assert done.counters.evicted_traces == 7 + backfill.assembler.stats.evicted

@@ -570,3 +570,54 @@ def test_resume_with_max_cost_raises_the_jobs_limit(tmp_path: Path, workers: lis
     followed = _backfill("--resume", first["job_id"], "--max-cost", "2")
     assert followed["status"] == "finished"
     assert db.get(job_budget_key(first["job_id"])) == "2.0"
+
+
+def test_a_resumed_jobs_summary_says_which_figures_are_this_runs(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """Stopped, then resumed: the summary's counts are the whole job's (1,500 traces read, 4,500
+    scores), and its elapsed time, per-scorer summary and sink lines the resume's alone (1,020
+    runs: delivered 3,060), side by side and unsaid (noticed). A line says which is which, and
+    --json adds ``resumed`` and ``this_run``."""
+    write_otlp_files(tmp_path / "in", 1500, files=2)
+    process = _start_backfill(tmp_path / "in")
+    keys: list[str] = []
+
+    def started() -> bool:
+        keys[:] = _job_state_keys(db)
+        return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 200
+
+    _wait_for(started, 120, "the backfill to enqueue 200 runs")
+    process.send_signal(signal.SIGINT)
+    _, first = process.communicate(timeout=60)
+    assert "(resumed:" not in first.decode()  # a job's first run: its counts are its own
+    job_id = keys[0].rsplit(":", 1)[1]
+    before = json.loads(db.get(keys[0]) or "{}")["counters"]
+    assert before["runs_enqueued"] < 1500
+
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", "--resume", job_id, "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (summary["traces_read"], summary["runs_enqueued"], summary["scored"] + summary["failed"]) == (
+        1500,
+        1500,
+        4500,
+    )
+    assert summary["resumed"] is True
+    this_run = summary["this_run"]
+    assert this_run["runs_enqueued"] == 1500 - before["runs_enqueued"]
+    assert this_run["traces_read"] == summary["traces_read"] - before["traces_read"]
+    assert this_run["elapsed_s"] == summary["elapsed_s"]
+    # What the line below says: the per-scorer summary and the sinks cover this run's runs.
+    assert summary["by_scorer"]["answer-words"]["runs"] == this_run["runs_enqueued"]
+    assert summary["sinks"]["jsonl"]["delivered"] == 3 * this_run["runs_enqueued"]
+    assert (
+        f"  (resumed: the counts are the whole job's; this run read {this_run['traces_read']:,} traces and enqueued"
+        f" {this_run['runs_enqueued']:,} runs, and the elapsed time, judge spend, per-scorer summary and sink lines"
+        " are of those alone)"
+    ) in result.stderr
+    assert re.search(r"  elapsed +\S+ \([\d.]+s, this run\)", result.stderr), result.stderr

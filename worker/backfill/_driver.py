@@ -148,6 +148,8 @@ class Backfill:
         self._started = time.monotonic()
         self._reported = 0
         self._saved: BackfillState | None = None
+        # The job's evictions before this run (a resume): the assembler counts this run's alone.
+        self._evicted_before = state.counters.evicted_traces
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -176,7 +178,6 @@ class Backfill:
         self._current = Position(2**62)
         self._drain()
         self._flush()
-        counters.evicted_traces = self.assembler.stats.evicted
         self.state.status = "enqueued"
         self.state.elapsed_s += time.monotonic() - self._started
         self._save([])
@@ -368,6 +369,9 @@ class Backfill:
 
     def _save(self, run_ids: Sequence[str]) -> None:
         self.state.checkpoint = tuple(self._checkpoint())  # type: ignore[assignment]
+        # Cumulative, as every counter of the job: a resumed job's summary showed only the
+        # resume's evictions beside the job's other counts.
+        self.state.counters.evicted_traces = self._evicted_before + self.assembler.stats.evicted
         if self.job_store is not None and self.submitter is not None:
             if not self.job_store.save(self.state, run_ids):
                 raise KeyboardInterrupt  # the hold is another's: nothing was written, stop

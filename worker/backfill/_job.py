@@ -44,7 +44,7 @@ from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, printable
 from worker.backfill._driver import Backfill, Submitter
-from worker.backfill._state import BackfillState, JobHold, RedisJobStore
+from worker.backfill._state import BackfillState, JobCounters, JobHold, RedisJobStore
 from worker.cli import CliError, cli_settings, names_an_input, unreachable
 from worker.store import StoreKeyTypeError
 
@@ -284,6 +284,20 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
     }
 
 
+def _this_run(summary: dict[str, Any], at_start: JobCounters, current: JobCounters, *, resumed: bool) -> None:
+    """Say in ``summary`` (Redis mode) which figures are this process's: its counts are the job's,
+    over every run and resume, while its elapsed time, judge spend, per-scorer summary and sink
+    lines are of the runs this process enqueued (``this_run``); a resume's summary put the two
+    side by side unsaid (noticed)."""
+    summary["resumed"] = resumed
+    summary["this_run"] = {
+        "traces_read": current.traces_read - at_start.traces_read,
+        "runs_enqueued": current.runs_enqueued - at_start.runs_enqueued,
+        "malformed_lines": current.malformed - at_start.malformed,
+        "elapsed_s": summary["elapsed_s"],
+    }
+
+
 def _count(value: int | None) -> str:
     return "unknown (Redis did not answer)" if value is None else f"{value:,}"
 
@@ -295,8 +309,15 @@ def print_summary(summary: dict[str, Any]) -> None:
     elapsed = summary["elapsed_s"]
     reading = summary["reading_s"] or elapsed
     rate = summary["traces_read"] / reading if reading else 0.0
-    lines = [
-        f"backfill {summary['job_id']} ({summary['mode']}): {summary['status']}",
+    lines = [f"backfill {summary['job_id']} ({summary['mode']}): {summary['status']}"]
+    this_run = summary.get("this_run") if summary.get("resumed") else None
+    if this_run is not None:
+        lines.append(
+            f"  (resumed: the counts are the whole job's; this run read {this_run['traces_read']:,} traces and"
+            f" enqueued {this_run['runs_enqueued']:,} runs, and the elapsed time, judge spend, per-scorer summary"
+            " and sink lines are of those alone)"
+        )
+    lines += [
         f"  traces read       {summary['traces_read']:,}" + (f"   ({rate:,.0f}/s)" if summary["traces_read"] else ""),
         f"  runs {'scored  ' if summary['mode'] == 'embedded' else 'enqueued'}     {summary['runs_enqueued']:,}"
         f"  × {len(summary['scorers'])} scorers "
@@ -349,7 +370,9 @@ def print_summary(summary: dict[str, Any]) -> None:
             " the trace was read without them)"
         )
     lines += spend_lines(summary.get("spend"))
-    lines.append(f"  elapsed           {format_duration(elapsed)} ({elapsed:.2f}s)")
+    lines.append(
+        f"  elapsed           {format_duration(elapsed)} ({elapsed:.2f}s{', this run' if this_run is not None else ''})"
+    )
     click.echo("\n".join(printable(line) for line in lines), err=True)  # file names among them
 
 
@@ -894,6 +917,8 @@ def _sum_up_interrupted(
     as_json: bool,
     resume: str,
     out: Path | None,
+    at_start: JobCounters,
+    resumed: bool,
 ) -> None:
     """A Redis job stopped by a signal: its state saved as resumable, the summary a finished job
     prints (the workers' counts so far: unknown when Redis does not answer), the resume line."""
@@ -920,6 +945,7 @@ def _sum_up_interrupted(
         with suppress(redis.exceptions.RedisError, StoreKeyTypeError):
             so_far = submitter.progress(state.job_id)
     summary = _summary(state, "redis", so_far, time.monotonic() - started)
+    _this_run(summary, at_start, state.counters, resumed=resumed)
     if so_far is None:
         summary["scored"] = summary["failed"] = None
     if as_json:
@@ -1052,6 +1078,7 @@ def _run_held(
         # The workers read it before each judge call of this job's runs (worker/_budget.py).
         set_job_limit(submitter.store, state.job_id, state.options.max_cost_usd)
     started = time.monotonic()
+    at_start = state.counters.model_copy(deep=True)
     enqueued = _Enqueued()
     # (the password as a placeholder: a masked one copied would fail to authenticate)
     given = redact(settings.broker_url).replace(":***@", ":PASSWORD@")
@@ -1092,8 +1119,9 @@ def _run_held(
                 if signalled.run(work):
                     reporter.close()
                     _sum_up_interrupted(
-                        backfill, state, submitter, hold, started=started, as_json=as_json, resume=resume, out=out
-                    )
+                        backfill, state, submitter, hold, started=started, as_json=as_json, resume=resume, out=out,
+                        at_start=at_start, resumed=resumed,
+                    )  # fmt: skip
                     raise SystemExit(130)
         except SourceError as exc:
             # The source failing mid-job (Tempo down) is no reason to lose the job: what was
@@ -1135,6 +1163,7 @@ def _run_held(
             click.echo(f"  {what} unavailable: {enqueued.lost}", err=True)
         submitter.close()
         summary = _summary(state, "redis", progress, elapsed)
+        _this_run(summary, at_start, state.counters, resumed=resumed)
         summary["throttled_s"] = round(submitter.throttled_s, 3)
         if not no_wait and registry is not None and enqueued.count and state.status == "finished":
             try:
