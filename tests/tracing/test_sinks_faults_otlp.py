@@ -247,3 +247,45 @@ def test_otlp_sink_a_stored_record_with_times_otlp_cannot_carry_does_not_fail_it
     with _endpoint(answer) as url:
         assert _deliver(url, records) == [Delivered()] * 5
     assert sorted(score_id for export in got for score_id in export) == sorted(r.score_id for r in records)
+
+
+@pytest.mark.parametrize(
+    "how", ["argument", "traces variable", "base variable", "base variable with a slash", "argument over variables"]
+)
+def test_otlp_sink_names_the_url_its_exporter_posts_to(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The endpoint a sink names (its retry lines, the backfill's summary) is where the OTLP/HTTP
+    exporter really posts, however it was set, with the password masked and no query kept."""
+    paths: list[str] = []
+
+    def answer(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        paths.append(handler.path)
+        _send(handler, 200, "application/x-protobuf", ExportTraceServiceResponse().SerializeToString())
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    with _endpoint(answer) as traces_url:
+        base = traces_url.removesuffix("/v1/traces").replace("http://", "http://user:s3cret@")
+        argument = None
+        if how == "argument":
+            argument = f"{base}/custom/path?api_key=t0ken"
+        elif how == "traces variable":
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{base}/custom/path?api_key=t0ken")
+        elif how == "base variable":
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"{base}/prefix")
+        elif how == "base variable with a slash":
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"{base}/prefix/")
+        else:
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{base}/elsewhere")
+            argument = f"{base}/custom/path?api_key=t0ken"
+        sink = OtlpSink(endpoint=argument, timeout_s=5)
+        try:
+            assert all(isinstance(d, Delivered) for d in sink.deliver([_record(0)]))
+        finally:
+            sink.close()
+    assert len(paths) == 1
+    posted = paths[0].partition("?")[0]
+    assert sink.endpoint is not None
+    assert sink.endpoint.endswith(posted), (sink.endpoint, paths)
+    assert "s3cret" not in sink.endpoint
+    assert "t0ken" not in sink.endpoint
+    assert traces_url.removeprefix("http://").removesuffix("/v1/traces") in sink.endpoint

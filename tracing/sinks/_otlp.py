@@ -457,6 +457,19 @@ class _WatchedSession(requests.Session):
         return response
 
 
+def _traces_endpoint(endpoint: str | None = None) -> str:
+    """The URL the default OTLP/HTTP span exporter posts to: ``endpoint``, else
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` as it is, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` with
+    ``/v1/traces`` appended, else the specification's default (localhost:4318)."""
+    if endpoint:
+        return endpoint
+    signal = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if signal:
+        return signal
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or "http://localhost:4318"
+    return base.rstrip("/") + "/v1/traces"
+
+
 class OtlpSink:
     """Carrier spans with evaluation events, exported synchronously by ``span_exporter``
     (default: OTLP/HTTP from the ``OTEL_EXPORTER_OTLP_*`` variables; pass an in-memory one to
@@ -485,10 +498,9 @@ class OtlpSink:
             span_exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s, session=self._session)
         self._exporter = span_exporter
         self._resource = Resource.create({"service.name": service_name})
-        # The OTLP/HTTP exporter's endpoint as it resolved it (``endpoint``, else the signal's
-        # variable, else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces); another exporter tells none.
-        resolved = getattr(span_exporter, "_endpoint", None)
-        self.endpoint: str | None = shown_endpoint(resolved) if isinstance(resolved, str) else None
+        # Where the default exporter posts, resolved as the OTLP exporter specification says
+        # (not read from the exporter's private fields); a custom exporter tells none.
+        self.endpoint: str | None = shown_endpoint(_traces_endpoint(endpoint)) if self._session is not None else None
 
     def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
         if not records:
