@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import set_span_in_context
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.trace import SpanContext, TraceFlags, set_span_in_context
 
 from tests._redis import RedisServer
 from tests.tracing._exporting import read, wait_for
@@ -81,11 +82,14 @@ def exporter_for_app(sink: Sink, rules: list[ScoringRule] | None = None, **setti
 class App:
     """An application's tracer provider with the exporter behind a real BatchSpanProcessor."""
 
-    def __init__(self, exporter: ScoringSpanExporter, **bsp: Any) -> None:
+    def __init__(self, exporter: ScoringSpanExporter, *, id_generator: IdGenerator | None = None, **bsp: Any) -> None:
         self.exporter = exporter
-        self.provider = TracerProvider(resource=Resource.create({"service.name": "shop-app"}))
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": "shop-app"}), id_generator=id_generator
+        )
         bsp.setdefault("schedule_delay_millis", SCHEDULE_S * 1000)
-        self.provider.add_span_processor(BatchSpanProcessor(exporter, **bsp))
+        self.processor = BatchSpanProcessor(exporter, **bsp)
+        self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("my.app")
 
     def agent_run(self, question: str, *, pause_s: float = 0.0, content: str = "") -> tuple[str, float]:
@@ -657,3 +661,75 @@ def test_a_span_the_workers_would_refuse_costs_no_other_traces_run(arrivals: Arr
     stats = app.exporter.stats()
     assert (stats["runs_sent"], stats["dropped"]) == (3, {})
     assert stats["errors"] == ({"export": 1} if bad == "nested_attribute" else {})
+
+
+class _OddIds(RandomIdGenerator):
+    """An app's own id generator, handing out ``trace_id`` / ``span_id`` once ``odd`` is set."""
+
+    def __init__(self, trace_id: int | None, span_id: int | None) -> None:
+        self.odd = False
+        self._trace_id, self._span_id = trace_id, span_id
+
+    def generate_trace_id(self) -> int:
+        return self._trace_id if self.odd and self._trace_id is not None else super().generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        return self._span_id if self.odd and self._span_id is not None else super().generate_span_id()
+
+
+@pytest.mark.parametrize(
+    ("trace_id", "span_id"),
+    [(0, None), (2**128 + 7, None), (None, 2**64 + 7), (None, -7)],
+    ids=["trace_id_0", "trace_id_past_128_bits", "span_id_past_64_bits", "span_id_negative"],
+)
+def test_a_span_with_an_invalid_id_costs_no_other_traces_run(
+    arrivals: Arrivals, trace_id: int | None, span_id: int | None
+) -> None:
+    """The SDK records spans with whatever ids the app's IdGenerator makes. An id too long for its
+    hex width (or negative) was written as it was, and the workers refused the whole message,
+    dead-lettering the other traces' runs in it while ``stats()`` counted them sent; a trace id
+    of 0 made every request one trace. Such a span has no valid context: dropped as ``no_context``."""
+    ids = _OddIds(trace_id, span_id)
+    app = App(exporter_for_app(CallbackSink(arrivals)), id_generator=ids, schedule_delay_millis=500)
+    try:
+        good = [app.agent_run("q0")[0]]
+        ids.odd = True
+        app.agent_run("odd")
+        ids.odd = False
+        good.append(app.agent_run("q1")[0])
+        assert wait_for(lambda: arrivals.count() >= 2 and app.exporter.stats()["queue_depth"] == 0, QUIET_BOUND_S + 10)
+    finally:
+        app.shutdown()
+    assert [_worker_refusal(batch) for batch in arrivals.batches] == [None] * len(arrivals.batches)
+    assert set(arrivals.at) == set(good)
+    stats = app.exporter.stats()
+    assert stats["runs_sent"] == 2
+    # The SDK starts a span under an invalid parent as a root of a new trace: each odd span is alone.
+    assert stats["dropped"] == {"no_context": 3}
+
+
+def test_a_parent_with_an_invalid_span_id_is_no_parent(arrivals: Arrivals) -> None:
+    """A span built outside the SDK (a bridge from another tracer) may name a parent whose span id
+    is past 64 bits: written out, the workers refused its message whole. It is read as the SDK
+    reads an invalid parent when a span starts: none (the span is a root)."""
+    app = App(exporter_for_app(CallbackSink(arrivals)))
+    try:
+        good = app.agent_run("q0")[0]
+        now = time.time_ns()
+        bridged = ReadableSpan(
+            name="invoke_agent a",
+            context=SpanContext(0xB1D9E, 0x5, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)),
+            parent=SpanContext(0xB1D9E, 2**64 + 5, is_remote=False),
+            attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
+            start_time=now - 1000,
+            end_time=now,
+            resource=Resource.create({"service.name": "shop-app"}),
+        )
+        app.processor.on_end(bridged)
+        assert wait_for(lambda: arrivals.count() == 2, QUIET_BOUND_S + 10)
+    finally:
+        app.shutdown()
+    assert [_worker_refusal(batch) for batch in arrivals.batches] == [None] * len(arrivals.batches)
+    assert set(arrivals.at) == {good, format(0xB1D9E, "032x")}
+    (request,) = [r for b in arrivals.batches for r in b.requests if r.trace_id == format(0xB1D9E, "032x")]
+    assert request.spans[0].parent_span_id is None

@@ -122,6 +122,11 @@ Sent = tuple[set[str], set[str]]
 _WHOLE: Sent = (set(), set())  # (never filled: shared by every trace whose own root went)
 
 
+# The largest ids W3C trace context writes (32 and 16 hex digits).
+_MAX_TRACE_ID = 2**128 - 1
+_MAX_SPAN_ID = 2**64 - 1
+
+
 def _hex(context: SpanContext | None) -> str | None:
     """A local parent's span id as records write it (None: no parent, or a remote one)."""
     return None if context is None or context[2] else "%016x" % context[1]  # noqa: UP031
@@ -207,16 +212,22 @@ class TraceBuffer:
         """File one span (raises only on a span the SDK itself would not produce)."""
         self.spans_seen += 1
         ctx = span_context(span)
-        if ctx is None:
+        # SpanContext is a tuple (trace_id, span_id, ...): no property call. An id of 0 or past
+        # its width (an IdGenerator of the app's own) is no context either: written out, it got
+        # the span's whole message refused by the workers, other traces' runs with it, and a
+        # trace id of 0 merged every such request into one trace.
+        if ctx is None or not (0 < ctx[0] <= _MAX_TRACE_ID and 0 < ctx[1] <= _MAX_SPAN_ID):
             self._tally.drop("no_context")
             return
-        tid = ctx[0]  # SpanContext is a tuple (trace_id, span_id, ...): no property call
+        tid = ctx[0]
         if tid in self._guarded or tid in self._ignored:
             return
         f = read_span(span)
         if f is None:
             self._tally.drop("no_context")
             return
+        if f.parent is not None and not 0 < f.parent[1] <= _MAX_SPAN_ID:
+            f.parent = None  # an invalid parent is none, as the SDK reads it when a span starts
         sent = self._sent.get(tid)
         if sent is not None and _under(f.parent, sent):
             # It ended after the part of its trace it belongs to was handed over: as a rootless

@@ -591,9 +591,10 @@ class ScoringSpanExporter(SpanExporter):
         (``max_traces`` and ``max_buffer_bytes``: the buffer was full of unfinished traces, or
         full and the hand-off queue too,
         ``max_trace_age``, ``shutdown_incomplete_trace``, ``shutdown_deadline``: complete but
-        not yet read when shutdown's deadline came, e.g. behind a slow filter), spans (``max_spans_per_trace``,
-        ``no_context``) and runs (``queue_full`` and ``queue_bytes``: the hand-off queue's run
-        and byte bounds, ``delay_queue_full``, ``shutdown_unsent``, ``send_failed``,
+        not yet read when shutdown's deadline came, e.g. behind a slow filter), spans
+        (``max_spans_per_trace``, ``no_context``: none, or an invalid one, an id of 0 or too
+        wide) and runs (``queue_full`` and ``queue_bytes``: the hand-off queue's run and byte
+        bounds, ``delay_queue_full``, ``shutdown_unsent``, ``send_failed``,
         ``too_large``: alone over the sink's ``max_payload_bytes``); ``skipped`` by reason
         (``sampled_out``, ``loop_guard``, ``no_target``, ``filtered_out``, ``partial_run``: a run
         that began in a part of its trace handed over before); ``errors`` by reason
