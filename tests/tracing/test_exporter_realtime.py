@@ -733,3 +733,32 @@ def test_a_parent_with_an_invalid_span_id_is_no_parent(arrivals: Arrivals) -> No
     assert set(arrivals.at) == {good, format(0xB1D9E, "032x")}
     (request,) = [r for b in arrivals.batches for r in b.requests if r.trace_id == format(0xB1D9E, "032x")]
     assert request.spans[0].parent_span_id is None
+
+
+def test_spans_sharing_an_id_cost_no_other_traces_run(arrivals: Arrivals) -> None:
+    """An app's IdGenerator that repeats itself gives the spans of one trace the same id (an agent,
+    the sub-agent it calls, their model call). Each span was a target of its own, and the trace's
+    request named that id three times: the workers refused its whole message, dead-lettering the
+    other traces' runs in it while ``stats()`` counted them sent. The first span of each id is
+    kept (as backfill reads such a trace), the others dropped as ``duplicate_span``."""
+    ids = _OddIds(None, 0xABC)
+    app = App(exporter_for_app(CallbackSink(arrivals)), id_generator=ids, schedule_delay_millis=500)
+    agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}
+    try:
+        good = [app.agent_run("q0")[0]]
+        ids.odd = True
+        with (
+            app.tracer.start_as_current_span("invoke_agent a", attributes=agent) as root,
+            app.tracer.start_as_current_span("invoke_agent b", attributes=agent),
+            app.tracer.start_as_current_span("chat m", attributes=chat_attributes("q", "a")),
+        ):
+            pass
+        ids.odd = False
+        good.append(app.agent_run("q1")[0])
+        assert wait_for(lambda: arrivals.count() == 3 and app.exporter.stats()["queue_depth"] == 0, QUIET_BOUND_S + 10)
+    finally:
+        app.shutdown()
+    assert [_worker_refusal(batch) for batch in arrivals.batches] == [None] * len(arrivals.batches)
+    assert set(arrivals.at) == {*good, format(root.get_span_context().trace_id, "032x")}
+    stats = app.exporter.stats()
+    assert (stats["runs_sent"], stats["dropped"]) == (3, {"duplicate_span": 2})

@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tracing._errors import TraceReadError
 from tracing._fork import after_fork_in_child
+from tracing._formats import SpanKind
 from tracing._rules import ScoringRule
 from tracing._run import SpanRecord
 from tracing._transform import trace_to_run
@@ -434,8 +435,10 @@ class ScoringSpanExporter(SpanExporter):
             work.out.clear()
 
     def _complete(self, entry: BufferedTrace, now: float, out: list[Shipment]) -> None:
-        records = entry.spans
-        runs = planned = plan_runs(records, kinds=entry.kinds, exclude_under=entry.judge_ids or ())
+        records, kinds = entry.spans, entry.kinds
+        if len({r.span_id for r in records}) < len(records):
+            records, kinds = self._first_of_each_id(records, kinds)
+        runs = planned = plan_runs(records, kinds=kinds, exclude_under=entry.judge_ids or ())
         if entry.above_sent:  # a later part of a trace: a run that began in an earlier part is not whole
             runs = [run for run in planned if run[0].span_id not in entry.above_sent]
             if len(runs) < len(planned):
@@ -481,6 +484,24 @@ class ScoringSpanExporter(SpanExporter):
                     s.trace, s.runs = trace, len(shipments)
             for s in shipments:
                 self._ship(s, delay, now, out)
+
+    def _first_of_each_id(
+        self, records: list[SpanRecord], kinds: list[SpanKind]
+    ) -> tuple[list[SpanRecord], list[SpanKind]]:
+        """A trace's spans with each span id once, the first that came (as backfill reads them):
+        spans sharing an id (an app's own IdGenerator, a span exported twice) made one target
+        several runs, a request naming it twice, which the workers refused with every run of
+        its message. The others are dropped as ``duplicate_span``."""
+        seen: set[str] = set()
+        kept: list[SpanRecord] = []
+        kept_kinds: list[SpanKind] = []
+        for record, kind in zip(records, kinds, strict=True):
+            if record.span_id not in seen:
+                seen.add(record.span_id)
+                kept.append(record)
+                kept_kinds.append(kind)
+        self._tally.drop("duplicate_span", len(records) - len(kept))
+        return kept, kept_kinds
 
     def _ship(self, shipment: Shipment, delay: float, now: float, out: list[Shipment]) -> None:
         if delay > 0:
@@ -593,11 +614,12 @@ class ScoringSpanExporter(SpanExporter):
         ``max_trace_age``, ``shutdown_incomplete_trace``, ``shutdown_deadline``: complete but
         not yet read when shutdown's deadline came, e.g. behind a slow filter), spans
         (``max_spans_per_trace``, ``no_context``: none, or an invalid one, an id of 0 or too
-        wide) and runs (``queue_full`` and ``queue_bytes``: the hand-off queue's run and byte
-        bounds, ``delay_queue_full``, ``shutdown_unsent``, ``send_failed``,
-        ``too_large``: alone over the sink's ``max_payload_bytes``); ``skipped`` by reason
-        (``sampled_out``, ``loop_guard``, ``no_target``, ``filtered_out``, ``partial_run``: a run
-        that began in a part of its trace handed over before); ``errors`` by reason
+        wide, ``duplicate_span``: its id already in its trace) and runs (``queue_full`` and
+        ``queue_bytes``: the hand-off queue's run and byte bounds, ``delay_queue_full``,
+        ``shutdown_unsent``, ``send_failed``, ``too_large``: alone over the sink's
+        ``max_payload_bytes``); ``skipped`` by reason (``sampled_out``, ``loop_guard``,
+        ``no_target``, ``filtered_out``, ``partial_run``: a run that began in a part of its
+        trace handed over before); ``errors`` by reason
         (``TraceReadError.reason`` values for runs read here — a run the worker cannot read
         becomes error score records there — ``read_failed`` for a run whose reading crashed
         (a bug in a reader: the worker names it alike), and ``filter``, ``export``, ``flush``, ``send``,
