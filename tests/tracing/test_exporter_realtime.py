@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import socket
+import sys
 import threading
 import time
 import tracemalloc
@@ -27,7 +28,7 @@ from opentelemetry.trace import SpanContext, TraceFlags, set_span_in_context
 from tests._redis import RedisServer
 from tests.tracing._exporting import read, wait_for
 from tests.tracing._spans import chat_attributes
-from tracing import CallbackSink, CelerySink, ScoreBatch, ScoringRule, ScoringSpanExporter, Sink
+from tracing import CallbackSink, CelerySink, ScoreBatch, ScoringRule, ScoringSpanExporter, Sink, TracedRun
 
 GRACE_S = 0.2
 FLUSH_S = 0.1
@@ -762,3 +763,50 @@ def test_spans_sharing_an_id_cost_no_other_traces_run(arrivals: Arrivals) -> Non
     assert set(arrivals.at) == {*good, format(root.get_span_context().trace_id, "032x")}
     stats = app.exporter.stats()
     assert (stats["runs_sent"], stats["dropped"]) == (3, {"duplicate_span": 2})
+
+
+def test_a_sink_that_calls_sys_exit_is_retried_and_the_sender_lives_on(arrivals: Arrivals) -> None:
+    """A CallbackSink's function that calls ``sys.exit`` once (a library's command-line error
+    path): the SystemExit ended the sender's thread without a word (threading does not print
+    it), and no run was sent again while the app ran, however long. It is a failed send now,
+    retried like any other."""
+    calls: list[ScoreBatch] = []
+
+    def send(batch: ScoreBatch) -> None:
+        calls.append(batch)
+        if len(calls) == 1:
+            sys.exit(3)
+        arrivals(batch)
+
+    app = App(exporter_for_app(CallbackSink(send), retry_initial_s=0.05))
+    try:
+        ids = [app.agent_run(f"q{i}")[0] for i in range(3)]
+        assert wait_for(lambda: arrivals.count() == 3, QUIET_BOUND_S + 10), app.exporter.stats()
+        assert set(arrivals.at) == set(ids)
+    finally:
+        app.shutdown()
+    stats = app.exporter.stats()
+    assert (stats["runs_sent"], stats["send_failures"], stats["dropped"]) == (3, 1, {})
+
+
+def test_a_filter_that_calls_sys_exit_costs_its_run_only(arrivals: Arrivals) -> None:
+    """A rule's filter that calls ``sys.exit`` once: the SystemExit ended the flusher's thread, the
+    run it was reading was lost uncounted, and no trace was handed off again while the app ran
+    (only at shutdown). It counts as the filter's failure now (``errors["filter"]``), that run only."""
+    seen: list[str] = []
+
+    def keep(run: TracedRun) -> bool:
+        seen.append(run.identity.trace_id)
+        if len(seen) == 1:
+            sys.exit(2)
+        return True
+
+    app = App(exporter_for_app(CallbackSink(arrivals), [ScoringRule(["s"], filter=keep)]))
+    try:
+        ids = [app.agent_run(f"q{i}")[0] for i in range(3)]
+        assert wait_for(lambda: arrivals.count() == 2, QUIET_BOUND_S + 10), app.exporter.stats()
+        assert set(arrivals.at) == set(ids) - {seen[0]}
+    finally:
+        app.shutdown()
+    stats = app.exporter.stats()
+    assert (stats["runs_sent"], stats["errors"], stats["skipped"]) == (2, {"filter": 1}, {"filtered_out": 1})

@@ -35,7 +35,7 @@ from tracing._rules import ScoringRule
 from tracing._run import SpanRecord
 from tracing._transform import trace_to_run
 from tracing.capture._buffer import BufferedTrace, BufferLimits, TraceBuffer
-from tracing.capture._sender import Sender, SenderLimits, Shipment, describe, shipment_size
+from tracing.capture._sender import APP_CODE_ERRORS, Sender, SenderLimits, Shipment, describe, shipment_size
 from tracing.capture._sinks import Sink
 from tracing.capture._tally import Tally
 from tracing.read import plan_runs
@@ -538,7 +538,7 @@ class ScoringSpanExporter(SpanExporter):
             if rule.filter is not None:
                 try:
                     keep = bool(rule.filter(run))
-                except Exception as exc:
+                except APP_CODE_ERRORS as exc:
                     self._tally.error("filter")
                     # (the type only: the text of the app's own code may quote the run, even a
                     # network error's, as a moderation service's client failing on it)

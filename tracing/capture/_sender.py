@@ -35,9 +35,14 @@ from tracing.capture._sinks import EncodedSink, Sink
 from tracing.capture._tally import Tally
 from tracing.queue import RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, spans_request
 
-__all__ = ["Sender", "SenderLimits", "Shipment", "describe", "shipment_size"]
+__all__ = ["APP_CODE_ERRORS", "Sender", "SenderLimits", "Shipment", "describe", "shipment_size"]
 
 log = structlog.get_logger("tracescore.exporter")
+
+# What the app's own code run on the exporter's threads (a CallbackSink's function, a rule's
+# filter) may raise and the thread lives on: a SystemExit (a library's command-line error path)
+# ended the thread without a word, and nothing was sent, or handed off, again.
+APP_CODE_ERRORS = (Exception, SystemExit)
 
 # While sends keep failing with the same error, how often that is logged again.
 _FAILURE_LOG_INTERVAL_S = 60.0
@@ -385,7 +390,7 @@ class Sender:
                 log.error("sink_refused_batch", error=describe(exc), runs=len(chunk.requests))
                 self._tally.error("send")
                 raise _Refused from None
-            except Exception as exc:
+            except APP_CODE_ERRORS as exc:
                 self._failed(describe(exc), len(chunk.requests))
                 # Jitter so several exporters do not hammer a recovering broker in step.
                 self._stop.wait(delay * (0.5 + random.random() / 2))
