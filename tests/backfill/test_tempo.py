@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -9,6 +10,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 from click.testing import CliRunner
+from google.protobuf.json_format import MessageToDict
 
 from tests.backfill._synth import BASE_NS, trace_id, trace_spans
 from tests.backfill.faketempo import FakeTempo
@@ -249,7 +251,7 @@ def test_one_hostile_search_entry_or_answer_costs_that_trace_alone(tempo: FakeTe
     assert "\x1b" not in repr(bad)
     assert "took over 2 s; not waited for" in bad[f"tempo trace {dripped}"]
     assert "took over 2 s; not waited for" in bad[f"tempo trace {dripped_head}"]
-    assert any("3 search result(s) with a trace id that is not hex: skipped" in r for r in bad.values())
+    assert any("3 search result(s) with a trace id that is not hex (or all zeros): skipped" in r for r in bad.values())
     read = {i.spans[0].trace_id for i in items if isinstance(i, SpanBatch)}
     assert read == {trace_id(i) for i in range(10)} - {garbled, dripped, dripped_head}
 
@@ -327,3 +329,79 @@ def test_a_redirect_loop_within_tempo_costs_that_trace_alone(tempo: FakeTempo) -
     assert bad.reason.startswith("cannot fetch: more than 10 redirects from ")
     assert tempo.requests.count(f"/api/traces/{looping}") == 11  # followed 10 times, not retried
     assert len([i for i in items if isinstance(i, SpanBatch)]) == 2
+
+
+def test_a_tempo_failing_every_fetch_stops_the_read_before_those_traces(tempo: FakeTempo) -> None:
+    """Tempo's search answering while its queriers are down (503 on every fetch): each trace was
+    its own Malformed after its retries, one after another, and a job "finished" having read
+    nothing, its checkpoint past every trace. Now a failure alone still costs that trace alone,
+    but three in a row stop the read (SourceError, a job's resumable stop) before them: a read
+    from the last position given fetches them again."""
+    unavailable = _raw(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 20\r\n\r\ningester unavailable")
+    tempo.raw_answers[trace_id(1)] = unavailable
+    for i in range(4, 10):
+        tempo.raw_answers[trace_id(i)] = unavailable
+    source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 10 * STEP_NS, retries=1)
+    items: list[object] = []
+    with pytest.raises(SourceError, match=r"failed 3 traces in a row; the last: HTTP 503 from .*ingester unavailable"):
+        items.extend(source.read())  # (what came before the error stays in the list)
+    assert [i.spans[0].trace_id for i in items if isinstance(i, SpanBatch)] == [trace_id(0), trace_id(2), trace_id(3)]
+    (alone,) = [i for i in items if isinstance(i, Malformed)]
+    assert alone.where == f"tempo trace {trace_id(1)}"
+    assert "HTTP 503" in alone.reason
+    last = items[-1]
+    assert isinstance(last, SpanBatch)
+    assert last.spans[0].trace_id == trace_id(3)
+
+    tempo.raw_answers.clear()  # Tempo is back: the resume reads from the last trace given on
+    ids = _read_ids(source, last.position)
+    assert ids == [trace_id(i) for i in range(3, 10)]
+
+
+def test_a_search_listing_a_trace_many_times_has_it_fetched_once(tempo: FakeTempo) -> None:
+    """A search answer listing one id 10,000 times (each with another start, or its leading
+    zeros kept) had that trace fetched 10,000 times; an all-zero id was fetched (no trace has it)."""
+    listed = trace_id(1)
+    tempo.extra_search_entries = [
+        {"traceID": listed, "startTimeUnixNano": str(BASE_NS + STEP_NS + k)} for k in range(10_000)
+    ] + [{"traceID": "0"}, {"traceID": "0" * 32}]
+    source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS, limit=100_000)
+    items = list(source.read())
+    read = sorted(i.spans[0].trace_id for i in items if isinstance(i, SpanBatch))
+    assert read == sorted(trace_id(i) for i in range(3))
+    assert tempo.requests.count(f"/api/traces/{listed}") == 1
+    assert not [r for r in tempo.requests if r.startswith("/api/traces/000")]
+    (bad,) = [i for i in items if isinstance(i, Malformed)]
+    assert bad.reason == "2 search result(s) with a trace id that is not hex (or all zeros): skipped"
+
+
+def test_an_answer_of_another_form_says_what_it_was(tempo: FakeTempo) -> None:
+    """A body compressed though Accept-Encoding said identity (a proxy's doing), or an HTML page
+    with 200, was read as protobuf: "Wire format was corrupt", the trace named twice. Now the
+    reason says what came; JSON after a blank line (no Content-Type) is read as JSON."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    gzipped, html, spaced = trace_id(0), trace_id(1), trace_id(2)
+    body = gzip.compress(encode_spans(tempo.traces[gzipped]).SerializeToString())
+    tempo.raw_answers[gzipped] = _raw(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/protobuf\r\nContent-Encoding: gzip\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body),
+        body,
+    )
+    page = b"<html><body>Sign in</body></html>"
+    tempo.raw_answers[html] = _raw(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %d\r\n\r\n" % len(page),
+        page,
+    )
+    spans = tempo.traces[spaced]
+    document = b"\n  " + json.dumps({"batches": MessageToDict(encode_spans(spans))["resourceSpans"]}).encode()
+    tempo.raw_answers[spaced] = _raw(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(document), document)
+    source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS)
+    items = list(source.read())
+    bad = {i.where.removeprefix("tempo trace "): i.reason for i in items if isinstance(i, Malformed)}
+    assert set(bad) == {gzipped, html}
+    assert "came in Content-Encoding gzip, though none was asked for" in bad[gzipped]
+    assert bad[html].startswith("not an OTLP protobuf message")
+    assert bad[html].endswith(f"(Tempo answered {len(page)} bytes of text/html, read as protobuf)")
+    assert "Sign in" not in bad[html]
+    assert [i.spans[0].trace_id for i in items if isinstance(i, SpanBatch)] == [spaced]

@@ -8,10 +8,12 @@
   message, the OTLP layout); a JSON answer (``{"batches": ...}``, base64 ids) is read too.
 
 Trace ids from search may lack leading zeros; they are padded to 32 hex digits (an entry whose
-id is not hex is skipped and reported). Transient failures (connection errors, 429, 5xx, a
-garbled HTTP answer) are retried with backoff, a ``Retry-After`` obeyed up to a minute; a
-backend that stays down raises ``SourceError``; a single trace that cannot be fetched or decoded
-is a ``Malformed`` item, and so is one whose body is over ``TRACESCORE_BACKFILL_MAX_LINE_BYTES``
+id is not hex, or all zeros, is skipped and reported); an id listed again is fetched once.
+Transient failures (connection errors, 429, 5xx, a garbled HTTP answer) are retried with
+backoff, a ``Retry-After`` obeyed up to a minute; a backend that stays down raises
+``SourceError`` (fetches too: ``_DOWN_AFTER`` traces in a row failed on Tempo's side, not
+yielded, so a resume fetches them); a single trace that cannot be fetched or decoded is a
+``Malformed`` item, and so is one whose body is over ``TRACESCORE_BACKFILL_MAX_LINE_BYTES``
 (read no further). Each request has a deadline as a whole (four times the timeout, which
 bounds each read; ``tracing._transport``), its status line and headers included: an answer
 dripped slower is that trace's ``Malformed`` (the search's: a ``SourceError``), never a job held
@@ -34,6 +36,7 @@ from typing import Any
 import httpx
 
 from tracing._broker import redact
+from tracing._errors import json_error
 from tracing._transport import EXCHANGE_TIMEOUTS, ExchangeTooSlow, deadline_client, proxy_for
 from tracing.otlp import OtlpDecodeError, decode_otlp_protobuf_records, decode_otlp_records
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
@@ -42,6 +45,13 @@ from tracing.sources._files import DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_ENV, _
 __all__ = ["TempoSource"]
 
 _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
+# Statuses that speak of Tempo (or a gateway before it) rather than of the trace asked for.
+_UNAVAILABLE = frozenset({408, 429, 502, 503, 504})
+# Fetches in a row that find Tempo down (those statuses, answers dripped past their deadline or
+# not HTTP, once retried) before the read stops as a SourceError: a Tempo whose queriers are down
+# while its search answers failed every trace alone, one after another, and a job "finished"
+# past traces a resume would no longer read.
+_DOWN_AFTER = 3
 _NS = 1_000_000_000
 _MAX_RETRY_AFTER_S = 60.0
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -71,16 +81,22 @@ def _start_ns(value: Any) -> int:
 
 
 def _trace_id(value: Any) -> str | None:
-    """A search entry's trace id as 32 lowercase hex digits; None when it is not hex."""
-    if type(value) is str and 0 < len(value) <= 32 and _HEX.issuperset(value):
+    """A search entry's trace id as 32 lowercase hex digits; None when it is not hex (or all
+    zeros: no trace's id)."""
+    if type(value) is str and 0 < len(value) <= 32 and _HEX.issuperset(value) and value.strip("0"):
         return value.lower().rjust(32, "0")
     return None
 
 
 class _HttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, down: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.down = down or status in _UNAVAILABLE  # Tempo failing, not the trace
+
+
+class _Down(Malformed):
+    """A trace not fetched because Tempo failed (``_HttpError.down``): held back by ``_read``."""
 
 
 class _TooLarge(Exception):
@@ -104,6 +120,15 @@ def _read_body(response: httpx.Response, limit: int | None, cut: bool) -> bytes:
                 raise _TooLarge
             break
     return b"".join(chunks)[:limit]
+
+
+def _answered(content_type: str, size: int, as_json: bool) -> str:
+    """What the answer said it was, for an error (an HTML page read as protobuf said only
+    "Wire format was corrupt"); nothing of its body."""
+    given = content_type.split(";")[0].strip().lower()
+    if not (given and _HEADER_VALUE.fullmatch(given) and len(given) <= 64):
+        given = "no Content-Type" if not given else "another Content-Type"
+    return f" (Tempo answered {size:,} bytes of {given}, read as {'JSON' if as_json else 'protobuf'})"
 
 
 class TempoSource:
@@ -228,10 +253,13 @@ class TempoSource:
                 raise _HttpError(
                     0,
                     f"the answer from {redact(url)} took over {EXCHANGE_TIMEOUTS * self.timeout_s:g} s; not waited for",
+                    down=True,
                 ) from None
             except httpx.ProtocolError as exc:  # a garbled answer: its bytes are not shown
                 if attempt == self.retries:
-                    raise _HttpError(0, f"no valid HTTP answer from {redact(url)} ({type(exc).__name__})") from None
+                    raise _HttpError(
+                        0, f"no valid HTTP answer from {redact(url)} ({type(exc).__name__})", down=True
+                    ) from None
                 wait = delay
             except httpx.TransportError as exc:
                 if attempt == self.retries:
@@ -239,6 +267,15 @@ class TempoSource:
                 wait = delay
             else:
                 if 200 <= status < 300:
+                    encoding = headers.get("Content-Encoding", "identity").strip().lower()
+                    if encoding not in ("", "identity"):
+                        # (its bytes read as protobuf said "Wire format was corrupt"; a proxy's doing)
+                        shown = encoding if _HEADER_NAME.fullmatch(encoding) and len(encoding) <= 32 else "another"
+                        raise _HttpError(
+                            status,
+                            f"the answer from {redact(url)} came in Content-Encoding {shown}, though none was"
+                            " asked for (Accept-Encoding: identity): not decoded",
+                        )
                     return body, headers.get("Content-Type", "")
                 if status not in _RETRYABLE or attempt == self.retries:
                     # the request's headers (an auth token) are masked too, should Tempo echo them
@@ -302,7 +339,9 @@ class TempoSource:
                 f"more than {self.limit} traces start within second {start_s}; "
                 "some may be missed (raise the search limit)"
             )
-        listed: set[tuple[int, str]] = set()
+        # Each trace once, at its earliest start: a search listing one id many times (with other
+        # starts) had it fetched once per entry.
+        listed: dict[str, int] = {}
         not_hex = 0
         for entry in found:
             trace_id = _trace_id(entry["traceID"])
@@ -315,10 +354,11 @@ class TempoSource:
                 continue
             if begin and not (self.since_ns <= begin < self.until_ns):
                 continue
-            listed.add((begin, trace_id))
+            if trace_id not in listed or begin < listed[trace_id]:
+                listed[trace_id] = begin
         if not_hex:
-            yield f"{not_hex} search result(s) with a trace id that is not hex: skipped"
-        yield sorted(listed)
+            yield f"{not_hex} search result(s) with a trace id that is not hex (or all zeros): skipped"
+        yield sorted((begin, trace_id) for trace_id, begin in listed.items())
 
     def _fetch(self, trace_id: str) -> Iterator[SpanBatch | Malformed]:  # (trace_id: 32 hex, from _trace_id)
         """The trace's spans, or why there are none; spans of other traces are named, not read."""
@@ -328,7 +368,7 @@ class TempoSource:
                 f"/api/traces/{trace_id}", accept="application/protobuf", limit=self.max_trace_bytes
             )
         except _HttpError as exc:
-            yield Malformed(Position(0), where, f"cannot fetch: {exc}")
+            yield (_Down if exc.down else Malformed)(Position(0), where, f"cannot fetch: {exc}")
             return
         except _TooLarge:
             yield Malformed(
@@ -338,16 +378,22 @@ class TempoSource:
                 f"(raise {MAX_LINE_BYTES_ENV} to read it)",
             )
             return
+        as_json = "json" in content_type or body.lstrip()[:1] == b"{"
         try:
-            if "json" in content_type or body[:1] == b"{":
-                spans = decode_otlp_records(json.loads(body), where=where)
+            document = json.loads(body) if as_json else None
+        except (ValueError, RecursionError) as exc:  # not JSON, or nested past the parser's depth
+            yield Malformed(
+                Position(0), where, f"not JSON ({json_error(exc)}){_answered(content_type, len(body), True)}"
+            )
+            return
+        try:
+            if as_json:
+                spans = decode_otlp_records(document, where=where)
             else:
                 spans = decode_otlp_protobuf_records(body, where=where)
-        except (OtlpDecodeError, ValueError) as exc:
-            yield Malformed(Position(0), where, str(exc))
-            return
-        except RecursionError:  # json.loads of a body nested beyond the parser's depth
-            yield Malformed(Position(0), where, "not JSON (nested too deeply)")
+        except OtlpDecodeError as exc:  # (its text would name the trace twice: ``where`` says it)
+            said = exc.reason + (f" at {exc.field}" if exc.field else "")
+            yield Malformed(Position(0), where, f"{said}{_answered(content_type, len(body), as_json)}")
             return
         # Tempo answers 200 with nothing (empty protobuf, {}, no batches) for a trace it listed but
         # no longer holds (retention, compaction): that trace is lost, so it is said, not skipped.
@@ -370,6 +416,11 @@ class TempoSource:
         first_s = self.since_ns // _NS
         last_s = -(-self.until_ns // _NS)
         unit = 0
+        # From the first of the traces Tempo failed (``_Down``) in a row, what is not yet yielded
+        # (window ends too): a read that stops over them leaves its position before them, so a
+        # resume fetches them again.
+        held: list[SourceItem] = []
+        down = 0
         for window_start in range(first_s, last_s, self.window_s):
             window_end = min(window_start + self.window_s, last_s)
             if unit >= start.unit:
@@ -377,7 +428,11 @@ class TempoSource:
                 index = 0
                 for listed in self._window_traces(window_start, window_end):
                     if isinstance(listed, str):
-                        yield Malformed(Position(unit), f"tempo search {window_start}..{window_end}", listed)
+                        warning = Malformed(Position(unit), f"tempo search {window_start}..{window_end}", listed)
+                        if held:
+                            held.append(warning)
+                        else:
+                            yield warning
                         continue
                     for _, trace_id in listed:
                         index += 1  # the order is stable: sub-windows in time order, sorted within
@@ -385,13 +440,29 @@ class TempoSource:
                             continue
                         position = Position(unit, index)
                         for item in self._fetch(trace_id):
+                            if isinstance(item, _Down):
+                                held.append(Malformed(position, item.where, item.reason))
+                                down += 1
+                                if down >= _DOWN_AFTER:
+                                    raise SourceError(
+                                        f"Tempo at {self._shown} failed {down} traces in a row; the last:"
+                                        f" {item.reason.removeprefix('cannot fetch: ')}"
+                                    )
+                                continue
+                            yield from held  # (fewer in a row: those traces' failures alone)
+                            held.clear()
+                            down = 0
                             if isinstance(item, SpanBatch):
                                 yield SpanBatch(item.spans, position, item.where)
                             else:
                                 yield Malformed(position, item.where, item.reason)
             unit += 1
             self._windows_done = unit
-            yield UnitEnd(unit - 1, Position(unit))
+            if held:
+                held.append(UnitEnd(unit - 1, Position(unit)))
+            else:
+                yield UnitEnd(unit - 1, Position(unit))
+        yield from held
 
     def fraction_done(self) -> float:
         """Share of the time range's windows searched and fetched so far."""
