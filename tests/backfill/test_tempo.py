@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
@@ -405,3 +406,34 @@ def test_an_answer_of_another_form_says_what_it_was(tempo: FakeTempo) -> None:
     assert bad[html].endswith(f"(Tempo answered {len(page)} bytes of text/html, read as protobuf)")
     assert "Sign in" not in bad[html]
     assert [i.spans[0].trace_id for i in items if isinstance(i, SpanBatch)] == [spaced]
+
+
+@pytest.mark.parametrize(("retry_after", "waited"), [(b"7", 7.0), (b"3600", 60.0), (b"0", 0.0)])
+def test_a_retry_after_is_waited_as_asked_up_to_a_minute(
+    tempo: FakeTempo, monkeypatch: pytest.MonkeyPatch, retry_after: bytes, waited: float
+) -> None:
+    """The backoff's jitter was applied to Retry-After too: 60 s asked waited 30 to 90 s."""
+    slow = trace_id(1)
+
+    def busy_once(handler: BaseHTTPRequestHandler) -> None:
+        del tempo.raw_answers[slow]
+        _raw(
+            b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: "
+            + retry_after
+            + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        )(handler)
+
+    tempo.raw_answers[slow] = busy_once
+    sleeps: list[float] = []
+    reader, real_sleep = threading.get_ident(), time.sleep
+
+    def sleep(seconds: float) -> None:  # the reader's waits counted, not taken; the fake's taken
+        if threading.get_ident() == reader:
+            sleeps.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS)
+    assert sorted(_read_ids(source)) == sorted(trace_id(i) for i in range(3))
+    assert sleeps == [waited]

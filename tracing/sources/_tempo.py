@@ -281,7 +281,12 @@ class TempoSource:
                     # the request's headers (an auth token) are masked too, should Tempo echo them
                     said = redact(body.decode("utf-8", "replace").strip(), *self.headers.values())
                     raise _HttpError(status, f"HTTP {status} from {redact(url)}: {said}")
-                wait = _retry_after(headers.get("Retry-After")) or delay
+                asked = _retry_after(headers.get("Retry-After"))
+                if asked is not None:  # as asked: jittered, it came half of it early, or past the cap
+                    time.sleep(asked)
+                    delay = min(delay * 2, 10.0)
+                    continue
+                wait = delay
             time.sleep(wait * (0.5 + random.random()))
             delay = min(delay * 2, 10.0)
         raise AssertionError("unreachable")
