@@ -19,6 +19,7 @@ __all__ = [
     "job_budget_key",
     "job_key",
     "job_spend_key",
+    "job_uncounted_key",
     "judge_calls_key",
     "limiter_bucket_key",
     "limiter_granted_key",
@@ -66,6 +67,12 @@ def job_skips_key(job_id: str) -> str:
     """Set of the score ids a job counted as skipped because another job (or live traffic)
     scored them: each counted once, however often its message is retried."""
     return f"{PREFIX}job-skips:{job_id}"
+
+
+def job_uncounted_key(job_id: str) -> str:
+    """Set of the score ids whose record a job stored after it finished, not counted (a late
+    delivery of a score it had counted): replaced later, such a record has no count to move."""
+    return f"{PREFIX}job-uncounted:{job_id}"
 
 
 def dlq_key() -> str:

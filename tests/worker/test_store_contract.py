@@ -493,6 +493,37 @@ def test_a_finished_jobs_scores_still_change_outcome(store: Any, chain: str) -> 
     assert run(go()) == {"a": {}, "b": {}, **expected}
 
 
+@pytest.mark.parametrize(
+    ("then", "expected_b"),
+    [(_score("a"), {}), (_score("b"), {"scored": 1}), (_failure(None, "RateLimit"), {})],
+    ids=["a's retry scores it", "b scores it", "live traffic fails it"],
+)
+def test_a_finished_jobs_late_failure_was_never_counted_so_replacing_it_moves_nothing(
+    store: Any, then: ScoreRecord, expected_b: dict[str, int]
+) -> None:
+    """Job a scored the run and finished; the record expired, and a late delivery of a's message
+    failed on it (a retryable failure, not counted: a's count was final). That failure replaced
+    later (a's next `dlq retry`, another job, live traffic) was taken for one a had counted, and
+    moved: a showed failed -1 and scored 2 of 1 (review's random search)."""
+
+    async def go() -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        await store.put_records([_score("a")], "w", 1)
+        await store.jobs.finish("a")
+        done = _totals(await store.jobs.progress("a"))
+        await _until_gone(store, _score("a").score_id)
+        await store.put_records([_failure("a")], "w", 60)  # the late delivery: not counted
+        await store.put_records([then], "w", 60)
+        await store.put_records([_failure("a", "Late")], "w", 60)  # and once more, late
+        a, b = _totals(await store.jobs.progress("a")), _totals(await store.jobs.progress("b"))
+        await store.close()
+        return done, a, b
+
+    done, a, b = run(go())
+    assert done == {"scored": 1}
+    assert a == done
+    assert b == expected_b
+
+
 def test_put_records_retried_after_a_lost_reply_is_new_again(store: Any) -> None:
     """The same record put twice (the client retrying after a dropped connection lost the first
     reply) is reported new both times and counted once, so it is still written back; a

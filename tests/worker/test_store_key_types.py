@@ -255,6 +255,7 @@ CASES = [
             (_CLAIM, "string", False),
             (_JOB, "hash", False),
             (_keys.job_skips_key("j"), "set", False),  # (the script names it: a score counted as j's skip)
+            (_keys.job_uncounted_key("j"), "set", False),  # (and: a record j stored once it ended)
             (_FAILURES, "hash", False),
             (_SINKS, "set", False),
             (_ATTEMPTS, "hash", False),
@@ -265,7 +266,11 @@ CASES = [
     ),
     *(
         Case("put_records", key, kind, False, _put_over_another_jobs_failure, [True])
-        for key, kind in [(_keys.job_key("o"), "hash"), (_keys.job_skips_key("o"), "set")]
+        for key, kind in [
+            (_keys.job_key("o"), "hash"),
+            (_keys.job_skips_key("o"), "set"),
+            (_keys.job_uncounted_key("o"), "set"),
+        ]
     ),
     # JobStats
     Case("count_skipped", _JOB, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.count_skipped("j", "r"))),

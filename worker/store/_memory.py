@@ -29,14 +29,18 @@ class MemoryJobStats:
         self._failures: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._skips: dict[str, set[str]] = defaultdict(set)  # (job_skips_key)
         self._finished: set[str] = set()  # (the job hash's ``finished`` field)
+        self._uncounted: dict[str, set[str]] = defaultdict(set)  # (job_uncounted_key)
 
     def _recorded(self, record: ScoreRecord, replaced: ScoreRecord | None) -> None:
         # A job counts each score once: its record's outcome, or a skip while another's record
-        # stands for it; one that ended counts no new score, its scores still move (the Redis put
-        # script's rules).
+        # stands for it; one that ended counts no new score (the record it stores then is
+        # uncounted: replaced, it moves nothing), its scores still move (the Redis put script's
+        # rules).
         with self._lock:
             moved = False
-            if replaced is not None and replaced.job_id:
+            if replaced is not None and replaced.job_id and record.score_id in self._uncounted.get(replaced.job_id, ()):
+                self._uncounted[replaced.job_id].discard(record.score_id)  # never counted: nothing to move
+            elif replaced is not None and replaced.job_id:
                 # Its own failure recorded again, or another's record in its place: that job's skip.
                 counts = self._jobs[replaced.job_id]
                 counts["failed"] -= 1
@@ -58,6 +62,8 @@ class MemoryJobStats:
                     counts[counter] += 1
                     if reason:
                         counts[f"{counter}:{reason}"] += 1
+                else:
+                    self._uncounted[record.job_id].add(record.score_id)
             if reason:
                 bucket = failure_bucket()
                 if bucket not in self._failures:  # a new window: the old ones go, as in Redis (TTL)

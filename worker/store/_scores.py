@@ -119,8 +119,9 @@ class ScoreStore(Protocol):
         ``count_skipped_once``). A job's record refused for another's counts the job's skip; a
         job's record stored for a score it had counted as a skip moves that count to the
         record's outcome. So a job counts each of its scores once; a job that ended
-        (``JobStats.finish``) counts no new one, only such moves. The very same record put
-        again (a retry whose reply was lost) is new again and counted once."""
+        (``JobStats.finish``) counts no new one, only such moves (a record it stores once ended
+        is not counted, and replaced, moves nothing). The very same record put again (a retry
+        whose reply was lost) is new again and counted once."""
         ...
 
     async def records_for_trace(self, trace_id: str) -> list[ScoreRecord]: ...
@@ -233,8 +234,9 @@ def _claims(score_ids: Sequence[str], replies: Sequence[Any]) -> Claims:
 #       attempts hash, dead letters, delivered set; then per record its record, trace set,
 #       checkpoint, claim and job hash (5 each)
 # ARGV: ttl, owner, failures ttl, now ms, the number of shared KEYS, the number of sinks, the job
-#       ttl, the prefixes of a job's hash and of its set of counted skips, the sink names, then per
-#       record: record json, score id, has_job (0/1), outcome, reason, job id
+#       ttl, the prefixes of a job's hash, of its set of counted skips and of its set of uncounted
+#       records, the sink names, then per record: record json, score id, has_job (0/1), outcome,
+#       reason, job id
 # Returns per record 1 (stored now, or by our own earlier try) or 0 (taken).
 #
 # A job counts each of its scores once, as its own record's outcome (scored, failed) or as a
@@ -244,9 +246,12 @@ def _claims(score_ids: Sequence[str], replies: Sequence[Any]) -> Claims:
 # record stored for a score it counted as a skip moves the count back to the record's outcome.
 # (Counted twice, a job's total passed its expected one, and a job waiting for its total ended
 # while a score was still on its way.) A job that ended (``JobStats.finish``) counts no new score
-# or skip; its scores still move (its retry's record replacing its failure). The other job's
-# keys are known only once the stored record is read, so the script names them itself; the
-# project runs on one Redis, not a cluster, where that is allowed.
+# or skip; its scores still move (its retry's record replacing its failure). A record it stores
+# once ended is not counted, so it joins the job's set of uncounted records: replaced, it has no
+# count to move (a late delivery's failure, then scored by the job's `dlq retry`, left the job
+# at failed -1, scored 2 of 1). The other job's keys are known only once the stored record is
+# read, so the script names them itself; the project runs on one Redis, not a cluster, where
+# that is allowed.
 _PUT_RECORDS = (
     LUA_CHECK
     + _LUA_STORED
@@ -254,12 +259,12 @@ _PUT_RECORDS = (
     + """
 local ttl, owner, failures_ttl, now = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local shared, nsinks = tonumber(ARGV[5]), tonumber(ARGV[6])
-local job_ttl, job_prefix, skips_prefix = tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local job_ttl, job_prefix, skips_prefix, uncounted_prefix = tonumber(ARGV[7]), ARGV[8], ARGV[9], ARGV[10]
 local sinks = {}
 for s = 1, nsinks do
-  sinks[s] = ARGV[9 + s]
+  sinks[s] = ARGV[10 + s]
 end
-local first = 10 + nsinks
+local first = 11 + nsinks
 local sinks_named = false
 -- A key of ours holding another type would fail the script halfway, after earlier writes: every
 -- key is checked before anything is written (worker.store._keytypes). A sink's queue and dead
@@ -290,6 +295,7 @@ for k = shared + 1, #KEYS, 5 do
   check(KEYS[k + 4], 'hash', 'r')
   if ARGV[a + 2] == '1' then
     check(skips_prefix .. ARGV[a + 5], 'set', 'r')
+    check(uncounted_prefix .. ARGV[a + 5], 'set', 'r')
   end
   local current, other = redis.pcall('GET', KEYS[k]), false
   if type(current) == 'string' and current ~= ARGV[a] and string.find(current, '"retryable":true', 1, true) then
@@ -299,6 +305,7 @@ for k = shared + 1, #KEYS, 5 do
       other = job
       check(job_prefix .. job, 'hash', 'r')
       check(skips_prefix .. job, 'set', 'r')
+      check(uncounted_prefix .. job, 'set', 'r')
     end
   end
   others[#others + 1] = other
@@ -330,11 +337,15 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
       return 0
     end
     redis.call('SET', record, json, 'EX', ttl)
+    -- (A record its job stored once ended was never counted: nothing to correct.)
     local corrected = nil
     if prev and has_job == '1' and prev['job_id'] == job_id then
-      corrected = job
-      moved = true
-    elseif other and redis.call('EXISTS', job_prefix .. other) == 1 then  -- (expired: nothing to correct)
+      if redis.call('SREM', uncounted_prefix .. job_id, score_id) == 0 then
+        corrected = job
+        moved = true
+      end
+    elseif other and redis.call('EXISTS', job_prefix .. other) == 1  -- (expired: nothing to correct)
+        and redis.call('SREM', uncounted_prefix .. other, score_id) == 0 then
       corrected = job_prefix .. other
       tracescore_add_skips(corrected, skips_prefix .. other, 'already_scored', {score_id}, 1, 1)
       redis.call('EXPIRE', skips_prefix .. other, job_ttl)
@@ -377,6 +388,9 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
       if reason ~= '' then
         redis.call('HINCRBY', job, counter .. ':' .. reason, 1)
       end
+    else
+      redis.call('SADD', uncounted_prefix .. job_id, score_id)
+      redis.call('EXPIRE', uncounted_prefix .. job_id, job_ttl)
     end
   end
   if reason ~= '' then
@@ -579,6 +593,7 @@ class RedisScoreStore(OnRedis):
             str(self._jobs.job_ttl_s),
             _keys.job_key(""),
             _keys.job_skips_key(""),
+            _keys.job_uncounted_key(""),
             *self.sinks,
         ]
         calls: list[tuple[int, list[str]]] = []
