@@ -382,6 +382,23 @@ def test_a_failure_of_a_job_whose_counters_expired_is_replaced_without_them(redi
     assert b == {"scored": 1}
 
 
+def test_a_jobs_own_retry_of_a_failure_whose_counters_expired_makes_no_negative_count(redis_url: str) -> None:
+    """Job a's counters gone (a TTL of records above the job's 7 days), its own `dlq retry` then
+    scoring its failed run: the run counts as a score of a, not as a move from a failure the
+    counters no longer hold (they came back as failed -1, scored 1)."""
+    store = RedisScoreStore(redis_url)
+
+    async def go() -> dict[str, int]:
+        await store.put_records([_record(36, job_id="a", error_type="TimeoutError", retryable=True)], "w", 60)
+        await store._redis.client.delete(_keys.job_key("a"))
+        await store.put_records([_record(36, job_id="a", score=0.5)], "w", 60)
+        progress = await store.jobs.progress("a")
+        await store.close()
+        return progress
+
+    assert run(go()) == {"scored": 1}
+
+
 def test_a_finished_job_that_failed_keeps_its_counted_skips_for_its_dlq_retry(redis_url: str) -> None:
     """Job a's failure scored by job b before a finished: its set of counted skips went with
     a's end, and a's `dlq retry` counted the run skipped again (review). A job that recorded a

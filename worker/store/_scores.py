@@ -340,7 +340,8 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
     -- (A record its job stored once ended was never counted: nothing to correct.)
     local corrected = nil
     if prev and has_job == '1' and prev['job_id'] == job_id then
-      if redis.call('SREM', uncounted_prefix .. job_id, score_id) == 0 then
+      -- (its counters expired, a record outliving them: nothing to correct, no -1 made anew)
+      if redis.call('EXISTS', job) == 1 and redis.call('SREM', uncounted_prefix .. job_id, score_id) == 0 then
         corrected = job
         moved = true
       end
