@@ -15,7 +15,7 @@ a slow backend is not handed the same batch twice.
 
 Drainers wake when a batch stores new scores (``DrainerWaker``, the scoring code's writer) and
 on a timer. A sink that raises is a bug: logged by its type, its records retried. Logs carry
-ids, the sink's name, counts and the backend's status (in the outcome's reason), never a score's
+ids, the sink's name and endpoint, counts and the backend's status (in the outcome's reason), never a score's
 content.
 """
 
@@ -98,14 +98,16 @@ def _build_sink(name: str, settings: Settings) -> ScoreSink:
     raise SettingsError(f"unknown sink {name!r} in TRACESCORE_SINKS")
 
 
-def check_sinks(settings: Settings) -> None:
+def check_sinks(settings: Settings) -> list[dict[str, str | None]]:
     """Build each configured sink once and close it: what a sink refuses when built (a URL it
     cannot use, a key no HTTP header can carry, a proxy that is not http(s)) stops the worker's
-    start naming the setting (``SettingsError``), instead of failing each task after it."""
+    start naming the setting (``SettingsError``), instead of failing each task after it. Returns
+    each sink's ``_sink_fields``, for the worker's start line."""
     sinks = build_sinks(settings)
     for sink in sinks:
         with contextlib.suppress(Exception):
             sink.close()
+    return [_sink_fields(s) for s in sinks]
 
 
 def _needed(value: str | None, sink: str, variable: str) -> str:
@@ -168,17 +170,19 @@ def drain_once(sink: ScoreSink, outbox: Outbox, policy: DrainPolicy) -> int:
         outbox.dead(lease, letters)
         for letter in letters:
             log.error(
-                "sink_dead_letter", sink=sink.name, score_id=letter.score_id, reason=letter.reason,
+                "sink_dead_letter", **_sink_fields(sink), score_id=letter.score_id, reason=letter.reason,
                 attempts=letter.attempts,
             )  # fmt: skip
     gone = [s for s in lease.ids if s not in found and s not in unreadable and s not in spent]
     if gone:
         # Expired from the store (TTL) before this sink took it: nothing left to deliver.
         outbox.drop(lease, gone)
-        log.warning("sink_record_gone", sink=sink.name, dropped=len(gone), score_id=gone[0], reason="record_expired")
+        log.warning(
+            "sink_record_gone", **_sink_fields(sink), dropped=len(gone), score_id=gone[0], reason="record_expired"
+        )
     records = [found[s] for s in lease.ids if s in found]
     if records:
-        with _Heartbeat(outbox, lease, policy.lease_s) as held:
+        with _Heartbeat(sink, outbox, lease, policy.lease_s) as held:
             outcomes = _deliver(sink, records)
         _settle(sink, outbox, policy, held.lease, records, outcomes)
     return len(lease.ids)
@@ -189,8 +193,9 @@ class _Heartbeat:
     slower than the lease does not get the batch again from another drainer (and the first
     answer is not refused by a token that moved on). ``lease`` is the latest one, to settle by."""
 
-    def __init__(self, outbox: Outbox, lease: Lease, lease_s: float) -> None:
+    def __init__(self, sink: ScoreSink, outbox: Outbox, lease: Lease, lease_s: float) -> None:
         self.lease = lease
+        self._sink = sink
         self._outbox = outbox
         self._lease_s = lease_s
         self._done = threading.Event()
@@ -209,20 +214,20 @@ class _Heartbeat:
             try:
                 self.lease = self._outbox.renew(self.lease, self._lease_s)
             except Exception as exc:  # the store away: the lease may lapse, at worst a re-send
-                log.warning("sink_lease_renew_failed", sink=self.lease.sink, error_type=type(exc).__name__)
+                log.warning("sink_lease_renew_failed", **_sink_fields(self._sink), error_type=type(exc).__name__)
 
 
 def _deliver(sink: ScoreSink, records: Sequence[ScoreRecord]) -> list[Delivery]:
     try:
         outcomes = sink.deliver(records)
     except Exception as exc:  # a bug in the sink: the records wait for a fixed one
-        log.error("sink_crashed", sink=sink.name, records=len(records), error_type=type(exc).__name__)
+        log.error("sink_crashed", **_sink_fields(sink), records=len(records), error_type=type(exc).__name__)
         if len(records) > 1:
             # One record may be what it trips on: one at a time, so the others still go.
             return [o for r in records for o in _deliver(sink, [r])]
         return [Retry(f"sink_crashed:{type(exc).__name__}")]
     if len(outcomes) != len(records):
-        log.error("sink_answered_wrong_count", sink=sink.name, records=len(records), outcomes=len(outcomes))
+        log.error("sink_answered_wrong_count", **_sink_fields(sink), records=len(records), outcomes=len(outcomes))
         return [Retry("sink_answered_wrong_count")] * len(records)
     return list(outcomes)
 
@@ -259,31 +264,35 @@ def _settle(
     outbox.retry(lease, delays)
     outbox.dead(lease, letters)
     if delays:  # (a sink down is a retry a batch, for as long as it is down)
-        endpoint = _endpoint(sink)
-        _retry_log(sink).note(len(delays), sink=sink.name, endpoint=endpoint, reasons=sorted(retry_reasons))
+        _retry_log(sink).note(len(delays), **_sink_fields(sink), reasons=sorted(retry_reasons))
     elif acked:  # it delivers again: the retries counted since the last line are said
         _retry_log(sink).flush()
     for letter in letters:
         log.error(
-            "sink_dead_letter", sink=sink.name, score_id=letter.score_id, reason=letter.reason, attempts=letter.attempts
-        )
+            "sink_dead_letter", **_sink_fields(sink), score_id=letter.score_id, reason=letter.reason,
+            attempts=letter.attempts,
+        )  # fmt: skip
 
 
 _retry_logs: dict[tuple[str, str | None], CountedLog] = {}
 _retry_logs_lock = threading.Lock()
 
 
-def _endpoint(sink: ScoreSink) -> str | None:
-    """Where ``sink`` writes, its password masked (``shown_endpoint``), if it says."""
+def _sink_fields(sink: ScoreSink) -> dict[str, str | None]:
+    """What a log line says of ``sink``: its backend and where it writes (``endpoint``, in
+    ``shown_endpoint``'s form: password masked, query left out; None when the sink does not
+    say). Every line naming a sink carries both: two collectors of one backend, one dead-lettering
+    or crashing, could not be told apart by the backend alone."""
     endpoint = getattr(sink, "endpoint", None)
-    return endpoint if isinstance(endpoint, str) else None
+    return {"sink": sink.name, "endpoint": endpoint if isinstance(endpoint, str) else None}
 
 
 def _retry_log(sink: ScoreSink) -> CountedLog:
     """The sink's ``sink_retry`` line: one each 30 s with the records retried since the last.
     One per backend and endpoint: two collectors of one backend, one down, are two lines (the
     backend's name alone did not tell which was down, and one's line held back the other's)."""
-    key = (sink.name, _endpoint(sink))
+    fields = _sink_fields(sink)
+    key = (sink.name, fields["endpoint"])
     with _retry_logs_lock:
         found = _retry_logs.get(key)
         if found is None:
@@ -379,7 +388,7 @@ class _Drainer:
                 # A key of the wrong type stays until an operator moves it aside: say which.
                 named = {"key": exc.key, "found": exc.found} if isinstance(exc, StoreKeyTypeError) else {}
                 log.warning(
-                    "drainer_failed", sink=self.sink.name, error_type=type(exc).__name__,
+                    "drainer_failed", **_sink_fields(self.sink), error_type=type(exc).__name__,
                     category=category_of(exc), failures=failures, **named,
                 )  # fmt: skip
                 self.stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
@@ -392,7 +401,7 @@ class _Drainer:
             try:
                 outbox.close()
             except Exception:
-                log.warning("drainer_close_failed", sink=self.sink.name, exc_info=True)
+                log.warning("drainer_close_failed", **_sink_fields(self.sink), exc_info=True)
         if self.turn is not None:
             self.turn.release()
 
@@ -457,12 +466,12 @@ class Deliveries:
                 # Still delivering: closing the sink under it could block past the shutdown
                 # grace (a pool waiting for its requests) or write to a closed file. The
                 # (daemon) thread ends with the process; its lease brings the ids back.
-                log.warning("sink_close_skipped", sink=drainer.sink.name, reason="drainer_still_delivering")
+                log.warning("sink_close_skipped", **_sink_fields(drainer.sink), reason="drainer_still_delivering")
                 continue
             try:
                 drainer.sink.close()
             except Exception as exc:
-                log.warning("sink_close_failed", sink=drainer.sink.name, error_type=type(exc).__name__)
+                log.warning("sink_close_failed", **_sink_fields(drainer.sink), error_type=type(exc).__name__)
 
     def finish(self, outbox: MemoryOutbox, timeout_s: float) -> dict[str, SinkCounts]:
         """For a command scoring in place: stop the threads, then drain ``outbox`` here until
@@ -524,7 +533,7 @@ def start_process_deliveries(settings: Settings) -> Deliveries | None:
         _process = Deliveries(
             build_sinks(settings), lambda: RedisOutbox(url), DrainPolicy.of(settings), node_key=url
         ).start()
-        log.info("drainers_started", pid=os.getpid(), sinks=",".join(settings.sink_names))
+        log.info("drainers_started", pid=os.getpid(), sinks=[_sink_fields(s) for s in _process.sinks])
         return _process
 
 

@@ -63,7 +63,8 @@ def test_the_cli_logs_tracebacks_without_local_variables(capsys: pytest.CaptureF
 
 
 def test_the_start_line_names_the_sinks_the_worker_delivers_to(redis_server: RedisServer, tmp_path: Path) -> None:
-    """It logged the older TRACESCORE_WRITER (writer=otlp) whatever --sink said (README audit)."""
+    """It logged the older TRACESCORE_WRITER (writer=otlp) whatever --sink said (README audit);
+    each sink with where it writes, as every line naming a sink."""
     from structlog.testing import capture_logs
 
     from worker._app import _check_start, create_app
@@ -79,5 +80,5 @@ def test_the_start_line_names_the_sinks_the_worker_delivers_to(redis_server: Red
     with capture_logs() as logs:
         _check_start(create_app(settings))
     (started,) = [e for e in logs if e["event"] == "worker_starting"]
-    assert started["sinks"] == "jsonl"
+    assert started["sinks"] == [{"sink": "jsonl", "endpoint": str(tmp_path / "scores.jsonl")}]
     assert "writer" not in started

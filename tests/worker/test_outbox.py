@@ -617,3 +617,51 @@ def test_a_sink_retry_line_names_where_the_sink_writes_never_its_secrets(monkeyp
     lines = [e for e in logs if e["event"] == "sink_retry"]
     assert [(e["sink"], e["endpoint"], e["records"]) for e in lines] == [("otlp", shown[0], 1), ("otlp", shown[1], 1)]
     assert not [s for s in secrets if s in repr(logs)]
+
+
+def test_every_line_naming_a_sink_names_where_it_writes_never_its_secrets() -> None:
+    """`sink_retry` named its sink's endpoint, but `sink_dead_letter`, `sink_crashed` and
+    `drainer_failed` still named the backend alone ("phoenix"): of two Phoenix projects, which one
+    dead-lettered or crashed could not be told (noticed). Each now carries the masked endpoint,
+    and neither the URL's password nor the API key reaches a log event."""
+    import socket
+
+    from structlog.testing import capture_logs
+
+    from tracing.sinks import PhoenixSink
+    from worker._delivery import Deliveries
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    secrets = ("url-pw-0123456789", "api-key-0123456789")
+    url = f"http://phx:url-pw-0123456789@127.0.0.1:{port}/proj"
+    shown = f"http://phx:***@127.0.0.1:{port}/proj"
+
+    class Crashing(PhoenixSink):
+        def deliver(self, records: Any) -> Any:
+            raise KeyError("a sink bug")
+
+    class Away(MemoryOutbox):  # the outbox's store unreachable
+        def lease(self, sink: str, limit: int, lease_s: float) -> Any:
+            raise ConnectionError("store away")
+
+    down = PhoenixSink(url, api_key="api-key-0123456789", timeout_s=2)
+    crashing = Crashing(url, api_key="api-key-0123456789", timeout_s=2)
+    once = DrainPolicy(batch_size=10, lease_s=30, max_attempts=1, backoff_s=0.01, backoff_max_s=0.01)
+    with capture_logs() as logs:
+        for n, sink in enumerate((down, crashing)):
+            store = MemoryScoreStore(sinks=("phoenix",))
+            _put(lambda store=store: store, _record(n, score=0.5))
+            assert drain_once(sink, store.outbox, once) == 1  # a retry at its only attempt: a dead letter
+            assert store.outbox.counts()["phoenix"].failed == 1
+        deliveries = Deliveries([down], lambda: Away(lambda ids: {}), DrainPolicy(poll_s=0.05)).start()
+        try:
+            assert wait_for(lambda: any(e["event"] == "drainer_failed" for e in logs), 10), logs
+        finally:
+            deliveries.stop(5.0)
+    crashing.close()
+    named = {e["event"]: e for e in logs if e.get("sink") == "phoenix"}
+    for event in ("sink_dead_letter", "sink_crashed", "drainer_failed"):
+        assert named[event]["endpoint"] == shown, (event, logs)
+    assert not [s for s in secrets if s in repr(logs)]
