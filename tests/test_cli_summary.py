@@ -579,6 +579,95 @@ def test_score_shows_its_progress_on_stderr(tmp_path: Path) -> None:
     assert "12,000 runs × 1 scorers" in result.stderr
 
 
+class _PlainProgress:
+    """``score``'s reporter as plain lines at every update, its clock started 10 s before the
+    scoring (the ETA shows only after half a second: a fast test would never see one)."""
+
+    def __new__(cls) -> Any:
+        from worker._progress import ProgressReporter
+
+        class Reporter(ProgressReporter):
+            def start(self, phase: str, at: float | None = None) -> None:
+                super().start(phase, at=time.monotonic() - 10)
+
+        return Reporter(tty=False, interval_s=0)  # (on sys.stderr as the command runs: CliRunner's)
+
+
+def test_score_shows_the_share_of_its_file_done_and_an_eta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its reader counts the bytes read, and compare and backfill show a share done with an ETA,
+    but score showed runs and a rate alone (noticed): each progress line now has the share of the
+    file's bytes whose runs were scored and, until the end, an ETA."""
+    import re
+
+    import worker.cli._score as score_module
+
+    monkeypatch.setattr(score_module, "ProgressReporter", _PlainProgress)
+    runs = _write_runs(tmp_path / "runs.jsonl", [{"input": "q" * (i % 50), "output": "a"} for i in range(450)])
+    result = _score(str(runs), "--scorers", V1, "--scorer", "length", "--chunk", "100")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("scoring: ")]
+    ends = [len(b"".join(runs.read_bytes().splitlines(keepends=True)[:n])) for n in (100, 200, 300, 400, 450)]
+    shares = [f"({end / runs.stat().st_size:.1%})" for end in ends]
+    assert [(line.split()[1], line.rsplit(" ", 1)[1]) for line in lines] == list(
+        zip(["100", "200", "300", "400", "450"], shares, strict=True)
+    ), lines
+    assert all(re.search(r"  ETA \d+:\d\d  ", line) for line in lines[:-1]), lines
+    assert "ETA" not in lines[-1]  # (done: nothing left to estimate)
+
+
+def test_score_from_a_pipe_shows_no_share_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipe's size is unknown (its stat says 0): runs and a rate, no share, no ETA."""
+    import worker.cli._score as score_module
+
+    monkeypatch.setattr(score_module, "ProgressReporter", _PlainProgress)
+    fifo = tmp_path / "runs.fifo"
+    os.mkfifo(fifo)
+    text = "".join(json.dumps({"input": "q", "output": "a"}) + "\n" for _ in range(250))
+
+    def feed() -> None:
+        with fifo.open("w") as out:  # (blocks until the command opens it to read)
+            out.write(text)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    result = _score(str(fifo), "--scorers", V1, "--scorer", "length", "--chunk", "100")
+    feeder.join(10)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("scoring: ")]
+    assert [line.split()[1] for line in lines] == ["100", "200", "250"], lines
+    assert not [line for line in lines if "%" in line or "ETA" in line], lines
+
+
+def test_score_draws_its_share_done_on_a_terminal(tmp_path: Path) -> None:
+    """On a terminal (stderr a pty) the bar shows the share of the file done, as compare's."""
+    import pty
+    import re
+
+    runs = _write_runs(tmp_path / "runs.jsonl", [{"input": "q", "output": "a"} for _ in range(3000)])
+    primary, secondary = pty.openpty()
+    command = [sys.executable, "-c", "from worker.cli import main; raise SystemExit(main())"]
+    args = ["score", str(runs), "--scorers", V1, "--scorer", "length", "--chunk", "200"]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200"}
+    with subprocess.Popen([*command, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=secondary) as process:
+        os.close(secondary)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the terminal's other end closed: the command ended
+                break
+            if not chunk:
+                break
+            seen += chunk
+        assert process.stdout is not None
+        process.stdout.read()
+        assert process.wait(timeout=60) == 0
+    os.close(primary)
+    terminal = seen.decode(errors="replace")
+    # The first chunk's update is drawn at once: 200 of 3,000 equal lines.
+    assert re.search(r"\r\x1b\[2K\[#\.{19}\]   6\.7% scoring: 200 runs", terminal), terminal[-2000:]
+
+
 @pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="Linux's /proc: a file whose read fails (EIO)")
 def test_a_runs_file_whose_read_fails_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     """A read error mid-file (a disk, a network mount) was "error: OSError: [Errno 5]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -35,17 +36,17 @@ __all__ = ["score_command"]
 _MESSAGES_SHOWN = 20  # per kind (bad lines, failures) on stderr; all are counted
 
 
-def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
-    """(line number, the run's keyword arguments) pairs; a line that is not a run object yields
-    an error string."""
-    for number, run, problem, _ in json_lines(path):
+def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str, int]]:
+    """(line number, the run's keyword arguments, bytes read so far) per line; a line that is not
+    a run object yields an error string."""
+    for number, run, problem, read in json_lines(path):
         if problem is not None:
-            yield number, problem
+            yield number, problem, read
             continue
         missing = [k for k in ("input", "output") if k not in run] if isinstance(run, dict) else None
         if missing is None or missing:
             lacks = f" (it has no {' and no '.join(repr(k) for k in missing)})" if missing else ""
-            yield number, f"expected an object with at least 'input' and 'output'{lacks}"
+            yield number, f"expected an object with at least 'input' and 'output'{lacks}", read
             continue
         yield (
             number,
@@ -56,7 +57,18 @@ def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
                 "ground_truth": run.get("ground_truth"),
                 "request_context": run.get("request_context"),
             },
+            read,
         )
+
+
+def _size(path: Path) -> int | None:
+    """The bytes ``path`` holds, for a share done; None when it cannot tell: a pipe, a FIFO,
+    ``/dev/stdin`` fed by one, a ``/proc`` file (their size says 0 whatever comes)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) and info.st_size else None
 
 
 def _run_id(value: Any, number: int) -> str:
@@ -224,12 +236,15 @@ def score_command(
             reporter.clear()  # (a JSON line on the terminal after the bar's, not glued to it)
             send(sys.stdout, write, gone)
 
+        size = _size(runs_file)
+
         def work() -> None:
             nonlocal runs_total
             lines = _read_runs(runs_file)
             while not stop() and (batch := list(islice(lines, chunk))):
                 runs: list[tuple[int, dict[str, Any]]] = []
-                for number, run in batch:
+                read = batch[-1][2]  # (the chunk's last line's end: the share done once it is scored)
+                for number, run, _ in batch:
                     if isinstance(run, str):
                         bad_lines(f"{runs_file}:{number}: skipped: {run}")
                     else:
@@ -257,7 +272,10 @@ def score_command(
                     shown.flush()
                     emit(sys.stdout.flush)
                     skipped = f"{bad_lines.count:,} bad lines skipped" if bad_lines.count else ""
-                    reporter.update("scoring", runs_total, "runs", None, extra=skipped)
+                    # The share of the file's bytes read (its ETA with it), as compare's and
+                    # backfill's; a pipe's size is unknown: none (a file growing meanwhile, 100 %).
+                    done = min(1.0, read / size) if size else None
+                    reporter.update("scoring", runs_total, "runs", done, extra=skipped)
 
         reporter.start("scoring")
         try:
