@@ -204,6 +204,25 @@ def test_a_job_of_the_previous_release_enqueues_none_of_its_traces_again(tmp_pat
     )
 
 
+def test_a_jobs_run_ids_are_read_back_once_each_and_none_for_a_previous_release_job(
+    tmp_path: Path, store: RedisJobStore
+) -> None:
+    """A resumed job's sink lines are the whole job's, from its run ids in Redis: every one of
+    them, each once, over several scans; a job the previous release started kept its first runs
+    as trace ids, their spans unknown: None (its sink lines stay this run's)."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("")
+    state = _state(path)
+    runs = [run_id(trace_id(i), f"{i:016x}") for i in range(12_000)]
+    store.save(state, runs[:7000])
+    store.save(state, runs[7000:])  # (a resume's)
+    read = list(store.run_ids(state.job_id, count=1000) or ())
+    assert sorted(read) == sorted(runs)
+    store.client.sadd(backfill_traces_key(state.job_id), trace_id(0))
+    assert store.run_ids(state.job_id) is None
+    store.delete(state.job_id)
+
+
 def test_spans_past_the_per_trace_cap_are_counted_and_reported(tmp_path: Path) -> None:
     """12,000 LLM calls under one root: 2,000 were dropped without a word."""
     children, root = trace_spans(1)

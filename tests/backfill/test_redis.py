@@ -578,7 +578,8 @@ def test_a_resumed_jobs_summary_says_which_figures_are_this_runs(
     """Stopped, then resumed: the summary's counts are the whole job's (1,500 traces read, 4,500
     scores), and its elapsed time, per-scorer summary and sink lines the resume's alone (1,020
     runs: delivered 3,060), side by side and unsaid (noticed). A line says which is which, and
-    --json adds ``resumed`` and ``this_run``."""
+    --json adds ``resumed`` and ``this_run``. The sink lines are now the job's too (its run ids
+    are in Redis: delivered 4,500, ``sinks_of`` "job"), the per-scorer summary still this run's."""
     write_otlp_files(tmp_path / "in", 1500, files=2)
     process = _start_backfill(tmp_path / "in")
     keys: list[str] = []
@@ -612,12 +613,15 @@ def test_a_resumed_jobs_summary_says_which_figures_are_this_runs(
     assert this_run["runs_enqueued"] == 1500 - before["runs_enqueued"]
     assert this_run["traces_read"] == summary["traces_read"] - before["traces_read"]
     assert this_run["elapsed_s"] == summary["elapsed_s"]
-    # What the line below says: the per-scorer summary and the sinks cover this run's runs.
+    # What the line below says: the per-scorer summary covers this run's runs, the sinks the job's.
     assert summary["by_scorer"]["answer-words"]["runs"] == this_run["runs_enqueued"]
-    assert summary["sinks"]["jsonl"]["delivered"] == 3 * this_run["runs_enqueued"]
+    jsonl = summary["sinks"]["jsonl"]
+    assert (jsonl["delivered"], jsonl["failed"], jsonl["pending"], jsonl["not_queued"]) == (4500, 0, 0, 0)
+    assert summary["sinks_of"] == "job"
     assert (
         f"  (resumed: the counts are the whole job's; this run read {this_run['traces_read']:,} traces and enqueued"
-        f" {this_run['runs_enqueued']:,} runs, and the elapsed time, judge spend, per-scorer summary and sink lines"
-        " are of those alone)"
+        f" {this_run['runs_enqueued']:,} runs, and the elapsed time, judge spend and per-scorer summary are of"
+        " those alone)"
     ) in result.stderr
+    assert "  sink jsonl        delivered 4,500, failed 0, pending 0" in result.stderr
     assert re.search(r"  elapsed +\S+ \([\d.]+s, this run\)", result.stderr), result.stderr

@@ -312,10 +312,15 @@ def print_summary(summary: dict[str, Any]) -> None:
     lines = [f"backfill {summary['job_id']} ({summary['mode']}): {summary['status']}"]
     this_run = summary.get("this_run") if summary.get("resumed") else None
     if this_run is not None:
+        # (the sink lines are the job's too, unless it was started by a release that kept no run ids)
+        ours = (
+            "judge spend and per-scorer summary"
+            if summary.get("sinks_of") == "job"
+            else ("judge spend, per-scorer summary and sink lines")
+        )
         lines.append(
             f"  (resumed: the counts are the whole job's; this run read {this_run['traces_read']:,} traces and"
-            f" enqueued {this_run['runs_enqueued']:,} runs, and the elapsed time, judge spend, per-scorer summary"
-            " and sink lines are of those alone)"
+            f" enqueued {this_run['runs_enqueued']:,} runs, and the elapsed time, {ours} are of those alone)"
         )
     lines += [
         f"  traces read       {summary['traces_read']:,}" + (f"   ({rate:,.0f}/s)" if summary["traces_read"] else ""),
@@ -494,6 +499,16 @@ def _job_delivery(
         for spool in pending.values():
             spool.close()
         outbox.close()
+
+
+def _job_score_ids(runs: RedisJobStore, job_id: str, registry: Registry, scorer_ids: list[str]) -> Iterator[str]:
+    """Every score id of the job, over all its runs (streamed): each run it enqueued (trace:span)
+    with each of its scorers, for every run asks for all of them."""
+    versions = {s: registry[s].version for s in scorer_ids if s in registry}
+    for run in runs.run_ids(job_id) or ():
+        trace_id, _, span_id = run.partition(":")
+        for scorer_id, version in versions.items():
+            yield score_id_for(trace_id, span_id, scorer_id, version)
 
 
 def _job_letters(outbox: Any, sink: str, score_ids: Callable[[], Iterable[str]]) -> list[dict[str, Any]]:
@@ -1165,11 +1180,20 @@ def _run_held(
         summary = _summary(state, "redis", progress, elapsed)
         _this_run(summary, at_start, state.counters, resumed=resumed)
         summary["throttled_s"] = round(submitter.throttled_s, 3)
-        if not no_wait and registry is not None and enqueued.count and state.status == "finished":
+        if not no_wait and registry is not None and (enqueued.count or resumed) and state.status == "finished":
+            runs = RedisJobStore(redis.Redis.from_url(settings.store_url, **DECODED))
             try:
-                sinks = _job_delivery(
-                    settings, functools.partial(enqueued.score_ids, registry, state.options.scorer_ids), reporter
+                # A resumed job's sink lines are the whole job's: its runs are kept in Redis (ids
+                # derived from them, asked about 5,000 a pipeline, as this run's are); the runs
+                # this process enqueued alone for a job an earlier release started.
+                whole_job = resumed and runs.run_ids(state.job_id) is not None
+                scorer_ids = state.options.scorer_ids
+                score_ids: Callable[[], Iterable[str]] = (
+                    functools.partial(_job_score_ids, runs, state.job_id, registry, scorer_ids)
+                    if whole_job
+                    else functools.partial(enqueued.score_ids, registry, scorer_ids)
                 )
+                sinks = _job_delivery(settings, score_ids, reporter)
             except redis.exceptions.RedisError as exc:
                 click.echo(f"  sink delivery unknown: cannot read the outbox ({exc})", err=True)
             except (SpoolError, StoreKeyTypeError) as exc:
@@ -1177,6 +1201,10 @@ def _run_held(
             else:
                 if sinks:
                     summary["sinks"] = sinks
+                    if resumed:
+                        summary["sinks_of"] = "job" if whole_job else "this_run"
+            finally:
+                runs.client.close()
         if by_scorer is not None:
             summary["by_scorer"] = by_scorer.as_json()
             summary["spend"] = by_scorer.spend.as_json()

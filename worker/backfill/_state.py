@@ -15,7 +15,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -207,6 +207,16 @@ class RedisJobStore:
             done_traces = {t for t, f in zip(traces, old, strict=True) if f}
             done.update(r for r in run_ids if r.partition(":")[0] in done_traces)
         return done
+
+    def run_ids(self, job_id: str, count: int = 5000) -> Iterator[str] | None:
+        """Every run id the job enqueued, over all its runs and resumes (SSCAN, ``count`` a call:
+        one round trip per ``count`` runs, never the whole set in memory); None for a job an
+        earlier release started, whose first runs are kept as trace ids (their spans unknown).
+        The set does not change once the job is finished (its hold is this process's), so the
+        scan yields each run once."""
+        if self.client.exists(backfill_traces_key(job_id)):
+            return None
+        return (str(r) for r in self.client.sscan_iter(backfill_runs_key(job_id), count=count))
 
     def finished(self, job_id: str) -> None:
         """The job is done: its counts are final from now on (``JobStats.finish``: a late
