@@ -309,14 +309,15 @@ def _check_start(app: TracescoreApp) -> None:
     if not settings.scorers:
         raise SettingsError("no scorer module: start the worker with --scorers my.module (or TRACESCORE_SCORERS)")
     registry = load_registry(settings.scorers)
-    sinks = check_sinks(settings)
+    endpoints = check_sinks(settings)
     log.info(
         "worker_starting",
         broker=redact(settings.broker_url),
         store=redact(settings.store_url),
         scorers=",".join(registry),
         queue=settings.queue,
-        sinks=sinks or "none",
+        sinks=",".join(settings.sink_names) or "none",
+        endpoints=endpoints,
     )
 
 

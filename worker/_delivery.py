@@ -98,16 +98,16 @@ def _build_sink(name: str, settings: Settings) -> ScoreSink:
     raise SettingsError(f"unknown sink {name!r} in TRACESCORE_SINKS")
 
 
-def check_sinks(settings: Settings) -> list[dict[str, str | None]]:
+def check_sinks(settings: Settings) -> dict[str, str | None]:
     """Build each configured sink once and close it: what a sink refuses when built (a URL it
     cannot use, a key no HTTP header can carry, a proxy that is not http(s)) stops the worker's
     start naming the setting (``SettingsError``), instead of failing each task after it. Returns
-    each sink's ``_sink_fields``, for the worker's start line."""
+    where each writes (``_sink_endpoints``), for the worker's start line."""
     sinks = build_sinks(settings)
     for sink in sinks:
         with contextlib.suppress(Exception):
             sink.close()
-    return [_sink_fields(s) for s in sinks]
+    return _sink_endpoints(sinks)
 
 
 def _needed(value: str | None, sink: str, variable: str) -> str:
@@ -285,6 +285,12 @@ def _sink_fields(sink: ScoreSink) -> dict[str, str | None]:
     or crashing, could not be told apart by the backend alone."""
     endpoint = getattr(sink, "endpoint", None)
     return {"sink": sink.name, "endpoint": endpoint if isinstance(endpoint, str) else None}
+
+
+def _sink_endpoints(sinks: Sequence[ScoreSink]) -> dict[str, str | None]:
+    """Where each of ``sinks`` writes, by name: the lines naming every sink keep ``sinks`` as the
+    names joined (as they always logged it) and add this beside it."""
+    return {s.name: _sink_fields(s)["endpoint"] for s in sinks}
 
 
 def _retry_log(sink: ScoreSink) -> CountedLog:
@@ -533,7 +539,10 @@ def start_process_deliveries(settings: Settings) -> Deliveries | None:
         _process = Deliveries(
             build_sinks(settings), lambda: RedisOutbox(url), DrainPolicy.of(settings), node_key=url
         ).start()
-        log.info("drainers_started", pid=os.getpid(), sinks=[_sink_fields(s) for s in _process.sinks])
+        log.info(
+            "drainers_started", pid=os.getpid(), sinks=",".join(settings.sink_names),
+            endpoints=_sink_endpoints(_process.sinks),
+        )  # fmt: skip
         return _process
 
 

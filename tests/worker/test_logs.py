@@ -80,5 +80,6 @@ def test_the_start_line_names_the_sinks_the_worker_delivers_to(redis_server: Red
     with capture_logs() as logs:
         _check_start(create_app(settings))
     (started,) = [e for e in logs if e["event"] == "worker_starting"]
-    assert started["sinks"] == [{"sink": "jsonl", "endpoint": str(tmp_path / "scores.jsonl")}]
+    assert started["sinks"] == "jsonl"
+    assert started["endpoints"] == {"jsonl": str(tmp_path / "scores.jsonl")}
     assert "writer" not in started
