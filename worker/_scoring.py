@@ -702,12 +702,18 @@ async def score_batch(
     # previous release, which could send a run twice): one claim covers every copy, so without
     # this each copy would be scored, and its judge paid.
     first: dict[str, _Pair] = {}
-    copies: list[_Pair] = []
+    copies: defaultdict[str, list[str]] = defaultdict(list)  # per job: an id for each copy
+    seen: Counter[str] = Counter()
     for pair in named:
+        seen[pair.score_id] += 1
         if first.setdefault(pair.score_id, pair) is not pair:
-            copies.append(pair)
+            report.skipped["duplicate"] += 1
+            if pair.request.job_id:
+                # The same for every delivery of this message, `dlq retry`'s new message too
+                # (it keeps the batch id): counted among the job's skips once, whatever the
+                # delivery. The first delivery alone used to count it: a retry counted it again.
+                copies[pair.request.job_id].append(f"duplicate:{batch.batch_id}:{pair.score_id}:{seen[pair.score_id]}")
     pairs = list(first.values())
-    report.skipped["duplicate"] += len(copies)
 
     existing = await deps.store.existing([p.score_id for p in pairs])
     skipped_by_job: defaultdict[str, list[str]] = defaultdict(list)
@@ -738,10 +744,9 @@ async def score_batch(
             already_scored(pair, recorded[pair.score_id] or None)
     for job_id, score_ids in skipped_by_job.items():
         await deps.store.jobs.count_skipped_once(job_id, "already_scored", score_ids)
-    if not deps.redelivery:
-        # A job expects a score per copy it sent; counted once, on the message's first delivery.
-        for job_id, n in Counter(p.request.job_id for p in copies if p.request.job_id).items():
-            await deps.store.jobs.count_skipped(job_id, "duplicate", n)
+    for job_id, copy_ids in copies.items():
+        # A job expects a score per copy it sent.
+        await deps.store.jobs.count_skipped_once(job_id, "duplicate", copy_ids)
     # Held by another delivery: scoring it now, or dead (its claim lapses within claim_ttl_s).
     # Either way try again later rather than pay twice or lose the score.
     report.deferred = [p.score_id for p in todo if p.score_id not in held and p.score_id not in recorded]

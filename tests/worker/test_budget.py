@@ -14,10 +14,11 @@ from click.testing import CliRunner
 from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch
 from tests.worker._workers import WorkerProcess, wait_for
-from tracing import CelerySink
+from tracing import CelerySink, ScoreBatch
 from worker._settings import load_settings
 from worker.cli import cli as cli_main
 from worker.cli._status import collect_status
+from worker.store import finish_job, job_progress
 
 # Pricey on purpose, so a handful of fake calls spend a tiny budget (and an override is tested).
 PRICES = json.dumps({"openai/fake-judge": {"input": 100.0, "output": 200.0}})
@@ -180,6 +181,51 @@ def test_judge_calls_per_run_are_capped_across_redeliveries(
     assert retried.exit_code == 0, retried.output
     assert wait_for(lambda: _records(redis_url)[0]["error_type"] is None, 30), second.text()[-3000:]
     assert fake_llm.count() == 1
+
+
+@pytest.mark.parametrize("finished", [False, True], ids=["running", "finished"])
+def test_a_dlq_retry_of_a_message_holding_a_run_twice_counts_its_copy_once(
+    fake_llm: FakeLLMServer,
+    fake_llm_env: dict[str, str],
+    redis_url: str,
+    tmp_path: Path,
+    started: list[WorkerProcess],
+    finished: bool,
+) -> None:
+    """A job's message naming a run twice (a backfill of the previous release), dead-lettered
+    after a 503 on its only attempt, then `dlq retry`: its copy stays one `skipped: duplicate`
+    (the retry is a new message, a first delivery, and counted it again: skipped 2 of 1), and its
+    counts move only by the retried scores' own outcomes (failed -> scored), running or finished."""
+    fake_llm.rule(Reply.error(503, "overloaded"))
+    worker = _start(started, "copies", redis_url, tmp_path, {**fake_llm_env, "TRACESCORE_RETRY_BUDGET": "0"})
+    one, other = batch(range(2), ["costly"], salt="copies", job_id="copies-job").requests
+    sink = CelerySink(redis_url)
+    sink.send(ScoreBatch(batch_id="copies-job-000001", requests=[one, other, one.model_copy()]))
+    sink.close()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        assert wait_for(lambda: client.llen("tracescore:dlq") == 1, 60), worker.text()[-3000:]
+        (letter,) = [json.loads(x) for x in client.lrange("tracescore:dlq", 0, -1)]
+        assert (letter["reason"], letter["retryable"]) == ("retry_budget_exhausted", True)
+        failed = {"failed": 2, "failed:JudgeServerError": 2, "skipped": 1, "skipped:duplicate": 1}
+        assert job_progress(client, "copies-job") == failed
+        if finished:
+            finish_job(client, "copies-job")
+
+        fake_llm.reset()  # healthy again
+        retried = CliRunner().invoke(
+            cli_main, ["dlq", "retry", "--all", "--broker", redis_url], env={"TRACESCORE_REDIS_URL": redis_url}
+        )
+        assert retried.exit_code == 0, retried.output
+        scored_both = wait_for(lambda: [r["error_type"] for r in _records(redis_url)] == [None, None], 60)
+        assert scored_both, worker.text()[-3000:]
+        # Counted with the scores, in one step: the duplicate's count (before scoring) came first.
+        scored = {"scored": 2, "failed": 0, "failed:JudgeServerError": 0, "skipped": 1, "skipped:duplicate": 1}
+        assert job_progress(client, "copies-job") == scored
+        assert fake_llm.count() == 2  # the copy was not paid for
+        assert client.llen("tracescore:dlq") == 0
+    finally:
+        client.close()
 
 
 def test_one_503_is_retried_by_the_worker_and_scored(
