@@ -564,12 +564,12 @@ def test_put_records_retried_after_a_lost_reply_is_new_again(store: Any) -> None
 
 
 def test_skips_are_counted_beside_recorded_scores(store: Any) -> None:
-    """count_skipped adds to the same job counters put_records counts into."""
+    """count_skipped_once adds to the same job counters put_records counts into, by reason."""
 
     async def go() -> dict[str, int]:
         await store.put_records([_record(21, job_id="s", score=1.0)], "w", 60)
-        await store.jobs.count_skipped("s", "already_scored", 3)
-        await store.jobs.count_skipped("s", "too_large")
+        await store.jobs.count_skipped_once("s", "already_scored", ["s1", "s2", "s3"])
+        await store.jobs.count_skipped_once("s", "duplicate", ["duplicate:b:s1:2"])
         progress = await store.jobs.progress("s")
         await store.close()
         return progress
@@ -578,7 +578,7 @@ def test_skips_are_counted_beside_recorded_scores(store: Any) -> None:
         "scored": 1,
         "skipped": 4,
         "skipped:already_scored": 3,
-        "skipped:too_large": 1,
+        "skipped:duplicate": 1,
     }
 
 

@@ -273,7 +273,6 @@ CASES = [
         ]
     ),
     # JobStats
-    Case("count_skipped", _JOB, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.count_skipped("j", "r"))),
     *(
         Case("count_skipped_once", key, kind, False, lambda u: lambda: _jobs(u, _skip_once), 1)
         for key, kind in [(_JOB, "hash"), (_keys.job_skips_key("j"), "set")]

@@ -137,8 +137,6 @@ def job_progress(client: Any, job_id: str) -> dict[str, int]:
 class JobStats(Protocol):
     """Counters per job and recent failures by reason."""
 
-    async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None: ...
-
     async def count_skipped_once(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:
         """Count as skipped those of ``score_ids`` the job has not counted so before (a message
         retried meets its runs another job scored again); how many were new."""
@@ -176,19 +174,6 @@ class RedisJobStats(OnRedis):
     ) -> None:
         self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
         self.job_ttl_s = job_ttl_s
-
-    async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None:
-        client, key = self._redis.client, _keys.job_key(job_id)
-
-        async def count() -> None:
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.hincrby(key, "skipped", n)
-                pipe.hincrby(key, f"skipped:{reason}", n)
-                pipe.expire(key, self.job_ttl_s)
-                await pipe.execute()
-
-        # Both counts fail together (one key), so the whole pipeline may be sent again.
-        await checked_async(client, "count_skipped", [(key, "hash", False)], count)
 
     async def count_skipped_once(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:
         args = [_keys.job_key(job_id), _keys.job_skips_key(job_id), reason, str(self.job_ttl_s), *score_ids]

@@ -77,11 +77,6 @@ class MemoryJobStats:
             with self._lock:
                 self._count_new_skips(record.job_id, "already_scored", [record.score_id])
 
-    async def count_skipped(self, job_id: str, reason: str, n: int = 1) -> None:
-        with self._lock:
-            self._jobs[job_id]["skipped"] += n
-            self._jobs[job_id][f"skipped:{reason}"] += n
-
     async def count_skipped_once(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:
         with self._lock:
             return self._count_new_skips(job_id, reason, score_ids)
