@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -29,6 +30,7 @@ from tracing.sources import (
 from worker.cli import cli
 
 STEP_NS = 10 * 10**9  # a trace every 10 s
+NO_BROKER = {"TRACESCORE_BROKER_URL": ""}  # embedded mode
 
 
 def _trace(i: int) -> list:  # type: ignore[type-arg]
@@ -437,3 +439,28 @@ def test_a_retry_after_is_waited_as_asked_up_to_a_minute(
     source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS)
     assert sorted(_read_ids(source)) == sorted(trace_id(i) for i in range(3))
     assert sleeps == [waited]
+
+
+def test_an_embedded_backfill_stopped_by_tempo_scores_the_traces_it_had_fetched(
+    tempo: FakeTempo, tmp_path: Path
+) -> None:
+    """Tempo failing three fetches in a row stops the read; the traces fetched before it waited in
+    the assembler (for spans a fetched trace never gets) and were dropped unscored, the summary
+    saying "traces read 0" of two fetched. An embedded job keeps no state to resume from, so the
+    stop ends its input: what it holds is scored and counted before the summary."""
+    down = _raw(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 0\r\nContent-Length: 4\r\n\r\ndown")
+    for i in range(2, 10):
+        tempo.raw_answers[trace_id(i)] = down
+    since, until = str(BASE_NS / 1e9), str((BASE_NS + 10 * STEP_NS) / 1e9)
+    out = tmp_path / "scores.jsonl"
+    command = ["backfill", f"tempo+{tempo.url}", "--since", since, "--until", until, "--json", "--out", str(out)]
+    result = CliRunner().invoke(cli, [*command, "--scorers", "tests.backfill.scorers"], env=NO_BROKER)
+    assert result.exit_code == 1, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (summary["status"], summary["traces_read"], summary["runs_enqueued"]) == ("interrupted", 2, 2)
+    assert summary["scored"] + summary["failed"] == 6
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["trace_id"] for r in records) == sorted([trace_id(0), trace_id(1)] * 3)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: Tempo at {tempo.url} failed 3 traces in a row"), last
+    assert "the scores above are the part read before it" in last

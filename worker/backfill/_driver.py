@@ -48,6 +48,7 @@ from tracing.sources import (
     AssembledTrace,
     Malformed,
     Position,
+    SourceError,
     SpanBatch,
     TraceAssembler,
     TraceSource,
@@ -159,30 +160,44 @@ class Backfill:
         self._current = self.state.position
         self._saved = self.state.model_copy(deep=True)  # what an interrupt before any batch keeps
         self.reporter.start("reading")
-        for item in self.source.read(self.state.position):
-            if isinstance(item, SpanBatch):
-                self._current = item.position
-                self._waiting.extend(self.assembler.add(item.spans, item.position))
-            elif isinstance(item, Malformed):
-                self._current = item.position
-                counters.bad_line(item.where)
-                self._report(f"{item.where}: skipped: {item.reason}")
-            elif isinstance(item, UnitEnd):
-                self._current = item.next
-                self._waiting.extend(self.assembler.end_unit(item.unit))
-            self._drain()
-            self._show()
-            if self.should_stop():
-                raise KeyboardInterrupt
-        self._waiting.extend(self.assembler.finish())
+        try:
+            for item in self.source.read(self.state.position):
+                if isinstance(item, SpanBatch):
+                    self._current = item.position
+                    self._waiting.extend(self.assembler.add(item.spans, item.position))
+                elif isinstance(item, Malformed):
+                    self._current = item.position
+                    counters.bad_line(item.where)
+                    self._report(f"{item.where}: skipped: {item.reason}")
+                elif isinstance(item, UnitEnd):
+                    self._current = item.next
+                    self._waiting.extend(self.assembler.end_unit(item.unit))
+                self._drain()
+                self._show()
+                if self.should_stop():
+                    raise KeyboardInterrupt
+        except SourceError:
+            # The source stopped mid-read (Tempo down). A job with a store resumes from its
+            # checkpoint, which is before every trace still assembling, so they are read again
+            # then. Without one (embedded, dry run) there is no resume: the stop ends this job's
+            # input, and what the assembler holds (whole traces: Tempo fetches a trace at once)
+            # is released as at the end of the input; it was dropped unscored, uncounted.
+            if self.job_store is None:
+                self._release_held()
+            raise
         self._current = Position(2**62)
-        self._drain()
-        self._flush()
+        self._release_held()
         self.state.status = "enqueued"
         self.state.elapsed_s += time.monotonic() - self._started
         self._save([])
         self._show(force=True)
         return self.state
+
+    def _release_held(self) -> None:
+        """Every trace the assembler still holds released, handled and handed over."""
+        self._waiting.extend(self.assembler.finish())
+        self._drain()
+        self._flush()
 
     def _drain(self) -> None:
         while self._waiting:
