@@ -464,3 +464,19 @@ def test_an_embedded_backfill_stopped_by_tempo_scores_the_traces_it_had_fetched(
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"Error: Tempo at {tempo.url} failed 3 traces in a row"), last
     assert "the scores above are the part read before it" in last
+
+
+def test_a_dry_run_stopped_by_tempo_counts_what_it_read_then_names_the_failure(tempo: FakeTempo) -> None:
+    """It went through the crash handler ("error: SourceError: ... (run with --verbose ...)"),
+    with nothing said of what it had counted."""
+    down = _raw(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 0\r\nContent-Length: 4\r\n\r\ndown")
+    for i in range(2, 10):
+        tempo.raw_answers[trace_id(i)] = down
+    since, until = str(BASE_NS / 1e9), str((BASE_NS + 10 * STEP_NS) / 1e9)
+    command = ["backfill", f"tempo+{tempo.url}", "--since", since, "--until", until, "--dry-run"]
+    result = CliRunner().invoke(cli, [*command, "--scorers", "tests.backfill.scorers"], env=NO_BROKER)
+    assert result.exit_code == 1, result.output
+    assert "would score 2 runs from 2 traces" in result.stdout
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: Tempo at {tempo.url} failed 3 traces in a row"), last
+    assert last.endswith("the counts above are the part read before it"), last

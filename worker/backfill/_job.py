@@ -748,7 +748,11 @@ def _dry_run(
             if not isinstance(run, TraceReadError):
                 estimate.add(run)
 
-    Backfill(source, state, None, reporter=reporter, on_dry_run=on_run).run()
+    source_failed: SourceError | None = None
+    try:
+        Backfill(source, state, None, reporter=reporter, on_dry_run=on_run).run()
+    except SourceError as exc:  # Tempo failing mid-read: what was counted is said first
+        source_failed = exc
     reporter.close()
     summary = _summary(state, "dry-run", None, time.monotonic() - started)
     if estimate is not None:
@@ -758,6 +762,7 @@ def _dry_run(
     summary["scores_to_compute"] = runs * len(state.options.scorer_ids)
     if as_json:
         click.echo(json.dumps(summary))
+        _source_failed(source_failed, "counts")
         _check_outcome(summary)
         return
     counters = state.counters
@@ -786,7 +791,14 @@ def _dry_run(
             f"spans dropped: {summary['spans_dropped']} (past {MAX_SPANS_PER_TRACE:,} spans in one trace; "
             "the trace is read without them)"
         )
+    _source_failed(source_failed, "counts")
     _check_outcome(summary)
+
+
+def _source_failed(exc: SourceError | None, what: str) -> None:
+    """End the command (exit 1) when its source stopped mid-read, once its summary is out."""
+    if exc is not None:
+        raise CliError(f"{exc}; the {what} above are the part read before it")
 
 
 def _run_embedded(
