@@ -812,11 +812,24 @@ def _pb_decode(data: bytes, where: str, read: Callable[[Sequence[PbResourceSpans
     except Exception as exc:  # protobuf raises its own DecodeError (not exported with types)
         raise OtlpDecodeError(f"not an OTLP protobuf message ({exc})", where=where) from None
     try:
-        return read(message.resource_spans, where)
+        spans = read(message.resource_spans, where)
     except (RecursionError, _NestedTooDeep):
         raise OtlpDecodeError(
             f"attribute value nested too deeply (over {MAX_VALUE_DEPTH} arrayValue/kvlistValue levels)", where=where
         ) from None
+    if not spans and data:
+        # The parser keeps a field it does not know (or of another wire type) as unknown, so
+        # garbage that happens to parse decoded to no spans without a word. A message without
+        # spans is legal OTLP, but not one holding what OTLP does not have.
+        size = message.ByteSize()
+        message.DiscardUnknownFields()
+        if (unknown := size - message.ByteSize()) > 0:
+            raise OtlpDecodeError(
+                f"not an OTLP protobuf message: no spans, and {unknown:,} of its {size:,} bytes are fields"
+                " OTLP traces do not have (or of another wire type)",
+                where=where,
+            )
+    return spans
 
 
 def _pb_records(rs_list: Sequence[PbResourceSpans], where: str) -> list[SpanRecord]:

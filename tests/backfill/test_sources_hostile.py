@@ -373,3 +373,32 @@ def test_a_file_of_records_holding_no_span_is_given_up_after_a_bounded_run(tmp_p
             (bad,) = _bad(items)
             assert bad.where == f"{messages}:message {n + 1}"
             assert "in a row held no span" in bad.reason
+
+
+def test_a_protobuf_message_of_only_fields_otlp_lacks_is_not_otlp(tmp_path: Path) -> None:
+    """Garbage that parses as protobuf made of unknown fields, or of field 1 with another wire type,
+    decoded to zero spans without a word, message after message, until 100,000 in a row stopped
+    the file. Now each is a Malformed (file:message N) saying it is not OTLP; a legitimate message
+    without spans (empty, or resource spans holding none) is still read quietly."""
+    trace = encode_spans(decode_otlp_json(_doc(1))).SerializeToString()
+    garbage = [
+        b"\x08\x01",  # field 1 as a varint: resourceSpans has another wire type
+        b"\x10\x96\x01\x1a\x03abc",  # fields 2 and 3: not in ExportTraceServiceRequest
+        b"\x0a\x04\x08\x01\x10\x02",  # a resourceSpans whose fields are all unknown
+    ]
+    legal = [
+        b"",  # an empty ExportTraceServiceRequest
+        b"\x0a\x00",  # one empty resourceSpans
+        b"\x0a\x09\x12\x07\x0a\x05\x0a\x03lib",  # a resourceSpans whose scopeSpans hold no span
+    ]
+    path = tmp_path / "t.pb"
+    path.write_bytes(b"".join(struct.pack(">I", len(body)) + body for body in [trace, *garbage, *legal, trace]))
+    items = list(FileSource([path]).read())
+    bad = _bad(items)
+    assert [b.where for b in bad] == [f"{path}:message {n}" for n in (2, 3, 4)]
+    assert [b.reason for b in bad] == [
+        f"not an OTLP protobuf message: no spans, and {unknown} of its {size} bytes are fields OTLP traces"
+        " do not have (or of another wire type)"
+        for unknown, size in ((2, 2), (8, 8), (4, 6))
+    ]
+    assert [len(i.spans) for i in items if isinstance(i, SpanBatch)] == [3, 0, 0, 0, 3]
