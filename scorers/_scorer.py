@@ -227,8 +227,8 @@ class Scorer:
         function step runs again when a later step is left to read its value (unless marked
         ``plain_json``). ``on_step(result)`` (sync or
         async) is called after each completed step with the result so far, e.g. to store a
-        checkpoint; if it raises, the run fails with ``failed_step`` None (no step failed) and
-        the step in ``completed_steps``.
+        checkpoint; if it raises (``NotScorable`` too: it is no step), the run fails with
+        ``failed_step`` None (no step failed) and the step in ``completed_steps``.
         """
         flow = self._flow(
             input, output, run_id, ground_truth, _context(request_context, runtime_context), resume, on_step
@@ -372,6 +372,11 @@ class Scorer:
                 result.reason = None if reason is None else well_formed(reason)
                 yield from self._completed(name, result, on_step)
         except NotScorable as signal:
+            if _failed_step(current, result) is None:
+                # From the on_step callback, which is no step (a checkpoint hook): its failure, as
+                # any other exception from it, not the end of the run "at" the step it followed,
+                # whose score was dropped.
+                raise self._run_error(signal, current, None, result) from signal
             result.score = None
             result.not_scorable = {"step": current, "reason": well_formed(signal.reason)}
         except SystemExit as exc:
@@ -394,21 +399,32 @@ class Scorer:
             # (else the step's own: a CancelledError from awaiting a task it cancelled, or a
             # BaseException of its own; a run ended by either left no record, or took the
             # command down with a traceback quoting the run)
-            if failed_step is None:
-                what = f"scorer {self.id!r}: the on_step callback after step {current} failed"
-            else:
-                what = f"scorer {self.id!r} failed in step {current}"
-            raise ScorerRunError(
-                f"{what}: {type(exc).__name__}: {exc}",
-                scorer_id=self.id,
-                failed_step=failed_step,
-                completed_steps=tuple(result.completed_steps),
-                partial=result,
-                # A scorer run inside a step (checks.all_of) failed: keep its original cause, so
-                # retry policies still see e.g. the judge's 429 rather than a wrapper.
-                cause=exc.cause if isinstance(exc, ScorerRunError) else exc,
-            ) from exc
+            raise self._run_error(exc, current, failed_step, result) from exc
         return result
+
+    def _run_error(
+        self,
+        exc: BaseException,
+        current: StepName | Literal["prepare_run"],
+        failed_step: StepName | Literal["prepare_run"] | None,
+        result: ScoreResult,
+    ) -> ScorerRunError:
+        """The run's failure: ``exc`` in step ``current``, or (``failed_step`` None) in the
+        ``on_step`` callback after it."""
+        if failed_step is None:
+            what = f"scorer {self.id!r}: the on_step callback after step {current} failed"
+        else:
+            what = f"scorer {self.id!r} failed in step {current}"
+        return ScorerRunError(
+            f"{what}: {type(exc).__name__}: {exc}",
+            scorer_id=self.id,
+            failed_step=failed_step,
+            completed_steps=tuple(result.completed_steps),
+            partial=result,
+            # A scorer run inside a step (checks.all_of) failed: keep its original cause, so
+            # retry policies still see e.g. the judge's 429 rather than a wrapper.
+            cause=exc.cause if isinstance(exc, ScorerRunError) else exc,
+        )
 
     @staticmethod
     def _completed(name: StepName, result: ScoreResult, on_step: OnStep | None) -> Generator[Awaitable[Any], Any, None]:

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from scorers import (
     Judge,
+    NotScorable,
     PromptStep,
     RunInputError,
     ScorerConfigError,
@@ -782,3 +783,40 @@ def test_a_sys_exit_in_an_on_step_callback_names_no_step() -> None:
         scorer.run_sync(input=1, output=2, on_step=exits)
     assert info.value.failed_step is None  # type: ignore[attr-defined]
     assert info.value.partial.completed_steps == ["preprocess"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("driver", ["run_sync", "run"])
+@pytest.mark.parametrize("callback", ["sync", "async"])
+def test_not_scorable_from_an_on_step_callback_is_the_callbacks_failure(driver: str, callback: str) -> None:
+    """A callback raising NotScorable after generate_score ended the run as not scorable "at step
+    generate_score", the score that step had made dropped. The callback is a checkpoint hook,
+    not a step: its NotScorable is its failure, as any other exception from it (no step failed,
+    the score kept in the partial, which resumes after it)."""
+    scorer = create_scorer("cp").generate_score(lambda: 0.5).generate_reason(lambda score: f"{score}")
+
+    def save(result: ScoreResult) -> None:
+        if result.completed_steps[-1] == "generate_score":
+            raise not_scorable("the checkpoint says no")
+
+    async def save_async(result: ScoreResult) -> None:
+        await asyncio.sleep(0)
+        save(result)
+
+    on_step = save if callback == "sync" else save_async
+
+    def score() -> ScoreResult:
+        if driver == "run_sync":
+            return scorer.run_sync(input=1, output=2, on_step=on_step)
+        return asyncio.run(scorer.run(input=1, output=2, on_step=on_step))
+
+    with pytest.raises(ScorerRunError) as info:
+        score()
+    err = info.value
+    assert str(err) == (
+        "scorer 'cp': the on_step callback after step generate_score failed: NotScorable: the checkpoint says no"
+    )
+    assert err.failed_step is None
+    assert err.completed_steps == ("generate_score",)
+    assert (err.partial.score, err.partial.not_scorable) == (0.5, None)
+    assert isinstance(err.cause, NotScorable)
+    assert scorer.run_sync(input=1, output=2, resume=err.partial).reason == "0.5"
