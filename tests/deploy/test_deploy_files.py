@@ -19,7 +19,7 @@ import click
 import pytest
 import yaml
 
-from worker._settings import Settings, load_settings
+from worker._settings import Settings, SettingsError, load_settings
 from worker.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +28,9 @@ K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "tracescore-scores.json"
+DEPLOY_README = DEPLOY / "README.md"
+BENCH_CLI = ROOT / "bench" / "cli.py"
+BENCH_CLI_RESULT = ROOT / "bench" / "results" / "cli.json"
 WRITER_SOURCE = ROOT / "tracing" / "sinks" / "_otlp.py"
 MARKERS_SOURCE = ROOT / "tracing" / "_markers.py"
 
@@ -282,6 +285,83 @@ def test_grace_periods_fit_the_shutdown_grace(monkeypatch: pytest.MonkeyPatch) -
         needed = settings.shutdown_grace_seconds + settings.shutdown_cleanup_seconds + EXIT_ALLOWANCE_S
         assert needed <= kill_after <= needed + 15, (where, needed, kill_after)
         assert settings.shutdown_cleanup_seconds > CLEANUP_S, where
+
+
+def test_liveness_max_age_outlasts_the_loop_watchdog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`probe live --max-age` is past the loop watchdog's last limit, so the probe fires only when
+    the watchdog failed: a step blocking past the run timeout is interrupted at that timeout, but a
+    loop kept from turning by one short blocking step after another only at LOOP_BLOCK_LIMITS run
+    timeouts plus its grace (worker._loop: 543 s with the defaults). The probe's 240 s fired first:
+    the pod was restarted instead, and the batch its SIGTERM requeued (not counted as a crash)
+    could block the next pod alike. Every `probe live --max-age` in deploy/ and the README says
+    the manifests' value."""
+    from worker._loop import LOOP_BLOCK_LIMITS, WATCHDOG_GRACE_S
+
+    container = _one("Deployment", "tracescore-worker")["spec"]["template"]["spec"]["containers"][0]
+    compose_env = {k: _compose_value(str(v)) for k, v in _compose()["x-tracescore-env"].items()}
+    max_ages = set()
+    for where, command, env in (
+        ("deployment", container["livenessProbe"]["exec"]["command"], _one("ConfigMap", "tracescore-config")["data"]),
+        ("compose", _compose()["services"]["worker"]["healthcheck"]["test"], compose_env),
+    ):
+        max_age = float(command[command.index("--max-age") + 1])
+        settings = _settings_from(env, monkeypatch)
+        watchdog = LOOP_BLOCK_LIMITS * settings.run_timeout + WATCHDOG_GRACE_S
+        assert max_age > watchdog, f"{where}: --max-age {max_age:g} is inside the watchdog's {watchdog:g} s"
+        max_ages.add(f"{max_age:g}")
+    assert len(max_ages) == 1, max_ages
+    for path in [*_deploy_files(), ROOT / "README.md"]:
+        if path.suffix in {".json", ".gz"}:
+            continue
+        text = path.read_text(encoding="utf-8")
+        said = re.findall(r"probe live --max-age (\d+)", text) + re.findall(r"turned within (\d+) s", text)
+        assert set(said) <= max_ages, (path, said, max_ages)
+
+
+def test_deploy_readme_gives_the_latest_probe_costs() -> None:
+    """The probes' CPU the deploy README and the README's Benchmarks row give is what bench/cli.py
+    last measured (bench/results/cli.json), at the periods the Deployment runs them (the deploy
+    README kept the first measurement, 0.56 and 0.53 CPU-s and 54 millicores a pod, after the
+    probes had become several times cheaper)."""
+    container = _one("Deployment", "tracescore-worker")["spec"]["template"]["spec"]["containers"][0]
+    periods = re.search(r"^READY_PERIOD_S, LIVE_PERIOD_S = (\d+), (\d+)", BENCH_CLI.read_text(encoding="utf-8"), re.M)
+    assert periods, BENCH_CLI
+    assert int(periods.group(1)) == container["readinessProbe"]["periodSeconds"]
+    assert int(periods.group(2)) == container["livenessProbe"]["periodSeconds"]
+    result = json.loads(BENCH_CLI_RESULT.read_text(encoding="utf-8"))
+    cpu = result["cpu_s"]["this tree"]
+    expected = {
+        "live": f"{cpu['tracescore probe live']:.2f}",
+        "ready": f"{cpu['tracescore probe ready']:.2f}",
+        "millicores": f"{result['pod_probe_millicores']['this tree']:.0f}",
+    }
+    for path in (DEPLOY_README, ROOT / "README.md"):
+        text = path.read_text(encoding="utf-8")
+        said = {
+            "live": re.search(r"`probe live` (\d+\.\d+)", text),
+            "ready": re.search(r"`probe ready` (\d+\.\d+)", text),
+            "millicores": re.search(r"(\d+) millicores a (?:worker )?pod", text),
+        }
+        assert all(said.values()), (path, said)
+        assert {k: m.group(1) for k, m in said.items() if m} == expected, path
+
+
+def test_deploy_readme_settings_table_gives_the_code_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each row of the deploy README's settings table gives the setting's default in the code; the
+    score TTL's row is there and gives the shortest TTL the settings accept (a day: refused below)."""
+    defaults = _settings_from({}, monkeypatch)
+    rows = dict(re.findall(r"^\| `(TRACESCORE_[A-Z_]+)` \| (.*)$", DEPLOY_README.read_text(encoding="utf-8"), re.M))
+    assert len(rows) >= 4
+    for variable, row in rows.items():
+        default = re.match(r"\s*(\d+(?:\.\d+)?)", row)
+        assert default, f"{variable}: no default in {row!r}"
+        field = variable.removeprefix("TRACESCORE_").lower()
+        assert float(default.group(1)) == float(getattr(defaults, field)), (variable, row)
+    minimum = re.search(r"at least (\d+)", rows["TRACESCORE_SCORE_TTL_SECONDS"])
+    assert minimum, rows["TRACESCORE_SCORE_TTL_SECONDS"]
+    assert load_settings(score_ttl_seconds=int(minimum.group(1))).score_ttl_seconds == int(minimum.group(1))
+    with pytest.raises(SettingsError, match="TRACESCORE_SCORE_TTL_SECONDS"):
+        load_settings(score_ttl_seconds=int(minimum.group(1)) - 1)
 
 
 def test_probes_are_tracescore_probe_with_the_probe_dir_set() -> None:
@@ -593,6 +673,26 @@ def test_kustomize_builds() -> None:
     worker = next(d for d in objects if d["kind"] == "Deployment")
     assert worker["metadata"]["namespace"] == "tracescore"
     assert not [d for d in objects if d["kind"] in {"Secret", "ScaledObject", "Job"}]
+
+
+def test_deploy_paths_named_in_the_deploy_files_and_the_readme_exist() -> None:
+    """Every deploy/... path a file in deploy/ or the README names exists, but for the files a
+    `cp` (or "Copy to") in the same text creates and `kubectl ... deploy/<the Deployment>` (the
+    alert rules said Prometheus loads them from deploy/prometheus.yml, which is
+    deploy/prometheus/prometheus.yml)."""
+    deployment = _one("Deployment", "tracescore-worker")["metadata"]["name"]
+    checked = 0
+    for path in [*_deploy_files(), ROOT / "README.md"]:
+        if path.suffix in {".json", ".gz"}:
+            continue
+        text = path.read_text(encoding="utf-8")
+        created = set(re.findall(r"(?:\bcp\s+\S+|\b[Cc]opy to)\s+deploy/([\w./-]*\w)", text))
+        for name in re.findall(r"(?<![\w/.-])deploy/([\w./-]*\w)", text):
+            if name == deployment or name in created:
+                continue
+            assert (DEPLOY / name).exists(), f"{path.relative_to(ROOT)} names deploy/{name}, which does not exist"
+            checked += 1
+    assert checked >= 20
 
 
 def test_deploy_comments_name_the_health_checks_the_deploy_files_run() -> None:
