@@ -125,7 +125,7 @@ class JudgeTimeoutError(JudgeConnectionError):
 
 
 class JudgeStatusError(JudgeProviderError):
-    """The provider answered with an HTTP error status."""
+    """The provider answered with an HTTP error status (or a 200 whose body is that error)."""
 
 
 class JudgeAuthError(JudgeStatusError):

@@ -23,7 +23,7 @@ from scorers.judge._clients import lease_client
 from scorers.judge._errors import JudgeAuthError, JudgeResponseError
 from scorers.judge._model import JudgeModel, JudgeRequest, JudgeResponse
 from scorers.judge._schema import strict_openai_schema
-from scorers.judge._translate import scrub_secrets, translate_sdk_errors
+from scorers.judge._translate import error_in_answer, scrub_secrets, translate_sdk_errors
 
 if TYPE_CHECKING:
     import anthropic
@@ -127,9 +127,14 @@ class OpenAIJudgeModel:
 
     def _read(self, raw: httpx2.Response) -> JudgeResponse:
         """The parts of a chat completion the judge needs (json.loads; no model construction)."""
-        request_id = raw.headers.get("x-request-id")
+        request_id = scrub_secrets(raw.headers.get("x-request-id"), self._api_key())
         try:
             data = json.loads(raw.content)
+            failed = error_in_answer(
+                data.get("error"), self.provider, self.model_id, request_id=request_id, api_key=self._api_key()
+            )
+            if failed is not None:
+                raise failed
             choice = data["choices"][0] if data.get("choices") else {}
             message = choice.get("message") or {}
             text = message.get("content") or ""
@@ -250,7 +255,12 @@ class AnthropicJudgeModel:
     def _read(self, message: Any, tool: str | None) -> JudgeResponse:
         """The parts of a message the judge needs. The SDK builds it without validation, so a
         body of another shape (an HTML page, OpenAI's) arrives as a message of other types."""
-        request_id = getattr(message, "_request_id", None)
+        request_id = scrub_secrets(getattr(message, "_request_id", None), self._api_key())
+        # (an error object of Anthropic's shape: its type "error", its fields left as extras)
+        error = getattr(message, "error", None)
+        failed = error_in_answer(error, self.provider, self.model_id, request_id=request_id, api_key=self._api_key())
+        if failed is not None:
+            raise failed
         try:
             parsed: Any = None
             texts: list[str] = []

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from scorers._errors import category_for_status
 from scorers._secrets import scrub_secrets
-from scorers.judge._body import AnswerTooLarge
+from scorers.judge._body import ERROR_BODY_BYTES, AnswerTooLarge
 from scorers.judge._errors import (
     JudgeAuthError,
     JudgeBadRequestError,
@@ -38,7 +38,7 @@ from scorers.judge._errors import (
 
 # scrub_secrets is re-exported: the judge modules take it from here (it lives in scorers._secrets,
 # shared with tracing and worker).
-__all__ = ["parse_retry_after_ms", "scrub_secrets", "translate_sdk_errors"]
+__all__ = ["error_in_answer", "parse_retry_after_ms", "scrub_secrets", "translate_sdk_errors"]
 
 E = TypeVar("E", bound=BaseException)
 
@@ -102,6 +102,7 @@ def translate_sdk_errors(provider: str, model_id: str, *, api_key: str | None = 
 
 def _scrubbed(err: JudgeProviderError, api_key: str | None) -> JudgeProviderError:
     err.message = scrub_secrets(err.message, api_key)
+    err.request_id = scrub_secrets(err.request_id, api_key)  # a header: what a gateway echoes
     err.args = scrub_secrets(err.args, api_key)
     err.body = scrub_secrets(err.body, api_key)
     err.headers = scrub_secrets(err.headers, api_key)
@@ -237,19 +238,7 @@ def _status_error(exc: Any, provider: str, model_id: str) -> JudgeStatusError:
             f"a redirect to {target}, not followed (it would send the prompt there): set the base URL"
             f" ({provider.upper()}_BASE_URL or Judge(base_url=)) to where the API answers"
         )
-    # The class follows the category (one table, ``category_for_status``); within a category
-    # the status picks the most precise class.
-    category = category_for_status(status)
-    cls: type[JudgeStatusError] = JudgeStatusError  # retryable 408/409/425, or an odd status
-    if category == "auth":
-        cls = JudgeAuthError
-    elif status == 429:
-        cls = JudgeRateLimitError
-    elif category == "retryable" and status >= 500:
-        cls = JudgeServerError
-    elif category == "invalid_request":
-        context_length = status == 400 and _is_context_length(code, error_type, message)
-        cls = JudgeContextLengthError if context_length else JudgeBadRequestError
+    cls = _status_class(status, code, error_type, message)
     return cls(
         f"{model_id}: {provider} returned HTTP {status}: {message}",
         provider=provider,
@@ -262,6 +251,76 @@ def _status_error(exc: Any, provider: str, model_id: str) -> JudgeStatusError:
         headers=headers,
         body=body,
     )
+
+
+def _status_class(status: int, code: str | None, error_type: str | None, message: str) -> type[JudgeStatusError]:
+    """The class follows the category (one table, ``category_for_status``); within a category
+    the status picks the most precise class."""
+    category = category_for_status(status)
+    if category == "auth":
+        return JudgeAuthError
+    if status == 429:
+        return JudgeRateLimitError
+    if category == "retryable" and status >= 500:
+        return JudgeServerError
+    if category == "invalid_request":
+        context_length = status == 400 and _is_context_length(code, error_type, message)
+        return JudgeContextLengthError if context_length else JudgeBadRequestError
+    return JudgeStatusError  # retryable 408/409/425, or an odd status
+
+
+# The HTTP status each provider sends with an error of this type (Anthropic's documented table;
+# OpenAI's types and codes where they name one).
+_STATUS_OF_TYPE = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "rate_limit_exceeded": 429,
+    "api_error": 500,
+    "server_error": 500,
+    "overloaded_error": 529,
+}
+
+
+def error_in_answer(
+    error: Any, provider: str, model_id: str, *, request_id: str | None, api_key: str | None
+) -> JudgeProviderError | None:
+    """The error a 200 answer carries instead of an answer (``error``: its body's ``error``
+    field; a gateway or proxy passing its upstream's failure on as a success), else None.
+
+    It is the error the status it stands for would be (a numeric ``code``, as OpenRouter sends,
+    else the error's type), so an upstream 429 or 529 is retried and a 400 is not; with no
+    status to read, a ``JudgeResponseError`` naming it. It was read as an empty answer (a
+    fallback call paid, then "the answer is empty", never retried) or, from Anthropic, as a
+    message that could not be read.
+    """
+    if not error:
+        return None
+    error_type, code, detail = _error_fields({"error": error})
+    error_type, code = (None if f is None else f[:100] for f in (error_type, code))
+    text = (detail or "no message")[:ERROR_BODY_BYTES]  # (the body of a 200 is not cut)
+    status = int(code) if code and len(code) == 3 and code.isascii() and code.isdigit() else None
+    if status is None or not 400 <= status < 600:
+        status = _STATUS_OF_TYPE.get(code or "") or _STATUS_OF_TYPE.get(error_type or "")
+    kind = f" ({error_type or code})" if error_type or code else ""
+    said = f"{model_id}: {provider} answered HTTP 200 with an error{kind}"
+    cls: type[JudgeProviderError] = JudgeResponseError
+    if status is not None:
+        cls, said = _status_class(status, code, error_type, text), f"{said}, as HTTP {status} would be"
+    err = cls(
+        f"{said}: {text}",
+        provider=provider,
+        model_id=model_id,
+        status_code=status,
+        request_id=request_id,
+        error_type=error_type,
+        code=code,
+        body={"error": {"type": error_type, "code": code, "message": text}},
+    )
+    return _scrubbed(err, api_key)
 
 
 def _error_fields(body: Any) -> tuple[str | None, str | None, str | None]:

@@ -20,10 +20,13 @@ from structlog.testing import capture_logs
 from scorers import Judge, PromptStep, ScoreResult, ScorerRunError, create_scorer
 from scorers.judge import (
     AnthropicJudgeModel,
+    JudgeBadRequestError,
     JudgeMessage,
     JudgeOutputError,
+    JudgeRateLimitError,
     JudgeRequest,
     JudgeResponseError,
+    JudgeServerError,
     aclose_clients,
     fence,
 )
@@ -264,3 +267,76 @@ def test_a_redirect_is_not_followed_with_the_prompt(fake_llm: FakeLLMServer, mod
         assert elsewhere.count() == 0
     assert "returned HTTP 307: a redirect to localhost, not followed (it would send the prompt there)" in str(error)
     assert "pw" not in str(error)
+
+
+# A 200 whose body is an error object, as a gateway or an OpenAI-compatible proxy passes its
+# upstream's failure on: (provider, body, error class, category).
+ERRORS_IN_A_200 = {
+    "OpenRouter's upstream 429": (
+        "openai/m",
+        {"error": {"code": 429, "message": "Provider returned error: rate limited upstream"}},
+        JudgeRateLimitError,
+        "retryable",
+    ),
+    "OpenAI's invalid request": (
+        "openai/m",
+        {"error": {"type": "invalid_request_error", "message": "Provider returned error: bad thing"}},
+        JudgeBadRequestError,
+        "invalid_request",
+    ),
+    "Anthropic's api_error": (
+        "anthropic/m",
+        {"type": "error", "error": {"type": "api_error", "message": "Provider returned error: internal"}},
+        JudgeServerError,
+        "retryable",
+    ),
+    "Anthropic's invalid request": (
+        "anthropic/m",
+        {"type": "error", "error": {"type": "invalid_request_error", "message": "Provider returned error: no"}},
+        JudgeBadRequestError,
+        "invalid_request",
+    ),
+    "a type that names no status": (
+        "openai/m",
+        {"error": {"type": "upstream_error", "message": f"Provider returned error: key {CORP_KEY}"}},
+        JudgeResponseError,
+        "unknown",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "kind", "category"), list(ERRORS_IN_A_200.values()), ids=list(ERRORS_IN_A_200)
+)
+def test_a_200_carrying_an_error_object_is_that_error(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch, model: str, body: Any, kind: type, category: str
+) -> None:
+    """OpenAI's was read as an empty answer: a fallback call paid, then "the answer is empty",
+    an invalid_output never retried (an upstream 429 too); Anthropic's as a message that could
+    not be read ("'NoneType' object is not iterable"), retryable or not by chance."""
+    monkeypatch.setenv("OPENAI_API_KEY", CORP_KEY)
+    fake_llm.rule(Reply.raw(json.dumps(body)))
+    error = _failure(_verdict_then_reason(Judge(model)))
+    assert type(error.cause) is kind, repr(error.cause)
+    assert error.category == category
+    assert f"{model}: {model.split('/')[0]} answered HTTP 200 with an error" in str(error)
+    assert "Provider returned error:" in str(error)
+    assert CORP_KEY not in str(error)
+    assert fake_llm.count() == 1  # no fallback call: it is no answer to ask again for
+
+
+@pytest.mark.parametrize(("model", "header"), [("openai/m", "x-request-id"), ("anthropic/m", "request-id")])
+def test_a_request_id_echoing_the_key_is_not_kept(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch, model: str, header: str
+) -> None:
+    """A gateway echoing the request's key as its request id: the id went whole into the
+    attempt's record and into the error's text ("request id <key>")."""
+    monkeypatch.setenv("OPENAI_API_KEY", CORP_KEY)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", CORP_KEY)
+    fake_llm.script(Reply.json({"verdict": "ok", "confidence": 0.5}, headers={header: CORP_KEY}))
+    fake_llm.script(Reply.error(500, "boom", headers={header: f"req {CORP_KEY}"}))
+    error = _failure(_verdict_then_reason(Judge(model)))
+    assert "request id req ***" in str(error)
+    record = error.partial.model_dump_json()
+    assert CORP_KEY not in record
+    assert '"request_id":"***"' in record
