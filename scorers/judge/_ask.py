@@ -364,6 +364,10 @@ class _JudgeCall:
         # Anthropic's stop_reason "refusal". A refusal's text made a reason step "succeed".
         if response.finish_reason == "refusal":
             raise ValueError("the judge refused to answer")
+        if response.parsed is None and not response.text.strip() and response.finish_reason not in _SAYS_NOTHING:
+            # The provider said why there is nothing (a content filter, a tool call in place of
+            # text): "the answer is empty" alone hid it.
+            raise ValueError(f"the answer is empty (finish reason {response.finish_reason!r})")
         if self.spec is None:
             text = _clean_text(response.text, self.secret).strip()
             if not text:
@@ -481,6 +485,8 @@ def _why_final(decision: RetryDecision | None, retries: int, cap: int) -> str:
 
 # Finish reasons of an answer cut at the output token limit (OpenAI, Anthropic).
 _CUT_SHORT = frozenset({"length", "max_tokens"})
+# Finish reasons that say nothing about an empty answer: a whole one, or one cut short (said so).
+_SAYS_NOTHING = frozenset({None, "stop", "end_turn"}) | _CUT_SHORT
 
 
 def _known(finish_reason: object) -> str | None:

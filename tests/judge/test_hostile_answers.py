@@ -340,3 +340,17 @@ def test_a_request_id_echoing_the_key_is_not_kept(
     record = error.partial.model_dump_json()
     assert CORP_KEY not in record
     assert '"request_id":"***"' in record
+
+
+@pytest.mark.parametrize(
+    ("model", "finish"),
+    [("openai/m", "content_filter"), ("openai/m", "tool_calls"), ("anthropic/m", "tool_use")],
+)
+@pytest.mark.parametrize("prompt", ["Analyze", "Explain"], ids=["structured", "reason"])
+def test_an_empty_answer_names_the_finish_reason(fake_llm: FakeLLMServer, model: str, finish: str, prompt: str) -> None:
+    """An answer withheld by a content filter, or a tool call where text was asked for, failed
+    as "the answer is empty", the provider's reason for it left out of the error."""
+    fake_llm.rule(Reply.text("", finish=finish), user_contains=prompt)
+    error = _failure(_verdict_then_reason(Judge(model)))
+    assert type(error.cause) is JudgeOutputError, repr(error.cause)
+    assert f"the answer is empty (finish reason '{finish}')" in str(error)
