@@ -138,6 +138,10 @@ class OpenAIJudgeModel:
             choice = data["choices"][0] if data.get("choices") else {}
             message = choice.get("message") or {}
             text = message.get("content") or ""
+            if isinstance(text, list):  # content parts, as some OpenAI-compatible servers answer
+                text = "".join(p["text"] for p in text if p.get("type") == "text" and isinstance(p.get("text"), str))
+            elif not isinstance(text, str):  # (its repr was read as the answer: "not valid JSON")
+                raise TypeError(f"message.content is a {type(text).__name__}, not text")
             finish_reason = choice.get("finish_reason")
             if not text and message.get("refusal"):  # no answer: the refusal's text is no reason
                 text, finish_reason = str(message["refusal"]), "refusal"

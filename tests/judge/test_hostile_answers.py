@@ -32,7 +32,7 @@ from scorers.judge import (
 )
 from tests.fakellm import FakeLLMServer, Reply
 from tests.judge.helpers import MODELS, Verdict, run
-from tests.judge.test_body_cap import ANTHROPIC_ANSWER
+from tests.judge.test_body_cap import ANSWER, ANTHROPIC_ANSWER
 
 ROOT = Path(__file__).resolve().parents[2]
 # Shaped like no known key format, so only its value can mask it.
@@ -354,3 +354,30 @@ def test_an_empty_answer_names_the_finish_reason(fake_llm: FakeLLMServer, model:
     error = _failure(_verdict_then_reason(Judge(model)))
     assert type(error.cause) is JudgeOutputError, repr(error.cause)
     assert f"the answer is empty (finish reason '{finish}')" in str(error)
+
+
+def _openai_content(content: Any) -> str:
+    """test_body_cap's chat completion with ``content`` as its message's content."""
+    choice = {**ANSWER["choices"][0], "message": {"role": "assistant", "content": content}}  # type: ignore[index]
+    return json.dumps({**ANSWER, "choices": [choice]})
+
+
+def test_an_openai_answer_in_content_parts_is_read_as_its_text(fake_llm: FakeLLMServer) -> None:
+    """An OpenAI-compatible server answering content as a list of parts (a thinking part, then
+    text): its Python repr was read as the answer, "not valid JSON", after a fallback call."""
+    parts = [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": '{"verdict": "ok", '}]
+    parts.append({"type": "text", "text": '"confidence": 0.5}'})
+    fake_llm.rule(Reply.raw(_openai_content(parts)), user_contains="Analyze")
+    result = run(_verdict_then_reason(Judge("openai/m")))
+    assert result.analyze_step_result == {"verdict": "ok", "confidence": 0.5}
+    assert fake_llm.count() == 2  # analyze, reason: no fallback
+
+
+@pytest.mark.parametrize("content", [{"verdict": "ok", "confidence": 0.5}, 12345, True])
+def test_an_openai_content_that_is_not_text_is_a_response_error(fake_llm: FakeLLMServer, content: Any) -> None:
+    """A dict (a proxy that parsed the JSON for us) or a number as content: its repr was the
+    answer ("not valid JSON" for a dict; a reason of "12345" accepted)."""
+    fake_llm.rule(Reply.raw(_openai_content(content)), user_contains="Explain")
+    error = _failure(_verdict_then_reason(Judge("openai/m")))
+    assert type(error.cause) is JudgeResponseError, repr(error.cause)
+    assert f"message.content is a {type(content).__name__}, not text" in str(error)
