@@ -584,3 +584,21 @@ def test_oldest_message_age_is_not_read_from_the_traces_content() -> None:
     body = json.dumps([[{"batch_id": "b", "requests": [request, {**request, "enqueued_at": None}]}], {}, {}])
     envelope = {"body": body, "properties": {}}
     assert oldest_enqueued_at(json.dumps(envelope).encode()) == 1700000003.5
+
+
+def test_a_dead_letter_list_of_another_type_is_a_refused_key(redis_url: str) -> None:
+    """The dead-letter list holding another Redis type is never deleted (it holds letters), and
+    every message the workers refuse meanwhile goes back to the queue (message_refusal_not_recorded):
+    the scrape names the key in tracescore_keys_refused, as `tracescore status` does, and keeps
+    the store up. It named nothing, so no alert could see the refusals going round."""
+    client = redis.Redis.from_url(redis_url)
+    client.set(_keys.dlq_key(), "not a list")
+    try:
+        samples = _scrape(load_settings(broker_url=redis_url), "node-d@host")
+        assert samples[("tracescore_redis_up", frozenset({("target", "store")}))] == 1
+        assert series(samples, "tracescore_keys_refused") == {frozenset({("key", _keys.dlq_key())}): 1}
+        assert client.get(_keys.dlq_key()) == b"not a list"  # left for the operator
+        client.delete(_keys.dlq_key())
+        assert series(_scrape(load_settings(broker_url=redis_url), "node-d@host"), "tracescore_keys_refused") == {}
+    finally:
+        client.close()

@@ -6,8 +6,8 @@ gives ``tracescore_redis_up 0`` and none of these gauges, never a failed scrape.
 Redis that is not a number (a hand-edited or hostile key) is skipped, logged and counted in
 ``tracescore_store_unreadable_values``; it never fails the scrape either. A key of ours holding
 another Redis type is not an unreachable Redis: a key the store rebuilds is repaired (as the
-store does on every path), one left for the operator (the queue's list, a sink's queue) is
-``tracescore_keys_refused`` and its figures are left out.
+store does on every path), one left for the operator (the queue's list, the dead-letter list, a
+sink's queue) is ``tracescore_keys_refused`` and its figures are left out.
 """
 
 from __future__ import annotations
@@ -209,6 +209,11 @@ class RedisStateCollector:
             reasons = checked(
                 self._store, "dead_letter_counts", [(key, "hash", False)], lambda: dict(self._store.hgetall(key))
             )
+            # The list itself is never repaired (it holds letters): while it is of another type,
+            # every message the workers refuse goes back to the queue, counted nowhere else.
+            letters_type = _text(self._store.type(_keys.dlq_key()))
+            if letters_type not in ("none", "list"):
+                _refused(refused, _keys.dlq_key(), letters_type, "list")
             try:
                 counts = self._outbox.counts()  # a counter that is not a number: left out, counted
             except StoreKeyTypeError as exc:  # a sink's queue of another type: left for the operator
