@@ -58,7 +58,7 @@ from worker._errors import RunLimitError, StepExitError, crash_fields, is_transi
 from worker._loop import LOOP_BLOCK_LIMITS, LoopBlockedError, for_the_loops_limit, halting, was_targeted
 from worker._record_fields import judge_spend, not_scorable_text
 from worker._registry import UnknownScorerError
-from worker.metrics import observe_batch, observe_records
+from worker.metrics import observe_batch, observe_records, observe_skipped
 from worker.store import ScoreStore, StoreUnavailableError, claim, delivery_owner, process_owner
 
 __all__ = [
@@ -387,6 +387,11 @@ def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:
     return pairs
 
 
+def _scorer_label(pair: _Pair) -> str | None:
+    """The pair's scorer for the metrics: None for one the worker does not know."""
+    return pair.scorer_id if pair.scorer is not None else None
+
+
 def _record(
     prices: Mapping[str, ModelPrice],
     pair: _Pair,
@@ -660,7 +665,10 @@ async def _record_run(
     fresh = await recorder.submit(records)
     new = [r for r, is_new in zip(records, fresh, strict=True) if is_new]
     observe_records(new, [(t.pair.scorer_id, t.error_type) for t in transient])
-    report.skipped["duplicate"] += len(records) - len(new)
+    # Recorded first by another delivery: that one counted it.
+    lost = [r for r, is_new in zip(records, fresh, strict=True) if not is_new]
+    observe_skipped((None if r.error_type == "UnknownScorerError" else r.scorer_id, "duplicate") for r in lost)
+    report.skipped["duplicate"] += len(lost)
     for record in new:
         if record.error_type:
             report.failed[record.error_type] += 1
@@ -704,10 +712,12 @@ async def score_batch(
     first: dict[str, _Pair] = {}
     copies: defaultdict[str, list[str]] = defaultdict(list)  # per job: an id for each copy
     seen: Counter[str] = Counter()
+    skips: list[tuple[str | None, str]] = []  # (scorer, reason) of each run not scored, for the metrics
     for pair in named:
         seen[pair.score_id] += 1
         if first.setdefault(pair.score_id, pair) is not pair:
             report.skipped["duplicate"] += 1
+            skips.append((_scorer_label(pair), "duplicate"))
             if pair.request.job_id:
                 # The same for every delivery of this message, `dlq retry`'s new message too
                 # (it keeps the batch id): counted among the job's skips once, whatever the
@@ -720,6 +730,7 @@ async def score_batch(
 
     def already_scored(pair: _Pair, recorded_for: str | None) -> None:
         report.skipped["already_scored"] += 1
+        skips.append((_scorer_label(pair), "already_scored"))
         # Counted for a job only if another job (or live traffic) scored it; a redelivery of
         # this job's own message was already counted when the score was recorded. Once per
         # score: a message retried for its deferred runs meets these again.
@@ -749,7 +760,11 @@ async def score_batch(
         await deps.store.jobs.count_skipped_once(job_id, "duplicate", copy_ids)
     # Held by another delivery: scoring it now, or dead (its claim lapses within claim_ttl_s).
     # Either way try again later rather than pay twice or lose the score.
-    report.deferred = [p.score_id for p in todo if p.score_id not in held and p.score_id not in recorded]
+    deferred = [p for p in todo if p.score_id not in held and p.score_id not in recorded]
+    report.deferred = [p.score_id for p in deferred]
+    observe_skipped(skips)
+    # Left for this message's retry, as a transient failure is.
+    observe_records([], [(_scorer_label(p), "deferred") for p in deferred])
 
     checkpoints = await deps.store.get_checkpoints(
         [p.score_id for p in mine if p.scorer is not None and _checkpointed(p.scorer, deps)]

@@ -104,6 +104,25 @@ def test_judge_error_ratios_leave_out_cancelled_calls() -> None:
         assert 'outcome!="cancelled"' in query, query
 
 
+def test_runs_stored_leave_out_the_runs_left_for_another_delivery() -> None:
+    """outcome="retry" counts a run left unrecorded for the message's retry (counted again when
+    it is stored): a panel of runs stored shows scored, not_scorable and failed only, as the
+    failing-runs alert's denominator does; the retries are on a panel of their own."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    stored = [
+        t["expr"]
+        for p in dashboard["panels"]
+        if "stored" in p["title"]
+        for t in p.get("targets", [])
+        if "tracescore_runs_total" in t["expr"]
+    ]
+    assert stored
+    for query in stored:
+        assert 'outcome=~"scored|not_scorable|failed"' in query, query
+    retries = [q for q in _dashboard_exprs() if 'tracescore_runs_total{outcome="retry"' in q]
+    assert retries
+
+
 def test_dashboard_reads_the_provisioned_prometheus() -> None:
     """Every panel and variable queries the Prometheus datasource provisioning declares (uid)."""
     dashboard = json.loads(DASHBOARD.read_text())

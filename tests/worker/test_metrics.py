@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -26,14 +27,17 @@ from tests._redis import free_port
 from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
-from tracing import CelerySink
+from tests.worker.metrics_scorers import fast
+from tracing import CelerySink, ScoreBatch, score_id_for
 from worker import _keys
 from worker._budget import RedisLedger, utc_day
 from worker._loop import run_coro
+from worker._registry import Registry
+from worker._scoring import ScoringDeps, score_batch
 from worker._settings import load_settings
 from worker.cli._status import collect_status
 from worker.metrics import RedisStateCollector
-from worker.store import DeadLetter, RedisDeadLetters, RedisOutbox
+from worker.store import DeadLetter, MemoryScoreStore, RedisDeadLetters, RedisOutbox
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -584,6 +588,45 @@ def test_oldest_message_age_is_not_read_from_the_traces_content() -> None:
     body = json.dumps([[{"batch_id": "b", "requests": [request, {**request, "enqueued_at": None}]}], {}, {}])
     envelope = {"body": body, "properties": {}}
     assert oldest_enqueued_at(json.dumps(envelope).encode()) == 1700000003.5
+
+
+def _recorded(name: str, **labels: str) -> float:
+    """This process's value of the recorded series ``name`` (summed over the labels matching)."""
+    from worker.metrics._instruments import _metrics
+
+    found = 0.0
+    for metric in vars(_metrics()).values():
+        for family in metric.collect() if hasattr(metric, "collect") else ():
+            found += sum(s.value for s in family.samples if s.name == name and labels.items() <= s.labels.items())
+    return found
+
+
+def test_runs_skipped_or_left_to_another_delivery_are_counted() -> None:
+    """A run a message names again (already scored, a copy in the same message) is skipped and
+    counted by reason in tracescore_runs_skipped_total; one claimed by another delivery is left
+    for this message's retry and counted as outcome retry, reason deferred. Each used to be in
+    the batch_done line only."""
+
+    def skipped(reason: str) -> float:
+        return _recorded("tracescore_runs_skipped_total", scorer="fast", reason=reason)
+
+    deferred = partial(_recorded, "tracescore_runs_total", scorer="fast", outcome="retry", reason="deferred")
+    store = MemoryScoreStore()
+    deps = ScoringDeps(registry=Registry([fast]), store=store)
+    before = (skipped("already_scored"), skipped("duplicate"), deferred())
+
+    one, other, held = batch(range(3), ["fast"], salt="skips").requests
+    held_id = score_id_for(held.trace_id, held.target_span_ids[0], "fast", "1")
+    asyncio.run(store.claim([held_id], "another-delivery", 60))
+    copies = ScoreBatch(batch_id="skips", requests=[one, one.model_copy(), other, held])
+    report = asyncio.run(score_batch(copies, deps))
+    assert (report.scored, report.skipped, report.deferred) == (2, {"duplicate": 1}, [held_id])
+    again = asyncio.run(score_batch(ScoreBatch(batch_id="skips-again", requests=[one, other]), deps))
+    assert again.skipped == {"already_scored": 2}
+
+    assert skipped("already_scored") - before[0] == 2
+    assert skipped("duplicate") - before[1] == 1
+    assert deferred() - before[2] == 1
 
 
 def test_a_dead_letter_list_of_another_type_is_a_refused_key(redis_url: str) -> None:

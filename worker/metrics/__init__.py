@@ -22,6 +22,7 @@ from worker.metrics._instruments import (
     observe_key_repairs,
     observe_limiter_wait,
     observe_records,
+    observe_skipped,
     observe_unreadable,
     process_started,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "observe_key_repairs",
     "observe_limiter_wait",
     "observe_records",
+    "observe_skipped",
     "observe_unreadable",
     "oldest_enqueued_at",
     "otlp_metrics_endpoint",

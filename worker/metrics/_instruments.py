@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -33,6 +33,7 @@ __all__ = [
     "observe_key_repairs",
     "observe_limiter_wait",
     "observe_records",
+    "observe_skipped",
     "observe_unreadable",
     "process_started",
     "reset",
@@ -66,7 +67,15 @@ RECORDED: Final = (
         "counter",
         ("scorer", "outcome", "reason"),
         "Scorer runs finished and stored, by outcome (scored, not_scorable, failed) and reason "
-        "(the error_type of failed runs); retry: left unrecorded for another delivery (transient)",
+        "(the error_type of failed runs); retry: left unrecorded for another delivery (reason: the "
+        "transient error's type, or deferred: claimed by another delivery)",
+    ),
+    MetricSpec(
+        "tracescore_runs_skipped",
+        "counter",
+        ("scorer", "reason"),
+        "Scorer runs a message named that were not scored, by reason: already_scored (a stored record "
+        "kept), duplicate (named again in the same message, or recorded first by another delivery)",
     ),
     MetricSpec(
         "tracescore_run_latency_seconds",
@@ -158,6 +167,7 @@ RECORDED: Final = (
 class _Instruments:
     def __init__(self) -> None:
         self.runs: Counter = _build("tracescore_runs")
+        self.skipped: Counter = _build("tracescore_runs_skipped")
         self.run_latency: Histogram = _build("tracescore_run_latency_seconds", buckets=_LATENCY_BUCKETS)
         self.batch_duration: Histogram = _build("tracescore_batch_duration_seconds", buckets=_BATCH_BUCKETS)
         self.judge_requests: Counter = _build("tracescore_judge_requests")
@@ -217,17 +227,18 @@ def reset() -> None:
         _instruments = None
 
 
-def observe_records(records: Sequence[ScoreRecord], retried: Sequence[tuple[str, str]] = ()) -> None:
+def observe_records(records: Sequence[ScoreRecord], retried: Sequence[tuple[str | None, str]] = ()) -> None:
     """Count the records just stored (first writes only: a duplicate is not counted twice) and
-    the runs left unrecorded for another delivery after a transient failure, as
-    ``(scorer_id, error_type)``."""
+    the runs left unrecorded for another delivery, as ``(scorer_id, reason)``: the transient
+    error's type, or ``deferred`` (claimed by another delivery; a scorer the worker does not
+    know as None)."""
     if not records and not retried:
         return
     m = _metrics()
     # Counted per label set, one increment each: a batch's hundreds of records share a few.
     runs: dict[tuple[str, str, str], int] = {}
     for scorer_id, error_type in retried:
-        key = (scorer_id, "retry", error_type)
+        key = (UNKNOWN_SCORER if scorer_id is None else scorer_id, "retry", error_type)
         runs[key] = runs.get(key, 0) + 1
     for record in records:
         scorer = UNKNOWN_SCORER if record.error_type == "UnknownScorerError" else record.scorer_id
@@ -242,6 +253,20 @@ def observe_records(records: Sequence[ScoreRecord], retried: Sequence[tuple[str,
             m.child(m.run_latency, scorer, record.source).observe(max(0.0, record.scored_at - record.enqueued_at))
     for labels, n in runs.items():
         m.child(m.runs, *labels).inc(n)
+
+
+def observe_skipped(skips: Iterable[tuple[str | None, str]]) -> None:
+    """Count runs not scored, as ``(scorer_id, reason)``: ``already_scored`` or ``duplicate``
+    (a scorer the worker does not know as None: its id is the message's to pick)."""
+    counted: dict[tuple[str, str], int] = {}
+    for scorer_id, reason in skips:
+        key = (UNKNOWN_SCORER if scorer_id is None else scorer_id, reason)
+        counted[key] = counted.get(key, 0) + 1
+    if not counted:
+        return
+    m = _metrics()
+    for labels, n in counted.items():
+        m.child(m.skipped, *labels).inc(n)
 
 
 def observe_judge_usage(scorer_id: str, model_id: str, usage: JudgeUsage, cost_usd: float | None) -> None:
