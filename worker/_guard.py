@@ -110,8 +110,11 @@ _stdlog = logging.getLogger("tracescore.worker.guard")
 # Nesting deeper than this is refused: real runs stay far below it, and decoding, validating or
 # serialising deeper input risks RecursionError in the worker (100k-deep JSON is a known attack).
 MAX_JSON_DEPTH = 100
-# The header that marks a stand-in envelope (see screen_envelope).
+# The header that marks a stand-in envelope (see screen_envelope), and the reasons it carries.
 REFUSED_HEADER = "x-tracescore-refused"
+_SCREEN_REASONS = frozenset(
+    {"payload_too_large", "not_json", "bad_envelope", "too_deep", "compression_refused", "bad_encoding"}
+)
 _DETAIL_HEADER = "x-tracescore-refused-detail"
 _REFUSED_CONTENT_TYPE = "application/x-tracescore-refused"
 # A kombu envelope is the body in base64 (4/3 of it) plus headers and properties.
@@ -973,10 +976,11 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
     if isinstance(headers, dict) and REFUSED_HEADER in headers:
         reason = headers.get(REFUSED_HEADER)
         detail = headers.get(_DETAIL_HEADER)
-        return Refusal(
-            reason if isinstance(reason, str) and _SAFE_TOKEN.match(reason) else "refused",
-            detail if isinstance(detail, str) else "refused by the transport screen",
-        ), None
+        if not (isinstance(reason, str) and reason in _SCREEN_REASONS):
+            # A producer's: its reason would be a dead letter's (a metric's label) of its choosing.
+            why = f"the {REFUSED_HEADER} header is set by the workers' own screen only, never by a producer"
+            return Refusal("bad_headers", why), None
+        return Refusal(reason, detail if isinstance(detail, str) else "refused by the transport screen"), None
     if not isinstance(headers, dict) or "task" not in headers:
         return Refusal("not_a_task", "no task header: only Celery task messages (protocol 2) are accepted"), None
     refusal = _check_headers(headers, settings, allowed)

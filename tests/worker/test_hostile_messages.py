@@ -167,6 +167,11 @@ def hostile_messages() -> list[tuple[str, str, bytes]]:
     add("bad_headers", envelope(task_body([good]), headers={"timelimit": [10**9, 10**9]}))
     add("bad_headers", envelope(task_body([good]), headers={"retries": "many"}))
     add("bad_headers", envelope(task_body([good]), headers={"expires": "2000-01-01T00:00:00+00:00"}))
+    # The header the workers' own screen marks a stand-in with, set by a producer: its reason
+    # would be a dead-letter reason (a metric label) of the producer's choosing.
+    forged = {"x-tracescore-refused": "made_up_reason_1", "x-tracescore-refused-detail": MARKER}
+    add("bad_headers", envelope(task_body([good]), headers=forged))
+    add("bad_headers", envelope(task_body([good]), headers={"x-tracescore-refused": ["not", "a", "reason"]}))
     return [(reason, f"msg:{tag or hashlib.sha256(entry).hexdigest()}", entry) for reason, tag, entry in cases]
 
 
