@@ -43,11 +43,14 @@ Completion = Literal["root", "idle", "evicted", "end"]
 
 @dataclass(slots=True)
 class AssembledTrace:
-    """One trace's span records, where its first span was read, and why it was released."""
+    """One trace's span records, where its first and last spans were read, and why it was released."""
 
     trace_id: str
     spans: list[SpanRecord]
     first: Position
+    # Where its last span (kept or not) was read: a read started after ``first`` and at or
+    # before this meets only part of the trace.
+    last: Position
     completion: Completion
     dropped_spans: int = 0
     late_root: bool = False  # the rest of a trace released earlier without its root
@@ -69,6 +72,7 @@ class AssemblerStats:
 class _Open:
     trace_id: str
     first: Position
+    last: Position
     spans: list[SpanRecord] = field(default_factory=list)
     span_ids: set[str] = field(default_factory=set)
     last_seen: int = 0  # spans_read when last touched
@@ -144,7 +148,7 @@ class TraceAssembler:
             else:
                 held = self._rootless.get(trace_id)
                 if held is None:
-                    held = _Open(trace_id, position, late=trace_id in self._released_rootless)
+                    held = _Open(trace_id, position, position, late=trace_id in self._released_rootless)
                     self._rootless[trace_id] = held
                     heapq.heappush(self._firsts, (position, trace_id))
                     if len(self._firsts) > 4 * self.open_traces + 1024:
@@ -153,6 +157,7 @@ class TraceAssembler:
                     self._rootless.move_to_end(trace_id)
             held.last_seen = stats.spans_read
             held.last_unit = position.unit
+            held.last = position
             span_id = span.span_id
             if span_id in held.span_ids:
                 stats.duplicate_spans += 1
@@ -222,5 +227,5 @@ class TraceAssembler:
             if len(released) > self._released_limit:
                 released.popitem(last=False)
         return AssembledTrace(
-            held.trace_id, held.spans, held.first, completion, held.dropped, late_root=held.late and rooted
+            held.trace_id, held.spans, held.first, held.last, completion, held.dropped, late_root=held.late and rooted
         )

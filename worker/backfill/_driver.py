@@ -24,7 +24,12 @@ second time only when some of its runs were enqueued already and it goes without
 Resumable: after each batch is handed over, the job state (checkpoint = the earliest input
 position not fully enqueued, the counters) and the enqueued runs (trace id, target span id) are
 saved together, so an interrupted job (Ctrl-C, crash, SIGKILL) resumes from there without
-re-enqueuing finished work.
+re-enqueuing finished work. The saved counters count the input before the checkpoint alone
+(a trace by its first span, a malformed line by its own): what lies past it is counted by the
+run that reads it again, so a stopped and resumed job counts its input once. A trace handed
+over that began before the checkpoint and reaches it (lines shared by several traces) is saved
+with the position of its last span (``read_through``): a resume skips its spans up to there,
+which it would read as a fragment of its own, counted again and planned as a run of its own.
 
 Each run once: a run (trace id, target span id) the job already enqueued is not enqueued again
 (counted ``runs_read_again``), whether it is read again after a resume, from a file given twice,
@@ -56,7 +61,7 @@ from tracing.sources import (
 )
 from worker._errors import crash_fields
 from worker._progress import ProgressReporter
-from worker.backfill._state import BackfillState, RedisJobStore, run_id
+from worker.backfill._state import BackfillState, JobCounters, RedisJobStore, run_id
 
 __all__ = ["Backfill", "Submitter", "trace_start_ns"]
 
@@ -149,14 +154,18 @@ class Backfill:
         self._started = time.monotonic()
         self._reported = 0
         self._saved: BackfillState | None = None
-        # The job's evictions before this run (a resume): the assembler counts this run's alone.
-        self._evicted_before = state.counters.evicted_traces
+        # With a store (a resumable job): the traces handed over whose spans lie on more than one
+        # line, the last not before the last checkpoint (first, last, trace id); what the counters
+        # took from input not before it (its position, the counter, the reason or where, how
+        # many); the traces an earlier run handed over, which this one skips up to their last span.
+        self._handed: list[tuple[Position, Position, str]] = []
+        self._unsaved: list[tuple[Position, str, str, int]] = []
+        self._read_through = {trace_id: Position(*at) for trace_id, at in state.read_through.items()}
 
     # --- the loop -------------------------------------------------------------------------
 
     def run(self) -> BackfillState:
         """Read, transform and submit everything; returns the state (status ``enqueued``)."""
-        counters = self.state.counters
         self._current = self.state.position
         self._saved = self.state.model_copy(deep=True)  # what an interrupt before any batch keeps
         self.reporter.start("reading")
@@ -164,10 +173,11 @@ class Backfill:
             for item in self.source.read(self.state.position):
                 if isinstance(item, SpanBatch):
                     self._current = item.position
-                    self._waiting.extend(self.assembler.add(item.spans, item.position))
+                    spans = self._unread(item.spans, item.position) if self._read_through else item.spans
+                    self._waiting.extend(self.assembler.add(spans, item.position))
                 elif isinstance(item, Malformed):
                     self._current = item.position
-                    counters.bad_line(item.where)
+                    self._count(item.position, "malformed", item.where)
                     self._report(f"{item.where}: skipped: {item.reason}")
                 elif isinstance(item, UnitEnd):
                     self._current = item.next
@@ -202,6 +212,8 @@ class Backfill:
     def _drain(self) -> None:
         while self._waiting:
             trace = self._waiting.popleft()
+            if self.job_store is not None and trace.first != trace.last:
+                self._handed.append((trace.first, trace.last, trace.trace_id))
             self._handle(trace)
             if self._chunk_runs >= self.state.options.batch_size:
                 self._flush()
@@ -212,20 +224,23 @@ class Backfill:
     def _handle(self, trace: AssembledTrace) -> None:
         counters = self.state.counters
         options = self.state.options
+        at = trace.first
+        if trace.completion == "evicted":
+            self._count(at, "evicted_traces")
         if trace.late_root:
             # The rest of a trace already read (and counted) without its root: not a trace of
             # its own. Reading it would score its root span a second time, with no content.
             if not sampled(trace.trace_id, options.sample_rate):
                 return  # its first part was sampled out (and counted) too
-            counters.late_roots += 1
+            self._count(at, "late_roots")
             self._report(
                 f"trace {trace.trace_id}: its root span arrived after the assembly window; the trace was "
                 f"read without it (raise --window-spans, now {options.window_spans:,})"
             )
             return
-        counters.traces_read += 1
+        self._count(at, "traces_read")
         if trace.dropped_spans:
-            counters.spans_dropped += trace.dropped_spans
+            self._count(at, "spans_dropped", n=trace.dropped_spans)
             self._report(
                 f"trace {trace.trace_id}: {trace.dropped_spans:,} spans past the first "
                 f"{self.assembler.max_spans_per_trace:,} dropped; the trace was read without them"
@@ -233,20 +248,20 @@ class Backfill:
         records = trace.spans
         start = trace_start_ns(records)
         if options.since_ns is not None and (start is None or start < options.since_ns):
-            counters.skip("before_since")
+            self._count(at, "skipped", "before_since")
             return
         if options.until_ns is not None and (start is None or start >= options.until_ns):
-            counters.skip("after_until")
+            self._count(at, "skipped", "after_until")
             return
         if not sampled(trace.trace_id, options.sample_rate):  # the exporter's rule
-            counters.skip("sampled_out")
+            self._count(at, "skipped", "sampled_out")
             return
         judge_ids = loop_guard(records)
         if judge_ids is None:  # tracescore's own traffic (the exporter's loop guard)
-            counters.skip("loop_guard")
+            self._count(at, "skipped", "loop_guard")
             return
         if has_parent_cycle(records):  # the planner would ship it whole; said here, as before
-            counters.unread("parent_cycle")
+            self._count(at, "unreadable", "parent_cycle")
             self._report(
                 f"trace {trace.trace_id}: not scored (parent_cycle): its span parent ids form a cycle,"
                 " so it has no root to read from"
@@ -255,12 +270,12 @@ class Backfill:
         try:
             plans = plan_runs(records, exclude_under=judge_ids)
         except Exception as exc:  # a planner bug must not end a long job: count it, say it
-            counters.unread(type(exc).__name__)
+            self._count(at, "unreadable", type(exc).__name__)
             self._report(f"trace {trace.trace_id}: not scored ({type(exc).__name__})")
             log.warning("backfill_plan_failed", trace_id=trace.trace_id, **crash_fields(exc))
             return
         if not plans:
-            counters.unread("no_target")
+            self._count(at, "unreadable", "no_target")
             self._report(f"trace {trace.trace_id}: not scored (no_target): the trace has no agent span and no LLM span")
             return
         counters.runs_read += len(plans)
@@ -292,12 +307,12 @@ class Backfill:
             self._chunk_runs += len(plans)
         else:
             self._handling = trace.first
-            added = self._add_sized(request, self._cutter)
+            added = self._add_sized(request, self._cutter, at)
             self._handling = None
             if not added:
                 return  # every run was over the cap (counted and reported)
 
-    def _add_sized(self, request: ScoreRequest, cutter: RequestCutter) -> bool:
+    def _add_sized(self, request: ScoreRequest, cutter: RequestCutter, at: Position) -> bool:
         """Add ``request`` to the chunk, cutting a batch first when it would not fit; False when
         none of its runs was added (each over the cap on its own: rejected). A request of
         several runs over the cap is added run by run."""
@@ -306,9 +321,9 @@ class Backfill:
             closed = cutter.add(request)
         except RunTooLarge as exc:
             if len(request.target_span_ids) > 1:
-                added = [self._add_sized(one, cutter) for one in request.per_target()]
+                added = [self._add_sized(one, cutter, at) for one in request.per_target()]
                 return any(added)
-            self.state.counters.reject("too_large")
+            self._count(at, "runs_rejected", "too_large")
             self._report(
                 f"trace {exc.trace_id} span {exc.span_id}: run not enqueued (too_large): its message would be"
                 f" {exc.size:,} bytes, over TRACESCORE_MAX_PAYLOAD_BYTES ({exc.max_payload_bytes:,} with the"
@@ -317,7 +332,7 @@ class Backfill:
             log.warning("backfill_run_too_large", trace_id=exc.trace_id, bytes=exc.size, cap=exc.max_payload_bytes)
             return False
         if cutter.runs_text_replaced > replaced:
-            self.state.counters.runs_text_replaced += cutter.runs_text_replaced - replaced
+            self._count(at, "runs_text_replaced", n=cutter.runs_text_replaced - replaced)
             self._report(
                 f"trace {request.trace_id}: text that is not valid UTF-8 (bytes or lone surrogates)"
                 " sent with U+FFFD in its place"
@@ -330,6 +345,20 @@ class Backfill:
         self._chunk_runs += len(request.target_span_ids)
         return True
 
+    def _count(self, at: Position, counter: str, reason: str = "", n: int = 1) -> None:
+        """Add ``n`` to the job's ``counter`` (by ``reason`` for the counts by reason; where, for
+        a malformed line) for the input at ``at``."""
+        counters = self.state.counters
+        if counter == "malformed":
+            counters.bad_line(reason)
+        elif reason:
+            by_reason: dict[str, int] = getattr(counters, counter)
+            by_reason[reason] = by_reason.get(reason, 0) + n
+        else:
+            setattr(counters, counter, getattr(counters, counter) + n)
+        if self.job_store is not None:
+            self._unsaved.append((at, counter, reason, n))
+
     def _checkpoint(self) -> Position:
         candidates = [self._current]
         low = self.assembler.low_watermark()
@@ -339,6 +368,41 @@ class Backfill:
         if self._handling is not None:
             candidates.append(self._handling)
         return min(candidates)
+
+    def _unread(self, spans: list[SpanRecord], at: Position) -> list[SpanRecord]:
+        """``spans`` without those of traces an earlier run handed over up to ``at`` or past it."""
+        through = self._read_through
+        return [s for s in spans if s.trace_id not in through or at > through[s.trace_id]]
+
+    def _handed_through(self, checkpoint: Position) -> dict[str, tuple[int, int, int]]:
+        """The traces handed over (by this run or an earlier one) that began before ``checkpoint``
+        and reach it: the position of each one's last span."""
+        self._handed = [entry for entry in self._handed if entry[1] >= checkpoint]
+        self._read_through = {t: at for t, at in self._read_through.items() if at >= checkpoint}
+        through = dict(self._read_through)
+        for first, last, trace_id in self._handed:
+            if first < checkpoint:
+                through[trace_id] = max(through.get(trace_id, last), last)
+        return {trace_id: (at.unit, at.line, at.offset) for trace_id, at in through.items()}
+
+    def _saved_counters(self, checkpoint: Position) -> JobCounters:
+        """The counters without what they took from input at or past ``checkpoint``, which a
+        resume reads again and counts then."""
+        self._unsaved = [entry for entry in self._unsaved if entry[0] >= checkpoint]
+        saved = self.state.counters.model_copy(deep=True)
+        for _, counter, reason, n in self._unsaved:
+            if counter == "malformed":
+                saved.malformed -= 1
+                if reason in saved.malformed_where:
+                    saved.malformed_where.remove(reason)
+            elif reason:
+                by_reason: dict[str, int] = getattr(saved, counter)
+                by_reason[reason] -= n
+                if not by_reason[reason]:
+                    del by_reason[reason]
+            else:
+                setattr(saved, counter, getattr(saved, counter) - n)
+        return saved
 
     def _flush(self, closed: list[ScoreRequest] | None = None, closed_json: list[str] | None = None) -> None:
         """Submit the chunk (``closed``: the cutter's chunk, whose requests are all of the chunk
@@ -383,24 +447,32 @@ class Backfill:
             self._planned.difference_update(planned)  # the store's set has them now
 
     def _save(self, run_ids: Sequence[str]) -> None:
-        self.state.checkpoint = tuple(self._checkpoint())  # type: ignore[assignment]
-        # Cumulative, as every counter of the job: a resumed job's summary showed only the
-        # resume's evictions beside the job's other counts.
-        self.state.counters.evicted_traces = self._evicted_before + self.assembler.stats.evicted
+        checkpoint = self._checkpoint()
+        self.state.checkpoint = tuple(checkpoint)  # type: ignore[assignment]
         if self.job_store is not None and self.submitter is not None:
-            if not self.job_store.save(self.state, run_ids):
+            self.state.read_through = self._handed_through(checkpoint)
+            saved = self.state.model_copy(update={"counters": self._saved_counters(checkpoint)}, deep=True)
+            if not self.job_store.save(saved, run_ids):
                 raise KeyboardInterrupt  # the hold is another's: nothing was written, stop
-            self._saved = self.state.model_copy(deep=True)
+            self._saved = saved
 
-    def interrupted(self) -> None:
-        """Mark the job resumable, as of the last saved batch (work after it is read again)."""
+    @property
+    def saved(self) -> BackfillState:
+        """A copy of the job's state as last saved (as loaded, before the first batch): what a
+        resume goes on from, its counts of the input before its checkpoint."""
+        return (self._saved or self.state).model_copy(deep=True)
+
+    def interrupted(self) -> BackfillState:
+        """Mark the job resumable, as of the last saved batch (work after it is read again);
+        returns the state so marked, whose counts the job keeps."""
+        saved = self.saved
         if self.job_store is None or self.submitter is None:
-            return
-        saved = (self._saved or self.state).model_copy(deep=True)
+            return saved
         if saved.status == "reading":
             saved.status = "interrupted"
         saved.elapsed_s += time.monotonic() - self._started
         self.job_store.save(saved)  # (not written when the hold is another's)
+        return saved
 
     # --- output ---------------------------------------------------------------------------
 

@@ -128,6 +128,9 @@ class BackfillState(BaseModel):
     # TRACESCORE_QUEUE says then (None: a state of an earlier release, which kept no queue).
     queue: str | None = None
     checkpoint: tuple[int, int, int] = (0, 0, 0)
+    # Traces handed over that began before the checkpoint and reach it: the position of each
+    # one's last span (a resume skips their spans up to there, read and counted already).
+    read_through: dict[str, tuple[int, int, int]] = Field(default_factory=dict)
     counters: JobCounters = Field(default_factory=JobCounters)
     elapsed_s: float = 0.0
 
