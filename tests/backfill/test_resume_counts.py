@@ -9,18 +9,23 @@ in hand, ahead of the saved ones the resume goes on from.
 
 from __future__ import annotations
 
+import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from tests._redis import RedisServer
 from tests.backfill._doubles import CapturingSubmitter
 from tests.backfill._synth import _line, trace_spans
-from tracing.sources import FileSource
+from tracing.sources import FileSource, Position, SourceItem
+from worker._keys import backfill_state_key
 from worker.backfill._driver import Backfill
 from worker.backfill._state import BackfillOptions, BackfillState, JobCounters, RedisJobStore
+from worker.cli import cli
 
 SCORERS = "tests.backfill.scorers"
 DB = 11  # of the session's Redis: the other backfill tests use 10, 12, 13 and 15
@@ -102,3 +107,42 @@ def test_a_stop_and_resume_count_the_input_once(
     assert _input_counts(resumed.counters) == _input_counts(whole.counters)
     assert sorted(submitter.runs) == sorted(uninterrupted.runs)  # each once, no fragment of its own
     assert resumed.counters.runs_enqueued == whole.counters.runs_enqueued
+
+
+def test_the_interrupted_summary_says_what_was_saved_and_the_resume_adds_up(
+    tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C between two batches: the summary printed the traces and malformed lines read since
+    the last save (counted again by the resume). It prints the saved state's counts now, and
+    the resumed job's add up to the input."""
+    path = _interleaved(tmp_path / "t.jsonl")
+    read, runs = FileSource.read, []
+
+    def interrupted_read(self: FileSource, start: Position | None = None) -> Iterator[SourceItem]:
+        runs.append(start)
+        for n, item in enumerate(read(self, start)):
+            yield item
+            if len(runs) == 1 and n == 60:  # (the first run only) a Ctrl-C between two batches
+                signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(FileSource, "read", interrupted_read)
+    broker = ["--broker", private_redis.url(0), "--json", "--high-water", "1000", "--wait-timeout", "5"]
+    options = ["--scorers", SCORERS, "--scorer", "answer-words", "--batch-size", "7", "--window-spans", "100"]
+    stopped = CliRunner().invoke(cli, ["backfill", str(path), *options, *broker], env={"TRACESCORE_BROKER_URL": ""})
+    assert stopped.exit_code == 130, stopped.output
+    summary = json.loads(stopped.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "interrupted"
+    db = private_redis.client(0, decode_responses=True)
+    saved = json.loads(db.get(backfill_state_key(summary["job_id"])) or "{}")["counters"]
+    assert 0 < saved["traces_read"] < TRACES
+    said = (summary["traces_read"], summary["malformed_lines"], summary["runs_enqueued"])
+    assert said == (saved["traces_read"], saved["malformed"], saved["runs_enqueued"])
+    assert summary["this_run"]["traces_read"] == saved["traces_read"]
+
+    resumed = CliRunner().invoke(
+        cli, ["backfill", "--resume", summary["job_id"], "--no-wait", *broker], env={"TRACESCORE_BROKER_URL": ""}
+    )
+    assert resumed.exit_code == 0, resumed.output
+    done = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert (done["traces_read"], done["malformed_lines"], done["runs_enqueued"]) == (TRACES, 2, TRACES)
+    assert done["this_run"]["traces_read"] == TRACES - saved["traces_read"]

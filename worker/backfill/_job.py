@@ -948,10 +948,14 @@ def _sum_up_interrupted(
     resumed: bool,
 ) -> None:
     """A Redis job stopped by a signal: its state saved as resumable, the summary a finished job
-    prints (the workers' counts so far: unknown when Redis does not answer), the resume line."""
+    prints (the workers' counts so far: unknown when Redis does not answer), the resume line.
+    The summary's counts are the saved state's, which the resume goes on from: what was read
+    past its checkpoint is read and counted again then (the counts in hand, up to a batch and a
+    window ahead, were counted twice by the job's summary once resumed)."""
     import redis
 
     answering = True
+    saved = backfill.saved
     if hold.lost.is_set():
         click.echo(
             f"stopped: this process lost its hold on {state.job_id} (Redis lost the lock, or this process"
@@ -960,19 +964,19 @@ def _sum_up_interrupted(
         )
     else:  # (with the hold lost, the state saved now would overwrite the new holder's)
         try:
-            backfill.interrupted()
+            saved = backfill.interrupted()
         except (redis.exceptions.RedisError, StoreKeyTypeError) as exc:
             # (not asked again for the counts: a Redis that did not answer would hold the
             # resume line back one more timeout)
             answering = not isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError)
             click.echo(f"  the job's state was not saved now ({exc}); its last checkpoint stands", err=True)
-    state.status = "interrupted"
+    saved.status = state.status = "interrupted"
     so_far: dict[str, int] | None = None
     if answering:
         with suppress(redis.exceptions.RedisError, StoreKeyTypeError):
             so_far = submitter.progress(state.job_id)
-    summary = _summary(state, "redis", so_far, time.monotonic() - started)
-    _this_run(summary, at_start, state.counters, resumed=resumed)
+    summary = _summary(saved, "redis", so_far, time.monotonic() - started)
+    _this_run(summary, at_start, saved.counters, resumed=resumed)
     if so_far is None:
         summary["scored"] = summary["failed"] = None
     if as_json:
