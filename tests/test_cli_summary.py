@@ -510,7 +510,9 @@ def test_redis_mode_prints_the_per_scorer_summary(redis_server: RedisServer, tmp
         assert refused.exit_code == 0, refused.output
         assert "scores by scorer (30 runs)" in refused.stderr
         assert f"sink delivery unknown: Redis key {_keys.outbox_key('otlp')} holds a string" in refused.stderr
-        assert "sinks" not in json.loads(refused.stdout.strip().splitlines()[-1])
+        refused_summary = json.loads(refused.stdout.strip().splitlines()[-1])
+        assert refused_summary["sinks"] is None  # said, not left out
+        assert refused_summary["sinks_unknown"].startswith(f"Redis key {_keys.outbox_key('otlp')} holds a string")
         assert client.get(_keys.outbox_key("otlp")) == b"not a queue"
     finally:
         os.killpg(worker.pid, 15)

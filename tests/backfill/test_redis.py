@@ -29,7 +29,7 @@ from tests._redis import RedisServer
 from tests.backfill._synth import trace_id, write_otlp_files
 from tests.worker._batches import batch
 from tracing import CelerySink
-from worker._keys import backfill_runs_key, backfill_state_key
+from worker._keys import backfill_runs_key, backfill_state_key, backfill_traces_key
 from worker.cli import cli
 
 pytestmark = pytest.mark.redis
@@ -625,3 +625,45 @@ def test_a_resumed_jobs_summary_says_which_figures_are_this_runs(
     ) in result.stderr
     assert "  sink jsonl        delivered 4,500, failed 0, pending 0" in result.stderr
     assert re.search(r"  elapsed +\S+ \([\d.]+s, this run\)", result.stderr), result.stderr
+
+
+def test_resuming_a_finished_job_sums_up_its_sinks_and_spend(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """`--resume` of a job already finished enqueues nothing: its summary left out the sink
+    lines and the judge spend its first summary had (both were read back from this run's runs,
+    none). They are the job's now, read back from its run ids in Redis."""
+    write_otlp_files(tmp_path, 60, files=1)
+    first = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers")
+    assert first["status"] == "finished", _worker_logs(workers)
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", "--resume", first["job_id"], "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert result.exit_code == 0, result.output
+    again = json.loads(result.stdout.strip().splitlines()[-1])
+    assert again["status"] == "finished"
+    assert again["this_run"]["runs_enqueued"] == 0
+    assert again["sinks"] == first["sinks"]
+    assert again["sinks_of"] == "job"
+    assert again["spend"] == first["spend"]
+    assert again["spend_of"] == "job"
+    assert "  sink jsonl        delivered 180, failed 0, pending 0" in result.stderr
+    assert "judge spend" not in result.stderr.split("(resumed:")[1].split(")")[0]  # not of this run alone
+
+    # A job an earlier release started kept its runs as trace ids: neither figure can be had,
+    # and the summary says so rather than leaving the keys out.
+    db.sadd(backfill_traces_key(first["job_id"]), trace_id(0))
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", "--resume", first["job_id"], "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert result.exit_code == 0, result.output
+    old = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (old["sinks"], old["spend"]) == (None, None)
+    assert "earlier release" in old["sinks_unknown"]
+    assert "earlier release" in old["spend_unknown"]
+    assert f"  judge spend       unknown ({old['spend_unknown']})" in result.stderr
+    assert f"  sink delivery unknown: {old['sinks_unknown']}" in result.stderr

@@ -113,7 +113,7 @@ def _sink_names(chosen: tuple[str, ...], otlp: bool) -> tuple[str, ...]:
 
 def _report_sinks(summary: dict[str, Any]) -> None:
     """Print each sink's delivery line (and the backend's answer for its refusals)."""
-    for name, state in summary.get("sinks", {}).items():
+    for name, state in (summary.get("sinks") or {}).items():
         line = (
             f"  sink {name:<12} delivered {state['delivered']:,}, failed {state['failed']:,}, "
             f"pending {state['pending']:,}"
@@ -130,7 +130,7 @@ def _report_sinks(summary: dict[str, Any]) -> None:
 
 
 def _check_sinks(summary: dict[str, Any]) -> None:
-    bad = {n: s for n, s in summary.get("sinks", {}).items() if s["failed"] or s["pending"]}
+    bad = {n: s for n, s in (summary.get("sinks") or {}).items() if s["failed"] or s["pending"]}
     if bad:
         parts = [f"{n}: {s['failed']:,} failed, {s['pending']:,} pending" for n, s in sorted(bad.items())]
         raise SinkFailedError(
@@ -312,15 +312,16 @@ def print_summary(summary: dict[str, Any]) -> None:
     lines = [f"backfill {summary['job_id']} ({summary['mode']}): {summary['status']}"]
     this_run = summary.get("this_run") if summary.get("resumed") else None
     if this_run is not None:
-        # (the sink lines are the job's too, unless it was started by a release that kept no run ids)
-        ours = (
-            "judge spend and per-scorer summary"
-            if summary.get("sinks_of") == "job"
-            else ("judge spend, per-scorer summary and sink lines")
-        )
+        # (the sink lines are the job's too, unless it was started by a release that kept no run
+        # ids; the judge spend too when this run enqueued nothing)
+        ours = ["elapsed time"]
+        ours += [] if summary.get("spend_of") == "job" else ["judge spend"]
+        ours += ["per-scorer summary"]
+        ours += [] if summary.get("sinks_of") == "job" else ["sink lines"]
+        named = ", ".join(ours[:-1]) + f" and {ours[-1]}"
         lines.append(
             f"  (resumed: the counts are the whole job's; this run read {this_run['traces_read']:,} traces and"
-            f" enqueued {this_run['runs_enqueued']:,} runs, and the elapsed time, {ours} are of those alone)"
+            f" enqueued {this_run['runs_enqueued']:,} runs, and the {named} are of those alone)"
         )
     lines += [
         f"  traces read       {summary['traces_read']:,}" + (f"   ({rate:,.0f}/s)" if summary["traces_read"] else ""),
@@ -375,6 +376,8 @@ def print_summary(summary: dict[str, Any]) -> None:
             " the trace was read without them)"
         )
     lines += spend_lines(summary.get("spend"))
+    if summary.get("spend_unknown"):
+        lines.append(f"  judge spend       unknown ({summary['spend_unknown']})")
     lines.append(
         f"  elapsed           {format_duration(elapsed)} ({elapsed:.2f}s{', this run' if this_run is not None else ''})"
     )
@@ -501,14 +504,21 @@ def _job_delivery(
         outbox.close()
 
 
-def _job_score_ids(runs: RedisJobStore, job_id: str, registry: Registry, scorer_ids: list[str]) -> Iterator[str]:
-    """Every score id of the job, over all its runs (streamed): each run it enqueued (trace:span)
-    with each of its scorers, for every run asks for all of them."""
+def _job_scores(
+    runs: RedisJobStore, job_id: str, registry: Registry, scorer_ids: list[str]
+) -> Iterator[tuple[str, str, str]]:
+    """Every score of the job (score id, scorer id, no agent), over all its runs (streamed): each
+    run it enqueued (trace:span) with each of its scorers, for every run asks for all of them."""
     versions = {s: registry[s].version for s in scorer_ids if s in registry}
     for run in runs.run_ids(job_id) or ():
         trace_id, _, span_id = run.partition(":")
         for scorer_id, version in versions.items():
-            yield score_id_for(trace_id, span_id, scorer_id, version)
+            yield score_id_for(trace_id, span_id, scorer_id, version), scorer_id, ""
+
+
+def _job_score_ids(runs: RedisJobStore, job_id: str, registry: Registry, scorer_ids: list[str]) -> Iterator[str]:
+    """Every score id of the job (streamed)."""
+    return (score_id for score_id, _, _ in _job_scores(runs, job_id, registry, scorer_ids))
 
 
 def _job_letters(outbox: Any, sink: str, score_ids: Callable[[], Iterable[str]]) -> list[dict[str, Any]]:
@@ -577,27 +587,8 @@ class _Enqueued:
     ) -> Summary:
         """Read the records (MGET in chunks; only the fields the summary shows are parsed);
         ``out`` gets each record's JSON as one line."""
-        summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
         self.missing.clear()
-        wanted = self._scores(registry, scorer_ids)
-        while chunk := list(islice(wanted, 1000)):
-            raws = store.mget([record_key(s) for s, _, _ in chunk])
-            for (score_id, scorer_id, agent), raw in zip(chunk, raws, strict=True):
-                if not raw:
-                    self.missing[scorer_id] += 1  # not scored yet, or under another id
-                    continue
-                try:
-                    # Only the fields the summary shows, parsed and checked in pydantic-core:
-                    # the read-back is mostly parsing.
-                    fields = _ReadBack.model_validate_json(raw).__dict__
-                except ValidationError as exc:
-                    # Damaged, or not a record: left out, as the store reads it (never its values).
-                    log.warning("score_record_unreadable", score_id=score_id, problems=exc.error_count())
-                    continue
-                if out is not None:
-                    out.write(raw + "\n")
-                summary.add(Outcome.of_record(fields, agent))
-        return summary
+        return _read_back(store, registry, scorer_ids, self._scores(registry, scorer_ids), self.missing, worst, out)
 
     def close(self) -> None:
         self._spool.close()
@@ -613,6 +604,99 @@ _READ_BACK_FIELDS: dict[str, Any] = {
     name: (field.annotation, field) for name, field in ScoreRecord.model_fields.items() if name in _READ_BACK
 }
 _ReadBack = create_model("_ReadBack", **_READ_BACK_FIELDS)
+
+
+def _read_back(
+    store: Any,
+    registry: Registry,
+    scorer_ids: list[str],
+    wanted: Iterator[tuple[str, str, str]],
+    missing: Counter[str],
+    worst: int = 3,
+    out: IO[str] | None = None,
+) -> Summary:
+    """The summary of the records of ``wanted`` (score id, scorer id, agent), read in chunks
+    (MGET; only the fields the summary shows are parsed); ``missing`` counts, per scorer, the
+    scores with no record, and ``out`` gets each record's JSON as one line."""
+    summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
+    while chunk := list(islice(wanted, 1000)):
+        raws = store.mget([record_key(s) for s, _, _ in chunk])
+        for (score_id, scorer_id, agent), raw in zip(chunk, raws, strict=True):
+            if not raw:
+                missing[scorer_id] += 1  # not scored yet, or under another id
+                continue
+            try:
+                # Only the fields the summary shows, parsed and checked in pydantic-core:
+                # the read-back is mostly parsing.
+                fields = _ReadBack.model_validate_json(raw).__dict__
+            except ValidationError as exc:
+                # Damaged, or not a record: left out, as the store reads it (never its values).
+                log.warning("score_record_unreadable", score_id=score_id, problems=exc.error_count())
+                continue
+            if out is not None:
+                out.write(raw + "\n")
+            summary.add(Outcome.of_record(fields, agent))
+    return summary
+
+
+def _job_spend(runs: RedisJobStore, job_id: str, registry: Registry, scorer_ids: list[str]) -> dict[str, Any] | str:
+    """The judge spend of every score of the job (``Spend.as_json()``), read back from its
+    records by its run ids, or why it cannot be had (a str): records gone, or no run ids."""
+    if runs.run_ids(job_id) is None:
+        return "the job was started by an earlier release, which kept no run ids to read its scores by"
+    missing: Counter[str] = Counter()
+    wanted = _job_scores(runs, job_id, registry, scorer_ids)
+    summary = _read_back(runs.client, registry, scorer_ids, wanted, missing)
+    if missing:
+        return (
+            f"{sum(missing.values()):,} of the job's score records are gone (expired:"
+            " TRACESCORE_SCORE_TTL_SECONDS), so the spend read back would be short of the job's"
+        )
+    return summary.spend.as_json()
+
+
+def _job_sinks(
+    summary: dict[str, Any],
+    settings: Settings,
+    runs: RedisJobStore,
+    state: BackfillState,
+    registry: Registry,
+    enqueued: _Enqueued,
+    reporter: ProgressReporter,
+    *,
+    resumed: bool,
+) -> None:
+    """Set ``summary``'s ``sinks``: where the job's scores stand with each sink. A resumed job's
+    are the whole job's: its runs are kept in Redis (ids derived from them, asked about 5,000 a
+    pipeline, as this run's are); the runs this process enqueued alone for a job an earlier
+    release started. ``null`` with ``sinks_unknown`` when they cannot be had."""
+    import redis
+
+    unknown: str | None = None
+    try:
+        whole_job = resumed and runs.run_ids(state.job_id) is not None
+        scorer_ids = state.options.scorer_ids
+        score_ids: Callable[[], Iterable[str]] = (
+            functools.partial(_job_score_ids, runs, state.job_id, registry, scorer_ids)
+            if whole_job
+            else functools.partial(enqueued.score_ids, registry, scorer_ids)
+        )
+        sinks = _job_delivery(settings, score_ids, reporter)
+    except redis.exceptions.RedisError as exc:
+        unknown = f"cannot read the outbox ({exc})"
+    except (SpoolError, StoreKeyTypeError) as exc:
+        unknown = str(exc)
+    else:
+        if sinks:
+            summary["sinks"] = sinks
+            if resumed:
+                summary["sinks_of"] = "job" if whole_job else "this_run"
+        elif resumed and not whole_job and not enqueued.count:
+            # (none of this run's runs to ask about: an empty answer would read as a job with no sink)
+            unknown = "the job was started by an earlier release, which kept no run ids to ask by"
+    if unknown is not None:
+        click.echo(f"  sink delivery unknown: {unknown}", err=True)
+        summary["sinks"], summary["sinks_unknown"] = None, unknown
 
 
 def _missing_records(missing: dict[str, int], registry: Registry) -> None:
@@ -1199,26 +1283,19 @@ def _run_held(
         if not no_wait and registry is not None and (enqueued.count or resumed) and state.status == "finished":
             runs = RedisJobStore(redis.Redis.from_url(settings.store_url, **DECODED))
             try:
-                # A resumed job's sink lines are the whole job's: its runs are kept in Redis (ids
-                # derived from them, asked about 5,000 a pipeline, as this run's are); the runs
-                # this process enqueued alone for a job an earlier release started.
-                whole_job = resumed and runs.run_ids(state.job_id) is not None
-                scorer_ids = state.options.scorer_ids
-                score_ids: Callable[[], Iterable[str]] = (
-                    functools.partial(_job_score_ids, runs, state.job_id, registry, scorer_ids)
-                    if whole_job
-                    else functools.partial(enqueued.score_ids, registry, scorer_ids)
-                )
-                sinks = _job_delivery(settings, score_ids, reporter)
-            except redis.exceptions.RedisError as exc:
-                click.echo(f"  sink delivery unknown: cannot read the outbox ({exc})", err=True)
-            except (SpoolError, StoreKeyTypeError) as exc:
-                click.echo(f"  sink delivery unknown: {exc}", err=True)
-            else:
-                if sinks:
-                    summary["sinks"] = sinks
-                    if resumed:
-                        summary["sinks_of"] = "job" if whole_job else "this_run"
+                _job_sinks(summary, settings, runs, state, registry, enqueued, reporter, resumed=resumed)
+                if resumed and not enqueued.count and not enqueued.lost:
+                    # This run enqueued nothing (the job was enqueued or finished already): its
+                    # spend is the job's, read back by the job's run ids, or said to be unknown.
+                    try:
+                        spend = _job_spend(runs, state.job_id, registry, state.options.scorer_ids)
+                    except redis.exceptions.RedisError as exc:
+                        spend = f"cannot read the scores back ({exc})"
+                    if isinstance(spend, str):
+                        summary["spend"], summary["spend_unknown"] = None, spend
+                    else:
+                        summary["spend"] = spend
+                    summary["spend_of"] = "job"
             finally:
                 runs.client.close()
         if by_scorer is not None:
