@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from tests._redis import RedisServer
 from tests.backfill._doubles import CapturingSubmitter
 from tests.backfill._synth import _line, trace_spans
+from tests.backfill.faketempo import FakeTempo
 from tracing.sources import FileSource, Position, SourceItem
 from worker._keys import backfill_state_key
 from worker.backfill._driver import Backfill
@@ -146,3 +147,48 @@ def test_the_interrupted_summary_says_what_was_saved_and_the_resume_adds_up(
     done = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert (done["traces_read"], done["malformed_lines"], done["runs_enqueued"]) == (TRACES, 2, TRACES)
     assert done["this_run"]["traces_read"] == TRACES - saved["traces_read"]
+
+
+def test_a_tempo_search_warning_is_counted_once_by_a_resume_inside_its_window(store: RedisJobStore) -> None:
+    """A Tempo search's warning (search results whose trace id is not hex) was given at the
+    start of its window, before the checkpoint of a job stopped inside it: the resume searched
+    the window again and counted the warning a second time (2 malformed of 1)."""
+    from tests.backfill._synth import BASE_NS
+    from tests.backfill.test_tempo import STEP_NS, _trace
+    from tracing.sources import TempoSource
+
+    tempo = FakeTempo().start()
+    try:
+        for i in range(40):
+            tempo.add(_trace(i))
+        tempo.extra_search_entries = [{"traceID": "not-hex"}]
+
+        def source() -> TempoSource:
+            return TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 40 * STEP_NS, window_s=3600)
+
+        def state() -> BackfillState:
+            options = BackfillOptions(scorers_module=SCORERS, scorer_ids=["answer-words"], batch_size=7)
+            return BackfillState(job_id="bf-tempo", source=source().describe(), options=options)
+
+        whole = state()
+        uninterrupted = CapturingSubmitter()
+        Backfill(source(), whole, uninterrupted).run()
+        assert (whole.counters.traces_read, whole.counters.malformed) == (40, 1)
+
+        stopped = state()
+        submitter = CapturingSubmitter()
+        first = Backfill(
+            source(), stopped, submitter, job_store=store, should_stop=lambda: stopped.counters.runs_enqueued >= 14
+        )
+        with pytest.raises(KeyboardInterrupt):
+            first.run()
+        first.interrupted()
+        saved = store.load(stopped.job_id)
+        assert saved is not None
+        assert saved.checkpoint[0] == 0  # the one window
+        assert saved.checkpoint[1] > 1  # past its start, where the warning was given
+        resumed = Backfill(source(), saved, submitter, job_store=store).run()
+    finally:
+        tempo.stop()
+    assert _input_counts(resumed.counters) == _input_counts(whole.counters)
+    assert sorted(submitter.runs) == sorted(uninterrupted.runs)

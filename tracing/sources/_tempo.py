@@ -433,7 +433,13 @@ class TempoSource:
                 index = 0
                 for listed in self._window_traces(window_start, window_end):
                     if isinstance(listed, str):
-                        warning = Malformed(Position(unit), f"tempo search {window_start}..{window_end}", listed)
+                        # At the position of the trace after it: a read from inside the window
+                        # (a resume) searches it again, and gives the warning again only when it
+                        # comes at or past the start, or the job counted it twice.
+                        if index < skip:
+                            continue
+                        where = f"tempo search {window_start}..{window_end}"
+                        warning = Malformed(Position(unit, index + 1), where, listed)
                         if held:
                             held.append(warning)
                         else:
