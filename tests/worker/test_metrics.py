@@ -351,6 +351,38 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
         run_coro(ledger.close(), 5)
 
 
+def test_an_unreadable_score_record_or_checkpoint_is_counted(redis_url: str) -> None:
+    """A stored score record or step checkpoint that no longer validates is read as none (the
+    run is scored again, or starts over): counted in tracescore_store_unreadable_values under
+    key score_record or checkpoint, each read, so an operator can alert on it. It was logged
+    only (score_record_unreadable, checkpoint_unreadable)."""
+    from worker.store import RedisScoreStore
+
+    damaged, foreign, whole = "damaged-record", "foreign-record", "whole-checkpoint"
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.set(_keys.record_key(damaged), "{not json")
+        client.set(_keys.record_key(foreign), json.dumps({"score_id": foreign, "score": {"value": 0.9}}))
+        client.set(_keys.checkpoint_key(damaged), b"\xff\xfe{not json")
+        client.set(_keys.checkpoint_key(whole), json.dumps({"run_id": "r", "completed_steps": ["preprocess"]}))
+    finally:
+        client.close()
+    before = (_unreadable("score_record"), _unreadable("checkpoint"))
+
+    async def read() -> tuple[dict[str, Any], dict[str, Any]]:
+        store = RedisScoreStore(redis_url)
+        try:
+            ids = [damaged, foreign, whole]
+            return await store.existing(ids), await store.get_checkpoints(ids)
+        finally:
+            await store.close()
+
+    records, checkpoints = asyncio.run(read())
+    assert (records, list(checkpoints)) == ({}, [whole])
+    assert _unreadable("score_record") - before[0] == 2
+    assert _unreadable("checkpoint") - before[1] == 1
+
+
 def test_keys_of_another_type_are_named_not_reported_as_redis_down(redis_url: str) -> None:
     """Redis answers, but the queue's list, kombu's unacked hash and the dead-letter counts hold
     other types: the queue's key (it holds messages, never deleted) is named in

@@ -137,8 +137,9 @@ RECORDED: Final = (
         "tracescore_store_unreadable_values",
         "gauge",
         ("key",),
-        "Reads of values in Redis that were not numbers, skipped (since this node started), by key: "
-        "each read counts, so a value left unfixed keeps it rising",
+        "Reads of values in Redis that could not be read, skipped (since this node started), by key: a "
+        "counter or spend field that was not a number (its name), a score_record or checkpoint that did "
+        "not validate; each read counts, so a value left unfixed keeps it rising",
     ),
     MetricSpec(
         "tracescore_store_key_repairs",

@@ -133,8 +133,9 @@ def _readable(
     model: type[_Stored], score_ids: Sequence[str], values: Sequence[str | None], event: str
 ) -> dict[str, _Stored]:
     """The values present among ``values`` (MGET's, in ``score_ids`` order) read as ``model``.
-    One that no longer validates (damaged, or kept by another version) is left out and logged
-    as ``event``, with its score id and the failing fields, never its values."""
+    One that no longer validates (damaged, or kept by another version) is left out, logged as
+    ``event`` with its score id and the failing fields (never its values), and counted in
+    ``tracescore_store_unreadable_values`` under the event's name less ``_unreadable``."""
     found: dict[str, _Stored] = {}
     for score_id, value in zip(score_ids, values, strict=True):
         if not value:
@@ -143,6 +144,9 @@ def _readable(
             found[score_id] = model.model_validate_json(value)
         except ValidationError as exc:
             log.warning(event, score_id=score_id, failed=failed_fields(exc))
+            from worker.metrics import observe_unreadable  # as read_counters: loaded only for this
+
+            observe_unreadable(event.removesuffix("_unreadable"))
     return found
 
 
