@@ -173,8 +173,8 @@ def _promtool() -> str:
 
 def test_promtool_checks_the_rules_and_their_unit_tests() -> None:
     """`promtool check rules` accepts the file; its unit tests (queue backlog, no worker consuming,
-    no worker up, dead-letter growth, judge error rate, runs failing, budget, Redis unreachable,
-    a key refused) fire and stay quiet when they should."""
+    no worker up, dead-letter growth, a sink's dead letters and dropped scores, judge error rate,
+    runs failing, budget, Redis unreachable, a key refused) fire and stay quiet when they should."""
     promtool = _promtool()
     checked = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
