@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._pty import on_a_terminal
 from tests.backfill._synth import write_otlp_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,28 +125,12 @@ def test_a_closed_output_is_one_commands_not_the_next_ones() -> None:
 def test_score_json_on_a_terminal_is_not_glued_to_the_progress_bar(tmp_path: Path) -> None:
     """stdout and stderr one terminal: each chunk's first JSON line came right after the bar's
     text, on its line (review). The bar is cleared first now."""
-    import os
-    import pty
-
     runs = tmp_path / "runs.jsonl"
     runs.write_text("".join(json.dumps({"run_id": f"r{i}", "input": "q", "output": "a"}) + "\n" for i in range(3000)))
-    primary, secondary = pty.openpty()
-    command = [sys.executable, "-c", "from worker.cli import main; raise SystemExit(main())"]
-    args = ["score", str(runs), "--scorers", "examples.scorers", "--json", "--chunk", "200"]
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200"}
-    with subprocess.Popen([*command, *args], cwd=ROOT, env=env, stdout=secondary, stderr=secondary) as process:
-        os.close(secondary)
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # the terminal's other end closed: the command ended
-                break
-            if not chunk:
-                break
-            seen += chunk
-        assert process.wait(timeout=60) == 0
-    os.close(primary)
-    text = seen.decode(errors="replace")
+    shown = on_a_terminal(
+        ["score", str(runs), "--scorers", "examples.scorers", "--json", "--chunk", "200"], stdout_too=True
+    )
+    assert shown.returncode == 0
+    text = shown.text
     assert "scoring: " in text  # the bar was drawn
     assert not re.search(r"scoring: [^\r\n]*\{\"run_id\"", text), text[-2000:]

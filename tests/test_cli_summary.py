@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from tests._pty import on_a_terminal
 from tests._redis import RedisServer
 from worker._summary import Outcome, Summary, percentile
 from worker.backfill import print_summary as _print_summary
@@ -642,30 +643,12 @@ def test_score_from_a_pipe_shows_no_share_done(tmp_path: Path, monkeypatch: pyte
 
 def test_score_draws_its_share_done_on_a_terminal(tmp_path: Path) -> None:
     """On a terminal (stderr a pty) the bar shows the share of the file done, as compare's."""
-    import pty
     import re
 
     runs = _write_runs(tmp_path / "runs.jsonl", [{"input": "q", "output": "a"} for _ in range(3000)])
-    primary, secondary = pty.openpty()
-    command = [sys.executable, "-c", "from worker.cli import main; raise SystemExit(main())"]
-    args = ["score", str(runs), "--scorers", V1, "--scorer", "length", "--chunk", "200"]
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200"}
-    with subprocess.Popen([*command, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=secondary) as process:
-        os.close(secondary)
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # the terminal's other end closed: the command ended
-                break
-            if not chunk:
-                break
-            seen += chunk
-        assert process.stdout is not None
-        process.stdout.read()
-        assert process.wait(timeout=60) == 0
-    os.close(primary)
-    terminal = seen.decode(errors="replace")
+    shown = on_a_terminal(["score", str(runs), "--scorers", V1, "--scorer", "length", "--chunk", "200"])
+    assert shown.returncode == 0
+    terminal = shown.text
     # The first chunk's update is drawn at once: 200 of 3,000 equal lines.
     assert re.search(r"\r\x1b\[2K\[#\.{19}\]   6\.7% scoring: 200 runs", terminal), terminal[-2000:]
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from tests._pty import on_a_terminal
 from worker._compare import compare_files
 from worker.cli import cli
 
@@ -367,38 +368,10 @@ def test_compare_reports_its_progress_per_phase(tmp_path: Path) -> None:
 def test_compare_shows_a_progress_bar_on_a_terminal_and_keeps_json_stdout_pure(tmp_path: Path) -> None:
     """As score and backfill do: on a terminal (stderr a pty) the bar is drawn; with --json,
     stdout (a pipe here) holds the one JSON object and nothing else."""
-    import os
-    import pty
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
     old, new = _many(tmp_path, 3000)
-    primary, secondary = pty.openpty()
-    command = [sys.executable, "-c", "from worker.cli import main; raise SystemExit(main())"]
-    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "COLUMNS": "200"}
-    with subprocess.Popen(
-        [*command, "compare", str(old), str(new), "--json"],
-        cwd=root,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=secondary,
-    ) as process:
-        os.close(secondary)
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # the terminal's other end closed: the command ended
-                break
-            if not chunk:
-                break
-            seen += chunk
-        assert process.stdout is not None
-        stdout = process.stdout.read().decode()
-        assert process.wait(timeout=60) == 0
-    os.close(primary)
-    terminal = seen.decode(errors="replace")
+    shown = on_a_terminal(["compare", str(old), str(new), "--json"])
+    assert shown.returncode == 0
+    terminal, stdout = shown.text, shown.stdout
     for phase in ("reading old: ", "reading new: ", "comparing: "):
         assert phase in terminal, terminal
     assert "\r\x1b[2K" in terminal  # a redrawn bar, not plain lines
