@@ -3,10 +3,12 @@ handed (the broker's stand-in) and a reporter that keeps its messages."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+from tests._redis import RedisServer
 from tracing.queue import MESSAGE_ENVELOPE_BYTES, ScoreBatch, request_json
 from worker._progress import ProgressReporter
+from worker.backfill._state import RedisJobStore
 
 
 class CapturingSubmitter:
@@ -50,3 +52,14 @@ class Messages(ProgressReporter):
 
     def message(self, text: str) -> None:
         self.lines.append(text)
+
+
+def redis_job_store(server: RedisServer, db: int) -> Iterator[RedisJobStore]:
+    """A job store on ``db`` of ``server``, emptied before and after (a fixture's body)."""
+    client = server.client(db, decode_responses=True)
+    client.flushdb()
+    try:
+        yield RedisJobStore(client)
+    finally:
+        client.flushdb()
+        client.close()

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests._redis import RedisServer
-from tests.backfill._doubles import CapturingSubmitter
+from tests.backfill._doubles import CapturingSubmitter, redis_job_store
 from tests.backfill._synth import BASE_NS, _line, trace_id, trace_spans, write_otlp_files
 from tests.backfill.faketempo import FakeTempo, encode_spans
 from tests.backfill.test_batch_bytes import _three_agent_line
@@ -64,13 +64,7 @@ def _written_twice(path: Path) -> Path:
 
 @pytest.fixture
 def store(redis_server: RedisServer) -> Iterator[RedisJobStore]:
-    client = redis_server.client(DB, decode_responses=True)
-    client.flushdb()
-    try:
-        yield RedisJobStore(client)
-    finally:
-        client.flushdb()
-        client.close()
+    yield from redis_job_store(redis_server, DB)
 
 
 def test_a_file_named_twice_is_read_once(tmp_path: Path) -> None:

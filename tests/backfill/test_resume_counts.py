@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests._redis import RedisServer
-from tests.backfill._doubles import CapturingSubmitter
+from tests.backfill._doubles import CapturingSubmitter, redis_job_store
 from tests.backfill._synth import _line, trace_spans
 from tests.backfill.faketempo import FakeTempo
 from tracing.sources import FileSource, Position, SourceItem
@@ -66,13 +66,7 @@ def _input_counts(counters: JobCounters) -> dict[str, Any]:
 
 @pytest.fixture
 def store(redis_server: RedisServer) -> Iterator[RedisJobStore]:
-    client = redis_server.client(DB, decode_responses=True)
-    client.flushdb()
-    try:
-        yield RedisJobStore(client)
-    finally:
-        client.flushdb()
-        client.close()
+    yield from redis_job_store(redis_server, DB)
 
 
 @pytest.mark.parametrize("stop_after", [30, 100, 160])

@@ -310,18 +310,22 @@ _CHAINS: dict[str, tuple[list[ScoreRecord | str], dict[str, dict[str, int]]]] = 
 @pytest.mark.parametrize("chain", list(_CHAINS))
 def test_a_job_counts_each_score_once_whoever_records_it(store: Any, chain: str) -> None:
     steps, expected = _CHAINS[chain]
+    assert run(_play(store, steps)) == {"a": {}, "b": {}, **expected}
 
-    async def go() -> dict[str, dict[str, int]]:
-        for step in steps:
-            if isinstance(step, str):
-                await store.jobs.count_skipped_once(step, "already_scored", [_score(None).score_id])
-            else:
-                await store.put_records([step], "w", 60)
-        progress = {job: _totals(await store.jobs.progress(job)) for job in "ab"}
-        await store.close()
-        return progress
 
-    assert run(go()) == {"a": {}, "b": {}, **expected}
+async def _play(store: Any, steps: list[ScoreRecord | str]) -> dict[str, dict[str, int]]:
+    """Each step in turn (a record put, a job's skip counted by its id, ``"end"``: job a
+    finishes); then jobs a's and b's totals."""
+    for step in steps:
+        if step == "end":
+            await store.jobs.finish("a")
+        elif isinstance(step, str):
+            await store.jobs.count_skipped_once(step, "already_scored", [_score(None).score_id])
+        else:
+            await store.put_records([step], "w", 60)
+    progress = {job: _totals(await store.jobs.progress(job)) for job in "ab"}
+    await store.close()
+    return progress
 
 
 async def _one_id_twice(
@@ -494,20 +498,7 @@ _AFTER_THE_END: dict[str, tuple[list[ScoreRecord | str], dict[str, dict[str, int
 @pytest.mark.parametrize("chain", list(_AFTER_THE_END))
 def test_a_finished_jobs_scores_still_change_outcome(store: Any, chain: str) -> None:
     steps, expected = _AFTER_THE_END[chain]
-
-    async def go() -> dict[str, dict[str, int]]:
-        for step in steps:
-            if step == "end":
-                await store.jobs.finish("a")
-            elif isinstance(step, str):
-                await store.jobs.count_skipped_once(step, "already_scored", [_score(None).score_id])
-            else:
-                await store.put_records([step], "w", 60)
-        progress = {job: _totals(await store.jobs.progress(job)) for job in "ab"}
-        await store.close()
-        return progress
-
-    assert run(go()) == {"a": {}, "b": {}, **expected}
+    assert run(_play(store, steps)) == {"a": {}, "b": {}, **expected}
 
 
 @pytest.mark.parametrize(
