@@ -25,7 +25,9 @@ attempts, Σ over the prompt steps of 1 + max_processor_retries, plus one per re
 error. So one transient failure is retried by the worker as before, and a judge that always
 answers 503 to a scorer with 3 retries costs 4 + 3 = 7 requests, not 4 × 4 = 16. A first
 delivery reads nothing: its own attempts stay within the default cap (a cap set lower is held
-by counting that delivery's failures in the process).
+by counting that delivery's failures in the process). A run split from a batch that crashed
+its worker (``worker._task``) is not on a first delivery, though its message is new: it reads
+what the batch's deliveries failed.
 
 Days are UTC dates of the worker's clock. Spend is kept per day for ``SPEND_TTL_S`` and per
 job until the job's keys expire. ``MemoryLedger`` is the in-process twin (backfill without a
@@ -438,8 +440,9 @@ class _Run:
     job_id: str | None
     max_calls: int
     version: str = ""
-    # A redelivery reads the run's count kept by its earlier deliveries; a first delivery
-    # counts its own failures here (no read: what one delivery makes is within the default cap).
+    # A redelivery (a split batch's run included) reads the run's count kept by its earlier
+    # deliveries; a first delivery counts its own failures here (no read: what one delivery
+    # makes is within the default cap).
     redelivery: bool = True
     failed_here: int = 0
     last_here: str | None = None

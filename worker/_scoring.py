@@ -697,8 +697,9 @@ async def score_batch(
     ``report.retry`` (their claims released, checkpoints kept) for the caller to retry.
     Pairs claimed by another delivery are listed in ``report.deferred``: retry them after a
     while (once that delivery recorded them, or its claim lapsed).
-    ``redelivery=False`` (a message's first delivery) spares the judge-call cap its read of
-    the runs' failed calls in earlier deliveries (there are none).
+    ``redelivery=False`` (the first delivery of a message's runs: not a split batch's run)
+    spares the judge-call cap its read of the runs' failed calls in earlier deliveries (there
+    are none).
     """
     started = time.perf_counter()
     # Claims belong to this delivery, not to the process.

@@ -59,6 +59,10 @@ MAX_DEAD_PAYLOAD_BYTES = 1024 * 1024
 MAX_CRASHED_DELIVERIES = 2
 # Names the per-run messages of a split batch (deterministic: a second split sends the same ids).
 _SPLIT_NAMESPACE = uuid.UUID("5b0c1f0e-7a53-4d0b-9f7e-3a2f4c8d9e10")
+# Names, on each per-run message of a split batch, the task id of the batch it came from: the
+# message is new, but its run was delivered before and may have paid judge calls that failed
+# (the call cap reads them). A producer setting it only makes its runs' cap read their count.
+_SPLIT_HEADER = "tracescore_split_from"
 # The main process tells its prefork children to start their grace period with this (worker._app).
 DRAIN_SIGNAL = signal.SIGUSR2
 # Failures of the machinery around scoring (the broker, Redis, the loop wait): the message goes
@@ -145,7 +149,10 @@ def _split(task: Task[Any, Any], payload: dict[str, Any], batch: ScoreBatch, tas
     for i, request in enumerate(runs):
         sub_id = str(uuid.uuid5(_SPLIT_NAMESPACE, f"{task_id}/{i}"))
         task.apply_async(
-            args=({"batch_id": f"{batch.batch_id}/{i}", "requests": [request]},), task_id=sub_id, queue=queue
+            args=({"batch_id": f"{batch.batch_id}/{i}", "requests": [request]},),
+            task_id=sub_id,
+            queue=queue,
+            headers={_SPLIT_HEADER: task_id},
         )
 
 
@@ -313,6 +320,12 @@ def _screened(self: Task[Any, Any]) -> bool:
     return isinstance(measured, int) and not isinstance(measured, bool) and measured >= 0
 
 
+def _split_from_a_batch(self: Task[Any, Any]) -> bool:
+    """Whether this message is one run of a batch ``_split`` after a crash: its first delivery
+    is not its run's, so the judge-call cap reads what the batch's deliveries paid."""
+    return isinstance(getattr(self.request, _SPLIT_HEADER, None), str)
+
+
 def _size(payload: Any) -> int:
     """The payload's size as the guard measures it (UTF-8 bytes of compact JSON; -1: not JSON).
     ASCII escaping would count a CJK character 6 bytes instead of 3 (an emoji 12, not 4)."""
@@ -393,7 +406,9 @@ def _score_delivery(
     final = attempt >= settings.retry_budget
     try:
         report = run_draining(
-            score_batch(batch, runtime.deps, final_attempt=final, redelivery=deliveries > 1),
+            score_batch(
+                batch, runtime.deps, final_attempt=final, redelivery=deliveries > 1 or _split_from_a_batch(self)
+            ),
             timeout=settings.task_soft_time_limit,
             on_wait=probe_files.beat_from_task,
         )

@@ -37,3 +37,46 @@ retrying = create_scorer(
         description="one judge call", create_prompt=lambda run: f"RETRY this answer from 0 to 1: {_text(run.output)}"
     )
 )
+
+
+# A neighbour that crashes its batch once another run's judge has failed (tests/worker/test_budget.py).
+CRASHED_ONCE_KEY = "tstest:crashed_once"
+
+
+async def _crash_after_failed_calls(run: Any) -> float:
+    """SIGKILLs its process once the judge calls counted in Redis (every run's, all versions)
+    reach TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN: a batch that crashes after its neighbour paid.
+    Only the first time (CRASHED_ONCE_KEY); later deliveries score 1."""
+    import asyncio
+    import os
+    import signal
+    import time
+
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(os.environ["TRACESCORE_REDIS_URL"], decode_responses=True)
+    try:
+        if await client.exists(CRASHED_ONCE_KEY):
+            return 1.0
+        want = int(os.environ["TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN"])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            failed = 0
+            async for key in client.scan_iter(match="tracescore:judge_calls:*"):
+                counts = await client.hgetall(key)
+                failed += sum(int(v) for f, v in counts.items() if not f.endswith(":error"))
+            if failed >= want:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            return 0.0  # never reached: the test sees no split
+        if await client.set(CRASHED_ONCE_KEY, "1", nx=True):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return 1.0
+    finally:
+        await client.aclose()
+
+
+crash_after_failed_calls = create_scorer("crash_after_failed_calls", type="agent").generate_score(
+    _crash_after_failed_calls
+)

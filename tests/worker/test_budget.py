@@ -183,6 +183,55 @@ def test_judge_calls_per_run_are_capped_across_redeliveries(
     assert fake_llm.count() == 1
 
 
+def test_a_run_split_from_a_crashed_batch_keeps_its_failed_judge_calls(
+    fake_llm: FakeLLMServer,
+    fake_llm_env: dict[str, str],
+    redis_url: str,
+    tmp_path: Path,
+    started: list[WorkerProcess],
+) -> None:
+    """A run whose judge failed up to TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN in a batch whose
+    other run then kills the pool process: the batch comes back split, one message per run, and
+    the run's own message (new, never delivered) still holds the run to the cap: no judge call
+    is made for it (its split copy used to start from zero and pay the cap again)."""
+    fake_llm.rule(Reply.error(503, "overloaded"))
+    cap = 2
+    env = {**fake_llm_env, "TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN": str(cap), "TRACESCORE_RUN_CONCURRENCY": "2"}
+    worker = WorkerProcess(
+        "split", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl", env=env, pool="prefork",
+        scorers="tests.worker.budget_scorers",
+    )  # fmt: skip
+    started.append(worker)
+    worker.wait_ready()
+    judged = batch(range(1), ["retrying"], salt="split-cap").requests
+    crashing = batch(range(1, 2), ["crash_after_failed_calls"], salt="split-cap").requests
+    sink = CelerySink(redis_url)
+    sink.send(ScoreBatch(batch_id="split-cap", requests=judged + crashing))
+    sink.close()
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        assert wait_for(lambda: client.llen("tracescore:dlq") == 1, 60), worker.text()[-3000:]
+        (letter,) = [json.loads(x) for x in client.lrange("tracescore:dlq", 0, -1)]
+    finally:
+        client.close()
+    assert "batch_split" in worker.text()  # the crash happened, and split the batch
+    assert (letter["batch_id"], letter["reason"], letter["retryable"]) == (
+        "split-cap/0",
+        "judge_attempts_exhausted",
+        True,
+    )
+    assert wait_for(lambda: len(_records(redis_url)) == 2, 30), worker.text()[-3000:]
+    by_scorer = {r["scorer_id"]: r for r in _records(redis_url)}
+    assert by_scorer["crash_after_failed_calls"]["score"] == 1.0
+    capped = by_scorer["retrying"]
+    assert capped["error_type"] == "JudgeServerError", capped
+    assert f"TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN: {cap}" in capped["error_message"]
+    # The first delivery's failures alone (none in flight: the crash came after the second was counted).
+    assert fake_llm.count() == cap
+    assert not wait_for(lambda: fake_llm.count() > cap, 3)
+
+
 @pytest.mark.parametrize("finished", [False, True], ids=["running", "finished"])
 def test_a_dlq_retry_of_a_message_holding_a_run_twice_counts_its_copy_once(
     fake_llm: FakeLLMServer,

@@ -225,14 +225,17 @@ class _Requeued:
 
     def __init__(self) -> None:
         self.sent: list[tuple[dict[str, Any], str, str]] = []
+        self.headers: list[dict[str, Any]] = []
 
-    def apply_async(self, *, args: tuple[dict[str, Any]], task_id: str, queue: str) -> None:
+    def apply_async(self, *, args: tuple[dict[str, Any]], task_id: str, queue: str, headers: dict[str, Any]) -> None:
         self.sent.append((args[0], task_id, queue))
+        self.headers.append(headers)
 
 
 def test_a_crashed_request_of_three_runs_is_split_into_one_message_per_run() -> None:
     """After a crashed delivery, each run of a multi-run request goes back alone: one message,
-    one request, one target, carrying its own run's spans only; the same ids on a second split."""
+    one request, one target, carrying its own run's spans only; the same ids on a second split;
+    each marked as split (its run was delivered before: the judge-call cap reads its count)."""
     raw = _three_run_payload()
     batch = ScoreBatch.model_validate(raw)
     first, again = _Requeued(), _Requeued()
@@ -240,6 +243,7 @@ def test_a_crashed_request_of_three_runs_is_split_into_one_message_per_run() -> 
     _split(again, raw, batch, "task-1", "q")  # type: ignore[arg-type]
     assert [t for _, t, _ in first.sent] == [t for _, t, _ in again.sent]
     assert len({t for _, t, _ in first.sent}) == 3
+    assert first.headers == [{"tracescore_split_from": "task-1"}] * 3
     parts = [ScoreBatch.model_validate(body) for body, _, _ in first.sent]
     assert [p.batch_id for p in parts] == ["three/0", "three/1", "three/2"]
     assert [[r.target_span_ids for r in p.requests] for p in parts] == [[[f"{i + 1:016x}"]] for i in range(3)]
