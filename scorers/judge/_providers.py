@@ -135,7 +135,11 @@ class OpenAIJudgeModel:
             )
             if failed is not None:
                 raise failed
-            choice = data["choices"][0] if data.get("choices") else {}
+            if not data.get("choices"):
+                # No answer at all, not even a finish reason: the provider's (or a gateway's)
+                # broken answer, not the judge's empty output. Read as one, it paid a fallback call.
+                raise self._unreadable(raw, request_id, "the chat completion has no choices")
+            choice = data["choices"][0]
             message = choice.get("message") or {}
             text = message.get("content") or ""
             if isinstance(text, list):  # content parts, as some OpenAI-compatible servers answer
@@ -163,17 +167,24 @@ class OpenAIJudgeModel:
                 finish_reason=finish_reason,
             )
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
-            raise JudgeResponseError(
-                scrub_secrets(
-                    f"{self.model_id}: the chat completion could not be read ({type(exc).__name__}: {exc}): "
-                    f"{scrub_secrets(raw.content.decode(errors='replace'), self._api_key())[:200]!r}",
-                    self._api_key(),
-                ),
-                provider=self.provider,
-                model_id=self.model_id,
-                status_code=raw.status_code,
-                request_id=request_id,
+            raise self._unreadable(
+                raw, request_id, f"the chat completion could not be read ({type(exc).__name__}: {exc})"
             ) from exc
+
+    def _unreadable(self, raw: httpx2.Response, request_id: str | None, problem: str) -> JudgeResponseError:
+        """The error for an answer that cannot be used (``problem``), quoting the start of its
+        body with the key masked."""
+        return JudgeResponseError(
+            scrub_secrets(
+                f"{self.model_id}: {problem}: "
+                f"{scrub_secrets(raw.content.decode(errors='replace'), self._api_key())[:200]!r}",
+                self._api_key(),
+            ),
+            provider=self.provider,
+            model_id=self.model_id,
+            status_code=raw.status_code,
+            request_id=request_id,
+        )
 
     def secret(self) -> str | None:
         """The API key its calls send, to mask wherever an answer quotes it."""

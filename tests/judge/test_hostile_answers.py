@@ -381,3 +381,22 @@ def test_an_openai_content_that_is_not_text_is_a_response_error(fake_llm: FakeLL
     error = _failure(_verdict_then_reason(Judge("openai/m")))
     assert type(error.cause) is JudgeResponseError, repr(error.cause)
     assert f"message.content is a {type(content).__name__}, not text" in str(error)
+
+
+@pytest.mark.parametrize("choices", [[], None, ...], ids=["empty", "null", "missing"])
+@pytest.mark.parametrize("prompt", ["Analyze", "Explain"], ids=["structured", "reason"])
+def test_an_openai_answer_without_choices_is_a_response_error(
+    fake_llm: FakeLLMServer, choices: Any, prompt: str
+) -> None:
+    """A chat completion of zero choices (a provider or gateway that answered nothing, not even
+    a finish reason) was read as an empty answer: a structured step paid a fallback call, then
+    failed as an invalid_output "could not be read", a reason step as "the answer is empty"."""
+    body = {k: v for k, v in ANSWER.items() if k != "choices"}
+    if choices is not ...:
+        body["choices"] = choices
+    fake_llm.rule(Reply.raw(json.dumps(body)), user_contains=prompt)
+    error = _failure(_verdict_then_reason(Judge("openai/m")))
+    assert type(error.cause) is JudgeResponseError, repr(error.cause)
+    assert error.category == "unknown"  # the provider's answer is broken, not the judge's output
+    assert "openai/m: the chat completion has no choices" in str(error)
+    assert fake_llm.count() == (1 if prompt == "Analyze" else 2)  # no fallback call
