@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "PREFIX",
     "backfill_hold_key",
+    "backfill_rootless_key",
     "backfill_runs_key",
     "backfill_state_key",
     "backfill_traces_key",
@@ -171,6 +172,13 @@ def backfill_runs_key(job_id: str) -> str:
     enqueues one twice (a resume reading again, an input read twice). Not under
     ``backfill:<job id>:``: scripts find job states with ``backfill_state_key("*")``."""
     return f"{PREFIX}backfill-runs:{job_id}"
+
+
+def backfill_rootless_key(job_id: str) -> str:
+    """List of the traces a backfill job read without their root span (oldest first, the newest
+    kept as the job's assembler keeps them): its ``--resume`` takes a root of one of them that
+    comes past the checkpoint as the late root it is, not as a new trace."""
+    return f"{PREFIX}backfill-rootless:{job_id}"
 
 
 def outbox_key(sink: str) -> str:

@@ -268,8 +268,8 @@ def test_a_hold_taken_between_batches_stops_the_next_one_before_it_is_sent(
     mine, theirs, state = _two_holders(tmp_path, db, "bf-between")
 
     class TakenAfterTheFirstSave(RedisJobStore):
-        def save(self, state: BackfillState, newly_enqueued: Any = ()) -> bool:
-            saved = super().save(state, newly_enqueued)
+        def save(self, state: BackfillState, newly_enqueued: Any = (), *rootless: Any) -> bool:
+            saved = super().save(state, newly_enqueued, *rootless)
             if saved and newly_enqueued and not theirs.lost.is_set() and theirs._renewer is None:
                 db.delete(mine.key)  # lapsed while this process was paused; a --resume takes it
                 assert theirs.acquire()

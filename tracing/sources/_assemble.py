@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -54,6 +54,7 @@ class AssembledTrace:
     completion: Completion
     dropped_spans: int = 0
     late_root: bool = False  # the rest of a trace released earlier without its root
+    rooted: bool = True  # its root span is among its spans (else: a root that comes later is late)
 
 
 @dataclass(slots=True)
@@ -129,6 +130,22 @@ class TraceAssembler:
                 return first
             heapq.heappop(self._firsts)
         return None
+
+    def remember_rootless(self, trace_ids: Iterable[str]) -> None:
+        """Take ``trace_ids`` (oldest first) as released without a root before this assembler's
+        input: a resumed read's assembler, which has not seen them, then tells their late roots
+        from new traces as the read before it did."""
+        released = self._released_rootless
+        for trace_id in trace_ids:
+            released[trace_id] = None
+            released.move_to_end(trace_id)
+            if len(released) > self._released_limit:
+                released.popitem(last=False)
+
+    @property
+    def rootless_kept(self) -> int:
+        """How many of the traces released without a root are remembered (the newest)."""
+        return self._released_limit
 
     def _compact(self) -> None:
         self._firsts = [(t.first, t.trace_id) for t in (*self._rooted.values(), *self._rootless.values())]
@@ -227,5 +244,12 @@ class TraceAssembler:
             if len(released) > self._released_limit:
                 released.popitem(last=False)
         return AssembledTrace(
-            held.trace_id, held.spans, held.first, held.last, completion, held.dropped, late_root=held.late and rooted
+            held.trace_id,
+            held.spans,
+            held.first,
+            held.last,
+            completion,
+            held.dropped,
+            late_root=held.late and rooted,
+            rooted=rooted,
         )

@@ -30,6 +30,9 @@ run that reads it again, so a stopped and resumed job counts its input once. A t
 over that began before the checkpoint and reaches it (lines shared by several traces) is saved
 with the position of its last span (``read_through``): a resume skips its spans up to there,
 which it would read as a fragment of its own, counted again and planned as a run of its own.
+A trace released without its root before the checkpoint is kept by id (the job store's list,
+as many as the assembler remembers): the resume's assembler starts knowing them, so a root of
+one that comes past the checkpoint is a late root, as without the stop, not a new trace.
 
 Each run once: a run (trace id, target span id) the job already enqueued is not enqueued again
 (counted ``runs_read_again``), whether it is read again after a resume, from a file given twice,
@@ -160,6 +163,9 @@ class Backfill:
         # many); the traces an earlier run handed over, which this one skips up to their last span.
         self._handed: list[tuple[Position, Position, str]] = []
         self._unsaved: list[tuple[Position, str, str, int]] = []
+        # (first position, trace id) of the traces released without their root not yet in the
+        # job store's list: saved once before the checkpoint (past it, a resume reads them again).
+        self._rootless: list[tuple[Position, str]] = []
         self._read_through = {trace_id: Position(*at) for trace_id, at in state.read_through.items()}
 
     # --- the loop -------------------------------------------------------------------------
@@ -168,6 +174,10 @@ class Backfill:
         """Read, transform and submit everything; returns the state (status ``enqueued``)."""
         self._current = self.state.position
         self._saved = self.state.model_copy(deep=True)  # what an interrupt before any batch keeps
+        if self.job_store is not None:
+            # The traces read before without their root: a root of one past the checkpoint is
+            # late, as it was to the run before the stop, not a new trace scored a second time.
+            self.assembler.remember_rootless(self.job_store.rootless(self.state.job_id))
         self.reporter.start("reading")
         try:
             for item in self.source.read(self.state.position):
@@ -214,6 +224,8 @@ class Backfill:
             trace = self._waiting.popleft()
             if self.job_store is not None and trace.first != trace.last:
                 self._handed.append((trace.first, trace.last, trace.trace_id))
+            if self.job_store is not None and not trace.rooted:
+                self._rootless.append((trace.first, trace.trace_id))
             self._handle(trace)
             if self._chunk_runs >= self.state.options.batch_size:
                 self._flush()
@@ -452,8 +464,10 @@ class Backfill:
         if self.job_store is not None and self.submitter is not None:
             self.state.read_through = self._handed_through(checkpoint)
             saved = self.state.model_copy(update={"counters": self._saved_counters(checkpoint)}, deep=True)
-            if not self.job_store.save(saved, run_ids):
+            rootless = [trace_id for first, trace_id in self._rootless if first < checkpoint]
+            if not self.job_store.save(saved, run_ids, rootless, self.assembler.rootless_kept):
                 raise KeyboardInterrupt  # the hold is another's: nothing was written, stop
+            self._rootless = [entry for entry in self._rootless if entry[0] >= checkpoint]
             self._saved = saved
 
     @property

@@ -1,10 +1,12 @@
 """A backfill job's state: what it reads, with which options, how far it got, what it counted.
 
 In Redis mode the state lives under ``tracescore:backfill:<job id>`` (JSON) beside the set of
-runs already enqueued (``tracescore:backfill-runs:<job id>``, trace id and target span id), both
-with a TTL. The checkpoint is the earliest input position whose traces are not all enqueued yet,
+runs already enqueued (``tracescore:backfill-runs:<job id>``, trace id and target span id) and the
+list of traces read without their root (``tracescore:backfill-rootless:<job id>``), all with a
+TTL. The checkpoint is the earliest input position whose traces are not all enqueued yet,
 so ``--resume`` starts reading there, and the set keeps the runs read again past that point (and
-any run the input holds twice) from being enqueued twice.
+any run the input holds twice) from being enqueued twice; the list lets the resume tell a root
+that comes late for a trace read before the checkpoint from a new trace.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pydantic import BaseModel, Field, field_validator
 from tracing.sources import Position
 from worker._keys import (
     backfill_hold_key,
+    backfill_rootless_key,
     backfill_runs_key,
     backfill_state_key,
     backfill_traces_key,
@@ -40,6 +43,9 @@ __all__ = [
 ]
 
 JOB_TTL_SECONDS = 7 * 24 * 3600
+# Traces read without a root a job keeps (the newest), as many as its assembler remembers
+# (``TraceAssembler.rootless_kept``, at least this).
+ROOTLESS_KEPT = 10_000
 MAX_MALFORMED_KEPT = 50
 
 
@@ -148,8 +154,14 @@ class BackfillState(BaseModel):
 # saved over the new holder's state (its counts, then "finished"), with no word.
 _SAVE_IF_HELD = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-for i = 4, #ARGV, 4000 do redis.call('sadd', KEYS[3], unpack(ARGV, i, math.min(i + 3999, #ARGV))) end
-if #ARGV > 3 then redis.call('expire', KEYS[3], ARGV[3]) end
+local runs_end = 5 + tonumber(ARGV[4])
+for i = 6, runs_end, 4000 do redis.call('sadd', KEYS[3], unpack(ARGV, i, math.min(i + 3999, runs_end))) end
+if runs_end > 5 then redis.call('expire', KEYS[3], ARGV[3]) end
+for i = runs_end + 1, #ARGV, 4000 do redis.call('rpush', KEYS[4], unpack(ARGV, i, math.min(i + 3999, #ARGV))) end
+if #ARGV > runs_end then
+  redis.call('ltrim', KEYS[4], -tonumber(ARGV[5]), -1)
+  redis.call('expire', KEYS[4], ARGV[3])
+end
 redis.call('set', KEYS[2], ARGV[2], 'EX', ARGV[3])
 return 1
 """
@@ -170,24 +182,50 @@ class RedisJobStore:
         raw = self.client.get(backfill_state_key(job_id))
         return None if raw is None else BackfillState.model_validate_json(raw)
 
-    def save(self, state: BackfillState, newly_enqueued: Sequence[str] = ()) -> bool:
-        """Store the state and add ``newly_enqueued`` run ids (``run_id``), in one transaction;
-        False (nothing written, the hold marked lost) when the hold is another process's."""
+    def save(
+        self,
+        state: BackfillState,
+        newly_enqueued: Sequence[str] = (),
+        newly_rootless: Sequence[str] = (),
+        rootless_kept: int = ROOTLESS_KEPT,
+    ) -> bool:
+        """Store the state, add ``newly_enqueued`` run ids (``run_id``) and append
+        ``newly_rootless`` trace ids (read without their root; the newest ``rootless_kept``
+        kept), in one transaction; False (nothing written, the hold marked lost) when the hold
+        is another process's."""
         state.updated_at = time.time()
+        runs, rootless = backfill_runs_key(state.job_id), backfill_rootless_key(state.job_id)
         if self.hold is not None:
-            keys = (self.hold.key, backfill_state_key(state.job_id), backfill_runs_key(state.job_id))
-            args = (self.hold.token, state.model_dump_json(), JOB_TTL_SECONDS, *newly_enqueued)
+            keys = (self.hold.key, backfill_state_key(state.job_id), runs, rootless)
+            args = (
+                self.hold.token,
+                state.model_dump_json(),
+                JOB_TTL_SECONDS,
+                len(newly_enqueued),
+                rootless_kept,
+                *newly_enqueued,
+                *newly_rootless,
+            )
             saved = self._save_if_held(keys=keys, args=args)
             if not saved:
                 self.hold.lost.set()
             return bool(saved)
         pipe = self.client.pipeline(transaction=True)
         if newly_enqueued:
-            pipe.sadd(backfill_runs_key(state.job_id), *newly_enqueued)
-            pipe.expire(backfill_runs_key(state.job_id), JOB_TTL_SECONDS)
+            pipe.sadd(runs, *newly_enqueued)
+            pipe.expire(runs, JOB_TTL_SECONDS)
+        if newly_rootless:
+            pipe.rpush(rootless, *newly_rootless)
+            pipe.ltrim(rootless, -rootless_kept, -1)
+            pipe.expire(rootless, JOB_TTL_SECONDS)
         pipe.set(backfill_state_key(state.job_id), state.model_dump_json(), ex=JOB_TTL_SECONDS)
         pipe.execute()
         return True
+
+    def rootless(self, job_id: str) -> list[str]:
+        """The traces the job read without their root span (``save``'s ``newly_rootless``), oldest
+        first."""
+        return [str(t) for t in self.client.lrange(backfill_rootless_key(job_id), 0, -1)]
 
     def still_held(self) -> bool:
         """Whether this process may go on with the job: its hold is still its own (asked of
@@ -228,7 +266,12 @@ class RedisJobStore:
         finish_job(self.client, job_id)
 
     def delete(self, job_id: str) -> None:
-        self.client.delete(backfill_state_key(job_id), backfill_runs_key(job_id), backfill_traces_key(job_id))
+        self.client.delete(
+            backfill_state_key(job_id),
+            backfill_runs_key(job_id),
+            backfill_traces_key(job_id),
+            backfill_rootless_key(job_id),
+        )
 
 
 class JobHold:
