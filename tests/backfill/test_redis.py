@@ -667,3 +667,51 @@ def test_resuming_a_finished_job_sums_up_its_sinks_and_spend(
     assert "earlier release" in old["spend_unknown"]
     assert f"  judge spend       unknown ({old['spend_unknown']})" in result.stderr
     assert f"  sink delivery unknown: {old['sinks_unknown']}" in result.stderr
+
+
+def _figures(by_scorer: dict[str, Any]) -> dict[str, Any]:
+    """A per-scorer summary's figures, its worst runs by score alone: which of runs tied on a
+    score are shown (and their labels: the agent on the runs a process enqueued, the span's name
+    read back by run ids, which keep no agent) depends on the order the records were read in."""
+    return {
+        scorer: {
+            **{k: v for k, v in figures.items() if k != "failure_examples"},
+            "worst": [w["score"] for w in figures["worst"]],
+            "failure_examples": sorted(figures["failure_examples"]),
+        }
+        for scorer, figures in by_scorer.items()
+    }
+
+
+def test_resuming_a_finished_job_prints_the_jobs_per_scorer_summary(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """`--resume` of a job that enqueues nothing (finished already) printed no per-scorer table:
+    the table was read back from this run's runs, none, and the job's run ids keep no agent
+    label. It is the job's now, read back by its run ids (``by_scorer_of``: ``job``), and the
+    resumed line no longer says it is this run's; a job that kept no run ids says why it has none."""
+    write_otlp_files(tmp_path, 60, files=1)
+    first = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers")
+    assert first["status"] == "finished", _worker_logs(workers)
+    resume = ["backfill", "--resume", first["job_id"], "--broker", REDIS_URL, "--json", "--wait-timeout", "120"]
+    result = CliRunner().invoke(cli, resume, env={"TRACESCORE_BROKER_URL": ""})
+    assert result.exit_code == 0, result.output
+    again = json.loads(result.stdout.strip().splitlines()[-1])
+    assert again["this_run"]["runs_enqueued"] == 0
+    assert _figures(again["by_scorer"]) == _figures(first["by_scorer"])
+    assert again["by_scorer"]["answer-words"]["runs"] == 60
+    assert again["by_scorer_of"] == "job"
+    assert "scores by scorer, the whole job (60 runs" in result.stderr
+    assert "answer-words" in result.stderr.split("scores by scorer, the whole job")[1]
+    resumed_line = result.stderr.split("(resumed:")[1].split(")")[0]
+    assert "per-scorer summary" not in resumed_line  # not of this run alone
+    assert "elapsed time" in resumed_line
+
+    # A job an earlier release started kept its runs as trace ids: no table, and a line why.
+    db.sadd(backfill_traces_key(first["job_id"]), trace_id(0))
+    result = CliRunner().invoke(cli, resume, env={"TRACESCORE_BROKER_URL": ""})
+    assert result.exit_code == 0, result.output
+    old = json.loads(result.stdout.strip().splitlines()[-1])
+    assert old["by_scorer"] is None
+    assert "earlier release" in old["by_scorer_unknown"]
+    assert f"  per-scorer summary unavailable: {old['by_scorer_unknown']}" in result.stderr

@@ -316,12 +316,12 @@ def print_summary(summary: dict[str, Any]) -> None:
         # ids; the judge spend too when this run enqueued nothing)
         ours = ["elapsed time"]
         ours += [] if summary.get("spend_of") == "job" else ["judge spend"]
-        ours += ["per-scorer summary"]
+        ours += [] if summary.get("by_scorer_of") == "job" else ["per-scorer summary"]
         ours += [] if summary.get("sinks_of") == "job" else ["sink lines"]
-        named = ", ".join(ours[:-1]) + f" and {ours[-1]}"
+        named = f"{', '.join(ours[:-1])} and {ours[-1]} are" if len(ours) > 1 else f"{ours[0]} is"
         lines.append(
             f"  (resumed: the counts are the whole job's; this run read {this_run['traces_read']:,} traces and"
-            f" enqueued {this_run['runs_enqueued']:,} runs, and the {named} are of those alone)"
+            f" enqueued {this_run['runs_enqueued']:,} runs, and the {named} of those alone)"
         )
     lines += [
         f"  traces read       {summary['traces_read']:,}" + (f"   ({rate:,.0f}/s)" if summary["traces_read"] else ""),
@@ -639,20 +639,42 @@ def _read_back(
     return summary
 
 
-def _job_spend(runs: RedisJobStore, job_id: str, registry: Registry, scorer_ids: list[str]) -> dict[str, Any] | str:
-    """The judge spend of every score of the job (``Spend.as_json()``), read back from its
-    records by its run ids, or why it cannot be had (a str): records gone, or no run ids."""
-    if runs.run_ids(job_id) is None:
-        return "the job was started by an earlier release, which kept no run ids to read its scores by"
-    missing: Counter[str] = Counter()
-    wanted = _job_scores(runs, job_id, registry, scorer_ids)
-    summary = _read_back(runs.client, registry, scorer_ids, wanted, missing)
-    if missing:
-        return (
-            f"{sum(missing.values()):,} of the job's score records are gone (expired:"
-            " TRACESCORE_SCORE_TTL_SECONDS), so the spend read back would be short of the job's"
-        )
-    return summary.spend.as_json()
+def _job_by_scorer(
+    summary: dict[str, Any], runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int
+) -> Summary | None:
+    """A resume that enqueued nothing (the job was enqueued or finished already): set
+    ``summary``'s per-scorer summary and judge spend to the job's, read back from its records by
+    its run ids (which keep no agent name: a worst run is labelled by its span's), and return
+    the former; or set them ``null`` beside why they cannot be had (no run ids, Redis not
+    answering), and return None. The spend of a finished job some of whose records are gone
+    (expired) is ``null`` too: short of theirs, it would not be the job's."""
+    import redis
+
+    job_id, scorer_ids = state.job_id, state.options.scorer_ids
+    summary["by_scorer_of"] = summary["spend_of"] = "job"
+    reason = "the job was started by an earlier release, which kept no run ids to read its scores by"
+    if runs.run_ids(job_id) is not None:
+        missing: Counter[str] = Counter()
+        wanted = _job_scores(runs, job_id, registry, scorer_ids)
+        try:
+            by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, worst)
+        except redis.exceptions.RedisError as exc:
+            reason = f"cannot read the scores back ({exc})"
+        else:
+            summary["by_scorer"] = by_scorer.as_json()
+            if missing and state.status == "finished":
+                summary["spend"] = None
+                summary["spend_unknown"] = (
+                    f"{sum(missing.values()):,} of the job's score records are gone (expired:"
+                    " TRACESCORE_SCORE_TTL_SECONDS), so the spend read back would be short of the job's"
+                )
+            else:  # (a job not finished: its spend so far, as a first run's summary has it)
+                summary["spend"] = by_scorer.spend.as_json()
+            return by_scorer
+    summary["by_scorer"] = summary["spend"] = None
+    summary["by_scorer_unknown"] = summary["spend_unknown"] = reason
+    click.echo(f"  per-scorer summary unavailable: {reason}", err=True)
+    return None
 
 
 def _job_sinks(
@@ -1284,23 +1306,20 @@ def _run_held(
             runs = RedisJobStore(redis.Redis.from_url(settings.store_url, **DECODED))
             try:
                 _job_sinks(summary, settings, runs, state, registry, enqueued, reporter, resumed=resumed)
-                if resumed and not enqueued.count and not enqueued.lost:
-                    # This run enqueued nothing (the job was enqueued or finished already): its
-                    # spend is the job's, read back by the job's run ids, or said to be unknown.
-                    try:
-                        spend = _job_spend(runs, state.job_id, registry, state.options.scorer_ids)
-                    except redis.exceptions.RedisError as exc:
-                        spend = f"cannot read the scores back ({exc})"
-                    if isinstance(spend, str):
-                        summary["spend"], summary["spend_unknown"] = None, spend
-                    else:
-                        summary["spend"] = spend
-                    summary["spend_of"] = "job"
             finally:
                 runs.client.close()
         if by_scorer is not None:
             summary["by_scorer"] = by_scorer.as_json()
             summary["spend"] = by_scorer.spend.as_json()
+        job_by_scorer: Summary | None = None
+        if not no_wait and registry is not None and resumed and not enqueued.count and not enqueued.lost:
+            # This run enqueued nothing (the job was enqueued or finished already): its
+            # per-scorer summary and spend are the job's, read back by its run ids.
+            runs = RedisJobStore(redis.Redis.from_url(settings.store_url, **DECODED))
+            try:
+                job_by_scorer = _job_by_scorer(summary, runs, state, registry, worst)
+            finally:
+                runs.client.close()
         # Every run counted done, yet records missing: no delivery loses a record, so they were
         # made under other ids (another scorer version) or expired since.
         missing = dict(enqueued.missing) if by_scorer is not None and state.status == "finished" else {}
@@ -1309,13 +1328,19 @@ def _run_held(
         if as_json:
             click.echo(json.dumps(summary))
         print_summary(summary)
+        partial = " so far" if state.status != "finished" else ""
         if by_scorer is not None:
-            partial = " so far" if state.status != "finished" else ""
             earlier = " (this run's part of a resumed job)" if resumed else ""
             click.echo(
                 "\n" + by_scorer.render(title=f"scores by scorer{partial}{earlier} ({enqueued.count:,} runs)"),
                 err=as_json,
             )
+        elif job_by_scorer is not None:
+            title = (
+                f"scores by scorer, the whole job{partial} ({state.counters.runs_enqueued:,} runs; read back by its"
+                " run ids, which keep no agent names)"
+            )
+            click.echo("\n" + job_by_scorer.render(title=title), err=as_json)
         _report_sinks(summary)
         if no_wait and state.status == "enqueued":
             click.echo(f"  enqueued; the workers score it. Follow with: {resume}", err=True)
