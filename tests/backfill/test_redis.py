@@ -715,3 +715,69 @@ def test_resuming_a_finished_job_prints_the_jobs_per_scorer_summary(
     assert old["by_scorer"] is None
     assert "earlier release" in old["by_scorer_unknown"]
     assert f"  per-scorer summary unavailable: {old['by_scorer_unknown']}" in result.stderr
+
+
+def _damage(db: redis.Redis, keys: list[str]) -> None:
+    """Three of ``keys`` (score records) made unreadable: not JSON, JSON but not a record, and
+    a key of another Redis type (MGET reads it as absent)."""
+    garbled, not_a_record, other_type = keys[:3]
+    db.set(garbled, '{"trace_id": "x", "score": 0.')
+    db.set(not_a_record, "[1, 2, 3]")
+    db.delete(other_type)
+    db.hset(other_type, "score", "1")
+
+
+def test_an_unreadable_record_read_back_is_named_and_counted(
+    tmp_path: Path, workers: list[Path], db: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary reads the workers' records back: one that did not validate was skipped with
+    a log line and no count, so the per-scorer table and --out were short of it unsaid, and one
+    that is no string at all was taken for a record never made (missing). Each is counted now,
+    by scorer (``records_unreadable``), in tracescore_store_unreadable_values (key
+    score_record), and a line of the summary says how many; here the records are damaged after
+    the workers stored them and before the read-back, then again for a resume's read-back."""
+    from worker._keys import outbox_key, record_key
+    from worker.backfill._job import _Enqueued
+    from worker.metrics._instruments import _metrics
+
+    def unreadable_counted() -> float:
+        (family,) = _metrics().unreadable.collect()
+        return sum(s.value for s in family.samples if s.labels == {"key": "score_record"})
+
+    summary_of = _Enqueued.summary
+
+    def damaged_first(self: _Enqueued, store: Any, *args: Any, **kwargs: Any) -> Any:
+        # (once the workers' sink has them: a record damaged before its delivery is a dead letter)
+        _wait_for(lambda: db.zcard(outbox_key("jsonl")) == 0, 60, "the jsonl sink to take every record")
+        _damage(db, sorted(db.scan_iter(record_key("*"))))
+        return summary_of(self, store, *args, **kwargs)
+
+    monkeypatch.setattr(_Enqueued, "summary", damaged_first)
+    write_otlp_files(tmp_path / "in", 20, files=1)
+    before = unreadable_counted()
+    out = tmp_path / "scores.jsonl"
+    command = ["backfill", str(tmp_path / "in"), "--scorers", "tests.backfill.scorers", "--out", str(out)]
+    result = CliRunner().invoke(
+        cli, [*command, "--broker", REDIS_URL, "--json", "--wait-timeout", "120"], env={"TRACESCORE_BROKER_URL": ""}
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "finished", _worker_logs(workers)
+    assert sum(summary["records_unreadable"].values()) == 3
+    assert "missing_records" not in summary  # the one of another type is not a record never made
+    assert sum(s["runs"] for s in summary["by_scorer"].values()) == 60 - 3
+    assert len(out.read_text().splitlines()) == 60 - 3
+    assert "  unreadable records 3" in result.stderr
+    assert unreadable_counted() == before + 3
+
+    resumed = CliRunner().invoke(
+        cli,
+        ["backfill", "--resume", summary["job_id"], "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert resumed.exit_code == 0, resumed.output
+    again = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert again["records_unreadable"] == summary["records_unreadable"]
+    assert sum(s["runs"] for s in again["by_scorer"].values()) == 60 - 3
+    assert "  unreadable records 3" in resumed.stderr
+    assert unreadable_counted() == before + 6

@@ -46,7 +46,7 @@ from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, pri
 from worker.backfill._driver import Backfill, Submitter
 from worker.backfill._state import BackfillState, JobCounters, JobHold, RedisJobStore
 from worker.cli import CliError, cli_settings, names_an_input, unreachable
-from worker.store import StoreKeyTypeError
+from worker.store import StoreKeyTypeError, failed_fields
 
 if TYPE_CHECKING:
     from worker.backfill._submit import RedisSubmitter
@@ -375,6 +375,13 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"  spans dropped     {summary['spans_dropped']:,}   (past {MAX_SPANS_PER_TRACE:,} spans in one trace;"
             " the trace was read without them)"
         )
+    if summary.get("records_unreadable"):
+        unreadable_records = summary["records_unreadable"]
+        lines.append(
+            f"  unreadable records {sum(unreadable_records.values()):,}   ({by_reason(unreadable_records)}; score"
+            " records in Redis that do not read as one: left out of the per-scorer summary and --out, logged as"
+            " score_record_unreadable)"
+        )
     lines += spend_lines(summary.get("spend"))
     if summary.get("spend_unknown"):
         lines.append(f"  judge spend       unknown ({summary['spend_unknown']})")
@@ -545,8 +552,10 @@ class _Enqueued:
         self._ids: dict[tuple[str, ...], int] = {}
         # Why the spool stopped (then no summary is read back: it would miss runs).
         self.lost: str | None = None
-        # Per scorer, the scores the last ``summary`` found no record of.
+        # Per scorer, the scores the last ``summary`` found no record of, and those whose record
+        # it could not read.
         self.missing: Counter[str] = Counter()
+        self.unreadable: Counter[str] = Counter()
 
     @property
     def count(self) -> int:
@@ -588,7 +597,9 @@ class _Enqueued:
         """Read the records (MGET in chunks; only the fields the summary shows are parsed);
         ``out`` gets each record's JSON as one line."""
         self.missing.clear()
-        return _read_back(store, registry, scorer_ids, self._scores(registry, scorer_ids), self.missing, worst, out)
+        self.unreadable.clear()
+        wanted = self._scores(registry, scorer_ids)
+        return _read_back(store, registry, scorer_ids, wanted, self.missing, self.unreadable, worst, out)
 
     def close(self) -> None:
         self._spool.close()
@@ -612,31 +623,61 @@ def _read_back(
     scorer_ids: list[str],
     wanted: Iterator[tuple[str, str, str]],
     missing: Counter[str],
+    unreadable: Counter[str],
     worst: int = 3,
     out: IO[str] | None = None,
 ) -> Summary:
     """The summary of the records of ``wanted`` (score id, scorer id, agent), read in chunks
     (MGET; only the fields the summary shows are parsed); ``missing`` counts, per scorer, the
-    scores with no record, and ``out`` gets each record's JSON as one line."""
+    scores with no record, ``unreadable`` those whose record cannot be read (it does not
+    validate, or its key holds no string), and ``out`` gets each record's JSON as one line."""
     summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
     while chunk := list(islice(wanted, 1000)):
-        raws = store.mget([record_key(s) for s, _, _ in chunk])
-        for (score_id, scorer_id, agent), raw in zip(chunk, raws, strict=True):
+        keys = [record_key(s) for s, _, _ in chunk]
+        raws = store.mget(keys)
+        # MGET reads a key of another type as absent: asked, so it is not taken for a record
+        # never made (only for the absent ones, a round trip for a chunk with any).
+        absent = [key for key, raw in zip(keys, raws, strict=True) if not raw]
+        kinds = dict(zip(absent, _key_types(store, absent), strict=True)) if absent else {}
+        for (score_id, scorer_id, agent), key, raw in zip(chunk, keys, raws, strict=True):
+            problem = ""
             if not raw:
-                missing[scorer_id] += 1  # not scored yet, or under another id
-                continue
-            try:
-                # Only the fields the summary shows, parsed and checked in pydantic-core:
-                # the read-back is mostly parsing.
-                fields = _ReadBack.model_validate_json(raw).__dict__
-            except ValidationError as exc:
-                # Damaged, or not a record: left out, as the store reads it (never its values).
-                log.warning("score_record_unreadable", score_id=score_id, problems=exc.error_count())
+                if kinds[key] == "none":
+                    missing[scorer_id] += 1  # not scored yet, or under another id
+                    continue
+                problem = f"the key holds a {kinds[key]}, not a record"
+            else:
+                try:
+                    # Only the fields the summary shows, parsed and checked in pydantic-core:
+                    # the read-back is mostly parsing.
+                    fields = _ReadBack.model_validate_json(raw).__dict__
+                except ValidationError as exc:
+                    problem = failed_fields(exc)
+            if problem:
+                # Damaged, or not a record: left out, as the store reads it, and counted (never its values).
+                _unreadable_record(score_id, problem)
+                unreadable[scorer_id] += 1
                 continue
             if out is not None:
                 out.write(raw + "\n")
             summary.add(Outcome.of_record(fields, agent))
     return summary
+
+
+def _key_types(store: Any, keys: list[str]) -> list[str]:
+    pipe = store.pipeline(transaction=False)
+    for key in keys:
+        pipe.type(key)
+    return [str(kind) for kind in pipe.execute()]
+
+
+def _unreadable_record(score_id: str, problem: str) -> None:
+    """A score record read back that could not be read: logged as the store logs one (its id and
+    what fails, never its values) and counted in ``tracescore_store_unreadable_values``."""
+    from worker.metrics import observe_unreadable  # (as the store: loaded only for this)
+
+    log.warning("score_record_unreadable", score_id=score_id, failed=problem)
+    observe_unreadable("score_record")
 
 
 def _job_by_scorer(
@@ -655,13 +696,15 @@ def _job_by_scorer(
     reason = "the job was started by an earlier release, which kept no run ids to read its scores by"
     if runs.run_ids(job_id) is not None:
         missing: Counter[str] = Counter()
+        unreadable: Counter[str] = Counter()
         wanted = _job_scores(runs, job_id, registry, scorer_ids)
         try:
-            by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, worst)
+            by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, unreadable, worst)
         except redis.exceptions.RedisError as exc:
             reason = f"cannot read the scores back ({exc})"
         else:
             summary["by_scorer"] = by_scorer.as_json()
+            summary["records_unreadable"] = dict(unreadable)
             if missing and state.status == "finished":
                 summary["spend"] = None
                 summary["spend_unknown"] = (
@@ -1310,6 +1353,7 @@ def _run_held(
                 runs.client.close()
         if by_scorer is not None:
             summary["by_scorer"] = by_scorer.as_json()
+            summary["records_unreadable"] = dict(enqueued.unreadable)
             summary["spend"] = by_scorer.spend.as_json()
         job_by_scorer: Summary | None = None
         if not no_wait and registry is not None and resumed and not enqueued.count and not enqueued.lost:

@@ -39,7 +39,7 @@ from worker.store._keytypes import (
 )
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
 from worker.store._outbox import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter, SinkState
-from worker.store._redis import read_counters
+from worker.store._redis import failed_fields, read_counters
 from worker.store._scores import Claims, RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
 
 __all__ = [
@@ -74,6 +74,7 @@ __all__ = [
     "claim",
     "dead_letter_id",
     "delivery_owner",
+    "failed_fields",
     "finish_job",
     "job_progress",
     "new_token",
