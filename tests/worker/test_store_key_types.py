@@ -763,3 +763,89 @@ def test_a_dlq_hold_key_of_another_type_or_without_a_ttl_is_repaired(redis_url: 
         assert 0 < client.pttl(key) <= 60_000
     finally:
         client.close()
+
+
+def _failed(job: str, error: str = "E") -> ScoreRecord:
+    return _record().model_copy(update={"job_id": job, "score": None, "error_type": error, "retryable": True})
+
+
+def _put_records(url: str, *records: ScoreRecord) -> Any:
+    return _score_store(url, lambda s: s.put_records(list(records), "w", 60))
+
+
+# (One record each: a put sent again is then the very same record.)
+_SCORE, _FAILED, _OTHERS_FAILURE = _record(), _failed("j"), _failed("o")
+_OTHERS_SCORE = _record().model_copy(update={"job_id": "o"})
+
+# Each case: what is stored before, a counter hash's field set to what HINCRBY cannot add to,
+# the call, what it answers (first, then sent again), and the counters after. A total (failed,
+# skipped) is summed again from its per-reason fields; another field starts over.
+_BAD_COUNTERS: dict[str, tuple[list[ScoreRecord], str, str, Callable[[str], Any], list[Any], dict[str, Any]]] = {
+    "the job's scored": ([], _JOB, "scored", lambda u: _put_records(u, _SCORE), [[True]] * 2, {"j": {"scored": 1}}),
+    "another job's failed, summed again from its reasons": (
+        [_OTHERS_FAILURE],
+        _keys.job_key("o"),
+        "failed",
+        lambda u: _put_records(u, _SCORE),
+        [[True]] * 2,
+        {"o": {"failed": 0, "failed:E": 0, "skipped": 1, "skipped:already_scored": 1}, "j": {"scored": 1}},
+    ),
+    "the failure counts' reason": (
+        [],
+        _FAILURES,
+        "E",
+        lambda u: _put_records(u, _FAILED),
+        [[True]] * 2,
+        {"j": {"failed": 1, "failed:E": 1}},
+    ),
+    "the job's skipped, met by a put refused for another's record": (
+        [_OTHERS_SCORE],
+        _JOB,
+        "skipped",
+        lambda u: _put_records(u, _SCORE),
+        [[False]] * 2,
+        {"j": {"skipped": 1, "skipped:already_scored": 1}, "o": {"scored": 1}},
+    ),
+    "the job's skipped, met by count_skipped_once": (
+        [],
+        _JOB,
+        "skipped",
+        lambda u: _jobs(u, _skip_once),
+        [1, 0],
+        {"j": {"skipped": 1, "skipped:r": 1}},
+    ),
+    "a count an increment would overflow": (
+        [],
+        _JOB,
+        "scored",
+        lambda u: _put_records(u, _SCORE),
+        [[True]] * 2,
+        {"j": {"scored": 1}},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_COUNTERS))
+def test_a_counter_that_is_no_integer_is_repaired_before_anything_is_written(redis_url: str, case: str) -> None:
+    """A counter field holding a non-integer (written by hand, another program) made the put fail
+    at its HINCRBY, after the score record was written: the score stored, its counts not, and the
+    message failing on every delivery (a retry met its own record: never counted). Now checked
+    with the keys before any write: repaired (named, counted) and the call made again whole."""
+    before_puts, key, field, call, answers, counts = _BAD_COUNTERS[case]
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        for record in before_puts:
+            assert _put_records(redis_url, record) == [True]
+        bad = "9223372036854775807" if case.startswith("a count an") else "not a number"
+        client.hset(key, field, bad)
+        repairs = _repairs()
+        assert call(redis_url) == answers[0]
+        assert _repairs() == repairs + 1
+        assert client.hget(key, field) != bad
+        for job, want in counts.items():
+            assert _jobs(redis_url, lambda j, job=job: j.progress(job)) == want
+        assert call(redis_url) == answers[1]  # sent again (its reply lost): nothing counted twice
+        for job, want in counts.items():
+            assert _jobs(redis_url, lambda j, job=job: j.progress(job)) == want
+    finally:
+        client.close()

@@ -21,7 +21,8 @@ can rebuild; counted in ``tracescore_store_key_repairs_total``) or refused with
 ``StoreKeyTypeError`` (dead letters, a sink's undelivered scores), the same way on every path
 (``worker.store._keytypes``; ``checked`` / ``checked_async`` for a caller's own commands on keys it
 owns, ``checked_script`` for its scripts: the judge limiter's buckets, the spend ledger). A hash of
-counters is read with ``read_counters``: a value that is not a number is left out and logged.
+counters is read with ``read_counters``: a value that is not a number is left out and logged; a
+script adding to one repairs it first (``tracescore_check_counters``: named ``<key> <field>``).
 """
 
 from worker._reconnect import StoreUnavailableError

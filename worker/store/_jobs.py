@@ -91,6 +91,10 @@ end
 _COUNT_NEW_SKIPS = LUA_NEW_SKIPS + checked_script(
     "{KEYS[1], 'hash', 'r', KEYS[2], 'set', 'r'}",
     """
+local bad = tracescore_check_counters({KEYS[1]})
+if bad then
+  return bad
+end
 local added = tracescore_new_skips(KEYS[1], KEYS[2], ARGV[1], ARGV, 3, #ARGV)
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if #ARGV > 2 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end

@@ -77,6 +77,47 @@ local function tracescore_check(checks)
   end
   return redis.error_reply('TRACESCORE_KEYTYPE repaired\\t' .. table.concat(wrong, '\\t'))
 end
+-- ``tracescore_check_counters({key, ...})``, after ``tracescore_check``: the hashes of counters a
+-- script adds to (HINCRBY). A field holding what HINCRBY cannot add to (not an integer, or one an
+-- increment could overflow) failed the script at that HINCRBY, after its earlier writes (a score
+-- stored, its counts not). Repaired as a key is, before anything else is written: a total
+-- ('failed', 'skipped') summed again from its per-reason fields, another field deleted (its count
+-- starts over), each named '<key> <field>'. The field 'finished' is a mark, not a counter.
+local function tracescore_check_counters(keys)
+  local named, seen = {}, {}
+  for _, key in ipairs(keys) do
+    if not seen[key] and redis.call('TYPE', key)['ok'] == 'hash' then
+      seen[key] = true
+      local raw, bad, good = redis.call('HGETALL', key), {}, {}
+      for i = 1, #raw, 2 do
+        local digits = string.match(raw[i + 1], '^%-?([1-9]%d*)$')
+        if raw[i] == 'finished' or raw[i + 1] == '0' or (digits and #digits <= 18) then
+          good[raw[i]] = tonumber(raw[i + 1])
+        else
+          bad[#bad + 1] = raw[i]
+        end
+      end
+      for _, field in ipairs(bad) do
+        if field == 'failed' or field == 'skipped' then
+          local sum, prefix = 0, field .. ':'
+          for other, n in pairs(good) do
+            if string.sub(other, 1, #prefix) == prefix then
+              sum = sum + n
+            end
+          end
+          redis.call('HSET', key, field, sum)
+        else
+          redis.call('HDEL', key, field)
+        end
+        named[#named + 1] = key .. ' ' .. field
+      end
+    end
+  end
+  if #named == 0 then
+    return nil
+  end
+  return redis.error_reply('TRACESCORE_KEYTYPE repaired\\t' .. table.concat(named, '\\t'))
+end
 """
 
 

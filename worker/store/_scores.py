@@ -291,13 +291,14 @@ end
 -- Per record, the other job whose retryable failure it replaces (false for none: no record, one
 -- kept, our own job's): found here, so its keys are checked with the rest. (A value without
 -- '"retryable":true' in it is not decoded: a put keeps it.)
-local others, a = {}, first
+local others, a, counters = {}, first, {KEYS[1]}
 for k = shared + 1, #KEYS, 5 do
   check(KEYS[k], 'string', 'r')
   check(KEYS[k + 1], 'set', 'r')
   check(KEYS[k + 3], 'string', 'r')
   check(KEYS[k + 4], 'hash', 'r')
   if ARGV[a + 2] == '1' then
+    counters[#counters + 1] = KEYS[k + 4]
     check(skips_prefix .. ARGV[a + 5], 'set', 'r')
     check(uncounted_prefix .. ARGV[a + 5], 'set', 'r')
   end
@@ -308,6 +309,7 @@ for k = shared + 1, #KEYS, 5 do
     if not kept and type(job) == 'string' and job ~= '' and job ~= ARGV[a + 5] then
       other = job
       check(job_prefix .. job, 'hash', 'r')
+      counters[#counters + 1] = job_prefix .. job
       check(skips_prefix .. job, 'set', 'r')
       check(uncounted_prefix .. job, 'set', 'r')
     end
@@ -315,7 +317,7 @@ for k = shared + 1, #KEYS, 5 do
   others[#others + 1] = other
   a = a + 6
 end
-local bad = tracescore_check(checks)
+local bad = tracescore_check(checks) or tracescore_check_counters(counters)
 if bad then
   return bad
 end
