@@ -39,9 +39,11 @@ from worker.store import (
     RedisJobStats,
     RedisOutbox,
     RedisScoreStore,
+    StoreKeyTypeError,
     SyncRedisDeadLetters,
     claim,
     finish_job,
+    job_progress,
 )
 from worker.store._jobs import failure_bucket
 from worker.store._outbox import delivered_key
@@ -101,6 +103,14 @@ def _sync_finish(url: str) -> None:
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
         finish_job(client, "j")
+    finally:
+        client.close()
+
+
+def _sync_progress(url: str) -> Any:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        return job_progress(client, "j")
     finally:
         client.close()
 
@@ -254,8 +264,9 @@ CASES = [
             (_keys.trace_key(TRACE), "set", False),
             (_CLAIM, "string", False),
             (_JOB, "hash", False),
-            (_keys.job_skips_key("j"), "set", False),  # (the script names it: a score counted as j's skip)
-            (_keys.job_uncounted_key("j"), "set", False),  # (and: a record j stored once it ended)
+            # What job j counted (the script names them): deleted, j counted them again.
+            (_keys.job_skips_key("j"), "set", True),  # a score counted as j's skip
+            (_keys.job_uncounted_key("j"), "set", True),  # a record j stored once it ended
             (_FAILURES, "hash", False),
             (_SINKS, "set", False),
             (_ATTEMPTS, "hash", False),
@@ -264,26 +275,27 @@ CASES = [
             (_DEAD, "hash", True),
         ]
     ),
+    Case("put_records", _keys.job_key("o"), "hash", False, _put_over_another_jobs_failure, [True]),
     *(
-        Case("put_records", key, kind, False, _put_over_another_jobs_failure, [True])
-        for key, kind in [
-            (_keys.job_key("o"), "hash"),
-            (_keys.job_skips_key("o"), "set"),
-            (_keys.job_uncounted_key("o"), "set"),
-        ]
+        Case("put_records", key, "set", True, _put_over_another_jobs_failure)
+        for key in [_keys.job_skips_key("o"), _keys.job_uncounted_key("o")]
     ),
     # JobStats
     *(
-        Case("count_skipped_once", key, kind, False, lambda u: lambda: _jobs(u, _skip_once), 1)
-        for key, kind in [(_JOB, "hash"), (_keys.job_skips_key("j"), "set")]
+        Case("count_skipped_once", key, kind, keep, lambda u: lambda: _jobs(u, _skip_once), None if keep else 1)
+        for key, kind, keep in [(_JOB, "hash", False), (_keys.job_skips_key("j"), "set", True)]
     ),
-    Case("progress", _JOB, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.progress("j")), {}),
+    *(
+        Case("progress", key, kind, keep, lambda u: lambda: _jobs(u, lambda j: j.progress("j")), None if keep else {})
+        for key, kind, keep in [(_JOB, "hash", False), (_keys.job_skips_key("j"), "set", True)]
+    ),
+    Case("job_progress", _keys.job_skips_key("j"), "set", True, lambda u: lambda: _sync_progress(u)),
     *(
         case
-        for key, kind in [(_JOB, "hash"), (_keys.job_skips_key("j"), "set")]
+        for key, kind, keep in [(_JOB, "hash", False), (_keys.job_skips_key("j"), "set", True)]
         for case in (
-            Case("finish_job", key, kind, False, lambda u: lambda: _jobs(u, lambda j: j.finish("j"))),
-            Case("finish_job", key, kind, False, lambda u: lambda: _sync_finish(u)),  # (the backfill's)
+            Case("finish_job", key, kind, keep, lambda u: lambda: _jobs(u, lambda j: j.finish("j"))),
+            Case("finish_job", key, kind, keep, lambda u: lambda: _sync_finish(u)),  # (the backfill's)
         )
     ),
     Case("recent_failures", _FAILURES, "hash", False, lambda u: lambda: _jobs(u, lambda j: j.recent_failures()), {}),
@@ -847,5 +859,44 @@ def test_a_counter_that_is_no_integer_is_repaired_before_anything_is_written(red
         assert call(redis_url) == answers[1]  # sent again (its reply lost): nothing counted twice
         for job, want in counts.items():
             assert _jobs(redis_url, lambda j, job=job: j.progress(job)) == want
+    finally:
+        client.close()
+
+
+_SKIPS = _keys.job_skips_key("j")
+
+
+@pytest.mark.parametrize("again", ["count_skipped_once", "put refused", "finish", "progress"])
+def test_a_jobs_set_of_counted_skips_of_another_type_is_refused_not_counted_again(redis_url: str, again: str) -> None:
+    """Job j counted a skip (another job's record stands for the score); then its set of counted
+    skips holds another type. It was repaired by deleting it, so the next delivery meeting the
+    score counted the skip again: 2 of 1, the job's wait ending with a score on its way. It is
+    refused instead (named, left as it is, nothing written): the job's counts are unknown until
+    the key is moved aside, never counted twice."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        assert _put_records(redis_url, _OTHERS_SCORE) == [True]
+        assert _jobs(redis_url, lambda j: j.count_skipped_once("j", "already_scored", [SCORE])) == 1
+        counted = _jobs(redis_url, lambda j: j.progress("j"))
+        assert counted == {"skipped": 1, "skipped:already_scored": 1}
+        client.delete(_SKIPS)
+        client.set(_SKIPS, "someone else's")
+        call = {
+            "count_skipped_once": lambda: _jobs(
+                redis_url, lambda j: j.count_skipped_once("j", "already_scored", [SCORE])
+            ),
+            "put refused": lambda: _put_records(redis_url, _SCORE),
+            "finish": lambda: _jobs(redis_url, lambda j: j.finish("j")),
+            "progress": lambda: _jobs(redis_url, lambda j: j.progress("j")),
+        }[again]
+        refused: StoreKeyTypeError | None = None
+        try:
+            call()
+        except StoreKeyTypeError as exc:
+            refused = exc
+        assert client.hgetall(_JOB) == {k: str(v) for k, v in counted.items()}  # (was skipped 2)
+        assert refused is not None
+        assert refused.key == _SKIPS
+        assert client.get(_SKIPS) == "someone else's"
     finally:
         client.close()

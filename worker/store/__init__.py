@@ -18,7 +18,7 @@ The Redis implementations reconnect by themselves (a Redis restart, a failover) 
 command; when Redis stays away they raise ``StoreUnavailableError``, which hands a task's
 message back to the queue. A key of theirs holding another Redis type is repaired (state they
 can rebuild; counted in ``tracescore_store_key_repairs_total``) or refused with
-``StoreKeyTypeError`` (dead letters, a sink's undelivered scores), the same way on every path
+``StoreKeyTypeError`` (dead letters, a sink's undelivered scores, what a job counted), the same way on every path
 (``worker.store._keytypes``; ``checked`` / ``checked_async`` for a caller's own commands on keys it
 owns, ``checked_script`` for its scripts: the judge limiter's buckets, the spend ledger). A hash of
 counters is read with ``read_counters``: a value that is not a number is left out and logged; a

@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from tracing import ScoreRecord
 from worker import _keys
+from worker._errors import StoreKeyTypeError
 from worker._reconnect import unavailable_as_error
 from worker.store._keytypes import checked, checked_async, checked_script
 from worker.store._redis import OnRedis, RedisConnection, read_counters
@@ -89,7 +90,7 @@ end
 # The ids and their count in one step, after both keys' types are checked (a script is not
 # undone by an error halfway: the ids added, a failed count would never be made again).
 _COUNT_NEW_SKIPS = LUA_NEW_SKIPS + checked_script(
-    "{KEYS[1], 'hash', 'r', KEYS[2], 'set', 'r'}",
+    "{KEYS[1], 'hash', 'r', KEYS[2], 'set', 'k'}",
     """
 local bad = tracescore_check_counters({KEYS[1]})
 if bad then
@@ -108,7 +109,7 @@ return added
 # ``dlq retry`` may yet record a run it counts as a skip (its failure another's record
 # replaced), which moves that count to the record.
 _FINISH = checked_script(
-    "{KEYS[1], 'hash', 'r', KEYS[2], 'set', 'r'}",
+    "{KEYS[1], 'hash', 'r', KEYS[2], 'set', 'k'}",
     f"""
 redis.call('HSET', KEYS[1], '{_FINISHED}', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[1])
@@ -127,13 +128,23 @@ def _counters(raw: Mapping[str, str], key: str) -> dict[str, int]:
 def finish_job(client: Any, job_id: str, job_ttl_s: int = JOB_TTL_S) -> None:
     """``JobStats.finish`` with a synchronous client (the backfill's)."""
     keys = [_keys.job_key(job_id), _keys.job_skips_key(job_id)]
-    checks = [(keys[0], "hash", False), (keys[1], "set", False)]
+    checks = [(keys[0], "hash", False), (keys[1], "set", True)]
     checked(client, "finish_job", checks, lambda: client.eval(_FINISH, 2, *keys, job_ttl_s))
+
+
+def _refused_skips(job_id: str, found: Any) -> None:
+    """Raises ``StoreKeyTypeError`` when the job's set of counted skips (``found``: its TYPE) is
+    another type: no script counts for the job until it is moved aside, so its counts are unknown,
+    not a figure that stopped short of its total."""
+    found = found.decode() if isinstance(found, bytes) else str(found)
+    if found not in ("none", "set"):
+        raise StoreKeyTypeError(_keys.job_skips_key(job_id), found, "set")
 
 
 def job_progress(client: Any, job_id: str) -> dict[str, int]:
     """``JobStats.progress`` with a synchronous client (the backfill's)."""
     key = _keys.job_key(job_id)
+    _refused_skips(job_id, client.type(_keys.job_skips_key(job_id)))
     return _counters({str(k): v for k, v in client.hgetall(key).items()}, key)
 
 
@@ -147,7 +158,8 @@ class JobStats(Protocol):
         ...
 
     async def progress(self, job_id: str) -> dict[str, int]:
-        """The job's counters: ``scored``, ``failed``, ``skipped`` and ``<counter>:<reason>``."""
+        """The job's counters: ``scored``, ``failed``, ``skipped`` and ``<counter>:<reason>``.
+        ``StoreKeyTypeError`` (Redis) when its set of counted skips is refused: unknown."""
         ...
 
     async def finish(self, job_id: str) -> None:
@@ -186,6 +198,7 @@ class RedisJobStats(OnRedis):
 
     async def progress(self, job_id: str) -> dict[str, int]:
         client, key = self._redis.client, _keys.job_key(job_id)
+        _refused_skips(job_id, await client.type(_keys.job_skips_key(job_id)))
         raw = await checked_async(client, "progress", [(key, "hash", False)], lambda: client.hgetall(key))
         return _counters(raw, key)
 

@@ -272,7 +272,10 @@ local first = 11 + nsinks
 local sinks_named = false
 -- A key of ours holding another type would fail the script halfway, after earlier writes: every
 -- key is checked before anything is written (worker.store._keytypes). A sink's queue and dead
--- letters are refused (undelivered scores, refusals); the rest is ours to rebuild.
+-- letters are refused (undelivered scores, refusals), and so are a job's sets of the scores it
+-- counted as skips and left uncounted: deleted, they made the job count those again (its skip
+-- met on the next delivery: 2 of 1, its wait ending with a score on its way), and no script can
+-- tell which they held. The rest is ours to rebuild.
 local checks = {}
 local function check(key, kind, mode)
   local n = #checks
@@ -299,8 +302,8 @@ for k = shared + 1, #KEYS, 5 do
   check(KEYS[k + 4], 'hash', 'r')
   if ARGV[a + 2] == '1' then
     counters[#counters + 1] = KEYS[k + 4]
-    check(skips_prefix .. ARGV[a + 5], 'set', 'r')
-    check(uncounted_prefix .. ARGV[a + 5], 'set', 'r')
+    check(skips_prefix .. ARGV[a + 5], 'set', 'k')
+    check(uncounted_prefix .. ARGV[a + 5], 'set', 'k')
   end
   local current, other = redis.pcall('GET', KEYS[k]), false
   if type(current) == 'string' and current ~= ARGV[a] and string.find(current, '"retryable":true', 1, true) then
@@ -310,8 +313,8 @@ for k = shared + 1, #KEYS, 5 do
       other = job
       check(job_prefix .. job, 'hash', 'r')
       counters[#counters + 1] = job_prefix .. job
-      check(skips_prefix .. job, 'set', 'r')
-      check(uncounted_prefix .. job, 'set', 'r')
+      check(skips_prefix .. job, 'set', 'k')
+      check(uncounted_prefix .. job, 'set', 'k')
     end
   end
   others[#others + 1] = other
