@@ -68,6 +68,12 @@ def _nonzero(progress: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in progress.items() if v}
 
 
+async def _own_failures(store: Any, score_ids: set[str], job: str) -> list[ScoreRecord]:
+    """The stored records among ``score_ids`` that are ``job``'s own failures."""
+    found = await store.existing(sorted(score_ids))
+    return [r for r in found.values() if r.job_id == job and r.error_type]
+
+
 async def _play(ops: list[Op], redis_url: str) -> str | None:
     """The first broken rule, named with its step; None when every step kept them."""
     stores: list[Any] = [MemoryScoreStore(), RedisScoreStore(redis_url)]
@@ -118,6 +124,8 @@ async def _play(ops: list[Op], redis_url: str) -> str | None:
                     wrong = f"{job} counts below 0: {memory}"
                 elif job in ended and _total(memory) != ended[job]:
                     wrong = f"{job}'s total moved after its end: {ended[job]} -> {memory}"
+                elif job in ended and memory.get("failed", 0) > len(await _own_failures(stores[0], touched[job], job)):
+                    wrong = f"{job} counts a failure another's record replaced, after its end: {memory}"
                 elif job not in ended:
                     found_now = await stores[0].existing(sorted(touched[job]))
                     rule: Counter[str] = Counter()

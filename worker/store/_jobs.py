@@ -4,7 +4,8 @@ time buckets (``tracescore status``).
 Scored and failed are counted by the score store in the same atomic step that records the
 score (so a score is counted exactly once); skips are counted here. A job that ended
 (``finish``) counts nothing more: its total is final, and only a move of one of its scores from
-one outcome to another (its ``dlq retry`` scoring its failure) still changes its counts.
+one outcome to another (its ``dlq retry`` scoring its failure; another's record replacing its
+retryable failure, which becomes its skip) still changes its counts.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ class JobStats(Protocol):
         """The job ended (its backfill counted every score): from now on its total is final.
         A late delivery of its message (a worker killed before its ack, a `dlq retry`, a record
         that expired and was made again) counts nothing; a move of one of its scores from one
-        outcome to another still does (its own record replacing its failure: failed → scored)."""
+        outcome to another still does (its own record replacing its failure: failed → scored;
+        another's replacing its retryable failure: failed → skipped)."""
         ...
 
     async def recent_failures(self, buckets: int = 6) -> dict[str, int]:
