@@ -900,3 +900,65 @@ def test_a_jobs_set_of_counted_skips_of_another_type_is_refused_not_counted_agai
         assert client.get(_SKIPS) == "someone else's"
     finally:
         client.close()
+
+
+_LETTER = _letter()  # (one letter: its id is its own)
+
+
+def _take_pushed(url: str) -> Any:
+    async def go(letters: RedisDeadLetters) -> Any:
+        taken = await letters.take(_LETTER.id)
+        return taken is not None, await letters.size(), await letters.counts()
+
+    return _letters(url, go)
+
+
+def _push_one(url: str) -> Any:
+    async def go(letters: RedisDeadLetters) -> Any:
+        return await letters.push(_letter()), await letters.size(), await letters.counts()
+
+    return _letters(url, go)
+
+
+def _settled(url: str, how: str) -> Any:
+    outbox = RedisOutbox(url, reconnect_s=0.5)
+    try:
+        outbox.register([SINK])
+        outbox.enqueue(SINK, [SCORE])
+        lease = outbox.lease(SINK, 10, 60)
+        done = outbox.ack(lease, [SCORE]) if how == "ack" else outbox.retry(lease, {SCORE: 0.0})
+        return done, outbox.counts()[SINK].as_dict()
+    finally:
+        outbox.close()
+
+
+# Each case: the counter hash and field made bad, the letters pushed before, the call and what it
+# answers. (A letter taken while its reason's count was bad was removed, then the script failed:
+# `dlq retry`, which takes a letter once it has requeued it, ended in an error, the count left.)
+_OTHER_COUNTERS: dict[str, tuple[str, str, bool, Callable[[str], Any], Any]] = {
+    "a dead letter taken": (_REASONS, "test", True, _take_pushed, (True, 0, {})),
+    "a dead letter pushed": (_REASONS, "test", False, _push_one, (True, 1, {"test": 1})),
+    "a sink's delivery acked": (_COUNTS, "delivered", False, lambda u: _settled(u, "ack"), (1, "delivered")),
+    "a sink's delivery retried": (_COUNTS, "retried", False, lambda u: _settled(u, "retry"), (1, "retried")),
+}
+
+
+@pytest.mark.parametrize("case", list(_OTHER_COUNTERS))
+def test_other_scripts_repair_a_counter_that_is_no_integer_before_writing(redis_url: str, case: str) -> None:
+    """The put's fault in the store's other scripts that add to a counter after a write."""
+    key, field, pushed, call, expected = _OTHER_COUNTERS[case]
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        if pushed:
+            assert _letters(redis_url, lambda d: d.push(_LETTER)) is True
+        client.hset(key, field, "not a number")
+        repairs = _repairs()
+        answer = call(redis_url)
+        if key == _COUNTS:
+            done, counts = answer
+            assert (done, counts[expected[1]]) == (expected[0], 1)
+        else:
+            assert answer == expected
+        assert _repairs() == repairs + 1
+    finally:
+        client.close()

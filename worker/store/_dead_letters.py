@@ -96,6 +96,10 @@ class DeadLetters(Protocol):
 _PUSH = checked_script(
     "{KEYS[1], 'list', 'k', KEYS[2], 'string', 'r', KEYS[3], 'hash', 'r'}",
     """
+local bad = tracescore_check_counters({KEYS[3]})
+if bad then
+  return bad
+end
 if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'EX', tonumber(ARGV[4])) then
   -- 1 when our own earlier try (its reply lost, the client retried) pushed this very letter
   return redis.call('GET', KEYS[2]) == ARGV[3] and 1 or 0
@@ -110,6 +114,10 @@ return 1
 _TAKE = checked_script(
     "{KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r'}",
     """
+local bad = tracescore_check_counters({KEYS[2]})
+if bad then
+  return bad
+end
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
   return 0
 end

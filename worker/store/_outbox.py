@@ -246,6 +246,10 @@ _SETTLE = checked_script(
     "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'hash', 'k', KEYS[5], 'zset', 'r'}",
     _WRITES_WHEN_FULL
     + """
+local bad = tracescore_check_counters({KEYS[3]})
+if bad then
+  return bad
+end
 local current = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not current or tonumber(current) ~= tonumber(ARGV[2]) then
   return 0
