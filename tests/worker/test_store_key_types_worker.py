@@ -321,3 +321,33 @@ def test_a_stuck_restore_lock_is_released_and_a_dead_workers_message_comes_back(
     finally:
         worker.stop()
         client.close()
+
+
+def test_a_jobs_set_of_counted_skips_of_another_type_dead_letters_its_message_counting_nothing(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A job's set of counted skips holding another type was deleted as a repair, and the job
+    counted its skips again. A real worker now meets it refused: the message ends as one dead
+    letter naming the key, nothing counted for the job, the key left for the operator."""
+    client = redis.Redis.from_url(redis_url)
+    skips = _keys.job_skips_key("typed")
+    client.set(skips, "someone else's")
+    worker = WorkerProcess(
+        "skipset", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl", env={"TRACESCORE_RETRY_BUDGET": "1"}
+    )
+    try:
+        worker.wait_ready()
+        sink = CelerySink(redis_url)
+        sink.send(batch(range(2), ["length"], salt="skips", job_id="typed", batch_id="skips-batch"))
+        sink.close()
+        assert wait_for(lambda: len(_dlq(client)) >= 1, 90), worker.text()[-3000:]
+        (letter,) = _dlq(client)
+        assert letter.batch_id == "skips-batch"
+        assert "StoreKeyTypeError" in letter.error
+        assert skips in letter.error
+        assert client.get(skips) == b"someone else's"
+        assert client.hgetall(_keys.job_key("typed")) == {}  # counted nothing, twice or once
+        assert list(client.scan_iter(match=_keys.record_key("*"))) == []
+    finally:
+        worker.stop()
+        client.close()
