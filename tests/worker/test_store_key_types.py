@@ -932,6 +932,16 @@ def _settled(url: str, how: str) -> Any:
         outbox.close()
 
 
+def _leased_attempts(url: str) -> Any:
+    outbox, client = RedisOutbox(url, reconnect_s=0.5), redis.Redis.from_url(url)
+    try:
+        lease = outbox.lease(SINK, 10, 60)
+        return lease.ids, int(client.hget(_ATTEMPTS, SCORE) or 0)
+    finally:
+        outbox.close()
+        client.close()
+
+
 # Each case: the counter hash and field made bad, the letters pushed before, the call and what it
 # answers. (A letter taken while its reason's count was bad was removed, then the script failed:
 # `dlq retry`, which takes a letter once it has requeued it, ended in an error, the count left.)
@@ -940,6 +950,8 @@ _OTHER_COUNTERS: dict[str, tuple[str, str, bool, Callable[[str], Any], Any]] = {
     "a dead letter pushed": (_REASONS, "test", False, _push_one, (True, 1, {"test": 1})),
     "a sink's delivery acked": (_COUNTS, "delivered", False, lambda u: _settled(u, "ack"), (1, "delivered")),
     "a sink's delivery retried": (_COUNTS, "retried", False, lambda u: _settled(u, "retry"), (1, "retried")),
+    # (each lease failed at it, after moving the ids it had leased: the sink stuck for good)
+    "a sink's queued id leased": (_ATTEMPTS, SCORE, False, _leased_attempts, ([SCORE], 1)),
 }
 
 
@@ -951,6 +963,8 @@ def test_other_scripts_repair_a_counter_that_is_no_integer_before_writing(redis_
     try:
         if pushed:
             assert _letters(redis_url, lambda d: d.push(_LETTER)) is True
+        if key == _ATTEMPTS:
+            _outbox(redis_url, lambda o: o.enqueue(SINK, [SCORE]))
         client.hset(key, field, "not a number")
         repairs = _repairs()
         answer = call(redis_url)

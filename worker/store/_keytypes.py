@@ -83,13 +83,27 @@ end
 -- increment could overflow) failed the script at that HINCRBY, after its earlier writes (a score
 -- stored, its counts not). Repaired as a key is, before anything else is written: a total
 -- ('failed', 'skipped') summed again from its per-reason fields, another field deleted (its count
--- starts over), each named '<key> <field>'. The field 'finished' is a mark, not a counter.
-local function tracescore_check_counters(keys)
+-- starts over), each named '<key> <field>'. The field 'finished' is a mark, not a counter. With
+-- ``fields`` only those are read (a hash of a counter per queued id), and none is a total.
+local function tracescore_check_counters(keys, fields)
   local named, seen = {}, {}
   for _, key in ipairs(keys) do
     if not seen[key] and redis.call('TYPE', key)['ok'] == 'hash' then
       seen[key] = true
-      local raw, bad, good = redis.call('HGETALL', key), {}, {}
+      local raw, bad, good = {}, {}, {}
+      if fields == nil then
+        raw = redis.call('HGETALL', key)
+      end
+      for i = 1, #(fields or {}), 4000 do
+        local last = math.min(i + 3999, #fields)
+        local values = redis.call('HMGET', key, unpack(fields, i, last))
+        for j = i, last do
+          if values[j - i + 1] then
+            local n = #raw
+            raw[n + 1], raw[n + 2] = fields[j], values[j - i + 1]
+          end
+        end
+      end
       for i = 1, #raw, 2 do
         local digits = string.match(raw[i + 1], '^%-?([1-9]%d*)$')
         if raw[i] == 'finished' or raw[i + 1] == '0' or (digits and #digits <= 18) then
@@ -99,7 +113,7 @@ local function tracescore_check_counters(keys)
         end
       end
       for _, field in ipairs(bad) do
-        if field == 'failed' or field == 'skipped' then
+        if fields == nil and (field == 'failed' or field == 'skipped') then
           local sum, prefix = 0, field .. ':'
           for other, n in pairs(good) do
             if string.sub(other, 1, #prefix) == prefix then

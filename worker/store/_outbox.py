@@ -194,6 +194,10 @@ _LEASE = checked_script(
     + """
 local due = tonumber(ARGV[1]) + tonumber(ARGV[2])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local bad = tracescore_check_counters({KEYS[2]}, ids)
+if bad then
+  return bad
+end
 local out = {due}
 for _, id in ipairs(ids) do
   redis.call('ZADD', KEYS[1], 'XX', due, id)
