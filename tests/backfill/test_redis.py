@@ -517,8 +517,8 @@ def test_a_job_state_that_is_not_one_is_named_not_quoted(redis_server: RedisServ
     db.rpush(backfill_state_key("bf-list"), "x")
     try:
         for job_id, said in (
-            ("bf-garbage", "this release reads"),
-            ("bf-list", "not a tracescore job state (WRONGTYPE)"),
+            ("bf-garbage", "is not a job state this release reads"),
+            ("bf-list", "holds a list, where tracescore keeps a string"),
         ):
             result = CliRunner().invoke(cli, ["backfill", "--resume", job_id, "--broker", redis_server.url(13)])
             assert result.exit_code == 1, result.output

@@ -36,7 +36,13 @@ from tracing.sources import MAX_SPANS_PER_TRACE, SourceError, TraceSource, sourc
 from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
 from worker._gc import tuned_gc
 from worker._interrupt import stop_on_signals
-from worker._keys import backfill_state_key, record_key
+from worker._keys import (
+    backfill_rootless_key,
+    backfill_runs_key,
+    backfill_state_key,
+    backfill_traces_key,
+    record_key,
+)
 from worker._progress import ProgressReporter, format_duration
 from worker._reconnect import DECODED
 from worker._registry import Registry, RegistryError, load_registry
@@ -44,7 +50,7 @@ from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, printable
 from worker.backfill._driver import Backfill, Submitter
-from worker.backfill._state import BackfillState, JobCounters, JobHold, RedisJobStore
+from worker.backfill._state import BackfillState, JobCounters, JobHold, RedisJobStore, UnreadableStateError
 from worker.cli import CliError, cli_settings, names_an_input, unreachable
 from worker.store import StoreKeyTypeError, failed_fields
 
@@ -98,6 +104,37 @@ class WaitTimeoutError(CliError):
 
 class SinkFailedError(CliError):
     exit_code = EXIT_SINK_FAILED
+
+
+def _refused_key(exc: StoreKeyTypeError | UnreadableStateError, job_id: str, resume: str | None) -> CliError:
+    """The one line for a key of job ``job_id`` that cannot be used: its role, name and type
+    (never its value), that it is left as it is, and what the operator does (``resume``: the
+    resume line, None when the job has no state saved yet)."""
+    state_key = backfill_state_key(job_id)
+    if isinstance(exc, UnreadableStateError):
+        what = f"its state {exc}"
+    else:
+        role = {
+            state_key: "state",
+            backfill_runs_key(job_id): "set of the runs it enqueued",
+            backfill_traces_key(job_id): "set of the traces an earlier release enqueued",
+            backfill_rootless_key(job_id): "list of the traces it read without their root",
+        }.get(exc.key, "key")
+        what = f"its {role} (Redis key {exc.key}) holds a {exc.found}, where tracescore keeps a {exc.expected}"
+    if exc.key == state_key:
+        todo = (
+            f"rename it aside (RENAME {exc.key} {exc.key}:aside) to look at it; the job cannot go on without"
+            " its state: run the backfill again (scores already stored are not made twice)"
+        )
+    elif resume is None:
+        todo = f"rename it aside (or delete it), then run the backfill again: {exc.key} belongs to no job yet"
+    else:
+        # (without the set, runs read again past the checkpoint are enqueued again: their scores
+        # are not made twice; without the list, a late root past it is taken for a new trace)
+        todo = f"rename it aside (or delete it), then resume with: {resume}"
+    # (nothing saved: each save checks every key before it writes; a batch sent just before the
+    # save that met the key is past the checkpoint that stands, so the resume sends it again)
+    return CliError(f"backfill {job_id}: {what}; it is left as it is and nothing was saved: {todo}")
 
 
 def _sink_names(chosen: tuple[str, ...], otlp: bool) -> tuple[str, ...]:
@@ -694,7 +731,13 @@ def _job_by_scorer(
     job_id, scorer_ids = state.job_id, state.options.scorer_ids
     summary["by_scorer_of"] = summary["spend_of"] = "job"
     reason = "the job was started by an earlier release, which kept no run ids to read its scores by"
-    if runs.run_ids(job_id) is not None:
+    try:
+        kept = runs.run_ids(job_id) is not None
+    except StoreKeyTypeError as exc:
+        kept, reason = False, str(exc)
+    except redis.exceptions.RedisError as exc:
+        kept, reason = False, f"cannot read the scores back ({exc})"
+    if kept:
         missing: Counter[str] = Counter()
         unreadable: Counter[str] = Counter()
         wanted = _job_scores(runs, job_id, registry, scorer_ids)
@@ -1194,6 +1237,10 @@ def _run_redis(
         hold.release()
         submitter.close()
         raise unreachable("score store", settings.store_url, exc) from exc
+    except (StoreKeyTypeError, UnreadableStateError) as exc:
+        hold.release()
+        submitter.close()
+        raise _refused_key(exc, state.job_id, None) from None
     if not held:
         submitter.close()
         raise CliError(
@@ -1248,6 +1295,9 @@ def _run_held(
     if not resumed:
         try:
             job_store.save(state)  # resumable from the first moment, even if killed before a batch
+        except StoreKeyTypeError as exc:  # (nothing written: the save checks every key first)
+            submitter.close()
+            raise _refused_key(exc, state.job_id, None) from None
         except redis.exceptions.RedisError as exc:
             submitter.close()
             refusal = _broker_refusal(exc)
@@ -1310,6 +1360,11 @@ def _run_held(
                 backfill.interrupted()
             submitter.close()
             raise CliError(f"{exc}; nothing enqueued is lost. Once the source answers, resume with: {resume}") from None
+        except StoreKeyTypeError as exc:
+            # A key of the job of another type, met while reading: its last saved checkpoint
+            # stands (nothing is saved over it now: the save would meet the same key).
+            submitter.close()
+            raise _refused_key(exc, state.job_id, resume) from None
         except Exception as exc:
             submitter.close()
             refusal = _broker_refusal(exc)
@@ -1417,18 +1472,12 @@ def _resume(
 
     settings = _settings(broker)
     client = redis.Redis.from_url(settings.store_url, **DECODED)
-    where = f"{backfill_state_key(job_id)} in {redact(settings.store_url)}"
     try:
         state = RedisJobStore(client).load(job_id)
-    except redis.exceptions.ResponseError as exc:  # the key holds another type (WRONGTYPE)
-        raise CliError(f"the job state {where} is not a tracescore job state ({str(exc).split()[0]})") from None
+    except (StoreKeyTypeError, UnreadableStateError) as exc:
+        raise _refused_key(exc, job_id, None) from None
     except redis.exceptions.RedisError as exc:
         raise unreachable("score store", settings.store_url, exc) from exc
-    except ValidationError as exc:  # its text would quote the stored value
-        raise CliError(
-            f"the job state {where} is not a tracescore job state this release reads "
-            f"({exc.error_count()} problem(s), first at {'.'.join(map(str, exc.errors()[0]['loc'])) or '(root)'})"
-        ) from None
     finally:
         client.close()
     if state is None:

@@ -20,9 +20,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from tracing.sources import Position
+from worker._errors import WorkerError
 from worker._keys import (
     backfill_hold_key,
     backfill_rootless_key,
@@ -30,7 +31,7 @@ from worker._keys import (
     backfill_state_key,
     backfill_traces_key,
 )
-from worker.store import finish_job
+from worker.store import checked, checked_script, finish_job
 
 __all__ = [
     "BackfillOptions",
@@ -38,6 +39,7 @@ __all__ = [
     "JobCounters",
     "JobHold",
     "RedisJobStore",
+    "UnreadableStateError",
     "new_job_id",
     "run_id",
 ]
@@ -57,6 +59,18 @@ def run_id(trace_id: str, span_id: str) -> str:
 def new_job_id() -> str:
     """Short, sortable by time, unique enough: ``bf-<yyyymmdd-hhmmss>-<6 hex>``."""
     return time.strftime("bf-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
+
+
+class UnreadableStateError(WorkerError):
+    """A job's state key holds a string that is no job state this release reads (not JSON, or
+    JSON of another shape): left as it is for the operator. Names the key and the first problem's
+    place, never the value (an agent's text, a secret)."""
+
+    _category = "config"
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key, self.problem = key, problem
+        super().__init__(f"{key} is not a job state this release reads ({problem})")
 
 
 class BackfillOptions(BaseModel):
@@ -149,11 +163,26 @@ class BackfillState(BaseModel):
         return self.counters.runs_enqueued * len(self.options.scorer_ids)
 
 
+# What each key of a job holds (for ``checked``): all but the hold are kept when of another type
+# (refused, ``StoreKeyTypeError``): the state, and the runs and traces without which a resume
+# would enqueue again or score twice, cannot be rebuilt. The hold, a lock, guards no data and no
+# holder could ever release it: repaired.
+_WHERE = "backfill"
+
+
+def _kept(key: str, kind: str) -> tuple[str, str, bool]:
+    return (key, kind, True)
+
+
 # The state and the enqueued runs are written only while the job's hold is this process's: a
 # process paused past the hold (or whose lock Redis lost) and then woken went on reading and
-# saved over the new holder's state (its counts, then "finished"), with no word.
-_SAVE_IF_HELD = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+# saved over the new holder's state (its counts, then "finished"), with no word. Without a hold
+# (ARGV[1] empty) they are written as they are. Each key's type is checked first: a key of
+# another type leaves the whole save unwritten (a MULTI went on past the failed command).
+_SAVE_IF_HELD = checked_script(
+    "{KEYS[1], 'string', 'r', KEYS[2], 'string', 'k', KEYS[3], 'set', 'k', KEYS[4], 'list', 'k'}",
+    """
+if ARGV[1] ~= '' and redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
 local runs_end = 5 + tonumber(ARGV[4])
 for i = 6, runs_end, 4000 do redis.call('sadd', KEYS[3], unpack(ARGV, i, math.min(i + 3999, runs_end))) end
 if runs_end > 5 then redis.call('expire', KEYS[3], ARGV[3]) end
@@ -164,12 +193,15 @@ if #ARGV > runs_end then
 end
 redis.call('set', KEYS[2], ARGV[2], 'EX', ARGV[3])
 return 1
-"""
+""",
+)
 
 
 class RedisJobStore:
     """Job state and the enqueued-run set in Redis (sync client: the driver is sync). With a
-    ``hold`` (the running job's), nothing is written once the hold is another process's."""
+    ``hold`` (the running job's), nothing is written once the hold is another process's. A key
+    of the job holding another Redis type raises ``StoreKeyTypeError`` (left as it is), a state
+    that does not read ``UnreadableStateError``."""
 
     def __init__(self, client: Any, hold: JobHold | None = None) -> None:
         self.client = client
@@ -179,8 +211,18 @@ class RedisJobStore:
         self._legacy: dict[str, bool] = {}
 
     def load(self, job_id: str) -> BackfillState | None:
-        raw = self.client.get(backfill_state_key(job_id))
-        return None if raw is None else BackfillState.model_validate_json(raw)
+        key = backfill_state_key(job_id)
+        raw = checked(self.client, _WHERE, [_kept(key, "string")], lambda: self.client.get(key))
+        if raw is None:
+            return None
+        try:
+            return BackfillState.model_validate_json(raw)
+        except ValidationError as exc:  # (its text would quote the stored value)
+            from worker.metrics import observe_unreadable  # (as the store: loaded only for this)
+
+            observe_unreadable("backfill_state")
+            where = ".".join(map(str, exc.errors()[0]["loc"])) or "(root)"
+            raise UnreadableStateError(key, f"{exc.error_count()} problem(s), first at {where}") from None
 
     def save(
         self,
@@ -191,41 +233,36 @@ class RedisJobStore:
     ) -> bool:
         """Store the state, add ``newly_enqueued`` run ids (``run_id``) and append
         ``newly_rootless`` trace ids (read without their root; the newest ``rootless_kept``
-        kept), in one transaction; False (nothing written, the hold marked lost) when the hold
-        is another process's."""
+        kept), in one step; False (nothing written, the hold marked lost) when the hold is
+        another process's."""
         state.updated_at = time.time()
-        runs, rootless = backfill_runs_key(state.job_id), backfill_rootless_key(state.job_id)
-        if self.hold is not None:
-            keys = (self.hold.key, backfill_state_key(state.job_id), runs, rootless)
-            args = (
-                self.hold.token,
-                state.model_dump_json(),
-                JOB_TTL_SECONDS,
-                len(newly_enqueued),
-                rootless_kept,
-                *newly_enqueued,
-                *newly_rootless,
-            )
-            saved = self._save_if_held(keys=keys, args=args)
-            if not saved:
-                self.hold.lost.set()
-            return bool(saved)
-        pipe = self.client.pipeline(transaction=True)
-        if newly_enqueued:
-            pipe.sadd(runs, *newly_enqueued)
-            pipe.expire(runs, JOB_TTL_SECONDS)
-        if newly_rootless:
-            pipe.rpush(rootless, *newly_rootless)
-            pipe.ltrim(rootless, -rootless_kept, -1)
-            pipe.expire(rootless, JOB_TTL_SECONDS)
-        pipe.set(backfill_state_key(state.job_id), state.model_dump_json(), ex=JOB_TTL_SECONDS)
-        pipe.execute()
-        return True
+        job_id = state.job_id
+        keys = (backfill_hold_key(job_id), backfill_state_key(job_id), backfill_runs_key(job_id))
+        args = (
+            self.hold.token if self.hold is not None else "",
+            state.model_dump_json(),
+            JOB_TTL_SECONDS,
+            len(newly_enqueued),
+            rootless_kept,
+            *newly_enqueued,
+            *newly_rootless,
+        )
+        saved = checked(
+            self.client,
+            _WHERE,
+            [],  # (the script checks its keys itself)
+            lambda: self._save_if_held(keys=(*keys, backfill_rootless_key(job_id)), args=args),
+        )
+        if not saved and self.hold is not None:
+            self.hold.lost.set()
+        return bool(saved)
 
     def rootless(self, job_id: str) -> list[str]:
         """The traces the job read without their root span (``save``'s ``newly_rootless``), oldest
         first."""
-        return [str(t) for t in self.client.lrange(backfill_rootless_key(job_id), 0, -1)]
+        key = backfill_rootless_key(job_id)
+        found = checked(self.client, _WHERE, [_kept(key, "list")], lambda: self.client.lrange(key, 0, -1))
+        return [str(t) for t in found]
 
     def still_held(self) -> bool:
         """Whether this process may go on with the job: its hold is still its own (asked of
@@ -238,13 +275,18 @@ class RedisJobStore:
         a trace's runs together)."""
         if not run_ids:
             return set()
+        runs_key, traces_key = backfill_runs_key(job_id), backfill_traces_key(job_id)
         if job_id not in self._legacy:
-            self._legacy[job_id] = bool(self.client.exists(backfill_traces_key(job_id)))
-        flags = self.client.smismember(backfill_runs_key(job_id), list(run_ids))
+            self._legacy[job_id] = bool(self.client.exists(traces_key))
+        flags = checked(
+            self.client, _WHERE, [_kept(runs_key, "set")], lambda: self.client.smismember(runs_key, list(run_ids))
+        )
         done = {r for r, f in zip(run_ids, flags, strict=True) if f}
         if self._legacy[job_id]:
             traces = list({r.partition(":")[0] for r in run_ids})
-            old = self.client.smismember(backfill_traces_key(job_id), traces)
+            old = checked(
+                self.client, _WHERE, [_kept(traces_key, "set")], lambda: self.client.smismember(traces_key, traces)
+            )
             done_traces = {t for t, f in zip(traces, old, strict=True) if f}
             done.update(r for r in run_ids if r.partition(":")[0] in done_traces)
         return done
@@ -254,10 +296,22 @@ class RedisJobStore:
         one round trip per ``count`` runs, never the whole set in memory); None for a job an
         earlier release started, whose first runs are kept as trace ids (their spans unknown).
         The set does not change once the job is finished (its hold is this process's), so the
-        scan yields each run once."""
+        scan yields each run once. A set of another type raises here, not in the middle of the
+        scan."""
         if self.client.exists(backfill_traces_key(job_id)):
             return None
-        return (str(r) for r in self.client.sscan_iter(backfill_runs_key(job_id), count=count))
+        key = backfill_runs_key(job_id)
+        cursor, first = checked(
+            self.client, _WHERE, [_kept(key, "set")], lambda: self.client.sscan(key, 0, count=count)
+        )
+        return self._scan(key, cursor, first, count)
+
+    def _scan(self, key: str, cursor: int, page: list[Any], count: int) -> Iterator[str]:
+        while True:
+            yield from (str(r) for r in page)
+            if not cursor:
+                return
+            cursor, page = self.client.sscan(key, cursor, count=count)
 
     def finished(self, job_id: str) -> None:
         """The job is done: its counts are final from now on (``JobStats.finish``: a late
@@ -314,8 +368,11 @@ class JobHold:
         return True
 
     def _holder_died_here(self) -> bool:
-        """Whether the holder was a process of this host that is gone (its lock then removed)."""
+        """Whether the holder was a process of this host that is gone (its lock then removed),
+        or there is none now (it lapsed meanwhile, or the key was of another type: repaired)."""
         held = self._holder()
+        if held is None:
+            return True
         host, _, pid = (held or "").rpartition(":")[0].rpartition(":")
         if host != _this_host() or not pid.isdecimal() or int(pid) == os.getpid():
             return False
@@ -328,7 +385,10 @@ class JobHold:
         return False
 
     def _holder(self) -> str | None:
-        raw = self._client.get(self.key)
+        # A hold of another type is one no process could ever take or release (redis-py's SET NX
+        # only fails on it): it guards no data, so it is repaired (deleted, counted).
+        where = "backfill_hold"
+        raw = checked(self._client, where, [(self.key, "string", False)], lambda: self._client.get(self.key))
         return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
 
     def confirm(self) -> bool:
