@@ -248,3 +248,50 @@ def test_a_first_run_meeting_a_key_of_another_type_enqueues_nothing(
     result = _backfill(server, str(tmp_path / "in"), "--scorers", SCORERS)
     _refused_well(result, key, role, kind)
     assert _snapshot(server, "bf-reused") == before
+
+
+def test_following_a_finished_job_whose_runs_set_is_of_another_type(
+    tmp_path: Path, server: RedisServer, db: redis.Redis
+) -> None:
+    """A finished job followed again (``--resume``, waiting): its last save meets the runs set of
+    another type, says so and saves nothing; once the set is moved aside the job sums up."""
+    from worker._keys import job_key
+
+    job_id = _killed_job(tmp_path, server, db)
+    state = json.loads(db.get(backfill_state_key(job_id)) or "")
+    state.update(status="enqueued", counters={"runs_enqueued": 20, "traces_read": 20})
+    db.set(backfill_state_key(job_id), json.dumps(state), keepttl=True)
+    db.hset(job_key(job_id), "scored", 60)  # as the workers count the job's 20 runs x 3 scorers
+    key = backfill_runs_key(job_id)
+    _damage(db, key, "string")
+    before = _snapshot(server, job_id)
+    follow = ["backfill", "--resume", job_id, "--broker", server.url(0), "--json", "--wait-timeout", "30"]
+    result = CliRunner().invoke(cli, follow, env={"TRACESCORE_BROKER_URL": ""})
+    _refused_well(result, key, "set of the runs it enqueued", "string")
+    assert _snapshot(server, job_id) == before
+
+    db.rename(key, f"{key}:aside")
+    again = CliRunner().invoke(cli, follow, env={"TRACESCORE_BROKER_URL": ""})
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "finished"
+
+
+def test_a_read_back_by_run_ids_names_a_runs_set_of_another_type(server: RedisServer, db: redis.Redis) -> None:
+    """The per-scorer summary read back by a job's run ids said "cannot read the scores back
+    (WRONGTYPE ...)"; it names the key and its type now."""
+    from worker.backfill._job import _job_by_scorer, load_scorers
+    from worker.backfill._state import BackfillOptions, BackfillState, RedisJobStore
+
+    state = BackfillState(
+        job_id="bf-readback",
+        source={"kind": "files", "paths": []},
+        options=BackfillOptions(scorers_module=SCORERS, scorer_ids=["answer-words"]),
+        status="finished",
+    )
+    _damage(db, backfill_runs_key("bf-readback"), "string")
+    summary: dict[str, Any] = {}
+    assert _job_by_scorer(summary, RedisJobStore(db), state, load_scorers(SCORERS), 3) is None
+    assert summary["by_scorer"] is None
+    said = summary["by_scorer_unknown"]
+    assert f"{backfill_runs_key('bf-readback')} holds a string" in said
+    assert "WRONGTYPE" not in said
