@@ -247,7 +247,9 @@ def test_a_first_run_meeting_a_key_of_another_type_enqueues_nothing(
     write_otlp_files(tmp_path / "in", 20, files=1)
     result = _backfill(server, str(tmp_path / "in"), "--scorers", SCORERS)
     _refused_well(result, key, role, kind)
+    assert "run the backfill again" in result.stderr
     assert _snapshot(server, "bf-reused") == before
+    assert db.exists(backfill_hold_key("bf-reused")) == 0  # released
 
 
 def test_following_a_finished_job_whose_runs_set_is_of_another_type(

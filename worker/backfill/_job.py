@@ -127,7 +127,7 @@ def _refused_key(exc: StoreKeyTypeError | UnreadableStateError, job_id: str, res
             " its state: run the backfill again (scores already stored are not made twice)"
         )
     elif resume is None:
-        todo = f"rename it aside (or delete it), then run the backfill again: {exc.key} belongs to no job yet"
+        todo = "the job had saved nothing yet: rename it aside (or delete it) and run the backfill again"
     else:
         # (without the set, runs read again past the checkpoint are enqueued again: their scores
         # are not made twice; without the list, a late root past it is taken for a new trace)
