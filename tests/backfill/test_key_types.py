@@ -297,3 +297,23 @@ def test_a_read_back_by_run_ids_names_a_runs_set_of_another_type(server: RedisSe
     said = summary["by_scorer_unknown"]
     assert f"{backfill_runs_key('bf-readback')} holds a string" in said
     assert "WRONGTYPE" not in said
+
+
+def test_the_workers_keys_of_a_job_are_named_by_their_role() -> None:
+    """The job's counters and its sets the workers keep, read while the backfill waits (its
+    progress) and at its end: when the store refuses one of another type, the line names it as the
+    job's own, with the resume line."""
+    from worker._keys import job_key, job_skips_key, job_uncounted_key
+    from worker.backfill._job import _refused_key
+    from worker.store import StoreKeyTypeError
+
+    for key, role in (
+        (job_key("bf-w"), "counters"),
+        (job_skips_key("bf-w"), "set of the scores it counted as skipped"),
+        (job_uncounted_key("bf-w"), "set of the records stored after it finished"),
+    ):
+        line = _refused_key(StoreKeyTypeError(key, "list", "hash"), "bf-w", "tracescore backfill --resume bf-w").message
+        assert line.startswith(
+            f"backfill bf-w: its {role} (Redis key {key}) holds a list, where tracescore keeps a hash"
+        )
+        assert line.endswith("resume with: tracescore backfill --resume bf-w")

@@ -41,6 +41,9 @@ from worker._keys import (
     backfill_runs_key,
     backfill_state_key,
     backfill_traces_key,
+    job_key,
+    job_skips_key,
+    job_uncounted_key,
     record_key,
 )
 from worker._progress import ProgressReporter, format_duration
@@ -119,6 +122,10 @@ def _refused_key(exc: StoreKeyTypeError | UnreadableStateError, job_id: str, res
             backfill_runs_key(job_id): "set of the runs it enqueued",
             backfill_traces_key(job_id): "set of the traces an earlier release enqueued",
             backfill_rootless_key(job_id): "list of the traces it read without their root",
+            # (the workers' keys of the job, read by its progress and finish: named when the store refuses one)
+            job_key(job_id): "counters",
+            job_skips_key(job_id): "set of the scores it counted as skipped",
+            job_uncounted_key(job_id): "set of the records stored after it finished",
         }.get(exc.key, "key")
         what = f"its {role} (Redis key {exc.key}) holds a {exc.found}, where tracescore keeps a {exc.expected}"
     if exc.key == state_key:
