@@ -117,6 +117,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         StepExitError,
         StoreKeyTypeError,
         UnknownScorerError,
+        UnreadableStateError,
         WorkerError,
     )
     from worker._guard import BrokerUnwritableError
@@ -155,6 +156,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         StoreUnavailableError: (StoreUnavailableError("m"), "retryable"),
         BrokerUnwritableError: (BrokerUnwritableError("full", "LPUSH"), "retryable"),
         StoreKeyTypeError: (StoreKeyTypeError("k", "list", "hash"), "config"),
+        UnreadableStateError: (UnreadableStateError("k", "1 problem(s), first at status"), "config"),
         RunLimitError: (RunLimitError("m", error_type="timeout"), "timeout"),
         StepExitError: (StepExitError("s", 2), "internal"),
         LoopBlockedError: (LoopBlockedError(), "retryable"),

@@ -17,6 +17,8 @@
     ├── StoreKeyTypeError               a key holding what someone may need (dead
     │                                   letters, undelivered scores) is of another
     │                                   Redis type: left for the operator          config
+    ├── UnreadableStateError            a backfill job's state is no state this
+    │                                   release reads: left for the operator       config
     ├── StepExitError (ScorerError)     a scorer's step called ``sys.exit``: the
     │                                   run's failure (final: it would again)      internal
     ├── RunLimitError (ScorerError)     a run hit a limit: ``error_type`` timeout
@@ -57,6 +59,7 @@ __all__ = [
     "StepExitError",
     "StoreKeyTypeError",
     "UnknownScorerError",
+    "UnreadableStateError",
     "WorkerError",
     "crash_fields",
     "is_transient",
@@ -138,6 +141,21 @@ class StoreKeyTypeError(WorkerError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.key, self.found, self.expected))
+
+
+class UnreadableStateError(WorkerError):
+    """A backfill job's state key holds a string that is no job state this release reads (not
+    JSON, or JSON of another shape): left as it is for the operator. Names the key and the first
+    problem's place, never the value (an agent's text, a secret)."""
+
+    _category: ClassVar[ErrorCategory] = "config"
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key, self.problem = key, problem
+        super().__init__(f"{key} is not a job state this release reads ({problem})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.problem))
 
 
 class RunLimitError(ScorerError, WorkerError):

@@ -302,7 +302,7 @@ def test_a_read_back_by_run_ids_names_a_runs_set_of_another_type(server: RedisSe
 def test_the_workers_keys_of_a_job_are_named_by_their_role() -> None:
     """The job's counters and its sets the workers keep, read while the backfill waits (its
     progress) and at its end: when the store refuses one of another type, the line names it as the
-    job's own, with the resume line."""
+    job's own, says its counts are unknown (its state stands), with the resume line."""
     from worker._keys import job_key, job_skips_key, job_uncounted_key
     from worker.backfill._job import _refused_key
     from worker.store import StoreKeyTypeError
@@ -316,4 +316,7 @@ def test_the_workers_keys_of_a_job_are_named_by_their_role() -> None:
         assert line.startswith(
             f"backfill bf-w: its {role} (Redis key {key}) holds a list, where tracescore keeps a hash"
         )
-        assert line.endswith("resume with: tracescore backfill --resume bf-w")
+        # (the job's state stands as saved: only its counts are unknown, so nothing says "nothing was saved")
+        assert "the job's counts are unknown" in line
+        assert "nothing was saved" not in line
+        assert line.endswith("follow the job with: tracescore backfill --resume bf-w")

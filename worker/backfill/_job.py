@@ -34,6 +34,7 @@ from tracing import JsonlScoreWriter, ScoreRecord, ScoreWriter, SpanRecord, Trac
 from tracing.queue import QueueKeyError, ScoreBatch
 from tracing.sources import MAX_SPANS_PER_TRACE, SourceError, TraceSource, source_from_description
 from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
+from worker._errors import UnreadableStateError
 from worker._gc import tuned_gc
 from worker._interrupt import stop_on_signals
 from worker._keys import (
@@ -53,7 +54,7 @@ from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, printable
 from worker.backfill._driver import Backfill, Submitter
-from worker.backfill._state import BackfillState, JobCounters, JobHold, RedisJobStore, UnreadableStateError
+from worker.backfill._state import BackfillState, JobCounters, JobHold, RedisJobStore
 from worker.cli import CliError, cli_settings, names_an_input, unreachable
 from worker.store import StoreKeyTypeError, failed_fields
 
@@ -81,8 +82,10 @@ def _broker_refusal(exc: BaseException) -> tuple[str, str] | None:
 
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, StoreKeyTypeError | QueueKeyError):
+        if isinstance(seen, QueueKeyError):
             return f"the broker's queue: {seen}", "once it is moved aside"
+        if isinstance(seen, StoreKeyTypeError):  # (the store's key: its own name says whose)
+            return str(seen), "once it is moved aside"
         if isinstance(seen, redis.exceptions.OutOfMemoryError):
             return (
                 "the broker's Redis is full (used memory at maxmemory, noeviction) and refuses writes: make "
@@ -128,6 +131,12 @@ def _refused_key(exc: StoreKeyTypeError | UnreadableStateError, job_id: str, res
             job_uncounted_key(job_id): "set of the records stored after it finished",
         }.get(exc.key, "key")
         what = f"its {role} (Redis key {exc.key}) holds a {exc.found}, where tracescore keeps a {exc.expected}"
+    if exc.key in (job_key(job_id), job_skips_key(job_id), job_uncounted_key(job_id)) and resume is not None:
+        # (the workers' keys: the job's state stands as saved; only its counts are unknown)
+        return CliError(
+            f"backfill {job_id}: {what}; it is left as it is, and the job's counts are unknown while it is:"
+            f" rename it aside (what it counted is then counted again), then follow the job with: {resume}"
+        )
     if exc.key == state_key:
         todo = (
             f"rename it aside (RENAME {exc.key} {exc.key}:aside) to look at it; the job cannot go on without"
@@ -1348,7 +1357,9 @@ def _run_held(
                             state.status = "finished"
                             if not job_store.save(state):
                                 raise KeyboardInterrupt  # the hold is another's: stop as on a signal
-                            with suppress(redis.exceptions.RedisError):  # (it expires in any case)
+                            # (it expires in any case; a key refused here is the workers' to
+                            # report: the job's summary is what it counted)
+                            with suppress(redis.exceptions.RedisError, StoreKeyTypeError):
                                 job_store.finished(state.job_id)
 
                 # (the summing up of an interrupted job is still under the handler: a signal there
@@ -1385,7 +1396,11 @@ def _run_held(
         finally:
             reporter.close()
         if progress is None:
-            progress = submitter.progress(state.job_id)
+            try:
+                progress = submitter.progress(state.job_id)
+            except StoreKeyTypeError as exc:
+                submitter.close()
+                raise _refused_key(exc, state.job_id, resume) from None
         elapsed = time.monotonic() - started
         by_scorer: Summary | None = None
         out_error: str | None = None

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from tracing.sources import Position
-from worker._errors import WorkerError
+from worker._errors import UnreadableStateError
 from worker._keys import (
     backfill_hold_key,
     backfill_rootless_key,
@@ -39,7 +39,6 @@ __all__ = [
     "JobCounters",
     "JobHold",
     "RedisJobStore",
-    "UnreadableStateError",
     "new_job_id",
     "run_id",
 ]
@@ -59,18 +58,6 @@ def run_id(trace_id: str, span_id: str) -> str:
 def new_job_id() -> str:
     """Short, sortable by time, unique enough: ``bf-<yyyymmdd-hhmmss>-<6 hex>``."""
     return time.strftime("bf-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
-
-
-class UnreadableStateError(WorkerError):
-    """A job's state key holds a string that is no job state this release reads (not JSON, or
-    JSON of another shape): left as it is for the operator. Names the key and the first problem's
-    place, never the value (an agent's text, a secret)."""
-
-    _category = "config"
-
-    def __init__(self, key: str, problem: str) -> None:
-        self.key, self.problem = key, problem
-        super().__init__(f"{key} is not a job state this release reads ({problem})")
 
 
 class BackfillOptions(BaseModel):
