@@ -55,6 +55,7 @@ from celery.exceptions import CPendingDeprecationWarning, WorkerShutdown
 from celery.worker.consumer import Consumer
 from kombu.transport import redis as _kombu_redis
 from kombu.transport import virtual as _kombu_virtual
+from kombu.utils import json as kombu_json
 
 from tracing import redact
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME, parse_json
@@ -179,9 +180,13 @@ def _read_envelope(item: bytes, max_bytes: int, what: str) -> dict[str, Any]:
             "TRACESCORE_MAX_PAYLOAD_BYTES can take; send fewer runs per batch",
         )
     try:
-        envelope = parse_json(item)
-    except (ValueError, RecursionError):
-        raise _Refused("not_json", f"the {what} is not a JSON kombu envelope") from None
+        # kombu's own reading, which the message is then built from: the screen sees what kombu
+        # sees. (JSON's own parsers read more: a UTF-8 BOM, UTF-16, and objects of exactly
+        # "__type__" and "__value__", which kombu decodes into values and whose errors escaped
+        # the channel: the consumer crashed on such an entry each time it came back.)
+        envelope = kombu_redis.loads(kombu_redis.bytes_to_str(item))
+    except Exception as exc:  # ValueError, TypeError, decimal's errors, RecursionError...
+        raise _Refused("not_json", f"the {what} is not a JSON envelope kombu can read ({type(exc).__name__})") from None
     properties = envelope.get("properties") if isinstance(envelope, dict) else None
     tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
     if not isinstance(tag, str) or not tag:
@@ -219,16 +224,18 @@ def _priority_ok(priority: Any) -> bool:
     return priority is None or (isinstance(priority, int) and not isinstance(priority, bool) and 0 <= priority <= 255)
 
 
-def screen_envelope(item: bytes, max_bytes: int, routing_key: str = "") -> bytes:
-    """``item`` unchanged when kombu can make a message of it, else a stand-in envelope (same
-    delivery tag when it has one) that the consumer refuses. The size is checked first, so an
-    oversized entry is never decoded."""
+def screen_envelope(item: bytes, max_bytes: int, routing_key: str = "") -> dict[str, Any]:
+    """The envelope kombu reads of ``item`` when kombu can make a message of it, else a stand-in
+    envelope (same delivery tag when it has one) that the consumer refuses. The size is checked
+    first, so an oversized entry is never decoded."""
     try:
-        _read_envelope(item, max_bytes, "queue entry")
+        return _read_envelope(item, max_bytes, "queue entry")
     except _Refused as refused:
         tag = refused.tag or hashlib.sha256(item).hexdigest()
-        return _stand_in(refused.refusal.reason, refused.refusal.detail, tag, routing_key)
-    return item
+        envelope: dict[str, Any] = json.loads(
+            _stand_in(refused.refusal.reason, refused.refusal.detail, tag, routing_key)
+        )
+        return envelope
 
 
 def _control_commands() -> frozenset[str]:
@@ -260,11 +267,14 @@ def screen_broadcast(item: bytes, max_bytes: int, exchange: str) -> Refusal | No
         return Refusal("bad_encoding", f"content encoding {_token(envelope.get('content-encoding'))} is not utf-8")
     try:
         raw = envelope.get("body") or ""
-        body = parse_json(base64.b64decode(raw, validate=True) if envelope["properties"].get("body_encoding") else raw)
+        # kombu's JSON reading, as its serializer decodes the body for the pidbox
+        body = kombu_json.loads(
+            base64.b64decode(raw, validate=True) if envelope["properties"].get("body_encoding") else raw
+        )
     except RecursionError:
         return Refusal("too_deep", f"the body nests deeper than the decoder allows (limit {MAX_JSON_DEPTH})")
-    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors too
-        return Refusal("not_json", "the body is not UTF-8 JSON")
+    except Exception:  # binascii.Error, UnicodeDecodeError; a "__type__" object kombu cannot decode
+        return Refusal("not_json", "the body is not UTF-8 JSON kombu can read")
     if not isinstance(body, dict):
         return Refusal("bad_body", f"the body is a JSON {type(body).__name__}, not an object")
     if _too_deep(body, MAX_JSON_DEPTH):
@@ -297,8 +307,9 @@ def _control_shape_problem(body: dict[str, Any], headers: dict[str, Any]) -> str
         return "reply_to is not an exchange and a routing key"
     if not isinstance(body.get("ticket"), str | None):
         return "ticket is not a string"
-    if clock is not None and (not isinstance(clock, int) or isinstance(clock, bool)):
-        return "clock header is not an integer"
+    if clock is not None and (not isinstance(clock, int) or isinstance(clock, bool) or not 0 <= clock < 2**63):
+        # (past 64 bits: where a Lamport clock never gets)
+        return "clock header is not an integer of 64 bits"
     return None
 
 
@@ -607,7 +618,7 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
             if raw:
                 try:
                     payload, exchange, routing_key = kombu_redis.loads(kombu_redis.bytes_to_str(raw))  # as kombu's
-                except (ValueError, TypeError):
+                except Exception:  # a hostile entry: ValueError, TypeError, decimal's errors...
                     payload = None
                 if not isinstance(payload, dict):  # (kombu would log it whole, then drop it)
                     entry = _taken_record(raw)
@@ -773,8 +784,7 @@ class _GuardedChannel(kombu_redis.Channel):  # type: ignore[misc]  # Any base
             return None
         raw, index = answer
         queue = pairs[int(index) - 1][1]
-        item = screen_envelope(raw if isinstance(raw, bytes) else str(raw).encode(), self._entry_limit(), queue)
-        payload = kombu_redis.loads(kombu_redis.bytes_to_str(item))
+        payload = screen_envelope(raw if isinstance(raw, bytes) else str(raw).encode(), self._entry_limit(), queue)
         with _taken_lock:
             _take_of[payload["properties"]["delivery_tag"]] = take
         self._queue_cycle.rotate(queue)
@@ -1031,6 +1041,15 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
             f"{headers['task']} takes exactly one argument, a ScoreBatch object "
             f"(got {len(args)} positional, {len(kwargs)} keyword)",
         ), decoded
+    batch_id = args[0].get("batch_id")
+    if isinstance(batch_id, str) and not _SAFE_TOKEN.match(batch_id):
+        # The task logs a batch's id (and keeps it in its letter): text of any length or content
+        # there, agent content or a secret by a producer's mistake, would go to the log as is.
+        # (An id of another type is the task's invalid_payload letter, payload kept.)
+        return Refusal(
+            "invalid_payload",
+            "not a ScoreBatch: batch_id is not a plain id (1–128 letters, digits and _.:@/+=-)",
+        ), decoded
     if embed and any(embed.get(k) for k in _EMBED_KEYS):
         return Refusal(
             "callbacks_refused", "callbacks, errbacks, chains and chords do not run on tracescore workers"
@@ -1112,7 +1131,14 @@ class GuardedConsumer(Consumer):
     def refuse(self, message: Any, refusal: Refusal, decoded: Any = None) -> None:
         """Dead-letter ``message`` once (by delivery tag) and ack it; never log its body."""
         headers = message.headers if isinstance(message.headers, dict) else {}
-        key = f"msg:{message.delivery_tag}"
+        tag = message.delivery_tag
+        # kombu's tag is a UUID; a producer's own, of any text, is kept as its digest.
+        plain = isinstance(tag, str) and _SAFE_TOKEN.match(tag)
+        key = (
+            f"msg:{tag}"
+            if plain
+            else f"msg:sha256:{hashlib.sha256(str(tag).encode('utf-8', 'surrogatepass')).hexdigest()}"
+        )
         batch_id = None
         if isinstance(decoded, list) and decoded and isinstance(decoded[0], list) and decoded[0]:
             first = decoded[0][0]
