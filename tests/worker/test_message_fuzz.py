@@ -24,6 +24,7 @@ import math
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -566,6 +567,13 @@ def test_a_broadcast_kombu_cannot_decode_is_refused(body: dict[str, Any]) -> Non
     refusal = screen_broadcast(json.dumps(envelope).encode(), ENTRY_LIMIT, "celery.pidbox")
     assert refusal is not None
     assert refusal.reason == "not_json"
+    # kombu's reader keeps an integer past 64 bits (orjson read it as a float, refused): a clock
+    # that large, where a Lamport clock never gets, is refused as before.
+    envelope["headers"]["clock"] = 2**70
+    envelope["body"] = base64.b64encode(json.dumps({"method": "ping", "arguments": {}}).encode()).decode()
+    refusal = screen_broadcast(json.dumps(envelope).encode(), ENTRY_LIMIT, "celery.pidbox")
+    assert refusal is not None
+    assert refusal.reason == "bad_body"
 
 
 def test_a_batch_id_that_is_not_a_plain_id_is_refused_not_logged(runtime: _Runtime) -> None:
@@ -604,3 +612,45 @@ def test_a_delivery_tag_of_any_text_is_not_kept_in_the_letter(runtime: _Runtime)
     entry["content-type"] = "application/x-yaml"
     entry["properties"]["delivery_tag"] = f"{MARKER} {SECRET}"
     assert deliver(json.dumps(entry).encode(), runtime.it) == ("refused", "content_type_refused")
+
+
+def test_a_real_worker_dead_letters_the_nastiest_entries_and_scores_the_rest(redis_url: str, tmp_path: Path) -> None:
+    """End to end, a ``celery -A worker worker`` process on the fuzzed entries that used to get
+    past the screen: each is one dead letter with its reason, the worker stays up, every valid
+    batch around them is scored, and no log line carries the planted content."""
+    from tests.worker._batches import payload
+    from tests.worker._workers import WorkerProcess, read_scores, wait_for
+
+    odd_field = _valid_entry()
+    body = json.loads(base64.b64decode(odd_field["body"]))
+    body[0][0]["requests"][0]["spans"][0][f"{MARKER} {SECRET}"] = 1
+    odd_field["body"] = base64.b64encode(json.dumps(body).encode()).decode()
+    bad = [
+        *(("not_json", entry) for entry in _KOMBU_UNREADABLE.values()),
+        ("invalid_payload", json.dumps(_valid_entry(batch_id=f"{MARKER} {SECRET}")).encode()),
+        ("invalid_payload", json.dumps(odd_field).encode()),
+    ]
+    good = [payload(range(3 * i, 3 * i + 3), ["length"], salt="fuzz-e2e") for i in range(len(bad) + 1)]
+    client = redis.Redis.from_url(redis_url)
+    worker = WorkerProcess("fuzz", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl")
+    try:
+        worker.wait_ready()
+        for i, batch in enumerate(good):
+            message = task_message(ScoreBatch.model_validate(batch), "test")
+            client.lpush(QUEUE, json.dumps(kombu_entry(message.body.encode(), message.headers, message.task_id)))
+            if i < len(bad):
+                client.lpush(QUEUE, bad[i][1])
+        assert wait_for(lambda: len(read_scores(tmp_path / "scores.jsonl")) == 3 * len(good), 90), worker.text()[-3000:]
+        assert wait_for(lambda: client.llen("tracescore:dlq") == len(bad), 30), worker.text()[-3000:]
+        letters = [DeadLetter.model_validate_json(raw) for raw in client.lrange("tracescore:dlq", 0, -1)]
+        assert sorted(d.reason for d in letters) == sorted(reason for reason, _ in bad)
+        for letter in letters:  # (the task's letter keeps the payload, for `dlq retry`: by design)
+            _clean(letter.model_copy(update={"payload": None}).model_dump_json())
+        assert worker.proc.poll() is None
+        assert (client.llen(QUEUE), client.hlen("unacked")) == (0, 0)
+        log = worker.text()
+        _clean(log)
+        assert "Traceback" not in log
+    finally:
+        worker.stop()
+        client.close()
