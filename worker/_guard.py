@@ -939,8 +939,12 @@ def _check_headers(headers: dict[str, Any], settings: Settings, allowed: frozens
             "Celery's built-in tasks and other apps' tasks do not run on tracescore workers",
         )
     task_id = headers.get("id")
-    if not isinstance(task_id, str) or not task_id or len(task_id) > 255:
-        return Refusal("bad_headers", "the id header is not a string of 1–255 characters")
+    # Celery logs it ("Task <name>[<id>] received"), and so does the task: a UUID, or a plain id.
+    if not isinstance(task_id, str) or not _SAFE_TOKEN.match(task_id):
+        return Refusal("bad_headers", "the id header is not a plain id (1–128 letters, digits and _.:@/+=-)")
+    if headers.get("shadow") is not None:
+        # Celery logs a task by this name in place of its own; tracescore's producers send none.
+        return Refusal("bad_headers", "the shadow header is set; tracescore tasks run under their own name")
     retries = headers.get("retries", 0)
     if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 1000:
         return Refusal("bad_headers", "the retries header is not an integer from 0 to 1000")
@@ -973,7 +977,7 @@ def _check_headers(headers: dict[str, Any], settings: Settings, allowed: frozens
                 "bad_headers",
                 f"timelimit must be [hard, soft] seconds within the worker's ({ours[1]:g}, {ours[0]:g}) or null",
             )
-    for field in ("shadow", "group", "root_id", "parent_id"):
+    for field in ("group", "root_id", "parent_id"):
         if headers.get(field) is not None and not isinstance(headers.get(field), str):
             return Refusal("bad_headers", f"the {field} header is not a string")
     return None

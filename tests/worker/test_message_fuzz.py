@@ -614,6 +614,16 @@ def test_a_delivery_tag_of_any_text_is_not_kept_in_the_letter(runtime: _Runtime)
     assert deliver(json.dumps(entry).encode(), runtime.it) == ("refused", "content_type_refused")
 
 
+@pytest.mark.parametrize("header", ["shadow", "id"])
+def test_a_task_name_or_id_header_of_any_text_is_refused(runtime: _Runtime, header: str) -> None:
+    """Celery logs each task as ``Task <shadow or name>[<id>] received`` and the task logs its id:
+    a shadow name or an id of any text (a string was all the screen asked of them) went to the
+    log as is. tracescore's producers send no shadow, and UUIDs for ids."""
+    entry = _valid_entry()
+    entry["headers"][header] = f"{MARKER} {SECRET}"
+    assert deliver(json.dumps(entry).encode(), runtime.it) == ("refused", "bad_headers")
+
+
 def test_a_real_worker_dead_letters_the_nastiest_entries_and_scores_the_rest(redis_url: str, tmp_path: Path) -> None:
     """End to end, a ``celery -A worker worker`` process on the fuzzed entries that used to get
     past the screen: each is one dead letter with its reason, the worker stays up, every valid
@@ -630,6 +640,10 @@ def test_a_real_worker_dead_letters_the_nastiest_entries_and_scores_the_rest(red
         ("invalid_payload", json.dumps(_valid_entry(batch_id=f"{MARKER} {SECRET}")).encode()),
         ("invalid_payload", json.dumps(odd_field).encode()),
     ]
+    for header in ("shadow", "id"):
+        entry = _valid_entry()
+        entry["headers"][header] = f"{MARKER} {SECRET}"  # (Celery's "Task <shadow>[<id>] received")
+        bad.append(("bad_headers", json.dumps(entry).encode()))
     good = [payload(range(3 * i, 3 * i + 3), ["length"], salt="fuzz-e2e") for i in range(len(bad) + 1)]
     client = redis.Redis.from_url(redis_url)
     worker = WorkerProcess("fuzz", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl")
