@@ -930,6 +930,25 @@ def _too_deep(value: Any, limit: int) -> bool:
     return True
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether decoded JSON ``value`` holds a string (or key) with a lone surrogate in it."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if node.__class__ is str:
+            if _SURROGATE.search(node):
+                return True
+        elif node.__class__ is dict:
+            stack += node.keys()
+            stack += node.values()
+        elif node.__class__ is list:
+            stack += node
+    return False
+
+
 def _check_headers(headers: dict[str, Any], settings: Settings, allowed: frozenset[str]) -> Refusal | None:
     name = headers.get("task")
     if not isinstance(name, str) or name not in allowed:  # a list or an object: not even hashable
@@ -1028,6 +1047,14 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
     except ValueError as exc:
         where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         return Refusal("not_json", f"the body is not JSON{where}"), None
+    if ("\\ud" in text or "\\uD" in text) and _lone_surrogate(decoded):
+        # No store, log or sink can write it as UTF-8: the task's letter, and its fallback, failed
+        # to be written, and the message was requeued for ever. (A pair escaped is a character.)
+        return Refusal(
+            "bad_encoding",
+            "the body holds a lone surrogate (a \\ud800-\\udfff escape that is no character); producers write"
+            " U+FFFD in its place (tracing.queue.request_json)",
+        ), None
     if not (
         isinstance(decoded, list)
         and len(decoded) == 3

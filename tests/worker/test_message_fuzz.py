@@ -360,6 +360,14 @@ class _Consumer:
         return ()
 
 
+class _StoredLetters(MemoryDeadLetters):
+    """The dead letters in memory, each written as Redis keeps it (its JSON): a letter the store
+    could not write fails here as it does there."""
+
+    async def push(self, letter: DeadLetter) -> bool:
+        return await super().push(DeadLetter.model_validate_json(letter.model_dump_json()))
+
+
 class _Deliveries:
     async def start(self, task_id: str, token: str) -> int:
         return 0
@@ -393,7 +401,7 @@ def runtime() -> Iterator[_Runtime]:
         worker_settings,
         registry,
         store,
-        MemoryDeadLetters(),
+        _StoredLetters(),
         None,
         None,
         deps,
@@ -614,6 +622,31 @@ def test_a_delivery_tag_of_any_text_is_not_kept_in_the_letter(runtime: _Runtime)
     assert deliver(json.dumps(entry).encode(), runtime.it) == ("refused", "content_type_refused")
 
 
+def _with_body(entry: dict[str, Any], change: Any) -> dict[str, Any]:
+    body = json.loads(base64.b64decode(entry["body"]))
+    change(body[0][0])
+    # (ASCII escapes, as json.dumps and kombu's retries write them: a lone surrogate as \ud800)
+    return {**entry, "body": base64.b64encode(json.dumps(body).encode()).decode()}
+
+
+_LONE_SURROGATE = {
+    # Not a ScoreBatch: its letter keeps the payload, which no store could write.
+    "invalid": lambda batch: batch["requests"][0].__setitem__("spans", f"\ud800{MARKER}"),
+    # A ScoreBatch: the scorer id in the store's keys could not be encoded (a retry each time).
+    "scorer-id": lambda batch: batch["requests"][0].__setitem__("scorer_ids", ["length", "\udfff"]),
+}
+
+
+@pytest.mark.parametrize("change", list(_LONE_SURROGATE.values()), ids=list(_LONE_SURROGATE))
+def test_a_body_with_a_lone_surrogate_is_refused(runtime: _Runtime, change: Any) -> None:
+    """JSON escapes a lone surrogate (\\ud800) that is no character: neither a dead letter nor a
+    score record holding it can be written (UTF-8), so the task's letter failed, its fallback
+    letter failed too, and the message was requeued for ever, a second apart. Producers write
+    U+FFFD in its place (``request_json``); such a body is refused as not UTF-8."""
+    entry = _with_body(_valid_entry(), change)
+    assert deliver(json.dumps(entry).encode(), runtime.it) == ("refused", "bad_encoding")
+
+
 @pytest.mark.parametrize("header", ["shadow", "id"])
 def test_a_task_name_or_id_header_of_any_text_is_refused(runtime: _Runtime, header: str) -> None:
     """Celery logs each task as ``Task <shadow or name>[<id>] received`` and the task logs its id:
@@ -640,6 +673,8 @@ def test_a_real_worker_dead_letters_the_nastiest_entries_and_scores_the_rest(red
         ("invalid_payload", json.dumps(_valid_entry(batch_id=f"{MARKER} {SECRET}")).encode()),
         ("invalid_payload", json.dumps(odd_field).encode()),
     ]
+    for change in _LONE_SURROGATE.values():
+        bad.append(("bad_encoding", json.dumps(_with_body(_valid_entry(), change)).encode()))
     for header in ("shadow", "id"):
         entry = _valid_entry()
         entry["headers"][header] = f"{MARKER} {SECRET}"  # (Celery's "Task <shadow>[<id>] received")
