@@ -949,6 +949,23 @@ def _lone_surrogate(value: Any) -> bool:
     return False
 
 
+_KOMBU_TYPED_KEYS = {"__type__", "__value__"}
+
+
+def _kombu_typed(value: Any) -> bool:
+    """Whether decoded JSON ``value`` holds an object kombu's JSON reader turns into a value."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if node.__class__ is dict:
+            if node.keys() == _KOMBU_TYPED_KEYS:
+                return True
+            stack += node.values()
+        elif node.__class__ is list:
+            stack += node
+    return False
+
+
 def _check_headers(headers: dict[str, Any], settings: Settings, allowed: frozenset[str]) -> Refusal | None:
     name = headers.get("task")
     if not isinstance(name, str) or name not in allowed:  # a list or an object: not even hashable
@@ -1054,6 +1071,12 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
             "bad_encoding",
             "the body holds a lone surrogate (a \\ud800-\\udfff escape that is no character); producers write"
             " U+FFFD in its place (tracing.queue.request_json)",
+        ), None
+    if '"__type__"' in text and _kombu_typed(decoded):
+        # The pool's child reads the body with kombu's JSON reader, which makes a value of such
+        # an object (bytes, a UUID, a Decimal) or fails; no producer sends one.
+        return Refusal(
+            "bad_body", 'the body holds an object of exactly "__type__" and "__value__", which kombu decodes'
         ), None
     if not (
         isinstance(decoded, list)

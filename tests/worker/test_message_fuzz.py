@@ -32,6 +32,7 @@ import redis
 import structlog
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from kombu import serialization as kombu_serialization
 from kombu.transport.virtual import base as kombu_virtual
 
 from tracing import SpanRecord
@@ -445,7 +446,8 @@ def deliver(entry: bytes, runtime: WorkerRuntime) -> tuple[str, str | None]:
         _clean(letter.model_dump_json())
         return "refused", letter.reason
     before = len(_letters(runtime))
-    args = decoded[0]
+    # The task's argument as the pool's child reads it: kombu decodes the body once more.
+    args = kombu_serialization.loads(message.body, message.content_type, message.content_encoding)[0]
     result = score_batch_task.apply(args=args, task_id=str(uuid.uuid4()))
     assert result.state == "SUCCESS", (result.state, result.traceback)
     letters = _letters(runtime)
@@ -647,6 +649,30 @@ def test_a_body_with_a_lone_surrogate_is_refused(runtime: _Runtime, change: Any)
     assert deliver(json.dumps(entry).encode(), runtime.it) == ("refused", "bad_encoding")
 
 
+_KOMBU_TYPED = {
+    # kombu decodes these in the pool's child, after the screen: bytes that are not UTF-8 in a
+    # batch that does not validate made a letter no store could write (requeued for ever).
+    "bytes-not-utf8": lambda batch: batch["requests"][0].__setitem__(
+        "spans", {"__type__": "base64", "__value__": "/w=="}
+    ),
+    "uuid": lambda batch: batch["requests"][0]["spans"][0]["attributes"].__setitem__(
+        "x", {"__type__": "uuid", "__value__": MARKER}
+    ),
+    "decimal": lambda batch: batch["requests"][0].__setitem__(
+        "enqueued_at", {"__type__": "decimal", "__value__": "NaN"}
+    ),
+}
+
+
+@pytest.mark.parametrize("change", list(_KOMBU_TYPED.values()), ids=list(_KOMBU_TYPED))
+def test_a_body_with_a_kombu_typed_object_is_refused(runtime: _Runtime, change: Any) -> None:
+    """The pool's child reads the body with kombu's JSON reader, which decodes an object of exactly
+    ``__type__`` and ``__value__`` into a value (bytes, a UUID, a Decimal) or fails; the screen
+    read it as plain JSON and passed it. No producer sends one: refused as the screen sees it."""
+    entry = _with_body(_valid_entry(), change)
+    assert deliver(json.dumps(entry).encode(), runtime.it) == ("refused", "bad_body")
+
+
 @pytest.mark.parametrize("header", ["shadow", "id"])
 def test_a_task_name_or_id_header_of_any_text_is_refused(runtime: _Runtime, header: str) -> None:
     """Celery logs each task as ``Task <shadow or name>[<id>] received`` and the task logs its id:
@@ -675,6 +701,8 @@ def test_a_real_worker_dead_letters_the_nastiest_entries_and_scores_the_rest(red
     ]
     for change in _LONE_SURROGATE.values():
         bad.append(("bad_encoding", json.dumps(_with_body(_valid_entry(), change)).encode()))
+    for change in _KOMBU_TYPED.values():
+        bad.append(("bad_body", json.dumps(_with_body(_valid_entry(), change)).encode()))
     for header in ("shadow", "id"):
         entry = _valid_entry()
         entry["headers"][header] = f"{MARKER} {SECRET}"  # (Celery's "Task <shadow>[<id>] received")
