@@ -43,7 +43,7 @@ from worker._loop import (
 from worker._reconnect import COMMAND_SLACK_S, RECONNECT_S
 from worker._runtime import WorkerRuntime, get_runtime
 from worker._scoring import StoreUnavailableError, score_batch
-from worker.store import END_WAIT_S, DeadLetter, StoreKeyTypeError, dead_letter_id, new_token
+from worker.store import END_WAIT_S, DeadLetter, StoreKeyTypeError, dead_letter_id, new_token, validation_place
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
@@ -362,9 +362,9 @@ def _score_delivery(
         if isinstance(exc, RecursionError):
             problems = "nested too deeply"
         else:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()[:5]
-            )
+            # (a part of the place that is no plain name is not shown: an unknown field is named
+            # by its name, text of the producer's)
+            problems = "; ".join(f"{validation_place(e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
         _dead_letter(
             runtime,
             payload,

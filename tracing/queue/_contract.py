@@ -9,7 +9,6 @@ validation) costs the worker CPU, never the instrumented application's nor the b
 
 from __future__ import annotations
 
-import re
 from collections.abc import Set as AbstractSet
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -18,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticSerializationError
 
 from tracing._formats import agent_name, classify
-from tracing._run import SPAN_ID_PATTERN, SpanRecord, SpanRecordEvent
+from tracing._run import SPAN_ID_PATTERN, SpanRecord
 from tracing._span import RecordView
 from tracing._text import valid_text, without_lone_surrogates
 from tracing.queue._json import dumps_or
@@ -29,31 +28,6 @@ log = structlog.get_logger("tracescore.queue")
 
 # The Celery task name producers send to; the worker registers its task under this name.
 SCORE_TASK_NAME = "tracescore.score_batch"
-# A field name a validation error may show (an unknown field is named by its name).
-_PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-
-
-_SPAN_FIELDS = frozenset(SpanRecord.__dataclass_fields__)
-_EVENT_FIELDS = frozenset(SpanRecordEvent.__dataclass_fields__)
-
-
-def _odd(data: dict[Any, Any], fields: AbstractSet[str]) -> bool:
-    return any(not (isinstance(k, str) and _PLAIN_NAME.match(k)) for k in data.keys() - fields)
-
-
-def _odd_field_name(request: dict[Any, Any], fields: AbstractSet[str], spans: Any) -> bool:
-    """Whether ``request``, or one of its ``spans`` or their events, has an unknown field whose
-    name is not a plain name (validation names an unknown field: by its name)."""
-    if _odd(request, fields):
-        return True
-    for span in spans if isinstance(spans, list) else ():
-        if isinstance(span, dict) and _odd(span, _SPAN_FIELDS):
-            return True
-        events = span.get("events") if isinstance(span, dict) else None
-        for event in events if isinstance(events, list) else ():
-            if isinstance(event, dict) and _odd(event, _EVENT_FIELDS):
-                return True
-    return False
 
 
 class ScoreRequest(BaseModel):
@@ -80,11 +54,6 @@ class ScoreRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _one_target_of_old(cls, data: Any) -> Any:
-        # An unknown field is refused by its name, which goes into the dead letter and the log:
-        # a name that is not a plain one (any text, agent content by a producer's mistake) is
-        # refused here without it.
-        if isinstance(data, dict) and _odd_field_name(data, cls.model_fields.keys(), data.get("spans")):
-            raise ValueError("a field whose name is not a plain name (not shown) is not a field of a request")
         # The one-run shape: {"target_span_id": "<id>"} (anything but a string under that name
         # stays there, to be refused by its own name).
         if isinstance(data, dict) and isinstance(data.get("target_span_id"), str) and "target_span_ids" not in data:

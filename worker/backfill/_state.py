@@ -31,7 +31,7 @@ from worker._keys import (
     backfill_state_key,
     backfill_traces_key,
 )
-from worker.store import checked, checked_script, finish_job
+from worker.store import checked, checked_script, finish_job, validation_place
 
 __all__ = [
     "BackfillOptions",
@@ -208,7 +208,7 @@ class RedisJobStore:
             from worker.metrics import observe_unreadable  # (as the store: loaded only for this)
 
             observe_unreadable("backfill_state")
-            where = ".".join(map(str, exc.errors()[0]["loc"])) or "(root)"
+            where = validation_place(exc.errors()[0]["loc"])
             raise UnreadableStateError(key, f"{exc.error_count()} problem(s), first at {where}") from None
 
     def save(

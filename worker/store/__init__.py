@@ -40,7 +40,7 @@ from worker.store._keytypes import (
 )
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
 from worker.store._outbox import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter, SinkState
-from worker.store._redis import failed_fields, read_counters
+from worker.store._redis import failed_fields, read_counters, validation_place
 from worker.store._scores import Claims, RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
 
 __all__ = [
@@ -82,4 +82,5 @@ __all__ = [
     "process_owner",
     "read_counters",
     "release_stuck_lock",
+    "validation_place",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -103,11 +104,23 @@ class OnRedis:
         await self._redis.close()
 
 
+# A field name a validation error's place may show: an unknown field is named by its name,
+# which is whatever text the value's keys hold (agent content, a secret by someone's mistake).
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def validation_place(loc: tuple[int | str, ...], whole: str = "(root)") -> str:
+    """A validation error's place (``loc``) as dotted text, a part that is no plain name or
+    index shown as ``<field>``; ``whole`` for the value itself."""
+    parts = (str(p) if isinstance(p, int) or _PLAIN_NAME.fullmatch(p) else "<field>" for p in loc)
+    return ".".join(parts) or whole
+
+
 def failed_fields(exc: ValidationError) -> str:
     """Where a value read back from Redis fails validation (field and rule), never the values
     themselves: they may be agent content."""
     errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    places = {(".".join(str(p) for p in e["loc"]) or "the whole value") + f" ({e['type']})" for e in errors}
+    places = {validation_place(e["loc"], "the whole value") + f" ({e['type']})" for e in errors}
     return ", ".join(sorted(places))[:300]
 
 
