@@ -356,14 +356,15 @@ def test_one_score_id_twice_in_one_put_is_put_in_turn(store: Any) -> None:
 
 
 def test_one_score_id_twice_in_one_put_stays_in_turn_through_a_key_repair(redis_url: str) -> None:
-    """As above, with job c's counters holding another Redis type: the repaired call was sent
-    again after the next one, so b's score came first and c's failure was refused (review)."""
+    """As above, with the run's claim key holding another Redis type: the repaired call was sent
+    again after the next one, so b's score came first and c's failure was refused (review). (A
+    job's counters of another type are refused now, not repaired: test_store_key_types.)"""
     store = RedisScoreStore(redis_url)
 
-    async def break_cs_counters() -> None:
-        await store._redis.client.set(_keys.job_key("c"), "not a hash")
+    async def break_the_claim() -> None:
+        await store._redis.client.sadd(_keys.claim_key(_record(37, job_id="c").score_id), "not a claim")
 
-    fresh, progress = run(_one_id_twice(store, 37, break_cs_counters))
+    fresh, progress = run(_one_id_twice(store, 37, break_the_claim))
     assert fresh == [True, True]
     assert {job: _totals(counts) for job, counts in progress.items()} == {"a": _SKIP, "b": {"scored": 1}, "c": _SKIP}
 
@@ -627,7 +628,6 @@ def test_redis_store_repairs_wrong_typed_keys_before_writing(redis_url: str) -> 
     records = [_record(600 + n, job_id="typed", score=1.0) for n in range(250)]  # two script calls
     client = redis.Redis.from_url(redis_url)
     client.rpush(_keys.trace_key(records[3].trace_id), "not a set")
-    client.set(_keys.job_key("typed"), "not a hash")
     client.sadd(_keys.claim_key(records[7].score_id), "not a claim")
     client.set(_keys.outbox_attempts_key("jsonl"), "not a hash")
 

@@ -263,8 +263,9 @@ CASES = [
             (_RECORD, "string", False),
             (_keys.trace_key(TRACE), "set", False),
             (_CLAIM, "string", False),
-            (_JOB, "hash", False),
-            # What job j counted (the script names them): deleted, j counted them again.
+            # What job j counted (the script names them): deleted, j counted them again (its
+            # counts and the mark of its end gone: a late delivery counted past its total).
+            (_JOB, "hash", True),
             (_keys.job_skips_key("j"), "set", True),  # a score counted as j's skip
             (_keys.job_uncounted_key("j"), "set", True),  # a record j stored once it ended
             (_FAILURES, "hash", False),
@@ -275,24 +276,30 @@ CASES = [
             (_DEAD, "hash", True),
         ]
     ),
-    Case("put_records", _keys.job_key("o"), "hash", False, _put_over_another_jobs_failure, [True]),
     *(
-        Case("put_records", key, "set", True, _put_over_another_jobs_failure)
-        for key in [_keys.job_skips_key("o"), _keys.job_uncounted_key("o")]
+        Case("put_records", key, kind, True, _put_over_another_jobs_failure)
+        for key, kind in [
+            (_keys.job_key("o"), "hash"),
+            (_keys.job_skips_key("o"), "set"),
+            (_keys.job_uncounted_key("o"), "set"),
+        ]
     ),
-    # JobStats
+    # JobStats: what a job counted is refused, never deleted (each path: a call counting nothing)
     *(
-        Case("count_skipped_once", key, kind, keep, lambda u: lambda: _jobs(u, _skip_once), None if keep else 1)
-        for key, kind, keep in [(_JOB, "hash", False), (_keys.job_skips_key("j"), "set", True)]
+        Case("count_skipped_once", key, kind, True, lambda u: lambda: _jobs(u, _skip_once))
+        for key, kind in [(_JOB, "hash"), (_keys.job_skips_key("j"), "set")]
     ),
-    *(
-        Case("progress", key, kind, keep, lambda u: lambda: _jobs(u, lambda j: j.progress("j")), None if keep else {})
-        for key, kind, keep in [(_JOB, "hash", False), (_keys.job_skips_key("j"), "set", True)]
-    ),
-    Case("job_progress", _keys.job_skips_key("j"), "set", True, lambda u: lambda: _sync_progress(u)),
     *(
         case
-        for key, kind, keep in [(_JOB, "hash", False), (_keys.job_skips_key("j"), "set", True)]
+        for key, kind in [(_JOB, "hash"), (_keys.job_skips_key("j"), "set"), (_keys.job_uncounted_key("j"), "set")]
+        for case in (
+            Case("progress", key, kind, True, lambda u: lambda: _jobs(u, lambda j: j.progress("j"))),
+            Case("job_progress", key, kind, True, lambda u: lambda: _sync_progress(u)),  # (the backfill's)
+        )
+    ),
+    *(
+        case
+        for key, kind, keep in [(_JOB, "hash", True), (_keys.job_skips_key("j"), "set", True)]
         for case in (
             Case("finish_job", key, kind, keep, lambda u: lambda: _jobs(u, lambda j: j.finish("j"))),
             Case("finish_job", key, kind, keep, lambda u: lambda: _sync_finish(u)),  # (the backfill's)
@@ -421,7 +428,7 @@ def test_repairs_are_logged_once_per_call_with_where(redis_url: str, capsys: pyt
     import structlog.testing
 
     client = redis.Redis.from_url(redis_url)
-    client.rpush(_JOB, "not a hash")
+    client.rpush(_keys.trace_key(TRACE), "not a set")
     client.rpush(_CLAIM, "not a claim")
     try:
         metric_before = _repairs("put_records")
@@ -898,6 +905,55 @@ def test_a_jobs_set_of_counted_skips_of_another_type_is_refused_not_counted_agai
         assert refused is not None
         assert refused.key == _SKIPS
         assert client.get(_SKIPS) == "someone else's"
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("path", ["late put", "count_skipped_once", "finish", "progress", "job_progress"])
+def test_a_jobs_counter_hash_of_another_type_is_refused_not_counted_again(redis_url: str, path: str) -> None:
+    """Job j scored its one score and ended; then its counter hash holds another type. Deleted as
+    a repair, it lost the job's counts (a backfill waiting for its total waited for good) and the
+    mark of its end (a late delivery, its record expired, counted again: past the job's total).
+    Refused instead, on every path: named, left as it is, nothing written."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        assert _put_records(redis_url, _SCORE) == [True]
+        _jobs(redis_url, lambda j: j.finish("j"))
+        assert client.hgetall(_JOB) == {"scored": "1", "finished": "1"}
+        client.delete(_RECORD)  # (expired: a late delivery stores it again)
+        client.delete(_JOB)
+        client.rpush(_JOB, "an older version's")
+        call = {
+            "late put": lambda: _put_records(redis_url, _SCORE),
+            "count_skipped_once": lambda: _jobs(redis_url, lambda j: j.count_skipped_once("j", "r", ["s2"])),
+            "finish": lambda: _jobs(redis_url, lambda j: j.finish("j")),
+            "progress": lambda: _jobs(redis_url, lambda j: j.progress("j")),
+            "job_progress": lambda: _sync_progress(redis_url),
+        }[path]
+        with pytest.raises(StoreKeyTypeError) as refused:
+            call()
+        assert refused.value.key == _JOB
+        assert client.lrange(_JOB, 0, -1) == ["an older version's"]
+        assert client.get(_RECORD) is None  # (the late put stored nothing either)
+    finally:
+        client.close()
+
+
+def test_a_jobs_set_of_uncounted_records_of_another_type_is_refused_by_progress(redis_url: str) -> None:
+    """Every put of job j refuses while its set of uncounted records holds another type, so the
+    job counts nothing more: its progress is refused too, naming the key (a backfill waiting for
+    its total stops and says why), not a figure that stays short of its total for good."""
+    uncounted = _keys.job_uncounted_key("j")
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        client.set(uncounted, "someone else's")
+        with pytest.raises(StoreKeyTypeError):
+            _put_records(redis_url, _SCORE)
+        for read in (lambda: _jobs(redis_url, lambda j: j.progress("j")), lambda: _sync_progress(redis_url)):
+            with pytest.raises(StoreKeyTypeError) as refused:
+                read()
+            assert refused.value.key == uncounted
+        assert client.get(uncounted) == "someone else's"
     finally:
         client.close()
 

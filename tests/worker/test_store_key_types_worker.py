@@ -49,7 +49,7 @@ def test_a_refused_key_dead_letters_the_message_and_a_repaired_one_scores_it(red
         # The operator moves the key aside; keys the store rebuilds are of the wrong type too.
         client.rename(queue, "moved-aside")
         later = batch(range(10, 13), ["length"], salt="repaired", job_id="typed")
-        client.rpush(_keys.job_key("typed"), "not a hash")
+        client.rpush(_keys.outbox_attempts_key("jsonl"), "not a hash")
         client.set(_keys.trace_key(later.requests[0].trace_id), "not a set")
         sink = CelerySink(redis_url)
         sink.send(later)

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from tracing import ScoreRecord
 from worker import _keys
-from worker._errors import StoreKeyTypeError
 from worker._reconnect import unavailable_as_error
 from worker.store._keytypes import checked, checked_async, checked_script
 from worker.store._redis import OnRedis, RedisConnection, read_counters
@@ -88,10 +87,17 @@ local function tracescore_new_skips(job, skips, reason, ids, first, last)
 end
 """
 
+# What a job counted is refused when its key holds another type (never deleted): its hash of
+# counters (deleted, the job lost its counts, so a backfill waiting for its total waited for good,
+# and the mark of its end, so a late delivery counted past its total), its set of counted skips
+# (deleted, counted again) and of uncounted records (deleted, a replaced one moved a count it
+# never made). The job counts nothing until an operator moves the key aside.
+_JOB_KEYS = "KEYS[1], 'hash', 'k', KEYS[2], 'set', 'k'"
+
 # The ids and their count in one step, after both keys' types are checked (a script is not
 # undone by an error halfway: the ids added, a failed count would never be made again).
 _COUNT_NEW_SKIPS = LUA_NEW_SKIPS + checked_script(
-    "{KEYS[1], 'hash', 'r', KEYS[2], 'set', 'k'}",
+    f"{{{_JOB_KEYS}}}",
     """
 local bad = tracescore_check_counters({KEYS[1]})
 if bad then
@@ -110,7 +116,7 @@ return added
 # ``dlq retry`` may yet record a run it counts as a skip (its failure another's record
 # replaced), which moves that count to the record.
 _FINISH = checked_script(
-    "{KEYS[1], 'hash', 'r', KEYS[2], 'set', 'k'}",
+    f"{{{_JOB_KEYS}}}",
     f"""
 redis.call('HSET', KEYS[1], '{_FINISHED}', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[1])
@@ -121,32 +127,36 @@ end
 )
 
 
-def _counters(raw: Mapping[str, str], key: str) -> dict[str, int]:
-    """A job's hash read as its counters (without the mark of its end)."""
+# KEYS: the job's hash, its sets of counted skips and of uncounted records. Its hash, flat (HGETALL).
+# Each key of another type is refused: every put of the job is, so the job counts nothing more,
+# and its progress is unknown (a backfill waiting for its total stops naming the key), not a
+# figure short of its total for good.
+_PROGRESS = checked_script(f"{{{_JOB_KEYS}, KEYS[3], 'set', 'k'}}", "return redis.call('HGETALL', KEYS[1])")
+
+
+def _progress_keys(job_id: str) -> list[str]:
+    return [_keys.job_key(job_id), _keys.job_skips_key(job_id), _keys.job_uncounted_key(job_id)]
+
+
+def _counters(flat: Sequence[Any], key: str) -> dict[str, int]:
+    """A job's hash (``_PROGRESS``'s answer) read as its counters (without the mark of its end)."""
+    text = [v.decode() if isinstance(v, bytes) else str(v) for v in flat]
+    raw = dict(zip(text[::2], text[1::2], strict=True))
     return read_counters({k: v for k, v in raw.items() if k != _FINISHED}, key, "job_progress")
 
 
 def finish_job(client: Any, job_id: str, job_ttl_s: int = JOB_TTL_S) -> None:
     """``JobStats.finish`` with a synchronous client (the backfill's)."""
     keys = [_keys.job_key(job_id), _keys.job_skips_key(job_id)]
-    checks = [(keys[0], "hash", False), (keys[1], "set", True)]
+    checks = [(keys[0], "hash", True), (keys[1], "set", True)]
     checked(client, "finish_job", checks, lambda: client.eval(_FINISH, 2, *keys, job_ttl_s))
-
-
-def _refused_skips(job_id: str, found: Any) -> None:
-    """Raises ``StoreKeyTypeError`` when the job's set of counted skips (``found``: its TYPE) is
-    another type: no script counts for the job until it is moved aside, so its counts are unknown,
-    not a figure that stopped short of its total."""
-    found = found.decode() if isinstance(found, bytes) else str(found)
-    if found not in ("none", "set"):
-        raise StoreKeyTypeError(_keys.job_skips_key(job_id), found, "set")
 
 
 def job_progress(client: Any, job_id: str) -> dict[str, int]:
     """``JobStats.progress`` with a synchronous client (the backfill's)."""
-    key = _keys.job_key(job_id)
-    _refused_skips(job_id, client.type(_keys.job_skips_key(job_id)))
-    return _counters({str(k): v for k, v in client.hgetall(key).items()}, key)
+    keys = _progress_keys(job_id)
+    checks = list(zip(keys, ("hash", "set", "set"), (True, True, True), strict=True))
+    return _counters(checked(client, "job_progress", checks, lambda: client.eval(_PROGRESS, 3, *keys)), keys[0])
 
 
 @runtime_checkable
@@ -160,7 +170,8 @@ class JobStats(Protocol):
 
     async def progress(self, job_id: str) -> dict[str, int]:
         """The job's counters: ``scored``, ``failed``, ``skipped`` and ``<counter>:<reason>``.
-        ``StoreKeyTypeError`` (Redis) when its set of counted skips is refused: unknown."""
+        ``StoreKeyTypeError`` (Redis) when its hash or its sets of counted skips and uncounted
+        records hold another type (refused): unknown."""
         ...
 
     async def finish(self, job_id: str) -> None:
@@ -199,10 +210,9 @@ class RedisJobStats(OnRedis):
         return int(added)
 
     async def progress(self, job_id: str) -> dict[str, int]:
-        client, key = self._redis.client, _keys.job_key(job_id)
-        _refused_skips(job_id, await client.type(_keys.job_skips_key(job_id)))
-        raw = await checked_async(client, "progress", [(key, "hash", False)], lambda: client.hgetall(key))
-        return _counters(raw, key)
+        keys = _progress_keys(job_id)
+        (flat,) = await self._redis.evalsha_each(_PROGRESS, [(3, keys)], where="progress")
+        return _counters(flat, keys[0])
 
     async def finish(self, job_id: str) -> None:
         args = [_keys.job_key(job_id), _keys.job_skips_key(job_id), str(self.job_ttl_s)]

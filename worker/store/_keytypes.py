@@ -10,7 +10,8 @@ key is checked against what it should hold, and:
   (``store_keys_repaired``), then the call is made again;
 - *refused* when deleting it could lose what someone needs (the dead-letter list, a sink's
   queue of undelivered scores and its dead letters) or make a job count again what it counted
-  (its sets of counted skips and uncounted records): left exactly as it is, and the call raises
+  (its hash of counters, with the mark of its end, and its sets of counted skips and uncounted
+  records): left exactly as it is, and the call raises
   ``StoreKeyTypeError`` naming the key (category ``config``: an operator has to move it aside).
 
 Scripts check their keys first (``checked_script`` over ``LUA_CHECK``: a TYPE per key, before

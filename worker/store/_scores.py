@@ -272,10 +272,11 @@ local first = 11 + nsinks
 local sinks_named = false
 -- A key of ours holding another type would fail the script halfway, after earlier writes: every
 -- key is checked before anything is written (worker.store._keytypes). A sink's queue and dead
--- letters are refused (undelivered scores, refusals), and so are a job's sets of the scores it
--- counted as skips and left uncounted: deleted, they made the job count those again (its skip
--- met on the next delivery: 2 of 1, its wait ending with a score on its way), and no script can
--- tell which they held. The rest is ours to rebuild.
+-- letters are refused (undelivered scores, refusals), and so are a job's counters and its sets
+-- of the scores it counted as skips and left uncounted: deleted, they made the job count those
+-- again (its skip met on the next delivery: 2 of 1, its wait ending with a score on its way; its
+-- mark of its end lost, a late delivery counted past its total), and no script can tell what
+-- they held. The rest is ours to rebuild.
 local checks = {}
 local function check(key, kind, mode)
   local n = #checks
@@ -299,8 +300,8 @@ for k = shared + 1, #KEYS, 5 do
   check(KEYS[k], 'string', 'r')
   check(KEYS[k + 1], 'set', 'r')
   check(KEYS[k + 3], 'string', 'r')
-  check(KEYS[k + 4], 'hash', 'r')
-  if ARGV[a + 2] == '1' then
+  if ARGV[a + 2] == '1' then  -- (a record without a job writes no job key)
+    check(KEYS[k + 4], 'hash', 'k')
     counters[#counters + 1] = KEYS[k + 4]
     check(skips_prefix .. ARGV[a + 5], 'set', 'k')
     check(uncounted_prefix .. ARGV[a + 5], 'set', 'k')
@@ -311,7 +312,7 @@ for k = shared + 1, #KEYS, 5 do
     local job = prev and prev['job_id']
     if not kept and type(job) == 'string' and job ~= '' and job ~= ARGV[a + 5] then
       other = job
-      check(job_prefix .. job, 'hash', 'r')
+      check(job_prefix .. job, 'hash', 'k')
       counters[#counters + 1] = job_prefix .. job
       check(skips_prefix .. job, 'set', 'k')
       check(uncounted_prefix .. job, 'set', 'k')
