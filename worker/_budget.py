@@ -68,7 +68,7 @@ from scorers.judge import (
 from worker import _keys
 from worker._errors import StoreKeyTypeError
 from worker._reconnect import StoreUnavailableError, reconnecting_client, unavailable_as_error
-from worker.store import checked_async
+from worker.store import checked_async, checked_script
 
 __all__ = [
     "SPEND_TTL_S",
@@ -282,6 +282,69 @@ class Ledger(Protocol):
     async def spent(self, day: str) -> dict[str, float]: ...
 
 
+# A spend hash's fields are HINCRBYFLOAT's; its ``total`` is the sum of its ``scorer:`` fields
+# (every priced call adds its cost to its scorer's, its model's and the total).
+_SPEND = "{float = true, totals = {total = 'scorer:'}}"
+# What was spent, and a job's limit, cannot be rebuilt: a key of another type is refused
+# (StoreKeyTypeError, naming it), never deleted, which would let the spend start again. A field
+# that is no number is repaired before it is read or added to (tracescore_check_counters): read
+# as 0, it let every call past its budget all day, and an add to it failed, the spend uncounted.
+_SPEND_KEYS = "(#KEYS == 1 and {KEYS[1], 'hash', 'k'} or {KEYS[1], 'hash', 'k', KEYS[2], 'hash', 'k'})"
+
+# KEYS: the day's spend, then the job's (if any). ARGV: cost, per key of the two its TTL (0: it
+# has one), fields.
+_ADD = checked_script(
+    _SPEND_KEYS,
+    f"""
+local fields = {{unpack(ARGV, 4)}}
+local bad = tracescore_check_counters(KEYS, fields, {_SPEND})
+if bad then return bad end
+for k, key in ipairs(KEYS) do
+  for _, field in ipairs(fields) do
+    redis.call('HINCRBYFLOAT', key, field, ARGV[1])
+  end
+  if ARGV[1 + k] ~= '0' then
+    redis.call('EXPIRE', key, ARGV[1 + k])
+  end
+end
+return 0
+""",
+)
+
+# KEYS: the day's spend, then (a job's) its spend and its limit. ARGV: the day's fields to read.
+# Returns {the fields' values, the job's total, the job's limit}.
+_READ = checked_script(
+    "(#KEYS == 1 and {KEYS[1], 'hash', 'k'} or {KEYS[1], 'hash', 'k', KEYS[2], 'hash', 'k', KEYS[3], 'string', 'k'})",
+    f"""
+-- (only the fields read: the whole hash only to sum a total again)
+local bad = tracescore_check_counters({{KEYS[1]}}, ARGV, {_SPEND})
+  or (#KEYS == 3 and tracescore_check_counters({{KEYS[2]}}, {{'total'}}, {_SPEND}))
+if bad then return bad end
+local out = {{#ARGV > 0 and redis.call('HMGET', KEYS[1], unpack(ARGV)) or {{}}}}
+if #KEYS == 3 then
+  out[2] = redis.call('HGET', KEYS[2], 'total')
+  out[3] = redis.call('GET', KEYS[3])
+end
+return out
+""",
+)
+
+# KEYS: a run's failed-call hash. ARGV: version, error, TTL. Its count is rebuilt from zero if it
+# must be: a key of another type, or a count that is no integer (its HINCRBY failed, and with it
+# the judge's failure hook), is repaired.
+_NOTE_FAILURE = checked_script(
+    "{KEYS[1], 'hash', 'r'}",
+    """
+local bad = tracescore_check_counters({KEYS[1]}, {ARGV[1]})
+if bad then return bad end
+redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+redis.call('HSET', KEYS[1], ARGV[1] .. ':error', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 0
+""",
+)
+
+
 @unavailable_as_error
 class RedisLedger:
     """``Ledger`` in Redis: ``spend:<day>`` and ``spend:job:<id>`` hashes (field → USD),
@@ -304,43 +367,31 @@ class RedisLedger:
         if self._client is None or self._loop is not loop:
             self._client = reconnecting_client(self.url, max_connections=32, reconnect_s=self.reconnect_s)
             self._loop = loop
+            self._add = self._client.register_script(_ADD)
+            self._read = self._client.register_script(_READ)
+            self._note_failure = self._client.register_script(_NOTE_FAILURE)
         return self._client
 
     async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None:
-        # One round trip, no MULTI: each HINCRBYFLOAT is atomic on its own, and a reader
-        # between them sees a total at most one call behind.
+        client = self._redis()
         keys = [_keys.spend_key(day)] + ([_keys.job_spend_key(job_id)] if job_id else [])
         fresh = [k for k in keys if k not in self._expiring]
-        async with self._redis().pipeline(transaction=False) as pipe:
-            for key in keys:
-                for f in fields:
-                    pipe.hincrbyfloat(key, f, cost)
-            for key in fresh:
-                pipe.expire(key, SPEND_TTL_S)
-            await pipe.execute()
+        # One round trip, no MULTI; the fields it adds to checked first (only those: a call's
+        # cost is one script of a few commands in Redis).
+        ttls = [SPEND_TTL_S if k in fresh else 0 for k in keys]
+        args = [repr(float(cost)), *ttls, *[0] * (2 - len(ttls)), *fields]
+        await checked_async(client, "spend_add", [], lambda: self._add(keys=keys, args=args))
         if len(self._expiring) > 10_000:
             self._expiring.clear()
         self._expiring.update(fresh)
 
     async def read(self, day: str, fields: list[str], job_id: str | None) -> tuple[list[float], float, float | None]:
         client = self._redis()
-
-        async def call() -> list[Any]:
-            async with client.pipeline(transaction=False) as pipe:
-                if fields:  # HMGET with no field is an error
-                    pipe.hmget(_keys.spend_key(day), fields)
-                if job_id:
-                    pipe.hget(_keys.job_spend_key(job_id), TOTAL)
-                    pipe.get(_keys.job_budget_key(job_id))
-                return list(await pipe.execute())
-
-        # What was spent, and a job's limit, cannot be rebuilt: a key of another type is refused
-        # (StoreKeyTypeError, naming it), never deleted, which would let the spend start again.
-        checks: list[tuple[str, str, bool]] = [(_keys.spend_key(day), "hash", True)]
+        keys = [_keys.spend_key(day)]
         if job_id:
-            checks += [(_keys.job_spend_key(job_id), "hash", True), (_keys.job_budget_key(job_id), "string", True)]
-        out = await checked_async(client, "spend_read", checks, call)
-        values = [_number(v, f"spend:{f}") for f, v in zip(fields, out.pop(0), strict=True)] if fields else []
+            keys += [_keys.job_spend_key(job_id), _keys.job_budget_key(job_id)]
+        out = list(await checked_async(client, "spend_read", [], lambda: self._read(keys=keys, args=fields)))
+        values = [_number(v, f"spend:{f}") for f, v in zip(fields, out.pop(0), strict=True)]
         if not job_id:
             return values, 0.0, None
         # An unreadable job limit reads as 0: the job's calls are refused (logged), not unbounded.
@@ -356,16 +407,9 @@ class RedisLedger:
 
     async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int) -> None:
         client, key = self._redis(), _keys.judge_calls_key(run_key)
-
-        async def call() -> None:
-            # One round trip, no MULTI: the count only has to add up (HINCRBY is atomic by itself).
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.hincrby(key, version, 1)
-                pipe.hset(key, f"{version}:error", error)
-                pipe.expire(key, ttl_s)
-                await pipe.execute()
-
-        await checked_async(client, "judge_calls", [(key, "hash", False)], call)
+        await checked_async(
+            client, "judge_calls", [], lambda: self._note_failure(keys=[key], args=[version, error, ttl_s])
+        )
 
     async def reset_calls(self, run_keys: list[str]) -> None:
         if run_keys:
@@ -597,7 +641,7 @@ class BudgetGuard:
                 await self.ledger.add(utc_day(), [f"unpriced:{model_id}"], 1.0, None)
                 return
             await self.ledger.add(utc_day(), [f"scorer:{scorer}", self._model_field(model_id), TOTAL], cost, job_id)
-        except (StoreUnavailableError, RedisResponseError) as exc:
+        except (StoreUnavailableError, StoreKeyTypeError, RedisResponseError) as exc:
             # The answer is paid for: keep it rather than fail the run and pay again on its
             # redelivery. The spend goes uncounted (the budget may be passed by this much);
             # a ResponseError is a spend field that is not a number (counted as unreadable).

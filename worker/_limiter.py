@@ -49,11 +49,18 @@ local pause = redis.call('PTTL', KEYS[3])
 if pause > 0 then return pause end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- A field that is no number, before anything is written: a bucket's time failed this script for
+-- every call of the model (until the bucket expired), a level of -inf made a wait Redis answered
+-- as a negative integer (every call admitted, none charged), a second's count failed the HINCRBY
+-- below after the buckets were charged. Deleted (a bucket starts full), named and counted.
+local bad = tracescore_check_counters({KEYS[1], KEYS[2]}, {'tokens', 'ts'}, {float = true})
+  or tracescore_check_counters({KEYS[4]}, {tostring(math.floor(now / 1000))})
+if bad then return bad end
 local function level(key, rate, cap)
   local v = redis.call('HMGET', key, 'tokens', 'ts')
   local tokens = tonumber(v[1])
   local ts = tonumber(v[2])
-  if tokens == nil then tokens = cap; ts = now end
+  if tokens == nil or ts == nil then tokens = cap; ts = now end
   tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
   return tokens
 end
@@ -90,6 +97,8 @@ return 0
 _CORRECT = checked_script(
     "{KEYS[1], 'hash', 'r'}",
     """
+local bad = tracescore_check_counters({KEYS[1]}, {'tokens'}, {float = true})
+if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HINCRBYFLOAT', KEYS[1], 'tokens', -tonumber(ARGV[1]))
 end

@@ -115,8 +115,8 @@ def test_metrics_count_what_the_prefork_children_scored(
     # The first judge request is rate limited (retried by the judge), the next one refused.
     fake_llm.script(Reply.rate_limited(retry_after_ms="100"), Reply.error(401, "bad key"))
     # Store state a child meets while scoring: a trace's record index of another Redis type
-    # (repaired) and a spend field that is not a number (the unpriced calls' count cannot be
-    # added to it; seeded for the next hour's day too, in case the test spans midnight UTC).
+    # and a spend field that is not a number (the unpriced calls' count), both repaired before
+    # they are written (seeded for the next hour's day too, in case the test spans midnight UTC).
     fast = [batch(range(n, n + 1), ["fast"], salt="m-fast") for n in range(8)]
     client = redis.Redis.from_url(redis_url)
     client.set(_keys.trace_key(fast[0].requests[0].trace_id), "not a set")
@@ -187,11 +187,16 @@ def test_metrics_count_what_the_prefork_children_scored(
     assert total(samples, "tracescore_limiter_waits_total", model=model) >= 1
     assert total(samples, "tracescore_limiter_wait_seconds_total", model=model) > 0
 
-    # Counted in the children that met them: one key repaired, each answered call's spend
-    # that could not be added; and by the parent, the field its scrapes read and skipped.
-    assert series(samples, "tracescore_store_key_repairs_total") == {frozenset({("where", "put_records")}): 1}
-    assert total(samples, "tracescore_store_unreadable_values", key="spend_add") == requests["ok"]
-    assert total(samples, "tracescore_store_unreadable_values", key="spend:unpriced:openai/fake-judge") >= 1
+    # Counted in the children that met them: one key repaired, and the spend field that was no
+    # number (by the first answered call's add, which then counted; it failed each add before).
+    repaired = {frozenset({("where", "put_records")}): 1, frozenset({("where", "spend_add")}): 1}
+    assert series(samples, "tracescore_store_key_repairs_total") == repaired
+    assert total(samples, "tracescore_store_unreadable_values", key="spend_add") == 0
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert float(client.hget(_keys.spend_key(utc_day()), "unpriced:openai/fake-judge") or 0) == requests["ok"]
+    finally:
+        client.close()
 
     # Histograms: one batch observation per delivery (the flaky message twice), one latency per
     # stored run.
@@ -227,8 +232,7 @@ def test_metrics_count_what_the_prefork_children_scored(
     assert total(after, "tracescore_runs_total") == 21
     assert total(after, "tracescore_judge_requests_total") == 7
     # The children's gauge of unreadable values is a sum kept past their death, like a counter.
-    assert series(after, "tracescore_store_key_repairs_total") == {frozenset({("where", "put_records")}): 1}
-    assert total(after, "tracescore_store_unreadable_values", key="spend_add") == requests["ok"]
+    assert series(after, "tracescore_store_key_repairs_total") == repaired
 
 
 def _started(log: Path, proc: subprocess.Popen[bytes]) -> bool:
@@ -340,13 +344,20 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
     ledger = RedisLedger(redis_url)
     guard = BudgetGuard(ledger, parse_budgets('{"total": 10, "scorers": {"fast": 0.4}}'))
     try:
-        # The unreadable total reads as 0 (logged, counted); the scorer's readable spend still refuses.
+        # The unreadable total is summed again from the scorers' spend before it is read (it read
+        # as 0: every call passed the total budget); the scorer's spend refuses.
         with pytest.raises(JudgeCallRefused, match="scorer fast"):
             run_coro(guard.before_call("m", "fast"), 5)
-        # Adding to the unreadable total fails in Redis: the paid answer is kept, the miss counted.
-        before = _unreadable("spend_add")
-        run_coro(guard.after_call("openai/gpt-4o-mini", "fast", JudgeUsage(input_tokens=10)), 5)
-        assert _unreadable("spend_add") == before + 1
+        client = redis.Redis.from_url(redis_url)
+        try:
+            assert client.hget(_keys.spend_key(utc_day()), "total") == b"0.5"
+            # Its spend added to readable fields now (it failed, uncounted, before).
+            before = _unreadable("spend_add")
+            run_coro(guard.after_call("openai/gpt-4o-mini", "fast", JudgeUsage(input_tokens=10)), 5)
+            assert _unreadable("spend_add") == before
+            assert float(client.hget(_keys.spend_key(utc_day()), "total")) > 0.5
+        finally:
+            client.close()
     finally:
         run_coro(ledger.close(), 5)
 

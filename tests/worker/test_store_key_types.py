@@ -757,6 +757,166 @@ def test_a_spend_key_of_another_type_is_refused_by_name_and_kept(
         client.close()
 
 
+_MODEL = "openai/gpt-4o-mini"
+
+
+def _redis_second(client: redis.Redis) -> int:
+    return int(client.time()[0])
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["a bucket's time", "a bucket's level of -inf", "the calls granted this second"],
+)
+def test_a_limiter_field_that_is_no_number_is_repaired_and_the_call_made(
+    redis_url: str, fake_llm: FakeLLMServer, damage: str
+) -> None:
+    """A limiter bucket's field that is not a number: its time failed the acquire script for every
+    judge call of the model (a final error record each, until the bucket expired an hour after
+    its last grant); a level of -inf was read as a wait past any integer, which Redis answered
+    as a negative one: every call admitted, the bucket never charged, the limit gone; the calls
+    granted this second not an integer failed the script after it had charged the buckets. Each
+    is repaired (the field deleted: a bucket starts full, a second's count over), named and
+    counted, before anything is written, and the call is made."""
+    from worker._budget import Budgets
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    req, granted = _keys.limiter_bucket_key(_MODEL, "req"), _keys.limiter_granted_key(_MODEL)
+    try:
+        now_ms = _redis_second(client) * 1000
+        if damage == "a bucket's time":
+            client.hset(req, mapping={"tokens": "3", "ts": "not a number"})
+        elif damage == "a bucket's level of -inf":
+            client.hset(req, mapping={"tokens": "-inf", "ts": str(now_ms)})
+        else:
+            second = now_ms // 1000
+            client.hset(granted, mapping={str(second + i): "not a number" for i in range(30)})
+        for key in (req, granted):
+            client.expire(key, 3600)
+        before = _repairs("limiter_acquire")
+        result = _judged(fake_llm, redis_url, Budgets())
+        assert result.score == 0.5, result
+        assert len(fake_llm.requests) == 1
+        level = client.hget(req, "tokens")
+        assert level is not None
+        assert 0 <= float(level) < 10  # charged: the bucket (capacity 10) holds the call
+        assert _repairs("limiter_acquire") == before + 1
+    finally:
+        client.close()
+
+
+def test_a_limiter_correction_meeting_a_level_that_is_no_number_repairs_it(redis_url: str) -> None:
+    """The tokens a call really used are corrected into the bucket (HINCRBYFLOAT): a level that
+    is not a number failed that for good (each correction lost, logged only). Repaired (named,
+    counted) and the correction made: the level starts again from it, refilled from the bucket's
+    last grant at its next call."""
+    from worker._limiter import RedisRateLimiter
+    from worker._settings import ModelRateLimit
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    tok = _keys.limiter_bucket_key(_MODEL, "tok")
+    try:
+        client.hset(tok, mapping={"tokens": "not a number", "ts": str(_redis_second(client) * 1000)})
+        limiter = RedisRateLimiter(redis_url, lambda _: ModelRateLimit(tokens_per_minute=60_000))
+
+        async def go() -> None:
+            try:
+                await limiter.record_usage(_MODEL, 100)
+            finally:
+                await limiter.close()
+
+        before = _repairs("limiter_usage")
+        asyncio.run(go())
+        assert _repairs("limiter_usage") == before + 1
+        assert client.hget(tok, "tokens") is not None  # (deleted: the correction starts it anew)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("job", [False, True], ids=["day", "job"])
+def test_a_spend_total_that_is_no_number_is_summed_again_and_the_budget_holds(
+    redis_url: str, fake_llm: FakeLLMServer, job: bool
+) -> None:
+    """The day's (or a job's) spend total not a number read as 0: every judge call passed the
+    budget (and its spend, added with HINCRBYFLOAT, failed to count: judge_spend_not_counted),
+    all day long. It is summed again from the scorers' spend before it is read or added to (named,
+    counted, logged without values), and a budget spent refuses the call."""
+    from scorers.judge import JudgeCallRefused
+    from worker._budget import Budgets, run_scope, utc_day
+
+    key = _keys.job_spend_key("j") if job else _keys.spend_key(utc_day())
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        client.hset(key, mapping={"scorer:graded": "5", f"model:{_MODEL}": "5", "total": "five dollars"})
+        if job:
+            client.set(_keys.job_budget_key("j"), "1.0")
+        before = _repairs("spend_read")
+        with run_scope("t:s:graded", "graded", "j" if job else None, 0):
+            cause = _judged(fake_llm, redis_url, Budgets() if job else Budgets(total=1))
+        assert isinstance(cause, JudgeCallRefused), cause
+        assert cause.error_type == "budget_exhausted"
+        assert fake_llm.requests == []
+        assert _repairs("spend_read") == before + 1
+        assert float(client.hget(key, "total")) == 5.0
+    finally:
+        client.close()
+
+
+def test_a_spend_add_meeting_a_field_that_is_no_number_repairs_it_and_counts_the_spend(redis_url: str) -> None:
+    """A judge call's spend added to a field that is not a number failed (HINCRBYFLOAT), so the
+    call's cost went uncounted, and so did every later one's. Repaired first: the total summed
+    again from the scorers' spend, another field started over; the cost counted in each."""
+    from worker._budget import RedisLedger, utc_day
+
+    day = utc_day()
+    key = _keys.spend_key(day)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        client.hset(key, mapping={"scorer:graded": "2", f"model:{_MODEL}": "not a number", "total": "oops"})
+        ledger = RedisLedger(redis_url)
+
+        async def go() -> None:
+            try:
+                await ledger.add(day, ["scorer:graded", f"model:{_MODEL}", "total"], 0.5, None)
+            finally:
+                await ledger.close()
+
+        before = _repairs("spend_add")
+        asyncio.run(go())
+        assert _repairs("spend_add") == before + 2
+        got = {k: float(v) for k, v in client.hgetall(key).items()}
+        assert got == {"scorer:graded": 2.5, f"model:{_MODEL}": 0.5, "total": 2.5}
+        assert client.ttl(key) > 0
+    finally:
+        client.close()
+
+
+def test_a_runs_failed_call_count_that_is_no_integer_is_repaired_and_counted(redis_url: str) -> None:
+    """A run's count of failed judge calls that is not an integer failed its HINCRBY, and with it
+    the judge's failure hook (a Redis error in place of the provider's); it read as 0, so the cap
+    never held. Repaired (named, counted): the count starts over and goes on."""
+    from worker._budget import RedisLedger
+
+    key = _keys.judge_calls_key("t:s:graded")
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        client.hset(key, mapping={"1": "not a number", "1:error": "E: earlier"})
+        ledger = RedisLedger(redis_url)
+
+        async def go() -> tuple[int, str | None]:
+            try:
+                await ledger.note_failure("t:s:graded", "1", "E: now", 60)
+                return await ledger.failed_calls("t:s:graded", "1")
+            finally:
+                await ledger.close()
+
+        before = _repairs("judge_calls")
+        assert asyncio.run(go()) == (1, "E: now")
+        assert _repairs("judge_calls") == before + 1
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("wrong", ["hash", "list", "string without a TTL"])
 def test_a_dlq_hold_key_of_another_type_or_without_a_ttl_is_repaired(redis_url: str, wrong: str) -> None:
     """``SET NX`` over a key of another type answers nil, not WRONGTYPE: a hold key left as a hash

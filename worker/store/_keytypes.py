@@ -79,14 +79,29 @@ local function tracescore_check(checks)
   end
   return redis.error_reply('TRACESCORE_KEYTYPE repaired\\t' .. table.concat(wrong, '\\t'))
 end
--- ``tracescore_check_counters({key, ...})``, after ``tracescore_check``: the hashes of counters a
--- script adds to (HINCRBY). A field holding what HINCRBY cannot add to (not an integer, or one an
--- increment could overflow) failed the script at that HINCRBY, after its earlier writes (a score
--- stored, its counts not). Repaired as a key is, before anything else is written: a total
--- ('failed', 'skipped') summed again from its per-reason fields, another field deleted (its count
--- starts over), each named '<key> <field>'. The field 'finished' is a mark, not a counter. With
--- ``fields`` only those are read (a hash of a counter per queued id), and none is a total.
-local function tracescore_check_counters(keys, fields)
+-- ``tracescore_check_counters({key, ...}, fields, how)``, after ``tracescore_check``: the hashes of
+-- counters a script adds to (HINCRBY). A field holding what HINCRBY cannot add to (not an integer,
+-- or one an increment could overflow) failed the script at that HINCRBY, after its earlier writes
+-- (a score stored, its counts not). Repaired as a key is, before anything else is written: a total
+-- summed again from its parts' fields, another field deleted (its count starts over), each named
+-- '<key> <field>'. ``how`` (nil: a job's counters, where 'failed' and 'skipped' are totals of
+-- 'failed:<reason>', 'skipped:<reason>', and 'finished' is a mark, not a counter): ``totals``, a
+-- total's field -> its parts' prefix; ``marks``; ``float``: the fields are HINCRBYFLOAT's (a
+-- finite decimal, not too large to add to), not integers. With ``fields`` only those are read
+-- (a hash of a counter per queued id; the fields a call adds to), the whole hash only to sum a
+-- total again.
+local tracescore_job_counters = {totals = {failed = 'failed:', skipped = 'skipped:'}, marks = {finished = true}}
+local function tracescore_counter(value, float)
+  if not float then
+    local digits = string.match(value, '^%-?([1-9]%d*)$')
+    return value == '0' or (digits ~= nil and #digits <= 18)
+  end
+  local n = tonumber(value)
+  return n ~= nil and n == n and math.abs(n) < 1e300 and string.find(value, '^[%+%-]?[%d%.]+[eE]?[%+%-]?%d*$') ~= nil
+end
+local function tracescore_check_counters(keys, fields, how)
+  how = how or tracescore_job_counters
+  local totals, marks = how.totals or {}, how.marks or {}
   local named, seen = {}, {}
   for _, key in ipairs(keys) do
     if not seen[key] and redis.call('TYPE', key)['ok'] == 'hash' then
@@ -106,22 +121,32 @@ local function tracescore_check_counters(keys, fields)
         end
       end
       for i = 1, #raw, 2 do
-        local digits = string.match(raw[i + 1], '^%-?([1-9]%d*)$')
-        if raw[i] == 'finished' or raw[i + 1] == '0' or (digits and #digits <= 18) then
+        if marks[raw[i]] or tracescore_counter(raw[i + 1], how.float) then
           good[raw[i]] = tonumber(raw[i + 1])
         else
           bad[#bad + 1] = raw[i]
         end
       end
       for _, field in ipairs(bad) do
-        if fields == nil and (field == 'failed' or field == 'skipped') then
-          local sum, prefix = 0, field .. ':'
-          for other, n in pairs(good) do
-            if string.sub(other, 1, #prefix) == prefix then
+        local prefix = totals[field]
+        if prefix then
+          local sum, all = 0, good
+          if fields ~= nil then  -- (only some fields were read: the parts are read now)
+            all = {}
+            local whole = redis.call('HGETALL', key)
+            for i = 1, #whole, 2 do
+              if tracescore_counter(whole[i + 1], how.float) then
+                all[whole[i]] = tonumber(whole[i + 1])
+              end
+            end
+          end
+          for other, n in pairs(all) do
+            if string.sub(other, 1, #prefix) == prefix and not marks[other] then
               sum = sum + n
             end
           end
-          redis.call('HSET', key, field, sum)
+          -- (a float's digits as Redis keeps them: HINCRBYFLOAT adds to this text)
+          redis.call('HSET', key, field, how.float and string.format('%.17g', sum) or sum)
         else
           redis.call('HDEL', key, field)
         end
