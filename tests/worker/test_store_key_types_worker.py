@@ -351,3 +351,41 @@ def test_a_jobs_set_of_counted_skips_of_another_type_dead_letters_its_message_co
     finally:
         worker.stop()
         client.close()
+
+
+@pytest.mark.parametrize("which", ["hash", "uncounted"])
+def test_a_backfill_waiting_on_a_job_whose_counts_are_refused_stops_naming_the_key(
+    redis_url: str, tmp_path: Path, which: str
+) -> None:
+    """A job's hash of counters of another type was deleted (its counts and its end lost), and its
+    set of uncounted records of another type left its progress read as if nothing was wrong while
+    every put of the job was refused: the backfill waited for a total that could not come. Both
+    are refused by progress now: the backfill waiting for the job stops at once, exit 1, naming
+    the key and how to resume, and the key is left as it was."""
+    from click.testing import CliRunner
+
+    from tests.backfill._synth import write_otlp_files
+    from worker.cli import cli
+
+    write_otlp_files(tmp_path / "in", 5, files=1)
+    env = {"TRACESCORE_BROKER_URL": ""}
+    common = ["--broker", redis_url, "--json"]
+    started = CliRunner().invoke(
+        cli, ["backfill", str(tmp_path / "in"), "--scorers", "tests.backfill.scorers", "--no-wait", *common], env=env
+    )
+    assert started.exit_code == 0, started.output
+    job_id = json.loads(started.stdout.strip().splitlines()[-1])["job_id"]
+    key = _keys.job_key(job_id) if which == "hash" else _keys.job_uncounted_key(job_id)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.delete(key)
+        client.rpush(key, "an older version's")
+        followed = CliRunner().invoke(cli, ["backfill", "--resume", job_id, *common, "--wait-timeout", "60"], env=env)
+        said = followed.stderr
+        assert followed.exit_code == 1, followed.output[-2000:]
+        assert f"Redis key {key} holds a list" in said, said[-2000:]
+        assert f"resume with: tracescore backfill --resume {job_id}" in said
+        assert "Traceback" not in said
+        assert client.lrange(key, 0, -1) == [b"an older version's"]
+    finally:
+        client.close()
