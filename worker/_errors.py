@@ -15,8 +15,9 @@
     │                                   failover): kombu and Celery wait as for a
     │                                   lost connection                            retryable
     ├── StoreKeyTypeError               a key holding what someone may need (dead
-    │                                   letters, undelivered scores) is of another
-    │                                   Redis type: left for the operator          config
+    │                                   letters, undelivered scores, what a job
+    │                                   counted, spend) is of another Redis type:
+    │                                   left for the operator                      config
     ├── UnreadableStateError            a backfill job's state is no state this
     │                                   release reads: left for the operator       config
     ├── StepExitError (ScorerError)     a scorer's step called ``sys.exit``: the
@@ -123,8 +124,9 @@ class UnknownScorerError(WorkerError, KeyError):
 
 
 class StoreKeyTypeError(WorkerError):
-    """A key holding what someone may need (dead letters, undelivered scores) is of another
-    Redis type than the store keeps there; it is left as it is for the operator."""
+    """A key holding what someone may need (dead letters, undelivered scores, what a job
+    counted, what was spent) is of another Redis type than the store keeps there; it is left as
+    it is for the operator."""
 
     _category: ClassVar[ErrorCategory] = "config"
 

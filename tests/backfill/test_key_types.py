@@ -308,7 +308,7 @@ def test_the_workers_keys_of_a_job_are_named_by_their_role() -> None:
     from worker.store import StoreKeyTypeError
 
     for key, role in (
-        (job_key("bf-w"), "counters"),
+        (job_key("bf-w"), "hash of counters"),
         (job_skips_key("bf-w"), "set of the scores it counted as skipped"),
         (job_uncounted_key("bf-w"), "set of the records stored after it finished"),
     ):

@@ -383,8 +383,9 @@ def test_a_backfill_waiting_on_a_job_whose_counts_are_refused_stops_naming_the_k
         followed = CliRunner().invoke(cli, ["backfill", "--resume", job_id, *common, "--wait-timeout", "60"], env=env)
         said = followed.stderr
         assert followed.exit_code == 1, followed.output[-2000:]
-        assert f"Redis key {key} holds a list" in said, said[-2000:]
-        assert f"resume with: tracescore backfill --resume {job_id}" in said
+        assert f"(Redis key {key}) holds a list" in said, said[-2000:]
+        assert f"follow the job with: tracescore backfill --resume {job_id}" in said
+        assert "the job's counts are unknown" in said
         assert "Traceback" not in said
         assert client.lrange(key, 0, -1) == [b"an older version's"]
     finally:

@@ -126,7 +126,7 @@ def _refused_key(exc: StoreKeyTypeError | UnreadableStateError, job_id: str, res
             backfill_traces_key(job_id): "set of the traces an earlier release enqueued",
             backfill_rootless_key(job_id): "list of the traces it read without their root",
             # (the workers' keys of the job, read by its progress and finish: named when the store refuses one)
-            job_key(job_id): "counters",
+            job_key(job_id): "hash of counters",
             job_skips_key(job_id): "set of the scores it counted as skipped",
             job_uncounted_key(job_id): "set of the records stored after it finished",
         }.get(exc.key, "key")
