@@ -48,13 +48,12 @@ from worker._keys import (
     record_key,
 )
 from worker._progress import ProgressReporter, format_duration
-from worker._reconnect import DECODED
 from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, printable
 from worker.backfill._driver import Backfill, Submitter
-from worker.backfill._state import BackfillState, JobCounters, JobHold, RedisJobStore
+from worker.backfill._state import BackfillState, JobCounters, JobHold, RedisJobStore, store_client
 from worker.cli import CliError, cli_settings, names_an_input, unreachable
 from worker.store import StoreKeyTypeError, failed_fields
 
@@ -1423,7 +1422,7 @@ def _run_held(
         _this_run(summary, at_start, state.counters, resumed=resumed)
         summary["throttled_s"] = round(submitter.throttled_s, 3)
         if not no_wait and registry is not None and (enqueued.count or resumed) and state.status == "finished":
-            runs = RedisJobStore(redis.Redis.from_url(settings.store_url, **DECODED))
+            runs = RedisJobStore(store_client(settings))
             try:
                 _job_sinks(summary, settings, runs, state, registry, enqueued, reporter, resumed=resumed)
             finally:
@@ -1436,7 +1435,7 @@ def _run_held(
         if not no_wait and registry is not None and resumed and not enqueued.count and not enqueued.lost:
             # This run enqueued nothing (the job was enqueued or finished already): its
             # per-scorer summary and spend are the job's, read back by its run ids.
-            runs = RedisJobStore(redis.Redis.from_url(settings.store_url, **DECODED))
+            runs = RedisJobStore(store_client(settings))
             try:
                 job_by_scorer = _job_by_scorer(summary, runs, state, registry, worst)
             finally:
@@ -1493,7 +1492,7 @@ def _resume(
     import redis
 
     settings = _settings(broker)
-    client = redis.Redis.from_url(settings.store_url, **DECODED)
+    client = store_client(settings)
     try:
         state = RedisJobStore(client).load(job_id)
     except (StoreKeyTypeError, UnreadableStateError) as exc:

@@ -31,9 +31,12 @@ from worker._keys import (
     backfill_state_key,
     backfill_traces_key,
 )
+from worker._reconnect import COMMAND_SLACK_S, DECODED
+from worker._settings import Settings
 from worker.store import checked, checked_script, finish_job, validation_place
 
 __all__ = [
+    "BOUNDED",
     "BackfillOptions",
     "BackfillState",
     "JobCounters",
@@ -41,7 +44,23 @@ __all__ = [
     "RedisJobStore",
     "new_job_id",
     "run_id",
+    "store_client",
 ]
+
+# Every exchange of the backfill's own clients with Redis is bounded: redis-py before 8.0 (kombu
+# allows 6.4) waits for an answer for good, so a backfill meeting a Redis that stopped answering
+# (paused, a network partition) hung, past its Job's grace period on SIGTERM, where 8.0 gives up
+# after 5 s. A command's own time is the store calls' slack (a save of a batch's run ids, an MGET
+# of 1,000 records).
+BOUNDED: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": COMMAND_SLACK_S}
+
+
+def store_client(settings: Settings) -> Any:
+    """A client of the score store for the backfill (replies decoded, every exchange bounded)."""
+    import redis
+
+    return redis.Redis.from_url(settings.store_url, **DECODED, **BOUNDED)
+
 
 JOB_TTL_SECONDS = 7 * 24 * 3600
 # Traces read without a root a job keeps (the newest), as many as its assembler remembers

@@ -17,8 +17,8 @@ import redis
 
 from tracing.queue import Backpressure, Publisher, ScoreBatch
 from worker._errors import SettingsError
-from worker._reconnect import DECODED
 from worker._settings import Settings
+from worker.backfill._state import BOUNDED, store_client
 from worker.store import check_list, job_progress
 
 __all__ = ["RedisSubmitter"]
@@ -43,7 +43,7 @@ class RedisSubmitter:
         tls = settings.tls  # rediss:// verifies the certificate, as the workers do
         self.max_payload_bytes = settings.max_payload_bytes
         self._broker: Any = (
-            redis.Redis.from_url(settings.broker_redis_url, **tls.redis_kwargs(settings.broker_url))
+            redis.Redis.from_url(settings.broker_redis_url, **tls.redis_kwargs(settings.broker_url), **BOUNDED)
             if settings.broker_url.startswith(("redis", "rediss"))
             else None
         )
@@ -61,7 +61,7 @@ class RedisSubmitter:
             low_water=low_water,
             poll_s=poll_s,
         )
-        self.store: Any = redis.Redis.from_url(settings.store_url, **DECODED)
+        self.store: Any = store_client(settings)
 
     @property
     def should_stop(self) -> Callable[[], bool]:
