@@ -81,10 +81,9 @@ def _broker_refusal(exc: BaseException) -> tuple[str, str] | None:
 
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, QueueKeyError):
+        # (a job's own keys are named by _refused_key before this: the key here is the queue's)
+        if isinstance(seen, StoreKeyTypeError | QueueKeyError):
             return f"the broker's queue: {seen}", "once it is moved aside"
-        if isinstance(seen, StoreKeyTypeError):  # (the store's key: its own name says whose)
-            return str(seen), "once it is moved aside"
         if isinstance(seen, redis.exceptions.OutOfMemoryError):
             return (
                 "the broker's Redis is full (used memory at maxmemory, noeviction) and refuses writes: make "
@@ -119,7 +118,7 @@ def _refused_key(exc: StoreKeyTypeError | UnreadableStateError, job_id: str, res
     if isinstance(exc, UnreadableStateError):
         what = f"its state {exc}"
     else:
-        role = {
+        roles = {
             state_key: "state",
             backfill_runs_key(job_id): "set of the runs it enqueued",
             backfill_traces_key(job_id): "set of the traces an earlier release enqueued",
@@ -128,8 +127,13 @@ def _refused_key(exc: StoreKeyTypeError | UnreadableStateError, job_id: str, res
             job_key(job_id): "hash of counters",
             job_skips_key(job_id): "set of the scores it counted as skipped",
             job_uncounted_key(job_id): "set of the records stored after it finished",
-        }.get(exc.key, "key")
-        what = f"its {role} (Redis key {exc.key}) holds a {exc.found}, where tracescore keeps a {exc.expected}"
+        }
+        if exc.key not in roles:  # the broker's queue (its backpressure reads its length)
+            what, when = _broker_refusal(exc) or (str(exc), "once it is moved aside")
+            then = f"resume with: {resume}" if resume else "run the backfill again"
+            return CliError(f"{what}; nothing enqueued is lost. {when.capitalize()}, {then}")
+        role, found, expected = roles[exc.key], exc.found, exc.expected
+        what = f"its {role} (Redis key {exc.key}) holds a {found}, where tracescore keeps a {expected}"
     if exc.key in (job_key(job_id), job_skips_key(job_id), job_uncounted_key(job_id)) and resume is not None:
         # (the workers' keys: the job's state stands as saved; only its counts are unknown)
         return CliError(
