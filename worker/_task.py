@@ -29,7 +29,7 @@ from redis import exceptions as redis_errors
 
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch, request_json
 from worker import _heartbeat as probe_files
-from worker._guard import BODY_BYTES_HEADER
+from worker._guard import _SAFE_TOKEN, BODY_BYTES_HEADER
 from worker._logs import CountedLog
 from worker._loop import (
     WATCHDOG_GRACE_S,
@@ -65,6 +65,10 @@ _SPLIT_NAMESPACE = uuid.UUID("5b0c1f0e-7a53-4d0b-9f7e-3a2f4c8d9e10")
 _SPLIT_HEADER = "tracescore_split_from"
 # The main process tells its prefork children to start their grace period with this (worker._app).
 DRAIN_SIGNAL = signal.SIGUSR2
+# What encoding a letter raises for a value the store cannot hold (a lone surrogate, nesting past
+# the encoder's depth, bytes not UTF-8): raised before anything reaches the store, and again on
+# every try with that letter.
+_UNENCODABLE = (ValueError, TypeError, RecursionError)
 # Failures of the machinery around scoring (the broker, Redis, the loop wait): the message goes
 # back to the queue. Celery would otherwise fail the task and acknowledge (drop) its message.
 _INFRASTRUCTURE_ERRORS = (TimeoutError, OSError, KombuOperationalError, redis_errors.RedisError)
@@ -121,7 +125,14 @@ def _dead_letter(
         payload=keep,
         retryable=retryable and keep is not None,
     )
-    pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
+    try:
+        pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
+    except _UNENCODABLE as exc:
+        # Every try would fail alike, and the message, handed back, would come round for ever a
+        # second apart: it is kept without what could not be encoded (not to retry: nothing to).
+        letter = _without_payload(letter, exc)
+        pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
+        log.error("dead_letter_payload_dropped", reason=reason, error_type=type(exc).__name__, letter=letter.id)
     if reason in _refusal_logs:  # every message until that changes: a line a minute
         _refusal_logs[reason].note(batch_id=batch_id, letter=letter.id, duplicate=not pushed)
         return
@@ -134,6 +145,26 @@ def _dead_letter(
         letter=letter.id,
         duplicate=not pushed,
     )
+
+
+def _without_payload(letter: DeadLetter, exc: BaseException) -> DeadLetter:
+    """``letter`` as the store can encode it: no payload, a batch id only when it is a plain id,
+    the error's text with what is no character replaced."""
+    error = f"{letter.error}; the payload was not kept: it cannot be encoded ({type(exc).__name__})"
+    return letter.model_copy(
+        update={
+            "payload": None,
+            "retryable": False,
+            "batch_id": letter.batch_id if _plain(letter.batch_id) else None,
+            "error": error.encode("utf-8", "replace").decode("utf-8")[:2000],
+            "run_ids": [r.encode("utf-8", "replace").decode("utf-8") for r in letter.run_ids],
+        }
+    )
+
+
+def _plain(value: object) -> bool:
+    """Whether ``value`` is a plain id, as the consumer's guard takes one (``_SAFE_TOKEN``)."""
+    return isinstance(value, str) and _SAFE_TOKEN.match(value) is not None
 
 
 def _split(task: Task[Any, Any], payload: dict[str, Any], batch: ScoreBatch, task_id: str, queue: str) -> None:

@@ -320,3 +320,45 @@ def test_a_cjk_payload_just_under_the_cap_is_scored(app: TracescoreApp, redis_ur
     result = app.score_batch_task.apply(args=[raw], task_id="cjk")
     assert result.result["scored"] == 1, result.result
     assert _dlq(redis_url) == []
+
+
+# --- 8. A letter that cannot be written with its payload is written without it ---------------
+
+_DEEP: Any = [1]
+for _ in range(300):
+    _DEEP = [_DEEP]
+
+# Payloads the task receives without the consumer's screen (applied in process): each passes the
+# task's own size check, is no ScoreBatch, and makes a letter no store can encode with its payload.
+_UNWRITABLE = {
+    # JSON writes it (nested 300 deep), the letter's encoder refuses past 254 levels.
+    "too-deep": {"batch_id": "deep-1", "requests": [], "extra": _DEEP},
+    # JSON escapes a lone surrogate; no UTF-8 store can hold it.
+    "lone-surrogate": {"batch_id": "sur-1", "requests": 5, "extra": "\ud800 AGENT TEXT"},
+    # ... nor a batch id holding one: the letter without its payload must not keep it either.
+    "surrogate-batch-id": {"batch_id": "b-\ud800", "requests": 5},
+}
+
+
+@pytest.mark.parametrize("raw", list(_UNWRITABLE.values()), ids=list(_UNWRITABLE))
+def test_a_letter_that_cannot_be_encoded_is_kept_without_its_payload(
+    app: TracescoreApp, redis_url: str, raw: dict[str, Any]
+) -> None:
+    """The letter failed to be written, so did the task's fallback letter (the same payload), and
+    the message was requeued (Reject) on every delivery, a second apart, for ever. Now the letter
+    is written without the payload, saying why; the message leaves the queue, counted once."""
+    task = app.score_batch_task
+    for _ in range(3):  # the same message, delivered again (as a requeue brings it back)
+        result = task.apply(args=[raw], task_id="unwritable-1")
+        assert result.state == "SUCCESS", (result.state, result.result)
+    [letter] = _dlq(redis_url)
+    assert letter.reason == "invalid_payload"
+    assert letter.payload is None
+    assert letter.retryable is False
+    assert "payload was not kept" in letter.error, letter.error
+    assert letter.batch_id in ("deep-1", "sur-1", None)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.hgetall("tracescore:dlq:reasons") == {b"invalid_payload": b"1"}
+    finally:
+        client.close()
