@@ -682,9 +682,10 @@ async def _record_run(
         try:
             deps.writer.write(new)
             report.written += len(new)
-        except Exception:
+        except Exception as exc:
             # The score is stored (and visible via `tracescore scores`); only the write-back failed.
-            log.exception("score_write_failed", records=len(new), trace_id=new[0].trace_id)
+            # (Where, not the text: a sink's error may quote the record it refused.)
+            log.error("score_write_failed", records=len(new), trace_id=new[0].trace_id, **crash_fields(exc))
             report.write_failed += len(new)
 
 

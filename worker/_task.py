@@ -29,6 +29,7 @@ from redis import exceptions as redis_errors
 
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch, request_json
 from worker import _heartbeat as probe_files
+from worker._errors import crash_fields
 from worker._guard import _SAFE_TOKEN, BODY_BYTES_HEADER
 from worker._logs import CountedLog
 from worker._loop import (
@@ -102,11 +103,14 @@ def _dead_letter(
     message_key: str,
     run_ids: list[str] | None = None,
     size: int | None = None,
+    exc: BaseException | None = None,
 ) -> None:
     """Keep the message whose task argument is ``payload`` as its one dead letter. The letter
     holds ``payload`` when it is JSON of at most ``MAX_DEAD_PAYLOAD_BYTES`` and within the
     workers' message cap (``size``: as measured, else ``_size(payload)``): a letter to retry
-    must fit the queue. Its batch id is the payload's when that is text."""
+    must fit the queue. Its batch id is the payload's when that is text. The log line has the
+    reason and ``exc``'s type and place, never ``error``: it may quote the run (an exception's
+    text, a scorer id of the producer's), which the letter, in the user's own store, keeps."""
     if size is None:
         size = _size(payload)
     keep = payload if 0 <= size <= min(MAX_DEAD_PAYLOAD_BYTES, runtime.settings.max_payload_bytes) else None
@@ -127,19 +131,19 @@ def _dead_letter(
     )
     try:
         pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
-    except _UNENCODABLE as exc:
+    except _UNENCODABLE as unencodable:
         # Every try would fail alike, and the message, handed back, would come round for ever a
         # second apart: it is kept without what could not be encoded (not to retry: nothing to).
-        letter = _without_payload(letter, exc)
+        letter = _without_payload(letter, unencodable)
         pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
-        log.error("dead_letter_payload_dropped", reason=reason, error_type=type(exc).__name__, letter=letter.id)
+        log.error("dead_letter_payload_dropped", reason=reason, error_type=type(unencodable).__name__, letter=letter.id)
     if reason in _refusal_logs:  # every message until that changes: a line a minute
         _refusal_logs[reason].note(batch_id=batch_id, letter=letter.id, duplicate=not pushed)
         return
     log.error(
         "message_dead_lettered",
         reason=reason,
-        error=error[:300],
+        **(crash_fields(exc) if exc is not None else {}),
         batch_id=batch_id,
         attempts=attempts,
         letter=letter.id,
@@ -287,7 +291,7 @@ def _failed_around_scoring(
         log.warning("batch_requeued", task_id=task_id, error_type=type(exc).__name__)
         raise Reject(f"requeued after {type(exc).__name__} (infrastructure)", requeue=True) from exc
     # A bug in the task around scoring: requeueing would repeat it forever; keep the message.
-    log.error("batch_task_crashed", task_id=task_id, error_type=type(exc).__name__)
+    log.error("batch_task_crashed", task_id=task_id, **crash_fields(exc))
     try:
         _dead_letter(
             runtime,
@@ -462,11 +466,13 @@ def _score_delivery(
                 attempts=attempt + 1,
                 retryable=True,
                 message_key=message_key,
+                exc=exc,
             )
             return None
-        log.warning("batch_retry", batch_id=batch.batch_id, attempt=attempt + 1, error=error[:300])
+        log.warning("batch_retry", batch_id=batch.batch_id, attempt=attempt + 1, **crash_fields(exc))
         countdown = min(settings.retry_backoff_seconds * 2**attempt, settings.max_eta_seconds)
-        raise _retry_later(self, task_id, countdown, exc) from exc
+        # Not the exception itself: Celery logs a retry with its repr (its text).
+        raise _retry_later(self, task_id, countdown) from exc
     summary = report.as_dict()
     # Retries of deferred scores wait at most max_eta_seconds each (inside the visibility
     # timeout): enough of them to outlast the other delivery's claim before giving up on it.

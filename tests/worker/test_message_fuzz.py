@@ -731,3 +731,62 @@ def test_a_real_worker_dead_letters_the_nastiest_entries_and_scores_the_rest(red
     finally:
         worker.stop()
         client.close()
+
+
+def _batch_payload() -> dict[str, Any]:
+    request = spans_request([_span("2" * 32, 0, None, True)], ["0000000000000001"], ["length"])
+    return json.loads(ScoreBatch.model_construct(batch_id="b-text", requests=[request]).model_dump_json())
+
+
+def _logged_clean(logs: list[dict[str, Any]], records: list[Any]) -> None:
+    """Neither structlog's events nor the stdlib's records (Celery's own lines) hold the text."""
+    _clean(repr(logs))
+    _clean("\n".join(r.getMessage() for r in records))
+
+
+def test_an_error_out_of_scoring_is_logged_by_its_type_not_its_text(
+    runtime: _Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """batch_retry and message_dead_lettered logged ``f"{type}: {exc}"``, and Celery's retry line
+    the exception's repr: an error's text may quote the run (a step's, a store's error about a
+    record). The type is logged (and where it was raised), the text is not; the letter, in the
+    user's own store, keeps it. (Applied in process, each retry runs at once, then the last.)"""
+    import logging
+
+    async def fails(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"the step failed on {MARKER} {SECRET}")
+
+    monkeypatch.setattr(_task, "score_batch", fails)
+    with structlog.testing.capture_logs() as logs, caplog.at_level(logging.INFO):
+        result = score_batch_task.apply(args=[_batch_payload()], task_id=str(uuid.uuid4()))
+    assert result.state == "SUCCESS", (result.state, result.result)
+    _logged_clean(logs, caplog.records)
+    retried = [e for e in logs if e["event"] == "batch_retry"]
+    assert len(retried) == runtime.it.settings.retry_budget, logs
+    [dead] = [e for e in logs if e["event"] == "message_dead_lettered"]
+    assert {e["error_type"] for e in [*retried, dead]} == {"RuntimeError"}, logs
+    [letter, *_] = _letters(runtime.it)
+    assert letter.reason == "retry_budget_exhausted"
+    assert MARKER in letter.error
+
+
+def test_a_failed_write_back_is_logged_by_its_type_not_its_text() -> None:
+    """score_write_failed logged the writer's exception with its traceback (its text: a sink's
+    error may quote the record it refused)."""
+
+    class Refusing:
+        def write(self, records: Any) -> None:
+            raise ValueError(f"the sink refused {MARKER} {SECRET}")
+
+    registry = load_registry("tests.worker.sample_scorers")
+    deps = ScoringDeps(registry=registry, store=MemoryScoreStore(), writer=Refusing(), run_timeout_s=None)  # type: ignore[arg-type]
+    batch = ScoreBatch.model_validate(_batch_payload())
+    from worker._scoring import score_batch
+
+    with structlog.testing.capture_logs() as logs:
+        report = asyncio.run(score_batch(batch, deps))
+    assert report.write_failed == 1
+    _clean(repr(logs))
+    [line] = [e for e in logs if e["event"] == "score_write_failed"]
+    assert line["error_type"] == "ValueError", line
+    assert "exc_info" not in line, line  # (the renderer writes the traceback, the text with it)
