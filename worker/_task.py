@@ -10,6 +10,7 @@ is dead-lettered alone and its neighbours are scored."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -138,13 +139,13 @@ def _dead_letter(
         pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
         log.error("dead_letter_payload_dropped", reason=reason, error_type=type(unencodable).__name__, letter=letter.id)
     if reason in _refusal_logs:  # every message until that changes: a line a minute
-        _refusal_logs[reason].note(batch_id=batch_id, letter=letter.id, duplicate=not pushed)
+        _refusal_logs[reason].note(batch_id=_shown(batch_id), letter=letter.id, duplicate=not pushed)
         return
     log.error(
         "message_dead_lettered",
         reason=reason,
         **(crash_fields(exc) if exc is not None else {}),
-        batch_id=batch_id,
+        batch_id=_shown(batch_id),
         attempts=attempts,
         letter=letter.id,
         duplicate=not pushed,
@@ -169,6 +170,15 @@ def _without_payload(letter: DeadLetter, exc: BaseException) -> DeadLetter:
 def _plain(value: object) -> bool:
     """Whether ``value`` is a plain id, as the consumer's guard takes one (``_SAFE_TOKEN``)."""
     return isinstance(value, str) and _SAFE_TOKEN.match(value) is not None
+
+
+def _shown(batch_id: str | None) -> str | None:
+    """``batch_id`` for a log line: as it is when it is a plain id, else a digest of it (the same
+    on every line about it). The guard refuses a message with any other id, but a message it did
+    not screen (applied in process) may carry any text there, agent content included."""
+    if batch_id is None or _plain(batch_id):
+        return batch_id
+    return "sha256:" + hashlib.sha256(batch_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _split(task: Task[Any, Any], payload: dict[str, Any], batch: ScoreBatch, task_id: str, queue: str) -> None:
@@ -258,7 +268,8 @@ def _score_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
 
 def _score_one_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
     app: TracescoreApp = self.app  # type: ignore[assignment]  # create_app registers this task
-    task_id = str(self.request.id or (payload.get("batch_id") if isinstance(payload, dict) else None) or "-")
+    batch_id = payload.get("batch_id") if isinstance(payload, dict) else None
+    task_id = str(self.request.id or (_shown(batch_id) if isinstance(batch_id, str) else None) or "-")
     if shutting_down():
         # SIGTERM came: a message handed over since (prefetched, or queued in the pool) goes
         # straight back for another worker, before any delivery is recorded or score claimed.
@@ -421,7 +432,7 @@ def _score_delivery(
         # only that one is lost. Runs already scored are skipped by their score ids.
         assert isinstance(payload, dict)
         _split(self, payload, batch, task_id, settings.queue)
-        log.warning("batch_split", batch_id=batch.batch_id, runs=batch.runs(), crashed_deliveries=crashes)
+        log.warning("batch_split", batch_id=_shown(batch.batch_id), runs=batch.runs(), crashed_deliveries=crashes)
         return None
     if crashes > MAX_CRASHED_DELIVERIES:
         request = batch.requests[0]
@@ -451,7 +462,7 @@ def _score_delivery(
         # SIGTERM's grace period ended mid-batch: what finished is stored, the rest was cancelled
         # and its claims released. Requeued as it is (same retry count; the delivery is marked
         # ended, so not a crash): the next delivery scores only what is missing.
-        log.warning("batch_requeued_at_shutdown", task_id=task_id, batch_id=batch.batch_id, started=True)
+        log.warning("batch_requeued_at_shutdown", task_id=task_id, batch_id=_shown(batch.batch_id), started=True)
         raise Reject("shutdown grace period ended; requeued", requeue=True) from None
     except (Retry, StoreUnavailableError):  # Redis unreachable: a Reject that requeues, not a retry
         raise
@@ -469,7 +480,7 @@ def _score_delivery(
                 exc=exc,
             )
             return None
-        log.warning("batch_retry", batch_id=batch.batch_id, attempt=attempt + 1, **crash_fields(exc))
+        log.warning("batch_retry", batch_id=_shown(batch.batch_id), attempt=attempt + 1, **crash_fields(exc))
         countdown = min(settings.retry_backoff_seconds * 2**attempt, settings.max_eta_seconds)
         # Not the exception itself: Celery logs a retry with its repr (its text).
         raise _retry_later(self, task_id, countdown) from exc
@@ -517,7 +528,7 @@ def _score_delivery(
             retryable=True,
             message_key=message_key,
         )
-        log.info("batch_done", **summary)
+        log.info("batch_done", **{**summary, "batch_id": _shown(batch.batch_id)})
         return summary
     if report.needs_retry:
         countdown = settings.retry_backoff_seconds * 2**attempt
@@ -528,12 +539,12 @@ def _score_delivery(
         countdown = min(countdown, settings.max_eta_seconds)
         log.warning(
             "batch_retry",
-            batch_id=batch.batch_id,
+            batch_id=_shown(batch.batch_id),
             attempt=attempt + 1,
             transient=dict(report.transient),
             deferred=len(report.deferred),
             countdown_s=countdown,
         )
         raise _retry_later(self, task_id, countdown)
-    log.info("batch_done", **summary)
+    log.info("batch_done", **{**summary, "batch_id": _shown(batch.batch_id)})
     return summary

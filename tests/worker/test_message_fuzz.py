@@ -790,3 +790,26 @@ def test_a_failed_write_back_is_logged_by_its_type_not_its_text() -> None:
     [line] = [e for e in logs if e["event"] == "score_write_failed"]
     assert line["error_type"] == "ValueError", line
     assert "exc_info" not in line, line  # (the renderer writes the traceback, the text with it)
+
+
+@pytest.mark.parametrize("valid", [True, False], ids=["scored", "dead-lettered"])
+def test_a_batch_id_not_screened_is_logged_as_a_digest_unless_plain(runtime: _Runtime, valid: bool) -> None:
+    """A message that reaches the task without the consumer's screen (applied in process: every
+    message a worker takes off the queue, `dlq retry`'s and a split's too, is screened) may carry
+    any text as its batch id: the task's lines (batch_done, message_dead_lettered) logged it as it
+    came. A plain id is logged as is; any other as a digest, the same for every line about it."""
+    shown = []
+    for batch_id in (f"{MARKER} {SECRET}\n", "b-plain-1"):
+        raw = {**_batch_payload(), "batch_id": batch_id}
+        if not valid:
+            raw["requests"] = 5
+        with structlog.testing.capture_logs() as logs:
+            result = score_batch_task.apply(args=[raw], task_id=str(uuid.uuid4()))
+        assert result.state == "SUCCESS", (result.state, result.result)
+        _clean(repr(logs))
+        [line] = [e for e in logs if e["event"] == ("batch_done" if valid else "message_dead_lettered")]
+        shown.append(line["batch_id"])
+    digest, plain = shown
+    assert plain == "b-plain-1"
+    assert digest.startswith("sha256:"), digest
+    assert _task._SAFE_TOKEN.match(digest), digest
