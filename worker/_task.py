@@ -193,8 +193,14 @@ def _split(task: Task[Any, Any], payload: dict[str, Any], batch: ScoreBatch, tas
     ]
     for i, request in enumerate(runs):
         sub_id = str(uuid.uuid5(_SPLIT_NAMESPACE, f"{task_id}/{i}"))
+        sub_batch_id = f"{batch.batch_id}/{i}"
+        if not _plain(sub_batch_id):
+            # Past the screen's 128 characters: it would refuse every run's message. A digest of
+            # the batch's id instead, as deterministic (a second split sends the same ids).
+            digest = hashlib.sha256(batch.batch_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+            sub_batch_id = f"{digest}/{i}"
         task.apply_async(
-            args=({"batch_id": f"{batch.batch_id}/{i}", "requests": [request]},),
+            args=({"batch_id": sub_batch_id, "requests": [request]},),
             task_id=sub_id,
             queue=queue,
             headers={_SPLIT_HEADER: task_id},

@@ -813,3 +813,40 @@ def test_a_batch_id_not_screened_is_logged_as_a_digest_unless_plain(runtime: _Ru
     assert plain == "b-plain-1"
     assert digest.startswith("sha256:"), digest
     assert _task._SAFE_TOKEN.match(digest), digest
+
+
+def test_the_runs_of_a_split_batch_with_a_long_plain_id_pass_the_screen(
+    runtime: _Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch whose delivery crashed is split, each run sent as ``<batch id>/<i>``: for an id of
+    125-128 characters (plain, accepted) that is past the screen's 128, and every run's message
+    was refused as invalid_payload, not retryable, instead of scored."""
+    request = spans_request(
+        [_span("3" * 32, 0, None, True), _span("3" * 32, 10, None, True)],
+        ["0000000000000001", "000000000000000b"],
+        ["length"],
+    )
+    batch = ScoreBatch.model_construct(batch_id="b" * 128, requests=[request])
+    message = task_message(batch, "tracescore-exporter")
+    sent: list[dict[str, Any]] = []
+
+    async def crashed_once(task_id: str, token: str) -> int:
+        return 1
+
+    def publish(*, args: Any, task_id: str, queue: str, headers: dict[str, Any]) -> None:
+        sent.append({"args": args, "task_id": task_id})
+
+    monkeypatch.setattr(runtime.it.deliveries, "start", crashed_once)
+    monkeypatch.setattr(score_batch_task, "apply_async", publish)
+    result = score_batch_task.apply(args=json.loads(message.body)[0], task_id=message.task_id)
+    assert result.state == "SUCCESS", (result.state, result.result)
+    assert len(sent) == 2
+    monkeypatch.undo()
+    ids = set()
+    for one in sent:
+        part = ScoreBatch.model_validate(one["args"][0])
+        sub = task_message(part, "tracescore-worker")
+        entry = kombu_entry(sub.body.encode(), {**sub.headers, "id": one["task_id"]}, one["task_id"])
+        assert deliver(json.dumps(entry).encode(), runtime.it) == ("scored", None)
+        ids.add(part.batch_id)
+    assert len(ids) == 2  # each run's message keeps an id of its own
