@@ -93,6 +93,7 @@ __all__ = [
     "check_message",
     "envelope_limit",
     "hand_back_held",
+    "plain_id",
     "screen_broadcast",
     "screen_envelope",
 ]
@@ -121,6 +122,14 @@ _REFUSED_CONTENT_TYPE = "application/x-tracescore-refused"
 # A kombu envelope is the body in base64 (4/3 of it) plus headers and properties.
 _ENVELOPE_OVERHEAD = 64 * 1024
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
+
+
+def plain_id(value: object) -> bool:
+    """Whether ``value`` is a plain id (1-128 letters, digits and ``_.:@/+=-``): what the screen
+    takes as a task id and a batch id, and what may go into a log line as it is."""
+    return isinstance(value, str) and _SAFE_TOKEN.match(value) is not None
+
+
 _EMBED_KEYS = frozenset({"callbacks", "errbacks", "chain", "chord"})
 # How long the consumer pauses after failing to record a refusal (the store is unreachable).
 _STORE_DOWN_PAUSE_S = 1.0

@@ -31,7 +31,7 @@ from redis import exceptions as redis_errors
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch, request_json
 from worker import _heartbeat as probe_files
 from worker._errors import crash_fields
-from worker._guard import _SAFE_TOKEN, BODY_BYTES_HEADER
+from worker._guard import BODY_BYTES_HEADER, plain_id
 from worker._logs import CountedLog
 from worker._loop import (
     WATCHDOG_GRACE_S,
@@ -160,23 +160,18 @@ def _without_payload(letter: DeadLetter, exc: BaseException) -> DeadLetter:
         update={
             "payload": None,
             "retryable": False,
-            "batch_id": letter.batch_id if _plain(letter.batch_id) else None,
+            "batch_id": letter.batch_id if plain_id(letter.batch_id) else None,
             "error": error.encode("utf-8", "replace").decode("utf-8")[:2000],
             "run_ids": [r.encode("utf-8", "replace").decode("utf-8") for r in letter.run_ids],
         }
     )
 
 
-def _plain(value: object) -> bool:
-    """Whether ``value`` is a plain id, as the consumer's guard takes one (``_SAFE_TOKEN``)."""
-    return isinstance(value, str) and _SAFE_TOKEN.match(value) is not None
-
-
 def _shown(batch_id: str | None) -> str | None:
     """``batch_id`` for a log line: as it is when it is a plain id, else a digest of it (the same
     on every line about it). The guard refuses a message with any other id, but a message it did
     not screen (applied in process) may carry any text there, agent content included."""
-    if batch_id is None or _plain(batch_id):
+    if batch_id is None or plain_id(batch_id):
         return batch_id
     return "sha256:" + hashlib.sha256(batch_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
@@ -194,7 +189,7 @@ def _split(task: Task[Any, Any], payload: dict[str, Any], batch: ScoreBatch, tas
     for i, request in enumerate(runs):
         sub_id = str(uuid.uuid5(_SPLIT_NAMESPACE, f"{task_id}/{i}"))
         sub_batch_id = f"{batch.batch_id}/{i}"
-        if not _plain(sub_batch_id):
+        if not plain_id(sub_batch_id):
             # Past the screen's 128 characters: it would refuse every run's message. A digest of
             # the batch's id instead, as deterministic (a second split sends the same ids).
             digest = hashlib.sha256(batch.batch_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]

@@ -39,7 +39,7 @@ from tracing import SpanRecord
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch, request_json, spans_request, task_message
 from worker import _task
 from worker._app import score_batch_task
-from worker._guard import GuardedConsumer, Refusal, _ScreenedMessage, check_message, screen_envelope
+from worker._guard import GuardedConsumer, Refusal, _ScreenedMessage, check_message, plain_id, screen_envelope
 from worker._loop import stop_loop
 from worker._registry import load_registry
 from worker._runtime import WorkerRuntime
@@ -812,7 +812,7 @@ def test_a_batch_id_not_screened_is_logged_as_a_digest_unless_plain(runtime: _Ru
     digest, plain = shown
     assert plain == "b-plain-1"
     assert digest.startswith("sha256:"), digest
-    assert _task._SAFE_TOKEN.match(digest), digest
+    assert plain_id(digest), digest
 
 
 def test_the_runs_of_a_split_batch_with_a_long_plain_id_pass_the_screen(
