@@ -18,7 +18,6 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from scorers import Judge, PromptStep, Scorer, create_scorer  # noqa: E402
 from scorers.judge import JudgeHooks, fence, set_judge_hooks  # noqa: E402
+from tests.fakellm import start_process  # noqa: E402
 from worker._gc import GC_THRESHOLD, tuned_gc  # noqa: E402
 
 
@@ -92,21 +92,6 @@ def build_scorer() -> Scorer:
     )
 
 
-def start_server(latency_ms: float) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakellm", "--port", "0", "--latency-ms", str(latency_ms), "--no-record"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("fakellm listening on "):
-        proc.kill()
-        raise RuntimeError(f"fake server did not start: {line!r}")
-    return proc, line.rsplit(" ", 1)[-1]
-
-
 def server_stats(url: str) -> dict[str, Any]:
     import urllib.request
 
@@ -153,7 +138,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "judge.json")
     args = parser.parse_args()
 
-    proc, url = start_server(args.latency_ms)
+    proc, url = start_process(args.latency_ms)
     try:
         os.environ.update(
             OPENAI_BASE_URL=f"{url}/v1",

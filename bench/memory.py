@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from tests._otlp_receiver import OtlpReceiver  # noqa: E402
 from tests._redis import RedisServer, free_port  # noqa: E402
 from tests.backfill._synth import write_otlp_files  # noqa: E402
+from tests.fakellm import start_process  # noqa: E402
 
 DEPLOY = ROOT / "deploy" / "k8s"
 TRACESCORE = str(Path(sys.executable).with_name("tracescore"))
@@ -61,21 +62,6 @@ def deploy_worker() -> tuple[list[str], dict[str, str]]:
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     config = yaml.safe_load((DEPLOY / "configmap.yaml").read_text())["data"]
     return list(container["args"]), {k: str(v) for k, v in config.items()}
-
-
-def start_fake_judge(latency_ms: float) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakellm", "--port", "0", "--latency-ms", str(latency_ms), "--no-record"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if "listening on" not in line:
-        proc.kill()
-        raise RuntimeError(f"fake judge did not start: {line!r}")
-    return proc, line.rsplit(" ", 1)[1]
 
 
 def pad_context(paths: list[Path], context_kb: int) -> None:
@@ -187,7 +173,7 @@ def main() -> None:
     server = RedisServer()
     server.start()
     receiver = OtlpReceiver().start()
-    fake, judge_url = start_fake_judge(args.latency_ms)
+    fake, judge_url = start_process(args.latency_ms)
     try:
         _run(args, server, receiver, judge_url)
     finally:

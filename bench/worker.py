@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from tests._redis import RedisServer  # noqa: E402
+from tests.fakellm import start_process  # noqa: E402
 from tests.worker._batches import request  # noqa: E402
 from tests.worker._workers import WorkerProcess, read_scores, wait_for  # noqa: E402
 from tracing import CelerySink  # noqa: E402
@@ -41,21 +41,6 @@ from tracing.queue import ScoreBatch  # noqa: E402
 from worker._keys import job_key, limiter_granted_key  # noqa: E402
 
 REDIS_URL = os.environ.get("TRACESCORE_BENCH_REDIS_URL", "")  # empty: main() starts a private server
-
-
-def start_fake_judge(latency_ms: float) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakellm", "--port", "0", "--latency-ms", str(latency_ms), "--no-record"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if "listening on" not in line:
-        proc.kill()
-        raise RuntimeError(f"fake judge did not start: {line!r}")
-    return proc, line.rsplit(" ", 1)[1]
 
 
 def judge_stats(url: str) -> dict[str, Any]:
@@ -92,7 +77,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def bench_judge(tmp: Path, runs: int, rpm: float, latency_ms: float) -> dict[str, Any]:
-    fake, url = start_fake_judge(latency_ms)
+    fake, url = start_process(latency_ms)
     scores = tmp / "judge.jsonl"
     env = {
         "OPENAI_BASE_URL": f"{url}/v1",
