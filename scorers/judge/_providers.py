@@ -172,19 +172,7 @@ class OpenAIJudgeModel:
             ) from exc
 
     def _unreadable(self, raw: httpx2.Response, request_id: str | None, problem: str) -> JudgeResponseError:
-        """The error for an answer that cannot be used (``problem``), quoting the start of its
-        body with the key masked."""
-        return JudgeResponseError(
-            scrub_secrets(
-                f"{self.model_id}: {problem}: "
-                f"{scrub_secrets(raw.content.decode(errors='replace'), self._api_key())[:200]!r}",
-                self._api_key(),
-            ),
-            provider=self.provider,
-            model_id=self.model_id,
-            status_code=raw.status_code,
-            request_id=request_id,
-        )
+        return _unreadable(self, raw.content.decode(errors="replace"), problem, request_id, raw.status_code)
 
     def secret(self) -> str | None:
         """The API key its calls send, to mask wherever an answer quotes it."""
@@ -302,16 +290,8 @@ class AnthropicJudgeModel:
                 finish_reason=message.stop_reason,
             )
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
-            raise JudgeResponseError(
-                scrub_secrets(
-                    f"{self.model_id}: the message could not be read ({type(exc).__name__}: {exc}): "
-                    f"{scrub_secrets(str(message), self._api_key())[:200]!r}",
-                    self._api_key(),
-                ),
-                provider=self.provider,
-                model_id=self.model_id,
-                request_id=request_id,
-            ) from exc
+            problem = f"the message could not be read ({type(exc).__name__}: {exc})"
+            raise _unreadable(self, str(message), problem, request_id) from exc
 
     def secret(self) -> str | None:
         """The API key its calls send, to mask wherever an answer quotes it."""
@@ -398,3 +378,22 @@ def resolve_model(model: str | JudgeModel, *, base_url: str | None, api_key: str
         )
     _resolved[key] = built
     return built
+
+
+def _unreadable(
+    model: OpenAIJudgeModel | AnthropicJudgeModel,
+    body: str,
+    problem: str,
+    request_id: str | None,
+    status_code: int | None = None,
+) -> JudgeResponseError:
+    """The error for an answer ``model`` cannot use (``problem``), quoting the start of its
+    ``body``, the key masked (in the body first: cut, a key would no longer be found whole)."""
+    key = model.secret()
+    return JudgeResponseError(
+        scrub_secrets(f"{model.model_id}: {problem}: {scrub_secrets(body, key)[:200]!r}", key),
+        provider=model.provider,
+        model_id=model.model_id,
+        status_code=status_code,
+        request_id=request_id,
+    )
