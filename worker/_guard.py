@@ -58,7 +58,7 @@ from kombu.transport import virtual as _kombu_virtual
 from kombu.utils import json as kombu_json
 
 from tracing import redact
-from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME, parse_json
+from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME, parse_json, plain_id
 from worker._errors import WorkerError
 from worker._settings import Settings
 from worker.metrics import observe_broadcast_refused
@@ -93,7 +93,6 @@ __all__ = [
     "check_message",
     "envelope_limit",
     "hand_back_held",
-    "plain_id",
     "screen_broadcast",
     "screen_envelope",
 ]
@@ -121,13 +120,6 @@ _DETAIL_HEADER = "x-tracescore-refused-detail"
 _REFUSED_CONTENT_TYPE = "application/x-tracescore-refused"
 # A kombu envelope is the body in base64 (4/3 of it) plus headers and properties.
 _ENVELOPE_OVERHEAD = 64 * 1024
-_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
-
-
-def plain_id(value: object) -> bool:
-    """Whether ``value`` is a plain id (1-128 letters, digits and ``_.:@/+=-``): what the screen
-    takes as a task id and a batch id, and what may go into a log line as it is."""
-    return isinstance(value, str) and _SAFE_TOKEN.match(value) is not None
 
 
 _EMBED_KEYS = frozenset({"callbacks", "errbacks", "chain", "chord"})
@@ -145,7 +137,7 @@ class Refusal:
 
 def _token(value: Any) -> str:
     """``value`` for a dead letter or a log line only when it is a short plain token."""
-    return value if isinstance(value, str) and _SAFE_TOKEN.match(value) else "(not shown)"
+    return value if plain_id(value) else "(not shown)"
 
 
 def envelope_limit(max_payload_bytes: int) -> int:
@@ -301,7 +293,7 @@ def _control_shape_problem(body: dict[str, Any], headers: dict[str, Any]) -> str
     """What kombu's pidbox would trip over (it passes the body as keyword arguments)."""
     destination, reply_to, clock = body.get("destination"), body.get("reply_to"), headers.get("clock")
     arguments = body.get("arguments") or {}
-    if not isinstance(arguments, dict) or not all(_SAFE_TOKEN.match(k) for k in arguments):
+    if not isinstance(arguments, dict) or not all(plain_id(k) for k in arguments):
         # (a key the command does not take is named in Celery's error line)
         return "arguments is not an object of plain names"
     if destination is not None and not (isinstance(destination, list) and all(isinstance(d, str) for d in destination)):
@@ -985,7 +977,7 @@ def _check_headers(headers: dict[str, Any], settings: Settings, allowed: frozens
         )
     task_id = headers.get("id")
     # Celery logs it ("Task <name>[<id>] received"), and so does the task: a UUID, or a plain id.
-    if not isinstance(task_id, str) or not _SAFE_TOKEN.match(task_id):
+    if not plain_id(task_id):
         return Refusal("bad_headers", "the id header is not a plain id (1–128 letters, digits and _.:@/+=-)")
     if headers.get("shadow") is not None:
         # Celery logs a task by this name in place of its own; tracescore's producers send none.
@@ -1081,9 +1073,10 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
             "the body holds a lone surrogate (a \\ud800-\\udfff escape that is no character); producers write"
             " U+FFFD in its place (tracing.queue.request_json)",
         ), None
-    if '"__type__"' in text and _kombu_typed(decoded):
+    if ("__type__" in text or "\\u" in text) and _kombu_typed(decoded):
         # The pool's child reads the body with kombu's JSON reader, which makes a value of such
-        # an object (bytes, a UUID, a Decimal) or fails; no producer sends one.
+        # an object (bytes, a UUID, a Decimal) or fails; no producer sends one. (Its key may be
+        # written with escapes, "\u005f_type__": the walk then too.)
         return Refusal(
             "bad_body", 'the body holds an object of exactly "__type__" and "__value__", which kombu decodes'
         ), None
@@ -1105,7 +1098,7 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
             f"(got {len(args)} positional, {len(kwargs)} keyword)",
         ), decoded
     batch_id = args[0].get("batch_id")
-    if isinstance(batch_id, str) and not _SAFE_TOKEN.match(batch_id):
+    if isinstance(batch_id, str) and not plain_id(batch_id):
         # The task logs a batch's id (and keeps it in its letter): text of any length or content
         # there, agent content or a secret by a producer's mistake, would go to the log as is.
         # (An id of another type is the task's invalid_payload letter, payload kept.)
@@ -1196,7 +1189,7 @@ class GuardedConsumer(Consumer):
         headers = message.headers if isinstance(message.headers, dict) else {}
         tag = message.delivery_tag
         # kombu's tag is a UUID; a producer's own, of any text, is kept as its digest.
-        plain = isinstance(tag, str) and _SAFE_TOKEN.match(tag)
+        plain = plain_id(tag)
         key = (
             f"msg:{tag}"
             if plain

@@ -28,10 +28,10 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from pydantic import ValidationError
 from redis import exceptions as redis_errors
 
-from tracing.queue import SCORE_TASK_NAME, ScoreBatch, request_json
+from tracing.queue import SCORE_TASK_NAME, ScoreBatch, plain_id, request_json
 from worker import _heartbeat as probe_files
 from worker._errors import crash_fields
-from worker._guard import BODY_BYTES_HEADER, plain_id
+from worker._guard import BODY_BYTES_HEADER
 from worker._logs import CountedLog
 from worker._loop import (
     WATCHDOG_GRACE_S,

@@ -320,3 +320,24 @@ def test_the_workers_keys_of_a_job_are_named_by_their_role() -> None:
         assert "the job's counts are unknown" in line
         assert "nothing was saved" not in line
         assert line.endswith("follow the job with: tracescore backfill --resume bf-w")
+
+
+def test_each_save_renews_the_jobs_runs_and_rootless_traces(db: redis.Redis) -> None:
+    """The runs set and the rootless list were given their TTL only when a save added to them,
+    the state at every save: a job paused for days, resumed and saved again kept its state while
+    they expired under it (its resume then enqueued runs again and took late roots for traces)."""
+    from worker.backfill._state import JOB_TTL_SECONDS, BackfillOptions, BackfillState, RedisJobStore
+
+    state = BackfillState(
+        job_id="bf-ttl",
+        source={"kind": "files"},
+        source_label="f",
+        options=BackfillOptions(scorers_module="m", scorer_ids=["s"]),
+    )
+    store = RedisJobStore(db)
+    assert store.save(state, ["t:s"], ["t2"])
+    for key in (backfill_runs_key("bf-ttl"), backfill_rootless_key("bf-ttl")):
+        db.expire(key, 60)  # (days of a pause, later)
+    assert store.save(state)  # nothing new to add
+    for key in (backfill_runs_key("bf-ttl"), backfill_rootless_key("bf-ttl")):
+        assert db.ttl(key) > JOB_TTL_SECONDS - 60, key

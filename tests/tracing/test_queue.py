@@ -22,7 +22,7 @@ from tests.worker._batches import batch as make_batch
 from tracing import CelerySink, trace_to_run, trace_to_runs
 from tracing._records import span_record
 from tracing.otlp import decode_otlp_json, decode_otlp_records
-from tracing.queue import Backpressure, ScoreBatch, ScoreRequest, request_json, task_message
+from tracing.queue import Backpressure, ScoreBatch, ScoreRequest, plain_id, request_json, task_message
 from tracing.read import loop_guard
 from tracing.sources import FileSource
 from worker.backfill._driver import Backfill
@@ -217,3 +217,14 @@ def test_exporter_sink_and_backfill_submitter_publish_the_same_message(redis_ser
     want = {k: v for k, v in expected.headers.items() if k not in ("id", "root_id", "origin")}
     assert headers == [want, want]
     assert [m["headers"]["origin"].split("@")[0] for m in raw] == ["tracescore-exporter", "tracescore-backfill"]
+
+
+def test_a_batch_id_that_is_not_a_plain_id_is_refused_by_the_producer() -> None:
+    """The workers refuse a message whose batch id is not a plain id (they and Celery log it), not
+    retryable: the producer is told, when it builds the message, not in a letter of theirs."""
+    for batch_id in ("b 1", "b-1\n", "x" * 129, ""):
+        assert not plain_id(batch_id)
+        with pytest.raises(ValueError, match="plain id"):
+            task_message(ScoreBatch.model_construct(batch_id=batch_id, requests=[]), "test")
+    assert plain_id("bf-20261206-104202-ab7e0a-000001/3")
+    task_message(ScoreBatch.model_construct(batch_id="a" * 128, requests=[]), "test")

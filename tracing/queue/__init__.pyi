@@ -1,7 +1,7 @@
 """The names ``tracing.queue`` exports, for type checkers; ``__init__.py`` loads each from the
 module named here on first use."""
 
-from ._contract import SCORE_TASK_NAME, ScoreBatch, ScoreRequest, request_json, spans_request
+from ._contract import SCORE_TASK_NAME, ScoreBatch, ScoreRequest, plain_id, request_json, spans_request
 from ._cut import Chunk, RequestCutter, RunTooLarge
 from ._limits import DEFAULT_MAX_PAYLOAD_BYTES, MESSAGE_ENVELOPE_BYTES
 from ._publisher import Backpressure, BatchPublisher, Publisher, QueueKeyError, query_password_problem
@@ -22,6 +22,7 @@ __all__ = [
     "ScoreRequest",
     "TaskMessage",
     "parse_json",
+    "plain_id",
     "query_password_problem",
     "request_json",
     "spans_request",

@@ -9,6 +9,7 @@ validation) costs the worker CPU, never the instrumented application's nor the b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Set as AbstractSet
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -28,6 +29,14 @@ log = structlog.get_logger("tracescore.queue")
 
 # The Celery task name producers send to; the worker registers its task under this name.
 SCORE_TASK_NAME = "tracescore.score_batch"
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_.:@/+=-]{1,128}")
+
+
+def plain_id(value: object) -> bool:
+    """Whether ``value`` is a plain id (1-128 letters, digits and ``_.:@/+=-``): what a batch id
+    and a task id must be. Celery and the workers log both as they are, so the workers refuse a
+    message with any other (text of a producer's, an agent's content or a secret by mistake)."""
+    return isinstance(value, str) and _PLAIN_ID.fullmatch(value) is not None
 
 
 class ScoreRequest(BaseModel):

@@ -191,12 +191,13 @@ _SAVE_IF_HELD = checked_script(
 if ARGV[1] ~= '' and redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
 local runs_end = 5 + tonumber(ARGV[4])
 for i = 6, runs_end, 4000 do redis.call('sadd', KEYS[3], unpack(ARGV, i, math.min(i + 3999, runs_end))) end
-if runs_end > 5 then redis.call('expire', KEYS[3], ARGV[3]) end
 for i = runs_end + 1, #ARGV, 4000 do redis.call('rpush', KEYS[4], unpack(ARGV, i, math.min(i + 3999, #ARGV))) end
-if #ARGV > runs_end then
-  redis.call('ltrim', KEYS[4], -tonumber(ARGV[5]), -1)
-  redis.call('expire', KEYS[4], ARGV[3])
-end
+if #ARGV > runs_end then redis.call('ltrim', KEYS[4], -tonumber(ARGV[5]), -1) end
+-- Each save renews all three, added to or not: a job resumed after a pause of days kept its
+-- state, but its runs and rootless traces expired (a resume enqueued runs again, and took late
+-- roots for new traces).
+redis.call('expire', KEYS[3], ARGV[3])
+redis.call('expire', KEYS[4], ARGV[3])
 redis.call('set', KEYS[2], ARGV[2], 'EX', ARGV[3])
 return 1
 """,
