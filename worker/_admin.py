@@ -7,13 +7,14 @@ for the worker ping); the command line says which server, in one line.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 from pydantic import ValidationError
 
 from tracing import CelerySink, redact
-from tracing.queue import ScoreBatch
+from tracing.queue import ScoreBatch, plain_id
 from worker._budget import RedisLedger, parse_budgets, run_key, spend_report
 from worker._limiter import RedisRateLimiter
 from worker._settings import Settings
@@ -184,6 +185,11 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> Req
             except ValidationError as exc:
                 problems.append(f"{letter_id}: the stored message is not a valid ScoreBatch: {exc.errors()[0]['msg']}")
                 continue
+            if not plain_id(batch.batch_id):
+                # Kept by an earlier release (a split's id past 128 characters, a producer's own
+                # text): the screen now refuses it, so it goes under a digest of itself.
+                digest = hashlib.sha256(batch.batch_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+                batch = batch.model_copy(update={"batch_id": f"dlq-{digest}"})
             # Two `dlq retry` at once would both send it: one message refused twice over.
             if not await store.hold(letter_id, HOLD_S):
                 problems.append(f"{letter_id}: being requeued by another `tracescore dlq retry`")

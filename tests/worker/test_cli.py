@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from tests.worker._workers import ROOT, TRACESCORE, failed_start, read_scores, r
 from tracing import CelerySink, ScoreBatch
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord, score_id_for
+from tracing.queue import plain_id
 from worker._heartbeat import READY_FILE
 from worker.cli import main
 from worker.store import DeadLetter, RedisDeadLetters, RedisOutbox, RedisScoreStore, SinkDeadLetter
@@ -182,6 +184,28 @@ def test_dlq_list_and_retry(env: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert (said["requeued"], said["not_retryable"]) == ([], [bad.id])
     assert main(["dlq", "retry", bad.id]) == 1  # asked for by id, it is refused
     assert f"{bad.id}: not retryable" in capsys.readouterr().err
+
+
+def test_dlq_retry_sends_a_letter_kept_with_a_batch_id_the_screen_now_refuses(env: str) -> None:
+    """A letter an earlier release kept with a batch id that is not a plain id (a crash split of a
+    125-128 character id made one of 130): sent as it was, the workers refused it, not retryable;
+    the producer refused it first (task_message). It goes under a digest of its id."""
+    letter = DeadLetter(
+        reason="retry_budget_exhausted",
+        error="TimeoutError",
+        payload={**payload(range(1), ["length"]), "batch_id": "b" * 128 + "/0"},
+    )
+    _push_letters(env, letter)
+    assert main(["dlq", "retry", letter.id]) == 0
+    client = redis.Redis.from_url(env)
+    try:
+        (entry,) = client.lrange("tracescore", 0, -1)
+    finally:
+        client.close()
+    body = json.loads(base64.b64decode(json.loads(entry)["body"]))
+    sent = body[0][0]["batch_id"]
+    assert plain_id(sent), sent
+    assert sent.startswith("dlq-")
 
 
 def test_dlq_lists_a_damaged_letter_as_unreadable_and_retries_the_others(
