@@ -138,6 +138,9 @@ class BatchReport:
     exhausted: list[str] = field(default_factory=list)
     # Claimed by another delivery: done by it, or free again once its claim lapses.
     deferred: list[str] = field(default_factory=list)
+    # Retryable failures an earlier delivery of this message recorded (and counted), by type:
+    # a retry leaves them as they are (their ids are in ``exhausted``, for the message's letter).
+    kept: Counter[str] = field(default_factory=Counter)
     written: int = 0
     write_failed: int = 0
     elapsed_s: float = 0.0
@@ -158,6 +161,7 @@ class BatchReport:
             "transient": dict(self.transient),
             "deferred": len(self.deferred),
             "exhausted": len(self.exhausted),
+            "kept": dict(self.kept),
             "written": self.written,
             "write_failed": self.write_failed,
             "elapsed_s": round(self.elapsed_s, 4),
@@ -690,7 +694,12 @@ async def _record_run(
 
 
 async def score_batch(
-    batch: ScoreBatch, deps: ScoringDeps, *, final_attempt: bool = True, redelivery: bool = True
+    batch: ScoreBatch,
+    deps: ScoringDeps,
+    *,
+    final_attempt: bool = True,
+    redelivery: bool = True,
+    retried: bool = False,
 ) -> BatchReport:
     """Score every request × scorer in ``batch``; see the module docstring for the guarantees.
 
@@ -701,6 +710,11 @@ async def score_batch(
     ``redelivery=False`` (the first delivery of a message's runs: not a split batch's run)
     spares the judge-call cap its read of the runs' failed calls in earlier deliveries (there
     are none).
+    ``retried=True`` (a later delivery of the same message) leaves a retryable failure of the
+    message's job as it is recorded, listed in ``report.exhausted`` and ``report.kept``: an
+    earlier delivery recorded and counted it, and the job may have ended on that count (scored
+    now, it moved failed → scored after a backfill's wait had ended). The message's letter keeps
+    it for `dlq retry`, a first delivery, which scores it again.
     """
     started = time.perf_counter()
     # Claims belong to this delivery, not to the process.
@@ -742,7 +756,10 @@ async def score_batch(
     todo: list[_Pair] = []
     for pair in pairs:
         record = existing.get(pair.score_id)
-        if record is None or record.retryable:  # a retryable error record may be replaced
+        if record is not None and record.retryable and retried and record.job_id == pair.request.job_id:
+            report.kept[record.error_type or "error"] += 1
+            report.exhausted.append(pair.score_id)
+        elif record is None or record.retryable:  # a retryable error record may be replaced
             todo.append(pair)
         else:
             already_scored(pair, record.job_id)

@@ -451,10 +451,15 @@ def _score_delivery(
         )
         return None
     final = attempt >= settings.retry_budget
+    again = deliveries > 1 or _split_from_a_batch(self)  # not the first delivery of its runs
     try:
         report = run_draining(
             score_batch(
-                batch, runtime.deps, final_attempt=final, redelivery=deliveries > 1 or _split_from_a_batch(self)
+                batch,
+                runtime.deps,
+                final_attempt=final,
+                redelivery=again,
+                retried=again,
             ),
             timeout=settings.task_soft_time_limit,
             on_wait=probe_files.beat_from_task,
@@ -489,21 +494,22 @@ def _score_delivery(
     # Retries of deferred scores wait at most max_eta_seconds each (inside the visibility
     # timeout): enough of them to outlast the other delivery's claim before giving up on it.
     claim_attempts = max(settings.retry_budget, math.ceil(settings.claim_ttl / settings.max_eta_seconds) + 1)
+    # This delivery's failures and those an earlier one recorded, which it left as they are.
+    failed = report.failed + report.kept
     if report.exhausted and not final and not report.needs_retry:
         # Before the last attempt only runs refused by a spent judge budget (or one their
         # model's missing price cannot be held against), their judge-call cap or a spend key of
         # another Redis type are recorded as retryable: keep the message (a retryable dead
         # letter) so `tracescore dlq retry` scores them once that is past.
         refused = next(
-            (r for r in ("store_key_refused", "unpriced_model", "budget_exhausted") if report.failed.get(r)),
+            (r for r in ("store_key_refused", "unpriced_model", "budget_exhausted") if failed.get(r)),
             "judge_attempts_exhausted",
         )
         _dead_letter(
             runtime,
             payload,
             reason=refused,
-            error=f"{len(report.exhausted)} score(s) not paid for: "
-            + ", ".join(f"{k}×{v}" for k, v in report.failed.items()),
+            error=f"{len(report.exhausted)} score(s) not paid for: " + ", ".join(f"{k}×{v}" for k, v in failed.items()),
             attempts=attempt + 1,
             retryable=True,
             message_key=message_key,
@@ -515,7 +521,7 @@ def _score_delivery(
         if report.exhausted:
             reasons.append(
                 f"{len(report.exhausted)} score(s) still failing after {attempt + 1} attempts ("
-                + ", ".join(f"{k}×{v}" for k, v in report.failed.items())
+                + ", ".join(f"{k}×{v}" for k, v in failed.items())
                 + ")"
             )
         if report.deferred:

@@ -80,3 +80,12 @@ async def _crash_after_failed_calls(run: Any) -> float:
 crash_after_failed_calls = create_scorer("crash_after_failed_calls", type="agent").generate_score(
     _crash_after_failed_calls
 )
+
+# A judge scorer no budget names (tests/worker/test_budget_retry.py: the refused run's neighbour).
+plain = create_scorer(
+    "plain", type="agent", judge=Judge(model="openai/fake-judge", instructions="You grade answers.")
+).generate_score(
+    PromptStep(
+        description="one judge call", create_prompt=lambda run: f"PLAIN this answer from 0 to 1: {_text(run.output)}"
+    )
+)
