@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import structlog
+from redis import exceptions as redis_errors
 
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeCallRefused, JudgeModel, ModelPrice
@@ -496,8 +497,8 @@ async def _score_pair(
         except ScorerRunError as exc:
             away = _store_unavailable_in(exc)
             if away is not None:
-                # Redis went away under a step (its checkpoint, the judge's rate-limit slot): not
-                # the run's failure. The message goes back to the queue; the retry budget is kept.
+                # Redis went away under a step (its checkpoint, the judge's rate-limit slot), or
+                # refuses every write: not the run's failure. The message goes back to the queue.
                 raise away from None
             if isinstance(exc.cause, JudgeCallRefused):
                 # A budget is spent or the run's judge-call cap reached: recorded now, and
@@ -531,8 +532,9 @@ async def _score_pair(
     return _record(deps.prices, pair, result)
 
 
-def _store_unavailable_in(exc: ScorerRunError) -> StoreUnavailableError | None:
-    """The ``StoreUnavailableError`` a failed step was caused by, if any (however wrapped)."""
+def _store_unavailable_in(exc: ScorerRunError) -> Exception | None:
+    """The ``StoreUnavailableError`` a failed step was caused by (however wrapped), or the
+    store's refusal of every write (full, read-only: its checkpoint was refused), if any."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc.cause, exc.__cause__]
     while todo:
@@ -540,7 +542,7 @@ def _store_unavailable_in(exc: ScorerRunError) -> StoreUnavailableError | None:
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, StoreUnavailableError):
+        if isinstance(current, (StoreUnavailableError, redis_errors.OutOfMemoryError, redis_errors.ReadOnlyError)):
             return current
         todo += [getattr(current, "cause", None), current.__cause__, current.__context__]
     return None

@@ -45,6 +45,7 @@ from worker._loop import (
 from worker._reconnect import COMMAND_SLACK_S, RECONNECT_S
 from worker._runtime import WorkerRuntime, get_runtime
 from worker._scoring import StoreUnavailableError, score_batch
+from worker.metrics import observe_records
 from worker.store import END_WAIT_S, DeadLetter, StoreKeyTypeError, dead_letter_id, new_token, validation_place
 
 if TYPE_CHECKING:
@@ -74,6 +75,11 @@ _UNENCODABLE = (ValueError, TypeError, RecursionError)
 # Failures of the machinery around scoring (the broker, Redis, the loop wait): the message goes
 # back to the queue. Celery would otherwise fail the task and acknowledge (drop) its message.
 _INFRASTRUCTURE_ERRORS = (TimeoutError, OSError, KombuOperationalError, redis_errors.RedisError)
+# A store that refuses every write (full under noeviction, a read-only replica): requeued at
+# once, the message came back every few milliseconds (a second apart after the client's own
+# retries of a read-only error) for as long as that lasted, and paid its judge calls again
+# each time a write failed after them.
+_STORE_REFUSALS = (redis_errors.OutOfMemoryError, redis_errors.ReadOnlyError)
 
 
 def _loop_wait(runtime: WorkerRuntime) -> float:
@@ -298,6 +304,8 @@ def _failed_around_scoring(
     self: Task[Any, Any], runtime: WorkerRuntime, payload: Any, task_id: str, exc: Exception
 ) -> None:
     """Celery would fail the task and ack (drop) its message: requeue it, or keep it as a letter."""
+    if _store_refusal(exc) is not None:
+        raise _store_unwritable(self, runtime, payload, task_id, exc) from exc
     if isinstance(exc, _INFRASTRUCTURE_ERRORS):
         # Not the message's fault: try again later (the error's type only: its text may quote a run).
         log.warning("batch_requeued", task_id=task_id, error_type=type(exc).__name__)
@@ -322,8 +330,56 @@ def _failed_around_scoring(
         log.error("dead_letter_refused", task_id=task_id, key=dlq_exc.key, found=dlq_exc.found, countdown_s=countdown)
         raise _retry_later(self, task_id, countdown, dlq_exc) from dlq_exc
     except Exception as dlq_exc:
+        if _store_refusal(dlq_exc) is not None:
+            raise _store_unwritable(self, runtime, payload, task_id, dlq_exc) from dlq_exc
         raise Reject("the message could not be dead-lettered; requeued", requeue=True) from dlq_exc
     return
+
+
+def _store_unwritable(
+    self: Task[Any, Any], runtime: WorkerRuntime, payload: Any, task_id: str, exc: Exception
+) -> Retry:
+    """The message sent again after a growing delay (within the visibility timeout): the store
+    refuses every write, so nothing it scored now could be kept, and an immediate requeue spins."""
+    refusal = _store_refusal(exc)
+    attempt = int(self.request.retries or 0)
+    countdown = min(runtime.settings.retry_backoff_seconds * 2**attempt, runtime.settings.max_eta_seconds)
+    log.warning("store_unwritable", task_id=task_id, error_type=type(refusal).__name__, countdown_s=countdown)
+    _count_left(runtime, payload, "store_unwritable")
+    return _retry_later(self, task_id, countdown)
+
+
+def _store_refusal(exc: BaseException) -> BaseException | None:
+    """The store's refusal of every write that ``exc`` is or was caused by, if any."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, _STORE_REFUSALS):
+            return current
+        todo += [getattr(current, "cause", None), current.__cause__, current.__context__]
+    return None
+
+
+def _count_left(runtime: WorkerRuntime, payload: Any, reason: str) -> None:
+    """Count the message's runs as left for another delivery (``tracescore_runs{outcome="retry"}``)."""
+    try:
+        batch = ScoreBatch.model_validate(payload)
+    except (ValidationError, RecursionError):
+        return
+    registry = runtime.deps.registry
+    observe_records(
+        [],
+        [
+            (scorer_id if scorer_id in registry else None, reason)
+            for request in batch.requests
+            for _ in request.target_span_ids
+            for scorer_id in dict.fromkeys(request.scorer_ids)
+        ],
+    )
 
 
 def _retry_later(self: Task[Any, Any], task_id: str, countdown: float, exc: Exception | None = None) -> Retry:
@@ -473,6 +529,8 @@ def _score_delivery(
     except (Retry, StoreUnavailableError):  # Redis unreachable: a Reject that requeues, not a retry
         raise
     except (Exception, SoftTimeLimitExceeded) as exc:
+        if _store_refusal(exc) is not None:
+            raise  # not the batch's failure: backed off around scoring
         error = f"{type(exc).__name__}: {exc}"
         if final:
             _dead_letter(

@@ -1,0 +1,95 @@
+"""A score store (TRACESCORE_REDIS_URL, a Redis of its own) that refuses every write under a real
+worker: full (``maxmemory`` with ``noeviction``) or a read-only replica. Its message used to be
+requeued at once and come back every few milliseconds (a second apart for a read-only one, after
+the client's own retries) for as long as that lasted. It waits with a growing delay now, and
+nothing is lost once the store takes writes again."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests._redis import RedisServer, free_port
+from tests.worker._batches import batch
+from tests.worker._workers import WorkerProcess, read_scores, wait_for
+from tests.worker.test_broker_unwritable import _fill
+from tests.worker.test_metrics import scrape, series
+from tracing import CelerySink
+
+
+@pytest.fixture
+def store() -> Iterator[RedisServer]:
+    """The score store's own Redis (its maxmemory and role change); the broker is the suite's."""
+    own = RedisServer()
+    own.start()
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def _countdowns(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"store_unwritable .*?countdown_s=([0-9.]+)", text)]
+
+
+@pytest.mark.parametrize("refusal", ["full", "read_only"])
+def test_a_store_refusing_writes_backs_off_and_loses_nothing(
+    store: RedisServer, redis_url: str, tmp_path: Path, refusal: str
+) -> None:
+    client = store.client()
+    client.set("tstest:ballast", "x" * 200_000)  # room to fill well under what is in use
+    scores = tmp_path / "scores.jsonl"
+    port = free_port()
+    worker = WorkerProcess(
+        "unwritable",
+        redis_url,
+        tmp_path,
+        scores_path=scores,
+        env={
+            "TRACESCORE_REDIS_URL": store.url(0),
+            "TRACESCORE_RETRY_BACKOFF_SECONDS": "0.2",
+            "TRACESCORE_METRICS_PORT": str(port),
+            "TRACESCORE_METRICS_HOST": "127.0.0.1",
+            "TRACESCORE_METRICS_DIR": str(tmp_path / "metrics"),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "",
+        },
+    )
+    try:
+        worker.wait_ready()
+        if refusal == "full":
+            _fill(client)
+        else:
+            client.execute_command("REPLICAOF", "127.0.0.1", "1")  # a replica of nothing: read-only
+        sink = CelerySink(redis_url)
+        sink.send(batch(range(2), ["length"], salt=refusal))
+        sink.close()
+        # Named, and sent again after a growing delay (0.2, 0.4, 0.8 s...), not at once (a read-only
+        # store takes the client's reconnect budget per delivery as well).
+        assert wait_for(lambda: len(_countdowns(worker.text())) >= 3, 120), worker.text()[-3000:]
+        countdowns = _countdowns(worker.text())[:3]
+        assert countdowns == sorted(countdowns), countdowns
+        assert countdowns[-1] >= 4 * countdowns[0], countdowns
+        assert "batch_requeued" not in worker.text()
+        assert read_scores(scores) == []
+        # Counted: each delivery's two runs, left for the next one.
+        left = series(scrape(port), "tracescore_runs_total", outcome="retry", reason="store_unwritable")
+        assert sum(left.values()) >= 2 * 3, left
+
+        if refusal == "full":
+            client.config_set("maxmemory", "0")
+        else:
+            client.execute_command("REPLICAOF", "NO", "ONE")
+        assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
+        broker = redis.Redis.from_url(redis_url)
+        try:
+            assert wait_for(lambda: broker.llen("tracescore") == 0 and broker.hlen("unacked") == 0, 30)
+        finally:
+            broker.close()
+        assert len({s["score_id"] for s in read_scores(scores)}) == 2
+    finally:
+        worker.stop()
