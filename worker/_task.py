@@ -76,9 +76,8 @@ _UNENCODABLE = (ValueError, TypeError, RecursionError)
 # back to the queue. Celery would otherwise fail the task and acknowledge (drop) its message.
 _INFRASTRUCTURE_ERRORS = (TimeoutError, OSError, KombuOperationalError, redis_errors.RedisError)
 # A store that refuses every write (full under noeviction, a read-only replica): requeued at
-# once, the message came back every few milliseconds (a second apart after the client's own
-# retries of a read-only error) for as long as that lasted, and paid its judge calls again
-# each time a write failed after them.
+# once, the message came back every few milliseconds (after the client's own retries of a
+# read-only error, every reconnect budget) for as long as that lasted.
 _STORE_REFUSALS = (redis_errors.OutOfMemoryError, redis_errors.ReadOnlyError)
 
 
