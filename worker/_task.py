@@ -547,7 +547,9 @@ def _score_delivery(
         countdown = min(settings.retry_backoff_seconds * 2**attempt, settings.max_eta_seconds)
         # Not the exception itself: Celery logs a retry with its repr (its text).
         raise _retry_later(self, task_id, countdown) from exc
-    summary = report.as_dict()
+    # Shown, returned and logged by Celery as the task's result ("Task ... succeeded ...: {...}"):
+    # the batch id as the log lines have it.
+    summary = {**report.as_dict(), "batch_id": _shown(batch.batch_id)}
     # Retries of deferred scores wait at most max_eta_seconds each (inside the visibility
     # timeout): enough of them to outlast the other delivery's claim before giving up on it.
     claim_attempts = max(settings.retry_budget, math.ceil(settings.claim_ttl / settings.max_eta_seconds) + 1)
@@ -592,7 +594,7 @@ def _score_delivery(
             retryable=True,
             message_key=message_key,
         )
-        log.info("batch_done", **{**summary, "batch_id": _shown(batch.batch_id)})
+        log.info("batch_done", **summary)
         return summary
     if report.needs_retry:
         countdown = settings.retry_backoff_seconds * 2**attempt
@@ -610,5 +612,5 @@ def _score_delivery(
             countdown_s=countdown,
         )
         raise _retry_later(self, task_id, countdown)
-    log.info("batch_done", **{**summary, "batch_id": _shown(batch.batch_id)})
+    log.info("batch_done", **summary)
     return summary

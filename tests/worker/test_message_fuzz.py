@@ -828,6 +828,7 @@ def test_a_batch_id_not_screened_is_logged_as_a_digest_unless_plain(runtime: _Ru
             result = score_batch_task.apply(args=[raw], task_id=str(uuid.uuid4()))
         assert result.state == "SUCCESS", (result.state, result.result)
         _clean(repr(logs))
+        _clean(repr(result.result))  # (the task's result: Celery logs it, "Task ... succeeded in ...: {...}")
         [line] = [e for e in logs if e["event"] == ("batch_done" if valid else "message_dead_lettered")]
         shown.append(line["batch_id"])
     digest, plain = shown
