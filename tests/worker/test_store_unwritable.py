@@ -24,12 +24,8 @@ from tracing import CelerySink
 @pytest.fixture
 def store() -> Iterator[RedisServer]:
     """The score store's own Redis (its maxmemory and role change); the broker is the suite's."""
-    own = RedisServer()
-    own.start()
-    try:
+    with RedisServer() as own:
         yield own
-    finally:
-        own.close()
 
 
 def _countdowns(text: str) -> list[float]:
