@@ -434,3 +434,26 @@ def test_a_steps_own_network_errors_are_retryable_whatever_library_raised_them()
     assert is_transient(ConnectTimeout("timed out"))
     assert not is_transient(ValueError("not a network problem"))
     assert not is_transient(redis.exceptions.ResponseError("WRONGTYPE"))
+
+
+def test_caused_by_finds_an_error_however_it_was_wrapped() -> None:
+    """The worker's one walk of an error's causes: through ``raise from``, an error raised while
+    handling another, and a failed step's ``cause``; a chain that loops ends."""
+    from worker._errors import caused_by
+
+    class Wanted(Exception):
+        pass
+
+    wanted = Wanted()
+    step_failure = _failed(RuntimeError("wrapped"))
+    assert step_failure.cause is not None
+    step_failure.cause.__context__ = wanted
+    outer = ValueError("outer")
+    outer.__cause__ = step_failure  # raise ... from step_failure
+    assert caused_by(outer, Wanted) is wanted
+    assert caused_by(outer, (KeyError, ScorerRunError)) is step_failure
+    assert caused_by(outer, KeyError) is None
+    looped_a, looped_b = RuntimeError("a"), RuntimeError("b")
+    looped_a.__cause__, looped_b.__context__ = looped_b, looped_a
+    assert caused_by(looped_a, KeyError) is None
+    assert caused_by(None, KeyError) is None

@@ -45,12 +45,14 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from scorers import ScorerError, ScoreResult, category_of
 
 if TYPE_CHECKING:
     from scorers.judge import ErrorCategory
+
+_E = TypeVar("_E", bound=BaseException)
 
 __all__ = [
     "LoopBlockedError",
@@ -62,6 +64,7 @@ __all__ = [
     "UnknownScorerError",
     "UnreadableStateError",
     "WorkerError",
+    "caused_by",
     "crash_fields",
     "is_transient",
 ]
@@ -71,6 +74,24 @@ def is_transient(exc: BaseException | None) -> bool:
     """Worth another delivery later: the error's ``category`` is ``retryable`` (timeouts,
     connection errors, 408/409/425/429/5xx from a provider, Redis away)."""
     return exc is not None and category_of(exc) == "retryable"
+
+
+def caused_by(exc: BaseException | None, types: type[_E] | tuple[type[_E], ...]) -> _E | None:
+    """The first error of ``types`` that ``exc`` is or was caused by, however wrapped: through
+    ``__cause__``, ``__context__`` and a ``cause`` attribute (a scorer's failed step keeps the
+    error it caught there), each error looked at once (a chain may loop)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, types):
+            return current
+        # Reversed onto the stack: the explicit cause first, the context last.
+        todo += [current.__context__, current.__cause__, getattr(current, "cause", None)]
+    return None
 
 
 def crash_fields(exc: BaseException) -> dict[str, Any]:

@@ -55,7 +55,7 @@ from scorers.judge import JudgeCallRefused, JudgeModel, ModelPrice
 from tracing import ScoreRecord, ScoreWriter, SpanRecord, TracedRun, TraceReadError, score_id_for, trace_to_run
 from tracing.queue import ScoreBatch, ScoreRequest
 from worker._budget import default_attempt_cap, enter_run, price_table, run_key
-from worker._errors import RunLimitError, StepExitError, crash_fields, is_transient
+from worker._errors import RunLimitError, StepExitError, caused_by, crash_fields, is_transient
 from worker._loop import LOOP_BLOCK_LIMITS, LoopBlockedError, for_the_loops_limit, halting, was_targeted
 from worker._record_fields import judge_spend, not_scorable_text
 from worker._registry import UnknownScorerError
@@ -185,6 +185,10 @@ class _Transient:
     pair: _Pair
     error_type: str
 
+
+# Redis away under a step (its checkpoint, the judge's rate-limit slot), or refusing every write
+# (full, a read-only replica): not the run's failure, however the step wrapped it.
+_STORE_AWAY = (StoreUnavailableError, redis_errors.OutOfMemoryError, redis_errors.ReadOnlyError)
 
 # The scorer run each task is in (its pair and deps for ``score_batch``'s runs, the caller's
 # label for other ``run_limited`` callers) and its deadline: ``expire_runs`` cancels the runs past
@@ -495,7 +499,7 @@ async def _score_pair(
                 failed_step=exc.failed_step,
             )
         except ScorerRunError as exc:
-            away = _store_unavailable_in(exc)
+            away = caused_by(exc, _STORE_AWAY)
             if away is not None:
                 # Redis went away under a step (its checkpoint, the judge's rate-limit slot), or
                 # refuses every write: not the run's failure. The message goes back to the queue.
@@ -530,22 +534,6 @@ async def _score_pair(
             log.error("scorer_crashed", scorer=pair.scorer_id, score_id=pair.score_id, **crash_fields(exc))
             return _record(deps.prices, pair, None, error=exc, error_type=type(exc).__name__)
     return _record(deps.prices, pair, result)
-
-
-def _store_unavailable_in(exc: ScorerRunError) -> Exception | None:
-    """The ``StoreUnavailableError`` a failed step was caused by (however wrapped), or the
-    store's refusal of every write (full, read-only: its checkpoint was refused), if any."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc.cause, exc.__cause__]
-    while todo:
-        current = todo.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, (StoreUnavailableError, redis_errors.OutOfMemoryError, redis_errors.ReadOnlyError)):
-            return current
-        todo += [getattr(current, "cause", None), current.__cause__, current.__context__]
-    return None
 
 
 class _GroupCommit:

@@ -30,7 +30,7 @@ from redis import exceptions as redis_errors
 
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch, plain_id, request_json
 from worker import _heartbeat as probe_files
-from worker._errors import crash_fields
+from worker._errors import caused_by, crash_fields
 from worker._guard import BODY_BYTES_HEADER
 from worker._logs import CountedLog
 from worker._loop import (
@@ -303,7 +303,7 @@ def _failed_around_scoring(
     self: Task[Any, Any], runtime: WorkerRuntime, payload: Any, task_id: str, exc: Exception
 ) -> None:
     """Celery would fail the task and ack (drop) its message: requeue it, or keep it as a letter."""
-    if _store_refusal(exc) is not None:
+    if caused_by(exc, _STORE_REFUSALS) is not None:
         raise _store_unwritable(self, runtime, payload, task_id, exc) from exc
     if isinstance(exc, _INFRASTRUCTURE_ERRORS):
         # Not the message's fault: try again later (the error's type only: its text may quote a run).
@@ -329,7 +329,7 @@ def _failed_around_scoring(
         log.error("dead_letter_refused", task_id=task_id, key=dlq_exc.key, found=dlq_exc.found, countdown_s=countdown)
         raise _retry_later(self, task_id, countdown, dlq_exc) from dlq_exc
     except Exception as dlq_exc:
-        if _store_refusal(dlq_exc) is not None:
+        if caused_by(dlq_exc, _STORE_REFUSALS) is not None:
             raise _store_unwritable(self, runtime, payload, task_id, dlq_exc) from dlq_exc
         raise Reject("the message could not be dead-lettered; requeued", requeue=True) from dlq_exc
     return
@@ -340,27 +340,12 @@ def _store_unwritable(
 ) -> Retry:
     """The message sent again after a growing delay (within the visibility timeout): the store
     refuses every write, so nothing it scored now could be kept, and an immediate requeue spins."""
-    refusal = _store_refusal(exc)
+    refusal = caused_by(exc, _STORE_REFUSALS)
     attempt = int(self.request.retries or 0)
     countdown = min(runtime.settings.retry_backoff_seconds * 2**attempt, runtime.settings.max_eta_seconds)
     log.warning("store_unwritable", task_id=task_id, error_type=type(refusal).__name__, countdown_s=countdown)
     _count_left(runtime, payload, "store_unwritable")
     return _retry_later(self, task_id, countdown)
-
-
-def _store_refusal(exc: BaseException) -> BaseException | None:
-    """The store's refusal of every write that ``exc`` is or was caused by, if any."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        current = todo.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, _STORE_REFUSALS):
-            return current
-        todo += [getattr(current, "cause", None), current.__cause__, current.__context__]
-    return None
 
 
 def _count_left(runtime: WorkerRuntime, payload: Any, reason: str) -> None:
@@ -528,7 +513,7 @@ def _score_delivery(
     except (Retry, StoreUnavailableError):  # Redis unreachable: a Reject that requeues, not a retry
         raise
     except (Exception, SoftTimeLimitExceeded) as exc:
-        if _store_refusal(exc) is not None:
+        if caused_by(exc, _STORE_REFUSALS) is not None:
             raise  # not the batch's failure: backed off around scoring
         error = f"{type(exc).__name__}: {exc}"
         if final:

@@ -34,7 +34,7 @@ from tracing import JsonlScoreWriter, ScoreRecord, ScoreWriter, SpanRecord, Trac
 from tracing.queue import QueueKeyError, ScoreBatch
 from tracing.sources import MAX_SPANS_PER_TRACE, SourceError, TraceSource, source_from_description
 from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
-from worker._errors import UnreadableStateError
+from worker._errors import UnreadableStateError, caused_by
 from worker._gc import tuned_gc
 from worker._interrupt import stop_on_signals
 from worker._keys import (
@@ -79,26 +79,36 @@ def _broker_refusal(exc: BaseException) -> tuple[str, str] | None:
     it quotes the refused command, a batch of spans with it."""
     import redis
 
-    seen: BaseException | None = exc
-    while seen is not None:
-        # (a job's own keys are named by _refused_key before this: the key here is the queue's)
-        if isinstance(seen, StoreKeyTypeError | QueueKeyError):
-            return f"the broker's queue: {seen}", "once it is moved aside"
-        if isinstance(seen, redis.exceptions.OutOfMemoryError):
-            return (
-                "the broker's Redis is full (used memory at maxmemory, noeviction) and refuses writes: make "
-                "room (tracescore sinks list shows the sinks' backlog) or raise maxmemory",
-                "once it takes writes again",
-            )
-        if isinstance(seen, redis.exceptions.ReadOnlyError):
-            return (
-                "the broker's Redis endpoint is a read-only replica (a failover under way?) and refuses writes",
-                "once it takes writes again",
-            )
-        if isinstance(seen, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | ConnectionError):
-            # Not its text: it may name the broker's address with its password.
-            return f"the connection to the broker's Redis was lost ({type(seen).__name__})", "once it is back"
-        seen = seen.__cause__ or seen.__context__
+    errors = redis.exceptions
+    found = caused_by(
+        exc,
+        (
+            StoreKeyTypeError,
+            QueueKeyError,
+            errors.OutOfMemoryError,
+            errors.ReadOnlyError,
+            errors.ConnectionError,
+            errors.TimeoutError,
+            ConnectionError,
+        ),
+    )
+    # (a job's own keys are named by _refused_key before this: the key here is the queue's)
+    if isinstance(found, StoreKeyTypeError | QueueKeyError):
+        return f"the broker's queue: {found}", "once it is moved aside"
+    if isinstance(found, errors.OutOfMemoryError):
+        return (
+            "the broker's Redis is full (used memory at maxmemory, noeviction) and refuses writes: make "
+            "room (tracescore sinks list shows the sinks' backlog) or raise maxmemory",
+            "once it takes writes again",
+        )
+    if isinstance(found, errors.ReadOnlyError):
+        return (
+            "the broker's Redis endpoint is a read-only replica (a failover under way?) and refuses writes",
+            "once it takes writes again",
+        )
+    if found is not None:
+        # Not its text: it may name the broker's address with its password.
+        return f"the connection to the broker's Redis was lost ({type(found).__name__})", "once it is back"
     return None
 
 
