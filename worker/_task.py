@@ -66,6 +66,11 @@ _SPLIT_NAMESPACE = uuid.UUID("5b0c1f0e-7a53-4d0b-9f7e-3a2f4c8d9e10")
 # message is new, but its run was delivered before and may have paid judge calls that failed
 # (the call cap reads them). A producer setting it only makes its runs' cap read their count.
 _SPLIT_HEADER = "tracescore_split_from"
+# Counts, on a message, how many of its retries were waits for a store refusing writes: not tries
+# of its own, so a store full for longer than the retry budget does not leave the message at its
+# last try once it takes writes again. A producer setting it only gives its message the tries
+# it could have had with a lower retries header.
+_STORE_WAITS_HEADER = "tracescore_store_waits"
 # The main process tells its prefork children to start their grace period with this (worker._app).
 DRAIN_SIGNAL = signal.SIGUSR2
 # What encoding a letter raises for a value the store cannot hold (a lone surrogate, nesting past
@@ -317,7 +322,7 @@ def _failed_around_scoring(
             payload,
             reason="task_crashed",
             error=f"the scoring task failed around scoring: {type(exc).__name__} (see the worker log)",
-            attempts=int(self.request.retries or 0) + 1,
+            attempts=_attempt(self) + 1,
             retryable=True,
             message_key=_message_key(task_id),
         )
@@ -339,13 +344,16 @@ def _store_unwritable(
     self: Task[Any, Any], runtime: WorkerRuntime, payload: Any, task_id: str, exc: Exception
 ) -> Retry:
     """The message sent again after a growing delay (within the visibility timeout): the store
-    refuses every write, so nothing it scored now could be kept, and an immediate requeue spins."""
+    refuses every write, so nothing it scored now could be kept, and an immediate requeue spins.
+    Not one of the message's tries (``_STORE_WAITS_HEADER``), but the delay grows with each."""
     refusal = caused_by(exc, _STORE_REFUSALS)
     attempt = int(self.request.retries or 0)
     countdown = min(runtime.settings.retry_backoff_seconds * 2**attempt, runtime.settings.max_eta_seconds)
     log.warning("store_unwritable", task_id=task_id, error_type=type(refusal).__name__, countdown_s=countdown)
     _count_left(runtime, payload, "store_unwritable")
-    return _retry_later(self, task_id, countdown)
+    # Celery's retry sends the headers it is given instead of the message's: the others kept.
+    headers = {**(self.request.headers or {}), _STORE_WAITS_HEADER: _store_waits(self) + 1}
+    return _retry_later(self, task_id, countdown, headers=headers)
 
 
 def _count_left(runtime: WorkerRuntime, payload: Any, reason: str) -> None:
@@ -366,13 +374,21 @@ def _count_left(runtime: WorkerRuntime, payload: Any, reason: str) -> None:
     )
 
 
-def _retry_later(self: Task[Any, Any], task_id: str, countdown: float, exc: Exception | None = None) -> Retry:
+def _retry_later(
+    self: Task[Any, Any],
+    task_id: str,
+    countdown: float,
+    exc: Exception | None = None,
+    headers: dict[str, Any] | None = None,
+) -> Retry:
     """``self.retry``, but never a lost message: when Celery cannot publish the retry (the broker
     went away), it rejects the message without requeueing it, which acks it. Requeued instead,
     at the same retry count; if even that cannot reach the broker, the message stays in its
     unacked hash and the visibility timeout brings it back."""
     try:
-        return self.retry(countdown=countdown, exc=exc)
+        if headers is None:
+            return self.retry(countdown=countdown, exc=exc)
+        return self.retry(countdown=countdown, exc=exc, headers=headers)
     except Reject as rejected:
         if getattr(rejected, "requeue", False):  # (celery-types does not list Reject's fields)
             raise
@@ -407,6 +423,19 @@ def _screened(self: Task[Any, Any]) -> bool:
     return isinstance(measured, int) and not isinstance(measured, bool) and measured >= 0
 
 
+def _store_waits(self: Task[Any, Any]) -> int:
+    """How many of this message's retries were waits for the store (``_STORE_WAITS_HEADER``)."""
+    waits = getattr(self.request, _STORE_WAITS_HEADER, 0)
+    retries = int(self.request.retries or 0)
+    return min(max(waits, 0), retries) if isinstance(waits, int) and not isinstance(waits, bool) else 0
+
+
+def _attempt(self: Task[Any, Any]) -> int:
+    """This delivery's try of the message, counted against TRACESCORE_RETRY_BUDGET: its retries
+    less those that waited for the store."""
+    return int(self.request.retries or 0) - _store_waits(self)
+
+
 def _split_from_a_batch(self: Task[Any, Any]) -> bool:
     """Whether this message is one run of a batch ``_split`` after a crash: its first delivery
     is not its run's, so the judge-call cap reads what the batch's deliveries paid."""
@@ -426,7 +455,7 @@ def _score_delivery(
     self: Task[Any, Any], runtime: WorkerRuntime, payload: Any, task_id: str, token: str
 ) -> dict[str, Any] | None:
     settings = runtime.settings
-    attempt = int(self.request.retries or 0)
+    attempt = _attempt(self)
     message_key = _message_key(task_id)
     if not _screened(self):  # it skipped the guard (applied in process): measured here
         size = _size(payload)

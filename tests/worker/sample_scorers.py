@@ -96,6 +96,16 @@ async def _limited(run: Any) -> float:
 limited = create_scorer("limited", type="agent").generate_score(_limited)
 
 
+async def _flaky_once(run: Any) -> float:
+    """Times out on its first call for each run (a judge's passing outage), then scores 1."""
+    if await _redis().incr(f"tstest:flaky_once:{run.run_id}") == 1:
+        raise TimeoutError("a passing outage (test)")
+    return 1.0
+
+
+flaky_once = create_scorer("flaky_once", type="agent").generate_score(_flaky_once)
+
+
 async def _broken(run: Any) -> float:
     raise ValueError("this scorer always fails")
 

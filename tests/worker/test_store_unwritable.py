@@ -89,3 +89,41 @@ def test_a_store_refusing_writes_backs_off_and_loses_nothing(
         assert len({s["score_id"] for s in read_scores(scores)}) == 2
     finally:
         worker.stop()
+
+
+def test_waiting_for_the_store_spends_none_of_the_messages_tries(
+    store: RedisServer, redis_url: str, tmp_path: Path
+) -> None:
+    """A store full for longer than the retry budget: once it takes writes, the message's next
+    delivery is not its last try. It was: each wait counted as a retry, so a passing failure
+    after the store came back (a judge's timeout) was final, an error record and a letter."""
+    client = store.client()
+    client.set("tstest:ballast", "x" * 200_000)
+    scores = tmp_path / "scores.jsonl"
+    worker = WorkerProcess(
+        "unwritable-tries",
+        redis_url,
+        tmp_path,
+        scores_path=scores,
+        env={
+            "TRACESCORE_REDIS_URL": store.url(0),
+            "TRACESCORE_RETRY_BACKOFF_SECONDS": "0.1",
+            "TRACESCORE_RETRY_BUDGET": "1",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "",
+        },
+    )
+    try:
+        worker.wait_ready()
+        _fill(client)
+        sink = CelerySink(redis_url)
+        sink.send(batch(range(2), ["flaky_once"], salt="tries"))
+        sink.close()
+        assert wait_for(lambda: len(_countdowns(worker.text())) >= 3, 120), worker.text()[-3000:]
+        client.config_set("maxmemory", "0")
+        assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
+        records = read_scores(scores)
+        assert [(r["score"], r.get("error_type")) for r in records] == [(1.0, None), (1.0, None)], records
+        assert store.client().llen("tracescore:dlq") == 0
+    finally:
+        worker.stop()
