@@ -534,9 +534,6 @@ class BudgetGuard:
         # (scorer, model, usage, cost or None if unpriced) of every answered call: the
         # worker's metrics, counted where the ledger counts the spend.
         self.on_usage = on_usage
-        # Backfill jobs found without a --max-cost (its key is written before the job's first
-        # message, so a job without one never gets one): their calls skip the job read.
-        self._jobs_without_limit: set[str] = set()
         # Judge models seen answering with usage the price table cannot price (a model that
         # reports none, a local one, costs 0 and is never here).
         self._unpriced: set[str] = set()
@@ -563,8 +560,9 @@ class BudgetGuard:
         job_id = run.job_id if run is not None else None
         limits = self.budgets.limits()
         fields = [f for f in (f"scorer:{scorer}", self._model_field(model_id), TOTAL) if f in limits]
-        if job_id in self._jobs_without_limit:
-            job_id = None
+        # A job's limit is read before each of its calls, even for a job found without one:
+        # `--resume JOB --max-cost` gives it one, which a process that had remembered it
+        # without one never read (the job paid on past it, the spend before its stop uncounted).
         if fields or job_id:
             try:
                 values, job_spent, job_limit = await self.ledger.read(utc_day(), fields, job_id)
@@ -572,10 +570,6 @@ class BudgetGuard:
                 # No call without knowing what was spent: refused as a spent budget is (a
                 # retryable record; the message is kept to score once the key is moved aside).
                 raise JudgeCallRefused(str(exc), error_type="store_key_refused") from None
-            if job_id and job_limit is None:
-                if len(self._jobs_without_limit) > 10_000:
-                    self._jobs_without_limit.clear()
-                self._jobs_without_limit.add(job_id)
             for field, spent in zip(fields, values, strict=True):
                 if spent >= limits[field]:
                     raise JudgeCallRefused(

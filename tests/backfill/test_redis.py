@@ -579,7 +579,8 @@ def test_a_resumed_jobs_summary_says_which_figures_are_this_runs(
     scores), and its elapsed time, per-scorer summary and sink lines the resume's alone (1,020
     runs: delivered 3,060), side by side and unsaid (noticed). A line says which is which, and
     --json adds ``resumed`` and ``this_run``. The sink lines are now the job's too (its run ids
-    are in Redis: delivered 4,500, ``sinks_of`` "job"), the per-scorer summary still this run's."""
+    are in Redis: delivered 4,500, ``sinks_of`` "job"), and so is the judge spend (``spend_of``
+    "job"; tests/worker/test_budget_resume.py pays for it), the per-scorer summary still this run's."""
     write_otlp_files(tmp_path / "in", 1500, files=2)
     process = _start_backfill(tmp_path / "in")
     keys: list[str] = []
@@ -618,10 +619,10 @@ def test_a_resumed_jobs_summary_says_which_figures_are_this_runs(
     jsonl = summary["sinks"]["jsonl"]
     assert (jsonl["delivered"], jsonl["failed"], jsonl["pending"], jsonl["not_queued"]) == (4500, 0, 0, 0)
     assert summary["sinks_of"] == "job"
+    assert summary["spend_of"] == "job"
     assert (
         f"  (resumed: the counts are the whole job's; this run read {this_run['traces_read']:,} traces and enqueued"
-        f" {this_run['runs_enqueued']:,} runs, and the elapsed time, judge spend and per-scorer summary are of"
-        " those alone)"
+        f" {this_run['runs_enqueued']:,} runs, and the elapsed time and per-scorer summary are of those alone)"
     ) in result.stderr
     assert "  sink jsonl        delivered 4,500, failed 0, pending 0" in result.stderr
     assert re.search(r"  elapsed +\S+ \([\d.]+s, this run\)", result.stderr), result.stderr

@@ -200,8 +200,8 @@ def test_judge_cost_metric_counts_what_was_paid_as_the_ledger_does() -> None:
 def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: RedisServer) -> None:
     """No budgets, a first delivery, a backfill job without --max-cost: per answered call one
     round trip writing the spend (one script: no MULTI/EXEC, the fields it adds to checked
-    inside, EXPIRE once per key), no read after the job was found without a limit, and no
-    per-run key at all."""
+    inside, EXPIRE once per key), a job's call one more reading its limit (a resume may give it
+    one), and no per-run key at all."""
     from worker._budget import RedisLedger, enter_run, utc_day
 
     client = redis_server.client(12)
@@ -230,9 +230,9 @@ def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: R
                 stats.pop(connecting, None)
             writes = 3 * (2 if job_id else 1)  # scorer, model, total (and the job's own hash)
             assert stats.pop("hincrbyfloat") == writes * calls
-            # One script a call, and the job's limit read once (a script too): there is none. (An
+            # One script a call, and a job's call one more reading its limit (a script too). (An
             # EVALSHA Redis did not have yet is loaded and sent again.)
-            assert stats.pop("evalsha") - stats.pop("script|load", 0) == calls + (1 if job_id else 0)
+            assert stats.pop("evalsha") - stats.pop("script|load", 0) == calls * (2 if job_id else 1)
             # Once per key and process: the day's hash on the first pass, the job's on the second.
             assert stats.pop("expire") == 1
             # Inside the scripts: their keys' types and the fields they add to, checked (and the read).

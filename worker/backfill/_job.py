@@ -352,9 +352,10 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
 
 def _this_run(summary: dict[str, Any], at_start: JobCounters, current: JobCounters, *, resumed: bool) -> None:
     """Say in ``summary`` (Redis mode) which figures are this process's: its counts are the job's,
-    over every run and resume, while its elapsed time, judge spend, per-scorer summary and sink
-    lines are of the runs this process enqueued (``this_run``); a resume's summary put the two
-    side by side unsaid (noticed)."""
+    over every run and resume, while its elapsed time and per-scorer summary are of the runs this
+    process enqueued (``this_run``; its judge spend and sink lines are the job's when read back
+    by its run ids: ``spend_of``, ``sinks_of``); a resume's summary put the two side by side
+    unsaid (noticed)."""
     summary["resumed"] = resumed
     summary["this_run"] = {
         "traces_read": current.traces_read - at_start.traces_read,
@@ -378,8 +379,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     lines = [f"backfill {summary['job_id']} ({summary['mode']}): {summary['status']}"]
     this_run = summary.get("this_run") if summary.get("resumed") else None
     if this_run is not None:
-        # (the sink lines are the job's too, unless it was started by a release that kept no run
-        # ids; the judge spend too when this run enqueued nothing)
+        # (the sink lines and the judge spend are the job's too, unless it was started by a
+        # release that kept no run ids)
         ours = ["elapsed time"]
         ours += [] if summary.get("spend_of") == "job" else ["judge spend"]
         ours += [] if summary.get("by_scorer_of") == "job" else ["per-scorer summary"]
@@ -746,50 +747,67 @@ def _unreadable_record(score_id: str, problem: str) -> None:
     observe_unreadable("score_record")
 
 
+# The job's records read back: their summary, how many are gone, which did not read (by scorer).
+_JobRead = tuple[Summary, int, Counter[str]]
+
+
+def _read_job(runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int) -> _JobRead | str:
+    """The job's records read back by its run ids: their summary, how many are gone and which
+    could not be read; or why they cannot be had (no run ids, Redis not answering)."""
+    import redis
+
+    job_id, scorer_ids = state.job_id, state.options.scorer_ids
+    try:
+        if runs.run_ids(job_id) is None:
+            return "the job was started by an earlier release, which kept no run ids to read its scores by"
+    except StoreKeyTypeError as exc:
+        return str(exc)
+    except redis.exceptions.RedisError as exc:
+        return f"cannot read the scores back ({exc})"
+    missing: Counter[str] = Counter()
+    unreadable: Counter[str] = Counter()
+    wanted = _job_scores(runs, job_id, registry, scorer_ids)
+    try:
+        by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, unreadable, worst)
+    except redis.exceptions.RedisError as exc:
+        return f"cannot read the scores back ({exc})"
+    return by_scorer, sum(missing.values()), unreadable
+
+
+def _set_job_spend(summary: dict[str, Any], state: BackfillState, read: _JobRead | str) -> None:
+    """Set ``summary``'s judge spend to the job's (``spend_of``: ``job``) from ``_read_job``, or
+    ``null`` beside why not. The spend of a finished job some of whose records are gone
+    (expired) is ``null`` too: short of theirs, it would not be the job's."""
+    summary["spend_of"] = "job"
+    if isinstance(read, str):
+        summary["spend"], summary["spend_unknown"] = None, read
+    elif read[1] and state.status == "finished":
+        summary["spend"] = None
+        summary["spend_unknown"] = (
+            f"{read[1]:,} of the job's score records are gone (expired: TRACESCORE_SCORE_TTL_SECONDS),"
+            " so the spend read back would be short of the job's"
+        )
+    else:  # (a job not finished: its spend so far, as a first run's summary has it)
+        summary["spend"] = read[0].spend.as_json()
+
+
 def _job_by_scorer(
     summary: dict[str, Any], runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int
 ) -> Summary | None:
     """A resume that enqueued nothing (the job was enqueued or finished already): set
     ``summary``'s per-scorer summary and judge spend to the job's, read back from its records by
     its run ids (which keep no agent name: a worst run is labelled by its span's), and return
-    the former; or set them ``null`` beside why they cannot be had (no run ids, Redis not
-    answering), and return None. The spend of a finished job some of whose records are gone
-    (expired) is ``null`` too: short of theirs, it would not be the job's."""
-    import redis
-
-    job_id, scorer_ids = state.job_id, state.options.scorer_ids
-    summary["by_scorer_of"] = summary["spend_of"] = "job"
-    reason = "the job was started by an earlier release, which kept no run ids to read its scores by"
-    try:
-        kept = runs.run_ids(job_id) is not None
-    except StoreKeyTypeError as exc:
-        kept, reason = False, str(exc)
-    except redis.exceptions.RedisError as exc:
-        kept, reason = False, f"cannot read the scores back ({exc})"
-    if kept:
-        missing: Counter[str] = Counter()
-        unreadable: Counter[str] = Counter()
-        wanted = _job_scores(runs, job_id, registry, scorer_ids)
-        try:
-            by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, unreadable, worst)
-        except redis.exceptions.RedisError as exc:
-            reason = f"cannot read the scores back ({exc})"
-        else:
-            summary["by_scorer"] = by_scorer.as_json()
-            summary["records_unreadable"] = dict(unreadable)
-            if missing and state.status == "finished":
-                summary["spend"] = None
-                summary["spend_unknown"] = (
-                    f"{sum(missing.values()):,} of the job's score records are gone (expired:"
-                    " TRACESCORE_SCORE_TTL_SECONDS), so the spend read back would be short of the job's"
-                )
-            else:  # (a job not finished: its spend so far, as a first run's summary has it)
-                summary["spend"] = by_scorer.spend.as_json()
-            return by_scorer
-    summary["by_scorer"] = summary["spend"] = None
-    summary["by_scorer_unknown"] = summary["spend_unknown"] = reason
-    click.echo(f"  per-scorer summary unavailable: {reason}", err=True)
-    return None
+    the former; or set them ``null`` beside why they cannot be had, and return None."""
+    read = _read_job(runs, state, registry, worst)
+    _set_job_spend(summary, state, read)
+    summary["by_scorer_of"] = "job"
+    if isinstance(read, str):
+        summary["by_scorer"], summary["by_scorer_unknown"] = None, read
+        click.echo(f"  per-scorer summary unavailable: {read}", err=True)
+        return None
+    summary["by_scorer"] = read[0].as_json()
+    summary["records_unreadable"] = dict(read[2])
+    return read[0]
 
 
 def _job_sinks(
@@ -1446,12 +1464,16 @@ def _run_held(
             summary["records_unreadable"] = dict(enqueued.unreadable)
             summary["spend"] = by_scorer.spend.as_json()
         job_by_scorer: Summary | None = None
-        if not no_wait and registry is not None and resumed and not enqueued.count and not enqueued.lost:
-            # This run enqueued nothing (the job was enqueued or finished already): its
-            # per-scorer summary and spend are the job's, read back by its run ids.
+        if not no_wait and registry is not None and resumed:
+            # A resume's judge spend is the job's, read back by its run ids (this run's part
+            # of it was shown as the job's). One that enqueued nothing (the job was enqueued or
+            # finished already) shows the job's per-scorer summary too; else it is this run's.
             runs = RedisJobStore(store_client(settings))
             try:
-                job_by_scorer = _job_by_scorer(summary, runs, state, registry, worst)
+                if enqueued.count or enqueued.lost:
+                    _set_job_spend(summary, state, _read_job(runs, state, registry, worst))
+                else:
+                    job_by_scorer = _job_by_scorer(summary, runs, state, registry, worst)
             finally:
                 runs.client.close()
         # Every run counted done, yet records missing: no delivery loses a record, so they were
