@@ -229,6 +229,12 @@ def _unreadable(where: str) -> None:
 
 
 def _number(raw: Any, where: str) -> float:
+    value = _known(raw, where)
+    return 0.0 if value is None else value
+
+
+def _known(raw: Any, where: str) -> float | None:
+    """``raw`` as a number (None as 0), or None when it is none (counted and logged)."""
     if raw is None:
         return 0.0
     try:
@@ -239,7 +245,7 @@ def _number(raw: Any, where: str) -> float:
         return value
     _unreadable(where)
     log.warning("ledger_value_unreadable", key=where)
-    return 0.0
+    return None
 
 
 def _count(raw: Any, where: str) -> int:
@@ -279,7 +285,10 @@ class Ledger(Protocol):
 
     async def reset_calls(self, run_keys: list[str]) -> None: ...
 
-    async def spent(self, day: str) -> dict[str, float]: ...
+    async def spent(self, day: str) -> dict[str, float | None]:
+        """The day's spend by field, None for a field that is no number (read only: the judge's
+        next check or add repairs it)."""
+        ...
 
 
 # A spend hash's fields are HINCRBYFLOAT's; its ``total`` is the sum of its ``scorer:`` fields
@@ -415,9 +424,9 @@ class RedisLedger:
         if run_keys:
             await self._redis().delete(*(_keys.judge_calls_key(k) for k in run_keys))
 
-    async def spent(self, day: str) -> dict[str, float]:
+    async def spent(self, day: str) -> dict[str, float | None]:
         raw = await self._redis().hgetall(_keys.spend_key(day))
-        return {k: _number(v, f"spend:{k}") for k, v in raw.items()}
+        return {k: _known(v, f"spend:{k}") for k, v in raw.items()}
 
     async def close(self) -> None:
         if self._client is not None:
@@ -467,7 +476,7 @@ class MemoryLedger:
             self.calls.pop(key, None)
             self.errors.pop(key, None)
 
-    async def spent(self, day: str) -> dict[str, float]:
+    async def spent(self, day: str) -> dict[str, float | None]:
         return dict(self.days.get(day, {}))
 
 
@@ -647,24 +656,37 @@ class BudgetGuard:
 
 
 async def spend_report(ledger: Ledger, budgets: Budgets, day: str | None = None) -> dict[str, Any]:
-    """Today's spend per scorer and per model, and each budget's remaining (``tracescore status``)."""
+    """Today's spend per scorer and per model, and each budget's remaining (``tracescore status``,
+    the metrics). A field that is no number is None (unknown), and named in ``unreadable``: read
+    as 0 it showed a smaller spend and a budget left whole. A ``total`` that is no number is its
+    scorers' sum, as the judge's next check makes it (``tracescore_check_counters``), unless one
+    of them is no number too. Nothing is written: ``status`` is a health check, a replica's too."""
     day = day or utc_day()
     spent = await ledger.spent(day)
+    unreadable = sorted(k for k, v in spent.items() if v is None)
+    if spent.get(TOTAL, 0.0) is None:
+        parts = [v for k, v in spent.items() if k.startswith("scorer:")]
+        spent[TOTAL] = None if None in parts else sum(v for v in parts if v is not None)
+
+    def budget(field: str, limit: float) -> dict[str, float | None]:
+        used = spent.get(field, 0.0)
+        return {
+            "limit_usd": limit,
+            "spent_usd": used,
+            "remaining_usd": None if used is None else max(0.0, limit - used),
+        }
+
     return {
         "day": day,
         "total_usd": spent.get(TOTAL, 0.0),
         "by_scorer": {k[7:]: v for k, v in sorted(spent.items()) if k.startswith("scorer:")},
         "by_model": {k[6:]: v for k, v in sorted(spent.items()) if k.startswith("model:")},
         # Judge calls today to models with no price (their cost is in no figure above).
-        "unpriced_calls": {k[9:]: int(v) for k, v in sorted(spent.items()) if k.startswith("unpriced:")},
-        "budgets": {
-            field: {
-                "limit_usd": limit,
-                "spent_usd": spent.get(field, 0.0),
-                "remaining_usd": max(0.0, limit - spent.get(field, 0.0)),
-            }
-            for field, limit in sorted(budgets.limits().items())
+        "unpriced_calls": {
+            k[9:]: None if v is None else int(v) for k, v in sorted(spent.items()) if k.startswith("unpriced:")
         },
+        "budgets": {field: budget(field, limit) for field, limit in sorted(budgets.limits().items())},
+        "unreadable": unreadable,
     }
 
 

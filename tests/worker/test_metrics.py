@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
@@ -321,7 +322,9 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
     assert samples[("tracescore_redis_up", frozenset({("target", "store")}))] == 1
     assert samples[("tracescore_dead_letters", frozenset({("reason", "poison")}))] == 2
     assert samples[("tracescore_spend_today_usd", frozenset({("scope", "scorer:fast")}))] == 0.5
-    assert samples[("tracescore_spend_today_usd", frozenset({("scope", "total")}))] == 0  # skipped
+    # (the total summed from the scorers' spend, as the judge's check repairs it; model:m left out)
+    assert samples[("tracescore_spend_today_usd", frozenset({("scope", "total")}))] == 0.5
+    assert ("tracescore_spend_today_usd", frozenset({("scope", "model:m")})) not in samples
     assert series(samples, "tracescore_sink_scores") == {}
     # What was skipped is counted in this process's metric (a node serves every process's sum).
     assert _unreadable("dlq_reasons:junk") >= 1
@@ -360,6 +363,67 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
             client.close()
     finally:
         run_coro(ledger.close(), 5)
+
+
+def test_a_spend_field_that_is_no_number_is_shown_unknown_or_summed_not_smaller(redis_url: str) -> None:
+    """`status` and the scrape read the spend without writing (a health check on a replica), and
+    read a field that is no number as 0: a total of 0 and a total budget left whole (ratio 1:
+    no alert) while the scorers had spent 0.75 of it, and the next judge call's check sums it
+    again. A total that is no number is the scorers' sum now, as that repair makes it; a field
+    that cannot be had so is unknown (`null`, no gauge), never a smaller figure; still counted."""
+    from worker.cli import cli as cli_main
+
+    budgets = '{"total": 1, "scorers": {"fast": 1, "slow": 1}}'
+    settings = load_settings(broker_url=redis_url, budgets=budgets)
+    client = redis.Redis.from_url(redis_url)
+    spend = _keys.spend_key(utc_day())
+    client.hset(spend, mapping={"total": "lots", "scorer:fast": "0.5", "scorer:slow": "0.25", "model:m": "0.75"})
+    try:
+        report = collect_status(1.0, settings)["spend"]
+        assert report["total_usd"] == pytest.approx(0.75)
+        assert report["budgets"]["total"]["remaining_usd"] == pytest.approx(0.25)
+        samples = _scrape(settings, "node-s@host")
+        assert samples[("tracescore_spend_today_usd", frozenset({("scope", "total")}))] == pytest.approx(0.75)
+        ratio = samples[("tracescore_budget_remaining_ratio", frozenset({("budget", "total")}))]
+        assert ratio == pytest.approx(0.25)
+
+        # A scorer's spend no number too: it, the total and their budgets are unknown.
+        client.hset(spend, "scorer:slow", "nan")
+        before = _unreadable("spend:scorer:slow")
+        report = collect_status(1.0, settings)["spend"]
+        assert report["total_usd"] is None
+        assert report["by_scorer"] == {"fast": 0.5, "slow": None}
+        assert report["by_model"] == {"m": 0.75}
+        assert report["budgets"]["total"] == {"limit_usd": 1, "spent_usd": None, "remaining_usd": None}
+        assert report["budgets"]["scorer:slow"]["remaining_usd"] is None
+        assert report["budgets"]["scorer:fast"]["remaining_usd"] == pytest.approx(0.5)
+        assert report["unreadable"] == ["scorer:slow", "total"]
+        assert _unreadable("spend:scorer:slow") == before + 1
+        samples = _scrape(settings, "node-s@host")
+        gauges = {dict(labels)["scope"]: v for (n, labels), v in samples.items() if n == "tracescore_spend_today_usd"}
+        assert gauges == {"scorer:fast": 0.5, "model:m": 0.75}
+        ratios = {
+            dict(labels)["budget"] for (n, labels), v in samples.items() if n == "tracescore_budget_remaining_ratio"
+        }
+        assert ratios == {"scorer:fast"}
+        shown = CliRunner().invoke(
+            cli_main,
+            ["status", "--broker", redis_url],
+            env={"TRACESCORE_REDIS_URL": redis_url, "TRACESCORE_BUDGETS": budgets},
+        )
+        assert shown.exit_code == 0, shown.output
+        day = utc_day()
+        assert (
+            f"spend       {day} (UTC): unknown (a spend field in Redis is no number: scorer:slow, total;"
+            in shown.output
+        )
+        assert "  scorer  slow: unknown" in shown.output
+        assert "budget      total: unknown of 1.0000 USD left today" in shown.output
+        assert "budget      scorer:fast: 0.5000 of 1.0000 USD left today" in shown.output
+        # Read only: the fields stand as they were, for the judge's next check to repair.
+        assert client.hget(spend, "total") == b"lots"
+    finally:
+        client.close()
 
 
 def test_an_unreadable_score_record_or_checkpoint_is_counted(redis_url: str) -> None:

@@ -156,15 +156,31 @@ def _known(count: int | None) -> str:
 
 
 def _echo_spend(spend: dict[str, Any]) -> None:
-    """Judge spend today (UTC) per scorer and model, and what each budget has left."""
-    _echo(f"spend       {spend['day']} (UTC): {spend['total_usd']:.4f} USD")
+    """Judge spend today (UTC) per scorer and model, and what each budget has left; a figure a
+    field that is no number leaves unknown says so (read as 0, it showed a smaller spend)."""
+
+    def usd(value: float | None) -> str:
+        return "unknown" if value is None else f"{value:.4f}"
+
+    unreadable = spend.get("unreadable") or []
+    why = (
+        f" (a spend field in Redis is no number: {', '.join(unreadable)}; a judge call that reads or adds to it"
+        " repairs it: a total is summed again from the scorers' spend, another field starts over)"
+        if unreadable
+        else ""
+    )
+    _echo(
+        f"spend       {spend['day']} (UTC): {usd(spend['total_usd'])}{' USD' * (spend['total_usd'] is not None)}{why}"
+    )
     for kind in ("by_scorer", "by_model"):
-        for name, usd in sorted(spend[kind].items(), key=lambda kv: -kv[1]):
-            _echo(f"  {kind[3:]:<7} {name}: {usd:.4f} USD")
+        for name, value in sorted(spend[kind].items(), key=lambda kv: -(kv[1] or 0)):
+            _echo(f"  {kind[3:]:<7} {name}: {usd(value)}{' USD' * (value is not None)}")
     for name, calls in spend.get("unpriced_calls", {}).items():
-        _echo(f"  model   {name}: unpriced ({calls:,} calls not in the spend; add it to TRACESCORE_PRICES)")
+        counted = "unknown" if calls is None else f"{calls:,}"
+        _echo(f"  model   {name}: unpriced ({counted} calls not in the spend; add it to TRACESCORE_PRICES)")
     for field, budget in spend["budgets"].items():
+        left = budget["remaining_usd"]
         _echo(
-            f"budget      {field}: {budget['remaining_usd']:.4f} of {budget['limit_usd']:.4f} USD left today"
-            + (" (spent: runs are budget_exhausted)" if budget["remaining_usd"] <= 0 else "")
+            f"budget      {field}: {usd(left)} of {budget['limit_usd']:.4f} USD left today"
+            + (" (spent: runs are budget_exhausted)" if left is not None and left <= 0 else "")
         )

@@ -242,17 +242,22 @@ class RedisStateCollector:
         except Exception as exc:  # the ledger's Redis errors, whatever wraps them: no spend gauges
             log.warning("metrics_spend_unavailable", error=type(exc).__name__)
             return
+        # A figure a field that is no number leaves unknown is left out, not 0 (a smaller spend,
+        # a budget left whole: no alert), and counted in tracescore_store_unreadable_values.
         spend = g["tracescore_spend_today_usd"]
-        spend.add_metric(["total"], report["total_usd"])
+        if report["total_usd"] is not None:
+            spend.add_metric(["total"], report["total_usd"])
         for kind in ("scorer", "model"):
             for name, usd in report[f"by_{kind}"].items():
-                spend.add_metric([f"{kind}:{name}"], usd)
+                if usd is not None:
+                    spend.add_metric([f"{kind}:{name}"], usd)
         yield spend
         if report["budgets"]:
             limit, ratio = g["tracescore_budget_limit_usd"], g["tracescore_budget_remaining_ratio"]
             for budget, b in report["budgets"].items():
                 limit.add_metric([budget], b["limit_usd"])
-                ratio.add_metric([budget], b["remaining_usd"] / b["limit_usd"] if b["limit_usd"] > 0 else 0.0)
+                if b["remaining_usd"] is not None:
+                    ratio.add_metric([budget], b["remaining_usd"] / b["limit_usd"] if b["limit_usd"] > 0 else 0.0)
             yield from (limit, ratio)
 
     async def _spend_report(self) -> dict[str, Any]:
