@@ -38,6 +38,7 @@ import hashlib
 import json
 import logging
 import re
+import string
 import sys
 import threading
 import time
@@ -111,12 +112,40 @@ _stdlog = logging.getLogger("tracescore.worker.guard")
 # Nesting deeper than this is refused: real runs stay far below it, and decoding, validating or
 # serialising deeper input risks RecursionError in the worker (100k-deep JSON is a known attack).
 MAX_JSON_DEPTH = 100
-# The header that marks a stand-in envelope (see screen_envelope), and the reasons it carries.
+# The header that marks a stand-in envelope (see screen_envelope), and the one with its sentence.
 REFUSED_HEADER = "x-tracescore-refused"
-_SCREEN_REASONS = frozenset(
-    {"payload_too_large", "not_json", "bad_envelope", "too_deep", "compression_refused", "bad_encoding"}
-)
 _DETAIL_HEADER = "x-tracescore-refused-detail"
+# The transport screen's sentences, by reason: each slot is filled with what ``_SLOTS`` allows
+# (which entry, a number, an exception's class, a ``_token``). A stand-in comes back to the
+# consumer from Redis (a requeue stores it as it is), where a producer can write the same
+# headers: a sentence that is none of these, so filled, is a producer's (``_screen_refusal``).
+_SCREEN_DETAILS: dict[str, dict[str, str]] = {
+    "payload_too_large": {
+        "": "the {what} is {size} bytes, over the {limit} a message of TRACESCORE_MAX_PAYLOAD_BYTES can take; "
+        "send fewer runs per batch"
+    },
+    "not_json": {"": "the {what} is not a JSON envelope kombu can read ({error})"},
+    "bad_envelope": {"": "the {what} has no properties.delivery_tag (not written by kombu)"},
+    "too_deep": {"": "the envelope nests deeper than {limit} levels"},
+    "compression_refused": {"": "compressed bodies are refused (unbounded inflation)"},
+    "bad_encoding": {
+        "headers": "the envelope's headers are not an object",
+        "delivery_info": "properties.delivery_info is not an object",
+        "priority": "properties.priority is not an integer from 0 to 255",
+        "body": "the envelope's body is not a string",
+        "body_encoding": "body_encoding {token} is not base64",
+        "base64": "kombu could not decode the body ({error})",
+    },
+}
+_SLOTS = {
+    "what": r"queue entry|broadcast",
+    "size": r"[0-9]{1,20}",
+    "limit": r"[0-9]{1,20}",
+    "error": r"[A-Za-z_][A-Za-z0-9_]{0,99}",
+    "token": r"[A-Za-z0-9_.:@/+=-]{1,128}|\(not shown\)",
+}
+
+
 _REFUSED_CONTENT_TYPE = "application/x-tracescore-refused"
 # A kombu envelope is the body in base64 (4/3 of it) plus headers and properties.
 _ENVELOPE_OVERHEAD = 64 * 1024
@@ -138,6 +167,34 @@ class Refusal:
 def _token(value: Any) -> str:
     """``value`` for a dead letter or a log line only when it is a short plain token."""
     return value if plain_id(value) else "(not shown)"
+
+
+def _sentence_pattern(template: str) -> str:
+    """A regular expression of ``template``'s sentence, each slot what ``_SLOTS`` allows there."""
+    return "".join(
+        re.escape(text) + (f"(?:{_SLOTS[slot]})" if slot is not None else "")
+        for text, slot, _, _ in string.Formatter().parse(template)
+    )
+
+
+_SCREEN_SAID = {
+    reason: re.compile("|".join(f"(?:{_sentence_pattern(t)})" for t in templates.values()))
+    for reason, templates in _SCREEN_DETAILS.items()
+}
+
+
+def _screen_detail(reason: str, which: str = "", **slots: object) -> str:
+    """The screen's sentence ``which`` for ``reason``, its slots filled."""
+    return _SCREEN_DETAILS[reason][which].format(**slots)
+
+
+def _screen_refusal(reason: object, detail: object) -> Refusal | None:
+    """The refusal a stand-in's headers hold when they are one of the screen's own reasons and
+    sentences, else None."""
+    if not isinstance(reason, str) or not isinstance(detail, str):
+        return None
+    said = _SCREEN_SAID.get(reason)
+    return Refusal(reason, detail) if said is not None and said.fullmatch(detail) else None
 
 
 def envelope_limit(max_payload_bytes: int) -> int:
@@ -176,9 +233,7 @@ def _read_envelope(item: bytes, max_bytes: int, what: str) -> dict[str, Any]:
     first, so an oversized entry is never decoded."""
     if len(item) > max_bytes:
         raise _Refused(
-            "payload_too_large",
-            f"the {what} is {len(item)} bytes, over the {max_bytes} a message of "
-            "TRACESCORE_MAX_PAYLOAD_BYTES can take; send fewer runs per batch",
+            "payload_too_large", _screen_detail("payload_too_large", what=what, size=len(item), limit=max_bytes)
         )
     try:
         # kombu's own reading, which the message is then built from: the screen sees what kombu
@@ -187,37 +242,37 @@ def _read_envelope(item: bytes, max_bytes: int, what: str) -> dict[str, Any]:
         # the channel: the consumer crashed on such an entry each time it came back.)
         envelope = kombu_redis.loads(kombu_redis.bytes_to_str(item))
     except Exception as exc:  # ValueError, TypeError, decimal's errors, RecursionError...
-        raise _Refused("not_json", f"the {what} is not a JSON envelope kombu can read ({type(exc).__name__})") from None
+        raise _Refused("not_json", _screen_detail("not_json", what=what, error=type(exc).__name__)) from None
     properties = envelope.get("properties") if isinstance(envelope, dict) else None
     tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
     if not isinstance(tag, str) or not tag:
-        raise _Refused("bad_envelope", f"the {what} has no properties.delivery_tag (not written by kombu)")
+        raise _Refused("bad_envelope", _screen_detail("bad_envelope", what=what))
     assert isinstance(envelope, dict)
     assert isinstance(properties, dict)
     body = envelope.get("body")
     encoding = properties.get("body_encoding")
     if _too_deep(envelope, MAX_JSON_DEPTH):  # kombu re-encodes the envelope (unacked copy)
-        raise _Refused("too_deep", f"the envelope nests deeper than {MAX_JSON_DEPTH} levels", tag)
+        raise _Refused("too_deep", _screen_detail("too_deep", limit=MAX_JSON_DEPTH), tag)
     headers = envelope.get("headers")
     if isinstance(headers, dict) and headers.get("compression") is not None:
         # kombu would inflate it, without a bound, while building the message.
-        raise _Refused("compression_refused", "compressed bodies are refused (unbounded inflation)", tag)
-    problem = None
+        raise _Refused("compression_refused", _screen_detail("compression_refused"), tag)
+    problem = None  # (its sentence's name in _SCREEN_DETAILS)
     if not isinstance(headers, dict | None):
-        problem = "the envelope's headers are not an object"
+        problem = "headers"
     elif not isinstance(properties.get("delivery_info", {}), dict):
-        problem = "properties.delivery_info is not an object"
+        problem = "delivery_info"
     elif not _priority_ok(properties.get("priority")):
         # kombu reads it with int() when it puts the message back: an infinity there failed the
         # restore, which logged the whole envelope and dropped the message.
-        problem = "properties.priority is not an integer from 0 to 255"
+        problem = "priority"
     elif body is not None and not isinstance(body, str):
-        problem = "the envelope's body is not a string"
+        problem = "body"
     elif encoding not in (None, "base64"):
-        problem = f"body_encoding {_token(encoding)!s} is not base64"
+        problem = "body_encoding"
     # (Broken base64 in a queue entry is caught where kombu decodes it: _ScreenedMessage.)
     if problem is not None:
-        raise _Refused("bad_encoding", problem, tag)
+        raise _Refused("bad_encoding", _screen_detail("bad_encoding", problem, token=_token(encoding)), tag)
     return envelope
 
 
@@ -466,7 +521,8 @@ class _ScreenedMessage(kombu_virtual.Message):  # type: ignore[misc]  # Any base
             tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
             if not isinstance(tag, str) or not tag:
                 tag = hashlib.sha256(json.dumps(payload, default=str).encode()).hexdigest()
-            stand_in = _stand_in("bad_encoding", f"kombu could not decode the body ({type(exc).__name__})", tag, "")
+            detail = _screen_detail("bad_encoding", "base64", error=type(exc).__name__)
+            stand_in = _stand_in("bad_encoding", detail, tag, "")
             super().__init__(json.loads(stand_in), channel=channel, **kwargs)
 
 
@@ -1025,13 +1081,13 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
     A message that passes carries its body's size in bytes in the ``BODY_BYTES_HEADER`` header."""
     headers = message.headers
     if isinstance(headers, dict) and REFUSED_HEADER in headers:
-        reason = headers.get(REFUSED_HEADER)
-        detail = headers.get(_DETAIL_HEADER)
-        if not (isinstance(reason, str) and reason in _SCREEN_REASONS):
-            # A producer's: its reason would be a dead letter's (a metric's label) of its choosing.
+        refusal = _screen_refusal(headers.get(REFUSED_HEADER), headers.get(_DETAIL_HEADER))
+        if refusal is None:
+            # A producer's: its reason would be a dead letter's (a metric's label) of its choosing,
+            # its sentence the letter's error, shown by `tracescore dlq list`.
             why = f"the {REFUSED_HEADER} header is set by the workers' own screen only, never by a producer"
             return Refusal("bad_headers", why), None
-        return Refusal(reason, detail if isinstance(detail, str) else "refused by the transport screen"), None
+        return refusal, None
     if not isinstance(headers, dict) or "task" not in headers:
         return Refusal("not_a_task", "no task header: only Celery task messages (protocol 2) are accepted"), None
     refusal = _check_headers(headers, settings, allowed)

@@ -22,6 +22,7 @@ import redis
 from tests.worker._batches import OUTPUT, output_messages, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing.queue import SCORE_TASK_NAME
+from worker._guard import screen_envelope
 from worker._settings import get_settings
 from worker._task import MAX_DEAD_PAYLOAD_BYTES
 from worker.store import DeadLetter
@@ -366,6 +367,91 @@ def test_a_refusal_the_store_cannot_record_is_kept_until_it_can(redis_url: str, 
     finally:
         worker.stop()
         store.close()
+
+
+def _cli(args: list[str], redis_url: str, monkeypatch: pytest.MonkeyPatch,
+         capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:  # fmt: skip
+    """``tracescore <args>`` against ``redis_url``: its exit code, and stdout and stderr together."""
+    from worker.cli import main
+
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", redis_url)
+    get_settings.cache_clear()
+    try:
+        capsys.readouterr()
+        code = main(args)
+        said = capsys.readouterr()
+        return code, said.out + said.err
+    finally:
+        get_settings.cache_clear()
+
+
+def test_a_producer_forging_the_screens_refusal_header_puts_none_of_its_text_in_a_letter(
+    worker: WorkerProcess,
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The transport's screen marks the stand-in of an entry it refuses with a header holding a
+    reason and a sentence, which the consumer makes the letter of. A producer can write that
+    header too: with a real reason in it (not_json) its own text was the letter's error, shown
+    by `tracescore dlq list` (a fake letter's line after the newline) and its --json. A detail
+    that is not one of the screen's own sentences is a producer's header now: a bad_headers
+    letter in our own words, none of its text in the letter, the CLI's outputs or the log. The
+    screen's own stand-in, put back on the queue as it is (a requeue stores it), keeps its
+    reason and sentence."""
+    fake_line = f"{'0' * 32}  2026-01-01 00:00:00  retry_budget_exhausted  batch=x  attempts=1 {MARKER}"
+    details = [
+        f"\x1b[2J\x1b]0;{MARKER}\x07the queue entry is not a JSON envelope\n{fake_line}",
+        # one of the screen's sentences with text after it, or producer text in its slots
+        "the queue entry is not a JSON envelope kombu can read (JSONDecodeError) " + MARKER,
+        f"the queue entry is not a JSON envelope kombu can read ({MARKER} says hi)",
+        f"body_encoding {MARKER} and more is not base64",
+    ]
+    forged = [
+        envelope(task_body([secret_batch("forged")]), headers={"x-tracescore-refused": reason,
+                                                                "x-tracescore-refused-detail": detail})
+        for reason, detail in zip(["not_json", "not_json", "not_json", "bad_encoding"], details, strict=True)
+    ]  # fmt: skip
+    own = screen_envelope(f"not an envelope {MARKER}".encode(), 10**6, QUEUE)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for _, entry in forged:
+            client.lpush(QUEUE, entry)
+        client.lpush(QUEUE, json.dumps(own).encode())
+        client.lpush(QUEUE, envelope(task_body([payload(range(1), ["length"], salt="after-forged")]))[1])
+    finally:
+        client.close()
+    assert wait_for(lambda: len(read_scores(tmp_path / "scores.jsonl")) == 1, 60), worker.text()[-3000:]
+    letters = {d.message_key: d for d in _dlq(redis_url)}
+    assert {key: d.reason for key, d in letters.items()} == {
+        **{f"msg:{tag}": "bad_headers" for tag, _ in forged},
+        f"msg:{own['properties']['delivery_tag']}": "not_json",
+    }
+    assert letters[f"msg:{own['properties']['delivery_tag']}"].error == (
+        "the queue entry is not a JSON envelope kombu can read (JSONDecodeError)"
+    )
+    for letter in letters.values():
+        assert MARKER not in letter.model_dump_json()
+
+    outputs = [
+        _cli(["dlq", "list"], redis_url, monkeypatch, capsys),
+        _cli(["dlq", "list", "--json"], redis_url, monkeypatch, capsys),
+        _cli(["dlq", "retry", "--all"], redis_url, monkeypatch, capsys),
+        _cli(["dlq", "retry", "--all", "--json"], redis_url, monkeypatch, capsys),
+        _cli(["status", "--timeout", "0.5"], redis_url, monkeypatch, capsys),
+    ]
+    for code, said in outputs:
+        assert code == 0, said
+        assert MARKER not in said, said
+        assert "\x1b" not in said, said
+        assert "\\u001b" not in said, said
+    listed = outputs[0][1].splitlines()
+    assert len(listed) == 1 + 2 * len(letters)  # a count, then each letter's line and its error's
+    assert _status(redis_url, monkeypatch, capsys)["dead_letters_by_reason"] == {"bad_headers": 4, "not_json": 1}
+    log = worker.text()
+    assert MARKER not in log
+    assert log.count("message_refused") == len(letters)
 
 
 def broadcast(body: Any, *, raw_body: str | None = None, content_type: str = "application/json",

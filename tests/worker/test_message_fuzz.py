@@ -499,6 +499,47 @@ def _with(entry: dict[str, Any], where: str, value: Any) -> dict[str, Any]:
     return entry
 
 
+def _own_stand_ins() -> dict[str, tuple[str, bytes]]:
+    """(reason, entry) for each sentence the transport screen refuses a queue entry with."""
+    valid = _valid_entry()
+
+    def changed(where: str, key: str, value: Any) -> bytes:
+        entry = copy.deepcopy(valid)
+        entry[where][key] = value
+        return json.dumps(entry).encode()
+
+    return {
+        "too-large": ("payload_too_large", b"x" * (ENTRY_LIMIT + 1)),
+        "not-json": ("not_json", b"{not json"),
+        "no-tag": ("bad_envelope", json.dumps({"body": ""}).encode()),
+        "deep": ("too_deep", json.dumps({**valid, "x": json.loads("[" * 150 + "]" * 150)}).encode()),
+        "compressed": ("compression_refused", changed("headers", "compression", "application/x-gzip")),
+        "headers": ("bad_encoding", json.dumps({**valid, "headers": [1]}).encode()),
+        "delivery-info": ("bad_encoding", changed("properties", "delivery_info", [1])),
+        "priority": ("bad_encoding", changed("properties", "priority", -1)),
+        "body": ("bad_encoding", json.dumps({**valid, "body": 7}).encode()),
+        "body-encoding": ("bad_encoding", changed("properties", "body_encoding", "rot13")),
+        "body-encoding-not-shown": ("bad_encoding", changed("properties", "body_encoding", MARKER)),
+        "not-base64": ("bad_encoding", json.dumps({**valid, "body": "%%% not base64"}).encode()),
+    }
+
+
+@pytest.mark.parametrize("case", list(_own_stand_ins()))
+def test_the_screens_own_stand_in_is_refused_with_its_reason_and_sentence(runtime: _Runtime, case: str) -> None:
+    """The consumer now takes a stand-in's reason and sentence only when the sentence is one the
+    transport screen writes (a producer can set the same headers): each of the screen's own,
+    delivered, and delivered again after a requeue stored it in Redis as it is (JSON), is
+    refused with its own reason and sentence, never as a producer's bad_headers."""
+    reason, entry = _own_stand_ins()[case]
+    payload = screen_envelope(entry, ENTRY_LIMIT, QUEUE)
+    first = _ScreenedMessage(payload, channel=_Channel())
+    detail = first.headers["x-tracescore-refused-detail"]
+    assert (first.headers["x-tracescore-refused"], MARKER in detail) == (reason, False)
+    for message in (first, _ScreenedMessage(json.loads(json.dumps(first._raw)), channel=_Channel())):
+        refusal, _ = check_message(message, runtime.it.settings, frozenset({SCORE_TASK_NAME}))
+        assert refusal == Refusal(reason, detail)
+
+
 _KOMBU_UNREADABLE = {
     # kombu decodes an object of exactly "__type__" and "__value__" into a value, and fails on
     # one it cannot decode; JSON's own parsers read a BOM and UTF-16, kombu does not.
