@@ -121,7 +121,7 @@ def _dead_letter(
     workers' message cap (``size``: as measured, else ``_size(payload)``): a letter to retry
     must fit the queue. Its batch id is the payload's when that is text. The log line has the
     reason and ``exc``'s type and place, never ``error``: it may quote the run (an exception's
-    text, a scorer id of the producer's), which the letter, in the user's own store, keeps."""
+    text), which the letter, in the user's own store, keeps."""
     if size is None:
         size = _size(payload)
     keep = payload if 0 <= size <= min(MAX_DEAD_PAYLOAD_BYTES, runtime.settings.max_payload_bytes) else None
@@ -178,9 +178,10 @@ def _without_payload(letter: DeadLetter, exc: BaseException) -> DeadLetter:
 
 
 def _shown(batch_id: str | None) -> str | None:
-    """``batch_id`` for a log line: as it is when it is a plain id, else a digest of it (the same
-    on every line about it). The guard refuses a message with any other id, but a message it did
-    not screen (applied in process) may carry any text there, agent content included."""
+    """``batch_id`` (or a scorer id) for a log line or a letter: as it is when it is a plain id,
+    else a digest of it (the same on every line about it). The guard refuses a message with any
+    other batch id, but a message it did not screen (applied in process) may carry any text
+    there, agent content included; a scorer id, any text the producer sent."""
     if batch_id is None or plain_id(batch_id):
         return batch_id
     return "sha256:" + hashlib.sha256(batch_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
@@ -511,8 +512,10 @@ def _score_delivery(
             runtime,
             payload,
             reason="too_many_deliveries",
-            error=f"run {run_id} (scorers {', '.join(request.scorer_ids)[:200]}) was being scored each time "
-            f"its worker process died: delivered {deliveries} times, {crashes} of them never finished",
+            # (the scorer ids are the producer's text: one the registry lacks is named all the same)
+            error=f"run {run_id} (scorers {', '.join(_shown(s) or '-' for s in request.scorer_ids)[:200]}) "
+            f"was being scored each time its worker process died: delivered {deliveries} times, "
+            f"{crashes} of them never finished",
             attempts=deliveries,
             retryable=True,
             message_key=message_key,

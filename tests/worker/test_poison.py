@@ -4,8 +4,10 @@ split on redelivery, the poison run alone is dead-lettered, its neighbours are s
 from __future__ import annotations
 
 import collections
+import json
 from pathlib import Path
 
+import pytest
 import redis
 
 from tests.worker._batches import OUTPUT, batch, output_messages, payload
@@ -75,3 +77,47 @@ def test_poison_run_is_dead_lettered_alone_and_its_neighbours_are_scored(redis_u
         assert "batch_split" in worker.text()
     finally:
         worker.stop()
+
+
+def test_a_poison_runs_letter_names_a_scorer_id_that_is_no_plain_id_by_its_digest(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The letter of a run that kills its process names the request's scorers, which are the
+    producer's text (an id the registry does not have is still one of the request's): its
+    error carried them as they were, a fake letter's line after a newline and escapes included,
+    shown by `tracescore dlq list`. A scorer id that is no plain id is its digest there now."""
+    from worker._settings import get_settings
+    from worker.cli import main
+
+    marker = "AGENT-TEXT-IN-A-SCORER-ID-8e1c"
+    forged = f"\x1b[2J\n{'0' * 32}  2026-01-01 00:00:00  retry_budget_exhausted  batch=x {marker}"
+    worker = WorkerProcess("poison-ids", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl",
+                           pool="prefork", concurrency=1)  # fmt: skip
+    try:
+        worker.wait_ready()
+        raw = payload(range(1), ["poison", forged], salt="poison-ids", batch_id="poison-ids")
+        raw["requests"][0]["spans"][0]["attributes"][OUTPUT] = output_messages(f"this one kills: {POISON_MARKER}")
+        sink = CelerySink(redis_url)
+        sink.send(ScoreBatch.model_validate(raw))
+        sink.close()
+        assert wait_for(lambda: len(_dlq(redis_url)) == 1, 120), worker.text()[-3000:]
+    finally:
+        worker.stop()
+    (letter,) = _dlq(redis_url)
+    assert letter.reason == "too_many_deliveries"
+    assert marker not in letter.error
+    assert "scorers poison, sha256:" in letter.error
+
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", redis_url)
+    get_settings.cache_clear()
+    try:
+        capsys.readouterr()
+        assert main(["dlq", "list"]) == 0
+        said = capsys.readouterr()
+        assert marker not in said.out + said.err
+        assert main(["dlq", "list", "--json"]) == 0  # (the letter with its message: the payload is the batch)
+        (listed,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert listed["error"] == letter.error
+    finally:
+        get_settings.cache_clear()
+    assert marker not in worker.text()
