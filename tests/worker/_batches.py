@@ -3,9 +3,11 @@ run, shipped as span records (the one request shape); the worker reads the run f
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import time
+import uuid
 from typing import Any
 
 from tracing import CelerySink, SpanRecord
@@ -79,3 +81,33 @@ def send(redis_url: str, *batches: ScoreBatch) -> None:
             sink.send(b)
     finally:
         sink.close()
+
+
+def kombu_entry(
+    body: bytes,
+    headers: dict[str, Any],
+    task_id: str,
+    *,
+    tag: str | None = None,
+    queue: str = "tracescore",
+    body_encoding: Any = "base64",
+    content_type: str = "application/json",
+    content_encoding: str = "utf-8",
+) -> dict[str, Any]:
+    """The Redis list entry kombu's Redis transport writes for a message (``json.dumps`` it and
+    push it on ``queue``); a ``body_encoding`` other than base64 leaves the body as its bytes."""
+    return {
+        "body": base64.b64encode(body).decode() if body_encoding == "base64" else body.decode("latin-1"),
+        "content-encoding": content_encoding,
+        "content-type": content_type,
+        "headers": headers,
+        "properties": {
+            "correlation_id": task_id,
+            "reply_to": None,
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": body_encoding,
+            "delivery_tag": tag or str(uuid.uuid4()),
+        },
+    }

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.worker._batches import OUTPUT, output_messages, payload
+from tests.worker._batches import OUTPUT, kombu_entry, output_messages, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing.queue import SCORE_TASK_NAME
 from worker._guard import screen_envelope
@@ -67,21 +67,16 @@ def envelope(
     for name in drop_headers:
         head.pop(name, None)
     raw = body.encode() if isinstance(body, str) else body
-    entry = {
-        "body": base64.b64encode(raw).decode() if body_encoding == "base64" else raw.decode("latin-1"),
-        "content-encoding": content_encoding,
-        "content-type": content_type,
-        "headers": head,
-        "properties": {
-            "correlation_id": task_id,
-            "reply_to": None,
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": QUEUE},
-            "priority": 0,
-            "body_encoding": body_encoding,
-            "delivery_tag": tag,
-        },
-    }
+    entry = kombu_entry(
+        raw,
+        head,
+        task_id,
+        tag=tag,
+        queue=QUEUE,
+        body_encoding=body_encoding,
+        content_type=content_type,
+        content_encoding=content_encoding,
+    )
     return tag, json.dumps(entry).encode()
 
 

@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from kombu import serialization as kombu_serialization
 from kombu.transport.virtual import base as kombu_virtual
 
+from tests.worker._batches import kombu_entry
 from tracing import SpanRecord
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch, plain_id, request_json, spans_request, task_message
 from worker import _task
@@ -116,25 +117,6 @@ def valid_batches(draw: st.DrawFn) -> ScoreBatch:
         job = draw(st.sampled_from([None, "job-1"]))
         requests.append(spans_request(spans, targets, scorers, 1.7e9, source="backfill" if job else "live", job_id=job))
     return ScoreBatch.model_construct(batch_id=uuid.UUID(int=draw(st.integers(0, 2**32))).hex, requests=requests)
-
-
-def kombu_entry(body: bytes, headers: dict[str, Any], task_id: str) -> dict[str, Any]:
-    """The Redis list entry kombu's Redis transport writes for ``Publisher.publish``."""
-    return {
-        "body": base64.b64encode(body).decode(),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": headers,
-        "properties": {
-            "correlation_id": task_id,
-            "reply_to": None,
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": QUEUE},
-            "priority": 0,
-            "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
-        },
-    }
 
 
 # --- mutations ----------------------------------------------------------------------------------
