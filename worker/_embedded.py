@@ -295,7 +295,7 @@ class EmbeddedScorer:
             try:
                 for attempt in range(self.retry_budget):
                     final = attempt == self.retry_budget - 1
-                    report = self._score_once(batch, final)
+                    report = self._score_once(batch, final, retried=attempt > 0)
                     if not report.retry:
                         return report
                     time.sleep(self.retry_backoff_s * 2**attempt)
@@ -306,13 +306,16 @@ class EmbeddedScorer:
                         for span_id in request.target_span_ids:
                             self.agents.pop(span_id, None)
 
-    def _score_once(self, batch: ScoreBatch, final: bool) -> BatchReport:
+    def _score_once(self, batch: ScoreBatch, final: bool, *, retried: bool) -> BatchReport:
         ids = batch_score_ids(batch, self.deps.registry)
         before = set(self._loop.run(self.store.existing(ids)))
         stuck_done: dict[str, ScoreRecord] = {}
         while True:
             try:
-                report = self._loop.run(score_batch(batch, self.deps, final_attempt=final))
+                # A retry (the batch's, or its rest's on a fresh loop) leaves the retryable
+                # failures an earlier try recorded, as a message's retry does: scored again, each
+                # was written again (a second line in the summary and --out for one score).
+                report = self._loop.run(score_batch(batch, self.deps, final_attempt=final, retried=retried))
                 break
             except LoopWedgedError as exc:
                 # A run stuck where the watchdog could not interrupt it: record it as a
@@ -327,19 +330,23 @@ class EmbeddedScorer:
                     self.deps.writer.write([record])
                 self._loop.run(self.store.release(ids, deps.owner))
                 stuck_done = self._loop.run(self.store.existing([i for i in ids if i not in before]))
-        # What the stuck attempts recorded (and wrote) is this batch's work, not a skip.
+                retried = True
+        # What the stuck attempts recorded (and wrote) is this batch's work, not a skip (nor a
+        # failure an earlier try left, for a retryable one).
         if stuck_done:
-            report.skipped["already_scored"] -= len(stuck_done)
-            if report.skipped["already_scored"] <= 0:
-                del report.skipped["already_scored"]
             report.written += len(stuck_done)
             for record in stuck_done.values():
+                if record.retryable:
+                    report.kept[record.error_type or "error"] -= 1
+                else:
+                    report.skipped["already_scored"] -= 1
                 if record.error_type:
                     report.failed[record.error_type] += 1
                 elif record.score is None:
                     report.not_scorable += 1
                 else:
                     report.scored += 1
+            report.kept, report.skipped = +report.kept, +report.skipped  # (the counts left at 0 go)
         return report
 
     def score_runs(self, runs: Sequence[Mapping[str, Any]]) -> Iterator[Scored]:

@@ -4,8 +4,11 @@ A run whose user message contains ``$TRAP_MARKER`` (default ``TRAP``) makes ``tr
 steps) or ``trap-async`` (async steps) do what ``$TRAP_MODE`` says: ``spin`` (a pure-Python
 loop that never returns), ``sleep`` (a C call that never returns: cannot be interrupted),
 ``nap`` (a C call that returns after ``$TRAP_NAP_S`` seconds, past the run timeout),
-``hog`` (allocates until the memory limit), ``stuck`` (awaits something that never happens).
-Every other run scores 1.0; ``words`` scores every run normally.
+``hog`` (allocates until the memory limit), ``stuck`` (awaits something that never happens);
+``trap-async`` with ``late-sleep`` awaits a second (the other runs are recorded meanwhile), then
+makes the never-ending C call.
+Every other run scores 1.0; ``words`` scores every run normally; ``costly`` is the judge scorer
+of tests/worker/budget_scorers.py (a spent budget refuses it before any call).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from scorers import Scorer, create_scorer
 from scorers._run import ScorerRun
 from scorers.agent import get_assistant_message, get_user_message
+from tests.worker.budget_scorers import costly
 
 
 def _marked(run: ScorerRun) -> bool:
@@ -44,6 +48,9 @@ def _trap(run: ScorerRun) -> float:
 
 async def _trap_async(run: ScorerRun) -> float:
     if _marked(run):
+        if os.environ.get("TRAP_MODE") == "late-sleep":  # once the batch's other runs are recorded
+            await asyncio.sleep(1)
+            time.sleep(10**6)  # noqa: ASYNC251  (the point: a C call blocking the loop)
         await asyncio.Event().wait()
     return 1.0
 
@@ -54,4 +61,4 @@ words: Scorer = create_scorer("words", type="agent").generate_score(
     lambda run: min(1.0, len((get_assistant_message(run.output) or "").split()) / 10)
 )
 
-SCORERS = [trap, trap_async, words]
+SCORERS = [trap, trap_async, words, costly]

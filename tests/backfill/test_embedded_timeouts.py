@@ -155,3 +155,39 @@ def test_backfill_without_broker_records_a_run_stuck_in_a_c_call(tmp_path: Path)
     assert summary["failed"] == 2, summary
     assert summary["failed_by_reason"] == {"timeout": 2}, summary
     assert summary["scored"] == 30, summary
+
+
+def test_backfill_without_broker_keeps_what_the_stuck_loop_recorded_once(
+    tmp_path: Path, fake_llm_env: dict[str, str]
+) -> None:
+    """A batch whose loop is replaced (a run stuck in C) is scored again on the fresh loop. That
+    rerun scored again the retryable failures the stuck loop had recorded: every `costly` run,
+    refused by a spent budget, was recorded (and written to the summary and --out) once more per
+    replaced loop. Now they stay as recorded: one record per (run, scorer)."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    write_otlp_files(traces, 16, files=2, compress=False)
+    out = tmp_path / "scores.jsonl"
+    args = ["backfill", str(traces), "--scorers", SCORERS, "--scorer", "trap-async", "--scorer", "costly"]
+    code, stdout, stderr = _tracescore(
+        tmp_path,
+        [*args, "--out", str(out), "--json"],
+        {
+            **fake_llm_env,
+            "TRAP_MODE": "late-sleep",
+            "TRAP_MARKER": "Oslo",
+            "TRACESCORE_BUDGETS": json.dumps({"scorers": {"costly": 0}}),
+        },
+    )
+    records = _records(out)
+    assert "embedded_loop_wedged_replaced" in stderr  # the path under test
+    assert len(records) == 32, stderr[-3000:]  # 16 runs x 2 scorers, each exactly once
+    assert len({r["score_id"] for r in records}) == 32
+    assert sorted({(r["scorer_id"], r["error_type"]) for r in records}, key=str) == sorted(
+        {("trap-async", None), ("trap-async", "timeout"), ("costly", "budget_exhausted")}, key=str
+    )
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert code == 0, stderr[-3000:]
+    assert summary["failed_by_reason"] == {"timeout": 2, "budget_exhausted": 16}, summary
+    costly = summary["by_scorer"]["costly"]
+    assert (costly["runs"], costly["failed"]) == (16, 16), costly

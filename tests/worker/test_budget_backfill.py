@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
+from tests.backfill._synth import write_otlp_files
 from tests.fakellm import FakeLLMServer, Reply
 from worker._budget import CostEstimate, price_table
 from worker._registry import load_registry
@@ -99,6 +100,77 @@ def test_max_cost_stops_paying_and_the_summary_shows_spend(fake_llm: FakeLLMServ
     assert "model  openai/fake-judge:" in result.stderr
     # Counted in the summary, not a warning line per refused call (one line each, before).
     assert "judge.refused" not in result.stderr
+
+
+def test_a_retry_for_a_neighbour_leaves_a_budget_refusal_recorded_once(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """Embedded mode's twin of tests/worker/test_budget_retry.py: one run, `costly` refused by a
+    spent budget (a retryable record, counted) and `plain` whose judge answers 503 once (left for
+    the batch's retry). The retry scored `costly` again: refused again, its second record went to
+    the summary's row (2 runs, 2 failed for one run) and to --out (two lines for one score). Now
+    the retry leaves the refusal as recorded: one record per (run, scorer), counted once."""
+    traces = tmp_path / "traces"
+    write_otlp_files(traces, 1, files=1, compress=False)
+    out = tmp_path / "scores.jsonl"
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="PLAIN", times=1)
+    args = ["backfill", str(traces), "--scorers", SCORERS, "--scorer", "costly", "--scorer", "plain"]
+    result = CliRunner().invoke(
+        cli,
+        [*args, "--json", "--out", str(out)],
+        env={
+            "TRACESCORE_BROKER_URL": "",
+            "TRACESCORE_PRICES": PRICES,
+            "TRACESCORE_BUDGETS": json.dumps({"scorers": {"costly": 0}}),
+        },
+    )
+    summary = _summary(result)
+    # The neighbour was retried (the path under test), the refused run never paid.
+    assert ["PLAIN" in r.user_text for r in fake_llm.requests] == [True, True]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["scorer_id"], r["error_type"]) for r in records) == [
+        ("costly", "budget_exhausted"),
+        ("plain", None),
+    ]
+    assert (summary["scored"], summary["failed"], summary["failed_by_reason"]) == (1, 1, {"budget_exhausted": 1})
+    costly, plain = summary["by_scorer"]["costly"], summary["by_scorer"]["plain"]
+    assert (costly["runs"], costly["failed"], costly["failed_by_reason"]) == (1, 1, {"budget_exhausted": 1})
+    assert "daily budget of scorer costly is spent" in costly["failure_examples"]["budget_exhausted"]["error"]
+    assert (plain["runs"], plain["scored"], plain["failed"]) == (1, 1, 0)
+
+
+def test_a_run_at_its_judge_call_cap_is_recorded_once_across_the_batch_retries(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """Embedded mode retries a batch for its transient failures, as a worker its message. One
+    run: `retrying`'s judge always answers 429 (four calls a try); `plain`'s answers 503 twice.
+    The second try reaches the run's cap of 7 failed calls (4 + the retry budget of 3) and records
+    `retrying` as a retryable failure naming the last judge error; the third, for `plain`, used
+    to score `retrying` again (refused at once by the cap: a second record, in the summary and
+    --out). Now: 7 calls, one record per (run, scorer), the failure counted once with its reason."""
+    traces = tmp_path / "traces"
+    write_otlp_files(traces, 1, files=1, compress=False)
+    out = tmp_path / "scores.jsonl"
+    fake_llm.rule(Reply.rate_limited(retry_after="0"), user_contains="RETRY")
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="PLAIN", times=2)
+    args = ["backfill", str(traces), "--scorers", SCORERS, "--scorer", "retrying", "--scorer", "plain"]
+    result = CliRunner().invoke(
+        cli,
+        [*args, "--json", "--out", str(out)],
+        env={"TRACESCORE_BROKER_URL": "", "TRACESCORE_PRICES": PRICES, "TRACESCORE_BUDGETS": ""},
+    )
+    summary = _summary(result)
+    asked = [r.user_text.split()[0] for r in fake_llm.requests]
+    assert (asked.count("RETRY"), asked.count("PLAIN")) == (7, 3)  # three tries of the batch
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["scorer_id"], r["error_type"], r["retryable"]) for r in records) == [
+        ("plain", None, False),
+        ("retrying", "JudgeRateLimitError", True),
+    ]
+    refused = next(r for r in records if r["scorer_id"] == "retrying")
+    assert "7 judge call(s) of this run failed" in refused["error_message"]
+    assert (summary["scored"], summary["failed"], summary["failed_by_reason"]) == (1, 1, {"JudgeRateLimitError": 1})
+    retrying = summary["by_scorer"]["retrying"]
+    assert (retrying["runs"], retrying["failed"], retrying["failed_by_reason"]) == (1, 1, {"JudgeRateLimitError": 1})
+    assert summary["by_scorer"]["plain"]["runs"] == 1
 
 
 def test_unpriced_model_is_shown_unpriced_not_free(fake_llm: FakeLLMServer) -> None:
