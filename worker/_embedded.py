@@ -260,7 +260,9 @@ class EmbeddedScorer:
             writer=hook,
             model_concurrency=model_concurrency,
             run_concurrency=run_concurrency,
-            checkpoint="none",  # the store dies with the process: nothing to resume from
+            # A retry of a batch (or of its rest on a fresh loop) resumes after the judge steps
+            # answered, as a worker's does: without them it paid for those steps again.
+            checkpoint="judge",
             run_timeout_s=run_timeout_s or None,
             prices=price_table() if prices is None else prices,
         )

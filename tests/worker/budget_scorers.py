@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from scorers import Judge, PromptStep, create_scorer
 from scorers.agent import get_assistant_message
 from scorers.judge import StreamErrorRetryProcessor
@@ -87,5 +89,25 @@ plain = create_scorer(
 ).generate_score(
     PromptStep(
         description="one judge call", create_prompt=lambda run: f"PLAIN this answer from 0 to 1: {_text(run.output)}"
+    )
+)
+
+
+class _Claims(BaseModel):
+    claims: list[str]
+
+
+# Two judge steps (tests/worker/test_budget_backfill.py: a retry resumes after the answered one).
+two_steps = (
+    create_scorer("two-steps", type="agent", judge=Judge(model="openai/fake-judge", instructions="You grade answers."))
+    .preprocess(
+        PromptStep(
+            description="list the claims",
+            output_schema=_Claims,
+            create_prompt=lambda run: f"CLAIMS of this answer: {_text(run.output)}",
+        )
+    )
+    .generate_score(
+        PromptStep(description="grade them", create_prompt=lambda run, results: "GRADE the claims from 0 to 1")
     )
 )

@@ -173,6 +173,28 @@ def test_a_run_at_its_judge_call_cap_is_recorded_once_across_the_batch_retries(
     assert summary["by_scorer"]["plain"]["runs"] == 1
 
 
+def test_a_batch_retry_resumes_after_the_judge_steps_answered(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """A two-step judge scorer whose second step answers 503 once: embedded mode kept no step
+    checkpoints, so the batch's retry asked the first step's judge again (paid twice), and the
+    summary's spend, summed from the record, left that call out (2 calls shown, 3 paid). It
+    resumes after the answered step now, as a worker's retry does: 2 answered calls, both shown."""
+    traces = tmp_path / "traces"
+    write_otlp_files(traces, 1, files=1, compress=False)
+    out = tmp_path / "scores.jsonl"
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="GRADE", times=1)
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", str(traces), "--scorers", SCORERS, "--scorer", "two-steps", "--json", "--out", str(out)],
+        env={"TRACESCORE_BROKER_URL": "", "TRACESCORE_PRICES": PRICES, "TRACESCORE_BUDGETS": ""},
+    )
+    summary = _summary(result)
+    assert [r.user_text.split()[0] for r in fake_llm.requests] == ["CLAIMS", "GRADE", "GRADE"]
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (record["error_type"], record["score"], record["judge_calls"]) == (None, 0.5, 2)
+    assert summary["spend"]["judge_calls"] == 2
+    assert summary["spend"]["total_usd"] == pytest.approx(record["cost_usd"])
+
+
 def test_unpriced_model_is_shown_unpriced_not_free(fake_llm: FakeLLMServer) -> None:
     """Without a price for the judge model, records carry cost None and the summary says so."""
     summary = _summary(_run("--sample", "0.1", TRACESCORE_PRICES=""))
