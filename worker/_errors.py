@@ -17,7 +17,11 @@
     ├── StoreKeyTypeError               a key holding what someone may need (dead
     │                                   letters, undelivered scores, what a job
     │                                   counted, spend) is of another Redis type:
-    │                                   left for the operator                      config
+    │   │                               left for the operator                      config
+    │   └── UnreadableCounterError      a count of a job held no integer: kept
+    │                                   aside, its count started over, the job's
+    │                                   counts unknown until the operator sets
+    │                                   it right (its scores still stored)         config
     ├── UnreadableStateError            a backfill job's state is no state this
     │                                   release reads: left for the operator       config
     ├── StepExitError (ScorerError)     a scorer's step called ``sys.exit``: the
@@ -62,6 +66,7 @@ __all__ = [
     "StepExitError",
     "StoreKeyTypeError",
     "UnknownScorerError",
+    "UnreadableCounterError",
     "UnreadableStateError",
     "WorkerError",
     "caused_by",
@@ -164,6 +169,27 @@ class StoreKeyTypeError(WorkerError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.key, self.found, self.expected))
+
+
+class UnreadableCounterError(StoreKeyTypeError):
+    """A count in a job's hash of counters held no integer (written by hand, another program): a
+    script adding to it kept what it held in field ``<aside><field>`` and started the count over,
+    so the job's scores are still stored and counted, but its counts are unknown until an operator
+    sets the count right and deletes the field aside. Raised by the job's progress (a backfill
+    waiting for its total would wait for good). Names the key and the field, never the value."""
+
+    def __init__(self, key: str, field: str, aside: str) -> None:
+        super().__init__(key, "hash", "hash")
+        self.field, self.aside = field, aside
+        self.message = (
+            f"Redis key {key}: its count {field} held no integer, kept as found in field {aside}; the count"
+            " started over there, so the job's counts are unknown: set it right"
+            f" (HINCRBY {key} {field} <the count it held>), then delete the field kept (HDEL {key} {aside})"
+        )
+        self.args = (self.message,)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.field, self.aside))
 
 
 class UnreadableStateError(WorkerError):

@@ -448,14 +448,15 @@ def test_status_leaves_out_a_counter_that_is_not_a_number(env: str, capsys: pyte
         assert "SECRET" not in captured.err + captured.out
         assert main(["sinks", "list", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["otlp"]["retried"] == 4
-        # The broker-mode backfill polls its job's counters the same way (the second review).
+        # The broker-mode backfill polls its job's counters: a total that is no integer is summed
+        # again from its reasons, as a put does (left out, the job's wait never reached its total).
         from worker._settings import load_settings
         from worker.backfill._submit import RedisSubmitter
 
-        client.hset(_keys.job_key("job1"), mapping={"scored": 5, "failed": "7x"})
+        client.hset(_keys.job_key("job1"), mapping={"scored": 5, "failed": "7x", "failed:timeout": 2})
         submitter = RedisSubmitter(load_settings(broker_url=env))
         try:
-            assert submitter.progress("job1") == {"scored": 5}
+            assert submitter.progress("job1") == {"scored": 5, "failed": 2, "failed:timeout": 2}
         finally:
             submitter.close()
     finally:

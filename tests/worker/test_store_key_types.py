@@ -958,9 +958,9 @@ _OTHERS_SCORE = _record().model_copy(update={"job_id": "o"})
 
 # Each case: what is stored before, a counter hash's field set to what HINCRBY cannot add to,
 # the call, what it answers (first, then sent again), and the counters after. A total (failed,
-# skipped) is summed again from its per-reason fields; another field starts over.
+# skipped) is summed again from its per-reason fields; another field starts over (a job's count
+# is kept aside: test_a_jobs_counter_that_is_no_integer_is_kept_aside_and_its_counts_are_unknown).
 _BAD_COUNTERS: dict[str, tuple[list[ScoreRecord], str, str, Callable[[str], Any], list[Any], dict[str, Any]]] = {
-    "the job's scored": ([], _JOB, "scored", lambda u: _put_records(u, _SCORE), [[True]] * 2, {"j": {"scored": 1}}),
     "another job's failed, summed again from its reasons": (
         [_OTHERS_FAILURE],
         _keys.job_key("o"),
@@ -993,14 +993,6 @@ _BAD_COUNTERS: dict[str, tuple[list[ScoreRecord], str, str, Callable[[str], Any]
         [1, 0],
         {"j": {"skipped": 1, "skipped:r": 1}},
     ),
-    "a count an increment would overflow": (
-        [],
-        _JOB,
-        "scored",
-        lambda u: _put_records(u, _SCORE),
-        [[True]] * 2,
-        {"j": {"scored": 1}},
-    ),
 }
 
 
@@ -1015,7 +1007,7 @@ def test_a_counter_that_is_no_integer_is_repaired_before_anything_is_written(red
     try:
         for record in before_puts:
             assert _put_records(redis_url, record) == [True]
-        bad = "9223372036854775807" if case.startswith("a count an") else "not a number"
+        bad = "not a number"
         client.hset(key, field, bad)
         repairs = _repairs()
         assert call(redis_url) == answers[0]
@@ -1190,5 +1182,97 @@ def test_other_scripts_repair_a_counter_that_is_no_integer_before_writing(redis_
         else:
             assert answer == expected
         assert _repairs() == repairs + 1
+    finally:
+        client.close()
+
+
+_BY_HAND = "12, by hand"
+
+
+def _counts_refused(url: str, job: str) -> list[StoreKeyTypeError | None]:
+    """What job ``job``'s progress raises, read by the workers' store and by the backfill's."""
+
+    def sync() -> Any:
+        client = redis.Redis.from_url(url, decode_responses=True)
+        try:
+            return job_progress(client, job)
+        finally:
+            client.close()
+
+    raised: list[StoreKeyTypeError | None] = []
+    for read in (lambda: _jobs(url, lambda j: j.progress(job)), sync):
+        try:
+            read()
+        except StoreKeyTypeError as exc:
+            raised.append(exc)
+        else:
+            raised.append(None)
+    return raised
+
+
+# Each case: the records stored before, the job whose field is made no integer, the field, what
+# it is made, the call meeting it and what the call answers.
+_JOB_FIELDS: dict[str, tuple[list[ScoreRecord], str, str, str, Callable[[str], Any], Any]] = {
+    "the job's scored, met by its put": ([], "j", "scored", _BY_HAND, lambda u: _put_records(u, _SCORE), [True]),
+    "a count an increment would overflow": (
+        [],
+        "j",
+        "scored",
+        "9223372036854775807",
+        lambda u: _put_records(u, _SCORE),
+        [True],
+    ),
+    "another job's reason, met by a put replacing its failure": (
+        [_OTHERS_FAILURE],
+        "o",
+        "failed:E",
+        _BY_HAND,
+        lambda u: _put_records(u, _SCORE),
+        [True],
+    ),
+    "the job's skip reason, met by count_skipped_once": (
+        [],
+        "j",
+        "skipped:r",
+        _BY_HAND,
+        lambda u: _jobs(u, _skip_once),
+        1,
+    ),
+    "the job's scored, met by its progress": ([], "j", "scored", _BY_HAND, lambda u: None, None),
+}
+
+
+@pytest.mark.parametrize("case", list(_JOB_FIELDS))
+def test_a_jobs_counter_that_is_no_integer_is_kept_aside_and_its_counts_are_unknown(redis_url: str, case: str) -> None:
+    """A job's counter (not a total) holding no integer was deleted as a repair: its count started
+    over, and a backfill waiting for the job's total waited out its --wait-timeout, the job's
+    count short of what happened. Refusing the job's writes instead would dead-letter every
+    message of the job (and another's whose record replaces one of its failures): so the put
+    still writes and counts (nothing lost), the field's value is kept aside
+    (``unreadable:<field>``), and the job's progress is refused naming the key and the field,
+    never the value."""
+    before_puts, job, field, bad, call, answer = _JOB_FIELDS[case]
+    key = _keys.job_key(job)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        for record in before_puts:
+            assert _put_records(redis_url, record) == [True]
+        client.hset(key, field, bad)
+        repairs = _repairs()
+        assert call(redis_url) == answer
+        if answer == [True]:
+            assert json.loads(client.get(_RECORD))["score"] == 1.0  # stored: nothing lost
+        for refused in _counts_refused(redis_url, job):
+            assert refused is not None, "the job's counts read as if nothing was wrong"
+            assert getattr(refused, "field", None) == field, refused
+            assert refused.key == key
+            assert field in str(refused)
+            assert key in str(refused)
+            assert bad not in str(refused)
+        assert _repairs() == repairs + 1  # (once: the progress read after it meets it kept aside)
+        assert client.hget(key, f"unreadable:{field}") == bad
+        assert client.hget(key, field) != bad
+        if job == "o":  # (the put's own job counts as ever)
+            assert _jobs(redis_url, lambda j: j.progress("j")) == {"scored": 1}
     finally:
         client.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -389,4 +390,104 @@ def test_a_backfill_waiting_on_a_job_whose_counts_are_refused_stops_naming_the_k
         assert "Traceback" not in said
         assert client.lrange(key, 0, -1) == [b"an older version's"]
     finally:
+        client.close()
+
+
+def _backfill_enqueued(redis_url: str, tmp_path: Path, traces: int) -> tuple[str, list[str]]:
+    """A backfill of ``traces`` traces enqueued without waiting: its job id and the arguments that
+    follow it."""
+    from click.testing import CliRunner
+
+    from tests.backfill._synth import write_otlp_files
+    from worker.cli import cli
+
+    write_otlp_files(tmp_path / "in", traces, files=1)
+    common = ["--broker", redis_url, "--json"]
+    started = CliRunner().invoke(
+        cli,
+        ["backfill", str(tmp_path / "in"), "--scorers", "tests.backfill.scorers", "--no-wait", *common],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert started.exit_code == 0, started.output
+    return json.loads(started.stdout.strip().splitlines()[-1])["job_id"], common
+
+
+def _follow(job_id: str, common: list[str], wait_timeout: int) -> Any:
+    from click.testing import CliRunner
+
+    from worker.cli import cli
+
+    args = ["backfill", "--resume", job_id, *common, "--wait-timeout", str(wait_timeout)]
+    return CliRunner().invoke(cli, args, env={"TRACESCORE_BROKER_URL": ""})
+
+
+def _says_counts_unknown(said: str, job_id: str, field: str) -> None:
+    key = _keys.job_key(job_id)
+    assert f"(Redis key {key})" in said, said[-2000:]
+    assert f"field {field} " in said, said[-2000:]
+    assert "the job's counts are unknown" in said
+    assert f"follow the job with: tracescore backfill --resume {job_id}" in said
+    assert "by hand" not in said  # (the value found there is never shown)
+    assert "Traceback" not in said
+    (line,) = [line for line in said.splitlines() if "counts are unknown" in line]
+    assert key in line
+    assert f"unreadable:{field}" in line
+
+
+def test_a_backfill_waiting_on_a_job_whose_counter_is_no_integer_stops_naming_the_field(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The job's count of scores holding no integer (written by hand, another program) was left
+    out of its progress, then deleted by the next put: the backfill following the job waited
+    out its --wait-timeout short of the job's total. It stops at once now, exit 1, one line naming
+    the key and the field and that the job's counts are unknown; the value is kept aside."""
+    job_id, common = _backfill_enqueued(redis_url, tmp_path, 5)
+    key = _keys.job_key(job_id)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        client.hset(key, "scored", "12, by hand")
+        started = time.monotonic()
+        followed = _follow(job_id, common, 20)
+        assert followed.exit_code == 1, followed.output[-2000:]
+        assert time.monotonic() - started < 15  # (not the wait's timeout)
+        _says_counts_unknown(followed.stderr, job_id, "scored")
+        assert client.hget(key, "unreadable:scored") == "12, by hand"
+    finally:
+        client.close()
+
+
+def test_a_worker_meeting_a_jobs_counter_that_is_no_integer_stores_every_score_and_the_backfill_says_so(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A real worker scoring a job whose count of scores holds no integer: every score is stored
+    and delivered, none dead-lettered (refusing the job's puts would have dead-lettered them all),
+    the job counts them from 0 with the value kept aside, and the backfill following the job
+    stops naming the field instead of taking the restarted count for the job's."""
+    from worker._registry import load_registry
+
+    job_id, common = _backfill_enqueued(redis_url, tmp_path, 4)
+    key = _keys.job_key(job_id)
+    n = 4 * len(load_registry("tests.backfill.scorers"))
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.hset(key, "scored", "12, by hand")
+    scores = tmp_path / "scores.jsonl"
+    worker = WorkerProcess("jobfield", redis_url, tmp_path, scores_path=scores, scorers="tests.backfill.scorers")
+    try:
+        worker.wait_ready()
+        assert wait_for(lambda: len(read_scores(scores)) == n, 90), worker.text()[-3000:]
+
+        def counted() -> int:
+            return sum(int(client.hget(key, f) or 0) for f in ("scored", "failed", "skipped"))
+
+        assert wait_for(lambda: counted() == n, 30), client.hgetall(key)  # counted from 0, each once
+        assert client.hget(key, "unreadable:scored") == "12, by hand"
+        assert _dlq(client) == []
+        log = worker.text()
+        assert f"{key} scored" in log  # the repair named
+        assert "by hand" not in log
+        followed = _follow(job_id, common, 20)
+        assert followed.exit_code == 1, followed.output[-2000:]
+        _says_counts_unknown(followed.stderr, job_id, "scored")
+    finally:
+        worker.stop()
         client.close()

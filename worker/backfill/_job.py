@@ -34,7 +34,7 @@ from tracing import JsonlScoreWriter, ScoreRecord, ScoreWriter, SpanRecord, Trac
 from tracing.queue import QueueKeyError, ScoreBatch
 from tracing.sources import MAX_SPANS_PER_TRACE, SourceError, TraceSource, source_from_description
 from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
-from worker._errors import UnreadableStateError, caused_by
+from worker._errors import UnreadableCounterError, UnreadableStateError, caused_by
 from worker._gc import tuned_gc
 from worker._interrupt import stop_on_signals
 from worker._keys import (
@@ -144,6 +144,17 @@ def _refused_key(exc: StoreKeyTypeError | UnreadableStateError, job_id: str, res
             return CliError(f"{what}; nothing enqueued is lost. {when.capitalize()}, {then}")
         role, found, expected = roles[exc.key], exc.found, exc.expected
         what = f"its {role} (Redis key {exc.key}) holds a {found}, where tracescore keeps a {expected}"
+        if isinstance(exc, UnreadableCounterError):
+            # (the workers went on: every score is stored and counted since; only the count
+            # that field held is unknown, so the job's total may never be reached)
+            then = f"follow the job with: {resume}" if resume else "run the backfill again"
+            return CliError(
+                f"backfill {job_id}: its {role} (Redis key {exc.key}) had a field {exc.field} that held no"
+                " integer: the workers go on storing and counting the job's scores (nothing is lost), but that"
+                f" count started over (what it held is kept in field {exc.aside}), so the job's counts are"
+                f" unknown: set it right (HINCRBY {exc.key} {exc.field} <the count it held>), delete the field"
+                f" kept (HDEL {exc.key} {exc.aside}), then {then}"
+            )
     if exc.key in (job_key(job_id), job_skips_key(job_id), job_uncounted_key(job_id)) and resume is not None:
         # (the workers' keys: the job's state stands as saved; only its counts are unknown)
         return CliError(

@@ -22,7 +22,8 @@ can rebuild; counted in ``tracescore_store_key_repairs_total``) or refused with
 (``worker.store._keytypes``; ``checked`` / ``checked_async`` for a caller's own commands on keys it
 owns, ``checked_script`` for its scripts: the judge limiter's buckets, the spend ledger). A hash of
 counters is read with ``read_counters``: a value that is not a number is left out and logged; a
-script adding to one repairs it first (``tracescore_check_counters``: named ``<key> <field>``).
+script adding to one repairs it first (``tracescore_check_counters``: named ``<key> <field>``; a
+job's count is kept aside, and its progress refused: ``UnreadableCounterError``).
 """
 
 from worker._reconnect import StoreUnavailableError

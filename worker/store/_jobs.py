@@ -15,10 +15,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from tracing import ScoreRecord
+from tracing import ScoreRecord, printable
 from worker import _keys
+from worker._errors import UnreadableCounterError
 from worker._reconnect import unavailable_as_error
-from worker.store._keytypes import checked, checked_async, checked_script
+from worker.store._keytypes import JOB_COUNTER_ASIDE, checked, checked_async, checked_script
 from worker.store._redis import OnRedis, RedisConnection, read_counters
 
 __all__ = [
@@ -99,7 +100,7 @@ _JOB_KEYS = "KEYS[1], 'hash', 'k', KEYS[2], 'set', 'k'"
 _COUNT_NEW_SKIPS = LUA_NEW_SKIPS + checked_script(
     f"{{{_JOB_KEYS}}}",
     """
-local bad = tracescore_check_counters({KEYS[1]})
+local bad = tracescore_check_counters({KEYS[1]}, nil, tracescore_job_counters)
 if bad then
   return bad
 end
@@ -130,8 +131,19 @@ end
 # KEYS: the job's hash, its sets of counted skips and of uncounted records. Its hash, flat (HGETALL).
 # Each key of another type is refused: every put of the job is, so the job counts nothing more,
 # and its progress is unknown (a backfill waiting for its total stops naming the key), not a
-# figure short of its total for good.
-_PROGRESS = checked_script(f"{{{_JOB_KEYS}, KEYS[3], 'set', 'k'}}", "return redis.call('HGETALL', KEYS[1])")
+# figure short of its total for good. Its counters are checked as a put checks them, so a total
+# that is no integer is summed again, and a count that is no integer kept aside, which ``_counters``
+# refuses: that count started over, and the job's total would never be reached.
+_PROGRESS = checked_script(
+    f"{{{_JOB_KEYS}, KEYS[3], 'set', 'k'}}",
+    """
+local bad = tracescore_check_counters({KEYS[1]}, nil, tracescore_job_counters)
+if bad then
+  return bad
+end
+return redis.call('HGETALL', KEYS[1])
+""",
+)
 
 
 def _progress_keys(job_id: str) -> list[str]:
@@ -139,9 +151,16 @@ def _progress_keys(job_id: str) -> list[str]:
 
 
 def _counters(flat: Sequence[Any], key: str) -> dict[str, int]:
-    """A job's hash (``_PROGRESS``'s answer) read as its counters (without the mark of its end)."""
+    """A job's hash (``_PROGRESS``'s answer) read as its counters (without the mark of its end).
+    ``UnreadableCounterError`` when a count of its was kept aside (it held no integer): the
+    job's counts are unknown."""
     text = [v.decode() if isinstance(v, bytes) else str(v) for v in flat]
     raw = dict(zip(text[::2], text[1::2], strict=True))
+    for field in sorted(raw):
+        if field.startswith(JOB_COUNTER_ASIDE):
+            # (a name read from Redis: any text, shown on a terminal; never the value)
+            shown = printable(field)[:120]
+            raise UnreadableCounterError(key, shown.removeprefix(JOB_COUNTER_ASIDE), shown)
     return read_counters({k: v for k, v in raw.items() if k != _FINISHED}, key, "job_progress")
 
 
@@ -171,7 +190,8 @@ class JobStats(Protocol):
     async def progress(self, job_id: str) -> dict[str, int]:
         """The job's counters: ``scored``, ``failed``, ``skipped`` and ``<counter>:<reason>``.
         ``StoreKeyTypeError`` (Redis) when its hash or its sets of counted skips and uncounted
-        records hold another type (refused): unknown."""
+        records hold another type (refused): unknown; ``UnreadableCounterError``, one of its
+        kind, when a count of its held no integer (kept aside, started over): unknown too."""
         ...
 
     async def finish(self, job_id: str) -> None:

@@ -31,6 +31,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from worker._errors import StoreKeyTypeError
 
 __all__ = [
+    "JOB_COUNTER_ASIDE",
     "LUA_CHECK",
     "RELEASE_OWNED",
     "Check",
@@ -45,6 +46,10 @@ log = structlog.get_logger("tracescore.worker.store")
 
 T = TypeVar("T")
 
+# Where a job's count that is no integer is kept (``<prefix><field>``, its value as found) once a
+# script met it; the job's progress refuses while one is there (``tracescore_job_counters``).
+JOB_COUNTER_ASIDE = "unreadable:"
+
 # (key, the type the store keeps there, keep: True when it may hold what someone needs)
 Check = tuple[str, str, bool]
 
@@ -58,7 +63,8 @@ _TRIES = 3
 # repair: with any 'k' key wrong it returns an error naming the first one (and deletes nothing);
 # else it deletes the wrong 'r' keys and returns an error naming them (the caller calls again).
 # Fields are tab-separated: Redis turns newlines in an error into spaces.
-LUA_CHECK = """
+LUA_CHECK = (
+    """
 local function tracescore_check(checks)
   local wrong = {}
   for i = 1, #checks, 3 do
@@ -83,14 +89,24 @@ end
 -- counters a script adds to (HINCRBY). A field holding what HINCRBY cannot add to (not an integer,
 -- or one an increment could overflow) failed the script at that HINCRBY, after its earlier writes
 -- (a score stored, its counts not). Repaired as a key is, before anything else is written: a total
--- summed again from its parts' fields, another field deleted (its count starts over), each named
--- '<key> <field>'. ``how`` (nil: a job's counters, where 'failed' and 'skipped' are totals of
--- 'failed:<reason>', 'skipped:<reason>', and 'finished' is a mark, not a counter): ``totals``, a
--- total's field -> its parts' prefix; ``marks``; ``float``: the fields are HINCRBYFLOAT's (a
--- finite decimal, not too large to add to), not integers. With ``fields`` only those are read
--- (a hash of a counter per queued id; the fields a call adds to), the whole hash only to sum a
--- total again.
-local tracescore_job_counters = {totals = {failed = 'failed:', skipped = 'skipped:'}, marks = {finished = true}}
+-- summed again from its parts' fields, another field deleted (its count starts over) or, with
+-- ``how.aside``, kept aside under that prefix, each named '<key> <field>'. ``how`` (nil: plain
+-- counters, each field its own): ``totals``, a total's field -> its parts' prefix; ``marks``,
+-- fields that are no counters; ``aside``, the prefix a field that is no counter is moved under (a
+-- field under it is a mark too); ``float``: the fields are HINCRBYFLOAT's (a finite decimal, not
+-- too large to add to), not integers. With ``fields`` only those are read (a hash of a counter per
+-- queued id; the fields a call adds to), the whole hash only to sum a total again.
+-- ``tracescore_job_counters``: a job's ('failed' and 'skipped' are totals of 'failed:<reason>',
+-- 'skipped:<reason>'; 'finished' is a mark). A count of its that is no integer is kept aside,
+-- not deleted: its count starts over, so the job's counts are unknown (its progress refuses while
+-- the field aside is there: worker.store._jobs), but its puts still write and count (refused,
+-- every message of the job would end as a dead letter, and any other whose record replaces one
+-- of the job's retryable failures).
+local tracescore_job_counters = {
+  totals = {failed = 'failed:', skipped = 'skipped:'}, marks = {finished = true}, aside = '"""
+    + JOB_COUNTER_ASIDE
+    + """'
+}
 local function tracescore_counter(value, float)
   if not float then
     local digits = string.match(value, '^%-?([1-9]%d*)$')
@@ -100,13 +116,16 @@ local function tracescore_counter(value, float)
   return n ~= nil and n == n and math.abs(n) < 1e300 and string.find(value, '^[%+%-]?[%d%.]+[eE]?[%+%-]?%d*$') ~= nil
 end
 local function tracescore_check_counters(keys, fields, how)
-  how = how or tracescore_job_counters
-  local totals, marks = how.totals or {}, how.marks or {}
+  how = how or {}
+  local totals, marks, aside = how.totals or {}, how.marks or {}, how.aside
+  local function mark(field)
+    return marks[field] or (aside ~= nil and string.sub(field, 1, #aside) == aside)
+  end
   local named, seen = {}, {}
   for _, key in ipairs(keys) do
     if not seen[key] and redis.call('TYPE', key)['ok'] == 'hash' then
       seen[key] = true
-      local raw, bad, good = {}, {}, {}
+      local raw, bad, good, value = {}, {}, {}, {}
       if fields == nil then
         raw = redis.call('HGETALL', key)
       end
@@ -121,10 +140,11 @@ local function tracescore_check_counters(keys, fields, how)
         end
       end
       for i = 1, #raw, 2 do
-        if marks[raw[i]] or tracescore_counter(raw[i + 1], how.float) then
+        if mark(raw[i]) or tracescore_counter(raw[i + 1], how.float) then
           good[raw[i]] = tonumber(raw[i + 1])
         else
           bad[#bad + 1] = raw[i]
+          value[raw[i]] = raw[i + 1]
         end
       end
       for _, field in ipairs(bad) do
@@ -141,13 +161,16 @@ local function tracescore_check_counters(keys, fields, how)
             end
           end
           for other, n in pairs(all) do
-            if string.sub(other, 1, #prefix) == prefix and not marks[other] then
+            if string.sub(other, 1, #prefix) == prefix and not mark(other) then
               sum = sum + n
             end
           end
           -- (a float's digits as Redis keeps them: HINCRBYFLOAT adds to this text)
           redis.call('HSET', key, field, how.float and string.format('%.17g', sum) or sum)
         else
+          if aside then
+            redis.call('HSET', key, aside .. field, value[field])
+          end
           redis.call('HDEL', key, field)
         end
         named[#named + 1] = key .. ' ' .. field
@@ -160,6 +183,7 @@ local function tracescore_check_counters(keys, fields, how)
   return redis.error_reply('TRACESCORE_KEYTYPE repaired\\t' .. table.concat(named, '\\t'))
 end
 """
+)
 
 
 def checked_script(checks: str, body: str) -> str:

@@ -295,7 +295,7 @@ end
 -- Per record, the other job whose retryable failure it replaces (false for none: no record, one
 -- kept, our own job's): found here, so its keys are checked with the rest. (A value without
 -- '"retryable":true' in it is not decoded: a put keeps it.)
-local others, a, counters = {}, first, {KEYS[1]}
+local others, a, counters = {}, first, {}
 for k = shared + 1, #KEYS, 5 do
   check(KEYS[k], 'string', 'r')
   check(KEYS[k + 1], 'set', 'r')
@@ -321,7 +321,9 @@ for k = shared + 1, #KEYS, 5 do
   others[#others + 1] = other
   a = a + 6
 end
-local bad = tracescore_check(checks) or tracescore_check_counters(counters)
+-- (a job's count that is no integer is kept aside, not refused: tracescore_job_counters)
+local bad = tracescore_check(checks) or tracescore_check_counters({KEYS[1]})
+  or tracescore_check_counters(counters, nil, tracescore_job_counters)
 if bad then
   return bad
 end
