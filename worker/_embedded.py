@@ -12,8 +12,9 @@ limit): scoring runs on a ``GuardedLoop`` — a loop thread watched by the worke
 memory become ``timeout`` / ``memory`` error records and the other runs are scored. A step that
 blocks the loop in code that cannot be interrupted (a C call such as ``time.sleep``) cannot end
 this process the way a worker is replaced; instead its run is recorded as a ``timeout``, the
-stuck loop thread is abandoned (a daemon: it does not keep the process alive) and the rest of the
-batch is scored on a fresh loop.
+stuck loop is abandoned (``LoopThread.abandon``: should the C call return, nothing more runs on
+it; a daemon, its thread does not keep the process alive) and the rest of the batch is scored on
+a fresh loop.
 """
 
 from __future__ import annotations
@@ -117,9 +118,13 @@ class GuardedLoop:
         )
 
     def _on_wedged(self, task: asyncio.Task[Any] | None, blocked_s: float) -> None:
-        # The watchdog's thread: wake the caller waiting on the stuck loop.
+        # The watchdog's thread: stop the stuck loop for good, then wake the caller waiting on
+        # it. Left to itself, once its C call returned the loop went on with the runs the caller
+        # scores again on the fresh loop: their judge calls paid twice, their records (a
+        # retryable one) put and written twice.
         waiting = self._waiting
         if waiting is not None and not waiting.done():
+            self.loop_thread.abandon()
             waiting.set_exception(LoopWedgedError(task, blocked_s))
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -87,17 +87,25 @@ class _LoopHalted(SystemExit):
     exception would be stored in the running task and the loop would go on."""
 
 
-def halting(exc: BaseException) -> bool:
-    """Whether ``exc`` is ``LoopThread.halt`` ending the loop thread, or raised while handling
-    it (a step that caught the halt and called ``sys.exit``): not a task's own exit."""
+class _LoopAbandoned(_LoopHalted):
+    """Ends the loop for good, its tasks left as they stand (``LoopThread.abandon``)."""
+
+
+def _halt_of(exc: BaseException) -> _LoopHalted | None:
     seen: BaseException | None = exc
     for _ in range(32):  # (a chain is short; a cycle must not hang the loop)
         if seen is None:
-            return False
+            return None
         if isinstance(seen, _LoopHalted):
-            return True
+            return seen
         seen = seen.__context__
-    return False
+    return None
+
+
+def halting(exc: BaseException) -> bool:
+    """Whether ``exc`` is ``LoopThread.halt`` ending the loop thread, or raised while handling
+    it (a step that caught the halt and called ``sys.exit``): not a task's own exit."""
+    return _halt_of(exc) is not None
 
 
 class LoopThread:
@@ -107,6 +115,7 @@ class LoopThread:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self.beat = time.monotonic()
+        self._abandoned: set[asyncio.Task[Any]] = set()  # (``abandon``: what its thread holds)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -118,7 +127,13 @@ class LoopThread:
                 self.loop.run_forever()
                 return
             except SystemExit as exc:
-                if halting(exc):
+                halt = _halt_of(exc)
+                if isinstance(halt, _LoopAbandoned):
+                    # Held for good: garbage-collected, a task's coroutine would run its cleanup
+                    # code (as a cancelled one does: store what finished, release claims).
+                    self._abandoned = asyncio.all_tasks(self.loop)
+                    threading.Event().wait()
+                if halt is not None:
                     return
                 # A task's own (a scorer step's is its run's StepExitError): asyncio has stored it
                 # in the task, so its waiter gets it; the loop goes on serving everyone else.
@@ -157,6 +172,13 @@ class LoopThread:
         if self._thread.is_alive() and self._raise_in_thread(_LoopHalted):
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
+
+    def abandon(self) -> None:
+        """Stop the loop for good at its next Python instruction (one stuck in a C call: once it
+        returns), leaving its tasks as they stand: never resumed, cancelled nor finalized (their
+        cleanup would go on storing and writing what the caller does again elsewhere). The thread
+        then waits, holding them, until the process ends (a daemon, it does not keep it alive)."""
+        self._raise_in_thread(_LoopAbandoned)
 
     def cancel_interrupt(self) -> None:
         self._raise_in_thread(None)

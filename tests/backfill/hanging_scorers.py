@@ -6,9 +6,10 @@ loop that never returns), ``sleep`` (a C call that never returns: cannot be inte
 ``nap`` (a C call that returns after ``$TRAP_NAP_S`` seconds, past the run timeout),
 ``hog`` (allocates until the memory limit), ``stuck`` (awaits something that never happens);
 ``trap-async`` with ``late-sleep`` awaits a second (the other runs are recorded meanwhile), then
-makes the never-ending C call.
-Every other run scores 1.0; ``words`` scores every run normally; ``costly`` is the judge scorer
-of tests/worker/budget_scorers.py (a spent budget refuses it before any call).
+makes the never-ending C call; with ``late-nap``, a C call that returns after ``$TRAP_NAP_S``
+seconds (its loop was replaced meanwhile), then scores 1.0.
+Every other run scores 1.0; ``words`` scores every run normally; ``costly`` and ``plain`` are the
+judge scorers of tests/worker/budget_scorers.py (a spent budget refuses one before any call).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from scorers import Scorer, create_scorer
 from scorers._run import ScorerRun
 from scorers.agent import get_assistant_message, get_user_message
-from tests.worker.budget_scorers import costly
+from tests.worker.budget_scorers import costly, plain
 
 
 def _marked(run: ScorerRun) -> bool:
@@ -51,6 +52,10 @@ async def _trap_async(run: ScorerRun) -> float:
         if os.environ.get("TRAP_MODE") == "late-sleep":  # once the batch's other runs are recorded
             await asyncio.sleep(1)
             time.sleep(10**6)  # noqa: ASYNC251  (the point: a C call blocking the loop)
+        if os.environ.get("TRAP_MODE") == "late-nap":
+            await asyncio.sleep(1)
+            time.sleep(float(os.environ.get("TRAP_NAP_S", "8")))  # noqa: ASYNC251  (likewise)
+            return 1.0
         await asyncio.Event().wait()
     return 1.0
 
@@ -61,4 +66,4 @@ words: Scorer = create_scorer("words", type="agent").generate_score(
     lambda run: min(1.0, len((get_assistant_message(run.output) or "").split()) / 10)
 )
 
-SCORERS = [trap, trap_async, words, costly]
+SCORERS = [trap, trap_async, words, costly, plain]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.backfill._synth import write_otlp_files
+from tests.fakellm import FakeLLMServer
 from tests.worker._workers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,3 +192,50 @@ def test_backfill_without_broker_keeps_what_the_stuck_loop_recorded_once(
     assert summary["failed_by_reason"] == {"timeout": 2, "budget_exhausted": 16}, summary
     costly = summary["by_scorer"]["costly"]
     assert (costly["runs"], costly["failed"]) == (16, 16), costly
+
+
+def test_backfill_without_broker_abandons_the_stuck_loops_runs(
+    tmp_path: Path, fake_llm: FakeLLMServer, fake_llm_env: dict[str, str]
+) -> None:
+    """The run naming Oslo blocks its loop in C for 8 s: the loop is replaced at about 5 s and the
+    batch's rest scored again on a fresh one. The abandoned loop was left to itself: once the C
+    call returned, its runs carried on beside their rerun, each asking (and paying) `plain`'s
+    judge a second time, and storing `costly`'s budget refusal (a retryable record) over the
+    rerun's, written a second time to --out and the summary. Now nothing more runs on the
+    abandoned loop: one judge call per run (a call in flight as the loop blocked excepted, at
+    most one: TRACESCORE_MODEL_CONCURRENCY=1) and one record per (run, scorer)."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    write_otlp_files(traces, 8, files=1, compress=False)  # one batch; trace 4 asks about Oslo
+    out = tmp_path / "scores.jsonl"
+    # A slow judge, one call at a time: the fresh loop is still at work when the nap ends.
+    fake_llm.latency_ms = 1000
+    args = ["backfill", str(traces), "--scorers", SCORERS, "--scorer", "trap-async"]
+    code, stdout, stderr = _tracescore(
+        tmp_path,
+        [*args, "--scorer", "costly", "--scorer", "plain", "--out", str(out), "--json"],
+        {
+            **fake_llm_env,
+            "TRAP_MODE": "late-nap",
+            "TRAP_MARKER": "Oslo",
+            "TRAP_NAP_S": "8",
+            "TRACESCORE_MODEL_CONCURRENCY": "1",
+            "TRACESCORE_BUDGETS": json.dumps({"scorers": {"costly": 0}}),
+        },
+    )
+    assert "embedded_loop_wedged_replaced" in stderr  # the path under test
+    asked = [r.user_text for r in fake_llm.requests]
+    assert all(text.startswith("PLAIN") for text in asked), asked
+    # Once a run, but for the one in flight as the loop blocked (asked again on the fresh loop).
+    assert 8 <= len(asked) <= 9, asked
+    records = _records(out)
+    assert len(records) == 24, stderr[-3000:]  # 8 runs x 3 scorers, each exactly once
+    assert len({r["score_id"] for r in records}) == 24
+    assert sorted({(r["scorer_id"], r["error_type"]) for r in records}, key=str) == sorted(
+        {("trap-async", None), ("trap-async", "timeout"), ("costly", "budget_exhausted"), ("plain", None)}, key=str
+    )
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert code == 0, stderr[-3000:]
+    assert summary["failed_by_reason"] == {"timeout": 1, "budget_exhausted": 8}, summary
+    costly = summary["by_scorer"]["costly"]
+    assert (costly["runs"], costly["failed"]) == (8, 8), costly

@@ -164,6 +164,47 @@ def test_a_step_that_catches_the_loops_halt_and_exits_still_ends_the_loop() -> N
         lt.stop()
 
 
+def test_an_abandoned_loop_runs_nothing_more_once_its_blocking_call_returns() -> None:
+    """``LoopThread.abandon`` (an embedded scorer replacing a loop stuck in C): once the call
+    returns, neither the loop's other tasks nor their cleanup run (a cancelled or collected
+    run's cleanup stores what it finished), and the tasks stay held, never collected."""
+    import asyncio
+    import gc
+    import threading
+
+    from tests.worker._workers import wait_for
+    from worker._loop import LoopThread
+
+    blocked, release = threading.Event(), threading.Event()
+    ticks: list[int] = []
+    cleaned: list[bool] = []
+
+    async def stuck_in_c() -> None:
+        await asyncio.sleep(0.05)
+        blocked.set()
+        release.wait()  # (the point: the loop blocked until the test says)
+
+    async def neighbour() -> None:
+        try:
+            while True:
+                await asyncio.sleep(0.01)
+                ticks.append(1)
+        finally:
+            cleaned.append(True)
+
+    lt = LoopThread("test-abandon")
+    for coro in (stuck_in_c, neighbour):
+        asyncio.run_coroutine_threadsafe(coro(), lt.loop)
+    assert blocked.wait(10)
+    lt.abandon()
+    seen = len(ticks)
+    release.set()
+    assert wait_for(lambda: not lt.loop.is_running(), 10, interval=0.02)
+    gc.collect()
+    assert (len(ticks), cleaned) == (seen, [])
+    assert lt._thread.is_alive()  # parked, holding the tasks (a daemon: gone with the process)
+
+
 def test_the_failure_names_the_step_and_keeps_what_the_run_did() -> None:
     """The record named no step ("in a step") and dropped what the steps before had done and
     spent; and the error lost both on its way between processes (pickled)."""
