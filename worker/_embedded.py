@@ -6,8 +6,11 @@ are the same as through Redis workers, on a machine that has neither. ``tracesco
 the same ``EmbeddedScorer`` for runs that are not traces (``score_runs``: the scorers called
 directly, nothing stored) and yields each pair's ``Outcome`` for the one summary and table.
 
-Limits are the worker's (``TRACESCORE_RUN_TIMEOUT_SECONDS``, default ¾ of the task soft time
-limit): scoring runs on a ``GuardedLoop`` — a loop thread watched by the worker's
+Limits and retries are the worker's, from the ``Settings`` given: ``TRACESCORE_RUN_TIMEOUT_SECONDS``
+(default ¾ of the task soft time limit), ``TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN``, and a batch
+with transient failures is tried 1 + ``TRACESCORE_RETRY_BUDGET`` times,
+``TRACESCORE_RETRY_BACKOFF_SECONDS`` apart (doubling, at most ``TRACESCORE_MAX_ETA_SECONDS``), as a
+worker tries a message. Scoring runs on a ``GuardedLoop`` — a loop thread watched by the worker's
 ``LoopWatchdog`` — so a run past the timeout (awaiting, or blocking the loop) and a run out of
 memory become ``timeout`` / ``memory`` error records and the other runs are scored. A step that
 blocks the loop in code that cannot be interrupted (a C call such as ``time.sleep``) cannot end
@@ -214,7 +217,9 @@ class EmbeddedScorer:
     """A backfill submitter (and a building block for the exporter's in-process sink) that
     scores each batch right here, on one event loop of its own (a ``GuardedLoop``).
 
-    ``run_timeout_s``: None → ``TRACESCORE_RUN_TIMEOUT_SECONDS`` as the worker reads it; 0 → no limit.
+    ``settings``: the worker's (None → the environment's, ``load_settings``): its retry budget,
+    backoff and judge-call cap hold here as in a worker. ``run_timeout_s``: None → its
+    ``run_timeout``; 0 → no limit.
     ``sinks`` get every stored score through the in-memory outbox, as the workers' sinks do
     from Redis: drainer threads deliver while scoring goes on, and ``close`` waits up to
     ``drain_timeout_s`` for what is left (``sink_counts`` / ``sink_dead_letters`` then say how
@@ -230,8 +235,7 @@ class EmbeddedScorer:
         store: ScoreStore | None = None,
         model_concurrency: int = 64,
         run_concurrency: int = 256,
-        retry_budget: int = 3,
-        retry_backoff_s: float = 1.0,
+        settings: Settings | None = None,
         agents: dict[str, str] | None = None,
         run_timeout_s: float | None = None,
         sinks: Sequence[ScoreSink] = (),
@@ -239,8 +243,9 @@ class EmbeddedScorer:
         drain_timeout_s: float = 30.0,
         prices: Mapping[str, ModelPrice] | None = None,
     ) -> None:
+        self.settings = settings if settings is not None else load_settings()
         if run_timeout_s is None:
-            run_timeout_s = load_settings().run_timeout
+            run_timeout_s = self.settings.run_timeout
         names = [s.name for s in sinks]
         if store is None:
             store = MemoryScoreStore(sinks=names)
@@ -269,10 +274,10 @@ class EmbeddedScorer:
             # answered, as a worker's does: without them it paid for those steps again.
             checkpoint="judge",
             run_timeout_s=run_timeout_s or None,
+            judge_call_cap=self.settings.max_judge_attempts_per_run,
+            retry_budget=self.settings.retry_budget,
             prices=price_table() if prices is None else prices,
         )
-        self.retry_budget = max(1, retry_budget)
-        self.retry_backoff_s = retry_backoff_s
         self.agents = agents
         self.totals = BatchReport(batch_id="*")
         self._loop = GuardedLoop(run_timeout_s)
@@ -294,19 +299,21 @@ class EmbeddedScorer:
         totals.write_failed += report.write_failed
 
     def score(self, batch: ScoreBatch) -> BatchReport:
-        """Score one batch now; transient judge failures are retried like the worker does."""
+        """Score one batch now; transient judge failures are retried as a worker retries a
+        message (``_task``: ``TRACESCORE_RETRY_BUDGET`` retries, the backoff doubling)."""
         with self._lock:
             if self.agents is not None:
                 for request in batch.requests:
                     self.agents.update(request.agent_labels())
             try:
-                for attempt in range(self.retry_budget):
-                    final = attempt == self.retry_budget - 1
+                settings, attempt = self.settings, 0
+                while True:
+                    final = attempt >= settings.retry_budget
                     report = self._score_once(batch, final, retried=attempt > 0)
-                    if not report.retry:
+                    if final or not report.retry:
                         return report
-                    time.sleep(self.retry_backoff_s * 2**attempt)
-                return report
+                    time.sleep(min(settings.retry_backoff_seconds * 2**attempt, settings.max_eta_seconds))
+                    attempt += 1
             finally:
                 if self.agents is not None:
                     for request in batch.requests:
@@ -469,7 +476,9 @@ def embedded_sink(
     The exporter calls the sink from its own sender thread, so scoring never runs inside the
     application's ``export()`` call. ``run_timeout_s`` (default: the workers' default, 180 s; 0 for
     none) bounds each run; it is an argument, not a ``TRACESCORE_*`` variable, because this runs
-    inside the application, whose environment is not the workers'. ``sinks`` (e.g.
+    inside the application, whose environment is not the workers' (a batch's transient failures
+    are retried with the workers' defaults: ``TRACESCORE_RETRY_BUDGET`` 3,
+    ``TRACESCORE_RETRY_BACKOFF_SECONDS`` 2, doubling). ``sinks`` (e.g.
     ``[OtlpSink()]``) get every score at least once while the process lives, from an in-memory
     outbox (what is still queued when the exporter shuts down gets the drain time of
     ``EmbeddedScorer``; a crash loses it, as it loses the scores). The store keeps the newest
@@ -480,4 +489,8 @@ def embedded_sink(
     registry = load_registry(scorers) if isinstance(scorers, str) else scorers
     if store is None:  # the app lives for weeks: its store keeps the newest scores only
         store = MemoryScoreStore(max_records=EMBEDDED_RECORDS_KEPT)
-    return EmbeddedSink(EmbeddedScorer(registry, writer, store=store, run_timeout_s=run_timeout_s, sinks=sinks))
+    # The workers' defaults (retries, judge-call cap), not TRACESCORE_* of the app's environment.
+    defaults = Settings.model_construct()
+    return EmbeddedSink(
+        EmbeddedScorer(registry, writer, store=store, settings=defaults, run_timeout_s=run_timeout_s, sinks=sinks)
+    )

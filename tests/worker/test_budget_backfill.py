@@ -195,6 +195,69 @@ def test_a_batch_retry_resumes_after_the_judge_steps_answered(fake_llm: FakeLLMS
     assert summary["spend"]["total_usd"] == pytest.approx(record["cost_usd"])
 
 
+def _one_run(fake_llm: FakeLLMServer, tmp_path: Path, scorer: str, **env: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An embedded backfill of one run with ``scorer``: its summary and its one --out record
+    (exit code 1 when that record is a failure: every score failed)."""
+    traces = tmp_path / "traces"
+    write_otlp_files(traces, 1, files=1, compress=False)
+    out = tmp_path / "scores.jsonl"
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", str(traces), "--scorers", SCORERS, "--scorer", scorer, "--json", "--out", str(out)],
+        env={"TRACESCORE_BROKER_URL": "", "TRACESCORE_PRICES": PRICES, "TRACESCORE_BUDGETS": "", **env},
+    )
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert result.exit_code == (1 if record["error_type"] else 0), result.output
+    summary: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return summary, record
+
+
+def test_an_embedded_backfill_retries_a_batch_as_the_retry_budget_says(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """Issue 11, options mean the same everywhere: a worker tries a message 1 + RETRY_BUDGET
+    times, RETRY_BACKOFF_SECONDS apart (doubling). The embedded backfill ignored both: 3 tries,
+    1 s doubling, whatever they said. With RETRY_BUDGET=0 a judge's one 503 is a retryable
+    failure at once (it was retried twice); with 4, four 503s are outlasted (it gave up after 3)."""
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="PLAIN", times=1)
+    summary, record = _one_run(fake_llm, tmp_path, "plain", TRACESCORE_RETRY_BUDGET="0")
+    assert len(fake_llm.requests) == 1
+    assert (record["error_type"], record["retryable"]) == ("JudgeServerError", True)
+    assert summary["failed_by_reason"] == {"JudgeServerError": 1}
+
+    fake_llm.reset()
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="PLAIN", times=4)
+    summary, record = _one_run(
+        fake_llm, tmp_path / "more", "plain", TRACESCORE_RETRY_BUDGET="4", TRACESCORE_RETRY_BACKOFF_SECONDS="0"
+    )
+    assert len(fake_llm.requests) == 5
+    assert (record["error_type"], record["score"]) == (None, 0.5)
+    assert summary["scored"] == 1
+
+
+def test_an_embedded_backfill_waits_the_retry_backoff(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """RETRY_BACKOFF_SECONDS=1.5: the batch's retry comes no sooner (it came after 1 s, the
+    embedded scorer's own backoff)."""
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="PLAIN", times=1)
+    _, record = _one_run(
+        fake_llm, tmp_path, "plain", TRACESCORE_RETRY_BUDGET="1", TRACESCORE_RETRY_BACKOFF_SECONDS="1.5"
+    )
+    first, second = (r.received_at for r in fake_llm.requests)
+    assert second - first >= 1.5
+    assert record["score"] == 0.5
+
+
+def test_an_embedded_backfill_holds_the_judge_call_cap(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """MAX_JUDGE_ATTEMPTS_PER_RUN=2 with a judge that always answers 429: two calls, then the
+    run's retryable record saying so (the embedded scorer used the default cap: 7 calls)."""
+    fake_llm.rule(Reply.rate_limited(retry_after="0"), user_contains="RETRY")
+    summary, record = _one_run(
+        fake_llm, tmp_path, "retrying", TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN="2", TRACESCORE_RETRY_BACKOFF_SECONDS="0"
+    )
+    assert len(fake_llm.requests) == 2
+    assert (record["error_type"], record["retryable"]) == ("JudgeRateLimitError", True)
+    assert "2 judge call(s) of this run failed" in record["error_message"]
+    assert summary["failed_by_reason"] == {"JudgeRateLimitError": 1}
+
+
 def test_unpriced_model_is_shown_unpriced_not_free(fake_llm: FakeLLMServer) -> None:
     """Without a price for the judge model, records carry cost None and the summary says so."""
     summary = _summary(_run("--sample", "0.1", TRACESCORE_PRICES=""))

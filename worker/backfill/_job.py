@@ -1093,6 +1093,7 @@ def _run_embedded(
     scorer = EmbeddedScorer(
         {s: registry[s] for s in state.options.scorer_ids},
         _Fanout(writers) if writers else None,
+        settings=settings,  # (its retry budget, backoff and judge-call cap: a worker's)
         agents=agents,
         run_timeout_s=cli_limits(settings),  # the worker's run timeout and memory cap
         # (the workers' limits too: the overshoot past a budget is bounded by them)

@@ -213,6 +213,7 @@ def score_command(
         raise CliError(str(exc)) from exc
     scorer = EmbeddedScorer(
         scorers,
+        settings=settings,
         run_timeout_s=cli_limits(settings),
         model_concurrency=settings.model_concurrency,
         run_concurrency=concurrency,
