@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import structlog
 
 from worker import _heartbeat as probe_files
-from worker._errors import LoopBlockedError
+from worker._errors import LoopBlockedError, caused_by
 
 __all__ = [
     "EXIT_ALLOWANCE_S",
@@ -91,21 +91,10 @@ class _LoopAbandoned(_LoopHalted):
     """Ends the loop for good, its tasks left as they stand (``LoopThread.abandon``)."""
 
 
-def _halt_of(exc: BaseException) -> _LoopHalted | None:
-    seen: BaseException | None = exc
-    for _ in range(32):  # (a chain is short; a cycle must not hang the loop)
-        if seen is None:
-            return None
-        if isinstance(seen, _LoopHalted):
-            return seen
-        seen = seen.__context__
-    return None
-
-
 def halting(exc: BaseException) -> bool:
     """Whether ``exc`` is ``LoopThread.halt`` ending the loop thread, or raised while handling
     it (a step that caught the halt and called ``sys.exit``): not a task's own exit."""
-    return _halt_of(exc) is not None
+    return caused_by(exc, _LoopHalted) is not None
 
 
 class LoopThread:
@@ -127,7 +116,7 @@ class LoopThread:
                 self.loop.run_forever()
                 return
             except SystemExit as exc:
-                halt = _halt_of(exc)
+                halt = caused_by(exc, _LoopHalted)
                 if isinstance(halt, _LoopAbandoned):
                     # Held for good: garbage-collected, a task's coroutine would run its cleanup
                     # code (as a cancelled one does: store what finished, release claims).
