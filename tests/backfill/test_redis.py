@@ -782,3 +782,65 @@ def test_an_unreadable_record_read_back_is_named_and_counted(
     assert sum(s["runs"] for s in again["by_scorer"].values()) == 60 - 3
     assert "  unreadable records 3" in resumed.stderr
     assert unreadable_counted() == before + 6
+
+
+def test_a_resume_that_enqueued_runs_counts_an_unreadable_record_once(
+    tmp_path: Path, workers: list[Path], db: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume that enqueued runs reads its records back twice: this run's (the per-scorer
+    summary) and then the job's (its judge spend, 8ce9ac2), which hold this run's again. A
+    record of this run that does not read was counted twice in
+    tracescore_store_unreadable_values (and logged twice); once now, and one of the runs before
+    the stop, read by the job's read alone, is still counted."""
+    from worker._keys import outbox_key, record_key
+    from worker.backfill._job import _Enqueued
+    from worker.metrics._instruments import _metrics
+
+    def unreadable_counted() -> float:
+        (family,) = _metrics().unreadable.collect()
+        return sum(s.value for s in family.samples if s.labels == {"key": "score_record"})
+
+    write_otlp_files(tmp_path / "in", 1500, files=2)
+    process = _start_backfill(tmp_path / "in")
+    keys: list[str] = []
+
+    def started() -> bool:
+        keys[:] = _job_state_keys(db)
+        return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 200
+
+    _wait_for(started, 120, "the backfill to enqueue 200 runs")
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=60)
+    job_id = keys[0].rsplit(":", 1)[1]
+    assert json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] < 1500
+    summary_of = _Enqueued.summary
+    damaged: list[str] = []
+
+    def damaged_first(self: _Enqueued, store: Any, registry: Any, scorer_ids: list[str], *args: Any) -> Any:
+        # (once the workers' sink has them: a record damaged before its delivery is a dead letter)
+        _wait_for(lambda: db.zcard(outbox_key("jsonl")) == 0, 60, "the jsonl sink to take every record")
+        this_run = {record_key(s) for s in self.score_ids(registry, scorer_ids)}
+        earlier = sorted(k for k in db.scan_iter(record_key("*")) if k not in this_run)
+        damaged[:] = [*sorted(this_run)[:2], earlier[0]]
+        for key in damaged:
+            db.set(key, '{"trace_id": "x", "score": 0.')
+        return summary_of(self, store, registry, scorer_ids, *args)
+
+    monkeypatch.setattr(_Enqueued, "summary", damaged_first)
+    before = unreadable_counted()
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", "--resume", job_id, "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "finished", _worker_logs(workers)
+    assert summary["this_run"]["runs_enqueued"] > 0
+    assert summary["spend_of"] == "job"
+    assert len(damaged) == 3
+    # The per-scorer summary is this run's: its two damaged records.
+    assert sum(summary["records_unreadable"].values()) == 2
+    assert "  unreadable records 2" in result.stderr
+    # Each damaged record counted once: this run's two, and the earlier run's one.
+    assert unreadable_counted() == before + 3

@@ -634,6 +634,9 @@ class _Enqueued:
         # it could not read.
         self.missing: Counter[str] = Counter()
         self.unreadable: Counter[str] = Counter()
+        # The score ids whose record a read-back found unreadable, logged and counted once: the
+        # job's read-back of a resume holds this run's records again.
+        self.counted: set[str] = set()
 
     @property
     def count(self) -> int:
@@ -677,7 +680,9 @@ class _Enqueued:
         self.missing.clear()
         self.unreadable.clear()
         wanted = self._scores(registry, scorer_ids)
-        return _read_back(store, registry, scorer_ids, wanted, self.missing, self.unreadable, worst, out)
+        return _read_back(
+            store, registry, scorer_ids, wanted, self.missing, self.unreadable, worst, out, counted=self.counted
+        )
 
     def close(self) -> None:
         self._spool.close()
@@ -704,11 +709,15 @@ def _read_back(
     unreadable: Counter[str],
     worst: int = 3,
     out: IO[str] | None = None,
+    *,
+    counted: set[str],
 ) -> Summary:
     """The summary of the records of ``wanted`` (score id, scorer id, agent), read in chunks
     (MGET; only the fields the summary shows are parsed); ``missing`` counts, per scorer, the
     scores with no record, ``unreadable`` those whose record cannot be read (it does not
-    validate, or its key holds no string), and ``out`` gets each record's JSON as one line."""
+    validate, or its key holds no string), and ``out`` gets each record's JSON as one line.
+    An unreadable record is logged and counted in the metrics unless its id is in ``counted``
+    (an earlier read-back of this process did), and its id is added to it."""
     summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
     while chunk := list(islice(wanted, 1000)):
         keys = [record_key(s) for s, _, _ in chunk]
@@ -733,7 +742,9 @@ def _read_back(
                     problem = failed_fields(exc)
             if problem:
                 # Damaged, or not a record: left out, as the store reads it, and counted (never its values).
-                _unreadable_record(score_id, problem)
+                if score_id not in counted:
+                    _unreadable_record(score_id, problem)
+                    counted.add(score_id)
                 unreadable[scorer_id] += 1
                 continue
             if out is not None:
@@ -762,9 +773,12 @@ def _unreadable_record(score_id: str, problem: str) -> None:
 _JobRead = tuple[Summary, int, Counter[str]]
 
 
-def _read_job(runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int) -> _JobRead | str:
+def _read_job(
+    runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int, counted: set[str]
+) -> _JobRead | str:
     """The job's records read back by its run ids: their summary, how many are gone and which
-    could not be read; or why they cannot be had (no run ids, Redis not answering)."""
+    could not be read; or why they cannot be had (no run ids, Redis not answering). A record
+    whose id is in ``counted`` (this run's read-back found it unreadable) is not counted again."""
     import redis
 
     job_id, scorer_ids = state.job_id, state.options.scorer_ids
@@ -779,7 +793,7 @@ def _read_job(runs: RedisJobStore, state: BackfillState, registry: Registry, wor
     unreadable: Counter[str] = Counter()
     wanted = _job_scores(runs, job_id, registry, scorer_ids)
     try:
-        by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, unreadable, worst)
+        by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, unreadable, worst, counted=counted)
     except redis.exceptions.RedisError as exc:
         return f"cannot read the scores back ({exc})"
     return by_scorer, sum(missing.values()), unreadable
@@ -809,7 +823,7 @@ def _job_by_scorer(
     ``summary``'s per-scorer summary and judge spend to the job's, read back from its records by
     its run ids (which keep no agent name: a worst run is labelled by its span's), and return
     the former; or set them ``null`` beside why they cannot be had, and return None."""
-    read = _read_job(runs, state, registry, worst)
+    read = _read_job(runs, state, registry, worst, set())
     _set_job_spend(summary, state, read)
     summary["by_scorer_of"] = "job"
     if isinstance(read, str):
@@ -1483,7 +1497,7 @@ def _run_held(
             runs = RedisJobStore(store_client(settings))
             try:
                 if enqueued.count or enqueued.lost:
-                    _set_job_spend(summary, state, _read_job(runs, state, registry, worst))
+                    _set_job_spend(summary, state, _read_job(runs, state, registry, worst, enqueued.counted))
                 else:
                     job_by_scorer = _job_by_scorer(summary, runs, state, registry, worst)
             finally:
