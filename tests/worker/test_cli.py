@@ -419,10 +419,12 @@ def test_status_names_a_refused_key_and_shows_the_rest(env: str, capsys: pytest.
         client.close()
 
 
-def test_status_leaves_out_a_counter_that_is_not_a_number(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_shows_a_counter_that_is_not_a_number_unknown(env: str, capsys: pytest.CaptureFixture[str]) -> None:
     """A dead-letter reason or a failure count that is not an integer (a key written by hand,
-    or damaged) ended `status` with ValueError, exit 1, as if the broker were down. It is left
-    out, named in the log by key and field, and the other figures are shown."""
+    or damaged) ended `status` with ValueError, exit 1, as if the broker were down. It is
+    unknown (``null``; it was left out, a sink's counter read as 0: tests/worker/test_metrics.py
+    has the text and the scrape), named in the log by key and field, and the other figures are
+    shown."""
     from worker import _keys
     from worker.store._jobs import failure_bucket
 
@@ -438,9 +440,9 @@ def test_status_leaves_out_a_counter_that_is_not_a_number(env: str, capsys: pyte
         assert main(["status", "--json", "--timeout", "0.3"]) == 0
         captured = capsys.readouterr()
         status = json.loads(captured.out)
-        assert status["dead_letters_by_reason"] == {"invalid_payload": 2}
-        assert status["recent_failures"] == {"timeout": 3}
-        assert status["sinks"]["otlp"]["delivered"] == 0
+        assert status["dead_letters_by_reason"] == {"invalid_payload": 2, "weird": None}
+        assert status["recent_failures"] == {"timeout": 3, "odd": None}
+        assert status["sinks"]["otlp"]["delivered"] is None
         assert status["sinks"]["otlp"]["retried"] == 4
         assert status["rate_limits"]["m"]["calls_last_60s"] == 3
         assert captured.err.count("counter_unreadable") == 4

@@ -426,6 +426,61 @@ def test_a_spend_field_that_is_no_number_is_shown_unknown_or_summed_not_smaller(
         client.close()
 
 
+def test_a_counter_that_is_no_number_is_shown_unknown_not_0(redis_url: str) -> None:
+    """A sink's counter, a dead-letter reason's count or a failure count that is no number (a
+    damaged value) showed as 0 in `status` and the scrape (or was left out of a sum by reason):
+    a sink that had delivered thousands showed none. Each is unknown now (`null`, "unknown", a
+    line naming it, never its value; no gauge sample), still counted, and left as it was."""
+    from worker.cli import cli as cli_main
+    from worker.store._jobs import failure_bucket
+
+    settings = load_settings(broker_url=redis_url)
+    client = redis.Redis.from_url(redis_url)
+    client.sadd(_keys.outbox_sinks_key(), "otlp")
+    client.hset(_keys.outbox_counts_key("otlp"), mapping={"delivered": "12x", "dropped": "SECRET", "retried": 4})
+    client.hset(_keys.dlq_reasons_key(), mapping={"invalid_payload": 2, "weird": "SECRET"})
+    bucket = failure_bucket()
+    client.hset(_keys.failures_key(bucket), mapping={"timeout": 3, "odd": "2"})
+    client.hset(_keys.failures_key(bucket - 1), mapping={"odd": "SECRET"})
+    before = _unreadable("outbox_counts")
+    try:
+        status = collect_status(0.3, settings)
+        assert status["sinks"]["otlp"] == {"delivered": None, "pending": 0, "failed": 0, "dropped": None, "retried": 4}
+        assert _unreadable("outbox_counts") == before + 2
+        assert status["dead_letters_by_reason"] == {"invalid_payload": 2, "weird": None}
+        assert status["recent_failures"] == {"timeout": 3, "odd": None}
+
+        samples = _scrape(settings, "node-c@host")
+        sinks = {dict(labels)["state"]: v for (n, labels), v in samples.items() if n == "tracescore_sink_scores"}
+        assert sinks == {"pending": 0, "failed": 0, "retried": 4}
+        assert _unreadable("outbox_counts") == before + 4
+        letters = {dict(labels)["reason"] for (n, labels), v in samples.items() if n == "tracescore_dead_letters"}
+        assert letters == {"invalid_payload"}
+
+        env = {"TRACESCORE_REDIS_URL": redis_url}
+        shown = CliRunner().invoke(cli_main, ["status", "--broker", redis_url, "--timeout", "0.3"], env=env)
+        assert shown.exit_code == 0, shown.output
+        assert "sink        otlp: unknown delivered, 0 pending, 0 failed, unknown dropped (record expired)" in (
+            shown.output
+        )
+        assert "dead letters 0 (invalid_payload=2, weird=unknown)" in shown.output
+        assert "failures    last hour: timeout=3, odd=unknown" in shown.output
+        assert (
+            "unknown     a counter in Redis is no number: sink otlp delivered, sink otlp dropped,"
+            " dead letters weird, failures odd" in shown.output
+        )
+        assert "SECRET" not in shown.output
+        listed = CliRunner().invoke(cli_main, ["sinks", "list", "--json", "--broker", redis_url], env=env)
+        assert listed.exit_code == 0, listed.output
+        assert json.loads(listed.stdout)["otlp"]["delivered"] is None
+        listed = CliRunner().invoke(cli_main, ["sinks", "list", "--broker", redis_url], env=env)
+        assert "otlp: unknown delivered, 0 pending, 0 failed" in listed.output
+        # Read only: the fields stand as they were, for the next write to repair.
+        assert client.hget(_keys.outbox_counts_key("otlp"), "delivered") == b"12x"
+    finally:
+        client.close()
+
+
 def test_an_unreadable_score_record_or_checkpoint_is_counted(redis_url: str) -> None:
     """A stored score record or step checkpoint that no longer validates is read as none (the
     run is scored again, or starts over): counted in tracescore_store_unreadable_values under

@@ -30,6 +30,7 @@ __all__ = [
     "cli_settings",
     "json_line",
     "json_option",
+    "known",
     "names_an_input",
     "redis_settings",
     "run_command",
@@ -77,6 +78,12 @@ _C1_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x80, 0xA0)}
 def json_line(model: BaseModel) -> str:
     """``model`` as one ``--json`` line: pydantic's JSON with each C1 control character escaped."""
     return model.model_dump_json().translate(_C1_ESCAPES)
+
+
+def known(count: int | None) -> str:
+    """A count as shown; None (a key of another type, a counter in Redis that is no number) as
+    "unknown", never 0: read as 0 it showed a smaller figure than the truth."""
+    return "unknown" if count is None else str(count)
 
 
 def names_an_input(out: Path, inputs: Iterable[Path]) -> bool:

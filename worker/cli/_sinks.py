@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 from tracing import redact
 from worker._settings import SINK_NAMES
 from worker._terminal import cell, printable
-from worker.cli._common import CliError, broker_option, json_option, redis_settings, unreachable
+from worker.cli._common import CliError, broker_option, json_option, known, redis_settings, unreachable
 from worker.store import RedisOutbox
 
 __all__ = ["sink_options", "sink_overrides", "sinks_group"]
@@ -139,7 +139,10 @@ def sinks_list(broker: str | None, sink: str | None, limit: int, as_json: bool) 
         click.echo("no sink has drained the outbox yet (TRACESCORE_SINKS on the workers)")
     for name in names:
         c = counts.get(name)
-        line = f"{c.delivered} delivered, {c.pending} pending, {c.failed} failed" if c else "nothing delivered yet"
+        # (delivered: unknown while its counter in Redis is no number; 0 it showed none delivered)
+        line = (
+            f"{known(c.delivered)} delivered, {c.pending} pending, {c.failed} failed" if c else "nothing delivered yet"
+        )
         click.echo(printable(f"{name}: {line}"))  # a sink name from Redis
         for x in letters[name]:
             when = dt.datetime.fromtimestamp(x.failed_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")

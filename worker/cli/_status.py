@@ -3,7 +3,8 @@ score sink's delivered / pending / failed.
 
 Exit code 1 when the broker cannot be reached, so it doubles as a health check. A key holding
 another Redis type (the queue's list, the dead-letter list, a sink's queue) leaves its figure
-unknown (``null``) and is named under ``refused_keys``; the rest is shown.
+unknown (``null``) and is named under ``refused_keys``; a counter that is no number is unknown too
+(a line names it, never its value: read as 0 it showed a smaller figure); the rest is shown.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tracing import redact
 from worker._admin import broker_status, store_evicts, store_status
 from worker._settings import Settings
 from worker._terminal import printable
-from worker.cli._common import FiniteRange, broker_option, json_option, redis_settings, unreachable
+from worker.cli._common import FiniteRange, broker_option, json_option, known, redis_settings, unreachable
 from worker.store import RedisOutbox, StoreKeyTypeError
 
 __all__ = ["collect_status", "status_command"]
@@ -55,8 +56,9 @@ def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) 
     return status
 
 
-def _sink_counts(settings: Settings) -> dict[str, dict[str, int]]:
-    """Per sink the workers drain: delivered, pending, failed (dead letters), dropped, retried."""
+def _sink_counts(settings: Settings) -> dict[str, dict[str, int | None]]:
+    """Per sink the workers drain: delivered, pending, failed (dead letters), dropped, retried
+    (None: its counter in Redis is no number)."""
     outbox = RedisOutbox(settings.store_url, reconnect_s=1.0)
     try:
         return {name: counts.as_dict() for name, counts in outbox.counts().items()}
@@ -111,7 +113,7 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
             "broker READ-ONLY  the endpoint is a replica (a failover under way?): Redis refuses writes "
             "and the workers wait for a primary"
         )
-    depth, unacked = (_known(status[k]) for k in ("queue_depth", "unacked"))
+    depth, unacked = (known(status[k]) for k in ("queue_depth", "unacked"))
     _echo(f"queue depth {depth} waiting, {unacked} in progress (unacked)")
     workers = status["workers"]
     if workers is None:
@@ -126,21 +128,34 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
             _echo(f"rate limit  {model}: {', '.join(parts)}")
     else:
         _echo("rate limit  no judge calls limited yet")
-    failures = status["recent_failures"]
-    summary = ", ".join(f"{k}={v}" for k, v in sorted(failures.items(), key=lambda kv: -kv[1])) or "none"
-    _echo(f"failures    last hour: {summary}")
+    _echo(f"failures    last hour: {_by_reason(status['recent_failures']) or 'none'}")
     _echo_spend(status["spend"])
-    letters = sorted(status["dead_letters_by_reason"].items(), key=lambda kv: -kv[1])
-    by_reason = ", ".join(f"{k}={v}" for k, v in letters)
-    _echo(f"dead letters {_known(status['dead_letters'])}" + (f" ({by_reason})" if by_reason else ""))
+    by_reason = _by_reason(status["dead_letters_by_reason"])
+    _echo(f"dead letters {known(status['dead_letters'])}" + (f" ({by_reason})" if by_reason else ""))
     for name, counts in sorted((status["sinks"] or {}).items()):
         _echo(
-            f"sink        {name}: {counts['delivered']} delivered, {counts['pending']} pending, "
+            f"sink        {name}: {known(counts['delivered'])} delivered, {counts['pending']} pending, "
             f"{counts['failed']} failed"
-            + (f", {counts['dropped']} dropped (record expired)" if counts["dropped"] else "")
+            + (f", {known(counts['dropped'])} dropped (record expired)" if counts["dropped"] != 0 else "")
         )
     if status["sinks"] == {}:
         _echo("sinks       none drained yet")
+    unknown = [
+        *(
+            f"sink {name} {field}"
+            for name, c in sorted((status["sinks"] or {}).items())
+            for field in c
+            if c[field] is None
+        ),
+        *(f"dead letters {reason}" for reason, n in status["dead_letters_by_reason"].items() if n is None),
+        *(f"failures {reason}" for reason, n in status["recent_failures"].items() if n is None),
+    ]
+    if unknown:
+        # (read as 0, a sink that had delivered thousands showed none)
+        _echo(
+            f"unknown     a counter in Redis is no number: {', '.join(unknown)} (shown unknown, not 0; the log"
+            " names its key; a write that adds to it starts it over)"
+        )
     for problem in status["refused_keys"]:
         _echo(f"refused key {problem}")
 
@@ -151,8 +166,9 @@ def _echo(line: str) -> None:
     click.echo(printable(line))
 
 
-def _known(count: int | None) -> str:
-    return "unknown" if count is None else str(count)
+def _by_reason(counts: dict[str, int | None]) -> str:
+    """``reason=count, ...``, the largest first; a count that is no number in Redis unknown."""
+    return ", ".join(f"{k}={known(v)}" for k, v in sorted(counts.items(), key=lambda kv: -(kv[1] or 0)))
 
 
 def _echo_spend(spend: dict[str, Any]) -> None:

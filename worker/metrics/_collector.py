@@ -215,7 +215,7 @@ class RedisStateCollector:
             if letters_type not in ("none", "list"):
                 _refused(refused, _keys.dlq_key(), letters_type, "list")
             try:
-                counts = self._outbox.counts()  # a counter that is not a number: left out, counted
+                counts = self._outbox.counts()  # a counter that is not a number: None, counted
             except StoreKeyTypeError as exc:  # a sink's queue of another type: left for the operator
                 _refused(refused, exc.key, exc.found, exc.expected)
                 counts = {}
@@ -232,8 +232,9 @@ class RedisStateCollector:
             if n > 0:
                 dead.add_metric([name], n)
         for sink, c in sorted(counts.items()):
-            for state, n in c.as_dict().items():
-                sinks.add_metric([sink, state], n)
+            for state, count in c.as_dict().items():
+                if count is not None:  # (no number in Redis: left out, not 0; counted by the outbox)
+                    sinks.add_metric([sink, state], count)
         return True
 
     def _spend(self, g: dict[str, Any]) -> Iterator[Metric]:

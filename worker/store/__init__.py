@@ -21,9 +21,10 @@ can rebuild; counted in ``tracescore_store_key_repairs_total``) or refused with
 ``StoreKeyTypeError`` (dead letters, a sink's undelivered scores, what a job counted), the same way on every path
 (``worker.store._keytypes``; ``checked`` / ``checked_async`` for a caller's own commands on keys it
 owns, ``checked_script`` for its scripts: the judge limiter's buckets, the spend ledger). A hash of
-counters is read with ``read_counters``: a value that is not a number is left out and logged; a
-script adding to one repairs it first (``tracescore_check_counters``: named ``<key> <field>``; a
-job's count is kept aside, and its progress refused: ``UnreadableCounterError``).
+counters is read with ``known_counters`` (a value that is not a number is None: unknown) or
+``read_counters`` (left out), each logged and counted; a script adding to one repairs it first
+(``tracescore_check_counters``: named ``<key> <field>``; a job's count is kept aside, and its
+progress refused: ``UnreadableCounterError``).
 """
 
 from worker._reconnect import StoreUnavailableError

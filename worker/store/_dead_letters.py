@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, ValidationError
 from worker import _keys
 from worker._reconnect import unavailable_as_error
 from worker.store._keytypes import RELEASE_OWNED, Check, checked, checked_async, checked_script
-from worker.store._redis import OnRedis, RedisConnection, failed_fields, read_counters
+from worker.store._redis import OnRedis, RedisConnection, failed_fields, known_counters
 
 __all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id"]
 
@@ -64,8 +64,8 @@ class DeadLetters(Protocol):
         """Add ``letter`` unless its ``message_key`` was dead-lettered before; True if added."""
         ...
 
-    async def counts(self) -> dict[str, int]:
-        """Dead letters on the list, by reason."""
+    async def counts(self) -> dict[str, int | None]:
+        """Dead letters on the list, by reason (None: its count in Redis is no number)."""
         ...
 
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
@@ -187,10 +187,10 @@ class RedisDeadLetters(OnRedis):
         (pushed,) = await self._redis.evalsha_many(_PUSH, len(keys), [(*keys, *args)], where="dead_letter_push")
         return bool(pushed)
 
-    async def counts(self) -> dict[str, int]:
+    async def counts(self) -> dict[str, int | None]:
         client, key = self._redis.client, _keys.dlq_reasons_key()
         raw = await checked_async(client, "dead_letter_counts", [(key, "hash", False)], lambda: client.hgetall(key))
-        return {k: n for k, n in read_counters(raw, key, "dlq_reasons").items() if n > 0}
+        return {k: n for k, n in known_counters(raw, key, "dlq_reasons").items() if n is None or n > 0}
 
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
         client = self._redis.client

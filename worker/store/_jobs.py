@@ -11,7 +11,6 @@ retryable failure, which becomes its skip) still changes its counts.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -20,7 +19,7 @@ from worker import _keys
 from worker._errors import UnreadableCounterError
 from worker._reconnect import unavailable_as_error
 from worker.store._keytypes import JOB_COUNTER_ASIDE, checked, checked_async, checked_script
-from worker.store._redis import OnRedis, RedisConnection, read_counters
+from worker.store._redis import OnRedis, RedisConnection, known_counters, read_counters
 
 __all__ = [
     "FAILURE_BUCKETS_KEPT",
@@ -202,8 +201,9 @@ class JobStats(Protocol):
         another's replacing its retryable failure: failed → skipped)."""
         ...
 
-    async def recent_failures(self, buckets: int = 6) -> dict[str, int]:
-        """Failed scores by reason over the last ``buckets`` × ``FAILURE_WINDOW_SECONDS``."""
+    async def recent_failures(self, buckets: int = 6) -> dict[str, int | None]:
+        """Failed scores by reason over the last ``buckets`` × ``FAILURE_WINDOW_SECONDS`` (None:
+        a count of it in Redis is no number)."""
         ...
 
     async def close(self) -> None: ...
@@ -238,7 +238,7 @@ class RedisJobStats(OnRedis):
         args = [_keys.job_key(job_id), _keys.job_skips_key(job_id), str(self.job_ttl_s)]
         await self._redis.evalsha_each(_FINISH, [(2, args)], where="finish_job")
 
-    async def recent_failures(self, buckets: int = 6) -> dict[str, int]:
+    async def recent_failures(self, buckets: int = 6) -> dict[str, int | None]:
         now = failure_bucket()
         client = self._redis.client
         keys = [_keys.failures_key(bucket) for bucket in range(now - buckets + 1, now + 1)]
@@ -249,9 +249,11 @@ class RedisJobStats(OnRedis):
                     pipe.hgetall(key)
                 return list(await pipe.execute())
 
-        totals: dict[str, int] = defaultdict(int)
+        totals: dict[str, int | None] = {}
         replies = await checked_async(client, "recent_failures", [(k, "hash", False) for k in keys], read)
         for key, reply in zip(keys, replies, strict=True):
-            for reason, n in read_counters(reply, key, "failures").items():
-                totals[reason] += n
-        return dict(totals)
+            for reason, n in known_counters(reply, key, "failures").items():
+                # (one bucket's count unknown leaves the reason's sum unknown, not smaller)
+                so_far = totals.get(reason, 0)
+                totals[reason] = None if so_far is None or n is None else so_far + n
+        return totals

@@ -105,7 +105,7 @@ class MemoryJobStats:
             if "failed" not in self._jobs.get(job_id, {}):  # (as in Redis: kept for its dlq retry)
                 self._skips.pop(job_id, None)
 
-    async def recent_failures(self, buckets: int = 6) -> dict[str, int]:
+    async def recent_failures(self, buckets: int = 6) -> dict[str, int | None]:
         now = failure_bucket()
         totals: dict[str, int] = defaultdict(int)
         with self._lock:
@@ -307,7 +307,7 @@ class MemoryDeadLetters:
             self._letters.insert(0, letter)
             return True
 
-    async def counts(self) -> dict[str, int]:
+    async def counts(self) -> dict[str, int | None]:
         counts: dict[str, int] = defaultdict(int)
         with self._lock:
             for letter in self._letters:

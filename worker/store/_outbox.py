@@ -43,7 +43,7 @@ from tracing import ScoreRecord
 from worker import _keys
 from worker._reconnect import DECODED
 from worker.store._keytypes import Check, checked, checked_script, pipeline_replies
-from worker.store._redis import failed_fields, read_counters
+from worker.store._redis import failed_fields, known_counters
 
 __all__ = ["Lease", "MemoryOutbox", "Outbox", "RedisOutbox", "SinkCounts", "SinkDeadLetter", "SinkState"]
 
@@ -70,15 +70,16 @@ class SinkDeadLetter(BaseModel):
 @dataclass(frozen=True)
 class SinkCounts:
     """One sink's state: ``pending`` (queued or leased), ``failed`` (dead letters now),
-    ``delivered`` / ``dropped`` (record gone) / ``retried`` (since the counters began)."""
+    ``delivered`` / ``dropped`` (record gone) / ``retried`` (since the counters began; None:
+    unknown, its counter in Redis is no number until the drainer's next settle starts it over)."""
 
-    delivered: int = 0
+    delivered: int | None = 0
     pending: int = 0
     failed: int = 0
-    dropped: int = 0
-    retried: int = 0
+    dropped: int | None = 0
+    retried: int | None = 0
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | None]:
         return {
             "delivered": self.delivered,
             "pending": self.pending,
@@ -482,13 +483,13 @@ class RedisOutbox:
         out: dict[str, SinkCounts] = {}
         for i, sink in enumerate(sinks):
             pending, failed = got[3 * i + 1], got[3 * i + 2]
-            counters = read_counters(got[3 * i], _keys.outbox_counts_key(sink), "outbox_counts")
+            counters = known_counters(got[3 * i], _keys.outbox_counts_key(sink), "outbox_counts")
             out[sink] = SinkCounts(
-                delivered=int(counters.get("delivered", 0)),
+                delivered=counters.get("delivered", 0),
                 pending=int(pending),
                 failed=int(failed),
-                dropped=int(counters.get("dropped", 0)),
-                retried=int(counters.get("retried", 0)),
+                dropped=counters.get("dropped", 0),
+                retried=counters.get("retried", 0),
             )
         return out
 

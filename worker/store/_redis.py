@@ -15,7 +15,7 @@ from tracing import printable
 from worker._reconnect import reconnecting_client, unavailable_as_error
 from worker.store._keytypes import pipeline_replies
 
-__all__ = ["OnRedis", "RedisConnection", "failed_fields", "read_counters"]
+__all__ = ["OnRedis", "RedisConnection", "failed_fields", "known_counters", "read_counters"]
 
 log = structlog.get_logger("tracescore.store")
 
@@ -124,12 +124,12 @@ def failed_fields(exc: ValidationError) -> str:
     return ", ".join(sorted(places))[:300]
 
 
-def read_counters(raw: Mapping[str, str], key: str, name: str) -> dict[str, int]:
-    """A hash of counters (HGETALL's answer) as integers. A value that is not one (the key
-    written by hand, or damaged) is left out, logged with its key and field (never its value)
-    and counted under ``name`` in ``tracescore_store_unreadable_values``: ``tracescore status``
-    and a backfill's progress go on with the others."""
-    out: dict[str, int] = {}
+def known_counters(raw: Mapping[str, str], key: str, name: str) -> dict[str, int | None]:
+    """A hash of counters (HGETALL's answer) as integers, None for a value that is not one (the
+    key written by hand, or damaged): logged with its key and field (never its value) and
+    counted under ``name`` in ``tracescore_store_unreadable_values``. ``tracescore status`` and
+    the metrics show it unknown, not 0 (a sink that had delivered thousands showed none)."""
+    out: dict[str, int | None] = {}
     for field, value in raw.items():
         try:
             out[field] = int(value)
@@ -138,4 +138,11 @@ def read_counters(raw: Mapping[str, str], key: str, name: str) -> dict[str, int]
             from worker.metrics import observe_unreadable  # the metrics load only for this
 
             observe_unreadable(name)
+            out[field] = None
     return out
+
+
+def read_counters(raw: Mapping[str, str], key: str, name: str) -> dict[str, int]:
+    """``known_counters`` without the values that are not numbers, for the readers that go on
+    with the others (a script adding to the hash repairs them first)."""
+    return {field: n for field, n in known_counters(raw, key, name).items() if n is not None}
