@@ -23,7 +23,7 @@ from worker import _keys
 from worker._reconnect import reconnecting_client, unavailable_as_error
 from worker._settings import ModelRateLimit
 from worker.metrics import observe_limiter_wait
-from worker.store import checked_async, checked_script, read_counters
+from worker.store import checked_async, checked_script, known_counters, read_counters
 
 __all__ = ["RedisRateLimiter"]
 
@@ -243,10 +243,11 @@ class RedisRateLimiter:
         await self._pause(keys=[_keys.limiter_pause_key(model_id)], args=[int(seconds * 1000)])
         log.warning("judge_model_paused", model=model_id, seconds=round(seconds, 3))
 
-    async def state(self) -> dict[str, dict[str, float]]:
-        """Per model: remaining pause (s), bucket levels and calls admitted in the last minute."""
+    async def state(self) -> dict[str, dict[str, float | None]]:
+        """Per model: remaining pause (s), bucket levels and calls admitted in the last minute
+        (None: a second's count of it in Redis is no number)."""
         client = self._redis()
-        out: dict[str, dict[str, float]] = {}
+        out: dict[str, dict[str, float | None]] = {}
         prefix = _keys.limiter_prefix()
         seconds, micros = await client.time()  # Redis's clock, as the buckets' own scripts read it
         now_s, now_ms = int(seconds), int(seconds) * 1000 + int(micros) // 1000
@@ -259,7 +260,10 @@ class RedisRateLimiter:
                 last_minute = [str(now_s - i) for i in range(1, 61)]
                 granted = await client.hmget(key, last_minute)
                 found = {s: g for s, g in zip(last_minute, granted, strict=True) if g is not None}
-                entry["calls_last_60s"] = float(sum(read_counters(found, key, "limiter_granted").values()))
+                # (a second's count no number: unknown, not the other seconds' smaller sum; only
+                # the current second's is repaired, an older one expires with the key)
+                calls = list(known_counters(found, key, "limiter_granted").values())
+                entry["calls_last_60s"] = None if None in calls else float(sum(n for n in calls if n is not None))
             else:
                 tokens, ts = await client.hmget(key, ["tokens", "ts"])
                 try:

@@ -444,10 +444,16 @@ def test_status_shows_a_counter_that_is_not_a_number_unknown(env: str, capsys: p
         assert status["recent_failures"] == {"timeout": 3, "odd": None}
         assert status["sinks"]["otlp"]["delivered"] is None
         assert status["sinks"]["otlp"]["retried"] == 4
-        assert status["rate_limits"]["m"]["calls_last_60s"] == 3
+        # (one second's count no number: the minute's is unknown, not the other seconds' 3)
+        assert status["rate_limits"]["m"]["calls_last_60s"] is None
         assert captured.err.count("counter_unreadable") == 4
         assert "field=weird" in captured.err
         assert "SECRET" not in captured.err + captured.out
+        assert main(["status", "--timeout", "0.3"]) == 0
+        text = capsys.readouterr().out
+        assert "rate limit  m: calls_last_60s=unknown" in text
+        assert "a counter in Redis is no number: sink otlp delivered, dead letters weird, failures odd," in text
+        assert "rate limit m calls_last_60s (shown unknown" in text
         assert main(["sinks", "list", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["otlp"]["retried"] == 4
         # The broker-mode backfill polls its job's counters: a total that is no integer is summed

@@ -124,7 +124,7 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
     limits = status["rate_limits"]
     if limits:
         for model, state in sorted(limits.items()):
-            parts = [f"{k}={v}" for k, v in sorted(state.items())]
+            parts = [f"{k}={'unknown' if v is None else v}" for k, v in sorted(state.items())]
             _echo(f"rate limit  {model}: {', '.join(parts)}")
     else:
         _echo("rate limit  no judge calls limited yet")
@@ -149,6 +149,7 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
         ),
         *(f"dead letters {reason}" for reason, n in status["dead_letters_by_reason"].items() if n is None),
         *(f"failures {reason}" for reason, n in status["recent_failures"].items() if n is None),
+        *(f"rate limit {model} {k}" for model, state in sorted(limits.items()) for k, v in state.items() if v is None),
     ]
     if unknown:
         # (read as 0, a sink that had delivered thousands showed none)

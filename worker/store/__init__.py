@@ -42,7 +42,7 @@ from worker.store._keytypes import (
 )
 from worker.store._memory import MemoryDeadLetters, MemoryJobStats, MemoryScoreStore
 from worker.store._outbox import Lease, MemoryOutbox, Outbox, RedisOutbox, SinkCounts, SinkDeadLetter, SinkState
-from worker.store._redis import failed_fields, read_counters, validation_place
+from worker.store._redis import failed_fields, known_counters, read_counters, validation_place
 from worker.store._scores import Claims, RedisScoreStore, ScoreStore, claim, delivery_owner, process_owner
 
 __all__ = [
@@ -80,6 +80,7 @@ __all__ = [
     "failed_fields",
     "finish_job",
     "job_progress",
+    "known_counters",
     "new_token",
     "process_owner",
     "read_counters",
