@@ -234,6 +234,18 @@ def _job_state_keys(db: redis.Redis) -> list[str]:
     return [k for k in db.scan_iter(backfill_state_key("*")) if not k.endswith(":traces")]
 
 
+def _enqueued_200(db: redis.Redis) -> str:
+    """Once the backfill started on 1,500 traces has enqueued 200 runs: its job's state key."""
+    keys: list[str] = []
+
+    def started() -> bool:
+        keys[:] = _job_state_keys(db)
+        return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 200
+
+    _wait_for(started, 120, "the backfill to enqueue 200 runs")
+    return keys[0]
+
+
 def test_resume_after_sigkill_scores_every_trace_exactly_once(
     tmp_path: Path, workers: list[Path], db: redis.Redis
 ) -> None:
@@ -284,18 +296,12 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(
     out = tmp_path / "earlier.jsonl"
     out.write_text('{"an": "earlier record"}\n')
     process = _start_backfill(tmp_path / "in", "--out", str(out))
-    keys: list[str] = []
-
-    def started() -> bool:
-        keys[:] = _job_state_keys(db)
-        return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 200
-
-    _wait_for(started, 120, "the backfill to enqueue 200 runs")
+    state_key = _enqueued_200(db)
     for _ in range(presses):
         process.send_signal(signal.SIGINT)
         time.sleep(0.05)
     _, stderr = process.communicate(timeout=60)
-    job_id = keys[0].rsplit(":", 1)[1]
+    job_id = state_key.rsplit(":", 1)[1]
     # A press landing once the interpreter is finalizing (its summary and resume line written,
     # Python's handler gone) ends the process by SIGINT itself: a shell reads that as 130 too.
     assert process.returncode in (130, -signal.SIGINT), stderr.decode()[-2000:]
@@ -307,7 +313,7 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(
     assert 200 <= int(enqueued.group(1).replace(",", "")) < 4500
     assert f"--out {out} was not written (the workers' records are read back at the job's end)" in stderr.decode()
     assert out.read_text() == '{"an": "earlier record"}\n'
-    assert json.loads(db.get(keys[0]) or "{}")["status"] == "interrupted"
+    assert json.loads(db.get(state_key) or "{}")["status"] == "interrupted"
     summary = _backfill("--resume", job_id)
     assert summary["scored"] + summary["failed"] == 4500
     assert Counter(r["score_id"] for r in _records(workers, job_id)).most_common(1)[0][1] == 1
@@ -583,18 +589,12 @@ def test_a_resumed_jobs_summary_says_which_figures_are_this_runs(
     "job"; tests/worker/test_budget_resume.py pays for it), the per-scorer summary still this run's."""
     write_otlp_files(tmp_path / "in", 1500, files=2)
     process = _start_backfill(tmp_path / "in")
-    keys: list[str] = []
-
-    def started() -> bool:
-        keys[:] = _job_state_keys(db)
-        return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 200
-
-    _wait_for(started, 120, "the backfill to enqueue 200 runs")
+    state_key = _enqueued_200(db)
     process.send_signal(signal.SIGINT)
     _, first = process.communicate(timeout=60)
     assert "(resumed:" not in first.decode()  # a job's first run: its counts are its own
-    job_id = keys[0].rsplit(":", 1)[1]
-    before = json.loads(db.get(keys[0]) or "{}")["counters"]
+    job_id = state_key.rsplit(":", 1)[1]
+    before = json.loads(db.get(state_key) or "{}")["counters"]
     assert before["runs_enqueued"] < 1500
 
     result = CliRunner().invoke(
@@ -802,17 +802,11 @@ def test_a_resume_that_enqueued_runs_counts_an_unreadable_record_once(
 
     write_otlp_files(tmp_path / "in", 1500, files=2)
     process = _start_backfill(tmp_path / "in")
-    keys: list[str] = []
-
-    def started() -> bool:
-        keys[:] = _job_state_keys(db)
-        return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 200
-
-    _wait_for(started, 120, "the backfill to enqueue 200 runs")
+    state_key = _enqueued_200(db)
     process.send_signal(signal.SIGINT)
     process.communicate(timeout=60)
-    job_id = keys[0].rsplit(":", 1)[1]
-    assert json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] < 1500
+    job_id = state_key.rsplit(":", 1)[1]
+    assert json.loads(db.get(state_key) or "{}")["counters"]["runs_enqueued"] < 1500
     summary_of = _Enqueued.summary
     damaged: list[str] = []
 
