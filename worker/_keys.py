@@ -175,9 +175,11 @@ def backfill_runs_key(job_id: str) -> str:
 
 
 def backfill_rootless_key(job_id: str) -> str:
-    """List of the traces a backfill job read without their root span (oldest first, the newest
-    kept as the job's assembler keeps them): its ``--resume`` takes a root of one of them that
-    comes past the checkpoint as the late root it is, not as a new trace."""
+    """List of the traces a backfill job read (oldest first, the newest kept as the job's
+    assembler keeps them; ``r:<trace id>`` for one read with its root, the bare id for one read
+    without it, all an earlier release kept, hence the name): its ``--resume`` takes a span or
+    root of one of them that comes past the checkpoint as the late span or root it is, not as a
+    new trace."""
     return f"{PREFIX}backfill-rootless:{job_id}"
 
 

@@ -2,8 +2,9 @@
 
 A run sent twice in one job left a Redis-mode job waiting forever: its expected scores counted
 both copies, the workers one. Copies came from a file given twice, a batch of spans a collector
-wrote twice (past the assembly window), and a resume reading again past its checkpoint; a
-trace's late fragment, on the other hand, is a run of its own and must not be taken for one.
+wrote twice (past the assembly window), and a resume reading again past its checkpoint. Spans
+of a trace already read that come past the window (a collector's copy, a straggler) are late
+spans now, counted and not read (tests/backfill/test_late_spans.py), so no run of theirs is sent.
 """
 
 from __future__ import annotations
@@ -103,15 +104,16 @@ def test_a_saved_file_list_is_read_as_saved(tmp_path: Path) -> None:
 
 
 def test_spans_written_twice_past_the_window_are_sent_once(tmp_path: Path) -> None:
-    """The first line again 600 spans later: its five traces are assembled and planned twice;
-    their runs go once, and the copies are counted as read again (the summary adds up)."""
+    """The first line again 600 spans later: its five traces were assembled and planned twice
+    (the copies counted as runs read again); their 15 spans are late spans of traces read."""
     submitter = CapturingSubmitter()
     state = _state(_written_twice(tmp_path / "t.jsonl"), window_spans=100)
     Backfill(FileSource([tmp_path / "t.jsonl"]), state, submitter).run()
     assert Counter(submitter.runs).most_common(1)[0][1] == 1
     assert len(submitter.runs) == 200
     counters = state.counters
-    assert (counters.runs_read, counters.runs_enqueued, counters.runs_read_again) == (205, 200, 5)
+    assert (counters.runs_read, counters.runs_enqueued, counters.runs_read_again) == (200, 200, 0)
+    assert (counters.traces_read, counters.late_spans) == (200, 15)
 
 
 def test_embedded_summary_adds_up_for_spans_written_twice(tmp_path: Path) -> None:
@@ -123,24 +125,29 @@ def test_embedded_summary_adds_up_for_spans_written_twice(tmp_path: Path) -> Non
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert (summary["runs_enqueued"], summary["runs_read_again"]) == (200, 5)
+    assert (summary["runs_enqueued"], summary["late_spans"]) == (200, 15)
     assert summary["scored"] + summary["failed"] == summary["scores_expected"] == 600
-    assert "runs read again   5" in result.stderr
+    assert "late spans        15" in result.stderr
 
 
-def test_a_copy_in_a_later_batch_is_checked_against_the_job_store(tmp_path: Path, store: RedisJobStore) -> None:
-    """In Redis mode the job's runs are in its store's set; each batch is checked against it."""
-    path = _written_twice(tmp_path / "t.jsonl")
-    submitter = CapturingSubmitter()
+def test_a_run_in_a_later_batch_is_checked_against_the_job_store(tmp_path: Path, store: RedisJobStore) -> None:
+    """In Redis mode the job's runs are in its store's set; each batch is checked against it
+    (five runs an earlier run of the job enqueued, in the 8th batch, are not sent again)."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(_lines(0, 200)))
     state = _state(path, window_spans=100, batch_size=20)
+    earlier = [run_id(trace_id(i), f"{i * 3 + 1:016x}") for i in range(150, 155)]
+    assert store.save(state, earlier)
+    submitter = CapturingSubmitter()
     Backfill(FileSource([path]), state, submitter, job_store=store).run()
-    assert len(submitter.runs) == len(set(submitter.runs)) == 200
+    assert len(submitter.runs) == len(set(submitter.runs)) == 195
+    assert not {run_id(*run) for run in submitter.runs} & set(earlier)
     assert state.counters.runs_read_again == 5
     assert store.client.scard(backfill_runs_key(state.job_id)) == 200
 
 
 def _straggler(path: Path) -> tuple[Path, tuple[str, str]]:
-    """600 traces; trace 7 has a second LLM call exported 1,200 spans late (a fragment of its own)."""
+    """600 traces; trace 7 has a second LLM call exported 1,200 spans late (a late span)."""
     lines = _lines(0, 600)
     children, _ = trace_spans(7)
     late = dict(children[0], spanId="00000000deadbeef")
@@ -166,18 +173,22 @@ def _interrupted_then_resumed(
     return submitter.runs, resumed
 
 
-def test_a_resume_sends_a_late_fragment_it_never_sent(tmp_path: Path, store: RedisJobStore) -> None:
-    """Stopped after trace 7 went out, before its late span was read: the resume read that span
-    as a fragment, dropped it as an already enqueued trace, and never scored it."""
+def test_a_resume_counts_a_late_span_as_the_job_without_a_stop_does(tmp_path: Path, store: RedisJobStore) -> None:
+    """Stopped after trace 7 went out, before its late span was read: the resume reads that span
+    as the run without a stop does, a late span of trace 7 (it was a run of its own, a second
+    score of trace 7 made of a fragment, until the job kept the traces it read)."""
     path, late_run = _straggler(tmp_path / "t.jsonl")
     uninterrupted = CapturingSubmitter()
-    Backfill(FileSource([path]), _state(path, job_id="bf-whole", window_spans=500), uninterrupted).run()
-    assert late_run in uninterrupted.runs
+    whole = _state(path, job_id="bf-whole", window_spans=500)
+    Backfill(FileSource([path]), whole, uninterrupted).run()
+    assert late_run not in uninterrupted.runs
+    assert whole.counters.late_spans == 1
 
     runs, state = _interrupted_then_resumed(path, store, lambda s: s.counters.runs_enqueued >= 100)
     assert Counter(runs).most_common(1)[0][1] == 1
     assert sorted(runs) == sorted(uninterrupted.runs)
-    assert state.counters.runs_enqueued == len(runs) == 601
+    assert state.counters.runs_enqueued == len(runs) == 600
+    assert (state.counters.late_spans, state.counters.traces_read) == (1, 600)
 
 
 def test_a_job_of_the_previous_release_enqueues_none_of_its_traces_again(tmp_path: Path, store: RedisJobStore) -> None:

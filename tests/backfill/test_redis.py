@@ -322,7 +322,8 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(
 def test_a_run_read_twice_does_not_keep_the_job_waiting(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
     """A batch of spans written twice (a collector's retry, past the assembly window) and a file
     named twice: the job counted the copies in its expected scores, the workers scored each run
-    once, and the job waited forever. Each run is enqueued once now, and the copies are counted."""
+    once, and the job waited forever. Each run is enqueued once now, and the copies are counted
+    (late spans of the traces they repeat)."""
     write_otlp_files(tmp_path / "in", 200, files=2)
     lines = gzip.decompress((tmp_path / "in" / "part-000.jsonl.gz").read_bytes()).decode().splitlines(keepends=True)
     (tmp_path / "in" / "part-000.jsonl.gz").write_bytes(gzip.compress("".join([*lines, lines[0]]).encode()))
@@ -336,7 +337,7 @@ def test_a_run_read_twice_does_not_keep_the_job_waiting(tmp_path: Path, workers:
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["status"] == "finished", _worker_logs(workers)
-    assert (summary["runs_enqueued"], summary["runs_read_again"]) == (200, 5)
+    assert (summary["runs_enqueued"], summary["late_spans"]) == (200, 15)
     assert summary["scored"] + summary["failed"] == summary["scores_expected"] == 600
 
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from tests._redis import RedisServer
 from tests.backfill._synth import write_otlp_files
-from worker._keys import backfill_runs_key, backfill_state_key
+from worker._keys import backfill_rootless_key, backfill_runs_key, backfill_state_key
 from worker.cli import cli
 
 
@@ -44,7 +44,7 @@ def test_a_resume_sends_the_rest_to_the_jobs_queue(tmp_path: Path, private_redis
     state = json.loads(db.get(backfill_state_key(job)) or "{}")
     stopped = {**state, "status": "interrupted", "checkpoint": [0, 0, 0], "counters": {}}
     db.set(backfill_state_key(job), json.dumps(stopped))
-    db.delete(backfill_runs_key(job), "nightly")
+    db.delete(backfill_runs_key(job), backfill_rootless_key(job), "nightly")
     resumed, said = _backfill(private_redis, "--resume", job, "--no-wait")
     assert resumed["runs_enqueued"] == 40
     assert "the job's queue is 'nightly' (TRACESCORE_QUEUE says 'tracescore'): using the job's" in said

@@ -16,10 +16,14 @@ least recently touched trace is released early and counted as ``evicted``), and 
 at most ``max_spans_per_trace`` spans (the rest are dropped and counted; its root span is always
 kept, so a big trace whose root ends last still has it).
 
-A root that arrives after its trace was released without one (the trace was idle for the whole
-window, or evicted) is a *late root*: counted (``stats.late_roots``) and its trace's remaining
-spans come out as an ``AssembledTrace`` with ``late_root=True``, so the caller can report that
-the trace was read without its root instead of scoring the fragment as a trace of its own.
+A span that arrives after its trace was released (the window passed, or the trace was evicted)
+is *late*: its trace's remaining spans come out as an ``AssembledTrace`` with ``late=True``, so
+the caller can report them instead of scoring the fragment as a trace of its own (a second score
+of the trace, or a run made of a fragment). A late one that is the root of a trace released
+without one is a *late root* (``late_root=True``, counted in ``stats.late_roots``): the trace was
+read without its root. The released traces are remembered by id, the newest ``released_kept``
+(at least 10,000, else ``max_open_spans``): a span of a trace released further back cannot be
+told from a new trace's.
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ class AssembledTrace:
     last: Position
     completion: Completion
     dropped_spans: int = 0
-    late_root: bool = False  # the rest of a trace released earlier without its root
-    rooted: bool = True  # its root span is among its spans (else: a root that comes later is late)
+    late: bool = False  # the rest of a trace released earlier: not a trace of its own
+    late_root: bool = False  # late, and the root of a trace released without one
+    # Its root span was read, among its spans or an earlier part's (else: a root that comes later is late).
+    rooted: bool = True
 
 
 @dataclass(slots=True)
@@ -79,8 +85,10 @@ class _Open:
     last_seen: int = 0  # spans_read when last touched
     last_unit: int = 0
     dropped: int = 0
-    late: bool = False  # an earlier part of this trace was released without its root
+    late: bool = False  # an earlier part of this trace was released
     rooted: bool = False
+    # Late, and the part released before had its root (a root here is then no late root).
+    released_rooted: bool = False
 
 
 class TraceAssembler:
@@ -108,9 +116,9 @@ class TraceAssembler:
         self._unit = 0
         # (first position, trace id) of open traces; stale entries are skipped lazily.
         self._firsts: list[tuple[Position, str]] = []
-        # Traces released without a root, most recent last (bounded: ids only), to tell a late
-        # root from a new trace.
-        self._released_rootless: OrderedDict[str, None] = OrderedDict()
+        # Traces released, most recent last, each with whether it had its root (bounded: ids
+        # only), to tell a late span (or root) from a new trace. Touched once a trace, not a span.
+        self._released: OrderedDict[str, bool] = OrderedDict()
         self._released_limit = max(10_000, max_open_spans)
 
     @property
@@ -131,20 +139,23 @@ class TraceAssembler:
             heapq.heappop(self._firsts)
         return None
 
-    def remember_rootless(self, trace_ids: Iterable[str]) -> None:
-        """Take ``trace_ids`` (oldest first) as released without a root before this assembler's
-        input: a resumed read's assembler, which has not seen them, then tells their late roots
-        from new traces as the read before it did."""
-        released = self._released_rootless
-        for trace_id in trace_ids:
-            released[trace_id] = None
-            released.move_to_end(trace_id)
-            if len(released) > self._released_limit:
-                released.popitem(last=False)
+    def remember_released(self, traces: Iterable[tuple[str, bool]]) -> None:
+        """Take ``traces`` (trace id, whether it had its root; oldest first) as released before
+        this assembler's input: a resumed read's assembler, which has not seen them, then tells
+        their late spans and roots from new traces as the read before it did."""
+        for trace_id, rooted in traces:
+            self._remember(trace_id, rooted)
+
+    def _remember(self, trace_id: str, rooted: bool) -> None:
+        released = self._released
+        released[trace_id] = rooted
+        released.move_to_end(trace_id)
+        if len(released) > self._released_limit:
+            released.popitem(last=False)
 
     @property
-    def rootless_kept(self) -> int:
-        """How many of the traces released without a root are remembered (the newest)."""
+    def released_kept(self) -> int:
+        """How many of the traces released are remembered (the newest)."""
         return self._released_limit
 
     def _compact(self) -> None:
@@ -165,7 +176,10 @@ class TraceAssembler:
             else:
                 held = self._rootless.get(trace_id)
                 if held is None:
-                    held = _Open(trace_id, position, position, late=trace_id in self._released_rootless)
+                    held = _Open(trace_id, position, position)
+                    released_rooted = self._released.get(trace_id)
+                    if released_rooted is not None:
+                        held.late, held.released_rooted = True, released_rooted
                     self._rootless[trace_id] = held
                     heapq.heappush(self._firsts, (position, trace_id))
                     if len(self._firsts) > 4 * self.open_traces + 1024:
@@ -190,7 +204,7 @@ class TraceAssembler:
             if is_root and not held.rooted:
                 held.rooted = True
                 self._rooted[trace_id] = self._rootless.pop(trace_id)
-                if held.late:
+                if held.late and not held.released_rooted:
                     stats.late_roots += 1
         stats.max_open_traces = max(stats.max_open_traces, self.open_traces)
         stats.max_open_spans = max(stats.max_open_spans, self._open_spans)
@@ -237,12 +251,7 @@ class TraceAssembler:
         self._open_spans -= len(held.spans)
         self.stats.traces += 1
         rooted = held.rooted
-        if not rooted:
-            released = self._released_rootless
-            released[held.trace_id] = None
-            released.move_to_end(held.trace_id)
-            if len(released) > self._released_limit:
-                released.popitem(last=False)
+        self._remember(held.trace_id, rooted or held.released_rooted)
         return AssembledTrace(
             held.trace_id,
             held.spans,
@@ -250,6 +259,7 @@ class TraceAssembler:
             held.last,
             completion,
             held.dropped,
-            late_root=held.late and rooted,
-            rooted=rooted,
+            late=held.late,
+            late_root=held.late and rooted and not held.released_rooted,
+            rooted=rooted or held.released_rooted,
         )

@@ -30,9 +30,14 @@ run that reads it again, so a stopped and resumed job counts its input once. A t
 over that began before the checkpoint and reaches it (lines shared by several traces) is saved
 with the position of its last span (``read_through``): a resume skips its spans up to there,
 which it would read as a fragment of its own, counted again and planned as a run of its own.
-A trace released without its root before the checkpoint is kept by id (the job store's list,
-as many as the assembler remembers): the resume's assembler starts knowing them, so a root of
-one that comes past the checkpoint is a late root, as without the stop, not a new trace.
+A trace released before the checkpoint is kept by id, with whether it had its root (the job
+store's list, as many as the assembler remembers): the resume's assembler starts knowing them,
+so a span of one that comes past the checkpoint is a late span (a root of one read without it, a
+late root), as without the stop, not a new trace.
+
+Late spans: a span read after its trace was released (the window passed, or memory evicted it)
+is counted (``late_spans``) and reported by trace id, never read as a trace of its own (its
+fragment planned as a run: a second score of the trace, or a score of a part of it).
 
 Each run once: a run (trace id, target span id) the job already enqueued is not enqueued again
 (counted ``runs_read_again``), whether it is read again after a resume, from a file given twice,
@@ -163,9 +168,9 @@ class Backfill:
         # many); the traces an earlier run handed over, which this one skips up to their last span.
         self._handed: list[tuple[Position, Position, str]] = []
         self._unsaved: list[tuple[Position, str, str, int]] = []
-        # (first position, trace id) of the traces released without their root not yet in the
-        # job store's list: saved once before the checkpoint (past it, a resume reads them again).
-        self._rootless: list[tuple[Position, str]] = []
+        # (first position, trace id, whether it had its root) of the traces released not yet in
+        # the job store's list: saved once before the checkpoint (past it, a resume reads them again).
+        self._released: list[tuple[Position, str, bool]] = []
         self._read_through = {trace_id: Position(*at) for trace_id, at in state.read_through.items()}
 
     # --- the loop -------------------------------------------------------------------------
@@ -175,9 +180,9 @@ class Backfill:
         self._current = self.state.position
         self._saved = self.state.model_copy(deep=True)  # what an interrupt before any batch keeps
         if self.job_store is not None:
-            # The traces read before without their root: a root of one past the checkpoint is
-            # late, as it was to the run before the stop, not a new trace scored a second time.
-            self.assembler.remember_rootless(self.job_store.rootless(self.state.job_id))
+            # The traces read before: a span of one past the checkpoint is late, as it was to the
+            # run before the stop, not a new trace scored a second time.
+            self.assembler.remember_released(self.job_store.released(self.state.job_id))
         self.reporter.start("reading")
         try:
             for item in self.source.read(self.state.position):
@@ -224,8 +229,8 @@ class Backfill:
             trace = self._waiting.popleft()
             if self.job_store is not None and trace.first != trace.last:
                 self._handed.append((trace.first, trace.last, trace.trace_id))
-            if self.job_store is not None and not trace.rooted:
-                self._rootless.append((trace.first, trace.trace_id))
+            if self.job_store is not None:
+                self._released.append((trace.first, trace.trace_id, trace.rooted))
             self._handle(trace)
             if self._chunk_runs >= self.state.options.batch_size:
                 self._flush()
@@ -239,16 +244,26 @@ class Backfill:
         at = trace.first
         if trace.completion == "evicted":
             self._count(at, "evicted_traces")
-        if trace.late_root:
-            # The rest of a trace already read (and counted) without its root: not a trace of
-            # its own. Reading it would score its root span a second time, with no content.
+        if trace.late:
+            # The rest of a trace already read (and counted): not a trace of its own. Reading it
+            # would score a part of the trace, or its root span a second time with no content.
             if not sampled(trace.trace_id, options.sample_rate):
                 return  # its first part was sampled out (and counted) too
-            self._count(at, "late_roots")
-            self._report(
-                f"trace {trace.trace_id}: its root span arrived after the assembly window; the trace was "
-                f"read without it (raise --window-spans, now {options.window_spans:,})"
-            )
+            unplaced = len(trace.spans) + trace.dropped_spans
+            if trace.late_root:
+                unplaced -= 1
+                self._count(at, "late_roots")
+                self._report(
+                    f"trace {trace.trace_id}: its root span arrived after the assembly window; the trace was "
+                    f"read without it (raise --window-spans, now {options.window_spans:,})"
+                )
+            if unplaced:
+                self._count(at, "late_spans", n=unplaced)
+                self._report(
+                    f"trace {trace.trace_id}: {unplaced:,} span{'s' if unplaced > 1 else ''} arrived after the trace"
+                    f" was read (past the assembly window); not read (raise --window-spans, now"
+                    f" {options.window_spans:,})"
+                )
             return
         self._count(at, "traces_read")
         if trace.dropped_spans:
@@ -464,10 +479,10 @@ class Backfill:
         if self.job_store is not None and self.submitter is not None:
             self.state.read_through = self._handed_through(checkpoint)
             saved = self.state.model_copy(update={"counters": self._saved_counters(checkpoint)}, deep=True)
-            rootless = [trace_id for first, trace_id in self._rootless if first < checkpoint]
-            if not self.job_store.save(saved, run_ids, rootless, self.assembler.rootless_kept):
+            released = [(trace_id, rooted) for first, trace_id, rooted in self._released if first < checkpoint]
+            if not self.job_store.save(saved, run_ids, released, self.assembler.released_kept):
                 raise KeyboardInterrupt  # the hold is another's: nothing was written, stop
-            self._rootless = [entry for entry in self._rootless if entry[0] >= checkpoint]
+            self._released = [entry for entry in self._released if entry[0] >= checkpoint]
             self._saved = saved
 
     @property

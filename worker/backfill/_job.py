@@ -132,7 +132,7 @@ def _refused_key(exc: StoreKeyTypeError | UnreadableStateError, job_id: str, res
             state_key: "state",
             backfill_runs_key(job_id): "set of the runs it enqueued",
             backfill_traces_key(job_id): "set of the traces an earlier release enqueued",
-            backfill_rootless_key(job_id): "list of the traces it read without their root",
+            backfill_rootless_key(job_id): "list of the traces it read",
             # (the workers' keys of the job, read by its progress and finish: named when the store refuses one)
             job_key(job_id): "hash of counters",
             job_skips_key(job_id): "set of the scores it counted as skipped",
@@ -345,6 +345,8 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
         "evicted_traces": counters.evicted_traces,
         # Counted by the assembler when a trace's root span came after its window had closed.
         "late_roots": counters.late_roots,
+        # Other spans that came after their trace was read: not read, nor a trace of their own.
+        "late_spans": counters.late_spans,
         # Runs refused before enqueueing, by reason (too_large: one run over the message cap).
         "runs_rejected": dict(counters.runs_rejected),
         # Runs sent with U+FFFD for text no JSON can hold (bytes not UTF-8, lone surrogates).
@@ -431,6 +433,11 @@ def print_summary(summary: dict[str, Any]) -> None:
         lines.append(
             f"  late roots        {summary['late_roots']:,}   (root span arrived after the assembly window; "
             "widen it with --window-spans / --window-files)"
+        )
+    if summary.get("late_spans"):
+        lines.append(
+            f"  late spans        {summary['late_spans']:,}   (of traces already read, past the assembly window: "
+            "not read; widen it with --window-spans / --window-files)"
         )
     if summary.get("runs_rejected"):
         rejected = summary["runs_rejected"]
@@ -1047,6 +1054,11 @@ def _dry_run(
         click.echo(
             f"late roots: {summary['late_roots']} (root span arrived after the assembly window; "
             "widen it with --window-spans / --window-files)"
+        )
+    if summary["late_spans"]:
+        click.echo(
+            f"late spans: {summary['late_spans']} (of traces already read, past the assembly window: "
+            "not read; widen it with --window-spans / --window-files)"
         )
     if summary["runs_read_again"]:
         click.echo(f"runs read again: {summary['runs_read_again']} (the input holds them twice: scored once)")

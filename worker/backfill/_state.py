@@ -2,11 +2,12 @@
 
 In Redis mode the state lives under ``tracescore:backfill:<job id>`` (JSON) beside the set of
 runs already enqueued (``tracescore:backfill-runs:<job id>``, trace id and target span id) and the
-list of traces read without their root (``tracescore:backfill-rootless:<job id>``), all with a
-TTL. The checkpoint is the earliest input position whose traces are not all enqueued yet,
-so ``--resume`` starts reading there, and the set keeps the runs read again past that point (and
-any run the input holds twice) from being enqueued twice; the list lets the resume tell a root
-that comes late for a trace read before the checkpoint from a new trace.
+list of the traces read (``tracescore:backfill-rootless:<job id>``, named when it held only those
+read without their root), all with a TTL. The checkpoint is the earliest input position whose
+traces are not all enqueued yet, so ``--resume`` starts reading there, and the set keeps the
+runs read again past that point (and any run the input holds twice) from being enqueued twice;
+the list lets the resume tell a span or root that comes late for a trace read before the
+checkpoint from a new trace.
 """
 
 from __future__ import annotations
@@ -63,9 +64,12 @@ def store_client(settings: Settings) -> Any:
 
 
 JOB_TTL_SECONDS = 7 * 24 * 3600
-# Traces read without a root a job keeps (the newest), as many as its assembler remembers
-# (``TraceAssembler.rootless_kept``, at least this).
-ROOTLESS_KEPT = 10_000
+# Traces read a job keeps (the newest), as many as its assembler remembers
+# (``TraceAssembler.released_kept``, at least this).
+RELEASED_KEPT = 10_000
+# A list entry of a trace read with its root; a bare trace id is one read without it (all an
+# earlier release kept). Trace ids are hex: no entry of one starts so.
+_ROOTED = "r:"
 MAX_MALFORMED_KEPT = 50
 
 
@@ -117,6 +121,8 @@ class JobCounters(BaseModel):
     evicted_traces: int = 0
     # Roots that arrived after their trace was released without one (read without its root).
     late_roots: int = 0
+    # Other spans that arrived after their trace was released (read without them).
+    late_spans: int = 0
     # Runs not enqueued, by reason (``too_large``: one run over the broker's message cap).
     runs_rejected: dict[str, int] = Field(default_factory=dict)
     # Runs enqueued with U+FFFD for text no JSON can hold (bytes not UTF-8, lone surrogates).
@@ -194,7 +200,7 @@ for i = 6, runs_end, 4000 do redis.call('sadd', KEYS[3], unpack(ARGV, i, math.mi
 for i = runs_end + 1, #ARGV, 4000 do redis.call('rpush', KEYS[4], unpack(ARGV, i, math.min(i + 3999, #ARGV))) end
 if #ARGV > runs_end then redis.call('ltrim', KEYS[4], -tonumber(ARGV[5]), -1) end
 -- Each save renews all three, added to or not: a job resumed after a pause of days kept its
--- state, but its runs and rootless traces expired (a resume enqueued runs again, and took late
+-- state, but its runs and read traces expired (a resume enqueued runs again, and took late
 -- roots for new traces).
 redis.call('expire', KEYS[3], ARGV[3])
 redis.call('expire', KEYS[4], ARGV[3])
@@ -235,12 +241,12 @@ class RedisJobStore:
         self,
         state: BackfillState,
         newly_enqueued: Sequence[str] = (),
-        newly_rootless: Sequence[str] = (),
-        rootless_kept: int = ROOTLESS_KEPT,
+        newly_released: Sequence[tuple[str, bool]] = (),
+        released_kept: int = RELEASED_KEPT,
     ) -> bool:
         """Store the state, add ``newly_enqueued`` run ids (``run_id``) and append
-        ``newly_rootless`` trace ids (read without their root; the newest ``rootless_kept``
-        kept), in one step; False (nothing written, the hold marked lost) when the hold is
+        ``newly_released`` traces (trace id, whether it was read with its root; the newest
+        ``released_kept`` kept), in one step; False (nothing written, the hold marked lost) when the hold is
         another process's."""
         state.updated_at = time.time()
         job_id = state.job_id
@@ -250,9 +256,9 @@ class RedisJobStore:
             state.model_dump_json(),
             JOB_TTL_SECONDS,
             len(newly_enqueued),
-            rootless_kept,
+            released_kept,
             *newly_enqueued,
-            *newly_rootless,
+            *(f"{_ROOTED}{trace_id}" if rooted else trace_id for trace_id, rooted in newly_released),
         )
         saved = checked(
             self.client,
@@ -264,12 +270,13 @@ class RedisJobStore:
             self.hold.lost.set()
         return bool(saved)
 
-    def rootless(self, job_id: str) -> list[str]:
-        """The traces the job read without their root span (``save``'s ``newly_rootless``), oldest
-        first."""
+    def released(self, job_id: str) -> list[tuple[str, bool]]:
+        """The traces the job read (``save``'s ``newly_released``: trace id, whether it was read
+        with its root), oldest first."""
         key = backfill_rootless_key(job_id)
         found = checked(self.client, _WHERE, [_kept(key, "list")], lambda: self.client.lrange(key, 0, -1))
-        return [str(t) for t in found]
+        entries = [t.decode() if isinstance(t, bytes) else str(t) for t in found]
+        return [(t.removeprefix(_ROOTED), t.startswith(_ROOTED)) for t in entries]
 
     def still_held(self) -> bool:
         """Whether this process may go on with the job: its hold is still its own (asked of

@@ -1,0 +1,218 @@
+"""Spans of a trace already read that arrive past the assembly window: counted and named, never a
+fragment scored as a trace of its own.
+
+A trace is read once its window has passed (with its root, or idle without one). A span of it
+that comes later (later in the file, or in a later file) found no trace open and started one: the
+fragment was read as a trace, its outermost LLM span a run of its own, a second score for the
+trace (or, resumed, the job's run read again and counted as a second trace).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tests._redis import RedisServer
+from tests.backfill._doubles import CapturingSubmitter, Messages, redis_job_store
+from tests.backfill._synth import trace_id, trace_spans
+from tracing.otlp import decode_otlp_records
+from tracing.sources import FileSource, Position, SourceItem, TraceAssembler
+from worker._keys import backfill_runs_key, backfill_state_key
+from worker.backfill._driver import Backfill
+from worker.backfill._state import BackfillOptions, BackfillState, RedisJobStore
+from worker.cli import cli
+
+DB = 8  # of the session's Redis: the other backfill tests use 10 to 15
+
+
+def _line(spans: list[dict[str, Any]]) -> str:
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"scope": {"name": "synth"}, "spans": spans}]}]}) + "\n"
+
+
+def _whole(i: int) -> str:
+    children, root = trace_spans(i)
+    return _line([*children, root])
+
+
+CHAT_OF_0 = f"{2:016x}"  # trace 0's chat span (an LLM span under its agent root)
+
+
+def _late_chat_files(directory: Path) -> Path:
+    """Trace 0's tool span and root in file a, its chat span 20 lines into file c (past a 50-span
+    window and two file boundaries: trace 0 is read, with its root, long before); 91 traces."""
+    (chat, tool), root = trace_spans(0)
+    directory.mkdir()
+    (directory / "a.jsonl").write_text(_line([tool, root]) + "".join(_whole(i) for i in range(1, 31)))
+    (directory / "b.jsonl").write_text("".join(_whole(i) for i in range(31, 61)))
+    c = "".join(_whole(i) for i in range(61, 81)) + _line([chat]) + "".join(_whole(i) for i in range(81, 91))
+    (directory / "c.jsonl").write_text(c)
+    return directory
+
+
+def test_a_span_after_its_traces_window_is_a_counted_late_span_not_a_run(tmp_path: Path) -> None:
+    """The command line, embedded: trace 0's chat span, read after trace 0 was scored, was read as
+    a trace of its own (92 traces) and its LLM span scored as a run no trace has (92 scores). Now:
+    91 traces, 91 scores, one late span named in the summary with the option to raise."""
+    directory = _late_chat_files(tmp_path / "in")
+    out = tmp_path / "scores.jsonl"
+    args = ["backfill", str(directory), "--scorers", "tests.backfill.scorers", "--scorer", "answer-words"]
+    result = CliRunner().invoke(
+        cli, [*args, "--window-spans", "50", "--out", str(out), "--json"], env={"TRACESCORE_BROKER_URL": ""}
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["traces_read"] == 91
+    assert summary["late_spans"] == 1
+    targets = [(r["trace_id"], r["span_id"]) for r in map(json.loads, out.read_text().splitlines())]
+    assert len(targets) == 91
+    assert (trace_id(0), CHAT_OF_0) not in targets  # the fragment is no run
+    assert trace_id(0) in result.stderr  # named, with the option that would have kept it
+    assert "--window-spans" in result.stderr
+
+    text = CliRunner().invoke(cli, [*args, "--window-spans", "50"], env={"TRACESCORE_BROKER_URL": ""})
+    assert text.exit_code == 0, text.output
+    (line,) = [line for line in text.output.splitlines() if "late spans" in line]
+    assert line.split()[:3] == ["late", "spans", "1"]
+    assert "--window-spans" in line
+
+
+def test_a_late_span_of_a_trace_read_without_its_root_is_no_second_trace(tmp_path: Path) -> None:
+    """Trace 0's chat span, then its tool span past the window with no root in between: the chat
+    span was read as trace 0 (rootless, idle), then the tool span as a second trace 0 (and with an
+    LLM span in it, a second run of the trace)."""
+    (chat, tool), _root = trace_spans(0)
+    late = {**chat, "spanId": f"{0xAB:016x}", "name": "chat gpt-4o-mini (retry)"}  # a second LLM call
+    (tmp_path / "a.jsonl").write_text(_line([chat]) + "".join(_whole(i) for i in range(1, 31)))
+    (tmp_path / "b.jsonl").write_text("".join(_whole(i) for i in range(31, 61)))
+    (tmp_path / "c.jsonl").write_text(_line([late, tool]) + "".join(_whole(i) for i in range(61, 71)))
+    source = FileSource([tmp_path])
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50)
+    state = BackfillState(job_id="bf-late-span", source=source.describe(), options=options)
+    reporter = Messages()
+    submitter = CapturingSubmitter()
+    done = Backfill(source, state, submitter, reporter=reporter).run()
+    assert done.counters.traces_read == 71
+    assert done.counters.late_spans == 2
+    assert done.counters.late_roots == 0
+    assert [run for run in submitter.runs if run[0] == trace_id(0)] == [(trace_id(0), CHAT_OF_0)]
+    assert any(trace_id(0) in line and "--window-spans" in line for line in reporter.lines)
+
+
+def test_the_record_of_read_traces_is_bounded() -> None:
+    """The assembler remembers the newest ``released_kept`` traces it released, not all: a span
+    of a trace released further back starts a trace (it cannot be told from a new one)."""
+    assembler = TraceAssembler(window_spans=1, max_open_spans=10)
+    assert assembler.released_kept == 10_000
+    for i in range(10_001):
+        children, root = trace_spans(i)
+        spans = decode_otlp_records({"resourceSpans": [{"scopeSpans": [{"spans": [*children, root]}]}]})
+        list(assembler.add(spans, Position(0, i + 1)))
+    assert len(list(assembler.finish())) == 1  # 10,001 released: trace 0, the oldest, forgotten
+    (chat_0, _), _ = trace_spans(0)
+    (chat_1, _), _ = trace_spans(1)
+    for n, chat in enumerate((chat_0, chat_1)):
+        spans = decode_otlp_records({"resourceSpans": [{"scopeSpans": [{"spans": [chat]}]}]})
+        list(assembler.add(spans, Position(0, 20_000 + n)))
+    released = list(assembler.finish())
+    by_id = {t.trace_id: t for t in released}
+    assert not by_id[trace_id(0)].late  # forgotten: read as a trace
+    assert by_id[trace_id(1)].late  # the 10,000th newest: still known
+
+
+@pytest.fixture
+def job_store(redis_server: RedisServer) -> Iterator[RedisJobStore]:
+    yield from redis_job_store(redis_server, DB)
+
+
+@pytest.mark.parametrize("stop_after", [2, 5, 9])
+def test_a_late_span_past_a_resumes_checkpoint_is_still_a_late_span(
+    tmp_path: Path, job_store: RedisJobStore, stop_after: int
+) -> None:
+    """Stopped after trace 0 was sent (its chat span not yet read), then resumed: the resumed run's
+    assembler never saw trace 0, so the chat span was a trace of its own there (a second run of
+    trace 0 enqueued, 92 traces). Now the job counts and sends what it does without a stop."""
+    directory = _late_chat_files(tmp_path / "in")
+
+    def state() -> BackfillState:
+        options = BackfillOptions(
+            scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50, batch_size=7
+        )
+        return BackfillState(job_id="bf-late-span", source=FileSource([directory]).describe(), options=options)
+
+    whole = state()
+    uninterrupted = CapturingSubmitter()
+    Backfill(FileSource([directory]), whole, uninterrupted, reporter=Messages()).run()
+    assert whole.counters.traces_read == 91
+
+    stopped = state()
+    submitter = CapturingSubmitter()
+    first = Backfill(
+        FileSource([directory]),
+        stopped,
+        submitter,
+        job_store=job_store,
+        reporter=Messages(),
+        should_stop=lambda: len(submitter.sent) >= stop_after,
+    )
+    with pytest.raises(KeyboardInterrupt):
+        first.run()
+    first.interrupted()
+    assert (trace_id(0), f"{1:016x}") in submitter.runs  # trace 0 went out before the stop
+    saved = job_store.load(stopped.job_id)
+    assert saved is not None
+    assert saved.checkpoint < (2, 21, 0)  # before the chat span's line: the resume reads it
+    resumed = Backfill(FileSource([directory]), saved, submitter, job_store=job_store, reporter=Messages()).run()
+
+    assert resumed.counters.traces_read == 91
+    assert resumed.counters.late_spans == whole.counters.late_spans == 1
+    assert sorted(set(submitter.runs)) == sorted(uninterrupted.runs)
+    assert (trace_id(0), CHAT_OF_0) not in submitter.runs
+    assert resumed.counters.runs_enqueued == whole.counters.runs_enqueued
+
+
+def test_a_late_span_after_ctrl_c_and_resume_is_counted_once_and_never_enqueued(
+    tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command line, a Ctrl-C (SIGINT) once trace 0 went out, then ``--resume``: the resume
+    read trace 0's chat span as a trace of its own and enqueued it (92 traces, 92 runs: trace 0
+    scored twice, once as its agent run, once as a fragment). Now the job's summary counts 91
+    traces and the span once, and the chat span is no run of the job."""
+    directory = _late_chat_files(tmp_path / "in")
+    read, runs = FileSource.read, []
+
+    def interrupted_read(self: FileSource, start: Position | None = None) -> Iterator[SourceItem]:
+        runs.append(start)
+        for n, item in enumerate(read(self, start)):
+            yield item
+            if len(runs) == 1 and n == 72:  # (the first run only) file c's tenth line
+                signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(FileSource, "read", interrupted_read)
+    broker = ["--broker", private_redis.url(0), "--json", "--high-water", "1000", "--wait-timeout", "5"]
+    options = ["--scorers", "tests.backfill.scorers", "--scorer", "answer-words", "--batch-size", "7"]
+    stopped = CliRunner().invoke(
+        cli, ["backfill", str(directory), *options, "--window-spans", "50", *broker], env={"TRACESCORE_BROKER_URL": ""}
+    )
+    assert stopped.exit_code == 130, stopped.output
+    job_id = json.loads(stopped.stdout.strip().splitlines()[-1])["job_id"]
+    db = private_redis.client(0, decode_responses=True)
+    saved = json.loads(db.get(backfill_state_key(job_id)) or "{}")
+    assert (0, 1, 0) < tuple(saved["checkpoint"]) < (2, 21, 0)  # past trace 0, before its chat span
+    assert db.sismember(backfill_runs_key(job_id), f"{trace_id(0)}:{1:016x}")  # trace 0 sent, whole but one
+
+    resumed = CliRunner().invoke(
+        cli, ["backfill", "--resume", job_id, "--no-wait", *broker], env={"TRACESCORE_BROKER_URL": ""}
+    )
+    assert resumed.exit_code == 0, resumed.output
+    done = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert (done["traces_read"], done["runs_enqueued"]) == (91, 91)
+    assert done["late_spans"] == 1
+    assert db.scard(backfill_runs_key(job_id)) == 91
+    assert not db.sismember(backfill_runs_key(job_id), f"{trace_id(0)}:{CHAT_OF_0}")
+    assert trace_id(0) in resumed.stderr
