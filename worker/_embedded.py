@@ -7,17 +7,17 @@ the same ``EmbeddedScorer`` for runs that are not traces (``score_runs``: the sc
 directly, nothing stored) and yields each pair's ``Outcome`` for the one summary and table.
 
 Limits and retries are the worker's, from the ``Settings`` given: ``TRACESCORE_RUN_TIMEOUT_SECONDS``
-(default ¾ of the task soft time limit), ``TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN``, and a batch
-with transient failures is tried 1 + ``TRACESCORE_RETRY_BUDGET`` times,
+(default ¾ of the task soft time limit), ``TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN``, and a batch with
+transient failures is tried 1 + ``TRACESCORE_RETRY_BUDGET`` times,
 ``TRACESCORE_RETRY_BACKOFF_SECONDS`` apart (doubling, at most ``TRACESCORE_MAX_ETA_SECONDS``), as a
-worker tries a message. Scoring runs on a ``GuardedLoop`` — a loop thread watched by the worker's
-``LoopWatchdog`` — so a run past the timeout (awaiting, or blocking the loop) and a run out of
-memory become ``timeout`` / ``memory`` error records and the other runs are scored. A step that
-blocks the loop in code that cannot be interrupted (a C call such as ``time.sleep``) cannot end
-this process the way a worker is replaced; instead its run is recorded as a ``timeout``, the
-stuck loop is abandoned (``LoopThread.abandon``: should the C call return, nothing more runs on
-it; a daemon, its thread does not keep the process alive) and the rest of the batch is scored on
-a fresh loop.
+worker tries a message (``score_runs`` tries its pairs that failed transiently the same way).
+Scoring runs on a ``GuardedLoop`` — a loop thread watched by the worker's ``LoopWatchdog`` — so a
+run past the timeout (awaiting, or blocking the loop) and a run out of memory become ``timeout`` /
+``memory`` error records and the other runs are scored. A step that blocks the loop in code that
+cannot be interrupted (a C call such as ``time.sleep``) cannot end this process the way a worker is
+replaced; instead its run is recorded as a ``timeout``, the stuck loop is abandoned
+(``LoopThread.abandon``: should the C call return, nothing more runs on it; a daemon, its thread
+does not keep the process alive) and the rest of the batch is scored on a fresh loop.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ import concurrent.futures
 import os
 import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import structlog
@@ -37,7 +38,7 @@ from scorers import Scorer, ScorerError, ScoreResult
 from scorers.judge import ModelPrice
 from tracing import CallbackSink, ScoreRecord, ScoreSink, ScoreWriter
 from tracing.queue import ScoreBatch
-from worker._budget import price_table
+from worker._budget import default_attempt_cap, enter_run, price_table, run_key
 from worker._delivery import Deliveries, DrainerWaker, DrainPolicy
 from worker._loop import LoopThread, LoopWatchdog
 from worker._registry import load_registry
@@ -52,6 +53,7 @@ from worker._scoring import (
     running_label,
     score_batch,
     scoring_run_of,
+    transient_failure,
     wedged_record,
 )
 from worker._settings import Settings, load_settings
@@ -160,29 +162,75 @@ class GuardedLoop:
 _Job = tuple[Scorer, Mapping[str, Any]]  # a scorer and the keyword arguments of its run
 
 
-async def _score_jobs(
-    jobs: Sequence[_Job],
-    todo: list[int],
-    results: dict[int, ScoreResult | ScorerError],
-    concurrency: int,
-    run_timeout_s: float | None,
-) -> None:
-    gate = asyncio.Semaphore(max(1, concurrency))
+class _Try(NamedTuple):
+    """One try of ``score_runs``' jobs: what it fills in, and what it leaves for the next try."""
+
+    call: str  # the ``score_runs`` call: its jobs' failed judge calls are counted under it
+    results: dict[int, ScoreResult | ScorerError]
+    # Each job's result after its last answered step: a retry resumes after it (not paying
+    # for those judge calls twice), as a batch's retry resumes after its checkpoints.
+    checkpoints: dict[int, ScoreResult]
+    transient: set[int]  # failed transiently, on a try that is not the last: tried again
+    final: bool
+
+
+async def _score_jobs(jobs: Sequence[_Job], todo: list[int], attempt: _Try, deps: ScoringDeps) -> None:
+    gate = asyncio.Semaphore(max(1, deps.run_concurrency))
 
     async def one(index: int) -> None:
         scorer, run = jobs[index]
+        # The job's judge calls are its own (a task of its own): their failures across its tries
+        # count against TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN, as a batch's runs' do.
+        enter_run(
+            run_key(attempt.call, str(index), scorer.id),
+            scorer.id,
+            None,
+            deps.judge_call_cap or default_attempt_cap(scorer, deps.retry_budget),
+            version=scorer.version,
+        )
+
+        async def on_step(partial: ScoreResult) -> None:
+            attempt.checkpoints[index] = partial.model_copy(deep=True)
+
         async with gate:
             try:
-                results[index] = await run_limited(scorer, run_timeout_s, label=index, **run)
+                attempt.results[index] = await run_limited(
+                    scorer,
+                    deps.run_timeout_s,
+                    label=index,
+                    resume=attempt.checkpoints.get(index),
+                    # (only judge steps are kept, as a batch's checkpoint="judge" keeps them)
+                    on_step=on_step if scorer.has_judge_steps else None,
+                    **run,
+                )
             except ScorerError as exc:
-                results[index] = exc
+                if attempt.final or not transient_failure(exc):
+                    attempt.results[index] = exc
+                else:
+                    attempt.transient.add(index)
 
-    expiry = asyncio.ensure_future(expire_runs(min(1.0, run_timeout_s / 4))) if run_timeout_s else None
+    timeout_s = deps.run_timeout_s
+    expiry = asyncio.ensure_future(expire_runs(min(1.0, timeout_s / 4))) if timeout_s else None
     try:
         await asyncio.gather(*(one(i) for i in todo))
     finally:
         if expiry is not None:
             expiry.cancel()
+
+
+def _tries(settings: Settings, attempt: Callable[[bool, int], T], again: Callable[[T], bool]) -> T:
+    """``attempt(final, number)`` until ``again`` of its result is false or it was the final try:
+    1 + ``TRACESCORE_RETRY_BUDGET`` tries, ``TRACESCORE_RETRY_BACKOFF_SECONDS`` apart doubling (at
+    most ``TRACESCORE_MAX_ETA_SECONDS``), as a worker tries a message (``_task``). A batch
+    (``score``) and ``score_runs``' runs are retried by this, the same settings the same way."""
+    number = 0
+    while True:
+        final = number >= settings.retry_budget
+        result = attempt(final, number)
+        if final or not again(result):
+            return result
+        time.sleep(min(settings.retry_backoff_seconds * 2**number, settings.max_eta_seconds))
+        number += 1
 
 
 class _Both:
@@ -306,14 +354,11 @@ class EmbeddedScorer:
                 for request in batch.requests:
                     self.agents.update(request.agent_labels())
             try:
-                settings, attempt = self.settings, 0
-                while True:
-                    final = attempt >= settings.retry_budget
-                    report = self._score_once(batch, final, retried=attempt > 0)
-                    if final or not report.retry:
-                        return report
-                    time.sleep(min(settings.retry_backoff_seconds * 2**attempt, settings.max_eta_seconds))
-                    attempt += 1
+                return _tries(
+                    self.settings,
+                    lambda final, number: self._score_once(batch, final, retried=number > 0),
+                    lambda report: bool(report.retry),
+                )
             finally:
                 if self.agents is not None:
                     for request in batch.requests:
@@ -367,28 +412,41 @@ class EmbeddedScorer:
         """Score each run (``run_limited``'s keyword arguments, ``run_id`` set) with every scorer
         here, ``run_concurrency`` at once, under the run timeout: a run hitting a limit gives a
         ``RunLimitError`` (``error_type`` timeout/memory), a failed run its ``ScorerError``; the
-        other runs are scored. One ``Scored`` per (run, scorer), in the order of ``runs``, each
-        run's scorers in registry order. Nothing is stored: ``tracescore score`` keeps no state."""
+        other runs are scored. The (run, scorer) pairs that failed transiently are tried again as
+        ``score`` tries a batch (``_tries``), each resuming after its answered judge steps; a pair
+        gives what its last try gave. One ``Scored`` per (run, scorer), in the order of ``runs``,
+        each run's scorers in registry order. Nothing is stored: ``tracescore score`` keeps no state."""
         jobs: list[_Job] = [(scorer, run) for run in runs for scorer in self.deps.registry.values()]
         results: dict[int, ScoreResult | ScorerError] = {}
+        checkpoints: dict[int, ScoreResult] = {}
+        call = uuid.uuid4().hex
         with self._lock:
-            while len(results) < len(jobs):
-                todo = [i for i in range(len(jobs)) if i not in results]
-                try:
-                    self._loop.run(_score_jobs(jobs, todo, results, self.deps.run_concurrency, self.deps.run_timeout_s))
-                except LoopWedgedError as wedged:
-                    index = running_label(wedged.task)
-                    if not isinstance(index, int) or index in results:
-                        raise
-                    results[index] = RunLimitError(
-                        f"scorer {jobs[index][0].id!r} blocked the event loop for {wedged.blocked_s:.0f} s "
-                        f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {self._loop.run_timeout_s}) in code that could not "
-                        f"be interrupted; {_WEDGED_OUTCOME}",
-                        error_type="timeout",
-                    )
+            _tries(
+                self.settings,
+                lambda final, _: self._score_jobs_once(jobs, _Try(call, results, checkpoints, set(), final)),
+                bool,
+            )
         for i, (scorer, run) in enumerate(jobs):
             outcome = Outcome.of_result(run["run_id"], scorer, results[i], self.deps.prices)
             yield Scored(i // len(self.deps.registry), results[i], outcome)
+
+    def _score_jobs_once(self, jobs: Sequence[_Job], attempt: _Try) -> set[int]:
+        """One try of the jobs without a result; the jobs it left for another try."""
+        results = attempt.results
+        while todo := [i for i in range(len(jobs)) if i not in results and i not in attempt.transient]:
+            try:
+                self._loop.run(_score_jobs(jobs, todo, attempt, self.deps))
+            except LoopWedgedError as wedged:
+                index = running_label(wedged.task)
+                if not isinstance(index, int) or index in results:
+                    raise
+                results[index] = RunLimitError(
+                    f"scorer {jobs[index][0].id!r} blocked the event loop for {wedged.blocked_s:.0f} s "
+                    f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {self._loop.run_timeout_s}) in code that could not "
+                    f"be interrupted; {_WEDGED_OUTCOME}",
+                    error_type="timeout",
+                )
+        return attempt.transient
 
     def progress(self, job_id: str) -> dict[str, int]:
         with self._lock:

@@ -75,6 +75,7 @@ __all__ = [
     "running_label",
     "score_batch",
     "scoring_run_of",
+    "transient_failure",
     "wedged_record",
 ]
 
@@ -445,6 +446,13 @@ def _record(
     )
 
 
+def transient_failure(exc: ScorerError) -> bool:
+    """A run's failure that another try may not meet: a step's error whose category is
+    ``retryable`` (a judge's 503, 429, timeout). Not a limit or ``sys.exit`` (the same run would
+    do it again) nor a refused judge call (a spent budget, the call cap: retried by no try)."""
+    return isinstance(exc, ScorerRunError) and not isinstance(exc.cause, JudgeCallRefused) and is_transient(exc)
+
+
 async def _score_pair(
     pair: _Pair, run: TracedRun | TraceReadError, deps: ScoringDeps, checkpoint: ScoreResult | None, final_attempt: bool
 ) -> ScoreRecord | _Transient:
@@ -516,7 +524,7 @@ async def _score_pair(
                     failed_step=exc.failed_step,
                     retryable=True,
                 )
-            transient = is_transient(exc)  # the category of the step's error
+            transient = transient_failure(exc)
             if transient and not final_attempt:
                 return _Transient(pair, exc.error_type)
             return _record(

@@ -354,7 +354,8 @@ def test_score_records_and_summary_show_what_the_judges_cost(fake_llm: FakeLLMSe
     result = CliRunner().invoke(
         cli,
         ["score", str(runs), "--scorers", SCORERS, "--scorer", "costly", "--scorer", "retrying", "--out", str(out)],
-        env={"TRACESCORE_PRICES": PRICES, "TRACESCORE_BUDGETS": ""},
+        # One try (the runs' retries: test_score_retries_a_run_as_the_retry_budget_says).
+        env={"TRACESCORE_PRICES": PRICES, "TRACESCORE_BUDGETS": "", "TRACESCORE_RETRY_BUDGET": "0"},
     )
     records = [json.loads(line) for line in out.read_text().splitlines()]
     paid = [r for r in records if r["scorer_id"] == "costly"]
@@ -368,3 +369,87 @@ def test_score_records_and_summary_show_what_the_judges_cost(fake_llm: FakeLLMSe
     total = sum(r["cost_usd"] for r in paid)
     assert f"judge spend       {total:.4f} USD   (15 judge calls)" in result.stderr
     assert f"scorer costly: {total:.4f} USD" in result.stderr
+
+
+def _score(tmp_path: Path, scorer: str, runs: int = 1, **env: str) -> tuple[Result, list[dict[str, Any]]]:
+    """`tracescore score` of ``runs`` runs with ``scorer``: the result and its --out records."""
+    tmp_path.mkdir(exist_ok=True)
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps({"run_id": f"r{i}", "input": "q?", "output": "a."}) + "\n" for i in range(runs)))
+    out = tmp_path / "scores.jsonl"
+    result = CliRunner().invoke(
+        cli,
+        ["score", str(path), "--scorers", SCORERS, "--scorer", scorer, "--out", str(out)],
+        env={"TRACESCORE_PRICES": PRICES, "TRACESCORE_BUDGETS": "", **env},
+    )
+    return result, [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_score_retries_a_run_as_the_retry_budget_says(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """Issue 11: `tracescore score` failed a run on a judge's 503 that outlasted the scorer's
+    own retries, where backfill (and a worker) tries it 1 + RETRY_BUDGET times. It retries the
+    same way now: only the pair that failed (one request more, not one per run), one record
+    for it. RETRY_BUDGET=0: the 503 is the run's failure at once; =4: four 503s are outlasted."""
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="PLAIN", times=1)
+    result, records = _score(tmp_path, "plain", runs=2, TRACESCORE_RETRY_BUDGET="0")
+    assert len(fake_llm.requests) == 2, result.output
+    assert sorted(r.get("error_type") or "" for r in records) == ["", "JudgeServerError"]
+
+    fake_llm.reset()
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="PLAIN", times=1)
+    result, records = _score(
+        tmp_path / "once", "plain", runs=2, TRACESCORE_RETRY_BUDGET="1", TRACESCORE_RETRY_BACKOFF_SECONDS="0"
+    )
+    assert result.exit_code == 0, result.output
+    assert len(fake_llm.requests) == 3  # the failed pair's retry alone
+    scored = sorted((r["run_id"], r.get("error_type"), r["score"]) for r in records)
+    assert scored == [("r0", None, 0.5), ("r1", None, 0.5)]
+
+    fake_llm.reset()
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="PLAIN", times=4)
+    result, records = _score(
+        tmp_path / "more", "plain", TRACESCORE_RETRY_BUDGET="4", TRACESCORE_RETRY_BACKOFF_SECONDS="0"
+    )
+    assert result.exit_code == 0, result.output
+    assert len(fake_llm.requests) == 5
+    assert [(r.get("error_type"), r["score"]) for r in records] == [(None, 0.5)]
+    assert "1 scored, 0 not scorable, 0 failed" in result.stderr
+
+
+def test_score_retry_waits_the_backoff_and_resumes_after_the_answered_steps(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """A two-step judge scorer whose second step answers 503 once, under `tracescore score`:
+    the retry comes RETRY_BACKOFF_SECONDS later, asks the second step only (the first one's
+    answer is not paid twice), and the record and the summary's spend count what backfill's
+    do for the same run (test_a_batch_retry_resumes_after_the_judge_steps_answered)."""
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="GRADE", times=1)
+    result, records = _score(tmp_path, "two-steps", TRACESCORE_RETRY_BUDGET="1", TRACESCORE_RETRY_BACKOFF_SECONDS="1")
+    assert result.exit_code == 0, result.output
+    assert [r.user_text.split()[0] for r in fake_llm.requests] == ["CLAIMS", "GRADE", "GRADE"]
+    failed, retried = (r.received_at for r in fake_llm.requests[1:])
+    assert retried - failed >= 1.0
+    (record,) = records
+    assert (record.get("error_type"), record["score"], record["judge_calls"]) == (None, 0.5, 2)
+    assert f"judge spend       {record['cost_usd']:.4f} USD   (2 judge calls)" in result.stderr
+
+
+def test_score_holds_the_judge_call_cap_across_its_tries(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """`tracescore score` held no TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN: a judge that always
+    answers 429 got the scorer's four attempts (and, retried, four per try). It holds the cap as
+    backfill does: =2, two calls, then the run's failure saying so; by default (4 attempts and
+    one per retry of RETRY_BUDGET 3) 7 calls across its tries, where uncapped they were 16."""
+    fake_llm.rule(Reply.rate_limited(retry_after="0"), user_contains="RETRY")
+    result, records = _score(
+        tmp_path, "retrying", TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN="2", TRACESCORE_RETRY_BACKOFF_SECONDS="0"
+    )
+    assert len(fake_llm.requests) == 2, result.output
+    (record,) = records
+    assert record["error_type"] == "JudgeRateLimitError"
+    assert "2 judge call(s) of this run failed" in record["error_message"]
+
+    fake_llm.reset()
+    fake_llm.rule(Reply.rate_limited(retry_after="0"), user_contains="RETRY")
+    result, records = _score(tmp_path / "default", "retrying", TRACESCORE_RETRY_BACKOFF_SECONDS="0")
+    assert len(fake_llm.requests) == 7, result.output
+    assert "7 judge call(s) of this run failed" in records[0]["error_message"]

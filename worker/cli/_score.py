@@ -2,7 +2,7 @@
 
 The file is streamed: runs are read and scored in chunks of ``--chunk`` lines, so memory
 stays bounded whatever the file size. Scoring is ``EmbeddedScorer.score_runs`` (the worker's
-limits), and each outcome goes to the summary and table that backfill prints too
+limits and retries), and each outcome goes to the summary and table that backfill prints too
 (``worker._summary``); this module reads the file and writes ``--out`` / ``--json``.
 """
 
