@@ -41,7 +41,7 @@ import json
 import math
 import os
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -441,14 +441,22 @@ def set_job_limit(client: Any, job_id: str, usd: float) -> None:
     client.set(_keys.job_budget_key(job_id), repr(float(usd)), ex=SPEND_TTL_S)
 
 
+# Runs' counts of failed judge calls a ``MemoryLedger`` keeps, the newest touched: without a
+# bound, `tracescore score` of a file of millions of runs through a judge's outage kept one
+# entry per failing run for as long as it ran. A run's tries come within minutes of each other,
+# far inside this many other runs' failures.
+MEMORY_CALLS_KEPT = 100_000
+
+
 class MemoryLedger:
-    """``Ledger`` in this process (no TTLs: it lives as long as the backfill that owns it)."""
+    """``Ledger`` in this process (no TTLs: it lives as long as the backfill that owns it; the
+    counts of failed calls are bounded instead, ``MEMORY_CALLS_KEPT``)."""
 
     def __init__(self) -> None:
         self.days: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.jobs: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.job_limits: dict[str, float] = {}
-        self.calls: dict[tuple[str, str], int] = defaultdict(int)
+        self.calls: OrderedDict[tuple[str, str], int] = OrderedDict()
         self.errors: dict[tuple[str, str], str] = {}
 
     async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None:
@@ -467,8 +475,13 @@ class MemoryLedger:
         return self.calls.get((run_key, version), 0), self.errors.get((run_key, version))
 
     async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int) -> None:
-        self.calls[(run_key, version)] += 1
-        self.errors[(run_key, version)] = error
+        key = (run_key, version)
+        self.calls[key] = self.calls.get(key, 0) + 1
+        self.calls.move_to_end(key)
+        self.errors[key] = error
+        if len(self.calls) > MEMORY_CALLS_KEPT:
+            oldest, _ = self.calls.popitem(last=False)
+            self.errors.pop(oldest, None)
 
     async def reset_calls(self, run_keys: list[str]) -> None:
         keys = set(run_keys)

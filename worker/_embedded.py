@@ -28,7 +28,6 @@ import os
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -128,9 +127,15 @@ class GuardedLoop:
         # scores again on the fresh loop: their judge calls paid twice, their records (a
         # retryable one) put and written twice.
         waiting = self._waiting
-        if waiting is not None and not waiting.done():
-            self.loop_thread.abandon()
+        if waiting is None:
+            return
+        try:
             waiting.set_exception(LoopWedgedError(task, blocked_s))
+        except concurrent.futures.InvalidStateError:
+            # It finished as the watchdog fired: the loop goes on serving the caller, which got
+            # its result (abandoned, its next call would wait for good, with no watchdog left).
+            return
+        self.loop_thread.abandon()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop_thread.loop)
@@ -342,6 +347,7 @@ class EmbeddedScorer:
         totals.scored += report.scored
         totals.not_scorable += report.not_scorable
         totals.failed.update(report.failed)
+        totals.failed.update(report.kept)  # (recorded by an earlier try of the same batch)
         totals.skipped.update(report.skipped)
         totals.written += report.written
         totals.write_failed += report.write_failed
@@ -440,12 +446,15 @@ class EmbeddedScorer:
                 index = running_label(wedged.task)
                 if not isinstance(index, int) or index in results:
                     raise
-                results[index] = RunLimitError(
+                stuck = RunLimitError(
                     f"scorer {jobs[index][0].id!r} blocked the event loop for {wedged.blocked_s:.0f} s "
                     f"(TRACESCORE_RUN_TIMEOUT_SECONDS is {self._loop.run_timeout_s}) in code that could not "
                     f"be interrupted; {_WEDGED_OUTCOME}",
                     error_type="timeout",
                 )
+                # What its answered judge steps spent, as a batch's wedged record keeps it.
+                stuck.partial = attempt.checkpoints.get(index)
+                results[index] = stuck
         return attempt.transient
 
     def progress(self, job_id: str) -> dict[str, int]:
@@ -454,9 +463,6 @@ class EmbeddedScorer:
 
     def pending(self) -> int:
         return 0
-
-    def failed(self) -> Counter[str]:
-        return Counter(self.totals.failed)
 
     def settle(self) -> None:
         """Wait for a batch cancelled by a second Ctrl-C to finish recording the runs it
@@ -535,8 +541,8 @@ def embedded_sink(
     application's ``export()`` call. ``run_timeout_s`` (default: the workers' default, 180 s; 0 for
     none) bounds each run; it is an argument, not a ``TRACESCORE_*`` variable, because this runs
     inside the application, whose environment is not the workers' (a batch's transient failures
-    are retried with the workers' defaults: ``TRACESCORE_RETRY_BUDGET`` 3,
-    ``TRACESCORE_RETRY_BACKOFF_SECONDS`` 2, doubling). ``sinks`` (e.g.
+    are tried twice more, 1 and 2 s apart, so that the exporter's shutdown waits 3 s at most for
+    them; the workers' other defaults hold). ``sinks`` (e.g.
     ``[OtlpSink()]``) get every score at least once while the process lives, from an in-memory
     outbox (what is still queued when the exporter shuts down gets the drain time of
     ``EmbeddedScorer``; a crash loses it, as it loses the scores). The store keeps the newest
@@ -547,8 +553,10 @@ def embedded_sink(
     registry = load_registry(scorers) if isinstance(scorers, str) else scorers
     if store is None:  # the app lives for weeks: its store keeps the newest scores only
         store = MemoryScoreStore(max_records=EMBEDDED_RECORDS_KEPT)
-    # The workers' defaults (retries, judge-call cap), not TRACESCORE_* of the app's environment.
-    defaults = Settings.model_construct()
+    # Not TRACESCORE_* of the app's environment; the workers' defaults but for the retries: this
+    # thread holds the lock its exporter's shutdown waits for while it waits to retry a batch,
+    # so 2 more tries 1 and 2 s apart (the workers' 3 more, 2, 4 and 8 s apart, held it 14 s).
+    defaults = Settings.model_construct(retry_budget=2, retry_backoff_seconds=1.0)
     return EmbeddedSink(
         EmbeddedScorer(registry, writer, store=store, settings=defaults, run_timeout_s=run_timeout_s, sinks=sinks)
     )

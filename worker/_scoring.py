@@ -63,6 +63,7 @@ from worker.metrics import observe_batch, observe_records, observe_skipped
 from worker.store import ScoreStore, StoreUnavailableError, claim, delivery_owner, process_owner
 
 __all__ = [
+    "STORE_REFUSALS",
     "BatchReport",
     "RunLimitError",
     "ScoringDeps",
@@ -187,9 +188,12 @@ class _Transient:
     error_type: str
 
 
-# Redis away under a step (its checkpoint, the judge's rate-limit slot), or refusing every write
-# (full, a read-only replica): not the run's failure, however the step wrapped it.
-_STORE_AWAY = (StoreUnavailableError, redis_errors.OutOfMemoryError, redis_errors.ReadOnlyError)
+# A store that refuses every write: full (used memory at maxmemory under noeviction), or a
+# read-only replica (a failover under way).
+STORE_REFUSALS = (redis_errors.OutOfMemoryError, redis_errors.ReadOnlyError)
+# Redis away under a step (its checkpoint, the judge's rate-limit slot), or refusing every write:
+# not the run's failure, however the step wrapped it.
+_STORE_AWAY = (StoreUnavailableError, *STORE_REFUSALS)
 
 # The scorer run each task is in (its pair and deps for ``score_batch``'s runs, the caller's
 # label for other ``run_limited`` callers) and its deadline: ``expire_runs`` cancels the runs past

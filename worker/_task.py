@@ -44,7 +44,7 @@ from worker._loop import (
 )
 from worker._reconnect import COMMAND_SLACK_S, RECONNECT_S
 from worker._runtime import WorkerRuntime, get_runtime
-from worker._scoring import StoreUnavailableError, score_batch
+from worker._scoring import STORE_REFUSALS, StoreUnavailableError, score_batch
 from worker.metrics import observe_records
 from worker.store import END_WAIT_S, DeadLetter, StoreKeyTypeError, dead_letter_id, new_token, validation_place
 
@@ -80,10 +80,6 @@ _UNENCODABLE = (ValueError, TypeError, RecursionError)
 # Failures of the machinery around scoring (the broker, Redis, the loop wait): the message goes
 # back to the queue. Celery would otherwise fail the task and acknowledge (drop) its message.
 _INFRASTRUCTURE_ERRORS = (TimeoutError, OSError, KombuOperationalError, redis_errors.RedisError)
-# A store that refuses every write (full under noeviction, a read-only replica): requeued at
-# once, the message came back every few milliseconds (after the client's own retries of a
-# read-only error, every reconnect budget) for as long as that lasted.
-_STORE_REFUSALS = (redis_errors.OutOfMemoryError, redis_errors.ReadOnlyError)
 
 
 def _loop_wait(runtime: WorkerRuntime) -> float:
@@ -309,7 +305,7 @@ def _failed_around_scoring(
     self: Task[Any, Any], runtime: WorkerRuntime, payload: Any, task_id: str, exc: Exception
 ) -> None:
     """Celery would fail the task and ack (drop) its message: requeue it, or keep it as a letter."""
-    if caused_by(exc, _STORE_REFUSALS) is not None:
+    if caused_by(exc, STORE_REFUSALS) is not None:
         raise _store_unwritable(self, runtime, payload, task_id, exc) from exc
     if isinstance(exc, _INFRASTRUCTURE_ERRORS):
         # Not the message's fault: try again later (the error's type only: its text may quote a run).
@@ -335,7 +331,7 @@ def _failed_around_scoring(
         log.error("dead_letter_refused", task_id=task_id, key=dlq_exc.key, found=dlq_exc.found, countdown_s=countdown)
         raise _retry_later(self, task_id, countdown, dlq_exc) from dlq_exc
     except Exception as dlq_exc:
-        if caused_by(dlq_exc, _STORE_REFUSALS) is not None:
+        if caused_by(dlq_exc, STORE_REFUSALS) is not None:
             raise _store_unwritable(self, runtime, payload, task_id, dlq_exc) from dlq_exc
         raise Reject("the message could not be dead-lettered; requeued", requeue=True) from dlq_exc
     return
@@ -347,7 +343,7 @@ def _store_unwritable(
     """The message sent again after a growing delay (within the visibility timeout): the store
     refuses every write, so nothing it scored now could be kept, and an immediate requeue spins.
     Not one of the message's tries (``_STORE_WAITS_HEADER``), but the delay grows with each."""
-    refusal = caused_by(exc, _STORE_REFUSALS)
+    refusal = caused_by(exc, STORE_REFUSALS)
     attempt = int(self.request.retries or 0)
     countdown = min(runtime.settings.retry_backoff_seconds * 2**attempt, runtime.settings.max_eta_seconds)
     log.warning("store_unwritable", task_id=task_id, error_type=type(refusal).__name__, countdown_s=countdown)
@@ -545,7 +541,7 @@ def _score_delivery(
     except (Retry, StoreUnavailableError):  # Redis unreachable: a Reject that requeues, not a retry
         raise
     except (Exception, SoftTimeLimitExceeded) as exc:
-        if caused_by(exc, _STORE_REFUSALS) is not None:
+        if caused_by(exc, STORE_REFUSALS) is not None:
             raise  # not the batch's failure: backed off around scoring
         error = f"{type(exc).__name__}: {exc}"
         if final:

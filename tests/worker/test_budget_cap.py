@@ -273,3 +273,25 @@ def test_messages_dead_lettered_for_a_spent_budget_are_logged_once_a_minute_with
         ("warning", 1, 1, "l0"),
         ("warning", 60, 61, "last"),
     ]
+
+
+def test_the_in_process_ledger_keeps_a_bounded_count_of_failed_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tracescore score` gives each run its own key: through a judge's outage, a file of
+    millions of runs kept one count (and error text) per failing run for as long as it ran."""
+    from worker import _budget
+
+    monkeypatch.setattr(_budget, "MEMORY_CALLS_KEPT", 50)
+    ledger = MemoryLedger()
+
+    async def fail(runs: range) -> None:
+        for i in runs:
+            await ledger.note_failure(f"run-{i}", "v1", "JudgeServerError", 60)
+
+    asyncio.run(fail(range(50)))
+    asyncio.run(fail(range(1)))  # run-0 fails again: the newest touched
+    asyncio.run(fail(range(50, 51)))  # one more run: the oldest touched (run-1) goes
+    assert asyncio.run(ledger.failed_calls("run-0", "v1")) == (2, "JudgeServerError")
+    assert asyncio.run(ledger.failed_calls("run-1", "v1")) == (0, None)
+    asyncio.run(fail(range(51, 1000)))
+    assert len(ledger.calls) == len(ledger.errors) == 50
+    assert asyncio.run(ledger.failed_calls("run-999", "v1")) == (1, "JudgeServerError")
