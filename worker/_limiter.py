@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -268,8 +269,16 @@ class RedisRateLimiter:
                 tokens, ts = await client.hmget(key, ["tokens", "ts"])
                 try:
                     level, at_ms = float(tokens or 0), float(ts or 0)
-                except ValueError:  # written by hand, or damaged: shown as unknown
+                except ValueError:
+                    level = at_ms = math.nan
+                if not (math.isfinite(level) and math.isfinite(at_ms)):
+                    # Written by hand, or damaged: unknown (left out, it was counted nowhere;
+                    # the next call's script repairs it).
                     log.warning("counter_unreadable", key=key, field="tokens")
+                    from worker.metrics import observe_unreadable  # the metrics load only for this
+
+                    observe_unreadable("limiter_bucket")
+                    entry[f"{kind}_bucket"] = None
                     continue
                 # The level now, as the next call would find it: refilled since its last grant
                 # (a debt a call past the bucket left is repaid over time).

@@ -1276,3 +1276,37 @@ def test_a_jobs_counter_that_is_no_integer_is_kept_aside_and_its_counts_are_unkn
             assert _jobs(redis_url, lambda j: j.progress("j")) == {"scored": 1}
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("damage", ["not a number", "nan", "inf"])
+def test_a_limiter_bucket_level_that_is_no_number_is_shown_unknown_and_counted(redis_url: str, damage: str) -> None:
+    """`tracescore status` reads the buckets' levels: one that is no number (or not finite) was
+    left out of the model's line, logged only, never counted (or shown as nan); it is unknown
+    now, as a second's count that is no number is, and counted as unreadable."""
+    from worker._limiter import RedisRateLimiter
+    from worker._settings import ModelRateLimit
+    from worker.metrics._instruments import _metrics
+
+    def unreadable() -> float:
+        (family,) = _metrics().unreadable.collect()
+        return sum(s.value for s in family.samples if s.labels == {"key": "limiter_bucket"})
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    req = _keys.limiter_bucket_key(_MODEL, "req")
+    try:
+        client.hset(req, mapping={"tokens": damage, "ts": str(_redis_second(client) * 1000)})
+        limiter = RedisRateLimiter(redis_url, lambda _: ModelRateLimit(requests_per_minute=60))
+
+        async def state() -> dict[str, dict[str, float | None]]:
+            try:
+                return await limiter.state()
+            finally:
+                await limiter.close()
+
+        before = unreadable()
+        assert asyncio.run(state())[_MODEL] == {"req_bucket": None}
+        assert unreadable() == before + 1
+        assert client.hget(req, "tokens") == damage  # read only: the next call's script repairs it
+    finally:
+        client.delete(req)
+        client.close()
