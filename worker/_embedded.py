@@ -122,9 +122,9 @@ class GuardedLoop:
         )
 
     def _on_wedged(self, task: asyncio.Task[Any] | None, blocked_s: float) -> None:
-        # The watchdog's thread: stop the stuck loop for good, then wake the caller waiting on
-        # it. Left to itself, once its C call returned the loop went on with the runs the caller
-        # scores again on the fresh loop: their judge calls paid twice, their records (a
+        # The watchdog's thread: wake the caller waiting on the stuck loop, then stop that loop
+        # for good. Left to itself, once its C call returned the loop went on with the runs the
+        # caller scores again on the fresh loop: their judge calls paid twice, their records (a
         # retryable one) put and written twice.
         waiting = self._waiting
         if waiting is None:
