@@ -117,6 +117,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         StepExitError,
         StoreKeyTypeError,
         UnknownScorerError,
+        UnreadableCounterError,
         UnreadableStateError,
         WorkerError,
     )
@@ -157,6 +158,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         BrokerUnwritableError: (BrokerUnwritableError("full", "LPUSH"), "retryable"),
         StoreKeyTypeError: (StoreKeyTypeError("k", "list", "hash"), "config"),
         UnreadableStateError: (UnreadableStateError("k", "1 problem(s), first at status"), "config"),
+        UnreadableCounterError: (UnreadableCounterError("k", "scored", "unreadable:scored"), "config"),
         RunLimitError: (RunLimitError("m", error_type="timeout"), "timeout"),
         StepExitError: (StepExitError("s", 2), "internal"),
         LoopBlockedError: (LoopBlockedError(), "retryable"),
