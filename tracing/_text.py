@@ -8,16 +8,26 @@ byte is replaced by U+FFFD, one for one (a pair split into two code points too: 
 needs it joined): ``without_lone_surrogates`` for one string (score records, sink requests),
 ``valid_text`` for a whole value (a queue request whose encoding failed, a line read by
 ``compare`` or ``score``), ``as_shipped`` for the attributes a trace reader reads in process.
+
+One value that JSON holds is no value on the queue: an object of exactly ``__type__`` and
+``__value__`` (an OTLP kvlist may be one), which kombu's JSON reader in the worker's pool turns
+into bytes, a UUID, a date... or fails on, so the worker's screen refuses the message and every
+trace in it. ``valid_text`` and ``as_shipped`` write such an object as its JSON text (one replaced
+text), so the worker and a reader in process read the same string.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["as_shipped", "printable", "valid_text", "without_lone_surrogates"]
+
+# The keys of an object kombu's JSON reader decodes into a value (kombu.utils.json.object_hook).
+_KOMBU_TYPED_KEYS = {"__type__", "__value__"}
 
 # A str holds a surrogate only when it is lone (a pair is one code point).
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -68,6 +78,8 @@ def valid_text(value: Any) -> tuple[Any, int]:
             new_item, v = valid_text(item)
             changed += k + v
             out[new_key] = new_item
+        if out.keys() == _KOMBU_TYPED_KEYS:
+            return _as_json_text(out), changed + 1
         return (out, changed) if changed else (value, 0)
     if isinstance(value, list | tuple):
         pairs = [valid_text(item) for item in value]
@@ -118,6 +130,8 @@ def _shipped(value: Any) -> Any:
             new_key, new_item = _shipped(key), _shipped(item)
             changed = changed or new_key is not key or new_item is not item
             items[new_key] = new_item
+        if items.keys() == _KOMBU_TYPED_KEYS:
+            return _as_json_text(items)
         return items if changed else value
     if isinstance(value, list | tuple):
         fixed = [_shipped(item) for item in value]
@@ -125,3 +139,8 @@ def _shipped(value: Any) -> Any:
             return value
         return fixed if isinstance(value, list) else tuple(fixed)
     return value
+
+
+def _as_json_text(value: dict[str, Any]) -> str:
+    """An object kombu would decode, as the compact JSON text of its (already valid) parts."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)

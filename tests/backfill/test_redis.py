@@ -464,10 +464,7 @@ def test_text_no_json_can_hold_is_scored_with_replacement_characters(
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert "  text replaced     3 runs" in result.stderr  # the summary's line
     reports = [line for line in result.stderr.splitlines() if line.startswith("trace ")]
-    assert sorted(reports) == sorted(
-        f"trace {trace_id(i)}: text that is not valid UTF-8 (bytes or lone surrogates) sent with U+FFFD in its place"
-        for i in (3, 6, 9)
-    )
+    assert sorted(reports) == sorted(f"trace {trace_id(i)}: {_REPLACED}" for i in (3, 6, 9))
     assert summary["status"] == "finished", _worker_logs(workers)
     assert (summary["runs_enqueued"], summary["runs_text_replaced"], summary["runs_rejected"]) == (12, 3, {})
     state = json.loads(db.get(backfill_state_key(summary["job_id"])) or "{}")
@@ -477,6 +474,59 @@ def test_text_no_json_can_hold_is_scored_with_replacement_characters(
     # answer-words' reason: "<n> words" of the answer the worker read (U+FFFD is one word).
     words = {r["trace_id"]: r["reason"] for r in records if r["scorer_id"] == "answer-words"}
     assert [words[trace_id(i)] for i in (3, 6, 9)] == ["4 words", "4 words", "3 words"]
+    assert db.llen(dlq_key()) == 0
+
+
+_REPLACED = (
+    "a value no queue message can carry as it is, sent replaced (text not valid UTF-8, bytes or lone"
+    " surrogates, with U+FFFD; an object of exactly __type__ and __value__ as its JSON text)"
+)
+
+
+def test_an_object_kombu_decodes_costs_neither_its_run_nor_its_batch(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """An OTLP kvlist of exactly ``__type__`` and ``__value__`` in a read attribute: the workers'
+    screen refused the message holding it (kombu would decode it), a dead letter of every trace
+    batched with it. It is sent as its JSON text, reported and counted, and each run of the job
+    is scored once, as an embedded backfill scores it."""
+    from tests.backfill.test_batch_bytes import big_trace_line
+    from worker._keys import dlq_key
+
+    lines = [big_trace_line(i) for i in range(12)]
+    document = json.loads(lines[5])
+    typed = {"kvlistValue": {"values": [
+        {"key": "__type__", "value": {"stringValue": "uuid"}},
+        {"key": "__value__", "value": {"stringValue": "not-a-uuid"}},
+    ]}}  # fmt: skip
+    for span in document["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        if span["name"].startswith("chat"):
+            span["attributes"].append({"key": "gen_ai.prompt.0.meta", "value": typed})
+    lines[5] = json.dumps(document) + "\n"
+    source = tmp_path / "typed.jsonl"
+    source.write_text("".join(lines), encoding="ascii")
+
+    args = ["backfill", str(source), "--scorers", "tests.backfill.scorers", "--json", "--wait-timeout", "120"]
+    result = CliRunner().invoke(cli, [*args, "--broker", REDIS_URL], env={"TRACESCORE_BROKER_URL": ""})
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [line for line in result.stderr.splitlines() if line.startswith("trace ")] == [
+        f"trace {trace_id(5)}: {_REPLACED}"
+    ]
+    assert summary["status"] == "finished", _worker_logs(workers)
+    assert (summary["runs_enqueued"], summary["runs_text_replaced"], summary["runs_rejected"]) == (12, 1, {})
+    records = _records(workers, summary["job_id"])
+    assert len(records) == len({r["score_id"] for r in records}) == 12 * 3
+    out = tmp_path / "embedded.jsonl"
+    embedded = CliRunner().invoke(cli, [*args, "--out", str(out)], env={"TRACESCORE_BROKER_URL": ""})
+    assert embedded.exit_code == 0, embedded.output
+
+    def table(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], tuple[Any, ...]]:
+        return {
+            (r["trace_id"], r["span_id"], r["scorer_id"]): (r["score"], r["reason"], r["error_type"]) for r in records
+        }
+
+    assert table(records) == table([json.loads(line) for line in out.read_text().splitlines()])
     assert db.llen(dlq_key()) == 0
 
 

@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from tests.tracing._spans import genai_messages
 from tracing import SpanRecord, trace_to_run, valid_text
 from tracing._run import SpanRecordEvent
+from tracing._text import as_shipped
 from tracing.queue import ScoreRequest, parse_json, request_json, spans_request
 from tracing.queue._contract import _pydantic_json, encode_request
+from worker._guard import _kombu_typed
 
 TRACE = "ab" * 16
 
@@ -172,6 +174,39 @@ def test_bytes_are_read_the_same_through_the_queue_as_embedded() -> None:
     queued = trace_to_run(received.spans, "1" * 16)
     assert queued.output == embedded.output
     assert [m.text for m in queued.output] == ["Paris \ufffd is"]
+
+
+_KOMBU = {"__type__": "bytes", "__value__": SECRET}
+
+
+@pytest.mark.parametrize(
+    "span",
+    [
+        _chat(attrs={"gen_ai.prompt.0.meta": _KOMBU}),
+        _chat(attrs={"gen_ai.prompt.0.meta": {"outer": ({"__type__": "uuid", "__value__": 1},)}}),
+        _chat(events=(SpanRecordEvent("gen_ai.choice", 1, {"message": _KOMBU}),)),
+    ],
+    ids=["attribute", "nested", "event"],
+)
+def test_an_object_kombu_would_decode_is_sent_as_its_json_text(span: SpanRecord) -> None:
+    """A kvlist of exactly ``__type__`` and ``__value__`` (an OTLP file may hold one): kombu's
+    JSON reader, in the worker's pool, makes a value of such an object or fails, so the guard
+    refused the whole message, every trace batched with it. It is sent as its JSON text, counted
+    and logged as a replaced text, and read in process (``as_shipped``) as the worker reads it."""
+    from kombu.utils.json import loads as kombu_loads
+
+    request = spans_request([span], ["1" * 16], ["s"], source="backfill", job_id="j1")
+    with structlog.testing.capture_logs() as logs:
+        text, replaced = encode_request(request)
+    assert replaced == 1
+    received = ScoreRequest.model_validate(kombu_loads(text))  # no ValueError("Unsupported type")
+    (sent,) = received.spans
+    shipped = [as_shipped(sent.attributes), *(as_shipped(e.attributes) for e in sent.events)]
+    in_process = [as_shipped(span.attributes), *(as_shipped(e.attributes) for e in span.events)]
+    assert shipped == json.loads(json.dumps(in_process))  # (a tuple is a list after JSON)
+    assert not _kombu_typed(json.loads(text))  # the guard's screen lets it through
+    assert [e["event"] for e in logs] == ["request_text_replaced"]
+    assert SECRET not in repr(logs)
 
 
 # Text as hostile input brings it: lone surrogates (hypothesis' text() rarely draws one), bytes.

@@ -624,7 +624,7 @@ class ScoringSpanExporter(SpanExporter):
         becomes error score records there — ``read_failed`` for a run whose reading crashed
         (a bug in a reader: the worker names it alike), and ``filter``, ``export``, ``flush``, ``send``,
         ``internal``; ``text_replaced``: runs sent with U+FFFD in place of text no JSON can
-        hold, a lone surrogate in an attribute)."""
+        hold, a lone surrogate in an attribute, or an object kombu decodes as its JSON text)."""
         depth, queued = self._sender.depth()
         dropped, skipped, errors = self._tally.snapshot()
         with self._lock:

@@ -210,9 +210,16 @@ def encode_request(request: ScoreRequest) -> tuple[str, int]:
     ``surrogateescape``) would otherwise fail the request, and with it every request sharing its
     message. It is written with U+FFFD in place of each bad byte or surrogate, as the trace
     readers already read bytes, so the worker reads the run as an embedded backfill reads it.
-    Logged here (ids and a count, never the text); producers count it by run."""
+    So is an object kombu would decode (``tracing._text``: the worker's screen would refuse the
+    message), as its JSON text. Logged here (ids and a count, never the text); producers count
+    it by run."""
     try:
-        return dumps_or(_wire_fields(request), lambda: _pydantic_json(request)), 0
+        text = dumps_or(_wire_fields(request), lambda: _pydantic_json(request))
+        if '"__type__"' not in text:  # the cheap test: orjson and pydantic write keys unescaped
+            return text, 0
+        fields, replaced = valid_text(request.__dict__)
+        if not replaced:
+            return text, 0
     except PydanticSerializationError:
         fields, replaced = valid_text(request.__dict__)
         if not replaced:
@@ -222,7 +229,7 @@ def encode_request(request: ScoreRequest) -> tuple[str, int]:
         trace_id=request.trace_id,
         runs=len(request.target_span_ids),
         texts=replaced,
-        why="bytes not UTF-8 or lone surrogates, written as U+FFFD",
+        why="bytes not UTF-8, lone surrogates or objects kombu decodes, written as U+FFFD or JSON text",
     )
     valid = _unvalidated(ScoreRequest, fields, request.__pydantic_fields_set__)
     return dumps_or(_wire_fields(valid), lambda: _pydantic_json(valid)), replaced

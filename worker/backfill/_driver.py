@@ -361,8 +361,9 @@ class Backfill:
         if cutter.runs_text_replaced > replaced:
             self._count(at, "runs_text_replaced", n=cutter.runs_text_replaced - replaced)
             self._report(
-                f"trace {request.trace_id}: text that is not valid UTF-8 (bytes or lone surrogates)"
-                " sent with U+FFFD in its place"
+                f"trace {request.trace_id}: a value no queue message can carry as it is, sent replaced"
+                " (text not valid UTF-8, bytes or lone surrogates, with U+FFFD; an object of exactly"
+                " __type__ and __value__ as its JSON text)"
             )
         if closed is not None:
             # Cut here: the batch so far fits one message. The trace being read may span two

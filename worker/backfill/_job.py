@@ -448,7 +448,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     if summary.get("runs_text_replaced"):
         lines.append(
             f"  text replaced     {summary['runs_text_replaced']:,} runs   (bytes not UTF-8 or lone surrogates,"
-            " sent with U+FFFD in their place)"
+            " sent with U+FFFD in their place; objects of exactly __type__ and __value__, as JSON text)"
         )
     if summary.get("runs_read_again"):
         lines.append(
