@@ -3,7 +3,7 @@ handed (the broker's stand-in) and a reporter that keeps its messages."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 
 from tests._redis import RedisServer
 from tracing.queue import MESSAGE_ENVELOPE_BYTES, ScoreBatch, request_json
@@ -54,7 +54,7 @@ class Messages(ProgressReporter):
         self.lines.append(text)
 
 
-def redis_job_store(server: RedisServer, db: int) -> Iterator[RedisJobStore]:
+def redis_job_store(server: RedisServer, db: int) -> Generator[RedisJobStore]:
     """A job store on ``db`` of ``server``, emptied before and after (a fixture's body)."""
     client = server.client(db, decode_responses=True)
     client.flushdb()

@@ -7,35 +7,21 @@ after the assembly window has been released without it; when the root then arriv
 
 from __future__ import annotations
 
-import json
-import signal
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
 from tests._redis import RedisServer
-from tests.backfill._doubles import CapturingSubmitter, Messages, redis_job_store
+from tests.backfill._doubles import CapturingSubmitter, Messages
+from tests.backfill._late import late_files, line, stop_and_resume, stop_and_resume_in_process, whole
 from tests.backfill._synth import trace_id, trace_spans
 from tracing.otlp import decode_otlp_records
-from tracing.sources import FileSource, Position, SourceItem, TraceAssembler
-from worker._keys import backfill_runs_key, backfill_state_key
+from tracing.sources import FileSource, Position, TraceAssembler
+from worker._keys import backfill_runs_key
 from worker.backfill._driver import Backfill
-from worker.backfill._state import BackfillOptions, BackfillState, RedisJobStore
-from worker.cli import cli
+from worker.backfill._state import BackfillOptions, BackfillState
 
 DB = 14  # of the session's Redis: the other backfill tests use 10, 11, 12, 13 and 15
-
-
-def _line(spans: list[dict[str, Any]]) -> str:
-    return json.dumps({"resourceSpans": [{"scopeSpans": [{"scope": {"name": "synth"}, "spans": spans}]}]}) + "\n"
-
-
-def _whole(i: int) -> str:
-    children, root = trace_spans(i)
-    return _line([*children, root])
 
 
 def test_a_root_after_the_window_is_a_counted_late_root(tmp_path: Path) -> None:
@@ -43,9 +29,9 @@ def test_a_root_after_the_window_is_a_counted_late_root(tmp_path: Path) -> None:
     boundary): the trace is read once, without its root, and the root is one late root with
     a message naming the trace and the window option; not a second, unreadable trace."""
     late_children, late_root = trace_spans(0)
-    (tmp_path / "a.jsonl").write_text(_line(late_children) + "".join(_whole(i) for i in range(1, 31)))
-    (tmp_path / "b.jsonl").write_text("".join(_whole(i) for i in range(31, 61)))
-    (tmp_path / "c.jsonl").write_text(_line([late_root]) + "".join(_whole(i) for i in range(61, 71)))
+    (tmp_path / "a.jsonl").write_text(line(late_children) + "".join(whole(i) for i in range(1, 31)))
+    (tmp_path / "b.jsonl").write_text("".join(whole(i) for i in range(31, 61)))
+    (tmp_path / "c.jsonl").write_text(line([late_root]) + "".join(whole(i) for i in range(61, 71)))
     source = FileSource([tmp_path])
     options = BackfillOptions(
         scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50, window_files=1
@@ -67,8 +53,8 @@ def test_a_root_after_the_window_is_a_counted_late_root(tmp_path: Path) -> None:
 def test_a_root_within_the_window_is_not_late(tmp_path: Path) -> None:
     """The same files with the default window: the trace is whole, nothing is late."""
     late_children, late_root = trace_spans(0)
-    (tmp_path / "a.jsonl").write_text(_line(late_children) + "".join(_whole(i) for i in range(1, 31)))
-    (tmp_path / "b.jsonl").write_text(_line([late_root]))
+    (tmp_path / "a.jsonl").write_text(line(late_children) + "".join(whole(i) for i in range(1, 31)))
+    (tmp_path / "b.jsonl").write_text(line([late_root]))
     source = FileSource([tmp_path])
     options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"])
     state = BackfillState(job_id="bf-late", source=source.describe(), options=options)
@@ -117,61 +103,30 @@ def _late_root_files(directory: Path) -> Path:
     """Trace 0's children first, its root two files on and 20 lines into the third (past a
     50-span window; trace 0 is released without it at the end of file b); 91 traces."""
     late_children, late_root = trace_spans(0)
-    directory.mkdir()
-    (directory / "a.jsonl").write_text(_line(late_children) + "".join(_whole(i) for i in range(1, 31)))
-    (directory / "b.jsonl").write_text("".join(_whole(i) for i in range(31, 61)))
-    c = "".join(_whole(i) for i in range(61, 81)) + _line([late_root]) + "".join(_whole(i) for i in range(81, 91))
-    (directory / "c.jsonl").write_text(c)
-    return directory
-
-
-@pytest.fixture
-def job_store(redis_server: RedisServer) -> Iterator[RedisJobStore]:
-    yield from redis_job_store(redis_server, DB)
+    return late_files(directory, late_children, [late_root])
 
 
 @pytest.mark.parametrize("batches_after", [0, 1, 2])
 def test_a_late_root_past_a_resumes_checkpoint_is_still_a_late_root(
-    tmp_path: Path, job_store: RedisJobStore, batches_after: int
+    tmp_path: Path, redis_server: RedisServer, batches_after: int
 ) -> None:
     """Stopped after trace 0 went out without its root (and its root not yet read), then resumed:
     the resumed run met the root as a new trace (its assembler never saw trace 0 released), so
     the job counted 92 traces read and no late root, and sent the root as a run of its own, a
     second score of trace 0. Now the job counts and sends what it does without a stop."""
-    directory = _late_root_files(tmp_path / "in")
 
-    def state() -> BackfillState:
-        options = BackfillOptions(
-            scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50, batch_size=7
-        )
-        return BackfillState(job_id="bf-late-resume", source=FileSource([directory]).describe(), options=options)
-
-    whole = state()
-    uninterrupted = CapturingSubmitter()
-    Backfill(FileSource([directory]), whole, uninterrupted, reporter=Messages()).run()
-    assert (whole.counters.late_roots, whole.counters.traces_read) == (1, 91)
-
-    stopped = state()
-    submitter = CapturingSubmitter()
-
-    def sent_late() -> bool:  # ``batches_after`` batches after the one trace 0 went out in
+    def sent_late(submitter: CapturingSubmitter) -> bool:  # ``batches_after`` batches after trace 0's
         sent = [n for n, (batch, _) in enumerate(submitter.sent) if trace_id(0) in {r.trace_id for r in batch.requests}]
         return bool(sent) and len(submitter.sent) > sent[0] + batches_after
 
-    first = Backfill(
-        FileSource([directory]), stopped, submitter, job_store=job_store, reporter=Messages(), should_stop=sent_late
-    )
-    with pytest.raises(KeyboardInterrupt):
-        first.run()
-    first.interrupted()
-    saved = job_store.load(stopped.job_id)
-    assert saved is not None
-    assert (0, 1, 0) < saved.checkpoint < ROOT_AT  # past trace 0's first line, before its root's
-    resumed = Backfill(FileSource([directory]), saved, submitter, job_store=job_store, reporter=Messages()).run()
+    job = stop_and_resume_in_process(_late_root_files(tmp_path / "in"), redis_server, DB, "bf-late-resume", sent_late)
+    whole, resumed, submitter = job.whole, job.resumed, job.submitter
+    assert (whole.counters.late_roots, whole.counters.traces_read) == (1, 91)
+    assert (0, 1, 0) < job.checkpoint < ROOT_AT  # past trace 0's first line, before its root's
 
     assert resumed.counters.late_roots == 1
     assert resumed.counters.traces_read == 91
-    assert sorted(submitter.runs) == sorted(uninterrupted.runs)  # the root is never a run of its own
+    assert sorted(submitter.runs) == sorted(job.uninterrupted.runs)  # the root is never a run of its own
     assert resumed.counters.runs_enqueued == whole.counters.runs_enqueued
 
 
@@ -182,33 +137,12 @@ def test_a_late_root_after_ctrl_c_and_resume_is_counted_once_and_never_enqueued(
     ``--resume``: the job's summary counts the late root once and 91 traces, and trace 0's
     root is no run of the job (the resume enqueued it, and the workers scored trace 0 twice)."""
     directory = _late_root_files(tmp_path / "in")
-    read, runs = FileSource.read, []
+    job = stop_and_resume(directory, private_redis, monkeypatch, ["--window-spans", "50"])
+    assert (0, 1, 0) < tuple(job.saved["checkpoint"]) < ROOT_AT  # past trace 0's children, before its root
+    assert f"{trace_id(0)}:{2:016x}" in job.runs_at_stop  # sent, without its root
 
-    def interrupted_read(self: FileSource, start: Position | None = None) -> Iterator[SourceItem]:
-        runs.append(start)
-        for n, item in enumerate(read(self, start)):
-            yield item
-            if len(runs) == 1 and n == 72:  # (the first run only) file c's tenth line
-                signal.raise_signal(signal.SIGINT)
-
-    monkeypatch.setattr(FileSource, "read", interrupted_read)
-    broker = ["--broker", private_redis.url(0), "--json", "--high-water", "1000", "--wait-timeout", "5"]
-    options = ["--scorers", "tests.backfill.scorers", "--scorer", "answer-words", "--batch-size", "7"]
-    stopped = CliRunner().invoke(
-        cli, ["backfill", str(directory), *options, "--window-spans", "50", *broker], env={"TRACESCORE_BROKER_URL": ""}
-    )
-    assert stopped.exit_code == 130, stopped.output
-    job_id = json.loads(stopped.stdout.strip().splitlines()[-1])["job_id"]
-    db = private_redis.client(0, decode_responses=True)
-    saved = json.loads(db.get(backfill_state_key(job_id)) or "{}")
-    assert (0, 1, 0) < tuple(saved["checkpoint"]) < ROOT_AT  # past trace 0's children, before its root
-    assert db.sismember(backfill_runs_key(job_id), f"{trace_id(0)}:{2:016x}")  # sent, without its root
-
-    resumed = CliRunner().invoke(
-        cli, ["backfill", "--resume", job_id, "--no-wait", *broker], env={"TRACESCORE_BROKER_URL": ""}
-    )
-    assert resumed.exit_code == 0, resumed.output
-    done = json.loads(resumed.stdout.strip().splitlines()[-1])
+    done = job.done
     assert (done["traces_read"], done["late_roots"], done["runs_enqueued"]) == (91, 1, 91)
-    assert db.scard(backfill_runs_key(job_id)) == 91
-    assert not db.sismember(backfill_runs_key(job_id), f"{trace_id(0)}:{1:016x}")  # its root: no run
+    db = private_redis.client(0, decode_responses=True)
+    assert db.scard(backfill_runs_key(job.job_id)) == 91
+    assert not db.sismember(backfill_runs_key(job.job_id), f"{trace_id(0)}:{1:016x}")  # its root: no run

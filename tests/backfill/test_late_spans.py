@@ -10,34 +10,23 @@ trace (or, resumed, the job's run read again and counted as a second trace).
 from __future__ import annotations
 
 import json
-import signal
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from tests._redis import RedisServer
-from tests.backfill._doubles import CapturingSubmitter, Messages, redis_job_store
+from tests.backfill._doubles import CapturingSubmitter, Messages
+from tests.backfill._late import late_files, line, stop_and_resume, stop_and_resume_in_process, whole
 from tests.backfill._synth import trace_id, trace_spans
 from tracing.otlp import decode_otlp_records
-from tracing.sources import FileSource, Position, SourceItem, TraceAssembler
-from worker._keys import backfill_runs_key, backfill_state_key
+from tracing.sources import FileSource, Position, TraceAssembler
+from worker._keys import backfill_runs_key
 from worker.backfill._driver import Backfill
-from worker.backfill._state import BackfillOptions, BackfillState, RedisJobStore
+from worker.backfill._state import BackfillOptions, BackfillState
 from worker.cli import cli
 
 DB = 8  # of the session's Redis: the other backfill tests use 10 to 15
-
-
-def _line(spans: list[dict[str, Any]]) -> str:
-    return json.dumps({"resourceSpans": [{"scopeSpans": [{"scope": {"name": "synth"}, "spans": spans}]}]}) + "\n"
-
-
-def _whole(i: int) -> str:
-    children, root = trace_spans(i)
-    return _line([*children, root])
 
 
 CHAT_OF_0 = f"{2:016x}"  # trace 0's chat span (an LLM span under its agent root)
@@ -47,12 +36,7 @@ def _late_chat_files(directory: Path) -> Path:
     """Trace 0's tool span and root in file a, its chat span 20 lines into file c (past a 50-span
     window and two file boundaries: trace 0 is read, with its root, long before); 91 traces."""
     (chat, tool), root = trace_spans(0)
-    directory.mkdir()
-    (directory / "a.jsonl").write_text(_line([tool, root]) + "".join(_whole(i) for i in range(1, 31)))
-    (directory / "b.jsonl").write_text("".join(_whole(i) for i in range(31, 61)))
-    c = "".join(_whole(i) for i in range(61, 81)) + _line([chat]) + "".join(_whole(i) for i in range(81, 91))
-    (directory / "c.jsonl").write_text(c)
-    return directory
+    return late_files(directory, [tool, root], [chat])
 
 
 def test_a_span_after_its_traces_window_is_a_counted_late_span_not_a_run(tmp_path: Path) -> None:
@@ -88,9 +72,9 @@ def test_a_late_span_of_a_trace_read_without_its_root_is_no_second_trace(tmp_pat
     LLM span in it, a second run of the trace)."""
     (chat, tool), _root = trace_spans(0)
     late = {**chat, "spanId": f"{0xAB:016x}", "name": "chat gpt-4o-mini (retry)"}  # a second LLM call
-    (tmp_path / "a.jsonl").write_text(_line([chat]) + "".join(_whole(i) for i in range(1, 31)))
-    (tmp_path / "b.jsonl").write_text("".join(_whole(i) for i in range(31, 61)))
-    (tmp_path / "c.jsonl").write_text(_line([late, tool]) + "".join(_whole(i) for i in range(61, 71)))
+    (tmp_path / "a.jsonl").write_text(line([chat]) + "".join(whole(i) for i in range(1, 31)))
+    (tmp_path / "b.jsonl").write_text("".join(whole(i) for i in range(31, 61)))
+    (tmp_path / "c.jsonl").write_text(line([late, tool]) + "".join(whole(i) for i in range(61, 71)))
     source = FileSource([tmp_path])
     options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50)
     state = BackfillState(job_id="bf-late-span", source=source.describe(), options=options)
@@ -125,55 +109,25 @@ def test_the_record_of_read_traces_is_bounded() -> None:
     assert by_id[trace_id(1)].late  # the 10,000th newest: still known
 
 
-@pytest.fixture
-def job_store(redis_server: RedisServer) -> Iterator[RedisJobStore]:
-    yield from redis_job_store(redis_server, DB)
-
-
 @pytest.mark.parametrize("stop_after", [2, 5, 9])
 def test_a_late_span_past_a_resumes_checkpoint_is_still_a_late_span(
-    tmp_path: Path, job_store: RedisJobStore, stop_after: int
+    tmp_path: Path, redis_server: RedisServer, stop_after: int
 ) -> None:
     """Stopped after trace 0 was sent (its chat span not yet read), then resumed: the resumed run's
     assembler never saw trace 0, so the chat span was a trace of its own there (a second run of
     trace 0 enqueued, 92 traces). Now the job counts and sends what it does without a stop."""
-    directory = _late_chat_files(tmp_path / "in")
-
-    def state() -> BackfillState:
-        options = BackfillOptions(
-            scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50, batch_size=7
-        )
-        return BackfillState(job_id="bf-late-span", source=FileSource([directory]).describe(), options=options)
-
-    whole = state()
-    uninterrupted = CapturingSubmitter()
-    Backfill(FileSource([directory]), whole, uninterrupted, reporter=Messages()).run()
-    assert whole.counters.traces_read == 91
-
-    stopped = state()
-    submitter = CapturingSubmitter()
-    first = Backfill(
-        FileSource([directory]),
-        stopped,
-        submitter,
-        job_store=job_store,
-        reporter=Messages(),
-        should_stop=lambda: len(submitter.sent) >= stop_after,
+    job = stop_and_resume_in_process(
+        _late_chat_files(tmp_path / "in"), redis_server, DB, "bf-late-span", lambda sent: len(sent.sent) >= stop_after
     )
-    with pytest.raises(KeyboardInterrupt):
-        first.run()
-    first.interrupted()
-    assert (trace_id(0), f"{1:016x}") in submitter.runs  # trace 0 went out before the stop
-    saved = job_store.load(stopped.job_id)
-    assert saved is not None
-    assert saved.checkpoint < (2, 21, 0)  # before the chat span's line: the resume reads it
-    resumed = Backfill(FileSource([directory]), saved, submitter, job_store=job_store, reporter=Messages()).run()
+    assert job.whole.counters.traces_read == 91
+    assert (trace_id(0), f"{1:016x}") in job.runs_at_stop  # trace 0 went out before the stop
+    assert job.checkpoint < (2, 21, 0)  # before the chat span's line: the resume reads it
 
-    assert resumed.counters.traces_read == 91
-    assert resumed.counters.late_spans == whole.counters.late_spans == 1
-    assert sorted(set(submitter.runs)) == sorted(uninterrupted.runs)
-    assert (trace_id(0), CHAT_OF_0) not in submitter.runs
-    assert resumed.counters.runs_enqueued == whole.counters.runs_enqueued
+    assert job.resumed.counters.traces_read == 91
+    assert job.resumed.counters.late_spans == job.whole.counters.late_spans == 1
+    assert sorted(set(job.submitter.runs)) == sorted(job.uninterrupted.runs)
+    assert (trace_id(0), CHAT_OF_0) not in job.submitter.runs
+    assert job.resumed.counters.runs_enqueued == job.whole.counters.runs_enqueued
 
 
 def test_a_late_span_after_ctrl_c_and_resume_is_counted_once_and_never_enqueued(
@@ -184,35 +138,14 @@ def test_a_late_span_after_ctrl_c_and_resume_is_counted_once_and_never_enqueued(
     scored twice, once as its agent run, once as a fragment). Now the job's summary counts 91
     traces and the span once, and the chat span is no run of the job."""
     directory = _late_chat_files(tmp_path / "in")
-    read, runs = FileSource.read, []
+    job = stop_and_resume(directory, private_redis, monkeypatch, ["--window-spans", "50"])
+    assert (0, 1, 0) < tuple(job.saved["checkpoint"]) < (2, 21, 0)  # past trace 0, before its chat span
+    assert f"{trace_id(0)}:{1:016x}" in job.runs_at_stop  # trace 0 sent, whole but one
 
-    def interrupted_read(self: FileSource, start: Position | None = None) -> Iterator[SourceItem]:
-        runs.append(start)
-        for n, item in enumerate(read(self, start)):
-            yield item
-            if len(runs) == 1 and n == 72:  # (the first run only) file c's tenth line
-                signal.raise_signal(signal.SIGINT)
-
-    monkeypatch.setattr(FileSource, "read", interrupted_read)
-    broker = ["--broker", private_redis.url(0), "--json", "--high-water", "1000", "--wait-timeout", "5"]
-    options = ["--scorers", "tests.backfill.scorers", "--scorer", "answer-words", "--batch-size", "7"]
-    stopped = CliRunner().invoke(
-        cli, ["backfill", str(directory), *options, "--window-spans", "50", *broker], env={"TRACESCORE_BROKER_URL": ""}
-    )
-    assert stopped.exit_code == 130, stopped.output
-    job_id = json.loads(stopped.stdout.strip().splitlines()[-1])["job_id"]
-    db = private_redis.client(0, decode_responses=True)
-    saved = json.loads(db.get(backfill_state_key(job_id)) or "{}")
-    assert (0, 1, 0) < tuple(saved["checkpoint"]) < (2, 21, 0)  # past trace 0, before its chat span
-    assert db.sismember(backfill_runs_key(job_id), f"{trace_id(0)}:{1:016x}")  # trace 0 sent, whole but one
-
-    resumed = CliRunner().invoke(
-        cli, ["backfill", "--resume", job_id, "--no-wait", *broker], env={"TRACESCORE_BROKER_URL": ""}
-    )
-    assert resumed.exit_code == 0, resumed.output
-    done = json.loads(resumed.stdout.strip().splitlines()[-1])
+    done = job.done
     assert (done["traces_read"], done["runs_enqueued"]) == (91, 91)
     assert done["late_spans"] == 1
-    assert db.scard(backfill_runs_key(job_id)) == 91
-    assert not db.sismember(backfill_runs_key(job_id), f"{trace_id(0)}:{CHAT_OF_0}")
-    assert trace_id(0) in resumed.stderr
+    db = private_redis.client(0, decode_responses=True)
+    assert db.scard(backfill_runs_key(job.job_id)) == 91
+    assert not db.sismember(backfill_runs_key(job.job_id), f"{trace_id(0)}:{CHAT_OF_0}")
+    assert trace_id(0) in job.resumed.stderr
