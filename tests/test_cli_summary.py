@@ -367,8 +367,9 @@ def test_backfill_exit_code_when_every_line_is_malformed(tmp_path: Path) -> None
 
 
 def test_late_roots_are_printed_with_the_window_hint(capsys: pytest.CaptureFixture[str]) -> None:
-    """When the assembler counted roots that came after the window, the summary says so and
-    names the options that widen it; with none, nothing is printed."""
+    """When the assembler counted roots that came after their trace was released, the summary
+    says so and names the option that would have kept each trace open (the window, or the memory
+    bound); with none, nothing is printed."""
     summary: dict[str, Any] = {
         "job_id": "bf-x",
         "mode": "embedded",
@@ -389,11 +390,13 @@ def test_late_roots_are_printed_with_the_window_hint(capsys: pytest.CaptureFixtu
         "malformed_where": [],
         "evicted_traces": 0,
         "late_roots": 4,
+        "late_roots_by_option": {"--window-spans": 3, "--max-open-spans": 1},
     }
     _print_summary(summary)
     err = capsys.readouterr().err
     assert "late roots        4" in err
-    assert "--window-spans / --window-files" in err
+    assert "3 past the assembly window, widen it with --window-spans / --window-files" in err
+    assert "1 released early by the memory bound, raise --max-open-spans" in err
     _print_summary({**summary, "late_roots": 0})
     assert "late roots" not in capsys.readouterr().err
 

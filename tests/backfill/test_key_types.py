@@ -337,7 +337,7 @@ def test_each_save_renews_the_jobs_runs_and_rootless_traces(db: redis.Redis) -> 
         options=BackfillOptions(scorers_module="m", scorer_ids=["s"]),
     )
     store = RedisJobStore(db)
-    assert store.save(state, ["t:s"], [("t2", False)])
+    assert store.save(state, ["t:s"], [("t2", False, False)])
     for key in (backfill_runs_key("bf-ttl"), backfill_rootless_key("bf-ttl")):
         db.expire(key, 60)  # (days of a pause, later)
     assert store.save(state)  # nothing new to add

@@ -143,6 +143,27 @@ def test_a_late_root_after_ctrl_c_and_resume_is_counted_once_and_never_enqueued(
 
     done = job.done
     assert (done["traces_read"], done["late_roots"], done["runs_enqueued"]) == (91, 1, 91)
+    assert done["late_roots_by_option"] == {"--window-spans": 1}
     db = private_redis.client(0, decode_responses=True)
     assert db.scard(backfill_runs_key(job.job_id)) == 91
     assert not db.sismember(backfill_runs_key(job.job_id), f"{trace_id(0)}:{1:016x}")  # its root: no run
+
+
+def test_a_late_root_of_a_trace_the_memory_bound_released_names_max_open_spans(
+    tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trace 0's children held rootless until the memory bound (30 spans) released them, its root
+    read later (the default window would have kept it), stopped and resumed in between: the late
+    root was said to want a wider --window-spans. Now the resumed job's summary and the trace's
+    message name --max-open-spans (the job's list of traces read keeps why each was released)."""
+    job = stop_and_resume(_late_root_files(tmp_path / "in"), private_redis, monkeypatch, ["--max-open-spans", "30"])
+    assert (0, 1, 0) < tuple(job.saved["checkpoint"]) < ROOT_AT
+    done = job.done
+    assert done["evicted_traces"] > 0
+    assert (done["late_roots"], done["late_roots_by_option"]) == (1, {"--max-open-spans": 1})
+    late = [line for line in job.resumed.stderr.splitlines() if "root span arrived after" in line]
+    (message,) = [line for line in late if trace_id(0) in line]
+    (summary_line,) = [line for line in late if line.split()[:2] == ["late", "roots"]]
+    for said in (message, summary_line):
+        assert "--max-open-spans" in said
+        assert "--window-spans" not in said

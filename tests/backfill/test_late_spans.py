@@ -59,11 +59,45 @@ def test_a_span_after_its_traces_window_is_a_counted_late_span_not_a_run(tmp_pat
     assert trace_id(0) in result.stderr  # named, with the option that would have kept it
     assert "--window-spans" in result.stderr
 
+    assert summary["late_spans_by_option"] == {"--window-spans": 1}
+    assert "--max-open-spans" not in result.stderr  # the memory bound released nothing
+
     text = CliRunner().invoke(cli, [*args, "--window-spans", "50"], env={"TRACESCORE_BROKER_URL": ""})
     assert text.exit_code == 0, text.output
     (line,) = [line for line in text.output.splitlines() if "late spans" in line]
     assert line.split()[:3] == ["late", "spans", "1"]
     assert "--window-spans" in line
+    assert "--max-open-spans" not in line
+
+
+def _late_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if "late spans" in line or "arrived after" in line]
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_late_span_of_a_trace_the_memory_bound_released_names_max_open_spans(tmp_path: Path, dry_run: bool) -> None:
+    """The same input read with the default window but at most 30 spans held: trace 0 is released
+    early by the memory bound long before its chat span comes, so a wider window would not have
+    kept it; the late span was said to want a wider --window-spans all the same. Now the summary
+    (text and --json, scored or --dry-run) and the trace's message name --max-open-spans."""
+    directory = _late_chat_files(tmp_path / "in")
+    args = ["backfill", str(directory), "--scorers", "tests.backfill.scorers", "--scorer", "answer-words"]
+    args += ["--max-open-spans", "30", *(["--dry-run"] if dry_run else [])]
+    env = {"TRACESCORE_BROKER_URL": ""}
+    result = CliRunner().invoke(cli, [*args, "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["evicted_traces"] > 0
+    assert (summary["late_spans"], summary["late_spans_by_option"]) == (1, {"--max-open-spans": 1})
+    (message,) = [line for line in _late_lines(result.stderr) if trace_id(0) in line]
+    assert "--max-open-spans" in message
+    assert "--window-spans" not in message
+
+    text = CliRunner().invoke(cli, args, env=env)
+    assert text.exit_code == 0, text.output
+    (line,) = [line for line in _late_lines(text.output) if trace_id(0) not in line]
+    assert "--max-open-spans" in line
+    assert "--window-spans" not in line
 
 
 def test_a_late_span_of_a_trace_read_without_its_root_is_no_second_trace(tmp_path: Path) -> None:
@@ -149,3 +183,23 @@ def test_a_late_span_after_ctrl_c_and_resume_is_counted_once_and_never_enqueued(
     assert db.scard(backfill_runs_key(job.job_id)) == 91
     assert not db.sismember(backfill_runs_key(job.job_id), f"{trace_id(0)}:{CHAT_OF_0}")
     assert trace_id(0) in job.resumed.stderr
+    assert done["late_spans_by_option"] == {"--window-spans": 1}
+
+
+def test_a_resume_keeps_why_a_trace_was_released_before_its_late_span(
+    tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped by Ctrl-C after the memory bound released trace 0 (and saved it among the traces
+    read), resumed before its chat span: the resume's late span names --max-open-spans, as the
+    job without a stop does, not the window (the job's list of released traces keeps the cause)."""
+    directory = _late_chat_files(tmp_path / "in")
+    job = stop_and_resume(directory, private_redis, monkeypatch, ["--max-open-spans", "30"])
+    assert (0, 1, 0) < tuple(job.saved["checkpoint"]) < (2, 21, 0)  # past trace 0, before its chat span
+    assert f"{trace_id(0)}:{1:016x}" in job.runs_at_stop  # trace 0 sent before the stop
+
+    done = job.done
+    assert (done["traces_read"], done["runs_enqueued"]) == (91, 91)
+    assert (done["late_spans"], done["late_spans_by_option"]) == (1, {"--max-open-spans": 1})
+    (message,) = [line for line in _late_lines(job.resumed.stderr) if trace_id(0) in line]
+    assert "--max-open-spans" in message
+    assert "--window-spans" not in message

@@ -21,9 +21,11 @@ is *late*: its trace's remaining spans come out as an ``AssembledTrace`` with ``
 the caller can report them instead of scoring the fragment as a trace of its own (a second score
 of the trace, or a run made of a fragment). A late one that is the root of a trace released
 without one is a *late root* (``late_root=True``, counted in ``stats.late_roots``): the trace was
-read without its root. The released traces are remembered by id, the newest ``released_kept``
-(at least 10,000, else ``max_open_spans``): a span of a trace released further back cannot be
-told from a new trace's.
+read without its root. Either says why the part before was released (``late_evicted``: by the
+memory bound, so ``max_open_spans`` would have kept it open, not ``window_spans``). The released
+traces are remembered by id with two bits (had its root, was evicted), the newest
+``released_kept`` (at least 10,000, else ``max_open_spans``): a span of a trace released further
+back cannot be told from a new trace's.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ MAX_SPANS_PER_TRACE = 10_000
 
 Completion = Literal["root", "idle", "evicted", "end"]
 
+# What is remembered of a released trace: bits of a small int (no object per remembered id).
+_ROOTED = 1  # it had its root
+_EVICTED = 2  # the memory bound released it (else its window passed, or the input ended)
+
 
 @dataclass(slots=True)
 class AssembledTrace:
@@ -59,6 +65,8 @@ class AssembledTrace:
     dropped_spans: int = 0
     late: bool = False  # the rest of a trace released earlier: not a trace of its own
     late_root: bool = False  # late, and the root of a trace released without one
+    # Late, and the part before was released early by the memory bound (else its window passed).
+    late_evicted: bool = False
     # Its root span was read, among its spans or an earlier part's (else: a root that comes later is late).
     rooted: bool = True
 
@@ -89,6 +97,8 @@ class _Open:
     rooted: bool = False
     # Late, and the part released before had its root (a root here is then no late root).
     released_rooted: bool = False
+    # Late, and the part released before was evicted (the memory bound released it).
+    released_evicted: bool = False
 
 
 class TraceAssembler:
@@ -116,9 +126,10 @@ class TraceAssembler:
         self._unit = 0
         # (first position, trace id) of open traces; stale entries are skipped lazily.
         self._firsts: list[tuple[Position, str]] = []
-        # Traces released, most recent last, each with whether it had its root (bounded: ids
-        # only), to tell a late span (or root) from a new trace. Touched once a trace, not a span.
-        self._released: OrderedDict[str, bool] = OrderedDict()
+        # Traces released, most recent last, each with its _ROOTED and _EVICTED bits (bounded:
+        # ids only), to tell a late span (or root) from a new trace and say why it is late.
+        # Touched once a trace, not a span.
+        self._released: OrderedDict[str, int] = OrderedDict()
         self._released_limit = max(10_000, max_open_spans)
 
     @property
@@ -139,16 +150,17 @@ class TraceAssembler:
             heapq.heappop(self._firsts)
         return None
 
-    def remember_released(self, traces: Iterable[tuple[str, bool]]) -> None:
-        """Take ``traces`` (trace id, whether it had its root; oldest first) as released before
-        this assembler's input: a resumed read's assembler, which has not seen them, then tells
-        their late spans and roots from new traces as the read before it did."""
-        for trace_id, rooted in traces:
-            self._remember(trace_id, rooted)
+    def remember_released(self, traces: Iterable[tuple[str, bool, bool]]) -> None:
+        """Take ``traces`` (trace id, whether it had its root, whether it was evicted; oldest
+        first) as released before this assembler's input: a resumed read's assembler, which has
+        not seen them, then tells their late spans and roots from new traces, and why they are
+        late, as the read before it did."""
+        for trace_id, rooted, evicted in traces:
+            self._remember(trace_id, rooted, evicted)
 
-    def _remember(self, trace_id: str, rooted: bool) -> None:
+    def _remember(self, trace_id: str, rooted: bool, evicted: bool) -> None:
         released = self._released
-        released[trace_id] = rooted
+        released[trace_id] = (_ROOTED if rooted else 0) | (_EVICTED if evicted else 0)
         released.move_to_end(trace_id)
         if len(released) > self._released_limit:
             released.popitem(last=False)
@@ -177,9 +189,11 @@ class TraceAssembler:
                 held = self._rootless.get(trace_id)
                 if held is None:
                     held = _Open(trace_id, position, position)
-                    released_rooted = self._released.get(trace_id)
-                    if released_rooted is not None:
-                        held.late, held.released_rooted = True, released_rooted
+                    released = self._released.get(trace_id)
+                    if released is not None:
+                        held.late = True
+                        held.released_rooted = bool(released & _ROOTED)
+                        held.released_evicted = bool(released & _EVICTED)
                     self._rootless[trace_id] = held
                     heapq.heappush(self._firsts, (position, trace_id))
                     if len(self._firsts) > 4 * self.open_traces + 1024:
@@ -251,7 +265,7 @@ class TraceAssembler:
         self._open_spans -= len(held.spans)
         self.stats.traces += 1
         rooted = held.rooted
-        self._remember(held.trace_id, rooted or held.released_rooted)
+        self._remember(held.trace_id, rooted or held.released_rooted, completion == "evicted")
         return AssembledTrace(
             held.trace_id,
             held.spans,
@@ -261,5 +275,6 @@ class TraceAssembler:
             held.dropped,
             late=held.late,
             late_root=held.late and rooted and not held.released_rooted,
+            late_evicted=held.released_evicted,
             rooted=rooted or held.released_rooted,
         )

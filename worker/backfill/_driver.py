@@ -30,14 +30,18 @@ run that reads it again, so a stopped and resumed job counts its input once. A t
 over that began before the checkpoint and reaches it (lines shared by several traces) is saved
 with the position of its last span (``read_through``): a resume skips its spans up to there,
 which it would read as a fragment of its own, counted again and planned as a run of its own.
-A trace released before the checkpoint is kept by id, with whether it had its root (the job
-store's list, as many as the assembler remembers): the resume's assembler starts knowing them,
-so a span of one that comes past the checkpoint is a late span (a root of one read without it, a
-late root), as without the stop, not a new trace.
+A trace released before the checkpoint is kept by id, with whether it had its root and whether
+the memory bound released it (the job store's list, as many as the assembler remembers): the
+resume's assembler starts knowing them, so a span of one that comes past the checkpoint is a late
+span (a root of one read without it, a late root), as without the stop, not a new trace.
 
 Late spans: a span read after its trace was released (the window passed, or memory evicted it)
 is counted (``late_spans``) and reported by trace id, never read as a trace of its own (its
-fragment planned as a run: a second score of the trace, or a score of a part of it).
+fragment planned as a run: a second score of the trace, or a score of a part of it). A late span
+or root is counted, and reported, by why its trace was released (``late_cause``), as the option
+that would have kept the trace open: ``--window-spans`` when its window passed,
+``--max-open-spans`` when the memory bound released it early. The job store's list keeps why
+(``RedisJobStore.released``), so a resume says the same.
 
 Each run once: a run (trace id, target span id) the job already enqueued is not enqueued again
 (counted ``runs_read_again``), whether it is read again after a resume, from a file given twice,
@@ -69,7 +73,7 @@ from tracing.sources import (
 )
 from worker._errors import crash_fields
 from worker._progress import ProgressReporter
-from worker.backfill._state import BackfillState, JobCounters, RedisJobStore, run_id
+from worker.backfill._state import BackfillState, JobCounters, RedisJobStore, late_cause, run_id
 
 __all__ = ["Backfill", "Submitter", "trace_start_ns"]
 
@@ -168,9 +172,10 @@ class Backfill:
         # many); the traces an earlier run handed over, which this one skips up to their last span.
         self._handed: list[tuple[Position, Position, str]] = []
         self._unsaved: list[tuple[Position, str, str, int]] = []
-        # (first position, trace id, whether it had its root) of the traces released not yet in
-        # the job store's list: saved once before the checkpoint (past it, a resume reads them again).
-        self._released: list[tuple[Position, str, bool]] = []
+        # (first position, trace id, whether it had its root, whether it was evicted) of the traces
+        # released not yet in the job store's list: saved once before the checkpoint (past it, a
+        # resume reads them again).
+        self._released: list[tuple[Position, str, bool, bool]] = []
         self._read_through = {trace_id: Position(*at) for trace_id, at in state.read_through.items()}
 
     # --- the loop -------------------------------------------------------------------------
@@ -230,7 +235,7 @@ class Backfill:
             if self.job_store is not None and trace.first != trace.last:
                 self._handed.append((trace.first, trace.last, trace.trace_id))
             if self.job_store is not None:
-                self._released.append((trace.first, trace.trace_id, trace.rooted))
+                self._released.append((trace.first, trace.trace_id, trace.rooted, trace.completion == "evicted"))
             self._handle(trace)
             if self._chunk_runs >= self.state.options.batch_size:
                 self._flush()
@@ -250,19 +255,20 @@ class Backfill:
             if not sampled(trace.trace_id, options.sample_rate):
                 return  # its first part was sampled out (and counted) too
             unplaced = len(trace.spans) + trace.dropped_spans
+            cause = late_cause(trace.late_evicted)
+            limit = options.max_open_spans if trace.late_evicted else options.window_spans
             if trace.late_root:
                 unplaced -= 1
-                self._count(at, "late_roots")
+                self._count_late(at, "late_roots", 1, trace.late_evicted)
                 self._report(
-                    f"trace {trace.trace_id}: its root span arrived after the assembly window; the trace was "
-                    f"read without it (raise --window-spans, now {options.window_spans:,})"
+                    f"trace {trace.trace_id}: its root span arrived after the trace was read without it"
+                    f" ({cause.released}; raise {cause.option}, now {limit:,})"
                 )
             if unplaced:
-                self._count(at, "late_spans", n=unplaced)
+                self._count_late(at, "late_spans", unplaced, trace.late_evicted)
                 self._report(
                     f"trace {trace.trace_id}: {unplaced:,} span{'s' if unplaced > 1 else ''} arrived after the trace"
-                    f" was read (past the assembly window); not read (raise --window-spans, now"
-                    f" {options.window_spans:,})"
+                    f" was read ({cause.released}); not read (raise {cause.option}, now {limit:,})"
                 )
             return
         self._count(at, "traces_read")
@@ -387,6 +393,11 @@ class Backfill:
         if self.job_store is not None:
             self._unsaved.append((at, counter, reason, n))
 
+    def _count_late(self, at: Position, counter: str, n: int, evicted: bool) -> None:
+        self._count(at, counter, n=n)
+        if evicted:  # (and by the cause: the summary names the option that would have kept it)
+            self._count(at, f"{counter}_evicted", n=n)
+
     def _checkpoint(self) -> Position:
         candidates = [self._current]
         low = self.assembler.low_watermark()
@@ -480,7 +491,7 @@ class Backfill:
         if self.job_store is not None and self.submitter is not None:
             self.state.read_through = self._handed_through(checkpoint)
             saved = self.state.model_copy(update={"counters": self._saved_counters(checkpoint)}, deep=True)
-            released = [(trace_id, rooted) for first, trace_id, rooted in self._released if first < checkpoint]
+            released = [entry[1:] for entry in self._released if entry[0] < checkpoint]
             if not self.job_store.save(saved, run_ids, released, self.assembler.released_kept):
                 raise KeyboardInterrupt  # the hold is another's: nothing was written, stop
             self._released = [entry for entry in self._released if entry[0] >= checkpoint]

@@ -53,7 +53,15 @@ from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, printable
 from worker.backfill._driver import Backfill, Submitter
-from worker.backfill._state import BackfillState, JobCounters, JobHold, RedisJobStore, store_client
+from worker.backfill._state import (
+    BackfillState,
+    JobCounters,
+    JobHold,
+    RedisJobStore,
+    late_by_option,
+    late_said,
+    store_client,
+)
 from worker.cli import CliError, cli_settings, names_an_input, unreachable
 from worker.store import StoreKeyTypeError, failed_fields
 
@@ -347,6 +355,9 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
         "late_roots": counters.late_roots,
         # Other spans that came after their trace was read: not read, nor a trace of their own.
         "late_spans": counters.late_spans,
+        # Both by the option that would have kept their trace open (why it was released).
+        "late_roots_by_option": late_by_option(counters.late_roots, counters.late_roots_evicted),
+        "late_spans_by_option": late_by_option(counters.late_spans, counters.late_spans_evicted),
         # Runs refused before enqueueing, by reason (too_large: one run over the message cap).
         "runs_rejected": dict(counters.runs_rejected),
         # Runs sent with U+FFFD for text no JSON can hold (bytes not UTF-8, lone surrogates).
@@ -431,13 +442,13 @@ def print_summary(summary: dict[str, Any]) -> None:
         lines.append(f"  traces released early (memory bound) {summary['evicted_traces']:,}")
     if summary.get("late_roots"):
         lines.append(
-            f"  late roots        {summary['late_roots']:,}   (root span arrived after the assembly window; "
-            "widen it with --window-spans / --window-files)"
+            f"  late roots        {summary['late_roots']:,}   (root span arrived after its trace was read without it: "
+            f"{late_said(summary['late_roots_by_option'])})"
         )
     if summary.get("late_spans"):
         lines.append(
-            f"  late spans        {summary['late_spans']:,}   (of traces already read, past the assembly window: "
-            "not read; widen it with --window-spans / --window-files)"
+            f"  late spans        {summary['late_spans']:,}   (of traces already read, not read: "
+            f"{late_said(summary['late_spans_by_option'])})"
         )
     if summary.get("runs_rejected"):
         rejected = summary["runs_rejected"]
@@ -1052,13 +1063,13 @@ def _dry_run(
         click.echo(printable(f"malformed lines: {counters.malformed} ({', '.join(counters.malformed_where[:5])})"))
     if summary["late_roots"]:
         click.echo(
-            f"late roots: {summary['late_roots']} (root span arrived after the assembly window; "
-            "widen it with --window-spans / --window-files)"
+            f"late roots: {summary['late_roots']} (root span arrived after its trace was read without it: "
+            f"{late_said(summary['late_roots_by_option'])})"
         )
     if summary["late_spans"]:
         click.echo(
-            f"late spans: {summary['late_spans']} (of traces already read, past the assembly window: "
-            "not read; widen it with --window-spans / --window-files)"
+            f"late spans: {summary['late_spans']} (of traces already read, not read: "
+            f"{late_said(summary['late_spans_by_option'])})"
         )
     if summary["runs_read_again"]:
         click.echo(f"runs read again: {summary['runs_read_again']} (the input holds them twice: scored once)")

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
@@ -42,7 +42,11 @@ __all__ = [
     "BackfillState",
     "JobCounters",
     "JobHold",
+    "LateCause",
     "RedisJobStore",
+    "late_by_option",
+    "late_cause",
+    "late_said",
     "new_job_id",
     "run_id",
     "store_client",
@@ -68,9 +72,48 @@ JOB_TTL_SECONDS = 7 * 24 * 3600
 # (``TraceAssembler.released_kept``, at least this).
 RELEASED_KEPT = 10_000
 # A list entry of a trace read with its root; a bare trace id is one read without it (all an
-# earlier release kept). Trace ids are hex: no entry of one starts so.
+# earlier release kept). Before either, _EVICTED: the trace was released early by the memory
+# bound (an entry of an earlier release has none: its window passed, as that release said).
+# Trace ids are hex: no entry of one starts so.
 _ROOTED = "r:"
+_EVICTED = "m:"
 MAX_MALFORMED_KEPT = 50
+
+
+class LateCause(NamedTuple):
+    """Why a trace was released before a late span or root of it came, and the option that
+    would have kept it open."""
+
+    option: str  # the option to raise (a key of the summary's late counts by option)
+    released: str  # how the trace was released, as the messages and the summary say it
+    advice: str  # what the summary says to do
+
+
+# Its window passed (raising --window-spans keeps a trace open, with its root or without), or the
+# memory bound released it early (``AssembledTrace.late_evicted``): a wider window keeps it no longer.
+_LATE_CAUSES = (
+    LateCause("--window-spans", "past the assembly window", "widen it with --window-spans / --window-files"),
+    LateCause("--max-open-spans", "released early by the memory bound", "raise --max-open-spans"),
+)
+
+
+def late_cause(evicted: bool) -> LateCause:
+    """The cause of a late span or root whose trace was (``evicted``) or was not evicted."""
+    return _LATE_CAUSES[evicted]
+
+
+def late_by_option(late: int, evicted: int) -> dict[str, int]:
+    """``late`` spans (or roots), ``evicted`` of them of traces the memory bound released, by the
+    option that would have kept their trace open (the options with none left out)."""
+    counts = (late - evicted, evicted)
+    return {cause.option: n for cause, n in zip(_LATE_CAUSES, counts, strict=True) if n}
+
+
+def late_said(by_option: dict[str, int]) -> str:
+    """A summary's words for ``late_by_option``'s counts: how many, why, and what to raise."""
+    return "; ".join(
+        f"{n:,} {cause.released}, {cause.advice}" for cause in _LATE_CAUSES if (n := by_option.get(cause.option, 0))
+    )
 
 
 def run_id(trace_id: str, span_id: str) -> str:
@@ -123,6 +166,10 @@ class JobCounters(BaseModel):
     late_roots: int = 0
     # Other spans that arrived after their trace was released (read without them).
     late_spans: int = 0
+    # Of those, the ones whose trace the memory bound released (``late_by_option``). A job saved
+    # by an earlier release counted none: its late spans and roots count as past the window.
+    late_roots_evicted: int = 0
+    late_spans_evicted: int = 0
     # Runs not enqueued, by reason (``too_large``: one run over the broker's message cap).
     runs_rejected: dict[str, int] = Field(default_factory=dict)
     # Runs enqueued with U+FFFD for text no JSON can hold (bytes not UTF-8, lone surrogates).
@@ -241,11 +288,12 @@ class RedisJobStore:
         self,
         state: BackfillState,
         newly_enqueued: Sequence[str] = (),
-        newly_released: Sequence[tuple[str, bool]] = (),
+        newly_released: Sequence[tuple[str, bool, bool]] = (),
         released_kept: int = RELEASED_KEPT,
     ) -> bool:
         """Store the state, add ``newly_enqueued`` run ids (``run_id``) and append
-        ``newly_released`` traces (trace id, whether it was read with its root; the newest
+        ``newly_released`` traces (trace id, whether it was read with its root, whether the memory
+        bound released it; the newest
         ``released_kept`` kept), in one step; False (nothing written, the hold marked lost) when the hold is
         another process's."""
         state.updated_at = time.time()
@@ -258,7 +306,10 @@ class RedisJobStore:
             len(newly_enqueued),
             released_kept,
             *newly_enqueued,
-            *(f"{_ROOTED}{trace_id}" if rooted else trace_id for trace_id, rooted in newly_released),
+            *(
+                f"{_EVICTED if evicted else ''}{_ROOTED if rooted else ''}{trace_id}"
+                for trace_id, rooted, evicted in newly_released
+            ),
         )
         saved = checked(
             self.client,
@@ -270,13 +321,17 @@ class RedisJobStore:
             self.hold.lost.set()
         return bool(saved)
 
-    def released(self, job_id: str) -> list[tuple[str, bool]]:
+    def released(self, job_id: str) -> list[tuple[str, bool, bool]]:
         """The traces the job read (``save``'s ``newly_released``: trace id, whether it was read
-        with its root), oldest first."""
+        with its root, whether the memory bound released it), oldest first."""
         key = backfill_rootless_key(job_id)
         found = checked(self.client, _WHERE, [_kept(key, "list")], lambda: self.client.lrange(key, 0, -1))
-        entries = [t.decode() if isinstance(t, bytes) else str(t) for t in found]
-        return [(t.removeprefix(_ROOTED), t.startswith(_ROOTED)) for t in entries]
+        released = []
+        for entry in found:
+            text = entry.decode() if isinstance(entry, bytes) else str(entry)
+            rest = text.removeprefix(_EVICTED)
+            released.append((rest.removeprefix(_ROOTED), rest.startswith(_ROOTED), rest != text))
+        return released
 
     def still_held(self) -> bool:
         """Whether this process may go on with the job: its hold is still its own (asked of
