@@ -158,7 +158,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         BrokerUnwritableError: (BrokerUnwritableError("full", "LPUSH"), "retryable"),
         StoreKeyTypeError: (StoreKeyTypeError("k", "list", "hash"), "config"),
         UnreadableStateError: (UnreadableStateError("k", "1 problem(s), first at status"), "config"),
-        UnreadableCounterError: (UnreadableCounterError("k", "scored", "unreadable:scored"), "config"),
+        UnreadableCounterError: (UnreadableCounterError("k", "scored", ("unreadable:scored",), "", 1), "config"),
         RunLimitError: (RunLimitError("m", error_type="timeout"), "timeout"),
         StepExitError: (StepExitError("s", 2), "internal"),
         LoopBlockedError: (LoopBlockedError(), "retryable"),

@@ -173,23 +173,49 @@ class StoreKeyTypeError(WorkerError):
 
 class UnreadableCounterError(StoreKeyTypeError):
     """A count in a job's hash of counters held no integer (written by hand, another program): a
-    script adding to it kept what it held in field ``<aside><field>`` and started the count over,
-    so the job's scores are still stored and counted, but its counts are unknown until an operator
-    sets the count right and deletes the field aside. Raised by the job's progress (a backfill
-    waiting for its total would wait for good). Names the key and the field, never the value."""
+    script adding to it kept what it held aside and started the count over, so the job's scores
+    are still stored and counted, but its counts are unknown until an operator sets the count
+    right and deletes the fields kept. ``kept``: the fields keeping the values it held, the first
+    few times (``worker.store._keytypes``); ``counted``: the field counting them ("" if none);
+    ``times``: how many it held. Raised by the job's progress (a backfill waiting for its total
+    would wait for good). Names the key and the fields, never a value."""
 
-    def __init__(self, key: str, field: str, aside: str) -> None:
+    def __init__(self, key: str, field: str, kept: tuple[str, ...], counted: str, times: int) -> None:
         super().__init__(key, "hash", "hash")
-        self.field, self.aside = field, aside
+        self.field, self.kept, self.counted, self.times = field, kept, counted, times
         self.message = (
-            f"Redis key {key}: its count {field} held no integer, kept as found in field {aside}; the count"
-            " started over there, so the job's counts are unknown: set it right"
-            f" (HINCRBY {key} {field} <the count it held>), then delete the field kept (HDEL {key} {aside})"
+            f"Redis key {key}: its count {field} held no integer {self.found_times()}, kept as found in"
+            f" {self.kept_where()}; the count started over{' each time' * (times > 1)}, so the job's counts are"
+            f" unknown: {self.repair()}"
         )
         self.args = (self.message,)
 
+    def found_times(self) -> str:
+        return "once" if self.times == 1 else f"{self.times} times"
+
+    def kept_where(self) -> str:
+        """Where the values it held are kept, and their count."""
+        where = {0: "no field (deleted)", 1: f"field {' '.join(self.kept)}"}.get(
+            len(self.kept), f"fields {' '.join(self.kept)}"
+        )
+        if self.counted:
+            where += f" (counted in field {self.counted})"
+        if 0 < len(self.kept) < self.times:
+            where += f"; only the first {len(self.kept)} values are kept, the later ones only counted"
+        return where
+
+    def repair(self) -> str:
+        """What the operator does: the count set right, every field kept deleted, and how to find
+        another count of the job's kept aside (each is refused in turn)."""
+        fields = " ".join((*self.kept, self.counted) if self.counted else self.kept)
+        return (
+            f"set it right (HINCRBY {self.key} {self.field} <the count it lost>), delete the fields kept"
+            f" (HDEL {self.key} {fields}); HSCAN {self.key} 0 MATCH unreadable:* lists every field kept"
+            " aside (another count's too)"
+        )
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.key, self.field, self.aside))
+        return (type(self), (self.key, self.field, self.kept, self.counted, self.times))
 
 
 class UnreadableStateError(WorkerError):

@@ -30,6 +30,7 @@ from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch
 from tracing import ScoreRecord, score_id_for
 from worker import _keys
+from worker._errors import UnreadableCounterError
 from worker._scoring import ScoringDeps, batch_score_ids, score_batch
 from worker.store import (
     Claims,
@@ -46,6 +47,7 @@ from worker.store import (
     job_progress,
 )
 from worker.store._jobs import failure_bucket
+from worker.store._keytypes import JOB_COUNTER_KEPT
 from worker.store._outbox import delivered_key
 
 SINK = "jsonl"
@@ -1274,6 +1276,47 @@ def test_a_jobs_counter_that_is_no_integer_is_kept_aside_and_its_counts_are_unkn
         assert client.hget(key, field) != bad
         if job == "o":  # (the put's own job counts as ever)
             assert _jobs(redis_url, lambda j: j.progress("j")) == {"scored": 1}
+    finally:
+        client.close()
+
+
+def test_a_jobs_counter_damaged_again_keeps_every_value_found_and_counts_them(redis_url: str) -> None:
+    """A job's count damaged a second time before the operator repaired the first: the second value
+    kept aside replaced the first (an HSET), so the count the first held was lost. Each value is
+    kept now, written once: the first where it was (``unreadable:<field>``), the next under
+    ``unreadable:<field>#<n>``, and ``unreadable:<field>#count`` counts them; past
+    ``JOB_COUNTER_KEPT`` values only the count grows (a field damaged in a loop cannot grow Redis
+    without bound). The refusal names every field kept, never a value."""
+    key = _keys.job_key("j")
+    first = "unreadable:scored"
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        client.hset(key, "scored", _BY_HAND)
+        assert _put_records(redis_url, _SCORE) == [True]  # (met by the put: the score stored, counted from 0)
+        client.hset(key, "scored", "5, by hand again")
+        refusals = _counts_refused(redis_url, "j")  # (met by the progress read)
+        assert client.hget(key, first) == _BY_HAND  # the first value, not replaced by the second
+        assert client.hget(key, f"{first}#2") == "5, by hand again"
+        assert client.hget(key, f"{first}#count") == "2"
+        for refused in refusals:
+            assert isinstance(refused, UnreadableCounterError), refused
+            assert (refused.key, refused.field, refused.times) == (key, "scored", 2)
+            assert (refused.kept, refused.counted) == ((first, f"{first}#2"), f"{first}#count")
+            assert f"HDEL {key} {first} {first}#2 {first}#count" in str(refused)
+            assert "by hand" not in str(refused)
+
+        values = [_BY_HAND, "5, by hand again", *(f"{n}, by hand" for n in range(3, JOB_COUNTER_KEPT + 6))]
+        for value in values[2:]:  # damaged in a loop
+            client.hset(key, "scored", value)
+            _counts_refused(redis_url, "j")
+        kept = [first, *(f"{first}#{n}" for n in range(2, JOB_COUNTER_KEPT + 1))]
+        aside = {f: v for f, v in client.hgetall(key).items() if f.startswith("unreadable:")}
+        assert aside == {**dict(zip(kept, values, strict=False)), f"{first}#count": str(len(values))}
+        for refused in _counts_refused(redis_url, "j"):
+            assert isinstance(refused, UnreadableCounterError), refused
+            assert (refused.times, refused.kept, refused.counted) == (len(values), tuple(kept), f"{first}#count")
+            assert f"{len(values)} times" in str(refused)
+            assert f"only the first {JOB_COUNTER_KEPT} values are kept" in str(refused)
     finally:
         client.close()
 

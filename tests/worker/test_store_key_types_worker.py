@@ -452,6 +452,19 @@ def test_a_backfill_waiting_on_a_job_whose_counter_is_no_integer_stops_naming_th
         assert time.monotonic() - started < 15  # (not the wait's timeout)
         _says_counts_unknown(followed.stderr, job_id, "scored")
         assert client.hget(key, "unreadable:scored") == "12, by hand"
+
+        # Damaged again before the operator repaired it: the first value kept stays (it was
+        # replaced by the second, and the count it held lost), and the line names every field.
+        client.hset(key, "scored", "7, by hand again")
+        followed = _follow(job_id, common, 20)
+        assert followed.exit_code == 1, followed.output[-2000:]
+        _says_counts_unknown(followed.stderr, job_id, "scored")
+        assert client.hget(key, "unreadable:scored") == "12, by hand"
+        assert client.hget(key, "unreadable:scored#2") == "7, by hand again"
+        (line,) = [line for line in followed.stderr.splitlines() if "counts are unknown" in line]
+        assert "no integer 2 times" in line
+        assert f"HDEL {key} unreadable:scored unreadable:scored#2 unreadable:scored#count)" in line
+        assert f"HSCAN {key} 0 MATCH unreadable:*" in line
     finally:
         client.close()
 

@@ -158,10 +158,9 @@ def _refused_key(exc: StoreKeyTypeError | UnreadableStateError, job_id: str, res
             then = f"follow the job with: {resume}" if resume else "run the backfill again"
             return CliError(
                 f"backfill {job_id}: its {role} (Redis key {exc.key}) had a field {exc.field} that held no"
-                " integer: the workers go on storing and counting the job's scores (nothing is lost), but that"
-                f" count started over (what it held is kept in field {exc.aside}), so the job's counts are"
-                f" unknown: set it right (HINCRBY {exc.key} {exc.field} <the count it held>), delete the field"
-                f" kept (HDEL {exc.key} {exc.aside}), then {then}"
+                f" integer {exc.found_times()}: the workers go on storing and counting the job's scores (nothing"
+                f" is lost), but that count started over{' each time' * (exc.times > 1)} (what it held is kept in"
+                f" {exc.kept_where()}), so the job's counts are unknown: {exc.repair()}; then {then}"
             )
     if exc.key in (job_key(job_id), job_skips_key(job_id), job_uncounted_key(job_id)) and resume is not None:
         # (the workers' keys: the job's state stands as saved; only its counts are unknown)

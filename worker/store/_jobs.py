@@ -10,6 +10,7 @@ retryable failure, which becomes its skip) still changes its counts.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -18,7 +19,7 @@ from tracing import ScoreRecord, printable
 from worker import _keys
 from worker._errors import UnreadableCounterError
 from worker._reconnect import unavailable_as_error
-from worker.store._keytypes import JOB_COUNTER_ASIDE, checked, checked_async, checked_script
+from worker.store._keytypes import JOB_COUNTER_ASIDE, JOB_COUNTER_TIMES, checked, checked_async, checked_script
 from worker.store._redis import OnRedis, RedisConnection, known_counters, read_counters
 
 __all__ = [
@@ -51,6 +52,10 @@ def outcome(record: ScoreRecord) -> tuple[str, str]:
         return "failed", record.error_type
     return "scored", ""
 
+
+# A field keeping a count's later values aside, or their count (``tracescore_keep_aside``), less
+# this suffix: the field keeping its first.
+_KEPT_AGAIN = re.compile(rf"(?:#[0-9]+|{re.escape(JOB_COUNTER_TIMES)})\Z")
 
 # The field of a job's hash that says the job ended (``finish``); not a counter, so ``progress``
 # leaves it out.
@@ -152,14 +157,27 @@ def _progress_keys(job_id: str) -> list[str]:
 def _counters(flat: Sequence[Any], key: str) -> dict[str, int]:
     """A job's hash (``_PROGRESS``'s answer) read as its counters (without the mark of its end).
     ``UnreadableCounterError`` when a count of its was kept aside (it held no integer): the
-    job's counts are unknown."""
+    job's counts are unknown. It names the first such count (in the order of their names), every
+    field keeping its values and the one counting them."""
     text = [v.decode() if isinstance(v, bytes) else str(v) for v in flat]
     raw = dict(zip(text[::2], text[1::2], strict=True))
-    for field in sorted(raw):
-        if field.startswith(JOB_COUNTER_ASIDE):
-            # (a name read from Redis: any text, shown on a terminal; never the value)
-            shown = printable(field)[:120]
-            raise UnreadableCounterError(key, shown.removeprefix(JOB_COUNTER_ASIDE), shown)
+    aside = sorted(field for field in raw if field.startswith(JOB_COUNTER_ASIDE))
+    if aside:
+        first = _KEPT_AGAIN.sub("", aside[0])
+        counted = first + JOB_COUNTER_TIMES
+        kept = [f for f in aside if f != counted and _KEPT_AGAIN.sub("", f) == first]
+        times = raw.get(counted, "")
+
+        def shown(field: str) -> str:  # (a name read from Redis: any text, shown on a terminal)
+            return printable(field)[:120]
+
+        raise UnreadableCounterError(  # (never a value)
+            key,
+            shown(first.removeprefix(JOB_COUNTER_ASIDE)),
+            tuple(shown(f) for f in sorted(kept, key=len)),
+            shown(counted) if counted in raw else "",
+            max(int(times) if times.isascii() and times.isdigit() else 0, len(kept)),
+        )
     return read_counters({k: v for k, v in raw.items() if k != _FINISHED}, key, "job_progress")
 
 

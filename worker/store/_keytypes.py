@@ -32,6 +32,8 @@ from worker._errors import StoreKeyTypeError
 
 __all__ = [
     "JOB_COUNTER_ASIDE",
+    "JOB_COUNTER_KEPT",
+    "JOB_COUNTER_TIMES",
     "LUA_CHECK",
     "RELEASE_OWNED",
     "Check",
@@ -46,9 +48,14 @@ log = structlog.get_logger("tracescore.worker.store")
 
 T = TypeVar("T")
 
-# Where a job's count that is no integer is kept (``<prefix><field>``, its value as found) once a
-# script met it; the job's progress refuses while one is there (``tracescore_job_counters``).
+# Where a job's count that is no integer is kept once a script met it, its value as found: the
+# first at ``<prefix><field>``, the next ones (damaged again before the operator repaired it) at
+# ``<prefix><field>#<n>``, each written once, up to ``JOB_COUNTER_KEPT`` values (damaged in a
+# loop, it would grow Redis without bound); ``<prefix><field><JOB_COUNTER_TIMES>`` counts them
+# all. The job's progress refuses while one is there (``tracescore_job_counters``).
 JOB_COUNTER_ASIDE = "unreadable:"
+JOB_COUNTER_KEPT = 8
+JOB_COUNTER_TIMES = "#count"
 
 # (key, the type the store keeps there, keep: True when it may hold what someone needs)
 Check = tuple[str, str, bool]
@@ -90,16 +97,17 @@ end
 -- or one an increment could overflow) failed the script at that HINCRBY, after its earlier writes
 -- (a score stored, its counts not). Repaired as a key is, before anything else is written: a total
 -- summed again from its parts' fields, another field deleted (its count starts over) or, with
--- ``how.aside``, kept aside under that prefix, each named '<key> <field>'. ``how`` (nil: plain
--- counters, each field its own): ``totals``, a total's field -> its parts' prefix; ``marks``,
--- fields that are no counters; ``aside``, the prefix a field that is no counter is moved under (a
--- field under it is a mark too); ``float``: the fields are HINCRBYFLOAT's (a finite decimal, not
--- too large to add to), not integers. With ``fields`` only those are read (a hash of a counter per
--- queued id; the fields a call adds to), the whole hash only to sum a total again.
+-- ``how.aside``, kept aside under that prefix (``tracescore_keep_aside``), each named '<key>
+-- <field>'. ``how`` (nil: plain counters, each field its own): ``totals``, a total's field -> its
+-- parts' prefix; ``marks``, fields that are no counters; ``aside``, the prefix a field that is no
+-- counter is moved under (a field under it is a mark too); ``float``: the fields are
+-- HINCRBYFLOAT's (a finite decimal, not too large to add to), not integers. With ``fields`` only
+-- those are read (a hash of a counter per queued id; the fields a call adds to), the whole hash
+-- only to sum a total again.
 -- ``tracescore_job_counters``: a job's ('failed' and 'skipped' are totals of 'failed:<reason>',
 -- 'skipped:<reason>'; 'finished' is a mark). A count of its that is no integer is kept aside,
 -- not deleted: its count starts over, so the job's counts are unknown (its progress refuses while
--- the field aside is there: worker.store._jobs), but its puts still write and count (refused,
+-- a field aside is there: worker.store._jobs), but its puts still write and count (refused,
 -- every message of the job would end as a dead letter, and any other whose record replaces one
 -- of the job's retryable failures).
 local tracescore_job_counters = {
@@ -114,6 +122,28 @@ local function tracescore_counter(value, float)
   end
   local n = tonumber(value)
   return n ~= nil and n == n and math.abs(n) < 1e300 and string.find(value, '^[%+%-]?[%d%.]+[eE]?[%+%-]?%d*$') ~= nil
+end
+-- ``value`` kept at ``kept`` (a field's first value aside) or the first of ``kept#2`` .. that is
+-- free, never over one kept before; past them only their count grows. A count that is no integer
+-- (a mark: no script repairs it) is taken for the values kept.
+local function tracescore_keep_aside(key, kept, value)
+  local slot = 0
+  for i = 1, """
+    + str(JOB_COUNTER_KEPT)
+    + """ do
+    if redis.call('HSETNX', key, i == 1 and kept or kept .. '#' .. i, value) == 1 then
+      slot = i
+      break
+    end
+  end
+  local counted = kept .. '"""
+    + JOB_COUNTER_TIMES
+    + """'
+  local times = redis.call('HGET', key, counted)
+  times = times and tracescore_counter(times) and tonumber(times) + 1 or 0
+  redis.call('HSET', key, counted, math.max(times, slot > 0 and slot or """
+    + str(JOB_COUNTER_KEPT + 1)
+    + """))
 end
 local function tracescore_check_counters(keys, fields, how)
   how = how or {}
@@ -169,7 +199,7 @@ local function tracescore_check_counters(keys, fields, how)
           redis.call('HSET', key, field, how.float and string.format('%.17g', sum) or sum)
         else
           if aside then
-            redis.call('HSET', key, aside .. field, value[field])
+            tracescore_keep_aside(key, aside .. field, value[field])
           end
           redis.call('HDEL', key, field)
         end
