@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import redis
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from tests._redis import RedisServer
 from tests.backfill._synth import trace_id, write_otlp_files
@@ -158,7 +158,9 @@ def _records(files: list[Path], job_id: str) -> list[dict[str, Any]]:
     return out
 
 
-def _backfill(*args: str) -> dict[str, Any]:
+def _backfill_result(*args: str) -> tuple[dict[str, Any], Result]:
+    """``tracescore backfill ARGS`` on DB 12, ``--json``, ended with exit 0: its summary, and
+    what it printed (the summary's lines are on stderr)."""
     result = CliRunner().invoke(
         cli,
         ["backfill", *args, "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
@@ -166,7 +168,11 @@ def _backfill(*args: str) -> dict[str, Any]:
     )
     assert result.exit_code == 0, result.output
     summary: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return summary
+    return summary, result
+
+
+def _backfill(*args: str) -> dict[str, Any]:
+    return _backfill_result(*args)[0]
 
 
 def test_multi_file_source_through_redis_workers(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
@@ -648,13 +654,7 @@ def test_a_resumed_jobs_summary_says_which_figures_are_this_runs(
     before = json.loads(db.get(state_key) or "{}")["counters"]
     assert before["runs_enqueued"] < 1500
 
-    result = CliRunner().invoke(
-        cli,
-        ["backfill", "--resume", job_id, "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
-        env={"TRACESCORE_BROKER_URL": ""},
-    )
-    assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    summary, result = _backfill_result("--resume", job_id)
     assert (summary["traces_read"], summary["runs_enqueued"], summary["scored"] + summary["failed"]) == (
         1500,
         1500,
@@ -688,13 +688,7 @@ def test_resuming_a_finished_job_sums_up_its_sinks_and_spend(
     write_otlp_files(tmp_path, 60, files=1)
     first = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers")
     assert first["status"] == "finished", _worker_logs(workers)
-    result = CliRunner().invoke(
-        cli,
-        ["backfill", "--resume", first["job_id"], "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
-        env={"TRACESCORE_BROKER_URL": ""},
-    )
-    assert result.exit_code == 0, result.output
-    again = json.loads(result.stdout.strip().splitlines()[-1])
+    again, result = _backfill_result("--resume", first["job_id"])
     assert again["status"] == "finished"
     assert again["this_run"]["runs_enqueued"] == 0
     assert again["sinks"] == first["sinks"]
@@ -707,13 +701,7 @@ def test_resuming_a_finished_job_sums_up_its_sinks_and_spend(
     # A job an earlier release started kept its runs as trace ids: neither figure can be had,
     # and the summary says so rather than leaving the keys out.
     db.sadd(backfill_traces_key(first["job_id"]), trace_id(0))
-    result = CliRunner().invoke(
-        cli,
-        ["backfill", "--resume", first["job_id"], "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
-        env={"TRACESCORE_BROKER_URL": ""},
-    )
-    assert result.exit_code == 0, result.output
-    old = json.loads(result.stdout.strip().splitlines()[-1])
+    old, result = _backfill_result("--resume", first["job_id"])
     assert (old["sinks"], old["spend"]) == (None, None)
     assert "earlier release" in old["sinks_unknown"]
     assert "earlier release" in old["spend_unknown"]
@@ -745,10 +733,7 @@ def test_resuming_a_finished_job_prints_the_jobs_per_scorer_summary(
     write_otlp_files(tmp_path, 60, files=1)
     first = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers")
     assert first["status"] == "finished", _worker_logs(workers)
-    resume = ["backfill", "--resume", first["job_id"], "--broker", REDIS_URL, "--json", "--wait-timeout", "120"]
-    result = CliRunner().invoke(cli, resume, env={"TRACESCORE_BROKER_URL": ""})
-    assert result.exit_code == 0, result.output
-    again = json.loads(result.stdout.strip().splitlines()[-1])
+    again, result = _backfill_result("--resume", first["job_id"])
     assert again["this_run"]["runs_enqueued"] == 0
     assert _figures(again["by_scorer"]) == _figures(first["by_scorer"])
     assert again["by_scorer"]["answer-words"]["runs"] == 60
@@ -761,9 +746,7 @@ def test_resuming_a_finished_job_prints_the_jobs_per_scorer_summary(
 
     # A job an earlier release started kept its runs as trace ids: no table, and a line why.
     db.sadd(backfill_traces_key(first["job_id"]), trace_id(0))
-    result = CliRunner().invoke(cli, resume, env={"TRACESCORE_BROKER_URL": ""})
-    assert result.exit_code == 0, result.output
-    old = json.loads(result.stdout.strip().splitlines()[-1])
+    old, result = _backfill_result("--resume", first["job_id"])
     assert old["by_scorer"] is None
     assert "earlier release" in old["by_scorer_unknown"]
     assert f"  per-scorer summary unavailable: {old['by_scorer_unknown']}" in result.stderr
@@ -822,13 +805,7 @@ def test_an_unreadable_record_read_back_is_named_and_counted(
     assert "  unreadable records 3" in result.stderr
     assert unreadable_counted() == before + 3
 
-    resumed = CliRunner().invoke(
-        cli,
-        ["backfill", "--resume", summary["job_id"], "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
-        env={"TRACESCORE_BROKER_URL": ""},
-    )
-    assert resumed.exit_code == 0, resumed.output
-    again = json.loads(resumed.stdout.strip().splitlines()[-1])
+    again, resumed = _backfill_result("--resume", summary["job_id"])
     assert again["records_unreadable"] == summary["records_unreadable"]
     assert sum(s["runs"] for s in again["by_scorer"].values()) == 60 - 3
     assert "  unreadable records 3" in resumed.stderr
@@ -873,13 +850,7 @@ def test_a_resume_that_enqueued_runs_counts_an_unreadable_record_once(
 
     monkeypatch.setattr(_Enqueued, "summary", damaged_first)
     before = unreadable_counted()
-    result = CliRunner().invoke(
-        cli,
-        ["backfill", "--resume", job_id, "--broker", REDIS_URL, "--json", "--wait-timeout", "120"],
-        env={"TRACESCORE_BROKER_URL": ""},
-    )
-    assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    summary, result = _backfill_result("--resume", job_id)
     assert summary["status"] == "finished", _worker_logs(workers)
     assert summary["this_run"]["runs_enqueued"] > 0
     assert summary["spend_of"] == "job"

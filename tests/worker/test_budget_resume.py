@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,30 +16,14 @@ import redis
 
 from tests.backfill._synth import write_otlp_files
 from tests.fakellm import FakeLLMServer
+from tests.worker._budget import PRICES, SCORERS, budget_worker
 from tests.worker._workers import ROOT, TRACESCORE, WorkerProcess, read_scores, run_tracescore, wait_for
 from worker._keys import backfill_state_key, job_spend_key
 
-PRICES = json.dumps({"openai/fake-judge": {"input": 100.0, "output": 200.0}})
 TRACES = 80
 
-
-@pytest.fixture
-def worker(fake_llm_env: dict[str, str], redis_url: str, tmp_path: Path) -> Iterator[WorkerProcess]:
-    # One judge call at a time: a job's --max-cost is passed by at most one call's cost.
-    env = {**fake_llm_env, "TRACESCORE_PRICES": PRICES, "TRACESCORE_MODEL_CONCURRENCY": "1"}
-    process = WorkerProcess(
-        "spend",
-        redis_url,
-        tmp_path,
-        scores_path=tmp_path / "scores.jsonl",
-        env=env,
-        scorers="tests.worker.budget_scorers",
-    )
-    try:
-        process.wait_ready()
-        yield process
-    finally:
-        process.stop()
+# One judge call at a time: a job's --max-cost is passed by at most one call's cost.
+worker = budget_worker("spend", TRACESCORE_MODEL_CONCURRENCY="1")
 
 
 def _stopped_job(client: redis.Redis, redis_url: str, source: Path, worker: WorkerProcess, *extra: str) -> str:
@@ -49,7 +32,7 @@ def _stopped_job(client: redis.Redis, redis_url: str, source: Path, worker: Work
     env = {**os.environ, "TRACESCORE_BROKER_URL": redis_url, "TRACESCORE_PRICES": PRICES, "PYTHONPATH": str(ROOT)}
     options = [
         "--scorers",
-        "tests.worker.budget_scorers",
+        SCORERS,
         "--scorer",
         "costly",
         "--batch-size",

@@ -5,45 +5,21 @@ refusal as recorded, so the job's counts, once at its total, stay as they are.""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
-import pytest
 import redis
 
 from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import request
+from tests.worker._budget import budget_worker
 from tests.worker._workers import WorkerProcess, wait_for
 from tracing import CelerySink, ScoreBatch
 from worker.store import job_progress
 
-PRICES = json.dumps({"openai/fake-judge": {"input": 100.0, "output": 200.0}})
 BUDGETS = json.dumps({"scorers": {"costly": 0.01}})
 JOB = "refused-job"
 
-
-@pytest.fixture
-def worker(fake_llm_env: dict[str, str], redis_url: str, tmp_path: Path) -> Iterator[WorkerProcess]:
-    env = {
-        **fake_llm_env,
-        "TRACESCORE_PRICES": PRICES,
-        "TRACESCORE_BUDGETS": BUDGETS,
-        "TRACESCORE_RETRY_BACKOFF_SECONDS": "1",
-    }
-    process = WorkerProcess(
-        "refused",
-        redis_url,
-        tmp_path,
-        scores_path=tmp_path / "scores.jsonl",
-        env=env,
-        scorers="tests.worker.budget_scorers",
-    )
-    try:
-        process.wait_ready()
-        yield process
-    finally:
-        process.stop()
+worker = budget_worker("refused", TRACESCORE_BUDGETS=BUDGETS, TRACESCORE_RETRY_BACKOFF_SECONDS="1")
 
 
 def _done(counts: dict[str, int]) -> int:
