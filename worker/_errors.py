@@ -195,9 +195,7 @@ class UnreadableCounterError(StoreKeyTypeError):
 
     def kept_where(self) -> str:
         """Where the values it held are kept, and their count."""
-        where = {0: "no field (deleted)", 1: f"field {' '.join(self.kept)}"}.get(
-            len(self.kept), f"fields {' '.join(self.kept)}"
-        )
+        where = f"field{'s' * (len(self.kept) > 1)} {' '.join(self.kept)}" if self.kept else "no field (deleted)"
         if self.counted:
             where += f" (counted in field {self.counted})"
         if 0 < len(self.kept) < self.times:
