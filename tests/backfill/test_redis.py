@@ -464,10 +464,7 @@ def test_text_no_json_can_hold_is_scored_with_replacement_characters(
     source = tmp_path / "hostile.jsonl"
     source.write_text("".join(lines), encoding="ascii")
 
-    args = ["backfill", str(source), "--scorers", "tests.backfill.scorers", "--json", "--wait-timeout", "120"]
-    result = CliRunner().invoke(cli, [*args, "--broker", REDIS_URL], env={"TRACESCORE_BROKER_URL": ""})
-    assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    summary, result = _backfill_result(str(source), "--scorers", "tests.backfill.scorers")
     assert "  text replaced     3 runs" in result.stderr  # the summary's line
     reports = [line for line in result.stderr.splitlines() if line.startswith("trace ")]
     assert sorted(reports) == sorted(f"trace {trace_id(i)}: {_REPLACED}" for i in (3, 6, 9))
@@ -512,10 +509,7 @@ def test_an_object_kombu_decodes_costs_neither_its_run_nor_its_batch(
     source = tmp_path / "typed.jsonl"
     source.write_text("".join(lines), encoding="ascii")
 
-    args = ["backfill", str(source), "--scorers", "tests.backfill.scorers", "--json", "--wait-timeout", "120"]
-    result = CliRunner().invoke(cli, [*args, "--broker", REDIS_URL], env={"TRACESCORE_BROKER_URL": ""})
-    assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    summary, result = _backfill_result(str(source), "--scorers", "tests.backfill.scorers")
     assert [line for line in result.stderr.splitlines() if line.startswith("trace ")] == [
         f"trace {trace_id(5)}: {_REPLACED}"
     ]
@@ -524,7 +518,8 @@ def test_an_object_kombu_decodes_costs_neither_its_run_nor_its_batch(
     records = _records(workers, summary["job_id"])
     assert len(records) == len({r["score_id"] for r in records}) == 12 * 3
     out = tmp_path / "embedded.jsonl"
-    embedded = CliRunner().invoke(cli, [*args, "--out", str(out)], env={"TRACESCORE_BROKER_URL": ""})
+    args = ["backfill", str(source), "--scorers", "tests.backfill.scorers", "--out", str(out)]
+    embedded = CliRunner().invoke(cli, args, env={"TRACESCORE_BROKER_URL": ""})
     assert embedded.exit_code == 0, embedded.output
 
     def table(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], tuple[Any, ...]]:
