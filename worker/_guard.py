@@ -85,6 +85,9 @@ __all__ = [
     "BODY_BYTES_HEADER",
     "MAX_ENTRY_BYTES_OPTION",
     "MAX_JSON_DEPTH",
+    "MAX_RETRIES",
+    "MAX_TRIES",
+    "STORE_WAITS_HEADER",
     "BrokerUnwritableError",
     "BrokerWrites",
     "GuardedConsumer",
@@ -100,6 +103,18 @@ __all__ = [
 
 # The header the screen adds to a message it passed: the body's size in bytes, as measured.
 BODY_BYTES_HEADER = "tracescore_body_bytes"
+# Counts, on a message, how many of its retries were waits for a store refusing writes
+# (worker._task): not tries of its own, so a store full for longer than the retry budget does
+# not leave the message at its last try once it takes writes again. A producer setting it only
+# gives its message the tries it could have had with a lower retries header.
+STORE_WAITS_HEADER = "tracescore_store_waits"
+# The screen's bounds on a message's count of deliveries: its tries (retries less store waits)
+# at most MAX_TRIES, far past any retry budget; its retries, waits included, at most
+# MAX_RETRIES, past any store outage (a wait a second for 30 years). Neither is a budget: they
+# keep a forged count out of the task's arithmetic and logs. (One bound of 1000 on the retries
+# dead-lettered every message in flight through a store refusing writes for 8 hours.)
+MAX_TRIES = 1000
+MAX_RETRIES = 10**9
 
 # kombu's Redis transport has no type information for what is subclassed here.
 kombu_redis: Any = _kombu_redis
@@ -276,8 +291,13 @@ def _read_envelope(item: bytes, max_bytes: int, what: str) -> dict[str, Any]:
     return envelope
 
 
+def _count(value: Any, most: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) from 0 to ``most``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
+
+
 def _priority_ok(priority: Any) -> bool:
-    return priority is None or (isinstance(priority, int) and not isinstance(priority, bool) and 0 <= priority <= 255)
+    return priority is None or _count(priority, 255)
 
 
 def screen_envelope(item: bytes, max_bytes: int, routing_key: str = "") -> dict[str, Any]:
@@ -1039,8 +1059,15 @@ def _check_headers(headers: dict[str, Any], settings: Settings, allowed: frozens
         # Celery logs a task by this name in place of its own; tracescore's producers send none.
         return Refusal("bad_headers", "the shadow header is set; tracescore tasks run under their own name")
     retries = headers.get("retries", 0)
-    if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 1000:
-        return Refusal("bad_headers", "the retries header is not an integer from 0 to 1000")
+    if not _count(retries, MAX_RETRIES):
+        return Refusal("bad_headers", f"the retries header is not an integer from 0 to {MAX_RETRIES}")
+    waits = headers.get(STORE_WAITS_HEADER, 0)
+    if not _count(waits, retries):
+        return Refusal("bad_headers", f"the {STORE_WAITS_HEADER} header is not an integer from 0 to the retries header")
+    if retries - waits > MAX_TRIES:
+        return Refusal(
+            "bad_headers", f"the retries header less {STORE_WAITS_HEADER} (the message's tries) is over {MAX_TRIES}"
+        )
     if headers.get("expires") is not None:
         # Celery would drop an expired task with no trace; runs are never meant to expire.
         return Refusal("bad_headers", "the expires header is set; tracescore tasks do not expire")

@@ -31,7 +31,7 @@ from redis import exceptions as redis_errors
 from tracing.queue import SCORE_TASK_NAME, ScoreBatch, plain_id, request_json
 from worker import _heartbeat as probe_files
 from worker._errors import caused_by, crash_fields
-from worker._guard import BODY_BYTES_HEADER
+from worker._guard import BODY_BYTES_HEADER, STORE_WAITS_HEADER
 from worker._logs import CountedLog
 from worker._loop import (
     WATCHDOG_GRACE_S,
@@ -50,6 +50,7 @@ from worker.store import END_WAIT_S, DeadLetter, StoreKeyTypeError, dead_letter_
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
+    from worker._settings import Settings
 
 __all__ = ["DRAIN_SIGNAL", "register_score_task"]
 
@@ -66,11 +67,9 @@ _SPLIT_NAMESPACE = uuid.UUID("5b0c1f0e-7a53-4d0b-9f7e-3a2f4c8d9e10")
 # message is new, but its run was delivered before and may have paid judge calls that failed
 # (the call cap reads them). A producer setting it only makes its runs' cap read their count.
 _SPLIT_HEADER = "tracescore_split_from"
-# Counts, on a message, how many of its retries were waits for a store refusing writes: not tries
-# of its own, so a store full for longer than the retry budget does not leave the message at its
-# last try once it takes writes again. A producer setting it only gives its message the tries
-# it could have had with a lower retries header.
-_STORE_WAITS_HEADER = "tracescore_store_waits"
+# The delay stops doubling here: past any max_eta_seconds already, and 2**retries of a long wait
+# for the store overflowed a float (past 1023 retries), which failed the task and dropped its message.
+_MAX_DOUBLINGS = 64
 # The main process tells its prefork children to start their grace period with this (worker._app).
 DRAIN_SIGNAL = signal.SIGUSR2
 # What encoding a letter raises for a value the store cannot hold (a lone surrogate, nesting past
@@ -326,8 +325,7 @@ def _failed_around_scoring(
     except StoreKeyTypeError as dlq_exc:
         # The dead-letter list itself holds another Redis type: nothing can be kept there until an
         # operator moves it aside. Sent again after a backoff (an immediate requeue would spin).
-        attempt = int(self.request.retries or 0)
-        countdown = min(runtime.settings.retry_backoff_seconds * 2**attempt, runtime.settings.max_eta_seconds)
+        countdown = _backoff(runtime.settings, int(self.request.retries or 0))
         log.error("dead_letter_refused", task_id=task_id, key=dlq_exc.key, found=dlq_exc.found, countdown_s=countdown)
         raise _retry_later(self, task_id, countdown, dlq_exc) from dlq_exc
     except Exception as dlq_exc:
@@ -342,15 +340,20 @@ def _store_unwritable(
 ) -> Retry:
     """The message sent again after a growing delay (within the visibility timeout): the store
     refuses every write, so nothing it scored now could be kept, and an immediate requeue spins.
-    Not one of the message's tries (``_STORE_WAITS_HEADER``), but the delay grows with each."""
+    Not one of the message's tries (``STORE_WAITS_HEADER``), but the delay grows with each."""
     refusal = caused_by(exc, STORE_REFUSALS)
-    attempt = int(self.request.retries or 0)
-    countdown = min(runtime.settings.retry_backoff_seconds * 2**attempt, runtime.settings.max_eta_seconds)
+    countdown = _backoff(runtime.settings, int(self.request.retries or 0))
     log.warning("store_unwritable", task_id=task_id, error_type=type(refusal).__name__, countdown_s=countdown)
     _count_left(runtime, payload, "store_unwritable")
     # Celery's retry sends the headers it is given instead of the message's: the others kept.
-    headers = {**(self.request.headers or {}), _STORE_WAITS_HEADER: _store_waits(self) + 1}
+    headers = {**(self.request.headers or {}), STORE_WAITS_HEADER: _store_waits(self) + 1}
     return _retry_later(self, task_id, countdown, headers=headers)
+
+
+def _backoff(settings: Settings, retries: int) -> float:
+    """TRACESCORE_RETRY_BACKOFF_SECONDS doubled per retry, at most TRACESCORE_MAX_ETA_SECONDS:
+    the guard refuses ETAs further ahead, and our own retries must not be refused."""
+    return min(settings.retry_backoff_seconds * 2.0 ** min(retries, _MAX_DOUBLINGS), settings.max_eta_seconds)
 
 
 def _count_left(runtime: WorkerRuntime, payload: Any, reason: str) -> None:
@@ -421,8 +424,8 @@ def _screened(self: Task[Any, Any]) -> bool:
 
 
 def _store_waits(self: Task[Any, Any]) -> int:
-    """How many of this message's retries were waits for the store (``_STORE_WAITS_HEADER``)."""
-    waits = getattr(self.request, _STORE_WAITS_HEADER, 0)
+    """How many of this message's retries were waits for the store (``STORE_WAITS_HEADER``)."""
+    waits = getattr(self.request, STORE_WAITS_HEADER, 0)
     retries = int(self.request.retries or 0)
     return min(max(waits, 0), retries) if isinstance(waits, int) and not isinstance(waits, bool) else 0
 
@@ -557,7 +560,7 @@ def _score_delivery(
             )
             return None
         log.warning("batch_retry", batch_id=_shown(batch.batch_id), attempt=attempt + 1, **crash_fields(exc))
-        countdown = min(settings.retry_backoff_seconds * 2**attempt, settings.max_eta_seconds)
+        countdown = _backoff(settings, attempt)
         # Not the exception itself: Celery logs a retry with its repr (its text).
         raise _retry_later(self, task_id, countdown) from exc
     # Shown, returned and logged by Celery as the task's result ("Task ... succeeded ...: {...}"):
@@ -610,12 +613,11 @@ def _score_delivery(
         log.info("batch_done", **summary)
         return summary
     if report.needs_retry:
-        countdown = settings.retry_backoff_seconds * 2**attempt
+        countdown = _backoff(settings, attempt)
         if report.deferred:
             # Spread the retries over one claim lifetime: by then the holder finished or lapsed.
-            countdown = max(countdown, settings.claim_ttl / max(1, settings.retry_budget))
-        # The guard refuses ETAs further ahead than this; our own retries must not be refused.
-        countdown = min(countdown, settings.max_eta_seconds)
+            spread = settings.claim_ttl / max(1, settings.retry_budget)
+            countdown = max(countdown, min(spread, settings.max_eta_seconds))
         log.warning(
             "batch_retry",
             batch_id=_shown(batch.batch_id),

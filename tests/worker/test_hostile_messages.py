@@ -14,6 +14,7 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ import redis
 from tests.worker._batches import OUTPUT, kombu_entry, output_messages, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tracing.queue import SCORE_TASK_NAME
-from worker._guard import screen_envelope
+from worker._guard import Refusal, check_message, screen_envelope
 from worker._settings import get_settings
 from worker._task import MAX_DEAD_PAYLOAD_BYTES
 from worker.store import DeadLetter
@@ -31,6 +32,8 @@ MARKER = "AGENT-CONTENT-MARKER-51d2"
 QUEUE = "tracescore"
 MAX_PAYLOAD = 512 * 1024  # above the 100k-deep body (200 KB), so that one is refused for its depth
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+# The task's count of a message's waits for the store (not tries of the message), on the message.
+STORE_WAITS = "tracescore_store_waits"
 
 
 def envelope(
@@ -162,6 +165,12 @@ def hostile_messages() -> list[tuple[str, str, bytes]]:
     add("bad_headers", envelope(task_body([good]), headers={"eta": f"tomorrow {MARKER}"}))
     add("bad_headers", envelope(task_body([good]), headers={"timelimit": [10**9, 10**9]}))
     add("bad_headers", envelope(task_body([good]), headers={"retries": "many"}))
+    # The task's count of the retries that waited for the store (not tries): a retries header
+    # of more tries than any budget, or waits it does not hold, is a producer's.
+    add("bad_headers", envelope(task_body([good]), headers={"retries": 5000}))
+    add("bad_headers", envelope(task_body([good]), headers={"retries": 5000, STORE_WAITS: 3000}))
+    add("bad_headers", envelope(task_body([good]), headers={"retries": 2, STORE_WAITS: 3}))
+    add("bad_headers", envelope(task_body([good]), headers={"retries": 2, STORE_WAITS: "2"}))
     add("bad_headers", envelope(task_body([good]), headers={"expires": "2000-01-01T00:00:00+00:00"}))
     # The header the workers' own screen marks a stand-in with, set by a producer: its reason
     # would be a dead-letter reason (a metric label) of the producer's choosing.
@@ -557,3 +566,43 @@ def test_hostile_broadcasts_are_refused_named_and_counted_and_the_worker_keeps_s
     for reason in expected:
         assert f"reason={reason}" in log
     assert "celery.ping is not one of Celery's remote-control commands" in log
+
+
+def _screened(**headers: Any) -> Refusal | None:
+    """``check_message``'s refusal of a valid batch's message with ``headers``."""
+    task_id = str(uuid.uuid4())
+    message = SimpleNamespace(
+        headers={"task": SCORE_TASK_NAME, "id": task_id, "root_id": task_id, **headers},
+        body=task_body([payload(range(1), ["length"], salt="waits")]).encode(),
+        content_type="application/json",
+        content_encoding="utf-8",
+    )
+    refusal, _ = check_message(message, get_settings(), frozenset({SCORE_TASK_NAME}))
+    return refusal
+
+
+def test_a_message_waiting_days_for_the_store_passes_the_screen_and_a_forged_count_does_not() -> None:
+    """Waits for the store are retries, not tries: a message of 100 000 retries all waits (days
+    of a store refusing writes) passes, as does one with 1000 tries besides them; a count of
+    tries past 1000, waits the retries do not hold, or a count that is no integer is refused,
+    each with its sentence."""
+    for retries, waits in ((100_000, 100_000), (101_000, 100_000), (1000, None), (0, 0)):
+        counts = {"retries": retries} if waits is None else {"retries": retries, STORE_WAITS: waits}
+        assert _screened(**counts) is None, counts
+    tries = "the retries header less tracescore_store_waits (the message's tries) is over 1000"
+    waits_said = "the tracescore_store_waits header is not an integer from 0 to the retries header"
+    retries_said = "the retries header is not an integer from 0 to 1000000000"
+    for counts, said in (
+        ({"retries": 1001}, tries),
+        ({"retries": 101_001, STORE_WAITS: 100_000}, tries),
+        ({"retries": 2, STORE_WAITS: 3}, waits_said),
+        ({"retries": 2, STORE_WAITS: -1}, waits_said),
+        ({"retries": 2, STORE_WAITS: "1"}, waits_said),
+        ({"retries": 2, STORE_WAITS: True}, waits_said),
+        ({"retries": 2, STORE_WAITS: 1.0}, waits_said),
+        ({"retries": 10**9 + 1, STORE_WAITS: 10**9 + 1}, retries_said),
+        ({"retries": 10**400, STORE_WAITS: 10**400}, retries_said),
+        ({"retries": -1}, retries_said),
+        ({"retries": "many"}, retries_said),
+    ):
+        assert _screened(**counts) == Refusal("bad_headers", said), counts

@@ -232,7 +232,7 @@ def hostile_entries(draw: st.DrawFn) -> Case:
                 st.sampled_from(
                     ["task", "id", "retries", "eta", "expires", "timelimit", "root_id", "group", "shadow",
                      "compression", "x-tracescore-refused", "x-tracescore-refused-detail", "argsrepr",
-                     "tracescore_body_bytes", "parent_id", "lang", MARKER]
+                     "tracescore_body_bytes", "tracescore_store_waits", "parent_id", "lang", MARKER]
                 )
             )  # fmt: skip
             if draw(st.booleans()):

@@ -6,7 +6,9 @@ nothing is lost once the store takes writes again."""
 
 from __future__ import annotations
 
+import json
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,11 +16,16 @@ import pytest
 import redis
 
 from tests._redis import RedisServer, free_port
-from tests.worker._batches import batch
+from tests.worker._batches import batch, kombu_entry, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tests.worker.test_broker_unwritable import _fill
 from tests.worker.test_metrics import scrape, series
 from tracing import CelerySink
+from tracing.queue import SCORE_TASK_NAME
+
+# The task's count of a message's waits for the store, on the message.
+STORE_WAITS = "tracescore_store_waits"
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
 @pytest.fixture
@@ -125,5 +132,57 @@ def test_waiting_for_the_store_spends_none_of_the_messages_tries(
         records = read_scores(scores)
         assert [(r["score"], r.get("error_type")) for r in records] == [(1.0, None), (1.0, None)], records
         assert store.client().llen("tracescore:dlq") == 0
+    finally:
+        worker.stop()
+
+
+def test_a_store_outage_past_a_thousand_waits_keeps_the_message_waiting(
+    store: RedisServer, redis_url: str, tmp_path: Path
+) -> None:
+    """A message that has waited 1500 times for the store (a day of a full store at a 60 s
+    delay, its retries header 1500) is sent again, not dead-lettered, and scored once the store
+    takes writes, its tries still its own. The screen refused every retries header over 1000 as
+    ``bad_headers``: a store refusing writes for ~8 hours (30 s apart) turned every message in
+    flight into a dead letter. (And 2**retries of the delay overflowed a float past 1023.)"""
+    client = store.client()
+    client.set("tstest:ballast", "x" * 200_000)
+    scores = tmp_path / "scores.jsonl"
+    worker = WorkerProcess(
+        "unwritable-long",
+        redis_url,
+        tmp_path,
+        scores_path=scores,
+        env={
+            "TRACESCORE_REDIS_URL": store.url(0),
+            "TRACESCORE_RETRY_BACKOFF_SECONDS": "0.1",
+            "TRACESCORE_MAX_ETA_SECONDS": "0.5",
+            "TRACESCORE_RETRY_BUDGET": "1",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "",
+        },
+    )
+    try:
+        worker.wait_ready()
+        _fill(client)
+        task_id = str(uuid.uuid4())
+        body = json.dumps([[payload(range(2), ["flaky_once"], salt="long")], {}, _EMBED]).encode()
+        headers = {
+            "lang": "py", "task": SCORE_TASK_NAME, "id": task_id, "root_id": task_id, "parent_id": None,
+            "group": None, "retries": 1500, STORE_WAITS: 1500, "timelimit": [None, None], "origin": "test",
+        }  # fmt: skip
+        broker = redis.Redis.from_url(redis_url)
+        try:
+            broker.lpush("tracescore", json.dumps(kombu_entry(body, headers, task_id)))
+        finally:
+            broker.close()
+        assert wait_for(lambda: len(_countdowns(worker.text())) >= 3, 60), worker.text()[-3000:]
+        assert _countdowns(worker.text())[:3] == [0.5, 0.5, 0.5]
+        client.config_set("maxmemory", "0")
+        # flaky_once fails each run's first call: one try left of a budget of 1, not the last.
+        assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
+        records = read_scores(scores)
+        assert [(r["score"], r.get("error_type")) for r in records] == [(1.0, None), (1.0, None)], records
+        assert client.llen("tracescore:dlq") == 0
+        assert "message_refus" not in worker.text()
     finally:
         worker.stop()
