@@ -59,7 +59,7 @@ from kombu.transport import virtual as _kombu_virtual
 from kombu.utils import json as kombu_json
 
 from tracing import redact
-from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TASK_NAME, parse_json, plain_id
+from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, PLAIN_ID_PATTERN, SCORE_TASK_NAME, parse_json, plain_id
 from worker._errors import WorkerError
 from worker._settings import Settings
 from worker.metrics import observe_broadcast_refused
@@ -157,7 +157,7 @@ _SLOTS = {
     "size": r"[0-9]{1,20}",
     "limit": r"[0-9]{1,20}",
     "error": r"[A-Za-z_][A-Za-z0-9_]{0,99}",
-    "token": r"[A-Za-z0-9_.:@/+=-]{1,128}|\(not shown\)",
+    "token": rf"{PLAIN_ID_PATTERN}|\(not shown\)",  # (what ``_token`` shows: a plain id)
 }
 
 

@@ -10,6 +10,7 @@ import collections
 import datetime as dt
 import hashlib
 import json
+import re
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ import redis
 
 from tests.worker._batches import OUTPUT, kombu_entry, output_messages, payload
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
-from tracing.queue import SCORE_TASK_NAME
+from tracing.queue import PLAIN_ID_PATTERN, SCORE_TASK_NAME, plain_id
 from worker._guard import Refusal, check_message, screen_envelope
 from worker._settings import get_settings
 from worker._task import MAX_DEAD_PAYLOAD_BYTES
@@ -606,3 +607,18 @@ def test_a_message_waiting_days_for_the_store_passes_the_screen_and_a_forged_cou
         ({"retries": "many"}, retries_said),
     ):
         assert _screened(**counts) == Refusal("bad_headers", said), counts
+
+
+def test_a_stand_in_shows_a_value_exactly_when_it_is_a_plain_id_and_reads_its_own_sentence_back() -> None:
+    """The transport screen's stand-in names a value (here the body encoding) when it is a plain
+    id, and the consumer reads the stand-in's sentence back with the same pattern (tracing.queue's
+    PLAIN_ID_PATTERN, plain_id's): a plain id the sentence could not hold would make the screen
+    refuse its own stand-in as a producer's forgery (bad_headers) when it comes back from Redis."""
+    for token in ("a", "A" * 128, "azAZ09_.:@/+=-", "A" * 129, "a b", "é", "a\n", f"{MARKER} x"):
+        _, entry = envelope(task_body([MARKER]), body_encoding=token)
+        stand_in = screen_envelope(entry, 10**6, QUEUE)
+        refusal, _ = check_message(SimpleNamespace(headers=stand_in["headers"]), get_settings(), frozenset())
+        shown = plain_id(token)
+        assert shown == (re.fullmatch(PLAIN_ID_PATTERN, token) is not None), token
+        said = f"body_encoding {token if shown else '(not shown)'} is not base64"
+        assert refusal == Refusal("bad_encoding", said), token

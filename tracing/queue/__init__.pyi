@@ -1,7 +1,15 @@
 """The names ``tracing.queue`` exports, for type checkers; ``__init__.py`` loads each from the
 module named here on first use."""
 
-from ._contract import SCORE_TASK_NAME, ScoreBatch, ScoreRequest, plain_id, request_json, spans_request
+from ._contract import (
+    PLAIN_ID_PATTERN,
+    SCORE_TASK_NAME,
+    ScoreBatch,
+    ScoreRequest,
+    plain_id,
+    request_json,
+    spans_request,
+)
 from ._cut import Chunk, RequestCutter, RunTooLarge
 from ._limits import DEFAULT_MAX_PAYLOAD_BYTES, MESSAGE_ENVELOPE_BYTES
 from ._publisher import Backpressure, BatchPublisher, Publisher, QueueKeyError, query_password_problem
@@ -10,6 +18,7 @@ from ._wire import TaskMessage, parse_json, task_message, wire_size
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "MESSAGE_ENVELOPE_BYTES",
+    "PLAIN_ID_PATTERN",
     "SCORE_TASK_NAME",
     "Backpressure",
     "BatchPublisher",

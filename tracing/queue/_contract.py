@@ -23,19 +23,32 @@ from tracing._span import RecordView
 from tracing._text import valid_text, without_lone_surrogates
 from tracing.queue._json import dumps_or
 
-__all__ = ["SCORE_TASK_NAME", "ScoreBatch", "ScoreRequest", "encode_request", "request_json", "spans_request"]
+__all__ = [
+    "PLAIN_ID_PATTERN",
+    "SCORE_TASK_NAME",
+    "ScoreBatch",
+    "ScoreRequest",
+    "encode_request",
+    "plain_id",
+    "request_json",
+    "spans_request",
+]
 
 log = structlog.get_logger("tracescore.queue")
 
 # The Celery task name producers send to; the worker registers its task under this name.
 SCORE_TASK_NAME = "tracescore.score_batch"
-_PLAIN_ID = re.compile(r"[A-Za-z0-9_.:@/+=-]{1,128}")
+# What ``plain_id`` accepts, as a regular expression to match whole (unanchored, so that a larger
+# pattern can hold it: the workers' screen reads back its own sentences that show a plain id).
+PLAIN_ID_PATTERN = r"[A-Za-z0-9_.:@/+=-]{1,128}"
+_PLAIN_ID = re.compile(PLAIN_ID_PATTERN)
 
 
 def plain_id(value: object) -> bool:
-    """Whether ``value`` is a plain id (1-128 letters, digits and ``_.:@/+=-``): what a batch id
-    and a task id must be. Celery and the workers log both as they are, so the workers refuse a
-    message with any other (text of a producer's, an agent's content or a secret by mistake)."""
+    """Whether ``value`` is a plain id (1-128 letters, digits and ``_.:@/+=-``: ``PLAIN_ID_PATTERN``,
+    matched whole): what a batch id and a task id must be. Celery and the workers log both as they
+    are, so the workers refuse a message with any other (text of a producer's, an agent's content
+    or a secret by mistake)."""
     return isinstance(value, str) and _PLAIN_ID.fullmatch(value) is not None
 
 
