@@ -147,7 +147,9 @@ class DrainPolicy:
     def delay(self, attempts: int, after_s: float) -> float:
         """The wait before the next attempt: doubling from ``backoff_s`` (±20 % jitter, so
         drainers of many processes spread out), capped, and never under the sink's ``after_s``."""
-        base = min(self.backoff_max_s, self.backoff_s * 2.0 ** max(0, attempts - 1))
+        # (The doubling stops at 64, past any cap: 2.0 ** 1024 overflows, which failed the settling
+        # of a whole batch, delivered scores too, once a sink had been down that many attempts.)
+        base = min(self.backoff_max_s, self.backoff_s * 2.0 ** min(max(0, attempts - 1), 64))
         return float(max(after_s, base * random.uniform(0.8, 1.2)))
 
 

@@ -234,7 +234,7 @@ def _tries(settings: Settings, attempt: Callable[[bool, int], T], again: Callabl
         result = attempt(final, number)
         if final or not again(result):
             return result
-        time.sleep(min(settings.retry_backoff_seconds * 2**number, settings.max_eta_seconds))
+        time.sleep(settings.retry_delay(number))
         number += 1
 
 

@@ -322,6 +322,13 @@ class Settings(BaseSettings):
     def claim_ttl(self) -> int:
         return self.claim_ttl_seconds or math.ceil(self.task_time_limit)
 
+    def retry_delay(self, retries: int) -> float:
+        """The wait before a message's (or an embedded batch's) next try after ``retries``:
+        ``retry_backoff_seconds`` doubled per retry, at most ``max_eta_seconds`` (the workers'
+        screen refuses an ETA further ahead). The doubling stops at 64, past any such cap: 2**n
+        of a long wait for the store, or of a large retry budget, overflowed a float (n > 1023)."""
+        return min(self.retry_backoff_seconds * 2.0 ** min(retries, 64), self.max_eta_seconds)
+
     def rate_limit(self, model_id: str) -> ModelRateLimit:
         return self.rate_limits.get(model_id) or ModelRateLimit(
             requests_per_minute=self.default_requests_per_minute,

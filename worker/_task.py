@@ -50,7 +50,6 @@ from worker.store import END_WAIT_S, DeadLetter, StoreKeyTypeError, dead_letter_
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
-    from worker._settings import Settings
 
 __all__ = ["DRAIN_SIGNAL", "register_score_task"]
 
@@ -67,9 +66,6 @@ _SPLIT_NAMESPACE = uuid.UUID("5b0c1f0e-7a53-4d0b-9f7e-3a2f4c8d9e10")
 # message is new, but its run was delivered before and may have paid judge calls that failed
 # (the call cap reads them). A producer setting it only makes its runs' cap read their count.
 _SPLIT_HEADER = "tracescore_split_from"
-# The delay stops doubling here: past any max_eta_seconds already, and 2**retries of a long wait
-# for the store overflowed a float (past 1023 retries), which failed the task and dropped its message.
-_MAX_DOUBLINGS = 64
 # The main process tells its prefork children to start their grace period with this (worker._app).
 DRAIN_SIGNAL = signal.SIGUSR2
 # What encoding a letter raises for a value the store cannot hold (a lone surrogate, nesting past
@@ -325,7 +321,7 @@ def _failed_around_scoring(
     except StoreKeyTypeError as dlq_exc:
         # The dead-letter list itself holds another Redis type: nothing can be kept there until an
         # operator moves it aside. Sent again after a backoff (an immediate requeue would spin).
-        countdown = _backoff(runtime.settings, int(self.request.retries or 0))
+        countdown = runtime.settings.retry_delay(int(self.request.retries or 0))
         log.error("dead_letter_refused", task_id=task_id, key=dlq_exc.key, found=dlq_exc.found, countdown_s=countdown)
         raise _retry_later(self, task_id, countdown, dlq_exc) from dlq_exc
     except Exception as dlq_exc:
@@ -342,18 +338,12 @@ def _store_unwritable(
     refuses every write, so nothing it scored now could be kept, and an immediate requeue spins.
     Not one of the message's tries (``STORE_WAITS_HEADER``), but the delay grows with each."""
     refusal = caused_by(exc, STORE_REFUSALS)
-    countdown = _backoff(runtime.settings, int(self.request.retries or 0))
+    countdown = runtime.settings.retry_delay(int(self.request.retries or 0))
     log.warning("store_unwritable", task_id=task_id, error_type=type(refusal).__name__, countdown_s=countdown)
     _count_left(runtime, payload, "store_unwritable")
     # Celery's retry sends the headers it is given instead of the message's: the others kept.
     headers = {**(self.request.headers or {}), STORE_WAITS_HEADER: _store_waits(self) + 1}
     return _retry_later(self, task_id, countdown, headers=headers)
-
-
-def _backoff(settings: Settings, retries: int) -> float:
-    """TRACESCORE_RETRY_BACKOFF_SECONDS doubled per retry, at most TRACESCORE_MAX_ETA_SECONDS:
-    the guard refuses ETAs further ahead, and our own retries must not be refused."""
-    return min(settings.retry_backoff_seconds * 2.0 ** min(retries, _MAX_DOUBLINGS), settings.max_eta_seconds)
 
 
 def _count_left(runtime: WorkerRuntime, payload: Any, reason: str) -> None:
@@ -560,7 +550,7 @@ def _score_delivery(
             )
             return None
         log.warning("batch_retry", batch_id=_shown(batch.batch_id), attempt=attempt + 1, **crash_fields(exc))
-        countdown = _backoff(settings, attempt)
+        countdown = settings.retry_delay(attempt)
         # Not the exception itself: Celery logs a retry with its repr (its text).
         raise _retry_later(self, task_id, countdown) from exc
     # Shown, returned and logged by Celery as the task's result ("Task ... succeeded ...: {...}"):
@@ -613,7 +603,7 @@ def _score_delivery(
         log.info("batch_done", **summary)
         return summary
     if report.needs_retry:
-        countdown = _backoff(settings, attempt)
+        countdown = settings.retry_delay(attempt)
         if report.deferred:
             # Spread the retries over one claim lifetime: by then the holder finished or lapsed.
             spread = settings.claim_ttl / max(1, settings.retry_budget)

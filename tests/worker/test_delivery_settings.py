@@ -66,6 +66,9 @@ def test_build_sinks_makes_the_named_sinks(tmp_path: Path) -> None:
     assert (policy.max_attempts, policy.lease_s) == (3, 9)
     assert 0.8 <= policy.delay(1, 0.0) <= 1.2
     assert policy.delay(30, 0.0) <= settings.sink_backoff_max_seconds * 1.2
+    # A sink down through more attempts than a float's exponent holds (a high
+    # TRACESCORE_SINK_MAX_ATTEMPTS): 2.0 ** attempts overflowed and the drainer failed the batch.
+    assert settings.sink_backoff_max_seconds * 0.8 <= policy.delay(5000, 0.0) <= settings.sink_backoff_max_seconds * 1.2
     assert policy.delay(1, after_s=42.0) == 42.0
 
 
