@@ -109,9 +109,9 @@ BODY_BYTES_HEADER = "tracescore_body_bytes"
 # gives its message the tries it could have had with a lower retries header.
 STORE_WAITS_HEADER = "tracescore_store_waits"
 # The screen's bounds on a message's count of deliveries: its tries (retries less store waits)
-# at most MAX_TRIES, far past any retry budget; its retries, waits included, at most
-# MAX_RETRIES, past any store outage (a wait a second for 30 years). Neither is a budget: they
-# keep a forged count out of the task's arithmetic and logs. (One bound of 1000 on the retries
+# at most MAX_TRIES (far past a useful TRACESCORE_RETRY_BUDGET: a larger one is cut here); its
+# retries, waits included, at most MAX_RETRIES, past any store outage (a wait a second for 30
+# years). They keep a forged count out of the task's arithmetic and logs. (One bound of 1000 on the retries
 # dead-lettered every message in flight through a store refusing writes for 8 hours.)
 MAX_TRIES = 1000
 MAX_RETRIES = 10**9
