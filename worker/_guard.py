@@ -61,7 +61,7 @@ from kombu.utils import json as kombu_json
 from tracing import redact
 from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, PLAIN_ID_PATTERN, SCORE_TASK_NAME, parse_json, plain_id
 from worker._errors import WorkerError
-from worker._settings import Settings
+from worker._settings import MAX_TRIES, Settings
 from worker.metrics import observe_broadcast_refused
 from worker.store import (
     UNACKED_MUTEX_EXPIRE_S,
@@ -109,11 +109,11 @@ BODY_BYTES_HEADER = "tracescore_body_bytes"
 # gives its message the tries it could have had with a lower retries header.
 STORE_WAITS_HEADER = "tracescore_store_waits"
 # The screen's bounds on a message's count of deliveries: its tries (retries less store waits)
-# at most MAX_TRIES (far past a useful TRACESCORE_RETRY_BUDGET: a larger one is cut here); its
-# retries, waits included, at most MAX_RETRIES, past any store outage (a wait a second for 30
-# years). They keep a forged count out of the task's arithmetic and logs. (One bound of 1000 on the retries
-# dead-lettered every message in flight through a store refusing writes for 8 hours.)
-MAX_TRIES = 1000
+# at most MAX_TRIES (the settings keep the retry budget, and the tries spent waiting for a
+# claimed score, within it); its retries, waits included, at most MAX_RETRIES, past any store
+# outage (a wait a second for 30 years). They keep a forged count out of the task's arithmetic
+# and logs. (One bound of 1000 on the retries dead-lettered every message in flight through a
+# store refusing writes for 8 hours.)
 MAX_RETRIES = 10**9
 
 # kombu's Redis transport has no type information for what is subclassed here.

@@ -21,6 +21,7 @@ from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, query_password_problem
 from worker._errors import SettingsError
 
 __all__ = [
+    "MAX_TRIES",
     "NO_BROKER",
     "SCREENED_BROKER_SCHEMES",
     "SINK_NAMES",
@@ -38,6 +39,9 @@ NO_BROKER = "TRACESCORE_BROKER_URL is empty (embedded mode, which only backfill 
 SCREENED_BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
 # The shortest TRACESCORE_SCORE_TTL_SECONDS (see ``Settings.score_ttl_seconds``).
 MIN_SCORE_TTL_SECONDS = 24 * 3600
+# The tries of a message the workers' screen takes (worker._guard: its retries less its waits
+# for the store); past it a retries header is taken for forged. The settings keep within it.
+MAX_TRIES = 1000
 
 
 def redis_py_url(url: str) -> str:
@@ -358,6 +362,20 @@ class Settings(BaseSettings):
                 )
             # The default, fitted to tight timeouts (the model is frozen; this is its construction).
             object.__setattr__(self, "max_eta_seconds", room / 2)
+        # A message's tries are its retries less its waits for the store; the workers' screen
+        # refuses one past MAX_TRIES (a forged count), which a budget over it, or the tries spent
+        # waiting for a score another delivery holds (one a max_eta_seconds, until its claim lapses),
+        # would reach: every such message would end as a bad_headers letter.
+        if self.retry_budget > MAX_TRIES:
+            raise ValueError(f"TRACESCORE_RETRY_BUDGET ({self.retry_budget}) may be at most {MAX_TRIES}")
+        claim_tries = math.ceil(self.claim_ttl / self.max_eta_seconds) + 1
+        if claim_tries > MAX_TRIES:
+            raise ValueError(
+                f"{'TRACESCORE_CLAIM_TTL_SECONDS' if self.claim_ttl_seconds else 'TRACESCORE_TASK_TIME_LIMIT'}"
+                f" ({self.claim_ttl}) over TRACESCORE_MAX_ETA_SECONDS"
+                f" ({self.max_eta_seconds:g}) is {claim_tries} tries of a message waiting for a score another"
+                f" delivery holds, past the {MAX_TRIES} the workers take: raise TRACESCORE_MAX_ETA_SECONDS"
+            )
         if 0 < self.memory_limit_mb < 256:
             raise ValueError(
                 f"TRACESCORE_MEMORY_LIMIT_MB ({self.memory_limit_mb}) is too small for a worker process "

@@ -195,16 +195,3 @@ def test_an_embedded_sink_in_a_forked_process_refuses_at_once_and_shuts_down() -
         assert wait_for(lambda: len(writer.records) == 2, 10)  # the parent scores on
     finally:
         provider.shutdown()
-
-
-def test_a_retry_budget_past_a_floats_exponent_retries_to_its_end() -> None:
-    """Every try of a budget of 1100 is made, the delays capped: the delay's doubling
-    (backoff * 2**try) overflowed a float at the 1025th try, and the batch failed there."""
-    from worker._embedded import _tries
-    from worker._settings import load_settings
-
-    settings = load_settings(retry_budget=1100, retry_backoff_seconds=0.0)
-    tried: list[int] = []
-    result = _tries(settings, lambda final, number: tried.append(number) or final, lambda done: not done)
-    assert result is True
-    assert tried == list(range(1101))

@@ -33,6 +33,13 @@ def test_rate_limits_parse_from_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.rate_limit("anthropic/x").tokens_per_minute == 1000
 
 
+def test_a_retry_delay_stays_a_number_past_a_floats_exponent() -> None:
+    """A message waiting for an unwritable store counts retries past 1023 (its waits are no tries):
+    the delay's doubling (backoff * 2**retries) overflowed a float there, and the task failed."""
+    settings = load_settings(retry_backoff_seconds=2.0)
+    assert [settings.retry_delay(n) for n in (0, 1, 3, 1024, 10**9)] == [2.0, 4.0, 16.0, 30.0, 30.0]
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
@@ -54,6 +61,18 @@ def test_rate_limits_parse_from_json(monkeypatch: pytest.MonkeyPatch) -> None:
         # A record that expires before its message comes back: its run scored and paid for again,
         # and counted twice by its job (60 s was allowed, under the 360 s visibility timeout).
         ({"TRACESCORE_SCORE_TTL_SECONDS": "3600"}, "TRACESCORE_SCORE_TTL_SECONDS .3600. must be at least 86400"),
+        # The workers' screen refuses a message past 1000 tries (worker._guard): a larger budget
+        # ended each message failing for good as a bad_headers letter, not retry_budget_exhausted.
+        ({"TRACESCORE_RETRY_BUDGET": "1001"}, "TRACESCORE_RETRY_BUDGET .1001. may be at most 1000"),
+        # So does a wait for a score another delivery holds, retried until its claim lapses.
+        (
+            {"TRACESCORE_MAX_ETA_SECONDS": "0.25"},
+            "TRACESCORE_TASK_TIME_LIMIT .300. over TRACESCORE_MAX_ETA_SECONDS .0.25. is 1201 tries",
+        ),
+        (
+            {"TRACESCORE_CLAIM_TTL_SECONDS": "350", "TRACESCORE_MAX_ETA_SECONDS": "0.25"},
+            "TRACESCORE_CLAIM_TTL_SECONDS .350. over TRACESCORE_MAX_ETA_SECONDS .0.25. is 1401 tries",
+        ),
         ({"TRACESCORE_WRITER": "jsonl"}, "TRACESCORE_WRITER_PATH"),
         ({"TRACESCORE_WRITER": "kafka"}, "TRACESCORE_WRITER"),
     ],
