@@ -95,3 +95,24 @@ def test_score_interrupted_prints_its_summary_and_exits_130(tmp_path: Path, sign
     assert {r["run_id"] for r in records} == {f"r{i}" for i in range(scored_runs)}
     assert f"interrupted: the summary and --out hold the {scored_runs:,} runs scored before the stop" in stderr
     assert scored_runs < 20_000
+
+
+def test_a_first_ctrl_c_counts_the_traces_read_and_not_yet_scored(tmp_path: Path) -> None:
+    """The first Ctrl-C of an embedded backfill ends it after the batch in hand; the traces read
+    and not yet in a batch (here all 3,000 of one file are released together at its end) were
+    left out of the summary, which said 200 or 400 traces read. Now each is counted as read and
+    skipped (interrupted), so the summary accounts for every trace read."""
+    write_otlp_files(tmp_path / "traces", 3000, files=1, compress=False)
+    out = tmp_path / "scores.jsonl"
+    args = ["backfill", str(tmp_path / "traces"), "--scorers", "tests.backfill.slow_scorers", "--out", str(out)]
+    returncode, stdout, stderr = _interrupted(
+        [*args, "--json"], out, after_lines=400, signals=[signal.SIGINT], gap_s=0.05
+    )
+    assert returncode == 130, stderr[-3000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["status"] == "interrupted"
+    assert summary["runs_enqueued"] < 3000
+    assert summary["traces_read"] == 3000
+    assert summary["traces_read"] == summary["runs_enqueued"] + summary["traces_skipped"]["interrupted"]
+    assert summary["runs_read"] == summary["runs_enqueued"]
+    assert summary["scored"] + summary["failed"] == len(_lines(out)) == 2 * summary["runs_enqueued"]

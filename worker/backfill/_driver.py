@@ -190,38 +190,70 @@ class Backfill:
             self.assembler.remember_released(self.job_store.released(self.state.job_id))
         self.reporter.start("reading")
         try:
-            for item in self.source.read(self.state.position):
-                if isinstance(item, SpanBatch):
-                    self._current = item.position
-                    spans = self._unread(item.spans, item.position) if self._read_through else item.spans
-                    self._waiting.extend(self.assembler.add(spans, item.position))
-                elif isinstance(item, Malformed):
-                    self._current = item.position
-                    self._count(item.position, "malformed", item.where)
-                    self._report(f"{item.where}: skipped: {item.reason}")
-                elif isinstance(item, UnitEnd):
-                    self._current = item.next
-                    self._waiting.extend(self.assembler.end_unit(item.unit))
-                self._drain()
-                self._show()
-                if self.should_stop():
-                    raise KeyboardInterrupt
-        except SourceError:
-            # The source stopped mid-read (Tempo down). A job with a store resumes from its
-            # checkpoint, which is before every trace still assembling, so they are read again
-            # then. Without one (embedded, dry run) there is no resume: the stop ends this job's
-            # input, and what the assembler holds (whole traces: Tempo fetches a trace at once)
-            # is released as at the end of the input; it was dropped unscored, uncounted.
-            if self.job_store is None:
-                self._release_held()
+            try:
+                for item in self.source.read(self.state.position):
+                    if isinstance(item, SpanBatch):
+                        self._current = item.position
+                        spans = self._unread(item.spans, item.position) if self._read_through else item.spans
+                        self._waiting.extend(self.assembler.add(spans, item.position))
+                    elif isinstance(item, Malformed):
+                        self._current = item.position
+                        self._count(item.position, "malformed", item.where)
+                        self._report(f"{item.where}: skipped: {item.reason}")
+                    elif isinstance(item, UnitEnd):
+                        self._current = item.next
+                        self._waiting.extend(self.assembler.end_unit(item.unit))
+                    self._drain()
+                    self._show()
+                    if self.should_stop():
+                        raise KeyboardInterrupt
+            except SourceError:
+                # The source stopped mid-read (Tempo down). A job with a store resumes from its
+                # checkpoint, which is before every trace still assembling, so they are read again
+                # then. Without one (embedded, dry run) there is no resume: the stop ends this job's
+                # input, and what the assembler holds (whole traces: Tempo fetches a trace at once)
+                # is released as at the end of the input; it was dropped unscored, uncounted.
+                if self.job_store is None:
+                    self._release_held()
+                raise
+            self._current = Position(2**62)
+            self._release_held()
+        except KeyboardInterrupt:
+            # A job with a store reads what it had not handed over again on resume (its
+            # checkpoint is before it). One without (embedded) has no resume: those traces were
+            # gone from its summary, counted neither read nor scored.
+            if self.job_store is None and self.submitter is not None:
+                self._not_handed_over()
             raise
-        self._current = Position(2**62)
-        self._release_held()
         self.state.status = "enqueued"
         self.state.elapsed_s += time.monotonic() - self._started
         self._save([])
         self._show(force=True)
         return self.state
+
+    def _not_handed_over(self) -> None:
+        """A stopped job without a resume: each trace read and not handed over to scoring (in
+        the batch being filled, released and waiting, or still assembling) counted as read and
+        skipped (``interrupted``), and named; its runs were never sent, so not counted as read."""
+        counters = self.state.counters
+        chunk, self._chunk, self._chunk_runs = self._chunk, [], 0
+        for request in chunk:  # (handled: counted as read already, its runs too)
+            counters.runs_read -= len(request.target_span_ids)
+        for trace_id in dict.fromkeys(r.trace_id for r in chunk):
+            self._interrupted(trace_id)
+        self._waiting.extend(self.assembler.finish())
+        while self._waiting:
+            trace = self._waiting.popleft()
+            if trace.late:
+                self._handle(trace)  # (the rest of a trace read before: its late spans counted)
+                continue
+            counters.traces_read += 1
+            self._interrupted(trace.trace_id)
+
+    def _interrupted(self, trace_id: str) -> None:
+        counters = self.state.counters
+        counters.skipped["interrupted"] = counters.skipped.get("interrupted", 0) + 1
+        self._report(f"trace {trace_id}: not scored (interrupted): read when the backfill was stopped")
 
     def _release_held(self) -> None:
         """Every trace the assembler still holds released, handled and handed over."""
