@@ -10,7 +10,9 @@ Limits and retries are the worker's, from the ``Settings`` given: ``TRACESCORE_R
 (default ¾ of the task soft time limit), ``TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN``, and a batch with
 transient failures is tried 1 + ``TRACESCORE_RETRY_BUDGET`` times,
 ``TRACESCORE_RETRY_BACKOFF_SECONDS`` apart (doubling, at most ``TRACESCORE_MAX_ETA_SECONDS``), as a
-worker tries a message (``score_runs`` tries its pairs that failed transiently the same way).
+worker tries a message (``score_runs`` tries its pairs that failed transiently the same way). A
+command's first Ctrl-C (``EmbeddedScorer.should_stop``) ends a backoff under way and starts no
+retry: the pairs left for it are not scored, counted as skipped (``interrupted``), never failed.
 Scoring runs on a ``GuardedLoop`` — a loop thread watched by the worker's ``LoopWatchdog`` — so a
 run past the timeout (awaiting, or blocking the loop) and a run out of memory become ``timeout`` /
 ``memory`` error records and the other runs are scored. A step that blocks the loop in code that
@@ -46,6 +48,7 @@ from worker._scoring import (
     BatchReport,
     RunLimitError,
     ScoringDeps,
+    batch_pairs,
     batch_score_ids,
     expire_runs,
     run_limited,
@@ -223,19 +226,40 @@ async def _score_jobs(jobs: Sequence[_Job], todo: list[int], attempt: _Try, deps
             expiry.cancel()
 
 
-def _tries(settings: Settings, attempt: Callable[[bool, int], T], again: Callable[[T], bool]) -> T:
+def _tries(
+    settings: Settings, attempt: Callable[[bool, int], T], again: Callable[[T], bool], stopping: Callable[[], bool]
+) -> T:
     """``attempt(final, number)`` until ``again`` of its result is false or it was the final try:
     1 + ``TRACESCORE_RETRY_BUDGET`` tries, ``TRACESCORE_RETRY_BACKOFF_SECONDS`` apart doubling (at
     most ``TRACESCORE_MAX_ETA_SECONDS``), as a worker tries a message (``_task``). A batch
-    (``score``) and ``score_runs``' runs are retried by this, the same settings the same way."""
+    (``score``) and ``score_runs``' runs are retried by this, the same settings the same way.
+    Once ``stopping()`` (a first Ctrl-C) no try starts and a backoff under way ends: the last
+    try's result is returned as it stands, what it left for a retry unscored, not failed."""
     number = 0
     while True:
         final = number >= settings.retry_budget
         result = attempt(final, number)
         if final or not again(result):
             return result
-        time.sleep(settings.retry_delay(number))
+        if not _backoff(settings.retry_delay(number), stopping):
+            return result
         number += 1
+
+
+_STOP_CHECK_S = 0.1
+
+
+def _backoff(seconds: float, stopping: Callable[[], bool]) -> bool:
+    """Wait ``seconds`` unless ``stopping()`` comes true first (it was up to 14 s of a first
+    Ctrl-C's wait, with the workers' defaults); True if the wait ran out. Polled: a signal's
+    handler sets a flag, and waking a lock from it could wait on this very thread."""
+    end = time.monotonic() + seconds
+    while not stopping():
+        left = end - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(_STOP_CHECK_S, left))
+    return False
 
 
 class _Both:
@@ -259,10 +283,11 @@ class _Both:
 
 class Scored(NamedTuple):
     """A (run, scorer) pair scored by ``EmbeddedScorer.score_runs``: the run's index, what the
-    scorer returned, and its outcome for the summary and the table."""
+    scorer returned (None: not scored, a stop came while it waited for a retry), and its
+    outcome for the summary and the table."""
 
     run: int
-    result: ScoreResult | ScorerError
+    result: ScoreResult | ScorerError | None
     outcome: Outcome
 
 
@@ -276,7 +301,8 @@ class EmbeddedScorer:
     ``sinks`` get every stored score through the in-memory outbox, as the workers' sinks do
     from Redis: drainer threads deliver while scoring goes on, and ``close`` waits up to
     ``drain_timeout_s`` for what is left (``sink_counts`` / ``sink_dead_letters`` then say how
-    it went)."""
+    it went). ``should_stop`` (a command's first Ctrl-C) ends a retry's backoff and starts no
+    retry: the pairs left for it are not scored (``interrupted_pairs``, ``Scored.result`` None)."""
 
     mode = "embedded"
 
@@ -333,6 +359,9 @@ class EmbeddedScorer:
         )
         self.agents = agents
         self.totals = BatchReport(batch_id="*")
+        self.should_stop: Callable[[], bool] = lambda: False
+        # Batches a stop left with pairs unscored: their retry not started, or cut by a second Ctrl-C.
+        self._unfinished: list[ScoreBatch] = []
         self._loop = GuardedLoop(run_timeout_s)
         self._lock = threading.Lock()
 
@@ -354,17 +383,26 @@ class EmbeddedScorer:
 
     def score(self, batch: ScoreBatch) -> BatchReport:
         """Score one batch now; transient judge failures are retried as a worker retries a
-        message (``_task``: ``TRACESCORE_RETRY_BUDGET`` retries, the backoff doubling)."""
+        message (``_task``: ``TRACESCORE_RETRY_BUDGET`` retries, the backoff doubling), unless
+        ``should_stop``: then what is left for a retry stays unscored (``interrupted_pairs``)."""
         with self._lock:
             if self.agents is not None:
                 for request in batch.requests:
                     self.agents.update(request.agent_labels())
             try:
-                return _tries(
+                report = _tries(
                     self.settings,
                     lambda final, number: self._score_once(batch, final, retried=number > 0),
                     lambda report: bool(report.retry),
+                    self.should_stop,
                 )
+            except BaseException:  # (a second Ctrl-C: the batch cancelled where it stood)
+                self._unfinished.append(batch)
+                raise
+            else:
+                if report.retry:
+                    self._unfinished.append(batch)
+                return report
             finally:
                 if self.agents is not None:
                     for request in batch.requests:
@@ -431,10 +469,16 @@ class EmbeddedScorer:
                 self.settings,
                 lambda final, _: self._score_jobs_once(jobs, _Try(call, results, checkpoints, set(), final)),
                 bool,
+                self.should_stop,
             )
         for i, (scorer, run) in enumerate(jobs):
-            outcome = Outcome.of_result(run["run_id"], scorer, results[i], self.deps.prices)
-            yield Scored(i // len(self.deps.registry), results[i], outcome)
+            result = results.get(i)  # (none: its retry was not started, a stop came first)
+            outcome = (
+                Outcome(run["run_id"], scorer.id, scorer_version=scorer.version)
+                if result is None
+                else Outcome.of_result(run["run_id"], scorer, result, self.deps.prices)
+            )
+            yield Scored(i // len(self.deps.registry), result, outcome)
 
     def _score_jobs_once(self, jobs: Sequence[_Job], attempt: _Try) -> set[int]:
         """One try of the jobs without a result; the jobs it left for another try."""
@@ -460,6 +504,25 @@ class EmbeddedScorer:
     def progress(self, job_id: str) -> dict[str, int]:
         with self._lock:
             return self._loop.run(self.store.jobs.progress(job_id))
+
+    def interrupted_pairs(self) -> list[tuple[str, str, str]]:
+        """The pairs a stop left unscored — the batch's retry not started (a first Ctrl-C), or
+        the batch cut short (a second) — each counted once as its job's ``skipped:interrupted``
+        (never a failure: nothing failed for good); their (trace id, span id, scorer id). After
+        ``settle``: a cut batch's runs that finished recording are scored, not left."""
+        with self._lock:
+            pairs: dict[str, tuple[str, str, str, str | None]] = {}
+            for batch in self._unfinished:
+                pairs.update(batch_pairs(batch, self.deps.registry))
+            recorded = self._loop.run(self.store.existing(list(pairs)))
+            left = {score_id: pair for score_id, pair in pairs.items() if score_id not in recorded}
+            by_job: dict[str, list[str]] = {}
+            for score_id, (_, _, _, job_id) in left.items():
+                if job_id is not None:
+                    by_job.setdefault(job_id, []).append(score_id)
+            for job_id, score_ids in by_job.items():
+                self._loop.run(self.store.jobs.count_skipped_once(job_id, "interrupted", score_ids))
+            return [(trace_id, span_id, scorer_id) for trace_id, span_id, scorer_id, _ in left.values()]
 
     def pending(self) -> int:
         return 0

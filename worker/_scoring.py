@@ -68,6 +68,7 @@ __all__ = [
     "RunLimitError",
     "ScoringDeps",
     "StoreUnavailableError",
+    "batch_pairs",
     "batch_score_ids",
     "expire_runs",
     "is_transient",
@@ -374,6 +375,12 @@ def _checkpointed(scorer: Scorer, deps: ScoringDeps) -> bool:
 def batch_score_ids(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[str]:
     """The score id of every run × scorer pair of ``batch``."""
     return [p.score_id for p in _pairs(batch, registry)]
+
+
+def batch_pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> dict[str, tuple[str, str, str, str | None]]:
+    """Each run × scorer pair of ``batch`` by score id: its trace id, target span id, scorer id
+    and job id (to name and count a pair that has no record)."""
+    return {p.score_id: (p.request.trace_id, p.span_id, p.scorer_id, p.request.job_id) for p in _pairs(batch, registry)}
 
 
 def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.backfill._synth import write_otlp_files
+from tests.fakellm import FakeLLMServer, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +54,8 @@ def test_a_second_ctrl_c_leaves_whole_lines_and_a_summary_that_adds_up(tmp_path:
     """The second Ctrl-C closed --out under the runs still in flight: each wrote into a closed
     file (191 "I/O operation on closed file" tracebacks in the audit), and the summary counted
     scores --out never got. Now the runs in flight are stopped before --out is closed: --out
-    holds whole lines, as many as the summary's scored and failed scores."""
+    holds whole lines, as many as the summary's scored and failed scores, and the scores of the
+    batch cut short are named and counted as not scored (interrupted)."""
     write_otlp_files(tmp_path / "traces", 6000, files=1)
     out = tmp_path / "scores.jsonl"
     args = ["backfill", str(tmp_path / "traces"), "--scorers", "tests.backfill.slow_scorers", "--out", str(out)]
@@ -67,6 +69,10 @@ def test_a_second_ctrl_c_leaves_whole_lines_and_a_summary_that_adds_up(tmp_path:
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["status"] == "interrupted"
     assert summary["scored"] + summary["failed"] == len(records) < 12000
+    # The runs of the batch cut short are not scored (interrupted): every score expected is counted.
+    left = summary["scores_skipped"].get("interrupted", 0)
+    assert summary["scored"] + summary["failed"] + left == summary["scores_expected"]
+    assert stderr.count("not scored (interrupted: stopped before its retry, or cut short") == min(left, 20)
     by_scorer = summary["by_scorer"]
     assert by_scorer["slow"]["runs"] + by_scorer["block"]["runs"] == len(records)
 
@@ -95,6 +101,126 @@ def test_score_interrupted_prints_its_summary_and_exits_130(tmp_path: Path, sign
     assert {r["run_id"] for r in records} == {f"r{i}" for i in range(scored_runs)}
     assert f"interrupted: the summary and --out hold the {scored_runs:,} runs scored before the stop" in stderr
     assert scored_runs < 20_000
+
+
+# --- a first Ctrl-C while a retry's backoff is pending ------------------------------------------
+
+# Judge scorers over the real OpenAI SDK (tests/fakellm): "costly" answered, "plain" answering 503.
+JUDGE_SCORERS = ["--scorers", "tests.worker.budget_scorers", "--scorer", "costly", "--scorer", "plain"]
+BACKOFF_S = 20.0  # the batch's retries wait 20, 40 and 80 s: 140 s, where the stop must take seconds
+STOP_WITHIN_S = 10.0
+
+
+def _stopped_in_a_backoff(
+    args: list[str], fake_llm: FakeLLMServer, fake_llm_env: dict[str, str], *, plain_calls: int
+) -> tuple[int, str, str, float]:
+    """Run ``tracescore ARGS`` with the judge answering "plain" 503 until its first try asked
+    ``plain_calls`` times (its retry's backoff then pending), send one SIGINT; its exit code,
+    stdout, stderr and how long it took to end after the signal."""
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="PLAIN")
+    tracescore = str(Path(sys.executable).with_name("tracescore"))
+    env = {
+        **os.environ,
+        **fake_llm_env,
+        "PYTHONPATH": str(ROOT),
+        "TRACESCORE_BROKER_URL": "",
+        "TRACESCORE_BUDGETS": "",
+        "TRACESCORE_RETRY_BUDGET": "3",
+        "TRACESCORE_RETRY_BACKOFF_SECONDS": str(BACKOFF_S),
+    }
+    job = subprocess.Popen(
+        [tracescore, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while _plain(fake_llm) < plain_calls and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert job.poll() is None, job.communicate()[1][-3000:]
+        assert _plain(fake_llm) == plain_calls, "the first try did not ask the judge"
+        job.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        while job.poll() is None and time.monotonic() < sent + STOP_WITHIN_S:
+            time.sleep(0.02)
+        took = time.monotonic() - sent
+        if job.poll() is None:
+            job.kill()
+        stdout, stderr = job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert took < STOP_WITHIN_S, f"still running {took:.1f} s after the Ctrl-C: {stderr[-2000:]}"
+    assert _plain(fake_llm) == plain_calls  # no retry started after the Ctrl-C
+    return job.returncode, stdout, stderr, took
+
+
+def _plain(fake_llm: FakeLLMServer) -> int:
+    return sum("PLAIN" in r.user_text for r in fake_llm.requests)
+
+
+@pytest.mark.parametrize(
+    ("window", "read"),
+    [([], 12), (["--window-spans", "3"], None)],
+    ids=["traces-released-waiting", "traces-still-assembling"],
+)
+def test_a_first_ctrl_c_in_a_retry_backoff_stops_at_once_and_accounts_for_every_trace(
+    tmp_path: Path, fake_llm: FakeLLMServer, fake_llm_env: dict[str, str], window: list[str], read: int | None
+) -> None:
+    """An embedded backfill whose batch had a transient judge failure waited out its retries on
+    the first Ctrl-C (2 + 4 + 8 s by default, here 140 s) with nothing said, and the traces read
+    but not yet in a batch (released and waiting, or still assembling) were gone from the
+    summary. Now the Ctrl-C cuts the backoff short and starts no retry: the pairs that waited
+    for it are not scored (interrupted) — named, counted as skipped, never a failure — and the
+    traces not yet handed over are counted as read and skipped (interrupted), named too."""
+    write_otlp_files(tmp_path / "traces", 12, files=1, compress=False)
+    out = tmp_path / "scores.jsonl"
+    args = ["backfill", str(tmp_path / "traces"), *JUDGE_SCORERS, "--batch-size", "2", *window, "--json"]
+    returncode, stdout, stderr, _ = _stopped_in_a_backoff(
+        [*args, "--out", str(out)], fake_llm, fake_llm_env, plain_calls=2
+    )
+    assert returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    records = [json.loads(line) for line in _lines(out)]
+    assert summary["status"] == "interrupted"
+    # The batch in hand: its "costly" pairs scored, its "plain" pairs not scored (interrupted).
+    assert summary["runs_enqueued"] == summary["runs_read"] == 2
+    assert (summary["scored"], summary["failed"]) == (2, 0)
+    assert summary["scores_skipped"] == {"interrupted": 2}
+    assert summary["scores_expected"] == summary["scored"] + summary["failed"] + 2
+    assert sorted(r["scorer_id"] for r in records) == ["costly", "costly"]
+    assert stderr.count("scorer plain not scored (interrupted") == 2
+    # Every trace read is accounted for: scored, or skipped (interrupted) and named.
+    interrupted = summary["traces_skipped"].get("interrupted", 0)
+    assert interrupted > 0
+    assert summary["traces_read"] == summary["runs_enqueued"] + interrupted
+    if read is not None:
+        assert summary["traces_read"] == read
+    assert stderr.count("not scored (interrupted): read when the backfill was stopped") == interrupted
+
+
+def test_score_a_first_ctrl_c_in_a_retry_backoff_stops_at_once_and_names_what_it_left(
+    tmp_path: Path, fake_llm: FakeLLMServer, fake_llm_env: dict[str, str]
+) -> None:
+    """`tracescore score`'s first Ctrl-C waited out the chunk's retries (here 140 s). Now it cuts
+    the backoff short and starts no retry: the pairs that waited for it are named and counted as
+    not scored (interrupted), left out of --out (not recorded as failures), and the footer's
+    counts add up to the runs read times the scorers."""
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("".join(json.dumps({"run_id": f"r{i}", "input": "q?", "output": "a."}) + "\n" for i in range(6)))
+    out = tmp_path / "scores.jsonl"
+    args = ["score", str(runs), *JUDGE_SCORERS, "--chunk", "2", "--out", str(out)]
+    returncode, _, stderr, _ = _stopped_in_a_backoff(args, fake_llm, fake_llm_env, plain_calls=2)
+    assert returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    records = [json.loads(line) for line in _lines(out)]
+    assert sorted((r["run_id"], r["scorer_id"], r.get("error_type")) for r in records) == [
+        ("r0", "costly", None),
+        ("r1", "costly", None),
+    ]
+    for run in ("r0", "r1"):
+        assert f"run {run}: scorer plain not scored (interrupted" in stderr
+    assert "2 runs × 2 scorers: 2 scored, 0 not scorable, 0 failed, 2 not scored (interrupted)" in stderr
 
 
 def test_a_first_ctrl_c_counts_the_traces_read_and_not_yet_scored(tmp_path: Path) -> None:

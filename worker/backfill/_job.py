@@ -52,7 +52,7 @@ from worker._registry import Registry, RegistryError, load_registry
 from worker._settings import Settings, SettingsError, load_settings
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, printable
-from worker.backfill._driver import Backfill, Submitter
+from worker.backfill._driver import MAX_REPORTED, Backfill, Submitter
 from worker.backfill._state import (
     BackfillState,
     JobCounters,
@@ -1087,6 +1087,18 @@ def _source_failed(exc: SourceError | None, what: str) -> None:
         raise CliError(f"{exc}; the {what} above are the part read before it")
 
 
+def _name_interrupted(left: list[tuple[str, str, str]]) -> None:
+    """Name the pairs a stop left unscored (counted in the summary as skipped: interrupted)."""
+    for trace_id, span_id, scorer_id in left[:MAX_REPORTED]:
+        click.echo(
+            f"trace {trace_id} span {span_id}: scorer {scorer_id} not scored (interrupted: stopped before its"
+            " retry, or cut short; not recorded, nor counted as failed)",
+            err=True,
+        )
+    if len(left) > MAX_REPORTED:
+        click.echo(f"… and {len(left) - MAX_REPORTED:,} more scores not scored (interrupted)", err=True)
+
+
 def _run_embedded(
     source: TraceSource,
     state: BackfillState,
@@ -1155,9 +1167,11 @@ def _run_embedded(
     started = time.monotonic()
     interrupted = False
     source_failed: SourceError | None = None
+    left: list[tuple[str, str, str]] = []
     with stop_on_signals("batch") as stop:
         if table is not None:
             table.on_closed = functools.partial(stop.ask, READER_LEFT)
+        scorer.should_stop = stop  # (a first Ctrl-C ends a retry's backoff: no retry starts)
         try:  # (after the work, a signal while the sinks drain only asks again)
             interrupted = stop.run(lambda: Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run())
             state.status = "interrupted" if interrupted else "finished"
@@ -1166,10 +1180,14 @@ def _run_embedded(
             state.status = "interrupted"
         finally:
             scorer.settle()  # (a cancelled batch's runs still record: counted, then closed)
+            left = scorer.interrupted_pairs()  # (counted as skipped: interrupted)
             progress = scorer.progress(state.job_id)
             scorer.close()
             restore_hooks()
             reporter.close()
+        if left and not interrupted:  # (the stop came during the last batch, with its retry pending)
+            interrupted, state.status = True, "interrupted"
+        _name_interrupted(left)
         # (still under the signal handler: a late second Ctrl-C does not cut the summary)
         summary = _summary(state, "embedded", progress, time.monotonic() - started)
         summary["by_scorer"] = by_scorer.as_json()

@@ -200,6 +200,7 @@ def score_command(
     shown = SummaryScoreWriter(summary, table)
     bad_lines = _Limited("malformed lines", reporter.message)
     failures = _Limited("failed scores", reporter.message)
+    not_scored = _Limited("scores not scored (interrupted)", reporter.message)
     runs_total = 0
     started = time.perf_counter()
 
@@ -228,6 +229,7 @@ def score_command(
     # (held to the end: a signal while closing or summing up only asks again)
     with stop_on_signals("chunk") as stop:
         gone = functools.partial(stop.ask, READER_LEFT)
+        scorer.should_stop = stop  # (a first Ctrl-C ends a retry's backoff: no retry starts)
         if table is not None:
             table.on_closed = gone
 
@@ -255,6 +257,17 @@ def score_command(
                     runs_total += len(runs)
                     for index, result, outcome in scored:
                         number = runs[index][0]
+                        if result is None:  # a stop came before its retry: not recorded, not failed
+                            not_scored(
+                                f"{runs_file}:{number}: run {outcome.run}: scorer {outcome.scorer_id} not scored"
+                                " (interrupted: stopped before its retry)"
+                            )
+                            if as_json:
+                                line = json.dumps(
+                                    {"run_id": outcome.run, "scorer_id": outcome.scorer_id, "skipped": "interrupted"}
+                                )
+                                emit(functools.partial(click.echo, line))
+                            continue
                         if out_file is not None:
                             out_file.write(_out_line(number, outcome))
                         if not isinstance(result, ScoreResult):
@@ -289,13 +302,16 @@ def score_command(
                 out_file.close()
             bad_lines.close()
             failures.close()
+            not_scored.close()
         elapsed = time.perf_counter() - started
 
         not_scorable = summary.not_scorable_total
         footer = (
             f"{runs_total:,} runs × {len(scorers)} scorers: "
             f"{summary.scores_total - summary.failed_total - not_scorable:,} scored, {not_scorable:,} not scorable, "
-            f"{summary.failed_total:,} failed, {bad_lines.count:,} bad lines skipped, {elapsed:.2f}s"
+            f"{summary.failed_total:,} failed, "
+            + (f"{not_scored.count:,} not scored (interrupted), " if not_scored.count else "")
+            + f"{bad_lines.count:,} bad lines skipped, {elapsed:.2f}s"
             + (f"; every record written to {out}" if out_file is not None and out_file.error is None else "")
         )
         click.echo(
@@ -311,9 +327,10 @@ def score_command(
         click.echo(footer, err=True)
         if stopped:
             why = f"stopped: {READER_LEFT}" if output_closed() else "interrupted"
+            but = f", but for the {not_scored.count:,} scores named above as not scored" if not_scored.count else ""
             click.echo(
                 f"{why}: the summary{' and --out' if out_file is not None else ''} hold the {runs_total:,} runs"
-                " scored before the stop",
+                f" scored before the stop{but}",
                 err=True,
             )
             raise SystemExit(EXIT_OUTPUT_CLOSED if output_closed() else 130)
