@@ -68,6 +68,7 @@ from scorers.judge import (
 from worker import _keys
 from worker._errors import StoreKeyTypeError
 from worker._reconnect import StoreUnavailableError, reconnecting_client, unavailable_as_error
+from worker._summary import Spend
 from worker.store import checked_async, checked_script
 
 __all__ = [
@@ -450,7 +451,10 @@ MEMORY_CALLS_KEPT = 100_000
 
 class MemoryLedger:
     """``Ledger`` in this process (no TTLs: it lives as long as the backfill that owns it; the
-    counts of failed calls are bounded instead, ``MEMORY_CALLS_KEPT``)."""
+    counts of failed calls are bounded instead, ``MEMORY_CALLS_KEPT``). ``spend`` is every judge
+    call made here by scorer and model, and what the answered ones cost (the guard's
+    ``on_usage`` and ``on_failure``): the judge spend the command that owns it shows, the calls
+    of a run that got no record too."""
 
     def __init__(self) -> None:
         self.days: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -458,6 +462,15 @@ class MemoryLedger:
         self.job_limits: dict[str, float] = {}
         self.calls: OrderedDict[tuple[str, str], int] = OrderedDict()
         self.errors: dict[tuple[str, str], str] = {}
+        self.spend = Spend()
+
+    def answered(self, scorer_id: str, model_id: str, usage: JudgeUsage, cost: float | None) -> None:
+        """One answered judge call, at the cost the guard adds to the budgets (None: no price)."""
+        self.spend.add_call(scorer_id, model_id, cost)
+
+    def failed(self, scorer_id: str, model_id: str) -> None:
+        """One judge call sent that failed: a call, nothing paid."""
+        self.spend.add_call(scorer_id, model_id, 0.0)
 
     async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None:
         for f in fields:
@@ -548,6 +561,7 @@ class BudgetGuard:
         prices: Mapping[str, ModelPrice] | None = None,
         calls_ttl_s: int = 3600,
         on_usage: Callable[[str, str, JudgeUsage, float | None], None] | None = None,
+        on_failure: Callable[[str, str], None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.budgets = budgets
@@ -556,6 +570,8 @@ class BudgetGuard:
         # (scorer, model, usage, cost or None if unpriced) of every answered call: the
         # worker's metrics, counted where the ledger counts the spend.
         self.on_usage = on_usage
+        # (scorer, model) of every call sent that failed (an error answer, a timeout).
+        self.on_failure = on_failure
         # Judge models seen answering with usage the price table cannot price (a model that
         # reports none, a local one, costs 0 and is never here).
         self._unpriced: set[str] = set()
@@ -631,6 +647,8 @@ class BudgetGuard:
     async def call_failed(self, model_id: str, scorer_id: str, error: Exception) -> None:
         # Called only for a request really sent (the provider's error answer, or its timeout).
         run = _current.get()
+        if self.on_failure is not None:
+            self.on_failure(run.scorer_id if run is not None else scorer_id, model_id)
         if run is None or run.max_calls <= 0:
             return
         run.failed_here += 1
@@ -708,15 +726,23 @@ def install_local_guard(
     job_id: str | None = None,
     max_cost_usd: float | None = None,
     prices: Mapping[str, ModelPrice] | None = None,
+    *,
+    ledger: MemoryLedger | None = None,
 ) -> Callable[[], None]:
-    """Budgets for scoring in this process (a backfill without a broker): the in-memory twin of
-    the workers' ledger, installed as this process's judge guard. Returns what puts the hooks
-    back as they were (call it when the scoring is over)."""
-    ledger = MemoryLedger()
+    """Budgets for scoring in this process (``score``, a backfill without a broker): ``ledger``
+    (a new one if None), the in-memory twin of the workers', behind this process's judge guard;
+    its ``spend`` is then every judge call of this process, and what it cost. Returns what puts
+    the hooks back as they were (call it when the scoring is over)."""
+    ledger = MemoryLedger() if ledger is None else ledger
     if job_id and max_cost_usd is not None:
         ledger.job_limits[job_id] = float(max_cost_usd)
     previous = get_judge_hooks()
-    set_judge_hooks(replace(previous, guard=BudgetGuard(ledger, budgets, prices=prices)))
+    set_judge_hooks(
+        replace(
+            previous,
+            guard=BudgetGuard(ledger, budgets, prices=prices, on_usage=ledger.answered, on_failure=ledger.failed),
+        )
+    )
     return lambda: set_judge_hooks(previous)
 
 

@@ -260,15 +260,27 @@ def _number(value: float) -> str:
 
 @dataclass
 class Spend:
-    """Judge spend of a set of records: USD per scorer and per model, judge calls, and runs with
-    no price. Spend per model is counted per call's model where calls are seen (the ledger,
-    ``tracescore status``, the metrics); a record keeps one sum for its run, so a run judged by
-    several models is shown here under their names joined by "+" rather than split by guess."""
+    """Judge spend: USD per scorer and per model, judge calls, and what had no price. Summed
+    either from records (``add``: a Redis job's, read back), or call by call by the in-process
+    ledger (``add_call``: ``score`` and an embedded backfill, where a pair a stop left unscored
+    has no record, though its answered steps were paid for). A record keeps one sum for its
+    run, so a run judged by several models is shown under their names joined by "+" rather
+    than split by guess; a call has one model, and is shown under it."""
 
     by_scorer: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     by_model: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: int = 0
-    unpriced: Counter[str] = field(default_factory=Counter)
+    unpriced: Counter[str] = field(default_factory=Counter)  # records (runs) with no price
+    unpriced_calls: Counter[str] = field(default_factory=Counter)
+
+    def add_call(self, scorer_id: str, model: str, cost_usd: float | None) -> None:
+        """One judge call by ``scorer_id``'s run: its cost (0 for a failed call, None: no price)."""
+        self.calls += 1
+        if cost_usd is None:
+            self.unpriced_calls[model] += 1
+            return
+        self.by_scorer[scorer_id] += cost_usd
+        self.by_model[model] += cost_usd
 
     def add(self, scorer_id: str, models: Sequence[str], cost_usd: float | None, calls: int) -> None:
         self.calls += calls
@@ -288,6 +300,7 @@ class Spend:
             "by_model": dict(self.by_model),
             "judge_calls": self.calls,
             "unpriced_runs": dict(self.unpriced),
+            "unpriced_calls": dict(self.unpriced_calls),
         }
 
 
@@ -298,9 +311,11 @@ def spend_lines(spend: Mapping[str, Any] | None) -> list[str]:
     out = [f"  judge spend       {spend['total_usd']:.4f} USD   ({spend['judge_calls']:,} judge calls)"]
     out += [f"    scorer {k}: {v:.4f} USD" for k, v in sorted(spend["by_scorer"].items(), key=lambda kv: -kv[1])]
     out += [f"    model  {k}: {v:.4f} USD" for k, v in sorted(spend["by_model"].items(), key=lambda kv: -kv[1])]
-    out += [
-        f"    model  {k}: unpriced ({v:,} runs; add it to TRACESCORE_PRICES)" for k, v in spend["unpriced_runs"].items()
-    ]
+    for unit in ("runs", "calls"):  # (a record's spend is its run's; the ledger's, each call's)
+        out += [
+            f"    model  {k}: unpriced ({v:,} {unit}; add it to TRACESCORE_PRICES)"
+            for k, v in spend.get(f"unpriced_{unit}", {}).items()
+        ]
     return out
 
 
@@ -311,7 +326,8 @@ class Summary:
         self.worst_n = worst_n
         self.by_scorer: dict[str, ScorerSummary] = {}
         self._lock = threading.Lock()
-        # Judge spend (USD) of the records added, per scorer and per judge model(s).
+        # Judge spend (USD) of the records added, per scorer and per judge model(s): a Redis job's.
+        # Commands that score in process show their ledger's instead (``MemoryLedger.spend``).
         self.spend = Spend()
         items = scorers.items() if isinstance(scorers, Mapping) else ((s, None) for s in scorers)
         for scorer_id, scorer in items:

@@ -112,12 +112,18 @@ STOP_WITHIN_S = 10.0
 
 
 def _stopped_in_a_backoff(
-    args: list[str], fake_llm: FakeLLMServer, fake_llm_env: dict[str, str], *, plain_calls: int
+    args: list[str],
+    fake_llm: FakeLLMServer,
+    fake_llm_env: dict[str, str],
+    *,
+    plain_calls: int,
+    failing: str = "PLAIN",
+    **more_env: str,
 ) -> tuple[int, str, str, float]:
-    """Run ``tracescore ARGS`` with the judge answering "plain" 503 until its first try asked
-    ``plain_calls`` times (its retry's backoff then pending), send one SIGINT; its exit code,
-    stdout, stderr and how long it took to end after the signal."""
-    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="PLAIN")
+    """Run ``tracescore ARGS`` with the judge answering prompts with ``failing`` ("plain"'s) 503
+    until its first try asked ``plain_calls`` times (its retry's backoff then pending), send one
+    SIGINT; its exit code, stdout, stderr and how long it took to end after the signal."""
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains=failing)
     tracescore = str(Path(sys.executable).with_name("tracescore"))
     env = {
         **os.environ,
@@ -127,16 +133,17 @@ def _stopped_in_a_backoff(
         "TRACESCORE_BUDGETS": "",
         "TRACESCORE_RETRY_BUDGET": "3",
         "TRACESCORE_RETRY_BACKOFF_SECONDS": str(BACKOFF_S),
+        **more_env,
     }
     job = subprocess.Popen(
         [tracescore, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
         deadline = time.monotonic() + 60
-        while _plain(fake_llm) < plain_calls and job.poll() is None and time.monotonic() < deadline:
+        while _asked(fake_llm, failing) < plain_calls and job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert job.poll() is None, job.communicate()[1][-3000:]
-        assert _plain(fake_llm) == plain_calls, "the first try did not ask the judge"
+        assert _asked(fake_llm, failing) == plain_calls, "the first try did not ask the judge"
         job.send_signal(signal.SIGINT)
         sent = time.monotonic()
         while job.poll() is None and time.monotonic() < sent + STOP_WITHIN_S:
@@ -150,12 +157,12 @@ def _stopped_in_a_backoff(
             job.kill()
             job.wait()
     assert took < STOP_WITHIN_S, f"still running {took:.1f} s after the Ctrl-C: {stderr[-2000:]}"
-    assert _plain(fake_llm) == plain_calls  # no retry started after the Ctrl-C
+    assert _asked(fake_llm, failing) == plain_calls  # no retry started after the Ctrl-C
     return job.returncode, stdout, stderr, took
 
 
-def _plain(fake_llm: FakeLLMServer) -> int:
-    return sum("PLAIN" in r.user_text for r in fake_llm.requests)
+def _asked(fake_llm: FakeLLMServer, prompt: str) -> int:
+    return sum(prompt in r.user_text for r in fake_llm.requests)
 
 
 @pytest.mark.parametrize(
@@ -242,3 +249,47 @@ def test_a_first_ctrl_c_counts_the_traces_read_and_not_yet_scored(tmp_path: Path
     assert summary["traces_read"] == summary["runs_enqueued"] + summary["traces_skipped"]["interrupted"]
     assert summary["runs_read"] == summary["runs_enqueued"]
     assert summary["scored"] + summary["failed"] == len(_lines(out)) == 2 * summary["runs_enqueued"]
+
+
+# A two-step judge scorer: its first step ("CLAIMS") answered and paid, its second ("GRADE")
+# answering 503; the Ctrl-C comes in the backoff before the retry that would resume after CLAIMS.
+PRICES = json.dumps({"openai/fake-judge": {"input": 100.0, "output": 200.0}})
+CALL_USD = (1000 * 100.0 + 100 * 200.0) / 1e6  # each answer: 1,000 input and 100 output tokens
+
+
+@pytest.mark.parametrize("command", ["backfill", "score"])
+def test_a_first_ctrl_c_leaves_the_answered_steps_of_an_unscored_pair_in_the_spend(
+    tmp_path: Path, fake_llm: FakeLLMServer, fake_llm_env: dict[str, str], command: str
+) -> None:
+    """A pair a first Ctrl-C left unscored (interrupted) had paid for its answered judge steps,
+    but it has no record, and the summary's judge spend was summed from the records: those
+    calls were left out of it (0 USD shown, 0.24 paid). The spend shown is the ledger's now:
+    the judge's answered calls × their price, per scorer and model, and every call it got."""
+    fake_llm.rule(Reply.auto(input_tokens=1000, output_tokens=100), user_contains="CLAIMS")
+    scorer = ["--scorers", "tests.worker.budget_scorers", "--scorer", "two-steps"]
+    if command == "backfill":
+        write_otlp_files(tmp_path / "traces", 2, files=1, compress=False)
+        args = ["backfill", str(tmp_path / "traces"), *scorer, "--batch-size", "2", "--json"]
+    else:
+        runs = tmp_path / "runs.jsonl"
+        runs.write_text("".join(json.dumps({"run_id": f"r{i}", "input": "q?", "output": "a."}) + "\n" for i in (0, 1)))
+        args = ["score", str(runs), *scorer, "--chunk", "2"]
+    returncode, stdout, stderr, _ = _stopped_in_a_backoff(
+        args, fake_llm, fake_llm_env, plain_calls=2, failing="GRADE", TRACESCORE_PRICES=PRICES
+    )
+    assert returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.count("scorer two-steps not scored (interrupted") == 2
+    # Paid: the answered calls (CLAIMS); made: those and the failed ones (GRADE's 503s).
+    answered, made = _asked(fake_llm, "CLAIMS"), len(fake_llm.requests)
+    assert (answered, made) == (2, 4)
+    paid = answered * CALL_USD
+    assert f"  judge spend       {paid:.4f} USD   ({made:,} judge calls)" in stderr
+    assert f"    scorer two-steps: {paid:.4f} USD" in stderr
+    assert f"    model  openai/fake-judge: {paid:.4f} USD" in stderr
+    if command == "backfill":
+        spend = json.loads(stdout.strip().splitlines()[-1])["spend"]
+        assert spend["judge_calls"] == made
+        assert spend["total_usd"] == pytest.approx(paid)
+        assert spend["by_scorer"] == {"two-steps": pytest.approx(paid)}
+        assert spend["by_model"] == {"openai/fake-judge": pytest.approx(paid)}

@@ -177,7 +177,8 @@ def test_a_batch_retry_resumes_after_the_judge_steps_answered(fake_llm: FakeLLMS
     """A two-step judge scorer whose second step answers 503 once: embedded mode kept no step
     checkpoints, so the batch's retry asked the first step's judge again (paid twice), and the
     summary's spend, summed from the record, left that call out (2 calls shown, 3 paid). It
-    resumes after the answered step now, as a worker's retry does: 2 answered calls, both shown."""
+    resumes after the answered step now, as a worker's retry does: 2 answered calls, both paid
+    for, and the 503 between them a third call shown (the spend is the ledger's, every call)."""
     traces = tmp_path / "traces"
     write_otlp_files(traces, 1, files=1, compress=False)
     out = tmp_path / "scores.jsonl"
@@ -191,7 +192,7 @@ def test_a_batch_retry_resumes_after_the_judge_steps_answered(fake_llm: FakeLLMS
     assert [r.user_text.split()[0] for r in fake_llm.requests] == ["CLAIMS", "GRADE", "GRADE"]
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert (record["error_type"], record["score"], record["judge_calls"]) == (None, 0.5, 2)
-    assert summary["spend"]["judge_calls"] == 2
+    assert summary["spend"]["judge_calls"] == len(fake_llm.requests) == 3
     assert summary["spend"]["total_usd"] == pytest.approx(record["cost_usd"])
 
 
@@ -259,11 +260,13 @@ def test_an_embedded_backfill_holds_the_judge_call_cap(fake_llm: FakeLLMServer, 
 
 
 def test_unpriced_model_is_shown_unpriced_not_free(fake_llm: FakeLLMServer) -> None:
-    """Without a price for the judge model, records carry cost None and the summary says so."""
-    summary = _summary(_run("--sample", "0.1", TRACESCORE_PRICES=""))
-    spend = summary["spend"]
+    """Without a price for the judge model, records carry cost None and the summary says so:
+    the ledger's calls to it (an embedded backfill's spend is its ledger's, call by call)."""
+    result = _run("--sample", "0.1", TRACESCORE_PRICES="")
+    spend = _summary(result)["spend"]
     assert spend["total_usd"] == 0
-    assert spend["unpriced_runs"]["openai/fake-judge"] == spend["judge_calls"] > 0
+    assert spend["unpriced_calls"]["openai/fake-judge"] == spend["judge_calls"] == fake_llm.count() > 0
+    assert f"model  openai/fake-judge: unpriced ({fake_llm.count():,} calls;" in result.stderr
 
 
 def test_a_budget_is_not_passed_by_a_model_without_a_price(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
@@ -422,7 +425,8 @@ def test_score_retry_waits_the_backoff_and_resumes_after_the_answered_steps(
     """A two-step judge scorer whose second step answers 503 once, under `tracescore score`:
     the retry comes RETRY_BACKOFF_SECONDS later, asks the second step only (the first one's
     answer is not paid twice), and the record and the summary's spend count what backfill's
-    do for the same run (test_a_batch_retry_resumes_after_the_judge_steps_answered)."""
+    do for the same run (test_a_batch_retry_resumes_after_the_judge_steps_answered): the
+    record its answered steps and last try, the spend every call (the 503 too), as paid."""
     fake_llm.rule(Reply.error(503, "overloaded"), user_contains="GRADE", times=1)
     result, records = _score(tmp_path, "two-steps", TRACESCORE_RETRY_BUDGET="1", TRACESCORE_RETRY_BACKOFF_SECONDS="1")
     assert result.exit_code == 0, result.output
@@ -431,7 +435,7 @@ def test_score_retry_waits_the_backoff_and_resumes_after_the_answered_steps(
     assert retried - failed >= 1.0
     (record,) = records
     assert (record.get("error_type"), record["score"], record["judge_calls"]) == (None, 0.5, 2)
-    assert f"judge spend       {record['cost_usd']:.4f} USD   (2 judge calls)" in result.stderr
+    assert f"judge spend       {record['cost_usd']:.4f} USD   (3 judge calls)" in result.stderr
 
 
 def test_score_holds_the_judge_call_cap_across_its_tries(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
