@@ -30,8 +30,8 @@ its worker (``worker._task``) is not on a first delivery, though its message is 
 what the batch's deliveries failed.
 
 Days are UTC dates of the worker's clock. Spend is kept per day for ``SPEND_TTL_S`` and per
-job until the job's keys expire. ``MemoryLedger`` is the in-process twin (backfill without a
-broker).
+job until the job's keys expire. ``MemoryLedger`` is the in-process twin (``score``, a backfill
+without a broker), whose tally of every call is the spend those commands show.
 """
 
 from __future__ import annotations
