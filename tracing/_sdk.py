@@ -29,7 +29,17 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
-__all__ = ["FAST_PATH", "TESTED_SDK", "SpanFields", "plain_attributes", "read_span", "sdk_version", "span_context"]
+__all__ = [
+    "FAST_PATH",
+    "TESTED_SDK",
+    "SpanFields",
+    "SpanValues",
+    "plain_attributes",
+    "read_span",
+    "sdk_version",
+    "span_context",
+    "span_values",
+]
 
 # (oldest, newest) minor versions of opentelemetry-sdk whose private fields the fast path reads:
 # the bounds of pyproject.toml's pin, both tested.
@@ -51,6 +61,23 @@ class SpanFields:
     events: Sequence[Event]
     scope: InstrumentationScope | None
     resource: Resource | None
+
+
+# ``SpanFields``' values in its field order: what the exporter's filing unpacks at once (a
+# ``SpanFields`` built a span and read field by field cost it ~0.4 µs of the ~4 µs a span).
+SpanValues = tuple[
+    SpanContext,
+    SpanContext | None,
+    Mapping[str, Any],
+    str,
+    str,
+    int | None,
+    int | None,
+    str,
+    Sequence[Event],
+    InstrumentationScope | None,
+    Resource | None,
+]
 
 
 def sdk_version() -> tuple[int, int] | None:
@@ -77,7 +104,7 @@ _FIELDS = attrgetter(
 )
 
 
-def _fast(span: ReadableSpan) -> SpanFields | None:
+def _fast(span: ReadableSpan) -> SpanValues | None:
     """The fields through the private attributes, None when the span has no context."""
     ctx, parent, attributes, name, kind, start, end, status, events, scope, resource = _FIELDS(span)
     if ctx is None:
@@ -91,15 +118,15 @@ def _fast(span: ReadableSpan) -> SpanFields | None:
     if type(events) is BoundedList:  # its len() is a Python call; the deque's is not
         events = events._dq  # type: ignore[attr-defined]
     status_name = status.status_code._name_ if status is not None else "UNSET"
-    return SpanFields(ctx, parent, attrs, name, kind._name_, start, end, status_name, events, scope, resource)
+    return ctx, parent, attrs, name, kind._name_, start, end, status_name, events, scope, resource
 
 
-def _public(span: ReadableSpan) -> SpanFields | None:
+def _public(span: ReadableSpan) -> SpanValues | None:
     ctx = span.context
     if ctx is None:
         return None
     status = span.status
-    return SpanFields(
+    return (
         ctx,
         span.parent,
         _public_attributes(span),
@@ -138,9 +165,10 @@ def _probe() -> bool:
             end_time=2,
             instrumentation_scope=InstrumentationScope("probe.scope"),
         )
-        fast, public = _fast(span), _public(span)
-        if fast is None or public is None:
+        fast_values, public_values = _fast(span), _public(span)
+        if fast_values is None or public_values is None:
             return False
+        fast, public = SpanFields(*fast_values), SpanFields(*public_values)
         return (
             dict(fast.attributes) == dict(public.attributes)
             and [(e.name, e.timestamp) for e in fast.events] == [(e.name, e.timestamp) for e in public.events]
@@ -161,12 +189,20 @@ def _fast_path_allowed() -> bool:
 FAST_PATH = _fast_path_allowed()
 
 
-def read_span(span: ReadableSpan) -> SpanFields | None:
-    """The fields of ``span`` (None when it has no span context): the private fields when
-    ``FAST_PATH`` and ``span`` is exactly the SDK's ``ReadableSpan``, else the public API."""
+def span_values(span: ReadableSpan) -> SpanValues | None:
+    """The fields of ``span`` in ``SpanFields``' order (None when it has no span context): the
+    private fields when ``FAST_PATH`` and ``span`` is exactly the SDK's ``ReadableSpan``, else
+    the public API."""
     if FAST_PATH and type(span) is ReadableSpan:
         return _fast(span)
     return _public(span)
+
+
+def read_span(span: ReadableSpan) -> SpanFields | None:
+    """The fields of ``span`` by name (None when it has no span context), read as ``span_values``
+    reads them."""
+    values = span_values(span)
+    return None if values is None else SpanFields(*values)
 
 
 def span_context(span: ReadableSpan) -> SpanContext | None:

@@ -44,8 +44,8 @@ from opentelemetry.trace import SpanContext
 from tracing._formats import NO_ENVIRONMENT, SpanKind, classify
 from tracing._records import build_record, compact, origin_environment, service_name
 from tracing._rules import ScoringRule, sampled
-from tracing._run import SpanRecord, otlp_time
-from tracing._sdk import read_span, span_context
+from tracing._run import MAX_TIME_NS, SpanRecord
+from tracing._sdk import span_context, span_values
 from tracing.capture._tally import Tally
 from tracing.read import is_judge, own_origin, takes_trace
 
@@ -159,8 +159,10 @@ class TraceBuffer:
     def __init__(
         self, rules: Sequence[ScoringRule], limits: BufferLimits, tally: Tally, reserve: Reserve | None = None
     ) -> None:
-        self._rules = list(rules)
-        self._all_sampled = all(r.sample_rate >= 1.0 for r in self._rules)
+        # A trace every rule samples in holds this very list: the exporter tells it by identity
+        # and ships it with the scorer groups it worked out once.
+        self.rules = list(rules)
+        self._all_sampled = all(r.sample_rate >= 1.0 for r in self.rules)
         self.limits = limits
         self._tally = tally
         self._reserve: Reserve = reserve or (lambda size: None)
@@ -222,24 +224,24 @@ class TraceBuffer:
         tid = ctx[0]
         if tid in self._guarded or tid in self._ignored:
             return
-        f = read_span(span)
-        if f is None:
+        values = span_values(span)
+        if values is None:
             self._tally.drop("no_context")
             return
-        if f.parent is not None and not 0 < f.parent[1] <= _MAX_SPAN_ID:
-            f.parent = None  # an invalid parent is none, as the SDK reads it when a span starts
+        _, parent, attrs, name, otel_kind, start, end, status, events, scope, resource = values
+        if parent is not None and not 0 < parent[1] <= _MAX_SPAN_ID:
+            parent = None  # an invalid parent is none, as the SDK reads it when a span starts
         sent = self._sent.get(tid)
-        if sent is not None and _under(f.parent, sent):
+        if sent is not None and _under(parent, sent):
             # It ended after the part of its trace it belongs to was handed over: as a rootless
             # fragment it would only hold a slot until max_trace_age. Counted per span.
             self._tally.drop("late_span")
             return
-        start, end = f.start_ns, f.end_ns
-        if (start is not None and not otlp_time(start)) or (end is not None and not otlp_time(end)):
+        # (``otlp_time``'s bounds, compared here: two calls a span less.)
+        if (start is not None and not 0 <= start <= MAX_TIME_NS) or (end is not None and not 0 <= end <= MAX_TIME_NS):
             # The app's own OTLP exporter cannot send it either; shipped, its score's write-back
             # would have no time of its own.
             raise ValueError("a span time outside 0 .. 2^64-1 ns, which OTLP cannot carry")
-        parent, attrs, scope, resource = f.parent, f.attributes, f.scope, f.resource
         is_root = parent is None or parent[2]  # no parent, or a remote one: a local root
         judge = is_judge(attrs)
         if scope is not self._seen[0] or resource is not self._seen[1]:
@@ -257,20 +259,20 @@ class TraceBuffer:
             rules = sampled_in
         else:
             trace_id = entry.trace_id
-        kind = classify(f.name, attrs)
+        kind = classify(name, attrs)
         # Built before anything is made room for: a span it refuses (a value nested too deep)
         # costs no other trace and no span of its own trace.
         record, size = build_record(
             ctx,
             parent,
-            f.name,
+            name,
             trace_id,
             attrs,
-            f.kind,
-            f.start_ns,
-            f.end_ns,
-            f.status,
-            f.events,
+            otel_kind,
+            start,
+            end,
+            status,
+            events,
             self._seen_service,
             self._seen_scope_name,
             self._seen_environment,
@@ -299,7 +301,7 @@ class TraceBuffer:
             entry.whole = parent is None
             if entry.due is None:
                 self._due_order[tid] = None
-            entry.root_end_ns = f.end_ns
+            entry.root_end_ns = end
             if limits.grace_s:
                 entry.ready = now + limits.grace_s
                 entry.due = entry.ready + limits.processor_delay_s
@@ -326,8 +328,8 @@ class TraceBuffer:
     def _rules_for(self, tid: int, trace_id: str) -> list[ScoringRule] | None:
         """The rules that sample a new trace in (None: none does; it is ignored from now on)."""
         if self._all_sampled:
-            return self._rules
-        rules = [r for r in self._rules if sampled(trace_id, r.sample_rate)]
+            return self.rules
+        rules = [r for r in self.rules if sampled(trace_id, r.sample_rate)]
         if not rules:
             self._tally.skip("sampled_out")
             self._ignore(tid)

@@ -155,6 +155,7 @@ class ScoringSpanExporter(SpanExporter):
         )
         self._rules = rules
         self._all_groups = _scorer_groups(rules)
+        self._filtered = any(rule.filter is not None for rule in rules)
         self._batch_size = batch_size
         self._queue_size = queue_size
         self._interval = flush_interval_s
@@ -451,12 +452,15 @@ class ScoringSpanExporter(SpanExporter):
                 self._tally.skip("no_target")
             return
         rules = entry.rules
-        filtered = any(rule.filter is not None for rule in rules)
+        if rules is self._buffer.rules:  # every rule sampled it in (the common case): known already
+            all_groups, filtered = self._all_groups, self._filtered
+        else:
+            all_groups, filtered = _scorer_groups(rules), any(rule.filter is not None for rule in rules)
         if len(runs) == 1 and not filtered:  # the common case: one run, one request per delay
             target, spans = runs[0]
             # A run is a subset of the trace: as many spans means all of them.
             size = entry.size if len(spans) == len(records) else shipment_size(spans)
-            for delay, ids in self._all_groups if rules is self._rules else _scorer_groups(rules):
+            for delay, ids in all_groups:
                 self._ship(Shipment(spans, target.span_id, ids, size), delay, now, out)
             return
         # Several runs: those bound for the same scorers (and delay) queue side by side sharing
@@ -469,7 +473,7 @@ class ScoringSpanExporter(SpanExporter):
                     continue
                 groups = _scorer_groups(kept)
             else:
-                groups = self._all_groups if rules is self._rules else _scorer_groups(rules)
+                groups = all_groups
             size = entry.size if len(spans) == len(records) else shipment_size(spans)
             for delay, ids in groups:
                 together.setdefault((delay, tuple(ids)), []).append(Shipment(spans, target.span_id, ids, size))
