@@ -13,7 +13,8 @@ One value that JSON holds is no value on the queue: an object of exactly ``__typ
 ``__value__`` (an OTLP kvlist may be one), which kombu's JSON reader in the worker's pool turns
 into bytes, a UUID, a date... or fails on, so the worker's screen refuses the message and every
 trace in it. ``valid_text`` and ``as_shipped`` write such an object as its JSON text (one replaced
-text), so the worker and a reader in process read the same string.
+text), so the worker and a reader in process read the same string; a record's attributes that
+are such an object, as none.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from typing import Any
 __all__ = ["as_shipped", "printable", "valid_text", "without_lone_surrogates"]
 
 # The keys of an object kombu's JSON reader decodes into a value (kombu.utils.json.object_hook).
+# A record's (or event's) attributes that are exactly these (an event's are not filtered by key)
+# are sent, and read in process, as none: no reader reads either name, and as text they would
+# not be a mapping, which the worker's validation of the request refuses.
 _KOMBU_TYPED_KEYS = {"__type__", "__value__"}
 
 # A str holds a surrogate only when it is lone (a pair is one code point).
@@ -91,7 +95,10 @@ def valid_text(value: Any) -> tuple[Any, int]:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         updates, changed = {}, 0
         for f in dataclasses.fields(value):
-            new, n = valid_text(getattr(value, f.name))
+            old = getattr(value, f.name)
+            new, n = valid_text(old)
+            if isinstance(old, dict) and isinstance(new, str):
+                new = {}  # a record's own attributes, exactly those two keys: see ``_KOMBU_TYPED_KEYS``
             if n:
                 updates[f.name] = new
                 changed += n
@@ -106,6 +113,8 @@ def as_shipped(values: Mapping[str, Any]) -> Mapping[str, Any]:
     embedded backfill, a rule's filter) is the run the worker reads. ``values`` itself when no
     value is bytes, an array or a kvlist (the hot path: one type check a value), else a copy.
     Top-level strings are left as they are."""
+    if len(values) == 2 and values.keys() == _KOMBU_TYPED_KEYS:
+        return {}
     out: dict[str, Any] | None = None
     for key, value in values.items():
         if type(value) is str or not isinstance(value, bytes | bytearray | tuple | list | dict):

@@ -185,8 +185,9 @@ _KOMBU = {"__type__": "bytes", "__value__": SECRET}
         _chat(attrs={"gen_ai.prompt.0.meta": _KOMBU}),
         _chat(attrs={"gen_ai.prompt.0.meta": {"outer": ({"__type__": "uuid", "__value__": 1},)}}),
         _chat(events=(SpanRecordEvent("gen_ai.choice", 1, {"message": _KOMBU}),)),
+        _chat(events=(SpanRecordEvent("gen_ai.choice", 1, dict(_KOMBU)),)),
     ],
-    ids=["attribute", "nested", "event"],
+    ids=["attribute", "nested", "event", "event-attributes"],
 )
 def test_an_object_kombu_would_decode_is_sent_as_its_json_text(span: SpanRecord) -> None:
     """A kvlist of exactly ``__type__`` and ``__value__`` (an OTLP file may hold one): kombu's
