@@ -230,23 +230,33 @@ def test_score_a_first_ctrl_c_in_a_retry_backoff_stops_at_once_and_names_what_it
     assert "2 runs × 2 scorers: 2 scored, 0 not scorable, 0 failed, 2 not scored (interrupted)" in stderr
 
 
-def test_a_first_ctrl_c_counts_the_traces_read_and_not_yet_scored(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sample", [None, "0.5"])
+def test_a_first_ctrl_c_counts_the_traces_read_and_not_yet_scored(tmp_path: Path, sample: str | None) -> None:
     """The first Ctrl-C of an embedded backfill ends it after the batch in hand; the traces read
     and not yet in a batch (here all 3,000 of one file are released together at its end) were
-    left out of the summary, which said 200 or 400 traces read. Now each is counted as read and
-    skipped (interrupted), so the summary accounts for every trace read."""
+    left out of the summary, which said 200 or 400 traces read. Now each is read as any other
+    (with --sample, the ones sampled out are counted so, not as interrupted) and the ones it
+    would have scored are skipped (interrupted), so the summary accounts for every trace read."""
+    from tests.backfill._synth import trace_id
+    from tracing._rules import sampled
+
     write_otlp_files(tmp_path / "traces", 3000, files=1, compress=False)
     out = tmp_path / "scores.jsonl"
     args = ["backfill", str(tmp_path / "traces"), "--scorers", "tests.backfill.slow_scorers", "--out", str(out)]
+    if sample is not None:
+        args += ["--sample", sample]
     returncode, stdout, stderr = _interrupted(
-        [*args, "--json"], out, after_lines=400, signals=[signal.SIGINT], gap_s=0.05
+        [*args, "--json"], out, after_lines=400 if sample is None else 200, signals=[signal.SIGINT], gap_s=0.05
     )
     assert returncode == 130, stderr[-3000:]
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["status"] == "interrupted"
     assert summary["runs_enqueued"] < 3000
     assert summary["traces_read"] == 3000
-    assert summary["traces_read"] == summary["runs_enqueued"] + summary["traces_skipped"]["interrupted"]
+    skipped = summary["traces_skipped"]
+    sampled_out = sum(not sampled(trace_id(i), float(sample or 1)) for i in range(3000))
+    assert skipped.get("sampled_out", 0) == sampled_out
+    assert summary["traces_read"] == summary["runs_enqueued"] + skipped["interrupted"] + sampled_out
     assert summary["runs_read"] == summary["runs_enqueued"]
     assert summary["scored"] + summary["failed"] == len(_lines(out)) == 2 * summary["runs_enqueued"]
 

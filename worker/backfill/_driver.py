@@ -233,22 +233,19 @@ class Backfill:
 
     def _not_handed_over(self) -> None:
         """A stopped job without a resume: each trace read and not handed over to scoring (in
-        the batch being filled, released and waiting, or still assembling) counted as read and
-        skipped (``interrupted``), and named; its runs were never sent, so not counted as read."""
+        the batch being filled, released and waiting, or still assembling) read as any other
+        (counted, sampled, planned: one sampled out is counted so), and those it would have
+        scored skipped (``interrupted``) and named; their runs were never sent, so not counted
+        as read. (In process there is no cutter: handling a trace only adds it to the chunk.)"""
+        self._waiting.extend(self.assembler.finish())
+        while self._waiting:
+            self._handle(self._waiting.popleft())
         counters = self.state.counters
         chunk, self._chunk, self._chunk_runs = self._chunk, [], 0
-        for request in chunk:  # (handled: counted as read already, its runs too)
+        for request in chunk:
             counters.runs_read -= len(request.target_span_ids)
         for trace_id in dict.fromkeys(r.trace_id for r in chunk):
             self._interrupted(trace_id)
-        self._waiting.extend(self.assembler.finish())
-        while self._waiting:
-            trace = self._waiting.popleft()
-            if trace.late:
-                self._handle(trace)  # (the rest of a trace read before: its late spans counted)
-                continue
-            counters.traces_read += 1
-            self._interrupted(trace.trace_id)
 
     def _interrupted(self, trace_id: str) -> None:
         counters = self.state.counters
