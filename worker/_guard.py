@@ -103,10 +103,11 @@ __all__ = [
 
 # The header the screen adds to a message it passed: the body's size in bytes, as measured.
 BODY_BYTES_HEADER = "tracescore_body_bytes"
-# Counts, on a message, how many of its retries were waits for a store refusing writes
-# (worker._task): not tries of its own, so a store full for longer than the retry budget does
-# not leave the message at its last try once it takes writes again. A producer setting it only
-# gives its message the tries it could have had with a lower retries header.
+# Counts, on a message, how many of its retries were waits for a store refusing writes (or for
+# an operator to move a dead-letter list of another type aside; worker._task): not tries of its
+# own, so a store full for longer than the retry budget does not leave the message at its last
+# try once it takes writes again. A producer setting it only gives its message the tries it
+# could have had with a lower retries header.
 STORE_WAITS_HEADER = "tracescore_store_waits"
 # The screen's bounds on a message's count of deliveries: its tries (retries less store waits)
 # at most MAX_TRIES (the settings keep the retry budget, and the tries spent waiting for a

@@ -326,6 +326,12 @@ class Settings(BaseSettings):
     def claim_ttl(self) -> int:
         return self.claim_ttl_seconds or math.ceil(self.task_time_limit)
 
+    @property
+    def claim_tries(self) -> int:
+        """The tries of a message waiting for a score another delivery holds, each at most
+        ``max_eta_seconds`` apart: enough to outlast that delivery's claim."""
+        return math.ceil(self.claim_ttl / self.max_eta_seconds) + 1
+
     def retry_delay(self, retries: int) -> float:
         """The wait before a message's (or an embedded batch's) next try after ``retries``:
         ``retry_backoff_seconds`` doubled per retry, at most ``max_eta_seconds`` (the workers'
@@ -368,7 +374,7 @@ class Settings(BaseSettings):
         # would reach: every such message would end as a bad_headers letter.
         if self.retry_budget > MAX_TRIES:
             raise ValueError(f"TRACESCORE_RETRY_BUDGET ({self.retry_budget}) may be at most {MAX_TRIES}")
-        claim_tries = math.ceil(self.claim_ttl / self.max_eta_seconds) + 1
+        claim_tries = self.claim_tries
         if claim_tries > MAX_TRIES:
             raise ValueError(
                 f"{'TRACESCORE_CLAIM_TTL_SECONDS' if self.claim_ttl_seconds else 'TRACESCORE_TASK_TIME_LIMIT'}"

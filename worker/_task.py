@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import signal
 import threading
@@ -321,9 +320,10 @@ def _failed_around_scoring(
     except StoreKeyTypeError as dlq_exc:
         # The dead-letter list itself holds another Redis type: nothing can be kept there until an
         # operator moves it aside. Sent again after a backoff (an immediate requeue would spin).
+        # A wait for the operator, as for a store refusing writes: not one of the message's tries.
         countdown = runtime.settings.retry_delay(int(self.request.retries or 0))
         log.error("dead_letter_refused", task_id=task_id, key=dlq_exc.key, found=dlq_exc.found, countdown_s=countdown)
-        raise _retry_later(self, task_id, countdown, dlq_exc) from dlq_exc
+        raise _retry_later(self, task_id, countdown, dlq_exc, headers=_waiting(self)) from dlq_exc
     except Exception as dlq_exc:
         if caused_by(dlq_exc, STORE_REFUSALS) is not None:
             raise _store_unwritable(self, runtime, payload, task_id, dlq_exc) from dlq_exc
@@ -341,9 +341,7 @@ def _store_unwritable(
     countdown = runtime.settings.retry_delay(int(self.request.retries or 0))
     log.warning("store_unwritable", task_id=task_id, error_type=type(refusal).__name__, countdown_s=countdown)
     _count_left(runtime, payload, "store_unwritable")
-    # Celery's retry sends the headers it is given instead of the message's: the others kept.
-    headers = {**(self.request.headers or {}), STORE_WAITS_HEADER: _store_waits(self) + 1}
-    return _retry_later(self, task_id, countdown, headers=headers)
+    return _retry_later(self, task_id, countdown, headers=_waiting(self))
 
 
 def _count_left(runtime: WorkerRuntime, payload: Any, reason: str) -> None:
@@ -411,6 +409,13 @@ def _screened(self: Task[Any, Any]) -> bool:
     so its body may be up to 6× the batch's own size (``_size``), which dead letters report."""
     measured = getattr(self.request, BODY_BYTES_HEADER, None)
     return isinstance(measured, int) and not isinstance(measured, bool) and measured >= 0
+
+
+def _waiting(self: Task[Any, Any]) -> dict[str, Any]:
+    """The headers of this message's retry that waits for the store (or its operator): one more
+    ``STORE_WAITS_HEADER``. (Celery's retry sends the headers it is given instead of the
+    message's: the others kept.)"""
+    return {**(self.request.headers or {}), STORE_WAITS_HEADER: _store_waits(self) + 1}
 
 
 def _store_waits(self: Task[Any, Any]) -> int:
@@ -558,7 +563,7 @@ def _score_delivery(
     summary = {**report.as_dict(), "batch_id": _shown(batch.batch_id)}
     # Retries of deferred scores wait at most max_eta_seconds each (inside the visibility
     # timeout): enough of them to outlast the other delivery's claim before giving up on it.
-    claim_attempts = max(settings.retry_budget, math.ceil(settings.claim_ttl / settings.max_eta_seconds) + 1)
+    claim_attempts = max(settings.retry_budget, settings.claim_tries)
     # This delivery's failures and those an earlier one recorded, which it left as they are.
     failed = report.failed + report.kept
     if report.exhausted and not final and not report.needs_retry:

@@ -176,7 +176,8 @@ def _counters(flat: Sequence[Any], key: str) -> dict[str, int]:
             shown(first.removeprefix(JOB_COUNTER_ASIDE)),
             tuple(shown(f) for f in sorted(kept, key=len)),
             shown(counted) if counted in raw else "",
-            max(int(times) if times.isascii() and times.isdigit() else 0, len(kept)),
+            # (a count written by hand: Lua's reads no more than 18 digits, int() no more than 4,300)
+            max(int(times) if times.isascii() and times.isdigit() and len(times) <= 18 else 0, len(kept)),
         )
     return read_counters({k: v for k, v in raw.items() if k != _FINISHED}, key, "job_progress")
 
