@@ -190,53 +190,49 @@ class Backfill:
             self.assembler.remember_released(self.job_store.released(self.state.job_id))
         self.reporter.start("reading")
         try:
-            try:
-                for item in self.source.read(self.state.position):
-                    if isinstance(item, SpanBatch):
-                        self._current = item.position
-                        spans = self._unread(item.spans, item.position) if self._read_through else item.spans
-                        self._waiting.extend(self.assembler.add(spans, item.position))
-                    elif isinstance(item, Malformed):
-                        self._current = item.position
-                        self._count(item.position, "malformed", item.where)
-                        self._report(f"{item.where}: skipped: {item.reason}")
-                    elif isinstance(item, UnitEnd):
-                        self._current = item.next
-                        self._waiting.extend(self.assembler.end_unit(item.unit))
-                    self._drain()
-                    self._show()
-                    if self.should_stop():
-                        raise KeyboardInterrupt
-            except SourceError:
-                # The source stopped mid-read (Tempo down). A job with a store resumes from its
-                # checkpoint, which is before every trace still assembling, so they are read again
-                # then. Without one (embedded, dry run) there is no resume: the stop ends this job's
-                # input, and what the assembler holds (whole traces: Tempo fetches a trace at once)
-                # is released as at the end of the input; it was dropped unscored, uncounted.
-                if self.job_store is None:
-                    self._release_held()
-                raise
-            self._current = Position(2**62)
-            self._release_held()
-        except KeyboardInterrupt:
-            # A job with a store reads what it had not handed over again on resume (its
-            # checkpoint is before it). One without (embedded) has no resume: those traces were
-            # gone from its summary, counted neither read nor scored.
-            if self.job_store is None and self.submitter is not None:
-                self._not_handed_over()
+            for item in self.source.read(self.state.position):
+                if isinstance(item, SpanBatch):
+                    self._current = item.position
+                    spans = self._unread(item.spans, item.position) if self._read_through else item.spans
+                    self._waiting.extend(self.assembler.add(spans, item.position))
+                elif isinstance(item, Malformed):
+                    self._current = item.position
+                    self._count(item.position, "malformed", item.where)
+                    self._report(f"{item.where}: skipped: {item.reason}")
+                elif isinstance(item, UnitEnd):
+                    self._current = item.next
+                    self._waiting.extend(self.assembler.end_unit(item.unit))
+                self._drain()
+                self._show()
+                if self.should_stop():
+                    raise KeyboardInterrupt
+        except SourceError:
+            # The source stopped mid-read (Tempo down). A job with a store resumes from its
+            # checkpoint, which is before every trace still assembling, so they are read again
+            # then. Without one (embedded, dry run) there is no resume: the stop ends this job's
+            # input, and what the assembler holds (whole traces: Tempo fetches a trace at once)
+            # is released as at the end of the input; it was dropped unscored, uncounted.
+            if self.job_store is None:
+                self._release_held()
             raise
+        self._current = Position(2**62)
+        self._release_held()
         self.state.status = "enqueued"
         self.state.elapsed_s += time.monotonic() - self._started
         self._save([])
         self._show(force=True)
         return self.state
 
-    def _not_handed_over(self) -> None:
-        """A stopped job without a resume: each trace read and not handed over to scoring (in
-        the batch being filled, released and waiting, or still assembling) read as any other
-        (counted, sampled, planned: one sampled out is counted so), and those it would have
-        scored skipped (``interrupted``) and named; their runs were never sent, so not counted
-        as read. (In process there is no cutter: handling a trace only adds it to the chunk.)"""
+    def not_handed_over(self) -> None:
+        """After a stop of a job without a resume (in process: a job with a store reads again on
+        resume what it had not handed over, its checkpoint being before it): each trace read and
+        not handed over to scoring (in the batch being filled, released and waiting, or still
+        assembling) read as any other (counted, sampled, planned: one sampled out is counted
+        so), and those it would have scored skipped (``interrupted``) and named; their runs were
+        never sent, so not counted as read. (In process there is no cutter: handling a trace only
+        adds it to the chunk.) They were gone from the summary, counted neither read nor scored.
+        Called once the work is over, where a signal only asks (``StopSignal.finishing``): a
+        second Ctrl-C in it left the counts half made."""
         self._waiting.extend(self.assembler.finish())
         while self._waiting:
             self._handle(self._waiting.popleft())

@@ -1176,7 +1176,10 @@ def _run_embedded(
             table.on_closed = functools.partial(stop.ask, READER_LEFT)
         scorer.should_stop = stop  # (a first Ctrl-C ends a retry's backoff: no retry starts)
         try:  # (after the work, a signal while the sinks drain only asks again)
-            interrupted = stop.run(lambda: Backfill(source, state, scorer, reporter=reporter, should_stop=stop).run())
+            backfill = Backfill(source, state, scorer, reporter=reporter, should_stop=stop)
+            interrupted = stop.run(backfill.run)
+            if interrupted:
+                backfill.not_handed_over()
             state.status = "interrupted" if interrupted else "finished"
         except SourceError as exc:  # Tempo failing mid-job: what was scored is summed up first
             source_failed = exc
