@@ -199,7 +199,8 @@ class UnreadableCounterError(StoreKeyTypeError):
         if self.counted:
             where += f" (counted in field {self.counted})"
         if 0 < len(self.kept) < self.times:
-            where += f"; only the first {len(self.kept)} values are kept, the later ones only counted"
+            # (the first few kept: past them only counted; or an operator deleted some of them)
+            where += f"; {len(self.kept)} of the {self.times} values found are kept"
         return where
 
     def repair(self) -> str:
