@@ -105,10 +105,27 @@ def test_waiting_for_the_store_spends_none_of_the_messages_tries(
     delivery is not its last try. It was: each wait counted as a retry, so a passing failure
     after the store came back (a judge's timeout) was final, an error record and a letter."""
     client = store.client()
-    client.set("tstest:ballast", "x" * 200_000)
+    worker, scores = _budget_of_one(store, redis_url, tmp_path, "unwritable-tries")
+    try:
+        worker.wait_ready()
+        _fill(client)
+        sink = CelerySink(redis_url)
+        sink.send(batch(range(2), ["flaky_once"], salt="tries"))
+        sink.close()
+        assert wait_for(lambda: len(_countdowns(worker.text())) >= 3, 120), worker.text()[-3000:]
+        _scored_on_their_last_try(client, worker, scores)
+    finally:
+        worker.stop()
+
+
+def _budget_of_one(
+    store: RedisServer, redis_url: str, tmp_path: Path, name: str, **env: str
+) -> tuple[WorkerProcess, Path]:
+    """A worker with a retry budget of 1 whose store is ``store``, ballast in it to fill it with."""
+    store.client().set("tstest:ballast", "x" * 200_000)
     scores = tmp_path / "scores.jsonl"
     worker = WorkerProcess(
-        "unwritable-tries",
+        name,
         redis_url,
         tmp_path,
         scores_path=scores,
@@ -118,22 +135,20 @@ def test_waiting_for_the_store_spends_none_of_the_messages_tries(
             "TRACESCORE_RETRY_BUDGET": "1",
             "OTEL_EXPORTER_OTLP_ENDPOINT": "",
             "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "",
+            **env,
         },
     )
-    try:
-        worker.wait_ready()
-        _fill(client)
-        sink = CelerySink(redis_url)
-        sink.send(batch(range(2), ["flaky_once"], salt="tries"))
-        sink.close()
-        assert wait_for(lambda: len(_countdowns(worker.text())) >= 3, 120), worker.text()[-3000:]
-        client.config_set("maxmemory", "0")
-        assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
-        records = read_scores(scores)
-        assert [(r["score"], r.get("error_type")) for r in records] == [(1.0, None), (1.0, None)], records
-        assert store.client().llen("tracescore:dlq") == 0
-    finally:
-        worker.stop()
+    return worker, scores
+
+
+def _scored_on_their_last_try(client: redis.Redis, worker: WorkerProcess, scores: Path) -> None:
+    """Once the store takes writes: flaky_once fails each run's first call, and with one try
+    left of a budget of 1 (the waits were no tries), both runs are scored, no letter."""
+    client.config_set("maxmemory", "0")
+    assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
+    records = read_scores(scores)
+    assert [(r["score"], r.get("error_type")) for r in records] == [(1.0, None), (1.0, None)], records
+    assert client.llen("tracescore:dlq") == 0
 
 
 def test_a_store_outage_past_a_thousand_waits_keeps_the_message_waiting(
@@ -145,22 +160,7 @@ def test_a_store_outage_past_a_thousand_waits_keeps_the_message_waiting(
     ``bad_headers``: a store refusing writes for ~8 hours (30 s apart) turned every message in
     flight into a dead letter. (And 2**retries of the delay overflowed a float past 1023.)"""
     client = store.client()
-    client.set("tstest:ballast", "x" * 200_000)
-    scores = tmp_path / "scores.jsonl"
-    worker = WorkerProcess(
-        "unwritable-long",
-        redis_url,
-        tmp_path,
-        scores_path=scores,
-        env={
-            "TRACESCORE_REDIS_URL": store.url(0),
-            "TRACESCORE_RETRY_BACKOFF_SECONDS": "0.1",
-            "TRACESCORE_MAX_ETA_SECONDS": "0.5",
-            "TRACESCORE_RETRY_BUDGET": "1",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": "",
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "",
-        },
-    )
+    worker, scores = _budget_of_one(store, redis_url, tmp_path, "unwritable-long", TRACESCORE_MAX_ETA_SECONDS="0.5")
     try:
         worker.wait_ready()
         _fill(client)
@@ -177,12 +177,7 @@ def test_a_store_outage_past_a_thousand_waits_keeps_the_message_waiting(
             broker.close()
         assert wait_for(lambda: len(_countdowns(worker.text())) >= 3, 60), worker.text()[-3000:]
         assert _countdowns(worker.text())[:3] == [0.5, 0.5, 0.5]
-        client.config_set("maxmemory", "0")
-        # flaky_once fails each run's first call: one try left of a budget of 1, not the last.
-        assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
-        records = read_scores(scores)
-        assert [(r["score"], r.get("error_type")) for r in records] == [(1.0, None), (1.0, None)], records
-        assert client.llen("tracescore:dlq") == 0
+        _scored_on_their_last_try(client, worker, scores)
         assert "message_refus" not in worker.text()
     finally:
         worker.stop()
