@@ -726,14 +726,12 @@ def install_local_guard(
     job_id: str | None = None,
     max_cost_usd: float | None = None,
     prices: Mapping[str, ModelPrice] | None = None,
-    *,
-    ledger: MemoryLedger | None = None,
-) -> Callable[[], None]:
-    """Budgets for scoring in this process (``score``, a backfill without a broker): ``ledger``
-    (a new one if None), the in-memory twin of the workers', behind this process's judge guard;
-    its ``spend`` is then every judge call of this process, and what it cost. Returns what puts
-    the hooks back as they were (call it when the scoring is over)."""
-    ledger = MemoryLedger() if ledger is None else ledger
+) -> tuple[MemoryLedger, Callable[[], None]]:
+    """Budgets for scoring in this process (``score``, a backfill without a broker): a ledger,
+    the in-memory twin of the workers', behind this process's judge guard, whose ``spend`` is
+    the judge spend those commands show (every call, a pair a stop left without a record too);
+    and what puts the hooks back as they were (call it when the scoring is over)."""
+    ledger = MemoryLedger()
     if job_id and max_cost_usd is not None:
         ledger.job_limits[job_id] = float(max_cost_usd)
     previous = get_judge_hooks()
@@ -743,7 +741,7 @@ def install_local_guard(
             guard=BudgetGuard(ledger, budgets, prices=prices, on_usage=ledger.answered, on_failure=ledger.failed),
         )
     )
-    return lambda: set_judge_hooks(previous)
+    return ledger, lambda: set_judge_hooks(previous)
 
 
 # What the dry-run estimate assumes: a token is 4 characters; each judge step's prompt template

@@ -82,7 +82,7 @@ def test_scoring_in_process_prices_by_the_table_it_is_given(
     assert record.cost_usd == pytest.approx(0.3 * record.input_tokens)
 
     hooks = get_judge_hooks()
-    restore = install_local_guard(parse_budgets(""), prices=prices)
+    _, restore = install_local_guard(parse_budgets(""), prices=prices)
     try:
         guard = get_judge_hooks().guard
         assert isinstance(guard, BudgetGuard)

@@ -33,7 +33,7 @@ from pydantic import ValidationError, create_model
 from tracing import JsonlScoreWriter, ScoreRecord, ScoreWriter, SpanRecord, TraceReadError, redact, score_id_for
 from tracing.queue import QueueKeyError, ScoreBatch
 from tracing.sources import MAX_SPANS_PER_TRACE, SourceError, TraceSource, source_from_description
-from worker._budget import CostEstimate, MemoryLedger, install_local_guard, parse_budgets, parse_prices, set_job_limit
+from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
 from worker._errors import UnreadableCounterError, UnreadableStateError, caused_by
 from worker._gc import tuned_gc
 from worker._interrupt import stop_on_signals
@@ -1152,13 +1152,10 @@ def _run_embedded(
         drain_timeout_s=settings.sink_drain_timeout_seconds,
         prices=prices,
     )
-    # Its `spend` is the judge spend shown: every call made (a pair a stop left unscored has no
-    # record, but its answered steps were paid for).
-    ledger = MemoryLedger()
     try:
         # TRACESCORE_BUDGETS and --max-cost, held in this process (the workers' ledger's twin).
-        restore_hooks = install_local_guard(
-            parse_budgets(settings.budgets), state.job_id, state.options.max_cost_usd, prices, ledger=ledger
+        ledger, restore_hooks = install_local_guard(
+            parse_budgets(settings.budgets), state.job_id, state.options.max_cost_usd, prices
         )
     except ValueError as exc:
         raise CliError(str(exc)) from exc

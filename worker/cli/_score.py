@@ -21,7 +21,7 @@ from typing import IO, Any
 import click
 
 from scorers import ScoreResult
-from worker._budget import MemoryLedger, install_local_guard, parse_budgets, parse_prices
+from worker._budget import install_local_guard, parse_budgets, parse_prices
 from worker._embedded import EmbeddedScorer, cli_limits
 from worker._interrupt import stop_on_signals
 from worker._lines import json_lines
@@ -208,11 +208,8 @@ def score_command(
     # runs out of memory is a timeout/memory error and the chunk's other runs are scored.
     settings = cli_settings()
     prices = parse_prices(settings.prices)
-    # Its `spend` is the judge spend shown: every call made (a pair a stop left unscored has no
-    # record, but its answered steps were paid for).
-    ledger = MemoryLedger()
     try:  # TRACESCORE_BUDGETS, held in this process as an embedded backfill holds them
-        restore_hooks = install_local_guard(parse_budgets(settings.budgets), prices=prices, ledger=ledger)
+        ledger, restore_hooks = install_local_guard(parse_budgets(settings.budgets), prices=prices)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     scorer = EmbeddedScorer(
