@@ -59,7 +59,14 @@ from kombu.transport import virtual as _kombu_virtual
 from kombu.utils import json as kombu_json
 
 from tracing import redact
-from tracing.queue import DEFAULT_MAX_PAYLOAD_BYTES, PLAIN_ID_PATTERN, SCORE_TASK_NAME, parse_json, plain_id
+from tracing.queue import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    PLAIN_ID_PATTERN,
+    PLAIN_ID_RULE,
+    SCORE_TASK_NAME,
+    parse_json,
+    plain_id,
+)
 from worker._errors import WorkerError
 from worker._settings import MAX_TRIES, Settings
 from worker.metrics import observe_broadcast_refused
@@ -1055,7 +1062,7 @@ def _check_headers(headers: dict[str, Any], settings: Settings, allowed: frozens
     task_id = headers.get("id")
     # Celery logs it ("Task <name>[<id>] received"), and so does the task: a UUID, or a plain id.
     if not plain_id(task_id):
-        return Refusal("bad_headers", "the id header is not a plain id (1–128 letters, digits and _.:@/+=-)")
+        return Refusal("bad_headers", f"the id header is not a plain id ({PLAIN_ID_RULE})")
     if headers.get("shadow") is not None:
         # Celery logs a task by this name in place of its own; tracescore's producers send none.
         return Refusal("bad_headers", "the shadow header is set; tracescore tasks run under their own name")
@@ -1188,7 +1195,7 @@ def check_message(message: Any, settings: Settings, allowed: frozenset[str]) -> 
         # (An id of another type is the task's invalid_payload letter, payload kept.)
         return Refusal(
             "invalid_payload",
-            "not a ScoreBatch: batch_id is not a plain id (1–128 letters, digits and _.:@/+=-)",
+            f"not a ScoreBatch: batch_id is not a plain id ({PLAIN_ID_RULE})",
         ), decoded
     if embed and any(embed.get(k) for k in _EMBED_KEYS):
         return Refusal(

@@ -4,6 +4,7 @@ backpressure as a wrapper; backfill ships span records and the worker alone read
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -22,7 +23,7 @@ from tests.worker._batches import batch as make_batch
 from tracing import CelerySink, trace_to_run, trace_to_runs
 from tracing._records import span_record
 from tracing.otlp import decode_otlp_json, decode_otlp_records
-from tracing.queue import Backpressure, ScoreBatch, ScoreRequest, plain_id, request_json, task_message
+from tracing.queue import PLAIN_ID_RULE, Backpressure, ScoreBatch, ScoreRequest, plain_id, request_json, task_message
 from tracing.read import loop_guard
 from tracing.sources import FileSource
 from worker.backfill._driver import Backfill
@@ -228,3 +229,18 @@ def test_a_batch_id_that_is_not_a_plain_id_is_refused_by_the_producer() -> None:
             task_message(ScoreBatch.model_construct(batch_id=batch_id, requests=[]), "test")
     assert plain_id("bf-20261206-104202-ab7e0a-000001/3")
     task_message(ScoreBatch.model_construct(batch_id="a" * 128, requests=[]), "test")
+
+
+def test_the_words_for_a_plain_id_say_what_plain_id_accepts() -> None:
+    """``PLAIN_ID_RULE`` is what the producer's error and the workers' refusals tell an operator:
+    read back as a rule (length bounds, ASCII letters and digits, the marks listed), it accepts
+    exactly what ``plain_id`` does, character by character and at the bounds."""
+    said = re.fullmatch(r"([0-9]+)–([0-9]+) ASCII letters, digits and (\S+)", PLAIN_ID_RULE)
+    assert said is not None, PLAIN_ID_RULE
+    low, high, marks = int(said[1]), int(said[2]), said[3]
+    for code in range(0x20, 0x2FF):
+        char = chr(code)
+        told = (char.isascii() and char.isalnum()) or char in marks
+        assert plain_id(char) == told, repr(char)
+    assert (plain_id("a" * low), plain_id("a" * high)) == (True, True)
+    assert (plain_id("a" * (low - 1)), plain_id("a" * (high + 1))) == (False, False)

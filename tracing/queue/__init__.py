@@ -12,7 +12,8 @@ one is split run by run, ``ScoreRequest.per_target``), and the one kombu publish
 (``Backpressure``). The worker validates each message against
 ``ScoreBatch`` and reads the runs from the span records. A batch id and a task id are plain ids
 (``plain_id``; its pattern, ``PLAIN_ID_PATTERN``, which the workers' screen reads its own
-sentences back with), as Celery and the workers log both as they are.
+sentences back with, and in words, ``PLAIN_ID_RULE``), as Celery and the workers log both as
+they are.
 
 The names (``__init__.pyi``) load on first use.
 """

@@ -3,6 +3,7 @@ module named here on first use."""
 
 from ._contract import (
     PLAIN_ID_PATTERN,
+    PLAIN_ID_RULE,
     SCORE_TASK_NAME,
     ScoreBatch,
     ScoreRequest,
@@ -19,6 +20,7 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "MESSAGE_ENVELOPE_BYTES",
     "PLAIN_ID_PATTERN",
+    "PLAIN_ID_RULE",
     "SCORE_TASK_NAME",
     "Backpressure",
     "BatchPublisher",

@@ -25,6 +25,7 @@ from tracing.queue._json import dumps_or
 
 __all__ = [
     "PLAIN_ID_PATTERN",
+    "PLAIN_ID_RULE",
     "SCORE_TASK_NAME",
     "ScoreBatch",
     "ScoreRequest",
@@ -38,17 +39,23 @@ log = structlog.get_logger("tracescore.queue")
 
 # The Celery task name producers send to; the worker registers its task under this name.
 SCORE_TASK_NAME = "tracescore.score_batch"
-# What ``plain_id`` accepts, as a regular expression to match whole (unanchored, so that a larger
-# pattern can hold it: the workers' screen reads back its own sentences that show a plain id).
-PLAIN_ID_PATTERN = r"[A-Za-z0-9_.:@/+=-]{1,128}"
+# What ``plain_id`` accepts, written once for the regular expression and for the sentences
+# that say it (the producer's error, the workers' refusals).
+_PLAIN_ID_MARKS = "_.:@/+=-"
+_PLAIN_ID_MAX = 128
+# As a regular expression to match whole (unanchored, so that a larger pattern can hold it: the
+# workers' screen reads back its own sentences that show a plain id).
+PLAIN_ID_PATTERN = rf"[A-Za-z0-9{re.escape(_PLAIN_ID_MARKS)}]{{1,{_PLAIN_ID_MAX}}}"
+# As words, for an error's sentence.
+PLAIN_ID_RULE = f"1–{_PLAIN_ID_MAX} ASCII letters, digits and {_PLAIN_ID_MARKS}"
 _PLAIN_ID = re.compile(PLAIN_ID_PATTERN)
 
 
 def plain_id(value: object) -> bool:
-    """Whether ``value`` is a plain id (1-128 letters, digits and ``_.:@/+=-``: ``PLAIN_ID_PATTERN``,
-    matched whole): what a batch id and a task id must be. Celery and the workers log both as they
-    are, so the workers refuse a message with any other (text of a producer's, an agent's content
-    or a secret by mistake)."""
+    """Whether ``value`` is a plain id (``PLAIN_ID_RULE``: ``PLAIN_ID_PATTERN`` matched whole):
+    what a batch id and a task id must be. Celery and the workers log both as they are, so the
+    workers refuse a message with any other (text of a producer's, an agent's content or a secret
+    by mistake)."""
     return isinstance(value, str) and _PLAIN_ID.fullmatch(value) is not None
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tracing.queue._contract import SCORE_TASK_NAME, ScoreBatch, plain_id, request_json
+from tracing.queue._contract import PLAIN_ID_RULE, SCORE_TASK_NAME, ScoreBatch, plain_id, request_json
 from tracing.queue._json import loads as parse_json
 
 __all__ = [
@@ -56,7 +56,7 @@ def task_message(batch: ScoreBatch, origin: str, requests_json: Sequence[str] | 
     ``request_json`` of each of ``batch.requests`` in order, spliced in as is."""
     if not plain_id(batch.batch_id):
         # (the workers refuse it, not retryable: said here, to the producer, not in their letter)
-        raise ValueError("a batch id must be a plain id: 1-128 letters, digits and _.:@/+=- (see plain_id)")
+        raise ValueError(f"a batch id must be a plain id: {PLAIN_ID_RULE} (see plain_id)")
     task_id = str(uuid.uuid4())
     headers: dict[str, Any] = {
         "lang": "py",

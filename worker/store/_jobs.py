@@ -19,7 +19,14 @@ from tracing import ScoreRecord, printable
 from worker import _keys
 from worker._errors import UnreadableCounterError
 from worker._reconnect import unavailable_as_error
-from worker.store._keytypes import JOB_COUNTER_ASIDE, JOB_COUNTER_TIMES, checked, checked_async, checked_script
+from worker.store._keytypes import (
+    JOB_COUNTER_AGAIN,
+    JOB_COUNTER_ASIDE,
+    JOB_COUNTER_TIMES,
+    checked,
+    checked_async,
+    checked_script,
+)
 from worker.store._redis import OnRedis, RedisConnection, known_counters, read_counters
 
 __all__ = [
@@ -55,7 +62,7 @@ def outcome(record: ScoreRecord) -> tuple[str, str]:
 
 # A field keeping a count's later values aside, or their count (``tracescore_keep_aside``), less
 # this suffix: the field keeping its first.
-_KEPT_AGAIN = re.compile(rf"(?:#[0-9]+|{re.escape(JOB_COUNTER_TIMES)})\Z")
+_KEPT_AGAIN = re.compile(rf"(?:{re.escape(JOB_COUNTER_AGAIN)}[0-9]+|{re.escape(JOB_COUNTER_TIMES)})\Z")
 
 # The field of a job's hash that says the job ended (``finish``); not a counter, so ``progress``
 # leaves it out.

@@ -31,6 +31,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from worker._errors import StoreKeyTypeError
 
 __all__ = [
+    "JOB_COUNTER_AGAIN",
     "JOB_COUNTER_ASIDE",
     "JOB_COUNTER_KEPT",
     "JOB_COUNTER_TIMES",
@@ -50,12 +51,13 @@ T = TypeVar("T")
 
 # Where a job's count that is no integer is kept once a script met it, its value as found: the
 # first at ``<prefix><field>``, the next ones (damaged again before the operator repaired it) at
-# ``<prefix><field>#<n>``, each written once, up to ``JOB_COUNTER_KEPT`` values (damaged in a
-# loop, it would grow Redis without bound); ``<prefix><field><JOB_COUNTER_TIMES>`` counts them
-# all. The job's progress refuses while one is there (``tracescore_job_counters``).
+# ``<prefix><field><JOB_COUNTER_AGAIN><n>``, each written once, up to ``JOB_COUNTER_KEPT`` values
+# (damaged in a loop, it would grow Redis without bound); ``<prefix><field><JOB_COUNTER_TIMES>``
+# counts them all. The job's progress refuses while one is there (``tracescore_job_counters``).
 JOB_COUNTER_ASIDE = "unreadable:"
 JOB_COUNTER_KEPT = 8
-JOB_COUNTER_TIMES = "#count"
+JOB_COUNTER_AGAIN = "#"
+JOB_COUNTER_TIMES = JOB_COUNTER_AGAIN + "count"
 
 # (key, the type the store keeps there, keep: True when it may hold what someone needs)
 Check = tuple[str, str, bool]
@@ -131,7 +133,9 @@ local function tracescore_keep_aside(key, kept, value)
   for i = 1, """
     + str(JOB_COUNTER_KEPT)
     + """ do
-    if redis.call('HSETNX', key, i == 1 and kept or kept .. '#' .. i, value) == 1 then
+    if redis.call('HSETNX', key, i == 1 and kept or kept .. '"""
+    + JOB_COUNTER_AGAIN
+    + """' .. i, value) == 1 then
       slot = i
       break
     end
