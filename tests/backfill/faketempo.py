@@ -6,7 +6,8 @@
 - ``GET /api/traces/<id>``: ``Accept: application/protobuf`` gets the OTLP protobuf message;
   otherwise (or with ``json_only``) Tempo's JSON, ``{"batches": [...]}`` with base64 ids.
 
-``fail_next`` answers that many requests with 503 first; ``requests`` records the paths.
+``fail_next`` answers that many requests with 503 first; ``requests`` records the paths;
+``max_results`` caps a search's results whatever its limit (Tempo's ``max_result_limit``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class FakeTempo:
         self.traces: dict[str, list[ReadableSpan]] = {}
         self.requests: list[str] = []
         self.fail_next = 0
+        self.max_results: int | None = None
         self.json_only = False
         self.required_headers: dict[str, str] = {}
         # Hostile answers: search entries listed besides the real ones, and a trace id's fetch
@@ -83,6 +85,7 @@ class FakeTempo:
         if url.path == "/api/search":
             params = dict(urllib.parse.parse_qsl(url.query))
             start, end, limit = int(params["start"]), int(params["end"]), int(params.get("limit", "20"))
+            limit = min(limit, self.max_results or limit)
             found = [t for t in self.traces if start * 10**9 <= self._start_ns(t) <= end * 10**9 + 999_999_999]
             found.sort(key=self._start_ns, reverse=True)
             body = {

@@ -65,6 +65,48 @@ def test_time_range_reads_each_trace_once_even_when_search_is_full(tempo: FakeTe
     assert source.fraction_done() == 1.0
 
 
+def _crowded_second(count: int) -> FakeTempo:
+    """A fake Tempo holding ``count`` traces that all start within one second."""
+    fake = FakeTempo().start()
+    for i in range(count):
+        children, root = trace_spans(i, start_ns=BASE_NS + 100_000_000, step_ns=50_000_000)
+        fake.add(decode_otlp_json({"resourceSpans": [{"scopeSpans": [{"spans": [*children, root]}]}]}))
+    return fake
+
+
+def test_a_second_holding_more_traces_than_the_search_limit_is_searched_again_larger() -> None:
+    """A one-second window still full at the search limit (nothing left to split) is searched
+    again with a larger limit until it fits: every trace comes once, nothing is said. It warned
+    "some may be missed (raise the search limit)", a limit no option sets, and read 5 of 12."""
+    fake = _crowded_second(12)
+    try:
+        source = TempoSource(fake.url, since_ns=BASE_NS, until_ns=BASE_NS + 4 * 10**9, window_s=4, limit=5)
+        items = list(source.read())
+        assert [i.reason for i in items if isinstance(i, Malformed)] == []
+        ids = [i.spans[0].trace_id for i in items if isinstance(i, SpanBatch)]
+        assert sorted(ids) == sorted(trace_id(i) for i in range(12))
+        assert any("limit=20" in r for r in fake.requests), fake.requests
+    finally:
+        fake.stop()
+
+
+def test_a_tempo_capping_its_search_results_is_said_and_the_traces_found_read() -> None:
+    """A Tempo that answers no more than a set number of results however large the limit asked
+    (its own cap) leaves a second's traces unlisted: the warning names that cap's setting, and
+    the traces it listed are read."""
+    fake = _crowded_second(12)
+    fake.max_results = 5
+    try:
+        source = TempoSource(fake.url, since_ns=BASE_NS, until_ns=BASE_NS + 4 * 10**9, window_s=4, limit=5)
+        items = list(source.read())
+        (warning,) = [i.reason for i in items if isinstance(i, Malformed)]
+        assert "more than 5 traces start within second" in warning, warning
+        assert "max_result_limit" in warning, warning
+        assert len([i for i in items if isinstance(i, SpanBatch)]) == 5
+    finally:
+        fake.stop()
+
+
 def test_json_answers_and_stripped_ids(tempo: FakeTempo) -> None:
     """Tempo's JSON form (base64 ids, batches) decodes to the same spans as protobuf."""
     tempo.json_only = True

@@ -3,7 +3,8 @@
 - Search: ``GET /api/search?q=<TraceQL>&start=<s>&end=<s>&limit=<n>`` (Tempo's search API). The
   range is walked in fixed windows (one unit each, so a resume restarts at a window); a window
   whose search comes back full (``limit`` results: Tempo may have more) is split in halves
-  until each part fits, so no trace is silently missed.
+  until each part fits, and a second still full is searched again with a larger limit, so no
+  trace is silently missed (a second holding more, or a Tempo capping its results, is said).
 - Fetch: ``GET /api/traces/<id>`` with ``Accept: application/protobuf`` (Tempo's ``Trace``
   message, the OTLP layout); a JSON answer (``{"batches": ...}``, base64 ids) is read too.
 
@@ -52,6 +53,10 @@ _UNAVAILABLE = frozenset({408, 429, 502, 503, 504})
 # while its search answers failed every trace alone, one after another, and a job "finished"
 # past traces a resume would no longer read.
 _DOWN_AFTER = 3
+# A one-second window still full is searched again with this many times its limit, up to
+# _MAX_GROWTH times the source's limit (64,000 traces in a second at the default limit).
+_GROWTH = 4
+_MAX_GROWTH = 64
 _NS = 1_000_000_000
 _MAX_RETRY_AFTER_S = 60.0
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -310,8 +315,9 @@ class TempoSource:
                 response.close()
         raise _HttpError(0, f"more than {_MAX_REDIRECTS} redirects from {redact(url)}")  # a loop: not retried
 
-    def _search(self, start_s: int, end_s: int) -> list[dict[str, Any]]:
-        params = {"q": self.query, "start": str(start_s), "end": str(end_s), "limit": str(self.limit)}
+    def _search(self, start_s: int, end_s: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """The search's entries, and the size of its answer in bytes."""
+        params = {"q": self.query, "start": str(start_s), "end": str(end_s), "limit": str(limit)}
         try:
             body, _ = self._get("/api/search", params, limit=self.max_trace_bytes)
         except _HttpError as exc:
@@ -319,7 +325,7 @@ class TempoSource:
         except _TooLarge:
             raise SourceError(
                 f"Tempo search at {self._shown} answered more than {self.max_trace_bytes:,} bytes"
-                f" (lower the search limit, {self.limit}, or raise {MAX_LINE_BYTES_ENV})"
+                f" for at most {limit:,} traces (raise {MAX_LINE_BYTES_ENV})"
             ) from None
         try:
             found = json.loads(body).get("traces") or []
@@ -327,23 +333,22 @@ class TempoSource:
             raise SourceError(f"Tempo search at {self._shown} did not answer JSON") from None
         if not isinstance(found, list):
             raise SourceError(f"Tempo search at {self._shown} answered 'traces' that is not a list")
-        return [t for t in found if isinstance(t, dict) and t.get("traceID")]
+        return [t for t in found if isinstance(t, dict) and t.get("traceID")], len(body)
 
     def _window_traces(self, start_s: int, end_s: int) -> Iterator[list[tuple[int, str]] | str]:
         """Lists of (start ns, trace id) of the traces starting in [start_s, end_s), one per
         search that fitted under ``limit`` (so memory stays at one search's worth); a str is a
         warning."""
-        found = self._search(start_s, end_s)
+        found, size = self._search(start_s, end_s, self.limit)
         if len(found) >= self.limit:
             if end_s - start_s > 1:
                 middle = (start_s + end_s) // 2
                 yield from self._window_traces(start_s, middle)
                 yield from self._window_traces(middle, end_s)
                 return
-            yield (
-                f"more than {self.limit} traces start within second {start_s}; "
-                "some may be missed (raise the search limit)"
-            )
+            found, warning = self._crowded_second(start_s, end_s, found, size)
+            if warning is not None:
+                yield warning
         # Each trace once, at its earliest start: a search listing one id many times (with other
         # starts) had it fetched once per entry.
         listed: dict[str, int] = {}
@@ -364,6 +369,31 @@ class TempoSource:
         if not_hex:
             yield f"{not_hex} search result(s) with a trace id that is not hex (or all zeros): skipped"
         yield sorted((begin, trace_id) for trace_id, begin in listed.items())
+
+    def _crowded_second(
+        self, start_s: int, end_s: int, found: list[dict[str, Any]], size: int
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A one-second window whose search came back full (``found``, ``size`` bytes): nothing
+        is left to split, and Tempo cut the oldest, so it is searched again with a limit
+        ``_GROWTH`` times larger until it fits, up to ``_MAX_GROWTH`` times the limit and an
+        answer under the byte cap. Its entries, and a warning when some may still be missing."""
+        limit = self.limit
+        while len(found) >= limit:
+            larger = limit * _GROWTH
+            if larger > self.limit * _MAX_GROWTH or size * _GROWTH > self.max_trace_bytes:
+                return found, (
+                    f"more than {len(found):,} traces start within second {start_s}; some may be missed"
+                    f" (searched for up to {limit:,}; a narrower --query lists fewer)"
+                )
+            more, size = self._search(start_s, end_s, larger)
+            if len(more) <= len(found):  # asked for more, listed no more: Tempo caps a search
+                return found, (
+                    f"more than {len(found):,} traces start within second {start_s}; some may be missed:"
+                    f" Tempo listed {len(more):,} when asked for {larger:,} (its query_frontend.search."
+                    "max_result_limit caps a search)"
+                )
+            found, limit = more, larger
+        return found, None
 
     def _fetch(self, trace_id: str) -> Iterator[SpanBatch | Malformed]:  # (trace_id: 32 hex, from _trace_id)
         """The trace's spans, or why there are none; spans of other traces are named, not read."""
