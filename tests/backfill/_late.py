@@ -46,6 +46,20 @@ def late_files(directory: Path, early: list[dict[str, Any]], late: list[dict[str
     return directory
 
 
+SECOND_CALL_OF_0 = f"{0xAB:016x}"  # trace 0's late LLM call (late_llm_call_files)
+
+
+def late_llm_call_files(directory: Path) -> Path:
+    """Trace 0 without an agent: a ``POST /ask`` root (neither agent nor LLM) and its chat span in
+    file a, a second top-level chat span under the same root 20 lines into file c (past a 50-span
+    window and two file boundaries). Its runs are its top-level LLM calls: the late one is a
+    whole run of its own, which the read of trace 0 could not plan."""
+    (chat, _tool), root = trace_spans(0)
+    root = {**root, "name": "POST /ask", "attributes": []}
+    second = {**chat, "spanId": SECOND_CALL_OF_0, "name": "chat gpt-4o-mini (follow-up)"}
+    return late_files(directory, [chat, root], [second])
+
+
 @dataclass(frozen=True)
 class StoppedJob:
     """A job stopped by Ctrl-C and resumed: what the stop saved, and the resume's summary."""

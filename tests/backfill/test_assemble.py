@@ -106,3 +106,24 @@ def test_duplicates_and_oversized_traces_are_counted() -> None:
     assert trace.dropped_spans == 2
     assert assembler.stats.duplicate_spans == 1
     assert assembler.stats.dropped_spans == 2
+
+
+def test_a_span_after_a_late_part_keeps_the_cause_of_the_traces_read() -> None:
+    """Trace 1, read early by the memory bound; its root late, released by the window; a third
+    span late again. That span missed the trace's read, which the memory bound made (a wider
+    window would not have kept it), but it was said to be past the window: the cause of the late
+    part's release had replaced the read's."""
+    assembler = TraceAssembler(window_spans=2, window_files=1, max_open_spans=2)
+    out = []
+    for n, spans in enumerate(
+        [[span(1, 2, parent=1)], [span(2, 1)], [span(3, 1)], [span(1, 1)], [span(4, 1)], [span(5, 1)], [span(1, 3, 1)]]
+    ):
+        out += assembler.add(spans, Position(0, n + 1))
+    out += assembler.finish()
+    parts = [t for t in out if t.trace_id == f"{1:032x}"]
+    assert [(t.completion, t.late, t.late_root) for t in parts] == [
+        ("evicted", False, False),
+        ("root", True, True),
+        ("end", True, False),
+    ]
+    assert [t.late_evicted for t in parts[1:]] == [True, True]

@@ -328,6 +328,7 @@ def test_each_save_renews_the_jobs_runs_and_rootless_traces(db: redis.Redis) -> 
     """The runs set and the rootless list were given their TTL only when a save added to them,
     the state at every save: a job paused for days, resumed and saved again kept its state while
     they expired under it (its resume then enqueued runs again and took late roots for traces)."""
+    from tracing.sources import Released
     from worker.backfill._state import JOB_TTL_SECONDS, BackfillOptions, BackfillState, RedisJobStore
 
     state = BackfillState(
@@ -337,7 +338,7 @@ def test_each_save_renews_the_jobs_runs_and_rootless_traces(db: redis.Redis) -> 
         options=BackfillOptions(scorers_module="m", scorer_ids=["s"]),
     )
     store = RedisJobStore(db)
-    assert store.save(state, ["t:s"], [("t2", False, False)])
+    assert store.save(state, ["t:s"], [Released("t2", False, False)])
     for key in (backfill_runs_key("bf-ttl"), backfill_rootless_key("bf-ttl")):
         db.expire(key, 60)  # (days of a pause, later)
     assert store.save(state)  # nothing new to add

@@ -9,6 +9,7 @@ trace (or, resumed, the job's run read again and counted as a second trace).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -16,14 +17,22 @@ import pytest
 from click.testing import CliRunner
 
 from tests._redis import RedisServer
-from tests.backfill._doubles import CapturingSubmitter, Messages
-from tests.backfill._late import late_files, line, stop_and_resume, stop_and_resume_in_process, whole
+from tests.backfill._doubles import CapturingSubmitter, Messages, redis_job_store
+from tests.backfill._late import (
+    SECOND_CALL_OF_0,
+    late_files,
+    late_llm_call_files,
+    line,
+    stop_and_resume,
+    stop_and_resume_in_process,
+    whole,
+)
 from tests.backfill._synth import trace_id, trace_spans
 from tracing.otlp import decode_otlp_records
-from tracing.sources import FileSource, Position, TraceAssembler
-from worker._keys import backfill_runs_key
+from tracing.sources import FileSource, Position, Released, TraceAssembler
+from worker._keys import backfill_rootless_key, backfill_runs_key
 from worker.backfill._driver import Backfill
-from worker.backfill._state import BackfillOptions, BackfillState
+from worker.backfill._state import BackfillOptions, BackfillState, late_by_option
 from worker.cli import cli
 
 DB = 8  # of the session's Redis: the other backfill tests use 10 to 15
@@ -102,8 +111,10 @@ def test_a_late_span_of_a_trace_the_memory_bound_released_names_max_open_spans(t
 
 def test_a_late_span_of_a_trace_read_without_its_root_is_no_second_trace(tmp_path: Path) -> None:
     """Trace 0's chat span, then its tool span past the window with no root in between: the chat
-    span was read as trace 0 (rootless, idle), then the tool span as a second trace 0 (and with an
-    LLM span in it, a second run of the trace)."""
+    span was read as trace 0 (rootless, idle), then the tool span as a second trace 0. The second
+    LLM call beside it hangs under the root no part holds, as the chat span does: a run of its own
+    there (a read of the whole input, without the root, scores both calls), scored, the tool span
+    a late span."""
     (chat, tool), _root = trace_spans(0)
     late = {**chat, "spanId": f"{0xAB:016x}", "name": "chat gpt-4o-mini (retry)"}  # a second LLM call
     (tmp_path / "a.jsonl").write_text(line([chat]) + "".join(whole(i) for i in range(1, 31)))
@@ -116,9 +127,12 @@ def test_a_late_span_of_a_trace_read_without_its_root_is_no_second_trace(tmp_pat
     submitter = CapturingSubmitter()
     done = Backfill(source, state, submitter, reporter=reporter).run()
     assert done.counters.traces_read == 71
-    assert done.counters.late_spans == 2
+    assert (done.counters.late_spans, done.counters.late_runs) == (1, 1)
     assert done.counters.late_roots == 0
-    assert [run for run in submitter.runs if run[0] == trace_id(0)] == [(trace_id(0), CHAT_OF_0)]
+    assert [run for run in submitter.runs if run[0] == trace_id(0)] == [
+        (trace_id(0), CHAT_OF_0),
+        (trace_id(0), f"{0xAB:016x}"),
+    ]
     assert any(trace_id(0) in line and "--window-spans" in line for line in reporter.lines)
 
 
@@ -203,3 +217,110 @@ def test_a_resume_keeps_why_a_trace_was_released_before_its_late_span(
     (message,) = [line for line in _late_lines(job.resumed.stderr) if trace_id(0) in line]
     assert "--max-open-spans" in message
     assert "--window-spans" not in message
+
+
+def test_a_late_llm_call_that_is_a_run_of_its_own_is_scored_not_lost(tmp_path: Path) -> None:
+    """A late top-level LLM call of a trace without an agent was counted as a late span and never
+    scored: a run lost, though no run of the trace held it. Now it is scored as the run a whole
+    read makes (the trace counted once), and counted as a late run, not a late span."""
+    directory = late_llm_call_files(tmp_path / "in")
+    source = FileSource([directory])
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50)
+    state = BackfillState(job_id="bf-late-run", source=source.describe(), options=options)
+    reporter = Messages()
+    submitter = CapturingSubmitter()
+    done = Backfill(source, state, submitter, reporter=reporter).run()
+    assert [run for run in submitter.runs if run[0] == trace_id(0)] == [
+        (trace_id(0), CHAT_OF_0),
+        (trace_id(0), SECOND_CALL_OF_0),
+    ]
+    counters = done.counters
+    assert (counters.traces_read, counters.runs_enqueued) == (91, 92)
+    assert (counters.late_spans, counters.late_runs) == (0, 1)
+    (said,) = [line for line in reporter.lines if trace_id(0) in line]
+    assert "scored as a run of its own" in said
+
+
+@pytest.mark.parametrize("stop_after", [2, 5, 9])
+def test_a_late_run_past_a_resumes_checkpoint_is_scored_once(
+    tmp_path: Path, redis_server: RedisServer, stop_after: int
+) -> None:
+    """Stopped after trace 0 went out (its late LLM call not yet read), then resumed: the resume
+    knows from the job's list of traces read that the call hangs under a span no run of trace 0
+    held, and scores it, as the job without a stop does: each run once, the counts the same."""
+    job = stop_and_resume_in_process(
+        late_llm_call_files(tmp_path / "in"), redis_server, DB, "bf-late-run", lambda sent: len(sent.sent) >= stop_after
+    )
+    assert (trace_id(0), CHAT_OF_0) in job.runs_at_stop
+    assert (trace_id(0), SECOND_CALL_OF_0) not in job.runs_at_stop
+    assert (0, 1, 0) < job.checkpoint < (2, 21, 0)  # past trace 0, before its late call: the resume reads it
+    assert (job.whole.counters.late_runs, job.whole.counters.late_spans) == (1, 0)
+    assert sorted(set(job.submitter.runs)) == sorted(job.uninterrupted.runs)
+    assert job.submitter.runs.count((trace_id(0), SECOND_CALL_OF_0)) == 1
+    counters, whole = job.resumed.counters, job.whole.counters
+    assert (counters.traces_read, counters.runs_enqueued, counters.late_runs, counters.late_spans) == (
+        whole.traces_read,
+        whole.runs_enqueued,
+        1,
+        0,
+    )
+
+
+def test_a_late_run_after_ctrl_c_and_resume_is_enqueued_once_and_counted(
+    tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command line, a Ctrl-C once trace 0 went out, then ``--resume``: the late LLM call is
+    one run of the job (its run id in the job's set once), the summary counts it as a late run."""
+    job = stop_and_resume(late_llm_call_files(tmp_path / "in"), private_redis, monkeypatch, ["--window-spans", "50"])
+    assert (0, 1, 0) < tuple(job.saved["checkpoint"]) < (2, 21, 0)  # past trace 0, before its late call
+    assert f"{trace_id(0)}:{CHAT_OF_0}" in job.runs_at_stop
+    done = job.done
+    assert (done["traces_read"], done["runs_enqueued"]) == (91, 92)
+    assert (done["late_runs"], done["late_spans"]) == (1, 0)
+    db = private_redis.client(0, decode_responses=True)
+    assert db.scard(backfill_runs_key(job.job_id)) == 92
+    assert db.sismember(backfill_runs_key(job.job_id), f"{trace_id(0)}:{SECOND_CALL_OF_0}")
+
+
+def test_a_late_llm_call_under_a_run_read_is_a_late_span(tmp_path: Path) -> None:
+    """The same late call, but under trace 0's first LLM call (a call it made): that run was read
+    and scored without it, so the call is a late span, not a run."""
+    (chat, _tool), root = trace_spans(0)
+    root = {**root, "name": "POST /ask", "attributes": []}
+    nested = {**chat, "spanId": SECOND_CALL_OF_0, "parentSpanId": CHAT_OF_0}
+    directory = late_files(tmp_path / "in", [chat, root], [nested])
+    source = FileSource([directory])
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50)
+    submitter = CapturingSubmitter()
+    state = BackfillState(job_id="bf-late-nested", source=source.describe(), options=options)
+    done = Backfill(source, state, submitter, reporter=Messages()).run()
+    assert [run for run in submitter.runs if run[0] == trace_id(0)] == [(trace_id(0), CHAT_OF_0)]
+    assert (done.counters.late_spans, done.counters.late_runs) == (1, 0)
+
+
+def test_a_late_span_of_a_trace_an_earlier_release_kept_names_no_cause_it_does_not_know(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A job whose list of traces read an earlier release wrote (no cause kept: trace 0 read with
+    its root) counted trace 0's late span as past the window, which it may not have been. Now its
+    cause is unknown, in the counts by option and in the line, which names both options."""
+    directory = tmp_path / "in"
+    directory.mkdir()
+    (chat, _tool), _root = trace_spans(0)
+    (directory / "c.jsonl").write_text(line([chat]) + "".join(whole(i) for i in range(1, 11)))
+    with contextlib.closing(redis_job_store(redis_server, DB)) as stores:
+        store = next(stores)
+        store.client.rpush(backfill_rootless_key("bf-old-list"), f"r:{trace_id(0)}")
+        assert store.released("bf-old-list") == [Released(trace_id(0), True, None, None)]
+        source = FileSource([directory])
+        options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"])
+        state = BackfillState(job_id="bf-old-list", source=source.describe(), options=options)
+        reporter = Messages()
+        done = Backfill(source, state, CapturingSubmitter(), job_store=store, reporter=reporter).run()
+    counters = done.counters
+    assert (counters.late_spans, counters.late_spans_window, counters.late_spans_evicted) == (1, 0, 0)
+    assert late_by_option(counters.late_spans, counters.late_spans_window, counters.late_spans_evicted) == {
+        "unknown": 1
+    }
+    (said,) = [said for said in reporter.lines if trace_id(0) in said]
+    assert "--window-spans, now 10,000, or --max-open-spans, now 100,000" in said

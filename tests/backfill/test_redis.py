@@ -26,6 +26,7 @@ import redis
 from click.testing import CliRunner, Result
 
 from tests._redis import RedisServer
+from tests.backfill._late import SECOND_CALL_OF_0, late_llm_call_files
 from tests.backfill._synth import trace_id, write_otlp_files
 from tests.worker._batches import batch
 from tracing import CelerySink
@@ -200,6 +201,28 @@ def test_multi_file_source_through_redis_workers(tmp_path: Path, workers: list[P
     # The score ids its skips were counted by (once each, however often a message is retried)
     # go when it finishes: 1,800 of them here, about 130 bytes each in Redis.
     assert db.exists(f"tracescore:job-skips:{again['job_id']}") == 0
+
+
+def test_a_late_llm_call_that_is_a_run_of_its_own_is_scored_by_the_workers_once(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """A trace without an agent whose second top-level LLM call comes past its window: the
+    workers score that call too (it was counted late and lost), one record per run and scorer,
+    and the same input backfilled again scores nothing twice."""
+    directory = late_llm_call_files(tmp_path / "in")
+    args = (str(directory), "--scorers", "tests.backfill.scorers", "--scorer", "answer-words", "--window-spans", "50")
+    summary = _backfill(*args)
+    assert summary["status"] == "finished", _worker_logs(workers)
+    assert (summary["traces_read"], summary["runs_enqueued"], summary["late_runs"]) == (91, 92, 1)
+    assert summary["late_spans"] == 0
+    records = _records(workers, summary["job_id"])
+    assert len(records) == 92
+    assert [r["span_id"] for r in records if r["trace_id"] == trace_id(0)].count(SECOND_CALL_OF_0) == 1
+
+    again = _backfill(*args)
+    assert (again["status"], again["scored"]) == ("finished", 0)
+    assert again["scores_skipped"] == {"already_scored": 92}
+    assert _records(workers, again["job_id"]) == []
 
 
 def test_embedded_mode_gives_the_same_scores_as_redis(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:

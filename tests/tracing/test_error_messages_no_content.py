@@ -364,7 +364,7 @@ def test_backfill_log_of_a_planner_crash_holds_no_content(monkeypatch: pytest.Mo
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise KeyError(MARKER)
 
-    monkeypatch.setattr(_driver, "plan_runs", broken)
+    monkeypatch.setattr(_driver, "plan_part", broken)
     examples = Path(__file__).resolve().parents[2] / "examples" / "traces"
     with _everything_logged() as lines:
         result = CliRunner().invoke(

@@ -10,7 +10,7 @@ traffic reach the worker in the same shape.
             for trace in assembler.add(item.spans, item.position): ...
 """
 
-from tracing.sources._assemble import MAX_SPANS_PER_TRACE, AssembledTrace, AssemblerStats, TraceAssembler
+from tracing.sources._assemble import MAX_SPANS_PER_TRACE, AssembledTrace, AssemblerStats, Released, TraceAssembler
 from tracing.sources._base import (
     Malformed,
     Position,
@@ -31,6 +31,7 @@ __all__ = [
     "FileSource",
     "Malformed",
     "Position",
+    "Released",
     "SourceError",
     "SourceItem",
     "SpanBatch",

@@ -21,11 +21,15 @@ is *late*: its trace's remaining spans come out as an ``AssembledTrace`` with ``
 the caller can report them instead of scoring the fragment as a trace of its own (a second score
 of the trace, or a run made of a fragment). A late one that is the root of a trace released
 without one is a *late root* (``late_root=True``, counted in ``stats.late_roots``): the trace was
-read without its root. Either says why the part before was released (``late_evicted``: by the
-memory bound, so ``max_open_spans`` would have kept it open, not ``window_spans``). The released
-traces are remembered by id with two bits (had its root, was evicted), the newest
-``released_kept`` (at least 10,000, else ``max_open_spans``): a span of a trace released further
-back cannot be told from a new trace's.
+read without its root. Either says why the trace was released when it was read, its first part
+(``late_evicted``: by the memory bound, so ``max_open_spans`` would have kept it open, not
+``window_spans``; None when an earlier release remembered it without saying): the parts after it
+are late too, however they were released. The released traces are remembered by id with a few
+bits (had its root, why it was released), the newest ``released_kept`` (at least 10,000, else
+``max_open_spans``): a span of a trace released further back cannot be told from a new trace's.
+With each the caller may keep what a later part needs to tell a run of its own from spans of a
+run read before (``note_runs``: ``tracing.read.plan_part``'s summary), handed over with the late
+part (``runs_before``).
 """
 
 from __future__ import annotations
@@ -34,12 +38,12 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from tracing._run import SpanRecord
 from tracing.sources._base import Position
 
-__all__ = ["MAX_SPANS_PER_TRACE", "AssembledTrace", "AssemblerStats", "TraceAssembler"]
+__all__ = ["MAX_SPANS_PER_TRACE", "AssembledTrace", "AssemblerStats", "Released", "TraceAssembler"]
 
 # Spans kept of one trace (its root always): bounds one trace's memory and its message.
 MAX_SPANS_PER_TRACE = 10_000
@@ -48,7 +52,18 @@ Completion = Literal["root", "idle", "evicted", "end"]
 
 # What is remembered of a released trace: bits of a small int (no object per remembered id).
 _ROOTED = 1  # it had its root
-_EVICTED = 2  # the memory bound released it (else its window passed, or the input ended)
+_EVICTED = 2  # the memory bound released it
+_WINDOW = 4  # its window passed, or the input ended (neither: an earlier release did not say)
+
+
+class Released(NamedTuple):
+    """A trace released, as remembered: whether it had its root, why it was read (``evicted``:
+    by the memory bound; None: not known), and what a later part of it needs (``runs``)."""
+
+    trace_id: str
+    rooted: bool
+    evicted: bool | None
+    runs: str | None = None
 
 
 @dataclass(slots=True)
@@ -65,10 +80,19 @@ class AssembledTrace:
     dropped_spans: int = 0
     late: bool = False  # the rest of a trace released earlier: not a trace of its own
     late_root: bool = False  # late, and the root of a trace released without one
-    # Late, and the part before was released early by the memory bound (else its window passed).
-    late_evicted: bool = False
+    # Late, and the trace was read (its first part released) early by the memory bound (else its
+    # window passed; None: not known, an earlier release remembered it).
+    late_evicted: bool | None = False
     # Its root span was read, among its spans or an earlier part's (else: a root that comes later is late).
     rooted: bool = True
+    # Late: what the parts before left for a later part's runs (``TraceAssembler.note_runs``).
+    runs_before: str | None = None
+
+    def released(self, runs: str | None) -> Released:
+        """How the assembler remembers the trace now (the parts before and this one), with ``runs``."""
+        return Released(
+            self.trace_id, self.rooted, self.late_evicted if self.late else self.completion == "evicted", runs
+        )
 
 
 @dataclass(slots=True)
@@ -97,8 +121,8 @@ class _Open:
     rooted: bool = False
     # Late, and the part released before had its root (a root here is then no late root).
     released_rooted: bool = False
-    # Late, and the part released before was evicted (the memory bound released it).
-    released_evicted: bool = False
+    # Late, and why the trace was read (its first part released): as ``late_evicted``.
+    released_evicted: bool | None = False
 
 
 class TraceAssembler:
@@ -126,10 +150,11 @@ class TraceAssembler:
         self._unit = 0
         # (first position, trace id) of open traces; stale entries are skipped lazily.
         self._firsts: list[tuple[Position, str]] = []
-        # Traces released, most recent last, each with its _ROOTED and _EVICTED bits (bounded:
-        # ids only), to tell a late span (or root) from a new trace and say why it is late.
-        # Touched once a trace, not a span.
+        # Traces released, most recent last, each with its _ROOTED and cause bits (bounded: ids
+        # only), to tell a late span (or root) from a new trace and say why it is late; and of
+        # those that left a later part a run to find, what it needs. Touched once a trace, not a span.
         self._released: OrderedDict[str, int] = OrderedDict()
+        self._runs: dict[str, str] = {}
         self._released_limit = max(10_000, max_open_spans)
 
     @property
@@ -150,20 +175,30 @@ class TraceAssembler:
             heapq.heappop(self._firsts)
         return None
 
-    def remember_released(self, traces: Iterable[tuple[str, bool, bool]]) -> None:
-        """Take ``traces`` (trace id, whether it had its root, whether it was evicted; oldest
-        first) as released before this assembler's input: a resumed read's assembler, which has
-        not seen them, then tells their late spans and roots from new traces, and why they are
-        late, as the read before it did."""
-        for trace_id, rooted, evicted in traces:
-            self._remember(trace_id, rooted, evicted)
+    def remember_released(self, traces: Iterable[Released]) -> None:
+        """Take ``traces`` (oldest first) as released before this assembler's input: a resumed
+        read's assembler, which has not seen them, then tells their late spans and roots from
+        new traces, why they are late and what runs a late part may hold, as the read before it did."""
+        for trace in traces:
+            self._remember(trace.trace_id, trace.rooted, trace.evicted)
+            self.note_runs(trace.trace_id, trace.runs)
 
-    def _remember(self, trace_id: str, rooted: bool, evicted: bool) -> None:
+    def note_runs(self, trace_id: str, runs: str | None) -> None:
+        """Keep ``runs`` (``plan_part``'s summary of the trace's parts read; None: a later part
+        holds no run) for the trace's next late part, while the trace is remembered."""
+        if runs is None:
+            self._runs.pop(trace_id, None)
+        elif trace_id in self._released:
+            self._runs[trace_id] = runs
+
+    def _remember(self, trace_id: str, rooted: bool, evicted: bool | None) -> None:
         released = self._released
-        released[trace_id] = (_ROOTED if rooted else 0) | (_EVICTED if evicted else 0)
+        cause = 0 if evicted is None else _EVICTED if evicted else _WINDOW
+        released[trace_id] = (_ROOTED if rooted else 0) | cause
         released.move_to_end(trace_id)
         if len(released) > self._released_limit:
-            released.popitem(last=False)
+            forgotten, _ = released.popitem(last=False)
+            self._runs.pop(forgotten, None)
 
     @property
     def released_kept(self) -> int:
@@ -193,7 +228,7 @@ class TraceAssembler:
                     if released is not None:
                         held.late = True
                         held.released_rooted = bool(released & _ROOTED)
-                        held.released_evicted = bool(released & _EVICTED)
+                        held.released_evicted = bool(released & _EVICTED) if released & (_EVICTED | _WINDOW) else None
                     self._rootless[trace_id] = held
                     heapq.heappush(self._firsts, (position, trace_id))
                     if len(self._firsts) > 4 * self.open_traces + 1024:
@@ -265,7 +300,10 @@ class TraceAssembler:
         self._open_spans -= len(held.spans)
         self.stats.traces += 1
         rooted = held.rooted
-        self._remember(held.trace_id, rooted or held.released_rooted, completion == "evicted")
+        # A late part keeps the cause of the trace's read: a span after it missed that read,
+        # whatever released the late parts between.
+        evicted = held.released_evicted if held.late else completion == "evicted"
+        self._remember(held.trace_id, rooted or held.released_rooted, evicted)
         return AssembledTrace(
             held.trace_id,
             held.spans,
@@ -277,4 +315,5 @@ class TraceAssembler:
             late_root=held.late and rooted and not held.released_rooted,
             late_evicted=held.released_evicted,
             rooted=rooted or held.released_rooted,
+            runs_before=self._runs.pop(held.trace_id, None) if held.late else None,
         )

@@ -37,11 +37,15 @@ span (a root of one read without it, a late root), as without the stop, not a ne
 
 Late spans: a span read after its trace was released (the window passed, or memory evicted it)
 is counted (``late_spans``) and reported by trace id, never read as a trace of its own (its
-fragment planned as a run: a second score of the trace, or a score of a part of it). A late span
-or root is counted, and reported, by why its trace was released (``late_cause``), as the option
-that would have kept the trace open: ``--window-spans`` when its window passed,
-``--max-open-spans`` when the memory bound released it early. The job store's list keeps why
-(``RedisJobStore.released``), so a resume says the same.
+fragment planned as a run: a second score of the trace, or a score of a part of it). But late
+spans that make a whole run no part read before held (``plan_part``: a trace without an agent,
+one of its top-level LLM calls late) are that run, scored as a read of the whole trace scores
+it (``late_runs``); the assembler keeps, with the trace's id, what the planner needs of the
+parts read (``note_runs``). A late span or root is counted, and reported, by why its trace was
+read (``late_cause``), as the option that would have kept the trace open: ``--window-spans``
+when its window passed, ``--max-open-spans`` when the memory bound released it early (neither:
+an earlier release's list kept no cause). The job store's list keeps why, and what a late run
+needs (``RedisJobStore.released``), so a resume says and scores the same.
 
 Each run once: a run (trace id, target span id) the job already enqueued is not enqueued again
 (counted ``runs_read_again``), whether it is read again after a resume, from a file given twice,
@@ -53,18 +57,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 import structlog
 
 from tracing import SpanRecord, sampled
 from tracing.queue import RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, request_json, spans_request
-from tracing.read import has_parent_cycle, loop_guard, plan_runs
+from tracing.read import PartPlan, has_parent_cycle, loop_guard, plan_part
 from tracing.sources import (
     AssembledTrace,
     Malformed,
     Position,
+    Released,
     SourceError,
     SpanBatch,
     TraceAssembler,
@@ -73,7 +78,7 @@ from tracing.sources import (
 )
 from worker._errors import crash_fields
 from worker._progress import ProgressReporter
-from worker.backfill._state import BackfillState, JobCounters, RedisJobStore, late_cause, run_id
+from worker.backfill._state import BackfillState, JobCounters, LateCause, RedisJobStore, late_cause, run_id
 
 __all__ = ["Backfill", "Submitter", "trace_start_ns"]
 
@@ -172,10 +177,9 @@ class Backfill:
         # many); the traces an earlier run handed over, which this one skips up to their last span.
         self._handed: list[tuple[Position, Position, str]] = []
         self._unsaved: list[tuple[Position, str, str, int]] = []
-        # (first position, trace id, whether it had its root, whether it was evicted) of the traces
-        # released not yet in the job store's list: saved once before the checkpoint (past it, a
-        # resume reads them again).
-        self._released: list[tuple[Position, str, bool, bool]] = []
+        # (first position, the trace as remembered) of the traces released not yet in the job
+        # store's list: saved once before the checkpoint (past it, a resume reads them again).
+        self._released: list[tuple[Position, Released]] = []
         self._read_through = {trace_id: Position(*at) for trace_id, at in state.read_through.items()}
 
     # --- the loop -------------------------------------------------------------------------
@@ -259,43 +263,26 @@ class Backfill:
             trace = self._waiting.popleft()
             if self.job_store is not None and trace.first != trace.last:
                 self._handed.append((trace.first, trace.last, trace.trace_id))
+            runs = self._handle(trace)
+            # What a late part of it needs to tell a run of its own from spans of a run read.
+            self.assembler.note_runs(trace.trace_id, runs)
             if self.job_store is not None:
-                self._released.append((trace.first, trace.trace_id, trace.rooted, trace.completion == "evicted"))
-            self._handle(trace)
+                self._released.append((trace.first, trace.released(runs)))
             if self._chunk_runs >= self.state.options.batch_size:
                 self._flush()
                 self._show()  # (the traces the end of the input hands over at once take a while)
                 if self.should_stop():  # (a file's traces come at its end: a stop waited for all)
                     raise KeyboardInterrupt
 
-    def _handle(self, trace: AssembledTrace) -> None:
-        counters = self.state.counters
+    def _handle(self, trace: AssembledTrace) -> str | None:
+        """Count, plan and hand over ``trace``; returns what a later part of it needs to find a
+        run of its own (``plan_part``'s summary; None: it can hold none)."""
         options = self.state.options
         at = trace.first
         if trace.completion == "evicted":
             self._count(at, "evicted_traces")
         if trace.late:
-            # The rest of a trace already read (and counted): not a trace of its own. Reading it
-            # would score a part of the trace, or its root span a second time with no content.
-            if not sampled(trace.trace_id, options.sample_rate):
-                return  # its first part was sampled out (and counted) too
-            unplaced = len(trace.spans) + trace.dropped_spans
-            cause = late_cause(trace.late_evicted)
-            limit = options.max_open_spans if trace.late_evicted else options.window_spans
-            if trace.late_root:
-                unplaced -= 1
-                self._count_late(at, "late_roots", 1, trace.late_evicted)
-                self._report(
-                    f"trace {trace.trace_id}: its root span arrived after the trace was read without it"
-                    f" ({cause.released}; raise {cause.option}, now {limit:,})"
-                )
-            if unplaced:
-                self._count_late(at, "late_spans", unplaced, trace.late_evicted)
-                self._report(
-                    f"trace {trace.trace_id}: {unplaced:,} span{'s' if unplaced > 1 else ''} arrived after the trace"
-                    f" was read ({cause.released}); not read (raise {cause.option}, now {limit:,})"
-                )
-            return
+            return self._handle_late(trace)
         self._count(at, "traces_read")
         if trace.dropped_spans:
             self._count(at, "spans_dropped", n=trace.dropped_spans)
@@ -307,35 +294,92 @@ class Backfill:
         start = trace_start_ns(records)
         if options.since_ns is not None and (start is None or start < options.since_ns):
             self._count(at, "skipped", "before_since")
-            return
+            return None
         if options.until_ns is not None and (start is None or start >= options.until_ns):
             self._count(at, "skipped", "after_until")
-            return
+            return None
         if not sampled(trace.trace_id, options.sample_rate):  # the exporter's rule
             self._count(at, "skipped", "sampled_out")
-            return
+            return None
         judge_ids = loop_guard(records)
         if judge_ids is None:  # tracescore's own traffic (the exporter's loop guard)
             self._count(at, "skipped", "loop_guard")
-            return
+            return None
         if has_parent_cycle(records):  # the planner would ship it whole; said here, as before
             self._count(at, "unreadable", "parent_cycle")
             self._report(
                 f"trace {trace.trace_id}: not scored (parent_cycle): its span parent ids form a cycle,"
                 " so it has no root to read from"
             )
-            return
-        try:
-            plans = plan_runs(records, exclude_under=judge_ids)
-        except Exception as exc:  # a planner bug must not end a long job: count it, say it
-            self._count(at, "unreadable", type(exc).__name__)
-            self._report(f"trace {trace.trace_id}: not scored ({type(exc).__name__})")
-            log.warning("backfill_plan_failed", trace_id=trace.trace_id, **crash_fields(exc))
-            return
-        if not plans:
+            return None
+        plan = self._plan(trace, None, judge_ids)
+        if plan is None:
+            return None
+        if not plan.runs:
             self._count(at, "unreadable", "no_target")
             self._report(f"trace {trace.trace_id}: not scored (no_target): the trace has no agent span and no LLM span")
-            return
+            return None
+        self._enqueue(trace, plan.runs)
+        return plan.after
+
+    def _plan(self, trace: AssembledTrace, before: str | None, judge_ids: Collection[str]) -> PartPlan | None:
+        try:
+            return plan_part(trace.spans, before, exclude_under=judge_ids)
+        except Exception as exc:  # a planner bug must not end a long job: count it, say it
+            self._count(trace.first, "unreadable", type(exc).__name__)
+            self._report(f"trace {trace.trace_id}: not scored ({type(exc).__name__})")
+            log.warning("backfill_plan_failed", trace_id=trace.trace_id, **crash_fields(exc))
+            return None
+
+    def _handle_late(self, trace: AssembledTrace) -> str | None:
+        """The rest of a trace already read (and counted): not a trace of its own. Reading it
+        would score a part of the trace, or its root span a second time with no content. But a
+        run of its own that no part read before held (a trace without an agent, whose runs are
+        its top-level LLM calls: one of them late) is scored as a read of the whole trace would
+        score it, the trace counted once."""
+        options = self.state.options
+        if not sampled(trace.trace_id, options.sample_rate):
+            return None  # its first part was sampled out (and counted) too
+        at = trace.first
+        plan = None
+        if trace.runs_before is not None:  # (else the parts before left no run to find)
+            judge_ids = loop_guard(trace.spans)
+            if judge_ids is not None:
+                plan = self._plan(trace, trace.runs_before, judge_ids)
+        runs, split = (plan.runs, plan.split) if plan is not None else ([], [])
+        scored = {m.span_id for _, members in runs for m in members}
+        cause = late_cause(trace.late_evicted)
+        unplaced = len(trace.spans) - len(scored) + trace.dropped_spans
+        if trace.late_root and not any(s.parent_span_id is None and s.span_id in scored for s in trace.spans):
+            unplaced -= 1
+            self._count_late(at, "late_roots", 1, cause)
+            self._report(
+                f"trace {trace.trace_id}: its root span arrived after the trace was read without it"
+                f" ({cause.released}; {cause.raise_now(options)})"
+            )
+        if unplaced:
+            self._count_late(at, "late_spans", unplaced, cause)
+            lost = ", ".join(t.span_id for t, _ in split)
+            self._report(
+                f"trace {trace.trace_id}: {unplaced:,} span{'s' if unplaced > 1 else ''} arrived after the trace"
+                f" was read ({cause.released}); not read"
+                + (f", a run of its own lost among them (span {lost}: spans read before are under it)" if split else "")
+                + f" ({cause.raise_now(options)})"
+            )
+        if runs:
+            self._count(at, "late_runs", n=len(runs))
+            self._report(
+                f"trace {trace.trace_id}: {len(scored):,} span{'s' if len(scored) > 1 else ''} arrived after the"
+                f" trace was read ({cause.released}), scored as a run of its own"
+                f" (span {', '.join(t.span_id for t, _ in runs)}), as a read of the whole trace scores it"
+            )
+            self._enqueue(trace, runs)
+        return plan.after if plan is not None else None
+
+    def _enqueue(self, trace: AssembledTrace, plans: list[tuple[SpanRecord, list[SpanRecord]]]) -> None:
+        """Hand ``plans``, runs of ``trace``, over to scoring (but the runs the job planned already)."""
+        counters = self.state.counters
+        records = trace.spans
         counters.runs_read += len(plans)
         fresh = [(t, m) for t, m in plans if run_id(trace.trace_id, t.span_id) not in self._planned]
         if len(fresh) < len(plans):
@@ -365,10 +409,8 @@ class Backfill:
             self._chunk_runs += len(plans)
         else:
             self._handling = trace.first
-            added = self._add_sized(request, self._cutter, at)
+            self._add_sized(request, self._cutter, trace.first)
             self._handling = None
-            if not added:
-                return  # every run was over the cap (counted and reported)
 
     def _add_sized(self, request: ScoreRequest, cutter: RequestCutter, at: Position) -> bool:
         """Add ``request`` to the chunk, cutting a batch first when it would not fit; False when
@@ -418,10 +460,10 @@ class Backfill:
         if self.job_store is not None:
             self._unsaved.append((at, counter, reason, n))
 
-    def _count_late(self, at: Position, counter: str, n: int, evicted: bool) -> None:
+    def _count_late(self, at: Position, counter: str, n: int, cause: LateCause) -> None:
         self._count(at, counter, n=n)
-        if evicted:  # (and by the cause: the summary names the option that would have kept it)
-            self._count(at, f"{counter}_evicted", n=n)
+        if cause.counter:  # (and by the cause: the summary names the option that would have kept it)
+            self._count(at, counter + cause.counter, n=n)
 
     def _checkpoint(self) -> Position:
         candidates = [self._current]
@@ -516,7 +558,7 @@ class Backfill:
         if self.job_store is not None and self.submitter is not None:
             self.state.read_through = self._handed_through(checkpoint)
             saved = self.state.model_copy(update={"counters": self._saved_counters(checkpoint)}, deep=True)
-            released = [entry[1:] for entry in self._released if entry[0] < checkpoint]
+            released = [trace for first, trace in self._released if first < checkpoint]
             if not self.job_store.save(saved, run_ids, released, self.assembler.released_kept):
                 raise KeyboardInterrupt  # the hold is another's: nothing was written, stop
             self._released = [entry for entry in self._released if entry[0] >= checkpoint]

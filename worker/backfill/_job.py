@@ -354,9 +354,15 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
         "late_roots": counters.late_roots,
         # Other spans that came after their trace was read: not read, nor a trace of their own.
         "late_spans": counters.late_spans,
+        # Runs of such spans scored: whole runs of their own that no part of the trace read held.
+        "late_runs": counters.late_runs,
         # Both by the option that would have kept their trace open (why it was released).
-        "late_roots_by_option": late_by_option(counters.late_roots, counters.late_roots_evicted),
-        "late_spans_by_option": late_by_option(counters.late_spans, counters.late_spans_evicted),
+        "late_roots_by_option": late_by_option(
+            counters.late_roots, counters.late_roots_window, counters.late_roots_evicted
+        ),
+        "late_spans_by_option": late_by_option(
+            counters.late_spans, counters.late_spans_window, counters.late_spans_evicted
+        ),
         # Runs refused before enqueueing, by reason (too_large: one run over the message cap).
         "runs_rejected": dict(counters.runs_rejected),
         # Runs sent with U+FFFD for text no JSON can hold (bytes not UTF-8, lone surrogates).
@@ -448,6 +454,11 @@ def print_summary(summary: dict[str, Any]) -> None:
         lines.append(
             f"  late spans        {summary['late_spans']:,}   (of traces already read, not read: "
             f"{late_said(summary['late_spans_by_option'])})"
+        )
+    if summary.get("late_runs"):
+        lines.append(
+            f"  late runs         {summary['late_runs']:,}   (spans that arrived after their trace was read,"
+            " a run of their own no part read held: scored, the trace counted once)"
         )
     if summary.get("runs_rejected"):
         rejected = summary["runs_rejected"]
@@ -1069,6 +1080,11 @@ def _dry_run(
         click.echo(
             f"late spans: {summary['late_spans']} (of traces already read, not read: "
             f"{late_said(summary['late_spans_by_option'])})"
+        )
+    if summary["late_runs"]:
+        click.echo(
+            f"late runs: {summary['late_runs']} (spans that arrived after their trace was read, a run of their"
+            " own no part read held: would be scored, the trace counted once)"
         )
     if summary["runs_read_again"]:
         click.echo(f"runs read again: {summary['runs_read_again']} (the input holds them twice: scored once)")

@@ -23,7 +23,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from tracing.sources import Position
+from tracing.sources import Position, Released
 from worker._errors import UnreadableStateError
 from worker._keys import (
     backfill_hold_key,
@@ -72,47 +72,75 @@ JOB_TTL_SECONDS = 7 * 24 * 3600
 # (``TraceAssembler.released_kept``, at least this).
 RELEASED_KEPT = 10_000
 # A list entry of a trace read with its root; a bare trace id is one read without it (all an
-# earlier release kept). Before either, _EVICTED: the trace was released early by the memory
-# bound (an entry of an earlier release has none: its window passed, as that release said).
-# Trace ids are hex: no entry of one starts so.
+# earlier release kept). Before either, why it was read: _EVICTED, released early by the memory
+# bound, or _WINDOW, its window passed (an entry of an earlier release may have neither: not
+# known). After the id, _RUNS and what a later part of it needs to find a run of its own
+# (``plan_part``'s summary; none: a later part holds no run). Trace ids are hex: no entry of
+# one starts so, nor holds "/".
 _ROOTED = "r:"
 _EVICTED = "m:"
+_WINDOW = "w:"
+_RUNS = "/"
 MAX_MALFORMED_KEPT = 50
 
 
 class LateCause(NamedTuple):
-    """Why a trace was released before a late span or root of it came, and the option that
-    would have kept it open."""
+    """Why a trace was read (released) before a late span or root of it came, and the options
+    that would have kept it open."""
 
-    option: str  # the option to raise (a key of the summary's late counts by option)
+    key: str  # a key of the summary's late counts by option: the option to raise, or "unknown"
     released: str  # how the trace was released, as the messages and the summary say it
     advice: str  # what the summary says to do
+    settings: tuple[str, ...]  # the options to raise, as ``BackfillOptions`` names them
+    counter: str  # the suffix of the job's counters of late spans and roots so released
+
+    def raise_now(self, options: BackfillOptions) -> str:
+        """What a trace's line says to raise, each option with its value in the job."""
+        return "raise " + ", or ".join(f"--{s.replace('_', '-')}, now {getattr(options, s):,}" for s in self.settings)
 
 
 # Its window passed (raising --window-spans keeps a trace open, with its root or without), or the
-# memory bound released it early (``AssembledTrace.late_evicted``): a wider window keeps it no longer.
-_LATE_CAUSES = (
-    LateCause("--window-spans", "past the assembly window", "widen it with --window-spans / --window-files"),
-    LateCause("--max-open-spans", "released early by the memory bound", "raise --max-open-spans"),
+# memory bound released it early (``AssembledTrace.late_evicted``): a wider window keeps it no
+# longer; or a job saved by an earlier release, whose list of traces read did not say why.
+_WINDOW_CAUSE = LateCause(
+    "--window-spans",
+    "past the assembly window",
+    "widen it with --window-spans / --window-files",
+    ("window_spans",),
+    "_window",
 )
+_EVICTED_CAUSE = LateCause(
+    "--max-open-spans", "released early by the memory bound", "raise --max-open-spans", ("max_open_spans",), "_evicted"
+)
+_UNKNOWN_CAUSE = LateCause(
+    "unknown",
+    "read by an earlier release, which kept no cause",
+    "widen --window-spans or raise --max-open-spans",
+    ("window_spans", "max_open_spans"),
+    "",
+)
+_LATE_CAUSES = (_WINDOW_CAUSE, _EVICTED_CAUSE, _UNKNOWN_CAUSE)
 
 
-def late_cause(evicted: bool) -> LateCause:
-    """The cause of a late span or root whose trace was (``evicted``) or was not evicted."""
-    return _LATE_CAUSES[evicted]
+def late_cause(evicted: bool | None) -> LateCause:
+    """The cause of a late span or root whose trace was (``evicted``) or was not evicted when it
+    was read (None: not known)."""
+    return _UNKNOWN_CAUSE if evicted is None else _EVICTED_CAUSE if evicted else _WINDOW_CAUSE
 
 
-def late_by_option(late: int, evicted: int) -> dict[str, int]:
-    """``late`` spans (or roots), ``evicted`` of them of traces the memory bound released, by the
-    option that would have kept their trace open (the options with none left out)."""
-    counts = (late - evicted, evicted)
-    return {cause.option: n for cause, n in zip(_LATE_CAUSES, counts, strict=True) if n}
+def late_by_option(late: int, window: int, evicted: int) -> dict[str, int]:
+    """``late`` spans (or roots), ``window`` of them of traces whose window passed and ``evicted``
+    of traces the memory bound released, by the option that would have kept their trace open
+    (the rest ``unknown``: counted by an earlier release, or of traces it read; the keys with
+    none left out)."""
+    counts = (window, evicted, max(0, late - window - evicted))
+    return {cause.key: n for cause, n in zip(_LATE_CAUSES, counts, strict=True) if n}
 
 
 def late_said(by_option: dict[str, int]) -> str:
     """A summary's words for ``late_by_option``'s counts: how many, why, and what to raise."""
     return "; ".join(
-        f"{n:,} {cause.released}, {cause.advice}" for cause in _LATE_CAUSES if (n := by_option.get(cause.option, 0))
+        f"{n:,} {cause.released}, {cause.advice}" for cause in _LATE_CAUSES if (n := by_option.get(cause.key, 0))
     )
 
 
@@ -164,12 +192,19 @@ class JobCounters(BaseModel):
     evicted_traces: int = 0
     # Roots that arrived after their trace was released without one (read without its root).
     late_roots: int = 0
-    # Other spans that arrived after their trace was released (read without them).
+    # Other spans that arrived after their trace was released (read without them), but those
+    # that make a run of their own (``late_runs``).
     late_spans: int = 0
-    # Of those, the ones whose trace the memory bound released (``late_by_option``). A job saved
-    # by an earlier release counted none: its late spans and roots count as past the window.
+    # Of those, the ones whose trace the memory bound released, and those whose window passed
+    # (``late_by_option``). A job saved by an earlier release counted neither or no window: its
+    # late spans and roots so far are of no known cause.
     late_roots_evicted: int = 0
     late_spans_evicted: int = 0
+    late_roots_window: int = 0
+    late_spans_window: int = 0
+    # Runs of late spans scored (each a whole run of the trace that no part read before held:
+    # a trace without an agent, say, whose later top-level LLM call came past its window).
+    late_runs: int = 0
     # Runs not enqueued, by reason (``too_large``: one run over the broker's message cap).
     runs_rejected: dict[str, int] = Field(default_factory=dict)
     # Runs enqueued with U+FFFD for text no JSON can hold (bytes not UTF-8, lone surrogates).
@@ -288,14 +323,12 @@ class RedisJobStore:
         self,
         state: BackfillState,
         newly_enqueued: Sequence[str] = (),
-        newly_released: Sequence[tuple[str, bool, bool]] = (),
+        newly_released: Sequence[Released] = (),
         released_kept: int = RELEASED_KEPT,
     ) -> bool:
         """Store the state, add ``newly_enqueued`` run ids (``run_id``) and append
-        ``newly_released`` traces (trace id, whether it was read with its root, whether the memory
-        bound released it; the newest
-        ``released_kept`` kept), in one step; False (nothing written, the hold marked lost) when the hold is
-        another process's."""
+        ``newly_released`` traces (the newest ``released_kept`` kept), in one step; False (nothing
+        written, the hold marked lost) when the hold is another process's."""
         state.updated_at = time.time()
         job_id = state.job_id
         keys = (backfill_hold_key(job_id), backfill_state_key(job_id), backfill_runs_key(job_id))
@@ -307,8 +340,9 @@ class RedisJobStore:
             released_kept,
             *newly_enqueued,
             *(
-                f"{_EVICTED if evicted else ''}{_ROOTED if rooted else ''}{trace_id}"
-                for trace_id, rooted, evicted in newly_released
+                f"{_EVICTED if evicted else '' if evicted is None else _WINDOW}{_ROOTED if rooted else ''}{trace_id}"
+                f"{'' if runs is None else _RUNS + runs}"
+                for trace_id, rooted, evicted, runs in newly_released
             ),
         )
         saved = checked(
@@ -321,16 +355,17 @@ class RedisJobStore:
             self.hold.lost.set()
         return bool(saved)
 
-    def released(self, job_id: str) -> list[tuple[str, bool, bool]]:
-        """The traces the job read (``save``'s ``newly_released``: trace id, whether it was read
-        with its root, whether the memory bound released it), oldest first."""
+    def released(self, job_id: str) -> list[Released]:
+        """The traces the job read (``save``'s ``newly_released``), oldest first."""
         key = backfill_rootless_key(job_id)
         found = checked(self.client, _WHERE, [_kept(key, "list")], lambda: self.client.lrange(key, 0, -1))
         released = []
         for entry in found:
             text = entry.decode() if isinstance(entry, bytes) else str(entry)
-            rest = text.removeprefix(_EVICTED)
-            released.append((rest.removeprefix(_ROOTED), rest.startswith(_ROOTED), rest != text))
+            evicted = True if text.startswith(_EVICTED) else False if text.startswith(_WINDOW) else None
+            rest = text.removeprefix(_EVICTED).removeprefix(_WINDOW)
+            trace_id, has_runs, runs = rest.removeprefix(_ROOTED).partition(_RUNS)
+            released.append(Released(trace_id, rest.startswith(_ROOTED), evicted, runs if has_runs else None))
         return released
 
     def still_held(self) -> bool:
