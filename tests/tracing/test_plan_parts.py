@@ -42,7 +42,10 @@ def test_a_later_part_is_a_run_only_under_a_span_no_run_held() -> None:
     one under a call read before (that call's run) is not."""
     before = plan_part([span(1, "other"), span(2, "llm", 1)], None).after
     assert before is not None
-    assert targets(plan_part([span(4, "llm", 1)], before).runs) == [4]
+    second = plan_part([span(4, "llm", 1)], before)
+    assert targets(second.runs) == [4]
+    assert second.after is not None
+    assert targets(plan_part([span(7, "llm", 1)], second.after).runs) == [7]  # a third part: the same
     nested = plan_part([span(5, "llm", 2), span(6, "tool", 5)], before)
     assert (nested.runs, nested.split) == ([], [])
 

@@ -10,7 +10,7 @@ from typing import NamedTuple
 from tracing._formats import SpanKind, classify
 from tracing._run import SpanRecord
 
-__all__ = ["MAX_OPEN_IDS", "PartPlan", "has_parent_cycle", "plan_part", "plan_runs"]
+__all__ = ["PartPlan", "has_parent_cycle", "plan_part", "plan_runs"]
 
 
 def has_parent_cycle(records: Sequence[SpanRecord]) -> bool:
@@ -101,7 +101,8 @@ def plan_part(records: Sequence[SpanRecord], before: str | None, *, exclude_unde
         and (owner_of is None or owner_of[r.span_id] is not _CLAIMED)
     }
     free = set() if owner_of is None else {span_id for span_id, owner in owner_of.items() if owner == _FREE}
-    after_open, after_below = open_ids | free | named, (below - held) | named
+    # (A parent already open was read before, or named before: not new below.)
+    after_open, after_below = open_ids | free | named, (below - held) | (named - open_ids)
     whole, split = plans, list[Run]()
     if below:
         # A run of a later part is whole only if no span read before is under it.
