@@ -7,23 +7,46 @@ for the worker ping); the command line says which server, in one line.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tracing import CelerySink, redact
 from tracing.queue import ScoreBatch, plain_id
 from worker._budget import RedisLedger, parse_budgets, run_key, spend_report
+from worker._errors import UnreadableCounterError
+from worker._keys import backfill_hold_key, backfill_jobs_key, backfill_state_key, job_key
 from worker._limiter import RedisRateLimiter
+from worker._reconnect import DECODED
 from worker._settings import Settings
-from worker.store import DeadLetter, RedisDeadLetters, RedisJobStats, StoreKeyTypeError, check_list
+from worker.store import (
+    DeadLetter,
+    RedisDeadLetters,
+    RedisJobStats,
+    StoreKeyTypeError,
+    check_list,
+    checked,
+    checked_script,
+    job_counts,
+    validation_place,
+)
 
 if TYPE_CHECKING:
     from worker._guard import BrokerWrites
 
-__all__ = ["Requeued", "broker_status", "dead_letters", "requeue_dead_letters", "store_evicts", "store_status"]
+__all__ = [
+    "Requeued",
+    "backfill_jobs",
+    "broker_status",
+    "dead_letters",
+    "requeue_dead_letters",
+    "store_evicts",
+    "store_status",
+]
 
 # How long one `dlq retry` holds a letter it is sending back: past it (the caller died), a
 # later retry may send it.
@@ -138,6 +161,153 @@ async def store_status(settings: Settings) -> dict[str, Any]:
         await jobs.close()
         await limiter.close()
         await ledger.close()
+
+
+class _Options(BaseModel):
+    scorer_ids: list[str]
+
+
+class _Counters(BaseModel):
+    runs_enqueued: int = 0
+
+
+class _JobState(BaseModel):
+    """The fields of a backfill job's state (``worker.backfill.BackfillState``) that ``status``
+    shows, read without loading the backfill (its sources load httpx and protobuf: a health
+    check run every few seconds)."""
+
+    status: str
+    source_label: str = ""
+    options: _Options
+    counters: _Counters = _Counters()
+
+
+# KEYS: the index of jobs, then the state of each id in ARGV. An id whose state is gone (expired)
+# leaves the index, so it stays as large as the jobs Redis still keeps; one whose state a save
+# wrote meanwhile stays (each is looked at in this one step).
+_FORGET_EXPIRED = checked_script(
+    "{KEYS[1], 'zset', 'k'}",
+    """
+for i = 2, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 0 then redis.call('ZREM', KEYS[1], ARGV[i - 1]) end
+end
+""",
+)
+
+
+def backfill_jobs(settings: Settings) -> tuple[list[dict[str, Any]] | None, list[str]]:
+    """The backfill jobs whose state is still in the score store, newest first (from the index
+    ``backfill_jobs_key``, never a SCAN), and the keys refused (another Redis type: named, the
+    figure unknown). A job's counts that are unknown (a count kept aside: ``counts_unreadable``
+    with the fields and the repair; a count that is no integer yet: None) never fail the rest."""
+    client = redis.Redis.from_url(settings.store_url, socket_connect_timeout=2, socket_timeout=5, **DECODED)
+    index = backfill_jobs_key()
+    try:
+        try:
+            found: list[Any] = checked(
+                client,
+                "backfill_jobs",
+                [(index, "zset", True)],
+                lambda: client.zrange(index, 0, -1, desc=True, withscores=True),
+            )
+        except StoreKeyTypeError as exc:
+            return None, [f"the index of backfill jobs: {exc}"]
+        listed = [(str(job_id), float(started)) for job_id, started in found]
+        pipe = client.pipeline(transaction=False)
+        for job_id, _ in listed:
+            pipe.get(backfill_state_key(job_id))
+            pipe.type(backfill_hold_key(job_id))
+            pipe.hgetall(job_key(job_id))
+        replies = pipe.execute(raise_on_error=False)
+        jobs: list[dict[str, Any]] = []
+        refused: list[str] = []
+        gone: list[str] = []
+        for i, (job_id, started) in enumerate(listed):
+            raw, hold, counts = replies[3 * i : 3 * i + 3]
+            if raw is None:
+                gone.append(job_id)
+                continue
+            job, problems = _job(client, job_id, started, raw, hold, counts)
+            jobs.append(job)
+            refused += problems
+        if gone:
+            states = [backfill_state_key(j) for j in gone]
+            # (a replica, a full Redis or a user who may not write: the list is right all the same)
+            with contextlib.suppress(redis.exceptions.ResponseError):
+                checked(
+                    client,
+                    "backfill_jobs",
+                    [],
+                    lambda: client.eval(_FORGET_EXPIRED, 1 + len(gone), index, *states, *gone),
+                )
+        return jobs, refused
+    finally:
+        client.close()
+
+
+def _job(
+    client: Any, job_id: str, started: float, raw: Any, hold: Any, counts: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """One job of ``backfill_jobs`` from its replies (an error for a key of another type)."""
+    refused: list[str] = []
+    job: dict[str, Any] = {
+        "job_id": job_id,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "status": None,
+        "source": None,
+        "scorers": None,
+        "runs_enqueued": None,
+        "expected_scores": None,
+        "scored": None,
+        "failed": None,
+        "skipped": None,
+        "held": hold == "string",
+        "counts_unreadable": None,
+        "state_unreadable": None,
+    }
+    state_key = backfill_state_key(job_id)
+    if isinstance(raw, redis.exceptions.ResponseError):
+        refused.append(f"backfill {job_id}'s state: {_wrong_type(client, state_key, 'string', raw)}")
+    else:
+        try:
+            state = _JobState.model_validate_json(raw)
+        except ValidationError as exc:  # (its text would quote the stored value)
+            job["state_unreadable"] = (
+                f"{exc.error_count()} problem(s), first at {validation_place(exc.errors()[0]['loc'])}"
+            )
+        else:
+            job.update(
+                status=state.status,
+                source=state.source_label,
+                scorers=state.options.scorer_ids,
+                runs_enqueued=state.counters.runs_enqueued,
+                expected_scores=state.counters.runs_enqueued * len(set(state.options.scorer_ids)),
+            )
+    counters_key = job_key(job_id)
+    if isinstance(counts, redis.exceptions.ResponseError):
+        refused.append(f"backfill {job_id}'s hash of counters: {_wrong_type(client, counters_key, 'hash', counts)}")
+        return job, refused
+    try:
+        read = job_counts(counts, counters_key)
+    except UnreadableCounterError as exc:
+        job["counts_unreadable"] = {
+            "field": exc.field,
+            "kept": list(exc.kept),
+            "counted": exc.counted or None,
+            "times": exc.times,
+            "message": str(exc),
+            "repair": exc.repair(),
+        }
+    else:
+        job.update({k: read.get(k, 0) for k in ("scored", "failed", "skipped")})
+    return job, refused
+
+
+def _wrong_type(client: Any, key: str, expected: str, error: Exception) -> str:
+    """The refusal's words for ``key``, which answered ``error`` (WRONGTYPE): it holds another type."""
+    if "WRONGTYPE" not in str(error):
+        raise error
+    return str(StoreKeyTypeError(key, str(client.type(key)), expected))
 
 
 async def dead_letters(settings: Settings, limit: int) -> tuple[int, list[DeadLetter]]:

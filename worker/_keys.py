@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "PREFIX",
     "backfill_hold_key",
+    "backfill_jobs_key",
     "backfill_rootless_key",
     "backfill_runs_key",
     "backfill_state_key",
@@ -165,6 +166,14 @@ def backfill_hold_key(job_id: str) -> str:
     """The lock of the process running a backfill job (its start or a ``--resume``), renewed while
     it runs: a second process on the job is refused."""
     return f"{PREFIX}backfill-hold:{job_id}"
+
+
+def backfill_jobs_key() -> str:
+    """Sorted set of backfill job ids by their start (epoch s), added to by each save of a job's
+    state (in the same script), so ``tracescore status`` lists the jobs with ZRANGE, never a SCAN
+    of the keyspace; it removes an id whose state expired when it reads it. Not under
+    ``backfill:``, as ``backfill_runs_key``."""
+    return f"{PREFIX}backfill-jobs"
 
 
 def backfill_runs_key(job_id: str) -> str:

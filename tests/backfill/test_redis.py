@@ -425,6 +425,110 @@ def test_no_wait_returns_once_enqueued_and_resume_follows_the_job(
     assert followed["scored"] + followed["failed"] == 600
 
 
+def _status_jobs(*extra: str) -> tuple[list[dict[str, Any]], str]:
+    """``tracescore status`` on DB 12, exit 0: its backfill jobs (``--json``) and its text."""
+    runner = CliRunner()
+    args = ["status", "--broker", REDIS_URL, "--timeout", "0.3"]
+    as_json = runner.invoke(cli, [*args, "--json"], env={"TRACESCORE_BROKER_URL": ""})
+    assert as_json.exit_code == 0, as_json.output
+    text = runner.invoke(cli, args, env={"TRACESCORE_BROKER_URL": ""})
+    assert text.exit_code == 0, text.output
+    assert "Traceback" not in text.output
+    jobs: list[dict[str, Any]] = json.loads(as_json.stdout)["backfill_jobs"]
+    return jobs, text.stdout
+
+
+def _job(jobs: list[dict[str, Any]], job_id: str) -> dict[str, Any]:
+    (job,) = (j for j in jobs if j["job_id"] == job_id)
+    return job
+
+
+def test_status_shows_a_no_wait_job_and_its_counts_until_it_is_finished(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """A job started with --no-wait (its terminal gone) was shown nowhere but by its --resume:
+    `tracescore status` lists it, enqueued, with its runs, the scores expected and the workers'
+    counts so far; once a --resume followed it to its end, finished."""
+    write_otlp_files(tmp_path, 200, files=2)
+    first = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait")
+    job_id = first["job_id"]
+    jobs, text = _status_jobs()
+    job = _job(jobs, job_id)
+    assert job["status"] == "enqueued"
+    assert job["scorers"] == ["answer-words", "mentions-city", "confident"]
+    assert job["source"] == first["source"]
+    assert (job["runs_enqueued"], job["expected_scores"]) == (200, 600)
+    assert job["held"] is False
+    assert f"backfill    {job_id}: enqueued, started " in text
+    assert "200 runs enqueued, 600 scores expected: " in text
+
+    def all_counted() -> bool:
+        job = _job(_status_jobs()[0], job_id)
+        return job["scored"] + job["failed"] + job["skipped"] == 600
+
+    _wait_for(all_counted, 120, "the workers' counts to reach 600 in status")
+    job = _job(_status_jobs()[0], job_id)
+    assert (job["scored"], job["failed"], job["skipped"]) == (560, 40, 0)  # "confident" refuses every 5th
+    followed = _backfill("--resume", job_id)
+    assert followed["status"] == "finished"
+    jobs, text = _status_jobs()
+    assert _job(jobs, job_id)["status"] == "finished"
+    assert f"backfill    {job_id}: finished" in text
+    assert "560 scored, 40 failed, 0 skipped" in text
+
+
+def test_status_shows_a_jobs_damaged_count_and_how_to_repair_it(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """A count of a job's that is no integer: status shows it unknown (no traceback, exit 0);
+    once a script kept it aside (the --resume following the job stops on it), status names the
+    field kept aside and gives the repair the stop line gives, never the value."""
+    write_otlp_files(tmp_path, 50, files=1)
+    job_id = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait")["job_id"]
+
+    def all_counted() -> bool:
+        job = _job(_status_jobs()[0], job_id)
+        return job["scored"] + job["failed"] + job["skipped"] == 150
+
+    _wait_for(all_counted, 120, "the workers' counts to reach 150 in status")
+    key = f"tracescore:job:{job_id}"
+    db.hset(key, "scored", "12, by hand")
+    jobs, text = _status_jobs()
+    assert _job(jobs, job_id)["scored"] is None
+    assert f"backfill {job_id} scored" in text  # the line naming the counters that are no number
+    resumed = CliRunner().invoke(
+        cli, ["backfill", "--resume", job_id, "--broker", REDIS_URL], env={"TRACESCORE_BROKER_URL": ""}
+    )
+    assert resumed.exit_code == 1
+    assert "unreadable:scored" in resumed.output
+    assert db.hget(key, "unreadable:scored") == "12, by hand"
+    jobs, text = _status_jobs()
+    job = _job(jobs, job_id)
+    assert (job["scored"], job["failed"], job["skipped"]) == (None, None, None)
+    damaged = job["counts_unreadable"]
+    assert damaged["field"] == "scored"
+    assert damaged["kept"] == ["unreadable:scored"]
+    assert f"HINCRBY {key} scored <the count it lost>" in damaged["repair"]
+    assert damaged["repair"] in resumed.output
+    assert "scored, failed and skipped unknown" in text
+    assert "counts unknown: Redis key" in text
+    assert f"HDEL {key} unreadable:scored" in text
+    assert "by hand" not in text
+
+
+def test_status_drops_a_job_whose_state_expired(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
+    """A job's state gone (expired) takes the job out of status and out of the index."""
+    write_otlp_files(tmp_path, 20, files=1)
+    job_id = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers", "--no-wait")["job_id"]
+    assert job_id in [j["job_id"] for j in _status_jobs()[0]]
+    db.pexpire(backfill_state_key(job_id), 1)
+    _wait_for(lambda: not db.exists(backfill_state_key(job_id)), 5, "the job's state to expire")
+    jobs, text = _status_jobs()
+    assert job_id not in [j["job_id"] for j in jobs]
+    assert job_id not in text
+    assert db.zscore("tracescore:backfill-jobs", job_id) is None
+
+
 def test_one_huge_run_does_not_sink_its_neighbours(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
     """A 10 MB run among 3 MB and small ones, workers at the default 8 MiB message cap: batches
     are cut by bytes, every neighbour is scored, the 10 MB run is one counted reject (job

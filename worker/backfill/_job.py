@@ -1584,7 +1584,9 @@ def _run_held(
             click.echo("\n" + job_by_scorer.render(title=title), err=as_json)
         _report_sinks(summary)
         if no_wait and state.status == "enqueued":
-            click.echo(f"  enqueued; the workers score it. Follow with: {resume}", err=True)
+            click.echo(
+                f"  enqueued; the workers score it (tracescore status shows how far). Follow with: {resume}", err=True
+            )
         _out_failed(out, out_error)
         if missing and registry is not None:
             _missing_records(missing, registry)

@@ -3,11 +3,12 @@
 In Redis mode the state lives under ``tracescore:backfill:<job id>`` (JSON) beside the set of
 runs already enqueued (``tracescore:backfill-runs:<job id>``, trace id and target span id) and the
 list of the traces read (``tracescore:backfill-rootless:<job id>``, named when it held only those
-read without their root), all with a TTL. The checkpoint is the earliest input position whose
-traces are not all enqueued yet, so ``--resume`` starts reading there, and the set keeps the
-runs read again past that point (and any run the input holds twice) from being enqueued twice;
-the list lets the resume tell a span or root that comes late for a trace read before the
-checkpoint from a new trace.
+read without their root), all with a TTL; each save also adds the job to the index of jobs
+(``tracescore:backfill-jobs``) that ``tracescore status`` lists them from. The checkpoint is the
+earliest input position whose traces are not all enqueued yet, so ``--resume`` starts reading
+there, and the set keeps the runs read again past that point (and any run the input holds twice)
+from being enqueued twice; the list lets the resume tell a span or root that comes late for a
+trace read before the checkpoint from a new trace.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tracing.sources import Position, Released
 from worker._errors import UnreadableStateError
 from worker._keys import (
     backfill_hold_key,
+    backfill_jobs_key,
     backfill_rootless_key,
     backfill_runs_key,
     backfill_state_key,
@@ -273,12 +275,16 @@ def _kept(key: str, kind: str) -> tuple[str, str, bool]:
 # saved over the new holder's state (its counts, then "finished"), with no word. Without a hold
 # (ARGV[1] empty) they are written as they are. Each key's type is checked first: a key of
 # another type leaves the whole save unwritten (a MULTI went on past the failed command).
+# The index of jobs (KEYS[5], ``tracescore status``'s list) gets the job at each save (NX: its
+# start stays its first save's), so a job whose id ``status`` removed, or the index of another
+# type repaired (it guards no data), is listed again at its next save.
 _SAVE_IF_HELD = checked_script(
-    "{KEYS[1], 'string', 'r', KEYS[2], 'string', 'k', KEYS[3], 'set', 'k', KEYS[4], 'list', 'k'}",
+    "{KEYS[1], 'string', 'r', KEYS[2], 'string', 'k', KEYS[3], 'set', 'k', KEYS[4], 'list', 'k', KEYS[5], 'zset', 'r'}",
     """
 if ARGV[1] ~= '' and redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-local runs_end = 5 + tonumber(ARGV[4])
-for i = 6, runs_end, 4000 do redis.call('sadd', KEYS[3], unpack(ARGV, i, math.min(i + 3999, runs_end))) end
+redis.call('zadd', KEYS[5], 'NX', ARGV[7], ARGV[6])
+local runs_end = 7 + tonumber(ARGV[4])
+for i = 8, runs_end, 4000 do redis.call('sadd', KEYS[3], unpack(ARGV, i, math.min(i + 3999, runs_end))) end
 for i = runs_end + 1, #ARGV, 4000 do redis.call('rpush', KEYS[4], unpack(ARGV, i, math.min(i + 3999, #ARGV))) end
 if #ARGV > runs_end then redis.call('ltrim', KEYS[4], -tonumber(ARGV[5]), -1) end
 -- Each save renews all three, added to or not: a job resumed after a pause of days kept its
@@ -338,6 +344,8 @@ class RedisJobStore:
             JOB_TTL_SECONDS,
             len(newly_enqueued),
             released_kept,
+            job_id,
+            state.created_at,
             *newly_enqueued,
             *(
                 f"{_EVICTED if evicted else '' if evicted is None else _WINDOW}{_ROOTED if rooted else ''}{trace_id}"
@@ -349,7 +357,7 @@ class RedisJobStore:
             self.client,
             _WHERE,
             [],  # (the script checks its keys itself)
-            lambda: self._save_if_held(keys=(*keys, backfill_rootless_key(job_id)), args=args),
+            lambda: self._save_if_held(keys=(*keys, backfill_rootless_key(job_id), backfill_jobs_key()), args=args),
         )
         if not saved and self.hold is not None:
             self.hold.lost.set()

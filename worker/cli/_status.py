@@ -1,5 +1,5 @@
-"""``tracescore status``: queue depth, live workers, rate-limit state, recent failures, and each
-score sink's delivered / pending / failed.
+"""``tracescore status``: queue depth, live workers, rate-limit state, recent failures, each
+score sink's delivered / pending / failed, and the backfill jobs Redis still keeps.
 
 Exit code 1 when the broker cannot be reached, so it doubles as a health check. A key holding
 another Redis type (the queue's list, the dead-letter list, a sink's queue) leaves its figure
@@ -17,7 +17,7 @@ import click
 from redis.exceptions import RedisError
 
 from tracing import redact
-from worker._admin import broker_status, store_evicts, store_status
+from worker._admin import backfill_jobs, broker_status, store_evicts, store_status
 from worker._settings import Settings
 from worker._terminal import printable
 from worker.cli._common import FiniteRange, broker_option, json_option, known, redis_settings, unreachable
@@ -49,6 +49,11 @@ def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) 
         except (RedisError, OSError) as exc:
             raise unreachable("score store", settings.store_url, exc) from exc
     try:
+        status["backfill_jobs"], refused = backfill_jobs(settings)
+    except (RedisError, OSError) as exc:
+        raise unreachable("score store", settings.store_url, exc) from exc
+    status["refused_keys"] += refused
+    try:
         status["sinks"] = _sink_counts(settings)
     except StoreKeyTypeError as exc:  # a sink's queue of another type: say so, show the rest
         status["sinks"] = None
@@ -75,9 +80,16 @@ def _sink_counts(settings: Settings) -> dict[str, dict[str, int | None]]:
 @json_option("Print one JSON object.")
 @broker_option
 def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
-    """Show queue depth, workers, rate-limit state, failures of the last hour and judge spend today.
+    """Show queue depth, workers, rate-limit state, failures of the last hour, judge spend today,
+    dead letters, sinks and backfill jobs.
 
-    Exits 1 when the broker is unreachable (use it as a health check).
+    Backfill jobs: those whose state is still in Redis (kept 7 days after their last save),
+    newest first, at most 10 here (--json lists them all): status, source, scorers, runs
+    enqueued, scores expected and scored / failed / skipped so far, and whether a process runs
+    it now. Jobs started by a release before this one are not listed until resumed.
+
+    Exits 1 when the broker is unreachable (use it as a health check); a key of another type or a
+    count that is no number is shown unknown and named, exit 0.
 
     \b
     Examples:
@@ -140,6 +152,7 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
         )
     if status["sinks"] == {}:
         _echo("sinks       none drained yet")
+    _echo_jobs(status["backfill_jobs"])
     unknown = [
         *(
             f"sink {name} {field}"
@@ -150,6 +163,13 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
         *(f"dead letters {reason}" for reason, n in status["dead_letters_by_reason"].items() if n is None),
         *(f"failures {reason}" for reason, n in status["recent_failures"].items() if n is None),
         *(f"rate limit {model} {k}" for model, state in sorted(limits.items()) for k, v in state.items() if v is None),
+        *(
+            f"backfill {job['job_id']} {field}"
+            for job in status["backfill_jobs"] or []
+            if job["counts_unreadable"] is None
+            for field in ("scored", "failed", "skipped")
+            if job[field] is None and job["status"] is not None
+        ),
     ]
     if unknown:
         # (read as 0, a sink that had delivered thousands showed none)
@@ -159,6 +179,38 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
         )
     for problem in status["refused_keys"]:
         _echo(f"refused key {problem}")
+
+
+# Jobs shown in the text, newest first (``--json`` lists them all).
+JOBS_SHOWN = 10
+
+
+def _echo_jobs(jobs: list[dict[str, Any]] | None) -> None:
+    """The backfill jobs: one line each, a second for its counts, a third when they are unknown."""
+    if jobs is None:
+        return  # (the index of another type: a refused key line names it)
+    if not jobs:
+        _echo("backfill    no job in Redis")
+        return
+    for job in jobs[:JOBS_SHOWN]:
+        held = ", running now (a process holds it)" if job["held"] else ""
+        started = job["started"].replace("T", " ").replace("Z", " UTC")
+        if job["status"] is None:
+            why = job["state_unreadable"] or "its key holds another type"
+            _echo(f"backfill    {job['job_id']}: started {started}{held}; its state is unreadable: {why}")
+            continue
+        _echo(f"backfill    {job['job_id']}: {job['status']}, started {started}{held}")
+        _echo(f"              source {job['source']}; scorers {', '.join(job['scorers'])}")
+        done = ", ".join(f"{known(job[k])} {k}" for k in ("scored", "failed", "skipped"))
+        if job["counts_unreadable"] is not None:
+            done = "scored, failed and skipped unknown"
+        _echo(
+            f"              {job['runs_enqueued']:,} runs enqueued, {job['expected_scores']:,} scores expected: {done}"
+        )
+        if job["counts_unreadable"] is not None:
+            _echo(f"              counts unknown: {job['counts_unreadable']['message']}")
+    if len(jobs) > JOBS_SHOWN:
+        _echo(f"backfill    and {len(jobs) - JOBS_SHOWN} more (older; tracescore status --json lists them all)")
 
 
 def _echo(line: str) -> None:

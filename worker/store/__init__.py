@@ -30,7 +30,7 @@ progress refused: ``UnreadableCounterError``).
 from worker._reconnect import StoreUnavailableError
 from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters, SyncRedisDeadLetters, dead_letter_id
 from worker.store._deliveries import END_WAIT_S, DeliveryLog, new_token
-from worker.store._jobs import JobStats, RedisJobStats, finish_job, job_progress
+from worker.store._jobs import JobStats, RedisJobStats, finish_job, job_counts, job_progress
 from worker.store._keytypes import (
     UNACKED_MUTEX_EXPIRE_S,
     StoreKeyTypeError,
@@ -79,6 +79,7 @@ __all__ = [
     "delivery_owner",
     "failed_fields",
     "finish_job",
+    "job_counts",
     "job_progress",
     "known_counters",
     "new_token",

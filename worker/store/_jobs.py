@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from tracing import ScoreRecord, printable
@@ -27,7 +27,7 @@ from worker.store._keytypes import (
     checked_async,
     checked_script,
 )
-from worker.store._redis import OnRedis, RedisConnection, known_counters, read_counters
+from worker.store._redis import OnRedis, RedisConnection, known_counters
 
 __all__ = [
     "FAILURE_BUCKETS_KEPT",
@@ -37,6 +37,7 @@ __all__ = [
     "RedisJobStats",
     "failure_bucket",
     "finish_job",
+    "job_counts",
     "job_progress",
     "outcome",
 ]
@@ -162,12 +163,19 @@ def _progress_keys(job_id: str) -> list[str]:
 
 
 def _counters(flat: Sequence[Any], key: str) -> dict[str, int]:
-    """A job's hash (``_PROGRESS``'s answer) read as its counters (without the mark of its end).
-    ``UnreadableCounterError`` when a count of its was kept aside (it held no integer): the
-    job's counts are unknown. It names the first such count (in the order of their names), every
-    field keeping its values and the one counting them."""
+    """A job's hash (``_PROGRESS``'s answer, repaired: every count an integer) read as its
+    counters; ``job_counts`` raises for a count kept aside."""
     text = [v.decode() if isinstance(v, bytes) else str(v) for v in flat]
-    raw = dict(zip(text[::2], text[1::2], strict=True))
+    counts = job_counts(dict(zip(text[::2], text[1::2], strict=True)), key)
+    return {field: n for field, n in counts.items() if n is not None}
+
+
+def job_counts(raw: Mapping[str, str], key: str) -> dict[str, int | None]:
+    """A job's hash of counters (HGETALL's answer) without the mark of its end, a count that is no
+    integer None (``known_counters``: a reader that writes nothing, such as ``tracescore status``,
+    meets it before a script keeps it aside). ``UnreadableCounterError`` when a count of its was
+    kept aside (it held no integer): the job's counts are unknown. It names the first such count
+    (in the order of their names), every field keeping its values and the one counting them."""
     aside = sorted(field for field in raw if field.startswith(JOB_COUNTER_ASIDE))
     if aside:
         first = _KEPT_AGAIN.sub("", aside[0])
@@ -186,7 +194,7 @@ def _counters(flat: Sequence[Any], key: str) -> dict[str, int]:
             # (a count written by hand: Lua's reads no more than 18 digits, int() no more than 4,300)
             max(int(times) if times.isascii() and times.isdigit() and len(times) <= 18 else 0, len(kept)),
         )
-    return read_counters({k: v for k, v in raw.items() if k != _FINISHED}, key, "job_progress")
+    return known_counters({k: v for k, v in raw.items() if k != _FINISHED}, key, "job_progress")
 
 
 def finish_job(client: Any, job_id: str, job_ttl_s: int = JOB_TTL_S) -> None:
