@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -303,3 +304,93 @@ def test_a_first_ctrl_c_leaves_the_answered_steps_of_an_unscored_pair_in_the_spe
         assert spend["total_usd"] == pytest.approx(paid)
         assert spend["by_scorer"] == {"two-steps": pytest.approx(paid)}
         assert spend["by_model"] == {"openai/fake-judge": pytest.approx(paid)}
+
+
+# --- a first Ctrl-C in a dry run ----------------------------------------------------------------
+
+DRY_TRACES = 40_000  # some 8 s of reading on a laptop; the Ctrl-C comes at the first progress
+
+
+def _dry_run_stopped(args: list[str]) -> tuple[int, str, str]:
+    """Run ``tracescore ARGS`` with stderr on a terminal (its progress bar drawn at once), send
+    one SIGINT once the bar shows traces read; its exit code, stdout and what the terminal got."""
+    import pty
+    import select
+
+    tracescore = str(Path(sys.executable).with_name("tracescore"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACESCORE_BROKER_URL": "", "COLUMNS": "200"}
+    primary, secondary = pty.openpty()
+    job = subprocess.Popen([tracescore, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=secondary, text=True)
+    os.close(secondary)
+    seen = b""
+
+    def read(until: float) -> bool:
+        """Read the terminal until ``until`` (monotonic); False once the command closed it."""
+        nonlocal seen
+        while time.monotonic() < until:
+            ready, _, _ = select.select([primary], [], [], 0.05)
+            if ready:
+                try:
+                    chunk = os.read(primary, 65536)
+                except OSError:
+                    return False
+                if not chunk:
+                    return False
+                seen += chunk
+                return True
+        return True
+
+    try:
+        deadline = time.monotonic() + 60
+        progress = re.compile(rb"reading: +[1-9][\d,]* traces")
+        while not progress.search(seen) and job.poll() is None and time.monotonic() < deadline:
+            read(deadline)
+        assert progress.search(seen), f"no progress shown: {seen.decode(errors='replace')[-2000:]}"
+        assert job.poll() is None, "the dry run ended before the Ctrl-C: make the input larger"
+        job.send_signal(signal.SIGINT)
+        end = time.monotonic() + 60
+        while read(end) and time.monotonic() < end:
+            pass
+        stdout, _ = job.communicate(timeout=60)
+    finally:
+        os.close(primary)
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    return job.returncode, stdout, seen.decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def dry_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("dry") / "traces"
+    write_otlp_files(path, DRY_TRACES, files=1, compress=False)
+    return path
+
+
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "text"])
+def test_a_first_ctrl_c_in_a_dry_run_prints_the_estimate_so_far(dry_input: Path, as_json: bool) -> None:
+    """A dry run over a large input had no Ctrl-C summary: the first Ctrl-C ended it at once
+    with "aborted" and nothing of what it had counted. Now it stops reading after
+    the record in hand and prints what the full run prints, for the part read, marked partial
+    (the share of the input read, the rest not read), and exits 130 as an interrupted backfill."""
+    args = ["backfill", str(dry_input), *JUDGE_SCORERS[:2], "--scorer", "costly", "--dry-run"]
+    returncode, stdout, terminal = _dry_run_stopped([*args, "--json"] if as_json else args)
+    assert returncode == 130, terminal[-3000:]
+    assert "Traceback" not in terminal, terminal[-3000:]
+    assert "stopping after the current input record" in terminal
+    if as_json:
+        summary = json.loads(stdout.strip().splitlines()[-1])
+        assert summary["status"] == "interrupted"
+        assert 0 < summary["traces_read"] < DRY_TRACES
+        assert 0 < summary["input_read"] < 1
+        # The estimate is of the runs counted: one judge call each.
+        assert summary["runs_to_score"] == summary["runs_read"] == summary["traces_read"]
+        assert summary["estimate"]["judge_calls"] == summary["runs_to_score"]
+        assert f"partial: stopped after reading {summary['traces_read']:,} traces" in terminal
+    else:
+        match = re.search(r"would score ([\d,]+) runs from ([\d,]+) traces", stdout)
+        assert match is not None, stdout
+        runs, traces = (int(g.replace(",", "")) for g in match.groups())
+        assert 0 < runs == traces < DRY_TRACES
+        assert f"partial: stopped after reading {traces:,} traces" in terminal
+        assert "judge calls" in stdout

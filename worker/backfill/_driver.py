@@ -181,6 +181,8 @@ class Backfill:
         # store's list: saved once before the checkpoint (past it, a resume reads them again).
         self._released: list[tuple[Position, Released]] = []
         self._read_through = {trace_id: Position(*at) for trace_id, at in state.read_through.items()}
+        # The share of the input read when reading ended (None: the source cannot say).
+        self.input_read: float | None = None
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -193,8 +195,9 @@ class Backfill:
             # run before the stop, not a new trace scored a second time.
             self.assembler.remember_released(self.job_store.released(self.state.job_id))
         self.reporter.start("reading")
+        items = self.source.read(self.state.position)
         try:
-            for item in self.source.read(self.state.position):
+            for item in items:
                 if isinstance(item, SpanBatch):
                     self._current = item.position
                     spans = self._unread(item.spans, item.position) if self._read_through else item.spans
@@ -219,6 +222,9 @@ class Backfill:
             if self.job_store is None:
                 self._release_held()
             raise
+        finally:
+            # (while ``items`` holds the source's file open: once it closes, the share says 0)
+            self.input_read = self._fraction()
         self._current = Position(2**62)
         self._release_held()
         self.state.status = "enqueued"
@@ -236,7 +242,8 @@ class Backfill:
         never sent, so not counted as read. (In process there is no cutter: handling a trace only
         adds it to the chunk.) They were gone from the summary, counted neither read nor scored.
         Called once the work is over, where a signal only asks (``StopSignal.finishing``): a
-        second Ctrl-C in it left the counts half made."""
+        second Ctrl-C in it left the counts half made. In a dry run (no submitter) the traces
+        still assembling are read as at the end of the input: counted and estimated."""
         self._waiting.extend(self.assembler.finish())
         while self._waiting:
             self._handle(self._waiting.popleft())
@@ -591,6 +598,11 @@ class Backfill:
         elif self._reported == MAX_REPORTED + 1:
             self.reporter.message("(more problems are only counted; see the summary)")
 
+    def _fraction(self) -> float | None:
+        """The share of the input read so far, when the source can say."""
+        fraction_done = getattr(self.source, "fraction_done", None)
+        return fraction_done() if callable(fraction_done) else None
+
     def show_waiting(self, pending: int) -> None:
         """The progress line while enqueuing waits for the workers (``pending`` batches queued)."""
         self._show(waiting=f"; waiting for the workers: {pending:,} batches queued")
@@ -598,8 +610,7 @@ class Backfill:
     def _show(self, *, force: bool = False, waiting: str = "") -> None:
         if not force and not self.reporter.due():
             return
-        fraction_done = getattr(self.source, "fraction_done", None)
-        fraction = fraction_done() if callable(fraction_done) else None
+        fraction = self._fraction()
         counters = self.state.counters
         verb = (
             "would score" if self.submitter is None else ("scored" if self.submitter.mode == "embedded" else "enqueued")

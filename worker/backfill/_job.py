@@ -1041,12 +1041,35 @@ def _dry_run(
                 estimate.add(run)
 
     source_failed: SourceError | None = None
-    try:
-        Backfill(source, state, None, reporter=reporter, on_dry_run=on_run).run()
-    except SourceError as exc:  # Tempo failing mid-read: what was counted is said first
-        source_failed = exc
-    reporter.close()
+    with stop_on_signals("input record") as stop:
+        backfill = Backfill(source, state, None, reporter=reporter, should_stop=stop, on_dry_run=on_run)
+        try:
+            interrupted = stop.run(backfill.run)
+            if interrupted:  # (the traces still assembling were read: counted and estimated)
+                backfill.not_handed_over()
+        except SourceError as exc:  # Tempo failing mid-read: what was counted is said first
+            interrupted, source_failed = False, exc
+        reporter.close()
+        # (still under the handler: a second Ctrl-C while it sums up only asks again)
+        read = backfill.input_read if interrupted or source_failed is not None else 1.0
+        _dry_run_summary(state, estimate, as_json, started, read, interrupted, source_failed)
+
+
+def _dry_run_summary(
+    state: BackfillState,
+    estimate: CostEstimate | None,
+    as_json: bool,
+    started: float,
+    read: float | None,
+    interrupted: bool,
+    source_failed: SourceError | None,
+) -> None:
+    """Print what the dry run counted and estimated (``read``: the share of the input read);
+    stopped (``interrupted``), marked as the part read, exit 130."""
+    if interrupted:
+        state.status = "interrupted"
     summary = _summary(state, "dry-run", None, time.monotonic() - started)
+    summary["input_read"] = None if read is None else round(read, 4)
     if estimate is not None:
         summary["estimate"] = estimate.as_json()
     runs = state.counters.runs_read - state.counters.runs_read_again  # a run the input holds twice is scored once
@@ -1054,6 +1077,7 @@ def _dry_run(
     summary["scores_to_compute"] = runs * len(state.options.scorer_ids)
     if as_json:
         click.echo(json.dumps(summary))
+        _partial(state, read, interrupted)
         _source_failed(source_failed, "counts")
         _check_outcome(summary)
         return
@@ -1093,8 +1117,22 @@ def _dry_run(
             f"spans dropped: {summary['spans_dropped']} (past {MAX_SPANS_PER_TRACE:,} spans in one trace; "
             "the trace is read without them)"
         )
+    _partial(state, read, interrupted)
     _source_failed(source_failed, "counts")
     _check_outcome(summary)
+
+
+def _partial(state: BackfillState, read: float | None, interrupted: bool) -> None:
+    """A stopped dry run: say that its figures are of the part read, and exit 130."""
+    if not interrupted:
+        return
+    share = "an unknown share" if read is None else f"{read:.1%}"
+    click.echo(
+        f"partial: stopped after reading {state.counters.traces_read:,} traces ({share} of the input);"
+        " the counts and the estimate above are for that part, the rest of the input was not read",
+        err=True,
+    )
+    raise SystemExit(130)
 
 
 def _source_failed(exc: SourceError | None, what: str) -> None:
