@@ -11,8 +11,10 @@ Limits and retries are the worker's, from the ``Settings`` given: ``TRACESCORE_R
 transient failures is tried 1 + ``TRACESCORE_RETRY_BUDGET`` times,
 ``TRACESCORE_RETRY_BACKOFF_SECONDS`` apart (doubling, at most ``TRACESCORE_MAX_ETA_SECONDS``), as a
 worker tries a message (``score_runs`` tries its pairs that failed transiently the same way). A
-command's first Ctrl-C (``EmbeddedScorer.should_stop``) ends a backoff under way and starts no
-retry: the pairs left for it are not scored, counted as skipped (``interrupted``), never failed.
+command's first Ctrl-C (``EmbeddedScorer.should_stop``), or the shutdown of an app's exporter
+(``embedded_sink``), ends a backoff under way and starts no retry: the pairs left for it are not
+scored, counted as skipped (``interrupted``; the sink logs them, ``embedded_sink_not_scored``),
+never failed.
 Scoring runs on a ``GuardedLoop`` — a loop thread watched by the worker's ``LoopWatchdog`` — so a
 run past the timeout (awaiting, or blocking the loop) and a run out of memory become ``timeout`` /
 ``memory`` error records and the other runs are scored. A step that blocks the loop in code that
@@ -30,6 +32,7 @@ import os
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -563,6 +566,14 @@ class EmbeddedSink(CallbackSink):
         self.scorer = scorer
         self._pid = os.getpid()
         self._said = False
+        self._stopping = threading.Event()
+        scorer.should_stop = self._stopping.is_set
+
+    def stop_retrying(self) -> None:
+        """The exporter is shutting down: as a command's first Ctrl-C, a retry's backoff under
+        way ends and no retry starts (the app's exit waited it out); a batch still gets its
+        first try. ``close`` says what was left unscored."""
+        self._stopping.set()
 
     def send(self, batch: ScoreBatch) -> None:
         if os.getpid() != self._pid:
@@ -580,8 +591,22 @@ class EmbeddedSink(CallbackSink):
         super().send(batch)
 
     def close(self) -> None:
-        if os.getpid() == self._pid:
-            self.scorer.close()
+        if os.getpid() != self._pid:
+            return
+        self._stopping.set()
+        left = self.scorer.interrupted_pairs()
+        if left:
+            # Not recorded, nor failed: nothing says they were not scored but this (the exporter
+            # counted their runs as sent). Ids and counts only, never the runs' content.
+            log.warning(
+                "embedded_sink_not_scored",
+                reason="shut down while they waited for a retry after a transient failure",
+                pairs=len(left),
+                traces=len({trace_id for trace_id, _, _ in left}),
+                by_scorer=dict(Counter(scorer_id for _, _, scorer_id in left)),
+                trace_ids=sorted({trace_id for trace_id, _, _ in left})[:20],
+            )
+        self.scorer.close()
 
 
 def embedded_sink(
@@ -604,8 +629,9 @@ def embedded_sink(
     application's ``export()`` call. ``run_timeout_s`` (default: the workers' default, 180 s; 0 for
     none) bounds each run; it is an argument, not a ``TRACESCORE_*`` variable, because this runs
     inside the application, whose environment is not the workers' (a batch's transient failures
-    are tried twice more, 1 and 2 s apart, so that the exporter's shutdown waits 3 s at most for
-    them; the workers' other defaults hold). ``sinks`` (e.g.
+    are tried twice more, 1 and 2 s apart; the workers' other defaults hold). The exporter's
+    shutdown ends a wait for a retry and starts none (``EmbeddedSink.stop_retrying``): the pairs
+    that waited are not scored, logged by count as ``embedded_sink_not_scored``. ``sinks`` (e.g.
     ``[OtlpSink()]``) get every score at least once while the process lives, from an in-memory
     outbox (what is still queued when the exporter shuts down gets the drain time of
     ``EmbeddedScorer``; a crash loses it, as it loses the scores). The store keeps the newest
@@ -616,9 +642,9 @@ def embedded_sink(
     registry = load_registry(scorers) if isinstance(scorers, str) else scorers
     if store is None:  # the app lives for weeks: its store keeps the newest scores only
         store = MemoryScoreStore(max_records=EMBEDDED_RECORDS_KEPT)
-    # Not TRACESCORE_* of the app's environment; the workers' defaults but for the retries: this
-    # thread holds the lock its exporter's shutdown waits for while it waits to retry a batch,
-    # so 2 more tries 1 and 2 s apart (the workers' 3 more, 2, 4 and 8 s apart, held it 14 s).
+    # Not TRACESCORE_* of the app's environment; the workers' defaults but for the retries: an
+    # app's batch waits for them on the exporter's one sending thread, the batches behind it
+    # too, so 2 more tries 1 and 2 s apart (the workers' 3 more, 2, 4 and 8 s apart, took 14 s).
     defaults = Settings.model_construct(retry_budget=2, retry_backoff_seconds=1.0)
     return EmbeddedSink(
         EmbeddedScorer(registry, writer, store=store, settings=defaults, run_timeout_s=run_timeout_s, sinks=sinks)

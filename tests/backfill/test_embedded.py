@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from tests.backfill._synth import trace_spans
+from tests.fakellm import FakeLLMServer, Reply
 from tracing import MemoryScoreWriter, ScoringRule, ScoringSpanExporter
 from tracing.otlp import decode_otlp_records
 from tracing.queue import ScoreBatch, ScoreRequest
@@ -195,3 +196,69 @@ def test_an_embedded_sink_in_a_forked_process_refuses_at_once_and_shuts_down() -
         assert wait_for(lambda: len(writer.records) == 2, 10)  # the parent scores on
     finally:
         provider.shutdown()
+
+
+def test_shutdown_ends_an_embedded_sinks_retry_backoff_and_says_what_it_left(
+    fake_llm: FakeLLMServer,
+) -> None:
+    """An embedded sink whose batch had a transient judge failure waited out its retry's backoff
+    when the app shut down (up to 3 s with embedded_sink's defaults, here 30 s), holding the
+    app's exit. Now shutdown ends the wait and starts no retry, as a command's first Ctrl-C: the
+    pairs that waited are not scored, nor recorded as failed, and the sink logs how many (no
+    agent content); the rest is scored as before, and the exporter drops nothing."""
+    from structlog.testing import capture_logs
+
+    from tests.tracing._spans import chat_attributes
+    from tests.worker._workers import wait_for
+    from worker._embedded import EmbeddedSink
+    from worker._settings import Settings
+
+    fake_llm.rule(Reply.error(503, "overloaded"), user_contains="PLAIN")
+    registry = load_registry("tests.worker.budget_scorers")
+    writer = MemoryScoreWriter()
+    settings = Settings.model_construct(retry_budget=1, retry_backoff_seconds=30.0)
+    scorer = EmbeddedScorer({s: registry[s] for s in ("costly", "plain")}, writer, settings=settings, run_timeout_s=30)
+    shutdown_timeout_s = 10.0
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["costly", "plain"])],
+        EmbeddedSink(scorer),
+        grace_s=0.0,
+        processor_delay_s=0.0,
+        flush_interval_s=0.05,
+        shutdown_timeout_s=shutdown_timeout_s,
+    )
+    provider = TracerProvider(resource=Resource({"service.name": "shop"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("app")
+    agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper"}
+
+    def one(question: str) -> None:
+        with (
+            tracer.start_as_current_span("invoke_agent helper", attributes=agent),
+            tracer.start_as_current_span("chat m", attributes=chat_attributes(question, "Secret answer text.")),
+        ):
+            pass
+
+    def plain_asked() -> int:
+        return sum("PLAIN" in r.user_text for r in fake_llm.requests)
+
+    try:
+        one("First secret question?")
+        # Its first try done: "costly" scored, "plain" answered 503 and waiting for its retry.
+        assert wait_for(lambda: plain_asked() == 1 and len(writer.records) == 1, 20)
+        one("Second secret question?")  # queued behind the batch in its backoff
+        with capture_logs() as logs:
+            started = time.monotonic()
+            provider.shutdown()
+            took = time.monotonic() - started
+    finally:
+        provider.shutdown()
+    assert took < shutdown_timeout_s, f"shutdown waited {took:.1f} s: the retry's backoff held it"
+    # The second trace was scored once (its own first try), the first one not retried.
+    assert plain_asked() == 2
+    assert sorted(r.scorer_id for r in writer.records) == ["costly", "costly"]
+    stats = exporter.stats()
+    assert (stats["runs_sent"], stats["dropped"]) == (2, {})
+    (said,) = [e for e in logs if e["event"] == "embedded_sink_not_scored"]
+    assert (said["pairs"], said["by_scorer"]) == (2, {"plain": 2})
+    assert "secret" not in json.dumps(logs, default=str).lower()

@@ -306,7 +306,8 @@ class ScoringSpanExporter(SpanExporter):
     def shutdown(self, timeout_millis: int | None = None) -> None:
         """Flush what can be flushed within the deadline (default ``shutdown_timeout_s``: the
         SDK calls this without one, and a down broker must not hold the app's exit), then stop
-        both threads and close the sink; what is left is counted as dropped.
+        both threads and close the sink; what is left is counted as dropped. A sink with a
+        ``stop_retrying()`` (``embedded_sink``) is told first: it starts no retry of its own.
 
         From the deadline on nothing new is sent: the sender starts no send attempt (nor retry)
         once stopped, and a ``CelerySink`` refuses sends once closed. Closing waits for a send
@@ -322,6 +323,14 @@ class ScoringSpanExporter(SpanExporter):
             if self._closed:
                 return
             self._closed = True
+        # A sink that retries inside its send (embedded_sink: a batch's transient failures, a
+        # backoff apart) starts no retry from now on and ends a wait for one: the exit waited it out.
+        stop_retrying = getattr(self._sink, "stop_retrying", None)
+        if callable(stop_retrying):
+            try:
+                stop_retrying()
+            except Exception as exc:
+                log.warning("exporter_sink_stop_retrying_failed", error=describe(exc))
         try:
             self._process(force=True, deadline=deadline, closing=True)
             with self._lock:
