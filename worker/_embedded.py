@@ -363,8 +363,10 @@ class EmbeddedScorer:
         self.agents = agents
         self.totals = BatchReport(batch_id="*")
         self.should_stop: Callable[[], bool] = lambda: False
-        # Batches a stop left with pairs unscored: their retry not started, or cut by a second Ctrl-C.
-        self._unfinished: list[ScoreBatch] = []
+        # Batches handed over and not scored through (by id): their retry not started, cut by a
+        # second Ctrl-C, or still being scored. ``interrupted_pairs`` names only pairs without a
+        # record, so a batch held here that did finish names nothing.
+        self._unfinished: dict[int, ScoreBatch] = {}
         self._loop = GuardedLoop(run_timeout_s)
         self._lock = threading.Lock()
 
@@ -372,7 +374,12 @@ class EmbeddedScorer:
 
     def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
         """Score ``batch`` now (``requests_json`` is unused: nothing is sent)."""
+        # Held as unfinished first, let go once scored through: a second Ctrl-C landing before
+        # its scoring began left its pairs (counted as enqueued) unnamed, uncounted.
+        self._unfinished[id(batch)] = batch
         report = self.score(batch)
+        if not report.retry:
+            del self._unfinished[id(batch)]
         totals = self.totals
         totals.requests += report.requests
         totals.pairs += report.pairs
@@ -387,25 +394,19 @@ class EmbeddedScorer:
     def score(self, batch: ScoreBatch) -> BatchReport:
         """Score one batch now; transient judge failures are retried as a worker retries a
         message (``_task``: ``TRACESCORE_RETRY_BUDGET`` retries, the backoff doubling), unless
-        ``should_stop``: then what is left for a retry stays unscored (``interrupted_pairs``)."""
+        ``should_stop``: then what is left for a retry stays unscored (``report.retry``; through
+        ``submit``, named by ``interrupted_pairs``)."""
         with self._lock:
             if self.agents is not None:
                 for request in batch.requests:
                     self.agents.update(request.agent_labels())
             try:
-                report = _tries(
+                return _tries(
                     self.settings,
                     lambda final, number: self._score_once(batch, final, retried=number > 0),
                     lambda report: bool(report.retry),
                     self.should_stop,
                 )
-            except BaseException:  # (a second Ctrl-C: the batch cancelled where it stood)
-                self._unfinished.append(batch)
-                raise
-            else:
-                if report.retry:
-                    self._unfinished.append(batch)
-                return report
             finally:
                 if self.agents is not None:
                     for request in batch.requests:
@@ -510,12 +511,12 @@ class EmbeddedScorer:
 
     def interrupted_pairs(self) -> list[tuple[str, str, str]]:
         """The pairs a stop left unscored — the batch's retry not started (a first Ctrl-C), or
-        the batch cut short (a second) — each counted once as its job's ``skipped:interrupted``
+        the batch cut short, or not yet begun (a second) — each counted once as its job's ``skipped:interrupted``
         (never a failure: nothing failed for good); their (trace id, span id, scorer id). After
         ``settle``: a cut batch's runs that finished recording are scored, not left."""
         with self._lock:
             pairs: dict[str, tuple[str, str, str, str | None]] = {}
-            for batch in self._unfinished:
+            for batch in list(self._unfinished.values()):  # (a copy: the sink's thread may add one)
                 pairs.update(batch_pairs(batch, self.deps.registry))
             recorded = self._loop.run(self.store.existing(list(pairs)))
             left = {score_id: pair for score_id, pair in pairs.items() if score_id not in recorded}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -262,3 +263,41 @@ def test_shutdown_ends_an_embedded_sinks_retry_backoff_and_says_what_it_left(
     (said,) = [e for e in logs if e["event"] == "embedded_sink_not_scored"]
     assert (said["pairs"], said["by_scorer"]) == (2, {"plain": 2})
     assert "secret" not in json.dumps(logs, default=str).lower()
+
+
+def test_a_stop_as_a_batch_is_handed_over_leaves_its_pairs_named_and_counted(tmp_path: Path) -> None:
+    """A second Ctrl-C landing after the driver counted a batch's runs as enqueued and before
+    the scorer began on it (here: its scoring raises KeyboardInterrupt before doing anything)
+    left the batch's pairs neither scored nor named and counted as interrupted: the summary's
+    expected scores were more than it accounted for. The scorer holds a batch as unfinished
+    from the start of the hand-over now, so its pairs are named and counted (skipped:
+    interrupted), and every expected score is accounted for."""
+    from tests.backfill._synth import write_otlp_files
+    from tracing.sources import FileSource
+    from worker.backfill._driver import Backfill
+    from worker.backfill._state import BackfillOptions, BackfillState
+
+    write_otlp_files(tmp_path, 5, files=1, compress=False)
+    source = FileSource(sorted(tmp_path.iterdir()))
+    scorer_ids = ["answer-words", "confident"]
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=scorer_ids, batch_size=10)
+    state = BackfillState(job_id="bf-cut", source=source.describe(), options=options)
+    registry = load_registry("tests.backfill.scorers")
+    scorer = EmbeddedScorer({s: registry[s] for s in scorer_ids}, MemoryScoreWriter())
+
+    def interrupted(batch: ScoreBatch) -> Any:
+        raise KeyboardInterrupt  # the second Ctrl-C, before any of the batch is scored
+
+    scorer.score = interrupted  # type: ignore[method-assign]
+    backfill = Backfill(source, state, scorer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            backfill.run()
+        backfill.not_handed_over()
+        left = scorer.interrupted_pairs()
+        progress = scorer.progress("bf-cut")
+    finally:
+        scorer.close()
+    assert state.counters.runs_enqueued == 5
+    assert sorted(scorer_id for _, _, scorer_id in left) == sorted(scorer_ids * 5)
+    assert progress.get("skipped:interrupted") == 10 == state.expected_scores

@@ -547,7 +547,9 @@ class Backfill:
             # Counted before the hand-over: a second Ctrl-C inside it (scoring in place) leaves
             # its runs handed over, some scored, and the summary's expected scores must cover
             # them (it showed more scored than expected). A resume reads the saved state, which
-            # _save updates only after the hand-over.
+            # _save updates only after the hand-over. The in-process scorer holds the batch from
+            # its submit's first line; one landing before that line (a few bytecodes) still
+            # leaves the batch's pairs unnamed: only deferring the signal would close it.
             counters.batches += 1
             counters.runs_enqueued += batch.runs()
             # A trace cut across two batches (or read in two parts) counts in each.
