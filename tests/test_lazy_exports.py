@@ -19,7 +19,7 @@ import pytest
 from tests._redis import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
-LAZY = ["scorers", "tracing", "tracing.queue", "tracing.sinks", "worker"]
+LAZY = ["scorers", "tracing", "tracing.queue", "tracing.sinks", "tracing.sources", "worker", "worker.backfill"]
 
 
 def _stub_all(package: str) -> set[str]:
@@ -161,6 +161,29 @@ def test_a_backfill_sent_to_redis_loads_no_scoring_code_and_no_unused_sink(
         code_, loaded, stderr = _loaded_after(argv, unwanted, env=env, timeout=120)
         assert code_ == 0, stderr[-2000:]
         assert client.llen("tracescore") >= 1  # the runs were sent
+    finally:
+        client.flushdb()
+        client.close()
+    assert loaded == []
+
+
+def test_status_reads_the_jobs_states_without_loading_the_backfill(redis_server: RedisServer) -> None:
+    """`status` is a health check, run every few seconds: it reads each backfill job's state
+    (``BackfillState``) without loading the driver, the job, the sources' Tempo client (httpx)
+    or the protobuf decoder (a quarter of a second each call, when the backfill package imported
+    them all)."""
+    from worker.backfill._state import BackfillOptions, BackfillState, RedisJobStore
+
+    client = redis_server.client(9)
+    client.flushdb()
+    try:
+        options = BackfillOptions(scorers_module="bench.backfill_scorers", scorer_ids=["plain"])
+        state = BackfillState(job_id="bf-lazy-1", source={"kind": "files", "files": []}, options=options)
+        assert RedisJobStore(client).save(state)
+        unwanted = ["httpx", "google.protobuf", "worker.backfill._driver", "worker.backfill._job"]
+        env = {**os.environ, "TRACESCORE_BROKER_URL": redis_server.url(9)}
+        code_, loaded, stderr = _loaded_after(["status", "--json"], unwanted, env=env)
+        assert code_ == 0, stderr[-2000:]
     finally:
         client.flushdb()
         client.close()

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from tracing import CelerySink, redact
 from tracing.queue import ScoreBatch, plain_id
@@ -23,6 +23,7 @@ from worker._keys import backfill_hold_key, backfill_jobs_key, backfill_state_ke
 from worker._limiter import RedisRateLimiter
 from worker._reconnect import DECODED
 from worker._settings import Settings
+from worker.backfill import BackfillState
 from worker.store import (
     DeadLetter,
     RedisDeadLetters,
@@ -163,25 +164,6 @@ async def store_status(settings: Settings) -> dict[str, Any]:
         await ledger.close()
 
 
-class _Options(BaseModel):
-    scorer_ids: list[str]
-
-
-class _Counters(BaseModel):
-    runs_enqueued: int = 0
-
-
-class _JobState(BaseModel):
-    """The fields of a backfill job's state (``worker.backfill.BackfillState``) that ``status``
-    shows, read without loading the backfill (its sources load httpx and protobuf: a health
-    check run every few seconds)."""
-
-    status: str
-    source_label: str = ""
-    options: _Options
-    counters: _Counters = _Counters()
-
-
 # KEYS: the index of jobs, then the state of each id in ARGV. An id whose state is gone (expired)
 # leaves the index, so it stays as large as the jobs Redis still keeps; one whose state a save
 # wrote meanwhile stays (each is looked at in this one step).
@@ -270,7 +252,7 @@ def _job(
         refused.append(f"backfill {job_id}'s state: {_wrong_type(client, state_key, 'string', raw)}")
     else:
         try:
-            state = _JobState.model_validate_json(raw)
+            state = BackfillState.model_validate_json(raw)
         except ValidationError as exc:  # (its text would quote the stored value)
             job["state_unreadable"] = (
                 f"{exc.error_count()} problem(s), first at {validation_place(exc.errors()[0]['loc'])}"
@@ -281,7 +263,7 @@ def _job(
                 source=state.source_label,
                 scorers=state.options.scorer_ids,
                 runs_enqueued=state.counters.runs_enqueued,
-                expected_scores=state.counters.runs_enqueued * len(set(state.options.scorer_ids)),
+                expected_scores=state.expected_scores,
             )
     counters_key = job_key(job_id)
     if isinstance(counts, redis.exceptions.ResponseError):

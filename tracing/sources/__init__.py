@@ -8,37 +8,12 @@ traffic reach the worker in the same shape.
     for item in source.read():
         if isinstance(item, SpanBatch):
             for trace in assembler.add(item.spans, item.position): ...
+
+The names (``__init__.pyi``) load on first use.
 """
 
-from tracing.sources._assemble import MAX_SPANS_PER_TRACE, AssembledTrace, AssemblerStats, Released, TraceAssembler
-from tracing.sources._base import (
-    Malformed,
-    Position,
-    SourceError,
-    SourceItem,
-    SpanBatch,
-    TraceSource,
-    UnitEnd,
-)
-from tracing.sources._files import FileSource
-from tracing.sources._open import open_source, source_from_description
-from tracing.sources._tempo import TempoSource
+import lazy_loader
 
-__all__ = [
-    "MAX_SPANS_PER_TRACE",
-    "AssembledTrace",
-    "AssemblerStats",
-    "FileSource",
-    "Malformed",
-    "Position",
-    "Released",
-    "SourceError",
-    "SourceItem",
-    "SpanBatch",
-    "TempoSource",
-    "TraceAssembler",
-    "TraceSource",
-    "UnitEnd",
-    "open_source",
-    "source_from_description",
-]
+# Imported from their modules on first use (see __init__.pyi): a reader of a job's state needs
+# ``Position``, not the Tempo client (httpx) and the protobuf decoder.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

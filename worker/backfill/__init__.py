@@ -6,25 +6,12 @@ requests in byte-cut batches (``Backfill``, the driver) to the workers through t
 publisher with backpressure (``RedisSubmitter``) or to the embedded scorer → follow the job to
 its summary. The state (``BackfillState``: options, checkpoint, counters) is saved in Redis, so
 a job resumes.
+
+The names (``__init__.pyi``) load on first use.
 """
 
-from worker._progress import ProgressReporter
-from worker.backfill._driver import Backfill, Submitter
-from worker.backfill._job import EXIT_WAIT_TIMEOUT, BackfillJob, WaitTimeoutError, load_scorers, print_summary
-from worker.backfill._state import BackfillOptions, BackfillState, new_job_id
-from worker.backfill._submit import RedisSubmitter
+import lazy_loader
 
-__all__ = [
-    "EXIT_WAIT_TIMEOUT",
-    "Backfill",
-    "BackfillJob",
-    "BackfillOptions",
-    "BackfillState",
-    "ProgressReporter",
-    "RedisSubmitter",
-    "Submitter",
-    "WaitTimeoutError",
-    "load_scorers",
-    "new_job_id",
-    "print_summary",
-]
+# Imported from their modules on first use (see __init__.pyi): ``tracescore status`` reads a
+# job's state (``BackfillState``) without loading the driver, the job and the sources.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -16,12 +16,12 @@ import structlog
 
 from tracing.sources import SourceError, open_source
 from worker._gc import tuned_gc
+from worker._progress import ProgressReporter
 from worker.backfill import (
     EXIT_WAIT_TIMEOUT,
     BackfillJob,
     BackfillOptions,
     BackfillState,
-    ProgressReporter,
     load_scorers,
     new_job_id,
 )

@@ -1,0 +1,35 @@
+"""The names ``tracing.sources`` exports, for type checkers; ``__init__.py`` loads each from the
+module named here on first use."""
+
+from ._assemble import MAX_SPANS_PER_TRACE, AssembledTrace, AssemblerStats, Released, TraceAssembler
+from ._base import (
+    Malformed,
+    Position,
+    SourceError,
+    SourceItem,
+    SpanBatch,
+    TraceSource,
+    UnitEnd,
+)
+from ._files import FileSource
+from ._open import open_source, source_from_description
+from ._tempo import TempoSource
+
+__all__ = [
+    "MAX_SPANS_PER_TRACE",
+    "AssembledTrace",
+    "AssemblerStats",
+    "FileSource",
+    "Malformed",
+    "Position",
+    "Released",
+    "SourceError",
+    "SourceItem",
+    "SpanBatch",
+    "TempoSource",
+    "TraceAssembler",
+    "TraceSource",
+    "UnitEnd",
+    "open_source",
+    "source_from_description",
+]
