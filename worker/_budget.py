@@ -30,8 +30,10 @@ its worker (``worker._task``) is not on a first delivery, though its message is 
 what the batch's deliveries failed.
 
 Days are UTC dates of the worker's clock. Spend is kept per day for ``SPEND_TTL_S`` and per
-job until the job's keys expire. ``MemoryLedger`` is the in-process twin (``score``, a backfill
-without a broker), whose tally of every call is the spend those commands show.
+job until the job's keys expire. A job's spend hash also counts every judge call sent for it
+(``calls``: failed ones too, in the write that counts the failure) and its unpriced calls per
+model, by the model called: ``job_spend`` reads it as the job's summary shows it, the same tally
+``MemoryLedger`` keeps in process (``score``, a backfill without a broker) for those commands.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import math
 import os
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -69,7 +71,7 @@ from worker import _keys
 from worker._errors import StoreKeyTypeError
 from worker._reconnect import StoreUnavailableError, reconnecting_client, unavailable_as_error
 from worker._summary import Spend
-from worker.store import checked_async, checked_script
+from worker.store import checked, checked_async, checked_script
 
 __all__ = [
     "SPEND_TTL_S",
@@ -82,6 +84,7 @@ __all__ = [
     "default_attempt_cap",
     "enter_run",
     "install_local_guard",
+    "job_spend",
     "parse_budgets",
     "parse_prices",
     "price_table",
@@ -96,6 +99,8 @@ log = structlog.get_logger("tracescore.worker.budget")
 
 SPEND_TTL_S = 35 * 24 * 3600
 TOTAL = "total"
+# A job's spend hash counts its judge calls here (every call sent: failed, unpriced, free too).
+JOB_CALLS = "calls"
 _ANY_PRICE = ModelPrice(input=0, output=0)  # (a name matched, whatever its price)
 _PROVIDERS = sorted({model_id.partition("/")[0] for model_id in DEFAULT_PRICES})
 
@@ -272,7 +277,12 @@ def default_attempt_cap(scorer: Scorer, retry_deliveries: int) -> int:
 class Ledger(Protocol):
     """Where spend and call counts live (Redis for workers, memory for an in-process backfill)."""
 
-    async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None: ...
+    async def add(
+        self, day: str, fields: list[str], cost: float, job_id: str | None = None, job_fields: Sequence[str] = ()
+    ) -> None:
+        """One judge call: ``cost`` added to the day's ``fields`` and, for a job, to its
+        ``job_fields``, and the call counted in its ``calls``."""
+        ...
 
     async def read(self, day: str, fields: list[str], job_id: str | None) -> tuple[list[float], float, float | None]:
         """The day's spend of ``fields``, the job's spend and the job's limit."""
@@ -282,7 +292,9 @@ class Ledger(Protocol):
         """Failed judge calls of one run and scorer version so far, and the last one's error."""
         ...
 
-    async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int) -> None: ...
+    async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int, job_id: str | None = None) -> None:
+        """One failed call of a run, counted for its cap and (a job's) in the job's ``calls``."""
+        ...
 
     async def reset_calls(self, run_keys: list[str]) -> None: ...
 
@@ -301,20 +313,28 @@ _SPEND = "{float = true, totals = {total = 'scorer:'}}"
 # as 0, it let every call past its budget all day, and an add to it failed, the spend uncounted.
 _SPEND_KEYS = "(#KEYS == 1 and {KEYS[1], 'hash', 'k'} or {KEYS[1], 'hash', 'k', KEYS[2], 'hash', 'k'})"
 
-# KEYS: the day's spend, then the job's (if any). ARGV: cost, per key of the two its TTL (0: it
-# has one), fields.
+# KEYS: the spend hashes written (the day's when it has fields, then the job's, if any). ARGV:
+# the cost, then per key its TTL (0: it has one), its number of fields and its fields. A job's
+# `calls` field counts the call (1, whatever it cost).
 _ADD = checked_script(
     _SPEND_KEYS,
     f"""
-local fields = {{unpack(ARGV, 4)}}
-local bad = tracescore_check_counters(KEYS, fields, {_SPEND})
-if bad then return bad end
+local plan, at = {{}}, 2
+for k = 1, #KEYS do
+  local n = tonumber(ARGV[at + 1])
+  plan[k] = {{ttl = ARGV[at], fields = {{unpack(ARGV, at + 2, at + 1 + n)}}}}
+  at = at + 2 + n
+end
 for k, key in ipairs(KEYS) do
-  for _, field in ipairs(fields) do
-    redis.call('HINCRBYFLOAT', key, field, ARGV[1])
+  local bad = tracescore_check_counters({{key}}, plan[k].fields, {_SPEND})
+  if bad then return bad end
+end
+for k, key in ipairs(KEYS) do
+  for _, field in ipairs(plan[k].fields) do
+    redis.call('HINCRBYFLOAT', key, field, field == '{JOB_CALLS}' and 1 or ARGV[1])
   end
-  if ARGV[1 + k] ~= '0' then
-    redis.call('EXPIRE', key, ARGV[1 + k])
+  if plan[k].ttl ~= '0' then
+    redis.call('EXPIRE', key, plan[k].ttl)
   end
 end
 return 0
@@ -339,17 +359,25 @@ return out
 """,
 )
 
-# KEYS: a run's failed-call hash. ARGV: version, error, TTL. Its count is rebuilt from zero if it
-# must be: a key of another type, or a count that is no integer (its HINCRBY failed, and with it
-# the judge's failure hook), is repaired.
+# KEYS: a run's failed-call hash, then (a job's call) the job's spend. ARGV: version, error, TTL,
+# then the job spend's TTL (0: it has one). Its count is rebuilt from zero if it must be: a key
+# of another type, or a count that is no integer (its HINCRBY failed, and with it the judge's
+# failure hook), is repaired. The job's spend counts the call (no cost) in the same script.
 _NOTE_FAILURE = checked_script(
-    "{KEYS[1], 'hash', 'r'}",
-    """
-local bad = tracescore_check_counters({KEYS[1]}, {ARGV[1]})
+    "(#KEYS == 1 and {KEYS[1], 'hash', 'r'} or {KEYS[1], 'hash', 'r', KEYS[2], 'hash', 'k'})",
+    f"""
+local bad = tracescore_check_counters({{KEYS[1]}}, {{ARGV[1]}})
+  or (#KEYS == 2 and tracescore_check_counters({{KEYS[2]}}, {{'{JOB_CALLS}'}}, {_SPEND}))
 if bad then return bad end
 redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
 redis.call('HSET', KEYS[1], ARGV[1] .. ':error', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+if #KEYS == 2 then
+  redis.call('HINCRBYFLOAT', KEYS[2], '{JOB_CALLS}', 1)
+  if ARGV[4] ~= '0' then
+    redis.call('EXPIRE', KEYS[2], ARGV[4])
+  end
+end
 return 0
 """,
 )
@@ -357,7 +385,8 @@ return 0
 
 @unavailable_as_error
 class RedisLedger:
-    """``Ledger`` in Redis: ``spend:<day>`` and ``spend:job:<id>`` hashes (field → USD),
+    """``Ledger`` in Redis: ``spend:<day>`` and ``spend:job:<id>`` hashes (field → USD; a job's
+    ``calls`` and ``unpriced:<model>`` → calls),
     ``budget:job:<id>`` (a job's limit), ``judge_calls:<trace>:<span>:<scorer>`` hashes (field
     ``<version>``: failed calls, ``<version>:error``: the last one's error)."""
 
@@ -382,15 +411,26 @@ class RedisLedger:
             self._note_failure = self._client.register_script(_NOTE_FAILURE)
         return self._client
 
-    async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None:
+    async def add(
+        self, day: str, fields: list[str], cost: float, job_id: str | None = None, job_fields: Sequence[str] = ()
+    ) -> None:
+        writes = [(_keys.spend_key(day), list(fields))] if fields else []
+        if job_id:
+            writes.append((_keys.job_spend_key(job_id), [*job_fields, JOB_CALLS]))
+        if not writes:
+            return
         client = self._redis()
-        keys = [_keys.spend_key(day)] + ([_keys.job_spend_key(job_id)] if job_id else [])
+        keys = [key for key, _ in writes]
         fresh = [k for k in keys if k not in self._expiring]
         # One round trip, no MULTI; the fields it adds to checked first (only those: a call's
         # cost is one script of a few commands in Redis).
-        ttls = [SPEND_TTL_S if k in fresh else 0 for k in keys]
-        args = [repr(float(cost)), *ttls, *[0] * (2 - len(ttls)), *fields]
+        args: list[Any] = [repr(float(cost))]
+        for key, written in writes:
+            args += [SPEND_TTL_S if key in fresh else 0, len(written), *written]
         await checked_async(client, "spend_add", [], lambda: self._add(keys=keys, args=args))
+        self._expire_noted(fresh)
+
+    def _expire_noted(self, fresh: list[str]) -> None:
         if len(self._expiring) > 10_000:
             self._expiring.clear()
         self._expiring.update(fresh)
@@ -415,11 +455,16 @@ class RedisLedger:
         )
         return _count(count, "judge_calls"), str(error) if error is not None else None
 
-    async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int) -> None:
-        client, key = self._redis(), _keys.judge_calls_key(run_key)
-        await checked_async(
-            client, "judge_calls", [], lambda: self._note_failure(keys=[key], args=[version, error, ttl_s])
-        )
+    async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int, job_id: str | None = None) -> None:
+        client, keys = self._redis(), [_keys.judge_calls_key(run_key)]
+        args: list[Any] = [version, error, ttl_s]
+        fresh = []
+        if job_id:
+            keys.append(_keys.job_spend_key(job_id))
+            fresh = [keys[1]] if keys[1] not in self._expiring else []
+            args.append(SPEND_TTL_S if fresh else 0)
+        await checked_async(client, "judge_calls", [], lambda: self._note_failure(keys=keys, args=args))
+        self._expire_noted(fresh)
 
     async def reset_calls(self, run_keys: list[str]) -> None:
         if run_keys:
@@ -440,6 +485,16 @@ def set_job_limit(client: Any, job_id: str, usd: float) -> None:
     job's spend TTL (``client``: a sync Redis client; written before the job's first message,
     which ``BudgetGuard`` relies on to remember jobs without one)."""
     client.set(_keys.job_budget_key(job_id), repr(float(usd)), ex=SPEND_TTL_S)
+
+
+def job_spend(client: Any, job_id: str) -> Spend:
+    """A backfill job's judge spend as its workers' ledgers counted it, call by call, over all
+    its deliveries and resumes (``client``: a sync Redis client; a key of another type raises
+    ``StoreKeyTypeError``, a field that is no number is left out, counted as unreadable)."""
+    key = _keys.job_spend_key(job_id)
+    raw = checked(client, "job_spend", [(key, "hash", True)], lambda: client.hgetall(key))
+    fields = {k.decode() if isinstance(k, bytes) else str(k): v for k, v in raw.items()}
+    return Spend.of_job({k: _known(v, f"job_spend:{k}") for k, v in fields.items()})
 
 
 # Runs' counts of failed judge calls a ``MemoryLedger`` keeps, the newest touched: without a
@@ -472,11 +527,15 @@ class MemoryLedger:
         """One judge call sent that failed: a call, nothing paid."""
         self.spend.add_call(scorer_id, model_id, 0.0)
 
-    async def add(self, day: str, fields: list[str], cost: float, job_id: str | None) -> None:
+    async def add(
+        self, day: str, fields: list[str], cost: float, job_id: str | None = None, job_fields: Sequence[str] = ()
+    ) -> None:
         for f in fields:
             self.days[day][f] += cost
-            if job_id:
+        if job_id:
+            for f in job_fields:
                 self.jobs[job_id][f] += cost
+            self.jobs[job_id][JOB_CALLS] += 1
 
     async def read(self, day: str, fields: list[str], job_id: str | None) -> tuple[list[float], float, float | None]:
         values = [self.days[day].get(f, 0.0) for f in fields]
@@ -487,7 +546,9 @@ class MemoryLedger:
     async def failed_calls(self, run_key: str, version: str) -> tuple[int, str | None]:
         return self.calls.get((run_key, version), 0), self.errors.get((run_key, version))
 
-    async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int) -> None:
+    async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int, job_id: str | None = None) -> None:
+        if job_id:
+            self.jobs[job_id][JOB_CALLS] += 1
         key = (run_key, version)
         self.calls[key] = self.calls.get(key, 0) + 1
         self.calls.move_to_end(key)
@@ -647,13 +708,20 @@ class BudgetGuard:
     async def call_failed(self, model_id: str, scorer_id: str, error: Exception) -> None:
         # Called only for a request really sent (the provider's error answer, or its timeout).
         run = _current.get()
+        scorer = run.scorer_id if run is not None else scorer_id
         if self.on_failure is not None:
-            self.on_failure(run.scorer_id if run is not None else scorer_id, model_id)
-        if run is None or run.max_calls <= 0:
+            self.on_failure(scorer, model_id)
+        if run is None:
+            return
+        if run.max_calls <= 0:
+            # A call of the job all the same (one write: a failure's, not every call's).
+            if run.job_id:
+                await self._count(scorer, model_id, 0.0, lambda: self.ledger.add(utc_day(), [], 0.0, run.job_id))
             return
         run.failed_here += 1
         run.last_here = f"{type(error).__name__}: {str(error)[:500]}"
-        await self.ledger.note_failure(run.run_key, run.version, run.last_here, self.calls_ttl_s)
+        # (the job's calls counted in the same write)
+        await self.ledger.note_failure(run.run_key, run.version, run.last_here, self.calls_ttl_s, run.job_id)
 
     async def after_call(self, model_id: str, scorer_id: str, usage: JudgeUsage) -> None:
         cost = price_usage(model_id, usage, self.prices)
@@ -661,20 +729,28 @@ class BudgetGuard:
         scorer = run.scorer_id if run is not None else scorer_id
         if self.on_usage is not None:
             self.on_usage(scorer, model_id, usage, cost)
-        if cost == 0.0:
-            return
         job_id = run.job_id if run is not None else None
+        if cost is None:
+            # No price: nothing to hold against a budget, but counted (calls), so status
+            # can say the spend shown leaves these out; from now on a budget that applies
+            # refuses this model's calls (before_call).
+            if model_id not in self._unpriced:
+                self._unpriced.add(model_id)
+                log.warning("judge_model_unpriced", model=model_id, hint="add it to TRACESCORE_PRICES")
+            unpriced = [f"unpriced:{model_id}"]
+            await self._count(
+                scorer, model_id, None, lambda: self.ledger.add(utc_day(), unpriced, 1.0, job_id, unpriced)
+            )
+        elif cost or job_id:  # (a free call is written for a job alone: its calls)
+            day = [f"scorer:{scorer}", self._model_field(model_id), TOTAL] if cost else []
+            # A job's spend per model is by the model called (the day's, by the budget's name).
+            job = [f"scorer:{scorer}", f"model:{model_id}", TOTAL] if cost else []
+            await self._count(scorer, model_id, cost, lambda: self.ledger.add(utc_day(), day, cost, job_id, job))
+
+    @staticmethod
+    async def _count(scorer: str, model_id: str, cost: float | None, add: Callable[[], Awaitable[None]]) -> None:
         try:
-            if cost is None:
-                # No price: nothing to hold against a budget, but counted (calls), so status
-                # can say the spend shown leaves these out; from now on a budget that applies
-                # refuses this model's calls (before_call).
-                if model_id not in self._unpriced:
-                    self._unpriced.add(model_id)
-                    log.warning("judge_model_unpriced", model=model_id, hint="add it to TRACESCORE_PRICES")
-                await self.ledger.add(utc_day(), [f"unpriced:{model_id}"], 1.0, None)
-                return
-            await self.ledger.add(utc_day(), [f"scorer:{scorer}", self._model_field(model_id), TOTAL], cost, job_id)
+            await add()
         except (StoreUnavailableError, StoreKeyTypeError, RedisResponseError) as exc:
             # The answer is paid for: keep it rather than fail the run and pay again on its
             # redelivery. The spend goes uncounted (the budget may be passed by this much);

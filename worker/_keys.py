@@ -136,7 +136,8 @@ def spend_key(day: str) -> str:
 
 
 def job_spend_key(job_id: str) -> str:
-    """Hash: judge spend (USD) of one backfill job, fields as ``spend_key``."""
+    """Hash: judge spend (USD) of one backfill job by ``scorer:<id>``, ``model:<id called>`` and
+    ``total``, and its judge calls: ``calls`` (every one sent), ``unpriced:<model>``."""
     return f"{PREFIX}spend:job:{job_id}"
 
 

@@ -260,17 +260,15 @@ def _number(value: float) -> str:
 
 @dataclass
 class Spend:
-    """Judge spend: USD per scorer and per model, judge calls, and what had no price. Summed
-    either from records (``add``: a Redis job's, read back), or call by call by the in-process
-    ledger (``add_call``: ``score`` and an embedded backfill, where a pair a stop left unscored
-    has no record, though its answered steps were paid for). A record keeps one sum for its
-    run, so a run judged by several models is shown under their names joined by "+" rather
-    than split by guess; a call has one model, and is shown under it."""
+    """Judge spend, call by call: USD per scorer and per model called, every judge call sent
+    (failed ones too), and the calls to models with no price, per model. Tallied in process
+    (``add_call``: the in-memory ledger of ``score`` and an embedded backfill) or read from a
+    Redis job's spend hash, which the workers' ledger adds to the same way (``of_job``): one
+    meaning on both paths, the calls of a run that got no record (a stop, a replaced try) too."""
 
     by_scorer: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     by_model: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: int = 0
-    unpriced: Counter[str] = field(default_factory=Counter)  # records (runs) with no price
     unpriced_calls: Counter[str] = field(default_factory=Counter)
 
     def add_call(self, scorer_id: str, model: str, cost_usd: float | None) -> None:
@@ -278,20 +276,29 @@ class Spend:
         self.calls += 1
         if cost_usd is None:
             self.unpriced_calls[model] += 1
-            return
-        self.by_scorer[scorer_id] += cost_usd
-        self.by_model[model] += cost_usd
+        elif cost_usd:  # (a failed or free call names no scorer or model: the hash has no field for it)
+            self.by_scorer[scorer_id] += cost_usd
+            self.by_model[model] += cost_usd
 
-    def add(self, scorer_id: str, models: Sequence[str], cost_usd: float | None, calls: int) -> None:
-        self.calls += calls
-        if not calls and not cost_usd:
-            return
-        model = "+".join(models) or "?"
-        if cost_usd is None:
-            self.unpriced[model] += 1
-            return
-        self.by_scorer[scorer_id] += cost_usd
-        self.by_model[model] += cost_usd
+    @classmethod
+    def of_job(cls, fields: Mapping[str, float | None]) -> Spend:
+        """A job's spend hash (``worker._budget``: ``scorer:<id>``, ``model:<id>``, ``total``,
+        ``calls``, ``unpriced:<model>``); a field that is no number (None, counted where it was
+        read) is left out."""
+        spend = cls()
+        for name, value in fields.items():
+            if value is None:
+                continue
+            kind, _, key = name.partition(":")
+            if kind == "scorer":
+                spend.by_scorer[key] += value
+            elif kind == "model":
+                spend.by_model[key] += value
+            elif kind == "unpriced":
+                spend.unpriced_calls[key] += int(value)
+            elif name == "calls":
+                spend.calls = int(value)
+        return spend
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -299,23 +306,22 @@ class Spend:
             "by_scorer": dict(self.by_scorer),
             "by_model": dict(self.by_model),
             "judge_calls": self.calls,
-            "unpriced_runs": dict(self.unpriced),
             "unpriced_calls": dict(self.unpriced_calls),
         }
 
 
 def spend_lines(spend: Mapping[str, Any] | None) -> list[str]:
     """A ``Spend.as_json()`` for a summary footer (nothing when no judge was called)."""
-    if not spend or not spend.get("judge_calls"):
+    # (a job's hash an earlier release wrote counts no calls: its spend is shown all the same)
+    if not spend or not (spend.get("judge_calls") or spend.get("total_usd") or spend.get("unpriced_calls")):
         return []
     out = [f"  judge spend       {spend['total_usd']:.4f} USD   ({spend['judge_calls']:,} judge calls)"]
     out += [f"    scorer {k}: {v:.4f} USD" for k, v in sorted(spend["by_scorer"].items(), key=lambda kv: -kv[1])]
     out += [f"    model  {k}: {v:.4f} USD" for k, v in sorted(spend["by_model"].items(), key=lambda kv: -kv[1])]
-    for unit in ("runs", "calls"):  # (a record's spend is its run's; the ledger's, each call's)
-        out += [
-            f"    model  {k}: unpriced ({v:,} {unit}; add it to TRACESCORE_PRICES)"
-            for k, v in spend.get(f"unpriced_{unit}", {}).items()
-        ]
+    out += [
+        f"    model  {k}: unpriced ({v:,} calls; add it to TRACESCORE_PRICES)"
+        for k, v in spend.get("unpriced_calls", {}).items()
+    ]
     return out
 
 
@@ -326,9 +332,6 @@ class Summary:
         self.worst_n = worst_n
         self.by_scorer: dict[str, ScorerSummary] = {}
         self._lock = threading.Lock()
-        # Judge spend (USD) of the records added, per scorer and per judge model(s): a Redis job's.
-        # Commands that score in process show their ledger's instead (``MemoryLedger.spend``).
-        self.spend = Spend()
         items = scorers.items() if isinstance(scorers, Mapping) else ((s, None) for s in scorers)
         for scorer_id, scorer in items:
             self._scorer(scorer_id, scorer)
@@ -342,9 +345,9 @@ class Summary:
         return summary
 
     def add(self, outcome: Outcome) -> None:
-        """One outcome: an error, a not-scorable run, or a score; and what its judge calls cost."""
+        """One outcome: an error, a not-scorable run, or a score. (Its judge spend is the
+        ledger's, call by call: ``Spend``.)"""
         with self._lock:
-            self.spend.add(outcome.scorer_id, outcome.judge_models, outcome.cost_usd, outcome.judge_calls)
             summary = self._scorer(outcome.scorer_id)
             if outcome.error_type:
                 summary.add_failure(outcome.error_type, outcome.run, outcome.error_message or "")

@@ -806,7 +806,8 @@ def test_resuming_a_finished_job_sums_up_its_sinks_and_spend(
 ) -> None:
     """`--resume` of a job already finished enqueues nothing: its summary left out the sink
     lines and the judge spend its first summary had (both were read back from this run's runs,
-    none). They are the job's now, read back from its run ids in Redis."""
+    none). They are the job's now: the sink lines read back from its run ids in Redis, the spend
+    from the job's ledger hash."""
     write_otlp_files(tmp_path, 60, files=1)
     first = _backfill(str(tmp_path), "--scorers", "tests.backfill.scorers")
     assert first["status"] == "finished", _worker_logs(workers)
@@ -820,14 +821,14 @@ def test_resuming_a_finished_job_sums_up_its_sinks_and_spend(
     assert "  sink jsonl        delivered 180, failed 0, pending 0" in result.stderr
     assert "judge spend" not in result.stderr.split("(resumed:")[1].split(")")[0]  # not of this run alone
 
-    # A job an earlier release started kept its runs as trace ids: neither figure can be had,
-    # and the summary says so rather than leaving the keys out.
+    # A job an earlier release started kept its runs as trace ids: its sink lines cannot be had,
+    # and the summary says so rather than leaving the keys out. Its spend can: the job's ledger
+    # hash, which needs no run ids (it was unknown too, when summed from the records).
     db.sadd(backfill_traces_key(first["job_id"]), trace_id(0))
     old, result = _backfill_result("--resume", first["job_id"])
-    assert (old["sinks"], old["spend"]) == (None, None)
+    assert old["sinks"] is None
+    assert (old["spend"], old["spend_of"], "spend_unknown" in old) == (first["spend"], "job", False)
     assert "earlier release" in old["sinks_unknown"]
-    assert "earlier release" in old["spend_unknown"]
-    assert f"  judge spend       unknown ({old['spend_unknown']})" in result.stderr
     assert f"  sink delivery unknown: {old['sinks_unknown']}" in result.stderr
 
 
@@ -937,11 +938,12 @@ def test_an_unreadable_record_read_back_is_named_and_counted(
 def test_a_resume_that_enqueued_runs_counts_an_unreadable_record_once(
     tmp_path: Path, workers: list[Path], db: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A resume that enqueued runs reads its records back twice: this run's (the per-scorer
+    """A resume that enqueued runs read its records back twice: this run's (the per-scorer
     summary) and then the job's (its judge spend, 8ce9ac2), which hold this run's again. A
     record of this run that does not read was counted twice in
-    tracescore_store_unreadable_values (and logged twice); once now, and one of the runs before
-    the stop, read by the job's read alone, is still counted."""
+    tracescore_store_unreadable_values (and logged twice). The job's spend is its ledger hash
+    now, so only this run's records are read: each damaged one counted once, and one of the
+    runs before the stop not read at all."""
     from worker._keys import outbox_key, record_key
     from worker.backfill._job import _Enqueued
     from worker.metrics._instruments import _metrics
@@ -980,5 +982,5 @@ def test_a_resume_that_enqueued_runs_counts_an_unreadable_record_once(
     # The per-scorer summary is this run's: its two damaged records.
     assert sum(summary["records_unreadable"].values()) == 2
     assert "  unreadable records 2" in result.stderr
-    # Each damaged record counted once: this run's two, and the earlier run's one.
-    assert unreadable_counted() == before + 3
+    # Each damaged record of this run counted once; the earlier run's is not read.
+    assert unreadable_counted() == before + 2

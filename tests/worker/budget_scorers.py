@@ -111,3 +111,23 @@ two_steps = (
         PromptStep(description="grade them", create_prompt=lambda run, results: "GRADE the claims from 0 to 1")
     )
 )
+
+# A judge per step, the second model without a price in tests/worker/_budget.PRICES
+# (tests/worker/test_budget_job_spend.py: spend per model called, not per run's models).
+two_models = (
+    create_scorer("two-models", type="agent", judge=Judge(model="openai/fake-judge", instructions="You grade answers."))
+    .preprocess(
+        PromptStep(
+            description="list the claims",
+            output_schema=_Claims,
+            create_prompt=lambda run: f"CLAIMS of this answer: {_text(run.output)}",
+        )
+    )
+    .generate_score(
+        PromptStep(
+            description="grade them",
+            judge=Judge(model="openai/fake-judge-2", instructions="You grade claims."),
+            create_prompt=lambda run, results: "GRADE the claims from 0 to 1",
+        )
+    )
+)

@@ -200,8 +200,8 @@ def test_judge_cost_metric_counts_what_was_paid_as_the_ledger_does() -> None:
 def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: RedisServer) -> None:
     """No budgets, a first delivery, a backfill job without --max-cost: per answered call one
     round trip writing the spend (one script: no MULTI/EXEC, the fields it adds to checked
-    inside, EXPIRE once per key), a job's call one more reading its limit (a resume may give it
-    one), and no per-run key at all."""
+    inside, EXPIRE once per key; a job's call counted in the same script), a job's call one more
+    reading its limit (a resume may give it one), and no per-run key at all."""
     from worker._budget import RedisLedger, enter_run, utc_day
 
     client = redis_server.client(12)
@@ -228,7 +228,8 @@ def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: R
             stats = {k.removeprefix("cmdstat_"): v["calls"] for k, v in client.info("commandstats").items()}
             for connecting in ("config|resetstat", "hello", "select", "auth", "client|setinfo"):
                 stats.pop(connecting, None)
-            writes = 3 * (2 if job_id else 1)  # scorer, model, total (and the job's own hash)
+            # scorer, model, total (and the job's own hash: those and its count of calls)
+            writes = 3 + (4 if job_id else 0)
             assert stats.pop("hincrbyfloat") == writes * calls
             # One script a call, and a job's call one more reading its limit (a script too). (An
             # EVALSHA Redis did not have yet is loaded and sent again.)
@@ -241,6 +242,46 @@ def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: R
             assert stats == {}, stats  # no MULTI/EXEC, no counter, no other read
         assert not list(client.scan_iter(match="*judge_calls*"))
         assert 0 < client.ttl(f"tracescore:spend:{utc_day()}") <= 35 * 24 * 3600
+    finally:
+        client.flushdb()
+        client.close()
+
+
+def test_a_jobs_spend_hash_counts_every_call_in_the_write_each_already_made(redis_server: RedisServer) -> None:
+    """The job's ledger hash is its summary's spend (``job_spend``), so it counts every call sent:
+    a failed one of a capped run in the script that counts it for the cap, one of an uncapped run
+    (judges inside function steps) in a write of its own, a free answer (no tokens priced) and
+    one of a model without a price (per model, in the day's hash too), each one round trip."""
+    from worker._budget import RedisLedger, enter_run, job_spend, utc_day
+
+    client = redis_server.client(12)
+    client.flushdb()
+    ledger = RedisLedger(redis_server.url(12))
+    guard = BudgetGuard(ledger, Budgets())
+
+    async def calls() -> None:
+        enter_run("t:s:g", "g", "job-1", 5, version="1", redelivery=False)
+        await guard.call_failed("openai/gpt-4o-mini", "g", RuntimeError("503"))
+        enter_run("t:s:f", "f", "job-1", 0)
+        await guard.call_failed("openai/gpt-4o-mini", "f", RuntimeError("503"))
+        await guard.after_call("openai/gpt-4o-mini", "f", JudgeUsage(input_tokens=0, output_tokens=0))
+        await guard.after_call("local/unpriced", "f", JudgeUsage(input_tokens=10, output_tokens=1))
+        await guard.after_call("openai/gpt-4o-mini", "f", JudgeUsage(input_tokens=800, output_tokens=60))
+        await ledger.close()
+
+    try:
+        client.config_resetstat()
+        asyncio.run(calls())
+        stats = {k.removeprefix("cmdstat_"): v["calls"] for k, v in client.info("commandstats").items()}
+        assert stats["evalsha"] - stats.get("script|load", 0) == 5  # one script a call
+        spend = job_spend(client, "job-1").as_json()
+        assert spend["judge_calls"] == 5
+        assert spend["unpriced_calls"] == {"local/unpriced": 1}
+        assert spend["by_scorer"].keys() == {"f"}
+        assert spend["by_model"] == {"openai/gpt-4o-mini": spend["total_usd"]}
+        assert spend["total_usd"] > 0
+        assert client.hget(f"tracescore:spend:{utc_day()}", "unpriced:local/unpriced") == b"1"
+        assert 0 < client.ttl("tracescore:spend:job:job-1") <= 35 * 24 * 3600
     finally:
         client.flushdb()
         client.close()

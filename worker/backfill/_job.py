@@ -33,7 +33,7 @@ from pydantic import ValidationError, create_model
 from tracing import JsonlScoreWriter, ScoreRecord, ScoreWriter, SpanRecord, TraceReadError, redact, score_id_for
 from tracing.queue import QueueKeyError, ScoreBatch
 from tracing.sources import MAX_SPANS_PER_TRACE, SourceError, TraceSource, source_from_description
-from worker._budget import CostEstimate, install_local_guard, parse_budgets, parse_prices, set_job_limit
+from worker._budget import CostEstimate, install_local_guard, job_spend, parse_budgets, parse_prices, set_job_limit
 from worker._errors import UnreadableCounterError, UnreadableStateError, caused_by
 from worker._gc import tuned_gc
 from worker._interrupt import stop_on_signals
@@ -662,9 +662,6 @@ class _Enqueued:
         # it could not read.
         self.missing: Counter[str] = Counter()
         self.unreadable: Counter[str] = Counter()
-        # The score ids whose record a read-back found unreadable, logged and counted once: the
-        # job's read-back of a resume holds this run's records again.
-        self.counted: set[str] = set()
 
     @property
     def count(self) -> int:
@@ -708,19 +705,18 @@ class _Enqueued:
         self.missing.clear()
         self.unreadable.clear()
         wanted = self._scores(registry, scorer_ids)
-        return _read_back(
-            store, registry, scorer_ids, wanted, self.missing, self.unreadable, worst, out, counted=self.counted
-        )
+        return _read_back(store, registry, scorer_ids, wanted, self.missing, self.unreadable, worst, out)
 
     def close(self) -> None:
         self._spool.close()
 
 
-# The fields of a stored score record that ``Outcome.of_record`` reads, typed and defaulted as
-# ``ScoreRecord`` has them: only these are parsed and checked (twice as fast as the whole record).
+# The fields of a stored score record that the summary shows (``Outcome.of_record``; not its
+# judge spend: the job's spend hash has it, call by call), typed and defaulted as ``ScoreRecord``
+# has them: only these are parsed and checked (twice as fast as the whole record).
 _READ_BACK = frozenset(
     {"trace_id", "scorer_id", "span_name", "scorer_version", "score", "reason", "not_scorable"}
-    | {"error_type", "error_message", "failed_step", "cost_usd", "judge_models", "judge_calls"}
+    | {"error_type", "error_message", "failed_step"}
 )
 _READ_BACK_FIELDS: dict[str, Any] = {
     name: (field.annotation, field) for name, field in ScoreRecord.model_fields.items() if name in _READ_BACK
@@ -737,15 +733,12 @@ def _read_back(
     unreadable: Counter[str],
     worst: int = 3,
     out: IO[str] | None = None,
-    *,
-    counted: set[str],
 ) -> Summary:
     """The summary of the records of ``wanted`` (score id, scorer id, agent), read in chunks
     (MGET; only the fields the summary shows are parsed); ``missing`` counts, per scorer, the
     scores with no record, ``unreadable`` those whose record cannot be read (it does not
     validate, or its key holds no string), and ``out`` gets each record's JSON as one line.
-    An unreadable record is logged and counted in the metrics unless its id is in ``counted``
-    (an earlier read-back of this process did), and its id is added to it."""
+    An unreadable record is logged and counted in the metrics."""
     summary = Summary({s: registry[s] for s in scorer_ids if s in registry}, worst_n=worst)
     while chunk := list(islice(wanted, 1000)):
         keys = [record_key(s) for s, _, _ in chunk]
@@ -770,9 +763,7 @@ def _read_back(
                     problem = failed_fields(exc)
             if problem:
                 # Damaged, or not a record: left out, as the store reads it, and counted (never its values).
-                if score_id not in counted:
-                    _unreadable_record(score_id, problem)
-                    counted.add(score_id)
+                _unreadable_record(score_id, problem)
                 unreadable[scorer_id] += 1
                 continue
             if out is not None:
@@ -797,16 +788,13 @@ def _unreadable_record(score_id: str, problem: str) -> None:
     observe_unreadable("score_record")
 
 
-# The job's records read back: their summary, how many are gone, which did not read (by scorer).
-_JobRead = tuple[Summary, int, Counter[str]]
+# The job's records read back: their summary, and which did not read (by scorer).
+_JobRead = tuple[Summary, Counter[str]]
 
 
-def _read_job(
-    runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int, counted: set[str]
-) -> _JobRead | str:
-    """The job's records read back by its run ids: their summary, how many are gone and which
-    could not be read; or why they cannot be had (no run ids, Redis not answering). A record
-    whose id is in ``counted`` (this run's read-back found it unreadable) is not counted again."""
+def _read_job(runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int) -> _JobRead | str:
+    """The job's records read back by its run ids: their summary and which could not be read;
+    or why they cannot be had (no run ids, Redis not answering)."""
     import redis
 
     job_id, scorer_ids = state.job_id, state.options.scorer_ids
@@ -821,45 +809,43 @@ def _read_job(
     unreadable: Counter[str] = Counter()
     wanted = _job_scores(runs, job_id, registry, scorer_ids)
     try:
-        by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, unreadable, worst, counted=counted)
+        by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, unreadable, worst)
     except redis.exceptions.RedisError as exc:
         return f"cannot read the scores back ({exc})"
-    return by_scorer, sum(missing.values()), unreadable
+    return by_scorer, unreadable
 
 
-def _set_job_spend(summary: dict[str, Any], state: BackfillState, read: _JobRead | str) -> None:
-    """Set ``summary``'s judge spend to the job's (``spend_of``: ``job``) from ``_read_job``, or
-    ``null`` beside why not. The spend of a finished job some of whose records are gone
-    (expired) is ``null`` too: short of theirs, it would not be the job's."""
+def _set_job_spend(summary: dict[str, Any], settings: Settings, job_id: str) -> None:
+    """Set ``summary``'s judge spend to the job's (``spend_of``: ``job``), as its workers'
+    ledgers counted it call by call over every delivery and resume (``job_spend``: the summary
+    means what an in-process job's does), or ``null`` beside why it cannot be had."""
+    import redis
+
     summary["spend_of"] = "job"
-    if isinstance(read, str):
-        summary["spend"], summary["spend_unknown"] = None, read
-    elif read[1] and state.status == "finished":
-        summary["spend"] = None
-        summary["spend_unknown"] = (
-            f"{read[1]:,} of the job's score records are gone (expired: TRACESCORE_SCORE_TTL_SECONDS),"
-            " so the spend read back would be short of the job's"
-        )
-    else:  # (a job not finished: its spend so far, as a first run's summary has it)
-        summary["spend"] = read[0].spend.as_json()
+    client = store_client(settings)
+    try:
+        summary["spend"] = job_spend(client, job_id).as_json()
+    except (StoreKeyTypeError, redis.exceptions.RedisError) as exc:
+        summary["spend"], summary["spend_unknown"] = None, f"cannot read the job's spend ({exc})"
+    finally:
+        client.close()
 
 
 def _job_by_scorer(
     summary: dict[str, Any], runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int
 ) -> Summary | None:
     """A resume that enqueued nothing (the job was enqueued or finished already): set
-    ``summary``'s per-scorer summary and judge spend to the job's, read back from its records by
-    its run ids (which keep no agent name: a worst run is labelled by its span's), and return
-    the former; or set them ``null`` beside why they cannot be had, and return None."""
-    read = _read_job(runs, state, registry, worst, set())
-    _set_job_spend(summary, state, read)
+    ``summary``'s per-scorer summary to the job's, read back from its records by its run ids
+    (which keep no agent name: a worst run is labelled by its span's), and return it; or set it
+    ``null`` beside why it cannot be had, and return None."""
+    read = _read_job(runs, state, registry, worst)
     summary["by_scorer_of"] = "job"
     if isinstance(read, str):
         summary["by_scorer"], summary["by_scorer_unknown"] = None, read
         click.echo(f"  per-scorer summary unavailable: {read}", err=True)
         return None
     summary["by_scorer"] = read[0].as_json()
-    summary["records_unreadable"] = dict(read[2])
+    summary["records_unreadable"] = dict(read[1])
     return read[0]
 
 
@@ -1585,18 +1571,15 @@ def _run_held(
         if by_scorer is not None:
             summary["by_scorer"] = by_scorer.as_json()
             summary["records_unreadable"] = dict(enqueued.unreadable)
-            summary["spend"] = by_scorer.spend.as_json()
+        if not no_wait:  # (a resume's too: the job's whole spend, before its stop too)
+            _set_job_spend(summary, settings, state.job_id)
         job_by_scorer: Summary | None = None
-        if not no_wait and registry is not None and resumed:
-            # A resume's judge spend is the job's, read back by its run ids (this run's part
-            # of it was shown as the job's). One that enqueued nothing (the job was enqueued or
-            # finished already) shows the job's per-scorer summary too; else it is this run's.
+        if not no_wait and registry is not None and resumed and not (enqueued.count or enqueued.lost):
+            # A resume that enqueued nothing (the job was enqueued or finished already) shows
+            # the job's per-scorer summary, read back by its run ids; else it is this run's.
             runs = RedisJobStore(store_client(settings))
             try:
-                if enqueued.count or enqueued.lost:
-                    _set_job_spend(summary, state, _read_job(runs, state, registry, worst, enqueued.counted))
-                else:
-                    job_by_scorer = _job_by_scorer(summary, runs, state, registry, worst)
+                job_by_scorer = _job_by_scorer(summary, runs, state, registry, worst)
             finally:
                 runs.client.close()
         # Every run counted done, yet records missing: no delivery loses a record, so they were
