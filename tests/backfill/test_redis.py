@@ -348,6 +348,31 @@ def test_ctrl_c_leaves_the_job_resumable_and_says_how(
     assert Counter(r["score_id"] for r in _records(workers, job_id)).most_common(1)[0][1] == 1
 
 
+def test_out_given_to_a_resume_holds_every_record_of_the_job(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """--out with --resume was refused (it would have held the resumed part alone: run the whole
+    backfill again, reading all its input). The resume's --out now holds the job's records, read
+    back by its run ids once the workers are done: those scored before the stop and after, each
+    once, as the job run without a stop writes them; the per-scorer summary is the same records'."""
+    write_otlp_files(tmp_path / "in", 1500, files=2)
+    process = _start_backfill(tmp_path / "in")
+    job_id = _enqueued_200(db).rsplit(":", 1)[1]
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode in (130, -signal.SIGINT), stderr.decode()[-2000:]
+    out = tmp_path / "job.jsonl"
+    summary, result = _backfill_result("--resume", job_id, "--out", str(out))
+    assert summary["status"] == "finished"
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 4500
+    assert len({r["score_id"] for r in records}) == 4500
+    assert {r["job_id"] for r in records} == {job_id}
+    assert summary["by_scorer_of"] == "job"
+    assert sum(s["scored"] + s["failed"] for s in summary["by_scorer"].values()) == 4500
+    assert "the whole job" in result.stderr
+
+
 def test_a_run_read_twice_does_not_keep_the_job_waiting(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:
     """A batch of spans written twice (a collector's retry, past the assembly window) and a file
     named twice: the job counted the copies in its expected scores, the workers scored each run

@@ -792,9 +792,12 @@ def _unreadable_record(score_id: str, problem: str) -> None:
 _JobRead = tuple[Summary, Counter[str]]
 
 
-def _read_job(runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int) -> _JobRead | str:
-    """The job's records read back by its run ids: their summary and which could not be read;
-    or why they cannot be had (no run ids, Redis not answering)."""
+def _read_job(
+    runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int, out: IO[str] | None = None
+) -> _JobRead | str:
+    """The job's records read back by its run ids (each one's JSON a line of ``out``): their
+    summary and which could not be read; or why they cannot be had (no run ids, Redis not
+    answering)."""
     import redis
 
     job_id, scorer_ids = state.job_id, state.options.scorer_ids
@@ -809,7 +812,7 @@ def _read_job(runs: RedisJobStore, state: BackfillState, registry: Registry, wor
     unreadable: Counter[str] = Counter()
     wanted = _job_scores(runs, job_id, registry, scorer_ids)
     try:
-        by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, unreadable, worst)
+        by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, unreadable, worst, out)
     except redis.exceptions.RedisError as exc:
         return f"cannot read the scores back ({exc})"
     return by_scorer, unreadable
@@ -832,13 +835,19 @@ def _set_job_spend(summary: dict[str, Any], settings: Settings, job_id: str) -> 
 
 
 def _job_by_scorer(
-    summary: dict[str, Any], runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int
+    summary: dict[str, Any],
+    runs: RedisJobStore,
+    state: BackfillState,
+    registry: Registry,
+    worst: int,
+    out: IO[str] | None = None,
 ) -> Summary | None:
-    """A resume that enqueued nothing (the job was enqueued or finished already): set
-    ``summary``'s per-scorer summary to the job's, read back from its records by its run ids
-    (which keep no agent name: a worst run is labelled by its span's), and return it; or set it
-    ``null`` beside why it cannot be had, and return None."""
-    read = _read_job(runs, state, registry, worst)
+    """A resume that enqueued nothing (the job was enqueued or finished already), or given
+    ``--out``: set ``summary``'s per-scorer summary to the job's, read back from its records by
+    its run ids (which keep no agent name: a worst run is labelled by its span's; each record's
+    JSON a line of ``out``), and return it; or set it ``null`` beside why it cannot be had, and
+    return None."""
+    read = _read_job(runs, state, registry, worst, out)
     summary["by_scorer_of"] = "job"
     if isinstance(read, str):
         summary["by_scorer"], summary["by_scorer_unknown"] = None, read
@@ -1544,7 +1553,10 @@ def _run_held(
         elapsed = time.monotonic() - started
         by_scorer: Summary | None = None
         out_error: str | None = None
-        if not no_wait and registry is not None and enqueued.count:
+        # A resume's --out holds the whole job's records (read back by its run ids, below), as
+        # the job run without a stop writes them: this run's part alone would be short of them.
+        whole_job = resumed and out is not None
+        if not no_wait and registry is not None and enqueued.count and not whole_job:
             try:
                 with ExitStack() as closing:
                     out_file = closing.enter_context(out.open("w", encoding="utf-8")) if out is not None else None
@@ -1574,12 +1586,17 @@ def _run_held(
         if not no_wait:  # (a resume's too: the job's whole spend, before its stop too)
             _set_job_spend(summary, settings, state.job_id)
         job_by_scorer: Summary | None = None
-        if not no_wait and registry is not None and resumed and not (enqueued.count or enqueued.lost):
-            # A resume that enqueued nothing (the job was enqueued or finished already) shows
-            # the job's per-scorer summary, read back by its run ids; else it is this run's.
+        if not no_wait and registry is not None and resumed and (whole_job or not (enqueued.count or enqueued.lost)):
+            # A resume that enqueued nothing (the job was enqueued or finished already), or one
+            # given --out, shows the job's per-scorer summary, read back by its run ids (into
+            # --out); else it is this run's.
             runs = RedisJobStore(store_client(settings))
             try:
-                job_by_scorer = _job_by_scorer(summary, runs, state, registry, worst)
+                with ExitStack() as closing:
+                    out_file = closing.enter_context(out.open("w", encoding="utf-8")) if out is not None else None
+                    job_by_scorer = _job_by_scorer(summary, runs, state, registry, worst, out_file)
+            except OSError as exc:
+                out_error = exc.strerror or str(exc)
             finally:
                 runs.client.close()
         # Every run counted done, yet records missing: no delivery loses a record, so they were
@@ -1609,6 +1626,8 @@ def _run_held(
                 f"  enqueued; the workers score it (tracescore status shows how far). Follow with: {resume}", err=True
             )
         _out_failed(out, out_error)
+        if whole_job and not no_wait and job_by_scorer is None:
+            raise CliError(f"--out {out} holds none of the job's records: {summary.get('by_scorer_unknown')}")
         if missing and registry is not None:
             _missing_records(missing, registry)
         _check_outcome(summary)
@@ -1632,6 +1651,7 @@ def _resume(
     high_water: int,
     as_json: bool,
     max_cost_usd: float | None = None,
+    out: Path | None = None,
 ) -> None:
     import redis
 
@@ -1664,6 +1684,7 @@ def _resume(
         source = source_from_description(state.source)
     except SourceError as exc:
         raise CliError(f"cannot reopen the job's source: {exc}") from exc
+    _check_out(out, source, replace_now=False)
     with tuned_gc():
         _run_redis(
             source,
@@ -1677,6 +1698,7 @@ def _resume(
             resumed=True,
             registry=registry,
             max_cost_usd=max_cost_usd,
+            out=out,
         )
 
 
@@ -1741,4 +1763,5 @@ class BackfillJob:
             high_water=self.high_water,
             as_json=self.as_json,
             max_cost_usd=max_cost_usd,
+            out=self.out,
         )

@@ -263,12 +263,8 @@ def backfill_command(
         )
     if dry_run and out is not None:
         click.echo(f"note: --dry-run scores nothing, so --out {out} is not written", err=True)
-    if out is not None and broker and (no_wait or resume_id):
-        raise CliError(
-            "--out with a broker writes the workers' records once they are done: drop --no-wait; "
-            "after --resume it would hold only the resumed part, so re-run the backfill instead "
-            "(finished scores are read back, not recomputed)"
-        )
+    if out is not None and broker and no_wait:
+        raise CliError("--out with a broker writes the workers' records once they are done: drop --no-wait")
     if resume_id:
         # What the job reads and scores was fixed at its start (the job's state keeps it): given
         # again, it was ignored without a word.
