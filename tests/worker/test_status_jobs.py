@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from worker._keys import backfill_jobs_key, backfill_state_key
+from worker._keys import backfill_jobs_key, backfill_state_key, job_key
 from worker.backfill._state import BackfillOptions, BackfillState, JobHold, RedisJobStore
 from worker.cli import main
 
@@ -42,6 +42,26 @@ def _save(url: str, job_id: str, started: float, label: str = "2 files under /da
 def _status(capsys: pytest.CaptureFixture[str], *extra: str) -> str:
     assert main(["status", "--timeout", "0.3", *extra]) == 0
     return capsys.readouterr().out
+
+
+def test_a_no_wait_job_the_workers_counted_through_says_what_ends_it(
+    env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --no-wait job stays "enqueued" once the workers counted every score (no process follows
+    it to mark it finished): the text says so and names the command that sums it up."""
+    _save(env, "bf-done-1", time.time())
+    client = redis.Redis.from_url(env, decode_responses=True)
+    try:
+        state = RedisJobStore(client).load("bf-done-1")
+        assert state is not None
+        state.status = "enqueued"
+        assert RedisJobStore(client).save(state)
+        client.hset(job_key("bf-done-1"), mapping={"scored": 10, "failed": 3, "skipped": 0})
+        assert "all counted" not in _status(capsys)
+        client.hset(job_key("bf-done-1"), mapping={"skipped": 1, "skipped:loop_guard": 1})
+        assert "all counted: tracescore backfill --resume bf-done-1 sums it up" in _status(capsys)
+    finally:
+        client.close()
 
 
 def test_status_lists_at_most_ten_jobs_and_says_how_many_more(env: str, capsys: pytest.CaptureFixture[str]) -> None:

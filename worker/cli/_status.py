@@ -207,6 +207,15 @@ def _echo_jobs(jobs: list[dict[str, Any]] | None) -> None:
         _echo(
             f"              {job['runs_enqueued']:,} runs enqueued, {job['expected_scores']:,} scores expected: {done}"
         )
+        counted = [job[k] for k in ("scored", "failed", "skipped")]
+        if (
+            job["status"] == "enqueued"
+            and not job["held"]
+            and None not in counted
+            and sum(counted) >= job["expected_scores"]
+        ):
+            # (a --no-wait job stays "enqueued" until a process follows it: nothing else marks it done)
+            _echo(f"              all counted: tracescore backfill --resume {job['job_id']} sums it up and ends it")
         if job["counts_unreadable"] is not None:
             _echo(f"              counts unknown: {job['counts_unreadable']['message']}")
     if len(jobs) > JOBS_SHOWN:
