@@ -48,6 +48,17 @@ def _late_chat_files(directory: Path) -> Path:
     return late_files(directory, [tool, root], [chat])
 
 
+def _backfill_in_process(directory: Path, job_id: str) -> tuple[BackfillState, CapturingSubmitter, Messages]:
+    """The driver over ``directory`` (an answer-words job, a 50-span window), scoring captured:
+    its state at the end, what it submitted and what it said."""
+    source = FileSource([directory])
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50)
+    state = BackfillState(job_id=job_id, source=source.describe(), options=options)
+    reporter = Messages()
+    submitter = CapturingSubmitter()
+    return Backfill(source, state, submitter, reporter=reporter).run(), submitter, reporter
+
+
 def test_a_span_after_its_traces_window_is_a_counted_late_span_not_a_run(tmp_path: Path) -> None:
     """The command line, embedded: trace 0's chat span, read after trace 0 was scored, was read as
     a trace of its own (92 traces) and its LLM span scored as a run no trace has (92 scores). Now:
@@ -120,12 +131,7 @@ def test_a_late_span_of_a_trace_read_without_its_root_is_no_second_trace(tmp_pat
     (tmp_path / "a.jsonl").write_text(line([chat]) + "".join(whole(i) for i in range(1, 31)))
     (tmp_path / "b.jsonl").write_text("".join(whole(i) for i in range(31, 61)))
     (tmp_path / "c.jsonl").write_text(line([late, tool]) + "".join(whole(i) for i in range(61, 71)))
-    source = FileSource([tmp_path])
-    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50)
-    state = BackfillState(job_id="bf-late-span", source=source.describe(), options=options)
-    reporter = Messages()
-    submitter = CapturingSubmitter()
-    done = Backfill(source, state, submitter, reporter=reporter).run()
+    done, submitter, reporter = _backfill_in_process(tmp_path, "bf-late-span")
     assert done.counters.traces_read == 71
     assert (done.counters.late_spans, done.counters.late_runs) == (1, 1)
     assert done.counters.late_roots == 0
@@ -223,13 +229,7 @@ def test_a_late_llm_call_that_is_a_run_of_its_own_is_scored_not_lost(tmp_path: P
     """A late top-level LLM call of a trace without an agent was counted as a late span and never
     scored: a run lost, though no run of the trace held it. Now it is scored as the run a whole
     read makes (the trace counted once), and counted as a late run, not a late span."""
-    directory = late_llm_call_files(tmp_path / "in")
-    source = FileSource([directory])
-    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], window_spans=50)
-    state = BackfillState(job_id="bf-late-run", source=source.describe(), options=options)
-    reporter = Messages()
-    submitter = CapturingSubmitter()
-    done = Backfill(source, state, submitter, reporter=reporter).run()
+    done, submitter, reporter = _backfill_in_process(late_llm_call_files(tmp_path / "in"), "bf-late-run")
     assert [run for run in submitter.runs if run[0] == trace_id(0)] == [
         (trace_id(0), CHAT_OF_0),
         (trace_id(0), SECOND_CALL_OF_0),

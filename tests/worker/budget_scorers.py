@@ -97,16 +97,17 @@ class _Claims(BaseModel):
     claims: list[str]
 
 
+# The first of two judge steps, both scorers' below.
+_list_claims = PromptStep(
+    description="list the claims",
+    output_schema=_Claims,
+    create_prompt=lambda run: f"CLAIMS of this answer: {_text(run.output)}",
+)
+
 # Two judge steps (tests/worker/test_budget_backfill.py: a retry resumes after the answered one).
 two_steps = (
     create_scorer("two-steps", type="agent", judge=Judge(model="openai/fake-judge", instructions="You grade answers."))
-    .preprocess(
-        PromptStep(
-            description="list the claims",
-            output_schema=_Claims,
-            create_prompt=lambda run: f"CLAIMS of this answer: {_text(run.output)}",
-        )
-    )
+    .preprocess(_list_claims)
     .generate_score(
         PromptStep(description="grade them", create_prompt=lambda run, results: "GRADE the claims from 0 to 1")
     )
@@ -116,13 +117,7 @@ two_steps = (
 # (tests/worker/test_budget_job_spend.py: spend per model called, not per run's models).
 two_models = (
     create_scorer("two-models", type="agent", judge=Judge(model="openai/fake-judge", instructions="You grade answers."))
-    .preprocess(
-        PromptStep(
-            description="list the claims",
-            output_schema=_Claims,
-            create_prompt=lambda run: f"CLAIMS of this answer: {_text(run.output)}",
-        )
-    )
+    .preprocess(_list_claims)
     .generate_score(
         PromptStep(
             description="grade them",
