@@ -234,7 +234,7 @@ def _job(
     refused: list[str] = []
     job: dict[str, Any] = {
         "job_id": job_id,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "started": _utc(started),
         "status": None,
         "source": None,
         "scorers": None,
@@ -283,6 +283,14 @@ def _job(
     else:
         job.update({k: read.get(k, 0) for k in ("scored", "failed", "skipped")})
     return job, refused
+
+
+def _utc(started: float) -> str | None:
+    """An index score as a UTC time; None for one no clock reads (written by hand: ``inf``)."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def _wrong_type(client: Any, key: str, expected: str, error: Exception) -> str:

@@ -30,7 +30,7 @@ from tests.backfill._late import SECOND_CALL_OF_0, late_llm_call_files
 from tests.backfill._synth import trace_id, write_otlp_files
 from tests.worker._batches import batch
 from tracing import CelerySink
-from worker._keys import backfill_runs_key, backfill_state_key, backfill_traces_key
+from worker._keys import backfill_runs_key, backfill_state_key, backfill_traces_key, record_key
 from worker.cli import cli
 
 pytestmark = pytest.mark.redis
@@ -371,6 +371,30 @@ def test_out_given_to_a_resume_holds_every_record_of_the_job(
     assert summary["by_scorer_of"] == "job"
     assert sum(s["scored"] + s["failed"] for s in summary["by_scorer"].values()) == 4500
     assert "the whole job" in result.stderr
+
+
+def test_a_resumes_out_short_of_records_the_workers_counted_ends_the_job_with_exit_1(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """A finished job followed with --resume --out whose records are not all there (expired, or
+    made under another scorer version) wrote a short --out and ended 0; the job's own end says
+    exit 1 and names them (missing_records). So does the resume now, its --out holding the rest."""
+    write_otlp_files(tmp_path / "in", 40, files=1)
+    first = _backfill(str(tmp_path / "in"), "--scorers", "tests.backfill.scorers")
+    assert first["status"] == "finished"
+    (gone,) = [r for r in _records(workers, first["job_id"]) if r["scorer_id"] == "confident"][:1]
+    assert db.delete(record_key(gone["score_id"])) == 1  # (its TTL passed)
+    out = tmp_path / "job.jsonl"
+    result = CliRunner().invoke(
+        cli,
+        ["backfill", "--resume", first["job_id"], "--out", str(out), "--broker", REDIS_URL, "--json"],
+        env={"TRACESCORE_BROKER_URL": ""},
+    )
+    assert result.exit_code == 1, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["missing_records"] == {"confident": 1}
+    assert "have no record (confident: 1)" in result.stderr
+    assert len(out.read_text().splitlines()) == 119
 
 
 def test_a_run_read_twice_does_not_keep_the_job_waiting(tmp_path: Path, workers: list[Path], db: redis.Redis) -> None:

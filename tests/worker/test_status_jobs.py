@@ -64,6 +64,24 @@ def test_a_no_wait_job_the_workers_counted_through_says_what_ends_it(
         client.close()
 
 
+def test_a_start_no_clock_reads_in_the_index_is_unknown_not_a_traceback(
+    env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The index's score is a job's start; one written by hand past any date (``inf``, 1e20)
+    raised OverflowError from status, a health check. It is shown unknown, the job listed."""
+    _save(env, "bf-when-1", time.time())
+    _save(env, "bf-when-2", time.time())
+    client = redis.Redis.from_url(env)
+    try:
+        client.zadd(backfill_jobs_key(), {"bf-when-1": float("inf"), "bf-when-2": 1e20})
+        jobs = {j["job_id"]: j for j in json.loads(_status(capsys, "--json"))["backfill_jobs"]}
+        assert (jobs["bf-when-1"]["started"], jobs["bf-when-2"]["started"]) == (None, None)
+        assert jobs["bf-when-1"]["status"] == "reading"
+        assert "bf-when-1: reading, started (unknown)" in _status(capsys)
+    finally:
+        client.close()
+
+
 def test_status_lists_at_most_ten_jobs_and_says_how_many_more(env: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Twelve jobs: the text shows the ten newest, newest first, and says two more; --json all twelve."""
     now = time.time()

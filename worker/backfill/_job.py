@@ -15,6 +15,7 @@ import io
 import json
 import os
 import resource
+import shlex
 import sys
 import tempfile
 import time
@@ -788,16 +789,16 @@ def _unreadable_record(score_id: str, problem: str) -> None:
     observe_unreadable("score_record")
 
 
-# The job's records read back: their summary, and which did not read (by scorer).
-_JobRead = tuple[Summary, Counter[str]]
+# The job's records read back: their summary, which are missing and which did not read (by scorer).
+_JobRead = tuple[Summary, Counter[str], Counter[str]]
 
 
 def _read_job(
     runs: RedisJobStore, state: BackfillState, registry: Registry, worst: int, out: IO[str] | None = None
 ) -> _JobRead | str:
     """The job's records read back by its run ids (each one's JSON a line of ``out``): their
-    summary and which could not be read; or why they cannot be had (no run ids, Redis not
-    answering)."""
+    summary, which are missing and which could not be read; or why they cannot be had (no run
+    ids, Redis not answering)."""
     import redis
 
     job_id, scorer_ids = state.job_id, state.options.scorer_ids
@@ -815,7 +816,7 @@ def _read_job(
         by_scorer = _read_back(runs.client, registry, scorer_ids, wanted, missing, unreadable, worst, out)
     except redis.exceptions.RedisError as exc:
         return f"cannot read the scores back ({exc})"
-    return by_scorer, unreadable
+    return by_scorer, missing, unreadable
 
 
 def _set_job_spend(summary: dict[str, Any], settings: Settings, job_id: str) -> None:
@@ -841,12 +842,12 @@ def _job_by_scorer(
     registry: Registry,
     worst: int,
     out: IO[str] | None = None,
-) -> Summary | None:
+) -> _JobRead | None:
     """A resume that enqueued nothing (the job was enqueued or finished already), or given
     ``--out``: set ``summary``'s per-scorer summary to the job's, read back from its records by
     its run ids (which keep no agent name: a worst run is labelled by its span's; each record's
-    JSON a line of ``out``), and return it; or set it ``null`` beside why it cannot be had, and
-    return None."""
+    JSON a line of ``out``), and return what was read; or set it ``null`` beside why it cannot
+    be had, and return None."""
     read = _read_job(runs, state, registry, worst, out)
     summary["by_scorer_of"] = "job"
     if isinstance(read, str):
@@ -854,8 +855,8 @@ def _job_by_scorer(
         click.echo(f"  per-scorer summary unavailable: {read}", err=True)
         return None
     summary["by_scorer"] = read[0].as_json()
-    summary["records_unreadable"] = dict(read[1])
-    return read[0]
+    summary["records_unreadable"] = dict(read[2])
+    return read
 
 
 def _job_sinks(
@@ -1345,8 +1346,8 @@ def _sum_up_interrupted(
         click.echo(f"interrupted; nothing enqueued is lost. Resume with: {resume}", err=True)
     if out is not None:
         click.echo(
-            f"--out {out} was not written (the workers' records are read back at the job's end): once the job"
-            " is done, run the same backfill again with --out (its scores are read back, not made again)",
+            f"--out {out} was not written (the workers' records are read back at the job's end): give it to"
+            f" the resume, which writes the whole job's records: {resume} --out {shlex.quote(str(out))}",
             err=True,
         )
 
@@ -1567,7 +1568,7 @@ def _run_held(
                 out_error = exc.strerror or str(exc)
             except redis.exceptions.RedisError as exc:
                 click.echo(f"  per-scorer summary unavailable: cannot read the scores back ({exc})", err=True)
-        if not no_wait and registry is not None and enqueued.lost:
+        if not no_wait and registry is not None and enqueued.lost and not whole_job:
             what = "per-scorer summary and --out" if out is not None else "per-scorer summary"
             click.echo(f"  {what} unavailable: {enqueued.lost}", err=True)
         submitter.close()
@@ -1585,7 +1586,7 @@ def _run_held(
             summary["records_unreadable"] = dict(enqueued.unreadable)
         if not no_wait:  # (a resume's too: the job's whole spend, before its stop too)
             _set_job_spend(summary, settings, state.job_id)
-        job_by_scorer: Summary | None = None
+        job_read: _JobRead | None = None
         if not no_wait and registry is not None and resumed and (whole_job or not (enqueued.count or enqueued.lost)):
             # A resume that enqueued nothing (the job was enqueued or finished already), or one
             # given --out, shows the job's per-scorer summary, read back by its run ids (into
@@ -1594,14 +1595,16 @@ def _run_held(
             try:
                 with ExitStack() as closing:
                     out_file = closing.enter_context(out.open("w", encoding="utf-8")) if out is not None else None
-                    job_by_scorer = _job_by_scorer(summary, runs, state, registry, worst, out_file)
+                    job_read = _job_by_scorer(summary, runs, state, registry, worst, out_file)
             except OSError as exc:
                 out_error = exc.strerror or str(exc)
             finally:
                 runs.client.close()
         # Every run counted done, yet records missing: no delivery loses a record, so they were
         # made under other ids (another scorer version) or expired since.
-        missing = dict(enqueued.missing) if by_scorer is not None and state.status == "finished" else {}
+        missing: dict[str, int] = {}
+        if state.status == "finished":
+            missing = dict(job_read[1] if job_read is not None else enqueued.missing if by_scorer is not None else {})
         if missing:
             summary["missing_records"] = missing
         if as_json:
@@ -1614,19 +1617,19 @@ def _run_held(
                 "\n" + by_scorer.render(title=f"scores by scorer{partial}{earlier} ({enqueued.count:,} runs)"),
                 err=as_json,
             )
-        elif job_by_scorer is not None:
+        elif job_read is not None:
             title = (
                 f"scores by scorer, the whole job{partial} ({state.counters.runs_enqueued:,} runs; read back by its"
                 " run ids, which keep no agent names)"
             )
-            click.echo("\n" + job_by_scorer.render(title=title), err=as_json)
+            click.echo("\n" + job_read[0].render(title=title), err=as_json)
         _report_sinks(summary)
         if no_wait and state.status == "enqueued":
             click.echo(
                 f"  enqueued; the workers score it (tracescore status shows how far). Follow with: {resume}", err=True
             )
         _out_failed(out, out_error)
-        if whole_job and not no_wait and job_by_scorer is None:
+        if whole_job and not no_wait and job_read is None:
             raise CliError(f"--out {out} holds none of the job's records: {summary.get('by_scorer_unknown')}")
         if missing and registry is not None:
             _missing_records(missing, registry)

@@ -194,7 +194,7 @@ def _echo_jobs(jobs: list[dict[str, Any]] | None) -> None:
         return
     for job in jobs[:JOBS_SHOWN]:
         held = ", running now (a process holds it)" if job["held"] else ""
-        started = job["started"].replace("T", " ").replace("Z", " UTC")
+        started = job["started"].replace("T", " ").replace("Z", " UTC") if job["started"] else "(unknown)"
         if job["status"] is None:
             why = job["state_unreadable"] or "its key holds another type"
             _echo(f"backfill    {job['job_id']}: started {started}{held}; its state is unreadable: {why}")
