@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -123,9 +124,8 @@ def test_a_late_span_of_a_trace_the_memory_bound_released_names_max_open_spans(t
 def test_a_late_span_of_a_trace_read_without_its_root_is_no_second_trace(tmp_path: Path) -> None:
     """Trace 0's chat span, then its tool span past the window with no root in between: the chat
     span was read as trace 0 (rootless, idle), then the tool span as a second trace 0. The second
-    LLM call beside it hangs under the root no part holds, as the chat span does: a run of its own
-    there (a read of the whole input, without the root, scores both calls), scored, the tool span
-    a late span."""
+    LLM call beside it hangs under the root no part read: that root may be an agent (exporters
+    send it last), whose run holds both calls, so the call is a late span, not a run of its own."""
     (chat, tool), _root = trace_spans(0)
     late = {**chat, "spanId": f"{0xAB:016x}", "name": "chat gpt-4o-mini (retry)"}  # a second LLM call
     (tmp_path / "a.jsonl").write_text(line([chat]) + "".join(whole(i) for i in range(1, 31)))
@@ -133,13 +133,79 @@ def test_a_late_span_of_a_trace_read_without_its_root_is_no_second_trace(tmp_pat
     (tmp_path / "c.jsonl").write_text(line([late, tool]) + "".join(whole(i) for i in range(61, 71)))
     done, submitter, reporter = _backfill_in_process(tmp_path, "bf-late-span")
     assert done.counters.traces_read == 71
-    assert (done.counters.late_spans, done.counters.late_runs) == (1, 1)
+    assert (done.counters.late_spans, done.counters.late_runs) == (2, 0)
     assert done.counters.late_roots == 0
+    assert [run for run in submitter.runs if run[0] == trace_id(0)] == [(trace_id(0), CHAT_OF_0)]
+    assert any(trace_id(0) in line and "--window-spans" in line for line in reporter.lines)
+
+
+def _no_agent(span: dict[str, Any], span_id: int, parent: int | None, name: str) -> dict[str, Any]:
+    """Trace 0's ``span`` as span ``span_id`` under ``parent``, named ``name`` (a root that is no
+    agent: ``POST /ask`` and no attributes)."""
+    made = {**span, "spanId": f"{span_id:016x}", "name": name}
+    if parent is None:
+        made.pop("parentSpanId", None)
+        made["attributes"] = []
+    else:
+        made["parentSpanId"] = f"{parent:016x}"
+    return made
+
+
+def test_a_late_call_under_a_span_a_run_read_before_holds_is_no_run(tmp_path: Path) -> None:
+    """Trace 0 in three parts, each past the window: a root that is no agent (R), its LLM call
+    (L1) and a tool span (X) under a span not read (Q); then Q and a tool span, both under L1;
+    then an LLM call (M) under X. A whole read makes L1 the one run (M is inside it): M was
+    scored as a run of its own, X's id kept open though Q put it under L1's run."""
+    (chat, tool), root = trace_spans(0)
+    first = [_no_agent(root, 0xA0, None, "POST /ask"), _no_agent(chat, 0xA1, 0xA0, chat["name"])]
+    first.append(_no_agent(tool, 0xA3, 0xA2, tool["name"]))
+    second = [_no_agent(tool, 0xA2, 0xA1, tool["name"]), _no_agent(tool, 0xA4, 0xA1, tool["name"])]
+    third = [_no_agent(chat, 0xA5, 0xA3, chat["name"])]
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "a.jsonl").write_text(line(first) + "".join(whole(i) for i in range(1, 31)))
+    (tmp_path / "b.jsonl").write_text(line(second) + "".join(whole(i) for i in range(31, 61)))
+    (tmp_path / "c.jsonl").write_text("".join(whole(i) for i in range(61, 91)))
+    (tmp_path / "d.jsonl").write_text("".join(whole(i) for i in range(91, 111)) + line(third))
+    done, submitter, _reporter = _backfill_in_process(tmp_path, "bf-late-inside")
+    assert [run for run in submitter.runs if run[0] == trace_id(0)] == [(trace_id(0), f"{0xA1:016x}")]
+    assert (done.counters.late_runs, done.counters.late_spans) == (0, 3)
+
+
+def test_a_late_call_of_a_trace_read_with_no_run_is_scored(tmp_path: Path) -> None:
+    """Trace 0 read with its root (no agent) and a tool span, no LLM call: nothing to score, and
+    its one LLM call, past the window, was a late span (the plan of the part read was dropped
+    with the trace): no run of the trace scored, though a whole read scores the call. Now the
+    call is scored as a late run, and the trace no longer counted as having nothing to score."""
+    (chat, tool), root = trace_spans(0)
+    root = {**root, "name": "POST /ask", "attributes": []}
+    done, submitter, _ = _backfill_in_process(late_files(tmp_path / "in", [tool, root], [chat]), "bf-no-run")
+    assert [run for run in submitter.runs if run[0] == trace_id(0)] == [(trace_id(0), CHAT_OF_0)]
+    counters = done.counters
+    assert (counters.traces_read, counters.runs_enqueued) == (91, 91)
+    assert (counters.late_runs, counters.late_spans) == (1, 0)
+    assert "no_target" not in counters.unreadable
+
+
+def test_a_late_run_read_twice_is_counted_and_said_once(tmp_path: Path) -> None:
+    """The same input in two files (a collector that wrote it twice): trace 0's late LLM call
+    came twice, and its first call again, each planned as a late run: counted as late runs (3)
+    and each said "scored as a run of its own", though the job sent the two runs once. Now the
+    runs read again are counted so, not as late runs."""
+    (chat, _tool), root = trace_spans(0)
+    root = {**root, "name": "POST /ask", "attributes": []}
+    second = {**chat, "spanId": SECOND_CALL_OF_0, "name": "chat gpt-4o-mini (follow-up)"}
+    text = line([chat, root]) + "".join(whole(i) for i in range(1, 31)) + line([second])
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "a.jsonl").write_text(text)
+    (tmp_path / "b.jsonl").write_text(text)
+    done, submitter, reporter = _backfill_in_process(tmp_path, "bf-late-twice")
     assert [run for run in submitter.runs if run[0] == trace_id(0)] == [
         (trace_id(0), CHAT_OF_0),
-        (trace_id(0), f"{0xAB:016x}"),
+        (trace_id(0), SECOND_CALL_OF_0),
     ]
-    assert any(trace_id(0) in line and "--window-spans" in line for line in reporter.lines)
+    assert done.counters.late_runs == 1
+    assert done.counters.runs_read_again >= 2
+    assert len([said for said in reporter.lines if "scored as a run of its own" in said]) == 1
 
 
 def test_the_record_of_read_traces_is_bounded() -> None:

@@ -66,3 +66,60 @@ def test_a_later_run_with_spans_read_before_under_it_is_split_not_scored() -> No
     assert before is not None
     plan = plan_part([span(2, "agent", 1)], before)
     assert (plan.runs, targets(plan.split)) == ([], [2])
+
+
+def _parts(*parts: list[SpanRecord]) -> list[list[int]]:
+    """Each part's runs (targets), each part planned with what the parts before left."""
+    before, found = None, []
+    for n, part in enumerate(parts):
+        plan = plan_part(part, before)
+        found.append(targets(plan.runs))
+        before = plan.after
+        if before is None:
+            found.extend([] for _ in parts[n + 1 :])
+            break
+    return found
+
+
+def test_a_later_llm_call_under_a_parent_not_read_is_no_run() -> None:
+    """Two LLM calls of an agent whose root (sent last, as exporters do) comes last: the first
+    read as a run (all a first part can do), the second was scored as a run of its own under
+    the agent not read, and the agent lost. A whole read makes the agent the one run: the second
+    call is a late span, the agent (with spans read before under it) split."""
+    first, second, root = [span(2, "llm", 1)], [span(3, "llm", 1)], [span(1, "agent")]
+    assert targets(plan_runs([*first, *second, *root])) == [1]
+    assert _parts(first, second, root) == [[2], [], []]
+    before = plan_part(first, None).after
+    assert before is not None
+    later = plan_part(second, before)
+    assert (later.runs, later.split) == ([], [])
+    assert later.after is not None
+    assert targets(plan_part(root, later.after).split) == [1]
+
+
+def test_a_root_sent_last_then_opens_the_trace_to_later_calls() -> None:
+    """The root that is no agent comes after its first LLM call: a later call under it is a
+    run (a whole read makes both calls runs)."""
+    parts = [span(2, "llm", 1)], [span(1, "other")], [span(3, "llm", 1)]
+    assert targets(plan_runs([s for part in parts for s in part])) == [2, 3]
+    assert _parts(*parts) == [[2], [], [3]]
+
+
+def test_a_span_under_a_run_read_before_is_no_run_once_its_parent_comes() -> None:
+    """A tool span (X) read under a parent not read (Q), which comes later under an LLM call
+    read (L1): an LLM call under X is inside L1's run, no run of its own (a whole read makes L1
+    alone). It was scored, X's id kept open for good."""
+    first = [span(1, "other"), span(2, "llm", 1), span(4, "tool", 3)]
+    second = [span(3, "tool", 2), span(5, "tool", 2)]
+    third = [span(6, "llm", 4)]
+    assert targets(plan_runs([*first, *second, *third])) == [2]
+    assert _parts(first, second, third) == [[2], [], []]
+
+
+def test_a_later_root_is_no_run_while_spans_read_before_hang_under_a_span_not_read() -> None:
+    """An LLM call read under a parent not read, then an agent root: the parent may come later
+    under the agent (a whole read then makes the agent's run, holding the call read before), so
+    the agent is no run yet."""
+    first, root, middle = [span(2, "llm", 1)], [span(9, "agent")], [span(1, "other", 9)]
+    assert targets(plan_runs([*first, *root, *middle])) == [9]
+    assert _parts(first, root, middle) == [[2], [], []]

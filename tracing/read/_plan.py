@@ -38,12 +38,13 @@ def _has_parent_cycle(parent_of: dict[str, str | None]) -> bool:
 Run = tuple[SpanRecord, list[SpanRecord]]
 
 # What a later part of a trace needs of the parts read before it (``plan_part``), as one short
-# string (kept by the thousands, and in Redis): "A" when they held an agent span, then the span
-# ids a later span may hang under and still be top-level (spans no run held, and the parents
-# their top-level spans named but were not read), then those parents alone (a later span with
-# one of these ids has spans read before under it), each list comma-separated, "|" between.
-# Past this many ids the parts are not summed up (None): a later part is then no run. (Most
-# traces keep none: an agent root holds every span.)
+# string (kept by the thousands, and in Redis): flags ("A" when they held an agent span, "R" when
+# they held a run), then the open ids: spans read that no run held and whose ancestors were all
+# read (up to a root), none an agent or LLM span (a later span under one is top-level, as in a
+# whole read); then the ids not read that spans read name as their parent (spans read before
+# hang under them), each list comma-separated, "|" between. Past this many ids the parts are not
+# summed up (None): a later part is then no run. (Most traces keep none: an agent root holds
+# every span.)
 MAX_OPEN_IDS = 16
 
 
@@ -66,11 +67,13 @@ def plan_runs(
 
 class PartPlan(NamedTuple):
     """``plan_part``'s answer: the part's runs, those of its runs it cannot score (spans read
-    before are under them: split by the window, lost), and what a later part needs (``before``)."""
+    before are under them: split by the window, lost), what a later part needs (``after``), and
+    whether no part before held a run (``first``: the trace's first runs, if any)."""
 
     runs: list[Run]
     split: list[Run]
     after: str | None
+    first: bool = True
 
 
 def plan_part(records: Sequence[SpanRecord], before: str | None, *, exclude_under: Collection[str] = ()) -> PartPlan:
@@ -80,52 +83,67 @@ def plan_part(records: Sequence[SpanRecord], before: str | None, *, exclude_unde
 
     ``before`` None: the first part, planned as ``plan_runs`` plans it. Else a later part (its
     spans came after the parts before were read): a run of it is one a read of the whole trace
-    would make that no part before held. Its target hangs under a span no run of the parts
-    before held (or under no span read), it is an agent span or the trace has none, and no span
-    read before is under it (its run is whole). Spans under a run of a part before belong to
-    that run, which was read without them: they are no run.
+    would make that no part before held. Its target hangs under an open span (read, no run held
+    it, and all its ancestors read: none is an agent or LLM span) or under no span, it is an
+    agent span or the trace has none, and no span read before is, or may yet turn out to be,
+    under it (its run is whole): while a span read before hangs under a span not read, which
+    may come under it, no run of a later part is whole. Spans under a run of a part before, or
+    under a span not read (an agent sent last, say), are no run.
     """
-    if before is not None and has_parent_cycle(records):  # (no top-level span to tell apart)
-        return PartPlan([], [], None)
+    agent, any_run, open_ids, below = _unpack(before)
     kinds = [classify(r.name, r.attributes) for r in records]
-    plans, owner_of = _plan(records, kinds, exclude_under, before)
-    agent, open_ids, below = _unpack(before)
-    held = {r.span_id for r in records}
-    # The parents the part's top-level spans name and it does not hold (of its claimed ones,
-    # spans read before: nothing new).
-    named = {
-        r.parent_span_id
-        for r in records
-        if r.parent_span_id is not None
-        and r.parent_span_id not in held
-        and (owner_of is None or owner_of[r.span_id] is not _CLAIMED)
-    }
-    free = set() if owner_of is None else {span_id for span_id, owner in owner_of.items() if owner == _FREE}
-    # (A parent already open was read before, or named before: not new below.)
-    after_open, after_below = open_ids | free | named, (below - held) | (named - open_ids)
-    whole, split = plans, list[Run]()
-    if below:
-        # A run of a later part is whole only if no span read before is under it.
-        whole = []
-        for plan in plans:
-            (split if below.intersection(m.span_id for m in plan[1]) else whole).append(plan)
-    if not after_open or len(after_open) + len(after_below) > MAX_OPEN_IDS:
-        return PartPlan(whole, split, None)
-    agent = agent or "agent" in kinds
-    after = "|".join(("A" if agent else "", ",".join(sorted(after_open)), ",".join(sorted(after_below))))
-    return PartPlan(whole, split, after)
-
-
-def _unpack(before: str | None) -> tuple[bool, frozenset[str], frozenset[str]]:
+    plans, free = _plan(records, kinds, exclude_under, before)
+    if free is None:  # a parent cycle: no top-level span to tell apart
+        return PartPlan(plans, [], None, not any_run)
+    parent_of = {r.span_id: r.parent_span_id for r in records}
     if before is None:
-        return False, frozenset(), frozenset()
-    agent, open_ids, below = before.split("|")
-    return agent == "A", frozenset(filter(None, open_ids.split(","))), frozenset(filter(None, below.split(",")))
+        # Every span read hangs under these, not read: a later part may bring them, anywhere.
+        dangling = {p for p in parent_of.values() if p is not None and p not in parent_of}
+    else:
+        # Spans read before hang under the ids of ``below`` this part brings: they now hang
+        # under the parent of the span of this part those reach up to, unless it is open.
+        tops = {_top_parent(b, parent_of) for b in below if b in parent_of}
+        dangling = {p for p in tops if p is not None and p not in open_ids}
+    unread = below.difference(parent_of)
+    whole, split = list[Run](), list[Run]()
+    for plan in plans:
+        if below.intersection(m.span_id for m in plan[1]):
+            split.append(plan)
+        elif before is None or not (unread or dangling):  # (else spans read before may come under it)
+            whole.append(plan)
+    after_open, after_below = open_ids.difference(parent_of) | free, unread | dangling
+    first = not any_run
+    if not (after_open or after_below) or len(after_open) + len(after_below) > MAX_OPEN_IDS:
+        return PartPlan(whole, split, None, first)
+    flags = ("A" if agent or "agent" in kinds else "") + ("R" if any_run or whole else "")
+    after = "|".join((flags, ",".join(sorted(after_open)), ",".join(sorted(after_below))))
+    return PartPlan(whole, split, after, first)
+
+
+def _top_parent(span_id: str, parent_of: dict[str, str | None]) -> str | None:
+    """The parent of the span of ``parent_of`` that ``span_id``'s ancestors there reach up to
+    (None: a root). ``parent_of`` has no cycle."""
+    parent = parent_of[span_id]
+    while parent is not None and parent in parent_of:
+        parent = parent_of[parent]
+    return parent
+
+
+def _unpack(before: str | None) -> tuple[bool, bool, frozenset[str], frozenset[str]]:
+    if before is None:
+        return False, False, frozenset(), frozenset()
+    flags, open_ids, below = before.split("|")
+    return (
+        "A" in flags,
+        "R" in flags,
+        frozenset(filter(None, open_ids.split(","))),
+        frozenset(filter(None, below.split(","))),
+    )
 
 
 # A span's owner in the walk: the run holding it (its target's id), or neither of these.
-_FREE = ""  # no run holds it: a later span under it may be a run
-_CLAIMED = None  # excluded by the loop guard, or under a run of a part read before
+_FREE = ""  # no run holds it
+_CLAIMED = None  # excluded by the loop guard, or under a run read before or a span not read
 
 
 def _plan(
@@ -133,8 +151,9 @@ def _plan(
     kinds: Sequence[SpanKind] | None,
     exclude_under: Collection[str],
     before: str | None,
-) -> tuple[list[Run], dict[str, str | None] | None]:
-    """The runs, and each span's owner (None: the common case, one run owning the trace)."""
+) -> tuple[list[Run], set[str] | None]:
+    """The runs, and the spans no run holds whose ancestors were all read (up to a root, or an
+    open span of ``before``): a later span under one is top-level. None: a parent cycle."""
     if kinds is None:
         kinds = [classify(r.name, r.attributes) for r in records]
     if before is None and not exclude_under and kinds.count("agent") == 1:
@@ -142,10 +161,12 @@ def _plan(
         root = records[kinds.index("agent")]
         ids = {r.span_id for r in records}
         if [r for r in records if r.parent_span_id not in ids] == [root]:
-            return [(root, records if isinstance(records, list) else list(records))], None
+            return [(root, records if isinstance(records, list) else list(records))], set()
     kind_of = {r.span_id: k for r, k in zip(records, kinds, strict=True)}
     parent_of = {r.span_id: r.parent_span_id for r in records}
     if _has_parent_cycle(parent_of):
+        if before is not None:  # (a later part: its spans are late, no run to tell apart)
+            return [], None
         # Walking up from a span in a cycle never reaches a root: no top-level span can be told
         # apart. Ship the whole trace as one run so the worker reads it and records its
         # TraceReadError (parent_cycle) where it can be seen, instead of dropping it here.
@@ -153,9 +174,10 @@ def _plan(
         return ([] if first is None else [(first, list(records))]), None
 
     # One walk down from the local roots, carrying whether an agent (or, with no agents in
-    # the trace, an LLM span) is above, whether an excluded span is, and the run above: linear
-    # whatever the depth (walking up from every span was quadratic on a deep chain).
-    agent_before, open_ids, _ = _unpack(before)
+    # the trace, an LLM span) is above, whether an excluded span is, the run above, and whether
+    # all ancestors were read: linear whatever the depth (walking up from every span was
+    # quadratic on a deep chain).
+    agent_before, _, open_ids, _ = _unpack(before)
     want = "agent" if agent_before or "agent" in kind_of.values() else "llm"
     children: dict[str, list[str]] = {}
     roots: list[str] = []
@@ -165,31 +187,35 @@ def _plan(
         else:
             children.setdefault(parent, []).append(span_id)
     owner_of: dict[str, str | None] = {}
-    # A local root of a later part hanging under a span read before that a run held is claimed
-    # by that run (blocked, no run of its own).
-    stack: list[tuple[str, bool, bool, str | None]] = []
+    free: set[str] = set()
+    # A local root of a first part is top-level, as in ``plan_runs``; of a later part, only
+    # under no span or an open one (else under a run read before, or a span not read: claimed).
+    stack: list[tuple[str, bool, bool, str | None, bool]] = []
     for root_id in roots:
         parent = parent_of[root_id]
-        top = before is None or parent is None or parent in open_ids
-        stack.append((root_id, not top, False, _FREE if top else _CLAIMED))
+        placed = parent is None or parent in open_ids
+        top = before is None or placed
+        stack.append((root_id, not top, False, _FREE if top else _CLAIMED, placed))
     while stack:
-        span_id, blocked, excluded, owner = stack.pop()
+        span_id, blocked, excluded, owner, placed = stack.pop()
         kind = kind_of[span_id]
         excluded = excluded or span_id in exclude_under
         if kind == want and not blocked and not excluded:
             owner = span_id
-        owner_of[span_id] = _CLAIMED if excluded and owner == _FREE else owner
+        owner = owner_of[span_id] = _CLAIMED if excluded and owner == _FREE else owner
+        if placed and owner == _FREE:
+            free.add(span_id)
         below = blocked or kind == want
-        stack.extend((child, below, excluded, owner) for child in children.get(span_id, ()))
+        stack.extend((child, below, excluded, owner, placed) for child in children.get(span_id, ()))
     targets = [r for r in records if owner_of.get(r.span_id) == r.span_id]
     if not targets:
-        return [], owner_of
+        return [], free
     if len(targets) == 1 and roots == [targets[0].span_id]:  # the common case: one run owns the whole trace
-        return [(targets[0], list(records))], owner_of
+        return [(targets[0], list(records))], free
     groups: dict[str, list[SpanRecord]] = {t.span_id: [] for t in targets}
     for r in records:
         owner = owner_of.get(r.span_id)
         if owner:
             groups[owner].append(r)
     targets.sort(key=lambda t: (t.start_time_ns or 0, t.span_id))
-    return [(t, groups[t.span_id]) for t in targets], owner_of
+    return [(t, groups[t.span_id]) for t in targets], free

@@ -88,11 +88,16 @@ class AssembledTrace:
     # Late: what the parts before left for a later part's runs (``TraceAssembler.note_runs``).
     runs_before: str | None = None
 
+    @property
+    def read_evicted(self) -> bool | None:
+        """Why the trace was read (its first part released): by the memory bound (as
+        ``late_evicted``). A late part keeps its trace's cause: a span after it missed that read,
+        whatever released the late parts between."""
+        return self.late_evicted if self.late else self.completion == "evicted"
+
     def released(self, runs: str | None) -> Released:
         """How the assembler remembers the trace now (the parts before and this one), with ``runs``."""
-        return Released(
-            self.trace_id, self.rooted, self.late_evicted if self.late else self.completion == "evicted", runs
-        )
+        return Released(self.trace_id, self.rooted, self.read_evicted, runs)
 
 
 @dataclass(slots=True)
@@ -300,11 +305,7 @@ class TraceAssembler:
         self._open_spans -= len(held.spans)
         self.stats.traces += 1
         rooted = held.rooted
-        # A late part keeps the cause of the trace's read: a span after it missed that read,
-        # whatever released the late parts between.
-        evicted = held.released_evicted if held.late else completion == "evicted"
-        self._remember(held.trace_id, rooted or held.released_rooted, evicted)
-        return AssembledTrace(
+        trace = AssembledTrace(
             held.trace_id,
             held.spans,
             held.first,
@@ -317,3 +318,5 @@ class TraceAssembler:
             rooted=rooted or held.released_rooted,
             runs_before=self._runs.pop(held.trace_id, None) if held.late else None,
         )
+        self._remember(trace.trace_id, trace.rooted, trace.read_evicted)
+        return trace

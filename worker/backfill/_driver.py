@@ -7,7 +7,8 @@
 The backfill ships span records, as the exporter does, one request per trace (its spans once,
 each planned run's target in it): the worker alone reads runs (an unreadable run becomes the
 worker's error record, counted as ``failed:<reason>``). A trace
-with nothing to score (no agent and no LLM span) is counted here (``no_target``) and reported.
+with nothing to score (no agent and no LLM span) is counted here (``no_target``) and reported
+(taken back when a late part of it brings a run).
 
 Streaming: the source is read one record at a time and the assembler's memory is bounded, so
 a source of any size runs in bounded memory; a malformed input line is counted and reported,
@@ -83,6 +84,8 @@ from worker.backfill._state import BackfillState, JobCounters, LateCause, RedisJ
 __all__ = ["Backfill", "Submitter", "trace_start_ns"]
 
 log = structlog.get_logger("tracescore.backfill")
+
+_Run = tuple[SpanRecord, list[SpanRecord]]  # a planned run: its target span, the records it reads
 
 # Malformed lines and unreadable traces printed one by one; past this only counted.
 MAX_REPORTED = 20
@@ -322,11 +325,11 @@ class Backfill:
         plan = self._plan(trace, None, judge_ids)
         if plan is None:
             return None
-        if not plan.runs:
+        if plan.runs:
+            self._enqueue(trace, plan.runs)
+        else:  # (a late part may still bring a run: the trace is then no longer counted so)
             self._count(at, "unreadable", "no_target")
             self._report(f"trace {trace.trace_id}: not scored (no_target): the trace has no agent span and no LLM span")
-            return None
-        self._enqueue(trace, plan.runs)
         return plan.after
 
     def _plan(self, trace: AssembledTrace, before: str | None, judge_ids: Collection[str]) -> PartPlan | None:
@@ -373,33 +376,37 @@ class Backfill:
                 + (f", a run of its own lost among them (span {lost}: spans read before are under it)" if split else "")
                 + f" ({cause.raise_now(options)})"
             )
-        if runs:
-            self._count(at, "late_runs", n=len(runs))
+        fresh = self._enqueue(trace, runs)  # (a run planned already is read again: not a late run)
+        if fresh:
+            self._count(at, "late_runs", n=len(fresh))
+            if plan is not None and plan.first:  # the trace's first run: it has something to score
+                self._count(at, "unreadable", "no_target", n=-1)
+            spans = sum(len(members) for _, members in fresh)
             self._report(
-                f"trace {trace.trace_id}: {len(scored):,} span{'s' if len(scored) > 1 else ''} arrived after the"
+                f"trace {trace.trace_id}: {spans:,} span{'s' if spans > 1 else ''} arrived after the"
                 f" trace was read ({cause.released}), scored as a run of its own"
-                f" (span {', '.join(t.span_id for t, _ in runs)}), as a read of the whole trace scores it"
+                f" (span {', '.join(t.span_id for t, _ in fresh)}), as a read of the whole trace scores it"
             )
-            self._enqueue(trace, runs)
         return plan.after if plan is not None else None
 
-    def _enqueue(self, trace: AssembledTrace, plans: list[tuple[SpanRecord, list[SpanRecord]]]) -> None:
-        """Hand ``plans``, runs of ``trace``, over to scoring (but the runs the job planned already)."""
+    def _enqueue(self, trace: AssembledTrace, plans: list[_Run]) -> list[_Run]:
+        """Hand ``plans``, runs of ``trace``, over to scoring (but the runs the job planned
+        already); returns those handed over."""
         counters = self.state.counters
         records = trace.spans
         counters.runs_read += len(plans)
         fresh = [(t, m) for t, m in plans if run_id(trace.trace_id, t.span_id) not in self._planned]
         if len(fresh) < len(plans):
             counters.runs_read_again += len(plans) - len(fresh)
-            if not fresh:
-                return
             plans = fresh
+        if not plans:
+            return plans
         self._planned.update(run_id(trace.trace_id, t.span_id) for t, _ in plans)
         if self.submitter is None:
             if self.on_dry_run is not None:
                 for target, members in plans:
                     self.on_dry_run(members, target.span_id)
-            return
+            return plans
         now = time.time()
         options = self.state.options
         if len(plans) == 1:
@@ -418,6 +425,7 @@ class Backfill:
             self._handling = trace.first
             self._add_sized(request, self._cutter, trace.first)
             self._handling = None
+        return plans
 
     def _add_sized(self, request: ScoreRequest, cutter: RequestCutter, at: Position) -> bool:
         """Add ``request`` to the chunk, cutting a batch first when it would not fit; False when
@@ -462,6 +470,8 @@ class Backfill:
         elif reason:
             by_reason: dict[str, int] = getattr(counters, counter)
             by_reason[reason] = by_reason.get(reason, 0) + n
+            if not by_reason[reason]:  # (taken back: a trace counted no_target whose late part held a run)
+                del by_reason[reason]
         else:
             setattr(counters, counter, getattr(counters, counter) + n)
         if self.job_store is not None:
@@ -510,7 +520,7 @@ class Backfill:
                     saved.malformed_where.remove(reason)
             elif reason:
                 by_reason: dict[str, int] = getattr(saved, counter)
-                by_reason[reason] -= n
+                by_reason[reason] = by_reason.get(reason, 0) - n
                 if not by_reason[reason]:
                     del by_reason[reason]
             else:
