@@ -186,6 +186,27 @@ def test_a_late_call_of_a_trace_read_with_no_run_is_scored(tmp_path: Path) -> No
     assert "no_target" not in counters.unreadable
 
 
+@pytest.mark.parametrize("stop_after", [2, 5, 9])
+def test_a_late_first_run_past_a_resumes_checkpoint_takes_no_target_back_once(
+    tmp_path: Path, redis_server: RedisServer, stop_after: int
+) -> None:
+    """The trace read with no run (counted no_target, the count saved), its only LLM call past
+    the checkpoint: the resume scores the call and takes the saved count back, as the job without
+    a stop does (not twice, nor left counted)."""
+    (chat, tool), root = trace_spans(0)
+    root = {**root, "name": "POST /ask", "attributes": []}
+    directory = late_files(tmp_path / "in", [tool, root], [chat])
+    job = stop_and_resume_in_process(
+        directory, redis_server, DB, "bf-no-run", lambda sent: len(sent.sent) >= stop_after
+    )
+    assert (0, 1, 0) < job.checkpoint < (2, 21, 0)  # past trace 0's read, before its call
+    counters, whole = job.resumed.counters, job.whole.counters
+    assert "no_target" not in whole.unreadable
+    assert (counters.traces_read, counters.runs_enqueued, counters.late_runs, counters.late_spans) == (91, 91, 1, 0)
+    assert counters.unreadable == whole.unreadable
+    assert job.submitter.runs.count((trace_id(0), CHAT_OF_0)) == 1
+
+
 def test_a_late_run_read_twice_is_counted_and_said_once(tmp_path: Path) -> None:
     """The same input in two files (a collector that wrote it twice): trace 0's late LLM call
     came twice, and its first call again, each planned as a late run: counted as late runs (3)
