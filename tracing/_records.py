@@ -14,9 +14,9 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext
 
 from tracing._formats import (
+    ENVIRONMENT_KEYS,
     NO_ENVIRONMENT,
     READ_ATTRIBUTE_PREFIXES,
     READ_ATTRIBUTES,
@@ -24,6 +24,7 @@ from tracing._formats import (
     environment_of,
     resource_environment,
 )
+from tracing._markers import ROLE_ATTRIBUTE
 from tracing._run import ENVIRONMENT_ATTRIBUTE, SpanRecord, SpanRecordEvent
 from tracing._sdk import read_span
 
@@ -33,7 +34,16 @@ from tracing._sdk import read_span
 # instrumentation nests near it.
 MAX_VALUE_DEPTH = 32
 
-__all__ = ["build_record", "compact", "origin_environment", "read_attributes", "service_name", "span_record"]
+__all__ = [
+    "KeyPlan",
+    "build_record",
+    "compact",
+    "key_plan",
+    "origin_environment",
+    "read_attributes",
+    "service_name",
+    "span_record",
+]
 
 
 def span_record(span: ReadableSpan) -> SpanRecord:
@@ -42,8 +52,8 @@ def span_record(span: ReadableSpan) -> SpanRecord:
     if f is None:
         raise ValueError(f"span {span.name!r} has no span context")
     record, _ = build_record(
-        f.context,
-        f.parent,
+        "%016x" % f.context.span_id,  # noqa: UP031
+        "%016x" % f.parent.span_id if f.parent is not None else None,  # noqa: UP031
         f.name,
         format(f.context.trace_id, "032x"),
         f.attributes,
@@ -65,27 +75,34 @@ RECORD_OVERHEAD_BYTES = 600
 
 # Per attribute key tuple (the spans of one instrumentation share theirs, in order): the keys
 # the transform does not read among them, or None when it reads them all (the span's own dict,
-# frozen once it ended, is then kept as it is: nothing copied). Bounded: cleared when full.
-_PLANS: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+# frozen once it ended, is then kept as it is: nothing copied); and whether a key among them
+# marks the span (``_MARKS``). Bounded: cleared when full.
+KeyPlan = tuple[tuple[str, ...] | None, bool]
+_PLANS: dict[tuple[str, ...], KeyPlan] = {}
 _MAX_PLANS = 1024
+# Keys without which a span is no judge's (``tracing.read.is_judge``) and its environment is its
+# resource's alone (``environment_of``): most spans carry none, and skip both reads.
+_MARKS = frozenset({ROLE_ATTRIBUTE, ENVIRONMENT_ATTRIBUTE, *ENVIRONMENT_KEYS})
 
 
-def _plan(keys: tuple[str, ...]) -> tuple[str, ...] | None:
-    read, prefixes = READ_ATTRIBUTES, READ_ATTRIBUTE_PREFIXES
-    dropped = tuple(k for k in keys if not (k in read or k.startswith(prefixes)))
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    plan = _PLANS[keys] = dropped or None
+def key_plan(attributes: Mapping[str, Any]) -> KeyPlan:
+    """What the keys of ``attributes`` say (see ``_PLANS``), worked out once per key tuple."""
+    keys = tuple(attributes)
+    plan = _PLANS.get(keys)
+    if plan is None:
+        read, prefixes = READ_ATTRIBUTES, READ_ATTRIBUTE_PREFIXES
+        dropped = tuple(k for k in keys if not (k in read or k.startswith(prefixes)))
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[keys] = (dropped or None, not _MARKS.isdisjoint(keys))
     return plan
 
 
-def read_attributes(attributes: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+def read_attributes(attributes: Mapping[str, Any], plan: KeyPlan | None = None) -> tuple[dict[str, Any], int]:
     """The attributes the transform reads (``attributes`` itself when it is a dict holding
-    only those) and their approximate text size in bytes."""
-    keys = tuple(attributes)
-    dropped = _PLANS.get(keys, ())
-    if dropped == ():
-        dropped = _plan(keys)
+    only those) and their approximate text size in bytes (``plan``: ``key_plan(attributes)``,
+    when the caller has it)."""
+    dropped = (plan or key_plan(attributes))[0]
     if dropped is None:
         out = attributes if isinstance(attributes, dict) else dict(attributes)
     else:  # a C-level copy, then the few unread keys out: cheaper than picking the read ones
@@ -154,8 +171,8 @@ def _span_name(name: object) -> str:
 
 
 def build_record(
-    ctx: SpanContext,
-    parent: SpanContext | None,
+    span_id: str,
+    parent_span_id: str | None,
     name: str,
     trace_id: str,
     attributes: Mapping[str, Any],
@@ -167,8 +184,9 @@ def build_record(
     service: str | None,
     scope: str | None,
     origin: Sequence[Any],
+    plan: KeyPlan | None = None,
 ) -> tuple[SpanRecord, int]:
-    """The ``SpanRecord`` of a span from its fields (``tracing._sdk.read_span``), compacted
+    """The ``SpanRecord`` of a span from its fields (``tracing._sdk.read_span``; its ids in hex), compacted
     (``compact``), and its approximate JSON size (``origin``: its resource's values of
     ``ENVIRONMENT_KEYS``, ``origin_environment``). The record keeps the span's own attribute
     dict when the transform reads every key of it (the common case): nothing is copied.
@@ -181,9 +199,11 @@ def build_record(
         )
     else:
         kept_events = ()
-    attrs, size = read_attributes(attributes)
-    environment = environment_of(attrs, origin)
-    if environment is not None or ENVIRONMENT_ATTRIBUTE in attrs:
+    if plan is None:
+        plan = key_plan(attributes)
+    attrs, size = read_attributes(attributes, plan)
+    environment = environment_of(attrs, origin) if plan[1] or origin is not NO_ENVIRONMENT else None
+    if environment is not None or (plan[1] and ENVIRONMENT_ATTRIBUTE in attrs):
         # Ours to set, never the span's own (a copy: ``attrs`` may be the span's own dict).
         if ENVIRONMENT_ATTRIBUTE in attrs:
             size -= _text_size({ENVIRONMENT_ATTRIBUTE: attrs[ENVIRONMENT_ATTRIBUTE]})
@@ -192,12 +212,11 @@ def build_record(
             attrs[ENVIRONMENT_ATTRIBUTE] = environment
             size += len(environment)
     # Positional: the cheapest way to build a dataclass (field order of ``SpanRecord``).
-    # SpanContext is a tuple: [1] is span_id (a property read costs a Python call).
     record = SpanRecord(
         trace_id,
-        "%016x" % ctx[1],  # %-formatting: twice as fast as format() for this  # noqa: UP031
+        span_id,
         name,
-        "%016x" % parent[1] if parent is not None else None,  # noqa: UP031
+        parent_span_id,
         kind,
         start_ns,
         end_ns,

@@ -117,7 +117,8 @@ def _fast(span: ReadableSpan) -> SpanValues | None:
         attrs = _public_attributes(span)
     if type(events) is BoundedList:  # its len() is a Python call; the deque's is not
         events = events._dq  # type: ignore[attr-defined]
-    status_name = status.status_code._name_ if status is not None else "UNSET"
+    # (``status_code`` is a property: a Python call a span)
+    status_name = status._status_code._name_ if status is not None else "UNSET"
     return ctx, parent, attrs, name, kind._name_, start, end, status_name, events, scope, resource
 
 

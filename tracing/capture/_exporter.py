@@ -392,7 +392,11 @@ class ScoringSpanExporter(SpanExporter):
         # Completed one at a time, each dropped when done: its records become garbage at once
         # instead of surviving (and being promoted by the GC) until the end. What they ship is
         # queued a batch at a time: one lock and one wake of the sender per batch.
-        work = _Pass(polled.traces[::-1])
+        # (Reversed in place, not copied: a copy left ``polled`` holding every trace of the
+        # pass, all freed at its end, cold in the caches, and promoted by the GC meanwhile.)
+        polled.traces.reverse()
+        work = _Pass(polled.traces)
+        del polled
         done = len(work.traces)
         with self._lock:
             self._pass = work
@@ -446,9 +450,10 @@ class ScoringSpanExporter(SpanExporter):
 
     def _complete(self, entry: BufferedTrace, now: float, out: list[Shipment]) -> None:
         records, kinds = entry.spans, entry.kinds
-        if len({r.span_id for r in records}) < len(records):
+        span_ids = {r.span_id for r in records}  # (the planner's too: built once)
+        if len(span_ids) < len(records):
             records, kinds = self._first_of_each_id(records, kinds)
-        runs = planned = plan_runs(records, kinds=kinds, exclude_under=entry.judge_ids or ())
+        runs = planned = plan_runs(records, kinds=kinds, exclude_under=entry.judge_ids or (), span_ids=span_ids)
         if entry.above_sent:  # a later part of a trace: a run that began in an earlier part is not whole
             runs = [run for run in planned if run[0].span_id not in entry.above_sent]
             if len(runs) < len(planned):

@@ -5,6 +5,7 @@ here (the worker reads the one it is sent)."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from collections.abc import Set as AbstractSet
 from typing import NamedTuple
 
 from tracing._formats import SpanKind, classify
@@ -53,6 +54,7 @@ def plan_runs(
     *,
     kinds: Sequence[SpanKind] | None = None,
     exclude_under: Collection[str] = (),
+    span_ids: AbstractSet[str] | None = None,
 ) -> list[Run]:
     """The trace's runs, each as (target span, the records its transform reads), in start order.
 
@@ -60,9 +62,9 @@ def plan_runs(
     LLM spans) from names and kind attributes only (``kinds``, when the caller classified the
     spans already); a target at or under a span id in ``exclude_under`` is left out (the loop
     guard). A run reads its target and the target's descendants: ancestors and unrelated spans
-    are not shipped.
+    are not shipped. ``span_ids``: the records' span ids, when the caller has them as a set.
     """
-    return _plan(records, kinds, exclude_under, None)[0]
+    return _plan(records, kinds, exclude_under, None, span_ids)[0]
 
 
 class PartPlan(NamedTuple):
@@ -151,15 +153,17 @@ def _plan(
     kinds: Sequence[SpanKind] | None,
     exclude_under: Collection[str],
     before: str | None,
+    span_ids: AbstractSet[str] | None = None,
 ) -> tuple[list[Run], set[str] | None]:
     """The runs, and the spans no run holds whose ancestors were all read (up to a root, or an
-    open span of ``before``): a later span under one is top-level. None: a parent cycle."""
+    open span of ``before``): a later span under one is top-level. None: a parent cycle.
+    ``span_ids``: the records' span ids, when the caller has them as a set."""
     if kinds is None:
         kinds = [classify(r.name, r.attributes) for r in records]
     if before is None and not exclude_under and kinds.count("agent") == 1:
         # The common case, cheaply: one agent span, and it is the trace's only (local) root.
         root = records[kinds.index("agent")]
-        ids = {r.span_id for r in records}
+        ids = {r.span_id for r in records} if span_ids is None else span_ids
         if [r for r in records if r.parent_span_id not in ids] == [root]:
             return [(root, records if isinstance(records, list) else list(records))], set()
     kind_of = {r.span_id: k for r, k in zip(records, kinds, strict=True)}
