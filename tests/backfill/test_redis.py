@@ -545,6 +545,7 @@ def test_status_shows_a_jobs_damaged_count_and_how_to_repair_it(
     jobs, text = _status_jobs()
     assert _job(jobs, job_id)["scored"] is None
     assert f"backfill {job_id} scored" in text  # the line naming the counters that are no number
+    assert "a backfill job's is kept aside first" in text  # (not started over, as other counters are)
     resumed = CliRunner().invoke(
         cli, ["backfill", "--resume", job_id, "--broker", REDIS_URL], env={"TRACESCORE_BROKER_URL": ""}
     )

@@ -15,13 +15,12 @@ from click.testing import CliRunner, Result
 from scorers.judge import JudgeHooks, get_judge_hooks, set_judge_hooks
 from tests.backfill._synth import write_otlp_files
 from tests.fakellm import FakeLLMServer, Reply
+from tests.worker._budget import PRICES, SCORERS
 from worker._budget import CostEstimate, price_table
 from worker._registry import load_registry
 from worker.cli import cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces"
-SCORERS = "tests.worker.budget_scorers"
-PRICES = json.dumps({"openai/fake-judge": {"input": 100.0, "output": 200.0}})
 
 
 @pytest.fixture(autouse=True)

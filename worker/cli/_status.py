@@ -173,9 +173,11 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
     ]
     if unknown:
         # (read as 0, a sink that had delivered thousands showed none)
+        # (a job's count is no counter a write starts over: the store's scripts keep it aside)
+        aside = "; a backfill job's is kept aside first" if any(u.startswith("backfill ") for u in unknown) else ""
         _echo(
             f"unknown     a counter in Redis is no number: {', '.join(unknown)} (shown unknown, not 0; the log"
-            " names its key; a write that adds to it starts it over)"
+            f" names its key; a write that adds to it starts it over{aside})"
         )
     for problem in status["refused_keys"]:
         _echo(f"refused key {problem}")
