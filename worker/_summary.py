@@ -79,7 +79,8 @@ class Outcome:
 
     @classmethod
     def of_record(cls, record: ScoreRecord | Mapping[str, Any], label: str = "") -> Outcome:
-        """A record, or its JSON parsed (the workers' records read back); the run is its trace."""
+        """A record, or its JSON parsed (the workers' records read back); the run is its trace.
+        Its judge spend is left out: summaries show the ledger's, call by call (``Spend``)."""
         # A model's __dict__ is its fields: no copy, as fast as the parsed JSON's dict.
         fields: Mapping[str, Any] = record if isinstance(record, Mapping) else record.__dict__
         return cls(
@@ -93,9 +94,6 @@ class Outcome:
             error_type=fields.get("error_type"),
             error_message=fields.get("error_message"),
             failed_step=fields.get("failed_step"),
-            cost_usd=fields.get("cost_usd"),
-            judge_models=fields.get("judge_models") or (),
-            judge_calls=fields.get("judge_calls") or 0,
         )
 
     @classmethod

@@ -35,7 +35,15 @@ from tracing._rules import ScoringRule
 from tracing._run import SpanRecord
 from tracing._transform import trace_to_run
 from tracing.capture._buffer import BufferedTrace, BufferLimits, TraceBuffer
-from tracing.capture._sender import APP_CODE_ERRORS, Sender, SenderLimits, Shipment, describe, shipment_size
+from tracing.capture._sender import (
+    APP_CODE_ERRORS,
+    Sender,
+    SenderLimits,
+    Shipment,
+    call_optional,
+    describe,
+    shipment_size,
+)
 from tracing.capture._sinks import Sink
 from tracing.capture._tally import Tally
 from tracing.read import plan_runs
@@ -325,12 +333,7 @@ class ScoringSpanExporter(SpanExporter):
             self._closed = True
         # A sink that retries inside its send (embedded_sink: a batch's transient failures, a
         # backoff apart) starts no retry from now on and ends a wait for one: the exit waited it out.
-        stop_retrying = getattr(self._sink, "stop_retrying", None)
-        if callable(stop_retrying):
-            try:
-                stop_retrying()
-            except Exception as exc:
-                log.warning("exporter_sink_stop_retrying_failed", error=describe(exc))
+        call_optional(self._sink, "stop_retrying")
         try:
             self._process(force=True, deadline=deadline, closing=True)
             with self._lock:

@@ -35,7 +35,7 @@ from tracing.capture._sinks import EncodedSink, Sink
 from tracing.capture._tally import Tally
 from tracing.queue import RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, spans_request
 
-__all__ = ["APP_CODE_ERRORS", "Sender", "SenderLimits", "Shipment", "describe", "shipment_size"]
+__all__ = ["APP_CODE_ERRORS", "Sender", "SenderLimits", "Shipment", "call_optional", "describe", "shipment_size"]
 
 log = structlog.get_logger("tracescore.exporter")
 
@@ -46,6 +46,18 @@ APP_CODE_ERRORS = (Exception, SystemExit)
 
 # While sends keep failing with the same error, how often that is logged again.
 _FAILURE_LOG_INTERVAL_S = 60.0
+
+
+def call_optional(sink: object, method: str) -> None:
+    """``sink.<method>()`` when the sink has it (``close``, ``stop_retrying``: neither is part of
+    ``Sink``); a failure is logged (``exporter_sink_<method>_failed``), never raised: the
+    exporter is shutting down and goes on."""
+    call = getattr(sink, method, None)
+    if callable(call):
+        try:
+            call()
+        except Exception as exc:
+            log.warning(f"exporter_sink_{method}_failed", error=describe(exc))
 
 
 def describe(exc: BaseException) -> str:
@@ -230,12 +242,7 @@ class Sender:
         """After ``stop``: wait for the thread until ``deadline``, close the sink (which ends a
         send under way), and count what is still queued or in the sink as dropped."""
         self._thread.join(max(0.0, deadline - time.monotonic()) + 0.1)
-        close = getattr(self._sink, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception as exc:
-                log.warning("exporter_sink_close_failed", error=describe(exc))
+        call_optional(self._sink, "close")
         self._thread.join(0.1)  # a send the close just ended: let the thread count it
         with self._lock:
             unsent = len(self._pending) + self._inflight

@@ -9,10 +9,11 @@ trace read in parts (a backfill's late spans), each part's runs those no part be
 """
 
 from tracing.read._guard import is_judge, loop_guard, own_origin, takes_trace
-from tracing.read._plan import PartPlan, has_parent_cycle, plan_part, plan_runs
+from tracing.read._plan import PartPlan, Run, has_parent_cycle, plan_part, plan_runs
 
 __all__ = [
     "PartPlan",
+    "Run",
     "has_parent_cycle",
     "is_judge",
     "loop_guard",

@@ -65,7 +65,7 @@ import structlog
 
 from tracing import SpanRecord, sampled
 from tracing.queue import RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, request_json, spans_request
-from tracing.read import PartPlan, has_parent_cycle, loop_guard, plan_part
+from tracing.read import PartPlan, Run, has_parent_cycle, loop_guard, plan_part
 from tracing.sources import (
     AssembledTrace,
     Malformed,
@@ -84,8 +84,6 @@ from worker.backfill._state import BackfillState, JobCounters, LateCause, RedisJ
 __all__ = ["Backfill", "Submitter", "trace_start_ns"]
 
 log = structlog.get_logger("tracescore.backfill")
-
-_Run = tuple[SpanRecord, list[SpanRecord]]  # a planned run: its target span, the records it reads
 
 # Malformed lines and unreadable traces printed one by one; past this only counted.
 MAX_REPORTED = 20
@@ -389,7 +387,7 @@ class Backfill:
             )
         return plan.after if plan is not None else None
 
-    def _enqueue(self, trace: AssembledTrace, plans: list[_Run]) -> list[_Run]:
+    def _enqueue(self, trace: AssembledTrace, plans: list[Run]) -> list[Run]:
         """Hand ``plans``, runs of ``trace``, over to scoring (but the runs the job planned
         already); returns those handed over."""
         counters = self.state.counters
