@@ -7,24 +7,36 @@
   first line.
 - ``*.pb`` / ``*.binpb``: the Collector file exporter's ``format: proto``: each message a
   4-byte big-endian length followed by an ``ExportTraceServiceRequest``.
-- Any of these gzip-compressed (``.gz``). A directory means every such file under it, sorted
-  by path, so the order (and a resume position) is stable.
+- Any of these compressed, gzip or zstd, told by the file's first bytes whatever its name
+  (``.gz``, ``.zst`` and ``.zstd`` are taken off before the suffix above is read). The
+  Collector's file exporter with ``compression: zstd`` writes a file under the ``path`` it is
+  given, with no suffix of its own, in one of two layouts: by default each export batch is a
+  zstd frame of its own behind the 4-byte length, JSON or protobuf alike (such a length-prefixed
+  file named ``*.json`` is told by the zstd frame behind its first 4 bytes); with its
+  ``exporter.file.nativeCompression`` feature gate, the file is one zstd stream (a frame per
+  flush) of JSON Lines or length-prefixed protobuf. A length-prefixed message is read as JSON
+  when it starts with ``{`` (no OTLP protobuf message does), as protobuf otherwise.
+- A directory means every such file under it, sorted by path, so the order (and a resume
+  position) is stable.
 
 Reading streams: one line (or message) at a time; a bad line is a ``Malformed`` item with its
 file and line number, and reading goes on.
 
 Sizes are capped before anything is decoded: a line (or protobuf message, or whole ``*.json``
-document) longer than ``max_line_bytes`` is skipped without being held in memory, and a ``.gz``
-file stops being read once it has decompressed to ``max_decompressed_bytes`` (a small gzip
-can hold a huge line: a gzip bomb). Both are reported as ``Malformed`` with file:line and the
-setting to raise (``TRACESCORE_BACKFILL_MAX_LINE_BYTES``,
+document) longer than ``max_line_bytes`` is skipped without being held in memory, and a
+compressed file stops being read once it has decompressed to ``max_decompressed_bytes`` (a small
+gzip or zstd file can hold a huge line: a bomb); a zstd frame's window is bounded by libzstd's
+default (128 MiB), so a frame asking for more is an error, not an allocation. The caps are reported
+as ``Malformed`` with file:line and the setting to raise (``TRACESCORE_BACKFILL_MAX_LINE_BYTES``,
 ``TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES``). A file whose ``MAX_BARREN_RECORDS`` lines in a
 row hold no span is skipped from there: short lines cost CPU per line, not per byte.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import os
 import struct
@@ -32,6 +44,8 @@ import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+import zstandard
 
 from tracing._errors import json_error
 from tracing.otlp import (
@@ -46,13 +60,17 @@ __all__ = ["MAX_DECOMPRESSED_BYTES_ENV", "MAX_LINE_BYTES_ENV", "FileSource"]
 
 _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PROTO_SUFFIXES = (".pb", ".binpb", ".proto")
+_COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_ZSTD_FEED = 1024
 MAX_LINE_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_LINE_BYTES"
 MAX_DECOMPRESSED_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES"
 # One record (line, protobuf message, whole *.json document): decoding takes several times its
 # size in Python objects, so this bounds the backfill's memory. The Collector's file exporter
 # writes one export batch per line, far smaller than this.
 DEFAULT_MAX_LINE_BYTES = 32 * 2**20
-# Per .gz file, decompressed: stops a gzip bomb from costing minutes of CPU.
+# Per compressed file, decompressed: stops a gzip or zstd bomb from costing minutes of CPU.
 DEFAULT_MAX_DECOMPRESSED_BYTES = 8 * 2**30
 # Lines (or protobuf messages) in a row that hold no span (blank, malformed, empty): past this,
 # the rest of the file is skipped. A bomb of short lines costs a few microseconds a line, so
@@ -128,10 +146,17 @@ def _record_error(exc: OtlpDecodeError) -> str:
     return exc.reason + (f" at {exc.field}" if exc.field else "")
 
 
-def _kind(path: Path) -> str | None:
+def _bare_name(path: Path) -> str:
+    """The file's name, lowercased, without its compression suffix."""
     name = path.name.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
+    for suffix in _COMPRESSED_SUFFIXES:
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name
+
+
+def _kind(path: Path) -> str | None:
+    name = _bare_name(path)
     if name.endswith(_JSON_SUFFIXES):
         return "json"
     if name.endswith(_PROTO_SUFFIXES):
@@ -139,10 +164,90 @@ def _kind(path: Path) -> str | None:
     return None
 
 
-def _open(path: Path) -> IO[bytes]:
-    if path.name.lower().endswith(".gz"):
-        return gzip.GzipFile(path, "rb")  # type: ignore[return-value]  # GzipFile is a binary IO
-    return path.open("rb")
+class _ZstdStream(io.RawIOBase):
+    """A zstd file's decompressed bytes, every frame in turn (the Collector's file exporter ends a
+    frame at each flush). A file that ends inside a frame is an ``EOFError``, as gzip's is: the
+    library's stream reader ends such a file quietly, as if whole. Input goes in by
+    ``_ZSTD_FEED`` bytes, so one call's output is bounded (zstd's largest ratio is about
+    32,000). Seekable as a gzip file is, since a resume starts at a decompressed offset and a
+    ``*.json`` file is looked ahead in: forward by reading, back by starting over."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+        self._start()
+
+    def _start(self) -> None:
+        self._file.seek(0)
+        self._frame: Any = None  # the frame being read (a decompressobj); None between frames
+        self._input = b""  # read from the file, not yet fed
+        self._output, self._taken = b"", 0
+        self._position = 0
+
+    def _decompress(self) -> bytes:
+        """The next decompressed bytes; ``b""`` at the end of the file, between frames."""
+        while True:
+            data, self._input = self._input or self._file.read(_ZSTD_FEED), b""
+            if not data:
+                if self._frame is not None:
+                    raise EOFError("the file ends inside a zstd frame (cut short, or still being written)")
+                return b""
+            if self._frame is None:
+                self._frame = zstandard.ZstdDecompressor().decompressobj()
+            out: bytes = self._frame.decompress(data)
+            if self._frame.eof:
+                self._input, self._frame = self._frame.unused_data, None
+            if out:
+                return out
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._taken == len(self._output):
+            self._output, self._taken = self._decompress(), 0
+        count = min(len(buffer), len(self._output) - self._taken)
+        buffer[:count] = self._output[self._taken : self._taken + count]
+        self._taken += count
+        self._position += count
+        return count
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._position
+        elif whence != io.SEEK_SET:
+            raise io.UnsupportedOperation("a zstd stream cannot be sought from its end")
+        if offset < self._position:
+            self._start()
+        scratch = bytearray(min(_SKIP_CHUNK, max(offset - self._position, 1)))
+        while self._position < offset and self.readinto(memoryview(scratch)[: offset - self._position]):
+            pass
+        return self._position
+
+
+@contextlib.contextmanager
+def _open(path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+    """The file's bytes, decompressed as its first bytes say (gzip, zstd), whatever its name (the
+    Collector's file exporter names its files as told); and the file itself, whose position
+    measures the progress."""
+    with path.open("rb") as file:
+        magic = file.read(4)
+        file.seek(0)
+        handle: IO[bytes]
+        if magic.startswith(_GZIP_MAGIC):
+            handle = gzip.GzipFile(fileobj=file, mode="rb")  # type: ignore[assignment]  # a binary IO
+        elif magic == _ZSTD_MAGIC:
+            handle = io.BufferedReader(_ZstdStream(file))
+        else:
+            yield file, file
+            return
+        with handle:
+            yield handle, file
 
 
 class FileSource:
@@ -172,14 +277,14 @@ class FileSource:
                 if not found:
                     raise SourceError(
                         f"{path}: no trace files in this directory "
-                        "(expected *.jsonl, *.json, *.ndjson or *.pb, optionally .gz)"
+                        "(expected *.jsonl, *.json, *.ndjson or *.pb, optionally .gz or .zst)"
                     )
                 files.extend(found)
             elif path.is_file():
                 if _kind(path) is None:
                     raise SourceError(
                         f"{path}: unknown file type; name it *.jsonl / *.json (OTLP JSON) or *.pb "
-                        "(OTLP protobuf), optionally with .gz"
+                        "(OTLP protobuf), optionally with .gz or .zst"
                     )
                 files.append(path)
             elif path.exists():  # a pipe or a device: read once, never resumed from a position
@@ -198,17 +303,16 @@ class FileSource:
         self._sizes = [p.stat().st_size for p in files]
         self._total = max(1, sum(self._sizes))
         self._done_bytes = 0
-        self._handle: IO[bytes] | None = None
+        self._file: IO[bytes] | None = None  # the file being read, compressed or not
         self._last = Position(0)  # where the record after the last one read whole starts
 
     def fraction_done(self) -> float:
-        """Share of the input bytes read so far (compressed bytes for .gz files)."""
+        """Share of the input bytes read so far (compressed bytes for a compressed file)."""
         position = 0
-        handle = self._handle
-        if handle is not None:
-            raw = getattr(handle, "fileobj", None) or handle  # GzipFile: the compressed file
+        file = self._file
+        if file is not None:
             try:
-                position = raw.tell()
+                position = file.tell()
             except (OSError, ValueError):
                 position = 0
         return min(1.0, (self._done_bytes + position) / self._total)
@@ -229,18 +333,27 @@ class FileSource:
             begin = start if index == start.unit else Position(index)
             self._last = Position(index, max(begin.line, 1), begin.offset)
             self._done_bytes = sum(self._sizes[:index])
+            prefixed = _kind(path) == "proto"
             try:
-                if _kind(path) == "proto":
-                    yield from self._read_proto(index, path, begin)
-                else:
-                    yield from self._read_json(index, path, begin)
-            except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-                # A truncated, corrupt (zlib.error: bad deflate data) or unreadable file (e.g. a .gz
-                # still being written): report where it broke and go on with the next file.
+                with _open(path) as (handle, file):
+                    self._file = file
+                    # A start position names the record to read first: its number and byte offset.
+                    compressed = handle is not file
+                    budget = self.max_decompressed_bytes if compressed else 2**62
+                    # The file exporter's JSON with compression: zstd is length-prefixed frames.
+                    prefixed = prefixed or handle.read(8)[4:] == _ZSTD_MAGIC
+                    handle.seek(begin.offset)
+                    if prefixed:
+                        yield from self._read_prefixed(index, path, begin, handle, budget)
+                    else:
+                        yield from self._read_json(index, path, begin, handle, budget)
+            except (OSError, EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError) as exc:
+                # A truncated, corrupt (zlib.error, ZstdError: bad compressed data) or unreadable
+                # file (e.g. one still being written): report where it broke and go on.
                 broke = self._last
-                where = f"{path}:{'message ' if _kind(path) == 'proto' else ''}{broke.line}"
+                where = f"{path}:{'message ' if prefixed else ''}{broke.line}"
                 yield Malformed(broke, where, f"cannot read the file further: {exc}")
-            self._handle = None
+            self._file = None
             self._done_bytes = sum(self._sizes[: index + 1])
             yield UnitEnd(index, Position(index + 1))
 
@@ -268,65 +381,61 @@ class FileSource:
                 return skipped, True
         return skipped, False
 
-    def _read_json(self, index: int, path: Path, begin: Position) -> Iterator[SourceItem]:
-        whole_candidate = path.name.lower().removesuffix(".gz").endswith(".json")
-        # A plain file's size is known and reading it costs what it costs; a .gz is capped.
-        budget = self.max_decompressed_bytes if path.name.lower().endswith(".gz") else 2**62
+    def _read_json(
+        self, index: int, path: Path, begin: Position, handle: IO[bytes], budget: int
+    ) -> Iterator[SourceItem]:
+        """JSON Lines (``budget``: the decompressed bytes a compressed file may hold)."""
+        whole_candidate = _bare_name(path).endswith(".json")
         max_line = self.max_line_bytes
-        with _open(path) as handle:
-            self._handle = handle
-            # A start position names the record to read first: its line number and byte offset.
-            line, offset = max(begin.line - 1, 0), begin.offset
-            if offset:
-                handle.seek(offset)
-            readline = handle.readline
-            barren = 0  # lines in a row with no span
-            while True:
-                # Never more than the cap (+1, to tell a line of exactly the cap from a longer one).
-                raw = readline(max_line + 1)
-                if not raw:
-                    return
-                line += 1
-                position = Position(index, line, offset)
-                offset += len(raw)
-                where = f"{path}:{line}"
-                if len(raw) > max_line and raw[-1:] != b"\n":
-                    skipped, ended = self._skip_line(handle, budget - offset)
-                    offset += skipped
-                    self._last = Position(index, line + 1, offset)
-                    yield Malformed(position, where, self._too_long("the line"))
-                    if not ended:
-                        yield Malformed(self._last, f"{path}:{line + 1}", self._bomb())
-                        return
-                    continue
+        line, offset = max(begin.line - 1, 0), begin.offset
+        readline = handle.readline
+        barren = 0  # lines in a row with no span
+        while True:
+            # Never more than the cap (+1, to tell a line of exactly the cap from a longer one).
+            raw = readline(max_line + 1)
+            if not raw:
+                return
+            line += 1
+            position = Position(index, line, offset)
+            offset += len(raw)
+            where = f"{path}:{line}"
+            if len(raw) > max_line and raw[-1:] != b"\n":
+                skipped, ended = self._skip_line(handle, budget - offset)
+                offset += skipped
                 self._last = Position(index, line + 1, offset)
-                if offset > budget:
-                    yield Malformed(position, where, self._bomb())
+                yield Malformed(position, where, self._too_long("the line"))
+                if not ended:
+                    yield Malformed(self._last, f"{path}:{line + 1}", self._bomb())
                     return
-                if barren >= MAX_BARREN_RECORDS:
-                    yield Malformed(position, where, _barren("lines"))
-                    return
-                if not raw.strip():
-                    barren += 1
-                    continue
-                try:
-                    spans = decode_otlp_records_line(raw, where=where)
-                except OtlpDecodeError as exc:
-                    if whole_candidate and line == 1 and exc.reason.startswith("not JSON"):
-                        whole = list(self._read_whole(index, path))
-                        if not (_unparsed(whole) and _next_record_is_a_line(handle, max_line)):
-                            yield from whole
-                            return
-                        # JSON Lines after all, with a broken first line: that line alone is lost.
-                    barren += 1
-                    yield Malformed(position, where, _record_error(exc))
-                    continue
-                barren = 0 if spans else barren + 1
-                yield SpanBatch(spans, position, where)
+                continue
+            self._last = Position(index, line + 1, offset)
+            if offset > budget:
+                yield Malformed(position, where, self._bomb())
+                return
+            if barren >= MAX_BARREN_RECORDS:
+                yield Malformed(position, where, _barren("lines"))
+                return
+            if not raw.strip():
+                barren += 1
+                continue
+            try:
+                spans = decode_otlp_records_line(raw, where=where)
+            except OtlpDecodeError as exc:
+                if whole_candidate and line == 1 and exc.reason.startswith("not JSON"):
+                    whole = list(self._read_whole(index, path))
+                    if not (_unparsed(whole) and _next_record_is_a_line(handle, max_line)):
+                        yield from whole
+                        return
+                    # JSON Lines after all, with a broken first line: that line alone is lost.
+                barren += 1
+                yield Malformed(position, where, _record_error(exc))
+                continue
+            barren = 0 if spans else barren + 1
+            yield SpanBatch(spans, position, where)
 
     def _read_whole(self, index: int, path: Path) -> Iterator[SourceItem]:
         where = f"{path}:1"
-        with _open(path) as handle:
+        with _open(path) as (handle, _):
             data = handle.read(self.max_line_bytes + 1)
         if len(data) > self.max_line_bytes:
             yield Malformed(
@@ -349,63 +458,88 @@ class FileSource:
             return
         yield SpanBatch(spans, Position(index, 1), where)
 
-    def _read_proto(self, index: int, path: Path, begin: Position) -> Iterator[SourceItem]:
-        budget = self.max_decompressed_bytes if path.name.lower().endswith(".gz") else 2**62
-        with _open(path) as handle:
-            self._handle = handle
-            number, offset = max(begin.line - 1, 0), begin.offset
-            if offset:
-                handle.seek(offset)
-            reader = handle
-            barren = 0  # messages in a row with no span
-            while True:
-                header = reader.read(4)
-                if not header:
-                    return
-                number += 1
-                position = Position(index, number, offset)
-                where = f"{path}:message {number}"
-                if len(header) < 4:
-                    yield Malformed(position, where, "truncated length prefix at the end of the file")
-                    return
-                (size,) = struct.unpack(">I", header)
-                if size > self.max_line_bytes or offset + 4 + size > budget:
-                    # Skipped a chunk at a time: the length prefix is untrusted input.
-                    skipped = 0
-                    while skipped < size and offset + 4 + skipped <= budget:
-                        chunk = reader.read(min(_SKIP_CHUNK, size - skipped))
-                        if not chunk:
-                            break
-                        skipped += len(chunk)
-                    offset += 4 + skipped
-                    self._last = Position(index, number + 1, offset)
-                    if offset > budget:
-                        if size > self.max_line_bytes:
-                            yield Malformed(position, where, self._too_long("the message", size))
-                        yield Malformed(self._last, f"{path}:message {number + 1}", self._bomb())
-                        return
-                    if skipped < size:  # (raising the cap would not help: a garbage file, or cut short)
-                        yield Malformed(position, where, _past_the_end(size, skipped))
-                        return
-                    yield Malformed(position, where, self._too_long("the message", size))
-                    continue
-                body = reader.read(size)
-                offset += 4 + len(body)
+    def _read_prefixed(
+        self, index: int, path: Path, begin: Position, handle: IO[bytes], budget: int
+    ) -> Iterator[SourceItem]:
+        """Length-prefixed messages: protobuf, or JSON, each maybe a zstd frame of its own
+        (``budget``: the decompressed bytes a compressed file may hold, frames included)."""
+        number, offset = max(begin.line - 1, 0), begin.offset
+        reader = handle
+        inflated = 0  # what the messages' own zstd frames added to the file's bytes
+        barren = 0  # messages in a row with no span
+        while True:
+            header = reader.read(4)
+            if not header:
+                return
+            number += 1
+            position = Position(index, number, offset)
+            where = f"{path}:message {number}"
+            if len(header) < 4:
+                yield Malformed(position, where, "truncated length prefix at the end of the file")
+                return
+            (size,) = struct.unpack(">I", header)
+            if size > self.max_line_bytes or offset + 4 + size > budget:
+                # Skipped a chunk at a time: the length prefix is untrusted input.
+                skipped = 0
+                while skipped < size and offset + 4 + skipped <= budget:
+                    chunk = reader.read(min(_SKIP_CHUNK, size - skipped))
+                    if not chunk:
+                        break
+                    skipped += len(chunk)
+                offset += 4 + skipped
                 self._last = Position(index, number + 1, offset)
-                if len(body) < size:
-                    yield Malformed(position, where, f"truncated message ({len(body)} of {size} bytes)")
+                if offset > budget:
+                    if size > self.max_line_bytes:
+                        yield Malformed(position, where, self._too_long("the message", size))
+                    yield Malformed(self._last, f"{path}:message {number + 1}", self._bomb())
                     return
-                if barren >= MAX_BARREN_RECORDS:
-                    yield Malformed(position, where, _barren("messages"))
+                if skipped < size:  # (raising the cap would not help: a garbage file, or cut short)
+                    yield Malformed(position, where, _past_the_end(size, skipped))
                     return
+                yield Malformed(position, where, self._too_long("the message", size))
+                continue
+            body = reader.read(size)
+            offset += 4 + len(body)
+            self._last = Position(index, number + 1, offset)
+            if len(body) < size:
+                yield Malformed(position, where, f"truncated message ({len(body)} of {size} bytes)")
+                return
+            if barren >= MAX_BARREN_RECORDS:
+                yield Malformed(position, where, _barren("messages"))
+                return
+            if body[:4] == _ZSTD_MAGIC:
                 try:
-                    spans = decode_otlp_protobuf_records(body, where=where)
-                except OtlpDecodeError as exc:
+                    frame, body = body, self._inflate(body)
+                except (zstandard.ZstdError, EOFError) as exc:
                     barren += 1
-                    yield Malformed(position, where, _record_error(exc))
+                    yield Malformed(position, where, f"not a whole zstd frame ({exc})")
                     continue
-                barren = 0 if spans else barren + 1
-                yield SpanBatch(spans, position, where)
+                inflated += len(body) - len(frame)
+                if offset + inflated > self.max_decompressed_bytes:
+                    yield Malformed(position, where, self._bomb())
+                    return
+                if len(body) > self.max_line_bytes:
+                    barren += 1
+                    yield Malformed(position, where, self._too_long("the message, decompressed,"))
+                    continue
+            try:
+                # No OTLP protobuf message starts with "{" (field 15, a group).
+                if body[:1] == b"{":
+                    spans = decode_otlp_records_line(body, where=where)
+                else:
+                    spans = decode_otlp_protobuf_records(body, where=where)
+            except OtlpDecodeError as exc:
+                barren += 1
+                yield Malformed(position, where, _record_error(exc))
+                continue
+            barren = 0 if spans else barren + 1
+            yield SpanBatch(spans, position, where)
+
+    def _inflate(self, frame: bytes) -> bytes:
+        """A message's own zstd frame, decompressed a slice at a time (the size its header
+        declares is untrusted input): at most one byte past the line cap."""
+        with io.BufferedReader(_ZstdStream(io.BytesIO(frame))) as reader:
+            return reader.read(self.max_line_bytes + 1)
 
 
 def _past_the_end(size: int, left: int) -> str:
