@@ -66,13 +66,27 @@ def load_registry(module_name: str) -> Registry:
         found = [v for v in vars(module).values() if isinstance(v, Scorer)]
     elif isinstance(declared, Mapping):
         found = list(declared.values())
-    else:
+    elif isinstance(declared, Iterable) and not isinstance(declared, (str, bytes)):
         found = list(declared)
-    bad = [repr(s) for s in found if not isinstance(s, Scorer)]
+    else:
+        raise RegistryError(
+            f"scorer module {module_name!r}: SCORERS is {_a(declared)},"
+            " not a list of scorers (or a dict of id -> scorer)"
+        )
+    # By type, not repr: a value's text may be a prompt or a key.
+    bad = sorted({_a(s) for s in found if not isinstance(s, Scorer)})
     if bad:
-        raise RegistryError(f"{module_name}.SCORERS holds things that are not scorers: {', '.join(bad[:3])}")
+        raise RegistryError(
+            f"scorer module {module_name!r}: SCORERS holds things that are not scorers: {', '.join(bad[:3])}"
+        )
     if not found:
         raise RegistryError(
             f"scorer module {module_name!r} defines no scorers: add SCORERS = [...] or module-level scorers"
         )
     return Registry(found, module_name)
+
+
+def _a(value: object) -> str:
+    """``an int``, ``a str``: what a value is, by its type's name alone."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"

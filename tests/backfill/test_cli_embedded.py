@@ -435,3 +435,26 @@ def test_table_with_a_broker_says_it_prints_nothing() -> None:
         ["backfill", str(EXAMPLES), "--scorers", "examples.scorers", "--table", "--broker", "redis://127.0.0.1:1/0"],
     )
     assert "note: --table prints scores made in this process; with a broker the workers make them" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("declared", "said"),
+    [
+        ("5", "SCORERS is an int, not a list of scorers (or a dict of id -> scorer)"),
+        ('"answer-words"', "SCORERS is a str, not a list of scorers (or a dict of id -> scorer)"),
+        ("[object()]", "SCORERS holds things that are not scorers: an object"),
+    ],
+    ids=["int", "str", "object"],
+)
+def test_a_scorers_list_that_is_not_one_is_named(
+    declared: str, said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SCORERS = 5`` ended as "error: TypeError: 'int' object is not iterable" and the --verbose
+    hint; a string was taken letter by letter. Each is named, with what SCORERS should be."""
+    (tmp_path / "odd_scorers.py").write_text(f"SCORERS = {declared}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "odd_scorers", raising=False)
+    result = _run(str(EXAMPLES), "--scorers", "odd_scorers")
+    assert result.exit_code == 1, result.output
+    (error,) = result.stderr.strip().splitlines()
+    assert error == f"Error: scorer module 'odd_scorers': {said}", error
