@@ -1034,3 +1034,30 @@ def test_a_resume_that_enqueued_runs_counts_an_unreadable_record_once(
     assert "  unreadable records 2" in result.stderr
     # Each damaged record of this run counted once; the earlier run's is not read.
     assert unreadable_counted() == before + 2
+
+
+def test_a_queue_no_worker_reads_is_said_once_with_the_command_that_starts_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting on a queue no worker reads showed "0 scores ... queue 4" until --wait-timeout,
+    like a slow job. Scores and queue standing still for STALL_HINT_S is now said once, with the
+    worker command for the job's scorers (never the broker's password)."""
+    from worker.backfill import _job
+
+    monkeypatch.setattr(_job, "STALL_HINT_S", 1.0)
+    server = RedisServer()
+    server.start()
+    try:
+        write_otlp_files(tmp_path / "in", 30, files=1)
+        result = CliRunner().invoke(
+            cli,
+            ["backfill", str(tmp_path / "in"), "--scorers", "tests.backfill.scorers", "--wait-timeout", "4"],
+            env={"TRACESCORE_BROKER_URL": server.url(3)},
+        )
+        assert result.exit_code == _job.EXIT_WAIT_TIMEOUT, result.output
+        hint = "no score done and no message taken from queue 'tracescore' for 1s: if no worker is running"
+        assert result.stderr.count(hint) == 1, result.stderr
+        assert "start one on this broker: tracescore worker --scorers tests.backfill.scorers" in result.stderr
+        assert server.password not in result.output
+    finally:
+        server.close()

@@ -76,6 +76,10 @@ __all__ = ["EXIT_SINK_FAILED", "EXIT_WAIT_TIMEOUT", "BackfillJob", "WaitTimeoutE
 EXIT_WAIT_TIMEOUT = 3
 # A sink refused scores (its dead letters) or had not taken them all when the command ended.
 EXIT_SINK_FAILED = 4
+# A job's scores and its queue standing still this long is said once, as a question (a worker
+# may be busy with one long batch), with the command that starts a worker: waiting on a queue
+# no worker reads looked like a slow job.
+STALL_HINT_S = 30.0
 
 log = structlog.get_logger("tracescore.backfill")
 
@@ -939,21 +943,28 @@ def _wait_for_workers(
     started = time.monotonic()
     reporter.start("scoring")
     progress = submitter.progress(state.job_id)
+    seen, since, hinted = (-1, -1), started, False
     while True:
         done = progress.get("scored", 0) + progress.get("failed", 0) + progress.get("skipped", 0)
+        pending = submitter.pending()
         reporter.update(
-            "scoring",
-            done,
-            "scores",
-            (done / expected) if expected else 1.0,
-            extra=f"of {expected:,}; queue {submitter.pending()}",
+            "scoring", done, "scores", (done / expected) if expected else 1.0, extra=f"of {expected:,}; queue {pending}"
         )
         # Every score counted: done, whatever else the queue holds (live traffic, another job,
         # which it once waited for too). A job counts each of its scores once (the store's put
         # script); past its total (a record that expired and was made again), it waits for the
         # queue to empty as well.
-        if done == expected or (done > expected and submitter.pending() == 0):
+        if done == expected or (done > expected and pending == 0):
             return progress
+        if (done, pending) != seen:
+            seen, since, hinted = (done, pending), time.monotonic(), False
+        elif pending and not hinted and time.monotonic() - since >= STALL_HINT_S:
+            hinted = True
+            reporter.message(
+                f"no score done and no message taken from queue {state.queue!r} for {STALL_HINT_S:.0f}s: if no"
+                f" worker is running, start one on this broker: tracescore worker --scorers"
+                f" {state.options.scorers_module}"
+            )
         if timeout_s is not None and time.monotonic() - started > timeout_s:
             reporter.message(f"stopped waiting after {timeout_s:.0f}s: {done:,} of {expected:,} scores done")
             return progress
