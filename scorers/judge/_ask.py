@@ -181,19 +181,7 @@ class _JudgeCall:
                 raise self._fail(refused) from None
             except JudgeProviderError as err:
                 attempt = self._record_error(err, began, mode)
-                decision = await self._decide(err, retries, cap)
-                if decision is None or not decision.retry or retries >= cap:
-                    self.log.warning(
-                        "judge.failed",
-                        status=err.status_code,
-                        retries=retries,
-                        reason=_why_final(decision, retries, cap),
-                    )
-                    raise self._fail(err) from err.__cause__
-                retries += 1
-                attempt.retry_delay_ms = decision.delay_ms
-                self.log.info("judge.retry", status=err.status_code, retry=retries, delay_ms=decision.delay_ms)
-                await self.hooks.wait(decision.delay_ms / 1000)
+                retries = await self._retry_or_raise(err, attempt, retries, cap)
                 continue
             if response.finish_reason != (known := _known(response.finish_reason)):
                 response = dataclasses.replace(response, finish_reason=known)
@@ -203,6 +191,13 @@ class _JudgeCall:
                 self._record_error(too_long, began, mode, usage=response.usage)
                 self.log.warning("judge.failed", status=None, retries=retries, reason="too_long")
                 raise self._fail(too_long)
+            empty = self._no_content(response)
+            if empty is not None:  # paid for, as above; then an unreadable answer, no fallback
+                self.usage = self.usage + response.usage
+                attempt = self._record_error(empty, began, mode, usage=response.usage)
+                attempt.finish_reason = response.finish_reason
+                retries = await self._retry_or_raise(empty, attempt, retries, cap)
+                continue
             attempt = self._record_ok(response, began, mode)
             try:
                 response = await self._output(response)
@@ -220,6 +215,20 @@ class _JudgeCall:
             except JudgeError as exc:
                 raise self._fail(exc) from exc.__cause__
             return JudgeAnswer(value, self._execution("ok", output=json_ready(value)))
+
+    async def _retry_or_raise(self, err: JudgeProviderError, attempt: JudgeAttempt, retries: int, cap: int) -> int:
+        """The retry count after waiting for the retry the error processors ask for, else the
+        failure raised."""
+        decision = await self._decide(err, retries, cap)
+        if decision is None or not decision.retry or retries >= cap:
+            self.log.warning(
+                "judge.failed", status=err.status_code, retries=retries, reason=_why_final(decision, retries, cap)
+            )
+            raise self._fail(err) from err.__cause__
+        attempt.retry_delay_ms = decision.delay_ms
+        self.log.info("judge.retry", status=err.status_code, retry=retries + 1, delay_ms=decision.delay_ms)
+        await self.hooks.wait(decision.delay_ms / 1000)
+        return retries + 1
 
     # --- one provider request, through the host's hooks ----------------------------------
 
@@ -310,6 +319,22 @@ class _JudgeCall:
         return JudgeResponseError(
             f"{self.info.model_id}: the answer is {size:,} characters, more than "
             f"max_tokens={request.max_tokens} allows ({bound:,}): not kept",
+            provider=self.info.provider,
+            model_id=self.info.model_id,
+            request_id=response.request_id,
+        )
+
+    def _no_content(self, response: JudgeResponse) -> JudgeResponseError | None:
+        """The error for an answer with nothing in it (no text, no structured answer: Anthropic's
+        ``content: []``, a thinking block alone, OpenAI's null content) whose finish reason says
+        it is whole, else None. An empty answer with a reason (a content filter, a tool call in
+        place of text, the token limit) is the judge's output, refused in ``_validate``; this one
+        is the provider answering nothing, as a chat completion without choices is."""
+        if response.parsed is not None or response.text.strip() or response.finish_reason not in _WHOLE:
+            return None
+        return JudgeResponseError(
+            f"{self.info.model_id}: the answer has no content (finish reason {response.finish_reason!r}): "
+            "no text and no structured answer",
             provider=self.info.provider,
             model_id=self.info.model_id,
             request_id=response.request_id,
@@ -485,8 +510,10 @@ def _why_final(decision: RetryDecision | None, retries: int, cap: int) -> str:
 
 # Finish reasons of an answer cut at the output token limit (OpenAI, Anthropic).
 _CUT_SHORT = frozenset({"length", "max_tokens"})
+# Finish reasons of a whole answer (None: the provider gave none).
+_WHOLE = frozenset({None, "stop", "end_turn"})
 # Finish reasons that say nothing about an empty answer: a whole one, or one cut short (said so).
-_SAYS_NOTHING = frozenset({None, "stop", "end_turn"}) | _CUT_SHORT
+_SAYS_NOTHING = _WHOLE | _CUT_SHORT
 
 
 def _known(finish_reason: object) -> str | None:

@@ -27,6 +27,7 @@ from scorers.judge import (
     JudgeRequest,
     JudgeResponseError,
     JudgeServerError,
+    StreamErrorRetryProcessor,
     aclose_clients,
     fence,
 )
@@ -400,3 +401,60 @@ def test_an_openai_answer_without_choices_is_a_response_error(
     assert error.category == "unknown"  # the provider's answer is broken, not the judge's output
     assert "openai/m: the chat completion has no choices" in str(error)
     assert fake_llm.count() == (1 if prompt == "Analyze" else 2)  # no fallback call
+
+
+# Answers that carry nothing to read as the step's answer, though their finish reason says
+# nothing went wrong: (model, 200 body). The agent's words in them must not reach any error.
+AGENT_WORDS = "Jane Doe 555-0199 said"
+NO_CONTENT = {
+    "Anthropic, no blocks": ("anthropic/m", _anthropic_message(content=[])),
+    "Anthropic, a thinking block only": (
+        "anthropic/m",
+        _anthropic_message(content=[{"type": "thinking", "thinking": AGENT_WORDS, "signature": "s"}]),
+    ),
+    "Anthropic, a tool call not asked for": (
+        "anthropic/m",
+        _anthropic_message(content=[{"type": "tool_use", "id": "t1", "name": "other", "input": {"q": AGENT_WORDS}}]),
+    ),
+    "OpenAI, content null": ("openai/m", _openai_content(None)),
+    "OpenAI, a thinking part only": ("openai/m", _openai_content([{"type": "thinking", "thinking": AGENT_WORDS}])),
+    "OpenAI, blank text": ("openai/m", _openai_content(" \n")),
+}
+
+
+@pytest.mark.parametrize(("model", "body"), list(NO_CONTENT.values()), ids=list(NO_CONTENT))
+@pytest.mark.parametrize("prompt", ["Analyze", "Explain"], ids=["structured", "reason"])
+def test_an_answer_with_no_content_is_a_response_error(
+    fake_llm: FakeLLMServer, model: str, body: str, prompt: str
+) -> None:
+    """Anthropic's `content: []` with `stop_reason: "end_turn"` (and an answer of only blocks
+    the judge does not read, or OpenAI's null content) was read as an empty answer: a structured
+    step paid a fallback call, then failed as an invalid_output "the answer is empty" (its
+    finish reason left out), a reason step too, never retried; OpenAI's answer of no choices
+    (the same nothing) is a response error already."""
+    fake_llm.rule(Reply.raw(body), user_contains=prompt)
+    error = _failure(_verdict_then_reason(Judge(model)))
+    assert type(error.cause) is JudgeResponseError, repr(error.cause)
+    assert error.category == "unknown"
+    assert f"{model}: the answer has no content (finish reason " in str(error)
+    assert fake_llm.count() == (1 if prompt == "Analyze" else 2)  # no fallback call
+    step = "analyze" if prompt == "Analyze" else "generate_reason"
+    execution = error.partial.judge[step]
+    assert (execution.attempt_count, execution.usage.output_tokens) == (1, 5)  # paid for: counted
+    assert AGENT_WORDS not in str(error)
+    assert AGENT_WORDS not in error.partial.model_dump_json()
+
+
+def test_an_answer_with_no_content_is_retried_as_unknown_errors_are(
+    fake_llm: FakeLLMServer, sleeps: list[float]
+) -> None:
+    """A reason step's empty answer was final (an invalid_output no processor sees); it is
+    retried by a processor that retries unknown errors, as an answer without choices is."""
+    fake_llm.rule(Reply.raw(_anthropic_message(content=[])), user_contains="Explain", times=1)
+    processor = StreamErrorRetryProcessor(max_retries=1, retry_unknown_errors=True)
+    judge = Judge("anthropic/m", error_processors=[processor], max_processor_retries=1)
+    result = run(_verdict_then_reason(judge))
+    assert result.reason
+    attempts = result.judge["generate_reason"].attempts
+    assert [(a.status, a.error_type) for a in attempts] == [("error", "JudgeResponseError"), ("ok", None)]
+    assert fake_llm.count() == 3  # analyze, the reason twice
