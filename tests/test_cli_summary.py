@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import queue
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zstandard
 from click.testing import CliRunner, Result
 
 from tests._pty import on_a_terminal
@@ -264,6 +266,21 @@ def test_score_reads_a_runs_file_with_a_bom(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "5 runs × 1 scorers" in result.stderr
     assert "0 bad lines skipped" in result.stderr
+
+
+def test_score_reads_a_compressed_runs_file(tmp_path: Path) -> None:
+    """A runs file kept compressed (gzip or zstd, whatever its name) was every line malformed; it
+    is scored as the plain file is, its progress the share of its own bytes."""
+    plain = _write_runs(tmp_path / "runs.jsonl", RUNS)
+    gz = tmp_path / "runs.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    zst = tmp_path / "runs.data"
+    zst.write_bytes(zstandard.ZstdCompressor().compress(plain.read_bytes()))
+    for path in (gz, zst):
+        result = _score(str(path), "--scorers", V1, "--scorer", "length")
+        assert result.exit_code == 0, result.output
+        assert "5 runs × 1 scorers" in result.stderr
+        assert "0 bad lines skipped" in result.stderr
 
 
 def test_score_refuses_to_write_over_its_runs_file(tmp_path: Path) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zstandard
 from click.testing import CliRunner, Result
 
 from tests._pty import on_a_terminal
@@ -213,6 +215,27 @@ def test_a_bom_is_not_part_of_line_one(files: tuple[Path, Path]) -> None:
     old.write_bytes(b"\xef\xbb\xbf" + old.read_bytes())
     result = compare_files(old, new)
     assert (result["old"]["records"], result["old"]["malformed_lines"]) == (7, 0)
+
+
+def test_compressed_record_files_are_read_as_plain_ones(files: tuple[Path, Path]) -> None:
+    """``scores.jsonl.gz`` or ``.zst`` (a record file kept compressed) was every line malformed;
+    compressed as gzip or zstd, whatever its name, it reads as the plain file does, and one cut
+    short keeps what came before it, named."""
+    old, new = files
+    plain = compare_files(old, new)
+    gz = old.with_name("old.jsonl.gz")
+    gz.write_bytes(gzip.compress(old.read_bytes()))
+    zst = new.with_name("new.records")  # (the name says nothing: the bytes do)
+    zst.write_bytes(zstandard.ZstdCompressor().compress(new.read_bytes()))
+    read = compare_files(gz, zst)
+    assert (read["old"]["path"], read["new"]["path"]) == (str(gz), str(zst))
+    assert {**read, "old": plain["old"], "new": plain["new"]} == plain
+    assert (read["old"]["records"], read["new"]["records"]) == (plain["old"]["records"], plain["new"]["records"])
+    gz.write_bytes(gz.read_bytes()[:-12])  # the trailer and the last block's end gone
+    said: list[str] = []
+    cut = compare_files(gz, new, warn=said.append)["old"]
+    assert cut["malformed_lines"] == 1
+    assert [w for w in said if "cannot read the file further" in w], said
 
 
 def test_a_line_over_the_cap_is_skipped_unread(files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
 """The JSON Lines files the CLI reads (``compare``'s score records, ``score``'s runs): one line at
-a time, whatever the file holds.
+a time, whatever the file holds, gzip or zstd compressed or not (as a backfill's files).
 
 Each non-blank line is parsed, or named as the problem that stopped it (not JSON, ``NaN``,
 ``Infinity`` and numbers past a double's range included; nested too deeply; a number past
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tracing import valid_text
+from tracing.sources import DECOMPRESS_ERRORS, open_compressed
 
 __all__ = ["MAX_LINE_BYTES", "json_lines"]
 
@@ -48,9 +49,15 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None, int]]:
     bytes read) per line that does not; blank lines are passed over. The bytes read so far (the
     line's end) are for a progress fraction. ``OSError`` when the file cannot be read, naming it
     (a read error mid-file did not: "OSError: [Errno 5] Input/output error")."""
+    number = at = 0
     try:
-        with path.open("rb") as handle:
-            yield from _lines_of(handle)
+        with open_compressed(path) as (handle, file):
+            own_bytes = handle is not file and file.seekable()  # a compressed file's share: of its own bytes
+            for number, value, problem, read in _lines_of(handle):
+                at = file.tell() if own_bytes else read
+                yield number, value, problem, at
+    except DECOMPRESS_ERRORS as exc:  # cut short (being written?) or corrupt: what came before stands
+        yield number + 1, None, f"cannot read the file further: {exc}", at
     except OSError as exc:
         if exc.filename is None:
             exc.filename = str(path)

@@ -1,5 +1,6 @@
-"""Stored traces for backfill: OTLP files (JSON Lines, JSON, protobuf, gzip, directories) and
-Grafana Tempo over HTTP, plus the bounded-memory assembler that groups spans into traces.
+"""Stored traces for backfill: OTLP files (JSON Lines, JSON, protobuf, gzip or zstd, directories)
+and Grafana Tempo over HTTP, plus the bounded-memory assembler that groups spans into traces.
+``open_compressed`` opens any input file as they are opened (the CLI's runs and records too).
 Spans are decoded straight into ``SpanRecord``s (what the exporter ships), so backfill and live
 traffic reach the worker in the same shape.
 

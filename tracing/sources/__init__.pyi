@@ -11,11 +11,13 @@ from ._base import (
     TraceSource,
     UnitEnd,
 )
+from ._compressed import DECOMPRESS_ERRORS, open_compressed
 from ._files import FileSource
 from ._open import open_source, source_from_description
 from ._tempo import TempoSource
 
 __all__ = [
+    "DECOMPRESS_ERRORS",
     "MAX_SPANS_PER_TRACE",
     "AssembledTrace",
     "AssemblerStats",
@@ -30,6 +32,7 @@ __all__ = [
     "TraceAssembler",
     "TraceSource",
     "UnitEnd",
+    "open_compressed",
     "open_source",
     "source_from_description",
 ]

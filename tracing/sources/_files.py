@@ -34,18 +34,12 @@ row hold no span is skipped from there: short lines cost CPU per line, not per b
 
 from __future__ import annotations
 
-import contextlib
-import gzip
-import io
 import json
 import os
 import struct
-import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
-
-import zstandard
 
 from tracing._errors import json_error
 from tracing.otlp import (
@@ -55,15 +49,13 @@ from tracing.otlp import (
     decode_otlp_records_line,
 )
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
+from tracing.sources._compressed import DECOMPRESS_ERRORS, ZSTD_MAGIC, inflate_frame, open_compressed
 
 __all__ = ["MAX_DECOMPRESSED_BYTES_ENV", "MAX_LINE_BYTES_ENV", "FileSource"]
 
 _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PROTO_SUFFIXES = (".pb", ".binpb", ".proto")
 _COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_ZSTD_FEED = 1024
 MAX_LINE_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_LINE_BYTES"
 MAX_DECOMPRESSED_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES"
 # One record (line, protobuf message, whole *.json document): decoding takes several times its
@@ -78,6 +70,7 @@ DEFAULT_MAX_DECOMPRESSED_BYTES = 8 * 2**30
 # this many empty records in a row.
 MAX_BARREN_RECORDS = 100_000
 _SKIP_CHUNK = 2**20
+_UNREADABLE: tuple[type[Exception], ...] = (OSError, *DECOMPRESS_ERRORS)
 
 
 def _trace_files(root: Path) -> list[Path]:
@@ -162,92 +155,6 @@ def _kind(path: Path) -> str | None:
     if name.endswith(_PROTO_SUFFIXES):
         return "proto"
     return None
-
-
-class _ZstdStream(io.RawIOBase):
-    """A zstd file's decompressed bytes, every frame in turn (the Collector's file exporter ends a
-    frame at each flush). A file that ends inside a frame is an ``EOFError``, as gzip's is: the
-    library's stream reader ends such a file quietly, as if whole. Input goes in by
-    ``_ZSTD_FEED`` bytes, so one call's output is bounded (zstd's largest ratio is about
-    32,000). Seekable as a gzip file is, since a resume starts at a decompressed offset and a
-    ``*.json`` file is looked ahead in: forward by reading, back by starting over."""
-
-    def __init__(self, file: IO[bytes]) -> None:
-        self._file = file
-        self._start()
-
-    def _start(self) -> None:
-        self._file.seek(0)
-        self._frame: Any = None  # the frame being read (a decompressobj); None between frames
-        self._input = b""  # read from the file, not yet fed
-        self._output, self._taken = b"", 0
-        self._position = 0
-
-    def _decompress(self) -> bytes:
-        """The next decompressed bytes; ``b""`` at the end of the file, between frames."""
-        while True:
-            data, self._input = self._input or self._file.read(_ZSTD_FEED), b""
-            if not data:
-                if self._frame is not None:
-                    raise EOFError("the file ends inside a zstd frame (cut short, or still being written)")
-                return b""
-            if self._frame is None:
-                self._frame = zstandard.ZstdDecompressor().decompressobj()
-            out: bytes = self._frame.decompress(data)
-            if self._frame.eof:
-                self._input, self._frame = self._frame.unused_data, None
-            if out:
-                return out
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self._taken == len(self._output):
-            self._output, self._taken = self._decompress(), 0
-        count = min(len(buffer), len(self._output) - self._taken)
-        buffer[:count] = self._output[self._taken : self._taken + count]
-        self._taken += count
-        self._position += count
-        return count
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_CUR:
-            offset += self._position
-        elif whence != io.SEEK_SET:
-            raise io.UnsupportedOperation("a zstd stream cannot be sought from its end")
-        if offset < self._position:
-            self._start()
-        scratch = bytearray(min(_SKIP_CHUNK, max(offset - self._position, 1)))
-        while self._position < offset and self.readinto(memoryview(scratch)[: offset - self._position]):
-            pass
-        return self._position
-
-
-@contextlib.contextmanager
-def _open(path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
-    """The file's bytes, decompressed as its first bytes say (gzip, zstd), whatever its name (the
-    Collector's file exporter names its files as told); and the file itself, whose position
-    measures the progress."""
-    with path.open("rb") as file:
-        magic = file.read(4)
-        file.seek(0)
-        handle: IO[bytes]
-        if magic.startswith(_GZIP_MAGIC):
-            handle = gzip.GzipFile(fileobj=file, mode="rb")  # type: ignore[assignment]  # a binary IO
-        elif magic == _ZSTD_MAGIC:
-            handle = io.BufferedReader(_ZstdStream(file))
-        else:
-            yield file, file
-            return
-        with handle:
-            yield handle, file
 
 
 class FileSource:
@@ -335,21 +242,21 @@ class FileSource:
             self._done_bytes = sum(self._sizes[:index])
             prefixed = _kind(path) == "proto"
             try:
-                with _open(path) as (handle, file):
+                with open_compressed(path) as (handle, file):
                     self._file = file
                     # A start position names the record to read first: its number and byte offset.
                     compressed = handle is not file
                     budget = self.max_decompressed_bytes if compressed else 2**62
                     # The file exporter's JSON with compression: zstd is length-prefixed frames.
-                    prefixed = prefixed or handle.read(8)[4:] == _ZSTD_MAGIC
+                    prefixed = prefixed or handle.read(8)[4:] == ZSTD_MAGIC
                     handle.seek(begin.offset)
                     if prefixed:
                         yield from self._read_prefixed(index, path, begin, handle, budget)
                     else:
                         yield from self._read_json(index, path, begin, handle, budget)
-            except (OSError, EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError) as exc:
-                # A truncated, corrupt (zlib.error, ZstdError: bad compressed data) or unreadable
-                # file (e.g. one still being written): report where it broke and go on.
+            except _UNREADABLE as exc:
+                # A truncated, corrupt or unreadable file (e.g. one still being written): report
+                # where it broke and go on with the next file.
                 broke = self._last
                 where = f"{path}:{'message ' if prefixed else ''}{broke.line}"
                 yield Malformed(broke, where, f"cannot read the file further: {exc}")
@@ -435,7 +342,7 @@ class FileSource:
 
     def _read_whole(self, index: int, path: Path) -> Iterator[SourceItem]:
         where = f"{path}:1"
-        with _open(path) as (handle, _):
+        with open_compressed(path) as (handle, _):
             data = handle.read(self.max_line_bytes + 1)
         if len(data) > self.max_line_bytes:
             yield Malformed(
@@ -507,10 +414,10 @@ class FileSource:
             if barren >= MAX_BARREN_RECORDS:
                 yield Malformed(position, where, _barren("messages"))
                 return
-            if body[:4] == _ZSTD_MAGIC:
+            if body[:4] == ZSTD_MAGIC:
                 try:
-                    frame, body = body, self._inflate(body)
-                except (zstandard.ZstdError, EOFError) as exc:
+                    frame, body = body, inflate_frame(body, self.max_line_bytes + 1)
+                except DECOMPRESS_ERRORS as exc:
                     barren += 1
                     yield Malformed(position, where, f"not a whole zstd frame ({exc})")
                     continue
@@ -534,12 +441,6 @@ class FileSource:
                 continue
             barren = 0 if spans else barren + 1
             yield SpanBatch(spans, position, where)
-
-    def _inflate(self, frame: bytes) -> bytes:
-        """A message's own zstd frame, decompressed a slice at a time (the size its header
-        declares is untrusted input): at most one byte past the line cap."""
-        with io.BufferedReader(_ZstdStream(io.BytesIO(frame))) as reader:
-            return reader.read(self.max_line_bytes + 1)
 
 
 def _past_the_end(size: int, left: int) -> str:

@@ -1,0 +1,120 @@
+"""Compressed input files, told by their first bytes (gzip, zstd), whatever their names.
+
+Backfill's trace files, ``score``'s runs and ``compare``'s records are read through
+``open_compressed``; a file that breaks while it is decompressed (cut short, or corrupt) raises
+one of ``DECOMPRESS_ERRORS``, which its reader names with where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import zstandard
+
+__all__ = ["DECOMPRESS_ERRORS", "ZSTD_MAGIC", "inflate_frame", "open_compressed"]
+
+_GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_ZSTD_FEED = 1024
+_SKIP_CHUNK = 2**20
+# A compressed file cut short (EOFError) or holding bytes that do not decompress; a file that
+# cannot be read at all is an OSError, as any file's.
+DECOMPRESS_ERRORS: tuple[type[Exception], ...] = (EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError)
+
+
+class _ZstdStream(io.RawIOBase):
+    """A zstd file's decompressed bytes, every frame in turn (the Collector's file exporter ends a
+    frame at each flush). A file that ends inside a frame is an ``EOFError``, as gzip's is: the
+    library's stream reader ends such a file quietly, as if whole. Input goes in by
+    ``_ZSTD_FEED`` bytes, so one call's output is bounded (zstd's largest ratio is about
+    32,000). Seekable as a gzip file is, since a resume starts at a decompressed offset and a
+    ``*.json`` file is looked ahead in: forward by reading, back by starting over."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file  # at its start: not sought there, so a pipe is read too
+        self._start()
+
+    def _start(self) -> None:
+        self._frame: Any = None  # the frame being read (a decompressobj); None between frames
+        self._input = b""  # read from the file, not yet fed
+        self._output, self._taken = b"", 0
+        self._position = 0
+
+    def _decompress(self) -> bytes:
+        """The next decompressed bytes; ``b""`` at the end of the file, between frames."""
+        while True:
+            data, self._input = self._input or self._file.read(_ZSTD_FEED), b""
+            if not data:
+                if self._frame is not None:
+                    raise EOFError("the file ends inside a zstd frame (cut short, or still being written)")
+                return b""
+            if self._frame is None:
+                self._frame = zstandard.ZstdDecompressor().decompressobj()
+            out: bytes = self._frame.decompress(data)
+            if self._frame.eof:
+                self._input, self._frame = self._frame.unused_data, None
+            if out:
+                return out
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._taken == len(self._output):
+            self._output, self._taken = self._decompress(), 0
+        count = min(len(buffer), len(self._output) - self._taken)
+        buffer[:count] = self._output[self._taken : self._taken + count]
+        self._taken += count
+        self._position += count
+        return count
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._position
+        elif whence != io.SEEK_SET:
+            raise io.UnsupportedOperation("a zstd stream cannot be sought from its end")
+        if offset < self._position:
+            self._file.seek(0)
+            self._start()
+        scratch = bytearray(min(_SKIP_CHUNK, max(offset - self._position, 1)))
+        while self._position < offset and self.readinto(memoryview(scratch)[: offset - self._position]):
+            pass
+        return self._position
+
+
+@contextlib.contextmanager
+def open_compressed(path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+    """The file's bytes, decompressed as its first bytes say (gzip, zstd), whatever its name (the
+    Collector's file exporter names its files as told); and the file itself, whose position
+    measures the progress."""
+    with path.open("rb") as file:
+        magic = file.peek(4)[:4]  # (a pipe cannot be sought back to its start)
+        handle: IO[bytes]
+        if magic.startswith(_GZIP_MAGIC):
+            handle = gzip.GzipFile(fileobj=file, mode="rb")  # type: ignore[assignment]  # a binary IO
+        elif magic == ZSTD_MAGIC:
+            handle = io.BufferedReader(_ZstdStream(file))
+        else:
+            yield file, file
+            return
+        with handle:
+            yield handle, file
+
+
+def inflate_frame(frame: bytes, at_most: int) -> bytes:
+    """One zstd frame held in memory (a length-prefixed message of its own), decompressed a
+    slice at a time: at most ``at_most`` bytes, whatever size its header declares."""
+    with io.BufferedReader(_ZstdStream(io.BytesIO(frame))) as reader:
+        return reader.read(at_most)
