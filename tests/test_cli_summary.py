@@ -681,3 +681,15 @@ def test_a_runs_file_whose_read_fails_is_named(capsys: pytest.CaptureFixture[str
 
     assert main(["score", "/proc/self/mem", "--scorers", V1]) == 1
     assert "Input/output error: '/proc/self/mem'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["score", "backfill"])
+def test_an_out_file_named_compressed_is_refused_before_any_work(tmp_path: Path, command: str) -> None:
+    """``--out scores.jsonl.gz`` wrote plain JSON Lines under a gzip name (zcat refused it): a
+    usage error now, before anything is read, naming what --out writes."""
+    source = str(_write_runs(tmp_path / "runs.jsonl", RUNS)) if command == "score" else str(EXAMPLES)
+    out = tmp_path / "scores.jsonl.gz"
+    result = CliRunner().invoke(cli, [command, source, "--scorers", V1, "--out", str(out)], env=NO_BROKER)
+    assert result.exit_code == 2, result.output
+    assert "names a compressed file; --out writes plain JSON Lines" in result.stderr
+    assert not out.exists()

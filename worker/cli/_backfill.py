@@ -25,7 +25,7 @@ from worker.backfill import (
     load_scorers,
     new_job_id,
 )
-from worker.cli._common import CliError, FiniteRange, json_option
+from worker.cli._common import CliError, FiniteRange, json_option, out_option
 from worker.cli._sinks import sink_options, sink_overrides
 
 __all__ = ["EXIT_WAIT_TIMEOUT", "backfill_command", "parse_time"]
@@ -126,11 +126,9 @@ _FIXED_AT_START = frozenset(
     default=None,
     help="Redis mode: stop waiting for the workers after this many seconds.",
 )
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write every score record as JSON Lines here (for tracescore compare; with a broker, once the "
-    "workers are done).",
+@out_option(
+    "Also write every score record as JSON Lines here (for tracescore compare; with a broker, once the "
+    "workers are done)."
 )
 @click.option("--table", "show_table", is_flag=True, help="Embedded mode: also print one row per score as it is made.")
 @click.option(

@@ -115,6 +115,29 @@ def json_option(help_text: str) -> Callable[[F], F]:
     return decorate
 
 
+def out_option(help_text: str) -> Callable[[F], F]:
+    """``--out FILE``: every score record as plain JSON Lines (what else, in ``help_text``). A name
+    that says compressed is refused: the file would be plain text under it, which gzip, zstd and
+    their tools refuse."""
+
+    def plain(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+        if value is not None and value.name.lower().endswith((".gz", ".zst", ".zstd")):
+            raise click.BadParameter(
+                f"{value} names a compressed file; --out writes plain JSON Lines: name it *.jsonl (compress it"
+                " afterwards if you like: compare and score read gzip and zstd)",
+                ctx,
+                param,
+            )
+        return value
+
+    def decorate(command: F) -> F:
+        return click.option("--out", type=click.Path(dir_okay=False, path_type=Path), callback=plain, help=help_text)(
+            command
+        )
+
+    return decorate
+
+
 def cli_settings(broker: str | None = None, **overrides: Any) -> Settings:
     """The worker settings a command runs with: ``TRACESCORE_*`` with its options on top
     (``None`` keeps the variable's value); a bad value is one ``CliError`` line."""

@@ -29,7 +29,7 @@ from worker._progress import ProgressReporter
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, send
-from worker.cli._common import CliError, cli_settings, json_line, json_option, names_an_input
+from worker.cli._common import CliError, cli_settings, json_line, json_option, names_an_input, out_option
 
 __all__ = ["score_command"]
 
@@ -156,11 +156,7 @@ class _Limited:
 @click.option(
     "--worst", type=click.IntRange(0, 100), default=3, show_default=True, help="Worst runs listed per scorer."
 )
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write every score record as JSON Lines here (for tracescore compare).",
-)
+@out_option("Write every score record as JSON Lines here (for tracescore compare).")
 @json_option("Print one JSON result per line on stdout; the summary goes to stderr.")
 def score_command(
     runs_file: Path,
