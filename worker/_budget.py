@@ -101,6 +101,9 @@ SPEND_TTL_S = 35 * 24 * 3600
 TOTAL = "total"
 # A job's spend hash counts its judge calls here (every call sent: failed, unpriced, free too).
 JOB_CALLS = "calls"
+# Set in a job's spend hash an earlier release wrote (spend, no count of calls) when this one first
+# counts a call in it: the count then holds the calls since, not all (``Spend.of_job``: unknown).
+JOB_CALLS_UNKNOWN = "calls_unknown"
 _ANY_PRICE = ModelPrice(input=0, output=0)  # (a name matched, whatever its price)
 _PROVIDERS = sorted({model_id.partition("/")[0] for model_id in DEFAULT_PRICES})
 
@@ -312,13 +315,25 @@ _SPEND = "{float = true, totals = {total = 'scorer:'}}"
 # that is no number is repaired before it is read or added to (tracescore_check_counters): read
 # as 0, it let every call past its budget all day, and an add to it failed, the spend uncounted.
 _SPEND_KEYS = "(#KEYS == 1 and {KEYS[1], 'hash', 'k'} or {KEYS[1], 'hash', 'k', KEYS[2], 'hash', 'k'})"
+# Before a job's hash first counts a call: one holding spend already (an earlier release's) is
+# marked, its calls before uncounted.
+_CALLS_COUNTED = f"""
+local function tracescore_count_calls(key)
+  if redis.call('HEXISTS', key, '{JOB_CALLS}') == 0 and redis.call('EXISTS', key) == 1 then
+    redis.call('HSET', key, '{JOB_CALLS_UNKNOWN}', 1)
+  end
+end
+"""
 
 # KEYS: the spend hashes written (the day's when it has fields, then the job's, if any). ARGV:
-# the cost, then per key its TTL (0: it has one), its number of fields and its fields. A job's
-# `calls` field counts the call (1, whatever it cost).
+# the cost, then per key its TTL, its number of fields and its fields. A job's `calls` field
+# counts the call (1, whatever it cost). A hash is given its TTL whenever it has none, asked here
+# (no round trip): a process that gave it once per key left a hash deleted or expired, and then
+# written again, with none, kept for good.
 _ADD = checked_script(
     _SPEND_KEYS,
-    f"""
+    _CALLS_COUNTED
+    + f"""
 local plan, at = {{}}, 2
 for k = 1, #KEYS do
   local n = tonumber(ARGV[at + 1])
@@ -330,10 +345,13 @@ for k, key in ipairs(KEYS) do
   if bad then return bad end
 end
 for k, key in ipairs(KEYS) do
+  if plan[k].fields[#plan[k].fields] == '{JOB_CALLS}' then
+    tracescore_count_calls(key)
+  end
   for _, field in ipairs(plan[k].fields) do
     redis.call('HINCRBYFLOAT', key, field, field == '{JOB_CALLS}' and 1 or ARGV[1])
   end
-  if plan[k].ttl ~= '0' then
+  if redis.call('TTL', key) == -1 then
     redis.call('EXPIRE', key, plan[k].ttl)
   end
 end
@@ -360,12 +378,14 @@ return out
 )
 
 # KEYS: a run's failed-call hash, then (a job's call) the job's spend. ARGV: version, error, TTL,
-# then the job spend's TTL (0: it has one). Its count is rebuilt from zero if it must be: a key
-# of another type, or a count that is no integer (its HINCRBY failed, and with it the judge's
-# failure hook), is repaired. The job's spend counts the call (no cost) in the same script.
+# then the job spend's TTL (given when it has none, as ``_ADD`` gives it). Its count is rebuilt
+# from zero if it must be: a key of another type, or a count that is no integer (its HINCRBY
+# failed, and with it the judge's failure hook), is repaired. The job's spend counts the call (no
+# cost) in the same script.
 _NOTE_FAILURE = checked_script(
     "(#KEYS == 1 and {KEYS[1], 'hash', 'r'} or {KEYS[1], 'hash', 'r', KEYS[2], 'hash', 'k'})",
-    f"""
+    _CALLS_COUNTED
+    + f"""
 local bad = tracescore_check_counters({{KEYS[1]}}, {{ARGV[1]}})
   or (#KEYS == 2 and tracescore_check_counters({{KEYS[2]}}, {{'{JOB_CALLS}'}}, {_SPEND}))
 if bad then return bad end
@@ -373,8 +393,9 @@ redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
 redis.call('HSET', KEYS[1], ARGV[1] .. ':error', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 if #KEYS == 2 then
+  tracescore_count_calls(KEYS[2])
   redis.call('HINCRBYFLOAT', KEYS[2], '{JOB_CALLS}', 1)
-  if ARGV[4] ~= '0' then
+  if redis.call('TTL', KEYS[2]) == -1 then
     redis.call('EXPIRE', KEYS[2], ARGV[4])
   end
 end
@@ -395,9 +416,6 @@ class RedisLedger:
         self.reconnect_s = reconnect_s
         self._client: Any = None
         self._loop: Any = None
-        # Spend keys this process already gave their TTL: EXPIRE once per key, not per call
-        # (the first add anywhere sets it; HINCRBYFLOAT keeps it).
-        self._expiring: set[str] = set()
 
     def _redis(self) -> Any:
         import asyncio
@@ -421,19 +439,12 @@ class RedisLedger:
             return
         client = self._redis()
         keys = [key for key, _ in writes]
-        fresh = [k for k in keys if k not in self._expiring]
         # One round trip, no MULTI; the fields it adds to checked first (only those: a call's
         # cost is one script of a few commands in Redis).
         args: list[Any] = [repr(float(cost))]
-        for key, written in writes:
-            args += [SPEND_TTL_S if key in fresh else 0, len(written), *written]
+        for _, written in writes:
+            args += [SPEND_TTL_S, len(written), *written]
         await checked_async(client, "spend_add", [], lambda: self._add(keys=keys, args=args))
-        self._expire_noted(fresh)
-
-    def _expire_noted(self, fresh: list[str]) -> None:
-        if len(self._expiring) > 10_000:
-            self._expiring.clear()
-        self._expiring.update(fresh)
 
     async def read(self, day: str, fields: list[str], job_id: str | None) -> tuple[list[float], float, float | None]:
         client = self._redis()
@@ -458,13 +469,10 @@ class RedisLedger:
     async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int, job_id: str | None = None) -> None:
         client, keys = self._redis(), [_keys.judge_calls_key(run_key)]
         args: list[Any] = [version, error, ttl_s]
-        fresh = []
         if job_id:
             keys.append(_keys.job_spend_key(job_id))
-            fresh = [keys[1]] if keys[1] not in self._expiring else []
-            args.append(SPEND_TTL_S if fresh else 0)
+            args.append(SPEND_TTL_S)
         await checked_async(client, "judge_calls", [], lambda: self._note_failure(keys=keys, args=args))
-        self._expire_noted(fresh)
 
     async def reset_calls(self, run_keys: list[str]) -> None:
         if run_keys:

@@ -268,6 +268,9 @@ class Spend:
     by_model: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: int = 0
     unpriced_calls: Counter[str] = field(default_factory=Counter)
+    # A job's hash whose spend an earlier release first counted, which kept no count of calls:
+    # ``calls`` holds this release's calls alone (``judge_calls`` null).
+    calls_unknown: bool = False
 
     def add_call(self, scorer_id: str, model: str, cost_usd: float | None) -> None:
         """One judge call by ``scorer_id``'s run: its cost (0 for a failed call, None: no price)."""
@@ -281,9 +284,10 @@ class Spend:
     @classmethod
     def of_job(cls, fields: Mapping[str, float | None]) -> Spend:
         """A job's spend hash (``worker._budget``: ``scorer:<id>``, ``model:<id>``, ``total``,
-        ``calls``, ``unpriced:<model>``); a field that is no number (None, counted where it was
-        read) is left out."""
-        spend = cls()
+        ``calls``, ``unpriced:<model>``, ``calls_unknown``); a field that is no number (None,
+        counted where it was read) is left out. A hash with spend and no ``calls`` (an earlier
+        release's), or marked when this release first counted a call in one, has unknown calls."""
+        spend = cls(calls_unknown="calls_unknown" in fields or (bool(fields) and "calls" not in fields))
         for name, value in fields.items():
             if value is None:
                 continue
@@ -303,7 +307,7 @@ class Spend:
             "total_usd": sum(self.by_scorer.values()),
             "by_scorer": dict(self.by_scorer),
             "by_model": dict(self.by_model),
-            "judge_calls": self.calls,
+            "judge_calls": None if self.calls_unknown else self.calls,
             "unpriced_calls": dict(self.unpriced_calls),
         }
 
@@ -313,7 +317,14 @@ def spend_lines(spend: Mapping[str, Any] | None) -> list[str]:
     # (a job's hash an earlier release wrote counts no calls: its spend is shown all the same)
     if not spend or not (spend.get("judge_calls") or spend.get("total_usd") or spend.get("unpriced_calls")):
         return []
-    out = [f"  judge spend       {spend['total_usd']:.4f} USD   ({spend['judge_calls']:,} judge calls)"]
+    calls = spend["judge_calls"]
+    said = (
+        f"{calls:,} judge calls"
+        if calls is not None
+        else "judge calls unknown: the job's spend was first counted by an earlier release, which kept no"
+        " count of calls"
+    )
+    out = [f"  judge spend       {spend['total_usd']:.4f} USD   ({said})"]
     out += [f"    scorer {k}: {v:.4f} USD" for k, v in sorted(spend["by_scorer"].items(), key=lambda kv: -kv[1])]
     out += [f"    model  {k}: {v:.4f} USD" for k, v in sorted(spend["by_model"].items(), key=lambda kv: -kv[1])]
     out += [

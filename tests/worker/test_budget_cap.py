@@ -200,7 +200,7 @@ def test_judge_cost_metric_counts_what_was_paid_as_the_ledger_does() -> None:
 def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: RedisServer) -> None:
     """No budgets, a first delivery, a backfill job without --max-cost: per answered call one
     round trip writing the spend (one script: no MULTI/EXEC, the fields it adds to checked
-    inside, EXPIRE once per key; a job's call counted in the same script), a job's call one more
+    inside, EXPIRE once per key, asked with TTL inside; a job's call counted in the same script), a job's call one more
     reading its limit (a resume may give it one), and no per-run key at all."""
     from worker._budget import RedisLedger, enter_run, utc_day
 
@@ -234,10 +234,10 @@ def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: R
             # One script a call, and a job's call one more reading its limit (a script too). (An
             # EVALSHA Redis did not have yet is loaded and sent again.)
             assert stats.pop("evalsha") - stats.pop("script|load", 0) == calls * (2 if job_id else 1)
-            # Once per key and process: the day's hash on the first pass, the job's on the second.
+            # Once per key: the day's hash on the first pass, the job's on the second.
             assert stats.pop("expire") == 1
             # Inside the scripts: their keys' types and the fields they add to, checked (and the read).
-            for inside in ("type", "hmget", "hgetall", "get", "hget"):
+            for inside in ("type", "hmget", "hgetall", "get", "hget", "ttl", "hexists", "exists"):
                 stats.pop(inside, None)
             assert stats == {}, stats  # no MULTI/EXEC, no counter, no other read
         assert not list(client.scan_iter(match="*judge_calls*"))
@@ -282,6 +282,81 @@ def test_a_jobs_spend_hash_counts_every_call_in_the_write_each_already_made(redi
         assert spend["total_usd"] > 0
         assert client.hget(f"tracescore:spend:{utc_day()}", "unpriced:local/unpriced") == b"1"
         assert 0 < client.ttl("tracescore:spend:job:job-1") <= 35 * 24 * 3600
+    finally:
+        client.flushdb()
+        client.close()
+
+
+def test_a_spend_hash_deleted_and_written_again_by_the_same_process_gets_its_ttl_again(
+    redis_server: RedisServer,
+) -> None:
+    """The ledger gave a spend hash its 35-day TTL once per key and process (a set of keys seen):
+    a job's or day's hash deleted (or expired) and written again by the same worker got none, and
+    stayed for good. Each write now gives a hash without one its TTL, in the script that adds."""
+    from worker._budget import RedisLedger, enter_run, utc_day
+
+    client = redis_server.client(12)
+    client.flushdb()
+    ledger = RedisLedger(redis_server.url(12))
+    guard = BudgetGuard(ledger, Budgets())
+    keys = (f"tracescore:spend:{utc_day()}", "tracescore:spend:job:job-1")
+
+    async def calls() -> None:
+        enter_run("t:s:g", "g", "job-1", 5, version="1", redelivery=False)
+        await guard.after_call("openai/gpt-4o-mini", "g", JudgeUsage(input_tokens=800, output_tokens=60))
+        client.delete(*keys)
+        await guard.after_call("openai/gpt-4o-mini", "g", JudgeUsage(input_tokens=800, output_tokens=60))
+        ttls = [client.ttl(k) for k in keys]
+        client.delete(keys[1])
+        await guard.call_failed("openai/gpt-4o-mini", "g", RuntimeError("503"))  # (the failure's script)
+        ttls.append(client.ttl(keys[1]))
+        await ledger.close()
+        assert all(0 < ttl <= 35 * 24 * 3600 for ttl in ttls), dict(zip([*keys, "after a failure"], ttls, strict=True))
+
+    try:
+        asyncio.run(calls())
+    finally:
+        client.flushdb()
+        client.close()
+
+
+def test_a_jobs_spend_hash_an_earlier_release_wrote_says_its_calls_are_unknown(redis_server: RedisServer) -> None:
+    """A job's spend hash an earlier release wrote has no ``calls`` field: its spend read with
+    0 judge calls, shown as exact ("0.4000 USD (0 judge calls)") for a job that paid for some.
+    Its calls are unknown now (``null``, and the line says why); its spend is shown as it was."""
+    from worker._budget import RedisLedger, enter_run, job_spend
+    from worker._summary import spend_lines
+
+    client = redis_server.client(12)
+    client.flushdb()
+    try:
+        client.hset("tracescore:spend:job:job-old", mapping={"scorer:g": 0.4, "model:m": 0.4, "total": 0.4})
+        spend = job_spend(client, "job-old").as_json()
+        assert (spend["total_usd"], spend["judge_calls"]) == (pytest.approx(0.4), None)
+        assert spend_lines(spend)[0] == (
+            "  judge spend       0.4000 USD   (judge calls unknown: the job's spend was first counted by an"
+            " earlier release, which kept no count of calls)"
+        )
+        client.hset("tracescore:spend:job:job-new", mapping={"calls": 2})  # (two failed calls: no spend)
+        assert job_spend(client, "job-new").as_json()["judge_calls"] == 2
+
+        # The job resumed on this release's workers: their calls alone would be counted, shown as all.
+        ledger = RedisLedger(redis_server.url(12))
+        guard = BudgetGuard(ledger, Budgets())
+
+        async def calls() -> None:
+            enter_run("t:s:g", "g", "job-old", 5, version="1", redelivery=False)
+            await guard.after_call("openai/gpt-4o-mini", "g", JudgeUsage(input_tokens=800, output_tokens=60))
+            enter_run("t:s:g", "g", "job-old-2", 5, version="1", redelivery=False)
+            await guard.call_failed("openai/gpt-4o-mini", "g", RuntimeError("503"))
+            await ledger.close()
+
+        client.hset("tracescore:spend:job:job-old-2", mapping={"scorer:g": 0.4, "model:m": 0.4, "total": 0.4})
+        asyncio.run(calls())
+        for job_id in ("job-old", "job-old-2"):
+            spend = job_spend(client, job_id).as_json()
+            assert spend["judge_calls"] is None, (job_id, spend)
+            assert spend["total_usd"] >= 0.4
     finally:
         client.flushdb()
         client.close()
