@@ -173,3 +173,19 @@ def test_a_source_label_from_redis_is_shown_without_its_control_characters(
     assert "source files \ufffd]0;PWNED\ufffd;" in text
     assert "\x1b" not in text
     assert "\x07" not in text
+
+
+def test_a_deleted_job_leaves_the_index_too(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``RedisJobStore.delete`` removed the job's keys but left its id in the index of jobs, which
+    only a later ``status`` took out (a ZREM of its own, after a read of every state it lists).
+    The job's id now leaves the index in the same step as its keys."""
+    _save(env, "bf-gone", time.time() - 60)
+    _save(env, "bf-kept", time.time())
+    client = redis.Redis.from_url(env, decode_responses=True)
+    try:
+        RedisJobStore(client).delete("bf-gone")
+        assert not client.exists(backfill_state_key("bf-gone"))
+        assert client.zrange(backfill_jobs_key(), 0, -1) == ["bf-kept"]
+        assert [j["job_id"] for j in json.loads(_status(capsys, "--json"))["backfill_jobs"]] == ["bf-kept"]
+    finally:
+        client.close()

@@ -298,6 +298,19 @@ return 1
 )
 
 
+# A job's keys and its entry in the index of jobs (KEYS[5]; ARGV[1]: the job id) gone in one step:
+# a delete that left the entry had ``status`` list the job until its next read of every state.
+# The index is checked first (repaired, as at a save), so the keys go with the entry or not at all.
+_DELETE = checked_script(
+    "{KEYS[5], 'zset', 'r'}",
+    """
+redis.call('del', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+redis.call('zrem', KEYS[5], ARGV[1])
+return 1
+""",
+)
+
+
 class RedisJobStore:
     """Job state and the enqueued-run set in Redis (sync client: the driver is sync). With a
     ``hold`` (the running job's), nothing is written once the hold is another process's. A key
@@ -308,6 +321,7 @@ class RedisJobStore:
         self.client = client
         self.hold = hold
         self._save_if_held = client.register_script(_SAVE_IF_HELD)  # (by SHA once loaded)
+        self._delete = client.register_script(_DELETE)
         # Job id -> whether it has an earlier release's set of enqueued trace ids (asked once).
         self._legacy: dict[str, bool] = {}
 
@@ -432,12 +446,15 @@ class RedisJobStore:
         finish_job(self.client, job_id)
 
     def delete(self, job_id: str) -> None:
-        self.client.delete(
+        """The job's keys and its entry in the index of jobs, together."""
+        keys = (
             backfill_state_key(job_id),
             backfill_runs_key(job_id),
             backfill_traces_key(job_id),
             backfill_rootless_key(job_id),
+            backfill_jobs_key(),
         )
+        checked(self.client, _WHERE, [], lambda: self._delete(keys=keys, args=(job_id,)))
 
 
 class JobHold:
