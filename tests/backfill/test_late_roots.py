@@ -7,9 +7,11 @@ after the assembly window has been released without it; when the root then arriv
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from tests._redis import RedisServer
 from tests.backfill._doubles import CapturingSubmitter, Messages
@@ -20,6 +22,7 @@ from tracing.sources import FileSource, Position, TraceAssembler
 from worker._keys import backfill_runs_key
 from worker.backfill._driver import Backfill
 from worker.backfill._state import BackfillOptions, BackfillState
+from worker.cli import cli
 
 DB = 14  # of the session's Redis: the other backfill tests use 10, 11, 12, 13 and 15
 
@@ -167,3 +170,29 @@ def test_a_late_root_of_a_trace_the_memory_bound_released_names_max_open_spans(
     for said in (message, summary_line):
         assert "--max-open-spans" in said
         assert "--window-spans" not in said
+
+
+def test_a_late_root_in_a_run_scored_is_a_late_root_of_the_job(tmp_path: Path) -> None:
+    """Trace 0's tool span read without its root (nothing to score), then, past the window, a part
+    with two roots: ``POST /ask`` (which the tool span hangs under) and an LLM call of its own, a
+    late run scored. The assembler counted a late root; the job counted none (a root of the part
+    was in the run scored) and counted ``POST /ask`` as a late span. Now the job's summary counts
+    the late root once, where late roots are counted (by option too), and no late span."""
+    (chat, tool), root = trace_spans(0)
+    root = {**root, "name": "POST /ask", "attributes": []}
+    call = {k: v for k, v in chat.items() if k != "parentSpanId"}  # (a root of its own)
+    directory = late_files(tmp_path / "in", [tool], [root, call])
+    args = ["backfill", str(directory), "--scorers", "tests.backfill.scorers", "--scorer", "answer-words"]
+    env = {"TRACESCORE_BROKER_URL": ""}
+    for dry_run in ([], ["--dry-run"]):
+        result = CliRunner().invoke(cli, [*args, "--window-spans", "50", "--json", *dry_run], env=env)
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        assert (summary["traces_read"], summary["late_runs"]) == (91, 1), dry_run
+        assert (summary["late_roots"], summary["late_spans"]) == (1, 0), dry_run
+        assert summary["late_roots_by_option"] == {"--window-spans": 1}
+        assert "no_target" not in summary["traces_unreadable"]
+        (said,) = [
+            line for line in result.stderr.splitlines() if "root span arrived after" in line and trace_id(0) in line
+        ]
+        assert "--window-spans" in said

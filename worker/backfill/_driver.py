@@ -358,8 +358,9 @@ class Backfill:
         scored = {m.span_id for _, members in runs for m in members}
         cause = late_cause(trace.late_evicted)
         unplaced = len(trace.spans) - len(scored) + trace.dropped_spans
-        if trace.late_root and not any(s.parent_span_id is None and s.span_id in scored for s in trace.spans):
-            unplaced -= 1
+        if trace.late_root:  # (once, as the assembler counts it, though a late run holds it)
+            if any(s.parent_span_id is None and s.span_id not in scored for s in trace.spans):
+                unplaced -= 1  # (the late root, not a late span too)
             self._count_late(at, "late_roots", 1, cause)
             self._report(
                 f"trace {trace.trace_id}: its root span arrived after the trace was read without it"
