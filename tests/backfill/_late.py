@@ -4,6 +4,7 @@ resumed, in process or by Ctrl-C through the command line (test_late_spans.py, t
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import signal
 from collections.abc import Callable, Iterator, Sequence
@@ -49,15 +50,32 @@ def late_files(directory: Path, early: list[dict[str, Any]], late: list[dict[str
 SECOND_CALL_OF_0 = f"{0xAB:016x}"  # trace 0's late LLM call (late_llm_call_files)
 
 
-def late_llm_call_files(directory: Path) -> Path:
+def late_llm_call_files(directory: Path, held_open: bool = False) -> Path:
     """Trace 0 without an agent: a ``POST /ask`` root (neither agent nor LLM) and its chat span in
     file a, a second top-level chat span under the same root 20 lines into file c (past a 50-span
     window and two file boundaries). Its runs are its top-level LLM calls: the late one is a
-    whole run of its own, which the read of trace 0 could not plan."""
+    whole run of its own, which the read of trace 0 could not plan.
+
+    ``held_open``: and files d and e of whole traces (91 to 150), so the late call, idle past a
+    file boundary, is released at the end of file d and sent; with trace 200 open meanwhile
+    (rootless, a tool span after every fifth line from file c's fifth to the end), which keeps a
+    checkpoint saved then before the late call."""
     (chat, _tool), root = trace_spans(0)
     root = {**root, "name": "POST /ask", "attributes": []}
     second = {**chat, "spanId": SECOND_CALL_OF_0, "name": "chat gpt-4o-mini (follow-up)"}
-    return late_files(directory, [chat, root], [second])
+    late_files(directory, [chat, root], [second])
+    if held_open:
+        (_, tool), _ = trace_spans(200)
+        spans = ({**tool, "spanId": f"{0xF000 + k:016x}"} for k in itertools.count())
+
+        def holding(text: str) -> str:
+            lines = text.splitlines(keepends=True)
+            return "".join(at + (line([next(spans)]) if n % 5 == 4 else "") for n, at in enumerate(lines))
+
+        (directory / "c.jsonl").write_text(holding((directory / "c.jsonl").read_text()))
+        (directory / "d.jsonl").write_text(holding("".join(whole(i) for i in range(91, 121))))
+        (directory / "e.jsonl").write_text(holding("".join(whole(i) for i in range(121, 151))))
+    return directory
 
 
 @dataclass(frozen=True)
@@ -109,6 +127,7 @@ class Resumed:
     whole: BackfillState
     uninterrupted: CapturingSubmitter  # the whole run's runs
     runs_at_stop: list[tuple[str, str]]  # the runs handed over before the stop
+    saved: BackfillState  # the job's state as the stop saved it
     checkpoint: tuple[int, int, int]  # the stop's saved checkpoint, where the resume reads from
     resumed: BackfillState
     submitter: CapturingSubmitter  # the stopped run's runs, then the resume's
@@ -153,5 +172,6 @@ def _stop_and_resume(
     saved = job_store.load(job_id)
     assert saved is not None
     checkpoint = saved.checkpoint
+    at_stop = saved.model_copy(deep=True)
     resumed = Backfill(FileSource([directory]), saved, submitter, job_store=job_store, reporter=Messages()).run()
-    return Resumed(whole, uninterrupted, runs_at_stop, checkpoint, resumed, submitter)
+    return Resumed(whole, uninterrupted, runs_at_stop, at_stop, checkpoint, resumed, submitter)

@@ -146,6 +146,7 @@ def test_a_trace_of_runs_too_large_together_goes_run_by_run(tmp_path: Path) -> N
         ["chat m", "invoke_agent writer"],
     ]
     assert (state.counters.runs_enqueued, state.counters.runs_rejected) == (3, {})
+    assert (len(submitter.sent), state.counters.traces_enqueued) == (2, 1)  # cut across batches: counted once
 
     line, ids = _three_agent_line({"planner": 100_000, "writer": 20_000})
     path.write_text(line)

@@ -353,6 +353,42 @@ def test_a_late_run_past_a_resumes_checkpoint_is_scored_once(
     )
 
 
+@pytest.mark.parametrize("batches_after", [0, 2])
+def test_a_late_run_sent_before_a_stop_and_read_again_by_the_resume_is_counted_once(
+    tmp_path: Path, redis_server: RedisServer, batches_after: int
+) -> None:
+    """Trace 0's late call sent, then the job stopped ``batches_after`` batches on, its checkpoint
+    before the call (trace 200, open, holds it back): the stop saved the call among the job's runs
+    but not as a late run (its count, taken from input past the checkpoint, left for the resume),
+    and the resume's read of it counted it as a late run and as a run read again. Now the job
+    counts a late run where it sends it, with the runs it enqueues (saved so at the stop), and the
+    resume's read of it as read again alone; and it counts trace 0 once in ``traces_enqueued``,
+    with or without a stop (its late call's batch counted it again)."""
+    late_call = (trace_id(0), SECOND_CALL_OF_0)
+
+    def sent_late(submitter: CapturingSubmitter) -> bool:
+        sent = [
+            n
+            for n, (batch, _) in enumerate(submitter.sent)
+            if any((r.trace_id, s) == late_call for r in batch.requests for s in r.target_span_ids)
+        ]
+        return bool(sent) and len(submitter.sent) > sent[0] + batches_after
+
+    directory = late_llm_call_files(tmp_path / "in", held_open=True)
+    job = stop_and_resume_in_process(directory, redis_server, DB, "bf-late-sent", sent_late)
+    assert late_call in job.runs_at_stop
+    assert (0, 1, 0) < job.checkpoint < (2, 25, 0)  # before the late call's line: the resume reads it again
+    whole, saved, resumed = job.whole.counters, job.saved.counters, job.resumed.counters
+    assert (whole.late_runs, whole.runs_read_again) == (1, 0)
+    assert saved.late_runs == 1  # sent before the stop
+    assert resumed.late_runs == 1  # the resume's read of it: read again alone
+    assert resumed.runs_read_again > saved.runs_read_again
+    assert job.submitter.runs.count(late_call) == 1
+    traces = len({t for t, _ in job.uninterrupted.runs})
+    assert (whole.traces_enqueued, saved.traces_enqueued) == (traces, len({t for t, _ in job.runs_at_stop}))
+    assert (resumed.runs_enqueued, resumed.traces_enqueued) == (whole.runs_enqueued, traces)
+
+
 def test_a_late_run_after_ctrl_c_and_resume_is_enqueued_once_and_counted(
     tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -362,7 +398,7 @@ def test_a_late_run_after_ctrl_c_and_resume_is_enqueued_once_and_counted(
     assert (0, 1, 0) < tuple(job.saved["checkpoint"]) < (2, 21, 0)  # past trace 0, before its late call
     assert f"{trace_id(0)}:{CHAT_OF_0}" in job.runs_at_stop
     done = job.done
-    assert (done["traces_read"], done["runs_enqueued"]) == (91, 92)
+    assert (done["traces_read"], done["runs_enqueued"], done["traces_enqueued"]) == (91, 92, 91)
     assert (done["late_runs"], done["late_spans"]) == (1, 0)
     db = private_redis.client(0, decode_responses=True)
     assert db.scard(backfill_runs_key(job.job_id)) == 92

@@ -41,7 +41,8 @@ is counted (``late_spans``) and reported by trace id, never read as a trace of i
 fragment planned as a run: a second score of the trace, or a score of a part of it). But late
 spans that make a whole run no part read before held (``plan_part``: a trace without an agent,
 one of its top-level LLM calls late) are that run, scored as a read of the whole trace scores
-it (``late_runs``); the assembler keeps, with the trace's id, what the planner needs of the
+it (``late_runs``, counted with the batch that enqueues it: a resume reading it again counts it
+read again alone); the assembler keeps, with the trace's id, what the planner needs of the
 parts read (``note_runs``). A late span or root is counted, and reported, by why its trace was
 read (``late_cause``), as the option that would have kept the trace open: ``--window-spans``
 when its window passed, ``--max-open-spans`` when the memory bound released it early (neither:
@@ -163,6 +164,11 @@ class Backfill:
         # run of the job: about 150 bytes a run, 150 MB for a million, which an embedded job
         # scoring each run in this process takes far longer to reach than memory does.
         self._planned: set[str] = set()
+        # Counted when their batch is handed over (``_flush``), each once: the traces whose first
+        # runs are planned and not yet in a batch (a trace all of whose runs were rejected stays,
+        # for a late run of it), and the chunk's late runs (run ids).
+        self._first_runs_of: set[str] = set()
+        self._late_runs: set[str] = set()
         cap = getattr(submitter, "max_payload_bytes", None)
         # Batches cut by bytes, each request's JSON kept for the submitter (broker mode).
         self._cutter = RequestCutter(cap) if cap else None
@@ -324,7 +330,7 @@ class Backfill:
         if plan is None:
             return None
         if plan.runs:
-            self._enqueue(trace, plan.runs)
+            self._enqueue(trace, plan.runs, first=True)
         else:  # (a late part may still bring a run: the trace is then no longer counted so)
             self._count(at, "unreadable", "no_target")
             self._report(f"trace {trace.trace_id}: not scored (no_target): the trace has no agent span and no LLM span")
@@ -375,10 +381,10 @@ class Backfill:
                 + (f", a run of its own lost among them (span {lost}: spans read before are under it)" if split else "")
                 + f" ({cause.raise_now(options)})"
             )
-        fresh = self._enqueue(trace, runs)  # (a run planned already is read again: not a late run)
+        first = plan is not None and plan.first  # the trace's first run: it has something to score
+        fresh = self._enqueue(trace, runs, first=first, late=True)  # (one planned already is read again)
         if fresh:
-            self._count(at, "late_runs", n=len(fresh))
-            if plan is not None and plan.first:  # the trace's first run: it has something to score
+            if first:
                 self._count(at, "unreadable", "no_target", n=-1)
             spans = sum(len(members) for _, members in fresh)
             self._report(
@@ -388,9 +394,9 @@ class Backfill:
             )
         return plan.after if plan is not None else None
 
-    def _enqueue(self, trace: AssembledTrace, plans: list[Run]) -> list[Run]:
-        """Hand ``plans``, runs of ``trace``, over to scoring (but the runs the job planned
-        already); returns those handed over."""
+    def _enqueue(self, trace: AssembledTrace, plans: list[Run], *, first: bool, late: bool = False) -> list[Run]:
+        """Hand ``plans``, runs of ``trace`` (its ``first`` planned; ``late``: of a late part),
+        over to scoring (but the runs the job planned already); returns those handed over."""
         counters = self.state.counters
         records = trace.spans
         counters.runs_read += len(plans)
@@ -402,10 +408,17 @@ class Backfill:
             return plans
         self._planned.update(run_id(trace.trace_id, t.span_id) for t, _ in plans)
         if self.submitter is None:
+            if late:  # (a dry run hands nothing over: its late runs are those it would score)
+                counters.late_runs += len(plans)
             if self.on_dry_run is not None:
                 for target, members in plans:
                     self.on_dry_run(members, target.span_id)
             return plans
+        # (before the cutter, which may hand a batch holding some of them over)
+        if first:
+            self._first_runs_of.add(trace.trace_id)
+        if late:
+            self._late_runs.update(run_id(trace.trace_id, t.span_id) for t, _ in plans)
         now = time.time()
         options = self.state.options
         if len(plans) == 1:
@@ -541,6 +554,8 @@ class Backfill:
             if self._cutter is not None:
                 encoded = self._cutter.take().encoded
         planned = sent = [run_id(r.trace_id, s) for r in requests for s in r.target_span_ids]
+        traces = {r.trace_id for r in requests}
+        done: set[str] = set()
         if requests and self.job_store is not None:
             # Runs an earlier batch (or a run of the job before a resume) enqueued are not sent again.
             done = self.job_store.already_enqueued(self.state.job_id, planned)
@@ -561,11 +576,18 @@ class Backfill:
             # leaves the batch's pairs unnamed: only deferring the signal would close it.
             counters.batches += 1
             counters.runs_enqueued += batch.runs()
-            # A trace cut across two batches (or read in two parts) counts in each.
-            counters.traces_enqueued += len({r.trace_id for r in requests})
+            # Each trace once, with the batch holding its first runs (not again for the rest of a
+            # trace cut across batches, or a late run of it), unless the job enqueued a run of it
+            # before (a resume reading it again); each late run with the batch that sends it, so
+            # one a resume reads again is only read again.
+            had = {r.partition(":")[0] for r in done}
+            counters.traces_enqueued += len(traces.intersection(self._first_runs_of).difference(had))
+            counters.late_runs += len(self._late_runs.intersection(sent))
             self.submitter.submit(batch, encoded or None)
             if self.on_batch is not None:
                 self.on_batch(batch)
+        self._first_runs_of.difference_update(traces)
+        self._late_runs.difference_update(planned)
         self._save(sent)
         if self.job_store is not None:
             self._planned.difference_update(planned)  # the store's set has them now

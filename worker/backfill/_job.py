@@ -345,6 +345,8 @@ def _summary(state: BackfillState, mode: str, progress: dict[str, int] | None, e
         "traces_read": counters.traces_read,
         "runs_read": counters.runs_read,
         "runs_enqueued": counters.runs_enqueued,
+        # The traces those runs are of, each once over the job (its first runs' batch counts it).
+        "traces_enqueued": counters.traces_enqueued,
         "scores_expected": state.expected_scores,
         "scored": (progress or {}).get("scored", 0),
         "failed": (progress or {}).get("failed", 0),

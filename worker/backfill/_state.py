@@ -185,6 +185,7 @@ class JobCounters(BaseModel):
     traces_read: int = 0
     runs_read: int = 0
     runs_enqueued: int = 0
+    # The traces of those runs, each once: counted with the batch sending its first runs.
     traces_enqueued: int = 0
     batches: int = 0
     skipped: dict[str, int] = Field(default_factory=dict)
@@ -205,7 +206,9 @@ class JobCounters(BaseModel):
     late_roots_window: int = 0
     late_spans_window: int = 0
     # Runs of late spans scored (each a whole run of the trace that no part read before held:
-    # a trace without an agent, say, whose later top-level LLM call came past its window).
+    # a trace without an agent, say, whose later top-level LLM call came past its window),
+    # counted with the batch that enqueues them (a dry run: when planned); read again, they are
+    # ``runs_read_again`` alone.
     late_runs: int = 0
     # Runs not enqueued, by reason (``too_large``: one run over the broker's message cap).
     runs_rejected: dict[str, int] = Field(default_factory=dict)
