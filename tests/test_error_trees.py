@@ -113,6 +113,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         LoopBlockedError,
         RegistryError,
         RunLimitError,
+        ScorerClosedError,
         SettingsError,
         StepExitError,
         StoreKeyTypeError,
@@ -160,6 +161,7 @@ def _instances() -> dict[type[BaseException], tuple[BaseException, ErrorCategory
         UnreadableStateError: (UnreadableStateError("k", "1 problem(s), first at status"), "config"),
         UnreadableCounterError: (UnreadableCounterError("k", "scored", ("unreadable:scored",), "", 1), "config"),
         RunLimitError: (RunLimitError("m", error_type="timeout"), "timeout"),
+        ScorerClosedError: (ScorerClosedError(), "internal"),
         StepExitError: (StepExitError("s", 2), "internal"),
         LoopBlockedError: (LoopBlockedError(), "retryable"),
     }

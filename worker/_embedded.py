@@ -44,6 +44,7 @@ from tracing import CallbackSink, ScoreRecord, ScoreSink, ScoreWriter
 from tracing.queue import ScoreBatch
 from worker._budget import default_attempt_cap, enter_run, price_table, run_key
 from worker._delivery import Deliveries, DrainerWaker, DrainPolicy
+from worker._errors import ScorerClosedError
 from worker._loop import LoopThread, LoopWatchdog
 from worker._registry import load_registry
 from worker._runtime import _cap_memory
@@ -369,14 +370,36 @@ class EmbeddedScorer:
         self._unfinished: dict[int, ScoreBatch] = {}
         self._loop = GuardedLoop(run_timeout_s)
         self._lock = threading.Lock()
+        self._closed = False  # (``stop_taking``: new work is refused, ScorerClosedError)
 
     max_payload_bytes: int | None = None  # in process: no message, no cap
+
+    def hold(self, batch: ScoreBatch) -> None:
+        """Take ``batch`` on: held as unfinished until it is scored through, its pairs named by
+        ``interrupted_pairs`` if a stop leaves them without a record. Refused once this scorer
+        stopped taking work (``ScorerClosedError``): the caller names it."""
+        with self._lock:
+            self._refuse_if_closed()
+            self._unfinished[id(batch)] = batch
+
+    def stop_taking(self) -> None:
+        """Take no new work from now on: ``hold``, ``submit``, ``score`` and ``score_runs`` raise
+        ``ScorerClosedError``. A batch held and not begun is then never begun, so what
+        ``interrupted_pairs`` names next stays unscored (an app's sink, closed as its exporter's
+        shutdown deadline passed mid-hand-over, named such a batch and then scored it on the
+        closed scorer); one being scored is waited for."""
+        with self._lock:
+            self._closed = True
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise ScorerClosedError
 
     def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
         """Score ``batch`` now (``requests_json`` is unused: nothing is sent)."""
         # Held as unfinished first, let go once scored through: a second Ctrl-C landing before
         # its scoring began left its pairs (counted as enqueued) unnamed, uncounted.
-        self._unfinished[id(batch)] = batch
+        self.hold(batch)
         report = self.score(batch)
         if not report.retry:
             del self._unfinished[id(batch)]
@@ -397,6 +420,7 @@ class EmbeddedScorer:
         ``should_stop``: then what is left for a retry stays unscored (``report.retry``; through
         ``submit``, named by ``interrupted_pairs``)."""
         with self._lock:
+            self._refuse_if_closed()
             if self.agents is not None:
                 for request in batch.requests:
                     self.agents.update(request.agent_labels())
@@ -469,6 +493,7 @@ class EmbeddedScorer:
         checkpoints: dict[int, ScoreResult] = {}
         call = uuid.uuid4().hex
         with self._lock:
+            self._refuse_if_closed()
             _tries(
                 self.settings,
                 lambda final, _: self._score_jobs_once(jobs, _Try(call, results, checkpoints, set(), final)),
@@ -541,6 +566,7 @@ class EmbeddedScorer:
     def close(self) -> None:
         self.settle()
         with self._lock:
+            self._closed = True
             if self.writer is not None:
                 self.writer.flush(10.0)
                 self.writer.close()
@@ -554,7 +580,10 @@ class EmbeddedScorer:
 
 
 class EmbeddedSink(CallbackSink):
-    """A ``CallbackSink`` that scores in process; the exporter's shutdown closes it.
+    """A ``CallbackSink`` that scores in process; the exporter's shutdown closes it. Each pair
+    handed to it is scored or named as not scored (``embedded_sink_not_scored``), never both:
+    closing, it stops taking batches first (one handed over from then on is refused,
+    ``ScorerClosedError``, and named by its send), then names what it held and did not score.
 
     It scores in the process that built it only: a process forked from that one (gunicorn
     ``--preload``, ``multiprocessing``) has none of its event loop's thread, and its locks may
@@ -589,25 +618,46 @@ class EmbeddedSink(CallbackSink):
                 " build the exporter after the fork (e.g. gunicorn's post_fork hook), or send to a"
                 " broker with CelerySink"
             )
-        super().send(batch)
+        try:
+            self.scorer.hold(batch)
+        except ScorerClosedError:
+            # Handed over as the exporter's shutdown closed the sink (its deadline passed): not
+            # scored, and not among what ``close`` named, so named here.
+            registry = self.scorer.deps.registry
+            self._not_scored(
+                [(t, s, c) for t, s, c, _ in batch_pairs(batch, registry).values()],
+                "handed over after the exporter's shutdown deadline closed the sink",
+            )
+            raise
+        super().send(batch)  # (held: scored now, or, should the sink close first, named by close)
 
     def close(self) -> None:
         if os.getpid() != self._pid:
             return
         self._stopping.set()
-        left = self.scorer.interrupted_pairs()
+        # First: a batch handed over from now on is refused (its send names it), and one held
+        # and not begun is not begun, so what is named here is never scored after.
+        self.scorer.stop_taking()
+        self._not_scored(
+            self.scorer.interrupted_pairs(),
+            "shut down before they were scored: they waited for a retry after a transient failure,"
+            " or were handed over as the shutdown deadline passed",
+        )
+        self.scorer.close()
+
+    def _not_scored(self, left: list[tuple[str, str, str]], reason: str) -> None:
         if left:
             # Not recorded, nor failed: nothing says they were not scored but this (the exporter
-            # counted their runs as sent). Ids and counts only, never the runs' content.
+            # counted their runs as sent, or as dropped: shutdown_unsent). Ids and counts only,
+            # never the runs' content.
             log.warning(
                 "embedded_sink_not_scored",
-                reason="shut down while they waited for a retry after a transient failure",
+                reason=reason,
                 pairs=len(left),
                 traces=len({trace_id for trace_id, _, _ in left}),
                 by_scorer=dict(Counter(scorer_id for _, _, scorer_id in left)),
                 trace_ids=sorted({trace_id for trace_id, _, _ in left})[:20],
             )
-        self.scorer.close()
 
 
 def embedded_sink(
@@ -632,7 +682,8 @@ def embedded_sink(
     inside the application, whose environment is not the workers' (a batch's transient failures
     are tried twice more, 1 and 2 s apart; the workers' other defaults hold). The exporter's
     shutdown ends a wait for a retry and starts none (``EmbeddedSink.stop_retrying``): the pairs
-    that waited are not scored, logged by count as ``embedded_sink_not_scored``. ``sinks`` (e.g.
+    that waited are not scored, logged by count as ``embedded_sink_not_scored``, as are those of
+    a batch its deadline caught being handed over (not begun, then never begun). ``sinks`` (e.g.
     ``[OtlpSink()]``) get every score at least once while the process lives, from an in-memory
     outbox (what is still queued when the exporter shuts down gets the drain time of
     ``EmbeddedScorer``; a crash loses it, as it loses the scores). The store keeps the newest

@@ -24,6 +24,10 @@
     │                                   it right (its scores still stored)         config
     ├── UnreadableStateError            a backfill job's state is no state this
     │                                   release reads: left for the operator       config
+    ├── ScorerClosedError               an ``EmbeddedScorer`` given work once it
+    │                                   was closed (an app's ``embedded_sink``
+    │                                   handed a batch as its exporter shut down):
+    │                                   refused, not scored                        internal
     ├── StepExitError (ScorerError)     a scorer's step called ``sys.exit``: the
     │                                   run's failure (final: it would again)      internal
     ├── RunLimitError (ScorerError)     a run hit a limit: ``error_type`` timeout
@@ -62,6 +66,7 @@ __all__ = [
     "LoopBlockedError",
     "RegistryError",
     "RunLimitError",
+    "ScorerClosedError",
     "SettingsError",
     "StepExitError",
     "StoreKeyTypeError",
@@ -230,6 +235,18 @@ class UnreadableStateError(WorkerError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.key, self.problem))
+
+
+class ScorerClosedError(WorkerError):
+    """An ``EmbeddedScorer`` was given work (a batch, runs) after it stopped taking any: it
+    closed, or an app's ``embedded_sink`` is closing with its exporter. Nothing of it is scored;
+    who handed it over names it as not scored."""
+
+    def __init__(self) -> None:
+        super().__init__("the in-process scorer was closed: nothing handed to it now is scored")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), ())
 
 
 class RunLimitError(ScorerError, WorkerError):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +15,19 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from tests.backfill._synth import trace_spans
+from tests.backfill._synth import trace_spans, write_otlp_files
 from tests.fakellm import FakeLLMServer, Reply
-from tracing import MemoryScoreWriter, ScoringRule, ScoringSpanExporter
+from tests.tracing._spans import chat_attributes
+from tests.worker._workers import wait_for
+from tracing import MemoryScoreWriter, ScoringRule, ScoringSpanExporter, Sink
 from tracing.otlp import decode_otlp_records
 from tracing.queue import ScoreBatch, ScoreRequest
 from tracing.read import plan_runs
+from tracing.sources import FileSource
 from worker._embedded import EmbeddedScorer, embedded_sink
 from worker._registry import load_registry
 from worker._summary import ScoreTable, Summary, SummaryScoreWriter
+from worker.backfill._state import BackfillOptions, BackfillState
 
 
 def _batch(n: int, job_id: str = "job-1") -> ScoreBatch:
@@ -40,6 +46,34 @@ def _batch(n: int, job_id: str = "job-1") -> ScoreBatch:
             )
         )
     return ScoreBatch(batch_id=f"{job_id}-0", requests=requests)
+
+
+def _app(
+    sink: Sink, scorer_ids: list[str], *, shutdown_timeout_s: float
+) -> tuple[ScoringSpanExporter, TracerProvider, Callable[[str, str], None]]:
+    """An app whose exporter sends to ``sink`` every run for ``scorer_ids``: the exporter, its
+    provider, and ``one(question, answer)``, which makes one agent trace."""
+    exporter = ScoringSpanExporter(
+        [ScoringRule(scorer_ids)],
+        sink,
+        grace_s=0.0,
+        processor_delay_s=0.0,
+        flush_interval_s=0.05,
+        shutdown_timeout_s=shutdown_timeout_s,
+    )
+    provider = TracerProvider(resource=Resource({"service.name": "shop"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("app")
+    agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper"}
+
+    def one(question: str, answer: str) -> None:
+        with (
+            tracer.start_as_current_span("invoke_agent helper", attributes=agent),
+            tracer.start_as_current_span("chat m", attributes=chat_attributes(question, answer)),
+        ):
+            pass
+
+    return exporter, provider, one
 
 
 def test_embedded_scorer_scores_once_and_counts_the_job() -> None:
@@ -154,29 +188,13 @@ def test_an_embedded_sink_in_a_forked_process_refuses_at_once_and_shuts_down() -
     the scorer's lock, and the child's shutdown hung on that lock. Each batch is refused at once
     now (counted as send_failed), and the child's shutdown returns."""
     from tests._forked import in_forked_child
-    from tests.tracing._spans import chat_attributes
-    from tests.worker._workers import wait_for
 
     writer = MemoryScoreWriter()
-    exporter = ScoringSpanExporter(
-        [ScoringRule(["answer-words"])],
-        embedded_sink("tests.backfill.scorers", writer, run_timeout_s=5),
-        grace_s=0.0,
-        processor_delay_s=0.0,
-        flush_interval_s=0.05,
-        shutdown_timeout_s=3,
-    )
-    provider = TracerProvider(resource=Resource({"service.name": "shop"}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = provider.get_tracer("app")
-    agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper"}
+    sink = embedded_sink("tests.backfill.scorers", writer, run_timeout_s=5)
+    exporter, provider, app_run = _app(sink, ["answer-words"], shutdown_timeout_s=3)
 
     def one() -> None:
-        with (
-            tracer.start_as_current_span("invoke_agent helper", attributes=agent),
-            tracer.start_as_current_span("chat m", attributes=chat_attributes("Hi there?", "Hello, how can I help?")),
-        ):
-            pass
+        app_run("Hi there?", "Hello, how can I help?")
 
     one()
     assert wait_for(lambda: len(writer.records) == 1, 10)
@@ -209,8 +227,6 @@ def test_shutdown_ends_an_embedded_sinks_retry_backoff_and_says_what_it_left(
     agent content); the rest is scored as before, and the exporter drops nothing."""
     from structlog.testing import capture_logs
 
-    from tests.tracing._spans import chat_attributes
-    from tests.worker._workers import wait_for
     from worker._embedded import EmbeddedSink
     from worker._settings import Settings
 
@@ -220,25 +236,10 @@ def test_shutdown_ends_an_embedded_sinks_retry_backoff_and_says_what_it_left(
     settings = Settings.model_construct(retry_budget=1, retry_backoff_seconds=30.0)
     scorer = EmbeddedScorer({s: registry[s] for s in ("costly", "plain")}, writer, settings=settings, run_timeout_s=30)
     shutdown_timeout_s = 10.0
-    exporter = ScoringSpanExporter(
-        [ScoringRule(["costly", "plain"])],
-        EmbeddedSink(scorer),
-        grace_s=0.0,
-        processor_delay_s=0.0,
-        flush_interval_s=0.05,
-        shutdown_timeout_s=shutdown_timeout_s,
-    )
-    provider = TracerProvider(resource=Resource({"service.name": "shop"}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = provider.get_tracer("app")
-    agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper"}
+    exporter, provider, app_run = _app(EmbeddedSink(scorer), ["costly", "plain"], shutdown_timeout_s=shutdown_timeout_s)
 
     def one(question: str) -> None:
-        with (
-            tracer.start_as_current_span("invoke_agent helper", attributes=agent),
-            tracer.start_as_current_span("chat m", attributes=chat_attributes(question, "Secret answer text.")),
-        ):
-            pass
+        app_run(question, "Secret answer text.")
 
     def plain_asked() -> int:
         return sum("PLAIN" in r.user_text for r in fake_llm.requests)
@@ -265,6 +266,69 @@ def test_shutdown_ends_an_embedded_sinks_retry_backoff_and_says_what_it_left(
     assert "secret" not in json.dumps(logs, default=str).lower()
 
 
+@pytest.mark.parametrize(
+    "slow", ["sink.send", "scorer.score"], ids=["before-the-scorer-holds-it", "held-not-yet-scored"]
+)
+def test_a_batch_handed_over_as_the_shutdown_deadline_passes_is_named_once_and_not_scored(slow: str) -> None:
+    """The exporter's shutdown closes the sink once its deadline passed, while the sender may be
+    handing a batch over. A batch the scorer held and had not begun was logged as not scored,
+    then scored on the closed scorer (its loop closed: RuntimeError); one not yet held was
+    neither logged nor scored. Here the hand-over is held up (at the sink, or in the scorer
+    before it scores) until shutdown has returned: the closed scorer refuses the batch
+    (ScorerClosedError), which is named once as not scored, and nothing of it is scored."""
+    from structlog.testing import capture_logs
+
+    writer = MemoryScoreWriter()
+    sink = embedded_sink("tests.backfill.scorers", writer, run_timeout_s=5)
+    exporter, provider, one = _app(sink, ["answer-words", "confident"], shutdown_timeout_s=0.3)
+    owner, method = (sink, "send") if slow == "sink.send" else (sink.scorer, "score")
+    handing = getattr(owner, method)
+    entered, go = threading.Event(), threading.Event()
+    ended: list[BaseException | None] = []
+
+    def slow_hand_over(batch: ScoreBatch) -> Any:
+        entered.set()
+        go.wait(30)
+        try:
+            result = handing(batch)
+        except BaseException as exc:
+            ended.append(exc)
+            raise
+        ended.append(None)
+        return result
+
+    setattr(owner, method, slow_hand_over)
+    try:
+        with capture_logs() as logs:
+            one("Secret question?", "Secret answer text.")
+            assert entered.wait(10), "the batch never reached the sink"
+            provider.shutdown()  # its deadline passes while the batch is being handed over
+            go.set()
+            assert wait_for(lambda: not exporter._sender.is_alive(), 10), "the sender never ended"
+    finally:
+        go.set()
+        provider.shutdown()
+    said = [e for e in logs if e["event"] == "embedded_sink_not_scored"]
+    assert (len(writer.records), sum(e["pairs"] for e in said)) == (0, 2), (writer.records, said)
+    assert said[0]["by_scorer"] == {"answer-words": 1, "confident": 1}
+    assert "secret" not in json.dumps(logs, default=str).lower()
+    assert [type(e).__name__ for e in ended] == ["ScorerClosedError"], ended
+    stats = exporter.stats()
+    assert (stats["runs_sent"], stats["dropped"]) == (0, {"shutdown_unsent": 1})
+    assert {e["error"] for e in logs if e["event"] == "sink_send_failed"} <= {"ScorerClosedError"}
+
+
+def _embedded_job(traces: Path, job_id: str, *, batch_size: int) -> tuple[FileSource, BackfillState, EmbeddedScorer]:
+    """An embedded backfill of the files in ``traces`` with two scorers: its source, its state
+    and the in-process scorer (``answer-words`` and ``confident``, which fails "not sure")."""
+    source = FileSource(sorted(traces.iterdir()))
+    scorer_ids = ["answer-words", "confident"]
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=scorer_ids, batch_size=batch_size)
+    state = BackfillState(job_id=job_id, source=source.describe(), options=options)
+    registry = load_registry("tests.backfill.scorers")
+    return source, state, EmbeddedScorer({s: registry[s] for s in scorer_ids}, MemoryScoreWriter())
+
+
 def test_a_stop_as_a_batch_is_handed_over_leaves_its_pairs_named_and_counted(tmp_path: Path) -> None:
     """A second Ctrl-C landing after the driver counted a batch's runs as enqueued and before
     the scorer began on it (here: its scoring raises KeyboardInterrupt before doing anything)
@@ -272,18 +336,11 @@ def test_a_stop_as_a_batch_is_handed_over_leaves_its_pairs_named_and_counted(tmp
     expected scores were more than it accounted for. The scorer holds a batch as unfinished
     from the start of the hand-over now, so its pairs are named and counted (skipped:
     interrupted), and every expected score is accounted for."""
-    from tests.backfill._synth import write_otlp_files
-    from tracing.sources import FileSource
     from worker.backfill._driver import Backfill
-    from worker.backfill._state import BackfillOptions, BackfillState
 
     write_otlp_files(tmp_path, 5, files=1, compress=False)
-    source = FileSource(sorted(tmp_path.iterdir()))
-    scorer_ids = ["answer-words", "confident"]
-    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=scorer_ids, batch_size=10)
-    state = BackfillState(job_id="bf-cut", source=source.describe(), options=options)
-    registry = load_registry("tests.backfill.scorers")
-    scorer = EmbeddedScorer({s: registry[s] for s in scorer_ids}, MemoryScoreWriter())
+    source, state, scorer = _embedded_job(tmp_path, "bf-cut", batch_size=10)
+    scorer_ids = list(scorer.deps.registry)
 
     def interrupted(batch: ScoreBatch) -> Any:
         raise KeyboardInterrupt  # the second Ctrl-C, before any of the batch is scored
