@@ -397,7 +397,8 @@ class EmbeddedScorer:
 
     def submit(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
         """Score ``batch`` now (``requests_json`` is unused: nothing is sent)."""
-        # Held as unfinished first, let go once scored through: a second Ctrl-C landing before
+        # Held as unfinished first (the backfill's driver holds it before, in the hand-over a
+        # second Ctrl-C waits for), let go once scored through: a second Ctrl-C landing before
         # its scoring began left its pairs (counted as enqueued) unnamed, uncounted.
         self.hold(batch)
         report = self.score(batch)

@@ -358,3 +358,77 @@ def test_a_stop_as_a_batch_is_handed_over_leaves_its_pairs_named_and_counted(tmp
     assert state.counters.runs_enqueued == 5
     assert sorted(scorer_id for _, _, scorer_id in left) == sorted(scorer_ids * 5)
     assert progress.get("skipped:interrupted") == 10 == state.expected_scores
+
+
+def _ctrl_c_twice_at(traces: Path, at: int) -> tuple[BackfillState, bool, list[tuple[str, str, str]], dict[str, int]]:
+    """An embedded backfill of ``traces`` (batches of 2 runs), wired to its signals as the command
+    wires them, with Ctrl-C pressed twice before line ``at`` of its hand-overs (counted over
+    the lines the driver's ``_flush`` and the scorer's ``submit`` run): the job's state, whether
+    the signal stopped it, the pairs the scorer named and the job's counts, after the command's
+    steps of a stop (``not_handed_over``, ``settle``, ``interrupted_pairs``)."""
+    import signal
+    import sys
+    from types import FrameType
+
+    from worker._interrupt import StopSignal
+    from worker.backfill._driver import Backfill
+
+    source, state, scorer = _embedded_job(traces, f"bf-{at}", batch_size=2)
+    stop = StopSignal("batch")
+    hand_over = {Backfill._flush.__code__, EmbeddedScorer.submit.__code__}
+    lines = 0
+
+    def line(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal lines
+        if event == "line":
+            lines += 1
+            if lines == at:  # (before the line runs, as a signal's handler runs between two)
+                stop.handle(signal.SIGINT, frame)  # the first asks
+                stop.handle(signal.SIGINT, frame)  # the second stops at once (or at a deferral's end)
+        return line
+
+    def call(frame: FrameType, event: str, arg: object) -> Any:
+        return line if frame.f_code in hand_over else None
+
+    scorer.should_stop = stop
+    backfill = Backfill(source, state, scorer, should_stop=stop, hand_over=stop.deferred)
+    previous = sys.gettrace()
+    sys.settrace(call)
+    try:
+        interrupted = stop.run(backfill.run)
+    finally:
+        sys.settrace(previous)
+    try:
+        if interrupted:
+            backfill.not_handed_over()
+        scorer.settle()
+        left = scorer.interrupted_pairs()
+        progress = scorer.progress(state.job_id)
+    finally:
+        scorer.close()
+    return state, interrupted, left, progress
+
+
+def test_a_second_ctrl_c_anywhere_in_a_batchs_hand_over_leaves_every_trace_and_pair_named(tmp_path: Path) -> None:
+    """Ctrl-C twice, the second landing at each line of a batch's hand-over in turn, from the
+    driver taking its chunk (``_flush``) to the scorer holding the batch (``submit``), where a
+    signal's handler (``StopSignal.handle``, as ``stop_on_signals`` installs it) may run. Landing
+    after the driver had emptied its chunk and before the scorer's first line, the batch's traces
+    were neither in the chunk (named by ``not_handed_over``) nor held by the scorer (named by
+    ``interrupted_pairs``): not named, and the traces or the scores of the summary did not add up.
+    The hand-over defers a second signal now until the scorer holds the batch: wherever it lands,
+    each trace read is handed over or named, and each score expected is recorded or named."""
+    write_otlp_files(tmp_path, 5, files=1, compress=False)
+    for at in range(1, 1000):
+        state, interrupted, left, progress = _ctrl_c_twice_at(tmp_path, at)
+        counters = state.counters
+        where = f"the second Ctrl-C before line {at} of the hand-overs"
+        assert counters.traces_read == 5, where
+        assert counters.traces_enqueued + counters.skipped.get("interrupted", 0) == 5, where
+        recorded = progress.get("scored", 0) + progress.get("failed", 0)
+        assert recorded + len(left) == state.expected_scores, where
+        assert progress.get("skipped:interrupted", 0) == len(left), where
+        if not interrupted:  # past the last line of the last hand-over: the job ran through
+            assert recorded == 10
+            return
+    raise AssertionError("the job never ran through: more lines than the hand-overs have")

@@ -60,6 +60,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 import structlog
@@ -139,6 +140,7 @@ class Backfill:
         reporter: ProgressReporter | None = None,
         on_batch: Callable[[ScoreBatch], None] | None = None,
         should_stop: Callable[[], bool] = lambda: False,
+        hand_over: Callable[[], AbstractContextManager[None]] = nullcontext,
         on_dry_run: Callable[[list[SpanRecord], str], None] | None = None,
     ) -> None:
         self.source = source
@@ -151,6 +153,9 @@ class Backfill:
         self.on_batch = on_batch
         # Checked between input records: a requested stop raises KeyboardInterrupt there.
         self.should_stop = should_stop
+        # What a batch is handed over in, from the chunk taken to the submitter holding the
+        # batch (an embedded job's: ``StopSignal.deferred``; see ``_flush``).
+        self.hand_over = hand_over
         options = state.options
         self.assembler = TraceAssembler(
             window_spans=options.window_spans,
@@ -541,48 +546,59 @@ class Backfill:
 
     def _flush(self, closed: list[ScoreRequest] | None = None, closed_json: list[str] | None = None) -> None:
         """Submit the chunk (``closed``: the cutter's chunk, whose requests are all of the chunk
-        but the one being added) and save the state."""
-        encoded: list[str] = []
-        if closed is not None:
-            requests, encoded = closed, closed_json or []
-            self._chunk = self._chunk[len(closed) :]
-            self._chunk_runs -= sum(len(r.target_span_ids) for r in closed)
-        else:
-            requests = self._chunk
-            self._chunk = []
-            self._chunk_runs = 0
-            if self._cutter is not None:
-                encoded = self._cutter.take().encoded
-        planned = sent = [run_id(r.trace_id, s) for r in requests for s in r.target_span_ids]
-        traces = {r.trace_id for r in requests}
-        done: set[str] = set()
-        if requests and self.job_store is not None:
-            # Runs an earlier batch (or a run of the job before a resume) enqueued are not sent again.
-            done = self.job_store.already_enqueued(self.state.job_id, planned)
-            if done:
-                self.state.counters.runs_read_again += len(done)
-                requests, encoded = _without(requests, encoded, done)
-                sent = [r for r in planned if r not in done]
-        if requests and self.submitter is not None:
-            if self.job_store is not None and not self.job_store.still_held():
-                raise KeyboardInterrupt  # another process runs the job now: stop as on a signal
-            counters = self.state.counters
-            batch = ScoreBatch(batch_id=f"{self.state.job_id}-{counters.batches:06d}", requests=requests)
-            # Counted before the hand-over: a second Ctrl-C inside it (scoring in place) leaves
-            # its runs handed over, some scored, and the summary's expected scores must cover
-            # them (it showed more scored than expected). A resume reads the saved state, which
-            # _save updates only after the hand-over. The in-process scorer holds the batch from
-            # its submit's first line; one landing before that line (a few bytecodes) still
-            # leaves the batch's pairs unnamed: only deferring the signal would close it.
-            counters.batches += 1
-            counters.runs_enqueued += batch.runs()
-            # Each trace once, with the batch holding its first runs (not again for the rest of a
-            # trace cut across batches, or a late run of it), unless the job enqueued a run of it
-            # before (a resume reading it again); each late run with the batch that sends it, so
-            # one a resume reads again is only read again.
-            had = {r.partition(":")[0] for r in done}
-            counters.traces_enqueued += len(traces.intersection(self._first_runs_of).difference(had))
-            counters.late_runs += len(self._late_runs.intersection(sent))
+        but the one being added) and save the state.
+
+        Taking the chunk and handing its batch to a submitter that holds what it is given
+        (``hold``: the in-process scorer, which then names the pairs it leaves unscored) is one
+        step, run in ``hand_over``: an embedded job's defers a second Ctrl-C to the step's end.
+        Landing between the two, it left the batch's traces neither in the chunk (named by
+        ``not_handed_over``) nor held: not named, not counted. The scoring is outside it (a
+        second Ctrl-C cuts it at once)."""
+        with self.hand_over():
+            encoded: list[str] = []
+            if closed is not None:
+                requests, encoded = closed, closed_json or []
+                self._chunk = self._chunk[len(closed) :]
+                self._chunk_runs -= sum(len(r.target_span_ids) for r in closed)
+            else:
+                requests = self._chunk
+                self._chunk = []
+                self._chunk_runs = 0
+                if self._cutter is not None:
+                    encoded = self._cutter.take().encoded
+            planned = sent = [run_id(r.trace_id, s) for r in requests for s in r.target_span_ids]
+            traces = {r.trace_id for r in requests}
+            done: set[str] = set()
+            if requests and self.job_store is not None:
+                # Runs an earlier batch (or a run of the job before a resume) enqueued are not sent again.
+                done = self.job_store.already_enqueued(self.state.job_id, planned)
+                if done:
+                    self.state.counters.runs_read_again += len(done)
+                    requests, encoded = _without(requests, encoded, done)
+                    sent = [r for r in planned if r not in done]
+            batch: ScoreBatch | None = None
+            if requests and self.submitter is not None:
+                if self.job_store is not None and not self.job_store.still_held():
+                    raise KeyboardInterrupt  # another process runs the job now: stop as on a signal
+                counters = self.state.counters
+                batch = ScoreBatch(batch_id=f"{self.state.job_id}-{counters.batches:06d}", requests=requests)
+                # Counted before the hand-over: a second Ctrl-C inside it (scoring in place) leaves
+                # its runs handed over, some scored, and the summary's expected scores must cover
+                # them (it showed more scored than expected). A resume reads the saved state, which
+                # _save updates only after the hand-over.
+                counters.batches += 1
+                counters.runs_enqueued += batch.runs()
+                # Each trace once, with the batch holding its first runs (not again for the rest of a
+                # trace cut across batches, or a late run of it), unless the job enqueued a run of
+                # it before (a resume reading it again); each late run with the batch that sends
+                # it, so one a resume reads again is only read again.
+                had = {r.partition(":")[0] for r in done}
+                counters.traces_enqueued += len(traces.intersection(self._first_runs_of).difference(had))
+                counters.late_runs += len(self._late_runs.intersection(sent))
+                hold = getattr(self.submitter, "hold", None)  # (not the Redis queue's: a job resumes)
+                if hold is not None:
+                    hold(batch)
+        if batch is not None and self.submitter is not None:
             self.submitter.submit(batch, encoded or None)
             if self.on_batch is not None:
                 self.on_batch(batch)

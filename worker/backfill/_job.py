@@ -1236,7 +1236,7 @@ def _run_embedded(
             table.on_closed = functools.partial(stop.ask, READER_LEFT)
         scorer.should_stop = stop  # (a first Ctrl-C ends a retry's backoff: no retry starts)
         try:  # (after the work, a signal while the sinks drain only asks again)
-            backfill = Backfill(source, state, scorer, reporter=reporter, should_stop=stop)
+            backfill = Backfill(source, state, scorer, reporter=reporter, should_stop=stop, hand_over=stop.deferred)
             interrupted = stop.run(backfill.run)
             if interrupted:
                 backfill.not_handed_over()
