@@ -34,6 +34,8 @@ job until the job's keys expire. A job's spend hash also counts every judge call
 (``calls``: failed ones too, in the write that counts the failure) and its unpriced calls per
 model, by the model called: ``job_spend`` reads it as the job's summary shows it, the same tally
 ``MemoryLedger`` keeps in process (``score``, a backfill without a broker) for those commands.
+Each write that counts a call marks itself done (``_ONCE``): sent again by the reconnecting
+client after Redis ran it and its reply was lost, it adds nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import json
 import math
 import os
 import time
+import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -314,7 +317,17 @@ _SPEND = "{float = true, totals = {total = 'scorer:'}}"
 # (StoreKeyTypeError, naming it), never deleted, which would let the spend start again. A field
 # that is no number is repaired before it is read or added to (tracescore_check_counters): read
 # as 0, it let every call past its budget all day, and an add to it failed, the spend uncounted.
-_SPEND_KEYS = "(#KEYS == 1 and {KEYS[1], 'hash', 'k'} or {KEYS[1], 'hash', 'k', KEYS[2], 'hash', 'k'})"
+# A write's mark (KEYS[1] of the scripts that count a call, a random name per call): the client
+# sends a command again after reconnecting, also one Redis ran whose reply was lost (Redis killed
+# after its fsync, a connection cut), and the call was counted twice, its cost too. Set once the
+# keys are checked (a write sent again after a repair still counts), kept past the reconnect
+# budget of one store call.
+WRITE_MARK_TTL_S = 60
+_ONCE = f"if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', {WRITE_MARK_TTL_S}) then return 0 end"
+_SPEND_KEYS = (
+    "(#KEYS == 2 and {KEYS[1], 'string', 'r', KEYS[2], 'hash', 'k'}"
+    " or {KEYS[1], 'string', 'r', KEYS[2], 'hash', 'k', KEYS[3], 'hash', 'k'})"
+)
 # Before a job's hash first counts a call: one holding spend already (an earlier release's) is
 # marked, its calls before uncounted.
 _CALLS_COUNTED = f"""
@@ -325,26 +338,27 @@ local function tracescore_count_calls(key)
 end
 """
 
-# KEYS: the spend hashes written (the day's when it has fields, then the job's, if any). ARGV:
-# the cost, then per key its TTL, its number of fields and its fields. A job's `calls` field
-# counts the call (1, whatever it cost). A hash is given its TTL whenever it has none, asked here
-# (no round trip): a process that gave it once per key left a hash deleted or expired, and then
-# written again, with none, kept for good.
+# KEYS: the write's mark, then the spend hashes written (the day's when it has fields, then the
+# job's, if any). ARGV: the cost, then per hash its TTL, its number of fields and its fields. A
+# job's `calls` field counts the call (1, whatever it cost). A hash is given its TTL whenever it
+# has none, asked here (no round trip): a process that gave it once per key left a hash deleted
+# or expired, and then written again, with none, kept for good.
 _ADD = checked_script(
     _SPEND_KEYS,
     _CALLS_COUNTED
     + f"""
-local plan, at = {{}}, 2
-for k = 1, #KEYS do
+local plan, hashes, at = {{}}, {{unpack(KEYS, 2)}}, 2
+for k = 1, #hashes do
   local n = tonumber(ARGV[at + 1])
   plan[k] = {{ttl = ARGV[at], fields = {{unpack(ARGV, at + 2, at + 1 + n)}}}}
   at = at + 2 + n
 end
-for k, key in ipairs(KEYS) do
+for k, key in ipairs(hashes) do
   local bad = tracescore_check_counters({{key}}, plan[k].fields, {_SPEND})
   if bad then return bad end
 end
-for k, key in ipairs(KEYS) do
+{_ONCE}
+for k, key in ipairs(hashes) do
   if plan[k].fields[#plan[k].fields] == '{JOB_CALLS}' then
     tracescore_count_calls(key)
   end
@@ -377,31 +391,38 @@ return out
 """,
 )
 
-# KEYS: a run's failed-call hash, then (a job's call) the job's spend. ARGV: version, error, TTL,
-# then the job spend's TTL (given when it has none, as ``_ADD`` gives it). Its count is rebuilt
-# from zero if it must be: a key of another type, or a count that is no integer (its HINCRBY
-# failed, and with it the judge's failure hook), is repaired. The job's spend counts the call (no
-# cost) in the same script.
+# KEYS: the write's mark, a run's failed-call hash, then (a job's call) the job's spend. ARGV:
+# version, error, TTL, then the job spend's TTL (given when it has none, as ``_ADD`` gives it).
+# Its count is rebuilt from zero if it must be: a key of another type, or a count that is no
+# integer (its HINCRBY failed, and with it the judge's failure hook), is repaired. The job's
+# spend counts the call (no cost) in the same script.
 _NOTE_FAILURE = checked_script(
-    "(#KEYS == 1 and {KEYS[1], 'hash', 'r'} or {KEYS[1], 'hash', 'r', KEYS[2], 'hash', 'k'})",
+    "(#KEYS == 2 and {KEYS[1], 'string', 'r', KEYS[2], 'hash', 'r'}"
+    " or {KEYS[1], 'string', 'r', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'k'})",
     _CALLS_COUNTED
     + f"""
-local bad = tracescore_check_counters({{KEYS[1]}}, {{ARGV[1]}})
-  or (#KEYS == 2 and tracescore_check_counters({{KEYS[2]}}, {{'{JOB_CALLS}'}}, {_SPEND}))
+local bad = tracescore_check_counters({{KEYS[2]}}, {{ARGV[1]}})
+  or (#KEYS == 3 and tracescore_check_counters({{KEYS[3]}}, {{'{JOB_CALLS}'}}, {_SPEND}))
 if bad then return bad end
-redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-redis.call('HSET', KEYS[1], ARGV[1] .. ':error', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-if #KEYS == 2 then
-  tracescore_count_calls(KEYS[2])
-  redis.call('HINCRBYFLOAT', KEYS[2], '{JOB_CALLS}', 1)
-  if redis.call('TTL', KEYS[2]) == -1 then
-    redis.call('EXPIRE', KEYS[2], ARGV[4])
+{_ONCE}
+redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+redis.call('HSET', KEYS[2], ARGV[1] .. ':error', ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+if #KEYS == 3 then
+  tracescore_count_calls(KEYS[3])
+  redis.call('HINCRBYFLOAT', KEYS[3], '{JOB_CALLS}', 1)
+  if redis.call('TTL', KEYS[3]) == -1 then
+    redis.call('EXPIRE', KEYS[3], ARGV[4])
   end
 end
 return 0
 """,
 )
+
+
+def _write_mark() -> str:
+    """A fresh mark for one call's write (``_ONCE``)."""
+    return _keys.spend_write_key(uuid.uuid4().hex)
 
 
 @unavailable_as_error
@@ -444,7 +465,8 @@ class RedisLedger:
         args: list[Any] = [repr(float(cost))]
         for _, written in writes:
             args += [SPEND_TTL_S, len(written), *written]
-        await checked_async(client, "spend_add", [], lambda: self._add(keys=keys, args=args))
+        marked = [_write_mark(), *keys]
+        await checked_async(client, "spend_add", [], lambda: self._add(keys=marked, args=args))
 
     async def read(self, day: str, fields: list[str], job_id: str | None) -> tuple[list[float], float, float | None]:
         client = self._redis()
@@ -467,7 +489,7 @@ class RedisLedger:
         return _count(count, "judge_calls"), str(error) if error is not None else None
 
     async def note_failure(self, run_key: str, version: str, error: str, ttl_s: int, job_id: str | None = None) -> None:
-        client, keys = self._redis(), [_keys.judge_calls_key(run_key)]
+        client, keys = self._redis(), [_write_mark(), _keys.judge_calls_key(run_key)]
         args: list[Any] = [version, error, ttl_s]
         if job_id:
             keys.append(_keys.job_spend_key(job_id))

@@ -34,6 +34,7 @@ __all__ = [
     "outbox_sinks_key",
     "record_key",
     "spend_key",
+    "spend_write_key",
     "trace_key",
 ]
 
@@ -139,6 +140,12 @@ def job_spend_key(job_id: str) -> str:
     """Hash: judge spend (USD) of one backfill job by ``scorer:<id>``, ``model:<id called>`` and
     ``total``, and its judge calls: ``calls`` (every one sent), ``unpriced:<model>``."""
     return f"{PREFIX}spend:job:{job_id}"
+
+
+def spend_write_key(write_id: str) -> str:
+    """String: the mark of one judge call's spend write, set by the write itself (kept a minute):
+    the same write sent again after a lost reply finds it and adds nothing."""
+    return f"{PREFIX}spend-write:{write_id}"
 
 
 def job_budget_key(job_id: str) -> str:

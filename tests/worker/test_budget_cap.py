@@ -200,8 +200,9 @@ def test_judge_cost_metric_counts_what_was_paid_as_the_ledger_does() -> None:
 def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: RedisServer) -> None:
     """No budgets, a first delivery, a backfill job without --max-cost: per answered call one
     round trip writing the spend (one script: no MULTI/EXEC, the fields it adds to checked
-    inside, EXPIRE once per key, asked with TTL inside; a job's call counted in the same script), a job's call one more
-    reading its limit (a resume may give it one), and no per-run key at all."""
+    inside, the write marked done, EXPIRE once per key, asked with TTL inside; a job's call
+    counted in the same script), a job's call one more reading its limit (a resume may give it
+    one), and no per-run key at all."""
     from worker._budget import RedisLedger, enter_run, utc_day
 
     client = redis_server.client(12)
@@ -236,6 +237,8 @@ def test_the_guard_costs_one_round_trip_per_call_without_budgets(redis_server: R
             assert stats.pop("evalsha") - stats.pop("script|load", 0) == calls * (2 if job_id else 1)
             # Once per key: the day's hash on the first pass, the job's on the second.
             assert stats.pop("expire") == 1
+            # Each write's mark, inside its script (sent again after a lost reply, it adds nothing).
+            assert stats.pop("set") == calls
             # Inside the scripts: their keys' types and the fields they add to, checked (and the read).
             for inside in ("type", "hmget", "hgetall", "get", "hget", "ttl", "hexists", "exists"):
                 stats.pop(inside, None)

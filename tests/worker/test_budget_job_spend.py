@@ -5,17 +5,24 @@ calls through the real OpenAI SDK to tests/fakellm, priced by tests/worker/_budg
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+import redis.asyncio as aioredis
 
+from tests._redis import RedisServer
 from tests.backfill._synth import write_otlp_files
 from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._budget import PRICES, SCORERS, budget_worker
 from tests.worker._workers import WorkerProcess, run_tracescore
+from worker._budget import TOTAL, RedisLedger, job_spend
+from worker._keys import judge_calls_key, spend_key
 
 # (`retrying` fails twice, then its run is refused and recorded: a short test)
 worker = budget_worker("job-spend", TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN="2")
@@ -74,3 +81,51 @@ def test_a_redis_jobs_spend_counts_every_call_per_model_called_as_in_process(
     assert through_redis.keys() == in_process.keys()
     for key, value in in_process.items():
         assert through_redis[key] == (pytest.approx(value) if isinstance(value, float | dict) else value), key
+
+
+@pytest.mark.parametrize("write", ["answered", "failed"])
+def test_a_spend_write_whose_reply_redis_lost_is_counted_once(
+    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    """Redis runs a judge call's spend script (fsynced: appendfsync always) and dies before its
+    reply reaches the worker; the client reconnects once Redis is back and sends the command
+    again. The call is one call: the job's spend hash counts it once (it counted it twice, and
+    its cost twice, for every write a restart cut so), and the day's spend the same."""
+    ledger = RedisLedger(own_redis.url(0), reconnect_s=15.0)
+    parse = aioredis.Redis.parse_response
+    armed, killed = threading.Event(), []
+
+    async def reply_lost_with_redis(self: Any, connection: Any, command_name: Any, **options: Any) -> Any:
+        response = await parse(self, connection, command_name, **options)
+        if armed.is_set() and not killed and str(command_name).upper() == "EVALSHA":
+            killed.append(str(command_name))
+            own_redis.stop()  # SIGKILL: what the script did is on disk
+            threading.Timer(0.5, own_redis.start).start()
+            raise redis.exceptions.ConnectionError("the reply was lost with the server")
+        return response
+
+    async def one_call(job_id: str) -> None:
+        if write == "answered":
+            await ledger.add("2026-12-06", ["scorer:plain", TOTAL], 0.25, job_id, ["scorer:plain", TOTAL])
+        else:
+            await ledger.note_failure(f"t:{job_id}:plain", "1", "JudgeServerError: 503", 3600, job_id)
+
+    async def calls() -> None:
+        try:
+            await one_call("bf-before")  # (its script loaded: as in a worker that has made calls)
+            armed.set()
+            await one_call("bf-lost")
+        finally:
+            await ledger.close()
+
+    monkeypatch.setattr(aioredis.Redis, "parse_response", reply_lost_with_redis)
+    asyncio.run(calls())
+    assert killed, "no script ran"
+    with own_redis.client(0, decode_responses=True) as client:
+        spend = job_spend(client, "bf-lost").as_json()
+        assert spend["judge_calls"] == 1, spend
+        if write == "answered":
+            assert spend["total_usd"] == pytest.approx(0.25), spend
+            assert float(client.hget(spend_key("2026-12-06"), TOTAL) or 0) == pytest.approx(0.5)
+        else:
+            assert client.hget(judge_calls_key("t:bf-lost:plain"), "1") == "1"
