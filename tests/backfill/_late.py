@@ -1,5 +1,6 @@
 """Inputs with a span or root that comes late for its trace, and a job of them stopped and
-resumed, in process or by Ctrl-C through the command line (test_late_spans.py, test_late_roots.py)."""
+resumed, in process or by Ctrl-C through the command line (test_late_spans.py, test_late_roots.py),
+and files of many late runs (test_redis.py: a job killed among them)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from tests._redis import RedisServer
 from tests.backfill._doubles import CapturingSubmitter, Messages, redis_job_store
-from tests.backfill._synth import trace_spans
+from tests.backfill._synth import trace_id, trace_spans
 from tracing.sources import FileSource, Position, SourceItem
 from worker._keys import backfill_runs_key, backfill_state_key
 from worker.backfill._driver import Backfill
@@ -50,20 +51,25 @@ def late_files(directory: Path, early: list[dict[str, Any]], late: list[dict[str
 SECOND_CALL_OF_0 = f"{0xAB:016x}"  # trace 0's late LLM call (late_llm_call_files)
 
 
+def late_llm_call(i: int, second_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Trace ``i`` without an agent: a ``POST /ask`` root (neither agent nor LLM) and its chat
+    span (the early spans), and a second top-level chat span ``second_id`` under the same root
+    (the late one). Its runs are its top-level LLM calls: the late one is a whole run of its own."""
+    (chat, _tool), root = trace_spans(i)
+    root = {**root, "name": "POST /ask", "attributes": []}
+    second = {**chat, "spanId": second_id, "name": "chat gpt-4o-mini (follow-up)"}
+    return [chat, root], [second]
+
+
 def late_llm_call_files(directory: Path, held_open: bool = False) -> Path:
-    """Trace 0 without an agent: a ``POST /ask`` root (neither agent nor LLM) and its chat span in
-    file a, a second top-level chat span under the same root 20 lines into file c (past a 50-span
-    window and two file boundaries). Its runs are its top-level LLM calls: the late one is a
-    whole run of its own, which the read of trace 0 could not plan.
+    """Trace 0 (``late_llm_call``) in file a, its second chat span 20 lines into file c (past a
+    50-span window and two file boundaries), which the read of trace 0 could not plan.
 
     ``held_open``: and files d and e of whole traces (91 to 150), so the late call, idle past a
     file boundary, is released at the end of file d and sent; with trace 200 open meanwhile
     (rootless, a tool span after every fifth line from file c's fifth to the end), which keeps a
     checkpoint saved then before the late call."""
-    (chat, _tool), root = trace_spans(0)
-    root = {**root, "name": "POST /ask", "attributes": []}
-    second = {**chat, "spanId": SECOND_CALL_OF_0, "name": "chat gpt-4o-mini (follow-up)"}
-    late_files(directory, [chat, root], [second])
+    late_files(directory, *late_llm_call(0, SECOND_CALL_OF_0))
     if held_open:
         (_, tool), _ = trace_spans(200)
         spans = ({**tool, "spanId": f"{0xF000 + k:016x}"} for k in itertools.count())
@@ -76,6 +82,24 @@ def late_llm_call_files(directory: Path, held_open: bool = False) -> Path:
         (directory / "d.jsonl").write_text(holding("".join(whole(i) for i in range(91, 121))))
         (directory / "e.jsonl").write_text(holding("".join(whole(i) for i in range(121, 151))))
     return directory
+
+
+def many_late_llm_calls_files(directory: Path, late: int, lines: int = 150, gap: int = 25) -> list[tuple[str, str]]:
+    """``late`` files of ``lines`` lines, file ``i`` holding trace ``i`` (``late_llm_call``) on
+    its first line, its second chat span ``gap`` lines on (past a 50-span window), and whole
+    traces (ids from 10,000) on the others; returns the late runs (trace id, span id). A late
+    part has no root: the assembler holds it to a file boundary, so each file's comes with it."""
+    directory.mkdir()
+    filler = iter(range(10_000, 10_000 + late * lines))
+    runs = []
+    for i in range(late):
+        second = f"{0xAB00 + i:016x}"
+        early, after = late_llm_call(i, second)
+        texts = [line(early), *(whole(next(filler)) for _ in range(gap - 1)), line(after)]
+        texts += [whole(next(filler)) for _ in range(lines - gap - 1)]
+        (directory / f"{i:02d}.jsonl").write_text("".join(texts))
+        runs.append((trace_id(i), second))
+    return runs
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import redis
 from click.testing import CliRunner, Result
 
 from tests._redis import RedisServer
-from tests.backfill._late import SECOND_CALL_OF_0, late_llm_call_files
+from tests.backfill._late import SECOND_CALL_OF_0, late_llm_call_files, many_late_llm_calls_files
 from tests.backfill._synth import trace_id, write_otlp_files
 from tests.worker._batches import batch
 from tracing import CelerySink
@@ -310,6 +310,55 @@ def test_resume_after_sigkill_scores_every_trace_exactly_once(
     assert len(counts) == 9000
     assert max(counts.values()) == 1  # written exactly once
     assert summary["scored"] + summary["failed"] == 9000
+
+
+def test_resume_after_sigkill_past_late_runs_scores_each_once_and_counts_it_once(
+    tmp_path: Path, workers: list[Path], db: redis.Redis
+) -> None:
+    """20 traces whose second LLM call comes past the window (a late run each, one a file of 150
+    lines, among 2,960 whole traces): the backfill is killed (SIGKILL) once some of the late runs
+    are enqueued and not all, then `--resume`d. Every planned run, each late run too, is scored
+    once (one record per run and scorer), and the job's summary counts each late run once."""
+    directory = tmp_path / "in"
+    late = many_late_llm_calls_files(directory, 20)
+    late_ids = {f"{t}:{s}" for t, s in late}
+    process = _start_backfill(directory, "--window-spans", "50")
+    keys: list[str] = []
+    enqueued: set[str] = set()
+
+    def some_late_runs_enqueued() -> bool:
+        keys[:] = _job_state_keys(db)
+        if keys:
+            enqueued.update(db.smembers(backfill_runs_key(keys[0].rsplit(":", 1)[1])))
+        return len(late_ids & enqueued) >= 3
+
+    try:
+        _wait_for(some_late_runs_enqueued, 120, "the backfill to enqueue 3 late runs")
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait(timeout=30)
+        assert process.stderr is not None
+        process.stderr.close()
+    job_id = keys[0].rsplit(":", 1)[1]
+    at_kill = set(db.smembers(backfill_runs_key(job_id)))
+    assert 3 <= len(late_ids & at_kill) < len(late_ids), "the kill came after every late run was enqueued"
+    assert json.loads(db.get(keys[0]) or "{}")["status"] == "reading"
+
+    summary = _backfill("--resume", job_id)
+    assert (summary["job_id"], summary["status"]) == (job_id, "finished"), _worker_logs(workers)
+    runs = 2960 + 2 * 20  # a whole trace's agent run; a late trace's two LLM calls
+    assert (summary["traces_read"], summary["runs_enqueued"], summary["late_runs"]) == (2980, runs, 20), summary
+    assert summary["late_spans"] == 0
+    assert db.scard(backfill_runs_key(job_id)) == runs
+    records = _records(workers, job_id)
+    counts = Counter(r["score_id"] for r in records)
+    assert len(counts) == runs * 3  # (three scorers)
+    assert max(counts.values()) == 1  # written exactly once
+    assert summary["scored"] + summary["failed"] == runs * 3
+    scored_late = Counter(
+        f"{r['trace_id']}:{r['span_id']}" for r in records if f"{r['trace_id']}:{r['span_id']}" in late_ids
+    )
+    assert scored_late == dict.fromkeys(late_ids, 3)
 
 
 @pytest.mark.parametrize("presses", [1, 2], ids=["ctrl-c", "ctrl-c-twice"])
