@@ -275,6 +275,17 @@ def _enqueued_200(db: redis.Redis) -> str:
     return keys[0]
 
 
+def _kill_when(process: subprocess.Popen[bytes], condition: Any, what: str) -> None:
+    """SIGKILL the backfill ``process`` once ``condition`` holds (within 120 s), and reap it."""
+    try:
+        _wait_for(condition, 120, what)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait(timeout=30)
+        assert process.stderr is not None
+        process.stderr.close()
+
+
 def test_resume_after_sigkill_scores_every_trace_exactly_once(
     tmp_path: Path, workers: list[Path], db: redis.Redis
 ) -> None:
@@ -290,13 +301,7 @@ def test_resume_after_sigkill_scores_every_trace_exactly_once(
         state = json.loads(db.get(keys[0]) or "{}")
         return int(state.get("counters", {}).get("runs_enqueued", 0)) >= 600
 
-    try:
-        _wait_for(midway, 120, "the backfill to enqueue 600 runs")
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.wait(timeout=30)
-        assert process.stderr is not None
-        process.stderr.close()
+    _kill_when(process, midway, "the backfill to enqueue 600 runs")
     job_id = keys[0].rsplit(":", 1)[1]
     before = json.loads(db.get(keys[0]) or "{}")
     assert before["status"] == "reading"
@@ -332,13 +337,7 @@ def test_resume_after_sigkill_past_late_runs_scores_each_once_and_counts_it_once
             enqueued.update(db.smembers(backfill_runs_key(keys[0].rsplit(":", 1)[1])))
         return len(late_ids & enqueued) >= 3
 
-    try:
-        _wait_for(some_late_runs_enqueued, 120, "the backfill to enqueue 3 late runs")
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.wait(timeout=30)
-        assert process.stderr is not None
-        process.stderr.close()
+    _kill_when(process, some_late_runs_enqueued, "the backfill to enqueue 3 late runs")
     job_id = keys[0].rsplit(":", 1)[1]
     at_kill = set(db.smembers(backfill_runs_key(job_id)))
     assert 3 <= len(late_ids & at_kill) < len(late_ids), "the kill came after every late run was enqueued"
