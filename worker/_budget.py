@@ -40,6 +40,7 @@ client after Redis ran it and its reply was lost, it adds nothing.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import math
@@ -439,8 +440,6 @@ class RedisLedger:
         self._loop: Any = None
 
     def _redis(self) -> Any:
-        import asyncio
-
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
             self._client = reconnecting_client(self.url, max_connections=32, reconnect_s=self.reconnect_s)
@@ -750,8 +749,14 @@ class BudgetGuard:
             return
         run.failed_here += 1
         run.last_here = f"{type(error).__name__}: {str(error)[:500]}"
-        # (the job's calls counted in the same write)
-        await self.ledger.note_failure(run.run_key, run.version, run.last_here, self.calls_ttl_s, run.job_id)
+        try:  # (the job's calls counted in the same write)
+            await self.ledger.note_failure(run.run_key, run.version, run.last_here, self.calls_ttl_s, run.job_id)
+        except (StoreUnavailableError, StoreKeyTypeError, asyncio.CancelledError) as exc:
+            # The run fails as transient (its cap needs the count), and the job's count of
+            # calls misses this one: said so, as an answer's is.
+            if run.job_id:
+                _not_counted(scorer, model_id, 0.0, exc)
+            raise
 
     async def after_call(self, model_id: str, scorer_id: str, usage: JudgeUsage) -> None:
         cost = price_usage(model_id, usage, self.prices)
@@ -781,15 +786,22 @@ class BudgetGuard:
     async def _count(scorer: str, model_id: str, cost: float | None, add: Callable[[], Awaitable[None]]) -> None:
         try:
             await add()
-        except (StoreUnavailableError, StoreKeyTypeError, RedisResponseError) as exc:
+        except (StoreUnavailableError, StoreKeyTypeError, RedisResponseError, asyncio.CancelledError) as exc:
             # The answer is paid for: keep it rather than fail the run and pay again on its
             # redelivery. The spend goes uncounted (the budget may be passed by this much);
             # a ResponseError is a spend field that is not a number (counted as unreadable).
+            # The run stopped (its timeout, a shutdown) while the write waited for Redis is
+            # stopped all the same, its spend uncounted and said so: it went by without a word.
             if isinstance(exc, RedisResponseError):
                 _unreadable("spend_add")
-            log.warning(
-                "judge_spend_not_counted", scorer=scorer, model=model_id, cost_usd=cost, error=type(exc).__name__
-            )
+            _not_counted(scorer, model_id, cost, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+
+def _not_counted(scorer: str, model_id: str, cost: float | None, exc: BaseException) -> None:
+    """A judge call the ledger could not count (its job's ``judge_calls`` and spend are short by it)."""
+    log.warning("judge_spend_not_counted", scorer=scorer, model=model_id, cost_usd=cost, error=type(exc).__name__)
 
 
 async def spend_report(ledger: Ledger, budgets: Budgets, day: str | None = None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from scorers.judge import JudgeHooks, set_judge_hooks
 from tests.fakellm import FakeLLMServer, Reply
 from worker import _keys
 from worker._limiter import RedisRateLimiter
@@ -196,3 +197,56 @@ def test_a_paid_answer_is_kept_when_redis_goes_away_during_the_call(
     if tokens_per_minute:
         (update,) = [e for e in logs if e["event"] == "judge.limiter_not_updated"]
         assert (update["what"], update["error_type"]) == ("usage", "StoreUnavailableError")
+
+
+@pytest.mark.parametrize("answer", ["ok", "503"])
+def test_a_job_calls_write_cut_short_by_the_runs_end_is_named_not_counted(fake_llm: FakeLLMServer, answer: str) -> None:
+    """A backfill job's run: the judge answered (a score, or a 503 its cap counts), and the write
+    counting the call in the job's spend waits for a Redis that is away (reconnecting, up to 15
+    s); the run is stopped meanwhile (its timeout, a worker's shutdown: a cancellation). The call
+    is not counted: the guard says so (`judge_spend_not_counted`), as for a write that failed.
+    The cancellation went through the guard without a word, so the job's `judge_calls` was short
+    of the requests the judge received, the shortfall named nowhere."""
+    from structlog.testing import capture_logs
+
+    from scorers import Judge, PromptStep, create_scorer
+    from tests._redis import RedisServer
+    from tests.worker._workers import wait_for
+    from worker._budget import BudgetGuard, Budgets, RedisLedger, enter_run, parse_prices
+
+    server = RedisServer()
+    server.start()
+    slow = 800  # (ms: Redis is stopped while the judge answers)
+    fake_llm.rule(
+        Reply.json({"score": 0.5}, latency_ms=slow) if answer == "ok" else Reply.error(503, "x", latency_ms=slow)
+    )
+    prices = parse_prices({"openai/fake-judge": {"input": 100.0, "output": 200.0}})
+    guard = BudgetGuard(RedisLedger(server.url(0), reconnect_s=15.0), Budgets(), prices=prices)
+    scorer = create_scorer("graded", judge=Judge(model="openai/fake-judge", timeout=10)).generate_score(
+        PromptStep("grade", lambda run: "Score it", output_schema=Verdict)
+    )
+
+    async def the_jobs_run() -> Any:
+        enter_run("t:s:graded", "graded", "bf-cut", 4, version="1", redelivery=False)
+        return await scorer.run(input="q", output="a")
+
+    async def go() -> None:
+        task = asyncio.ensure_future(the_jobs_run())
+        assert await asyncio.to_thread(wait_for, lambda: bool(fake_llm.requests), 10)
+        server.stop()  # the request is at the judge: the write after its answer reconnects
+        await asyncio.sleep(1.5)  # (the answer is in: its write is reconnecting)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    set_judge_hooks(JudgeHooks(guard=guard))
+    try:
+        with capture_logs() as logs:
+            asyncio.run(go())
+    finally:
+        set_judge_hooks(JudgeHooks())
+        server.close()
+    assert len(fake_llm.requests) == 1
+    (said,) = [e for e in logs if e["event"] == "judge_spend_not_counted"]
+    assert (said["scorer"], said["model"], said["error"]) == ("graded", "openai/fake-judge", "CancelledError")
+    assert said["cost_usd"] > 0 if answer == "ok" else said["cost_usd"] == 0.0  # (a failed call costs nothing)
