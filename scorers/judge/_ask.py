@@ -396,7 +396,16 @@ class _JudgeCall:
         if self.spec is None:
             text = _clean_text(response.text, self.secret).strip()
             if not text:
-                raise ValueError("the answer is empty")
+                # (a reasoning model that spent its max_tokens thinking answers no text)
+                cut = response.finish_reason in _CUT_SHORT
+                raise ValueError(
+                    "the answer is empty"
+                    + (
+                        f": cut at the output token limit (finish reason {response.finish_reason!r}; raise max_tokens)"
+                        if cut
+                        else ""
+                    )
+                )
             if response.finish_reason in _CUT_SHORT:
                 # Kept (most of a reason beats none); the attempt's finish_reason says so.
                 self.log.warning("judge.cut_short", finish_reason=response.finish_reason)

@@ -357,6 +357,18 @@ def test_an_empty_answer_names_the_finish_reason(fake_llm: FakeLLMServer, model:
     assert f"the answer is empty (finish reason '{finish}')" in str(error)
 
 
+@pytest.mark.parametrize(("model", "finish"), [("openai/m", "length"), ("anthropic/m", "max_tokens")])
+def test_an_empty_reason_cut_at_the_token_limit_says_so(fake_llm: FakeLLMServer, model: str, finish: str) -> None:
+    """A reasoning model that spent max_tokens thinking answers no text, cut at the limit: the
+    reason step failed as "the answer is empty", the cause and its remedy unsaid."""
+    fake_llm.rule(Reply.text("", finish=finish), user_contains="Explain")
+    error = _failure(_verdict_then_reason(Judge(model)))
+    assert type(error.cause) is JudgeOutputError, repr(error.cause)
+    assert f"the answer is empty: cut at the output token limit (finish reason '{finish}'; raise max_tokens)" in str(
+        error
+    )
+
+
 def _openai_content(content: Any) -> str:
     """test_body_cap's chat completion with ``content`` as its message's content."""
     choice = {**ANSWER["choices"][0], "message": {"role": "assistant", "content": content}}  # type: ignore[index]
