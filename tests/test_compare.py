@@ -400,3 +400,19 @@ def test_compare_shows_a_progress_bar_on_a_terminal_and_keeps_json_stdout_pure(t
     assert "\r\x1b[2K" in terminal  # a redrawn bar, not plain lines
     assert len(stdout.splitlines()) == 1
     assert json.loads(stdout) == compare_files(old, new)
+
+
+def test_a_compressed_file_of_blank_lines_stops_being_read(tmp_path: Path) -> None:
+    """630 bytes of zstd hold 20 million blank lines (4 s to read; a megabyte, hours): compare
+    and score had no cap for a compressed file's lines, where a backfill stops a file past
+    100,000 lines in a row with nothing in them (MAX_BARREN_RECORDS). Past as many, the rest of
+    the file is one malformed line, named, and not read."""
+    from tracing.sources._files import MAX_BARREN_RECORDS
+
+    old = _write(tmp_path / "old.jsonl", [_rec("t1", "rel", 0.5, "r")])
+    bomb = tmp_path / "new.jsonl.zst"
+    bomb.write_bytes(zstandard.ZstdCompressor().compress(b"\n" * (MAX_BARREN_RECORDS * 3) + b"{}\n"))
+    said: list[str] = []
+    new = compare_files(old, bomb, warn=said.append)["new"]
+    assert new["malformed_lines"] == 1, said
+    assert [w for w in said if f"{bomb}:{MAX_BARREN_RECORDS + 1}" in w], said

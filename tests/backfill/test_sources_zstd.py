@@ -186,3 +186,16 @@ def test_a_frame_over_the_line_cap_is_skipped_and_the_next_read(tmp_path: Path) 
     assert bad.where == f"{path}:message 1"
     assert "TRACESCORE_BACKFILL_MAX_LINE_BYTES" in bad.reason
     assert len(_span_ids(items)) == SPANS
+
+
+def test_a_stream_that_starts_with_a_skippable_frame_is_read_as_zstd(tmp_path: Path) -> None:
+    """A zstd file may start with a skippable frame (magic 0x184D2A50..5F: pzstd writes one before
+    each frame, the seekable format's tools too); ``zstd -d`` reads it. Told by the standard frame
+    magic alone, it was read as plain text: every line malformed, "not UTF-8"."""
+    lines = _lines(tmp_path)
+    skippable = struct.pack("<II", 0x184D2A5E, 4) + b"\x00\x01\x02\x03"
+    path = tmp_path / "traces.jsonl.zst"
+    path.write_bytes(skippable + _frames([b"".join(line + b"\n" for line in lines)]))
+    items = list(FileSource([path]).read())
+    assert not [i.reason for i in items if isinstance(i, Malformed)]
+    assert len(_span_ids(items)) == SPANS
