@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tracing import valid_text
-from tracing.sources import DECOMPRESS_ERRORS, open_compressed
+from tracing.sources import DECOMPRESS_ERRORS, MAX_BARREN_RECORDS, open_compressed
 
 __all__ = ["MAX_LINE_BYTES", "json_lines"]
 
@@ -26,6 +26,10 @@ __all__ = ["MAX_LINE_BYTES", "json_lines"]
 # costs in memory stays a small multiple of it.
 MAX_LINE_BYTES = 32 * 2**20
 _SKIP_CHUNK = 2**20
+_BARREN = (
+    f"{MAX_BARREN_RECORDS:,} lines in a row held nothing (blank or malformed): the rest of the file is"
+    " skipped, not read"
+)
 
 
 class _NotJson(ValueError):
@@ -66,9 +70,14 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None, int]]:
 
 def _lines_of(handle: IO[bytes]) -> Iterator[tuple[int, Any, str | None, int]]:
     number = read = 0
+    barren = 0  # lines in a row with nothing read: blank, or a problem
     while raw := handle.readline(MAX_LINE_BYTES + 1):
         number += 1
         read += len(raw)
+        if barren >= MAX_BARREN_RECORDS:  # (a few bytes of gzip or zstd hold millions of lines)
+            yield number, None, _BARREN, read
+            return
+        barren += 1
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
             while (chunk := handle.readline(_SKIP_CHUNK)) and not chunk.endswith(b"\n"):
                 read += len(chunk)
@@ -104,4 +113,5 @@ def _lines_of(handle: IO[bytes]) -> Iterator[tuple[int, Any, str | None, int]]:
         except RecursionError:  # json.loads goes deeper than the walk over its texts
             yield number, None, "nested too deeply", read
             continue
+        barren = 0
         yield number, fixed, None, read

@@ -11,13 +11,14 @@ from ._base import (
     TraceSource,
     UnitEnd,
 )
-from ._compressed import DECOMPRESS_ERRORS, open_compressed
+from ._compressed import DECOMPRESS_ERRORS, MAX_BARREN_RECORDS, open_compressed
 from ._files import FileSource
 from ._open import open_source, source_from_description
 from ._tempo import TempoSource
 
 __all__ = [
     "DECOMPRESS_ERRORS",
+    "MAX_BARREN_RECORDS",
     "MAX_SPANS_PER_TRACE",
     "AssembledTrace",
     "AssemblerStats",

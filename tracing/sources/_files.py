@@ -49,7 +49,13 @@ from tracing.otlp import (
     decode_otlp_records_line,
 )
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
-from tracing.sources._compressed import DECOMPRESS_ERRORS, ZSTD_MAGIC, inflate_frame, open_compressed
+from tracing.sources._compressed import (
+    DECOMPRESS_ERRORS,
+    MAX_BARREN_RECORDS,
+    ZSTD_MAGIC,
+    inflate_frame,
+    open_compressed,
+)
 
 __all__ = ["MAX_DECOMPRESSED_BYTES_ENV", "MAX_LINE_BYTES_ENV", "FileSource"]
 
@@ -64,11 +70,6 @@ MAX_DECOMPRESSED_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES"
 DEFAULT_MAX_LINE_BYTES = 32 * 2**20
 # Per compressed file, decompressed: stops a gzip or zstd bomb from costing minutes of CPU.
 DEFAULT_MAX_DECOMPRESSED_BYTES = 8 * 2**30
-# Lines (or protobuf messages) in a row that hold no span (blank, malformed, empty): past this,
-# the rest of the file is skipped. A bomb of short lines costs a few microseconds a line, so
-# the byte cap alone let an 8 MB .gz of 8 GiB of newlines read for hours; no traces file has
-# this many empty records in a row.
-MAX_BARREN_RECORDS = 100_000
 _SKIP_CHUNK = 2**20
 _UNREADABLE: tuple[type[Exception], ...] = (OSError, *DECOMPRESS_ERRORS)
 
