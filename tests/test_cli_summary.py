@@ -693,3 +693,26 @@ def test_an_out_file_named_compressed_is_refused_before_any_work(tmp_path: Path,
     assert result.exit_code == 2, result.output
     assert "names a compressed file; --out writes plain JSON Lines" in result.stderr
     assert not out.exists()
+
+
+def test_a_compressed_pipe_whose_first_write_is_short_is_read_compressed(tmp_path: Path) -> None:
+    """The compression is told by the first 4 bytes, peeked: a pipe's peek gives what one read
+    got, so a writer whose first write was shorter (an unbuffered writer, a header written apart)
+    had the zstd stream read as plain text, its one run "not UTF-8"."""
+    fifo = tmp_path / "runs.fifo"
+    os.mkfifo(fifo)
+    data = zstandard.ZstdCompressor().compress(json.dumps({"input": "q", "output": "a"}).encode() + b"\n")
+
+    def feed() -> None:
+        with fifo.open("wb", buffering=0) as out:  # (blocks until the command opens it to read)
+            out.write(data[:2])
+            time.sleep(0.3)  # (the reader's peek has returned: the rest comes in a read of its own)
+            out.write(data[2:])
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    result = _score(str(fifo), "--scorers", V1, "--scorer", "length")
+    feeder.join(10)
+    assert result.exit_code == 0, result.output
+    assert "not UTF-8" not in result.stderr, result.stderr
+    assert "1 runs × 1 scorers" in result.stderr, result.stderr
