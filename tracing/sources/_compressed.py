@@ -102,6 +102,23 @@ class _ZstdStream(io.RawIOBase):
         return self._position
 
 
+class _Rejoined(io.RawIOBase):
+    """A pipe's first bytes, read whole to tell its compression, then the rest of the pipe."""
+
+    def __init__(self, head: bytes, file: io.BufferedReader) -> None:
+        self._head, self._file = head, file
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if not self._head:
+            return self._file.readinto(buffer)
+        count = min(len(buffer), len(self._head))
+        buffer[:count], self._head = self._head[:count], self._head[count:]
+        return count
+
+
 @contextlib.contextmanager
 def open_compressed(path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
     """The file's bytes, decompressed as its first bytes say (gzip, zstd), whatever its name (the
@@ -109,13 +126,17 @@ def open_compressed(path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
     measures the progress."""
     with path.open("rb") as file:
         magic = file.peek(4)[:4]  # (a pipe cannot be sought back to its start)
+        source: IO[bytes] = file
+        if len(magic) < 4 and not file.seekable():  # a pipe's peek holds what one read got
+            magic = file.read(4)
+            source = io.BufferedReader(_Rejoined(magic, file))
         handle: IO[bytes]
         if magic.startswith(_GZIP_MAGIC):
-            handle = gzip.GzipFile(fileobj=file, mode="rb")  # type: ignore[assignment]  # a binary IO
+            handle = gzip.GzipFile(fileobj=source, mode="rb")  # type: ignore[assignment]  # a binary IO
         elif magic == ZSTD_MAGIC or (magic[1:] == _SKIPPABLE_TAIL and magic[0] & 0xF0 == 0x50):
-            handle = io.BufferedReader(_ZstdStream(file))
+            handle = io.BufferedReader(_ZstdStream(source))
         else:
-            yield file, file
+            yield source, file
             return
         with handle:
             yield handle, file
