@@ -250,3 +250,56 @@ def test_a_job_calls_write_cut_short_by_the_runs_end_is_named_not_counted(fake_l
     (said,) = [e for e in logs if e["event"] == "judge_spend_not_counted"]
     assert (said["scorer"], said["model"], said["error"]) == ("graded", "openai/fake-judge", "CancelledError")
     assert said["cost_usd"] > 0 if answer == "ok" else said["cost_usd"] == 0.0  # (a failed call costs nothing)
+
+
+def test_a_job_calls_write_redis_ran_then_cut_short_is_not_said_uncounted(
+    own_redis: Any, fake_llm: FakeLLMServer
+) -> None:
+    """The write counting an answered call reaches Redis, which runs it (fsynced) and dies before
+    its reply is sent; the run is stopped while the write reconnects. The README says a job's
+    `judge_calls` is short of the calls the judge received "by those lines alone"
+    (`judge_spend_not_counted`): here the call is counted, and a line says it is not."""
+    from structlog.testing import capture_logs
+
+    from scorers import Judge, PromptStep, create_scorer
+    from tests.worker._reply_cut import ReplyCut
+    from tests.worker._workers import wait_for
+    from worker._budget import BudgetGuard, Budgets, RedisLedger, enter_run, job_spend, parse_prices
+
+    def the_count(request: bytes) -> bool:  # (not the read before the call, which names the job's limit)
+        return b"EVALSHA" in request and b"spend:job:bf-ran" in request and b"budget:job:" not in request
+
+    proxy = ReplyCut(own_redis, the_count, own_redis.stop)
+    proxy.arm()
+    fake_llm.rule(Reply.json({"score": 0.5}))
+    prices = parse_prices({"openai/fake-judge": {"input": 100.0, "output": 200.0}})
+    guard = BudgetGuard(RedisLedger(proxy.url(0), reconnect_s=15.0), Budgets(), prices=prices)
+    scorer = create_scorer("graded", judge=Judge(model="openai/fake-judge", timeout=10)).generate_score(
+        PromptStep("grade", lambda run: "Score it", output_schema=Verdict)
+    )
+
+    async def the_jobs_run() -> Any:
+        enter_run("t:s:graded", "graded", "bf-ran", 4, version="1", redelivery=False)
+        return await scorer.run(input="q", output="a")
+
+    async def go() -> None:
+        task = asyncio.ensure_future(the_jobs_run())
+        assert await asyncio.to_thread(wait_for, proxy.cut.is_set, 10)  # Redis ran the write, then died
+        await asyncio.sleep(0.5)  # (the write is reconnecting)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    set_judge_hooks(JudgeHooks(guard=guard))
+    try:
+        with capture_logs() as logs:
+            asyncio.run(go())
+    finally:
+        set_judge_hooks(JudgeHooks())
+        proxy.close()
+    own_redis.start()
+    with own_redis.client() as client:
+        counted = job_spend(client, "bf-ran").calls
+    said = [e for e in logs if e["event"] == "judge_spend_not_counted"]
+    assert len(fake_llm.requests) == 1
+    assert len(fake_llm.requests) - counted == len(said), (counted, said)
