@@ -800,7 +800,9 @@ class BudgetGuard:
 
 
 def _not_counted(scorer: str, model_id: str, cost: float | None, exc: BaseException) -> None:
-    """A judge call the ledger could not count (its job's ``judge_calls`` and spend are short by it)."""
+    """A judge call the ledger may not have counted: its write got no answer (a write Redis ran,
+    its reply lost, is counted all the same), so its job's ``judge_calls`` and spend are short by
+    it at most."""
     log.warning("judge_spend_not_counted", scorer=scorer, model=model_id, cost_usd=cost, error=type(exc).__name__)
 
 

@@ -53,7 +53,7 @@ def test_redis_restarted_mid_job_scores_every_run_once_and_counts_every_judge_ca
     reached the worker (`spend_reply_lost`). The backfill following the job either rides it out
     or stops naming its `--resume`, which follows the job to its end. Each run and scorer has one
     record, the job's counts say so, and its spend counts every judge call the fake judge
-    received, less only the writes a worker logged as `judge_spend_not_counted` (the spend
+    received, less at most the writes a worker logged as `judge_spend_not_counted` (the spend
     write whose reply was lost, sent again after the reconnect, counted its call twice: 121 of
     120)."""
     proxy = ReplyCut(own_redis, _a_job_spend_write, own_redis.stop)
@@ -118,7 +118,9 @@ def test_redis_restarted_mid_job_scores_every_run_once_and_counts_every_judge_ca
         received = fake_llm.count()
         not_counted = sum(w.text().count("judge_spend_not_counted") for w in workers)
         spend = summary["spend"]
-        assert spend["judge_calls"] + not_counted == received, (spend, received, not_counted, logs)
+        # (at most: a write Redis ran whose reply the restart lost, cut short by its run's stop, is
+        # counted and logged)
+        assert received - not_counted <= spend["judge_calls"] <= received, (spend, received, not_counted, logs)
         assert received >= TRACES * 3  # (plain: one call a run; two-steps: two)
     finally:
         for worker in workers:

@@ -256,9 +256,10 @@ def test_a_job_calls_write_redis_ran_then_cut_short_is_not_said_uncounted(
     own_redis: Any, fake_llm: FakeLLMServer
 ) -> None:
     """The write counting an answered call reaches Redis, which runs it (fsynced) and dies before
-    its reply is sent; the run is stopped while the write reconnects. The README says a job's
+    its reply is sent; the run is stopped while the write reconnects. The README said a job's
     `judge_calls` is short of the calls the judge received "by those lines alone"
-    (`judge_spend_not_counted`): here the call is counted, and a line says it is not."""
+    (`judge_spend_not_counted`): here the call is counted, and a line was written all the same
+    (the guard cannot know: the reply is lost). Short by at most those lines, it says now."""
     from structlog.testing import capture_logs
 
     from scorers import Judge, PromptStep, create_scorer
@@ -302,4 +303,5 @@ def test_a_job_calls_write_redis_ran_then_cut_short_is_not_said_uncounted(
         counted = job_spend(client, "bf-ran").calls
     said = [e for e in logs if e["event"] == "judge_spend_not_counted"]
     assert len(fake_llm.requests) == 1
-    assert len(fake_llm.requests) - counted == len(said), (counted, said)
+    assert (counted, len(said)) == (1, 1), (counted, said)  # (counted, and a line that it may not be)
+    assert len(fake_llm.requests) - counted <= len(said)
