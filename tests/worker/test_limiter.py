@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -199,42 +200,28 @@ def test_a_paid_answer_is_kept_when_redis_goes_away_during_the_call(
         assert (update["what"], update["error_type"]) == ("usage", "StoreUnavailableError")
 
 
-@pytest.mark.parametrize("answer", ["ok", "503"])
-def test_a_job_calls_write_cut_short_by_the_runs_end_is_named_not_counted(fake_llm: FakeLLMServer, answer: str) -> None:
-    """A backfill job's run: the judge answered (a score, or a 503 its cap counts), and the write
-    counting the call in the job's spend waits for a Redis that is away (reconnecting, up to 15
-    s); the run is stopped meanwhile (its timeout, a worker's shutdown: a cancellation). The call
-    is not counted: the guard says so (`judge_spend_not_counted`), as for a write that failed.
-    The cancellation went through the guard without a word, so the job's `judge_calls` was short
-    of the requests the judge received, the shortfall named nowhere."""
+def _a_jobs_run_cut_short(url: str, job_id: str, before_the_cut: Callable[[], Awaitable[None]]) -> list[Any]:
+    """A backfill job's run of a priced judge scorer, its guard's ledger in the Redis at ``url``,
+    stopped (its timeout, a worker's shutdown: a cancellation) once ``before_the_cut`` returns;
+    the logs."""
     from structlog.testing import capture_logs
 
     from scorers import Judge, PromptStep, create_scorer
-    from tests._redis import RedisServer
-    from tests.worker._workers import wait_for
     from worker._budget import BudgetGuard, Budgets, RedisLedger, enter_run, parse_prices
 
-    server = RedisServer()
-    server.start()
-    slow = 800  # (ms: Redis is stopped while the judge answers)
-    fake_llm.rule(
-        Reply.json({"score": 0.5}, latency_ms=slow) if answer == "ok" else Reply.error(503, "x", latency_ms=slow)
-    )
     prices = parse_prices({"openai/fake-judge": {"input": 100.0, "output": 200.0}})
-    guard = BudgetGuard(RedisLedger(server.url(0), reconnect_s=15.0), Budgets(), prices=prices)
+    guard = BudgetGuard(RedisLedger(url, reconnect_s=15.0), Budgets(), prices=prices)
     scorer = create_scorer("graded", judge=Judge(model="openai/fake-judge", timeout=10)).generate_score(
         PromptStep("grade", lambda run: "Score it", output_schema=Verdict)
     )
 
     async def the_jobs_run() -> Any:
-        enter_run("t:s:graded", "graded", "bf-cut", 4, version="1", redelivery=False)
+        enter_run("t:s:graded", "graded", job_id, 4, version="1", redelivery=False)
         return await scorer.run(input="q", output="a")
 
     async def go() -> None:
         task = asyncio.ensure_future(the_jobs_run())
-        assert await asyncio.to_thread(wait_for, lambda: bool(fake_llm.requests), 10)
-        server.stop()  # the request is at the judge: the write after its answer reconnects
-        await asyncio.sleep(1.5)  # (the answer is in: its write is reconnecting)
+        await before_the_cut()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -245,6 +232,35 @@ def test_a_job_calls_write_cut_short_by_the_runs_end_is_named_not_counted(fake_l
             asyncio.run(go())
     finally:
         set_judge_hooks(JudgeHooks())
+    return logs
+
+
+@pytest.mark.parametrize("answer", ["ok", "503"])
+def test_a_job_calls_write_cut_short_by_the_runs_end_is_named_not_counted(fake_llm: FakeLLMServer, answer: str) -> None:
+    """A backfill job's run: the judge answered (a score, or a 503 its cap counts), and the write
+    counting the call in the job's spend waits for a Redis that is away (reconnecting, up to 15
+    s); the run is stopped meanwhile (its timeout, a worker's shutdown: a cancellation). The call
+    is not counted: the guard says so (`judge_spend_not_counted`), as for a write that failed.
+    The cancellation went through the guard without a word, so the job's `judge_calls` was short
+    of the requests the judge received, the shortfall named nowhere."""
+    from tests._redis import RedisServer
+    from tests.worker._workers import wait_for
+
+    server = RedisServer()
+    server.start()
+    slow = 800  # (ms: Redis is stopped while the judge answers)
+    fake_llm.rule(
+        Reply.json({"score": 0.5}, latency_ms=slow) if answer == "ok" else Reply.error(503, "x", latency_ms=slow)
+    )
+
+    async def redis_stopped_while_the_write_waits() -> None:
+        assert await asyncio.to_thread(wait_for, lambda: bool(fake_llm.requests), 10)
+        server.stop()  # the request is at the judge: the write after its answer reconnects
+        await asyncio.sleep(1.5)  # (the answer is in: its write is reconnecting)
+
+    try:
+        logs = _a_jobs_run_cut_short(server.url(0), "bf-cut", redis_stopped_while_the_write_waits)
+    finally:
         server.close()
     assert len(fake_llm.requests) == 1
     (said,) = [e for e in logs if e["event"] == "judge_spend_not_counted"]
@@ -260,12 +276,9 @@ def test_a_job_calls_write_redis_ran_then_cut_short_is_not_said_uncounted(
     `judge_calls` is short of the calls the judge received "by those lines alone"
     (`judge_spend_not_counted`): here the call is counted, and a line was written all the same
     (the guard cannot know: the reply is lost). Short by at most those lines, it says now."""
-    from structlog.testing import capture_logs
-
-    from scorers import Judge, PromptStep, create_scorer
     from tests.worker._reply_cut import ReplyCut
     from tests.worker._workers import wait_for
-    from worker._budget import BudgetGuard, Budgets, RedisLedger, enter_run, job_spend, parse_prices
+    from worker._budget import job_spend
 
     def the_count(request: bytes) -> bool:  # (not the read before the call, which names the job's limit)
         return b"EVALSHA" in request and b"spend:job:bf-ran" in request and b"budget:job:" not in request
@@ -273,30 +286,14 @@ def test_a_job_calls_write_redis_ran_then_cut_short_is_not_said_uncounted(
     proxy = ReplyCut(own_redis, the_count, own_redis.stop)
     proxy.arm()
     fake_llm.rule(Reply.json({"score": 0.5}))
-    prices = parse_prices({"openai/fake-judge": {"input": 100.0, "output": 200.0}})
-    guard = BudgetGuard(RedisLedger(proxy.url(0), reconnect_s=15.0), Budgets(), prices=prices)
-    scorer = create_scorer("graded", judge=Judge(model="openai/fake-judge", timeout=10)).generate_score(
-        PromptStep("grade", lambda run: "Score it", output_schema=Verdict)
-    )
 
-    async def the_jobs_run() -> Any:
-        enter_run("t:s:graded", "graded", "bf-ran", 4, version="1", redelivery=False)
-        return await scorer.run(input="q", output="a")
-
-    async def go() -> None:
-        task = asyncio.ensure_future(the_jobs_run())
-        assert await asyncio.to_thread(wait_for, proxy.cut.is_set, 10)  # Redis ran the write, then died
+    async def redis_ran_the_write_and_died() -> None:
+        assert await asyncio.to_thread(wait_for, proxy.cut.is_set, 10)
         await asyncio.sleep(0.5)  # (the write is reconnecting)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
-    set_judge_hooks(JudgeHooks(guard=guard))
     try:
-        with capture_logs() as logs:
-            asyncio.run(go())
+        logs = _a_jobs_run_cut_short(proxy.url(0), "bf-ran", redis_ran_the_write_and_died)
     finally:
-        set_judge_hooks(JudgeHooks())
         proxy.close()
     own_redis.start()
     with own_redis.client() as client:
