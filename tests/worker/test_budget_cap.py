@@ -365,6 +365,22 @@ def test_a_jobs_spend_hash_an_earlier_release_wrote_says_its_calls_are_unknown(r
         client.close()
 
 
+def test_a_jobs_calls_count_that_is_no_number_reads_as_unknown(redis_server: RedisServer) -> None:
+    """A job's ``calls`` field that is no number (read only: the next write repairs it) is left
+    out as unreadable, and the job read 0 judge calls, shown as exact ("0.4000 USD (0 judge
+    calls)") for a job that paid for some: its calls are unknown, as an earlier release's."""
+    from worker._budget import job_spend
+
+    client = redis_server.client(12)
+    client.flushdb()
+    try:
+        client.hset("tracescore:spend:job:job-x", mapping={"scorer:g": 0.4, "total": 0.4, "calls": "many"})
+        assert job_spend(client, "job-x").as_json()["judge_calls"] is None
+    finally:
+        client.flushdb()
+        client.close()
+
+
 def test_messages_dead_lettered_for_a_spent_budget_are_logged_once_a_minute_with_a_count() -> None:
     """Every message is refused while a budget is spent: a WARNING line a minute per process
     saying how many, not an ERROR line per message."""
