@@ -268,8 +268,8 @@ class Spend:
     by_model: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: int = 0
     unpriced_calls: Counter[str] = field(default_factory=Counter)
-    # A job's hash whose spend an earlier release first counted, which kept no count of calls:
-    # ``calls`` holds this release's calls alone (``judge_calls`` null).
+    # A job's hash whose spend an earlier release first counted, which kept no count of calls
+    # (``calls`` holds this release's calls alone), or whose count is no number: ``judge_calls`` null.
     calls_unknown: bool = False
 
     def add_call(self, scorer_id: str, model: str, cost_usd: float | None) -> None:
@@ -286,8 +286,10 @@ class Spend:
         """A job's spend hash (``worker._budget``: ``scorer:<id>``, ``model:<id>``, ``total``,
         ``calls``, ``unpriced:<model>``, ``calls_unknown``); a field that is no number (None,
         counted where it was read) is left out. A hash with spend and no ``calls`` (an earlier
-        release's), or marked when this release first counted a call in one, has unknown calls."""
-        spend = cls(calls_unknown="calls_unknown" in fields or (bool(fields) and "calls" not in fields))
+        release's) or an unreadable one, or marked when this release first counted a call in one,
+        has unknown calls."""
+        # (no calls field, or one that is no number: left out, the calls are not known to be 0)
+        spend = cls(calls_unknown="calls_unknown" in fields or (bool(fields) and fields.get("calls") is None))
         for name, value in fields.items():
             if value is None:
                 continue
@@ -322,7 +324,7 @@ def spend_lines(spend: Mapping[str, Any] | None) -> list[str]:
         f"{calls:,} judge calls"
         if calls is not None
         else "judge calls unknown: the job's spend was first counted by an earlier release, which kept no"
-        " count of calls"
+        " count of calls, or its count is no number"
     )
     out = [f"  judge spend       {spend['total_usd']:.4f} USD   ({said})"]
     out += [f"    scorer {k}: {v:.4f} USD" for k, v in sorted(spend["by_scorer"].items(), key=lambda kv: -kv[1])]

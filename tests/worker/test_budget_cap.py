@@ -338,7 +338,7 @@ def test_a_jobs_spend_hash_an_earlier_release_wrote_says_its_calls_are_unknown(r
         assert (spend["total_usd"], spend["judge_calls"]) == (pytest.approx(0.4), None)
         assert spend_lines(spend)[0] == (
             "  judge spend       0.4000 USD   (judge calls unknown: the job's spend was first counted by an"
-            " earlier release, which kept no count of calls)"
+            " earlier release, which kept no count of calls, or its count is no number)"
         )
         client.hset("tracescore:spend:job:job-new", mapping={"calls": 2})  # (two failed calls: no spend)
         assert job_spend(client, "job-new").as_json()["judge_calls"] == 2
