@@ -416,3 +416,40 @@ def test_a_compressed_file_of_blank_lines_stops_being_read(tmp_path: Path) -> No
     new = compare_files(old, bomb, warn=said.append)["new"]
     assert new["malformed_lines"] == 1, said
     assert [w for w in said if f"{bomb}:{MAX_BARREN_RECORDS + 1}" in w], said
+
+
+def test_a_compressed_file_past_the_decompressed_cap_stops_being_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few KB of zstd holding lines of megabytes: each over the line cap is read through to skip
+    it, with no cap on the whole (a small file of 4 GiB lines cost minutes). Past the compressed
+    files' cap (backfill's, TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES) the rest is one malformed
+    line naming the setting, and the records before it stand."""
+    monkeypatch.setattr("worker._lines.MAX_LINE_BYTES", 2**20)
+    monkeypatch.setenv("TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES", str(8 * 2**20))
+    good = json.dumps(_rec("t1", "rel", 0.5, "r")).encode() + b"\n"
+    huge = b" " * (3 * 2**20) + b"\n"
+    bomb = tmp_path / "new.records"
+    bomb.write_bytes(zstandard.ZstdCompressor().compress(good + huge * 40 + good))
+    assert bomb.stat().st_size < 100_000
+    said: list[str] = []
+    old = _write(tmp_path / "old.jsonl", [_rec("t1", "rel", 0.5, "r")])
+    new = compare_files(old, bomb, warn=said.append)["new"]
+    assert new["records"] == 1
+    (past,) = [w for w in said if "decompresses to more than 8,388,608 bytes" in w]
+    assert past.startswith(f"{bomb}:5: "), past
+    assert "TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES" in past
+    assert new["malformed_lines"] == 4  # three lines skipped as too long, then the cap
+    plain = tmp_path / "plain.records"
+    plain.write_bytes(good + huge * 3 + good)  # 9 MB: a plain file is read whole, whatever its size
+    assert compare_files(old, plain)["new"]["records"] == 2
+
+
+def test_a_bad_decompressed_cap_is_one_line_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It ended as "error: SourceError: ..." and the --verbose hint, from inside the read."""
+    monkeypatch.setenv("TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES", "lots")
+    old = _write(tmp_path / "old.jsonl", [_rec("t1", "rel", 0.5, "r")])
+    result = _compare(str(old), str(old))
+    assert result.exit_code == 1, result.output
+    assert "TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES='lots' is not a number of bytes" in result.stderr
+    assert "--verbose" not in result.stderr

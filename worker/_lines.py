@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from tracing import valid_text
-from tracing.sources import DECOMPRESS_ERRORS, MAX_BARREN_RECORDS, open_compressed
+from tracing.sources import (
+    DECOMPRESS_ERRORS,
+    MAX_BARREN_RECORDS,
+    MAX_DECOMPRESSED_BYTES_ENV,
+    max_decompressed_bytes,
+    open_compressed,
+)
 
 __all__ = ["MAX_LINE_BYTES", "json_lines"]
 
@@ -55,9 +61,10 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None, int]]:
     (a read error mid-file did not: "OSError: [Errno 5] Input/output error")."""
     number = at = 0
     try:
-        with open_compressed(path) as (handle, file):
-            own_bytes = handle is not file and file.seekable()  # a compressed file's share: of its own bytes
-            for number, value, problem, read in _lines_of(handle):
+        with open_compressed(path) as (handle, file, compressed):
+            own_bytes = compressed and file.seekable()  # a compressed file's share: of its own bytes
+            budget = max_decompressed_bytes() if compressed else None
+            for number, value, problem, read in _lines_of(handle, budget):
                 at = file.tell() if own_bytes else read
                 yield number, value, problem, at
     except DECOMPRESS_ERRORS as exc:  # cut short (being written?) or corrupt: what came before stands
@@ -68,8 +75,11 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None, int]]:
         raise
 
 
-def _lines_of(handle: IO[bytes]) -> Iterator[tuple[int, Any, str | None, int]]:
+def _lines_of(handle: IO[bytes], budget: int | None) -> Iterator[tuple[int, Any, str | None, int]]:
+    """``budget``: the bytes a compressed file may decompress to (a few KB of zstd hold lines of
+    gigabytes, each read through to skip it), else None."""
     number = read = 0
+    limit = budget if budget is not None else math.inf
     barren = 0  # lines in a row with nothing read: blank, or a problem
     while raw := handle.readline(MAX_LINE_BYTES + 1):
         number += 1
@@ -79,11 +89,18 @@ def _lines_of(handle: IO[bytes]) -> Iterator[tuple[int, Any, str | None, int]]:
             return
         barren += 1
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            while (chunk := handle.readline(_SKIP_CHUNK)) and not chunk.endswith(b"\n"):
+            while read <= limit and (chunk := handle.readline(_SKIP_CHUNK)):
                 read += len(chunk)
-            read += len(chunk)
+                if chunk.endswith(b"\n"):
+                    break
             yield number, None, f"longer than {MAX_LINE_BYTES:,} bytes; skipped unread", read
+            if read > limit:
+                yield number + 1, None, _past_budget(limit), read
+                return
             continue
+        if read > limit:
+            yield number, None, _past_budget(limit), read
+            return
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:  # (replaced, the run was scored on other text, unsaid)
@@ -115,3 +132,10 @@ def _lines_of(handle: IO[bytes]) -> Iterator[tuple[int, Any, str | None, int]]:
             continue
         barren = 0
         yield number, fixed, None, read
+
+
+def _past_budget(budget: float) -> str:
+    return (
+        f"the file decompresses to more than {budget:,.0f} bytes; the rest of it is skipped (raise"
+        f" {MAX_DECOMPRESSED_BYTES_ENV} to read it)"
+    )

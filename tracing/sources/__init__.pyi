@@ -11,7 +11,14 @@ from ._base import (
     TraceSource,
     UnitEnd,
 )
-from ._compressed import DECOMPRESS_ERRORS, MAX_BARREN_RECORDS, open_compressed
+from ._compressed import (
+    DECOMPRESS_ERRORS,
+    MAX_BARREN_RECORDS,
+    MAX_DECOMPRESSED_BYTES_ENV,
+    Opened,
+    max_decompressed_bytes,
+    open_compressed,
+)
 from ._files import FileSource
 from ._open import open_source, source_from_description
 from ._tempo import TempoSource
@@ -19,11 +26,13 @@ from ._tempo import TempoSource
 __all__ = [
     "DECOMPRESS_ERRORS",
     "MAX_BARREN_RECORDS",
+    "MAX_DECOMPRESSED_BYTES_ENV",
     "MAX_SPANS_PER_TRACE",
     "AssembledTrace",
     "AssemblerStats",
     "FileSource",
     "Malformed",
+    "Opened",
     "Position",
     "Released",
     "SourceError",
@@ -33,6 +42,7 @@ __all__ = [
     "TraceAssembler",
     "TraceSource",
     "UnitEnd",
+    "max_decompressed_bytes",
     "open_compressed",
     "open_source",
     "source_from_description",

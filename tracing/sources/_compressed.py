@@ -10,14 +10,28 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
+import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import zstandard
 
-__all__ = ["DECOMPRESS_ERRORS", "MAX_BARREN_RECORDS", "ZSTD_MAGIC", "inflate_frame", "open_compressed"]
+from tracing.sources._base import SourceError
+
+__all__ = [
+    "DECOMPRESS_ERRORS",
+    "DEFAULT_MAX_DECOMPRESSED_BYTES",
+    "MAX_BARREN_RECORDS",
+    "MAX_DECOMPRESSED_BYTES_ENV",
+    "ZSTD_MAGIC",
+    "Opened",
+    "byte_cap",
+    "inflate_frame",
+    "max_decompressed_bytes",
+    "open_compressed",
+]
 
 _GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -30,6 +44,10 @@ _SKIPPABLE_TAIL = b"\x2a\x4d\x18"
 # for hours; no traces, runs or records file has this many empty records in a row.
 MAX_BARREN_RECORDS = 100_000
 _ZSTD_FEED = 1024
+MAX_DECOMPRESSED_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES"
+# Per compressed file, decompressed (backfill's, score's, compare's): stops a gzip or zstd bomb
+# from costing minutes of CPU.
+DEFAULT_MAX_DECOMPRESSED_BYTES = 8 * 2**30
 _SKIP_CHUNK = 2**20
 # A compressed file cut short (EOFError) or holding bytes that do not decompress; a file that
 # cannot be read at all is an OSError, as any file's.
@@ -119,8 +137,38 @@ class _Rejoined(io.RawIOBase):
         return count
 
 
+def byte_cap(value: int | None, env: str, default: int) -> int:
+    """A size cap: ``value``, else the environment's ``env`` (``_`` allowed), else ``default``;
+    at least 1024 bytes (``SourceError`` naming the variable otherwise)."""
+    if value is None:
+        raw = os.environ.get(env, "").strip().replace("_", "")
+        if not raw:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SourceError(f"{env}={raw!r} is not a number of bytes (e.g. {default})") from None
+    if value < 1024:
+        raise SourceError(f"{env} must be at least 1024 bytes, got {value}")
+    return value
+
+
+def max_decompressed_bytes() -> int:
+    """How many bytes a compressed input file may decompress to (``MAX_DECOMPRESSED_BYTES_ENV``,
+    else 8 GiB); ``SourceError`` naming the variable when it is no such number."""
+    return byte_cap(None, MAX_DECOMPRESSED_BYTES_ENV, DEFAULT_MAX_DECOMPRESSED_BYTES)
+
+
+class Opened(NamedTuple):
+    """An input file opened by ``open_compressed``."""
+
+    handle: IO[bytes]  # its bytes, decompressed
+    file: IO[bytes]  # the file itself, whose position measures the progress
+    compressed: bool
+
+
 @contextlib.contextmanager
-def open_compressed(path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+def open_compressed(path: Path) -> Iterator[Opened]:
     """The file's bytes, decompressed as its first bytes say (gzip, zstd), whatever its name (the
     Collector's file exporter names its files as told); and the file itself, whose position
     measures the progress."""
@@ -136,10 +184,10 @@ def open_compressed(path: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
         elif magic == ZSTD_MAGIC or (magic[1:] == _SKIPPABLE_TAIL and magic[0] & 0xF0 == 0x50):
             handle = io.BufferedReader(_ZstdStream(source))
         else:
-            yield source, file
+            yield Opened(source, file, compressed=False)
             return
         with handle:
-            yield handle, file
+            yield Opened(handle, file, compressed=True)
 
 
 def inflate_frame(frame: bytes, at_most: int) -> bytes:

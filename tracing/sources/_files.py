@@ -51,8 +51,11 @@ from tracing.otlp import (
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
 from tracing.sources._compressed import (
     DECOMPRESS_ERRORS,
+    DEFAULT_MAX_DECOMPRESSED_BYTES,
     MAX_BARREN_RECORDS,
+    MAX_DECOMPRESSED_BYTES_ENV,
     ZSTD_MAGIC,
+    byte_cap,
     inflate_frame,
     open_compressed,
 )
@@ -63,13 +66,10 @@ _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PROTO_SUFFIXES = (".pb", ".binpb", ".proto")
 _COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
 MAX_LINE_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_LINE_BYTES"
-MAX_DECOMPRESSED_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES"
 # One record (line, protobuf message, whole *.json document): decoding takes several times its
 # size in Python objects, so this bounds the backfill's memory. The Collector's file exporter
 # writes one export batch per line, far smaller than this.
 DEFAULT_MAX_LINE_BYTES = 32 * 2**20
-# Per compressed file, decompressed: stops a gzip or zstd bomb from costing minutes of CPU.
-DEFAULT_MAX_DECOMPRESSED_BYTES = 8 * 2**30
 _SKIP_CHUNK = 2**20
 _UNREADABLE: tuple[type[Exception], ...] = (OSError, *DECOMPRESS_ERRORS)
 
@@ -87,20 +87,6 @@ def _trace_files(root: Path) -> list[Path]:
         seen.add(real)
         found += [p for name in names if (p := Path(where, name)).is_file() and _kind(p)]
     return sorted(found)
-
-
-def _cap(value: int | None, env: str, default: int) -> int:
-    if value is None:
-        raw = os.environ.get(env, "").strip().replace("_", "")
-        if not raw:
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise SourceError(f"{env}={raw!r} is not a number of bytes (e.g. {default})") from None
-    if value < 1024:
-        raise SourceError(f"{env} must be at least 1024 bytes, got {value}")
-    return value
 
 
 def _barren(what: str) -> str:
@@ -173,8 +159,8 @@ class FileSource:
             raise SourceError("no input files given")
         # Caps come from the environment on every start and resume (not job state): raising
         # one to read a skipped record again is a matter of setting it and resuming.
-        self.max_line_bytes = _cap(max_line_bytes, MAX_LINE_BYTES_ENV, DEFAULT_MAX_LINE_BYTES)
-        self.max_decompressed_bytes = _cap(
+        self.max_line_bytes = byte_cap(max_line_bytes, MAX_LINE_BYTES_ENV, DEFAULT_MAX_LINE_BYTES)
+        self.max_decompressed_bytes = byte_cap(
             max_decompressed_bytes, MAX_DECOMPRESSED_BYTES_ENV, DEFAULT_MAX_DECOMPRESSED_BYTES
         )
         files: list[Path] = []
@@ -243,10 +229,9 @@ class FileSource:
             self._done_bytes = sum(self._sizes[:index])
             prefixed = _kind(path) == "proto"
             try:
-                with open_compressed(path) as (handle, file):
+                with open_compressed(path) as (handle, file, compressed):
                     self._file = file
                     # A start position names the record to read first: its number and byte offset.
-                    compressed = handle is not file
                     budget = self.max_decompressed_bytes if compressed else 2**62
                     # The file exporter's JSON with compression: zstd is length-prefixed frames.
                     prefixed = prefixed or handle.read(8)[4:] == ZSTD_MAGIC
@@ -343,7 +328,7 @@ class FileSource:
 
     def _read_whole(self, index: int, path: Path) -> Iterator[SourceItem]:
         where = f"{path}:1"
-        with open_compressed(path) as (handle, _):
+        with open_compressed(path) as (handle, _, _):
             data = handle.read(self.max_line_bytes + 1)
         if len(data) > self.max_line_bytes:
             yield Malformed(

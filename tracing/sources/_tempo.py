@@ -41,7 +41,8 @@ from tracing._errors import json_error
 from tracing._transport import EXCHANGE_TIMEOUTS, ExchangeTooSlow, deadline_client, proxy_for
 from tracing.otlp import OtlpDecodeError, decode_otlp_protobuf_records, decode_otlp_records
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
-from tracing.sources._files import DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_ENV, _cap
+from tracing.sources._compressed import byte_cap
+from tracing.sources._files import DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_ENV
 
 __all__ = ["TempoSource"]
 
@@ -175,7 +176,7 @@ class TempoSource:
         self.retries = retries
         self.headers = dict(headers or {})
         # One fetched trace is one record: the same cap as a file's line (from the environment).
-        self.max_trace_bytes = _cap(max_trace_bytes, MAX_LINE_BYTES_ENV, DEFAULT_MAX_LINE_BYTES)
+        self.max_trace_bytes = byte_cap(max_trace_bytes, MAX_LINE_BYTES_ENV, DEFAULT_MAX_LINE_BYTES)
         for index, (name, value) in enumerate(self.headers.items(), 1):
             if not (_HEADER_NAME.fullmatch(name) and _HEADER_VALUE.fullmatch(value)):
                 # (neither is shown: a header may hold a token)

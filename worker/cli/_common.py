@@ -138,6 +138,17 @@ def out_option(help_text: str) -> Callable[[F], F]:
     return decorate
 
 
+def input_caps() -> None:
+    """The size caps on compressed input files (``score``'s runs, ``compare``'s records) are
+    readable numbers: a bad one is one line naming the variable, before any work."""
+    from tracing.sources import SourceError, max_decompressed_bytes
+
+    try:
+        max_decompressed_bytes()
+    except SourceError as exc:
+        raise CliError(str(exc)) from exc
+
+
 def cli_settings(broker: str | None = None, **overrides: Any) -> Settings:
     """The worker settings a command runs with: ``TRACESCORE_*`` with its options on top
     (``None`` keeps the variable's value); a bad value is one ``CliError`` line."""

@@ -12,7 +12,7 @@ import click
 from worker._compare import compare_files
 from worker._progress import ProgressReporter
 from worker._terminal import cell
-from worker.cli._common import CliError, json_option
+from worker.cli._common import CliError, input_caps, json_option
 
 __all__ = ["compare_command"]
 
@@ -86,6 +86,7 @@ def compare_command(old: Path, new: Path, top: int, as_json: bool) -> None:
     """
     # Progress on stderr as score's and backfill's (a bar on a terminal, else a line every 5 s):
     # two files of millions of records take minutes, and nothing was said until the table.
+    input_caps()
     reporter = ProgressReporter()
     try:
         result = compare_files(old, new, top=top, warn=reporter.message, progress=reporter)

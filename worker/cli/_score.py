@@ -29,7 +29,15 @@ from worker._progress import ProgressReporter
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
 from worker._terminal import EXIT_OUTPUT_CLOSED, READER_LEFT, output_closed, send
-from worker.cli._common import CliError, cli_settings, json_line, json_option, names_an_input, out_option
+from worker.cli._common import (
+    CliError,
+    cli_settings,
+    input_caps,
+    json_line,
+    json_option,
+    names_an_input,
+    out_option,
+)
 
 __all__ = ["score_command"]
 
@@ -177,6 +185,7 @@ def score_command(
       tracescore score examples/runs.jsonl --scorers examples.scorers
       tracescore score runs.jsonl --scorers my.scorers --scorer relevancy --out scores.jsonl
     """
+    input_caps()
     if out is not None and names_an_input(out, [runs_file]):
         raise CliError(f"--out {out} is the runs file: writing it would empty it before it is read")
     try:
