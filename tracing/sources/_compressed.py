@@ -2,7 +2,9 @@
 
 Backfill's trace files, ``score``'s runs and ``compare``'s records are read through
 ``open_compressed``; a file that breaks while it is decompressed (cut short, or corrupt) raises
-one of ``DECOMPRESS_ERRORS``, which its reader names with where it stopped.
+one of ``DECOMPRESS_ERRORS``, which its reader names with where it stopped. Each reader stops a
+compressed file past ``max_decompressed_bytes()`` and after ``MAX_BARREN_RECORDS`` empty records
+in a row: a few bytes of gzip or zstd can hold gigabytes.
 """
 
 from __future__ import annotations
@@ -170,8 +172,8 @@ class Opened(NamedTuple):
 @contextlib.contextmanager
 def open_compressed(path: Path) -> Iterator[Opened]:
     """The file's bytes, decompressed as its first bytes say (gzip, zstd), whatever its name (the
-    Collector's file exporter names its files as told); and the file itself, whose position
-    measures the progress."""
+    Collector's file exporter names its files as told); the file itself, whose position measures
+    the progress; and whether it was compressed."""
     with path.open("rb") as file:
         magic = file.peek(4)[:4]  # (a pipe cannot be sought back to its start)
         source: IO[bytes] = file
