@@ -21,9 +21,9 @@ from tracing import valid_text
 from tracing.sources import (
     DECOMPRESS_ERRORS,
     MAX_BARREN_RECORDS,
-    MAX_DECOMPRESSED_BYTES_ENV,
     max_decompressed_bytes,
     open_compressed,
+    past_decompressed_cap,
 )
 
 __all__ = ["MAX_LINE_BYTES", "json_lines"]
@@ -63,7 +63,7 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None, int]]:
     try:
         with open_compressed(path) as (handle, file, compressed):
             own_bytes = compressed and file.seekable()  # a compressed file's share: of its own bytes
-            budget = max_decompressed_bytes() if compressed else None
+            budget = max_decompressed_bytes() if compressed else math.inf
             for number, value, problem, read in _lines_of(handle, budget):
                 at = file.tell() if own_bytes else read
                 yield number, value, problem, at
@@ -75,11 +75,10 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None, int]]:
         raise
 
 
-def _lines_of(handle: IO[bytes], budget: int | None) -> Iterator[tuple[int, Any, str | None, int]]:
+def _lines_of(handle: IO[bytes], budget: float) -> Iterator[tuple[int, Any, str | None, int]]:
     """``budget``: the bytes a compressed file may decompress to (a few KB of zstd hold lines of
-    gigabytes, each read through to skip it), else None."""
+    gigabytes, each read through to skip it); a plain file's is infinite."""
     number = read = 0
-    limit = budget if budget is not None else math.inf
     barren = 0  # lines in a row with nothing read: blank, or a problem
     while raw := handle.readline(MAX_LINE_BYTES + 1):
         number += 1
@@ -89,17 +88,17 @@ def _lines_of(handle: IO[bytes], budget: int | None) -> Iterator[tuple[int, Any,
             return
         barren += 1
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            while read <= limit and (chunk := handle.readline(_SKIP_CHUNK)):
+            while read <= budget and (chunk := handle.readline(_SKIP_CHUNK)):
                 read += len(chunk)
                 if chunk.endswith(b"\n"):
                     break
             yield number, None, f"longer than {MAX_LINE_BYTES:,} bytes; skipped unread", read
-            if read > limit:
-                yield number + 1, None, _past_budget(limit), read
+            if read > budget:
+                yield number + 1, None, past_decompressed_cap(int(budget)), read
                 return
             continue
-        if read > limit:
-            yield number, None, _past_budget(limit), read
+        if read > budget:
+            yield number, None, past_decompressed_cap(int(budget)), read
             return
         try:
             text = raw.decode("utf-8")
@@ -132,10 +131,3 @@ def _lines_of(handle: IO[bytes], budget: int | None) -> Iterator[tuple[int, Any,
             continue
         barren = 0
         yield number, fixed, None, read
-
-
-def _past_budget(budget: float) -> str:
-    return (
-        f"the file decompresses to more than {budget:,.0f} bytes; the rest of it is skipped (raise"
-        f" {MAX_DECOMPRESSED_BYTES_ENV} to read it)"
-    )

@@ -18,6 +18,7 @@ from ._compressed import (
     Opened,
     max_decompressed_bytes,
     open_compressed,
+    past_decompressed_cap,
 )
 from ._files import FileSource
 from ._open import open_source, source_from_description
@@ -45,5 +46,6 @@ __all__ = [
     "max_decompressed_bytes",
     "open_compressed",
     "open_source",
+    "past_decompressed_cap",
     "source_from_description",
 ]

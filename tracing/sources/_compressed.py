@@ -27,12 +27,14 @@ __all__ = [
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
     "MAX_BARREN_RECORDS",
     "MAX_DECOMPRESSED_BYTES_ENV",
+    "SKIP_CHUNK",
     "ZSTD_MAGIC",
     "Opened",
     "byte_cap",
     "inflate_frame",
     "max_decompressed_bytes",
     "open_compressed",
+    "past_decompressed_cap",
 ]
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -50,7 +52,7 @@ MAX_DECOMPRESSED_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES"
 # Per compressed file, decompressed (backfill's, score's, compare's): stops a gzip or zstd bomb
 # from costing minutes of CPU.
 DEFAULT_MAX_DECOMPRESSED_BYTES = 8 * 2**30
-_SKIP_CHUNK = 2**20
+SKIP_CHUNK = 2**20  # what a reader reads at a time of what it skips unread
 # A compressed file cut short (EOFError) or holding bytes that do not decompress; a file that
 # cannot be read at all is an OSError, as any file's.
 DECOMPRESS_ERRORS: tuple[type[Exception], ...] = (EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError)
@@ -116,7 +118,7 @@ class _ZstdStream(io.RawIOBase):
         if offset < self._position:
             self._file.seek(0)
             self._start()
-        scratch = bytearray(min(_SKIP_CHUNK, max(offset - self._position, 1)))
+        scratch = bytearray(min(SKIP_CHUNK, max(offset - self._position, 1)))
         while self._position < offset and self.readinto(memoryview(scratch)[: offset - self._position]):
             pass
         return self._position
@@ -159,6 +161,14 @@ def max_decompressed_bytes() -> int:
     """How many bytes a compressed input file may decompress to (``MAX_DECOMPRESSED_BYTES_ENV``,
     else 8 GiB); ``SourceError`` naming the variable when it is no such number."""
     return byte_cap(None, MAX_DECOMPRESSED_BYTES_ENV, DEFAULT_MAX_DECOMPRESSED_BYTES)
+
+
+def past_decompressed_cap(cap: int) -> str:
+    """What a reader says of a compressed file it stops at ``cap`` decompressed bytes."""
+    return (
+        f"the file decompresses to more than {cap:,} bytes; the rest of it is skipped (raise"
+        f" {MAX_DECOMPRESSED_BYTES_ENV} to read it)"
+    )
 
 
 class Opened(NamedTuple):

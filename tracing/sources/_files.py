@@ -54,10 +54,12 @@ from tracing.sources._compressed import (
     DEFAULT_MAX_DECOMPRESSED_BYTES,
     MAX_BARREN_RECORDS,
     MAX_DECOMPRESSED_BYTES_ENV,
+    SKIP_CHUNK,
     ZSTD_MAGIC,
     byte_cap,
     inflate_frame,
     open_compressed,
+    past_decompressed_cap,
 )
 
 __all__ = ["MAX_DECOMPRESSED_BYTES_ENV", "MAX_LINE_BYTES_ENV", "FileSource"]
@@ -70,7 +72,6 @@ MAX_LINE_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_LINE_BYTES"
 # size in Python objects, so this bounds the backfill's memory. The Collector's file exporter
 # writes one export batch per line, far smaller than this.
 DEFAULT_MAX_LINE_BYTES = 32 * 2**20
-_SKIP_CHUNK = 2**20
 _UNREADABLE: tuple[type[Exception], ...] = (OSError, *DECOMPRESS_ERRORS)
 
 
@@ -231,10 +232,10 @@ class FileSource:
             try:
                 with open_compressed(path) as (handle, file, compressed):
                     self._file = file
-                    # A start position names the record to read first: its number and byte offset.
                     budget = self.max_decompressed_bytes if compressed else 2**62
                     # The file exporter's JSON with compression: zstd is length-prefixed frames.
                     prefixed = prefixed or handle.read(8)[4:] == ZSTD_MAGIC
+                    # A start position names the record to read first: its number and byte offset.
                     handle.seek(begin.offset)
                     if prefixed:
                         yield from self._read_prefixed(index, path, begin, handle, budget)
@@ -258,17 +259,14 @@ class FileSource:
         )
 
     def _bomb(self) -> str:
-        return (
-            f"the file decompresses to more than {self.max_decompressed_bytes:,} bytes; the rest of it "
-            f"is skipped (raise {MAX_DECOMPRESSED_BYTES_ENV} to read it)"
-        )
+        return past_decompressed_cap(self.max_decompressed_bytes)
 
     def _skip_line(self, handle: IO[bytes], budget: int) -> tuple[int, bool]:
         """Read past the rest of an over-long line, a chunk at a time; (bytes skipped, whether
         the line ended within ``budget`` bytes)."""
         skipped = 0
         while skipped <= budget:
-            chunk = handle.readline(_SKIP_CHUNK)
+            chunk = handle.readline(SKIP_CHUNK)
             skipped += len(chunk)
             if not chunk or chunk.endswith(b"\n"):
                 return skipped, True
@@ -375,7 +373,7 @@ class FileSource:
                 # Skipped a chunk at a time: the length prefix is untrusted input.
                 skipped = 0
                 while skipped < size and offset + 4 + skipped <= budget:
-                    chunk = reader.read(min(_SKIP_CHUNK, size - skipped))
+                    chunk = reader.read(min(SKIP_CHUNK, size - skipped))
                     if not chunk:
                         break
                     skipped += len(chunk)
