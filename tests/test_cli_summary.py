@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import array
+import fcntl
 import gzip
 import json
 import os
 import queue
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -706,7 +709,11 @@ def test_a_compressed_pipe_whose_first_write_is_short_is_read_compressed(tmp_pat
     def feed() -> None:
         with fifo.open("wb", buffering=0) as out:  # (blocks until the command opens it to read)
             out.write(data[:2])
-            time.sleep(0.3)  # (the reader's peek has returned: the rest comes in a read of its own)
+            # The rest is written once the reader has taken those 2 bytes (the pipe holds none):
+            # its first read has then returned them alone, whatever the machine's speed.
+            deadline = time.monotonic() + 30
+            while _bytes_in_pipe(out) and time.monotonic() < deadline:
+                time.sleep(0.01)
             out.write(data[2:])
 
     feeder = threading.Thread(target=feed, daemon=True)
@@ -716,3 +723,10 @@ def test_a_compressed_pipe_whose_first_write_is_short_is_read_compressed(tmp_pat
     assert result.exit_code == 0, result.output
     assert "not UTF-8" not in result.stderr, result.stderr
     assert "1 runs × 1 scorers" in result.stderr, result.stderr
+
+
+def _bytes_in_pipe(end: Any) -> int:
+    """How many bytes a pipe holds, asked of either end (Linux answers FIONREAD for both)."""
+    held = array.array("i", [0])
+    fcntl.ioctl(end.fileno(), termios.FIONREAD, held)
+    return held[0]
