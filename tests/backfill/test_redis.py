@@ -1109,3 +1109,55 @@ def test_a_queue_no_worker_reads_is_said_once_with_the_command_that_starts_one(
         assert server.password not in result.output
     finally:
         server.close()
+
+
+def test_an_enqueue_held_back_by_a_queue_no_worker_reads_says_so_once(tmp_path: Path) -> None:
+    """Backpressure on a queue no worker reads: the backfill showed "waiting for the workers: 2
+    batches queued" for good, with no hint (the follow phase had one, this wait none). A queue
+    that does not move for STALL_HINT_S is said once here too, with the worker command; Ctrl-C
+    then leaves the job resumable."""
+    server = RedisServer()
+    server.start()
+    write_otlp_files(tmp_path / "in", 40, files=1)
+    program = (
+        "import sys; from worker.backfill import _job; _job.STALL_HINT_S = 1.0;"
+        " from worker.cli import cli; sys.argv[0] = 'tracescore'; cli()"
+    )
+    args = ["backfill", str(tmp_path / "in"), "--scorers", "tests.backfill.scorers", "--batch-size", "1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACESCORE_BROKER_URL": server.url(3)}
+    job = subprocess.Popen(
+        [sys.executable, "-c", program, *args, "--high-water", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    hint = "waiting to enqueue: no message taken from queue 'tracescore' for 1s: if no worker is running"
+    try:
+        assert job.stderr is not None
+        reader = threading.Thread(target=lambda: lines.extend(job.stderr or []), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 60
+        while not any(hint in line for line in lines) and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(hint in line for line in lines), "".join(lines)[-3000:]
+        with redis.Redis.from_url(server.url(3)) as broker:
+            assert broker.llen("tracescore") == 2  # held back: 40 runs, 2 queued
+        job.send_signal(signal.SIGINT)
+        job.wait(60)
+        reader.join(10)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        if job.stderr is not None:
+            job.stderr.close()
+        server.close()
+    stderr = "".join(lines)
+    assert job.returncode == 130, stderr[-3000:]
+    assert stderr.count(hint) == 1, stderr[-3000:]
+    assert "start one on this broker: tracescore worker --scorers tests.backfill.scorers" in stderr
+    assert "tracescore backfill --resume" in stderr
+    assert server.password not in stderr

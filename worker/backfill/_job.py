@@ -78,7 +78,7 @@ EXIT_WAIT_TIMEOUT = 3
 EXIT_SINK_FAILED = 4
 # A job's scores and its queue standing still this long is said once, as a question (a worker
 # may be busy with one long batch), with the command that starts a worker: waiting on a queue
-# no worker reads looked like a slow job.
+# no worker reads looked like a slow job, or like a backfill held back by backpressure.
 STALL_HINT_S = 30.0
 
 log = structlog.get_logger("tracescore.backfill")
@@ -934,6 +934,28 @@ def _check_outcome(summary: dict[str, Any]) -> None:
         raise CliError(f"every score failed ({summary['failed']:,}{'; ' + reasons if reasons else ''})")
 
 
+class _StallHint:
+    """Says once per stall, as a question, that no worker may read the job's queue: what a look
+    sees (``moved``) unchanged for ``STALL_HINT_S`` while messages wait, whether the backfill waits
+    to enqueue (backpressure) or for the scores."""
+
+    def __init__(self, reporter: ProgressReporter, state: BackfillState, *, waits_for: str) -> None:
+        self._reporter, self._state, self._waits_for = reporter, state, waits_for
+        self._seen: object = None
+        self._since, self._said = time.monotonic(), False
+
+    def look(self, moved: object, pending: int) -> None:
+        if moved != self._seen:
+            self._seen, self._since, self._said = moved, time.monotonic(), False
+        elif pending and not self._said and time.monotonic() - self._since >= STALL_HINT_S:
+            self._said = True
+            self._reporter.message(
+                f"{self._waits_for} no message taken from queue {self._state.queue!r} for {STALL_HINT_S:.0f}s: if"
+                f" no worker is running, start one on this broker: tracescore worker --scorers"
+                f" {self._state.options.scorers_module}"
+            )
+
+
 def _wait_for_workers(
     submitter: Submitter,
     state: BackfillState,
@@ -945,7 +967,7 @@ def _wait_for_workers(
     started = time.monotonic()
     reporter.start("scoring")
     progress = submitter.progress(state.job_id)
-    seen, since, hinted = (-1, -1), started, False
+    stall = _StallHint(reporter, state, waits_for="no score done and")
     while True:
         done = progress.get("scored", 0) + progress.get("failed", 0) + progress.get("skipped", 0)
         pending = submitter.pending()
@@ -958,15 +980,7 @@ def _wait_for_workers(
         # queue to empty as well.
         if done == expected or (done > expected and pending == 0):
             return progress
-        if (done, pending) != seen:
-            seen, since, hinted = (done, pending), time.monotonic(), False
-        elif pending and not hinted and time.monotonic() - since >= STALL_HINT_S:
-            hinted = True
-            reporter.message(
-                f"no score done and no message taken from queue {state.queue!r} for {STALL_HINT_S:.0f}s: if no"
-                f" worker is running, start one on this broker: tracescore worker --scorers"
-                f" {state.options.scorers_module}"
-            )
+        stall.look((done, pending), pending)
         if timeout_s is not None and time.monotonic() - started > timeout_s:
             reporter.message(f"stopped waiting after {timeout_s:.0f}s: {done:,} of {expected:,} scores done")
             return progress
@@ -1505,7 +1519,13 @@ def _run_held(
 
                 backfill.should_stop = stop
                 submitter.should_stop = stop
-                submitter.on_wait = backfill.show_waiting
+                stall = _StallHint(reporter, state, waits_for="waiting to enqueue:")
+
+                def waiting(pending: int) -> None:
+                    backfill.show_waiting(pending)
+                    stall.look(pending, pending)
+
+                submitter.on_wait = waiting
 
                 def work() -> None:
                     nonlocal progress
