@@ -40,17 +40,19 @@ if TYPE_CHECKING:
     from worker._guard import BrokerWrites
 
 __all__ = [
+    "Dropped",
     "Requeued",
     "backfill_jobs",
     "broker_status",
     "dead_letters",
+    "drop_dead_letters",
     "requeue_dead_letters",
     "store_evicts",
     "store_status",
 ]
 
-# How long one `dlq retry` holds a letter it is sending back: past it (the caller died), a
-# later retry may send it.
+# How long one `dlq retry` holds a letter it is sending back (a `dlq drop`, one it removed): past
+# it (the caller died), a later retry may send it.
 HOLD_S = 60.0
 
 
@@ -378,3 +380,36 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> Req
         await store.close()
         await ledger.close()
     return Requeued(requeued, problems, not_retryable)
+
+
+class Dropped(NamedTuple):
+    """What ``drop_dead_letters`` did: the letters removed, and one line per letter that was not."""
+
+    dropped: list[DeadLetter]
+    problems: list[str]
+
+
+async def drop_dead_letters(settings: Settings, ids: list[str] | None, reason: str | None = None) -> Dropped:
+    """Remove the dead letters ``ids`` for good (``None``: every one, or every one of ``reason``),
+    unreadable ones too; a letter a `dlq retry` is sending is left to it."""
+    store = RedisDeadLetters(settings.store_url)
+    dropped: list[DeadLetter] = []
+    problems: list[str] = []
+    try:
+        listed = {d.id: d for d in await store.latest(limit=1_000_000)}
+        if ids is None:
+            ids = [i for i, d in listed.items() if reason is None or d.reason == reason]
+        for letter_id in ids:
+            if letter_id not in listed:
+                problems.append(f"{letter_id}: no such dead letter (see `tracescore dlq list`)")
+            # The hold stays until it lapses: a retry that listed the letter before it was
+            # dropped must not send it.
+            elif not await store.hold(letter_id, HOLD_S):
+                problems.append(f"{letter_id}: being requeued by a `tracescore dlq retry`; left to it")
+            elif (letter := await store.take(letter_id)) is None:
+                problems.append(f"{letter_id}: another caller had removed it from the list")
+            else:
+                dropped.append(letter)
+    finally:
+        await store.close()
+    return Dropped(dropped, problems)

@@ -247,6 +247,89 @@ def test_dlq_lists_a_damaged_letter_as_unreadable_and_retries_the_others(
         client.close()
 
 
+def test_dlq_drop_removes_letters_by_id_by_reason_or_all_and_the_counts_follow(
+    env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Letters that will never be retried (damaged entries, a producer's bad messages) stayed
+    listed and counted for good: `dlq retry` refuses them and nothing removed them but redis-cli.
+    `dlq drop` removes them by id, by reason or all, and the counts by reason follow (an emptied
+    list counts nothing, whatever the damaged entries were counted under when pushed)."""
+    marker = "AGENT-CONTENT-MARKER-drop"
+    good = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
+    bad = DeadLetter(reason="invalid_payload", error="not a ScoreBatch", payload={"x": 1}, retryable=False)
+    other = DeadLetter(reason="invalid_payload", error="not a ScoreBatch", payload={"x": 2}, retryable=False)
+    _push_letters(env, good, bad, other)
+    client = redis.Redis.from_url(env)
+    try:
+        client.lpush("tracescore:dlq", f"not a letter {marker}")
+        client.hincrby("tracescore:dlq:reasons", "not_json", 1)  # what it was counted under
+        assert main(["dlq", "list", "--json"]) == 0
+        damaged = DeadLetter.model_validate_json(capsys.readouterr().out.splitlines()[0])
+        assert damaged.reason == "unreadable_dead_letter"
+
+        assert main(["dlq", "drop", bad.id, "nope"]) == 1  # one dropped, one not there: named
+        captured = capsys.readouterr()
+        assert f"dropped {bad.id} (invalid_payload, batch -)" in captured.out
+        assert "nope: no such dead letter" in captured.err
+        assert client.hget("tracescore:dlq:reasons", "invalid_payload") == b"1"
+
+        assert main(["dlq", "drop", "--reason", "unreadable_dead_letter", "--yes", "--json"]) == 0
+        said = json.loads(capsys.readouterr().out)
+        assert (said["dropped"], said["problems"]) == ([damaged.id], [])
+        assert client.llen("tracescore:dlq") == 2
+
+        assert main(["dlq", "drop", "--all"]) == 2  # removing every letter is asked for twice
+        assert "--yes" in capsys.readouterr().err
+        assert main(["dlq", "drop", "--all", "--yes"]) == 0
+        captured = capsys.readouterr()
+        assert f"dropped {good.id}" in captured.out
+        assert f"dropped {other.id}" in captured.out
+        assert marker not in captured.out + captured.err
+        assert client.llen("tracescore:dlq") == 0
+        assert client.hgetall("tracescore:dlq:reasons") == {}  # not_json's count went with the list
+    finally:
+        client.close()
+    assert main(["dlq", "drop", "--all", "--yes"]) == 0  # nothing to drop is no failure
+    assert "0 dropped" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dlq", "drop"],
+        ["dlq", "drop", "x", "--all"],
+        ["dlq", "drop", "--all", "--reason", "y"],
+        ["dlq", "drop", "x", "--reason", "y"],
+    ],
+)
+def test_dlq_drop_takes_ids_or_all_or_one_reason(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*argv, "--yes", "--broker", "redis://127.0.0.1:1/0"]) == 2
+    assert "give dead letter ID(s), --reason or --all (one of them)" in capsys.readouterr().err
+
+
+def test_dlq_drop_leaves_a_letter_another_retry_is_sending(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A letter a `dlq retry` holds (it is sending it) is not dropped under it: the retry's take
+    would find it gone after the message was sent, and say another caller removed it."""
+    letter = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
+    _push_letters(env, letter)
+
+    async def hold() -> bool:
+        store = RedisDeadLetters(env)
+        try:
+            return await store.hold(letter.id, 60)
+        finally:
+            await store.close()
+
+    assert asyncio.run(hold())
+    assert main(["dlq", "drop", letter.id]) == 1
+    assert f"{letter.id}: being requeued by a `tracescore dlq retry`" in capsys.readouterr().err
+    client = redis.Redis.from_url(env)
+    try:
+        assert client.llen("tracescore:dlq") == 1
+    finally:
+        client.close()
+
+
 def test_dlq_retry_interrupted_mid_send_keeps_the_letter(
     env: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -675,7 +758,17 @@ def _leaf_commands(group: click.Group, prefix: str = "") -> dict[str, click.Comm
 
 
 # Every command, by whether it talks to Redis; a new command must be placed here.
-TALKS_TO_REDIS = {"status", "scores", "dlq list", "dlq retry", "sinks list", "sinks retry", "worker", "probe ready"}
+TALKS_TO_REDIS = {
+    "status",
+    "scores",
+    "dlq list",
+    "dlq retry",
+    "dlq drop",
+    "sinks list",
+    "sinks retry",
+    "worker",
+    "probe ready",
+}
 NO_REDIS = {"score", "compare", "probe live"}  # in-process scoring, two files, the probe files
 # Their answer is not output for scripts: a long-running process; a probe's exit status.
 NO_JSON = {"worker", "probe live", "probe ready"}

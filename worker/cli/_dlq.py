@@ -1,15 +1,17 @@
-"""``tracescore dlq list|retry``: messages that could not be scored, and requeuing them."""
+"""``tracescore dlq list|retry|drop``: messages that could not be scored, requeuing them, and
+removing the ones that will never be."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
 import json
+import sys
 
 import click
 from redis.exceptions import RedisError
 
-from worker._admin import dead_letters, requeue_dead_letters
+from worker._admin import dead_letters, drop_dead_letters, requeue_dead_letters
 from worker._terminal import cell, printable
 from worker.cli._common import CliError, broker_option, json_line, json_option, redis_settings, unreachable
 from worker.store import StoreUnavailableError
@@ -19,13 +21,14 @@ __all__ = ["dlq_group"]
 
 @click.group("dlq")
 def dlq_group() -> None:
-    """Inspect and requeue dead letters: messages that failed validation or their retry budget.
+    """Inspect, requeue or drop dead letters: messages that failed validation or their retry budget.
 
     \b
     Examples:
       tracescore dlq list
       tracescore dlq retry 3f2a9c...   # one letter, by id
       tracescore dlq retry --all
+      tracescore dlq drop --reason unreadable_dead_letter --yes
     """
 
 
@@ -103,3 +106,48 @@ def dlq_retry(broker: str | None, ids: tuple[str, ...], retry_all: bool, as_json
     failed = len(problems) - (len(not_retryable) if retry_all else 0)
     if failed and not requeued:
         raise CliError("nothing requeued")
+
+
+@dlq_group.command("drop")
+@click.argument("ids", nargs=-1)
+@click.option("--reason", help="Drop every dead letter of this reason (as `dlq list` shows it).")
+@click.option("--all", "drop_all", is_flag=True, help="Drop every dead letter.")
+@click.option("--yes", is_flag=True, help="Drop by --reason or --all without asking.")
+@json_option("One JSON object: the dropped letters' ids and the problems, one line each.")
+@broker_option
+def dlq_drop(
+    broker: str | None, ids: tuple[str, ...], reason: str | None, drop_all: bool, yes: bool, as_json: bool
+) -> None:
+    """Remove dead letters for good (by ID, --reason or --all): the ones that will never be
+    retried, such as damaged entries (unreadable_dead_letter) or a fixed producer's bad messages.
+
+    A letter a `dlq retry` is sending is left to it. Without --yes, --reason and --all ask first
+    (on a terminal; elsewhere they need --yes).
+
+    \b
+    Examples:
+      tracescore dlq drop 3f2a9c0b1d2e4f5a6b7c8d9e0f1a2b3c
+      tracescore dlq drop --reason unreadable_dead_letter --yes --json
+    """
+    if sum((bool(ids), reason is not None, drop_all)) != 1:
+        raise click.UsageError("give dead letter ID(s), --reason or --all (one of them)")
+    if not ids and not yes:
+        what = "every dead letter" if drop_all else f"every dead letter of reason {reason!r}"
+        if not sys.stdin.isatty():
+            raise click.UsageError(f"dropping {printable(what)} cannot be undone: add --yes")
+        click.confirm(f"Drop {printable(what)} for good?", abort=True, err=True)
+    settings = redis_settings(broker)
+    try:
+        dropped, problems = asyncio.run(drop_dead_letters(settings, list(ids) or None, reason))
+    except (RedisError, OSError) as exc:
+        raise unreachable("score store", settings.store_url, exc) from exc
+    if as_json:
+        click.echo(json.dumps({"dropped": [letter.id for letter in dropped], "problems": problems}))
+    for letter in [] if as_json else dropped:
+        click.echo(printable(f"dropped {letter.id} ({letter.reason}, batch {letter.batch_id or '-'})"))  # from Redis
+    for problem in [] if as_json else problems:
+        click.echo(printable(problem), err=True)
+    if not as_json:
+        click.echo(f"{len(dropped)} dropped, {len(problems)} not", err=True)
+    if problems:
+        raise CliError("some dead letters were not dropped" if dropped else "nothing dropped")

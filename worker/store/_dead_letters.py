@@ -73,7 +73,8 @@ class DeadLetters(Protocol):
         ...
 
     async def take(self, letter_id: str) -> DeadLetter | None:
-        """Remove and return one dead letter by id (None if it is not there)."""
+        """Remove and return one dead letter by id, an unreadable one too (None if it is not
+        there)."""
         ...
 
     async def hold(self, letter_id: str, ttl_s: float) -> bool:
@@ -110,7 +111,9 @@ return 1
 """,
 )
 
-# KEYS: dlq list, reasons hash. ARGV: letter json, reason.
+# KEYS: dlq list, reasons hash. ARGV: letter json, reason ('' when the entry is no letter: the
+# reason it was counted under is unknown). An emptied list counts nothing, whatever its damaged
+# entries were counted under.
 _TAKE = checked_script(
     "{KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r'}",
     """
@@ -121,8 +124,11 @@ end
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
   return 0
 end
-if redis.call('HINCRBY', KEYS[2], ARGV[2], -1) <= 0 then
+if ARGV[2] ~= '' and redis.call('HINCRBY', KEYS[2], ARGV[2], -1) <= 0 then
   redis.call('HDEL', KEYS[2], ARGV[2])
+end
+if redis.call('LLEN', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[2])
 end
 return 1
 """,
@@ -203,9 +209,10 @@ class RedisDeadLetters(OnRedis):
         client = self._redis.client
         for raw in await checked_async(client, "dead_letters", _LIST, lambda: client.lrange(_keys.dlq_key(), 0, -1)):
             letter = _stored(raw)
-            if letter.id == letter_id and letter.reason != UNREADABLE:  # its count is under a reason unknown
+            if letter.id == letter_id:
+                reason = "" if letter.reason == UNREADABLE else letter.reason
                 (removed,) = await self._redis.evalsha_many(
-                    _TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, letter.reason)], where="dead_letter_take"
+                    _TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, reason)], where="dead_letter_take"
                 )
                 return letter if removed else None
         return None
