@@ -665,3 +665,23 @@ def test_every_line_naming_a_sink_names_where_it_writes_never_its_secrets() -> N
     for event in ("sink_dead_letter", "sink_crashed", "drainer_failed"):
         assert named[event]["endpoint"] == shown, (event, logs)
     assert not [s for s in secrets if s in repr(logs)]
+
+
+def test_a_bounded_stores_sink_keeps_its_newest_dead_letters_and_counts_every_one() -> None:
+    """An app's embedded store keeps its newest records only, so its memory stays flat for weeks;
+    a sink refusing every score (a deleted project, a revoked key) kept a dead letter per score
+    for good: the app's memory grew with every score scored. The newest as many letters as
+    records are kept; the older ones are forgotten, still counted as failed."""
+    memory = MemoryScoreStore(sinks=("alpha",), max_records=5)
+    records = [_record(n, score=n / 100) for n in range(1, 21)]
+    for record in records:
+        _put(lambda: memory, record)
+        lease = memory.outbox.lease("alpha", 10, lease_s=30)
+        letter = SinkDeadLetter(score_id=record.score_id, sink="alpha", reason="http_403", detail="no", attempts=1)
+        assert memory.outbox.dead(lease, [letter]) == 1
+    kept = memory.outbox.dead_letters("alpha", 1000)
+    assert [x.score_id for x in kept] == [r.score_id for r in reversed(records[-5:])]
+    assert memory.outbox.counts()["alpha"].failed == 20
+    assert len(memory.records) == 5
+    assert memory.outbox.redrive("alpha") == 5  # the kept ones go again; the forgotten stay counted
+    assert memory.outbox.counts()["alpha"].failed == 15

@@ -139,7 +139,7 @@ class MemoryScoreStore:
         self._expires: dict[str, float] = {}
         self._expiry_heap: list[tuple[float, str]] = []
         # Every recorded score is queued here for each sink, as the Redis store's script does.
-        self.outbox = MemoryOutbox(self._records_among, sinks)
+        self.outbox = MemoryOutbox(self._records_among, sinks, max_dead=max_records)
         self._claims: dict[str, tuple[str, float]] = {}
         self._checkpoints: dict[str, ScoreResult] = {}
         self._by_trace: dict[str, list[str]] = defaultdict(list)

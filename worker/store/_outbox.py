@@ -69,7 +69,8 @@ class SinkDeadLetter(BaseModel):
 
 @dataclass(frozen=True)
 class SinkCounts:
-    """One sink's state: ``pending`` (queued or leased), ``failed`` (dead letters now),
+    """One sink's state: ``pending`` (queued or leased), ``failed`` (dead letters now, and those
+    a bounded in-memory outbox forgot past its bound),
     ``delivered`` / ``dropped`` (record gone) / ``retried`` (since the counters began; None:
     unknown, its counter in Redis is no number until the drainer's next settle starts it over)."""
 
@@ -563,9 +564,19 @@ class RedisOutbox:
 class MemoryOutbox:
     """The outbox in memory, over a ``MemoryScoreStore``'s records (``store.outbox``)."""
 
-    def __init__(self, records: Callable[[Sequence[str]], dict[str, ScoreRecord]], sinks: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        records: Callable[[Sequence[str]], dict[str, ScoreRecord]],
+        sinks: Iterable[str] = (),
+        *,
+        max_dead: int | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._records = records
+        # A bounded store's app runs for weeks: a sink refusing every score would otherwise keep
+        # a letter per score for good. Past ``max_dead`` a sink's oldest letter is forgotten,
+        # still counted as failed.
+        self.max_dead = max_dead
         self.sinks: tuple[str, ...] = ()
         self._due: dict[str, dict[str, int]] = {}
         self._attempts: dict[str, Counter[str]] = {}
@@ -605,7 +616,7 @@ class MemoryOutbox:
 
     def forget(self, score_id: str) -> None:
         """The store dropped the record (its TTL, or its bound): no state of it is kept but a
-        dead letter, which stays for the operator."""
+        dead letter, which stays for the operator (up to ``max_dead``)."""
         with self._lock:
             for sink in self.sinks:
                 self._delivered[sink].discard(score_id)
@@ -681,7 +692,11 @@ class MemoryOutbox:
 
         def bury(score_id: str) -> None:
             self._remove(lease.sink, score_id, None)
-            self._dead[lease.sink][score_id] = by_id[score_id]
+            dead = self._dead[lease.sink]
+            dead[score_id] = by_id[score_id]
+            while self.max_dead is not None and len(dead) > self.max_dead:
+                del dead[next(iter(dead))]  # (buried in order: the oldest first)
+                self._counts[lease.sink]["forgotten"] += 1
 
         return self._settle(lease, by_id, bury)
 
@@ -694,7 +709,7 @@ class MemoryOutbox:
                 sink: SinkCounts(
                     delivered=self._counts[sink]["delivered"],
                     pending=len(self._due[sink]),
-                    failed=len(self._dead[sink]),
+                    failed=len(self._dead[sink]) + self._counts[sink]["forgotten"],
                     dropped=self._counts[sink]["dropped"],
                     retried=self._counts[sink]["retried"],
                 )
@@ -703,8 +718,7 @@ class MemoryOutbox:
 
     def dead_letters(self, sink: str, limit: int = 100) -> list[SinkDeadLetter]:
         with self._lock:
-            letters = sorted(self._dead.get(sink, {}).values(), key=lambda x: x.failed_at, reverse=True)
-        return letters[:limit]
+            return list(islice(reversed(self._dead.get(sink, {}).values()), limit))  # (buried in order)
 
     def redrive(self, sink: str, score_ids: Sequence[str] | None = None) -> int:
         now = _now_ms()
