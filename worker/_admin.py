@@ -153,6 +153,7 @@ async def store_status(settings: Settings) -> dict[str, Any]:
         return {
             "dead_letters": size,
             "dead_letters_by_reason": await letters.counts(),
+            "dead_letters_dropped": await letters.dropped(),
             "refused_keys": refused,
             "recent_failures": await jobs.recent_failures(),
             "rate_limits": await limiter.state(),

@@ -100,6 +100,11 @@ def dlq_reasons_key() -> str:
     return f"{PREFIX}dlq:reasons"
 
 
+def dlq_dropped_key() -> str:
+    """Hash: dead letters dropped past the list's bound (the oldest first), by reason."""
+    return f"{PREFIX}dlq:dropped"
+
+
 def failures_key(bucket: int) -> str:
     """Hash of failure counts by reason in one time bucket (``worker.store._jobs.failure_bucket``), for
     ``tracescore status``."""

@@ -102,6 +102,12 @@ class ModelRateLimit(BaseModel):
     tokens_per_minute: float | None = Field(default=None, gt=0)
 
 
+# The dead-letter list's bound (``dlq_max_letters``), its oldest letters dropped past it: a
+# letter keeps its message, up to 1 MiB, and a producer whose every message is refused makes
+# one of each.
+DEFAULT_DLQ_MAX_LETTERS = 100_000
+
+
 class Settings(BaseSettings):
     """Every knob of the worker. Environment: ``TRACESCORE_<FIELD>`` (case-insensitive)."""
 
@@ -141,6 +147,7 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=DEFAULT_MAX_PAYLOAD_BYTES, ge=1024)
     retry_budget: int = Field(default=3, ge=0)
     retry_backoff_seconds: float = Field(default=2.0, ge=0)
+    dlq_max_letters: int = Field(default=DEFAULT_DLQ_MAX_LETTERS, ge=1)
 
     # --- score sinks (helper A) ---
     # Where scores go, each delivered at least once from the outbox: a comma list of

@@ -24,7 +24,14 @@ from tracing._score_record import ScoreRecord, score_id_for
 from tracing.queue import plain_id
 from worker._heartbeat import READY_FILE
 from worker.cli import main
-from worker.store import DeadLetter, RedisDeadLetters, RedisOutbox, RedisScoreStore, SinkDeadLetter
+from worker.store import (
+    DeadLetter,
+    RedisDeadLetters,
+    RedisOutbox,
+    RedisScoreStore,
+    SinkDeadLetter,
+    SyncRedisDeadLetters,
+)
 
 # A broker nothing listens on: a command that reached Redis through it would fail.
 NOWHERE = "redis://127.0.0.1:1/11"
@@ -500,6 +507,34 @@ def test_status_names_a_refused_key_and_shows_the_rest(env: str, capsys: pytest.
         assert len(err.strip().splitlines()) == 1
     finally:
         client.close()
+
+
+def test_status_says_the_dead_letters_dropped_past_the_lists_bound(
+    env: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker's refusals past TRACESCORE_DLQ_MAX_LETTERS drop the oldest letters: `status`
+    says how many, by reason, beside the letters listed (the workers' screen and the task both
+    push with the setting's bound)."""
+    from worker._settings import load_settings
+
+    monkeypatch.setenv("TRACESCORE_DLQ_MAX_LETTERS", "2")
+    settings = load_settings()
+    assert settings.dlq_max_letters == 2
+    sync = SyncRedisDeadLetters(settings.store_url, max_letters=settings.dlq_max_letters)
+    try:
+        for n, reason in enumerate(["not_json", "bad_headers", "not_json", "not_json"]):
+            assert sync.push(DeadLetter(reason=reason, message_key=f"msg:{n}"))
+    finally:
+        sync.close()
+    capsys.readouterr()  # (the pushes' log lines)
+    assert main(["status", "--json", "--timeout", "0.3"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["dead_letters"], status["dead_letters_by_reason"]) == (2, {"not_json": 2})
+    assert status["dead_letters_dropped"] == {"not_json": 1, "bad_headers": 1}
+    assert main(["status", "--timeout", "0.3"]) == 0
+    said = capsys.readouterr().out
+    assert "dead letters 2 (not_json=2)" in said
+    assert "dropped past the list's bound (TRACESCORE_DLQ_MAX_LETTERS), the oldest first: " in said
 
 
 def test_status_shows_a_counter_that_is_not_a_number_unknown(env: str, capsys: pytest.CaptureFixture[str]) -> None:

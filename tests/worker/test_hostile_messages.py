@@ -622,3 +622,35 @@ def test_a_stand_in_shows_a_value_exactly_when_it_is_a_plain_id_and_reads_its_ow
         assert shown == (re.fullmatch(PLAIN_ID_PATTERN, token) is not None), token
         said = f"body_encoding {token if shown else '(not shown)'} is not base64"
         assert refusal == Refusal("bad_encoding", said), token
+
+
+def test_past_the_lists_bound_the_oldest_dead_letters_go_counted_and_the_worker_scores_on(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A producer whose every message is refused: past TRACESCORE_DLQ_MAX_LETTERS the oldest
+    letters go, whichever path refused them (the consumer's screen, the task), counted as dropped
+    by reason and logged without content; the newest stay and the worker scores on."""
+    proc = WorkerProcess(
+        "bounded", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl", env={"TRACESCORE_DLQ_MAX_LETTERS": "3"}
+    )
+    refused = [envelope(json.dumps(f"{MARKER} {n}"))[1] for n in range(3)]  # the screen: bad_body
+    invalid = [envelope(task_body([{"batch_id": f"bad-{n}", "requests": [{"run": n}]}]))[1] for n in range(2)]
+    try:
+        proc.wait_ready()
+        client = redis.Redis.from_url(redis_url)
+        try:
+            for entry in [*refused, *invalid]:
+                client.lpush(QUEUE, entry)
+            client.lpush(QUEUE, envelope(task_body([payload(range(1), ["length"], salt="bounded")]))[1])
+        finally:
+            client.close()
+        assert wait_for(lambda: len(read_scores(tmp_path / "scores.jsonl")) == 1, 60), proc.text()[-3000:]
+    finally:
+        proc.stop()
+    assert sorted(d.reason for d in _dlq(redis_url)) == ["bad_body", "invalid_payload", "invalid_payload"]
+    status = _status(redis_url, monkeypatch, capsys)
+    assert status["dead_letters_by_reason"] == {"bad_body": 1, "invalid_payload": 2}
+    assert status["dead_letters_dropped"] == {"bad_body": 2}
+    log = proc.text()
+    assert log.count("dead_letters_dropped_past_bound") == 2
+    assert MARKER not in log

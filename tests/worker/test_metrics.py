@@ -270,7 +270,8 @@ def test_scrape_time_gauges_read_the_queue_dead_letters_and_outbox(redis_url: st
     sink.send(batch(range(3), ["fast"], salt="q-new"))
     sink.close()
 
-    letters = RedisDeadLetters(redis_url)
+    letters = RedisDeadLetters(redis_url, max_letters=3)
+    run_coro(letters.push(DeadLetter(reason="not_json", message_key="m0")), 5)  # dropped past the bound
     run_coro(letters.push(DeadLetter(reason="poison", message_key="m1")), 5)
     run_coro(letters.push(DeadLetter(reason="poison", message_key="m2")), 5)
     run_coro(letters.push(DeadLetter(reason="invalid_payload", message_key="m3")), 5)
@@ -289,6 +290,8 @@ def test_scrape_time_gauges_read_the_queue_dead_letters_and_outbox(redis_url: st
     assert 119 <= samples[("tracescore_queue_oldest_age_seconds", queue)] < 180
     assert samples[("tracescore_dead_letters", frozenset({("reason", "poison")}))] == 2
     assert samples[("tracescore_dead_letters", frozenset({("reason", "invalid_payload")}))] == 1
+    assert ("tracescore_dead_letters", frozenset({("reason", "not_json")})) not in samples
+    assert samples[("tracescore_dead_letters_dropped", frozenset({("reason", "not_json")}))] == 1
     assert samples[("tracescore_sink_scores", frozenset({("sink", "jsonl"), ("state", "pending")}))] == 2
     assert samples[("tracescore_sink_scores", frozenset({("sink", "jsonl"), ("state", "delivered")}))] == 0
     assert samples[("tracescore_worker_info", frozenset({("node", "node-a@host"), ("queue", "metrics-q")}))] == 1

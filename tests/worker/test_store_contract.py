@@ -833,6 +833,40 @@ def test_sync_dead_letters_share_the_list_and_its_dedupe(redis_url: str) -> None
     assert counts == {"not_json": 1}
 
 
+@pytest.mark.parametrize("kind", ["memory", "redis", "sync"])
+def test_past_its_bound_the_oldest_dead_letter_goes_counted_by_reason(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A producer whose every message is refused (a release that breaks the format) made a
+    letter of each, with its message, up to 1 MiB: the list grew until Redis refused every write,
+    scores included. Past ``max_letters`` the oldest letter goes, taken off its reason's count and
+    counted as dropped by reason; the newest stay, in order."""
+    url = request.getfixturevalue("redis_url") if kind != "memory" else ""
+    reasons = ["not_json", "bad_body", "not_json", "bad_body", "task_crashed"]
+    pushed = [DeadLetter(reason=r, message_key=f"msg:{i}") for i, r in enumerate(reasons)]
+
+    async def go() -> tuple[list[bool], list[str], dict[str, int | None], dict[str, int | None]]:
+        dead: Any = MemoryDeadLetters(max_letters=3) if kind == "memory" else RedisDeadLetters(url, max_letters=3)
+        if kind == "sync":
+            sync = SyncRedisDeadLetters(url, max_letters=3)
+            try:
+                added = [sync.push(letter) for letter in pushed]
+            finally:
+                sync.close()
+        else:
+            added = [await dead.push(letter) for letter in pushed]
+        listed = [d.id for d in await dead.latest()]
+        counts, dropped = await dead.counts(), await dead.dropped()
+        await dead.close()
+        return added, listed, counts, dropped
+
+    added, listed, counts, dropped = run(go())
+    assert added == [True] * 5
+    assert listed == [d.id for d in reversed(pushed[2:])]
+    assert counts == {"not_json": 1, "bad_body": 1, "task_crashed": 1}
+    assert dropped == {"not_json": 1, "bad_body": 1}
+
+
 # --- Redis: reconnect and outage -----------------------------------------------------------------
 
 

@@ -144,6 +144,8 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
     _echo_spend(status["spend"])
     by_reason = _by_reason(status["dead_letters_by_reason"])
     _echo(f"dead letters {known(status['dead_letters'])}" + (f" ({by_reason})" if by_reason else ""))
+    if dropped := _by_reason(status["dead_letters_dropped"]):
+        _echo(f"             dropped past the list's bound (TRACESCORE_DLQ_MAX_LETTERS), the oldest first: {dropped}")
     for name, counts in sorted((status["sinks"] or {}).items()):
         _echo(
             f"sink        {name}: {known(counts['delivered'])} delivered, {counts['pending']} pending, "
@@ -161,6 +163,7 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
             if c[field] is None
         ),
         *(f"dead letters {reason}" for reason, n in status["dead_letters_by_reason"].items() if n is None),
+        *(f"dead letters dropped {reason}" for reason, n in status["dead_letters_dropped"].items() if n is None),
         *(f"failures {reason}" for reason, n in status["recent_failures"].items() if n is None),
         *(f"rate limit {model} {k}" for model, state in sorted(limits.items()) for k, v in state.items() if v is None),
         *(

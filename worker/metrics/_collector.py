@@ -55,6 +55,12 @@ SCRAPED: Final = (
     ),
     MetricSpec("tracescore_dead_letters", "gauge", ("reason",), "Dead letters on the list, by reason"),
     MetricSpec(
+        "tracescore_dead_letters_dropped",
+        "gauge",
+        ("reason",),
+        "Dead letters dropped past the list's bound (TRACESCORE_DLQ_MAX_LETTERS), the oldest first, by reason",
+    ),
+    MetricSpec(
         "tracescore_keys_refused",
         "gauge",
         ("key",),
@@ -159,18 +165,19 @@ class RedisStateCollector:
         up, info = g["tracescore_redis_up"], g["tracescore_worker_info"]
         depth, unacked = g["tracescore_queue_depth"], g["tracescore_queue_unacked"]
         age, dead = g["tracescore_queue_oldest_age_seconds"], g["tracescore_dead_letters"]
+        dropped = g["tracescore_dead_letters_dropped"]
         sinks, refused = g["tracescore_sink_scores"], g["tracescore_keys_refused"]
         info.add_metric([self._node, self._queue], 1)
         yield info
         broker_ok = self._read_queue(depth, unacked, age, refused)
         up.add_metric(["broker"], 1 if broker_ok else 0)
-        store_ok = self._read_store(dead, sinks, refused)
+        store_ok = self._read_store(dead, dropped, sinks, refused)
         up.add_metric(["store"], 1 if store_ok else 0)
         yield up
         if broker_ok:
             yield from (depth, unacked, age)
         if store_ok:
-            yield from (dead, sinks)
+            yield from (dead, dropped, sinks)
             yield from self._spend(g)
         if refused.samples:
             yield refused
@@ -202,12 +209,18 @@ class RedisStateCollector:
             unacked.add_metric([], int(taken))
         return True
 
-    def _read_store(self, dead: Any, sinks: Any, refused: Any) -> bool:
-        key = _keys.dlq_reasons_key()
+    def _read_store(self, dead: Any, dropped: Any, sinks: Any, refused: Any) -> bool:
+        key, dropped_key = _keys.dlq_reasons_key(), _keys.dlq_dropped_key()
         try:
             # The counts by reason are rebuilt by the store: repaired here as on its other paths.
             reasons = checked(
                 self._store, "dead_letter_counts", [(key, "hash", False)], lambda: dict(self._store.hgetall(key))
+            )
+            past_bound = checked(
+                self._store,
+                "dead_letter_dlq_dropped",
+                [(dropped_key, "hash", False)],
+                lambda: dict(self._store.hgetall(dropped_key)),
             )
             # The list itself is never repaired (it holds letters): while it is of another type,
             # every message the workers refuse goes back to the queue, counted nowhere else.
@@ -222,15 +235,16 @@ class RedisStateCollector:
         except redis.RedisError as exc:
             log.warning("metrics_store_unavailable", error=type(exc).__name__)
             return False
-        for reason, letters in sorted(reasons.items()):
-            name = _text(reason)
-            try:
-                n = int(letters)
-            except ValueError:
-                _unreadable(f"dlq_reasons:{name[:60]}")
-                continue
-            if n > 0:
-                dead.add_metric([name], n)
+        for gauge, counts_of, by_reason in ((dead, "dlq_reasons", reasons), (dropped, "dlq_dropped", past_bound)):
+            for reason, letters in sorted(by_reason.items()):
+                name = _text(reason)
+                try:
+                    n = int(letters)
+                except ValueError:
+                    _unreadable(f"{counts_of}:{name[:60]}")
+                    continue
+                if n > 0:
+                    gauge.add_metric([name], n)
         for sink, c in sorted(counts.items()):
             for state, count in c.as_dict().items():
                 if count is not None:  # (no number in Redis: left out, not 0; counted by the outbox)

@@ -6,6 +6,11 @@ memory), so a redelivery of the same message (a consumer restarted before its ac
 a second letter. A stored entry that no longer validates (damaged, or written by another
 version) is listed as an ``unreadable_dead_letter`` of its own id, not retryable, instead of
 failing the command that reads the list.
+
+The list is bounded (``max_letters``, ``TRACESCORE_DLQ_MAX_LETTERS``): a producer whose every
+message is refused makes a letter of each, with its message, and an unbounded list grew until
+Redis refused every write, the scores' too. Past the bound the oldest letter goes in the same
+step as the push, counted as dropped by its reason (``dropped``).
 """
 
 from __future__ import annotations
@@ -16,14 +21,18 @@ import uuid
 from typing import Any, Protocol, runtime_checkable
 
 import redis
+import structlog
 from pydantic import BaseModel, Field, ValidationError
 
 from worker import _keys
 from worker._reconnect import unavailable_as_error
+from worker._settings import DEFAULT_DLQ_MAX_LETTERS
 from worker.store._keytypes import RELEASE_OWNED, Check, checked, checked_async, checked_script
 from worker.store._redis import OnRedis, RedisConnection, failed_fields, known_counters
 
 __all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id"]
+
+log = structlog.get_logger("tracescore.worker.store")
 
 
 class DeadLetter(BaseModel):
@@ -68,6 +77,10 @@ class DeadLetters(Protocol):
         """Dead letters on the list, by reason (None: its count in Redis is no number)."""
         ...
 
+    async def dropped(self) -> dict[str, int | None]:
+        """Dead letters dropped past the list's bound, by reason (None: no number in Redis)."""
+        ...
+
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
         """Up to ``limit`` letters, newest first."""
         ...
@@ -91,13 +104,16 @@ class DeadLetters(Protocol):
     async def close(self) -> None: ...
 
 
-# KEYS: dlq list, seen key, reasons hash. ARGV: letter json, reason, push nonce, seen ttl.
-# Seen-check, push and count in one step: two deliveries of one message make one letter. The
-# list is never deleted for being of another type (worker.store._keytypes): it holds letters.
+# KEYS: dlq list, seen key, reasons hash, dropped hash. ARGV: letter json, reason, push nonce,
+# seen ttl, the list's bound. Seen-check, push, count and the bound in one step: two deliveries
+# of one message make one letter. The list is never deleted for being of another type
+# (worker.store._keytypes): it holds letters. A dropped letter's reason is read from the head of
+# its JSON (the id first, then the reason: DeadLetter's field order), not decoded: a letter may
+# hold 1 MiB. 2: pushed, and letters dropped.
 _PUSH = checked_script(
-    "{KEYS[1], 'list', 'k', KEYS[2], 'string', 'r', KEYS[3], 'hash', 'r'}",
+    "{KEYS[1], 'list', 'k', KEYS[2], 'string', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'hash', 'r'}",
     """
-local bad = tracescore_check_counters({KEYS[3]})
+local bad = tracescore_check_counters({KEYS[3], KEYS[4]})
 if bad then
   return bad
 end
@@ -107,7 +123,19 @@ if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'EX', tonumber(ARGV[4])) then
 end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
-return 1
+local pushed = 1
+while redis.call('LLEN', KEYS[1]) > tonumber(ARGV[5]) do
+  local oldest = redis.call('RPOP', KEYS[1])
+  local reason = string.match(string.sub(oldest, 1, 512), '^{"id":"[^"]*","reason":"([^"\\]+)"')
+  if reason and tonumber(redis.call('HGET', KEYS[3], reason) or '0') > 0 then
+    if redis.call('HINCRBY', KEYS[3], reason, -1) <= 0 then
+      redis.call('HDEL', KEYS[3], reason)
+    end
+  end
+  redis.call('HINCRBY', KEYS[4], reason or 'unreadable_dead_letter', 1)
+  pushed = 2
+end
+return pushed
 """,
 )
 
@@ -151,14 +179,21 @@ return redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', tonumber(ARGV[1])) and 1 
 _LIST: list[Check] = [(_keys.dlq_key(), "list", True)]
 
 
-def _push_args(letter: DeadLetter) -> tuple[list[str], list[str]]:
+def _push_args(letter: DeadLetter, max_letters: int) -> tuple[list[str], list[str]]:
     """Keys and arguments of ``_PUSH`` for ``letter``."""
     seen = _keys.dlq_seen_key(letter.message_key or f"letter:{letter.id}")
     return (
-        [_keys.dlq_key(), seen, _keys.dlq_reasons_key()],
+        [_keys.dlq_key(), seen, _keys.dlq_reasons_key(), _keys.dlq_dropped_key()],
         # A fresh nonce per push: the client's own retry of this push sends the same one.
-        [letter.model_dump_json(), letter.reason, uuid.uuid4().hex, str(DLQ_SEEN_TTL_S)],
+        [letter.model_dump_json(), letter.reason, uuid.uuid4().hex, str(DLQ_SEEN_TTL_S), str(max_letters)],
     )
+
+
+def _said_if_dropped(pushed: Any, max_letters: int) -> bool:
+    """Whether ``_PUSH`` pushed; a push that dropped the oldest letters is logged (no content)."""
+    if pushed == 2:
+        log.warning("dead_letters_dropped_past_bound", max_letters=max_letters, setting="TRACESCORE_DLQ_MAX_LETTERS")
+    return bool(pushed)
 
 
 # The reason of a stored letter that no longer validates.
@@ -184,19 +219,33 @@ def _stored(raw: str | bytes) -> DeadLetter:
 class RedisDeadLetters(OnRedis):
     """The dead-letter list in Redis (``redis.asyncio``), shared by every worker and the CLI."""
 
-    def __init__(self, url: str, *, reconnect_s: float = 2.0, connection: RedisConnection | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        reconnect_s: float = 2.0,
+        connection: RedisConnection | None = None,
+        max_letters: int = DEFAULT_DLQ_MAX_LETTERS,
+    ) -> None:
         self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
         self._holds: dict[str, str] = {}  # letter id -> the token of this caller's hold
+        self.max_letters = max_letters
 
     async def push(self, letter: DeadLetter) -> bool:
-        keys, args = _push_args(letter)
+        keys, args = _push_args(letter, self.max_letters)
         (pushed,) = await self._redis.evalsha_many(_PUSH, len(keys), [(*keys, *args)], where="dead_letter_push")
-        return bool(pushed)
+        return _said_if_dropped(pushed, self.max_letters)
 
     async def counts(self) -> dict[str, int | None]:
-        client, key = self._redis.client, _keys.dlq_reasons_key()
-        raw = await checked_async(client, "dead_letter_counts", [(key, "hash", False)], lambda: client.hgetall(key))
-        return {k: n for k, n in known_counters(raw, key, "dlq_reasons").items() if n is None or n > 0}
+        return await self._counters(_keys.dlq_reasons_key(), "dlq_reasons")
+
+    async def dropped(self) -> dict[str, int | None]:
+        return await self._counters(_keys.dlq_dropped_key(), "dlq_dropped")
+
+    async def _counters(self, key: str, name: str) -> dict[str, int | None]:
+        client = self._redis.client
+        raw = await checked_async(client, f"dead_letter_{name}", [(key, "hash", False)], lambda: client.hgetall(key))
+        return {k: n for k, n in known_counters(raw, key, name).items() if n is None or n > 0}
 
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
         client = self._redis.client
@@ -241,8 +290,9 @@ class SyncRedisDeadLetters:
     """``push`` for a caller without an event loop (the consumer's guard, a plain thread):
     the same script as ``RedisDeadLetters.push``, on a synchronous client."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, max_letters: int = DEFAULT_DLQ_MAX_LETTERS) -> None:
         self.url = url
+        self.max_letters = max_letters
         self._client: redis.Redis | None = None
         self._script: Any = None
 
@@ -250,10 +300,11 @@ class SyncRedisDeadLetters:
         if self._client is None:
             self._client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
             self._script = self._client.register_script(_PUSH)
-        keys, args = _push_args(letter)
+        keys, args = _push_args(letter, self.max_letters)
         # The script checks its own keys (no checks to pass): ``checked`` turns its answer into a
         # repair and another try, or ``StoreKeyTypeError``.
-        return bool(checked(self._client, "dead_letter_push", [], lambda: self._script(keys=keys, args=args)))
+        pushed = checked(self._client, "dead_letter_push", [], lambda: self._script(keys=keys, args=args))
+        return _said_if_dropped(pushed, self.max_letters)
 
     def close(self) -> None:
         client, self._client = self._client, None

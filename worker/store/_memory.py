@@ -7,11 +7,13 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
+from itertools import islice
 
 from scorers import ScoreResult
 from tracing import ScoreRecord
+from worker._settings import DEFAULT_DLQ_MAX_LETTERS
 from worker.store._dead_letters import DeadLetter
 from worker.store._jobs import FAILURE_BUCKETS_KEPT, failure_bucket, outcome
 from worker.store._outbox import MemoryOutbox
@@ -290,13 +292,16 @@ class MemoryScoreStore:
 
 
 class MemoryDeadLetters:
-    """The dead-letter list in memory."""
+    """The dead-letter list in memory, bounded as in Redis (a dropped letter's message key is
+    forgotten with it: in one process no message comes back to be deduplicated)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_letters: int = DEFAULT_DLQ_MAX_LETTERS) -> None:
         self._lock = threading.Lock()
-        self._letters: list[DeadLetter] = []
+        self._letters: deque[DeadLetter] = deque()
         self._seen: set[str] = set()
         self._held: dict[str, float] = {}  # letter id -> when its hold ends (monotonic)
+        self._dropped: Counter[str] = Counter()
+        self.max_letters = max_letters
 
     async def push(self, letter: DeadLetter) -> bool:
         with self._lock:
@@ -304,8 +309,16 @@ class MemoryDeadLetters:
                 if letter.message_key in self._seen:
                     return False
                 self._seen.add(letter.message_key)
-            self._letters.insert(0, letter)
+            self._letters.appendleft(letter)
+            while len(self._letters) > self.max_letters:
+                oldest = self._letters.pop()
+                self._seen.discard(oldest.message_key or "")
+                self._dropped[oldest.reason] += 1
             return True
+
+    async def dropped(self) -> dict[str, int | None]:
+        with self._lock:
+            return dict(self._dropped)
 
     async def counts(self) -> dict[str, int | None]:
         counts: dict[str, int] = defaultdict(int)
@@ -316,13 +329,14 @@ class MemoryDeadLetters:
 
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
         with self._lock:
-            return list(self._letters[:limit])
+            return list(islice(self._letters, limit))
 
     async def take(self, letter_id: str) -> DeadLetter | None:
         with self._lock:
             for i, letter in enumerate(self._letters):
                 if letter.id == letter_id:
-                    return self._letters.pop(i)
+                    del self._letters[i]
+                    return letter
         return None
 
     async def hold(self, letter_id: str, ttl_s: float) -> bool:
