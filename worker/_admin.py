@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
@@ -312,6 +313,26 @@ async def dead_letters(settings: Settings, limit: int) -> tuple[int, list[DeadLe
         await store.close()
 
 
+async def _asked(
+    store: RedisDeadLetters, ids: list[str] | None, reason: str | None, problems: list[str]
+) -> AsyncIterator[DeadLetter]:
+    """The letters asked for, oldest first: ``ids`` (each one missing named in ``problems``), else
+    every one, or every one of ``reason``. The list is read a page at a time and each letter is
+    taken by the bytes of its page (``store.take``), so every letter costs one read of the list
+    in all, not one each."""
+    wanted = None if ids is None else dict.fromkeys(ids)
+    async for letter in store.each():
+        if wanted is None:
+            if reason is None or letter.reason == reason:
+                yield letter
+        elif letter.id in wanted:
+            del wanted[letter.id]
+            yield letter
+            if not wanted:
+                return
+    problems.extend(f"{i}: no such dead letter (see `tracescore dlq list`)" for i in wanted or ())
+
+
 class Requeued(NamedTuple):
     """What ``requeue_dead_letters`` did: the letters sent, one line per letter that was not
     (and why), and of those the ids of the letters that cannot be retried (left listed)."""
@@ -333,12 +354,8 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> Req
     problems: list[str] = []
     not_retryable: list[str] = []
     try:
-        listed = {d.id: d for d in await store.latest(limit=1_000_000)}
-        for letter_id in list(listed) if ids is None else ids:
-            letter = listed.get(letter_id)
-            if letter is None:
-                problems.append(f"{letter_id}: no such dead letter (see `tracescore dlq list`)")
-                continue
+        async for letter in _asked(store, ids, None, problems):
+            letter_id = letter.id
             if not letter.retryable or letter.payload is None:
                 problems.append(f"{letter_id}: not retryable ({letter.reason}); fix the producer instead")
                 not_retryable.append(letter_id)
@@ -397,18 +414,13 @@ async def drop_dead_letters(settings: Settings, ids: list[str] | None, reason: s
     dropped: list[DeadLetter] = []
     problems: list[str] = []
     try:
-        listed = {d.id: d for d in await store.latest(limit=1_000_000)}
-        if ids is None:
-            ids = [i for i, d in listed.items() if reason is None or d.reason == reason]
-        for letter_id in ids:
-            if letter_id not in listed:
-                problems.append(f"{letter_id}: no such dead letter (see `tracescore dlq list`)")
+        async for letter in _asked(store, ids, reason, problems):
             # The hold stays until it lapses: a retry that listed the letter before it was
             # dropped must not send it.
-            elif not await store.hold(letter_id, HOLD_S):
-                problems.append(f"{letter_id}: being requeued by a `tracescore dlq retry`; left to it")
-            elif (letter := await store.take(letter_id)) is None:
-                problems.append(f"{letter_id}: another caller had removed it from the list")
+            if not await store.hold(letter.id, HOLD_S):
+                problems.append(f"{letter.id}: being requeued by a `tracescore dlq retry`; left to it")
+            elif await store.take(letter.id) is None:
+                problems.append(f"{letter.id}: another caller had removed it from the list")
             else:
                 dropped.append(letter)
     finally:

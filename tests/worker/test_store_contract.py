@@ -754,6 +754,32 @@ def test_dead_letters_list_and_take(letters: Any) -> None:
     assert missing is None
 
 
+def test_each_reads_every_letter_oldest_first_while_the_caller_takes_some(letters: Any) -> None:
+    """``each``: every letter once, oldest first, across pages, whether the caller takes the
+    letter it is at or leaves it."""
+    from worker.store import _dead_letters
+
+    pushed = [DeadLetter(reason="r", message_key=f"m{n}") for n in range(7)]
+
+    async def go() -> tuple[list[str], int]:
+        for letter in pushed:
+            await letters.push(letter)
+        seen = []
+        async for letter in letters.each():
+            seen.append(letter.id)
+            if len(seen) % 2:
+                assert await letters.take(letter.id) is not None
+        left = await letters.size()
+        await letters.close()
+        return seen, left
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_dead_letters, "_PAGE", 3)
+        seen, left = run(go())
+    assert seen == [d.id for d in pushed]
+    assert left == 3
+
+
 def test_a_dead_letter_is_held_by_one_caller_until_its_hold_lapses(letters: Any) -> None:
     """hold: the first caller gets the letter, a second does not while the hold lasts, and may
     once it lapsed (a `dlq retry` that died mid-send leaves the letter to a later one)."""

@@ -15,9 +15,11 @@ step as the push, counted as dropped by its reason (``dropped``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
 import redis
@@ -83,6 +85,11 @@ class DeadLetters(Protocol):
 
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
         """Up to ``limit`` letters, newest first."""
+        ...
+
+    def each(self) -> AsyncIterator[DeadLetter]:
+        """Every letter, oldest first, read a page at a time; the caller may ``take`` each as it
+        goes (a letter taken or pushed meanwhile by another caller may be missed)."""
         ...
 
     async def take(self, letter_id: str) -> DeadLetter | None:
@@ -177,6 +184,8 @@ return redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', tonumber(ARGV[1])) and 1 
 
 
 _LIST: list[Check] = [(_keys.dlq_key(), "list", True)]
+# Letters ``each`` reads at once (each up to 1 MiB).
+_PAGE = 200
 
 
 def _push_args(letter: DeadLetter, max_letters: int) -> tuple[list[str], list[str]]:
@@ -230,6 +239,8 @@ class RedisDeadLetters(OnRedis):
         self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
         self._holds: dict[str, str] = {}  # letter id -> the token of this caller's hold
         self.max_letters = max_letters
+        self._read: dict[str, Any] = {}  # the page ``oldest`` read last: letter id -> its bytes
+        self._taken = 0
 
     async def push(self, letter: DeadLetter) -> bool:
         keys, args = _push_args(letter, self.max_letters)
@@ -254,17 +265,49 @@ class RedisDeadLetters(OnRedis):
         )
         return [_stored(v) for v in raw]
 
-    async def take(self, letter_id: str) -> DeadLetter | None:
+    async def each(self) -> AsyncIterator[DeadLetter]:
+        # Pushes go on the left: counted from the right, the letters not yet read stay where
+        # they were, but for those of a page the caller left (``kept``) or took (``_taken``).
+        kept = 0
+        while page := await self.oldest(kept, _PAGE):
+            taken = self._taken
+            for letter in page:
+                yield letter
+            kept += len(page) - (self._taken - taken)
+
+    async def oldest(self, skip: int, limit: int) -> list[DeadLetter]:
+        """Up to ``limit`` letters, oldest first, past the ``skip`` oldest; ``take`` removes
+        each by the bytes read here."""
         client = self._redis.client
-        for raw in await checked_async(client, "dead_letters", _LIST, lambda: client.lrange(_keys.dlq_key(), 0, -1)):
+        read = functools.partial(client.lrange, _keys.dlq_key(), -(skip + limit), -(skip + 1))
+        page: list[Any] = await checked_async(client, "dead_letters", _LIST, read)
+        self._read.clear()
+        letters = []
+        for raw in reversed(page):
             letter = _stored(raw)
-            if letter.id == letter_id:
-                reason = "" if letter.reason == UNREADABLE else letter.reason
-                (removed,) = await self._redis.evalsha_many(
-                    _TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, reason)], where="dead_letter_take"
-                )
-                return letter if removed else None
-        return None
+            self._read[letter.id] = raw
+            letters.append(letter)
+        return letters
+
+    async def take(self, letter_id: str) -> DeadLetter | None:
+        # The bytes of the page being read: one read of the list per letter made taking every
+        # letter cost the list's size squared.
+        raw: Any = self._read.pop(letter_id, None)
+        if raw is None:
+            client = self._redis.client
+            listed = await checked_async(client, "dead_letters", _LIST, lambda: client.lrange(_keys.dlq_key(), 0, -1))
+            raw = next((r for r in listed if _stored(r).id == letter_id), None)
+            if raw is None:
+                return None
+        letter = _stored(raw)
+        reason = "" if letter.reason == UNREADABLE else letter.reason
+        (removed,) = await self._redis.evalsha_many(
+            _TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, reason)], where="dead_letter_take"
+        )
+        if not removed:
+            return None
+        self._taken += 1
+        return letter
 
     async def hold(self, letter_id: str, ttl_s: float) -> bool:
         key, token = _keys.dlq_held_key(letter_id), uuid.uuid4().hex

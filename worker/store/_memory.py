@@ -8,7 +8,7 @@ import heapq
 import threading
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from itertools import islice
 
 from scorers import ScoreResult
@@ -330,6 +330,12 @@ class MemoryDeadLetters:
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
         with self._lock:
             return list(islice(self._letters, limit))
+
+    async def each(self) -> AsyncIterator[DeadLetter]:
+        with self._lock:
+            letters = list(reversed(self._letters))
+        for letter in letters:
+            yield letter
 
     async def take(self, letter_id: str) -> DeadLetter | None:
         with self._lock:
