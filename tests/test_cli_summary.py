@@ -725,6 +725,42 @@ def test_a_compressed_pipe_whose_first_write_is_short_is_read_compressed(tmp_pat
     assert "1 runs × 1 scorers" in result.stderr, result.stderr
 
 
+def test_score_skips_a_run_id_already_seen_and_names_its_line(tmp_path: Path) -> None:
+    """Two lines of one run id were both scored: two records of the run, which `compare` then
+    named as a duplicate. The first is scored; each later line of an id already seen (here in
+    a later chunk too, and an id given as the number and as the text) is skipped, named by its
+    line and the first's, not by its content, and counted with the bad lines."""
+    runs = _write_runs(
+        tmp_path / "runs.jsonl",
+        [
+            {"run_id": "secret-id", "input": "q", "output": "ab"},
+            {"run_id": "long", "input": "q", "output": "a long enough answer."},
+            {"run_id": "secret-id", "input": "q", "output": "another answer"},
+            {"run_id": 7, "input": "q", "output": "seven"},
+            {"run_id": "7", "input": "q", "output": "seven again"},
+            {"input": "q", "output": "no id: line-6"},
+            {"run_id": "secret-id", "input": "q", "output": "third"},
+        ],
+    )
+    out = tmp_path / "scores.jsonl"
+    for extra in ([], ["--json"]):
+        result = _score(str(runs), "--scorers", V1, "--scorer", "length", "--chunk", "2", "--out", str(out), *extra)
+        assert result.exit_code == 0, result.output
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [(r["run_id"], r["line"]) for r in records] == [("secret-id", 1), ("long", 2), ("7", 4), ("line-6", 6)]
+        assert f"{runs}:3: skipped: a run id already seen (line 1's)" in result.stderr
+        assert f"{runs}:5: skipped: a run id already seen (line 4's)" in result.stderr
+        assert f"{runs}:7: skipped: a run id already seen (line 1's)" in result.stderr
+        skips = [line for line in result.stderr.splitlines() if "already seen" in line]
+        assert len(skips) == 3
+        assert not [line for line in skips if "secret-id" in line]  # named by its line, not its content
+        assert "4 runs × 1 scorers" in result.stderr
+        assert "3 bad lines skipped" in result.stderr
+        if extra:
+            ids = [json.loads(line)["run_id"] for line in result.stdout.splitlines()]
+            assert ids == ["secret-id", "long", "7", "line-6"]
+
+
 def _bytes_in_pipe(end: Any) -> int:
     """How many bytes a pipe holds, asked of either end (Linux answers FIONREAD for both)."""
     held = array.array("i", [0])

@@ -134,14 +134,14 @@ def test_score_out_files_compare_across_scorer_versions(tmp_path: Path) -> None:
 
 
 def test_records_of_one_run_twice_are_named_in_the_table(tmp_path: Path) -> None:
-    """Two records of one run and scorer in a file (two different runs under one run id, or a
-    re-score): the last counts, as before, and the table now says how many were replaced, where
-    only --json counted them and the table showed fewer runs without a word."""
+    """Two records of one run and scorer in a file (a re-score appended to it; `score` itself
+    writes one record a run id): the last counts, as before, and the table now says how many
+    were replaced, where only --json counted them and the table showed fewer runs without a word."""
     runs = tmp_path / "runs.jsonl"
     runs.write_text(
         "".join(
             json.dumps({"run_id": rid, "input": "q", "output": out}) + "\n"
-            for rid, out in [("a", "one answer."), ("a", "another answer."), ("b", "x")]
+            for rid, out in [("a", "one answer."), ("b", "x")]
         )
     )
     out = tmp_path / "scores.jsonl"
@@ -149,6 +149,8 @@ def test_records_of_one_run_twice_are_named_in_the_table(tmp_path: Path) -> None
         cli, ["score", str(runs), "--scorers", "tests.summary_scorers_v1", "--scorer", "length", "--out", str(out)]
     )
     assert scored.exit_code == 0, scored.output
+    with out.open("a") as records:
+        records.write(out.read_text().splitlines(keepends=True)[0])  # run a's record again
     result = _compare(str(out), str(out))
     assert result.exit_code == 0, result.output
     assert "old: 1 record(s) of a run and scorer already read; the last one counts" in result.stdout

@@ -9,6 +9,7 @@ limits and retries), and each outcome goes to the summary and table that backfil
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import stat
 import sys
@@ -87,6 +88,10 @@ def _run_id(value: Any, number: int) -> str:
     if value is None or (isinstance(value, str | dict | list) and not value):
         return f"line-{number}"
     return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list | bool) else str(value)
+
+
+def _digest(run_id: str) -> bytes:
+    return hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _out_line(number: int, outcome: Outcome) -> str:
@@ -249,12 +254,18 @@ def score_command(
         def work() -> None:
             nonlocal runs_total
             lines = _read_runs(runs_file)
+            # Each run id's first line: a later line of an id seen is skipped (two records of a run
+            # were two scores, which compare then named). Kept as a 16-byte digest, about 100 bytes
+            # a run whatever the id's length.
+            seen: dict[bytes, int] = {}
             while not stop() and (batch := list(islice(lines, chunk))):
                 runs: list[tuple[int, dict[str, Any]]] = []
                 read = batch[-1][2]  # (the chunk's last line's end: the share done once it is scored)
                 for number, run, _ in batch:
                     if isinstance(run, str):
                         bad_lines(f"{runs_file}:{number}: skipped: {run}")
+                    elif (first := seen.setdefault(_digest(run["run_id"]), number)) != number:
+                        bad_lines(f"{runs_file}:{number}: skipped: a run id already seen (line {first}'s)")
                     else:
                         runs.append((number, run))
                 scored = list(scorer.score_runs([run for _, run in runs]))  # (a second signal drops the chunk)
