@@ -34,12 +34,17 @@ TRACES = 200
 MALFORMED_AT = (41, 121)  # lines (1-based) of the two malformed ones
 
 
-def _interleaved(path: Path) -> Path:
+def _interleaved(path: Path, padded: int = 0) -> Path:
     """200 traces, one a line with its chat span a line late (each line shares two traces), and
-    two malformed lines among them."""
+    two malformed lines among them; ``padded``: every tenth trace's answer (from the fifth) is that many
+    characters."""
     lines, late = [], None
     for i in range(TRACES):
         (chat, tool), root = trace_spans(i)
+        if padded and i % 10 == 5:
+            long = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "x" * padded}]}])
+            output = {"key": "gen_ai.output.messages", "value": {"stringValue": long}}
+            chat = {**chat, "attributes": [*chat["attributes"], output]}
         lines.append(_line([root, tool, *([late] if late else [])]))
         late = chat
     lines.append(_line([late]))
@@ -186,3 +191,51 @@ def test_a_tempo_search_warning_is_counted_once_by_a_resume_inside_its_window(st
         tempo.stop()
     assert _input_counts(resumed.counters) == _input_counts(whole.counters)
     assert sorted(submitter.runs) == sorted(uninterrupted.runs)
+
+
+@pytest.mark.parametrize("padded", [0, 10_000])
+@pytest.mark.parametrize("stop_after", [12, 60, 120])
+@pytest.mark.parametrize("window", [10, 100])
+def test_a_resume_after_a_batch_cut_by_bytes_counts_each_run_read_once(
+    tmp_path: Path, store: RedisJobStore, stop_after: int, window: int, padded: int
+) -> None:
+    """Batches cut by bytes (four requests a message): the cutter closes a batch while adding a
+    trace's request, and the state saved then counted that trace's runs as read though they were
+    not sent (the resume reads them again, as runs it never had, and counted them read again);
+    as it did a run rejected as too large (``padded``: every tenth) past the checkpoint.
+    ``runs_read - runs_read_again`` was high by those runs; it is the job's runs, with a stop or
+    without, and the saved state's is the runs sent before the stop and those rejected before
+    its checkpoint."""
+    path = _interleaved(tmp_path / "t.jsonl", padded)
+    whole = _state(path, batch_size=1000, window_spans=window)
+    uninterrupted = CapturingSubmitter(8000)
+    Backfill(FileSource([path]), whole, uninterrupted).run()
+    assert len(uninterrupted.sent) > 10
+    assert (whole.counters.runs_read, whole.counters.runs_read_again) == (TRACES, 0)
+    assert whole.counters.runs_rejected == ({"too_large": TRACES // 10} if padded else {})
+
+    state = _state(path, batch_size=1000, window_spans=window)
+    submitter = CapturingSubmitter(8000)
+    first = Backfill(
+        FileSource([path]),
+        state,
+        submitter,
+        job_store=store,
+        should_stop=lambda: state.counters.runs_enqueued >= stop_after,
+    )
+    with pytest.raises(KeyboardInterrupt):
+        first.run()
+    first.interrupted()
+    saved = store.load(state.job_id)
+    assert saved is not None
+    rejected = saved.counters.runs_rejected.get("too_large", 0)
+    assert saved.counters.runs_read - saved.counters.runs_read_again == len(set(submitter.runs)) + rejected
+    resumed = Backfill(FileSource([path]), saved, submitter, job_store=store).run()
+
+    assert sorted(submitter.runs) == sorted(uninterrupted.runs)
+    counters = resumed.counters
+    assert counters.runs_read - counters.runs_read_again == whole.counters.runs_read
+    assert (counters.runs_enqueued, counters.runs_rejected) == (
+        whole.counters.runs_enqueued,
+        whole.counters.runs_rejected,
+    )

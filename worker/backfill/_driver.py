@@ -27,7 +27,10 @@ position not fully enqueued, the counters) and the enqueued runs (trace id, targ
 saved together, so an interrupted job (Ctrl-C, crash, SIGKILL) resumes from there without
 re-enqueuing finished work. The saved counters count the input before the checkpoint alone
 (a trace by its first span, a malformed line by its own): what lies past it is counted by the
-run that reads it again, so a stopped and resumed job counts its input once. A trace handed
+run that reads it again, so a stopped and resumed job counts its input once. A run read past it
+counts as read in the saved state only once sent (the store's set has it: a resume reads it
+again and counts it read again too); one not sent (in the chunk, or rejected) the resume reads as
+new, and counts then. A trace handed
 over that began before the checkpoint and reaches it (lines shared by several traces) is saved
 with the position of its last span (``read_through``): a resume skips its spans up to there,
 which it would read as a fragment of its own, counted again and planned as a run of its own.
@@ -189,6 +192,11 @@ class Backfill:
         # many); the traces an earlier run handed over, which this one skips up to their last span.
         self._handed: list[tuple[Position, Position, str]] = []
         self._unsaved: list[tuple[Position, str, str, int]] = []
+        # With a store: each run read not before the last checkpoint (where its trace was read,
+        # its run id, whether it was counted read again). One not sent when the state is saved (in
+        # the chunk: the cutter closed a batch while its trace was added; or rejected) is read
+        # again by a resume as a run the job never had: the save counts neither read.
+        self._runs_read: list[tuple[Position, str, bool]] = []
         # (first position, the trace as remembered) of the traces released not yet in the job
         # store's list: saved once before the checkpoint (past it, a resume reads them again).
         self._released: list[tuple[Position, Released]] = []
@@ -405,6 +413,11 @@ class Backfill:
         counters = self.state.counters
         records = trace.spans
         counters.runs_read += len(plans)
+        if self.job_store is not None:
+            self._runs_read.extend(
+                (trace.first, ran, ran in self._planned)
+                for ran in (run_id(trace.trace_id, t.span_id) for t, _ in plans)
+            )
         fresh = [(t, m) for t, m in plans if run_id(trace.trace_id, t.span_id) not in self._planned]
         if len(fresh) < len(plans):
             counters.runs_read_again += len(plans) - len(fresh)
@@ -542,6 +555,11 @@ class Backfill:
                     del by_reason[reason]
             else:
                 setattr(saved, counter, getattr(saved, counter) - n)
+        self._runs_read = [entry for entry in self._runs_read if entry[0] >= checkpoint]
+        for _, ran, again in self._runs_read:
+            if ran in self._planned:  # (not sent: the store's set has the runs sent)
+                saved.runs_read -= 1
+                saved.runs_read_again -= again
         return saved
 
     def _flush(self, closed: list[ScoreRequest] | None = None, closed_json: list[str] | None = None) -> None:
@@ -604,9 +622,9 @@ class Backfill:
                 self.on_batch(batch)
         self._first_runs_of.difference_update(traces)
         self._late_runs.difference_update(planned)
-        self._save(sent)
         if self.job_store is not None:
-            self._planned.difference_update(planned)  # the store's set has them now
+            self._planned.difference_update(planned)  # the store's set has them once saved
+        self._save(sent)
 
     def _save(self, run_ids: Sequence[str]) -> None:
         checkpoint = self._checkpoint()
