@@ -155,20 +155,30 @@ class Resumed:
     checkpoint: tuple[int, int, int]  # the stop's saved checkpoint, where the resume reads from
     resumed: BackfillState
     submitter: CapturingSubmitter  # the stopped run's runs, then the resume's
+    said: tuple[list[str], list[str]]  # what the stopped run said, and what the resume said
 
 
 def stop_and_resume_in_process(
-    directory: Path, redis: RedisServer, db: int, job_id: str, should_stop: Callable[[CapturingSubmitter], bool]
+    directory: Path,
+    redis: RedisServer,
+    db: int,
+    job_id: str,
+    should_stop: Callable[[CapturingSubmitter], bool],
+    room: int | None = None,
 ) -> Resumed:
-    """Back ``directory`` up whole (window 50 spans, batches of 7), then again, stopped once
-    ``should_stop`` (of what it handed over) says so, and resumed from what it saved in ``db``
-    of ``redis`` (emptied before and after)."""
+    """Back ``directory`` up whole (window 50 spans, batches of 7, of ``room`` bytes of requests
+    a message when given), then again, stopped once ``should_stop`` (of what it handed over) says
+    so, and resumed from what it saved in ``db`` of ``redis`` (emptied before and after)."""
     with contextlib.closing(redis_job_store(redis, db)) as stores:
-        return _stop_and_resume(directory, next(stores), job_id, should_stop)
+        return _stop_and_resume(directory, next(stores), job_id, should_stop, room)
 
 
 def _stop_and_resume(
-    directory: Path, job_store: RedisJobStore, job_id: str, should_stop: Callable[[CapturingSubmitter], bool]
+    directory: Path,
+    job_store: RedisJobStore,
+    job_id: str,
+    should_stop: Callable[[CapturingSubmitter], bool],
+    room: int | None,
 ) -> Resumed:
     def state() -> BackfillState:
         options = BackfillOptions(
@@ -177,16 +187,17 @@ def _stop_and_resume(
         return BackfillState(job_id=job_id, source=FileSource([directory]).describe(), options=options)
 
     whole = state()
-    uninterrupted = CapturingSubmitter()
+    uninterrupted = CapturingSubmitter(room)
     Backfill(FileSource([directory]), whole, uninterrupted, reporter=Messages()).run()
 
-    submitter = CapturingSubmitter()
+    submitter = CapturingSubmitter(room)
+    said = (Messages(), Messages())
     first = Backfill(
         FileSource([directory]),
         state(),
         submitter,
         job_store=job_store,
-        reporter=Messages(),
+        reporter=said[0],
         should_stop=lambda: should_stop(submitter),
     )
     with pytest.raises(KeyboardInterrupt):
@@ -197,5 +208,7 @@ def _stop_and_resume(
     assert saved is not None
     checkpoint = saved.checkpoint
     at_stop = saved.model_copy(deep=True)
-    resumed = Backfill(FileSource([directory]), saved, submitter, job_store=job_store, reporter=Messages()).run()
-    return Resumed(whole, uninterrupted, runs_at_stop, at_stop, checkpoint, resumed, submitter)
+    resumed = Backfill(FileSource([directory]), saved, submitter, job_store=job_store, reporter=said[1]).run()
+    return Resumed(
+        whole, uninterrupted, runs_at_stop, at_stop, checkpoint, resumed, submitter, (said[0].lines, said[1].lines)
+    )

@@ -389,6 +389,35 @@ def test_a_late_run_sent_before_a_stop_and_read_again_by_the_resume_is_counted_o
     assert (resumed.runs_enqueued, resumed.traces_enqueued) == (whole.runs_enqueued, traces)
 
 
+@pytest.mark.parametrize("batches_after", [0, 2])
+def test_a_resume_reading_again_a_late_run_sent_says_so(
+    tmp_path: Path, redis_server: RedisServer, batches_after: int
+) -> None:
+    """Trace 0's late call sent, the job stopped with its checkpoint before the call: the resume,
+    reading the call again, said it was "scored as a run of its own", though it sent nothing
+    (the run was the job's already). It says the run was read again, not sent again."""
+    late_call = (trace_id(0), SECOND_CALL_OF_0)
+
+    def sent_late(submitter: CapturingSubmitter) -> bool:
+        sent = [
+            n
+            for n, (batch, _) in enumerate(submitter.sent)
+            if any((r.trace_id, s) == late_call for r in batch.requests for s in r.target_span_ids)
+        ]
+        return bool(sent) and len(submitter.sent) > sent[0] + batches_after
+
+    directory = late_llm_call_files(tmp_path / "in", held_open=True)
+    job = stop_and_resume_in_process(directory, redis_server, DB, "bf-late-said", sent_late)
+    assert (0, 1, 0) < job.checkpoint < (2, 25, 0)  # before the late call's line: the resume reads it again
+    assert job.submitter.runs.count(late_call) == 1
+    stopped, resumed = ([said for said in lines if trace_id(0) in said] for lines in job.said)
+    assert len(stopped) == 1
+    assert "scored as a run of its own" in stopped[0]
+    (said,) = resumed
+    assert "scored as a run of its own" not in said
+    assert f"a run of its own (span {SECOND_CALL_OF_0}) this job enqueued before: read again, not sent again" in said
+
+
 def test_a_late_run_after_ctrl_c_and_resume_is_enqueued_once_and_counted(
     tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -399,12 +399,29 @@ class Backfill:
         if fresh:
             if first:
                 self._count(at, "unreadable", "no_target", n=-1)
-            spans = sum(len(members) for _, members in fresh)
-            self._report(
-                f"trace {trace.trace_id}: {spans:,} span{'s' if spans > 1 else ''} arrived after the"
-                f" trace was read ({cause.released}), scored as a run of its own"
-                f" (span {', '.join(t.span_id for t, _ in fresh)}), as a read of the whole trace scores it"
+            # (a resume reading again one sent before the stop: the store's set has it, it goes
+            # no further than ``_flush``)
+            sent = (
+                self.job_store.already_enqueued(
+                    self.state.job_id, [run_id(trace.trace_id, t.span_id) for t, _ in fresh]
+                )
+                if self.job_store is not None
+                else set()
             )
+            for again, said in ((False, "scored as a run of its own"), (True, "a run of its own")):
+                these = [(t, m) for t, m in fresh if (run_id(trace.trace_id, t.span_id) in sent) == again]
+                if not these:
+                    continue
+                spans = sum(len(members) for _, members in these)
+                self._report(
+                    f"trace {trace.trace_id}: {spans:,} span{'s' if spans > 1 else ''} arrived after the"
+                    f" trace was read ({cause.released}), {said} (span {', '.join(t.span_id for t, _ in these)})"
+                    + (
+                        " this job enqueued before: read again, not sent again"
+                        if again
+                        else ", as a read of the whole trace scores it"
+                    )
+                )
         return plan.after if plan is not None else None
 
     def _enqueue(self, trace: AssembledTrace, plans: list[Run], *, first: bool, late: bool = False) -> list[Run]:
