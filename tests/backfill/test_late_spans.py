@@ -22,6 +22,7 @@ from tests.backfill._doubles import CapturingSubmitter, Messages, redis_job_stor
 from tests.backfill._late import (
     SECOND_CALL_OF_0,
     late_files,
+    late_llm_call,
     late_llm_call_files,
     line,
     stop_and_resume,
@@ -418,6 +419,33 @@ def test_a_resume_reading_again_a_late_run_sent_says_so(
     assert f"a run of its own (span {SECOND_CALL_OF_0}) this job enqueued before: read again, not sent again" in said
 
 
+@pytest.mark.parametrize("stop_after", [2, 5, 9])
+def test_a_trace_whose_runs_were_rejected_counts_in_traces_enqueued_with_its_late_run_across_a_resume(
+    tmp_path: Path, redis_server: RedisServer, stop_after: int
+) -> None:
+    """Trace 0's first call over the message cap (rejected), its late call not: the job without a
+    stop counted trace 0 in ``traces_enqueued`` when the late call went, but the note allowing it
+    was in memory, so a resume past trace 0's read did not (90 of 91). A trace counts once any run
+    of it is enqueued, once over the job: the note is kept with the job's list of traces read."""
+    early, late = late_llm_call(0, SECOND_CALL_OF_0)
+    chat, root = early
+    answer = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "x" * 10_000}]}])
+    output = {"key": "gen_ai.output.messages", "value": {"stringValue": answer}}
+    directory = late_files(tmp_path / "in", [{**chat, "attributes": [*chat["attributes"], output]}, root], late)
+    job = stop_and_resume_in_process(
+        directory, redis_server, DB, "bf-rejected-late", lambda sent: len(sent.sent) >= stop_after, room=8000
+    )
+    assert (0, 1, 0) < job.checkpoint < (2, 21, 0)  # past trace 0's read, before its late call
+    whole, saved, resumed = job.whole.counters, job.saved.counters, job.resumed.counters
+    assert (whole.runs_rejected, whole.late_runs, whole.runs_enqueued) == ({"too_large": 1}, 1, 91)
+    assert whole.traces_enqueued == 91  # trace 0 with its late call, and traces 1 to 90
+    assert saved.runs_rejected == {"too_large": 1}
+    assert trace_id(0) not in {t for t, _ in job.runs_at_stop}
+    assert job.submitter.runs.count((trace_id(0), SECOND_CALL_OF_0)) == 1
+    assert (resumed.runs_enqueued, resumed.late_runs) == (91, 1)
+    assert resumed.traces_enqueued == 91
+
+
 def test_a_late_run_after_ctrl_c_and_resume_is_enqueued_once_and_counted(
     tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -463,7 +491,7 @@ def test_a_late_span_of_a_trace_an_earlier_release_kept_names_no_cause_it_does_n
     with contextlib.closing(redis_job_store(redis_server, DB)) as stores:
         store = next(stores)
         store.client.rpush(backfill_rootless_key("bf-old-list"), f"r:{trace_id(0)}")
-        assert store.released("bf-old-list") == [Released(trace_id(0), True, None, None)]
+        assert store.released("bf-old-list") == ([Released(trace_id(0), True, None, None)], set())
         source = FileSource([directory])
         options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"])
         state = BackfillState(job_id="bf-old-list", source=source.describe(), options=options)

@@ -213,7 +213,11 @@ class Backfill:
         if self.job_store is not None:
             # The traces read before: a span of one past the checkpoint is late, as it was to the
             # run before the stop, not a new trace scored a second time.
-            self.assembler.remember_released(self.job_store.released(self.state.job_id))
+            released, unsent = self.job_store.released(self.state.job_id)
+            self.assembler.remember_released(released)
+            # (those whose runs were all rejected: counted in traces_enqueued with a late run's
+            # batch, as without the stop)
+            self._first_runs_of.update(unsent)
         self.reporter.start("reading")
         items = self.source.read(self.state.position)
         try:
@@ -650,7 +654,11 @@ class Backfill:
             self.state.read_through = self._handed_through(checkpoint)
             saved = self.state.model_copy(update={"counters": self._saved_counters(checkpoint)}, deep=True)
             released = [trace for first, trace in self._released if first < checkpoint]
-            if not self.job_store.save(saved, run_ids, released, self.assembler.released_kept):
+            # Of those, the ones still waiting for a batch to send their first runs: none is in the
+            # chunk (it holds the trace being handled alone, not before the checkpoint), so each
+            # had its runs all rejected.
+            unsent = {trace.trace_id for trace in released if trace.trace_id in self._first_runs_of}
+            if not self.job_store.save(saved, run_ids, released, self.assembler.released_kept, unsent):
                 raise KeyboardInterrupt  # the hold is another's: nothing was written, stop
             self._released = [entry for entry in self._released if entry[0] >= checkpoint]
             self._saved = saved

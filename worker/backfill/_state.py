@@ -19,7 +19,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
@@ -77,8 +77,10 @@ RELEASED_KEPT = 10_000
 # earlier release kept). Before either, why it was read: _EVICTED, released early by the memory
 # bound, or _WINDOW, its window passed (an entry of an earlier release may have neither: not
 # known). After the id, _RUNS and what a later part of it needs to find a run of its own
-# (``plan_part``'s summary; none: a later part holds no run). Trace ids are hex: no entry of
-# one starts so, nor holds "/".
+# (``plan_part``'s summary; none: a later part holds no run). Before all, _UNSENT: runs of it
+# were planned and none enqueued (each rejected), so the batch that sends a late run of it counts
+# it in ``traces_enqueued``. Trace ids are hex: no entry of one starts so, nor holds "/".
+_UNSENT = "u:"
 _ROOTED = "r:"
 _EVICTED = "m:"
 _WINDOW = "w:"
@@ -348,10 +350,12 @@ class RedisJobStore:
         newly_enqueued: Sequence[str] = (),
         newly_released: Sequence[Released] = (),
         released_kept: int = RELEASED_KEPT,
+        unsent: Collection[str] = (),
     ) -> bool:
         """Store the state, add ``newly_enqueued`` run ids (``run_id``) and append
-        ``newly_released`` traces (the newest ``released_kept`` kept), in one step; False (nothing
-        written, the hold marked lost) when the hold is another process's."""
+        ``newly_released`` traces (the newest ``released_kept`` kept; those in ``unsent`` marked:
+        runs of it planned, none enqueued), in one step; False (nothing written, the hold marked
+        lost) when the hold is another process's."""
         state.updated_at = time.time()
         job_id = state.job_id
         keys = (backfill_hold_key(job_id), backfill_state_key(job_id), backfill_runs_key(job_id))
@@ -365,6 +369,7 @@ class RedisJobStore:
             state.created_at,
             *newly_enqueued,
             *(
+                f"{_UNSENT if trace_id in unsent else ''}"
                 f"{_EVICTED if evicted else '' if evicted is None else _WINDOW}{_ROOTED if rooted else ''}{trace_id}"
                 f"{'' if runs is None else _RUNS + runs}"
                 for trace_id, rooted, evicted, runs in newly_released
@@ -380,18 +385,24 @@ class RedisJobStore:
             self.hold.lost.set()
         return bool(saved)
 
-    def released(self, job_id: str) -> list[Released]:
-        """The traces the job read (``save``'s ``newly_released``), oldest first."""
+    def released(self, job_id: str) -> tuple[list[Released], set[str]]:
+        """The traces the job read (``save``'s ``newly_released``), oldest first, and those of them
+        whose runs planned were none enqueued (as its newest entry says: ``save``'s ``unsent``)."""
         key = backfill_rootless_key(job_id)
         found = checked(self.client, _WHERE, [_kept(key, "list")], lambda: self.client.lrange(key, 0, -1))
-        released = []
+        released, unsent = [], set()
         for entry in found:
-            text = entry.decode() if isinstance(entry, bytes) else str(entry)
+            marked = entry.decode() if isinstance(entry, bytes) else str(entry)
+            text = marked.removeprefix(_UNSENT)
             evicted = True if text.startswith(_EVICTED) else False if text.startswith(_WINDOW) else None
             rest = text.removeprefix(_EVICTED).removeprefix(_WINDOW)
             trace_id, has_runs, runs = rest.removeprefix(_ROOTED).partition(_RUNS)
             released.append(Released(trace_id, rest.startswith(_ROOTED), evicted, runs if has_runs else None))
-        return released
+            if marked.startswith(_UNSENT):
+                unsent.add(trace_id)
+            else:
+                unsent.discard(trace_id)
+        return released, unsent
 
     def still_held(self) -> bool:
         """Whether this process may go on with the job: its hold is still its own (asked of
