@@ -16,8 +16,9 @@ models a budget covers — plus calls whose spend could not be written (Redis aw
 The call cap bounds what a run whose judge keeps failing pays across its deliveries. A judge
 call that fails (an error answer, a timeout: a request really sent) is counted in Redis per run
 and scorer version (``judge_calls:<trace>:<span>:<scorer>`` hash, field = version, TTL
-``calls_ttl_s``; ``tracescore dlq retry`` deletes it); successful calls and calls never sent
-(refused, cancelled while waiting for the rate limiter) are not. A redelivered run reads the
+``calls_ttl_s``; ``tracescore dlq retry`` deletes it); successful calls, answers the judge could
+not use that reported their usage (paid for: counted as answers) and calls never sent (refused,
+cancelled while waiting for the rate limiter) are not. A redelivered run reads the
 count before each judge call and is refused once it reaches
 ``TRACESCORE_MAX_JUDGE_ATTEMPTS_PER_RUN`` (default ``default_attempt_cap``: one delivery's
 attempts, Σ over the prompt steps of 1 + max_processor_retries, plus one per retry delivery,

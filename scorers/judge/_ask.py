@@ -180,7 +180,9 @@ class _JudgeCall:
                 self.log.debug("judge.refused", reason=refused.error_type)
                 raise self._fail(refused) from None
             except JudgeProviderError as err:
-                attempt = self._record_error(err, began, mode)
+                if err.usage is not None:  # an answer it could not use, paid for (counted in _send)
+                    self.usage = self.usage + err.usage
+                attempt = self._record_error(err, began, mode, usage=err.usage)
                 retries = await self._retry_or_raise(err, attempt, retries, cap)
                 continue
             if response.finish_reason != (known := _known(response.finish_reason)):
@@ -246,19 +248,27 @@ class _JudgeCall:
             else:
                 response = await self._generate(request, enter)
         except JudgeProviderError as err:
+            if err.usage is not None:
+                # An answer that could not be used (no choices, say) but said what it used: paid
+                # for as any answer, not a failed call against the run's cap.
+                await self._paid(err.usage)
+                raise
             if guard is not None:
                 await guard.call_failed(model_id, self.info.scorer_id, err)
             if limiter is not None:
                 pause = err.retry_after_ms if isinstance(err, JudgeRateLimitError) else None
                 await self._tell_limiter(limiter, 0, None if pause is None else min(pause / 1000, MAX_PAUSE_S))
             raise
-        # The answer is paid for: the guard counts it first, and the limiter's correction can
-        # only be lost, never lose the answer (a failed run would be redelivered and paid again).
-        if guard is not None:
-            await guard.after_call(model_id, self.info.scorer_id, response.usage)
-        if limiter is not None:
-            await self._tell_limiter(limiter, response.usage.total_tokens, None)
+        await self._paid(response.usage)
         return response
+
+    async def _paid(self, usage: JudgeUsage) -> None:
+        """An answer is paid for: the guard counts it first, and the limiter's correction can
+        only be lost, never lose the answer (a failed run would be redelivered and paid again)."""
+        if self.hooks.guard is not None:
+            await self.hooks.guard.after_call(self.info.model_id, self.info.scorer_id, usage)
+        if self.hooks.limiter is not None:
+            await self._tell_limiter(self.hooks.limiter, usage.total_tokens, None)
 
     async def _tell_limiter(self, limiter: JudgeLimiter, tokens: int, pause_s: float | None) -> None:
         """The tokens a finished request used, and the provider's pause: corrections to the

@@ -12,6 +12,7 @@
     │   │   ├── JudgeRateLimitError   429 (honours Retry-After)                        retryable
     │   │   └── JudgeServerError      5xx, 529 overloaded                              retryable
     │   └── JudgeResponseError        a response came back but could not be read       unknown
+    │                                 (``.usage``: what it reported using, paid as an answer)
     ├── JudgeOutputError              the answer did not parse or fit the schema       invalid_output
     ├── JudgeProcessorError           an input/output/error processor raised           internal
     └── JudgeCallRefused (_hooks)     the host refused the call: budget, call cap      retryable
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from scorers._errors import ErrorCategory, ScorerError, category_for_status
 
 if TYPE_CHECKING:
-    from scorers._result import JudgeExecution
+    from scorers._result import JudgeExecution, JudgeUsage
 
 __all__ = [
     "ErrorCategory",
@@ -61,9 +62,13 @@ class JudgeProviderError(JudgeError):
 
     ``retry_after_ms`` is the server's Retry-After (``retry-after-ms`` first, then
     ``retry-after`` as seconds or an HTTP date), already parsed; malformed values are None.
+    ``usage`` is set when the provider answered and reported what the call used although its
+    answer could not be used: the call is paid for, and counted as an answered one (its
+    tokens in the records and the spend, no failed call against a run's cap).
     """
 
     _category: ClassVar[ErrorCategory] = "unknown"
+    usage: JudgeUsage | None = None
 
     def __init__(
         self,

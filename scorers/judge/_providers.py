@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -128,17 +129,40 @@ class OpenAIJudgeModel:
     def _read(self, raw: httpx2.Response) -> JudgeResponse:
         """The parts of a chat completion the judge needs (json.loads; no model construction)."""
         request_id = scrub_secrets(raw.headers.get("x-request-id"), self._api_key())
+        paid: JudgeUsage | None = None  # what the answer says it used, once read
         try:
-            data = json.loads(raw.content)
+            try:
+                data = json.loads(raw.content)
+            except ValueError:  # (an HTML page, a stream's events): what it is, never its text
+                kind = raw.headers.get("content-type", "no content type").split(";")[0][:60]
+                raise ValueError(f"the body is not JSON ({kind}, {len(raw.content):,} bytes)") from None
+            if not isinstance(data, dict):
+                raise TypeError(f"the body is {_json_kind(data)}, not an object")
             failed = error_in_answer(
                 data.get("error"), self.provider, self.model_id, request_id=request_id, api_key=self._api_key()
             )
             if failed is not None:
                 raise failed
+            usage = data.get("usage")
+            if usage is not None:
+                if not isinstance(usage, dict):
+                    raise TypeError(f"usage is {_json_kind(usage)}, not an object")
+                details = usage.get("prompt_tokens_details") or {}
+                if not isinstance(details, dict):
+                    raise TypeError(f"usage.prompt_tokens_details is {_json_kind(details)}, not an object")
+                paid = JudgeUsage(
+                    input_tokens=token_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
+                    output_tokens=token_count(usage.get("completion_tokens"), "usage.completion_tokens"),
+                    # OpenAI caches prompt prefixes by itself (≥ 1024 tokens): the system
+                    # message (the judge's instructions) comes first so every run shares it.
+                    cached_input_tokens=token_count(
+                        details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens"
+                    ),
+                )
             if not data.get("choices"):
                 # No answer at all, not even a finish reason: the provider's (or a gateway's)
                 # broken answer, not the judge's empty output. Read as one, it paid a fallback call.
-                raise self._unreadable(raw, request_id, "the chat completion has no choices")
+                raise ValueError("the chat completion has no choices")
             choice = data["choices"][0]
             message = choice.get("message") or {}
             text = message.get("content") or ""
@@ -149,30 +173,16 @@ class OpenAIJudgeModel:
             finish_reason = choice.get("finish_reason")
             if not text and message.get("refusal"):  # no answer: the refusal's text is no reason
                 text, finish_reason = str(message["refusal"]), "refusal"
-            usage = data.get("usage") or {}
             return JudgeResponse(
                 text=str(text),
-                usage=JudgeUsage(
-                    input_tokens=token_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
-                    output_tokens=token_count(usage.get("completion_tokens"), "usage.completion_tokens"),
-                    # OpenAI caches prompt prefixes by itself (≥ 1024 tokens): the system
-                    # message (the judge's instructions) comes first so every run shares it.
-                    cached_input_tokens=token_count(
-                        (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-                        "usage.prompt_tokens_details.cached_tokens",
-                    ),
-                ),
+                usage=paid or JudgeUsage(),
                 model=data.get("model"),
                 request_id=request_id,
                 finish_reason=finish_reason,
             )
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
-            raise self._unreadable(
-                raw, request_id, f"the chat completion could not be read ({type(exc).__name__}: {exc})"
-            ) from exc
-
-    def _unreadable(self, raw: httpx2.Response, request_id: str | None, problem: str) -> JudgeResponseError:
-        return _unreadable(self, raw.content.decode(errors="replace"), problem, request_id, raw.status_code)
+            problem = _problem(exc, "the chat completion")
+            raise _unreadable(self, problem, request_id, paid, raw.status_code) from exc
 
     def secret(self) -> str | None:
         """The API key its calls send, to mask wherever an answer quotes it."""
@@ -264,7 +274,14 @@ class AnthropicJudgeModel:
         failed = error_in_answer(error, self.provider, self.model_id, request_id=request_id, api_key=self._api_key())
         if failed is not None:
             raise failed
+        paid: JudgeUsage | None = None  # what the answer says it used, once read
         try:
+            if isinstance(message, str | bytes | list | int | float | bool) or message is None:
+                # (the SDK hands back what is no JSON object as it is: an HTML page as text)
+                raise TypeError(f"the body is {_json_kind(message)}, not an object")
+            reported = getattr(message, "usage", None)
+            usage = _anthropic_usage(reported)
+            paid = usage if reported is not None else None
             parsed: Any = None
             texts: list[str] = []
             for block in message.content:
@@ -284,14 +301,13 @@ class AnthropicJudgeModel:
             return JudgeResponse(
                 text=text,
                 parsed=parsed,
-                usage=_anthropic_usage(message.usage),
+                usage=usage,
                 model=message.model,
                 request_id=request_id,
                 finish_reason=message.stop_reason,
             )
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
-            problem = f"the message could not be read ({type(exc).__name__}: {exc})"
-            raise _unreadable(self, str(message), problem, request_id) from exc
+            raise _unreadable(self, _problem(exc, "the message"), request_id, paid) from exc
 
     def secret(self) -> str | None:
         """The API key its calls send, to mask wherever an answer quotes it."""
@@ -312,7 +328,8 @@ def token_count(raw: Any, field: str) -> int:
         return 0
     whole = isinstance(raw, int) or (isinstance(raw, float) and math.isfinite(raw) and raw.is_integer())
     if isinstance(raw, bool) or not whole:
-        raise ValueError(f"{field} is {str(raw)[:40]!r}, not a token count")
+        shown = repr(raw)[:40] if isinstance(raw, int | float) and not isinstance(raw, bool) else _json_kind(raw)
+        raise ValueError(f"{field} is {shown}, not a token count")
     if not 0 <= raw <= MAX_CALL_TOKENS:
         raise ValueError(f"{field} is {int(raw)}, not a token count (0..{MAX_CALL_TOKENS:,})")
     return int(raw)
@@ -382,18 +399,50 @@ def resolve_model(model: str | JudgeModel, *, base_url: str | None, api_key: str
 
 def _unreadable(
     model: OpenAIJudgeModel | AnthropicJudgeModel,
-    body: str,
     problem: str,
     request_id: str | None,
+    paid: JudgeUsage | None,
     status_code: int | None = None,
 ) -> JudgeResponseError:
-    """The error for an answer ``model`` cannot use (``problem``), quoting the start of its
-    ``body``, the key masked (in the body first: cut, a key would no longer be found whole)."""
-    key = model.secret()
-    return JudgeResponseError(
-        scrub_secrets(f"{model.model_id}: {problem}: {scrub_secrets(body, key)[:200]!r}", key),
+    """The error for an answer ``model`` cannot use (``problem``, which names types and sizes,
+    never the body's text: it may be the agent's content, or the key a proxy echoed), with
+    ``paid``, the usage the answer reported, if it did."""
+    err = JudgeResponseError(
+        f"{model.model_id}: {problem}",
         provider=model.provider,
         model_id=model.model_id,
         status_code=status_code,
         request_id=request_id,
     )
+    err.usage = paid
+    return err
+
+
+def _problem(exc: BaseException, what: str) -> str:
+    """Why ``what`` (the chat completion, the message) could not be read: this module's own words
+    (which name types and sizes), else the Python error's, which name types and keys only."""
+    said = str(exc)
+    if said.startswith(what):
+        return said
+    if _OWN.match(said):
+        return f"{what} could not be read: {said}"
+    return f"{what} could not be read ({type(exc).__name__}: {said})"
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in words (never the value itself)."""
+    if isinstance(value, str | bytes):
+        return f"text ({len(value):,} characters)"
+    if isinstance(value, list):
+        return "a JSON array"
+    if isinstance(value, bool):
+        return "a JSON boolean"
+    if isinstance(value, int | float):
+        return "a JSON number"
+    if value is None:
+        return "null"
+    return f"a {type(value).__name__}"
+
+
+# Problems this module words itself (they start so): said as they are, not as a Python exception.
+_OWN = re.compile(r"(the body|usage|message\.content|a text block)\b")

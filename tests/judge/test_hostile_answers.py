@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -470,3 +471,60 @@ def test_an_answer_with_no_content_is_retried_as_unknown_errors_are(
     attempts = result.judge["generate_reason"].attempts
     assert [(a.status, a.error_type) for a in attempts] == [("error", "JudgeResponseError"), ("ok", None)]
     assert fake_llm.count() == 3  # analyze, the reason twice
+
+
+# 200 answers the judge cannot read, each holding the agent's words: (model, body, headers, what
+# the error says the body is).
+UNREADABLE = {
+    "OpenAI, an HTML page": (
+        "openai/m",
+        f"<html><body>{AGENT_WORDS}</body></html>",
+        {"content-type": "text/html; charset=utf-8"},
+        "the body is not JSON (text/html, 48 bytes)",
+    ),
+    "OpenAI, a stream's events": (
+        "openai/m",
+        f"data: {_openai_content(AGENT_WORDS)}\n\ndata: [DONE]\n\n",
+        {"content-type": "text/event-stream"},
+        "the body is not JSON (text/event-stream, ",
+    ),
+    "OpenAI, a JSON array": ("openai/m", json.dumps([AGENT_WORDS]), {}, "the body is a JSON array, not an object"),
+    "OpenAI, a JSON string": ("openai/m", json.dumps(AGENT_WORDS), {}, "the body is text (22 characters), not an"),
+    "OpenAI, a choice that is text": (
+        "openai/m",
+        json.dumps({**ANSWER, "choices": [AGENT_WORDS]}),
+        {},
+        "(AttributeError: 'str' object has no attribute 'get')",
+    ),
+    "OpenAI, content an object": (
+        "openai/m",
+        _openai_content({"said": AGENT_WORDS}),
+        {},
+        "could not be read: message.content is a dict, not text",
+    ),
+    "Anthropic, an HTML page": (
+        "anthropic/m",
+        f"<html><body>{AGENT_WORDS}</body></html>",
+        {"content-type": "text/html"},
+        "the body is text (",
+    ),
+    "Anthropic, a JSON array": ("anthropic/m", json.dumps([AGENT_WORDS]), {}, "the body is a JSON array, not an"),
+    "Anthropic, content a string": ("anthropic/m", _anthropic_message(content=AGENT_WORDS), {}, "AttributeError"),
+}
+
+
+@pytest.mark.parametrize(("model", "body", "headers", "said"), list(UNREADABLE.values()), ids=list(UNREADABLE))
+def test_an_answer_that_cannot_be_read_is_described_never_quoted(
+    fake_llm: FakeLLMServer, model: str, body: str, headers: dict[str, str], said: str
+) -> None:
+    """An answer the judge could not read was quoted in its error (200 characters of the body, or
+    the SDK's repr of the message, its text blocks included): the agent's words went into the
+    run's record, its error message and logs. The error names what the body is, not what it says."""
+    fake_llm.script(Reply.raw(body, headers=headers))
+    with capture_logs() as logs:
+        error = _failure(_verdict_then_reason(Judge(model)))
+    assert type(error.cause) is JudgeResponseError, repr(error.cause)
+    assert error.category == "unknown"
+    assert said in str(error)
+    everything = [str(error), error.partial.model_dump_json(), repr(logs), *traceback.format_exception(error)]
+    assert AGENT_WORDS not in "".join(everything)

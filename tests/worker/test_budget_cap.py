@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
@@ -14,11 +15,12 @@ import pytest
 from pydantic import BaseModel
 
 from scorers import Judge, JudgeUsage, PromptStep, Scorer, create_scorer
-from scorers.judge import JudgeHooks, StreamErrorRetryProcessor, get_judge_hooks, set_judge_hooks
+from scorers.judge import JudgeHooks, StreamErrorRetryProcessor, get_judge_hooks, price_usage, set_judge_hooks
 from scorers.judge.testing import FakeJudgeModel, server_error
 from tests._redis import RedisServer
+from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch
-from worker._budget import BudgetGuard, Budgets, MemoryLedger, default_attempt_cap, run_key
+from worker._budget import TOTAL, BudgetGuard, Budgets, MemoryLedger, default_attempt_cap, run_key, utc_day
 from worker._registry import Registry
 from worker._scoring import BatchReport, ScoringDeps, score_batch
 from worker.store import MemoryScoreStore
@@ -430,3 +432,55 @@ def test_the_in_process_ledger_keeps_a_bounded_count_of_failed_calls(monkeypatch
     asyncio.run(fail(range(51, 1000)))
     assert len(ledger.calls) == len(ledger.errors) == 50
     assert asyncio.run(ledger.failed_calls("run-999", "v1")) == (1, "JudgeServerError")
+
+
+def _openai_body(**fields: Any) -> str:
+    answer = {"role": "assistant", "content": '{"score": 0.5}'}
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-4o-mini"}
+    body |= {"choices": [{"index": 0, "message": answer, "finish_reason": "stop"}]}
+    body |= {"usage": {"prompt_tokens": 1000, "completion_tokens": 50, "total_tokens": 1050}, **fields}
+    return json.dumps(body)
+
+
+def _anthropic_body(**fields: Any) -> str:
+    body = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-haiku-4-5"}
+    body |= {"content": [{"type": "text", "text": '{"score": 0.5}'}], "stop_reason": "end_turn"}
+    body |= {"usage": {"input_tokens": 1000, "output_tokens": 50}, **fields}
+    return json.dumps(body)
+
+
+# Answers that carry their usage but no answer the judge can read: (model, 200 body).
+PAID_BUT_UNREADABLE = {
+    "OpenAI, no choices": ("openai/gpt-4o-mini", _openai_body(choices=[])),
+    "OpenAI, a choice that is no object": ("openai/gpt-4o-mini", _openai_body(choices=["Jane Doe"])),
+    "OpenAI, content an object": (
+        "openai/gpt-4o-mini",
+        _openai_body(choices=[{"message": {"content": {"said": "Jane Doe"}}, "finish_reason": "stop"}]),
+    ),
+    "Anthropic, content a string": ("anthropic/claude-haiku-4-5", _anthropic_body(content="Jane Doe")),
+    "Anthropic, a text block of no text": ("anthropic/claude-haiku-4-5", _anthropic_body(content=[{"type": "text"}])),
+}
+
+
+@pytest.mark.parametrize(("model", "body"), list(PAID_BUT_UNREADABLE.values()), ids=list(PAID_BUT_UNREADABLE))
+def test_an_unreadable_answer_that_reports_usage_is_paid_for_not_a_failed_call(
+    ledger: MemoryLedger, fake_llm: FakeLLMServer, model: str, body: str
+) -> None:
+    """A chat completion of `choices: []` (or a message of another shape) with its usage was raised
+    while it was read: its tokens and cost were in no record and no spend, and it counted as a
+    failed call against the run's cap. It is a JudgeResponseError with its usage counted as any
+    answer's: in the record, in the day's spend, and not in the cap's count."""
+    fake_llm.script(Reply.raw(body))
+    scorer = create_scorer("g", type="agent", judge=Judge(model=model)).generate_score(
+        PromptStep("grade", lambda run: "SCORE it", output_schema=Verdict)
+    )
+    store = MemoryScoreStore()
+    _deliver(scorer, store, first=True)
+    (record,) = store.records.values()
+    assert record.error_type == "JudgeResponseError"
+    assert (record.input_tokens, record.output_tokens, record.judge_calls) == (1000, 50, 1)
+    cost = price_usage(model, JudgeUsage(input_tokens=1000, output_tokens=50))
+    assert cost
+    assert record.cost_usd == pytest.approx(cost)
+    assert ledger.days[utc_day()][TOTAL] == pytest.approx(cost)
+    assert not ledger.calls  # paid for: no failed call against the run's cap
