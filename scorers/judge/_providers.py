@@ -150,14 +150,15 @@ class OpenAIJudgeModel:
                 details = usage.get("prompt_tokens_details") or {}
                 if not isinstance(details, dict):
                     raise TypeError(f"usage.prompt_tokens_details is {_json_kind(details)}, not an object")
+                prompt = token_count(usage.get("prompt_tokens"), "usage.prompt_tokens")
+                # OpenAI caches prompt prefixes by itself (≥ 1024 tokens): the system message (the
+                # judge's instructions) comes first so every run shares it. No more of the prompt is
+                # cached than the prompt (a broken server said more; the price table held that too).
+                cached = token_count(details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens")
                 paid = JudgeUsage(
-                    input_tokens=token_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
+                    input_tokens=prompt,
                     output_tokens=token_count(usage.get("completion_tokens"), "usage.completion_tokens"),
-                    # OpenAI caches prompt prefixes by itself (≥ 1024 tokens): the system
-                    # message (the judge's instructions) comes first so every run shares it.
-                    cached_input_tokens=token_count(
-                        details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens"
-                    ),
+                    cached_input_tokens=min(cached, prompt),
                 )
             if not data.get("choices"):
                 # No answer at all, not even a finish reason: the provider's (or a gateway's)

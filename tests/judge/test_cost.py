@@ -3,6 +3,7 @@ Anthropic's cache breakpoint on the instructions, and the price table."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -155,3 +156,17 @@ def test_a_negative_token_count_is_a_judge_error_never_a_refund(
 def test_usage_is_never_negative() -> None:
     with pytest.raises(ValueError, match="greater than or equal to 0"):
         JudgeUsage(input_tokens=-1)
+
+
+def test_more_cached_tokens_than_the_prompt_are_no_more_than_the_prompt(fake_llm: FakeLLMServer) -> None:
+    """An OpenAI-compatible server reporting `cached_tokens` above `prompt_tokens`: the record said
+    50 of a 10-token prompt were cached (a dashboard's uncached share came out negative, while the
+    price table, clamping, charged the 10 as cached). The cached share is at most the prompt."""
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 50}}
+    answer = {"role": "assistant", "content": '{"score": 0.5}'}
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-4o-mini", "usage": usage}
+    fake_llm.script(
+        Reply.raw(json.dumps({**body, "choices": [{"index": 0, "message": answer, "finish_reason": "stop"}]}))
+    )
+    result = _scorer("openai/gpt-4o-mini").run_sync(input="q", output="answer")
+    assert result.judge["generate_score"].usage == JudgeUsage(input_tokens=10, output_tokens=5, cached_input_tokens=10)

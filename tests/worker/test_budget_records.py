@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from scorers import Judge, JudgeUsage, PromptStep, Scorer, create_scorer
-from scorers.judge import DEFAULT_PRICES
+from scorers.judge import DEFAULT_PRICES, price_usage
 from tests.fakellm import FakeLLMServer, Reply
 from tests.worker._batches import batch
 from tracing import ScoreRecord
@@ -200,3 +201,49 @@ def test_a_model_budget_caps_its_dated_snapshots_too() -> None:
     with pytest.raises(JudgeCallRefused):
         asyncio.run(guard.before_call("openai/gpt-4o-mini", "s"))
     asyncio.run(guard.before_call("openai/gpt-4o", "s"))  # another model: its own spend
+
+
+def _answer_naming(model: str, named: Any) -> str:
+    """A 200 answer of ``model``'s provider whose ``model`` field is ``named``."""
+    if model.startswith("openai/"):
+        choice = {"index": 0, "message": {"role": "assistant", "content": '{"score": 0.5}'}, "finish_reason": "stop"}
+        usage: dict[str, int] = {"prompt_tokens": 1000, "completion_tokens": 50}
+        return json.dumps(
+            {"id": "chatcmpl-1", "object": "chat.completion", "model": named, "choices": [choice], "usage": usage}
+        )
+    content = [{"type": "text", "text": '{"score": 0.5}'}]
+    usage = {"input_tokens": 1000, "output_tokens": 50}
+    return json.dumps(
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": named,
+            "content": content,
+            "stop_reason": "end_turn",
+            "usage": usage,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "named"),
+    [
+        ("openai/gpt-4o-mini", "gpt-4o"),
+        ("openai/gpt-4o-mini", "some-private-model"),
+        ("openai/gpt-4o-mini", "x" * 100_000),
+        ("anthropic/claude-haiku-4-5", "claude-opus-4-1"),
+        ("anthropic/claude-haiku-4-5", 5),
+        ("anthropic/claude-haiku-4-5", None),
+    ],
+)
+def test_a_call_is_priced_as_the_model_asked_whatever_the_answer_names(
+    fake_llm: FakeLLMServer, model: str, named: Any
+) -> None:
+    """The README's rule: the price and the budget are the model the judge asked for; an answer
+    naming another (a proxy's routing, a pricier or unknown model, a number) changes neither."""
+    fake_llm.script(Reply.raw(_answer_naming(model, named)))
+    (record,) = _score(_grader(model), runs=1)
+    assert record.error_type is None, record.error_message
+    assert (record.judge_models, record.judge_calls) == ([model], 1)
+    assert record.cost_usd == pytest.approx(price_usage(model, JudgeUsage(input_tokens=1000, output_tokens=50)) or -1)
