@@ -24,7 +24,7 @@ from scorers.judge._clients import lease_client
 from scorers.judge._errors import JudgeAuthError, JudgeResponseError
 from scorers.judge._model import JudgeModel, JudgeRequest, JudgeResponse
 from scorers.judge._schema import strict_openai_schema
-from scorers.judge._translate import error_in_answer, scrub_secrets, translate_sdk_errors
+from scorers.judge._translate import error_in_answer, kept_request_id, translate_sdk_errors
 
 if TYPE_CHECKING:
     import anthropic
@@ -128,7 +128,7 @@ class OpenAIJudgeModel:
 
     def _read(self, raw: httpx2.Response) -> JudgeResponse:
         """The parts of a chat completion the judge needs (json.loads; no model construction)."""
-        request_id = scrub_secrets(raw.headers.get("x-request-id"), self._api_key())
+        request_id = kept_request_id(raw.headers.get("x-request-id"), self._api_key())
         paid: JudgeUsage | None = None  # what the answer says it used, once read
         try:
             try:
@@ -269,7 +269,7 @@ class AnthropicJudgeModel:
     def _read(self, message: Any, tool: str | None) -> JudgeResponse:
         """The parts of a message the judge needs. The SDK builds it without validation, so a
         body of another shape (an HTML page, OpenAI's) arrives as a message of other types."""
-        request_id = scrub_secrets(getattr(message, "_request_id", None), self._api_key())
+        request_id = kept_request_id(getattr(message, "_request_id", None), self._api_key())
         # (an error object of Anthropic's shape: its type "error", its fields left as extras)
         error = getattr(message, "error", None)
         failed = error_in_answer(error, self.provider, self.model_id, request_id=request_id, api_key=self._api_key())

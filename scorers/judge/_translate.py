@@ -38,7 +38,7 @@ from scorers.judge._errors import (
 
 # scrub_secrets is re-exported: the judge modules take it from here (it lives in scorers._secrets,
 # shared with tracing and worker).
-__all__ = ["error_in_answer", "parse_retry_after_ms", "scrub_secrets", "translate_sdk_errors"]
+__all__ = ["error_in_answer", "kept_request_id", "parse_retry_after_ms", "scrub_secrets", "translate_sdk_errors"]
 
 E = TypeVar("E", bound=BaseException)
 
@@ -100,9 +100,24 @@ def translate_sdk_errors(provider: str, model_id: str, *, api_key: str | None = 
         raise _scrubbed(translated, api_key) from exc
 
 
+# Longer than any provider's request id (OpenAI's "req_" and 32 hex digits, Anthropic's ~30).
+_MAX_REQUEST_ID = 128
+
+
+def kept_request_id(value: object, api_key: str | None) -> str | None:
+    """A provider's request id as kept: up to 128 visible ASCII characters without spaces, the key
+    masked (a header: what a gateway echoes); anything else is no id (a proxy's header of 50 KB, or
+    of words, went whole into every attempt's record and the error's message): None."""
+    if not isinstance(value, str) or not 0 < len(value) <= _MAX_REQUEST_ID:
+        return None
+    if not (value.isascii() and value.isprintable()) or " " in value:
+        return None
+    return scrub_secrets(value, api_key)
+
+
 def _scrubbed(err: JudgeProviderError, api_key: str | None) -> JudgeProviderError:
     err.message = scrub_secrets(err.message, api_key)
-    err.request_id = scrub_secrets(err.request_id, api_key)  # a header: what a gateway echoes
+    err.request_id = kept_request_id(err.request_id, api_key)
     err.args = scrub_secrets(err.args, api_key)
     err.body = scrub_secrets(err.body, api_key)
     err.headers = scrub_secrets(err.headers, api_key)

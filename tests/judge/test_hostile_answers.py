@@ -336,9 +336,9 @@ def test_a_request_id_echoing_the_key_is_not_kept(
     monkeypatch.setenv("OPENAI_API_KEY", CORP_KEY)
     monkeypatch.setenv("ANTHROPIC_API_KEY", CORP_KEY)
     fake_llm.script(Reply.json({"verdict": "ok", "confidence": 0.5}, headers={header: CORP_KEY}))
-    fake_llm.script(Reply.error(500, "boom", headers={header: f"req {CORP_KEY}"}))
+    fake_llm.script(Reply.error(500, "boom", headers={header: f"req-{CORP_KEY}"}))
     error = _failure(_verdict_then_reason(Judge(model)))
-    assert "request id req ***" in str(error)
+    assert "request id req-***" in str(error)
     record = error.partial.model_dump_json()
     assert CORP_KEY not in record
     assert '"request_id":"***"' in record
@@ -528,3 +528,19 @@ def test_an_answer_that_cannot_be_read_is_described_never_quoted(
     assert said in str(error)
     everything = [str(error), error.partial.model_dump_json(), repr(logs), *traceback.format_exception(error)]
     assert AGENT_WORDS not in "".join(everything)
+
+
+@pytest.mark.parametrize(("model", "header"), [("openai/m", "x-request-id"), ("anthropic/m", "request-id")])
+@pytest.mark.parametrize("value", ["r" * 50_000, f"id {AGENT_WORDS}"], ids=["50 KB", "words"])
+def test_a_request_id_that_is_no_id_is_not_kept(fake_llm: FakeLLMServer, model: str, header: str, value: str) -> None:
+    """A proxy's request-id header of 50,000 characters (or of words) was kept whole: in every
+    attempt's record and in the error's message ("(status 503, request id rrrr...)", 50 KB). A
+    request id is kept only if it looks like one: up to 128 visible ASCII characters, no spaces."""
+    fake_llm.rule(Reply.auto(headers={header: value}), user_contains="Analyze")
+    fake_llm.rule(Reply.error(503, "busy", headers={header: value}), user_contains="Explain")
+    error = _failure(_verdict_then_reason(Judge(model)))
+    assert type(error.cause) is JudgeServerError
+    assert "request id" not in str(error)
+    assert len(str(error)) < 300
+    assert [a.request_id for a in error.partial.judge["analyze"].attempts] == [None]  # answered
+    assert [a.request_id for a in error.partial.judge["generate_reason"].attempts] == [None]  # failed
