@@ -115,10 +115,18 @@ def kept_request_id(value: object, api_key: str | None) -> str | None:
     return scrub_secrets(value, api_key)
 
 
+# How much of a provider's error text its message keeps (the body, up to 64 KiB, stays in ``.body``):
+# an HTML error page or a gateway's long message was the message whole, in every attempt's record.
+_MESSAGE_CHARS = 1_000
+
+
 def _scrubbed(err: JudgeProviderError, api_key: str | None) -> JudgeProviderError:
-    err.message = scrub_secrets(err.message, api_key)
+    message = scrub_secrets(err.message, api_key)  # before it is cut: a cut key is no key to mask
+    if len(message) > _MESSAGE_CHARS:
+        message = f"{message[:_MESSAGE_CHARS]}... ({len(message):,} characters)"
+    err.message = message
     err.request_id = kept_request_id(err.request_id, api_key)
-    err.args = scrub_secrets(err.args, api_key)
+    err.args = (message,)  # (what super().__init__ was given, the message)
     err.body = scrub_secrets(err.body, api_key)
     err.headers = scrub_secrets(err.headers, api_key)
     return err

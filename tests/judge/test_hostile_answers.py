@@ -544,3 +544,34 @@ def test_a_request_id_that_is_no_id_is_not_kept(fake_llm: FakeLLMServer, model: 
     assert len(str(error)) < 300
     assert [a.request_id for a in error.partial.judge["analyze"].attempts] == [None]  # answered
     assert [a.request_id for a in error.partial.judge["generate_reason"].attempts] == [None]  # failed
+
+
+LONG_ERRORS = {
+    "a 503 HTML page": (503, "<html>" + "upstream busy " * 4_000 + "</html>", {"content-type": "text/html"}),
+    "a 529 of a long message": (
+        529,
+        json.dumps({"type": "error", "error": {"type": "overloaded_error", "message": "busy " * 10_000}}),
+        {},
+    ),
+    "a 200 error object": (200, json.dumps({"error": {"code": 503, "message": "busy " * 10_000}}), {}),
+}
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("status", "body", "headers"), list(LONG_ERRORS.values()), ids=list(LONG_ERRORS))
+def test_a_long_error_text_is_cut_in_the_message(
+    fake_llm: FakeLLMServer, sleeps: list[float], model: str, status: int, body: str, headers: dict[str, str]
+) -> None:
+    """A provider's error text of 50 KB (an HTML error page, a gateway's long message) was the
+    error's message whole, in each attempt's record: 4 attempts kept 200 KB of it. The message
+    keeps its first 1,000 characters and says how long the text was; the status still decides."""
+    fake_llm.rule(Reply.raw(body, status=status, headers=headers))
+    judge = Judge(model, error_processors=[StreamErrorRetryProcessor(max_retries=3)], max_processor_retries=3)
+    error = _failure(_verdict_then_reason(judge))
+    assert error.category == "retryable"
+    assert isinstance(error.cause, JudgeServerError)
+    assert error.cause.status_code == (503 if status == 200 else status)
+    assert len(str(error.cause)) < 1_200
+    attempts = error.partial.judge["analyze"].attempts
+    assert len(attempts) == 4
+    assert all(len(a.error or "") < 1_200 for a in attempts)
