@@ -10,6 +10,7 @@ in place too.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import email.utils
 import json
 import math
@@ -70,8 +71,8 @@ def parse_retry_after_ms(headers: Mapping[str, str], now: float | None = None) -
             when = email.utils.parsedate_to_datetime(raw)
         except (TypeError, ValueError, IndexError):
             return None
-        if when.tzinfo is None:
-            return None
+        if when.tzinfo is None:  # the asctime form (or "-0000"): an HTTP-date is GMT by definition
+            when = when.replace(tzinfo=datetime.UTC)
         seconds = when.timestamp() - (time.time() if now is None else now)
         return max(0.0, seconds) * 1000
     if math.isfinite(seconds) and seconds >= 0:

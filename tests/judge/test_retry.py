@@ -8,6 +8,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -444,3 +445,29 @@ def test_an_answer_dripped_a_byte_at_a_time_times_out_at_the_judges_timeout(mode
         server.server_close()
     assert isinstance(info.value.cause, JudgeTimeoutError)
     assert took < 4.0, took  # one attempt (no retry processor): 1.5 s; 6 s before
+
+
+def _asctime(epoch: float) -> str:
+    """An HTTP-date in the asctime form (RFC 9110's third, GMT by definition): ``Sun Nov  6 08:49:37 1994``."""
+    return time.strftime("%a %b %e %H:%M:%S %Y", time.gmtime(epoch))
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "expected_s"),
+    [
+        (lambda: _asctime(time.time() + 20), 20.0),  # the asctime form: was ignored, a retry at once
+        (lambda: email.utils.formatdate(time.time() + 3 * 86_400, usegmt=True), 30.0),  # days: capped
+        (lambda: "259200", 30.0),  # days, in seconds: capped
+        (lambda: _asctime(time.time() - 60), 0.0),  # past: no wait
+    ],
+)
+def test_a_retry_after_date_in_any_http_form_is_honoured_and_capped(
+    fake_llm: FakeLLMServer, sleeps: list[float], retry_after: Callable[[], str], expected_s: float
+) -> None:
+    """RFC 9110 has a recipient read all three HTTP-date forms. The asctime form (no zone: GMT by
+    definition) was ignored as a date without a zone, so the retry went at once; any wait is
+    still capped by max_retry_after_ms (30 s)."""
+    fake_llm.script(Reply.rate_limited(retry_after=retry_after()))
+    result = run(score_scorer(judge(StreamErrorRetryProcessor())))
+    assert result.score == 0.5
+    assert sleeps == ([pytest.approx(expected_s, abs=2)] if expected_s else [])
