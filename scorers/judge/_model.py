@@ -5,7 +5,9 @@ whether to use the provider's native structured output) and returns a
 :class:`JudgeResponse`. Retries, validation, fallbacks and records are the judge layer's job,
 not the model's: ``generate`` makes exactly one provider request and raises on failure —
 ideally a :class:`~scorers.judge.JudgeProviderError` subclass carrying status code, request
-id and Retry-After (other exceptions count as "unknown" errors for retry policies).
+id and Retry-After (other exceptions count as "unknown" errors for retry policies). A model
+that got an answer it cannot use, but that says what it used, sets ``usage`` on the
+:class:`~scorers.judge.JudgeResponseError` it raises: the call is counted as paid.
 
 Built in: ``"openai/<model>"`` and ``"anthropic/<model>"`` (see ``_providers``). Plug in
 anything else (Azure, Bedrock, vLLM, Ollama, a test double such as
