@@ -585,6 +585,9 @@ class EmbeddedSink(CallbackSink):
     handed to it is scored or named as not scored (``embedded_sink_not_scored``), never both:
     closing, it stops taking batches first (one handed over from then on is refused,
     ``ScorerClosedError``, and named by its send), then names what it held and did not score.
+    Closed by the app's own hand while its exporter runs, it refuses each batch handed over for
+    good: named once, counted by the exporter as ``send_failed`` (it was retried, and named
+    again, on every try for as long as the exporter lived).
 
     It scores in the process that built it only: a process forked from that one (gunicorn
     ``--preload``, ``multiprocessing``) has none of its event loop's thread, and its locks may
@@ -597,6 +600,7 @@ class EmbeddedSink(CallbackSink):
         self.scorer = scorer
         self._pid = os.getpid()
         self._said = False
+        self._closed = False
         self._stopping = threading.Event()
         scorer.should_stop = self._stopping.is_set
 
@@ -627,14 +631,17 @@ class EmbeddedSink(CallbackSink):
             registry = self.scorer.deps.registry
             self._not_scored(
                 [(t, s, c) for t, s, c, _ in batch_pairs(batch, registry).values()],
-                "handed over after the exporter's shutdown deadline closed the sink",
+                "handed over after the sink was closed (by the exporter's shutdown deadline, or by hand)",
             )
-            raise
+            raise  # (a ValueError: the exporter counts it as send_failed, never tries it again)
         super().send(batch)  # (held: scored now, or, should the sink close first, named by close)
 
     def close(self) -> None:
-        if os.getpid() != self._pid:
+        # Once only: an app that closed the sink itself has its exporter's shutdown close it again
+        # (the second ran the closed scorer's loop: RuntimeError, logged as a failed close).
+        if os.getpid() != self._pid or self._closed:
             return
+        self._closed = True
         self._stopping.set()
         # First: a batch handed over from now on is refused (its send names it), and one held
         # and not begun is not begun, so what is named here is never scored after.

@@ -24,10 +24,11 @@
     │                                   it right (its scores still stored)         config
     ├── UnreadableStateError            a backfill job's state is no state this
     │                                   release reads: left for the operator       config
-    ├── ScorerClosedError               an ``EmbeddedScorer`` given work once it
+    ├── ScorerClosedError (ValueError)  an ``EmbeddedScorer`` given work once it
     │                                   was closed (an app's ``embedded_sink``
-    │                                   handed a batch as its exporter shut down):
-    │                                   refused, not scored                        internal
+    │                                   handed a batch as its exporter shut down,
+    │                                   or once the app closed it): refused for
+    │                                   good, not scored                           internal
     ├── StepExitError (ScorerError)     a scorer's step called ``sys.exit``: the
     │                                   run's failure (final: it would again)      internal
     ├── RunLimitError (ScorerError)     a run hit a limit: ``error_type`` timeout
@@ -237,10 +238,12 @@ class UnreadableStateError(WorkerError):
         return (type(self), (self.key, self.problem))
 
 
-class ScorerClosedError(WorkerError):
+class ScorerClosedError(WorkerError, ValueError):
     """An ``EmbeddedScorer`` was given work (a batch, runs) after it stopped taking any: it
     closed, or an app's ``embedded_sink`` is closing with its exporter. Nothing of it is scored;
-    who handed it over names it as not scored."""
+    who handed it over names it as not scored. A ``ValueError``: the exporter's sender takes it
+    as the sink refusing the batch for good (counted as ``send_failed``, not retried: a closed
+    scorer refuses every try alike)."""
 
     def __init__(self) -> None:
         super().__init__("the in-process scorer was closed: nothing handed to it now is scored")

@@ -318,6 +318,42 @@ def test_a_batch_handed_over_as_the_shutdown_deadline_passes_is_named_once_and_n
     assert {e["error"] for e in logs if e["event"] == "sink_send_failed"} <= {"ScorerClosedError"}
 
 
+def test_a_sink_closed_by_hand_refuses_each_batch_once_and_the_exporter_goes_on() -> None:
+    """An ``embedded_sink`` closed by the app's own hand while its exporter still runs: each batch
+    handed over after is refused for good (``ScorerClosedError``), named once as not scored and
+    counted as ``send_failed``; the sender goes on to the next. It was a failed send, retried
+    with backoff for as long as the exporter lived: the same batch named again on every retry,
+    and every batch behind it stuck."""
+    from structlog.testing import capture_logs
+
+    writer = MemoryScoreWriter()
+    sink = embedded_sink("tests.backfill.scorers", writer, run_timeout_s=5)
+    exporter, provider, one = _app(sink, ["answer-words", "confident"], shutdown_timeout_s=2.0)
+    with capture_logs() as logs:
+        try:
+            sink.close()
+            one("Secret question?", "Secret answer text.")
+            one("Secret other question?", "Secret other answer.")
+            # Both runs settled as refused (the second was queued behind the first).
+            assert wait_for(lambda: exporter.stats()["dropped"].get("send_failed") == 2, 10), exporter.stats()
+            time.sleep(0.5)  # (a retry would come within 0.1-0.2 s: give one the chance to show)
+            stats = exporter.stats()
+        finally:
+            provider.shutdown()  # closes the sink again: a no-op
+    said = [e for e in logs if e["event"] == "embedded_sink_not_scored"]
+    refused = [e for e in logs if e["event"] == "sink_refused_batch"]
+    # Each batch (one or both runs) named once: the two traces' four pairs, each trace once.
+    assert sum(e["pairs"] for e in said) == 4, said
+    assert sorted(t for e in said for t in e["trace_ids"]) == sorted({t for e in said for t in e["trace_ids"]})
+    assert len(said) == len(refused), refused
+    assert {e["error"] for e in refused} == {"ScorerClosedError"}, refused
+    assert not [e for e in logs if e["event"] == "exporter_sink_close_failed"], logs
+    assert not [e for e in logs if e["event"] == "sink_send_failed"], logs
+    assert (stats["runs_sent"], stats["send_failures"], stats["dropped"]) == (0, 0, {"send_failed": 2})
+    assert writer.records == []
+    assert "secret" not in json.dumps(logs, default=str).lower()
+
+
 def _embedded_job(traces: Path, job_id: str, *, batch_size: int) -> tuple[FileSource, BackfillState, EmbeddedScorer]:
     """An embedded backfill of the files in ``traces`` with two scorers: its source, its state
     and the in-process scorer (``answer-words`` and ``confident``, which fails "not sure")."""

@@ -1,6 +1,8 @@
 """Where the exporter hands its batches: the broker (producer side only) or a function.
 
-A sink's ``send`` raises on failure; the exporter's sender thread retries with backoff. A sink
+A sink's ``send`` raises on failure; the exporter's sender thread retries with backoff, except
+a ``ValueError`` or ``TypeError``: the sink refuses that batch for good (counted as
+``send_failed``, logged once, never tried again). A sink
 with a message cap (``EncodedSink``: ``CelerySink``) gets its batches cut by bytes: the exporter
 encodes each request once, sizes the messages with it and hands the JSON over.
 """
