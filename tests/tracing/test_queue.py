@@ -9,6 +9,7 @@ import shutil
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from tests.backfill._doubles import CapturingSubmitter
 from tests.backfill._synth import trace_spans
 from tests.tracing._spans import Recorder, agent_trace
 from tests.worker._batches import batch as make_batch
-from tracing import CelerySink, trace_to_run, trace_to_runs
+from tracing import CelerySink, SpanRecord, trace_to_run, trace_to_runs
 from tracing._records import span_record
 from tracing.otlp import decode_otlp_json, decode_otlp_records
 from tracing.queue import PLAIN_ID_RULE, Backpressure, ScoreBatch, ScoreRequest, plain_id, request_json, task_message
@@ -43,6 +44,29 @@ def test_a_request_has_one_shape_and_refuses_a_read_run() -> None:
     records = [span_record(s) for s in rec.spans()]
     request = ScoreRequest(spans=records, target_span_ids=[run.identity.span_id], scorer_ids=["s"])
     assert trace_to_run(request.spans, request.target_span_ids[0]) == run
+
+
+def test_a_request_whose_runs_nest_is_refused_naming_them_at_a_linear_cost() -> None:
+    """A target under another target (no producer plans one: targets are top-level) made every
+    run read the others' spans again: 2,000 of them nested one under the next (430 KB) cost a
+    worker 77 s. Validation refuses it, naming the first such target and the one above it; a
+    chain of 20,000 is refused as fast as flat targets are read (no walk up per target)."""
+    chain = [
+        SpanRecord(
+            trace_id="a" * 32, span_id=f"{i + 1:016x}", name="agent.run", parent_span_id=f"{i:016x}" if i else None
+        )
+        for i in range(20_000)
+    ]
+    with pytest.raises(ValidationError, match=f"target_span_ids: {2:016x} is under {1:016x}"):
+        ScoreRequest(spans=chain[:2], target_span_ids=[chain[1].span_id, chain[0].span_id], scorer_ids=["s"])
+    started = time.process_time()
+    with pytest.raises(ValidationError, match="is under"):
+        ScoreRequest(spans=chain, target_span_ids=[s.span_id for s in chain], scorer_ids=["s"])
+    assert time.process_time() - started < 2.0
+    # Siblings under one parent that is no target are runs of their own, each with its spans.
+    flat = [chain[0], *(replace(s, parent_span_id=chain[0].span_id) for s in chain[1:4])]
+    request = ScoreRequest(spans=flat, target_span_ids=[s.span_id for s in flat[1:]], scorer_ids=["s"])
+    assert request.run_spans() == {s.span_id: [s] for s in flat[1:]}
 
 
 @pytest.mark.parametrize(
@@ -81,7 +105,9 @@ def test_a_one_run_request_is_written_as_the_previous_release_reads_it() -> None
     assert wire["target_span_id"] == records[-1].span_id
     assert wire == {**one.model_dump(mode="json", exclude={"target_span_ids"}), "target_span_id": records[-1].span_id}
     assert ScoreRequest.model_validate_json(request_json(one)) == one
-    two = ScoreRequest(spans=records, target_span_ids=[records[-1].span_id, records[0].span_id], scorer_ids=["s"])
+    # (two runs side by side: a run's target is never inside another run)
+    apart = [replace(records[0], parent_span_id=None), *records[1:]]
+    two = ScoreRequest(spans=apart, target_span_ids=[records[-1].span_id, records[0].span_id], scorer_ids=["s"])
     wire = json.loads(request_json(two))
     assert wire["target_span_ids"] == [records[-1].span_id, records[0].span_id]
     assert "target_span_id" not in wire
