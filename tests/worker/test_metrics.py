@@ -30,6 +30,7 @@ from tests.worker._batches import batch
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
 from tests.worker.metrics_scorers import fast
 from tracing import CelerySink, ScoreBatch, score_id_for
+from tracing.queue import parse_json
 from worker import _keys
 from worker._budget import RedisLedger, utc_day
 from worker._loop import run_coro
@@ -792,6 +793,28 @@ def test_runs_skipped_or_left_to_another_delivery_are_counted() -> None:
     assert skipped("already_scored") - before[0] == 2
     assert skipped("duplicate") - before[1] == 1
     assert deferred() - before[2] == 1
+
+
+def test_an_enqueued_at_that_is_no_time_scores_its_runs_and_leaves_the_latency_alone() -> None:
+    """A hand-made message may carry ``enqueued_at`` as NaN or an infinity (JSON's screen and
+    kombu read ``-Infinity``): its runs are scored as any (a bad time costs no message), and no
+    latency is observed for them. ``-Infinity`` made the latency an infinite sample: the
+    histogram's sum stayed +Inf for the life of the worker's metrics; NaN a sample of 0 s."""
+    latency_sum = partial(_recorded, "tracescore_run_latency_seconds_sum", scorer="fast")
+    latency_count = partial(_recorded, "tracescore_run_latency_seconds_count", scorer="fast")
+    scored = partial(_recorded, "tracescore_runs_total", scorer="fast", outcome="scored")
+    deps = ScoringDeps(registry=Registry([fast]), store=MemoryScoreStore())
+    before = (latency_sum(), latency_count(), scored())
+    requests = []
+    for n, stamp in enumerate(["-Infinity", "Infinity", "NaN"]):
+        request = json.loads(batch(range(n, n + 1), ["fast"], salt="no-time").requests[0].model_dump_json())
+        request["enqueued_at"] = "STAMP"
+        requests.append(json.dumps(request).replace('"STAMP"', stamp))
+    message = parse_json('{"batch_id": "no-time", "requests": [' + ",".join(requests) + "]}")
+    report = asyncio.run(score_batch(ScoreBatch.model_validate(message), deps))
+    assert report.scored == 3
+    assert scored() - before[2] == 3
+    assert (latency_sum() - before[0], latency_count() - before[1]) == (0.0, 0.0)
 
 
 def test_a_dead_letter_list_of_another_type_is_a_refused_key(redis_url: str) -> None:

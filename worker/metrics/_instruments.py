@@ -10,6 +10,7 @@ the client's in-memory values, which nobody reads.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -250,8 +251,10 @@ def observe_records(records: Sequence[ScoreRecord], retried: Sequence[tuple[str 
         else:
             key = (scorer, "scored", "")
         runs[key] = runs.get(key, 0) + 1
-        if record.enqueued_at is not None:
-            m.child(m.run_latency, scorer, record.source).observe(max(0.0, record.scored_at - record.enqueued_at))
+        # (a hand-made message's NaN or infinity is no time: an infinite sample left the
+        # histogram's sum +Inf for good; the run is counted all the same)
+        if record.enqueued_at is not None and math.isfinite(latency := record.scored_at - record.enqueued_at):
+            m.child(m.run_latency, scorer, record.source).observe(max(0.0, latency))
     for labels, n in runs.items():
         m.child(m.runs, *labels).inc(n)
 
