@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import math
 import time
 from collections import Counter, defaultdict
@@ -53,7 +54,7 @@ from redis import exceptions as redis_errors
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeCallRefused, JudgeModel, ModelPrice
 from tracing import ScoreRecord, ScoreWriter, SpanRecord, TracedRun, TraceReadError, score_id_for, trace_to_run
-from tracing.queue import ScoreBatch, ScoreRequest
+from tracing.queue import ScoreBatch, ScoreRequest, plain_id
 from worker._budget import default_attempt_cap, enter_run, price_table, run_key
 from worker._errors import RunLimitError, StepExitError, caused_by, crash_fields, is_transient
 from worker._loop import LOOP_BLOCK_LIMITS, LoopBlockedError, for_the_loops_limit, halting, was_targeted
@@ -77,6 +78,7 @@ __all__ = [
     "running_label",
     "score_batch",
     "scoring_run_of",
+    "shown_id",
     "transient_failure",
     "wedged_record",
 ]
@@ -177,7 +179,7 @@ class _Pair:
     request: ScoreRequest
     span_id: str  # the target: which of the request's runs
     target: SpanRecord | None  # its record (its name and times go in the score record)
-    scorer_id: str
+    scorer_id: str  # as its records show it (``shown_id`` for one the worker does not have)
     scorer: Scorer | None
     score_id: str
     unknown: UnknownScorerError | None = None
@@ -383,28 +385,38 @@ def batch_pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> dict[str, 
     return {p.score_id: (p.request.trace_id, p.span_id, p.scorer_id, p.request.job_id) for p in _pairs(batch, registry)}
 
 
+def shown_id(value: str | None) -> str | None:
+    """``value`` (a batch id, a scorer id) for a log line, a letter or a record: as it is when it
+    is a plain id, else a digest of it (the same wherever it is shown). The guard refuses a
+    message with any other batch id, but a message it did not screen (applied in process) may
+    carry any text there, agent content included; a scorer id, any text the producer sent."""
+    if value is None or plain_id(value):
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:
     pairs: list[_Pair] = []
     for request in batch.requests:
         trace_id = request.trace_id
-        scorers: list[tuple[str, Scorer | None, UnknownScorerError | None]] = []
+        # (the id named, the id its records show, the scorer or why there is none)
+        scorers: list[tuple[str, str, Scorer | None, UnknownScorerError | None]] = []
         for scorer_id in dict.fromkeys(request.scorer_ids):
             try:
-                scorer: Scorer | None = registry[scorer_id]
-                unknown = None
-            except UnknownScorerError as exc:
-                scorer, unknown = None, exc
-            except KeyError:
-                scorer = None
-                unknown = UnknownScorerError(scorer_id, registry.keys())
-            scorers.append((scorer_id, scorer, unknown))
+                scorers.append((scorer_id, scorer_id, registry[scorer_id], None))
+            except KeyError:  # (UnknownScorerError is one)
+                # The producer's text, of any length and content: its records, one a run, each
+                # held it whole twice (1 MB beside 20 runs made 40 MB of records, sent to every
+                # sink). Shown as logs and letters show it; the score id is still the pair's.
+                shown = shown_id(scorer_id) or scorer_id
+                scorers.append((scorer_id, shown, None, UnknownScorerError(shown, registry.keys())))
         targets = request.targets()
         for span_id in request.target_span_ids:
             target = targets.get(span_id)
-            for scorer_id, scorer, unknown in scorers:
+            for scorer_id, shown, scorer, unknown in scorers:
                 version = scorer.version if scorer is not None else "unknown"
                 score_id = score_id_for(trace_id, span_id, scorer_id, version)
-                pairs.append(_Pair(request, span_id, target, scorer_id, scorer, score_id, unknown))
+                pairs.append(_Pair(request, span_id, target, shown, scorer, score_id, unknown))
     return pairs
 
 

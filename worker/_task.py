@@ -43,7 +43,7 @@ from worker._loop import (
 )
 from worker._reconnect import COMMAND_SLACK_S, RECONNECT_S
 from worker._runtime import WorkerRuntime, get_runtime
-from worker._scoring import STORE_REFUSALS, StoreUnavailableError, score_batch
+from worker._scoring import STORE_REFUSALS, StoreUnavailableError, score_batch, shown_id
 from worker.metrics import observe_records
 from worker.store import END_WAIT_S, DeadLetter, StoreKeyTypeError, dead_letter_id, new_token, validation_place
 
@@ -139,13 +139,13 @@ def _dead_letter(
         pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
         log.error("dead_letter_payload_dropped", reason=reason, error_type=type(unencodable).__name__, letter=letter.id)
     if reason in _refusal_logs:  # every message until that changes: a line a minute
-        _refusal_logs[reason].note(batch_id=_shown(batch_id), letter=letter.id, duplicate=not pushed)
+        _refusal_logs[reason].note(batch_id=shown_id(batch_id), letter=letter.id, duplicate=not pushed)
         return
     log.error(
         "message_dead_lettered",
         reason=reason,
         **(crash_fields(exc) if exc is not None else {}),
-        batch_id=_shown(batch_id),
+        batch_id=shown_id(batch_id),
         attempts=attempts,
         letter=letter.id,
         duplicate=not pushed,
@@ -165,16 +165,6 @@ def _without_payload(letter: DeadLetter, exc: BaseException) -> DeadLetter:
             "run_ids": [r.encode("utf-8", "replace").decode("utf-8") for r in letter.run_ids],
         }
     )
-
-
-def _shown(batch_id: str | None) -> str | None:
-    """``batch_id`` (or a scorer id) for a log line or a letter: as it is when it is a plain id,
-    else a digest of it (the same on every line about it). The guard refuses a message with any
-    other batch id, but a message it did not screen (applied in process) may carry any text
-    there, agent content included; a scorer id, any text the producer sent."""
-    if batch_id is None or plain_id(batch_id):
-        return batch_id
-    return "sha256:" + hashlib.sha256(batch_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _split(task: Task[Any, Any], payload: dict[str, Any], batch: ScoreBatch, task_id: str, queue: str) -> None:
@@ -271,7 +261,7 @@ def _score_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
 def _score_one_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | None:
     app: TracescoreApp = self.app  # type: ignore[assignment]  # create_app registers this task
     batch_id = payload.get("batch_id") if isinstance(payload, dict) else None
-    task_id = str(self.request.id or (_shown(batch_id) if isinstance(batch_id, str) else None) or "-")
+    task_id = str(self.request.id or (shown_id(batch_id) if isinstance(batch_id, str) else None) or "-")
     if shutting_down():
         # SIGTERM came: a message handed over since (prefetched, or queued in the pool) goes
         # straight back for another worker, before any delivery is recorded or score claimed.
@@ -497,7 +487,7 @@ def _score_delivery(
         # only that one is lost. Runs already scored are skipped by their score ids.
         assert isinstance(payload, dict)
         _split(self, payload, batch, task_id, settings.queue)
-        log.warning("batch_split", batch_id=_shown(batch.batch_id), runs=batch.runs(), crashed_deliveries=crashes)
+        log.warning("batch_split", batch_id=shown_id(batch.batch_id), runs=batch.runs(), crashed_deliveries=crashes)
         return None
     if crashes > MAX_CRASHED_DELIVERIES:
         request = batch.requests[0]
@@ -507,7 +497,7 @@ def _score_delivery(
             payload,
             reason="too_many_deliveries",
             # (the scorer ids are the producer's text: one the registry lacks is named all the same)
-            error=f"run {run_id} (scorers {', '.join(_shown(s) or '-' for s in request.scorer_ids)[:200]}) "
+            error=f"run {run_id} (scorers {', '.join(shown_id(s) or '-' for s in request.scorer_ids)[:200]}) "
             f"was being scored each time its worker process died: delivered {deliveries} times, "
             f"{crashes} of them never finished",
             attempts=deliveries,
@@ -534,7 +524,7 @@ def _score_delivery(
         # SIGTERM's grace period ended mid-batch: what finished is stored, the rest was cancelled
         # and its claims released. Requeued as it is (same retry count; the delivery is marked
         # ended, so not a crash): the next delivery scores only what is missing.
-        log.warning("batch_requeued_at_shutdown", task_id=task_id, batch_id=_shown(batch.batch_id), started=True)
+        log.warning("batch_requeued_at_shutdown", task_id=task_id, batch_id=shown_id(batch.batch_id), started=True)
         raise Reject("shutdown grace period ended; requeued", requeue=True) from None
     except (Retry, StoreUnavailableError):  # Redis unreachable: a Reject that requeues, not a retry
         raise
@@ -554,13 +544,13 @@ def _score_delivery(
                 exc=exc,
             )
             return None
-        log.warning("batch_retry", batch_id=_shown(batch.batch_id), attempt=attempt + 1, **crash_fields(exc))
+        log.warning("batch_retry", batch_id=shown_id(batch.batch_id), attempt=attempt + 1, **crash_fields(exc))
         countdown = settings.retry_delay(attempt)
         # Not the exception itself: Celery logs a retry with its repr (its text).
         raise _retry_later(self, task_id, countdown) from exc
     # Shown, returned and logged by Celery as the task's result ("Task ... succeeded ...: {...}"):
     # the batch id as the log lines have it.
-    summary = {**report.as_dict(), "batch_id": _shown(batch.batch_id)}
+    summary = {**report.as_dict(), "batch_id": shown_id(batch.batch_id)}
     # Retries of deferred scores wait at most max_eta_seconds each (inside the visibility
     # timeout): enough of them to outlast the other delivery's claim before giving up on it.
     claim_attempts = max(settings.retry_budget, settings.claim_tries)
@@ -615,7 +605,7 @@ def _score_delivery(
             countdown = max(countdown, min(spread, settings.max_eta_seconds))
         log.warning(
             "batch_retry",
-            batch_id=_shown(batch.batch_id),
+            batch_id=shown_id(batch.batch_id),
             attempt=attempt + 1,
             transient=dict(report.transient),
             deferred=len(report.deferred),

@@ -107,6 +107,33 @@ def test_failures_and_unknown_ids_become_error_records() -> None:
     assert all(r.not_scorable == "generate_score: no tools" for r in writer.records if r.scorer_id == "unscorable")
 
 
+def test_an_unknown_scorer_id_of_any_text_is_kept_in_its_records_as_a_digest() -> None:
+    """A scorer id the worker lacks is the producer's text: any length, any content. Each of the
+    message's runs got an error record holding it whole, as its scorer id and again in its
+    error: one 1 MB id beside 20 runs made 40 MB of records (stored, sent to every sink) from
+    a 1 MB message, agent content or a secret there copied into each. Unless it is a plain id,
+    it is kept as a digest (the same for every record of that id, as logs and letters show it);
+    the records and their score ids are otherwise the same, and a plain unknown id is shown as
+    it is."""
+    deps, _store, writer = _deps(plain)
+    hostile = "AGENT said: the code is 4417 " * 40_000
+    report = asyncio.run(score_batch(batch(range(20), ["plain", hostile, "nope"], salt="long-id"), deps))
+    assert (report.scored, report.failed) == (20, {"UnknownScorerError": 40})
+    unknown = [r for r in writer.records if r.error_type == "UnknownScorerError"]
+    shown = {r.scorer_id for r in unknown}
+    assert len(shown) == 2
+    assert "nope" in shown
+    (digest,) = shown - {"nope"}
+    assert digest.startswith("sha256:")
+    assert len(digest) < 128
+    assert all("4417" not in r.model_dump_json() for r in writer.records)
+    assert max(len(r.model_dump_json()) for r in writer.records) < 4000
+    assert all(digest in (r.error_message or "") for r in unknown if r.scorer_id == digest)
+    # The score id is the pair's, as before: the id the message named, not what the record shows.
+    first = next(r for r in unknown if r.scorer_id == digest)
+    assert first.score_id == score_id_for(first.trace_id, first.span_id, hostile, "unknown")
+
+
 def test_transient_failure_is_left_for_retry_then_recorded_on_final_attempt() -> None:
     """A timeout is not recorded on a non-final attempt; on the final one it is an error record."""
 
