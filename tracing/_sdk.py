@@ -119,7 +119,8 @@ def _fast(span: ReadableSpan) -> SpanValues | None:
         events = events._dq  # type: ignore[attr-defined]
     # (``status_code`` is a property: a Python call a span)
     status_name = status._status_code._name_ if status is not None else "UNSET"
-    return ctx, parent, attrs, name, kind._name_, start, end, status_name, events, scope, resource
+    kind_name = kind._name_ if kind.__class__ is SpanKind else _kind_name(kind)
+    return ctx, parent, attrs, name, kind_name, start, end, status_name, events, scope, resource
 
 
 def _public(span: ReadableSpan) -> SpanValues | None:
@@ -132,7 +133,7 @@ def _public(span: ReadableSpan) -> SpanValues | None:
         span.parent,
         _public_attributes(span),
         span.name,
-        span.kind.name,
+        _kind_name(span.kind),
         span.start_time,
         span.end_time,
         status.status_code.name if status is not None else "UNSET",
@@ -140,6 +141,13 @@ def _public(span: ReadableSpan) -> SpanValues | None:
         span.instrumentation_scope,
         span.resource,
     )
+
+
+def _kind_name(kind: object) -> str:
+    """The name of a span's kind; ``INTERNAL``, the OTel default, for what is no ``SpanKind``
+    (the SDK takes any object there, as for a name: its filing failed, an ``AttributeError``
+    counted as an export error, and its run went without the span)."""
+    return kind.name if isinstance(kind, SpanKind) else SpanKind.INTERNAL.name
 
 
 def _public_attributes(span: ReadableSpan) -> Mapping[str, Any]:

@@ -23,7 +23,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-from opentelemetry.trace import SpanContext, TraceFlags, set_span_in_context
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, set_span_in_context
 
 from tests._redis import RedisServer
 from tests.tracing._exporting import read, wait_for
@@ -629,13 +629,16 @@ def _worker_refusal(batch: ScoreBatch) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("bad", ["nested_attribute", "name_not_a_string"])
+@pytest.mark.parametrize("bad", ["nested_attribute", "name_not_a_string", "kind_not_a_span_kind"])
 def test_a_span_the_workers_would_refuse_costs_no_other_traces_run(arrivals: Arrivals, bad: str) -> None:
     """The SDK takes attribute values nested to any depth and any object as a span's name. Such a
     span was shipped as it was, and the workers refused its whole message (``too_deep``, or the
     task's validation: ``invalid_payload``), dead-lettering the other traces' runs in it while
     ``stats()`` counted them sent. A value nested past 32 levels is refused at filing now (that
-    span, counted in ``errors["export"]``), and a name that is not a string is sent as text."""
+    span, counted in ``errors["export"]``), and a name that is not a string is sent as text. A
+    kind that is no ``SpanKind`` (the SDK takes any object there too) is read as ``INTERNAL``,
+    the OTel default: it failed the filing of its span, counted as an export error and logged
+    as an ``AttributeError``, and the run went without that span."""
     deep: Any = "x"
     for _ in range(100):
         deep = {"k": deep}
@@ -650,6 +653,7 @@ def test_a_span_the_workers_would_refuse_costs_no_other_traces_run(arrivals: Arr
                 with app.tracer.start_as_current_span(
                     "execute_tool t",
                     attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.arguments": arguments},
+                    kind=None if odd and bad == "kind_not_a_span_kind" else SpanKind.INTERNAL,  # type: ignore[arg-type]
                 ) as tool:
                     if odd and bad == "name_not_a_string":
                         tool.update_name(None)  # type: ignore[arg-type]
@@ -662,6 +666,9 @@ def test_a_span_the_workers_would_refuse_costs_no_other_traces_run(arrivals: Arr
     stats = app.exporter.stats()
     assert (stats["runs_sent"], stats["dropped"]) == (3, {})
     assert stats["errors"] == ({"export": 1} if bad == "nested_attribute" else {})
+    shipped = [s for batch in arrivals.batches for r in batch.requests for s in r.spans]
+    assert sum(s.name != "invoke_agent a" for s in shipped) == (2 if bad == "nested_attribute" else 3)
+    assert {s.kind for s in shipped} == {"INTERNAL"}
 
 
 class _OddIds(RandomIdGenerator):
