@@ -38,7 +38,10 @@ class Seen:
 class FakePhoenix:
     """Answers each POST with ``answer(body)``; records every request."""
 
-    answer: Callable[[dict[str, Any]], Answer] = lambda body: (200, {}, json.dumps({"data": []}))
+    # (as Phoenix answers sync=true: one inserted annotation's id per annotation)
+    answer: Callable[[dict[str, Any]], Answer] = lambda body: (
+        200, {}, json.dumps({"data": [{"id": str(i)} for i, _ in enumerate(body["data"])]}),
+    )  # fmt: skip
     seen: list[Seen] = field(default_factory=list)
     url: str = ""
 
@@ -145,7 +148,7 @@ def test_missing_spans_are_retried_and_the_rest_resent(fake: FakePhoenix) -> Non
         ids = {a["span_id"] for a in body["data"]}
         if missing in ids:
             return 404, {"Content-Type": "text/plain"}, f"Spans with IDs {missing} do not exist."
-        return 200, {}, json.dumps({"data": [{"id": "x"}] * len(ids)})
+        return 200, {}, json.dumps({"data": [{"id": "x"}] * len(body["data"])})
 
     fake.answer = answer
     records = [record(), record(span_id=missing), record(scorer_id="other"), record(span_id=missing, scorer_id="b")]
@@ -197,7 +200,7 @@ def test_a_refused_batch_is_split_so_only_the_bad_record_is_refused(fake: FakePh
     def answer(body: dict[str, Any]) -> Answer:
         bad = [i for i, a in enumerate(body["data"]) if a["result"]["explanation"] == "SECRET-REASON"]
         if not bad:
-            return 200, {}, "{}"
+            return 200, {}, json.dumps({"data": [{"id": "x"}] * len(body["data"])})
         detail = [{"type": "x", "loc": ["body", "data", bad[0], "result"], "msg": "too long", "input": "SECRET-REASON"}]
         return 422, {"Content-Type": "application/json"}, json.dumps({"detail": detail})
 

@@ -54,6 +54,7 @@ __all__ = [
     "scrubbable",
     "server_message",
     "transport_retry",
+    "unacknowledged",
 ]
 
 T = TypeVar("T")
@@ -286,6 +287,31 @@ def retry_after(header: str | None) -> float:
     if not math.isfinite(seconds):
         return 0.0
     return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
+
+
+def unacknowledged(
+    backend: str, response: httpx.Response, acknowledges: Callable[[Any], bool], setting: str
+) -> Retry | None:
+    """None when a 2xx answer's body is the backend's own acknowledgement of the write
+    (``acknowledges`` of its JSON); else the ``Retry`` saying it was not. A page, an empty or
+    garbled body, or JSON of another shape comes from something in its place (a proxy or a web
+    app at a wrong path, a server still starting): what was stored is unknown, so the score stays
+    owed (a re-send is an upsert) and, should it stay so, ends as a dead letter naming this."""
+    parsed = answer_json(answer_text(response))
+    if acknowledges(parsed):
+        return None
+    if "html" in response.headers.get("content-type", "").lower():
+        what = "a web page"
+    elif not response.content:
+        what = "an empty body"
+    elif parsed is None:
+        what = "a body that is not JSON"
+    else:
+        what = "JSON of another shape"
+    return Retry(
+        f"{backend} answered HTTP {response.status_code} with {what}, not its API's acknowledgement:"
+        f" is {setting} its address?"
+    )
 
 
 def transport_retry(backend: str, exc: httpx.TransportError | httpx.DecodingError) -> Retry:

@@ -33,7 +33,8 @@ how many characters were cut (logged as ``langfuse_comment_cut``, without the te
 score still lands. One still over it without any comment (a label or name that long) is
 ``Refused`` here, unsent.
 
-Outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
+Outcomes: 2xx ``Delivered`` when its body holds the score's id (else ``Retry``: a page or an
+empty body is not Langfuse's); 408/409/425/429/5xx, connection errors and timeouts ``Retry``
 (Retry-After honoured); any other 4xx ``Refused`` with Langfuse's message, never the keys or
 the score's text. Scores go ``parallel`` (4) at a time. An answer that holds for every score
 (no answer at all, keys refused, no scores API at this URL, a redirect, a 429 or 503) is given
@@ -65,6 +66,7 @@ from tracing.sinks._http import (
     record_texts,
     refusal_detail,
     retry_after,
+    unacknowledged,
 )
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry, shown_endpoint
 
@@ -117,7 +119,8 @@ class LangfuseSink(PerScoreSink):
     def _outcome(self, response: httpx.Response, record: ScoreRecord) -> Delivery:
         status = response.status_code
         if 200 <= status < 300:
-            return Delivered()
+            # (CreateScoreResponse: the id of the score it queued)
+            return unacknowledged("Langfuse", response, _holds_id, "TRACESCORE_LANGFUSE_HOST") or Delivered()
         if is_retryable(status):
             return Retry(f"Langfuse answered HTTP {status}", after_s=retry_after(response.headers.get("retry-after")))
         if status == 403 and "ingestion suspended" in answer_text(response).lower():
@@ -137,6 +140,10 @@ class LangfuseSink(PerScoreSink):
         else:
             reason = f"Langfuse refused the score (HTTP {status})"
         return Refused(reason, detail=refusal_detail(answer_text(response), self._secrets, record_texts([record])))
+
+
+def _holds_id(answer: Any) -> bool:
+    return isinstance(answer, dict) and isinstance(answer.get("id"), str)
 
 
 def _score(record: ScoreRecord) -> dict[str, Any] | Refused:

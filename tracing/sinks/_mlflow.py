@@ -27,7 +27,8 @@ does not exist is a trace MLflow has not ingested yet (the agent's exporter may 
 ``Retry`` until ``trace_wait_s`` after scoring, then ``Refused`` (a trace that never reaches
 this server, e.g. exported to another one, must not cycle in the outbox for ever).
 
-Other outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors and timeouts ``Retry``
+Other outcomes: 2xx ``Delivered`` when its body holds the assessment (else ``Retry``: a page
+or an empty body is not MLflow's); 408/409/425/429/5xx, connection errors and timeouts ``Retry``
 (Retry-After honoured); any other 4xx ``Refused`` with MLflow's error code and message,
 scrubbed of the token and of the score's own text. Scores go ``parallel`` (4) at a time, as
 MLflow has no batch API for assessments. An answer that holds for every score (no answer at all,
@@ -64,6 +65,7 @@ from tracing.sinks._http import (
     record_texts,
     refusal_detail,
     retry_after,
+    unacknowledged,
 )
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry, shown_endpoint
 
@@ -135,7 +137,7 @@ class MlflowSink(PerScoreSink):
             # that replaced another (a retryable error scored later) kept the error's
             # failed_step and its CODE source. Such an assessment is made anew.
             removed = self._client.delete(f"{url}/{assessment['assessment_id']}")
-            gone = self._outcome(removed)
+            gone = self._outcome(removed, answers_assessment=False)
             if isinstance(gone, Retry):
                 return gone, asks_to_wait(removed)
             if gone is None and _error_code(removed) != _NOT_FOUND:
@@ -169,11 +171,14 @@ class MlflowSink(PerScoreSink):
         )
         return refused, False
 
-    def _outcome(self, response: httpx.Response) -> Delivery | None:
-        """Delivered or Retry by status; None for a refusal to look at."""
+    def _outcome(self, response: httpx.Response, *, answers_assessment: bool = True) -> Delivery | None:
+        """Delivered or Retry by status; None for a refusal to look at. A create or an update
+        is acknowledged by the assessment it stored (``answers_assessment``), a delete by none."""
         status = response.status_code
         if 200 <= status < 300:
-            return Delivered()
+            if not answers_assessment:
+                return Delivered()
+            return unacknowledged("MLflow", response, _holds_assessment, "TRACESCORE_MLFLOW_URL") or Delivered()
         if is_retryable(status):
             return Retry(f"MLflow answered HTTP {status}", after_s=retry_after(response.headers.get("retry-after")))
         return None
@@ -245,6 +250,10 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
         "rationale": rationale or "",
         "metadata": {key: value for key, value in metadata.items() if value is not None},
     }
+
+
+def _holds_assessment(answer: Any) -> bool:
+    return isinstance(answer, dict) and isinstance(answer.get("assessment"), dict)
 
 
 def _kept_stale(updated: httpx.Response, sent: dict[str, Any]) -> bool:

@@ -24,8 +24,8 @@ refused for its content (400, 413, 422) is split in halves and re-sent, so one r
 endpoint cannot take does not refuse its neighbours; a single record's 413 names its size.
 An acceptance is read too: one whose ``partial_success`` rejects every span sent refuses each
 record with the endpoint's message; one rejecting some is split alike to find them (a re-send
-is an upsert). One whose body is not all in (cut, too slow, undecodable) is a ``Retry``: what
-the endpoint stored is unknown. Exporter headers no HTTP header can carry stop the sink's
+is an upsert). One whose body is not all in (cut, too slow, undecodable), or is a web page, is
+a ``Retry``: what the endpoint stored is unknown. Exporter headers no HTTP header can carry stop the sink's
 construction (``OTEL_EXPORTER_OTLP_*HEADERS`` named, never the value).
 
 The session sends through our HTTP transport (``tracing._transport``), as every sink does: one
@@ -454,6 +454,10 @@ class _WatchedSession(requests.Session):
         self.last.retry_after = retry_after(response.headers.get("retry-after"))
         # (the body read is already bounded: _ANSWER_BYTES)
         self.last.rejected, self.last.rejection = _rejected(response) if 200 <= response.status_code < 300 else (0, "")
+        # An OTLP receiver answers an ExportTraceServiceResponse (protobuf or JSON, possibly
+        # empty); a web page is something else at that URL (a proxy's sign-in, a web app), which
+        # stored nothing we know of. Other bodies are let be: receivers answer them loosely.
+        self.last.page = "html" in response.headers.get("content-type", "").lower()
         return response
 
 
@@ -549,7 +553,7 @@ class OtlpSink:
         if self._session is not None:
             last = self._session.last
             last.status, last.text, last.retry_after, last.unanswered = None, "", 0.0, None
-            last.rejected, last.rejection = 0, ""
+            last.rejected, last.rejection, last.page = 0, "", False
         try:
             result = self._exporter.export(carrier_spans(records, self._resource))
         except Exception as exc:  # an exporter must not raise; one that does is down for now
@@ -560,10 +564,17 @@ class OtlpSink:
         return self._failure(records, status), status
 
     def _accepted(self, records: Sequence[ScoreRecord]) -> tuple[Delivery, int | None]:
-        """An export the endpoint accepted: Delivered, unless its answer rejected spans (OTLP's
-        partial_success: those were not stored). All of them: each record is refused; some:
-        ``_SOME_REJECTED``, for ``_send`` to find which."""
-        rejected = getattr(self._session.last, "rejected", 0) if self._session is not None else 0
+        """An export the endpoint accepted: Delivered, unless its answer was a web page (a
+        ``Retry``) or rejected spans (OTLP's partial_success: those were not stored). All of
+        them: each record is refused; some: ``_SOME_REJECTED``, for ``_send`` to find which."""
+        last = self._session.last if self._session is not None else None
+        if getattr(last, "page", False):
+            status = getattr(last, "status", None)
+            return Retry(
+                f"OTLP endpoint answered HTTP {status} with a web page, not an OTLP acknowledgement:"
+                " is OTEL_EXPORTER_OTLP_TRACES_ENDPOINT its address?"
+            ), None
+        rejected = getattr(last, "rejected", 0)
         if not rejected:
             return Delivered(), None
         said = _scrubbed(self._session.last.rejection, records) if self._session is not None else ""

@@ -20,8 +20,10 @@ runs later and drops annotations of spans it never sees), so "delivered" would m
 Synchronously, Phoenix checks the spans first and answers 404 "Spans with IDs ... do not exist."
 for the whole batch when any is missing: Phoenix ingests OTLP asynchronously and the scores of
 a live trace can arrive before its spans. Those records are ``Retry`` and the others are sent
-again without them. Other outcomes: 2xx ``Delivered``; 408/409/425/429/5xx, connection errors
-and timeouts ``Retry`` (Retry-After honoured); any other 4xx ``Refused`` with Phoenix's answer.
+again without them. Other outcomes: 2xx ``Delivered`` when its body holds an inserted
+annotation's id for each one sent (else ``Retry``: a page or an empty body is not Phoenix's);
+408/409/425/429/5xx, connection errors and timeouts ``Retry`` (Retry-After honoured); any other
+4xx ``Refused`` with Phoenix's answer.
 A batch refused for its content (400, 413, 422) is re-sent one record at a time, so one bad
 record does not refuse its neighbours; a 401 or 403 refuses the batch at once. Phoenix's
 validation answers quote the request, i.e. the score's reason: only their field paths and
@@ -52,6 +54,7 @@ from tracing.sinks._http import (
     scrubbable,
     server_message,
     transport_retry,
+    unacknowledged,
 )
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry, shown_endpoint
 
@@ -63,6 +66,7 @@ _MISSING_SPANS = re.compile(r"^Spans with IDs (?P<ids>.+) do not exist\.?$")
 _ABOUT_CONTENT = frozenset({400, 413, 422})
 # Scores per request: Phoenix checks each span and upserts row by row in one transaction.
 _BATCH = 100
+_URL_SETTING = "TRACESCORE_PHOENIX_URL"
 # A hint for the drainer: Phoenix's bulk inserter writes received spans within about a second.
 _NOT_INGESTED_AFTER_S = 1.0
 
@@ -74,7 +78,7 @@ class PhoenixSink:
         self._client, self._secrets = http_client(
             base_url,
             what="Phoenix URL",
-            setting="TRACESCORE_PHOENIX_URL / --phoenix-url",
+            setting=f"{_URL_SETTING} / --phoenix-url",
             timeout_s=timeout_s,
             secret=api_key,
             credentials={"Phoenix API key (api_key / TRACESCORE_PHOENIX_API_KEY)": api_key},
@@ -148,7 +152,12 @@ class PhoenixSink:
             return transport_retry("Phoenix", exc)
         status = response.status_code
         if 200 <= status < 300:
-            return Delivered()
+            # (sync: one inserted annotation's id per annotation sent)
+            def inserted(answer: Any) -> bool:
+                ids = answer.get("data") if isinstance(answer, dict) else None
+                return isinstance(ids, list) and len(ids) == len(data)
+
+            return unacknowledged("Phoenix", response, inserted, _URL_SETTING) or Delivered()
         if is_retryable(status):  # incl. Phoenix's 507: storage full, writes locked for now
             return Retry(f"Phoenix answered HTTP {status}", after_s=retry_after(response.headers.get("retry-after")))
         return status, answer_text(response)

@@ -5,8 +5,9 @@ sink a batch of records and acknowledges each record by the outcome the sink ret
 therefore never buffers, never retries on its own and never drops silently: ``deliver``
 returns one ``Delivery`` per record, in order.
 
-- ``Delivered``: the backend has it (a re-send of the same score must be an upsert: every sink
-  keys the backend's object on ``ScoreRecord.score_id``).
+- ``Delivered``: the backend has it, by its own acknowledgement (a 2xx alone is not one: a
+  proxy or a web app at the URL answers 2xx too; ``_http.unacknowledged``). A re-send of the
+  same score must be an upsert: every sink keys the backend's object on ``ScoreRecord.score_id``.
 - ``Retry``: try again later (backend down, 5xx, 429, a span the backend has not ingested yet);
   ``after_s`` is a hint (e.g. Retry-After), the drainer backs off at least that long.
 - ``Refused``: the backend said no for good (4xx other than 408/409/425/429); ``detail`` is the
