@@ -1,0 +1,108 @@
+"""Hostile score content on its way to the real Phoenix and MLflow servers: a reason of megabytes,
+control characters (NUL too), lone surrogates, NaN and infinities, a scorer id of thousands of
+characters, any script. Each record is written as it is (a lone surrogate as U+FFFD) or refused
+by the sink itself, named, without a request: never a 4xx or 5xx from the server to retry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.integration._servers import Server
+from tests.integration._traces import fresh_traces, send_otlp, span_ids
+from tests.integration.test_mlflow import EXPERIMENT_HEADER, assessment_id, assessments
+from tests.integration.test_mlflow import experiment as experiment
+from tests.integration.test_phoenix import by_identifier, phoenix_annotations, wait_ingested
+from tracing import ScoreRecord, score_id_for
+from tracing.sinks import Delivered, MlflowSink, PhoenixSink, Refused
+
+_HOSTILE: dict[str, dict[str, Any]] = {
+    "huge_reason": {"score": 0.5, "reason": "r" * 3_000_000},
+    "controls": {"score": 0.5, "reason": "a\x00b\x1b[31mred\x07\r\nforged line\x7f\x85\u2028", "label": "x\x00y"},
+    "lone_surrogates": {"score": 0.5, "reason": "half \ud83d of an emoji \udc00", "label": "l\udfff"},
+    "nan": {"score": float("nan"), "reason": "not a number"},
+    "infinity": {"score": float("inf"), "reason": "too good"},
+    "non_ascii": {"score": 0.25, "reason": "Ответ ✓ 答案 🙂 \u202eRTL", "label": "très bien"},
+    "error": {"error_type": "JudgeError", "error_message": "boom \x00 \ud800", "failed_step": "judge"},
+    "not_scorable": {"not_scorable": "no ground truth \x1b]0;title\x07"},
+}
+_LONG_ID = "scorer-" + "é" * 3000
+
+
+def _records(trace_id: str, spans: list[str]) -> list[ScoreRecord]:
+    records = []
+    for (case, fields), span in zip(sorted(_HOSTILE.items()), spans, strict=False):
+        scorer = _LONG_ID if case == "non_ascii" else f"hostile-{case}"
+        records.append(
+            ScoreRecord(
+                score_id=score_id_for(trace_id, span, scorer, "1"),
+                trace_id=trace_id,
+                span_id=span,
+                scorer_id=scorer,
+                **fields,
+            )
+        )
+    return records
+
+
+def _trace(tmp_path: Path, project: str, salt: str) -> tuple[list[dict[str, Any]], str, list[str]]:
+    traces = fresh_traces(tmp_path / "traces", lines=1, salt=salt, project=project)
+    spans = sorted(span_ids(traces))
+    trace_id = traces[0]["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"]
+    assert len(spans) >= len(_HOSTILE)
+    return traces, trace_id, spans
+
+
+def _check_outcomes(records: list[ScoreRecord], outcomes: list[Any]) -> list[ScoreRecord]:
+    """The records delivered; every other one refused by the sink for a reason it names."""
+    delivered = []
+    for record, outcome in zip(records, outcomes, strict=True):
+        if isinstance(outcome, Refused):
+            assert outcome.reason == "score is not a finite number (JSON cannot carry it)", (record.scorer_id, outcome)
+        else:
+            assert outcome == Delivered(), (record.scorer_id[:40], outcome)
+            delivered.append(record)
+    assert {r.scorer_id for r in records} - {r.scorer_id for r in delivered} == {"hostile-infinity", "hostile-nan"}
+    return delivered
+
+
+def test_phoenix_stores_hostile_scores_as_they_are_or_the_sink_refuses_them(
+    phoenix: Server, project: str, tmp_path: Path
+) -> None:
+    traces, trace_id, spans = _trace(tmp_path, project, f"phoenix-hostile:{project}")
+    send_otlp(phoenix.url, traces)
+    wait_ingested(phoenix, project, set(spans))
+    records = _records(trace_id, spans)
+    sink = PhoenixSink(phoenix.url, timeout_s=30)
+    try:
+        delivered = _check_outcomes(records, sink.deliver(records))
+    finally:
+        sink.close()
+    found = by_identifier(phoenix_annotations(phoenix, project, spans))
+    for record in delivered:
+        got = found[f"tracescore:{record.score_id}"]
+        assert got["name"] == record.scorer_id
+        if record.ok and record.not_scorable is None:
+            assert got["result"]["explanation"] == record.reason
+            assert got["result"]["label"] == record.label
+        elif not record.ok:
+            assert got["result"]["explanation"] == f"{record.error_type}: {record.error_message}"
+
+
+def test_mlflow_stores_hostile_scores_as_they_are_or_the_sink_refuses_them(
+    mlflow: Server, project: str, tmp_path: Path, experiment: str
+) -> None:
+    traces, trace_id, spans = _trace(tmp_path, project, f"mlflow-hostile:{project}")
+    send_otlp(mlflow.url, traces, headers={EXPERIMENT_HEADER: experiment})
+    records = _records(trace_id, spans)
+    sink = MlflowSink(mlflow.url, timeout_s=30)
+    try:
+        delivered = _check_outcomes(records, sink.deliver(records))
+    finally:
+        sink.close()
+    found = assessments(mlflow, [trace_id])
+    for record in delivered:
+        got = found[assessment_id(record)]
+        assert got["assessment_name"] == record.scorer_id
+        if record.ok and record.not_scorable is None:
+            assert got.get("rationale", "") == (record.reason or "")
