@@ -6,6 +6,8 @@ classes for their own outputs (``--out``, a table) that see records right after 
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import threading
 from collections.abc import Sequence
@@ -21,7 +23,12 @@ __all__ = ["ConsoleSink", "JsonlSink", "MemorySink"]
 
 class JsonlSink:
     """Appends one ``ScoreRecord`` JSON object per line to ``path`` (safe across threads; a
-    re-sent score is a second line with the same ``score_id``: readers keep the last)."""
+    re-sent score is a second line with the same ``score_id``: readers keep the last).
+
+    Unbuffered, one ``write`` per group of lines: a write that fails part way (a full disk)
+    leaves half a line whatever happens next, never bytes held back to land later. The next
+    write starts a new line when the file does not end with one, so that half line is a line of
+    its own and what this or another process appends next stays readable."""
 
     name = "jsonl"
 
@@ -30,7 +37,8 @@ class JsonlSink:
         self.endpoint: str | None = str(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._file: IO[str] = self.path.open("a", encoding="utf-8")
+        # (read too: the last byte tells whether a write before ours was cut short)
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
 
     def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
         try:
@@ -40,20 +48,27 @@ class JsonlSink:
         return [Delivered()] * len(records)
 
     def write(self, records: Sequence[ScoreRecord]) -> None:
-        text = "".join(r.model_dump_json() + "\n" for r in records)
+        data = "".join(r.model_dump_json() + "\n" for r in records).encode("utf-8")
         with self._lock:
+            if self._fd is None:
+                raise ValueError(f"the JSONL sink for {self.path} is closed")
+            found = os.fstat(self._fd)
+            size = found.st_size if stat.S_ISREG(found.st_mode) else 0  # (a pipe or a device: no last byte)
+            if size and os.pread(self._fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
             # One write call per group: concurrent processes appending (O_APPEND) do not interleave.
-            self._file.write(text)
-            self._file.flush()
+            view = memoryview(data)
+            while view:  # (a short write: the rest follows, as a buffered file would send it)
+                view = view[os.write(self._fd, view) :]
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        with self._lock:
-            self._file.flush()
         return True
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class ConsoleSink:
