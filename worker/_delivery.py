@@ -14,7 +14,8 @@ drainer that died; a drainer renews its lease while a delivery is in flight (``_
 a slow backend is not handed the same batch twice.
 
 Drainers wake when a batch stores new scores (``DrainerWaker``, the scoring code's writer) and
-on a timer. A sink that raises is a bug: logged by its type, its records retried. Logs carry
+on a timer. A sink that raises, or answers a record with no ``Delivery``, is a bug: logged by
+its type, its records retried (a dead letter naming it once the attempts are spent). Logs carry
 ids, the sink's name and endpoint, counts and the backend's status (in the outcome's reason), never a score's
 content.
 """
@@ -231,7 +232,10 @@ def _deliver(sink: ScoreSink, records: Sequence[ScoreRecord]) -> list[Delivery]:
     if len(outcomes) != len(records):
         log.error("sink_answered_wrong_count", **_sink_fields(sink), records=len(records), outcomes=len(outcomes))
         return [Retry("sink_answered_wrong_count")] * len(records)
-    return list(outcomes)
+    answered: list[Delivery | None] = [o if isinstance(o, Delivered | Retry | Refused) else None for o in outcomes]
+    if None in answered:  # a bug in the sink, as a raise is: those records wait for a fixed one
+        log.error("sink_answered_no_outcome", **_sink_fields(sink), records=answered.count(None))
+    return [Retry("sink_answered_no_outcome") if o is None else o for o in answered]
 
 
 def _settle(
@@ -256,12 +260,12 @@ def _settle(
             acked.append(record.score_id)
         elif isinstance(outcome, Refused):
             letters.append(_letter(sink, record, attempts, outcome.reason, outcome.detail))
-        elif isinstance(outcome, Retry) and attempts < policy.max_attempts:
+        elif attempts < policy.max_attempts:
             delays[record.score_id] = policy.delay(attempts, outcome.after_s)
             retry_reasons.add(outcome.reason)
         else:
-            reason = outcome.reason if isinstance(outcome, Retry) else "bad_outcome"
-            letters.append(_letter(sink, record, attempts, "max_attempts", f"{attempts} attempts; the last: {reason}"))
+            detail = f"{attempts} attempts; the last: {outcome.reason}"
+            letters.append(_letter(sink, record, attempts, "max_attempts", detail))
     outbox.ack(lease, acked)
     outbox.retry(lease, delays)
     outbox.dead(lease, letters)

@@ -362,6 +362,36 @@ def test_a_sink_that_raises_on_one_record_still_takes_the_others(pair: tuple[Any
     assert "sink_crashed:KeyError" in letter.detail
 
 
+class _Answers(MemorySink):
+    """A sink answering ``answer`` (no Delivery at all) for one record, Delivered for the rest."""
+
+    def __init__(self, name: str, odd: str, answer: Any) -> None:
+        super().__init__(name)
+        self.odd, self.answer = odd, answer
+
+    def deliver(self, records: Any) -> Any:
+        return [self.answer if r.score_id == self.odd else Delivered() for r in records]
+
+
+@pytest.mark.parametrize("answer", [None, "delivered", True])
+def test_a_sink_answering_no_outcome_for_a_record_is_retried_then_named(pair: tuple[Any, Outbox], answer: Any) -> None:
+    """An answer that is no Delivered, Retry or Refused (a custom sink's bug) was a dead letter at
+    the first try, named "max_attempts" ("1 attempts; the last: bad_outcome"): now it is retried
+    as a sink that raises is, and the dead letter, once the attempts are spent, names it."""
+    store, outbox = pair
+    records = [_record(n, score=0.5) for n in range(3)]
+    _put(store, *records)
+    sink = _Answers("alpha", records[1].score_id, answer)
+    policy = DrainPolicy(batch_size=10, lease_s=30, max_attempts=2, backoff_s=0.05, backoff_max_s=0.05)
+    assert drain_once(sink, outbox, policy) == 3
+    counts = outbox.counts()["alpha"]
+    assert (counts.delivered, counts.failed, counts.pending) == (2, 0, 1)
+    assert wait_for(lambda: drain_once(sink, outbox, policy) >= 0 and outbox.counts()["alpha"].failed == 1, 5)
+    (letter,) = outbox.dead_letters("alpha")
+    assert (letter.score_id, letter.reason, letter.attempts) == (records[1].score_id, "max_attempts", 2)
+    assert "sink_answered_no_outcome" in letter.detail
+
+
 class _Stuck(MemorySink):
     """A sink whose delivery hangs until released, and which records its close."""
 
