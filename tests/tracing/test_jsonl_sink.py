@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import resource
 import signal
+import tempfile
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests._forked import in_forked_child
 from tracing import ScoreRecord, score_id_for
@@ -68,3 +72,27 @@ def test_a_write_cut_short_leaves_the_next_delivered_line_whole(tmp_path: Path) 
     ids, bad = _lines(path)
     assert ids == [_record(n).score_id for n in range(3)]
     assert bad == 1  # the half line, left as a line of its own
+
+
+def test_a_file_the_process_may_only_write_is_appended_to() -> None:
+    """The sink opens its file to read its last byte as well: a file the worker's user may write
+    but not read (a log file shared with a collector) failed to open at all. It is appended to
+    without that look."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run the sink as another user")
+    with tempfile.TemporaryDirectory() as where:  # (pytest's own is not open to another user)
+        os.chmod(where, 0o755)
+        path = Path(where, "scores.jsonl")
+        path.write_text("")
+        path.chmod(0o622)  # (the owner, root, may read it; any other user only write)
+
+        def as_another_user() -> dict[str, Any]:
+            os.setgid(65534)
+            os.setuid(65534)  # (nobody)
+            sink = JsonlSink(path)
+            outcome = sink.deliver([_record(0), _record(1)])
+            sink.close()
+            return {"delivered": [isinstance(o, Delivered) for o in outcome]}
+
+        assert in_forked_child(as_another_user) == ({"delivered": [True, True]}, 0)
+        assert _lines(path) == ([_record(0).score_id, _record(1).score_id], 0)

@@ -37,8 +37,14 @@ class JsonlSink:
         self.endpoint: str | None = str(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        # (read too: the last byte tells whether a write before ours was cut short)
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        # (read too: the last byte tells whether a write before ours was cut short; a file this
+        # process may only write, or a socket, is appended to without that look)
+        flags = os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        try:
+            self._fd: int | None = os.open(self.path, os.O_RDWR | flags, 0o666)
+            self._readable = True
+        except OSError:
+            self._fd, self._readable = os.open(self.path, os.O_WRONLY | flags, 0o666), False
 
     def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
         try:
@@ -53,7 +59,8 @@ class JsonlSink:
             if self._fd is None:
                 raise ValueError(f"the JSONL sink for {self.path} is closed")
             found = os.fstat(self._fd)
-            size = found.st_size if stat.S_ISREG(found.st_mode) else 0  # (a pipe or a device: no last byte)
+            # (a pipe or a device: no last byte)
+            size = found.st_size if self._readable and stat.S_ISREG(found.st_mode) else 0
             if size and os.pread(self._fd, 1, size - 1) != b"\n":
                 data = b"\n" + data
             # One write call per group: concurrent processes appending (O_APPEND) do not interleave.
