@@ -780,6 +780,66 @@ def test_each_reads_every_letter_oldest_first_while_the_caller_takes_some(letter
     assert left == 3
 
 
+def test_each_ends_at_the_letters_it_began_with_while_taken_ones_come_back(letters: Any) -> None:
+    """``each`` under a ``dlq retry --all`` whose every requeued message is refused again (a
+    new letter pushed as each is taken): it reads the letters the list held when it began and
+    ends, not the new ones (a list longer than the worker's refusal took never ended)."""
+    from worker.store import _dead_letters
+
+    pushed = [DeadLetter(reason="r", message_key=f"m{n}") for n in range(7)]
+
+    async def go() -> list[str]:
+        for letter in pushed:
+            await letters.push(letter)
+        seen: list[str] = []
+        async for letter in letters.each():
+            seen.append(letter.id)
+            assert await letters.take(letter.id) is not None
+            await letters.push(DeadLetter(reason="r", message_key=f"again:{len(seen)}"))
+            if len(seen) > 30:  # (the bug: it never ends)
+                break
+        await letters.close()
+        return seen
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_dead_letters, "_PAGE", 3)
+        seen = run(go())
+    assert seen == [d.id for d in pushed]
+
+
+def test_each_reads_on_past_a_letter_another_caller_took_mid_page(redis_url: str) -> None:
+    """A letter of the page being read, taken by another caller (a second `dlq drop`) before
+    this one reaches it: every other letter is still read and taken; the next page skipped one
+    (the letter gone was counted as still on the list)."""
+    from worker.store import _dead_letters
+
+    pushed = [DeadLetter(reason="r", message_key=f"m{n}") for n in range(7)]
+
+    async def go() -> tuple[list[str], list[str], int]:
+        mine, other = RedisDeadLetters(redis_url), RedisDeadLetters(redis_url)
+        for letter in pushed:
+            await mine.push(letter)
+        seen: list[str] = []
+        taken: list[str] = []
+        async for letter in mine.each():
+            if not seen:
+                assert await other.take(pushed[2].id) is not None
+            seen.append(letter.id)
+            if await mine.take(letter.id) is not None:
+                taken.append(letter.id)
+        left = await mine.size()
+        await mine.close()
+        await other.close()
+        return seen, taken, left
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_dead_letters, "_PAGE", 3)
+        seen, taken, left = run(go())
+    assert seen == [d.id for d in pushed]
+    assert taken == [d.id for i, d in enumerate(pushed) if i != 2]
+    assert left == 0
+
+
 def test_a_dead_letter_is_held_by_one_caller_until_its_hold_lapses(letters: Any) -> None:
     """hold: the first caller gets the letter, a second does not while the hold lasts, and may
     once it lapsed (a `dlq retry` that died mid-send leaves the letter to a later one)."""

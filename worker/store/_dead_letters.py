@@ -240,7 +240,7 @@ class RedisDeadLetters(OnRedis):
         self._holds: dict[str, str] = {}  # letter id -> the token of this caller's hold
         self.max_letters = max_letters
         self._read: dict[str, Any] = {}  # the page ``oldest`` read last: letter id -> its bytes
-        self._taken = 0
+        self._gone = 0  # letters of a page ``take`` found off the list
 
     async def push(self, letter: DeadLetter) -> bool:
         keys, args = _push_args(letter, self.max_letters)
@@ -267,13 +267,16 @@ class RedisDeadLetters(OnRedis):
 
     async def each(self) -> AsyncIterator[DeadLetter]:
         # Pushes go on the left: counted from the right, the letters not yet read stay where
-        # they were, but for those of a page the caller left (``kept``) or took (``_taken``).
-        kept = 0
-        while page := await self.oldest(kept, _PAGE):
-            taken = self._taken
+        # they were, but for those of a page the caller left (``kept``) or found gone
+        # (``_gone``). It ends at as many letters as the list held when it began: a `dlq retry
+        # --all` whose requeued messages come back as new letters read them for good.
+        kept, left = 0, await self.size()
+        while left > 0 and (page := await self.oldest(kept, min(_PAGE, left))):
+            gone = self._gone
             for letter in page:
                 yield letter
-            kept += len(page) - (self._taken - taken)
+            kept += len(page) - (self._gone - gone)
+            left -= len(page)
 
     async def oldest(self, skip: int, limit: int) -> list[DeadLetter]:
         """Up to ``limit`` letters, oldest first, past the ``skip`` oldest; ``take`` removes
@@ -293,6 +296,7 @@ class RedisDeadLetters(OnRedis):
         # The bytes of the page being read: one read of the list per letter made taking every
         # letter cost the list's size squared.
         raw: Any = self._read.pop(letter_id, None)
+        paged = raw is not None
         if raw is None:
             client = self._redis.client
             listed = await checked_async(client, "dead_letters", _LIST, lambda: client.lrange(_keys.dlq_key(), 0, -1))
@@ -304,10 +308,11 @@ class RedisDeadLetters(OnRedis):
         (removed,) = await self._redis.evalsha_many(
             _TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, reason)], where="dead_letter_take"
         )
-        if not removed:
-            return None
-        self._taken += 1
-        return letter
+        if paged:
+            # Off the list either way (another caller's take of it, too): counted as still on it,
+            # the next page would skip a letter not read.
+            self._gone += 1
+        return letter if removed else None
 
     async def hold(self, letter_id: str, ttl_s: float) -> bool:
         key, token = _keys.dlq_held_key(letter_id), uuid.uuid4().hex
