@@ -840,6 +840,30 @@ def test_each_reads_on_past_a_letter_another_caller_took_mid_page(redis_url: str
     assert left == 0
 
 
+def test_each_takes_every_copy_of_an_entry_stored_twice(redis_url: str) -> None:
+    """Two entries of the same bytes (a damaged one, written twice) in one page: each copy is
+    read and taken, and the next page starts where it should (nothing left listed)."""
+    from worker.store import _dead_letters
+
+    async def go() -> tuple[int, int]:
+        dead = RedisDeadLetters(redis_url)
+        await dead.push(DeadLetter(reason="r", message_key="m0"))
+        await dead._redis.client.lpush(_keys.dlq_key(), b"damaged{", b"damaged{")
+        for n in range(1, 5):
+            await dead.push(DeadLetter(reason="r", message_key=f"m{n}"))
+        taken = 0
+        async for letter in dead.each():
+            taken += await dead.take(letter.id) is not None
+        left = await dead.size()
+        await dead.close()
+        return taken, left
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_dead_letters, "_PAGE", 3)
+        taken, left = run(go())
+    assert (taken, left) == (7, 0)
+
+
 def test_a_dead_letter_is_held_by_one_caller_until_its_hold_lapses(letters: Any) -> None:
     """hold: the first caller gets the letter, a second does not while the hold lasts, and may
     once it lapsed (a `dlq retry` that died mid-send leaves the letter to a later one)."""

@@ -308,9 +308,10 @@ class RedisDeadLetters(OnRedis):
         (removed,) = await self._redis.evalsha_many(
             _TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, reason)], where="dead_letter_take"
         )
-        if paged:
-            # Off the list either way (another caller's take of it, too): counted as still on it,
-            # the next page would skip a letter not read.
+        if paged or removed:
+            # Off the list either way (another caller's take of it, too; a second copy of the same
+            # bytes, found by the whole read): counted as still on it, the next page would skip a
+            # letter not read.
             self._gone += 1
         return letter if removed else None
 
