@@ -864,6 +864,61 @@ def test_each_takes_every_copy_of_an_entry_stored_twice(redis_url: str) -> None:
     assert (taken, left) == (7, 0)
 
 
+def test_each_reads_every_letter_while_pushes_at_the_bound_drop_the_oldest(redis_url: str) -> None:
+    """A `dlq retry --all` leaving letters listed (not retryable) while a worker pushes new ones
+    at the list's bound, each push dropping the oldest, letters this caller read and left: the
+    letters not read yet are all read, and none pushed since (they were counted from the right,
+    so each letter dropped skipped one not read: 3 and 4 were never read)."""
+    from worker.store import _dead_letters
+
+    pushed = [DeadLetter(reason="r", message_key=f"m{n}") for n in range(7)]
+
+    async def go() -> list[str]:
+        mine, worker = RedisDeadLetters(redis_url), RedisDeadLetters(redis_url, max_letters=7)
+        for letter in pushed:
+            await worker.push(letter)
+        seen: list[str] = []
+        async for letter in mine.each():
+            if not seen:
+                for n in range(2):
+                    await worker.push(DeadLetter(reason="r", message_key=f"new{n}"))
+            seen.append(letter.id)
+        await mine.close()
+        await worker.close()
+        return seen
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_dead_letters, "_PAGE", 3)
+        seen = run(go())
+    assert seen == [d.id for d in pushed]
+
+
+def test_each_reads_every_letter_once_when_another_caller_took_the_newest_it_left(redis_url: str) -> None:
+    """The newest letter of a page the caller left, taken by another caller: each reads on from
+    the oldest, every letter not read yet once and none it read twice (the 4th was skipped)."""
+    from worker.store import _dead_letters
+
+    pushed = [DeadLetter(reason="r", message_key=f"m{n}") for n in range(7)]
+
+    async def go() -> list[str]:
+        mine, other = RedisDeadLetters(redis_url), RedisDeadLetters(redis_url)
+        for letter in pushed:
+            await mine.push(letter)
+        seen: list[str] = []
+        async for letter in mine.each():
+            if not seen:
+                assert await other.take(pushed[2].id) is not None
+            seen.append(letter.id)
+        await mine.close()
+        await other.close()
+        return seen
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_dead_letters, "_PAGE", 3)
+        seen = run(go())
+    assert seen == [d.id for d in pushed]
+
+
 def test_a_dead_letter_is_held_by_one_caller_until_its_hold_lapses(letters: Any) -> None:
     """hold: the first caller gets the letter, a second does not while the hold lasts, and may
     once it lapsed (a `dlq retry` that died mid-send leaves the letter to a later one)."""

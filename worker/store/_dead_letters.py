@@ -89,7 +89,8 @@ class DeadLetters(Protocol):
 
     def each(self) -> AsyncIterator[DeadLetter]:
         """Every letter, oldest first, read a page at a time; the caller may ``take`` each as it
-        goes (a letter taken or pushed meanwhile by another caller may be missed)."""
+        goes. It reads as many letters as the list held when it began: one pushed meanwhile is
+        not read; one another caller took first is read if it was there when its page was."""
         ...
 
     async def take(self, letter_id: str) -> DeadLetter | None:
@@ -166,6 +167,25 @@ if redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[2])
 end
 return 1
+""",
+)
+
+# KEYS: dlq list. ARGV: the newest letter ``each`` read and left, how many it left. How many
+# letters lie from the list's oldest up to that one: as many as it left, unless some of them went.
+# A letter gone too means those older went as well (the bound drops the oldest first) or one of
+# them was taken: from the oldest then, which ``each`` may read again.
+_AFTER = checked_script(
+    "{KEYS[1], 'list', 'k'}",
+    """
+local kept = tonumber(ARGV[2])
+if redis.call('LINDEX', KEYS[1], -kept) == ARGV[1] then
+  return kept
+end
+local at = redis.call('LPOS', KEYS[1], ARGV[1], 'RANK', -1)
+if not at then
+  return 0
+end
+return redis.call('LLEN', KEYS[1]) - at
 """,
 )
 
@@ -268,15 +288,25 @@ class RedisDeadLetters(OnRedis):
     async def each(self) -> AsyncIterator[DeadLetter]:
         # Pushes go on the left: counted from the right, the letters not yet read stay where
         # they were, but for those of a page the caller left (``kept``) or found gone
-        # (``_gone``). It ends at as many letters as the list held when it began: a `dlq retry
-        # --all` whose requeued messages come back as new letters read them for good.
-        kept, left = 0, await self.size()
+        # (``_gone``). A letter left may go meanwhile (the bound's push drops the oldest, another
+        # caller takes one): the next page then starts after the newest letter left (``_AFTER``),
+        # wherever it now is. It ends at as many letters as the list held when it began: a `dlq
+        # retry --all` whose requeued messages come back as new letters read them for good.
+        kept, left, newest = 0, await self.size(), None
+        shown: set[str] = set()  # the ids of the letters left: one read again is not yielded again
         while left > 0 and (page := await self.oldest(kept, min(_PAGE, left))):
             gone = self._gone
             for letter in page:
-                yield letter
+                if letter.id not in shown:
+                    left -= 1
+                    yield letter
             kept += len(page) - (self._gone - gone)
-            left -= len(page)
+            shown.update(self._read)  # (those the caller left)
+            newest = next(reversed(self._read.values()), newest)
+            if kept and newest is not None:
+                (kept,) = await self._redis.evalsha_many(
+                    _AFTER, 1, [(_keys.dlq_key(), newest, str(kept))], where="dead_letters"
+                )
 
     async def oldest(self, skip: int, limit: int) -> list[DeadLetter]:
         """Up to ``limit`` letters, oldest first, past the ``skip`` oldest; ``take`` removes
