@@ -652,5 +652,6 @@ def test_past_the_lists_bound_the_oldest_dead_letters_go_counted_and_the_worker_
     assert status["dead_letters_by_reason"] == {"bad_body": 1, "invalid_payload": 2}
     assert status["dead_letters_dropped"] == {"bad_body": 2}
     log = proc.text()
-    assert log.count("dead_letters_dropped_past_bound") == 2
+    # (a line a minute, not one a push: the two pushes that dropped came within it)
+    assert log.count("dead_letters_dropped_past_bound") == 1
     assert MARKER not in log

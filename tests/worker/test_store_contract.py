@@ -1032,6 +1032,35 @@ def test_past_its_bound_the_oldest_dead_letter_goes_counted_by_reason(
     assert dropped == {"not_json": 1, "bad_body": 1}
 
 
+@pytest.mark.parametrize("kind", ["redis", "sync"])
+def test_pushes_past_the_bound_log_a_line_a_minute_not_one_each(kind: str, redis_url: str) -> None:
+    """At the bound every new letter drops the oldest: while a producer's every message is
+    refused, each push said so on a line of its own (28 lines for 30 pushes at a bound of 2; a
+    line per refused message). One line a minute now, counting the pushes since the last."""
+    from structlog.testing import capture_logs
+
+    async def go() -> None:
+        letters = [DeadLetter(reason="bad_body", message_key=f"msg:{n}") for n in range(30)]
+        if kind == "sync":
+            sync = SyncRedisDeadLetters(redis_url, max_letters=2)
+            try:
+                for letter in letters:
+                    sync.push(letter)
+            finally:
+                sync.close()
+            return
+        dead = RedisDeadLetters(redis_url, max_letters=2)
+        for letter in letters:
+            await dead.push(letter)
+        await dead.close()
+
+    with capture_logs() as logs:
+        run(go())
+    said = [e for e in logs if e["event"] == "dead_letters_dropped_past_bound"]
+    assert len(said) == 1, said
+    assert said[0]["max_letters"] == 2
+
+
 # --- Redis: reconnect and outage -----------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ import structlog
 from pydantic import BaseModel, Field, ValidationError
 
 from worker import _keys
+from worker._logs import CountedLog
 from worker._reconnect import unavailable_as_error
 from worker._settings import DEFAULT_DLQ_MAX_LETTERS
 from worker.store._keytypes import RELEASE_OWNED, Check, checked, checked_async, checked_script
@@ -218,10 +219,17 @@ def _push_args(letter: DeadLetter, max_letters: int) -> tuple[list[str], list[st
     )
 
 
-def _said_if_dropped(pushed: Any, max_letters: int) -> bool:
-    """Whether ``_PUSH`` pushed; a push that dropped the oldest letters is logged (no content)."""
+def _dropped_log() -> CountedLog:
+    # At the bound every push drops the oldest, for as long as a producer's every message is
+    # refused: a line each was a line per refused message.
+    return CountedLog("dead_letters_dropped_past_bound", logger=log, count_key="pushes")
+
+
+def _said_if_dropped(pushed: Any, said: CountedLog, max_letters: int) -> bool:
+    """Whether ``_PUSH`` pushed; a push that dropped the oldest letters is logged (no content,
+    a line a minute)."""
     if pushed == 2:
-        log.warning("dead_letters_dropped_past_bound", max_letters=max_letters, setting="TRACESCORE_DLQ_MAX_LETTERS")
+        said.note(max_letters=max_letters, setting="TRACESCORE_DLQ_MAX_LETTERS")
     return bool(pushed)
 
 
@@ -259,13 +267,14 @@ class RedisDeadLetters(OnRedis):
         self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
         self._holds: dict[str, str] = {}  # letter id -> the token of this caller's hold
         self.max_letters = max_letters
+        self._dropped = _dropped_log()
         self._read: dict[str, Any] = {}  # the page ``oldest`` read last: letter id -> its bytes
         self._gone = 0  # letters of a page ``take`` found off the list
 
     async def push(self, letter: DeadLetter) -> bool:
         keys, args = _push_args(letter, self.max_letters)
         (pushed,) = await self._redis.evalsha_many(_PUSH, len(keys), [(*keys, *args)], where="dead_letter_push")
-        return _said_if_dropped(pushed, self.max_letters)
+        return _said_if_dropped(pushed, self._dropped, self.max_letters)
 
     async def counts(self) -> dict[str, int | None]:
         return await self._counters(_keys.dlq_reasons_key(), "dlq_reasons")
@@ -372,6 +381,7 @@ class SyncRedisDeadLetters:
     def __init__(self, url: str, *, max_letters: int = DEFAULT_DLQ_MAX_LETTERS) -> None:
         self.url = url
         self.max_letters = max_letters
+        self._dropped = _dropped_log()
         self._client: redis.Redis | None = None
         self._script: Any = None
 
@@ -383,7 +393,7 @@ class SyncRedisDeadLetters:
         # The script checks its own keys (no checks to pass): ``checked`` turns its answer into a
         # repair and another try, or ``StoreKeyTypeError``.
         pushed = checked(self._client, "dead_letter_push", [], lambda: self._script(keys=keys, args=args))
-        return _said_if_dropped(pushed, self.max_letters)
+        return _said_if_dropped(pushed, self._dropped, self.max_letters)
 
     def close(self) -> None:
         client, self._client = self._client, None
