@@ -218,7 +218,7 @@ class RedisStateCollector:
             )
             past_bound = checked(
                 self._store,
-                "dead_letter_dlq_dropped",
+                "dead_letter_dropped",
                 [(dropped_key, "hash", False)],
                 lambda: dict(self._store.hgetall(dropped_key)),
             )

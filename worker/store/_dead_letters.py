@@ -277,14 +277,16 @@ class RedisDeadLetters(OnRedis):
         return _said_if_dropped(pushed, self._dropped, self.max_letters)
 
     async def counts(self) -> dict[str, int | None]:
-        return await self._counters(_keys.dlq_reasons_key(), "dlq_reasons")
+        return await self._counters(_keys.dlq_reasons_key(), "dlq_reasons", "dead_letter_counts")
 
     async def dropped(self) -> dict[str, int | None]:
-        return await self._counters(_keys.dlq_dropped_key(), "dlq_dropped")
+        return await self._counters(_keys.dlq_dropped_key(), "dlq_dropped", "dead_letter_dropped")
 
-    async def _counters(self, key: str, name: str) -> dict[str, int | None]:
+    async def _counters(self, key: str, name: str, where: str) -> dict[str, int | None]:
+        """The hash ``key`` of counts by reason (``name`` in the log of a count that is no number,
+        ``where`` in the log of a key repaired: as the metrics' scrape names them)."""
         client = self._redis.client
-        raw = await checked_async(client, f"dead_letter_{name}", [(key, "hash", False)], lambda: client.hgetall(key))
+        raw = await checked_async(client, where, [(key, "hash", False)], lambda: client.hgetall(key))
         return {k: n for k, n in known_counters(raw, key, name).items() if n is None or n > 0}
 
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
