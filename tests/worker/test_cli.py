@@ -285,6 +285,8 @@ def test_dlq_drop_removes_letters_by_id_by_reason_or_all_and_the_counts_follow(
         assert (said["dropped"], said["problems"]) == ([damaged.id], [])
         assert client.llen("tracescore:dlq") == 2
 
+        assert main(["dlq", "drop", "--reason", "unreadable_dead_leter", "--yes"]) == 0  # (a typo)
+        assert "no dead letter of reason 'unreadable_dead_leter' is listed" in capsys.readouterr().err
         assert main(["dlq", "drop", "--all"]) == 2  # removing every letter is asked for twice
         assert "--yes" in capsys.readouterr().err
         assert main(["dlq", "drop", "--all", "--yes"]) == 0

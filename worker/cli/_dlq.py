@@ -148,6 +148,11 @@ def dlq_drop(
     for problem in [] if as_json else problems:
         click.echo(printable(problem), err=True)
     if not as_json:
+        if reason is not None and not dropped and not problems:  # (a reason mistyped drops nothing)
+            click.echo(
+                printable(f"no dead letter of reason {reason!r} is listed (`tracescore status` counts them by reason)"),
+                err=True,
+            )
         click.echo(f"{len(dropped)} dropped, {len(problems)} not", err=True)
     if problems:
         raise CliError("some dead letters were not dropped" if dropped else "nothing dropped")
