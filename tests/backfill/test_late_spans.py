@@ -21,6 +21,7 @@ from tests._redis import RedisServer
 from tests.backfill._doubles import CapturingSubmitter, Messages, redis_job_store
 from tests.backfill._late import (
     SECOND_CALL_OF_0,
+    Resumed,
     late_files,
     late_llm_call,
     late_llm_call_files,
@@ -354,6 +355,23 @@ def test_a_late_run_past_a_resumes_checkpoint_is_scored_once(
     )
 
 
+def _stopped_after_the_late_call(tmp_path: Path, redis_server: RedisServer, job_id: str, batches_after: int) -> Resumed:
+    """The held-open late-call files' job stopped ``batches_after`` batches after the batch that
+    sent trace 0's late call, then resumed (``stop_and_resume_in_process``)."""
+    late_call = (trace_id(0), SECOND_CALL_OF_0)
+
+    def sent_late(submitter: CapturingSubmitter) -> bool:
+        sent = [
+            n
+            for n, (batch, _) in enumerate(submitter.sent)
+            if any((r.trace_id, s) == late_call for r in batch.requests for s in r.target_span_ids)
+        ]
+        return bool(sent) and len(submitter.sent) > sent[0] + batches_after
+
+    directory = late_llm_call_files(tmp_path / "in", held_open=True)
+    return stop_and_resume_in_process(directory, redis_server, DB, job_id, sent_late)
+
+
 @pytest.mark.parametrize("batches_after", [0, 2])
 def test_a_late_run_sent_before_a_stop_and_read_again_by_the_resume_is_counted_once(
     tmp_path: Path, redis_server: RedisServer, batches_after: int
@@ -366,17 +384,7 @@ def test_a_late_run_sent_before_a_stop_and_read_again_by_the_resume_is_counted_o
     resume's read of it as read again alone; and it counts trace 0 once in ``traces_enqueued``,
     with or without a stop (its late call's batch counted it again)."""
     late_call = (trace_id(0), SECOND_CALL_OF_0)
-
-    def sent_late(submitter: CapturingSubmitter) -> bool:
-        sent = [
-            n
-            for n, (batch, _) in enumerate(submitter.sent)
-            if any((r.trace_id, s) == late_call for r in batch.requests for s in r.target_span_ids)
-        ]
-        return bool(sent) and len(submitter.sent) > sent[0] + batches_after
-
-    directory = late_llm_call_files(tmp_path / "in", held_open=True)
-    job = stop_and_resume_in_process(directory, redis_server, DB, "bf-late-sent", sent_late)
+    job = _stopped_after_the_late_call(tmp_path, redis_server, "bf-late-sent", batches_after)
     assert late_call in job.runs_at_stop
     assert (0, 1, 0) < job.checkpoint < (2, 25, 0)  # before the late call's line: the resume reads it again
     whole, saved, resumed = job.whole.counters, job.saved.counters, job.resumed.counters
@@ -398,17 +406,7 @@ def test_a_resume_reading_again_a_late_run_sent_says_so(
     reading the call again, said it was "scored as a run of its own", though it sent nothing
     (the run was the job's already). It says the run was read again, not sent again."""
     late_call = (trace_id(0), SECOND_CALL_OF_0)
-
-    def sent_late(submitter: CapturingSubmitter) -> bool:
-        sent = [
-            n
-            for n, (batch, _) in enumerate(submitter.sent)
-            if any((r.trace_id, s) == late_call for r in batch.requests for s in r.target_span_ids)
-        ]
-        return bool(sent) and len(submitter.sent) > sent[0] + batches_after
-
-    directory = late_llm_call_files(tmp_path / "in", held_open=True)
-    job = stop_and_resume_in_process(directory, redis_server, DB, "bf-late-said", sent_late)
+    job = _stopped_after_the_late_call(tmp_path, redis_server, "bf-late-said", batches_after)
     assert (0, 1, 0) < job.checkpoint < (2, 25, 0)  # before the late call's line: the resume reads it again
     assert job.submitter.runs.count(late_call) == 1
     stopped, resumed = ([said for said in lines if trace_id(0) in said] for lines in job.said)

@@ -22,7 +22,7 @@ from tests._redis import RedisServer
 from tests.backfill._doubles import CapturingSubmitter, redis_job_store
 from tests.backfill._synth import _line, trace_spans
 from tests.backfill.faketempo import FakeTempo
-from tracing.sources import FileSource, Position, SourceItem
+from tracing.sources import FileSource, Position, SourceItem, TraceSource
 from worker._keys import backfill_state_key
 from worker.backfill._driver import Backfill
 from worker.backfill._state import BackfillOptions, BackfillState, JobCounters, RedisJobStore
@@ -62,6 +62,22 @@ def _state(path: Path, **options: Any) -> BackfillState:
     )
 
 
+def _stopped(
+    source: TraceSource, state: BackfillState, submitter: CapturingSubmitter, store: RedisJobStore, runs: int
+) -> BackfillState:
+    """``state``'s job read from ``source`` until ``runs`` runs are enqueued, then stopped (as
+    Ctrl-C stops it) and marked resumable: the state it saved, which a resume goes on from."""
+    first = Backfill(
+        source, state, submitter, job_store=store, should_stop=lambda: state.counters.runs_enqueued >= runs
+    )
+    with pytest.raises(KeyboardInterrupt):
+        first.run()
+    first.interrupted()
+    saved = store.load(state.job_id)
+    assert saved is not None
+    return saved
+
+
 def _input_counts(counters: JobCounters) -> dict[str, Any]:
     """What a job counts of its input (not of its runs, which a resume reads again apart)."""
     return counters.model_dump(
@@ -87,20 +103,8 @@ def test_a_stop_and_resume_count_the_input_once(
     Backfill(FileSource([path]), whole, uninterrupted).run()
     assert (whole.counters.traces_read, whole.counters.malformed) == (TRACES, len(MALFORMED_AT))
 
-    state = _state(path, batch_size=7, window_spans=window)
     submitter = CapturingSubmitter()
-    first = Backfill(
-        FileSource([path]),
-        state,
-        submitter,
-        job_store=store,
-        should_stop=lambda: state.counters.runs_enqueued >= stop_after,
-    )
-    with pytest.raises(KeyboardInterrupt):
-        first.run()
-    first.interrupted()
-    saved = store.load(state.job_id)
-    assert saved is not None
+    saved = _stopped(FileSource([path]), _state(path, batch_size=7, window_spans=window), submitter, store, stop_after)
     assert saved.checkpoint != (0, 0, 0)
     resumed = Backfill(FileSource([path]), saved, submitter, job_store=store).run()
 
@@ -174,16 +178,8 @@ def test_a_tempo_search_warning_is_counted_once_by_a_resume_inside_its_window(st
         Backfill(source(), whole, uninterrupted).run()
         assert (whole.counters.traces_read, whole.counters.malformed) == (40, 1)
 
-        stopped = state()
         submitter = CapturingSubmitter()
-        first = Backfill(
-            source(), stopped, submitter, job_store=store, should_stop=lambda: stopped.counters.runs_enqueued >= 14
-        )
-        with pytest.raises(KeyboardInterrupt):
-            first.run()
-        first.interrupted()
-        saved = store.load(stopped.job_id)
-        assert saved is not None
+        saved = _stopped(source(), state(), submitter, store, 14)
         assert saved.checkpoint[0] == 0  # the one window
         assert saved.checkpoint[1] > 1  # past its start, where the warning was given
         resumed = Backfill(source(), saved, submitter, job_store=store).run()
@@ -214,20 +210,9 @@ def test_a_resume_after_a_batch_cut_by_bytes_counts_each_run_read_once(
     assert (whole.counters.runs_read, whole.counters.runs_read_again) == (TRACES, 0)
     assert whole.counters.runs_rejected == ({"too_large": TRACES // 10} if padded else {})
 
-    state = _state(path, batch_size=1000, window_spans=window)
     submitter = CapturingSubmitter(8000)
-    first = Backfill(
-        FileSource([path]),
-        state,
-        submitter,
-        job_store=store,
-        should_stop=lambda: state.counters.runs_enqueued >= stop_after,
-    )
-    with pytest.raises(KeyboardInterrupt):
-        first.run()
-    first.interrupted()
-    saved = store.load(state.job_id)
-    assert saved is not None
+    state = _state(path, batch_size=1000, window_spans=window)
+    saved = _stopped(FileSource([path]), state, submitter, store, stop_after)
     rejected = saved.counters.runs_rejected.get("too_large", 0)
     assert saved.counters.runs_read - saved.counters.runs_read_again == len(set(submitter.runs)) + rejected
     resumed = Backfill(FileSource([path]), saved, submitter, job_store=store).run()

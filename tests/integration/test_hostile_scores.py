@@ -14,7 +14,7 @@ from tests.integration.test_mlflow import EXPERIMENT_HEADER, assessment_id, asse
 from tests.integration.test_mlflow import experiment as experiment
 from tests.integration.test_phoenix import by_identifier, phoenix_annotations, wait_ingested
 from tracing import ScoreRecord, score_id_for
-from tracing.sinks import Delivered, MlflowSink, PhoenixSink, Refused
+from tracing.sinks import Delivered, MlflowSink, PhoenixSink, Refused, ScoreSink
 
 _HOSTILE: dict[str, dict[str, Any]] = {
     "huge_reason": {"score": 0.5, "reason": "r" * 3_000_000},
@@ -53,8 +53,13 @@ def _trace(tmp_path: Path, project: str, salt: str) -> tuple[list[dict[str, Any]
     return traces, trace_id, spans
 
 
-def _check_outcomes(records: list[ScoreRecord], outcomes: list[Any]) -> list[ScoreRecord]:
-    """The records delivered; every other one refused by the sink for a reason it names."""
+def _delivered(records: list[ScoreRecord], sink: ScoreSink) -> list[ScoreRecord]:
+    """``records`` delivered by ``sink`` (closed after): those it delivered; every other one
+    refused by the sink for a reason it names."""
+    try:
+        outcomes = sink.deliver(records)
+    finally:
+        sink.close()
     delivered = []
     for record, outcome in zip(records, outcomes, strict=True):
         if isinstance(outcome, Refused):
@@ -73,11 +78,7 @@ def test_phoenix_stores_hostile_scores_as_they_are_or_the_sink_refuses_them(
     send_otlp(phoenix.url, traces)
     wait_ingested(phoenix, project, set(spans))
     records = _records(trace_id, spans)
-    sink = PhoenixSink(phoenix.url, timeout_s=30)
-    try:
-        delivered = _check_outcomes(records, sink.deliver(records))
-    finally:
-        sink.close()
+    delivered = _delivered(records, PhoenixSink(phoenix.url, timeout_s=30))
     found = by_identifier(phoenix_annotations(phoenix, project, spans))
     for record in delivered:
         got = found[f"tracescore:{record.score_id}"]
@@ -95,11 +96,7 @@ def test_mlflow_stores_hostile_scores_as_they_are_or_the_sink_refuses_them(
     traces, trace_id, spans = _trace(tmp_path, project, f"mlflow-hostile:{project}")
     send_otlp(mlflow.url, traces, headers={EXPERIMENT_HEADER: experiment})
     records = _records(trace_id, spans)
-    sink = MlflowSink(mlflow.url, timeout_s=30)
-    try:
-        delivered = _check_outcomes(records, sink.deliver(records))
-    finally:
-        sink.close()
+    delivered = _delivered(records, MlflowSink(mlflow.url, timeout_s=30))
     found = assessments(mlflow, [trace_id])
     for record in delivered:
         got = found[assessment_id(record)]

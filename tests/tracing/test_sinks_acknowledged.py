@@ -11,7 +11,7 @@ import pytest
 
 from tests._http import QuietHandler, serving
 from tracing import ScoreRecord, score_id_for
-from tracing.sinks import Delivered, LangfuseSink, MlflowSink, OtlpSink, PhoenixSink, Retry, ScoreSink
+from tracing.sinks import Delivered, Delivery, LangfuseSink, MlflowSink, OtlpSink, PhoenixSink, Retry, ScoreSink
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 _SECRET_REASON = "the agent told customer 4711 their card number"
@@ -74,18 +74,23 @@ def _sink(kind: str, url: str) -> ScoreSink:
     return OtlpSink(endpoint=f"{url}/v1/traces", timeout_s=5)
 
 
-@pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])
-@pytest.mark.parametrize("answer", sorted(_NOT_ACKS))
-def test_a_2xx_without_the_backends_acknowledgement_is_a_retry_naming_it(kind: str, answer: str) -> None:
-    """Each was Delivered: the score left the outbox for good while the backend (or whatever
-    answered in its place) stored nothing we know of."""
-    content_type, body = _NOT_ACKS[answer]
-    with _answering([(200, content_type, body)]) as url:
+def _one_delivery(kind: str, status: int, content_type: str, body: bytes) -> Delivery:
+    """The outcome of one record delivered by a ``kind`` sink to a server answering so."""
+    with _answering([(status, content_type, body)]) as url:
         sink = _sink(kind, url)
         try:
             (outcome,) = sink.deliver([_record()])
         finally:
             sink.close()
+    return outcome
+
+
+@pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])
+@pytest.mark.parametrize("answer", sorted(_NOT_ACKS))
+def test_a_2xx_without_the_backends_acknowledgement_is_a_retry_naming_it(kind: str, answer: str) -> None:
+    """Each was Delivered: the score left the outbox for good while the backend (or whatever
+    answered in its place) stored nothing we know of."""
+    outcome = _one_delivery(kind, 200, *_NOT_ACKS[answer])
     assert isinstance(outcome, Retry), outcome
     assert "HTTP 200" in outcome.reason
     assert "acknowledg" in outcome.reason
@@ -95,13 +100,7 @@ def test_a_2xx_without_the_backends_acknowledgement_is_a_retry_naming_it(kind: s
 def test_an_otlp_endpoint_answering_a_web_page_is_a_retry() -> None:
     """A 2xx web page is no OTLP receiver's answer (an empty body and a protobuf or JSON
     ExportTraceServiceResponse are): it was Delivered."""
-    content_type, body = _NOT_ACKS["web_page"]
-    with _answering([(200, content_type, body)]) as url:
-        sink = _sink("otlp", url)
-        try:
-            (outcome,) = sink.deliver([_record()])
-        finally:
-            sink.close()
+    outcome = _one_delivery("otlp", 200, *_NOT_ACKS["web_page"])
     assert isinstance(outcome, Retry), outcome
     assert "HTTP 200" in outcome.reason
     assert "4711" not in outcome.reason
@@ -110,9 +109,4 @@ def test_an_otlp_endpoint_answering_a_web_page_is_a_retry() -> None:
 @pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])
 def test_the_backends_own_acknowledgement_is_a_delivery(kind: str) -> None:
     """(The check above must not refuse what the real server answers.)"""
-    with _answering([(200, "application/json", _ACK[kind])]) as url:
-        sink = _sink(kind, url)
-        try:
-            assert sink.deliver([_record()]) == [Delivered()]
-        finally:
-            sink.close()
+    assert _one_delivery(kind, 200, "application/json", _ACK[kind]) == Delivered()

@@ -754,12 +754,23 @@ def test_dead_letters_list_and_take(letters: Any) -> None:
     assert missing is None
 
 
+@pytest.fixture
+def pages_of_three(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``each`` reads 3 letters a page: 7 letters span three pages."""
+    from worker.store import _dead_letters
+
+    monkeypatch.setattr(_dead_letters, "_PAGE", 3)
+
+
+def _seven_letters() -> list[DeadLetter]:
+    return [DeadLetter(reason="r", message_key=f"m{n}") for n in range(7)]
+
+
+@pytest.mark.usefixtures("pages_of_three")
 def test_each_reads_every_letter_oldest_first_while_the_caller_takes_some(letters: Any) -> None:
     """``each``: every letter once, oldest first, across pages, whether the caller takes the
     letter it is at or leaves it."""
-    from worker.store import _dead_letters
-
-    pushed = [DeadLetter(reason="r", message_key=f"m{n}") for n in range(7)]
+    pushed = _seven_letters()
 
     async def go() -> tuple[list[str], int]:
         for letter in pushed:
@@ -773,20 +784,17 @@ def test_each_reads_every_letter_oldest_first_while_the_caller_takes_some(letter
         await letters.close()
         return seen, left
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_dead_letters, "_PAGE", 3)
-        seen, left = run(go())
+    seen, left = run(go())
     assert seen == [d.id for d in pushed]
     assert left == 3
 
 
+@pytest.mark.usefixtures("pages_of_three")
 def test_each_ends_at_the_letters_it_began_with_while_taken_ones_come_back(letters: Any) -> None:
     """``each`` under a ``dlq retry --all`` whose every requeued message is refused again (a
     new letter pushed as each is taken): it reads the letters the list held when it began and
     ends, not the new ones (a list longer than the worker's refusal took never ended)."""
-    from worker.store import _dead_letters
-
-    pushed = [DeadLetter(reason="r", message_key=f"m{n}") for n in range(7)]
+    pushed = _seven_letters()
 
     async def go() -> list[str]:
         for letter in pushed:
@@ -801,19 +809,16 @@ def test_each_ends_at_the_letters_it_began_with_while_taken_ones_come_back(lette
         await letters.close()
         return seen
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_dead_letters, "_PAGE", 3)
-        seen = run(go())
+    seen = run(go())
     assert seen == [d.id for d in pushed]
 
 
+@pytest.mark.usefixtures("pages_of_three")
 def test_each_reads_on_past_a_letter_another_caller_took_mid_page(redis_url: str) -> None:
     """A letter of the page being read, taken by another caller (a second `dlq drop`) before
     this one reaches it: every other letter is still read and taken; the next page skipped one
     (the letter gone was counted as still on the list)."""
-    from worker.store import _dead_letters
-
-    pushed = [DeadLetter(reason="r", message_key=f"m{n}") for n in range(7)]
+    pushed = _seven_letters()
 
     async def go() -> tuple[list[str], list[str], int]:
         mine, other = RedisDeadLetters(redis_url), RedisDeadLetters(redis_url)
@@ -832,18 +837,16 @@ def test_each_reads_on_past_a_letter_another_caller_took_mid_page(redis_url: str
         await other.close()
         return seen, taken, left
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_dead_letters, "_PAGE", 3)
-        seen, taken, left = run(go())
+    seen, taken, left = run(go())
     assert seen == [d.id for d in pushed]
     assert taken == [d.id for i, d in enumerate(pushed) if i != 2]
     assert left == 0
 
 
+@pytest.mark.usefixtures("pages_of_three")
 def test_each_takes_every_copy_of_an_entry_stored_twice(redis_url: str) -> None:
     """Two entries of the same bytes (a damaged one, written twice) in one page: each copy is
     read and taken, and the next page starts where it should (nothing left listed)."""
-    from worker.store import _dead_letters
 
     async def go() -> tuple[int, int]:
         dead = RedisDeadLetters(redis_url)
@@ -858,20 +861,17 @@ def test_each_takes_every_copy_of_an_entry_stored_twice(redis_url: str) -> None:
         await dead.close()
         return taken, left
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_dead_letters, "_PAGE", 3)
-        taken, left = run(go())
+    taken, left = run(go())
     assert (taken, left) == (7, 0)
 
 
+@pytest.mark.usefixtures("pages_of_three")
 def test_each_reads_every_letter_while_pushes_at_the_bound_drop_the_oldest(redis_url: str) -> None:
     """A `dlq retry --all` leaving letters listed (not retryable) while a worker pushes new ones
     at the list's bound, each push dropping the oldest, letters this caller read and left: the
     letters not read yet are all read, and none pushed since (they were counted from the right,
     so each letter dropped skipped one not read: 3 and 4 were never read)."""
-    from worker.store import _dead_letters
-
-    pushed = [DeadLetter(reason="r", message_key=f"m{n}") for n in range(7)]
+    pushed = _seven_letters()
 
     async def go() -> list[str]:
         mine, worker = RedisDeadLetters(redis_url), RedisDeadLetters(redis_url, max_letters=7)
@@ -887,18 +887,15 @@ def test_each_reads_every_letter_while_pushes_at_the_bound_drop_the_oldest(redis
         await worker.close()
         return seen
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_dead_letters, "_PAGE", 3)
-        seen = run(go())
+    seen = run(go())
     assert seen == [d.id for d in pushed]
 
 
+@pytest.mark.usefixtures("pages_of_three")
 def test_each_reads_every_letter_once_when_another_caller_took_the_newest_it_left(redis_url: str) -> None:
     """The newest letter of a page the caller left, taken by another caller: each reads on from
     the oldest, every letter not read yet once and none it read twice (the 4th was skipped)."""
-    from worker.store import _dead_letters
-
-    pushed = [DeadLetter(reason="r", message_key=f"m{n}") for n in range(7)]
+    pushed = _seven_letters()
 
     async def go() -> list[str]:
         mine, other = RedisDeadLetters(redis_url), RedisDeadLetters(redis_url)
@@ -913,9 +910,7 @@ def test_each_reads_every_letter_once_when_another_caller_took_the_newest_it_lef
         await other.close()
         return seen
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_dead_letters, "_PAGE", 3)
-        seen = run(go())
+    seen = run(go())
     assert seen == [d.id for d in pushed]
 
 

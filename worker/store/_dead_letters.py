@@ -321,7 +321,8 @@ class RedisDeadLetters(OnRedis):
 
     async def oldest(self, skip: int, limit: int) -> list[DeadLetter]:
         """Up to ``limit`` letters, oldest first, past the ``skip`` oldest; ``take`` removes
-        each by the bytes read here."""
+        each by the bytes read here. (``each``'s page: public so that the class's decorator turns
+        Redis being away into ``StoreUnavailableError`` here too, which an async generator misses.)"""
         client = self._redis.client
         read = functools.partial(client.lrange, _keys.dlq_key(), -(skip + limit), -(skip + 1))
         page: list[Any] = await checked_async(client, "dead_letters", _LIST, read)
