@@ -155,6 +155,9 @@ async def store_status(settings: Settings) -> dict[str, Any]:
             "dead_letters": size,
             "dead_letters_by_reason": await letters.counts(),
             "dead_letters_dropped": await letters.dropped(),
+            # None while the count is lost or damaged in Redis: the next push sums it again.
+            "dead_letters_bytes": None if refused else await letters.size_bytes(),
+            "dead_letters_max_bytes": settings.dlq_max_bytes,
             "refused_keys": refused,
             "recent_failures": await jobs.recent_failures(),
             "rate_limits": await limiter.state(),

@@ -1231,7 +1231,11 @@ class GuardedConsumer(Consumer):
         super().__init__(*args, **kwargs)
         app: TracescoreApp = self.app  # type: ignore[assignment]  # worker_consumer of create_app's apps
         self._settings = app.settings
-        self._dead_letters = SyncRedisDeadLetters(self._settings.store_url, max_letters=self._settings.dlq_max_letters)
+        self._dead_letters = SyncRedisDeadLetters(
+            self._settings.store_url,
+            max_letters=self._settings.dlq_max_letters,
+            max_bytes=self._settings.dlq_max_bytes,
+        )
 
     def _allowed(self) -> frozenset[str]:
         return frozenset(name for name in self.app.tasks if name.startswith("tracescore."))

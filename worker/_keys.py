@@ -13,6 +13,7 @@ __all__ = [
     "checkpoint_key",
     "claim_key",
     "delivery_key",
+    "dlq_bytes_key",
     "dlq_held_key",
     "dlq_key",
     "dlq_reasons_key",
@@ -81,6 +82,12 @@ def job_uncounted_key(job_id: str) -> str:
 def dlq_key() -> str:
     """List of dead letters (JSON), newest first."""
     return f"{PREFIX}dlq"
+
+
+def dlq_bytes_key() -> str:
+    """String: the bytes of the dead letters on the list (their JSON), kept in step with it by
+    every push and take, for its byte bound; summed again from the list when lost or damaged."""
+    return f"{PREFIX}dlq:bytes"
 
 
 def dlq_seen_key(message_key: str) -> str:

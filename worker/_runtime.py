@@ -166,7 +166,10 @@ class WorkerRuntime:
             settings.store_url, ttl_s=int(settings.visibility_timeout) * 10, reconnect_s=RECONNECT_S
         )
         dead_letters = RedisDeadLetters(
-            settings.store_url, reconnect_s=RECONNECT_S, max_letters=settings.dlq_max_letters
+            settings.store_url,
+            reconnect_s=RECONNECT_S,
+            max_letters=settings.dlq_max_letters,
+            max_bytes=settings.dlq_max_bytes,
         )
         return cls(settings, registry, store, dead_letters, writer, limiter, deps, os.getpid(), deliveries)
 

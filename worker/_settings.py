@@ -102,10 +102,15 @@ class ModelRateLimit(BaseModel):
     tokens_per_minute: float | None = Field(default=None, gt=0)
 
 
-# The dead-letter list's bound (``dlq_max_letters``), its oldest letters dropped past it: a
-# letter keeps its message, up to 1 MiB, and a producer whose every message is refused makes
-# one of each.
+# The dead-letter list's bounds (``dlq_max_letters``, ``dlq_max_bytes``), its oldest letters
+# dropped past either: a letter keeps its message, up to 1 MiB, and a producer whose every
+# message is refused makes one of each. The count alone let 100,000 letters of 1 MiB fill any
+# Redis (a 1 MiB letter takes 1.25 MiB of it, measured). 256 MiB of letters is about 320 MiB of
+# Redis: a fifth of the 1536 MiB the shipped Redis has (deploy/k8s/redis.yaml), the rest left to
+# the queue, the score records and the sinks' backlog; 256 letters of the largest kind, or all
+# 100,000 of ~2.6 kB.
 DEFAULT_DLQ_MAX_LETTERS = 100_000
+DEFAULT_DLQ_MAX_BYTES = 256 * 1024 * 1024
 
 
 class Settings(BaseSettings):
@@ -148,6 +153,7 @@ class Settings(BaseSettings):
     retry_budget: int = Field(default=3, ge=0)
     retry_backoff_seconds: float = Field(default=2.0, ge=0)
     dlq_max_letters: int = Field(default=DEFAULT_DLQ_MAX_LETTERS, ge=1)
+    dlq_max_bytes: int = Field(default=DEFAULT_DLQ_MAX_BYTES, ge=1)
 
     # --- score sinks (helper A) ---
     # Where scores go, each delivered at least once from the outbox: a comma list of

@@ -542,18 +542,27 @@ def test_status_names_a_refused_key_and_shows_the_rest(env: str, capsys: pytest.
 def test_status_says_the_dead_letters_dropped_past_the_lists_bound(
     env: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A worker's refusals past TRACESCORE_DLQ_MAX_LETTERS drop the oldest letters: `status`
-    says how many, by reason, beside the letters listed (the workers' screen and the task both
-    push with the setting's bound)."""
+    """A worker's refusals past TRACESCORE_DLQ_MAX_LETTERS or TRACESCORE_DLQ_MAX_BYTES drop the
+    oldest letters: `status` says how many, by reason, beside the letters listed and their bytes
+    against the byte bound (the workers' screen and the task both push with the settings' bounds).
+    `dlq drop` takes a letter's bytes off the total."""
     from worker._settings import load_settings
 
-    monkeypatch.setenv("TRACESCORE_DLQ_MAX_LETTERS", "2")
+    monkeypatch.setenv("TRACESCORE_DLQ_MAX_LETTERS", "3")
+    letters = [
+        DeadLetter(reason=reason, message_key=f"msg:{n}", payload={"input": "x" * size})
+        for n, (reason, size) in enumerate([("not_json", 0), ("bad_headers", 0), ("not_json", 3000), ("not_json", 0)])
+    ]
+    sizes = [len(letter.model_dump_json().encode()) for letter in letters]
+    monkeypatch.setenv("TRACESCORE_DLQ_MAX_BYTES", str(sum(sizes[1:]) - 1))  # the bad_headers one goes too
     settings = load_settings()
-    assert settings.dlq_max_letters == 2
-    sync = SyncRedisDeadLetters(settings.store_url, max_letters=settings.dlq_max_letters)
+    assert (settings.dlq_max_letters, settings.dlq_max_bytes) == (3, sum(sizes[1:]) - 1)
+    sync = SyncRedisDeadLetters(
+        settings.store_url, max_letters=settings.dlq_max_letters, max_bytes=settings.dlq_max_bytes
+    )
     try:
-        for n, reason in enumerate(["not_json", "bad_headers", "not_json", "not_json"]):
-            assert sync.push(DeadLetter(reason=reason, message_key=f"msg:{n}"))
+        for letter in letters:
+            assert sync.push(letter)
     finally:
         sync.close()
     capsys.readouterr()  # (the pushes' log lines)
@@ -561,10 +570,17 @@ def test_status_says_the_dead_letters_dropped_past_the_lists_bound(
     status = json.loads(capsys.readouterr().out)
     assert (status["dead_letters"], status["dead_letters_by_reason"]) == (2, {"not_json": 2})
     assert status["dead_letters_dropped"] == {"not_json": 1, "bad_headers": 1}
+    assert (status["dead_letters_bytes"], status["dead_letters_max_bytes"]) == (sum(sizes[2:]), sum(sizes[1:]) - 1)
     assert main(["status", "--timeout", "0.3"]) == 0
     said = capsys.readouterr().out
     assert "dead letters 2 (not_json=2)" in said
-    assert "dropped past the list's bound (TRACESCORE_DLQ_MAX_LETTERS), the oldest first: " in said
+    assert f"{sum(sizes[2:])} bytes of the bound's {sum(sizes[1:]) - 1} (TRACESCORE_DLQ_MAX_BYTES)" in said
+    bounds = "(TRACESCORE_DLQ_MAX_LETTERS, TRACESCORE_DLQ_MAX_BYTES)"
+    assert f"dropped past the list's bounds {bounds}, the oldest first: " in said
+    assert main(["dlq", "drop", letters[2].id]) == 0
+    capsys.readouterr()
+    assert main(["status", "--json", "--timeout", "0.3"]) == 0
+    assert json.loads(capsys.readouterr().out)["dead_letters_bytes"] == sizes[3]
 
 
 def test_status_shows_a_counter_that_is_not_a_number_unknown(env: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -627,14 +627,18 @@ def test_a_stand_in_shows_a_value_exactly_when_it_is_a_plain_id_and_reads_its_ow
 def test_past_the_lists_bound_the_oldest_dead_letters_go_counted_and_the_worker_scores_on(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A producer whose every message is refused: past TRACESCORE_DLQ_MAX_LETTERS the oldest
-    letters go, whichever path refused them (the consumer's screen, the task), counted as dropped
-    by reason and logged without content; the newest stay and the worker scores on."""
-    proc = WorkerProcess(
-        "bounded", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl", env={"TRACESCORE_DLQ_MAX_LETTERS": "3"}
-    )
-    refused = [envelope(json.dumps(f"{MARKER} {n}"))[1] for n in range(3)]  # the screen: bad_body
-    invalid = [envelope(task_body([{"batch_id": f"bad-{n}", "requests": [{"run": n}]}]))[1] for n in range(2)]
+    """A producer whose every message is refused: past TRACESCORE_DLQ_MAX_LETTERS, or
+    TRACESCORE_DLQ_MAX_BYTES (a letter keeps its message: a count of letters alone bounded
+    nothing of their size), the oldest letters go, whichever path refused them (the consumer's
+    screen, the task), counted as dropped by reason and logged without content; the newest stay,
+    the byte total is theirs, and the worker scores on."""
+    bound = 30_000  # room for one of the large letters, not two
+    bounds = {"TRACESCORE_DLQ_MAX_LETTERS": "3", "TRACESCORE_DLQ_MAX_BYTES": str(bound)}
+    proc = WorkerProcess("bounded", redis_url, tmp_path, scores_path=tmp_path / "scores.jsonl", env=bounds)
+    refused = [envelope(json.dumps(f"{MARKER} {n}"))[1] for n in range(3)]  # the screen: bad_body, no payload kept
+    # The task: invalid_payload, each letter keeping its 20 kB message.
+    large = [{"batch_id": f"bad-{n}", "requests": [{"run": n, "filler": "x" * 20_000}]} for n in range(2)]
+    invalid = [envelope(task_body([batch]))[1] for batch in large]
     try:
         proc.wait_ready()
         client = redis.Redis.from_url(redis_url)
@@ -647,10 +651,17 @@ def test_past_the_lists_bound_the_oldest_dead_letters_go_counted_and_the_worker_
         assert wait_for(lambda: len(read_scores(tmp_path / "scores.jsonl")) == 1, 60), proc.text()[-3000:]
     finally:
         proc.stop()
-    assert sorted(d.reason for d in _dlq(redis_url)) == ["bad_body", "invalid_payload", "invalid_payload"]
+    # The letters past the count bound went first (two bad_body), then, the second large letter
+    # past the byte bound, the last bad_body and the first large one.
+    (kept,) = _dlq(redis_url)
+    assert (kept.reason, kept.batch_id) == ("invalid_payload", "bad-1")
+    for name, value in bounds.items():
+        monkeypatch.setenv(name, value)
     status = _status(redis_url, monkeypatch, capsys)
-    assert status["dead_letters_by_reason"] == {"bad_body": 1, "invalid_payload": 2}
-    assert status["dead_letters_dropped"] == {"bad_body": 2}
+    assert status["dead_letters_by_reason"] == {"invalid_payload": 1}
+    assert status["dead_letters_dropped"] == {"bad_body": 3, "invalid_payload": 1}
+    assert 20_000 < status["dead_letters_bytes"] == len(kept.model_dump_json().encode()) <= bound
+    assert status["dead_letters_max_bytes"] == bound
     log = proc.text()
     # (a line a minute, not one a push: the two pushes that dropped came within it)
     assert log.count("dead_letters_dropped_past_bound") == 1

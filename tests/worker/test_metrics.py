@@ -273,9 +273,9 @@ def test_scrape_time_gauges_read_the_queue_dead_letters_and_outbox(redis_url: st
 
     letters = RedisDeadLetters(redis_url, max_letters=3)
     run_coro(letters.push(DeadLetter(reason="not_json", message_key="m0")), 5)  # dropped past the bound
-    run_coro(letters.push(DeadLetter(reason="poison", message_key="m1")), 5)
-    run_coro(letters.push(DeadLetter(reason="poison", message_key="m2")), 5)
-    run_coro(letters.push(DeadLetter(reason="invalid_payload", message_key="m3")), 5)
+    kept = [DeadLetter(reason=r, message_key=f"m{n}") for n, r in enumerate(["poison", "poison", "invalid_payload"], 1)]
+    for letter in kept:
+        run_coro(letters.push(letter), 5)
     run_coro(letters.close(), 5)
     ledger = RedisLedger(redis_url)
     run_coro(ledger.add(utc_day(), ["scorer:fast", "model:openai/gpt-4o", "total"], 1.5, None), 5)
@@ -293,6 +293,9 @@ def test_scrape_time_gauges_read_the_queue_dead_letters_and_outbox(redis_url: st
     assert samples[("tracescore_dead_letters", frozenset({("reason", "invalid_payload")}))] == 1
     assert ("tracescore_dead_letters", frozenset({("reason", "not_json")})) not in samples
     assert samples[("tracescore_dead_letters_dropped", frozenset({("reason", "not_json")}))] == 1
+    # The kept letters' bytes, beside the byte bound they are held under.
+    assert samples[("tracescore_dead_letters_bytes", frozenset())] == sum(len(d.model_dump_json()) for d in kept)
+    assert samples[("tracescore_dead_letters_max_bytes", frozenset())] == settings.dlq_max_bytes
     assert samples[("tracescore_sink_scores", frozenset({("sink", "jsonl"), ("state", "pending")}))] == 2
     assert samples[("tracescore_sink_scores", frozenset({("sink", "jsonl"), ("state", "delivered")}))] == 0
     assert samples[("tracescore_worker_info", frozenset({("node", "node-a@host"), ("queue", "metrics-q")}))] == 1
@@ -316,6 +319,7 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
 
     client = redis.Redis.from_url(redis_url)
     client.hset(_keys.dlq_reasons_key(), mapping={"poison": "2", "junk": "many"})
+    client.set(_keys.dlq_bytes_key(), "lots")  # (unknown until the next push sums it again: left out)
     client.hset(_keys.spend_key(utc_day()), mapping={"total": "lots", "scorer:fast": "0.5", "model:m": "nan"})
     # A sink's queue of another Redis type: refused (never deleted), only the sink gauges go.
     client.sadd(_keys.outbox_sinks_key(), "otlp")
@@ -325,6 +329,7 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
     samples = _scrape(settings, "node-h@host")
     assert samples[("tracescore_redis_up", frozenset({("target", "store")}))] == 1
     assert samples[("tracescore_dead_letters", frozenset({("reason", "poison")}))] == 2
+    assert ("tracescore_dead_letters_bytes", frozenset()) not in samples
     assert samples[("tracescore_spend_today_usd", frozenset({("scope", "scorer:fast")}))] == 0.5
     # (the total summed from the scorers' spend, as the judge's check repairs it; model:m left out)
     assert samples[("tracescore_spend_today_usd", frozenset({("scope", "total")}))] == 0.5
@@ -332,6 +337,7 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
     assert series(samples, "tracescore_sink_scores") == {}
     # What was skipped is counted in this process's metric (a node serves every process's sum).
     assert _unreadable("dlq_reasons:junk") >= 1
+    assert _unreadable("dlq_bytes") >= 1
     assert _unreadable("spend:total") >= 1
     assert _unreadable("spend:model:m") >= 1
     # A sink's counter that is not a number: its other counters are kept, the bad one counted.

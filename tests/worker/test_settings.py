@@ -73,6 +73,9 @@ def test_a_retry_delay_stays_a_number_past_a_floats_exponent() -> None:
             {"TRACESCORE_CLAIM_TTL_SECONDS": "350", "TRACESCORE_MAX_ETA_SECONDS": "0.25"},
             "TRACESCORE_CLAIM_TTL_SECONDS .350. over TRACESCORE_MAX_ETA_SECONDS .0.25. is 1401 tries",
         ),
+        # A dead-letter list bounded at 0 bytes (or letters) would keep only its newest letter.
+        ({"TRACESCORE_DLQ_MAX_BYTES": "0"}, "TRACESCORE_DLQ_MAX_BYTES"),
+        ({"TRACESCORE_DLQ_MAX_BYTES": "lots"}, "TRACESCORE_DLQ_MAX_BYTES"),
         ({"TRACESCORE_WRITER": "jsonl"}, "TRACESCORE_WRITER_PATH"),
         ({"TRACESCORE_WRITER": "kafka"}, "TRACESCORE_WRITER"),
     ],

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from scorers import ScoreResult
 from tracing import ScoreRecord, score_id_for
@@ -1025,6 +1026,199 @@ def test_past_its_bound_the_oldest_dead_letter_goes_counted_by_reason(
     assert listed == [d.id for d in reversed(pushed[2:])]
     assert counts == {"not_json": 1, "bad_body": 1, "task_crashed": 1}
     assert dropped == {"not_json": 1, "bad_body": 1}
+
+
+def _big(reason: str, n: int, size: int = 10_000) -> DeadLetter:
+    """A letter that keeps its message, as the task's do (up to 1 MiB)."""
+    return DeadLetter(reason=reason, message_key=f"msg:{n}", payload={"batch_id": f"b{n}", "input": "x" * size})
+
+
+def _nbytes(*letters: DeadLetter) -> int:
+    """The bytes the list holds for ``letters``: each one's JSON, as pushed."""
+    return sum(len(letter.model_dump_json().encode()) for letter in letters)
+
+
+def _dead_letters(kind: str, url: str, **bounds: int) -> Any:
+    return MemoryDeadLetters(**bounds) if kind == "memory" else RedisDeadLetters(url, **bounds)
+
+
+async def _push_all(kind: str, url: str, dead: Any, letters: list[DeadLetter], **bounds: int) -> list[bool]:
+    if kind != "sync":
+        return [await dead.push(letter) for letter in letters]
+    sync = SyncRedisDeadLetters(url, **bounds)
+    try:
+        return [sync.push(letter) for letter in letters]
+    finally:
+        sync.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis", "sync"])
+def test_past_its_byte_bound_the_oldest_dead_letters_go_counted_by_reason(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Each letter keeps its message (up to 1 MiB): a bound on their number left their size
+    unbounded (100,000 letters of 1 MiB are 125 GiB of Redis; one of 512 MiB refused the 408th
+    letter, and score writes with it, long before the bound). Past ``max_bytes`` the oldest
+    letters go, as many as it takes, counted as dropped by reason as the count bound's are; the
+    byte total is the kept letters' own."""
+    url = request.getfixturevalue("redis_url") if kind != "memory" else ""
+    reasons = ["not_json", "bad_body", "invalid_payload", "bad_body", "task_crashed"]
+    pushed = [_big(r, i) for i, r in enumerate(reasons)]
+    # Room for the newest three and half a fourth: the second push past it drops two.
+    bounds = {"max_letters": 100, "max_bytes": _nbytes(*pushed[2:]) + _nbytes(pushed[1]) // 2}
+
+    async def go() -> tuple[list[bool], list[str], dict[str, int | None], dict[str, int | None], int | None]:
+        dead = _dead_letters(kind, url, **bounds)
+        added = await _push_all(kind, url, dead, pushed, **bounds)
+        listed = [d.id for d in await dead.latest()]
+        said = await dead.counts(), await dead.dropped(), await dead.size_bytes()
+        await dead.close()
+        return added, listed, *said
+
+    added, listed, counts, dropped, total = run(go())
+    assert added == [True] * 5
+    assert listed == [d.id for d in reversed(pushed[2:])]
+    assert counts == {"invalid_payload": 1, "bad_body": 1, "task_crashed": 1}
+    assert dropped == {"not_json": 1, "bad_body": 1}
+    assert total == _nbytes(*pushed[2:])
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_a_dead_letter_larger_than_the_byte_bound_is_kept_alone(kind: str, request: pytest.FixtureRequest) -> None:
+    """A letter larger than the whole byte bound is kept, alone (the newest letter is never the
+    one dropped: the list is over the bound by at most that letter); the older ones go, counted.
+    The next letter drops it in turn."""
+    url = request.getfixturevalue("redis_url") if kind != "memory" else ""
+    small = [DeadLetter(reason="not_json", message_key=f"msg:{n}") for n in range(2)]
+    big, after = _big("budget_exhausted", 2), DeadLetter(reason="bad_body", message_key="msg:3")
+    bounds = {"max_letters": 100, "max_bytes": _nbytes(*small) + 100}
+
+    async def go() -> list[tuple[list[str], dict[str, int | None], int | None]]:
+        dead = _dead_letters(kind, url, **bounds)
+        seen = []
+        for letters in (small, [big], [after]):
+            assert await _push_all(kind, url, dead, letters, **bounds) == [True] * len(letters)
+            seen.append(([d.id for d in await dead.latest()], await dead.dropped(), await dead.size_bytes()))
+        await dead.close()
+        return seen
+
+    both, alone, next_one = run(go())
+    assert both == ([d.id for d in reversed(small)], {}, _nbytes(*small))
+    assert alone == ([big.id], {"not_json": 2}, _nbytes(big))
+    assert next_one == ([after.id], {"not_json": 2, "budget_exhausted": 1}, _nbytes(after))
+
+
+@pytest.mark.usefixtures("pages_of_three")
+def test_the_byte_total_follows_every_letter_taken(letters: Any) -> None:
+    """`dlq retry` and `dlq drop` take letters (by id, or as ``each`` reads them): the byte total
+    goes down by each one's bytes, never for a letter not there, and is 0 once the list is empty.
+    A total left high would drop letters the bound has room for; left low, let the list grow past it."""
+    pushed = [_big("r", n, size=1000 * (n + 1)) for n in range(7)]
+
+    async def go() -> list[int | None]:
+        totals = []
+        for letter in pushed:
+            await letters.push(letter)
+        totals.append(await letters.size_bytes())
+        assert await letters.take(pushed[5].id) is not None
+        assert await letters.take(pushed[5].id) is None  # (gone: nothing more taken off)
+        assert await letters.take("nope") is None
+        totals.append(await letters.size_bytes())
+        async for letter in letters.each():
+            if letter.id in (pushed[0].id, pushed[4].id):
+                assert await letters.take(letter.id) is not None
+        totals.append(await letters.size_bytes())
+        async for letter in letters.each():
+            await letters.take(letter.id)
+        totals.append(await letters.size_bytes())
+        await letters.close()
+        return totals
+
+    assert run(go()) == [
+        _nbytes(*pushed),
+        _nbytes(*pushed) - _nbytes(pushed[5]),
+        _nbytes(*pushed[1:4], pushed[6]),
+        0,
+    ]
+
+
+def test_a_lost_or_damaged_byte_total_is_summed_again_from_the_list(redis_url: str) -> None:
+    """The byte total is a counter beside the list: lost (a Redis restarted from a snapshot
+    taken between the two, the key deleted), damaged (no count), or past what the bound lets the
+    list hold (edited by hand), it is summed again from the letters at the next push, not trusted:
+    neither every letter dropped for it nor none. The list deleted by hand leaves a total of
+    letters gone: the push that finds itself alone counts its own. Until the push, ``size_bytes``
+    is None (unknown) for a total that is no count, never a guess."""
+    client = redis.Redis.from_url(redis_url)
+    key, pushed = _keys.dlq_bytes_key(), [_big("r", n) for n in range(4)]
+    damages: list[tuple[str, Callable[[], Any]]] = [
+        ("lost", lambda: client.delete(key)),
+        ("no number", lambda: client.set(key, "many")),
+        ("negative", lambda: client.set(key, "-5000")),
+        ("past the bound", lambda: client.set(key, str(10**12))),
+        ("list deleted", lambda: client.delete(_keys.dlq_key(), _keys.dlq_reasons_key())),
+    ]
+
+    async def go() -> dict[str, tuple[int | None, int | None, list[str], dict[str, int | None]]]:
+        dead = RedisDeadLetters(redis_url, max_letters=100, max_bytes=_nbytes(*pushed) + 100)
+        for letter in pushed[:2]:
+            await dead.push(letter)
+        seen = {}
+        for name, damage in damages:
+            damage()
+            before = await dead.size_bytes()
+            assert await dead.push(pushed[2]), name
+            listed = [d.id for d in await dead.latest()]
+            seen[name] = (before, await dead.size_bytes(), listed, await dead.dropped())
+            client.delete(_keys.dlq_seen_key(pushed[2].message_key or ""))  # (to push it again)
+            assert await dead.take(pushed[2].id) is not None, name
+        await dead.close()
+        return seen
+
+    try:
+        seen = run(go())
+    finally:
+        client.close()
+    whole = (_nbytes(*pushed[:3]), [pushed[2].id, pushed[1].id, pushed[0].id], {})
+    assert seen == {
+        "lost": (None, *whole),
+        "no number": (None, *whole),
+        "negative": (None, *whole),
+        "past the bound": (10**12, *whole),
+        "list deleted": (0, _nbytes(pushed[2]), [pushed[2].id], {}),  # (an empty list holds 0)
+    }
+
+
+def test_letters_from_a_release_without_the_byte_total_are_summed_and_bounded(redis_url: str) -> None:
+    """A list left by the previous release has letters and no byte total, maybe far past the byte
+    bound (the count bound let it fill Redis): the first push sums it, from the newest, and drops
+    the oldest until both bounds hold, counted by reason as the bound's drops are; the newest stay."""
+    client = redis.Redis.from_url(redis_url)
+    old = [_big("invalid_payload" if n % 2 else "budget_exhausted", n) for n in range(8)]
+    for letter in old:  # as the previous release pushed them: no byte total
+        client.lpush(_keys.dlq_key(), letter.model_dump_json())
+        client.hincrby(_keys.dlq_reasons_key(), letter.reason, 1)
+    new = _big("bad_body", 99)
+    bounds = {"max_letters": 100, "max_bytes": _nbytes(new, *old[-2:]) + 100}
+
+    async def go() -> tuple[int | None, list[str], dict[str, int | None], dict[str, int | None], int | None]:
+        dead = RedisDeadLetters(redis_url, **bounds)
+        before = await dead.size_bytes()
+        assert await dead.push(new)
+        listed = [d.id for d in await dead.latest()]
+        said = await dead.counts(), await dead.dropped(), await dead.size_bytes()
+        await dead.close()
+        return before, listed, *said
+
+    try:
+        before, listed, counts, dropped, total = run(go())
+    finally:
+        client.close()
+    assert before is None
+    assert listed == [new.id, old[7].id, old[6].id]
+    assert counts == {"bad_body": 1, "invalid_payload": 1, "budget_exhausted": 1}
+    assert dropped == {"invalid_payload": 3, "budget_exhausted": 3}
+    assert total == _nbytes(new, *old[-2:])
 
 
 @pytest.mark.parametrize("kind", ["redis", "sync"])

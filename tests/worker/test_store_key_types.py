@@ -203,6 +203,7 @@ _QUEUE, _ATTEMPTS, _DEAD = _keys.outbox_key(SINK), _keys.outbox_attempts_key(SIN
 _COUNTS, _DELIVERED, _SINKS = _keys.outbox_counts_key(SINK), delivered_key(SINK), _keys.outbox_sinks_key()
 _STARTED, _ENDED = f"{_keys.delivery_key('t1')}:started", f"{_keys.delivery_key('t1')}:ended"
 _DLQ, _SEEN, _REASONS = _keys.dlq_key(), _keys.dlq_seen_key("m1"), _keys.dlq_reasons_key()
+_DLQ_BYTES = _keys.dlq_bytes_key()
 
 
 def _put(url: str) -> Callable[[], Any]:
@@ -318,6 +319,10 @@ CASES = [
     Case("size", _DLQ, "list", True, lambda u: lambda: _letters(u, lambda d: d.size())),
     Case("sync_push", _DLQ, "list", True, lambda u: lambda: SyncRedisDeadLetters(u).push(_letter())),
     Case("sync_push", _SEEN, "string", False, lambda u: lambda: SyncRedisDeadLetters(u).push(_letter()), True),
+    # (the letters' byte count: a count, summed again from the list)
+    Case("push", _DLQ_BYTES, "string", False, lambda u: lambda: _letters(u, lambda d: d.push(_letter())), True),
+    Case("sync_push", _DLQ_BYTES, "string", False, lambda u: lambda: SyncRedisDeadLetters(u).push(_letter()), True),
+    Case("size_bytes", _DLQ_BYTES, "string", False, lambda u: lambda: _letters(u, lambda d: d.size_bytes()), 0),
     # DeliveryLog
     Case("delivery_start", _STARTED, "set", False, lambda u: lambda: _deliveries(u, lambda d: d.start("t1", "a")), 0),
     Case("delivery_start", _ENDED, "set", False, lambda u: lambda: _deliveries(u, lambda d: d.start("t1", "a")), 0),

@@ -144,8 +144,14 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
     _echo_spend(status["spend"])
     by_reason = _by_reason(status["dead_letters_by_reason"])
     _echo(f"dead letters {known(status['dead_letters'])}" + (f" ({by_reason})" if by_reason else ""))
+    if status["dead_letters"] is not None:
+        # (a count lost or damaged in Redis: summed again from the list at the next push)
+        held = status["dead_letters_bytes"]
+        held_said = "bytes unknown until the next dead letter," if held is None else f"{held} bytes"
+        _echo(f"             {held_said} of the bound's {status['dead_letters_max_bytes']} (TRACESCORE_DLQ_MAX_BYTES)")
     if dropped := _by_reason(status["dead_letters_dropped"]):
-        _echo(f"             dropped past the list's bound (TRACESCORE_DLQ_MAX_LETTERS), the oldest first: {dropped}")
+        bounds = "(TRACESCORE_DLQ_MAX_LETTERS, TRACESCORE_DLQ_MAX_BYTES)"
+        _echo(f"             dropped past the list's bounds {bounds}, the oldest first: {dropped}")
     for name, counts in sorted((status["sinks"] or {}).items()):
         _echo(
             f"sink        {name}: {known(counts['delivered'])} delivered, {counts['pending']} pending, "

@@ -58,7 +58,20 @@ SCRAPED: Final = (
         "tracescore_dead_letters_dropped",
         "gauge",
         ("reason",),
-        "Dead letters dropped past the list's bound (TRACESCORE_DLQ_MAX_LETTERS), the oldest first, by reason",
+        "Dead letters dropped past the list's bounds (TRACESCORE_DLQ_MAX_LETTERS, TRACESCORE_DLQ_MAX_BYTES),"
+        " the oldest first, by reason",
+    ),
+    MetricSpec(
+        "tracescore_dead_letters_bytes",
+        "gauge",
+        (),
+        "Bytes of the dead letters on the list (their JSON, each with its message), as their bound counts them",
+    ),
+    MetricSpec(
+        "tracescore_dead_letters_max_bytes",
+        "gauge",
+        (),
+        "The dead-letter list's byte bound (TRACESCORE_DLQ_MAX_BYTES): past it the oldest letters go",
     ),
     MetricSpec(
         "tracescore_keys_refused",
@@ -154,6 +167,7 @@ class RedisStateCollector:
         self._outbox = RedisOutbox(settings.store_url, reconnect_s=_TIMEOUT_S)
         self._store_url = settings.store_url
         self._budgets = parse_budgets(settings.budgets)
+        self._dlq_max_bytes = settings.dlq_max_bytes
 
     def describe(self) -> list[Metric]:
         return []  # not known ahead: the registry must not call collect() at registration
@@ -166,18 +180,20 @@ class RedisStateCollector:
         depth, unacked = g["tracescore_queue_depth"], g["tracescore_queue_unacked"]
         age, dead = g["tracescore_queue_oldest_age_seconds"], g["tracescore_dead_letters"]
         dropped = g["tracescore_dead_letters_dropped"]
+        dead_bytes, max_bytes = g["tracescore_dead_letters_bytes"], g["tracescore_dead_letters_max_bytes"]
         sinks, refused = g["tracescore_sink_scores"], g["tracescore_keys_refused"]
         info.add_metric([self._node, self._queue], 1)
         yield info
         broker_ok = self._read_queue(depth, unacked, age, refused)
         up.add_metric(["broker"], 1 if broker_ok else 0)
-        store_ok = self._read_store(dead, dropped, sinks, refused)
+        store_ok = self._read_store(dead, dropped, dead_bytes, sinks, refused)
+        max_bytes.add_metric([], self._dlq_max_bytes)
         up.add_metric(["store"], 1 if store_ok else 0)
         yield up
         if broker_ok:
             yield from (depth, unacked, age)
         if store_ok:
-            yield from (dead, dropped, sinks)
+            yield from (dead, dropped, dead_bytes, max_bytes, sinks)
             yield from self._spend(g)
         if refused.samples:
             yield refused
@@ -209,8 +225,8 @@ class RedisStateCollector:
             unacked.add_metric([], int(taken))
         return True
 
-    def _read_store(self, dead: Any, dropped: Any, sinks: Any, refused: Any) -> bool:
-        key, dropped_key = _keys.dlq_reasons_key(), _keys.dlq_dropped_key()
+    def _read_store(self, dead: Any, dropped: Any, dead_bytes: Any, sinks: Any, refused: Any) -> bool:
+        key, dropped_key, bytes_key = _keys.dlq_reasons_key(), _keys.dlq_dropped_key(), _keys.dlq_bytes_key()
         try:
             # The counts by reason are rebuilt by the store: repaired here as on its other paths.
             reasons = checked(
@@ -227,6 +243,9 @@ class RedisStateCollector:
             letters_type = _text(self._store.type(_keys.dlq_key()))
             if letters_type not in ("none", "list"):
                 _refused(refused, _keys.dlq_key(), letters_type, "list")
+            total = checked(
+                self._store, "dead_letter_bytes", [(bytes_key, "string", False)], lambda: self._store.get(bytes_key)
+            )
             try:
                 counts = self._outbox.counts()  # a counter that is not a number: None, counted
             except StoreKeyTypeError as exc:  # a sink's queue of another type: left for the operator
@@ -245,6 +264,14 @@ class RedisStateCollector:
                     continue
                 if n > 0:
                     gauge.add_metric([name], n)
+        # Left out, not 0, while the count is lost or damaged (the next push sums it again).
+        text = _text(total) if total is not None else None
+        if text is not None and text.isascii() and text.isdigit():
+            dead_bytes.add_metric([], int(text))
+        elif text is not None:
+            _unreadable("dlq_bytes")
+        elif letters_type == "none":
+            dead_bytes.add_metric([], 0)
         for sink, c in sorted(counts.items()):
             for state, count in c.as_dict().items():
                 if count is not None:  # (no number in Redis: left out, not 0; counted by the outbox)

@@ -7,10 +7,14 @@ a second letter. A stored entry that no longer validates (damaged, or written by
 version) is listed as an ``unreadable_dead_letter`` of its own id, not retryable, instead of
 failing the command that reads the list.
 
-The list is bounded (``max_letters``, ``TRACESCORE_DLQ_MAX_LETTERS``): a producer whose every
-message is refused makes a letter of each, with its message, and an unbounded list grew until
-Redis refused every write, the scores' too. Past the bound the oldest letter goes in the same
-step as the push, counted as dropped by its reason (``dropped``).
+The list is bounded (``max_letters``, ``TRACESCORE_DLQ_MAX_LETTERS``; ``max_bytes``,
+``TRACESCORE_DLQ_MAX_BYTES``): a producer whose every message is refused makes a letter of each,
+with its message, and an unbounded list grew until Redis refused every write, the scores' too.
+A bound on the letters' number alone left their size unbounded (a letter keeps up to 1 MiB of
+message: 100,000 of them are 125 GiB of Redis). Past either bound the oldest letters go in the
+same step as the push, counted as dropped by their reason (``dropped``). The letters' bytes are
+a counter beside the list (``dlq_bytes_key``), moved in step by every push, drop and take; one
+lost or damaged is summed again from the list at the next push (``_BYTES_READ``).
 """
 
 from __future__ import annotations
@@ -29,11 +33,11 @@ from pydantic import BaseModel, Field, ValidationError
 from worker import _keys
 from worker._logs import CountedLog
 from worker._reconnect import unavailable_as_error
-from worker._settings import DEFAULT_DLQ_MAX_LETTERS
+from worker._settings import DEFAULT_DLQ_MAX_BYTES, DEFAULT_DLQ_MAX_LETTERS
 from worker.store._keytypes import RELEASE_OWNED, Check, checked, checked_async, checked_script
 from worker.store._redis import OnRedis, RedisConnection, failed_fields, known_counters
 
-__all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id"]
+__all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id", "letter_bytes"]
 
 log = structlog.get_logger("tracescore.worker.store")
 
@@ -66,6 +70,11 @@ DLQ_SEEN_TTL_S = 7 * 24 * 3600
 def dead_letter_id(message_key: str) -> str:
     """The letter id for a message key: the same message always makes the same letter."""
     return hashlib.sha256(message_key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def letter_bytes(letter: DeadLetter) -> int:
+    """The bytes ``letter`` takes on the list (its JSON, as pushed): what the byte bound counts."""
+    return len(letter.model_dump_json().encode("utf-8", "surrogatepass"))
 
 
 @runtime_checkable
@@ -110,18 +119,47 @@ class DeadLetters(Protocol):
 
     async def size(self) -> int: ...
 
+    async def size_bytes(self) -> int | None:
+        """The letters' bytes (their JSON), as the byte bound counts them; None while that count
+        is lost or damaged in Redis (the next push sums it again from the list)."""
+        ...
+
     async def close(self) -> None: ...
 
 
-# KEYS: dlq list, seen key, reasons hash, dropped hash. ARGV: letter json, reason, push nonce,
-# seen ttl, the list's bound. Seen-check, push, count and the bound in one step: two deliveries
-# of one message make one letter. The list is never deleted for being of another type
-# (worker.store._keytypes): it holds letters. A dropped letter's reason is read from the head of
-# its JSON (the id first, then the reason: DeadLetter's field order), not decoded: a letter may
-# hold 1 MiB. 2: pushed, and letters dropped.
+# The letters' byte count as its key holds it: a whole number, or nil (missing, damaged: no
+# count to move, nor to trust).
+_BYTES_READ = """
+local function tracescore_dlq_bytes(raw)
+  if raw and #raw <= 15 and string.match(raw, '^%d+$') then
+    return tonumber(raw)
+  end
+  return nil
+end
+"""
+
+# KEYS: dlq list, seen key, reasons hash, dropped hash, bytes count. ARGV: letter json, reason,
+# push nonce, seen ttl, the list's bounds: letters, bytes. Seen-check, push, count and the bounds
+# in one step: two deliveries of one message make one letter. The list is never deleted for being
+# of another type (worker.store._keytypes): it holds letters. A dropped letter's reason is read
+# from the head of its JSON (the id first, then the reason: DeadLetter's field order), not
+# decoded: a letter may hold 1 MiB. The oldest go until both bounds hold, but the newest letter
+# stays: one larger than the byte bound is kept alone. 2: pushed, and letters dropped.
+#
+# The bytes count is summed again from the list when it is nil, or more than the bound lets a
+# list of two letters or more hold (every push leaves it within the bound unless the letter is
+# alone: a count past it is wrong, or the bound was lowered). Trusted, a count too high would
+# drop every letter but the new one; a lost one read as 0 would leave the list over the bound by
+# all it held. Summed from the newest, in pages, and only as far as the bound: the older letters
+# would go anyway and go unread (a list of 400 letters of 1 MiB left by the release before: the
+# first push read 256 MiB and dropped 145 letters in 0.8 to 2.3 s, measured, once). A count
+# left too low by a hand edit is not seen (seeing it takes reading the whole list at each push):
+# the list holds more than the bound until it is down to one letter or the count key is deleted.
 _PUSH = checked_script(
-    "{KEYS[1], 'list', 'k', KEYS[2], 'string', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'hash', 'r'}",
-    """
+    "{KEYS[1], 'list', 'k', KEYS[2], 'string', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'hash', 'r',"
+    " KEYS[5], 'string', 'r'}",
+    _BYTES_READ
+    + """
 local bad = tracescore_check_counters({KEYS[3], KEYS[4]})
 if bad then
   return bad
@@ -130,10 +168,9 @@ if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'EX', tonumber(ARGV[4])) then
   -- 1 when our own earlier try (its reply lost, the client retried) pushed this very letter
   return redis.call('GET', KEYS[2]) == ARGV[3] and 1 or 0
 end
-redis.call('LPUSH', KEYS[1], ARGV[1])
-redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+local max_letters, max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
 local pushed = 1
-while redis.call('LLEN', KEYS[1]) > tonumber(ARGV[5]) do
+local function drop_oldest()
   local oldest = redis.call('RPOP', KEYS[1])
   local reason = string.match(string.sub(oldest, 1, 512), '^{"id":"[^"]*","reason":"([^"\\]+)"')
   if reason and tonumber(redis.call('HGET', KEYS[3], reason) or '0') > 0 then
@@ -143,17 +180,55 @@ while redis.call('LLEN', KEYS[1]) > tonumber(ARGV[5]) do
   end
   redis.call('HINCRBY', KEYS[4], reason or 'unreadable_dead_letter', 1)
   pushed = 2
+  return #oldest
 end
+local total = tracescore_dlq_bytes(redis.call('GET', KEYS[5]))
+if total == nil or (total > max_bytes and redis.call('LLEN', KEYS[1]) > 1) then
+  total = 0
+  local listed, read = redis.call('LLEN', KEYS[1]), 0
+  while read < listed and total <= max_bytes do
+    local page = redis.call('LRANGE', KEYS[1], read, read + 15)
+    if #page == 0 then
+      break
+    end
+    for _, letter in ipairs(page) do
+      if total > max_bytes then
+        break
+      end
+      total = total + #letter
+      read = read + 1
+    end
+  end
+  while redis.call('LLEN', KEYS[1]) > read do
+    drop_oldest()
+  end
+end
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+total = total + #ARGV[1]
+while true do
+  local listed = redis.call('LLEN', KEYS[1])
+  if listed <= 1 or (listed <= max_letters and total <= max_bytes) then
+    break
+  end
+  total = math.max(0, total - drop_oldest())
+end
+if redis.call('LLEN', KEYS[1]) == 1 then
+  total = #ARGV[1]  -- (alone: its own bytes, whatever the count was)
+end
+redis.call('SET', KEYS[5], string.format('%d', total))
 return pushed
 """,
 )
 
-# KEYS: dlq list, reasons hash. ARGV: letter json, reason ('' when the entry is no letter: the
-# reason it was counted under is unknown). An emptied list counts nothing, whatever its damaged
-# entries were counted under.
+# KEYS: dlq list, reasons hash, bytes count. ARGV: letter json, reason ('' when the entry is no
+# letter: the reason it was counted under is unknown). An emptied list counts nothing, whatever
+# its damaged entries were counted under. A bytes count that is nil is left so (the next push
+# sums it again); it never goes below 0.
 _TAKE = checked_script(
-    "{KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r'}",
-    """
+    "{KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'string', 'r'}",
+    _BYTES_READ
+    + """
 local bad = tracescore_check_counters({KEYS[2]})
 if bad then
   return bad
@@ -164,10 +239,28 @@ end
 if ARGV[2] ~= '' and redis.call('HINCRBY', KEYS[2], ARGV[2], -1) <= 0 then
   redis.call('HDEL', KEYS[2], ARGV[2])
 end
+local total = tracescore_dlq_bytes(redis.call('GET', KEYS[3]))
 if redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[2])
+  redis.call('SET', KEYS[3], '0')
+elseif total ~= nil then
+  redis.call('SET', KEYS[3], string.format('%d', math.max(0, total - #ARGV[1])))
 end
 return 1
+""",
+)
+
+# KEYS: dlq list, bytes count. The letters' bytes; 0 for an empty list whatever the count; nil
+# while the count is (the next push sums it again: a whole list is not read here).
+_BYTES = checked_script(
+    "{KEYS[1], 'list', 'k', KEYS[2], 'string', 'r'}",
+    _BYTES_READ
+    + """
+local total = tracescore_dlq_bytes(redis.call('GET', KEYS[2]))
+if redis.call('LLEN', KEYS[1]) == 0 then
+  return 0
+end
+return total
 """,
 )
 
@@ -209,13 +302,20 @@ _LIST: list[Check] = [(_keys.dlq_key(), "list", True)]
 _PAGE = 200
 
 
-def _push_args(letter: DeadLetter, max_letters: int) -> tuple[list[str], list[str]]:
+def _push_args(letter: DeadLetter, max_letters: int, max_bytes: int) -> tuple[list[str], list[str]]:
     """Keys and arguments of ``_PUSH`` for ``letter``."""
     seen = _keys.dlq_seen_key(letter.message_key or f"letter:{letter.id}")
     return (
-        [_keys.dlq_key(), seen, _keys.dlq_reasons_key(), _keys.dlq_dropped_key()],
+        [_keys.dlq_key(), seen, _keys.dlq_reasons_key(), _keys.dlq_dropped_key(), _keys.dlq_bytes_key()],
         # A fresh nonce per push: the client's own retry of this push sends the same one.
-        [letter.model_dump_json(), letter.reason, uuid.uuid4().hex, str(DLQ_SEEN_TTL_S), str(max_letters)],
+        [
+            letter.model_dump_json(),
+            letter.reason,
+            uuid.uuid4().hex,
+            str(DLQ_SEEN_TTL_S),
+            str(max_letters),
+            str(max_bytes),
+        ],
     )
 
 
@@ -225,11 +325,15 @@ def _dropped_log() -> CountedLog:
     return CountedLog("dead_letters_dropped_past_bound", logger=log, count_key="pushes")
 
 
-def _said_if_dropped(pushed: Any, said: CountedLog, max_letters: int) -> bool:
+def _said_if_dropped(pushed: Any, said: CountedLog, max_letters: int, max_bytes: int) -> bool:
     """Whether ``_PUSH`` pushed; a push that dropped the oldest letters is logged (no content,
     a line a minute)."""
     if pushed == 2:
-        said.note(max_letters=max_letters, setting="TRACESCORE_DLQ_MAX_LETTERS")
+        said.note(
+            max_letters=max_letters,
+            max_bytes=max_bytes,
+            setting="TRACESCORE_DLQ_MAX_LETTERS, TRACESCORE_DLQ_MAX_BYTES",
+        )
     return bool(pushed)
 
 
@@ -263,18 +367,20 @@ class RedisDeadLetters(OnRedis):
         reconnect_s: float = 2.0,
         connection: RedisConnection | None = None,
         max_letters: int = DEFAULT_DLQ_MAX_LETTERS,
+        max_bytes: int = DEFAULT_DLQ_MAX_BYTES,
     ) -> None:
         self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
         self._holds: dict[str, str] = {}  # letter id -> the token of this caller's hold
         self.max_letters = max_letters
+        self.max_bytes = max_bytes
         self._dropped = _dropped_log()
         self._read: dict[str, Any] = {}  # the page ``oldest`` read last: letter id -> its bytes
         self._gone = 0  # letters of a page ``take`` found off the list
 
     async def push(self, letter: DeadLetter) -> bool:
-        keys, args = _push_args(letter, self.max_letters)
+        keys, args = _push_args(letter, self.max_letters, self.max_bytes)
         (pushed,) = await self._redis.evalsha_many(_PUSH, len(keys), [(*keys, *args)], where="dead_letter_push")
-        return _said_if_dropped(pushed, self._dropped, self.max_letters)
+        return _said_if_dropped(pushed, self._dropped, self.max_letters, self.max_bytes)
 
     async def counts(self) -> dict[str, int | None]:
         return await self._counters(_keys.dlq_reasons_key(), "dlq_reasons", "dead_letter_counts")
@@ -347,9 +453,8 @@ class RedisDeadLetters(OnRedis):
                 return None
         letter = _stored(raw)
         reason = "" if letter.reason == UNREADABLE else letter.reason
-        (removed,) = await self._redis.evalsha_many(
-            _TAKE, 2, [(_keys.dlq_key(), _keys.dlq_reasons_key(), raw, reason)], where="dead_letter_take"
-        )
+        keys = (_keys.dlq_key(), _keys.dlq_reasons_key(), _keys.dlq_bytes_key())
+        (removed,) = await self._redis.evalsha_many(_TAKE, len(keys), [(*keys, raw, reason)], where="dead_letter_take")
         if paged or removed:
             # Off the list either way (another caller's take of it, too; a second copy of the same
             # bytes, found by the whole read): counted as still on it, the next page would skip a
@@ -376,14 +481,23 @@ class RedisDeadLetters(OnRedis):
         client = self._redis.client
         return int(await checked_async(client, "dead_letters", _LIST, lambda: client.llen(_keys.dlq_key())))
 
+    async def size_bytes(self) -> int | None:
+        (total,) = await self._redis.evalsha_many(
+            _BYTES, 2, [(_keys.dlq_key(), _keys.dlq_bytes_key())], where="dead_letters"
+        )
+        return None if total is None else int(total)
+
 
 class SyncRedisDeadLetters:
     """``push`` for a caller without an event loop (the consumer's guard, a plain thread):
     the same script as ``RedisDeadLetters.push``, on a synchronous client."""
 
-    def __init__(self, url: str, *, max_letters: int = DEFAULT_DLQ_MAX_LETTERS) -> None:
+    def __init__(
+        self, url: str, *, max_letters: int = DEFAULT_DLQ_MAX_LETTERS, max_bytes: int = DEFAULT_DLQ_MAX_BYTES
+    ) -> None:
         self.url = url
         self.max_letters = max_letters
+        self.max_bytes = max_bytes
         self._dropped = _dropped_log()
         self._client: redis.Redis | None = None
         self._script: Any = None
@@ -392,11 +506,11 @@ class SyncRedisDeadLetters:
         if self._client is None:
             self._client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
             self._script = self._client.register_script(_PUSH)
-        keys, args = _push_args(letter, self.max_letters)
+        keys, args = _push_args(letter, self.max_letters, self.max_bytes)
         # The script checks its own keys (no checks to pass): ``checked`` turns its answer into a
         # repair and another try, or ``StoreKeyTypeError``.
         pushed = checked(self._client, "dead_letter_push", [], lambda: self._script(keys=keys, args=args))
-        return _said_if_dropped(pushed, self._dropped, self.max_letters)
+        return _said_if_dropped(pushed, self._dropped, self.max_letters, self.max_bytes)
 
     def close(self) -> None:
         client, self._client = self._client, None

@@ -13,8 +13,8 @@ from itertools import islice
 
 from scorers import ScoreResult
 from tracing import ScoreRecord
-from worker._settings import DEFAULT_DLQ_MAX_LETTERS
-from worker.store._dead_letters import DeadLetter
+from worker._settings import DEFAULT_DLQ_MAX_BYTES, DEFAULT_DLQ_MAX_LETTERS
+from worker.store._dead_letters import DeadLetter, letter_bytes
 from worker.store._jobs import FAILURE_BUCKETS_KEPT, failure_bucket, outcome
 from worker.store._outbox import MemoryOutbox
 from worker.store._scores import Claims
@@ -292,26 +292,33 @@ class MemoryScoreStore:
 
 
 class MemoryDeadLetters:
-    """The dead-letter list in memory, bounded as in Redis (a dropped letter's message key is
-    forgotten with it: in one process no message comes back to be deduplicated)."""
+    """The dead-letter list in memory, bounded as in Redis, by letters and by their bytes (a
+    dropped letter's message key is forgotten with it: in one process no message comes back to
+    be deduplicated)."""
 
-    def __init__(self, *, max_letters: int = DEFAULT_DLQ_MAX_LETTERS) -> None:
+    def __init__(self, *, max_letters: int = DEFAULT_DLQ_MAX_LETTERS, max_bytes: int = DEFAULT_DLQ_MAX_BYTES) -> None:
         self._lock = threading.Lock()
-        self._letters: deque[DeadLetter] = deque()
+        self._letters: deque[tuple[DeadLetter, int]] = deque()  # newest first, each with its bytes
+        self._bytes = 0
         self._seen: set[str] = set()
         self._held: dict[str, float] = {}  # letter id -> when its hold ends (monotonic)
         self._dropped: Counter[str] = Counter()
         self.max_letters = max_letters
+        self.max_bytes = max_bytes
 
     async def push(self, letter: DeadLetter) -> bool:
+        size = letter_bytes(letter)
         with self._lock:
             if letter.message_key is not None:
                 if letter.message_key in self._seen:
                     return False
                 self._seen.add(letter.message_key)
-            self._letters.appendleft(letter)
-            while len(self._letters) > self.max_letters:
-                oldest = self._letters.pop()
+            self._letters.appendleft((letter, size))
+            self._bytes += size
+            # The oldest go until both bounds hold; the newest stays, alone if it is over the bytes'.
+            while len(self._letters) > 1 and (len(self._letters) > self.max_letters or self._bytes > self.max_bytes):
+                oldest, dropped_bytes = self._letters.pop()
+                self._bytes -= dropped_bytes
                 self._seen.discard(oldest.message_key or "")
                 self._dropped[oldest.reason] += 1
             return True
@@ -323,25 +330,26 @@ class MemoryDeadLetters:
     async def counts(self) -> dict[str, int | None]:
         counts: dict[str, int] = defaultdict(int)
         with self._lock:
-            for letter in self._letters:
+            for letter, _ in self._letters:
                 counts[letter.reason] += 1
         return dict(counts)
 
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
         with self._lock:
-            return list(islice(self._letters, limit))
+            return [letter for letter, _ in islice(self._letters, limit)]
 
     async def each(self) -> AsyncIterator[DeadLetter]:
         with self._lock:
-            letters = list(reversed(self._letters))
+            letters = [letter for letter, _ in reversed(self._letters)]
         for letter in letters:
             yield letter
 
     async def take(self, letter_id: str) -> DeadLetter | None:
         with self._lock:
-            for i, letter in enumerate(self._letters):
+            for i, (letter, size) in enumerate(self._letters):
                 if letter.id == letter_id:
                     del self._letters[i]
+                    self._bytes -= size
                     return letter
         return None
 
@@ -361,6 +369,10 @@ class MemoryDeadLetters:
     async def size(self) -> int:
         with self._lock:
             return len(self._letters)
+
+    async def size_bytes(self) -> int | None:
+        with self._lock:
+            return self._bytes
 
     async def close(self) -> None:
         return None
