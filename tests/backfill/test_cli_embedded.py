@@ -458,3 +458,21 @@ def test_a_scorers_list_that_is_not_one_is_named(
     assert result.exit_code == 1, result.output
     (error,) = result.stderr.strip().splitlines()
     assert error == f"Error: scorer module 'odd_scorers': {said}", error
+
+
+def test_more_scorers_than_a_request_carries_are_refused_before_a_broker_not_in_process() -> None:
+    """The workers refuse a request naming more than ``MAX_SCORER_IDS`` scorers (invalid_payload):
+    a job through a broker with more would have had every message dead-lettered. It is refused
+    at once, naming the bound and what to do, before the broker is reached (this one is not
+    there); in this process, with no message, all are scored."""
+    from tracing.queue import MAX_SCORER_IDS
+
+    sources = (str(EXAMPLES), "--scorers", "tests.backfill.many_scorers")
+    result = _run(*sources, "--broker", "redis://127.0.0.1:1/0")
+    assert result.exit_code == 1, result.output
+    assert f"{MAX_SCORER_IDS + 1} scorers" in result.stderr
+    assert f"at most {MAX_SCORER_IDS}" in result.stderr
+    assert "--scorer" in result.stderr
+    assert "cannot reach" not in result.stderr
+    summary = _summary(_run(*sources, "--json"))
+    assert len(summary["scorers"]) == MAX_SCORER_IDS + 1

@@ -33,7 +33,7 @@ from tracing import (
     TraceReadError,
     sampled,
 )
-from tracing.queue import MESSAGE_ENVELOPE_BYTES, ScoreRequest, request_json
+from tracing.queue import MAX_SCORER_IDS, MESSAGE_ENVELOPE_BYTES, ScoreRequest, request_json
 
 CHAT = "chat"
 
@@ -908,6 +908,13 @@ def test_bad_arguments_raise_at_once() -> None:
         ScoringRule("s")
     with pytest.raises(ValueError, match="non-empty"):
         ScoringRule([])
+    # The workers refuse a request naming more scorers than MAX_SCORER_IDS: rules whose ids
+    # together (those of one delay travel in one request) pass it would ship nothing scorable.
+    many = [f"s{i}" for i in range(MAX_SCORER_IDS + 1)]
+    with pytest.raises(ValueError, match=f"{MAX_SCORER_IDS + 1} scorer ids .*delay_s=0.*at most {MAX_SCORER_IDS}"):
+        ScoringSpanExporter([ScoringRule(many[:60]), ScoringRule(many[40:])], sink)
+    ScoringSpanExporter([ScoringRule(many[:60]), ScoringRule(many[40:], delay_s=5)], sink).shutdown()
+    ScoringSpanExporter([ScoringRule(many[:MAX_SCORER_IDS] + many[:3])], sink).shutdown()
 
 
 def test_default_path_ships_compact_spans(exporter: ScoringSpanExporter, sink: Recording) -> None:

@@ -270,3 +270,31 @@ def test_the_words_for_a_plain_id_say_what_plain_id_accepts() -> None:
         assert plain_id(char) == told, repr(char)
     assert (plain_id("a" * low), plain_id("a" * high)) == (True, True)
     assert (plain_id("a" * (low - 1)), plain_id("a" * (high + 1))) == (False, False)
+
+
+def test_a_request_naming_more_scorers_than_any_registry_holds_is_refused_at_once() -> None:
+    """A request's scorer ids had no bound: a worker makes one error record per run for each id
+    it does not have, so a 6.7 MiB message listing 1,000,000 distinct 4-character ids beside
+    3 runs asked for 3,000,000 records (measured 100,000 ids: 300,000 records, 214 MiB of them,
+    19 s and 1.6 GB on a worker), each stored and sent to every sink. More than
+    ``MAX_SCORER_IDS`` is refused, naming the field and the bound, before the ids are read
+    one by one; the bound itself, duplicates (scored once, as producers of earlier releases
+    sent them) and any text as an id still validate."""
+    from tracing.queue import MAX_SCORER_IDS
+
+    record = make_batch(range(1), ["s"]).requests[0]
+    fields: dict[str, Any] = {"spans": record.spans, "target_span_ids": record.target_span_ids}
+    ids = [f"u{i}" for i in range(1_000_000)]
+    started = time.process_time()
+    with pytest.raises(ValidationError, match=f"scorer_ids\n.*at most {MAX_SCORER_IDS} items") as refused:
+        ScoreRequest(**fields, scorer_ids=ids)
+    assert time.process_time() - started < 0.5
+    assert len(refused.value.errors()) == 1
+    with pytest.raises(ValidationError, match="scorer_ids"):
+        ScoreRequest(**fields, scorer_ids=ids[: MAX_SCORER_IDS + 1])
+    assert len(ScoreRequest(**fields, scorer_ids=ids[:MAX_SCORER_IDS]).scorer_ids) == MAX_SCORER_IDS
+    assert ScoreRequest(**fields, scorer_ids=["s", "s", "t", "s"]).scorer_ids == ["s", "s", "t", "s"]
+    assert ScoreRequest(**fields, scorer_ids=["x" * 1_000_000, "", "\ud800"]).scorer_ids[1] == ""
+    for odd in ([5], [None], [["s"]], "s", [{"id": "s"}]):
+        with pytest.raises(ValidationError, match="scorer_ids"):
+            ScoreRequest(**fields, scorer_ids=odd)

@@ -666,3 +666,43 @@ def test_past_the_lists_bound_the_oldest_dead_letters_go_counted_and_the_worker_
     # (a line a minute, not one a push: the two pushes that dropped came within it)
     assert log.count("dead_letters_dropped_past_bound") == 1
     assert MARKER not in log
+
+
+def test_a_request_naming_a_flood_of_scorer_ids_is_one_dead_letter_not_a_flood_of_records(
+    worker: WorkerProcess, redis_url: str, tmp_path: Path
+) -> None:
+    """One request of 3 runs listing 40,000 distinct unknown scorer ids (a 0.3 MiB message) made
+    the worker write 120,000 UnknownScorerError records, each stored and sent to every sink (a
+    6.7 MiB one of 1,000,000 ids: 3,000,000). More ids than ``MAX_SCORER_IDS`` is no request:
+    the message is one invalid_payload letter naming the field and the bound, no record is
+    written, and the worker scores the next batch."""
+    from tracing.queue import MAX_SCORER_IDS
+
+    flood = payload(range(3), ["length"], salt="flood")
+    first = flood["requests"][0]
+    spans = [{**r["spans"][0], "trace_id": first["spans"][0]["trace_id"]} for r in flood["requests"]]
+    flood["requests"] = [
+        {
+            **{k: v for k, v in first.items() if k != "target_span_id"},
+            "spans": spans,
+            "target_span_ids": [s["span_id"] for s in spans],
+            "scorer_ids": ["length", *(f"u{i}" for i in range(40_000))],
+        }
+    ]
+    assert len(json.dumps(flood)) < MAX_PAYLOAD
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.lpush(QUEUE, envelope(task_body([flood]))[1])
+        client.lpush(QUEUE, envelope(task_body([payload(range(2), ["length"], salt="after-flood")]))[1])
+    finally:
+        client.close()
+    scores = tmp_path / "scores.jsonl"
+    assert wait_for(lambda: len(_dlq(redis_url)) == 1, 60), worker.text()[-3000:]
+    (letter,) = _dlq(redis_url)
+    assert (letter.reason, letter.retryable) == ("invalid_payload", False)
+    assert "scorer_ids" in letter.error
+    assert f"at most {MAX_SCORER_IDS}" in letter.error
+    assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
+    assert {r["trace_id"] for r in read_scores(scores)} == {
+        r["spans"][0]["trace_id"] for r in payload(range(2), ["length"], salt="after-flood")["requests"]
+    }

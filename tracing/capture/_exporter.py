@@ -46,6 +46,7 @@ from tracing.capture._sender import (
 )
 from tracing.capture._sinks import Sink
 from tracing.capture._tally import Tally
+from tracing.queue import MAX_SCORER_IDS
 from tracing.read import plan_runs
 
 __all__ = ["ScoringSpanExporter"]
@@ -163,6 +164,13 @@ class ScoringSpanExporter(SpanExporter):
         )
         self._rules = rules
         self._all_groups = _scorer_groups(rules)
+        for delay, ids in self._all_groups:
+            # The ids of one delay travel in one request, which the workers refuse past the bound.
+            if len(ids) > MAX_SCORER_IDS:
+                raise ValueError(
+                    f"the rules name {len(ids)} scorer ids for delay_s={delay:g}; a request carries at most"
+                    f" {MAX_SCORER_IDS} (tracing.queue.MAX_SCORER_IDS): split them over rules of different delay_s"
+                )
         self._filtered = any(rule.filter is not None for rule in rules)
         self._batch_size = batch_size
         self._queue_size = queue_size

@@ -24,6 +24,7 @@ from tracing._text import valid_text, without_lone_surrogates
 from tracing.queue._json import dumps_or
 
 __all__ = [
+    "MAX_SCORER_IDS",
     "PLAIN_ID_PATTERN",
     "PLAIN_ID_RULE",
     "SCORE_TASK_NAME",
@@ -49,6 +50,12 @@ PLAIN_ID_PATTERN = rf"[A-Za-z0-9{re.escape(_PLAIN_ID_MARKS)}]{{1,{_PLAIN_ID_MAX}
 # As words, for an error's sentence.
 PLAIN_ID_RULE = f"1–{_PLAIN_ID_MAX} ASCII letters, digits and {_PLAIN_ID_MARKS}"
 _PLAIN_ID = re.compile(PLAIN_ID_PATTERN)
+# The most scorer ids a request may name. A worker gives each run one error record per id it
+# does not have, so the list was an amplifier: 1,000,000 distinct short ids beside 3 runs in a
+# 6.7 MiB message asked for 3,000,000 records, each stored and sent to every sink. A registry
+# holds tens of scorers (the built-in catalogue, about 25); past 100 a list is no producer's,
+# and what it can ask of a worker stays what a registry of 100 scorers would make.
+MAX_SCORER_IDS = 100
 
 
 def plain_id(value: object) -> bool:
@@ -74,7 +81,9 @@ class ScoreRequest(BaseModel):
     spans: list[SpanRecord] = Field(min_length=1)
     # The spans to score among ``spans`` (16 hex digits each), one per run, each once.
     target_span_ids: list[Annotated[str, Field(pattern=SPAN_ID_PATTERN)]] = Field(min_length=1)
-    scorer_ids: list[str] = Field(min_length=1)
+    # Refused past ``MAX_SCORER_IDS`` before any id is read. Not refused twice over: the worker
+    # scores an id named twice once, as producers of earlier releases sent them.
+    scorer_ids: list[str] = Field(min_length=1, max_length=MAX_SCORER_IDS)
     source: Literal["live", "backfill"] = "live"
     job_id: str | None = None
     # Wall-clock (epoch seconds) when the run was handed to the queue; for latency figures.

@@ -32,7 +32,7 @@ import structlog
 from pydantic import ValidationError, create_model
 
 from tracing import JsonlScoreWriter, ScoreRecord, ScoreWriter, SpanRecord, TraceReadError, redact, score_id_for
-from tracing.queue import QueueKeyError, ScoreBatch
+from tracing.queue import MAX_SCORER_IDS, QueueKeyError, ScoreBatch
 from tracing.sources import MAX_SPANS_PER_TRACE, SourceError, TraceSource, source_from_description
 from worker._budget import CostEstimate, install_local_guard, job_spend, parse_budgets, parse_prices, set_job_limit
 from worker._errors import UnreadableCounterError, UnreadableStateError, caused_by
@@ -1399,6 +1399,12 @@ def _run_redis(
 
     from worker.backfill._submit import RedisSubmitter
 
+    scorer_ids = state.options.scorer_ids
+    if len(scorer_ids) > MAX_SCORER_IDS:  # the workers would dead-letter every message (invalid_payload)
+        raise CliError(
+            f"{len(scorer_ids)} scorers: a request to the workers names at most {MAX_SCORER_IDS};"
+            " pick them with --scorer, over several jobs"
+        )
     submitter = RedisSubmitter(settings, high_water=high_water)
     what, url = "broker", settings.broker_url
     try:
