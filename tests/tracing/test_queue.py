@@ -298,3 +298,17 @@ def test_a_request_naming_more_scorers_than_any_registry_holds_is_refused_at_onc
     for odd in ([5], [None], [["s"]], "s", [{"id": "s"}]):
         with pytest.raises(ValidationError, match="scorer_ids"):
             ScoreRequest(**fields, scorer_ids=odd)
+
+
+def test_a_batch_refuses_unknown_fields_as_its_requests_do() -> None:
+    """The envelope ignored fields it does not know while its requests refuse theirs: a message
+    carrying a field no release writes (a producer's mistake, or megabytes of anything beside
+    valid requests) was scored with the field silently dropped. No release's producer ever
+    wrote more than ``batch_id`` and ``requests``, so refusing it breaks no upgrade path; a
+    field a later release adds needs the workers upgraded first, as a request's field does."""
+    sent = json.loads(make_batch(range(1), ["s"]).model_dump_json())
+    assert set(sent) == {"batch_id", "requests"}
+    ScoreBatch.model_validate(sent)
+    for extra in ({"priority": 1}, {"batch_id_v2": "x"}, {"junk": "x" * 1_000_000}, {"requests_extra": []}):
+        with pytest.raises(ValidationError, match=f"{next(iter(extra))}\n.*Extra inputs are not permitted"):
+            ScoreBatch.model_validate({**sent, **extra})

@@ -706,3 +706,31 @@ def test_a_request_naming_a_flood_of_scorer_ids_is_one_dead_letter_not_a_flood_o
     assert {r["trace_id"] for r in read_scores(scores)} == {
         r["spans"][0]["trace_id"] for r in payload(range(2), ["length"], salt="after-flood")["requests"]
     }
+
+
+def test_a_batch_with_a_field_it_does_not_know_is_one_dead_letter_naming_it(
+    worker: WorkerProcess, redis_url: str, tmp_path: Path
+) -> None:
+    """A batch's envelope with a field no release writes was scored, the field dropped unread
+    (its requests refuse theirs). It is an invalid_payload letter naming a plain field name
+    (a name of the producer's text is not shown), its runs unscored; the worker goes on."""
+    odd = payload(range(1), ["length"], salt="odd-field")
+    named = {**odd, "priority": 5}
+    hostile = {**odd, "batch_id": "odd-2", f"{MARKER} {'x' * 10_000}": True}
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for bad in (named, hostile):
+            client.lpush(QUEUE, envelope(task_body([bad]))[1])
+        client.lpush(QUEUE, envelope(task_body([payload(range(2), ["length"], salt="after-odd")]))[1])
+    finally:
+        client.close()
+    scores = tmp_path / "scores.jsonl"
+    assert wait_for(lambda: len(_dlq(redis_url)) == 2, 60), worker.text()[-3000:]
+    assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
+    letters = {d.batch_id: d for d in _dlq(redis_url)}
+    assert {d.reason for d in letters.values()} == {"invalid_payload"}
+    assert "priority: Extra inputs are not permitted" in letters[odd["batch_id"]].error
+    assert "<field>: Extra inputs are not permitted" in letters["odd-2"].error
+    assert all(MARKER not in d.error for d in letters.values())
+    assert odd["requests"][0]["spans"][0]["trace_id"] not in {r["trace_id"] for r in read_scores(scores)}
+    assert MARKER not in worker.text()

@@ -308,7 +308,12 @@ def _pydantic_json(request: ScoreRequest) -> str:
 
 
 class ScoreBatch(BaseModel):
-    """One queue message: several requests, so the worker can fan out on one event loop."""
+    """One queue message: several requests, so the worker can fan out on one event loop.
+    Unknown fields are refused, as a request's are: no release wrote any but these two, so a
+    field a later release adds needs this release's workers upgraded first, as a request's
+    field does (ignored, it was dropped unread)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     batch_id: str
     requests: list[ScoreRequest] = Field(min_length=1)
