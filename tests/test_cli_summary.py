@@ -766,3 +766,37 @@ def _bytes_in_pipe(end: Any) -> int:
     held = array.array("i", [0])
     fcntl.ioctl(end.fileno(), termios.FIONREAD, held)
     return held[0]
+
+
+def test_a_run_without_an_id_and_a_run_whose_id_is_its_name_are_two_runs(tmp_path: Path) -> None:
+    """A line without a run id is named ``line-N``; a line whose explicit id was that same text
+    (before it or after it) was skipped as "a run id already seen": two different runs taken
+    for one. A run without an id is no run id already seen, and never one later lines meet:
+    both are scored, each its own --out record (told apart by its line); a real duplicate of
+    an explicit id is still skipped."""
+    lines: list[dict[str, Any]] = [
+        {"run_id": "line-4", "input": "q", "output": "named like line 4"},  # 1
+        {"run_id": "a", "input": "q", "output": "ab"},  # 2
+        {"run_id": "line-4", "input": "q", "output": "line 1 again"},  # 3: a duplicate of line 1
+        {"input": "q", "output": "no id"},  # 4: line-4, another run than line 1's
+        {"input": "q", "output": "no id either"},  # 5: line-5
+        {"run_id": "b", "input": "q", "output": "ab"},  # 6
+        {"run_id": "c", "input": "q", "output": "ab"},  # 7
+        {"run_id": None, "input": "q", "output": "null id"},  # 8: line-8
+        {"run_id": "line-5", "input": "q", "output": "named like line 5"},  # 9
+        {"run_id": "line-5", "input": "q", "output": "line 9 again"},  # 10: a duplicate of line 9
+    ]
+    runs = _write_runs(tmp_path / "runs.jsonl", lines)
+    out = tmp_path / "scores.jsonl"
+    result = _score(str(runs), "--scorers", V1, "--scorer", "length", "--chunk", "3", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["run_id"], r["line"]) for r in records] == [
+        ("line-4", 1), ("a", 2), ("line-4", 4), ("line-5", 5), ("b", 6), ("c", 7), ("line-8", 8), ("line-5", 9)
+    ]  # fmt: skip
+    skips = [line for line in result.stderr.splitlines() if "already seen" in line]
+    assert skips == [
+        f"{runs}:3: skipped: a run id already seen (line 1's)",
+        f"{runs}:10: skipped: a run id already seen (line 9's)",
+    ]
+    assert "8 runs × 1 scorers" in result.stderr

@@ -455,3 +455,31 @@ def test_a_bad_decompressed_cap_is_one_line_before_any_work(tmp_path: Path, monk
     assert result.exit_code == 1, result.output
     assert "TRACESCORE_BACKFILL_MAX_DECOMPRESSED_BYTES='lots' is not a number of bytes" in result.stderr
     assert "--verbose" not in result.stderr
+
+
+def _run_record(run_id: str, line: int, score: float) -> dict[str, Any]:
+    """A record as `score --out` writes it (this release's and the ones before)."""
+    return {"run_id": run_id, "line": line, "scorer_id": "len", "scorer_version": "1", "score": score, "reason": "r"}
+
+
+def test_a_run_without_an_id_is_matched_by_its_line_never_with_an_id_of_its_name(tmp_path: Path) -> None:
+    """`score` names a run without an id ``line-N``, and its --out record carries its line N. A
+    run whose explicit id is that same text elsewhere in the file (or in the other file) was
+    the same run here: one record replaced the other (counted as a duplicate) and the two runs
+    were compared as one. A record whose run id is its own line's name is the run of that line
+    without an id (so files of earlier releases read the same); any other is its explicit id."""
+    old = _write(
+        tmp_path / "old.jsonl",
+        [_run_record("line-5", 5, 0.1), _run_record("line-5", 9, 0.9), _run_record("x", 3, 0.5)],
+    )
+    new = _write(
+        tmp_path / "new.jsonl",
+        [_run_record("line-5", 2, 0.7), _run_record("line-5", 5, 0.3), _run_record("x", 4, 0.5)],
+    )
+    result = compare_files(old, new)
+    assert result["duplicates"] == {"old": 0, "new": 0}
+    rel = result["by_scorer"]["len"]
+    assert (rel["runs_in_both"], rel["only_old"], rel["only_new"]) == (3, 0, 0)
+    # Line 5's run without an id: 0.1 → 0.3; the run of id "line-5" (line 9, then line 2): 0.9 → 0.7.
+    assert sorted((m["old"], m["new"]) for m in rel["moved_most"]) == [(0.1, 0.3), (0.9, 0.7)]
+    assert (rel["up"], rel["down"], rel["unchanged"]) == (1, 1, 1)

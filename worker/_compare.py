@@ -2,7 +2,8 @@
 
 Both files are score records as ``tracescore backfill --out`` or ``tracescore score --out``
 write them. Records are matched by (trace id, span id, scorer id), or (run id, scorer id) for
-``score`` output, whatever the scorer version (the last record of a key counts on each side).
+``score`` output (a run without an id by its line, never with an explicit id of its name),
+whatever the scorer version (the last record of a key counts on each side).
 Each side is read into a SQLite file in a temporary directory, not into memory: a backfill's
 millions of records held as Python objects took about 830 bytes each (670 MB for two files of
 400,000), so memory stays flat whatever the files' size, and the disk holds about their size
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker._lines import json_lines
+from worker._lines import json_lines, line_run_id
 from worker._progress import ProgressReporter
 
 __all__ = ["compare_files"]
@@ -169,8 +170,13 @@ def _records(
             key: tuple[str, str, str] = (str(trace), str(data.get("span_id") or ""), str(data["scorer_id"]))
             run = str(trace)
         else:
-            key = ("", str(data["run_id"]), str(data["scorer_id"]))
+            # A run of `score` without an id is its line's (``line_run_id``): any text can be an
+            # explicit id, "line-5" too, so the two kinds are kept apart (the span column, unshown
+            # for these records, says which).
             run = str(data["run_id"])
+            line = data.get("line")
+            of_line = type(line) is int and data["run_id"] == line_run_id(line)
+            key = ("", ("line:" if of_line else "id:") + run, str(data["scorer_id"]))
         yield (*key, run, score, str(reason), str(data.get("scorer_version") or "?"))
     if report.malformed > _SHOWN_ERRORS:
         warn(f"{path}: … and {report.malformed - _SHOWN_ERRORS:,} more malformed lines")

@@ -26,7 +26,16 @@ from tracing.sources import (
     past_decompressed_cap,
 )
 
-__all__ = ["MAX_LINE_BYTES", "json_lines"]
+__all__ = ["MAX_LINE_BYTES", "json_lines", "line_run_id"]
+
+
+def line_run_id(number: int) -> str:
+    """The name ``score`` gives the run of line ``number`` that has no run id, and which its --out
+    record carries beside that ``line``: ``compare`` reads a record whose run id is its own
+    line's name as that run (any text can be an explicit id, "line-5" too: the line tells them
+    apart)."""
+    return f"line-{number}"
+
 
 # As a backfill's default line cap: far past any score record or run, and what a decoded line
 # costs in memory stays a small multiple of it.

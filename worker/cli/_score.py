@@ -25,7 +25,7 @@ from scorers import ScoreResult
 from worker._budget import install_local_guard, parse_budgets, parse_prices
 from worker._embedded import EmbeddedScorer, cli_limits
 from worker._interrupt import stop_on_signals
-from worker._lines import json_lines
+from worker._lines import json_lines, line_run_id
 from worker._progress import ProgressReporter
 from worker._registry import RegistryError, load_registry
 from worker._summary import Outcome, ScoreTable, Summary, SummaryScoreWriter, spend_lines
@@ -45,28 +45,30 @@ __all__ = ["score_command"]
 _MESSAGES_SHOWN = 20  # per kind (bad lines, failures) on stderr; all are counted
 
 
-def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str, int]]:
-    """(line number, the run's keyword arguments, bytes read so far) per line; a line that is not
-    a run object yields an error string."""
+def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str, int, bool]]:
+    """(line number, the run's keyword arguments, bytes read so far, whether the line gave a run
+    id) per line; a line that is not a run object yields an error string."""
     for number, run, problem, read in json_lines(path):
         if problem is not None:
-            yield number, problem, read
+            yield number, problem, read, False
             continue
         missing = [k for k in ("input", "output") if k not in run] if isinstance(run, dict) else None
         if missing is None or missing:
             lacks = f" (it has no {' and no '.join(repr(k) for k in missing)})" if missing else ""
-            yield number, f"expected an object with at least 'input' and 'output'{lacks}", read
+            yield number, f"expected an object with at least 'input' and 'output'{lacks}", read, False
             continue
+        run_id = _run_id(run.get("run_id"))
         yield (
             number,
             {
                 "input": run["input"],
                 "output": run["output"],
-                "run_id": _run_id(run.get("run_id"), number),
+                "run_id": line_run_id(number) if run_id is None else run_id,
                 "ground_truth": run.get("ground_truth"),
                 "request_context": run.get("request_context"),
             },
             read,
+            run_id is not None,
         )
 
 
@@ -80,13 +82,14 @@ def _size(path: Path) -> int | None:
     return info.st_size if stat.S_ISREG(info.st_mode) and info.st_size else None
 
 
-def _run_id(value: Any, number: int) -> str:
+def _run_id(value: Any) -> str | None:
     """A run's id as text: an object, a list or a boolean as its JSON (not Python's repr, which
-    --out and ``compare`` would then carry), anything else as ``str``; none given (absent, null,
-    or an empty string, object or list), the line's. 0 and false are ids like any other: taken
-    for none, they were renamed ``line-N`` and could meet another run of that id."""
+    --out and ``compare`` would then carry), anything else as ``str``; None when none is given
+    (absent, null, or an empty string, object or list): the run is then its line's
+    (``line_run_id``). 0 and false are ids like any other: taken for none, they were renamed
+    ``line-N`` and could meet another run of that id."""
     if value is None or (isinstance(value, str | dict | list) and not value):
-        return f"line-{number}"
+        return None
     return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list | bool) else str(value)
 
 
@@ -256,15 +259,17 @@ def score_command(
             lines = _read_runs(runs_file)
             # Each run id's first line: a later line of an id seen is skipped (two records of a run
             # were two scores, which compare then named). Kept as a 16-byte digest, about 100 bytes
-            # a run whatever the id's length.
+            # a run whatever the id's length. A line without an id is a run of its own: its name
+            # (line-N) may be another line's explicit id, and then they are two runs (the skip took
+            # one for the other).
             seen: dict[bytes, int] = {}
             while not stop() and (batch := list(islice(lines, chunk))):
                 runs: list[tuple[int, dict[str, Any]]] = []
                 read = batch[-1][2]  # (the chunk's last line's end: the share done once it is scored)
-                for number, run, _ in batch:
+                for number, run, _, named in batch:
                     if isinstance(run, str):
                         bad_lines(f"{runs_file}:{number}: skipped: {run}")
-                    elif (first := seen.setdefault(_digest(run["run_id"]), number)) != number:
+                    elif named and (first := seen.setdefault(_digest(run["run_id"]), number)) != number:
                         bad_lines(f"{runs_file}:{number}: skipped: a run id already seen (line {first}'s)")
                     else:
                         runs.append((number, run))
