@@ -312,3 +312,76 @@ def test_a_batch_refuses_unknown_fields_as_its_requests_do() -> None:
     for extra in ({"priority": 1}, {"batch_id_v2": "x"}, {"junk": "x" * 1_000_000}, {"requests_extra": []}):
         with pytest.raises(ValidationError, match=f"{next(iter(extra))}\n.*Extra inputs are not permitted"):
             ScoreBatch.model_validate({**sent, **extra})
+
+
+def _runs_by_ancestry(spans: list[SpanRecord], targets: list[str]) -> dict[str, list[SpanRecord]] | None:
+    """What ``run_spans`` gives, the slow and plain way: each span goes to the target met walking
+    up its parents (None: a target under another, or a span two targets reach)."""
+    parents: dict[str, set[str]] = {}
+    for s in spans:
+        if s.parent_span_id is not None:
+            parents.setdefault(s.span_id, set()).add(s.parent_span_id)
+    wanted = set(targets)
+
+    def owners(span_id: str) -> set[str]:
+        found, seen, todo = set(), set(), [span_id]
+        while todo:
+            here = todo.pop()
+            if here in seen:
+                continue
+            seen.add(here)
+            if here in wanted:
+                found.add(here)
+                if here != span_id:
+                    continue  # (a target's own ancestors are not its run's)
+            todo.extend(parents.get(here, ()))
+        return found
+
+    if any(owners(t) != {t} for t in targets):
+        return None
+    groups: dict[str, list[SpanRecord]] = {t: [] for t in targets}
+    for s in spans:
+        mine = owners(s.span_id)
+        if len(mine) > 1:
+            return None
+        if mine:
+            groups[mine.pop()].append(s)
+    return groups
+
+
+def test_the_runs_of_a_request_are_each_targets_descendants_whatever_the_links() -> None:
+    """``run_spans`` (and validation, which refuses nested targets) against a plain reference
+    over random forests: duplicate span ids, parents missing, cycles, a target under another."""
+    import random
+
+    rng = random.Random(7)
+    checked = refused = 0
+    for _ in range(600):
+        n = rng.randint(2, 40)
+        ids = [f"{rng.randrange(n * 4):016x}" for _ in range(n)]  # a few duplicates among them
+        spans: list[SpanRecord] = []
+        for i, span_id in enumerate(ids):
+            roll = rng.random()
+            if roll < 0.3 or i == 0:
+                parent = None
+            elif roll < 0.9:
+                parent = rng.choice(ids[:i])  # a tree
+            elif roll < 0.95:
+                parent = rng.choice(ids)  # perhaps a cycle
+            else:
+                parent = f"{n * 5:016x}"  # not among the spans
+            spans.append(SpanRecord(trace_id="a" * 32, span_id=span_id, name="agent.run", parent_span_id=parent))
+        targets = list(dict.fromkeys(rng.sample(ids, rng.randint(2, min(6, n)))))
+        if len(targets) < 2:
+            continue
+        expected = _runs_by_ancestry(spans, targets)
+        if expected is None:
+            with pytest.raises(ValidationError, match="is under"):
+                ScoreRequest(spans=spans, target_span_ids=targets, scorer_ids=["s"])
+            refused += 1
+            continue
+        request = ScoreRequest(spans=spans, target_span_ids=targets, scorer_ids=["s"])
+        assert request.run_spans() == expected
+        checked += 1
+    assert checked > 100
+    assert refused > 100
