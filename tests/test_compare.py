@@ -483,3 +483,22 @@ def test_a_run_without_an_id_is_matched_by_its_line_never_with_an_id_of_its_name
     # Line 5's run without an id: 0.1 → 0.3; the run of id "line-5" (line 9, then line 2): 0.9 → 0.7.
     assert sorted((m["old"], m["new"]) for m in rel["moved_most"]) == [(0.1, 0.3), (0.9, 0.7)]
     assert (rel["up"], rel["down"], rel["unchanged"]) == (1, 1, 1)
+
+
+def test_odd_lines_and_run_ids_are_explicit_ids_and_read(tmp_path: Path) -> None:
+    """Only an integer ``line`` beside its own name makes a record the run of a line without an
+    id: a boolean, a float, a string or a huge integer as the line, or a run id of another
+    type, is read as an explicit id, and nothing fails."""
+    odd: list[dict[str, Any]] = [
+        {**_run_record("line-True", 1, 0.1), "line": True},
+        {**_run_record("line-5.0", 1, 0.2), "line": 5.0},
+        {**_run_record("line-7", 1, 0.3), "line": "7"},
+        {**_run_record("line-" + "9" * 4000, 1, 0.4), "line": int("9" * 4000)},
+        {**_run_record("x", 1, 0.5), "run_id": {"line": 5}},
+        {**_run_record("x", 1, 0.6), "run_id": 5, "line": 5},
+        _run_record("line-7", 7, 0.7),
+    ]
+    path = _write(tmp_path / "odd.jsonl", odd)
+    result = compare_files(path, path)
+    assert result["duplicates"] == {"old": 0, "new": 0}
+    assert result["by_scorer"]["len"]["runs_in_both"] == len(odd)
