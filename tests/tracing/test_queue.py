@@ -285,11 +285,14 @@ def test_a_request_naming_more_scorers_than_any_registry_holds_is_refused_at_onc
     record = make_batch(range(1), ["s"]).requests[0]
     fields: dict[str, Any] = {"spans": record.spans, "target_span_ids": record.target_span_ids}
     ids = [f"u{i}" for i in range(1_000_000)]
-    started = time.process_time()
     with pytest.raises(ValidationError, match=f"scorer_ids\n.*at most {MAX_SCORER_IDS} items") as refused:
         ScoreRequest(**fields, scorer_ids=ids)
-    assert time.process_time() - started < 0.5
-    assert len(refused.value.errors()) == 1
+    assert [e["type"] for e in refused.value.errors()] == ["too_long"]
+    # Refused by its length before any id is read: a million ids that are no text make one
+    # error, not one each.
+    with pytest.raises(ValidationError) as unread:
+        ScoreRequest(**fields, scorer_ids=[5] * 1_000_000)
+    assert [e["type"] for e in unread.value.errors()] == ["too_long"]
     with pytest.raises(ValidationError, match="scorer_ids"):
         ScoreRequest(**fields, scorer_ids=ids[: MAX_SCORER_IDS + 1])
     assert len(ScoreRequest(**fields, scorer_ids=ids[:MAX_SCORER_IDS]).scorer_ids) == MAX_SCORER_IDS
