@@ -9,6 +9,7 @@ call (``JudgeAuthError``), never the import.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -138,28 +139,17 @@ class OpenAIJudgeModel:
                 raise ValueError(f"the body is not JSON ({kind}, {len(raw.content):,} bytes)") from None
             if not isinstance(data, dict):
                 raise TypeError(f"the body is {_json_kind(data)}, not an object")
+            usage = data.get("usage")
             failed = error_in_answer(
                 data.get("error"), self.provider, self.model_id, request_id=request_id, api_key=self._api_key()
             )
             if failed is not None:
+                # What the call used upstream is paid for, though it failed there; a usage that
+                # does not read leaves the error to say what went wrong.
+                with contextlib.suppress(ValueError, TypeError):
+                    failed.usage = _openai_usage(usage)
                 raise failed
-            usage = data.get("usage")
-            if usage is not None:
-                if not isinstance(usage, dict):
-                    raise TypeError(f"usage is {_json_kind(usage)}, not an object")
-                details = usage.get("prompt_tokens_details") or {}
-                if not isinstance(details, dict):
-                    raise TypeError(f"usage.prompt_tokens_details is {_json_kind(details)}, not an object")
-                prompt = token_count(usage.get("prompt_tokens"), "usage.prompt_tokens")
-                # OpenAI caches prompt prefixes by itself (≥ 1024 tokens): the system message (the
-                # judge's instructions) comes first so every run shares it. No more of the prompt is
-                # cached than the prompt (a broken server said more; the price table held that too).
-                cached = token_count(details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens")
-                paid = JudgeUsage(
-                    input_tokens=prompt,
-                    output_tokens=token_count(usage.get("completion_tokens"), "usage.completion_tokens"),
-                    cached_input_tokens=min(cached, prompt),
-                )
+            paid = _openai_usage(usage)
             if not data.get("choices"):
                 # No answer at all, not even a finish reason: the provider's (or a gateway's)
                 # broken answer, not the judge's empty output. Read as one, it paid a fallback call.
@@ -274,6 +264,11 @@ class AnthropicJudgeModel:
         error = getattr(message, "error", None)
         failed = error_in_answer(error, self.provider, self.model_id, request_id=request_id, api_key=self._api_key())
         if failed is not None:
+            # What the call used upstream is paid for, though it failed there (as for OpenAI).
+            reported = getattr(message, "usage", None)
+            if reported is not None:
+                with contextlib.suppress(ValueError, TypeError, AttributeError):
+                    failed.usage = _anthropic_usage(reported)
             raise failed
         paid: JudgeUsage | None = None  # what the answer says it used, once read
         try:
@@ -334,6 +329,28 @@ def token_count(raw: Any, field: str) -> int:
     if not 0 <= raw <= MAX_CALL_TOKENS:
         raise ValueError(f"{field} is {int(raw)}, not a token count (0..{MAX_CALL_TOKENS:,})")
     return int(raw)
+
+
+def _openai_usage(usage: Any) -> JudgeUsage | None:
+    """A chat completion's ``usage`` read (None when it reports none); a ``ValueError`` or
+    ``TypeError`` naming the field that does not read."""
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        raise TypeError(f"usage is {_json_kind(usage)}, not an object")
+    details = usage.get("prompt_tokens_details") or {}
+    if not isinstance(details, dict):
+        raise TypeError(f"usage.prompt_tokens_details is {_json_kind(details)}, not an object")
+    prompt = token_count(usage.get("prompt_tokens"), "usage.prompt_tokens")
+    # OpenAI caches prompt prefixes by itself (≥ 1024 tokens): the system message (the judge's
+    # instructions) comes first so every run shares it. No more of the prompt is cached than the
+    # prompt (a broken server said more; the price table held that too).
+    cached = token_count(details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens")
+    return JudgeUsage(
+        input_tokens=prompt,
+        output_tokens=token_count(usage.get("completion_tokens"), "usage.completion_tokens"),
+        cached_input_tokens=min(cached, prompt),
+    )
 
 
 def _anthropic_usage(usage: Any) -> JudgeUsage:

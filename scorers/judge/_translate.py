@@ -14,6 +14,7 @@ import datetime
 import email.utils
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -319,12 +320,12 @@ def error_in_answer(
     else the error's type), so an upstream 429 or 529 is retried and a 400 is not; with no
     status to read, a ``JudgeResponseError`` naming it. It was read as an empty answer (a
     fallback call paid, then "the answer is empty", never retried) or, from Anthropic, as a
-    message that could not be read.
+    message that could not be read. Its type and code are kept only as names (``_name``); the
+    usage beside it is the caller's to read (``.usage``, set by the model that read the body).
     """
     if not error:
         return None
     error_type, code, detail = _error_fields({"error": error})
-    error_type, code = (None if f is None else f[:100] for f in (error_type, code))
     text = (detail or "no message")[:ERROR_BODY_BYTES]  # (the body of a 200 is not cut)
     status = int(code) if code and len(code) == 3 and code.isascii() and code.isdigit() else None
     if status is None or not 400 <= status < 600:
@@ -355,11 +356,21 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str | None]:
     if not isinstance(err, Mapping):
         return None, None, str(err)
 
-    def text(key: str) -> str | None:
-        value = err.get(key)
-        return str(value) if value is not None else None
+    message = err.get("message")
+    return _name(err.get("type")), _name(err.get("code")), None if message is None else str(message)
 
-    return text("type"), text("code"), text("message")
+
+# What a provider's error type or code looks like ("rate_limit_error", "context_length_exceeded",
+# 429): kept and named in the message only so. A gateway's "type" of words (the agent's, echoed)
+# or an object went whole into the error's text.
+_NAME = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
+
+
+def _name(value: Any) -> str | None:
+    """An error's type or code as kept: a short name or a whole number, else None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return value if isinstance(value, str) and _NAME.fullmatch(value) else None
 
 
 def _is_context_length(code: str | None, error_type: str | None, message: str) -> bool:

@@ -575,3 +575,81 @@ def test_a_long_error_text_is_cut_in_the_message(
     attempts = error.partial.judge["analyze"].attempts
     assert len(attempts) == 4
     assert all(len(a.error or "") < 1_200 for a in attempts)
+
+
+# A 200 whose body carries an error beside the usage of the call that failed upstream (a gateway
+# or proxy passing its upstream's failure on): (model, body, error class, category, what names it).
+_USED = {"prompt_tokens": 700, "completion_tokens": 30}
+_ANTHROPIC_USED = {"input_tokens": 700, "output_tokens": 30}
+ERRORS_WITH_USAGE = {
+    "OpenAI, an upstream 429 beside usage": (
+        "openai/m",
+        {"error": {"code": 429, "message": "rate limited upstream"}, "usage": _USED},
+        JudgeRateLimitError,
+        "retryable",
+        "(429)",
+    ),
+    "OpenAI, choices beside a server error": (
+        "openai/m",
+        {**ANSWER, "error": {"type": "server_error", "message": "cut off upstream"}, "usage": _USED},
+        JudgeServerError,
+        "retryable",
+        "(server_error)",
+    ),
+    "OpenAI, an error of a type that is no name": (
+        "openai/m",
+        {"error": {"type": f"{AGENT_WORDS} " * 20, "code": {"said": AGENT_WORDS}}, "usage": _USED},
+        JudgeResponseError,
+        "unknown",
+        "answered HTTP 200 with an error: no message",
+    ),
+    "Anthropic, an overloaded error beside usage": (
+        "anthropic/m",
+        {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}, "usage": _ANTHROPIC_USED},
+        JudgeServerError,
+        "retryable",
+        "(overloaded_error)",
+    ),
+    "Anthropic, a message beside an invalid request": (
+        "anthropic/m",
+        {**ANTHROPIC_ANSWER, "error": {"type": "invalid_request_error", "message": "no"}, "usage": _ANTHROPIC_USED},
+        JudgeBadRequestError,
+        "invalid_request",
+        "(invalid_request_error)",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "kind", "category", "named"), list(ERRORS_WITH_USAGE.values()), ids=list(ERRORS_WITH_USAGE)
+)
+def test_a_200_carrying_an_error_and_usage_is_that_error_paid_for(
+    fake_llm: FakeLLMServer, sleeps: list[float], model: str, body: Any, kind: type, category: str, named: str
+) -> None:
+    """The error was raised before the usage beside it was read: the upstream call it reports
+    was in no attempt, no step usage and no spend (and the host's guard counted it as a failed
+    call, not an answered one). The error is still the one its status or type says, named by
+    its type or code (a type or code that is no name, such as the agent's words, is left out);
+    the call's usage is on the error and the attempt; a retryable one is retried and its
+    retry's usage added."""
+    fake_llm.rule(Reply.raw(json.dumps(body)), user_contains="Analyze", times=1)
+    fake_llm.rule(Reply.auto(input_tokens=100, output_tokens=10), user_contains="Analyze")
+    retrying = Judge(model, error_processors=[StreamErrorRetryProcessor(max_retries=1)], max_processor_retries=1)
+    with capture_logs() as logs:
+        if category == "retryable":
+            execution = run(_verdict_then_reason(retrying)).judge["analyze"]
+        else:
+            error = _failure(_verdict_then_reason(retrying))
+            assert type(error.cause) is kind, repr(error.cause)
+            assert error.category == category
+            assert named in str(error)
+            assert AGENT_WORDS not in str(error) + error.partial.model_dump_json()
+            execution = error.partial.judge["analyze"]
+    first = execution.attempts[0]
+    assert (first.status, first.error_type) == ("error", kind.__name__)
+    assert named in (first.error or "")
+    assert first.usage is not None
+    assert (first.usage.input_tokens, first.usage.output_tokens) == (700, 30)
+    retried = 100 if category == "retryable" else 0
+    assert (execution.usage.input_tokens, execution.usage.output_tokens) == (700 + retried, 30 + retried // 10)
+    assert AGENT_WORDS not in repr(logs)

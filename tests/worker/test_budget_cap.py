@@ -439,14 +439,14 @@ def _openai_body(**fields: Any) -> str:
     body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-4o-mini"}
     body |= {"choices": [{"index": 0, "message": answer, "finish_reason": "stop"}]}
     body |= {"usage": {"prompt_tokens": 1000, "completion_tokens": 50, "total_tokens": 1050}, **fields}
-    return json.dumps(body)
+    return json.dumps({k: v for k, v in body.items() if v is not ...})
 
 
 def _anthropic_body(**fields: Any) -> str:
     body = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-haiku-4-5"}
     body |= {"content": [{"type": "text", "text": '{"score": 0.5}'}], "stop_reason": "end_turn"}
     body |= {"usage": {"input_tokens": 1000, "output_tokens": 50}, **fields}
-    return json.dumps(body)
+    return json.dumps({k: v for k, v in body.items() if v is not ...})
 
 
 # Answers that carry their usage but no answer the judge can read: (model, 200 body).
@@ -459,6 +459,19 @@ PAID_BUT_UNREADABLE = {
     ),
     "Anthropic, content a string": ("anthropic/claude-haiku-4-5", _anthropic_body(content="Jane Doe")),
     "Anthropic, a text block of no text": ("anthropic/claude-haiku-4-5", _anthropic_body(content=[{"type": "text"}])),
+    # A gateway passing its upstream's failure on as a 200, with what the upstream call used.
+    "OpenAI, an error object beside usage": (
+        "openai/gpt-4o-mini",
+        _openai_body(choices=..., error={"type": "upstream_error", "message": "upstream failed"}),
+    ),
+    "OpenAI, an error object beside choices": (
+        "openai/gpt-4o-mini",
+        _openai_body(error={"type": "upstream_error", "message": "upstream failed"}),
+    ),
+    "Anthropic, an error object beside usage": (
+        "anthropic/claude-haiku-4-5",
+        _anthropic_body(type="error", content=..., error={"type": "upstream_error", "message": "upstream failed"}),
+    ),
 }
 
 
