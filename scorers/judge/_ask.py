@@ -438,11 +438,13 @@ class _JudgeCall:
     def _output_error(self, problem: Exception, response: JudgeResponse, fell_back: bool) -> JudgeOutputError:
         after = " (also after retrying with the schema in the system message)" if fell_back else ""
         what = "does not fit the output schema" if isinstance(problem, SchemaMismatch) else "could not be read"
-        answer = scrub_secrets(response.text, self.secret)  # before it is cut: a cut key is no key to mask
+        # The answer described, not quoted (as an unreadable provider body is): a judge's answer
+        # quotes the agent, and this text goes wherever the error is shown or logged with its
+        # traceback; the answer itself is the error's raw_output, and the step record's.
         return JudgeOutputError(
             scrub_secrets(
-                f"{self.where}: the answer of judge model {self.info.model_id} {what}{after}: "
-                f"{problem}; raw answer: {answer!r:.300}",
+                f"{self.where}: the answer of judge model {self.info.model_id} "
+                f"({len(response.text):,} characters) {what}{after}: {problem}",
                 self.secret,
             ),
             model_id=self.info.model_id,

@@ -122,7 +122,7 @@ def test_an_answer_quoting_the_api_key_does_not_carry_it(
     error = _failure(_verdict_then_reason(Judge("openai/gpt-4o-mini")))
     assert CORP_KEY not in str(error)
     assert CORP_KEY not in error.partial.model_dump_json()
-    assert "your key is ***" in str(error)
+    assert "your key is ***" in error.cause.raw_output  # (the message describes the answer, never quotes it)
 
     fake_llm.reset()
     monkeypatch.setenv("OPENAI_API_KEY", CORP_KEY)

@@ -270,3 +270,32 @@ def test_message_that_keeps_killing_its_worker_is_dead_lettered(workers: Workers
     assert letter.attempts == 4  # 1 attempt + 2 tolerated crashes, dead-lettered on the 4th delivery
     assert wait_for(lambda: len(read_scores(workers.scores)) == 2, 30), worker.text()[-3000:]
     assert worker.proc.poll() is None
+
+
+def test_an_unreadable_judge_answer_is_in_no_log_line_nor_quoted_in_the_record(
+    workers: Workers, fake_llm: FakeLLMServer, fake_llm_env: dict[str, str], redis_url: str
+) -> None:
+    """A judge answer that does not read quoting the agent (as judges' answers do) failed the run
+    as a JudgeOutputError whose message quoted 300 characters of the answer into the record's
+    error_message. No log line of the worker carries it (the judge's lines name the problem, the
+    worker's the error type); the record describes the answer by its length, as an unreadable
+    provider body is described, and names what was wrong."""
+    marker = "AGENT-CONTENT-MARKER-judge-answer"
+    answer = f"I cannot score this. The agent said: {marker}, call 555-0199."
+    fake_llm.rule(Reply.text(answer))
+    worker = workers.start("unreadable", fake_llm_env)
+    sink = CelerySink(redis_url)
+    sink.send(batch(range(2), ["judged"], salt="unreadable"))
+    sink.close()
+    assert wait_for(lambda: len(read_scores(workers.scores)) == 2, 30), worker.text()[-3000:]
+    assert wait_for(lambda: "batch_done" in worker.text(), 10), worker.text()[-3000:]
+    records = read_scores(workers.scores)
+    assert [r["error_type"] for r in records] == ["JudgeOutputError"] * 2
+    for record in records:
+        assert f"({len(answer)} characters) could not be read" in record["error_message"]
+        assert "not valid JSON" in record["error_message"]
+        assert marker not in record["error_message"]
+    log = worker.text()
+    assert "judge.fallback" in log  # the judge's own lines are in it: they name the problem only
+    assert marker not in log
+    assert "555-0199" not in log
