@@ -36,6 +36,9 @@ class Reply:
     # "max_tokens" for an answer cut at the token limit; None: what a whole answer has.
     # Any JSON value: a hostile provider's may be a number or an object.
     finish: Any = None
+    # How a raw reply's content becomes its bytes: "latin-1" for a body given as bytes (each
+    # byte one character), so a reply stays JSON for the control endpoint.
+    encoding: str = "utf-8"
 
     @classmethod
     def auto(cls, **kw: Any) -> Reply:
@@ -122,10 +125,13 @@ class Reply:
         return cls(kind="malformed_body", **kw)
 
     @classmethod
-    def raw(cls, body: str, *, status: int = 200, **kw: Any) -> Reply:
-        """Exactly ``body`` (UTF-8) with ``status``, whatever either provider would send: a
-        hostile or broken provider's answer (an HTML page, a body of another shape). Its
-        content type is JSON unless ``headers`` say otherwise."""
+    def raw(cls, body: str | bytes, *, status: int = 200, **kw: Any) -> Reply:
+        """Exactly ``body`` (text as UTF-8, bytes as they are) with ``status``, whatever either
+        provider would send: a hostile or broken provider's answer (an HTML page, a body of
+        another shape, gzip bytes under any header, another charset). Its content type is JSON
+        unless ``headers`` say otherwise."""
+        if isinstance(body, bytes):
+            return cls(kind="raw", content=body.decode("latin-1"), encoding="latin-1", status=status, **kw)
         return cls(kind="raw", content=body, status=status, **kw)
 
     def to_json(self) -> dict[str, Any]:

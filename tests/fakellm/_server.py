@@ -350,7 +350,7 @@ class FakeLLMServer:
             await _send_raw(writer, 200, payload[: len(payload) // 2], headers)
             return True
         if reply.kind == "raw":
-            await _send_raw(writer, reply.status, (reply.content or "").encode(), headers)
+            await _send_raw(writer, reply.status, (reply.content or "").encode(reply.encoding), headers)
             return True
         if reply.kind == "error":
             await _send(writer, reply.status, self._error(req, reply), headers)

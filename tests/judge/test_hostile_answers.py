@@ -5,8 +5,10 @@ JSON, a log line's promise or a secret (found by an audit with a hostile server)
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -653,3 +655,30 @@ def test_a_200_carrying_an_error_and_usage_is_that_error_paid_for(
     retried = 100 if category == "retryable" else 0
     assert (execution.usage.input_tokens, execution.usage.output_tokens) == (700 + retried, 30 + retried // 10)
     assert AGENT_WORDS not in repr(logs)
+
+
+_OK_BODIES = {"openai/m": json.dumps(ANSWER), "anthropic/m": json.dumps(ANTHROPIC_ANSWER)}
+# Bodies that are no JSON text the parser takes, though they look like it: (how, model -> bytes).
+NOT_JSON_TEXT = {
+    "latin-1 bytes": lambda model: _OK_BODIES[model].replace("0.5", "0.5 \xe9").encode("latin-1"),
+    "gzip bytes under no content-encoding": lambda model: gzip.compress(_OK_BODIES[model].encode()),
+    "a token count of 5,000 digits": lambda model: re.sub(
+        r'("(?:prompt|input)_tokens": )10', r"\g<1>" + "9" * 5000, _OK_BODIES[model]
+    ).encode(),
+}
+
+
+@pytest.mark.parametrize("model", ["openai/m", "anthropic/m"])
+@pytest.mark.parametrize("how", list(NOT_JSON_TEXT))
+def test_a_body_the_json_parser_refuses_is_a_response_error(fake_llm: FakeLLMServer, model: str, how: str) -> None:
+    """Anthropic's SDK parses the body itself: bytes that are no UTF-8 (another charset, gzip
+    sent without its header) or an integer past Python's 4,300 digits raised a UnicodeDecodeError
+    or a ValueError out of it, which the judge took for a custom model's own exception (a bare
+    JudgeProviderError, "UnicodeDecodeError: ..."); OpenAI's path already said the body is not
+    JSON. Both are a JudgeResponseError now, as any body that does not read."""
+    fake_llm.rule(Reply.raw(NOT_JSON_TEXT[how](model)))
+    error = _failure(_verdict_then_reason(Judge(model)))
+    assert type(error.cause) is JudgeResponseError, repr(error.cause)
+    assert error.category == "unknown"
+    assert "not JSON" in str(error) or "not valid JSON" in str(error)
+    assert fake_llm.count() == 1
