@@ -132,13 +132,7 @@ class OpenAIJudgeModel:
         request_id = kept_request_id(raw.headers.get("x-request-id"), self._api_key())
         paid: JudgeUsage | None = None  # what the answer says it used, once read
         try:
-            try:
-                data = json.loads(raw.content)
-            except ValueError:  # (an HTML page, a stream's events): what it is, never its text
-                kind = raw.headers.get("content-type", "no content type").split(";")[0][:60]
-                raise ValueError(f"the body is not JSON ({kind}, {len(raw.content):,} bytes)") from None
-            if not isinstance(data, dict):
-                raise TypeError(f"the body is {_json_kind(data)}, not an object")
+            data = _json_body(raw)
             usage = data.get("usage")
             failed = error_in_answer(
                 data.get("error"), self.provider, self.model_id, request_id=request_id, api_key=self._api_key()
@@ -246,47 +240,47 @@ class AnthropicJudgeModel:
             answer_cap(request.max_tokens),
         ):
             async with self._client() as client:
-                try:
-                    message = await client.messages.create(**kwargs)
-                except RecursionError:  # the SDK's own parse of a body nesting past Python's stack
-                    raise JudgeResponseError(
-                        f"{self.model_id}: the message could not be read (it is nested too deeply)",
-                        provider=self.provider,
-                        model_id=self.model_id,
-                    ) from None
-        return self._read(message, tool if native else None)
+                # The raw response (the SDK's request, transport and status errors all the same),
+                # read as JSON here, as OpenAI's is: the SDK's parse built a model object per
+                # content block, trying each block type for one it does not know (70 us a block:
+                # 100,000 blocks of 1.5 MB held the event loop for 7 s).
+                raw = await client.messages.with_raw_response.create(**kwargs)
+        return self._read(raw.http_response, tool if native else None)
 
-    def _read(self, message: Any, tool: str | None) -> JudgeResponse:
-        """The parts of a message the judge needs. The SDK builds it without validation, so a
-        body of another shape (an HTML page, OpenAI's) arrives as a message of other types."""
-        request_id = kept_request_id(getattr(message, "_request_id", None), self._api_key())
-        # (an error object of Anthropic's shape: its type "error", its fields left as extras)
-        error = getattr(message, "error", None)
-        failed = error_in_answer(error, self.provider, self.model_id, request_id=request_id, api_key=self._api_key())
-        if failed is not None:
-            # What the call used upstream is paid for, though it failed there (as for OpenAI).
-            reported = getattr(message, "usage", None)
-            if reported is not None:
-                with contextlib.suppress(ValueError, TypeError, AttributeError):
-                    failed.usage = _anthropic_usage(reported)
-            raise failed
+    def _read(self, raw: httpx2.Response, tool: str | None) -> JudgeResponse:
+        """The parts of a message the judge needs (json.loads; no model construction)."""
+        request_id = kept_request_id(raw.headers.get("request-id"), self._api_key())
         paid: JudgeUsage | None = None  # what the answer says it used, once read
         try:
-            if isinstance(message, str | bytes | list | int | float | bool) or message is None:
-                # (the SDK hands back what is no JSON object as it is: an HTML page as text)
-                raise TypeError(f"the body is {_json_kind(message)}, not an object")
-            reported = getattr(message, "usage", None)
+            data = _json_body(raw)
+            # (an error object of Anthropic's shape: its type "error")
+            failed = error_in_answer(
+                data.get("error"), self.provider, self.model_id, request_id=request_id, api_key=self._api_key()
+            )
+            reported = data.get("usage")
+            if failed is not None:
+                # What the call used upstream is paid for, though it failed there (as for OpenAI).
+                with contextlib.suppress(ValueError, TypeError):
+                    failed.usage = None if reported is None else _anthropic_usage(reported)
+                raise failed
             usage = _anthropic_usage(reported)
             paid = usage if reported is not None else None
+            content = data.get("content")
+            if not isinstance(content, list):
+                raise TypeError(f"message.content is {_json_kind(content)}, not a list of blocks")
             parsed: Any = None
             texts: list[str] = []
-            for block in message.content:
-                if block.type == "tool_use" and tool is not None and block.name == tool:
-                    parsed = block.input
-                elif block.type == "text":
-                    if not isinstance(block.text, str):
-                        raise TypeError(f"a text block's text is {type(block.text).__name__}")
-                    texts.append(block.text)
+            for block in content:
+                if not isinstance(block, dict):
+                    raise TypeError(f"message.content holds {_json_kind(block)}, not a block")
+                kind = block.get("type")
+                if kind == "tool_use" and tool is not None and block.get("name") == tool:
+                    parsed = block.get("input")
+                elif kind == "text":
+                    text = block.get("text")
+                    if not isinstance(text, str):
+                        raise TypeError(f"a text block's text is {_json_kind(text)}")
+                    texts.append(text)
             if parsed is None:
                 text = "".join(texts)
             else:
@@ -298,12 +292,12 @@ class AnthropicJudgeModel:
                 text=text,
                 parsed=parsed,
                 usage=usage,
-                model=message.model,
+                model=data.get("model"),
                 request_id=request_id,
-                finish_reason=message.stop_reason,
+                finish_reason=data.get("stop_reason"),
             )
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
-            raise _unreadable(self, _problem(exc, "the message"), request_id, paid) from exc
+            raise _unreadable(self, _problem(exc, "the message"), request_id, paid, raw.status_code) from exc
 
     def secret(self) -> str | None:
         """The API key its calls send, to mask wherever an answer quotes it."""
@@ -353,17 +347,34 @@ def _openai_usage(usage: Any) -> JudgeUsage | None:
     )
 
 
+def _json_body(raw: httpx2.Response) -> dict[str, Any]:
+    """A 200's body as a JSON object; else a ``ValueError`` or ``TypeError`` saying what it is
+    (an HTML page, a stream's events, bytes of another charset), never its text."""
+    try:
+        data = json.loads(raw.content)
+    except ValueError:
+        kind = raw.headers.get("content-type", "no content type").split(";")[0][:60]
+        raise ValueError(f"the body is not JSON ({kind}, {len(raw.content):,} bytes)") from None
+    except RecursionError:
+        raise ValueError(f"the body is nested too deeply to read ({len(raw.content):,} bytes)") from None
+    if not isinstance(data, dict):
+        raise TypeError(f"the body is {_json_kind(data)}, not an object")
+    return data
+
+
 def _anthropic_usage(usage: Any) -> JudgeUsage:
     """Anthropic's ``input_tokens`` are only the tokens after the last cache breakpoint; the
     cache reads and writes come separately. Ours counts the whole prompt (as OpenAI does), with
     the reads and writes as shares of it."""
     if usage is None:  # none reported (a local model): it costs nothing
         return JudgeUsage()
-    read = token_count(getattr(usage, "cache_read_input_tokens", None), "usage.cache_read_input_tokens")
-    written = token_count(getattr(usage, "cache_creation_input_tokens", None), "usage.cache_creation_input_tokens")
+    if not isinstance(usage, dict):
+        raise TypeError(f"usage is {_json_kind(usage)}, not an object")
+    read = token_count(usage.get("cache_read_input_tokens"), "usage.cache_read_input_tokens")
+    written = token_count(usage.get("cache_creation_input_tokens"), "usage.cache_creation_input_tokens")
     return JudgeUsage(
-        input_tokens=token_count(usage.input_tokens, "usage.input_tokens") + read + written,
-        output_tokens=token_count(usage.output_tokens, "usage.output_tokens"),
+        input_tokens=token_count(usage.get("input_tokens"), "usage.input_tokens") + read + written,
+        output_tokens=token_count(usage.get("output_tokens"), "usage.output_tokens"),
         cached_input_tokens=read,
         cache_write_input_tokens=written,
     )

@@ -17,7 +17,6 @@ import math
 import re
 import sys
 import time
-import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -229,15 +228,6 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
             provider=provider,
             model_id=model_id,
         )
-    if isinstance(exc, ValueError) and _raised_by_json(exc):
-        # The parser's other refusals (bytes that are no UTF-8: another charset, gzip sent
-        # without its header; an integer past Python's 4,300 digits), met where an SDK parses
-        # the body itself: their text names a byte or a digit count, never the body's text.
-        return JudgeResponseError(
-            f"{model_id}: the provider's response body is not valid JSON ({type(exc).__name__}: {str(exc)[:200]})",
-            provider=provider,
-            model_id=model_id,
-        )
     # anthropic raises a bare TypeError when it finds no credentials at request time.
     if isinstance(exc, TypeError) and "authentication method" in str(exc):
         return _missing_credentials(provider, model_id, exc)
@@ -248,18 +238,6 @@ def _translate(exc: Exception, provider: str, model_id: str) -> JudgeProviderErr
             return _missing_credentials(provider, model_id, exc)
         return JudgeProviderError(f"{model_id}: {type(exc).__name__}: {exc}", provider=provider, model_id=model_id)
     return None
-
-
-def _raised_by_json(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised inside the json module's parsing (a body's, wherever called;
-    not a request's encoding)."""
-    return any(
-        frame.f_globals.get("__name__", "").partition(".")[0] == "json" and frame.f_code.co_name in _JSON_PARSING
-        for frame, _ in traceback.walk_tb(exc.__traceback__)
-    )
-
-
-_JSON_PARSING = frozenset({"loads", "decode", "raw_decode"})
 
 
 def _missing_credentials(provider: str, model_id: str, exc: BaseException) -> JudgeAuthError:

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -508,10 +509,15 @@ UNREADABLE = {
         "anthropic/m",
         f"<html><body>{AGENT_WORDS}</body></html>",
         {"content-type": "text/html"},
-        "the body is text (",
+        "the body is not JSON (text/html, 48 bytes)",
     ),
     "Anthropic, a JSON array": ("anthropic/m", json.dumps([AGENT_WORDS]), {}, "the body is a JSON array, not an"),
-    "Anthropic, content a string": ("anthropic/m", _anthropic_message(content=AGENT_WORDS), {}, "AttributeError"),
+    "Anthropic, content a string": (
+        "anthropic/m",
+        _anthropic_message(content=AGENT_WORDS),
+        {},
+        "message.content is text (22 characters), not a list of blocks",
+    ),
 }
 
 
@@ -682,3 +688,18 @@ def test_a_body_the_json_parser_refuses_is_a_response_error(fake_llm: FakeLLMSer
     assert error.category == "unknown"
     assert "not JSON" in str(error) or "not valid JSON" in str(error)
     assert fake_llm.count() == 1
+
+
+def test_an_anthropic_message_of_many_blocks_is_read_without_the_sdks_models(fake_llm: FakeLLMServer) -> None:
+    """Anthropic's SDK built a model object for each content block, trying each block type in
+    turn for one of a type it does not know: 100,000 blocks ({"type": "x"}, 1.5 MB, well inside
+    the 16 MiB a call reads) cost 7 s of CPU (70 us a block; 42 s for 600,000), the worker's event
+    loop held all along. The body is read as JSON, as OpenAI's is: blocks are dicts, looked at once."""
+    blocks = [{"type": "x"}] * 50_000 + [{"type": "text", "text": ""}] * 50_000
+    answer = [{"type": "text", "text": '{"verdict": "ok", "confidence": 0.5}'}]
+    fake_llm.rule(Reply.raw(_anthropic_message(content=blocks + answer)), user_contains="Analyze")
+    began = time.process_time()  # (the server's thread included: it only sends the bytes)
+    result = run(_verdict_then_reason(Judge("anthropic/m")))
+    spent = time.process_time() - began
+    assert result.analyze_step_result == {"verdict": "ok", "confidence": 0.5}
+    assert spent < 2.0, f"{spent:.1f} s of CPU"
