@@ -149,6 +149,17 @@ class OpenAIJudgeModel:
                 # broken answer, not the judge's empty output. Read as one, it paid a fallback call.
                 raise ValueError("the chat completion has no choices")
             choice = data["choices"][0]
+            if isinstance(choice, dict) and (choice.get("error") or choice.get("finish_reason") == "error"):
+                # An error met while the model answered (OpenRouter's): the choice's, its finish
+                # reason "error", its content (if any) a part answer. Read as the answer, it was
+                # an invalid output, a fallback call paid and an upstream 502 never retried.
+                failed = error_in_answer(
+                    choice.get("error"), self.provider, self.model_id, request_id=request_id, api_key=self._api_key()
+                )
+                if failed is None:
+                    raise ValueError("the choice finished with an error (finish reason 'error')")
+                failed.usage = paid
+                raise failed
             message = choice.get("message") or {}
             text = message.get("content") or ""
             if isinstance(text, list):  # content parts, as some OpenAI-compatible servers answer
@@ -474,4 +485,4 @@ def _json_kind(value: Any) -> str:
 
 
 # Problems this module words itself (they start so): said as they are, not as a Python exception.
-_OWN = re.compile(r"(the body|usage|message\.content|a text block)\b")
+_OWN = re.compile(r"(the body|the choice|usage|message\.content|a text block)\b")

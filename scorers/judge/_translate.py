@@ -314,7 +314,8 @@ def error_in_answer(
     error: Any, provider: str, model_id: str, *, request_id: str | None, api_key: str | None
 ) -> JudgeProviderError | None:
     """The error a 200 answer carries instead of an answer (``error``: its body's ``error``
-    field; a gateway or proxy passing its upstream's failure on as a success), else None.
+    field, or its choice's; a gateway or proxy passing its upstream's failure on as a success),
+    else None.
 
     It is the error the status it stands for would be (a numeric ``code``, as OpenRouter sends,
     else the error's type), so an upstream 429 or 529 is retried and a 400 is not; with no

@@ -611,6 +611,38 @@ ERRORS_WITH_USAGE = {
         "unknown",
         "answered HTTP 200 with an error: no message",
     ),
+    # OpenRouter's: an error met while the model answered is the choice's, its finish reason "error".
+    "OpenAI, a choice that finished with an upstream 502": (
+        "openai/m",
+        {
+            **ANSWER,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": f"partial: {AGENT_WORDS}"},
+                    "finish_reason": "error",
+                    "error": {"code": 502, "message": "upstream went away"},
+                }
+            ],
+            "usage": _USED,
+        },
+        JudgeServerError,
+        "retryable",
+        "(502)",
+    ),
+    "OpenAI, a choice that finished with an error it does not name": (
+        "openai/m",
+        {
+            **ANSWER,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": AGENT_WORDS}, "finish_reason": "error"}
+            ],
+            "usage": _USED,
+        },
+        JudgeResponseError,
+        "unknown",
+        "the choice finished with an error (finish reason 'error')",
+    ),
     "Anthropic, an overloaded error beside usage": (
         "anthropic/m",
         {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}, "usage": _ANTHROPIC_USED},
@@ -639,7 +671,8 @@ def test_a_200_carrying_an_error_and_usage_is_that_error_paid_for(
     call, not an answered one). The error is still the one its status or type says, named by
     its type or code (a type or code that is no name, such as the agent's words, is left out);
     the call's usage is on the error and the attempt; a retryable one is retried and its
-    retry's usage added."""
+    retry's usage added. A choice that finished with an error (OpenRouter's finish reason
+    "error") was read as the judge's answer: an invalid output, or a part answer's fallback."""
     fake_llm.rule(Reply.raw(json.dumps(body)), user_contains="Analyze", times=1)
     fake_llm.rule(Reply.auto(input_tokens=100, output_tokens=10), user_contains="Analyze")
     retrying = Judge(model, error_processors=[StreamErrorRetryProcessor(max_retries=1)], max_processor_retries=1)
