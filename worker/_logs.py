@@ -27,14 +27,17 @@ __all__ = ["CountedLog", "configure_logs"]
 # The HTTP clients of the sinks, the Tempo source and the judges' SDKs (httpx2/httpcore2 are
 # theirs): each logs every request at INFO with its URL, user-info and all. A worker logs at INFO,
 # so a password in TRACESCORE_PHOENIX_URL or a judge's base URL was printed once a request.
-_HTTP_CLIENT_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
+# The HTTP clients' and the judge SDKs' loggers: at DEBUG (which `--loglevel DEBUG` gives every
+# logger left without a level) they print request headers, and Anthropic's SDK each request's
+# options, the prompt (the agent's content) with them.
+_HTTP_CLIENT_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2", "openai", "anthropic")
 
 
 def configure_logs() -> None:
     """structlog's default processors, each traceback printed plain (no local variables), onto
     stderr, unless structlog is configured already. The level stays as configured later
-    (``tracescore backfill`` quiets them). The HTTP clients' loggers go to WARNING unless given
-    a level of their own."""
+    (``tracescore backfill`` quiets them). The HTTP clients' and the judge SDKs' loggers go to
+    WARNING unless given a level of their own."""
     for name in _HTTP_CLIENT_LOGGERS:
         client_log = logging.getLogger(name)
         if client_log.level == logging.NOTSET:

@@ -70,6 +70,7 @@ class WorkerProcess:
         pool: str = "solo",
         concurrency: int = 1,
         scorers: str = "tests.worker.sample_scorers",
+        loglevel: str = "INFO",
     ) -> None:
         self.name = name
         self.log = tmp / f"{name}.log"
@@ -88,7 +89,7 @@ class WorkerProcess:
             "--scorers", scorers,
             "--pool", pool, "--concurrency", str(concurrency),
             "--hostname", f"{name}@%h",
-            "--loglevel", "INFO",
+            "--loglevel", loglevel,
             "--without-heartbeat",  # (gossip and mingle: always off, worker._guard)
         ]  # fmt: skip
         self._out = self.log.open("w")

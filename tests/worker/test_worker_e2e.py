@@ -299,3 +299,25 @@ def test_an_unreadable_judge_answer_is_in_no_log_line_nor_quoted_in_the_record(
     assert "judge.fallback" in log  # the judge's own lines are in it: they name the problem only
     assert marker not in log
     assert "555-0199" not in log
+
+
+def test_a_worker_logging_at_debug_logs_no_prompt(
+    workers: Workers, fake_llm: FakeLLMServer, fake_llm_env: dict[str, str], redis_url: str
+) -> None:
+    """`--loglevel DEBUG` sets the root logger's level, which the SDKs' loggers inherit: Anthropic's
+    logged each request's options at DEBUG ("Request options: {... 'json_data': {'messages': ...}}"),
+    the prompt (the agent's content) in the worker's log. The SDKs' loggers stay at WARNING, as
+    the HTTP clients' do, unless given a level of their own."""
+    from tests.worker.judge_log_scorers import MARKER
+
+    worker = workers.start("debug", fake_llm_env, loglevel="DEBUG", scorers="tests.worker.judge_log_scorers")
+    sink = CelerySink(redis_url)
+    sink.send(batch(range(2), ["judged_openai", "judged_anthropic"], salt="debug"))
+    sink.close()
+    assert wait_for(lambda: len(read_scores(workers.scores)) == 4, 30), worker.text()[-3000:]
+    assert all(r["error_type"] is None for r in read_scores(workers.scores))
+    assert {r.provider for r in fake_llm.requests} == {"openai", "anthropic"}
+    assert all(MARKER in r.user_text for r in fake_llm.requests)
+    log = worker.text()
+    assert "DEBUG" in log.upper()  # (the worker did log at DEBUG)
+    assert MARKER not in log
