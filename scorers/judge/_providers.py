@@ -141,7 +141,7 @@ class OpenAIJudgeModel:
                 # What the call used upstream is paid for, though it failed there; a usage that
                 # does not read leaves the error to say what went wrong.
                 with contextlib.suppress(ValueError, TypeError):
-                    failed.usage = _openai_usage(usage)
+                    failed.usage = _spent(_openai_usage(usage))
                 raise failed
             paid = _openai_usage(usage)
             if not data.get("choices"):
@@ -158,7 +158,7 @@ class OpenAIJudgeModel:
                 )
                 if failed is None:
                     raise ValueError("the choice finished with an error (finish reason 'error')")
-                failed.usage = paid
+                failed.usage = _spent(paid)
                 raise failed
             message = choice.get("message") or {}
             text = message.get("content") or ""
@@ -272,7 +272,7 @@ class AnthropicJudgeModel:
             if failed is not None:
                 # What the call used upstream is paid for, though it failed there (as for OpenAI).
                 with contextlib.suppress(ValueError, TypeError):
-                    failed.usage = None if reported is None else _anthropic_usage(reported)
+                    failed.usage = None if reported is None else _spent(_anthropic_usage(reported))
                 raise failed
             usage = _anthropic_usage(reported)
             paid = usage if reported is not None else None
@@ -356,6 +356,13 @@ def _openai_usage(usage: Any) -> JudgeUsage | None:
         output_tokens=token_count(usage.get("completion_tokens"), "usage.completion_tokens"),
         cached_input_tokens=min(cached, prompt),
     )
+
+
+def _spent(usage: JudgeUsage | None) -> JudgeUsage | None:
+    """The usage an error answer reports, if it says tokens were used: then the call is paid for.
+    A usage of nothing beside an error (a gateway's upstream that failed before any token) is a
+    failed call's, counted against the run's cap as any failed call is."""
+    return usage if usage is not None and usage.total_tokens > 0 else None
 
 
 def _json_body(raw: httpx2.Response) -> dict[str, Any]:

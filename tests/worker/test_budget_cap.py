@@ -497,3 +497,37 @@ def test_an_unreadable_answer_that_reports_usage_is_paid_for_not_a_failed_call(
     assert record.cost_usd == pytest.approx(cost)
     assert ledger.days[utc_day()][TOTAL] == pytest.approx(cost)
     assert not ledger.calls  # paid for: no failed call against the run's cap
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        (
+            "openai/gpt-4o-mini",
+            _openai_body(
+                choices=..., error={"type": "upstream_error"}, usage={"prompt_tokens": 0, "completion_tokens": 0}
+            ),
+        ),
+        (
+            "anthropic/claude-haiku-4-5",
+            _anthropic_body(type="error", content=..., error={"type": "upstream_error"}, usage={"input_tokens": 0}),
+        ),
+    ],
+    ids=["OpenAI", "Anthropic"],
+)
+def test_an_error_in_a_200_reporting_no_tokens_is_a_failed_call(
+    ledger: MemoryLedger, fake_llm: FakeLLMServer, model: str, body: str
+) -> None:
+    """A gateway's error beside a usage of 0 tokens (its upstream used nothing) is a failed call,
+    counted against the run's cap as any error answer is; only tokens used make it a paid one.
+    Taken as paid, an upstream failing again and again with `usage: {0, 0}` was never counted."""
+    fake_llm.script(Reply.raw(body))
+    scorer = create_scorer("g", type="agent", judge=Judge(model=model)).generate_score(
+        PromptStep("grade", lambda run: "SCORE it", output_schema=Verdict)
+    )
+    store = MemoryScoreStore()
+    _deliver(scorer, store, first=True)
+    (record,) = store.records.values()
+    assert record.error_type == "JudgeResponseError"
+    assert (record.input_tokens, record.output_tokens) == (0, 0)
+    assert ledger.calls  # a failed call against the run's cap
