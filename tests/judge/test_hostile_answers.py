@@ -728,6 +728,7 @@ def test_an_anthropic_message_of_many_blocks_is_read_without_the_sdks_models(fak
     turn for one of a type it does not know: 100,000 blocks ({"type": "x"}, 1.5 MB, well inside
     the 16 MiB a call reads) cost 7 s of CPU (70 us a block; 42 s for 600,000), the worker's event
     loop held all along. The body is read as JSON, as OpenAI's is: blocks are dicts, looked at once."""
+    run(_verdict_then_reason(Judge("anthropic/m")))  # the SDK loaded and its client built, untimed
     blocks = [{"type": "x"}] * 50_000 + [{"type": "text", "text": ""}] * 50_000
     answer = [{"type": "text", "text": '{"verdict": "ok", "confidence": 0.5}'}]
     fake_llm.rule(Reply.raw(_anthropic_message(content=blocks + answer)), user_contains="Analyze")
