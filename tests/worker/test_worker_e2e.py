@@ -321,3 +321,4 @@ def test_a_worker_logging_at_debug_logs_no_prompt(
     log = worker.text()
     assert "DEBUG" in log.upper()  # (the worker did log at DEBUG)
     assert MARKER not in log
+    assert "question 1" not in log  # (the run's input, in the message's spans)
