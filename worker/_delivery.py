@@ -541,9 +541,12 @@ def start_process_deliveries(settings: Settings) -> Deliveries | None:
             return _process
         if not settings.sink_names:
             return None
-        url = settings.store_url
+        url, bound = settings.store_url, settings.sink_max_dead_letters
         _process = Deliveries(
-            build_sinks(settings), lambda: RedisOutbox(url), DrainPolicy.of(settings), node_key=url
+            build_sinks(settings),
+            lambda: RedisOutbox(url, max_dead_letters=bound),
+            DrainPolicy.of(settings),
+            node_key=url,
         ).start()
         log.info(
             "drainers_started", pid=os.getpid(), sinks=",".join(settings.sink_names),

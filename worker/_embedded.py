@@ -331,7 +331,7 @@ class EmbeddedScorer:
             run_timeout_s = self.settings.run_timeout
         names = [s.name for s in sinks]
         if store is None:
-            store = MemoryScoreStore(sinks=names)
+            store = MemoryScoreStore(sinks=names, max_dead_letters=self.settings.sink_max_dead_letters)
         elif sinks and not isinstance(store, MemoryScoreStore):
             raise ValueError("EmbeddedScorer delivers to sinks from a MemoryScoreStore's outbox only")
         self.store: ScoreStore = store

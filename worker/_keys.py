@@ -31,6 +31,7 @@ __all__ = [
     "outbox_attempts_key",
     "outbox_counts_key",
     "outbox_dead_key",
+    "outbox_dead_order_key",
     "outbox_key",
     "outbox_sinks_key",
     "record_key",
@@ -231,6 +232,14 @@ def outbox_counts_key(sink: str) -> str:
 def outbox_dead_key(sink: str) -> str:
     """Hash: score id → the sink's dead letter (JSON) for a score it refused or never took."""
     return f"{PREFIX}outbox:{sink}:dead"
+
+
+def outbox_dead_order_key(sink: str) -> str:
+    """Sorted set: score id → when (epoch ms, its letter's ``failed_at``) it became the sink's
+    dead letter: the order the bound (``TRACESCORE_SINK_MAX_DEAD_LETTERS``) drops the oldest by.
+    Kept in step with ``outbox_dead_key`` by every script that adds or removes a letter; a letter
+    without an entry (written by a release before it) is ordered when the bound needs it."""
+    return f"{PREFIX}outbox:{sink}:dead:order"
 
 
 def outbox_sinks_key() -> str:

@@ -111,6 +111,10 @@ class ModelRateLimit(BaseModel):
 # 100,000 of ~2.6 kB.
 DEFAULT_DLQ_MAX_LETTERS = 100_000
 DEFAULT_DLQ_MAX_BYTES = 256 * 1024 * 1024
+# Each sink's bound on its dead letters (``sink_max_dead_letters``), its oldest dropped past it:
+# a sink that refuses every score (a deleted project, a revoked key) makes a letter of each, and
+# the letters outlive the scores' records (no TTL).
+DEFAULT_SINK_MAX_DEAD_LETTERS = 100_000
 
 
 class Settings(BaseSettings):
@@ -178,6 +182,9 @@ class Settings(BaseSettings):
     sink_backoff_max_seconds: float = Field(default=300.0, gt=0)
     sink_lease_seconds: float = Field(default=60.0, gt=0)
     sink_batch_size: int = Field(default=100, ge=1)
+    # Dead letters kept per sink: past it the oldest go as a new one comes, counted per sink
+    # (dead_letters_dropped).
+    sink_max_dead_letters: int = Field(default=DEFAULT_SINK_MAX_DEAD_LETTERS, ge=1)
     # Scoring in place (backfill without a broker): how long the command waits at the end for
     # its sinks to take what is still queued.
     sink_drain_timeout_seconds: float = Field(default=30.0, ge=0)

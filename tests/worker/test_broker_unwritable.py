@@ -318,3 +318,54 @@ def test_a_failover_that_leaves_the_endpoint_on_a_replica_loses_nothing(
         replica.close()
         other.close()
         client.close()
+
+
+def test_a_redis_filled_by_a_sinks_dead_letters_is_freed_by_the_bound_and_by_sinks_drop(server: RedisServer) -> None:
+    """A sink refusing every score filled Redis with its dead letters (a release before the bound
+    kept them all, without their order). The next letter a drainer buries while Redis is still
+    full orders the old ones and drops the oldest past TRACESCORE_SINK_MAX_DEAD_LETTERS, so Redis
+    takes writes again; and drop_dead_letters (`sinks drop`) removes letters from a full Redis."""
+    from worker import _keys
+    from worker.store import RedisOutbox, SinkDeadLetter
+
+    url = server.url(0)
+    client = server.client()
+    outbox = RedisOutbox(url, reconnect_s=1.0, max_dead_letters=10)
+    try:
+        outbox.register(["phoenix"])
+        with client.pipeline(transaction=False) as pipe:
+            for n in range(300):  # as the previous release left them: the hash alone
+                letter = SinkDeadLetter(
+                    score_id=f"{n:064x}", sink="phoenix", reason="http_404", detail="x" * 900, failed_at=n
+                )
+                pipe.hset(_keys.outbox_dead_key("phoenix"), letter.score_id, letter.model_dump_json())
+            pipe.execute()
+        outbox.enqueue("phoenix", ["f" * 64])
+        lease = outbox.lease("phoenix", 10, lease_s=30)
+        _fill(client)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.set("anything", "x")  # full indeed
+
+        assert outbox.dead(lease, [SinkDeadLetter(score_id="f" * 64, sink="phoenix", reason="http_404")]) == 1
+        counts = outbox.counts()["phoenix"]
+        assert (counts.failed, counts.dead_letters_dropped) == (10, 291)
+        kept = sorted(x.score_id for x in outbox.dead_letters("phoenix"))
+        assert kept == sorted([f"{n:064x}" for n in range(291, 300)] + ["f" * 64])
+
+        def room() -> bool:
+            try:
+                return bool(client.set("anything", "x"))
+            except redis.exceptions.OutOfMemoryError:
+                return False
+
+        # Room again: the letters' memory is free at once; the buffers of the clients that read
+        # them count in Redis' memory until Redis shrinks them (idle, within seconds; see _fill).
+        assert wait_for(room, 15)
+
+        _fill(client)
+        assert len(list(outbox.drop_dead_letters("phoenix"))) == 10
+        assert outbox.counts()["phoenix"].failed == 0
+    finally:
+        client.config_set("maxmemory", "0")
+        outbox.close()
+        client.close()

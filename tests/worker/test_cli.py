@@ -22,6 +22,7 @@ from tracing import CelerySink, ScoreBatch
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord, score_id_for
 from tracing.queue import plain_id
+from worker import _keys
 from worker._heartbeat import READY_FILE
 from worker.cli import main
 from worker.store import (
@@ -847,6 +848,7 @@ TALKS_TO_REDIS = {
     "dlq drop",
     "sinks list",
     "sinks retry",
+    "sinks drop",
     "worker",
     "probe ready",
 }
@@ -940,6 +942,115 @@ def test_sinks_retry_json_counts_what_was_queued_and_what_was_not_a_dead_letter(
         assert outbox.lease("otlp", 10, lease_s=30).ids == [record.score_id]
     finally:
         outbox.close()
+
+
+def test_sinks_drop_removes_dead_letters_by_id_reason_or_all_paged_and_the_counts_follow(
+    wrong_env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sink's dead letters that will never be sent again (a deleted project's) stayed for good:
+    nothing but redis-cli removed them. `sinks drop` removes them by id, by reason or all (those
+    two asked first, or --yes off a terminal), says the ids that are no letter and a reason no
+    letter has, and the counts follow. 1,500 letters (written as the previous release kept them,
+    without their order) are read a page at a time, never the whole hash at once."""
+    url = wrong_env
+    records = [
+        ScoreRecord(score_id=score_id_for(f"{n:032x}", "cd" * 8, "s", "1"), trace_id=f"{n:032x}", span_id="cd" * 8,
+                    scorer_id="s")
+        for n in range(1500)
+    ]  # fmt: skip
+    client = redis.Redis.from_url(url)
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for n, record in enumerate(records):
+                letter = SinkDeadLetter(
+                    score_id=record.score_id, sink="otlp", reason="http_401" if n % 2 else "http_404", detail="no"
+                )
+                pipe.hset(_keys.outbox_dead_key("otlp"), record.score_id, letter.model_dump_json())
+            pipe.sadd(_keys.outbox_sinks_key(), "otlp")
+            pipe.execute()
+        capsys.readouterr()
+        assert main(["sinks", "drop", "otlp", records[0].score_id, "0" * 64, "--broker", url]) == 1
+        captured = capsys.readouterr()
+        assert f"dropped {records[0].score_id} (http_404)" in captured.out
+        assert f"{'0' * 64}: no such otlp dead letter" in captured.err
+        assert "1 dropped, 1 not" in captured.err
+
+        assert main(["sinks", "drop", "otlp", "--reason", "http_401", "--broker", url]) == 2  # asked for
+        assert "--yes" in capsys.readouterr().err
+        client.config_resetstat()
+        assert main(["sinks", "drop", "otlp", "--reason", "http_401", "--yes", "--json", "--broker", url]) == 0
+        said = json.loads(capsys.readouterr().out)
+        assert said == {"sink": "otlp", "dropped": 750, "not_dead_letters": 0}
+        stats = client.info("commandstats")
+        assert stats["cmdstat_hscan"]["calls"] >= 3  # paged
+        assert not {"cmdstat_hgetall", "cmdstat_hkeys", "cmdstat_hvals"} & set(stats)
+        assert client.hlen(_keys.outbox_dead_key("otlp")) == 749
+
+        assert main(["sinks", "drop", "otlp", "--reason", "http_4O1", "--yes", "--broker", url]) == 0  # (a typo)
+        assert "no otlp dead letter of reason 'http_4O1'" in capsys.readouterr().err
+        assert main(["sinks", "list", "otlp", "--json", "--broker", url]) == 0
+        listed = json.loads(capsys.readouterr().out)["otlp"]
+        assert (listed["failed"], listed["dead_letters_dropped"]) == (749, 0)
+        assert main(["sinks", "drop", "otlp", "--all", "--yes", "--broker", url]) == 0
+        captured = capsys.readouterr()
+        assert "749 dropped, 0 not" in captured.err
+        assert client.exists(_keys.outbox_dead_key("otlp"), _keys.outbox_dead_order_key("otlp")) == 0
+    finally:
+        client.close()
+    assert main(["sinks", "drop", "otlp", "--all", "--yes", "--broker", url]) == 0  # nothing to drop is no failure
+    assert "0 dropped" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sinks", "drop", "otlp"],
+        ["sinks", "drop", "otlp", "x", "--all"],
+        ["sinks", "drop", "otlp", "--all", "--reason", "y"],
+        ["sinks", "drop", "otlp", "x", "--reason", "y"],
+    ],
+)
+def test_sinks_drop_takes_ids_or_all_or_one_reason(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*argv, "--yes", "--broker", "redis://127.0.0.1:1/0"]) == 2
+    assert "give score id(s), --reason or --all (one of them)" in capsys.readouterr().err
+
+
+def test_status_and_sinks_list_say_the_sink_dead_letters_dropped_past_the_bound(
+    wrong_env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Letters dropped past TRACESCORE_SINK_MAX_DEAD_LETTERS are counted per sink: `status` and
+    `sinks list` show them (text and --json), not as failed."""
+    url = wrong_env
+    records = [
+        ScoreRecord(score_id=score_id_for(f"{n:032x}", "cd" * 8, "s", "1"), trace_id=f"{n:032x}", span_id="cd" * 8,
+                    scorer_id="s")
+        for n in range(5)
+    ]  # fmt: skip
+    _store_records_for_sink(url, records)
+    outbox = RedisOutbox(url, max_dead_letters=2)
+    try:
+        lease = outbox.lease("otlp", 10, lease_s=30)
+        letters = [SinkDeadLetter(score_id=r.score_id, sink="otlp", reason="http_403") for r in records]
+        assert outbox.dead(lease, letters) == 5
+    finally:
+        outbox.close()
+    capsys.readouterr()
+    assert main(["status", "--json", "--broker", url]) == 0
+    sink = json.loads(capsys.readouterr().out)["sinks"]["otlp"]
+    assert (sink["failed"], sink["dead_letters_dropped"]) == (2, 3)
+    assert main(["status", "--broker", url]) == 0
+    assert "3 dead letters dropped past the bound (TRACESCORE_SINK_MAX_DEAD_LETTERS)" in capsys.readouterr().out
+    assert main(["sinks", "list", "otlp", "--broker", url]) == 0
+    assert "2 failed, 3 dead letters dropped past the bound" in capsys.readouterr().out
+
+
+def _store_records_for_sink(url: str, records: list[ScoreRecord]) -> None:
+    async def put() -> None:
+        store = RedisScoreStore(url, sinks=["otlp"])
+        await store.put_records(records, "w1", 600)
+        await store.close()
+
+    asyncio.run(put())
 
 
 def test_listings_print_no_control_characters_from_traces_or_backends(

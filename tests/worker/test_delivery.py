@@ -170,6 +170,43 @@ def test_a_refusal_is_a_dead_letter_with_the_backends_answer_and_can_be_retried(
     assert _counts(redis_url)["otlp"]["failed"] == 0
 
 
+def test_a_sink_refusing_every_score_keeps_its_newest_dead_letters_up_to_the_bound(
+    started: Started, redis_url: str
+) -> None:
+    """A backend that refuses every score (a deleted project, a revoked key) made one dead letter
+    per score for good: the records expire, the letters never did, and Redis filled until it
+    refused every write. With TRACESCORE_SINK_MAX_DEAD_LETTERS=3 a worker keeps the newest 3, counts
+    the rest as dropped past the bound (`status`), logs that a line a minute without content, and
+    `sinks drop otlp --all --yes` removes the kept ones."""
+    receiver = started.receiver()
+    receiver.status, receiver.answer = 400, b"project deleted"
+    worker = started.worker("bounded", _env(receiver.endpoint, TRACESCORE_SINK_MAX_DEAD_LETTERS="3"))
+    _send(redis_url, 8, "bounded")
+    done = lambda: _counts(redis_url).get("otlp", {}).get("dead_letters_dropped") == 5  # noqa: E731
+    assert wait_for(done, 60), (_counts(redis_url), worker.text()[-3000:])
+    counts = _counts(redis_url)["otlp"]
+    assert (counts["failed"], counts["pending"]) == (3, 0)
+    assert counts["dead_letters_dropped"] == 5
+    assert _counts(redis_url)["jsonl"]["delivered"] == 8
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.hlen("tracescore:outbox:otlp:dead") == 3
+    finally:
+        client.close()
+    status = json.loads(_cli(redis_url, "status", "--json").stdout)
+    assert status["sinks"]["otlp"]["dead_letters_dropped"] == 5
+    assert wait_for(lambda: "sink_dead_letters_dropped_past_bound" in worker.text(), 10)
+    log = worker.text()
+    assert log.count("sink_dead_letters_dropped_past_bound") == 1  # a line a minute, not one a letter
+    assert "project deleted" not in "\n".join(x for x in log.splitlines() if "past_bound" in x)
+
+    dropped = _cli(redis_url, "sinks", "drop", "otlp", "--all", "--yes")
+    assert dropped.returncode == 0, dropped.stderr
+    assert "3 dropped, 0 not" in dropped.stderr
+    counts = _counts(redis_url)["otlp"]
+    assert (counts["failed"], counts["dead_letters_dropped"]) == (0, 5)
+
+
 def test_worker_killed_after_storing_before_its_sinks_had_the_scores(started: Started, redis_url: str) -> None:
     """THE crash test: scores stored, the OTLP endpoint not listening, the worker SIGKILLed; a new
     worker delivers every stored score to every sink: OTLP gets each exactly once."""

@@ -284,6 +284,9 @@ def test_scrape_time_gauges_read_the_queue_dead_letters_and_outbox(redis_url: st
     outbox.register(["jsonl"])
     outbox.enqueue("jsonl", ["s1", "s2"])
     outbox.close()
+    client = redis.Redis.from_url(redis_url)
+    client.hset(_keys.outbox_counts_key("jsonl"), "dead_letters_dropped", 7)  # (past its bound)
+    client.close()
 
     samples = _scrape(settings, "node-a@host")
     queue = frozenset({("queue", "metrics-q")})
@@ -298,6 +301,8 @@ def test_scrape_time_gauges_read_the_queue_dead_letters_and_outbox(redis_url: st
     assert samples[("tracescore_dead_letters_max_bytes", frozenset())] == settings.dlq_max_bytes
     assert samples[("tracescore_sink_scores", frozenset({("sink", "jsonl"), ("state", "pending")}))] == 2
     assert samples[("tracescore_sink_scores", frozenset({("sink", "jsonl"), ("state", "delivered")}))] == 0
+    assert samples[("tracescore_sink_dead_letters_dropped", frozenset({("sink", "jsonl")}))] == 7
+    assert not [k for k in samples if k[0] == "tracescore_sink_scores" and ("state", "dead_letters_dropped") in k[1]]
     assert samples[("tracescore_worker_info", frozenset({("node", "node-a@host"), ("queue", "metrics-q")}))] == 1
     assert samples[("tracescore_redis_up", frozenset({("target", "broker")}))] == 1
     # Today's spend against the budgets (worker/_budget.py's ledger).
@@ -455,7 +460,9 @@ def test_a_counter_that_is_no_number_is_shown_unknown_not_0(redis_url: str) -> N
     before = _unreadable("outbox_counts")
     try:
         status = collect_status(0.3, settings)
-        assert status["sinks"]["otlp"] == {"delivered": None, "pending": 0, "failed": 0, "dropped": None, "retried": 4}
+        assert status["sinks"]["otlp"] == {
+            "delivered": None, "pending": 0, "failed": 0, "dropped": None, "retried": 4, "dead_letters_dropped": 0
+        }  # fmt: skip
         assert _unreadable("outbox_counts") == before + 2
         assert status["dead_letters_by_reason"] == {"invalid_payload": 2, "weird": None}
         assert status["recent_failures"] == {"timeout": 3, "odd": None}

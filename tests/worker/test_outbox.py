@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -701,7 +701,8 @@ def test_a_bounded_stores_sink_keeps_its_newest_dead_letters_and_counts_every_on
     """An app's embedded store keeps its newest records only, so its memory stays flat for weeks;
     a sink refusing every score (a deleted project, a revoked key) kept a dead letter per score
     for good: the app's memory grew with every score scored. The newest as many letters as
-    records are kept; the older ones are forgotten, still counted as failed."""
+    records are kept; the older ones are dropped, counted as dead_letters_dropped (they were counted
+    inside failed, which the Redis outbox counts as the letters kept: one meaning for both)."""
     memory = MemoryScoreStore(sinks=("alpha",), max_records=5)
     records = [_record(n, score=n / 100) for n in range(1, 21)]
     for record in records:
@@ -711,7 +712,172 @@ def test_a_bounded_stores_sink_keeps_its_newest_dead_letters_and_counts_every_on
         assert memory.outbox.dead(lease, [letter]) == 1
     kept = memory.outbox.dead_letters("alpha", 1000)
     assert [x.score_id for x in kept] == [r.score_id for r in reversed(records[-5:])]
-    assert memory.outbox.counts()["alpha"].failed == 20
+    counts = memory.outbox.counts()["alpha"]
+    assert (counts.failed, counts.dead_letters_dropped) == (5, 15)  # (as in Redis: failed is what is kept)
     assert len(memory.records) == 5
-    assert memory.outbox.redrive("alpha") == 5  # the kept ones go again; the forgotten stay counted
-    assert memory.outbox.counts()["alpha"].failed == 15
+    assert memory.outbox.redrive("alpha") == 5  # the kept ones go again; the dropped stay counted
+    counts = memory.outbox.counts()["alpha"]
+    assert (counts.failed, counts.dead_letters_dropped) == (0, 15)
+
+
+def _bury(outbox: Outbox, sink: str, records: list[ScoreRecord], reasons: Sequence[str] = ("http_403",)) -> None:
+    """Each record's id leased and made the sink's dead letter in turn (of ``reasons`` in turn),
+    a second apart by failed_at (the order the bound drops them by)."""
+    lease = outbox.lease(sink, 1000, lease_s=30)
+    for n, record in enumerate(records):
+        letter = SinkDeadLetter(
+            score_id=record.score_id, sink=sink, reason=reasons[n % len(reasons)], detail="no", attempts=1,
+            failed_at=1_700_000_000 + n,
+        )  # fmt: skip
+        assert outbox.dead(lease, [letter]) == 1
+
+
+def _order_in_step(redis_url: str, sink: str) -> None:
+    """The Redis dead letters' order (the companion sorted set) names exactly the hash's letters."""
+    import redis
+
+    from worker import _keys
+
+    raw = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        letters = set(raw.hkeys(_keys.outbox_dead_key(sink)))
+        ordered = set(raw.zrange(_keys.outbox_dead_order_key(sink), 0, -1))
+    finally:
+        raw.close()
+    assert ordered == letters
+
+
+def test_past_the_bound_the_oldest_dead_letters_go_counted_as_dropped(pair: tuple[Any, Outbox]) -> None:
+    """A sink that refuses every score (a deleted project, a revoked key) made a dead letter per
+    score for good: in Redis they never expired, and Redis filled until it refused every write.
+    Past TRACESCORE_SINK_MAX_DEAD_LETTERS the oldest go in the step that buries a new one, counted
+    per sink as dead_letters_dropped (not as failed: failed is the letters there now, which
+    redrive and drop lower); the newest stay, listed and redrivable."""
+    store, outbox = pair
+    outbox.max_dead_letters = 3  # type: ignore[attr-defined]
+    records = [_record(n, score=0.5) for n in range(1, 7)]
+    _put(store, *records)
+    _bury(outbox, "alpha", records)
+    counts = outbox.counts()["alpha"]
+    assert (counts.failed, counts.dead_letters_dropped, counts.pending) == (3, 3, 0)
+    assert counts.as_dict()["dead_letters_dropped"] == 3
+    assert [x.score_id for x in outbox.dead_letters("alpha")] == [r.score_id for r in reversed(records[3:])]
+    assert set(outbox.states("alpha", [r.score_id for r in records]).values()) == {"none", "failed"}
+    assert outbox.counts()["beta"].dead_letters_dropped == 0
+    assert outbox.redrive("alpha") == 3
+    counts = outbox.counts()["alpha"]
+    assert (counts.failed, counts.dead_letters_dropped, counts.pending) == (0, 3, 3)
+
+
+def test_the_dead_letters_order_is_kept_in_step_by_every_path(redis_url: str) -> None:
+    """Every path that adds or removes a dead letter (dead, redrive, the ack of a re-queued id,
+    the enqueue of a replaced record, the bound, drop_dead_letters) keeps the order in step with
+    the letters: a letter gone whose order entry stayed would be dropped in place of a live one."""
+    store = lambda: RedisScoreStore(redis_url, sinks=SINKS)  # noqa: E731
+    outbox = RedisOutbox(redis_url, max_dead_letters=4)
+    try:
+        records = [_record(n, score=0.5) for n in range(1, 8)]
+        records[3] = _record(4, error_type="timeout", retryable=True)  # (its score replaces it)
+        _put(store, *records)
+        _bury(outbox, "alpha", records[:6])
+        _order_in_step(redis_url, "alpha")
+        assert outbox.counts()["alpha"].dead_letters_dropped == 2
+        assert outbox.redrive("alpha", [records[2].score_id]) == 1
+        _order_in_step(redis_url, "alpha")
+        lease = outbox.lease("alpha", 10, lease_s=30)
+        assert outbox.ack(lease, [records[2].score_id]) == 1
+        _order_in_step(redis_url, "alpha")
+        assert _put(store, _record(4, score=0.9)) == [True]  # a replaced record: owed anew
+        _order_in_step(redis_url, "alpha")
+        assert [x.score_id for x in outbox.drop_dead_letters("alpha", [records[4].score_id])] == [records[4].score_id]
+        _order_in_step(redis_url, "alpha")
+        assert outbox.counts()["alpha"].failed == 1
+        _bury(outbox, "alpha", [records[3]])  # (the replaced record, owed anew)
+        _order_in_step(redis_url, "alpha")
+        counts = outbox.counts()["alpha"]
+        assert (counts.failed, counts.dead_letters_dropped) == (2, 2)  # nothing more dropped: under the bound
+    finally:
+        outbox.close()
+
+
+def test_drop_dead_letters_by_id_reason_or_all(pair: tuple[Any, Outbox]) -> None:
+    """drop_dead_letters removes letters for good (by id, by reason, or all), yielding each one it
+    removed; an id that is no letter is not yielded; a drop is not counted as dropped past the bound."""
+    store, outbox = pair
+    records = [_record(n, score=0.5) for n in range(1, 7)]
+    _put(store, *records)
+    _bury(outbox, "alpha", records, ["http_403", "http_404"])
+    gone = list(outbox.drop_dead_letters("alpha", [records[0].score_id, "0" * 64, records[0].score_id]))
+    assert [x.score_id for x in gone] == [records[0].score_id]
+    assert gone[0].reason == "http_403"
+    by_reason = list(outbox.drop_dead_letters("alpha", reason="http_404"))
+    assert sorted(x.score_id for x in by_reason) == sorted(r.score_id for r in records[1::2])
+    assert list(outbox.drop_dead_letters("alpha", reason="http_500")) == []
+    assert sorted(x.score_id for x in outbox.dead_letters("alpha")) == sorted(r.score_id for r in records[2::2])
+    assert len(list(outbox.drop_dead_letters("alpha"))) == 2
+    counts = outbox.counts()["alpha"]
+    assert (counts.failed, counts.dead_letters_dropped) == (0, 0)
+    assert outbox.states("alpha", [records[2].score_id]) == {records[2].score_id: "none"}
+    assert outbox.redrive("alpha") == 0
+
+
+def test_a_sink_past_its_bound_is_logged_a_line_a_minute_without_content(pair: tuple[Any, Outbox]) -> None:
+    """Every bury past the bound drops the oldest letter: one line a minute per sink, with the
+    count, the bound and the setting, never a score's content or the backend's answer."""
+    from structlog.testing import capture_logs
+
+    import worker.store._outbox as outbox_module
+
+    store, outbox = pair
+    outbox.max_dead_letters = 2  # type: ignore[attr-defined]
+    records = [_record(n, score=0.5) for n in range(1, 6)]
+    _put(store, *records)
+    outbox_module._dropped_logs.pop("alpha", None)  # (another test's line)
+    with capture_logs() as logs:
+        _bury(outbox, "alpha", records)
+    lines = [e for e in logs if e["event"] == "sink_dead_letters_dropped_past_bound"]
+    assert [(e["sink"], e["dropped"], e["max_dead_letters"], e["setting"]) for e in lines] == [
+        ("alpha", 1, 2, "TRACESCORE_SINK_MAX_DEAD_LETTERS")
+    ]
+    assert "http_403" not in repr(lines)
+
+
+def test_dead_letters_of_the_previous_release_are_listed_redriven_dropped_and_bounded(redis_url: str) -> None:
+    """A previous release kept a sink's dead letters in the hash alone (no order). They are still
+    listed, counted, redriven and dropped; once the bound needs them they are ordered by their
+    failed_at (older than every letter buried since) and the oldest go first."""
+    import redis
+
+    from worker import _keys
+
+    store = lambda: RedisScoreStore(redis_url, sinks=("otlp",))  # noqa: E731
+    records = [_record(n, score=0.5) for n in range(1, 8)]
+    _put(store, *records)
+    outbox = RedisOutbox(redis_url, max_dead_letters=3)
+    try:
+        lease = outbox.lease("otlp", 10, lease_s=30)
+        raw = redis.Redis.from_url(redis_url)
+        for n, record in enumerate(records[:5]):  # as the previous release's settle left them
+            raw.zrem(_keys.outbox_key("otlp"), record.score_id)
+            letter = SinkDeadLetter(
+                score_id=record.score_id, sink="otlp", reason="http_401", failed_at=1_600_000_000 + n
+            )
+            raw.hset(_keys.outbox_dead_key("otlp"), record.score_id, letter.model_dump_json())
+        raw.close()
+        assert len(outbox.dead_letters("otlp")) == 5
+        assert outbox.counts()["otlp"].failed == 5
+        assert outbox.redrive("otlp", [records[0].score_id]) == 1
+        assert [x.score_id for x in outbox.drop_dead_letters("otlp", [records[1].score_id])] == [records[1].score_id]
+        assert outbox.counts()["otlp"].failed == 3
+        # A new letter (the two still leased): past the bound the oldest of the old ones go first.
+        letter = SinkDeadLetter(score_id=records[5].score_id, sink="otlp", reason="http_401")
+        assert outbox.dead(lease, [letter]) == 1
+        counts = outbox.counts()["otlp"]
+        assert (counts.failed, counts.dead_letters_dropped) == (3, 1)
+        kept = [x.score_id for x in outbox.dead_letters("otlp")]
+        assert kept == [records[5].score_id, records[4].score_id, records[3].score_id]
+        _order_in_step(redis_url, "otlp")
+        assert len(list(outbox.drop_dead_letters("otlp", reason="http_401"))) == 3
+        assert outbox.counts()["otlp"].failed == 0
+    finally:
+        outbox.close()

@@ -201,6 +201,7 @@ _BUCKET = failure_bucket()
 _JOB, _FAILURES = _keys.job_key("j"), _keys.failures_key(_BUCKET)
 _QUEUE, _ATTEMPTS, _DEAD = _keys.outbox_key(SINK), _keys.outbox_attempts_key(SINK), _keys.outbox_dead_key(SINK)
 _COUNTS, _DELIVERED, _SINKS = _keys.outbox_counts_key(SINK), delivered_key(SINK), _keys.outbox_sinks_key()
+_ORDER = _keys.outbox_dead_order_key(SINK)
 _STARTED, _ENDED = f"{_keys.delivery_key('t1')}:started", f"{_keys.delivery_key('t1')}:ended"
 _DLQ, _SEEN, _REASONS = _keys.dlq_key(), _keys.dlq_seen_key("m1"), _keys.dlq_reasons_key()
 _DLQ_BYTES = _keys.dlq_bytes_key()
@@ -275,6 +276,7 @@ CASES = [
             (_SINKS, "set", False),
             (_ATTEMPTS, "hash", False),
             (_DELIVERED, "zset", False),
+            (_ORDER, "zset", False),
             (_QUEUE, "zset", True),
             (_DEAD, "hash", True),
         ]
@@ -340,6 +342,14 @@ CASES = [
     Case("ack", _DELIVERED, "zset", False, lambda u: _leased_then(u, lambda o, lease: o.ack(lease, [SCORE])), 1),
     Case("ack", _ATTEMPTS, "hash", False, lambda u: _leased_then(u, lambda o, lease: o.ack(lease, [SCORE])), 1),
     Case("dead", _DEAD, "hash", True, lambda u: _leased_then(u, _bury)),
+    Case("dead", _ORDER, "zset", False, lambda u: _leased_then(u, _bury), 1),
+    Case("ack", _ORDER, "zset", False, lambda u: _leased_then(u, lambda o, lease: o.ack(lease, [SCORE])), 1),
+    Case("enqueue", _ORDER, "zset", False, lambda u: lambda: _outbox(u, lambda o: o.enqueue(SINK, [SCORE]))),
+    Case("redrive", _ORDER, "zset", False, lambda u: lambda: _outbox(u, lambda o: o.redrive(SINK, [SCORE])), 0),
+    Case("drop_dead_letters", _DEAD, "hash", True, lambda u: lambda: _outbox(u, _drop_all)),
+    # (no letter to drop: the order is not written, so not repaired either)
+    Case("drop_dead_letters", _ORDER, "zset", False, lambda u: lambda: _outbox(u, _drop_all), [], repairs=False),
+    Case("drop_dead_letters", _ORDER, "zset", False, lambda u: lambda: _outbox(u, _drop_one), []),
     Case("counts", _COUNTS, "hash", False, lambda u: lambda: _outbox(u, lambda o: o.counts()[SINK].delivered), 0),
     Case("counts", _SINKS, "set", False, lambda u: lambda: _outbox(u, lambda o: o.counts()), {}),
     Case("counts", _QUEUE, "zset", True, lambda u: lambda: _outbox(u, lambda o: o.counts())),
@@ -357,6 +367,14 @@ CASES = [
         {SCORE: "none"},
     ),
 ]
+
+
+def _drop_all(outbox: RedisOutbox) -> Any:
+    return list(outbox.drop_dead_letters(SINK))
+
+
+def _drop_one(outbox: RedisOutbox) -> Any:
+    return list(outbox.drop_dead_letters(SINK, [SCORE]))
 
 
 def _bury(outbox: RedisOutbox, lease: Any) -> Any:

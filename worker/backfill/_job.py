@@ -211,6 +211,8 @@ def _report_sinks(summary: dict[str, Any]) -> None:
             line += f" ({state['endpoint']})"
         if state.get("dropped"):
             line += f", dropped {state['dropped']:,}"
+        if state.get("dead_letters_dropped"):
+            line += f", dead letters dropped past the bound {state['dead_letters_dropped']:,}"
         if state.get("not_queued"):
             line += f", not queued {state['not_queued']:,}"
         click.echo(line, err=True)
@@ -219,9 +221,11 @@ def _report_sinks(summary: dict[str, Any]) -> None:
 
 
 def _check_sinks(summary: dict[str, Any]) -> None:
-    bad = {n: s for n, s in (summary.get("sinks") or {}).items() if s["failed"] or s["pending"]}
+    # (failed: the dead letters kept; those dropped past the bound failed too)
+    failed = {n: s["failed"] + (s.get("dead_letters_dropped") or 0) for n, s in (summary.get("sinks") or {}).items()}
+    bad = {n: s for n, s in (summary.get("sinks") or {}).items() if failed[n] or s["pending"]}
     if bad:
-        parts = [f"{n}: {s['failed']:,} failed, {s['pending']:,} pending" for n, s in sorted(bad.items())]
+        parts = [f"{n}: {failed[n]:,} failed, {s['pending']:,} pending" for n, s in sorted(bad.items())]
         raise SinkFailedError(
             "scores did not all reach their sinks ("
             + "; ".join(parts)

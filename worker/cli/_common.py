@@ -28,6 +28,7 @@ __all__ = [
     "FiniteRange",
     "broker_option",
     "cli_settings",
+    "confirm_drop",
     "json_line",
     "json_option",
     "known",
@@ -244,3 +245,14 @@ def run_command(group: click.Group, argv: list[str]) -> int:
             click.echo("(run with --verbose for the traceback)", err=True)
         return EXIT_ERROR
     return 0
+
+
+def confirm_drop(what: str, yes: bool) -> None:
+    """Dropping ``what`` (every dead letter, or every one of a reason) cannot be undone: asked
+    first on a terminal; elsewhere (a script, a cron job) it needs ``--yes``. (``dlq drop`` and
+    ``sinks drop``.)"""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.UsageError(f"dropping {printable(what)} cannot be undone: add --yes")
+    click.confirm(f"Drop {printable(what)} for good?", abort=True, err=True)

@@ -6,14 +6,21 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import sys
 
 import click
 from redis.exceptions import RedisError
 
 from worker._admin import dead_letters, drop_dead_letters, requeue_dead_letters
 from worker._terminal import cell, printable
-from worker.cli._common import CliError, broker_option, json_line, json_option, redis_settings, unreachable
+from worker.cli._common import (
+    CliError,
+    broker_option,
+    confirm_drop,
+    json_line,
+    json_option,
+    redis_settings,
+    unreachable,
+)
 from worker.store import StoreUnavailableError
 
 __all__ = ["dlq_group"]
@@ -131,11 +138,8 @@ def dlq_drop(
     """
     if sum((bool(ids), reason is not None, drop_all)) != 1:
         raise click.UsageError("give dead letter ID(s), --reason or --all (one of them)")
-    if not ids and not yes:
-        what = "every dead letter" if drop_all else f"every dead letter of reason {reason!r}"
-        if not sys.stdin.isatty():
-            raise click.UsageError(f"dropping {printable(what)} cannot be undone: add --yes")
-        click.confirm(f"Drop {printable(what)} for good?", abort=True, err=True)
+    if not ids:
+        confirm_drop("every dead letter" if drop_all else f"every dead letter of reason {reason!r}", yes)
     settings = redis_settings(broker)
     try:
         dropped, problems = asyncio.run(drop_dead_letters(settings, list(ids) or None, reason))

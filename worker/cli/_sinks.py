@@ -1,5 +1,5 @@
-"""``tracescore sinks list|retry``: each score sink's dead letters, and queueing them again;
-and the ``--sink`` options the scoring commands share."""
+"""``tracescore sinks list|retry|drop``: each score sink's dead letters, queueing them again, and
+removing the ones that will never be; and the ``--sink`` options the scoring commands share."""
 
 from __future__ import annotations
 
@@ -14,10 +14,18 @@ from redis.exceptions import RedisError
 from tracing import redact
 from worker._settings import SINK_NAMES
 from worker._terminal import cell, printable
-from worker.cli._common import CliError, broker_option, json_option, known, redis_settings, unreachable
+from worker.cli._common import (
+    CliError,
+    broker_option,
+    confirm_drop,
+    json_option,
+    known,
+    redis_settings,
+    unreachable,
+)
 from worker.store import RedisOutbox
 
-__all__ = ["sink_options", "sink_overrides", "sinks_group"]
+__all__ = ["dropped_past_bound", "sink_options", "sink_overrides", "sinks_group"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -86,13 +94,14 @@ def sink_overrides(
 @click.group("sinks")
 def sinks_group() -> None:
     """Each score sink's delivery: counts, dead letters (scores a sink refused or never took),
-    and queueing them again.
+    queueing them again, and dropping the ones that never will be.
 
     \b
     Examples:
       tracescore sinks list
       tracescore sinks list phoenix --json
       tracescore sinks retry phoenix --all
+      tracescore sinks drop otlp --reason otlp_http_400 --yes
     """
 
 
@@ -100,6 +109,15 @@ def _outbox(broker: str | None) -> tuple[RedisOutbox, str]:
     settings = redis_settings(broker)
     # As `tracescore status` asks Redis: 2 s a call, one retry.
     return RedisOutbox(settings.store_url, reconnect_s=1.0, socket_timeout_s=2.0), settings.store_url
+
+
+def dropped_past_bound(counts: dict[str, int | None]) -> str:
+    """``, N dead letters dropped past the bound (...)`` for a sink that dropped any (``sinks
+    list`` and ``status``)."""
+    n = counts.get("dead_letters_dropped", 0)
+    if n == 0:
+        return ""
+    return f", {known(n)} dead letters dropped past the bound (TRACESCORE_SINK_MAX_DEAD_LETTERS), the oldest first"
 
 
 # A name no sink has (a typo) is a usage error, not "unknown sink" and exit 0.
@@ -112,8 +130,9 @@ _sink_name = click.Choice(SINK_NAMES)
 @json_option("One JSON object: per sink its counts and dead letters.")
 @broker_option
 def sinks_list(broker: str | None, sink: str | None, limit: int, as_json: bool) -> None:
-    """Per sink: delivered, pending, failed; then its dead letters, newest first (score id,
-    when, reason, the backend's answer).
+    """Per sink: delivered, pending, failed (and the dead letters dropped past the bound,
+    TRACESCORE_SINK_MAX_DEAD_LETTERS); then its dead letters, newest first (score id, when,
+    reason, the backend's answer).
 
     \b
     Example:
@@ -141,7 +160,9 @@ def sinks_list(broker: str | None, sink: str | None, limit: int, as_json: bool) 
         c = counts.get(name)
         # (delivered: unknown while its counter in Redis is no number; 0 it showed none delivered)
         line = (
-            f"{known(c.delivered)} delivered, {c.pending} pending, {c.failed} failed" if c else "nothing delivered yet"
+            f"{known(c.delivered)} delivered, {c.pending} pending, {c.failed} failed{dropped_past_bound(c.as_dict())}"
+            if c
+            else "nothing delivered yet"
         )
         click.echo(printable(f"{name}: {line}"))  # a sink name from Redis
         for x in letters[name]:
@@ -185,3 +206,68 @@ def sinks_retry(broker: str | None, sink: str, score_ids: tuple[str, ...], retry
         click.echo(f"{done} score(s) queued again for {sink}")
     if missing:
         raise CliError(f"{missing} of the given id(s) are not {sink} dead letters")
+
+
+@sinks_group.command("drop")
+@click.argument("sink", type=_sink_name)
+@click.argument("score_ids", nargs=-1)
+@click.option("--reason", help="Drop every dead letter of SINK of this reason (as `sinks list` shows it).")
+@click.option("--all", "drop_all", is_flag=True, help="Drop every dead letter of SINK.")
+@click.option("--yes", is_flag=True, help="Drop by --reason or --all without asking.")
+@json_option(
+    "One JSON object: the sink, how many dead letters were dropped, how many given ids were not its dead letters."
+)
+@broker_option
+def sinks_drop(
+    broker: str | None,
+    sink: str,
+    score_ids: tuple[str, ...],
+    reason: str | None,
+    drop_all: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Remove a sink's dead letters for good (by score id, --reason or --all): the ones that will
+    never be sent again, such as a deleted project's or a revoked key's refusals.
+
+    Without --yes, --reason and --all ask first (on a terminal; elsewhere they need --yes). The
+    letters are read and removed a page at a time, however many there are.
+
+    \b
+    Examples:
+      tracescore sinks drop phoenix 6f1c...e2
+      tracescore sinks drop phoenix --all --yes --json
+    """
+    if sum((bool(score_ids), reason is not None, drop_all)) != 1:
+        raise click.UsageError("give score id(s), --reason or --all (one of them)")
+    if not score_ids:
+        confirm_drop(f"every {sink} dead letter" + (f" of reason {reason!r}" if reason is not None else ""), yes)
+    ids = list(dict.fromkeys(score_ids))  # an id given twice is dropped (and counted) once
+    found: set[str] = set()
+    dropped = 0
+    outbox, url = _outbox(broker)
+    try:
+        for letter in outbox.drop_dead_letters(sink, ids or None, reason=reason):
+            dropped += 1
+            if ids:
+                found.add(letter.score_id)
+            if not as_json:
+                click.echo(printable(f"dropped {letter.score_id} ({letter.reason})"))  # from Redis
+    except (RedisError, OSError) as exc:
+        raise unreachable("score store", url, exc) from exc
+    finally:
+        outbox.close()
+    missing = [s for s in ids if s not in found]
+    if as_json:
+        click.echo(json.dumps({"sink": sink, "dropped": dropped, "not_dead_letters": len(missing)}))
+    else:
+        for score_id in missing:
+            click.echo(printable(f"{score_id}: no such {sink} dead letter"), err=True)
+        if reason is not None and not dropped:  # (a reason mistyped drops nothing)
+            click.echo(
+                printable(f"no {sink} dead letter of reason {reason!r} is listed (tracescore sinks list {sink})"),
+                err=True,
+            )
+        click.echo(f"{dropped} dropped, {len(missing)} not", err=True)
+    if missing:
+        raise CliError(f"{len(missing)} of the given id(s) are not {sink} dead letters")

@@ -21,6 +21,7 @@ from worker._admin import backfill_jobs, broker_status, store_evicts, store_stat
 from worker._settings import Settings
 from worker._terminal import printable
 from worker.cli._common import FiniteRange, broker_option, json_option, known, redis_settings, unreachable
+from worker.cli._sinks import dropped_past_bound
 from worker.store import RedisOutbox, StoreKeyTypeError
 
 __all__ = ["collect_status", "status_command"]
@@ -62,8 +63,8 @@ def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) 
 
 
 def _sink_counts(settings: Settings) -> dict[str, dict[str, int | None]]:
-    """Per sink the workers drain: delivered, pending, failed (dead letters), dropped, retried
-    (None: its counter in Redis is no number)."""
+    """Per sink the workers drain: delivered, pending, failed (dead letters), dropped, retried,
+    dead_letters_dropped (past the bound) (None: its counter in Redis is no number)."""
     outbox = RedisOutbox(settings.store_url, reconnect_s=1.0)
     try:
         return {name: counts.as_dict() for name, counts in outbox.counts().items()}
@@ -157,6 +158,7 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
             f"sink        {name}: {known(counts['delivered'])} delivered, {counts['pending']} pending, "
             f"{counts['failed']} failed"
             + (f", {known(counts['dropped'])} dropped (record expired)" if counts["dropped"] != 0 else "")
+            + dropped_past_bound(counts)
         )
     if status["sinks"] == {}:
         _echo("sinks       none drained yet")

@@ -85,6 +85,13 @@ SCRAPED: Final = (
         ("sink", "state"),
         "Score write-back per sink: pending and failed now; delivered, dropped, retried since the counters began",
     ),
+    MetricSpec(
+        "tracescore_sink_dead_letters_dropped",
+        "gauge",
+        ("sink",),
+        "A sink's dead letters dropped past its bound (TRACESCORE_SINK_MAX_DEAD_LETTERS), the oldest first,"
+        " since the counters began",
+    ),
     MetricSpec("tracescore_worker_info", "gauge", ("node", "queue"), "1 per worker node serving these metrics"),
     MetricSpec(
         "tracescore_spend_today_usd",
@@ -182,18 +189,19 @@ class RedisStateCollector:
         dropped = g["tracescore_dead_letters_dropped"]
         dead_bytes, max_bytes = g["tracescore_dead_letters_bytes"], g["tracescore_dead_letters_max_bytes"]
         sinks, refused = g["tracescore_sink_scores"], g["tracescore_keys_refused"]
+        sink_dropped = g["tracescore_sink_dead_letters_dropped"]
         info.add_metric([self._node, self._queue], 1)
         yield info
         broker_ok = self._read_queue(depth, unacked, age, refused)
         up.add_metric(["broker"], 1 if broker_ok else 0)
-        store_ok = self._read_store(dead, dropped, dead_bytes, sinks, refused)
+        store_ok = self._read_store(dead, dropped, dead_bytes, (sinks, sink_dropped), refused)
         max_bytes.add_metric([], self._dlq_max_bytes)
         up.add_metric(["store"], 1 if store_ok else 0)
         yield up
         if broker_ok:
             yield from (depth, unacked, age)
         if store_ok:
-            yield from (dead, dropped, dead_bytes, max_bytes, sinks)
+            yield from (dead, dropped, dead_bytes, max_bytes, sinks, sink_dropped)
             yield from self._spend(g)
         if refused.samples:
             yield refused
@@ -225,7 +233,7 @@ class RedisStateCollector:
             unacked.add_metric([], int(taken))
         return True
 
-    def _read_store(self, dead: Any, dropped: Any, dead_bytes: Any, sinks: Any, refused: Any) -> bool:
+    def _read_store(self, dead: Any, dropped: Any, dead_bytes: Any, sink_gauges: tuple[Any, Any], refused: Any) -> bool:
         key, dropped_key, bytes_key = _keys.dlq_reasons_key(), _keys.dlq_dropped_key(), _keys.dlq_bytes_key()
         try:
             # The counts by reason are rebuilt by the store: repaired here as on its other paths.
@@ -272,9 +280,14 @@ class RedisStateCollector:
             _unreadable("dlq_bytes")
         elif letters_type == "none":
             dead_bytes.add_metric([], 0)
+        sinks, sink_dropped = sink_gauges
         for sink, c in sorted(counts.items()):
             for state, count in c.as_dict().items():
-                if count is not None:  # (no number in Redis: left out, not 0; counted by the outbox)
+                if count is None:  # (no number in Redis: left out, not 0; counted by the outbox)
+                    continue
+                if state == "dead_letters_dropped":  # (no state of a score: beside the DLQ's own)
+                    sink_dropped.add_metric([sink], count)
+                else:
                     sinks.add_metric([sink, state], count)
         return True
 

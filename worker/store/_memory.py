@@ -130,8 +130,15 @@ class MemoryScoreStore:
     is sent again, as after its TTL in Redis."""
 
     def __init__(
-        self, jobs: MemoryJobStats | None = None, *, sinks: Sequence[str] = (), max_records: int | None = None
+        self,
+        jobs: MemoryJobStats | None = None,
+        *,
+        sinks: Sequence[str] = (),
+        max_records: int | None = None,
+        max_dead_letters: int | None = None,
     ) -> None:
+        """``max_dead_letters``: each sink's bound on its dead letters (default ``max_records``:
+        a bounded store's letters are bounded alike)."""
         self._lock = threading.Lock()
         self._jobs = jobs if jobs is not None else MemoryJobStats()
         self.records: dict[str, ScoreRecord] = {}
@@ -141,7 +148,9 @@ class MemoryScoreStore:
         self._expires: dict[str, float] = {}
         self._expiry_heap: list[tuple[float, str]] = []
         # Every recorded score is queued here for each sink, as the Redis store's script does.
-        self.outbox = MemoryOutbox(self._records_among, sinks, max_dead=max_records)
+        self.outbox = MemoryOutbox(
+            self._records_among, sinks, max_dead_letters=max_records if max_dead_letters is None else max_dead_letters
+        )
         self._claims: dict[str, tuple[str, float]] = {}
         self._checkpoints: dict[str, ScoreResult] = {}
         self._by_trace: dict[str, list[str]] = defaultdict(list)

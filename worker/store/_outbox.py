@@ -17,8 +17,19 @@ Attempts are counted per id when it is leased (a drainer killed by a record coun
 ``max_attempts`` (checked when leased too, so a record that kills its drainer every time still
 ends), a ``Refused`` from the backend, or a stored record that no longer reads as one (``read``),
 the id becomes the sink's dead letter (the
-reason and the backend's answer, never the score's content), which ``redrive`` queues again. An
-id whose record is gone (its TTL ran out before the sink took it) is dropped and counted.
+reason and the backend's answer, never the score's content), which ``redrive`` queues again and
+``drop_dead_letters`` removes for good. An id whose record is gone (its TTL ran out before the
+sink took it) is dropped and counted.
+
+A sink's dead letters are bounded (``max_dead_letters``, ``TRACESCORE_SINK_MAX_DEAD_LETTERS``): a
+sink that refuses every score (a deleted project, a revoked key) makes a letter of each, and the
+letters have no TTL, so Redis grew until it refused every write. Past the bound the oldest letter
+goes in the step that buries a new one, counted per sink (``dead_letters_dropped``) and logged a
+line a minute. In Redis the letters are a hash (id → letter), which has no order: a sorted set of
+their ids by ``failed_at`` beside it gives the oldest, kept in step by every script that adds or
+removes a letter. Letters a release before it wrote have no entry there: they are listed, counted,
+redriven and dropped as the others, and ordered by their ``failed_at`` (older than every letter
+buried since) the first time the bound needs them.
 
 The Redis outbox is synchronous (its users are drainer threads and the CLI); the in-memory twin
 serves the embedded mode and tests.
@@ -26,28 +37,34 @@ serves the embedded mode and tests.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import redis
+import structlog
 from pydantic import BaseModel, Field, ValidationError
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from tracing import ScoreRecord
 from worker import _keys
+from worker._logs import CountedLog
 from worker._reconnect import DECODED
+from worker._settings import DEFAULT_SINK_MAX_DEAD_LETTERS
 from worker.store._keytypes import Check, checked, checked_script, pipeline_replies
 from worker.store._redis import failed_fields, known_counters
 
 __all__ = ["Lease", "MemoryOutbox", "Outbox", "RedisOutbox", "SinkCounts", "SinkDeadLetter", "SinkState"]
 
 T = TypeVar("T")
+
+log = structlog.get_logger("tracescore.worker.store")
 
 # "none": not queued for the sink and no delivery recorded (never owed to it, or dropped).
 SinkState = Literal["pending", "failed", "delivered", "none"]
@@ -69,16 +86,17 @@ class SinkDeadLetter(BaseModel):
 
 @dataclass(frozen=True)
 class SinkCounts:
-    """One sink's state: ``pending`` (queued or leased), ``failed`` (dead letters now, and those
-    a bounded in-memory outbox forgot past its bound),
-    ``delivered`` / ``dropped`` (record gone) / ``retried`` (since the counters began; None:
-    unknown, its counter in Redis is no number until the drainer's next settle starts it over)."""
+    """One sink's state: ``pending`` (queued or leased), ``failed`` (its dead letters now),
+    ``delivered`` / ``dropped`` (record gone) / ``retried`` / ``dead_letters_dropped`` (dead
+    letters dropped past the bound, the oldest first) since the counters began (None: unknown,
+    its counter in Redis is no number until the drainer's next settle starts it over)."""
 
     delivered: int | None = 0
     pending: int = 0
     failed: int = 0
     dropped: int | None = 0
     retried: int | None = 0
+    dead_letters_dropped: int | None = 0
 
     def as_dict(self) -> dict[str, int | None]:
         return {
@@ -87,6 +105,7 @@ class SinkCounts:
             "failed": self.failed,
             "dropped": self.dropped,
             "retried": self.retried,
+            "dead_letters_dropped": self.dead_letters_dropped,
         }
 
 
@@ -162,6 +181,14 @@ class Outbox(Protocol):
     def redrive(self, sink: str, score_ids: Sequence[str] | None = None) -> int:
         """Queue dead letters again (all of the sink's when ``score_ids`` is None), attempts
         reset; returns how many."""
+        ...
+
+    def drop_dead_letters(
+        self, sink: str, score_ids: Sequence[str] | None = None, *, reason: str | None = None
+    ) -> Iterator[SinkDeadLetter]:
+        """Remove dead letters for good: those of ``score_ids``, else every one (of ``reason``
+        when given, as ``dead_letters`` lists it); yields each as it is removed, a page at a time
+        (a generator: nothing goes until it is iterated). Not counted as dropped past the bound."""
         ...
 
     def states(self, sink: str, score_ids: Sequence[str]) -> dict[str, SinkState]:
@@ -245,12 +272,47 @@ def _parse(values: Mapping[str, str | None]) -> tuple[dict[str, ScoreRecord], di
     return found, bad
 
 
-# KEYS: queue, attempts, counts, dead, delivered. ARGV: id, token, action, next due ms,
-# letter json, now ms, how long delivered ids are kept (ms).
-# Only while the id still carries this lease's token (see the module docstring).
+# ``tracescore_sink_bound(dead, order, counts, max)``: a sink's dead letters past ``max`` go,
+# the oldest by their order first, counted in ``counts``' dead_letters_dropped. Returns {dropped,
+# 1 when letters without an order entry (a previous release's) are there and the letters are
+# still past the bound, else 0}: the caller orders them (``_ORDER``) and bounds again; until then
+# the ordered ones are not dropped in their place (they are newer). An order entry whose letter
+# went by another way than ours (redis-cli) is popped, not counted.
+_BOUND_LUA = """
+local function tracescore_sink_bound(dead, order, counts, max)
+  local dropped, unordered = 0, 0
+  if redis.call('HLEN', dead) > redis.call('ZCARD', order) then
+    unordered = 1
+  else
+    while redis.call('HLEN', dead) > max do
+      local oldest = redis.call('ZPOPMIN', order)
+      if #oldest == 0 then
+        unordered = 1
+        break
+      end
+      dropped = dropped + redis.call('HDEL', dead, oldest[1])
+    end
+  end
+  if dropped > 0 then
+    redis.call('HINCRBY', counts, 'dead_letters_dropped', dropped)
+  end
+  if redis.call('HLEN', dead) <= max then
+    unordered = 0
+  end
+  return {dropped, unordered}
+end
+"""
+
+# KEYS: queue, attempts, counts, dead, delivered, dead letters' order. ARGV: id, token, action,
+# next due ms, letter json, now ms, how long delivered ids are kept (ms), the dead letters' bound,
+# the letter's failed_at (ms). Only while the id still carries this lease's token (see the module
+# docstring). Returns 1 when settled, 0 when not; a letter buried: {1, dropped, unordered} (see
+# ``tracescore_sink_bound``).
 _SETTLE = checked_script(
-    "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'hash', 'k', KEYS[5], 'zset', 'r'}",
+    "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'hash', 'k', KEYS[5], 'zset', 'r',"
+    " KEYS[6], 'zset', 'r'}",
     _WRITES_WHEN_FULL
+    + _BOUND_LUA
     + """
 local bad = tracescore_check_counters({KEYS[3]})
 if bad then
@@ -270,10 +332,14 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 if ARGV[3] == 'ack' then
   redis.call('HINCRBY', KEYS[3], 'delivered', 1)
   redis.call('HDEL', KEYS[4], ARGV[1])
+  redis.call('ZREM', KEYS[6], ARGV[1])
   redis.call('ZADD', KEYS[5], tonumber(ARGV[6]), ARGV[1])
   redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', tonumber(ARGV[6]) - tonumber(ARGV[7]))
 elseif ARGV[3] == 'dead' then
   redis.call('HSET', KEYS[4], ARGV[1], ARGV[5])
+  redis.call('ZADD', KEYS[6], tonumber(ARGV[9]), ARGV[1])
+  local bounded = tracescore_sink_bound(KEYS[4], KEYS[6], KEYS[3], tonumber(ARGV[8]))
+  return {1, bounded[1], bounded[2]}
 else
   redis.call('HINCRBY', KEYS[3], 'dropped', 1)
 end
@@ -281,10 +347,11 @@ return 1
 """,
 )
 
-# KEYS: queue, attempts, dead. ARGV: id, now ms.
+# KEYS: queue, attempts, dead, dead letters' order. ARGV: id, now ms.
 _REDRIVE = checked_script(
-    "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'k'}",
+    "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'k', KEYS[4], 'zset', 'r'}",
     """
+redis.call('ZREM', KEYS[4], ARGV[1])
 if redis.call('HDEL', KEYS[3], ARGV[1]) == 0 then
   return 0
 end
@@ -294,19 +361,75 @@ return 1
 """,
 )
 
-# KEYS: queue, attempts, dead, delivered. ARGV: now ms, ids... Owed anew (as put_records does):
-# no longer dead, delivered, or counting attempts. A script (not MULTI) so that a key of the wrong
-# type stops it before anything is written: MULTI would drop dead letters and then fail the queue.
+# KEYS: queue, attempts, dead, delivered, dead letters' order. ARGV: now ms, ids... Owed anew (as
+# put_records does): no longer dead, delivered, or counting attempts. A script (not MULTI) so that
+# a key of the wrong type stops it before anything is written: MULTI would drop dead letters and
+# then fail the queue.
 _ENQUEUE = checked_script(
-    "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'k', KEYS[4], 'zset', 'r'}",
+    "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'k', KEYS[4], 'zset', 'r', KEYS[5], 'zset', 'r'}",
     """
 for i = 2, #ARGV do
   redis.call('ZADD', KEYS[1], tonumber(ARGV[1]), ARGV[i])
   redis.call('HDEL', KEYS[2], ARGV[i])
   redis.call('HDEL', KEYS[3], ARGV[i])
   redis.call('ZREM', KEYS[4], ARGV[i])
+  redis.call('ZREM', KEYS[5], ARGV[i])
 end
 return #ARGV - 1
+""",
+)
+
+# KEYS: dead, dead letters' order. ARGV: id, failed_at ms, ... Letters a previous release wrote
+# (no order entry) ordered by when they failed; an id no longer a letter is left out. A write that
+# frees first (see _WRITES_WHEN_FULL): a Redis filled by a previous release's letters is where
+# they must be ordered, so that the bound can drop them.
+_ORDER = checked_script(
+    "{KEYS[1], 'hash', 'k', KEYS[2], 'zset', 'r'}",
+    """
+redis.call('ZREM', KEYS[2], '')
+for i = 1, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
+    redis.call('ZADD', KEYS[2], 'NX', tonumber(ARGV[i + 1]), ARGV[i])
+  end
+end
+return 0
+""",
+)
+
+# KEYS: dead, dead letters' order, counts. ARGV: the bound. The bound once the letters are ordered.
+_BOUND = checked_script(
+    "{KEYS[1], 'hash', 'k', KEYS[2], 'zset', 'r', KEYS[3], 'hash', 'r'}",
+    _BOUND_LUA
+    + """
+local bad = tracescore_check_counters({KEYS[3]})
+if bad then
+  return bad
+end
+return tracescore_sink_bound(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]))
+""",
+)
+
+# KEYS: dead, dead letters' order. ARGV: 'any', id, ... (each one's letter, whatever it is) or
+# 'same', id, letter json, ... (only while it is still the letter read: one buried again meanwhile,
+# of another reason, stays). Returns {id, letter json, ...} of those removed.
+_DISCARD = checked_script(
+    "{KEYS[1], 'hash', 'k', KEYS[2], 'zset', 'r'}",
+    """
+local out = {}
+local step = ARGV[1] == 'same' and 2 or 1
+for i = 2, #ARGV, step do
+  local id = ARGV[i]
+  local letter = redis.call('HGET', KEYS[1], id)
+  if letter and (step == 1 or letter == ARGV[i + 1]) then
+    redis.call('HDEL', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
+    out[#out + 1] = id
+    out[#out + 1] = letter
+  elseif not letter then
+    redis.call('ZREM', KEYS[2], id)
+  end
+end
+return out
 """,
 )
 
@@ -328,7 +451,45 @@ def _sink_keys(sink: str) -> list[str]:
         _keys.outbox_counts_key(sink),
         _keys.outbox_dead_key(sink),
         delivered_key(sink),
+        _keys.outbox_dead_order_key(sink),
     ]
+
+
+# Letters read or removed at once (HSCAN's COUNT, ids per script): a page of up to ~1.3 KB each.
+_DEAD_PAGE = 500
+# Letters a previous release wrote are looked for (a scan of the whole hash) at most this often
+# per sink and outbox: while a worker of that release still buries letters, there would be new
+# ones on every bury.
+_ORDER_EVERY_S = 60.0
+
+# Per sink, one line a minute per process while it drops letters past the bound (both outboxes).
+_dropped_logs: dict[str, CountedLog] = {}
+_dropped_logs_lock = threading.Lock()
+
+
+def _said_dropped(sink: str, dropped: int, bound: int | None) -> None:
+    """``dropped`` letters of ``sink`` went past its bound: logged by count (no letter's content),
+    a line a minute per sink."""
+    if dropped <= 0:
+        return
+    with _dropped_logs_lock:
+        said = _dropped_logs.get(sink)
+        if said is None:
+            said = _dropped_logs[sink] = CountedLog(
+                "sink_dead_letters_dropped_past_bound", logger=log, count_key="dropped"
+            )
+    said.note(dropped, sink=sink, max_dead_letters=bound, setting="TRACESCORE_SINK_MAX_DEAD_LETTERS")
+
+
+def _letter(sink: str, score_id: str, value: str) -> SinkDeadLetter:
+    """A stored letter; one that no longer parses stands as its id with reason
+    ``unreadable_dead_letter`` (still the sink's letter: counted, redrivable and droppable by id)."""
+    try:
+        return SinkDeadLetter.model_validate_json(value)
+    except ValidationError:
+        return SinkDeadLetter(
+            score_id=score_id, sink=sink, reason="unreadable_dead_letter", detail=_UNREADABLE, failed_at=0
+        )
 
 
 class RedisOutbox:
@@ -341,11 +502,15 @@ class RedisOutbox:
         reconnect_s: float = 15.0,
         socket_timeout_s: float = 10.0,
         delivered_keep_s: int = DELIVERED_KEEP_S,
+        max_dead_letters: int = DEFAULT_SINK_MAX_DEAD_LETTERS,
     ) -> None:
         """``socket_timeout_s``: a drainer's calls may move many ids; a command's answer a person
-        (``tracescore sinks``: a paused Redis was 52 s of retries of 10 s each)."""
+        (``tracescore sinks``: a paused Redis was 52 s of retries of 10 s each).
+        ``max_dead_letters``: each sink's bound (``TRACESCORE_SINK_MAX_DEAD_LETTERS``)."""
         self.url = url
         self.delivered_keep_s = delivered_keep_s
+        self.max_dead_letters = max_dead_letters
+        self._ordered_at: dict[str, float] = {}  # sink -> when its old letters were last ordered
         retries = max(1, int(reconnect_s / 0.5))
         self._client: Any = redis.Redis.from_url(
             url,
@@ -361,6 +526,9 @@ class RedisOutbox:
         self._redrive = self._client.register_script(_REDRIVE)
         self._renew = self._client.register_script(_RENEW)
         self._enqueue = self._client.register_script(_ENQUEUE)
+        self._order = self._client.register_script(_ORDER)
+        self._bound = self._client.register_script(_BOUND)
+        self._discard = self._client.register_script(_DISCARD)
 
     def _checked(self, where: str, checks: Sequence[Check], call: Callable[[], T]) -> T:
         return checked(self._client, f"outbox_{where}", checks, call)
@@ -397,6 +565,7 @@ class RedisOutbox:
                 _keys.outbox_attempts_key(sink),
                 _keys.outbox_dead_key(sink),
                 delivered_key(sink),
+                _keys.outbox_dead_order_key(sink),
             ]
             self._scripts("enqueue", self._enqueue, [(keys, [_now_ms(), *score_ids])])
 
@@ -431,33 +600,78 @@ class RedisOutbox:
         kept = {str(x) for x in renewed}
         return Lease(lease.sink, due, {s: n for s, n in lease.attempts.items() if s in kept})
 
-    def _apply(self, lease: Lease, calls: Sequence[tuple[str, str, int, str]]) -> int:
+    def _apply(self, lease: Lease, calls: Sequence[tuple[str, str, int, str, int]]) -> int:
         if not calls:
             return 0
         keys = _sink_keys(lease.sink)
-        now, keep = _now_ms(), self.delivered_keep_s * 1000
+        now, keep, bound = _now_ms(), self.delivered_keep_s * 1000, self.max_dead_letters
         replies = self._scripts(
             "settle",
             self._settle,
             [
-                (keys, [score_id, lease.token, action, due, letter, now, keep])
-                for score_id, action, due, letter in calls
+                (keys, [score_id, lease.token, action, due, letter, now, keep, bound, failed_ms])
+                for score_id, action, due, letter, failed_ms in calls
             ],
         )
-        return sum(int(x) for x in replies)
+        settled = dropped = unordered = 0
+        for reply in replies:
+            if isinstance(reply, list):  # a letter buried: {1, dropped past the bound, unordered}
+                settled, dropped = settled + int(reply[0]), dropped + int(reply[1])
+                unordered |= int(reply[2])
+            else:
+                settled += int(reply)
+        if unordered:
+            dropped += self._order_old_letters(lease.sink)
+        _said_dropped(lease.sink, dropped, bound)
+        return settled
+
+    def _order_old_letters(self, sink: str) -> int:
+        """Order the sink's letters a previous release wrote (no order entry) by their
+        ``failed_at``, a page at a time, then bound them; returns how many went past the bound.
+        At most once a minute per sink (``_ORDER_EVERY_S``)."""
+        last = self._ordered_at.get(sink)
+        if last is not None and time.monotonic() - last < _ORDER_EVERY_S:
+            return 0
+        self._ordered_at[sink] = time.monotonic()
+        dead, order = _keys.outbox_dead_key(sink), _keys.outbox_dead_order_key(sink)
+        for page in self._dead_pages(sink, "order_dead_letters"):
+            args: list[Any] = []
+            for score_id, value in page:
+                # (one that no longer parses: the oldest, so the first to go)
+                args += [score_id, int(_letter(sink, score_id, value).failed_at * 1000)]
+            self._scripts("order_dead_letters", self._order, [([dead, order], args)])
+        keys = [dead, order, _keys.outbox_counts_key(sink)]
+        (reply,) = self._scripts("bound_dead_letters", self._bound, [(keys, [self.max_dead_letters])])
+        return int(reply[0])
+
+    def _dead_pages(self, sink: str, where: str) -> Iterator[list[tuple[str, str]]]:
+        """The sink's dead letters (id, stored JSON), a page (HSCAN) at a time: never all at once.
+        A letter there from start to end is read at least once; one added or removed meanwhile
+        may or may not be."""
+        key = _keys.outbox_dead_key(sink)
+        cursor = 0
+        while True:
+            read = functools.partial(self._client.hscan, key, cursor, count=_DEAD_PAGE)
+            cursor, page = self._checked(where, [(key, "hash", True)], read)
+            if page:
+                yield list(page.items())
+            if int(cursor) == 0:
+                return
 
     def ack(self, lease: Lease, score_ids: Sequence[str]) -> int:
-        return self._apply(lease, [(s, "ack", 0, "") for s in score_ids])
+        return self._apply(lease, [(s, "ack", 0, "", 0) for s in score_ids])
 
     def retry(self, lease: Lease, delays: Mapping[str, float]) -> int:
         now = _now_ms()
-        return self._apply(lease, [(s, "retry", now + int(d * 1000), "") for s, d in delays.items()])
+        return self._apply(lease, [(s, "retry", now + int(d * 1000), "", 0) for s, d in delays.items()])
 
     def dead(self, lease: Lease, letters: Sequence[SinkDeadLetter]) -> int:
-        return self._apply(lease, [(x.score_id, "dead", 0, x.model_dump_json()) for x in letters])
+        return self._apply(
+            lease, [(x.score_id, "dead", 0, x.model_dump_json(), int(x.failed_at * 1000)) for x in letters]
+        )
 
     def drop(self, lease: Lease, score_ids: Sequence[str]) -> int:
-        return self._apply(lease, [(s, "drop", 0, "") for s in score_ids])
+        return self._apply(lease, [(s, "drop", 0, "", 0) for s in score_ids])
 
     def counts(self) -> dict[str, SinkCounts]:
         key = _keys.outbox_sinks_key()
@@ -491,6 +705,7 @@ class RedisOutbox:
                 failed=int(failed),
                 dropped=counters.get("dropped", 0),
                 retried=counters.get("retried", 0),
+                dead_letters_dropped=counters.get("dead_letters_dropped", 0),
             )
         return out
 
@@ -504,17 +719,8 @@ class RedisOutbox:
             [(key, "hash", True)],
             lambda: list(islice(self._client.hscan_iter(key, count=500), _LETTERS_READ)),
         )
-        for score_id, value in read:
-            try:
-                letters.append(SinkDeadLetter.model_validate_json(value))
-            except ValidationError:
-                # Still the sink's dead letter (counted in failed, redrivable by its id): listed
-                # as unreadable by that reason, not a crash.
-                letters.append(
-                    SinkDeadLetter(
-                        score_id=score_id, sink=sink, reason="unreadable_dead_letter", detail=_UNREADABLE, failed_at=0
-                    )
-                )
+        # (a letter that no longer parses is listed as unreadable by that reason, not a crash)
+        letters = [_letter(sink, score_id, value) for score_id, value in read]
         letters.sort(key=lambda x: x.failed_at, reverse=True)
         return letters[:limit]
 
@@ -527,11 +733,35 @@ class RedisOutbox:
         )
         if not ids:
             return 0
-        keys = [_keys.outbox_key(sink), _keys.outbox_attempts_key(sink), dead]
+        keys = [_keys.outbox_key(sink), _keys.outbox_attempts_key(sink), dead, _keys.outbox_dead_order_key(sink)]
         now = _now_ms()
         return sum(
             int(x) for x in self._scripts("redrive", self._redrive, [(keys, [score_id, now]) for score_id in ids])
         )
+
+    def drop_dead_letters(
+        self, sink: str, score_ids: Sequence[str] | None = None, *, reason: str | None = None
+    ) -> Iterator[SinkDeadLetter]:
+        keys = [_keys.outbox_dead_key(sink), _keys.outbox_dead_order_key(sink)]
+        if score_ids is not None:
+            ids = list(dict.fromkeys(score_ids))
+            for i in range(0, len(ids), _DEAD_PAGE):
+                yield from self._discarded(sink, (keys, ["any", *ids[i : i + _DEAD_PAGE]]))
+            return
+        # Every letter (of the reason): a page read, its letters removed while still the letters
+        # read, then the next page. Removing during HSCAN is safe: a letter there throughout is read.
+        for page in self._dead_pages(sink, "drop_dead_letters"):
+            chosen: list[str] = []
+            for score_id, value in page:
+                if reason is None or _letter(sink, score_id, value).reason == reason:
+                    chosen += [score_id, value]
+            if chosen:
+                yield from self._discarded(sink, (keys, ["same", *chosen]))
+
+    def _discarded(self, sink: str, call: tuple[Sequence[str], Sequence[Any]]) -> Iterator[SinkDeadLetter]:
+        (removed,) = self._scripts("drop_dead_letters", self._discard, [call])
+        for i in range(0, len(removed), 2):
+            yield _letter(sink, str(removed[i]), removed[i + 1])
 
     def states(self, sink: str, score_ids: Sequence[str]) -> dict[str, SinkState]:
         out: dict[str, SinkState] = {}
@@ -569,14 +799,14 @@ class MemoryOutbox:
         records: Callable[[Sequence[str]], dict[str, ScoreRecord]],
         sinks: Iterable[str] = (),
         *,
-        max_dead: int | None = None,
+        max_dead_letters: int | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._records = records
         # A bounded store's app runs for weeks: a sink refusing every score would otherwise keep
-        # a letter per score for good. Past ``max_dead`` a sink's oldest letter is forgotten,
-        # still counted as failed.
-        self.max_dead = max_dead
+        # a letter per score for good. Past ``max_dead_letters`` a sink's oldest letter is
+        # dropped, counted as in Redis (``dead_letters_dropped``).
+        self.max_dead_letters = max_dead_letters
         self.sinks: tuple[str, ...] = ()
         self._due: dict[str, dict[str, int]] = {}
         self._attempts: dict[str, Counter[str]] = {}
@@ -616,7 +846,7 @@ class MemoryOutbox:
 
     def forget(self, score_id: str) -> None:
         """The store dropped the record (its TTL, or its bound): no state of it is kept but a
-        dead letter, which stays for the operator (up to ``max_dead``)."""
+        dead letter, which stays for the operator (up to ``max_dead_letters``)."""
         with self._lock:
             for sink in self.sinks:
                 self._delivered[sink].discard(score_id)
@@ -689,16 +919,21 @@ class MemoryOutbox:
 
     def dead(self, lease: Lease, letters: Sequence[SinkDeadLetter]) -> int:
         by_id = {x.score_id: x for x in letters}
+        bound, dropped = self.max_dead_letters, 0
 
         def bury(score_id: str) -> None:
+            nonlocal dropped
             self._remove(lease.sink, score_id, None)
             dead = self._dead[lease.sink]
             dead[score_id] = by_id[score_id]
-            while self.max_dead is not None and len(dead) > self.max_dead:
+            while bound is not None and len(dead) > bound:
                 del dead[next(iter(dead))]  # (buried in order: the oldest first)
-                self._counts[lease.sink]["forgotten"] += 1
+                self._counts[lease.sink]["dead_letters_dropped"] += 1
+                dropped += 1
 
-        return self._settle(lease, by_id, bury)
+        settled = self._settle(lease, by_id, bury)
+        _said_dropped(lease.sink, dropped, bound)
+        return settled
 
     def drop(self, lease: Lease, score_ids: Sequence[str]) -> int:
         return self._settle(lease, score_ids, lambda s: self._remove(lease.sink, s, "dropped"))
@@ -709,9 +944,10 @@ class MemoryOutbox:
                 sink: SinkCounts(
                     delivered=self._counts[sink]["delivered"],
                     pending=len(self._due[sink]),
-                    failed=len(self._dead[sink]) + self._counts[sink]["forgotten"],
+                    failed=len(self._dead[sink]),
                     dropped=self._counts[sink]["dropped"],
                     retried=self._counts[sink]["retried"],
+                    dead_letters_dropped=self._counts[sink]["dead_letters_dropped"],
                 )
                 for sink in sorted(self.sinks)
             }
@@ -731,6 +967,18 @@ class MemoryOutbox:
                     self._due[sink][score_id] = now
                     done += 1
         return done
+
+    def drop_dead_letters(
+        self, sink: str, score_ids: Sequence[str] | None = None, *, reason: str | None = None
+    ) -> Iterator[SinkDeadLetter]:
+        with self._lock:
+            dead = self._dead.get(sink, {})
+            if score_ids is not None:
+                ids = list(dict.fromkeys(score_ids))
+            else:
+                ids = [s for s, x in dead.items() if reason is None or x.reason == reason]
+            gone = [dead.pop(s) for s in ids if s in dead]
+        yield from gone
 
     def states(self, sink: str, score_ids: Sequence[str]) -> dict[str, SinkState]:
         with self._lock:

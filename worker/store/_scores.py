@@ -235,7 +235,7 @@ def _claims(score_ids: Sequence[str], replies: Sequence[Any]) -> Claims:
 # One call stores up to _PUT_CHUNK records, each as a call of its own would: a pipeline of one
 # call per record spent most of its time in redis-py's per-command packing and parsing.
 # KEYS: failures hash, then (with sinks) the set of sink names and per sink its outbox queue,
-#       attempts hash, dead letters, delivered set; then per record its record, trace set,
+#       attempts hash, dead letters, delivered set, dead letters' order; then per record its record, trace set,
 #       checkpoint, claim and job hash (5 each)
 # ARGV: ttl, owner, failures ttl, now ms, the number of shared KEYS, the number of sinks, the job
 #       ttl, the prefixes of a job's hash, of its set of counted skips and of its set of uncounted
@@ -286,11 +286,12 @@ check(KEYS[1], 'hash', 'r')
 if shared > 1 then
   check(KEYS[2], 'set', 'r')
 end
-for i = 3, shared, 4 do
+for i = 3, shared, 5 do
   check(KEYS[i], 'zset', 'k')  -- the sink's queue: undelivered scores
   check(KEYS[i + 1], 'hash', 'r')
   check(KEYS[i + 2], 'hash', 'k')  -- the sink's dead letters
   check(KEYS[i + 3], 'zset', 'r')
+  check(KEYS[i + 4], 'zset', 'r')
 end
 -- Per record, the other job whose retryable failure it replaces (false for none: no record, one
 -- kept, our own job's): found here, so its keys are checked with the rest. (A value without
@@ -379,11 +380,12 @@ local function put(record, traces, checkpoint, claim, job, json, score_id, has_j
     redis.call('SADD', KEYS[2], unpack(sinks))
     sinks_named = true
   end
-  for i = 3, shared, 4 do
+  for i = 3, shared, 5 do
     redis.call('ZADD', KEYS[i], now, score_id)
     redis.call('HDEL', KEYS[i + 1], score_id)
     redis.call('HDEL', KEYS[i + 2], score_id)
     redis.call('ZREM', KEYS[i + 3], score_id)
+    redis.call('ZREM', KEYS[i + 4], score_id)
   end
   redis.call('DEL', checkpoint)
   if redis.call('GET', claim) == owner then
@@ -527,6 +529,7 @@ class RedisScoreStore(OnRedis):
                         _keys.outbox_attempts_key(s),
                         _keys.outbox_dead_key(s),
                         delivered_key(s),
+                        _keys.outbox_dead_order_key(s),
                     )
                 ),
             ]
