@@ -34,8 +34,8 @@ from tests.integration._drain import (
 from tests.integration._servers import ROOT, Server, phoenix_server
 from tests.integration._traces import JUDGE_SCORE, fresh_traces, read_records, run_backfill, scored, send_otlp, span_ids
 from tests.integration.phoenix_scorers import FAILURE_MESSAGE, SCORER_IDS
-from tracing import score_id_for
-from tracing.sinks import PhoenixSink
+from tracing import ScoreRecord, score_id_for
+from tracing.sinks import Delivered, OtlpSink, PhoenixSink, carrier_spans
 
 
 def phoenix_annotations(
@@ -152,6 +152,29 @@ def test_spans_not_ingested_yet_are_retried_then_delivered(
 
     deliver_early_then_late(PhoenixSink(phoenix.url), records, traces, send, "not in Phoenix yet")
     assert len(by_identifier(phoenix_annotations(phoenix, project, {r.span_id for r in records}))) == len(records)
+
+
+def test_the_otlp_sink_reads_phoenixs_answer_to_an_export_as_an_acknowledgement(
+    phoenix: Server, project: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OTLP sink exporting to Phoenix's own /v1/traces (its answer: HTTP 200, an empty
+    application/x-protobuf ExportTraceServiceResponse): every score Delivered, and its carrier
+    span stored. (The sink counts an answer that is no ExportTraceServiceResponse a Retry: this
+    is the real receiver it must not refuse.)"""
+    trace = secrets.token_hex(16)
+    spans = [secrets.token_hex(8) for _ in range(3)]
+    records = [
+        ScoreRecord(score_id=score_id_for(trace, span, "otlp-ack", "1"), trace_id=trace, span_id=span,
+                    scorer_id="otlp-ack", score=0.5, reason="exported as a span event")
+        for span in spans
+    ]  # fmt: skip
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", f"x-project-name={project}")
+    sink = OtlpSink(endpoint=f"{phoenix.url}/v1/traces", timeout_s=30)
+    try:
+        assert sink.deliver(records) == [Delivered()] * len(records)
+    finally:
+        sink.close()
+    wait_ingested(phoenix, project, {f"{span.context.span_id:016x}" for span in carrier_spans(records)})
 
 
 def test_phoenix_down_mid_run_then_back_loses_nothing(

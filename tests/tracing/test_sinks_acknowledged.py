@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from tests._http import QuietHandler, serving
 from tracing import ScoreRecord, score_id_for
@@ -53,7 +54,8 @@ def _answering(answers: list[tuple[int, str, bytes]]) -> Iterator[str]:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             status, content_type, body = queue.pop(0) if len(queue) > 1 else queue[0]
             self.send_response(status)
-            self.send_header("Content-Type", content_type)
+            if content_type:  # ("": none sent, as a bare server's empty 200)
+                self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -97,13 +99,53 @@ def test_a_2xx_without_the_backends_acknowledgement_is_a_retry_naming_it(kind: s
     assert "4711" not in outcome.reason
 
 
-def test_an_otlp_endpoint_answering_a_web_page_is_a_retry() -> None:
-    """A 2xx web page is no OTLP receiver's answer (an empty body and a protobuf or JSON
-    ExportTraceServiceResponse are): it was Delivered."""
-    outcome = _one_delivery("otlp", 200, *_NOT_ACKS["web_page"])
+# 2xx answers no OTLP receiver gives (OTLP/HTTP: "The response body MUST be the appropriate
+# serialized Protobuf message", ExportTraceServiceResponse, in the request's Content-Type).
+_OTLP_NOT_ACKS: dict[str, tuple[str, bytes]] = {
+    "web_page": _NOT_ACKS["web_page"],
+    "plain_ok": ("text/plain; charset=utf-8", b"OK"),  # a proxy's or a health page's "OK"
+    "plain_text": ("text/plain", b"404 page not found, but 200"),
+    "garbage": _NOT_ACKS["garbage"],
+    "protobuf_not_parsing": ("application/x-protobuf", b"OK"),
+    "json_list": _NOT_ACKS["json_list"],
+    "json_string": ("application/json", b'"ok"'),
+}
+
+_WARNING = ExportTraceServiceResponse()
+_WARNING.partial_success.error_message = "deprecated attribute seen"  # rejects none: a warning
+
+# What real OTLP receivers answer an export they stored (read from their sources): the
+# OpenTelemetry Collector's otlpreceiver (so Tempo's and Jaeger's distributors) writes the
+# ExportTraceServiceResponse in the request's encoding, which for a full success is zero bytes of
+# protobuf; Phoenix's and MLflow's /v1/traces answer the same (application/x-protobuf, b"");
+# Langfuse's /api/public/otel/v1/traces answers JSON ({}) even to a protobuf export.
+_OTLP_ACKS: dict[str, tuple[int, str, bytes]] = {
+    "collector_empty_protobuf": (200, "application/x-protobuf", b""),
+    "protobuf_warning": (200, "application/x-protobuf", _WARNING.SerializeToString()),
+    "langfuse_json": (200, "application/json; charset=utf-8", b"{}"),
+    "json_unknown_fields": (200, "application/json", b'{"accepted":true}'),
+    "bare_empty_200": (200, "", b""),
+    "no_content_204": (204, "", b""),
+}
+
+
+@pytest.mark.parametrize("answer", sorted(_OTLP_NOT_ACKS))
+def test_an_otlp_endpoint_answering_no_export_response_is_a_retry(answer: str) -> None:
+    """A 2xx that is not an ExportTraceServiceResponse (a page, a proxy's "OK", bytes protobuf
+    cannot read) comes from something else at that URL: each but the page was Delivered."""
+    outcome = _one_delivery("otlp", 200, *_OTLP_NOT_ACKS[answer])
     assert isinstance(outcome, Retry), outcome
     assert "HTTP 200" in outcome.reason
+    assert "acknowledg" in outcome.reason
+    assert "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in outcome.reason
     assert "4711" not in outcome.reason
+
+
+@pytest.mark.parametrize("answer", sorted(_OTLP_ACKS))
+def test_what_real_otlp_receivers_answer_is_a_delivery(answer: str) -> None:
+    """(The check above must not refuse a real receiver; the real Phoenix's answer:
+    tests/integration/test_phoenix.py.)"""
+    assert _one_delivery("otlp", *_OTLP_ACKS[answer]) == Delivered()
 
 
 @pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])

@@ -33,7 +33,8 @@ def _no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 class _Server:
     """A local HTTP server recording the request targets it saw; ``dripping``: its answer dripped
-    a byte every 0.2 s (until stopped)."""
+    a byte every 0.2 s (until stopped). A GET is answered "answered"; a POST (the OTLP sink's
+    export) as an OTLP receiver answers a full success: an empty protobuf body."""
 
     def __init__(self, dripping: bool = False) -> None:
         self.targets: list[str] = []
@@ -49,8 +50,10 @@ class _Server:
                 if dripping:
                     drip(self.wfile, server.stop)
                     return
-                body = b"answered"
+                body = b"answered" if self.command == "GET" else b""
                 self.send_response(200)
+                if self.command == "POST":
+                    self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

@@ -24,8 +24,9 @@ refused for its content (400, 413, 422) is split in halves and re-sent, so one r
 endpoint cannot take does not refuse its neighbours; a single record's 413 names its size.
 An acceptance is read too: one whose ``partial_success`` rejects every span sent refuses each
 record with the endpoint's message; one rejecting some is split alike to find them (a re-send
-is an upsert). One whose body is not all in (cut, too slow, undecodable), or is a web page, is
-a ``Retry``: what the endpoint stored is unknown. Exporter headers no HTTP header can carry stop the sink's
+is an upsert). One whose body is not all in (cut, too slow, undecodable), or is no
+ExportTraceServiceResponse (a web page, a proxy's ``OK``), is a ``Retry``: what the endpoint
+stored is unknown. Exporter headers no HTTP header can carry stop the sink's
 construction (``OTEL_EXPORTER_OTLP_*HEADERS`` named, never the value).
 
 The session sends through our HTTP transport (``tracing._transport``), as every sink does: one
@@ -397,23 +398,47 @@ def _read_answer(answer: httpx.Response) -> tuple[bytes, httpx.TransportError | 
     return b"".join(parts), None
 
 
-def _rejected(answer: requests.Response) -> tuple[int, str]:
-    """How many spans an acceptance's ExportTraceServiceResponse says were rejected, and its
-    error message (OTLP's partial_success; protobuf, or JSON when the endpoint answers JSON).
-    An answer that is neither (empty, a proxy's page) rejected none."""
-    if "json" in answer.headers.get("content-type", "").lower():
-        return _rejected_json(answer_json(answer.content.decode("utf-8", "replace")))
-    reply = ExportTraceServiceResponse()
-    try:
-        reply.ParseFromString(answer.content)
-    except Exception:  # protobuf's DecodeError (no type stubs here to name it by): no OTLP answer
-        return 0, ""
-    return max(reply.partial_success.rejected_spans, 0), reply.partial_success.error_message
+# The media types an ExportTraceServiceResponse comes in as protobuf: the specification's, and
+# what a receiver that names no type or a generic one sends its bytes as.
+_PROTOBUF_TYPES = frozenset({"application/x-protobuf", "application/protobuf", "application/octet-stream", ""})
+
+
+def _export_answer(answer: requests.Response) -> tuple[str | None, int, str]:
+    """An acceptance's body read as OTLP/HTTP's ExportTraceServiceResponse: what it was instead
+    when it is none (None when it is one), how many spans its partial_success says were rejected,
+    and its error message.
+
+    One is an empty body (a full success's protobuf is zero bytes: what the Collector's
+    otlpreceiver, and so Tempo and Jaeger, Phoenix and MLflow answer), a JSON object (proto3 JSON
+    ignores fields it does not know; Langfuse answers ``{}`` even to a protobuf export), or bytes
+    that parse as the message when sent as protobuf or as no type at all. Anything else (a web
+    page, a proxy's ``OK`` in text/plain, bytes protobuf cannot read) came from something other
+    than an OTLP receiver at that URL."""
+    content_type = answer.headers.get("content-type", "")
+    media = content_type.split(";")[0].strip().lower()
+    if "html" in media:
+        return "a web page", 0, ""
+    if not answer.content:
+        return None, 0, ""
+    parsed = answer_json(answer.content.decode("utf-8", "replace"))
+    if isinstance(parsed, dict):
+        rejected, message = _rejected_json(parsed)
+        return None, rejected, message
+    if media in _PROTOBUF_TYPES:
+        reply = ExportTraceServiceResponse()
+        try:
+            reply.ParseFromString(answer.content)
+        except Exception:  # protobuf's DecodeError (no type stubs here to name it by)
+            pass
+        else:
+            return None, max(reply.partial_success.rejected_spans, 0), reply.partial_success.error_message
+    shown = media[:40] if media and media.isprintable() else "no content type"
+    return f"a body that is not an ExportTraceServiceResponse ({shown})", 0, ""
 
 
 def _rejected_json(parsed: Any) -> tuple[int, str]:
-    """``_rejected`` of an OTLP/JSON answer: proto3's JSON, camelCase or the field names, the
-    int64 count a string or a number."""
+    """The rejected spans and error message of an OTLP/JSON answer: proto3's JSON, camelCase or
+    the field names, the int64 count a string or a number."""
     partial = _field(parsed, "partialSuccess", "partial_success")
     count = _field(partial, "rejectedSpans", "rejected_spans")
     message = _field(partial, "errorMessage", "error_message")
@@ -453,11 +478,8 @@ class _WatchedSession(requests.Session):
         self.last.status, self.last.text = response.status_code, text
         self.last.retry_after = retry_after(response.headers.get("retry-after"))
         # (the body read is already bounded: _ANSWER_BYTES)
-        self.last.rejected, self.last.rejection = _rejected(response) if 200 <= response.status_code < 300 else (0, "")
-        # An OTLP receiver answers an ExportTraceServiceResponse (protobuf or JSON, possibly
-        # empty); a web page is something else at that URL (a proxy's sign-in, a web app), which
-        # stored nothing we know of. Other bodies are let be: receivers answer them loosely.
-        self.last.page = "html" in response.headers.get("content-type", "").lower()
+        if 200 <= response.status_code < 300:
+            self.last.instead, self.last.rejected, self.last.rejection = _export_answer(response)
         return response
 
 
@@ -553,7 +575,7 @@ class OtlpSink:
         if self._session is not None:
             last = self._session.last
             last.status, last.text, last.retry_after, last.unanswered = None, "", 0.0, None
-            last.rejected, last.rejection, last.page = 0, "", False
+            last.rejected, last.rejection, last.instead = 0, "", None
         try:
             result = self._exporter.export(carrier_spans(records, self._resource))
         except Exception as exc:  # an exporter must not raise; one that does is down for now
@@ -564,14 +586,17 @@ class OtlpSink:
         return self._failure(records, status), status
 
     def _accepted(self, records: Sequence[ScoreRecord]) -> tuple[Delivery, int | None]:
-        """An export the endpoint accepted: Delivered, unless its answer was a web page (a
-        ``Retry``) or rejected spans (OTLP's partial_success: those were not stored). All of
-        them: each record is refused; some: ``_SOME_REJECTED``, for ``_send`` to find which."""
+        """An export the endpoint accepted: Delivered, unless its answer was no
+        ExportTraceServiceResponse (a ``Retry``: something else answered, a proxy or a web app,
+        which stored nothing we know of) or rejected spans (OTLP's partial_success: those were
+        not stored). All of them: each record is refused; some: ``_SOME_REJECTED``, for
+        ``_send`` to find which."""
         last = self._session.last if self._session is not None else None
-        if getattr(last, "page", False):
+        instead = getattr(last, "instead", None)
+        if instead is not None:
             status = getattr(last, "status", None)
             return Retry(
-                f"OTLP endpoint answered HTTP {status} with a web page, not an OTLP acknowledgement:"
+                f"OTLP endpoint answered HTTP {status} with {instead}, not an OTLP acknowledgement:"
                 " is OTEL_EXPORTER_OTLP_TRACES_ENDPOINT its address?"
             ), None
         rejected = getattr(last, "rejected", 0)
