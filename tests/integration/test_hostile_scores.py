@@ -1,7 +1,8 @@
 """Hostile score content on its way to the real Phoenix and MLflow servers: a reason of megabytes,
 control characters (NUL too), lone surrogates, NaN and infinities, a scorer id of thousands of
-characters, any script. Each record is written as it is (a lone surrogate as U+FFFD) or refused
-by the sink itself, named, without a request: never a 4xx or 5xx from the server to retry."""
+characters, any script. Each record is written as it is (a lone surrogate as U+FFFD; to MLflow,
+as every database behind it stores it) or refused by the sink itself, named, without a request:
+never a 4xx or 5xx from the server to retry."""
 
 from __future__ import annotations
 
@@ -98,8 +99,23 @@ def test_mlflow_stores_hostile_scores_as_they_are_or_the_sink_refuses_them(
     records = _records(trace_id, spans)
     delivered = _delivered(records, MlflowSink(mlflow.url, timeout_s=30))
     found = assessments(mlflow, [trace_id])
+    # As every database behind MLflow stores them (tests/tracing/test_mlflow_sink_limits.py):
+    # NUL as U+FFFD (PostgreSQL), a name over 250 characters and a rationale over 64 KiB cut
+    # with a marker (VARCHAR(250), MySQL's TEXT). SQLite would have taken them whole.
     for record in delivered:
         got = found[assessment_id(record)]
-        assert got["assessment_name"] == record.scorer_id
+        if len(record.scorer_id) <= 250:
+            assert got["assessment_name"] == record.scorer_id.replace("\x00", "\ufffd")
+        else:
+            assert got["assessment_name"].startswith(record.scorer_id[:150])
+            assert len(got["assessment_name"]) <= 250
+            assert "cut by tracescore from 3,007 characters" in got["assessment_name"]
         if record.ok and record.not_scorable is None:
-            assert got.get("rationale", "") == (record.reason or "")
+            reason = (record.reason or "").replace("\x00", "\ufffd")
+            if len(reason.encode()) <= 65_535:
+                assert got.get("rationale", "") == reason
+            else:
+                assert got["rationale"].startswith(reason[:60_000])
+                assert got["rationale"].endswith("]")
+                assert f"cut by tracescore from {len(reason):,} characters" in got["rationale"]
+                assert len(got["rationale"].encode()) <= 65_535

@@ -17,6 +17,16 @@ MLflow ingested over OTLP (``POST /v1/traces`` with the ``x-mlflow-experiment-id
   span's deployment environment (``ScoreRecord.environment``) when it has one (an assessment has
   no environment field of its own).
 
+What every database behind MLflow stores: MLflow checks no assessment field itself, its database
+does (SQLite stores anything; PostgreSQL refuses a NUL character in text and a name over its
+column; MySQL a text over 64 KiB), and MLflow answers a 400 (a dead letter) or, for a NUL on
+PostgreSQL, a 500 (retried, then a dead letter). So a NUL becomes U+FFFD, as a lone surrogate
+does, and a text over its column is cut, ending in a marker that says so, with the original's
+length and the start of its SHA-256 (two long scorer ids alike in their first characters stay
+two names): the name and source id to 250 characters (``VARCHAR(250)``), the rationale to 65,535
+bytes of UTF-8, and the value, the error and the metadata to 65,535 bytes as MLflow writes them
+(``json.dumps``, non-ASCII escaped); each metadata value to ``_METADATA_VALUE_CHARS`` of that.
+
 Why update first: MLflow answers a second create with the same id by HTTP 500 (a constraint
 violation), so every send is ``PATCH .../assessments/{id}`` and, when MLflow answers
 RESOURCE_DOES_NOT_EXIST, ``POST .../assessments``. An update keeps the source and merges the
@@ -42,8 +52,11 @@ Auth: ``Authorization: Bearer <token>`` when ``token`` is given (MLflow's
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -87,6 +100,18 @@ _METADATA_KEYS = frozenset(
 # A hint for the drainer: MLflow writes an OTLP batch before it answers the exporter, so a
 # missing trace is one the agent has not exported yet.
 _NOT_INGESTED_AFTER_S = 2.0
+
+# What the columns of MLflow's assessments table hold on every database it supports
+# (mlflow/store/tracking/dbmodels/models.py, SqlAssessments; migration 770bee3ae1dd): name and
+# source_id are String(250), counted in characters by PostgreSQL and MySQL alike; value, error,
+# rationale and assessment_metadata are Text, which is MySQL's TEXT: 65,535 bytes.
+_NAME_CHARS = 250
+_TEXT_BYTES = 65_535
+# Each metadata value's share of its column, as json.dumps writes it: ten keys stay under
+# _TEXT_BYTES whatever their values.
+_METADATA_VALUE_CHARS = 6_000
+# The longest error code kept (an exception's type name: short unless hostile).
+_ERROR_CODE_CHARS = 1_000
 
 
 class MlflowSink(PerScoreSink):
@@ -217,13 +242,17 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
     feedback: dict[str, Any]
     rationale = record.reason
     if not record.ok:
-        error = {"error_code": record.error_type, "error_message": record.error_message or ""}
-        feedback = {"value": None, "error": error}
+        code = _cut(record.error_type or "", lambda c: len(json.dumps(c)) <= _ERROR_CODE_CHARS)
+        message = _cut(
+            record.error_message or "",
+            lambda m: len(json.dumps({"error_code": code, "error_message": m, "stack_trace": None})) <= _TEXT_BYTES,
+        )
+        feedback = {"value": None, "error": {"error_code": code, "error_message": message}}
     elif record.score is None and record.not_scorable is not None:
         feedback = {"value": None}
         rationale = f"not scorable: {record.not_scorable}"
     elif record.score is None:
-        feedback = {"value": record.label}
+        feedback = {"value": _cut(record.label, _json_fits) if record.label is not None else None}
     else:
         feedback = {"value": record.score}
     metadata: dict[str, str | None] = {
@@ -239,17 +268,52 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
         "environment": record.environment or None,
     }
     scored_at = datetime.fromtimestamp(record.scored_at, UTC).isoformat(timespec="milliseconds")
+    source = {"source_type": "LLM_JUDGE" if record.judge_models else "CODE", "source_id": _name(record.scorer_id)}
     return {
         "assessment_id": f"a-{record.score_id[:32]}",
-        "assessment_name": record.scorer_name or record.scorer_id,
+        "assessment_name": _name(record.scorer_name or record.scorer_id),
         "trace_id": f"tr-{trace_id}",
         "span_id": span_id,
-        "source": {"source_type": "LLM_JUDGE" if record.judge_models else "CODE", "source_id": record.scorer_id},
+        "source": source,
         "create_time": scored_at.replace("+00:00", "Z"),
         "feedback": feedback,
-        "rationale": rationale or "",
-        "metadata": {key: value for key, value in metadata.items() if value is not None},
+        "rationale": _cut(rationale or "", lambda r: len(r.encode("utf-8", "surrogatepass")) <= _TEXT_BYTES),
+        "metadata": {
+            key: _cut(value, lambda v: len(json.dumps(v)) <= _METADATA_VALUE_CHARS)
+            for key, value in metadata.items()
+            if value is not None
+        },
     }
+
+
+def _name(text: str) -> str:
+    """A name or source id as its ``VARCHAR(250)`` column holds it."""
+    return _cut(text, lambda n: len(n) <= _NAME_CHARS)
+
+
+def _json_fits(text: str) -> bool:
+    """Whether ``text`` fits a Text column as MLflow writes it there (``json.dumps``: ASCII)."""
+    return len(json.dumps(text)) <= _TEXT_BYTES
+
+
+def _cut(text: str, fits: Callable[[str], bool]) -> str:
+    """``text`` as every database behind MLflow stores it: a NUL (PostgreSQL's text cannot hold
+    one) as U+FFFD, and, when it does not ``fit`` its column, its longest start that fits
+    followed by a marker naming its length and the start of its SHA-256 (``fits`` of a start
+    grows with its length: each character counts one or more)."""
+    text = text.replace("\x00", "\ufffd")
+    if fits(text):
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    marker = f" …[cut by tracescore from {len(text):,} characters, sha256 {digest}]"
+    low, high = 0, len(text)
+    while low < high:  # the longest start that fits with the marker after it
+        middle = (low + high + 1) // 2
+        if fits(text[:middle] + marker):
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low] + marker
 
 
 def _holds_assessment(answer: Any) -> bool:
