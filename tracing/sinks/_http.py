@@ -8,6 +8,7 @@ The contract (``_sink.py``): 408/409/425/429 and every 5xx, connection errors an
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import math
@@ -53,6 +54,7 @@ __all__ = [
     "retry_after",
     "scrubbable",
     "server_message",
+    "stored_text",
     "transport_retry",
     "unacknowledged",
 ]
@@ -246,6 +248,27 @@ def json_body(payload: object) -> bytes:
     ``"\\ud800"`` makes one) becomes U+FFFD: as it is, the encoding would fail on every retry."""
     text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     return without_lone_surrogates(text)[0].encode("utf-8")
+
+
+def stored_text(text: str, fits: Callable[[str], bool]) -> str:
+    """``text`` as a backend's database stores it: a NUL (PostgreSQL's text and JSONB cannot
+    hold one; SQLite can, so only a PostgreSQL-backed server refused it) as U+FFFD, as a lone
+    surrogate is, and, when it does not ``fit`` its column, its longest start that fits followed
+    by a marker naming its length and the start of its SHA-256 (two long texts alike in their
+    first characters stay two). ``fits`` of a start must grow with its length."""
+    text = text.replace("\x00", "\ufffd")
+    if fits(text):
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    marker = f" …[cut by tracescore from {len(text):,} characters, sha256 {digest}]"
+    low, high = 0, len(text)
+    while low < high:  # the longest start that fits with the marker after it
+        middle = (low + high + 1) // 2
+        if fits(text[:middle] + marker):
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low] + marker
 
 
 def http_url_problem(url: str) -> str | None:

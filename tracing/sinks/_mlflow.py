@@ -52,11 +52,9 @@ Auth: ``Authorization: Bearer <token>`` when ``token`` is given (MLflow's
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -78,6 +76,7 @@ from tracing.sinks._http import (
     record_texts,
     refusal_detail,
     retry_after,
+    stored_text,
     unacknowledged,
 )
 from tracing.sinks._sink import Delivered, Delivery, Refused, Retry, shown_endpoint
@@ -242,8 +241,8 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
     feedback: dict[str, Any]
     rationale = record.reason
     if not record.ok:
-        code = _cut(record.error_type or "", lambda c: len(json.dumps(c)) <= _ERROR_CODE_CHARS)
-        message = _cut(
+        code = stored_text(record.error_type or "", lambda c: len(json.dumps(c)) <= _ERROR_CODE_CHARS)
+        message = stored_text(
             record.error_message or "",
             lambda m: len(json.dumps({"error_code": code, "error_message": m, "stack_trace": None})) <= _TEXT_BYTES,
         )
@@ -252,7 +251,7 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
         feedback = {"value": None}
         rationale = f"not scorable: {record.not_scorable}"
     elif record.score is None:
-        feedback = {"value": _cut(record.label, _json_fits) if record.label is not None else None}
+        feedback = {"value": stored_text(record.label, _json_fits) if record.label is not None else None}
     else:
         feedback = {"value": record.score}
     metadata: dict[str, str | None] = {
@@ -277,9 +276,9 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
         "source": source,
         "create_time": scored_at.replace("+00:00", "Z"),
         "feedback": feedback,
-        "rationale": _cut(rationale or "", lambda r: len(r.encode("utf-8", "surrogatepass")) <= _TEXT_BYTES),
+        "rationale": stored_text(rationale or "", lambda r: len(r.encode("utf-8", "surrogatepass")) <= _TEXT_BYTES),
         "metadata": {
-            key: _cut(value, lambda v: len(json.dumps(v)) <= _METADATA_VALUE_CHARS)
+            key: stored_text(value, lambda v: len(json.dumps(v)) <= _METADATA_VALUE_CHARS)
             for key, value in metadata.items()
             if value is not None
         },
@@ -288,32 +287,12 @@ def _assessment(record: ScoreRecord) -> dict[str, Any] | Refused:
 
 def _name(text: str) -> str:
     """A name or source id as its ``VARCHAR(250)`` column holds it."""
-    return _cut(text, lambda n: len(n) <= _NAME_CHARS)
+    return stored_text(text, lambda n: len(n) <= _NAME_CHARS)
 
 
 def _json_fits(text: str) -> bool:
     """Whether ``text`` fits a Text column as MLflow writes it there (``json.dumps``: ASCII)."""
     return len(json.dumps(text)) <= _TEXT_BYTES
-
-
-def _cut(text: str, fits: Callable[[str], bool]) -> str:
-    """``text`` as every database behind MLflow stores it: a NUL (PostgreSQL's text cannot hold
-    one) as U+FFFD, and, when it does not ``fit`` its column, its longest start that fits
-    followed by a marker naming its length and the start of its SHA-256 (``fits`` of a start
-    grows with its length: each character counts one or more)."""
-    text = text.replace("\x00", "\ufffd")
-    if fits(text):
-        return text
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    marker = f" …[cut by tracescore from {len(text):,} characters, sha256 {digest}]"
-    low, high = 0, len(text)
-    while low < high:  # the longest start that fits with the marker after it
-        middle = (low + high + 1) // 2
-        if fits(text[:middle] + marker):
-            low = middle
-        else:
-            high = middle - 1
-    return text[:low] + marker
 
 
 def _holds_assessment(answer: Any) -> bool:

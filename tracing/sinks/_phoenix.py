@@ -29,6 +29,11 @@ record does not refuse its neighbours; a 401 or 403 refuses the batch at once. P
 validation answers quote the request, i.e. the score's reason: only their field paths and
 messages are kept.
 
+What Phoenix stores on PostgreSQL (SQLite takes anything): each NUL of a text is sent as U+FFFD
+(PostgreSQL's text and JSONB refuse it), and the name is cut to ``_NAME_BYTES`` with a marker
+saying so (``stored_text``; the unique index on name, span and identifier holds 2,704 bytes an
+entry). Phoenix answered either with a 500 for the whole batch.
+
 Auth: ``Authorization: Bearer <api key>`` (Phoenix's system or user API keys) when
 ``api_key`` is given; it never appears in a reason or detail.
 """
@@ -53,6 +58,7 @@ from tracing.sinks._http import (
     retry_after,
     scrubbable,
     server_message,
+    stored_text,
     transport_retry,
     unacknowledged,
 )
@@ -69,6 +75,11 @@ _BATCH = 100
 _URL_SETTING = "TRACESCORE_PHOENIX_URL"
 # A hint for the drainer: Phoenix's bulk inserter writes received spans within about a second.
 _NOT_INGESTED_AFTER_S = 1.0
+# The most of an annotation's name sent, in UTF-8 bytes. Phoenix's span_annotations table is
+# unique on (name, span, identifier) (phoenix/db/models.py, SpanAnnotation): on PostgreSQL a
+# B-tree entry holds at most 2,704 bytes, and a longer name failed the insert, an HTTP 500 for
+# the whole batch. The identifier (75 bytes) and the entry's own bytes fit beside this.
+_NAME_BYTES = 2_000
 
 
 class PhoenixSink:
@@ -186,6 +197,7 @@ def _annotation(record: ScoreRecord) -> dict[str, Any] | Refused:
         result = {"label": "not scorable", "score": None, "explanation": record.not_scorable}
     else:
         result = {"label": record.label, "score": record.score, "explanation": record.reason}
+    result = {key: _text(value) for key, value in result.items()}
     metadata = {
         "scorer_id": record.scorer_id,
         "scorer_version": record.scorer_version,
@@ -200,12 +212,23 @@ def _annotation(record: ScoreRecord) -> dict[str, Any] | Refused:
     }
     return {
         "span_id": span_id,
-        "name": name,
+        "name": stored_text(name, lambda n: len(n.encode("utf-8", "surrogatepass")) <= _NAME_BYTES),
         "annotator_kind": "LLM" if record.judge_models else "CODE",
         "result": result,
-        "metadata": {key: value for key, value in metadata.items() if value is not None},
+        "metadata": {key: _text(value) for key, value in metadata.items() if value is not None},
         "identifier": f"tracescore:{record.score_id}",
     }
+
+
+def _text(value: Any) -> Any:
+    """``value`` (a text, a list of texts, or no text) as PostgreSQL stores it: each NUL as
+    U+FFFD (``stored_text``): its text columns and its JSONB refused one, an HTTP 500 for the
+    whole batch. Phoenix's other columns hold texts whole."""
+    if isinstance(value, str):
+        return stored_text(value, lambda _: True)
+    if isinstance(value, list | tuple):
+        return [_text(item) for item in value]
+    return value
 
 
 def _missing_spans(status: int, body: str, sent: set[str]) -> set[str]:
