@@ -213,6 +213,46 @@ def test_a_refused_batch_is_split_so_only_the_bad_record_is_refused(fake: FakePh
     assert [len(s.body["data"]) for s in fake.seen] == [3, 1, 1, 1]
 
 
+def _failing_with(poison: str) -> Callable[[dict[str, Any]], Answer]:
+    """Phoenix answering a batch as it does when its database cannot take one annotation of it
+    (one transaction: HTTP 500, nothing stored): here any whose explanation is ``poison``."""
+
+    def answer(body: dict[str, Any]) -> Answer:
+        if any(a["result"]["explanation"] == poison for a in body["data"]):
+            return 500, {"Content-Type": "text/plain"}, "Internal Server Error"
+        return 200, {}, json.dumps({"data": [{"id": "x"}] * len(body["data"])})
+
+    return answer
+
+
+def test_a_batch_phoenix_answers_500_is_halved_so_one_record_fails_alone(fake: FakePhoenix) -> None:
+    """One record Phoenix's database cannot take made its whole batch a 500: every neighbour was
+    a Retry with it, each a dead letter once SINK_MAX_ATTEMPTS ran out. Now the halves go apart
+    until the record is found: only it is a Retry, in a few requests."""
+    fake.answer = _failing_with("POISON")
+    records = [record(scorer_id=f"s{n}", reason="POISON" if n == 4 else "fine") for n in range(7)]
+    sink = PhoenixSink(fake.url)
+    try:
+        outcomes = sink.deliver(records)
+    finally:
+        sink.close()
+    assert outcomes == [Retry("Phoenix answered HTTP 500") if n == 4 else Delivered() for n in range(7)]
+    assert len(fake.seen) <= 7  # 1 + 2 per halving (7 → 4 → 2 → 1)
+
+
+def test_a_500_for_every_half_is_a_retry_for_the_batch_in_three_requests(fake: FakePhoenix) -> None:
+    """Phoenix failing everything (its database down) costs three requests a batch, not one per
+    record."""
+    fake.answer = lambda body: (500, {"Content-Type": "text/plain"}, "Internal Server Error")
+    sink = PhoenixSink(fake.url)
+    try:
+        outcomes = sink.deliver([record(scorer_id=f"s{n}") for n in range(100)])
+    finally:
+        sink.close()
+    assert outcomes == [Retry("Phoenix answered HTTP 500")] * 100
+    assert [len(s.body["data"]) for s in fake.seen] == [100, 50, 50]
+
+
 def test_auth_refusal_names_the_setting_and_hides_the_key(fake: FakePhoenix) -> None:
     """401 refuses the whole batch in one request; an answer that echoes the API key has it masked."""
     fake.answer = lambda body: (401, {}, f"invalid token Bearer {API_KEY}")

@@ -25,7 +25,8 @@ annotation's id for each one sent (else ``Retry``: a page or an empty body is no
 408/409/425/429/5xx, connection errors and timeouts ``Retry`` (Retry-After honoured); any other
 4xx ``Refused`` with Phoenix's answer.
 A batch refused for its content (400, 413, 422) is re-sent one record at a time, so one bad
-record does not refuse its neighbours; a 401 or 403 refuses the batch at once. Phoenix's
+record does not refuse its neighbours; a batch answered 500 is halved (``_halve``), as Phoenix
+writes a batch in one transaction; a 401 or 403 refuses the batch at once. Phoenix's
 validation answers quote the request, i.e. the score's reason: only their field paths and
 messages are kept.
 
@@ -122,16 +123,26 @@ class PhoenixSink:
             raise AssertionError("PhoenixSink.deliver left a record without an outcome")
         return done
 
-    def _send(self, batch: list[tuple[int, dict[str, Any]]], outcomes: list[Delivery | None]) -> None:
+    def _send(
+        self,
+        batch: list[tuple[int, dict[str, Any]]],
+        outcomes: list[Delivery | None],
+        known: Delivered | Retry | tuple[int, str] | None = None,
+    ) -> None:
+        """Send ``batch`` (``known``: Phoenix's answer to it, had already), one outcome per
+        record into ``outcomes``."""
         pending = batch
         # Each round either ends or removes at least one span id (reported missing) from the batch.
         while pending:
-            answer = self._post([annotation for _, annotation in pending])
+            answer, known = known or self._post([annotation for _, annotation in pending]), None
             if isinstance(answer, Delivered | Retry):
                 for i, _ in pending:
                     outcomes[i] = answer
                 return
             status, body = answer
+            if status == 500:
+                self._halve(pending, outcomes)
+                return
             missing = _missing_spans(status, body, {a["span_id"] for _, a in pending})
             if missing:
                 not_yet = Retry(
@@ -153,8 +164,27 @@ class PhoenixSink:
                 outcomes[i] = refused
             return
 
+    def _halve(self, batch: list[tuple[int, dict[str, Any]]], outcomes: list[Delivery | None]) -> None:
+        """A batch Phoenix answered HTTP 500: its halves sent apart. Phoenix upserts a batch in
+        one transaction, so one annotation its database cannot take (a kind ``_annotation`` does
+        not foresee) failed every other one with it, each retried until a dead letter. A half
+        that goes in is Delivered and the failing one halved again, down to the record; both
+        halves failing is Phoenix's own trouble (or two such records): every record is Retry,
+        three requests for the batch."""
+        failed = Retry("Phoenix answered HTTP 500")
+        first, second = batch[: len(batch) // 2], batch[len(batch) // 2 :]
+        first_answer = self._post([annotation for _, annotation in first])
+        second_answer = self._post([annotation for _, annotation in second])
+        if all(_failed(answer) for answer in (first_answer, second_answer)):
+            for i, _ in batch:
+                outcomes[i] = failed
+            return
+        self._send(first, outcomes, first_answer)
+        self._send(second, outcomes, second_answer)
+
     def _post(self, data: list[dict[str, Any]]) -> Delivered | Retry | tuple[int, str]:
-        """Delivered, Retry, or (status, body) of a refusal to look at."""
+        """Delivered, Retry, or (status, body) of a refusal to look at (a 500 to a batch of more
+        than one too: ``_halve``)."""
         try:
             response = self._client.post(
                 self._url, params={"sync": "true"}, content=json_body({"data": data}), headers=JSON
@@ -169,6 +199,8 @@ class PhoenixSink:
                 return isinstance(ids, list) and len(ids) == len(data)
 
             return unacknowledged("Phoenix", response, inserted, _URL_SETTING) or Delivered()
+        if status == 500 and len(data) > 1:
+            return status, answer_text(response)
         if is_retryable(status):  # incl. Phoenix's 507: storage full, writes locked for now
             return Retry(f"Phoenix answered HTTP {status}", after_s=retry_after(response.headers.get("retry-after")))
         return status, answer_text(response)
@@ -229,6 +261,13 @@ def _text(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_text(item) for item in value]
     return value
+
+
+def _failed(answer: Delivered | Retry | tuple[int, str]) -> bool:
+    """Whether ``answer`` is a 500 (to a batch, or as the Retry of a lone record)."""
+    if isinstance(answer, Retry):
+        return answer.reason == "Phoenix answered HTTP 500"
+    return isinstance(answer, tuple) and answer[0] == 500
 
 
 def _missing_spans(status: int, body: str, sent: set[str]) -> set[str]:
