@@ -19,12 +19,15 @@ would mount its own transports, without the deadline, for the proxied schemes.
 
 from __future__ import annotations
 
+import datetime
+import math
 import ssl
 import time
 import urllib.request
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from email.utils import parsedate_to_datetime
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
@@ -38,6 +41,7 @@ __all__ = [
     "ExchangeTooSlow",
     "deadline_client",
     "proxy_for",
+    "retry_after_s",
 ]
 
 # A whole exchange (connect to the answer's last byte) gets this many of a client's timeouts.
@@ -296,3 +300,26 @@ def proxy_for(url: str) -> httpx.Proxy | None:
             "clients go through http(s) proxies only"
         )
     return proxy
+
+
+def retry_after_s(header: str | None, *, cap_s: float) -> float | None:
+    """A ``Retry-After``'s wait in seconds, at most ``cap_s``: delay-seconds, or an HTTP-date
+    (RFC 9110: IMF-fixdate, or the obsolete RFC 850 and asctime forms, all GMT: the asctime form
+    names no zone and was read as the machine's local time). A date past is no wait, as is a
+    negative delay. None when absent or unreadable (a word, a NaN, a date no calendar holds)."""
+    value = (header or "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.UTC)
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), cap_s)

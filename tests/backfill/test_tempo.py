@@ -452,7 +452,19 @@ def test_an_answer_of_another_form_says_what_it_was(tempo: FakeTempo) -> None:
     assert [i.spans[0].trace_id for i in items if isinstance(i, SpanBatch)] == [spaced]
 
 
-@pytest.mark.parametrize(("retry_after", "waited"), [(b"7", 7.0), (b"3600", 60.0), (b"0", 0.0)])
+@pytest.mark.parametrize(
+    ("retry_after", "waited"),
+    [
+        (b"7", 7.0),
+        (b"3600", 60.0),
+        (b"0", 0.0),
+        # An HTTP-date (RFC 9110 allows either form; it was read as no Retry-After, backed off
+        # with jitter): one long past is no wait, one decades ahead the cap; the asctime form too.
+        (b"Sun, 06 Nov 1994 08:49:37 GMT", 0.0),
+        (b"Sun, 06 Nov 2094 08:49:37 GMT", 60.0),
+        (b"Sun Nov  6 08:49:37 2094", 60.0),
+    ],
+)
 def test_a_retry_after_is_waited_as_asked_up_to_a_minute(
     tempo: FakeTempo, monkeypatch: pytest.MonkeyPatch, retry_after: bytes, waited: float
 ) -> None:

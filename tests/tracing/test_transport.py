@@ -17,7 +17,7 @@ import pytest
 
 from tests._drip import drip
 from tracing import ScoreRecord, score_id_for
-from tracing._transport import ExchangeTooSlow
+from tracing._transport import ExchangeTooSlow, retry_after_s
 from tracing.sinks import Delivered, LangfuseSink, OtlpSink, Retry
 from tracing.sinks._http import http_client
 
@@ -285,3 +285,49 @@ def test_the_otlp_sink_checks_certificates_as_its_exporter_is_told(
     assert unshown.reason.startswith("OTLP endpoint: TLS failed (")  # (TLS 1.3: TLSV13_ALERT_CERTIFICATE_REQUIRED)
     assert delivered == Delivered()
     assert server.targets == ["/v1/traces"]
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Tokyo", "America/Los_Angeles"])
+def test_a_retry_after_date_is_read_as_gmt_whatever_the_machines_zone(
+    monkeypatch: pytest.MonkeyPatch, zone: str
+) -> None:
+    """An HTTP-date is GMT by definition, its asctime form too, which names no zone: read as the
+    machine's local time, 30 s ahead was 9 hours past in Tokyo (no wait) and 8 hours ahead in
+    Los Angeles (the cap)."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        ahead = time.time() + 30
+        for form in ("%a, %d %b %Y %H:%M:%S GMT", "%a %b %d %H:%M:%S %Y"):
+            header = time.strftime(form, time.gmtime(ahead))
+            waited = retry_after_s(header, cap_s=600.0)
+            assert waited is not None, form
+            assert 20 < waited <= 30, (form, waited)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, None),
+        ("", None),
+        ("soon", None),
+        ("²", None),
+        ("nan", None),
+        ("inf", None),
+        ("12", 12.0),
+        (" 12 ", 12.0),
+        ("1.5", 1.5),
+        ("-5", 0.0),
+        ("99999999999999999999", 60.0),
+        ("Sun, 06 Nov 1994 08:49:37 GMT", 0.0),
+        ("Sun, 06 Nov 2094 08:49:37 GMT", 60.0),
+        ("Sun, 06 Nov 99999 08:49:37 GMT", None),
+    ],
+)
+def test_a_retry_after_is_read_as_seconds_or_a_date_capped(header: str | None, expected: float | None) -> None:
+    """One reader of Retry-After for our HTTP clients (the sinks', Tempo's): delay-seconds or an
+    HTTP-date, capped, None when absent or unreadable."""
+    assert retry_after_s(header, cap_s=60.0) == expected

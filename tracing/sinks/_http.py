@@ -14,12 +14,10 @@ import json
 import math
 import re
 import ssl
-import time
 import zlib
 from base64 import b64encode
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -29,7 +27,7 @@ from scorers import header_value_problem
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing._text import without_lone_surrogates
-from tracing._transport import ExchangeTooSlow, deadline_client, proxy_for
+from tracing._transport import ExchangeTooSlow, deadline_client, proxy_for, retry_after_s
 from tracing.sinks._sink import Delivery, Refused, Retry
 
 __all__ = [
@@ -297,19 +295,7 @@ def asks_to_wait(response: httpx.Response) -> bool:
 def retry_after(header: str | None) -> float:
     """A Retry-After header's value in seconds (delta or HTTP date), capped; 0 when absent or
     unreadable."""
-    value = (header or "").strip()
-    if not value:
-        return 0.0
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return 0.0
-    if not math.isfinite(seconds):
-        return 0.0
-    return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
+    return retry_after_s(header, cap_s=_MAX_RETRY_AFTER_S) or 0.0
 
 
 def unacknowledged(

@@ -38,7 +38,7 @@ import httpx
 
 from tracing._broker import redact
 from tracing._errors import json_error
-from tracing._transport import EXCHANGE_TIMEOUTS, ExchangeTooSlow, deadline_client, proxy_for
+from tracing._transport import EXCHANGE_TIMEOUTS, ExchangeTooSlow, deadline_client, proxy_for, retry_after_s
 from tracing.otlp import OtlpDecodeError, decode_otlp_protobuf_records, decode_otlp_records
 from tracing.sources._base import Malformed, Position, SourceError, SourceItem, SpanBatch, UnitEnd
 from tracing.sources._compressed import byte_cap
@@ -68,13 +68,6 @@ _MAX_REDIRECTS = 10
 # header of its own, nothing httpx cannot encode) may hold.
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
-
-
-def _retry_after(value: str | None) -> float | None:
-    """A ``Retry-After`` in seconds (ASCII digits), capped; None when absent or another form."""
-    if value and value.isascii() and value.isdigit() and len(value) < 10:
-        return min(float(value), _MAX_RETRY_AFTER_S)
-    return None
 
 
 def _start_ns(value: Any) -> int:
@@ -287,7 +280,7 @@ class TempoSource:
                     # the request's headers (an auth token) are masked too, should Tempo echo them
                     said = redact(body.decode("utf-8", "replace").strip(), *self.headers.values())
                     raise _HttpError(status, f"HTTP {status} from {redact(url)}: {said}")
-                asked = _retry_after(headers.get("Retry-After"))
+                asked = retry_after_s(headers.get("Retry-After"), cap_s=_MAX_RETRY_AFTER_S)
                 if asked is not None:  # as asked: jittered, it came half of it early, or past the cap
                     time.sleep(asked)
                     delay = min(delay * 2, 10.0)
