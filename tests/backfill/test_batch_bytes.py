@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.backfill._doubles import CapturingSubmitter, Messages
-from tests.backfill._synth import trace_spans
+from tests.backfill._synth import trace_id, trace_spans
 from tests.tracing._exporting import read_runs
 from tests.tracing._spans import THREE_AGENTS, Recorder, genai_messages, three_agent_trace
 from tracing.otlp import spans_to_otlp_json
@@ -245,3 +245,48 @@ def test_a_batch_stopped_mid_hand_over_counts_as_enqueued(tmp_path: Path) -> Non
         Backfill(source, state, submitter).run()
     assert state.counters.runs_enqueued == 20
     assert submitter.scored <= state.expected_scores
+
+
+def _many_runs_line(t: int, runs: int) -> str:
+    """One trace as an OTLP JSON line: a workflow span above ``runs`` agents (each a run)."""
+    tid = trace_id(10_000 + t)
+    workflow = {"traceId": tid, "spanId": f"{t:08x}ffffffff", "name": "workflow", "kind": 1, "attributes": []}
+    for name in ("startTimeUnixNano", "endTimeUnixNano"):
+        workflow[name] = "1700000000000000000"
+    spans: list[dict[str, Any]] = [workflow]
+    for i in range(runs):
+        children, root = trace_spans(t * 100_000 + i)
+        for span in (*children, root):
+            span["traceId"] = tid
+        root["parentSpanId"] = workflow["spanId"]
+        spans += [*children, root]
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"scope": {"name": "synth"}, "spans": spans}]}]}) + "\n"
+
+
+def test_a_backfill_never_sends_a_batch_past_the_pairs_bound_and_loses_no_run(tmp_path: Path) -> None:
+    """A backfill of 100 scorers at the largest --batch-size (5,000 runs) over traces of up to
+    1,500 runs each: each message asks the workers for at most ``MAX_BATCH_PAIRS`` (run, scorer
+    id) pairs (a trace over it alone is split by runs), and every run is enqueued once. The
+    driver cut by bytes and runs only: one message of 3,503 runs x 100 ids (350,300 pairs), which
+    the workers refuse."""
+    from tracing.queue import MAX_BATCH_PAIRS, MAX_SCORER_IDS
+
+    sizes = [1_500, 3, 1_001, 999]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(_many_runs_line(t, runs) for t, runs in enumerate(sizes)))
+    submitter = CapturingSubmitter(8 * 2**20)
+    options = BackfillOptions(
+        scorers_module="tests.backfill.scorers", scorer_ids=[f"s{i}" for i in range(MAX_SCORER_IDS)], batch_size=5_000
+    )
+    state = BackfillState(job_id="bf-pairs", source=FileSource([path]).describe(), options=options)
+    state = Backfill(FileSource([path]), state, submitter, reporter=Messages()).run()
+    for batch, encoded in submitter.sent:
+        assert batch.pairs() <= MAX_BATCH_PAIRS
+        assert encoded is not None
+        ScoreBatch.model_validate({"batch_id": batch.batch_id, "requests": [json.loads(e) for e in encoded]})
+    runs = submitter.runs
+    assert len(runs) == len(set(runs)) == sum(sizes) == state.counters.runs_enqueued
+    assert {t for t, _ in runs} == {trace_id(10_000 + t) for t in range(len(sizes))}
+    assert state.counters.runs_rejected == {}
+    # Full messages: one more than the pairs need for each trace split.
+    assert len(submitter.sent) <= -(-sum(sizes) * MAX_SCORER_IDS // MAX_BATCH_PAIRS) + 2

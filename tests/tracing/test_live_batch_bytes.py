@@ -192,3 +192,25 @@ def test_celery_sink_refuses_a_batch_over_its_cap_naming_it(broker: RedisServer)
         sink.close()
     with pytest.raises(ValueError, match="max_payload_bytes must be over"):
         CelerySink(broker.url(DB), max_payload_bytes=100)
+
+
+def test_celery_sink_refuses_a_batch_past_the_pairs_bound_naming_it(broker: RedisServer) -> None:
+    """A batch built by hand (not cut by ``RequestCutter``) asking for more (run, scorer id) pairs
+    than the workers take is refused before the broker, as one over the byte cap is: it was
+    sent, and dead-lettered by every worker (invalid_payload)."""
+    from tracing import SpanRecord
+    from tracing.queue import MAX_BATCH_PAIRS, MAX_SCORER_IDS, spans_request
+
+    runs = MAX_BATCH_PAIRS // MAX_SCORER_IDS + 1
+    spans = [SpanRecord(trace_id="ab" * 16, span_id=f"{i + 1:016x}", name="a") for i in range(runs)]
+    request = spans_request(spans, [s.span_id for s in spans], [f"s{i}" for i in range(MAX_SCORER_IDS)])
+    sink = CelerySink(broker.url(DB), queue="tracescore-pairs-test")
+    try:
+        with pytest.raises(ValueError, match=f"{runs * MAX_SCORER_IDS:,} .*at most {MAX_BATCH_PAIRS:,}"):
+            sink.send(ScoreBatch.model_construct(batch_id="b1", requests=[request]))
+        assert broker.client(DB).llen("tracescore-pairs-test") == 0
+        fits = spans_request(spans[:-1], [s.span_id for s in spans[:-1]], request.scorer_ids)
+        sink.send(ScoreBatch.model_construct(batch_id="b2", requests=[fits]))
+        assert broker.client(DB).llen("tracescore-pairs-test") == 1
+    finally:
+        sink.close()

@@ -3,6 +3,7 @@ backpressure as a wrapper; backfill ships span records and the worker alone read
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -388,3 +389,59 @@ def test_the_runs_of_a_request_are_each_targets_descendants_whatever_the_links()
         checked += 1
     assert checked > 100
     assert refused > 100
+
+
+def _flat_trace(runs: int, salt: str) -> tuple[list[SpanRecord], list[str]]:
+    """One trace of ``runs`` top-level spans, each a run's target."""
+    trace = hashlib.md5(salt.encode()).hexdigest()
+    spans = [SpanRecord(trace_id=trace, span_id=f"{i + 1:016x}", name="agent.run") for i in range(runs)]
+    return spans, [s.span_id for s in spans]
+
+
+def test_a_batch_asking_more_run_scorer_pairs_than_the_bound_is_refused_naming_it() -> None:
+    """Each (run, scorer id) pair a message asks for is a score or an error record, each stored
+    and sent to every sink: an 8 MiB message held ~31,000 minimal runs x 100 unknown ids, ~3.1M
+    records from one message (1,000 x 100 took a worker 5.6 s). Past ``MAX_BATCH_PAIRS``, summed
+    over the requests (an id named twice counts once: it is scored once), the batch is refused
+    naming the bound, before a span is read; at the bound it validates, as dicts (the worker's
+    input) and as models."""
+    from tracing.queue import MAX_BATCH_PAIRS, MAX_SCORER_IDS
+
+    per_request = MAX_BATCH_PAIRS // MAX_SCORER_IDS // 2
+    ids = [f"s{i}" for i in range(MAX_SCORER_IDS)]
+    requests = []
+    for salt in ("a", "b"):
+        spans, targets = _flat_trace(per_request, salt)
+        requests.append(ScoreRequest(spans=spans, target_span_ids=targets, scorer_ids=ids))
+    at_bound = ScoreBatch(batch_id="pairs", requests=requests)
+    assert at_bound.pairs() == MAX_BATCH_PAIRS == sum(r.pairs() for r in requests)
+    sent = json.loads(at_bound.model_dump_json())
+    assert ScoreBatch.model_validate(sent).pairs() == MAX_BATCH_PAIRS
+    # An id named twice is one pair a run: 2 x 500 runs x 99 ids (and one named twice), and
+    # 10 x 100 more, is the bound (counted by names, 101,000).
+    twice = [{**r, "scorer_ids": [*ids[:-1], "s0"]} for r in sent["requests"]]
+    spans, targets = _flat_trace(MAX_BATCH_PAIRS // MAX_SCORER_IDS // 100, "c")
+    ten = ScoreRequest(spans=spans, target_span_ids=targets, scorer_ids=ids)
+    doubled = {**sent, "requests": [*twice, json.loads(request_json(ten))]}
+    assert ScoreBatch.model_validate(doubled).pairs() == MAX_BATCH_PAIRS
+
+    one_more = make_batch(range(1), ["s"]).requests[0]
+    for over in (
+        {**sent, "requests": [*sent["requests"], json.loads(one_more.model_dump_json())]},
+        # (the previous release's one-run shape counts its run too)
+        {**sent, "requests": [*sent["requests"], json.loads(request_json(one_more))]},
+    ):
+        with pytest.raises(ValidationError, match=f"{MAX_BATCH_PAIRS + 1:,} .*at most {MAX_BATCH_PAIRS:,}") as refused:
+            ScoreBatch.model_validate(over)
+        assert len(refused.value.errors()) == 1
+    with pytest.raises(ValidationError, match=f"at most {MAX_BATCH_PAIRS:,}"):
+        ScoreBatch(batch_id="pairs", requests=[*requests, one_more])
+    # Refused before the spans are read: a flood of runs whose spans are no records is one
+    # error, the bound's.
+    flood = {
+        "batch_id": "flood",
+        "requests": [{"spans": [5] * 10, "target_span_ids": [f"{i:016x}" for i in range(10_000)], "scorer_ids": ids}],
+    }
+    with pytest.raises(ValidationError, match=f"1,000,000 .*at most {MAX_BATCH_PAIRS:,}") as unread:
+        ScoreBatch.model_validate(flood)
+    assert len(unread.value.errors()) == 1

@@ -708,6 +708,45 @@ def test_a_request_naming_a_flood_of_scorer_ids_is_one_dead_letter_not_a_flood_o
     }
 
 
+def test_a_batch_asking_more_run_scorer_pairs_than_the_bound_is_one_dead_letter_not_a_flood_of_records(
+    worker: WorkerProcess, redis_url: str, tmp_path: Path
+) -> None:
+    """Each (run, scorer id) pair a message asks for is a score or an error record: an 8 MiB
+    message held ~31,000 minimal runs x 100 unknown ids, 3.1M records, each stored and sent to
+    every sink, a worker held for minutes (1,000 x 100 took 5.6 s). A message asking for more than
+    ``MAX_BATCH_PAIRS`` over its requests (here two of 100 ids, 501 and 500 runs: 100,100 pairs
+    in 0.2 MiB) is one invalid_payload letter naming the bound, no record is written, and the
+    worker scores the next batch."""
+    from tracing import SpanRecord
+    from tracing.queue import MAX_BATCH_PAIRS, MAX_SCORER_IDS, request_json, spans_request
+
+    ids = [f"u{i}" for i in range(MAX_SCORER_IDS - 1)] + ["length"]
+    requests = []
+    for salt, runs in (("a", 501), ("b", 500)):
+        trace = hashlib.md5(f"pairs-{salt}".encode()).hexdigest()
+        spans = [SpanRecord(trace_id=trace, span_id=f"{i + 1:016x}", name="agent.run") for i in range(runs)]
+        requests.append(json.loads(request_json(spans_request(spans, [s.span_id for s in spans], ids))))
+    flood = {"batch_id": "pairs-flood", "requests": requests}
+    assert len(json.dumps(flood)) < MAX_PAYLOAD
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.lpush(QUEUE, envelope(task_body([flood]))[1])
+        client.lpush(QUEUE, envelope(task_body([payload(range(2), ["length"], salt="after-pairs")]))[1])
+    finally:
+        client.close()
+    scores = tmp_path / "scores.jsonl"
+    assert wait_for(lambda: len(_dlq(redis_url)) == 1, 60), worker.text()[-3000:]
+    (letter,) = _dlq(redis_url)
+    assert (letter.reason, letter.retryable) == ("invalid_payload", False)
+    assert f"{MAX_BATCH_PAIRS + 100:,}" in letter.error
+    assert f"at most {MAX_BATCH_PAIRS:,}" in letter.error
+    assert "MAX_BATCH_PAIRS" in letter.error
+    assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
+    assert {r["trace_id"] for r in read_scores(scores)} == {
+        r["spans"][0]["trace_id"] for r in payload(range(2), ["length"], salt="after-pairs")["requests"]
+    }
+
+
 def test_a_batch_with_a_field_it_does_not_know_is_one_dead_letter_naming_it(
     worker: WorkerProcess, redis_url: str, tmp_path: Path
 ) -> None:

@@ -341,7 +341,6 @@ class Sender:
 
     def _cut(self, batch: list[Shipment], cutter: RequestCutter) -> Iterator[_Chunk]:
         rejected: Counter[str] = Counter()
-        runs_in = 0  # runs in the cutter's chunk so far
         for request, runs in _requests(batch):
             try:
                 closed = cutter.add(request)
@@ -353,32 +352,26 @@ class Sender:
                 # The trace's runs together are too large for one message: each run goes on
                 # its own, with its own spans (as each would alone), and only a run too large
                 # by itself is dropped.
+                closed = []
                 for s in runs:
                     one = spans_request(s.spans, [s.target_span_id], s.scorer_ids, s.enqueued_at)
                     try:
-                        closed = cutter.add(one)
+                        closed += cutter.add(one)
                     except RunTooLarge as alone:
                         _too_large(alone)
                         rejected["too_large"] += 1
-                        continue
-                    if closed is not None:
-                        yield _Chunk(closed.requests, closed.encoded, rejected, runs_in)
-                        rejected, runs_in = Counter(), 0
-                    runs_in += 1
-                continue
             except Exception as exc:
                 # A value no encoder writes (a span built outside the SDK, which refuses such
                 # attributes): this trace's runs go, not the others sharing its message.
                 log.error("exporter_run_unencodable", trace_id=request.trace_id, runs=len(runs), error=describe(exc))
                 rejected["unencodable"] += len(runs)
                 continue
-            if closed is not None:
-                yield _Chunk(closed.requests, closed.encoded, rejected, runs_in)
-                rejected, runs_in = Counter(), 0
-            runs_in += len(runs)
+            for chunk in closed:
+                yield _Chunk(chunk.requests, chunk.encoded, rejected, chunk.runs)
+                rejected = Counter()
         last = cutter.take()
         if last.requests or rejected:
-            yield _Chunk(last.requests, last.encoded, rejected, runs_in)
+            yield _Chunk(last.requests, last.encoded, rejected, last.runs)
 
     def _deliver(self, chunk: _Chunk) -> bool:
         """Send one chunk, retrying until it is sent (True) or the sender stops (False)."""

@@ -5,8 +5,9 @@ score among them — one per run —, the scorer ids, source and job), the batch
 (``ScoreBatch``), its wire format (Celery's task protocol 2 in JSON, built without Celery:
 ``task_message``; ``request_json``, which writes text no JSON can hold as U+FFFD rather than
 fail; ``parse_json``, the parser the worker screens each message with), cutting
-requests into messages under the workers' byte cap (``RequestCutter``; a request too large for
-one is split run by run, ``ScoreRequest.per_target``), and the one kombu publisher
+requests into messages under the workers' byte cap and the (run, scorer id) pairs a message may
+ask for, ``MAX_BATCH_PAIRS`` (``RequestCutter``; a request too large for one is split run by
+run, ``ScoreRequest.per_target``, one asking too many pairs by runs), and the one kombu publisher
 (``Publisher``; ``QueueKeyError`` when a key it needs on the broker holds another Redis type;
 ``query_password_problem``, a broker URL it cannot read) with backpressure as a wrapper
 (``Backpressure``). The worker validates each message against

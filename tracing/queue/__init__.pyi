@@ -2,6 +2,7 @@
 module named here on first use."""
 
 from ._contract import (
+    MAX_BATCH_PAIRS,
     MAX_SCORER_IDS,
     PLAIN_ID_PATTERN,
     PLAIN_ID_RULE,
@@ -19,6 +20,7 @@ from ._wire import TaskMessage, parse_json, task_message, wire_size
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MAX_BATCH_PAIRS",
     "MAX_SCORER_IDS",
     "MESSAGE_ENVELOPE_BYTES",
     "PLAIN_ID_PATTERN",

@@ -24,6 +24,7 @@ from tracing._text import valid_text, without_lone_surrogates
 from tracing.queue._json import dumps_or
 
 __all__ = [
+    "MAX_BATCH_PAIRS",
     "MAX_SCORER_IDS",
     "PLAIN_ID_PATTERN",
     "PLAIN_ID_RULE",
@@ -56,6 +57,19 @@ _PLAIN_ID = re.compile(PLAIN_ID_PATTERN)
 # holds tens of scorers (the built-in catalogue, about 25); past 100 a list is no producer's,
 # and what it can ask of a worker stays what a registry of 100 scorers would make.
 MAX_SCORER_IDS = 100
+# The most (run, scorer id) pairs a message may ask for, over its requests (an id named twice in
+# a request counts once: it is scored once). Each pair is a score or an error record, stored and
+# sent to every sink, so runs x ids was the amplifier left: an 8 MiB message held ~31,000 minimal
+# runs x 100 unknown ids, 3.1M records (measured 1,000 x 100: 23 s of a worker and 133 MiB of
+# Redis; 3,100 x 100: 97 s, 419 MiB). Producers' batches are well under it by default: the
+# exporter's batch_size runs [50] x a rule's ids (at most 100), 5,000; backfill's --batch-size
+# [200] runs x 100 scorers, 20,000 (a trace's runs go together, so a batch passes batch_size by
+# at most one trace's). The cutter (``RequestCutter``) closes a message before the bound and
+# splits a trace's request by runs when it asks for more alone: only a --batch-size (up to 5,000)
+# times scorers over 100,000, or a trace of over 100,000 / scorers runs, makes more messages
+# than before. At the bound, unknown ids cost a worker ~23 s and Redis ~133 MiB of records:
+# what 1,000 runs of a registry of 100 scorers ask for.
+MAX_BATCH_PAIRS = 100_000
 
 
 def plain_id(value: object) -> bool:
@@ -131,6 +145,11 @@ class ScoreRequest(BaseModel):
     def trace_id(self) -> str:
         """The scored trace's id."""
         return self.spans[0].trace_id if self.spans else ""
+
+    def pairs(self) -> int:
+        """How many (run, scorer id) pairs the request asks for: scores or error records (an id
+        named twice counts once, as the worker scores it once)."""
+        return len(self.target_span_ids) * len(set(self.scorer_ids))
 
     def run_ids(self) -> list[str]:
         """``trace_id:span_id`` of each run to score (how dead letters and logs name runs)."""
@@ -331,9 +350,51 @@ class ScoreBatch(BaseModel):
     batch_id: str
     requests: list[ScoreRequest] = Field(min_length=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pairs_bounded(cls, data: Any) -> Any:
+        # Counted before a request is validated: a flood of runs is refused for its pairs, not read
+        # span by span first (a request not of the shape counted fails its own validation).
+        requests = data.get("requests") if isinstance(data, dict) else None
+        if isinstance(requests, list):
+            pairs = sum(_pairs_asked(r) for r in requests)
+            if pairs > MAX_BATCH_PAIRS:
+                raise ValueError(
+                    f"requests ask for {pairs:,} (run, scorer id) pairs; a message asks for at most"
+                    f" {MAX_BATCH_PAIRS:,} (tracing.queue.MAX_BATCH_PAIRS): send fewer runs or scorers per message"
+                )
+        return data
+
     def runs(self) -> int:
         """How many runs the batch asks to score (targets over its requests)."""
         return sum(len(r.target_span_ids) for r in self.requests)
+
+    def pairs(self) -> int:
+        """How many (run, scorer id) pairs the batch asks for (``ScoreRequest.pairs`` summed):
+        at most ``MAX_BATCH_PAIRS``."""
+        return sum(r.pairs() for r in self.requests)
+
+
+def _pairs_asked(request: Any) -> int:
+    """``request.pairs()`` of a request, model or not yet validated (0 for one of another shape:
+    its own validation refuses it; so are more scorer ids than a request may name, unread)."""
+    if isinstance(request, ScoreRequest):
+        return request.pairs()
+    if not isinstance(request, dict):
+        return 0
+    targets, ids = request.get("target_span_ids"), request.get("scorer_ids")
+    if targets is None and isinstance(request.get("target_span_id"), str):
+        runs = 1
+    elif isinstance(targets, list):
+        runs = len(targets)
+    else:
+        return 0
+    if not isinstance(ids, list) or len(ids) > MAX_SCORER_IDS:
+        return 0
+    try:
+        return runs * len(set(ids))
+    except TypeError:  # an id that is no text (unhashable): refused as such
+        return 0
 
 
 _SPANS_REQUEST_SET = ("spans", "target_span_ids", "scorer_ids")

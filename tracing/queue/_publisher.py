@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from tracing._broker import BrokerTLS
 from tracing._errors import QueueKeyError
 from tracing._fork import after_fork_in_child
-from tracing.queue._contract import ScoreBatch, request_json
+from tracing.queue._contract import MAX_BATCH_PAIRS, ScoreBatch, request_json
 from tracing.queue._limits import DEFAULT_MAX_PAYLOAD_BYTES, MESSAGE_ENVELOPE_BYTES
 from tracing.queue._wire import CONTENT_ENCODING, CONTENT_TYPE, task_message, wire_size
 
@@ -34,6 +34,13 @@ class BatchPublisher(Protocol):
     max_payload_bytes: int
 
     def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        pairs = batch.pairs()
+        if pairs > MAX_BATCH_PAIRS:
+            raise ValueError(
+                f"batch {batch.batch_id} asks for {pairs:,} (run, scorer id) pairs, at most {MAX_BATCH_PAIRS:,}"
+                " (tracing.queue.MAX_BATCH_PAIRS): send fewer runs or scorers per batch"
+                " (tracing.queue.RequestCutter cuts them by it)"
+            )
         """Deliver ``batch`` (its requests already JSON when ``requests_json`` is given) or raise."""
 
     def close(self) -> None: ...
@@ -45,7 +52,9 @@ class Publisher:
     ``connect_timeout_s`` / ``publish_timeout_s`` bound a connect and a socket call (None: kombu's
     defaults); ``retry_policy`` is kombu's publish retry policy (None: no retry, the caller
     retries). A message over ``max_payload_bytes`` (the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES``)
-    is refused with ``ValueError`` before it is sent: a worker would dead-letter it whole. A key
+    is refused with ``ValueError`` before it is sent: a worker would dead-letter it whole; so is
+    one asking for more (run, scorer id) pairs than ``MAX_BATCH_PAIRS`` (built without the
+    cutter, which cuts under both). A key
     the queue needs that holds another Redis type raises ``QueueKeyError`` naming it.
     Thread-safe; ``close()`` refuses every later publish.
     """
@@ -121,6 +130,13 @@ class Publisher:
                 conn.release()
 
     def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        pairs = batch.pairs()
+        if pairs > MAX_BATCH_PAIRS:
+            raise ValueError(
+                f"batch {batch.batch_id} asks for {pairs:,} (run, scorer id) pairs, at most {MAX_BATCH_PAIRS:,}"
+                " (tracing.queue.MAX_BATCH_PAIRS): send fewer runs or scorers per batch"
+                " (tracing.queue.RequestCutter cuts them by it)"
+            )
         if requests_json is None:
             requests_json = [request_json(request) for request in batch.requests]
         message = task_message(batch, self._origin, requests_json)
@@ -252,6 +268,13 @@ class Backpressure:
             self.throttled_s += time.monotonic() - started
 
     def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        pairs = batch.pairs()
+        if pairs > MAX_BATCH_PAIRS:
+            raise ValueError(
+                f"batch {batch.batch_id} asks for {pairs:,} (run, scorer id) pairs, at most {MAX_BATCH_PAIRS:,}"
+                " (tracing.queue.MAX_BATCH_PAIRS): send fewer runs or scorers per batch"
+                " (tracing.queue.RequestCutter cuts them by it)"
+            )
         self.wait_for_room()
         self.publisher.publish(batch, requests_json)
 

@@ -14,10 +14,11 @@ Streaming: the source is read one record at a time and the assembler's memory is
 a source of any size runs in bounded memory; a malformed input line is counted and reported,
 and the job goes on.
 
-Batches are cut by count (``batch_size``) and, in broker mode, by bytes
-(``tracing.queue.RequestCutter``): a batch never grows past the workers' message cap
+Batches are cut by count (``batch_size``) and, in broker mode, by bytes and by (run, scorer id)
+pairs (``tracing.queue.RequestCutter``): a batch never grows past the workers' message cap
 (``TRACESCORE_MAX_PAYLOAD_BYTES``), so one big run cannot make its neighbours' message too
-large; a trace's request over the cap is split run by run (each with its own spans, as
+large, nor asks for more than ``MAX_BATCH_PAIRS`` (a trace's runs that ask for more alone are
+split by runs); a trace's request over the cap is split run by run (each with its own spans, as
 ``plan_runs`` gives them), and a run over the cap on its own is counted (``runs_rejected``) and
 reported, and the rest go on. Each request is serialized once, to size it and to send it (a
 second time only when some of its runs were enqueued already and it goes without them).
@@ -504,12 +505,14 @@ class Backfill:
                 " (text not valid UTF-8, bytes or lone surrogates, with U+FFFD; an object of exactly"
                 " __type__ and __value__ as its JSON text)"
             )
-        if closed is not None:
+        for chunk in closed:
             # Cut here: the batch so far fits one message. The trace being read may span two
-            # batches, each recording its own runs as enqueued.
-            self._flush(closed.requests, closed.encoded)
-        self._chunk.append(request)
-        self._chunk_runs += len(request.target_span_ids)
+            # batches or more (its request split by pairs), each recording its own runs as
+            # enqueued. The chunk being filled is the cutter's (the request's runs, or the last
+            # part of them, start it or join it).
+            self._chunk, self._chunk_runs = list(chunk.requests), chunk.runs
+            self._flush(chunk.requests, chunk.encoded)
+        self._chunk, self._chunk_runs = list(cutter.chunk.requests), cutter.chunk.runs
         return True
 
     def _count(self, at: Position, counter: str, reason: str = "", n: int = 1) -> None:
@@ -620,7 +623,14 @@ class Backfill:
                 if self.job_store is not None and not self.job_store.still_held():
                     raise KeyboardInterrupt  # another process runs the job now: stop as on a signal
                 counters = self.state.counters
-                batch = ScoreBatch(batch_id=f"{self.state.job_id}-{counters.batches:06d}", requests=requests)
+                batch_id = f"{self.state.job_id}-{counters.batches:06d}"
+                # Validated when it is a message (cut under MAX_BATCH_PAIRS); in process, a batch
+                # of --batch-size runs x every scorer, which no worker reads.
+                batch = (
+                    ScoreBatch(batch_id=batch_id, requests=requests)
+                    if self._cutter is not None
+                    else ScoreBatch.model_construct(batch_id=batch_id, requests=requests)
+                )
                 # Counted before the hand-over: a second Ctrl-C inside it (scoring in place) leaves
                 # its runs handed over, some scored, and the summary's expected scores must cover
                 # them (it showed more scored than expected). A resume reads the saved state, which

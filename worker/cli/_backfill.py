@@ -141,7 +141,11 @@ _FIXED_AT_START = frozenset(
 @click.option("--otlp", is_flag=True, help="Embedded mode: same as --sink otlp (OTEL_EXPORTER_OTLP_* settings).")
 @sink_options
 @click.option(
-    "--batch-size", type=click.IntRange(1, 5000), default=200, show_default=True, help="Runs per queue message."
+    "--batch-size",
+    type=click.IntRange(1, 5000),
+    default=200,
+    show_default=True,
+    help="Runs per queue message (and at most 100,000 run x scorer pairs a message).",
 )
 @click.option(
     "--high-water",
