@@ -17,7 +17,7 @@ import redis
 from pydantic import ValidationError
 
 from tracing import CelerySink, redact
-from tracing.queue import ScoreBatch, plain_id
+from tracing.queue import MAX_BATCH_PAIRS, RequestCutter, RunTooLarge, ScoreBatch, ScoreRequest, plain_id
 from worker._budget import RedisLedger, parse_budgets, run_key, spend_report
 from worker._errors import UnreadableCounterError
 from worker._keys import backfill_hold_key, backfill_jobs_key, backfill_state_key, job_key
@@ -364,26 +364,33 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> Req
                 not_retryable.append(letter_id)
                 continue
             try:
-                batch = ScoreBatch.model_validate(letter.payload)
+                batches = _letter_batches(letter.payload, settings.max_payload_bytes)
             except ValidationError as exc:
                 problems.append(f"{letter_id}: the stored message is not a valid ScoreBatch: {exc.errors()[0]['msg']}")
                 continue
-            if not plain_id(batch.batch_id):
-                # Kept by an earlier release (a split's id past 128 characters, a producer's own
-                # text): the screen now refuses it, so it goes under a digest of itself.
-                digest = hashlib.sha256(batch.batch_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-                batch = batch.model_copy(update={"batch_id": f"dlq-{digest}"})
+            except RunTooLarge as exc:
+                problems.append(f"{letter_id}: cut under MAX_BATCH_PAIRS, a message would hold {exc}")
+                continue
             # Two `dlq retry` at once would both send it: one message refused twice over.
             if not await store.hold(letter_id, HOLD_S):
                 problems.append(f"{letter_id}: being requeued by another `tracescore dlq retry`")
                 continue
             # Asked for again by the operator: the runs' judge calls start from zero (the cap).
             await ledger.reset_calls(
-                [run_key(r.trace_id, t, s) for r in batch.requests for t in r.target_span_ids for s in r.scorer_ids]
+                [
+                    run_key(r.trace_id, t, s)
+                    for batch in batches
+                    for r in batch.requests
+                    for t in r.target_span_ids
+                    for s in r.scorer_ids
+                ]
             )
             try:
-                sink.send(batch)
+                for batch in batches:
+                    sink.send(batch)
             except Exception as exc:
+                # (the messages sent already are scored; sent again by a later retry, their stored
+                # scores are skipped by their ids)
                 await store.release(letter_id)  # not sent: a retry may try it at once
                 problems.append(f"{letter_id}: could not requeue: {type(exc).__name__}: {redact(str(exc))}")
                 continue
@@ -401,6 +408,58 @@ async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> Req
         await store.close()
         await ledger.close()
     return Requeued(requeued, problems, not_retryable)
+
+
+def _letter_batches(payload: Any, max_payload_bytes: int) -> list[ScoreBatch]:
+    """The messages that send a dead letter's ``payload`` again: itself, validated, or, for a
+    message of an earlier release asking for more (run, scorer id) pairs than ``MAX_BATCH_PAIRS``
+    (which the workers now refuse whole), its requests cut under it as producers cut them now
+    (``<batch id>-<n>``). A batch id that is no plain id (kept by an earlier release: a split's
+    past 128 characters, a producer's own text) goes under a digest of itself, as the workers'
+    screen refuses it. Raises ``ValidationError`` when the payload is no batch but for its pairs,
+    ``RunTooLarge`` for one of its runs over ``max_payload_bytes`` alone."""
+    try:
+        batches = [ScoreBatch.model_validate(payload)]
+    except ValidationError:
+        parts = _past_pairs(payload)
+        if parts is None:
+            raise
+        batch_id, requests = parts
+        cutter = RequestCutter(max_payload_bytes)
+        chunks = []
+        for request in requests:
+            try:
+                chunks += cutter.add(request)
+            except RunTooLarge:
+                if len(request.target_span_ids) == 1:
+                    raise
+                for one in request.per_target():  # (a run over the cap alone: the letter stays)
+                    chunks += cutter.add(one)
+        chunks.append(cutter.take())
+        batches = [
+            ScoreBatch(batch_id=f"{batch_id}-{n}", requests=chunk.requests)
+            for n, chunk in enumerate(c for c in chunks if c.requests)
+        ]
+    for i, batch in enumerate(batches):
+        if not plain_id(batch.batch_id):
+            digest = hashlib.sha256(batch.batch_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+            batches[i] = batch.model_copy(update={"batch_id": f"dlq-{digest}"})
+    return batches
+
+
+def _past_pairs(payload: Any) -> tuple[str, list[ScoreRequest]] | None:
+    """(batch id, requests) of a payload that is a valid batch but for asking more than
+    ``MAX_BATCH_PAIRS`` pairs; None for any other."""
+    if not isinstance(payload, dict) or set(payload) != {"batch_id", "requests"}:
+        return None
+    batch_id, raw = payload["batch_id"], payload["requests"]
+    if not isinstance(batch_id, str) or not isinstance(raw, list):
+        return None
+    try:
+        requests = [ScoreRequest.model_validate(r) for r in raw]
+    except ValidationError:
+        return None
+    return (batch_id, requests) if sum(r.pairs() for r in requests) > MAX_BATCH_PAIRS else None
 
 
 class Dropped(NamedTuple):

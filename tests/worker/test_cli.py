@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tests._redis import RedisServer
-from tests.worker._batches import batch, payload
+from tests.worker._batches import batch, payload, request
 from tests.worker._workers import ROOT, TRACESCORE, failed_start, read_scores, run_tracescore, wait_for
 from tracing import CelerySink, ScoreBatch
 from tracing._broker import redact
@@ -214,6 +214,34 @@ def test_dlq_retry_sends_a_letter_kept_with_a_batch_id_the_screen_now_refuses(en
     sent = body[0][0]["batch_id"]
     assert plain_id(sent), sent
     assert sent.startswith("dlq-")
+
+
+def test_dlq_retry_sends_a_letter_past_the_pairs_bound_as_messages_under_it(env: str) -> None:
+    """A retryable letter an earlier release kept of a message asking for more (run, scorer id)
+    pairs than ``MAX_BATCH_PAIRS`` (1,001 runs x 100 scorers, each run its own request, as that
+    release sent them): the workers refuse it whole now, and `dlq retry` refused it as no valid
+    ScoreBatch. It goes as messages cut under the bound, every run once, each a plain batch id."""
+    from tracing.queue import MAX_BATCH_PAIRS, MAX_SCORER_IDS
+
+    ids = ["length", *(f"s{i}" for i in range(MAX_SCORER_IDS - 1))]
+    runs = MAX_BATCH_PAIRS // MAX_SCORER_IDS + 1
+    requests = [request(n, ids) for n in range(runs)]
+    old = ScoreBatch.model_construct(batch_id="o" * 120, requests=requests).model_dump(mode="json")
+    letter = DeadLetter(reason="retry_budget_exhausted", error="SoftTimeLimitExceeded", payload=old)
+    _push_letters(env, letter)
+    assert main(["dlq", "retry", letter.id]) == 0
+    client = redis.Redis.from_url(env)
+    try:
+        entries = client.lrange("tracescore", 0, -1)
+        assert client.llen("tracescore:dlq") == 0
+    finally:
+        client.close()
+    sent = [ScoreBatch.model_validate(json.loads(base64.b64decode(json.loads(e)["body"]))[0][0]) for e in entries]
+    assert len(sent) == 2
+    assert all(b.pairs() <= MAX_BATCH_PAIRS and plain_id(b.batch_id) for b in sent)
+    assert len({b.batch_id for b in sent}) == 2
+    sent_runs = sorted(run for b in sent for r in b.requests for run in r.run_ids())
+    assert sent_runs == sorted(run for r in requests for run in r.run_ids())
 
 
 def test_dlq_lists_a_damaged_letter_as_unreadable_and_retries_the_others(
