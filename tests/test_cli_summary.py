@@ -800,3 +800,44 @@ def test_a_run_without_an_id_and_a_run_whose_id_is_its_name_are_two_runs(tmp_pat
         f"{runs}:10: skipped: a run id already seen (line 9's)",
     ]
     assert "8 runs × 1 scorers" in result.stderr
+
+
+def test_an_explicit_id_that_is_its_own_lines_name_is_compared_as_that_id(tmp_path: Path) -> None:
+    """A run whose explicit id is ``line-N`` on line N itself was written to --out exactly as the
+    run of line N without an id, and `compare` took it for that: the same run (explicit id
+    "line-3") moved to another line in the other file matched nothing (only old 1, only new 1),
+    and it matched the other file's id-less run of line 3, another run. The record says whether
+    its run gave the id (``run_id_given``): the explicit id meets its twin, the id-less runs of
+    line 3 meet each other."""
+    old = _write_runs(
+        tmp_path / "old.jsonl",
+        [
+            {"input": "q", "output": "no id"},  # line 1
+            {"run_id": "x", "input": "q", "output": "ab"},  # line 2
+            {"run_id": "line-3", "input": "q", "output": "named like its line"},  # line 3
+        ],
+    )
+    new = _write_runs(
+        tmp_path / "new.jsonl",
+        [
+            {"run_id": "line-3", "input": "q", "output": "named like its line"},  # line 1
+            {"run_id": "x", "input": "q", "output": "ab"},  # line 2
+            {"input": "q", "output": "no id"},  # line 3: line-3, another run
+        ],
+    )
+    outs = []
+    for runs in (old, new):
+        out = tmp_path / f"{runs.stem}.out.jsonl"
+        result = _score(str(runs), "--scorers", V1, "--scorer", "length", "--out", str(out))
+        assert result.exit_code == 0, result.output
+        outs.append(out)
+    given = [(r["run_id"], r["line"], r["run_id_given"]) for r in map(json.loads, outs[0].read_text().splitlines())]
+    assert given == [("line-1", 1, False), ("x", 2, True), ("line-3", 3, True)]
+    compared = CliRunner().invoke(cli, ["compare", str(outs[0]), str(outs[1]), "--json"])
+    assert compared.exit_code == 0, compared.output
+    rel = json.loads(compared.stdout)["by_scorer"]["length"]
+    # Both: "x" and "line-3" (explicit); only old: line 1 without an id; only new: line 3 without one.
+    assert (rel["runs_in_both"], rel["only_old"], rel["only_new"]) == (2, 1, 1)
+    # Each pair is one run scored alike; the id-less line 3 ("no id") paired with the explicit
+    # "line-3" moved.
+    assert (rel["up"], rel["down"], rel["unchanged"]) == (0, 0, 2), rel["moved_most"]

@@ -172,10 +172,12 @@ def _records(
         else:
             # A run of `score` without an id is its line's (``line_run_id``): any text can be an
             # explicit id, "line-5" too, so the two kinds are kept apart (the span column, unshown
-            # for these records, says which).
+            # for these records, says which). The record says which (``run_id_given``); one of an
+            # earlier release, which does not, is its line's when its id is its line's name.
             run = str(data["run_id"])
-            line = data.get("line")
-            of_line = type(line) is int and data["run_id"] == line_run_id(line)
+            line, given = data.get("line"), data.get("run_id_given")
+            named = type(line) is not int or data["run_id"] != line_run_id(line)
+            of_line = not (given if type(given) is bool else named)
             key = ("", ("line:" if of_line else "id:") + run, str(data["scorer_id"]))
         yield (*key, run, score, str(reason), str(data.get("scorer_version") or "?"))
     if report.malformed > _SHOWN_ERRORS:

@@ -97,11 +97,14 @@ def _digest(run_id: str) -> bytes:
     return hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-def _out_line(number: int, outcome: Outcome) -> str:
-    """One --out line: ScoreRecord's field names, so ``tracescore compare`` reads both kinds."""
+def _out_line(number: int, outcome: Outcome, named: bool) -> str:
+    """One --out line: ScoreRecord's field names, so ``tracescore compare`` reads both kinds;
+    ``run_id_given`` (``named``): whether the line gave the run id, false for a run named after its
+    line (``line_run_id``): an explicit id may be that same text, on that same line too."""
     record: dict[str, Any] = {
         "run_id": outcome.run,
         "line": number,
+        "run_id_given": named,
         "scorer_id": outcome.scorer_id,
         "scorer_version": outcome.scorer_version,
         "score": outcome.score,
@@ -264,7 +267,7 @@ def score_command(
             # one for the other).
             seen: dict[bytes, int] = {}
             while not stop() and (batch := list(islice(lines, chunk))):
-                runs: list[tuple[int, dict[str, Any]]] = []
+                runs: list[tuple[int, dict[str, Any], bool]] = []
                 read = batch[-1][2]  # (the chunk's last line's end: the share done once it is scored)
                 for number, run, _, named in batch:
                     if isinstance(run, str):
@@ -272,12 +275,12 @@ def score_command(
                     elif named and (first := seen.setdefault(_digest(run["run_id"]), number)) != number:
                         bad_lines(f"{runs_file}:{number}: skipped: a run id already seen (line {first}'s)")
                     else:
-                        runs.append((number, run))
-                scored = list(scorer.score_runs([run for _, run in runs]))  # (a second signal drops the chunk)
+                        runs.append((number, run, named))
+                scored = list(scorer.score_runs([run for _, run, _ in runs]))  # (a second signal drops the chunk)
                 with stop.deferred():  # its records are written whole
                     runs_total += len(runs)
                     for index, result, outcome in scored:
-                        number = runs[index][0]
+                        number, _, named = runs[index]
                         if result is None:  # a stop came before its retry: not recorded, not failed
                             not_scored(
                                 f"{runs_file}:{number}: run {outcome.run}: scorer {outcome.scorer_id} not scored"
@@ -290,7 +293,7 @@ def score_command(
                                 emit(functools.partial(click.echo, line))
                             continue
                         if out_file is not None:
-                            out_file.write(_out_line(number, outcome))
+                            out_file.write(_out_line(number, outcome, named))
                         if not isinstance(result, ScoreResult):
                             failures(f"{runs_file}:{number}: {result}")
                         if as_json:
