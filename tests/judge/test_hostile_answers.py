@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -723,17 +722,27 @@ def test_a_body_the_json_parser_refuses_is_a_response_error(fake_llm: FakeLLMSer
     assert fake_llm.count() == 1
 
 
-def test_an_anthropic_message_of_many_blocks_is_read_without_the_sdks_models(fake_llm: FakeLLMServer) -> None:
+def test_an_anthropic_message_of_many_blocks_is_read_without_the_sdks_models(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Anthropic's SDK built a model object for each content block, trying each block type in
     turn for one of a type it does not know: 100,000 blocks ({"type": "x"}, 1.5 MB, well inside
     the 16 MiB a call reads) cost 7 s of CPU (70 us a block; 42 s for 600,000), the worker's event
-    loop held all along. The body is read as JSON, as OpenAI's is: blocks are dicts, looked at once."""
-    run(_verdict_then_reason(Judge("anthropic/m")))  # the SDK loaded and its client built, untimed
+    loop held all along. The body is read as JSON, as OpenAI's is: blocks are dicts, looked at once.
+    Asserted as what it is, not as a CPU time (speed targets live in bench/): the SDK's parse of a
+    response, where it builds those models, is never called."""
+    from anthropic._response import BaseAPIResponse
+
+    parsed: list[int] = []
+
+    def sdk_parse(self: Any, **kwargs: Any) -> Any:
+        parsed.append(1)
+        raise AssertionError("the SDK parsed the response into its models")
+
+    monkeypatch.setattr(BaseAPIResponse, "_parse", sdk_parse)
     blocks = [{"type": "x"}] * 50_000 + [{"type": "text", "text": ""}] * 50_000
     answer = [{"type": "text", "text": '{"verdict": "ok", "confidence": 0.5}'}]
     fake_llm.rule(Reply.raw(_anthropic_message(content=blocks + answer)), user_contains="Analyze")
-    began = time.process_time()  # (the server's thread included: it only sends the bytes)
     result = run(_verdict_then_reason(Judge("anthropic/m")))
-    spent = time.process_time() - began
+    assert parsed == []
     assert result.analyze_step_result == {"verdict": "ok", "confidence": 0.5}
-    assert spent < 2.0, f"{spent:.1f} s of CPU"
