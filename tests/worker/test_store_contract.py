@@ -1189,6 +1189,31 @@ def test_a_lost_or_damaged_byte_total_is_summed_again_from_the_list(redis_url: s
     }
 
 
+def test_a_total_past_the_bound_beside_one_letter_is_summed_again_not_trusted(redis_url: str) -> None:
+    """A total past what the bound lets the list hold is summed again at the next push (the
+    README: "drops only what is past it"), but with one letter on the list it was trusted (a
+    lone letter may be larger than the bound): the push then dropped that letter, within the
+    bound, for a count edited by hand, and counted it as dropped past the bound."""
+    client = redis.Redis.from_url(redis_url)
+    first, second = _big("r", 0), _big("r", 1)
+
+    async def go() -> tuple[list[str], dict[str, int | None], int | None]:
+        dead = RedisDeadLetters(redis_url, max_letters=100, max_bytes=_nbytes(first, second) + 100)
+        await dead.push(first)
+        client.set(_keys.dlq_bytes_key(), str(10**12))  # (edited by hand; the list holds one letter)
+        await dead.push(second)
+        kept = [d.id for d in await dead.latest()]
+        dropped, total = await dead.dropped(), await dead.size_bytes()
+        await dead.close()
+        return kept, dropped, total
+
+    try:
+        kept, dropped, total = run(go())
+    finally:
+        client.close()
+    assert (kept, dropped, total) == ([second.id, first.id], {}, _nbytes(first, second))
+
+
 def test_letters_from_a_release_without_the_byte_total_are_summed_and_bounded(redis_url: str) -> None:
     """A list left by the previous release has letters and no byte total, maybe far past the byte
     bound (the count bound let it fill Redis): the first push sums it, from the newest, and drops

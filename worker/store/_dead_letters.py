@@ -146,10 +146,11 @@ end
 # decoded: a letter may hold 1 MiB. The oldest go until both bounds hold, but the newest letter
 # stays: one larger than the byte bound is kept alone. 2: pushed, and letters dropped.
 #
-# The bytes count is summed again from the list when it is nil, or more than the bound lets a
-# list of two letters or more hold (every push leaves it within the bound unless the letter is
-# alone: a count past it is wrong, or the bound was lowered). Trusted, a count too high would
-# drop every letter but the new one; a lost one read as 0 would leave the list over the bound by
+# The bytes count is summed again from the list when it is nil, or more than the bound (every
+# push leaves it within the bound unless the letter is alone: a count past it is wrong, or the
+# bound was lowered, or it is a lone letter's larger than the bound, read again once: one
+# letter). Trusted, a count too high would drop every letter but the new one (a lone letter
+# within the bound too); a lost one read as 0 would leave the list over the bound by
 # all it held. Summed from the newest, in pages, and only as far as the bound: the older letters
 # would go anyway and go unread (a list of 400 letters of 1 MiB left by the release before: the
 # first push read 256 MiB and dropped 145 letters in 0.8 to 2.3 s, measured, once). A count
@@ -183,7 +184,7 @@ local function drop_oldest()
   return #oldest
 end
 local total = tracescore_dlq_bytes(redis.call('GET', KEYS[5]))
-if total == nil or (total > max_bytes and redis.call('LLEN', KEYS[1]) > 1) then
+if total == nil or (total > max_bytes and redis.call('LLEN', KEYS[1]) > 0) then
   total = 0
   local listed, read = redis.call('LLEN', KEYS[1]), 0
   while read < listed and total <= max_bytes do
