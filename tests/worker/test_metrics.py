@@ -324,7 +324,9 @@ def test_hostile_values_in_redis_are_skipped_and_counted_not_a_failed_scrape_or_
 
     client = redis.Redis.from_url(redis_url)
     client.hset(_keys.dlq_reasons_key(), mapping={"poison": "2", "junk": "many"})
-    client.set(_keys.dlq_bytes_key(), "lots")  # (unknown until the next push sums it again: left out)
+    # (unknown until the next push sums it again: left out; beside an empty list it is 0, as status says)
+    client.lpush(_keys.dlq_key(), DeadLetter(reason="poison").model_dump_json())
+    client.set(_keys.dlq_bytes_key(), "lots")
     client.hset(_keys.spend_key(utc_day()), mapping={"total": "lots", "scorer:fast": "0.5", "model:m": "nan"})
     # A sink's queue of another Redis type: refused (never deleted), only the sink gauges go.
     client.sadd(_keys.outbox_sinks_key(), "otlp")
@@ -846,3 +848,29 @@ def test_a_dead_letter_list_of_another_type_is_a_refused_key(redis_url: str) -> 
         assert series(_scrape(load_settings(broker_url=redis_url), "node-d@host"), "tracescore_keys_refused") == {}
     finally:
         client.close()
+
+
+def test_the_dead_letters_bytes_gauge_says_what_status_says(redis_url: str) -> None:
+    """The gauge read the byte total's key by a rule of its own, not the store's: a total left
+    beside a list deleted by hand was scraped as those bytes (status: 0, an empty list holds
+    none), and a total of 16 digits or more, which the store takes for damaged (summed again at
+    the next push; status: unknown), was scraped as a number. The gauge and status now read it
+    alike (``RedisDeadLetters.size_bytes``'s script)."""
+    settings = load_settings(broker_url=redis_url)
+    client = redis.Redis.from_url(redis_url)
+    letters = RedisDeadLetters(redis_url)
+    try:
+        cases = {"list deleted, its total left": ("5000", False), "a total of 16 digits": ("1" * 16, True)}
+        seen = {}
+        for name, (total, with_letter) in cases.items():
+            client.delete(_keys.dlq_key(), _keys.dlq_bytes_key())
+            if with_letter:
+                run_coro(letters.push(DeadLetter(reason="poison", message_key=f"m-{name}")), 5)
+            client.set(_keys.dlq_bytes_key(), total)
+            status_bytes = run_coro(letters.size_bytes(), 5)
+            scraped = _scrape(settings, "node-b@host").get(("tracescore_dead_letters_bytes", frozenset()))
+            seen[name] = (status_bytes, scraped)
+    finally:
+        run_coro(letters.close(), 5)
+        client.close()
+    assert seen == {"list deleted, its total left": (0, 0), "a total of 16 digits": (None, None)}

@@ -27,7 +27,7 @@ from tracing.queue import parse_json
 from worker import _keys
 from worker._budget import RedisLedger, parse_budgets, spend_report
 from worker.metrics._instruments import MetricSpec, observe_unreadable
-from worker.store import RedisOutbox, StoreKeyTypeError, checked
+from worker.store import RedisOutbox, StoreKeyTypeError, checked, letters_bytes
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -251,9 +251,9 @@ class RedisStateCollector:
             letters_type = _text(self._store.type(_keys.dlq_key()))
             if letters_type not in ("none", "list"):
                 _refused(refused, _keys.dlq_key(), letters_type, "list")
-            total = checked(
-                self._store, "dead_letter_bytes", [(bytes_key, "string", False)], lambda: self._store.get(bytes_key)
-            )
+            # Read as `tracescore status` reads it (the store's script): None while lost or damaged.
+            total = letters_bytes(self._store) if letters_type in ("none", "list") else None
+            damaged = total is None and bool(self._store.exists(bytes_key))
             try:
                 counts = self._outbox.counts()  # a counter that is not a number: None, counted
             except StoreKeyTypeError as exc:  # a sink's queue of another type: left for the operator
@@ -273,13 +273,10 @@ class RedisStateCollector:
                 if n > 0:
                     gauge.add_metric([name], n)
         # Left out, not 0, while the count is lost or damaged (the next push sums it again).
-        text = _text(total) if total is not None else None
-        if text is not None and text.isascii() and text.isdigit():
-            dead_bytes.add_metric([], int(text))
-        elif text is not None:
+        if total is not None:
+            dead_bytes.add_metric([], total)
+        elif damaged and letters_type in ("none", "list"):
             _unreadable("dlq_bytes")
-        elif letters_type == "none":
-            dead_bytes.add_metric([], 0)
         sinks, sink_dropped = sink_gauges
         for sink, c in sorted(counts.items()):
             for state, count in c.as_dict().items():

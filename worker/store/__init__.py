@@ -28,7 +28,14 @@ progress refused: ``UnreadableCounterError``).
 """
 
 from worker._reconnect import StoreUnavailableError
-from worker.store._dead_letters import DeadLetter, DeadLetters, RedisDeadLetters, SyncRedisDeadLetters, dead_letter_id
+from worker.store._dead_letters import (
+    DeadLetter,
+    DeadLetters,
+    RedisDeadLetters,
+    SyncRedisDeadLetters,
+    dead_letter_id,
+    letters_bytes,
+)
 from worker.store._deliveries import END_WAIT_S, DeliveryLog, new_token
 from worker.store._jobs import JobStats, RedisJobStats, finish_job, job_counts, job_progress
 from worker.store._keytypes import (
@@ -82,6 +89,7 @@ __all__ = [
     "job_counts",
     "job_progress",
     "known_counters",
+    "letters_bytes",
     "new_token",
     "process_owner",
     "read_counters",

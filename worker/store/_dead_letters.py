@@ -37,7 +37,15 @@ from worker._settings import DEFAULT_DLQ_MAX_BYTES, DEFAULT_DLQ_MAX_LETTERS
 from worker.store._keytypes import RELEASE_OWNED, Check, checked, checked_async, checked_script
 from worker.store._redis import OnRedis, RedisConnection, failed_fields, known_counters
 
-__all__ = ["DeadLetter", "DeadLetters", "RedisDeadLetters", "SyncRedisDeadLetters", "dead_letter_id", "letter_bytes"]
+__all__ = [
+    "DeadLetter",
+    "DeadLetters",
+    "RedisDeadLetters",
+    "SyncRedisDeadLetters",
+    "dead_letter_id",
+    "letter_bytes",
+    "letters_bytes",
+]
 
 log = structlog.get_logger("tracescore.worker.store")
 
@@ -487,6 +495,15 @@ class RedisDeadLetters(OnRedis):
             _BYTES, 2, [(_keys.dlq_key(), _keys.dlq_bytes_key())], where="dead_letters"
         )
         return None if total is None else int(total)
+
+
+def letters_bytes(client: redis.Redis) -> int | None:
+    """``RedisDeadLetters.size_bytes`` on a synchronous client (the metrics' scrape): the same
+    script, so the gauge and ``tracescore status`` read the total alike."""
+    script = client.register_script(_BYTES)
+    keys = [_keys.dlq_key(), _keys.dlq_bytes_key()]
+    total = checked(client, "dead_letters", [], lambda: script(keys=keys))
+    return None if total is None else int(total)
 
 
 class SyncRedisDeadLetters:
