@@ -10,12 +10,17 @@ after decompression (each gzip or deflate layer undone here, a step at a time), 
 ``AnswerTooLarge``, which ``translate_sdk_errors`` makes a ``JudgeResponseError`` naming the
 size; an answer in another encoding is refused the same way. An error's body is cut at
 ``ERROR_BODY_BYTES`` (passed on raw when it cannot be decoded), so its status still decides.
+
+Within the cap, a body is parsed only if it holds no more JSON values than the answer could
+(``over_values``, ``values_bound``): parsed, each tiny value (``[{},{},…]``) costs some 25 times
+its bytes in memory, 400 MB for one call's 16 MiB body.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
@@ -31,6 +36,8 @@ __all__ = [
     "AnswerTooLarge",
     "answer_cap",
     "cap_response_body",
+    "over_values",
+    "values_bound",
 ]
 
 # What the clients ask for: the encodings the hook decodes, bounded (httpx would also offer
@@ -48,6 +55,8 @@ MAX_CHARS_PER_TOKEN = 64
 _ESCAPED = 6
 _ENVELOPE_BYTES = 64 * 1024
 _MIN_CAP_BYTES = 16 * 1024 * 1024
+# A JSON string, its escapes included: what holds no values, however many commas it quotes.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 # An error's body is cut here: no provider's error message is longer, and each copy of it is
 # scrubbed of credentials.
 ERROR_BODY_BYTES = 64 * 1024
@@ -71,6 +80,35 @@ def answer_cap(max_tokens: int) -> Iterator[None]:
         yield
     finally:
         _cap.reset(token)
+
+
+def values_bound(max_tokens: int) -> int:
+    """The most JSON values a body answering within ``max_tokens`` holds: one a character of the
+    answer (each is at least one: ``0,``), as ``_JudgeCall._too_long`` bounds it, and one per two
+    bytes of the envelope. An answer merely longer than that, of text, is one string however many
+    commas it quotes: it is still parsed, its usage counted."""
+    return max_tokens * MAX_CHARS_PER_TOKEN + _ENVELOPE_BYTES // 2
+
+
+def over_values(body: bytes, bound: int) -> bool:
+    """Whether ``body`` builds more than ``bound`` values when parsed, counted as its strings
+    (keys too) and its commas and opening brackets outside strings (each value but a container's
+    first follows one). Counted over the whole body first (cheap); string by string only when
+    that is over, and no further than ``bound`` (a body of tiny strings stops there)."""
+    separators = body.count(b",") + body.count(b"{") + body.count(b"[")
+    if separators + body.count(b'"') // 2 <= bound:
+        return False
+    count = 0
+    pos = 0
+    for string in _STRING.finditer(body):
+        count += 1 + sum(body.count(c, pos, string.start()) for c in _SEPARATORS)
+        if count > bound:
+            return True
+        pos = string.end()
+    return count + sum(body.count(c, pos) for c in _SEPARATORS) > bound
+
+
+_SEPARATORS = (b",", b"{", b"[")
 
 
 async def cap_response_body(response: httpx2.Response) -> None:

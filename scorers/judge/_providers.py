@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from scorers._errors import ScorerConfigError
 from scorers._result import JudgeUsage
 from scorers._secrets import header_value_problem
-from scorers.judge._body import ACCEPTED_ENCODINGS, answer_cap, cap_response_body
+from scorers.judge._body import ACCEPTED_ENCODINGS, answer_cap, cap_response_body, over_values, values_bound
 from scorers.judge._clients import lease_client
 from scorers.judge._errors import JudgeAuthError, JudgeResponseError
 from scorers.judge._model import JudgeModel, JudgeRequest, JudgeResponse
@@ -125,14 +125,14 @@ class OpenAIJudgeModel:
                     cast_to=httpx2.Response,
                     options={"timeout": request.timeout_s},
                 )
-        return self._read(raw)
+        return self._read(raw, request.max_tokens)
 
-    def _read(self, raw: httpx2.Response) -> JudgeResponse:
+    def _read(self, raw: httpx2.Response, max_tokens: int) -> JudgeResponse:
         """The parts of a chat completion the judge needs (json.loads; no model construction)."""
         request_id = kept_request_id(raw.headers.get("x-request-id"), self._api_key())
         paid: JudgeUsage | None = None  # what the answer says it used, once read
         try:
-            data = _json_body(raw)
+            data = _json_body(raw, max_tokens)
             usage = data.get("usage")
             failed = error_in_answer(
                 data.get("error"), self.provider, self.model_id, request_id=request_id, api_key=self._api_key()
@@ -256,14 +256,14 @@ class AnthropicJudgeModel:
                 # content block, trying each block type for one it does not know (70 us a block:
                 # 100,000 blocks of 1.5 MB held the event loop for 7 s).
                 raw = await client.messages.with_raw_response.create(**kwargs)
-        return self._read(raw.http_response, tool if native else None)
+        return self._read(raw.http_response, tool if native else None, request.max_tokens)
 
-    def _read(self, raw: httpx2.Response, tool: str | None) -> JudgeResponse:
+    def _read(self, raw: httpx2.Response, tool: str | None, max_tokens: int) -> JudgeResponse:
         """The parts of a message the judge needs (json.loads; no model construction)."""
         request_id = kept_request_id(raw.headers.get("request-id"), self._api_key())
         paid: JudgeUsage | None = None  # what the answer says it used, once read
         try:
-            data = _json_body(raw)
+            data = _json_body(raw, max_tokens)
             # (an error object of Anthropic's shape: its type "error")
             failed = error_in_answer(
                 data.get("error"), self.provider, self.model_id, request_id=request_id, api_key=self._api_key()
@@ -365,9 +365,17 @@ def _spent(usage: JudgeUsage | None) -> JudgeUsage | None:
     return usage if usage is not None and usage.total_tokens > 0 else None
 
 
-def _json_body(raw: httpx2.Response) -> dict[str, Any]:
+def _json_body(raw: httpx2.Response, max_tokens: int) -> dict[str, Any]:
     """A 200's body as a JSON object; else a ``ValueError`` or ``TypeError`` saying what it is
-    (an HTML page, a stream's events, bytes of another charset), never its text."""
+    (an HTML page, a stream's events, bytes of another charset, more values than an answer within
+    ``max_tokens`` holds), never its text."""
+    bound = values_bound(max_tokens)
+    if over_values(raw.content, bound):
+        # Refused before json.loads builds it: its usage, inside, cannot be read.
+        raise ValueError(
+            f"the body holds more JSON values than an answer within max_tokens={max_tokens} "
+            f"could ({bound:,}): not parsed ({len(raw.content):,} bytes)"
+        )
     try:
         data = json.loads(raw.content)
     except ValueError:

@@ -219,3 +219,38 @@ def test_bodies_read_one_or_two_bytes_at_a_time_decode_whole(layers: list[str]) 
         return b"".join([chunk async for chunk in stream])
 
     assert asyncio.run(read()) == text
+
+
+def _values_body(answer: dict[str, Any], fill: bytes, size: int) -> bytes:
+    """``answer`` with a ``pad`` array of ``fill`` repeated to about ``size`` bytes."""
+    envelope = json.dumps({**answer, "pad": None}).encode()
+    return envelope.replace(b"null", b"[" + fill * ((size - len(envelope)) // len(fill)) + b"0]")
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "anthropic/claude-haiku-4-5"])
+@pytest.mark.parametrize("fill", [b"{},", b"[],", b'"ab",'])
+def test_a_body_of_more_json_values_than_an_answer_can_hold_is_refused_unparsed(
+    provider: type[Provider], model: str, fill: bytes
+) -> None:
+    """A body within the cap (16 MiB at least) of millions of tiny values (``[{},{},…]``) cost
+    ~25 bytes of memory a byte of body when parsed: 400 MB for one call of 16 MiB, many calls at
+    once in a worker. A body holding more JSON values than the call's answer could (one a
+    character of what max_tokens allows, beside an envelope) is refused by name before it is
+    parsed; it was parsed, and the answer beside it kept."""
+    answer = ANTHROPIC_ANSWER if model.startswith("anthropic") else ANSWER
+    cause, _, _ = _ask(provider, (200, {}, _values_body(answer, fill, 1_000_000)), model)
+    assert isinstance(cause, JudgeResponseError), cause
+    assert "JSON values" in str(cause), cause
+    assert "not parsed" in str(cause), cause
+    assert len(provider.requests) == 1
+
+
+def test_a_merely_too_long_answer_full_of_commas_is_still_read_and_its_usage_counted(provider: type[Provider]) -> None:
+    """Commas and brackets inside strings build no values: an answer longer than max_tokens
+    allows, of prose, is parsed, its tokens counted, and refused as too long (as before)."""
+    text = "a, [b], {c}, " * 80_000
+    body = json.dumps({**ANSWER, "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
+    cause, _, _ = _ask(provider, (200, {}, body.encode()))
+    assert isinstance(cause, JudgeResponseError), cause
+    assert "more than max_tokens=256 allows" in str(cause), cause
+    assert cause.execution.usage.total_tokens == 15

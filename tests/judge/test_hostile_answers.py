@@ -730,7 +730,8 @@ def test_an_anthropic_message_of_many_blocks_is_read_without_the_sdks_models(
     the 16 MiB a call reads) cost 7 s of CPU (70 us a block; 42 s for 600,000), the worker's event
     loop held all along. The body is read as JSON, as OpenAI's is: blocks are dicts, looked at once.
     Asserted as what it is, not as a CPU time (speed targets live in bench/): the SDK's parse of a
-    response, where it builds those models, is never called."""
+    response, where it builds those models, is never called. (max_tokens=8192: at the default 1024,
+    a body of this many values is refused unparsed.)"""
     from anthropic._response import BaseAPIResponse
 
     parsed: list[int] = []
@@ -743,6 +744,6 @@ def test_an_anthropic_message_of_many_blocks_is_read_without_the_sdks_models(
     blocks = [{"type": "x"}] * 50_000 + [{"type": "text", "text": ""}] * 50_000
     answer = [{"type": "text", "text": '{"verdict": "ok", "confidence": 0.5}'}]
     fake_llm.rule(Reply.raw(_anthropic_message(content=blocks + answer)), user_contains="Analyze")
-    result = run(_verdict_then_reason(Judge("anthropic/m")))
+    result = run(_verdict_then_reason(Judge("anthropic/m", max_tokens=8192)))
     assert parsed == []
     assert result.analyze_step_result == {"verdict": "ok", "confidence": 0.5}
