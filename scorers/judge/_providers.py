@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 from scorers._errors import ScorerConfigError
 from scorers._result import JudgeUsage
 from scorers._secrets import header_value_problem
-from scorers.judge._body import ACCEPTED_ENCODINGS, answer_cap, cap_response_body, over_values, values_bound
+from scorers.judge._body import (
+    ACCEPTED_ENCODINGS,
+    MAX_CHARS_PER_TOKEN,
+    answer_cap,
+    cap_response_body,
+    over_values,
+    values_bound,
+)
 from scorers.judge._clients import lease_client
 from scorers.judge._errors import JudgeAuthError, JudgeResponseError
 from scorers.judge._model import JudgeModel, JudgeRequest, JudgeResponse
@@ -286,7 +293,7 @@ class AnthropicJudgeModel:
                     raise TypeError(f"message.content holds {_json_kind(block)}, not a block")
                 kind = block.get("type")
                 if kind == "tool_use" and tool is not None and block.get("name") == tool:
-                    parsed = block.get("input")
+                    parsed = _tool_input(block.get("input"), max_tokens)
                 elif kind == "text":
                     text = block.get("text")
                     if not isinstance(text, str):
@@ -313,6 +320,20 @@ class AnthropicJudgeModel:
     def secret(self) -> str | None:
         """The API key its calls send, to mask wherever an answer quotes it."""
         return self.api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+
+
+def _tool_input(value: Any, max_tokens: int) -> Any:
+    """A forced tool call's ``input``; sent as the JSON text of an object (as some translating
+    proxies do, OpenAI's ``arguments`` form), that object: read as text it failed the schema and
+    cost a fallback call. Text longer than ``max_tokens`` allows is not parsed (its values are
+    not bounded by the body's count): the judge refuses it as too long, its usage counted."""
+    if not isinstance(value, str) or len(value) > max_tokens * MAX_CHARS_PER_TOKEN:
+        return value
+    try:
+        data = json.loads(value)
+    except (ValueError, RecursionError):
+        return value
+    return data if isinstance(data, dict) else value
 
 
 # More tokens than any model's context takes in one request: a number past it is a broken answer.

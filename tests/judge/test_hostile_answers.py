@@ -747,3 +747,43 @@ def test_an_anthropic_message_of_many_blocks_is_read_without_the_sdks_models(
     result = run(_verdict_then_reason(Judge("anthropic/m", max_tokens=8192)))
     assert parsed == []
     assert result.analyze_step_result == {"verdict": "ok", "confidence": 0.5}
+
+
+def _tool_use(tool_input: Any) -> str:
+    block = {"type": "tool_use", "id": "toolu_1", "name": "Verdict", "input": tool_input}
+    return _anthropic_message(content=[block], stop_reason="tool_use")
+
+
+def test_an_anthropic_tool_input_sent_as_a_json_string_is_read_as_the_object(fake_llm: FakeLLMServer) -> None:
+    """Some translating proxies send a forced tool call's ``input`` as the JSON text of the object
+    (OpenAI's ``arguments`` form). It was validated as a string, failed as a schema mismatch and
+    cost a fallback call; a string that parses as a JSON object is the input."""
+    fake_llm.rule(Reply.raw(_tool_use(json.dumps({"verdict": "ok", "confidence": 0.5}))), user_contains="Analyze")
+    result = run(_verdict_then_reason(Judge("anthropic/m")))
+    assert result.analyze_step_result == {"verdict": "ok", "confidence": 0.5}
+    attempts = result.judge["analyze"].attempts
+    assert [(a.status, a.prompt_injection) for a in attempts] == [("ok", "native")]
+    assert fake_llm.count() == 2  # analyze once, reason once: no fallback call
+
+
+@pytest.mark.parametrize("tool_input", ['["ok", 0.5]', "ok", '{"verdict": "ok", "confidence": 0.5'])
+def test_an_anthropic_tool_input_string_that_is_no_json_object_is_still_a_mismatch(
+    fake_llm: FakeLLMServer, tool_input: str
+) -> None:
+    fake_llm.rule(Reply.raw(_tool_use(tool_input)), user_contains="Analyze", times=1)
+    fake_llm.rule(Reply.text('{"verdict": "ok", "confidence": 0.5}'), user_contains="Analyze")
+    result = run(_verdict_then_reason(Judge("anthropic/m")))
+    attempts = result.judge["analyze"].attempts
+    assert [(a.status, a.prompt_injection) for a in attempts] == [("error", "native"), ("ok", "system")]
+
+
+def test_an_anthropic_tool_input_string_longer_than_max_tokens_allows_is_refused_unparsed(
+    fake_llm: FakeLLMServer,
+) -> None:
+    """The string is not parsed past what max_tokens could hold: refused as too long, its tokens counted."""
+    huge = json.dumps({"verdict": "ok", "confidence": 0.5, "pad": [{}] * 20_000})
+    fake_llm.rule(Reply.raw(_tool_use(huge)), user_contains="Analyze")
+    error = _failure(_verdict_then_reason(Judge("anthropic/m", max_tokens=256)))
+    assert isinstance(error.cause, JudgeResponseError), error.cause
+    assert "more than max_tokens=256 allows" in str(error.cause)
+    assert error.cause.execution.usage.total_tokens == 15
