@@ -248,27 +248,29 @@ class _JudgeCall:
             else:
                 response = await self._generate(request, enter)
         except JudgeProviderError as err:
+            pause = err.retry_after_ms if isinstance(err, JudgeRateLimitError) else None
+            pause_s = None if pause is None else min(pause / 1000, MAX_PAUSE_S)
             if err.usage is not None:
                 # An answer that could not be used (no choices, say) but said what it used: paid
-                # for as any answer, not a failed call against the run's cap.
-                await self._paid(err.usage)
+                # for as any answer, not a failed call against the run's cap. A 429 among them
+                # still pauses the model (its pause was dropped here: every caller went on).
+                await self._paid(err.usage, pause_s)
                 raise
             if guard is not None:
                 await guard.call_failed(model_id, self.info.scorer_id, err)
             if limiter is not None:
-                pause = err.retry_after_ms if isinstance(err, JudgeRateLimitError) else None
-                await self._tell_limiter(limiter, 0, None if pause is None else min(pause / 1000, MAX_PAUSE_S))
+                await self._tell_limiter(limiter, 0, pause_s)
             raise
         await self._paid(response.usage)
         return response
 
-    async def _paid(self, usage: JudgeUsage) -> None:
+    async def _paid(self, usage: JudgeUsage, pause_s: float | None = None) -> None:
         """An answer is paid for: the guard counts it first, and the limiter's correction can
         only be lost, never lose the answer (a failed run would be redelivered and paid again)."""
         if self.hooks.guard is not None:
             await self.hooks.guard.after_call(self.info.model_id, self.info.scorer_id, usage)
         if self.hooks.limiter is not None:
-            await self._tell_limiter(self.hooks.limiter, usage.total_tokens, None)
+            await self._tell_limiter(self.hooks.limiter, usage.total_tokens, pause_s)
 
     async def _tell_limiter(self, limiter: JudgeLimiter, tokens: int, pause_s: float | None) -> None:
         """The tokens a finished request used, and the provider's pause: corrections to the

@@ -91,3 +91,20 @@ def test_429_without_retry_after_does_not_pause(fake_llm: FakeLLMServer, limiter
     fake_llm.script(Reply.rate_limited())
     run(score_scorer(Judge("openai/gpt-4o-mini", error_processors=[StreamErrorRetryProcessor()])))
     assert not any(kind == "pause" for kind, _ in limiter.events)
+
+
+def test_a_429_that_reports_usage_still_pauses_the_model(limiter: RecordingLimiter) -> None:
+    """A rate-limit error carrying the tokens it used (a custom model's, or a gateway's upstream
+    429 inside an answer) is paid for, as any answer that said what it used; its Retry-After was
+    dropped there: the usage reached the limiter and the pause did not, so every caller of the
+    model went on into the same limit."""
+    from scorers._result import JudgeUsage
+    from scorers.judge.testing import FakeJudgeModel, rate_limited
+
+    paid = rate_limited(retry_after_ms=2500, model_id="fake/judge")
+    paid.usage = JudgeUsage(input_tokens=30, output_tokens=4)
+    model = FakeJudgeModel(paid, {"score": 0.5})
+    result = run(score_scorer(Judge(model, error_processors=[StreamErrorRetryProcessor()])))
+    assert result.score == 0.5
+    assert ("usage", 34) in limiter.events
+    assert ("pause", ("fake/judge", 2.5)) in limiter.events
