@@ -254,3 +254,16 @@ def test_a_merely_too_long_answer_full_of_commas_is_still_read_and_its_usage_cou
     assert isinstance(cause, JudgeResponseError), cause
     assert "more than max_tokens=256 allows" in str(cause), cause
     assert cause.execution.usage.total_tokens == 15
+
+
+def test_counting_a_bodys_values_takes_linear_time_over_an_unterminated_string() -> None:
+    """The count first searched for a string from every quote: over an unterminated
+    ``"\\"\\"\\"…`` each search ran to the end, quadratic (60 KB: 14 s of CPU; a 400 KB body,
+    minutes of the worker's loop). Each string is now matched once, where it starts."""
+    from scorers.judge._body import over_values
+
+    body = b'["' + b'\\"' * 30_000
+    began = time.process_time()
+    assert not over_values(body, 1_000)
+    spent = time.process_time() - began
+    assert spent < 2.0, f"{spent:.1f} s of CPU"
