@@ -5,7 +5,8 @@
 
 Each case runs in a fresh subprocess: a first call (a plain answer) loads the SDK and builds its
 client, then the measured call; the figure is the growth of the process's peak RSS
-(``ru_maxrss``) over that call, and what the call ended as. Memory only: no speed figure (the
+(``ru_maxrss``: 0 where the process's earlier peak was higher) and the peak of Python's
+allocations during it (tracemalloc, which slows the call), and what the call ended as. Memory only: no speed figure (the
 machine is shared).
 """
 
@@ -28,7 +29,8 @@ _MIB = 1024 * 1024
 
 
 def _bodies(max_tokens: int) -> dict[str, bytes]:
-    """Bodies just under 16 MiB (the cap's floor), and the largest legitimate answer."""
+    """Bodies just under 16 MiB (the cap's floor), one of as many values as the judge parses,
+    and the largest legitimate answer."""
     size = 16 * _MIB - 4096
     envelope = json.dumps({**_ANSWER, "pad": None}).encode()
 
@@ -36,9 +38,13 @@ def _bodies(max_tokens: int) -> dict[str, bytes]:
         n = (size - len(envelope)) // len(fill)
         return envelope.replace(b"null", b"[" + fill * n + b"0]")
 
+    from scorers.judge._body import values_bound
+
+    at_bound = (values_bound(max_tokens) - 100) // 2  # each {} and its comma: two values counted
     legit = "x" * (max_tokens * 64)  # the longest answer _too_long keeps
     return {
         "[{},{},...]": padded(b"{},"),
+        f"[{{}},...] x {at_bound:,} (the bound)": envelope.replace(b"null", b"[" + b"{}," * at_bound + b"0]"),
         "[[],[],...]": padded(b"[],"),
         '[{"a":0},...]': padded(b'{"a":0},'),
         "[0.5,0.5,...]": padded(b"0.5,"),
@@ -51,7 +57,7 @@ def _bodies(max_tokens: int) -> dict[str, bytes]:
 
 
 _CHILD = r"""
-import json, resource, sys
+import json, resource, sys, tracemalloc
 from scorers import Judge, ScorerRunError
 from tests.fakellm import FakeLLMServer, Reply
 from tests.judge.helpers import score_scorer
@@ -66,12 +72,15 @@ with FakeLLMServer() as server:
     scorer.run_sync(input="q", output="a")
     server.script(Reply.raw(body))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tracemalloc.start()
     try:
         outcome = f"score {scorer.run_sync(input='q', output='a').score}"
     except ScorerRunError as exc:
         outcome = f"{type(exc.cause).__name__}: {str(exc.cause)[:110]}"
+    traced = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"grew_mb": (after - before) / 1024, "outcome": outcome}))
+print(json.dumps({"grew_mb": (after - before) / 1024, "traced_mb": traced / 1e6, "outcome": outcome}))
 """
 
 
@@ -95,7 +104,10 @@ def main() -> None:
             print(f"{name}: failed: {done.stderr[-400:]}")
             continue
         got = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{name:32} {len(body) / _MIB:6.1f} MiB body  peak RSS +{got['grew_mb']:6.0f} MB  {got['outcome']}")
+        sizes = (
+            f"{len(body) / _MIB:6.1f} MiB body  peak RSS +{got['grew_mb']:4.0f} MB, traced {got['traced_mb']:4.0f} MB"
+        )
+        print(f"{name:32} {sizes}  {got['outcome']}")
 
 
 if __name__ == "__main__":
