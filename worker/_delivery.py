@@ -171,11 +171,7 @@ def drain_once(sink: ScoreSink, outbox: Outbox, policy: DrainPolicy) -> int:
     letters += [_letter(sink, s, lease.attempts[s], "unreadable_record", why) for s, why in unreadable.items()]
     if letters:
         outbox.dead(lease, letters)
-        for letter in letters:
-            log.error(
-                "sink_dead_letter", **_sink_fields(sink), score_id=letter.score_id, reason=letter.reason,
-                attempts=letter.attempts,
-            )  # fmt: skip
+        _say_dead_letters(sink, letters)
     gone = [s for s in lease.ids if s not in found and s not in unreadable and s not in spent]
     if gone:
         # Expired from the store (TTL) before this sink took it: nothing left to deliver.
@@ -273,15 +269,15 @@ def _settle(
         _retry_log(sink).note(len(delays), **_sink_fields(sink), reasons=sorted(retry_reasons))
     elif acked:  # it delivers again: the retries counted since the last line are said
         _retry_log(sink).flush()
-    for letter in letters:
-        log.error(
-            "sink_dead_letter", **_sink_fields(sink), score_id=letter.score_id, reason=letter.reason,
-            attempts=letter.attempts,
-        )  # fmt: skip
+    _say_dead_letters(sink, letters)
 
 
 _retry_logs: dict[tuple[str, str | None], CountedLog] = {}
 _retry_logs_lock = threading.Lock()
+# A sink refusing every score (a revoked key, a deleted project) made a line per score: 100,000
+# a day drowned every other line. One ``CountedLog`` per sink, endpoint and reason instead.
+_dead_letter_logs: dict[tuple[str, str | None, str], CountedLog] = {}
+_dead_letter_clock: Callable[[], float] = time.monotonic  # (a test's own clock)
 
 
 def _sink_fields(sink: ScoreSink) -> dict[str, str | None]:
@@ -310,6 +306,36 @@ def _retry_log(sink: ScoreSink) -> CountedLog:
         if found is None:
             found = _retry_logs[key] = CountedLog("sink_retry", logger=log, count_key="records", every_s=30.0)
         return found
+
+
+def _say_dead_letters(sink: ScoreSink, letters: Sequence[SinkDeadLetter]) -> None:
+    """The ``sink_dead_letter`` ERROR line: the first of a sink and reason at once, then one a
+    minute with the letters since (``letters``) and the last one's id and attempts; the rest is
+    said when the drainers stop. The reason is the backend's answer (``otlp_http_401``), never a
+    score's content (the letter's ``detail`` stays in the letter)."""
+    by_reason: dict[str, list[SinkDeadLetter]] = {}
+    for letter in letters:
+        by_reason.setdefault(letter.reason, []).append(letter)
+    fields = _sink_fields(sink)
+    for reason, some in by_reason.items():
+        key = (sink.name, fields["endpoint"], reason)
+        with _retry_logs_lock:
+            said = _dead_letter_logs.get(key)
+            if said is None:
+                said = _dead_letter_logs[key] = CountedLog(
+                    "sink_dead_letter", logger=log, count_key="letters", clock=_dead_letter_clock, level="error"
+                )
+        last = some[-1]
+        said.note(len(some), **fields, score_id=last.score_id, reason=reason, attempts=last.attempts)
+
+
+def _flush_dead_letter_logs(sinks: Sequence[ScoreSink]) -> None:
+    """Say the letters counted since each line of ``sinks`` (the drainers stop: no count unsaid)."""
+    names = {s.name for s in sinks}
+    with _retry_logs_lock:
+        found = [said for key, said in _dead_letter_logs.items() if key[0] in names]
+    for said in found:
+        said.flush()
 
 
 def _letter(sink: ScoreSink, record: ScoreRecord | str, attempts: int, reason: str, detail: str) -> SinkDeadLetter:
@@ -473,6 +499,7 @@ class Deliveries:
         for drainer in self._drainers:
             if drainer.thread.is_alive():
                 drainer.thread.join(max(0.0, deadline - time.monotonic()))
+        _flush_dead_letter_logs(self.sinks)
         for drainer in self._drainers:
             if drainer.thread.is_alive():
                 # Still delivering: closing the sink under it could block past the shutdown

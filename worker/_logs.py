@@ -72,10 +72,10 @@ class _StderrLoggerFactory:
 
 
 class CountedLog:
-    """A WARNING expected again and again while a condition lasts (every message while a budget
-    is spent, every retry while a sink is down): one line ``event`` per ``every_s`` per process,
-    saying how many there were since the last line (``count_key``) and since the start, with the
-    fields of the last one; not a line each (a CLI's stderr got hundreds)."""
+    """A WARNING (or ``level``) expected again and again while a condition lasts (every message
+    while a budget is spent, every retry while a sink is down): one line ``event`` per ``every_s``
+    per process, saying how many there were since the last line (``count_key``) and since the
+    start, with the fields of the last one; not a line each (a CLI's stderr got hundreds)."""
 
     def __init__(
         self,
@@ -85,8 +85,10 @@ class CountedLog:
         count_key: str = "count",
         every_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        level: str = "warning",
     ) -> None:
         self.event = event
+        self.level = level
         self.logger = logger
         self.count_key = count_key
         self.every_s = every_s
@@ -122,4 +124,5 @@ class CountedLog:
         self._write(pending, total, self._fields)
 
     def _write(self, pending: int, total: int, last: dict[str, Any]) -> None:
-        self.logger.warning(self.event, **{self.count_key: pending}, since_start=total, every_s=self.every_s, **last)
+        write = getattr(self.logger, self.level)
+        write(self.event, **{self.count_key: pending}, since_start=total, every_s=self.every_s, **last)
