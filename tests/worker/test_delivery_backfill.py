@@ -160,3 +160,49 @@ def test_sink_none_overrides_tracescore_sinks(tmp_path: Path) -> None:
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["sinks"]["jsonl"]["delivered"] > 0
     assert len(scores.read_text().splitlines()) == summary["sinks"]["jsonl"]["delivered"]
+
+
+def test_through_workers_dead_letters_dropped_past_the_bound_count_as_refused_not_unqueued(
+    receiver: OtlpReceiver, redis_url: str, tmp_path: Path
+) -> None:
+    """A sink refusing every score with TRACESCORE_SINK_MAX_DEAD_LETTERS=2: the outbox keeps 2
+    letters and drops the rest, whose ids it then knows nothing of (state "none"); the summary
+    counted them "not queued", as if never owed. They were refused: named as dead letters
+    dropped past the bound, with the kept ones making every score failed, exit 4."""
+    from tests.backfill._synth import write_otlp_files
+    from tests.worker._workers import WorkerProcess
+
+    write_otlp_files(tmp_path / "traces", 10, files=1)
+    receiver.status, receiver.answer = 400, b"project deleted"
+    worker = WorkerProcess(
+        "bound",
+        redis_url,
+        tmp_path,
+        scores_path=tmp_path / "scores.jsonl",
+        scorers="tests.backfill.scorers",
+        env={
+            "TRACESCORE_SINKS": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2",
+            "TRACESCORE_SINK_MAX_DEAD_LETTERS": "2",
+        },
+    )
+    try:
+        worker.wait_ready()
+        result = CliRunner().invoke(
+            cli,
+            ["backfill", str(tmp_path / "traces"), "--scorers", "tests.backfill.scorers", "--broker", redis_url,
+             "--json"],
+            env={"TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS": "20"},
+        )  # fmt: skip
+    finally:
+        worker.stop()
+    assert result.exit_code == 4, result.output + worker.text()[-3000:]
+    otlp = json.loads(result.stdout.strip().splitlines()[-1])["sinks"]["otlp"]
+    n = 10 * len(load_registry("tests.backfill.scorers"))
+    shown = {k: otlp.get(k) for k in ("delivered", "failed", "pending", "dead_letters_dropped", "not_queued")}
+    assert shown == {"delivered": 0, "failed": 2, "pending": 0, "dead_letters_dropped": n - 2, "not_queued": 0}
+    line = next(x for x in result.stderr.splitlines() if x.startswith("  sink otlp"))
+    assert f"dead letters dropped past the bound {n - 2:,}" in line
+    assert "not queued" not in line
+    assert f"otlp: {n:,} failed, 0 pending" in result.stderr

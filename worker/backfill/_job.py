@@ -577,11 +577,22 @@ def _job_delivery(
     pending = {name: _Spool() for name in names}
 
     def ask(name: str, ids: list[str], still_pending: _Spool) -> None:
+        unowned: list[str] = []
         for score_id, state in outbox.states(name, ids).items():
             if state == "pending":
                 still_pending.add(score_id)
+            elif state == "none":
+                unowned.append(score_id)
             else:
                 settled[name][state] += 1
+        if unowned:
+            # "none" is also a dead letter dropped past the sink's bound (the outbox keeps no
+            # trace of it): a score whose record is stored was queued for the sink and left its
+            # queue undelivered; one without a record was never queued.
+            found, unreadable = outbox.read(unowned)
+            left = len(found) + len(unreadable)
+            settled[name]["left"] += left
+            settled[name]["none"] += len(unowned) - left
 
     try:
         deadline = time.monotonic() + settings.sink_drain_timeout_seconds
@@ -609,16 +620,22 @@ def _job_delivery(
                 f" (TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS): {waiting:,} deliveries pending"
             )
         out: dict[str, Any] = {}
+        totals = outbox.counts()
         for name in names:
+            # Left the queue undelivered: dead letters dropped past the bound, as many as the sink
+            # ever dropped at most (a sink configured after a score was stored was never owed it).
+            left, ever = settled[name]["left"], totals[name].dead_letters_dropped if name in totals else 0
+            dropped = left if ever is None else min(left, ever)
             counts = {
                 "delivered": settled[name]["delivered"],
                 "failed": settled[name]["failed"],
                 "pending": pending[name].count,
+                "dead_letters_dropped": dropped,
             }
             if not any(counts.values()):
                 continue  # none of this job's scores was owed to it: not one of its sinks
-            # Never queued for this sink (a run left without a record) or dropped: not delivered.
-            counts["not_queued"] = settled[name]["none"]
+            # Never queued for this sink (a run left without a record): not delivered.
+            counts["not_queued"] = settled[name]["none"] + left - dropped
             letters = _job_letters(outbox, name, score_ids) if counts["failed"] else []
             out[name] = {**counts, "dead_letters": letters}
         return out
