@@ -34,13 +34,6 @@ class BatchPublisher(Protocol):
     max_payload_bytes: int
 
     def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
-        pairs = batch.pairs()
-        if pairs > MAX_BATCH_PAIRS:
-            raise ValueError(
-                f"batch {batch.batch_id} asks for {pairs:,} (run, scorer id) pairs, at most {MAX_BATCH_PAIRS:,}"
-                " (tracing.queue.MAX_BATCH_PAIRS): send fewer runs or scorers per batch"
-                " (tracing.queue.RequestCutter cuts them by it)"
-            )
         """Deliver ``batch`` (its requests already JSON when ``requests_json`` is given) or raise."""
 
     def close(self) -> None: ...
