@@ -668,6 +668,26 @@ def test_past_the_lists_bound_the_oldest_dead_letters_go_counted_and_the_worker_
     assert MARKER not in log
 
 
+def _refused_then_the_next_scored(worker: WorkerProcess, redis_url: str, tmp_path: Path, bad: dict[str, Any]) -> Any:
+    """``bad`` (a message under the byte cap) and then a good batch of two runs sent: ``bad`` is
+    one invalid_payload letter, not retryable (returned), and the good batch's runs are scored."""
+    assert len(json.dumps(bad)) < MAX_PAYLOAD
+    after = payload(range(2), ["length"], salt=f"after-{bad['batch_id']}")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.lpush(QUEUE, envelope(task_body([bad]))[1])
+        client.lpush(QUEUE, envelope(task_body([after]))[1])
+    finally:
+        client.close()
+    scores = tmp_path / "scores.jsonl"
+    assert wait_for(lambda: len(_dlq(redis_url)) == 1, 60), worker.text()[-3000:]
+    (letter,) = _dlq(redis_url)
+    assert (letter.reason, letter.retryable) == ("invalid_payload", False)
+    assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
+    assert {r["trace_id"] for r in read_scores(scores)} == {r["spans"][0]["trace_id"] for r in after["requests"]}
+    return letter
+
+
 def test_a_request_naming_a_flood_of_scorer_ids_is_one_dead_letter_not_a_flood_of_records(
     worker: WorkerProcess, redis_url: str, tmp_path: Path
 ) -> None:
@@ -689,23 +709,9 @@ def test_a_request_naming_a_flood_of_scorer_ids_is_one_dead_letter_not_a_flood_o
             "scorer_ids": ["length", *(f"u{i}" for i in range(40_000))],
         }
     ]
-    assert len(json.dumps(flood)) < MAX_PAYLOAD
-    client = redis.Redis.from_url(redis_url)
-    try:
-        client.lpush(QUEUE, envelope(task_body([flood]))[1])
-        client.lpush(QUEUE, envelope(task_body([payload(range(2), ["length"], salt="after-flood")]))[1])
-    finally:
-        client.close()
-    scores = tmp_path / "scores.jsonl"
-    assert wait_for(lambda: len(_dlq(redis_url)) == 1, 60), worker.text()[-3000:]
-    (letter,) = _dlq(redis_url)
-    assert (letter.reason, letter.retryable) == ("invalid_payload", False)
+    letter = _refused_then_the_next_scored(worker, redis_url, tmp_path, flood)
     assert "scorer_ids" in letter.error
     assert f"at most {MAX_SCORER_IDS}" in letter.error
-    assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
-    assert {r["trace_id"] for r in read_scores(scores)} == {
-        r["spans"][0]["trace_id"] for r in payload(range(2), ["length"], salt="after-flood")["requests"]
-    }
 
 
 def test_a_batch_asking_more_run_scorer_pairs_than_the_bound_is_one_dead_letter_not_a_flood_of_records(
@@ -727,24 +733,10 @@ def test_a_batch_asking_more_run_scorer_pairs_than_the_bound_is_one_dead_letter_
         spans = [SpanRecord(trace_id=trace, span_id=f"{i + 1:016x}", name="agent.run") for i in range(runs)]
         requests.append(json.loads(request_json(spans_request(spans, [s.span_id for s in spans], ids))))
     flood = {"batch_id": "pairs-flood", "requests": requests}
-    assert len(json.dumps(flood)) < MAX_PAYLOAD
-    client = redis.Redis.from_url(redis_url)
-    try:
-        client.lpush(QUEUE, envelope(task_body([flood]))[1])
-        client.lpush(QUEUE, envelope(task_body([payload(range(2), ["length"], salt="after-pairs")]))[1])
-    finally:
-        client.close()
-    scores = tmp_path / "scores.jsonl"
-    assert wait_for(lambda: len(_dlq(redis_url)) == 1, 60), worker.text()[-3000:]
-    (letter,) = _dlq(redis_url)
-    assert (letter.reason, letter.retryable) == ("invalid_payload", False)
+    letter = _refused_then_the_next_scored(worker, redis_url, tmp_path, flood)
     assert f"{MAX_BATCH_PAIRS + 100:,}" in letter.error
     assert f"at most {MAX_BATCH_PAIRS:,}" in letter.error
     assert "MAX_BATCH_PAIRS" in letter.error
-    assert wait_for(lambda: len(read_scores(scores)) == 2, 60), worker.text()[-3000:]
-    assert {r["trace_id"] for r in read_scores(scores)} == {
-        r["spans"][0]["trace_id"] for r in payload(range(2), ["length"], salt="after-pairs")["requests"]
-    }
 
 
 def test_a_batch_with_a_field_it_does_not_know_is_one_dead_letter_naming_it(
