@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -31,6 +32,7 @@ __all__ = [
     "broker_url_problem",
     "get_settings",
     "load_settings",
+    "shown_url",
 ]
 
 # What an empty broker URL means, for the commands that need one to say so.
@@ -54,6 +56,24 @@ def redis_py_url(url: str) -> str:
     where, _, query = rest.partition("?")
     pairs = [("db" if k == "virtual_host" else k, v) for k, v in parse_qsl(query, keep_blank_values=True)]
     return f"unix://{where}" + (f"?{urlencode(pairs)}" if pairs else "")
+
+
+def shown_url(url: str) -> str:
+    """``url`` to print, its password masked even when the URL does not parse: a slash or colon
+    mistyped after the scheme (``redis:/:PASSWORD@host``) left no ``://`` for ``redact`` to find,
+    and the error naming the URL printed the password whole."""
+    text = redact(url)
+    head, at, where = text.rpartition("@")
+    if not at:
+        return text
+    lead = _SCHEME_LEAD.match(head)
+    start = lead.end() if lead else 0
+    user, colon, _ = head[start:].partition(":")
+    return f"{head[:start]}{user + colon if colon else ''}***@{where}"
+
+
+# A scheme and whatever colons and slashes follow it, however mistyped ("redis:/", "redis//").
+_SCHEME_LEAD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:?/*")
 
 
 def _url_problem(url: str) -> str | None:
@@ -90,6 +110,14 @@ def broker_url_problem(url: str) -> str | None:
         schemes = ", ".join(s + "://" for s in SCREENED_BROKER_SCHEMES)
         return f"is not a Redis URL: tracescore's queue runs on Redis ({schemes})"
     return query_password_problem(url) or _url_problem(url)
+
+
+def store_url_problem(url: str) -> str | None:
+    """What is wrong with a score store URL (``TRACESCORE_REDIS_URL``), else None: redis-py's
+    schemes (and kombu's ``redis+socket://``, read as its ``unix://``)."""
+    if url and url.partition("://")[0].lower() not in (*SCREENED_BROKER_SCHEMES, "unix"):
+        return "is not a Redis URL: the score store is a Redis (redis://, rediss://, unix://)"
+    return _url_problem(url)
 
 
 class ModelRateLimit(BaseModel):
@@ -295,10 +323,10 @@ class Settings(BaseSettings):
             )
         for variable, url, problem in (
             ("TRACESCORE_BROKER_URL", self.broker_url, broker_url_problem(self.broker_url)),
-            ("TRACESCORE_REDIS_URL", self.redis_url or "", _url_problem(self.redis_url or "")),
+            ("TRACESCORE_REDIS_URL", self.redis_url or "", store_url_problem(self.redis_url or "")),
         ):
             if problem:  # else kombu or redis-py fails later with a ValueError naming no variable
-                raise ValueError(f"{variable} ({redact(url)}) {problem}")
+                raise ValueError(f"{variable} ({shown_url(url)}) {problem}")
         if self.broker_ca_file and not os.path.isfile(self.broker_ca_file):
             raise ValueError(
                 f"TRACESCORE_BROKER_CA_FILE ({self.broker_ca_file}) is not a readable file: "

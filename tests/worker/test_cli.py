@@ -1181,6 +1181,10 @@ def test_worker_command_takes_the_broker_flag_into_prefork_children(redis_url: s
         ("redis://:sekrit@127.0.0.1:1/0?socket_timeout=soon", "Invalid value for 'socket_timeout'"),
         ("redis://:sekrit@127.0.0.1:1/zero", "names database 'zero'"),
         ("amqp://guest:sekrit@127.0.0.1//", "is not a Redis URL"),
+        # A slash or colon mistyped: no "://" for the masking to find, and the password went out
+        ("redis:/:sekrit@127.0.0.1:1/0", "redis:/:***@127.0.0.1:1/0 is not a Redis URL"),
+        ("redis//:sekrit@127.0.0.1:1/0", "redis//:***@127.0.0.1:1/0 is not a Redis URL"),
+        ("redis:sekrit@127.0.0.1:1/0", "redis:***@127.0.0.1:1/0 is not a Redis URL"),
     ],
 )
 def test_a_bad_broker_flag_is_a_usage_error_named_as_the_flag(
@@ -1205,6 +1209,21 @@ def test_a_bad_broker_variable_is_named_as_the_variable(
     assert main(["status"]) == 1
     err = capsys.readouterr().err
     assert "TRACESCORE_BROKER_URL (redis://:***@127.0.0.1:1/?db=x) has a query the Redis client" in err, err
+    assert "sekrit" not in err
+
+
+@pytest.mark.parametrize("variable", ["TRACESCORE_BROKER_URL", "TRACESCORE_REDIS_URL"])
+def test_a_mistyped_url_variable_is_named_without_its_password(
+    variable: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A slash short after the scheme: the broker's line printed the password whole (no "://"
+    for the masking to find), and the store's was redis-py's "ValueError: Redis URL must
+    specify one of the following schemes", naming no variable."""
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", redis_url)
+    monkeypatch.setenv(variable, "redis:/:sekrit@127.0.0.1:1/0")
+    assert main(["status"]) == 1
+    err = capsys.readouterr().err
+    assert f"{variable} (redis:/:***@127.0.0.1:1/0) is not a Redis URL" in err, err
     assert "sekrit" not in err
 
 

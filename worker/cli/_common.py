@@ -155,13 +155,13 @@ def cli_settings(broker: str | None = None, **overrides: Any) -> Settings:
     (``None`` keeps the variable's value); a bad value is one ``CliError`` line."""
     # Imported here, not above: `probe live` (every 30 s in every pod) reads no settings, and
     # loading them (pydantic-settings) was most of its CPU.
-    from worker._settings import SettingsError, broker_url_problem, load_settings
+    from worker._settings import SettingsError, broker_url_problem, load_settings, shown_url
 
     given = {k: v for k, v in overrides.items() if v is not None}
     if broker is not None:  # --broker "" too: no broker, as an empty variable (not the default)
         problem = broker_url_problem(broker)
         if problem:  # a bad option value: a usage error (exit 2), as the README's table says
-            raise click.BadParameter(f"{redact(broker)} {problem}", param_hint="--broker")
+            raise click.BadParameter(f"{shown_url(broker)} {problem}", param_hint="--broker")
         given["broker_url"] = broker
     try:
         return load_settings(**given)
