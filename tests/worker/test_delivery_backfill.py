@@ -130,6 +130,45 @@ def test_through_workers_the_summary_shows_the_jobs_scores_per_sink(
     assert "tracescore sinks retry SINK --all" in result.stderr
 
 
+def test_through_workers_scores_still_pending_are_not_sent_to_sinks_retry(redis_url: str, tmp_path: Path) -> None:
+    """The workers' OTLP endpoint is down (the README's quickstart without a collector): every
+    score stays pending, exit 4. The line ended "retry a sink's failed scores with tracescore
+    sinks retry SINK --all", with 0 failed: nothing for that command to retry. It now says the
+    pending ones stay in Redis for the workers to deliver and where they say why they have not."""
+    from tests._redis import free_port
+    from tests.backfill._synth import write_otlp_files
+    from tests.worker._workers import WorkerProcess
+
+    write_otlp_files(tmp_path / "traces", 4, files=1)
+    worker = WorkerProcess(
+        "bf",
+        redis_url,
+        tmp_path,
+        scores_path=tmp_path / "unused.jsonl",  # (TRACESCORE_SINKS below names otlp alone)
+        scorers="tests.backfill.scorers",
+        env={
+            "TRACESCORE_SINKS": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{free_port()}/v1/traces",  # nothing listens
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "1",
+        },
+    )
+    try:
+        worker.wait_ready()
+        result = CliRunner().invoke(
+            cli,
+            ["backfill", str(tmp_path / "traces"), "--scorers", "tests.backfill.scorers", "--broker", redis_url],
+            env={"TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS": "3"},
+        )
+    finally:
+        worker.stop()
+    assert result.exit_code == 4, result.output + worker.text()[-3000:]
+    n = 4 * len(load_registry("tests.backfill.scorers"))
+    assert f"scores did not all reach their sinks (otlp: 0 failed, {n:,} pending)" in result.stderr
+    assert "sinks retry" not in result.stderr, result.stderr
+    assert "pending scores stay in Redis" in result.stderr, result.stderr
+    assert "sink_retry" in result.stderr, result.stderr
+
+
 def test_the_exporters_in_process_sink_delivers_to_sinks_before_it_closes() -> None:
     """embedded_sink(..., sinks=[...]): each score reaches every sink once, by the time it closes."""
     from tests.worker._batches import batch

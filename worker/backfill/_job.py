@@ -226,18 +226,24 @@ def _check_sinks(summary: dict[str, Any]) -> None:
     bad = {n: s for n, s in (summary.get("sinks") or {}).items() if failed[n] or s["pending"]}
     if bad:
         parts = [f"{n}: {failed[n]:,} failed, {s['pending']:,} pending" for n, s in sorted(bad.items())]
-        raise SinkFailedError(
-            "scores did not all reach their sinks ("
-            + "; ".join(parts)
-            + "): see the sink lines above"
-            + (
-                "; retry a sink's failed scores with tracescore sinks retry SINK --all"
-                if summary.get("mode") == "redis"
-                # (its store and dead letters live in this process)
-                else "; this process keeps none of them past its end: run the backfill again once the sink is"
+        if summary.get("mode") == "redis":
+            # (pending alone was sent to `sinks retry`, which retries the failed: it had none)
+            todo = ""
+            if any(s["failed"] for s in bad.values()):  # (the letters kept: those dropped are gone)
+                todo += "; retry a sink's failed scores with tracescore sinks retry SINK --all"
+            if any(s["pending"] for s in bad.values()):
+                todo += (
+                    "; pending scores stay in Redis for the workers to deliver once the sink takes them"
+                    " (the workers' log says why it has not: sink_retry lines; tracescore sinks list follows them)"
+                )
+        else:  # (its store and dead letters live in this process)
+            todo = (
+                "; this process keeps none of them past its end: run the backfill again once the sink is"
                 " fixed, with a longer TRACESCORE_SINK_DRAIN_TIMEOUT_SECONDS for a slow one, or with a broker,"
                 " whose outbox keeps them"
             )
+        raise SinkFailedError(
+            "scores did not all reach their sinks (" + "; ".join(parts) + "): see the sink lines above" + todo
         )
 
 
