@@ -43,14 +43,30 @@ class Registry(Mapping[str, Scorer]):
         return len(self._by_id)
 
 
+def _path_hint(name: str) -> str:
+    """What to give instead of a file path given for the scorer module (as a new user types it):
+    its dotted name, relative to the current directory, when the file lies under it."""
+    relative = os.path.relpath(os.path.abspath(name.removesuffix(".py")))
+    if relative.startswith(".."):
+        return (
+            "that is a file path: give a module's name (--scorers a.module, or TRACESCORE_SCORERS),"
+            " from the directory holding its package"
+        )
+    dotted = relative.replace(os.sep, ".")
+    return f"that is a file path: give the module's name, --scorers {dotted} (or TRACESCORE_SCORERS)"
+
+
 def load_registry(module_name: str) -> Registry:
     """Import ``module_name`` (the current directory is importable, as for ``celery -A``)."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    if "/" in module_name or os.sep in module_name:  # (no module's name: importing "./x.py" was a TypeError)
+        raise RegistryError(f"cannot import scorer module {module_name!r}: {_path_hint(module_name)}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise RegistryError(f"cannot import scorer module {module_name!r}: {exc}") from exc
+        hint = f"; {_path_hint(module_name)}" if module_name.endswith(".py") else ""
+        raise RegistryError(f"cannot import scorer module {module_name!r}: {exc}{hint}") from exc
     except Exception as exc:  # its own code failed (a variable unset, a syntax error): say where
         if isinstance(exc, SyntaxError):
             where = f" at {exc.filename}:{exc.lineno}"

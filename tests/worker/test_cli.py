@@ -847,6 +847,19 @@ def test_worker_command_rejects_a_missing_scorer_module(capsys: pytest.CaptureFi
     assert "cannot import scorer module 'no_such_module_here'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("given", ["examples/scorers.py", "./examples/scorers.py", "examples/scorers"])
+def test_a_scorer_module_given_as_a_file_path_is_named_as_its_module(
+    given: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--scorers examples/scorers.py` (a path, as a new user types it) said only "No module named
+    'examples/scorers'": the line now says a module name is wanted and which one that file is."""
+    monkeypatch.chdir(ROOT)
+    assert main(["worker", "--scorers", given, "--broker", NOWHERE]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot import scorer module {given!r}" in err
+    assert "a file path: give the module's name, --scorers examples.scorers" in err, err
+
+
 def test_celery_worker_with_a_bad_scorer_module_exits_with_one_line(redis_url: str) -> None:
     """`celery -A worker worker --scorers <missing>` exits 1 saying what is wrong."""
     done = failed_start(redis_url, scorers="no_such.scorers")
