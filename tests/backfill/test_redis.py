@@ -1111,6 +1111,31 @@ def test_a_queue_no_worker_reads_is_said_once_with_the_command_that_starts_one(
         server.close()
 
 
+def test_the_worker_command_a_job_on_its_own_queue_names_reads_that_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job on TRACESCORE_QUEUE=jobq named, at its start and once it stalled, the worker command
+    without -Q: a worker started as it said reads 'tracescore', and the job waits on."""
+    from worker.backfill import _job
+
+    monkeypatch.setattr(_job, "STALL_HINT_S", 1.0)
+    server = RedisServer()
+    server.start()
+    try:
+        write_otlp_files(tmp_path / "in", 5, files=1)
+        result = CliRunner().invoke(
+            cli,
+            ["backfill", str(tmp_path / "in"), "--scorers", "tests.backfill.scorers", "--wait-timeout", "3"],
+            env={"TRACESCORE_BROKER_URL": server.url(3), "TRACESCORE_QUEUE": "jobq"},
+        )
+        assert result.exit_code == _job.EXIT_WAIT_TIMEOUT, result.output
+        command = "tracescore worker --scorers tests.backfill.scorers -Q jobq"
+        assert f"queue 'jobq'; workers: {command})" in result.stderr, result.stderr
+        assert f"start one on this broker: {command}" in result.stderr, result.stderr
+    finally:
+        server.close()
+
+
 def test_an_enqueue_held_back_by_a_queue_no_worker_reads_says_so_once(tmp_path: Path) -> None:
     """Backpressure on a queue no worker reads: the backfill showed "waiting for the workers: 2
     batches queued" for good, with no hint (the follow phase had one, this wait none). A queue

@@ -978,9 +978,15 @@ class _StallHint:
             self._said = True
             self._reporter.message(
                 f"{self._waits_for} no message taken from queue {self._state.queue!r} for {STALL_HINT_S:.0f}s: if"
-                f" no worker is running, start one on this broker: tracescore worker --scorers"
-                f" {self._state.options.scorers_module}"
+                f" no worker is running, start one on this broker: {_worker_command(self._state)}"
             )
+
+
+def _worker_command(state: BackfillState) -> str:
+    """The command that starts a worker for the job: its scorers, and its queue when that is not
+    the default one (a worker started without -Q read 'tracescore', and the job waited on)."""
+    queue = "" if state.queue in (None, Settings.model_fields["queue"].default) else f" -Q {shlex.quote(state.queue)}"
+    return f"tracescore worker --scorers {state.options.scorers_module}{queue}"
 
 
 def _wait_for_workers(
@@ -1515,7 +1521,7 @@ def _run_held(
     verb = "resuming" if resumed else "starting"
     reporter.message(
         f"backfill {state.job_id}: {verb} in Redis mode (broker {redact(settings.broker_url)}, "
-        f"queue {settings.queue!r}; workers: tracescore worker --scorers {state.options.scorers_module})"
+        f"queue {settings.queue!r}; workers: {_worker_command(state)})"
     )
     reporter.message(f"reading {state.source_label}; scorers: {', '.join(state.options.scorer_ids)}")
     if not resumed:
