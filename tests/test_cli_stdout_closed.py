@@ -62,6 +62,15 @@ def test_backfill_table_into_a_closed_pipe_stops_with_out_whole(tmp_path: Path) 
     assert len({json.loads(r)["score_id"] for r in records}) == len(records)
 
 
+def test_backfill_table_into_a_closed_pipe_without_out_says_so_in_a_sentence(tmp_path: Path) -> None:
+    """Without --out the stop line read "the summary above hold what was scored before"."""
+    write_otlp_files(tmp_path / "in", 3000, files=2)
+    options = ["--scorers", "tests.backfill.slow_scorers", "--scorer", "block", "--batch-size", "100"]
+    code, err = _read_one_line_then_leave(["backfill", str(tmp_path / "in"), *options, "--table"], ROOT)
+    _stopped_cleanly(code, err)
+    assert "; the summary above holds what was scored before" in err, err[-3000:]
+
+
 @pytest.mark.parametrize("shown", ["--table", "--json"])
 def test_score_into_a_closed_pipe_stops_with_out_whole(shown: str, tmp_path: Path) -> None:
     runs = tmp_path / "runs.jsonl"

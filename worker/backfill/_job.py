@@ -1337,7 +1337,7 @@ def _run_embedded(
             if output_closed():
                 click.echo(
                     f"stopped: {READER_LEFT}; the summary above"
-                    f"{' and --out' if out is not None else ''} hold what was scored before",
+                    f"{' and --out hold' if out is not None else ' holds'} what was scored before",
                     err=True,
                 )
                 raise SystemExit(EXIT_OUTPUT_CLOSED)
