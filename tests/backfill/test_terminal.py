@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._pty import on_a_terminal
 from tracing._errors import json_error
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +66,21 @@ def test_an_error_naming_such_a_file_prints_without_them(tmp_path: Path) -> None
     assert "every input line was malformed (2; first at" in err
     assert "\x1b" not in err
     assert "\x07" not in err
+
+
+@pytest.mark.parametrize("kind", ["missing", "dangling link"])
+def test_a_missing_source_is_named_without_its_control_characters_on_a_terminal(tmp_path: Path, kind: str) -> None:
+    """A source that does not exist (or a link to nowhere) is a usage error naming it: that line
+    went out as given, and on a terminal (where click strips no escapes) its name recoloured it."""
+    name = tmp_path / f"gone{ESCAPES}.jsonl"
+    if kind == "dangling link":
+        name.symlink_to(tmp_path / "nowhere")
+    seen = on_a_terminal(["backfill", str(name), "--scorers", "examples.scorers", "--dry-run"], stdout_too=True)
+    assert seen.returncode == 2, seen.text
+    assert "Invalid value for SOURCES" in seen.text
+    assert "gone\ufffd]0;owned\ufffd\ufffd[31m.jsonl: " in seen.text, seen.text
+    assert "\x1b" not in seen.text
+    assert "\x07" not in seen.text
 
 
 @pytest.mark.parametrize(

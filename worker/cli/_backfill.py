@@ -17,6 +17,7 @@ import structlog
 from tracing.sources import SourceError, open_source
 from worker._gc import tuned_gc
 from worker._progress import ProgressReporter
+from worker._terminal import printable
 from worker.backfill import (
     EXIT_WAIT_TIMEOUT,
     BackfillJob,
@@ -300,7 +301,8 @@ def backfill_command(
     missing = [s for s in sources if "://" not in s and not os.path.exists(s)]
     if missing:  # README: a missing input file is a usage error (exit 2), as for score and compare
         what = "a symbolic link that leads nowhere" if os.path.islink(missing[0]) else "no such file or directory"
-        raise click.BadParameter(f"{missing[0]}: {what}", param_hint="SOURCES")
+        # (printable: click strips no escape on a terminal, and a name is the user's or a glob's)
+        raise click.BadParameter(printable(f"{missing[0]}: {what}"), param_hint="SOURCES")
     try:
         source = open_source(list(sources), since_ns=since_ns, until_ns=until_ns, query=tempo_query)
     except SourceError as exc:
