@@ -121,6 +121,8 @@ def test_resuming_a_job_redis_no_longer_holds_says_what_to_do(private_redis: Red
     assert result.exit_code == 1, result.output
     assert "no backfill job 'bf-gone'" in result.stderr
     assert "a Redis restarted without persistence has lost it; run the backfill again" in result.stderr
+    # A mistyped id (a digit off, as copied by hand) was told only of expiry and lost state.
+    assert "or the id is not the job's: tracescore status lists the jobs this Redis keeps" in result.stderr
 
 
 def test_a_resume_that_waited_goes_on_from_what_the_holder_left(

@@ -1744,7 +1744,7 @@ def _resume(
         raise CliError(
             f"no backfill job {job_id!r} in {redact(settings.store_url)}: a job's state expires after 7 days, and a"
             " Redis restarted without persistence has lost it; run the backfill again (scores already stored are"
-            " not made twice)"
+            " not made twice); or the id is not the job's: tracescore status lists the jobs this Redis keeps"
         )
     if state.queue is not None and state.queue != settings.queue:
         # Its workers consume the queue it started on: the rest sent elsewhere would wait there.
