@@ -34,7 +34,15 @@ from tracing import redact
 from worker import _heartbeat as probe_files
 from worker._gc import freeze_startup_objects
 from worker._logs import configure_logs
-from worker._settings import NO_BROKER, SCREENED_BROKER_SCHEMES, Settings, SettingsError, get_settings, load_settings
+from worker._settings import (
+    NO_BROKER,
+    SCREENED_BROKER_SCHEMES,
+    TLS_TO_PLAIN,
+    Settings,
+    SettingsError,
+    get_settings,
+    load_settings,
+)
 from worker.metrics import MetricsStep
 
 __all__ = [
@@ -213,6 +221,12 @@ def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
                     "is the server listening for TLS (rediss://) on that port?"
                 ) from None
             # down or unreachable: Celery retries the broker until it is up
+        except redis.TimeoutError as exc:
+            if url.startswith("rediss://"):  # (a plain Redis never answers the TLS handshake)
+                raise SettingsError(
+                    f"TLS with the {what} at {redact(url)} got no answer ({redact(str(exc))}): {TLS_TO_PLAIN}"
+                ) from None
+            raise
         else:
             from worker._guard import BrokerWrites
 

@@ -26,6 +26,7 @@ __all__ = [
     "NO_BROKER",
     "SCREENED_BROKER_SCHEMES",
     "SINK_NAMES",
+    "TLS_TO_PLAIN",
     "ModelRateLimit",
     "Settings",
     "SettingsError",
@@ -35,6 +36,9 @@ __all__ = [
     "shown_url",
 ]
 
+# What a rediss:// URL that no TLS answers (a Redis serving plain text: the handshake waits out its
+# timeout) is told, by the worker's start and by every command that talks to Redis.
+TLS_TO_PLAIN = "rediss:// asks for TLS: if that Redis serves plain text, use redis://"
 # What an empty broker URL means, for the commands that need one to say so.
 NO_BROKER = "TRACESCORE_BROKER_URL is empty (embedded mode, which only backfill and score have)"
 # The broker URLs kombu serves with its Redis transport, the one worker._guard screens.

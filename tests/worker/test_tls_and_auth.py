@@ -296,6 +296,23 @@ def test_worker_refuses_an_unverified_certificate(tls_redis: TlsRedis) -> None:
     assert PASSWORD not in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("command", ["status", "worker"])
+def test_rediss_to_a_redis_without_tls_says_to_use_redis(redis_server: RedisServer, command: str) -> None:
+    """rediss:// to a Redis serving plain text (a letter too many): the TLS handshake waits for an
+    answer that never comes. `status` said "cannot reach the broker ...: Timeout connecting to
+    server" and the worker "cannot start: Timeout connecting to server", naming neither the URL
+    nor TLS. Both now say that rediss:// asks for TLS and a plain Redis takes redis://."""
+    url = f"rediss://:{redis_server.password}@127.0.0.1:{redis_server.port}/11"
+    args = ["status"] if command == "status" else ["worker", "--scorers", "tests.worker.sample_scorers"]
+    started = time.monotonic()
+    result = _run_cli([*args, "--broker", url], _env(), timeout=90)
+    assert result.returncode == 1, result
+    assert time.monotonic() - started < 30
+    assert f"rediss://:***@127.0.0.1:{redis_server.port}/11" in result.stderr, result.stderr
+    assert "rediss:// asks for TLS: if that Redis serves plain text, use redis://" in result.stderr, result.stderr
+    assert redis_server.password not in result.stdout + result.stderr
+
+
 CELERY = str(Path(sys.executable).with_name("celery"))
 
 

@@ -193,7 +193,12 @@ def unreachable(what: str, url: str, exc: BaseException) -> CliError:
     while cause is not None and not isinstance(cause, AuthenticationError):
         cause = cause.__cause__ or cause.__context__
     if cause is None:
-        return CliError(f"cannot reach the {what} at {redact(url)}: {redact(str(exc))}")
+        said = f"cannot reach the {what} at {redact(url)}: {redact(str(exc))}"
+        if urlsplit(url).scheme == "rediss" and _timed_out(exc):  # (no TLS answered the handshake)
+            from worker._settings import TLS_TO_PLAIN
+
+            said += f"; {TLS_TO_PLAIN}"
+        return CliError(said)
     where = "--broker or TRACESCORE_BROKER_URL"
     if what != "broker":
         where = f"TRACESCORE_REDIS_URL, else {where}"
@@ -206,6 +211,18 @@ def unreachable(what: str, url: str, exc: BaseException) -> CliError:
     return CliError(
         f"the {what} at {redact(url)} asks for a password and the URL gives none: set it in {where} ({form})"
     )
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` or what caused it is a timeout (redis-py's or the socket's)."""
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, RedisTimeoutError | TimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def run_command(group: click.Group, argv: list[str]) -> int:
