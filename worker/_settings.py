@@ -77,7 +77,7 @@ def shown_url(url: str) -> str:
 
 
 # A scheme and whatever colons and slashes follow it, however mistyped ("redis:/", "redis//").
-_SCHEME_LEAD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:?/*")
+_SCHEME_LEAD = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*:?/*")
 
 
 def _url_problem(url: str) -> str | None:
@@ -103,11 +103,16 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
+_SPACED = "starts or ends with a space (pasted with it?): give the URL without it"
+
+
 def broker_url_problem(url: str) -> str | None:
     """What is wrong with a broker URL, said after its name (``TRACESCORE_BROKER_URL (url) ...``),
     else None; an empty URL is embedded mode, not a problem."""
     if not url:
         return None
+    if url != url.strip():  # (else "is not a Redis URL", or "names database '0 '", the space unseen)
+        return _SPACED
     if url.partition("://")[0].lower() not in SCREENED_BROKER_SCHEMES:
         # The message screen (worker._guard) lives in kombu's Redis transport: another
         # transport would hand hostile messages to Celery unscreened.
@@ -119,6 +124,8 @@ def broker_url_problem(url: str) -> str | None:
 def store_url_problem(url: str) -> str | None:
     """What is wrong with a score store URL (``TRACESCORE_REDIS_URL``), else None: redis-py's
     schemes (and kombu's ``redis+socket://``, read as its ``unix://``)."""
+    if url and url != url.strip():
+        return _SPACED
     if url and url.partition("://")[0].lower() not in (*SCREENED_BROKER_SCHEMES, "unix"):
         return "is not a Redis URL: the score store is a Redis (redis://, rediss://, unix://)"
     return _url_problem(url)

@@ -1198,6 +1198,9 @@ def test_worker_command_takes_the_broker_flag_into_prefork_children(redis_url: s
         ("redis:/:sekrit@127.0.0.1:1/0", "redis:/:***@127.0.0.1:1/0 is not a Redis URL"),
         ("redis//:sekrit@127.0.0.1:1/0", "redis//:***@127.0.0.1:1/0 is not a Redis URL"),
         ("redis:sekrit@127.0.0.1:1/0", "redis:***@127.0.0.1:1/0 is not a Redis URL"),
+        # Pasted with a space: 'is not a Redis URL' (the space unseen), the URL shown as ' redis:***@'
+        (" redis://:sekrit@127.0.0.1:1/0", " redis://:***@127.0.0.1:1/0 starts or ends with a space"),
+        ("redis://:sekrit@127.0.0.1:1/0 ", "redis://:***@127.0.0.1:1/0  starts or ends with a space"),
     ],
 )
 def test_a_bad_broker_flag_is_a_usage_error_named_as_the_flag(
