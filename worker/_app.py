@@ -42,6 +42,7 @@ from worker._settings import (
     SettingsError,
     get_settings,
     load_settings,
+    missing_database,
 )
 from worker.metrics import MetricsStep
 
@@ -205,6 +206,12 @@ def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
                     f"the {what} at {redact(url)} refused the credentials (authentication failed: "
                     f"{redact(str(exc))}); fix the password in "
                     f"{'--broker or TRACESCORE_BROKER_URL' if what == 'broker' else 'TRACESCORE_REDIS_URL'}"
+                ) from None
+            if "DB index is out of range" in str(exc):  # (Celery retried it for good, as a broker down)
+                raise SettingsError(
+                    missing_database(
+                        what, url, "--broker or TRACESCORE_BROKER_URL" if what == "broker" else "TRACESCORE_REDIS_URL"
+                    )
                 ) from None
             # any other reply means the server is there and talking: Celery takes it from here
         except redis.ConnectionError as exc:

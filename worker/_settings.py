@@ -33,12 +33,25 @@ __all__ = [
     "broker_url_problem",
     "get_settings",
     "load_settings",
+    "missing_database",
     "shown_url",
 ]
 
 # What a rediss:// URL that no TLS answers (a Redis serving plain text: the handshake waits out its
 # timeout) is told, by the worker's start and by every command that talks to Redis.
 TLS_TO_PLAIN = "rediss:// asks for TLS: if that Redis serves plain text, use redis://"
+
+
+def missing_database(what: str, url: str, where: str) -> str:
+    """What to say when Redis answers SELECT with "DB index is out of range": the URL names a
+    database that Redis does not have, which no retry fixes."""
+    database = urlsplit(url).path.strip("/") or "0"
+    return (
+        f"the {what} at {redact(url)} has no database {database[:20]}: a Redis has 16 (0 to 15) unless its"
+        f" `databases` setting says more; fix the /{database[:20]} in {where}"
+    )
+
+
 # What an empty broker URL means, for the commands that need one to say so.
 NO_BROKER = "TRACESCORE_BROKER_URL is empty (embedded mode, which only backfill and score have)"
 # The broker URLs kombu serves with its Redis transport, the one worker._guard screens.

@@ -860,6 +860,25 @@ def test_a_scorer_module_given_as_a_file_path_is_named_as_its_module(
     assert "a file path: give the module's name, --scorers examples.scorers" in err, err
 
 
+def test_a_database_the_redis_does_not_have_is_named_by_the_worker_and_the_commands(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """redis://host/99 (a Redis has databases 0-15 unless configured): the commands said "cannot
+    reach the broker ...: DB index is out of range", and the worker logged "Cannot connect" every
+    few seconds for good, as for a broker that is down: no retry fixes it. Both now name the
+    database and where to fix it; the worker exits 1 at once, as on a refused password."""
+    url = redis_server.url(99)
+    assert main(["status", "--broker", url]) == 1
+    err = capsys.readouterr().err
+    assert "the broker at redis://:***@" in err, err
+    assert "has no database 99" in err, err
+    done = failed_start(url)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "tracescore worker cannot start: the broker at redis://:***@" in done.stderr, done.stderr[-2000:]
+    assert "has no database 99" in done.stderr
+    assert redis_server.password not in done.stdout + done.stderr + err
+
+
 def test_celery_worker_with_a_bad_scorer_module_exits_with_one_line(redis_url: str) -> None:
     """`celery -A worker worker --scorers <missing>` exits 1 saying what is wrong."""
     done = failed_start(redis_url, scorers="no_such.scorers")

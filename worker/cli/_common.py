@@ -192,6 +192,13 @@ def unreachable(what: str, url: str, exc: BaseException) -> CliError:
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, AuthenticationError):
         cause = cause.__cause__ or cause.__context__
+    where = "--broker or TRACESCORE_BROKER_URL"
+    if what != "broker":
+        where = f"TRACESCORE_REDIS_URL, else {where}"
+    if cause is None and "DB index is out of range" in str(exc):  # (reached: it has no such database)
+        from worker._settings import missing_database
+
+        return CliError(missing_database(what, url, where))
     if cause is None:
         said = f"cannot reach the {what} at {redact(url)}: {redact(str(exc))}"
         if urlsplit(url).scheme == "rediss" and _timed_out(exc):  # (no TLS answered the handshake)
@@ -199,9 +206,6 @@ def unreachable(what: str, url: str, exc: BaseException) -> CliError:
 
             said += f"; {TLS_TO_PLAIN}"
         return CliError(said)
-    where = "--broker or TRACESCORE_BROKER_URL"
-    if what != "broker":
-        where = f"TRACESCORE_REDIS_URL, else {where}"
     parts = urlsplit(url)
     if parts.password:
         return CliError(f"the {what} at {redact(url)} refused the URL's credentials: fix them in {where}")
