@@ -131,7 +131,23 @@ def broker_url_problem(url: str) -> str | None:
         # transport would hand hostile messages to Celery unscreened.
         schemes = ", ".join(s + "://" for s in SCREENED_BROKER_SCHEMES)
         return f"is not a Redis URL: tracescore's queue runs on Redis ({schemes})"
-    return query_password_problem(url) or _url_problem(url)
+    return query_password_problem(url) or _url_problem(url) or _kombu_query_problem(url)
+
+
+def _kombu_query_problem(url: str) -> str | None:
+    """A redis:// or rediss:// broker URL's query parameter kombu's Connection cannot take, else
+    None: it passes each one (but ``ssl_*``) to Connection as a keyword, and the worker's start
+    and status's ping ended in "TypeError: Connection._init_params() got an unexpected keyword
+    argument" (socket_timeout, db: redis-py reads both)."""
+    if url.partition("://")[0].lower() not in ("redis", "rediss"):
+        return None
+    for key, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True):
+        if not key.startswith("ssl_"):
+            return (
+                f"has a query parameter the broker's client (kombu) cannot take: {key[:40]!r}; a broker URL's"
+                " query holds ssl_* options only (its database goes in the path: redis://host:6379/0)"
+            )
+    return None
 
 
 def store_url_problem(url: str) -> str | None:

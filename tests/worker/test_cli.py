@@ -1217,6 +1217,10 @@ def test_worker_command_takes_the_broker_flag_into_prefork_children(redis_url: s
         ("redis:/:sekrit@127.0.0.1:1/0", "redis:/:***@127.0.0.1:1/0 is not a Redis URL"),
         ("redis//:sekrit@127.0.0.1:1/0", "redis//:***@127.0.0.1:1/0 is not a Redis URL"),
         ("redis:sekrit@127.0.0.1:1/0", "redis:***@127.0.0.1:1/0 is not a Redis URL"),
+        # A parameter redis-py reads and kombu's Connection does not: the worker's start and
+        # status's ping ended in "TypeError: Connection._init_params() got an unexpected keyword"
+        ("redis://:sekrit@127.0.0.1:1/0?socket_timeout=5", "query parameter the broker's client (kombu)"),
+        ("redis://:sekrit@127.0.0.1:1/0?db=1", "cannot take: 'db'"),
         # Pasted with a space: 'is not a Redis URL' (the space unseen), the URL shown as ' redis:***@'
         (" redis://:sekrit@127.0.0.1:1/0", " redis://:***@127.0.0.1:1/0 starts or ends with a space"),
         ("redis://:sekrit@127.0.0.1:1/0 ", "redis://:***@127.0.0.1:1/0  starts or ends with a space"),
