@@ -40,7 +40,7 @@ def _bodies(max_tokens: int) -> dict[str, bytes]:
 
     from scorers.judge._body import values_bound
 
-    at_bound = (values_bound(max_tokens) - 100) // 2  # each {} and its comma: two values counted
+    at_bound = values_bound(max_tokens) - 100  # each {} one value (the envelope, a few more)
     legit = "x" * (max_tokens * 64)  # the longest answer _too_long keeps
     return {
         "[{},{},...]": padded(b"{},"),

@@ -91,30 +91,46 @@ def values_bound(max_tokens: int) -> int:
 
 
 def over_values(body: bytes, bound: int) -> bool:
-    """Whether ``body`` builds more than ``bound`` values when parsed, counted as its strings
-    (keys too) and its commas and opening brackets outside strings (each value but a container's
-    first follows one). Counted over the whole body first (cheap); string by string only when
-    that is over, each matched once where it starts (a search from every quote took quadratic
-    time over ``\\"\\"…``), and no further than ``bound`` strings."""
-    separators = body.count(b",") + body.count(b"{") + body.count(b"[")
-    if separators + body.count(b'"') // 2 <= bound:
+    """Whether ``body`` builds more than ``bound`` values when parsed, keys included. In valid
+    JSON every value but the root is a non-empty container's first or follows a comma, and every
+    key precedes a colon, so the values are one, plus the commas, the colons and the containers
+    not empty, counted outside strings (a count of strings beside the commas took a string in an
+    array twice: ``["a","b"]`` was four values, not three). Counted over the whole body first
+    (cheap, and never less); gap by gap between strings only when that is over, each string
+    matched once where it starts (a search from every quote took quadratic time over
+    ``\\"\\"…``), stopping past ``bound``. Each string of valid JSON is a value or a key, so
+    more strings than values counted is not JSON: left to json.loads, which stops there."""
+    if 1 + sum(body.count(c) for c in _STRUCTURE) <= bound:
         return False
-    count = 0
+    count = 1
+    strings = 0
     pos = 0
+    find, match = body.find, _STRING.match
     while True:
-        start = body.find(b'"', pos)
+        start = find(b'"', pos)
         end = len(body) if start < 0 else start
-        count += sum(body.count(c, pos, end) for c in _SEPARATORS)
+        gap = body[pos:end]
+        count += gap.count(b",") + gap.count(b":")
+        if b"{" in gap or b"[" in gap:
+            count += _opened(gap)
         if start < 0 or count > bound:
             return count > bound
-        string = _STRING.match(body, start)
-        if string is None:  # unterminated: json.loads stops there, having built no more
+        string = match(body, start)
+        strings += 1
+        if string is None or strings > count:  # not JSON: json.loads stops there, having built no more
             return False
-        count += 1
         pos = string.end()
 
 
-_SEPARATORS = (b",", b"{", b"[")
+def _opened(gap: bytes) -> int:
+    """The containers ``gap`` (JSON outside strings) opens but those found empty (``[ ]`` too:
+    whitespace is dropped first)."""
+    gap = gap.translate(None, _WHITESPACE)
+    return gap.count(b"{") + gap.count(b"[") - gap.count(b"{}") - gap.count(b"[]")
+
+
+_STRUCTURE = (b",", b":", b"{", b"[")
+_WHITESPACE = b" \t\n\r"
 
 
 async def cap_response_body(response: httpx2.Response) -> None:
