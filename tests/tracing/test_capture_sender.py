@@ -250,3 +250,33 @@ def test_a_batch_the_sink_refuses_is_counted_and_the_next_ones_are_sent() -> Non
     finally:
         sender.stop()
         sender.close(time.monotonic() + 1)
+
+
+def test_a_failed_or_refused_send_logs_the_runs_of_its_batch_not_its_requests() -> None:
+    """A trace's runs travel as one request: ``sink_send_failed`` and ``sink_refused_batch``
+    said ``runs=1`` for a batch of a 40-run trace (they logged the requests)."""
+    import structlog.testing
+
+    from tests.tracing.test_cut import many_runs
+    from tracing.queue import ScoreRequest
+
+    trace, targets = many_runs("logged-runs", 40)
+    own = ScoreRequest.model_construct(spans=trace, target_span_ids=targets, scorer_ids=["s"]).run_spans()
+    shipments = [Shipment(own[t], t, ["s"], shipment_size(own[t]), trace=trace, runs=40) for t in targets]
+    answers: list[Exception] = [ConnectionError("down"), ValueError("refused")]
+
+    def failing(batch: ScoreBatch) -> None:
+        assert len(batch.requests) == 1
+        raise answers.pop(0)
+
+    sender = Sender(_Callback(failing), SenderLimits(retry_initial_s=0.01, retry_max_s=0.02), Tally())
+    sender.start()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            sender.put(shipments)
+            assert sender.wait_idle(time.monotonic() + 10)
+        runs = {e["event"]: e["runs"] for e in logs if e["event"] in ("sink_send_failed", "sink_refused_batch")}
+        assert runs == {"sink_send_failed": 40, "sink_refused_batch": 40}
+    finally:
+        sender.stop()
+        sender.close(time.monotonic() + 1)

@@ -387,11 +387,11 @@ class Sender:
             except (ValueError, TypeError) as exc:
                 # The sink refuses this batch itself (too large for its cap, not encodable):
                 # retrying cannot help, and every batch queued behind it would wait forever.
-                log.error("sink_refused_batch", error=describe(exc), runs=len(chunk.requests))
+                log.error("sink_refused_batch", error=describe(exc), runs=chunk.runs)
                 self._tally.error("send")
                 raise _Refused from None
             except APP_CODE_ERRORS as exc:
-                self._failed(describe(exc), len(chunk.requests))
+                self._failed(describe(exc), chunk.runs)
                 # Jitter so several exporters do not hammer a recovering broker in step.
                 self._stop.wait(delay * (0.5 + random.random() / 2))
                 delay = min(self.limits.retry_max_s, delay * 2)
