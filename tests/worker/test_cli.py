@@ -1013,11 +1013,7 @@ def test_sinks_drop_removes_dead_letters_by_id_reason_or_all_paged_and_the_count
     letter has, and the counts follow. 1,500 letters (written as the previous release kept them,
     without their order) are read a page at a time, never the whole hash at once."""
     url = wrong_env
-    records = [
-        ScoreRecord(score_id=score_id_for(f"{n:032x}", "cd" * 8, "s", "1"), trace_id=f"{n:032x}", span_id="cd" * 8,
-                    scorer_id="s")
-        for n in range(1500)
-    ]  # fmt: skip
+    records = _sink_records(1500)
     client = redis.Redis.from_url(url)
     try:
         with client.pipeline(transaction=False) as pipe:
@@ -1081,11 +1077,7 @@ def test_status_and_sinks_list_say_the_sink_dead_letters_dropped_past_the_bound(
     """Letters dropped past TRACESCORE_SINK_MAX_DEAD_LETTERS are counted per sink: `status` and
     `sinks list` show them (text and --json), not as failed."""
     url = wrong_env
-    records = [
-        ScoreRecord(score_id=score_id_for(f"{n:032x}", "cd" * 8, "s", "1"), trace_id=f"{n:032x}", span_id="cd" * 8,
-                    scorer_id="s")
-        for n in range(5)
-    ]  # fmt: skip
+    records = _sink_records(5)
     _store_records_for_sink(url, records)
     outbox = RedisOutbox(url, max_dead_letters=2)
     try:
@@ -1102,6 +1094,15 @@ def test_status_and_sinks_list_say_the_sink_dead_letters_dropped_past_the_bound(
     assert "3 dead letters dropped past the bound (TRACESCORE_SINK_MAX_DEAD_LETTERS)" in capsys.readouterr().out
     assert main(["sinks", "list", "otlp", "--broker", url]) == 0
     assert "2 failed, 3 dead letters dropped past the bound" in capsys.readouterr().out
+
+
+def _sink_records(count: int) -> list[ScoreRecord]:
+    """``count`` records of scorer ``s``, one trace each, for the sink tests' outbox."""
+    return [
+        ScoreRecord(score_id=score_id_for(f"{n:032x}", "cd" * 8, "s", "1"), trace_id=f"{n:032x}", span_id="cd" * 8,
+                    scorer_id="s")
+        for n in range(count)
+    ]  # fmt: skip
 
 
 def _store_records_for_sink(url: str, records: list[ScoreRecord]) -> None:

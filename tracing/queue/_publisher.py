@@ -39,6 +39,18 @@ class BatchPublisher(Protocol):
     def close(self) -> None: ...
 
 
+def _refuse_past_pairs(batch: ScoreBatch) -> None:
+    """``ValueError`` for a batch asking for more (run, scorer id) pairs than the workers take
+    (``MAX_BATCH_PAIRS``; one built without the cutter): they would dead-letter it whole."""
+    pairs = batch.pairs()
+    if pairs > MAX_BATCH_PAIRS:
+        raise ValueError(
+            f"batch {batch.batch_id} asks for {pairs:,} (run, scorer id) pairs, at most {MAX_BATCH_PAIRS:,}"
+            " (tracing.queue.MAX_BATCH_PAIRS): send fewer runs or scorers per batch"
+            " (tracing.queue.RequestCutter cuts them by it)"
+        )
+
+
 class Publisher:
     """Publishes ``tracescore.score_batch`` messages to ``queue`` on ``broker_url`` with kombu.
 
@@ -123,13 +135,7 @@ class Publisher:
                 conn.release()
 
     def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
-        pairs = batch.pairs()
-        if pairs > MAX_BATCH_PAIRS:
-            raise ValueError(
-                f"batch {batch.batch_id} asks for {pairs:,} (run, scorer id) pairs, at most {MAX_BATCH_PAIRS:,}"
-                " (tracing.queue.MAX_BATCH_PAIRS): send fewer runs or scorers per batch"
-                " (tracing.queue.RequestCutter cuts them by it)"
-            )
+        _refuse_past_pairs(batch)
         if requests_json is None:
             requests_json = [request_json(request) for request in batch.requests]
         message = task_message(batch, self._origin, requests_json)
@@ -261,13 +267,7 @@ class Backpressure:
             self.throttled_s += time.monotonic() - started
 
     def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
-        pairs = batch.pairs()
-        if pairs > MAX_BATCH_PAIRS:
-            raise ValueError(
-                f"batch {batch.batch_id} asks for {pairs:,} (run, scorer id) pairs, at most {MAX_BATCH_PAIRS:,}"
-                " (tracing.queue.MAX_BATCH_PAIRS): send fewer runs or scorers per batch"
-                " (tracing.queue.RequestCutter cuts them by it)"
-            )
+        _refuse_past_pairs(batch)  # (before the wait: refused after it, it had waited for nothing)
         self.wait_for_room()
         self.publisher.publish(batch, requests_json)
 
