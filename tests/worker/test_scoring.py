@@ -116,7 +116,7 @@ def test_an_unknown_scorer_id_of_any_text_is_kept_in_its_records_as_a_digest() -
     the records and their score ids are otherwise the same, and a plain unknown id is shown as
     it is."""
     deps, _store, writer = _deps(plain)
-    hostile = "AGENT said: the code is 4417 " * 40_000
+    hostile = "AGENT said: the code is QZXJ " * 40_000  # (letters no digest, id or time holds: "4417" did, by chance)
     report = asyncio.run(score_batch(batch(range(20), ["plain", hostile, "nope"], salt="long-id"), deps))
     assert (report.scored, report.failed) == (20, {"UnknownScorerError": 40})
     unknown = [r for r in writer.records if r.error_type == "UnknownScorerError"]
@@ -126,7 +126,7 @@ def test_an_unknown_scorer_id_of_any_text_is_kept_in_its_records_as_a_digest() -
     (digest,) = shown - {"nope"}
     assert digest.startswith("sha256:")
     assert len(digest) < 128
-    assert all("4417" not in r.model_dump_json() for r in writer.records)
+    assert all("QZXJ" not in r.model_dump_json() for r in writer.records)
     assert max(len(r.model_dump_json()) for r in writer.records) < 4000
     assert all(digest in (r.error_message or "") for r in unknown if r.scorer_id == digest)
     # The score id is the pair's, as before: the id the message named, not what the record shows.
