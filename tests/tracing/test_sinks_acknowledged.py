@@ -15,7 +15,7 @@ from tracing import ScoreRecord, score_id_for
 from tracing.sinks import Delivered, Delivery, LangfuseSink, MlflowSink, OtlpSink, PhoenixSink, Retry, ScoreSink
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
-_SECRET_REASON = "the agent told customer 4711 their card number"
+_SECRET_REASON = "the agent told customer QZXJ their card number"
 
 # What each backend answers a write it stored (checked against the real servers in
 # tests/integration): Phoenix's synchronous annotation ids, MLflow's assessment, Langfuse's id.
@@ -96,7 +96,7 @@ def test_a_2xx_without_the_backends_acknowledgement_is_a_retry_naming_it(kind: s
     assert isinstance(outcome, Retry), outcome
     assert "HTTP 200" in outcome.reason
     assert "acknowledg" in outcome.reason
-    assert "4711" not in outcome.reason
+    assert "QZXJ" not in outcome.reason
 
 
 # 2xx answers no OTLP receiver gives (OTLP/HTTP: "The response body MUST be the appropriate
@@ -138,7 +138,7 @@ def test_an_otlp_endpoint_answering_no_export_response_is_a_retry(answer: str) -
     assert "HTTP 200" in outcome.reason
     assert "acknowledg" in outcome.reason
     assert "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in outcome.reason
-    assert "4711" not in outcome.reason
+    assert "QZXJ" not in outcome.reason
 
 
 @pytest.mark.parametrize("answer", sorted(_OTLP_ACKS))
