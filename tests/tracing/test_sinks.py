@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ from tests._drip import drip
 from tests._http import QuietHandler, serving
 from tests._otlp_receiver import OtlpReceiver
 from tests._redis import free_port
+from tests._work import Spy, counted_lines
 from tracing import ScoreRecord, score_id_for
 from tracing.sinks import (
     ConsoleSink,
@@ -386,10 +386,15 @@ _HOSTILE: dict[str, tuple[int, dict[str, str], bytes]] = {
 
 @pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])
 @pytest.mark.parametrize("answer", sorted(_HOSTILE))
-def test_http_sinks_read_hostile_answers_alike(kind: str, answer: str) -> None:
+def test_http_sinks_read_hostile_answers_alike(kind: str, answer: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The three HTTP sinks read refusals through one parser: a nested answer is a refusal (no
     RecursionError), an undecodable one a Retry (no DecodingError out of deliver), and a quoted
-    request's text (the score's, even short) is never in the detail."""
+    request's text (the score's, even short) is never in the detail. The markup pattern is given
+    a page of the answer at most (the bomb's 1 MB took minutes of CPU a refusal)."""
+    from tracing.sinks import _http
+
+    tags = Spy(_http._TAGS)
+    monkeypatch.setattr(_http, "_TAGS", tags)
     status, headers, body = _HOSTILE[answer]
     span = "00f067aa0ba902b7"
     record = ScoreRecord(
@@ -399,12 +404,12 @@ def test_http_sinks_read_hostile_answers_alike(kind: str, answer: str) -> None:
     with _answering(status, headers, body) as url:
         sink = _http_sink(kind, url)
         try:
-            started = time.process_time()
             (outcome,) = sink.deliver([record])
-            # A wedge guard, not a speed target: the markup bomb took minutes of CPU a refusal.
-            assert time.process_time() - started < 20
         finally:
             sink.close()
+    # A wedge guard, counted instead of timed: what the pattern scans is a page, once (below).
+    assert all(size <= _http._PAGE_CHARS for _, size in tags.calls), tags.calls
+    assert tags.calls or answer != "markup_bomb"
     if answer == "bad_gzip":
         assert isinstance(outcome, Retry)
         assert "could not be decoded (DecodingError)" in outcome.reason
@@ -415,6 +420,15 @@ def test_http_sinks_read_hostile_answers_alike(kind: str, answer: str) -> None:
     assert "ok " not in outcome.detail
     if answer == "quotes_input":
         assert outcome.detail == "Invalid request data: body.data.0: bad value"
+
+
+def test_the_markup_pattern_scans_a_page_once() -> None:
+    """A tag holds no "<", so the markup pattern's scan from a "<" ends at the next one: a page of
+    "<" and no ">" is read once, where "<[^>]*>" read the rest of it from every "<" (quadratic)."""
+    from tracing.sinks._http import _TAGS
+
+    assert [m.span() for m in _TAGS.finditer("<<a<b>x>")] == [(3, 6)]
+    assert _TAGS.sub(" ", "<" * 5 + "<p>hi</p>") == "<<<<< hi "
 
 
 _ECHOED = 'The agent said "Paris is the capital"\n  & cited <source 3>; customer id 4711-ABCD.'
@@ -476,12 +490,14 @@ def test_a_refusal_keeps_the_backends_own_words() -> None:
 def test_the_echo_mask_of_a_repetitive_page_and_text_is_cheap() -> None:
     """A page of one repeated character against a score text of the same: each stretch of the
     text marked every place it occurs in the page, once per repeat (5,000 × 16,000 marks a
-    text: about 9 s of CPU a refusal, holding the drainer). A wedge guard, not a speed target."""
-    from tracing.sinks._http import refusal_detail
+    text: about 9 s of CPU a refusal, holding the drainer). A wedge guard, counted, not timed:
+    the mask runs a few dozen lines at most a character it reads (tests/_work.py)."""
+    from tracing.sinks._http import _PAGE_CHARS, refusal_detail
 
-    started = time.process_time()
-    detail = refusal_detail("a" * 20_000, [], ["a" * 5_000] * 3)
-    assert time.process_time() - started < 5
+    page, texts = "a" * 20_000, ["a" * 5_000] * 3
+    read = min(len(page), _PAGE_CHARS) + sum(map(len, texts))  # the page is cut, the texts are not
+    with counted_lines(budget=30 * read):
+        detail = refusal_detail(page, [], texts)
     assert detail == "***"
 
 
