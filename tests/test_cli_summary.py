@@ -123,6 +123,34 @@ def test_score_prints_the_per_scorer_summary_by_default(tmp_path: Path) -> None:
     assert both.stderr.splitlines()[0].split() == ["run", "scorer", "score", "reason"]
 
 
+def test_score_json_lines_name_their_input_line(tmp_path: Path) -> None:
+    """--json printed a result's run id but not its line, as --out does: a run named after its
+    line (line-N) and a later line giving that same id explicitly were two runs a script could not
+    tell apart. Every --json line, a failure's too, now carries the input line it came from."""
+    runs = tmp_path / "runs.jsonl"
+    lines_in = [
+        "not json",
+        json.dumps({"input": "q", "output": "no id given"}),  # line 2: its run id is line-2
+        json.dumps({"run_id": "line-2", "input": "q", "output": "explicit"}),  # line 3: the same id, given
+        json.dumps({"run_id": "x", "input": "q", "output": "ab"}),
+    ]
+    runs.write_text("".join(line + "\n" for line in lines_in))
+    result = _score(str(runs), "--scorers", V1, "--scorer", "length", "--scorer", "broken", "--json")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    got = sorted((d["line"], d["run_id"], d["scorer_id"], "error" in d) for d in lines)
+    assert got == [
+        (2, "line-2", "broken", True),
+        (2, "line-2", "length", False),
+        (3, "line-2", "broken", True),
+        (3, "line-2", "length", False),
+        (4, "x", "broken", True),
+        (4, "x", "length", False),
+    ]
+    by_line = {d["line"]: d for d in lines if d["scorer_id"] == "length"}
+    assert (by_line[2]["score"], by_line[3]["score"]) == (1.0, 0.8)  # each result is its own line's
+
+
 def test_score_table_rows_are_worded_as_backfill_and_the_summary_word_them(tmp_path: Path) -> None:
     """One table for both commands: a failure's row is "type: message" and a not-scorable
     run's "step: reason", as backfill's rows and the summary's failure and not-scorable lines."""

@@ -217,8 +217,8 @@ def test_score_a_first_ctrl_c_in_a_retry_backoff_stops_at_once_and_names_what_it
     runs = tmp_path / "runs.jsonl"
     runs.write_text("".join(json.dumps({"run_id": f"r{i}", "input": "q?", "output": "a."}) + "\n" for i in range(6)))
     out = tmp_path / "scores.jsonl"
-    args = ["score", str(runs), *JUDGE_SCORERS, "--chunk", "2", "--out", str(out)]
-    returncode, _, stderr, _ = _stopped_in_a_backoff(args, fake_llm, fake_llm_env, plain_calls=2)
+    args = ["score", str(runs), *JUDGE_SCORERS, "--chunk", "2", "--out", str(out), "--json"]
+    returncode, stdout, stderr, _ = _stopped_in_a_backoff(args, fake_llm, fake_llm_env, plain_calls=2)
     assert returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     records = [json.loads(line) for line in _lines(out)]
@@ -229,6 +229,16 @@ def test_score_a_first_ctrl_c_in_a_retry_backoff_stops_at_once_and_names_what_it
     for run in ("r0", "r1"):
         assert f"run {run}: scorer plain not scored (interrupted" in stderr
     assert "2 runs × 2 scorers: 2 scored, 0 not scorable, 0 failed, 2 not scored (interrupted)" in stderr
+    # --json names each pair's input line, the ones not scored too.
+    shown = sorted(
+        (d["line"], d["run_id"], d["scorer_id"], d.get("skipped")) for d in map(json.loads, stdout.splitlines())
+    )
+    assert shown == [
+        (1, "r0", "costly", None),
+        (1, "r0", "plain", "interrupted"),
+        (2, "r1", "costly", None),
+        (2, "r1", "plain", "interrupted"),
+    ]
 
 
 @pytest.mark.parametrize("sample", [None, "0.5"])

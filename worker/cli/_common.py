@@ -76,9 +76,14 @@ class FiniteRange(click.FloatRange):
 _C1_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x80, 0xA0)}
 
 
-def json_line(model: BaseModel) -> str:
-    """``model`` as one ``--json`` line: pydantic's JSON with each C1 control character escaped."""
-    return model.model_dump_json().translate(_C1_ESCAPES)
+def json_line(model: BaseModel, *, line: int | None = None) -> str:
+    """``model`` as one ``--json`` line: pydantic's JSON with each C1 control character escaped;
+    ``line``, the input line it came from (``score``'s), as its first key. (Spliced into pydantic's
+    text, not dumped again: its JSON is what every other ``--json`` line of a model is.)"""
+    text = model.model_dump_json()
+    if line is not None:
+        text = f'{{"line":{line:d}' + ("," if text != "{}" else "") + text[1:]
+    return text.translate(_C1_ESCAPES)
 
 
 def known(count: int | None) -> str:

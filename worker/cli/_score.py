@@ -288,7 +288,12 @@ def score_command(
                             )
                             if as_json:
                                 line = json.dumps(
-                                    {"run_id": outcome.run, "scorer_id": outcome.scorer_id, "skipped": "interrupted"}
+                                    {
+                                        "line": number,
+                                        "run_id": outcome.run,
+                                        "scorer_id": outcome.scorer_id,
+                                        "skipped": "interrupted",
+                                    }
                                 )
                                 emit(functools.partial(click.echo, line))
                             continue
@@ -298,10 +303,15 @@ def score_command(
                             failures(f"{runs_file}:{number}: {result}")
                         if as_json:
                             line = (
-                                json_line(result)
+                                json_line(result, line=number)
                                 if isinstance(result, ScoreResult)
                                 else json.dumps(
-                                    {"run_id": outcome.run, "scorer_id": outcome.scorer_id, "error": str(result)}
+                                    {
+                                        "line": number,
+                                        "run_id": outcome.run,
+                                        "scorer_id": outcome.scorer_id,
+                                        "error": str(result),
+                                    }
                                 )
                             )
                             emit(functools.partial(click.echo, line))
