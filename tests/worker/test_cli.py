@@ -603,7 +603,7 @@ def test_status_says_the_dead_letters_dropped_past_the_lists_bound(
     assert main(["status", "--timeout", "0.3"]) == 0
     said = capsys.readouterr().out
     assert "dead letters 2 (not_json=2)" in said
-    assert f"{sum(sizes[2:])} bytes of the bound's {sum(sizes[1:]) - 1} (TRACESCORE_DLQ_MAX_BYTES)" in said
+    assert f"{sum(sizes[2:]):,} bytes of the bound's {sum(sizes[1:]) - 1:,} (TRACESCORE_DLQ_MAX_BYTES)" in said
     bounds = "(TRACESCORE_DLQ_MAX_LETTERS, TRACESCORE_DLQ_MAX_BYTES)"
     assert f"dropped past the list's bounds {bounds}, the oldest first: " in said
     assert main(["dlq", "drop", letters[2].id]) == 0
@@ -1428,3 +1428,76 @@ def test_sinks_on_a_paused_redis_answer_as_status_does(argv: list[str], private_
     assert done.returncode == 1, done.stderr
     assert f"cannot reach the score store at {redact(private_redis.url(0))}" in done.stderr
     assert private_redis.password not in done.stderr
+
+
+def test_status_and_sinks_text_write_counts_with_thousands_separators(
+    wrong_env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`status` and `sinks list|retry|drop` printed 123456 where `score`, `backfill` and `compare`
+    print 123,456. Their text now groups thousands as the others do; --json keeps plain numbers."""
+    import time
+
+    from worker.backfill._state import BackfillOptions, BackfillState, RedisJobStore
+    from worker.store._jobs import failure_bucket
+
+    url = wrong_env
+    _store_records_for_sink(url, _sink_records(2300))  # 2,300 pending for otlp
+    outbox = RedisOutbox(url, max_dead_letters=5000)
+    try:
+        lease = outbox.lease("otlp", 1100, lease_s=30)
+        dead = [SinkDeadLetter(score_id=i, sink="otlp", reason="http_403") for i in lease.attempts]
+        assert outbox.dead(lease, dead) == 1100
+    finally:
+        outbox.close()
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        client.hset(_keys.outbox_counts_key("otlp"), mapping={"delivered": 123456, "dropped": 4321})
+        client.hset(_keys.outbox_counts_key("otlp"), mapping={"dead_letters_dropped": 1500})
+        client.rpush("tracescore", *["x"] * 1500)
+        client.hset("unacked", mapping={f"t{n}": "x" for n in range(1200)})
+        client.hset(_keys.dlq_reasons_key(), mapping={"not_json": 1001})
+        client.hset(_keys.dlq_dropped_key(), mapping={"bad_headers": 2002})
+        client.hset(_keys.failures_key(failure_bucket()), mapping={"timeout": 3003})
+        client.hset(_keys.limiter_granted_key("m"), mapping={str(int(client.time()[0]) - 2): 1500})
+        state = BackfillState(
+            job_id="bf-big",
+            created_at=time.time(),
+            source={"kind": "files", "paths": ["/data"]},
+            source_label="/data",
+            options=BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["length"]),
+        )
+        state.counters.runs_enqueued = 5000
+        assert RedisJobStore(client).save(state)
+        client.hset(_keys.job_key("bf-big"), mapping={"scored": 4000, "failed": 1000, "skipped": 0})
+    finally:
+        client.close()
+    capsys.readouterr()
+    assert main(["status", "--json", "--timeout", "0.3", "--broker", url]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["queue_depth"], status["unacked"], status["sinks"]["otlp"]["delivered"]) == (1500, 1200, 123456)
+    assert main(["status", "--timeout", "0.3", "--broker", url]) == 0
+    text = capsys.readouterr().out
+    assert "queue depth 1,500 waiting, 1,200 in progress (unacked)" in text
+    assert "rate limit  m: calls_last_60s=1,500" in text
+    assert "failures    last hour: timeout=3,003" in text
+    assert "dead letters 0 (not_json=1,001)" in text  # (the list itself is empty here)
+    assert f"of the bound's {status['dead_letters_max_bytes']:,} (TRACESCORE_DLQ_MAX_BYTES)" in text
+    assert "the oldest first: bad_headers=2,002" in text
+    sink = "otlp: 123,456 delivered, 1,200 pending, 1,100 failed, 4,321 dropped (record expired), 1,500 dead letters"
+    assert f"sink        {sink}" in text
+    assert "5,000 runs enqueued, 5,000 scores expected: 4,000 scored, 1,000 failed, 0 skipped" in text
+    assert main(["sinks", "list", "otlp", "--limit", "1", "--broker", url]) == 0
+    assert "otlp: 123,456 delivered, 1,200 pending, 1,100 failed, 1,500 dead letters" in capsys.readouterr().out
+    assert main(["sinks", "list", "otlp", "--limit", "1", "--json", "--broker", url]) == 0
+    assert json.loads(capsys.readouterr().out)["otlp"]["delivered"] == 123456
+    assert main(["sinks", "retry", "otlp", "--all", "--broker", url]) == 0
+    assert "1,100 score(s) queued again for otlp" in capsys.readouterr().out
+    outbox = RedisOutbox(url, max_dead_letters=5000)
+    try:
+        lease = outbox.lease("otlp", 2300, lease_s=30)
+        dead = [SinkDeadLetter(score_id=i, sink="otlp", reason="http_403") for i in lease.attempts]
+        assert outbox.dead(lease, dead) == 2300
+    finally:
+        outbox.close()
+    assert main(["sinks", "drop", "otlp", "--all", "--yes", "--broker", url]) == 0
+    assert "2,300 dropped, 0 not" in capsys.readouterr().err

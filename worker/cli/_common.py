@@ -86,10 +86,14 @@ def json_line(model: BaseModel, *, line: int | None = None) -> str:
     return text.translate(_C1_ESCAPES)
 
 
-def known(count: int | None) -> str:
-    """A count as shown; None (a key of another type, a counter in Redis that is no number) as
-    "unknown", never 0: read as 0 it showed a smaller figure than the truth."""
-    return "unknown" if count is None else str(count)
+def known(count: float | None) -> str:
+    """A count as the text shows it, thousands grouped as every command's summary groups them
+    (123,456; a whole float, such as the limiter's calls, as an integer); None (a key of another
+    type, a counter in Redis that is no number) as "unknown", never 0: read as 0 it showed a
+    smaller figure than the truth."""
+    if count is None:
+        return "unknown"
+    return f"{int(count):,}" if isinstance(count, int) or count.is_integer() else f"{count:,}"
 
 
 def names_an_input(out: Path, inputs: Iterable[Path]) -> bool:

@@ -160,7 +160,8 @@ def sinks_list(broker: str | None, sink: str | None, limit: int, as_json: bool) 
         c = counts.get(name)
         # (delivered: unknown while its counter in Redis is no number; 0 it showed none delivered)
         line = (
-            f"{known(c.delivered)} delivered, {c.pending} pending, {c.failed} failed{dropped_past_bound(c.as_dict())}"
+            f"{known(c.delivered)} delivered, {c.pending:,} pending, {c.failed:,} failed"
+            + dropped_past_bound(c.as_dict())
             if c
             else "nothing delivered yet"
         )
@@ -203,9 +204,9 @@ def sinks_retry(broker: str | None, sink: str, score_ids: tuple[str, ...], retry
     if as_json:
         click.echo(json.dumps({"sink": sink, "queued": done, "not_dead_letters": missing}))
     else:
-        click.echo(f"{done} score(s) queued again for {sink}")
+        click.echo(f"{done:,} score(s) queued again for {sink}")
     if missing:
-        raise CliError(f"{missing} of the given id(s) are not {sink} dead letters")
+        raise CliError(f"{missing:,} of the given id(s) are not {sink} dead letters")
 
 
 @sinks_group.command("drop")
@@ -268,6 +269,6 @@ def sinks_drop(
                 printable(f"no {sink} dead letter of reason {reason!r} is listed (tracescore sinks list {sink})"),
                 err=True,
             )
-        click.echo(f"{dropped} dropped, {len(missing)} not", err=True)
+        click.echo(f"{dropped:,} dropped, {len(missing):,} not", err=True)
     if missing:
-        raise CliError(f"{len(missing)} of the given id(s) are not {sink} dead letters")
+        raise CliError(f"{len(missing):,} of the given id(s) are not {sink} dead letters")

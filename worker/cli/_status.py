@@ -133,11 +133,11 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
         _echo("workers     unknown (a broker that refuses writes takes no ping)")
     else:
         answered = f": {', '.join(workers)}" if workers else " (none answered the ping)"
-        _echo(f"workers     {len(workers)}{answered}")
+        _echo(f"workers     {len(workers):,}{answered}")
     limits = status["rate_limits"]
     if limits:
         for model, state in sorted(limits.items()):
-            parts = [f"{k}={'unknown' if v is None else v}" for k, v in sorted(state.items())]
+            parts = [f"{k}={known(v)}" for k, v in sorted(state.items())]
             _echo(f"rate limit  {model}: {', '.join(parts)}")
     else:
         _echo("rate limit  no judge calls limited yet")
@@ -148,15 +148,17 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
     if status["dead_letters"] is not None:
         # (a count lost or damaged in Redis: summed again from the list at the next push)
         held = status["dead_letters_bytes"]
-        held_said = "bytes unknown until the next dead letter," if held is None else f"{held} bytes"
-        _echo(f"             {held_said} of the bound's {status['dead_letters_max_bytes']} (TRACESCORE_DLQ_MAX_BYTES)")
+        held_said = "bytes unknown until the next dead letter," if held is None else f"{held:,} bytes"
+        _echo(
+            f"             {held_said} of the bound's {status['dead_letters_max_bytes']:,} (TRACESCORE_DLQ_MAX_BYTES)"
+        )
     if dropped := _by_reason(status["dead_letters_dropped"]):
         bounds = "(TRACESCORE_DLQ_MAX_LETTERS, TRACESCORE_DLQ_MAX_BYTES)"
         _echo(f"             dropped past the list's bounds {bounds}, the oldest first: {dropped}")
     for name, counts in sorted((status["sinks"] or {}).items()):
         _echo(
-            f"sink        {name}: {known(counts['delivered'])} delivered, {counts['pending']} pending, "
-            f"{counts['failed']} failed"
+            f"sink        {name}: {known(counts['delivered'])} delivered, {known(counts['pending'])} pending, "
+            f"{known(counts['failed'])} failed"
             + (f", {known(counts['dropped'])} dropped (record expired)" if counts["dropped"] != 0 else "")
             + dropped_past_bound(counts)
         )
@@ -232,7 +234,7 @@ def _echo_jobs(jobs: list[dict[str, Any]] | None) -> None:
         if job["counts_unreadable"] is not None:
             _echo(f"              counts unknown: {job['counts_unreadable']['message']}")
     if len(jobs) > JOBS_SHOWN:
-        _echo(f"backfill    and {len(jobs) - JOBS_SHOWN} more (older; tracescore status --json lists them all)")
+        _echo(f"backfill    and {len(jobs) - JOBS_SHOWN:,} more (older; tracescore status --json lists them all)")
 
 
 def _echo(line: str) -> None:
