@@ -142,7 +142,12 @@ class OpenAIJudgeModel:
             data = _json_body(raw, max_tokens)
             usage = data.get("usage")
             failed = error_in_answer(
-                data.get("error"), self.provider, self.model_id, request_id=request_id, api_key=self._api_key()
+                data.get("error"),
+                self.provider,
+                self.model_id,
+                request_id=request_id,
+                api_key=self._api_key(),
+                headers=raw.headers,
             )
             if failed is not None:
                 # What the call used upstream is paid for, though it failed there; a usage that
@@ -161,7 +166,12 @@ class OpenAIJudgeModel:
                 # reason "error", its content (if any) a part answer. Read as the answer, it was
                 # an invalid output, a fallback call paid and an upstream 502 never retried.
                 failed = error_in_answer(
-                    choice.get("error"), self.provider, self.model_id, request_id=request_id, api_key=self._api_key()
+                    choice.get("error"),
+                    self.provider,
+                    self.model_id,
+                    request_id=request_id,
+                    api_key=self._api_key(),
+                    headers=raw.headers,
                 )
                 if failed is None:
                     raise ValueError("the choice finished with an error (finish reason 'error')")
@@ -273,7 +283,12 @@ class AnthropicJudgeModel:
             data = _json_body(raw, max_tokens)
             # (an error object of Anthropic's shape: its type "error")
             failed = error_in_answer(
-                data.get("error"), self.provider, self.model_id, request_id=request_id, api_key=self._api_key()
+                data.get("error"),
+                self.provider,
+                self.model_id,
+                request_id=request_id,
+                api_key=self._api_key(),
+                headers=raw.headers,
             )
             reported = data.get("usage")
             if failed is not None:

@@ -311,7 +311,13 @@ _STATUS_OF_TYPE = {
 
 
 def error_in_answer(
-    error: Any, provider: str, model_id: str, *, request_id: str | None, api_key: str | None
+    error: Any,
+    provider: str,
+    model_id: str,
+    *,
+    request_id: str | None,
+    api_key: str | None,
+    headers: Mapping[str, str] | None = None,
 ) -> JudgeProviderError | None:
     """The error a 200 answer carries instead of an answer (``error``: its body's ``error``
     field, or its choice's; a gateway or proxy passing its upstream's failure on as a success),
@@ -323,6 +329,13 @@ def error_in_answer(
     fallback call paid, then "the answer is empty", never retried) or, from Anthropic, as a
     message that could not be read. Its type and code are kept only as names (``_name``); the
     usage beside it is the caller's to read (``.usage``, set by the model that read the body).
+
+    The answer's ``headers`` are read as an error status's are: a Retry-After (or
+    ``retry-after-ms``) on the 200 is the wait its upstream asked for, so an upstream 429 pauses
+    the model as an HTTP 429 does, and a retry waits it (it was dropped: no pause, every caller
+    went on into the same limit). The error's ``metadata`` is not read for one: OpenRouter
+    documents the header (on 429 and 503), and for a provider's error only ``provider_name`` and
+    ``raw`` there.
     """
     if not error:
         return None
@@ -336,14 +349,17 @@ def error_in_answer(
     cls: type[JudgeProviderError] = JudgeResponseError
     if status is not None:
         cls, said = _status_class(status, code, error_type, text), f"{said}, as HTTP {status} would be"
+    kept = {k: v for k, v in (headers or {}).items() if k.lower() in _KEPT_HEADERS}
     err = cls(
         f"{said}: {text}",
         provider=provider,
         model_id=model_id,
         status_code=status,
         request_id=request_id,
+        retry_after_ms=parse_retry_after_ms(kept),
         error_type=error_type,
         code=code,
+        headers=kept,
         body={"error": {"type": error_type, "code": code, "message": text}},
     )
     return _scrubbed(err, api_key)

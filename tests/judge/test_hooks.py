@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
@@ -108,3 +109,71 @@ def test_a_429_that_reports_usage_still_pauses_the_model(limiter: RecordingLimit
     assert result.score == 0.5
     assert ("usage", 34) in limiter.events
     assert ("pause", ("fake/judge", 2.5)) in limiter.events
+
+
+# A 200 whose body is an upstream's rate limit (a gateway passing it on, as OpenRouter does), its
+# Retry-After on the 200's headers: (model, body, headers, the pause in seconds).
+_RATE_LIMITED_IN_A_200 = {
+    "OpenRouter's code 429, Retry-After": (
+        "openai/gpt-4o-mini",
+        {"error": {"code": 429, "message": "Provider returned error", "metadata": {"provider_name": "P", "raw": "x"}}},
+        {"retry-after": "3"},
+        3.0,
+    ),
+    "OpenRouter's code 429, retry-after-ms": (
+        "openai/gpt-4o-mini",
+        {"error": {"code": 429, "message": "Provider returned error"}},
+        {"retry-after-ms": "1500", "retry-after": "9"},
+        1.5,
+    ),
+    "Anthropic's rate_limit_error, Retry-After": (
+        "anthropic/claude-3-5-haiku-latest",
+        {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}},
+        {"retry-after": "4"},
+        4.0,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "headers", "seconds"), list(_RATE_LIMITED_IN_A_200.values()), ids=list(_RATE_LIMITED_IN_A_200)
+)
+def test_a_rate_limit_inside_a_200_pauses_the_model_by_its_retry_after(
+    fake_llm: FakeLLMServer,
+    limiter: RecordingLimiter,
+    model: str,
+    body: dict[str, object],
+    headers: dict[str, str],
+    seconds: float,
+) -> None:
+    """An upstream 429 a 200 carries was a JudgeRateLimitError without retry_after_ms: the 200's
+    Retry-After was never read, so the limiter was not paused and every caller of the model went
+    on into the same limit, where a real HTTP 429 with that header pauses it."""
+    fake_llm.script(Reply.raw(json.dumps(body), headers=headers))
+    result = run(score_scorer(Judge(model, error_processors=[StreamErrorRetryProcessor()])))
+    assert result.score is not None
+    assert [e for e in limiter.events if e[0] == "pause"] == [("pause", (model, seconds))]
+    assert fake_llm.count() == 2  # retried once
+
+
+def test_a_rate_limit_inside_a_200_without_retry_after_does_not_pause(
+    fake_llm: FakeLLMServer, limiter: RecordingLimiter
+) -> None:
+    """As a real 429 without the header: nothing says how long, nothing is paused."""
+    fake_llm.script(Reply.raw(json.dumps({"error": {"code": 429, "message": "Provider returned error"}})))
+    run(score_scorer(Judge("openai/gpt-4o-mini", error_processors=[StreamErrorRetryProcessor()])))
+    assert not any(kind == "pause" for kind, _ in limiter.events)
+
+
+def test_an_overloaded_error_inside_a_200_waits_its_retry_after_as_an_http_529_does(
+    fake_llm: FakeLLMServer, limiter: RecordingLimiter, sleeps: list[float]
+) -> None:
+    """Anthropic's overloaded_error (529) in a 200 is what an HTTP 529 is: a server error, retried
+    after its Retry-After (the processor's wait), the model not paused (only a 429 pauses it)."""
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+    fake_llm.script(Reply.raw(json.dumps(overloaded), headers={"retry-after": "5"}))
+    fake_llm.script(Reply.overloaded(headers={"retry-after": "5"}))
+    judge = Judge("anthropic/claude-3-5-haiku-latest", error_processors=[StreamErrorRetryProcessor(max_retries=2)])
+    run(score_scorer(judge))
+    assert not any(kind == "pause" for kind, _ in limiter.events)
+    assert sleeps[:2] == [5.0, 5.0]  # the in-body one and the HTTP one alike
