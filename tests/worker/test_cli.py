@@ -73,6 +73,14 @@ def _push_letters(url: str, *letters: DeadLetter) -> None:
     asyncio.run(go())
 
 
+def test_dlq_list_groups_thousands_in_its_count(env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dlq list` said "1001 dead letter(s)" where `status` and `sinks list` say 1,001."""
+    letter = DeadLetter(reason="invalid_payload", error="not a ScoreBatch", payload={"x": 1}, retryable=False)
+    _push_letters(env, *[letter.model_copy(update={"id": f"dl-{n}"}) for n in range(1001)])
+    assert main(["dlq", "list", "--limit", "2"]) == 0
+    assert "1,001 dead letter(s), showing 2" in capsys.readouterr().out
+
+
 def test_scores_shows_the_stored_scores_of_a_trace(env: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`scores --trace` lists each stored score of that trace (and only that trace)."""
     trace, span = "ab" * 16, "cd" * 8

@@ -60,7 +60,7 @@ def dlq_list(broker: str | None, limit: int, as_json: bool) -> None:
         for letter in letters:
             click.echo(json_line(letter))
         return
-    click.echo(f"{total} dead letter(s)" + (f", showing {len(letters)}" if total > len(letters) else ""))
+    click.echo(f"{total:,} dead letter(s)" + (f", showing {len(letters):,}" if total > len(letters) else ""))
     for d in letters:
         when = dt.datetime.fromtimestamp(d.failed_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         retry = "" if d.retryable else " (not retryable)"
@@ -107,7 +107,7 @@ def dlq_retry(broker: str | None, ids: tuple[str, ...], retry_all: bool, as_json
     for problem in [] if as_json else problems:
         click.echo(printable(problem), err=True)
     if not as_json:
-        click.echo(f"{len(requeued)} requeued, {len(problems)} not", err=True)
+        click.echo(f"{len(requeued):,} requeued, {len(problems):,} not", err=True)
     # --all asks for the retryable ones: a list holding only others is no failure (a cron job's
     # `dlq retry --all` failed for as long as one not_json letter stayed listed).
     failed = len(problems) - (len(not_retryable) if retry_all else 0)
@@ -157,6 +157,6 @@ def dlq_drop(
                 printable(f"no dead letter of reason {reason!r} is listed (`tracescore status` counts them by reason)"),
                 err=True,
             )
-        click.echo(f"{len(dropped)} dropped, {len(problems)} not", err=True)
+        click.echo(f"{len(dropped):,} dropped, {len(problems):,} not", err=True)
     if problems:
         raise CliError("some dead letters were not dropped" if dropped else "nothing dropped")
