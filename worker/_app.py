@@ -183,8 +183,11 @@ def create_app(settings: Settings | None) -> TracescoreApp:
 def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
     """Fail fast on what no retry can fix: a refused password or a TLS certificate that does
     not verify, on the broker or the score store (``SettingsError``). A broker that is merely
-    down is left to Celery, which waits for it to come up. An empty broker URL (embedded
-    mode) is refused: Celery would fall back to an unscreened AMQP broker on localhost."""
+    down or does not answer in ``timeout_s`` (a stalled Redis, packets dropped on the way, a
+    Service whose pod is not ready) is left to Celery, which waits for it to come up; a store
+    away is left to its clients, which reconnect (a task meanwhile hands its message back). An
+    empty broker URL (embedded mode) is refused: Celery would fall back to an unscreened AMQP
+    broker on localhost."""
     if not settings.broker_url:
         raise SettingsError(
             f"{NO_BROKER}: a worker takes its messages from Redis; set it or pass --broker redis://HOST:6379/0"
@@ -227,13 +230,14 @@ def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
                     f"TLS with the {what} at {redact(url)} failed ({redact(str(cause))}): "
                     "is the server listening for TLS (rediss://) on that port?"
                 ) from None
-            # down or unreachable: Celery retries the broker until it is up
+            # down or unreachable: Celery retries the broker until it is up; the store's clients reconnect
         except redis.TimeoutError as exc:
             if url.startswith("rediss://"):  # (a plain Redis never answers the TLS handshake)
                 raise SettingsError(
                     f"TLS with the {what} at {redact(url)} got no answer ({redact(str(exc))}): {TLS_TO_PLAIN}"
                 ) from None
-            raise
+            # no answer in time is an outage too, as above: exiting here made a supervisor's crash
+            # loop of what a refused connection waits out
         else:
             from worker._guard import BrokerWrites
 

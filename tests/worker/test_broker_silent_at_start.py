@@ -1,0 +1,127 @@
+"""A worker started while its broker or score store does not answer waits for it, as for one that refuses.
+
+A Redis that is unreachable in a way that times out (a black-holed route, a firewall dropping
+packets, a stalled Redis, a Kubernetes Service whose pod is not ready) used to end the start
+check with ``redis.TimeoutError``: "tracescore worker cannot start: Timeout reading from
+127.0.0.1:PORT", exit 1, where a refused connection is left to Celery (the broker) or the
+store's clients, which wait. Under a supervisor that was a crash loop instead of a wait.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests._redis import RedisServer
+from tests.worker._batches import batch, send
+from tests.worker._workers import ROOT, wait_for
+from tracing._score_record import score_id_for
+from worker.store import RedisOutbox
+
+TRACESCORE = str(Path(sys.executable).with_name("tracescore"))
+
+
+class SilentListener:
+    """A TCP port that accepts every connection and never says a word, as a stalled Redis does;
+    ``close`` shuts the port and every connection it took."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        self._taken: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def accepted(self) -> int:
+        with self._lock:
+            return len(self._taken)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:  # closed
+                return
+            with self._lock:
+                self._taken.append(conn)
+
+    def close(self) -> None:
+        self._server.close()
+        self._thread.join(5)
+        with self._lock:
+            for conn in self._taken:
+                conn.close()
+
+
+@pytest.mark.parametrize("target", ["broker", "score store"])
+def test_a_worker_waits_for_a_redis_that_does_not_answer(target: str, redis_url: str, tmp_path: Path) -> None:
+    """`tracescore worker` whose broker (or score store) port accepts and never answers: the
+    start check timed out and the worker exited 1 within seconds ("cannot start: Timeout reading
+    from ..."). It now starts: with the broker silent, Celery keeps its own connection waiting (a
+    second connection reaches the port); with the store silent, the worker gets ready. Once a
+    Redis answers on that port, a batch sent is scored and its records stored. Its output (Celery's
+    "Cannot connect ... Trying again" too) never shows the password."""
+    listener = SilentListener()
+    server = RedisServer(port=listener.port)
+    silent_url = server.url(0)
+    broker_url = silent_url if target == "broker" else redis_url
+    out_path = tmp_path / "worker.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACESCORE_")}
+    env.update({"PYTHONPATH": str(ROOT), "TRACESCORE_WRITER": "none", "TRACESCORE_RETRY_BACKOFF_SECONDS": "0.2"})
+    if target == "score store":
+        env["TRACESCORE_REDIS_URL"] = silent_url
+    args = ["worker", "--broker", broker_url, "--scorers", "tests.worker.sample_scorers", "--pool", "solo"]
+    worker: subprocess.Popen[bytes] | None = None
+    outbox: RedisOutbox | None = None
+    try:
+        with out_path.open("wb") as out:
+            worker = subprocess.Popen(
+                [TRACESCORE, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+        def output() -> str:
+            return out_path.read_text(errors="replace")
+
+        running = worker
+        if target == "broker":  # the start check's connection, then Celery's own
+            started = wait_for(lambda: listener.accepted >= 2 or running.poll() is not None, 60)
+        else:
+            started = wait_for(lambda: " ready." in output() or running.poll() is not None, 60)
+        assert started, output()[-3000:]
+        assert worker.poll() is None, f"exit {worker.returncode}, {listener.accepted} connection(s):\n{output()}"
+
+        listener.close()
+        server.start()
+        b = batch(range(3), ["length"], salt=target, batch_id=f"silent-{target.replace(' ', '-')}")
+        send(broker_url, b)
+        ids = [score_id_for(r.trace_id, t, "length", "1") for r in b.requests for t in r.target_span_ids]
+        outbox = RedisOutbox(silent_url)
+        store = outbox
+        assert wait_for(lambda: len(store.records(ids)) == len(ids), 60), output()[-3000:]
+        assert worker.poll() is None, output()[-3000:]
+        text = output()
+        if target == "broker":  # (the connection the listener dropped, logged and retried)
+            assert "Trying again" in text, text[-3000:]
+            assert f":**@127.0.0.1:{listener.port}/0" in text, text[-3000:]
+        assert server.password not in text
+    finally:
+        listener.close()
+        if outbox is not None:
+            outbox.close()
+        if worker is not None and worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            try:
+                worker.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait(10)
+        server.close()
