@@ -881,3 +881,89 @@ def test_dead_letters_of_the_previous_release_are_listed_redriven_dropped_and_bo
         assert outbox.counts()["otlp"].failed == 0
     finally:
         outbox.close()
+
+
+def _bound_replies(outbox: RedisOutbox) -> list[int]:
+    """Spy: the letters each script call of ``outbox`` dropped past the bound, in order."""
+    dropped: list[int] = []
+    scripts = outbox._scripts
+
+    def spied(where: str, script: Any, calls: Any) -> list[Any]:
+        replies = scripts(where, script, calls)
+        if where in ("settle", "bound_dead_letters"):
+            dropped.extend(int(r[0 if where == "bound_dead_letters" else 1]) for r in replies if isinstance(r, list))
+        return replies
+
+    outbox._scripts = spied  # type: ignore[method-assign]
+    return dropped
+
+
+def test_a_lowered_sink_bound_drops_a_step_per_script_until_within_it(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script holds all of Redis while it runs: a bound lowered from 100,000 to 1,000 dropped
+    99,000 letters in one (252 ms, bench/store_scripts.py). The drainer drops them a step
+    (``_BOUND_STEP``) per script, calling again until the letters are within the bound: it ends
+    with exactly the bound's letters, the newest, every dropped one counted, the order in step."""
+    import worker.store._outbox as outbox_module
+
+    monkeypatch.setattr(outbox_module, "_BOUND_STEP", 4, raising=False)
+    store = lambda: RedisScoreStore(redis_url, sinks=("otlp",))  # noqa: E731
+    records = [_record(n, score=0.5) for n in range(1, 32)]
+    _put(store, *records[:30])
+    wide = RedisOutbox(redis_url, max_dead_letters=100)
+    try:
+        _bury(wide, "otlp", records[:30])
+    finally:
+        wide.close()
+    _put(store, *records[30:])
+    outbox = RedisOutbox(redis_url, max_dead_letters=5)
+    try:
+        dropped = _bound_replies(outbox)
+        lease = outbox.lease("otlp", 10, lease_s=30)
+        letter = SinkDeadLetter(score_id=records[30].score_id, sink="otlp", reason="http_403", failed_at=1_800_000_000)
+        assert outbox.dead(lease, [letter]) == 1
+        assert sum(dropped) == 26
+        assert max(dropped) <= 4
+        counts = outbox.counts()["otlp"]
+        assert (counts.failed, counts.dead_letters_dropped) == (5, 26)
+        kept = [x.score_id for x in outbox.dead_letters("otlp")]
+        assert kept == [r.score_id for r in reversed(records[26:])]
+        _order_in_step(redis_url, "otlp")
+    finally:
+        outbox.close()
+
+
+def test_a_sink_bound_interrupted_between_steps_leaves_the_counts_in_step(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drainer that dies between two steps of the bound (one step run, simulated) leaves the
+    letters, their order and the count dropped in step: nothing lost, nothing counted twice; the
+    next bury finishes the bound."""
+    import worker.store._outbox as outbox_module
+
+    monkeypatch.setattr(outbox_module, "_BOUND_STEP", 4, raising=False)
+    store = lambda: RedisScoreStore(redis_url, sinks=("otlp",))  # noqa: E731
+    records = [_record(n, score=0.5) for n in range(1, 22)]
+    _put(store, *records[:20])
+    wide = RedisOutbox(redis_url, max_dead_letters=100)
+    try:
+        _bury(wide, "otlp", records[:20])
+    finally:
+        wide.close()
+    _put(store, *records[20:])
+    outbox = RedisOutbox(redis_url, max_dead_letters=5)
+    try:
+        assert outbox._bound_step("otlp") == (4, False, True)  # (the one step a dead drainer ran)
+        counts = outbox.counts()["otlp"]
+        assert (counts.failed, counts.dead_letters_dropped) == (16, 4)
+        _order_in_step(redis_url, "otlp")
+        assert [x.score_id for x in outbox.dead_letters("otlp", 1000)][-1] == records[4].score_id
+        lease = outbox.lease("otlp", 10, lease_s=30)
+        letter = SinkDeadLetter(score_id=records[20].score_id, sink="otlp", reason="http_403", failed_at=1_800_000_000)
+        assert outbox.dead(lease, [letter]) == 1
+        counts = outbox.counts()["otlp"]
+        assert (counts.failed, counts.dead_letters_dropped) == (5, 16)
+        _order_in_step(redis_url, "otlp")
+    finally:
+        outbox.close()

@@ -272,19 +272,25 @@ def _parse(values: Mapping[str, str | None]) -> tuple[dict[str, ScoreRecord], di
     return found, bad
 
 
-# ``tracescore_sink_bound(dead, order, counts, max)``: a sink's dead letters past ``max`` go,
-# the oldest by their order first, counted in ``counts``' dead_letters_dropped. Returns {dropped,
-# 1 when letters without an order entry (a previous release's) are there and the letters are
-# still past the bound, else 0}: the caller orders them (``_ORDER``) and bounds again; until then
-# the ordered ones are not dropped in their place (they are newer). An order entry whose letter
-# went by another way than ours (redis-cli) is popped, not counted.
+# ``tracescore_sink_bound(dead, order, counts, max, limit)``: a sink's dead letters past ``max``
+# go, the oldest by their order first, at most ``limit`` of them (``_BOUND_STEP``), counted in
+# ``counts``' dead_letters_dropped. Returns {dropped, 1 when letters without an order entry (a
+# previous release's) are there and the letters are still past the bound, else 0, 1 when more
+# are past the bound than ``limit`` let go, else 0}: the caller orders them (``_ORDER``), or
+# calls ``_BOUND`` again, until they are within it; until they are ordered the ordered ones are
+# not dropped in their place (they are newer). An order entry whose letter went by another way
+# than ours (redis-cli) is popped, not counted.
 _BOUND_LUA = """
-local function tracescore_sink_bound(dead, order, counts, max)
-  local dropped, unordered = 0, 0
+local function tracescore_sink_bound(dead, order, counts, max, limit)
+  local dropped, unordered, more = 0, 0, 0
   if redis.call('HLEN', dead) > redis.call('ZCARD', order) then
     unordered = 1
   else
     while redis.call('HLEN', dead) > max do
+      if dropped >= limit then
+        more = 1
+        break
+      end
       local oldest = redis.call('ZPOPMIN', order)
       if #oldest == 0 then
         unordered = 1
@@ -299,15 +305,15 @@ local function tracescore_sink_bound(dead, order, counts, max)
   if redis.call('HLEN', dead) <= max then
     unordered = 0
   end
-  return {dropped, unordered}
+  return {dropped, unordered, more}
 end
 """
 
 # KEYS: queue, attempts, counts, dead, delivered, dead letters' order. ARGV: id, token, action,
 # next due ms, letter json, now ms, how long delivered ids are kept (ms), the dead letters' bound,
-# the letter's failed_at (ms). Only while the id still carries this lease's token (see the module
-# docstring). Returns 1 when settled, 0 when not; a letter buried: {1, dropped, unordered} (see
-# ``tracescore_sink_bound``).
+# the letter's failed_at (ms), the letters the bound drops at most (``_BOUND_STEP``). Only while the
+# id still carries this lease's token (see the module docstring). Returns 1 when settled, 0 when
+# not; a letter buried: {1, dropped, unordered, more} (see ``tracescore_sink_bound``).
 _SETTLE = checked_script(
     "{KEYS[1], 'zset', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'hash', 'k', KEYS[5], 'zset', 'r',"
     " KEYS[6], 'zset', 'r'}",
@@ -338,8 +344,8 @@ if ARGV[3] == 'ack' then
 elseif ARGV[3] == 'dead' then
   redis.call('HSET', KEYS[4], ARGV[1], ARGV[5])
   redis.call('ZADD', KEYS[6], tonumber(ARGV[9]), ARGV[1])
-  local bounded = tracescore_sink_bound(KEYS[4], KEYS[6], KEYS[3], tonumber(ARGV[8]))
-  return {1, bounded[1], bounded[2]}
+  local bounded = tracescore_sink_bound(KEYS[4], KEYS[6], KEYS[3], tonumber(ARGV[8]), tonumber(ARGV[10]))
+  return {1, bounded[1], bounded[2], bounded[3]}
 else
   redis.call('HINCRBY', KEYS[3], 'dropped', 1)
 end
@@ -396,7 +402,8 @@ return 0
 """,
 )
 
-# KEYS: dead, dead letters' order, counts. ARGV: the bound. The bound once the letters are ordered.
+# KEYS: dead, dead letters' order, counts. ARGV: the bound, the letters it drops at most. The bound
+# once the letters are ordered, or its next step.
 _BOUND = checked_script(
     "{KEYS[1], 'hash', 'k', KEYS[2], 'zset', 'r', KEYS[3], 'hash', 'r'}",
     _BOUND_LUA
@@ -405,7 +412,7 @@ local bad = tracescore_check_counters({KEYS[3]})
 if bad then
   return bad
 end
-return tracescore_sink_bound(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]))
+return tracescore_sink_bound(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), tonumber(ARGV[2]))
 """,
 )
 
@@ -457,6 +464,11 @@ def _sink_keys(sink: str) -> list[str]:
 
 # Letters read or removed at once (HSCAN's COUNT, ids per script): a page of up to ~1.3 KB each.
 _DEAD_PAGE = 500
+# Letters the bound drops in one script at most: Redis serves nobody else while a script runs, and
+# a bound lowered from 100,000 to 1,000 dropped 99,000 in one (252 ms; 2.5 ms a step of 1,000,
+# bench/store_scripts.py). The drainer calls again until the letters are within the bound; each
+# step leaves the letters, their order and the count dropped in step.
+_BOUND_STEP = 1000
 # Letters a previous release wrote are looked for (a scan of the whole hash) at most this often
 # per sink and outbox: while a worker of that release still buries letters, there would be new
 # ones on every bury.
@@ -609,21 +621,40 @@ class RedisOutbox:
             "settle",
             self._settle,
             [
-                (keys, [score_id, lease.token, action, due, letter, now, keep, bound, failed_ms])
+                (keys, [score_id, lease.token, action, due, letter, now, keep, bound, failed_ms, _BOUND_STEP])
                 for score_id, action, due, letter, failed_ms in calls
             ],
         )
-        settled = dropped = unordered = 0
+        settled = dropped = unordered = more = 0
         for reply in replies:
-            if isinstance(reply, list):  # a letter buried: {1, dropped past the bound, unordered}
+            if isinstance(reply, list):  # a letter buried: {1, dropped past the bound, unordered, more}
                 settled, dropped = settled + int(reply[0]), dropped + int(reply[1])
                 unordered |= int(reply[2])
+                more |= int(reply[3])
             else:
                 settled += int(reply)
         if unordered:
             dropped += self._order_old_letters(lease.sink)
+        elif more:
+            dropped += self._bound_dead_letters(lease.sink)
         _said_dropped(lease.sink, dropped, bound)
         return settled
+
+    def _bound_step(self, sink: str) -> tuple[int, bool, bool]:
+        """One step of the sink's bound (at most ``_BOUND_STEP`` letters dropped): (dropped,
+        unordered letters are there, more are past the bound)."""
+        keys = [_keys.outbox_dead_key(sink), _keys.outbox_dead_order_key(sink), _keys.outbox_counts_key(sink)]
+        (reply,) = self._scripts("bound_dead_letters", self._bound, [(keys, [self.max_dead_letters, _BOUND_STEP])])
+        return int(reply[0]), bool(int(reply[1])), bool(int(reply[2]))
+
+    def _bound_dead_letters(self, sink: str) -> int:
+        """The sink's bound, a step at a time until its letters are within it (or some are found
+        unordered: ordered at the next bury); returns how many went."""
+        dropped, more = 0, True
+        while more:
+            step, _, more = self._bound_step(sink)
+            dropped += step
+        return dropped
 
     def _order_old_letters(self, sink: str) -> int:
         """Order the sink's letters a previous release wrote (no order entry) by their
@@ -640,9 +671,7 @@ class RedisOutbox:
                 # (one that no longer parses: the oldest, so the first to go)
                 args += [score_id, int(_letter(sink, score_id, value).failed_at * 1000)]
             self._scripts("order_dead_letters", self._order, [([dead, order], args)])
-        keys = [dead, order, _keys.outbox_counts_key(sink)]
-        (reply,) = self._scripts("bound_dead_letters", self._bound, [(keys, [self.max_dead_letters])])
-        return int(reply[0])
+        return self._bound_dead_letters(sink)
 
     def _dead_pages(self, sink: str, where: str) -> Iterator[list[tuple[str, str]]]:
         """The sink's dead letters (id, stored JSON), a page (HSCAN) at a time: never all at once.
