@@ -20,7 +20,8 @@ priced here on a private redis-server, each case from a freshly filled store:
 
 Measured per case, each on a fresh redis-server (its memory peak is never reset): the longest
 single command (SLOWLOG: what a second client waits at most), the longest PING a second client
-saw while it ran (polled in a thread), the operation's whole time, and Redis's memory
+saw while it ran (polled in a thread of this process: an upper bound, it waits for the GIL too),
+the operation's whole time, and Redis's memory
 (``used_memory_peak`` over the case's start, an upper bound: filling the store counts too;
 ``used_memory_vm_eval``: the Lua heap after). Writes bench/results/store_scripts.json.
 """
@@ -181,27 +182,37 @@ def _dlq_take_oldest(url: str, count: int) -> None:
 def cases(url: str, client: Any) -> dict[str, tuple[Any, Any, Any]]:
     """name -> (fill, operation, check of the end state)."""
     dlq_len = lambda: int(client.llen(_keys.dlq_key()))  # noqa: E731
+
+    def dlq_bytes() -> dict[str, Any]:
+        counter = client.get(_keys.dlq_bytes_key())
+        listed = sum(len(x) for x in client.lrange(_keys.dlq_key(), 0, -1))
+        return {
+            "letters_after": dlq_len(),
+            "bytes_counter": int(counter or -1),
+            "bytes_exact": listed == int(counter or -1),
+        }
+
     sink_len = lambda: int(client.hlen(_keys.outbox_dead_key(SINK)))  # noqa: E731
     return {
         "dlq_recount": (
             lambda: _fill_dlq(client, 256, MIB - 300, counter=False),
             lambda: _dlq_push(url),
-            lambda: {"letters_after": dlq_len(), "bytes_counter": client.get(_keys.dlq_bytes_key())},
+            dlq_bytes,
         ),
         "dlq_bytes_lowered": (
             lambda: _fill_dlq(client, 256, MIB - 300, counter=True),
             lambda: _dlq_push(url, max_bytes=16 * MIB),
-            lambda: {"letters_after": dlq_len(), "dropped": client.hgetall(_keys.dlq_dropped_key())},
+            lambda: {**dlq_bytes(), "dropped": client.hgetall(_keys.dlq_dropped_key())},
         ),
         "dlq_letters_lowered": (
             lambda: _fill_dlq(client, 100_000, 100, counter=True),
             lambda: _dlq_push(url, max_letters=1_000),
-            lambda: {"letters_after": dlq_len(), "dropped": client.hgetall(_keys.dlq_dropped_key())},
+            lambda: {**dlq_bytes(), "dropped": client.hgetall(_keys.dlq_dropped_key())},
         ),
         "dlq_take_oldest": (
             lambda: _fill_dlq(client, 100_000, 100, counter=True),
             lambda: _dlq_take_oldest(url, 2_000),
-            lambda: {"letters_after": dlq_len(), "bytes_counter": client.get(_keys.dlq_bytes_key())},
+            dlq_bytes,
         ),
         "sink_old_order": (
             lambda: _fill_sink(client, 100_000, ordered=False),

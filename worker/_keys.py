@@ -14,6 +14,7 @@ __all__ = [
     "claim_key",
     "delivery_key",
     "dlq_bytes_key",
+    "dlq_bytes_sum_key",
     "dlq_held_key",
     "dlq_key",
     "dlq_reasons_key",
@@ -89,6 +90,13 @@ def dlq_bytes_key() -> str:
     """String: the bytes of the dead letters on the list (their JSON), kept in step with it by
     every push and take, for its byte bound; summed again from the list when lost or damaged."""
     return f"{PREFIX}dlq:bytes"
+
+
+def dlq_bytes_sum_key() -> str:
+    """Hash: while the letters' bytes are summed again from the list (a page per script, from the
+    oldest), ``read`` (the oldest letters summed so far) and ``sum`` (their bytes); ``trusted``
+    while the count is right but past the bound (a bound lowered: the oldest go a step per script)."""
+    return f"{PREFIX}dlq:bytes:sum"
 
 
 def dlq_seen_key(message_key: str) -> str:

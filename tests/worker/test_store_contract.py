@@ -1246,6 +1246,171 @@ def test_letters_from_a_release_without_the_byte_total_are_summed_and_bounded(re
     assert total == _nbytes(new, *old[-2:])
 
 
+def _dlq_in_step(client: redis.Redis) -> tuple[int, int]:
+    """The list, its counts by reason and its bytes agree (the count, or while it is summed again
+    the sum of the oldest letters read so far); returns (letters listed, letters dropped)."""
+    listed = client.lrange(_keys.dlq_key(), 0, -1)
+    reasons = {k.decode(): int(v) for k, v in client.hgetall(_keys.dlq_reasons_key()).items()}
+    assert sum(reasons.values()) == len(listed)
+    summing = {k.decode(): v.decode() for k, v in client.hgetall(_keys.dlq_bytes_sum_key()).items()}
+    if "read" in summing:
+        read = int(summing["read"])
+        assert int(summing["sum"]) == sum(len(x) for x in listed[len(listed) - read :])
+        assert client.get(_keys.dlq_bytes_key()) is None
+    else:
+        assert int(client.get(_keys.dlq_bytes_key()) or -1) == sum(len(x) for x in listed)
+    dropped = sum(int(v) for v in client.hvals(_keys.dlq_dropped_key()))
+    return len(listed), dropped
+
+
+def test_a_lowered_letter_bound_drops_a_step_per_script_until_within_it(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script holds all of Redis while it runs: DLQ_MAX_LETTERS lowered from 100,000 to 1,000
+    dropped 99,001 letters in one push's script (414 ms, bench/store_scripts.py). The push now
+    drops them a step per script (here one letter: STEP_BYTES 1), calling again until both bounds
+    hold: it ends with exactly the bound's newest letters, every dropped one counted by reason,
+    the bytes in step."""
+    import worker.store._dead_letters as dead_letters_module
+
+    monkeypatch.setattr(dead_letters_module, "STEP_BYTES", 1, raising=False)
+    client = redis.Redis.from_url(redis_url)
+    old = [DeadLetter(reason="bad_body", message_key=f"msg:{n}") for n in range(30)]
+    new = DeadLetter(reason="invalid_payload", message_key="msg:new")
+
+    async def go() -> tuple[list[int], list[str], dict[str, int | None], dict[str, int | None], int | None]:
+        wide = RedisDeadLetters(redis_url, max_letters=100)
+        for letter in old:
+            await wide.push(letter)
+        await wide.close()
+        dead = RedisDeadLetters(redis_url, max_letters=5)
+        per_script: list[int] = []
+        scripts = dead._redis.evalsha_many
+
+        async def spied(*args: Any, **kwargs: Any) -> list[Any]:
+            before = sum(int(v) for v in client.hvals(_keys.dlq_dropped_key()))
+            replies = await scripts(*args, **kwargs)
+            per_script.append(sum(int(v) for v in client.hvals(_keys.dlq_dropped_key())) - before)
+            return replies
+
+        dead._redis.evalsha_many = spied  # type: ignore[method-assign]
+        assert await dead.push(new)
+        dead._redis.evalsha_many = scripts  # type: ignore[method-assign]
+        said = [d.id for d in await dead.latest()], await dead.counts(), await dead.dropped(), await dead.size_bytes()
+        await dead.close()
+        return per_script, *said
+
+    try:
+        per_script, listed, counts, dropped, total = run(go())
+        assert _dlq_in_step(client) == (5, 26)
+    finally:
+        client.close()
+    assert sum(per_script) == 26
+    assert max(per_script) <= 1
+    assert listed == [new.id, *(x.id for x in reversed(old[-4:]))]
+    assert (counts, dropped) == ({"bad_body": 4, "invalid_payload": 1}, {"bad_body": 26})
+    assert total == _nbytes(new, *old[-4:])
+
+
+def test_the_consumers_sync_push_also_bounds_a_step_per_script(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The consumer's guard pushes on a synchronous client: the same steps, called again until
+    both bounds hold."""
+    import worker.store._dead_letters as dead_letters_module
+
+    monkeypatch.setattr(dead_letters_module, "STEP_BYTES", 1, raising=False)
+    client = redis.Redis.from_url(redis_url)
+    wide = SyncRedisDeadLetters(redis_url, max_letters=100)
+    narrow = SyncRedisDeadLetters(redis_url, max_letters=3)
+    try:
+        for n in range(12):
+            assert wide.push(DeadLetter(reason="bad_body", message_key=f"msg:{n}"))
+        assert narrow.push(DeadLetter(reason="bad_body", message_key="msg:new"))
+        assert _dlq_in_step(client) == (3, 10)
+    finally:
+        wide.close()
+        narrow.close()
+        client.close()
+
+
+def test_a_push_interrupted_between_steps_leaves_the_list_and_its_counts_in_step(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pusher gone between two steps of the bounds (its first script run alone, simulated)
+    leaves the list, its counts by reason, the dropped counts and the bytes in step: nothing
+    lost, nothing counted twice; the next push finishes the bounds. The same while the bytes are
+    summed again a page at a time (the count lost), with a letter already summed taken meanwhile."""
+    import worker.store._dead_letters as dead_letters_module
+
+    monkeypatch.setattr(dead_letters_module, "STEP_BYTES", 1, raising=False)
+    client = redis.Redis.from_url(redis_url)
+    old = [_big("bad_body", n, 100) for n in range(20)]
+
+    async def go() -> list[tuple[int, int]]:
+        wide = RedisDeadLetters(redis_url, max_letters=100)
+        for letter in old:
+            await wide.push(letter)
+        await wide.close()
+        seen = []
+        dead = RedisDeadLetters(redis_url, max_letters=5)
+        assert await dead._push_step(_big("bad_body", 100, 100)) == (2, True)  # (then gone)
+        seen.append(_dlq_in_step(client))
+        assert await dead.push(_big("bad_body", 101, 100))
+        seen.append(_dlq_in_step(client))
+        client.delete(_keys.dlq_bytes_key())  # (lost: summed again, a page of 2 per step)
+        assert await dead._push_step(_big("bad_body", 102, 100)) == (1, True)  # (read 2 of 6)
+        seen.append(_dlq_in_step(client))
+        assert await dead.size_bytes() is None
+        async for letter in dead.each():  # the oldest, summed already, taken meanwhile
+            assert await dead.take(letter.id) is not None
+            break
+        seen.append(_dlq_in_step(client))
+        assert await dead.push(_big("bad_body", 103, 100))
+        seen.append(_dlq_in_step(client))
+        assert await dead.size_bytes() == sum(len(x) for x in client.lrange(_keys.dlq_key(), 0, -1))
+        await dead.close()
+        return seen
+
+    try:
+        seen = run(go())
+    finally:
+        client.close()
+    assert seen == [(20, 1), (5, 17), (6, 17), (5, 17), (5, 18)]
+
+
+def test_a_byte_total_written_by_the_release_before_during_a_sum_stands(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """During an upgrade a worker of the release before may push while the bytes are summed a
+    step at a time: it sums the whole list in one script, drops the oldest (those already read)
+    and writes the total. That total stands; the sum under way, read from letters no longer there,
+    would have replaced it with a wrong one."""
+    import worker.store._dead_letters as dead_letters_module
+
+    monkeypatch.setattr(dead_letters_module, "STEP_BYTES", 1, raising=False)
+    client = redis.Redis.from_url(redis_url)
+    old = [_big("bad_body", n, 100 * (n + 1)) for n in range(10)]
+
+    async def go() -> None:
+        dead = RedisDeadLetters(redis_url, max_letters=100)
+        for letter in old:
+            await dead.push(letter)
+        client.delete(_keys.dlq_bytes_key())
+        assert await dead._push_step(_big("bad_body", 100, 100)) == (1, True)  # (then gone)
+        for _ in range(2):  # the release before: the two oldest dropped, the total written
+            client.rpop(_keys.dlq_key())
+            client.hincrby(_keys.dlq_reasons_key(), "bad_body", -1)
+            client.hincrby(_keys.dlq_dropped_key(), "bad_body", 1)
+        client.set(_keys.dlq_bytes_key(), sum(len(x) for x in client.lrange(_keys.dlq_key(), 0, -1)))
+        assert await dead.push(_big("bad_body", 101, 100))
+        await dead.close()
+
+    try:
+        run(go())
+        assert _dlq_in_step(client) == (10, 2)
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("kind", ["redis", "sync"])
 def test_pushes_past_the_bound_log_a_line_a_minute_not_one_each(kind: str, redis_url: str) -> None:
     """At the bound every new letter drops the oldest: while a producer's every message is

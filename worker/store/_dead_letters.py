@@ -11,10 +11,12 @@ The list is bounded (``max_letters``, ``TRACESCORE_DLQ_MAX_LETTERS``; ``max_byte
 ``TRACESCORE_DLQ_MAX_BYTES``): a producer whose every message is refused makes a letter of each,
 with its message, and an unbounded list grew until Redis refused every write, the scores' too.
 A bound on the letters' number alone left their size unbounded (a letter keeps up to 1 MiB of
-message: 100,000 of them are 125 GiB of Redis). Past either bound the oldest letters go in the
-same step as the push, counted as dropped by their reason (``dropped``). The letters' bytes are
-a counter beside the list (``dlq_bytes_key``), moved in step by every push, drop and take; one
-lost or damaged is summed again from the list at the next push (``_BYTES_READ``).
+message: 100,000 of them are 125 GiB of Redis). Past either bound the oldest letters go, in
+the push, counted as dropped by their reason (``dropped``). The letters' bytes are a counter
+beside the list (``dlq_bytes_key``), moved in step by every push, drop and take; one lost or
+damaged is summed again from the list at the next push (``_BYTES_READ``). Both a step at a
+time: Redis serves nobody else while a script runs, so no script moves more than a few MiB or a
+thousand letters; the push calls again until both bounds hold (``_STEP_LUA``).
 """
 
 from __future__ import annotations
@@ -146,28 +148,116 @@ local function tracescore_dlq_bytes(raw)
 end
 """
 
-# KEYS: dlq list, seen key, reasons hash, dropped hash, bytes count. ARGV: letter json, reason,
-# push nonce, seen ttl, the list's bounds: letters, bytes. Seen-check, push, count and the bounds
-# in one step: two deliveries of one message make one letter. The list is never deleted for being
-# of another type (worker.store._keytypes): it holds letters. A dropped letter's reason is read
-# from the head of its JSON (the id first, then the reason: DeadLetter's field order), not
-# decoded: a letter may hold 1 MiB. The oldest go until both bounds hold, but the newest letter
-# stays: one larger than the byte bound is kept alone. 2: pushed, and letters dropped.
+# ``tracescore_dlq_step(list, reasons, dropped, bytes, sum, max_letters, max_bytes, budget)``: the
+# next step towards both bounds, moving at most ``budget`` bytes of letters through Lua (and at
+# most _STEP_LETTERS letters; at least one): Redis serves nobody else while a script runs, and a
+# list of 256 MiB summed in one held it 0.7 s and copied every letter into Lua's heap. Returns
+# {letters dropped, 1 when more steps are needed (the caller calls ``_TRIM``), else 0}.
+#
+# While the bytes are summed again (``sum`` holds ``read``: the oldest letters summed so far, and
+# their ``sum``; the count ``bytes`` is gone meanwhile, ``size_bytes`` None), a step reads the
+# next oldest letters, a page at a time, and drops nothing: a push adds on the newest side, which
+# leaves ``read`` true, and ``_TAKE`` takes a letter summed off ``sum`` too. Once every letter is
+# read ``bytes`` is ``sum``. Then the oldest go (a dropped letter's reason read from the head of
+# its JSON, not decoded: the id first, then the reason, DeadLetter's field order) until both bounds
+# hold, but the newest stays: one larger than the byte bound is kept alone, the count its own. A
+# step that stops past the bound marks the count ``trusted`` (right, only not yet within it), so
+# the push meanwhile does not sum it again. Each step leaves the list, the counts by reason, the
+# dropped counts and the bytes in step: a caller gone between two loses and counts nothing twice.
+_STEP_LUA = """
+local function tracescore_dlq_step(list, reasons, dropped, bytes, sum, max_letters, max_bytes, budget)
+  local spent, letters, gone = 0, 0, 0
+  local function left()
+    return letters < %(letters)d and spent < budget
+  end
+  local read = redis.call('HGET', sum, 'read')
+  if read and redis.call('EXISTS', bytes) == 1 then
+    -- (a count written meanwhile, by a push of the release before, which sums in one script and
+    -- drops the oldest, those already read: its count stands, the sum under way does not)
+    redis.call('HDEL', sum, 'read', 'sum')
+    read = nil
+  end
+  if read then
+    read = tonumber(read) or 0
+    local total, listed = tonumber(redis.call('HGET', sum, 'sum')) or 0, redis.call('LLEN', list)
+    while read < listed and left() do
+      local page = redis.call('LRANGE', list, -(read + %(page)d), -(read + 1))
+      if #page == 0 then
+        break
+      end
+      for _, letter in ipairs(page) do
+        total, spent = total + #letter, spent + #letter
+      end
+      read, letters = read + #page, letters + #page
+    end
+    if read < listed then
+      redis.call('HSET', sum, 'read', read, 'sum', string.format('%%d', total))
+      return {0, 1}
+    end
+    redis.call('DEL', sum)
+    redis.call('SET', bytes, string.format('%%d', total))
+  end
+  local total = tracescore_dlq_bytes(redis.call('GET', bytes)) or 0
+  while true do
+    local listed = redis.call('LLEN', list)
+    if listed <= 1 or (listed <= max_letters and total <= max_bytes) then
+      break
+    end
+    if not left() then
+      redis.call('SET', bytes, string.format('%%d', total))
+      redis.call('HSET', sum, 'trusted', 1)
+      return {gone, 1}
+    end
+    local oldest = redis.call('RPOP', list)
+    local reason = string.match(string.sub(oldest, 1, 512), '^{"id":"[^"]*","reason":"([^"\\]+)"')
+    if reason and tonumber(redis.call('HGET', reasons, reason) or '0') > 0 then
+      if redis.call('HINCRBY', reasons, reason, -1) <= 0 then
+        redis.call('HDEL', reasons, reason)
+      end
+    end
+    redis.call('HINCRBY', dropped, reason or 'unreadable_dead_letter', 1)
+    total, spent, letters, gone = math.max(0, total - #oldest), spent + #oldest, letters + 1, gone + 1
+  end
+  if redis.call('LLEN', list) == 1 then
+    total = #redis.call('LINDEX', list, 0)  -- (alone: its own bytes, whatever the count was)
+  end
+  redis.call('SET', bytes, string.format('%%d', total))
+  redis.call('DEL', sum)
+  return {gone, 0}
+end
+"""
+
+# Letters a step moves through Lua at most (see ``_STEP_LUA``), and letters read at once.
+_STEP_LETTERS = 1000
+_STEP_PAGE = 2
+# Bytes of letters a step moves through Lua: 2 MiB (a page of letters of 1 MiB may pass it by 2).
+STEP_BYTES = 2 * 1024 * 1024
+
+_STEP = _BYTES_READ + _STEP_LUA % {"letters": _STEP_LETTERS, "page": _STEP_PAGE}
+
+_PUSH_CHECKS = (
+    "{KEYS[1], 'list', 'k', KEYS[2], 'string', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'hash', 'r',"
+    " KEYS[5], 'string', 'r', KEYS[6], 'hash', 'r'}"
+)
+
+# KEYS: dlq list, seen key, reasons hash, dropped hash, bytes count, bytes summed again. ARGV:
+# letter json, reason, push nonce, seen ttl, the list's bounds: letters, bytes, the step's bytes.
+# Seen-check, push and count in one step: two deliveries of one message make one letter; then a
+# step of the bounds (``tracescore_dlq_step``). The list is never deleted for being of another
+# type (worker.store._keytypes): it holds letters. Returns {0: seen before, 1: pushed, 2: pushed
+# and letters dropped; 1 when more steps are needed (``_TRIM``)}.
 #
 # The bytes count is summed again from the list when it is nil, or more than the bound (every
-# push leaves it within the bound unless the letter is alone: a count past it is wrong, or the
-# bound was lowered, or it is a lone letter's larger than the bound, read again once: one
-# letter). Trusted, a count too high would drop every letter but the new one (a lone letter
-# within the bound too); a lost one read as 0 would leave the list over the bound by
-# all it held. Summed from the newest, in pages, and only as far as the bound: the older letters
-# would go anyway and go unread (a list of 400 letters of 1 MiB left by the release before: the
-# first push read 256 MiB and dropped 145 letters in 0.8 to 2.3 s, measured, once). A count
-# left too low by a hand edit is not seen (seeing it takes reading the whole list at each push):
-# the list holds more than the bound until it is down to one letter or the count key is deleted.
+# push leaves it within the bound unless the letter is alone, or the count is ``trusted``: a
+# count past it is wrong, or the bound was lowered, or it is a lone letter's larger than the
+# bound, read again once: one letter). Trusted, a count too high would drop every letter but the
+# new one (a lone letter within the bound too); a lost one read as 0 would leave the list over
+# the bound by all it held. A count left too low by a hand edit is not seen (seeing it takes
+# reading the whole list at each push): the list holds more than the bound until it is down to
+# one letter or the count key is deleted.
 _PUSH = checked_script(
-    "{KEYS[1], 'list', 'k', KEYS[2], 'string', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'hash', 'r',"
-    " KEYS[5], 'string', 'r'}",
-    _BYTES_READ
+    _PUSH_CHECKS,
+    _STEP
     + """
 local bad = tracescore_check_counters({KEYS[3], KEYS[4]})
 if bad then
@@ -175,74 +265,69 @@ if bad then
 end
 if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'EX', tonumber(ARGV[4])) then
   -- 1 when our own earlier try (its reply lost, the client retried) pushed this very letter
-  return redis.call('GET', KEYS[2]) == ARGV[3] and 1 or 0
+  return {redis.call('GET', KEYS[2]) == ARGV[3] and 1 or 0, 0}
 end
 local max_letters, max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
-local pushed = 1
-local function drop_oldest()
-  local oldest = redis.call('RPOP', KEYS[1])
-  local reason = string.match(string.sub(oldest, 1, 512), '^{"id":"[^"]*","reason":"([^"\\]+)"')
-  if reason and tonumber(redis.call('HGET', KEYS[3], reason) or '0') > 0 then
-    if redis.call('HINCRBY', KEYS[3], reason, -1) <= 0 then
-      redis.call('HDEL', KEYS[3], reason)
-    end
-  end
-  redis.call('HINCRBY', KEYS[4], reason or 'unreadable_dead_letter', 1)
-  pushed = 2
-  return #oldest
+if redis.call('EXISTS', KEYS[5]) == 1 then
+  redis.call('HDEL', KEYS[6], 'read', 'sum')  -- (a count written meanwhile stands: see the step)
 end
-local total = tracescore_dlq_bytes(redis.call('GET', KEYS[5]))
-if total == nil or (total > max_bytes and redis.call('LLEN', KEYS[1]) > 0) then
-  total = 0
-  local listed, read = redis.call('LLEN', KEYS[1]), 0
-  while read < listed and total <= max_bytes do
-    local page = redis.call('LRANGE', KEYS[1], read, read + 15)
-    if #page == 0 then
-      break
-    end
-    for _, letter in ipairs(page) do
-      if total > max_bytes then
-        break
-      end
-      total = total + #letter
-      read = read + 1
-    end
-  end
-  while redis.call('LLEN', KEYS[1]) > read do
-    drop_oldest()
+if redis.call('HEXISTS', KEYS[6], 'read') == 0 then
+  local total = tracescore_dlq_bytes(redis.call('GET', KEYS[5]))
+  if total == nil or (total > max_bytes and redis.call('LLEN', KEYS[1]) > 0
+      and redis.call('HEXISTS', KEYS[6], 'trusted') == 0) then
+    redis.call('DEL', KEYS[5], KEYS[6])
+    redis.call('HSET', KEYS[6], 'read', 0, 'sum', 0)  -- summed again, a step at a time
+  else
+    redis.call('SET', KEYS[5], string.format('%d', total + #ARGV[1]))
   end
 end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
-total = total + #ARGV[1]
-while true do
-  local listed = redis.call('LLEN', KEYS[1])
-  if listed <= 1 or (listed <= max_letters and total <= max_bytes) then
-    break
-  end
-  total = math.max(0, total - drop_oldest())
-end
-if redis.call('LLEN', KEYS[1]) == 1 then
-  total = #ARGV[1]  -- (alone: its own bytes, whatever the count was)
-end
-redis.call('SET', KEYS[5], string.format('%d', total))
-return pushed
+local stepped = tracescore_dlq_step(KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], max_letters, max_bytes,
+  tonumber(ARGV[7]))
+return {stepped[1] > 0 and 2 or 1, stepped[2]}
 """,
 )
 
-# KEYS: dlq list, reasons hash, bytes count. ARGV: letter json, reason ('' when the entry is no
-# letter: the reason it was counted under is unknown). An emptied list counts nothing, whatever
-# its damaged entries were counted under. A bytes count that is nil is left so (the next push
-# sums it again); it never goes below 0.
+# KEYS: dlq list, reasons hash, dropped hash, bytes count, bytes summed again. ARGV: the list's
+# bounds: letters, bytes, the step's bytes. The next step of the bounds after a push that needs
+# more (``tracescore_dlq_step``). Returns {letters dropped, 1 when more steps are needed}.
+_TRIM = checked_script(
+    "{KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'hash', 'r', KEYS[4], 'string', 'r', KEYS[5], 'hash', 'r'}",
+    _STEP
+    + """
+local bad = tracescore_check_counters({KEYS[2], KEYS[3]})
+if bad then
+  return bad
+end
+return tracescore_dlq_step(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], tonumber(ARGV[1]), tonumber(ARGV[2]),
+  tonumber(ARGV[3]))
+""",
+)
+
+# KEYS: dlq list, reasons hash, bytes count, bytes summed again. ARGV: letter json, reason (''
+# when the entry is no letter: the reason it was counted under is unknown). The copy nearest the
+# oldest goes (``each`` reads from there: LREM from the newest scanned the whole list, 7 ms a
+# take of 100,000 letters). An emptied list counts nothing, whatever its damaged entries were
+# counted under. A bytes count that is nil is left so (the next push sums it again); it never goes
+# below 0. While the bytes are summed again, a letter already summed is taken off the sum.
 _TAKE = checked_script(
-    "{KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'string', 'r'}",
+    "{KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'string', 'r', KEYS[4], 'hash', 'r'}",
     _BYTES_READ
     + """
 local bad = tracescore_check_counters({KEYS[2]})
 if bad then
   return bad
 end
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
+local read = tonumber(redis.call('HGET', KEYS[4], 'read') or '')
+if read and read > 0 then
+  local at = redis.call('LPOS', KEYS[1], ARGV[1], 'RANK', -1)
+  if at and redis.call('LLEN', KEYS[1]) - at <= read then
+    local summed = tonumber(redis.call('HGET', KEYS[4], 'sum')) or 0
+    redis.call('HSET', KEYS[4], 'read', read - 1, 'sum', string.format('%d', math.max(0, summed - #ARGV[1])))
+  end
+end
+if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then
   return 0
 end
 if ARGV[2] ~= '' and redis.call('HINCRBY', KEYS[2], ARGV[2], -1) <= 0 then
@@ -250,7 +335,7 @@ if ARGV[2] ~= '' and redis.call('HINCRBY', KEYS[2], ARGV[2], -1) <= 0 then
 end
 local total = tracescore_dlq_bytes(redis.call('GET', KEYS[3]))
 if redis.call('LLEN', KEYS[1]) == 0 then
-  redis.call('DEL', KEYS[2])
+  redis.call('DEL', KEYS[2], KEYS[4])
   redis.call('SET', KEYS[3], '0')
 elseif total ~= nil then
   redis.call('SET', KEYS[3], string.format('%d', math.max(0, total - #ARGV[1])))
@@ -315,7 +400,14 @@ def _push_args(letter: DeadLetter, max_letters: int, max_bytes: int) -> tuple[li
     """Keys and arguments of ``_PUSH`` for ``letter``."""
     seen = _keys.dlq_seen_key(letter.message_key or f"letter:{letter.id}")
     return (
-        [_keys.dlq_key(), seen, _keys.dlq_reasons_key(), _keys.dlq_dropped_key(), _keys.dlq_bytes_key()],
+        [
+            _keys.dlq_key(),
+            seen,
+            _keys.dlq_reasons_key(),
+            _keys.dlq_dropped_key(),
+            _keys.dlq_bytes_key(),
+            _keys.dlq_bytes_sum_key(),
+        ],
         # A fresh nonce per push: the client's own retry of this push sends the same one.
         [
             letter.model_dump_json(),
@@ -324,8 +416,15 @@ def _push_args(letter: DeadLetter, max_letters: int, max_bytes: int) -> tuple[li
             str(DLQ_SEEN_TTL_S),
             str(max_letters),
             str(max_bytes),
+            str(STEP_BYTES),
         ],
     )
+
+
+def _trim_args(max_letters: int, max_bytes: int) -> list[str]:
+    """Keys and arguments of ``_TRIM``."""
+    keys = [_keys.dlq_key(), _keys.dlq_reasons_key(), _keys.dlq_dropped_key(), _keys.dlq_bytes_key()]
+    return [*keys, _keys.dlq_bytes_sum_key(), str(max_letters), str(max_bytes), str(STEP_BYTES)]
 
 
 def _dropped_log() -> CountedLog:
@@ -387,9 +486,24 @@ class RedisDeadLetters(OnRedis):
         self._gone = 0  # letters of a page ``take`` found off the list
 
     async def push(self, letter: DeadLetter) -> bool:
-        keys, args = _push_args(letter, self.max_letters, self.max_bytes)
-        (pushed,) = await self._redis.evalsha_many(_PUSH, len(keys), [(*keys, *args)], where="dead_letter_push")
+        pushed, more = await self._push_step(letter)
+        while more:  # (the bounds a step at a time: see _STEP_LUA)
+            dropped, more = await self._trim_step()
+            pushed = 2 if dropped else pushed
         return _said_if_dropped(pushed, self._dropped, self.max_letters, self.max_bytes)
+
+    async def _push_step(self, letter: DeadLetter) -> tuple[int, bool]:
+        """``_PUSH``: (0 seen before, 1 pushed, 2 and letters dropped; more steps needed)."""
+        keys, args = _push_args(letter, self.max_letters, self.max_bytes)
+        (reply,) = await self._redis.evalsha_many(_PUSH, len(keys), [(*keys, *args)], where="dead_letter_push")
+        return int(reply[0]), bool(int(reply[1]))
+
+    async def _trim_step(self) -> tuple[int, bool]:
+        """``_TRIM``: (letters dropped, more steps needed)."""
+        (reply,) = await self._redis.evalsha_many(
+            _TRIM, 5, [_trim_args(self.max_letters, self.max_bytes)], where="dead_letter_push"
+        )
+        return int(reply[0]), bool(int(reply[1]))
 
     async def counts(self) -> dict[str, int | None]:
         return await self._counters(_keys.dlq_reasons_key(), "dlq_reasons", "dead_letter_counts")
@@ -462,7 +576,7 @@ class RedisDeadLetters(OnRedis):
                 return None
         letter = _stored(raw)
         reason = "" if letter.reason == UNREADABLE else letter.reason
-        keys = (_keys.dlq_key(), _keys.dlq_reasons_key(), _keys.dlq_bytes_key())
+        keys = (_keys.dlq_key(), _keys.dlq_reasons_key(), _keys.dlq_bytes_key(), _keys.dlq_bytes_sum_key())
         (removed,) = await self._redis.evalsha_many(_TAKE, len(keys), [(*keys, raw, reason)], where="dead_letter_take")
         if paged or removed:
             # Off the list either way (another caller's take of it, too; a second copy of the same
@@ -519,15 +633,23 @@ class SyncRedisDeadLetters:
         self._dropped = _dropped_log()
         self._client: redis.Redis | None = None
         self._script: Any = None
+        self._trim: Any = None
 
     def push(self, letter: DeadLetter) -> bool:
         if self._client is None:
             self._client = redis.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=10)
             self._script = self._client.register_script(_PUSH)
+            self._trim = self._client.register_script(_TRIM)
+        client = self._client
         keys, args = _push_args(letter, self.max_letters, self.max_bytes)
         # The script checks its own keys (no checks to pass): ``checked`` turns its answer into a
         # repair and another try, or ``StoreKeyTypeError``.
-        pushed = checked(self._client, "dead_letter_push", [], lambda: self._script(keys=keys, args=args))
+        reply = checked(client, "dead_letter_push", [], lambda: self._script(keys=keys, args=args))
+        pushed, more = int(reply[0]), int(reply[1])
+        trim = _trim_args(self.max_letters, self.max_bytes)
+        while more:  # (the bounds a step at a time: see _STEP_LUA)
+            step = checked(client, "dead_letter_push", [], lambda: self._trim(keys=trim[:5], args=trim[5:]))
+            pushed, more = (2 if int(step[0]) else pushed), int(step[1])
         return _said_if_dropped(pushed, self._dropped, self.max_letters, self.max_bytes)
 
     def close(self) -> None:
