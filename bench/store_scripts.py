@@ -13,6 +13,7 @@ priced here on a private redis-server, each case from a freshly filled store:
   1,000: 99,000 go.
 - ``dlq_take_oldest``: ``dlq drop``/``dlq retry`` of the 2,000 oldest of 100,000 letters (each
   read a page at a time from the oldest, and taken).
+- ``dlq_take_by_id``: ``dlq retry <id>``/``dlq drop <id>`` of the oldest of 256 letters of 1 MiB.
 - ``sink_old_order``: 100,000 sink dead letters of the release before (no order entry), bound
   50,000: the first new letter orders them and drops 50,001.
 - ``sink_lowered``: 100,000 ordered sink dead letters, ``SINK_MAX_DEAD_LETTERS`` lowered to 1,000.
@@ -155,6 +156,7 @@ CASES = (
     "dlq_bytes_lowered",
     "dlq_letters_lowered",
     "dlq_take_oldest",
+    "dlq_take_by_id",
     "sink_old_order",
     "sink_lowered",
     "sinks_drop_all",
@@ -173,6 +175,21 @@ def _dlq_take_oldest(url: str, count: int) -> None:
                 taken += 1
                 if taken >= count:
                     break
+        finally:
+            await letters.close()
+
+    asyncio.run(go())
+
+
+def _dlq_take_by_id(url: str, client: Any) -> None:
+    """``dlq retry <id>``/``dlq drop <id>``'s way: a letter taken by its id alone (the oldest)."""
+    oldest = DeadLetter.model_validate_json(client.lindex(_keys.dlq_key(), -1))
+
+    async def go() -> None:
+        letters = RedisDeadLetters(url)
+        try:
+            if await letters.take(oldest.id) is None:
+                raise RuntimeError("the oldest letter was not taken")
         finally:
             await letters.close()
 
@@ -212,6 +229,11 @@ def cases(url: str, client: Any) -> dict[str, tuple[Any, Any, Any]]:
         "dlq_take_oldest": (
             lambda: _fill_dlq(client, 100_000, 100, counter=True),
             lambda: _dlq_take_oldest(url, 2_000),
+            dlq_bytes,
+        ),
+        "dlq_take_by_id": (
+            lambda: _fill_dlq(client, 256, MIB - 300, counter=True),
+            lambda: _dlq_take_by_id(url, client),
             dlq_bytes,
         ),
         "sink_old_order": (
