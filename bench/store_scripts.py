@@ -14,6 +14,7 @@ priced here on a private redis-server, each case from a freshly filled store:
 - ``dlq_take_oldest``: ``dlq drop``/``dlq retry`` of the 2,000 oldest of 100,000 letters (each
   read a page at a time from the oldest, and taken).
 - ``dlq_take_by_id``: ``dlq retry <id>``/``dlq drop <id>`` of the oldest of 256 letters of 1 MiB.
+- ``dlq_list``: ``dlq list`` (50 letters, its default) of 256 letters of 1 MiB.
 - ``sink_old_order``: 100,000 sink dead letters of the release before (no order entry), bound
   50,000: the first new letter orders them and drops 50,001.
 - ``sink_lowered``: 100,000 ordered sink dead letters, ``SINK_MAX_DEAD_LETTERS`` lowered to 1,000.
@@ -157,6 +158,7 @@ CASES = (
     "dlq_letters_lowered",
     "dlq_take_oldest",
     "dlq_take_by_id",
+    "dlq_list",
     "sink_old_order",
     "sink_lowered",
     "sinks_drop_all",
@@ -190,6 +192,20 @@ def _dlq_take_by_id(url: str, client: Any) -> None:
         try:
             if await letters.take(oldest.id) is None:
                 raise RuntimeError("the oldest letter was not taken")
+        finally:
+            await letters.close()
+
+    asyncio.run(go())
+
+
+def _dlq_list(url: str) -> None:
+    """``dlq list``: the 50 newest letters (its default ``--limit``)."""
+
+    async def go() -> None:
+        letters = RedisDeadLetters(url)
+        try:
+            if len(await letters.latest(50)) != 50:
+                raise RuntimeError("dlq list did not list 50 letters")
         finally:
             await letters.close()
 
@@ -234,6 +250,11 @@ def cases(url: str, client: Any) -> dict[str, tuple[Any, Any, Any]]:
         "dlq_take_by_id": (
             lambda: _fill_dlq(client, 256, MIB - 300, counter=True),
             lambda: _dlq_take_by_id(url, client),
+            dlq_bytes,
+        ),
+        "dlq_list": (
+            lambda: _fill_dlq(client, 256, MIB - 300, counter=True),
+            lambda: _dlq_list(url),
             dlq_bytes,
         ),
         "sink_old_order": (

@@ -1408,6 +1408,37 @@ def test_a_letter_taken_by_id_is_looked_for_a_page_at_a_time(redis_url: str) -> 
     assert all(0 <= start <= end and end - start < 8 for start, end in reads), reads
 
 
+def test_the_newest_letters_are_listed_a_page_at_a_time(redis_url: str) -> None:
+    """``dlq list`` (50 by default, any ``--limit``) read its letters in one LRANGE: 50 letters of
+    1 MiB are 50 MiB in one command's reply, ``--limit 100000`` the whole list. They are read a
+    page at a time, newest first, as many as asked."""
+    letters = [_big("bad_body", n, 100) for n in range(12)]
+
+    async def go() -> tuple[list[tuple[int, int]], list[str], list[str]]:
+        dead = RedisDeadLetters(redis_url)
+        for letter in letters:
+            await dead.push(letter)
+        reads: list[tuple[int, int]] = []
+        client = dead._redis.client
+        lrange = client.lrange
+
+        def spied(key: str, start: int, end: int) -> Any:
+            reads.append((start, end))
+            return lrange(key, start, end)
+
+        client.lrange = spied
+        ten = [x.id for x in await dead.latest(10)]
+        every = [x.id for x in await dead.latest(1000)]
+        client.lrange = lrange
+        await dead.close()
+        return reads, ten, every
+
+    reads, ten, every = run(go())
+    assert ten == [x.id for x in reversed(letters[2:])]
+    assert every == [x.id for x in reversed(letters)]
+    assert all(0 <= start <= end and end - start < 8 for start, end in reads), reads
+
+
 def test_a_byte_total_written_by_the_release_before_during_a_sum_stands(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -394,7 +394,8 @@ return redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', tonumber(ARGV[1])) and 1 
 _LIST: list[Check] = [(_keys.dlq_key(), "list", True)]
 # Letters ``each`` reads at once (each up to 1 MiB).
 _PAGE = 200
-# Letters ``take`` reads at once looking for one by its id (each up to 1 MiB: 4 MiB a command).
+# Letters ``take`` (looking for one by its id) and ``latest`` read at once (each up to 1 MiB:
+# 4 MiB a command).
 _FIND_PAGE = 4
 
 
@@ -521,11 +522,23 @@ class RedisDeadLetters(OnRedis):
         return {k: n for k, n in known_counters(raw, key, name).items() if n is None or n > 0}
 
     async def latest(self, limit: int = 100) -> list[DeadLetter]:
+        # A page at a time (``_FIND_PAGE``): ``dlq list``'s 50 letters of 1 MiB were 50 MiB in one
+        # command's reply. A letter pushed meanwhile moves the others down one: one read twice is
+        # listed once.
         client = self._redis.client
-        raw = await checked_async(
-            client, "dead_letters", _LIST, lambda: client.lrange(_keys.dlq_key(), 0, max(0, limit - 1))
-        )
-        return [_stored(v) for v in raw]
+        letters: dict[str, DeadLetter] = {}
+        start = 0
+        while len(letters) < limit:
+            end = start + min(_FIND_PAGE, limit - len(letters)) - 1
+            read = functools.partial(client.lrange, _keys.dlq_key(), start, end)
+            page: list[Any] = await checked_async(client, "dead_letters", _LIST, read)
+            for raw in page:
+                letter = _stored(raw)
+                letters.setdefault(letter.id, letter)
+            if len(page) < end - start + 1:
+                break
+            start += len(page)
+        return list(letters.values())[:limit]
 
     async def each(self) -> AsyncIterator[DeadLetter]:
         # Pushes go on the left: counted from the right, the letters not yet read stay where
