@@ -19,6 +19,7 @@ priced here on a private redis-server, each case from a freshly filled store:
   50,000: the first new letter orders them and drops 50,001.
 - ``sink_lowered``: 100,000 ordered sink dead letters, ``SINK_MAX_DEAD_LETTERS`` lowered to 1,000.
 - ``sinks_drop_all``: ``sinks drop --all`` of 100,000 letters (pages of 500).
+- ``sinks_redrive_all``: ``sinks retry --all`` of 100,000 letters (their ids read at once).
 
 Measured per case, each on a fresh redis-server (its memory peak is never reset): the longest
 single command (SLOWLOG: what a second client waits at most), the longest PING a second client
@@ -162,6 +163,7 @@ CASES = (
     "sink_old_order",
     "sink_lowered",
     "sinks_drop_all",
+    "sinks_redrive_all",
 )
 
 
@@ -210,6 +212,15 @@ def _dlq_list(url: str) -> None:
             await letters.close()
 
     asyncio.run(go())
+
+
+def _sinks_redrive_all(url: str) -> None:
+    outbox = RedisOutbox(url)
+    try:
+        if outbox.redrive(SINK) != 100_000:
+            raise RuntimeError("not every letter was redriven")
+    finally:
+        outbox.close()
 
 
 def cases(url: str, client: Any) -> dict[str, tuple[Any, Any, Any]]:
@@ -270,6 +281,11 @@ def cases(url: str, client: Any) -> dict[str, tuple[Any, Any, Any]]:
         "sinks_drop_all": (
             lambda: _fill_sink(client, 100_000, ordered=True),
             lambda: _sinks_drop_all(url),
+            lambda: {"letters_after": sink_len(), "order_after": client.zcard(_keys.outbox_dead_order_key(SINK))},
+        ),
+        "sinks_redrive_all": (
+            lambda: _fill_sink(client, 100_000, ordered=True),
+            lambda: _sinks_redrive_all(url),
             lambda: {"letters_after": sink_len(), "order_after": client.zcard(_keys.outbox_dead_order_key(SINK))},
         ),
     }
