@@ -1473,6 +1473,112 @@ def test_a_byte_total_written_by_the_release_before_during_a_sum_stands(
         client.close()
 
 
+@pytest.mark.parametrize("lost", ["bytes", "sum"])
+def test_a_count_lost_between_two_steps_is_summed_again_not_taken_for_naught(
+    lost: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The byte count deleted between two steps of a push (by hand, mid-trim), or the state of
+    its sum under way (by hand, or repaired for its type): the next step sums the bytes again.
+    Read as 0, it wrote a count that low, the byte bound unheld then and at every push after."""
+    import worker.store._dead_letters as dead_letters_module
+
+    monkeypatch.setattr(dead_letters_module, "STEP_BYTES", 1, raising=False)
+    client = redis.Redis.from_url(redis_url)
+    old = [_big("bad_body", n, 100) for n in range(12)]
+    new = _big("bad_body", 100, 100)
+    bound = _nbytes(new, *old[-2:])
+
+    async def go() -> None:
+        wide = RedisDeadLetters(redis_url, max_letters=100)
+        for letter in old:
+            await wide.push(letter)
+        await wide.close()
+        dead = RedisDeadLetters(redis_url, max_letters=100, max_bytes=bound)
+        assert await dead._push_step(new) == (1, True)  # (the count past the bound: summed again)
+        if lost == "bytes":  # (summed, then the oldest dropped a step at a time, the count kept)
+            while not client.hexists(_keys.dlq_bytes_sum_key(), "trusted"):
+                assert (await dead._trim_step())[1]
+            assert client.get(_keys.dlq_bytes_key()) is not None
+        client.delete(_keys.dlq_bytes_key() if lost == "bytes" else _keys.dlq_bytes_sum_key())
+        steps = 0
+        while (await dead._trim_step())[1]:
+            steps += 1
+            assert steps < 100, "the push's steps never end"
+        await dead.close()
+
+    try:
+        run(go())
+        listed, _ = _dlq_in_step(client)
+        assert listed == 3
+    finally:
+        client.close()
+
+
+def test_a_push_sent_again_after_its_reply_was_lost_still_ends_within_the_bounds(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A push whose reply was lost is sent again with its nonce (the letter is not pushed twice).
+    The first try's reply asked for more steps; the second answered "pushed, done", and the push
+    ended with the list past its bound (by all the first try's step left)."""
+    import worker.store._dead_letters as dead_letters_module
+
+    monkeypatch.setattr(dead_letters_module, "STEP_BYTES", 1, raising=False)
+    client = redis.Redis.from_url(redis_url)
+    new = DeadLetter(reason="invalid_payload", message_key="msg:new")
+
+    async def go() -> bool:
+        wide = RedisDeadLetters(redis_url, max_letters=100)
+        for n in range(12):
+            await wide.push(DeadLetter(reason="bad_body", message_key=f"msg:{n}"))
+        await wide.close()
+        dead = RedisDeadLetters(redis_url, max_letters=3)
+        keys, args = dead_letters_module._push_args(new, 3, dead.max_bytes)
+        await dead._redis.evalsha_many(dead_letters_module._PUSH, len(keys), [(*keys, *args)])  # (reply lost)
+        monkeypatch.setattr(dead_letters_module, "_push_args", lambda *_: (keys, args))
+        pushed = await dead.push(new)  # (the client's try again: the same nonce)
+        await dead.close()
+        return pushed
+
+    try:
+        assert run(go())
+        assert _dlq_in_step(client) == (3, 10)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("read", ["-5", "-50", "1.5", "x", "99"])
+def test_a_damaged_sum_under_way_is_started_over(read: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The state of the bytes summed again damaged by hand (``read``: no count of letters, or
+    more than the list holds): the sum starts over. A negative one read from the list's other
+    end: past it, nothing, a step that answered "more" for good (the push never ended); near
+    it, an index Redis refuses ("-0"), as one not whole did: every push's script failed after
+    its letter was pushed. One too large ended the sum at once, with a count of no letters."""
+    import worker.store._dead_letters as dead_letters_module
+
+    monkeypatch.setattr(dead_letters_module, "STEP_BYTES", 1, raising=False)
+    client = redis.Redis.from_url(redis_url)
+    letters = [_big("bad_body", n, 100) for n in range(4)]
+
+    async def go() -> None:
+        dead = RedisDeadLetters(redis_url, max_letters=100)
+        for letter in letters[:3]:
+            await dead.push(letter)
+        client.delete(_keys.dlq_bytes_key())
+        assert await dead._push_step(letters[3]) == (1, True)  # (the sum begun, then gone)
+        client.hset(_keys.dlq_bytes_sum_key(), mapping={"read": read, "sum": "7"})
+        steps = 0
+        while (await dead._trim_step())[1]:
+            steps += 1
+            assert steps < 100, "the push's steps never end"
+        await dead.close()
+
+    try:
+        run(go())
+        assert _dlq_in_step(client) == (4, 0)
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("kind", ["redis", "sync"])
 def test_pushes_past_the_bound_log_a_line_a_minute_not_one_each(kind: str, redis_url: str) -> None:
     """At the bound every new letter drops the oldest: while a producer's every message is

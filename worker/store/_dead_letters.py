@@ -158,8 +158,12 @@ end
 # their ``sum``; the count ``bytes`` is gone meanwhile, ``size_bytes`` None), a step reads the
 # next oldest letters, a page at a time, and drops nothing: a push adds on the newest side, which
 # leaves ``read`` true, and ``_TAKE`` takes a letter summed off ``sum`` too. Once every letter is
-# read ``bytes`` is ``sum``. Then the oldest go (a dropped letter's reason read from the head of
-# its JSON, not decoded: the id first, then the reason, DeadLetter's field order) until both bounds
+# read ``bytes`` is ``sum``. A step that finds no count and no sum under way (either lost between
+# two steps: by hand, or a key repaired for its type), or a ``read`` or ``sum`` that is no count
+# of this list (damaged), sums again from the oldest: a count read as 0 was written back that
+# low, the byte bound unheld for good; a negative ``read`` read past the list's far end and asked
+# for more steps forever. Then the oldest go (a dropped letter's reason read from the head of its
+# JSON, not decoded: the id first, then the reason, DeadLetter's field order) until both bounds
 # hold, but the newest stays: one larger than the byte bound is kept alone, the count its own. A
 # step that stops past the bound marks the count ``trusted`` (right, only not yet within it), so
 # the push meanwhile does not sum it again. Each step leaves the list, the counts by reason, the
@@ -177,9 +181,19 @@ local function tracescore_dlq_step(list, reasons, dropped, bytes, sum, max_lette
     redis.call('HDEL', sum, 'read', 'sum')
     read = nil
   end
+  local listed = redis.call('LLEN', list)
+  local total
   if read then
-    read = tonumber(read) or 0
-    local total, listed = tonumber(redis.call('HGET', sum, 'sum')) or 0, redis.call('LLEN', list)
+    read, total = tracescore_dlq_bytes(read), tracescore_dlq_bytes(redis.call('HGET', sum, 'sum'))
+    if read == nil or total == nil or read > listed then
+      read, total = 0, 0  -- (damaged by hand: started over)
+    end
+  elseif tracescore_dlq_bytes(redis.call('GET', bytes)) == nil then
+    -- (lost or damaged since the push, or the sum's state lost: summed again, not read as 0)
+    redis.call('DEL', bytes, sum)
+    read, total = 0, 0
+  end
+  if read then
     while read < listed and left() do
       local page = redis.call('LRANGE', list, -(read + %(page)d), -(read + 1))
       if #page == 0 then
@@ -197,7 +211,7 @@ local function tracescore_dlq_step(list, reasons, dropped, bytes, sum, max_lette
     redis.call('DEL', sum)
     redis.call('SET', bytes, string.format('%%d', total))
   end
-  local total = tracescore_dlq_bytes(redis.call('GET', bytes)) or 0
+  total = tracescore_dlq_bytes(redis.call('GET', bytes))
   while true do
     local listed = redis.call('LLEN', list)
     if listed <= 1 or (listed <= max_letters and total <= max_bytes) then
@@ -245,7 +259,8 @@ _PUSH_CHECKS = (
 # Seen-check, push and count in one step: two deliveries of one message make one letter; then a
 # step of the bounds (``tracescore_dlq_step``). The list is never deleted for being of another
 # type (worker.store._keytypes): it holds letters. Returns {0: seen before, 1: pushed, 2: pushed
-# and letters dropped; 1 when more steps are needed (``_TRIM``)}.
+# and letters dropped; 1 when more steps are needed (``_TRIM``)}. Our own try sent again (its
+# reply lost) takes a step too: the steps the lost reply asked for are still to do.
 #
 # The bytes count is summed again from the list when it is nil, or more than the bound (every
 # push leaves it within the bound unless the letter is alone, or the count is ``trusted``: a
@@ -263,11 +278,17 @@ local bad = tracescore_check_counters({KEYS[3], KEYS[4]})
 if bad then
   return bad
 end
-if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'EX', tonumber(ARGV[4])) then
-  -- 1 when our own earlier try (its reply lost, the client retried) pushed this very letter
-  return {redis.call('GET', KEYS[2]) == ARGV[3] and 1 or 0, 0}
-end
 local max_letters, max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
+if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'EX', tonumber(ARGV[4])) then
+  if redis.call('GET', KEYS[2]) ~= ARGV[3] then
+    return {0, 0}
+  end
+  -- Our own earlier try (its reply lost, the client retried) pushed this very letter: the steps
+  -- its reply asked for are still to do (answered "done", the push ended past the bounds).
+  local stepped = tracescore_dlq_step(KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], max_letters, max_bytes,
+    tonumber(ARGV[7]))
+  return {stepped[1] > 0 and 2 or 1, stepped[2]}
+end
 if redis.call('EXISTS', KEYS[5]) == 1 then
   redis.call('HDEL', KEYS[6], 'read', 'sum')  -- (a count written meanwhile stands: see the step)
 end
