@@ -967,3 +967,42 @@ def test_a_sink_bound_interrupted_between_steps_leaves_the_counts_in_step(
         _order_in_step(redis_url, "otlp")
     finally:
         outbox.close()
+
+
+def test_order_entries_of_letters_gone_by_hand_count_towards_a_bound_step(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An order entry whose letter went another way (redis-cli HDEL; a release without the order
+    redriving) is popped by the bound, not counted as dropped. The step counted only the letters
+    it dropped: 100,000 such entries older than every letter were popped in one script, however
+    small the step. Each pop is one of the step's; the bound still ends within it, the count in
+    step."""
+    import redis
+
+    import worker.store._outbox as outbox_module
+    from worker import _keys
+
+    monkeypatch.setattr(outbox_module, "_BOUND_STEP", 4, raising=False)
+    store = lambda: RedisScoreStore(redis_url, sinks=("otlp",))  # noqa: E731
+    records = [_record(n, score=0.5) for n in range(1, 9)]
+    _put(store, *records)
+    wide = RedisOutbox(redis_url, max_dead_letters=100)
+    try:
+        _bury(wide, "otlp", records)
+    finally:
+        wide.close()
+    raw = redis.Redis.from_url(redis_url)
+    order = _keys.outbox_dead_order_key("otlp")
+    raw.zadd(order, {f"gone:{n}": n for n in range(20)})  # (older than every letter)
+    outbox = RedisOutbox(redis_url, max_dead_letters=5)
+    try:
+        before = raw.zcard(order)
+        assert outbox._bound_step("otlp") == (0, False, True)
+        assert before - raw.zcard(order) == 4
+        assert outbox._bound_dead_letters("otlp") == 3
+        counts = outbox.counts()["otlp"]
+        assert (counts.failed, counts.dead_letters_dropped) == (5, 3)
+        _order_in_step(redis_url, "otlp")
+    finally:
+        outbox.close()
+        raw.close()

@@ -279,15 +279,16 @@ def _parse(values: Mapping[str, str | None]) -> tuple[dict[str, ScoreRecord], di
 # are past the bound than ``limit`` let go, else 0}: the caller orders them (``_ORDER``), or
 # calls ``_BOUND`` again, until they are within it; until they are ordered the ordered ones are
 # not dropped in their place (they are newer). An order entry whose letter went by another way
-# than ours (redis-cli) is popped, not counted.
+# than ours (redis-cli) is popped, not counted, but it is one of the step's ``limit``: a hundred
+# thousand of them older than every letter were popped in one script.
 _BOUND_LUA = """
 local function tracescore_sink_bound(dead, order, counts, max, limit)
-  local dropped, unordered, more = 0, 0, 0
+  local dropped, unordered, more, popped = 0, 0, 0, 0
   if redis.call('HLEN', dead) > redis.call('ZCARD', order) then
     unordered = 1
   else
     while redis.call('HLEN', dead) > max do
-      if dropped >= limit then
+      if popped >= limit then
         more = 1
         break
       end
@@ -296,6 +297,7 @@ local function tracescore_sink_bound(dead, order, counts, max, limit)
         unordered = 1
         break
       end
+      popped = popped + 1
       dropped = dropped + redis.call('HDEL', dead, oldest[1])
     end
   end
