@@ -627,7 +627,7 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
       under the take tag (``message_held_for_requeue``), and no more is taken until it is back
       in its queue (``_brpop_start``);
     - an ack or a requeue Redis refuses leaves the message in the hash for the sweep
-      (``message_left_unacked``).
+      (``message_left_unacked``), as does a requeue while Redis is away.
     """
 
     def _checked(self, call: Callable[[], Any]) -> Any:
@@ -670,6 +670,11 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
             self._checked(lambda: super(_GuardedQoS, self).reject(delivery_tag, requeue=requeue))
         except BrokerUnwritableError as exc:
             self._left_unacked(delivery_tag, "reject", exc.reason)
+        except self.channel.connection_errors as exc:
+            # Redis away (a worker stopped during an outage hands its batches back): the record
+            # stays for the sweep, as above. Raised, kombu logged "Couldn't reject" at CRITICAL
+            # with a traceback per message, read as a crash that lost it.
+            self._left_unacked(delivery_tag, "reject", f"unreachable:{type(exc).__name__}")
 
     def _left_unacked(self, delivery_tag: str, after: str, reason: str) -> None:
         """Redis refused the write (full, read-only), so the message stays in its unacked record:

@@ -268,7 +268,11 @@ def _score_one_batch(self: Task[Any, Any], payload: Any) -> dict[str, Any] | Non
         log.info("batch_requeued_at_shutdown", task_id=task_id, started=False)
         raise Reject("the worker is shutting down; requeued", requeue=True)
     runtime = get_runtime(app.settings)
-    install_drain_handler(DRAIN_SIGNAL, runtime.settings.shutdown_grace_seconds)
+    # (the cleanup time too: left out, the handler went back to the 10 s default at a prefork
+    # child's first task, and the child's way out outlasted the main process's backstop)
+    install_drain_handler(
+        DRAIN_SIGNAL, runtime.settings.shutdown_grace_seconds, runtime.settings.shutdown_cleanup_seconds
+    )
     token = new_token()
     # Not in a `finally`: a delivery ended by its process going down (SystemExit, a kill) is
     # exactly what must stay unended.
