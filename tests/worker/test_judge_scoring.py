@@ -110,3 +110,31 @@ def test_429_pauses_the_model_for_every_worker(
     assert report.transient == {"JudgeRateLimitError": 1}  # type: ignore[attr-defined]
     assert not writer.records
     assert wait_ms > 5_000  # another process would wait out the provider's Retry-After
+
+
+@pytest.mark.parametrize("retry_after", ["86400", "1e9"])
+def test_a_429_asking_for_a_day_pauses_the_model_for_at_most_a_minute(
+    fake_llm: FakeLLMServer, redis_url: str, limiter: RedisRateLimiter, retry_after: str
+) -> None:
+    """The pause a 429 sets is shared by every worker: a gateway's Retry-After of a day would stop
+    that model everywhere for a day. The README caps it at 60 s (MAX_PAUSE_S)."""
+    from scorers.judge import MAX_PAUSE_S
+
+    fake_llm.rule(Reply.rate_limited(retry_after=retry_after))
+    writer = MemoryScoreWriter()
+
+    async def go() -> tuple[object, dict[str, dict[str, float | None]]]:
+        store = RedisScoreStore(redis_url)
+        deps = ScoringDeps(registry=Registry([sample_scorers.judged]), store=store, writer=writer)
+        message = batch(range(1), ["judged"], salt=f"429-day-{retry_after}")
+        report = await score_batch(message, deps, final_attempt=False)
+        state = await limiter.state()
+        await store.close()
+        await limiter.close()
+        return report, state
+
+    report, state = asyncio.run(go())
+    assert report.transient == {"JudgeRateLimitError": 1}  # type: ignore[attr-defined]
+    paused = state["openai/fake-judge"]["paused_s"]
+    assert paused is not None
+    assert MAX_PAUSE_S - 15 < paused <= MAX_PAUSE_S
