@@ -585,6 +585,13 @@ class _GroupCommit:
             self._draining = True
             try:
                 await self._drain()
+            except BaseException:
+                # Cancelled mid-put (the shutdown grace ran out), ``_drain`` gave this caller's
+                # future the error too: retrieved here, or asyncio logs it at exit as an ERROR
+                # with a traceback ("Future exception was never retrieved").
+                if future.done() and not future.cancelled():
+                    future.exception()
+                raise
             finally:
                 self._draining = False
         return await future
