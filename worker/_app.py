@@ -104,9 +104,16 @@ class TracescoreApp(Celery):
         configure_app(self, self._settings)
 
 
+# How often kombu checks the broker's long-lived connections (the wait for a message, the
+# broadcasts) and redis-py pings a pooled connection idle this long before using it. kombu's
+# default (25 s) found a half-open wait only after up to 51 s.
+BROKER_HEALTH_CHECK_S = 10
+
+
 def configure_app(app: Celery, settings: Settings) -> None:
     """Apply ``settings`` to ``app``'s Celery configuration."""
     from worker._guard import MAX_ENTRY_BYTES_OPTION, envelope_limit
+    from worker._reconnect import COMMAND_SLACK_S
 
     app.conf.update(
         broker_url=settings.broker_url,
@@ -147,6 +154,15 @@ def configure_app(app: Celery, settings: Settings) -> None:
             "visibility_timeout": settings.visibility_timeout,
             "unacked_restore_interval": settings.unacked_restore_interval,
             "unacked_restore_throttle": settings.unacked_restore_throttle,
+            # A failover can leave the broker connections half-open (the old primary gone without
+            # a reset, or frozen): no reply ever comes and nothing fails. kombu drops a wait for a
+            # message whose reply is overdue (health_check_interval), but only from the event
+            # loop, and a command the loop sends itself (the unacked sweep's script, an ack) waited
+            # on such a connection forever: the worker consumed nothing and logged nothing. Each
+            # command now ends within COMMAND_SLACK_S (as the score store's), and the overdue
+            # wait is dropped within brpop_timeout + 2 x BROKER_HEALTH_CHECK_S (21 s).
+            "socket_timeout": COMMAND_SLACK_S,
+            "health_check_interval": BROKER_HEALTH_CHECK_S,
             # read by the guarded channel (kombu ignores options it does not know)
             MAX_ENTRY_BYTES_OPTION: envelope_limit(settings.max_payload_bytes),
         },

@@ -664,6 +664,8 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
             self._checked(lambda: super(_GuardedQoS, self).ack(delivery_tag))
         except BrokerUnwritableError as exc:
             self._left_unacked(delivery_tag, "ack", exc.reason)
+        except self.channel.connection_errors as exc:
+            self._left_unacked(delivery_tag, "ack", f"unreachable:{type(exc).__name__}")
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         try:
@@ -677,9 +679,12 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
             self._left_unacked(delivery_tag, "reject", f"unreachable:{type(exc).__name__}")
 
     def _left_unacked(self, delivery_tag: str, after: str, reason: str) -> None:
-        """Redis refused the write (full, read-only), so the message stays in its unacked record:
-        the sweep brings it back once Redis takes writes (whatever was stored of it is skipped
-        then). Forgotten here, or its prefetch slot stayed taken and the worker took nothing more."""
+        """Redis refused the write (full, read-only) or did not answer it, so the message stays in
+        its unacked record: the sweep brings it back once Redis takes writes (whatever was stored
+        of it is skipped then). Forgotten here, or its prefetch slot stayed taken and the worker
+        took nothing more. (An ack on a connection a failover left half-open timed out, and the
+        worker, its one slot taken, never waited for a message again: nothing told Celery to
+        reconnect, and kombu checks only a wait that is under way.)"""
         kombu_virtual.QoS.ack(self, delivery_tag)
         log.warning("message_left_unacked", delivery_tag=_token(delivery_tag), after=after, reason=reason)
 
