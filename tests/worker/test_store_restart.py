@@ -73,6 +73,12 @@ def store(request: pytest.FixtureRequest) -> Iterator[tuple[RedisServer, bool]]:
         yield own, request.param
 
 
+def _score_id(run: str) -> str:
+    """The ``paced`` score id of a run (``<trace id>:<span id>``, as the scorer logs it)."""
+    trace, span = run.split(":")
+    return score_id_for(trace, span, "paced", "1")
+
+
 def _record_ids(store: RedisServer) -> set[str]:
     prefix = _keys.record_key("")
     with store.client(0, decode_responses=True) as client:
@@ -119,7 +125,7 @@ def test_a_score_store_restarted_under_load_loses_no_batch(
         assert producer.failed == 0  # the broker stayed up: every send was acknowledged
 
         runs = {f"{r.trace_id}:{t}" for b in producer.sent for r in b.requests for t in r.target_span_ids}
-        expected = {score_id_for(*run.split(":"), "paced", "1") for run in runs}
+        expected = {_score_id(run) for run in runs}
         delivered = lambda: {s["score_id"] for s in read_scores(scores)}  # noqa: E731
         logs = lambda: worker.text()[-4000:]  # noqa: E731
         # Every score reaches the sink but those that died with an empty store before it took them.
@@ -135,9 +141,9 @@ def test_a_score_store_restarted_under_load_loses_no_batch(
         # Scored once (the scorer's own count, in a file: the store's counts die with it), but a
         # run whose record went with the data, which a redelivery may score again.
         done = collections.Counter(line.split()[1] for line in complete_lines(calls) if line.startswith("done "))
-        assert set(done) >= {run for run in runs if score_id_for(*run.split(":"), "paced", "1") not in lost}
+        assert set(done) >= {run for run in runs if _score_id(run) not in lost}
         twice = {run for run, n in done.items() if n > 1}
-        assert {score_id_for(*run.split(":"), "paced", "1") for run in twice} <= lost, twice
+        assert {_score_id(run) for run in twice} <= lost, twice
 
         # No dead letter for an outage: neither a message's (in the store) nor a sink's.
         with store_server.client(0) as client:
