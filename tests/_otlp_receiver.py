@@ -28,6 +28,7 @@ class OtlpReceiver:
         self.headers: dict[str, str] = {}  # sent with every answer
         self.spans: list[Span] = []
         self.requests = 0
+        self.answered = 0  # requests whose answer was decided (a held one counts once released)
         self.hang = threading.Event()
         self.hang.set()
         self._lock = threading.Lock()
@@ -48,6 +49,7 @@ class OtlpReceiver:
                 receiver.hang.wait(60)
                 with receiver._lock:
                     status, answer = receiver.status, receiver.answer
+                    receiver.answered += 1
                     if status == 200:
                         request = ExportTraceServiceRequest()
                         request.ParseFromString(body)
