@@ -125,3 +125,77 @@ def test_a_worker_waits_for_a_redis_that_does_not_answer(target: str, redis_url:
                 os.killpg(worker.pid, signal.SIGKILL)
                 worker.wait(10)
         server.close()
+
+
+class SynDroppingPort:
+    """A TCP port whose connects time out, as through a black-holed route or a firewall dropping
+    SYNs (loopback cannot drop them without root): it listens with a backlog of 0 and never
+    accepts, and its accept queue is filled here, so Linux drops every further SYN. Checked on
+    the way in: a connect must time out, else the test would prove nothing."""
+
+    def __init__(self) -> None:
+        self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(0)
+        self.port = int(self._server.getsockname()[1])
+        self._fillers: list[socket.socket] = []
+        for _ in range(8):
+            conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            conn.settimeout(0.5)
+            try:
+                conn.connect(("127.0.0.1", self.port))
+            except TimeoutError:
+                conn.close()
+                return  # the queue is full: connects now time out
+            self._fillers.append(conn)
+        self.close()
+        raise AssertionError("connects to a full accept queue did not time out on this machine")
+
+    def close(self) -> None:
+        for conn in self._fillers:
+            conn.close()
+        self._server.close()
+
+
+def test_a_worker_waits_for_a_rediss_broker_it_cannot_reach(tmp_path: Path) -> None:
+    """`tracescore worker` whose rediss:// broker cannot be reached, the TCP connect timing out (a
+    black-holed route, a managed Redis whose TLS endpoint is not up yet): the start check took the
+    timeout for a plain Redis silent to the TLS handshake and exited 1 ("cannot start: TLS with
+    the broker ... got no answer ...: use redis://"), a crash loop with a wrong hint. It now waits
+    as for a redis:// broker: Celery's "Cannot connect ... Trying again" line appears (the URL
+    masked) and the process is still running. (The plain-Redis case still exits 1 with the hint:
+    test_rediss_to_a_redis_without_tls_says_to_use_redis in test_tls_and_auth.py.)"""
+    port = SynDroppingPort()
+    password = "unreachable-pass-5Rt8"
+    url = f"rediss://:{password}@127.0.0.1:{port.port}/0"
+    out_path = tmp_path / "worker.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACESCORE_")}
+    env.update({"PYTHONPATH": str(ROOT), "TRACESCORE_WRITER": "none"})
+    args = ["worker", "--broker", url, "--scorers", "tests.worker.sample_scorers", "--pool", "solo"]
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        with out_path.open("wb") as out:
+            worker = subprocess.Popen(
+                [TRACESCORE, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+        def output() -> str:
+            return out_path.read_text(errors="replace")
+
+        running = worker
+        assert wait_for(lambda: "Trying again" in output() or running.poll() is not None, 90), output()[-3000:]
+        assert worker.poll() is None, f"exit {worker.returncode}:\n{output()[-3000:]}"
+        text = output()
+        assert "Cannot connect" in text, text[-3000:]
+        assert f":**@127.0.0.1:{port.port}/0" in text, text[-3000:]  # (Celery names the transport, not rediss)
+        assert "use redis://" not in text, text[-3000:]
+        assert password not in text
+    finally:
+        if worker is not None and worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            try:
+                worker.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait(10)
+        port.close()

@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -311,6 +314,77 @@ def test_rediss_to_a_redis_without_tls_says_to_use_redis(redis_server: RedisServ
     assert f"rediss://:***@127.0.0.1:{redis_server.port}/11" in result.stderr, result.stderr
     assert "rediss:// asks for TLS: if that Redis serves plain text, use redis://" in result.stderr, result.stderr
     assert redis_server.password not in result.stdout + result.stderr
+
+
+class SilentTlsListener:
+    """A port that completes the TLS handshake with the test CA's server certificate and then says
+    nothing, as a TLS proxy whose Redis behind it is not up (or a stalled Redis over TLS)."""
+
+    def __init__(self, certs: Path) -> None:
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(certs / "server.pem", certs / "server.key")
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        self._held: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def handshakes(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:  # closed
+                return
+            conn.settimeout(10)
+            try:
+                tls = self._context.wrap_socket(conn, server_side=True)
+            except OSError:
+                conn.close()
+                continue
+            with self._lock:
+                self._held.append(tls)
+
+    def close(self) -> None:
+        self._server.close()
+        self._thread.join(15)
+        with self._lock:
+            for conn in self._held:
+                conn.close()
+
+
+def test_worker_waits_for_a_rediss_broker_silent_after_the_handshake(tls_redis: TlsRedis, tmp_path: Path) -> None:
+    """rediss:// to an endpoint that completes the TLS handshake (its certificate verifies) and
+    then answers nothing, as a TLS proxy whose Redis is not up: the start check's PING timed out
+    and the worker exited 1 with the plain-Redis hint ("use redis://"), wrong and a crash loop.
+    TLS answered, so it is an outage: the worker now waits, Celery's own connection reaching the
+    port (a second handshake) while the process runs."""
+    listener = SilentTlsListener(tls_redis.dir)
+    url = f"rediss://:{PASSWORD}@127.0.0.1:{listener.port}/0"
+    env = _env(TRACESCORE_BROKER_URL=url, TRACESCORE_BROKER_CA_FILE=tls_redis.ca_file)
+    log = tmp_path / "worker.log"
+    try:
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [TRACESCORE, "worker", "--scorers", "tests.worker.sample_scorers", "--pool", "solo"],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+            try:
+                # the check's PING, its handshake probe (_silent_to_tls), then Celery's connection
+                assert wait_for(lambda: listener.handshakes >= 3 or proc.poll() is not None, 90), log.read_text()
+                assert proc.poll() is None, f"exit {proc.returncode}:\n{log.read_text()[-3000:]}"
+            finally:
+                _stop(proc)
+    finally:
+        listener.close()
+    text = log.read_text()
+    assert "use redis://" not in text, text[-3000:]
+    assert PASSWORD not in text
 
 
 CELERY = str(Path(sys.executable).with_name("celery"))
