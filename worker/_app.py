@@ -19,11 +19,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import ssl
 import sys
 import threading
-import urllib.parse
 from typing import Any
 
 import click
@@ -45,6 +43,7 @@ from worker._settings import (
     get_settings,
     load_settings,
     missing_database,
+    silent_to_tls,
 )
 from worker.metrics import MetricsStep
 
@@ -252,8 +251,8 @@ def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
             # down or unreachable: Celery retries the broker until it is up; the store's clients reconnect
         except redis.TimeoutError as exc:
             # redis-py says "Timeout connecting" alike for a TCP connect and a TLS handshake that
-            # got no answer, so a rediss:// timeout is looked at again (_silent_to_tls)
-            if url.startswith("rediss://") and _silent_to_tls(url, timeout_s):
+            # got no answer, so a rediss:// timeout is looked at again (silent_to_tls)
+            if url.startswith("rediss://") and silent_to_tls(url, timeout_s):
                 raise SettingsError(
                     f"TLS with the {what} at {redact(url)} got no answer ({redact(str(exc))}): {TLS_TO_PLAIN}"
                 ) from None
@@ -270,35 +269,6 @@ def check_connections(settings: Settings, timeout_s: float = 5.0) -> None:
                 _check_broker_keys(client, settings.queue)
         finally:
             client.close()
-
-
-def _silent_to_tls(url: str, timeout_s: float) -> bool:
-    """Whether a ``rediss://`` endpoint takes a TCP connection but answers nothing to a TLS
-    ClientHello in ``timeout_s``: what a plain Redis does (it waits for a command line that never
-    ends), so the URL most likely has one letter too many. Any listener that accepts and stays
-    silent looks the same from here, and the hint is still the most useful thing to say about a
-    port that is open yet not speaking TLS. Not silent: the TCP connect fails or times out (a
-    black-holed route, a firewall, a TLS endpoint not up yet) or the server answers the handshake
-    (it speaks TLS; what timed out came after): an outage, waited for like a ``redis://`` one."""
-    parts = urllib.parse.urlsplit(url)
-    host, port = parts.hostname or "localhost", parts.port or 6379
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout_s)
-    except OSError:  # (TimeoutError included)
-        return False
-    # Only whether TLS answers at all: the certificate is verified by the check's own client.
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    try:
-        with context.wrap_socket(sock, server_hostname=host):
-            return False
-    except TimeoutError:
-        return True
-    except OSError:  # an alert or a reset is an answer (ssl.SSLError is an OSError)
-        return False
-    finally:
-        sock.close()
 
 
 def _check_broker_keys(client: redis.Redis, queue: str) -> None:

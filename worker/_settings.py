@@ -9,6 +9,8 @@ import json
 import math
 import os
 import re
+import socket
+import ssl
 from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -35,11 +37,41 @@ __all__ = [
     "load_settings",
     "missing_database",
     "shown_url",
+    "silent_to_tls",
 ]
 
 # What a rediss:// URL that no TLS answers (a Redis serving plain text: the handshake waits out its
 # timeout) is told, by the worker's start and by every command that talks to Redis.
 TLS_TO_PLAIN = "rediss:// asks for TLS: if that Redis serves plain text, use redis://"
+
+
+def silent_to_tls(url: str, timeout_s: float) -> bool:
+    """Whether a ``rediss://`` endpoint takes a TCP connection but answers nothing to a TLS
+    ClientHello in ``timeout_s``: what a plain Redis does (it waits for a command line that never
+    ends), so the URL most likely has one letter too many. Any listener that accepts and stays
+    silent looks the same from here, and the hint is still the most useful thing to say about a
+    port that is open yet not speaking TLS. Not silent: the TCP connect fails or times out (a
+    black-holed route, a firewall, a TLS endpoint not up yet) or the server answers the handshake
+    (it speaks TLS; what timed out came after): an outage, waited for like a ``redis://`` one."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "localhost", parts.port or 6379
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+    except OSError:  # (TimeoutError included)
+        return False
+    # Only whether TLS answers at all: the certificate is verified by the check's own client.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with context.wrap_socket(sock, server_hostname=host):
+            return False
+    except TimeoutError:
+        return True
+    except OSError:  # an alert or a reset is an answer (ssl.SSLError is an OSError)
+        return False
+    finally:
+        sock.close()
 
 
 def missing_database(what: str, url: str, where: str) -> str:

@@ -199,3 +199,26 @@ def test_a_worker_waits_for_a_rediss_broker_it_cannot_reach(tmp_path: Path) -> N
                 os.killpg(worker.pid, signal.SIGKILL)
                 worker.wait(10)
         port.close()
+
+
+def test_status_names_no_plain_redis_for_a_rediss_broker_it_cannot_reach() -> None:
+    """`tracescore status` against a rediss:// broker whose TCP connect times out said "cannot
+    reach the broker ...: Timeout connecting to server; rediss:// asks for TLS: if that Redis
+    serves plain text, use redis://", sending its user to change a URL that was right. The hint
+    is now for a port that takes the connection and answers no TLS only (kept:
+    test_rediss_to_a_redis_without_tls_says_to_use_redis[status])."""
+    port = SynDroppingPort()
+    password = "unreachable-pass-7Qw2"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACESCORE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    try:
+        url = f"rediss://:{password}@127.0.0.1:{port.port}/0"
+        done = subprocess.run(
+            [TRACESCORE, "status", "--broker", url], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        port.close()
+    assert done.returncode == 1, done
+    assert f"cannot reach the broker at rediss://:***@127.0.0.1:{port.port}/0" in done.stderr, done.stderr
+    assert "use redis://" not in done.stderr, done.stderr
+    assert password not in done.stdout + done.stderr

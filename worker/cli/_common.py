@@ -192,6 +192,10 @@ def redis_settings(broker: str | None = None, **overrides: Any) -> Settings:
     return settings
 
 
+# How long the probe behind the rediss:// hint waits for a connection, then for a TLS answer.
+_HINT_PROBE_S = 2.0
+
+
 def unreachable(what: str, url: str, exc: BaseException) -> CliError:
     """The one line for a Redis a command could not use (``what``: "broker", "score store"):
     refused credentials say so and where the URL is set, anything else is the client's own
@@ -210,10 +214,13 @@ def unreachable(what: str, url: str, exc: BaseException) -> CliError:
         return CliError(missing_database(what, url, where))
     if cause is None:
         said = f"cannot reach the {what} at {redact(url)}: {redact(str(exc))}"
-        if urlsplit(url).scheme == "rediss" and _timed_out(exc):  # (no TLS answered the handshake)
-            from worker._settings import TLS_TO_PLAIN
+        if urlsplit(url).scheme == "rediss" and _timed_out(exc):
+            from worker._settings import TLS_TO_PLAIN, silent_to_tls
 
-            said += f"; {TLS_TO_PLAIN}"
+            # (only a port that takes the connection and answers no TLS: an unreachable one is
+            # no plain Redis, and the hint sent its user to change a URL that was right)
+            if silent_to_tls(url, _HINT_PROBE_S):
+                said += f"; {TLS_TO_PLAIN}"
         return CliError(said)
     parts = urlsplit(url)
     if parts.password:
