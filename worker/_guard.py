@@ -613,6 +613,13 @@ def _taken_record(raw: bytes) -> tuple[bytes, str] | None:
     return (match.group(1), queue) if isinstance(queue, str) else None
 
 
+def _unreachable(exc: BaseException) -> str:
+    """The reason logged for a broker write that failed on the connection: ``unanswered:``
+    when it timed out (sent, perhaps applied, no answer), else ``unreachable:`` (not applied)."""
+    timed_out = isinstance(exc, redis.exceptions.TimeoutError | TimeoutError)
+    return f"{'unanswered' if timed_out else 'unreachable'}:{type(exc).__name__}"
+
+
 class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
     """kombu's record of unacknowledged messages (the ``unacked`` hash and its index), where kombu
     could lose a message:
@@ -665,7 +672,7 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
         except BrokerUnwritableError as exc:
             self._left_unacked(delivery_tag, "ack", exc.reason)
         except self.channel.connection_errors as exc:
-            self._left_unacked(delivery_tag, "ack", f"unreachable:{type(exc).__name__}")
+            self._left_unacked(delivery_tag, "ack", _unreachable(exc))
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         try:
@@ -676,7 +683,7 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
             # Redis away (a worker stopped during an outage hands its batches back): the record
             # stays for the sweep, as above. Raised, kombu logged "Couldn't reject" at CRITICAL
             # with a traceback per message, read as a crash that lost it.
-            self._left_unacked(delivery_tag, "reject", f"unreachable:{type(exc).__name__}")
+            self._left_unacked(delivery_tag, "reject", _unreachable(exc))
 
     def _left_unacked(self, delivery_tag: str, after: str, reason: str) -> None:
         """Redis refused the write (full, read-only) or did not answer it, so the message stays in
@@ -684,9 +691,16 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
         of it is skipped then). Forgotten here, or its prefetch slot stayed taken and the worker
         took nothing more. (An ack on a connection a failover left half-open timed out, and the
         worker, its one slot taken, never waited for a message again: nothing told Celery to
-        reconnect, and kombu checks only a wait that is under way.)"""
+        reconnect, and kombu checks only a wait that is under way.)
+
+        A write that timed out (``unanswered:``) may have been applied before its answer was lost
+        (a Redis that stalled after it, a reply that never came back): then the message is gone,
+        acked (or back in its queue), and the sweep finds nothing. Its line says the outcome is
+        unknown (``message_outcome_unknown``): "left unacked" sent operators looking for (or
+        putting back) a message that was done."""
         kombu_virtual.QoS.ack(self, delivery_tag)
-        log.warning("message_left_unacked", delivery_tag=_token(delivery_tag), after=after, reason=reason)
+        event = "message_outcome_unknown" if reason.startswith("unanswered:") else "message_left_unacked"
+        log.warning(event, delivery_tag=_token(delivery_tag), after=after, reason=reason)
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> None:
         try:

@@ -10,6 +10,7 @@ time, and score what was sent there.
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import threading
@@ -26,7 +27,9 @@ from worker.store import RedisOutbox
 
 class FailoverProxy:
     """A TCP proxy to one Redis; ``fail_over`` black-holes every connection it holds (read and
-    discarded, never answered, never closed) and sends new connections to another port."""
+    discarded, never answered, never closed) and sends new connections to another port;
+    ``hold_replies`` keeps Redis' replies from the worker (its commands still reach Redis, as on a
+    Redis that stalls after applying them) until ``release_replies``."""
 
     def __init__(self, upstream_port: int) -> None:
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -35,6 +38,8 @@ class FailoverProxy:
         self._peer: dict[socket.socket, socket.socket] = {}  # both directions of each live pair
         self._clients: set[socket.socket] = set()  # the worker's side of each live pair
         self._holes: set[socket.socket] = set()  # the worker's side of each black-holed pair
+        self._holding = False
+        self._held: dict[socket.socket, bytearray] = {}  # replies kept from each worker socket
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -49,6 +54,19 @@ class FailoverProxy:
                 upstream.close()  # (the old primary is gone; the worker is not told)
                 self._clients.discard(client)
                 self._holes.add(client)
+
+    def hold_replies(self) -> None:
+        with self._lock:
+            self._holding = True
+
+    def release_replies(self) -> None:
+        with self._lock:
+            self._holding = False
+            for client, data in self._held.items():
+                if client in self._clients:
+                    with contextlib.suppress(OSError):
+                        client.sendall(data)
+            self._held.clear()
 
     def _run(self) -> None:
         while not self._closed.is_set():
@@ -75,6 +93,9 @@ class FailoverProxy:
                     peer = self._peer.get(sock)
                     if peer is None:
                         continue
+                    if data and self._holding and peer in self._clients:
+                        self._held.setdefault(peer, bytearray()).extend(data)
+                        continue
                     if data:
                         try:
                             peer.sendall(data)
@@ -82,6 +103,7 @@ class FailoverProxy:
                         except OSError:
                             pass
                     for s in (sock, peer):
+                        self._held.pop(s, None)
                         self._peer.pop(s, None)
                         self._clients.discard(s)
                         s.close()
@@ -170,3 +192,73 @@ def test_a_worker_on_a_half_open_broker_connection_consumes_from_the_new_primary
         proxy.close()
         primary.close()
         replacement.close()
+
+
+def test_an_ack_applied_whose_answer_never_came_scores_nothing_twice_and_says_so(tmp_path: Path) -> None:
+    """Redis applies a batch's ack but its answer does not come within the broker's 10 s command
+    timeout (a Redis that stalls after the write, a reply lost on the way): the worker goes on,
+    the message is gone for good (no redelivery, nothing scored twice), and its warning does not
+    claim the message stayed in the unacked record for the sweep (``message_left_unacked``),
+    which the operator would then wait for or put back by hand: the ack's outcome is unknown
+    (``message_outcome_unknown``)."""
+    server = RedisServer()
+    server.start()
+    proxy = FailoverProxy(server.port)
+    url = f"redis://:{server.password}@127.0.0.1:{proxy.port}/0"
+    scores_path = tmp_path / "scores.jsonl"
+    worker: WorkerProcess | None = None
+    outbox = RedisOutbox(server.url(0))
+    client = server.client(0)
+    try:
+        worker = WorkerProcess(
+            "ack-unanswered",
+            url,
+            tmp_path,
+            scores_path=scores_path,
+            # the score store straight to Redis: only the broker's answers are held
+            env={"TSTEST_SLOW_S": "3", "TRACESCORE_REDIS_URL": server.url(0)},
+        )
+        worker.wait_ready()
+        running = worker
+        first = batch(range(3), ["slow"], salt="ack-unanswered-a", batch_id="ack-unanswered-a")
+        send(server.url(0), first)
+        first_ids = [score_id_for(r.trace_id, t, "slow", "1") for r in first.requests for t in r.target_span_ids]
+        assert wait_for(lambda: " received" in running.text(), 30), worker.text()[-3000:]
+        proxy.hold_replies()  # (while the batch scores: its ack is the next broker write)
+        assert wait_for(lambda: len(outbox.records(first_ids)) == 3, 30), worker.text()[-3000:]
+        assert wait_for(lambda: not client.exists("unacked") and client.llen("tracescore") == 0, 30), (
+            "the ack never reached Redis"
+        )
+        assert wait_for(lambda: "Couldn't ack" in running.text() or "after=ack" in running.text(), 40), worker.text()[
+            -3000:
+        ]
+        proxy.release_replies()
+
+        second = batch(range(3, 6), ["length"], salt="ack-unanswered-b", batch_id="ack-unanswered-b")
+        send(server.url(0), second)
+        second_ids = [score_id_for(r.trace_id, t, "length", "1") for r in second.requests for t in r.target_span_ids]
+        assert wait_for(lambda: len(outbox.records(second_ids)) == 3, 90), worker.text()[-4000:]
+        expected = set(first_ids) | set(second_ids)
+        assert wait_for(lambda: expected <= {s["score_id"] for s in read_scores(scores_path)}, 30), worker.text()[
+            -3000:
+        ]
+        assert worker.proc.poll() is None, worker.text()[-3000:]
+        ids = [s["score_id"] for s in read_scores(scores_path)]
+        assert len(ids) == len(set(ids)), "a score was written twice"
+        assert set(ids) == expected
+        assert int(client.get("tstest:calls:slow:generate_score") or 0) == 3  # each run scored once
+        assert not client.exists("unacked")
+        assert client.llen("tracescore") == 0
+        text = worker.text()
+        ack_lines = [line for line in text.splitlines() if "after=ack" in line]
+        assert ack_lines, text[-3000:]
+        assert not any("message_left_unacked" in line for line in ack_lines), ack_lines
+        assert all("message_outcome_unknown" in line for line in ack_lines), ack_lines
+        assert server.password not in text
+    finally:
+        if worker is not None:
+            worker.stop()
+        outbox.close()
+        client.close()
+        proxy.close()
+        server.close()
