@@ -48,3 +48,25 @@ def test_close_with_redis_still_away_returns_in_bounded_time(own_redis: RedisSer
         return time.monotonic() - began
 
     assert asyncio.run(go()) < 5.0
+
+
+def test_end_with_no_time_left_keeps_the_end_without_calling_redis(own_redis: RedisServer) -> None:
+    """Past the shutdown's cleanup deadline (``wait_s`` 0), end() does not call Redis, even one
+    that answers: the end is kept, and close() writes it. (It waited its own 2 s past the
+    deadline, with Redis refusing connections.)"""
+
+    async def go() -> tuple[bool, int]:
+        log = DeliveryLog(own_redis.url(12), ttl_s=60, reconnect_s=0.5)
+        token = new_token()
+        await log.start("m1", token)
+        written = await log.end("m1", token, wait_s=0.0)
+        with own_redis.client(12) as client:
+            assert client.smembers("tracescore:delivery:m1:ended") == set() or not written
+        await log.close()
+        elsewhere = DeliveryLog(own_redis.url(12), ttl_s=60, reconnect_s=0.5)
+        try:
+            return written, await elsewhere.start("m1", new_token())
+        finally:
+            await elsewhere.close()
+
+    assert asyncio.run(go()) == (False, 0)

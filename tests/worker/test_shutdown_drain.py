@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from worker._loop import GraceExpired, begin_shutdown, run_draining, shutting_down
+from tests.worker._workers import wait_for
+from worker._loop import GraceExpired, begin_shutdown, run_draining, shutting_down, within_cleanup
 
 
 def _in_child(case: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -113,3 +114,17 @@ def _no_shutdown() -> dict[str, Any]:
 def test_without_a_shutdown_it_is_run_coro() -> None:
     """No SIGTERM: the value, and the coroutine's own TimeoutError passes through unchanged."""
     assert _in_child(_no_shutdown) == {"value": 7, "shutting_down": False, "error": "the store timed out"}
+
+
+def _cleanup_time() -> dict[str, Any]:
+    before = within_cleanup(2.0)
+    begin_shutdown(0.0, cleanup_s=0.3)  # no grace: the cleanup time starts now
+    during = within_cleanup(2.0)
+    ran_out = wait_for(lambda: within_cleanup(2.0) == 0.0, 5.0)
+    return {"before": before, "during": 0.0 < during <= 0.3, "ran_out": ran_out}
+
+
+def test_a_wait_after_the_grace_ends_by_the_cleanup_deadline() -> None:
+    """A wait of its own (2 s) is kept before a shutdown, cut to what is left of the cleanup time
+    (0.3 s) once it began, and 0 past the deadline."""
+    assert _in_child(_cleanup_time) == {"before": 2.0, "during": True, "ran_out": True}

@@ -93,9 +93,12 @@ class DeliveryLog:
         vanished = set(replies[-1]) - {token}
         return len(vanished)
 
-    async def end(self, task_id: str, token: str) -> bool:
-        """Record that delivery ``token`` ended; False if Redis did not take it within
-        ``END_WAIT_S`` (it is kept and written before this process's next delivery)."""
+    async def end(self, task_id: str, token: str, wait_s: float = END_WAIT_S) -> bool:
+        """Record that delivery ``token`` ended; False if Redis did not take it within ``wait_s``
+        (it is kept and written before this process's next delivery, or at its ``close``)."""
+        if wait_s <= 0:  # no time left (the shutdown's cleanup deadline passed): no Redis call
+            self.keep(task_id, token)
+            return False
         try:
             client, key = self._redis(), _ended_key(task_id)
 
@@ -105,7 +108,7 @@ class DeliveryLog:
                     pipe.expire(key, self._ttl_s)
                     await pipe.execute()
 
-            async with asyncio.timeout(END_WAIT_S):
+            async with asyncio.timeout(wait_s):
                 await checked_async(client, "delivery_end", [(key, "set", False)], mark)
             return True
         except Exception:
