@@ -1,9 +1,9 @@
 """SIGTERM mid-batch while Redis is down (killed, its port refusing connections: a restart or a
 failover under way as the platform stops the worker). The worker can store nothing, release no
-claim and requeue nothing, yet it must leave within the grace period plus the cleanup time (and
-Celery's own teardown after it), cleanly, and lose nothing: once Redis is back, what it held comes back as after a
-SIGKILL (kombu's sweep of unacknowledged messages, claims lapsing) and another worker scores every
-run once. tests/worker/test_shutdown_hung_redis.py covers an idle worker and a Redis that hangs."""
+claim and requeue nothing, yet it must leave cleanly within the grace period plus the cleanup time
+(and Celery's own teardown after it), and lose nothing: once Redis is back, what it held comes
+back as after a SIGKILL (kombu's sweep of unacknowledged messages, claims lapsing) and another
+worker scores every run once. tests/worker/test_shutdown_hung_redis.py covers an idle worker and a Redis that hangs."""
 
 from __future__ import annotations
 
@@ -76,9 +76,9 @@ def test_sigterm_mid_batch_with_redis_down_exits_in_time_and_loses_nothing(
         said = first.text()
         assert gone, f"still running {took:.1f} s after SIGTERM:\n{said[-3000:]}"
         # Every wait after the grace period (the cancelled runs' cleanup, marking the deliveries
-        # ended, handing the messages back) draws on the one cleanup deadline: the worker leaves
-        # by itself, not by the backstop (exit 71, logged as an overrun), even with Redis refusing
-        # connections throughout.
+        # ended) draws on the one cleanup deadline, and handing a message back fails at once
+        # (left unacked): the worker leaves by itself, not by the backstop (exit 71, logged as an
+        # overrun), even with Redis refusing connections throughout.
         assert first.proc.returncode != EXIT_SHUTDOWN_OVERRAN, f"left by the backstop after {took:.1f} s"
         assert first.proc.returncode == 0, said[-3000:]
         limit = GRACE_S + CLEANUP_S + TEARDOWN_S[pool]
