@@ -376,29 +376,46 @@ def test_score_streams_its_input(tmp_path: Path) -> None:
                 pipe.close()
 
 
-def test_score_memory_stays_bounded_on_100k_runs(tmp_path: Path) -> None:
-    """100,000 runs (14 MB of JSON Lines) are scored in about 70 MB peak RSS; loading the
-    whole file and every result first (the old way) took about 340 MB."""
-    runs = tmp_path / "big.jsonl"
+# `score` in a fresh interpreter under tracemalloc: the peak of what Python allocated while it ran
+# (the same for the same code and input, whatever the machine's speed or load).
+_TRACED_SCORE = (
+    "import sys, tracemalloc\n"
+    "tracemalloc.start()\n"
+    "from worker.cli import main\n"
+    "try:\n"
+    "    code = main(sys.argv[1:])\n"
+    "except SystemExit as exc:\n"
+    "    code = exc.code\n"
+    "sys.stdout.flush()\n"
+    "sys.stderr.write(f'traced {code} {tracemalloc.get_traced_memory()[1]}\\n')\n"
+)
+
+
+def _score_peak(tmp_path: Path, runs: int) -> int:
+    """Python's peak allocation while `score` reads ``runs`` runs (140 bytes a line)."""
+    path = tmp_path / f"runs-{runs}.jsonl"
     line = {"input": "what is the weather in paris today", "output": "It is sunny and 21 degrees in Paris today."}
-    with runs.open("w") as handle:
-        for i in range(100_000):
+    with path.open("w") as handle:
+        for i in range(runs):
             handle.write(json.dumps({"run_id": f"r{i}", **line}) + "\n")
-    # A fresh parent whose only child is the command: RUSAGE_CHILDREN's peak is that command's.
-    probe = (
-        "import resource, subprocess, sys\n"
-        "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-        "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
-        "sys.stderr.write(done.stdout + done.stderr)\n"
-    )
-    command = [TRACESCORE, "score", str(runs), "--scorers", V1, "--scorer", "length"]
+    command = ["score", str(path), "--scorers", V1, "--scorer", "length"]
     done = subprocess.run(
-        [sys.executable, "-c", probe, *command], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _TRACED_SCORE, *command], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
-    code, peak_kb = map(int, done.stdout.split())
-    assert code == 0, done.stderr[-2000:]
-    assert "100,000 runs × 1 scorers: 100,000 scored" in done.stderr
-    assert peak_kb < 150 * 1024, f"peak RSS {peak_kb / 1024:.0f} MB"
+    assert f"{runs:,} runs × 1 scorers: {runs:,} scored" in done.stderr, done.stderr[-2000:]
+    code, peak = done.stderr.rsplit("traced ", 1)[-1].split()[:2]
+    assert code == "0", done.stderr[-2000:]
+    return int(peak)
+
+
+def test_score_memory_does_not_grow_with_the_file(tmp_path: Path) -> None:
+    """Twice the runs, about the same memory: the file is read and scored a chunk at a time, and
+    only the summary's figures and the ids seen grow (Python's peak 44.1 MiB at 20,000 runs, 46.5
+    at 40,000). Scored as one chunk (`--chunk` past the file: every run and result held at once,
+    as `score` once read every file) it was 99.0 and 158.7 MiB, and this failed. (It asserted
+    peak RSS under 150 MB at 100,000 runs: a memory target, which lives in bench/.)"""
+    half, whole = _score_peak(tmp_path, 20_000), _score_peak(tmp_path, 40_000)
+    assert whole < 1.3 * half, f"peak {whole / 2**20:.1f} MiB at 40,000 runs, {half / 2**20:.1f} at 20,000"
 
 
 # --- tracescore backfill -----------------------------------------------------------------------
