@@ -29,7 +29,7 @@ from scorers.judge._body import (
     values_bound,
 )
 from scorers.judge._clients import lease_client
-from scorers.judge._errors import JudgeAuthError, JudgeResponseError
+from scorers.judge._errors import JudgeAuthError, JudgeProviderError, JudgeResponseError
 from scorers.judge._model import JudgeModel, JudgeRequest, JudgeResponse
 from scorers.judge._schema import strict_openai_schema
 from scorers.judge._translate import error_in_answer, kept_request_id, translate_sdk_errors
@@ -141,14 +141,7 @@ class OpenAIJudgeModel:
         try:
             data = _json_body(raw, max_tokens)
             usage = data.get("usage")
-            failed = error_in_answer(
-                data.get("error"),
-                self.provider,
-                self.model_id,
-                request_id=request_id,
-                api_key=self._api_key(),
-                headers=raw.headers,
-            )
+            failed = _error_in(self, data.get("error"), raw, request_id)
             if failed is not None:
                 # What the call used upstream is paid for, though it failed there; a usage that
                 # does not read leaves the error to say what went wrong.
@@ -165,14 +158,7 @@ class OpenAIJudgeModel:
                 # An error met while the model answered (OpenRouter's): the choice's, its finish
                 # reason "error", its content (if any) a part answer. Read as the answer, it was
                 # an invalid output, a fallback call paid and an upstream 502 never retried.
-                failed = error_in_answer(
-                    choice.get("error"),
-                    self.provider,
-                    self.model_id,
-                    request_id=request_id,
-                    api_key=self._api_key(),
-                    headers=raw.headers,
-                )
+                failed = _error_in(self, choice.get("error"), raw, request_id)
                 if failed is None:
                     raise ValueError("the choice finished with an error (finish reason 'error')")
                 failed.usage = _spent(paid)
@@ -282,14 +268,7 @@ class AnthropicJudgeModel:
         try:
             data = _json_body(raw, max_tokens)
             # (an error object of Anthropic's shape: its type "error")
-            failed = error_in_answer(
-                data.get("error"),
-                self.provider,
-                self.model_id,
-                request_id=request_id,
-                api_key=self._api_key(),
-                headers=raw.headers,
-            )
+            failed = _error_in(self, data.get("error"), raw, request_id)
             reported = data.get("usage")
             if failed is not None:
                 # What the call used upstream is paid for, though it failed there (as for OpenAI).
@@ -486,6 +465,16 @@ def resolve_model(model: str | JudgeModel, *, base_url: str | None, api_key: str
         )
     _resolved[key] = built
     return built
+
+
+def _error_in(
+    model: OpenAIJudgeModel | AnthropicJudgeModel, error: Any, raw: httpx2.Response, request_id: str | None
+) -> JudgeProviderError | None:
+    """``error_in_answer`` for an error ``model``'s 200 answer ``raw`` carries (its body's or its
+    choice's), read with that answer's headers (a Retry-After) and the key its call sent masked."""
+    return error_in_answer(
+        error, model.provider, model.model_id, request_id=request_id, api_key=model._api_key(), headers=raw.headers
+    )
 
 
 def _unreadable(
