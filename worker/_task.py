@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import redis
 import structlog
 from billiard.pool import soft_timeout_sighandler
 from celery import Task
@@ -50,6 +51,7 @@ from worker.store import END_WAIT_S, DeadLetter, StoreKeyTypeError, dead_letter_
 
 if TYPE_CHECKING:
     from worker._app import TracescoreApp
+    from worker._settings import Settings
 
 __all__ = ["DRAIN_SIGNAL", "register_score_task"]
 
@@ -75,6 +77,9 @@ _UNENCODABLE = (ValueError, TypeError, RecursionError)
 # Failures of the machinery around scoring (the broker, Redis, the loop wait): the message goes
 # back to the queue. Celery would otherwise fail the task and acknowledge (drop) its message.
 _INFRASTRUCTURE_ERRORS = (TimeoutError, OSError, KombuOperationalError, redis_errors.RedisError)
+# How long the score store has to answer once a batch's soft time limit passed (at most half the
+# gap to the hard limit): Redis on a reachable host answers a PING in milliseconds.
+_STORE_PING_S = 2.0
 
 
 def _loop_wait(runtime: WorkerRuntime) -> float:
@@ -448,6 +453,23 @@ def _size(payload: Any) -> int:
         return -1
 
 
+def _store_unanswered(settings: Settings) -> Exception | None:
+    """Why the score store does not answer a PING now (``None``: it answers). A client of its own
+    on this thread: the loop may be held by the batch's runs, and the store's clients retry for
+    ``RECONNECT_S``. Given a moment within the gap to the hard time limit."""
+    wait_s = min(_STORE_PING_S, (settings.task_time_limit - settings.task_soft_time_limit) / 2)
+    client = redis.Redis.from_url(settings.store_url, socket_connect_timeout=wait_s, socket_timeout=wait_s)
+    try:
+        client.ping()
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        return exc
+    except redis_errors.RedisError:
+        return None  # it answered, with an error: it is there
+    finally:
+        client.close()
+    return None
+
+
 def _score_delivery(
     self: Task[Any, Any], runtime: WorkerRuntime, payload: Any, task_id: str, token: str
 ) -> dict[str, Any] | None:
@@ -543,6 +565,24 @@ def _score_delivery(
     except (Exception, SoftTimeLimitExceeded) as exc:
         if caused_by(exc, STORE_REFUSALS) is not None:
             raise  # not the batch's failure: backed off around scoring
+        if isinstance(exc, TimeoutError | SoftTimeLimitExceeded) and (away := _store_unanswered(settings)) is not None:
+            # The limit passed while the store was away: what the batch waited for was most likely
+            # the store (its scores, a checkpoint, a delivery mark), not its runs. An outage is
+            # not one of the message's tries: requeued as one, and once the store answers, a limit
+            # passing is counted again (a batch that is merely slow does not come round forever).
+            log.warning(
+                "batch_requeued",
+                task_id=task_id,
+                batch_id=shown_id(batch.batch_id),
+                reason="store_away_at_time_limit",
+                error_type=type(exc).__name__,
+                store_error=type(away).__name__,
+            )
+            # (the error's type only: a refused connection's text names the host and port)
+            raise StoreUnavailableError(
+                f"Redis is unreachable: the score store did not answer as the batch's soft time limit passed "
+                f"({type(away).__name__}); requeued"
+            ) from exc
         error = f"{type(exc).__name__}: {exc}"
         if final:
             _dead_letter(

@@ -98,7 +98,8 @@ def test_a_score_store_away_past_the_soft_time_limit_loses_no_batch(
     redis_server: RedisServer, redis_url: str, tmp_path: Path
 ) -> None:
     """Away for 20 s, past the reconnect (15 s) and the batches' soft time limit (12 s): a batch
-    mid-scoring is retried, the deliveries after it requeued. A run whose record could not be
+    mid-scoring is requeued when its limit passes with the store away (not a try: it used to be
+    retried), as are the deliveries after it. A run whose record could not be
     stored is scored again (README: its calls are paid again when Redis is away), so a run
     scored twice must have begun before the store came back; nothing is lost or dead-lettered."""
     with RedisServer(persistent=True) as store_server:
