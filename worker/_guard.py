@@ -589,6 +589,13 @@ _taken: list[str] = []
 _take_of: dict[str, str] = {}
 _taken_lock = threading.Lock()
 _REFUSED = object()  # _requeue_taken's answer when Redis refused the writes (full, read-only)
+# The visibility sweep runs on the consumer's event loop, where the worker also takes, acks and
+# answers: one call of it holds the loop at most SWEEP_SLICE_S (plus one message's restore), and a
+# pass over a backlog goes on SWEEP_PAUSE_S later, the loop serving its own work in between.
+# Whole, a sweep of 100,000 due messages held it 49.7 s (10,000: 4.5 s), after a mass outage.
+SWEEP_SLICE_S = 0.1
+SWEEP_PAUSE_S = 0.01
+SWEEP_PAGE = 100  # tags read a command; kombu's own page when its unacked_restore_limit is set
 _TAKEN_RECORD = re.compile(rb'\A\[(.*), "", ("(?:[^"\\]|\\.)*")\]\Z', re.DOTALL)
 
 
@@ -635,7 +642,16 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
       in its queue (``_brpop_start``);
     - an ack or a requeue Redis refuses leaves the message in the hash for the sweep
       (``message_left_unacked``), as does a requeue while Redis is away.
+
+    The sweep (``restore_visible``) is kombu's, in slices of ``SWEEP_SLICE_S``: see there.
     """
+
+    # The sweep's pass under way: the oldest score it puts back (what was due when it began),
+    # how many due records it has left in the index (held), and whether its next slice is
+    # scheduled on the event loop.
+    _sweep_ceil: float | None = None
+    _sweep_left = 0
+    _sweep_scheduled = False
 
     def _checked(self, call: Callable[[], Any]) -> Any:
         checks = [(self.unacked_key, "hash", False), (self.unacked_index_key, "zset", False)]
@@ -702,26 +718,94 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
         event = "message_outcome_unknown" if reason.startswith("unanswered:") else "message_left_unacked"
         log.warning(event, delivery_tag=_token(delivery_tag), after=after, reason=reason)
 
-    def restore_visible(self, *args: Any, **kwargs: Any) -> None:
+    def restore_visible(self, start: int = 0, num: int | None = 10, interval: int = 10) -> None:
+        """kombu's sweep: every due message (taken more than the visibility timeout ago) back to
+        its queue, each in its own WATCH transaction (``restore_by_tag``), under kombu's
+        ``unacked_mutex``, newest first; kombu's ``interval`` throttle. kombu read and restored
+        every due message in one call, on the event loop: after a mass outage the worker took,
+        acked and answered nothing for as long (49.7 s for 100,000). A pass now restores for
+        ``SWEEP_SLICE_S`` a call, releases the lock, and goes on ``SWEEP_PAUSE_S`` later on the
+        worker's event loop (``_sweep_on``), or at the next call without one (kombu's
+        ``drain_events``). The records it leaves (held: ``message_restore_held``) are counted
+        and skipped, so a page of them never stops the pass; one skipped by a count that another
+        sweeper's restores shifted is the next pass's. Each message is still restored once:
+        the transaction finds it gone if another sweeper (or slice) restored it meanwhile."""
+        if self._sweep_ceil is None:  # no pass under way: kombu's throttle
+            self._vrestore_count += 1
+            if (self._vrestore_count - 1) % (interval or 1):
+                return
+        elif self._sweep_scheduled:
+            return  # the pass goes on from the loop
+        self._sweep_slice(num or SWEEP_PAGE)
+
+    def _sweep_slice(self, page: int) -> None:
         try:
             # A lock nobody can take turned the sweep off for good, without a word.
             with self.channel.conn_or_acquire() as client:
                 release_stuck_lock(client, "unacked_mutex", self.unacked_mutex_key)
-            self._checked(lambda: super(_GuardedQoS, self).restore_visible(*args, **kwargs))
+            more = self._checked(partial(self._sweep, page))
         except BrokerUnwritableError:
             # Nothing can be put back while Redis refuses writes: the next sweep tries again. (A
             # connection error here failed the consumer's reconnect, many times a second.)
             return
+        loop = getattr(self.channel.connection, "sweep_loop", None)
+        if more and loop is not None:
+            self._sweep_scheduled = True
+            loop.call_later(SWEEP_PAUSE_S, self._sweep_on, page)
 
-    def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
+    def _sweep_on(self, page: int) -> None:
+        """The pass's next slice, from the event loop. A connection error leaves the pass to the
+        next call of kombu's timer (which reconnects meanwhile); the channel closed ends it."""
+        self._sweep_scheduled = False
+        if self._sweep_ceil is None or self.channel.closed:
+            return
+        try:
+            self._sweep_slice(page)
+        except self.channel.connection_errors:
+            return
+        except Exception as exc:  # (raised into the loop, it would stop the consumer)
+            self._sweep_ceil = None
+            log.warning("sweep_failed", error=type(exc).__name__)
+
+    def _sweep(self, page: int) -> bool:
+        """One slice of the pass (one begun if none is); True when due records remain."""
+        deadline = time.monotonic() + SWEEP_SLICE_S
+        if self._sweep_ceil is None:
+            self._sweep_ceil, self._sweep_left = time.time() - self.visibility_timeout, 0
+        with self.channel.conn_or_acquire() as client:
+            try:
+                with kombu_redis.Mutex(client, self.unacked_mutex_key, self.unacked_mutex_expire):
+                    while time.monotonic() < deadline:
+                        # as kombu's (ZRANGE ... BYSCORE REV); past what this pass left in place
+                        due = client.zrange(
+                            self.unacked_index_key, self._sweep_ceil, 0,
+                            desc=True, byscore=True, offset=self._sweep_left, num=page,
+                        )  # fmt: skip
+                        if not due:
+                            self._sweep_ceil = None
+                            return False
+                        for tag in due:
+                            if not self.restore_by_tag(tag, client):
+                                self._sweep_left += 1
+                            if time.monotonic() >= deadline:
+                                break
+            except kombu_redis.MutexHeld:
+                self._sweep_ceil = None  # another worker sweeps: as kombu's, this one stops
+                return False
+        return True
+
+    def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> bool:
         """kombu's, except that a message whose queue key holds another Redis type stays in the
         unacked record (``message_restore_held``) for a later sweep: kombu took it out of the
         record and then failed to push it, in one transaction, and the message was gone. A take's
         record of an entry that is not JSON (``_TAKE``) puts the entry back as it was, for the
-        screen to refuse when it is taken again."""
+        screen to refuse when it is taken again. False when the record stays (held)."""
         channel: _GuardedChannel = self.channel
+        held = False
 
         def restore_transaction(pipe: Any) -> None:
+            nonlocal held
+            held = False  # (run again when a watched key changed)
             raw = pipe.hget(self.unacked_key, tag)
             entry: tuple[bytes, str] | None = None
             if raw:
@@ -733,11 +817,13 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
                     entry = _taken_record(raw)
                     if entry is None:
                         log.warning("message_restore_held", delivery_tag=_token(tag), error="unreadable_record")
+                        held = True
                         return
                     payload, exchange, routing_key = {}, "", entry[1]
                 why = channel._cannot_restore(pipe, payload, exchange, routing_key, watch=True)
                 if why is not None:
                     log.warning("message_restore_held", delivery_tag=_token(tag), **why)
+                    held = True
                     return
             pipe.multi()
             self._remove_from_indices(tag, pipe)
@@ -748,6 +834,7 @@ class _GuardedQoS(kombu_redis.QoS):  # type: ignore[misc]  # Any base
 
         with channel.conn_or_acquire(client) as client:
             client.transaction(restore_transaction, self.unacked_key)
+        return not held
 
 
 def _refused_list(client: Any, keys: list[str]) -> StoreKeyTypeError | None:
@@ -1015,6 +1102,11 @@ class GuardedRedisTransport(kombu_redis.Transport):  # type: ignore[misc]  # Any
     """kombu's Redis transport (``redis://`` and ``rediss://``) with entries screened."""
 
     Channel = _GuardedChannel
+    sweep_loop: Any = None  # the worker's event loop (a kombu Hub), where the sweep goes on
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        self.sweep_loop = loop  # (before kombu's, whose first sweep it schedules)
+        super().register_with_event_loop(connection, loop)
 
 
 def _parse_time(value: Any) -> dt.datetime:

@@ -111,3 +111,19 @@ def kombu_entry(
             "delivery_tag": tag or str(uuid.uuid4()),
         },
     }
+
+
+def seed_due_unacked(client: Any, messages: int, queue: str, *, prefix: str = "due") -> list[str]:
+    """What a mass outage leaves: ``messages`` records in kombu's unacked hash and its index, each
+    taken a day ago (due for the sweep under any visibility timeout), to be put back on ``queue``
+    (kombu's default exchange: no binding needed). Written in one transaction, so a sweep finds
+    all or none of them. Returns their delivery tags."""
+    tags = [f"{prefix}-{n}" for n in range(messages)]
+    taken_at = time.time() - 86400
+    pipe = client.pipeline(transaction=True)
+    for n, tag in enumerate(tags):
+        entry = kombu_entry(b'{"n": %d}' % n, {"id": tag}, tag, tag=tag, queue=queue)
+        pipe.hset("unacked", tag, json.dumps([entry, "", queue]))
+        pipe.zadd("unacked_index", {tag: taken_at + n * 1e-3})
+    pipe.execute()
+    return tags

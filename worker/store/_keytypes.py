@@ -328,9 +328,8 @@ return 1
 # How long a sweep's lock (kombu's ``unacked_mutex``) lives: a sweep takes milliseconds, and a
 # sweeper that dies holding it holds off the others (their messages' redelivery) this long.
 # Concurrent sweeps would be safe anyway: each message is put back in a WATCH transaction. (A
-# sweep with a large backlog due outlives the lock: 100,000 messages due took 49.7 s, 4.5 s for
-# 10,000, each command of it well under the broker's 10 s timeout; a second sweeper then walks
-# the same list, finding each message already put back.)
+# sweep holds it for one slice, SWEEP_SLICE_S in worker/_guard.py, then releases it: whole, a
+# large backlog outlived it, 100,000 messages due taking 22-50 s.)
 UNACKED_MUTEX_EXPIRE_S = 15
 
 
