@@ -430,6 +430,20 @@ def _exit_by(seconds: float) -> None:
     timer.start()
 
 
+@signals.worker_init.connect
+def _solo_handles_one(sender: Any = None, **_: Any) -> None:
+    """A solo pool runs one message at a time whatever ``--concurrency`` says, but Celery keeps
+    the number given (or the CPU count) and shows it: its banner said "concurrency: 8 (solo)",
+    and the consumer's prefetch count was set from it (the blocking pool reserved one message at
+    a time all the same: one unacked at most, measured). Sent once the options are read, before
+    the pool and consumer steps take the number, so all of them say 1."""
+    from celery.concurrency import get_implementation
+    from celery.concurrency.solo import TaskPool as SoloPool
+
+    if sender is not None and get_implementation(sender.pool_cls) is SoloPool:
+        sender.concurrency = 1
+
+
 @signals.worker_ready.connect
 def _tune_consumer_gc(**_: Any) -> None:
     """The main process screens every message, and the screen decodes the whole body: tens of

@@ -17,7 +17,7 @@ import redis
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch, payload, request
-from tests.worker._workers import ROOT, TRACESCORE, failed_start, read_scores, run_tracescore, wait_for
+from tests.worker._workers import CELERY, ROOT, TRACESCORE, failed_start, read_scores, run_tracescore, wait_for
 from tracing import CelerySink, ScoreBatch
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord, score_id_for
@@ -847,6 +847,45 @@ def test_worker_command_starts_a_worker_that_scores(redis_url: str, tmp_path: Pa
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+@pytest.mark.parametrize(
+    ("command", "pool", "says"),
+    [
+        ("tracescore", "solo", ["pool solo x1,", "concurrency: 1 (solo)"]),
+        ("celery", "solo", ["concurrency: 1 (solo)"]),
+        ("tracescore", "threads", ["pool threads x3,", "concurrency: 3 (thread)"]),
+        ("tracescore", "prefork", ["pool prefork x3,", "concurrency: 3 (prefork)"]),
+    ],
+)
+def test_a_worker_says_how_many_messages_it_handles_at_once(
+    command: str, pool: str, says: list[str], redis_url: str, tmp_path: Path
+) -> None:
+    """`--pool solo --concurrency 3` (or solo with the default 8) handles one message at a time,
+    but our start line said "pool solo x3" and Celery's banner "concurrency: 3 (solo)" (by
+    `celery -A worker worker` too). A solo worker now says 1, by either command; the threads and
+    prefork pools say the number given (that many threads, that many children)."""
+    log = tmp_path / "worker.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACESCORE_")}
+    env.update({"TRACESCORE_BROKER_URL": redis_url, "TRACESCORE_WRITER": "none", "PYTHONPATH": str(ROOT)})
+    head = [TRACESCORE, "worker"] if command == "tracescore" else [CELERY, "-A", "worker", "worker", "-l", "INFO"]
+    cmd = [*head, "--scorers", "tests.worker.sample_scorers", "--pool", pool, "--concurrency", "3"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert wait_for(lambda: " ready." in log.read_text() or proc.poll() is not None, 60), log.read_text()
+        text = log.read_text()
+        assert proc.poll() is None, text[-3000:]
+        for line in says:
+            assert line in text, text[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
 
 
 def test_worker_command_rejects_a_missing_scorer_module(capsys: pytest.CaptureFixture[str]) -> None:

@@ -31,7 +31,7 @@ __all__ = ["worker_command"]
     type=click.IntRange(min=1),
     default=8,
     show_default=True,
-    help="Messages handled at once: threads (threads pool) or child processes (prefork).",
+    help="Messages handled at once: threads (threads pool) or child processes (prefork); solo: always 1.",
 )
 @click.option(
     "--pool",
@@ -110,17 +110,18 @@ def worker_command(
         registry = load_registry(module)
     except RegistryError as exc:
         raise CliError(str(exc)) from exc
+    if pool == "solo":  # one message at a time, whatever was asked (Celery's banner says 1 too: worker._app)
+        concurrency = 1
     app = create_app(settings)
     click.echo(
         f"tracescore worker: broker {redact(settings.broker_url)} (Redis mode), "
         f"store {redact(settings.store_url)}, queue {settings.queue}, pool {pool}"
-        f"{f' x{concurrency}' if concurrency else ''}, sinks {','.join(settings.sink_names) or 'none'}; "
+        f" x{concurrency}, sinks {','.join(settings.sink_names) or 'none'}; "
         f"scorers from {module}: {', '.join(registry)}",
         err=True,
     )
     argv = ["worker", "--pool", pool, "--loglevel", loglevel, "-Q", settings.queue]
-    if concurrency:
-        argv += ["--concurrency", str(concurrency)]
+    argv += ["--concurrency", str(concurrency)]
     if hostname:
         argv += ["--hostname", hostname]
     app.worker_main(argv=argv)
