@@ -459,8 +459,8 @@ def test_an_answer_of_another_form_says_what_it_was(tempo: FakeTempo) -> None:
         (b"3600", 60.0),
         (b"0", 0.0),
         # An HTTP-date (RFC 9110 allows either form; it was read as no Retry-After, backed off
-        # with jitter): one long past is no wait, one decades ahead the cap; the asctime form too.
-        (b"Sun, 06 Nov 1994 08:49:37 GMT", 0.0),
+        # with jitter): one decades ahead is the cap; the asctime form too. (One already past:
+        # test_a_retry_after_date_already_past_waits_the_backoff.)
         (b"Sun, 06 Nov 2094 08:49:37 GMT", 60.0),
         (b"Sun Nov  6 08:49:37 2094", 60.0),
     ],
@@ -493,6 +493,48 @@ def test_a_retry_after_is_waited_as_asked_up_to_a_minute(
     source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS)
     assert sorted(_read_ids(source)) == sorted(trace_id(i) for i in range(3))
     assert sleeps == [waited]
+
+
+@pytest.mark.parametrize(
+    "retry_after",
+    [b"Sun, 06 Nov 1994 08:49:37 GMT", b"Sunday, 06-Nov-94 08:49:37 GMT", b"Sun Nov  6 08:49:37 1994"],
+)
+def test_a_retry_after_date_already_past_waits_the_backoff(
+    tempo: FakeTempo, monkeypatch: pytest.MonkeyPatch, retry_after: bytes
+) -> None:
+    """A 429 or 503 whose Retry-After is a date already past (a clock behind, a cached answer)
+    was retried at once, every attempt: a Tempo sending a stale date was hammered with all six
+    requests back to back. Such a date asks for no particular wait, so the backoff applies, as in
+    the sinks (their delay is never under it). Tempo answers busy twice, then the trace."""
+    slow = trace_id(1)
+    busy = [2]
+
+    def busy_twice(handler: BaseHTTPRequestHandler) -> None:
+        busy[0] -= 1
+        if busy[0] == 0:
+            del tempo.raw_answers[slow]
+        _raw(
+            b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: "
+            + retry_after
+            + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        )(handler)
+
+    tempo.raw_answers[slow] = busy_twice
+    sleeps: list[float] = []
+    reader, real_sleep = threading.get_ident(), time.sleep
+
+    def sleep(seconds: float) -> None:  # the reader's waits counted, not taken; the fake's taken
+        if threading.get_ident() == reader:
+            sleeps.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS)
+    assert sorted(_read_ids(source)) == sorted(trace_id(i) for i in range(3))
+    assert len(sleeps) == 2, sleeps
+    assert 0.1 <= sleeps[0] <= 0.3, sleeps  # the first backoff (0.2 s, jittered by half)
+    assert 0.2 <= sleeps[1] <= 0.6, sleeps  # then doubled
 
 
 def test_an_embedded_backfill_stopped_by_tempo_scores_the_traces_it_had_fetched(

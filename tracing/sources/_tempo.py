@@ -8,19 +8,19 @@
 - Fetch: ``GET /api/traces/<id>`` with ``Accept: application/protobuf`` (Tempo's ``Trace``
   message, the OTLP layout); a JSON answer (``{"batches": ...}``, base64 ids) is read too.
 
-Trace ids from search may lack leading zeros; they are padded to 32 hex digits (an entry whose
-id is not hex, or all zeros, is skipped and reported); an id listed again is fetched once.
-Transient failures (connection errors, 429, 5xx, a garbled HTTP answer) are retried with
-backoff, a ``Retry-After`` obeyed up to a minute; a backend that stays down raises
-``SourceError`` (fetches too: ``_DOWN_AFTER`` traces in a row failed on Tempo's side, not
+Trace ids from search may lack leading zeros; they are padded to 32 hex digits (an entry whose id
+is not hex, or all zeros, is skipped and reported); an id listed again is fetched once. Transient
+failures (connection errors, 429, 5xx, a garbled HTTP answer) are retried with backoff, a
+``Retry-After`` obeyed up to a minute (a date already past: the backoff); a backend that stays down
+raises ``SourceError`` (fetches too: ``_DOWN_AFTER`` traces in a row failed on Tempo's side, not
 yielded, so a resume fetches them); a single trace that cannot be fetched or decoded is a
-``Malformed`` item, and so is one whose body is over ``TRACESCORE_BACKFILL_MAX_LINE_BYTES``
-(read no further). Each request has a deadline as a whole (four times the timeout, which
-bounds each read; ``tracing._transport``), its status line and headers included: an answer
-dripped slower is that trace's ``Malformed`` (the search's: a ``SourceError``), never a job held
-for hours. A redirect is followed only to the same scheme, host and port: the request's headers
-(a token) go with it. Connections are kept open from one request to the next; certificates are
-checked against the system's store, as Python's own clients check them.
+``Malformed`` item, and so is one whose body is over ``TRACESCORE_BACKFILL_MAX_LINE_BYTES`` (read
+no further). Each request has a deadline as a whole (four times the timeout, which bounds each
+read; ``tracing._transport``), its status line and headers included: an answer dripped slower is
+that trace's ``Malformed`` (the search's: a ``SourceError``), never a job held for hours. A
+redirect is followed only to the same scheme, host and port: the request's headers (a token) go
+with it. Connections are kept open from one request to the next; certificates are checked against
+the system's store, as Python's own clients check them.
 """
 
 from __future__ import annotations
@@ -100,6 +100,20 @@ class _Down(Malformed):
 
 class _TooLarge(Exception):
     pass
+
+
+def _asked_wait(header: str | None) -> float | None:
+    """The wait a ``Retry-After`` asks for, or None for the backoff: absent, unreadable, or a
+    date already past (a clock behind, a cached answer), which names no wait (it was taken as
+    "now", and a Tempo sending one was asked again at once, every attempt). A delay of 0 is a
+    wait asked for: none."""
+    asked = retry_after_s(header, cap_s=_MAX_RETRY_AFTER_S)
+    if asked == 0.0 and header is not None:
+        try:
+            float(header)
+        except ValueError:  # an HTTP-date
+            return None
+    return asked
 
 
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
@@ -280,7 +294,7 @@ class TempoSource:
                     # the request's headers (an auth token) are masked too, should Tempo echo them
                     said = redact(body.decode("utf-8", "replace").strip(), *self.headers.values())
                     raise _HttpError(status, f"HTTP {status} from {redact(url)}: {said}")
-                asked = retry_after_s(headers.get("Retry-After"), cap_s=_MAX_RETRY_AFTER_S)
+                asked = _asked_wait(headers.get("Retry-After"))
                 if asked is not None:  # as asked: jittered, it came half of it early, or past the cap
                     time.sleep(asked)
                     delay = min(delay * 2, 10.0)
