@@ -11,6 +11,8 @@ import os
 import re
 import socket
 import ssl
+import threading
+import time
 from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -50,20 +52,39 @@ def silent_to_tls(url: str, timeout_s: float) -> bool:
     ClientHello in ``timeout_s``: what a plain Redis does (it waits for a command line that never
     ends), so the URL most likely has one letter too many. Any listener that accepts and stays
     silent looks the same from here, and the hint is still the most useful thing to say about a
-    port that is open yet not speaking TLS. Not silent: the TCP connect fails or times out (a
-    black-holed route, a firewall, a TLS endpoint not up yet) or the server answers the handshake
-    (it speaks TLS; what timed out came after): an outage, waited for like a ``redis://`` one."""
+    port that is open yet not speaking TLS. Not silent: the name does not resolve, the TCP
+    connect fails or times out (a black-holed route, a firewall, a TLS endpoint not up yet) or
+    the server answers the handshake (it speaks TLS; what timed out came after): an outage,
+    waited for like a ``redis://`` one. The whole probe, lookup to handshake, takes ``timeout_s``
+    at most, however many addresses the name has."""
     parts = urlsplit(url)
     host, port = parts.hostname or "localhost", parts.port or 6379
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout_s)
-    except OSError:  # (TimeoutError included)
+    # One deadline for the whole probe (socket.create_connection gave the lookup no bound and
+    # each address the whole timeout): the lookup, then each address a share of what is left,
+    # one share kept for the handshake, so a silent first address leaves time for the rest.
+    deadline = time.monotonic() + timeout_s
+    addresses = _resolve(host, port, timeout_s)
+    sock: socket.socket | None = None
+    for i, (family, kind, proto, _, address) in enumerate(addresses):
+        share = (deadline - time.monotonic()) / (len(addresses) - i + 1)
+        if share <= 0:
+            return False
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(share)
+        try:
+            sock.connect(address)
+            break
+        except OSError:  # (TimeoutError included)
+            sock.close()
+            sock = None
+    if sock is None:  # unresolved in time, or no address took the connection
         return False
     # Only whether TLS answers at all: the certificate is verified by the check's own client.
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     try:
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
         with context.wrap_socket(sock, server_hostname=host):
             return False
     except TimeoutError:
@@ -72,6 +93,25 @@ def silent_to_tls(url: str, timeout_s: float) -> bool:
         return False
     finally:
         sock.close()
+
+
+def _resolve(host: str, port: int, timeout_s: float) -> list[tuple[Any, Any, int, str, Any]]:
+    """``host``'s TCP addresses, or none if the lookup fails or takes over ``timeout_s``. The
+    system's resolver cannot be interrupted: it is left to finish on a daemon thread."""
+    found: list[list[tuple[Any, Any, int, str, Any]]] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError):  # (socket.gaierror is an OSError)
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=lookup, name="tracescore-tls-probe-lookup", daemon=True).start()
+    done.wait(timeout_s)
+    return found[0] if found else []
 
 
 def missing_database(what: str, url: str, where: str) -> str:

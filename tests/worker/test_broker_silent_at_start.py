@@ -9,13 +9,17 @@ store's clients, which wait. Under a supervisor that was a crash loop instead of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +27,7 @@ from tests._redis import RedisServer
 from tests.worker._batches import batch, send
 from tests.worker._workers import ROOT, wait_for
 from tracing._score_record import score_id_for
+from worker._settings import silent_to_tls
 from worker.store import RedisOutbox
 
 TRACESCORE = str(Path(sys.executable).with_name("tracescore"))
@@ -32,8 +37,8 @@ class SilentListener:
     """A TCP port that accepts every connection and never says a word, as a stalled Redis does;
     ``close`` shuts the port and every connection it took."""
 
-    def __init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._server = socket.create_server((host, 0))
         self.port = int(self._server.getsockname()[1])
         self._taken: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -55,6 +60,8 @@ class SilentListener:
                 self._taken.append(conn)
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):  # (closed already) wakes the accept: close alone does not
+            self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
         self._thread.join(5)
         with self._lock:
@@ -133,9 +140,9 @@ class SynDroppingPort:
     accepts, and its accept queue is filled here, so Linux drops every further SYN. Checked on
     the way in: a connect must time out, else the test would prove nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._server.bind(("127.0.0.1", 0))
+        self._server.bind((host, port))
         self._server.listen(0)
         self.port = int(self._server.getsockname()[1])
         self._fillers: list[socket.socket] = []
@@ -143,7 +150,7 @@ class SynDroppingPort:
             conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             conn.settimeout(0.5)
             try:
-                conn.connect(("127.0.0.1", self.port))
+                conn.connect((host, self.port))
             except TimeoutError:
                 conn.close()
                 return  # the queue is full: connects now time out
@@ -222,3 +229,74 @@ def test_status_names_no_plain_redis_for_a_rediss_broker_it_cannot_reach() -> No
     assert f"cannot reach the broker at rediss://:***@127.0.0.1:{port.port}/0" in done.stderr, done.stderr
     assert "use redis://" not in done.stderr, done.stderr
     assert password not in done.stdout + done.stderr
+
+
+@pytest.fixture
+def resolved(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[str] | threading.Event]]:
+    """A resolver for the name ``redis.test``: the loopback addresses listed under it, in that
+    order (or, given an Event, one that hangs until the Event is set, as a DNS server that does
+    not answer); other names are resolved as usual. /etc/hosts is not ours to write."""
+    answers: dict[str, list[str] | threading.Event] = {}
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        answer = answers.get(host)
+        if answer is None:
+            return real(host, port, *args, **kwargs)
+        if isinstance(answer, threading.Event):
+            answer.wait(30)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (a, int(port))) for a in answer]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield answers
+    for answer in answers.values():
+        if isinstance(answer, threading.Event):
+            answer.set()
+
+
+def test_the_tls_probe_of_a_name_with_several_addresses_keeps_to_its_timeout(
+    resolved: dict[str, list[str] | threading.Event],
+) -> None:
+    """``silent_to_tls`` (the probe behind "use redis://") connected with
+    ``socket.create_connection``, which gives each address the whole timeout: a name whose
+    first two addresses drop the SYN and whose third is a plain Redis (a listener that accepts
+    and says nothing) took a timeout for each connect that failed, then the handshake's own: 3 s
+    for a 1 s probe.
+    One deadline is now shared by the addresses and the handshake: the plain Redis is still
+    found silent, within the timeout (and the probe says not silent, within it, when every
+    address drops the SYN)."""
+    silent = SilentListener("127.0.0.3")
+    dropping = [SynDroppingPort("127.0.0.1", silent.port), SynDroppingPort("127.0.0.2", silent.port)]
+    try:
+        resolved["redis.test"] = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+        url = f"rediss://:pw@redis.test:{silent.port}/0"
+        started = time.monotonic()
+        assert silent_to_tls(url, 1.0)
+        elapsed = time.monotonic() - started
+        assert elapsed < 1.5, elapsed  # (the timeout, and a little for the machine: 3.0 s before)
+        assert silent.accepted == 1
+
+        resolved["redis.test"] = ["127.0.0.1", "127.0.0.2"]
+        started = time.monotonic()
+        assert not silent_to_tls(url, 1.0)
+        elapsed = time.monotonic() - started
+        assert elapsed < 1.5, elapsed  # (2.0 s before)
+    finally:
+        silent.close()
+        for port in dropping:
+            port.close()
+
+
+def test_the_tls_probe_keeps_to_its_timeout_when_the_name_does_not_resolve_in_time(
+    resolved: dict[str, list[str] | threading.Event],
+) -> None:
+    """The probe's DNS lookup (inside ``socket.create_connection``) had no bound of its own: a
+    resolver that does not answer held the probe, and the worker's start or a command's error
+    line, for as long as the system's resolver retries (here until the test lets it go, 30 s).
+    The probe now gives up with its timeout: not silent (nothing was reached)."""
+    resolved["redis.test"] = threading.Event()
+    started = time.monotonic()
+    assert not silent_to_tls("rediss://:pw@redis.test:6379/0", 1.0)
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.5, elapsed
