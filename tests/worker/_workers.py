@@ -57,7 +57,8 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0, interval: flo
 
 
 class WorkerProcess:
-    """One worker process; ``log`` is its combined output."""
+    """One worker process; ``log`` is its combined output. Its broker and score store are both
+    ``redis_url`` unless ``broker`` names another broker."""
 
     def __init__(
         self,
@@ -66,6 +67,7 @@ class WorkerProcess:
         tmp: Path,
         *,
         scores_path: Path,
+        broker: str | None = None,
         env: dict[str, str] | None = None,
         pool: str = "solo",
         concurrency: int = 1,
@@ -76,7 +78,7 @@ class WorkerProcess:
         self.log = tmp / f"{name}.log"
         full_env = {
             **os.environ,
-            "TRACESCORE_BROKER_URL": redis_url,
+            "TRACESCORE_BROKER_URL": redis_url if broker is None else broker,
             "TRACESCORE_REDIS_URL": redis_url,
             "TRACESCORE_WRITER": "jsonl",
             "TRACESCORE_WRITER_PATH": str(scores_path),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import pytest
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch, send
-from tests.worker._workers import ROOT, wait_for
+from tests.worker._workers import ROOT, WorkerProcess, wait_for
 from tracing._score_record import score_id_for
 from worker._settings import silent_to_tls
 from worker.store import RedisOutbox
@@ -71,40 +70,33 @@ class SilentListener:
 
 @pytest.mark.parametrize("target", ["broker", "score store"])
 def test_a_worker_waits_for_a_redis_that_does_not_answer(target: str, redis_url: str, tmp_path: Path) -> None:
-    """`tracescore worker` whose broker (or score store) port accepts and never answers: the
-    start check timed out and the worker exited 1 within seconds ("cannot start: Timeout reading
-    from ..."). It now starts: with the broker silent, Celery keeps its own connection waiting (a
-    second connection reaches the port); with the store silent, the worker gets ready. Once a
-    Redis answers on that port, a batch sent is scored and its records stored. Its output (Celery's
+    """A worker whose broker (or score store) port accepts and never answers: the start check
+    timed out and the worker exited 1 within seconds ("cannot start: Timeout reading from ...").
+    It now starts: with the broker silent, Celery keeps its own connection waiting (a second
+    connection reaches the port); with the store silent, the worker gets ready. Once a Redis
+    answers on that port, a batch sent is scored and its records stored. Its output (Celery's
     "Cannot connect ... Trying again" too) never shows the password."""
     listener = SilentListener()
     server = RedisServer(port=listener.port)
     silent_url = server.url(0)
     broker_url = silent_url if target == "broker" else redis_url
-    out_path = tmp_path / "worker.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACESCORE_")}
-    env.update({"PYTHONPATH": str(ROOT), "TRACESCORE_WRITER": "none", "TRACESCORE_RETRY_BACKOFF_SECONDS": "0.2"})
-    if target == "score store":
-        env["TRACESCORE_REDIS_URL"] = silent_url
-    args = ["worker", "--broker", broker_url, "--scorers", "tests.worker.sample_scorers", "--pool", "solo"]
-    worker: subprocess.Popen[bytes] | None = None
+    worker = WorkerProcess(
+        f"silent-{target.replace(' ', '-')}",
+        silent_url,  # the store: the broker's Redis, or a Redis of its own
+        tmp_path,
+        scores_path=tmp_path / "scores.jsonl",
+        broker=broker_url,
+        env={"TRACESCORE_WRITER": "none"},
+    )
     outbox: RedisOutbox | None = None
     try:
-        with out_path.open("wb") as out:
-            worker = subprocess.Popen(
-                [TRACESCORE, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-        def output() -> str:
-            return out_path.read_text(errors="replace")
-
-        running = worker
+        running = worker.proc
         if target == "broker":  # the start check's connection, then Celery's own
             started = wait_for(lambda: listener.accepted >= 2 or running.poll() is not None, 60)
         else:
-            started = wait_for(lambda: " ready." in output() or running.poll() is not None, 60)
-        assert started, output()[-3000:]
-        assert worker.poll() is None, f"exit {worker.returncode}, {listener.accepted} connection(s):\n{output()}"
+            started = wait_for(lambda: " ready." in worker.text() or running.poll() is not None, 60)
+        assert started, worker.text()[-3000:]
+        assert running.poll() is None, f"exit {running.returncode}, {listener.accepted} connection(s):\n{worker.text()}"
 
         listener.close()
         server.start()
@@ -113,9 +105,9 @@ def test_a_worker_waits_for_a_redis_that_does_not_answer(target: str, redis_url:
         ids = [score_id_for(r.trace_id, t, "length", "1") for r in b.requests for t in r.target_span_ids]
         outbox = RedisOutbox(silent_url)
         store = outbox
-        assert wait_for(lambda: len(store.records(ids)) == len(ids), 60), output()[-3000:]
-        assert worker.poll() is None, output()[-3000:]
-        text = output()
+        assert wait_for(lambda: len(store.records(ids)) == len(ids), 60), worker.text()[-3000:]
+        assert running.poll() is None, worker.text()[-3000:]
+        text = worker.text()
         if target == "broker":  # (the connection the listener dropped, logged and retried)
             assert "Trying again" in text, text[-3000:]
             assert f":**@127.0.0.1:{listener.port}/0" in text, text[-3000:]
@@ -124,13 +116,7 @@ def test_a_worker_waits_for_a_redis_that_does_not_answer(target: str, redis_url:
         listener.close()
         if outbox is not None:
             outbox.close()
-        if worker is not None and worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(10)
+        worker.stop()
         server.close()
 
 
@@ -165,7 +151,7 @@ class SynDroppingPort:
 
 
 def test_a_worker_waits_for_a_rediss_broker_it_cannot_reach(tmp_path: Path) -> None:
-    """`tracescore worker` whose rediss:// broker cannot be reached, the TCP connect timing out (a
+    """A worker whose rediss:// broker cannot be reached, the TCP connect timing out (a
     black-holed route, a managed Redis whose TLS endpoint is not up yet): the start check took the
     timeout for a plain Redis silent to the TLS handshake and exited 1 ("cannot start: TLS with
     the broker ... got no answer ...: use redis://"), a crash loop with a wrong hint. It now waits
@@ -175,36 +161,20 @@ def test_a_worker_waits_for_a_rediss_broker_it_cannot_reach(tmp_path: Path) -> N
     port = SynDroppingPort()
     password = "unreachable-pass-5Rt8"
     url = f"rediss://:{password}@127.0.0.1:{port.port}/0"
-    out_path = tmp_path / "worker.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACESCORE_")}
-    env.update({"PYTHONPATH": str(ROOT), "TRACESCORE_WRITER": "none"})
-    args = ["worker", "--broker", url, "--scorers", "tests.worker.sample_scorers", "--pool", "solo"]
-    worker: subprocess.Popen[bytes] | None = None
+    worker = WorkerProcess(
+        "unreachable", url, tmp_path, scores_path=tmp_path / "scores.jsonl", env={"TRACESCORE_WRITER": "none"}
+    )
     try:
-        with out_path.open("wb") as out:
-            worker = subprocess.Popen(
-                [TRACESCORE, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-        def output() -> str:
-            return out_path.read_text(errors="replace")
-
-        running = worker
+        running, output = worker.proc, worker.text
         assert wait_for(lambda: "Trying again" in output() or running.poll() is not None, 90), output()[-3000:]
-        assert worker.poll() is None, f"exit {worker.returncode}:\n{output()[-3000:]}"
+        assert running.poll() is None, f"exit {running.returncode}:\n{output()[-3000:]}"
         text = output()
         assert "Cannot connect" in text, text[-3000:]
         assert f":**@127.0.0.1:{port.port}/0" in text, text[-3000:]  # (Celery names the transport, not rediss)
         assert "use redis://" not in text, text[-3000:]
         assert password not in text
     finally:
-        if worker is not None and worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(10)
+        worker.stop()
         port.close()
 
 
