@@ -77,6 +77,15 @@ class RedisServer:
             self.proc.wait(10)
         self.proc = None
 
+    def forget(self) -> None:
+        """Delete what a stopped server kept on disk: started again it comes back empty, as a
+        replica without the data would."""
+        if self.proc is not None:
+            raise RuntimeError("stop the server before forgetting its data")
+        for kept in Path(self._dir.name).iterdir():
+            if kept.name.startswith(("appendonly", "dump")):
+                shutil.rmtree(kept) if kept.is_dir() else kept.unlink()
+
     def close(self) -> None:
         self.stop()
         self._dir.cleanup()

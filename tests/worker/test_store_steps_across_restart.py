@@ -1,0 +1,426 @@
+"""The store's stepped scripts with the Redis that holds them SIGKILLed and started again between
+two steps, the client going on through its ordinary reconnect path.
+
+Each script moves at most a step (``STEP_BYTES``, ``_BOUND_STEP``, a page) and the client calls
+again until the bounds hold; the README promises that each step leaves the list, the counts by
+reason, the dropped counts, the byte count and a sink's order in step. Here a step is followed by a
+restart: with the append-only file (fsync always) Redis comes back as the last step left it, and
+the operation must finish with every invariant whole (nothing lost the bounds did not drop, nothing
+counted or listed twice, both bounds held); with nothing kept (a replica without the data) it comes
+back empty, and what the operation then leaves must still agree with itself. Either way it ends,
+within a deadline, or fails with a named error; it never hangs or steps forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import worker.store._dead_letters as dead_letters_module
+import worker.store._outbox as outbox_module
+from tests._redis import RedisServer
+from worker import _keys
+from worker.store import DeadLetter, RedisDeadLetters, RedisOutbox, SinkDeadLetter, SyncRedisDeadLetters
+
+# A whole operation, restart included, ends within this (a step loop that never ends fails here).
+DEADLINE_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer(persistent=True) as s:
+        yield s
+
+
+@pytest.fixture
+def raw(server: RedisServer) -> Iterator[redis.Redis]:
+    if server.proc is None:  # (a test that failed mid-restart)
+        server.start()
+    client = server.client()
+    client.flushall()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _bounce(server: RedisServer, *, empty: bool) -> None:
+    """SIGKILL, then start again on the same port: as it was (the append-only file), or empty."""
+    server.stop()
+    if empty:
+        server.forget()
+    server.start()
+
+
+def _letter(n: int, reason: str, size: int = 200) -> DeadLetter:
+    return DeadLetter(reason=reason, message_key=f"msg:{n}", payload={"batch_id": f"b{n}", "input": "x" * size})
+
+
+def _letters(count: int) -> list[DeadLetter]:
+    """``count`` letters, oldest first, of two reasons."""
+    return [_letter(n, ("bad_body", "invalid_payload")[n % 2]) for n in range(count)]
+
+
+def _dlq(raw: redis.Redis) -> list[dict[str, Any]]:
+    """The list as Redis holds it, newest first: each letter's id, reason and bytes."""
+    out = []
+    for entry in raw.lrange(_keys.dlq_key(), 0, -1):
+        decoded = json.loads(entry)
+        out.append({"id": decoded["id"], "reason": decoded["reason"], "bytes": len(entry)})
+    return out
+
+
+def _ints(raw: redis.Redis, key: str) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in raw.hgetall(key).items()}
+
+
+def _assert_dlq_in_step(
+    raw: redis.Redis, before: list[DeadLetter], new: DeadLetter | None, max_letters: int, max_bytes: int, *, empty: bool
+) -> None:
+    """The operation's end: the list, its counts by reason, its byte count (no sum under way) and
+    its bounds agree; with the data kept, the letters gone are exactly the oldest the bounds had
+    to drop, each counted once as dropped by its reason, and nothing is listed twice."""
+    listed = _dlq(raw)
+    ids = [x["id"] for x in listed]
+    assert len(ids) == len(set(ids)), "a letter listed twice"
+    assert _ints(raw, _keys.dlq_reasons_key()) == dict(Counter(x["reason"] for x in listed))
+    assert raw.hget(_keys.dlq_bytes_sum_key(), "read") is None, "the byte sum left under way"
+    total = sum(x["bytes"] for x in listed)
+    assert int(raw.get(_keys.dlq_bytes_key()) or -1) == total
+    assert len(listed) <= max_letters
+    assert total <= max_bytes or len(listed) == 1
+    dropped = _ints(raw, _keys.dlq_dropped_key())
+    every = [*before, *([new] if new else [])]  # oldest first
+    if empty:
+        # Everything went with the data; what the operation left after the restart (nothing of
+        # the letters it had) counts nothing dropped that was not.
+        assert set(ids) <= {x.id for x in every}
+        assert sum(dropped.values()) == 0
+        return
+    assert ids == [x.id for x in reversed(every)][: len(ids)], "not the newest letters kept"
+    gone = every[: len(every) - len(ids)]
+    assert dropped == dict(Counter(x.reason for x in gone))
+    if gone:  # the bounds dropped no more than they had to: one letter more breaks one
+        more = gone[-1]
+        more_bytes = len(more.model_dump_json().encode())
+        assert len(listed) + 1 > max_letters or total + more_bytes > max_bytes
+
+
+def _within(call: Callable[[], Any]) -> Any:
+    """``call`` (synchronous) bounded by ``DEADLINE_S``."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        return pool.submit(call).result(timeout=DEADLINE_S)
+    finally:
+        pool.shutdown(wait=False)
+
+
+async def _fill(url: str, letters: list[DeadLetter]) -> None:
+    wide = RedisDeadLetters(url, max_letters=10_000, max_bytes=1 << 40)
+    for letter in letters:
+        assert await wide.push(letter)
+    await wide.close()
+
+
+# (how the state was left before the push, the narrow bounds as a function of the letters' bytes)
+_CASES = {
+    # DLQ_MAX_LETTERS lowered: a letter dropped per step (STEP_BYTES 1).
+    "letters_lowered": ("kept", lambda one: (5, 1 << 40)),
+    # DLQ_MAX_BYTES lowered: the count past the bound is summed again (a page of two per step),
+    # then the oldest go a step at a time.
+    "bytes_lowered": ("kept", lambda one: (10_000, one * 6 + one // 2)),
+    # The byte count lost: summed again, a page per step, nothing to drop.
+    "count_lost": ("lost", lambda one: (10_000, 1 << 40)),
+    # The byte count lost and DLQ_MAX_BYTES lowered: summed, then dropped.
+    "count_lost_bytes_lowered": ("lost", lambda one: (10_000, one * 4 + one // 2)),
+}
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["between", "reply_lost"])
+@pytest.mark.parametrize("empty", [False, True], ids=["aof", "empty"])
+@pytest.mark.parametrize("after", [1, 2, 6])
+@pytest.mark.parametrize("case", list(_CASES))
+def test_an_async_push_restarted_between_steps_ends_in_step(
+    case: str,
+    after: int,
+    empty: bool,
+    lost: bool,
+    server: RedisServer,
+    raw: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker's push (``RedisDeadLetters``): Redis SIGKILLed and started again after its
+    ``after``-th script (the push's own, or a step of the bounds or of the sum). ``reply_lost``:
+    killed after the script ran but before its reply was read, so the client's retry sends the
+    same call again (redis-py's retry of a pipeline on a connection error)."""
+    monkeypatch.setattr(dead_letters_module, "STEP_BYTES", 1)
+    state, bounds = _CASES[case]
+    before = _letters(20)
+    new = _letter(100, "bad_body")
+    one = len(new.model_dump_json().encode())
+    max_letters, max_bytes = bounds(one)
+    url = server.url()
+
+    async def go() -> tuple[bool, int]:
+        await _fill(url, before)
+        if state == "lost":
+            raw.delete(_keys.dlq_bytes_key())
+        dead = RedisDeadLetters(url, max_letters=max_letters, max_bytes=max_bytes)
+        scripts = dead._redis.evalsha_many
+        ran = 0
+
+        async def spied(*args: Any, **kwargs: Any) -> list[Any]:
+            nonlocal ran
+            replies = await scripts(*args, **kwargs)
+            ran += 1
+            if ran == after:
+                await asyncio.to_thread(_bounce, server, empty=empty)
+                if lost:
+                    replies = await scripts(*args, **kwargs)
+            return replies
+
+        dead._redis.evalsha_many = spied  # type: ignore[method-assign]
+        try:
+            async with asyncio.timeout(DEADLINE_S):
+                return await dead.push(new), ran
+        finally:
+            await dead.close()
+
+    pushed, ran = asyncio.run(go())
+    assert ran >= after, f"the push took {ran} scripts: no restart between two of them"
+    assert pushed
+    _assert_dlq_in_step(raw, before, new, max_letters, max_bytes, empty=empty)
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["between", "reply_lost"])
+@pytest.mark.parametrize("empty", [False, True], ids=["aof", "empty"])
+@pytest.mark.parametrize("after", [1, 4])
+@pytest.mark.parametrize("case", ["letters_lowered", "count_lost_bytes_lowered"])
+def test_the_consumers_sync_push_restarted_between_steps_ends_in_step(
+    case: str,
+    after: int,
+    empty: bool,
+    lost: bool,
+    server: RedisServer,
+    raw: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The consumer's guard pushes on a synchronous client (``SyncRedisDeadLetters``): the same
+    steps, the same restart between two of them."""
+    monkeypatch.setattr(dead_letters_module, "STEP_BYTES", 1)
+    state, bounds = _CASES[case]
+    before = _letters(20)
+    new = _letter(100, "bad_body")
+    max_letters, max_bytes = bounds(len(new.model_dump_json().encode()))
+    url = server.url()
+    asyncio.run(_fill(url, before))
+    if state == "lost":
+        raw.delete(_keys.dlq_bytes_key())
+    checked = dead_letters_module.checked
+    ran = 0
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        nonlocal ran
+        reply = checked(*args, **kwargs)
+        ran += 1
+        if ran == after:
+            _bounce(server, empty=empty)
+            if lost:
+                reply = checked(*args, **kwargs)
+        return reply
+
+    monkeypatch.setattr(dead_letters_module, "checked", spied)
+    sync = SyncRedisDeadLetters(url, max_letters=max_letters, max_bytes=max_bytes)
+    try:
+        assert _within(lambda: sync.push(new))
+    finally:
+        sync.close()
+    assert ran >= after
+    _assert_dlq_in_step(raw, before, new, max_letters, max_bytes, empty=empty)
+
+
+# ---- a sink's dead letters, their bound lowered -------------------------------------------------
+
+SINK = "otlp"
+
+
+def _fill_sink(raw: redis.Redis, count: int) -> list[str]:
+    """``count`` ordered dead letters of the sink, oldest first (as a drainer buried them)."""
+    ids = [f"score-{n:04d}" for n in range(count)]
+    for n, score_id in enumerate(ids):
+        letter = SinkDeadLetter(score_id=score_id, sink=SINK, reason="http_403", failed_at=1_700_000_000 + n)
+        raw.hset(_keys.outbox_dead_key(SINK), score_id, letter.model_dump_json())
+        raw.zadd(_keys.outbox_dead_order_key(SINK), {score_id: (1_700_000_000 + n) * 1000})
+    raw.sadd(_keys.outbox_sinks_key(), SINK)
+    return ids
+
+
+@pytest.mark.parametrize("lost", [False], ids=["between"])
+@pytest.mark.parametrize("empty", [False, True], ids=["aof", "empty"])
+@pytest.mark.parametrize("after", [1, 3])
+def test_a_sink_bound_restarted_between_steps_ends_in_step(
+    after: int, empty: bool, lost: bool, server: RedisServer, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drainer buries a letter past a lowered ``SINK_MAX_DEAD_LETTERS``: the bound drops the
+    oldest a step (``_BOUND_STEP``) per script; Redis restarts after the ``after``-th script (the
+    bury, or a step; ``reply_lost``: its reply never read, the same call sent again). The
+    letters, their order and the count dropped end in step, the newest kept, the bound held."""
+    monkeypatch.setattr(outbox_module, "_BOUND_STEP", 2)
+    before = _fill_sink(raw, 20)
+    new = "score-9999"
+    raw.zadd(_keys.outbox_key(SINK), {new: 0})
+    outbox = RedisOutbox(server.url(), max_dead_letters=5)
+    scripts = outbox._scripts
+    ran = 0
+
+    def spied(*args: Any, **kwargs: Any) -> list[Any]:
+        nonlocal ran
+        replies = scripts(*args, **kwargs)
+        ran += 1
+        if ran == after:
+            _bounce(server, empty=empty)
+            if lost:
+                replies = scripts(*args, **kwargs)
+        return replies
+
+    outbox._scripts = spied  # type: ignore[method-assign]
+    try:
+        lease = outbox.lease(SINK, 10, lease_s=30)
+        letter = SinkDeadLetter(score_id=new, sink=SINK, reason="http_403", failed_at=1_800_000_000)
+        settled = _within(lambda: outbox.dead(lease, [letter]))
+    finally:
+        outbox.close()
+    assert ran >= after
+    letters = {k.decode() for k in raw.hkeys(_keys.outbox_dead_key(SINK))}
+    ordered = [k.decode() for k in raw.zrange(_keys.outbox_dead_order_key(SINK), 0, -1)]
+    assert set(ordered) == letters
+    assert len(ordered) == len(letters)
+    assert len(letters) <= 5
+    dropped = int(raw.hget(_keys.outbox_counts_key(SINK), "dead_letters_dropped") or 0)
+    if empty:
+        assert letters == set()
+        assert dropped == 0
+        return
+    # (a bury sent again finds its lease settled: "not settled" by that try, but buried)
+    assert settled == (0 if lost and after == 1 else 1)
+    assert ordered == [*before, new][-5:]
+    assert dropped == 16
+
+
+# ---- paging: `dlq list`, `dlq retry <id>` / `--all` ---------------------------------------------
+
+
+def _paged(dead: RedisDeadLetters, after: int, server: RedisServer, empty: bool) -> Callable[[], int]:
+    """Restart Redis after the ``after``-th page ``dead`` reads (LRANGE); returns the pages read."""
+    client = dead._redis.client
+    lrange = client.lrange
+    pages = 0
+
+    async def spied(*args: Any, **kwargs: Any) -> Any:
+        nonlocal pages
+        page = await lrange(*args, **kwargs)
+        pages += 1
+        if pages == after:
+            await asyncio.to_thread(_bounce, server, empty=empty)
+        return page
+
+    client.lrange = spied
+    return lambda: pages
+
+
+@pytest.mark.parametrize("empty", [False, True], ids=["aof", "empty"])
+def test_dlq_list_restarted_between_pages(empty: bool, server: RedisServer, raw: redis.Redis) -> None:
+    """``dlq list`` reads the newest a page (``_FIND_PAGE``) at a time: a restart between two pages
+    lists each letter once, newest first; an empty Redis ends the listing at what was read."""
+    before = _letters(12)
+    url = server.url()
+
+    async def go() -> tuple[list[str], int]:
+        await _fill(url, before)
+        dead = RedisDeadLetters(url)
+        try:
+            pages = _paged(dead, 1, server, empty)
+            async with asyncio.timeout(DEADLINE_S):
+                listed = await dead.latest(10)
+            return [x.id for x in listed], pages()
+        finally:
+            await dead.close()
+
+    listed, pages = asyncio.run(go())
+    newest = [x.id for x in reversed(before)]
+    assert pages >= 2 or empty
+    assert listed == (newest[: dead_letters_module._FIND_PAGE] if empty else newest[:10])
+
+
+@pytest.mark.parametrize("empty", [False, True], ids=["aof", "empty"])
+def test_a_letter_taken_by_id_restarted_between_pages(empty: bool, server: RedisServer, raw: redis.Redis) -> None:
+    """``take(<id>)`` of the oldest letter reads from the newest a page at a time: a restart
+    between two pages still finds and takes it, the list's counts and bytes in step; an empty
+    Redis has no such letter (None)."""
+    before = _letters(12)
+    url = server.url()
+
+    async def go() -> DeadLetter | None:
+        await _fill(url, before)
+        dead = RedisDeadLetters(url)
+        try:
+            _paged(dead, 1, server, empty)
+            async with asyncio.timeout(DEADLINE_S):
+                return await dead.take(before[0].id)
+        finally:
+            await dead.close()
+
+    taken = asyncio.run(go())
+    if empty:
+        assert taken is None
+        assert _dlq(raw) == []
+        return
+    assert taken is not None
+    assert taken.id == before[0].id
+    _assert_dlq_in_step(raw, before[1:], None, 10_000, 1 << 40, empty=False)
+    assert raw.hgetall(_keys.dlq_dropped_key()) == {}
+
+
+@pytest.mark.parametrize("empty", [False, True], ids=["aof", "empty"])
+@pytest.mark.parametrize("after", [1, 2])
+def test_every_letter_taken_restarted_between_pages(
+    after: int, empty: bool, server: RedisServer, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dlq retry --all`` / ``dlq drop``: ``each`` reads the oldest a page at a time and each
+    letter is taken as it goes. A restart between two pages yields and takes every letter once
+    (none skipped, none twice), the counts and bytes following; an empty Redis ends it."""
+    monkeypatch.setattr(dead_letters_module, "_PAGE", 5)
+    before = _letters(12)
+    url = server.url()
+
+    async def go() -> list[str]:
+        await _fill(url, before)
+        dead = RedisDeadLetters(url)
+        taken: list[str] = []
+        try:
+            _paged(dead, after, server, empty)
+            async with asyncio.timeout(DEADLINE_S):
+                async for letter in dead.each():
+                    if await dead.take(letter.id) is not None:
+                        taken.append(letter.id)
+            return taken
+        finally:
+            await dead.close()
+
+    taken = asyncio.run(go())
+    assert len(taken) == len(set(taken))
+    if empty:
+        # (the page read before the restart is yielded, but no longer there to take)
+        assert taken == [x.id for x in before[: 5 * (after - 1)]]
+    else:
+        assert taken == [x.id for x in before]
+    assert _dlq(raw) == []
+    assert raw.hgetall(_keys.dlq_reasons_key()) == {}
+    assert int(raw.get(_keys.dlq_bytes_key()) or 0) == 0
