@@ -262,7 +262,7 @@ def _fill_sink(raw: redis.Redis, count: int) -> list[str]:
     return ids
 
 
-@pytest.mark.parametrize("lost", [False], ids=["between"])
+@pytest.mark.parametrize("lost", [False, True], ids=["between", "reply_lost"])
 @pytest.mark.parametrize("empty", [False, True], ids=["aof", "empty"])
 @pytest.mark.parametrize("after", [1, 3])
 def test_a_sink_bound_restarted_between_steps_ends_in_step(

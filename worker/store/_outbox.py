@@ -628,13 +628,18 @@ class RedisOutbox:
             ],
         )
         settled = dropped = unordered = more = 0
-        for reply in replies:
+        for (_, action, *_), reply in zip(calls, replies, strict=True):
             if isinstance(reply, list):  # a letter buried: {1, dropped past the bound, unordered, more}
                 settled, dropped = settled + int(reply[0]), dropped + int(reply[1])
                 unordered |= int(reply[2])
                 more |= int(reply[3])
             else:
                 settled += int(reply)
+                # A bury answered "not settled" may be this very bury sent again by the client's
+                # retry (Redis restarted after running it, its reply unread): the first try's step
+                # of the bound ran, and its "more" went with the reply, which left the letters past
+                # the bound until the next bury. A step within the bound is one O(1) script.
+                more |= action == "dead"
         if unordered:
             dropped += self._order_old_letters(lease.sink)
         elif more:
