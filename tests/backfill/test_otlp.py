@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+from collections.abc import Callable
 
 import pytest
 from google.protobuf.json_format import MessageToDict
@@ -17,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from tracing._errors import json_error
 from tracing.otlp import (
     OtlpDecodeError,
     decode_otlp_json,
@@ -240,6 +242,74 @@ def test_a_number_past_the_4300_digit_limit_makes_the_line_not_json() -> None:
     line = '{"resourceSpans": [], "x": {"intValue": ' + "7" * 4301 + "}}"
     with pytest.raises(OtlpDecodeError, match=r"^f:3: not JSON \(a number of more than 4300 digits\)$"):
         decode_otlp_records_line(line, where="f:3")
+
+
+def _outcome(decode: Callable[[], object]) -> object:
+    try:
+        return decode()
+    except OtlpDecodeError as exc:
+        return f"error: {exc}"
+
+
+def _by_json_alone(line: bytes) -> object:
+    """What ``decode_otlp_records_line`` gave a line when every line went to ``json.loads``."""
+    try:
+        document = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        return f"error: {OtlpDecodeError(f'not JSON ({json_error(exc)})', where='f:1')}"
+    return _outcome(lambda: decode_otlp_records(document, where="f:1"))
+
+
+def _line(span_changes: dict[str, object]) -> bytes:
+    span = {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x", **span_changes}
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+
+
+_AGENT_NAME_PAST_64_BITS = [{"key": "gen_ai.agent.name", "value": {"intValue": 2**70 + 1}}]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        _line({"attributes": _AGENT_NAME_PAST_64_BITS}),
+        _line({"endTimeUnixNano": 2**70}),
+        _line({"attributes": [{"key": "gen_ai.agent.name", "value": {"doubleValue": 10**400}}]}),
+        _line({"attributes": [{"key": "gen_ai.agent.name", "value": {"doubleValue": float("nan")}}]}),
+        _line({"attributes": [{"key": "not.read", "value": {"doubleValue": float("inf")}}]}),
+        _line({"name": "\ud800 alone"}),
+        b"\xef\xbb\xbf" + _line({}),
+        _line({}).decode().encode("utf-16"),
+        b'{"resourceSpans": [], "x": ' + b"[" * 1100 + b"]" * 1100 + b"}",
+        b'{"resourceSpans": [], "x": ' + b"7" * 4301 + b"}",
+        _line({})[:-3],
+        b"\xff" + _line({}),
+        _line({"events": [{"name": "e", "timeUnixNano": 12345678901234567890}]}),
+    ],
+    ids=[
+        "int-past-64-bits", "time-past-64-bits", "past-a-double", "nan", "infinity-unread", "lone-surrogate",
+        "bom", "utf-16", "nested-1100", "4301-digits", "broken", "not-utf-8", "20-digit-time",
+    ],
+)  # fmt: skip
+def test_a_line_of_bytes_reads_as_json_loads_reads_it(line: bytes) -> None:
+    """Lines of bytes (a backfill's) go to orjson first; what it reads otherwise than ``json``
+    (an integer past 64 bits: a float, its value rounded) or refuses goes to ``json``: the same
+    records, or the same error, as when ``json.loads`` read every line."""
+    assert _outcome(lambda: decode_otlp_records_line(line, where="f:1")) == _by_json_alone(line)
+
+
+def test_an_integer_past_64_bits_in_a_line_of_bytes_keeps_its_value() -> None:
+    """orjson reads 2**70 + 1 as the float 1.1805916207174113e21: the line goes to ``json``."""
+    (span,) = decode_otlp_json_line(_line({"attributes": _AGENT_NAME_PAST_64_BITS}))
+    assert (span.attributes or {})["gen_ai.agent.name"] == 2**70 + 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.dictionaries(_JSON_KEYS, _HOSTILE, max_size=6), attributes=st.lists(_READ_ATTRIBUTE, max_size=3))
+def test_any_hostile_line_of_bytes_reads_as_json_loads_reads_it(
+    fields: dict[str, object], attributes: list[object]
+) -> None:
+    line = _line({"attributes": attributes, **fields})
+    assert _outcome(lambda: decode_otlp_records_line(line, where="f:1")) == _by_json_alone(line)
 
 
 def test_attribute_value_kinds() -> None:

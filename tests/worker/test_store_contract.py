@@ -213,6 +213,29 @@ def test_recording_clears_checkpoint_and_claim_and_counts_job(store: Any) -> Non
     assert owners == {}
 
 
+def test_records_and_counts_keep_text_outside_ascii(store: Any) -> None:
+    """A record's fields and its job's counters read back as put when they hold text outside
+    ASCII (the Redis store sends each record's keys and arguments as UTF-8 bytes it encodes)."""
+    job = "jöb-✓"
+
+    async def go() -> tuple[list[bool], list[ScoreRecord], dict[str, int]]:
+        scored = _record(41, score=0.5, job_id=job, reason="naïve ✓ 🙂", span_name="ağent")
+        failed = _record(42, job_id=job, error_type="Ошибка", error_message="сломано ✗")
+        fresh = await store.put_records([scored, failed], "w", 60)
+        back = [*await store.records_for_trace(f"{41:032x}"), *await store.records_for_trace(f"{42:032x}")]
+        progress = await store.jobs.progress(job)
+        await store.close()
+        return fresh, back, progress
+
+    fresh, back, progress = run(go())
+    assert fresh == [True, True]
+    assert [(r.reason, r.span_name, r.error_type, r.error_message, r.job_id) for r in back] == [
+        ("naïve ✓ 🙂", "ağent", None, None, job),
+        (None, "", "Ошибка", "сломано ✗", job),
+    ]
+    assert progress == {"scored": 1, "failed": 1, "failed:Ошибка": 1}
+
+
 def test_retryable_error_record_can_be_replaced_once(store: Any) -> None:
     """A retryable error record gives way to a score (job counts corrected); a score never does."""
 

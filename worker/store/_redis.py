@@ -50,7 +50,7 @@ class RedisConnection:
         return await self.evalsha_each(script, [(numkeys, args) for args in calls], where=where)
 
     async def evalsha_each(
-        self, script: str, calls: Sequence[tuple[int, Sequence[str]]], *, where: str = "store"
+        self, script: str, calls: Sequence[tuple[int, Sequence[str | bytes]]], *, where: str = "store"
     ) -> list[Any]:
         """Run ``script`` once per (number of keys, keys and arguments) in one pipeline, by SHA
         (loaded on first use and again if Redis lost it), without redis-py's per-pipeline

@@ -612,25 +612,31 @@ class RedisScoreStore(OnRedis):
             _keys.job_uncounted_key(""),
             *self.sinks,
         ]
-        calls: list[tuple[int, list[str]]] = []
+        # Each record's keys and arguments go as UTF-8 bytes, made here: redis-py encodes a str
+        # argument through a Python call and four type checks of its own, a bytes one it passes
+        # with the first (its packing was 5% of a worker's CPU in bench/backfill.py; 11 arguments
+        # a record, 1.7 µs a record less).
+        calls: list[tuple[int, list[str | bytes]]] = []
         for chunk in _chunks(records):
-            keys, args = list(shared), list(head)
+            keys: list[str | bytes] = list(shared)
+            args: list[str | bytes] = list(head)
             for record in chunk:
                 counter, reason = outcome(record)
+                score_id, job_id = record.score_id, record.job_id
                 keys += (
-                    _keys.record_key(record.score_id),
-                    _keys.trace_key(record.trace_id),
-                    _keys.checkpoint_key(record.score_id),
-                    _keys.claim_key(record.score_id),
-                    _keys.job_key(record.job_id or "-"),
+                    _keys.record_key(score_id).encode(),
+                    _keys.trace_key(record.trace_id).encode(),
+                    _keys.checkpoint_key(score_id).encode(),
+                    _keys.claim_key(score_id).encode(),
+                    _keys.job_key(job_id or "-").encode(),
                 )
                 args += (
-                    record.model_dump_json(),
-                    record.score_id,
-                    "1" if record.job_id else "0",
-                    counter,
-                    reason,
-                    record.job_id or "",
+                    record.model_dump_json().encode(),
+                    score_id.encode(),
+                    b"1" if job_id else b"0",
+                    counter.encode(),
+                    reason.encode(),
+                    job_id.encode() if job_id else b"",
                 )
             calls.append((len(keys), keys + args))
         if len({r.score_id for r in records}) == len(records):
