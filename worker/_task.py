@@ -80,6 +80,15 @@ _INFRASTRUCTURE_ERRORS = (TimeoutError, OSError, KombuOperationalError, redis_er
 # How long the score store has to answer once a batch's soft time limit passed (at most half the
 # gap to the hard limit): Redis on a reachable host answers a PING in milliseconds.
 _STORE_PING_S = 2.0
+# Refusals redis-py raises as a ConnectionError although the store answered (an older redis-py
+# has no MaxClientsReachedError: its text is read below). Not BusyLoadingError: a store loading
+# its data after a restart serves nobody, an outage.
+_STORE_REFUSED_NEW: tuple[type[Exception], ...] = tuple(
+    getattr(redis_errors, name)
+    for name in ("AuthenticationError", "AuthorizationError", "MaxClientsReachedError")
+    if hasattr(redis_errors, name)
+)
+_MAX_CLIENTS = "max number of clients reached"
 
 
 def _loop_wait(runtime: WorkerRuntime) -> float:
@@ -461,8 +470,13 @@ def _store_unanswered(settings: Settings) -> Exception | None:
     client = redis.Redis.from_url(settings.store_url, socket_connect_timeout=wait_s, socket_timeout=wait_s)
     try:
         client.ping()
+    except _STORE_REFUSED_NEW:
+        # It answered, refusing a new connection (at its maxclients; a password rotated under
+        # this worker, whose own connections stay signed in): taken for away, a batch merely
+        # slow came round without end, its runs judged again each time.
+        return None
     except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
-        return exc
+        return None if _MAX_CLIENTS in str(exc) else exc
     except redis_errors.RedisError:
         return None  # it answered, with an error: it is there
     finally:

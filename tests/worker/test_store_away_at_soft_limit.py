@@ -17,11 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
+from redis import exceptions as redis_errors
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch, send
 from tests.worker._workers import WorkerProcess, complete_lines, queue_and_unacked, read_scores, wait_for
 from worker import _keys
+from worker._settings import Settings
+from worker._task import _store_unanswered
 
 SOFT_S = 4.0
 ENV = {
@@ -103,3 +106,26 @@ def test_a_batch_past_its_soft_limit_with_the_store_up_still_uses_its_tries(redi
             assert "store_away_at_time_limit" not in worker.text()
         finally:
             worker.stop()
+
+
+@pytest.mark.parametrize("refusal", ["maxclients", "password_rotated"])
+def test_a_store_that_answers_with_a_refusal_is_not_away(refusal: str) -> None:
+    """The ping at the limit takes only silence for the store away (refused, reset, timed out):
+    a store that answers a new connection with a refusal is there, and the batch it served
+    through the worker's own connections used its try. redis-py raises both refusals below as
+    a ``ConnectionError``: a store at its ``maxclients`` (the worker's pooled connections still
+    served) or one whose password was rotated under the running worker (its connections stay
+    signed in) was taken for away, and a batch merely slow came round without end, its runs
+    judged again each time."""
+    with RedisServer() as store:
+        settings = Settings(broker_url="redis://127.0.0.1:1/0", redis_url=store.url(0))
+        with store.client(0) as held:
+            if refusal == "maxclients":
+                held.config_set("maxclients", "1")  # this connection is the one
+            else:
+                held.config_set("requirepass", "rotated")
+            away = _store_unanswered(settings)
+            assert away is None, type(away).__name__
+        store.stop()
+        away = _store_unanswered(settings)
+        assert isinstance(away, redis_errors.ConnectionError), type(away).__name__  # silence: away
