@@ -13,6 +13,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -257,10 +258,20 @@ DEFAULT_DLQ_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_SINK_MAX_DEAD_LETTERS = 100_000
 
 
+# The fields that hold a URL, which may carry a password (``redis://:PASSWORD@``, ``https://user:PASSWORD@``).
+_URL_FIELDS = frozenset({"broker_url", "redis_url", "phoenix_url", "mlflow_url", "langfuse_host"})
+
+
 class Settings(BaseSettings):
     """Every knob of the worker. Environment: ``TRACESCORE_<FIELD>`` (case-insensitive)."""
 
     model_config = SettingsConfigDict(env_prefix="TRACESCORE_", extra="ignore", frozen=True)
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # Settings printed whole (an assertion, a traceback's locals, a debugger) showed each
+        # URL's password: shown as the error messages show them.
+        for name, value in super().__repr_args__():
+            yield name, shown_url(value) if name in _URL_FIELDS and isinstance(value, str) else value
 
     broker_url: str = "redis://127.0.0.1:6379/0"
     # The score store (claims, checkpoints, records, DLQ, limiter); defaults to broker_url.

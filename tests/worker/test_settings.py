@@ -208,3 +208,21 @@ def test_create_app_carries_its_own_settings_to_task_and_transport(redis_url: st
             assert connection.default_channel._entry_limit() == envelope_limit(cap)
     assert (env_app.conf.broker_url, env_app.conf.task_default_queue) == env_conf
     assert dict(os.environ) == env_before
+
+
+def test_settings_shown_whole_mask_every_password_in_a_url() -> None:
+    """Settings printed whole (a test's failed assertion, a traceback's locals, a debugger, a
+    ``log.info(settings=...)``) showed the broker's and the store's URLs with their passwords,
+    and a sink's URL with its user's. Each URL is shown as the error messages show it."""
+    settings = load_settings(
+        broker_url="redis://:broker-hunter2@10.0.0.5:6379/0",
+        redis_url="rediss://default:store-hunter2@10.0.0.6:6380/1",
+        phoenix_url="https://me:phoenix-hunter2@phoenix.example",
+        mlflow_url="https://me:mlflow-hunter2@mlflow.example",
+        langfuse_host="https://me:langfuse-hunter2@langfuse.example",
+    )
+    for shown in (repr(settings), str(settings)):
+        assert "hunter2" not in shown
+        for where in ("10.0.0.5:6379", "10.0.0.6:6380", "phoenix.example", "mlflow.example", "langfuse.example"):
+            assert where in shown
+    assert settings.broker_url == "redis://:broker-hunter2@10.0.0.5:6379/0"  # the value itself is whole
