@@ -19,6 +19,7 @@ __all__ = [
     "dlq_key",
     "dlq_reasons_key",
     "dlq_seen_key",
+    "dlq_taken_key",
     "failures_key",
     "job_budget_key",
     "job_key",
@@ -109,6 +110,13 @@ def dlq_held_key(letter_id: str) -> str:
     """Set (with a TTL) while one ``dlq retry`` sends the letter back, so a second one running at
     the same time does not send it too."""
     return f"{PREFIX}dlq:held:{letter_id}"
+
+
+def dlq_taken_key(letter_id: str) -> str:
+    """Set (with a TTL) by the take that removed the letter, to that take's nonce: the same take
+    sent again (its reply lost to a Redis restart, the client retrying) finds the letter gone and
+    reads here that it was its own."""
+    return f"{PREFIX}dlq:taken:{letter_id}"
 
 
 def dlq_reasons_key() -> str:

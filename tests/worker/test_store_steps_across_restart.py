@@ -26,8 +26,10 @@ import redis
 import worker.store._dead_letters as dead_letters_module
 import worker.store._outbox as outbox_module
 from tests._redis import RedisServer
+from tests.worker._batches import payload
 from worker import _keys
 from worker.store import DeadLetter, RedisDeadLetters, RedisOutbox, SinkDeadLetter, SyncRedisDeadLetters
+from worker.store._redis import RedisConnection
 
 # A whole operation, restart included, ends within this (a step loop that never ends fails here).
 DEADLINE_S = 60.0
@@ -424,3 +426,96 @@ def test_every_letter_taken_restarted_between_pages(
     assert _dlq(raw) == []
     assert raw.hgetall(_keys.dlq_reasons_key()) == {}
     assert int(raw.get(_keys.dlq_bytes_key()) or 0) == 0
+
+
+# ---- a take whose reply a restart lost: `dlq retry <id>`, `dlq drop <id>` ------------------------
+
+
+def _take_replies_lost(server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every take script (``dead_letter_take``) runs, then Redis is SIGKILLed and started again (as
+    it was) before its reply is read, and the same call is sent again (redis-py's retry of a
+    pipeline on a connection error): the caller reads the second reply. Returns the first ones."""
+    evalsha_many = RedisConnection.evalsha_many
+    first: list[Any] = []
+
+    async def spied(self: RedisConnection, script: str, numkeys: int, calls: Any, *, where: str = "store") -> Any:
+        replies = await evalsha_many(self, script, numkeys, calls, where=where)
+        if where == "dead_letter_take":
+            first.append(replies[0])
+            await asyncio.to_thread(_bounce, server, empty=False)
+            replies = await evalsha_many(self, script, numkeys, calls, where=where)
+        return replies
+
+    monkeypatch.setattr(RedisConnection, "evalsha_many", spied)
+    return first
+
+
+@pytest.mark.parametrize("how", ["by_id", "paged"])
+def test_a_take_whose_reply_was_lost_still_returns_the_letter(
+    how: str, server: RedisServer, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The take script removed the letter, its reply was lost and the same call sent again: that
+    call finds no letter, yet it was this caller's take. It returns the letter (before: None, which
+    `dlq retry <id>` told as "another caller had removed it" for a letter it had sent), and the
+    counts and bytes are moved once."""
+    before = _letters(6)
+    url = server.url()
+    asyncio.run(_fill(url, before))
+    first = _take_replies_lost(server, monkeypatch)
+
+    async def go() -> list[str]:
+        dead = RedisDeadLetters(url)
+        try:
+            async with asyncio.timeout(DEADLINE_S):
+                if how == "by_id":
+                    taken = await dead.take(before[2].id)
+                    return [] if taken is None else [taken.id]
+                return [x.id async for x in dead.each() if await dead.take(x.id) is not None]
+        finally:
+            await dead.close()
+
+    taken = asyncio.run(go())
+    assert first, "no take was sent"
+    assert all(x == 1 for x in first), first  # (each first try took its letter)
+    if how == "by_id":
+        assert taken == [before[2].id]
+        _assert_dlq_in_step(raw, [*before[:2], *before[3:]], None, 10_000, 1 << 40, empty=False)
+    else:
+        assert taken == [x.id for x in before]
+        assert _dlq(raw) == []
+        assert raw.hgetall(_keys.dlq_reasons_key()) == {}
+        assert int(raw.get(_keys.dlq_bytes_key()) or 0) == 0
+
+
+@pytest.mark.parametrize("command", ["retry", "drop"])
+def test_dlq_retry_and_drop_of_an_id_whose_take_reply_was_lost_say_what_they_did(
+    command: str,
+    server: RedisServer,
+    raw: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tracescore dlq retry <id>` / `dlq drop <id>` with Redis restarted between the take and its
+    reply: "requeued <id>" / "dropped <id>", exit 0 (before: exit 1, "requeued, but another caller
+    had removed it from the list" for a letter it had sent and taken; "another caller had removed
+    it" for one it had dropped)."""
+    from worker._settings import get_settings
+    from worker.cli import main
+
+    letter = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
+    asyncio.run(_fill(server.url(), [letter]))
+    monkeypatch.setenv("TRACESCORE_BROKER_URL", server.url())
+    monkeypatch.delenv("TRACESCORE_REDIS_URL", raising=False)
+    get_settings.cache_clear()
+    first = _take_replies_lost(server, monkeypatch)
+    try:
+        capsys.readouterr()
+        code = _within(lambda: main(["dlq", command, letter.id]))
+        said = capsys.readouterr()
+    finally:
+        get_settings.cache_clear()
+    assert first == [1]
+    assert "another caller" not in said.err
+    assert (code, f"{'requeued' if command == 'retry' else 'dropped'} {letter.id}" in said.out) == (0, True), said
+    assert _dlq(raw) == []
+    assert raw.llen("tracescore") == (1 if command == "retry" else 0)  # sent once

@@ -75,6 +75,10 @@ class DeadLetter(BaseModel):
 
 # A message key is remembered this long after its dead letter (longer than any redelivery).
 DLQ_SEEN_TTL_S = 7 * 24 * 3600
+# A take's nonce is kept this long after it removed its letter: far past the longest one call
+# of a store keeps retrying (RECONNECT_S + COMMAND_SLACK_S), short enough that `dlq drop --all`
+# of 100,000 letters leaves no lasting keys.
+TAKEN_TTL_S = 600
 
 
 def dead_letter_id(message_key: str) -> str:
@@ -326,19 +330,27 @@ return tracescore_dlq_step(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], tonumber
 """,
 )
 
-# KEYS: dlq list, reasons hash, bytes count, bytes summed again. ARGV: letter json, reason (''
-# when the entry is no letter: the reason it was counted under is unknown). The copy nearest the
+# KEYS: dlq list, reasons hash, bytes count, bytes summed again, the letter's taken key. ARGV:
+# letter json, reason ('' when the entry is no letter: the reason it was counted under is
+# unknown), the take's nonce, the taken key's TTL (ms). The same call sent again by the client
+# (its reply lost to a Redis restart) finds its own nonce and answers 1 again, moving nothing:
+# read as "not there", ``dlq retry <id>`` said another caller had taken a letter it had sent and
+# taken, and a second copy of the same bytes would have gone too. The copy nearest the
 # oldest goes (``each`` reads from there: LREM from the newest scanned the whole list, 7 ms a
 # take of 100,000 letters). An emptied list counts nothing, whatever its damaged entries were
 # counted under. A bytes count that is nil is left so (the next push sums it again); it never goes
 # below 0. While the bytes are summed again, a letter already summed is taken off the sum.
 _TAKE = checked_script(
-    "{KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'string', 'r', KEYS[4], 'hash', 'r'}",
+    "{KEYS[1], 'list', 'k', KEYS[2], 'hash', 'r', KEYS[3], 'string', 'r', KEYS[4], 'hash', 'r',"
+    " KEYS[5], 'string', 'r'}",
     _BYTES_READ
     + """
 local bad = tracescore_check_counters({KEYS[2]})
 if bad then
   return bad
+end
+if redis.call('GET', KEYS[5]) == ARGV[3] then
+  return 1
 end
 local read = tonumber(redis.call('HGET', KEYS[4], 'read') or '')
 if read and read > 0 then
@@ -351,6 +363,7 @@ end
 if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then
   return 0
 end
+redis.call('SET', KEYS[5], ARGV[3], 'PX', tonumber(ARGV[4]))
 if ARGV[2] ~= '' and redis.call('HINCRBY', KEYS[2], ARGV[2], -1) <= 0 then
   redis.call('HDEL', KEYS[2], ARGV[2])
 end
@@ -610,8 +623,16 @@ class RedisDeadLetters(OnRedis):
                 return None
         letter = _stored(raw)
         reason = "" if letter.reason == UNREADABLE else letter.reason
-        keys = (_keys.dlq_key(), _keys.dlq_reasons_key(), _keys.dlq_bytes_key(), _keys.dlq_bytes_sum_key())
-        (removed,) = await self._redis.evalsha_many(_TAKE, len(keys), [(*keys, raw, reason)], where="dead_letter_take")
+        keys = (
+            _keys.dlq_key(),
+            _keys.dlq_reasons_key(),
+            _keys.dlq_bytes_key(),
+            _keys.dlq_bytes_sum_key(),
+            _keys.dlq_taken_key(letter.id),
+        )
+        # A fresh nonce per take: the client's own retry of this call sends the same one.
+        args = (raw, reason, uuid.uuid4().hex, str(TAKEN_TTL_S * 1000))
+        (removed,) = await self._redis.evalsha_many(_TAKE, len(keys), [(*keys, *args)], where="dead_letter_take")
         if paged or removed:
             # Off the list either way (another caller's take of it, too; a second copy of the same
             # bytes, found by the whole read): counted as still on it, the next page would skip a
