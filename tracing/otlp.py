@@ -675,18 +675,21 @@ def decode_otlp_records_line(line: str | bytes, *, where: str = "") -> list[Span
     return decode_otlp_records(_parse_line(line, where), where=where)
 
 
-# Each digit as "0": a line holding 20 digits in a row may hold an integer literal past 64 bits,
-# which orjson reads as a float (its value rounded) where ``json`` keeps it exact.
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+# Each digit and each minus as "0": a line holding 20 digits in a row may hold an integer literal
+# past 64 bits, and one holding a minus and 19 digits an integer below int64's least
+# (-9223372036854775809 .. -9999999999999999999), each of which orjson reads as a float (its
+# value rounded) where ``json`` keeps it exact. Both read as 20 zeros: one search, as for the
+# digits alone. (19 digits alone stay on orjson: unsigned, they fit its 64 bits.)
+_DIGITS_AS_ZERO = bytes.maketrans(b"-123456789", b"0000000000")
 _TWENTY_DIGITS = b"0" * 20
 
 
 def _parse_line(line: str | bytes, where: str) -> Any:
     """``json.loads(line)``: the same value or the same error. A line of bytes goes to orjson
     first (a backfill's lines: about 60% of ``json``'s time, bench/backfill.py's reading), unless
-    it may hold an integer past 64 bits; what orjson refuses (NaN and Infinity, lone surrogates,
-    a BOM, UTF-16, nesting past 1024 levels, broken JSON) ``json`` reads, or refuses with its
-    own error, as before."""
+    it may hold an integer past 64 bits or below int64's least; what orjson refuses (NaN and
+    Infinity, lone surrogates, a BOM, UTF-16, nesting past 1024 levels, broken JSON) ``json``
+    reads, or refuses with its own error, as before."""
     if isinstance(line, bytes) and _TWENTY_DIGITS not in line.translate(_DIGITS_AS_ZERO):
         try:
             return orjson.loads(line)

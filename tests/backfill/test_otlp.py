@@ -266,12 +266,16 @@ def _line(span_changes: dict[str, object]) -> bytes:
 
 
 _AGENT_NAME_PAST_64_BITS = [{"key": "gen_ai.agent.name", "value": {"intValue": 2**70 + 1}}]
+# 19 digits, below int64's least: orjson reads it as the float -9.223372036854776e18.
+_AGENT_NAME_BELOW_INT64 = [{"key": "gen_ai.agent.name", "value": {"intValue": -(2**63) - 1}}]
 
 
 @pytest.mark.parametrize(
     "line",
     [
         _line({"attributes": _AGENT_NAME_PAST_64_BITS}),
+        _line({"attributes": _AGENT_NAME_BELOW_INT64}),
+        _line({"attributes": [{"key": "gen_ai.agent.name", "value": {"intValue": -(10**19) + 1}}]}),
         _line({"endTimeUnixNano": 2**70}),
         _line({"attributes": [{"key": "gen_ai.agent.name", "value": {"doubleValue": 10**400}}]}),
         _line({"attributes": [{"key": "gen_ai.agent.name", "value": {"doubleValue": float("nan")}}]}),
@@ -286,7 +290,8 @@ _AGENT_NAME_PAST_64_BITS = [{"key": "gen_ai.agent.name", "value": {"intValue": 2
         _line({"events": [{"name": "e", "timeUnixNano": 12345678901234567890}]}),
     ],
     ids=[
-        "int-past-64-bits", "time-past-64-bits", "past-a-double", "nan", "infinity-unread", "lone-surrogate",
+        "int-past-64-bits", "int-below-int64", "int-19-nines-negative", "time-past-64-bits", "past-a-double", "nan",
+        "infinity-unread", "lone-surrogate",
         "bom", "utf-16", "nested-1100", "4301-digits", "broken", "not-utf-8", "20-digit-time",
     ],
 )  # fmt: skip
@@ -301,6 +306,13 @@ def test_an_integer_past_64_bits_in_a_line_of_bytes_keeps_its_value() -> None:
     """orjson reads 2**70 + 1 as the float 1.1805916207174113e21: the line goes to ``json``."""
     (span,) = decode_otlp_json_line(_line({"attributes": _AGENT_NAME_PAST_64_BITS}))
     assert (span.attributes or {})["gen_ai.agent.name"] == 2**70 + 1
+
+
+def test_a_negative_integer_below_int64_in_a_line_of_bytes_keeps_its_value() -> None:
+    """-(2**63) - 1 has 19 digits (the 20-digit guard lets it by); orjson reads it as a float,
+    which ``_int`` turned into -(2**63), another value than ``json``'s."""
+    (span,) = decode_otlp_json_line(_line({"attributes": _AGENT_NAME_BELOW_INT64}))
+    assert (span.attributes or {})["gen_ai.agent.name"] == -(2**63) - 1
 
 
 @settings(max_examples=300, deadline=None)
