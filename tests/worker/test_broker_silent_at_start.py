@@ -270,3 +270,41 @@ def test_the_tls_probe_keeps_to_its_timeout_when_the_name_does_not_resolve_in_ti
     assert not silent_to_tls("rediss://:pw@redis.test:6379/0", 1.0)
     elapsed = time.monotonic() - started
     assert elapsed < 1.5, elapsed
+
+
+def test_a_slow_lookup_leaves_the_handshake_time_to_be_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's lookup drew on the deadline the handshake is judged by: a name resolved in
+    0.8 s of a 1 s probe left the handshake 0.1 s, and a TLS port that answers in 0.3 s (here by
+    closing the connection: any answer is one) was called silent, which at a worker's start is an
+    exit with "use redis://" for a URL that is right. The lookup now gets half the timeout at
+    most (a slower one: not silent, nothing was reached in time); the connect and handshake share
+    the rest."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = int(server.getsockname()[1])
+
+    def answer_late() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            time.sleep(0.3)
+            conn.close()
+
+    answering = threading.Thread(target=answer_late, daemon=True)
+    answering.start()
+    real = socket.getaddrinfo
+
+    def slow_getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "redis.test":
+            return real(host, port, *args, **kwargs)
+        time.sleep(0.8)
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", int(port)))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_getaddrinfo)
+    try:
+        started = time.monotonic()
+        assert not silent_to_tls(f"rediss://:pw@redis.test:{port}/0", 1.0)
+        assert time.monotonic() - started < 1.5
+    finally:
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        answering.join(5)
