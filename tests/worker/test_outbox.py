@@ -999,7 +999,7 @@ def test_order_entries_of_letters_gone_by_hand_count_towards_a_bound_step(
         before = raw.zcard(order)
         assert outbox._bound_step("otlp") == (0, False, True)
         assert before - raw.zcard(order) == 4
-        assert outbox._bound_dead_letters("otlp") == 3
+        assert outbox._bound_dead_letters("otlp") == (3, False)
         counts = outbox.counts()["otlp"]
         assert (counts.failed, counts.dead_letters_dropped) == (5, 3)
         _order_in_step(redis_url, "otlp")

@@ -316,6 +316,57 @@ def test_a_sink_bound_restarted_between_steps_ends_in_step(
     assert dropped == 16
 
 
+def _settle_replies_lost(outbox: RedisOutbox, server: RedisServer, action: str) -> list[tuple[Any, Any]]:
+    """Every settle pipeline holding an ``action`` runs, then Redis is SIGKILLed and started again
+    (as it was) before its replies are read, and the same calls are sent again (redis-py's retry of
+    a pipeline on a connection error): the caller reads the second replies. Returns (first,
+    second) for each ``action`` call."""
+    scripts = outbox._scripts
+    seen: list[tuple[Any, Any]] = []
+
+    def spied(where: str, script: Any, calls: Any) -> list[Any]:
+        replies = scripts(where, script, calls)
+        if where == "settle" and any(args[2] == action for _, args in calls):
+            _bounce(server, empty=False)
+            again = scripts(where, script, calls)
+            seen.extend((a, b) for (_, args), a, b in zip(calls, replies, again, strict=True) if args[2] == action)
+            replies = again
+        return replies
+
+    outbox._scripts = spied  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_bury_whose_reply_was_lost_still_orders_and_bounds_older_letters(
+    server: RedisServer, raw: redis.Redis
+) -> None:
+    """Letters a previous release wrote (no order entry) past a lowered ``SINK_MAX_DEAD_LETTERS``:
+    the bury's script answers "unordered" and the drainer orders and bounds them. That reply lost,
+    the bury sent again answers "not settled"; the step of the bound it then takes answers
+    "unordered" too, which was ignored (before: the 21 letters stayed past the bound of 5 until
+    the next bury). They are ordered and bounded now, the newest kept."""
+    ordered = _fill_sink(raw, 20)
+    unordered = ordered[:10]  # (the oldest, as a previous release's would be)
+    raw.zrem(_keys.outbox_dead_order_key(SINK), *unordered)
+    new = "score-9999"
+    raw.zadd(_keys.outbox_key(SINK), {new: 0})
+    outbox = RedisOutbox(server.url(), max_dead_letters=5)
+    seen = _settle_replies_lost(outbox, server, "dead")
+    try:
+        lease = outbox.lease(SINK, 10, lease_s=30)
+        letter = SinkDeadLetter(score_id=new, sink=SINK, reason="http_403", failed_at=1_800_000_000)
+        _within(lambda: outbox.dead(lease, [letter]))
+    finally:
+        outbox.close()
+    assert [(list(map(int, a)), b) for a, b in seen] == [([1, 0, 1, 0], 0)]  # (its "unordered" lost)
+    letters = {k.decode() for k in raw.hkeys(_keys.outbox_dead_key(SINK))}
+    kept = [k.decode() for k in raw.zrange(_keys.outbox_dead_order_key(SINK), 0, -1)]
+    assert len(letters) <= 5, f"{len(letters)} letters past the bound of 5"
+    assert kept == [*ordered, new][-5:]
+    assert set(kept) == letters
+    assert int(raw.hget(_keys.outbox_counts_key(SINK), "dead_letters_dropped") or 0) == 16
+
+
 # ---- paging: `dlq list`, `dlq retry <id>` / `--all` ---------------------------------------------
 
 

@@ -637,13 +637,17 @@ class RedisOutbox:
                 settled += int(reply)
                 # A bury answered "not settled" may be this very bury sent again by the client's
                 # retry (Redis restarted after running it, its reply unread): the first try's step
-                # of the bound ran, and its "more" went with the reply, which left the letters past
-                # the bound until the next bury. A step within the bound is one O(1) script.
+                # of the bound ran, and its "more" and "unordered" went with the reply, which left
+                # the letters past the bound until the next bury: a step of the bound finds both
+                # again (within it, one O(1) script). What that first step dropped is counted in
+                # Redis but not logged, and the settle is answered "not settled" (0): the drainer
+                # reads no answer, and an id settled twice is not counted twice (its token is gone).
                 more |= action == "dead"
+        if more and not unordered:
+            went, unordered = self._bound_dead_letters(lease.sink)
+            dropped += went
         if unordered:
             dropped += self._order_old_letters(lease.sink)
-        elif more:
-            dropped += self._bound_dead_letters(lease.sink)
         _said_dropped(lease.sink, dropped, bound)
         return settled
 
@@ -654,14 +658,14 @@ class RedisOutbox:
         (reply,) = self._scripts("bound_dead_letters", self._bound, [(keys, [self.max_dead_letters, _BOUND_STEP])])
         return int(reply[0]), bool(int(reply[1])), bool(int(reply[2]))
 
-    def _bound_dead_letters(self, sink: str) -> int:
-        """The sink's bound, a step at a time until its letters are within it (or some are found
-        unordered: ordered at the next bury); returns how many went."""
-        dropped, more = 0, True
-        while more:
-            step, _, more = self._bound_step(sink)
+    def _bound_dead_letters(self, sink: str) -> tuple[int, bool]:
+        """The sink's bound, a step at a time until its letters are within it or some are found
+        unordered; returns how many went, and whether unordered letters are there (to order)."""
+        dropped, more, unordered = 0, True, False
+        while more:  # (a step that finds unordered letters says no more)
+            step, unordered, more = self._bound_step(sink)
             dropped += step
-        return dropped
+        return dropped, unordered
 
     def _order_old_letters(self, sink: str) -> int:
         """Order the sink's letters a previous release wrote (no order entry) by their
@@ -678,7 +682,8 @@ class RedisOutbox:
                 # (one that no longer parses: the oldest, so the first to go)
                 args += [score_id, int(_letter(sink, score_id, value).failed_at * 1000)]
             self._scripts("order_dead_letters", self._order, [([dead, order], args)])
-        return self._bound_dead_letters(sink)
+        # (letters still unordered, a previous release's worker burying meanwhile: the next time)
+        return self._bound_dead_letters(sink)[0]
 
     def _dead_pages(self, sink: str, where: str) -> Iterator[list[tuple[str, str]]]:
         """The sink's dead letters (id, stored JSON), a page (HSCAN) at a time: never all at once.
