@@ -367,6 +367,77 @@ def test_a_bury_whose_reply_was_lost_still_orders_and_bounds_older_letters(
     assert int(raw.hget(_keys.outbox_counts_key(SINK), "dead_letters_dropped") or 0) == 16
 
 
+class _Sink:
+    """Takes every record but those in ``refused``; keeps what it was handed, each call."""
+
+    name = SINK
+    endpoint = None
+
+    def __init__(self, refused: set[str]) -> None:
+        self.refused = refused
+        self.handed: list[str] = []
+
+    def deliver(self, records: Any) -> list[Any]:
+        from tracing.sinks import Delivered, Refused
+
+        self.handed += [r.score_id for r in records]
+        return [Refused("http_403", "no") if r.score_id in self.refused else Delivered() for r in records]
+
+
+@pytest.mark.parametrize("action", ["ack", "dead"])
+def test_a_drainers_settle_whose_reply_was_lost_is_counted_once_and_sent_once(
+    action: str, server: RedisServer, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drainer's ack (two scores the sink took) or bury (one it refused) ran, its reply was lost
+    and the same calls sent again: those answer "not settled" (``ack``/``dead`` return 0), which
+    the drainer does not read. Each score is handed to the sink once, counted once (delivered 2,
+    one dead letter, none retried), logged once, and nothing is left queued or leased to come due
+    again."""
+    from structlog.testing import capture_logs
+
+    import worker._delivery as delivery
+    from tracing import ScoreRecord, score_id_for
+    from worker._delivery import DrainPolicy, drain_once
+
+    monkeypatch.setattr(delivery, "_dead_letter_logs", {})  # (the first line of each test said at once)
+
+    records = [
+        ScoreRecord(
+            score_id=score_id_for(f"{n:032x}", f"{n:016x}", "s", "1"), trace_id=f"{n:032x}",
+            span_id=f"{n:016x}", scorer_id="s", score=0.5,
+        )
+        for n in range(3)
+    ]  # fmt: skip
+    for r in records:
+        raw.set(_keys.record_key(r.score_id), r.model_dump_json())
+    raw.zadd(_keys.outbox_key(SINK), {r.score_id: 0 for r in records})
+    raw.sadd(_keys.outbox_sinks_key(), SINK)
+    refused = records[2].score_id
+    sink = _Sink({refused})
+    outbox = RedisOutbox(server.url())
+    seen = _settle_replies_lost(outbox, server, action)
+    policy = DrainPolicy(batch_size=10, lease_s=30, max_attempts=3)
+    try:
+        with capture_logs() as logs:
+            assert _within(lambda: drain_once(sink, outbox, policy)) == 3  # type: ignore[arg-type]
+            assert drain_once(sink, outbox, policy) == 0  # type: ignore[arg-type]
+        counts = outbox.counts()[SINK]
+        letters = outbox.dead_letters(SINK)
+        states = outbox.states(SINK, [r.score_id for r in records])
+    finally:
+        outbox.close()
+    assert sorted(sink.handed) == sorted(r.score_id for r in records)  # each once
+    assert (counts.delivered, counts.failed, counts.pending, counts.retried) == (2, 1, 0, 0)
+    assert [x.score_id for x in letters] == [refused]
+    assert states == {r.score_id: "failed" if r.score_id == refused else "delivered" for r in records}
+    assert raw.zcard(_keys.outbox_key(SINK)) == 0
+    assert raw.hlen(_keys.outbox_attempts_key(SINK)) == 0
+    said = [x for x in logs if x["event"] == "sink_dead_letter"]
+    assert sum(x["letters"] for x in said) == 1
+    # (each first try settled, {1, ...} for a bury; each resend did not)
+    assert [(int(a[0] if isinstance(a, list) else a), b) for a, b in seen] == [(1, 0)] * (2 if action == "ack" else 1)
+
+
 # ---- paging: `dlq list`, `dlq retry <id>` / `--all` ---------------------------------------------
 
 
