@@ -228,9 +228,15 @@ def test_503_then_recovery_is_retry_then_delivered_once(langfuse: FakeLangfuse, 
 
 
 def test_429_passes_retry_after_on(langfuse: FakeLangfuse, sink: LangfuseSink) -> None:
-    """429 with Retry-After: Retry with that hint for the drainer."""
+    """429 with Retry-After: Retry with that hint for the drainer, for the rest of the batch too,
+    which is not sent into the window (the README: a 429 as a 503; four requests at a time)."""
     langfuse.fail_next(1, 429, retry_after="7")
     assert sink.deliver(one_of_each()[:1]) == [Retry("Langfuse answered HTTP 429", after_s=7.0)]
+    langfuse.fail_next(4, 429, retry_after="7")
+    records = one_of_each()
+    assert sink.deliver(records) == [Retry("Langfuse answered HTTP 429", after_s=7.0)] * len(records)
+    assert langfuse.statuses == {429: 5}  # the fifth record of the batch was held back, unsent
+    assert langfuse.scores == {}
 
 
 def test_unreachable_langfuse_costs_one_attempt_per_batch(langfuse: FakeLangfuse) -> None:

@@ -38,6 +38,7 @@ class _Server:
 
     def __init__(self, dripping: bool = False) -> None:
         self.targets: list[str] = []
+        self.authorizations: list[str | None] = []
         self.stop = threading.Event()
         server = self
 
@@ -46,6 +47,7 @@ class _Server:
 
             def do_GET(self) -> None:
                 server.targets.append(self.path)
+                server.authorizations.append(self.headers.get("Authorization"))
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if dripping:
                     drip(self.wfile, server.stop)
@@ -222,6 +224,54 @@ def test_a_sink_speaks_tls_and_trusts_ssl_cert_file(tmp_path: Path, monkeypatch:
     assert (answer.status_code, answer.text) == (200, "answered")
     assert server.targets == ["/api/public/health"]
     assert outcome == Retry("Langfuse: TLS failed (CERTIFICATE_VERIFY_FAILED)")  # was "unreachable (ConnectError)"
+
+
+def test_a_sink_trusts_the_certificates_in_ssl_cert_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SSL_CERT_DIR (a directory of hashed certificates, as ``openssl rehash`` makes) is trusted
+    when SSL_CERT_FILE is not set, as the README says: a private CA there is not a TLS failure."""
+    import shutil
+    import subprocess
+
+    key, cert = _certificate(tmp_path, "server")
+    hashed = subprocess.run(
+        ["openssl", "x509", "-hash", "-noout", "-in", str(cert)], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    trusted = tmp_path / "certs"
+    trusted.mkdir()
+    shutil.copy(cert, trusted / f"{hashed}.0")
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.setenv("SSL_CERT_DIR", str(trusted))
+    server = _Server()
+    url = _tls(server, key, cert)
+    try:
+        client, _ = http_client(url, what="Langfuse host", setting="X", timeout_s=5)
+        with client:
+            answer = client.get(f"{url}/api/public/health")
+    finally:
+        server.close()
+    assert (answer.status_code, answer.text) == (200, "answered")
+
+
+def test_the_otlp_sink_sends_no_credentials_from_netrc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An endpoint without an Authorization header of OTEL_EXPORTER_OTLP_HEADERS' own: requests
+    would add the ~/.netrc login for its host (a machine's credentials for another tool, sent to
+    a collector); the README says ~/.netrc is not read."""
+    netrc = tmp_path / ".netrc"
+    netrc.write_text("machine 127.0.0.1 login someone password netrc-secret-0123456789\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(netrc))
+    for name in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
+        monkeypatch.delenv(name, raising=False)
+    server = _Server()
+    sink = OtlpSink(endpoint=f"{server.url}/v1/traces", timeout_s=5)
+    try:
+        assert sink.deliver([_record()]) == [Delivered()]
+    finally:
+        sink.close()
+        server.close()
+    assert server.targets == ["/v1/traces"]
+    assert server.authorizations == [None]
 
 
 def _record() -> ScoreRecord:
