@@ -1567,6 +1567,18 @@ def _run_held(
                 submitter.on_wait = waiting
 
                 def work() -> None:
+                    try:
+                        follow()
+                    except Exception as exc:
+                        # Asked to stop, then Redis stopped answering before the batch in hand
+                        # ended: the stop stands (exit 130, the workers' counts unknown). It
+                        # ended as a lost broker, exit 1 with no summary, what a Job's SIGTERM
+                        # met behind a paused Redis.
+                        if signalled() and _broker_refusal(exc) is not None:
+                            raise KeyboardInterrupt from exc
+                        raise
+
+                def follow() -> None:
                     nonlocal progress
                     if state.status in ("reading", "interrupted"):
                         state.status = "reading"
