@@ -56,3 +56,28 @@ def test_run_command_output_shown_is_what_it_prints() -> None:
     assert printed[start + 2 : start + len(table)] == table[2:], "the README's per-scorer table is stale"
     assert worst[0] in printed
     assert any(line.startswith(worst[1][:60]) for line in printed)
+
+
+def _metrics_table() -> dict[str, tuple[str, ...]]:
+    """The README's metrics table (*What to watch*) as exposed series name -> labels. A row of
+    several metrics gives one label list for all, or one per metric split by " / " (the last
+    list for the rest)."""
+    section = README.split("### What to watch", 1)[1].split("### What it costs", 1)[0]
+    table: dict[str, tuple[str, ...]] = {}
+    for row in re.findall(r"^\| (`tracescore_.*)$", section, re.M):
+        names_cell, labels_cell = (cell.strip() for cell in row.split("|")[:2])
+        groups = [tuple(x.strip() for x in g.split(",") if x.strip()) for g in labels_cell.split(" / ")]
+        for i, name in enumerate(re.findall(r"`(tracescore_[a-z_]+)`", names_cell)):
+            table[name] = groups[min(i, len(groups) - 1)]
+    return table
+
+
+def test_metrics_table_names_every_metric_with_its_labels() -> None:
+    """Each metric a worker node exposes is in the README's table under the series name a query
+    uses (counters with ``_total``) and with exactly its labels: the table gave
+    tracescore_queue_unacked a ``queue`` label it does not have (one series, all queues), so a
+    query of ``tracescore_queue_unacked{queue="tracescore"}`` written from it matched nothing."""
+    from worker.metrics import ALL_METRICS
+
+    exposed = {f"{s.name}_total" if s.kind == "counter" else s.name: s.labels for s in ALL_METRICS}
+    assert _metrics_table() == exposed
