@@ -59,10 +59,17 @@ def test_records_carry_cached_tokens_calls_and_cost_through_anthropic(fake_llm: 
 
 
 def test_openai_cached_tokens_reach_the_record(fake_llm: FakeLLMServer) -> None:
-    """OpenAI's automatic prefix caching (instructions first) shows in the second record."""
-    cached = sorted(r.cached_input_tokens for r in _score(_grader("openai/gpt-4o-mini", LONG)))
+    """OpenAI's automatic prefix caching (instructions first) shows in the second record, and
+    each record's cost_usd is the table's: cached tokens at the cached-input rate, no cache write."""
+    records = sorted(_score(_grader("openai/gpt-4o-mini", LONG)), key=lambda r: r.cached_input_tokens)
+    cached = [r.cached_input_tokens for r in records]
     assert cached[0] == 0
     assert cached[1] > 1000
+    p = DEFAULT_PRICES["openai/gpt-4o-mini"]
+    assert p.cached_input is not None
+    for r in records:
+        dollars = (r.input_tokens - r.cached_input_tokens) * p.input + r.cached_input_tokens * p.cached_input
+        assert r.cost_usd == pytest.approx((dollars + r.output_tokens * p.output) / 1e6)
 
 
 def test_a_failed_run_still_carries_what_it_spent(fake_llm: FakeLLMServer) -> None:
