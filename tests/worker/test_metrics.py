@@ -875,3 +875,47 @@ def test_the_dead_letters_bytes_gauge_says_what_status_says(redis_url: str) -> N
         run_coro(letters.close(), 5)
         client.close()
     assert seen == {"list deleted, its total left": (0, 0), "a total of 16 digits": (None, None)}
+
+
+def test_a_restarted_node_does_not_count_its_previous_run_again(redis_url: str, tmp_path: Path) -> None:
+    """The README: the node's metrics directory is emptied when it starts. A prefork node scores
+    3 runs, stops and starts again under the same name and directory: its counters begin at 0,
+    not at the 3 the previous run's files still held, and it scores on from there."""
+    port = free_port()
+    env = {
+        "TRACESCORE_METRICS_PORT": str(port),
+        "TRACESCORE_METRICS_HOST": "127.0.0.1",
+        "TRACESCORE_METRICS_DIR": str(tmp_path / "metrics"),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "",
+    }
+    scores = tmp_path / "scores.jsonl"
+
+    def node() -> WorkerProcess:
+        return WorkerProcess(
+            "again", redis_url, tmp_path, scores_path=scores, pool="prefork", concurrency=2,
+            scorers="tests.worker.metrics_scorers", env=env,
+        )  # fmt: skip
+
+    first = node()
+    try:
+        first.wait_ready()
+        sink = CelerySink(redis_url)
+        sink.send(batch(range(3), ["fast"], salt="again-1"))
+        sink.close()
+        assert wait_for(lambda: total(scrape(port), "tracescore_runs_total") == 3, 30), first.text()[-3000:]
+    finally:
+        first.stop()
+    (node_dir,) = (tmp_path / "metrics").iterdir()
+    assert list(node_dir.glob("counter_*.db"))  # what the first run counted is still on disk
+    second = node()
+    try:
+        second.wait_ready()
+        assert wait_for(lambda: "tracescore_worker_info" in {n for n, _ in scrape(port)}, 30)
+        assert total(scrape(port), "tracescore_runs_total") == 0
+        sink = CelerySink(redis_url)
+        sink.send(batch(range(2), ["fast"], salt="again-2"))
+        sink.close()
+        assert wait_for(lambda: total(scrape(port), "tracescore_runs_total") == 2, 30), second.text()[-3000:]
+    finally:
+        second.stop()
