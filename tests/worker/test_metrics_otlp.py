@@ -190,3 +190,38 @@ def test_otlp_metrics_headers_the_exporter_cannot_read_fail_the_start_without_th
         assert receiver.exports == []
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize("otlp_metrics", ["true", "false"])
+def test_the_general_otlp_endpoint_carries_the_metrics_unless_tracescore_otlp_metrics_is_false(
+    receiver: MetricsReceiver, redis_url: str, tmp_path: Path, otlp_metrics: str
+) -> None:
+    """The README: metrics go out through OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT is set (its
+    /v1/metrics), and TRACESCORE_OTLP_METRICS=false keeps them off while that endpoint stays set
+    for the scores. Either way the worker's shutdown pushes a last export when they are on, so
+    after the stop the receiver has seen /v1/metrics exactly when they are."""
+    port = free_port()
+    env = {
+        **_metrics_env(receiver, port, tmp_path),
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
+        "TRACESCORE_OTLP_METRICS": otlp_metrics,
+    }
+    scores_path = tmp_path / "scores.jsonl"
+    worker = WorkerProcess(
+        "otlpg", redis_url, tmp_path, scores_path=scores_path, scorers="tests.worker.metrics_scorers", env=env
+    )
+    try:
+        worker.wait_ready()
+        sink = CelerySink(redis_url)
+        sink.send(batch(range(2), ["fast"], salt="otlp-general"))
+        sink.close()
+        assert wait_for(lambda: len(read_scores(scores_path)) == 2, 60), worker.text()[-3000:]
+        assert wait_for(lambda: total(scrape(port), "tracescore_runs_total") == 2, 10)
+    finally:
+        worker.stop()
+    if otlp_metrics == "true":
+        assert "/v1/metrics" in receiver.paths
+        assert sum(p.as_double for p in _points(receiver.latest(), "tracescore_runs_total").values()) == 2
+    else:
+        assert "/v1/metrics" not in receiver.paths, receiver.paths
