@@ -128,6 +128,14 @@ def _restart_under_load(
         producer.start()
         assert wait_for(lambda: len(read_scores(scores)) >= 40, 60), worker.text()[-3000:]
 
+        def scoring_now() -> bool:
+            lines = complete_lines(calls)
+            done = {x.split()[1] for x in lines if x.startswith("done ")}
+            return bool({x.split()[1] for x in lines if x.startswith("start ")} - done)
+
+        # Polled, not read once: under a loaded machine's pauses a single look could fall between
+        # two runs (the test failed its own precondition, not the product).
+        assert wait_for(scoring_now, 30), "no run was being scored as the store went: the test would prove nothing"
         lost: set[str] = set()
         if not kept:
             # What dies with the data: the records stored when the store went. Writes are held
@@ -136,11 +144,6 @@ def _restart_under_load(
                 client.execute_command("CLIENT", "PAUSE", "10000", "WRITE")
             lost = _record_ids(store_server)
             assert lost, "nothing stored before the restart: the test would prove nothing"
-        lines = complete_lines(calls)
-        in_flight = {x.split()[1] for x in lines if x.startswith("start ")} - {
-            x.split()[1] for x in lines if x.startswith("done ")
-        }
-        assert in_flight, "no run was being scored as the store went: the test would prove nothing"
         store_server.stop()  # SIGKILL: the worker's store connections drop mid-command
         before = len(producer.sent)
         time.sleep(outage_s)  # an outage, not a timing assertion
