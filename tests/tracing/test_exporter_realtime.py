@@ -10,6 +10,7 @@ processor's schedule delay 0.1 s) but stay real: background threads do every han
 from __future__ import annotations
 
 import functools
+import gc
 import socket
 import sys
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import structlog.testing
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -817,3 +819,102 @@ def test_a_filter_that_calls_sys_exit_costs_its_run_only(arrivals: Arrivals) -> 
         app.shutdown()
     stats = app.exporter.stats()
     assert (stats["runs_sent"], stats["errors"], stats["skipped"]) == (2, {"filter": 1}, {"filtered_out": 1})
+
+
+def test_a_delayed_run_is_sent_while_the_app_runs(arrivals: Arrivals) -> None:
+    """A rule's ``delay_s`` holds a run back, and then nothing else comes: the run reaches the sink
+    about ``delay_s`` after its trace was complete, by the exporter's own threads (no force_flush,
+    no shutdown: both send what is held, and would hide a flusher gone idle with a run held)."""
+    delay = 0.5
+    exporter = exporter_for_app(CallbackSink(arrivals), rules=[ScoringRule(["s"], delay_s=delay)])
+    app = App(exporter)
+    try:
+        trace_id, ended = app.agent_run("later")
+        assert wait_for(lambda: trace_id in arrivals.at, QUIET_BOUND_S + delay + 10), exporter.stats()
+        took = arrivals.at[trace_id] - ended
+        assert delay <= took <= QUIET_BOUND_S + delay, f"{took:.2f}s"
+        assert exporter.stats()["delayed"] == 0
+    finally:
+        app.shutdown()
+
+
+def test_drops_are_logged_by_reason_once_not_per_run_and_without_content() -> None:
+    """What the exporter drops it counts and logs: a burst into a stuck sink through a small queue
+    logs ``exporter_dropped`` once for its reason (the first drop; then every 1,000th), with the
+    count and never the runs' content, while ``stats()`` counts every drop."""
+    marker = "customer-4711-private-text"
+    release = threading.Event()
+    arrivals = Arrivals()
+    exporter = exporter_for_app(CallbackSink(held(arrivals, release)), queue_size=5, batch_size=1)
+    app = App(exporter)
+    n = 60
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for i in range(n):
+                app.agent_run(f"q{i}", content=marker)
+            assert wait_for(
+                lambda: exporter.stats()["spans_seen"] == 3 * n and exporter.stats()["traces_buffered"] == 0
+            )
+            assert wait_for(lambda: exporter.stats()["dropped"].get("queue_full", 0) >= n - 6), exporter.stats()
+        dropped = exporter.stats()["dropped"]
+        assert set(dropped) == {"queue_full"}, dropped
+        drop_logs = [e for e in logs if e["event"] == "exporter_dropped"]
+        assert [e["reason"] for e in drop_logs] == ["queue_full"], drop_logs
+        assert 1 <= drop_logs[0]["total"] <= dropped["queue_full"]
+        assert marker not in repr(logs)
+    finally:
+        release.set()
+        app.shutdown()
+    assert arrivals.count() + sum(exporter.stats()["dropped"].values()) == n
+
+
+@pytest.mark.parametrize("traffic", ["scored", "sampled_out", "judges_own"])
+def test_memory_stays_flat_under_endless_traffic(traffic: str) -> None:
+    """An app that runs for days: every trace it has seen is remembered for a while (handed over:
+    its late spans are dropped; sampled out or the judges' own: its later spans are ignored), and
+    each of those memories is bounded. Past the bound (16,384 traces), 17,000 more traces leave
+    the exporter's memory where it was."""
+    from tracing import JUDGE_ROLE, ROLE_ATTRIBUTE
+
+    rule = ScoringRule(["s"], sample_rate=0.0 if traffic == "sampled_out" else 1.0)
+    exporter = exporter_for_app(CallbackSink(lambda batch: None), rules=[rule], grace_s=0.0, max_traces=64)
+    app = App(exporter, max_queue_size=100_000, max_export_batch_size=2048)
+    attributes = chat_attributes("Hi?", "Hello.")
+    if traffic == "judges_own":
+        attributes = {**attributes, ROLE_ATTRIBUTE: JUDGE_ROLE}
+    seen = 0
+
+    def run(n: int) -> int:
+        nonlocal seen
+        for _ in range(n):
+            with app.tracer.start_as_current_span("chat m", attributes=attributes):
+                pass
+        seen += n
+        app.provider.force_flush()  # the processor's: every span has reached export() and left it
+        handed = seen if traffic == "scored" else 0  # sent, or dropped by the queue in the burst
+
+        def settled() -> bool:
+            stats = exporter.stats()
+            return bool(stats["runs_sent"] + sum(stats["dropped"].values()) == handed and stats["queue_depth"] == 0)
+
+        assert wait_for(settled, 60), exporter.stats()
+        assert exporter.stats()["traces_buffered"] == 0, exporter.stats()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0]
+
+    tracemalloc.start()
+    try:
+        run(17_000)  # past every bound
+        before = run(1_000)
+        after = run(17_000)
+    finally:
+        tracemalloc.stop()
+        app.shutdown()
+    stats = exporter.stats()
+    if traffic == "scored":
+        assert stats["runs_sent"] + sum(stats["dropped"].values()) == seen, stats
+    else:
+        assert stats["skipped"] == {"sampled_out" if traffic == "sampled_out" else "loop_guard": seen}, stats
+    # Unbounded, each trace held about 130 bytes more: 2.3 MB (measured); bounded, a table of
+    # them may have been resized meanwhile: up to 1 MB (measured).
+    assert after - before < 1_600_000, f"{(after - before) / 1e6:.2f} MB more after 17,000 traces"
