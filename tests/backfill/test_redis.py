@@ -758,8 +758,9 @@ def test_an_object_kombu_decodes_costs_neither_its_run_nor_its_batch(
 
 def test_losing_the_broker_mid_job_says_how_to_resume(tmp_path: Path) -> None:
     """Redis going away under a running backfill ended it with "error: ConnectionError: ...
-    Connection reset by peer (run with --verbose ...)", no word of the job being resumable. It
-    is one line now: what happened, and the resume command (never the password)."""
+    Connection reset by peer (run with --verbose ...)", no word of the job being resumable. Once
+    the job has waited for it as long as the workers do (it never comes back here), it is one
+    line now: what happened, and the resume command (never the password)."""
     server = RedisServer()
     server.start()
     try:
@@ -784,6 +785,8 @@ def test_losing_the_broker_mid_job_says_how_to_resume(tmp_path: Path) -> None:
         said = stderr.decode()
         job_id = keys[0].rsplit(":", 1)[1]
         assert process.returncode == 1, said[-2000:]
+        assert "waiting up to" in said, said[-2000:]  # (it waited the workers' budget out first)
+        assert "did not come back within" in said, said[-2000:]
         assert "the connection to the broker's Redis was lost" in said, said[-2000:]
         assert f"resume with: tracescore backfill --resume {job_id}" in said
         assert server.password not in said

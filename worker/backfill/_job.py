@@ -1453,8 +1453,10 @@ def _run_redis(
     except SettingsError as exc:  # a Redis that evicts keys when full
         submitter.close()
         raise CliError(str(exc)) from exc
+    # Redis away mid-job (a restart, a failover): waited out for the workers' budget, said so.
+    submitter.ride_out.on_away = reporter.message
     hold = JobHold(submitter.store, state.job_id)
-    job_store = RedisJobStore(submitter.store, hold)
+    job_store = RedisJobStore(submitter.store, hold, submitter.ride_out)
 
     wait_s = JobHold.HOLD_S + 2 if resumed else 0.0
 

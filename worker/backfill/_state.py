@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
@@ -37,6 +37,9 @@ from worker._keys import (
 from worker._reconnect import COMMAND_SLACK_S, DECODED
 from worker._settings import Settings
 from worker.store import checked, checked_script, finish_job, validation_place
+
+if TYPE_CHECKING:
+    from worker.backfill._outage import RideOut
 
 __all__ = [
     "BOUNDED",
@@ -60,6 +63,8 @@ __all__ = [
 # after 5 s. A command's own time is the store calls' slack (a save of a batch's run ids, an MGET
 # of 1,000 records).
 BOUNDED: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": COMMAND_SLACK_S}
+
+T = TypeVar("T")
 
 
 def store_client(settings: Settings) -> Any:
@@ -287,6 +292,9 @@ _SAVE_IF_HELD = checked_script(
     "{KEYS[1], 'string', 'r', KEYS[2], 'string', 'k', KEYS[3], 'set', 'k', KEYS[4], 'list', 'k', KEYS[5], 'zset', 'r'}",
     """
 if ARGV[1] ~= '' and redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+-- This very save already done (its state, stamped with its time.time(), is written last): sent again
+-- after Redis ran it and the reply was lost (a restart), it appended the read traces twice.
+if redis.call('get', KEYS[2]) == ARGV[2] then return 1 end
 redis.call('zadd', KEYS[5], 'NX', ARGV[7], ARGV[6])
 local runs_end = 7 + tonumber(ARGV[4])
 for i = 8, runs_end, 4000 do redis.call('sadd', KEYS[3], unpack(ARGV, i, math.min(i + 3999, runs_end))) end
@@ -320,15 +328,21 @@ class RedisJobStore:
     """Job state and the enqueued-run set in Redis (sync client: the driver is sync). With a
     ``hold`` (the running job's), nothing is written once the hold is another process's. A key
     of the job holding another Redis type raises ``StoreKeyTypeError`` (left as it is), a state
-    that does not read ``UnreadableStateError``."""
+    that does not read ``UnreadableStateError``. With ``ride_out`` (a running job's), the calls a
+    job makes as it goes (``save``, ``already_enqueued``, ``released``) wait for a Redis that is
+    away (``RideOut``); without (``status``), they fail at once."""
 
-    def __init__(self, client: Any, hold: JobHold | None = None) -> None:
+    def __init__(self, client: Any, hold: JobHold | None = None, ride_out: RideOut | None = None) -> None:
         self.client = client
         self.hold = hold
+        self.ride_out = ride_out
         self._save_if_held = client.register_script(_SAVE_IF_HELD)  # (by SHA once loaded)
         self._delete = client.register_script(_DELETE)
         # Job id -> whether it has an earlier release's set of enqueued trace ids (asked once).
         self._legacy: dict[str, bool] = {}
+
+    def _riding(self, what: str, call: Callable[[], T]) -> T:
+        return call() if self.ride_out is None else self.ride_out(what, call)
 
     def load(self, job_id: str) -> BackfillState | None:
         key = backfill_state_key(job_id)
@@ -375,11 +389,14 @@ class RedisJobStore:
                 for trace_id, rooted, evicted, runs in newly_released
             ),
         )
-        saved = checked(
-            self.client,
-            _WHERE,
-            [],  # (the script checks its keys itself)
-            lambda: self._save_if_held(keys=(*keys, backfill_rootless_key(job_id), backfill_jobs_key()), args=args),
+        saved = self._riding(
+            "saving the job's state",
+            lambda: checked(
+                self.client,
+                _WHERE,
+                [],  # (the script checks its keys itself)
+                lambda: self._save_if_held(keys=(*keys, backfill_rootless_key(job_id), backfill_jobs_key()), args=args),
+            ),
         )
         if not saved and self.hold is not None:
             self.hold.lost.set()
@@ -389,7 +406,10 @@ class RedisJobStore:
         """The traces the job read (``save``'s ``newly_released``), oldest first, and those of them
         whose runs planned were none enqueued (as its newest entry says: ``save``'s ``unsent``)."""
         key = backfill_rootless_key(job_id)
-        found = checked(self.client, _WHERE, [_kept(key, "list")], lambda: self.client.lrange(key, 0, -1))
+        found = self._riding(
+            "reading the job's traces",
+            lambda: checked(self.client, _WHERE, [_kept(key, "list")], lambda: self.client.lrange(key, 0, -1)),
+        )
         released, unsent = [], set()
         for entry in found:
             marked = entry.decode() if isinstance(entry, bytes) else str(entry)
@@ -415,6 +435,9 @@ class RedisJobStore:
         a trace's runs together)."""
         if not run_ids:
             return set()
+        return self._riding("reading the job's runs", lambda: self._enqueued(job_id, run_ids))
+
+    def _enqueued(self, job_id: str, run_ids: Sequence[str]) -> set[str]:
         runs_key, traces_key = backfill_runs_key(job_id), backfill_traces_key(job_id)
         if job_id not in self._legacy:
             self._legacy[job_id] = bool(self.client.exists(traces_key))

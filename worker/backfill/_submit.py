@@ -1,10 +1,12 @@
 """Submitting backfill batches to the Redis queue, without flooding it.
 
 The message and its publisher are the exporter's (``tracing.queue.Publisher``: Celery's task
-protocol 2 in JSON, over kombu), here with kombu's retry policy so a broker blip is ridden out,
-wrapped in ``tracing.queue.Backpressure``: above ``high_water`` waiting batches (the Redis list
-kombu keeps per queue) the backfill waits until the workers bring it down to ``low_water``.
-Progress comes from the per-job counters the workers keep in the score store.
+protocol 2 in JSON, over kombu), wrapped in ``tracing.queue.Backpressure``: above ``high_water``
+waiting batches (the Redis list kombu keeps per queue) the backfill waits until the workers bring
+it down to ``low_water``. Progress comes from the per-job counters the workers keep in the score
+store. Each of these calls rides out Redis being away for the workers' reconnect budget
+(``RideOut``), the publish too: kombu's own retry is off, for it neither heeds a stop asked nor
+says that it waits.
 """
 
 from __future__ import annotations
@@ -18,13 +20,27 @@ import redis
 from tracing.queue import Backpressure, Publisher, ScoreBatch
 from worker._errors import SettingsError
 from worker._settings import Settings
+from worker.backfill._outage import RideOut
 from worker.backfill._state import BOUNDED, store_client
 from worker.store import check_list, job_progress
 
 __all__ = ["RedisSubmitter"]
 
-# Enough to ride out a broker restart (Celery's default gives up after ~0.6 s).
-_RETRY_POLICY = {"max_retries": 5, "interval_start": 0.5, "interval_step": 1.0, "interval_max": 5.0}
+
+class _RidingPublisher:
+    """``Publisher.publish`` called again while the broker is away (each try reconnects: a failed
+    publish drops its connection)."""
+
+    def __init__(self, publisher: Publisher, ride_out: RideOut) -> None:
+        self.publisher = publisher
+        self.max_payload_bytes = publisher.max_payload_bytes
+        self._ride_out = ride_out
+
+    def publish(self, batch: ScoreBatch, requests_json: Sequence[str] | None = None) -> None:
+        self._ride_out("publishing a batch", lambda: self.publisher.publish(batch, requests_json))
+
+    def close(self) -> None:
+        self.publisher.close()
 
 
 class RedisSubmitter:
@@ -42,20 +58,26 @@ class RedisSubmitter:
         self.queue = settings.queue
         tls = settings.tls  # rediss:// verifies the certificate, as the workers do
         self.max_payload_bytes = settings.max_payload_bytes
+        # Shared with the job's store (``RedisJobStore``): one budget, one stop, one word.
+        self.ride_out = RideOut()
         self._broker: Any = (
             redis.Redis.from_url(settings.broker_redis_url, **tls.redis_kwargs(settings.broker_url), **BOUNDED)
             if settings.broker_url.startswith(("redis", "rediss"))
             else None
         )
+        publisher = Publisher(
+            settings.broker_url,
+            queue=settings.queue,
+            origin=f"tracescore-backfill@{socket.gethostname()}",
+            tls=tls,
+            max_payload_bytes=settings.max_payload_bytes,
+            # Bounded as the backfill's other clients, and no retry of kombu's (``RideOut``'s):
+            # kombu's default connect retried for seconds, deaf to a stop.
+            connect_timeout_s=BOUNDED["socket_connect_timeout"],
+            publish_timeout_s=BOUNDED["socket_timeout"],
+        )
         self._publisher = Backpressure(
-            Publisher(
-                settings.broker_url,
-                queue=settings.queue,
-                origin=f"tracescore-backfill@{socket.gethostname()}",
-                tls=tls,
-                max_payload_bytes=settings.max_payload_bytes,
-                retry_policy=_RETRY_POLICY,
-            ),
+            _RidingPublisher(publisher, self.ride_out),
             self.pending,
             high_water=high_water,
             low_water=low_water,
@@ -71,6 +93,7 @@ class RedisSubmitter:
     @should_stop.setter
     def should_stop(self, value: Callable[[], bool]) -> None:
         self._publisher.should_stop = value
+        self.ride_out.should_stop = value
 
     @property
     def on_wait(self) -> Callable[[int], None]:
@@ -111,6 +134,9 @@ class RedisSubmitter:
     def pending(self) -> int:
         if self._broker is None:
             return 0
+        return self.ride_out("reading the queue's length", self._queue_length)
+
+    def _queue_length(self) -> int:
         try:
             return int(self._broker.llen(self.queue))
         except redis.exceptions.ResponseError:
@@ -123,7 +149,7 @@ class RedisSubmitter:
         self._publisher.publish(batch, requests_json)
 
     def progress(self, job_id: str) -> dict[str, int]:
-        return job_progress(self.store, job_id)
+        return self.ride_out("reading the job's counts", lambda: job_progress(self.store, job_id))
 
     def close(self) -> None:
         self._publisher.close()
