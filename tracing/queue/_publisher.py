@@ -2,8 +2,8 @@
 
 The exporter's ``CelerySink`` and the backfill both publish through ``Publisher``: the same
 message (``task_message``), the same queue declaration, the same TLS handling. What differs is
-configuration: the exporter fails fast (short timeouts, no retry: its sender thread retries
-with backoff), the backfill rides out a broker blip (kombu's retry policy). ``Backpressure``
+configuration and who retries: the exporter fails fast (short timeouts; its sender thread retries
+with backoff), the backfill rides out a broker restart (``worker.backfill``'s wait). ``Backpressure``
 holds a producer back while the queue is above a high-water mark.
 """
 
@@ -14,7 +14,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from tracing._broker import BrokerTLS
@@ -55,8 +55,8 @@ class Publisher:
     """Publishes ``tracescore.score_batch`` messages to ``queue`` on ``broker_url`` with kombu.
 
     ``connect_timeout_s`` / ``publish_timeout_s`` bound a connect and a socket call (None: kombu's
-    defaults); ``retry_policy`` is kombu's publish retry policy (None: no retry, the caller
-    retries). A message over ``max_payload_bytes`` (the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES``)
+    defaults). A publish is not retried: the caller retries (a failed one drops the connection,
+    and the next connects again). A message over ``max_payload_bytes`` (the workers' ``TRACESCORE_MAX_PAYLOAD_BYTES``)
     is refused with ``ValueError`` before it is sent: a worker would dead-letter it whole; so is
     one asking for more (run, scorer id) pairs than ``MAX_BATCH_PAIRS`` (built without the
     cutter, which cuts under both). A key
@@ -74,7 +74,6 @@ class Publisher:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         connect_timeout_s: float | None = None,
         publish_timeout_s: float | None = None,
-        retry_policy: Mapping[str, Any] | None = None,
     ) -> None:
         if not broker_url:
             raise ValueError("a publisher needs a broker URL, e.g. redis://localhost:6379/0")
@@ -92,7 +91,6 @@ class Publisher:
         self._origin = origin
         self._connect_timeout = connect_timeout_s
         self._publish_timeout = publish_timeout_s
-        self._retry_policy = dict(retry_policy) if retry_policy is not None else None
         # rediss:// verifies the certificate; default: TRACESCORE_BROKER_CA_FILE / _TLS_INSECURE
         self._ssl = (tls or BrokerTLS.from_env()).kombu_ssl(broker_url)
         self._lock = threading.Lock()
@@ -145,9 +143,6 @@ class Publisher:
                 f"batch {batch.batch_id} is {size} bytes, over max_payload_bytes={self.max_payload_bytes}:"
                 " send fewer or smaller runs per batch (tracing.queue.RequestCutter cuts them by it)"
             )
-        retry: dict[str, Any] = (
-            {"retry": False} if self._retry_policy is None else {"retry": True, "retry_policy": self._retry_policy}
-        )
         with self._lock:
             if self._closed:  # never reconnect once closed: a late publish must not reach the broker
                 raise RuntimeError("the publisher is closed; this batch was not sent")
@@ -162,7 +157,7 @@ class Publisher:
                     content_type=CONTENT_TYPE,
                     content_encoding=CONTENT_ENCODING,
                     delivery_mode=2,
-                    **retry,
+                    retry=False,
                 )
             except Exception as exc:
                 misplaced = self._misplaced_key(exc)
