@@ -285,9 +285,19 @@ def _run(args: argparse.Namespace, server: RedisServer | None) -> None:
         "python": platform.python_version(),
     }
     print(json.dumps(result, indent=2))
-    ok = result["traces_per_s"] >= 2000 and result["peak_rss_mb"] < 300
+    # Each target named: "PASS" printed beside a CPU ratio four times the target read as met.
+    missed = [
+        name
+        for name, met in (
+            ("traces/s", result["traces_per_s"] >= 2000),
+            ("peak RSS", result["peak_rss_mb"] < 300),
+            ("CPU ratio", (result["cpu_ratio_to_plain_parse"] or 0) <= 10),
+        )
+        if not met
+    ]
     print(
-        f"{'PASS' if ok else 'BELOW TARGET'}: {result['traces_per_s']:,.0f} traces/s end to end "
+        f"{'PASS' if not missed else 'BELOW TARGET (' + ', '.join(missed) + ')'}: "
+        f"{result['traces_per_s']:,.0f} traces/s end to end "
         f"(read+enqueue {result['read_enqueue_traces_per_s']:,.0f}/s), peak RSS {result['peak_rss_mb']} MB; "
         f"CPU {result['pipeline_cpu_ms_per_trace']} ms/trace = {result['cpu_ratio_to_plain_parse']}x a plain "
         f"gunzip + json.loads ({result['plain_parse_cpu_ms_per_trace'] * 1000:.0f} us/trace); the workers' "
