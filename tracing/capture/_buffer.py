@@ -24,8 +24,9 @@ and a trace then goes ``grace_s`` after its root arrived, as before.
 Bounds (issue 10): ``max_traces`` traces and ``max_buffer_bytes`` of records (approximate JSON
 size), ``max_spans_per_trace`` spans each (the oldest span goes), ``max_trace_age_s`` without an
 ended root. When full, the oldest trace whose root ended is completed early (it is deliverable,
-if the hand-off queue has room for it), else the oldest unfinished trace is dropped, and with it
-its later spans: a dropped trace never comes back as a partial run.
+if the hand-off queue has room for it), else the oldest with an ended agent span (a session's
+finished run), else the oldest unfinished trace is dropped, and with it its later spans: a
+dropped trace never comes back as a partial run.
 """
 
 from __future__ import annotations
