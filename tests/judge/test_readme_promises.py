@@ -1,0 +1,151 @@
+"""Promises of the README's "Writing a scorer" and "LLM judges" sections no other test checked,
+each through the real SDKs over HTTP to tests/fakellm (audit-judges)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from scorers import Judge, PromptStep, ScorerConfigError, ScorerRunError, create_scorer
+from scorers.judge import (
+    JudgeConnectionError,
+    JudgeProviderError,
+    RetryMatcher,
+    StreamErrorRetryProcessor,
+)
+from tests.fakellm import FakeLLMServer, Reply
+from tests.judge.helpers import MODELS, run, score_scorer
+
+
+def _base_url(model: str, port: int) -> str:
+    return f"http://127.0.0.1:{port}" + ("/v1" if model.startswith("openai/") else "")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_refused_connection_reaches_a_matcher_as_econnrefused(sleeps: list[float], model: str) -> None:
+    """README: a matcher sees the socket error as ``error.code`` ("ECONNREFUSED"). A matcher
+    written for it that never matched would leave a judge behind a restarting proxy unretried."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    seen: list[str | None] = []
+
+    def refused(error: JudgeProviderError) -> bool:
+        seen.append(error.code)
+        return error.code == "ECONNREFUSED"
+
+    judge = Judge(
+        model,
+        base_url=_base_url(model, port),
+        api_key="sk-test",
+        error_processors=[
+            StreamErrorRetryProcessor(max_retries=0, matchers=[RetryMatcher(refused, max_retries=2, delay_ms=5)])
+        ],
+        max_processor_retries=2,
+    )
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(judge))
+    assert isinstance(info.value.cause, JudgeConnectionError)
+    assert seen == ["ECONNREFUSED"] * 3  # the matcher decided: two retries past max_retries=0
+    assert sleeps == [0.005, 0.005]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_an_async_create_prompt_is_awaited_and_its_text_sent(fake_llm: FakeLLMServer, model: str) -> None:
+    """README: create_prompt "may be async". Sent un-awaited, the judge would score the text of
+    a coroutine object."""
+
+    async def prompt(run: Any) -> str:
+        return f"Score this answer: {run.output}"
+
+    result = run(create_scorer("s", judge=Judge(model)).generate_score(PromptStep("score", prompt)))
+    assert result.score == 0.5
+    (request,) = fake_llm.requests
+    assert "Score this answer: Paris is the capital of France." in request.last_user_text
+    assert "coroutine" not in request.last_user_text
+    assert result.generate_score_prompt == "Score this answer: Paris is the capital of France."
+
+
+class Count(BaseModel):
+    count: int
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_calculate_score_gets_its_arguments_and_maps_an_answer_outside_the_range(
+    fake_llm: FakeLLMServer, model: str
+) -> None:
+    """README: calculate_score(run=, results=, analyze_step_result=, judge_output=) maps the
+    answer; the number is held within score_range only "when no calculate_score maps it". A
+    0-10 judge answer mapped to (0, 1) must be the score, with no fallback call paid for it."""
+    seen: dict[str, Any] = {}
+
+    def calculate(run: Any, results: Any, analyze_step_result: Any, judge_output: Any) -> float:
+        seen.update(
+            output=run.output,
+            analyzed=results.analyze_step_result,
+            analyze_step_result=analyze_step_result,
+            judge_output=judge_output,
+        )
+        return float(judge_output["score"]) / 10
+
+    scorer = (
+        create_scorer("s", judge=Judge(model), score_range=(0, 1))
+        .analyze(lambda run: {"words": len(str(run.output).split())})
+        .generate_score(PromptStep("score", lambda run: "Score it from 0 to 10.", calculate_score=calculate))
+    )
+    fake_llm.script(Reply.json({"score": 7}))
+    result = run(scorer)
+    assert result.score == pytest.approx(0.7)
+    assert seen == {
+        "output": "Paris is the capital of France.",
+        "analyzed": {"words": 6},
+        "analyze_step_result": {"words": 6},
+        "judge_output": {"score": 7},
+    }
+    assert fake_llm.count() == 1
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_default_max_tokens_is_1024_on_the_wire(fake_llm: FakeLLMServer, model: str) -> None:
+    """README: ``max_tokens`` [1024]. The default is what bounds each answer's cost."""
+    run(score_scorer(Judge(model)))
+    (request,) = fake_llm.requests
+    sent = request.body.get("max_completion_tokens", request.body.get("max_tokens"))
+    assert sent == 1024
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(
+    ("fault", "expected_s"),
+    [
+        (Reply.error(503, "unavailable", headers={"retry-after": "2"}), 2.0),
+        (Reply.error(529, "busy", error_type="overloaded_error", headers={"retry-after": "3"}), 3.0),
+        (Reply.error(425, "too early", headers={"retry-after-ms": "-1", "retry-after": "4"}), 4.0),
+        (Reply.rate_limited(retry_after="inf"), 0.0),
+        (Reply.rate_limited(retry_after="1e400"), 0.0),
+        (Reply.rate_limited(retry_after="-3"), 0.0),
+    ],
+    ids=["503", "529", "425-negative-ms", "inf", "1e400", "negative-seconds"],
+)
+def test_retry_after_is_honoured_on_any_retried_status_and_an_unreadable_one_ignored(
+    fake_llm: FakeLLMServer, sleeps: list[float], model: str, fault: Reply, expected_s: float
+) -> None:
+    """README: any retry waits max(delay, min(Retry-After, max_retry_after_ms)) (not only a
+    429's), a 425 is retried, and a negative, non-finite or unreadable value is ignored (an
+    infinite one read as a number would wait the full 30 s cap on every retry)."""
+    fake_llm.script(fault)
+    result = run(score_scorer(Judge(model, error_processors=[StreamErrorRetryProcessor()])))
+    assert result.score == 0.5
+    assert fake_llm.count() == 2
+    assert sleeps == ([pytest.approx(expected_s)] if expected_s else [])
+
+
+@pytest.mark.parametrize("step", ["preprocess", "analyze"])
+def test_a_prompt_step_without_output_schema_before_the_score_is_refused_when_built(step: str) -> None:
+    """README: preprocess/analyze need an output_schema; found at build time, not after a paid call."""
+    scorer = create_scorer("s", judge=Judge("openai/gpt-4o-mini"))
+    with pytest.raises(ScorerConfigError, match=f"a PromptStep for {step} needs output_schema"):
+        getattr(scorer, step)(PromptStep("step", lambda run: "List the claims."))
