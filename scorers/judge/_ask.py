@@ -213,7 +213,8 @@ class _JudgeCall:
                     mode = "system"
                     self.log.info("judge.fallback", **_problem_fields(problem, self.spec))
                     continue
-                raise self._fail(self._output_error(problem, response, fell_back)) from problem
+                # from None: a traceback would print the problem with its values (see below).
+                raise self._fail(self._output_error(problem, response, fell_back)) from None
             except JudgeError as exc:
                 raise self._fail(exc) from exc.__cause__
             return JudgeAnswer(value, self._execution("ok", output=json_ready(value)))
@@ -442,11 +443,13 @@ class _JudgeCall:
         what = "does not fit the output schema" if isinstance(problem, SchemaMismatch) else "could not be read"
         # The answer described, not quoted (as an unreadable provider body is): a judge's answer
         # quotes the agent, and this text goes wherever the error is shown or logged with its
-        # traceback; the answer itself is the error's raw_output, and the step record's.
+        # traceback; the answer itself is the error's raw_output, and the step record's. A schema
+        # problem is told by place and kind, as the fallback's log line tells it.
+        told = _described(problem, self.spec) if isinstance(problem, SchemaMismatch) else str(problem)
         return JudgeOutputError(
             scrub_secrets(
                 f"{self.where}: the answer of judge model {self.info.model_id} "
-                f"({len(response.text):,} characters) {what}{after}: {problem}",
+                f"({len(response.text):,} characters) {what}{after}: {told}",
                 self.secret,
             ),
             model_id=self.info.model_id,
@@ -564,6 +567,17 @@ def _problem_fields(problem: Exception, spec: OutputSpec | None) -> dict[str, An
             "at": [_schema_place(p.split(":", 1)[0], known) for p in problem.problems[:8]],
         }
     return {"problem": str(problem)}  # parse errors: a position and a parser message only
+
+
+def _described(problem: SchemaMismatch, spec: OutputSpec | None) -> str:
+    """The problems without the values that failed, each at its place as ``_problem_fields``
+    logs it (a key the answer made up is no place to name)."""
+    known = spec.property_names if spec is not None else frozenset()
+    told = []
+    for text in problem.described[:8]:
+        place, _, what = text.partition(":")
+        told.append(f"{_schema_place(place, known)}:{what}")
+    return "; ".join(told) + (" ..." if len(problem.described) > 8 else "")
 
 
 _PATH_SEPARATORS = re.compile(r"[.\[\]]+")

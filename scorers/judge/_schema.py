@@ -25,11 +25,30 @@ __all__ = ["OutputSpec", "SchemaMismatch", "parse_json_text", "strict_openai_sch
 
 
 class SchemaMismatch(ValueError):
-    """The answer does not fit the schema; ``problems`` lists each as 'path: what'."""
+    """The answer does not fit the schema; ``problems`` lists each as 'path: what' with the
+    value that failed (for the step record), ``described`` the same without it (for an error's
+    message, which goes wherever the error is logged: a claims step's values are the agent's text)."""
 
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("; ".join(problems[:8]) + (" ..." if len(problems) > 8 else ""))
+    def __init__(self, problems: list[str], described: list[str] | None = None) -> None:
+        super().__init__(_joined(problems))
         self.problems = problems
+        self.described = problems if described is None else described
+
+
+def _joined(problems: list[str]) -> str:
+    return "; ".join(problems[:8]) + (" ..." if len(problems) > 8 else "")
+
+
+class _Problems(list[str]):
+    """What ``_check`` finds, each with its value (the list) and without it (``described``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.described: list[str] = []
+
+    def add(self, what: str, value: str = "") -> None:
+        self.append(what + value)
+        self.described.append(what)
 
 
 @dataclass(frozen=True)
@@ -82,11 +101,15 @@ class OutputSpec:
             try:
                 return self.adapter.validate_python(data)
             except ValidationError as exc:
-                raise SchemaMismatch([_pydantic_problem(e) for e in exc.errors()]) from exc
-        problems: list[str] = []
+                errors = exc.errors()
+                raise SchemaMismatch(
+                    [_pydantic_problem(e) + f" (got {e.get('input')!r:.60})" for e in errors],
+                    [_pydantic_problem(e) for e in errors],
+                ) from exc
+        problems = _Problems()
         _check(data, self.json_schema, "", self.json_schema.get("$defs", {}), problems)
         if problems:
-            raise SchemaMismatch(problems)
+            raise SchemaMismatch(problems, problems.described)
         return data
 
 
@@ -136,7 +159,7 @@ def _identifier(name: str) -> str:
 
 def _pydantic_problem(error: Any) -> str:
     loc = ".".join(str(p) for p in error.get("loc", ())) or "(root)"
-    return f"{loc}: {error.get('msg')} (got {error.get('input')!r:.60})"
+    return f"{loc}: {error.get('msg')}"
 
 
 def _not_json(name: str) -> Any:
@@ -254,20 +277,20 @@ def _resolve(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str,
     return schema
 
 
-def _check(value: Any, schema: Any, path: str, defs: Mapping[str, Any], problems: list[str]) -> None:
+def _check(value: Any, schema: Any, path: str, defs: Mapping[str, Any], problems: _Problems) -> None:
     if not isinstance(schema, Mapping):
         return
     schema = _resolve(schema, defs)
     where = path or "(root)"
     if "const" in schema and value != schema["const"]:
-        problems.append(f"{where}: must be {schema['const']!r}, got {value!r:.60}")
+        problems.add(f"{where}: must be {schema['const']!r}", f", got {value!r:.60}")
     if "enum" in schema and value not in schema["enum"]:
-        problems.append(f"{where}: must be one of {schema['enum']!r}, got {value!r:.60}")
+        problems.add(f"{where}: must be one of {schema['enum']!r}", f", got {value!r:.60}")
     for key in ("anyOf", "oneOf"):
         options = schema.get(key)
         if options:
             if not any(_fits(value, o, defs) for o in options):
-                problems.append(f"{where}: matches none of the allowed {key} shapes")
+                problems.add(f"{where}: matches none of the allowed {key} shapes")
             return
     for sub in schema.get("allOf", []):
         _check(value, sub, path, defs, problems)
@@ -275,22 +298,22 @@ def _check(value: Any, schema: Any, path: str, defs: Mapping[str, Any], problems
     if kind is not None:
         kinds = kind if isinstance(kind, list) else [kind]
         if not any(_TYPES.get(k, lambda v: True)(value) for k in kinds):
-            problems.append(f"{where}: expected {' or '.join(kinds)}, got {type(value).__name__} {value!r:.60}")
+            problems.add(f"{where}: expected {' or '.join(kinds)}, got {type(value).__name__}", f" {value!r:.60}")
             return
     if isinstance(value, int | float) and not isinstance(value, bool):
         _check_range(value, schema, where, problems)
     elif isinstance(value, str):
         if len(value) < schema.get("minLength", 0):
-            problems.append(f"{where}: shorter than {schema['minLength']} characters")
+            problems.add(f"{where}: shorter than {schema['minLength']} characters")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
-            problems.append(f"{where}: longer than {schema['maxLength']} characters")
+            problems.add(f"{where}: longer than {schema['maxLength']} characters")
         if "pattern" in schema and not re.search(schema["pattern"], value):
-            problems.append(f"{where}: does not match pattern {schema['pattern']!r}")
+            problems.add(f"{where}: does not match pattern {schema['pattern']!r}")
     elif isinstance(value, list):
         if len(value) < schema.get("minItems", 0):
-            problems.append(f"{where}: fewer than {schema['minItems']} items")
+            problems.add(f"{where}: fewer than {schema['minItems']} items")
         if "maxItems" in schema and len(value) > schema["maxItems"]:
-            problems.append(f"{where}: more than {schema['maxItems']} items")
+            problems.add(f"{where}: more than {schema['maxItems']} items")
         items = schema.get("items")
         for i, item in enumerate(value):
             _check(item, items, f"{path}[{i}]", defs, problems)
@@ -298,30 +321,30 @@ def _check(value: Any, schema: Any, path: str, defs: Mapping[str, Any], problems
         props: Mapping[str, Any] = schema.get("properties", {})
         for name in schema.get("required", []):
             if name not in value:
-                problems.append(f"{_join(path, name)}: required but missing")
+                problems.add(f"{_join(path, name)}: required but missing")
         extra = schema.get("additionalProperties", True)
         for name, item in value.items():
             if name in props:
                 _check(item, props[name], _join(path, name), defs, problems)
             elif extra is False:
-                problems.append(f"{_join(path, name)}: unexpected property")
+                problems.add(f"{_join(path, name)}: unexpected property")
             elif isinstance(extra, Mapping):
                 _check(item, extra, _join(path, name), defs, problems)
 
 
-def _check_range(value: float, schema: Mapping[str, Any], where: str, problems: list[str]) -> None:
+def _check_range(value: float, schema: Mapping[str, Any], where: str, problems: _Problems) -> None:
     if "minimum" in schema and value < schema["minimum"]:
-        problems.append(f"{where}: {value} is below the minimum {schema['minimum']}")
+        problems.add(f"{where}: {value} is below the minimum {schema['minimum']}")
     if "maximum" in schema and value > schema["maximum"]:
-        problems.append(f"{where}: {value} is above the maximum {schema['maximum']}")
+        problems.add(f"{where}: {value} is above the maximum {schema['maximum']}")
     if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-        problems.append(f"{where}: {value} must be greater than {schema['exclusiveMinimum']}")
+        problems.add(f"{where}: {value} must be greater than {schema['exclusiveMinimum']}")
     if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
-        problems.append(f"{where}: {value} must be less than {schema['exclusiveMaximum']}")
+        problems.add(f"{where}: {value} must be less than {schema['exclusiveMaximum']}")
 
 
 def _fits(value: Any, schema: Any, defs: Mapping[str, Any]) -> bool:
-    problems: list[str] = []
+    problems = _Problems()
     _check(value, schema, "", defs, problems)
     return not problems
 

@@ -4,6 +4,7 @@ each through the real SDKs over HTTP to tests/fakellm (audit-judges)."""
 from __future__ import annotations
 
 import socket
+import traceback
 from typing import Any
 
 import pytest
@@ -12,12 +13,13 @@ from pydantic import BaseModel
 from scorers import Judge, PromptStep, ScorerConfigError, ScorerRunError, create_scorer
 from scorers.judge import (
     JudgeConnectionError,
+    JudgeOutputError,
     JudgeProviderError,
     RetryMatcher,
     StreamErrorRetryProcessor,
 )
 from tests.fakellm import FakeLLMServer, Reply
-from tests.judge.helpers import MODELS, run, score_scorer
+from tests.judge.helpers import MODELS, Verdict, run, score_scorer
 
 
 def _base_url(model: str, port: int) -> str:
@@ -149,3 +151,46 @@ def test_a_prompt_step_without_output_schema_before_the_score_is_refused_when_bu
     scorer = create_scorer("s", judge=Judge("openai/gpt-4o-mini"))
     with pytest.raises(ScorerConfigError, match=f"a PromptStep for {step} needs output_schema"):
         getattr(scorer, step)(PromptStep("step", lambda run: "List the claims."))
+
+
+_AGENT = "AGENT-PRIVATE-4711 my card is 4111 1111"
+_CLOSED = {
+    "type": "object",
+    "properties": {"verdict": {"enum": ["yes", "no"]}, "confidence": {"type": "number"}},
+    "required": ["verdict", "confidence"],
+    "additionalProperties": False,
+}
+# (output schema, the answer, where it fails, what the error still says)
+UNFIT_ANSWERS = {
+    "pydantic: a list for a string": (Verdict, {"verdict": [_AGENT], "confidence": 0.5}, "verdict", "valid string"),
+    "enum": (_CLOSED, {"verdict": _AGENT, "confidence": 0.5}, "verdict", "must be one of ['yes', 'no']"),
+    "type": (_CLOSED, {"verdict": "yes", "confidence": _AGENT}, "confidence", "expected number, got str"),
+    "a made-up key": (_CLOSED, {"verdict": "yes", "confidence": 0.5, _AGENT: 1}, "", "unexpected property"),
+}
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("schema", "answer", "where", "what"), list(UNFIT_ANSWERS.values()), ids=list(UNFIT_ANSWERS))
+def test_an_answer_that_does_not_fit_is_described_in_the_error_never_quoted(
+    fake_llm: FakeLLMServer, model: str, schema: Any, answer: dict[str, Any], where: str, what: str
+) -> None:
+    """README: an answer that still does not validate fails the step; the error "describes the
+    answer by its length, never quotes it (it may quote the agent): the answer is the error's
+    raw_output and the step record's". The message quoted the failing value (``(got [...])``,
+    ``got 'AGENT-...'``, up to 60 characters) and named a key the answer made up, into every
+    log line that prints the error."""
+    fake_llm.rule(Reply.json(answer))
+    scorer = create_scorer("s", judge=Judge(model)).analyze(
+        PromptStep("analyze", lambda run: "Analyze the answer.", output_schema=schema)
+    )
+    with pytest.raises(ScorerRunError) as info:
+        run(scorer.generate_score(lambda: 1.0))
+    error = info.value
+    assert isinstance(error.cause, JudgeOutputError)
+    assert "AGENT-PRIVATE" not in str(error) + str(error.cause)
+    assert "AGENT-PRIVATE" not in "".join(traceback.format_exception(error))  # as a worker logs it
+    assert "does not fit the output schema" in str(error.cause)
+    assert f"{where or '(a property the schema does not name)'}: " in str(error.cause)
+    assert what in str(error.cause)
+    assert "AGENT-PRIVATE" in (error.cause.raw_output or "")  # the answer is kept where the README says
+    assert "AGENT-PRIVATE" in (error.partial.judge["analyze"].attempts[0].error or "")  # the record keeps it all
