@@ -564,7 +564,7 @@ def _problem_fields(problem: Exception, spec: OutputSpec | None) -> dict[str, An
         known = spec.property_names if spec is not None else frozenset()
         return {
             "problem": "does not fit the output schema",
-            "at": [_schema_place(p.split(":", 1)[0], known) for p in problem.problems[:8]],
+            "at": [_schema_place(place, known) for place, _ in problem.described[:8]],
         }
     return {"problem": str(problem)}  # parse errors: a position and a parser message only
 
@@ -574,9 +574,8 @@ def _described(problem: SchemaMismatch, spec: OutputSpec | None) -> str:
     logs it (a key the answer made up is no place to name)."""
     known = spec.property_names if spec is not None else frozenset()
     told = []
-    for text in problem.described[:8]:
-        place, _, what = text.partition(":")
-        told.append(f"{_schema_place(place, known)}:{what}")
+    for place, what in problem.described[:8]:
+        told.append(f"{_schema_place(place, known)}: {what}")
     return "; ".join(told) + (" ..." if len(problem.described) > 8 else "")
 
 

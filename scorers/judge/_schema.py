@@ -26,13 +26,14 @@ __all__ = ["OutputSpec", "SchemaMismatch", "parse_json_text", "strict_openai_sch
 
 class SchemaMismatch(ValueError):
     """The answer does not fit the schema; ``problems`` lists each as 'path: what' with the
-    value that failed (for the step record), ``described`` the same without it (for an error's
-    message, which goes wherever the error is logged: a claims step's values are the agent's text)."""
+    value that failed (for the step record), ``described`` each as (path, what) without it (for
+    an error's message, which goes wherever the error is logged: a claims step's values are the
+    agent's text, and a path may hold a key the answer made up, colons and all)."""
 
-    def __init__(self, problems: list[str], described: list[str] | None = None) -> None:
+    def __init__(self, problems: list[str], described: list[tuple[str, str]] | None = None) -> None:
         super().__init__(_joined(problems))
         self.problems = problems
-        self.described = problems if described is None else described
+        self.described = [("(root)", p) for p in problems] if described is None else described
 
 
 def _joined(problems: list[str]) -> str:
@@ -44,11 +45,11 @@ class _Problems(list[str]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.described: list[str] = []
+        self.described: list[tuple[str, str]] = []
 
-    def add(self, what: str, value: str = "") -> None:
-        self.append(what + value)
-        self.described.append(what)
+    def add(self, where: str, what: str, value: str = "") -> None:
+        self.append(f"{where}: {what}{value}")
+        self.described.append((where, what))
 
 
 @dataclass(frozen=True)
@@ -96,15 +97,15 @@ class OutputSpec:
         """The validated value (a model instance for pydantic types), or ``SchemaMismatch``."""
         out_of_range = _non_finite(data)
         if out_of_range:
-            raise SchemaMismatch(out_of_range)
+            raise SchemaMismatch(out_of_range, out_of_range.described)
         if self.adapter is not None:
             try:
                 return self.adapter.validate_python(data)
             except ValidationError as exc:
                 errors = exc.errors()
                 raise SchemaMismatch(
-                    [_pydantic_problem(e) + f" (got {e.get('input')!r:.60})" for e in errors],
-                    [_pydantic_problem(e) for e in errors],
+                    [f"{_loc(e)}: {e.get('msg')} (got {e.get('input')!r:.60})" for e in errors],
+                    [(_loc(e), str(e.get("msg"))) for e in errors],
                 ) from exc
         problems = _Problems()
         _check(data, self.json_schema, "", self.json_schema.get("$defs", {}), problems)
@@ -118,25 +119,25 @@ def _adapter(tp: Any) -> TypeAdapter[Any]:
     return TypeAdapter(tp)
 
 
-def _non_finite(data: Any) -> list[str]:
+def _non_finite(data: Any) -> _Problems:
     """Where ``data`` holds a number JSON cannot carry: NaN or an infinity (Anthropic's tool input
     and ``1e999``, which Python's parser reads as inf, bring them), or an integer no float holds.
     Pydantic's floats take NaN and infinities, and a built-in's clamp then made a NaN a 0 and an
     infinity a full score. Paths are spelled only for what is found: built for every node, a
     long key over a wide list cost hundreds of MiB on an answer of 64 KB."""
-    problems: list[str] = []
+    problems = _Problems()
     # (value, (key, parent's link) or None): each node holds a link, not a string.
     stack: list[tuple[Any, tuple[Any, Any] | None]] = [(data, None)]
     while stack and len(problems) < 8:
         node, link = stack.pop()
         if isinstance(node, float):
             if not math.isfinite(node):
-                problems.append(f"{_path(link)}: {node!r} is not a finite number")
+                problems.add(_path(link), f"{node!r} is not a finite number")
         elif isinstance(node, int) and not isinstance(node, bool) and node.bit_length() > 1000:
             try:
                 float(node)
             except OverflowError:
-                problems.append(f"{_path(link)}: an integer of {node.bit_length()} bits is out of a number's range")
+                problems.add(_path(link), f"an integer of {node.bit_length()} bits is out of a number's range")
         elif isinstance(node, dict):
             stack.extend((value, (key, link)) for key, value in node.items())
         elif isinstance(node, list):
@@ -157,9 +158,8 @@ def _identifier(name: str) -> str:
     return clean or "answer"
 
 
-def _pydantic_problem(error: Any) -> str:
-    loc = ".".join(str(p) for p in error.get("loc", ())) or "(root)"
-    return f"{loc}: {error.get('msg')}"
+def _loc(error: Any) -> str:
+    return ".".join(str(p) for p in error.get("loc", ())) or "(root)"
 
 
 def _not_json(name: str) -> Any:
@@ -283,14 +283,14 @@ def _check(value: Any, schema: Any, path: str, defs: Mapping[str, Any], problems
     schema = _resolve(schema, defs)
     where = path or "(root)"
     if "const" in schema and value != schema["const"]:
-        problems.add(f"{where}: must be {schema['const']!r}", f", got {value!r:.60}")
+        problems.add(where, f"must be {schema['const']!r}", f", got {value!r:.60}")
     if "enum" in schema and value not in schema["enum"]:
-        problems.add(f"{where}: must be one of {schema['enum']!r}", f", got {value!r:.60}")
+        problems.add(where, f"must be one of {schema['enum']!r}", f", got {value!r:.60}")
     for key in ("anyOf", "oneOf"):
         options = schema.get(key)
         if options:
             if not any(_fits(value, o, defs) for o in options):
-                problems.add(f"{where}: matches none of the allowed {key} shapes")
+                problems.add(where, f"matches none of the allowed {key} shapes")
             return
     for sub in schema.get("allOf", []):
         _check(value, sub, path, defs, problems)
@@ -298,22 +298,22 @@ def _check(value: Any, schema: Any, path: str, defs: Mapping[str, Any], problems
     if kind is not None:
         kinds = kind if isinstance(kind, list) else [kind]
         if not any(_TYPES.get(k, lambda v: True)(value) for k in kinds):
-            problems.add(f"{where}: expected {' or '.join(kinds)}, got {type(value).__name__}", f" {value!r:.60}")
+            problems.add(where, f"expected {' or '.join(kinds)}, got {type(value).__name__}", f" {value!r:.60}")
             return
     if isinstance(value, int | float) and not isinstance(value, bool):
         _check_range(value, schema, where, problems)
     elif isinstance(value, str):
         if len(value) < schema.get("minLength", 0):
-            problems.add(f"{where}: shorter than {schema['minLength']} characters")
+            problems.add(where, f"shorter than {schema['minLength']} characters")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
-            problems.add(f"{where}: longer than {schema['maxLength']} characters")
+            problems.add(where, f"longer than {schema['maxLength']} characters")
         if "pattern" in schema and not re.search(schema["pattern"], value):
-            problems.add(f"{where}: does not match pattern {schema['pattern']!r}")
+            problems.add(where, f"does not match pattern {schema['pattern']!r}")
     elif isinstance(value, list):
         if len(value) < schema.get("minItems", 0):
-            problems.add(f"{where}: fewer than {schema['minItems']} items")
+            problems.add(where, f"fewer than {schema['minItems']} items")
         if "maxItems" in schema and len(value) > schema["maxItems"]:
-            problems.add(f"{where}: more than {schema['maxItems']} items")
+            problems.add(where, f"more than {schema['maxItems']} items")
         items = schema.get("items")
         for i, item in enumerate(value):
             _check(item, items, f"{path}[{i}]", defs, problems)
@@ -321,26 +321,26 @@ def _check(value: Any, schema: Any, path: str, defs: Mapping[str, Any], problems
         props: Mapping[str, Any] = schema.get("properties", {})
         for name in schema.get("required", []):
             if name not in value:
-                problems.add(f"{_join(path, name)}: required but missing")
+                problems.add(_join(path, name), "required but missing")
         extra = schema.get("additionalProperties", True)
         for name, item in value.items():
             if name in props:
                 _check(item, props[name], _join(path, name), defs, problems)
             elif extra is False:
-                problems.add(f"{_join(path, name)}: unexpected property")
+                problems.add(_join(path, name), "unexpected property")
             elif isinstance(extra, Mapping):
                 _check(item, extra, _join(path, name), defs, problems)
 
 
 def _check_range(value: float, schema: Mapping[str, Any], where: str, problems: _Problems) -> None:
     if "minimum" in schema and value < schema["minimum"]:
-        problems.add(f"{where}: {value} is below the minimum {schema['minimum']}")
+        problems.add(where, f"{value} is below the minimum {schema['minimum']}")
     if "maximum" in schema and value > schema["maximum"]:
-        problems.add(f"{where}: {value} is above the maximum {schema['maximum']}")
+        problems.add(where, f"{value} is above the maximum {schema['maximum']}")
     if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-        problems.add(f"{where}: {value} must be greater than {schema['exclusiveMinimum']}")
+        problems.add(where, f"{value} must be greater than {schema['exclusiveMinimum']}")
     if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
-        problems.add(f"{where}: {value} must be less than {schema['exclusiveMaximum']}")
+        problems.add(where, f"{value} must be less than {schema['exclusiveMaximum']}")
 
 
 def _fits(value: Any, schema: Any, defs: Mapping[str, Any]) -> bool:

@@ -8,6 +8,7 @@ import traceback
 from typing import Any
 
 import pytest
+import structlog.testing
 from pydantic import BaseModel
 
 from scorers import Judge, PromptStep, ScorerConfigError, ScorerRunError, create_scorer
@@ -166,6 +167,12 @@ UNFIT_ANSWERS = {
     "enum": (_CLOSED, {"verdict": _AGENT, "confidence": 0.5}, "verdict", "must be one of ['yes', 'no']"),
     "type": (_CLOSED, {"verdict": "yes", "confidence": _AGENT}, "confidence", "expected number, got str"),
     "a made-up key": (_CLOSED, {"verdict": "yes", "confidence": 0.5, _AGENT: 1}, "", "unexpected property"),
+    "a made-up key with a colon": (
+        _CLOSED,
+        {"verdict": "yes", "confidence": 0.5, f"note: {_AGENT}": 1},
+        "",
+        "unexpected property",
+    ),
 }
 
 
@@ -183,8 +190,9 @@ def test_an_answer_that_does_not_fit_is_described_in_the_error_never_quoted(
     scorer = create_scorer("s", judge=Judge(model)).analyze(
         PromptStep("analyze", lambda run: "Analyze the answer.", output_schema=schema)
     )
-    with pytest.raises(ScorerRunError) as info:
+    with pytest.raises(ScorerRunError) as info, structlog.testing.capture_logs() as logs:
         run(scorer.generate_score(lambda: 1.0))
+    assert "AGENT-PRIVATE" not in repr(logs)
     error = info.value
     assert isinstance(error.cause, JudgeOutputError)
     assert "AGENT-PRIVATE" not in str(error) + str(error.cause)
