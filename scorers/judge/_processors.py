@@ -195,6 +195,10 @@ class StreamErrorRetryProcessor:
             return RetryDecision(False, reason="invalid requests are not retried")
         if category == "unknown" and not self.retry_unknown_errors:
             return RetryDecision(False, reason="unknown error and retry_unknown_errors is off")
+        if category == "unknown" and error.status_code is not None and not 200 <= error.status_code < 300:
+            # An HTTP status no table names (a 3xx: the base URL points elsewhere) answers the
+            # same request the same way: sent again, it is only paid again.
+            return RetryDecision(False, reason=f"HTTP {error.status_code} is not retried")
         if count >= self.max_retries:
             return RetryDecision(False, reason=f"retries exhausted ({self.max_retries})")
         return RetryDecision(True, self._delay(error, count, None), reason=category)

@@ -202,3 +202,22 @@ def test_an_answer_that_does_not_fit_is_described_in_the_error_never_quoted(
     assert what in str(error.cause)
     assert "AGENT-PRIVATE" in (error.cause.raw_output or "")  # the answer is kept where the README says
     assert "AGENT-PRIVATE" in (error.partial.judge["analyze"].attempts[0].error or "")  # the record keeps it all
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("status", [301, 307])
+def test_a_redirect_is_not_retried_even_when_unknown_errors_are(
+    fake_llm: FakeLLMServer, sleeps: list[float], model: str, status: int
+) -> None:
+    """README: a 3xx "is a JudgeStatusError naming the host it points to and the base URL
+    setting, not retried"; the processor retries unknown errors only when they are "neither
+    retryable nor an HTTP error". With retry_unknown_errors=True a redirect (category unknown)
+    was sent again max_retries times: the prompt re-sent to a base URL that cannot answer."""
+    fake_llm.rule(Reply.raw("", status=status, headers={"location": "http://127.0.0.1:9/v1/elsewhere"}))
+    judge = Judge(model, error_processors=[StreamErrorRetryProcessor(max_retries=2, retry_unknown_errors=True)])
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(judge))
+    assert type(info.value.cause).__name__ == "JudgeStatusError"
+    assert info.value.cause.status_code == status  # type: ignore[attr-defined]
+    assert fake_llm.count() == 1
+    assert sleeps == []
