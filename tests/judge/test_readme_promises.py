@@ -221,3 +221,21 @@ def test_a_redirect_is_not_retried_even_when_unknown_errors_are(
     assert info.value.cause.status_code == status  # type: ignore[attr-defined]
     assert fake_llm.count() == 1
     assert sleeps == []
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_body_past_the_cap_is_not_retried_by_a_retry_processor(
+    fake_llm: FakeLLMServer, sleeps: list[float], model: str
+) -> None:
+    """README: past the cap the call is a JudgeResponseError, category unknown, not retried
+    unless retry_unknown_errors=True or a matcher asks (a retry pays for the same answer again).
+    The cap's own test asks without a retry processor; here the processor a user sets retries
+    5xx and 429 three times and must still leave it alone."""
+    fake_llm.rule(Reply.raw(b'{"x": "' + b"a" * (17 << 20) + b'"}'))
+    judge = Judge(model, max_tokens=256, error_processors=[StreamErrorRetryProcessor(max_retries=3)])
+    with pytest.raises(ScorerRunError) as info:
+        run(score_scorer(judge))
+    assert type(info.value.cause).__name__ == "JudgeResponseError"
+    assert "more than max_tokens allows" in str(info.value.cause)
+    assert info.value.category == "unknown"
+    assert fake_llm.count() == 1
