@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import traceback
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -239,3 +240,13 @@ def test_a_body_past_the_cap_is_not_retried_by_a_retry_processor(
     assert "more than max_tokens allows" in str(info.value.cause)
     assert info.value.category == "unknown"
     assert fake_llm.count() == 1
+
+
+def test_the_writing_a_scorer_example_prints_what_the_readme_says(capsys: pytest.CaptureFixture[str]) -> None:
+    """README "Writing a scorer": its example prints ``0.83 5 words shared``. Run as written."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Writing a scorer", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    expected = code.rsplit("# ", 1)[1].strip()
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == expected == "0.83 5 words shared"
