@@ -83,3 +83,38 @@ def test_the_start_line_names_the_sinks_the_worker_delivers_to(redis_server: Red
     assert started["sinks"] == "jsonl"
     assert started["endpoints"] == {"jsonl": str(tmp_path / "scores.jsonl")}
     assert "writer" not in started
+
+
+def test_a_worker_writes_its_log_lines_to_stderr_never_stdout(redis_url: str, tmp_path: Path) -> None:
+    """README: log lines, the workers' too, go to stderr. tracescore's (structlog) and Celery's
+    own log lines are checked; Celery prints its banner and shutdown notices to stdout itself
+    (``sys.__stdout__``), which the README says."""
+    import os
+    import re
+    import signal
+
+    from tests.worker._workers import TRACESCORE, wait_for
+
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    env = {**os.environ, "TRACESCORE_BROKER_URL": redis_url, "PYTHONPATH": str(ROOT), "TRACESCORE_SINKS": "none"}
+    with out.open("w") as o, err.open("w") as e:
+        proc = subprocess.Popen(
+            [TRACESCORE, "worker", "--scorers", "tests.worker.sample_scorers", "--pool", "solo"],
+            cwd=ROOT, env=env, stdout=o, stderr=e, start_new_session=True,
+        )  # fmt: skip
+        try:
+            assert wait_for(lambda: " ready." in err.read_text() or proc.poll() is not None, 60), err.read_text()
+            assert proc.poll() is None, err.read_text()[-2000:]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(30)
+    logged = err.read_text()
+    assert "worker_starting" in logged  # structlog's line
+    assert "worker_draining" in logged  # the same logger as it stops
+    stdout = out.read_text()
+    # structlog's console lines ("2026-01-01 00:00:00 [info     ] event") and Celery's
+    # ("[2026-01-01 00:00:00,000: INFO/MainProcess] ...")
+    log_line = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[|^\[\d{4}-\d\d-\d\d [\d:,]+: [A-Z]+/", re.M)
+    assert not log_line.search(stdout), stdout
+    assert "worker_" not in stdout, stdout

@@ -64,6 +64,20 @@ def test_scores_every_run_and_scorer_once() -> None:
     assert writer.writes == 5
 
 
+def test_a_scorer_id_named_twice_in_a_request_is_scored_once() -> None:
+    """README (Workers): an id named twice is scored once, a judge paid once: one call, one
+    record, one write per run, an unknown id named twice one error record; and no copy skipped
+    as a ``duplicate`` (a job's skips would count runs its expected scores never held)."""
+    deps, store, writer = _deps(plain)
+    msg = batch(range(3), ["plain", "plain", "nope", "nope"])
+    report = asyncio.run(score_batch(msg, deps))
+    assert calls == {"plain": 3}
+    assert report.scored == 3
+    assert not report.skipped
+    assert sorted(r.scorer_id for r in store.records.values()) == ["nope"] * 3 + ["plain"] * 3
+    assert len(writer.records) == 6
+
+
 def test_redelivery_skips_scored_and_writes_nothing_twice() -> None:
     """Delivering the same batch again runs no scorer and writes nothing."""
     deps, _, writer = _deps(plain)
