@@ -540,6 +540,19 @@ def test_status_is_a_health_check(
     assert "cannot reach the broker at" in capsys.readouterr().err
 
 
+def test_status_exits_1_naming_the_score_store_when_only_the_store_is_down(
+    env: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker answers, TRACESCORE_REDIS_URL's store does not: `status` exits 1 naming the
+    store, stdout empty (a health check's figures would be half of them)."""
+    monkeypatch.setenv("TRACESCORE_REDIS_URL", NOWHERE)
+    capsys.readouterr()
+    assert main(["status", "--json", "--timeout", "0.3"]) == 1
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert f"cannot reach the score store at {NOWHERE}" in said.err
+
+
 def test_status_names_a_refused_key_and_shows_the_rest(env: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The dead-letter list and a sink's queue holding another Redis type: `status` still answers
     (exit 0) with every other figure; those two are unknown and their keys named, never deleted."""

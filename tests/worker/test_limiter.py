@@ -47,6 +47,26 @@ def test_two_limiters_share_one_request_budget(redis_url: str) -> None:
         assert in_window <= 10 + 10 + 1  # burst + one second of refill
 
 
+def test_two_limiters_share_one_token_budget(redis_url: str) -> None:
+    """README (Workers): the tokens per minute are shared by all workers as the requests are.
+    6,000 tokens/min is 100 a second in a bucket of 6 s (600): what one process takes, another
+    waits for (about 6 s for the whole bucket again); another model's bucket is its own."""
+    a = RedisRateLimiter(redis_url, _limits(tpm=6000))  # type: ignore[arg-type]
+    b = RedisRateLimiter(redis_url, _limits(tpm=6000))  # type: ignore[arg-type]
+
+    async def go() -> tuple[int, int, int]:
+        try:
+            return await a._try("m", 600), await b._try("m", 600), await b._try("other", 600)
+        finally:
+            await a.close()
+            await b.close()
+
+    first, second, other = asyncio.run(go())
+    assert first == 0
+    assert 4_000 < second <= 6_000  # the bucket a emptied, refilled at 100 tokens a second
+    assert other == 0
+
+
 def test_pause_from_one_process_stops_the_other(redis_url: str) -> None:
     """A 429 pause set through one limiter makes another wait for that model only."""
     a = RedisRateLimiter(redis_url, _limits())  # type: ignore[arg-type]
