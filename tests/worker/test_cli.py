@@ -202,6 +202,35 @@ def test_dlq_list_and_retry(env: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert f"{bad.id}: not retryable" in capsys.readouterr().err
 
 
+def test_dlq_retry_by_ids_exits_0_when_some_were_requeued_and_names_the_others(
+    env: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README: a letter asked for by id that cannot be retried is an error, exit 1 only when
+    nothing was requeued; --json names each in its place (a script reads which ones failed)."""
+    good = DeadLetter(reason="retry_budget_exhausted", error="TimeoutError", payload=payload(range(1), ["length"]))
+    bad = DeadLetter(reason="invalid_payload", error="not a ScoreBatch", payload={"x": 1}, retryable=False)
+    _push_letters(env, good, bad)
+    missing = "0" * 32
+    capsys.readouterr()
+    assert main(["dlq", "retry", missing, "--json"]) == 1  # nothing requeued
+    said = json.loads(capsys.readouterr().out)
+    assert said["requeued"] == []
+    assert len(said["problems"]) == 1
+    assert missing in said["problems"][0]
+    assert main(["dlq", "retry", good.id, bad.id, missing, "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["requeued"] == [good.id]
+    assert said["not_retryable"] == [bad.id]
+    assert len(said["problems"]) == 2, said
+    assert any(bad.id in p for p in said["problems"])
+    assert any(missing in p for p in said["problems"])
+    client = redis.Redis.from_url(env)
+    try:
+        assert (client.llen("tracescore"), client.llen("tracescore:dlq")) == (1, 1)  # bad stays listed
+    finally:
+        client.close()
+
+
 def test_dlq_retry_sends_a_letter_kept_with_a_batch_id_the_screen_now_refuses(env: str) -> None:
     """A letter an earlier release kept with a batch id that is not a plain id (a crash split of a
     125-128 character id made one of 130): sent as it was, the workers refused it, not retryable;
