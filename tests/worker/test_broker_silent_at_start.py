@@ -110,6 +110,8 @@ def test_a_worker_waits_for_a_redis_that_does_not_answer(target: str, redis_url:
         text = worker.text()
         if target == "broker":  # (the connection the listener dropped, logged and retried)
             assert "Trying again" in text, text[-3000:]
+            # the README's "100 tries ... then the worker stops for its supervisor"
+            assert "/100)" in text.split("Trying again", 1)[1].split("\n", 1)[0], text[-3000:]
             assert f":**@127.0.0.1:{listener.port}/0" in text, text[-3000:]
         assert server.password not in text
     finally:
