@@ -111,6 +111,7 @@ def test_a_worker_writes_its_log_lines_to_stderr_never_stdout(redis_url: str, tm
                 proc.wait(30)
     logged = err.read_text()
     assert "worker_starting" in logged  # structlog's line
+    assert "tracescore worker: broker redis://:***@" in logged  # the command's own start line
     assert "worker_draining" in logged  # the same logger as it stops
     stdout = out.read_text()
     # structlog's console lines ("2026-01-01 00:00:00 [info     ] event") and Celery's
@@ -118,3 +119,4 @@ def test_a_worker_writes_its_log_lines_to_stderr_never_stdout(redis_url: str, tm
     log_line = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[|^\[\d{4}-\d\d-\d\d [\d:,]+: [A-Z]+/", re.M)
     assert not log_line.search(stdout), stdout
     assert "worker_" not in stdout, stdout
+    assert "tracescore worker:" not in stdout, stdout
