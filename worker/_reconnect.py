@@ -131,6 +131,10 @@ def _translated(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..
                 f"Redis refused the credentials: {name} ({type(exc).__name__}: {exc}); check the password in the URL"
             ) from exc
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, ConnectionError, TimeoutError) as exc:
+            if type(exc) is TimeoutError and not str(exc):  # the deadline above: no text of its own
+                raise StoreUnavailableError(
+                    f"Redis is unreachable: {name} got no answer within {reconnect_s + COMMAND_SLACK_S:.0f} s"
+                ) from exc
             raise StoreUnavailableError(
                 f"Redis is unreachable: {name} failed after reconnecting for up to "
                 f"{reconnect_s:.0f} s ({type(exc).__name__}: {exc})"
