@@ -97,7 +97,7 @@ def status_command(broker: str | None, timeout: float, as_json: bool) -> None:
       tracescore status
       tracescore status --json --timeout 3
       tracescore status --broker redis://:PASSWORD@redis:6379/0
-      tracescore status >/dev/null || echo "broker down"
+      tracescore status >/dev/null || echo "broker or score store down"
     """
     status = collect_status(timeout, redis_settings(broker))
     if as_json:
