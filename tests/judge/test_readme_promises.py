@@ -6,11 +6,11 @@ from __future__ import annotations
 import socket
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import pytest
 import structlog.testing
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, field_validator
 
 from scorers import Judge, PromptStep, ScorerConfigError, ScorerRunError, create_scorer
 from scorers.judge import (
@@ -162,11 +162,52 @@ _CLOSED = {
     "required": ["verdict", "confidence"],
     "additionalProperties": False,
 }
+
+
+class _Cat(BaseModel):
+    kind: Literal["cat"]
+
+
+class _Dog(BaseModel):
+    kind: Literal["dog"]
+
+
+class _Tagged(BaseModel):
+    pet: Annotated[_Cat | _Dog, Field(discriminator="kind")]
+
+
+class _Claim(BaseModel):
+    claim: str
+
+
+class _Claims(BaseModel):
+    verdicts: list[_Claim]
+
+
+class _Checked(BaseModel):
+    verdict: str
+
+    @field_validator("verdict")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        raise ValueError(f"unknown verdict {value}")  # a user's validator quoting what it got
+
+
 # (output schema, the answer, where it fails, what the error still says)
 UNFIT_ANSWERS = {
     "pydantic: a list for a string": (Verdict, {"verdict": [_AGENT], "confidence": 0.5}, "verdict", "valid string"),
     "enum": (_CLOSED, {"verdict": _AGENT, "confidence": 0.5}, "verdict", "must be one of ['yes', 'no']"),
     "type": (_CLOSED, {"verdict": "yes", "confidence": _AGENT}, "confidence", "expected number, got str"),
+    # pydantic's own message quotes the tag it found; a validator's, whatever its author wrote
+    "pydantic: a tag no variant has": (_Tagged, {"pet": {"kind": _AGENT}}, "pet", "union_tag_invalid"),
+    "pydantic: a validator's message": (_Checked, {"verdict": _AGENT}, "verdict", "value_error"),
+    # named where it is (pydantic's place gives the item's index as a number, not a key)
+    "pydantic: a list item's field": (
+        _Claims,
+        {"verdicts": [{"claim": [_AGENT]}]},
+        "verdicts[0].claim",
+        "valid string",
+    ),
     "a made-up key": (_CLOSED, {"verdict": "yes", "confidence": 0.5, _AGENT: 1}, "", "unexpected property"),
     "a made-up key with a colon": (
         _CLOSED,
