@@ -31,8 +31,16 @@ _PAUSE_CAP_S = 1.0
 _STOP_LOOK_S = 0.1
 
 # What Redis being away raises, however kombu wraps it: the connection refused, reset or timed
-# out, and a restarted Redis still loading its data (``BusyLoadingError``, a ConnectionError).
-_LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError, TimeoutError)
+# out, a restarted Redis still loading its data (``BusyLoadingError``, a ConnectionError), and a
+# primary a failover demoted, refusing writes until the client follows the new one (as the
+# workers' clients wait it out: worker/_reconnect.py).
+_LOST = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    ConnectionError,
+    TimeoutError,
+)
 
 
 def _lost_connection(exc: BaseException) -> BaseException | None:
@@ -76,6 +84,10 @@ class RideOut:
                     self.on_away(f"Redis did not come back within {self.budget_s:.0f} s")
                     raise
                 self._pause(min(pause, left))
+                if self.should_stop():
+                    # Not one call more: on a frozen Redis it waited out a socket timeout, and a
+                    # publish sent a batch after the stop was asked.
+                    raise
                 pause = min(pause * 2, _PAUSE_CAP_S)
                 continue
             if away_since is not None:
