@@ -73,7 +73,8 @@ def test_sigterm_mid_batch_with_redis_down_exits_in_time_and_loses_nothing(
         # ended) draws on the one cleanup deadline, and handing a message back fails at once
         # (left unacked): the worker leaves by itself, not by the backstop (exit 71, logged as an
         # overrun), even with Redis refusing connections throughout.
-        assert first.proc.returncode != EXIT_SHUTDOWN_OVERRAN, f"left by the backstop after {took:.1f} s"
+        overran = f"left by the backstop after {took:.1f} s:\n{said[-3000:]}"  # (its log, to say where it waited)
+        assert first.proc.returncode != EXIT_SHUTDOWN_OVERRAN, overran
         # (No bound on the seconds it took: the exit code says whether it overran. Measured on a
         # quiet machine: 3.1 s threads, 4.5-4.6 s prefork, where Celery's teardown after the
         # deadline takes ~1.5 s; before, marking the deliveries ended waited 2 s of its own past
