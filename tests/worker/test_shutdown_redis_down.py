@@ -58,7 +58,10 @@ def test_sigterm_mid_batch_with_redis_down_exits_in_time_and_loses_nothing(
         run_ids = {run_id for b in batches for r in b.requests for run_id in r.run_ids()}
         send(url, *batches)
         started = lambda: sum(line.startswith("start ") for line in complete_lines(calls))  # noqa: E731
-        assert wait_for(lambda: started() >= len(RUNS), 30), first.text()[-3000:]
+        # Both batches mid-scoring: a process still marking its delivery begun when Redis goes
+        # waits out the store's reconnect past the cleanup deadline (the backstop's exit 71; left
+        # in the closing note of 2026-12-07), which this test does not cover.
+        assert wait_for(lambda: started() >= len(run_ids), 30), first.text()[-3000:]
 
         own_redis.stop()  # SIGKILL: connections drop, the port refuses new ones
         sent_at = time.monotonic()
