@@ -573,10 +573,8 @@ def _described(problem: SchemaMismatch, spec: OutputSpec | None) -> str:
     """The problems without the values that failed, each at its place as ``_problem_fields``
     logs it (a key the answer made up is no place to name)."""
     known = spec.property_names if spec is not None else frozenset()
-    told = []
-    for place, what in problem.described[:8]:
-        told.append(f"{_schema_place(place, known)}: {what}")
-    return "; ".join(told) + (" ..." if len(problem.described) > 8 else "")
+    told = "; ".join(f"{_schema_place(place, known)}: {what}" for place, what in problem.described[:8])
+    return told + (" ..." if len(problem.described) > 8 else "")
 
 
 _PATH_SEPARATORS = re.compile(r"[.\[\]]+")

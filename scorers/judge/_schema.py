@@ -31,14 +31,10 @@ class SchemaMismatch(ValueError):
     an error's message, which goes wherever the error is logged: a claims step's values are the
     agent's text, and a path may hold a key the answer made up, colons and all)."""
 
-    def __init__(self, problems: list[str], described: list[tuple[str, str]] | None = None) -> None:
-        super().__init__(_joined(problems))
+    def __init__(self, problems: list[str], described: list[tuple[str, str]]) -> None:
+        super().__init__("; ".join(problems[:8]) + (" ..." if len(problems) > 8 else ""))
         self.problems = problems
-        self.described = [("(root)", p) for p in problems] if described is None else described
-
-
-def _joined(problems: list[str]) -> str:
-    return "; ".join(problems[:8]) + (" ..." if len(problems) > 8 else "")
+        self.described = described
 
 
 class _Problems(list[str]):

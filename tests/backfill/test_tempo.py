@@ -452,6 +452,23 @@ def test_an_answer_of_another_form_says_what_it_was(tempo: FakeTempo) -> None:
     assert [i.spans[0].trace_id for i in items if isinstance(i, SpanBatch)] == [spaced]
 
 
+@pytest.fixture
+def reader_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The waits of the test's thread (the reader's), counted and not taken; the fake Tempo's
+    threads sleep as they would."""
+    sleeps: list[float] = []
+    reader, real_sleep = threading.get_ident(), time.sleep
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() == reader:
+            sleeps.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    return sleeps
+
+
 @pytest.mark.parametrize(
     ("retry_after", "waited"),
     [
@@ -466,7 +483,7 @@ def test_an_answer_of_another_form_says_what_it_was(tempo: FakeTempo) -> None:
     ],
 )
 def test_a_retry_after_is_waited_as_asked_up_to_a_minute(
-    tempo: FakeTempo, monkeypatch: pytest.MonkeyPatch, retry_after: bytes, waited: float
+    tempo: FakeTempo, reader_sleeps: list[float], retry_after: bytes, waited: float
 ) -> None:
     """The backoff's jitter was applied to Retry-After too: 60 s asked waited 30 to 90 s."""
     slow = trace_id(1)
@@ -480,16 +497,7 @@ def test_a_retry_after_is_waited_as_asked_up_to_a_minute(
         )(handler)
 
     tempo.raw_answers[slow] = busy_once
-    sleeps: list[float] = []
-    reader, real_sleep = threading.get_ident(), time.sleep
-
-    def sleep(seconds: float) -> None:  # the reader's waits counted, not taken; the fake's taken
-        if threading.get_ident() == reader:
-            sleeps.append(seconds)
-        else:
-            real_sleep(seconds)
-
-    monkeypatch.setattr(time, "sleep", sleep)
+    sleeps = reader_sleeps
     source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS)
     assert sorted(_read_ids(source)) == sorted(trace_id(i) for i in range(3))
     assert sleeps == [waited]
@@ -500,7 +508,7 @@ def test_a_retry_after_is_waited_as_asked_up_to_a_minute(
     [b"Sun, 06 Nov 1994 08:49:37 GMT", b"Sunday, 06-Nov-94 08:49:37 GMT", b"Sun Nov  6 08:49:37 1994"],
 )
 def test_a_retry_after_date_already_past_waits_the_backoff(
-    tempo: FakeTempo, monkeypatch: pytest.MonkeyPatch, retry_after: bytes
+    tempo: FakeTempo, reader_sleeps: list[float], retry_after: bytes
 ) -> None:
     """A 429 or 503 whose Retry-After is a date already past (a clock behind, a cached answer)
     was retried at once, every attempt: a Tempo sending a stale date was hammered with all six
@@ -520,16 +528,7 @@ def test_a_retry_after_date_already_past_waits_the_backoff(
         )(handler)
 
     tempo.raw_answers[slow] = busy_twice
-    sleeps: list[float] = []
-    reader, real_sleep = threading.get_ident(), time.sleep
-
-    def sleep(seconds: float) -> None:  # the reader's waits counted, not taken; the fake's taken
-        if threading.get_ident() == reader:
-            sleeps.append(seconds)
-        else:
-            real_sleep(seconds)
-
-    monkeypatch.setattr(time, "sleep", sleep)
+    sleeps = reader_sleeps
     source = TempoSource(tempo.url, since_ns=BASE_NS, until_ns=BASE_NS + 3 * STEP_NS)
     assert sorted(_read_ids(source)) == sorted(trace_id(i) for i in range(3))
     assert len(sleeps) == 2, sleeps

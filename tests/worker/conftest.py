@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests._redis import RedisServer
+from tests.worker._workers import WorkerProcess
 
 
 @pytest.fixture
@@ -32,3 +33,14 @@ def own_redis() -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def started() -> Iterator[list[WorkerProcess]]:
+    """The worker processes a test starts (it appends them), each stopped after it."""
+    workers: list[WorkerProcess] = []
+    try:
+        yield workers
+    finally:
+        for w in workers:
+            w.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +32,6 @@ def _records(redis_url: str) -> list[dict[str, Any]]:
         return [json.loads(v) for v in client.mget(keys) if v] if keys else []
     finally:
         client.close()
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[WorkerProcess]]:
-    workers: list[WorkerProcess] = []
-    try:
-        yield workers
-    finally:
-        for w in workers:
-            w.stop()
 
 
 def _start(started: list[WorkerProcess], name: str, redis_url: str, tmp: Path, env: dict[str, str]) -> WorkerProcess:

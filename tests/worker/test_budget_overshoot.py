@@ -4,7 +4,6 @@ scoring processes), real Redis and tests/fakellm answering slowly, so runs overl
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +23,6 @@ from worker.cli._status import collect_status
 PROCESSES = 2
 MODEL_CONCURRENCY = 2
 MESSAGES, RUNS_PER_MESSAGE = 4, 8
-
-
-@pytest.fixture
-def started() -> Iterator[list[WorkerProcess]]:
-    workers: list[WorkerProcess] = []
-    try:
-        yield workers
-    finally:
-        for w in workers:
-            w.stop()
 
 
 def _call_cost(fake_llm: FakeLLMServer, fake_llm_env: dict[str, str], redis_url: str, tmp: Path) -> float:

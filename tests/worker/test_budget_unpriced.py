@@ -5,10 +5,8 @@ dead letters that `dlq retry` scores once the model has a price."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 from click.testing import CliRunner
 
@@ -23,16 +21,6 @@ from worker.cli._status import collect_status
 
 BUDGETS = json.dumps({"total": 100})
 RUNS = 6
-
-
-@pytest.fixture
-def started() -> Iterator[list[WorkerProcess]]:
-    workers: list[WorkerProcess] = []
-    try:
-        yield workers
-    finally:
-        for w in workers:
-            w.stop()
 
 
 def _worker(name: str, redis_url: str, tmp: Path, env: dict[str, str], started: list[WorkerProcess]) -> WorkerProcess:
