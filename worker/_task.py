@@ -16,8 +16,8 @@ import os
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 import structlog
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["DRAIN_SIGNAL", "register_score_task"]
 
 log = structlog.get_logger("tracescore.worker.task")
+T = TypeVar("T")
 
 # A dead letter keeps the payload for `tracescore dlq retry` unless it is larger than this.
 MAX_DEAD_PAYLOAD_BYTES = 1024 * 1024
@@ -89,6 +90,19 @@ _STORE_REFUSED_NEW: tuple[type[Exception], ...] = tuple(
     if hasattr(redis_errors, name)
 )
 _MAX_CLIENTS = "max number of clients reached"
+
+
+def _until_the_grace_ends(runtime: WorkerRuntime, call: Coroutine[Any, Any, T], **logged: str) -> T:
+    """A store call of the task's own (marking its delivery begun, keeping a dead letter), cut by
+    the shutdown grace period's end as the scoring is: with the store hanging as SIGTERM came,
+    its wait (the reconnect, 15 s) ran past the cleanup deadline and the worker left by the
+    backstop (exit 71). The message goes back to the queue instead; a letter not kept is kept by
+    its next delivery (one per message)."""
+    try:
+        return run_draining(call, _loop_wait(runtime))
+    except GraceExpired:
+        log.warning("batch_requeued_at_shutdown", **logged, waited_for="store")
+        raise Reject("the shutdown grace period ended as the store did not answer; requeued", requeue=True) from None
 
 
 def _loop_wait(runtime: WorkerRuntime) -> float:
@@ -146,12 +160,12 @@ def _dead_letter(
         retryable=retryable and keep is not None,
     )
     try:
-        pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
+        pushed = _until_the_grace_ends(runtime, runtime.dead_letters.push(letter), letter=letter.id, reason=reason)
     except _UNENCODABLE as unencodable:
         # Every try would fail alike, and the message, handed back, would come round for ever a
         # second apart: it is kept without what could not be encoded (not to retry: nothing to).
         letter = _without_payload(letter, unencodable)
-        pushed = run_coro(runtime.dead_letters.push(letter), _loop_wait(runtime))
+        pushed = _until_the_grace_ends(runtime, runtime.dead_letters.push(letter), letter=letter.id, reason=reason)
         log.error("dead_letter_payload_dropped", reason=reason, error_type=type(unencodable).__name__, letter=letter.id)
     if reason in _refusal_logs:  # every message until that changes: a line a minute
         _refusal_logs[reason].note(batch_id=shown_id(batch_id), letter=letter.id, duplicate=not pushed)
@@ -528,7 +542,7 @@ def _score_delivery(
     # A message that kills its worker (OOM, segfault) comes back via reject_on_worker_lost /
     # the visibility timeout without a retry count of its own: its earlier deliveries that
     # began and never ended are the crashes.
-    crashes = run_coro(runtime.deliveries.start(task_id, token), _loop_wait(runtime))
+    crashes = _until_the_grace_ends(runtime, runtime.deliveries.start(task_id, token), task_id=task_id)
     deliveries = attempt + 1 + crashes
     if crashes > 0 and batch.runs() > 1:
         # One of these runs may kill whatever process scores it: score each on its own, so

@@ -3,22 +3,32 @@ failover under way as the platform stops the worker). The worker can store nothi
 claim and requeue nothing, yet it must leave cleanly within the grace period plus the cleanup time
 (and Celery's own teardown after it), and lose nothing: once Redis is back, what it held comes
 back as after a SIGKILL (kombu's sweep of unacknowledged messages, claims lapsing) and another
-worker scores every run once. tests/worker/test_shutdown_hung_redis.py covers an idle worker and a Redis that hangs."""
+worker scores every run once. A delivery that SIGTERM finds still marking itself begun in a store
+that hangs is handed back by the same deadline. tests/worker/test_shutdown_hung_redis.py covers an
+idle worker and a Redis that hangs."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import hashlib
+import json
 import os
 import re
 import signal
+import socket
+import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+from celery import Celery
 
 from tests._redis import RedisServer
 from tests.worker._batches import batch, send
 from tests.worker._workers import WorkerProcess, complete_lines, queue_and_unacked, read_scores, wait_for
+from tracing.queue import SCORE_TASK_NAME
 from worker._app import EXIT_SHUTDOWN_OVERRAN
 from worker._loop import EXIT_ALLOWANCE_S
 
@@ -58,9 +68,7 @@ def test_sigterm_mid_batch_with_redis_down_exits_in_time_and_loses_nothing(
         run_ids = {run_id for b in batches for r in b.requests for run_id in r.run_ids()}
         send(url, *batches)
         started = lambda: sum(line.startswith("start ") for line in complete_lines(calls))  # noqa: E731
-        # Both batches mid-scoring: a process still marking its delivery begun when Redis goes
-        # waits out the store's reconnect past the cleanup deadline (the backstop's exit 71; left
-        # in the closing note of 2026-12-07), which this test does not cover.
+        # Both batches mid-scoring (a delivery still being marked begun is the next test's).
         assert wait_for(lambda: started() >= len(run_ids), 30), first.text()[-3000:]
 
         own_redis.stop()  # SIGKILL: connections drop, the port refuses new ones
@@ -121,3 +129,174 @@ def test_sigterm_mid_batch_with_redis_down_exits_in_time_and_loses_nothing(
         first.stop()
         if second is not None:
             second.stop()
+
+
+def _send_unreadable(url: str, batch_id: str) -> None:
+    """A message the screen passes and the task refuses (``invalid_payload``: its requests are
+    no requests), sent as any Celery client would."""
+    client = Celery(broker=url)
+    try:
+        client.send_task(SCORE_TASK_NAME, args=[{"batch_id": batch_id, "requests": [{"nope": 1}]}], queue="tracescore")
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("message", ["batch", "unreadable"])
+@pytest.mark.parametrize(("pool", "concurrency"), [("threads", 2), ("prefork", 2)])
+def test_sigterm_while_a_delivery_waits_for_a_hung_store_hands_it_back_in_time(
+    own_redis: RedisServer, tmp_path: Path, pool: str, concurrency: int, message: str
+) -> None:
+    """The score store (a Redis of its own) hangs as a message arrives: its process waits to mark
+    the delivery begun (a batch) or to keep its dead letter (a message that is no batch), a call
+    that reconnects for 15 s and that the cleanup deadline did not cut, so SIGTERM then took the
+    worker to the backstop (exit 71). Now the grace period's end cuts that wait too: the message
+    goes back to the queue (its broker is up) and the worker leaves by itself; once the store
+    answers again, another worker scores each run once, or keeps the one dead letter."""
+    url = own_redis.url(0)
+    scores, calls = tmp_path / "scores.jsonl", tmp_path / "calls.txt"
+    env = {**ENV, "TSTEST_CALLS_FILE": str(calls)}
+    workers: list[WorkerProcess] = []
+    with RedisServer(persistent=True) as store:
+        store_env = {**env, "TRACESCORE_REDIS_URL": store.url(0)}
+        first = WorkerProcess(
+            "term-store-hung", url, tmp_path, scores_path=scores, broker=url, pool=pool, concurrency=concurrency,
+            scorers="tests.worker.shutdown_scorers", env=store_env,
+        )  # fmt: skip
+        workers.append(first)
+        hung: _HungStore | None = None
+        run_ids: set[str] = set()
+        try:
+            first.wait_ready()
+            store.stop()
+            hung = _HungStore(store.port, b":delivery:" if message == "batch" else b":dlq")
+            if message == "batch":
+                sent = batch(RUNS[:3], ["paced"], salt=f"hung-{pool}", batch_id=f"hung-{pool}")
+                run_ids = {run_id for r in sent.requests for run_id in r.run_ids()}
+                send(url, sent)
+            else:
+                _send_unreadable(url, f"hung-{pool}")
+            assert wait_for(hung.waited_on.is_set, 30), first.text()[-3000:]
+
+            sent_at = time.monotonic()
+            os.kill(first.proc.pid, signal.SIGTERM)
+            gone = wait_for(
+                lambda: first.proc.poll() is not None, GRACE_S + CLEANUP_S + EXIT_ALLOWANCE_S, interval=0.02
+            )
+            took = time.monotonic() - sent_at
+            said = first.text()
+            assert gone, f"still running {took:.1f} s after SIGTERM:\n{said[-3000:]}"
+            assert first.proc.returncode != EXIT_SHUTDOWN_OVERRAN, (
+                f"left by the backstop after {took:.1f} s:\n{said[-3000:]}"
+            )
+            assert first.proc.returncode == 0, f"exit {first.proc.returncode} after {took:.1f} s:\n{said[-3000:]}"
+            assert "batch_requeued_at_shutdown" in said, said[-3000:]
+            assert "CRITICAL" not in said, said[-3000:]
+            assert "never retrieved" not in said, said[-3000:]
+            # Handed back to the queue at once, not left for the visibility timeout's sweep.
+            assert queue_and_unacked(url, "tracescore") == (1, 0)
+            assert complete_lines(calls) == []  # no run began scoring
+        finally:
+            if hung is not None:
+                hung.close()
+        store.start()
+
+        second = WorkerProcess(
+            "after-store-hung", url, tmp_path, scores_path=scores, broker=url, pool=pool, concurrency=concurrency,
+            scorers="tests.worker.shutdown_scorers", env=store_env,
+        )  # fmt: skip
+        workers.append(second)
+        try:
+            second.wait_ready()
+            logs = lambda: first.text()[-3000:] + "\n----\n" + second.text()[-3000:]  # noqa: E731
+            letters = lambda: store.client(0).lrange("tracescore:dlq", 0, -1)  # noqa: E731
+            assert wait_for(lambda: len(read_scores(scores)) + len(letters()) >= max(1, len(run_ids)), 60), logs()
+            assert wait_for(lambda: queue_and_unacked(url, "tracescore") == (0, 0), 30), logs()
+            time.sleep(1.0)  # let a stray duplicate surface before counting
+            per_run = collections.Counter(f"{s['trace_id']}:{s['span_id']}" for s in read_scores(scores))
+            assert per_run == dict.fromkeys(run_ids, 1), per_run
+            assert [s for s in read_scores(scores) if s["error_type"]] == []
+            done = collections.Counter(x.split()[1] for x in complete_lines(calls) if x.startswith("done "))
+            assert sorted(done.values()) == [1] * len(run_ids), done
+            # Not taken for a crash (which would have split the batch run by run).
+            assert "batch_split" not in second.text(), logs()
+            kept = [json.loads(raw) for raw in letters()]
+            assert [k["reason"] for k in kept] == ([] if message == "batch" else ["invalid_payload"]), kept
+            assert store.password not in first.text() + second.text()
+        finally:
+            for worker in workers:
+                worker.stop()
+
+
+class _HungStore:
+    """The score store's port, taken over once its Redis was killed: it signs each connection in
+    (HELLO, AUTH, CLIENT, SELECT) and loads scripts (SCRIPT LOAD answers the script's digest),
+    then answers nothing, as a Redis that froze mid-failover does. ``waited_on`` is set once a
+    client sent it a command naming ``key``."""
+
+    _SIGNED_IN: ClassVar[dict[bytes, bytes]] = {
+        b"HELLO": b"%3\r\n+server\r\n+redis\r\n+version\r\n+7.0.0\r\n+proto\r\n:3\r\n",
+        b"AUTH": b"+OK\r\n",
+        b"CLIENT": b"+OK\r\n",
+        b"SELECT": b"+OK\r\n",
+    }
+
+    def __init__(self, port: int, key: bytes) -> None:
+        self._server = socket.create_server(("127.0.0.1", port))
+        self._key = key
+        self.waited_on = threading.Event()
+        self._taken: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:  # closed
+                return
+            with self._lock:
+                self._taken.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        pending = b""
+        with contextlib.suppress(OSError):
+            while chunk := conn.recv(65536):
+                commands, pending = _whole_commands(pending + chunk)
+                for command in commands:
+                    if any(self._key in arg for arg in command):
+                        self.waited_on.set()
+                    name = command[0].upper()
+                    if name == b"SCRIPT" and command[1].upper() == b"LOAD":
+                        conn.sendall(b"$40\r\n" + hashlib.sha1(command[2]).hexdigest().encode() + b"\r\n")
+                    elif (answer := self._SIGNED_IN.get(name)) is not None:
+                        conn.sendall(answer)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the accept (close alone does not)
+            self._server.shutdown(socket.SHUT_RDWR)
+        self._server.close()
+        with self._lock:
+            for conn in self._taken:
+                conn.close()
+
+
+def _whole_commands(data: bytes) -> tuple[list[list[bytes]], bytes]:
+    """The whole RESP commands (arrays of bulk strings, as their arguments) at the start of
+    ``data``, and the rest."""
+    commands: list[list[bytes]] = []
+    at = 0
+    while data.startswith(b"*", at) and (end := data.find(b"\r\n", at)) >= 0:
+        place, args = end + 2, []
+        for _ in range(int(data[at + 1 : end])):
+            size_end = data.find(b"\r\n", place)
+            if size_end < 0:
+                return commands, data[at:]
+            start = size_end + 2
+            place = start + int(data[place + 1 : size_end]) + 2
+            args.append(data[start : place - 2])
+        if place > len(data):
+            break
+        commands.append(args)
+        at = place
+    return commands, data[at:]
