@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hashlib
 import math
 import time
 from collections import Counter, defaultdict
@@ -54,7 +53,7 @@ from redis import exceptions as redis_errors
 from scorers import Scorer, ScorerError, ScoreResult, ScorerRunError
 from scorers.judge import JudgeCallRefused, JudgeModel, ModelPrice
 from tracing import ScoreRecord, ScoreWriter, SpanRecord, TracedRun, TraceReadError, score_id_for, trace_to_run
-from tracing.queue import ScoreBatch, ScoreRequest, plain_id
+from tracing.queue import ScoreBatch, ScoreRequest, shown_id
 from worker._budget import default_attempt_cap, enter_run, price_table, run_key
 from worker._errors import RunLimitError, StepExitError, caused_by, crash_fields, is_transient
 from worker._loop import LOOP_BLOCK_LIMITS, LoopBlockedError, for_the_loops_limit, halting, was_targeted
@@ -385,16 +384,6 @@ def batch_pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> dict[str, 
     return {p.score_id: (p.request.trace_id, p.span_id, p.scorer_id, p.request.job_id) for p in _pairs(batch, registry)}
 
 
-def shown_id(value: str | None) -> str | None:
-    """``value`` (a batch id, a scorer id) for a log line, a letter or a record: as it is when it
-    is a plain id, else a digest of it (the same wherever it is shown). The guard refuses a
-    message with any other batch id, but a message it did not screen (applied in process) may
-    carry any text there, agent content included; a scorer id, any text the producer sent."""
-    if value is None or plain_id(value):
-        return value
-    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
 def _pairs(batch: ScoreBatch, registry: Mapping[str, Scorer]) -> list[_Pair]:
     pairs: list[_Pair] = []
     for request in batch.requests:
@@ -626,8 +615,8 @@ def read_run(trace_id: str, span_id: str, spans: list[SpanRecord]) -> TracedRun 
             "trace_unreadable",
             trace_id=trace_id,
             span_id=exc.span_id,
-            span_name=exc.span_name,
-            attribute=exc.attribute,
+            span_name=shown_id(exc.span_name),
+            attribute=shown_id(exc.attribute),
             reason=exc.reason,
         )
         return exc.with_traceback(None)

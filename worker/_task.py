@@ -28,7 +28,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from pydantic import ValidationError
 from redis import exceptions as redis_errors
 
-from tracing.queue import SCORE_TASK_NAME, ScoreBatch, plain_id, request_json
+from tracing.queue import SCORE_TASK_NAME, ScoreBatch, plain_id, request_json, shown_id
 from worker import _heartbeat as probe_files
 from worker._errors import caused_by, crash_fields
 from worker._guard import BODY_BYTES_HEADER, STORE_WAITS_HEADER
@@ -45,7 +45,7 @@ from worker._loop import (
 )
 from worker._reconnect import COMMAND_SLACK_S, RECONNECT_S
 from worker._runtime import WorkerRuntime, get_runtime
-from worker._scoring import STORE_REFUSALS, StoreUnavailableError, score_batch, shown_id
+from worker._scoring import STORE_REFUSALS, StoreUnavailableError, score_batch
 from worker.metrics import observe_records
 from worker.store import END_WAIT_S, DeadLetter, StoreKeyTypeError, dead_letter_id, new_token, validation_place
 

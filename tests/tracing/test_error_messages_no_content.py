@@ -122,7 +122,9 @@ _SPAN_CASES: list[tuple[str, dict[str, Any], str, str]] = [
 ]
 
 
-def _hostile_trace(attrs: dict[str, Any], *, choice_message: str | None = None) -> tuple[list[ReadableSpan], str]:
+def _hostile_trace(
+    attrs: dict[str, Any], *, choice_message: str | None = None, name: str = "chat m"
+) -> tuple[list[ReadableSpan], str]:
     """One chat span (valid input and output unless ``attrs`` replaces them); its spans and id."""
     rec = Recorder()
     base: dict[str, Any] = {"gen_ai.operation.name": "chat"}
@@ -130,7 +132,7 @@ def _hostile_trace(attrs: dict[str, Any], *, choice_message: str | None = None) 
         base["gen_ai.input.messages"] = OK_INPUT
     if choice_message is None:
         base["gen_ai.output.messages"] = OK_OUTPUT
-    with rec.span("chat m", {**base, **attrs}) as span:
+    with rec.span(name, {**base, **attrs}) as span:
         if choice_message is not None:
             span.add_event("gen_ai.choice", {"index": 0, "message": choice_message})
         span_id = format(span.get_span_context().span_id, "016x")
@@ -377,3 +379,34 @@ def test_backfill_log_of_a_planner_crash_holds_no_content(monkeypatch: pytest.Mo
     assert summary["traces_unreadable"] == {"KeyError": 300}
     assert any("backfill_plan_failed" in line for line in lines)
     assert not any(MARKER in line for line in lines)
+
+
+def test_logs_of_unreadable_traces_show_a_span_name_only_as_a_plain_id() -> None:
+    """A span's name is the application's text: one that carries a prompt (a framework naming a
+    span after its input) was logged as it is by both readers' ``trace_unreadable``. It is shown
+    there as a plain id shows, else as its digest; the span id still says which span."""
+    spans, span_id = _hostile_trace({"gen_ai.input.messages": "[{"}, name=f"answer to: {MARKER}")
+    plain, plain_id = _hostile_trace({"gen_ai.input.messages": "[{"}, name="chat.gpt-4o")
+    request = [
+        ScoreRequest(spans=[span_record(s) for s in trace], target_span_ids=[target], scorer_ids=["length"])
+        for trace, target in ((spans, span_id), (plain, plain_id))
+    ]
+    worker_lines, _ = _score_shipped(request)
+    exporter = ScoringSpanExporter(
+        [ScoringRule(["length"], filter=lambda run: True)], CallbackSink(Recording()), grace_s=0
+    )
+    try:
+        with _everything_logged() as exporter_lines:
+            exporter.export(spans)
+            exporter.export(plain)
+            assert exporter.force_flush(5000)
+    finally:
+        exporter.shutdown(2000)
+    for lines in (worker_lines, exporter_lines):
+        unreadable = [line for line in lines if "trace_unreadable" in line]
+        assert len(unreadable) == 2, lines
+        assert not [line for line in lines if MARKER in line]
+        hidden = next(line for line in unreadable if span_id in line)
+        assert "span_name=sha256:" in hidden, hidden
+        shown = next(line for line in unreadable if plain_id in line)
+        assert "span_name=chat.gpt-4o" in shown, shown

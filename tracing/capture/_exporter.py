@@ -46,7 +46,7 @@ from tracing.capture._sender import (
 )
 from tracing.capture._sinks import Sink
 from tracing.capture._tally import Tally
-from tracing.queue import MAX_SCORER_IDS
+from tracing.queue import MAX_SCORER_IDS, shown_id
 from tracing.read import plan_runs
 
 __all__ = ["ScoringSpanExporter"]
@@ -551,8 +551,8 @@ class ScoringSpanExporter(SpanExporter):
                 "trace_unreadable",
                 trace_id=trace_id,
                 span_id=error.span_id,
-                span_name=error.span_name,
-                attribute=error.attribute,
+                span_name=shown_id(error.span_name),
+                attribute=shown_id(error.attribute),
                 reason=error.reason,
             )
             return []

@@ -14,7 +14,7 @@ run, ``ScoreRequest.per_target``, one asking too many pairs by runs), and the on
 ``ScoreBatch`` and reads the runs from the span records. A batch id and a task id are plain ids
 (``plain_id``; its pattern, ``PLAIN_ID_PATTERN``, which the workers' screen reads its own
 sentences back with, and in words, ``PLAIN_ID_RULE``), as Celery and the workers log both as
-they are.
+they are; other text of a producer's is logged as ``shown_id`` shows it.
 
 The names (``__init__.pyi``) load on first use.
 """

@@ -11,6 +11,7 @@ from ._contract import (
     ScoreRequest,
     plain_id,
     request_json,
+    shown_id,
     spans_request,
 )
 from ._cut import Chunk, RequestCutter, RunTooLarge
@@ -40,6 +41,7 @@ __all__ = [
     "plain_id",
     "query_password_problem",
     "request_json",
+    "shown_id",
     "spans_request",
     "task_message",
     "wire_size",

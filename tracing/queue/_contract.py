@@ -9,6 +9,7 @@ validation) costs the worker CPU, never the instrumented application's nor the b
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Set as AbstractSet
 from typing import Annotated, Any, Literal, TypeVar
@@ -78,6 +79,17 @@ def plain_id(value: object) -> bool:
     workers refuse a message with any other (text of a producer's, an agent's content or a secret
     by mistake)."""
     return isinstance(value, str) and _PLAIN_ID.fullmatch(value) is not None
+
+
+def shown_id(value: str | None) -> str | None:
+    """``value`` (a batch id, a scorer id, a span's name) for a log line, a letter or a record: as
+    it is when it is a plain id, else a digest of it (the same wherever it is shown). The guard
+    refuses a message with any other batch id, but a message it did not screen (applied in
+    process) may carry any text there, agent content included; a scorer id, any text the
+    producer sent; a span's name, any text of the application's."""
+    if value is None or plain_id(value):
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 class ScoreRequest(BaseModel):
