@@ -69,7 +69,7 @@ def span_record(span: ReadableSpan) -> SpanRecord:
     return record
 
 
-# A record's JSON apart from its text attribute values (ids, name, times, keys): a rough
+# A record's JSON apart from its name and attributes (ids, times, kind, status, origin): a rough
 # upper bound, for sizing batches.
 RECORD_OVERHEAD_BYTES = 600
 
@@ -132,12 +132,14 @@ def _events_size(events: Sequence[SpanRecordEvent]) -> int:
 
 def _text_size(attributes: Mapping[str, Any]) -> int:
     # The read attributes are nearly always text, a handful a span: a plain loop costs less
-    # than setting up ``sum(map(...))`` (and raising out of it for the first number).
+    # than setting up ``sum(map(...))`` (and raising out of it for the first number). Keys count
+    # as values do: OpenInference's flattened ones (``llm.input_messages.7.message.content``)
+    # made a span of short messages six times the size counted.
     size = 0
-    for value in attributes.values():
+    for key, value in attributes.items():
         if value.__class__ is not str:  # a number or a sequence among them: its text counts too
-            return sum(map(_value_size, attributes.values()))
-        size += len(value)
+            return sum(len(k) + 6 + _value_size(v) for k, v in attributes.items())
+        size += len(key) + len(value) + 6  # (the quotes, colon and comma around them)
     return size
 
 
@@ -210,7 +212,7 @@ def build_record(
         attrs = {key: value for key, value in attrs.items() if key != ENVIRONMENT_ATTRIBUTE}
         if environment is not None:
             attrs[ENVIRONMENT_ATTRIBUTE] = environment
-            size += len(environment)
+            size += _text_size({ENVIRONMENT_ATTRIBUTE: environment})
     # Positional: the cheapest way to build a dataclass (field order of ``SpanRecord``).
     record = SpanRecord(
         trace_id,

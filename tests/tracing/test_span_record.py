@@ -64,6 +64,24 @@ def test_compact_keeps_only_read_attributes() -> None:
     assert actual <= size <= actual + 1000
 
 
+def test_a_record_of_many_flattened_keys_is_not_sized_below_its_json() -> None:
+    """OpenInference flattens each message into keys of its own (``llm.input_messages.7.message.
+    content``): a span of 150 short messages is mostly keys. The size the buffer and the hand-off
+    queue are bounded by counted the values only, a fifth of the record's JSON here, so
+    ``max_buffer_bytes`` let several times its bytes in."""
+    rec = Recorder()
+    attrs: dict[str, str] = {"openinference.span.kind": "LLM"}
+    for i in range(150):
+        attrs[f"llm.input_messages.{i}.message.role"] = "user"
+        attrs[f"llm.input_messages.{i}.message.content"] = "hi"
+    with rec.span("chat m", attrs):
+        pass
+    record = span_record(rec.spans()[0])
+    size = compact(record)  # the buffer's own (build_record) shares its count of attributes
+    actual = len(TypeAdapter(SpanRecord).dump_json(record))
+    assert actual <= size <= actual + 1000, (actual, size)
+
+
 def test_plan_without_agent_targets_top_level_llm_spans() -> None:
     """No agent span: each outermost LLM span is a run; a judge subtree is excluded."""
     rec = Recorder()
