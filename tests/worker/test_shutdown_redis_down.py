@@ -154,77 +154,79 @@ def test_sigterm_while_a_delivery_waits_for_a_hung_store_hands_it_back_in_time(
     answers again, another worker scores each run once, or keeps the one dead letter."""
     url = own_redis.url(0)
     scores, calls = tmp_path / "scores.jsonl", tmp_path / "calls.txt"
-    env = {**ENV, "TSTEST_CALLS_FILE": str(calls)}
     workers: list[WorkerProcess] = []
-    with RedisServer(persistent=True) as store:
-        store_env = {**env, "TRACESCORE_REDIS_URL": store.url(0)}
-        first = WorkerProcess(
-            "term-store-hung", url, tmp_path, scores_path=scores, broker=url, pool=pool, concurrency=concurrency,
-            scorers="tests.worker.shutdown_scorers", env=store_env,
-        )  # fmt: skip
-        workers.append(first)
-        hung: _HungStore | None = None
-        run_ids: set[str] = set()
-        try:
-            first.wait_ready()
-            store.stop()
-            hung = _HungStore(store.port, b":delivery:" if message == "batch" else b":dlq")
-            if message == "batch":
-                sent = batch(RUNS[:3], ["paced"], salt=f"hung-{pool}", batch_id=f"hung-{pool}")
-                run_ids = {run_id for r in sent.requests for run_id in r.run_ids()}
-                send(url, sent)
-            else:
-                _send_unreadable(url, f"hung-{pool}")
-            assert wait_for(hung.waited_on.is_set, 30), first.text()[-3000:]
+    hung: _HungStore | None = None
+    store = RedisServer(persistent=True)
+    env = {**ENV, "TSTEST_CALLS_FILE": str(calls), "TRACESCORE_REDIS_URL": store.url(0)}
 
-            sent_at = time.monotonic()
-            os.kill(first.proc.pid, signal.SIGTERM)
-            gone = wait_for(
-                lambda: first.proc.poll() is not None, GRACE_S + CLEANUP_S + EXIT_ALLOWANCE_S, interval=0.02
-            )
-            took = time.monotonic() - sent_at
-            said = first.text()
-            assert gone, f"still running {took:.1f} s after SIGTERM:\n{said[-3000:]}"
-            assert first.proc.returncode != EXIT_SHUTDOWN_OVERRAN, (
-                f"left by the backstop after {took:.1f} s:\n{said[-3000:]}"
-            )
-            assert first.proc.returncode == 0, f"exit {first.proc.returncode} after {took:.1f} s:\n{said[-3000:]}"
-            assert "batch_requeued_at_shutdown" in said, said[-3000:]
-            assert "CRITICAL" not in said, said[-3000:]
-            assert "never retrieved" not in said, said[-3000:]
-            # Handed back to the queue at once, not left for the visibility timeout's sweep.
-            assert queue_and_unacked(url, "tracescore") == (1, 0)
-            assert complete_lines(calls) == []  # no run began scoring
-        finally:
-            if hung is not None:
-                hung.close()
+    def letters() -> list[dict[str, object]]:
+        with store.client(0) as client:
+            return [json.loads(raw) for raw in client.lrange("tracescore:dlq", 0, -1)]
+
+    def worker(name: str) -> WorkerProcess:
+        started = WorkerProcess(
+            name, url, tmp_path, scores_path=scores, pool=pool, concurrency=concurrency,
+            scorers="tests.worker.shutdown_scorers", env=env,
+        )  # fmt: skip
+        workers.append(started)
+        return started
+
+    try:
+        store.start()
+        first = worker("term-store-hung")
+        first.wait_ready()
+        store.stop()
+        hung = _HungStore(store.port, b":delivery:" if message == "batch" else b":dlq")
+        run_ids: set[str] = set()
+        if message == "batch":
+            sent = batch(RUNS[:3], ["paced"], salt=f"hung-{pool}", batch_id=f"hung-{pool}")
+            run_ids = {run_id for r in sent.requests for run_id in r.run_ids()}
+            send(url, sent)
+        else:
+            _send_unreadable(url, f"hung-{pool}")
+        assert wait_for(hung.waited_on.is_set, 30), first.text()[-3000:]
+
+        sent_at = time.monotonic()
+        os.kill(first.proc.pid, signal.SIGTERM)
+        budget = GRACE_S + CLEANUP_S + EXIT_ALLOWANCE_S
+        gone = wait_for(lambda: first.proc.poll() is not None, budget, interval=0.02)
+        took = time.monotonic() - sent_at
+        said = first.text()
+        assert gone, f"still running {took:.1f} s after SIGTERM:\n{said[-3000:]}"
+        exited = f"exit {first.proc.returncode} after {took:.1f} s:\n{said[-3000:]}"
+        assert first.proc.returncode != EXIT_SHUTDOWN_OVERRAN, f"left by the backstop: {exited}"
+        assert first.proc.returncode == 0, exited
+        assert "batch_requeued_at_shutdown" in said, said[-3000:]
+        assert "CRITICAL" not in said, said[-3000:]
+        assert "never retrieved" not in said, said[-3000:]
+        # Handed back to the queue at once, not left for the visibility timeout's sweep.
+        assert queue_and_unacked(url, "tracescore") == (1, 0)
+        assert complete_lines(calls) == []  # no run began scoring
+        hung.close()
         store.start()
 
-        second = WorkerProcess(
-            "after-store-hung", url, tmp_path, scores_path=scores, broker=url, pool=pool, concurrency=concurrency,
-            scorers="tests.worker.shutdown_scorers", env=store_env,
-        )  # fmt: skip
-        workers.append(second)
-        try:
-            second.wait_ready()
-            logs = lambda: first.text()[-3000:] + "\n----\n" + second.text()[-3000:]  # noqa: E731
-            letters = lambda: store.client(0).lrange("tracescore:dlq", 0, -1)  # noqa: E731
-            assert wait_for(lambda: len(read_scores(scores)) + len(letters()) >= max(1, len(run_ids)), 60), logs()
-            assert wait_for(lambda: queue_and_unacked(url, "tracescore") == (0, 0), 30), logs()
-            time.sleep(1.0)  # let a stray duplicate surface before counting
-            per_run = collections.Counter(f"{s['trace_id']}:{s['span_id']}" for s in read_scores(scores))
-            assert per_run == dict.fromkeys(run_ids, 1), per_run
-            assert [s for s in read_scores(scores) if s["error_type"]] == []
-            done = collections.Counter(x.split()[1] for x in complete_lines(calls) if x.startswith("done "))
-            assert sorted(done.values()) == [1] * len(run_ids), done
-            # Not taken for a crash (which would have split the batch run by run).
-            assert "batch_split" not in second.text(), logs()
-            kept = [json.loads(raw) for raw in letters()]
-            assert [k["reason"] for k in kept] == ([] if message == "batch" else ["invalid_payload"]), kept
-            assert store.password not in first.text() + second.text()
-        finally:
-            for worker in workers:
-                worker.stop()
+        second = worker("after-store-hung")
+        second.wait_ready()
+        logs = lambda: first.text()[-3000:] + "\n----\n" + second.text()[-3000:]  # noqa: E731
+        assert wait_for(lambda: len(read_scores(scores)) + len(letters()) >= max(1, len(run_ids)), 60), logs()
+        assert wait_for(lambda: queue_and_unacked(url, "tracescore") == (0, 0), 30), logs()
+        time.sleep(1.0)  # let a stray duplicate surface before counting
+        per_run = collections.Counter(f"{s['trace_id']}:{s['span_id']}" for s in read_scores(scores))
+        assert per_run == dict.fromkeys(run_ids, 1), per_run
+        assert [s for s in read_scores(scores) if s["error_type"]] == []
+        done = collections.Counter(x.split()[1] for x in complete_lines(calls) if x.startswith("done "))
+        assert sorted(done.values()) == [1] * len(run_ids), done
+        # Not taken for a crash (which would have split the batch run by run).
+        assert "batch_split" not in second.text(), logs()
+        kept = letters()
+        assert [k["reason"] for k in kept] == ([] if message == "batch" else ["invalid_payload"]), kept
+        assert store.password not in first.text() + second.text()
+    finally:
+        for started in workers:
+            started.stop()
+        if hung is not None:
+            hung.close()
+        store.close()
 
 
 class _HungStore:
