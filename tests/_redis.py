@@ -3,15 +3,18 @@
 The machine is shared: a worker left by another test run on the default port would consume our
 queue, so no test talks to 127.0.0.1:6379. ``RedisServer`` starts one server, can be stopped and
 started again on the same port (the broker-restart tests), and is stopped by its pid only.
+``SilentListener`` stands in for a Redis that takes connections and answers nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -96,3 +99,44 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SilentListener:
+    """A TCP port (``port``: a free one unless given) that accepts every connection and never says
+    a word, as a stalled Redis does; ``close`` shuts the port and every connection it took. A
+    subclass answers what it wants to in ``_took``, called with each connection accepted."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._server = socket.create_server((host, port))
+        self.port = int(self._server.getsockname()[1])
+        self._taken: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def accepted(self) -> int:
+        with self._lock:
+            return len(self._taken)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:  # closed
+                return
+            with self._lock:
+                self._taken.append(conn)
+            self._took(conn)
+
+    def _took(self, conn: socket.socket) -> None:
+        """Called with each connection accepted (on the accepting thread): silent here."""
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # (closed already) wakes the accept: close alone does not
+            self._server.shutdown(socket.SHUT_RDWR)
+        self._server.close()
+        self._thread.join(5)
+        with self._lock:
+            for conn in self._taken:
+                conn.close()

@@ -36,8 +36,9 @@ def own_redis() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def started() -> Iterator[list[WorkerProcess]]:
-    """The worker processes a test starts (it appends them), each stopped after it."""
+def started(redis_url: str) -> Iterator[list[WorkerProcess]]:
+    """The worker processes a test starts (it appends them), each stopped after it, before
+    ``redis_url``'s database is emptied (a worker still running would write to it again)."""
     workers: list[WorkerProcess] = []
     try:
         yield workers

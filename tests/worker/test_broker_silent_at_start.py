@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests._redis import RedisServer
+from tests._redis import RedisServer, SilentListener
 from tests.worker._batches import batch, send
 from tests.worker._workers import ROOT, WorkerProcess, wait_for
 from tracing._score_record import score_id_for
@@ -30,42 +30,6 @@ from worker._settings import silent_to_tls
 from worker.store import RedisOutbox
 
 TRACESCORE = str(Path(sys.executable).with_name("tracescore"))
-
-
-class SilentListener:
-    """A TCP port that accepts every connection and never says a word, as a stalled Redis does;
-    ``close`` shuts the port and every connection it took."""
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self._server = socket.create_server((host, 0))
-        self.port = int(self._server.getsockname()[1])
-        self._taken: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    @property
-    def accepted(self) -> int:
-        with self._lock:
-            return len(self._taken)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:  # closed
-                return
-            with self._lock:
-                self._taken.append(conn)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):  # (closed already) wakes the accept: close alone does not
-            self._server.shutdown(socket.SHUT_RDWR)
-        self._server.close()
-        self._thread.join(5)
-        with self._lock:
-            for conn in self._taken:
-                conn.close()
 
 
 @pytest.mark.parametrize("target", ["broker", "score store"])

@@ -8,24 +8,11 @@ MemoryError lands wherever the next allocation happens to be.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.worker._batches import batch, mixed_batch, send
 from tests.worker._fault_workers import LIMITS, FaultWorker
 from tests.worker._workers import WorkerProcess, read_scores, wait_for
-
-
-@pytest.fixture
-def started(redis_url: str) -> Iterator[list[WorkerProcess]]:
-    workers: list[WorkerProcess] = []
-    try:
-        yield workers
-    finally:
-        for worker in workers:
-            worker.stop()
 
 
 def test_a_large_run_under_the_limit_is_scored_on_the_threads_pool(

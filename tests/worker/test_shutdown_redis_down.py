@@ -25,7 +25,7 @@ from typing import ClassVar
 import pytest
 from celery import Celery
 
-from tests._redis import RedisServer
+from tests._redis import RedisServer, SilentListener
 from tests.worker._batches import batch, send
 from tests.worker._workers import WorkerProcess, complete_lines, queue_and_unacked, read_scores, wait_for
 from tracing.queue import SCORE_TASK_NAME
@@ -229,7 +229,7 @@ def test_sigterm_while_a_delivery_waits_for_a_hung_store_hands_it_back_in_time(
         store.close()
 
 
-class _HungStore:
+class _HungStore(SilentListener):
     """The score store's port, taken over once its Redis was killed: it signs each connection in
     (HELLO, AUTH, CLIENT, SELECT) and loads scripts (SCRIPT LOAD answers the script's digest),
     then answers nothing, as a Redis that froze mid-failover does. ``waited_on`` is set once a
@@ -243,22 +243,12 @@ class _HungStore:
     }
 
     def __init__(self, port: int, key: bytes) -> None:
-        self._server = socket.create_server(("127.0.0.1", port))
         self._key = key
         self.waited_on = threading.Event()
-        self._taken: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(port=port)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:  # closed
-                return
-            with self._lock:
-                self._taken.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def _took(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         pending = b""
@@ -273,14 +263,6 @@ class _HungStore:
                         conn.sendall(b"$40\r\n" + hashlib.sha1(command[2]).hexdigest().encode() + b"\r\n")
                     elif (answer := self._SIGNED_IN.get(name)) is not None:
                         conn.sendall(answer)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):  # wakes the accept (close alone does not)
-            self._server.shutdown(socket.SHUT_RDWR)
-        self._server.close()
-        with self._lock:
-            for conn in self._taken:
-                conn.close()
 
 
 def _whole_commands(data: bytes) -> tuple[list[list[bytes]], bytes]:

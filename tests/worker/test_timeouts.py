@@ -26,16 +26,6 @@ LIMITS = {
 }
 
 
-@pytest.fixture
-def started(redis_url: str, tmp_path: Path) -> Iterator[list[WorkerProcess]]:
-    workers: list[WorkerProcess] = []
-    try:
-        yield workers
-    finally:
-        for worker in workers:
-            worker.stop()
-
-
 def _start(
     started: list[WorkerProcess], redis_url: str, tmp: Path, env: dict[str, str], **options: Any
 ) -> WorkerProcess:
