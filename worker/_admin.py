@@ -22,7 +22,7 @@ from worker._budget import RedisLedger, parse_budgets, run_key, spend_report
 from worker._errors import UnreadableCounterError
 from worker._keys import backfill_hold_key, backfill_jobs_key, backfill_state_key, job_key
 from worker._limiter import RedisRateLimiter
-from worker._reconnect import DECODED
+from worker._reconnect import CLI_PATIENCE, DECODED
 from worker._settings import Settings
 from worker.backfill import BackfillState
 from worker.store import (
@@ -142,9 +142,10 @@ def store_evicts(settings: Settings) -> str | None:
 
 async def store_status(settings: Settings) -> dict[str, Any]:
     """The score store's side: dead letters by reason, failures of the last hour, rate limits."""
-    letters, jobs = RedisDeadLetters(settings.store_url), RedisJobStats(settings.store_url)
-    limiter = RedisRateLimiter(settings.store_url, settings.rate_limit)
-    ledger = RedisLedger(settings.store_url)
+    letters = RedisDeadLetters(settings.store_url, **CLI_PATIENCE)
+    jobs = RedisJobStats(settings.store_url, **CLI_PATIENCE)
+    limiter = RedisRateLimiter(settings.store_url, settings.rate_limit, **CLI_PATIENCE)
+    ledger = RedisLedger(settings.store_url, **CLI_PATIENCE)
     try:
         try:
             size: int | None = await letters.size()
@@ -309,7 +310,7 @@ def _wrong_type(client: Any, key: str, expected: str, error: Exception) -> str:
 
 async def dead_letters(settings: Settings, limit: int) -> tuple[int, list[DeadLetter]]:
     """How many dead letters there are, and the newest ``limit`` of them."""
-    store = RedisDeadLetters(settings.store_url)
+    store = RedisDeadLetters(settings.store_url, **CLI_PATIENCE)
     try:
         return await store.size(), await store.latest(limit)
     finally:
@@ -347,12 +348,12 @@ class Requeued(NamedTuple):
 
 async def requeue_dead_letters(settings: Settings, ids: list[str] | None) -> Requeued:
     """Send the dead letters ``ids`` (``None``: every one) back to the scoring queue."""
-    store = RedisDeadLetters(settings.store_url)
+    store = RedisDeadLetters(settings.store_url, **CLI_PATIENCE)
     # rediss:// verified as the workers do (TRACESCORE_BROKER_CA_FILE); the workers' message cap.
     sink = CelerySink(
         settings.broker_url, queue=settings.queue, tls=settings.tls, max_payload_bytes=settings.max_payload_bytes
     )
-    ledger = RedisLedger(settings.store_url)
+    ledger = RedisLedger(settings.store_url, **CLI_PATIENCE)
     requeued: list[DeadLetter] = []
     problems: list[str] = []
     not_retryable: list[str] = []
@@ -472,7 +473,7 @@ class Dropped(NamedTuple):
 async def drop_dead_letters(settings: Settings, ids: list[str] | None, reason: str | None = None) -> Dropped:
     """Remove the dead letters ``ids`` for good (``None``: every one, or every one of ``reason``),
     unreadable ones too; a letter a `dlq retry` is sending is left to it."""
-    store = RedisDeadLetters(settings.store_url)
+    store = RedisDeadLetters(settings.store_url, **CLI_PATIENCE)
     dropped: list[DeadLetter] = []
     problems: list[str] = []
     try:

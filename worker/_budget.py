@@ -74,7 +74,7 @@ from scorers.judge import (
 )
 from worker import _keys
 from worker._errors import StoreKeyTypeError
-from worker._reconnect import StoreUnavailableError, reconnecting_client, unavailable_as_error
+from worker._reconnect import COMMAND_SLACK_S, StoreUnavailableError, reconnecting_client, unavailable_as_error
 from worker._summary import Spend
 from worker.store import checked, checked_async, checked_script
 
@@ -434,16 +434,19 @@ class RedisLedger:
     ``budget:job:<id>`` (a job's limit), ``judge_calls:<trace>:<span>:<scorer>`` hashes (field
     ``<version>``: failed calls, ``<version>:error``: the last one's error)."""
 
-    def __init__(self, url: str, *, reconnect_s: float = 2.0) -> None:
+    def __init__(self, url: str, *, reconnect_s: float = 2.0, command_s: float = COMMAND_SLACK_S) -> None:
         self.url = url
         self.reconnect_s = reconnect_s
+        self.command_s = command_s
         self._client: Any = None
         self._loop: Any = None
 
     def _redis(self) -> Any:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            self._client = reconnecting_client(self.url, max_connections=32, reconnect_s=self.reconnect_s)
+            self._client = reconnecting_client(
+                self.url, max_connections=32, reconnect_s=self.reconnect_s, command_s=self.command_s
+            )
             self._loop = loop
             self._add = self._client.register_script(_ADD)
             self._read = self._client.register_script(_READ)

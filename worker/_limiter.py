@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from worker import _keys
-from worker._reconnect import reconnecting_client, unavailable_as_error
+from worker._reconnect import COMMAND_SLACK_S, reconnecting_client, unavailable_as_error
 from worker._settings import ModelRateLimit
 from worker.metrics import observe_limiter_wait
 from worker.store import checked_async, checked_script, known_counters, read_counters
@@ -141,9 +141,11 @@ class RedisRateLimiter:
         *,
         model_concurrency: int = 64,
         reconnect_s: float = 2.0,
+        command_s: float = COMMAND_SLACK_S,
     ) -> None:
         self.url = url
         self.reconnect_s = reconnect_s
+        self.command_s = command_s
         self._limits = limits
         self._concurrency = model_concurrency
         self._client: Any = None
@@ -155,7 +157,9 @@ class RedisRateLimiter:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
             # Blocking pool: callers beyond max_connections wait for a connection, never fail.
-            self._client = reconnecting_client(self.url, max_connections=64, reconnect_s=self.reconnect_s)
+            self._client = reconnecting_client(
+                self.url, max_connections=64, reconnect_s=self.reconnect_s, command_s=self.command_s
+            )
             self._loop = loop
             self._gates = {}
             self._acquire = self._client.register_script(_ACQUIRE)

@@ -18,7 +18,7 @@ import asyncio
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
 import redis.asyncio as aioredis
 from celery.exceptions import Reject
@@ -32,9 +32,11 @@ if TYPE_CHECKING:
     from scorers.judge import ErrorCategory
 
 __all__ = [
+    "CLI_PATIENCE",
     "COMMAND_SLACK_S",
     "DECODED",
     "RECONNECT_S",
+    "Patience",
     "StoreUnavailableError",
     "reconnecting_client",
     "unavailable_as_error",
@@ -43,9 +45,9 @@ __all__ = [
 # For a worker: long enough for a Redis restart or a failover, short enough that a store call
 # ends (StoreUnavailableError at RECONNECT_S + COMMAND_SLACK_S at the latest) before the task's
 # own 30 s wait for it gives up with a plain TimeoutError, which would fail (and ack) the task.
-# A CLI command passes less: it should say "unreachable" quickly.
 RECONNECT_S = 15.0
-# A command's own time on top of the reconnect budget, for the hard deadline of one store call.
+# A command's own time on top of the reconnect budget, for the hard deadline of one store call
+# (and how long one read waits for its answer).
 COMMAND_SLACK_S = 10.0
 _BACKOFF_BASE_S = 0.05
 _BACKOFF_CAP_S = 1.0
@@ -56,6 +58,22 @@ _BACKOFF_CAP_S = 1.0
 DECODED: dict[str, Any] = {"decode_responses": True, "encoding_errors": "replace"}
 
 C = TypeVar("C", bound=type)
+
+
+class Patience(TypedDict):
+    """How long a Redis client keeps reconnecting, and how long one read waits for its answer:
+    keyword arguments of the Redis stores and clients (``RedisScoreStore``, ``RedisDeadLetters``,
+    ``RedisOutbox``, the limiter, the ledger)."""
+
+    reconnect_s: float
+    command_s: float
+
+
+# A command a person waits for (the CLI): it rides out a Redis that refuses connections for a
+# moment, and says one that takes them and answers nothing is unreachable within about 3 s, as
+# `status` says it of the broker (the stores' defaults, 2 s + a read's 10 s, kept `scores` and
+# `dlq` silent 12.6 s).
+CLI_PATIENCE: Patience = {"reconnect_s": 1.0, "command_s": 2.0}
 
 
 class StoreUnavailableError(Reject, redis_errors.ConnectionError, WorkerError):
@@ -83,9 +101,12 @@ def _retries_for(seconds: float) -> int:
     return retries
 
 
-def reconnecting_client(url: str, *, max_connections: int, reconnect_s: float) -> Any:
+def reconnecting_client(
+    url: str, *, max_connections: int, reconnect_s: float, command_s: float = COMMAND_SLACK_S
+) -> Any:
     """An asyncio client on a blocking pool (callers beyond ``max_connections`` wait for a
-    connection) that reconnects and retries for ``reconnect_s`` seconds before failing."""
+    connection) that reconnects and retries for ``reconnect_s`` seconds before failing; a read
+    waits ``command_s`` for its answer."""
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
@@ -105,7 +126,7 @@ def reconnecting_client(url: str, *, max_connections: int, reconnect_s: float) -
         # before a command is sent on it.
         health_check_interval=15,
         socket_connect_timeout=2,
-        socket_timeout=COMMAND_SLACK_S,
+        socket_timeout=command_s,
         # TCP only: a Unix socket's connection takes no keepalive option (a TypeError).
         **({} if url.startswith("unix:") else {"socket_keepalive": True}),
     )
@@ -116,10 +137,11 @@ def _translated(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..
     @functools.wraps(method)
     async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         reconnect_s = float(getattr(self, "reconnect_s", 0.0))
+        deadline_s = reconnect_s + float(getattr(self, "command_s", COMMAND_SLACK_S))
         try:
             # Retries are counted, not timed (a connect that hangs takes its full timeout each
             # time): this deadline is what bounds one call.
-            async with asyncio.timeout(reconnect_s + COMMAND_SLACK_S):
+            async with asyncio.timeout(deadline_s):
                 return await method(self, *args, **kwargs)
         except StoreUnavailableError:
             raise
@@ -133,7 +155,7 @@ def _translated(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, ConnectionError, TimeoutError) as exc:
             if type(exc) is TimeoutError and not str(exc):  # the deadline above: no text of its own
                 raise StoreUnavailableError(
-                    f"Redis is unreachable: {name} got no answer within {reconnect_s + COMMAND_SLACK_S:.0f} s"
+                    f"Redis is unreachable: {name} got no answer within {deadline_s:.0f} s"
                 ) from exc
             raise StoreUnavailableError(
                 f"Redis is unreachable: {name} failed after reconnecting for up to "

@@ -10,6 +10,7 @@ import click
 from redis.exceptions import RedisError
 
 from tracing import ScoreRecord
+from worker._reconnect import CLI_PATIENCE
 from worker._terminal import cell, printable
 from worker.cli._common import CliError, broker_option, json_line, json_option, redis_settings, unreachable
 from worker.store import RedisScoreStore
@@ -18,7 +19,7 @@ __all__ = ["scores_command"]
 
 
 async def _fetch(url: str, trace_id: str) -> list[ScoreRecord]:
-    store = RedisScoreStore(url)
+    store = RedisScoreStore(url, **CLI_PATIENCE)
     try:
         return await store.records_for_trace(trace_id)
     finally:

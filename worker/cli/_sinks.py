@@ -12,6 +12,7 @@ import click
 from redis.exceptions import RedisError
 
 from tracing import redact
+from worker._reconnect import CLI_PATIENCE
 from worker._settings import SINK_NAMES
 from worker._terminal import cell, printable
 from worker.cli._common import (
@@ -107,8 +108,7 @@ def sinks_group() -> None:
 
 def _outbox(broker: str | None) -> tuple[RedisOutbox, str]:
     settings = redis_settings(broker)
-    # As `tracescore status` asks Redis: 2 s a call, one retry.
-    return RedisOutbox(settings.store_url, reconnect_s=1.0, socket_timeout_s=2.0), settings.store_url
+    return RedisOutbox(settings.store_url, **CLI_PATIENCE), settings.store_url
 
 
 def dropped_past_bound(counts: dict[str, int | None]) -> str:

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 
 from tracing import redact
 from worker._admin import backfill_jobs, broker_status, store_evicts, store_status
+from worker._reconnect import CLI_PATIENCE
 from worker._settings import Settings
 from worker._terminal import printable
 from worker.cli._common import FiniteRange, broker_option, json_option, known, redis_settings, unreachable
@@ -65,7 +66,7 @@ def collect_status(ping_timeout: float = 1.0, settings: Settings | None = None) 
 def _sink_counts(settings: Settings) -> dict[str, dict[str, int | None]]:
     """Per sink the workers drain: delivered, pending, failed (dead letters), dropped, retried,
     dead_letters_dropped (past the bound) (None: its counter in Redis is no number)."""
-    outbox = RedisOutbox(settings.store_url, reconnect_s=1.0)
+    outbox = RedisOutbox(settings.store_url, **CLI_PATIENCE)
     try:
         return {name: counts.as_dict() for name, counts in outbox.counts().items()}
     except (RedisError, OSError) as exc:

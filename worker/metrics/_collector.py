@@ -171,7 +171,7 @@ class RedisStateCollector:
         self._node = node
         self._broker = _client(settings.broker_redis_url, **settings.tls.redis_kwargs(settings.broker_url))
         self._store = _client(settings.store_url)
-        self._outbox = RedisOutbox(settings.store_url, reconnect_s=_TIMEOUT_S)
+        self._outbox = RedisOutbox(settings.store_url, reconnect_s=_TIMEOUT_S, command_s=_TIMEOUT_S)
         self._store_url = settings.store_url
         self._budgets = parse_budgets(settings.budgets)
         self._dlq_max_bytes = settings.dlq_max_bytes

@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from worker import _keys
 from worker._logs import CountedLog
-from worker._reconnect import unavailable_as_error
+from worker._reconnect import COMMAND_SLACK_S, unavailable_as_error
 from worker._settings import DEFAULT_DLQ_MAX_BYTES, DEFAULT_DLQ_MAX_LETTERS
 from worker.store._keytypes import RELEASE_OWNED, Check, checked, checked_async, checked_script
 from worker.store._redis import OnRedis, RedisConnection, failed_fields, known_counters
@@ -510,11 +510,14 @@ class RedisDeadLetters(OnRedis):
         url: str,
         *,
         reconnect_s: float = 2.0,
+        command_s: float = COMMAND_SLACK_S,
         connection: RedisConnection | None = None,
         max_letters: int = DEFAULT_DLQ_MAX_LETTERS,
         max_bytes: int = DEFAULT_DLQ_MAX_BYTES,
     ) -> None:
-        self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
+        self._redis = connection or RedisConnection(
+            url, max_connections=8, reconnect_s=reconnect_s, command_s=command_s
+        )
         self._holds: dict[str, str] = {}  # letter id -> the token of this caller's hold
         self.max_letters = max_letters
         self.max_bytes = max_bytes

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from tracing import ScoreRecord, printable
 from worker import _keys
 from worker._errors import UnreadableCounterError
-from worker._reconnect import unavailable_as_error
+from worker._reconnect import COMMAND_SLACK_S, unavailable_as_error
 from worker.store._keytypes import (
     JOB_COUNTER_AGAIN,
     JOB_COUNTER_ASIDE,
@@ -252,10 +252,13 @@ class RedisJobStats(OnRedis):
         url: str,
         *,
         reconnect_s: float = 2.0,
+        command_s: float = COMMAND_SLACK_S,
         job_ttl_s: int = JOB_TTL_S,
         connection: RedisConnection | None = None,
     ) -> None:
-        self._redis = connection or RedisConnection(url, max_connections=8, reconnect_s=reconnect_s)
+        self._redis = connection or RedisConnection(
+            url, max_connections=8, reconnect_s=reconnect_s, command_s=command_s
+        )
         self.job_ttl_s = job_ttl_s
 
     async def count_skipped_once(self, job_id: str, reason: str, score_ids: Sequence[str]) -> int:

@@ -55,7 +55,7 @@ from redis.retry import Retry
 from tracing import ScoreRecord
 from worker import _keys
 from worker._logs import CountedLog
-from worker._reconnect import DECODED
+from worker._reconnect import COMMAND_SLACK_S, DECODED
 from worker._settings import DEFAULT_SINK_MAX_DEAD_LETTERS
 from worker.store._keytypes import Check, checked, checked_script, pipeline_replies
 from worker.store._redis import failed_fields, known_counters
@@ -514,12 +514,13 @@ class RedisOutbox:
         url: str,
         *,
         reconnect_s: float = 15.0,
-        socket_timeout_s: float = 10.0,
+        command_s: float = COMMAND_SLACK_S,
         delivered_keep_s: int = DELIVERED_KEEP_S,
         max_dead_letters: int = DEFAULT_SINK_MAX_DEAD_LETTERS,
     ) -> None:
-        """``socket_timeout_s``: a drainer's calls may move many ids; a command's answer a person
-        (``tracescore sinks``: a paused Redis was 52 s of retries of 10 s each).
+        """``reconnect_s``: how long a call keeps reconnecting to a Redis that refuses or drops
+        its connections; ``command_s``: how long one read waits for its answer (a drainer's calls
+        may move many ids; ``tracescore sinks`` passes ``CLI_PATIENCE``).
         ``max_dead_letters``: each sink's bound (``TRACESCORE_SINK_MAX_DEAD_LETTERS``)."""
         self.url = url
         self.delivered_keep_s = delivered_keep_s
@@ -530,10 +531,19 @@ class RedisOutbox:
             url,
             **DECODED,
             socket_connect_timeout=2,
-            socket_timeout=socket_timeout_s,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
+            socket_timeout=command_s,
+            # A read that timed out is not sent again: it has had its wait, and a Redis that
+            # takes connections and never answers cost each call every retry's wait over (a
+            # paused Redis kept `tracescore sinks` 52 s, a drainer's call minutes). The caller
+            # says unreachable, or (a drainer) tries again at its next poll.
+            retry=Retry(
+                ExponentialBackoff(cap=0.5, base=0.05),
+                retries,
+                supported_errors=(redis.ConnectionError,),
+                is_retryable=lambda error: not isinstance(error, redis.TimeoutError),
+            ),
             # (ReadOnlyError: a failover; a new connection finds the new primary, see _reconnect)
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError],
+            retry_on_error=[redis.ConnectionError, redis.exceptions.ReadOnlyError],
         )
         self._lease = self._client.register_script(_LEASE)
         self._settle = self._client.register_script(_SETTLE)

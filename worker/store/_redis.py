@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from redis.exceptions import NoScriptError
 
 from tracing import printable
-from worker._reconnect import reconnecting_client, unavailable_as_error
+from worker._reconnect import COMMAND_SLACK_S, reconnecting_client, unavailable_as_error
 from worker.store._keytypes import pipeline_replies
 
 __all__ = ["OnRedis", "RedisConnection", "failed_fields", "known_counters", "read_counters"]
@@ -24,10 +24,13 @@ class RedisConnection:
     """A reconnecting ``redis.asyncio`` client, created on first use on the event loop that
     uses it (a client is bound to its loop) and again when another loop calls."""
 
-    def __init__(self, url: str, *, max_connections: int = 32, reconnect_s: float = 2.0) -> None:
+    def __init__(
+        self, url: str, *, max_connections: int = 32, reconnect_s: float = 2.0, command_s: float = COMMAND_SLACK_S
+    ) -> None:
         self.url = url
         # How long a command keeps reconnecting before StoreUnavailableError (workers: 15 s).
         self.reconnect_s = reconnect_s
+        self.command_s = command_s
         self._max_connections = max_connections
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -38,7 +41,7 @@ class RedisConnection:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
             self._client = reconnecting_client(
-                self.url, max_connections=self._max_connections, reconnect_s=self.reconnect_s
+                self.url, max_connections=self._max_connections, reconnect_s=self.reconnect_s, command_s=self.command_s
             )
             self._loop = loop
         return self._client
@@ -99,6 +102,10 @@ class OnRedis:
     @property
     def reconnect_s(self) -> float:
         return self._redis.reconnect_s
+
+    @property
+    def command_s(self) -> float:
+        return self._redis.command_s
 
     async def close(self) -> None:
         await self._redis.close()

@@ -31,7 +31,7 @@ from scorers import ScoreResult
 from tracing import ScoreRecord
 from worker import _keys
 from worker._process import alive
-from worker._reconnect import unavailable_as_error
+from worker._reconnect import COMMAND_SLACK_S, unavailable_as_error
 from worker.store._jobs import (
     FAILURE_BUCKETS_KEPT,
     FAILURE_WINDOW_SECONDS,
@@ -511,9 +511,12 @@ class RedisScoreStore(OnRedis):
         max_connections: int = 32,
         job_ttl_s: int = JOB_TTL_S,
         reconnect_s: float = 2.0,
+        command_s: float = COMMAND_SLACK_S,
         sinks: Sequence[str] = (),
     ) -> None:
-        self._redis = RedisConnection(url, max_connections=max_connections, reconnect_s=reconnect_s)
+        self._redis = RedisConnection(
+            url, max_connections=max_connections, reconnect_s=reconnect_s, command_s=command_s
+        )
         self._jobs = RedisJobStats(url, job_ttl_s=job_ttl_s, connection=self._redis)
         # Every recorded score is queued for these sinks (``worker.store.RedisOutbox``).
         self.sinks = tuple(sinks)
