@@ -68,6 +68,7 @@ from tracing.queue import (
     plain_id,
 )
 from worker._errors import WorkerError
+from worker._logs import CountedLog
 from worker._settings import MAX_TRIES, Settings
 from worker.metrics import observe_broadcast_refused
 from worker.store import (
@@ -1352,6 +1353,9 @@ class GuardedConsumer(Consumer):
             max_letters=self._settings.dlq_max_letters,
             max_bytes=self._settings.dlq_max_bytes,
         )
+        # While the dead letters' Redis is away, every refused message comes back once a pause:
+        # a line a minute with the count, not one a second.
+        self._not_recorded = CountedLog("message_refusal_not_recorded", logger=log, count_key="messages", level="error")
 
     def _allowed(self) -> frozenset[str]:
         return frozenset(name for name in self.app.tasks if name.startswith("tracescore."))
@@ -1430,15 +1434,13 @@ class GuardedConsumer(Consumer):
             # Not recorded: the message goes back to the queue rather than being lost unseen.
             # A dead-letter list of another Redis type waits for an operator: name it.
             named = {"key": exc.key, "found": exc.found} if isinstance(exc, StoreKeyTypeError) else {}
-            log.error(
-                "message_refusal_not_recorded", reason=refusal.reason, letter=letter.id,
-                error=type(exc).__name__, **named,
-            )  # fmt: skip
+            self._not_recorded.note(reason=refusal.reason, letter=letter.id, error=type(exc).__name__, **named)
             self._dead_letters.close()
             message.reject_log_error(_stdlog, self._connection_errors(), requeue=True)
             # The message comes straight back: do not spin on it while the store is away.
             time.sleep(_STORE_DOWN_PAUSE_S)
             return
+        self._not_recorded.flush()  # (the count since the last line, once the store is back)
         log.warning(
             "message_refused",
             reason=refusal.reason,

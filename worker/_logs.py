@@ -99,7 +99,7 @@ class CountedLog:
         self._fields: dict[str, Any] = {}
         self._lock = threading.Lock()  # (sink drainers note from their threads)
 
-    def note(self, n: int = 1, **last: Any) -> bool:
+    def note(self, n: int = 1, /, **last: Any) -> bool:
         """Count ``n`` more; True when this call wrote the line."""
         with self._lock:
             self.pending += n

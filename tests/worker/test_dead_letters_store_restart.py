@@ -4,12 +4,15 @@ before: the message is neither lost nor acked unrecorded, and becomes one dead l
 
 The guard's push (``SyncRedisDeadLetters``) keeps redis-py's own retry (about 1-3 s in all against
 a refused connection), not the workers' reconnect budget: a restart longer than that reaches the
-guard, which logs ``message_refusal_not_recorded`` (no content), hands the message back and pauses
-(``worker._guard``); measured, one such line a second while the store was away."""
+guard, which logs ``message_refusal_not_recorded`` (no content, a line a minute with the count of
+messages held back), hands the message back and pauses (``worker._guard``). It logged one line a
+second while the store was away."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,7 @@ import redis
 from tests._redis import RedisServer
 from tests.worker._workers import WorkerProcess, queue_and_unacked, wait_for
 from tests.worker.test_hostile_messages import MARKER, QUEUE, envelope
+from worker._guard import _STORE_DOWN_PAUSE_S
 from worker.store import DeadLetter
 
 
@@ -56,15 +60,21 @@ def test_a_message_refused_while_the_store_restarts_is_one_dead_letter(
             second, entry = envelope(json.dumps(MARKER))
             store.stop()
             client.lpush(QUEUE, entry)
-            # The screen met the store away (else this tests no restart): its push failed, the
-            # message came back and failed again (away longer than one pause of the guard's).
+            # The screen met the store away (else this tests no restart): its push failed. Kept
+            # away for three of the guard's pauses, so the message comes back and fails again.
             failed = lambda: worker.text().count("message_refusal_not_recorded")  # noqa: E731
-            assert wait_for(lambda: failed() >= 2, 30), worker.text()[-3000:]
+            assert wait_for(lambda: failed() >= 1, 30), worker.text()[-3000:]
+            time.sleep(3 * _STORE_DOWN_PAUSE_S)
+            assert failed() == 1, worker.text()[-3000:]  # one line a minute, not one a try
         finally:
             client.close()
         store.start()
         keys = Counter({f"msg:{first}": 1, f"msg:{second}": 1})
         assert wait_for(lambda: Counter(x.message_key for x in _letters(store_url)) == keys, 60), worker.text()[-3000:]
+        # Once recorded, the line says how many tries were held back since the first line.
+        told = [line for line in worker.text().splitlines() if "message_refusal_not_recorded" in line]
+        assert len(told) == 2, told
+        assert int(re.findall(r"since_start=(\d+)", told[1])[0]) >= 2, told
         assert wait_for(lambda: queue_and_unacked(broker_url, QUEUE) == (0, 0), 30), worker.text()[-3000:]
         assert worker.proc.poll() is None
         assert all(x.reason == "bad_body" for x in _letters(store_url))

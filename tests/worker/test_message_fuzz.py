@@ -41,6 +41,7 @@ from tracing.queue import SCORE_TASK_NAME, ScoreBatch, plain_id, request_json, s
 from worker import _task
 from worker._app import score_batch_task
 from worker._guard import GuardedConsumer, Refusal, _ScreenedMessage, check_message, screen_envelope
+from worker._logs import CountedLog
 from worker._loop import stop_loop
 from worker._registry import load_registry
 from worker._runtime import WorkerRuntime
@@ -338,6 +339,7 @@ class _Consumer:
 
     def __init__(self) -> None:
         self._dead_letters = _Letters()
+        self._not_recorded = CountedLog("message_refusal_not_recorded", logger=structlog.get_logger(), level="error")
 
     def _connection_errors(self) -> tuple[type[BaseException], ...]:
         return ()
