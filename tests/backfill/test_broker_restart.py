@@ -149,35 +149,51 @@ def test_a_broker_outage_past_the_budget_stops_the_job_then_resume_scores_each_r
         server.close()
 
 
+def _job_at_high_water(server: RedisServer, tmp_path: Path) -> tuple[subprocess.Popen[str], Path, str]:
+    """A job of 300 traces started on ``server`` with no worker running, once it has enqueued 20
+    runs: it enqueues up to its high-water mark, then waits, as a job does behind a backlog. The
+    process, the file its stderr goes to, and the job's id."""
+    write_otlp_files(tmp_path / "in", 300, files=1)
+    options = ["--scorers", "tests.backfill.scorers", "--batch-size", "10", "--high-water", "2"]
+    said_path = tmp_path / "said.txt"
+    with said_path.open("w") as said_file:
+        job = _backfill(server.url(0), str(tmp_path / "in"), *options, "--json", stderr=said_file)
+    db = server.client(0, decode_responses=True)
+    keys: list[str] = []
+
+    def waiting() -> bool:
+        keys[:] = [k for k in db.scan_iter(backfill_state_key("*")) if k.count(":") == 2]
+        return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 20
+
+    try:
+        assert wait_for(waiting, 120), "the backfill did not enqueue 20 runs:\n" + said_path.read_text()[-2000:]
+    except BaseException:
+        job.kill()
+        job.wait(10)
+        raise
+    finally:
+        db.close()
+    return job, said_path, keys[0].rsplit(":", 1)[1]
+
+
 @pytest.mark.parametrize("redis_state", ["answering", "paused"])
 def test_sigterm_stops_a_redis_job_resumable_with_exit_130(tmp_path: Path, redis_state: str) -> None:
     """README exit codes: 130 for Ctrl-C or SIGTERM (a Kubernetes Job's stop), the job resumable,
-    the workers' counts `null` with --json when Redis does not answer. No worker runs: the job
-    enqueues up to its high-water mark, then waits, as a job does behind a backlog."""
+    the workers' counts `null` with --json when Redis does not answer."""
     server = RedisServer()
     server.start()
     try:
-        write_otlp_files(tmp_path / "in", 300, files=1)
-        options = ["--scorers", "tests.backfill.scorers", "--batch-size", "10", "--high-water", "2"]
-        job = _backfill(server.url(0), str(tmp_path / "in"), *options, "--json")
-        db = server.client(0, decode_responses=True)
-        keys: list[str] = []
-
-        def waiting() -> bool:
-            keys[:] = [k for k in db.scan_iter(backfill_state_key("*")) if k.count(":") == 2]
-            return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 20
-
-        assert wait_for(waiting, 120), "the backfill did not enqueue 20 runs"
-        job_id = keys[0].rsplit(":", 1)[1]
+        job, said_path, job_id = _job_at_high_water(server, tmp_path)
         assert server.proc is not None
         if redis_state == "paused":
             os.kill(server.proc.pid, signal.SIGSTOP)
         try:
             job.send_signal(signal.SIGTERM)
-            out, said = job.communicate(timeout=90)
+            out, _ = job.communicate(timeout=90)
         finally:
             if redis_state == "paused":
                 os.kill(server.proc.pid, signal.SIGCONT)
+        said = said_path.read_text()
         assert job.returncode == 130, said[-2000:]
         assert f"Resume with: tracescore backfill --resume {job_id}" in said, said[-2000:]
         assert server.password not in said
@@ -187,8 +203,9 @@ def test_sigterm_stops_a_redis_job_resumable_with_exit_130(tmp_path: Path, redis
             assert (summary["scored"], summary["failed"]) == (None, None), summary
         else:
             assert (summary["scored"], summary["failed"]) == (0, 0), summary
-            assert json.loads(db.get(keys[0]) or "{}")["status"] == "interrupted"
-        db.close()
+            db = server.client(0, decode_responses=True)
+            assert json.loads(db.get(backfill_state_key(job_id)) or "{}")["status"] == "interrupted"
+            db.close()
     finally:
         server.close()
 
@@ -200,21 +217,7 @@ def test_sigterm_while_the_job_waits_for_redis_stops_it_at_once_with_exit_130(tm
     server = RedisServer()
     server.start()
     try:
-        write_otlp_files(tmp_path / "in", 300, files=1)
-        options = ["--scorers", "tests.backfill.scorers", "--batch-size", "10", "--high-water", "2"]
-        said_path = tmp_path / "said.txt"
-        with said_path.open("w") as said_file:
-            job = _backfill(server.url(0), str(tmp_path / "in"), *options, "--json", stderr=said_file)
-        db = server.client(0, decode_responses=True)
-        keys: list[str] = []
-
-        def waiting() -> bool:  # no worker runs: it enqueues up to --high-water, then waits
-            keys[:] = [k for k in db.scan_iter(backfill_state_key("*")) if k.count(":") == 2]
-            return bool(keys) and json.loads(db.get(keys[0]) or "{}")["counters"]["runs_enqueued"] >= 20
-
-        assert wait_for(waiting, 120), "the backfill did not enqueue 20 runs"
-        job_id = keys[0].rsplit(":", 1)[1]
-        db.close()
+        job, said_path, job_id = _job_at_high_water(server, tmp_path)
         server.stop()
         assert wait_for(lambda: "waiting up to" in said_path.read_text(), 60), said_path.read_text()[-2000:]
         job.send_signal(signal.SIGTERM)
@@ -258,3 +261,41 @@ def test_a_save_whose_reply_a_restart_lost_is_sent_again_and_applied_once(privat
         assert store.released(state.job_id)[0] == traces
     finally:
         client.close()
+
+
+def test_a_stop_while_the_broker_refuses_writes_names_the_refusal(tmp_path: Path) -> None:
+    """A job waiting out a broker that refuses its batch (a read-only replica: a failover under
+    way) and stopped then ends as stopped (exit 130, resumable) and says what the broker did:
+    it said only "interrupted", the refusal it was waiting on left unnamed."""
+    server = RedisServer()
+    server.start()
+    job: subprocess.Popen[str] | None = None
+    try:
+        job, said_path, job_id = _job_at_high_water(server, tmp_path)
+        db = server.client(0, decode_responses=True)
+        # Paused while its queue is emptied and its Redis turns replica (of nothing: it keeps its
+        # keys), so the next thing it writes is a batch the broker refuses.
+        job.send_signal(signal.SIGSTOP)
+        try:
+            db.delete("tracescore")
+            db.execute_command("REPLICAOF", "127.0.0.1", "1")
+        finally:
+            job.send_signal(signal.SIGCONT)
+        assert wait_for(
+            lambda: "read-only replica, a failover under way?) while publishing" in said_path.read_text(), 60
+        ), said_path.read_text()[-2000:]
+        job.send_signal(signal.SIGTERM)
+        out, _ = job.communicate(timeout=60)
+        said = said_path.read_text()
+        assert job.returncode == 130, said[-2000:]
+        assert "when the stop was asked, the broker's Redis endpoint is a read-only replica" in said, said[-2000:]
+        assert "resume once it takes writes again" in said, said[-2000:]
+        assert f"Resume with: tracescore backfill --resume {job_id}" in said, said[-2000:]
+        assert server.password not in said
+        assert json.loads(out.strip().splitlines()[-1])["status"] == "interrupted"
+        db.close()
+    finally:
+        if job is not None and job.poll() is None:
+            job.kill()
+            job.wait(10)
+        server.close()

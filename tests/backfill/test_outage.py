@@ -49,3 +49,53 @@ def test_a_primary_demoted_by_a_failover_is_waited_for() -> None:
 
     assert ride_out("saving the job's state", call) == "saved"
     assert len(said) == 2  # waiting, then answering again
+    assert said[0].startswith("Redis refuses writes (ReadOnlyError: a read-only replica"), said  # (not "lost")
+
+
+class _Clock:
+    """Time of the test's own: a pause moves it on at once, as does a try (``spend``)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def spend(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_redis_that_answers_nothing_is_given_up_on_when_the_workers_give_up() -> None:
+    """Each try on a Redis that takes connections and never answers takes the client's socket
+    timeout (10 s). The budget was counted from the first try's end, so a call ended after
+    three tries, about 35 s, where a worker's store call ends at 15 + 10 s; it is counted from
+    that try's start."""
+    from worker._reconnect import COMMAND_SLACK_S, RECONNECT_S
+
+    clock, tries = _Clock(), []
+
+    def frozen() -> None:
+        tries.append(clock.now)
+        clock.spend(COMMAND_SLACK_S)
+        raise redis.exceptions.TimeoutError("Timeout reading from socket")
+
+    ride_out = RideOut(budget_s=RECONNECT_S, clock=clock, sleep=clock.spend)
+    with pytest.raises(redis.exceptions.TimeoutError):
+        ride_out("reading the queue's length", frozen)
+    assert clock.now <= RECONNECT_S + COMMAND_SLACK_S, (clock.now, tries)
+    assert len(tries) == 2, tries  # the second try starts within the budget: a Redis back by then is used
+
+
+def test_a_restart_is_ridden_out_for_the_whole_budget() -> None:
+    """A Redis that refuses connections (a restart) fails each try at once: tries go on for the
+    whole budget from the first one, then the error is raised as it was."""
+    clock, tries = _Clock(), []
+
+    def refused() -> None:
+        tries.append(clock.now)
+        raise redis.exceptions.ConnectionError("Connection refused")
+
+    ride_out = RideOut(budget_s=15, clock=clock, sleep=clock.spend)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        ride_out("publishing a batch", refused)
+    assert 14 <= tries[-1] <= 15 <= clock.now, (clock.now, tries)

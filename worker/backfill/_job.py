@@ -1572,11 +1572,15 @@ def _run_held(
                     try:
                         follow()
                     except Exception as exc:
-                        # Asked to stop, then Redis stopped answering before the batch in hand
-                        # ended: the stop stands (exit 130, the workers' counts unknown). It
-                        # ended as a lost broker, exit 1 with no summary, what a Job's SIGTERM
-                        # met behind a paused Redis.
-                        if signalled() and _broker_refusal(exc) is not None:
+                        # Asked to stop, then the broker refused the batch in hand or stopped
+                        # answering: the stop stands (exit 130, the workers' counts unknown), and
+                        # the refusal is named. It ended as a lost broker, exit 1 with no summary,
+                        # what a Job's SIGTERM met behind a paused Redis; then as a stop that
+                        # said nothing of a full or read-only Redis.
+                        refusal = _broker_refusal(exc) if signalled() else None
+                        if refusal is not None:
+                            what, when = refusal
+                            reporter.message(f"when the stop was asked, {what}; resume {when}")
                             raise KeyboardInterrupt from exc
                         raise
 

@@ -3,8 +3,9 @@
 The workers' clients reconnect for ``RECONNECT_S`` before they give up (``worker/_reconnect.py``);
 the backfill's own calls (the queue's depth it reads before each publish, the publish, the job's
 saves and reads, the workers' counters it follows) get the same budget here, each call counted
-from its first failure, so a job outlives what its workers outlive. It says when it starts waiting
-and when Redis answers again (a job that paused without a word looked hung), and gives up, the
+from the start of its first try that failed, so a job outlives what its workers outlive and, on a
+Redis that takes connections and answers nothing, gives up no later than they do. It says when it
+starts waiting and when Redis answers again (a job that paused without a word looked hung), and gives up, the
 error raised as it was, once the budget is spent or a stop is asked (Ctrl-C, SIGTERM: the stop
 must not wait for Redis).
 """
@@ -56,28 +57,45 @@ class RideOut:
     ``should_stop()`` ends a wait (the error raised); ``on_away(text)`` is told when a wait
     starts and when it ends (never Redis's text: it may name the address)."""
 
-    def __init__(self, budget_s: float = RECONNECT_S) -> None:
+    def __init__(
+        self,
+        budget_s: float = RECONNECT_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.budget_s = budget_s
         self.should_stop: Callable[[], bool] = lambda: False
         self.on_away: Callable[[str], None] = lambda text: None
+        self._clock = clock
+        self._sleep = sleep
 
     def __call__(self, what: str, call: Callable[[], T]) -> T:
         """``call()``; ``what`` says what it does ("reading the queue's length"), for the line."""
         away_since: float | None = None
         pause = _FIRST_PAUSE_S
         while True:
+            tried_at = self._clock()
             try:
                 result = call()
             except Exception as exc:
                 lost = _lost_connection(exc)
                 if lost is None or self.should_stop():
                     raise
-                now = time.monotonic()
+                now = self._clock()
                 if away_since is None:
-                    away_since = now
+                    # From the try's start: on a Redis that answers nothing a try takes its socket
+                    # timeout (10 s), and counted from its end the wait reached 35 s (a worker's
+                    # store call gives up at 25).
+                    away_since = tried_at
+                    away = (
+                        "Redis refuses writes (ReadOnlyError: a read-only replica, a failover under way?)"
+                        if isinstance(lost, redis.exceptions.ReadOnlyError)
+                        else f"lost the connection to Redis ({type(lost).__name__})"
+                    )
                     self.on_away(
-                        f"lost the connection to Redis ({type(lost).__name__}) while {what}: waiting up to"
-                        f" {self.budget_s:.0f} s for it to come back (Ctrl-C stops the job, resumable)"
+                        f"{away} while {what}: waiting up to {self.budget_s:.0f} s for it to come back"
+                        " (Ctrl-C stops the job, resumable)"
                     )
                 left = away_since + self.budget_s - now
                 if left <= 0:
@@ -91,10 +109,10 @@ class RideOut:
                 pause = min(pause * 2, _PAUSE_CAP_S)
                 continue
             if away_since is not None:
-                self.on_away(f"Redis answers again after {time.monotonic() - away_since:.1f} s: going on")
+                self.on_away(f"Redis answers again after {self._clock() - away_since:.1f} s: going on")
             return result
 
     def _pause(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0 and not self.should_stop():
-            time.sleep(min(left, _STOP_LOOK_S))
+        end = self._clock() + seconds
+        while (left := end - self._clock()) > 0 and not self.should_stop():
+            self._sleep(min(left, _STOP_LOOK_S))
