@@ -8,7 +8,8 @@ deadline from its start; every read and write of that request, from the connect 
 byte of the body, waits no longer than what is left of it (nor longer than its own httpx
 timeout). Past it, the request fails as ``ExchangeTooSlow`` and its connection is closed.
 ``deadline_client`` builds the client our HTTP clients use: each exchange is given
-``EXCHANGE_TIMEOUTS`` timeouts.
+``EXCHANGE_TIMEOUTS`` timeouts. Within ``one_delivery`` (a sink's ``deliver``), every exchange
+also ends by the first one's deadline, however many a sink makes.
 
 httpx's ``HTTPTransport`` keeps its connection pool private, so this one builds the pool from
 httpcore's public API, with a network backend that reads the deadline of the request on the
@@ -40,6 +41,7 @@ __all__ = [
     "DeadlineTransport",
     "ExchangeTooSlow",
     "deadline_client",
+    "one_delivery",
     "proxy_for",
     "retry_after_s",
 ]
@@ -57,11 +59,38 @@ class ExchangeTooSlow(httpx.ReadTimeout):
 class _Deadline(NamedTuple):
     at: float  # time.monotonic()
     seconds: float
+    what: str = "the answer"  # what was not finished in time, for the error
 
 
 # The deadline of the request under way on this thread (httpcore's sync pool does every socket
 # operation of a request on the thread that sent it).
 _DEADLINE: ContextVar[_Deadline | None] = ContextVar("tracescore_http_deadline", default=None)
+
+
+class _Delivery:
+    """The delivery under way in a context (``one_delivery``): its first exchange's deadline,
+    which every later one keeps to. (One object, so that the copies of the context its requests
+    run in share it.)"""
+
+    first: _Deadline | None = None
+
+
+_DELIVERY: ContextVar[_Delivery | None] = ContextVar("tracescore_delivery", default=None)
+
+
+@contextmanager
+def one_delivery() -> Iterator[None]:
+    """Every exchange made within it, on this thread or on one running a copy of its context,
+    ends by the first one's deadline; one that would start past it fails at once
+    (``ExchangeTooSlow``). A sink re-sending a refused batch a record at
+    a time took a whole deadline for each record: a drainer, or a command waiting for its last
+    delivery, held 101 exchanges long."""
+    token = _DELIVERY.set(_Delivery())
+    try:
+        yield
+    finally:
+        _DELIVERY.reset(token)
+
 
 _SLACK_S = 0.01
 # httpcore's errors as httpx's, most specific first (httpx's own mapping is private).
@@ -104,7 +133,7 @@ def _within(deadline: _Deadline) -> Iterator[None]:
     except Exception as exc:
         # (a read cut to the deadline times out at it, give or take the poll's rounding)
         if isinstance(exc, httpcore.TimeoutException) and time.monotonic() >= deadline.at - _SLACK_S:
-            raise ExchangeTooSlow(f"the answer was not finished within {round(deadline.seconds, 1):g} s") from exc
+            raise ExchangeTooSlow(f"{deadline.what} was not finished within {round(deadline.seconds, 1):g} s") from exc
         for core, mapped in _ERRORS:
             if isinstance(exc, core):
                 raise mapped(str(exc)) from exc
@@ -231,7 +260,16 @@ class DeadlineTransport(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         assert isinstance(request.stream, httpx.SyncByteStream)
         seconds = request.extensions.get(EXCHANGE_EXTENSION, self._seconds)
-        deadline = _Deadline(time.monotonic() + seconds, seconds)
+        now, delivery = time.monotonic(), _DELIVERY.get()
+        deadline = _Deadline(now + seconds, seconds)
+        if delivery is not None:
+            first = delivery.first
+            if first is None:
+                delivery.first = deadline
+            elif first.at < deadline.at:
+                deadline = first._replace(what="the delivery")
+                if deadline.at <= now:
+                    raise ExchangeTooSlow(f"the delivery was not finished within {round(first.seconds, 1):g} s")
         core_request = httpcore.Request(
             method=request.method,
             url=_core_url(request.url),

@@ -698,18 +698,19 @@ def test_otlp_sink_passes_a_retry_after_past_the_exporters_timeout_on(status: in
 
 
 @pytest.mark.parametrize("kind", ["phoenix", "mlflow", "langfuse"])
-@pytest.mark.parametrize("answer", ["dripped", "dripped_headers", "huge", "gzip_bomb", "brotli"])
+@pytest.mark.parametrize("answer", ["dripped", "dripped_headers", "huge", "gzip_bomb", "gzip_trailer", "brotli"])
 def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """httpx bounds each read, not the whole answer: one dripped a byte at a time, its body or
     its status line and headers, held the drainer (and its lease) as long as the server liked,
     and a huge one took the memory. Past four timeouts from the request's start, or past
     MAX_ANSWER_BYTES decompressed (a 16 MiB gzip answer was 16 GiB), the answer is a Retry; so
-    is one in an encoding httpx would decode unbounded (br, zstd)."""
+    is one in an encoding httpx would decode unbounded (br, zstd), and one going on past the end
+    of its gzip data (zlib kept every byte after it, uncounted: read until the deadline)."""
     import gzip
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from tracing.sinks import LangfuseSink, MlflowSink, PhoenixSink, _http
+    from tracing.sinks import _http
 
     monkeypatch.setattr(_http, "MAX_ANSWER_BYTES", 4096)
     stop = threading.Event()
@@ -724,6 +725,9 @@ def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, mon
             self.send_response(200)
             if answer == "gzip_bomb":
                 body = gzip.compress(body)  # 100 bytes, under the cap as sent
+                self.send_header("Content-Encoding", "gzip")
+            elif answer == "gzip_trailer":  # a small answer, then bytes that are no part of it
+                body = gzip.compress(b"{}") + b"\0" * 50_000
                 self.send_header("Content-Encoding", "gzip")
             elif answer == "brotli":
                 self.send_header("Content-Encoding", "br")
@@ -746,13 +750,7 @@ def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, mon
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    sink: ScoreSink = (
-        PhoenixSink(url, timeout_s=0.5)
-        if kind == "phoenix"
-        else MlflowSink(url, timeout_s=0.5)
-        if kind == "mlflow"
-        else LangfuseSink(url, "pk-lf-1", "sk-lf-1", timeout_s=0.5)
-    )
+    sink = _http_sink(kind, url, timeout_s=0.5)
     span = "00f067aa0ba902b7"
     record = ScoreRecord(
         score_id=score_id_for(TRACE, span, "s", "1"), trace_id=TRACE, span_id=span, scorer_id="s", score=0.5
@@ -769,8 +767,108 @@ def test_http_sinks_bound_an_answer_in_time_and_size(kind: str, answer: str, mon
         "dripped": "the answer was not finished within 2 s",
         "dripped_headers": "the answer was not finished within 2 s",
         "brotli": "answer could not be decoded (DecodingError)",
+        "gzip_trailer": "answer could not be decoded (DecodingError)",
     }.get(answer, "the answer is over 4,096 bytes")
     assert outcome.reason.endswith(expected), outcome.reason
+
+
+@pytest.mark.parametrize("kind", ["phoenix", "langfuse"])
+def test_a_delivery_ends_within_one_exchanges_bound_however_many_it_makes(kind: str) -> None:
+    """A backend refusing each request for its content, slowly (0.3 s an answer): Phoenix then
+    sends the batch's records one request each, Langfuse sends one a record, and each exchange
+    had the whole bound (four timeouts, 2 s here), so a delivery of 40 records took 41 (Phoenix)
+    or 10 rounds of answers: a drainer held its lease, a command its last wait, that long. Every
+    exchange of a delivery now ends within the bound from the delivery's start; the records it
+    did not reach are a Retry naming it, sent at the drainer's next turn."""
+    import threading
+    import time as clock
+
+    requests = 0
+    lock = threading.Lock()
+
+    class Handler(QuietHandler):
+        def do_POST(self) -> None:
+            nonlocal requests
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with lock:
+                requests += 1
+            clock.sleep(0.3)
+            body = b'{"message": "invalid"}'
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    records = [
+        ScoreRecord(
+            score_id=score_id_for(TRACE, f"{n + 1:016x}", "s", "1"), trace_id=TRACE, span_id=f"{n + 1:016x}",
+            scorer_id="s", score=0.5,
+        )
+        for n in range(40)
+    ]  # fmt: skip
+    with serving(Handler) as url:
+        sink = _http_sink(kind, url, timeout_s=0.5)
+        try:
+            outcomes = sink.deliver(records)
+        finally:
+            sink.close()
+    # (the answers come 0.3 s apart, 4 at a time for Langfuse: what fits in 2 s, not 41 or 40)
+    assert requests <= (8 if kind == "phoenix" else 32), requests
+    assert len(outcomes) == 40
+    cut = [o for o in outcomes if isinstance(o, Retry)]
+    assert cut, outcomes
+    assert all(o.reason.endswith("the delivery was not finished within 2 s") for o in cut), cut
+    assert all(isinstance(o, Refused) for o in outcomes if not isinstance(o, Retry)), outcomes
+
+
+@pytest.mark.parametrize(("kind", "status"), [("phoenix", 200), ("mlflow", 200), ("langfuse", 400)])
+def test_http_sinks_read_no_large_answer_as_json(kind: str, status: int) -> None:
+    """An answer under the size bound but made of tiny JSON containers ("[{},{},...]", 8 MiB)
+    was parsed whole, for an acknowledgement or a refusal's message: some 28 times its size in
+    objects (230 MB here; the sinks that send four requests at once parsed four). No
+    acknowledgement or error is that long: it is read as text, and the delivery is the Retry or
+    the refusal it was."""
+    import threading
+    import tracemalloc
+
+    body = b"[" + b",".join([b"{}"] * (8 * 2**20 // 3)) + b"]"
+
+    class Handler(QuietHandler):
+        def _serve(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_PATCH = _serve
+
+    span = "00f067aa0ba902b7"
+    record = ScoreRecord(
+        score_id=score_id_for(TRACE, span, "s", "1"), trace_id=TRACE, span_id=span, scorer_id="s", score=0.5
+    )
+    with serving(Handler) as url:
+        sink = _http_sink(kind, url, timeout_s=5)
+        outcomes: list[Any] = []
+        worker = threading.Thread(target=lambda: outcomes.extend(sink.deliver([record])))
+        tracemalloc.start()
+        try:
+            worker.start()
+            worker.join(60)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            sink.close()
+    assert not worker.is_alive()
+    assert peak < 64 * 2**20, f"{peak:,} bytes allocated reading an answer of {len(body):,}"
+    (outcome,) = outcomes
+    if status == 200:
+        assert isinstance(outcome, Retry), outcome
+        assert f"a body of {len(body):,} characters" in outcome.reason, outcome.reason
+    else:
+        assert isinstance(outcome, Refused), outcome
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "x-gzip", "deflate", "raw-deflate", "identity", ""])

@@ -4,6 +4,7 @@ an acceptance whose body never came in full, and exporter headers no HTTP header
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -288,3 +289,36 @@ def test_otlp_sink_names_the_url_its_exporter_posts_to(how: str, monkeypatch: py
     assert "s3cret" not in sink.endpoint
     assert "t0ken" not in sink.endpoint
     assert traces_url.removeprefix("http://").removesuffix("/v1/traces") in sink.endpoint
+
+
+@pytest.mark.parametrize("status", [401, 503])
+def test_otlp_sink_an_endpoints_status_text_never_reaches_a_log(
+    status: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The words after an answer's status code are the endpoint's own text, and one that quotes
+    the request (its Authorization header, a score's explanation) went into the exporter's log
+    line ("Failed to export spans batch code: 401, reason: <that text>") at ERROR, and at WARNING
+    before each retry of a 503. The log says the code's standard phrase; the delivery is the
+    refusal or retry it was."""
+    marker = "MARKER-sk-live-9f8e7d6c5b4a"
+
+    def echo(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        handler.send_response(status, f"you sent {marker} and {handler.headers.get('Authorization')}")
+        handler.send_header("Content-Length", "6")
+        handler.send_header("Retry-After", "0")
+        handler.end_headers()
+        handler.wfile.write(b"denied")
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"authorization=Bearer {marker}-header")
+    with caplog.at_level(logging.INFO), _endpoint(echo) as url:
+        sink = OtlpSink(endpoint=url, timeout_s=2)
+        try:
+            outcome = sink.deliver([_record(0, reason=f"the agent said {marker}")])
+        finally:
+            sink.close()
+    assert isinstance(outcome[0], Refused if status == 401 else Retry), outcome
+    # (httpx's own request lines are not a worker's: configure_logs holds its loggers at WARNING)
+    said = "\n".join(r.getMessage() for r in caplog.records if not r.name.startswith(("httpx", "httpcore")))
+    assert f"code: {status}" in said or "Transient error" in said, said  # (the exporter did log)
+    assert marker not in said, said
+    assert marker not in repr(outcome)

@@ -8,6 +8,7 @@ The contract (``_sink.py``): 408/409/425/429 and every 5xx, connection errors an
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import html
 import json
@@ -27,7 +28,7 @@ from scorers import header_value_problem
 from tracing._broker import redact
 from tracing._score_record import ScoreRecord
 from tracing._text import without_lone_surrogates
-from tracing._transport import ExchangeTooSlow, deadline_client, proxy_for, retry_after_s
+from tracing._transport import ExchangeTooSlow, deadline_client, one_delivery, proxy_for, retry_after_s
 from tracing.sinks._sink import Delivery, Refused, Retry
 
 __all__ = [
@@ -70,6 +71,11 @@ JSON = {"Content-Type": "application/json"}
 _TAGS = re.compile(r"<[^<>]*>")
 # What of an answer that is not JSON is looked at: a refusal keeps DETAIL_CHARS of it anyway.
 _PAGE_CHARS = 16_384
+# The longest answer read as JSON. A backend's acknowledgement or error is far shorter (MLflow's,
+# echoing an assessment at its column bounds, about 250 KB); parsed, an answer of tiny containers
+# ("[{},{},...]") is some 28 times its size in objects: 450 MB for one of 16 MiB, and the sinks
+# that send four requests at once parsed four.
+_JSON_ANSWER_CHARS = 2**20
 # An error code as backends spell them (MLflow's INVALID_PARAMETER_VALUE): anything else in that
 # field is a value the backend echoed, possibly ours, and is not shown.
 _ERROR_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
@@ -155,7 +161,11 @@ class Inflater:
 
     def decompress(self, chunk: bytes, max_length: int) -> bytes:
         """``chunk`` decompressed, at most ``max_length`` bytes of it (``more`` tells whether
-        there was more); ``httpx.DecodingError`` for a body that is not what it says."""
+        there was more); ``httpx.DecodingError`` for a body that is not what it says, or that
+        goes on past the end of its compressed data (zlib keeps those bytes, uncounted: an
+        endless stream of them was read until the deadline, 60 MiB and 30 s of CPU)."""
+        if self._decoder.eof and chunk:
+            raise httpx.DecodingError("the answer goes on past the end of its compressed data")
         try:
             data = self._decoder.decompress(chunk, max_length)
         except zlib.error:
@@ -165,6 +175,8 @@ class Inflater:
             self._decoder = zlib.decompressobj(-zlib.MAX_WBITS)
             return self.decompress(chunk, max_length)
         self._raw_fallback = False
+        if self._decoder.unused_data:
+            raise httpx.DecodingError("the answer goes on past the end of its compressed data")
         return data
 
     @property
@@ -306,13 +318,16 @@ def unacknowledged(
     garbled body, or JSON of another shape comes from something in its place (a proxy or a web
     app at a wrong path, a server still starting): what was stored is unknown, so the score stays
     owed (a re-send is an upsert) and, should it stay so, ends as a dead letter naming this."""
-    parsed = answer_json(answer_text(response))
+    text = answer_text(response)
+    parsed = answer_json(text)
     if acknowledges(parsed):
         return None
     if "html" in response.headers.get("content-type", "").lower():
         what = "a web page"
     elif not response.content:
         what = "an empty body"
+    elif len(text) > _JSON_ANSWER_CHARS:
+        what = f"a body of {len(text):,} characters (over {_JSON_ANSWER_CHARS:,}: no acknowledgement is)"
     elif parsed is None:
         what = "a body that is not JSON"
     else:
@@ -367,8 +382,10 @@ def error_code(parsed: Any) -> str | None:
 
 
 def answer_json(text: str) -> Any:
-    """An answer's JSON value; None when it is not JSON, or nested deeper than the parser goes
-    (a hostile answer must not crash a sink)."""
+    """An answer's JSON value; None when it is not JSON, nested deeper than the parser goes (a
+    hostile answer must not crash a sink), or longer than ``_JSON_ANSWER_CHARS``."""
+    if len(text) > _JSON_ANSWER_CHARS:
+        return None
     try:
         return json.loads(text)
     except (ValueError, RecursionError):
@@ -495,13 +512,19 @@ def _deliver_each(
     outcomes: list[Delivery | None] = [item if isinstance(item, Refused) else None for item in items]
     todo = [(i, item) for i, item in enumerate(items) if not isinstance(item, Refused)]
     for_all: Delivery | None = None
+    # Each request in a copy of the caller's context: the delivery's deadline (``one_delivery``).
+    context = contextvars.copy_context()
+
+    def in_context(item: T) -> tuple[Delivery, bool]:
+        return context.copy().run(attempt, item)
+
     for start in range(0, len(todo), width):
         chunk = todo[start : start + width]
         if for_all is not None:
             for i, _ in chunk:
                 outcomes[i] = for_all
             continue
-        for (i, _), (outcome, everyone) in zip(chunk, pool.map(attempt, [item for _, item in chunk]), strict=True):
+        for (i, _), (outcome, everyone) in zip(chunk, pool.map(in_context, [item for _, item in chunk]), strict=True):
             outcomes[i] = outcome
             if everyone and for_all is None:
                 for_all = outcome
@@ -538,7 +561,8 @@ class PerScoreSink:
         for record in records:
             payload = self._payload(record)
             items.append(payload if isinstance(payload, Refused) else (record, payload))
-        return _deliver_each(items, self._attempt, self._pool, self._parallel)
+        with one_delivery():  # (a request past the delivery's bound: the rest get its Retry)
+            return _deliver_each(items, self._attempt, self._pool, self._parallel)
 
     def _attempt(self, item: tuple[ScoreRecord, dict[str, Any]]) -> tuple[Delivery, bool]:
         try:

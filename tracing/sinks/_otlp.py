@@ -38,6 +38,7 @@ whichever exporter version posts (the oldest allowed one let requests follow the
 from __future__ import annotations
 
 import hashlib
+import http
 import logging
 import os
 import ssl
@@ -62,7 +63,7 @@ from scorers import header_value_problem
 from tracing._markers import ROLE_ATTRIBUTE
 from tracing._run import MAX_TIME_NS, otlp_time
 from tracing._score_record import ScoreRecord
-from tracing._transport import EXCHANGE_EXTENSION, EXCHANGE_TIMEOUTS, deadline_client, proxy_for
+from tracing._transport import EXCHANGE_EXTENSION, EXCHANGE_TIMEOUTS, deadline_client, one_delivery, proxy_for
 from tracing.sinks._http import (
     ANSWER_ERRORS,
     answer_inflater,
@@ -264,10 +265,19 @@ def otlp_headers_problem(variables: Sequence[str]) -> str | None:
     return None
 
 
+def _standard_phrase(code: int) -> str:
+    try:
+        return http.HTTPStatus(code).phrase
+    except ValueError:  # (a code of the endpoint's own)
+        return ""
+
+
 def _requests_error(exc: httpx.TransportError | httpx.DecodingError) -> requests.RequestException:
     """An httpx failure as the requests exception the exporter reads (a connection error or a
-    timeout: retried within the exporter's own timeout)."""
-    said = str(exc) or type(exc).__name__
+    timeout: retried within the exporter's own timeout). Its text is the sink's own naming of it
+    (``transport_retry``), never httpx's: the exporter logs it, and a malformed answer's bytes
+    are quoted in h11's."""
+    said = transport_retry("OTLP endpoint", exc).reason
     if isinstance(exc, httpx.DecodingError):
         return requests.exceptions.ContentDecodingError(said)
     if isinstance(exc, httpx.ConnectTimeout):
@@ -361,7 +371,9 @@ class _DeadlineAdapter(requests.adapters.BaseAdapter):
             raise _requests_error(broke) from None
         response = requests.Response()
         response.status_code = answer.status_code
-        response.reason = answer.reason_phrase
+        # The code's standard phrase, never the endpoint's own words: the exporter logs them,
+        # and an endpoint that quotes the request put its Authorization header in the log.
+        response.reason = _standard_phrase(answer.status_code)
         response.headers = requests.structures.CaseInsensitiveDict(answer.headers.items())
         response.headers.pop("content-encoding", None)  # decoded already
         response.encoding = requests.utils.get_encoding_from_headers(response.headers)
@@ -532,7 +544,8 @@ class OtlpSink:
         if not records:
             return []
         outcomes: dict[int, Delivery] = {}
-        self._send(records, list(range(len(records))), outcomes)
+        with one_delivery():  # (the halves of a refused export: within one exchange's bound)
+            self._send(records, list(range(len(records))), outcomes)
         return [outcomes[i] for i in range(len(records))]
 
     def _send(

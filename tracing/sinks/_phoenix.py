@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tracing._score_record import ScoreRecord
+from tracing._transport import one_delivery
 from tracing.sinks._http import (
     ANSWER_ERRORS,
     JSON,
@@ -116,8 +117,9 @@ class PhoenixSink:
                 outcomes[i] = annotation
             else:
                 sendable.append((i, annotation))
-        for start in range(0, len(sendable), _BATCH):
-            self._send(sendable[start : start + _BATCH], outcomes)
+        with one_delivery():  # (records sent one by one after a refusal: within one exchange's bound)
+            for start in range(0, len(sendable), _BATCH):
+                self._send(sendable[start : start + _BATCH], outcomes)
         done = [o for o in outcomes if o is not None]
         if len(done) != len(records):  # every path above assigns one outcome per record
             raise AssertionError("PhoenixSink.deliver left a record without an outcome")
