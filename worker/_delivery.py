@@ -278,6 +278,11 @@ _retry_logs_lock = threading.Lock()
 # a day drowned every other line. One ``CountedLog`` per sink, endpoint and reason instead.
 _dead_letter_logs: dict[tuple[str, str | None, str], CountedLog] = {}
 _dead_letter_clock: Callable[[], float] = time.monotonic  # (a test's own clock)
+# The reasons of one sink and endpoint with a line of their own; the others share one. A reason
+# is the backend's answer, and one naming its own error codes had a line, and a log kept for good,
+# for each code it made up.
+_REASON_LINES = 32
+_OTHER_REASONS = "(other reasons)"
 
 
 def _sink_fields(sink: ScoreSink) -> dict[str, str | None]:
@@ -312,7 +317,8 @@ def _say_dead_letters(sink: ScoreSink, letters: Sequence[SinkDeadLetter]) -> Non
     """The ``sink_dead_letter`` ERROR line: the first of a sink and reason at once, then one a
     minute with the letters since (``letters``) and the last one's id and attempts; the rest is
     said when the drainers stop. The reason is the backend's answer (``otlp_http_401``), never a
-    score's content (the letter's ``detail`` stays in the letter)."""
+    score's content (the letter's ``detail`` stays in the letter). Past ``_REASON_LINES`` reasons
+    of a sink, the others share one line ("(other reasons), the last: ...")."""
     by_reason: dict[str, list[SinkDeadLetter]] = {}
     for letter in letters:
         by_reason.setdefault(letter.reason, []).append(letter)
@@ -321,12 +327,16 @@ def _say_dead_letters(sink: ScoreSink, letters: Sequence[SinkDeadLetter]) -> Non
         key = (sink.name, fields["endpoint"], reason)
         with _retry_logs_lock:
             said = _dead_letter_logs.get(key)
+            if said is None and sum(k[:2] == key[:2] for k in _dead_letter_logs) >= _REASON_LINES:
+                key = (sink.name, fields["endpoint"], _OTHER_REASONS)
+                said = _dead_letter_logs.get(key)
             if said is None:
                 said = _dead_letter_logs[key] = CountedLog(
                     "sink_dead_letter", logger=log, count_key="letters", clock=_dead_letter_clock, level="error"
                 )
         last = some[-1]
-        said.note(len(some), **fields, score_id=last.score_id, reason=reason, attempts=last.attempts)
+        shown = reason if key[2] != _OTHER_REASONS else f"{_OTHER_REASONS}, the last: {reason}"
+        said.note(len(some), **fields, score_id=last.score_id, reason=shown, attempts=last.attempts)
 
 
 def _flush_dead_letter_logs(sinks: Sequence[ScoreSink]) -> None:

@@ -266,8 +266,13 @@ def test_refused_writes_carry_mlflows_answer(
     finally:
         sink.close()
     assert isinstance(outcome, Refused), outcome
-    assert outcome.reason.startswith(f"trace tr-{record.trace_id} still not in MLflow ")
-    assert outcome.detail == f"RESOURCE_DOES_NOT_EXIST: Trace with ID 'tr-{record.trace_id}' not found."
+    # (one reason for every such letter: `sinks drop --reason` takes them all; the trace in the detail)
+    assert outcome.reason == (
+        "trace still not in MLflow 600 s after scoring (HTTP 404): was it exported to this server?"
+    )
+    assert outcome.detail.startswith(f"trace tr-{record.trace_id}, 360")  # (s after scoring)
+    assert "s after scoring; MLflow said: " in outcome.detail
+    assert outcome.detail.endswith(f"RESOURCE_DOES_NOT_EXIST: Trace with ID 'tr-{record.trace_id}' not found.")
     assert record.reason
     assert record.reason not in outcome.reason + outcome.detail
 

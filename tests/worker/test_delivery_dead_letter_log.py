@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from structlog.testing import capture_logs
 
 import worker._delivery as delivery
 from tracing import ScoreRecord, score_id_for
-from tracing.sinks import MemorySink, Refused
+from tracing.sinks import Delivery, MemorySink, Refused
 from worker._delivery import Deliveries, DrainPolicy
 from worker.store import MemoryScoreStore
 
@@ -57,3 +58,33 @@ def test_a_sink_refusing_every_score_logs_a_bounded_number_of_lines_that_count_e
     said = repr(lines)
     assert "sk-secret" not in said
     assert "agent's own words" not in said
+
+
+class _CodeOfItsOwn(MemorySink):
+    """A backend that refuses each score with an error code made up for it."""
+
+    def deliver(self, records: Sequence[ScoreRecord]) -> list[Delivery]:
+        return [Refused(f"refused the assessment (HTTP 400 CODE_{r.trace_id[-6:]})") for r in records]
+
+
+def test_a_backend_making_up_a_reason_a_score_has_a_bounded_number_of_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lines are one a minute per reason, and a reason is the backend's answer: one making up
+    an error code for each score had a line, and a counter kept for good, per score (300 here).
+    Past 32 reasons of a sink the others share one line, which counts every letter."""
+    monkeypatch.setattr(delivery, "_dead_letter_clock", itertools.count(0.0, 0.1).__next__, raising=False)
+    monkeypatch.setattr(delivery, "_dead_letter_logs", {}, raising=False)
+    store = MemoryScoreStore(sinks=("alpha",))
+    asyncio.run(store.put_records([_record(n) for n in range(N)], "w1", 600))
+    deliveries = Deliveries(
+        [_CodeOfItsOwn("alpha")], lambda: store.outbox, DrainPolicy(batch_size=10, lease_s=30, max_attempts=3)
+    )
+    with capture_logs() as logs:
+        deliveries.start()
+        assert deliveries.flush(30)
+        deliveries.stop()
+    assert store.outbox.counts()["alpha"].failed == N
+    lines = [x for x in logs if x["event"] == "sink_dead_letter"]
+    assert len(delivery._dead_letter_logs) == 33, len(delivery._dead_letter_logs)
+    assert len(lines) <= 34, len(lines)  # the 32 reasons' first lines, the others' first and last
+    assert sum(x["letters"] for x in lines) == N  # every letter counted, none twice
+    assert lines[-1]["reason"].startswith("(other reasons), the last: refused the assessment (HTTP 400 CODE_")

@@ -188,10 +188,12 @@ class MlflowSink(PerScoreSink):
         waited = time.time() - record.scored_at
         if waited <= self._trace_wait_s:
             return Retry(f"trace {trace} not in MLflow yet (HTTP 404)", after_s=_NOT_INGESTED_AFTER_S), False
+        # The trace and the wait in the detail: the reason is what `sinks list` groups letters by
+        # and `sinks drop --reason` takes them by, and it keys the one log line a minute.
         refused = Refused(
-            f"trace {trace} still not in MLflow {waited:.0f}s after scoring (HTTP 404): was it exported to"
-            " this server?",
-            detail=self._detail(created, record),
+            f"trace still not in MLflow {self._trace_wait_s:.0f} s after scoring (HTTP 404): was it exported"
+            " to this server?",
+            detail=f"trace {trace}, {waited:.0f} s after scoring; MLflow said: {self._detail(created, record)}",
         )
         return refused, False
 
