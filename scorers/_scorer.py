@@ -377,6 +377,11 @@ class Scorer:
                 # any other exception from it, not the end of the run "at" the step it followed,
                 # whose score was dropped.
                 raise self._run_error(signal, current, None, result) from signal
+            # Raised from a local of this frame (``value``), so the frame and the exception held
+            # each other, and the run's input with them, until a cyclic collection: workers
+            # collect rarely (worker/_gc.py), and not-scorable runs of 16 MB piled up by the
+            # gigabyte. A run's end, not an error: its traceback says nothing.
+            signal.__traceback__ = None
             result.score = None
             result.not_scorable = {"step": current, "reason": well_formed(signal.reason)}
         except SystemExit as exc:

@@ -820,3 +820,33 @@ def test_not_scorable_from_an_on_step_callback_is_the_callbacks_failure(driver: 
     assert (err.partial.score, err.partial.not_scorable) == (0.5, None)
     assert isinstance(err.cause, NotScorable)
     assert scorer.run_sync(input=1, output=2, resume=err.partial).reason == "0.5"
+
+
+@pytest.mark.parametrize("how", ["returned", "raised"])
+def test_a_not_scorable_run_frees_its_input_without_a_cyclic_collection(how: str) -> None:
+    """A step's NotScorable, returned, was raised from a local of the run's frame: the two held
+    each other, and the run's input with them, until a cyclic collection, which workers make
+    rarely (worker/_gc.py): in-process backfill of not-scorable runs of 16 MB each grew by 100 MB
+    every half second (824 MB for 40 such runs, 234 MB now)."""
+    import gc
+    import weakref
+
+    class Payload:
+        pass
+
+    def preprocess(run: Any) -> Any:
+        if how == "raised":
+            raise NotScorable("no text answer")
+        return NotScorable("no text answer")
+
+    scorer = create_scorer(id="x").preprocess(preprocess).generate_score(lambda run, results: 1.0)
+    payload = Payload()
+    freed = weakref.ref(payload)
+    gc.disable()  # (only reference counting frees it, as between a worker's rare collections)
+    try:
+        result = scorer.run_sync(input=payload, output="answer")
+        del payload
+        assert result.not_scorable == {"step": "preprocess", "reason": "no text answer"}
+        assert freed() is None, gc.get_referrers(freed())
+    finally:
+        gc.enable()
