@@ -285,6 +285,30 @@ def test_scores_at_a_doubles_limit_give_valid_json(tmp_path: Path) -> None:
     assert max(len(line) for line in text.stdout.splitlines()) < 200
 
 
+def test_integer_scores_at_a_doubles_limit_give_a_table(tmp_path: Path) -> None:
+    """The same with integer scores (JSON's 1 followed by 308 zeros): their difference is an
+    integer past a double's range, and the command ended with "error: OverflowError: int too
+    large to convert to float", no table, the other runs' moves unsaid."""
+    big = 10**308
+    old = tmp_path / "o.jsonl"
+    new = tmp_path / "n.jsonl"
+    old.write_text(
+        f'{{"run_id": "r1", "scorer_id": "s", "score": {-big}}}\n{{"run_id": "r2", "scorer_id": "s", "score": 0.5}}\n'
+    )
+    new.write_text(
+        f'{{"run_id": "r1", "scorer_id": "s", "score": {big}}}\n{{"run_id": "r2", "scorer_id": "s", "score": 0.7}}\n'
+    )
+    as_json = _compare(str(old), str(new), "--json")
+    assert as_json.exit_code == 0, as_json.output
+    s = json.loads(as_json.stdout)["by_scorer"]["s"]
+    assert (s["up"], s["mean_delta"]) == (2, None)
+    assert [m["delta"] for m in s["moved_most"]] == [None, pytest.approx(0.2)]
+    text = _compare(str(old), str(new))
+    assert text.exit_code == 0, text.output
+    assert "(+0.200)" in text.stdout, text.stdout
+    assert "(-)" in text.stdout, text.stdout
+
+
 def test_control_characters_from_a_file_never_reach_the_terminal(tmp_path: Path) -> None:
     """Escape sequences in a scorer id, a run, a version or a reason (colour, cursor moves, a
     window title) were printed as they were: each control character is now U+FFFD."""

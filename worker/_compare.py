@@ -203,8 +203,12 @@ def _load(db: sqlite3.Connection, table: str, rows: Iterator[_Row]) -> int:
 
 
 def _number(value: float) -> float | None:
-    # Scores near a double's limit sum to infinity, which JSON cannot spell: no figure instead.
-    return value if math.isfinite(value) else None
+    # Scores near a double's limit sum to infinity, which JSON cannot spell, and two integer
+    # scores there differ by an integer past a double's range: no figure instead.
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:
+        return None
 
 
 def _finite(score: Any) -> bool:
