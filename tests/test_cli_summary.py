@@ -886,3 +886,37 @@ def test_an_explicit_id_that_is_its_own_lines_name_is_compared_as_that_id(tmp_pa
     # Each pair is one run scored alike; the id-less line 3 ("no id") paired with the explicit
     # "line-3" moved.
     assert (rel["up"], rel["down"], rel["unchanged"]) == (0, 0, 2), rel["moved_most"]
+
+
+def test_score_chunks_hold_at_most_64_mib_of_lines_past_their_last() -> None:
+    """A chunk was --chunk lines (1,000) whatever they held: lines of up to 32 MiB each, 2.1 GB
+    of memory for 120 lines of 16 MB (800 MB for 40, 300 MB now). A chunk ends at --chunk lines
+    or once its lines hold CHUNK_BYTES (64 MiB), the last one's included."""
+    from worker.cli._score import CHUNK_BYTES, _chunks, _RunLine
+
+    def sizes(each: int, n: int, count: int) -> list[int]:
+        lines = (_RunLine(number, {}, 0, False, each) for number in range(n))
+        return [len(chunk) for chunk in _chunks(lines, count)]
+
+    assert CHUNK_BYTES == 64 * 2**20
+    assert sizes(20 * 2**20, 10, 1000) == [4, 4, 2]  # 80 MiB: the 64th MiB is in the 4th line
+    assert sizes(20 * 2**20, 10, 3) == [3, 3, 3, 1]
+    assert sizes(100, 2500, 1000) == [1000, 1000, 500]
+    assert sizes(0, 5, 2) == [2, 2, 1]  # (lines that are no run hold nothing)
+
+
+def test_score_refuses_a_device_and_reads_a_pipe(tmp_path: Path) -> None:
+    """/dev/zero was read as one endless line: 100% of a core for ever, and a first SIGTERM
+    waited for a chunk that never came. A device is refused by name; a pipe is still read."""
+    command = [sys.executable, "-c", "from worker.cli import main; raise SystemExit(main())", "score"]
+    scorers = ["--scorers", "tests.summary_scorers_v1"]
+    refused = subprocess.run([*command, "/dev/zero", *scorers], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1, refused.stderr
+    assert "/dev/zero is a device, not a file of runs" in refused.stderr
+    fed = subprocess.run(
+        [*command, "/dev/stdin", *scorers, "--json"],
+        input='{"input": "a question", "output": "an answer"}\n', capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert fed.returncode == 0, fed.stderr
+    assert [json.loads(line)["line"] for line in fed.stdout.splitlines()] == [1] * len(fed.stdout.splitlines())
+    assert fed.stdout

@@ -148,7 +148,7 @@ def _records(
     """A row per good line (see ``_Row``); bad lines are reported (file:line), counted, skipped."""
     size = path.stat().st_size  # (0 for a pipe or a /proc file: no fraction then)
     progress.start(phase)
-    for number, data, problem, read in json_lines(path):
+    for number, data, problem, read, _ in json_lines(path):
         if number % _PROGRESS_EVERY == 0:
             progress.update(phase, number, "lines", read / size if size else None)
         if problem is None:

@@ -15,7 +15,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from tracing import valid_text
 from tracing.sources import (
@@ -26,7 +26,7 @@ from tracing.sources import (
     past_decompressed_cap,
 )
 
-__all__ = ["MAX_LINE_BYTES", "json_lines", "line_run_id"]
+__all__ = ["MAX_LINE_BYTES", "JsonLine", "json_lines", "line_run_id"]
 
 
 def line_run_id(number: int) -> str:
@@ -63,28 +63,36 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def json_lines(path: Path) -> Iterator[tuple[int, Any, str | None, int]]:
-    """(line number, value, None, bytes read) per line that parses, (line number, None, problem,
-    bytes read) per line that does not; blank lines are passed over. The bytes read so far (the
-    line's end) are for a progress fraction. ``OSError`` when the file cannot be read, naming it
-    (a read error mid-file did not: "OSError: [Errno 5] Input/output error")."""
+class JsonLine(NamedTuple):
+    """A line of a JSON Lines file: its ``value`` when it parses, else the ``problem``."""
+
+    number: int
+    value: Any
+    problem: str | None
+    read: int  # the file's bytes read so far (the line's end), for a progress fraction
+    size: int  # the line's own bytes, decompressed, when it parses (0 when not): what it holds
+
+
+def json_lines(path: Path) -> Iterator[JsonLine]:
+    """A ``JsonLine`` per line; blank lines are passed over. ``OSError`` when the file cannot be
+    read, naming it (a read error mid-file did not: "OSError: [Errno 5] Input/output error")."""
     number = at = 0
     try:
         with open_compressed(path) as (handle, file, compressed):
             own_bytes = compressed and file.seekable()  # a compressed file's share: of its own bytes
             budget = max_decompressed_bytes() if compressed else math.inf
-            for number, value, problem, read in _lines_of(handle, budget):
+            for number, value, problem, read, size in _lines_of(handle, budget):
                 at = file.tell() if own_bytes else read
-                yield number, value, problem, at
+                yield JsonLine(number, value, problem, at, size)
     except DECOMPRESS_ERRORS as exc:  # cut short (being written?) or corrupt: what came before stands
-        yield number + 1, None, f"cannot read the file further: {exc}", at
+        yield JsonLine(number + 1, None, f"cannot read the file further: {exc}", at, 0)
     except OSError as exc:
         if exc.filename is None:
             exc.filename = str(path)
         raise
 
 
-def _lines_of(handle: IO[bytes], budget: float) -> Iterator[tuple[int, Any, str | None, int]]:
+def _lines_of(handle: IO[bytes], budget: float) -> Iterator[tuple[int, Any, str | None, int, int]]:
     """``budget``: the bytes a compressed file may decompress to (a few KB of zstd hold lines of
     gigabytes, each read through to skip it); a plain file's is infinite."""
     number = read = 0
@@ -93,7 +101,7 @@ def _lines_of(handle: IO[bytes], budget: float) -> Iterator[tuple[int, Any, str 
         number += 1
         read += len(raw)
         if barren >= MAX_BARREN_RECORDS:  # (a few bytes of gzip or zstd hold millions of lines)
-            yield number, None, _BARREN, read
+            yield number, None, _BARREN, read, 0
             return
         barren += 1
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
@@ -101,18 +109,18 @@ def _lines_of(handle: IO[bytes], budget: float) -> Iterator[tuple[int, Any, str 
                 read += len(chunk)
                 if chunk.endswith(b"\n"):
                     break
-            yield number, None, f"longer than {MAX_LINE_BYTES:,} bytes; skipped unread", read
+            yield number, None, f"longer than {MAX_LINE_BYTES:,} bytes; skipped unread", read, 0
             if read > budget:
-                yield number + 1, None, past_decompressed_cap(int(budget)), read
+                yield number + 1, None, past_decompressed_cap(int(budget)), read, 0
                 return
             continue
         if read > budget:
-            yield number, None, past_decompressed_cap(int(budget)), read
+            yield number, None, past_decompressed_cap(int(budget)), read, 0
             return
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:  # (replaced, the run was scored on other text, unsaid)
-            yield number, None, f"not UTF-8 at byte {exc.start}", read
+            yield number, None, f"not UTF-8 at byte {exc.start}", read, 0
             continue
         if number == 1:
             text = text.removeprefix("\ufeff")
@@ -121,22 +129,22 @@ def _lines_of(handle: IO[bytes], budget: float) -> Iterator[tuple[int, Any, str 
         try:
             value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
         except _NotJson as exc:
-            yield number, None, f"not JSON ({exc})", read
+            yield number, None, f"not JSON ({exc})", read, 0
             continue
         except json.JSONDecodeError as exc:
             # (some of its messages end in "at", written to precede str()'s ": line 1 column 3")
-            yield number, None, f"not JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})", read
+            yield number, None, f"not JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})", read, 0
             continue
         except RecursionError:
-            yield number, None, "not JSON (nested too deeply)", read
+            yield number, None, "not JSON (nested too deeply)", read, 0
             continue
         except ValueError:  # the only other: a number past Python's 4300-digit limit
-            yield number, None, "not JSON (a number of more than 4300 digits)", read
+            yield number, None, "not JSON (a number of more than 4300 digits)", read, 0
             continue
         try:
             fixed = valid_text(value)[0]
         except RecursionError:  # json.loads goes deeper than the walk over its texts
-            yield number, None, "nested too deeply", read
+            yield number, None, "nested too deeply", read, 0
             continue
         barren = 0
-        yield number, fixed, None, read
+        yield number, fixed, None, read, len(raw)

@@ -105,7 +105,7 @@ def test_compare_and_score_name_a_json_error_once(tmp_path: Path) -> None:
 
     path = tmp_path / "runs.jsonl"
     path.write_bytes(b'{"a\x01\n{"a')  # the last line unended: its newline would be the control character
-    problems = [problem for _, _, problem, _ in json_lines(path)]
+    problems = [line.problem for line in json_lines(path)]
     assert problems == [
         "not JSON (Invalid control character at column 4)",
         "not JSON (Unterminated string starting at column 2)",

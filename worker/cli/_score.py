@@ -15,9 +15,8 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
-from itertools import islice
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import click
 
@@ -45,31 +44,64 @@ __all__ = ["score_command"]
 _MESSAGES_SHOWN = 20  # per kind (bad lines, failures) on stderr; all are counted
 
 
-def _read_runs(path: Path) -> Iterator[tuple[int, dict[str, Any] | str, int, bool]]:
-    """(line number, the run's keyword arguments, bytes read so far, whether the line gave a run
-    id) per line; a line that is not a run object yields an error string."""
-    for number, run, problem, read in json_lines(path):
+class _RunLine(NamedTuple):
+    number: int
+    run: dict[str, Any] | str  # the run's keyword arguments, or why the line is none
+    read: int  # the file's bytes read so far
+    named: bool  # whether the line gave a run id
+    size: int  # the line's bytes: what its run holds in memory, about
+
+
+def _read_runs(path: Path) -> Iterator[_RunLine]:
+    """A ``_RunLine`` per line; a line that is not a run object gives an error string."""
+    for number, run, problem, read, size in json_lines(path):
         if problem is not None:
-            yield number, problem, read, False
+            yield _RunLine(number, problem, read, False, 0)
             continue
         missing = [k for k in ("input", "output") if k not in run] if isinstance(run, dict) else None
         if missing is None or missing:
             lacks = f" (it has no {' and no '.join(repr(k) for k in missing)})" if missing else ""
-            yield number, f"expected an object with at least 'input' and 'output'{lacks}", read, False
+            yield _RunLine(number, f"expected an object with at least 'input' and 'output'{lacks}", read, False, 0)
             continue
         run_id = _run_id(run.get("run_id"))
-        yield (
-            number,
-            {
-                "input": run["input"],
-                "output": run["output"],
-                "run_id": line_run_id(number) if run_id is None else run_id,
-                "ground_truth": run.get("ground_truth"),
-                "request_context": run.get("request_context"),
-            },
-            read,
-            run_id is not None,
-        )
+        kwargs = {
+            "input": run["input"],
+            "output": run["output"],
+            "run_id": line_run_id(number) if run_id is None else run_id,
+            "ground_truth": run.get("ground_truth"),
+            "request_context": run.get("request_context"),
+        }
+        yield _RunLine(number, kwargs, read, run_id is not None, size)
+
+
+# The lines of a chunk hold at most this many bytes as well as ``--chunk`` lines: 1,000 lines of
+# up to 32 MiB each (MAX_LINE_BYTES) were held at once, 2.1 GB for 120 lines of 16 MB.
+CHUNK_BYTES = 64 * 2**20
+
+
+def _chunks(lines: Iterator[_RunLine], count: int) -> Iterator[list[_RunLine]]:
+    """``lines`` in lists of ``count`` lines, or fewer once they hold ``CHUNK_BYTES``."""
+    batch: list[_RunLine] = []
+    held = 0
+    for line in lines:
+        batch.append(line)
+        held += line.size
+        if len(batch) >= count or held >= CHUNK_BYTES:
+            yield batch
+            batch, held = [], 0
+    if batch:
+        yield batch
+
+
+def _a_file_or_a_pipe(path: Path) -> None:
+    """A device is no file of runs: /dev/zero was read as one line for ever (a first Ctrl-C waits
+    for the chunk, which never came). A pipe is one (`<(zcat runs.gz)`, /dev/stdin fed by one)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        raise CliError(f"{path} is a device, not a file of runs: give a file, or a pipe")
 
 
 def _size(path: Path) -> int | None:
@@ -169,7 +201,7 @@ class _Limited:
     type=click.IntRange(1),
     default=1000,
     show_default=True,
-    help="Lines read and scored at a time (memory stays bounded by this).",
+    help="Lines read and scored at a time (fewer once they hold 64 MiB: memory stays bounded).",
 )
 @click.option("--table", "show_table", is_flag=True, help="Also print one row per score as it is made.")
 @click.option(
@@ -197,6 +229,7 @@ def score_command(
       tracescore score runs.jsonl --scorers my.scorers --scorer relevancy --out scores.jsonl
     """
     input_caps()
+    _a_file_or_a_pipe(runs_file)
     if out is not None and names_an_input(out, [runs_file]):
         raise CliError(f"--out {out} is the runs file: writing it would empty it before it is read")
     try:
@@ -259,17 +292,17 @@ def score_command(
 
         def work() -> None:
             nonlocal runs_total
-            lines = _read_runs(runs_file)
+            chunks = _chunks(_read_runs(runs_file), chunk)
             # Each run id's first line: a later line of an id seen is skipped (two records of a run
             # were two scores, which compare then named). Kept as a 16-byte digest, about 100 bytes
             # a run whatever the id's length. A line without an id is a run of its own: its name
             # (line-N) may be another line's explicit id, and then they are two runs (the skip took
             # one for the other).
             seen: dict[bytes, int] = {}
-            while not stop() and (batch := list(islice(lines, chunk))):
+            while not stop() and (batch := next(chunks, None)) is not None:
                 runs: list[tuple[int, dict[str, Any], bool]] = []
-                read = batch[-1][2]  # (the chunk's last line's end: the share done once it is scored)
-                for number, run, _, named in batch:
+                read = batch[-1].read  # (the chunk's last line's end: the share done once it is scored)
+                for number, run, _, named, _ in batch:
                     if isinstance(run, str):
                         bad_lines(f"{runs_file}:{number}: skipped: {run}")
                     elif named and (first := seen.setdefault(_digest(run["run_id"]), number)) != number:
