@@ -200,7 +200,10 @@ def test_a_failing_sink_is_retried_with_backoff_doubling_up_to_its_cap() -> None
     try:
         trace_id, _ = app.agent_run("retried")
         budget = sum(steps[:wanted]) + QUIET_BOUND_S + 10
-        assert wait_for(lambda: trace_id in arrivals.at, budget), exporter.stats()
+        # (the run counts as sent once the send returns, a moment after it arrived)
+        assert wait_for(lambda: trace_id in arrivals.at and exporter.stats()["runs_sent"] == 1, budget), (
+            exporter.stats()
+        )
         gaps = [b - a for a, b in itertools.pairwise(attempts)][:wanted]
         assert len(gaps) == wanted, gaps
         tick = 0.005  # a timer may fire this much early on some platforms
