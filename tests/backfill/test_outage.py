@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
+from tests.tracing._exporting import FakeClock
 from worker.backfill._outage import RideOut
 
 
@@ -52,17 +53,11 @@ def test_a_primary_demoted_by_a_failover_is_waited_for() -> None:
     assert said[0].startswith("Redis refuses writes (ReadOnlyError: a read-only replica"), said  # (not "lost")
 
 
-class _Clock:
-    """Time of the test's own: a pause moves it on at once, as does a try (``spend``)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def spend(self, seconds: float) -> None:
-        self.now += seconds
+def _clock() -> FakeClock:
+    """Time of the test's own from 0: a pause moves it on at once, as does a try."""
+    clock = FakeClock()
+    clock.now = 0.0
+    return clock
 
 
 def test_a_redis_that_answers_nothing_is_given_up_on_when_the_workers_give_up() -> None:
@@ -72,14 +67,14 @@ def test_a_redis_that_answers_nothing_is_given_up_on_when_the_workers_give_up() 
     that try's start."""
     from worker._reconnect import COMMAND_SLACK_S, RECONNECT_S
 
-    clock, tries = _Clock(), []
+    clock, tries = _clock(), []
 
     def frozen() -> None:
         tries.append(clock.now)
-        clock.spend(COMMAND_SLACK_S)
+        clock.advance(COMMAND_SLACK_S)
         raise redis.exceptions.TimeoutError("Timeout reading from socket")
 
-    ride_out = RideOut(budget_s=RECONNECT_S, clock=clock, sleep=clock.spend)
+    ride_out = RideOut(budget_s=RECONNECT_S, clock=clock, sleep=clock.advance)
     with pytest.raises(redis.exceptions.TimeoutError):
         ride_out("reading the queue's length", frozen)
     assert clock.now <= RECONNECT_S + COMMAND_SLACK_S, (clock.now, tries)
@@ -89,13 +84,13 @@ def test_a_redis_that_answers_nothing_is_given_up_on_when_the_workers_give_up() 
 def test_a_restart_is_ridden_out_for_the_whole_budget() -> None:
     """A Redis that refuses connections (a restart) fails each try at once: tries go on for the
     whole budget from the first one, then the error is raised as it was."""
-    clock, tries = _Clock(), []
+    clock, tries = _clock(), []
 
     def refused() -> None:
         tries.append(clock.now)
         raise redis.exceptions.ConnectionError("Connection refused")
 
-    ride_out = RideOut(budget_s=15, clock=clock, sleep=clock.spend)
+    ride_out = RideOut(budget_s=15, clock=clock, sleep=clock.advance)
     with pytest.raises(redis.exceptions.ConnectionError):
         ride_out("publishing a batch", refused)
     assert 14 <= tries[-1] <= 15 <= clock.now, (clock.now, tries)

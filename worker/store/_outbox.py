@@ -536,12 +536,7 @@ class RedisOutbox:
             # takes connections and never answers cost each call every retry's wait over (a
             # paused Redis kept `tracescore sinks` 52 s, a drainer's call minutes). The caller
             # says unreachable, or (a drainer) tries again at its next poll.
-            retry=Retry(
-                ExponentialBackoff(cap=0.5, base=0.05),
-                retries,
-                supported_errors=(redis.ConnectionError,),
-                is_retryable=lambda error: not isinstance(error, redis.TimeoutError),
-            ),
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries, supported_errors=(redis.ConnectionError,)),
             # (ReadOnlyError: a failover; a new connection finds the new primary, see _reconnect)
             retry_on_error=[redis.ConnectionError, redis.exceptions.ReadOnlyError],
         )
