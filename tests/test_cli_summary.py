@@ -891,14 +891,15 @@ def test_an_explicit_id_that_is_its_own_lines_name_is_compared_as_that_id(tmp_pa
 def test_score_chunks_hold_at_most_64_mib_of_lines_past_their_last() -> None:
     """A chunk was --chunk lines (1,000) whatever they held: lines of up to 32 MiB each, 2.1 GB
     of memory for 120 lines of 16 MB (800 MB for 40, 300 MB now). A chunk ends at --chunk lines
-    or once its lines hold CHUNK_BYTES (64 MiB), the last one's included."""
-    from worker.cli._score import CHUNK_BYTES, _chunks, _RunLine
+    or once its lines hold MAX_BATCH_BYTES (64 MiB), the last one's included."""
+    from worker._embedded import MAX_BATCH_BYTES
+    from worker.cli._score import _chunks, _RunLine
 
     def sizes(each: int, n: int, count: int) -> list[int]:
         lines = (_RunLine(number, {}, 0, False, each) for number in range(n))
         return [len(chunk) for chunk in _chunks(lines, count)]
 
-    assert CHUNK_BYTES == 64 * 2**20
+    assert MAX_BATCH_BYTES == 64 * 2**20
     assert sizes(20 * 2**20, 10, 1000) == [4, 4, 2]  # 80 MiB: the 64th MiB is in the 4th line
     assert sizes(20 * 2**20, 10, 3) == [3, 3, 3, 1]
     assert sizes(100, 2500, 1000) == [1000, 1000, 500]

@@ -27,12 +27,7 @@ from tracing._formats import (
 from tracing._markers import ROLE_ATTRIBUTE
 from tracing._run import ENVIRONMENT_ATTRIBUTE, SpanRecord, SpanRecordEvent
 from tracing._sdk import read_span
-
-# How deep an attribute value may nest (lists and mappings, or OTLP's arrayValue / kvlistValue,
-# in one another). The workers refuse a message nesting past 100 levels (worker._guard), a whole
-# batch at once, and a value travels about ten levels down a message: 32 leaves room, and no
-# instrumentation nests near it.
-MAX_VALUE_DEPTH = 32
+from tracing._sizes import RECORD_OVERHEAD_BYTES, events_size, name_size, text_size
 
 __all__ = [
     "KeyPlan",
@@ -68,10 +63,6 @@ def span_record(span: ReadableSpan) -> SpanRecord:
     )
     return record
 
-
-# A record's JSON apart from its name and attributes (ids, times, kind, status, origin): a rough
-# upper bound, for sizing batches.
-RECORD_OVERHEAD_BYTES = 600
 
 # Per attribute key tuple (the spans of one instrumentation share theirs, in order): the keys
 # the transform does not read among them, or None when it reads them all (the span's own dict,
@@ -109,54 +100,14 @@ def read_attributes(attributes: Mapping[str, Any], plan: KeyPlan | None = None) 
         out = dict(attributes)
         for key in dropped:
             del out[key]
-    return out, _text_size(out)
+    return out, text_size(out)
 
 
 def compact(record: SpanRecord) -> int:
     """Keep only the attributes the transform reads (in place; idempotent). Returns the
     record's approximate JSON size in bytes (its text values plus a fixed overhead)."""
     record.attributes, size = read_attributes(record.attributes)
-    return RECORD_OVERHEAD_BYTES + _name_size(record.name) + size + _events_size(record.events)
-
-
-def _name_size(name: object) -> int:
-    # A span name is the app's to choose (a prompt pasted into it): 200 kB names went past
-    # max_buffer_bytes and max_queue_bytes uncounted.
-    return len(name) if isinstance(name, str) else 0
-
-
-def _events_size(events: Sequence[SpanRecordEvent]) -> int:
-    # Older GenAI conventions carry message content in events.
-    return sum(100 + _text_size(e.attributes) for e in events) if events else 0
-
-
-def _text_size(attributes: Mapping[str, Any]) -> int:
-    # The read attributes are nearly always text, a handful a span: a plain loop costs less
-    # than setting up ``sum(map(...))`` (and raising out of it for the first number). Keys count
-    # as values do: OpenInference's flattened ones (``llm.input_messages.7.message.content``)
-    # made a span of short messages six times the size counted.
-    size = 0
-    for key, value in attributes.items():
-        if value.__class__ is not str:  # a number or a sequence among them: its text counts too
-            return sum(len(k) + 6 + _value_size(v) for k, v in attributes.items())
-        size += len(key) + len(value) + 6  # (the quotes, colon and comma around them)
-    return size
-
-
-def _value_size(value: Any, depth: int = 0) -> int:
-    # A sequence counted by its items, not their text, let 2 MiB strings in a tuple past
-    # max_buffer_bytes and max_queue_bytes unseen.
-    if isinstance(value, str | bytes | bytearray):
-        return len(value)
-    if isinstance(value, list | tuple | dict):
-        if depth >= MAX_VALUE_DEPTH:
-            # The SDK takes mappings and sequences of any depth; shipped, one such span got its
-            # whole batch (other traces' runs) refused by the workers, uncounted here.
-            raise ValueError(f"an attribute value nesting deeper than {MAX_VALUE_DEPTH} levels")
-        if isinstance(value, dict):
-            return 2 + sum(len(k) + 4 + _value_size(v, depth + 1) for k, v in value.items())
-        return 2 + sum(_value_size(v, depth + 1) for v in value) + len(value)
-    return 8  # a number, a bool, null
+    return RECORD_OVERHEAD_BYTES + name_size(record.name) + size + events_size(record.events)
 
 
 def _span_name(name: object) -> str:
@@ -208,11 +159,11 @@ def build_record(
     if environment is not None or (plan[1] and ENVIRONMENT_ATTRIBUTE in attrs):
         # Ours to set, never the span's own (a copy: ``attrs`` may be the span's own dict).
         if ENVIRONMENT_ATTRIBUTE in attrs:
-            size -= _text_size({ENVIRONMENT_ATTRIBUTE: attrs[ENVIRONMENT_ATTRIBUTE]})
+            size -= text_size({ENVIRONMENT_ATTRIBUTE: attrs[ENVIRONMENT_ATTRIBUTE]})
         attrs = {key: value for key, value in attrs.items() if key != ENVIRONMENT_ATTRIBUTE}
         if environment is not None:
             attrs[ENVIRONMENT_ATTRIBUTE] = environment
-            size += _text_size({ENVIRONMENT_ATTRIBUTE: environment})
+            size += text_size({ENVIRONMENT_ATTRIBUTE: environment})
     # Positional: the cheapest way to build a dataclass (field order of ``SpanRecord``).
     record = SpanRecord(
         trace_id,
@@ -228,7 +179,7 @@ def build_record(
         service,
         scope,
     )
-    return record, RECORD_OVERHEAD_BYTES + len(name) + size + (_events_size(kept_events) if kept_events else 0)
+    return record, RECORD_OVERHEAD_BYTES + len(name) + size + (events_size(kept_events) if kept_events else 0)
 
 
 def service_name(resource: Resource | None) -> str | None:

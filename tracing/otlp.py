@@ -52,8 +52,8 @@ from tracing._formats import (
     is_read_attribute,
     resource_environment,
 )
-from tracing._records import MAX_VALUE_DEPTH
 from tracing._run import ENVIRONMENT_ATTRIBUTE, SpanRecord, SpanRecordEvent, otlp_time
+from tracing._sizes import MAX_VALUE_DEPTH
 
 __all__ = [
     "OtlpDecodeError",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from tracing import SpanRecord
-from tracing.sources import Position, TraceAssembler
+from tracing.sources import AssembledTrace, Position, TraceAssembler
 
 
 def span(trace: int, span_id: int, parent: int | None = None) -> SpanRecord:
@@ -113,10 +113,10 @@ def test_a_span_after_a_late_part_keeps_the_cause_of_the_traces_read() -> None:
     span late again. That span missed the trace's read, which the memory bound made (a wider
     window would not have kept it), but it was said to be past the window: the cause of the late
     part's release had replaced the read's."""
-    assembler = TraceAssembler(window_spans=2, window_files=1, max_open_spans=2)
+    assembler = TraceAssembler(window_spans=1, window_files=1, max_open_spans=1)
     out = []
     for n, spans in enumerate(
-        [[span(1, 2, parent=1)], [span(2, 1)], [span(3, 1)], [span(1, 1)], [span(4, 1)], [span(5, 1)], [span(1, 3, 1)]]
+        [[span(1, 2, parent=1), span(1, 3, parent=1)], [span(2, 1)], [span(1, 1)], [span(4, 1)], [span(1, 4, 1)]]
     ):
         out += assembler.add(spans, Position(0, n + 1))
     out += assembler.finish()
@@ -127,3 +127,49 @@ def test_a_span_after_a_late_part_keeps_the_cause_of_the_traces_read() -> None:
         ("end", True, False),
     ]
     assert [t.late_evicted for t in parts[1:]] == [True, True]
+
+
+def test_span_text_held_stays_under_the_byte_bound() -> None:
+    """Traces whose spans carry 100 kB prompts, fewer spans than any window: under the span bound
+    alone every one was held to the end of the input (120 traces of 16 MB took a backfill to
+    4.1 GB). The text held stays under ``max_open_bytes`` (plus the record being read); over it
+    the least recently touched trace is released, counted as evicted, every span kept."""
+    prompt = "p" * 100_000
+
+    def big(trace: int, span_id: int, parent: int | None = None) -> SpanRecord:
+        record = span(trace, span_id, parent)
+        record.attributes = {"gen_ai.prompt": prompt}
+        return record
+
+    bound = 1_000_000
+    assembler = TraceAssembler(window_spans=10_000, max_open_bytes=bound)
+    out: list[AssembledTrace] = []
+    peak = 0
+    for trace in range(1, 41):  # two lines a trace: children first, the root last
+        out += assembler.add([big(trace, 2, 1), big(trace, 3, 1)], Position(0, 2 * trace))
+        peak = max(peak, assembler.open_bytes)
+        out += assembler.add([big(trace, 1)], Position(0, 2 * trace + 1))
+        peak = max(peak, assembler.open_bytes)
+    out += assembler.finish()
+    assert bound - 200_000 < assembler.stats.max_open_bytes <= bound + 2 * 101_000
+    assert peak <= bound
+    assert assembler.open_bytes == 0
+    evicted = [t for t in out if t.completion == "evicted"]
+    assert len(evicted) == assembler.stats.evicted > 30
+    # Least recently touched first: each trace was whole when the next one's lines pushed it out.
+    assert all(len(t.spans) == 3 and not t.late for t in out)
+    assert sorted(t.trace_id for t in out) == [f"{i:032x}" for i in range(1, 41)]
+    assert all(t.size == sum(100_000 + 13 + 6 + 600 + 2 for _ in t.spans) for t in out)
+
+
+def test_a_trace_over_the_byte_bound_alone_is_released_at_once() -> None:
+    """One trace bigger than the bound is released once the record that took it over is read;
+    its later spans are late, as past the span bound."""
+    assembler = TraceAssembler(max_open_bytes=50_000)
+    record = span(1, 2, 1)
+    record.attributes = {"gen_ai.prompt": "p" * 60_000}
+    (released,) = assembler.add([record], Position(0, 1))
+    assert (released.completion, len(released.spans), assembler.open_bytes) == ("evicted", 1, 0)
+    assert list(assembler.add([span(1, 1)], Position(0, 2))) == []
+    (late,) = assembler.finish()
+    assert (late.late, late.late_root, late.late_evicted) == (True, True, True)

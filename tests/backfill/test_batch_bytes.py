@@ -87,6 +87,44 @@ def test_count_cut_still_applies_under_the_byte_cap(tmp_path: Path) -> None:
     assert [len(b.requests) for b, _ in submitter.sent] == [10, 10, 5]
 
 
+def test_in_process_batches_end_at_the_scorers_byte_bound(tmp_path: Path) -> None:
+    """In process there is no message to cut by, and a batch was ``--batch-size`` runs (200)
+    whatever their spans held: 200 runs of 16 MB prompts scored at once. A batch now ends once
+    its traces' span text reaches the submitter's ``max_batch_bytes``, the last one's included;
+    every run is still handed over once."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(big_trace_line(i, 100_000) for i in range(20)))
+    submitter = CapturingSubmitter()
+    submitter.max_batch_bytes = 300_000
+    state, _ = _run(path, submitter)
+    sizes = [len(batch.requests) for batch, _ in submitter.sent]
+    assert sizes == [3, 3, 3, 3, 3, 3, 2]  # 101 kB of text a trace: the third takes a batch past 300 kB
+    assert sorted(submitter.runs) == sorted((trace_id(i), f"{i * 3 + 1:016x}") for i in range(20))
+    assert (state.counters.batches, state.counters.runs_enqueued) == (7, 20)
+
+
+def test_the_in_process_scorer_bounds_its_batches_by_bytes(tmp_path: Path) -> None:
+    """The same through the real in-process scorer (``MAX_BATCH_BYTES``, 64 MiB, lowered here):
+    every run scored, in batches of the bound."""
+    from worker._embedded import MAX_BATCH_BYTES, EmbeddedScorer
+    from worker._registry import load_registry
+
+    assert EmbeddedScorer.max_batch_bytes == MAX_BATCH_BYTES == 64 * 2**20
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(big_trace_line(i, 100_000) for i in range(10)))
+    scorer = EmbeddedScorer(load_registry("tests.backfill.scorers"))
+    scorer.max_batch_bytes = 250_000
+    source = FileSource([path])
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"])
+    state = BackfillState(job_id="bf-bytes-in-process", source=source.describe(), options=options)
+    try:
+        Backfill(source, state, scorer, reporter=Messages()).run()
+    finally:
+        scorer.close()
+    assert (state.counters.batches, state.counters.runs_enqueued) == (4, 10)
+    assert (scorer.totals.pairs, scorer.totals.scored) == (10, 10)
+
+
 def _three_agent_line(padding: dict[str, int] | None = None) -> tuple[str, dict[str, str]]:
     """One trace of three agent runs as an OTLP JSON line (an agent's answer padded to the
     given bytes), and each agent's span id by name."""

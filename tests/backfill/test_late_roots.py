@@ -53,6 +53,28 @@ def test_a_root_after_the_window_is_a_counted_late_root(tmp_path: Path) -> None:
     assert "--window-spans" in message
 
 
+def test_a_root_after_the_byte_bound_released_its_trace_names_max_open_mb(tmp_path: Path) -> None:
+    """Trace 0's children hold a 1.5 MB prompt, over a 1 MiB --max-open-mb on their own: they
+    are released at once, and the root that follows is late. The message and the summary's
+    count name the memory bound and both its options, each with its value (raising
+    --max-open-spans alone would not have kept this trace)."""
+    (chat, tool), root = trace_spans(0)
+    big = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "q" * 1_500_000}]}])
+    prompt = {"key": "gen_ai.input.messages", "value": {"stringValue": big}}
+    chat = {**chat, "attributes": [*chat["attributes"], prompt]}
+    (tmp_path / "a.jsonl").write_text(line([chat, tool]) + "".join(whole(i) for i in range(1, 5)) + line([root]))
+    source = FileSource([tmp_path])
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], max_open_mb=1)
+    state = BackfillState(job_id="bf-late-bytes", source=source.describe(), options=options)
+    reporter = Messages()
+    done = Backfill(source, state, None, reporter=reporter).run()
+    assert (done.counters.late_roots, done.counters.late_roots_evicted, done.counters.evicted_traces) == (1, 1, 1)
+    (message,) = [line for line in reporter.lines if "root span arrived after" in line]
+    assert trace_id(0) in message
+    assert "released early by the memory bound" in message
+    assert "raise --max-open-spans, now 100,000, or --max-open-mb, now 1" in message
+
+
 def test_a_root_within_the_window_is_not_late(tmp_path: Path) -> None:
     """The same files with the default window: the trace is whole, nothing is late."""
     late_children, late_root = trace_spans(0)
@@ -155,11 +177,12 @@ def test_a_late_root_after_ctrl_c_and_resume_is_counted_once_and_never_enqueued(
 def test_a_late_root_of_a_trace_the_memory_bound_released_names_max_open_spans(
     tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Trace 0's children held rootless until the memory bound (30 spans) released them, its root
-    read later (the default window would have kept it), stopped and resumed in between: the late
-    root was said to want a wider --window-spans. Now the resumed job's summary and the trace's
-    message name --max-open-spans (the job's list of traces read keeps why each was released)."""
-    job = stop_and_resume(_late_root_files(tmp_path / "in"), private_redis, monkeypatch, ["--max-open-spans", "30"])
+    """Trace 0's children released rootless by the memory bound (one span: traces with their root
+    go first, so only a bound under trace 0's two children releases them), its root read later
+    (the default window would have kept it), stopped and resumed in between: the late root was
+    said to want a wider --window-spans. Now the resumed job's summary and the trace's message
+    name --max-open-spans (the job's list of traces read keeps why each was released)."""
+    job = stop_and_resume(_late_root_files(tmp_path / "in"), private_redis, monkeypatch, ["--max-open-spans", "1"])
     assert (0, 1, 0) < tuple(job.saved["checkpoint"]) < ROOT_AT
     done = job.done
     assert done["evicted_traces"] > 0

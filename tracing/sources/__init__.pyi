@@ -1,7 +1,14 @@
 """The names ``tracing.sources`` exports, for type checkers; ``__init__.py`` loads each from the
 module named here on first use."""
 
-from ._assemble import MAX_SPANS_PER_TRACE, AssembledTrace, AssemblerStats, Released, TraceAssembler
+from ._assemble import (
+    DEFAULT_MAX_OPEN_BYTES,
+    MAX_SPANS_PER_TRACE,
+    AssembledTrace,
+    AssemblerStats,
+    Released,
+    TraceAssembler,
+)
 from ._base import (
     Malformed,
     Position,
@@ -26,6 +33,7 @@ from ._tempo import TempoSource
 
 __all__ = [
     "DECOMPRESS_ERRORS",
+    "DEFAULT_MAX_OPEN_BYTES",
     "MAX_BARREN_RECORDS",
     "MAX_DECOMPRESSED_BYTES_ENV",
     "MAX_SPANS_PER_TRACE",

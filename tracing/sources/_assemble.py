@@ -11,10 +11,12 @@ it is complete:
   spans *and* ``window_files`` file boundaries;
 - at the end of the input every open trace is released.
 
-Memory is bounded whatever the input: at most ``max_open_spans`` spans are held (over it the
-least recently touched trace is released early and counted as ``evicted``), and a trace keeps
-at most ``max_spans_per_trace`` spans (the rest are dropped and counted; its root span is always
-kept, so a big trace whose root ends last still has it).
+Memory is bounded whatever the input: at most ``max_open_spans`` spans, holding at most
+``max_open_bytes`` of text (``record_size``: what a span's message will carry), are held (over
+either, the least recently touched trace is released early and counted as ``evicted``; a trace
+over the byte bound on its own is released once the input record that took it over is read),
+and a trace keeps at most ``max_spans_per_trace`` spans (the rest are dropped and counted; its
+root span is always kept, so a big trace whose root ends last still has it).
 
 A span that arrives after its trace was released (the window passed, or the trace was evicted)
 is *late*: its trace's remaining spans come out as an ``AssembledTrace`` with ``late=True``, so
@@ -22,14 +24,14 @@ the caller can report them instead of scoring the fragment as a trace of its own
 of the trace, or a run made of a fragment). A late one that is the root of a trace released
 without one is a *late root* (``late_root=True``, counted in ``stats.late_roots``): the trace was
 read without its root. Either says why the trace was released when it was read, its first part
-(``late_evicted``: by the memory bound, so ``max_open_spans`` would have kept it open, not
-``window_spans``; None when an earlier release remembered it without saying): the parts after it
-are late too, however they were released. The released traces are remembered by id with a few
-bits (had its root, why it was released), the newest ``released_kept`` (at least 10,000, else
-``max_open_spans``): a span of a trace released further back cannot be told from a new trace's.
-With each the caller may keep what a later part needs to tell a run of its own from spans of a
-run read before (``note_runs``: ``tracing.read.plan_part``'s summary), handed over with the late
-part (``runs_before``).
+(``late_evicted``: by the memory bound, so ``max_open_spans`` or ``max_open_bytes`` would have
+kept it open, not ``window_spans``; None when an earlier release remembered it without saying):
+the parts after it are late too, however they were released. The released traces are
+remembered by id with a few bits (had its root, why it was released), the newest
+``released_kept`` (at least 10,000, else ``max_open_spans``): a span of a trace released further
+back cannot be told from a new trace's. With each the caller may keep what a later part needs to
+tell a run of its own from spans of a run read before (``note_runs``:
+``tracing.read.plan_part``'s summary), handed over with the late part (``runs_before``).
 """
 
 from __future__ import annotations
@@ -41,12 +43,23 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from tracing._run import SpanRecord
+from tracing._sizes import record_size
 from tracing.sources._base import Position
 
-__all__ = ["MAX_SPANS_PER_TRACE", "AssembledTrace", "AssemblerStats", "Released", "TraceAssembler"]
+__all__ = [
+    "DEFAULT_MAX_OPEN_BYTES",
+    "MAX_SPANS_PER_TRACE",
+    "AssembledTrace",
+    "AssemblerStats",
+    "Released",
+    "TraceAssembler",
+]
 
 # Spans kept of one trace (its root always): bounds one trace's memory and its message.
 MAX_SPANS_PER_TRACE = 10_000
+# Span text held while assembling: 120 traces of 16 MB prompts, all open at once under the span
+# bound (their window never passed), took a backfill to 4.1 GB.
+DEFAULT_MAX_OPEN_BYTES = 256 * 2**20
 
 Completion = Literal["root", "idle", "evicted", "end"]
 
@@ -87,6 +100,7 @@ class AssembledTrace:
     rooted: bool = True
     # Late: what the parts before left for a later part's runs (``TraceAssembler.note_runs``).
     runs_before: str | None = None
+    size: int = 0  # its spans' ``record_size``s summed
 
     @property
     def read_evicted(self) -> bool | None:
@@ -110,6 +124,7 @@ class AssemblerStats:
     late_roots: int = 0
     max_open_traces: int = 0
     max_open_spans: int = 0
+    max_open_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -119,6 +134,7 @@ class _Open:
     last: Position
     spans: list[SpanRecord] = field(default_factory=list)
     span_ids: set[str] = field(default_factory=set)
+    size: int = 0  # the spans' record_size summed
     last_seen: int = 0  # spans_read when last touched
     last_unit: int = 0
     dropped: int = 0
@@ -139,19 +155,25 @@ class TraceAssembler:
         window_spans: int = 10_000,
         window_files: int = 1,
         max_open_spans: int = 100_000,
+        max_open_bytes: int = DEFAULT_MAX_OPEN_BYTES,
         max_spans_per_trace: int = MAX_SPANS_PER_TRACE,
     ) -> None:
-        if window_spans < 1 or window_files < 0 or max_open_spans < 1 or max_spans_per_trace < 1:
-            raise ValueError("window_spans, max_open_spans and max_spans_per_trace must be >= 1 and window_files >= 0")
+        if min(window_spans, max_open_spans, max_open_bytes, max_spans_per_trace) < 1 or window_files < 0:
+            raise ValueError(
+                "window_spans, max_open_spans, max_open_bytes and max_spans_per_trace must be >= 1"
+                " and window_files >= 0"
+            )
         self.window_spans = window_spans
         self.window_files = window_files
         self.max_open_spans = max_open_spans
+        self.max_open_bytes = max_open_bytes
         self.max_spans_per_trace = max_spans_per_trace
         self.stats = AssemblerStats()
         # Least recently touched first; a trace moves from _rootless to _rooted when its root arrives.
         self._rooted: OrderedDict[str, _Open] = OrderedDict()
         self._rootless: OrderedDict[str, _Open] = OrderedDict()
         self._open_spans = 0
+        self._open_bytes = 0
         self._unit = 0
         # (first position, trace id) of open traces; stale entries are skipped lazily.
         self._firsts: list[tuple[Position, str]] = []
@@ -169,6 +191,10 @@ class TraceAssembler:
     @property
     def open_spans(self) -> int:
         return self._open_spans
+
+    @property
+    def open_bytes(self) -> int:
+        return self._open_bytes
 
     def low_watermark(self) -> Position | None:
         """The earliest position of any span still held (None when nothing is open)."""
@@ -254,6 +280,9 @@ class TraceAssembler:
                 continue
             held.spans.append(span)
             held.span_ids.add(span_id)
+            size = record_size(span)
+            held.size += size
+            self._open_bytes += size
             self._open_spans += 1
             if is_root and not held.rooted:
                 held.rooted = True
@@ -262,6 +291,7 @@ class TraceAssembler:
                     stats.late_roots += 1
         stats.max_open_traces = max(stats.max_open_traces, self.open_traces)
         stats.max_open_spans = max(stats.max_open_spans, self._open_spans)
+        stats.max_open_bytes = max(stats.max_open_bytes, self._open_bytes)
         yield from self._release_due()
 
     def end_unit(self, unit: int) -> Iterator[AssembledTrace]:
@@ -293,16 +323,19 @@ class TraceAssembler:
                 break
             self._rootless.popitem(last=False)
             yield self._emit(held, "idle")
-        while self._open_spans > self.max_open_spans:
-            # Over the memory bound: release the least recently touched trace, rootless first
-            # (a trace with its root is more likely complete already).
-            queue = self._rootless if self._rootless else self._rooted
+        while self._open_spans > self.max_open_spans or self._open_bytes > self.max_open_bytes:
+            # Over the memory bound: release the least recently touched trace, those with their
+            # root first: exporters send a root once its children ended, so such a trace is most
+            # likely whole, and one without is waiting for it (released, its root came late:
+            # children-first traces of big prompts had each read without its root).
+            queue = self._rooted if self._rooted else self._rootless
             _, held = queue.popitem(last=False)
             self.stats.evicted += 1
             yield self._emit(held, "evicted")
 
     def _emit(self, held: _Open, completion: Completion) -> AssembledTrace:
         self._open_spans -= len(held.spans)
+        self._open_bytes -= held.size
         self.stats.traces += 1
         rooted = held.rooted
         trace = AssembledTrace(
@@ -317,6 +350,7 @@ class TraceAssembler:
             late_evicted=held.released_evicted,
             rooted=rooted or held.released_rooted,
             runs_before=self._runs.pop(held.trace_id, None) if held.late else None,
+            size=held.size,
         )
         self._remember(trace.trace_id, trace.rooted, trace.read_evicted)
         return trace

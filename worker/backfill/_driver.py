@@ -165,9 +165,14 @@ class Backfill:
             window_spans=options.window_spans,
             window_files=options.window_files,
             max_open_spans=options.max_open_spans,
+            max_open_bytes=options.max_open_mb * 2**20,
         )
         self._chunk: list[ScoreRequest] = []
         self._chunk_runs = 0  # runs (targets) in _chunk: batch_size counts runs
+        # In process (no cutter), the span text the chunk holds, which the submitter's
+        # ``max_batch_bytes`` bounds as ``batch_size`` bounds its runs.
+        self._chunk_bytes = 0
+        self._max_chunk_bytes: int | None = getattr(submitter, "max_batch_bytes", None)
         # Run ids (``run_id``) planned and not yet in the job store: with a store, the chunk's
         # (each batch is checked against the store's set); without one (embedded, dry run), every
         # run of the job: about 150 bytes a run, 150 MB for a million, which an embedded job
@@ -273,7 +278,7 @@ class Backfill:
         while self._waiting:
             self._handle(self._waiting.popleft())
         counters = self.state.counters
-        chunk, self._chunk, self._chunk_runs = self._chunk, [], 0
+        chunk, self._chunk, self._chunk_runs, self._chunk_bytes = self._chunk, [], 0, 0
         for request in chunk:
             counters.runs_read -= len(request.target_span_ids)
         for trace_id in dict.fromkeys(r.trace_id for r in chunk):
@@ -300,7 +305,9 @@ class Backfill:
             self.assembler.note_runs(trace.trace_id, runs)
             if self.job_store is not None:
                 self._released.append((trace.first, trace.released(runs)))
-            if self._chunk_runs >= self.state.options.batch_size:
+            if self._chunk_runs >= self.state.options.batch_size or (
+                self._max_chunk_bytes is not None and self._chunk_bytes >= self._max_chunk_bytes
+            ):
                 self._flush()
                 self._show()  # (the traces the end of the input hands over at once take a while)
                 if self.should_stop():  # (a file's traces come at its end: a stop waited for all)
@@ -473,6 +480,8 @@ class Backfill:
         if self._cutter is None:
             self._chunk.append(request)
             self._chunk_runs += len(plans)
+            # (the trace's, whose records the runs share: at most the trace's spans, at least theirs)
+            self._chunk_bytes += trace.size
         else:
             self._handling = trace.first
             self._add_sized(request, self._cutter, trace.first)
@@ -605,7 +614,7 @@ class Backfill:
             else:
                 requests = self._chunk
                 self._chunk = []
-                self._chunk_runs = 0
+                self._chunk_runs = self._chunk_bytes = 0
                 if self._cutter is not None:
                     encoded = self._cutter.take().encoded
             planned = sent = [run_id(r.trace_id, s) for r in requests for s in r.target_span_ids]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from tracing.sources import Position, Released
+from tracing.sources import DEFAULT_MAX_OPEN_BYTES, Position, Released
 from worker._errors import UnreadableStateError
 from worker._keys import (
     backfill_hold_key,
@@ -118,14 +118,19 @@ _WINDOW_CAUSE = LateCause(
     ("window_spans",),
     "_window",
 )
+# (Its key, the summary's JSON since before --max-open-mb, stands for either memory bound.)
 _EVICTED_CAUSE = LateCause(
-    "--max-open-spans", "released early by the memory bound", "raise --max-open-spans", ("max_open_spans",), "_evicted"
+    "--max-open-spans",
+    "released early by the memory bound",
+    "raise --max-open-spans or --max-open-mb",
+    ("max_open_spans", "max_open_mb"),
+    "_evicted",
 )
 _UNKNOWN_CAUSE = LateCause(
     "unknown",
     "read by an earlier release, which kept no cause",
-    "widen --window-spans or raise --max-open-spans",
-    ("window_spans", "max_open_spans"),
+    "widen --window-spans or raise --max-open-spans / --max-open-mb",
+    ("window_spans", "max_open_spans", "max_open_mb"),
     "",
 )
 _LATE_CAUSES = (_WINDOW_CAUSE, _EVICTED_CAUSE, _UNKNOWN_CAUSE)
@@ -175,6 +180,8 @@ class BackfillOptions(BaseModel):
     window_spans: int = Field(default=10_000, ge=1)
     window_files: int = Field(default=1, ge=0)
     max_open_spans: int = Field(default=100_000, ge=1)
+    # The span text held while assembling, in MiB (a job saved before it: the default).
+    max_open_mb: int = Field(default=DEFAULT_MAX_OPEN_BYTES // 2**20, ge=1)
     # --max-cost: the job's judge spend limit in USD (None: only the daily TRACESCORE_BUDGETS).
     max_cost_usd: float | None = Field(default=None, ge=0)
 

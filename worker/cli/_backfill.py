@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import structlog
 
-from tracing.sources import SourceError, open_source
+from tracing.sources import DEFAULT_MAX_OPEN_BYTES, SourceError, open_source
 from worker._gc import tuned_gc
 from worker._progress import ProgressReporter
 from worker._terminal import printable
@@ -89,6 +89,7 @@ _FIXED_AT_START = frozenset(
         "window_spans",
         "window_files",
         "max_open_spans",
+        "max_open_mb",
         "tempo_query",
     ]
 )
@@ -176,6 +177,13 @@ _FIXED_AT_START = frozenset(
     show_default=True,
     help="Memory bound: spans held while assembling.",
 )
+@click.option(
+    "--max-open-mb",
+    type=click.IntRange(1),
+    default=DEFAULT_MAX_OPEN_BYTES // 2**20,
+    show_default=True,
+    help="Memory bound: MiB of span text held while assembling.",
+)
 @click.option("--query", "tempo_query", help="Tempo sources: the TraceQL query (default '{}': every trace).")
 @json_option("Print the final summary as one JSON object on stdout.")
 @click.pass_context
@@ -206,6 +214,7 @@ def backfill_command(
     window_spans: int,
     window_files: int,
     max_open_spans: int,
+    max_open_mb: int,
     tempo_query: str | None,
     as_json: bool,
 ) -> None:
@@ -317,6 +326,7 @@ def backfill_command(
         window_spans=window_spans,
         window_files=window_files,
         max_open_spans=max_open_spans,
+        max_open_mb=max_open_mb,
         max_cost_usd=max_cost,
     )
     state = BackfillState(job_id=new_job_id(), source=source.describe(), source_label=source.label(), options=options)

@@ -22,7 +22,7 @@ import click
 
 from scorers import ScoreResult
 from worker._budget import install_local_guard, parse_budgets, parse_prices
-from worker._embedded import EmbeddedScorer, cli_limits
+from worker._embedded import MAX_BATCH_BYTES, EmbeddedScorer, cli_limits
 from worker._interrupt import stop_on_signals
 from worker._lines import json_lines, line_run_id
 from worker._progress import ProgressReporter
@@ -74,19 +74,15 @@ def _read_runs(path: Path) -> Iterator[_RunLine]:
         yield _RunLine(number, kwargs, read, run_id is not None, size)
 
 
-# The lines of a chunk hold at most this many bytes as well as ``--chunk`` lines: 1,000 lines of
-# up to 32 MiB each (MAX_LINE_BYTES) were held at once, 2.1 GB for 120 lines of 16 MB.
-CHUNK_BYTES = 64 * 2**20
-
-
 def _chunks(lines: Iterator[_RunLine], count: int) -> Iterator[list[_RunLine]]:
-    """``lines`` in lists of ``count`` lines, or fewer once they hold ``CHUNK_BYTES``."""
+    """``lines`` in lists of ``count`` lines, or fewer once they hold ``MAX_BATCH_BYTES`` (1,000
+    lines of up to 32 MiB each, MAX_LINE_BYTES, were held at once)."""
     batch: list[_RunLine] = []
     held = 0
     for line in lines:
         batch.append(line)
         held += line.size
-        if len(batch) >= count or held >= CHUNK_BYTES:
+        if len(batch) >= count or held >= MAX_BATCH_BYTES:
             yield batch
             batch, held = [], 0
     if batch:
