@@ -404,3 +404,50 @@ def test_a_first_ctrl_c_in_a_dry_run_prints_the_estimate_so_far(dry_input: Path,
         assert 0 < runs == traces < DRY_TRACES
         assert f"partial: stopped after reading {traces:,} traces" in terminal
         assert "judge calls" in stdout
+
+
+def _read_so_far(pid: int) -> int:
+    """The bytes process ``pid`` has read (its ``rchar``)."""
+    with open(f"/proc/{pid}/io") as io:
+        return next(int(row.split()[1]) for row in io if row.startswith("rchar:"))
+
+
+def test_a_stop_while_an_over_long_line_is_skipped_ends_the_job_meanwhile(tmp_path: Path) -> None:
+    """A trace, then a line of 1 TB (sparse: no disk used) that is skipped unread, then a trace.
+    Stops are looked at between input records, and the skip read the whole line first: a
+    SIGTERM went unanswered for minutes. The skip now lets its caller look every 64 MiB: the job
+    ends at exit 130 in a few seconds, the trace read before named as interrupted."""
+    from tests.backfill._late import whole
+    from tests.backfill._synth import trace_id
+
+    path = tmp_path / "traces.jsonl"
+    with path.open("w") as traces:
+        traces.write(whole(0))
+        traces.write('{"resourceSpans": [')
+        traces.seek(2**40)
+        traces.write("]}\n" + whole(1))
+    tracescore = str(Path(sys.executable).with_name("tracescore"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACESCORE_BROKER_URL": ""}
+    command = [tracescore, "backfill", str(path), "--scorers", "tests.backfill.scorers", "--json"]
+    job = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while job.poll() is None and _read_so_far(job.pid) < 2**30 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert job.poll() is None, "the job ended before its skip was seen under way"
+        assert _read_so_far(job.pid) >= 2**30, "the skip was not seen under way"
+        job.send_signal(signal.SIGTERM)
+        stdout, stderr = job.communicate(timeout=30)  # (the skip alone takes minutes)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 130, stderr[-3000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert (summary["status"], summary["traces_read"], summary["traces_skipped"]) == (
+        "interrupted",
+        1,
+        {"interrupted": 1},
+    )
+    assert f"trace {trace_id(0)}: not scored (interrupted)" in stderr
+    assert summary["malformed_lines"] == 0  # (the line was not read through: a resume reads it)

@@ -4,6 +4,8 @@ A source reads stored spans in a fixed order and yields :class:`SpanBatch` items
 one line / one fetched trace), :class:`Malformed` items (input it could not decode, with where),
 and :class:`UnitEnd` when a file (or a time window) is finished. Every item carries a
 :class:`Position`, so a backfill can record how far it got and a source can start again there.
+A long read of one record that yields nothing (a file's over-long line being skipped) yields an
+empty ``SpanBatch`` at that record's position now and then, so that a caller can stop meanwhile.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -68,6 +68,10 @@ _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PROTO_SUFFIXES = (".pb", ".binpb", ".proto")
 _COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
 MAX_LINE_BYTES_ENV = "TRACESCORE_BACKFILL_MAX_LINE_BYTES"
+# While a record too long to read is skipped, an empty SpanBatch at the record's position every
+# this many bytes: a caller looks at a stop between items (after a SIGTERM, a backfill went on
+# skipping a sparse line of 1 TB for minutes).
+SKIP_BEAT_BYTES = 64 * 2**20
 # One record (line, protobuf message, whole *.json document): decoding takes several times its
 # size in Python objects, so this bounds the backfill's memory. The Collector's file exporter
 # writes one export batch per line, far smaller than this.
@@ -261,15 +265,20 @@ class FileSource:
     def _bomb(self) -> str:
         return past_decompressed_cap(self.max_decompressed_bytes)
 
-    def _skip_line(self, handle: IO[bytes], budget: int) -> tuple[int, bool]:
-        """Read past the rest of an over-long line, a chunk at a time; (bytes skipped, whether
-        the line ended within ``budget`` bytes)."""
-        skipped = 0
+    def _skip_line(
+        self, handle: IO[bytes], budget: int, position: Position, where: str
+    ) -> Generator[SpanBatch, None, tuple[int, bool]]:
+        """Read past the rest of an over-long line, a chunk at a time, beating (``SKIP_BEAT_BYTES``);
+        returns (bytes skipped, whether the line ended within ``budget`` bytes)."""
+        skipped, beat = 0, SKIP_BEAT_BYTES
         while skipped <= budget:
             chunk = handle.readline(SKIP_CHUNK)
             skipped += len(chunk)
             if not chunk or chunk.endswith(b"\n"):
                 return skipped, True
+            if skipped >= beat:
+                beat += SKIP_BEAT_BYTES
+                yield SpanBatch([], position, where)
         return skipped, False
 
     def _read_json(
@@ -291,7 +300,7 @@ class FileSource:
             offset += len(raw)
             where = f"{path}:{line}"
             if len(raw) > max_line and raw[-1:] != b"\n":
-                skipped, ended = self._skip_line(handle, budget - offset)
+                skipped, ended = yield from self._skip_line(handle, budget - offset, position, where)
                 offset += skipped
                 self._last = Position(index, line + 1, offset)
                 yield Malformed(position, where, self._too_long("the line"))
@@ -371,12 +380,15 @@ class FileSource:
             (size,) = struct.unpack(">I", header)
             if size > self.max_line_bytes or offset + 4 + size > budget:
                 # Skipped a chunk at a time: the length prefix is untrusted input.
-                skipped = 0
+                skipped, beat = 0, SKIP_BEAT_BYTES
                 while skipped < size and offset + 4 + skipped <= budget:
                     chunk = reader.read(min(SKIP_CHUNK, size - skipped))
                     if not chunk:
                         break
                     skipped += len(chunk)
+                    if skipped >= beat:
+                        beat += SKIP_BEAT_BYTES
+                        yield SpanBatch([], position, where)
                 offset += 4 + skipped
                 self._last = Position(index, number + 1, offset)
                 if offset > budget:
