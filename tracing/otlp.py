@@ -428,7 +428,7 @@ def _json_event(raw: Any, field: str, where: str) -> Event:
     return Event(
         name=str(event.get("name", "")),
         attributes=_attributes(_list(event, "attributes", "attributes", field, where), f"{field}.attributes", where),
-        timestamp=_int(_get(event, "timeUnixNano", "time_unix_nano"), f"{field}.timeUnixNano", where),
+        timestamp=_time_ns(_get(event, "timeUnixNano", "time_unix_nano"), field, "timeUnixNano", where),
     )
 
 
@@ -519,7 +519,7 @@ def _json_record(raw: Any, resource: _RecordResource, scope: str | None, field: 
                 kept.append(
                     SpanRecordEvent(
                         event_name,
-                        _int(_get(event, "timeUnixNano", "time_unix_nano"), f"{at}.timeUnixNano", where),
+                        _time_ns(_get(event, "timeUnixNano", "time_unix_nano"), at, "timeUnixNano", where),
                         _attributes(_list(event, "attributes", "attributes", at, where), f"{at}.attributes", where),
                     )
                 )

@@ -226,6 +226,15 @@ def test_any_hostile_line_decodes_to_records_or_raises_a_decode_error(
         ({"startTimeUnixNano": -5}, r"a time outside 0 \.\. 2\^64-1 nanoseconds .* at .*startTimeUnixNano"),
         ({"endTimeUnixNano": "99999999999999999999"}, r"a time outside 0 \.\. 2\^64-1 .* at .*endTimeUnixNano"),
         ({"endTimeUnixNano": 2**70}, r"a time outside 0 \.\. 2\^64-1 .* at .*endTimeUnixNano"),
+        # An event's time too (a read event's: the records keep it); -5 and 2^70 were read.
+        (
+            {"events": [{"name": "gen_ai.choice", "timeUnixNano": "-5"}]},
+            r"a time outside 0 \.\. 2\^64-1 .* at .*events\[0\]\.timeUnixNano",
+        ),
+        (
+            {"events": [{"name": "gen_ai.choice", "timeUnixNano": 2**70}]},
+            r"a time outside 0 \.\. 2\^64-1 .* at .*events\[0\]\.timeUnixNano",
+        ),
     ],
 )
 def test_numbers_python_cannot_convert_are_decode_errors(change: dict[str, object], reason: str) -> None:
