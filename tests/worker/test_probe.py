@@ -196,3 +196,29 @@ def test_a_broker_outage_makes_the_worker_unready_but_not_dead(
         assert live.output.strip() == "live"
     finally:
         worker.stop()
+
+
+def test_ready_asks_the_score_store_of_its_own_too(
+    tmp_path: Path, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose score store is a Redis of its own (TRACESCORE_REDIS_URL) cannot record a
+    score while that Redis is away, and `probe ready` asked the broker alone: ready. It now
+    asks the store too, and names it (its password masked); ready again once it is back."""
+    (tmp_path / probe_files.READY_FILE).write_text("")
+    with RedisServer() as broker:
+        monkeypatch.setenv("TRACESCORE_BROKER_URL", broker.url(0))
+        monkeypatch.setenv("TRACESCORE_REDIS_URL", private_redis.url(1))
+        ready = _probe("ready", "--dir", str(tmp_path))
+        assert (ready.exit_code, ready.output.strip()) == (0, "ready")
+        assert private_redis.proc is not None
+        private_redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            unready = _probe("ready", "--dir", str(tmp_path), "--timeout", "0.5")
+        finally:
+            private_redis.proc.send_signal(signal.SIGCONT)
+        assert unready.exit_code == 1
+        assert unready.output.startswith("Error: not ready: cannot reach the score store at redis://:***@"), (
+            unready.output
+        )
+        assert private_redis.password not in unready.output
+        assert _probe("ready", "--dir", str(tmp_path)).exit_code == 0

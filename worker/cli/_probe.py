@@ -83,28 +83,41 @@ def live_command(directory: str | None, max_age: float) -> None:
 
 @probe_group.command("ready")
 @_dir_option
-@click.option("--timeout", type=FiniteRange(0.1, 60), default=2.0, show_default=True, help="Broker ping timeout.")
+@click.option("--timeout", type=FiniteRange(0.1, 60), default=2.0, show_default=True, help="Redis ping timeout.")
 @broker_option
 def ready_command(directory: str | None, timeout: float, broker: str | None) -> None:
-    """Ready: the worker's consumer is connected and consuming, and the broker answers a ping.
+    """Ready: the worker's consumer is connected and consuming, and the broker answers a ping,
+    and so does the score store when it is a Redis of its own (TRACESCORE_REDIS_URL).
 
-    Not ready before the consumer starts, after it lost the broker, and from SIGTERM on."""
+    Not ready before the consumer starts, after it lost the broker, while its store is away (a
+    message it takes then waits for the store, or goes back to the queue), and from SIGTERM on."""
     path = _directory(directory)
     if not (path / probe_files.READY_FILE).exists():
         raise CliError(f"not ready: the worker is not consuming (no {probe_files.READY_FILE} file in {path})")
-    import redis  # (here: `probe live` runs every few seconds and has no use for a Redis client)
+    # (here: `probe live` runs every few seconds and has no use for a Redis client or the settings)
+    import redis
+
+    from worker._settings import redis_py_url
 
     settings = redis_settings(broker)
-    client = redis.Redis.from_url(
+    broker_client = redis.Redis.from_url(
         settings.broker_redis_url,
         socket_connect_timeout=timeout,
         socket_timeout=timeout,
         **settings.tls.redis_kwargs(settings.broker_url),
     )
+    pings = [("broker", settings.broker_url, broker_client)]
+    if settings.redis_url and redis_py_url(settings.redis_url) != settings.broker_redis_url:
+        # (its URL carries the TLS settings: the store's own clients take only a URL)
+        store = redis.Redis.from_url(settings.store_url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        pings.append(("score store", settings.redis_url, store))
     try:
-        client.ping()
-    except (redis.RedisError, OSError) as exc:
-        raise CliError(f"not ready: {unreachable('broker', settings.broker_url, exc).message}") from None
+        for what, url, client in pings:
+            try:
+                client.ping()
+            except (redis.RedisError, OSError) as exc:
+                raise CliError(f"not ready: {unreachable(what, url, exc).message}") from None
     finally:
-        client.close()
+        for _, _, client in pings:
+            client.close()
     click.echo("ready")
