@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 import redis
 
 from tests._otlp_receiver import OtlpReceiver
-from tests._redis import free_port
+from tests._redis import RedisServer, free_port
 from tests.worker._batches import batch
 from tests.worker._workers import ROOT, WorkerProcess, read_scores, wait_for
 from tracing import CelerySink, ScoreRecord
@@ -242,3 +244,41 @@ def test_a_hung_sink_does_not_hold_up_another(started: Started, redis_url: str) 
     receiver.hang.set()
     assert wait_for(lambda: set(receiver.score_ids()) == ids, 60), worker.text()[-3000:]
     assert max(receiver.score_ids().values()) == 1
+
+
+def test_a_redis_paused_under_the_drainers_loses_and_wedges_nothing(private_redis: RedisServer, tmp_path: Path) -> None:
+    """Scores owed to an OTLP endpoint that refuses them (503), then the worker's Redis stopped
+    (SIGSTOP: connections open, no answer) for longer than a command may wait, while the endpoint
+    comes back. A drainer's calls time out meanwhile; none is sent again after its wait (each
+    would have waited as long again), and the drainer neither dies nor wedges: once Redis
+    answers again every score reaches the endpoint, the outbox settles, and the worker goes on
+    delivering new scores."""
+    url = private_redis.url(0)
+    started = Started(url, tmp_path)
+    try:
+        receiver = started.receiver()
+        receiver.status = 503
+        worker = started.worker("paused", _env(receiver.endpoint))
+        _, ids = _send(url, 10, "paused-a")
+        assert wait_for(lambda: _counts(url).get("otlp", {}).get("retried", 0) >= 1, 60), worker.text()[-3000:]
+        assert private_redis.proc is not None
+        private_redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            receiver.status = 200
+            paused_until = time.monotonic() + 14  # past a command's 10 s wait, and the 3 s lease
+            while time.monotonic() < paused_until:
+                time.sleep(0.2)
+            assert worker.proc.poll() is None
+        finally:
+            private_redis.proc.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: set(receiver.score_ids()) == ids, 60), worker.text()[-3000:]
+        assert wait_for(lambda: _counts(url)["otlp"]["pending"] == 0, 30), worker.text()[-3000:]
+        assert _counts(url)["otlp"]["delivered"] == 10  # each counted once, whatever was sent twice
+        _, later = _send(url, 4, "paused-b")
+        assert wait_for(lambda: later <= set(receiver.score_ids()), 30), worker.text()[-3000:]
+        log = worker.text()
+        assert "Traceback" not in log
+        # (the pause was met: the drainer's call timed out, and the drainer went on)
+        assert any("drainer_failed" in line and "error_type=TimeoutError" in line for line in log.splitlines())
+    finally:
+        started.stop()
