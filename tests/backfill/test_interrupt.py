@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._redis import RedisServer
 from tests.backfill._synth import write_otlp_files
 from tests.fakellm import FakeLLMServer, Reply
 
@@ -412,24 +413,26 @@ def _read_so_far(pid: int) -> int:
         return next(int(row.split()[1]) for row in io if row.startswith("rchar:"))
 
 
-def test_a_stop_while_an_over_long_line_is_skipped_ends_the_job_meanwhile(tmp_path: Path) -> None:
-    """A trace, then a line of 1 TB (sparse: no disk used) that is skipped unread, then a trace.
-    Stops are looked at between input records, and the skip read the whole line first: a
-    SIGTERM went unanswered for minutes. The skip now lets its caller look every 64 MiB: the job
-    ends at exit 130 in a few seconds, the trace read before named as interrupted."""
+def _sparse_line_between_two_traces(path: Path, size: int) -> Path:
+    """Trace 0, a line of ``size`` bytes (sparse: no disk used) that is skipped unread, trace 1."""
     from tests.backfill._late import whole
-    from tests.backfill._synth import trace_id
 
-    path = tmp_path / "traces.jsonl"
     with path.open("w") as traces:
         traces.write(whole(0))
         traces.write('{"resourceSpans": [')
-        traces.seek(2**40)
+        traces.seek(size)
         traces.write("]}\n" + whole(1))
+    return path
+
+
+def _stopped_in_the_skip(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """``tracescore ARGS`` SIGTERMed once it has read 1 GiB (in the skip); its exit code, stdout
+    and stderr, which must come within 30 s of the signal."""
     tracescore = str(Path(sys.executable).with_name("tracescore"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACESCORE_BROKER_URL": ""}
-    command = [tracescore, "backfill", str(path), "--scorers", "tests.backfill.scorers", "--json"]
-    job = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    job = subprocess.Popen(
+        [tracescore, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 60
         while job.poll() is None and _read_so_far(job.pid) < 2**30 and time.monotonic() < deadline:
@@ -437,12 +440,25 @@ def test_a_stop_while_an_over_long_line_is_skipped_ends_the_job_meanwhile(tmp_pa
         assert job.poll() is None, "the job ended before its skip was seen under way"
         assert _read_so_far(job.pid) >= 2**30, "the skip was not seen under way"
         job.send_signal(signal.SIGTERM)
-        stdout, stderr = job.communicate(timeout=30)  # (the skip alone takes minutes)
+        stdout, stderr = job.communicate(timeout=30)  # (a skip of 1 TB alone takes minutes)
     finally:
         if job.poll() is None:
             job.kill()
             job.wait()
-    assert job.returncode == 130, stderr[-3000:]
+    return job.returncode, stdout, stderr
+
+
+def test_a_stop_while_an_over_long_line_is_skipped_ends_the_job_meanwhile(tmp_path: Path) -> None:
+    """A line of 1 TB between two traces. Stops are looked at between input records, and the
+    skip read the whole line first: a SIGTERM went unanswered for minutes. The skip now lets its
+    caller look every 64 MiB: the job ends at exit 130 in a few seconds, the trace read before
+    named as interrupted."""
+    from tests.backfill._synth import trace_id
+
+    path = _sparse_line_between_two_traces(tmp_path / "traces.jsonl", 2**40)
+    args = ["backfill", str(path), "--scorers", "tests.backfill.scorers", "--json"]
+    returncode, stdout, stderr = _stopped_in_the_skip(args, {"TRACESCORE_BROKER_URL": ""})
+    assert returncode == 130, stderr[-3000:]
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert (summary["status"], summary["traces_read"], summary["traces_skipped"]) == (
         "interrupted",
@@ -450,4 +466,28 @@ def test_a_stop_while_an_over_long_line_is_skipped_ends_the_job_meanwhile(tmp_pa
         {"interrupted": 1},
     )
     assert f"trace {trace_id(0)}: not scored (interrupted)" in stderr
-    assert summary["malformed_lines"] == 0  # (the line was not read through: a resume reads it)
+    assert summary["malformed_lines"] == 0  # (the line was not read through)
+
+
+def test_a_redis_job_stopped_in_a_skip_resumes_before_the_line_and_counts_it_once(
+    tmp_path: Path, private_redis: RedisServer
+) -> None:
+    """The same in Redis mode, a line of 4 GiB: the job stops in the skip (its checkpoint before
+    the trace it still held), and the resume reads both traces once and the line as one
+    malformed line."""
+    path = _sparse_line_between_two_traces(tmp_path / "traces.jsonl", 4 * 2**30)
+    env = {"TRACESCORE_BROKER_URL": private_redis.url(0)}
+    args = ["backfill", str(path), "--scorers", "tests.backfill.scorers", "--no-wait", "--json"]
+    returncode, stdout, stderr = _stopped_in_the_skip(args, env)
+    assert returncode == 130, stderr[-3000:]
+    stopped = json.loads(stdout.strip().splitlines()[-1])
+    assert (stopped["status"], stopped["runs_enqueued"], stopped["malformed_lines"]) == ("interrupted", 0, 0)
+    tracescore = str(Path(sys.executable).with_name("tracescore"))
+    resumed = subprocess.run(
+        [tracescore, "backfill", "--resume", stopped["job_id"], "--no-wait", "--json"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    done = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert (done["traces_read"], done["runs_enqueued"], done["malformed_lines"]) == (2, 2, 1)
+    assert done["malformed_where"] == [f"{path}:2"]
