@@ -84,8 +84,9 @@ log = structlog.get_logger("tracescore.embedded")
 EMBEDDED_RECORDS_KEPT = 10_000
 
 # The span text (or, for ``tracescore score``, the lines of runs) one batch scored here holds, as
-# well as its run count: each run's input is built from it while the batch is scored. 200 runs
-# of 16 MB prompts, one batch, took a backfill to 4.1 GB; `score`'s 120 lines of 16 MB, 2.1 GB.
+# well as its run count: each run's input is built from it while the batch is scored. A backfill
+# scored 60 traces of 16 MB prompts as one batch (2 GB at its peak), `score` 120 lines of 16 MB
+# (2.1 GB).
 MAX_BATCH_BYTES = 64 * 2**20
 
 _WEDGED_OUTCOME = "its loop was abandoned and the batch's other runs were scored on a new one"
@@ -379,7 +380,7 @@ class EmbeddedScorer:
         self._closed = False  # (``stop_taking``: new work is refused, ScorerClosedError)
 
     max_payload_bytes: int | None = None  # in process: no message, no cap
-    max_batch_bytes: int = MAX_BATCH_BYTES  # what a batch handed over holds, at most about
+    max_batch_bytes: int = MAX_BATCH_BYTES  # a batch handed over ends once it holds this much
 
     def hold(self, batch: ScoreBatch) -> None:
         """Take ``batch`` on: held as unfinished until it is scored through, its pairs named by
