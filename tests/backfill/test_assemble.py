@@ -173,3 +173,43 @@ def test_a_trace_over_the_byte_bound_alone_is_released_at_once() -> None:
     assert list(assembler.add([span(1, 1)], Position(0, 2))) == []
     (late,) = assembler.finish()
     assert (late.late, late.late_root, late.late_evicted) == (True, True, True)
+
+
+def test_a_trace_over_the_byte_bound_goes_before_the_others() -> None:
+    """Five traces waiting for their roots and three whole ones, then one span over the byte
+    bound alone: the least recently touched traces were released first, every one of them (the
+    offender last), and the five roots came late. Only the trace over the bound goes now."""
+    assembler = TraceAssembler(max_open_bytes=1_000_000)
+    out: list[AssembledTrace] = []
+    lines = [[span(t, 2, 1)] for t in range(1, 6)] + [[span(t, 2, 1), span(t, 1)] for t in range(6, 9)]
+    big = span(99, 2, 1)
+    big.attributes = {"gen_ai.prompt": "x" * 1_200_000}
+    lines += [[big], *([span(t, 1)] for t in range(1, 6))]
+    for n, spans in enumerate(lines):
+        out += assembler.add(spans, Position(0, n + 1))
+    evicted = [t.trace_id for t in out if t.completion == "evicted"]
+    out += assembler.finish()
+    assert evicted == [f"{99:032x}"]
+    assert assembler.stats.late_roots == 0
+    assert sorted(len(t.spans) for t in out) == [1] + [2] * 8
+
+
+def test_a_trace_released_in_parts_by_the_byte_bound_is_one_eviction() -> None:
+    """A trace of six 600 kB spans, a line each, over a 1 MB bound: each time a part of it goes
+    over, that part is released (its later spans late). The trace counts one eviction, not one
+    a part: the summary's traces released early outnumbered the traces read."""
+    assembler = TraceAssembler(max_open_bytes=1_000_000)
+    out: list[AssembledTrace] = []
+    for k in range(6):
+        child = span(1, 10 + k, 1)
+        child.attributes = {"gen_ai.prompt": "p" * 600_000}
+        out += assembler.add([child], Position(0, k + 1))
+    out += assembler.add([span(1, 1)], Position(0, 7))
+    out += assembler.finish()
+    assert [(t.completion, t.late, len(t.spans)) for t in out] == [
+        ("evicted", False, 2),
+        ("evicted", True, 2),
+        ("evicted", True, 2),
+        ("end", True, 1),
+    ]
+    assert assembler.stats.evicted == 1

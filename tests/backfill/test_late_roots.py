@@ -75,6 +75,23 @@ def test_a_root_after_the_byte_bound_released_its_trace_names_max_open_mb(tmp_pa
     assert "raise --max-open-spans, now 100,000, or --max-open-mb, now 1" in message
 
 
+def test_a_trace_released_in_parts_by_the_byte_bound_counts_one_eviction(tmp_path: Path) -> None:
+    """Trace 0's six chat spans of 600 kB each, a line each, then its root, under --max-open-mb 1:
+    the trace goes over the bound three times, so three parts are released early. The summary
+    counted each part as a trace released early: 3 beside 1 trace read."""
+    (chat, _), root = trace_spans(0)
+    big = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "q" * 600_000}]}])
+    prompt = {"key": "gen_ai.input.messages", "value": {"stringValue": big}}
+    chats = [{**chat, "spanId": f"{0x100 + k:016x}", "attributes": [*chat["attributes"], prompt]} for k in range(6)]
+    (tmp_path / "a.jsonl").write_text("".join(line([c]) for c in chats) + line([root]))
+    source = FileSource([tmp_path])
+    options = BackfillOptions(scorers_module="tests.backfill.scorers", scorer_ids=["answer-words"], max_open_mb=1)
+    state = BackfillState(job_id="bf-parts", source=source.describe(), options=options)
+    counters = Backfill(source, state, None, reporter=Messages()).run().counters
+    assert (counters.traces_read, counters.evicted_traces) == (1, 1)
+    assert (counters.late_spans, counters.late_roots) == (4, 1)
+
+
 def test_a_root_within_the_window_is_not_late(tmp_path: Path) -> None:
     """The same files with the default window: the trace is whole, nothing is late."""
     late_children, late_root = trace_spans(0)

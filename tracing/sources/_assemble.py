@@ -174,6 +174,10 @@ class TraceAssembler:
         self._rootless: OrderedDict[str, _Open] = OrderedDict()
         self._open_spans = 0
         self._open_bytes = 0
+        # Traces over the byte bound on their own, since the last release: released before any
+        # other (each alone keeps the assembler over it: the others went first, a whole window of
+        # traces read as fragments for one big trace, and again for each of its late parts).
+        self._oversized: list[_Open] = []
         self._unit = 0
         # (first position, trace id) of open traces; stale entries are skipped lazily.
         self._firsts: list[tuple[Position, str]] = []
@@ -284,6 +288,8 @@ class TraceAssembler:
             held.size += size
             self._open_bytes += size
             self._open_spans += 1
+            if held.size > self.max_open_bytes >= held.size - size:  # (once, as it goes over)
+                self._oversized.append(held)
             if is_root and not held.rooted:
                 held.rooted = True
                 self._rooted[trace_id] = self._rootless.pop(trace_id)
@@ -305,6 +311,7 @@ class TraceAssembler:
         self._rooted.clear()
         self._rootless.clear()
         self._firsts.clear()
+        self._oversized.clear()
         for held in everything:
             yield self._emit(held, "end")
 
@@ -323,6 +330,12 @@ class TraceAssembler:
                 break
             self._rootless.popitem(last=False)
             yield self._emit(held, "idle")
+        oversized, self._oversized = self._oversized, []
+        for held in oversized:
+            queue = self._rooted if held.rooted else self._rootless
+            if queue.get(held.trace_id) is held:  # (not released by its window meanwhile)
+                del queue[held.trace_id]
+                yield self._evict(held)
         while self._open_spans > self.max_open_spans or self._open_bytes > self.max_open_bytes:
             # Over the memory bound: release the least recently touched trace, those with their
             # root first: exporters send a root once its children ended, so such a trace is most
@@ -330,8 +343,12 @@ class TraceAssembler:
             # children-first traces of big prompts had each read without its root).
             queue = self._rooted if self._rooted else self._rootless
             _, held = queue.popitem(last=False)
+            yield self._evict(held)
+
+    def _evict(self, held: _Open) -> AssembledTrace:
+        if not held.late:  # (a trace once, however many of its parts the bound releases)
             self.stats.evicted += 1
-            yield self._emit(held, "evicted")
+        return self._emit(held, "evicted")
 
     def _emit(self, held: _Open, completion: Completion) -> AssembledTrace:
         self._open_spans -= len(held.spans)

@@ -318,7 +318,7 @@ class Backfill:
         run of its own (``plan_part``'s summary; None: it can hold none)."""
         options = self.state.options
         at = trace.first
-        if trace.completion == "evicted":
+        if trace.completion == "evicted" and not trace.late:  # (a trace once, not each part)
             self._count(at, "evicted_traces")
         if trace.late:
             return self._handle_late(trace)
