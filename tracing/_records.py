@@ -27,7 +27,7 @@ from tracing._formats import (
 from tracing._markers import ROLE_ATTRIBUTE
 from tracing._run import ENVIRONMENT_ATTRIBUTE, SpanRecord, SpanRecordEvent
 from tracing._sdk import read_span
-from tracing._sizes import RECORD_OVERHEAD_BYTES, events_size, name_size, text_size
+from tracing._sizes import RECORD_OVERHEAD_BYTES, events_size, name_size, str_size, text_size
 
 __all__ = [
     "KeyPlan",
@@ -179,7 +179,7 @@ def build_record(
         service,
         scope,
     )
-    return record, RECORD_OVERHEAD_BYTES + len(name) + size + (events_size(kept_events) if kept_events else 0)
+    return record, RECORD_OVERHEAD_BYTES + str_size(name) + size + (events_size(kept_events) if kept_events else 0)
 
 
 def service_name(resource: Resource | None) -> str | None:

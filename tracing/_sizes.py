@@ -4,6 +4,7 @@ backfill's job states, which ``tracescore status`` reads, load the assembler."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ __all__ = [
     "events_size",
     "name_size",
     "record_size",
+    "str_size",
     "text_size",
     "value_size",
 ]
@@ -30,6 +32,20 @@ MAX_VALUE_DEPTH = 32
 RECORD_OVERHEAD_BYTES = 600
 
 
+# CPython holds a str of any character past ASCII at 1, 2 or 4 bytes a character (the widest
+# one's), after a header: ``sys.getsizeof`` tells which in O(1).
+_WIDE_HEADER = sys.getsizeof("é") - 2
+
+
+def str_size(text: str) -> int:
+    """The bytes ``text`` holds: its length if ASCII, else its length times its width (2 or 4
+    for a prompt in Japanese or with an emoji, each counted once a character before: the bounds
+    let 2 to 4 times their bytes in). Its UTF-8 JSON is at most twice this."""
+    if text.isascii():
+        return len(text)
+    return len(text) * ((sys.getsizeof(text) - _WIDE_HEADER) // (len(text) + 1))
+
+
 def record_size(record: SpanRecord) -> int:
     """``record``'s approximate JSON size in bytes, as ``compact`` counts it (nothing changed)."""
     return RECORD_OVERHEAD_BYTES + name_size(record.name) + text_size(record.attributes) + events_size(record.events)
@@ -38,7 +54,7 @@ def record_size(record: SpanRecord) -> int:
 def name_size(name: object) -> int:
     # A span name is the app's to choose (a prompt pasted into it): 200 kB names went past
     # max_buffer_bytes and max_queue_bytes uncounted.
-    return len(name) if isinstance(name, str) else 0
+    return str_size(name) if isinstance(name, str) else 0
 
 
 def events_size(events: Sequence[SpanRecordEvent]) -> int:
@@ -55,14 +71,17 @@ def text_size(attributes: Mapping[str, Any]) -> int:
     for key, value in attributes.items():
         if value.__class__ is not str:  # a number or a sequence among them: its text counts too
             return sum(len(k) + 6 + value_size(v) for k, v in attributes.items())
-        size += len(key) + len(value) + 6  # (the quotes, colon and comma around them)
+        # (the quotes, colon and comma around them; a key is ASCII but for a rare app's own)
+        size += len(key) + (len(value) if value.isascii() else str_size(value)) + 6
     return size
 
 
 def value_size(value: Any, depth: int = 0) -> int:
     # A sequence counted by its items, not their text, let 2 MiB strings in a tuple past
     # max_buffer_bytes and max_queue_bytes unseen.
-    if isinstance(value, str | bytes | bytearray):
+    if isinstance(value, str):
+        return str_size(value)
+    if isinstance(value, bytes | bytearray):
         return len(value)
     if isinstance(value, list | tuple | dict):
         if depth >= MAX_VALUE_DEPTH:

@@ -82,6 +82,24 @@ def test_a_record_of_many_flattened_keys_is_not_sized_below_its_json() -> None:
     assert actual <= size <= actual + 1000, (actual, size)
 
 
+@pytest.mark.parametrize("char", ["x", "é", "中", "😀"])
+def test_a_record_of_wide_text_is_sized_by_what_it_holds(char: str) -> None:
+    """A prompt of 200,000 characters was counted 200,000 bytes whatever they were. CPython holds
+    one with a character past U+00FF at 2 bytes each, past U+FFFF at 4: the exporter's buffer and
+    queue and the backfill's assembler let 2 to 4 times their bounds in. The size now covers what
+    the text holds (in the span name too), and its JSON is at most twice the size."""
+    import sys
+
+    prompt = ("Paris " + char) * 25_000
+    rec = Recorder()
+    with rec.span(f"chat {char}", {**CHAT, "gen_ai.prompt": prompt}):
+        pass
+    record = span_record(rec.spans()[0])
+    size = compact(record)
+    assert size >= sys.getsizeof(prompt) - 100 + len(record.name)
+    assert len(TypeAdapter(SpanRecord).dump_json(record)) <= 2 * size
+
+
 def test_plan_without_agent_targets_top_level_llm_spans() -> None:
     """No agent span: each outermost LLM span is a run; a judge subtree is excluded."""
     rec = Recorder()
